@@ -1,0 +1,489 @@
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "log.h"
+
+static const struct cfg_key_info g_keys[] = {
+#define X(field, name, type, def, lo, hi, choices, help)                                           \
+    {name, CFG_##type, def, lo, hi, choices, help, offsetof(struct grpo_config, field)},
+#include "config_keys.def"
+#undef X
+};
+
+#define NKEYS ((int)(sizeof g_keys / sizeof g_keys[0]))
+
+int config_num_keys(void) { return NKEYS; }
+
+const struct cfg_key_info *config_key(int i) { return (i >= 0 && i < NKEYS) ? &g_keys[i] : NULL; }
+
+const struct cfg_key_info *config_find(const char *name)
+{
+    for (int i = 0; i < NKEYS; i++)
+        if (strcmp(g_keys[i].name, name) == 0)
+            return &g_keys[i];
+    return NULL;
+}
+
+static int key_index(const struct cfg_key_info *k) { return (int)(k - g_keys); }
+
+/* Levenshtein distance, bounded to short strings (key names are < 128 chars). */
+static int edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 127 || lb > 127)
+        return 1000;
+    int prev[128], cur[128];
+    for (size_t j = 0; j <= lb; j++)
+        prev[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        cur[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int sub = prev[j - 1] + (a[i - 1] != b[j - 1]);
+            int del = prev[j] + 1, ins = cur[j - 1] + 1;
+            cur[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+        }
+        memcpy(prev, cur, sizeof(int) * (lb + 1));
+    }
+    return prev[lb];
+}
+
+static const char *last_component(const char *name)
+{
+    const char *dot = strrchr(name, '.');
+    return dot ? dot + 1 : name;
+}
+
+const char *config_suggest(const char *name)
+{
+    const char *best = NULL;
+    int best_d = 1 << 30;
+    for (int i = 0; i < NKEYS; i++) {
+        int d = edit_distance(name, g_keys[i].name);
+        /* a right leaf under the wrong section (data.n for rollout.n) also counts as close */
+        if (strcmp(last_component(name), last_component(g_keys[i].name)) == 0 && d > 2)
+            d = 2 + d / 8;
+        if (d < best_d) {
+            best_d = d;
+            best = g_keys[i].name;
+        }
+    }
+    int limit = (int)strlen(name) / 3 + 2;
+    return best_d <= limit ? best : NULL;
+}
+
+static void *field_ptr(struct grpo_config *c, const struct cfg_key_info *k) { return (char *)c + k->offset; }
+
+static const void *field_cptr(const struct grpo_config *c, const struct cfg_key_info *k)
+{
+    return (const char *)c + k->offset;
+}
+
+static void set_origin(struct grpo_config *c, const struct cfg_key_info *k, const char *origin)
+{
+    int i = key_index(k);
+    free(c->origin[i]);
+    c->origin[i] = xstrdup(origin);
+}
+
+static void errf(struct cfg_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void errf(struct cfg_error *err, const char *fmt, ...)
+{
+    if (!err)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+}
+
+static int parse_int(const char *s, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_float(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_bool(const char *s, bool *out)
+{
+    static const char *const yes[] = {"true", "True", "TRUE", "yes", "on", "1"};
+    static const char *const no[] = {"false", "False", "FALSE", "no", "off", "0"};
+    for (size_t i = 0; i < sizeof yes / sizeof *yes; i++) {
+        if (strcmp(s, yes[i]) == 0) {
+            *out = true;
+            return 0;
+        }
+        if (strcmp(s, no[i]) == 0) {
+            *out = false;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static bool enum_has(const char *choices, const char *v)
+{
+    size_t n = strlen(v);
+    for (const char *p = choices; *p;) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len == n && strncmp(p, v, n) == 0)
+            return true;
+        if (!bar)
+            break;
+        p = bar + 1;
+    }
+    return false;
+}
+
+/* "[0.9, 0.95]" or "0.9,0.95" */
+static int parse_flist(const char *s, struct cfg_flist *out)
+{
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", s);
+    char *p = buf;
+    while (isspace((unsigned char)*p))
+        p++;
+    size_t len = strlen(p);
+    while (len && isspace((unsigned char)p[len - 1]))
+        p[--len] = 0;
+    if (*p == '[') {
+        if (!len || p[len - 1] != ']')
+            return -1;
+        p[len - 1] = 0;
+        p++;
+    }
+    struct cfg_flist l = {0};
+    char *save = NULL;
+    for (char *tok = strtok_r(p, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        while (isspace((unsigned char)*tok))
+            tok++;
+        size_t tl = strlen(tok);
+        while (tl && isspace((unsigned char)tok[tl - 1]))
+            tok[--tl] = 0;
+        if (l.n == CFG_FLIST_MAX || parse_float(tok, &l.v[l.n]) != 0)
+            return -1;
+        l.n++;
+    }
+    if (l.n == 0)
+        return -1;
+    *out = l;
+    return 0;
+}
+
+static int check_range(const struct cfg_key_info *k, double v, const char *origin, struct cfg_error *err)
+{
+    if (v < k->min || v > k->max) {
+        errf(err, "%s: %s = %g is out of range [%g, %g]", origin, k->name, v, k->min, k->max);
+        return -1;
+    }
+    return 0;
+}
+
+int config_set(struct grpo_config *c, const char *name, const char *value, const char *origin,
+               struct cfg_error *err)
+{
+    const struct cfg_key_info *k = config_find(name);
+    if (!k) {
+        const char *s = config_suggest(name);
+        if (s)
+            errf(err, "%s: unknown key '%s' (did you mean '%s'?)", origin, name, s);
+        else
+            errf(err, "%s: unknown key '%s' (see --print-config for every key)", origin, name);
+        return -1;
+    }
+    void *f = field_ptr(c, k);
+    switch (k->type) {
+    case CFG_INT: {
+        long long v;
+        if (parse_int(value, &v) != 0) {
+            errf(err, "%s: %s expects an integer, got '%s'", origin, name, value);
+            return -1;
+        }
+        if (check_range(k, (double)v, origin, err))
+            return -1;
+        *(long long *)f = v;
+        break;
+    }
+    case CFG_FLOAT: {
+        double v;
+        if (parse_float(value, &v) != 0) {
+            errf(err, "%s: %s expects a number, got '%s'", origin, name, value);
+            return -1;
+        }
+        if (check_range(k, v, origin, err))
+            return -1;
+        *(double *)f = v;
+        break;
+    }
+    case CFG_BOOL: {
+        bool v;
+        if (parse_bool(value, &v) != 0) {
+            errf(err, "%s: %s expects true or false, got '%s'", origin, name, value);
+            return -1;
+        }
+        *(bool *)f = v;
+        break;
+    }
+    case CFG_ENUM:
+        if (!enum_has(k->choices, value)) {
+            errf(err, "%s: %s must be one of %s, got '%s'", origin, name, k->choices, value);
+            return -1;
+        }
+        /* fall through */
+    case CFG_STR:
+        free(*(char **)f);
+        *(char **)f = xstrdup(value);
+        break;
+    case CFG_FLIST: {
+        struct cfg_flist l;
+        if (parse_flist(value, &l) != 0) {
+            errf(err, "%s: %s expects a list of up to %d numbers like [0.9, 0.999], got '%s'", origin, name,
+                 CFG_FLIST_MAX, value);
+            return -1;
+        }
+        for (int i = 0; i < l.n; i++)
+            if (check_range(k, l.v[i], origin, err))
+                return -1;
+        *(struct cfg_flist *)f = l;
+        break;
+    }
+    }
+    set_origin(c, k, origin);
+    return 0;
+}
+
+void config_init(struct grpo_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->origin = xcalloc((size_t)NKEYS, sizeof(char *));
+    for (int i = 0; i < NKEYS; i++) {
+        struct cfg_error err;
+        if (config_set(c, g_keys[i].name, g_keys[i].def, "default", &err) != 0)
+            check_failf(__FILE__, __LINE__, "bad built-in default: %s", err.msg);
+    }
+}
+
+void config_free(struct grpo_config *c)
+{
+    for (int i = 0; i < NKEYS; i++) {
+        if (g_keys[i].type == CFG_STR || g_keys[i].type == CFG_ENUM) {
+            char **f = field_ptr(c, &g_keys[i]);
+            free(*f);
+            *f = NULL;
+        }
+        if (c->origin)
+            free(c->origin[i]);
+    }
+    free(c->origin);
+    c->origin = NULL;
+}
+
+int config_apply_override(struct grpo_config *c, const char *arg, struct cfg_error *err)
+{
+    const char *eq = strchr(arg, '=');
+    if (!eq || eq == arg) {
+        errf(err, "command line: '%s' is not a key=value override", arg);
+        return -1;
+    }
+    char name[256];
+    size_t n = (size_t)(eq - arg);
+    if (n >= sizeof name) {
+        errf(err, "command line: key in '%.60s...' is too long", arg);
+        return -1;
+    }
+    memcpy(name, arg, n);
+    name[n] = 0;
+    /* verl's '+key=value' (Hydra "add") means the same thing for a known key */
+    const char *key = name[0] == '+' ? name + 1 : name;
+    return config_set(c, key, eq + 1, "command line", err);
+}
+
+int config_validate(const struct grpo_config *c, struct cfg_error *err)
+{
+    if (c->actor_optim_betas.n != 2) {
+        errf(err, "actor_rollout_ref.actor.optim.betas needs exactly two values, got %d (from %s)",
+             c->actor_optim_betas.n, c->origin[key_index(config_find("actor_rollout_ref.actor.optim.betas"))]);
+        return -1;
+    }
+    if (c->actor_ppo_mini_batch_size > c->data_train_batch_size) {
+        errf(err, "actor_rollout_ref.actor.ppo_mini_batch_size (%lld) exceeds data.train_batch_size (%lld)",
+             c->actor_ppo_mini_batch_size, c->data_train_batch_size);
+        return -1;
+    }
+    if (c->data_train_batch_size % c->actor_ppo_mini_batch_size != 0) {
+        errf(err, "data.train_batch_size (%lld) must be a multiple of actor_rollout_ref.actor.ppo_mini_batch_size (%lld)",
+             c->data_train_batch_size, c->actor_ppo_mini_batch_size);
+        return -1;
+    }
+    if (c->actor_clip_ratio_low >= 1.0) {
+        errf(err, "actor_rollout_ref.actor.clip_ratio_low (%g) must be below 1", c->actor_clip_ratio_low);
+        return -1;
+    }
+    if (strcmp(c->trainer_resume_mode, "resume_path") == 0 && !c->trainer_resume_from_path[0]) {
+        errf(err, "trainer.resume_mode=resume_path needs trainer.resume_from_path");
+        return -1;
+    }
+    return 0;
+}
+
+void config_value_text(const struct grpo_config *c, const struct cfg_key_info *k, char *buf, size_t len)
+{
+    const void *f = field_cptr(c, k);
+    switch (k->type) {
+    case CFG_INT:
+        snprintf(buf, len, "%lld", *(const long long *)f);
+        break;
+    case CFG_FLOAT:
+        snprintf(buf, len, "%.17g", *(const double *)f);
+        break;
+    case CFG_BOOL:
+        snprintf(buf, len, "%s", *(const bool *)f ? "true" : "false");
+        break;
+    case CFG_STR:
+    case CFG_ENUM: {
+        const char *s = *(char *const *)f;
+        /* quote strings that YAML would read as something else */
+        bool plain = s[0] && !strpbrk(s, ":#{}[],&*!|>'\"%@`") && !isspace((unsigned char)s[0]);
+        if (plain)
+            snprintf(buf, len, "%s", s);
+        else
+            snprintf(buf, len, "\"%s\"", s);
+        break;
+    }
+    case CFG_FLIST: {
+        const struct cfg_flist *l = f;
+        size_t n = (size_t)snprintf(buf, len, "[");
+        for (int i = 0; i < l->n && n < len; i++)
+            n += (size_t)snprintf(buf + n, len - n, "%s%.17g", i ? ", " : "", l->v[i]);
+        if (n < len)
+            snprintf(buf + n, len - n, "]");
+        break;
+    }
+    }
+}
+
+/* Length of the common dotted prefix (whole components) of a and b. */
+static size_t common_sections(const char *a, const char *b)
+{
+    size_t keep = 0;
+    for (size_t i = 0; a[i] && a[i] == b[i]; i++)
+        if (a[i] == '.')
+            keep = i + 1;
+    return keep;
+}
+
+void config_print(const struct grpo_config *c, FILE *out)
+{
+    const char *prev = "";
+    for (int i = 0; i < NKEYS; i++) {
+        const char *name = g_keys[i].name;
+        size_t shared = common_sections(prev, name);
+        /* open every section below the shared prefix */
+        int depth = 0;
+        for (size_t j = 0; j < shared; j++)
+            depth += name[j] == '.';
+        const char *p = name + shared;
+        const char *dot;
+        while ((dot = strchr(p, '.'))) {
+            fprintf(out, "%*s%.*s:\n", depth * 2, "", (int)(dot - p), p);
+            depth++;
+            p = dot + 1;
+        }
+        char val[512];
+        config_value_text(c, &g_keys[i], val, sizeof val);
+        fprintf(out, "%*s%s: %s", depth * 2, "", p, val);
+        if (strcmp(c->origin[i], "default") != 0)
+            fprintf(out, "  # %s", c->origin[i]);
+        fputc('\n', out);
+        prev = name;
+    }
+}
+
+static const char *type_name(enum cfg_type t)
+{
+    switch (t) {
+    case CFG_INT: return "int";
+    case CFG_FLOAT: return "float";
+    case CFG_BOOL: return "bool";
+    case CFG_STR: return "string";
+    case CFG_ENUM: return "enum";
+    case CFG_FLIST: return "float list";
+    }
+    return "?";
+}
+
+void config_print_reference(FILE *out)
+{
+    fputs("# Configuration reference\n\n"
+          "Generated by `grpo-worker --config-reference`; a unit test checks that this file matches the\n"
+          "program. Every binary reads the same keys: from a YAML file of nested mappings given with\n"
+          "`--config FILE`, then from `a.b.c=value` overrides on the command line (later wins).\n"
+          "`--print-config` shows the effective configuration and where each value came from.\n"
+          "Names follow verl's where the concept is the same. An unknown key, a wrong type or an\n"
+          "out-of-range value is an error that names the key and the file and line.\n\n"
+          "`null` or `~` in a YAML file keeps a key's default, as in verl's configs.\n",
+          out);
+    char section[128] = "";
+    for (int i = 0; i < NKEYS; i++) {
+        const struct cfg_key_info *k = &g_keys[i];
+        const char *dot = strchr(k->name, '.');
+        size_t sl = dot ? (size_t)(dot - k->name) : strlen(k->name);
+        if (strlen(section) != sl || strncmp(section, k->name, sl) != 0) {
+            snprintf(section, sizeof section, "%.*s", (int)sl, k->name);
+            fprintf(out, "\n## `%s`\n\n| key | type | default | description |\n|---|---|---|---|\n", section);
+        }
+        char range[160] = "";
+        if (k->type == CFG_ENUM)
+            snprintf(range, sizeof range, " (one of `%s`)", k->choices);
+        else if (k->type == CFG_INT || k->type == CFG_FLOAT || k->type == CFG_FLIST)
+            snprintf(range, sizeof range, " [%g, %g]", k->min, k->max);
+        char choices_escaped[200];
+        size_t n = 0;
+        for (const char *p = range; *p && n + 2 < sizeof choices_escaped; p++) {
+            if (*p == '|')
+                choices_escaped[n++] = '\\';
+            choices_escaped[n++] = *p;
+        }
+        choices_escaped[n] = 0;
+        fprintf(out, "| `%s` | %s%s | `%s` | %s |\n", k->name, type_name(k->type), choices_escaped,
+                k->def[0] ? k->def : "\"\"", k->help);
+    }
+}
+
+uint64_t config_digest(const struct grpo_config *c)
+{
+    uint64_t h = 1469598103934665603ULL;
+    char val[512];
+    for (int i = 0; i < NKEYS; i++) {
+        config_value_text(c, &g_keys[i], val, sizeof val);
+        for (const char *p = g_keys[i].name; *p; p++)
+            h = (h ^ (uint8_t)*p) * 1099511628211ULL;
+        h = (h ^ '=') * 1099511628211ULL;
+        for (const char *p = val; *p; p++)
+            h = (h ^ (uint8_t)*p) * 1099511628211ULL;
+        h = (h ^ '\n') * 1099511628211ULL;
+    }
+    return h;
+}

@@ -1,0 +1,90 @@
+/* One configuration system for every binary: typed keys with defaults and
+ * one-line descriptions (config_keys.def), loaded from YAML, overridden by
+ * verl-style `a.b.c=value` arguments, printed with --print-config.
+ *
+ * Errors name the key and where it came from (file and line, or the command
+ * line) and suggest the closest known key for a typo. */
+#ifndef GRPO_COMMON_CONFIG_H
+#define GRPO_COMMON_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define CFG_FLIST_MAX 8
+
+enum cfg_type { CFG_INT, CFG_FLOAT, CFG_BOOL, CFG_STR, CFG_ENUM, CFG_FLIST };
+
+struct cfg_flist {
+    int n;
+    double v[CFG_FLIST_MAX];
+};
+
+/* The effective configuration; one field per key of config_keys.def. */
+struct grpo_config {
+#define CFG_FIELD_INT long long
+#define CFG_FIELD_FLOAT double
+#define CFG_FIELD_BOOL bool
+#define CFG_FIELD_STR char *
+#define CFG_FIELD_ENUM char *
+#define CFG_FIELD_FLIST struct cfg_flist
+#define X(field, name, type, def, lo, hi, choices, help) CFG_FIELD_##type field;
+#include "config_keys.def"
+#undef X
+    /* where each key's value came from: "default", "FILE:LINE" or "command line" */
+    char **origin;
+};
+
+/* Static description of one key. */
+struct cfg_key_info {
+    const char *name;
+    enum cfg_type type;
+    const char *def;
+    double min, max;
+    const char *choices; /* '|'-separated, ENUM only */
+    const char *help;
+    size_t offset; /* of the field in struct grpo_config */
+};
+
+/* Error text of a failed load or override, ready to print. */
+struct cfg_error {
+    char msg[1024];
+};
+
+/* Number of keys and their table, in definition order. */
+int config_num_keys(void);
+const struct cfg_key_info *config_key(int i);
+/* Look a key up by its dotted name; NULL if unknown. */
+const struct cfg_key_info *config_find(const char *name);
+/* Closest known key to a misspelt name (edit distance), or NULL if none is close. */
+const char *config_suggest(const char *name);
+
+/* Fill every key with its default. */
+void config_init(struct grpo_config *c);
+/* Release the strings owned by the configuration. */
+void config_free(struct grpo_config *c);
+/* Set one key from text; origin is recorded for --print-config. Returns 0 or -1 with err. */
+int config_set(struct grpo_config *c, const char *name, const char *value, const char *origin,
+               struct cfg_error *err);
+/* Load a YAML file of nested mappings (verl layout). Returns 0 or -1 with err. */
+int config_load_yaml(struct grpo_config *c, const char *path, struct cfg_error *err);
+/* Apply one `a.b.c=value` override from the command line. Returns 0 or -1 with err. */
+int config_apply_override(struct grpo_config *c, const char *arg, struct cfg_error *err);
+/* Check relations between keys (for example clip bounds, batch divisibility). 0 or -1 with err. */
+int config_validate(const struct grpo_config *c, struct cfg_error *err);
+/* Print the effective configuration as nested YAML, each value followed by its origin. */
+void config_print(const struct grpo_config *c, FILE *out);
+/* Print the reference table of every key as Markdown (docs/configuration.md). */
+void config_print_reference(FILE *out);
+/* Render one key's current value as text (YAML scalar or flow list). */
+void config_value_text(const struct grpo_config *c, const struct cfg_key_info *k, char *buf, size_t len);
+/* 64-bit FNV-1a digest of the effective values (not origins): equal configs, equal digest. */
+uint64_t config_digest(const struct grpo_config *c);
+
+/* Command-line handling shared by every binary: consumes `--config FILE`,
+ * `--print-config`, `--config-reference` and `a.b=v` overrides from argv,
+ * leaving other arguments in place (argc updated). Returns 0 to go on, 1 when
+ * the request was fully handled (something was printed), -1 on error (printed). */
+int config_from_args(struct grpo_config *c, int *argc, char **argv);
+
+#endif

@@ -1,0 +1,263 @@
+/* The configuration system: defaults, YAML loading, overrides, and errors that
+ * name the key, file and line. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "common/config.h"
+
+static char *write_tmp(const char *text)
+{
+    char *path = strdup("/tmp/grpo_cfg_XXXXXX.yaml");
+    int fd = mkstemps(path, 5);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    return path;
+}
+
+/* Load text as a YAML file; returns rc and leaves the error in err. */
+static int load_text(struct grpo_config *c, const char *text, struct cfg_error *err, char **path_out)
+{
+    char *path = write_tmp(text);
+    int rc = config_load_yaml(c, path, err);
+    if (path_out)
+        *path_out = path;
+    else {
+        unlink(path);
+        free(path);
+    }
+    return rc;
+}
+
+static void test_defaults(void **state)
+{
+    (void)state;
+    struct grpo_config c;
+    config_init(&c);
+    assert_int_equal(c.data_train_batch_size, 8);
+    assert_int_equal(c.rollout_n, 8);
+    assert_string_equal(c.alg_adv_estimator, "grpo");
+    assert_true(c.alg_norm_adv_by_std_in_grpo);
+    assert_int_equal(c.actor_optim_betas.n, 2);
+    assert_true(c.actor_optim_betas.v[1] == 0.999);
+    assert_true(c.actor_optim_lr == 1e-6);
+    assert_string_equal(c.origin[0], "default");
+    struct cfg_error err;
+    assert_int_equal(config_validate(&c, &err), 0);
+    config_free(&c);
+}
+
+static void test_every_default_parses_and_has_help(void **state)
+{
+    (void)state;
+    for (int i = 0; i < config_num_keys(); i++) {
+        const struct cfg_key_info *k = config_key(i);
+        assert_non_null(k->help);
+        assert_true(strlen(k->help) > 10);
+        assert_ptr_equal(config_find(k->name), k);
+    }
+}
+
+static void test_yaml_nested_and_origin(void **state)
+{
+    (void)state;
+    struct grpo_config c;
+    config_init(&c);
+    struct cfg_error err;
+    char *path;
+    const char *text = "# a verl-style file\n"
+                       "data:\n"
+                       "  train_batch_size: 16\n"
+                       "  max_response_length: 100\n"
+                       "actor_rollout_ref:\n"
+                       "  actor:\n"
+                       "    optim:\n"
+                       "      lr: 3.0e-6\n"
+                       "      betas: [0.9, 0.95]\n"
+                       "    ppo_mini_batch_size: 4\n"
+                       "    use_kl_loss: False\n"
+                       "    ppo_micro_batch_size_per_gpu: null\n"
+                       "  rollout:\n"
+                       "    n: 5\n"
+                       "algorithm:\n"
+                       "  adv_estimator: rloo\n"
+                       "trainer:\n"
+                       "  experiment_name: 'my run: 1'\n";
+    assert_int_equal(load_text(&c, text, &err, &path), 0);
+    assert_int_equal(c.data_train_batch_size, 16);
+    assert_int_equal(c.data_max_response_length, 100);
+    assert_true(c.actor_optim_lr == 3.0e-6);
+    assert_true(c.actor_optim_betas.v[1] == 0.95);
+    assert_int_equal(c.actor_ppo_mini_batch_size, 4);
+    assert_false(c.actor_use_kl_loss);
+    assert_int_equal(c.actor_ppo_micro_batch_size_per_gpu, 4); /* null keeps the default */
+    assert_int_equal(c.rollout_n, 5);
+    assert_string_equal(c.alg_adv_estimator, "rloo");
+    assert_string_equal(c.trainer_experiment_name, "my run: 1");
+    /* origin: file and line */
+    const struct cfg_key_info *k = config_find("actor_rollout_ref.rollout.n");
+    char want[600];
+    snprintf(want, sizeof want, "%s:14", path);
+    assert_string_equal(c.origin[k - config_key(0)], want);
+    assert_int_equal(config_validate(&c, &err), 0);
+
+    /* --print-config output is YAML that loads back to the same configuration */
+    char *out = strdup("/tmp/grpo_cfg_out_XXXXXX.yaml");
+    int fd = mkstemps(out, 5);
+    FILE *f = fdopen(fd, "w");
+    config_print(&c, f);
+    fclose(f);
+    struct grpo_config d;
+    config_init(&d);
+    assert_int_equal(config_load_yaml(&d, out, &err), 0);
+    assert_true(config_digest(&c) == config_digest(&d));
+    d.rollout_n = 6;
+    assert_true(config_digest(&c) != config_digest(&d));
+    config_free(&d);
+    unlink(out);
+    free(out);
+    unlink(path);
+    free(path);
+    config_free(&c);
+}
+
+static void expect_error(const char *text, const char *needle1, const char *needle2)
+{
+    struct grpo_config c;
+    config_init(&c);
+    struct cfg_error err = {{0}};
+    char *path;
+    assert_int_equal(load_text(&c, text, &err, &path), -1);
+    if (!strstr(err.msg, needle1) || (needle2 && !strstr(err.msg, needle2)))
+        fail_msg("error '%s' lacks '%s' / '%s'", err.msg, needle1, needle2 ? needle2 : "");
+    /* every file error names the file */
+    if (!strstr(err.msg, path))
+        fail_msg("error '%s' does not name the file %s", err.msg, path);
+    unlink(path);
+    free(path);
+    config_free(&c);
+}
+
+static void test_yaml_errors(void **state)
+{
+    (void)state;
+    expect_error("data:\n  train_batch_size: 4\n  train_bach_size: 4\n", ":3: unknown key 'data.train_bach_size'",
+                 "did you mean 'data.train_batch_size'");
+    expect_error("actor_rollout_ref:\n  rollout:\n    temprature: 0.5\n", ":3: unknown key",
+                 "'actor_rollout_ref.rollout.temperature'");
+    expect_error("data:\n  train_batch_size: lots\n", ":2: data.train_batch_size expects an integer", "'lots'");
+    expect_error("data:\n  train_batch_size: 0\n", ":2: data.train_batch_size = 0 is out of range", NULL);
+    expect_error("algorithm:\n  adv_estimator: gae\n", ":2: algorithm.adv_estimator must be one of", "'gae'");
+    expect_error("data: 5\n", ":1: 'data' is a section", NULL);
+    expect_error("data:\n  train_batch_size:\n    x: 1\n", ":2: 'data.train_batch_size' takes a value", NULL);
+    expect_error("data:\n  seed: 1\n  seed: 2\n", ":3: key 'data.seed' is given twice", NULL);
+    expect_error("data:\n  seed: [1\n", "YAML syntax error", NULL);
+    expect_error("- a\n- b\n", "top level must be a mapping", NULL);
+    expect_error("bogus_section:\n  x: 1\n", ":1: unknown key 'bogus_section'", NULL);
+    expect_error("actor_rollout_ref:\n  actor:\n    optim:\n      betas: [0.9, x]\n", "expects a list", NULL);
+    expect_error("actor_rollout_ref:\n  actor:\n    optim:\n      betas: [0.9, 2]\n", "out of range", NULL);
+    expect_error("data:\n  shuffle: maybe\n", "expects true or false", NULL);
+}
+
+static void test_missing_and_empty_file(void **state)
+{
+    (void)state;
+    struct grpo_config c;
+    config_init(&c);
+    struct cfg_error err;
+    assert_int_equal(config_load_yaml(&c, "/nonexistent/run.yaml", &err), -1);
+    assert_non_null(strstr(err.msg, "/nonexistent/run.yaml"));
+    assert_non_null(strstr(err.msg, "No such file"));
+    assert_int_equal(load_text(&c, "", &err, NULL), 0);
+    assert_int_equal(load_text(&c, "# only a comment\n", &err, NULL), 0);
+    config_free(&c);
+}
+
+static void test_overrides(void **state)
+{
+    (void)state;
+    struct grpo_config c;
+    config_init(&c);
+    struct cfg_error err;
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.rollout.n=16", &err), 0);
+    assert_int_equal(c.rollout_n, 16);
+    assert_int_equal(config_apply_override(&c, "+algorithm.norm_adv_by_std_in_grpo=false", &err), 0);
+    assert_false(c.alg_norm_adv_by_std_in_grpo);
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.actor.optim.betas=[0.8,0.9]", &err), 0);
+    assert_true(c.actor_optim_betas.v[0] == 0.8);
+    assert_int_equal(config_apply_override(&c, "data.train_batch_size=x", &err), -1);
+    assert_non_null(strstr(err.msg, "command line: data.train_batch_size expects an integer"));
+    assert_int_equal(config_apply_override(&c, "rollout.n=3", &err), -1);
+    assert_non_null(strstr(err.msg, "did you mean 'actor_rollout_ref.rollout.n'"));
+    assert_int_equal(config_apply_override(&c, "=3", &err), -1);
+    const struct cfg_key_info *k = config_find("actor_rollout_ref.rollout.n");
+    assert_string_equal(c.origin[k - config_key(0)], "command line");
+    config_free(&c);
+}
+
+static void test_validate_relations(void **state)
+{
+    (void)state;
+    struct grpo_config c;
+    config_init(&c);
+    struct cfg_error err;
+    assert_int_equal(config_apply_override(&c, "data.train_batch_size=6", &err), 0);
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.actor.ppo_mini_batch_size=4", &err), 0);
+    assert_int_equal(config_validate(&c, &err), -1);
+    assert_non_null(strstr(err.msg, "multiple of actor_rollout_ref.actor.ppo_mini_batch_size"));
+    config_free(&c);
+}
+
+static void test_suggest(void **state)
+{
+    (void)state;
+    assert_string_equal(config_suggest("data.train_batchsize"), "data.train_batch_size");
+    assert_string_equal(config_suggest("actor_rollout_ref.actor.kl_loss_coeff"), "actor_rollout_ref.actor.kl_loss_coef");
+    assert_null(config_suggest("completely.unrelated.thing.zzzzzzzzzz"));
+}
+
+/* docs/configuration.md is generated from the key table; it must not drift. */
+static void test_reference_doc_is_current(void **state)
+{
+    (void)state;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&buf, &len);
+    config_print_reference(mem);
+    fclose(mem);
+    FILE *f = fopen("docs/configuration.md", "rb");
+    if (!f)
+        fail_msg("docs/configuration.md missing (run from the source root)");
+    char *doc = calloc(1, len + 2);
+    size_t got = fread(doc, 1, len + 1, f);
+    fclose(f);
+    if (got != len || memcmp(doc, buf, len) != 0)
+        fail_msg("docs/configuration.md is out of date: regenerate with "
+                 "`build/worker/grpo-worker --config-reference > docs/configuration.md`");
+    free(doc);
+    free(buf);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_every_default_parses_and_has_help),
+        cmocka_unit_test(test_yaml_nested_and_origin),
+        cmocka_unit_test(test_yaml_errors),
+        cmocka_unit_test(test_missing_and_empty_file),
+        cmocka_unit_test(test_overrides),
+        cmocka_unit_test(test_validate_relations),
+        cmocka_unit_test(test_suggest),
+        cmocka_unit_test(test_reference_doc_is_current),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

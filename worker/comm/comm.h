@@ -1,0 +1,70 @@
+/* The collective plane: a small communication interface with two back-ends,
+ * MPI (CPU buffers) and NCCL (GPU buffers). Counts are elements, never bytes.
+ * All collectives are blocking from the caller's point of view (the NCCL
+ * back-end synchronises its stream), so the CPU and GPU paths are drop-in
+ * replacements in tests. */
+#ifndef GRPO_WORKER_COMM_H
+#define GRPO_WORKER_COMM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+enum comm_dtype { COMM_F32, COMM_F64, COMM_I32, COMM_I64 };
+
+struct comm;
+
+/* Size in bytes of one element of dtype. */
+size_t comm_dtype_size(enum comm_dtype t);
+
+/* MPI_COMM_WORLD as a comm (MPI must be initialised). */
+struct comm *comm_mpi_world(void);
+/* A sub-group of parent: ranks with the same color, ordered by key (same back-end as parent). */
+struct comm *comm_split(struct comm *parent, int color, int key);
+/* Release a comm from comm_mpi_world, comm_split or comm_nccl_from. */
+void comm_free(struct comm *c);
+
+int comm_rank(const struct comm *c);
+int comm_size(const struct comm *c);
+/* "mpi" or "nccl". */
+const char *comm_backend_name(const struct comm *c);
+
+/* In-place sum over the group. */
+void comm_allreduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype t);
+/* recv (count * size) gets every rank's send (count) in rank order. */
+void comm_allgather(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype t);
+/* send (count * size) summed over the group; rank r keeps block r (count) in recv. */
+void comm_reduce_scatter_sum(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype t);
+/* root's buf copied to every rank. */
+void comm_broadcast(struct comm *c, void *buf, size_t count, enum comm_dtype t, int root);
+/* Point-to-point within the group (pipeline stages). */
+void comm_send(struct comm *c, const void *buf, size_t count, enum comm_dtype t, int peer);
+void comm_recv(struct comm *c, void *buf, size_t count, enum comm_dtype t, int peer);
+void comm_barrier(struct comm *c);
+
+#ifdef GRPO_HAVE_CUDA
+/* An NCCL communicator over the same ranks as an MPI comm; the unique id is
+ * shared with MPI_Bcast. Buffers passed to it must be device memory. */
+struct comm *comm_nccl_from(struct comm *mpi_comm, int device);
+#endif
+
+/* Back-end table; each back-end fills one. */
+struct comm_backend {
+    const char *name;
+    void (*allreduce_sum)(struct comm *, void *, size_t, enum comm_dtype);
+    void (*allgather)(struct comm *, const void *, void *, size_t, enum comm_dtype);
+    void (*reduce_scatter_sum)(struct comm *, const void *, void *, size_t, enum comm_dtype);
+    void (*broadcast)(struct comm *, void *, size_t, enum comm_dtype, int);
+    void (*send)(struct comm *, const void *, size_t, enum comm_dtype, int);
+    void (*recv)(struct comm *, void *, size_t, enum comm_dtype, int);
+    void (*barrier)(struct comm *);
+    struct comm *(*split)(struct comm *, int, int);
+    void (*destroy)(struct comm *);
+};
+
+struct comm {
+    const struct comm_backend *be;
+    int rank, size;
+    void *impl;
+};
+
+#endif

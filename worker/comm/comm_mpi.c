@@ -1,0 +1,114 @@
+/* MPI back-end of the collective plane: CPU buffers, used where there is no GPU. */
+#include <limits.h>
+#include <stdlib.h>
+
+#include "comm.h"
+#include "common/check_mpi.h"
+
+static MPI_Datatype mpi_type(enum comm_dtype t)
+{
+    switch (t) {
+    case COMM_F32: return MPI_FLOAT;
+    case COMM_F64: return MPI_DOUBLE;
+    case COMM_I32: return MPI_INT32_T;
+    case COMM_I64: return MPI_INT64_T;
+    }
+    return MPI_DATATYPE_NULL;
+}
+
+static MPI_Comm mc(struct comm *c) { return *(MPI_Comm *)c->impl; }
+
+/* MPI counts are int; larger buffers would need chunking, which no caller needs yet. */
+static int icount(size_t count)
+{
+    if (count > INT_MAX)
+        check_failf(__FILE__, __LINE__, "collective of %zu elements exceeds MPI's int count", count);
+    return (int)count;
+}
+
+static void mpi_allreduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype t)
+{
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, icount(count), mpi_type(t), MPI_SUM, mc(c)));
+}
+
+static void mpi_allgather(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype t)
+{
+    CHECK_MPI(MPI_Allgather(send, icount(count), mpi_type(t), recv, icount(count), mpi_type(t), mc(c)));
+}
+
+static void mpi_reduce_scatter_sum(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype t)
+{
+    CHECK_MPI(MPI_Reduce_scatter_block(send, recv, icount(count), mpi_type(t), MPI_SUM, mc(c)));
+}
+
+static void mpi_broadcast(struct comm *c, void *buf, size_t count, enum comm_dtype t, int root)
+{
+    CHECK_MPI(MPI_Bcast(buf, icount(count), mpi_type(t), root, mc(c)));
+}
+
+static void mpi_send(struct comm *c, const void *buf, size_t count, enum comm_dtype t, int peer)
+{
+    CHECK_MPI(MPI_Send(buf, icount(count), mpi_type(t), peer, 0, mc(c)));
+}
+
+static void mpi_recv(struct comm *c, void *buf, size_t count, enum comm_dtype t, int peer)
+{
+    CHECK_MPI(MPI_Recv(buf, icount(count), mpi_type(t), peer, 0, mc(c), MPI_STATUS_IGNORE));
+}
+
+static void mpi_barrier(struct comm *c) { CHECK_MPI(MPI_Barrier(mc(c))); }
+
+static struct comm *mpi_wrap(MPI_Comm m, bool owned);
+
+static struct comm *mpi_split(struct comm *parent, int color, int key)
+{
+    MPI_Comm m;
+    CHECK_MPI(MPI_Comm_split(mc(parent), color, key, &m));
+    return mpi_wrap(m, true);
+}
+
+struct mpi_impl {
+    MPI_Comm comm; /* first member: mc() reads it through the impl pointer */
+    bool owned;
+};
+
+static void mpi_destroy(struct comm *c)
+{
+    struct mpi_impl *impl = c->impl;
+    if (impl->owned)
+        MPI_Comm_free(&impl->comm);
+    free(impl);
+    free(c);
+}
+
+static const struct comm_backend mpi_backend = {
+    .name = "mpi",
+    .allreduce_sum = mpi_allreduce_sum,
+    .allgather = mpi_allgather,
+    .reduce_scatter_sum = mpi_reduce_scatter_sum,
+    .broadcast = mpi_broadcast,
+    .send = mpi_send,
+    .recv = mpi_recv,
+    .barrier = mpi_barrier,
+    .split = mpi_split,
+    .destroy = mpi_destroy,
+};
+
+static struct comm *mpi_wrap(MPI_Comm m, bool owned)
+{
+    struct comm *c = xcalloc(1, sizeof *c);
+    struct mpi_impl *impl = xcalloc(1, sizeof *impl);
+    impl->comm = m;
+    impl->owned = owned;
+    c->be = &mpi_backend;
+    c->impl = impl;
+    CHECK_MPI(MPI_Comm_rank(m, &c->rank));
+    CHECK_MPI(MPI_Comm_size(m, &c->size));
+    return c;
+}
+
+struct comm *comm_mpi_world(void) { return mpi_wrap(MPI_COMM_WORLD, false); }
+
+/* The NCCL back-end needs the MPI communicator under a comm to share its unique id. */
+MPI_Comm comm_mpi_handle(struct comm *c);
+MPI_Comm comm_mpi_handle(struct comm *c) { return mc(c); }

@@ -1,0 +1,121 @@
+/* NCCL back-end of the collective plane: device buffers, one CUDA stream per
+ * communicator; every call waits for its stream so callers see blocking
+ * semantics like the MPI back-end. Built only with CUDA. */
+#include <stdlib.h>
+
+#include "comm.h"
+#include "common/check_cuda.h"
+#include "common/check_mpi.h"
+
+MPI_Comm comm_mpi_handle(struct comm *c);
+
+struct nccl_impl {
+    ncclComm_t comm;
+    cudaStream_t stream;
+    struct comm *mpi; /* the matching MPI group: used for splitting and the unique id */
+    int device;
+};
+
+static ncclDataType_t nccl_type(enum comm_dtype t)
+{
+    switch (t) {
+    case COMM_F32: return ncclFloat32;
+    case COMM_F64: return ncclFloat64;
+    case COMM_I32: return ncclInt32;
+    case COMM_I64: return ncclInt64;
+    }
+    return ncclFloat32;
+}
+
+static struct nccl_impl *ni(struct comm *c) { return c->impl; }
+
+static void nccl_wait(struct comm *c) { CHECK_CUDA(cudaStreamSynchronize(ni(c)->stream)); }
+
+static void nccl_allreduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype t)
+{
+    CHECK_NCCL(ncclAllReduce(buf, buf, count, nccl_type(t), ncclSum, ni(c)->comm, ni(c)->stream));
+    nccl_wait(c);
+}
+
+static void nccl_allgather(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype t)
+{
+    CHECK_NCCL(ncclAllGather(send, recv, count, nccl_type(t), ni(c)->comm, ni(c)->stream));
+    nccl_wait(c);
+}
+
+static void nccl_reduce_scatter_sum(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype t)
+{
+    CHECK_NCCL(ncclReduceScatter(send, recv, count, nccl_type(t), ncclSum, ni(c)->comm, ni(c)->stream));
+    nccl_wait(c);
+}
+
+static void nccl_broadcast(struct comm *c, void *buf, size_t count, enum comm_dtype t, int root)
+{
+    CHECK_NCCL(ncclBroadcast(buf, buf, count, nccl_type(t), root, ni(c)->comm, ni(c)->stream));
+    nccl_wait(c);
+}
+
+static void nccl_send(struct comm *c, const void *buf, size_t count, enum comm_dtype t, int peer)
+{
+    CHECK_NCCL(ncclSend(buf, count, nccl_type(t), peer, ni(c)->comm, ni(c)->stream));
+    nccl_wait(c);
+}
+
+static void nccl_recv(struct comm *c, void *buf, size_t count, enum comm_dtype t, int peer)
+{
+    CHECK_NCCL(ncclRecv(buf, count, nccl_type(t), peer, ni(c)->comm, ni(c)->stream));
+    nccl_wait(c);
+}
+
+static void nccl_barrier(struct comm *c) { comm_barrier(ni(c)->mpi); }
+
+static struct comm *nccl_split(struct comm *parent, int color, int key)
+{
+    struct comm *sub_mpi = comm_split(ni(parent)->mpi, color, key);
+    struct comm *sub = comm_nccl_from(sub_mpi, ni(parent)->device);
+    comm_free(sub_mpi);
+    return sub;
+}
+
+static void nccl_destroy(struct comm *c)
+{
+    ncclCommDestroy(ni(c)->comm);
+    cudaStreamDestroy(ni(c)->stream);
+    comm_free(ni(c)->mpi);
+    free(c->impl);
+    free(c);
+}
+
+static const struct comm_backend nccl_backend = {
+    .name = "nccl",
+    .allreduce_sum = nccl_allreduce_sum,
+    .allgather = nccl_allgather,
+    .reduce_scatter_sum = nccl_reduce_scatter_sum,
+    .broadcast = nccl_broadcast,
+    .send = nccl_send,
+    .recv = nccl_recv,
+    .barrier = nccl_barrier,
+    .split = nccl_split,
+    .destroy = nccl_destroy,
+};
+
+struct comm *comm_nccl_from(struct comm *mpi_comm, int device)
+{
+    struct comm *c = xcalloc(1, sizeof *c);
+    struct nccl_impl *impl = xcalloc(1, sizeof *impl);
+    c->be = &nccl_backend;
+    c->impl = impl;
+    c->rank = comm_rank(mpi_comm);
+    c->size = comm_size(mpi_comm);
+    impl->device = device;
+    /* keep our own MPI group so later splits mirror NCCL's */
+    impl->mpi = comm_split(mpi_comm, 0, c->rank);
+    CHECK_CUDA(cudaSetDevice(device));
+    CHECK_CUDA(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
+    ncclUniqueId id;
+    if (c->rank == 0)
+        CHECK_NCCL(ncclGetUniqueId(&id));
+    CHECK_MPI(MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, comm_mpi_handle(impl->mpi)));
+    CHECK_NCCL(ncclCommInitRank(&impl->comm, c->size, id, c->rank));
+    return c;
+}
