@@ -24,8 +24,7 @@ void check_set_fatal_hook(check_fatal_hook hook);
 /* Report "what failed at file:line: reason" and end the program. */
 _Noreturn void check_fail(const char *file, int line, const char *what, const char *reason);
 /* printf-style variant of check_fail for callers that build their own reason. */
-_Noreturn void check_failf(const char *file, int line, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+_Noreturn void check_failf(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 void *check_alloc_impl(void *p, const char *file, int line, const char *expr);
 FILE *check_fopen_impl(const char *path, const char *mode, const char *file, int line);
@@ -38,10 +37,10 @@ void check_fclose_impl(FILE *f, const char *path, const char *file, int line);
 /* fclose() that catches a failed final flush (a full disk loses data silently otherwise). */
 #define CHECK_FCLOSE(f, path) check_fclose_impl((f), (path), __FILE__, __LINE__)
 /* Abort when a POSIX-style call returns a negative value; errno gives the reason. */
-#define CHECK_ERRNO(expr)                                                                  \
-    do {                                                                                   \
-        if ((expr) < 0)                                                                    \
-            check_fail(__FILE__, __LINE__, #expr, check_errno_text());                      \
+#define CHECK_ERRNO(expr)                                                                                              \
+    do {                                                                                                               \
+        if ((expr) < 0)                                                                                                \
+            check_fail(__FILE__, __LINE__, #expr, check_errno_text());                                                 \
     } while (0)
 
 /* strerror(errno), kept thread-safe. */

@@ -11,7 +11,7 @@
 #include "log.h"
 
 static const struct cfg_key_info g_keys[] = {
-#define X(field, name, type, def, lo, hi, choices, help)                                           \
+#define X(field, name, type, def, lo, hi, choices, help)                                                               \
     {name, CFG_##type, def, lo, hi, choices, help, offsetof(struct grpo_config, field)},
 #include "config_keys.def"
 #undef X
@@ -201,8 +201,7 @@ static int check_range(const struct cfg_key_info *k, double v, const char *origi
     return 0;
 }
 
-int config_set(struct grpo_config *c, const char *name, const char *value, const char *origin,
-               struct cfg_error *err)
+int config_set(struct grpo_config *c, const char *name, const char *value, const char *origin, struct cfg_error *err)
 {
     const struct cfg_key_info *k = config_find(name);
     if (!k) {
@@ -333,7 +332,8 @@ int config_validate(const struct grpo_config *c, struct cfg_error *err)
         return -1;
     }
     if (c->data_train_batch_size % c->actor_ppo_mini_batch_size != 0) {
-        errf(err, "data.train_batch_size (%lld) must be a multiple of actor_rollout_ref.actor.ppo_mini_batch_size (%lld)",
+        errf(err,
+             "data.train_batch_size (%lld) must be a multiple of actor_rollout_ref.actor.ppo_mini_batch_size (%lld)",
              c->data_train_batch_size, c->actor_ppo_mini_batch_size);
         return -1;
     }
@@ -352,15 +352,9 @@ void config_value_text(const struct grpo_config *c, const struct cfg_key_info *k
 {
     const void *f = field_cptr(c, k);
     switch (k->type) {
-    case CFG_INT:
-        snprintf(buf, len, "%lld", *(const long long *)f);
-        break;
-    case CFG_FLOAT:
-        snprintf(buf, len, "%.17g", *(const double *)f);
-        break;
-    case CFG_BOOL:
-        snprintf(buf, len, "%s", *(const bool *)f ? "true" : "false");
-        break;
+    case CFG_INT: snprintf(buf, len, "%lld", *(const long long *)f); break;
+    case CFG_FLOAT: snprintf(buf, len, "%.17g", *(const double *)f); break;
+    case CFG_BOOL: snprintf(buf, len, "%s", *(const bool *)f ? "true" : "false"); break;
     case CFG_STR:
     case CFG_ENUM: {
         const char *s = *(char *const *)f;

@@ -64,8 +64,7 @@ void config_init(struct grpo_config *c);
 /* Release the strings owned by the configuration. */
 void config_free(struct grpo_config *c);
 /* Set one key from text; origin is recorded for --print-config. Returns 0 or -1 with err. */
-int config_set(struct grpo_config *c, const char *name, const char *value, const char *origin,
-               struct cfg_error *err);
+int config_set(struct grpo_config *c, const char *name, const char *value, const char *origin, struct cfg_error *err);
 /* Load a YAML file of nested mappings (verl layout). Returns 0 or -1 with err. */
 int config_load_yaml(struct grpo_config *c, const char *path, struct cfg_error *err);
 /* Apply one `a.b.c=value` override from the command line. Returns 0 or -1 with err. */

@@ -33,6 +33,8 @@ int config_from_args(struct grpo_config *c, int *argc, char **argv)
     /* config files first, so that overrides win whatever their position */
     for (int i = 1; i < *argc;) {
         const char *a = argv[i];
+        if (!a)
+            break;
         const char *file = NULL;
         int used = 0;
         if ((strcmp(a, "--config") == 0 || strcmp(a, "-c") == 0)) {
@@ -58,6 +60,8 @@ int config_from_args(struct grpo_config *c, int *argc, char **argv)
     }
     for (int i = 1; i < *argc;) {
         const char *a = argv[i];
+        if (!a)
+            break;
         if (strcmp(a, "--print-config") == 0) {
             print = true;
             drop_args(argc, argv, i, 1);

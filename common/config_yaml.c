@@ -196,16 +196,11 @@ int config_load_yaml(struct grpo_config *c, const char *path, struct cfg_error *
             break;
         }
         switch (ev.type) {
-        case YAML_STREAM_END_EVENT:
-            done = true;
-            break;
+        case YAML_STREAM_END_EVENT: done = true; break;
         case YAML_STREAM_START_EVENT:
         case YAML_DOCUMENT_START_EVENT:
-        case YAML_DOCUMENT_END_EVENT:
-            break;
-        case YAML_MAPPING_START_EVENT:
-            rc = walk_mapping(&w);
-            break;
+        case YAML_DOCUMENT_END_EVENT: break;
+        case YAML_MAPPING_START_EVENT: rc = walk_mapping(&w); break;
         case YAML_SCALAR_EVENT:
             if (is_null_scalar(&ev))
                 break; /* an empty document */

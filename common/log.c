@@ -53,8 +53,7 @@ void log_vwrite(enum log_level level, const char *subsys, const char *fmt, va_li
     struct tm tm;
     gmtime_r(&tv.tv_sec, &tm);
     int n = (int)strftime(line, sizeof line, "%Y-%m-%dT%H:%M:%S", &tm);
-    n += snprintf(line + n, sizeof line - (size_t)n, ".%03ldZ %-5s ", (long)(tv.tv_usec / 1000),
-                  level_names[level]);
+    n += snprintf(line + n, sizeof line - (size_t)n, ".%03ldZ %-5s ", (long)(tv.tv_usec / 1000), level_names[level]);
     if (g_rank >= 0)
         n += snprintf(line + n, sizeof line - (size_t)n, "[rank %d] ", g_rank);
     n += snprintf(line + n, sizeof line - (size_t)n, "%s: ", subsys ? subsys : "-");

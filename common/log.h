@@ -25,8 +25,7 @@ void log_set_rank(int rank);
 int log_init_from_env(void);
 
 /* Write one log line; prefer the macros below. */
-void log_write(enum log_level level, const char *subsys, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+void log_write(enum log_level level, const char *subsys, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void log_vwrite(enum log_level level, const char *subsys, const char *fmt, va_list ap);
 
 #define log_error(subsys, ...) log_write(LOG_ERROR, (subsys), __VA_ARGS__)

@@ -26,7 +26,8 @@ Grpo__Envelope *protocol_unpack(const uint8_t *buf, size_t len, char *why, size_
         return NULL;
     }
     if (env->version != GRPO_PROTOCOL_VERSION) {
-        snprintf(why, whylen, "incompatible protocol version %u (this program speaks version %u; upgrade the older side)",
+        snprintf(why, whylen,
+                 "incompatible protocol version %u (this program speaks version %u; upgrade the older side)",
                  env->version, GRPO_PROTOCOL_VERSION);
         grpo__envelope__free_unpacked(env, NULL);
         return NULL;

@@ -35,6 +35,17 @@ static void usage(FILE *out)
           out);
 }
 
+/* A positive int from text; -1 for anything else. */
+static int parse_size(const char *s, int *out)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || v < 1 || v > 1 << 20)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
 /* Every rank contributes known values; each collective's result is checked against the closed form. */
 static int selftest(struct parallel_groups *g)
 {
@@ -43,7 +54,9 @@ static int selftest(struct parallel_groups *g)
     int r = comm_rank(w), n = comm_size(w);
     float v[3] = {(float)r, 1.0f, (float)(r * r)};
     comm_allreduce_sum(w, v, 3, COMM_F32);
-    if (v[0] != (float)(n * (n - 1) / 2) || v[1] != (float)n || v[2] != (float)((n - 1) * n * (2 * n - 1) / 6))
+    /* sums of 0..n-1 and of their squares, exact in integers */
+    int sum = n * (n - 1) / 2, sumsq = (n - 1) * n * (2 * n - 1) / 6;
+    if (v[0] != (float)sum || v[1] != (float)n || v[2] != (float)sumsq)
         bad++;
     int32_t mine = 100 + r, *all = xcalloc((size_t)n, sizeof *all);
     comm_allgather(w, &mine, all, 1, COMM_I32);
@@ -53,14 +66,15 @@ static int selftest(struct parallel_groups *g)
     int tp = comm_size(g->tp);
     double tpsum = (double)comm_rank(g->tp);
     comm_allreduce_sum(g->tp, &tpsum, 1, COMM_F64);
-    bad += tpsum != (double)(tp * (tp - 1) / 2);
+    int tpwant = tp * (tp - 1) / 2;
+    bad += tpsum != (double)tpwant;
     comm_allreduce_sum(w, &bad, 1, COMM_I32);
     if (r == 0) {
         if (bad)
             log_error("selftest", "collective plane check FAILED on %d value(s)", bad);
         else
-            log_info("selftest", "collective plane OK: %d ranks (dp=%d tp=%d pp=%d), back-end %s", n,
-                     g->at.dp_size, g->at.tp_size, g->at.pp_size, comm_backend_name(w));
+            log_info("selftest", "collective plane OK: %d ranks (dp=%d tp=%d pp=%d), back-end %s", n, g->at.dp_size,
+                     g->at.tp_size, g->at.pp_size, comm_backend_name(w));
     }
     return bad ? 1 : 0;
 }
@@ -84,11 +98,23 @@ int main(int argc, char **argv)
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (o) {
-        case 't': tp = atoi(optarg); break;
-        case 'p': pp = atoi(optarg); break;
+        case 't':
+        case 'p':
+            if (parse_size(optarg, o == 't' ? &tp : &pp) != 0) {
+                log_error("worker", "--%s expects a positive integer, got '%s'", o == 't' ? "tp" : "pp", optarg);
+                config_free(&cfg);
+                return 2;
+            }
+            break;
         case 's': do_selftest = 1; break;
-        case 'h': usage(stdout); config_free(&cfg); return 0;
-        default: usage(stderr); config_free(&cfg); return 2;
+        case 'h':
+            usage(stdout);
+            config_free(&cfg);
+            return 0;
+        default:
+            usage(stderr);
+            config_free(&cfg);
+            return 2;
         }
     }
     if (optind < argc) {
@@ -105,8 +131,10 @@ int main(int argc, char **argv)
     int status = 0;
     if (parallel_groups_init(&groups, world, tp, pp) != 0) {
         if (comm_rank(world) == 0)
-            log_error("worker", "%d ranks cannot be split into tp=%d x pp=%d groups (the world size must be a "
-                      "multiple of tp*pp)", comm_size(world), tp, pp);
+            log_error("worker",
+                      "%d ranks cannot be split into tp=%d x pp=%d groups (the world size must be a "
+                      "multiple of tp*pp)",
+                      comm_size(world), tp, pp);
         status = 2;
         goto out_world;
     }

@@ -220,7 +220,8 @@ static void test_suggest(void **state)
 {
     (void)state;
     assert_string_equal(config_suggest("data.train_batchsize"), "data.train_batch_size");
-    assert_string_equal(config_suggest("actor_rollout_ref.actor.kl_loss_coeff"), "actor_rollout_ref.actor.kl_loss_coef");
+    assert_string_equal(config_suggest("actor_rollout_ref.actor.kl_loss_coeff"),
+                        "actor_rollout_ref.actor.kl_loss_coef");
     assert_null(config_suggest("completely.unrelated.thing.zzzzzzzzzz"));
 }
 

@@ -26,9 +26,9 @@ struct gguf_file;
 struct gguf_tensor_info {
     const char *name;
     int n_dims;
-    uint64_t dims[4];  /* ggml order: dims[0] is the fastest-varying (row length) */
-    uint32_t type;     /* enum gguf_tensor_type */
-    uint64_t offset;   /* from the start of the data section */
+    uint64_t dims[4]; /* ggml order: dims[0] is the fastest-varying (row length) */
+    uint32_t type;    /* enum gguf_tensor_type */
+    uint64_t offset;  /* from the start of the data section */
     uint64_t n_elements;
     uint64_t n_bytes;
 };

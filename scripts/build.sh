@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Configure (once) and build into a build directory; incremental afterwards.
+#   scripts/build.sh [BUILDDIR] [extra meson setup args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir="${1:-build}"
+shift || true
+args=("$@")
+if [ -n "${CI:-}" ]; then
+    args+=(-Dwerror=true)
+fi
+if [ ! -f "$dir/build.ninja" ]; then
+    meson setup "$dir" "${args[@]}" >&2
+elif [ ${#args[@]} -gt 0 ]; then
+    meson configure "$dir" "${args[@]}" >/dev/null
+fi
+ninja -C "$dir" >&2

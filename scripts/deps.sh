@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Install the Debian packages the build, tests and demo need, when missing.
+# As root: apt-get installs them. Otherwise: prints the exact apt-get line and
+# exits 1. A second run only checks (fast).
+#
+#   scripts/deps.sh            build + test + demo dependencies
+#   scripts/deps.sh --print    just print the package list
+set -euo pipefail
+
+PKGS=(
+    # build
+    meson ninja-build pkg-config gcc g++ python3 python3-pip python3-venv
+    libopenmpi-dev openmpi-bin
+    libnanomsg-dev nanomsg-utils
+    libprotobuf-c-dev protobuf-c-compiler
+    libuv1-dev libopenblas-dev libyaml-dev libpcre2-dev libjansson-dev
+    # tests
+    libcmocka-dev
+    # tools the checks use
+    clang clang-format clang-tidy cppcheck unzip
+)
+
+if [ "${1:-}" = "--print" ]; then
+    echo "${PKGS[@]}"
+    exit 0
+fi
+
+missing=()
+for p in "${PKGS[@]}"; do
+    # 'install ok installed' is dpkg's word for a fully installed package
+    if [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" != "install ok installed" ]; then
+        missing+=("$p")
+    fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+line="apt-get install -y --no-install-recommends ${missing[*]}"
+if [ "$(id -u)" -ne 0 ]; then
+    echo "missing Debian packages: ${missing[*]}" >&2
+    echo "install them as root with:" >&2
+    echo "  sudo apt-get update && sudo $line" >&2
+    exit 1
+fi
+echo "installing missing Debian packages: ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq >&2
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2

@@ -1,0 +1,130 @@
+/* The collective plane over MPI, run under mpirun: every collective in every
+ * group of the requested layout, checked against closed-form expectations.
+ * Exit 0 only if every rank saw every value right. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check_mpi.h"
+#include "common/log.h"
+#include "worker/comm/comm.h"
+#include "worker/comm/parallel.h"
+
+static int g_bad;
+
+#define EXPECT(cond, ...)                                                                                              \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            g_bad++;                                                                                                   \
+            log_error("test", __VA_ARGS__);                                                                            \
+        }                                                                                                              \
+    } while (0)
+
+/* value that rank r contributes at index i */
+static float val(int r, size_t i) { return (float)((r + 1) * 0.5 + (double)(i % 97)); }
+
+static void check_group(struct comm *c, const char *what, size_t n)
+{
+    int r = comm_rank(c), s = comm_size(c);
+    float *buf = xmalloc(n * sizeof *buf);
+    /* allreduce: sum_r val(r,i) = sum_r (r+1)/2 + s*(i%97) */
+    for (size_t i = 0; i < n; i++)
+        buf[i] = val(r, i);
+    comm_allreduce_sum(c, buf, n, COMM_F32);
+    double base = 0.5 * s * (s + 1) / 2.0;
+    for (size_t i = 0; i < n; i++)
+        if (buf[i] != (float)(base + s * (double)(i % 97))) {
+            EXPECT(0, "%s allreduce[%zu] = %g, want %g", what, i, buf[i], base + s * (double)(i % 97));
+            break;
+        }
+    /* allgather: block q holds rank q's values */
+    float *all = xmalloc(n * (size_t)s * sizeof *all);
+    for (size_t i = 0; i < n; i++)
+        buf[i] = val(r, i);
+    comm_allgather(c, buf, all, n, COMM_F32);
+    for (int q = 0; q < s; q++)
+        for (size_t i = 0; i < n; i++)
+            if (all[(size_t)q * n + i] != val(q, i)) {
+                EXPECT(0, "%s allgather block %d [%zu] wrong", what, q, i);
+                q = s;
+                break;
+            }
+    /* reduce-scatter: rank r keeps the sum of block r */
+    for (int q = 0; q < s; q++)
+        for (size_t i = 0; i < n; i++)
+            all[(size_t)q * n + i] = val(r, i) + (float)q;
+    comm_reduce_scatter_sum(c, all, buf, n, COMM_F32);
+    for (size_t i = 0; i < n; i++)
+        if (buf[i] != (float)(base + s * (double)(i % 97) + (double)s * r)) {
+            EXPECT(0, "%s reduce_scatter[%zu] = %g", what, i, buf[i]);
+            break;
+        }
+    /* broadcast from the last rank */
+    int64_t token = r == s - 1 ? 1234567890123LL : -1;
+    comm_broadcast(c, &token, 1, COMM_I64, s - 1);
+    EXPECT(token == 1234567890123LL, "%s broadcast got %lld", what, (long long)token);
+    /* ring send/recv: even ranks send first to avoid deadlock with blocking calls */
+    if (s > 1) {
+        int32_t out = 1000 + r, in = -1;
+        int next = (r + 1) % s, prev = (r + s - 1) % s;
+        if (r % 2 == 0) {
+            comm_send(c, &out, 1, COMM_I32, next);
+            comm_recv(c, &in, 1, COMM_I32, prev);
+        } else {
+            comm_recv(c, &in, 1, COMM_I32, prev);
+            comm_send(c, &out, 1, COMM_I32, next);
+        }
+        EXPECT(in == 1000 + prev, "%s ring recv got %d, want %d", what, in, 1000 + prev);
+    }
+    comm_barrier(c);
+    free(all);
+    free(buf);
+}
+
+int main(int argc, char **argv)
+{
+    int tp = 1, pp = 1;
+    size_t n = 1000;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--tp") == 0)
+            tp = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--pp") == 0)
+            pp = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--elements") == 0)
+            n = (size_t)atol(argv[i + 1]);
+    }
+    CHECK_MPI(MPI_Init(&argc, &argv));
+    check_set_fatal_hook(check_mpi_abort_hook);
+    struct comm *world = comm_mpi_world();
+    log_set_rank(comm_rank(world));
+    struct parallel_groups g;
+    if (parallel_groups_init(&g, world, tp, pp) != 0) {
+        log_error("test", "bad layout tp=%d pp=%d for %d ranks", tp, pp, comm_size(world));
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    /* group sizes and the coordinate <-> rank mapping */
+    EXPECT(comm_size(g.tp) == tp && comm_size(g.pp) == pp && comm_size(g.dp) == comm_size(world) / (tp * pp),
+           "group sizes tp=%d pp=%d dp=%d", comm_size(g.tp), comm_size(g.pp), comm_size(g.dp));
+    EXPECT(comm_rank(g.tp) == g.at.tp_rank && comm_rank(g.dp) == g.at.dp_rank && comm_rank(g.pp) == g.at.pp_rank,
+           "ranks inside groups disagree with coordinates");
+    EXPECT(parallel_rank_of(&g.at) == comm_rank(world), "rank_of(coords_of(r)) != r");
+    /* TP groups are contiguous world ranks (same node in practice) */
+    int32_t wr = comm_rank(world), first = wr;
+    comm_broadcast(g.tp, &first, 1, COMM_I32, 0);
+    EXPECT(wr - first == g.at.tp_rank, "TP group not contiguous: rank %d, group starts at %d", wr, first);
+
+    check_group(world, "world", n);
+    check_group(g.dp, "dp", n);
+    check_group(g.tp, "tp", n);
+    check_group(g.pp, "pp", n);
+
+    comm_allreduce_sum(world, &g_bad, 1, COMM_I32);
+    if (comm_rank(world) == 0)
+        printf("%s: %d ranks tp=%d pp=%d, %zu elements, %d failure(s)\n", g_bad ? "FAIL" : "ok", comm_size(world), tp,
+               pp, n, g_bad);
+    parallel_groups_free(&g);
+    comm_free(world);
+    MPI_Finalize();
+    return g_bad ? 1 : 0;
+}
