@@ -18,8 +18,8 @@ void rmsnorm_forward(float *y, float *rstd, const float *x, const float *w, int 
     }
 }
 
-void rmsnorm_backward(float *dx, float *dw, const float *dy, const float *x, const float *w, const float *rstd,
-                      int N, int D)
+void rmsnorm_backward(float *dx, float *dw, const float *dy, const float *x, const float *w, const float *rstd, int N,
+                      int D)
 {
     for (int i = 0; i < N; i++) {
         const float *xi = x + (size_t)i * D, *dyi = dy + (size_t)i * D;

@@ -1,0 +1,47 @@
+#include <math.h>
+
+#include "common/check.h"
+#include "kernels.h"
+
+/* Rotates every head of every token by its position's angles; sign = +1 forward, -1 for the
+ * inverse (transpose) rotation used by backward. Angles and their cos/sin are computed in double
+ * (pos * inv_freq reaches ~3e4 rad, where float angles lose ~1e-3 rad), then rounded once. */
+static void rope_apply(float *x, const int32_t *pos, int N, int H, int hd, float theta, double sign)
+{
+    if (hd % 2 != 0)
+        check_failf(__FILE__, __LINE__, "rope: head_dim %d is odd", hd);
+    int half = hd / 2;
+    double *inv_freq = xmalloc(sizeof(double) * (size_t)half);
+    float *c = xmalloc(sizeof(float) * (size_t)half), *s = xmalloc(sizeof(float) * (size_t)half);
+    for (int i = 0; i < half; i++)
+        inv_freq[i] = pow((double)theta, -2.0 * i / hd);
+    for (int t = 0; t < N; t++) {
+        for (int i = 0; i < half; i++) {
+            double a = (double)pos[t] * inv_freq[i];
+            c[i] = (float)cos(a);
+            s[i] = (float)(sign * sin(a));
+        }
+        for (int h = 0; h < H; h++) {
+            float *xh = x + ((size_t)t * H + h) * hd;
+            for (int i = 0; i < half; i++) {
+                float x1 = xh[i], x2 = xh[i + half];
+                xh[i] = x1 * c[i] - x2 * s[i];
+                xh[i + half] = x2 * c[i] + x1 * s[i];
+            }
+        }
+    }
+    free(inv_freq);
+    free(c);
+    free(s);
+}
+
+void rope_forward(float *x, const int32_t *pos, int N, int H, int hd, float theta)
+{
+    rope_apply(x, pos, N, H, hd, theta, 1.0);
+}
+
+void rope_backward(float *dx, const int32_t *pos, int N, int H, int hd, float theta)
+{
+    /* forward is an orthogonal rotation R per pair; dL/dx = R^T dL/dy = rotation by -angle */
+    rope_apply(dx, pos, N, H, hd, theta, -1.0);
+}

@@ -1,0 +1,413 @@
+/* grpo-model: model utilities. info, convert, tokenize, logits, generate. */
+#include <cblas.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <jansson.h>
+#include <sys/stat.h>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "common/npy.h"
+#include "worker/formats/gguf.h"
+#include "worker/formats/safetensors.h"
+#include "worker/model/generate.h"
+#include "worker/model/model_io.h"
+#include "worker/tokenizer/tokenizer.h"
+
+static void usage(FILE *out)
+{
+    fputs("usage: grpo-model COMMAND [options]\n"
+          "\n"
+          "commands:\n"
+          "  info MODEL                         architecture, sizes, parameter count, tensor dtypes\n"
+          "  convert IN.gguf OUTDIR [--bf16]    GGUF to Hugging Face layout (config.json, model.safetensors,\n"
+          "                                     tokenizer.json, tokenizer_config.json)\n"
+          "  tokenize MODEL TEXT [--chat]       token ids of TEXT, comma-separated on one line\n"
+          "  logits MODEL --ids 1,2,3 --out F.npy\n"
+          "                                     float32 [T, vocab] logits of every position, NumPy format\n"
+          "  generate MODEL --prompt TEXT [--chat] [--max-new-tokens N] [--temperature T] [--top-p P]\n"
+          "                 [--top-k K] [--seed S] [-n SAMPLES]\n"
+          "                                     sample a continuation (temperature 0: greedy)\n"
+          "\n"
+          "MODEL is a Hugging Face model directory or a .gguf file. `grpo-model COMMAND --help` for details.\n"
+          "Common options: --threads N (OpenBLAS threads, default 1).\n",
+          out);
+}
+
+static const char *const cmd_help[][2] = {
+    {"info", "usage: grpo-model info MODEL\n  Print architecture, hyper-parameters, parameter count and the dtypes of "
+             "the stored tensors.\n"},
+    {"convert", "usage: grpo-model convert IN.gguf OUTDIR [--bf16]\n  Import a GGUF file (llama or qwen2) and write "
+                "the Hugging Face layout into OUTDIR:\n  config.json, generation_config.json, model.safetensors (F32, "
+                "or BF16 with --bf16),\n  tokenizer.json and tokenizer_config.json (with the chat template).\n"},
+    {"tokenize", "usage: grpo-model tokenize MODEL TEXT [--chat]\n  Print the token ids of TEXT, comma-separated. "
+                 "With --chat, TEXT is a user message\n  wrapped in the model's chat template with a generation "
+                 "prompt.\n"},
+    {"logits", "usage: grpo-model logits MODEL --ids 1,2,3 --out FILE.npy\n  Run the model on the ids and write "
+               "the float32 [T, vocab] logits of every position.\n"},
+    {"generate", "usage: grpo-model generate MODEL --prompt TEXT [--chat] [--max-new-tokens N] [--temperature T]\n"
+                 "                          [--top-p P] [--top-k K] [--seed S] [-n SAMPLES]\n"
+                 "  Sample continuations of TEXT (defaults: 64 tokens, temperature 0 = greedy, top-p 1, seed 1).\n"
+                 "  Prints each sample's text; --ids prints the token ids and log-probs too.\n"},
+};
+
+struct opts {
+    const char *ids, *out, *prompt;
+    int chat, bf16, max_new, top_k, n, threads, print_ids;
+    float temperature, top_p;
+    unsigned long long seed;
+};
+
+static int model_is_gguf(const char *path)
+{
+    size_t n = strlen(path);
+    return n > 5 && strcmp(path + n - 5, ".gguf") == 0;
+}
+
+static struct tokenizer *load_tokenizer(const char *model)
+{
+    char err[1024];
+    struct tokenizer *t = NULL;
+    if (model_is_gguf(model)) {
+        struct gguf_file *g = gguf_open(model, err, sizeof err);
+        if (g) {
+            t = tokenizer_from_gguf(g, err, sizeof err);
+            gguf_close(g);
+        }
+    } else {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/tokenizer.json", model);
+        t = tokenizer_from_json(path, err, sizeof err);
+        if (t) { /* the chat template lives in tokenizer_config.json */
+            snprintf(path, sizeof path, "%s/tokenizer_config.json", model);
+            FILE *f = fopen(path, "rb");
+            if (f) {
+                fclose(f);
+                json_error_t je;
+                json_t *root = json_load_file(path, 0, &je);
+                const char *tpl = json_string_value(json_object_get(root, "chat_template"));
+                if (tpl)
+                    tokenizer_set_chat_template(t, tpl);
+                json_decref(root);
+            }
+        }
+    }
+    if (!t)
+        log_error("model", "%s", err);
+    return t;
+}
+
+/* The prompt as ids: raw text, or a user turn in the chat template. */
+static int32_t *prompt_ids(const struct tokenizer *t, const char *text, int chat, size_t *n)
+{
+    if (!chat)
+        return tokenizer_encode(t, text, strlen(text), 0, n);
+    struct chat_message msg = {"user", text};
+    char *s = tokenizer_apply_chat_template(t, &msg, 1, true);
+    int32_t *ids = tokenizer_encode(t, s, strlen(s), 0, n);
+    free(s);
+    return ids;
+}
+
+static int cmd_info(const char *path)
+{
+    char err[1024];
+    struct model *m = model_load(path, err, sizeof err);
+    if (!m) {
+        log_error("model", "%s", err);
+        return 1;
+    }
+    const struct model_config *c = &m->cfg;
+    printf("architecture        %s\n", c->arch == ARCH_QWEN2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM");
+    printf("layers              %d\n", c->n_layers);
+    printf("hidden_size         %d\n", c->hidden_size);
+    printf("intermediate_size   %d\n", c->intermediate_size);
+    printf("attention heads     %d (key/value heads %d, head_dim %d)\n", c->n_heads, c->n_kv_heads, c->head_dim);
+    printf("vocab_size          %d\n", c->vocab_size);
+    printf("rope_theta          %g\n", c->rope_theta);
+    printf("rms_norm_eps        %g\n", c->rms_norm_eps);
+    printf("tie_word_embeddings %s\n", c->tie_word_embeddings ? "true" : "false");
+    printf("q/k/v bias          %s\n", c->attention_bias ? "true" : "false");
+    printf("context length      %d\n", c->max_position_embeddings);
+    printf("bos/eos token ids   %d / %d\n", c->bos_token_id, c->eos_token_id);
+    printf("parameters          %zu (%.1f M)\n", model_num_params(m), model_num_params(m) / 1e6);
+    /* stored dtypes, counted per tensor */
+    int counts[64] = {0};
+    const char *names[64] = {0};
+    if (model_is_gguf(path)) {
+        struct gguf_file *g = gguf_open(path, err, sizeof err);
+        for (int i = 0; g && i < gguf_num_tensors(g); i++) {
+            uint32_t ty = gguf_tensor(g, i)->type;
+            if (ty < 64) {
+                counts[ty]++;
+                names[ty] = gguf_type_name(ty);
+            }
+        }
+        gguf_close(g);
+    } else {
+        struct st_model *st = st_model_open(path, err, sizeof err);
+        for (int i = 0; st && i < st_model_num_tensors(st); i++) {
+            enum st_dtype dt = st_model_tensor(st, i, NULL)->dtype;
+            counts[dt]++;
+            names[dt] = st_dtype_name(dt);
+        }
+        st_model_close(st);
+    }
+    printf("tensor dtypes      ");
+    for (int i = 0; i < 64; i++)
+        if (counts[i])
+            printf(" %s x%d", names[i], counts[i]);
+    printf("\n");
+    model_free(m);
+    return 0;
+}
+
+static int cmd_convert(const char *in, const char *outdir, int bf16)
+{
+    char err[1024], path[4096];
+    struct model *m = model_load_gguf(in, err, sizeof err);
+    if (!m) {
+        log_error("convert", "%s", err);
+        return 1;
+    }
+    struct tokenizer *t = load_tokenizer(in);
+    if (!t) {
+        model_free(m);
+        return 1;
+    }
+    int rc = 1;
+    if (model_save_hf(m, outdir, bf16, err, sizeof err) != 0) {
+        log_error("convert", "%s", err);
+        goto out;
+    }
+    snprintf(path, sizeof path, "%s/tokenizer.json", outdir);
+    if (tokenizer_save_json(t, path, err, sizeof err) != 0) {
+        log_error("convert", "%s", err);
+        goto out;
+    }
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", outdir);
+    if (tokenizer_save_config_json(t, path, err, sizeof err) != 0) {
+        log_error("convert", "%s", err);
+        goto out;
+    }
+    log_info("convert", "%s -> %s (%zu parameters, %s)", in, outdir, model_num_params(m), bf16 ? "bf16" : "f32");
+    rc = 0;
+out:
+    tokenizer_free(t);
+    model_free(m);
+    return rc;
+}
+
+static int cmd_tokenize(const char *model, const char *text, int chat)
+{
+    struct tokenizer *t = load_tokenizer(model);
+    if (!t)
+        return 1;
+    size_t n;
+    int32_t *ids = prompt_ids(t, text, chat, &n);
+    for (size_t i = 0; i < n; i++)
+        printf("%s%d", i ? "," : "", ids[i]);
+    printf("\n");
+    free(ids);
+    tokenizer_free(t);
+    return 0;
+}
+
+/* "1,2,3" -> ids; -1 on a malformed list */
+static int parse_ids(const char *s, int32_t **ids, int *n)
+{
+    int cap = 16;
+    *ids = xmalloc((size_t)cap * sizeof **ids);
+    *n = 0;
+    while (*s) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 0 || v > 0x7fffffff)
+            return -1;
+        if (*n == cap)
+            *ids = xrealloc(*ids, (size_t)(cap *= 2) * sizeof **ids);
+        (*ids)[(*n)++] = (int32_t)v;
+        s = end;
+        if (*s == ',')
+            s++;
+        else if (*s)
+            return -1;
+    }
+    return *n > 0 ? 0 : -1;
+}
+
+static int cmd_logits(const char *model, const struct opts *o)
+{
+    if (!o->ids || !o->out) {
+        log_error("logits", "needs --ids 1,2,3 and --out FILE.npy");
+        return 2;
+    }
+    int32_t *ids;
+    int T;
+    if (parse_ids(o->ids, &ids, &T) != 0) {
+        log_error("logits", "--ids '%s' is not a comma-separated list of token ids", o->ids);
+        free(ids);
+        return 2;
+    }
+    char err[1024];
+    struct model *m = model_load(model, err, sizeof err);
+    if (!m) {
+        log_error("logits", "%s", err);
+        free(ids);
+        return 1;
+    }
+    for (int i = 0; i < T; i++)
+        if (ids[i] >= m->cfg.vocab_size) {
+            log_error("logits", "token id %d at position %d is outside the vocabulary (size %d)", ids[i], i,
+                      m->cfg.vocab_size);
+            model_free(m);
+            free(ids);
+            return 2;
+        }
+    float *logits = xmalloc((size_t)T * m->cfg.vocab_size * sizeof(float));
+    model_logits(m, ids, T, logits);
+    int64_t shape[2] = {T, m->cfg.vocab_size};
+    int rc = npy_write_f32(o->out, logits, shape, 2, err, sizeof err);
+    if (rc != 0)
+        log_error("logits", "%s", err);
+    free(logits);
+    free(ids);
+    model_free(m);
+    return rc ? 1 : 0;
+}
+
+static int cmd_generate(const char *model, const struct opts *o)
+{
+    if (!o->prompt) {
+        log_error("generate", "needs --prompt TEXT");
+        return 2;
+    }
+    char err[1024];
+    struct tokenizer *t = load_tokenizer(model);
+    if (!t)
+        return 1;
+    struct model *m = model_load(model, err, sizeof err);
+    if (!m) {
+        log_error("generate", "%s", err);
+        tokenizer_free(t);
+        return 1;
+    }
+    size_t n;
+    int32_t *ids = prompt_ids(t, o->prompt, o->chat, &n);
+    int plen = (int)n;
+    int32_t stops[2];
+    int n_stop = 0;
+    if (tokenizer_eos_id(t) >= 0)
+        stops[n_stop++] = tokenizer_eos_id(t);
+    int im_end = tokenizer_token_id(t, "<|im_end|>");
+    if (im_end >= 0 && im_end != stops[0])
+        stops[n_stop++] = im_end;
+    struct gen_params gp = {
+        .sampling = {o->temperature, o->top_p, o->top_k},
+        .max_new_tokens = o->max_new,
+        .n_samples = o->n,
+        .max_batch = o->n,
+        .stop_ids = stops,
+        .n_stop = n_stop,
+        .seed = o->seed,
+    };
+    struct gen_output *out = xcalloc((size_t)o->n, sizeof *out);
+    const int32_t *prompts[1] = {ids};
+    generate(m, prompts, &plen, 1, &gp, out);
+    for (int s = 0; s < o->n; s++) {
+        char *text = tokenizer_decode(t, out[s].tokens, (size_t)out[s].len, true);
+        if (o->n > 1)
+            printf("--- sample %d (%d tokens%s)\n", s, out[s].len, out[s].stopped ? ", stopped" : "");
+        printf("%s\n", text);
+        if (o->print_ids) {
+            for (int i = 0; i < out[s].len; i++)
+                printf("%s%d:%.4f", i ? " " : "# ", out[s].tokens[i], out[s].logps[i]);
+            printf("\n");
+        }
+        free(text);
+        gen_output_free(&out[s]);
+    }
+    free(out);
+    free(ids);
+    model_free(m);
+    tokenizer_free(t);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    log_init_from_env();
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    const char *help = NULL;
+    for (size_t i = 0; i < sizeof cmd_help / sizeof *cmd_help; i++)
+        if (strcmp(cmd, cmd_help[i][0]) == 0)
+            help = cmd_help[i][1];
+    if (!help) {
+        log_error("model", "unknown command '%s' (info, convert, tokenize, logits, generate)", cmd);
+        return 2;
+    }
+    struct opts o = {.max_new = 64, .top_p = 1.0f, .n = 1, .seed = 1, .threads = 1};
+    static const struct option lopts[] = {
+        {"ids", required_argument, 0, 'i'},         {"out", required_argument, 0, 'o'},
+        {"prompt", required_argument, 0, 'p'},      {"chat", no_argument, 0, 'c'},
+        {"bf16", no_argument, 0, 'b'},              {"max-new-tokens", required_argument, 0, 'm'},
+        {"temperature", required_argument, 0, 't'}, {"top-p", required_argument, 0, 'P'},
+        {"top-k", required_argument, 0, 'k'},       {"seed", required_argument, 0, 's'},
+        {"threads", required_argument, 0, 'T'},     {"print-ids", no_argument, 0, 'I'},
+        {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
+    int c;
+    optind = 2;
+    while ((c = getopt_long(argc, argv, "n:h", lopts, NULL)) != -1) {
+        char *end = NULL;
+        switch (c) {
+        case 'i': o.ids = optarg; break;
+        case 'o': o.out = optarg; break;
+        case 'p': o.prompt = optarg; break;
+        case 'c': o.chat = 1; break;
+        case 'b': o.bf16 = 1; break;
+        case 'I': o.print_ids = 1; break;
+        case 'm': o.max_new = (int)strtol(optarg, &end, 10); break;
+        case 't': o.temperature = strtof(optarg, &end); break;
+        case 'P': o.top_p = strtof(optarg, &end); break;
+        case 'k': o.top_k = (int)strtol(optarg, &end, 10); break;
+        case 's': o.seed = strtoull(optarg, &end, 10); break;
+        case 'n': o.n = (int)strtol(optarg, &end, 10); break;
+        case 'T': o.threads = (int)strtol(optarg, &end, 10); break;
+        case 'h': fputs(help, stdout); return 0;
+        default: fputs(help, stderr); return 2;
+        }
+        if (end && (*end || end == optarg)) {
+            log_error("model", "option value '%s' is not a number", optarg);
+            return 2;
+        }
+    }
+    if (o.n < 1 || o.max_new < 0 || o.temperature < 0 || o.top_p <= 0 || o.top_p > 1 || o.threads < 1) {
+        log_error("model", "out-of-range option: need -n >= 1, --max-new-tokens >= 0, --temperature >= 0, "
+                           "0 < --top-p <= 1, --threads >= 1");
+        return 2;
+    }
+    openblas_set_num_threads(o.threads);
+    int npos = argc - optind;
+    const char *a0 = npos > 0 ? argv[optind] : NULL, *a1 = npos > 1 ? argv[optind + 1] : NULL;
+    int need = (strcmp(cmd, "convert") == 0 || strcmp(cmd, "tokenize") == 0) ? 2 : 1;
+    if (npos != need) {
+        log_error("model", "%s takes %d argument(s), got %d", cmd, need, npos);
+        fputs(help, stderr);
+        return 2;
+    }
+    if (strcmp(cmd, "info") == 0)
+        return cmd_info(a0);
+    if (strcmp(cmd, "convert") == 0)
+        return cmd_convert(a0, a1, o.bf16);
+    if (strcmp(cmd, "tokenize") == 0)
+        return cmd_tokenize(a0, a1, o.chat);
+    if (strcmp(cmd, "logits") == 0)
+        return cmd_logits(a0, &o);
+    return cmd_generate(a0, &o);
+}

@@ -1,0 +1,130 @@
+#include "generate.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+
+struct slot {
+    int seq; /* index into out[], -1 when free */
+    struct kv_cache *kc;
+    struct rng rng;
+    int32_t next; /* token to feed at the next step */
+};
+
+static bool is_stop(const struct gen_params *gp, int32_t tok)
+{
+    for (int i = 0; i < gp->n_stop; i++)
+        if (gp->stop_ids[i] == tok)
+            return true;
+    return false;
+}
+
+/* Record a sampled token; returns true when the sequence is finished. */
+static bool push_token(const struct gen_params *gp, struct gen_output *o, int32_t tok, float logp)
+{
+    o->tokens[o->len] = tok;
+    o->logps[o->len] = logp;
+    o->len++;
+    if (is_stop(gp, tok)) {
+        o->stopped = true;
+        return true;
+    }
+    return o->len >= gp->max_new_tokens;
+}
+
+void generate(struct model *m, const int32_t *const *prompts, const int *prompt_lens, int n_prompts,
+              const struct gen_params *gp, struct gen_output *out)
+{
+    const int V = m->cfg.vocab_size, n = gp->n_samples;
+    const int max_batch = gp->max_batch > n ? gp->max_batch : n; /* a whole group must fit */
+    int max_prompt = 1;
+    for (int p = 0; p < n_prompts; p++)
+        max_prompt = prompt_lens[p] > max_prompt ? prompt_lens[p] : max_prompt;
+    const int cap = max_prompt + gp->max_new_tokens;
+    for (int i = 0; i < n_prompts * n; i++) {
+        out[i].tokens = xmalloc((size_t)(gp->max_new_tokens + 1) * sizeof(int32_t));
+        out[i].logps = xmalloc((size_t)(gp->max_new_tokens + 1) * sizeof(float));
+        out[i].len = 0;
+        out[i].stopped = false;
+    }
+    if (gp->max_new_tokens <= 0)
+        return;
+    struct slot *slots = xcalloc((size_t)max_batch, sizeof *slots);
+    for (int i = 0; i < max_batch; i++) {
+        slots[i].seq = -1;
+        slots[i].kc = kv_cache_create(m, cap);
+    }
+    struct sampler_scratch *ss = sampler_scratch_create(V);
+    float *logits = xmalloc((size_t)max_batch * V * sizeof(float));
+    struct kv_cache **batch = xmalloc((size_t)max_batch * sizeof *batch);
+    int *ntok = xmalloc((size_t)max_batch * sizeof(int));
+    int32_t *ids = xmalloc((size_t)max_batch * sizeof(int32_t));
+    int *who = xmalloc((size_t)max_batch * sizeof(int));
+    int next_prompt = 0, active = 0;
+    for (;;) {
+        /* admit whole prompt groups while n slots are free: prefill once, copy the cache n - 1 times */
+        while (next_prompt < n_prompts && max_batch - active >= n) {
+            int p = next_prompt++;
+            int first = -1;
+            for (int s = 0, i = 0; s < n; s++) {
+                while (slots[i].seq >= 0)
+                    i++;
+                struct slot *sl = &slots[i];
+                sl->seq = p * n + s;
+                sl->kc->len = 0;
+                rng_seed(&sl->rng, gp->seed, (uint64_t)sl->seq);
+                if (first < 0) {
+                    first = i;
+                    model_step(m, &sl->kc, 1, &prompt_lens[p], prompts[p], logits, false);
+                } else if (sl->kc != slots[first].kc) { /* the prompt's first sample may have ended at once */
+                    kv_cache_copy(m, sl->kc, slots[first].kc);
+                }
+                float lp;
+                int32_t tok = sample_token(logits, V, &gp->sampling, &sl->rng, ss, &lp);
+                active++;
+                if (push_token(gp, &out[sl->seq], tok, lp)) {
+                    sl->seq = -1;
+                    active--;
+                } else {
+                    sl->next = tok;
+                }
+            }
+        }
+        if (active == 0 && next_prompt >= n_prompts)
+            break;
+        /* one decode step for every active sequence */
+        int B = 0;
+        for (int i = 0; i < max_batch; i++)
+            if (slots[i].seq >= 0) {
+                batch[B] = slots[i].kc;
+                ntok[B] = 1;
+                ids[B] = slots[i].next;
+                who[B++] = i;
+            }
+        model_step(m, batch, B, ntok, ids, logits, false);
+        for (int b = 0; b < B; b++) {
+            struct slot *sl = &slots[who[b]];
+            float lp;
+            int32_t tok = sample_token(logits + (size_t)b * V, V, &gp->sampling, &sl->rng, ss, &lp);
+            if (push_token(gp, &out[sl->seq], tok, lp)) {
+                sl->seq = -1;
+                active--;
+            } else {
+                sl->next = tok;
+            }
+        }
+    }
+    for (int i = 0; i < max_batch; i++)
+        kv_cache_free(slots[i].kc);
+    free(slots), free(logits), free(batch), free(ntok), free(ids), free(who);
+    sampler_scratch_free(ss);
+}
+
+void gen_output_free(struct gen_output *o)
+{
+    free(o->tokens);
+    free(o->logps);
+    o->tokens = NULL;
+    o->logps = NULL;
+}

@@ -1,0 +1,38 @@
+/* Batched generation with continuous batching: each prompt is prefilled once
+ * and its KV cache copied to its n samples; finished sequences free their slot
+ * for the next prompt at once. Every sampled token's log-probability is kept. */
+#ifndef GRPO_WORKER_GENERATE_H
+#define GRPO_WORKER_GENERATE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "model.h"
+#include "sampler.h"
+
+struct gen_params {
+    struct sampler_params sampling;
+    int max_new_tokens;
+    int n_samples;       /* responses per prompt */
+    int max_batch;       /* concurrent sequences (decode batch) */
+    const int32_t *stop_ids; /* end of sequence tokens */
+    int n_stop;
+    uint64_t seed;
+};
+
+/* One generated response. */
+struct gen_output {
+    int32_t *tokens; /* (len) */
+    float *logps;    /* (len) log-prob of each sampled token */
+    int len;
+    bool stopped; /* ended on a stop token (included in tokens) rather than the length limit */
+};
+
+/* Generate n_samples responses for each of n_prompts prompts into out[p * n_samples + s] (caller frees with
+ * gen_output_free). Sample s of prompt p draws from its own RNG stream (seed, p * n_samples + s): the same
+ * settings give bit-identical results, and a different max_batch changes only GEMM rounding. Optional progress callback after each decode step. */
+void generate(struct model *m, const int32_t *const *prompts, const int *prompt_lens, int n_prompts,
+              const struct gen_params *gp, struct gen_output *out);
+void gen_output_free(struct gen_output *o);
+
+#endif

@@ -1,0 +1,403 @@
+/* Llama / Qwen2 on the CPU: parameter layout, packed training forward and
+ * backward (optionally with per-layer recomputation), KV-cache steps. */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "kernels/kernels.h"
+
+/* Tokens per chunk of the LM head: bounds the live logits to chunk x V floats. */
+#define LMHEAD_CHUNK 64
+
+int model_config_check(const struct model_config *c, char *why, size_t len)
+{
+    if (c->vocab_size < 2 || c->hidden_size < 1 || c->intermediate_size < 1 || c->n_layers < 1 || c->n_heads < 1 ||
+        c->n_kv_heads < 1 || c->head_dim < 2) {
+        snprintf(why, len, "sizes must be positive (vocab %d, hidden %d, intermediate %d, layers %d, heads %d/%d)",
+                 c->vocab_size, c->hidden_size, c->intermediate_size, c->n_layers, c->n_heads, c->n_kv_heads);
+        return -1;
+    }
+    if (c->n_heads % c->n_kv_heads != 0) {
+        snprintf(why, len, "num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)", c->n_heads,
+                 c->n_kv_heads);
+        return -1;
+    }
+    if (c->head_dim % 2 != 0) {
+        snprintf(why, len, "head_dim (%d) must be even for rotary embeddings", c->head_dim);
+        return -1;
+    }
+    if (!(c->rope_theta > 0) || !(c->rms_norm_eps > 0)) {
+        snprintf(why, len, "rope_theta (%g) and rms_norm_eps (%g) must be positive", c->rope_theta, c->rms_norm_eps);
+        return -1;
+    }
+    return 0;
+}
+
+/* Lay the parameter tensors out in p->mem (already allocated, or NULL to only count). */
+static size_t layout(const struct model_config *c, struct model_params *p)
+{
+    size_t off = 0;
+    const size_t D = (size_t)c->hidden_size, F = (size_t)c->intermediate_size, V = (size_t)c->vocab_size;
+    const size_t QD = (size_t)c->n_heads * c->head_dim, KD = (size_t)c->n_kv_heads * c->head_dim;
+#define TAKE(ptr, n)                                                                                                   \
+    do {                                                                                                               \
+        if (p->mem)                                                                                                    \
+            (ptr) = p->mem + off;                                                                                      \
+        off += (n);                                                                                                    \
+    } while (0)
+    TAKE(p->embed, V * D);
+    for (int l = 0; l < c->n_layers; l++) {
+        struct layer_params *L = &p->layers[l];
+        TAKE(L->attn_norm, D);
+        TAKE(L->wq, QD * D);
+        TAKE(L->wk, KD * D);
+        TAKE(L->wv, KD * D);
+        if (c->attention_bias) {
+            TAKE(L->bq, QD);
+            TAKE(L->bk, KD);
+            TAKE(L->bv, KD);
+        }
+        TAKE(L->wo, D * QD);
+        TAKE(L->mlp_norm, D);
+        TAKE(L->w_gate, F * D);
+        TAKE(L->w_up, F * D);
+        TAKE(L->w_down, D * F);
+    }
+    TAKE(p->final_norm, D);
+    if (c->tie_word_embeddings) {
+        p->lm_head = p->embed;
+    } else {
+        TAKE(p->lm_head, V * D);
+    }
+#undef TAKE
+    return off;
+}
+
+static void params_alloc(const struct model_config *c, struct model_params *p)
+{
+    memset(p, 0, sizeof *p);
+    p->layers = xcalloc((size_t)c->n_layers, sizeof *p->layers);
+    struct model_params counter = {.layers = p->layers};
+    p->n_floats = layout(c, &counter);
+    p->mem = xcalloc(p->n_floats, sizeof(float));
+    layout(c, p);
+}
+
+static void params_free(struct model_params *p)
+{
+    free(p->mem);
+    free(p->layers);
+    memset(p, 0, sizeof *p);
+}
+
+struct model *model_create(const struct model_config *c)
+{
+    struct model *m = xcalloc(1, sizeof *m);
+    m->cfg = *c;
+    params_alloc(c, &m->w);
+    return m;
+}
+
+void model_free(struct model *m)
+{
+    if (!m)
+        return;
+    params_free(&m->w);
+    if (m->grad) {
+        params_free(m->grad);
+        free(m->grad);
+    }
+    free(m);
+}
+
+void model_alloc_grads(struct model *m)
+{
+    if (m->grad)
+        return;
+    m->grad = xcalloc(1, sizeof *m->grad);
+    params_alloc(&m->cfg, m->grad);
+}
+
+void model_zero_grads(struct model *m)
+{
+    if (m->grad)
+        memset(m->grad->mem, 0, m->grad->n_floats * sizeof(float));
+}
+
+size_t model_num_params(const struct model *m) { return m->w.n_floats; }
+
+static void add_ref(struct param_ref *refs, int max, int *n, const char *name, float *data, int n_dims, int64_t d0,
+                    int64_t d1)
+{
+    if (refs && *n < max) {
+        struct param_ref *r = &refs[*n];
+        snprintf(r->name, sizeof r->name, "%s", name);
+        r->data = data;
+        r->n_dims = n_dims;
+        r->shape[0] = d0;
+        r->shape[1] = n_dims > 1 ? d1 : 1;
+        r->numel = (size_t)d0 * (size_t)(n_dims > 1 ? d1 : 1);
+    }
+    (*n)++;
+}
+
+int model_param_refs(const struct model *m, const struct model_params *p, struct param_ref *refs, int max)
+{
+    const struct model_config *c = &m->cfg;
+    const int64_t D = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
+    const int64_t QD = (int64_t)c->n_heads * c->head_dim, KD = (int64_t)c->n_kv_heads * c->head_dim;
+    int n = 0;
+    char name[96];
+    add_ref(refs, max, &n, "model.embed_tokens.weight", p->embed, 2, V, D);
+    for (int l = 0; l < c->n_layers; l++) {
+        const struct layer_params *L = &p->layers[l];
+#define REF(suffix, ptr, nd, a, b)                                                                                     \
+    do {                                                                                                               \
+        snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix);                                                  \
+        add_ref(refs, max, &n, name, ptr, nd, a, b);                                                                   \
+    } while (0)
+        REF("input_layernorm.weight", L->attn_norm, 1, D, 0);
+        REF("self_attn.q_proj.weight", L->wq, 2, QD, D);
+        REF("self_attn.k_proj.weight", L->wk, 2, KD, D);
+        REF("self_attn.v_proj.weight", L->wv, 2, KD, D);
+        if (c->attention_bias) {
+            REF("self_attn.q_proj.bias", L->bq, 1, QD, 0);
+            REF("self_attn.k_proj.bias", L->bk, 1, KD, 0);
+            REF("self_attn.v_proj.bias", L->bv, 1, KD, 0);
+        }
+        REF("self_attn.o_proj.weight", L->wo, 2, D, QD);
+        REF("post_attention_layernorm.weight", L->mlp_norm, 1, D, 0);
+        REF("mlp.gate_proj.weight", L->w_gate, 2, F, D);
+        REF("mlp.up_proj.weight", L->w_up, 2, F, D);
+        REF("mlp.down_proj.weight", L->w_down, 2, D, F);
+#undef REF
+    }
+    add_ref(refs, max, &n, "model.norm.weight", p->final_norm, 1, D, 0);
+    if (!c->tie_word_embeddings)
+        add_ref(refs, max, &n, "lm_head.weight", p->lm_head, 2, V, D);
+    return n;
+}
+
+/* ---------------------------------------------------------------- training */
+
+/* Activations of one layer (all (N, .) row-major). */
+struct layer_acts {
+    float *x;          /* (N, D) layer input (kept even with checkpointing) */
+    float *xn1, *rstd1; /* (N, D), (N) */
+    float *q, *k, *v;  /* (N, QD), (N, KD), (N, KD), after RoPE for q and k */
+    float *att, *lse;  /* (N, QD), (N, Hq) */
+    float *xmid;       /* (N, D) after the attention residual */
+    float *xn2, *rstd2;
+    float *g, *u, *a; /* (N, F) gate, up, silu(gate)*up */
+};
+
+struct model_acts {
+    struct packed_batch b;
+    int32_t *ids, *targets, *pos, *cu; /* owned copies */
+    float temperature;
+    bool ckpt;
+    int n_layers;
+    struct layer_acts *layers; /* n_layers; with ckpt only .x is filled */
+    struct layer_acts scratch; /* ckpt: recomputation space */
+    float *xf, *hn, *rstdf;    /* final residual, normed (N, D), (N) */
+};
+
+static void layer_acts_alloc(const struct model_config *c, int N, struct layer_acts *a, bool full)
+{
+    const size_t n = (size_t)N, D = (size_t)c->hidden_size, F = (size_t)c->intermediate_size;
+    const size_t QD = (size_t)c->n_heads * c->head_dim, KD = (size_t)c->n_kv_heads * c->head_dim;
+    if (!a->x)
+        a->x = xmalloc(n * D * sizeof(float));
+    if (!full)
+        return;
+    a->xn1 = xmalloc(n * D * sizeof(float));
+    a->rstd1 = xmalloc(n * sizeof(float));
+    a->q = xmalloc(n * QD * sizeof(float));
+    a->k = xmalloc(n * KD * sizeof(float));
+    a->v = xmalloc(n * KD * sizeof(float));
+    a->att = xmalloc(n * QD * sizeof(float));
+    a->lse = xmalloc(n * (size_t)c->n_heads * sizeof(float));
+    a->xmid = xmalloc(n * D * sizeof(float));
+    a->xn2 = xmalloc(n * D * sizeof(float));
+    a->rstd2 = xmalloc(n * sizeof(float));
+    a->g = xmalloc(n * F * sizeof(float));
+    a->u = xmalloc(n * F * sizeof(float));
+    a->a = xmalloc(n * F * sizeof(float));
+}
+
+static void layer_acts_free(struct layer_acts *a, bool keep_x)
+{
+    float **f[] = {&a->xn1, &a->rstd1, &a->q, &a->k, &a->v, &a->att, &a->lse,
+                   &a->xmid, &a->xn2, &a->rstd2, &a->g, &a->u, &a->a};
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++) {
+        free(*f[i]);
+        *f[i] = NULL;
+    }
+    if (!keep_x) {
+        free(a->x);
+        a->x = NULL;
+    }
+}
+
+/* One decoder layer: a->x in, returns the output in out (N, D). */
+static void layer_forward(const struct model *m, int l, const struct packed_batch *b, struct layer_acts *a,
+                          float *out)
+{
+    const struct model_config *c = &m->cfg;
+    const struct layer_params *L = &m->w.layers[l];
+    const int N = b->N, D = c->hidden_size, F = c->intermediate_size, hd = c->head_dim;
+    const int QD = c->n_heads * hd, KD = c->n_kv_heads * hd;
+    rmsnorm_forward(a->xn1, a->rstd1, a->x, L->attn_norm, N, D, c->rms_norm_eps);
+    linear_forward(a->q, a->xn1, L->wq, L->bq, N, D, QD);
+    linear_forward(a->k, a->xn1, L->wk, L->bk, N, D, KD);
+    linear_forward(a->v, a->xn1, L->wv, L->bv, N, D, KD);
+    rope_forward(a->q, b->pos, N, c->n_heads, hd, c->rope_theta);
+    rope_forward(a->k, b->pos, N, c->n_kv_heads, hd, c->rope_theta);
+    attention_forward(a->att, a->lse, a->q, a->k, a->v, b->cu_seqlens, b->B, c->n_heads, c->n_kv_heads, hd);
+    linear_forward(a->xmid, a->att, L->wo, NULL, N, QD, D);
+    vec_add_inplace(a->xmid, a->x, (size_t)N * D);
+    rmsnorm_forward(a->xn2, a->rstd2, a->xmid, L->mlp_norm, N, D, c->rms_norm_eps);
+    linear_forward(a->g, a->xn2, L->w_gate, NULL, N, D, F);
+    linear_forward(a->u, a->xn2, L->w_up, NULL, N, D, F);
+    swiglu_forward(a->a, a->g, a->u, (size_t)N * F);
+    linear_forward(out, a->a, L->w_down, NULL, N, F, D);
+    vec_add_inplace(out, a->xmid, (size_t)N * D);
+}
+
+/* Backward of one layer: dx (N, D) holds dL/d(output) on entry and dL/d(input) on exit. */
+static void layer_backward(struct model *m, int l, const struct packed_batch *b, const struct layer_acts *a, float *dx)
+{
+    const struct model_config *c = &m->cfg;
+    const struct layer_params *L = &m->w.layers[l];
+    struct layer_params *G = &m->grad->layers[l];
+    const int N = b->N, D = c->hidden_size, F = c->intermediate_size, hd = c->head_dim;
+    const int QD = c->n_heads * hd, KD = c->n_kv_heads * hd;
+    const size_t nD = (size_t)N * D, nF = (size_t)N * F;
+    float *da = xcalloc(nF, sizeof(float)), *dg = xcalloc(nF, sizeof(float)), *du = xcalloc(nF, sizeof(float));
+    float *dxn = xcalloc(nD, sizeof(float));
+    /* MLP: out = xmid + down(silu(gate(xn2)) * up(xn2)) */
+    linear_backward(da, G->w_down, NULL, dx, a->a, L->w_down, N, F, D);
+    swiglu_backward(dg, du, da, a->g, a->u, nF);
+    linear_backward(dxn, G->w_gate, NULL, dg, a->xn2, L->w_gate, N, D, F);
+    linear_backward(dxn, G->w_up, NULL, du, a->xn2, L->w_up, N, D, F);
+    rmsnorm_backward(dx, G->mlp_norm, dxn, a->xmid, L->mlp_norm, a->rstd2, N, D); /* dx now dL/dxmid */
+    free(da), free(dg), free(du);
+    /* attention: xmid = x + o(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))) */
+    float *datt = xcalloc((size_t)N * QD, sizeof(float));
+    float *dq = xcalloc((size_t)N * QD, sizeof(float));
+    float *dk = xcalloc((size_t)N * KD, sizeof(float)), *dv = xcalloc((size_t)N * KD, sizeof(float));
+    linear_backward(datt, G->wo, NULL, dx, a->att, L->wo, N, QD, D);
+    attention_backward(dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, b->cu_seqlens, b->B, c->n_heads,
+                       c->n_kv_heads, hd);
+    rope_backward(dq, b->pos, N, c->n_heads, hd, c->rope_theta);
+    rope_backward(dk, b->pos, N, c->n_kv_heads, hd, c->rope_theta);
+    memset(dxn, 0, nD * sizeof(float));
+    linear_backward(dxn, G->wq, G->bq, dq, a->xn1, L->wq, N, D, QD);
+    linear_backward(dxn, G->wk, G->bk, dk, a->xn1, L->wk, N, D, KD);
+    linear_backward(dxn, G->wv, G->bv, dv, a->xn1, L->wv, N, D, KD);
+    rmsnorm_backward(dx, G->attn_norm, dxn, a->x, L->attn_norm, a->rstd1, N, D); /* dx now dL/dx */
+    free(datt), free(dq), free(dk), free(dv), free(dxn);
+}
+
+static int32_t *dup_i32(const int32_t *src, size_t n)
+{
+    int32_t *d = xmalloc((n ? n : 1) * sizeof *d);
+    memcpy(d, src, n * sizeof *d);
+    return d;
+}
+
+struct model_acts *model_forward(struct model *m, const struct packed_batch *b, float temperature, bool checkpointing,
+                                 float *logp, float *entropy)
+{
+    const struct model_config *c = &m->cfg;
+    const int N = b->N, D = c->hidden_size;
+    struct model_acts *A = xcalloc(1, sizeof *A);
+    A->ids = dup_i32(b->ids, (size_t)N);
+    A->targets = dup_i32(b->targets, (size_t)N);
+    A->pos = dup_i32(b->pos, (size_t)N);
+    A->cu = dup_i32(b->cu_seqlens, (size_t)b->B + 1);
+    A->b = (struct packed_batch){N, b->B, A->ids, A->targets, A->pos, A->cu};
+    A->temperature = temperature;
+    A->ckpt = checkpointing;
+    A->n_layers = c->n_layers;
+    A->layers = xcalloc((size_t)c->n_layers, sizeof *A->layers);
+    if (checkpointing)
+        layer_acts_alloc(c, N, &A->scratch, true);
+    A->xf = xmalloc((size_t)N * D * sizeof(float));
+    A->hn = xmalloc((size_t)N * D * sizeof(float));
+    A->rstdf = xmalloc((size_t)N * sizeof(float));
+
+    layer_acts_alloc(c, N, &A->layers[0], false);
+    embedding_forward(A->layers[0].x, A->ids, m->w.embed, N, D, c->vocab_size);
+    for (int l = 0; l < c->n_layers; l++) {
+        struct layer_acts *a = &A->layers[l];
+        float *out;
+        if (l + 1 < c->n_layers) {
+            layer_acts_alloc(c, N, &A->layers[l + 1], false);
+            out = A->layers[l + 1].x;
+        } else {
+            out = A->xf;
+        }
+        if (checkpointing) {
+            float *keep = A->scratch.x;
+            A->scratch.x = a->x;
+            layer_forward(m, l, &A->b, &A->scratch, out);
+            A->scratch.x = keep;
+        } else {
+            layer_acts_alloc(c, N, a, true);
+            layer_forward(m, l, &A->b, a, out);
+        }
+    }
+    rmsnorm_forward(A->hn, A->rstdf, A->xf, m->w.final_norm, N, D, c->rms_norm_eps);
+    lmhead_logprob_forward(logp, entropy, A->hn, m->w.lm_head, A->targets, N, D, c->vocab_size, temperature,
+                           LMHEAD_CHUNK);
+    return A;
+}
+
+void model_acts_free(struct model_acts *A)
+{
+    if (!A)
+        return;
+    for (int l = 0; A->layers && l < A->n_layers; l++)
+        layer_acts_free(&A->layers[l], false);
+    free(A->layers);
+    layer_acts_free(&A->scratch, false);
+    free(A->ids), free(A->targets), free(A->pos), free(A->cu);
+    free(A->xf), free(A->hn), free(A->rstdf);
+    free(A);
+}
+
+void model_backward(struct model *m, struct model_acts *A, const float *dlogp, const float *dentropy)
+{
+    const struct model_config *c = &m->cfg;
+    const int N = A->b.N, D = c->hidden_size;
+    model_alloc_grads(m);
+    float *dh = xcalloc((size_t)N * D, sizeof(float)), *dx = xcalloc((size_t)N * D, sizeof(float));
+    lmhead_logprob_backward(dh, m->grad->lm_head, dlogp, dentropy, A->hn, m->w.lm_head, A->targets, N, D,
+                            c->vocab_size, A->temperature, LMHEAD_CHUNK);
+    rmsnorm_backward(dx, m->grad->final_norm, dh, A->xf, m->w.final_norm, A->rstdf, N, D);
+    free(dh);
+    float *scratch_out = A->ckpt ? xmalloc((size_t)N * D * sizeof(float)) : NULL;
+    for (int l = c->n_layers - 1; l >= 0; l--) {
+        struct layer_acts *a = &A->layers[l];
+        if (A->ckpt) {
+            /* recompute this layer's activations from its saved input */
+            float *keep = A->scratch.x;
+            A->scratch.x = a->x;
+            layer_forward(m, l, &A->b, &A->scratch, scratch_out);
+            layer_backward(m, l, &A->b, &A->scratch, dx);
+            A->scratch.x = keep;
+        } else {
+            layer_backward(m, l, &A->b, a, dx);
+        }
+        layer_acts_free(a, false); /* this layer's memory is no longer needed */
+    }
+    embedding_backward(m->grad->embed, dx, A->ids, N, D, c->vocab_size);
+    free(dx);
+    free(scratch_out);
+    model_acts_free(A);
+}

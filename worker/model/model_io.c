@@ -1,0 +1,456 @@
+#include "model_io.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "worker/formats/gguf.h"
+#include "worker/formats/safetensors.h"
+
+/* Fill err and return -1: every failure path reads `return ERR(...)`. */
+static int set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+#define ERR(...) set_err(err, errlen, __VA_ARGS__)
+
+static int json_int(json_t *root, const char *key, int def, int *out, const char *path, char *err, size_t errlen)
+{
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) {
+        if (def == -999)
+            return ERR("%s: missing required key '%s'", path, key);
+        *out = def;
+        return 0;
+    }
+    if (!json_is_integer(v))
+        return ERR("%s: '%s' must be an integer", path, key);
+    *out = (int)json_integer_value(v);
+    return 0;
+}
+
+static int json_num(json_t *root, const char *key, double def, float *out, const char *path, char *err,
+                    size_t errlen)
+{
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) {
+        *out = (float)def;
+        return 0;
+    }
+    if (!json_is_number(v))
+        return ERR("%s: '%s' must be a number", path, key);
+    *out = (float)json_number_value(v);
+    return 0;
+}
+
+static int json_flag(json_t *root, const char *key, int def, bool *out, const char *path, char *err, size_t errlen)
+{
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return 0;
+    }
+    if (!json_is_boolean(v))
+        return ERR("%s: '%s' must be true or false", path, key);
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* eos_token_id may be an int or a list (first entry is used). */
+static int json_token_id(json_t *root, const char *key)
+{
+    json_t *v = json_object_get(root, key);
+    if (json_is_array(v) && json_array_size(v) > 0)
+        v = json_array_get(v, 0);
+    return json_is_integer(v) ? (int)json_integer_value(v) : -1;
+}
+
+int model_config_from_hf_json(const char *path, struct model_config *c, char *err, size_t errlen)
+{
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (!root)
+        return ERR("%s:%d: cannot read config.json: %s", path, je.line, je.text);
+    int rc = -1;
+    memset(c, 0, sizeof *c);
+    const char *type = json_string_value(json_object_get(root, "model_type"));
+    if (!type) {
+        ERR("%s: missing 'model_type'", path);
+        goto out;
+    }
+    if (strcmp(type, "llama") == 0)
+        c->arch = ARCH_LLAMA;
+    else if (strcmp(type, "qwen2") == 0)
+        c->arch = ARCH_QWEN2;
+    else {
+        ERR("%s: model_type '%s' is not supported (supported: llama, qwen2)", path, type);
+        goto out;
+    }
+    const char *act = json_string_value(json_object_get(root, "hidden_act"));
+    if (act && strcmp(act, "silu") != 0) {
+        ERR("%s: hidden_act '%s' is not supported (only silu)", path, act);
+        goto out;
+    }
+    /* transformers 5 keeps RoPE settings in "rope_parameters"; older files use "rope_theta" + "rope_scaling" */
+    json_t *rp = json_object_get(root, "rope_parameters");
+    json_t *rs = json_object_get(root, "rope_scaling");
+    if (json_is_object(rp) && (!rs || json_is_null(rs)))
+        rs = rp;
+    if (rs && !json_is_null(rs)) {
+        const char *rt = json_string_value(json_object_get(rs, "rope_type"));
+        if (!rt)
+            rt = json_string_value(json_object_get(rs, "type"));
+        if (!rt || strcmp(rt, "default") != 0) {
+            ERR("%s: rope_scaling type '%s' is not supported (only unscaled RoPE)", path, rt ? rt : "?");
+            goto out;
+        }
+    }
+    json_t *mb = json_object_get(root, "mlp_bias");
+    if (json_is_true(mb)) {
+        ERR("%s: mlp_bias=true is not supported", path);
+        goto out;
+    }
+    if (c->arch == ARCH_QWEN2 && json_is_true(json_object_get(root, "use_sliding_window"))) {
+        ERR("%s: use_sliding_window=true is not supported", path);
+        goto out;
+    }
+    if (json_int(root, "vocab_size", -999, &c->vocab_size, path, err, errlen) ||
+        json_int(root, "hidden_size", -999, &c->hidden_size, path, err, errlen) ||
+        json_int(root, "intermediate_size", -999, &c->intermediate_size, path, err, errlen) ||
+        json_int(root, "num_hidden_layers", -999, &c->n_layers, path, err, errlen) ||
+        json_int(root, "num_attention_heads", -999, &c->n_heads, path, err, errlen) ||
+        json_int(root, "num_key_value_heads", c->n_heads, &c->n_kv_heads, path, err, errlen) ||
+        json_int(root, "max_position_embeddings", 2048, &c->max_position_embeddings, path, err, errlen) ||
+        json_num(json_is_object(rp) && json_object_get(rp, "rope_theta") ? rp : root, "rope_theta", 10000.0,
+                 &c->rope_theta, path, err, errlen) ||
+        json_num(root, "rms_norm_eps", 1e-6, &c->rms_norm_eps, path, err, errlen) ||
+        json_flag(root, "tie_word_embeddings", c->arch == ARCH_LLAMA ? 0 : 0, &c->tie_word_embeddings, path, err,
+                  errlen))
+        goto out;
+    if (c->n_heads <= 0) {
+        ERR("%s: num_attention_heads must be positive", path);
+        goto out;
+    }
+    if (json_int(root, "head_dim", c->hidden_size / c->n_heads, &c->head_dim, path, err, errlen))
+        goto out;
+    if (c->arch == ARCH_QWEN2)
+        c->attention_bias = true; /* Qwen2 always has q/k/v bias */
+    else if (json_flag(root, "attention_bias", 0, &c->attention_bias, path, err, errlen))
+        goto out;
+    c->bos_token_id = json_token_id(root, "bos_token_id");
+    c->eos_token_id = json_token_id(root, "eos_token_id");
+    char why[256];
+    if (model_config_check(c, why, sizeof why) != 0) {
+        ERR("%s: %s", path, why);
+        goto out;
+    }
+    rc = 0;
+out:
+    json_decref(root);
+    return rc;
+}
+
+int model_config_write_hf_json(const struct model_config *c, const char *path, char *err, size_t errlen)
+{
+    bool qwen = c->arch == ARCH_QWEN2;
+    json_t *o = json_object();
+    json_object_set_new(o, "architectures", json_pack("[s]", qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM"));
+    json_object_set_new(o, "model_type", json_string(qwen ? "qwen2" : "llama"));
+    json_object_set_new(o, "vocab_size", json_integer(c->vocab_size));
+    json_object_set_new(o, "hidden_size", json_integer(c->hidden_size));
+    json_object_set_new(o, "intermediate_size", json_integer(c->intermediate_size));
+    json_object_set_new(o, "num_hidden_layers", json_integer(c->n_layers));
+    json_object_set_new(o, "num_attention_heads", json_integer(c->n_heads));
+    json_object_set_new(o, "num_key_value_heads", json_integer(c->n_kv_heads));
+    json_object_set_new(o, "head_dim", json_integer(c->head_dim));
+    json_object_set_new(o, "hidden_act", json_string("silu"));
+    json_object_set_new(o, "max_position_embeddings", json_integer(c->max_position_embeddings));
+    json_object_set_new(o, "rope_theta", json_real(c->rope_theta));
+    json_object_set_new(o, "rms_norm_eps", json_real(c->rms_norm_eps));
+    json_object_set_new(o, "tie_word_embeddings", json_boolean(c->tie_word_embeddings));
+    if (!qwen) {
+        json_object_set_new(o, "attention_bias", json_boolean(c->attention_bias));
+        json_object_set_new(o, "mlp_bias", json_false());
+    } else {
+        json_object_set_new(o, "use_sliding_window", json_false());
+    }
+    json_object_set_new(o, "rope_scaling", json_null());
+    if (c->bos_token_id >= 0)
+        json_object_set_new(o, "bos_token_id", json_integer(c->bos_token_id));
+    if (c->eos_token_id >= 0)
+        json_object_set_new(o, "eos_token_id", json_integer(c->eos_token_id));
+    json_object_set_new(o, "torch_dtype", json_string("float32"));
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int rc = json_dump_file(o, tmp, JSON_INDENT(2) | JSON_SORT_KEYS);
+    json_decref(o);
+    if (rc != 0 || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return ERR("%s: cannot write: %s", path, check_errno_text());
+    }
+    return 0;
+}
+
+static bool is_dir(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+struct model *model_load_hf(const char *dir, char *err, size_t errlen)
+{
+    char path[4096];
+    struct model_config cfg;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (model_config_from_hf_json(path, &cfg, err, errlen) != 0)
+        return NULL;
+    struct st_model *st = st_model_open(dir, err, errlen);
+    if (!st)
+        return NULL;
+    struct model *m = model_create(&cfg);
+    int n = model_param_refs(m, &m->w, NULL, 0);
+    struct param_ref *refs = xcalloc((size_t)n, sizeof *refs);
+    model_param_refs(m, &m->w, refs, n);
+    for (int i = 0; i < n; i++) {
+        const struct st_file *f;
+        const struct st_tensor_info *t = st_model_find(st, refs[i].name, &f);
+        if (!t) {
+            snprintf(err, errlen, "%s: tensor '%s' is missing", dir, refs[i].name);
+            goto fail;
+        }
+        bool ok = (int)t->n_dims == refs[i].n_dims && t->shape[0] == refs[i].shape[0] &&
+                  (refs[i].n_dims == 1 || t->shape[1] == refs[i].shape[1]);
+        if (!ok) {
+            snprintf(err, errlen, "%s: tensor '%s' has shape [%lld, %lld], config.json implies [%lld, %lld]",
+                     st_path(f), refs[i].name, (long long)t->shape[0], (long long)(t->n_dims > 1 ? t->shape[1] : 0),
+                     (long long)refs[i].shape[0], (long long)(refs[i].n_dims > 1 ? refs[i].shape[1] : 0));
+            goto fail;
+        }
+        if (st_tensor_to_f32(f, t, refs[i].data, err, errlen) != 0)
+            goto fail;
+    }
+    free(refs);
+    st_model_close(st);
+    return m;
+fail:
+    free(refs);
+    st_model_close(st);
+    model_free(m);
+    return NULL;
+}
+
+/* GGUF tensor names of the HF parameters (llama.cpp's naming). */
+static void gguf_name_of(const char *hf, char *out, size_t len)
+{
+    int l;
+    char rest[96];
+    static const char *const map[][2] = {
+        {"input_layernorm.weight", "attn_norm.weight"},       {"self_attn.q_proj.weight", "attn_q.weight"},
+        {"self_attn.k_proj.weight", "attn_k.weight"},         {"self_attn.v_proj.weight", "attn_v.weight"},
+        {"self_attn.q_proj.bias", "attn_q.bias"},             {"self_attn.k_proj.bias", "attn_k.bias"},
+        {"self_attn.v_proj.bias", "attn_v.bias"},             {"self_attn.o_proj.weight", "attn_output.weight"},
+        {"post_attention_layernorm.weight", "ffn_norm.weight"}, {"mlp.gate_proj.weight", "ffn_gate.weight"},
+        {"mlp.up_proj.weight", "ffn_up.weight"},              {"mlp.down_proj.weight", "ffn_down.weight"},
+    };
+    if (strcmp(hf, "model.embed_tokens.weight") == 0)
+        snprintf(out, len, "token_embd.weight");
+    else if (strcmp(hf, "model.norm.weight") == 0)
+        snprintf(out, len, "output_norm.weight");
+    else if (strcmp(hf, "lm_head.weight") == 0)
+        snprintf(out, len, "output.weight");
+    else if (sscanf(hf, "model.layers.%d.%95s", &l, rest) == 2) {
+        snprintf(out, len, "?");
+        for (size_t i = 0; i < sizeof map / sizeof *map; i++)
+            if (strcmp(rest, map[i][0]) == 0)
+                snprintf(out, len, "blk.%d.%s", l, map[i][1]);
+    } else
+        snprintf(out, len, "?");
+}
+
+/* llama.cpp stores each head's q/k rows interleaved (pairs), transformers in two halves; undo that. */
+static void unpermute_rows(float *w, int n_heads, int head_dim, int cols)
+{
+    const size_t row = (size_t)cols, half = (size_t)head_dim / 2;
+    float *tmp = xmalloc((size_t)head_dim * row * sizeof(float));
+    for (int h = 0; h < n_heads; h++) {
+        float *blk = w + (size_t)h * head_dim * row;
+        memcpy(tmp, blk, (size_t)head_dim * row * sizeof(float));
+        for (size_t i = 0; i < half; i++)
+            for (int s = 0; s < 2; s++)
+                memcpy(blk + (s * half + i) * row, tmp + (2 * i + s) * row, row * sizeof(float));
+    }
+    free(tmp);
+}
+
+static int gguf_meta_int(const struct gguf_file *g, const char *arch, const char *key, int def, int *out, char *err,
+                         size_t errlen)
+{
+    char k[128];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    int64_t v;
+    if (gguf_get_int(g, k, &v) != 0) {
+        if (def == -999)
+            return ERR("%s: missing metadata key '%s'", gguf_path(g), k);
+        v = def;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static float gguf_meta_float(const struct gguf_file *g, const char *arch, const char *key, double def)
+{
+    char k[128];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    double v;
+    return gguf_get_float(g, k, &v) == 0 ? (float)v : (float)def;
+}
+
+static int config_from_gguf(const struct gguf_file *g, struct model_config *c, char *err, size_t errlen)
+{
+    const char *path = gguf_path(g);
+    const char *arch = gguf_get_str(g, "general.architecture");
+    memset(c, 0, sizeof *c);
+    if (!arch)
+        return ERR("%s: missing 'general.architecture'", path);
+    if (strcmp(arch, "llama") == 0)
+        c->arch = ARCH_LLAMA;
+    else if (strcmp(arch, "qwen2") == 0)
+        c->arch = ARCH_QWEN2;
+    else
+        return ERR("%s: architecture '%s' is not supported (supported: llama, qwen2)", path, arch);
+    char k[128];
+    snprintf(k, sizeof k, "%s.rope.scaling.type", arch);
+    const char *scaling = gguf_get_str(g, k);
+    if (scaling && strcmp(scaling, "none") != 0)
+        return ERR("%s: rope scaling '%s' is not supported", path, scaling);
+    if (gguf_meta_int(g, arch, "embedding_length", -999, &c->hidden_size, err, errlen) ||
+        gguf_meta_int(g, arch, "block_count", -999, &c->n_layers, err, errlen) ||
+        gguf_meta_int(g, arch, "feed_forward_length", -999, &c->intermediate_size, err, errlen) ||
+        gguf_meta_int(g, arch, "attention.head_count", -999, &c->n_heads, err, errlen) ||
+        gguf_meta_int(g, arch, "context_length", 2048, &c->max_position_embeddings, err, errlen))
+        return -1;
+    if (gguf_meta_int(g, arch, "attention.head_count_kv", c->n_heads, &c->n_kv_heads, err, errlen))
+        return -1;
+    if (c->n_heads <= 0)
+        return ERR("%s: attention.head_count must be positive", path);
+    if (gguf_meta_int(g, arch, "attention.key_length", c->hidden_size / c->n_heads, &c->head_dim, err, errlen))
+        return -1;
+    c->rope_theta = gguf_meta_float(g, arch, "rope.freq_base", 10000.0);
+    c->rms_norm_eps = gguf_meta_float(g, arch, "attention.layer_norm_rms_epsilon", 1e-6);
+    const struct gguf_tensor_info *emb = gguf_find_tensor(g, "token_embd.weight");
+    if (!emb || emb->n_dims != 2)
+        return ERR("%s: tensor 'token_embd.weight' is missing or not 2-D", path);
+    c->vocab_size = (int)emb->dims[1];
+    c->tie_word_embeddings = gguf_find_tensor(g, "output.weight") == NULL;
+    c->attention_bias = gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
+    int64_t v;
+    c->bos_token_id = gguf_get_int(g, "tokenizer.ggml.bos_token_id", &v) == 0 ? (int)v : -1;
+    c->eos_token_id = gguf_get_int(g, "tokenizer.ggml.eos_token_id", &v) == 0 ? (int)v : -1;
+    char why[256];
+    if (model_config_check(c, why, sizeof why) != 0)
+        return ERR("%s: %s", path, why);
+    return 0;
+}
+
+struct model *model_load_gguf(const char *path, char *err, size_t errlen)
+{
+    struct gguf_file *g = gguf_open(path, err, errlen);
+    if (!g)
+        return NULL;
+    struct model_config cfg;
+    if (config_from_gguf(g, &cfg, err, errlen) != 0) {
+        gguf_close(g);
+        return NULL;
+    }
+    struct model *m = model_create(&cfg);
+    int n = model_param_refs(m, &m->w, NULL, 0);
+    struct param_ref *refs = xcalloc((size_t)n, sizeof *refs);
+    model_param_refs(m, &m->w, refs, n);
+    for (int i = 0; i < n; i++) {
+        char gname[128];
+        gguf_name_of(refs[i].name, gname, sizeof gname);
+        const struct gguf_tensor_info *t = gguf_find_tensor(g, gname);
+        if (!t) {
+            snprintf(err, errlen, "%s: tensor '%s' (for %s) is missing", path, gname, refs[i].name);
+            goto fail;
+        }
+        /* ggml dims are reversed: dims[0] is the row length */
+        uint64_t want0 = refs[i].n_dims == 2 ? (uint64_t)refs[i].shape[1] : (uint64_t)refs[i].shape[0];
+        uint64_t want1 = refs[i].n_dims == 2 ? (uint64_t)refs[i].shape[0] : 1;
+        if (t->n_elements != refs[i].numel || t->dims[0] != want0 || (t->n_dims > 1 && t->dims[1] != want1)) {
+            snprintf(err, errlen, "%s: tensor '%s' has %llu elements, the metadata implies %zu", path, gname,
+                     (unsigned long long)t->n_elements, refs[i].numel);
+            goto fail;
+        }
+        if (gguf_tensor_to_f32(g, t, refs[i].data, err, errlen) != 0)
+            goto fail;
+        if (cfg.arch == ARCH_LLAMA && strstr(refs[i].name, "q_proj.weight"))
+            unpermute_rows(refs[i].data, cfg.n_heads, cfg.head_dim, cfg.hidden_size);
+        if (cfg.arch == ARCH_LLAMA && strstr(refs[i].name, "k_proj.weight"))
+            unpermute_rows(refs[i].data, cfg.n_kv_heads, cfg.head_dim, cfg.hidden_size);
+    }
+    free(refs);
+    gguf_close(g);
+    return m;
+fail:
+    free(refs);
+    gguf_close(g);
+    model_free(m);
+    return NULL;
+}
+
+struct model *model_load(const char *path, char *err, size_t errlen)
+{
+    if (is_dir(path))
+        return model_load_hf(path, err, errlen);
+    size_t n = strlen(path);
+    if (n > 5 && strcmp(path + n - 5, ".gguf") == 0)
+        return model_load_gguf(path, err, errlen);
+    snprintf(err, errlen, "%s: not a model directory (config.json + *.safetensors) nor a .gguf file", path);
+    return NULL;
+}
+
+int model_save_hf(const struct model *m, const char *dir, int bf16, char *err, size_t errlen)
+{
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return ERR("%s: cannot create directory: %s", dir, check_errno_text());
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (model_config_write_hf_json(&m->cfg, path, err, errlen) != 0)
+        return -1;
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    json_t *gen = json_object();
+    if (m->cfg.bos_token_id >= 0)
+        json_object_set_new(gen, "bos_token_id", json_integer(m->cfg.bos_token_id));
+    if (m->cfg.eos_token_id >= 0)
+        json_object_set_new(gen, "eos_token_id", json_integer(m->cfg.eos_token_id));
+    int rc = json_dump_file(gen, path, JSON_INDENT(2));
+    json_decref(gen);
+    if (rc != 0)
+        return ERR("%s: cannot write: %s", path, check_errno_text());
+    int n = model_param_refs(m, &m->w, NULL, 0);
+    struct param_ref *refs = xcalloc((size_t)n, sizeof *refs);
+    struct st_write_tensor *ts = xcalloc((size_t)n, sizeof *ts);
+    model_param_refs(m, &m->w, refs, n);
+    for (int i = 0; i < n; i++)
+        ts[i] = (struct st_write_tensor){refs[i].name, refs[i].shape, refs[i].n_dims, refs[i].data,
+                                         bf16 ? ST_BF16 : ST_F32};
+    const struct st_kv meta[] = {{"format", "pt"}};
+    /* shards of 2 GB, as transformers' save_pretrained would for larger models */
+    rc = st_write_sharded(dir, ts, (size_t)n, meta, 1, 2000000000ull, NULL, err, errlen);
+    free(ts);
+    free(refs);
+    return rc;
+}

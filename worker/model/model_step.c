@@ -1,0 +1,122 @@
+/* Inference with a KV cache: prefill and decode are the same step, with
+ * ntok[b] new tokens for sequence b (a prompt, or one sampled token). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "kernels/kernels.h"
+#include "model.h"
+
+struct kv_cache *kv_cache_create(const struct model *m, int cap)
+{
+    const struct model_config *c = &m->cfg;
+    const size_t KD = (size_t)c->n_kv_heads * c->head_dim;
+    struct kv_cache *kc = xcalloc(1, sizeof *kc);
+    kc->cap = cap;
+    kc->k = xcalloc((size_t)c->n_layers, sizeof(float *));
+    kc->v = xcalloc((size_t)c->n_layers, sizeof(float *));
+    for (int l = 0; l < c->n_layers; l++) {
+        kc->k[l] = xmalloc((size_t)cap * KD * sizeof(float));
+        kc->v[l] = xmalloc((size_t)cap * KD * sizeof(float));
+    }
+    kc->n_layers = c->n_layers;
+    return kc;
+}
+
+void kv_cache_free(struct kv_cache *kc)
+{
+    if (!kc)
+        return;
+    for (int l = 0; l < kc->n_layers; l++) {
+        free(kc->k[l]);
+        free(kc->v[l]);
+    }
+    free(kc->k);
+    free(kc->v);
+    free(kc);
+}
+
+void kv_cache_copy(const struct model *m, struct kv_cache *dst, const struct kv_cache *src)
+{
+    const size_t KD = (size_t)m->cfg.n_kv_heads * m->cfg.head_dim;
+    if (dst->cap < src->len)
+        check_failf(__FILE__, __LINE__, "kv_cache_copy: destination holds %d tokens, source has %d", dst->cap,
+                    src->len);
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        memcpy(dst->k[l], src->k[l], (size_t)src->len * KD * sizeof(float));
+        memcpy(dst->v[l], src->v[l], (size_t)src->len * KD * sizeof(float));
+    }
+    dst->len = src->len;
+}
+
+void model_step(struct model *m, struct kv_cache **caches, int B, const int *ntok, const int32_t *ids, float *logits,
+                bool all_logits)
+{
+    const struct model_config *c = &m->cfg;
+    const int D = c->hidden_size, F = c->intermediate_size, hd = c->head_dim, V = c->vocab_size;
+    const int QD = c->n_heads * hd, KD = c->n_kv_heads * hd;
+    int N = 0;
+    for (int b = 0; b < B; b++) {
+        if (caches[b]->len + ntok[b] > caches[b]->cap)
+            check_failf(__FILE__, __LINE__, "KV cache of sequence %d full: %d + %d tokens > capacity %d", b,
+                        caches[b]->len, ntok[b], caches[b]->cap);
+        N += ntok[b];
+    }
+    const size_t nD = (size_t)N * D;
+    int32_t *pos = xmalloc((size_t)(N ? N : 1) * sizeof *pos);
+    for (int b = 0, i = 0; b < B; b++)
+        for (int j = 0; j < ntok[b]; j++)
+            pos[i++] = caches[b]->len + j;
+    float *x = xmalloc(nD * sizeof(float)), *xn = xmalloc(nD * sizeof(float));
+    float *q = xmalloc((size_t)N * QD * sizeof(float)), *att = xmalloc((size_t)N * QD * sizeof(float));
+    float *k = xmalloc((size_t)N * KD * sizeof(float)), *v = xmalloc((size_t)N * KD * sizeof(float));
+    float *g = xmalloc((size_t)N * F * sizeof(float)), *u = xmalloc((size_t)N * F * sizeof(float));
+    float *tmp = xmalloc(nD * sizeof(float));
+    embedding_forward(x, ids, m->w.embed, N, D, V);
+    for (int l = 0; l < c->n_layers; l++) {
+        const struct layer_params *L = &m->w.layers[l];
+        rmsnorm_forward(xn, NULL, x, L->attn_norm, N, D, c->rms_norm_eps);
+        linear_forward(q, xn, L->wq, L->bq, N, D, QD);
+        linear_forward(k, xn, L->wk, L->bk, N, D, KD);
+        linear_forward(v, xn, L->wv, L->bv, N, D, KD);
+        rope_forward(q, pos, N, c->n_heads, hd, c->rope_theta);
+        rope_forward(k, pos, N, c->n_kv_heads, hd, c->rope_theta);
+        for (int b = 0, off = 0; b < B; off += ntok[b], b++) {
+            struct kv_cache *kc = caches[b];
+            memcpy(kc->k[l] + (size_t)kc->len * KD, k + (size_t)off * KD, (size_t)ntok[b] * KD * sizeof(float));
+            memcpy(kc->v[l] + (size_t)kc->len * KD, v + (size_t)off * KD, (size_t)ntok[b] * KD * sizeof(float));
+            attention_cached(att + (size_t)off * QD, q + (size_t)off * QD, kc->k[l], kc->v[l], ntok[b],
+                             kc->len + ntok[b], c->n_heads, c->n_kv_heads, hd);
+        }
+        linear_forward(tmp, att, L->wo, NULL, N, QD, D);
+        vec_add_inplace(x, tmp, nD);
+        rmsnorm_forward(xn, NULL, x, L->mlp_norm, N, D, c->rms_norm_eps);
+        linear_forward(g, xn, L->w_gate, NULL, N, D, F);
+        linear_forward(u, xn, L->w_up, NULL, N, D, F);
+        swiglu_forward(g, g, u, (size_t)N * F);
+        linear_forward(tmp, g, L->w_down, NULL, N, F, D);
+        vec_add_inplace(x, tmp, nD);
+    }
+    for (int b = 0; b < B; b++)
+        caches[b]->len += ntok[b];
+    if (logits) {
+        if (all_logits) {
+            rmsnorm_forward(xn, NULL, x, m->w.final_norm, N, D, c->rms_norm_eps);
+            linear_forward(logits, xn, m->w.lm_head, NULL, N, D, V);
+        } else {
+            /* only each sequence's last new token needs logits */
+            for (int b = 0, off = 0; b < B; off += ntok[b], b++)
+                memcpy(tmp + (size_t)b * D, x + (size_t)(off + ntok[b] - 1) * D, (size_t)D * sizeof(float));
+            rmsnorm_forward(xn, NULL, tmp, m->w.final_norm, B, D, c->rms_norm_eps);
+            linear_forward(logits, xn, m->w.lm_head, NULL, B, D, V);
+        }
+    }
+    free(pos), free(x), free(xn), free(q), free(att), free(k), free(v), free(g), free(u), free(tmp);
+}
+
+void model_logits(struct model *m, const int32_t *ids, int T, float *logits)
+{
+    struct kv_cache *kc = kv_cache_create(m, T);
+    model_step(m, &kc, 1, &T, ids, logits, true);
+    kv_cache_free(kc);
+}
