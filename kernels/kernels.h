@@ -46,7 +46,7 @@ void attention_backward(float *dq, float *dk, float *dv, const float *dout, cons
 void attention_cached(float *out, const float *q, const float *kcache, const float *vcache, int Tq, int Tk, int Hq,
                       int Hkv, int hd);
 
-/* SwiGLU: out = silu(gate) * up, elementwise over n; silu(g) = g * sigmoid(g). */
+/* SwiGLU: out = silu(gate) * up, elementwise over n; silu(g) = g * sigmoid(g). out may alias gate or up. */
 void swiglu_forward(float *out, const float *gate, const float *up, size_t n);
 /* dgate += dout * up * silu'(gate); dup += dout * silu(gate). All (n). */
 void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n);

@@ -6,6 +6,7 @@
 uint8_t *protocol_pack(Grpo__Envelope *env, size_t *len)
 {
     env->version = GRPO_PROTOCOL_VERSION;
+    env->minor_version = GRPO_PROTOCOL_MINOR;
     size_t n = grpo__envelope__get_packed_size(env);
     uint8_t *buf = malloc(n ? n : 1);
     if (!buf)
@@ -14,27 +15,38 @@ uint8_t *protocol_pack(Grpo__Envelope *env, size_t *len)
     return buf;
 }
 
-Grpo__Envelope *protocol_unpack(const uint8_t *buf, size_t len, char *why, size_t whylen)
+enum protocol_error protocol_decode(const uint8_t *buf, size_t len, size_t limit, Grpo__Envelope **out, char *why,
+                                    size_t whylen)
 {
-    if (len > GRPO_MAX_MESSAGE_BYTES) {
-        snprintf(why, whylen, "message of %zu bytes exceeds the %u-byte limit", len, GRPO_MAX_MESSAGE_BYTES);
-        return NULL;
+    *out = NULL;
+    if (len > limit) {
+        snprintf(why, whylen, "message of %zu bytes exceeds the %zu-byte limit", len, limit);
+        return PROTOCOL_TOO_BIG;
     }
     Grpo__Envelope *env = grpo__envelope__unpack(NULL, len, buf);
     if (!env) {
         snprintf(why, whylen, "malformed message (%zu bytes that are not a grpo.Envelope)", len);
-        return NULL;
+        return PROTOCOL_MALFORMED;
     }
+    *out = env;
     if (env->version != GRPO_PROTOCOL_VERSION) {
         snprintf(why, whylen,
                  "incompatible protocol version %u (this program speaks version %u; upgrade the older side)",
                  env->version, GRPO_PROTOCOL_VERSION);
-        grpo__envelope__free_unpacked(env, NULL);
-        return NULL;
+        return PROTOCOL_BAD_VERSION;
     }
     if (env->body_case == GRPO__ENVELOPE__BODY__NOT_SET) {
         snprintf(why, whylen, "message has no body");
-        grpo__envelope__free_unpacked(env, NULL);
+        return PROTOCOL_NO_BODY;
+    }
+    return PROTOCOL_OK;
+}
+
+Grpo__Envelope *protocol_unpack(const uint8_t *buf, size_t len, char *why, size_t whylen)
+{
+    Grpo__Envelope *env;
+    if (protocol_decode(buf, len, GRPO_MAX_MESSAGE_BYTES, &env, why, whylen) != PROTOCOL_OK) {
+        protocol_free(env);
         return NULL;
     }
     return env;
@@ -44,4 +56,34 @@ void protocol_free(Grpo__Envelope *env)
 {
     if (env)
         grpo__envelope__free_unpacked(env, NULL);
+}
+
+uint8_t *protocol_pack_error(uint64_t request_id, const char *error, size_t *len)
+{
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Reply reply = GRPO__REPLY__INIT;
+    reply.ok = 0;
+    reply.error = (char *)error;
+    env.request_id = request_id;
+    env.body_case = GRPO__ENVELOPE__BODY_REPLY;
+    env.reply = &reply;
+    return protocol_pack(&env, len);
+}
+
+const char *protocol_body_name(Grpo__Envelope__BodyCase body)
+{
+    switch (body) {
+    case GRPO__ENVELOPE__BODY_REGISTER: return "register";
+    case GRPO__ENVELOPE__BODY_ASSIGNMENT: return "assignment";
+    case GRPO__ENVELOPE__BODY_HEARTBEAT: return "heartbeat";
+    case GRPO__ENVELOPE__BODY_COMMAND: return "command";
+    case GRPO__ENVELOPE__BODY_STATUS: return "status";
+    case GRPO__ENVELOPE__BODY_ROLLOUT: return "rollout";
+    case GRPO__ENVELOPE__BODY_REPLY: return "reply";
+    case GRPO__ENVELOPE__BODY_STATUS_REQUEST: return "status_request";
+    case GRPO__ENVELOPE__BODY_HEARTBEAT_ACK: return "heartbeat_ack";
+    case GRPO__ENVELOPE__BODY_METRICS_REQUEST: return "metrics_request";
+    case GRPO__ENVELOPE__BODY_METRICS_TEXT: return "metrics_text";
+    default: return "none";
+    }
 }

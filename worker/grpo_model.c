@@ -22,6 +22,8 @@ static void usage(FILE *out)
           "\n"
           "commands:\n"
           "  info MODEL                         architecture, sizes, parameter count, tensor dtypes\n"
+          "  init CONFIG.json OUTDIR --tokenizer-from MODEL [--seed S] [--std X]\n"
+          "                                     a randomly initialised model (tests, experiments)\n"
           "  convert IN.gguf OUTDIR [--bf16]    GGUF to Hugging Face layout (config.json, model.safetensors,\n"
           "                                     tokenizer.json, tokenizer_config.json)\n"
           "  tokenize MODEL TEXT [--chat]       token ids of TEXT, comma-separated on one line\n"
@@ -39,6 +41,10 @@ static void usage(FILE *out)
 static const char *const cmd_help[][2] = {
     {"info", "usage: grpo-model info MODEL\n  Print architecture, hyper-parameters, parameter count and the dtypes of "
              "the stored tensors.\n"},
+    {"init", "usage: grpo-model init CONFIG.json OUTDIR --tokenizer-from MODEL [--seed S] [--std X]\n  Write a model "
+             "with the architecture of CONFIG.json (transformers' keys) and random weights:\n  normal(0, std) "
+             "matrices (default std 0.02), unit norms, zero biases; the tokenizer is copied\n  from MODEL (a "
+             "directory or .gguf), whose vocabulary must match vocab_size.\n"},
     {"convert", "usage: grpo-model convert IN.gguf OUTDIR [--bf16]\n  Import a GGUF file (llama or qwen2) and write "
                 "the Hugging Face layout into OUTDIR:\n  config.json, generation_config.json, model.safetensors (F32, "
                 "or BF16 with --bf16),\n  tokenizer.json and tokenizer_config.json (with the chat template).\n"},
@@ -54,7 +60,8 @@ static const char *const cmd_help[][2] = {
 };
 
 struct opts {
-    const char *ids, *out, *prompt;
+    const char *ids, *out, *prompt, *tokenizer_from;
+    double std;
     int chat, bf16, max_new, top_k, n, threads, print_ids;
     float temperature, top_p;
     unsigned long long seed;
@@ -197,6 +204,52 @@ static int cmd_convert(const char *in, const char *outdir, int bf16)
 out:
     tokenizer_free(t);
     model_free(m);
+    return rc;
+}
+
+static int cmd_init(const char *config, const char *outdir, const struct opts *o)
+{
+    char err[1024], path[4096];
+    if (!o->tokenizer_from) {
+        log_error("init", "needs --tokenizer-from MODEL");
+        return 2;
+    }
+    struct model_config cfg;
+    if (model_config_from_hf_json(config, &cfg, err, sizeof err) != 0) {
+        log_error("init", "%s", err);
+        return 2;
+    }
+    struct tokenizer *t = load_tokenizer(o->tokenizer_from);
+    if (!t)
+        return 1;
+    if (tokenizer_vocab_size(t) > cfg.vocab_size) {
+        log_error("init", "the tokenizer of %s has %d tokens; %s has vocab_size %d", o->tokenizer_from,
+                  tokenizer_vocab_size(t), config, cfg.vocab_size);
+        tokenizer_free(t);
+        return 2;
+    }
+    struct model *m = model_create(&cfg);
+    model_init_random(m, o->seed, o->std);
+    int rc = 1;
+    if (model_save_hf(m, outdir, 0, err, sizeof err) != 0) {
+        log_error("init", "%s", err);
+        goto out;
+    }
+    snprintf(path, sizeof path, "%s/tokenizer.json", outdir);
+    if (tokenizer_save_json(t, path, err, sizeof err) != 0) {
+        log_error("init", "%s", err);
+        goto out;
+    }
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", outdir);
+    if (tokenizer_save_config_json(t, path, err, sizeof err) != 0) {
+        log_error("init", "%s", err);
+        goto out;
+    }
+    log_info("init", "%s: %zu parameters, seed %llu, std %g", outdir, model_num_params(m), o->seed, o->std);
+    rc = 0;
+out:
+    model_free(m);
+    tokenizer_free(t);
     return rc;
 }
 
@@ -349,10 +402,10 @@ int main(int argc, char **argv)
         if (strcmp(cmd, cmd_help[i][0]) == 0)
             help = cmd_help[i][1];
     if (!help) {
-        log_error("model", "unknown command '%s' (info, convert, tokenize, logits, generate)", cmd);
+        log_error("model", "unknown command '%s' (info, init, convert, tokenize, logits, generate)", cmd);
         return 2;
     }
-    struct opts o = {.max_new = 64, .top_p = 1.0f, .n = 1, .seed = 1, .threads = 1};
+    struct opts o = {.max_new = 64, .top_p = 1.0f, .n = 1, .seed = 1, .threads = 1, .std = 0.02};
     static const struct option lopts[] = {
         {"ids", required_argument, 0, 'i'},         {"out", required_argument, 0, 'o'},
         {"prompt", required_argument, 0, 'p'},      {"chat", no_argument, 0, 'c'},
@@ -360,6 +413,7 @@ int main(int argc, char **argv)
         {"temperature", required_argument, 0, 't'}, {"top-p", required_argument, 0, 'P'},
         {"top-k", required_argument, 0, 'k'},       {"seed", required_argument, 0, 's'},
         {"threads", required_argument, 0, 'T'},     {"print-ids", no_argument, 0, 'I'},
+        {"tokenizer-from", required_argument, 0, 'F'}, {"std", required_argument, 0, 'S'},
         {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
     int c;
     optind = 2;
@@ -372,6 +426,8 @@ int main(int argc, char **argv)
         case 'c': o.chat = 1; break;
         case 'b': o.bf16 = 1; break;
         case 'I': o.print_ids = 1; break;
+        case 'F': o.tokenizer_from = optarg; break;
+        case 'S': o.std = strtod(optarg, &end); break;
         case 'm': o.max_new = (int)strtol(optarg, &end, 10); break;
         case 't': o.temperature = strtof(optarg, &end); break;
         case 'P': o.top_p = strtof(optarg, &end); break;
@@ -395,7 +451,7 @@ int main(int argc, char **argv)
     openblas_set_num_threads(o.threads);
     int npos = argc - optind;
     const char *a0 = npos > 0 ? argv[optind] : NULL, *a1 = npos > 1 ? argv[optind + 1] : NULL;
-    int need = (strcmp(cmd, "convert") == 0 || strcmp(cmd, "tokenize") == 0) ? 2 : 1;
+    int need = (strcmp(cmd, "convert") == 0 || strcmp(cmd, "tokenize") == 0 || strcmp(cmd, "init") == 0) ? 2 : 1;
     if (npos != need) {
         log_error("model", "%s takes %d argument(s), got %d", cmd, need, npos);
         fputs(help, stderr);
@@ -405,6 +461,8 @@ int main(int argc, char **argv)
         return cmd_info(a0);
     if (strcmp(cmd, "convert") == 0)
         return cmd_convert(a0, a1, o.bf16);
+    if (strcmp(cmd, "init") == 0)
+        return cmd_init(a0, a1, &o);
     if (strcmp(cmd, "tokenize") == 0)
         return cmd_tokenize(a0, a1, o.chat);
     if (strcmp(cmd, "logits") == 0)

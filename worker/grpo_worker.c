@@ -1,8 +1,8 @@
 /* grpo-worker: one rank of a GRPO run, launched by mpirun.
  *
- * Today it loads and checks the configuration, sets up the MPI collective
- * plane with the requested tensor/pipeline layout and verifies it end to end
- * (--selftest); the rollout and trainer roles land in worker/ as they are built. */
+ * With one rank it runs the whole GRPO loop in this process (rollout, reward,
+ * reference and trainer roles). --selftest checks the MPI collective plane
+ * with the requested tensor/pipeline layout across all ranks. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "worker/comm/comm.h"
 #include "worker/comm/parallel.h"
+#include "worker/trainer/trainer.h"
 
 static void usage(FILE *out)
 {
@@ -33,6 +34,22 @@ static void usage(FILE *out)
           "\n"
           "environment: GRPO_LOG_LEVEL=error|warn|info|debug\n",
           out);
+}
+
+/* The single-process GRPO run: every role in this process. */
+static int run_trainer(const struct grpo_config *cfg)
+{
+    char err[2048];
+    struct trainer *t = trainer_create(cfg, NULL, err, sizeof err);
+    if (!t) {
+        log_error("worker", "%s", err);
+        return 2;
+    }
+    int rc = trainer_run(t);
+    if (rc == 0)
+        log_info("worker", "run finished at step %lld; results in %s", (long long)trainer_step(t), trainer_run_dir(t));
+    trainer_free(t);
+    return rc == 0 ? 0 : 1;
 }
 
 /* A positive int from text; -1 for anything else. */
@@ -141,10 +158,16 @@ int main(int argc, char **argv)
     log_debug("worker", "dp %d/%d tp %d/%d pp %d/%d, config digest %016llx", groups.at.dp_rank, groups.at.dp_size,
               groups.at.tp_rank, groups.at.tp_size, groups.at.pp_rank, groups.at.pp_size,
               (unsigned long long)config_digest(&cfg));
-    if (do_selftest)
+    if (do_selftest) {
         status = selftest(&groups);
-    else if (comm_rank(world) == 0)
-        log_info("worker", "nothing to run yet: the trainer role is not built; try --selftest");
+    } else if (comm_size(world) > 1) {
+        if (comm_rank(world) == 0)
+            log_error("worker", "the trainer runs in one process for now (all roles); launch 1 rank, or use "
+                                "--selftest to check a %d-rank layout", comm_size(world));
+        status = 2;
+    } else {
+        status = run_trainer(&cfg);
+    }
     parallel_groups_free(&groups);
 out_world:
     comm_free(world);

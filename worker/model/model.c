@@ -9,6 +9,7 @@
 
 #include "common/check.h"
 #include "kernels/kernels.h"
+#include "sampler.h"
 
 /* Tokens per chunk of the LM head: bounds the live logits to chunk x V floats. */
 #define LMHEAD_CHUNK 64
@@ -112,6 +113,27 @@ void model_free(struct model *m)
         free(m->grad);
     }
     free(m);
+}
+
+void model_init_random(struct model *m, uint64_t seed, double std)
+{
+    int n = model_param_refs(m, &m->w, NULL, 0);
+    struct param_ref *refs = xcalloc((size_t)n, sizeof *refs);
+    model_param_refs(m, &m->w, refs, n);
+    struct rng r;
+    rng_seed(&r, seed, 0x1417);
+    for (int i = 0; i < n; i++) {
+        bool norm = strstr(refs[i].name, "norm") != NULL, bias = strstr(refs[i].name, "bias") != NULL;
+        for (size_t j = 0; j < refs[i].numel; j += 2) {
+            /* Box-Muller: two normals from two uniforms */
+            double u1 = rng_uniform(&r), u2 = rng_uniform(&r);
+            double rad = sqrt(-2.0 * log(u1 > 0 ? u1 : 1e-300));
+            float z[2] = {(float)(rad * cos(2 * M_PI * u2) * std), (float)(rad * sin(2 * M_PI * u2) * std)};
+            for (size_t k = 0; k < 2 && j + k < refs[i].numel; k++)
+                refs[i].data[j + k] = norm ? 1.0f : (bias ? 0.0f : z[k]);
+        }
+    }
+    free(refs);
 }
 
 void model_alloc_grads(struct model *m)

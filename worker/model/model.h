@@ -71,6 +71,8 @@ int model_config_check(const struct model_config *c, char *why, size_t len);
 /* Allocate parameters (zeroed) for a checked config. */
 struct model *model_create(const struct model_config *c);
 void model_free(struct model *m);
+/* Random weights: normal(0, std) matrices and embeddings, unit norm weights, zero biases; reproducible from seed. */
+void model_init_random(struct model *m, uint64_t seed, double std);
 /* Allocate zeroed gradients with the parameters' layout. */
 void model_alloc_grads(struct model *m);
 void model_zero_grads(struct model *m);

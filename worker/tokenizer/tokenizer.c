@@ -147,8 +147,7 @@ char *tok_bytes_to_text(const char *s, size_t n, size_t *out_len)
 static bool is_unicode_space(uint32_t c)
 {
     return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
-           c == 0x3000;
+           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -170,25 +169,6 @@ static uint64_t hash_u64(uint64_t x)
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
     return x ^ (x >> 31);
-}
-
-static void strmap_rehash(struct tokenizer *t, size_t cap)
-{
-    int32_t *slots = xmalloc(cap * sizeof *slots);
-    for (size_t i = 0; i < cap; i++)
-        slots[i] = -1;
-    for (size_t i = 0; i < t->vocab.cap; i++) {
-        int32_t id = t->vocab.slots[i];
-        if (id < 0)
-            continue;
-        size_t j = hash_bytes(t->text[id], t->text_len[id]) & (cap - 1);
-        while (slots[j] >= 0)
-            j = (j + 1) & (cap - 1);
-        slots[j] = id;
-    }
-    free(t->vocab.slots);
-    t->vocab.slots = slots;
-    t->vocab.cap = cap;
 }
 
 int tok_vocab_get(const struct tokenizer *t, const char *s, size_t n)
@@ -226,9 +206,10 @@ void tok_index(struct tokenizer *t)
     while (cap < 2 * (size_t)t->n_ids + 16)
         cap <<= 1;
     free(t->vocab.slots);
-    t->vocab.slots = NULL;
-    t->vocab.cap = 0;
-    strmap_rehash(t, cap);
+    t->vocab.slots = xmalloc(cap * sizeof *t->vocab.slots);
+    t->vocab.cap = cap;
+    for (size_t i = 0; i < cap; i++)
+        t->vocab.slots[i] = -1;
     for (int32_t i = 0; i < t->n_ids; i++)
         if (t->text[i] && (t->flags[i] & TOKF_IN_VOCAB))
             strmap_put(t, i);
@@ -324,13 +305,11 @@ int tok_set_token(struct tokenizer *t, int32_t id, const char *text, size_t len,
     return 0;
 }
 
-int tok_add_merge(struct tokenizer *t, const char *l, size_t ll, const char *r, size_t rl, char *err,
-                  size_t errlen)
+int tok_add_merge(struct tokenizer *t, const char *l, size_t ll, const char *r, size_t rl, char *err, size_t errlen)
 {
     int a = tok_vocab_get(t, l, ll), b = tok_vocab_get(t, r, rl);
     if (a < 0 || b < 0) {
-        tok_errf(err, errlen, "token '%.*s' is not in the vocabulary", (int)(a < 0 ? ll : rl),
-                 a < 0 ? l : r);
+        tok_errf(err, errlen, "token '%.*s' is not in the vocabulary", (int)(a < 0 ? ll : rl), a < 0 ? l : r);
         return -1;
     }
     char *buf = xmalloc(ll + rl + 1);
@@ -367,8 +346,7 @@ int tok_add_added(struct tokenizer *t, const struct tok_added *a, char *err, siz
     if (a->id < t->n_ids && t->text[a->id] &&
         (t->text_len[a->id] != a->len || memcmp(t->text[a->id], a->content, a->len) != 0)) {
         /* tokenizers lets an added token take a vocabulary entry's id; the added spelling wins */
-        log_warn("tokenizer", "added token %d '%s' replaces vocabulary entry '%s'", a->id, a->content,
-                 t->text[a->id]);
+        log_warn("tokenizer", "added token %d '%s' replaces vocabulary entry '%s'", a->id, a->content, t->text[a->id]);
         free(t->text[a->id]);
         t->text[a->id] = NULL;
         t->flags[a->id] = 0;
@@ -389,6 +367,73 @@ int tok_add_added(struct tokenizer *t, const struct tok_added *a, char *err, siz
     return 0;
 }
 
+/* White_Space, which \s means in tokenizers' Oniguruma; PCRE2 (10.42) also counts U+180E */
+#define WS_CLASS                                                                                                       \
+    "\\t\\n\\x{0B}\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+
+/* Spell \s and \S out as White_Space classes (outside a class: [..] / [^..]; inside one: \s
+ * inlined, \S left alone). Other escapes and \Q..\E quoting are copied as they are. */
+static char *rewrite_spaces(const char *pat)
+{
+    size_t n = strlen(pat), cap = n * 8 + 64, k = 0;
+    char *o = xmalloc(cap);
+    bool in_class = false, quoted = false;
+    for (size_t i = 0; i < n; i++) {
+        char c = pat[i];
+        if (quoted) {
+            if (c == '\\' && pat[i + 1] == 'E') {
+                quoted = false;
+                o[k++] = pat[i++];
+            }
+            o[k++] = pat[i];
+            continue;
+        }
+        if (c == '\\' && i + 1 < n) {
+            char d = pat[i + 1];
+            if (d == 'Q')
+                quoted = true;
+            if (d == 's' && in_class) {
+                k += (size_t)sprintf(o + k, "%s", WS_CLASS);
+                i++;
+                continue;
+            }
+            if ((d == 's' || d == 'S') && !in_class) {
+                k += (size_t)sprintf(o + k, "[%s%s]", d == 'S' ? "^" : "", WS_CLASS);
+                i++;
+                continue;
+            }
+            o[k++] = c;
+            o[k++] = pat[++i];
+            continue;
+        }
+        if (c == '[' && !in_class) {
+            in_class = true;
+            o[k++] = c;
+            /* a ']' right after '[' or '[^' is a literal member */
+            if (pat[i + 1] == '^')
+                o[k++] = pat[++i];
+            if (pat[i + 1] == ']')
+                o[k++] = pat[++i];
+            continue;
+        }
+        if (c == '[' && in_class && pat[i + 1] == ':') { /* POSIX [:name:] */
+            const char *e = strstr(pat + i + 2, ":]");
+            if (e) {
+                size_t l = (size_t)(e + 2 - (pat + i));
+                memcpy(o + k, pat + i, l);
+                k += l;
+                i += l - 1;
+                continue;
+            }
+        }
+        if (c == ']' && in_class)
+            in_class = false;
+        o[k++] = c;
+    }
+    o[k] = 0;
+    return o;
+}
+
 int tok_add_step(struct tokenizer *t, const struct tok_step *s, char *err, size_t errlen)
 {
     struct tok_step st = *s;
@@ -400,19 +445,17 @@ int tok_add_step(struct tokenizer *t, const struct tok_step *s, char *err, size_
     case TOK_STEP_SPLIT:
         pat = st.pattern;
         if (st.literal)
-            opts |= PCRE2_LITERAL;
+            opts = (opts & ~(uint32_t)PCRE2_UCP) | PCRE2_LITERAL; /* LITERAL refuses UCP */
         break;
-    case TOK_STEP_DIGITS:
-        pat = st.individual_digits ? RE_DIGIT : RE_DIGITS;
-        break;
-    case TOK_STEP_BYTELEVEL:
-        pat = st.use_regex ? TOK_RE_GPT2 : NULL;
-        break;
+    case TOK_STEP_DIGITS: pat = st.individual_digits ? RE_DIGIT : RE_DIGITS; break;
+    case TOK_STEP_BYTELEVEL: pat = st.use_regex ? TOK_RE_GPT2 : NULL; break;
     }
     if (pat) {
         int ec;
         PCRE2_SIZE eo;
-        st.re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, opts, &ec, &eo, NULL);
+        char *rw = (opts & PCRE2_LITERAL) ? xstrdup(pat) : rewrite_spaces(pat);
+        st.re = pcre2_compile((PCRE2_SPTR)rw, PCRE2_ZERO_TERMINATED, opts, &ec, &eo, NULL);
+        free(rw);
         if (!st.re) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(ec, msg, sizeof msg);
@@ -466,8 +509,8 @@ static enum tokenizer_pre detect_pre(const struct tokenizer *t)
     const struct tok_step *s = t->steps;
     if (t->n_steps == 1 && s[0].kind == TOK_STEP_BYTELEVEL && s[0].use_regex)
         return TOKENIZER_PRE_GPT2;
-    if (t->n_steps == 2 && s[0].kind == TOK_STEP_DIGITS && s[0].individual_digits &&
-        s[1].kind == TOK_STEP_BYTELEVEL && s[1].use_regex)
+    if (t->n_steps == 2 && s[0].kind == TOK_STEP_DIGITS && s[0].individual_digits && s[1].kind == TOK_STEP_BYTELEVEL &&
+        s[1].use_regex)
         return TOKENIZER_PRE_SMOLLM;
     if (t->n_steps == 2 && s[0].kind == TOK_STEP_SPLIT && !s[0].literal && !s[0].invert &&
         s[0].behavior == TOK_SPLIT_ISOLATED && s[1].kind == TOK_STEP_BYTELEVEL && !s[1].use_regex) {
@@ -532,8 +575,7 @@ int tok_finish(struct tokenizer *t, char *err, size_t errlen)
     }
     mergemap_build(t);
     for (int32_t r = 0; r < t->n_merges; r++)
-        if (!mergemap_find(&t->merge_map, ((uint64_t)(uint32_t)t->merges[r][0] << 32) |
-                                              (uint32_t)t->merges[r][1])) {
+        if (!mergemap_find(&t->merge_map, ((uint64_t)(uint32_t)t->merges[r][0] << 32) | (uint32_t)t->merges[r][1])) {
             tok_errf(err, errlen, "merge map lost merge %d", r);
             return -1;
         }
@@ -582,8 +624,7 @@ int tok_finish(struct tokenizer *t, char *err, size_t errlen)
     }
     for (int b = 0; b < 256; b++)
         if (t->n_added_by_byte[b] > 1)
-            qsort_r(t->added_by_byte[b], (size_t)t->n_added_by_byte[b], sizeof(int32_t), cmp_added_len_desc,
-                    t->added);
+            qsort_r(t->added_by_byte[b], (size_t)t->n_added_by_byte[b], sizeof(int32_t), cmp_added_len_desc, t->added);
 
     bool has_bytelevel = false;
     for (int i = 0; i < t->n_steps; i++)

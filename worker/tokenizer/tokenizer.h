@@ -37,7 +37,7 @@ enum tokenizer_pre {
 };
 
 struct chat_message {
-    const char *role;    /* "system", "user", "assistant", ... */
+    const char *role; /* "system", "user", "assistant", ... */
     const char *content;
 };
 
@@ -45,8 +45,7 @@ struct chat_message {
 /* Read a Hugging Face tokenizer.json (model.type BPE). NULL with err ("PATH: what") on failure. */
 struct tokenizer *tokenizer_from_json(const char *path, char *err, size_t errlen);
 /* Same, from the JSON text in memory; name is used in error messages. */
-struct tokenizer *tokenizer_from_json_string(const char *json, size_t len, const char *name, char *err,
-                                             size_t errlen);
+struct tokenizer *tokenizer_from_json_string(const char *json, size_t len, const char *name, char *err, size_t errlen);
 /* Read tokenizer.ggml.* (model "gpt2") and tokenizer.chat_template from a GGUF file. */
 struct tokenizer *tokenizer_from_gguf(const struct gguf_file *g, char *err, size_t errlen);
 void tokenizer_free(struct tokenizer *t);

@@ -13,10 +13,10 @@
 
 /* per-token flags */
 enum {
-    TOKF_USED = 1u << 0,    /* the id has a token */
+    TOKF_USED = 1u << 0,     /* the id has a token */
     TOKF_IN_VOCAB = 1u << 1, /* in model.vocab (not only an added token) */
-    TOKF_ADDED = 1u << 2,   /* in added_tokens */
-    TOKF_SPECIAL = 1u << 3, /* added and special */
+    TOKF_ADDED = 1u << 2,    /* in added_tokens */
+    TOKF_SPECIAL = 1u << 3,  /* added and special */
 };
 
 /* Split behaviours of tokenizers' Split pre-tokenizer */
@@ -36,8 +36,8 @@ enum tok_step_kind {
 
 struct tok_step {
     enum tok_step_kind kind;
-    char *pattern;          /* SPLIT: the regex or literal string */
-    bool literal;           /* SPLIT: pattern is {"String": ...} */
+    char *pattern; /* SPLIT: the regex or literal string */
+    bool literal;  /* SPLIT: pattern is {"String": ...} */
     enum tok_split_behavior behavior;
     bool invert;
     bool individual_digits; /* DIGITS */
@@ -71,12 +71,12 @@ struct tok_mergemap {
 };
 
 struct tokenizer {
-    int32_t n_ids;   /* size of the id space */
-    char **text;     /* [n_ids] token as spelled (NUL-terminated), NULL if unused */
+    int32_t n_ids; /* size of the id space */
+    char **text;   /* [n_ids] token as spelled (NUL-terminated), NULL if unused */
     uint32_t *text_len;
-    char **bytes;    /* [n_ids] decoded bytes (NUL-terminated for convenience) */
+    char **bytes; /* [n_ids] decoded bytes (NUL-terminated for convenience) */
     uint32_t *bytes_len;
-    uint8_t *flags;  /* TOKF_* */
+    uint8_t *flags;          /* TOKF_* */
     struct tok_strmap vocab; /* text -> id over model.vocab (not added-only tokens) */
 
     int32_t n_merges, merges_cap;
@@ -128,8 +128,7 @@ void tok_index(struct tokenizer *t);
 /* Id of a model-vocabulary token, or -1. */
 int tok_vocab_get(const struct tokenizer *t, const char *s, size_t n);
 /* Add a merge "left right" by text; -1 with err (no filename) when a piece is unknown. */
-int tok_add_merge(struct tokenizer *t, const char *l, size_t ll, const char *r, size_t rl, char *err,
-                  size_t errlen);
+int tok_add_merge(struct tokenizer *t, const char *l, size_t ll, const char *r, size_t rl, char *err, size_t errlen);
 int tok_add_added(struct tokenizer *t, const struct tok_added *a, char *err, size_t errlen);
 /* Standard pre-tokenizer step lists */
 void tok_set_pre(struct tokenizer *t, enum tokenizer_pre pre);

@@ -69,8 +69,7 @@ static int parse_pre(struct tokenizer *t, const json_t *pt, char *e, size_t el, 
         st.pattern = (char *)(re ? re : lit);
         st.literal = !re;
         const char *beh = json_string_value(json_object_get(pt, "behavior"));
-        static const char *names[] = {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext",
-                                      "Contiguous"};
+        static const char *names[] = {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"};
         int b = -1;
         for (int i = 0; beh && i < 5; i++)
             if (strcmp(beh, names[i]) == 0)
@@ -100,8 +99,7 @@ static int parse_normalizer(const json_t *n, char *e, size_t el)
         return 0;
     }
     if (type && (strcmp(type, "NFC") == 0 || strcmp(type, "NFKC") == 0)) {
-        log_warn("tokenizer", "normalizer %s is not applied: encodings agree on text already in %s form", type,
-                 type);
+        log_warn("tokenizer", "normalizer %s is not applied: encodings agree on text already in %s form", type, type);
         return 0;
     }
     tok_errf(e, el, "normalizer type '%s' is not supported", type ? type : "(none)");
@@ -130,7 +128,7 @@ static void parse_post(struct tokenizer *t, const json_t *pp)
             const json_t *st = json_object_get(json_object_get(pp, "special_tokens"), name);
             const json_t *ids = json_object_get(st, "ids");
             int id = json_is_integer(json_array_get(ids, 0)) ? (int)json_integer_value(json_array_get(ids, 0))
-                                                              : tokenizer_token_id(t, name);
+                                                             : tokenizer_token_id(t, name);
             if (id >= 0) {
                 t->add_bos = true;
                 t->bos_id = id;
@@ -270,8 +268,8 @@ static struct tokenizer *from_json_root(const json_t *root, const char *name, ch
             goto fail;
         }
         if (tok_set_token(t, (int32_t)id, key, strlen(key), true) < 0) {
-            tok_errf(err, errlen, "%s: model.vocab: id %lld is used by '%s' and '%s'", name, (long long)id,
-                     t->text[id], key);
+            tok_errf(err, errlen, "%s: model.vocab: id %lld is used by '%s' and '%s'", name, (long long)id, t->text[id],
+                     key);
             goto fail;
         }
     }
@@ -289,8 +287,7 @@ static struct tokenizer *from_json_root(const json_t *root, const char *name, ch
     {
         const json_t *jid = json_object_get(it, "id");
         const char *content = json_string_value(json_object_get(it, "content"));
-        if (!json_is_integer(jid) || !content || json_integer_value(jid) < 0 ||
-            json_integer_value(jid) > 0x7fffffff) {
+        if (!json_is_integer(jid) || !content || json_integer_value(jid) < 0 || json_integer_value(jid) > 0x7fffffff) {
             tok_errf(err, errlen, "%s: added_tokens[%zu] needs an id and a content", name, i);
             goto fail;
         }
@@ -324,8 +321,8 @@ static struct tokenizer *from_json_root(const json_t *root, const char *name, ch
             const char *s = json_string_value(it);
             const char *sp = strchr(s, ' ');
             if (!sp || strchr(sp + 1, ' ') || sp == s || !sp[1]) {
-                tok_errf(err, errlen, "%s: model.merges[%zu] '%s' is not two tokens separated by one space",
-                         name, i, s);
+                tok_errf(err, errlen, "%s: model.merges[%zu] '%s' is not two tokens separated by one space", name, i,
+                         s);
                 goto fail;
             }
             l = s;
@@ -372,8 +369,7 @@ fail:
     return NULL;
 }
 
-struct tokenizer *tokenizer_from_json_string(const char *json, size_t len, const char *name, char *err,
-                                             size_t errlen)
+struct tokenizer *tokenizer_from_json_string(const char *json, size_t len, const char *name, char *err, size_t errlen)
 {
     json_error_t je;
     json_t *root = json_loadb(json, len, 0, &je);
@@ -556,8 +552,7 @@ static json_t *step_json(const struct tok_step *s)
     case TOK_STEP_SPLIT:
         return json_pack("{s:s, s:{s:s}, s:s, s:b}", "type", "Split", "pattern", s->literal ? "String" : "Regex",
                          s->pattern, "behavior", beh[s->behavior], "invert", s->invert);
-    case TOK_STEP_DIGITS:
-        return json_pack("{s:s, s:b}", "type", "Digits", "individual_digits", s->individual_digits);
+    case TOK_STEP_DIGITS: return json_pack("{s:s, s:b}", "type", "Digits", "individual_digits", s->individual_digits);
     case TOK_STEP_BYTELEVEL:
         return json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space", 0, "trim_offsets",
                          s->trim_offsets, "use_regex", s->use_regex);
@@ -567,9 +562,9 @@ static json_t *step_json(const struct tok_step *s)
 
 static json_t *added_json(const struct tok_added *a)
 {
-    return json_pack("{s:i, s:s%, s:b, s:b, s:b, s:b, s:b}", "id", a->id, "content", a->content, a->len,
-                     "single_word", a->single_word, "lstrip", a->lstrip, "rstrip", a->rstrip, "normalized",
-                     a->normalized, "special", a->special);
+    return json_pack("{s:i, s:s%, s:b, s:b, s:b, s:b, s:b}", "id", a->id, "content", a->content, a->len, "single_word",
+                     a->single_word, "lstrip", a->lstrip, "rstrip", a->rstrip, "normalized", a->normalized, "special",
+                     a->special);
 }
 
 static int cmp_added_id(const void *a, const void *b)
@@ -624,21 +619,20 @@ int tokenizer_save_json(const struct tokenizer *t, const char *path, char *err, 
         const char *b = t->text[t->bos_id];
         json_t *st = json_object();
         json_object_set_new(st, b, json_pack("{s:s, s:[i], s:[s]}", "id", b, "ids", t->bos_id, "tokens", b));
-        json_object_set_new(
-            root, "post_processor",
-            json_pack("{s:s, s:[{s:{s:s, s:i}}, {s:{s:s, s:i}}], s:[{s:{s:s, s:i}}, {s:{s:s, s:i}}, "
-                      "{s:{s:s, s:i}}, {s:{s:s, s:i}}], s:o}",
-                      "type", "TemplateProcessing", "single", "SpecialToken", "id", b, "type_id", 0, "Sequence",
-                      "id", "A", "type_id", 0, "pair", "SpecialToken", "id", b, "type_id", 0, "Sequence", "id",
-                      "A", "type_id", 0, "SpecialToken", "id", b, "type_id", 1, "Sequence", "id", "B",
-                      "type_id", 1, "special_tokens", st));
+        json_object_set_new(root, "post_processor",
+                            json_pack("{s:s, s:[{s:{s:s, s:i}}, {s:{s:s, s:i}}], s:[{s:{s:s, s:i}}, {s:{s:s, s:i}}, "
+                                      "{s:{s:s, s:i}}, {s:{s:s, s:i}}], s:o}",
+                                      "type", "TemplateProcessing", "single", "SpecialToken", "id", b, "type_id", 0,
+                                      "Sequence", "id", "A", "type_id", 0, "pair", "SpecialToken", "id", b, "type_id",
+                                      0, "Sequence", "id", "A", "type_id", 0, "SpecialToken", "id", b, "type_id", 1,
+                                      "Sequence", "id", "B", "type_id", 1, "special_tokens", st));
     } else
         json_object_set_new(root, "post_processor",
                             json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space", 1,
                                       "trim_offsets", 0, "use_regex", 1));
     json_object_set_new(root, "decoder",
-                        json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space", 1,
-                                  "trim_offsets", 1, "use_regex", 1));
+                        json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space", 1, "trim_offsets", 1,
+                                  "use_regex", 1));
 
     json_t *model = json_object();
     json_object_set_new(model, "type", json_string("BPE"));
@@ -663,8 +657,8 @@ int tokenizer_save_json(const struct tokenizer *t, const char *path, char *err, 
     for (int32_t r = 0; r < t->n_merges; r++) {
         int32_t a = t->merges[r][0], b = t->merges[r][1];
         if (pairs)
-            json_array_append_new(merges, json_pack("[s%, s%]", t->text[a], (size_t)t->text_len[a], t->text[b],
-                                                    (size_t)t->text_len[b]));
+            json_array_append_new(
+                merges, json_pack("[s%, s%]", t->text[a], (size_t)t->text_len[a], t->text[b], (size_t)t->text_len[b]));
         else {
             size_t la = t->text_len[a], lb = t->text_len[b];
             char *s = xmalloc(la + lb + 2);
@@ -703,12 +697,12 @@ int tokenizer_save_config_json(const struct tokenizer *t, const char *path, char
     const struct {
         const char *key;
         int32_t id;
-    } sp[] = {{"bos_token", t->bos_id}, {"eos_token", t->eos_id}, {"pad_token", t->pad_id},
-              {"unk_token", t->cfg_unk_id}};
+    } sp[] = {
+        {"bos_token", t->bos_id}, {"eos_token", t->eos_id}, {"pad_token", t->pad_id}, {"unk_token", t->cfg_unk_id}};
     for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++)
         json_object_set_new(root, sp[i].key,
                             sp[i].id >= 0 && sp[i].id < t->n_ids && t->text[sp[i].id] ? json_string(t->text[sp[i].id])
-                                                                                       : json_null());
+                                                                                      : json_null());
     if (t->chat_template)
         json_object_set_new(root, "chat_template", json_string(t->chat_template));
     json_object_set_new(root, "clean_up_tokenization_spaces", json_false());

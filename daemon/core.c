@@ -1,0 +1,808 @@
+/* Registry of workers, run state machine, request handling. See core.h. */
+#include "core.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "arena.h"
+#include "common/check.h"
+#include "common/log.h"
+#include "validate.h"
+#include "worker/control/transport.h"
+
+/* ---- small helpers ---- */
+
+static double wall_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t next_random(struct core *c)
+{
+    /* xorshift64*, seeded from getrandom(): tokens need to differ, not to be secret */
+    c->rng ^= c->rng >> 12;
+    c->rng ^= c->rng << 25;
+    c->rng ^= c->rng >> 27;
+    return c->rng * 2685821657736338717ull;
+}
+
+static bool run_terminal(Grpo__RunState s)
+{
+    return s == GRPO__RUN_STATE__RUN_FINISHED || s == GRPO__RUN_STATE__RUN_FAILED;
+}
+
+/* A worker that has left on its own (it needs no heartbeat any more). */
+static bool worker_ended(Grpo__WorkerState s)
+{
+    return s == GRPO__WORKER_STATE__WORKER_STOPPED || s == GRPO__WORKER_STATE__WORKER_FINISHED ||
+           s == GRPO__WORKER_STATE__WORKER_FAILED;
+}
+
+static bool worker_watched(Grpo__WorkerState s)
+{
+    return !worker_ended(s) && s != GRPO__WORKER_STATE__WORKER_LOST;
+}
+
+static void add_event(struct core *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void add_event(struct core *c, const char *fmt, ...)
+{
+    char text[CORE_REASON_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    core_add_event_record(c, wall_now(), text);
+    log_info("registry", "%s", text);
+    if (c->on_event)
+        c->on_event(c->event_ud, c->events[c->nevents - 1].time, text);
+    c->dirty = c->dirty_urgent = true;
+}
+
+void core_add_event_record(struct core *c, double time, const char *text)
+{
+    if (c->nevents == CORE_EVENTS) {
+        memmove(c->events, c->events + 1, (CORE_EVENTS - 1) * sizeof *c->events);
+        c->nevents--;
+    }
+    c->events[c->nevents].time = time;
+    snprintf(c->events[c->nevents].text, sizeof c->events[c->nevents].text, "%s", text);
+    c->nevents++;
+}
+
+static void set_state(struct core *c, Grpo__RunState s, const char *reason)
+{
+    if (c->run.state == s && strcmp(c->run.reason, reason) == 0)
+        return;
+    bool changed = c->run.state != s;
+    c->run.state = s;
+    snprintf(c->run.reason, sizeof c->run.reason, "%s", reason);
+    c->dirty = true;
+    if (changed) {
+        if (reason[0])
+            add_event(c, "run %s: %s", core_run_state_name(s), reason);
+        else
+            add_event(c, "run %s", core_run_state_name(s));
+    }
+}
+
+static void new_run(struct core *c)
+{
+    free(c->workers);
+    c->workers = NULL;
+    c->nworkers = 0;
+    memset(&c->run, 0, sizeof c->run);
+    time_t t = time(NULL);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    char stamp[32];
+    strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+    snprintf(c->run.id, sizeof c->run.id, "run-%s-%04x", stamp, (unsigned)(next_random(c) & 0xffff));
+    c->run.state = GRPO__RUN_STATE__RUN_WAITING;
+    snprintf(c->run.reason, sizeof c->run.reason, "waiting for the first worker");
+    c->run.checkpoint_step = -1;
+    c->run.started = wall_now();
+    c->dirty = c->dirty_urgent = true;
+}
+
+void core_init(struct core *c, const struct core_settings *set, double now)
+{
+    memset(c, 0, sizeof *c);
+    c->set = *set;
+    if (c->set.tp_size < 1)
+        c->set.tp_size = 1;
+    if (c->set.pp_size < 1)
+        c->set.pp_size = 1;
+    if (getrandom(&c->rng, sizeof c->rng, GRND_NONBLOCK) != (ssize_t)sizeof c->rng)
+        c->rng = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull;
+    c->rng |= 1;
+    c->start_mono = now;
+    c->start_wall = wall_now();
+    new_run(c);
+}
+
+void core_deinit(struct core *c)
+{
+    free(c->workers);
+    c->workers = NULL;
+    c->nworkers = 0;
+}
+
+void core_set_event_hook(struct core *c, core_event_fn fn, void *ud)
+{
+    c->on_event = fn;
+    c->event_ud = ud;
+}
+
+/* ---- run state from the workers' states ---- */
+
+static int placement_world(const struct core *c) { return c->set.rollout_ranks + c->set.trainer_ranks; }
+
+/* Value of a metric from the lowest rank that reports it; NAN when none does. */
+static double run_metric(const struct core *c, const char *name)
+{
+    for (int r = 0; r < c->nworkers; r++) {
+        const struct core_worker *w = &c->workers[r];
+        if (!w->present)
+            continue;
+        for (int i = 0; i < w->nmetrics; i++)
+            if (strcmp(w->metrics[i].name, name) == 0)
+                return w->metrics[i].value;
+    }
+    return NAN;
+}
+
+static void update_checkpoints(struct core *c)
+{
+    uint64_t done = UINT64_MAX;
+    int64_t step = INT64_MAX;
+    int n = 0;
+    for (int r = 0; r < c->nworkers; r++) {
+        const struct core_worker *w = &c->workers[r];
+        if (!w->present || w->state == GRPO__WORKER_STATE__WORKER_LOST)
+            continue;
+        n++;
+        done = w->checkpoint_seq_done < done ? w->checkpoint_seq_done : done;
+        step = w->checkpoint_step < step ? w->checkpoint_step : step;
+    }
+    if (!n)
+        return;
+    if (step != c->run.checkpoint_step && step >= 0) {
+        c->run.checkpoint_step = step;
+        c->dirty = true;
+    }
+    if (done > c->run.checkpoint_seq_done && done <= c->run.checkpoint_seq) {
+        c->run.checkpoint_seq_done = done;
+        add_event(c, "checkpoint request %" PRIu64 " written by every worker (newest common checkpoint: step %" PRId64
+                     ")",
+                  done, c->run.checkpoint_step);
+    }
+}
+
+static void reevaluate(struct core *c)
+{
+    update_checkpoints(c);
+    if (run_terminal(c->run.state))
+        return;
+    char reason[CORE_REASON_MAX];
+    int present = 0, ended = 0, finished = 0, paused = 0;
+    const struct core_worker *lost = NULL, *failed = NULL;
+    for (int r = 0; r < c->nworkers; r++) {
+        const struct core_worker *w = &c->workers[r];
+        if (!w->present)
+            continue;
+        present++;
+        if (w->state == GRPO__WORKER_STATE__WORKER_FAILED && !failed)
+            failed = w;
+        if (w->state == GRPO__WORKER_STATE__WORKER_LOST && !lost)
+            lost = w;
+        ended += worker_ended(w->state) || w->state == GRPO__WORKER_STATE__WORKER_LOST;
+        finished += w->state == GRPO__WORKER_STATE__WORKER_FINISHED;
+        paused += w->state == GRPO__WORKER_STATE__WORKER_PAUSED || worker_ended(w->state);
+    }
+    if (failed) {
+        snprintf(reason, sizeof reason, "rank %d on host %s failed: %s", failed->rank, failed->host,
+                 failed->error[0] ? failed->error : "no reason given");
+        set_state(c, GRPO__RUN_STATE__RUN_FAILED, reason);
+        return;
+    }
+    if (c->run.stop) {
+        if (ended == present) {
+            if (c->run.checkpoint_step >= 0)
+                snprintf(reason, sizeof reason, "stopped by operator at step %" PRId64 " (checkpoint at step %" PRId64
+                                                ")",
+                         c->run.step, c->run.checkpoint_step);
+            else
+                snprintf(reason, sizeof reason, "stopped by operator at step %" PRId64, c->run.step);
+            set_state(c, GRPO__RUN_STATE__RUN_FINISHED, reason);
+        } else {
+            snprintf(reason, sizeof reason, "stopping: %d of %d workers done", ended, present);
+            set_state(c, GRPO__RUN_STATE__RUN_STOPPING, reason);
+        }
+        return;
+    }
+    if (c->run.world > 0 && present == c->run.world && finished == present) {
+        snprintf(reason, sizeof reason, "training finished at step %" PRId64, c->run.step);
+        set_state(c, GRPO__RUN_STATE__RUN_FINISHED, reason);
+        return;
+    }
+    if (c->run.world == 0 || present < c->run.world) {
+        if (c->run.world == 0)
+            snprintf(reason, sizeof reason, "waiting for the first worker");
+        else
+            snprintf(reason, sizeof reason, "waiting for workers: %d of %d registered", present, c->run.world);
+        set_state(c, GRPO__RUN_STATE__RUN_WAITING, reason);
+        return;
+    }
+    if (lost) {
+        snprintf(reason, sizeof reason, "rank %d on host %s lost (no heartbeat for %.1f s); waiting for it to register again",
+                 lost->rank, lost->host, c->set.heartbeat_timeout_s);
+        set_state(c, GRPO__RUN_STATE__RUN_WAITING, reason);
+        return;
+    }
+    if (c->run.pause) {
+        if (paused == present)
+            set_state(c, GRPO__RUN_STATE__RUN_PAUSED, "paused by operator");
+        else {
+            snprintf(reason, sizeof reason, "pausing: %d of %d workers at a safe point", paused, present);
+            set_state(c, GRPO__RUN_STATE__RUN_PAUSING, reason);
+        }
+        return;
+    }
+    set_state(c, GRPO__RUN_STATE__RUN_RUNNING, "");
+}
+
+/* ---- replies ---- */
+
+static uint8_t *pack_reply(uint64_t id, bool ok, const char *error, const char *message, bool retry, size_t *len)
+{
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Reply reply = GRPO__REPLY__INIT;
+    reply.ok = ok;
+    reply.error = (char *)(error ? error : "");
+    reply.message = (char *)(message ? message : "");
+    reply.retry = retry;
+    env.request_id = id;
+    env.body_case = GRPO__ENVELOPE__BODY_REPLY;
+    env.reply = &reply;
+    return CHECK_ALLOC(protocol_pack(&env, len));
+}
+
+static uint8_t *refuse(struct core *c, uint64_t id, bool retry, size_t *len, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static uint8_t *refuse(struct core *c, uint64_t id, bool retry, size_t *len, const char *fmt, ...)
+{
+    char text[CORE_REASON_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    c->counters.refused++;
+    log_warn("registry", "refused: %s", text);
+    return pack_reply(id, false, text, NULL, retry, len);
+}
+
+/* ---- registration ---- */
+
+struct placement {
+    Grpo__Role role;
+    int dp, dp_size, tp, tp_size, pp, pp_size;
+};
+
+/* Role and coordinates of a rank; -1 with why when the layout does not fit. */
+static int place_rank(const struct core *c, int rank, int world, struct placement *p, char *why, size_t whylen)
+{
+    int T = c->set.trainer_ranks, R = c->set.rollout_ranks, tp = c->set.tp_size, pp = c->set.pp_size;
+    int n = world;
+    memset(p, 0, sizeof *p);
+    if (T == 0 && R == 0) {
+        p->role = GRPO__ROLE__ROLE_HYBRID;
+    } else if (rank < T) {
+        p->role = GRPO__ROLE__ROLE_TRAINER;
+        n = T;
+    } else {
+        p->role = GRPO__ROLE__ROLE_ROLLOUT;
+        p->dp = rank - T;
+        p->dp_size = R;
+        p->tp_size = p->pp_size = 1;
+        return 0;
+    }
+    if (n % (tp * pp) != 0) {
+        snprintf(why, whylen,
+                 "placement does not fit: %d %s ranks are not a multiple of tensor_parallel_size %d x "
+                 "pipeline_parallel_size %d",
+                 n, p->role == GRPO__ROLE__ROLE_HYBRID ? "hybrid" : "trainer", tp, pp);
+        return -1;
+    }
+    /* Megatron order, as worker/comm/parallel.c: rank = (pp * dp_size + dp) * tp_size + tp */
+    p->tp_size = tp;
+    p->pp_size = pp;
+    p->dp_size = n / (tp * pp);
+    p->tp = rank % tp;
+    p->dp = (rank / tp) % p->dp_size;
+    p->pp = rank / (tp * p->dp_size);
+    return 0;
+}
+
+static bool has_capability(const Grpo__Register *r, const char *cap)
+{
+    if (r->n_capabilities == 0)
+        return true; /* a worker that lists none can do anything asked */
+    for (size_t i = 0; i < r->n_capabilities; i++)
+        if (strcmp(r->capabilities[i], cap) == 0 || strcmp(r->capabilities[i], "hybrid") == 0)
+            return true;
+    return false;
+}
+
+/* The data-plane base: grpod.data_endpoint or ipc:///tmp/grpo-RUNID. */
+static void data_base(const struct core *c, char *out, size_t len)
+{
+    if (c->set.data_endpoint && c->set.data_endpoint[0])
+        snprintf(out, len, "%s", c->set.data_endpoint);
+    else
+        snprintf(out, len, "ipc:///tmp/grpo-%s", c->run.id);
+}
+
+/* Endpoint of trainer DP rank dp: for binding (the trainer) or connecting (rollout, host given). */
+static void data_endpoint(const struct core *c, int dp, const char *host, char *out, size_t len)
+{
+    char base[256];
+    data_base(c, base, sizeof base);
+    if (strncmp(base, "tcp://", 6) == 0) {
+        const char *colon = strrchr(base, ':');
+        int port = colon ? atoi(colon + 1) : 0;
+        snprintf(out, len, "tcp://%s:%d", host ? host : "*", port + dp);
+    } else {
+        snprintf(out, len, "%s-dp%d.sock", base, dp);
+    }
+}
+
+static const struct core_worker *trainer_head(const struct core *c, int dp)
+{
+    for (int r = 0; r < c->nworkers; r++) {
+        const struct core_worker *w = &c->workers[r];
+        if (w->present && w->role == GRPO__ROLE__ROLE_TRAINER && w->dp_rank == dp && w->tp_rank == 0 &&
+            w->pp_rank == 0)
+            return w;
+    }
+    return NULL;
+}
+
+static uint8_t *reply_assignment(struct core *c, uint64_t id, const struct core_worker *w, size_t *len)
+{
+    struct arena a = {0};
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Assignment *as = arena_alloc(&a, sizeof *as);
+    grpo__assignment__init(as);
+    as->role = w->role;
+    as->dp_rank = w->dp_rank;
+    as->dp_size = w->dp_size;
+    as->tp_rank = w->tp_rank;
+    as->tp_size = w->tp_size;
+    as->pp_rank = w->pp_rank;
+    as->pp_size = w->pp_size;
+    as->config_digest = c->run.config_digest;
+    as->run_id = arena_strdup(&a, c->run.id);
+    as->resume_step = c->run.checkpoint_step;
+    as->incarnation = w->incarnation;
+    as->heartbeat_interval_s = c->set.heartbeat_interval_s;
+    as->world_size = c->run.world;
+    as->checkpoint_seq = c->run.checkpoint_seq;
+    char ep[300];
+    if (w->role == GRPO__ROLE__ROLE_TRAINER && w->tp_rank == 0 && w->pp_rank == 0) {
+        data_endpoint(c, w->dp_rank, NULL, ep, sizeof ep);
+        as->data_pull_endpoint = arena_strdup(&a, ep);
+    }
+    if (w->role == GRPO__ROLE__ROLE_ROLLOUT && c->set.trainer_ranks > 0) {
+        int dps = c->set.trainer_ranks / (c->set.tp_size * c->set.pp_size);
+        as->n_trainer_endpoints = (size_t)dps;
+        as->trainer_endpoints = arena_alloc(&a, (size_t)dps * sizeof(char *));
+        for (int d = 0; d < dps; d++) {
+            const struct core_worker *t = trainer_head(c, d);
+            data_endpoint(c, d, t ? t->host : NULL, ep, sizeof ep);
+            as->trainer_endpoints[d] = arena_strdup(&a, ep);
+        }
+        as->data_push_endpoint = as->trainer_endpoints[w->dp_rank % dps];
+    }
+    env.request_id = id;
+    env.body_case = GRPO__ENVELOPE__BODY_ASSIGNMENT;
+    env.assignment = as;
+    uint8_t *out = CHECK_ALLOC(protocol_pack(&env, len));
+    arena_free(&a);
+    return out;
+}
+
+/* A rollout rank on tcp needs every trainer head's host: those that have not registered yet. */
+static int missing_trainer_heads(const struct core *c)
+{
+    char base[256];
+    data_base(c, base, sizeof base);
+    if (strncmp(base, "tcp://", 6) != 0 || c->set.trainer_ranks == 0)
+        return 0;
+    int dps = c->set.trainer_ranks / (c->set.tp_size * c->set.pp_size), missing = 0;
+    for (int d = 0; d < dps; d++)
+        missing += trainer_head(c, d) == NULL;
+    return missing;
+}
+
+static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, double now, size_t *len)
+{
+    const Grpo__Register *r = env->register_;
+    uint64_t id = env->request_id;
+    if (run_terminal(c->run.state)) {
+        if (r->run_id[0] && strcmp(r->run_id, c->run.id) == 0)
+            return refuse(c, id, false, len, "run %s is over (%s: %s)", c->run.id, core_run_state_name(c->run.state),
+                          c->run.reason);
+        new_run(c);
+        add_event(c, "new run %s, begun by rank %d on host %s", c->run.id, r->rank, r->host);
+    }
+    int present = 0;
+    for (int i = 0; i < c->nworkers; i++)
+        present += c->workers[i].present;
+    if (r->run_id[0] && strcmp(r->run_id, c->run.id) != 0) {
+        if (present || c->run.state != GRPO__RUN_STATE__RUN_WAITING)
+            return refuse(c, id, false, len, "rank %d belongs to run %s, but grpod runs %s", r->rank, r->run_id,
+                          c->run.id);
+        /* grpod lost its journal (a new state directory): the workers' run carries on under its name */
+        snprintf(c->run.id, sizeof c->run.id, "%s", r->run_id);
+        add_event(c, "adopting run %s from re-registering rank %d on host %s", r->run_id, r->rank, r->host);
+    }
+    int pw = placement_world(c);
+    if (pw > 0 && r->world_size != pw)
+        return refuse(c, id, false, len,
+                      "rank %d says the world has %d ranks, but the placement has %d (placement.trainer_ranks %d + "
+                      "placement.rollout_ranks %d)",
+                      r->rank, r->world_size, pw, c->set.trainer_ranks, c->set.rollout_ranks);
+    if (c->run.world > 0 && r->world_size != c->run.world)
+        return refuse(c, id, false, len, "rank %d says the world has %d ranks, but run %s has %d", r->rank,
+                      r->world_size, c->run.id, c->run.world);
+    if (c->run.config_digest && r->config_digest && r->config_digest != c->run.config_digest)
+        return refuse(c, id, false, len,
+                      "rank %d's configuration differs from the run's (digest %016" PRIx64 ", run %016" PRIx64
+                      "): give every rank the same configuration",
+                      r->rank, r->config_digest, c->run.config_digest);
+    struct placement p;
+    char why[CORE_REASON_MAX];
+    if (place_rank(c, r->rank, r->world_size, &p, why, sizeof why) != 0)
+        return refuse(c, id, false, len, "%s", why);
+    const char *need = p.role == GRPO__ROLE__ROLE_ROLLOUT ? "rollout" : "trainer";
+    if (!has_capability(r, need) || (p.role == GRPO__ROLE__ROLE_HYBRID && !has_capability(r, "rollout")))
+        return refuse(c, id, false, len, "rank %d on host %s cannot take the %s role (capabilities lack '%s')",
+                      r->rank, r->host, core_role_name(p.role),
+                      p.role == GRPO__ROLE__ROLE_HYBRID && has_capability(r, "trainer") ? "rollout" : need);
+    if (p.role == GRPO__ROLE__ROLE_ROLLOUT && missing_trainer_heads(c) > 0)
+        return refuse(c, id, true, len, "rank %d waits for the trainer ranks to register (%d data-plane hosts unknown)",
+                      r->rank, missing_trainer_heads(c));
+    if (c->run.world == 0) {
+        c->run.world = r->world_size;
+        c->workers = xcalloc((size_t)c->run.world, sizeof *c->workers);
+        c->nworkers = c->run.world;
+    }
+    struct core_worker *w = &c->workers[r->rank];
+    bool same = w->present && r->incarnation && r->incarnation == w->incarnation;
+    if (w->present && !same && worker_watched(w->state) && w->state != GRPO__WORKER_STATE__WORKER_RECONNECTING &&
+        now - w->last_seen < 2.0 * c->set.heartbeat_interval_s + 0.5)
+        return refuse(c, id, true, len, "rank %d is held by pid %d on host %s (heard from %.1f s ago)", r->rank,
+                      w->pid, w->host, now - w->last_seen);
+    if (!c->run.config_digest)
+        c->run.config_digest = r->config_digest;
+    if (!same) {
+        memset(w, 0, sizeof *w);
+        w->incarnation = next_random(c) | 1;
+        w->checkpoint_seq_done = c->run.checkpoint_seq;
+        w->checkpoint_step = -1;
+        w->registered_at = wall_now();
+    }
+    w->present = true;
+    w->rank = r->rank;
+    w->pid = r->pid;
+    snprintf(w->host, sizeof w->host, "%s", r->host);
+    w->ndevices = (int)r->n_devices;
+    for (size_t i = 0; i < r->n_devices; i++)
+        snprintf(w->devices[i], sizeof w->devices[i], "%s", r->devices[i]);
+    w->capabilities[0] = 0;
+    for (size_t i = 0; i < r->n_capabilities; i++) {
+        size_t l = strlen(w->capabilities);
+        snprintf(w->capabilities + l, sizeof w->capabilities - l, "%s%s", i ? "," : "", r->capabilities[i]);
+    }
+    w->role = p.role;
+    w->dp_rank = p.dp;
+    w->dp_size = p.dp_size;
+    w->tp_rank = p.tp;
+    w->tp_size = p.tp_size;
+    w->pp_rank = p.pp;
+    w->pp_size = p.pp_size;
+    w->state = GRPO__WORKER_STATE__WORKER_STARTING;
+    w->last_seen = now;
+    if (r->step > w->step)
+        w->step = r->step;
+    if (w->step > c->run.step)
+        c->run.step = w->step;
+    add_event(c, "rank %d %s from host %s (pid %d) as %s, dp %d/%d tp %d/%d pp %d/%d", r->rank,
+              same ? "registered again" : "registered", r->host, r->pid, core_role_name(p.role), p.dp, p.dp_size,
+              p.tp, p.tp_size, p.pp, p.pp_size);
+    reevaluate(c);
+    return reply_assignment(c, id, w, len);
+}
+
+/* ---- heartbeat ---- */
+
+static void note_step(struct core *c, int64_t step)
+{
+    if (step <= c->run.step)
+        return;
+    c->run.step = step;
+    c->dirty = true;
+    struct core_history_point pt = {step, run_metric(c, "critic/score/mean"), run_metric(c, "perf/throughput"),
+                                    wall_now()};
+    if (c->run.nhistory == CORE_HISTORY) {
+        memmove(c->run.history, c->run.history + 1, (CORE_HISTORY - 1) * sizeof pt);
+        c->run.nhistory--;
+    }
+    c->run.history[c->run.nhistory++] = pt;
+}
+
+static uint8_t *reply_ack(struct core *c, uint64_t id, bool reregister, const char *reason, size_t *len)
+{
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__HeartbeatAck ack = GRPO__HEARTBEAT_ACK__INIT;
+    ack.run_state = c->run.state;
+    ack.pause = c->run.pause;
+    /* a failed run has no future: the workers save what they have and end */
+    ack.stop = c->run.stop || c->run.state == GRPO__RUN_STATE__RUN_FAILED;
+    ack.checkpoint_seq = c->run.checkpoint_seq;
+    ack.reregister = reregister;
+    ack.reason = (char *)(reason ? reason : c->run.reason);
+    env.request_id = id;
+    env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT_ACK;
+    env.heartbeat_ack = &ack;
+    return CHECK_ALLOC(protocol_pack(&env, len));
+}
+
+static void copy_heartbeat(struct core_worker *w, const Grpo__Heartbeat *h)
+{
+    double d_idle = h->idle_seconds - w->idle_s, d_busy = h->busy_seconds - w->busy_s;
+    if (d_idle >= 0 && d_busy >= 0 && d_idle + d_busy > 1e-6) {
+        double f = d_idle / (d_idle + d_busy);
+        /* smoothed over the last few heartbeats: a moment of waiting is not an idle worker */
+        w->idle_fraction = w->idle_s + w->busy_s > 0 ? 0.7 * w->idle_fraction + 0.3 * f : f;
+    }
+    w->idle_s = h->idle_seconds;
+    w->busy_s = h->busy_seconds;
+    w->step = h->step;
+    w->total_steps = h->total_steps;
+    w->phase = h->phase;
+    memset(w->timings, 0, sizeof w->timings);
+    for (size_t i = 0; i < h->n_timings; i++)
+        w->timings[h->timings[i]->phase] += h->timings[i]->seconds;
+    w->nmetrics = (int)h->n_metrics;
+    for (size_t i = 0; i < h->n_metrics; i++) {
+        snprintf(w->metrics[i].name, sizeof w->metrics[i].name, "%s", h->metrics[i]->name);
+        w->metrics[i].value = h->metrics[i]->value;
+    }
+}
+
+static uint8_t *handle_heartbeat(struct core *c, const Grpo__Envelope *env, double now, size_t *len)
+{
+    const Grpo__Heartbeat *h = env->heartbeat;
+    if (h->rank >= c->nworkers || !c->workers[h->rank].present || c->workers[h->rank].incarnation != h->incarnation) {
+        char why[CORE_REASON_MAX];
+        snprintf(why, sizeof why, "grpod does not know this registration of rank %d in run %s: register again",
+                 h->rank, c->run.id);
+        log_debug("registry", "%s", why);
+        return reply_ack(c, env->request_id, true, why, len);
+    }
+    struct core_worker *w = &c->workers[h->rank];
+    Grpo__WorkerState old = w->state;
+    double silent = now - w->last_seen;
+    w->last_seen = now;
+    copy_heartbeat(w, h);
+    Grpo__WorkerState st = h->state == GRPO__WORKER_STATE__WORKER_UNKNOWN ? GRPO__WORKER_STATE__WORKER_RUNNING
+                                                                             : h->state;
+    if (old == GRPO__WORKER_STATE__WORKER_LOST)
+        add_event(c, "rank %d on host %s is back after %.1f s of silence", w->rank, w->host, silent);
+    else if (old == GRPO__WORKER_STATE__WORKER_RECONNECTING)
+        add_event(c, "rank %d on host %s reconnected", w->rank, w->host);
+    if (st != old) {
+        w->state = st;
+        c->dirty = true;
+        if (st == GRPO__WORKER_STATE__WORKER_FAILED) {
+            snprintf(w->error, sizeof w->error, "%s", h->error[0] ? h->error : "no reason given");
+            add_event(c, "rank %d on host %s failed: %s", w->rank, w->host, w->error);
+        } else if (st == GRPO__WORKER_STATE__WORKER_FINISHED || st == GRPO__WORKER_STATE__WORKER_STOPPED) {
+            add_event(c, "rank %d on host %s %s at step %" PRId64, w->rank, w->host,
+                      st == GRPO__WORKER_STATE__WORKER_FINISHED ? "finished" : "stopped", w->step);
+        }
+    }
+    if (h->checkpoint_seq_done > w->checkpoint_seq_done || h->checkpoint_step != w->checkpoint_step) {
+        if (h->checkpoint_step != w->checkpoint_step && h->checkpoint_step >= 0)
+            log_info("registry", "rank %d wrote a checkpoint at step %" PRId64, w->rank, h->checkpoint_step);
+        w->checkpoint_seq_done = h->checkpoint_seq_done;
+        w->checkpoint_step = h->checkpoint_step;
+        c->dirty = c->dirty_urgent = true;
+    }
+    note_step(c, h->step);
+    if (h->total_steps > c->run.total_steps)
+        c->run.total_steps = h->total_steps;
+    for (int r = 0; r < c->nworkers; r++)
+        if (c->workers[r].present && worker_watched(c->workers[r].state)) {
+            c->run.phase = c->workers[r].phase;
+            break;
+        }
+    reevaluate(c);
+    return reply_ack(c, env->request_id, false, NULL, len);
+}
+
+/* ---- commands ---- */
+
+static uint8_t *handle_command(struct core *c, const Grpo__Envelope *env, size_t *len)
+{
+    const Grpo__CommandRequest *cmd = env->command;
+    uint64_t id = env->request_id;
+    const char *st = core_run_state_name(c->run.state);
+    const char *by = cmd->reason[0] ? cmd->reason : "operator";
+    char msg[CORE_REASON_MAX];
+    if (run_terminal(c->run.state))
+        return refuse(c, id, false, len, "run %s is %s (%s); nothing to %s", c->run.id, st, c->run.reason,
+                      cmd->command == GRPO__COMMAND__COMMAND_PAUSE    ? "pause"
+                      : cmd->command == GRPO__COMMAND__COMMAND_RESUME ? "resume"
+                      : cmd->command == GRPO__COMMAND__COMMAND_STOP   ? "stop"
+                                                                      : "checkpoint");
+    switch (cmd->command) {
+    case GRPO__COMMAND__COMMAND_PAUSE:
+        if (c->run.stop)
+            return refuse(c, id, false, len, "run %s is stopping; it cannot be paused", c->run.id);
+        if (c->run.pause) {
+            snprintf(msg, sizeof msg, "run is already %s", st);
+            break;
+        }
+        c->run.pause = true;
+        add_event(c, "pause requested by %s", by);
+        snprintf(msg, sizeof msg, "pause requested: every worker holds at its next safe point");
+        break;
+    case GRPO__COMMAND__COMMAND_RESUME:
+        if (c->run.stop)
+            return refuse(c, id, false, len, "run %s is stopping; it cannot be resumed", c->run.id);
+        if (!c->run.pause) {
+            snprintf(msg, sizeof msg, "run is not paused (%s)", st);
+            break;
+        }
+        c->run.pause = false;
+        add_event(c, "resume requested by %s", by);
+        snprintf(msg, sizeof msg, "resumed");
+        break;
+    case GRPO__COMMAND__COMMAND_STOP:
+        if (c->run.stop) {
+            snprintf(msg, sizeof msg, "run is already stopping");
+            break;
+        }
+        c->run.stop = true;
+        c->run.pause = false;
+        add_event(c, "stop requested by %s", by);
+        snprintf(msg, sizeof msg, "stop requested: every worker checkpoints at its next safe point and ends");
+        break;
+    default: {
+        int present = 0;
+        for (int r = 0; r < c->nworkers; r++)
+            present += c->workers[r].present;
+        if (!present)
+            return refuse(c, id, false, len, "no workers have registered; nothing to checkpoint");
+        c->run.checkpoint_seq++;
+        add_event(c, "checkpoint %" PRIu64 " requested by %s", c->run.checkpoint_seq, by);
+        snprintf(msg, sizeof msg, "checkpoint %" PRIu64 " requested: written at the next safe point",
+                 c->run.checkpoint_seq);
+        break;
+    }
+    }
+    reevaluate(c);
+    return pack_reply(id, true, NULL, msg, false, len);
+}
+
+/* ---- entry points ---- */
+
+static uint8_t *handle_status(struct core *c, uint64_t id, double now, size_t *len)
+{
+    struct arena a = {0};
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    env.request_id = id;
+    env.body_case = GRPO__ENVELOPE__BODY_STATUS;
+    env.status = core_status(c, now, &a);
+    uint8_t *out = CHECK_ALLOC(protocol_pack(&env, len));
+    arena_free(&a);
+    return out;
+}
+
+static uint8_t *handle_metrics(struct core *c, uint64_t id, double now, size_t *len)
+{
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    char *text = core_metrics_text(c, now);
+    env.request_id = id;
+    env.body_case = GRPO__ENVELOPE__BODY_METRICS_TEXT;
+    env.metrics_text = text;
+    uint8_t *out = CHECK_ALLOC(protocol_pack(&env, len));
+    free(text);
+    return out;
+}
+
+uint8_t *core_handle(struct core *c, const uint8_t *buf, size_t len, const char *secret, double now,
+                     size_t *reply_len)
+{
+    Grpo__Envelope *env;
+    char why[CORE_REASON_MAX];
+    enum protocol_error pe = protocol_decode(buf, len, GRPO_MAX_CONTROL_BYTES, &env, why, sizeof why);
+    uint64_t id = env ? env->request_id : 0;
+    uint8_t *out;
+    if (pe != PROTOCOL_OK) {
+        if (pe == PROTOCOL_BAD_VERSION) {
+            c->counters.bad_version++;
+            snprintf(why, sizeof why,
+                     "incompatible protocol version %u: grpod speaks version %u; upgrade the older side",
+                     env->version, GRPO_PROTOCOL_VERSION);
+        } else {
+            c->counters.malformed++;
+        }
+        log_warn("grpod", "dropped a request: %s", why);
+        out = CHECK_ALLOC(protocol_pack_error(id, why, reply_len));
+        protocol_free(env);
+        return out;
+    }
+    if (secret && !secret_equal(env->secret, secret)) {
+        c->counters.auth_failed++;
+        log_warn("grpod", "refused a %s request: %s shared secret", protocol_body_name(env->body_case),
+                 env->secret[0] ? "wrong" : "no");
+        out = CHECK_ALLOC(protocol_pack_error(id, "authentication failed: this endpoint needs the shared secret of "
+                                                  "grpod.secret_file", reply_len));
+        protocol_free(env);
+        return out;
+    }
+    if (validate_request(env, why, sizeof why) != 0) {
+        bool unexpected = strstr(why, "is not a request") != NULL;
+        if (unexpected)
+            c->counters.unexpected++;
+        else
+            c->counters.invalid++;
+        log_warn("grpod", "dropped an invalid request: %s", why);
+        out = CHECK_ALLOC(protocol_pack_error(id, why, reply_len));
+        protocol_free(env);
+        return out;
+    }
+    if ((unsigned)env->body_case < sizeof c->counters.requests / sizeof c->counters.requests[0])
+        c->counters.requests[env->body_case]++;
+    switch (env->body_case) {
+    case GRPO__ENVELOPE__BODY_REGISTER: out = handle_register(c, env, now, reply_len); break;
+    case GRPO__ENVELOPE__BODY_HEARTBEAT: out = handle_heartbeat(c, env, now, reply_len); break;
+    case GRPO__ENVELOPE__BODY_COMMAND: out = handle_command(c, env, reply_len); break;
+    case GRPO__ENVELOPE__BODY_METRICS_REQUEST: out = handle_metrics(c, id, now, reply_len); break;
+    default: out = handle_status(c, id, now, reply_len); break;
+    }
+    protocol_free(env);
+    return out;
+}
+
+void core_tick(struct core *c, double now)
+{
+    for (int r = 0; r < c->nworkers; r++) {
+        struct core_worker *w = &c->workers[r];
+        if (!w->present || !worker_watched(w->state))
+            continue;
+        double silent = now - w->last_seen;
+        if (silent <= c->set.heartbeat_timeout_s)
+            continue;
+        w->state = GRPO__WORKER_STATE__WORKER_LOST;
+        add_event(c, "rank %d on host %s (pid %d) lost: no heartbeat for %.1f s", w->rank, w->host, w->pid, silent);
+        if (c->set.fail_on_lost && !run_terminal(c->run.state)) {
+            char reason[CORE_REASON_MAX];
+            snprintf(reason, sizeof reason, "rank %d on host %s lost: no heartbeat for %.1f s", w->rank, w->host,
+                     silent);
+            set_state(c, GRPO__RUN_STATE__RUN_FAILED, reason);
+        }
+    }
+    reevaluate(c);
+}

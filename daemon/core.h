@@ -1,0 +1,149 @@
+/* grpod's core: the registry of workers, the run state machine and the
+ * handling of every control request. No sockets, no event loop, no files:
+ * grpod.c feeds it bytes and clock ticks and persists what it marks dirty,
+ * which is what lets the unit tests and the fuzzer drive it directly.
+ *
+ * Run states: WAITING (for workers) -> RUNNING -> PAUSING -> PAUSED ->
+ * RUNNING ... -> STOPPING -> FINISHED, or FAILED, each with a reason. A lost
+ * worker sends the run to WAITING (grpod.on_worker_lost=wait) or FAILED. */
+#ifndef GRPO_DAEMON_CORE_H
+#define GRPO_DAEMON_CORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "names.h"
+#include "proto/protocol.h"
+
+#define CORE_MAX_WORKERS 16384
+#define CORE_MAX_METRICS 64
+#define CORE_MAX_DEVICES 16
+#define CORE_NUM_PHASES 10
+#define CORE_HISTORY 512
+#define CORE_EVENTS 64
+#define CORE_NAME_MAX 64
+#define CORE_HOST_MAX 256
+#define CORE_REASON_MAX 512
+
+/* How the run is laid out and how health is judged (from the placement.* and grpod.* keys). */
+struct core_settings {
+    int rollout_ranks, trainer_ranks; /* both 0: every rank is hybrid */
+    int tp_size, pp_size;             /* of the trainer ranks */
+    double heartbeat_interval_s;
+    double heartbeat_timeout_s;
+    bool fail_on_lost;        /* grpod.on_worker_lost=fail */
+    const char *data_endpoint; /* grpod.data_endpoint; "" for the default */
+    const char *http_url;      /* shown in status; may be NULL */
+};
+
+struct core_metric {
+    char name[CORE_NAME_MAX];
+    double value;
+};
+
+struct core_worker {
+    bool present; /* this rank has registered in this run */
+    int rank, pid;
+    char host[CORE_HOST_MAX];
+    char devices[CORE_MAX_DEVICES][128];
+    int ndevices;
+    char capabilities[256]; /* comma-separated */
+    Grpo__Role role;
+    int dp_rank, dp_size, tp_rank, tp_size, pp_rank, pp_size;
+    uint64_t incarnation;
+    Grpo__WorkerState state;
+    double last_seen;     /* monotonic seconds */
+    double registered_at; /* unix seconds */
+    int64_t step, total_steps;
+    Grpo__Phase phase;
+    double idle_s, busy_s;  /* cumulative, as reported */
+    double idle_fraction;   /* smoothed over recent heartbeats */
+    double timings[CORE_NUM_PHASES];
+    struct core_metric metrics[CORE_MAX_METRICS];
+    int nmetrics;
+    uint64_t checkpoint_seq_done;
+    int64_t checkpoint_step;
+    char error[CORE_REASON_MAX];
+};
+
+struct core_history_point {
+    int64_t step;
+    double reward, throughput, time;
+};
+
+struct core_event {
+    double time;
+    char text[CORE_REASON_MAX];
+};
+
+struct core_run {
+    char id[CORE_NAME_MAX];
+    Grpo__RunState state;
+    char reason[CORE_REASON_MAX];
+    int64_t step, total_steps;
+    Grpo__Phase phase;
+    uint64_t config_digest;
+    int world; /* expected workers; 0 until the first registration says */
+    bool pause, stop;
+    uint64_t checkpoint_seq;      /* checkpoint requests so far */
+    uint64_t checkpoint_seq_done; /* requests every worker has written */
+    int64_t checkpoint_step;      /* newest checkpoint every worker has, -1: none */
+    double started;               /* unix seconds */
+    struct core_history_point history[CORE_HISTORY];
+    int nhistory; /* oldest first; shifts when full */
+};
+
+/* Request counters, exported as Prometheus counters. */
+struct core_counters {
+    uint64_t requests[24]; /* by Envelope body case */
+    uint64_t malformed, bad_version, auth_failed, invalid, refused, unexpected;
+};
+
+typedef void (*core_event_fn)(void *ud, double time, const char *text);
+
+struct core {
+    struct core_settings set;
+    struct core_run run;
+    struct core_worker *workers; /* [nworkers], indexed by rank */
+    int nworkers;
+    struct core_event events[CORE_EVENTS];
+    int nevents;
+    struct core_counters counters;
+    double start_mono, start_wall;
+    bool dirty;        /* something worth journaling changed */
+    bool dirty_urgent; /* ... that must be durable before the reply goes out */
+    core_event_fn on_event;
+    void *event_ud;
+    uint64_t rng;
+};
+
+/* Set up an empty core with a fresh run in WAITING. now is the monotonic clock. */
+void core_init(struct core *c, const struct core_settings *set, double now);
+/* Free what the core holds. */
+void core_deinit(struct core *c);
+/* Be told of every event (state changes, workers lost, commands) as it happens. */
+void core_set_event_hook(struct core *c, core_event_fn fn, void *ud);
+
+/* Handle one request's bytes and return the packed reply (never NULL; caller frees).
+ * secret: what the receiving socket requires of every request, or NULL for none. */
+uint8_t *core_handle(struct core *c, const uint8_t *buf, size_t len, const char *secret, double now,
+                     size_t *reply_len);
+/* Health check: mark silent workers lost and re-evaluate the run. Call every fraction of a second. */
+void core_tick(struct core *c, double now);
+
+/* Build the Status message of the run (allocations in arena, see arena.h). */
+struct arena;
+Grpo__Status *core_status(const struct core *c, double now, struct arena *a);
+/* Prometheus text exposition of the run, the workers and the request counters. Caller frees. */
+char *core_metrics_text(const struct core *c, double now);
+
+/* Journal form of the run (state file): a JSON text. Caller frees. */
+char *core_save_json(const struct core *c);
+/* Restore a run saved by core_save_json; workers come back RECONNECTING with a fresh grace period.
+ * 0, or -1 with err (the core is then left as core_init made it). */
+int core_load_json(struct core *c, const char *text, double now, char *err, size_t errlen);
+/* Replace the event ring (journal replay). */
+void core_add_event_record(struct core *c, double time, const char *text);
+
+#endif

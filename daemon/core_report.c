@@ -1,0 +1,295 @@
+/* What grpod tells about the run: the Status message (grpoctl, /api/status)
+ * and the Prometheus text exposition (/metrics, grpoctl metrics). */
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arena.h"
+#include "common/check.h"
+#include "core.h"
+#include "daemon/grpod_version.h"
+
+static Grpo__Metric *new_metric(struct arena *a, const char *name, double value)
+{
+    Grpo__Metric *m = arena_alloc(a, sizeof *m);
+    grpo__metric__init(m);
+    m->name = arena_strdup(a, name);
+    m->value = value;
+    return m;
+}
+
+static Grpo__WorkerStatus *worker_status(const struct core_worker *w, double now, struct arena *a)
+{
+    Grpo__WorkerStatus *ws = arena_alloc(a, sizeof *ws);
+    grpo__worker_status__init(ws);
+    ws->rank = w->rank;
+    ws->host = arena_strdup(a, w->host);
+    ws->pid = w->pid;
+    ws->role = w->role;
+    ws->worker_state = w->state;
+    ws->state = arena_strdup(a, core_worker_state_name(w->state));
+    ws->last_heartbeat_age_s = now - w->last_seen;
+    ws->idle_fraction = w->idle_fraction;
+    ws->phase = w->phase;
+    ws->step = w->step;
+    ws->dp_rank = w->dp_rank;
+    ws->tp_rank = w->tp_rank;
+    ws->pp_rank = w->pp_rank;
+    ws->checkpoint_step = w->checkpoint_step;
+    ws->error = arena_strdup(a, w->error);
+    ws->busy_seconds = w->busy_s;
+    ws->idle_seconds = w->idle_s;
+    ws->n_devices = (size_t)w->ndevices;
+    ws->devices = arena_alloc(a, (size_t)w->ndevices * sizeof(char *));
+    for (int i = 0; i < w->ndevices; i++)
+        ws->devices[i] = arena_strdup(a, w->devices[i]);
+    ws->n_metrics = (size_t)w->nmetrics;
+    ws->metrics = arena_alloc(a, (size_t)w->nmetrics * sizeof(Grpo__Metric *));
+    for (int i = 0; i < w->nmetrics; i++)
+        ws->metrics[i] = new_metric(a, w->metrics[i].name, w->metrics[i].value);
+    ws->timings = arena_alloc(a, CORE_NUM_PHASES * sizeof(Grpo__PhaseTime *));
+    for (int p = 1; p < CORE_NUM_PHASES; p++) {
+        if (w->timings[p] <= 0)
+            continue;
+        Grpo__PhaseTime *t = arena_alloc(a, sizeof *t);
+        grpo__phase_time__init(t);
+        t->phase = (Grpo__Phase)p;
+        t->seconds = w->timings[p];
+        ws->timings[ws->n_timings++] = t;
+    }
+    return ws;
+}
+
+/* The run's metrics: each name once, from the lowest rank that reports it. */
+static void run_metrics(const struct core *c, Grpo__Status *s, struct arena *a)
+{
+    size_t cap = 0;
+    for (int r = 0; r < c->nworkers; r++)
+        cap += c->workers[r].present ? (size_t)c->workers[r].nmetrics : 0;
+    s->metrics = arena_alloc(a, (cap ? cap : 1) * sizeof(Grpo__Metric *));
+    for (int r = 0; r < c->nworkers; r++) {
+        const struct core_worker *w = &c->workers[r];
+        if (!w->present)
+            continue;
+        for (int i = 0; i < w->nmetrics; i++) {
+            bool seen = false;
+            for (size_t k = 0; k < s->n_metrics && !seen; k++)
+                seen = strcmp(s->metrics[k]->name, w->metrics[i].name) == 0;
+            if (!seen)
+                s->metrics[s->n_metrics++] = new_metric(a, w->metrics[i].name, w->metrics[i].value);
+        }
+    }
+}
+
+Grpo__Status *core_status(const struct core *c, double now, struct arena *a)
+{
+    Grpo__Status *s = arena_alloc(a, sizeof *s);
+    grpo__status__init(s);
+    s->state = c->run.state;
+    s->reason = arena_strdup(a, c->run.reason);
+    s->step = c->run.step;
+    s->total_steps = c->run.total_steps;
+    s->phase = c->run.phase;
+    s->run_id = arena_strdup(a, c->run.id);
+    s->uptime_s = now - c->start_mono;
+    s->expected_workers = c->run.world;
+    s->http_url = arena_strdup(a, c->set.http_url);
+    s->checkpoint_seq = c->run.checkpoint_seq;
+    s->checkpoint_step = c->run.checkpoint_step;
+    s->grpod_version = arena_strdup(a, GRPO_VERSION_STRING);
+    s->pause_requested = c->run.pause;
+    s->stop_requested = c->run.stop;
+    s->run_started = c->run.started;
+    s->throughput = NAN;
+    s->reward = NAN;
+    if (c->run.nhistory) {
+        s->throughput = c->run.history[c->run.nhistory - 1].throughput;
+        s->reward = c->run.history[c->run.nhistory - 1].reward;
+    }
+    int present = 0;
+    for (int r = 0; r < c->nworkers; r++)
+        present += c->workers[r].present;
+    s->workers = arena_alloc(a, (size_t)(present ? present : 1) * sizeof(Grpo__WorkerStatus *));
+    for (int r = 0; r < c->nworkers; r++)
+        if (c->workers[r].present)
+            s->workers[s->n_workers++] = worker_status(&c->workers[r], now, a);
+    run_metrics(c, s, a);
+    s->n_history = (size_t)c->run.nhistory;
+    s->history = arena_alloc(a, (s->n_history ? s->n_history : 1) * sizeof(Grpo__HistoryPoint *));
+    for (int i = 0; i < c->run.nhistory; i++) {
+        Grpo__HistoryPoint *h = arena_alloc(a, sizeof *h);
+        grpo__history_point__init(h);
+        h->step = c->run.history[i].step;
+        h->reward = c->run.history[i].reward;
+        h->throughput = c->run.history[i].throughput;
+        h->time = c->run.history[i].time;
+        s->history[i] = h;
+    }
+    s->n_events = (size_t)c->nevents;
+    s->events = arena_alloc(a, (s->n_events ? s->n_events : 1) * sizeof(Grpo__Event *));
+    for (int i = 0; i < c->nevents; i++) {
+        Grpo__Event *e = arena_alloc(a, sizeof *e);
+        grpo__event__init(e);
+        e->time = c->events[i].time;
+        e->text = arena_strdup(a, c->events[i].text);
+        s->events[i] = e;
+    }
+    return s;
+}
+
+/* ---- Prometheus text format ---- */
+
+struct text {
+    char *buf;
+    size_t len, cap;
+};
+
+static void put(struct text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(struct text *t, const char *fmt, ...)
+{
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(t->buf + t->len, t->cap - t->len, fmt, ap);
+        va_end(ap);
+        if (n >= 0 && (size_t)n < t->cap - t->len) {
+            t->len += (size_t)n;
+            return;
+        }
+        t->cap = t->cap * 2 + (size_t)(n > 0 ? n : 0) + 256;
+        t->buf = xrealloc(t->buf, t->cap);
+    }
+}
+
+/* A label value with \, " and newline escaped, as the exposition format wants. */
+static const char *label(const char *s, char *out, size_t len)
+{
+    size_t o = 0;
+    for (; *s && o + 3 < len; s++) {
+        if (*s == '\\' || *s == '"') {
+            out[o++] = '\\';
+            out[o++] = *s;
+        } else if (*s == '\n') {
+            out[o++] = '\\';
+            out[o++] = 'n';
+        } else {
+            out[o++] = *s;
+        }
+    }
+    out[o] = 0;
+    return out;
+}
+
+static void put_value(struct text *t, double v)
+{
+    if (isnan(v))
+        put(t, "NaN\n");
+    else if (isinf(v))
+        put(t, v > 0 ? "+Inf\n" : "-Inf\n");
+    else
+        put(t, "%.17g\n", v);
+}
+
+static void family(struct text *t, const char *name, const char *type, const char *help)
+{
+    put(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void worker_metrics(const struct core *c, struct text *t, double now)
+{
+    char host[600];
+    family(t, "grpod_worker_up", "gauge", "1 while the worker is heard from (not lost, not ended).");
+    for (int r = 0; r < c->nworkers; r++) {
+        const struct core_worker *w = &c->workers[r];
+        if (w->present) {
+            bool up = w->state == GRPO__WORKER_STATE__WORKER_STARTING || w->state == GRPO__WORKER_STATE__WORKER_RUNNING ||
+                      w->state == GRPO__WORKER_STATE__WORKER_PAUSED;
+            put(t, "grpod_worker_up{rank=\"%d\",host=\"%s\",role=\"%s\",state=\"%s\"} %d\n", w->rank,
+                label(w->host, host, sizeof host), core_role_name(w->role), core_worker_state_name(w->state), up);
+        }
+    }
+    family(t, "grpod_worker_heartbeat_age_seconds", "gauge", "Seconds since the worker's last heartbeat.");
+    for (int r = 0; r < c->nworkers; r++)
+        if (c->workers[r].present)
+            put(t, "grpod_worker_heartbeat_age_seconds{rank=\"%d\"} %.3f\n", r, now - c->workers[r].last_seen);
+    family(t, "grpod_worker_step", "gauge", "Training steps the worker has completed.");
+    for (int r = 0; r < c->nworkers; r++)
+        if (c->workers[r].present)
+            put(t, "grpod_worker_step{rank=\"%d\"} %" PRId64 "\n", r, c->workers[r].step);
+    family(t, "grpod_worker_idle_ratio", "gauge", "Fraction of recent time the worker spent idle (0..1).");
+    for (int r = 0; r < c->nworkers; r++)
+        if (c->workers[r].present)
+            put(t, "grpod_worker_idle_ratio{rank=\"%d\"} %.4f\n", r, c->workers[r].idle_fraction);
+    family(t, "grpod_worker_phase_seconds", "gauge", "Seconds the worker spent in each phase of its last step.");
+    for (int r = 0; r < c->nworkers; r++)
+        for (int p = 1; p < CORE_NUM_PHASES && c->workers[r].present; p++)
+            if (c->workers[r].timings[p] > 0)
+                put(t, "grpod_worker_phase_seconds{rank=\"%d\",phase=\"%s\"} %.6f\n", r,
+                    core_phase_name((Grpo__Phase)p), c->workers[r].timings[p]);
+}
+
+char *core_metrics_text(const struct core *c, double now)
+{
+    struct text t = {0};
+    char buf[600];
+    family(&t, "grpod_uptime_seconds", "gauge", "Seconds since grpod started.");
+    put(&t, "grpod_uptime_seconds %.3f\n", now - c->start_mono);
+    family(&t, "grpod_run_info", "gauge", "The current run (always 1; its id is a label).");
+    put(&t, "grpod_run_info{run_id=\"%s\"} 1\n", label(c->run.id, buf, sizeof buf));
+    family(&t, "grpod_run_state", "gauge", "1 for the run's current state, 0 for the others.");
+    static const Grpo__RunState states[] = {GRPO__RUN_STATE__RUN_WAITING,  GRPO__RUN_STATE__RUN_RUNNING,
+                                            GRPO__RUN_STATE__RUN_PAUSING,  GRPO__RUN_STATE__RUN_PAUSED,
+                                            GRPO__RUN_STATE__RUN_STOPPING, GRPO__RUN_STATE__RUN_FINISHED,
+                                            GRPO__RUN_STATE__RUN_FAILED};
+    for (size_t i = 0; i < sizeof states / sizeof states[0]; i++)
+        put(&t, "grpod_run_state{state=\"%s\"} %d\n", core_run_state_name(states[i]), c->run.state == states[i]);
+    family(&t, "grpod_run_step", "gauge", "Training steps completed in the run.");
+    put(&t, "grpod_run_step %" PRId64 "\n", c->run.step);
+    family(&t, "grpod_run_total_steps", "gauge", "Training steps the run will take (0: not known yet).");
+    put(&t, "grpod_run_total_steps %" PRId64 "\n", c->run.total_steps);
+    family(&t, "grpod_run_checkpoint_step", "gauge", "Newest step every worker has a checkpoint of (-1: none).");
+    put(&t, "grpod_run_checkpoint_step %" PRId64 "\n", c->run.checkpoint_step);
+    family(&t, "grpod_workers_expected", "gauge", "Workers the run's placement expects.");
+    put(&t, "grpod_workers_expected %d\n", c->run.world);
+    family(&t, "grpod_workers", "gauge", "Registered workers by state.");
+    for (int s = GRPO__WORKER_STATE__WORKER_STARTING; s <= GRPO__WORKER_STATE__WORKER_RECONNECTING; s++) {
+        int n = 0;
+        for (int r = 0; r < c->nworkers; r++)
+            n += c->workers[r].present && (int)c->workers[r].state == s;
+        put(&t, "grpod_workers{state=\"%s\"} %d\n", core_worker_state_name((Grpo__WorkerState)s), n);
+    }
+    worker_metrics(c, &t, now);
+    /* the trainer's own numbers, under their verl names */
+    family(&t, "grpo_run_metric", "gauge", "The run's newest metrics under their verl names (critic/score/mean, ...).");
+    for (int r = 0; r < c->nworkers; r++) {
+        const struct core_worker *w = &c->workers[r];
+        for (int i = 0; w->present && i < w->nmetrics; i++) {
+            bool earlier = false; /* reported by a lower rank already */
+            for (int q = 0; q < r && !earlier; q++)
+                for (int k = 0; c->workers[q].present && k < c->workers[q].nmetrics && !earlier; k++)
+                    earlier = strcmp(c->workers[q].metrics[k].name, w->metrics[i].name) == 0;
+            if (earlier)
+                continue;
+            put(&t, "grpo_run_metric{name=\"%s\"} ", label(w->metrics[i].name, buf, sizeof buf));
+            put_value(&t, w->metrics[i].value);
+        }
+    }
+    family(&t, "grpod_requests_total", "counter", "Control requests answered, by type.");
+    static const Grpo__Envelope__BodyCase kinds[] = {
+        GRPO__ENVELOPE__BODY_REGISTER, GRPO__ENVELOPE__BODY_HEARTBEAT, GRPO__ENVELOPE__BODY_COMMAND,
+        GRPO__ENVELOPE__BODY_STATUS_REQUEST, GRPO__ENVELOPE__BODY_METRICS_REQUEST};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+        put(&t, "grpod_requests_total{type=\"%s\"} %" PRIu64 "\n", protocol_body_name(kinds[i]),
+            c->counters.requests[kinds[i]]);
+    family(&t, "grpod_rejected_requests_total", "counter", "Requests refused or dropped, by reason.");
+    put(&t, "grpod_rejected_requests_total{reason=\"malformed\"} %" PRIu64 "\n", c->counters.malformed);
+    put(&t, "grpod_rejected_requests_total{reason=\"bad_version\"} %" PRIu64 "\n", c->counters.bad_version);
+    put(&t, "grpod_rejected_requests_total{reason=\"auth\"} %" PRIu64 "\n", c->counters.auth_failed);
+    put(&t, "grpod_rejected_requests_total{reason=\"invalid\"} %" PRIu64 "\n", c->counters.invalid);
+    put(&t, "grpod_rejected_requests_total{reason=\"unexpected\"} %" PRIu64 "\n", c->counters.unexpected);
+    put(&t, "grpod_rejected_requests_total{reason=\"refused\"} %" PRIu64 "\n", c->counters.refused);
+    return t.buf;
+}

@@ -1,0 +1,187 @@
+#include "journal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/check.h"
+#include "common/log.h"
+
+/* mkdir -p with the given mode for the directories it creates */
+static int make_dirs(const char *path, mode_t mode)
+{
+    char buf[PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = 0;
+        if (mkdir(buf, mode) != 0 && errno != EEXIST)
+            return -1;
+        *p = '/';
+    }
+    if (mkdir(buf, mode) != 0 && errno != EEXIST)
+        return -1;
+    return 0;
+}
+
+static int write_all(int fd, const char *buf, size_t len)
+{
+    while (len) {
+        ssize_t n = write(fd, buf, len);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        buf += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+int journal_open(struct journal *j, const char *dir, char *err, size_t errlen)
+{
+    memset(j, 0, sizeof *j);
+    j->dir_fd = j->lock_fd = j->events_fd = -1;
+    if (!dir || !dir[0]) {
+        snprintf(err, errlen, "grpod.state_dir is empty");
+        return -1;
+    }
+    snprintf(j->dir, sizeof j->dir, "%s", dir);
+    snprintf(j->state_path, sizeof j->state_path, "%s/run.json", dir);
+    snprintf(j->tmp_path, sizeof j->tmp_path, "%s/run.json.tmp", dir);
+    snprintf(j->events_path, sizeof j->events_path, "%s/events.log", dir);
+    if (make_dirs(dir, 0750) != 0) {
+        snprintf(err, errlen, "cannot create state directory %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    j->dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (j->dir_fd < 0) {
+        snprintf(err, errlen, "cannot open state directory %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    char lock_path[PATH_MAX + 16];
+    snprintf(lock_path, sizeof lock_path, "%s/grpod.lock", dir);
+    j->lock_fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
+    if (j->lock_fd < 0) {
+        snprintf(err, errlen, "cannot open %s: %s", lock_path, strerror(errno));
+        goto fail;
+    }
+    if (flock(j->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        char pid[32] = "";
+        ssize_t n = pread(j->lock_fd, pid, sizeof pid - 1, 0);
+        pid[n > 0 ? n : 0] = 0;
+        pid[strcspn(pid, "\n")] = 0;
+        snprintf(err, errlen, "another grpod (pid %s) uses state directory %s", pid[0] ? pid : "?", dir);
+        goto fail;
+    }
+    char pid[32];
+    int pl = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+    if (ftruncate(j->lock_fd, 0) != 0 || pwrite(j->lock_fd, pid, (size_t)pl, 0) != pl)
+        log_warn("journal", "cannot write the pid into %s", lock_path);
+    if (unlink(j->tmp_path) == 0)
+        log_info("journal", "removed %s, left by an interrupted write", j->tmp_path);
+    j->events_fd = open(j->events_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+    if (j->events_fd < 0)
+        log_warn("journal", "cannot open %s: %s; events are not logged there", j->events_path, strerror(errno));
+    return 0;
+fail:
+    journal_close(j);
+    return -1;
+}
+
+int journal_load(struct journal *j, char **text, char *err, size_t errlen)
+{
+    *text = NULL;
+    int fd = open(j->state_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return 0;
+        snprintf(err, errlen, "cannot open %s: %s", j->state_path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size > (64 << 20)) {
+        snprintf(err, errlen, "%s is not a readable file of at most 64 MiB", j->state_path);
+        close(fd);
+        return -1;
+    }
+    char *buf = xmalloc((size_t)st.st_size + 1);
+    size_t got = 0;
+    while (got < (size_t)st.st_size) {
+        ssize_t n = read(fd, buf + got, (size_t)st.st_size - got);
+        if (n <= 0) {
+            if (n < 0 && errno == EINTR)
+                continue;
+            snprintf(err, errlen, "cannot read %s: %s", j->state_path, n < 0 ? strerror(errno) : "file shrank");
+            free(buf);
+            close(fd);
+            return -1;
+        }
+        got += (size_t)n;
+    }
+    close(fd);
+    buf[got] = 0;
+    *text = buf;
+    return 0;
+}
+
+int journal_save(struct journal *j, const char *text, char *err, size_t errlen)
+{
+    int fd = open(j->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot create %s: %s", j->tmp_path, strerror(errno));
+        return -1;
+    }
+    if (write_all(fd, text, strlen(text)) != 0 || fsync(fd) != 0) {
+        snprintf(err, errlen, "cannot write %s: %s", j->tmp_path, strerror(errno));
+        close(fd);
+        unlink(j->tmp_path);
+        return -1;
+    }
+    close(fd);
+    if (rename(j->tmp_path, j->state_path) != 0) {
+        snprintf(err, errlen, "cannot rename %s to %s: %s", j->tmp_path, j->state_path, strerror(errno));
+        unlink(j->tmp_path);
+        return -1;
+    }
+    if (fsync(j->dir_fd) != 0) { /* the rename itself must reach the disk */
+        snprintf(err, errlen, "cannot sync directory %s: %s", j->dir, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+void journal_event(struct journal *j, double time, const char *text)
+{
+    if (j->events_fd < 0)
+        return;
+    time_t t = (time_t)time;
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    char line[1024];
+    int n = (int)strftime(line, sizeof line, "%Y-%m-%dT%H:%M:%S", &tm);
+    n += snprintf(line + n, sizeof line - (size_t)n, ".%03dZ %s\n", (int)((time - (double)t) * 1000), text);
+    if (n >= (int)sizeof line)
+        n = (int)sizeof line - 1;
+    if (write_all(j->events_fd, line, (size_t)n) != 0)
+        log_warn("journal", "cannot append to %s: %s", j->events_path, strerror(errno));
+}
+
+void journal_close(struct journal *j)
+{
+    if (j->events_fd >= 0)
+        close(j->events_fd);
+    if (j->lock_fd >= 0)
+        close(j->lock_fd); /* releases the flock */
+    if (j->dir_fd >= 0)
+        close(j->dir_fd);
+    j->dir_fd = j->lock_fd = j->events_fd = -1;
+}

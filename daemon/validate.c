@@ -1,0 +1,128 @@
+#include "validate.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core.h"
+
+int validate_text(const char *s, size_t max)
+{
+    if (!s)
+        return 1;
+    size_t n = strlen(s);
+    if (n > max)
+        return 0;
+    const unsigned char *p = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        unsigned c = p[i];
+        if (c < 0x20 || c == 0x7f)
+            return 0;
+        size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        if (!len || i + len > n)
+            return 0;
+        unsigned cp = len == 1 ? c : len == 2 ? c & 0x1f : len == 3 ? c & 0x0f : c & 0x07;
+        for (size_t k = 1; k < len; k++) {
+            if ((p[i + k] & 0xc0) != 0x80)
+                return 0;
+            cp = (cp << 6) | (p[i + k] & 0x3f);
+        }
+        /* overlong forms, surrogates and values beyond Unicode are not UTF-8 */
+        static const unsigned min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+        if (cp < min_cp[len] || (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
+            return 0;
+        i += len;
+    }
+    return 1;
+}
+
+#define FAIL(...)                                                                                                      \
+    do {                                                                                                               \
+        snprintf(why, whylen, __VA_ARGS__);                                                                            \
+        return -1;                                                                                                     \
+    } while (0)
+
+static int check_register(const Grpo__Register *r, char *why, size_t whylen)
+{
+    if (r->world_size < 1 || r->world_size > CORE_MAX_WORKERS)
+        FAIL("register.world_size %d is outside 1..%d", r->world_size, CORE_MAX_WORKERS);
+    if (r->rank < 0 || r->rank >= r->world_size)
+        FAIL("register.rank %d is outside 0..%d (world_size %d)", r->rank, r->world_size - 1, r->world_size);
+    if (!r->host || !r->host[0] || !validate_text(r->host, CORE_HOST_MAX - 1))
+        FAIL("register.host is empty, too long or not printable UTF-8");
+    if (r->pid < 0)
+        FAIL("register.pid %d is negative", r->pid);
+    if (r->n_devices > CORE_MAX_DEVICES)
+        FAIL("register.devices has %zu entries (at most %d)", r->n_devices, CORE_MAX_DEVICES);
+    for (size_t i = 0; i < r->n_devices; i++)
+        if (!validate_text(r->devices[i], 127))
+            FAIL("register.devices[%zu] is too long or not printable UTF-8", i);
+    if (r->n_capabilities > 16)
+        FAIL("register.capabilities has %zu entries (at most 16)", r->n_capabilities);
+    for (size_t i = 0; i < r->n_capabilities; i++)
+        if (!r->capabilities[i][0] || !validate_text(r->capabilities[i], 14) || strchr(r->capabilities[i], ','))
+            FAIL("register.capabilities[%zu] is empty, too long or not a plain word", i);
+    if (!validate_text(r->run_id, CORE_NAME_MAX - 1))
+        FAIL("register.run_id is too long or not printable UTF-8");
+    if (r->step < 0 || r->step > (int64_t)1 << 50)
+        FAIL("register.step %lld is out of range", (long long)r->step);
+    return 0;
+}
+
+static int check_metrics(Grpo__Metric **m, size_t n, const char *field, char *why, size_t whylen)
+{
+    if (n > CORE_MAX_METRICS)
+        FAIL("%s has %zu entries (at most %d)", field, n, CORE_MAX_METRICS);
+    for (size_t i = 0; i < n; i++) {
+        if (!m[i]->name || !m[i]->name[0] || !validate_text(m[i]->name, CORE_NAME_MAX - 1))
+            FAIL("%s[%zu].name is empty, too long or not printable UTF-8", field, i);
+        /* NaN is a legitimate report (a diverged loss); infinities too. Nothing to check. */
+    }
+    return 0;
+}
+
+static int check_heartbeat(const Grpo__Heartbeat *h, char *why, size_t whylen)
+{
+    if (h->rank < 0 || h->rank >= CORE_MAX_WORKERS)
+        FAIL("heartbeat.rank %d is out of range", h->rank);
+    if (h->step < -1 || h->step > (int64_t)1 << 50 || h->total_steps < -1 || h->total_steps > (int64_t)1 << 50)
+        FAIL("heartbeat.step or total_steps is out of range");
+    if ((unsigned)h->phase >= CORE_NUM_PHASES)
+        FAIL("heartbeat.phase %d is not a phase", (int)h->phase);
+    if ((unsigned)h->state > GRPO__WORKER_STATE__WORKER_RECONNECTING || h->state == GRPO__WORKER_STATE__WORKER_LOST ||
+        h->state == GRPO__WORKER_STATE__WORKER_RECONNECTING)
+        FAIL("heartbeat.state %d is not a state a worker reports", (int)h->state);
+    if (h->n_timings > CORE_NUM_PHASES * 2)
+        FAIL("heartbeat.timings has %zu entries (at most %d)", h->n_timings, CORE_NUM_PHASES * 2);
+    for (size_t i = 0; i < h->n_timings; i++)
+        if ((unsigned)h->timings[i]->phase >= CORE_NUM_PHASES || !isfinite(h->timings[i]->seconds) ||
+            h->timings[i]->seconds < 0)
+            FAIL("heartbeat.timings[%zu] has an unknown phase or a negative or non-finite time", i);
+    if (!isfinite(h->idle_seconds) || h->idle_seconds < 0 || !isfinite(h->busy_seconds) || h->busy_seconds < 0)
+        FAIL("heartbeat.idle_seconds/busy_seconds must be finite and non-negative");
+    if (h->checkpoint_step < -1)
+        FAIL("heartbeat.checkpoint_step %lld is out of range", (long long)h->checkpoint_step);
+    if (!validate_text(h->error, CORE_REASON_MAX - 1))
+        FAIL("heartbeat.error is too long or not printable UTF-8");
+    return check_metrics(h->metrics, h->n_metrics, "heartbeat.metrics", why, whylen);
+}
+
+int validate_request(const Grpo__Envelope *env, char *why, size_t whylen)
+{
+    if (!validate_text(env->secret, 1024))
+        FAIL("secret is too long or not printable UTF-8");
+    switch (env->body_case) {
+    case GRPO__ENVELOPE__BODY_REGISTER: return check_register(env->register_, why, whylen);
+    case GRPO__ENVELOPE__BODY_HEARTBEAT: return check_heartbeat(env->heartbeat, why, whylen);
+    case GRPO__ENVELOPE__BODY_COMMAND:
+        if (env->command->command < GRPO__COMMAND__COMMAND_PAUSE ||
+            env->command->command > GRPO__COMMAND__COMMAND_CHECKPOINT)
+            FAIL("command.command %d is not a command", (int)env->command->command);
+        if (!validate_text(env->command->reason, 255))
+            FAIL("command.reason is too long or not printable UTF-8");
+        return 0;
+    case GRPO__ENVELOPE__BODY_STATUS_REQUEST:
+    case GRPO__ENVELOPE__BODY_METRICS_REQUEST: return 0;
+    default: FAIL("'%s' is not a request grpod answers", protocol_body_name(env->body_case));
+    }
+}

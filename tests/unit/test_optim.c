@@ -1,0 +1,68 @@
+/* AdamW, clipping and schedules against hand-worked numbers (torch semantics). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "worker/trainer/optim.h"
+
+static void test_adamw_two_steps(void **state)
+{
+    (void)state;
+    /* torch.optim.AdamW(lr=0.1, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01), p0 = 1, g = 0.5 then -0.25:
+     * step 1: p = 1*(1-0.001) - 0.1 * (0.05/0.1) / (sqrt(0.00025/0.001) + 1e-8) = 0.999 - 0.1 = 0.899
+     * step 2: m = 0.045 - 0.025 = 0.02, v = 0.00024975 + 0.0000625 = 0.00031225
+     *         mhat = 0.02/0.19 = 0.105263, vhat = 0.00031225/0.001999 = 0.156203, sqrt = 0.395225
+     *         p = 0.899 * 0.999 - 0.1 * 0.105263 / 0.395225 = 0.898101 - 0.026634 = 0.871467 */
+    struct adamw *o = adamw_create(1, 0.9, 0.999, 1e-8, 0.01);
+    float p = 1.0f, g = 0.5f;
+    adamw_step(o, &p, &g, 0.1);
+    assert_float_equal(p, 0.899, 1e-6);
+    g = -0.25f;
+    adamw_step(o, &p, &g, 0.1);
+    assert_float_equal(p, 0.871467, 2e-6);
+    assert_int_equal(o->t, 2);
+    adamw_free(o);
+}
+
+static void test_clip(void **state)
+{
+    (void)state;
+    float g[2] = {3, 4};
+    assert_float_equal(grad_clip(g, 2, 1.0), 5.0, 1e-12);
+    assert_float_equal(g[0], 0.6, 1e-6);
+    assert_float_equal(g[1], 0.8, 1e-6);
+    float h[2] = {0.3f, 0.4f};
+    grad_clip(h, 2, 1.0); /* below the bound: untouched */
+    assert_float_equal(h[1], 0.4, 0);
+    float bad[2] = {NAN, 1};
+    assert_false(isfinite(grad_clip(bad, 2, 1.0)));
+    assert_float_equal(bad[1], 1.0, 0);
+}
+
+static void test_schedules(void **state)
+{
+    (void)state;
+    /* warm-up 4 steps: 0, 0.25, 0.5, 0.75 of lr, then lr */
+    assert_float_equal(lr_at(LR_CONSTANT, 1.0, 0, 4, 10, 0), 0.0, 1e-12);
+    assert_float_equal(lr_at(LR_CONSTANT, 1.0, 2, 4, 10, 0), 0.5, 1e-12);
+    assert_float_equal(lr_at(LR_CONSTANT, 1.0, 7, 4, 10, 0), 1.0, 1e-12);
+    /* cosine from step 4 to 10 with floor 0.1: halfway (step 7) -> 0.1 + 0.9 * 0.5 = 0.55; end -> 0.1 */
+    assert_float_equal(lr_at(LR_COSINE, 1.0, 4, 4, 10, 0.1), 1.0, 1e-12);
+    assert_float_equal(lr_at(LR_COSINE, 1.0, 7, 4, 10, 0.1), 0.55, 1e-12);
+    assert_float_equal(lr_at(LR_COSINE, 1.0, 10, 4, 10, 0.1), 0.1, 1e-12);
+    assert_float_equal(lr_at(LR_COSINE, 2.0, 0, 0, 4, 0.0), 2.0, 1e-12);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_adamw_two_steps),
+        cmocka_unit_test(test_clip),
+        cmocka_unit_test(test_schedules),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,382 @@
+#include "transport.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <nanomsg/nn.h>
+#include <nanomsg/reqrep.h>
+
+#include "common/check.h"
+
+struct rpc_client {
+    int sock;
+    char endpoint[512];
+    char *secret;
+    uint64_t next_id;
+};
+
+double transport_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void transport_sleep(double seconds)
+{
+    if (seconds <= 0)
+        return;
+    struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* strerror() text with a lower-case first letter, as it reads inside a sentence. */
+static void errno_text(int e, char *out, size_t len)
+{
+    snprintf(out, len, "%s", strerror(e));
+    if (out[0] && isupper((unsigned char)out[0]) && !(out[1] && isupper((unsigned char)out[1])))
+        out[0] = (char)tolower((unsigned char)out[0]);
+}
+
+int endpoint_parse(const char *endpoint, enum endpoint_kind *kind, char *path, size_t pathlen, char *err,
+                   size_t errlen)
+{
+    if (!endpoint || !endpoint[0]) {
+        snprintf(err, errlen, "empty endpoint (use ipc://PATH or tcp://HOST:PORT)");
+        return -1;
+    }
+    if (strncmp(endpoint, "ipc://", 6) == 0) {
+        const char *p = endpoint + 6;
+        if (!p[0]) {
+            snprintf(err, errlen, "endpoint '%s' has no socket path", endpoint);
+            return -1;
+        }
+        if (strlen(p) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+            snprintf(err, errlen, "socket path of '%s' is longer than the %zu bytes a Unix socket allows", endpoint,
+                     sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
+            return -1;
+        }
+        *kind = ENDPOINT_IPC;
+        if (path)
+            snprintf(path, pathlen, "%s", p);
+        return 0;
+    }
+    if (strncmp(endpoint, "tcp://", 6) == 0) {
+        const char *colon = strrchr(endpoint + 6, ':');
+        char *end = NULL;
+        long port = colon ? strtol(colon + 1, &end, 10) : -1;
+        if (!colon || colon == endpoint + 6 || !end || *end || end == colon + 1 || port < 0 || port > 65535) {
+            snprintf(err, errlen, "endpoint '%s' needs a host and a port: tcp://HOST:PORT", endpoint);
+            return -1;
+        }
+        *kind = ENDPOINT_TCP;
+        if (path && pathlen)
+            path[0] = 0;
+        return 0;
+    }
+    snprintf(err, errlen, "unsupported endpoint '%s' (use ipc://PATH or tcp://HOST:PORT)", endpoint);
+    return -1;
+}
+
+static int probe_ipc(const char *path, char *why, size_t whylen)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        errno_text(errno, why, whylen);
+        return -1;
+    }
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+    int e = errno;
+    close(fd);
+    if (rc != 0) {
+        errno_text(e, why, whylen);
+        return -1;
+    }
+    return 0;
+}
+
+static int probe_tcp(const char *endpoint, char *why, size_t whylen)
+{
+    char host[256], port[16];
+    const char *hp = endpoint + 6, *colon = strrchr(hp, ':');
+    size_t hl = (size_t)(colon - hp);
+    if (hl >= sizeof host)
+        hl = sizeof host - 1;
+    memcpy(host, hp, hl);
+    host[hl] = 0;
+    snprintf(port, sizeof port, "%s", colon + 1);
+    if (host[0] == '[' && hl > 1 && host[hl - 1] == ']') { /* [::1] */
+        memmove(host, host + 1, hl - 2);
+        host[hl - 2] = 0;
+    }
+    if (strcmp(host, "*") == 0)
+        snprintf(host, sizeof host, "127.0.0.1");
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+    int g = getaddrinfo(host, port, &hints, &res);
+    if (g != 0) {
+        snprintf(why, whylen, "cannot resolve host '%s': %s", host, gai_strerror(g));
+        return -1;
+    }
+    int rc = -1;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+        if (fd < 0)
+            continue;
+        int e = 0;
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+            e = errno;
+            if (e == EINPROGRESS) {
+                struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+                if (poll(&pfd, 1, 1000) == 1) {
+                    socklen_t sl = sizeof e;
+                    getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &sl);
+                } else {
+                    e = ETIMEDOUT;
+                }
+            }
+        }
+        close(fd);
+        if (e == 0) {
+            rc = 0;
+            break;
+        }
+        errno_text(e, why, whylen);
+    }
+    freeaddrinfo(res);
+    return rc;
+}
+
+int endpoint_probe(const char *endpoint, char *why, size_t whylen)
+{
+    enum endpoint_kind kind;
+    char path[512];
+    if (endpoint_parse(endpoint, &kind, path, sizeof path, why, whylen) != 0)
+        return -1;
+    return kind == ENDPOINT_IPC ? probe_ipc(path, why, whylen) : probe_tcp(endpoint, why, whylen);
+}
+
+int secret_read(const char *path, int strict, char *out, size_t outlen, char *err, size_t errlen)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        char e[128];
+        errno_text(errno, e, sizeof e);
+        snprintf(err, errlen, "cannot open secret file %s: %s", path, e);
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "secret file %s is not a regular file", path);
+        close(fd);
+        return -1;
+    }
+    if (strict && (st.st_mode & 077)) {
+        snprintf(err, errlen, "secret file %s may be read by group or others (mode %04o); run: chmod 600 %s", path,
+                 (unsigned)(st.st_mode & 07777), path);
+        close(fd);
+        return -1;
+    }
+    char buf[GRPO_SECRET_MAX + 2];
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n < 0) {
+        snprintf(err, errlen, "cannot read secret file %s", path);
+        return -1;
+    }
+    buf[n] = 0;
+    char *nl = strchr(buf, '\n');
+    if (nl)
+        *nl = 0;
+    else if ((size_t)n > GRPO_SECRET_MAX) {
+        snprintf(err, errlen, "secret in %s is longer than %d bytes", path, GRPO_SECRET_MAX);
+        return -1;
+    }
+    char *s = buf;
+    while (*s && isspace((unsigned char)*s))
+        s++;
+    size_t l = strlen(s);
+    while (l && isspace((unsigned char)s[l - 1]))
+        s[--l] = 0;
+    if (!l) {
+        snprintf(err, errlen, "secret file %s is empty (put one line of random text in it)", path);
+        return -1;
+    }
+    if (l + 1 > outlen) {
+        snprintf(err, errlen, "secret in %s is longer than %zu bytes", path, outlen - 1);
+        return -1;
+    }
+    memcpy(out, s, l + 1);
+    return 0;
+}
+
+int secret_equal(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    unsigned diff = (unsigned)(la ^ lb);
+    for (size_t i = 0; i < la; i++)
+        diff |= (unsigned)(unsigned char)a[i] ^ (unsigned)(unsigned char)b[lb ? i % lb : 0];
+    return diff == 0 && la == lb;
+}
+
+struct rpc_client *rpc_open(const char *endpoint, const char *secret, char *err, size_t errlen)
+{
+    enum endpoint_kind kind;
+    if (endpoint_parse(endpoint, &kind, NULL, 0, err, errlen) != 0)
+        return NULL;
+    int s = nn_socket(AF_SP, NN_REQ);
+    if (s < 0) {
+        snprintf(err, errlen, "nn_socket: %s", nn_strerror(nn_errno()));
+        return NULL;
+    }
+    int max = (int)GRPO_MAX_MESSAGE_BYTES, ivl = 100, ivl_max = 2000, linger = 0;
+    /* replies are matched by request id and resent by us, never by nanomsg behind our back */
+    int resend = 24 * 3600 * 1000;
+    nn_setsockopt(s, NN_SOL_SOCKET, NN_RCVMAXSIZE, &max, sizeof max);
+    nn_setsockopt(s, NN_SOL_SOCKET, NN_RECONNECT_IVL, &ivl, sizeof ivl);
+    nn_setsockopt(s, NN_SOL_SOCKET, NN_RECONNECT_IVL_MAX, &ivl_max, sizeof ivl_max);
+    nn_setsockopt(s, NN_SOL_SOCKET, NN_LINGER, &linger, sizeof linger);
+    nn_setsockopt(s, NN_REQ, NN_REQ_RESEND_IVL, &resend, sizeof resend);
+    if (nn_connect(s, endpoint) < 0) {
+        snprintf(err, errlen, "cannot connect to %s: %s", endpoint, nn_strerror(nn_errno()));
+        nn_close(s);
+        return NULL;
+    }
+    struct rpc_client *c = xcalloc(1, sizeof *c);
+    c->sock = s;
+    snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
+    c->secret = secret && secret[0] ? xstrdup(secret) : NULL;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    c->next_id = ((uint64_t)ts.tv_nsec << 20) ^ ((uint64_t)getpid() << 40) ^ (uint64_t)ts.tv_sec;
+    return c;
+}
+
+void rpc_close(struct rpc_client *c)
+{
+    if (!c)
+        return;
+    nn_close(c->sock);
+    free(c->secret);
+    free(c);
+}
+
+const char *rpc_endpoint(const struct rpc_client *c) { return c->endpoint; }
+
+/* Why nothing answered: the probe's reason, or a plain timeout when something listens. */
+static void unreachable_reason(const struct rpc_client *c, int timeout_ms, char *err, size_t errlen)
+{
+    char why[256];
+    if (endpoint_probe(c->endpoint, why, sizeof why) != 0)
+        snprintf(err, errlen, "%s", why);
+    else
+        snprintf(err, errlen, "no answer within %.1f s", timeout_ms / 1000.0);
+}
+
+/* An answer from a peer of another protocol version: say so, with grpod's own words if it sent any. */
+static void version_reason(const Grpo__Envelope *env, char *err, size_t errlen)
+{
+    if (env->body_case == GRPO__ENVELOPE__BODY_REPLY && env->reply->error && env->reply->error[0])
+        snprintf(err, errlen, "grpod speaks protocol version %u, this program version %u: %s", env->version,
+                 GRPO_PROTOCOL_VERSION, env->reply->error);
+    else
+        snprintf(err, errlen, "grpod speaks protocol version %u, this program version %u; upgrade the older side",
+                 env->version, GRPO_PROTOCOL_VERSION);
+}
+
+enum rpc_result rpc_call(struct rpc_client *c, Grpo__Envelope *req, int timeout_ms, Grpo__Envelope **reply, char *err,
+                         size_t errlen)
+{
+    *reply = NULL;
+    uint64_t id = ++c->next_id;
+    req->request_id = id;
+    req->secret = c->secret ? c->secret : (char *)"";
+    size_t len;
+    uint8_t *buf = CHECK_ALLOC(protocol_pack(req, &len));
+    double deadline = transport_now() + timeout_ms / 1000.0;
+    int to = timeout_ms;
+    nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_SNDTIMEO, &to, sizeof to);
+    int rc = nn_send(c->sock, buf, len, 0);
+    free(buf);
+    if (rc < 0) {
+        int e = nn_errno();
+        if (e == ETIMEDOUT || e == EAGAIN)
+            unreachable_reason(c, timeout_ms, err, errlen);
+        else
+            snprintf(err, errlen, "send failed: %s", nn_strerror(e));
+        return RPC_UNREACHABLE;
+    }
+    for (;;) {
+        int left = (int)((deadline - transport_now()) * 1000.0);
+        if (left <= 0) {
+            unreachable_reason(c, timeout_ms, err, errlen);
+            return RPC_UNREACHABLE;
+        }
+        nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_RCVTIMEO, &left, sizeof left);
+        void *msg = NULL;
+        int n = nn_recv(c->sock, &msg, NN_MSG, 0);
+        if (n < 0) {
+            int e = nn_errno();
+            if (e == EINTR)
+                continue;
+            if (e == ETIMEDOUT || e == EAGAIN)
+                unreachable_reason(c, timeout_ms, err, errlen);
+            else
+                snprintf(err, errlen, "receive failed: %s", nn_strerror(e));
+            return RPC_UNREACHABLE;
+        }
+        Grpo__Envelope *env;
+        char why[256];
+        enum protocol_error pe = protocol_decode(msg, (size_t)n, GRPO_MAX_MESSAGE_BYTES, &env, why, sizeof why);
+        nn_freemsg(msg);
+        if (pe == PROTOCOL_BAD_VERSION) {
+            version_reason(env, err, errlen);
+            protocol_free(env);
+            return RPC_BAD_REPLY;
+        }
+        if (pe != PROTOCOL_OK) {
+            snprintf(err, errlen, "unusable answer: %s", why);
+            protocol_free(env);
+            return RPC_BAD_REPLY;
+        }
+        if (env->request_id != id) { /* a late answer to an earlier try */
+            protocol_free(env);
+            continue;
+        }
+        *reply = env;
+        return RPC_OK;
+    }
+}
+
+enum rpc_result rpc_call_retry(struct rpc_client *c, Grpo__Envelope *req, int attempts, int timeout_ms,
+                               Grpo__Envelope **reply, char *err, size_t errlen)
+{
+    double backoff = 0.1;
+    enum rpc_result r = RPC_UNREACHABLE;
+    for (int i = 0; i < (attempts < 1 ? 1 : attempts); i++) {
+        if (i > 0) {
+            transport_sleep(backoff);
+            backoff = backoff * 2 > 2.0 ? 2.0 : backoff * 2;
+        }
+        /* a plain connect fails at once where nothing listens: no need to wait out the timeout */
+        if (endpoint_probe(c->endpoint, err, errlen) != 0)
+            continue;
+        r = rpc_call(c, req, timeout_ms, reply, err, errlen);
+        if (r != RPC_UNREACHABLE)
+            return r;
+    }
+    return r;
+}

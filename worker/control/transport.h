@@ -1,0 +1,67 @@
+/* Control-plane transport shared by grpod, grpoctl and the workers' control
+ * client: endpoint names, the shared-secret file, and a REQ client that
+ * matches replies to requests, times out, and says in plain words why grpod
+ * could not be reached ("connection refused", "no such file or directory").
+ *
+ * Endpoints are nanomsg addresses: ipc://PATH (a Unix socket whose file mode
+ * says who may connect) or tcp://HOST:PORT (every request must carry the
+ * shared secret read from grpod.secret_file). */
+#ifndef GRPO_WORKER_CONTROL_TRANSPORT_H
+#define GRPO_WORKER_CONTROL_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/protocol.h"
+
+/* Where grpod listens and clients connect when nothing else is configured. */
+#define GRPOD_DEFAULT_ENDPOINT "ipc:///run/grpo/ctl.sock"
+/* Longest shared secret accepted (bytes). */
+#define GRPO_SECRET_MAX 1024
+
+enum endpoint_kind { ENDPOINT_IPC, ENDPOINT_TCP };
+
+/* Classify an endpoint; for ipc:// the socket path goes to path[] (may be NULL). 0, or -1 with err. */
+int endpoint_parse(const char *endpoint, enum endpoint_kind *kind, char *path, size_t pathlen, char *err,
+                   size_t errlen);
+/* Probe an endpoint with a plain socket connect: 0 when something listens, else -1 with why[]
+ * in lower case ("connection refused", "no such file or directory", "permission denied"). */
+int endpoint_probe(const char *endpoint, char *why, size_t whylen);
+
+/* Read a shared secret (first line, surrounding white space trimmed). With strict, a file that
+ * group or others may read is refused. 0, or -1 with err naming the file and the fix. */
+int secret_read(const char *path, int strict, char *out, size_t outlen, char *err, size_t errlen);
+/* Compare secrets in time independent of where they differ; 1 when equal. */
+int secret_equal(const char *a, const char *b);
+
+/* Outcome of rpc_call. */
+enum rpc_result {
+    RPC_OK = 0,
+    RPC_UNREACHABLE = -1, /* nothing answered in time; err says why (probe result) */
+    RPC_BAD_REPLY = -2,   /* an answer came but could not be used (incompatible version, garbage) */
+};
+
+/* One REQ socket to grpod. Not thread-safe: use it from one thread. */
+struct rpc_client;
+
+/* Open a REQ socket connected to endpoint; secret may be NULL (ipc). NULL with err on failure. */
+struct rpc_client *rpc_open(const char *endpoint, const char *secret, char *err, size_t errlen);
+/* Close the socket and free the client. */
+void rpc_close(struct rpc_client *c);
+/* Send req (request id and secret filled in here) and wait up to timeout_ms for its reply.
+ * On RPC_OK *reply is the decoded answer (caller protocol_free()s it). */
+enum rpc_result rpc_call(struct rpc_client *c, Grpo__Envelope *req, int timeout_ms, Grpo__Envelope **reply, char *err,
+                         size_t errlen);
+/* rpc_call retried up to attempts times while unreachable, backing off (100 ms doubling, at most
+ * 2 s) between tries; each try first probes the endpoint, so a refused connection fails fast. */
+enum rpc_result rpc_call_retry(struct rpc_client *c, Grpo__Envelope *req, int attempts, int timeout_ms,
+                               Grpo__Envelope **reply, char *err, size_t errlen);
+/* The endpoint the client talks to. */
+const char *rpc_endpoint(const struct rpc_client *c);
+
+/* Monotonic clock in seconds. */
+double transport_now(void);
+/* Sleep for the given seconds (interrupted sleeps resume). */
+void transport_sleep(double seconds);
+
+#endif

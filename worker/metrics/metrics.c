@@ -1,0 +1,378 @@
+/* The per-step metrics container, statistics helpers, process memory, the
+ * run history, and file helpers shared by the sinks. */
+#include "worker/metrics/metrics.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "worker/metrics/metrics_internal.h"
+
+/* ---------------------------------------------------------------- container */
+
+void metrics_init(struct metrics *m) { memset(m, 0, sizeof *m); }
+
+void metrics_clear(struct metrics *m)
+{
+    for (size_t i = 0; i < m->n; i++)
+        free(m->items[i].name);
+    m->n = 0;
+}
+
+void metrics_free(struct metrics *m)
+{
+    metrics_clear(m);
+    free(m->items);
+    memset(m, 0, sizeof *m);
+}
+
+static long find(const struct metrics *m, const char *name)
+{
+    for (size_t i = 0; i < m->n; i++)
+        if (strcmp(m->items[i].name, name) == 0)
+            return (long)i;
+    return -1;
+}
+
+void metrics_set(struct metrics *m, const char *name, double value)
+{
+    long i = find(m, name);
+    if (i >= 0) {
+        m->items[i].value = value;
+        return;
+    }
+    if (m->n == m->cap) {
+        m->cap = m->cap ? 2 * m->cap : 32;
+        m->items = xrealloc(m->items, m->cap * sizeof *m->items);
+    }
+    m->items[m->n].name = xstrdup(name);
+    m->items[m->n].value = value;
+    m->n++;
+}
+
+bool metrics_get(const struct metrics *m, const char *name, double *value)
+{
+    long i = find(m, name);
+    if (i < 0)
+        return false;
+    if (value)
+        *value = m->items[i].value;
+    return true;
+}
+
+double metrics_get_or(const struct metrics *m, const char *name, double fallback)
+{
+    double v;
+    return metrics_get(m, name, &v) ? v : fallback;
+}
+
+bool metrics_remove(struct metrics *m, const char *name)
+{
+    long i = find(m, name);
+    if (i < 0)
+        return false;
+    free(m->items[i].name);
+    memmove(&m->items[i], &m->items[i + 1], (m->n - (size_t)i - 1) * sizeof *m->items);
+    m->n--;
+    return true;
+}
+
+void metrics_merge(struct metrics *dst, const struct metrics *src)
+{
+    for (size_t i = 0; i < src->n; i++)
+        metrics_set(dst, src->items[i].name, src->items[i].value);
+}
+
+void metrics_copy(struct metrics *dst, const struct metrics *src)
+{
+    if (dst == src)
+        return;
+    metrics_clear(dst);
+    metrics_merge(dst, src);
+}
+
+static void set_stats3(struct metrics *m, const char *prefix, double sum, double mx, double mn, size_t k)
+{
+    size_t len = strlen(prefix) + 6;
+    char *name = xmalloc(len);
+    double mean = k ? sum / (double)k : NAN;
+    if (!k)
+        mx = mn = NAN;
+    snprintf(name, len, "%s/mean", prefix);
+    metrics_set(m, name, mean);
+    snprintf(name, len, "%s/max", prefix);
+    metrics_set(m, name, mx);
+    snprintf(name, len, "%s/min", prefix);
+    metrics_set(m, name, mn);
+    free(name);
+}
+
+void metrics_set_stats(struct metrics *m, const char *prefix, const double *values, size_t n)
+{
+    double sum = 0, mx = -INFINITY, mn = INFINITY;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        double v = values[i];
+        if (!isfinite(v))
+            continue;
+        sum += v;
+        mx = v > mx ? v : mx;
+        mn = v < mn ? v : mn;
+        k++;
+    }
+    set_stats3(m, prefix, sum, mx, mn, k);
+}
+
+void metrics_set_stats_f(struct metrics *m, const char *prefix, const float *values, size_t n)
+{
+    double sum = 0, mx = -INFINITY, mn = INFINITY;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        double v = values[i];
+        if (!isfinite(v))
+            continue;
+        sum += v;
+        mx = v > mx ? v : mx;
+        mn = v < mn ? v : mn;
+        k++;
+    }
+    set_stats3(m, prefix, sum, mx, mn, k);
+}
+
+double proc_rss_gb(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return NAN;
+    char line[256];
+    double gb = NAN;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long kb;
+        if (sscanf(line, "VmRSS: %llu kB", &kb) == 1) {
+            gb = (double)kb / (1024.0 * 1024.0);
+            break;
+        }
+    }
+    fclose(f);
+    return gb;
+}
+
+/* ------------------------------------------------------------------ history */
+
+void metrics_history_init(struct metrics_history *h) { memset(h, 0, sizeof *h); }
+
+void metrics_history_free(struct metrics_history *h)
+{
+    for (size_t i = 0; i < h->n; i++)
+        metrics_free(&h->steps[i].m);
+    free(h->steps);
+    memset(h, 0, sizeof *h);
+}
+
+void metrics_history_append(struct metrics_history *h, long step, const struct metrics *m)
+{
+    /* usually the new step goes last; search backwards for its place */
+    size_t pos = h->n;
+    while (pos > 0 && h->steps[pos - 1].step > step)
+        pos--;
+    if (pos > 0 && h->steps[pos - 1].step == step) {
+        metrics_merge(&h->steps[pos - 1].m, m);
+        return;
+    }
+    if (h->n == h->cap) {
+        h->cap = h->cap ? 2 * h->cap : 64;
+        h->steps = xrealloc(h->steps, h->cap * sizeof *h->steps);
+    }
+    memmove(&h->steps[pos + 1], &h->steps[pos], (h->n - pos) * sizeof *h->steps);
+    h->steps[pos].step = step;
+    metrics_init(&h->steps[pos].m);
+    metrics_merge(&h->steps[pos].m, m);
+    h->n++;
+}
+
+void metrics_history_truncate_after(struct metrics_history *h, long step)
+{
+    while (h->n > 0 && h->steps[h->n - 1].step > step) {
+        metrics_free(&h->steps[h->n - 1].m);
+        h->n--;
+    }
+}
+
+static int history_cb(long step, const struct metrics *m, void *ctx)
+{
+    metrics_history_append(ctx, step, m);
+    return 0;
+}
+
+long metrics_history_load_jsonl(struct metrics_history *h, const char *path, bool missing_ok)
+{
+    if (missing_ok && access(path, F_OK) != 0 && errno == ENOENT)
+        return 0;
+    return metrics_jsonl_read(path, history_cb, h);
+}
+
+/* ------------------------------------------------------------------ helpers */
+
+int metrics_mkdir_p(const char *dir)
+{
+    char *p = xstrdup(dir);
+    size_t len = strlen(p);
+    while (len > 1 && p[len - 1] == '/')
+        p[--len] = '\0';
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/')
+            continue;
+        *s = '\0';
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+            int e = errno;
+            free(p);
+            errno = e;
+            return -1;
+        }
+        *s = '/';
+    }
+    int rc = 0;
+    if (mkdir(p, 0755) != 0 && errno != EEXIST)
+        rc = -1;
+    else {
+        struct stat st;
+        if (stat(p, &st) != 0)
+            rc = -1;
+        else if (!S_ISDIR(st.st_mode)) {
+            errno = ENOTDIR;
+            rc = -1;
+        }
+    }
+    int e = errno;
+    free(p);
+    errno = e;
+    return rc;
+}
+
+char *metrics_path_join(const char *dir, const char *name)
+{
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = xmalloc(n);
+    snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+static void fsync_parent(const char *path)
+{
+    char *copy = xstrdup(path);
+    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) {
+        (void)fsync(fd);
+        close(fd);
+    }
+    free(copy);
+}
+
+int metrics_write_file_atomic(const char *path, const void *data, size_t len, const char *subsys)
+{
+    size_t n = strlen(path) + 32;
+    char *tmp = xmalloc(n);
+    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        log_error(subsys, "%s: %s", tmp, check_errno_text());
+        free(tmp);
+        return -1;
+    }
+    const char *p = data;
+    size_t left = len;
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            log_error(subsys, "writing %s: %s", tmp, check_errno_text());
+            close(fd);
+            unlink(tmp);
+            free(tmp);
+            return -1;
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    int synced = fsync(fd);
+    if (close(fd) != 0 || synced != 0) {
+        log_error(subsys, "writing %s: %s", tmp, check_errno_text());
+        unlink(tmp);
+        free(tmp);
+        return -1;
+    }
+    if (rename(tmp, path) != 0) {
+        log_error(subsys, "renaming %s to %s: %s", tmp, path, check_errno_text());
+        unlink(tmp);
+        free(tmp);
+        return -1;
+    }
+    free(tmp);
+    fsync_parent(path);
+    return 0;
+}
+
+void mbuf_reserve(struct mbuf *b, size_t extra)
+{
+    if (b->n + extra + 1 <= b->cap)
+        return;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->n + extra + 1)
+        cap *= 2;
+    b->p = xrealloc(b->p, cap);
+    b->cap = cap;
+}
+
+void mbuf_putn(struct mbuf *b, const char *s, size_t n)
+{
+    mbuf_reserve(b, n);
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = '\0';
+}
+
+void mbuf_puts(struct mbuf *b, const char *s) { mbuf_putn(b, s, strlen(s)); }
+
+void mbuf_putc(struct mbuf *b, char c) { mbuf_putn(b, &c, 1); }
+
+void mbuf_printf(struct mbuf *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char small[256];
+    int len = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (len < 0)
+        return;
+    if ((size_t)len < sizeof small) {
+        mbuf_putn(b, small, (size_t)len);
+        return;
+    }
+    mbuf_reserve(b, (size_t)len);
+    va_start(ap, fmt);
+    vsnprintf(b->p + b->n, (size_t)len + 1, fmt, ap);
+    va_end(ap);
+    b->n += (size_t)len;
+}
+
+char *mbuf_take(struct mbuf *b)
+{
+    char *p = b->p ? b->p : xstrdup("");
+    memset(b, 0, sizeof *b);
+    return p;
+}
+
+void mbuf_free(struct mbuf *b)
+{
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}

@@ -1,0 +1,380 @@
+/* Reward functions: built-in scorers by data_source or a custom scorer from a
+ * shared library, and the isolation that keeps a crashing or hanging scorer
+ * from taking the run down.
+ *
+ * Isolated scoring of a batch: fork a child that scores the samples from
+ * `next` on, in order, writing one fixed-size record per sample to a pipe
+ * (each write is smaller than PIPE_BUF, so it arrives whole). The parent reads
+ * the records, allowing each sample `timeout_s`. When the pipe closes early or
+ * the time runs out, the sample after the last record is the culprit: it gets
+ * 0 and a reason, the child is reaped (killed first on a timeout), and a fresh
+ * child goes on with the sample after it. */
+#include "reward.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/check.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "scorers.h"
+
+struct reward_fn {
+    void *dl;              /* dlopen handle of the custom scorer, or NULL */
+    reward_custom_fn custom;
+    char *custom_path, *custom_name;
+    double timeout_s;
+    bool isolate_builtin;
+    long failures;
+};
+
+/* One result from the child. */
+struct reward_record {
+    int32_t index;
+    int32_t failed; /* reason holds why the sample could not be scored */
+    double score;
+    char reason[REWARD_REASON_MAX];
+};
+
+_Static_assert(sizeof(struct reward_record) <= 512, "a record must be written atomically to a pipe");
+
+struct reward_fn *reward_create_custom(const char *path, const char *name, char *err, size_t errlen)
+{
+    struct reward_fn *r = xcalloc(1, sizeof *r);
+    r->timeout_s = REWARD_DEFAULT_TIMEOUT_S;
+    if (!path || !*path)
+        return r;
+    if (!name || !*name)
+        name = "compute_score";
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        snprintf(err, errlen, "custom_reward_function.path: cannot load '%s': %s", path, strerror(errno));
+        free(r);
+        return NULL;
+    }
+    /* a bare file name is a file here, not a library to look up on the search path */
+    char local[4096];
+    const char *open_path = path;
+    if (!strchr(path, '/')) {
+        snprintf(local, sizeof local, "./%s", path);
+        open_path = local;
+    }
+    dlerror();
+    r->dl = dlopen(open_path, RTLD_NOW | RTLD_LOCAL);
+    if (!r->dl) {
+        const char *e = dlerror();
+        snprintf(err, errlen, "custom_reward_function.path: cannot load '%s': %s", path, e ? e : "unknown error");
+        free(r);
+        return NULL;
+    }
+    dlerror();
+    void *sym = dlsym(r->dl, name);
+    const char *e = dlerror();
+    if (e || !sym) {
+        snprintf(err, errlen,
+                 "custom_reward_function.name: symbol '%s' not found in '%s'%s%s (expected: double %s(const char "
+                 "*data_source, const char *solution_str, const char *ground_truth, const char *extra_info_json))",
+                 name, path, e ? ": " : "", e ? e : "", name);
+        dlclose(r->dl);
+        free(r);
+        return NULL;
+    }
+    /* POSIX guarantees that a dlsym result converts to a function pointer */
+    memcpy(&r->custom, &sym, sizeof r->custom);
+    r->custom_path = xstrdup(path);
+    r->custom_name = xstrdup(name);
+    log_info("reward", "custom scorer %s from %s (isolated, %.3g s per sample)", name, path, r->timeout_s);
+    return r;
+}
+
+struct reward_fn *reward_create(const struct grpo_config *cfg, char *err, size_t errlen)
+{
+    if (!cfg)
+        return reward_create_custom(NULL, NULL, err, errlen);
+    return reward_create_custom(cfg->crf_path, cfg->crf_name, err, errlen);
+}
+
+void reward_free(struct reward_fn *r)
+{
+    if (!r)
+        return;
+    if (r->dl)
+        dlclose(r->dl);
+    free(r->custom_path);
+    free(r->custom_name);
+    free(r);
+}
+
+void reward_set_timeout(struct reward_fn *r, double seconds)
+{
+    if (seconds > 0 && isfinite(seconds))
+        r->timeout_s = seconds;
+}
+
+void reward_set_isolate_builtin(struct reward_fn *r, bool isolate) { r->isolate_builtin = isolate; }
+bool reward_is_custom(const struct reward_fn *r) { return r->custom != NULL; }
+long reward_num_failures(const struct reward_fn *r) { return r->failures; }
+
+bool reward_supports(const struct reward_fn *r, const char *data_source)
+{
+    return r->custom != NULL || reward_builtin_scorer_name(data_source) != NULL;
+}
+
+double reward_overlong_penalty(int response_length, int max_response_length, int buffer_len, double penalty_factor)
+{
+    if (buffer_len <= 0)
+        return 0.0;
+    int expected = max_response_length - buffer_len;
+    int exceed = response_length - expected;
+    if (exceed <= 0)
+        return 0.0;
+    double p = -(double)exceed / buffer_len * penalty_factor;
+    return p < -penalty_factor ? -penalty_factor : p;
+}
+
+/* Score one item in the current process. Returns the score; *failed and reason tell a failure. */
+static double score_here(const struct reward_fn *r, const struct reward_item *it, bool *failed, char *reason,
+                         size_t reasonlen)
+{
+    reason[0] = '\0';
+    *failed = false;
+    const char *ds = it->data_source ? it->data_source : "";
+    const char *sol = it->solution_str ? it->solution_str : "";
+    const char *gt = it->ground_truth ? it->ground_truth : "";
+    const char *extra = it->extra_info_json ? it->extra_info_json : "{}";
+    double s;
+    if (r->custom) {
+        s = r->custom(ds, sol, gt, extra);
+        if (!isfinite(s)) {
+            snprintf(reason, reasonlen, "scorer %s returned %s", r->custom_name, isnan(s) ? "NaN" : "infinity");
+            *failed = true;
+            return 0.0;
+        }
+        return s;
+    }
+    s = reward_builtin_score(ds, sol, gt, extra, reason, reasonlen);
+    if (reason[0])
+        *failed = true;
+    return s;
+}
+
+static void report_failure(struct reward_fn *r, int i, const struct reward_item *it, const char *reason,
+                           double *scores, char **reasons)
+{
+    r->failures++;
+    scores[i] = 0.0;
+    log_warn("reward", "sample %d (data_source %s): %s", i, it->data_source ? it->data_source : "(null)", reason);
+    if (reasons)
+        reasons[i] = xstrdup(reason);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void child_fatal_hook(int code) { _exit(code ? code : 1); }
+
+/* The child: default signal dispositions (a crash must kill it, not run the parent's handlers
+ * or MPI_Abort), then score items[next..n) in order, one record each. Never returns. */
+static _Noreturn void child_main(const struct reward_fn *r, const struct reward_item *items, int next, int n, int fd,
+                                 pid_t parent)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+        _exit(111);
+    static const int sigs[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP, SIGSYS, SIGTERM,
+                               SIGINT,  SIGHUP, SIGPIPE, SIGXCPU, SIGXFSZ, SIGALRM, SIGUSR1, SIGUSR2};
+    for (size_t k = 0; k < sizeof sigs / sizeof sigs[0]; k++)
+        signal(sigs[k], SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    check_set_fatal_hook(child_fatal_hook);
+    for (int i = next; i < n; i++) {
+        struct reward_record rec;
+        memset(&rec, 0, sizeof rec);
+        bool failed;
+        rec.index = i;
+        rec.score = score_here(r, &items[i], &failed, rec.reason, sizeof rec.reason);
+        rec.failed = failed;
+        const char *p = (const char *)&rec;
+        size_t left = sizeof rec;
+        while (left > 0) {
+            ssize_t w = write(fd, p, left);
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0)
+                _exit(112);
+            p += w;
+            left -= (size_t)w;
+        }
+    }
+    fflush(stdout);
+    fflush(stderr);
+    _exit(0);
+}
+
+static void describe_status(int status, char *buf, size_t len)
+{
+    if (WIFSIGNALED(status)) {
+        int sig = WTERMSIG(status);
+        const char *abbrev = sigabbrev_np(sig);
+        snprintf(buf, len, "scorer killed by SIG%s", abbrev ? abbrev : "?");
+    } else if (WIFEXITED(status)) {
+        snprintf(buf, len, "scorer process exited with status %d before returning a score", WEXITSTATUS(status));
+    } else {
+        snprintf(buf, len, "scorer process ended abnormally (wait status %d)", status);
+    }
+}
+
+static void score_isolated(struct reward_fn *r, const struct reward_item *items, int n, double *scores,
+                           char **reasons)
+{
+    int next = 0;
+    while (next < n) {
+        int fds[2];
+        if (pipe2(fds, O_CLOEXEC) < 0) {
+            char why[REWARD_REASON_MAX];
+            snprintf(why, sizeof why, "cannot create a pipe for the scorer: %s", strerror(errno));
+            for (; next < n; next++)
+                report_failure(r, next, &items[next], why, scores, reasons);
+            return;
+        }
+        fflush(stdout); /* the child must not flush the parent's pending output a second time */
+        fflush(stderr);
+        pid_t parent = getpid();
+        pid_t pid = fork();
+        if (pid < 0) {
+            char why[REWARD_REASON_MAX];
+            snprintf(why, sizeof why, "cannot fork the scorer process: %s", strerror(errno));
+            close(fds[0]);
+            close(fds[1]);
+            for (; next < n; next++)
+                report_failure(r, next, &items[next], why, scores, reasons);
+            return;
+        }
+        if (pid == 0) {
+            close(fds[0]);
+            child_main(r, items, next, n, fds[1], parent);
+        }
+        close(fds[1]);
+
+        struct reward_record rec;
+        size_t have = 0;
+        bool timed_out = false, broken = false;
+        double deadline = now_s() + r->timeout_s;
+        while (next < n) {
+            double left = deadline - now_s();
+            if (left <= 0) {
+                timed_out = true;
+                break;
+            }
+            struct pollfd pfd = {.fd = fds[0], .events = POLLIN};
+            int ms = (int)ceil(left * 1000.0);
+            int pr = poll(&pfd, 1, ms < 1 ? 1 : ms);
+            if (pr < 0) {
+                if (errno == EINTR)
+                    continue;
+                broken = true;
+                break;
+            }
+            if (pr == 0)
+                continue; /* the deadline check above decides */
+            ssize_t k = read(fds[0], (char *)&rec + have, sizeof rec - have);
+            if (k < 0) {
+                if (errno == EINTR || errno == EAGAIN)
+                    continue;
+                broken = true;
+                break;
+            }
+            if (k == 0)
+                break; /* the child is gone */
+            have += (size_t)k;
+            if (have < sizeof rec)
+                continue;
+            have = 0;
+            if (rec.index != next) {
+                broken = true;
+                break;
+            }
+            rec.reason[sizeof rec.reason - 1] = '\0';
+            if (rec.failed) {
+                report_failure(r, next, &items[next], rec.reason, scores, reasons);
+            } else {
+                scores[next] = rec.score;
+                if (reasons)
+                    reasons[next] = NULL;
+            }
+            next++;
+            deadline = now_s() + r->timeout_s;
+        }
+        close(fds[0]);
+        if (next >= n) {
+            int st;
+            while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+                ;
+            break;
+        }
+        char why[REWARD_REASON_MAX];
+        int st = 0;
+        if (timed_out || broken)
+            kill(pid, SIGKILL);
+        while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+            ;
+        if (timed_out)
+            snprintf(why, sizeof why, "scorer timed out after %.3g s", r->timeout_s);
+        else if (broken)
+            snprintf(why, sizeof why, "lost the scorer process's results (protocol error)");
+        else
+            describe_status(st, why, sizeof why);
+        report_failure(r, next, &items[next], why, scores, reasons);
+        next++;
+    }
+}
+
+void reward_score_batch(struct reward_fn *r, const struct reward_item *items, int n, double *scores, char **reasons)
+{
+    if (n <= 0)
+        return;
+    if (reasons)
+        for (int i = 0; i < n; i++)
+            reasons[i] = NULL;
+    if (r->custom || r->isolate_builtin) {
+        score_isolated(r, items, n, scores, reasons);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        char why[REWARD_REASON_MAX];
+        bool failed;
+        scores[i] = score_here(r, &items[i], &failed, why, sizeof why);
+        if (failed)
+            report_failure(r, i, &items[i], why, scores, reasons);
+    }
+}
+
+double reward_score_one(struct reward_fn *r, const struct reward_item *item, char *why, size_t whylen)
+{
+    double s;
+    char *reason = NULL;
+    reward_score_batch(r, item, 1, &s, &reason);
+    if (why && whylen)
+        snprintf(why, whylen, "%s", reason ? reason : "");
+    free(reason);
+    return s;
+}

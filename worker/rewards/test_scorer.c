@@ -1,0 +1,47 @@
+/* Test helper only (built as a shared module when the tests are built): custom
+ * scorers that behave, crash, hang, exit or return NaN on magic inputs, for
+ * tests/unit/test_rewards.c. Not part of the worker library. */
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+double compute_score(const char *data_source, const char *solution_str, const char *ground_truth,
+                     const char *extra_info_json);
+double length_score(const char *data_source, const char *solution_str, const char *ground_truth,
+                    const char *extra_info_json);
+
+/* 1 when the response equals the ground truth, else 0; magic responses misbehave. */
+double compute_score(const char *data_source, const char *solution_str, const char *ground_truth,
+                     const char *extra_info_json)
+{
+    (void)data_source;
+    if (strcmp(solution_str, "SEGV") == 0)
+        raise(SIGSEGV);
+    if (strcmp(solution_str, "ABORT") == 0)
+        abort();
+    if (strcmp(solution_str, "HANG") == 0)
+        for (volatile unsigned long spin = 0;; spin++)
+            ;
+    if (strcmp(solution_str, "SLEEP") == 0)
+        for (;;)
+            pause();
+    if (strcmp(solution_str, "EXIT") == 0)
+        exit(3);
+    if (strcmp(solution_str, "NAN") == 0)
+        return NAN;
+    if (strcmp(solution_str, "EXTRA") == 0)
+        return strcmp(extra_info_json, "{}") == 0 ? 0.5 : 0.25;
+    return strcmp(solution_str, ground_truth) == 0 ? 1.0 : 0.0;
+}
+
+/* The response length, to check that another symbol name is used. */
+double length_score(const char *data_source, const char *solution_str, const char *ground_truth,
+                    const char *extra_info_json)
+{
+    (void)data_source;
+    (void)ground_truth;
+    (void)extra_info_json;
+    return (double)strlen(solution_str);
+}

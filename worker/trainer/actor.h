@@ -1,0 +1,55 @@
+/* The trainer's two model passes over a step's rollouts: log-probs without
+ * gradients (old policy, reference policy), and the PPO/GRPO update over
+ * mini-batches and micro-batches with gradient accumulation. */
+#ifndef GRPO_WORKER_ACTOR_H
+#define GRPO_WORKER_ACTOR_H
+
+#include <stdbool.h>
+
+#include "grpo_algo.h"
+#include "optim.h"
+#include "rollout.h"
+#include "worker/model/model.h"
+
+struct batching {
+    int micro_seqs;   /* sequences per micro-batch (fixed mode) */
+    int micro_tokens; /* token budget per micro-batch (dynamic mode); 0: fixed mode */
+};
+
+/* Log-probs of every response token of the sequences idx[0..n) under m, written to seqs[i].old_logp (which = 0)
+ * or seqs[i].ref_logp (which = 1). Returns the number of micro-batches run. */
+int actor_compute_logp(struct model *m, struct rollout_seq *seqs, const int *idx, int n, const struct batching *bt,
+                       float temperature, int which);
+
+struct update_params {
+    struct policy_loss_params loss;
+    enum loss_agg agg;
+    int max_response_length; /* horizon of seq-mean-token-sum-norm */
+    int mini_batch_seqs;     /* sequences per optimizer step (ppo_mini_batch_size x n) */
+    int ppo_epochs;
+    double grad_clip;
+    double lr;
+    bool checkpointing;
+    float temperature;
+    struct batching bt;
+};
+
+/* Averages over the optimizer steps of one update (verl's actor/ metrics). */
+struct update_stats {
+    double pg_loss, kl_loss, entropy, pg_clipfrac, pg_clipfrac_lower, ppo_kl, grad_norm;
+    int optimizer_steps, skipped_steps; /* skipped: non-finite gradient norm */
+    long long tokens_trained;           /* response tokens x epochs */
+    long long tokens_forward;           /* all tokens through forward+backward */
+};
+
+/* Add the gradient of the mini-batch loss over idx[0..n) (token weights over the whole mini-batch) to m->grad,
+ * micro-batch by micro-batch; loss terms accumulate into ls. No optimizer step. */
+void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int *idx, int n,
+                            const struct update_params *p, struct policy_loss_stats *ls, long long *tokens_forward);
+
+/* Run ppo_epochs passes over the sequences idx[0..n), each split into mini-batches (one optimizer step each)
+ * and micro-batches (gradient accumulation). seqs must carry old_logp, ref_logp (when the KL loss is on) and adv. */
+void actor_update(struct model *m, struct adamw *opt, struct rollout_seq *seqs, const int *idx, int n,
+                  const struct update_params *p, struct update_stats *st);
+
+#endif

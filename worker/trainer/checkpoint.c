@@ -1,0 +1,349 @@
+#include "checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "worker/metrics/metrics.h"
+#include "worker/model/model_io.h"
+#include "worker/tokenizer/tokenizer.h"
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static int fsync_path(const char *path)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return -1;
+    int rc = fsync(fd);
+    close(fd);
+    return rc;
+}
+
+static int mkdir_p(const char *dir)
+{
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s", dir);
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+                return -1;
+            *p = '/';
+        }
+    return (mkdir(tmp, 0755) != 0 && errno != EEXIST) ? -1 : 0;
+}
+
+static int remove_tree(const char *path)
+{
+    char cmd[8192];
+    /* paths are ours (RUN_DIR/checkpoints/...); quote for spaces */
+    snprintf(cmd, sizeof cmd, "rm -rf -- '%s'", path);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* Write a buffer to path atomically: path.tmp, fsync, rename. */
+static int write_atomic(const char *path, const void *data, size_t len, char *err, size_t errlen)
+{
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0)
+        return fail(err, errlen, "%s: cannot create: %s", tmp, check_errno_text());
+    const char *p = data;
+    size_t left = len;
+    while (left) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            close(fd);
+            unlink(tmp);
+            return fail(err, errlen, "%s: write failed: %s", tmp, check_errno_text());
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (fsync(fd) != 0 || close(fd) != 0 || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return fail(err, errlen, "%s: cannot finish writing: %s", path, check_errno_text());
+    }
+    return 0;
+}
+
+#define OPT_MAGIC "GRPOADAM"
+
+int optim_state_write(const char *path, const struct adamw *o, char *err, size_t errlen)
+{
+    size_t len = 8 + 8 + 8 + 8 + 4 * 8 + 2 * o->n * sizeof(float) + 4;
+    unsigned char *buf = xmalloc(len), *p = buf;
+    uint32_t version = 1, reserved = 0;
+    uint64_t n = o->n;
+    int64_t t = o->t;
+    double hp[4] = {o->beta1, o->beta2, o->eps, o->weight_decay};
+    memcpy(p, OPT_MAGIC, 8), p += 8;
+    memcpy(p, &version, 4), p += 4;
+    memcpy(p, &reserved, 4), p += 4;
+    memcpy(p, &n, 8), p += 8;
+    memcpy(p, &t, 8), p += 8;
+    memcpy(p, hp, sizeof hp), p += sizeof hp;
+    memcpy(p, o->m, o->n * sizeof(float)), p += o->n * sizeof(float);
+    memcpy(p, o->v, o->n * sizeof(float)), p += o->n * sizeof(float);
+    uint32_t crc = crc32c(buf, (size_t)(p - buf));
+    memcpy(p, &crc, 4);
+    int rc = write_atomic(path, buf, len, err, errlen);
+    free(buf);
+    return rc;
+}
+
+int optim_state_read(const char *path, struct adamw *o, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return fail(err, errlen, "%s: cannot open: %s", path, check_errno_text());
+    const size_t want = 8 + 8 + 8 + 8 + 4 * 8 + 2 * o->n * sizeof(float) + 4;
+    unsigned char *buf = xmalloc(want + 1);
+    size_t got = fread(buf, 1, want + 1, f);
+    fclose(f);
+    int rc = -1;
+    uint64_t n;
+    uint32_t version, crc;
+    if (got < 24 || memcmp(buf, OPT_MAGIC, 8) != 0) {
+        fail(err, errlen, "%s: not an optimizer state file", path);
+        goto out;
+    }
+    memcpy(&version, buf + 8, 4);
+    memcpy(&n, buf + 16, 8);
+    if (version != 1 || n != o->n) {
+        fail(err, errlen, "%s: version %u with %llu values; expected version 1 with %zu (a different model?)", path,
+             version, (unsigned long long)n, o->n);
+        goto out;
+    }
+    if (got != want) {
+        fail(err, errlen, "%s: %zu bytes, expected %zu (truncated or corrupt)", path, got, want);
+        goto out;
+    }
+    memcpy(&crc, buf + want - 4, 4);
+    if (crc != crc32c(buf, want - 4)) {
+        fail(err, errlen, "%s: checksum mismatch (corrupt file)", path);
+        goto out;
+    }
+    double hp[4];
+    memcpy(&o->t, buf + 24, 8);
+    memcpy(hp, buf + 32, sizeof hp);
+    o->beta1 = hp[0], o->beta2 = hp[1], o->eps = hp[2], o->weight_decay = hp[3];
+    memcpy(o->m, buf + 64, o->n * sizeof(float));
+    memcpy(o->v, buf + 64 + o->n * sizeof(float), o->n * sizeof(float));
+    rc = 0;
+out:
+    free(buf);
+    return rc;
+}
+
+static int state_write(const char *path, const struct run_state *st, char *err, size_t errlen)
+{
+    char digest[32];
+    snprintf(digest, sizeof digest, "%016llx", (unsigned long long)st->config_digest);
+    json_t *o = json_pack("{s:i, s:I, s:I, s:I, s:s, s:s, s:I}", "version", 1, "global_step", (json_int_t)st->global_step,
+                          "epoch", (json_int_t)st->epoch, "cursor", (json_int_t)st->cursor, "seed", "",
+                          "config_digest", digest, "total_steps", (json_int_t)st->total_steps);
+    char seed[32];
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)st->seed); /* as text: JSON numbers lose 64-bit */
+    json_object_set_new(o, "seed", json_string(seed));
+    char *text = json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS);
+    json_decref(o);
+    int rc = write_atomic(path, text, strlen(text), err, errlen);
+    free(text);
+    return rc;
+}
+
+static int state_read(const char *path, struct run_state *st, char *err, size_t errlen)
+{
+    json_error_t je;
+    json_t *o = json_load_file(path, 0, &je);
+    if (!o)
+        return fail(err, errlen, "%s:%d: %s", path, je.line, je.text);
+    json_int_t step, epoch, cursor, total;
+    const char *seed, *digest;
+    int rc = json_unpack_ex(o, &je, JSON_STRICT, "{s:i, s:I, s:I, s:I, s:s, s:s, s:I}", "version", &(int){0},
+                            "global_step", &step, "epoch", &epoch, "cursor", &cursor, "seed", &seed, "config_digest",
+                            &digest, "total_steps", &total);
+    if (rc != 0) {
+        json_decref(o);
+        return fail(err, errlen, "%s: %s", path, je.text);
+    }
+    st->global_step = step, st->epoch = epoch, st->cursor = cursor, st->total_steps = total;
+    st->seed = strtoull(seed, NULL, 10);
+    st->config_digest = strtoull(digest, NULL, 16);
+    json_decref(o);
+    return 0;
+}
+
+/* Steps of the complete checkpoints (global_step_K with a state.json) under root, ascending; count returned. */
+static int list_checkpoints(const char *root, int64_t **steps_out)
+{
+    DIR *d = opendir(root);
+    int n = 0, cap = 16;
+    int64_t *steps = xmalloc((size_t)cap * sizeof *steps);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        long long k;
+        char rest;
+        if (sscanf(e->d_name, "global_step_%lld%c", &k, &rest) != 1)
+            continue;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s/state.json", root, e->d_name);
+        if (access(path, R_OK) != 0)
+            continue;
+        if (n == cap)
+            steps = xrealloc(steps, (size_t)(cap *= 2) * sizeof *steps);
+        steps[n++] = k;
+    }
+    if (d)
+        closedir(d);
+    for (int i = 1; i < n; i++) /* insertion sort: a handful of entries */
+        for (int j = i; j > 0 && steps[j - 1] > steps[j]; j--) {
+            int64_t t = steps[j];
+            steps[j] = steps[j - 1];
+            steps[j - 1] = t;
+        }
+    *steps_out = steps;
+    return n;
+}
+
+int checkpoint_save(const char *root, const struct model *m, const struct adamw *opt, const struct tokenizer *tok,
+                    const struct run_state *st, int keep, char *err, size_t errlen)
+{
+    char final[4096], tmp[4096], path[4200];
+    if (mkdir_p(root) != 0)
+        return fail(err, errlen, "%s: cannot create directory: %s", root, check_errno_text());
+    snprintf(final, sizeof final, "%s/global_step_%lld", root, (long long)st->global_step);
+    snprintf(tmp, sizeof tmp, "%s/.global_step_%lld.tmp", root, (long long)st->global_step);
+    remove_tree(tmp); /* left by a crash during an earlier attempt */
+    if (mkdir(tmp, 0755) != 0)
+        return fail(err, errlen, "%s: cannot create: %s", tmp, check_errno_text());
+    snprintf(path, sizeof path, "%s/actor", tmp);
+    if (model_save_hf(m, path, 0, err, errlen) != 0)
+        goto fail_tmp;
+    if (tok) {
+        snprintf(path, sizeof path, "%s/actor/tokenizer.json", tmp);
+        if (tokenizer_save_json(tok, path, err, errlen) != 0)
+            goto fail_tmp;
+        snprintf(path, sizeof path, "%s/actor/tokenizer_config.json", tmp);
+        if (tokenizer_save_config_json(tok, path, err, errlen) != 0)
+            goto fail_tmp;
+    }
+    snprintf(path, sizeof path, "%s/optim.bin", tmp);
+    if (optim_state_write(path, opt, err, errlen) != 0)
+        goto fail_tmp;
+    snprintf(path, sizeof path, "%s/state.json", tmp);
+    if (state_write(path, st, err, errlen) != 0)
+        goto fail_tmp;
+    snprintf(path, sizeof path, "%s/actor", tmp);
+    if (fsync_path(path) != 0 || fsync_path(tmp) != 0) {
+        fail(err, errlen, "%s: fsync failed: %s", tmp, check_errno_text());
+        goto fail_tmp;
+    }
+    /* the same step saved again (a resumed run): move the old one aside first */
+    char old[4200];
+    snprintf(old, sizeof old, "%s.old", final);
+    if (access(final, F_OK) == 0 && rename(final, old) != 0) {
+        fail(err, errlen, "%s: cannot replace: %s", final, check_errno_text());
+        goto fail_tmp;
+    }
+    if (rename(tmp, final) != 0) {
+        fail(err, errlen, "%s: cannot rename into place: %s", final, check_errno_text());
+        goto fail_tmp;
+    }
+    fsync_path(root);
+    remove_tree(old);
+    char latest[64];
+    snprintf(path, sizeof path, "%s/latest_checkpointed_iteration.txt", root);
+    snprintf(latest, sizeof latest, "%lld\n", (long long)st->global_step);
+    if (write_atomic(path, latest, strlen(latest), err, errlen) != 0)
+        return -1;
+    fsync_path(root);
+    if (keep > 0) {
+        int64_t *steps;
+        int n = list_checkpoints(root, &steps);
+        for (int i = 0; i + keep < n; i++) {
+            snprintf(path, sizeof path, "%s/global_step_%lld", root, (long long)steps[i]);
+            if (steps[i] != st->global_step && remove_tree(path) != 0)
+                log_warn("checkpoint", "could not remove old checkpoint %s", path);
+        }
+        free(steps);
+    }
+    return 0;
+fail_tmp:
+    remove_tree(tmp);
+    return -1;
+}
+
+int checkpoint_find_latest(const char *root, char *out, size_t outlen)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/latest_checkpointed_iteration.txt", root);
+    FILE *f = fopen(path, "r");
+    long long k = -1;
+    if (f) {
+        if (fscanf(f, "%lld", &k) != 1)
+            k = -1;
+        fclose(f);
+    }
+    if (k >= 0) {
+        snprintf(out, outlen, "%s/global_step_%lld", root, k);
+        snprintf(path, sizeof path, "%s/state.json", out);
+        if (access(path, R_OK) == 0)
+            return 0;
+        log_warn("checkpoint", "%s/latest_checkpointed_iteration.txt names step %lld, which is incomplete; "
+                 "using the newest complete checkpoint", root, k);
+    }
+    int64_t *steps;
+    int n = list_checkpoints(root, &steps);
+    int rc = -1;
+    if (n > 0) {
+        snprintf(out, outlen, "%s/global_step_%lld", root, (long long)steps[n - 1]);
+        rc = 0;
+    }
+    free(steps);
+    return rc;
+}
+
+int checkpoint_load(const char *dir, struct model *m, struct adamw *opt, struct run_state *st, char *err,
+                    size_t errlen)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/state.json", dir);
+    if (state_read(path, st, err, errlen) != 0)
+        return -1;
+    snprintf(path, sizeof path, "%s/actor", dir);
+    struct model *loaded = model_load_hf(path, err, errlen);
+    if (!loaded)
+        return -1;
+    if (loaded->w.n_floats != m->w.n_floats) {
+        model_free(loaded);
+        return fail(err, errlen, "%s: checkpoint has %zu parameters, the model %zu (a different model?)", path,
+                    loaded->w.n_floats, m->w.n_floats);
+    }
+    memcpy(m->w.mem, loaded->w.mem, m->w.n_floats * sizeof(float));
+    model_free(loaded);
+    snprintf(path, sizeof path, "%s/optim.bin", dir);
+    return optim_state_read(path, opt, err, errlen);
+}

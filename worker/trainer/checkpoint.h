@@ -1,0 +1,53 @@
+/* Checkpoints, verl's layout, written so that a crash at any moment leaves the
+ * previous checkpoint intact:
+ *
+ *   RUN_DIR/checkpoints/global_step_K/actor/      policy, Hugging Face layout (+ tokenizer)
+ *   RUN_DIR/checkpoints/global_step_K/optim.bin   AdamW moments and step (CRC32C-checked)
+ *   RUN_DIR/checkpoints/global_step_K/state.json  step, epoch, data cursor, seed, config digest
+ *   RUN_DIR/checkpoints/latest_checkpointed_iteration.txt
+ *
+ * Everything is written under .global_step_K.tmp, fsync'd, then the directory
+ * is renamed into place and the parent fsync'd; only then is "latest" updated
+ * (itself tmp + fsync + rename). Older checkpoints beyond the keep count are
+ * removed after the new one is complete. */
+#ifndef GRPO_WORKER_CHECKPOINT_H
+#define GRPO_WORKER_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "optim.h"
+#include "worker/model/model.h"
+
+struct tokenizer;
+
+/* Where the data pipeline and the run stand after step global_step. */
+struct run_state {
+    int64_t global_step; /* steps completed */
+    int64_t epoch;       /* data epoch of the next prompt */
+    int64_t cursor;      /* index of the next prompt within the epoch's order */
+    uint64_t seed;       /* base seed: every random draw of step k derives from (seed, k) */
+    uint64_t config_digest;
+    int64_t total_steps;
+};
+
+/* Write checkpoint global_step_K (K = st->global_step) under ckpt_root (created if needed), then keep only the
+ * newest `keep` checkpoints (keep <= 0: all). The tokenizer (may be NULL) is saved beside the weights.
+ * 0, or -1 with err (the previous checkpoints are untouched). */
+int checkpoint_save(const char *ckpt_root, const struct model *m, const struct adamw *opt, const struct tokenizer *tok,
+                    const struct run_state *st, int keep, char *err, size_t errlen);
+
+/* Path of the newest complete checkpoint under ckpt_root (from latest_checkpointed_iteration.txt, or the
+ * highest complete global_step_* if that file is missing or stale) into out; 0, or -1 if there is none. */
+int checkpoint_find_latest(const char *ckpt_root, char *out, size_t outlen);
+
+/* Load a checkpoint directory: weights into m (same architecture), optimizer state into opt (same size), run
+ * state into st. 0, or -1 with err naming the file. */
+int checkpoint_load(const char *dir, struct model *m, struct adamw *opt, struct run_state *st, char *err,
+                    size_t errlen);
+
+/* Write / read just the optimizer state (used by checkpoint_save/load; exposed for tests). */
+int optim_state_write(const char *path, const struct adamw *opt, char *err, size_t errlen);
+int optim_state_read(const char *path, struct adamw *opt, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,36 @@
+/* AdamW with decoupled weight decay (torch.optim.AdamW semantics), learning
+ * rate warm-up then constant or cosine schedule (verl's), and clipping by the
+ * global gradient norm. State is one flat buffer per moment, matching the
+ * model's single parameter buffer, so checkpoints and all-reduces are one call. */
+#ifndef GRPO_WORKER_OPTIM_H
+#define GRPO_WORKER_OPTIM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct adamw {
+    size_t n;
+    float *m, *v; /* first and second moments (n) */
+    int64_t t;    /* optimizer steps taken */
+    double beta1, beta2, eps, weight_decay;
+};
+
+struct adamw *adamw_create(size_t n, double beta1, double beta2, double eps, double weight_decay);
+void adamw_free(struct adamw *o);
+/* One step on params (n) with grads (n) at learning rate lr. */
+void adamw_step(struct adamw *o, float *params, const float *grads, double lr);
+
+/* Global L2 norm of grads (n), computed in double. */
+double grad_global_norm(const float *grads, size_t n);
+/* Clip to max_norm (<= 0: no clipping) as torch.nn.utils.clip_grad_norm_ does; returns the norm before
+ * clipping. A non-finite norm leaves grads untouched (the caller skips the step). */
+double grad_clip(float *grads, size_t n, double max_norm);
+
+enum lr_schedule { LR_CONSTANT, LR_COSINE };
+
+/* Learning rate at training step `step` (0-based) of total: linear warm-up over warmup steps from 0, then
+ * constant, or cosine down to min_lr_ratio * lr at total. */
+double lr_at(enum lr_schedule s, double lr, int64_t step, int64_t warmup, int64_t total, double min_lr_ratio);
+
+#endif

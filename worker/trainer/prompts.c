@@ -1,0 +1,126 @@
+#include "prompts.h"
+
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/config.h"
+#include "worker/data/dataset.h"
+#include "worker/formats/gguf.h"
+#include "worker/tokenizer/tokenizer.h"
+
+static bool is_gguf(const char *path)
+{
+    size_t n = strlen(path);
+    return n > 5 && strcmp(path + n - 5, ".gguf") == 0;
+}
+
+struct tokenizer *prompt_load_tokenizer(const char *model_path, char *err, size_t errlen)
+{
+    if (is_gguf(model_path)) {
+        struct gguf_file *g = gguf_open(model_path, err, errlen);
+        if (!g)
+            return NULL;
+        struct tokenizer *t = tokenizer_from_gguf(g, err, errlen);
+        gguf_close(g);
+        return t;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", model_path);
+    struct tokenizer *t = tokenizer_from_json(path, err, errlen);
+    if (!t)
+        return NULL;
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", model_path);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je); /* optional: holds the chat template */
+    const char *tpl = json_string_value(json_object_get(root, "chat_template"));
+    if (tpl)
+        tokenizer_set_chat_template(t, tpl);
+    json_decref(root);
+    return t;
+}
+
+static int encode_set(const struct grpo_config *cfg, const struct tokenizer *tok, struct dataset *d, const char *name,
+                      struct prompt_set *s, char *err, size_t errlen)
+{
+    s->name = name;
+    s->n = d->n;
+    s->items = xcalloc((size_t)(d->n ? d->n : 1), sizeof *s->items);
+    for (int i = 0; i < d->n; i++) {
+        const struct prompt_sample *ps = &d->samples[i];
+        struct prompt_item *it = &s->items[i];
+        it->data_source = ps->data_source;
+        it->ground_truth = ps->ground_truth;
+        it->extra_info = ps->extra_info_json;
+        struct chat_message *msgs = xcalloc((size_t)(ps->n_messages ? ps->n_messages : 1), sizeof *msgs);
+        for (int k = 0; k < ps->n_messages; k++)
+            msgs[k] = (struct chat_message){ps->messages[k].role, ps->messages[k].content};
+        it->text = tokenizer_apply_chat_template(tok, msgs, ps->n_messages, true);
+        free(msgs);
+        size_t n;
+        it->ids = tokenizer_encode(tok, it->text, strlen(it->text), 0, &n);
+        it->len = (int)n;
+        if (it->len > cfg->data_max_prompt_length || it->len == 0) {
+            if (ps->line)
+                snprintf(err, errlen, "%s:%d: prompt has %d tokens; data.max_prompt_length is %lld", name, ps->line,
+                         it->len, cfg->data_max_prompt_length);
+            else
+                snprintf(err, errlen, "%s: prompt %d has %d tokens; data.max_prompt_length is %lld", name, i, it->len,
+                         cfg->data_max_prompt_length);
+            return -1;
+        }
+        /* the synthetic arithmetic task's reference answer is the number itself */
+        if (strcmp(ps->data_source, "arithmetic") == 0 && ps->ground_truth) {
+            char ans[128];
+            snprintf(ans, sizeof ans, "%s", ps->ground_truth);
+            int32_t *a = tokenizer_encode(tok, ans, strlen(ans), 0, &n);
+            int eos = tokenizer_token_id(tok, "<|im_end|>");
+            if (eos < 0)
+                eos = tokenizer_eos_id(tok);
+            it->answer_ids = xrealloc(a, (n + 1) * sizeof(int32_t));
+            it->answer_len = (int)n;
+            if (eos >= 0)
+                it->answer_ids[it->answer_len++] = eos;
+        }
+    }
+    return 0;
+}
+
+int prompt_sets_load(const struct grpo_config *cfg, const struct tokenizer *tok, struct prompt_set *train,
+                     struct prompt_set *val, char *err, size_t errlen)
+{
+    memset(train, 0, sizeof *train);
+    memset(val, 0, sizeof *val);
+    struct dataset *dt = xcalloc(1, sizeof *dt), *dv = xcalloc(1, sizeof *dv);
+    if (dataset_from_config(cfg, dt, dv, err, errlen) != 0) {
+        dataset_free(dt), dataset_free(dv);
+        free(dt), free(dv);
+        return -1;
+    }
+    /* the sets own their datasets from here on, also when encoding fails (prompt_set_free releases them) */
+    train->dataset = dt;
+    val->dataset = dv;
+    const char *tn = cfg->data_train_files[0] ? cfg->data_train_files : cfg->data_synthetic_task;
+    const char *vn = cfg->data_val_files[0] ? cfg->data_val_files : cfg->data_synthetic_task;
+    if (encode_set(cfg, tok, dt, tn, train, err, errlen) != 0 || encode_set(cfg, tok, dv, vn, val, err, errlen) != 0)
+        return -1;
+    return 0;
+}
+
+void prompt_set_free(struct prompt_set *s)
+{
+    for (int i = 0; i < s->n; i++) {
+        free(s->items[i].text);
+        free(s->items[i].ids);
+        free(s->items[i].answer_ids);
+    }
+    free(s->items);
+    if (s->dataset) {
+        dataset_free(s->dataset);
+        free(s->dataset);
+    }
+    memset(s, 0, sizeof *s);
+}

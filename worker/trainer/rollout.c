@@ -1,0 +1,137 @@
+#include "rollout.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+
+void rollout_seqs_free(struct rollout_seq *s, int n)
+{
+    for (int i = 0; i < n; i++) {
+        free(s[i].resp);
+        free(s[i].gen_logp);
+        free(s[i].old_logp);
+        free(s[i].ref_logp);
+        free(s[i].adv);
+    }
+}
+
+int rollout_seq_tokens(const struct rollout_seq *s) { return s->prompt_len + s->resp_len - 1; }
+
+void micro_batch_build(struct micro_batch *mb, const struct rollout_seq *seqs, const int *idx, int n)
+{
+    int N = 0;
+    for (int i = 0; i < n; i++)
+        N += rollout_seq_tokens(&seqs[idx[i]]);
+    memset(mb, 0, sizeof *mb);
+    mb->n_seq = n;
+    mb->seq = idx;
+    mb->ids = xmalloc((size_t)(N ? N : 1) * sizeof(int32_t));
+    mb->targets = xmalloc((size_t)(N ? N : 1) * sizeof(int32_t));
+    mb->pos = xmalloc((size_t)(N ? N : 1) * sizeof(int32_t));
+    mb->cu = xmalloc((size_t)(n + 1) * sizeof(int32_t));
+    mb->resp_at = xmalloc((size_t)(n ? n : 1) * sizeof(int));
+    int off = 0;
+    for (int i = 0; i < n; i++) {
+        const struct rollout_seq *s = &seqs[idx[i]];
+        const int L = rollout_seq_tokens(s);
+        mb->cu[i] = off;
+        for (int t = 0; t < L; t++) {
+            /* token t of prompt ++ response, and the one after it */
+            mb->ids[off + t] = t < s->prompt_len ? s->prompt[t] : s->resp[t - s->prompt_len];
+            int nt = t + 1;
+            mb->targets[off + t] = nt < s->prompt_len ? s->prompt[nt] : s->resp[nt - s->prompt_len];
+            mb->pos[off + t] = t;
+        }
+        mb->resp_at[i] = off + s->prompt_len - 1;
+        off += L;
+    }
+    mb->cu[n] = off;
+    mb->pb = (struct packed_batch){off, n, mb->ids, mb->targets, mb->pos, mb->cu};
+}
+
+void micro_batch_free(struct micro_batch *mb)
+{
+    free(mb->ids);
+    free(mb->targets);
+    free(mb->pos);
+    free(mb->cu);
+    free(mb->resp_at);
+    memset(mb, 0, sizeof *mb);
+}
+
+struct len_idx {
+    int len, idx, order;
+};
+
+static int by_len_desc(const void *a, const void *b)
+{
+    const struct len_idx *x = a, *y = b;
+    if (x->len != y->len)
+        return y->len - x->len;
+    return x->order - y->order;
+}
+
+static int by_order(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
+int split_micro_batches(const struct rollout_seq *seqs, const int *idx, int n, int max_seqs, int max_tokens,
+                        int ***groups_out, int **counts_out)
+{
+    int k;
+    int *bin_of = xmalloc((size_t)(n ? n : 1) * sizeof(int));
+    if (max_tokens <= 0) {
+        int per = max_seqs > 0 ? max_seqs : n;
+        k = n ? (n + per - 1) / per : 0;
+        for (int i = 0; i < n; i++)
+            bin_of[i] = i / per;
+    } else {
+        /* longest first into the lightest bin; add a bin until every bin fits the budget */
+        struct len_idx *li = xmalloc((size_t)(n ? n : 1) * sizeof *li);
+        long long total = 0;
+        for (int i = 0; i < n; i++) {
+            li[i] = (struct len_idx){rollout_seq_tokens(&seqs[idx[i]]), idx[i], i};
+            total += li[i].len;
+        }
+        qsort(li, (size_t)n, sizeof *li, by_len_desc);
+        k = n ? (int)((total + max_tokens - 1) / max_tokens) : 0;
+        if (k < 1 && n)
+            k = 1;
+        long long *load = NULL;
+        for (;; k++) {
+            free(load);
+            load = xcalloc((size_t)k, sizeof *load);
+            bool fits = true;
+            for (int j = 0; j < n; j++) {
+                int best = 0;
+                for (int b = 1; b < k; b++)
+                    if (load[b] < load[best])
+                        best = b;
+                /* a bin holding one over-long sequence is allowed */
+                if (load[best] > 0 && load[best] + li[j].len > max_tokens)
+                    fits = false;
+                load[best] += li[j].len;
+                bin_of[li[j].order] = best;
+            }
+            if (fits || k >= n)
+                break;
+        }
+        free(load);
+        free(li);
+    }
+    int **groups = xcalloc((size_t)(k ? k : 1), sizeof *groups);
+    int *counts = xcalloc((size_t)(k ? k : 1), sizeof *counts);
+    for (int i = 0; i < n; i++)
+        counts[bin_of[i]]++;
+    for (int b = 0; b < k; b++) {
+        groups[b] = xmalloc((size_t)(counts[b] ? counts[b] : 1) * sizeof(int));
+        counts[b] = 0;
+    }
+    for (int i = 0; i < n; i++)
+        groups[bin_of[i]][counts[bin_of[i]]++] = idx[i];
+    for (int b = 0; b < k; b++) /* keep sequence order inside a micro-batch: reproducible packing */
+        qsort(groups[b], (size_t)counts[b], sizeof(int), by_order);
+    free(bin_of);
+    *groups_out = groups;
+    *counts_out = counts;
+    return k;
+}

@@ -1,0 +1,54 @@
+/* A step's rollouts: n responses for each prompt, with everything the update
+ * needs per response token (old and reference log-probs, advantages), and the
+ * batching of sequences into packed micro-batches. */
+#ifndef GRPO_WORKER_ROLLOUT_H
+#define GRPO_WORKER_ROLLOUT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "worker/model/model.h"
+
+struct rollout_seq {
+    int group;             /* prompt index within the step (the GRPO group / verl's uid) */
+    const int32_t *prompt; /* prompt ids (owned by the batch's prompt store) */
+    int prompt_len;
+    int32_t *resp; /* response ids (owned) */
+    int resp_len;
+    bool stopped;      /* ended on a stop token */
+    float *gen_logp;   /* (resp_len) log-probs recorded by the sampler */
+    float *old_logp;   /* (resp_len) recomputed by the trainer before the update */
+    float *ref_logp;   /* (resp_len) under the frozen reference policy */
+    double *adv;       /* (resp_len) advantage of each response token */
+    double score;      /* reward (after any penalties) */
+    double raw_score;  /* reward from the scorer */
+};
+
+/* Free the per-sequence arrays of n sequences. */
+void rollout_seqs_free(struct rollout_seq *s, int n);
+
+/* Packed micro-batch of whole sequences (prompt + response, no padding). */
+struct micro_batch {
+    int n_seq;
+    const int *seq; /* indices into the step's sequences */
+    struct packed_batch pb;
+    int32_t *ids, *targets, *pos, *cu; /* owned storage of pb */
+    int *resp_at;                      /* (n_seq) packed index of each sequence's first response-token prediction */
+};
+
+/* Build a packed batch of the given sequences: inputs are prompt+response minus the last token, targets the
+ * next tokens; response token t of sequence i is predicted at position resp_at[i] + t. */
+void micro_batch_build(struct micro_batch *mb, const struct rollout_seq *seqs, const int *idx, int n);
+void micro_batch_free(struct micro_batch *mb);
+
+/* Split sequence indices idx[0..n) into micro-batches: fixed count per micro-batch (max_seqs > 0), or packed to
+ * a token budget (max_tokens > 0, use_dynamic_bsz): balanced bins by longest-first placement, as few as fit.
+ * Returns the number of micro-batches; groups[k] (malloc'd) lists the indices of micro-batch k, counts[k] its
+ * size. A sequence longer than the budget gets a micro-batch of its own. */
+int split_micro_batches(const struct rollout_seq *seqs, const int *idx, int n, int max_seqs, int max_tokens,
+                        int ***groups, int **counts);
+
+/* Tokens (prompt + response) of a sequence as the packed forward sees them. */
+int rollout_seq_tokens(const struct rollout_seq *s);
+
+#endif

@@ -1,0 +1,895 @@
+#include "trainer.h"
+
+#include <cblas.h>
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "actor.h"
+#include "checkpoint.h"
+#include "common/check.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "prompts.h"
+#include "worker/data/dataset.h"
+#include "worker/metrics/metrics.h"
+#include "worker/model/generate.h"
+#include "worker/model/model_io.h"
+#include "worker/rewards/reward.h"
+#include "worker/tokenizer/tokenizer.h"
+
+struct trainer {
+    const struct grpo_config *cfg;
+    struct trainer_hooks hooks;
+    struct model *policy, *ref;
+    struct tokenizer *tok;
+    struct adamw *opt;
+    struct reward_fn *reward;
+    struct prompt_set train, val;
+    struct run_state st;
+    struct data_cursor cursor; /* position in the training prompts */
+    bool cursor_open;
+    char run_dir[2048], ckpt_root[2100];
+    struct metrics_logger logger; /* JSONL, TensorBoard, console, SVG chart (with the run's history) */
+    bool logger_open;
+    int32_t stop_ids[4];
+    int n_stop;
+    int64_t warmup;
+    double peak_flops; /* measured sgemm FLOP/s x threads, the MFU denominator */
+    struct policy_loss_params loss;
+    enum loss_agg agg;
+    enum adv_estimator est;
+    enum kl_type kl_reward_type;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static void phase(struct trainer *t, const char *name)
+{
+    if (t->hooks.phase)
+        t->hooks.phase(t->hooks.ctx, t->st.global_step + 1, name);
+}
+
+static int safe_point(struct trainer *t)
+{
+    return t->hooks.safe_point ? t->hooks.safe_point(t->hooks.ctx, t->st.global_step) : TRAINER_CONTINUE;
+}
+
+/* Seeds of step k's random draws: a pure function of the base seed and k, so a resumed run draws the same. */
+static uint64_t step_seed(uint64_t seed, int64_t step, uint64_t salt)
+{
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull ^ ((uint64_t)step + 1) * 0xbf58476d1ce4e5b9ull ^ salt;
+    x ^= x >> 31;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 29);
+}
+
+/* FLOPs of one token's forward through the model's matrix products at context length ctx (attention
+ * included); backward is twice the forward. */
+static double flops_per_token(const struct model_config *c, double ctx)
+{
+    const double D = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
+    const double QD = (double)c->n_heads * c->head_dim, KD = (double)c->n_kv_heads * c->head_dim;
+    const double per_layer = 2 * (D * QD + 2 * D * KD + QD * D + 3 * D * F) + 4 * QD * ctx / 2; /* causal half */
+    return c->n_layers * per_layer + 2 * V * D;
+}
+
+/* Achievable sgemm FLOP/s of this process (all its OpenBLAS threads), measured once: MFU's denominator. */
+static double measure_peak_flops(void)
+{
+    const int n = 384;
+    float *a = xcalloc((size_t)n * n, sizeof(float)), *b = xcalloc((size_t)n * n, sizeof(float)),
+          *c = xcalloc((size_t)n * n, sizeof(float));
+    for (int i = 0; i < n * n; i++)
+        a[i] = b[i] = (float)(i % 7) * 0.1f;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1, a, n, b, n, 0, c, n); /* warm */
+    double best = 0;
+    for (int r = 0; r < 3; r++) {
+        double t0 = now_s();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1, a, n, b, n, 0, c, n);
+        double dt = now_s() - t0;
+        if (dt > 0 && 2.0 * n * n * n / dt > best)
+            best = 2.0 * n * n * n / dt;
+    }
+    free(a), free(b), free(c);
+    return best > 0 ? best : 1e9;
+}
+
+static int64_t compute_total_steps(const struct grpo_config *cfg, int n_train)
+{
+    if (cfg->trainer_total_training_steps > 0)
+        return cfg->trainer_total_training_steps;
+    int64_t per_epoch = n_train / cfg->data_train_batch_size;
+    return per_epoch * cfg->trainer_total_epochs;
+}
+
+/* ------------------------------------------------------------------ rollouts */
+
+struct step_batch {
+    struct rollout_seq *seqs;
+    int n_seq, cap;
+    int n_groups;
+    const struct prompt_item **group_prompt; /* (n_groups) */
+    char **resp_text;                        /* (n_seq) */
+};
+
+static void step_batch_free(struct step_batch *b)
+{
+    rollout_seqs_free(b->seqs, b->n_seq);
+    for (int i = 0; i < b->n_seq; i++)
+        free(b->resp_text[i]);
+    free(b->seqs);
+    free(b->resp_text);
+    free(b->group_prompt);
+    memset(b, 0, sizeof *b);
+}
+
+/* The next train_batch_size prompts (verl's sampler with drop_last); the cursor is part of the run state. */
+static void draw_prompts(struct trainer *t, const struct prompt_item **out, int n)
+{
+    int *idx = xmalloc((size_t)n * sizeof(int));
+    data_cursor_next(&t->cursor, idx);
+    for (int i = 0; i < n; i++)
+        out[i] = &t->train.items[idx[i]];
+    t->st.epoch = t->cursor.epoch;
+    t->st.cursor = t->cursor.index;
+    free(idx);
+}
+
+/* Generate n responses for each of the prompts into b (appending whole groups), and score them. */
+static void generate_and_score(struct trainer *t, const struct prompt_item *const *prompts, int n_prompts,
+                               const struct sampler_params *sp, int n, uint64_t seed, struct step_batch *b,
+                               double *t_gen, double *t_reward)
+{
+    const struct grpo_config *c = t->cfg;
+    double t0 = now_s();
+    const int32_t **ids = xmalloc((size_t)n_prompts * sizeof *ids);
+    int *lens = xmalloc((size_t)n_prompts * sizeof *lens);
+    for (int p = 0; p < n_prompts; p++) {
+        ids[p] = prompts[p]->ids;
+        lens[p] = prompts[p]->len;
+    }
+    struct gen_params gp = {
+        .sampling = *sp,
+        .max_new_tokens = (int)c->data_max_response_length,
+        .n_samples = n,
+        .max_batch = (int)c->rollout_max_num_seqs,
+        .stop_ids = t->stop_ids,
+        .n_stop = t->n_stop,
+        .seed = seed,
+    };
+    struct gen_output *out = xcalloc((size_t)n_prompts * n, sizeof *out);
+    generate(t->policy, ids, lens, n_prompts, &gp, out);
+    *t_gen += now_s() - t0;
+    t0 = now_s();
+    int need = b->n_seq + n_prompts * n;
+    if (need > b->cap) {
+        b->cap = need;
+        b->seqs = xrealloc(b->seqs, (size_t)b->cap * sizeof *b->seqs);
+        b->resp_text = xrealloc(b->resp_text, (size_t)b->cap * sizeof *b->resp_text);
+        b->group_prompt = xrealloc(b->group_prompt, (size_t)b->cap * sizeof *b->group_prompt);
+    }
+    struct reward_item *items = xcalloc((size_t)n_prompts * n, sizeof *items);
+    double *scores = xcalloc((size_t)n_prompts * n, sizeof *scores);
+    for (int p = 0; p < n_prompts; p++) {
+        int g = b->n_groups++;
+        b->group_prompt[g] = prompts[p];
+        for (int s = 0; s < n; s++) {
+            struct gen_output *o = &out[p * n + s];
+            int i = b->n_seq++;
+            struct rollout_seq *rs = &b->seqs[i];
+            memset(rs, 0, sizeof *rs);
+            rs->group = g;
+            rs->prompt = prompts[p]->ids;
+            rs->prompt_len = prompts[p]->len;
+            rs->resp = o->tokens;
+            rs->resp_len = o->len;
+            rs->gen_logp = o->logps;
+            rs->stopped = o->stopped;
+            b->resp_text[i] = tokenizer_decode(t->tok, o->tokens, (size_t)o->len, true);
+            items[p * n + s] = (struct reward_item){prompts[p]->data_source, b->resp_text[i],
+                                                    prompts[p]->ground_truth, prompts[p]->extra_info};
+        }
+    }
+    reward_score_batch(t->reward, items, n_prompts * n, scores, NULL);
+    for (int k = 0; k < n_prompts * n; k++) {
+        struct rollout_seq *rs = &b->seqs[b->n_seq - n_prompts * n + k];
+        rs->raw_score = rs->score = scores[k];
+        if (c->rm_overlong_enable)
+            rs->score += reward_overlong_penalty(rs->resp_len, (int)c->data_max_response_length,
+                                                 (int)c->rm_overlong_len, c->rm_overlong_penalty_factor);
+    }
+    *t_reward += now_s() - t0;
+    free(items), free(scores), free(out), free(ids), free(lens);
+}
+
+/* Drop groups whose scores are all equal (no learning signal): DAPO's dynamic sampling. */
+static void filter_groups(struct step_batch *b)
+{
+    int w = 0, gw = 0;
+    for (int g = 0; g < b->n_groups; g++) {
+        int first = -1, last = -1;
+        bool varied = false;
+        for (int i = 0; i < b->n_seq; i++)
+            if (b->seqs[i].group == g) {
+                if (first < 0)
+                    first = i;
+                last = i;
+                varied |= b->seqs[i].score != b->seqs[first].score;
+            }
+        for (int i = first; first >= 0 && i <= last; i++) {
+            if (varied) {
+                b->seqs[w] = b->seqs[i];
+                b->seqs[w].group = gw;
+                b->resp_text[w++] = b->resp_text[i];
+            } else {
+                rollout_seqs_free(&b->seqs[i], 1);
+                free(b->resp_text[i]);
+            }
+        }
+        if (varied)
+            b->group_prompt[gw++] = b->group_prompt[g];
+    }
+    b->n_seq = w;
+    b->n_groups = gw;
+}
+
+/* Keep only the first `groups` groups. */
+static void truncate_groups(struct step_batch *b, int groups)
+{
+    int w = 0;
+    for (int i = 0; i < b->n_seq; i++) {
+        if (b->seqs[i].group < groups) {
+            b->seqs[w] = b->seqs[i];
+            b->resp_text[w++] = b->resp_text[i];
+        } else {
+            rollout_seqs_free(&b->seqs[i], 1);
+            free(b->resp_text[i]);
+        }
+    }
+    b->n_seq = w;
+    if (b->n_groups > groups)
+        b->n_groups = groups;
+}
+
+/* Advantages of every response token (and the in-reward KL, when on). */
+static void compute_advantages(struct trainer *t, struct step_batch *b, struct metrics *m)
+{
+    const struct grpo_config *c = t->cfg;
+    const int n = b->n_seq;
+    double *scalar = xmalloc((size_t)(n ? n : 1) * sizeof(double));
+    int *group = xmalloc((size_t)(n ? n : 1) * sizeof(int));
+    int *off = xmalloc((size_t)(n ? n : 1) * sizeof(int)), *len = xmalloc((size_t)(n ? n : 1) * sizeof(int));
+    int total = 0;
+    for (int i = 0; i < n; i++) {
+        off[i] = total;
+        len[i] = b->seqs[i].resp_len;
+        total += len[i];
+        group[i] = b->seqs[i].group;
+    }
+    double *tok_r = xcalloc((size_t)(total ? total : 1), sizeof(double));
+    double kl_sum = 0;
+    for (int i = 0; i < n; i++) {
+        const struct rollout_seq *s = &b->seqs[i];
+        double sum = 0;
+        for (int k = 0; k < s->resp_len; k++) {
+            double r = k == s->resp_len - 1 ? s->score : 0.0;
+            if (c->alg_use_kl_in_reward) {
+                double d, kl = kl_estimate(t->kl_reward_type, s->old_logp[k], s->ref_logp[k], &d);
+                r -= c->alg_kl_ctrl_kl_coef * kl;
+                kl_sum += kl;
+            }
+            tok_r[off[i] + k] = r;
+            sum += r;
+        }
+        scalar[i] = sum;
+    }
+    if (c->alg_use_kl_in_reward && total)
+        metrics_set(m, "actor/reward_kl_penalty", kl_sum / total);
+    double *tok_adv = xcalloc((size_t)(total ? total : 1), sizeof(double));
+    if (t->est == ADV_REINFORCE_PP) {
+        reinforce_pp_advantages(tok_r, off, len, n, tok_adv);
+    } else {
+        double *adv = xmalloc((size_t)(n ? n : 1) * sizeof(double));
+        outcome_advantages(t->est, c->alg_norm_adv_by_std_in_grpo, scalar, group, n, adv);
+        for (int i = 0; i < n; i++)
+            for (int k = 0; k < len[i]; k++)
+                tok_adv[off[i] + k] = adv[i];
+        free(adv);
+    }
+    for (int i = 0; i < n; i++) {
+        b->seqs[i].adv = xmalloc((size_t)(len[i] ? len[i] : 1) * sizeof(double));
+        memcpy(b->seqs[i].adv, tok_adv + off[i], (size_t)len[i] * sizeof(double));
+    }
+    metrics_set_stats(m, "critic/advantages", tok_adv, (size_t)total);
+    metrics_set_stats(m, "critic/rewards", scalar, (size_t)n);
+    free(scalar), free(group), free(off), free(len), free(tok_r), free(tok_adv);
+}
+
+/* Every step's rollouts as JSONL for audit (trainer.rollout_data_dir). */
+static void dump_rollouts(struct trainer *t, const struct step_batch *b, int64_t step)
+{
+    const char *dir = t->cfg->trainer_rollout_data_dir;
+    if (!dir || !*dir)
+        return;
+    mkdir(dir, 0755);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%lld.jsonl", dir, (long long)step);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        log_warn("trainer", "cannot write rollouts to %s: %s", path, check_errno_text());
+        return;
+    }
+    for (int i = 0; i < b->n_seq; i++) {
+        const struct rollout_seq *s = &b->seqs[i];
+        const struct prompt_item *p = b->group_prompt[s->group];
+        json_t *o = json_object();
+        json_object_set_new(o, "step", json_integer(step));
+        json_object_set_new(o, "uid", json_integer(s->group));
+        json_object_set_new(o, "data_source", json_string(p->data_source));
+        json_object_set_new(o, "prompt", json_string(p->text));
+        json_object_set_new(o, "response", json_string(b->resp_text[i]));
+        json_object_set_new(o, "ground_truth", json_string(p->ground_truth ? p->ground_truth : ""));
+        json_object_set_new(o, "score", json_real(s->raw_score));
+        json_object_set_new(o, "reward", json_real(s->score));
+        json_object_set_new(o, "advantage", json_real(s->resp_len ? s->adv[0] : 0.0));
+        json_t *pid = json_array(), *rid = json_array(), *olp = json_array(), *rlp = json_array(),
+               *glp = json_array();
+        for (int k = 0; k < s->prompt_len; k++)
+            json_array_append_new(pid, json_integer(s->prompt[k]));
+        for (int k = 0; k < s->resp_len; k++) {
+            json_array_append_new(rid, json_integer(s->resp[k]));
+            json_array_append_new(olp, json_real(s->old_logp[k]));
+            json_array_append_new(glp, json_real(s->gen_logp[k]));
+            json_array_append_new(rlp, s->ref_logp ? json_real(s->ref_logp[k]) : json_null());
+        }
+        json_object_set_new(o, "prompt_ids", pid);
+        json_object_set_new(o, "response_ids", rid);
+        json_object_set_new(o, "old_log_probs", olp);
+        json_object_set_new(o, "ref_log_probs", rlp);
+        json_object_set_new(o, "rollout_log_probs", glp);
+        char *line = json_dumps(o, JSON_COMPACT);
+        fprintf(f, "%s\n", line);
+        free(line);
+        json_decref(o);
+    }
+    if (fclose(f) != 0)
+        log_warn("trainer", "writing %s failed: %s", path, check_errno_text());
+}
+
+/* -------------------------------------------------------------------- steps */
+
+static double vmean(const double *v, int n)
+{
+    double s = 0;
+    for (int i = 0; i < n; i++)
+        s += v[i];
+    return n ? s / n : 0;
+}
+
+/* Supervised warm-start step: maximise the log-likelihood of reference answers (synthetic tasks). */
+static int sft_step(struct trainer *t, int64_t k, struct metrics *m)
+{
+    const struct grpo_config *c = t->cfg;
+    const int B = (int)c->data_train_batch_size;
+    const struct prompt_item **prompts = xmalloc((size_t)B * sizeof *prompts);
+    draw_prompts(t, prompts, B);
+    struct rollout_seq *seqs = xcalloc((size_t)B, sizeof *seqs);
+    int *idx = xmalloc((size_t)B * sizeof(int));
+    int n = 0;
+    for (int i = 0; i < B; i++) {
+        if (!prompts[i]->answer_ids)
+            continue;
+        struct rollout_seq *s = &seqs[n];
+        s->prompt = prompts[i]->ids;
+        s->prompt_len = prompts[i]->len;
+        s->resp_len = prompts[i]->answer_len;
+        s->resp = xmalloc((size_t)s->resp_len * sizeof(int32_t));
+        memcpy(s->resp, prompts[i]->answer_ids, (size_t)s->resp_len * sizeof(int32_t));
+        idx[n] = n;
+        n++;
+    }
+    free(prompts);
+    if (n == 0) {
+        free(seqs), free(idx);
+        log_error("trainer", "trainer.sft_warmup_steps needs reference answers; this dataset has none");
+        return -1;
+    }
+    /* maximise mean token log-likelihood: dL/dlogp = -1/T over the answer tokens */
+    model_alloc_grads(t->policy);
+    model_zero_grads(t->policy);
+    long long T = 0;
+    double nll = 0;
+    for (int i = 0; i < n; i++)
+        T += seqs[i].resp_len;
+    int **groups, *counts;
+    int nb = split_micro_batches(seqs, idx, n, (int)c->actor_ppo_micro_batch_size_per_gpu, 0, &groups, &counts);
+    for (int g = 0; g < nb; g++) {
+        struct micro_batch mb;
+        micro_batch_build(&mb, seqs, groups[g], counts[g]);
+        float *logp = xmalloc((size_t)mb.pb.N * sizeof(float)), *dl = xcalloc((size_t)mb.pb.N, sizeof(float));
+        struct model_acts *acts = model_forward(t->policy, &mb.pb, 1.0f, false, logp, NULL);
+        for (int i = 0; i < mb.n_seq; i++)
+            for (int q = 0; q < seqs[mb.seq[i]].resp_len; q++) {
+                dl[mb.resp_at[i] + q] = (float)(-1.0 / (double)T);
+                nll -= logp[mb.resp_at[i] + q];
+            }
+        model_backward(t->policy, acts, dl, NULL);
+        free(logp), free(dl);
+        micro_batch_free(&mb);
+        free(groups[g]);
+    }
+    free(groups), free(counts);
+    double norm = grad_clip(t->policy->grad->mem, t->policy->grad->n_floats, c->actor_grad_clip);
+    if (isfinite(norm))
+        adamw_step(t->opt, t->policy->w.mem, t->policy->grad->mem, c->trainer_sft_warmup_lr);
+    metrics_set(m, "sft/nll", nll / (double)T);
+    metrics_set(m, "sft/grad_norm", norm);
+    metrics_set(m, "sft/step", (double)k);
+    rollout_seqs_free(seqs, n);
+    free(seqs), free(idx);
+    return 0;
+}
+
+/* Validation: generate on the held-out prompts, score, report per data_source (verl's val-core names). */
+static void validate(struct trainer *t, struct metrics *m)
+{
+    const struct grpo_config *c = t->cfg;
+    if (t->val.n == 0)
+        return;
+    phase(t, "validate");
+    double t0 = now_s();
+    struct sampler_params sp = {0.0f, 1.0f, 0};
+    int n = 1;
+    if (c->rollout_val_do_sample) {
+        sp = (struct sampler_params){(float)c->rollout_val_temperature, (float)c->rollout_val_top_p,
+                                     (int)c->rollout_top_k};
+        n = (int)c->rollout_val_n;
+    }
+    struct step_batch b = {0};
+    double tg = 0, tr = 0;
+    const struct prompt_item **prompts = xmalloc((size_t)t->val.n * sizeof *prompts);
+    for (int i = 0; i < t->val.n; i++)
+        prompts[i] = &t->val.items[i];
+    const int chunk = (int)c->data_val_batch_size;
+    for (int start = 0; start < t->val.n; start += chunk) {
+        int cnt = t->val.n - start < chunk ? t->val.n - start : chunk;
+        generate_and_score(t, prompts + start, cnt, &sp, n, step_seed(t->st.seed, t->st.global_step, 0x7a1),
+                           &b, &tg, &tr);
+    }
+    /* per data_source: mean over all samples, and best of n per prompt */
+    for (int g = 0; g < b.n_groups; g++) {
+        const char *ds = b.group_prompt[g]->data_source;
+        bool seen = false;
+        for (int h = 0; h < g; h++)
+            seen |= strcmp(b.group_prompt[h]->data_source, ds) == 0;
+        if (seen)
+            continue;
+        double sum = 0, best_sum = 0;
+        int cnt = 0, groups = 0;
+        for (int h = 0; h < b.n_groups; h++) {
+            if (strcmp(b.group_prompt[h]->data_source, ds) != 0)
+                continue;
+            double best = -INFINITY;
+            for (int i = 0; i < b.n_seq; i++)
+                if (b.seqs[i].group == h) {
+                    sum += b.seqs[i].raw_score;
+                    cnt++;
+                    best = fmax(best, b.seqs[i].raw_score);
+                }
+            best_sum += best;
+            groups++;
+        }
+        char name[256];
+        snprintf(name, sizeof name, "val-core/%s/reward/mean@%d", ds, n);
+        metrics_set(m, name, sum / cnt);
+        if (n > 1) {
+            snprintf(name, sizeof name, "val-core/%s/reward/best@%d", ds, n);
+            metrics_set(m, name, best_sum / groups);
+        }
+    }
+    metrics_set(m, "timing_s/testing", now_s() - t0);
+    step_batch_free(&b);
+    free(prompts);
+}
+
+/* One GRPO step. Returns 0, or -1 on a fatal error. */
+static int grpo_step(struct trainer *t, struct metrics *m)
+{
+    const struct grpo_config *c = t->cfg;
+    const int64_t k = t->st.global_step + 1;
+    const int B = (int)c->data_train_batch_size, n = (int)c->rollout_n;
+    double t_step = now_s(), t_gen = 0, t_reward = 0;
+    struct step_batch b = {0};
+    const struct prompt_item **prompts = xmalloc((size_t)B * sizeof *prompts);
+    struct sampler_params sp = {(float)c->rollout_temperature, (float)c->rollout_top_p, (int)c->rollout_top_k};
+    int rounds = c->alg_filter_groups_enable ? (int)c->alg_filter_groups_max_num_gen_batches : 1;
+    int kept_total = 0, drawn = 0;
+    for (int r = 0; r < rounds; r++) {
+        phase(t, "gen");
+        draw_prompts(t, prompts, B);
+        drawn += B;
+        generate_and_score(t, prompts, B, &sp, n, step_seed(t->st.seed, k, (uint64_t)r), &b, &t_gen, &t_reward);
+        if (!c->alg_filter_groups_enable)
+            break;
+        filter_groups(&b);
+        kept_total = b.n_groups;
+        if (kept_total >= B)
+            break;
+    }
+    free(prompts);
+    if (c->alg_filter_groups_enable) {
+        truncate_groups(&b, B);
+        metrics_set(m, "train/num_gen_batches", (double)drawn / B);
+        metrics_set(m, "train/num_kept_groups", b.n_groups);
+    }
+    /* scores and lengths: verl's critic/ and response_length/ metrics */
+    double *v = xmalloc((size_t)(b.n_seq ? b.n_seq : 1) * sizeof(double));
+    long long tokens = 0;
+    int clipped = 0;
+    for (int i = 0; i < b.n_seq; i++)
+        v[i] = b.seqs[i].score;
+    metrics_set_stats(m, "critic/score", v, (size_t)b.n_seq);
+    for (int i = 0; i < b.n_seq; i++) {
+        v[i] = b.seqs[i].resp_len;
+        clipped += !b.seqs[i].stopped && b.seqs[i].resp_len >= c->data_max_response_length;
+        tokens += b.seqs[i].prompt_len + b.seqs[i].resp_len;
+    }
+    metrics_set_stats(m, "response_length", v, (size_t)b.n_seq);
+    metrics_set(m, "response_length/clip_ratio", b.n_seq ? (double)clipped / b.n_seq : 0);
+    for (int i = 0; i < b.n_seq; i++)
+        v[i] = b.seqs[i].prompt_len;
+    metrics_set(m, "prompt_length/mean", vmean(v, b.n_seq));
+    free(v);
+
+    int *idx = xmalloc((size_t)(b.n_seq ? b.n_seq : 1) * sizeof(int));
+    for (int i = 0; i < b.n_seq; i++)
+        idx[i] = i;
+    const struct batching lp_bt = {(int)c->rollout_log_prob_micro_batch_size_per_gpu,
+                                   c->actor_use_dynamic_bsz ? (int)c->actor_ppo_max_token_len_per_gpu : 0};
+    const struct batching ref_bt = {(int)c->ref_log_prob_micro_batch_size_per_gpu, lp_bt.micro_tokens};
+    phase(t, "old_log_prob");
+    double t0 = now_s();
+    actor_compute_logp(t->policy, b.seqs, idx, b.n_seq, &lp_bt, (float)c->rollout_temperature, 0);
+    double t_old = now_s() - t0, t_ref = 0;
+    if (c->actor_use_kl_loss || c->alg_use_kl_in_reward) {
+        phase(t, "ref");
+        t0 = now_s();
+        actor_compute_logp(t->ref, b.seqs, idx, b.n_seq, &ref_bt, (float)c->rollout_temperature, 1);
+        t_ref = now_s() - t0;
+    }
+    phase(t, "adv");
+    t0 = now_s();
+    compute_advantages(t, &b, m);
+    double t_adv = now_s() - t0;
+
+    phase(t, "update_actor");
+    t0 = now_s();
+    const double lr = lr_at(strcmp(c->actor_optim_warmup_style, "cosine") == 0 ? LR_COSINE : LR_CONSTANT,
+                            c->actor_optim_lr, k - 1, t->warmup, t->st.total_steps, c->actor_optim_min_lr_ratio);
+    struct update_params up = {
+        .loss = t->loss,
+        .agg = t->agg,
+        .max_response_length = (int)c->data_max_response_length,
+        .mini_batch_seqs = (int)(c->actor_ppo_mini_batch_size * n),
+        .ppo_epochs = (int)c->actor_ppo_epochs,
+        .grad_clip = c->actor_grad_clip,
+        .lr = lr,
+        .checkpointing = c->arr_model_enable_gradient_checkpointing,
+        .temperature = (float)c->rollout_temperature,
+        .bt = {(int)c->actor_ppo_micro_batch_size_per_gpu,
+               c->actor_use_dynamic_bsz ? (int)c->actor_ppo_max_token_len_per_gpu : 0},
+    };
+    struct update_stats us = {0};
+    if (b.n_seq > 0)
+        actor_update(t->policy, t->opt, b.seqs, idx, b.n_seq, &up, &us);
+    double t_update = now_s() - t0;
+    dump_rollouts(t, &b, k);
+
+    metrics_set(m, "actor/pg_loss", us.pg_loss);
+    metrics_set(m, "actor/kl_loss", us.kl_loss);
+    metrics_set(m, "actor/entropy", us.entropy);
+    metrics_set(m, "actor/pg_clipfrac", us.pg_clipfrac);
+    metrics_set(m, "actor/pg_clipfrac_lower", us.pg_clipfrac_lower);
+    metrics_set(m, "actor/ppo_kl", us.ppo_kl);
+    metrics_set(m, "actor/grad_norm", us.grad_norm);
+    metrics_set(m, "actor/lr", lr);
+    const double step_time = now_s() - t_step;
+    metrics_set(m, "timing_s/gen", t_gen);
+    metrics_set(m, "timing_s/reward", t_reward);
+    metrics_set(m, "timing_s/old_log_prob", t_old);
+    metrics_set(m, "timing_s/ref", t_ref);
+    metrics_set(m, "timing_s/adv", t_adv);
+    metrics_set(m, "timing_s/update_actor", t_update);
+    metrics_set(m, "timing_s/step", step_time);
+    metrics_set(m, "perf/total_num_tokens", (double)tokens);
+    metrics_set(m, "perf/throughput", step_time > 0 ? (double)tokens / step_time : 0); /* one device */
+    double ctx = b.n_seq ? (double)tokens / b.n_seq : 0;
+    double flops = 3.0 * flops_per_token(&t->policy->cfg, ctx) * (double)us.tokens_forward;
+    metrics_set(m, "perf/mfu/actor", t_update > 0 ? flops / t_update / t->peak_flops : 0);
+    metrics_set(m, "perf/cpu_memory_used_gb", proc_rss_gb());
+    metrics_set(m, "training/epoch", (double)t->st.epoch);
+    step_batch_free(&b);
+    free(idx);
+    return 0;
+}
+
+/* ------------------------------------------------------------- life cycle */
+
+static int save_checkpoint(struct trainer *t)
+{
+    phase(t, "checkpoint");
+    char err[1024];
+    double t0 = now_s();
+    if (checkpoint_save(t->ckpt_root, t->policy, t->opt, t->tok, &t->st, (int)t->cfg->trainer_max_actor_ckpt_to_keep,
+                        err, sizeof err) != 0) {
+        log_error("checkpoint", "%s", err);
+        return -1;
+    }
+    if (t->logger_open)
+        metrics_logger_sync(&t->logger); /* metrics up to this checkpoint are durable too */
+    log_info("checkpoint", "step %lld saved in %.1fs under %s", (long long)t->st.global_step, now_s() - t0,
+             t->ckpt_root);
+    return 0;
+}
+
+static void log_step(struct trainer *t, int64_t step, struct metrics *m)
+{
+    metrics_logger_log(&t->logger, step, m); /* also redraws the run's SVG chart */
+    if (t->hooks.step_done)
+        t->hooks.step_done(t->hooks.ctx, step, t->st.total_steps, m);
+}
+
+int trainer_run(struct trainer *t)
+{
+    const struct grpo_config *c = t->cfg;
+    struct metrics m;
+    metrics_init(&m);
+    int rc = 0;
+    if (t->st.global_step == 0 && c->trainer_val_before_train) {
+        validate(t, &m);
+        log_step(t, 0, &m);
+        metrics_clear(&m);
+    }
+    while (t->st.global_step < t->st.total_steps) {
+        int act = safe_point(t);
+        if (act & TRAINER_CHECKPOINT)
+            save_checkpoint(t);
+        if (act & TRAINER_STOP) {
+            log_info("trainer", "stop requested at step %lld: checkpointing and ending", (long long)t->st.global_step);
+            if (!(act & TRAINER_CHECKPOINT))
+                save_checkpoint(t);
+            break;
+        }
+        const int64_t k = t->st.global_step + 1;
+        metrics_clear(&m);
+        int r = k <= c->trainer_sft_warmup_steps ? sft_step(t, k, &m) : grpo_step(t, &m);
+        if (r != 0) {
+            rc = -1;
+            break;
+        }
+        t->st.global_step = k;
+        if ((c->trainer_test_freq > 0 && k % c->trainer_test_freq == 0) || k == t->st.total_steps)
+            validate(t, &m);
+        log_step(t, k, &m);
+        if ((c->trainer_save_freq > 0 && k % c->trainer_save_freq == 0) || k == t->st.total_steps)
+            if (save_checkpoint(t) != 0) {
+                rc = -1;
+                break;
+            }
+    }
+    metrics_free(&m);
+    metrics_logger_sync(&t->logger);
+    return rc;
+}
+
+/* The bundled SmolLM2-135M-Instruct: its converted HF directory in the cache if present, else the GGUF.
+ * On failure out holds the cache directory. */
+static int bundled_model_path(char *out, size_t len)
+{
+    const char *cache = getenv("GRPO_CACHE");
+    char dir[2048];
+    if (cache && *cache)
+        snprintf(dir, sizeof dir, "%s", cache);
+    else
+        snprintf(dir, sizeof dir, "%s/.cache/grpo", getenv("HOME") ? getenv("HOME") : ".");
+    snprintf(out, len, "%s/SmolLM2-135M-Instruct/config.json", dir);
+    if (access(out, R_OK) == 0) {
+        snprintf(out, len, "%s/SmolLM2-135M-Instruct", dir);
+        return 0;
+    }
+    snprintf(out, len, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", dir);
+    if (access(out, R_OK) == 0)
+        return 0;
+    snprintf(out, len, "%s", dir);
+    return -1;
+}
+
+static int mkdirs(const char *dir)
+{
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s", dir);
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+                return -1;
+            *p = '/';
+        }
+    return (mkdir(tmp, 0755) != 0 && errno != EEXIST) ? -1 : 0;
+}
+
+struct trainer *trainer_create(const struct grpo_config *cfg, const struct trainer_hooks *hooks, char *err,
+                               size_t errlen)
+{
+    struct trainer *t = xcalloc(1, sizeof *t);
+    t->cfg = cfg;
+    if (hooks)
+        t->hooks = *hooks;
+    t->est = (enum adv_estimator)adv_estimator_from_name(cfg->alg_adv_estimator);
+    t->agg = (enum loss_agg)loss_agg_from_name(cfg->actor_loss_agg_mode);
+    t->kl_reward_type = (enum kl_type)kl_type_from_name(cfg->alg_kl_penalty);
+    t->loss = (struct policy_loss_params){
+        .clip_low = cfg->actor_clip_ratio_low,
+        .clip_high = cfg->actor_clip_ratio_high,
+        .clip_c = cfg->actor_clip_ratio_c,
+        .use_kl_loss = cfg->actor_use_kl_loss,
+        .kl_type = (enum kl_type)kl_type_from_name(cfg->actor_kl_loss_type),
+        .kl_coef = cfg->actor_kl_loss_coef,
+        .entropy_coeff = cfg->actor_entropy_coeff,
+    };
+    if (cfg->trainer_num_threads > 0)
+        openblas_set_num_threads((int)cfg->trainer_num_threads);
+
+    /* model, reference, tokenizer */
+    char bundled[4096];
+    const char *model_path = cfg->arr_model_path;
+    if (!model_path || !*model_path) {
+        if (bundled_model_path(bundled, sizeof bundled) != 0) {
+            set_err(err, errlen, "actor_rollout_ref.model.path is empty and the bundled model is not in %s "
+                    "(fetch it with scripts/fetch_model.sh)", bundled);
+            goto fail;
+        }
+        model_path = bundled;
+    }
+    log_info("trainer", "loading %s", model_path);
+    t->policy = model_load(model_path, err, errlen);
+    if (!t->policy)
+        goto fail;
+    if (cfg->actor_use_kl_loss || cfg->alg_use_kl_in_reward) {
+        t->ref = model_create(&t->policy->cfg);
+        memcpy(t->ref->w.mem, t->policy->w.mem, t->policy->w.n_floats * sizeof(float));
+    }
+    t->tok = prompt_load_tokenizer(model_path, err, errlen);
+    if (!t->tok)
+        goto fail;
+    if (tokenizer_eos_id(t->tok) >= 0)
+        t->stop_ids[t->n_stop++] = tokenizer_eos_id(t->tok);
+    int im_end = tokenizer_token_id(t->tok, "<|im_end|>");
+    if (im_end >= 0 && (t->n_stop == 0 || im_end != t->stop_ids[0]))
+        t->stop_ids[t->n_stop++] = im_end;
+
+    /* data and scorers */
+    if (prompt_sets_load(cfg, t->tok, &t->train, &t->val, err, errlen) != 0)
+        goto fail;
+    t->reward = reward_create(cfg, err, errlen);
+    if (!t->reward)
+        goto fail;
+    for (int i = 0; i < t->train.n; i++)
+        if (!reward_supports(t->reward, t->train.items[i].data_source)) {
+            set_err(err, errlen, "%s: no scorer for data_source '%s' (see docs/rewards.md)", t->train.name,
+                    t->train.items[i].data_source);
+            goto fail;
+        }
+
+    if (data_cursor_init(&t->cursor, t->train.n, (int)cfg->data_train_batch_size, cfg->data_shuffle,
+                         (uint64_t)cfg->data_seed, err, errlen) != 0)
+        goto fail;
+    t->cursor_open = true;
+    t->opt = adamw_create(t->policy->w.n_floats, cfg->actor_optim_betas.v[0], cfg->actor_optim_betas.v[1],
+                          cfg->actor_optim_eps, cfg->actor_optim_weight_decay);
+    t->st.seed = (uint64_t)cfg->data_seed;
+    t->st.config_digest = config_digest(cfg);
+    t->st.total_steps = compute_total_steps(cfg, t->train.n) + cfg->trainer_sft_warmup_steps;
+    int64_t grpo_steps = t->st.total_steps - cfg->trainer_sft_warmup_steps;
+    t->warmup = cfg->actor_optim_lr_warmup_steps >= 0 ? cfg->actor_optim_lr_warmup_steps
+                                                      : (int64_t)(cfg->actor_optim_lr_warmup_steps_ratio * grpo_steps);
+    t->peak_flops = measure_peak_flops();
+
+    /* run directory and resume */
+    snprintf(t->run_dir, sizeof t->run_dir, "%s/%s/%s", cfg->trainer_default_local_dir, cfg->trainer_project_name,
+             cfg->trainer_experiment_name);
+    snprintf(t->ckpt_root, sizeof t->ckpt_root, "%s/checkpoints", t->run_dir);
+    if (mkdirs(t->run_dir) != 0) {
+        set_err(err, errlen, "%s: cannot create run directory: %s", t->run_dir, check_errno_text());
+        goto fail;
+    }
+    char resume[4096] = "";
+    if (strcmp(cfg->trainer_resume_mode, "resume_path") == 0)
+        snprintf(resume, sizeof resume, "%s", cfg->trainer_resume_from_path);
+    else if (strcmp(cfg->trainer_resume_mode, "auto") == 0 &&
+             checkpoint_find_latest(t->ckpt_root, resume, sizeof resume) != 0)
+        resume[0] = 0;
+    if (resume[0]) {
+        struct run_state st;
+        if (checkpoint_load(resume, t->policy, t->opt, &st, err, errlen) != 0)
+            goto fail;
+        if (st.config_digest != t->st.config_digest)
+            log_warn("trainer", "resuming %s with a configuration that differs from the one it was written with",
+                     resume);
+        t->st.global_step = st.global_step;
+        t->st.epoch = st.epoch;
+        t->st.cursor = st.cursor;
+        t->st.seed = st.seed;
+        data_cursor_seek(&t->cursor, (long)st.epoch, (int)st.cursor);
+        log_info("trainer", "resumed from %s at step %lld", resume, (long long)st.global_step);
+    }
+    /* steps logged after the checkpoint we resume from are forgotten: they are redone */
+    if (metrics_logger_open(&t->logger, t->run_dir, METRICS_SINK_ALL, (long)t->st.total_steps,
+                            resume[0] ? (long)t->st.global_step : -1, cfg->trainer_experiment_name) != 0) {
+        set_err(err, errlen, "%s: cannot open the metrics files", t->run_dir);
+        goto fail;
+    }
+    t->logger_open = true;
+    log_info("trainer",
+             "run %s: %d train / %d val prompts, %lld steps (%lld done), batch %lld prompts x %lld responses, "
+             "%zu parameters",
+             t->run_dir, t->train.n, t->val.n, (long long)t->st.total_steps, (long long)t->st.global_step,
+             cfg->data_train_batch_size, cfg->rollout_n, model_num_params(t->policy));
+    return t;
+fail:
+    trainer_free(t);
+    return NULL;
+}
+
+void trainer_free(struct trainer *t)
+{
+    if (!t)
+        return;
+    if (t->logger_open)
+        metrics_logger_close(&t->logger);
+    model_free(t->policy);
+    model_free(t->ref);
+    if (t->tok)
+        tokenizer_free(t->tok);
+    adamw_free(t->opt);
+    if (t->reward)
+        reward_free(t->reward);
+    if (t->cursor_open)
+        data_cursor_free(&t->cursor);
+    prompt_set_free(&t->train);
+    prompt_set_free(&t->val);
+    free(t);
+}
+
+int64_t trainer_step(const struct trainer *t) { return t->st.global_step; }
+int64_t trainer_total_steps(const struct trainer *t) { return t->st.total_steps; }
+const char *trainer_run_dir(const struct trainer *t) { return t->run_dir; }
+
+const float *trainer_params(const struct trainer *t, size_t *n)
+{
+    *n = t->policy->w.n_floats;
+    return t->policy->w.mem;
+}
