@@ -208,7 +208,7 @@ static void reevaluate(struct core *c)
         paused += w->state == GRPO__WORKER_STATE__WORKER_PAUSED || worker_ended(w->state);
     }
     if (failed) {
-        snprintf(reason, sizeof reason, "rank %d on host %s failed: %s", failed->rank, failed->host,
+        snprintf(reason, sizeof reason, "rank %d on host %.100s failed: %.300s", failed->rank, failed->host,
                  failed->error[0] ? failed->error : "no reason given");
         set_state(c, GRPO__RUN_STATE__RUN_FAILED, reason);
         return;
@@ -539,7 +539,7 @@ static void note_step(struct core *c, int64_t step)
     if (step <= c->run.step)
         return;
     c->run.step = step;
-    c->dirty = true;
+    c->dirty = c->dirty_urgent = true; /* once a step: the run's step never goes back after a crash */
     struct core_history_point pt = {step, run_metric(c, "critic/score/mean"), run_metric(c, "perf/throughput"),
                                     wall_now()};
     if (c->run.nhistory == CORE_HISTORY) {
@@ -631,6 +631,7 @@ static uint8_t *handle_heartbeat(struct core *c, const Grpo__Envelope *env, doub
     note_step(c, h->step);
     if (h->total_steps > c->run.total_steps)
         c->run.total_steps = h->total_steps;
+    c->run.phase = GRPO__PHASE__PHASE_IDLE; /* the lowest rank still at work says where the run is */
     for (int r = 0; r < c->nworkers; r++)
         if (c->workers[r].present && worker_watched(c->workers[r].state)) {
             c->run.phase = c->workers[r].phase;

@@ -99,6 +99,7 @@ Grpo__Status *core_status(const struct core *c, double now, struct arena *a)
     s->http_url = arena_strdup(a, c->set.http_url);
     s->checkpoint_seq = c->run.checkpoint_seq;
     s->checkpoint_step = c->run.checkpoint_step;
+    s->checkpoint_seq_done = c->run.checkpoint_seq_done;
     s->grpod_version = arena_strdup(a, GRPO_VERSION_STRING);
     s->pause_requested = c->run.pause;
     s->stop_requested = c->run.stop;

@@ -390,21 +390,25 @@ static int check_config(struct grpod *d, char endpoints[][512], int *n, mode_t *
     return 0;
 }
 
-static void restore(struct grpod *d)
+/* Bring back the journaled run. A state file that cannot be read stops grpod (starting over would
+ * overwrite it); one that reads but does not parse is kept aside and a new run begins. */
+static int restore(struct grpod *d)
 {
     char *text = NULL, err[512];
-    if (journal_load(&d->journal, &text, err, sizeof err) != 0 || !text) {
-        if (text == NULL && err[0] && strstr(err, "cannot"))
-            log_error("journal", "%s", err);
+    if (journal_load(&d->journal, &text, err, sizeof err) != 0) {
+        log_error("journal", "%s", err);
+        return -1;
+    }
+    if (!text) {
         log_info("journal", "no journaled run in %s: starting run %s", d->journal.dir, d->core.run.id);
-        return;
+        return 0;
     }
     if (core_load_json(&d->core, text, mono_now(), err, sizeof err) != 0) {
-        log_error("journal", "%s: %s; moving it aside and starting a new run", d->journal.state_path, err);
         char aside[PATH_MAX + 64];
         snprintf(aside, sizeof aside, "%s.unreadable-%ld", d->journal.state_path, (long)time(NULL));
-        if (rename(d->journal.state_path, aside) == 0)
-            log_warn("journal", "the unreadable state is kept as %s", aside);
+        log_error("journal", "%s: %s; kept as %s, starting a new run", d->journal.state_path, err, aside);
+        if (rename(d->journal.state_path, aside) != 0)
+            log_error("journal", "cannot rename it: %s", strerror(errno));
     } else {
         int present = 0;
         for (int r = 0; r < d->core.nworkers; r++)
@@ -413,6 +417,7 @@ static void restore(struct grpod *d)
                  d->core.run.id, core_run_state_name(d->core.run.state), (long long)d->core.run.step, present);
     }
     free(text);
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -454,7 +459,7 @@ int main(int argc, char **argv)
     char endpoints[MAX_LISTENERS][512], err[1024];
     int nend = 0;
     mode_t mode = 0660;
-    bool loop_ready = false, core_ready = false;
+    bool loop_ready = false, core_ready = false, handles_ready = false;
     if (check_config(&d, endpoints, &nend, &mode, err, sizeof err) != 0) {
         log_error("grpod", "%s", err);
         config_free(&cfg);
@@ -481,7 +486,8 @@ int main(int argc, char **argv)
     };
     core_init(&d.core, &set, mono_now());
     core_ready = true;
-    restore(&d);
+    if (restore(&d) != 0)
+        goto cleanup;
     core_set_event_hook(&d.core, on_event, &d);
     /* 3. the loop and its sockets */
     if (uv_loop_init(&d.loop) != 0) {
@@ -489,12 +495,13 @@ int main(int argc, char **argv)
         goto cleanup;
     }
     loop_ready = true;
-    for (int i = 0; i < nend; i++, d.nlisteners++)
+    for (int i = 0; i < nend; i++) {
+        d.nlisteners++; /* counted before it opens: cleanup releases whatever it got */
         if (listener_open(&d, &d.listeners[i], endpoints[i], mode, err, sizeof err) != 0) {
             log_error("grpod", "%s", err);
-            d.nlisteners++;
             goto cleanup;
         }
+    }
     /* 4. HTTP: status page, /api/status, /metrics */
     if (cfg.grpod_http_listen[0]) {
         d.http = http_start(&d.loop, cfg.grpod_http_listen, &d.core, mono_now, d.http_url, sizeof d.http_url, err,
@@ -516,6 +523,7 @@ int main(int argc, char **argv)
     d.tick.data = d.flush.data = &d;
     uv_timer_start(&d.tick, on_tick, 250, 250);
     uv_timer_start(&d.flush, on_flush, 1000, 1000);
+    handles_ready = true;
     persist(&d);
     log_info("grpod", "grpod %s ready: run %s (%s), protocol %u.%u, state in %s", GRPO_VERSION_STRING,
              d.core.run.id, core_run_state_name(d.core.run.state), GRPO_PROTOCOL_VERSION, GRPO_PROTOCOL_MINOR,
@@ -529,7 +537,7 @@ int main(int argc, char **argv)
 cleanup:
     /* reverse order: timers and signals, HTTP, sockets, then the journal's last word */
     if (loop_ready) {
-        if (uv_is_active((uv_handle_t *)&d.tick) || d.tick.loop) {
+        if (handles_ready) {
             uv_close((uv_handle_t *)&d.tick, NULL);
             uv_close((uv_handle_t *)&d.flush, NULL);
             uv_close((uv_handle_t *)&d.sigterm, NULL);

@@ -153,8 +153,8 @@ struct http *http_start(uv_loop_t *loop, const char *listen, struct core *core, 
     struct http *h = xcalloc(1, sizeof *h);
     h->core = core;
     h->now = now;
-    h->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-                              MHD_OPTION_EXTERNAL_LOGGER, http_log, NULL, MHD_OPTION_CONNECTION_LIMIT, 256u,
+    h->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, http_log, NULL,
+                              MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT, 256u,
                               MHD_OPTION_PER_IP_CONNECTION_LIMIT, 64u, MHD_OPTION_CONNECTION_TIMEOUT, 10u,
                               MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024), MHD_OPTION_END);
     if (!h->mhd) {

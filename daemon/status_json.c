@@ -61,6 +61,7 @@ char *status_to_json(const Grpo__Status *s, int pretty)
     json_object_set_new(o, "reward", num(s->reward));
     json_object_set_new(o, "http_url", json_string(s->http_url));
     json_object_set_new(o, "checkpoint_seq", json_integer((json_int_t)s->checkpoint_seq));
+    json_object_set_new(o, "checkpoint_seq_done", json_integer((json_int_t)s->checkpoint_seq_done));
     json_object_set_new(o, "checkpoint_step", json_integer(s->checkpoint_step));
     json_object_set_new(o, "pause_requested", json_boolean(s->pause_requested));
     json_object_set_new(o, "stop_requested", json_boolean(s->stop_requested));

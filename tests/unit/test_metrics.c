@@ -520,6 +520,7 @@ static void test_event_encoding(void **state)
     assert_int_equal(buf[13], 211 >> 7);
     /* a negative step is a ten-byte varint, as protobuf writes int64 */
     n = tb_encode_scalar(buf, sizeof buf, 0, -1, "a", 1.0f);
+    assert_int_equal(n, 9 + 11 + 2 + 2 + 3 + 5);
     assert_int_equal(buf[9], 0x10);
     for (int i = 10; i < 19; i++)
         assert_int_equal(buf[i], 0xff);
@@ -578,8 +579,8 @@ static void test_tb_file(void **state)
     char *path = strdup(w.path);
     metrics_tb_close(&w);
 
-    uint8_t *rec[8];
-    size_t len[8];
+    uint8_t *rec[8] = {0};
+    size_t len[8] = {0};
     int n = read_records(path, rec, len, 8);
     assert_int_equal(n, 3);
     assert_int_equal(len[0], 24);

@@ -98,7 +98,13 @@ static int probe_ipc(const char *path, char *why, size_t whylen)
         return -1;
     }
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    size_t l = strlen(path);
+    if (l >= sizeof sa.sun_path) { /* endpoint_parse refuses these; be safe anyway */
+        close(fd);
+        snprintf(why, whylen, "socket path too long");
+        return -1;
+    }
+    memcpy(sa.sun_path, path, l + 1);
     int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
     int e = errno;
     close(fd);

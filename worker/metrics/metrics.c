@@ -155,11 +155,14 @@ double proc_rss_gb(void)
     char line[256];
     double gb = NAN;
     while (fgets(line, sizeof line, f)) {
-        unsigned long long kb;
-        if (sscanf(line, "VmRSS: %llu kB", &kb) == 1) {
+        if (strncmp(line, "VmRSS:", 6) != 0)
+            continue;
+        char *end;
+        errno = 0;
+        unsigned long long kb = strtoull(line + 6, &end, 10);
+        if (errno == 0 && end != line + 6)
             gb = (double)kb / (1024.0 * 1024.0);
-            break;
-        }
+        break;
     }
     fclose(f);
     return gb;

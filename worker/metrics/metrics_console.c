@@ -208,12 +208,11 @@ void metrics_progress(const char *phase, long done, long total, const char *unit
     if (transient_shown && now - transient_last < 0.1 && !(total > 0 && done >= total))
         return;
     transient_last = now;
-    char line[256];
-    line[0] = '\r';
-    int n = metrics_progress_render(line + 1, sizeof line - 5, phase, done, total, unit);
-    size_t len = 1 + (n < 0 ? 0 : (size_t)n < sizeof line - 5 ? (size_t)n : sizeof line - 6);
-    memcpy(line + len, "\033[K", 3);
-    write_all(STDERR_FILENO, line, len + 3);
+    char text[200], line[256];
+    metrics_progress_render(text, sizeof text, phase, done, total, unit);
+    int n = snprintf(line, sizeof line, "\r%s\033[K", text);
+    if (n > 0)
+        write_all(STDERR_FILENO, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
     transient_shown = true;
 }
 

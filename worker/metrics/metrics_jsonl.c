@@ -84,6 +84,7 @@ int metrics_jsonl_open(struct metrics_jsonl *w, const char *path)
         int c = fgetc(f);
         if (c != '\n' && c != EOF) {
             log_warn(SUBSYS, "%s: last line has no newline (torn write?); ending it", path);
+            fseek(f, 0, SEEK_END); /* a positioning call between a read and a write */
             fputc('\n', f);
         }
     }

@@ -382,8 +382,9 @@ int metrics_write_svg(const char *path, const struct metrics_history *h, const c
                     " (%zu recorded)</text>\n",
                     width - GAP, h->steps[0].step, h->steps[h->n - 1].step, h->n);
     for (int i = 0; i <= 5; i++) {
-        double ox = GAP + (i % COLS) * (PANEL_W + GAP);
-        double oy = HEADER_H + (i / COLS) * (PANEL_H + GAP);
+        int col = i % COLS, row = i / COLS;
+        double ox = GAP + col * (PANEL_W + GAP);
+        double oy = HEADER_H + row * (PANEL_H + GAP);
         if (i < 5)
             draw_panel(&b, &panels[i], ox, oy);
         else

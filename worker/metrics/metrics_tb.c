@@ -200,7 +200,8 @@ double metrics_wall_time(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)(ts.tv_nsec / 1000) * 1e-6;
+    long micros = ts.tv_nsec / 1000; /* whole microseconds, as time.time() in the writers TensorBoard knows */
+    return (double)ts.tv_sec + (double)micros * 1e-6;
 }
 
 static int write_record(struct metrics_tb *w, const uint8_t *data, size_t n)

@@ -61,27 +61,49 @@ void generate(struct model *m, const int32_t *const *prompts, const int *prompt_
     int *ntok = xmalloc((size_t)max_batch * sizeof(int));
     int32_t *ids = xmalloc((size_t)max_batch * sizeof(int32_t));
     int *who = xmalloc((size_t)max_batch * sizeof(int));
+    int *new_p = xmalloc((size_t)max_batch * sizeof(int)), *first_slot = xmalloc((size_t)max_batch * sizeof(int));
     int next_prompt = 0, active = 0;
     for (;;) {
-        /* admit whole prompt groups while n slots are free: prefill once, copy the cache n - 1 times */
-        while (next_prompt < n_prompts && max_batch - active >= n) {
-            int p = next_prompt++;
-            int first = -1;
+        /* admit whole prompt groups while n slots are free; all their prompts are prefilled in one step, each
+         * once, and the prompt's cache is copied to its other samples */
+        int n_new = 0, cat_len = 0;
+        while (next_prompt < n_prompts && max_batch - active - n_new * n >= n) {
+            int p = next_prompt++, i = 0;
+            while (slots[i].seq >= 0)
+                i++;
+            slots[i].seq = p * n; /* reserved for the group's first sample */
+            slots[i].kc->len = 0;
+            new_p[n_new] = p;
+            first_slot[n_new] = i;
+            batch[n_new] = slots[i].kc;
+            ntok[n_new++] = prompt_lens[p];
+            cat_len += prompt_lens[p];
+        }
+        if (n_new > 0) {
+            int32_t *cat = xmalloc((size_t)cat_len * sizeof(int32_t));
+            for (int g = 0, off = 0; g < n_new; off += prompt_lens[new_p[g]], g++)
+                memcpy(cat + off, prompts[new_p[g]], (size_t)prompt_lens[new_p[g]] * sizeof(int32_t));
+            model_step(m, batch, n_new, ntok, cat, logits, false);
+            free(cat);
+        }
+        for (int g = 0; g < n_new; g++) {
+            const int p = new_p[g];
+            const struct kv_cache *prompt_cache = slots[first_slot[g]].kc;
             for (int s = 0, i = 0; s < n; s++) {
-                while (slots[i].seq >= 0)
-                    i++;
-                struct slot *sl = &slots[i];
-                sl->seq = p * n + s;
-                sl->kc->len = 0;
-                rng_seed(&sl->rng, gp->seed, (uint64_t)sl->seq);
-                if (first < 0) {
-                    first = i;
-                    model_step(m, &sl->kc, 1, &prompt_lens[p], prompts[p], logits, false);
-                } else if (sl->kc != slots[first].kc) { /* the prompt's first sample may have ended at once */
-                    kv_cache_copy(m, sl->kc, slots[first].kc);
+                struct slot *sl;
+                if (s == 0) {
+                    sl = &slots[first_slot[g]];
+                } else {
+                    while (slots[i].seq >= 0)
+                        i++;
+                    sl = &slots[i];
+                    sl->seq = p * n + s;
+                    if (sl->kc != prompt_cache) /* the first sample may have ended at once, freeing its slot */
+                        kv_cache_copy(m, sl->kc, prompt_cache);
                 }
+                rng_seed(&sl->rng, gp->seed, (uint64_t)sl->seq);
                 float lp;
-                int32_t tok = sample_token(logits, V, &gp->sampling, &sl->rng, ss, &lp);
+                int32_t tok = sample_token(logits + (size_t)g * V, V, &gp->sampling, &sl->rng, ss, &lp);
                 active++;
                 if (push_token(gp, &out[sl->seq], tok, lp)) {
                     sl->seq = -1;
@@ -117,7 +139,7 @@ void generate(struct model *m, const int32_t *const *prompts, const int *prompt_
     }
     for (int i = 0; i < max_batch; i++)
         kv_cache_free(slots[i].kc);
-    free(slots), free(logits), free(batch), free(ntok), free(ids), free(who);
+    free(slots), free(logits), free(batch), free(ntok), free(ids), free(who), free(new_p), free(first_slot);
     sampler_scratch_free(ss);
 }
 

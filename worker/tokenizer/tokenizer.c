@@ -834,7 +834,7 @@ static void push_pair(struct enc *e, int32_t pos)
 static void bpe_piece(struct enc *e, const char *s, size_t n)
 {
     const struct tokenizer *t = e->t;
-    if (n == 0)
+    if (n == 0 || n > INT32_MAX / 2) /* symbol positions are int32 (a text this long has failed to allocate) */
         return;
     if (t->ignore_merges) {
         size_t need = 2 * n + 1;
@@ -1055,7 +1055,8 @@ static size_t utf8_prev(const char *s, size_t pos)
 
 int32_t *tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, unsigned flags, size_t *n)
 {
-    struct enc e = {.t = t, .text = text};
+    struct enc e = {.t = t, .text = text, .tmp_cap = 64};
+    e.tmp = xmalloc(e.tmp_cap);
     e.md = pcre2_match_data_create(4, NULL);
     CHECK_ALLOC(e.md);
     size_t pos = 0;

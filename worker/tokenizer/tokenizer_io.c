@@ -42,7 +42,11 @@ static int parse_pre(struct tokenizer *t, const json_t *pt, char *e, size_t el, 
         }
         size_t i;
         const json_t *it;
-        json_array_foreach(arr, i, it) if (parse_pre(t, it, e, el, depth + 1) < 0) return -1;
+        json_array_foreach(arr, i, it)
+        {
+            if (parse_pre(t, it, e, el, depth + 1) < 0)
+                return -1;
+        }
         return 0;
     }
     struct tok_step st = {0};
@@ -95,7 +99,11 @@ static int parse_normalizer(const json_t *n, char *e, size_t el)
     if (type && strcmp(type, "Sequence") == 0) {
         size_t i;
         const json_t *it;
-        json_array_foreach(json_object_get(n, "normalizers"), i, it) if (parse_normalizer(it, e, el) < 0) return -1;
+        json_array_foreach(json_object_get(n, "normalizers"), i, it)
+        {
+            if (parse_normalizer(it, e, el) < 0)
+                return -1;
+        }
         return 0;
     }
     if (type && (strcmp(type, "NFC") == 0 || strcmp(type, "NFKC") == 0)) {
@@ -115,7 +123,7 @@ static void parse_post(struct tokenizer *t, const json_t *pp)
     if (type && strcmp(type, "Sequence") == 0) {
         size_t i;
         const json_t *it;
-        json_array_foreach(json_object_get(pp, "processors"), i, it) parse_post(t, it);
+        json_array_foreach(json_object_get(pp, "processors"), i, it) { parse_post(t, it); }
         return;
     }
     if (!type || strcmp(type, "ByteLevel") == 0)

@@ -36,6 +36,7 @@ struct trainer {
     struct run_state st;
     struct data_cursor cursor; /* position in the training prompts */
     bool cursor_open;
+    int64_t saved_step; /* step of the newest checkpoint written by this process (-1: none) */
     char run_dir[2048], ckpt_root[2100];
     struct metrics_logger logger; /* JSONL, TensorBoard, console, SVG chart (with the run's history) */
     bool logger_open;
@@ -648,6 +649,7 @@ static int save_checkpoint(struct trainer *t)
         log_error("checkpoint", "%s", err);
         return -1;
     }
+    t->saved_step = t->st.global_step;
     if (t->logger_open)
         metrics_logger_sync(&t->logger); /* metrics up to this checkpoint are durable too */
     log_info("checkpoint", "step %lld saved in %.1fs under %s", (long long)t->st.global_step, now_s() - t0,
@@ -675,12 +677,12 @@ int trainer_run(struct trainer *t)
     }
     while (t->st.global_step < t->st.total_steps) {
         int act = safe_point(t);
-        if (act & TRAINER_CHECKPOINT)
+        /* a stop checkpoints too, unless this step is already saved */
+        if ((act & (TRAINER_CHECKPOINT | TRAINER_STOP)) && t->saved_step != t->st.global_step)
             save_checkpoint(t);
         if (act & TRAINER_STOP) {
-            log_info("trainer", "stop requested at step %lld: checkpointing and ending", (long long)t->st.global_step);
-            if (!(act & TRAINER_CHECKPOINT))
-                save_checkpoint(t);
+            log_info("trainer", "stop requested at step %lld: checkpoint written, ending",
+                     (long long)t->st.global_step);
             break;
         }
         const int64_t k = t->st.global_step + 1;
@@ -746,6 +748,7 @@ struct trainer *trainer_create(const struct grpo_config *cfg, const struct train
 {
     struct trainer *t = xcalloc(1, sizeof *t);
     t->cfg = cfg;
+    t->saved_step = -1;
     if (hooks)
         t->hooks = *hooks;
     t->est = (enum adv_estimator)adv_estimator_from_name(cfg->alg_adv_estimator);

@@ -1,0 +1,472 @@
+/* Reward scorers: answer extraction and number normalisation, the countdown
+ * evaluator on hostile input, the data_source routing, custom scorers from a
+ * shared library, and isolation of scorers that crash, hang or exit. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "common/config.h"
+#include "common/log.h"
+#include "worker/rewards/reward.h"
+#include "worker/rewards/reward_test_paths.h"
+#include "worker/rewards/scorers.h"
+
+static double arith(const char *response, const char *gt) { return reward_score_arithmetic(response, gt, NULL, 0); }
+static double gsm(const char *response, const char *gt) { return reward_score_gsm8k(response, gt, NULL, 0); }
+static double cd(const char *response, const char *gt) { return reward_score_countdown(response, gt, NULL, 0); }
+static double math_(const char *response, const char *gt) { return reward_score_math(response, gt, NULL, 0); }
+
+#define CD24 "{\"target\": 24, \"numbers\": [3, 4, 6, 1]}"
+
+static bool num_eq(const char *a, const char *b)
+{
+    struct reward_number x, y;
+    return reward_parse_number(a, strlen(a), &x) && reward_parse_number(b, strlen(b), &y) &&
+           reward_numbers_equal(&x, &y);
+}
+
+static bool parses(const char *a)
+{
+    struct reward_number x;
+    return reward_parse_number(a, strlen(a), &x);
+}
+
+static void test_number_normalisation(void **state)
+{
+    (void)state;
+    assert_true(num_eq("1,234", "1234"));
+    assert_true(num_eq("$1,234", "1234"));
+    assert_true(num_eq("1,234,567.50", "1234567.5"));
+    assert_true(num_eq("12.0", "12"));
+    assert_true(num_eq("12.", "12"));
+    assert_true(num_eq("012", "12"));
+    assert_true(num_eq("-5", "-5.000"));
+    assert_true(num_eq("-0", "0"));
+    assert_true(num_eq("+7", "7"));
+    assert_true(num_eq("\xe2\x88\x92" "7", "-7")); /* U+2212 minus */
+    assert_true(num_eq("3/4", "0.75"));
+    assert_true(num_eq("\\frac{3}{4}", "0.75"));
+    assert_true(num_eq("-\\dfrac{1}{2}", "-0.5"));
+    assert_true(num_eq("$42$", "42"));
+    assert_true(num_eq("\\$42", "42"));
+    assert_true(num_eq("1{,}000", "1000"));
+    assert_true(num_eq(" 42 \n", "42"));
+    assert_true(num_eq(".5", "0.5"));
+    assert_false(num_eq("12", "13"));
+    assert_false(num_eq("-5", "5"));
+    assert_false(num_eq("1/3", "0.333"));
+    /* huge numbers compare exactly, digit by digit */
+    assert_true(num_eq("123456789012345678901234567890", "123,456,789,012,345,678,901,234,567,890"));
+    assert_false(num_eq("123456789012345678901234567890", "123456789012345678901234567891"));
+    /* not numbers */
+    assert_false(parses(""));
+    assert_false(parses("abc"));
+    assert_false(parses("12 apples"));
+    assert_false(parses("1e5"));
+    assert_false(parses("3/0"));
+    assert_false(parses("--5"));
+    assert_false(parses("1,23"));
+    char big[2000];
+    memset(big, '9', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    assert_false(parses(big)); /* too long to compare exactly */
+}
+
+static void test_extraction(void **state)
+{
+    (void)state;
+    const char *a;
+    size_t n;
+    assert_true(reward_find_hash_answer("so\n#### 72", &a, &n));
+    assert_int_equal(n, 2);
+    assert_memory_equal(a, "72", 2);
+    assert_true(reward_find_hash_answer("#### 5 then #### -1,000.", &a, &n));
+    assert_memory_equal(a, "-1,000", n);
+    assert_false(reward_find_hash_answer("#### abc", &a, &n));
+    assert_true(reward_find_hash_answer("##### 9", &a, &n));
+    assert_memory_equal(a, "9", n);
+
+    assert_true(reward_find_boxed("x \\boxed{\\frac{1}{2}} and \\boxed{{3}+{4}}", &a, &n));
+    assert_int_equal(n, strlen("{3}+{4}"));
+    assert_memory_equal(a, "{3}+{4}", n);
+    assert_false(reward_find_boxed("\\boxed{5} then \\boxed{6", &a, &n)); /* last one unterminated */
+    assert_true(reward_find_boxed("\\boxed 12$", &a, &n));
+    assert_memory_equal(a, "12", n);
+    assert_true(reward_find_boxed("\\fbox{7}", &a, &n));
+    assert_false(reward_find_boxed("no box", &a, &n));
+
+    assert_true(reward_find_answer_is("The answer is 12. Answer: 13", &a, &n));
+    assert_memory_equal(a, "13", n);
+    assert_true(reward_find_answer_is("**Answer:** $1,200", &a, &n));
+    assert_memory_equal(a, "$1,200", n);
+    assert_false(reward_find_answer_is("the answer 12", &a, &n));
+
+    assert_true(reward_find_last_number("37 + 48 = 85.", &a, &n));
+    assert_memory_equal(a, "85", n);
+    assert_true(reward_find_last_number("5-3 gives 2", &a, &n));
+    assert_memory_equal(a, "2", n);
+    assert_true(reward_find_last_number("48 - 37 = -11", &a, &n));
+    assert_memory_equal(a, "-11", n);
+    assert_false(reward_find_last_number("none here", &a, &n));
+}
+
+static void test_gsm8k(void **state)
+{
+    (void)state;
+    assert_true(gsm("She pays 3 * 24 = 72.\n#### 72", "72") == 1.0);
+    assert_true(gsm("#### 1,234", "1234") == 1.0);
+    assert_true(gsm("#### $1,234.00", "1234") == 1.0);
+    assert_true(gsm("####72", "72") == 1.0);
+    assert_true(gsm("#### -3", "-3") == 1.0);
+    assert_true(gsm("#### 71", "72") == 0.0);
+    assert_true(gsm("#### 72\n#### 71", "72") == 0.0); /* the last #### counts */
+    assert_true(gsm("#### 71\n#### 72", "72") == 1.0);
+    assert_true(gsm("The answer is 72", "72") == 0.0); /* strict: only the #### form */
+    assert_true(gsm("\\boxed{72}", "72") == 0.0);
+    assert_true(gsm("", "72") == 0.0);
+    char why[128];
+    assert_true(reward_score_gsm8k("#### 1", "", why, sizeof why) == 0.0);
+    assert_true(why[0] != '\0');
+}
+
+static void test_arithmetic(void **state)
+{
+    (void)state;
+    const double eps = 1e-12;
+    assert_true(fabs(arith("#### 85", "85") - 1.0) < eps);
+    assert_true(fabs(arith("37 + 48 = 85", "85") - 0.9) < eps);        /* last number, not the format */
+    assert_true(fabs(arith("\\boxed{85}", "85") - 0.9) < eps);         /* boxed */
+    assert_true(fabs(arith("\\boxed{x = 85}", "85") - 0.9) < eps);     /* boxed with '=' */
+    assert_true(fabs(arith("The answer is 85. Check: 85-48=37", "85") - 0.9) < eps);
+    assert_true(fabs(arith("#### 84", "85") - 0.1) < eps);             /* formatted, wrong */
+    assert_true(fabs(arith("#### 85 ... 37", "85") - 1.0) < eps);      /* #### beats the last number */
+    assert_true(fabs(arith("#### 84\n#### 85", "85") - 1.0) < eps);    /* the last #### */
+    assert_true(fabs(arith("#### 85\n#### 84", "85") - 0.1) < eps);
+    assert_true(fabs(arith("85 is it, 37 + 48", "85") - 0.0) < eps);   /* last number is 48 */
+    assert_true(fabs(arith("#### -11", "-11") - 1.0) < eps);
+    assert_true(fabs(arith("#### 11", "-11") - 0.1) < eps);
+    assert_true(fabs(arith("#### 85.0", "85") - 1.0) < eps);
+    assert_true(fabs(arith("\\boxed{85", "85") - 0.9) < eps); /* unterminated box: last number */
+    assert_true(fabs(arith("", "85") - 0.0) < eps);
+    assert_true(fabs(arith("no digits at all", "85") - 0.0) < eps);
+    assert_true(fabs(arith("\xf0\x9f\x98\x80 #### 85 \xe2\x9c\x93", "85") - 1.0) < eps); /* unicode around */
+    char why[128];
+    assert_true(reward_score_arithmetic("#### 5", "five", why, sizeof why) == 0.0);
+    assert_non_null(strstr(why, "not a number"));
+    /* a long response of digits is scanned in linear time and scores 0 */
+    size_t big = 1 << 20;
+    char *s = malloc(big + 1);
+    memset(s, '7', big);
+    s[big] = '\0';
+    assert_true(arith(s, "85") == 0.0);
+    for (size_t i = 0; i < big; i += 2)
+        s[i] = '#';
+    assert_true(arith(s, "85") == 0.0); /* "#7#7...": the last number is 7 */
+    memset(s, '#', big / 2);
+    assert_true(arith(s, "85") == 0.0); /* "####...####7777...": no number short enough */
+    free(s);
+}
+
+static void test_math(void **state)
+{
+    (void)state;
+    assert_true(math_("so \\boxed{\\frac{1}{2}}", "0.5") == 1.0);
+    assert_true(math_("so \\boxed{\\frac{1}{2}}", "\\frac12") == 0.0);
+    assert_true(math_("\\boxed{\\dfrac{1}{2}}", "\\frac{1}{2}") == 1.0);
+    assert_true(math_("\\boxed{x^2 + 1}", "x^2+1") == 1.0);
+    assert_true(math_("\\boxed{\\left( 1, 2 \\right)}", "(1,2)") == 1.0);
+    assert_true(math_("\\boxed{3}", "\\boxed{3}") == 1.0);
+    assert_true(math_("3", "3") == 0.0); /* needs a box */
+    assert_true(math_("\\boxed{4}", "3") == 0.0);
+}
+
+static void test_countdown_eval(void **state)
+{
+    (void)state;
+    int64_t num, den, lits[COUNTDOWN_MAX_NUMBERS];
+    int nl;
+    char err[128];
+#define EVAL(s) countdown_eval((s), strlen(s), &num, &den, lits, &nl, err, sizeof err)
+    assert_int_equal(EVAL("(6 - 4) * (3 * 4)"), 0);
+    assert_true(num == 24 && den == 1 && nl == 4);
+    assert_int_equal(EVAL("6 / 4"), 0);
+    assert_true(num == 3 && den == 2);
+    assert_int_equal(EVAL("1 - 2 - 3"), 0); /* left associative */
+    assert_true(num == -4 && den == 1);
+    assert_int_equal(EVAL("2 + 3 * 4"), 0); /* precedence */
+    assert_true(num == 14);
+    assert_int_equal(EVAL("8 / 3 * 3"), 0); /* exact rationals */
+    assert_true(num == 8 && den == 1);
+    assert_int_equal(EVAL(" \t(1)\n"), 0);
+
+    static const char *const bad[] = {
+        "__import__('os').system('ls')", "1e999", "9**9**9", "2^3", "1 / 0", "4 / (2 - 2)", "", "()", "(1 + 2",
+        "1 + 2)", "1 +", "-1 + 2", "+1", "1 2", "1.5 + 2", "0x10", "3 \xc3\x97 4", "\xef\xbc\x93 + 1", "abs(1)",
+        "1 // 2", "1;2", "1 = 1", "9999999999 + 1", "99999999 * 99999999 * 99999999 * 99999999",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        if (EVAL(bad[i]) == 0)
+            fail_msg("'%s' evaluated", bad[i]);
+        assert_true(err[0] != '\0');
+    }
+    assert_int_equal(EVAL("1 / 0"), -1);
+    assert_non_null(strstr(err, "division by zero"));
+    assert_int_equal(EVAL("1e999"), -1);
+    assert_non_null(strstr(err, "'e'"));
+
+    /* deeply nested parentheses: refused, no stack overflow */
+    char deep[COUNTDOWN_MAX_EXPR + 1];
+    int d = 100;
+    memset(deep, '(', (size_t)d);
+    deep[d] = '1';
+    memset(deep + d + 1, ')', (size_t)d);
+    assert_int_equal(countdown_eval(deep, (size_t)(2 * d + 1), &num, &den, lits, &nl, err, sizeof err), -1);
+    assert_non_null(strstr(err, "nested"));
+    d = COUNTDOWN_MAX_DEPTH;
+    memset(deep, '(', (size_t)d);
+    deep[d] = '1';
+    memset(deep + d + 1, ')', (size_t)d);
+    assert_int_equal(countdown_eval(deep, (size_t)(2 * d + 1), &num, &den, lits, &nl, err, sizeof err), 0);
+    /* too long */
+    char *longs = malloc(10000);
+    for (int i = 0; i < 5000; i++) {
+        longs[2 * i] = '1';
+        longs[2 * i + 1] = '+';
+    }
+    assert_int_equal(countdown_eval(longs, 9999, &num, &den, lits, &nl, err, sizeof err), -1);
+    free(longs);
+#undef EVAL
+}
+
+static void test_countdown_scorer(void **state)
+{
+    (void)state;
+    assert_true(cd("<think>6-4=2</think><answer>(6 - 4) * 3 * 4</answer>", CD24) == 0.1); /* 4 twice, 1 unused */
+    assert_true(cd("<answer>(1 + 3) * 6 * 4</answer>", CD24) == 0.1);                       /* all used, 96 */
+    assert_true(cd("<answer>(4 - 1) * (6 + 3) - 3</answer>", CD24) == 0.1);                 /* 3 reused */
+    assert_true(cd("<answer>6 * 4 * 1</answer>", CD24) == 0.1);                             /* 3 unused */
+    assert_true(cd("<answer>6 * 4 * (3 - 3 + 1)</answer>", CD24) == 0.1);                   /* 3 twice */
+    assert_true(cd("<answer>6 * 4 * (3 - 1) / 2</answer>", CD24) == 0.1);                   /* 2 not given */
+    assert_true(cd("<answer>6*(3+1)</answer>", CD24) == 0.1);                               /* 4 unused */
+    assert_true(cd("<answer>(6 / (1 - 3 / 4))</answer>", CD24) == 1.0); /* 6 / (1/4) = 24, exactly */
+    const char *gt = "{\"target\": 24, \"numbers\": [3, 4, 6, 2]}";
+    assert_true(cd("<answer>(6 - 2) * 3 * ... </answer>", gt) == 0.1);
+    assert_true(cd("<answer>(6 - 2) * (3 + 4) - 4</answer>", gt) == 0.1);
+    assert_true(cd("<answer>6 * 4 * (3 - 2)</answer>", gt) == 1.0);
+    assert_true(cd("<answer>6*4*(3-2)</answer>", gt) == 1.0);
+    assert_true(cd("<answer>\n  6 * 4 * ( 3 - 2 )\t</answer>", gt) == 1.0);
+    assert_true(cd("<answer>6 * 4 * (3 - 2) = 24</answer>", gt) == 1.0); /* "= target" allowed */
+    assert_true(cd("<answer>6 * 4 * (3 - 2) = 25</answer>", gt) == 0.1);
+    assert_true(cd("<answer>24 = 6 * 4 * (3 - 2)</answer>", gt) == 0.1);
+    assert_true(cd("<answer>6 * 4 * (2 - 3)</answer>", gt) == 0.1); /* -24 */
+    assert_true(cd("<answer>wrong</answer> <answer>6 * 4 * (3 - 2)</answer>", gt) == 1.0); /* the last */
+    assert_true(cd("<answer>6 * 4 * (3 - 2)</answer> <answer>wrong</answer>", gt) == 0.1);
+    assert_true(cd("6 * 4 * (3 - 2)", gt) == 0.0);                  /* no tags */
+    assert_true(cd("<answer>6 * 4 * (3 - 2)", gt) == 0.0);          /* unterminated */
+    assert_true(cd("</answer>6 * 4 * (3 - 2)<answer>", gt) == 0.0); /* reversed */
+    assert_true(cd("<answer>__import__('os').system('rm -rf /')</answer>", gt) == 0.1);
+    assert_true(cd("<answer>9**9**9</answer>", gt) == 0.1);
+    assert_true(cd("<answer>1e999</answer>", gt) == 0.1);
+    assert_true(cd("<answer>(6 * 4) / (3 - 3) * 2</answer>", gt) == 0.1); /* division by zero */
+    assert_true(cd("<answer>6 \xc3\x97 4 \xc3\x97 (3 - 2)</answer>", gt) == 0.1); /* unicode times */
+    assert_true(cd("<answer>6 * 4 * (3 - 2) + 0</answer>", gt) == 0.1);         /* extra number */
+    /* a deep or long answer is refused quickly */
+    char deep[600] = "<answer>";
+    size_t k = strlen(deep);
+    for (int i = 0; i < 200; i++)
+        deep[k++] = '(';
+    memcpy(deep + k, "6</answer>", 11);
+    assert_true(cd(deep, gt) == 0.1);
+    /* fractions reach integer targets exactly */
+    assert_true(cd("<answer>8 / (3 - 8 / 3)</answer>", "{\"target\": 24, \"numbers\": [8, 3, 8, 3]}") == 1.0);
+    /* ground truth problems are reasons, not crashes */
+    char why[200];
+    assert_true(reward_score_countdown("<answer>1</answer>", "not json", why, sizeof why) == 0.0);
+    assert_non_null(strstr(why, "not JSON"));
+    assert_true(reward_score_countdown("<answer>1</answer>", "{\"target\": 1}", why, sizeof why) == 0.0);
+    assert_true(why[0] != '\0');
+    assert_true(reward_score_countdown("<answer>1</answer>", "{\"target\": 1, \"nums\": [1]}", why, sizeof why) ==
+                1.0);
+    assert_true(why[0] == '\0');
+}
+
+static void test_routing(void **state)
+{
+    (void)state;
+    assert_string_equal(reward_builtin_scorer_name("openai/gsm8k"), "gsm8k");
+    assert_string_equal(reward_builtin_scorer_name("gsm8k"), "gsm8k");
+    assert_string_equal(reward_builtin_scorer_name("arithmetic"), "arithmetic");
+    assert_string_equal(reward_builtin_scorer_name("countdown"), "countdown");
+    assert_string_equal(reward_builtin_scorer_name("lighteval/MATH"), "math");
+    assert_null(reward_builtin_scorer_name("GSM8K"));
+    assert_null(reward_builtin_scorer_name(""));
+    assert_null(reward_builtin_scorer_name(NULL));
+
+    char err[512];
+    struct reward_fn *r = reward_create(NULL, err, sizeof err);
+    assert_non_null(r);
+    assert_false(reward_is_custom(r));
+    assert_true(reward_supports(r, "countdown"));
+    assert_false(reward_supports(r, "nope"));
+    struct reward_item items[] = {
+        {"openai/gsm8k", "#### 72", "72", NULL},
+        {"arithmetic", "#### 5", "5", NULL},
+        {"countdown", "<answer>1 + 2</answer>", "{\"target\": 3, \"numbers\": [1, 2]}", "{}"},
+        {"nope", "#### 1", "1", NULL},
+        {"math", "\\boxed{2}", "2", NULL},
+        {"arithmetic", "#### 5", NULL, NULL},
+    };
+    int n = (int)(sizeof items / sizeof items[0]);
+    double s[6];
+    char *why[6];
+    reward_score_batch(r, items, n, s, why);
+    assert_true(s[0] == 1.0 && s[1] == 1.0 && s[2] == 1.0 && s[3] == 0.0 && s[4] == 1.0 && s[5] == 0.0);
+    assert_null(why[0]);
+    assert_null(why[2]);
+    assert_non_null(why[3]);
+    assert_non_null(strstr(why[3], "no built-in scorer for data_source 'nope'"));
+    assert_non_null(why[5]);
+    assert_int_equal(reward_num_failures(r), 2);
+    for (int i = 0; i < n; i++)
+        free(why[i]);
+
+    /* the same batch isolated in a child gives the same scores */
+    reward_set_isolate_builtin(r, true);
+    double s2[6];
+    reward_score_batch(r, items, n, s2, NULL);
+    assert_memory_equal(s, s2, sizeof s);
+    reward_free(r);
+}
+
+static void test_overlong_penalty(void **state)
+{
+    (void)state;
+    assert_true(reward_overlong_penalty(10, 64, 16, 1.0) == 0.0);
+    assert_true(reward_overlong_penalty(48, 64, 16, 1.0) == 0.0);
+    assert_true(fabs(reward_overlong_penalty(56, 64, 16, 1.0) + 0.5) < 1e-12);
+    assert_true(fabs(reward_overlong_penalty(64, 64, 16, 2.0) + 2.0) < 1e-12);
+    assert_true(reward_overlong_penalty(64, 64, 0, 1.0) == 0.0);
+}
+
+static void test_custom_errors(void **state)
+{
+    (void)state;
+    char err[1024];
+    assert_null(reward_create_custom("/nonexistent/scorer.so", "compute_score", err, sizeof err));
+    assert_non_null(strstr(err, "custom_reward_function.path"));
+    assert_non_null(strstr(err, "/nonexistent/scorer.so"));
+    assert_null(reward_create_custom("README.md", "compute_score", err, sizeof err));
+    assert_non_null(strstr(err, "README.md"));
+    assert_null(reward_create_custom(REWARD_TEST_SCORER_PATH, "no_such_symbol", err, sizeof err));
+    assert_non_null(strstr(err, "custom_reward_function.name"));
+    assert_non_null(strstr(err, "no_such_symbol"));
+    assert_non_null(strstr(err, REWARD_TEST_SCORER_PATH));
+
+    /* through the configuration */
+    struct grpo_config c;
+    config_init(&c);
+    struct cfg_error ce;
+    assert_int_equal(config_set(&c, "custom_reward_function.path", REWARD_TEST_SCORER_PATH, "test", &ce), 0);
+    assert_int_equal(config_set(&c, "custom_reward_function.name", "length_score", "test", &ce), 0);
+    struct reward_fn *r = reward_create(&c, err, sizeof err);
+    assert_non_null(r);
+    assert_true(reward_is_custom(r));
+    assert_true(reward_supports(r, "anything"));
+    struct reward_item it = {"anything", "12345", "", NULL};
+    char why[REWARD_REASON_MAX];
+    assert_true(reward_score_one(r, &it, why, sizeof why) == 5.0);
+    assert_string_equal(why, "");
+    reward_free(r);
+    config_free(&c);
+}
+
+static double elapsed_since(const struct timespec *t0)
+{
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0->tv_sec) + (t1.tv_nsec - t0->tv_nsec) * 1e-9;
+}
+
+static void test_custom_isolation(void **state)
+{
+    (void)state;
+    char err[1024];
+    struct reward_fn *r = reward_create_custom(REWARD_TEST_SCORER_PATH, NULL, err, sizeof err);
+    if (!r)
+        fail_msg("%s", err);
+    reward_set_timeout(r, 1.0);
+    struct reward_item items[] = {
+        {"a", "x", "x", NULL},       /* 1 */
+        {"b", "SEGV", "x", NULL},    /* crash */
+        {"c", "y", "y", NULL},       /* 1 */
+        {"d", "HANG", "x", NULL},    /* busy loop */
+        {"e", "z", "q", NULL},       /* 0 */
+        {"f", "ABORT", "x", NULL},   /* SIGABRT */
+        {"g", "EXIT", "x", NULL},    /* exit(3) */
+        {"h", "NAN", "x", NULL},     /* non-finite */
+        {"i", "EXTRA", "x", NULL},   /* extra_info NULL -> "{}" -> 0.5 */
+        {"j", "EXTRA", "x", "{\"k\":1}"}, /* 0.25 */
+        {"k", "SLEEP", "x", NULL},   /* blocked in pause() */
+        {"l", "w", "w", NULL},       /* 1 */
+    };
+    int n = (int)(sizeof items / sizeof items[0]);
+    double s[12];
+    char *why[12];
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    reward_score_batch(r, items, n, s, why);
+    double took = elapsed_since(&t0);
+    static const double want[12] = {1, 0, 1, 0, 0, 0, 0, 0, 0.5, 0.25, 0, 1};
+    for (int i = 0; i < n; i++)
+        if (s[i] != want[i])
+            fail_msg("sample %d: score %g, want %g (%s)", i, s[i], want[i], why[i] ? why[i] : "no reason");
+    assert_null(why[0]);
+    assert_null(why[2]);
+    assert_null(why[4]);
+    assert_null(why[11]);
+    assert_non_null(why[1]);
+    assert_non_null(strstr(why[1], "SIGSEGV"));
+    assert_non_null(why[3]);
+    assert_non_null(strstr(why[3], "timed out after 1 s"));
+    assert_non_null(strstr(why[5], "SIGABRT"));
+    assert_non_null(strstr(why[6], "exited with status 3"));
+    assert_non_null(strstr(why[7], "NaN"));
+    assert_non_null(strstr(why[10], "timed out"));
+    assert_int_equal(reward_num_failures(r), 6);
+    /* two timeouts of 1 s plus process starts; far below the 5 s default */
+    assert_true(took < 4.5);
+    for (int i = 0; i < n; i++)
+        free(why[i]);
+
+    /* a batch where every sample hangs stays bounded: n * timeout */
+    reward_set_timeout(r, 0.2);
+    struct reward_item hangs[3] = {{"a", "HANG", "", NULL}, {"a", "HANG", "", NULL}, {"a", "x", "x", NULL}};
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    reward_score_batch(r, hangs, 3, s, NULL);
+    took = elapsed_since(&t0);
+    assert_true(s[0] == 0.0 && s[1] == 0.0 && s[2] == 1.0);
+    assert_true(took < 2.0);
+    reward_free(r);
+}
+
+int main(void)
+{
+    log_set_level(LOG_ERROR);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_number_normalisation), cmocka_unit_test(test_extraction),
+        cmocka_unit_test(test_gsm8k),                cmocka_unit_test(test_arithmetic),
+        cmocka_unit_test(test_math),                 cmocka_unit_test(test_countdown_eval),
+        cmocka_unit_test(test_countdown_scorer),     cmocka_unit_test(test_routing),
+        cmocka_unit_test(test_overlong_penalty),     cmocka_unit_test(test_custom_errors),
+        cmocka_unit_test(test_custom_isolation),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

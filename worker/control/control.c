@@ -1,0 +1,653 @@
+/* Worker-side control client; see control.h. One mutex guards everything the
+ * trainer and the heartbeat thread share; the socket belongs to the thread
+ * once control_open has registered. */
+#include "control.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/check.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "proto/protocol.h"
+#include "transport.h"
+
+#define NUM_PHASES 10
+#define MAX_METRICS 64
+#define FINISH_WAIT_S 5.0
+
+_Static_assert(CONTROL_PHASE_CHECKPOINT == (int)GRPO__PHASE__PHASE_CHECKPOINT, "phases follow grpo.Phase");
+_Static_assert(CONTROL_ROLE_HYBRID == (int)GRPO__ROLE__ROLE_HYBRID, "roles follow grpo.Role");
+_Static_assert(CONTROL_CHECKPOINT == (int)GRPO__COMMAND__COMMAND_CHECKPOINT, "commands follow grpo.Command");
+
+struct control {
+    /* fixed at open */
+    char endpoint[512], host[256], caps[256], devices[1024];
+    int rank, world;
+    uint64_t digest;
+    struct rpc_client *rpc; /* the heartbeat thread's alone after open */
+    pthread_t thread;
+    bool thread_started;
+
+    pthread_mutex_t mu;
+    pthread_cond_t changed; /* the thread heard from grpod: waiters re-check */
+    pthread_cond_t wake;    /* the trainer has news: the thread sends it now */
+
+    /* identity in the run (the thread updates it when registering again) */
+    char run_id[64];
+    uint64_t incarnation;
+    double interval;
+
+    /* the snapshot the heartbeats carry */
+    int64_t step, total_steps;
+    enum control_phase phase;
+    double since; /* when the current phase (or pause) began */
+    double cur[NUM_PHASES], last[NUM_PHASES];
+    double busy, idle;
+    bool paused;
+    struct {
+        char name[64];
+        double value;
+    } metrics[MAX_METRICS];
+    int nmetrics;
+    Grpo__WorkerState state;
+    char error[512];
+    uint64_t ckpt_done_seq;
+    int64_t ckpt_step;
+    uint64_t generation, acked_generation; /* snapshot versions made and known to grpod */
+
+    /* what grpod wants, as levels */
+    bool want_pause, want_stop, run_over;
+    uint64_t ckpt_seq, ckpt_taken;
+    char reason[512];
+    bool connected;
+    bool quit, kick;
+};
+
+const char *control_command_name(enum control_command cmd)
+{
+    static const char *n[] = {"none", "pause", "resume", "stop", "checkpoint"};
+    return (unsigned)cmd < 5 ? n[cmd] : "unknown";
+}
+
+const char *control_role_name(enum control_role role)
+{
+    static const char *n[] = {"unassigned", "rollout", "trainer", "hybrid"};
+    return (unsigned)role < 4 ? n[role] : "unknown";
+}
+
+void control_options_from_config(struct control_options *o, const struct grpo_config *cfg, int rank, int world_size)
+{
+    memset(o, 0, sizeof *o);
+    o->endpoint = cfg->grpod_endpoint;
+    o->secret_file = cfg->grpod_secret_file;
+    o->rank = rank;
+    o->world_size = world_size;
+    o->capabilities = "rollout,trainer";
+    o->devices = "cpu";
+    o->config_digest = config_digest(cfg);
+    o->connect_timeout_s = cfg->grpod_connect_timeout_s;
+}
+
+/* ---- the snapshot ---- */
+
+/* Book the time since the last call to the current phase (busy) or to idle. Under mu. */
+static void account(struct control *c, double now)
+{
+    double dt = now - c->since;
+    if (dt < 0)
+        dt = 0;
+    if (c->paused || c->phase == CONTROL_PHASE_IDLE)
+        c->idle += dt;
+    else
+        c->busy += dt;
+    if (!c->paused)
+        c->cur[c->phase] += dt;
+    c->since = now;
+}
+
+/* Something grpod should hear about soon. Under mu. */
+static void changed_locked(struct control *c)
+{
+    c->generation++;
+    c->kick = true;
+    pthread_cond_signal(&c->wake);
+}
+
+void control_set_phase(struct control *c, enum control_phase phase)
+{
+    if (!c || (unsigned)phase >= NUM_PHASES)
+        return;
+    pthread_mutex_lock(&c->mu);
+    account(c, transport_now());
+    c->phase = phase;
+    if (c->state == GRPO__WORKER_STATE__WORKER_STARTING && phase != CONTROL_PHASE_IDLE)
+        c->state = GRPO__WORKER_STATE__WORKER_RUNNING; /* loading is over: the first step has begun */
+    pthread_mutex_unlock(&c->mu);
+}
+
+void control_set_step(struct control *c, int64_t step, int64_t total_steps)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->mu);
+    account(c, transport_now());
+    if (step != c->step) {
+        memcpy(c->last, c->cur, sizeof c->last);
+        memset(c->cur, 0, sizeof c->cur);
+    }
+    c->step = step;
+    c->total_steps = total_steps;
+    c->generation++;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void control_set_metric(struct control *c, const char *name, double value)
+{
+    if (!c || !name || !name[0])
+        return;
+    pthread_mutex_lock(&c->mu);
+    int i = 0;
+    while (i < c->nmetrics && strncmp(c->metrics[i].name, name, sizeof c->metrics[i].name - 1) != 0)
+        i++;
+    if (i < MAX_METRICS) {
+        if (i == c->nmetrics) {
+            snprintf(c->metrics[i].name, sizeof c->metrics[i].name, "%s", name);
+            c->nmetrics++;
+        }
+        c->metrics[i].value = value;
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* ---- commands ---- */
+
+enum control_command control_poll(struct control *c)
+{
+    if (!c)
+        return CONTROL_NONE;
+    enum control_command cmd = CONTROL_NONE;
+    pthread_mutex_lock(&c->mu);
+    if (c->want_stop || c->run_over) {
+        c->ckpt_taken = c->ckpt_seq; /* the stop's checkpoint answers any request still open */
+        cmd = CONTROL_STOP;
+    } else if (c->ckpt_seq > c->ckpt_taken) {
+        c->ckpt_taken = c->ckpt_seq;
+        cmd = CONTROL_CHECKPOINT;
+    } else if (c->want_pause) {
+        cmd = CONTROL_PAUSE;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return cmd;
+}
+
+enum control_command control_wait_resume(struct control *c)
+{
+    if (!c)
+        return CONTROL_RESUME;
+    enum control_command cmd;
+    pthread_mutex_lock(&c->mu);
+    if (!c->paused) {
+        account(c, transport_now());
+        c->paused = true;
+        c->state = GRPO__WORKER_STATE__WORKER_PAUSED;
+        changed_locked(c);
+        log_info("control", "paused at step %lld; waiting for grpod to resume the run", (long long)c->step);
+    }
+    for (;;) {
+        if (c->want_stop || c->run_over) {
+            c->ckpt_taken = c->ckpt_seq;
+            cmd = CONTROL_STOP;
+            break;
+        }
+        if (c->ckpt_seq > c->ckpt_taken) {
+            c->ckpt_taken = c->ckpt_seq;
+            cmd = CONTROL_CHECKPOINT;
+            break;
+        }
+        if (!c->want_pause) {
+            cmd = CONTROL_RESUME;
+            break;
+        }
+        pthread_cond_wait(&c->changed, &c->mu);
+    }
+    if (cmd == CONTROL_RESUME) {
+        account(c, transport_now());
+        c->paused = false;
+        c->state = GRPO__WORKER_STATE__WORKER_RUNNING;
+        changed_locked(c);
+        log_info("control", "resumed at step %lld", (long long)c->step);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return cmd;
+}
+
+void control_checkpoint_done(struct control *c, int64_t step)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->mu);
+    c->ckpt_done_seq = c->ckpt_taken;
+    c->ckpt_step = step;
+    changed_locked(c);
+    pthread_mutex_unlock(&c->mu);
+}
+
+bool control_safe_point(struct control *c, int64_t step, int (*save)(void *ud, int64_t step), void *ud)
+{
+    enum control_command cmd = control_poll(c);
+    bool paused = false;
+    for (;;) {
+        switch (cmd) {
+        case CONTROL_NONE:
+        case CONTROL_RESUME: return true;
+        case CONTROL_PAUSE: paused = true; break;
+        case CONTROL_CHECKPOINT:
+        case CONTROL_STOP:
+            if (save(ud, step) == 0)
+                control_checkpoint_done(c, step);
+            else
+                log_error("control", "checkpoint at step %lld failed", (long long)step);
+            if (cmd == CONTROL_STOP)
+                return false;
+            break;
+        }
+        cmd = paused ? control_wait_resume(c) : control_poll(c);
+    }
+}
+
+void control_finish(struct control *c, enum control_end end, const char *error)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->mu);
+    account(c, transport_now());
+    c->paused = false;
+    c->state = end == CONTROL_END_FINISHED  ? GRPO__WORKER_STATE__WORKER_FINISHED
+               : end == CONTROL_END_STOPPED ? GRPO__WORKER_STATE__WORKER_STOPPED
+                                            : GRPO__WORKER_STATE__WORKER_FAILED;
+    snprintf(c->error, sizeof c->error, "%s", error ? error : "");
+    changed_locked(c);
+    uint64_t want = c->generation;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += (time_t)FINISH_WAIT_S;
+    while (c->acked_generation < want && !c->run_over)
+        if (pthread_cond_timedwait(&c->changed, &c->mu, &until) == ETIMEDOUT) {
+            log_warn("control", "grpod has not acknowledged that this worker ended; leaving anyway");
+            break;
+        }
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* ---- talking to grpod ---- */
+
+static void split_list(const char *list, char ***out, size_t *n)
+{
+    *n = 0;
+    *out = NULL;
+    if (!list || !list[0])
+        return;
+    size_t cap = 1;
+    for (const char *p = list; *p; p++)
+        cap += *p == ',';
+    *out = xcalloc(cap, sizeof **out);
+    for (const char *p = list; *p;) {
+        size_t l = strcspn(p, ",");
+        if (l)
+            (*out)[(*n)++] = strndup(p, l);
+        p += l + (p[l] == ',');
+    }
+}
+
+static void free_list(char **v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(v[i]);
+    free(v);
+}
+
+static void copy_assignment(struct control_assignment *a, const Grpo__Assignment *as)
+{
+    memset(a, 0, sizeof *a);
+    a->role = (enum control_role)as->role;
+    a->dp_rank = as->dp_rank;
+    a->dp_size = as->dp_size;
+    a->tp_rank = as->tp_rank;
+    a->tp_size = as->tp_size;
+    a->pp_rank = as->pp_rank;
+    a->pp_size = as->pp_size;
+    a->world_size = as->world_size;
+    snprintf(a->run_id, sizeof a->run_id, "%s", as->run_id);
+    a->resume_step = as->resume_step;
+    a->config_digest = as->config_digest;
+    snprintf(a->data_pull_endpoint, sizeof a->data_pull_endpoint, "%s", as->data_pull_endpoint);
+    snprintf(a->data_push_endpoint, sizeof a->data_push_endpoint, "%s", as->data_push_endpoint);
+    for (size_t i = 0; i < as->n_trainer_endpoints && i < 64; i++)
+        snprintf(a->trainer_endpoints[a->n_trainer_endpoints++], sizeof a->trainer_endpoints[0], "%s",
+                 as->trainer_endpoints[i]);
+    a->heartbeat_interval_s = as->heartbeat_interval_s;
+}
+
+/* One registration attempt. 0: registered (a filled); 1: try again later (err says why); -1: refused. */
+static int register_once(struct control *c, const char *run_id, uint64_t incarnation, int64_t step,
+                         struct control_assignment *a, uint64_t *token, uint64_t *ckpt_seq, char *err, size_t errlen)
+{
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Register reg = GRPO__REGISTER__INIT;
+    reg.rank = c->rank;
+    reg.world_size = c->world;
+    reg.host = c->host;
+    reg.pid = (int32_t)getpid();
+    reg.config_digest = c->digest;
+    reg.run_id = (char *)run_id;
+    reg.incarnation = incarnation;
+    reg.step = step;
+    split_list(c->devices, &reg.devices, &reg.n_devices);
+    split_list(c->caps, &reg.capabilities, &reg.n_capabilities);
+    env.body_case = GRPO__ENVELOPE__BODY_REGISTER;
+    env.register_ = &reg;
+    Grpo__Envelope *reply = NULL;
+    enum rpc_result r = rpc_call(c->rpc, &env, 2000, &reply, err, errlen);
+    free_list(reg.devices, reg.n_devices);
+    free_list(reg.capabilities, reg.n_capabilities);
+    if (r == RPC_UNREACHABLE)
+        return 1;
+    if (r == RPC_BAD_REPLY)
+        return -1;
+    int rc = -1;
+    if (reply->body_case == GRPO__ENVELOPE__BODY_ASSIGNMENT) {
+        copy_assignment(a, reply->assignment);
+        *token = reply->assignment->incarnation;
+        *ckpt_seq = reply->assignment->checkpoint_seq;
+        rc = 0;
+    } else if (reply->body_case == GRPO__ENVELOPE__BODY_REPLY && !reply->reply->ok) {
+        snprintf(err, errlen, "%s", reply->reply->error);
+        rc = reply->reply->retry ? 1 : -1;
+    } else {
+        snprintf(err, errlen, "grpod answered the registration with '%s'", protocol_body_name(reply->body_case));
+    }
+    protocol_free(reply);
+    return rc;
+}
+
+/* Adopt a registration: its token, and grpod's count of checkpoint requests as the new baseline
+ * (requests made before this registration are not this process's to answer). Under mu. */
+static void adopt(struct control *c, const struct control_assignment *a, uint64_t token, uint64_t ckpt_seq)
+{
+    snprintf(c->run_id, sizeof c->run_id, "%s", a->run_id);
+    c->interval = a->heartbeat_interval_s > 0 ? a->heartbeat_interval_s : 1.0;
+    c->incarnation = token;
+    c->ckpt_seq = c->ckpt_taken = c->ckpt_done_seq = ckpt_seq;
+}
+
+static void apply_ack(struct control *c, const Grpo__HeartbeatAck *ack)
+{
+    if (ack->pause != c->want_pause || ack->stop != c->want_stop || ack->checkpoint_seq != c->ckpt_seq)
+        log_info("control", "grpod: run %s%s%s, checkpoint requests %llu", c->run_id, ack->pause ? ", pause" : "",
+                 ack->stop ? ", stop" : "", (unsigned long long)ack->checkpoint_seq);
+    c->want_pause = ack->pause;
+    c->want_stop = ack->stop;
+    if (ack->checkpoint_seq > c->ckpt_seq)
+        c->ckpt_seq = ack->checkpoint_seq;
+    snprintf(c->reason, sizeof c->reason, "%s", ack->reason);
+}
+
+/* The heartbeat of the current snapshot. Under mu; the strings point into c. */
+static void build_heartbeat(struct control *c, Grpo__Heartbeat *hb, Grpo__PhaseTime *pt, Grpo__PhaseTime **ptp,
+                            Grpo__Metric *m, Grpo__Metric **mp)
+{
+    account(c, transport_now());
+    grpo__heartbeat__init(hb);
+    hb->rank = c->rank;
+    hb->step = c->step;
+    hb->total_steps = c->total_steps;
+    hb->phase = (Grpo__Phase)c->phase;
+    hb->idle_seconds = c->idle;
+    hb->busy_seconds = c->busy;
+    hb->paused = c->paused;
+    hb->incarnation = c->incarnation;
+    hb->state = c->state;
+    hb->checkpoint_seq_done = c->ckpt_done_seq;
+    hb->checkpoint_step = c->ckpt_step;
+    hb->error = c->error;
+    bool have_last = false;
+    for (int p = 0; p < NUM_PHASES; p++)
+        have_last |= c->last[p] > 0;
+    const double *t = have_last ? c->last : c->cur; /* the last whole step, or the first one so far */
+    for (int p = 1; p < NUM_PHASES; p++) {
+        if (t[p] <= 0)
+            continue;
+        grpo__phase_time__init(&pt[hb->n_timings]);
+        pt[hb->n_timings].phase = (Grpo__Phase)p;
+        pt[hb->n_timings].seconds = t[p];
+        ptp[hb->n_timings] = &pt[hb->n_timings];
+        hb->n_timings++;
+    }
+    hb->timings = ptp;
+    for (int i = 0; i < c->nmetrics; i++) {
+        grpo__metric__init(&m[i]);
+        m[i].name = c->metrics[i].name;
+        m[i].value = c->metrics[i].value;
+        mp[i] = &m[i];
+    }
+    hb->n_metrics = (size_t)c->nmetrics;
+    hb->metrics = mp;
+}
+
+/* grpod forgot us (restart with another state directory, or we were replaced): register again. */
+static void reregister(struct control *c)
+{
+    char run_id[64], err[512];
+    pthread_mutex_lock(&c->mu);
+    snprintf(run_id, sizeof run_id, "%s", c->run_id);
+    uint64_t inc = c->incarnation;
+    int64_t step = c->step;
+    pthread_mutex_unlock(&c->mu);
+    struct control_assignment *a = xcalloc(1, sizeof *a);
+    uint64_t token = 0, seq = 0;
+    int rc = register_once(c, run_id, inc, step, a, &token, &seq, err, sizeof err);
+    pthread_mutex_lock(&c->mu);
+    if (rc == 0) {
+        adopt(c, a, token, seq);
+        log_info("control", "registered again with grpod: run %s, rank %d as %s", a->run_id, c->rank,
+                 control_role_name(a->role));
+    } else if (rc < 0) {
+        c->run_over = true;
+        snprintf(c->reason, sizeof c->reason, "%s", err);
+        log_error("control", "grpod refused to take rank %d back: %s; ending", c->rank, err);
+        pthread_cond_broadcast(&c->changed);
+    } else {
+        log_warn("control", "registering again with grpod: %s; retrying", err);
+    }
+    pthread_mutex_unlock(&c->mu);
+    free(a);
+}
+
+static void *heartbeat_thread(void *arg)
+{
+    struct control *c = arg;
+    double backoff = 0;
+    pthread_mutex_lock(&c->mu);
+    while (!c->quit) {
+        Grpo__Heartbeat hb;
+        Grpo__PhaseTime pt[NUM_PHASES], *ptp[NUM_PHASES];
+        Grpo__Metric m[MAX_METRICS], *mp[MAX_METRICS];
+        build_heartbeat(c, &hb, pt, ptp, m, mp);
+        uint64_t gen = c->generation;
+        int timeout_ms = (int)(c->interval * 2000);
+        if (timeout_ms < 1000)
+            timeout_ms = 1000;
+        /* the snapshot's strings live in c: copy what the message points at before unlocking */
+        char error[512];
+        struct {
+            char name[64];
+        } names[MAX_METRICS];
+        snprintf(error, sizeof error, "%s", c->error);
+        hb.error = error;
+        for (size_t i = 0; i < hb.n_metrics; i++) {
+            snprintf(names[i].name, sizeof names[i].name, "%s", m[i].name);
+            m[i].name = names[i].name;
+        }
+        pthread_mutex_unlock(&c->mu);
+
+        Grpo__Envelope env = GRPO__ENVELOPE__INIT, *reply = NULL;
+        env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT;
+        env.heartbeat = &hb;
+        char err[512];
+        enum rpc_result r = rpc_call(c->rpc, &env, timeout_ms, &reply, err, sizeof err);
+        bool need_reregister = false;
+
+        pthread_mutex_lock(&c->mu);
+        if (r == RPC_OK && reply->body_case == GRPO__ENVELOPE__BODY_HEARTBEAT_ACK) {
+            if (!c->connected)
+                log_info("control", "in contact with grpod at %s", c->endpoint);
+            c->connected = true;
+            backoff = 0;
+            need_reregister = reply->heartbeat_ack->reregister;
+            if (!need_reregister) {
+                apply_ack(c, reply->heartbeat_ack);
+                if (gen > c->acked_generation)
+                    c->acked_generation = gen;
+            }
+        } else {
+            if (r == RPC_OK)
+                snprintf(err, sizeof err, "%s",
+                         reply->body_case == GRPO__ENVELOPE__BODY_REPLY ? reply->reply->error : "unexpected answer");
+            if (c->connected || backoff == 0)
+                log_warn("control", "no heartbeat answer from grpod at %s: %s; retrying with backoff", c->endpoint,
+                         err);
+            c->connected = false;
+            backoff = backoff ? (backoff * 2 > 5.0 ? 5.0 : backoff * 2) : 0.25;
+        }
+        protocol_free(reply);
+        pthread_cond_broadcast(&c->changed);
+        if (need_reregister) {
+            pthread_mutex_unlock(&c->mu);
+            reregister(c);
+            pthread_mutex_lock(&c->mu);
+            continue;
+        }
+        double wait = c->connected ? c->interval : backoff;
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        double t = (double)until.tv_sec + (double)until.tv_nsec * 1e-9 + wait;
+        until.tv_sec = (time_t)t;
+        until.tv_nsec = (long)((t - (double)until.tv_sec) * 1e9);
+        while (!c->quit && !c->kick)
+            if (pthread_cond_timedwait(&c->wake, &c->mu, &until) == ETIMEDOUT)
+                break;
+        c->kick = false;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+int control_open(const struct control_options *o, struct control **out, struct control_assignment *a, char *err,
+                 size_t errlen)
+{
+    *out = NULL;
+    memset(a, 0, sizeof *a);
+    if (!o->endpoint || !o->endpoint[0])
+        return 0;
+    char secret[GRPO_SECRET_MAX + 1] = "";
+    enum endpoint_kind kind;
+    if (endpoint_parse(o->endpoint, &kind, NULL, 0, err, errlen) != 0)
+        return -1;
+    if (kind == ENDPOINT_TCP) {
+        if (!o->secret_file || !o->secret_file[0]) {
+            snprintf(err, errlen, "grpod endpoint %s is tcp://: grpod.secret_file must name the shared secret",
+                     o->endpoint);
+            return -1;
+        }
+        if (secret_read(o->secret_file, 0, secret, sizeof secret, err, errlen) != 0)
+            return -1;
+    }
+    struct control *c = xcalloc(1, sizeof *c);
+    snprintf(c->endpoint, sizeof c->endpoint, "%s", o->endpoint);
+    if (o->host && o->host[0])
+        snprintf(c->host, sizeof c->host, "%s", o->host);
+    else if (gethostname(c->host, sizeof c->host) != 0 || !c->host[0])
+        snprintf(c->host, sizeof c->host, "localhost");
+    c->host[sizeof c->host - 1] = 0;
+    snprintf(c->caps, sizeof c->caps, "%s", o->capabilities ? o->capabilities : "rollout,trainer");
+    snprintf(c->devices, sizeof c->devices, "%s", o->devices ? o->devices : "cpu");
+    c->rank = o->rank;
+    c->world = o->world_size;
+    c->digest = o->config_digest;
+    c->step = o->start_step;
+    c->ckpt_step = -1;
+    c->state = GRPO__WORKER_STATE__WORKER_STARTING;
+    c->since = transport_now();
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->changed, NULL);
+    pthread_cond_init(&c->wake, NULL);
+    c->rpc = rpc_open(o->endpoint, secret, err, errlen);
+    if (!c->rpc) {
+        control_close(c);
+        return -1;
+    }
+    double start = transport_now(), backoff = 0.1;
+    bool told = false;
+    uint64_t token = 0, seq = 0;
+    for (;;) {
+        char why[512];
+        int rc = register_once(c, "", 0, o->start_step, a, &token, &seq, why, sizeof why);
+        if (rc == 0)
+            break;
+        if (rc < 0) {
+            snprintf(err, errlen, "grpod at %s refused rank %d: %s", o->endpoint, o->rank, why);
+            control_close(c);
+            return -1;
+        }
+        double waited = transport_now() - start;
+        if (o->connect_timeout_s > 0 && waited + backoff > o->connect_timeout_s) {
+            snprintf(err, errlen, "cannot reach grpod at %s: %s (gave up after %.0f s, grpod.connect_timeout_s)",
+                     o->endpoint, why, waited);
+            control_close(c);
+            return -1;
+        }
+        if (!told)
+            log_warn("control", "waiting for grpod at %s: %s; retrying with backoff", o->endpoint, why);
+        told = true;
+        transport_sleep(backoff);
+        backoff = backoff * 2 > 2.0 ? 2.0 : backoff * 2;
+    }
+    adopt(c, a, token, seq);
+    c->connected = true;
+    log_info("control", "registered with grpod at %s: run %s, rank %d of %d as %s (dp %d/%d tp %d/%d pp %d/%d)",
+             o->endpoint, a->run_id, o->rank, o->world_size, control_role_name(a->role), a->dp_rank, a->dp_size,
+             a->tp_rank, a->tp_size, a->pp_rank, a->pp_size);
+    if (pthread_create(&c->thread, NULL, heartbeat_thread, c) != 0) {
+        snprintf(err, errlen, "cannot start the heartbeat thread");
+        control_close(c);
+        return -1;
+    }
+    c->thread_started = true;
+    *out = c;
+    return 0;
+}
+
+void control_close(struct control *c)
+{
+    if (!c)
+        return;
+    if (c->thread_started) {
+        pthread_mutex_lock(&c->mu);
+        c->quit = true;
+        pthread_cond_signal(&c->wake);
+        pthread_mutex_unlock(&c->mu);
+        pthread_join(c->thread, NULL);
+    }
+    rpc_close(c->rpc);
+    pthread_cond_destroy(&c->wake);
+    pthread_cond_destroy(&c->changed);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}

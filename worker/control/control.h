@@ -1,0 +1,143 @@
+/* The worker's side of the control plane: register with grpod, heartbeat,
+ * obey pause / resume / stop / checkpoint at safe points.
+ *
+ * control_open() registers (retrying with backoff until grpod.connect_timeout_s)
+ * and starts a background thread that owns the socket from then on: every
+ * heartbeat_interval_s it sends the latest snapshot (step, phase, per-phase
+ * timings, idle and busy time, metrics) that the trainer updates through the
+ * control_set_* calls, which only take a mutex and never block on the network.
+ * The thread keeps heartbeating while the trainer is busy in a long phase or
+ * held in control_wait_resume(), reconnects with backoff when grpod restarts,
+ * and registers again (same run, same rank) when grpod asks it to.
+ *
+ * Commands arrive as levels (pause wanted, stop wanted, checkpoint count), so
+ * a lost message or a grpod restart cannot lose one. The trainer asks at its
+ * safe points (after a generation batch, after an optimizer step):
+ *
+ *     switch (control_poll(ctl)) {
+ *     case CONTROL_NONE: break;                                // carry on
+ *     case CONTROL_CHECKPOINT: save(step); control_checkpoint_done(ctl, step); break;
+ *     case CONTROL_PAUSE:                                      // hold; heartbeats go on
+ *         ... control_wait_resume(ctl) returns CONTROL_RESUME, CONTROL_CHECKPOINT or CONTROL_STOP
+ *     case CONTROL_STOP: save(step); control_checkpoint_done(ctl, step);
+ *                        control_finish(ctl, CONTROL_END_STOPPED, NULL); ... end the loop
+ *     }
+ *
+ * or lets control_safe_point() run exactly that with a save callback.
+ *
+ * A NULL struct control * is valid in every call and means "no grpod": the
+ * setters do nothing, control_poll returns CONTROL_NONE. control_open gives
+ * NULL (and returns 0) when the endpoint is empty, so a trainer runs alone or
+ * under grpod with the same code. */
+#ifndef GRPO_WORKER_CONTROL_CONTROL_H
+#define GRPO_WORKER_CONTROL_CONTROL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct grpo_config;
+struct control;
+
+/* Phases of a step; the numbers are the protocol's (grpo.Phase). */
+enum control_phase {
+    CONTROL_PHASE_IDLE = 0, /* waiting: counts as idle time */
+    CONTROL_PHASE_GEN = 1,
+    CONTROL_PHASE_REWARD = 2,
+    CONTROL_PHASE_OLD_LOG_PROB = 3,
+    CONTROL_PHASE_REF = 4,
+    CONTROL_PHASE_ADV = 5,
+    CONTROL_PHASE_UPDATE_ACTOR = 6,
+    CONTROL_PHASE_WEIGHT_SYNC = 7,
+    CONTROL_PHASE_VALIDATE = 8,
+    CONTROL_PHASE_CHECKPOINT = 9,
+};
+
+enum control_role {
+    CONTROL_ROLE_UNASSIGNED = 0,
+    CONTROL_ROLE_ROLLOUT = 1,
+    CONTROL_ROLE_TRAINER = 2,
+    CONTROL_ROLE_HYBRID = 3, /* rollout and trainer in one process */
+};
+
+enum control_command {
+    CONTROL_NONE = 0,
+    CONTROL_PAUSE = 1,      /* hold at this safe point: call control_wait_resume() */
+    CONTROL_RESUME = 2,     /* (from control_wait_resume) carry on */
+    CONTROL_STOP = 3,       /* checkpoint, control_finish(CONTROL_END_STOPPED), end */
+    CONTROL_CHECKPOINT = 4, /* write a checkpoint now, then control_checkpoint_done() */
+};
+
+/* How a worker ends (control_finish). */
+enum control_end {
+    CONTROL_END_FINISHED = 0, /* trained every step */
+    CONTROL_END_STOPPED = 1,  /* ended on a stop command, after its checkpoint */
+    CONTROL_END_FAILED = 2,   /* gave up; the error text says why */
+};
+
+struct control_options {
+    const char *endpoint;     /* grpod.endpoint; NULL or "": no grpod (control_open gives NULL) */
+    const char *secret_file;  /* grpod.secret_file; tcp:// endpoints need it */
+    int rank, world_size;     /* this process in the job (MPI rank and size) */
+    const char *host;         /* NULL: gethostname() */
+    const char *capabilities; /* comma-separated: "rollout,trainer" (the default) */
+    const char *devices;      /* comma-separated: "cpu" (the default), "cuda:0 NVIDIA H200" */
+    uint64_t config_digest;   /* config_digest() of the run's configuration; grpod checks all ranks agree */
+    int64_t start_step;       /* steps already done (a resumed run); 0 for a fresh one */
+    double connect_timeout_s; /* how long to retry the first registration; 0: forever */
+};
+
+/* What grpod assigned at registration. */
+struct control_assignment {
+    enum control_role role;
+    int dp_rank, dp_size, tp_rank, tp_size, pp_rank, pp_size;
+    int world_size;
+    char run_id[64];
+    int64_t resume_step;     /* newest checkpoint step every worker has, -1: none */
+    uint64_t config_digest;  /* the run's */
+    char data_pull_endpoint[256]; /* trainer DP heads: bind a PULL socket here */
+    char data_push_endpoint[256]; /* rollout: this rank's trainer endpoint */
+    int n_trainer_endpoints;       /* rollout: every trainer DP rank's endpoint */
+    char trainer_endpoints[64][256];
+    double heartbeat_interval_s;
+};
+
+/* Fill options from the configuration (grpod.* keys, config digest) for this rank. */
+void control_options_from_config(struct control_options *o, const struct grpo_config *cfg, int rank,
+                                 int world_size);
+/* Register with grpod and start heartbeating. 0 with *out set (NULL when the endpoint is empty),
+ * or -1 with err: grpod unreachable within connect_timeout_s, or the registration was refused
+ * (placement, configuration digest, protocol version: err says which). */
+int control_open(const struct control_options *o, struct control **out, struct control_assignment *a, char *err,
+                 size_t errlen);
+
+/* Enter a phase; the time spent in the previous one is accounted to it. */
+void control_set_phase(struct control *c, enum control_phase phase);
+/* Steps completed so far and the total; completing a step closes its per-phase timings. */
+void control_set_step(struct control *c, int64_t step, int64_t total_steps);
+/* Set one metric of the snapshot (verl names: "critic/score/mean", "perf/throughput", ...). */
+void control_set_metric(struct control *c, const char *name, double value);
+
+/* At a safe point: the command to obey now, CONTROL_NONE most of the time. Never blocks.
+ * Priority: STOP, then CHECKPOINT (each request is returned once), then PAUSE. */
+enum control_command control_poll(struct control *c);
+/* Hold (reported as paused) until grpod resumes the run: returns CONTROL_RESUME, or
+ * CONTROL_CHECKPOINT (write one, report it, call this again) or CONTROL_STOP. */
+enum control_command control_wait_resume(struct control *c);
+/* A checkpoint of `step` steps is on disk. */
+void control_checkpoint_done(struct control *c, int64_t step);
+/* Run control_poll's answer to completion at a safe point: save(ud, step) writes a checkpoint
+ * (returns 0 on success). Returns true to go on training, false to end (stopped: the final
+ * checkpoint is written and reported; call control_finish(c, CONTROL_END_STOPPED, NULL)). */
+bool control_safe_point(struct control *c, int64_t step, int (*save)(void *ud, int64_t step), void *ud);
+/* Tell grpod how this worker ends and wait (at most a few seconds) until it has heard. */
+void control_finish(struct control *c, enum control_end end, const char *error);
+/* Stop the heartbeat thread, close the socket, free. */
+void control_close(struct control *c);
+
+/* "none", "pause", "resume", "stop", "checkpoint". */
+const char *control_command_name(enum control_command cmd);
+/* "unassigned", "rollout", "trainer", "hybrid". */
+const char *control_role_name(enum control_role role);
+
+#endif
