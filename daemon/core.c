@@ -732,6 +732,30 @@ static uint8_t *handle_metrics(struct core *c, uint64_t id, double now, size_t *
     return out;
 }
 
+/* Log a dropped request, at most 10 lines per 10 s: a flood of garbage must not flood the log. */
+static void log_dropped(struct core *c, double now, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void log_dropped(struct core *c, double now, const char *fmt, ...)
+{
+    if (now - c->drop_window > 10.0) {
+        if (c->drop_suppressed)
+            log_warn("grpod", "... and %" PRIu64 " more dropped requests not logged", c->drop_suppressed);
+        c->drop_window = now;
+        c->drop_logged = 0;
+        c->drop_suppressed = 0;
+    }
+    if (c->drop_logged >= 10) {
+        c->drop_suppressed++;
+        return;
+    }
+    c->drop_logged++;
+    char text[CORE_REASON_MAX + 64];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    log_warn("grpod", "%s", text);
+}
+
 uint8_t *core_handle(struct core *c, const uint8_t *buf, size_t len, const char *secret, double now,
                      size_t *reply_len)
 {
@@ -749,15 +773,15 @@ uint8_t *core_handle(struct core *c, const uint8_t *buf, size_t len, const char 
         } else {
             c->counters.malformed++;
         }
-        log_warn("grpod", "dropped a request: %s", why);
+        log_dropped(c, now, "dropped a request: %s", why);
         out = CHECK_ALLOC(protocol_pack_error(id, why, reply_len));
         protocol_free(env);
         return out;
     }
     if (secret && !secret_equal(env->secret, secret)) {
         c->counters.auth_failed++;
-        log_warn("grpod", "refused a %s request: %s shared secret", protocol_body_name(env->body_case),
-                 env->secret[0] ? "wrong" : "no");
+        log_dropped(c, now, "refused a %s request: %s shared secret", protocol_body_name(env->body_case),
+                    env->secret[0] ? "wrong" : "no");
         out = CHECK_ALLOC(protocol_pack_error(id, "authentication failed: this endpoint needs the shared secret of "
                                                   "grpod.secret_file", reply_len));
         protocol_free(env);
@@ -769,7 +793,7 @@ uint8_t *core_handle(struct core *c, const uint8_t *buf, size_t len, const char 
             c->counters.unexpected++;
         else
             c->counters.invalid++;
-        log_warn("grpod", "dropped an invalid request: %s", why);
+        log_dropped(c, now, "dropped an invalid request: %s", why);
         out = CHECK_ALLOC(protocol_pack_error(id, why, reply_len));
         protocol_free(env);
         return out;

@@ -116,6 +116,9 @@ struct core {
     core_event_fn on_event;
     void *event_ud;
     uint64_t rng;
+    double drop_window; /* rate limit of "dropped a request" log lines */
+    int drop_logged;
+    uint64_t drop_suppressed;
 };
 
 /* Set up an empty core with a fresh run in WAITING. now is the monotonic clock. */

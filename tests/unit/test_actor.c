@@ -148,6 +148,33 @@ static void test_micro_batching_invariance(void **state)
     free_fixture(f);
 }
 
+/* The on-policy shortcut (old log-probs from the update's own forward) equals a separate old-policy pass. */
+static void test_old_logp_from_current_forward(void **state)
+{
+    (void)state;
+    struct fixture *f = setup_fixture();
+    model_alloc_grads(f->m);
+    const size_t n = f->m->grad->n_floats;
+    struct update_params p = params(AGG_TOKEN_MEAN);
+    p.bt = (struct batching){2, 0};
+    actor_compute_logp(f->m, f->seqs, f->idx, NSEQ, &p.bt, p.temperature, 0); /* exact old log-probs */
+    double loss_a = objective(f, &p);
+    float *ga = malloc(n * sizeof(float));
+    memcpy(ga, f->m->grad->mem, n * sizeof(float));
+    for (int i = 0; i < NSEQ; i++) {
+        free(f->seqs[i].old_logp);
+        f->seqs[i].old_logp = NULL;
+    }
+    p.old_from_current = true;
+    double loss_b = objective(f, &p);
+    assert_true(loss_a == loss_b);
+    assert_memory_equal(ga, f->m->grad->mem, n * sizeof(float));
+    for (int i = 0; i < NSEQ; i++)
+        assert_non_null(f->seqs[i].old_logp);
+    free(ga);
+    free_fixture(f);
+}
+
 static void test_dynamic_batches_respect_budget(void **state)
 {
     (void)state;
@@ -190,6 +217,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_objective_finite_differences),
         cmocka_unit_test(test_micro_batching_invariance),
+        cmocka_unit_test(test_old_logp_from_current_forward),
         cmocka_unit_test(test_dynamic_batches_respect_budget),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -70,6 +70,12 @@ void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int
             while (idx[j] != mb.seq[i])
                 j++;
             const int at = mb.resp_at[i];
+            if (p->old_from_current) {
+                struct rollout_seq *ws = &seqs[mb.seq[i]];
+                if (!ws->old_logp)
+                    ws->old_logp = xmalloc((size_t)(ws->resp_len ? ws->resp_len : 1) * sizeof(float));
+                memcpy(ws->old_logp, logp + at, (size_t)ws->resp_len * sizeof(float));
+            }
             policy_loss_tokens(&p->loss, s->resp_len, logp + at, s->old_logp, s->ref_logp ? s->ref_logp : s->old_logp,
                                ent + at, s->adv, w + woff[j], ls, dlogp + at, dent + at);
         }

@@ -32,6 +32,9 @@ struct update_params {
     bool checkpointing;
     float temperature;
     struct batching bt;
+    /* on-policy shortcut: with one optimizer step per training step, the policy at the update's forward IS the
+     * old policy, so old log-probs are taken from that forward (ratio exactly 1) instead of a separate pass */
+    bool old_from_current;
 };
 
 /* Averages over the optimizer steps of one update (verl's actor/ metrics). */

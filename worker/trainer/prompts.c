@@ -72,10 +72,10 @@ static int encode_set(const struct grpo_config *cfg, const struct tokenizer *tok
                          cfg->data_max_prompt_length);
             return -1;
         }
-        /* the synthetic arithmetic task's reference answer is the number itself */
+        /* the synthetic arithmetic task's reference answer, in the form its prompt asks for */
         if (strcmp(ps->data_source, "arithmetic") == 0 && ps->ground_truth) {
             char ans[128];
-            snprintf(ans, sizeof ans, "%s", ps->ground_truth);
+            snprintf(ans, sizeof ans, "#### %s", ps->ground_truth);
             int32_t *a = tokenizer_encode(tok, ans, strlen(ans), 0, &n);
             int eos = tokenizer_token_id(tok, "<|im_end|>");
             if (eos < 0)

@@ -571,10 +571,15 @@ static int grpo_step(struct trainer *t, struct metrics *m)
     const struct batching lp_bt = {(int)c->rollout_log_prob_micro_batch_size_per_gpu,
                                    c->actor_use_dynamic_bsz ? (int)c->actor_ppo_max_token_len_per_gpu : 0};
     const struct batching ref_bt = {(int)c->ref_log_prob_micro_batch_size_per_gpu, lp_bt.micro_tokens};
-    phase(t, "old_log_prob");
-    double t0 = now_s();
-    actor_compute_logp(t->policy, b.seqs, idx, b.n_seq, &lp_bt, (float)c->rollout_temperature, 0);
-    double t_old = now_s() - t0, t_ref = 0;
+    /* one optimizer step per training step: the update's own forward gives the old log-probs exactly */
+    const int mini_seqs = (int)(c->actor_ppo_mini_batch_size * n);
+    const bool on_policy = c->actor_ppo_epochs == 1 && b.n_seq <= mini_seqs && !c->alg_use_kl_in_reward;
+    double t0 = now_s(), t_old = 0, t_ref = 0;
+    if (!on_policy) {
+        phase(t, "old_log_prob");
+        actor_compute_logp(t->policy, b.seqs, idx, b.n_seq, &lp_bt, (float)c->rollout_temperature, 0);
+        t_old = now_s() - t0;
+    }
     if (c->actor_use_kl_loss || c->alg_use_kl_in_reward) {
         phase(t, "ref");
         t0 = now_s();
@@ -594,7 +599,8 @@ static int grpo_step(struct trainer *t, struct metrics *m)
         .loss = t->loss,
         .agg = t->agg,
         .max_response_length = (int)c->data_max_response_length,
-        .mini_batch_seqs = (int)(c->actor_ppo_mini_batch_size * n),
+        .mini_batch_seqs = mini_seqs,
+        .old_from_current = on_policy,
         .ppo_epochs = (int)c->actor_ppo_epochs,
         .grad_clip = c->actor_grad_clip,
         .lr = lr,

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# grpod's HTTP side: /metrics passes `promtool check metrics`, /api/status is the
+# JSON of `grpoctl status --json`, and the status page, rendered by headless
+# Chromium after its script has run, shows the workers and draws both charts.
+set -u
+. "$(dirname "$0")/grpod_lib.sh" "$@"
+
+start_grpod g1
+start_sim w0 0 2 --steps 100000 --step-ms 30 --host hostA
+start_sim w1 1 2 --steps 100000 --step-ms 30 --host hostB
+wait_for 15 state_is running; expect "run runs" $?
+url="$(status_field .http_url)"
+case "$url" in http://127.0.0.1:[1-9]*) r=0 ;; *) r=1 ;; esac; expect "status names the HTTP URL ($url)" $r
+wait_for 15 sh -c "[ \"\$('$GRPOCTL' status --json | jq '.history | length')\" -ge 3 ]"; expect "history fills" $?
+
+curl -sf "$url/metrics" >"$TMP/metrics"; expect "GET /metrics" $?
+has "$TMP/metrics" 'grpod_run_state{state="running"} 1'; expect "/metrics has the run state" $?
+has "$TMP/metrics" 'grpod_worker_up{rank="1",host="hostB",role="hybrid",state="running"} 1'; expect "/metrics has the workers" $?
+if command -v promtool >/dev/null; then
+    promtool check metrics <"$TMP/metrics" >"$TMP/promtool" 2>&1; expect "promtool check metrics passes" $?
+    cat "$TMP/promtool"
+else
+    echo "skip promtool check (promtool not installed)"
+fi
+curl -sfI "$url/metrics" | grep -qi '^content-type: text/plain; version=0.0.4'; expect "/metrics content type" $?
+
+curl -sf "$url/api/status" >"$TMP/api.json"; expect "GET /api/status" $?
+jq -e '.state == "running" and (.workers | length) == 2 and (.history | length) >= 3' "$TMP/api.json" >/dev/null
+expect "/api/status has the run, workers and history" $?
+jq -e '.workers[0] | has("last_heartbeat_age_s") and has("idle_fraction") and has("role")' "$TMP/api.json" >/dev/null
+expect "/api/status worker fields" $?
+diff <(jq -S 'del(.uptime_s, .workers, .history, .events, .step, .metrics, .reward, .throughput, .phase)' "$TMP/api.json") \
+     <("$GRPOCTL" status --json | jq -S 'del(.uptime_s, .workers, .history, .events, .step, .metrics, .reward, .throughput, .phase)') >/dev/null
+expect "/api/status and grpoctl status --json agree" $?
+curl -s -o /dev/null -w '%{http_code}' "$url/nope" | grep -q 404; expect "unknown path: 404" $?
+curl -s -o /dev/null -w '%{http_code}' -X POST "$url/api/status" | grep -q 405; expect "POST: 405" $?
+
+curl -sf "$url/" >"$TMP/page.html"; expect "GET /" $?
+grep -q '<script' "$TMP/page.html" && ! grep -Eq 'src="https?:' "$TMP/page.html"; expect "page: inline script, no CDN" $?
+chrome="$(command -v chromium || command -v chromium-browser || command -v google-chrome || true)"
+if [ -n "$chrome" ]; then
+    timeout 60 "$chrome" --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run \
+        --user-data-dir="$TMP/chrome" --virtual-time-budget=8000 --dump-dom "$url/" >"$TMP/dom.html" 2>"$TMP/chrome.log"
+    expect "chromium renders the page" $?
+    grep -q '<tr data-rank="0">' "$TMP/dom.html" && grep -q '<tr data-rank="1">' "$TMP/dom.html"
+    expect "DOM: worker table has both ranks" $?
+    grep -q 'hostB' "$TMP/dom.html"; expect "DOM: worker host shown" $?
+    grep -Eq 'id="run-state" class="badge running"' "$TMP/dom.html"; expect "DOM: run state badge" $?
+    for c in reward throughput; do
+        grep -Eo "<svg id=\"chart-$c\"[^>]*data-points=\"[0-9]+\"" "$TMP/dom.html" | grep -Eq 'data-points="([3-9]|[1-9][0-9]+)"'
+        expect "DOM: $c chart has points" $?
+        sed -n "/id=\"chart-$c\"/,/<\/svg>/p" "$TMP/dom.html" | grep -Eq '<polyline [^>]*points="[0-9.]+,[0-9.]+ [0-9.]+,[0-9.]+'
+        expect "DOM: $c chart has a drawn line" $?
+    done
+    grep -q 'registered from host' "$TMP/dom.html"; expect "DOM: events listed" $?
+else
+    echo "skip chromium checks (chromium not installed)"
+fi
+"$GRPOCTL" stop --wait=30 >/dev/null
+echo "$fails failure(s)"
+[ "$fails" -eq 0 ]
