@@ -290,8 +290,8 @@ static int cmd_command(struct rpc_client *rpc, const struct opts *o, Grpo__Comma
                 if (cmd == GRPO__COMMAND__COMMAND_CHECKPOINT)
                     printf("checkpoint written: step %" PRId64 "\n", st->status->checkpoint_step);
                 else
-                    printf("run %s at step %" PRId64 "%s%s\n", core_run_state_name(st->status->state),
-                           st->status->step, st->status->reason[0] ? ": " : "", st->status->reason);
+                    printf("run %s at step %" PRId64 "%s%s\n", core_run_state_name(st->status->state), st->status->step,
+                           st->status->reason[0] ? ": " : "", st->status->reason);
             } else {
                 fprintf(stderr, "grpoctl: %s\n", why);
             }
@@ -313,6 +313,8 @@ static int cmd_command(struct rpc_client *rpc, const struct opts *o, Grpo__Comma
 
 static int parse_seconds(const char *s, double *out)
 {
+    if (!s)
+        return -1;
     char *end;
     double v = strtod(s, &end);
     if (end == s || *end || !(v > 0) || v > 1e7)
@@ -361,13 +363,16 @@ int main(int argc, char **argv)
                 goto usage_error;
             }
             break;
-        case 'r':
-            o.attempts = atoi(optarg);
-            if (o.attempts < 1 || o.attempts > 1000) {
-                fprintf(stderr, "grpoctl: --retries expects 1..1000, got '%s'\n", optarg);
+        case 'r': {
+            char *end;
+            long n = optarg ? strtol(optarg, &end, 10) : 0;
+            o.attempts = optarg && !*end ? (int)n : 0;
+            if (n < 1 || n > 1000 || o.attempts < 1) {
+                fprintf(stderr, "grpoctl: --retries expects 1..1000, got '%s'\n", optarg ? optarg : "");
                 goto usage_error;
             }
             break;
+        }
         case OPT_REASON: o.reason = optarg; break;
         case 'h':
             usage(stdout);
@@ -377,8 +382,8 @@ int main(int argc, char **argv)
         }
     }
     if (optind != argc - 1) {
-        fprintf(stderr, "grpoctl: %s\n", optind >= argc ? "which command? (see grpoctl --help)"
-                                                         : "one command at a time (see grpoctl --help)");
+        fprintf(stderr, "grpoctl: %s\n",
+                optind >= argc ? "which command? (see grpoctl --help)" : "one command at a time (see grpoctl --help)");
         goto usage_error;
     }
     const char *cmd = argv[optind];
@@ -416,8 +421,9 @@ int main(int argc, char **argv)
     }
     if (kind == ENDPOINT_TCP) {
         if (!o.secret_file || !o.secret_file[0]) {
-            fprintf(stderr, "grpoctl: %s is a tcp:// endpoint: give the shared secret with --secret-file or "
-                            "$GRPOD_SECRET_FILE\n",
+            fprintf(stderr,
+                    "grpoctl: %s is a tcp:// endpoint: give the shared secret with --secret-file or "
+                    "$GRPOD_SECRET_FILE\n",
                     o.endpoint);
             goto usage_error;
         }

@@ -22,7 +22,7 @@ char *arena_strdup(struct arena *a, const char *s)
         s = "";
     size_t l = strlen(s);
     char *p = arena_alloc(a, l + 1);
-    memcpy(p, s, l);
+    memcpy(p, s, l + 1);
     return p;
 }
 

@@ -46,10 +46,7 @@ static bool worker_ended(Grpo__WorkerState s)
            s == GRPO__WORKER_STATE__WORKER_FAILED;
 }
 
-static bool worker_watched(Grpo__WorkerState s)
-{
-    return !worker_ended(s) && s != GRPO__WORKER_STATE__WORKER_LOST;
-}
+static bool worker_watched(Grpo__WorkerState s) { return !worker_ended(s) && s != GRPO__WORKER_STATE__WORKER_LOST; }
 
 static void add_event(struct core *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void add_event(struct core *c, const char *fmt, ...)
@@ -95,9 +92,7 @@ static void set_state(struct core *c, Grpo__RunState s, const char *reason)
 
 static void new_run(struct core *c)
 {
-    free(c->workers);
-    c->workers = NULL;
-    c->nworkers = 0;
+    core_free_workers(c);
     memset(&c->run, 0, sizeof c->run);
     time_t t = time(NULL);
     struct tm tm;
@@ -106,7 +101,7 @@ static void new_run(struct core *c)
     strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
     snprintf(c->run.id, sizeof c->run.id, "run-%s-%04x", stamp, (unsigned)(next_random(c) & 0xffff));
     c->run.state = GRPO__RUN_STATE__RUN_WAITING;
-    snprintf(c->run.reason, sizeof c->run.reason, "waiting for the first worker");
+    snprintf(c->run.reason, sizeof c->run.reason, "no worker has registered yet");
     c->run.checkpoint_step = -1;
     c->run.started = wall_now();
     c->dirty = c->dirty_urgent = true;
@@ -128,12 +123,16 @@ void core_init(struct core *c, const struct core_settings *set, double now)
     new_run(c);
 }
 
-void core_deinit(struct core *c)
+void core_free_workers(struct core *c)
 {
+    for (int r = 0; r < c->nworkers; r++)
+        free(c->workers[r]);
     free(c->workers);
     c->workers = NULL;
     c->nworkers = 0;
 }
+
+void core_deinit(struct core *c) { core_free_workers(c); }
 
 void core_set_event_hook(struct core *c, core_event_fn fn, void *ud)
 {
@@ -149,8 +148,8 @@ static int placement_world(const struct core *c) { return c->set.rollout_ranks +
 static double run_metric(const struct core *c, const char *name)
 {
     for (int r = 0; r < c->nworkers; r++) {
-        const struct core_worker *w = &c->workers[r];
-        if (!w->present)
+        const struct core_worker *w = c->workers[r];
+        if (!w)
             continue;
         for (int i = 0; i < w->nmetrics; i++)
             if (strcmp(w->metrics[i].name, name) == 0)
@@ -165,8 +164,8 @@ static void update_checkpoints(struct core *c)
     int64_t step = INT64_MAX;
     int n = 0;
     for (int r = 0; r < c->nworkers; r++) {
-        const struct core_worker *w = &c->workers[r];
-        if (!w->present || w->state == GRPO__WORKER_STATE__WORKER_LOST)
+        const struct core_worker *w = c->workers[r];
+        if (!w || w->state == GRPO__WORKER_STATE__WORKER_LOST)
             continue;
         n++;
         done = w->checkpoint_seq_done < done ? w->checkpoint_seq_done : done;
@@ -180,8 +179,8 @@ static void update_checkpoints(struct core *c)
     }
     if (done > c->run.checkpoint_seq_done && done <= c->run.checkpoint_seq) {
         c->run.checkpoint_seq_done = done;
-        add_event(c, "checkpoint request %" PRIu64 " written by every worker (newest common checkpoint: step %" PRId64
-                     ")",
+        add_event(c,
+                  "checkpoint request %" PRIu64 " written by every worker (newest common checkpoint: step %" PRId64 ")",
                   done, c->run.checkpoint_step);
     }
 }
@@ -195,8 +194,8 @@ static void reevaluate(struct core *c)
     int present = 0, ended = 0, finished = 0, paused = 0;
     const struct core_worker *lost = NULL, *failed = NULL;
     for (int r = 0; r < c->nworkers; r++) {
-        const struct core_worker *w = &c->workers[r];
-        if (!w->present)
+        const struct core_worker *w = c->workers[r];
+        if (!w)
             continue;
         present++;
         if (w->state == GRPO__WORKER_STATE__WORKER_FAILED && !failed)
@@ -216,9 +215,9 @@ static void reevaluate(struct core *c)
     if (c->run.stop) {
         if (ended == present) {
             if (c->run.checkpoint_step >= 0)
-                snprintf(reason, sizeof reason, "stopped by operator at step %" PRId64 " (checkpoint at step %" PRId64
-                                                ")",
-                         c->run.step, c->run.checkpoint_step);
+                snprintf(reason, sizeof reason,
+                         "stopped by operator at step %" PRId64 " (checkpoint at step %" PRId64 ")", c->run.step,
+                         c->run.checkpoint_step);
             else
                 snprintf(reason, sizeof reason, "stopped by operator at step %" PRId64, c->run.step);
             set_state(c, GRPO__RUN_STATE__RUN_FINISHED, reason);
@@ -235,15 +234,16 @@ static void reevaluate(struct core *c)
     }
     if (c->run.world == 0 || present < c->run.world) {
         if (c->run.world == 0)
-            snprintf(reason, sizeof reason, "waiting for the first worker");
+            snprintf(reason, sizeof reason, "no worker has registered yet");
         else
-            snprintf(reason, sizeof reason, "waiting for workers: %d of %d registered", present, c->run.world);
+            snprintf(reason, sizeof reason, "%d of %d workers registered", present, c->run.world);
         set_state(c, GRPO__RUN_STATE__RUN_WAITING, reason);
         return;
     }
     if (lost) {
-        snprintf(reason, sizeof reason, "rank %d on host %s lost (no heartbeat for %.1f s); waiting for it to register again",
-                 lost->rank, lost->host, c->set.heartbeat_timeout_s);
+        snprintf(reason, sizeof reason,
+                 "rank %d on host %s lost (no heartbeat for %.1f s); waiting for it to register again", lost->rank,
+                 lost->host, c->set.heartbeat_timeout_s);
         set_state(c, GRPO__RUN_STATE__RUN_WAITING, reason);
         return;
     }
@@ -314,7 +314,7 @@ static int place_rank(const struct core *c, int rank, int world, struct placemen
         p->tp_size = p->pp_size = 1;
         return 0;
     }
-    if (n % (tp * pp) != 0) {
+    if (n < 1 || n % (tp * pp) != 0) {
         snprintf(why, whylen,
                  "placement does not fit: %d %s ranks are not a multiple of tensor_parallel_size %d x "
                  "pipeline_parallel_size %d",
@@ -357,8 +357,8 @@ static void data_endpoint(const struct core *c, int dp, const char *host, char *
     data_base(c, base, sizeof base);
     if (strncmp(base, "tcp://", 6) == 0) {
         const char *colon = strrchr(base, ':');
-        int port = colon ? atoi(colon + 1) : 0;
-        snprintf(out, len, "tcp://%s:%d", host ? host : "*", port + dp);
+        long port = colon ? strtol(colon + 1, NULL, 10) : 0;
+        snprintf(out, len, "tcp://%s:%ld", host ? host : "*", port + dp);
     } else {
         snprintf(out, len, "%s-dp%d.sock", base, dp);
     }
@@ -367,9 +367,8 @@ static void data_endpoint(const struct core *c, int dp, const char *host, char *
 static const struct core_worker *trainer_head(const struct core *c, int dp)
 {
     for (int r = 0; r < c->nworkers; r++) {
-        const struct core_worker *w = &c->workers[r];
-        if (w->present && w->role == GRPO__ROLE__ROLE_TRAINER && w->dp_rank == dp && w->tp_rank == 0 &&
-            w->pp_rank == 0)
+        const struct core_worker *w = c->workers[r];
+        if (w && w->role == GRPO__ROLE__ROLE_TRAINER && w->dp_rank == dp && w->tp_rank == 0 && w->pp_rank == 0)
             return w;
     }
     return NULL;
@@ -445,7 +444,7 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
     }
     int present = 0;
     for (int i = 0; i < c->nworkers; i++)
-        present += c->workers[i].present;
+        present += (c->workers[i] != NULL);
     if (r->run_id[0] && strcmp(r->run_id, c->run.id) != 0) {
         if (present || c->run.state != GRPO__RUN_STATE__RUN_WAITING)
             return refuse(c, id, false, len, "rank %d belongs to run %s, but grpod runs %s", r->rank, r->run_id,
@@ -474,25 +473,27 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
         return refuse(c, id, false, len, "%s", why);
     const char *need = p.role == GRPO__ROLE__ROLE_ROLLOUT ? "rollout" : "trainer";
     if (!has_capability(r, need) || (p.role == GRPO__ROLE__ROLE_HYBRID && !has_capability(r, "rollout")))
-        return refuse(c, id, false, len, "rank %d on host %s cannot take the %s role (capabilities lack '%s')",
-                      r->rank, r->host, core_role_name(p.role),
+        return refuse(c, id, false, len, "rank %d on host %s cannot take the %s role (capabilities lack '%s')", r->rank,
+                      r->host, core_role_name(p.role),
                       p.role == GRPO__ROLE__ROLE_HYBRID && has_capability(r, "trainer") ? "rollout" : need);
     if (p.role == GRPO__ROLE__ROLE_ROLLOUT && missing_trainer_heads(c) > 0)
         return refuse(c, id, true, len, "rank %d waits for the trainer ranks to register (%d data-plane hosts unknown)",
                       r->rank, missing_trainer_heads(c));
     if (c->run.world == 0) {
         c->run.world = r->world_size;
-        c->workers = xcalloc((size_t)c->run.world, sizeof *c->workers);
+        c->workers = xcalloc((size_t)c->run.world, sizeof(struct core_worker *));
         c->nworkers = c->run.world;
     }
-    struct core_worker *w = &c->workers[r->rank];
-    bool same = w->present && r->incarnation && r->incarnation == w->incarnation;
-    if (w->present && !same && worker_watched(w->state) && w->state != GRPO__WORKER_STATE__WORKER_RECONNECTING &&
+    struct core_worker *w = c->workers[r->rank];
+    bool same = w && r->incarnation && r->incarnation == w->incarnation;
+    if (w && !same && worker_watched(w->state) && w->state != GRPO__WORKER_STATE__WORKER_RECONNECTING &&
         now - w->last_seen < 2.0 * c->set.heartbeat_interval_s + 0.5)
-        return refuse(c, id, true, len, "rank %d is held by pid %d on host %s (heard from %.1f s ago)", r->rank,
-                      w->pid, w->host, now - w->last_seen);
+        return refuse(c, id, true, len, "rank %d is held by pid %d on host %s (heard from %.1f s ago)", r->rank, w->pid,
+                      w->host, now - w->last_seen);
     if (!c->run.config_digest)
         c->run.config_digest = r->config_digest;
+    if (!w) /* one allocation per registered rank: a large world costs nothing until it shows up */
+        w = c->workers[r->rank] = xcalloc(1, sizeof *w);
     if (!same) {
         memset(w, 0, sizeof *w);
         w->incarnation = next_random(c) | 1;
@@ -500,7 +501,6 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
         w->checkpoint_step = -1;
         w->registered_at = wall_now();
     }
-    w->present = true;
     w->rank = r->rank;
     w->pid = r->pid;
     snprintf(w->host, sizeof w->host, "%s", r->host);
@@ -526,8 +526,8 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
     if (w->step > c->run.step)
         c->run.step = w->step;
     add_event(c, "rank %d %s from host %s (pid %d) as %s, dp %d/%d tp %d/%d pp %d/%d", r->rank,
-              same ? "registered again" : "registered", r->host, r->pid, core_role_name(p.role), p.dp, p.dp_size,
-              p.tp, p.tp_size, p.pp, p.pp_size);
+              same ? "registered again" : "registered", r->host, r->pid, core_role_name(p.role), p.dp, p.dp_size, p.tp,
+              p.tp_size, p.pp, p.pp_size);
     reevaluate(c);
     return reply_assignment(c, id, w, len);
 }
@@ -592,20 +592,20 @@ static void copy_heartbeat(struct core_worker *w, const Grpo__Heartbeat *h)
 static uint8_t *handle_heartbeat(struct core *c, const Grpo__Envelope *env, double now, size_t *len)
 {
     const Grpo__Heartbeat *h = env->heartbeat;
-    if (h->rank >= c->nworkers || !c->workers[h->rank].present || c->workers[h->rank].incarnation != h->incarnation) {
+    if (h->rank >= c->nworkers || !c->workers[h->rank] || c->workers[h->rank]->incarnation != h->incarnation) {
         char why[CORE_REASON_MAX];
-        snprintf(why, sizeof why, "grpod does not know this registration of rank %d in run %s: register again",
-                 h->rank, c->run.id);
+        snprintf(why, sizeof why, "grpod does not know this registration of rank %d in run %s: register again", h->rank,
+                 c->run.id);
         log_debug("registry", "%s", why);
         return reply_ack(c, env->request_id, true, why, len);
     }
-    struct core_worker *w = &c->workers[h->rank];
+    struct core_worker *w = c->workers[h->rank];
     Grpo__WorkerState old = w->state;
     double silent = now - w->last_seen;
     w->last_seen = now;
     copy_heartbeat(w, h);
-    Grpo__WorkerState st = h->state == GRPO__WORKER_STATE__WORKER_UNKNOWN ? GRPO__WORKER_STATE__WORKER_RUNNING
-                                                                             : h->state;
+    Grpo__WorkerState st =
+        h->state == GRPO__WORKER_STATE__WORKER_UNKNOWN ? GRPO__WORKER_STATE__WORKER_RUNNING : h->state;
     if (old == GRPO__WORKER_STATE__WORKER_LOST)
         add_event(c, "rank %d on host %s is back after %.1f s of silence", w->rank, w->host, silent);
     else if (old == GRPO__WORKER_STATE__WORKER_RECONNECTING)
@@ -633,8 +633,8 @@ static uint8_t *handle_heartbeat(struct core *c, const Grpo__Envelope *env, doub
         c->run.total_steps = h->total_steps;
     c->run.phase = GRPO__PHASE__PHASE_IDLE; /* the lowest rank still at work says where the run is */
     for (int r = 0; r < c->nworkers; r++)
-        if (c->workers[r].present && worker_watched(c->workers[r].state)) {
-            c->run.phase = c->workers[r].phase;
+        if (c->workers[r] && worker_watched(c->workers[r]->state)) {
+            c->run.phase = c->workers[r]->phase;
             break;
         }
     reevaluate(c);
@@ -692,7 +692,7 @@ static uint8_t *handle_command(struct core *c, const Grpo__Envelope *env, size_t
     default: {
         int present = 0;
         for (int r = 0; r < c->nworkers; r++)
-            present += c->workers[r].present;
+            present += (c->workers[r] != NULL);
         if (!present)
             return refuse(c, id, false, len, "no workers have registered; nothing to checkpoint");
         c->run.checkpoint_seq++;
@@ -756,8 +756,7 @@ static void log_dropped(struct core *c, double now, const char *fmt, ...)
     log_warn("grpod", "%s", text);
 }
 
-uint8_t *core_handle(struct core *c, const uint8_t *buf, size_t len, const char *secret, double now,
-                     size_t *reply_len)
+uint8_t *core_handle(struct core *c, const uint8_t *buf, size_t len, const char *secret, double now, size_t *reply_len)
 {
     Grpo__Envelope *env;
     char why[CORE_REASON_MAX];
@@ -765,11 +764,11 @@ uint8_t *core_handle(struct core *c, const uint8_t *buf, size_t len, const char 
     uint64_t id = env ? env->request_id : 0;
     uint8_t *out;
     if (pe != PROTOCOL_OK) {
-        if (pe == PROTOCOL_BAD_VERSION) {
+        if (pe == PROTOCOL_BAD_VERSION && env) {
             c->counters.bad_version++;
             snprintf(why, sizeof why,
-                     "incompatible protocol version %u: grpod speaks version %u; upgrade the older side",
-                     env->version, GRPO_PROTOCOL_VERSION);
+                     "incompatible protocol version %u: grpod speaks version %u; upgrade the older side", env->version,
+                     GRPO_PROTOCOL_VERSION);
         } else {
             c->counters.malformed++;
         }
@@ -778,12 +777,16 @@ uint8_t *core_handle(struct core *c, const uint8_t *buf, size_t len, const char 
         protocol_free(env);
         return out;
     }
+    if (!env) /* cannot happen: PROTOCOL_OK comes with an envelope */
+        return CHECK_ALLOC(protocol_pack_error(id, "internal error", reply_len));
     if (secret && !secret_equal(env->secret, secret)) {
         c->counters.auth_failed++;
         log_dropped(c, now, "refused a %s request: %s shared secret", protocol_body_name(env->body_case),
                     env->secret[0] ? "wrong" : "no");
-        out = CHECK_ALLOC(protocol_pack_error(id, "authentication failed: this endpoint needs the shared secret of "
-                                                  "grpod.secret_file", reply_len));
+        out = CHECK_ALLOC(protocol_pack_error(id,
+                                              "authentication failed: this endpoint needs the shared secret of "
+                                              "grpod.secret_file",
+                                              reply_len));
         protocol_free(env);
         return out;
     }
@@ -814,8 +817,8 @@ uint8_t *core_handle(struct core *c, const uint8_t *buf, size_t len, const char 
 void core_tick(struct core *c, double now)
 {
     for (int r = 0; r < c->nworkers; r++) {
-        struct core_worker *w = &c->workers[r];
-        if (!w->present || !worker_watched(w->state))
+        struct core_worker *w = c->workers[r];
+        if (!w || !worker_watched(w->state))
             continue;
         double silent = now - w->last_seen;
         if (silent <= c->set.heartbeat_timeout_s)

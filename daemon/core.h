@@ -32,7 +32,7 @@ struct core_settings {
     int tp_size, pp_size;             /* of the trainer ranks */
     double heartbeat_interval_s;
     double heartbeat_timeout_s;
-    bool fail_on_lost;        /* grpod.on_worker_lost=fail */
+    bool fail_on_lost;         /* grpod.on_worker_lost=fail */
     const char *data_endpoint; /* grpod.data_endpoint; "" for the default */
     const char *http_url;      /* shown in status; may be NULL */
 };
@@ -43,7 +43,6 @@ struct core_metric {
 };
 
 struct core_worker {
-    bool present; /* this rank has registered in this run */
     int rank, pid;
     char host[CORE_HOST_MAX];
     char devices[CORE_MAX_DEVICES][128];
@@ -57,8 +56,8 @@ struct core_worker {
     double registered_at; /* unix seconds */
     int64_t step, total_steps;
     Grpo__Phase phase;
-    double idle_s, busy_s;  /* cumulative, as reported */
-    double idle_fraction;   /* smoothed over recent heartbeats */
+    double idle_s, busy_s; /* cumulative, as reported */
+    double idle_fraction;  /* smoothed over recent heartbeats */
     double timings[CORE_NUM_PHASES];
     struct core_metric metrics[CORE_MAX_METRICS];
     int nmetrics;
@@ -105,7 +104,7 @@ typedef void (*core_event_fn)(void *ud, double time, const char *text);
 struct core {
     struct core_settings set;
     struct core_run run;
-    struct core_worker *workers; /* [nworkers], indexed by rank */
+    struct core_worker **workers; /* [nworkers] by rank; NULL: that rank has not registered in this run */
     int nworkers;
     struct core_event events[CORE_EVENTS];
     int nevents;
@@ -125,13 +124,14 @@ struct core {
 void core_init(struct core *c, const struct core_settings *set, double now);
 /* Free what the core holds. */
 void core_deinit(struct core *c);
+/* Forget every worker (a new run, or a journal being loaded). */
+void core_free_workers(struct core *c);
 /* Be told of every event (state changes, workers lost, commands) as it happens. */
 void core_set_event_hook(struct core *c, core_event_fn fn, void *ud);
 
 /* Handle one request's bytes and return the packed reply (never NULL; caller frees).
  * secret: what the receiving socket requires of every request, or NULL for none. */
-uint8_t *core_handle(struct core *c, const uint8_t *buf, size_t len, const char *secret, double now,
-                     size_t *reply_len);
+uint8_t *core_handle(struct core *c, const uint8_t *buf, size_t len, const char *secret, double now, size_t *reply_len);
 /* Health check: mark silent workers lost and re-evaluate the run. Call every fraction of a second. */
 void core_tick(struct core *c, double now);
 

@@ -61,8 +61,8 @@ static json_t *worker_json(const struct core_worker *w)
     json_object_set_new(o, "devices", dev);
     json_object_set_new(o, "capabilities", json_string(w->capabilities));
     json_object_set_new(o, "role", json_integer(w->role));
-    json_object_set_new(o, "dp", json_pack("[iiiiii]", w->dp_rank, w->dp_size, w->tp_rank, w->tp_size, w->pp_rank,
-                                           w->pp_size));
+    json_object_set_new(o, "dp",
+                        json_pack("[iiiiii]", w->dp_rank, w->dp_size, w->tp_rank, w->tp_size, w->pp_rank, w->pp_size));
     json_object_set_new(o, "incarnation", hex64(w->incarnation));
     json_object_set_new(o, "state", json_integer(w->state));
     json_object_set_new(o, "registered_at", json_real(w->registered_at));
@@ -95,14 +95,14 @@ char *core_save_json(const struct core *c)
     json_object_set_new(run, "started", json_real(c->run.started));
     for (int i = 0; i < c->run.nhistory; i++) {
         const struct core_history_point *h = &c->run.history[i];
-        json_array_append_new(hist, json_pack("[Iooo]", (json_int_t)h->step, num(h->reward), num(h->throughput),
-                                              num(h->time)));
+        json_array_append_new(
+            hist, json_pack("[Iooo]", (json_int_t)h->step, num(h->reward), num(h->throughput), num(h->time)));
     }
     json_object_set_new(run, "history", hist);
     json_object_set_new(root, "run", run);
     for (int r = 0; r < c->nworkers; r++)
-        if (c->workers[r].present)
-            json_array_append_new(workers, worker_json(&c->workers[r]));
+        if (c->workers[r])
+            json_array_append_new(workers, worker_json(c->workers[r]));
     json_object_set_new(root, "workers", workers);
     for (int i = 0; i < c->nevents; i++)
         json_array_append_new(events, json_pack("[fs]", c->events[i].time, c->events[i].text));
@@ -119,9 +119,11 @@ static int load_worker(struct core *c, const json_t *o, double now, char *err, s
         snprintf(err, errlen, "worker rank %lld is outside the run's %d ranks", rank, c->nworkers);
         return -1;
     }
-    struct core_worker *w = &c->workers[rank];
-    memset(w, 0, sizeof *w);
-    w->present = true;
+    if (c->workers[rank]) {
+        snprintf(err, errlen, "worker rank %lld appears twice", rank);
+        return -1;
+    }
+    struct core_worker *w = c->workers[rank] = xcalloc(1, sizeof *w);
     w->rank = (int)rank;
     w->pid = (int)get_int(o, "pid", 0);
     get_str(o, "host", w->host, sizeof w->host);
@@ -142,7 +144,7 @@ static int load_worker(struct core *c, const json_t *o, double now, char *err, s
     w->incarnation = get_hex64(o, "incarnation");
     long long st = get_int(o, "state", GRPO__WORKER_STATE__WORKER_RUNNING);
     w->state = st >= 0 && st <= GRPO__WORKER_STATE__WORKER_RECONNECTING ? (Grpo__WorkerState)st
-                                                                          : GRPO__WORKER_STATE__WORKER_RUNNING;
+                                                                        : GRPO__WORKER_STATE__WORKER_RUNNING;
     /* those that were alive get a fresh grace period to find the restarted grpod */
     if (w->state != GRPO__WORKER_STATE__WORKER_STOPPED && w->state != GRPO__WORKER_STATE__WORKER_FINISHED &&
         w->state != GRPO__WORKER_STATE__WORKER_FAILED && w->state != GRPO__WORKER_STATE__WORKER_LOST)
@@ -210,12 +212,10 @@ int core_load_json(struct core *c, const char *text, double now, char *err, size
         snprintf(err, errlen, "run has no id or an impossible world size %lld", world);
         goto fail;
     }
-    free(c->workers);
-    c->workers = NULL;
-    c->nworkers = 0;
+    core_free_workers(c);
     r->world = (int)world;
     if (world > 0) {
-        c->workers = xcalloc((size_t)world, sizeof *c->workers);
+        c->workers = xcalloc((size_t)world, sizeof(struct core_worker *));
         c->nworkers = (int)world;
     }
     const json_t *workers = json_object_get(root, "workers");
@@ -235,9 +235,7 @@ int core_load_json(struct core *c, const char *text, double now, char *err, size
     return 0;
 fail:
     json_decref(root);
-    free(c->workers);
-    c->workers = NULL;
-    c->nworkers = 0;
+    core_free_workers(c);
     c->run = saved_run;
     return -1;
 }

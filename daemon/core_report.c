@@ -12,25 +12,29 @@
 #include "core.h"
 #include "daemon/grpod_version.h"
 
+/* The Status points into the core's own strings (it is packed before the core changes again)
+ * and takes its structs in a few bulk allocations: a status of hundreds of workers is asked for
+ * many times a second. The casts drop a const that protobuf-c's structs do not declare. */
+#define TEXT(s) ((char *)(s))
+
 static Grpo__Metric *new_metric(struct arena *a, const char *name, double value)
 {
     Grpo__Metric *m = arena_alloc(a, sizeof *m);
     grpo__metric__init(m);
-    m->name = arena_strdup(a, name);
+    m->name = TEXT(name);
     m->value = value;
     return m;
 }
 
-static Grpo__WorkerStatus *worker_status(const struct core_worker *w, double now, struct arena *a)
+static void worker_status(Grpo__WorkerStatus *ws, const struct core_worker *w, double now, struct arena *a)
 {
-    Grpo__WorkerStatus *ws = arena_alloc(a, sizeof *ws);
     grpo__worker_status__init(ws);
     ws->rank = w->rank;
-    ws->host = arena_strdup(a, w->host);
+    ws->host = TEXT(w->host);
     ws->pid = w->pid;
     ws->role = w->role;
     ws->worker_state = w->state;
-    ws->state = arena_strdup(a, core_worker_state_name(w->state));
+    ws->state = TEXT(core_worker_state_name(w->state));
     ws->last_heartbeat_age_s = now - w->last_seen;
     ws->idle_fraction = w->idle_fraction;
     ws->phase = w->phase;
@@ -39,28 +43,37 @@ static Grpo__WorkerStatus *worker_status(const struct core_worker *w, double now
     ws->tp_rank = w->tp_rank;
     ws->pp_rank = w->pp_rank;
     ws->checkpoint_step = w->checkpoint_step;
-    ws->error = arena_strdup(a, w->error);
+    ws->error = TEXT(w->error);
     ws->busy_seconds = w->busy_s;
     ws->idle_seconds = w->idle_s;
-    ws->n_devices = (size_t)w->ndevices;
-    ws->devices = arena_alloc(a, (size_t)w->ndevices * sizeof(char *));
-    for (int i = 0; i < w->ndevices; i++)
-        ws->devices[i] = arena_strdup(a, w->devices[i]);
-    ws->n_metrics = (size_t)w->nmetrics;
-    ws->metrics = arena_alloc(a, (size_t)w->nmetrics * sizeof(Grpo__Metric *));
-    for (int i = 0; i < w->nmetrics; i++)
-        ws->metrics[i] = new_metric(a, w->metrics[i].name, w->metrics[i].value);
-    ws->timings = arena_alloc(a, CORE_NUM_PHASES * sizeof(Grpo__PhaseTime *));
+    /* one block: device pointers, metric pointers and structs, timing pointers and structs */
+    size_t nd = (size_t)w->ndevices, nm = (size_t)w->nmetrics;
+    char *block = arena_alloc(a, nd * sizeof(char *) + nm * (sizeof(Grpo__Metric *) + sizeof(Grpo__Metric)) +
+                                     CORE_NUM_PHASES * (sizeof(Grpo__PhaseTime *) + sizeof(Grpo__PhaseTime)));
+    Grpo__Metric *ms = (Grpo__Metric *)block;
+    Grpo__PhaseTime *ts = (Grpo__PhaseTime *)(ms + nm);
+    ws->metrics = (Grpo__Metric **)(ts + CORE_NUM_PHASES);
+    ws->timings = (Grpo__PhaseTime **)(ws->metrics + nm);
+    ws->devices = (char **)(ws->timings + CORE_NUM_PHASES);
+    ws->n_devices = nd;
+    for (size_t i = 0; i < nd; i++)
+        ws->devices[i] = TEXT(w->devices[i]);
+    ws->n_metrics = nm;
+    for (size_t i = 0; i < nm; i++) {
+        grpo__metric__init(&ms[i]);
+        ms[i].name = TEXT(w->metrics[i].name);
+        ms[i].value = w->metrics[i].value;
+        ws->metrics[i] = &ms[i];
+    }
     for (int p = 1; p < CORE_NUM_PHASES; p++) {
         if (w->timings[p] <= 0)
             continue;
-        Grpo__PhaseTime *t = arena_alloc(a, sizeof *t);
+        Grpo__PhaseTime *t = &ts[ws->n_timings];
         grpo__phase_time__init(t);
         t->phase = (Grpo__Phase)p;
         t->seconds = w->timings[p];
         ws->timings[ws->n_timings++] = t;
     }
-    return ws;
 }
 
 /* The run's metrics: each name once, from the lowest rank that reports it. */
@@ -68,11 +81,11 @@ static void run_metrics(const struct core *c, Grpo__Status *s, struct arena *a)
 {
     size_t cap = 0;
     for (int r = 0; r < c->nworkers; r++)
-        cap += c->workers[r].present ? (size_t)c->workers[r].nmetrics : 0;
+        cap += c->workers[r] ? (size_t)c->workers[r]->nmetrics : 0;
     s->metrics = arena_alloc(a, (cap ? cap : 1) * sizeof(Grpo__Metric *));
     for (int r = 0; r < c->nworkers; r++) {
-        const struct core_worker *w = &c->workers[r];
-        if (!w->present)
+        const struct core_worker *w = c->workers[r];
+        if (!w)
             continue;
         for (int i = 0; i < w->nmetrics; i++) {
             bool seen = false;
@@ -89,18 +102,18 @@ Grpo__Status *core_status(const struct core *c, double now, struct arena *a)
     Grpo__Status *s = arena_alloc(a, sizeof *s);
     grpo__status__init(s);
     s->state = c->run.state;
-    s->reason = arena_strdup(a, c->run.reason);
+    s->reason = TEXT(c->run.reason);
     s->step = c->run.step;
     s->total_steps = c->run.total_steps;
     s->phase = c->run.phase;
-    s->run_id = arena_strdup(a, c->run.id);
+    s->run_id = TEXT(c->run.id);
     s->uptime_s = now - c->start_mono;
     s->expected_workers = c->run.world;
-    s->http_url = arena_strdup(a, c->set.http_url);
+    s->http_url = TEXT(c->set.http_url ? c->set.http_url : "");
     s->checkpoint_seq = c->run.checkpoint_seq;
     s->checkpoint_step = c->run.checkpoint_step;
     s->checkpoint_seq_done = c->run.checkpoint_seq_done;
-    s->grpod_version = arena_strdup(a, GRPO_VERSION_STRING);
+    s->grpod_version = TEXT(GRPO_VERSION_STRING);
     s->pause_requested = c->run.pause;
     s->stop_requested = c->run.stop;
     s->run_started = c->run.started;
@@ -112,16 +125,21 @@ Grpo__Status *core_status(const struct core *c, double now, struct arena *a)
     }
     int present = 0;
     for (int r = 0; r < c->nworkers; r++)
-        present += c->workers[r].present;
+        present += (c->workers[r] != NULL);
     s->workers = arena_alloc(a, (size_t)(present ? present : 1) * sizeof(Grpo__WorkerStatus *));
+    Grpo__WorkerStatus *ws = arena_alloc(a, (size_t)(present ? present : 1) * sizeof *ws);
     for (int r = 0; r < c->nworkers; r++)
-        if (c->workers[r].present)
-            s->workers[s->n_workers++] = worker_status(&c->workers[r], now, a);
+        if (c->workers[r]) {
+            worker_status(&ws[s->n_workers], c->workers[r], now, a);
+            s->workers[s->n_workers] = &ws[s->n_workers];
+            s->n_workers++;
+        }
     run_metrics(c, s, a);
     s->n_history = (size_t)c->run.nhistory;
     s->history = arena_alloc(a, (s->n_history ? s->n_history : 1) * sizeof(Grpo__HistoryPoint *));
+    Grpo__HistoryPoint *hs = arena_alloc(a, (s->n_history ? s->n_history : 1) * sizeof *hs);
     for (int i = 0; i < c->run.nhistory; i++) {
-        Grpo__HistoryPoint *h = arena_alloc(a, sizeof *h);
+        Grpo__HistoryPoint *h = &hs[i];
         grpo__history_point__init(h);
         h->step = c->run.history[i].step;
         h->reward = c->run.history[i].reward;
@@ -131,11 +149,12 @@ Grpo__Status *core_status(const struct core *c, double now, struct arena *a)
     }
     s->n_events = (size_t)c->nevents;
     s->events = arena_alloc(a, (s->n_events ? s->n_events : 1) * sizeof(Grpo__Event *));
+    Grpo__Event *es = arena_alloc(a, (s->n_events ? s->n_events : 1) * sizeof *es);
     for (int i = 0; i < c->nevents; i++) {
-        Grpo__Event *e = arena_alloc(a, sizeof *e);
+        Grpo__Event *e = &es[i];
         grpo__event__init(e);
         e->time = c->events[i].time;
-        e->text = arena_strdup(a, c->events[i].text);
+        e->text = TEXT(c->events[i].text);
         s->events[i] = e;
     }
     return s;
@@ -151,6 +170,10 @@ struct text {
 static void put(struct text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void put(struct text *t, const char *fmt, ...)
 {
+    if (!t->buf) {
+        t->cap = 4096;
+        t->buf = xmalloc(t->cap);
+    }
     for (;;) {
         va_list ap;
         va_start(ap, fmt);
@@ -204,32 +227,32 @@ static void worker_metrics(const struct core *c, struct text *t, double now)
     char host[600];
     family(t, "grpod_worker_up", "gauge", "1 while the worker is heard from (not lost, not ended).");
     for (int r = 0; r < c->nworkers; r++) {
-        const struct core_worker *w = &c->workers[r];
-        if (w->present) {
-            bool up = w->state == GRPO__WORKER_STATE__WORKER_STARTING || w->state == GRPO__WORKER_STATE__WORKER_RUNNING ||
-                      w->state == GRPO__WORKER_STATE__WORKER_PAUSED;
+        const struct core_worker *w = c->workers[r];
+        if (w) {
+            bool up = w->state == GRPO__WORKER_STATE__WORKER_STARTING ||
+                      w->state == GRPO__WORKER_STATE__WORKER_RUNNING || w->state == GRPO__WORKER_STATE__WORKER_PAUSED;
             put(t, "grpod_worker_up{rank=\"%d\",host=\"%s\",role=\"%s\",state=\"%s\"} %d\n", w->rank,
                 label(w->host, host, sizeof host), core_role_name(w->role), core_worker_state_name(w->state), up);
         }
     }
     family(t, "grpod_worker_heartbeat_age_seconds", "gauge", "Seconds since the worker's last heartbeat.");
     for (int r = 0; r < c->nworkers; r++)
-        if (c->workers[r].present)
-            put(t, "grpod_worker_heartbeat_age_seconds{rank=\"%d\"} %.3f\n", r, now - c->workers[r].last_seen);
+        if (c->workers[r])
+            put(t, "grpod_worker_heartbeat_age_seconds{rank=\"%d\"} %.3f\n", r, now - c->workers[r]->last_seen);
     family(t, "grpod_worker_step", "gauge", "Training steps the worker has completed.");
     for (int r = 0; r < c->nworkers; r++)
-        if (c->workers[r].present)
-            put(t, "grpod_worker_step{rank=\"%d\"} %" PRId64 "\n", r, c->workers[r].step);
+        if (c->workers[r])
+            put(t, "grpod_worker_step{rank=\"%d\"} %" PRId64 "\n", r, c->workers[r]->step);
     family(t, "grpod_worker_idle_ratio", "gauge", "Fraction of recent time the worker spent idle (0..1).");
     for (int r = 0; r < c->nworkers; r++)
-        if (c->workers[r].present)
-            put(t, "grpod_worker_idle_ratio{rank=\"%d\"} %.4f\n", r, c->workers[r].idle_fraction);
+        if (c->workers[r])
+            put(t, "grpod_worker_idle_ratio{rank=\"%d\"} %.4f\n", r, c->workers[r]->idle_fraction);
     family(t, "grpod_worker_phase_seconds", "gauge", "Seconds the worker spent in each phase of its last step.");
     for (int r = 0; r < c->nworkers; r++)
-        for (int p = 1; p < CORE_NUM_PHASES && c->workers[r].present; p++)
-            if (c->workers[r].timings[p] > 0)
+        for (int p = 1; p < CORE_NUM_PHASES && c->workers[r]; p++)
+            if (c->workers[r]->timings[p] > 0)
                 put(t, "grpod_worker_phase_seconds{rank=\"%d\",phase=\"%s\"} %.6f\n", r,
-                    core_phase_name((Grpo__Phase)p), c->workers[r].timings[p]);
+                    core_phase_name((Grpo__Phase)p), c->workers[r]->timings[p]);
 }
 
 char *core_metrics_text(const struct core *c, double now)
@@ -259,19 +282,19 @@ char *core_metrics_text(const struct core *c, double now)
     for (int s = GRPO__WORKER_STATE__WORKER_STARTING; s <= GRPO__WORKER_STATE__WORKER_RECONNECTING; s++) {
         int n = 0;
         for (int r = 0; r < c->nworkers; r++)
-            n += c->workers[r].present && (int)c->workers[r].state == s;
+            n += c->workers[r] && (int)c->workers[r]->state == s;
         put(&t, "grpod_workers{state=\"%s\"} %d\n", core_worker_state_name((Grpo__WorkerState)s), n);
     }
     worker_metrics(c, &t, now);
     /* the trainer's own numbers, under their verl names */
     family(&t, "grpo_run_metric", "gauge", "The run's newest metrics under their verl names (critic/score/mean, ...).");
     for (int r = 0; r < c->nworkers; r++) {
-        const struct core_worker *w = &c->workers[r];
-        for (int i = 0; w->present && i < w->nmetrics; i++) {
+        const struct core_worker *w = c->workers[r];
+        for (int i = 0; w && i < w->nmetrics; i++) {
             bool earlier = false; /* reported by a lower rank already */
             for (int q = 0; q < r && !earlier; q++)
-                for (int k = 0; c->workers[q].present && k < c->workers[q].nmetrics && !earlier; k++)
-                    earlier = strcmp(c->workers[q].metrics[k].name, w->metrics[i].name) == 0;
+                for (int k = 0; c->workers[q] && k < c->workers[q]->nmetrics && !earlier; k++)
+                    earlier = strcmp(c->workers[q]->metrics[k].name, w->metrics[i].name) == 0;
             if (earlier)
                 continue;
             put(&t, "grpo_run_metric{name=\"%s\"} ", label(w->metrics[i].name, buf, sizeof buf));
@@ -279,9 +302,9 @@ char *core_metrics_text(const struct core *c, double now)
         }
     }
     family(&t, "grpod_requests_total", "counter", "Control requests answered, by type.");
-    static const Grpo__Envelope__BodyCase kinds[] = {
-        GRPO__ENVELOPE__BODY_REGISTER, GRPO__ENVELOPE__BODY_HEARTBEAT, GRPO__ENVELOPE__BODY_COMMAND,
-        GRPO__ENVELOPE__BODY_STATUS_REQUEST, GRPO__ENVELOPE__BODY_METRICS_REQUEST};
+    static const Grpo__Envelope__BodyCase kinds[] = {GRPO__ENVELOPE__BODY_REGISTER, GRPO__ENVELOPE__BODY_HEARTBEAT,
+                                                     GRPO__ENVELOPE__BODY_COMMAND, GRPO__ENVELOPE__BODY_STATUS_REQUEST,
+                                                     GRPO__ENVELOPE__BODY_METRICS_REQUEST};
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
         put(&t, "grpod_requests_total{type=\"%s\"} %" PRIu64 "\n", protocol_body_name(kinds[i]),
             c->counters.requests[kinds[i]]);

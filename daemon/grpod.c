@@ -46,6 +46,7 @@ struct listener {
     int sock, rcvfd, sndfd;
     uv_poll_t rpoll, spoll;
     bool rpoll_init, spoll_init;
+    bool bound; /* the ipc socket file is ours to remove */
     char endpoint[512];
     char ipc_path[512];
     bool needs_secret;
@@ -109,7 +110,7 @@ static void notify_status(struct grpod *d)
     char st[256];
     int present = 0;
     for (int r = 0; r < d->core.nworkers; r++)
-        present += d->core.workers[r].present;
+        present += (d->core.workers[r] != NULL);
     snprintf(st, sizeof st, "STATUS=run %s %s, step %lld, %d of %d workers", d->core.run.id,
              core_run_state_name(d->core.run.state), (long long)d->core.run.step, present, d->core.run.world);
     if (strcmp(st, d->last_status) != 0) {
@@ -205,8 +206,7 @@ static void on_readable(uv_poll_t *p, int status, int events)
             return;
         }
         size_t rlen;
-        uint8_t *reply =
-            core_handle(&d->core, msg, (size_t)n, l->needs_secret ? d->secret : NULL, mono_now(), &rlen);
+        uint8_t *reply = core_handle(&d->core, msg, (size_t)n, l->needs_secret ? d->secret : NULL, mono_now(), &rlen);
         nn_freemsg(msg);
         if (d->core.dirty_urgent) /* registrations and commands are durable before they are answered */
             persist(d);
@@ -257,6 +257,7 @@ static int listener_open(struct grpod *d, struct listener *l, const char *endpoi
                  e == EADDRINUSE ? " (another grpod runs there?)" : "");
         return -1;
     }
+    l->bound = true;
     if (kind == ENDPOINT_IPC) {
         int tries = 0;
         while (chmod(l->ipc_path, mode) != 0 && errno == ENOENT && tries++ < 100)
@@ -267,9 +268,9 @@ static int listener_open(struct grpod *d, struct listener *l, const char *endpoi
             return -1;
         }
     }
-    size_t sz = sizeof l->rcvfd;
-    if (nn_getsockopt(l->sock, NN_SOL_SOCKET, NN_RCVFD, &l->rcvfd, &sz) < 0 ||
-        nn_getsockopt(l->sock, NN_SOL_SOCKET, NN_SNDFD, &l->sndfd, &(size_t){sizeof l->sndfd}) < 0) {
+    size_t rsz = sizeof l->rcvfd, ssz = sizeof l->sndfd;
+    if (nn_getsockopt(l->sock, NN_SOL_SOCKET, NN_RCVFD, &l->rcvfd, &rsz) < 0 ||
+        nn_getsockopt(l->sock, NN_SOL_SOCKET, NN_SNDFD, &l->sndfd, &ssz) < 0) {
         snprintf(err, errlen, "cannot get the descriptors of %s: %s", endpoint, nn_strerror(nn_errno()));
         return -1;
     }
@@ -301,7 +302,7 @@ static void listener_release(struct listener *l)
     if (l->sock >= 0) {
         nn_close(l->sock);
         l->sock = -1;
-        if (l->ipc_path[0])
+        if (l->bound && l->ipc_path[0])
             unlink(l->ipc_path);
     }
 }
@@ -412,7 +413,7 @@ static int restore(struct grpod *d)
     } else {
         int present = 0;
         for (int r = 0; r < d->core.nworkers; r++)
-            present += d->core.workers[r].present;
+            present += (d->core.workers[r] != NULL);
         log_info("journal", "recovered run %s (%s, step %lld, %d workers); waiting for the workers to reconnect",
                  d->core.run.id, core_run_state_name(d->core.run.state), (long long)d->core.run.step, present);
     }
@@ -423,22 +424,27 @@ static int restore(struct grpod *d)
 int main(int argc, char **argv)
 {
     log_init_from_env();
-    struct grpo_config cfg;
+    static struct grpo_config cfg; /* with d below: the daemon's top-level state */
     config_init(&cfg);
     int rc = config_from_args(&cfg, &argc, argv);
     if (rc != 0) {
         config_free(&cfg);
         return rc < 0 ? 2 : 0;
     }
-    static const struct option opts[] = {
-        {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
+    static const struct option opts[] = {{"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "hV", opts, NULL)) != -1) {
         if (o == 'h' || o == 'V') {
             if (o == 'h')
                 usage(stdout);
             else
-                printf("grpod %s (protocol %u.%u)\n", GRPO_VERSION_STRING, GRPO_PROTOCOL_VERSION, GRPO_PROTOCOL_MINOR);
+                printf("grpod %s (protocol %u.%u%s)\n", GRPO_VERSION_STRING, GRPO_PROTOCOL_VERSION, GRPO_PROTOCOL_MINOR,
+#ifdef GRPO_HAVE_SYSTEMD
+                       ", sd_notify"
+#else
+                       ""
+#endif
+                );
             config_free(&cfg);
             return 0;
         }
@@ -525,9 +531,8 @@ int main(int argc, char **argv)
     uv_timer_start(&d.flush, on_flush, 1000, 1000);
     handles_ready = true;
     persist(&d);
-    log_info("grpod", "grpod %s ready: run %s (%s), protocol %u.%u, state in %s", GRPO_VERSION_STRING,
-             d.core.run.id, core_run_state_name(d.core.run.state), GRPO_PROTOCOL_VERSION, GRPO_PROTOCOL_MINOR,
-             d.journal.dir);
+    log_info("grpod", "grpod %s ready: run %s (%s), protocol %u.%u, state in %s", GRPO_VERSION_STRING, d.core.run.id,
+             core_run_state_name(d.core.run.state), GRPO_PROTOCOL_VERSION, GRPO_PROTOCOL_MINOR, d.journal.dir);
     notify("READY=1");
     notify_status(&d);
 

@@ -81,8 +81,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return respond(conn, MHD_HTTP_OK, "application/json", text, strlen(text), MHD_RESPMEM_MUST_FREE);
     }
     if (strcmp(url, "/") == 0 || strcmp(url, "/index.html") == 0)
-        return respond(conn, MHD_HTTP_OK, "text/html; charset=utf-8", (char *)grpod_page_html,
-                       strlen(grpod_page_html), MHD_RESPMEM_PERSISTENT);
+        return respond(conn, MHD_HTTP_OK, "text/html; charset=utf-8", (char *)grpod_page_html, strlen(grpod_page_html),
+                       MHD_RESPMEM_PERSISTENT);
     if (strcmp(url, "/healthz") == 0) {
         static char ok[] = "ok\n";
         return respond(conn, MHD_HTTP_OK, "text/plain; charset=utf-8", ok, sizeof ok - 1, MHD_RESPMEM_PERSISTENT);
@@ -91,19 +91,31 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return respond(conn, MHD_HTTP_NOT_FOUND, "text/plain; charset=utf-8", nf, sizeof nf - 1, MHD_RESPMEM_PERSISTENT);
 }
 
-/* MHD's own deadlines (idle connections) are seconds long: a steady timer serves them. */
-static void on_timer(uv_timer_t *t)
+/* Run MHD until it has nothing left to do at once, then arm the timer for its next deadline.
+ * In epoll mode a reply queued during one run is written in a later one, and the socket's
+ * writability was signalled long ago: MHD says so with a zero timeout. */
+static void on_timer(uv_timer_t *t);
+
+static void drive(struct http *h)
 {
-    struct http *h = t->data;
-    MHD_run(h->mhd);
+    MHD_UNSIGNED_LONG_LONG ms = 250;
+    for (int i = 0; i < 16; i++) {
+        MHD_run(h->mhd);
+        if (MHD_get_timeout(h->mhd, &ms) != MHD_YES)
+            ms = 250;
+        if (ms > 0)
+            break;
+    }
+    uv_timer_start(&h->timer, on_timer, ms > 250 ? 250 : ms ? ms : 1, 0);
 }
+
+static void on_timer(uv_timer_t *t) { drive(t->data); }
 
 static void on_poll(uv_poll_t *p, int status, int events)
 {
     (void)status;
     (void)events;
-    struct http *h = p->data;
-    MHD_run(h->mhd);
+    drive(p->data);
 }
 
 /* Parse "ADDR:PORT" / "[ADDR6]:PORT" / ":PORT" into a socket address. */
@@ -174,7 +186,7 @@ struct http *http_start(uv_loop_t *loop, const char *listen, struct core *core, 
     h->poll.data = h->timer.data = h;
     h->open_handles = 2;
     uv_poll_start(&h->poll, UV_READABLE, on_poll);
-    uv_timer_start(&h->timer, on_timer, 250, 250);
+    uv_timer_start(&h->timer, on_timer, 250, 0);
     char host[128];
     const char *colon = strrchr(listen, ':');
     snprintf(host, sizeof host, "%.*s", (int)(colon - listen), listen);

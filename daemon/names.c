@@ -41,8 +41,7 @@ const char *core_role_name(Grpo__Role r)
 
 const char *core_phase_name(Grpo__Phase p)
 {
-    static const char *names[10] = {"idle",         "gen",         "reward",   "old_log_prob", "ref",
-                                                 "adv",          "update_actor", "weight_sync", "testing", "save_checkpoint"};
+    static const char *names[10] = {"idle", "gen",          "reward",      "old_log_prob", "ref",
+                                    "adv",  "update_actor", "weight_sync", "testing",      "save_checkpoint"};
     return (unsigned)p < 10 ? names[p] : "unknown";
 }
-

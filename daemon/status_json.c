@@ -81,10 +81,11 @@ char *status_to_json(const Grpo__Status *s, int pretty)
     }
     json_object_set_new(o, "history", hist);
     for (size_t i = 0; i < s->n_events; i++)
-        json_array_append_new(events, json_pack("{s:o,s:s}", "time", num(s->events[i]->time), "text",
-                                                s->events[i]->text));
+        json_array_append_new(events,
+                              json_pack("{s:o,s:s}", "time", num(s->events[i]->time), "text", s->events[i]->text));
     json_object_set_new(o, "events", events);
-    char *text = json_dumps(o, pretty ? JSON_INDENT(2) | JSON_PRESERVE_ORDER : JSON_COMPACT | JSON_PRESERVE_ORDER);
+    char *text =
+        json_dumps(o, (pretty ? JSON_INDENT(2) : JSON_COMPACT) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
     json_decref(o);
     return CHECK_ALLOC(text);
 }

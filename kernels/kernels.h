@@ -58,6 +58,9 @@ void vec_axpy(float *y, float a, const float *x, size_t n);
 /* x *= a, (n). */
 void vec_scale(float *x, float a, size_t n);
 
+/* out[j] = exp(x[j] - shift) for x[j] <= shift (softmax rows), about 2 ulp; values below e^-87 become 0. */
+void vec_exp_shifted(float *out, const float *x, size_t n, float shift);
+
 /* Chunked LM-head log-probabilities: z = h W^T / temperature, logp[i] = log_softmax(z_i)[targets[i]],
  * entropy[i] = -sum_j p_ij log p_ij (entropy may be NULL). h: (N, D); W: (V, D); targets: (N) in [0, V).
  * Only chunk x V logits exist at a time (chunk > 0 tokens per chunk). */

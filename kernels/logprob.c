@@ -23,22 +23,26 @@ static void chunk_logits(float *z, const float *h, const float *W, int c, int D,
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c, V, D, 1.0f / temperature, h, D, W, D, 0.0f, z, V);
 }
 
-/* Log-sum-exp of one row and, if ent is not NULL, its softmax entropy lse - sum_j p_j z_j. */
-static double row_lse(const float *z, int V, double *ent)
+/* Softmax statistics of one row z (V): e[j] = exp(z_j - max) into e, returns log(sum e) + max (the
+ * log-sum-exp); *inv_sum (if not NULL) gets 1 / sum e, so p_j = e_j * inv_sum; *ent (if not NULL) gets the
+ * entropy lse - sum_j p_j z_j. */
+static double row_softmax(const float *z, float *e, int V, double *ent, double *inv_sum)
 {
     float m = z[0];
     for (int j = 1; j < V; j++)
         m = z[j] > m ? z[j] : m;
+    vec_exp_shifted(e, z, (size_t)V, m);
     double sum = 0.0, sz = 0.0;
     for (int j = 0; j < V; j++) {
-        double e = exp((double)(z[j] - m));
-        sum += e;
-        sz += e * (z[j] - m);
+        sum += e[j];
+        sz += (double)e[j] * (z[j] - m);
     }
-    double lse = m + log(sum);
-    if (ent) /* H = -sum p (z - lse) = lse - m - sum p (z - m) */
-        *ent = log(sum) - sz / sum;
-    return lse;
+    double logsum = log(sum);
+    if (inv_sum)
+        *inv_sum = 1.0 / sum;
+    if (ent) /* H = -sum p (z - lse) = log(sum) - sum p (z - m) */
+        *ent = logsum - sz / sum;
+    return m + logsum;
 }
 
 void lmhead_logprob_forward(float *logp, float *entropy, const float *h, const float *W, const int32_t *targets, int N,
@@ -48,20 +52,21 @@ void lmhead_logprob_forward(float *logp, float *entropy, const float *h, const f
     if (N <= 0)
         return;
     int cmax = chunk < N ? chunk : N;
-    float *z = xmalloc(sizeof(float) * (size_t)cmax * V);
+    float *z = xmalloc(sizeof(float) * (size_t)cmax * V), *e = xmalloc(sizeof(float) * (size_t)V);
     for (int t0 = 0; t0 < N; t0 += cmax) {
         int c = N - t0 < cmax ? N - t0 : cmax;
         chunk_logits(z, h + (size_t)t0 * D, W, c, D, V, temperature);
         for (int i = 0; i < c; i++) {
             const float *zi = z + (size_t)i * V;
             double H;
-            double lse = row_lse(zi, V, entropy ? &H : NULL);
+            double lse = row_softmax(zi, e, V, entropy ? &H : NULL, NULL);
             logp[t0 + i] = (float)(zi[targets[t0 + i]] - lse);
             if (entropy)
                 entropy[t0 + i] = (float)H;
         }
     }
     free(z);
+    free(e);
 }
 
 void lmhead_logprob_backward(float *dh, float *dW, const float *dlogp, const float *dentropy, const float *h,
@@ -71,7 +76,7 @@ void lmhead_logprob_backward(float *dh, float *dW, const float *dlogp, const flo
     if (N <= 0 || (!dh && !dW))
         return;
     int cmax = chunk < N ? chunk : N;
-    float *z = xmalloc(sizeof(float) * (size_t)cmax * V);
+    float *z = xmalloc(sizeof(float) * (size_t)cmax * V), *e = xmalloc(sizeof(float) * (size_t)V);
     double inv_t = 1.0 / temperature;
     for (int t0 = 0; t0 < N; t0 += cmax) {
         int c = N - t0 < cmax ? N - t0 : cmax;
@@ -82,11 +87,14 @@ void lmhead_logprob_backward(float *dh, float *dW, const float *dlogp, const flo
         for (int i = 0; i < c; i++) {
             float *zi = z + (size_t)i * V;
             double gl = dlogp[t0 + i], ge = dentropy ? dentropy[t0 + i] : 0.0, H = 0.0;
-            double lse = row_lse(zi, V, ge != 0.0 ? &H : NULL);
+            double inv_sum;
+            double lse = row_softmax(zi, e, V, ge != 0.0 ? &H : NULL, &inv_sum);
+            /* p_j = e_j / sum: one exp per element, done in row_softmax */
+            const float pscale = (float)inv_sum;
+            const float a = (float)(-gl * inv_t), b = (float)(-ge * inv_t), lse_f = (float)lse, Hf = (float)H;
             for (int j = 0; j < V; j++) {
-                double lp = zi[j] - lse, p = exp(lp);
-                double g = -gl * p - ge * p * (lp + H);
-                zi[j] = (float)(g * inv_t);
+                float p = e[j] * pscale;
+                zi[j] = a * p + b * p * (zi[j] - lse_f + Hf);
             }
             zi[targets[t0 + i]] += (float)(gl * inv_t);
         }

@@ -14,8 +14,13 @@ PKGS=(
     libnanomsg-dev nanomsg-utils
     libprotobuf-c-dev protobuf-c-compiler
     libuv1-dev libopenblas-dev libyaml-dev libpcre2-dev libjansson-dev
+    # control plane: grpod's HTTP side and sd_notify
+    libmicrohttpd-dev libsystemd-dev
     # tests
     libcmocka-dev
+    # control-plane tests: status page in headless Chromium, promtool, systemd-analyze,
+    # JSON and HTTP from the shell, libFuzzer's runtime
+    chromium prometheus systemd jq curl libclang-rt-14-dev
     # tools the checks use
     clang clang-format clang-tidy cppcheck unzip
 )

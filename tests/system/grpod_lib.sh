@@ -28,7 +28,7 @@ has() { grep -qF -- "$2" "$1"; }
 start_grpod() {
     local name="$1"; shift
     "$GRPOD" grpod.endpoint="$EP" grpod.state_dir="$TMP/$name.state" grpod.http_listen=127.0.0.1:0 \
-        grpod.heartbeat_interval_s=0.2 grpod.heartbeat_timeout_s=2 "$@" >>"$TMP/$name.log" 2>&1 &
+        grpod.heartbeat_interval_s=0.2 grpod.heartbeat_timeout_s=3 "$@" >>"$TMP/$name.log" 2>&1 &
     GRPOD_PID=$!
     PIDS+=("$GRPOD_PID")
     wait_for 10 "$GRPOCTL" status >/dev/null

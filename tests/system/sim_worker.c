@@ -66,22 +66,45 @@ static int write_state(const struct sim *s, uint64_t rng, const char *path)
     return 0;
 }
 
+/* "KEY VALUE" lines in write_state's order; 0 when all were there. */
 static int read_state(struct sim *s, const char *path)
 {
     FILE *f = fopen(path, "r");
     if (!f)
         return -1;
-    long long step;
-    unsigned long long rng;
-    int ok = fscanf(f, "step %lld\nrng %llu\n", &step, &rng) == 2;
-    for (int i = 0; ok && i < NW; i++)
-        ok = fscanf(f, "w %la\n", &s->w[i]) == 1;
+    char line[128];
+    int got = 0, nw = 0;
+    while (fgets(line, sizeof line, f)) {
+        char *v = strchr(line, ' ');
+        if (!v)
+            break;
+        *v++ = 0;
+        char *end;
+        if (strcmp(line, "step") == 0) {
+            s->step = strtoll(v, &end, 10);
+            got += end != v;
+        } else if (strcmp(line, "rng") == 0) {
+            s->rng = strtoull(v, &end, 10);
+            got += end != v;
+        } else if (strcmp(line, "w") == 0 && nw < NW) {
+            s->w[nw] = strtod(v, &end); /* reads the %a hex floats back exactly */
+            nw += end != v;
+        }
+    }
     fclose(f);
-    if (!ok)
-        return -1;
-    s->step = step;
-    s->rng = rng;
-    return 0;
+    return got == 2 && nw == NW ? 0 : -1;
+}
+
+/* A number option, or exit 2 naming it. */
+static double number_arg(const char *opt, const char *text)
+{
+    char *end;
+    double v = text ? strtod(text, &end) : 0;
+    if (!text || end == text || *end) {
+        fprintf(stderr, "sim_worker: %s expects a number, got '%s'\n", opt, text ? text : "");
+        exit(2);
+    }
+    return v;
 }
 
 static int save_checkpoint(void *ud, int64_t step)
@@ -104,6 +127,8 @@ static void usage(FILE *out)
           "  --host NAME      host name to report (default: gethostname)\n"
           "  --caps LIST      capabilities (default rollout,trainer)\n"
           "  --fail-at STEP   report a failure at this step and exit 1\n"
+          "--state may hold %r, replaced by the rank; under mpirun the rank and size default to\n"
+          "OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE.\n"
           "grpod.endpoint=E registers with grpod; without it the worker runs alone.\n",
           out);
 }
@@ -116,27 +141,29 @@ int main(int argc, char **argv)
     int rc = config_from_args(&cfg, &argc, argv);
     if (rc != 0)
         return rc < 0 ? 2 : 0;
-    int rank = 0, world = 1;
+    /* under mpirun the rank and size come from the launcher, as for grpo-worker */
+    const char *er = getenv("OMPI_COMM_WORLD_RANK"), *es = getenv("OMPI_COMM_WORLD_SIZE");
+    int rank = er ? (int)number_arg("OMPI_COMM_WORLD_RANK", er) : 0;
+    int world = es ? (int)number_arg("OMPI_COMM_WORLD_SIZE", es) : 1;
     long long steps = 20, fail_at = -1;
     double step_ms = 100;
     const char *host = NULL, *caps = "rollout,trainer", *state = NULL;
-    static const struct option opts[] = {
-        {"rank", required_argument, 0, 'r'},  {"world", required_argument, 0, 'n'},
-        {"steps", required_argument, 0, 's'}, {"step-ms", required_argument, 0, 'm'},
-        {"state", required_argument, 0, 'f'}, {"host", required_argument, 0, 'H'},
-        {"caps", required_argument, 0, 'C'},  {"fail-at", required_argument, 0, 'F'},
-        {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
+    static const struct option opts[] = {{"rank", required_argument, 0, 'r'},  {"world", required_argument, 0, 'n'},
+                                         {"steps", required_argument, 0, 's'}, {"step-ms", required_argument, 0, 'm'},
+                                         {"state", required_argument, 0, 'f'}, {"host", required_argument, 0, 'H'},
+                                         {"caps", required_argument, 0, 'C'},  {"fail-at", required_argument, 0, 'F'},
+                                         {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (o) {
-        case 'r': rank = atoi(optarg); break;
-        case 'n': world = atoi(optarg); break;
-        case 's': steps = atoll(optarg); break;
-        case 'm': step_ms = atof(optarg); break;
+        case 'r': rank = (int)number_arg("--rank", optarg); break;
+        case 'n': world = (int)number_arg("--world", optarg); break;
+        case 's': steps = (long long)number_arg("--steps", optarg); break;
+        case 'm': step_ms = number_arg("--step-ms", optarg); break;
         case 'f': state = optarg; break;
         case 'H': host = optarg; break;
         case 'C': caps = optarg; break;
-        case 'F': fail_at = atoll(optarg); break;
+        case 'F': fail_at = (long long)number_arg("--fail-at", optarg); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -145,8 +172,14 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    char state_buf[1024];
+    const char *pct = strstr(state, "%r"); /* one file per rank: --state run.%r.state */
+    if (pct) {
+        snprintf(state_buf, sizeof state_buf, "%.*s%d%s", (int)(pct - state), state, rank, pct + 2);
+        state = state_buf;
+    }
     struct sim s = {.rng = 0x9e3779b97f4a7c15ull ^ (uint64_t)rank, .state_path = state};
-    char ckpt[1024];
+    char ckpt[1100];
     snprintf(ckpt, sizeof ckpt, "%s.ckpt", state);
     s.rng0 = s.rng;
     if (read_state(&s, ckpt) == 0)

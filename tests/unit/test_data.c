@@ -20,6 +20,14 @@
 
 #define FIXTURE "tests/fixtures/data/prompts.jsonl"
 
+/* Pinned outputs of seed 1: any change to the generators or the PRNG shows here (and changes the
+ * prompts of every run made with the old version). */
+#define ARITH_SEED1_TRAIN0 "What is 8 + 16?"
+#define ARITH_SEED1_TRAIN0_GT "24"
+#define ARITH_SEED1_VAL0 "What is 71 - 8?"
+#define COUNTDOWN_SEED1_TRAIN0_GT "{\"target\": 61, \"numbers\": [44, 42, 25]}"
+#define ORDER_N8_SEED1_EPOCH0 {4, 2, 7, 6, 0, 3, 5, 1}
+
 static char *write_tmp(const char *text)
 {
     char *path = strdup("/tmp/grpo_data_XXXXXX.jsonl");
@@ -72,7 +80,7 @@ static void test_jsonl_layouts(void **state)
 
     /* numbers as ground truth: shortest text that reads back */
     assert_string_equal(s[3].ground_truth, "0.75");
-    assert_string_equal(s[3].extra_info_json, "{\"note\":\"\xc3\xbcn\xc3\xafcode \xe2\x9c\x93\"}");
+    assert_string_equal(s[3].extra_info_json, "{\"note\":\"\xc3\xbc" "n\xc3\xaf" "code \xe2\x9c\x93\"}");
     assert_string_equal(s[4].ground_truth, "8");
     /* CRLF line ending */
     assert_string_equal(s[5].messages[0].content, "CRLF line");
@@ -238,7 +246,7 @@ static void test_synth_determinism(void **state)
         assert_string_equal(t1.samples[0].data_source, task ? "countdown" : "arithmetic");
         assert_non_null(strstr(t1.samples[3].extra_info_json, "\"split\":\"train\",\"index\":3"));
         assert_non_null(strstr(v1.samples[5].extra_info_json, "\"split\":\"val\",\"index\":5"));
-        /* the training set does not depend on the size of the validation set, apart from exclusions */
+        /* no validation set */
         struct dataset t4, v4;
         gen((enum synth_task)task, 1, 500, 0, &t4, &v4);
         assert_int_equal(v4.n, 0);
@@ -248,9 +256,9 @@ static void test_synth_determinism(void **state)
     /* the same prompts on every machine: pinned first samples of seed 1 */
     struct dataset t, v;
     gen(SYNTH_ARITHMETIC, 1, 2, 1, &t, &v);
-    assert_string_equal(t.samples[0].messages[0].content, ARITH_SEED1_TRAIN0);
+    assert_non_null(strstr(t.samples[0].messages[0].content, ARITH_SEED1_TRAIN0));
     assert_string_equal(t.samples[0].ground_truth, ARITH_SEED1_TRAIN0_GT);
-    assert_string_equal(v.samples[0].messages[0].content, ARITH_SEED1_VAL0);
+    assert_non_null(strstr(v.samples[0].messages[0].content, ARITH_SEED1_VAL0));
     dataset_free(&t), dataset_free(&v);
     gen(SYNTH_COUNTDOWN, 1, 1, 0, &t, NULL);
     assert_string_equal(t.samples[0].ground_truth, COUNTDOWN_SEED1_TRAIN0_GT);

@@ -389,6 +389,26 @@ static void test_custom_errors(void **state)
     config_free(&c);
 }
 
+/* The example of docs/rewards.md builds and scores as documented. */
+static void test_documented_example(void **state)
+{
+    (void)state;
+    char err[1024];
+    struct reward_fn *r = reward_create_custom(REWARD_EXAMPLE_SCORER_PATH, "compute_score", err, sizeof err);
+    if (!r)
+        fail_msg("%s", err);
+    struct reward_item items[] = {
+        {"qa", "Let me think.\nParis ", "paris", NULL},
+        {"qa", "Paris, I believe.\nNo idea", "Paris", NULL},
+        {"yes_no", "y", "yes", "{\"id\": 3}"},
+        {"qa", "London", "Paris", NULL},
+    };
+    double s[4];
+    reward_score_batch(r, items, 4, s, NULL);
+    assert_true(s[0] == 1.0 && s[1] == 0.2 && s[2] == 1.0 && s[3] == 0.0);
+    reward_free(r);
+}
+
 static double elapsed_since(const struct timespec *t0)
 {
     struct timespec t1;
@@ -467,7 +487,7 @@ int main(void)
         cmocka_unit_test(test_math),                 cmocka_unit_test(test_countdown_eval),
         cmocka_unit_test(test_countdown_scorer),     cmocka_unit_test(test_routing),
         cmocka_unit_test(test_overlong_penalty),     cmocka_unit_test(test_custom_errors),
-        cmocka_unit_test(test_custom_isolation),
+        cmocka_unit_test(test_documented_example),   cmocka_unit_test(test_custom_isolation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -66,7 +66,7 @@ struct control {
     bool want_pause, want_stop, run_over;
     uint64_t ckpt_seq, ckpt_taken;
     char reason[512];
-    bool connected;
+    bool connected, reregister_warned;
     bool quit, kick;
 };
 
@@ -110,6 +110,17 @@ static void account(struct control *c, double now)
     if (!c->paused)
         c->cur[c->phase] += dt;
     c->since = now;
+}
+
+/* A deadline `seconds` from now on the monotonic clock the condition variables use. */
+static struct timespec deadline_in(double seconds)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double t = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + seconds;
+    ts.tv_sec = (time_t)t;
+    ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+    return ts;
 }
 
 /* Something grpod should hear about soon. Under mu. */
@@ -275,9 +286,7 @@ void control_finish(struct control *c, enum control_end end, const char *error)
     snprintf(c->error, sizeof c->error, "%s", error ? error : "");
     changed_locked(c);
     uint64_t want = c->generation;
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += (time_t)FINISH_WAIT_S;
+    struct timespec until = deadline_in(FINISH_WAIT_S);
     while (c->acked_generation < want && !c->run_over)
         if (pthread_cond_timedwait(&c->changed, &c->mu, &until) == ETIMEDOUT) {
             log_warn("control", "grpod has not acknowledged that this worker ended; leaving anyway");
@@ -441,8 +450,9 @@ static void build_heartbeat(struct control *c, Grpo__Heartbeat *hb, Grpo__PhaseT
     hb->metrics = mp;
 }
 
-/* grpod forgot us (restart with another state directory, or we were replaced): register again. */
-static void reregister(struct control *c)
+/* grpod forgot us (restart with another state directory, or we were replaced): register again.
+ * 0 when registered; otherwise the caller backs off (run_over is set when grpod said never). */
+static int reregister(struct control *c)
 {
     char run_id[64], err[512];
     pthread_mutex_lock(&c->mu);
@@ -463,11 +473,15 @@ static void reregister(struct control *c)
         snprintf(c->reason, sizeof c->reason, "%s", err);
         log_error("control", "grpod refused to take rank %d back: %s; ending", c->rank, err);
         pthread_cond_broadcast(&c->changed);
-    } else {
+    } else if (!c->reregister_warned) {
         log_warn("control", "registering again with grpod: %s; retrying", err);
+        c->reregister_warned = true;
     }
+    if (rc == 0)
+        c->reregister_warned = false;
     pthread_mutex_unlock(&c->mu);
     free(a);
+    return rc == 0 ? 0 : -1;
 }
 
 static void *heartbeat_thread(void *arg)
@@ -476,6 +490,10 @@ static void *heartbeat_thread(void *arg)
     double backoff = 0;
     pthread_mutex_lock(&c->mu);
     while (!c->quit) {
+        if (c->run_over) { /* grpod will not take this worker back: nothing more to say */
+            pthread_cond_wait(&c->wake, &c->mu);
+            continue;
+        }
         Grpo__Heartbeat hb;
         Grpo__PhaseTime pt[NUM_PHASES], *ptp[NUM_PHASES];
         Grpo__Metric m[MAX_METRICS], *mp[MAX_METRICS];
@@ -485,15 +503,12 @@ static void *heartbeat_thread(void *arg)
         if (timeout_ms < 1000)
             timeout_ms = 1000;
         /* the snapshot's strings live in c: copy what the message points at before unlocking */
-        char error[512];
-        struct {
-            char name[64];
-        } names[MAX_METRICS];
+        char error[512], names[MAX_METRICS][64];
         snprintf(error, sizeof error, "%s", c->error);
         hb.error = error;
         for (size_t i = 0; i < hb.n_metrics; i++) {
-            snprintf(names[i].name, sizeof names[i].name, "%s", m[i].name);
-            m[i].name = names[i].name;
+            snprintf(names[i], sizeof names[i], "%s", m[i].name);
+            m[i].name = names[i];
         }
         pthread_mutex_unlock(&c->mu);
 
@@ -528,18 +543,17 @@ static void *heartbeat_thread(void *arg)
         }
         protocol_free(reply);
         pthread_cond_broadcast(&c->changed);
+        double wait = c->connected ? c->interval : backoff;
         if (need_reregister) {
             pthread_mutex_unlock(&c->mu);
-            reregister(c);
+            int rc = reregister(c);
             pthread_mutex_lock(&c->mu);
-            continue;
+            if (rc == 0)
+                continue; /* heartbeat at once under the new registration */
+            backoff = backoff ? (backoff * 2 > 5.0 ? 5.0 : backoff * 2) : 0.25;
+            wait = backoff;
         }
-        double wait = c->connected ? c->interval : backoff;
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        double t = (double)until.tv_sec + (double)until.tv_nsec * 1e-9 + wait;
-        until.tv_sec = (time_t)t;
-        until.tv_nsec = (long)((t - (double)until.tv_sec) * 1e9);
+        struct timespec until = deadline_in(wait);
         while (!c->quit && !c->kick)
             if (pthread_cond_timedwait(&c->wake, &c->mu, &until) == ETIMEDOUT)
                 break;
@@ -586,8 +600,12 @@ int control_open(const struct control_options *o, struct control **out, struct c
     c->state = GRPO__WORKER_STATE__WORKER_STARTING;
     c->since = transport_now();
     pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->changed, NULL);
-    pthread_cond_init(&c->wake, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* deadlines immune to wall-clock jumps */
+    pthread_cond_init(&c->changed, &ca);
+    pthread_cond_init(&c->wake, &ca);
+    pthread_condattr_destroy(&ca);
     c->rpc = rpc_open(o->endpoint, secret, err, errlen);
     if (!c->rpc) {
         control_close(c);

@@ -93,18 +93,17 @@ struct control_assignment {
     int dp_rank, dp_size, tp_rank, tp_size, pp_rank, pp_size;
     int world_size;
     char run_id[64];
-    int64_t resume_step;     /* newest checkpoint step every worker has, -1: none */
-    uint64_t config_digest;  /* the run's */
+    int64_t resume_step;          /* newest checkpoint step every worker has, -1: none */
+    uint64_t config_digest;       /* the run's */
     char data_pull_endpoint[256]; /* trainer DP heads: bind a PULL socket here */
     char data_push_endpoint[256]; /* rollout: this rank's trainer endpoint */
-    int n_trainer_endpoints;       /* rollout: every trainer DP rank's endpoint */
+    int n_trainer_endpoints;      /* rollout: every trainer DP rank's endpoint */
     char trainer_endpoints[64][256];
     double heartbeat_interval_s;
 };
 
 /* Fill options from the configuration (grpod.* keys, config digest) for this rank. */
-void control_options_from_config(struct control_options *o, const struct grpo_config *cfg, int rank,
-                                 int world_size);
+void control_options_from_config(struct control_options *o, const struct grpo_config *cfg, int rank, int world_size);
 /* Register with grpod and start heartbeating. 0 with *out set (NULL when the endpoint is empty),
  * or -1 with err: grpod unreachable within connect_timeout_s, or the registration was refused
  * (placement, configuration digest, protocol version: err says which). */

@@ -50,8 +50,7 @@ static void errno_text(int e, char *out, size_t len)
         out[0] = (char)tolower((unsigned char)out[0]);
 }
 
-int endpoint_parse(const char *endpoint, enum endpoint_kind *kind, char *path, size_t pathlen, char *err,
-                   size_t errlen)
+int endpoint_parse(const char *endpoint, enum endpoint_kind *kind, char *path, size_t pathlen, char *err, size_t errlen)
 {
     if (!endpoint || !endpoint[0]) {
         snprintf(err, errlen, "empty endpoint (use ipc://PATH or tcp://HOST:PORT)");

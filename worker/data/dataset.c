@@ -242,7 +242,7 @@ int dataset_load_jsonl(const char *path, const char *default_data_source, struct
             break;
         }
         json_error_t je;
-        json_t *obj = json_loadb(line, (size_t)len, JSON_REJECT_DUPLICATES, &je);
+        json_t *obj = json_loadb(line, (size_t)len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
         if (!obj) {
             rc = bad(&l, "not valid JSON: %s (column %d)", je.text, je.column);
             break;

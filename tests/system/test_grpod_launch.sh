@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# deploy/grpo-launch-workers end to end: mpirun starts the workers of a hostfile
+# (simulated workers here), they register with grpod under their MPI ranks, train,
+# and finish; grpoctl sees it all.
+set -u
+. "$(dirname "$0")/grpod_lib.sh" "$1" "$2" "$3"
+src="$4"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+echo "localhost slots=2" >"$TMP/hostfile"
+printf 'grpod:\n  connect_timeout_s: 30\n' >"$TMP/run.yaml"
+"$src/deploy/grpo-launch-workers" --help | grep -q hostfile; expect "launcher --help" $?
+"$src/deploy/grpo-launch-workers" --hostfile "$TMP/none" --config "$TMP/run.yaml" >"$TMP/err" 2>&1
+[ $? -eq 2 ]; expect "launcher: missing hostfile exits 2" $?
+start_grpod g1
+GRPO_WORKER="$SIM" "$src/deploy/grpo-launch-workers" --hostfile "$TMP/hostfile" --config "$TMP/run.yaml" \
+    --endpoint "$EP" -- --steps 8 --step-ms 30 --state "$TMP/m%r.state" >"$TMP/mpi.log" 2>&1
+expect "mpirun launch of 2 workers from the hostfile ends with 0" $?
+[ -f "$TMP/m0.state" ] && [ -f "$TMP/m1.state" ]; expect "both ranks wrote their state" $?
+state_is finished; expect "run finished" $?
+[ "$(status_field '[.workers[].rank] | join(",")')" = "0,1" ]; expect "ranks 0 and 1 registered" $?
+[ "$(status_field .step)" = 8 ]; expect "8 steps" $?
+echo "$fails failure(s)"
+[ "$fails" -eq 0 ]

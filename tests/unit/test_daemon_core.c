@@ -1,0 +1,612 @@
+/* grpod's core driven directly with packed requests: placement and roles, the
+ * run state machine, health, commands, refusals, the journal form, the shared
+ * secret, field validation, and garbage that must never crash it. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/log.h"
+#include "daemon/arena.h"
+#include "daemon/core.h"
+#include "daemon/validate.h"
+
+static double T = 1000.0; /* the test's monotonic clock */
+
+static struct core_settings settings(int trainer, int rollout, int tp, int pp)
+{
+    struct core_settings s = {.rollout_ranks = rollout,
+                              .trainer_ranks = trainer,
+                              .tp_size = tp,
+                              .pp_size = pp,
+                              .heartbeat_interval_s = 1.0,
+                              .heartbeat_timeout_s = 5.0,
+                              .data_endpoint = "",
+                              .http_url = ""};
+    return s;
+}
+
+static Grpo__Envelope *roundtrip(struct core *c, Grpo__Envelope *req, const char *secret)
+{
+    size_t len, rlen;
+    uint8_t *buf = protocol_pack(req, &len);
+    uint8_t *r = core_handle(c, buf, len, secret, T, &rlen);
+    free(buf);
+    char why[256];
+    Grpo__Envelope *e = protocol_unpack(r, rlen, why, sizeof why);
+    if (!e)
+        fail_msg("reply does not decode: %s", why);
+    free(r);
+    return e;
+}
+
+static Grpo__Envelope *send_register(struct core *c, int rank, int world, const char *host, const char *caps,
+                                     uint64_t digest)
+{
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Register reg = GRPO__REGISTER__INIT;
+    char capbuf[64];
+    char *capv[4];
+    size_t ncap = 0;
+    snprintf(capbuf, sizeof capbuf, "%s", caps);
+    for (char *tok = strtok(capbuf, ","); tok && ncap < 4; tok = strtok(NULL, ","))
+        capv[ncap++] = tok;
+    char *dev[] = {"cpu"};
+    reg.rank = rank;
+    reg.world_size = world;
+    reg.host = (char *)host;
+    reg.pid = 100 + rank;
+    reg.config_digest = digest;
+    reg.capabilities = capv;
+    reg.n_capabilities = ncap;
+    reg.devices = dev;
+    reg.n_devices = 1;
+    env.body_case = GRPO__ENVELOPE__BODY_REGISTER;
+    env.register_ = &reg;
+    return roundtrip(c, &env, NULL);
+}
+
+/* Register and expect an assignment; returns the incarnation token. */
+static uint64_t reg_ok(struct core *c, int rank, int world, Grpo__Role role)
+{
+    char host[32];
+    snprintf(host, sizeof host, "node%02d", rank);
+    Grpo__Envelope *e = send_register(c, rank, world, host, "rollout,trainer", 42);
+    if (e->body_case != GRPO__ENVELOPE__BODY_ASSIGNMENT)
+        fail_msg("rank %d refused: %s", rank, e->body_case == GRPO__ENVELOPE__BODY_REPLY ? e->reply->error : "?");
+    assert_int_equal(e->assignment->role, role);
+    uint64_t inc = e->assignment->incarnation;
+    assert_true(inc != 0);
+    protocol_free(e);
+    return inc;
+}
+
+static Grpo__Envelope *beat(struct core *c, int rank, uint64_t inc, Grpo__WorkerState st, int64_t step)
+{
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Heartbeat hb = GRPO__HEARTBEAT__INIT;
+    Grpo__Metric m = GRPO__METRIC__INIT, *mp = &m;
+    m.name = "critic/score/mean";
+    m.value = 0.5 + (double)step;
+    hb.rank = rank;
+    hb.incarnation = inc;
+    hb.state = st;
+    hb.step = step;
+    hb.total_steps = 100;
+    hb.phase = GRPO__PHASE__PHASE_GEN;
+    hb.metrics = &mp;
+    hb.n_metrics = 1;
+    hb.checkpoint_step = -1;
+    env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    Grpo__Envelope *e = roundtrip(c, &env, NULL);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_HEARTBEAT_ACK);
+    return e;
+}
+
+static void beat_ok(struct core *c, int rank, uint64_t inc, Grpo__WorkerState st, int64_t step)
+{
+    Grpo__Envelope *e = beat(c, rank, inc, st, step);
+    assert_false(e->heartbeat_ack->reregister);
+    protocol_free(e);
+}
+
+static Grpo__Envelope *command(struct core *c, Grpo__Command cmd)
+{
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__CommandRequest cr = GRPO__COMMAND_REQUEST__INIT;
+    cr.command = cmd;
+    cr.reason = "test";
+    env.body_case = GRPO__ENVELOPE__BODY_COMMAND;
+    env.command = &cr;
+    Grpo__Envelope *e = roundtrip(c, &env, NULL);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
+    return e;
+}
+
+static void command_ok(struct core *c, Grpo__Command cmd)
+{
+    Grpo__Envelope *e = command(c, cmd);
+    if (!e->reply->ok)
+        fail_msg("command %d refused: %s", cmd, e->reply->error);
+    protocol_free(e);
+}
+
+static void test_placement_trainer_rollout(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = settings(4, 2, 2, 1);
+    core_init(&c, &s, T);
+    /* rollout ranks on ipc can register before the trainers */
+    Grpo__Envelope *e = send_register(&c, 5, 6, "r5", "rollout", 1);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
+    assert_int_equal(e->assignment->role, GRPO__ROLE__ROLE_ROLLOUT);
+    assert_int_equal(e->assignment->dp_rank, 1);
+    assert_int_equal(e->assignment->dp_size, 2);
+    assert_int_equal(e->assignment->n_trainer_endpoints, 2); /* 4 trainers / tp 2 = 2 DP ranks */
+    assert_non_null(strstr(e->assignment->trainer_endpoints[1], "-dp1.sock"));
+    assert_string_equal(e->assignment->data_push_endpoint, e->assignment->trainer_endpoints[1]);
+    protocol_free(e);
+    for (int r = 0; r < 4; r++) {
+        e = send_register(&c, r, 6, "t", "trainer", 1);
+        assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
+        const Grpo__Assignment *a = e->assignment;
+        assert_int_equal(a->role, GRPO__ROLE__ROLE_TRAINER);
+        assert_int_equal(a->tp_rank, r % 2);
+        assert_int_equal(a->dp_rank, r / 2);
+        assert_int_equal(a->dp_size, 2);
+        assert_int_equal(a->tp_size, 2);
+        if (a->tp_rank == 0)
+            assert_non_null(strstr(a->data_pull_endpoint, "-dp"));
+        else
+            assert_string_equal(a->data_pull_endpoint, "");
+        protocol_free(e);
+    }
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_WAITING);
+    assert_non_null(strstr(c.run.reason, "5 of 6"));
+    /* a rank that cannot roll out is not given the rollout role */
+    e = send_register(&c, 4, 6, "r4", "trainer", 1);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
+    assert_non_null(strstr(e->reply->error, "capabilities lack 'rollout'"));
+    protocol_free(e);
+    e = send_register(&c, 4, 6, "r4", "rollout", 1);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
+    protocol_free(e);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING);
+    core_deinit(&c);
+}
+
+static void test_placement_hybrid_megatron_order(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = settings(0, 0, 2, 2);
+    core_init(&c, &s, T);
+    for (int r = 0; r < 8; r++) {
+        Grpo__Envelope *e = send_register(&c, r, 8, "h", "", 7);
+        assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
+        const Grpo__Assignment *a = e->assignment;
+        assert_int_equal(a->role, GRPO__ROLE__ROLE_HYBRID);
+        /* rank = (pp * dp_size + dp) * tp_size + tp, as worker/comm/parallel.c */
+        assert_int_equal((a->pp_rank * a->dp_size + a->dp_rank) * a->tp_size + a->tp_rank, r);
+        assert_int_equal(a->dp_size, 2);
+        assert_int_equal(a->world_size, 8);
+        protocol_free(e);
+    }
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING);
+    core_deinit(&c);
+    /* a world that does not divide by tp x pp is refused with the reason */
+    core_init(&c, &s, T);
+    Grpo__Envelope *e = send_register(&c, 0, 6, "h", "", 7);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
+    assert_non_null(strstr(e->reply->error, "not a multiple of tensor_parallel_size 2"));
+    protocol_free(e);
+    core_deinit(&c);
+}
+
+static void test_refusals(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = settings(1, 1, 1, 1);
+    core_init(&c, &s, T);
+    Grpo__Envelope *e = send_register(&c, 0, 3, "h", "", 7);
+    assert_non_null(strstr(e->reply->error, "placement has 2"));
+    protocol_free(e);
+    reg_ok(&c, 0, 2, GRPO__ROLE__ROLE_TRAINER);
+    e = send_register(&c, 1, 2, "h", "", 8); /* another configuration */
+    assert_non_null(strstr(e->reply->error, "configuration differs"));
+    assert_false(e->reply->retry);
+    protocol_free(e);
+    /* a second process for a rank that is alive: refused for now, may retry */
+    e = send_register(&c, 0, 2, "other", "", 42);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
+    assert_non_null(strstr(e->reply->error, "rank 0 is held by pid 100 on host node00"));
+    assert_true(e->reply->retry);
+    protocol_free(e);
+    /* once the holder has been silent a while, the newcomer takes the rank */
+    T += 3.0;
+    e = send_register(&c, 0, 2, "other", "", 42);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
+    protocol_free(e);
+    /* heartbeats of an unknown registration are told to register again */
+    e = beat(&c, 1, 12345, GRPO__WORKER_STATE__WORKER_RUNNING, 0);
+    assert_true(e->heartbeat_ack->reregister);
+    protocol_free(e);
+    core_deinit(&c);
+}
+
+static void test_state_machine(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = settings(0, 0, 1, 1);
+    core_init(&c, &s, T);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_WAITING);
+    uint64_t i0 = reg_ok(&c, 0, 2, GRPO__ROLE__ROLE_HYBRID);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_WAITING);
+    uint64_t i1 = reg_ok(&c, 1, 2, GRPO__ROLE__ROLE_HYBRID);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING);
+    beat_ok(&c, 0, i0, GRPO__WORKER_STATE__WORKER_RUNNING, 3);
+    beat_ok(&c, 1, i1, GRPO__WORKER_STATE__WORKER_RUNNING, 2);
+    assert_int_equal(c.run.step, 3);
+    assert_int_equal(c.run.nhistory, 1);
+    assert_true(fabs(c.run.history[0].reward - 3.5) < 1e-12);
+
+    command_ok(&c, GRPO__COMMAND__COMMAND_PAUSE);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_PAUSING);
+    Grpo__Envelope *e = beat(&c, 0, i0, GRPO__WORKER_STATE__WORKER_PAUSED, 3);
+    assert_true(e->heartbeat_ack->pause);
+    protocol_free(e);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_PAUSING);
+    assert_non_null(strstr(c.run.reason, "1 of 2"));
+    beat_ok(&c, 1, i1, GRPO__WORKER_STATE__WORKER_PAUSED, 3);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_PAUSED);
+    command_ok(&c, GRPO__COMMAND__COMMAND_CHECKPOINT);
+    assert_int_equal(c.run.checkpoint_seq, 1);
+    command_ok(&c, GRPO__COMMAND__COMMAND_RESUME);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING);
+    e = beat(&c, 0, i0, GRPO__WORKER_STATE__WORKER_RUNNING, 4);
+    assert_false(e->heartbeat_ack->pause);
+    assert_int_equal(e->heartbeat_ack->checkpoint_seq, 1);
+    protocol_free(e);
+
+    command_ok(&c, GRPO__COMMAND__COMMAND_STOP);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_STOPPING);
+    e = command(&c, GRPO__COMMAND__COMMAND_PAUSE);
+    assert_false(e->reply->ok);
+    protocol_free(e);
+    e = beat(&c, 0, i0, GRPO__WORKER_STATE__WORKER_STOPPED, 5);
+    assert_true(e->heartbeat_ack->stop);
+    protocol_free(e);
+    beat_ok(&c, 1, i1, GRPO__WORKER_STATE__WORKER_STOPPED, 5);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_FINISHED);
+    assert_non_null(strstr(c.run.reason, "stopped by operator at step 5"));
+    e = command(&c, GRPO__COMMAND__COMMAND_RESUME);
+    assert_false(e->reply->ok);
+    assert_non_null(strstr(e->reply->error, "nothing to resume"));
+    protocol_free(e);
+    /* the next fresh registration begins a new run */
+    char old[CORE_NAME_MAX];
+    snprintf(old, sizeof old, "%s", c.run.id);
+    c.run.id[strlen(c.run.id) - 1] ^= 1; /* the clock may not have moved: make the ids differ */
+    snprintf(old, sizeof old, "%s", c.run.id);
+    reg_ok(&c, 0, 1, GRPO__ROLE__ROLE_HYBRID);
+    assert_string_not_equal(c.run.id, old);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING);
+    core_deinit(&c);
+}
+
+static void test_checkpoint_completion(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = settings(0, 0, 1, 1);
+    core_init(&c, &s, T);
+    uint64_t i0 = reg_ok(&c, 0, 2, GRPO__ROLE__ROLE_HYBRID), i1 = reg_ok(&c, 1, 2, GRPO__ROLE__ROLE_HYBRID);
+    Grpo__Envelope *e = command(&c, GRPO__COMMAND__COMMAND_CHECKPOINT);
+    assert_true(e->reply->ok);
+    assert_non_null(strstr(e->reply->message, "checkpoint 1 requested"));
+    protocol_free(e);
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Heartbeat hb = GRPO__HEARTBEAT__INIT;
+    env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    hb.state = GRPO__WORKER_STATE__WORKER_RUNNING;
+    hb.step = 7;
+    hb.checkpoint_seq_done = 1;
+    hb.checkpoint_step = 7;
+    hb.rank = 0;
+    hb.incarnation = i0;
+    protocol_free(roundtrip(&c, &env, NULL));
+    assert_int_equal(c.run.checkpoint_seq_done, 0); /* rank 1 has not written yet */
+    hb.rank = 1;
+    hb.incarnation = i1;
+    protocol_free(roundtrip(&c, &env, NULL));
+    assert_int_equal(c.run.checkpoint_seq_done, 1);
+    assert_int_equal(c.run.checkpoint_step, 7);
+    core_deinit(&c);
+}
+
+static void test_lost_worker(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = settings(0, 0, 1, 1);
+    core_init(&c, &s, T);
+    uint64_t i0 = reg_ok(&c, 0, 2, GRPO__ROLE__ROLE_HYBRID), i1 = reg_ok(&c, 1, 2, GRPO__ROLE__ROLE_HYBRID);
+    T += 4.0;
+    beat_ok(&c, 0, i0, GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+    core_tick(&c, T);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING);
+    T += 2.0; /* rank 1: 6 s of silence, over the 5 s timeout */
+    core_tick(&c, T);
+    assert_int_equal(c.workers[1]->state, GRPO__WORKER_STATE__WORKER_LOST);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_WAITING);
+    assert_non_null(strstr(c.run.reason, "rank 1 on host node01 lost"));
+    assert_non_null(strstr(c.events[c.nevents - 2].text, "rank 1 on host node01 (pid 101) lost"));
+    /* the same process speaks again: back, and the run goes on */
+    beat_ok(&c, 1, i1, GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING);
+    core_deinit(&c);
+
+    s.fail_on_lost = true;
+    core_init(&c, &s, T);
+    reg_ok(&c, 0, 1, GRPO__ROLE__ROLE_HYBRID);
+    T += 6.0;
+    core_tick(&c, T);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_FAILED);
+    assert_non_null(strstr(c.run.reason, "rank 0 on host node00 lost: no heartbeat for 6.0 s"));
+    core_deinit(&c);
+}
+
+static void test_worker_failure(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = settings(0, 0, 1, 1);
+    core_init(&c, &s, T);
+    uint64_t i0 = reg_ok(&c, 0, 1, GRPO__ROLE__ROLE_HYBRID);
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Heartbeat hb = GRPO__HEARTBEAT__INIT;
+    env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    hb.incarnation = i0;
+    hb.state = GRPO__WORKER_STATE__WORKER_FAILED;
+    hb.error = "CUDA out of memory";
+    Grpo__Envelope *e = roundtrip(&c, &env, NULL);
+    assert_true(e->heartbeat_ack->stop);
+    protocol_free(e);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_FAILED);
+    assert_string_equal(c.run.reason, "rank 0 on host node00 failed: CUDA out of memory");
+    core_deinit(&c);
+}
+
+static void test_journal_round_trip(void **state)
+{
+    (void)state;
+    struct core c, d;
+    struct core_settings s = settings(0, 0, 1, 1);
+    core_init(&c, &s, T);
+    uint64_t i0 = reg_ok(&c, 0, 2, GRPO__ROLE__ROLE_HYBRID), i1 = reg_ok(&c, 1, 2, GRPO__ROLE__ROLE_HYBRID);
+    beat_ok(&c, 0, i0, GRPO__WORKER_STATE__WORKER_RUNNING, 9);
+    command_ok(&c, GRPO__COMMAND__COMMAND_PAUSE);
+    command_ok(&c, GRPO__COMMAND__COMMAND_CHECKPOINT);
+    char *text = core_save_json(&c);
+    core_init(&d, &s, T + 50);
+    char err[256];
+    assert_int_equal(core_load_json(&d, text, T + 50, err, sizeof err), 0);
+    assert_string_equal(d.run.id, c.run.id);
+    assert_int_equal(d.run.step, 9);
+    assert_true(d.run.pause);
+    assert_int_equal(d.run.checkpoint_seq, 1);
+    assert_int_equal(d.run.world, 2);
+    assert_int_equal(d.run.nhistory, c.run.nhistory);
+    assert_int_equal(d.nevents, c.nevents);
+    assert_int_equal(d.workers[1]->state, GRPO__WORKER_STATE__WORKER_RECONNECTING);
+    assert_int_equal(d.workers[1]->incarnation, i1);
+    assert_string_equal(d.workers[1]->host, "node01");
+    /* the workers' heartbeats are recognised: no re-registration needed */
+    double saved = T;
+    T += 51;
+    beat_ok(&d, 1, i1, GRPO__WORKER_STATE__WORKER_PAUSED, 9);
+    assert_int_equal(d.workers[1]->state, GRPO__WORKER_STATE__WORKER_PAUSED);
+    T = saved;
+    free(text);
+    /* garbage is refused and leaves the core as it was */
+    struct core e;
+    core_init(&e, &s, T);
+    char id[CORE_NAME_MAX];
+    snprintf(id, sizeof id, "%s", e.run.id);
+    assert_int_equal(core_load_json(&e,
+                                    "{\"format\": 1, \"run\": {\"id\": \"x\", \"world\": 1}, \"workers\": "
+                                    "[{\"rank\": 5}]}",
+                                    T, err, sizeof err),
+                     -1);
+    assert_non_null(strstr(err, "rank 5"));
+    assert_string_equal(e.run.id, id);
+    assert_int_equal(core_load_json(&e, "not json", T, err, sizeof err), -1);
+    assert_int_equal(core_load_json(&e, "{\"format\": 99}", T, err, sizeof err), -1);
+    core_deinit(&c);
+    core_deinit(&d);
+    core_deinit(&e);
+}
+
+static void test_secret(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = settings(0, 0, 1, 1);
+    core_init(&c, &s, T);
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    env.body_case = GRPO__ENVELOPE__BODY_STATUS_REQUEST;
+    env.status_request = 1;
+    Grpo__Envelope *e = roundtrip(&c, &env, "s3cret");
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
+    assert_non_null(strstr(e->reply->error, "authentication failed"));
+    protocol_free(e);
+    env.secret = "s3cres";
+    e = roundtrip(&c, &env, "s3cret");
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
+    protocol_free(e);
+    env.secret = "s3cret";
+    e = roundtrip(&c, &env, "s3cret");
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_STATUS);
+    protocol_free(e);
+    assert_int_equal(c.counters.auth_failed, 2);
+    core_deinit(&c);
+}
+
+static void test_validation(void **state)
+{
+    (void)state;
+    assert_true(validate_text("node-07.example", 64));
+    assert_true(validate_text("gpu \xc3\xa9t\xc3\xa9", 64)); /* UTF-8 */
+    assert_false(validate_text("a\nb", 64));
+    assert_false(validate_text("\xc3", 64));         /* truncated */
+    assert_false(validate_text("\xc0\xaf", 64));     /* overlong */
+    assert_false(validate_text("\xed\xa0\x80", 64)); /* surrogate */
+    assert_false(validate_text("abcdef", 5));
+    struct core c;
+    struct core_settings s = settings(0, 0, 1, 1);
+    core_init(&c, &s, T);
+    Grpo__Envelope *e = send_register(&c, 0, 1, "bad\x01host", "", 1);
+    assert_non_null(strstr(e->reply->error, "register.host"));
+    protocol_free(e);
+    e = send_register(&c, 3, 2, "h", "", 1);
+    assert_non_null(strstr(e->reply->error, "register.rank 3 is outside"));
+    protocol_free(e);
+    /* a message grpod does not take as a request */
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Reply r = GRPO__REPLY__INIT;
+    env.body_case = GRPO__ENVELOPE__BODY_REPLY;
+    env.reply = &r;
+    e = roundtrip(&c, &env, NULL);
+    assert_non_null(strstr(e->reply->error, "'reply' is not a request"));
+    protocol_free(e);
+    assert_int_equal(c.counters.invalid, 2);
+    assert_int_equal(c.counters.unexpected, 1);
+    core_deinit(&c);
+}
+
+static void test_status_and_metrics(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = settings(0, 0, 1, 1);
+    core_init(&c, &s, T);
+    uint64_t i0 = reg_ok(&c, 0, 1, GRPO__ROLE__ROLE_HYBRID);
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Heartbeat hb = GRPO__HEARTBEAT__INIT;
+    Grpo__Metric m1 = GRPO__METRIC__INIT, m2 = GRPO__METRIC__INIT, *mp[2] = {&m1, &m2};
+    m1.name = "actor/pg_loss";
+    m1.value = NAN;
+    m2.name = "perf/\"throughput\"";
+    m2.value = 12.5;
+    hb.incarnation = i0;
+    hb.state = GRPO__WORKER_STATE__WORKER_RUNNING;
+    hb.step = 2;
+    hb.metrics = mp;
+    hb.n_metrics = 2;
+    env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    protocol_free(roundtrip(&c, &env, NULL));
+    char *text = core_metrics_text(&c, T);
+    assert_non_null(strstr(text, "grpo_run_metric{name=\"actor/pg_loss\"} NaN\n"));
+    assert_non_null(strstr(text, "grpo_run_metric{name=\"perf/\\\"throughput\\\"\"} 12.5\n"));
+    assert_non_null(strstr(text, "# TYPE grpod_requests_total counter\n"));
+    assert_non_null(strstr(text, "grpod_run_state{state=\"running\"} 1\n"));
+    free(text);
+    struct arena a = {0};
+    Grpo__Status *st = core_status(&c, T + 1.5, &a);
+    assert_int_equal(st->n_workers, 1);
+    assert_true(fabs(st->workers[0]->last_heartbeat_age_s - 1.5) < 1e-9);
+    assert_int_equal(st->n_metrics, 2);
+    arena_free(&a);
+    core_deinit(&c);
+}
+
+/* xorshift for reproducible garbage */
+static uint64_t rnd(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static void test_garbage_never_crashes(void **state)
+{
+    (void)state;
+    enum log_level lvl = log_get_level();
+    log_set_level(LOG_ERROR);
+    struct core c;
+    struct core_settings s = settings(0, 0, 1, 1);
+    core_init(&c, &s, T);
+    uint64_t inc = reg_ok(&c, 0, 2, GRPO__ROLE__ROLE_HYBRID);
+    /* valid messages to mutate */
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Heartbeat hb = GRPO__HEARTBEAT__INIT;
+    hb.incarnation = inc;
+    hb.step = 3;
+    env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    size_t hlen;
+    uint8_t *hbuf = protocol_pack(&env, &hlen);
+    uint64_t seed = 0x1234567;
+    uint8_t buf[512];
+    for (int i = 0; i < 20000; i++) {
+        size_t len;
+        if (i % 2) { /* random bytes */
+            len = rnd(&seed) % sizeof buf;
+            for (size_t k = 0; k < len; k++)
+                buf[k] = (uint8_t)rnd(&seed);
+        } else { /* a valid heartbeat with a few bytes flipped, cut or grown */
+            len = hlen;
+            memcpy(buf, hbuf, hlen);
+            for (int k = 0; k < 3; k++)
+                buf[rnd(&seed) % len] = (uint8_t)rnd(&seed);
+            if (rnd(&seed) % 4 == 0)
+                len = rnd(&seed) % (len + 1);
+        }
+        size_t rlen;
+        uint8_t *r = core_handle(&c, buf, len, NULL, T, &rlen);
+        char why[256];
+        Grpo__Envelope *e = protocol_unpack(r, rlen, why, sizeof why);
+        assert_non_null(e); /* every answer is a well-formed envelope */
+        protocol_free(e);
+        free(r);
+        if (i % 1000 == 0)
+            core_tick(&c, T);
+    }
+    free(hbuf);
+    core_deinit(&c);
+    log_set_level(lvl);
+}
+
+int main(void)
+{
+    log_set_level(LOG_WARN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_placement_trainer_rollout),
+        cmocka_unit_test(test_placement_hybrid_megatron_order),
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_state_machine),
+        cmocka_unit_test(test_checkpoint_completion),
+        cmocka_unit_test(test_lost_worker),
+        cmocka_unit_test(test_worker_failure),
+        cmocka_unit_test(test_journal_round_trip),
+        cmocka_unit_test(test_secret),
+        cmocka_unit_test(test_validation),
+        cmocka_unit_test(test_status_and_metrics),
+        cmocka_unit_test(test_garbage_never_crashes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
