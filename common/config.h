@@ -77,7 +77,9 @@ void config_print(const struct grpo_config *c, FILE *out);
 void config_print_reference(FILE *out);
 /* Render one key's current value as text (YAML scalar or flow list). */
 void config_value_text(const struct grpo_config *c, const struct cfg_key_info *k, char *buf, size_t len);
-/* 64-bit FNV-1a digest of the effective values (not origins): equal configs, equal digest. */
+/* 64-bit FNV-1a digest of the effective values (not origins) of the keys that shape the run: equal
+ * configs, equal digest. Operational keys (grpod.*, trainer.log_level) are left out, since hosts and
+ * restarts may differ in them. */
 uint64_t config_digest(const struct grpo_config *c);
 
 /* Command-line handling shared by every binary: consumes `--config FILE`,

@@ -14,6 +14,8 @@
 #include "common/log.h"
 #include "worker/comm/comm.h"
 #include "worker/comm/parallel.h"
+#include "worker/control/control.h"
+#include "worker/metrics/metrics.h"
 #include "worker/trainer/trainer.h"
 
 static void usage(FILE *out)
@@ -36,18 +38,95 @@ static void usage(FILE *out)
           out);
 }
 
-/* The single-process GRPO run: every role in this process. */
+/* The control-plane client behind the trainer's hooks (a NULL control: no grpod, hooks do nothing). */
+struct worker_ctl {
+    struct control *ctl;
+    struct trainer *trainer;
+};
+
+static enum control_phase phase_of(const char *name)
+{
+    static const struct {
+        const char *name;
+        enum control_phase phase;
+    } map[] = {{"gen", CONTROL_PHASE_GEN},
+               {"reward", CONTROL_PHASE_REWARD},
+               {"old_log_prob", CONTROL_PHASE_OLD_LOG_PROB},
+               {"ref", CONTROL_PHASE_REF},
+               {"adv", CONTROL_PHASE_ADV},
+               {"update_actor", CONTROL_PHASE_UPDATE_ACTOR},
+               {"validate", CONTROL_PHASE_VALIDATE},
+               {"checkpoint", CONTROL_PHASE_CHECKPOINT}};
+    for (size_t i = 0; i < sizeof map / sizeof *map; i++)
+        if (strcmp(map[i].name, name) == 0)
+            return map[i].phase;
+    return CONTROL_PHASE_IDLE;
+}
+
+static void hook_phase(void *ctx, int64_t step, const char *phase)
+{
+    (void)step;
+    struct worker_ctl *w = ctx;
+    control_set_phase(w->ctl, phase_of(phase));
+}
+
+static void hook_step_done(void *ctx, int64_t step, int64_t total, const struct metrics *m)
+{
+    struct worker_ctl *w = ctx;
+    control_set_step(w->ctl, step, total);
+    for (size_t i = 0; i < metrics_count(m); i++)
+        control_set_metric(w->ctl, metrics_name(m, i), metrics_value(m, i));
+    control_set_phase(w->ctl, CONTROL_PHASE_IDLE);
+}
+
+static int save_for_control(void *ud, int64_t step)
+{
+    (void)step;
+    struct worker_ctl *w = ud;
+    return trainer_save_checkpoint(w->trainer);
+}
+
+/* Between steps: obey pause (blocks, heartbeats go on), checkpoint and stop from grpod. */
+static int hook_safe_point(void *ctx, int64_t step)
+{
+    struct worker_ctl *w = ctx;
+    return control_safe_point(w->ctl, step, save_for_control, w) ? TRAINER_CONTINUE : TRAINER_STOP;
+}
+
+/* The single-process GRPO run: every role in this process, under grpod when grpod.endpoint is set. */
 static int run_trainer(const struct grpo_config *cfg)
 {
     char err[2048];
-    struct trainer *t = trainer_create(cfg, NULL, err, sizeof err);
+    struct worker_ctl w = {0};
+    struct control_options o;
+    struct control_assignment a;
+    control_options_from_config(&o, cfg, 0, 1);
+    if (control_open(&o, &w.ctl, &a, err, sizeof err) != 0) {
+        log_error("worker", "%s", err);
+        return 3;
+    }
+    if (w.ctl)
+        log_info("worker", "registered with grpod at %s: role %s, run %s", o.endpoint, control_role_name(a.role),
+                 a.run_id);
+    struct trainer_hooks hooks = {.ctx = &w, .phase = hook_phase, .step_done = hook_step_done,
+                                  .safe_point = hook_safe_point};
+    struct trainer *t = trainer_create(cfg, w.ctl ? &hooks : NULL, err, sizeof err);
     if (!t) {
         log_error("worker", "%s", err);
+        control_finish(w.ctl, CONTROL_END_FAILED, err);
+        control_close(w.ctl);
         return 2;
     }
+    w.trainer = t;
+    control_set_step(w.ctl, trainer_step(t), trainer_total_steps(t));
     int rc = trainer_run(t);
+    bool finished = trainer_step(t) >= trainer_total_steps(t);
     if (rc == 0)
-        log_info("worker", "run finished at step %lld; results in %s", (long long)trainer_step(t), trainer_run_dir(t));
+        log_info("worker", "run %s at step %lld; results in %s", finished ? "finished" : "stopped",
+                 (long long)trainer_step(t), trainer_run_dir(t));
+    control_finish(w.ctl, rc != 0 ? CONTROL_END_FAILED : (finished ? CONTROL_END_FINISHED : CONTROL_END_STOPPED),
+                   rc != 0 ? "training failed (see the worker's log)" : NULL);
+    control_close(w.ctl);
     trainer_free(t);
     return rc == 0 ? 0 : 1;
 }

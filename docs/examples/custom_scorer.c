@@ -31,7 +31,8 @@ double compute_score(const char *data_source, const char *solution_str, const ch
     size_t g = strlen(ground_truth);
     if (n == g && strncasecmp(last, ground_truth, n) == 0)
         return 1.0;
-    if (strcmp(data_source, "yes_no") == 0 && n == 1 && g > 0 && tolower((unsigned char)*last) == tolower((unsigned char)*ground_truth))
+    if (strcmp(data_source, "yes_no") == 0 && n == 1 && g > 0 &&
+        tolower((unsigned char)*last) == tolower((unsigned char)*ground_truth))
         return 1.0;
     if (g > 0 && strstr(solution_str, ground_truth))
         return 0.2;

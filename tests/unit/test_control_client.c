@@ -18,6 +18,7 @@
 #include <nanomsg/nn.h>
 #include <nanomsg/reqrep.h>
 
+#include "common/config.h"
 #include "common/log.h"
 #include "daemon/core.h"
 #include "worker/control/control.h"
@@ -387,6 +388,31 @@ static void test_transport(void **state)
     assert_string_equal(err, "no such file or directory");
 }
 
+static void test_config_digest(void **state)
+{
+    (void)state;
+    struct grpo_config a, b;
+    struct cfg_error err;
+    config_init(&a);
+    config_init(&b);
+    assert_int_equal(control_config_digest(&a), control_config_digest(&b));
+    /* how a host reaches grpod, and how much it logs, may differ between ranks */
+    assert_int_equal(config_set(&b, "grpod.endpoint", "tcp://head:7070", "test", &err), 0);
+    assert_int_equal(config_set(&b, "trainer.log_level", "debug", "test", &err), 0);
+    assert_int_equal(control_config_digest(&a), control_config_digest(&b));
+    /* what shapes the run may not */
+    assert_int_equal(config_set(&b, "data.train_batch_size", "16", "test", &err), 0);
+    assert_true(control_config_digest(&a) != control_config_digest(&b));
+    struct control_options o;
+    control_options_from_config(&o, &b, 3, 4);
+    assert_int_equal(o.rank, 3);
+    assert_int_equal(o.world_size, 4);
+    assert_string_equal(o.endpoint, "tcp://head:7070");
+    assert_int_equal(o.config_digest, control_config_digest(&b));
+    config_free(&a);
+    config_free(&b);
+}
+
 int main(void)
 {
     log_set_level(LOG_ERROR);
@@ -398,6 +424,7 @@ int main(void)
         cmocka_unit_test(test_heartbeats_while_busy),
         cmocka_unit_test(test_commands),
         cmocka_unit_test(test_safe_point),
+        cmocka_unit_test(test_config_digest),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

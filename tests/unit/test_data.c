@@ -26,7 +26,10 @@
 #define ARITH_SEED1_TRAIN0_GT "24"
 #define ARITH_SEED1_VAL0 "What is 71 - 8?"
 #define COUNTDOWN_SEED1_TRAIN0_GT "{\"target\": 61, \"numbers\": [44, 42, 25]}"
-#define ORDER_N8_SEED1_EPOCH0 {4, 2, 7, 6, 0, 3, 5, 1}
+#define ORDER_N8_SEED1_EPOCH0                                                                                          \
+    {                                                                                                                  \
+        4, 2, 7, 6, 0, 3, 5, 1                                                                                         \
+    }
 
 static char *write_tmp(const char *text)
 {
@@ -80,7 +83,9 @@ static void test_jsonl_layouts(void **state)
 
     /* numbers as ground truth: shortest text that reads back */
     assert_string_equal(s[3].ground_truth, "0.75");
-    assert_string_equal(s[3].extra_info_json, "{\"note\":\"\xc3\xbc" "n\xc3\xaf" "code \xe2\x9c\x93\"}");
+    assert_string_equal(s[3].extra_info_json, "{\"note\":\"\xc3\xbc"
+                                              "n\xc3\xaf"
+                                              "code \xe2\x9c\x93\"}");
     assert_string_equal(s[4].ground_truth, "8");
     /* CRLF line ending */
     assert_string_equal(s[5].messages[0].content, "CRLF line");

@@ -51,7 +51,9 @@ static void test_number_normalisation(void **state)
     assert_true(num_eq("-5", "-5.000"));
     assert_true(num_eq("-0", "0"));
     assert_true(num_eq("+7", "7"));
-    assert_true(num_eq("\xe2\x88\x92" "7", "-7")); /* U+2212 minus */
+    assert_true(num_eq("\xe2\x88\x92"
+                       "7",
+                       "-7")); /* U+2212 minus */
     assert_true(num_eq("3/4", "0.75"));
     assert_true(num_eq("\\frac{3}{4}", "0.75"));
     assert_true(num_eq("-\\dfrac{1}{2}", "-0.5"));
@@ -142,15 +144,15 @@ static void test_arithmetic(void **state)
     (void)state;
     const double eps = 1e-12;
     assert_true(fabs(arith("#### 85", "85") - 1.0) < eps);
-    assert_true(fabs(arith("37 + 48 = 85", "85") - 0.9) < eps);        /* last number, not the format */
-    assert_true(fabs(arith("\\boxed{85}", "85") - 0.9) < eps);         /* boxed */
-    assert_true(fabs(arith("\\boxed{x = 85}", "85") - 0.9) < eps);     /* boxed with '=' */
+    assert_true(fabs(arith("37 + 48 = 85", "85") - 0.9) < eps);    /* last number, not the format */
+    assert_true(fabs(arith("\\boxed{85}", "85") - 0.9) < eps);     /* boxed */
+    assert_true(fabs(arith("\\boxed{x = 85}", "85") - 0.9) < eps); /* boxed with '=' */
     assert_true(fabs(arith("The answer is 85. Check: 85-48=37", "85") - 0.9) < eps);
-    assert_true(fabs(arith("#### 84", "85") - 0.1) < eps);             /* formatted, wrong */
-    assert_true(fabs(arith("#### 85 ... 37", "85") - 1.0) < eps);      /* #### beats the last number */
-    assert_true(fabs(arith("#### 84\n#### 85", "85") - 1.0) < eps);    /* the last #### */
+    assert_true(fabs(arith("#### 84", "85") - 0.1) < eps);          /* formatted, wrong */
+    assert_true(fabs(arith("#### 85 ... 37", "85") - 1.0) < eps);   /* #### beats the last number */
+    assert_true(fabs(arith("#### 84\n#### 85", "85") - 1.0) < eps); /* the last #### */
     assert_true(fabs(arith("#### 85\n#### 84", "85") - 0.1) < eps);
-    assert_true(fabs(arith("85 is it, 37 + 48", "85") - 0.0) < eps);   /* last number is 48 */
+    assert_true(fabs(arith("85 is it, 37 + 48", "85") - 0.0) < eps); /* last number is 48 */
     assert_true(fabs(arith("#### -11", "-11") - 1.0) < eps);
     assert_true(fabs(arith("#### 11", "-11") - 0.1) < eps);
     assert_true(fabs(arith("#### 85.0", "85") - 1.0) < eps);
@@ -209,9 +211,30 @@ static void test_countdown_eval(void **state)
     assert_int_equal(EVAL(" \t(1)\n"), 0);
 
     static const char *const bad[] = {
-        "__import__('os').system('ls')", "1e999", "9**9**9", "2^3", "1 / 0", "4 / (2 - 2)", "", "()", "(1 + 2",
-        "1 + 2)", "1 +", "-1 + 2", "+1", "1 2", "1.5 + 2", "0x10", "3 \xc3\x97 4", "\xef\xbc\x93 + 1", "abs(1)",
-        "1 // 2", "1;2", "1 = 1", "9999999999 + 1", "99999999 * 99999999 * 99999999 * 99999999",
+        "__import__('os').system('ls')",
+        "1e999",
+        "9**9**9",
+        "2^3",
+        "1 / 0",
+        "4 / (2 - 2)",
+        "",
+        "()",
+        "(1 + 2",
+        "1 + 2)",
+        "1 +",
+        "-1 + 2",
+        "+1",
+        "1 2",
+        "1.5 + 2",
+        "0x10",
+        "3 \xc3\x97 4",
+        "\xef\xbc\x93 + 1",
+        "abs(1)",
+        "1 // 2",
+        "1;2",
+        "1 = 1",
+        "9999999999 + 1",
+        "99999999 * 99999999 * 99999999 * 99999999",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         if (EVAL(bad[i]) == 0)
@@ -251,13 +274,13 @@ static void test_countdown_scorer(void **state)
 {
     (void)state;
     assert_true(cd("<think>6-4=2</think><answer>(6 - 4) * 3 * 4</answer>", CD24) == 0.1); /* 4 twice, 1 unused */
-    assert_true(cd("<answer>(1 + 3) * 6 * 4</answer>", CD24) == 0.1);                       /* all used, 96 */
-    assert_true(cd("<answer>(4 - 1) * (6 + 3) - 3</answer>", CD24) == 0.1);                 /* 3 reused */
-    assert_true(cd("<answer>6 * 4 * 1</answer>", CD24) == 0.1);                             /* 3 unused */
-    assert_true(cd("<answer>6 * 4 * (3 - 3 + 1)</answer>", CD24) == 0.1);                   /* 3 twice */
-    assert_true(cd("<answer>6 * 4 * (3 - 1) / 2</answer>", CD24) == 0.1);                   /* 2 not given */
-    assert_true(cd("<answer>6*(3+1)</answer>", CD24) == 0.1);                               /* 4 unused */
-    assert_true(cd("<answer>(6 / (1 - 3 / 4))</answer>", CD24) == 1.0); /* 6 / (1/4) = 24, exactly */
+    assert_true(cd("<answer>(1 + 3) * 6 * 4</answer>", CD24) == 0.1);                     /* all used, 96 */
+    assert_true(cd("<answer>(4 - 1) * (6 + 3) - 3</answer>", CD24) == 0.1);               /* 3 reused */
+    assert_true(cd("<answer>6 * 4 * 1</answer>", CD24) == 0.1);                           /* 3 unused */
+    assert_true(cd("<answer>6 * 4 * (3 - 3 + 1)</answer>", CD24) == 0.1);                 /* 3 twice */
+    assert_true(cd("<answer>6 * 4 * (3 - 1) / 2</answer>", CD24) == 0.1);                 /* 2 not given */
+    assert_true(cd("<answer>6*(3+1)</answer>", CD24) == 0.1);                             /* 4 unused */
+    assert_true(cd("<answer>(6 / (1 - 3 / 4))</answer>", CD24) == 1.0);                   /* 6 / (1/4) = 24, exactly */
     const char *gt = "{\"target\": 24, \"numbers\": [3, 4, 6, 2]}";
     assert_true(cd("<answer>(6 - 2) * 3 * ... </answer>", gt) == 0.1);
     assert_true(cd("<answer>(6 - 2) * (3 + 4) - 4</answer>", gt) == 0.1);
@@ -267,7 +290,7 @@ static void test_countdown_scorer(void **state)
     assert_true(cd("<answer>6 * 4 * (3 - 2) = 24</answer>", gt) == 1.0); /* "= target" allowed */
     assert_true(cd("<answer>6 * 4 * (3 - 2) = 25</answer>", gt) == 0.1);
     assert_true(cd("<answer>24 = 6 * 4 * (3 - 2)</answer>", gt) == 0.1);
-    assert_true(cd("<answer>6 * 4 * (2 - 3)</answer>", gt) == 0.1); /* -24 */
+    assert_true(cd("<answer>6 * 4 * (2 - 3)</answer>", gt) == 0.1);                        /* -24 */
     assert_true(cd("<answer>wrong</answer> <answer>6 * 4 * (3 - 2)</answer>", gt) == 1.0); /* the last */
     assert_true(cd("<answer>6 * 4 * (3 - 2)</answer> <answer>wrong</answer>", gt) == 0.1);
     assert_true(cd("6 * 4 * (3 - 2)", gt) == 0.0);                  /* no tags */
@@ -276,9 +299,9 @@ static void test_countdown_scorer(void **state)
     assert_true(cd("<answer>__import__('os').system('rm -rf /')</answer>", gt) == 0.1);
     assert_true(cd("<answer>9**9**9</answer>", gt) == 0.1);
     assert_true(cd("<answer>1e999</answer>", gt) == 0.1);
-    assert_true(cd("<answer>(6 * 4) / (3 - 3) * 2</answer>", gt) == 0.1); /* division by zero */
+    assert_true(cd("<answer>(6 * 4) / (3 - 3) * 2</answer>", gt) == 0.1);         /* division by zero */
     assert_true(cd("<answer>6 \xc3\x97 4 \xc3\x97 (3 - 2)</answer>", gt) == 0.1); /* unicode times */
-    assert_true(cd("<answer>6 * 4 * (3 - 2) + 0</answer>", gt) == 0.1);         /* extra number */
+    assert_true(cd("<answer>6 * 4 * (3 - 2) + 0</answer>", gt) == 0.1);           /* extra number */
     /* a deep or long answer is refused quickly */
     char deep[600] = "<answer>";
     size_t k = strlen(deep);
@@ -294,8 +317,7 @@ static void test_countdown_scorer(void **state)
     assert_non_null(strstr(why, "not JSON"));
     assert_true(reward_score_countdown("<answer>1</answer>", "{\"target\": 1}", why, sizeof why) == 0.0);
     assert_true(why[0] != '\0');
-    assert_true(reward_score_countdown("<answer>1</answer>", "{\"target\": 1, \"nums\": [1]}", why, sizeof why) ==
-                1.0);
+    assert_true(reward_score_countdown("<answer>1</answer>", "{\"target\": 1, \"nums\": [1]}", why, sizeof why) == 1.0);
     assert_true(why[0] == '\0');
 }
 
@@ -425,18 +447,18 @@ static void test_custom_isolation(void **state)
         fail_msg("%s", err);
     reward_set_timeout(r, 1.0);
     struct reward_item items[] = {
-        {"a", "x", "x", NULL},       /* 1 */
-        {"b", "SEGV", "x", NULL},    /* crash */
-        {"c", "y", "y", NULL},       /* 1 */
-        {"d", "HANG", "x", NULL},    /* busy loop */
-        {"e", "z", "q", NULL},       /* 0 */
-        {"f", "ABORT", "x", NULL},   /* SIGABRT */
-        {"g", "EXIT", "x", NULL},    /* exit(3) */
-        {"h", "NAN", "x", NULL},     /* non-finite */
-        {"i", "EXTRA", "x", NULL},   /* extra_info NULL -> "{}" -> 0.5 */
+        {"a", "x", "x", NULL},            /* 1 */
+        {"b", "SEGV", "x", NULL},         /* crash */
+        {"c", "y", "y", NULL},            /* 1 */
+        {"d", "HANG", "x", NULL},         /* busy loop */
+        {"e", "z", "q", NULL},            /* 0 */
+        {"f", "ABORT", "x", NULL},        /* SIGABRT */
+        {"g", "EXIT", "x", NULL},         /* exit(3) */
+        {"h", "NAN", "x", NULL},          /* non-finite */
+        {"i", "EXTRA", "x", NULL},        /* extra_info NULL -> "{}" -> 0.5 */
         {"j", "EXTRA", "x", "{\"k\":1}"}, /* 0.25 */
-        {"k", "SLEEP", "x", NULL},   /* blocked in pause() */
-        {"l", "w", "w", NULL},       /* 1 */
+        {"k", "SLEEP", "x", NULL},        /* blocked in pause() */
+        {"l", "w", "w", NULL},            /* 1 */
     };
     int n = (int)(sizeof items / sizeof items[0]);
     double s[12];
@@ -482,12 +504,18 @@ int main(void)
 {
     log_set_level(LOG_ERROR);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_number_normalisation), cmocka_unit_test(test_extraction),
-        cmocka_unit_test(test_gsm8k),                cmocka_unit_test(test_arithmetic),
-        cmocka_unit_test(test_math),                 cmocka_unit_test(test_countdown_eval),
-        cmocka_unit_test(test_countdown_scorer),     cmocka_unit_test(test_routing),
-        cmocka_unit_test(test_overlong_penalty),     cmocka_unit_test(test_custom_errors),
-        cmocka_unit_test(test_documented_example),   cmocka_unit_test(test_custom_isolation),
+        cmocka_unit_test(test_number_normalisation),
+        cmocka_unit_test(test_extraction),
+        cmocka_unit_test(test_gsm8k),
+        cmocka_unit_test(test_arithmetic),
+        cmocka_unit_test(test_math),
+        cmocka_unit_test(test_countdown_eval),
+        cmocka_unit_test(test_countdown_scorer),
+        cmocka_unit_test(test_routing),
+        cmocka_unit_test(test_overlong_penalty),
+        cmocka_unit_test(test_custom_errors),
+        cmocka_unit_test(test_documented_example),
+        cmocka_unit_test(test_custom_isolation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

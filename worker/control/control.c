@@ -82,6 +82,12 @@ const char *control_role_name(enum control_role role)
     return (unsigned)role < 4 ? n[role] : "unknown";
 }
 
+uint64_t control_config_digest(const struct grpo_config *cfg)
+{
+    uint64_t h = config_digest(cfg); /* leaves out grpod.* and trainer.log_level */
+    return h ? h : 1;
+}
+
 void control_options_from_config(struct control_options *o, const struct grpo_config *cfg, int rank, int world_size)
 {
     memset(o, 0, sizeof *o);
@@ -91,7 +97,7 @@ void control_options_from_config(struct control_options *o, const struct grpo_co
     o->world_size = world_size;
     o->capabilities = "rollout,trainer";
     o->devices = "cpu";
-    o->config_digest = config_digest(cfg);
+    o->config_digest = control_config_digest(cfg);
     o->connect_timeout_s = cfg->grpod_connect_timeout_s;
 }
 

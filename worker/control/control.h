@@ -82,7 +82,8 @@ struct control_options {
     const char *host;         /* NULL: gethostname() */
     const char *capabilities; /* comma-separated: "rollout,trainer" (the default) */
     const char *devices;      /* comma-separated: "cpu" (the default), "cuda:0 NVIDIA H200" */
-    uint64_t config_digest;   /* config_digest() of the run's configuration; grpod checks all ranks agree */
+    uint64_t config_digest;   /* control_config_digest() of the run's configuration; grpod checks all ranks
+                                 agree (0: not checked) */
     int64_t start_step;       /* steps already done (a resumed run); 0 for a fresh one */
     double connect_timeout_s; /* how long to retry the first registration; 0: forever */
 };
@@ -102,6 +103,10 @@ struct control_assignment {
     double heartbeat_interval_s;
 };
 
+/* Digest of the configuration every rank of a run must share: all keys but grpod.* (how a host
+ * reaches grpod may differ between hosts) and trainer.log_level. grpod refuses a rank whose
+ * digest differs from the first rank's. */
+uint64_t control_config_digest(const struct grpo_config *cfg);
 /* Fill options from the configuration (grpod.* keys, config digest) for this rank. */
 void control_options_from_config(struct control_options *o, const struct grpo_config *cfg, int rank, int world_size);
 /* Register with grpod and start heartbeating. 0 with *out set (NULL when the endpoint is empty),

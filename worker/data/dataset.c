@@ -213,8 +213,7 @@ static int parse_sample(const json_t *obj, const char *default_data_source, stru
     return 0;
 }
 
-int dataset_load_jsonl(const char *path, const char *default_data_source, struct dataset *d, char *err,
-                       size_t errlen)
+int dataset_load_jsonl(const char *path, const char *default_data_source, struct dataset *d, char *err, size_t errlen)
 {
     FILE *f = fopen(path, "rb");
     if (!f) {
@@ -315,8 +314,8 @@ int dataset_from_config(const struct grpo_config *cfg, struct dataset *train, st
                            val_file ? 0 : (int)cfg->data_synthetic_num_val, train_file ? NULL : train,
                            val_file ? NULL : val, err, errlen) < 0)
             goto fail;
-        log_info("data", "synthetic task %s (seed %lld): %d training, %d validation prompts",
-                 cfg->data_synthetic_task, (long long)cfg->data_seed, train->n, val->n);
+        log_info("data", "synthetic task %s (seed %lld): %d training, %d validation prompts", cfg->data_synthetic_task,
+                 (long long)cfg->data_seed, train->n, val->n);
     }
     return 0;
 fail:

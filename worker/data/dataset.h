@@ -25,7 +25,7 @@ struct grpo_config;
 struct tokenizer;
 
 struct prompt_message {
-    char *role;    /* "system", "user", "assistant", ... */
+    char *role; /* "system", "user", "assistant", ... */
     char *content;
 };
 
@@ -58,8 +58,7 @@ void dataset_free(struct dataset *d);
  * Other keys are ignored. Returns 0, or -1 with err "PATH:LINE: what is wrong"
  * (d then holds the samples read before the error; free it). A file with no
  * samples is an error. */
-int dataset_load_jsonl(const char *path, const char *default_data_source, struct dataset *d, char *err,
-                       size_t errlen);
+int dataset_load_jsonl(const char *path, const char *default_data_source, struct dataset *d, char *err, size_t errlen);
 
 /* ---- synthetic tasks ---- */
 

@@ -274,8 +274,7 @@ static void emit(struct dataset *d, const struct synth_opts *o, const struct pro
     s->messages[0].content = xstrdup(p->prompt);
     char extra[512];
     if (p->solution[0])
-        snprintf(extra, sizeof extra, "{\"split\":\"%s\",\"index\":%d,\"solution\":\"%s\"}", split, index,
-                 p->solution);
+        snprintf(extra, sizeof extra, "{\"split\":\"%s\",\"index\":%d,\"solution\":\"%s\"}", split, index, p->solution);
     else
         snprintf(extra, sizeof extra, "{\"split\":\"%s\",\"index\":%d}", split, index);
     s->extra_info_json = xstrdup(extra);

@@ -33,7 +33,7 @@
 #include "scorers.h"
 
 struct reward_fn {
-    void *dl;              /* dlopen handle of the custom scorer, or NULL */
+    void *dl; /* dlopen handle of the custom scorer, or NULL */
     reward_custom_fn custom;
     char *custom_path, *custom_name;
     double timeout_s;
@@ -171,8 +171,8 @@ static double score_here(const struct reward_fn *r, const struct reward_item *it
     return s;
 }
 
-static void report_failure(struct reward_fn *r, int i, const struct reward_item *it, const char *reason,
-                           double *scores, char **reasons)
+static void report_failure(struct reward_fn *r, int i, const struct reward_item *it, const char *reason, double *scores,
+                           char **reasons)
 {
     r->failures++;
     scores[i] = 0.0;
@@ -198,7 +198,7 @@ static _Noreturn void child_main(const struct reward_fn *r, const struct reward_
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent)
         _exit(111);
-    static const int sigs[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP, SIGSYS, SIGTERM,
+    static const int sigs[] = {SIGSEGV, SIGBUS, SIGFPE,  SIGILL,  SIGABRT, SIGTRAP, SIGSYS,  SIGTERM,
                                SIGINT,  SIGHUP, SIGPIPE, SIGXCPU, SIGXFSZ, SIGALRM, SIGUSR1, SIGUSR2};
     for (size_t k = 0; k < sizeof sigs / sizeof sigs[0]; k++)
         signal(sigs[k], SIG_DFL);
@@ -243,8 +243,7 @@ static void describe_status(int status, char *buf, size_t len)
     }
 }
 
-static void score_isolated(struct reward_fn *r, const struct reward_item *items, int n, double *scores,
-                           char **reasons)
+static void score_isolated(struct reward_fn *r, const struct reward_item *items, int n, double *scores, char **reasons)
 {
     int next = 0;
     while (next < n) {

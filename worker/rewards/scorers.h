@@ -24,8 +24,8 @@
 
 /* A number as written in an answer: "1,234", "-$5", "12.0", "12.", "3/4", ".5". */
 struct reward_number {
-    bool is_fraction;          /* written as a/b (or \frac{a}{b}) */
-    double value;              /* its value (fractions are compared through it) */
+    bool is_fraction;           /* written as a/b (or \frac{a}{b}) */
+    double value;               /* its value (fractions are compared through it) */
     char canon[REWARD_NUM_MAX]; /* decimal without grouping, leading/trailing zeros or "-0": "-1234.5" */
 };
 

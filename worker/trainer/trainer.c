@@ -645,7 +645,7 @@ static int grpo_step(struct trainer *t, struct metrics *m)
 
 /* ------------------------------------------------------------- life cycle */
 
-static int save_checkpoint(struct trainer *t)
+int trainer_save_checkpoint(struct trainer *t)
 {
     phase(t, "checkpoint");
     char err[1024];
@@ -685,7 +685,7 @@ int trainer_run(struct trainer *t)
         int act = safe_point(t);
         /* a stop checkpoints too, unless this step is already saved */
         if ((act & (TRAINER_CHECKPOINT | TRAINER_STOP)) && t->saved_step != t->st.global_step)
-            save_checkpoint(t);
+            trainer_save_checkpoint(t);
         if (act & TRAINER_STOP) {
             log_info("trainer", "stop requested at step %lld: checkpoint written, ending",
                      (long long)t->st.global_step);
@@ -703,7 +703,7 @@ int trainer_run(struct trainer *t)
             validate(t, &m);
         log_step(t, k, &m);
         if ((c->trainer_save_freq > 0 && k % c->trainer_save_freq == 0) || k == t->st.total_steps)
-            if (save_checkpoint(t) != 0) {
+            if (trainer_save_checkpoint(t) != 0) {
                 rc = -1;
                 break;
             }

@@ -36,6 +36,9 @@ struct trainer *trainer_create(const struct grpo_config *cfg, const struct train
 int trainer_run(struct trainer *t);
 void trainer_free(struct trainer *t);
 
+/* Write a checkpoint of the current step now (at a safe point); 0 or -1 (logged). */
+int trainer_save_checkpoint(struct trainer *t);
+
 /* Current progress (for status reporting). */
 int64_t trainer_step(const struct trainer *t);
 int64_t trainer_total_steps(const struct trainer *t);
