@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by bench/run_model_bench.sh and bench/run_grpo_bench.sh (sourced, not run).
 #
 # Environment (all optional):
@@ -32,7 +33,7 @@ bench_build() {
     ninja -C "$BUILD_DIR" "$@" >&2
 }
 
-# bench_venv [trl]: the venv with torch and transformers (and TRL with "trl") at the pinned versions.
+# bench_venv torch|trl: the venv with torch and transformers (and TRL too with "trl") at the pinned versions.
 bench_venv() {
     local want="torch==$TORCH_VERSION transformers==$TRANSFORMERS_VERSION"
     local check="import torch, transformers; assert torch.__version__.split('+')[0] == '$TORCH_VERSION', torch.__version__; assert transformers.__version__ == '$TRANSFORMERS_VERSION', transformers.__version__"
@@ -50,6 +51,7 @@ bench_venv() {
         "$BENCH_VENV/bin/python" -m pip install --disable-pip-version-check -q $want >&2
         "$BENCH_VENV/bin/python" -c "$check" >&2
     fi
+    # shellcheck disable=SC2034 # used by the drivers that source this file
     BENCH_PY="$BENCH_VENV/bin/python"
 }
 

@@ -14,6 +14,7 @@
  * so both sides compute on identical inputs and their losses and greedy tokens can be compared.
  * One JSON object per line on stdout; diagnostics on stderr. */
 #include <cblas.h>
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -147,7 +148,7 @@ static int argmax(const float *x, int n)
 static void bench_decode(struct model *m, int B, int P, int steps, int threads)
 {
     const int V = m->cfg.vocab_size;
-    struct kv_cache **caches = xmalloc((size_t)B * sizeof *caches);
+    struct kv_cache **caches = xmalloc((size_t)B * sizeof(struct kv_cache *));
     for (int b = 0; b < B; b++)
         caches[b] = kv_cache_create(m, P + steps + 1);
     int *ntok = xmalloc((size_t)B * sizeof *ntok);
@@ -189,6 +190,19 @@ static void bench_decode(struct model *m, int B, int P, int steps, int threads)
     free(caches), free(ntok), free(ids), free(next), free(first), free(logits);
 }
 
+/* A whole decimal int, or exit with usage status 2 naming the option. */
+static int parse_int(const char *opt, const char *s)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < -2147483647L || v > 2147483647L) {
+        fprintf(stderr, "model_bench: %s: '%s' is not an integer\n", opt, s);
+        exit(2);
+    }
+    return (int)v;
+}
+
 static void usage(FILE *out)
 {
     fputs("usage: model_bench MODEL [options]\n"
@@ -228,15 +242,15 @@ int main(int argc, char **argv)
     int o;
     while ((o = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (o) {
-        case 't': threads = atoi(optarg); break;
-        case 'b': B = atoi(optarg); break;
-        case 's': S = atoi(optarg); break;
-        case 'w': warmup = atoi(optarg); break;
-        case 'i': iters = atoi(optarg); break;
+        case 't': threads = parse_int("--threads", optarg); break;
+        case 'b': B = parse_int("--batch", optarg); break;
+        case 's': S = parse_int("--seqlen", optarg); break;
+        case 'w': warmup = parse_int("--warmup", optarg); break;
+        case 'i': iters = parse_int("--iters", optarg); break;
         case 'd': dec = optarg; break;
-        case 'p': P = atoi(optarg); break;
-        case 'n': steps = atoi(optarg); break;
-        case 'g': sn = atoi(optarg); break;
+        case 'p': P = parse_int("--prompt-len", optarg); break;
+        case 'n': steps = parse_int("--decode-steps", optarg); break;
+        case 'g': sn = parse_int("--sgemm-n", optarg); break;
         case 'F': skip_fb = 1; break;
         case 'C': {
             const char *core = openblas_get_corename();
@@ -272,7 +286,7 @@ int main(int argc, char **argv)
         bench_fwd_bwd(m, B, S, warmup, iters, threads, peak);
     char *list = strdup(dec);
     for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        int db = atoi(tok);
+        int db = parse_int("--decode-batches", tok);
         if (db > 0)
             bench_decode(m, db, P, steps, threads);
     }

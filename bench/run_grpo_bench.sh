@@ -19,6 +19,7 @@
 # Environment: THREADS (1), STEPS (2), N_PROMPTS (4), N (4), MAX_NEW (32), MICRO (4), SEED (1), and those of
 # bench/bench_common.sh. Results go to $BUILD_DIR/bench-results/grpo-<time>/.
 set -euo pipefail
+# shellcheck source=bench/bench_common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/bench_common.sh"
 
 THREADS="${THREADS:-1}"

@@ -14,6 +14,7 @@
 # Timings depend on everything else the machine runs: the load average is recorded before and after
 # each side and printed with the table.
 set -euo pipefail
+# shellcheck source=bench/bench_common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/bench_common.sh"
 
 THREADS="${THREADS:-1 2}"
@@ -30,7 +31,7 @@ if [ -n "${QUICK:-}" ]; then
 fi
 
 bench_build bench/model_bench worker/grpo-model
-bench_venv
+bench_venv torch
 bench_model
 bench_coretypes
 
