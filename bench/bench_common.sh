@@ -24,6 +24,16 @@ bench_log() { echo "[bench] $*" >&2; }
 
 bench_loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
 
+# bench_rev: the commit the build came from, "+modified" when tracked files differ from it (read-only git calls).
+bench_rev() {
+    local rev
+    rev="$(git -C "$BENCH_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    if [ "$rev" != unknown ] && ! git -C "$BENCH_ROOT" diff --quiet HEAD -- 2>/dev/null; then
+        rev="$rev+modified"
+    fi
+    echo "$rev"
+}
+
 # bench_build TARGET...: configure (once) and build the named ninja targets.
 bench_build() {
     if [ ! -f "$BUILD_DIR/build.ninja" ]; then

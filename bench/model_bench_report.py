@@ -105,6 +105,9 @@ def main():
             print("  " + c)
     print("\nruns:")
     for r in rows:
+        if r.get("what") == "rev":
+            print(f"  build from {r.get('git')}, {r.get('cpus')} x {r.get('cpu')}")
+    for r in rows:
         if r.get("what") == "env":
             print(f"  torch {r.get('torch')}, transformers {r.get('transformers')}, attention "
                   f"{r.get('attn_implementation')}, BLAS {r.get('blas')}")

@@ -17,56 +17,64 @@ set -euo pipefail
 # shellcheck source=bench/bench_common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/bench_common.sh"
 
-THREADS="${THREADS:-1 2}"
-BATCH="${BATCH:-4}"
-SEQLEN="${SEQLEN:-256}"
-WARMUP="${WARMUP:-1}"
-ITERS="${ITERS:-2}"
-DECODE_BATCHES="${DECODE_BATCHES:-1,8,32}"
-PROMPT_LEN="${PROMPT_LEN:-32}"
-DECODE_STEPS="${DECODE_STEPS:-32}"
-SGEMM_N="${SGEMM_N:-1024}"
-if [ -n "${QUICK:-}" ]; then
-    THREADS="${QUICK_THREADS:-1}" BATCH=1 SEQLEN=32 WARMUP=0 ITERS=1 DECODE_BATCHES=1,4 DECODE_STEPS=4 SGEMM_N=256
-fi
+# The whole script is one function, so bash has read all of it before it starts (editing this file while a
+# run is in progress cannot change what that run executes).
+main() {
+    THREADS="${THREADS:-1 2}"
+    BATCH="${BATCH:-4}"
+    SEQLEN="${SEQLEN:-256}"
+    WARMUP="${WARMUP:-1}"
+    ITERS="${ITERS:-2}"
+    DECODE_BATCHES="${DECODE_BATCHES:-1,8,32}"
+    PROMPT_LEN="${PROMPT_LEN:-32}"
+    DECODE_STEPS="${DECODE_STEPS:-32}"
+    SGEMM_N="${SGEMM_N:-1024}"
+    if [ -n "${QUICK:-}" ]; then
+        THREADS="${QUICK_THREADS:-1}" BATCH=1 SEQLEN=32 WARMUP=0 ITERS=1 DECODE_BATCHES=1,4 DECODE_STEPS=4 SGEMM_N=256
+    fi
 
-bench_build bench/model_bench worker/grpo-model
-bench_venv torch
-bench_model
-bench_coretypes
+    bench_build bench/model_bench worker/grpo-model
+    bench_venv torch
+    bench_model
+    bench_coretypes
 
-mkdir -p "$BUILD_DIR/bench-results"
-OUT="${OUT:-$BUILD_DIR/bench-results/model-$(date +%Y%m%d-%H%M%S).jsonl}"
-: >"$OUT"
-note() { # what, side, threads
-    printf '{"what":"load","when":"%s","side":"%s","threads":%s,"loadavg":"%s","time":"%s"}\n' \
-        "$1" "$2" "$3" "$(bench_loadavg)" "$(date -Is)" >>"$OUT"
-}
-args=(--batch "$BATCH" --seqlen "$SEQLEN" --warmup "$WARMUP" --iters "$ITERS" --decode-batches "$DECODE_BATCHES"
-    --prompt-len "$PROMPT_LEN" --decode-steps "$DECODE_STEPS" --sgemm-n "$SGEMM_N")
-bench_log "model $BENCH_MODEL; threads: $THREADS; our OpenBLAS kernel sets: $OURS_CORETYPES; results -> $OUT"
-bench_log "load average at start: $(bench_loadavg) on $(nproc) CPUs"
-t_start=$(date +%s)
-for T in $THREADS; do
-    for ct in $OURS_CORETYPES; do
-        label="$(bench_ours_label "$ct")"
-        bench_log "$label, $T thread(s)"
-        note before "$label" "$T"
-        env "$(bench_ours_env "$ct")" OPENBLAS_NUM_THREADS="$T" \
-            "$BUILD_DIR/bench/model_bench" "$BENCH_MODEL" --threads "$T" "${args[@]}" |
-            sed "s/\"side\":\"ours\"/\"side\":\"$label\"/" >>"$OUT"
-        note after "$label" "$T"
-        if [ "$ct" = default ]; then # torch right after our default run, so both see similar load
-            bench_log "torch, $T thread(s)"
-            note before torch "$T"
-            OMP_NUM_THREADS="$T" MKL_NUM_THREADS="$T" "$BENCH_PY" "$BENCH_ROOT/bench/model_bench_torch.py" \
-                "$BENCH_MODEL" --threads "$T" "${args[@]}" 2> >(grep -v -e '^Loading weights' -e 'Warning' >&2) >>"$OUT"
-            note after torch "$T"
-        fi
+    mkdir -p "$BUILD_DIR/bench-results"
+    OUT="${OUT:-$BUILD_DIR/bench-results/model-$(date +%Y%m%d-%H%M%S).jsonl}"
+    : >"$OUT"
+    note() { # what, side, threads
+        printf '{"what":"load","when":"%s","side":"%s","threads":%s,"loadavg":"%s","time":"%s"}\n' \
+            "$1" "$2" "$3" "$(bench_loadavg)" "$(date -Is)" >>"$OUT"
+    }
+    args=(--batch "$BATCH" --seqlen "$SEQLEN" --warmup "$WARMUP" --iters "$ITERS" --decode-batches "$DECODE_BATCHES"
+        --prompt-len "$PROMPT_LEN" --decode-steps "$DECODE_STEPS" --sgemm-n "$SGEMM_N")
+    bench_log "model $BENCH_MODEL; threads: $THREADS; our OpenBLAS kernel sets: $OURS_CORETYPES; results -> $OUT"
+    bench_log "load average at start: $(bench_loadavg) on $(nproc) CPUs"
+    printf '{"what":"rev","git":"%s","cpu":"%s","cpus":%s}\n' "$(bench_rev)" \
+        "$(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')" "$(nproc)" >>"$OUT"
+    t_start=$(date +%s)
+    for T in $THREADS; do
+        for ct in $OURS_CORETYPES; do
+            label="$(bench_ours_label "$ct")"
+            bench_log "$label, $T thread(s)"
+            note before "$label" "$T"
+            env "$(bench_ours_env "$ct")" OPENBLAS_NUM_THREADS="$T" \
+                "$BUILD_DIR/bench/model_bench" "$BENCH_MODEL" --threads "$T" "${args[@]}" |
+                sed "s/\"side\":\"ours\"/\"side\":\"$label\"/" >>"$OUT"
+            note after "$label" "$T"
+            if [ "$ct" = default ]; then # torch right after our default run, so both see similar load
+                bench_log "torch, $T thread(s)"
+                note before torch "$T"
+                OMP_NUM_THREADS="$T" MKL_NUM_THREADS="$T" "$BENCH_PY" "$BENCH_ROOT/bench/model_bench_torch.py" \
+                    "$BENCH_MODEL" --threads "$T" "${args[@]}" 2> >(grep -v -e '^Loading weights' -e 'Warning' >&2) >>"$OUT"
+                note after torch "$T"
+            fi
+        done
     done
-done
-bench_log "done in $(($(date +%s) - t_start)) s; load average at end: $(bench_loadavg)"
-echo
-echo "Model benchmark: SmolLM2-135M-Instruct (fp32, identical weights), $(nproc) CPUs, $(date -Is)"
-"$BENCH_PY" "$BENCH_ROOT/bench/model_bench_report.py" "$OUT"
-echo "results: $OUT"
+    bench_log "done in $(($(date +%s) - t_start)) s; load average at end: $(bench_loadavg)"
+    echo
+    echo "Model benchmark: SmolLM2-135M-Instruct (fp32, identical weights), $(nproc) CPUs, $(date -Is)"
+    "$BENCH_PY" "$BENCH_ROOT/bench/model_bench_report.py" "$OUT"
+    echo "results: $OUT"
+}
+
+main "$@"; exit

@@ -341,6 +341,16 @@ int config_validate(const struct grpo_config *c, struct cfg_error *err)
         errf(err, "actor_rollout_ref.actor.clip_ratio_low (%g) must be below 1", c->actor_clip_ratio_low);
         return -1;
     }
+    if (c->data_synthetic_min_digits > c->data_synthetic_max_digits) {
+        errf(err, "data.synthetic.min_digits (%lld) exceeds data.synthetic.max_digits (%lld)",
+             c->data_synthetic_min_digits, c->data_synthetic_max_digits);
+        return -1;
+    }
+    if (!c->data_synthetic_ops[0] || strspn(c->data_synthetic_ops, "+-*") != strlen(c->data_synthetic_ops) ||
+        strlen(c->data_synthetic_ops) > 3) {
+        errf(err, "data.synthetic.ops must be one to three of + - * (got '%s')", c->data_synthetic_ops);
+        return -1;
+    }
     if (strcmp(c->trainer_resume_mode, "resume_path") == 0 && !c->trainer_resume_from_path[0]) {
         errf(err, "trainer.resume_mode=resume_path needs trainer.resume_from_path");
         return -1;

@@ -14,15 +14,21 @@
 
 #define TINY_FIXTURE "tests/fixtures/tokenizers/bytes-chatml"
 
-/* Write a tiny randomly initialised Llama (hidden 64, 2 layers, GQA 4/2) with the byte-level ChatML
- * tokenizer of tests/fixtures/tokenizers/bytes-chatml (259 tokens) into dir. 0 or -1. */
-static inline int tiny_model_write(const char *dir, unsigned long long seed, double std)
+/* Write a tiny randomly initialised Llama (2 layers, GQA 4/2; hidden 64 and intermediate 128 unless
+ * hidden > 0) with the byte-level ChatML tokenizer of tests/fixtures/tokenizers/bytes-chatml (259 tokens)
+ * into dir. 0 or -1. */
+static inline int tiny_model_write_sized(const char *dir, unsigned long long seed, double std, int hidden)
 {
     char err[1024], path[2048];
     struct model_config c;
     if (model_config_from_hf_json(TINY_FIXTURE "/config.json", &c, err, sizeof err) != 0) {
         fprintf(stderr, "tiny model: %s\n", err);
         return -1;
+    }
+    if (hidden > 0) {
+        c.hidden_size = hidden;
+        c.intermediate_size = 2 * hidden;
+        c.head_dim = hidden / c.n_heads;
     }
     struct model *m = model_create(&c);
     model_init_random(m, seed, std);
@@ -40,6 +46,11 @@ static inline int tiny_model_write(const char *dir, unsigned long long seed, dou
     if (rc != 0)
         fprintf(stderr, "tiny model: %s\n", err);
     return rc;
+}
+
+static inline int tiny_model_write(const char *dir, unsigned long long seed, double std)
+{
+    return tiny_model_write_sized(dir, seed, std, 0);
 }
 
 /* config_init + each "key=value" override; exits 1 on a bad override. */

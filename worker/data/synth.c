@@ -46,7 +46,8 @@ void synth_default_opts(enum synth_task task, struct synth_opts *o)
 char *synth_arithmetic_prompt(const char *expression)
 {
     char buf[512];
-    snprintf(buf, sizeof buf, "What is %s? Reply with only the final number after ####.", expression);
+    snprintf(buf, sizeof buf, "What is %s? Answer with just the number, written after ####, like this: #### <number>",
+             expression);
     return xstrdup(buf);
 }
 

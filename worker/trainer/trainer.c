@@ -663,6 +663,26 @@ int trainer_save_checkpoint(struct trainer *t)
     return 0;
 }
 
+/* End of the supervised warm-start: GRPO starts from here, so this is the reference policy (KL is measured
+ * against it) and the optimizer starts afresh. The reference is kept in RUN_DIR/reference for resumes. */
+static int finish_warm_start(struct trainer *t)
+{
+    char dir[2300], err[1024];
+    snprintf(dir, sizeof dir, "%s/reference", t->run_dir);
+    if (t->ref)
+        memcpy(t->ref->w.mem, t->policy->w.mem, t->policy->w.n_floats * sizeof(float));
+    if (model_save_hf(t->policy, dir, 0, err, sizeof err) != 0) {
+        log_error("trainer", "saving the warm-started reference: %s", err);
+        return -1;
+    }
+    memset(t->opt->m, 0, t->opt->n * sizeof(float));
+    memset(t->opt->v, 0, t->opt->n * sizeof(float));
+    t->opt->t = 0;
+    log_info("trainer", "supervised warm-start done at step %lld: reference policy saved in %s, GRPO starts",
+             (long long)t->st.global_step, dir);
+    return 0;
+}
+
 static void log_step(struct trainer *t, int64_t step, struct metrics *m)
 {
     metrics_logger_log(&t->logger, step, m); /* also redraws the run's SVG chart */
@@ -699,7 +719,13 @@ int trainer_run(struct trainer *t)
             break;
         }
         t->st.global_step = k;
-        if ((c->trainer_test_freq > 0 && k % c->trainer_test_freq == 0) || k == t->st.total_steps)
+        if (k == c->trainer_sft_warmup_steps && finish_warm_start(t) != 0) {
+            rc = -1;
+            break;
+        }
+        /* validate on test_freq, at the last step, and where the warm-start hands over to GRPO */
+        if ((c->trainer_test_freq > 0 && k % c->trainer_test_freq == 0) || k == t->st.total_steps ||
+            k == c->trainer_sft_warmup_steps)
             validate(t, &m);
         log_step(t, k, &m);
         if ((c->trainer_save_freq > 0 && k % c->trainer_save_freq == 0) || k == t->st.total_steps)
@@ -853,6 +879,15 @@ struct trainer *trainer_create(const struct grpo_config *cfg, const struct train
         t->st.cursor = st.cursor;
         t->st.seed = st.seed;
         data_cursor_seek(&t->cursor, (long)st.epoch, (int)st.cursor);
+        if (t->ref && cfg->trainer_sft_warmup_steps > 0 && st.global_step >= cfg->trainer_sft_warmup_steps) {
+            char refdir[2300];
+            snprintf(refdir, sizeof refdir, "%s/reference", t->run_dir);
+            struct model *r = model_load_hf(refdir, err, errlen);
+            if (!r)
+                goto fail;
+            model_free(t->ref);
+            t->ref = r;
+        }
         log_info("trainer", "resumed from %s at step %lld", resume, (long long)st.global_step);
     }
     /* steps logged after the checkpoint we resume from are forgotten: they are redone */
