@@ -13,8 +13,7 @@ int npy_write_f32(const char *path, const float *data, const int64_t *shape, int
     int n = snprintf(header, sizeof header, "{'descr': '<f4', 'fortran_order': False, 'shape': (");
     size_t count = 1;
     for (int i = 0; i < n_dims; i++) {
-        n += snprintf(header + n, sizeof header - (size_t)n, "%lld,%s", (long long)shape[i],
-                      i + 1 < n_dims ? " " : "");
+        n += snprintf(header + n, sizeof header - (size_t)n, "%lld,%s", (long long)shape[i], i + 1 < n_dims ? " " : "");
         count *= (size_t)shape[i];
     }
     n += snprintf(header + n, sizeof header - (size_t)n, "), }");
@@ -31,8 +30,8 @@ int npy_write_f32(const char *path, const float *data, const int64_t *shape, int
         snprintf(err, errlen, "%s: cannot create: %s", tmp, check_errno_text());
         return -1;
     }
-    const unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(n & 0xff),
-                                   (unsigned char)(n >> 8)};
+    const unsigned char pre[10] = {
+        0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(n & 0xff), (unsigned char)(n >> 8)};
     int ok = fwrite(pre, 1, 10, f) == 10 && fwrite(header, 1, (size_t)n, f) == (size_t)n &&
              fwrite(data, sizeof(float), count, f) == count;
     ok = (fclose(f) == 0) && ok;

@@ -37,7 +37,7 @@ static double row_softmax(const float *z, float *e, int V, double *ent, double *
         sum += e[j];
         sz += (double)e[j] * (z[j] - m);
     }
-    double logsum = log(sum);
+    double logsum = log(sum); // cppcheck-suppress invalidFunctionArg ; sum >= 1: the maximum contributes exp(0)
     if (inv_sum)
         *inv_sum = 1.0 / sum;
     if (ent) /* H = -sum p (z - lse) = log(sum) - sum p (z - m) */

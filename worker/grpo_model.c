@@ -355,7 +355,7 @@ static int cmd_generate(const char *model, const struct opts *o)
     if (tokenizer_eos_id(t) >= 0)
         stops[n_stop++] = tokenizer_eos_id(t);
     int im_end = tokenizer_token_id(t, "<|im_end|>");
-    if (im_end >= 0 && im_end != stops[0])
+    if (im_end >= 0 && (n_stop == 0 || im_end != stops[0]))
         stops[n_stop++] = im_end;
     struct gen_params gp = {
         .sampling = {o->temperature, o->top_p, o->top_k},
@@ -406,15 +406,22 @@ int main(int argc, char **argv)
         return 2;
     }
     struct opts o = {.max_new = 64, .top_p = 1.0f, .n = 1, .seed = 1, .threads = 1, .std = 0.02};
-    static const struct option lopts[] = {
-        {"ids", required_argument, 0, 'i'},         {"out", required_argument, 0, 'o'},
-        {"prompt", required_argument, 0, 'p'},      {"chat", no_argument, 0, 'c'},
-        {"bf16", no_argument, 0, 'b'},              {"max-new-tokens", required_argument, 0, 'm'},
-        {"temperature", required_argument, 0, 't'}, {"top-p", required_argument, 0, 'P'},
-        {"top-k", required_argument, 0, 'k'},       {"seed", required_argument, 0, 's'},
-        {"threads", required_argument, 0, 'T'},     {"print-ids", no_argument, 0, 'I'},
-        {"tokenizer-from", required_argument, 0, 'F'}, {"std", required_argument, 0, 'S'},
-        {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
+    static const struct option lopts[] = {{"ids", required_argument, 0, 'i'},
+                                          {"out", required_argument, 0, 'o'},
+                                          {"prompt", required_argument, 0, 'p'},
+                                          {"chat", no_argument, 0, 'c'},
+                                          {"bf16", no_argument, 0, 'b'},
+                                          {"max-new-tokens", required_argument, 0, 'm'},
+                                          {"temperature", required_argument, 0, 't'},
+                                          {"top-p", required_argument, 0, 'P'},
+                                          {"top-k", required_argument, 0, 'k'},
+                                          {"seed", required_argument, 0, 's'},
+                                          {"threads", required_argument, 0, 'T'},
+                                          {"print-ids", no_argument, 0, 'I'},
+                                          {"tokenizer-from", required_argument, 0, 'F'},
+                                          {"std", required_argument, 0, 'S'},
+                                          {"help", no_argument, 0, 'h'},
+                                          {0, 0, 0, 0}};
     int c;
     optind = 2;
     while ((c = getopt_long(argc, argv, "n:h", lopts, NULL)) != -1) {

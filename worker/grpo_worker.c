@@ -108,8 +108,8 @@ static int run_trainer(const struct grpo_config *cfg)
     if (w.ctl)
         log_info("worker", "registered with grpod at %s: role %s, run %s", o.endpoint, control_role_name(a.role),
                  a.run_id);
-    struct trainer_hooks hooks = {.ctx = &w, .phase = hook_phase, .step_done = hook_step_done,
-                                  .safe_point = hook_safe_point};
+    struct trainer_hooks hooks = {
+        .ctx = &w, .phase = hook_phase, .step_done = hook_step_done, .safe_point = hook_safe_point};
     struct trainer *t = trainer_create(cfg, w.ctl ? &hooks : NULL, err, sizeof err);
     if (!t) {
         log_error("worker", "%s", err);
@@ -241,8 +241,10 @@ int main(int argc, char **argv)
         status = selftest(&groups);
     } else if (comm_size(world) > 1) {
         if (comm_rank(world) == 0)
-            log_error("worker", "the trainer runs in one process for now (all roles); launch 1 rank, or use "
-                                "--selftest to check a %d-rank layout", comm_size(world));
+            log_error("worker",
+                      "the trainer runs in one process for now (all roles); launch 1 rank, or use "
+                      "--selftest to check a %d-rank layout",
+                      comm_size(world));
         status = 2;
     } else {
         status = run_trainer(&cfg);

@@ -56,7 +56,12 @@ int main(void)
     snprintf(vf, sizeof vf, "data.val_files=%s", data);
     snprintf(sft, sizeof sft, "trainer.sft_warmup_steps=%d", SFT_STEPS);
     snprintf(steps, sizeof steps, "trainer.total_training_steps=%d", GRPO_STEPS);
-    const char *ov[] = {mp, rd, tf, vf, sft, steps,
+    const char *ov[] = {mp,
+                        rd,
+                        tf,
+                        vf,
+                        sft,
+                        steps,
                         "trainer.test_freq=20",
                         "data.train_batch_size=16",
                         "data.val_batch_size=100",

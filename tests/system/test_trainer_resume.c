@@ -84,8 +84,7 @@ int main(void)
     for (size_t i = 0; i < na && i < nb; i++)
         diff += memcmp(&a[i], &b[i], sizeof(float)) != 0;
     if (diff) {
-        fprintf(stderr, "FAIL: %zu of %zu parameters differ between the uninterrupted and the resumed run\n", diff,
-                na);
+        fprintf(stderr, "FAIL: %zu of %zu parameters differ between the uninterrupted and the resumed run\n", diff, na);
         fails++;
     }
     /* training moved the weights (the comparison is not vacuous) */

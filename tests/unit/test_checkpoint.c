@@ -51,8 +51,12 @@ static void test_round_trip_and_keep(void **state)
     struct model *m = tiny();
     struct adamw *o = opt_for(m);
     for (int k = 1; k <= 4; k++) {
-        struct run_state st = {.global_step = k, .epoch = 1, .cursor = 8 * k, .seed = 0xfeedfacecafebeefull,
-                               .config_digest = 0x1234, .total_steps = 10};
+        struct run_state st = {.global_step = k,
+                               .epoch = 1,
+                               .cursor = 8 * k,
+                               .seed = 0xfeedfacecafebeefull,
+                               .config_digest = 0x1234,
+                               .total_steps = 10};
         m->w.mem[0] = (float)k; /* each checkpoint distinguishable */
         if (checkpoint_save(root, m, o, NULL, &st, 2, err, sizeof err) != 0)
             fail_msg("%s", err);

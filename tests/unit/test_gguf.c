@@ -61,8 +61,8 @@ static void assert_close_ulp(const float *got, const float *want, size_t n, cons
         int64_t ia = (a & 0x80000000u) ? -(int64_t)(a & 0x7fffffffu) : (int64_t)a;
         int64_t ib = (b & 0x80000000u) ? -(int64_t)(b & 0x7fffffffu) : (int64_t)b;
         if (llabs(ia - ib) > 1)
-            fail_msg("%s[%zu]: got %.9g (0x%08" PRIx32 "), want %.9g (0x%08" PRIx32 ")", what, i, got[i], a,
-                     want[i], b);
+            fail_msg("%s[%zu]: got %.9g (0x%08" PRIx32 "), want %.9g (0x%08" PRIx32 ")", what, i, got[i], a, want[i],
+                     b);
     }
 }
 
@@ -641,12 +641,18 @@ static void test_bundled_model(void **state)
         uint32_t bits[7];
         int k;
     } refs[] = {
-        {"blk.0.ffn_down.weight", 884736, 150.63577270507812,
+        {"blk.0.ffn_down.weight",
+         884736,
+         150.63577270507812,
          {0, 1, 2, 31, 32, 1000, 884735},
-         {0xbea96000, 0x3eb13000, 0x3d9a4000, 0xbd760000, 0x3d2a8000, 0x3e7b6000, 0xbe39b800}, 7},
-        {"token_embd.weight", 28311552, -15353.04449415207,
+         {0xbea96000, 0x3eb13000, 0x3d9a4000, 0xbd760000, 0x3d2a8000, 0x3e7b6000, 0xbe39b800},
+         7},
+        {"token_embd.weight",
+         28311552,
+         -15353.04449415207,
          {0, 1, 575, 576, 28311551},
-         {0xbdda3400, 0x3d071400, 0x3cf3c000, 0xbcc30000, 0xbd2ad000}, 5},
+         {0xbdda3400, 0x3d071400, 0x3cf3c000, 0xbcc30000, 0xbd2ad000},
+         5},
         {"blk.0.attn_norm.weight", 576, 0.6129436492919922, {0, 1, 575}, {0x3c650000, 0x3cc30000, 0xbd1d0000}, 3},
     };
     for (size_t r = 0; r < sizeof refs / sizeof refs[0]; r++) {

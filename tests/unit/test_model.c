@@ -426,8 +426,13 @@ static void test_generation_reproducible(void **state)
     const int32_t *prompts[2] = {p0, p1};
     int lens[2] = {3, 5};
     int32_t stop = 2;
-    struct gen_params gp = {.sampling = {1.0f, 0.9f, 20}, .max_new_tokens = 12, .n_samples = 3, .max_batch = 6,
-                            .stop_ids = &stop, .n_stop = 1, .seed = 42};
+    struct gen_params gp = {.sampling = {1.0f, 0.9f, 20},
+                            .max_new_tokens = 12,
+                            .n_samples = 3,
+                            .max_batch = 6,
+                            .stop_ids = &stop,
+                            .n_stop = 1,
+                            .seed = 42};
     struct gen_output a[6], b[6], c[6];
     generate(m, prompts, lens, 2, &gp, a);
     generate(m, prompts, lens, 2, &gp, c); /* same settings: bit-identical */
@@ -446,7 +451,8 @@ static void test_generation_reproducible(void **state)
             assert_true(a[i].logps[t] <= 0);
         if (a[i].stopped)
             assert_int_equal(a[i].tokens[a[i].len - 1], stop);
-        if (i > 0 && (a[i].len != a[0].len || memcmp(a[i].tokens, a[0].tokens, sizeof(int32_t) * (size_t)a[i].len)))
+        if (i > 0 &&
+            (a[i].len != a[0].len || memcmp(a[i].tokens, a[0].tokens, sizeof(int32_t) * (size_t)a[i].len) != 0))
             distinct++;
     }
     assert_true(distinct > 0); /* different streams sample different responses */

@@ -254,11 +254,11 @@ static void test_write_roundtrip(void **state)
     for (int i = 0; i < C; i++)
         v[i] = (float)i - 3.25f;
     /* hand-worked BF16 rounding: 7 stored mantissa bits, so the ulp at 1 is 2^-7 */
-    bf[0] = 1.0f + 0x1p-8f;                  /* tie, 1.0 is even -> 1.0 */
-    bf[1] = 1.0f + 0x1p-7f + 0x1p-8f;        /* tie, odd below -> 1 + 2^-6 */
-    bf[2] = 1.0f + 0x1p-8f + 0x1p-20f;       /* above the tie -> 1 + 2^-7 */
-    bf[3] = -3.0f;                           /* exact */
-    bf[4] = 0x1p-130f;                       /* subnormal, exact in bf16 */
+    bf[0] = 1.0f + 0x1p-8f;            /* tie, 1.0 is even -> 1.0 */
+    bf[1] = 1.0f + 0x1p-7f + 0x1p-8f;  /* tie, odd below -> 1 + 2^-6 */
+    bf[2] = 1.0f + 0x1p-8f + 0x1p-20f; /* above the tie -> 1 + 2^-7 */
+    bf[3] = -3.0f;                     /* exact */
+    bf[4] = 0x1p-130f;                 /* subnormal, exact in bf16 */
     bf[5] = INFINITY;
     bf[6] = NAN;
     bf[7] = -0.0f;
@@ -499,8 +499,7 @@ static void test_bad_headers(void **state)
         {"{\"w\":[1,2]}", 0, "not a JSON object"},
         {"{\"__metadata__\":{\"a\":1}}", 0, "metadata key 'a'"},
         {"{\"__metadata__\":[]}", 0, "__metadata__"},
-        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4],\"data_offsets\":[0,8]}}", 8,
-         "overflows"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4],\"data_offsets\":[0,8]}}", 8, "overflows"},
         {"{\"w\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 4, "dimensions"},
         {"{\"w\": ", 0, "bad header JSON"},
         {"[1,2]", 0, "not a JSON object"},
@@ -599,8 +598,7 @@ static void test_bad_index(void **state)
     expect_model_fails(dir, "{\"weight_map\":{\"model.embed_tokens.weight\":\"../etc/passwd\"}}", "../etc/passwd");
     expect_model_fails(dir, "{\"weight_map\":{\"model.embed_tokens.weight\":7}}", "model.embed_tokens.weight");
     /* mapped to the wrong shard */
-    expect_model_fails(dir,
-                       "{\"weight_map\":{\"model.embed_tokens.weight\":\"model-00002-of-00002.safetensors\"}}",
+    expect_model_fails(dir, "{\"weight_map\":{\"model.embed_tokens.weight\":\"model-00002-of-00002.safetensors\"}}",
                        "'model.embed_tokens.weight'");
     /* a shard holds a tensor the index does not list */
     expect_model_fails(dir,

@@ -51,8 +51,8 @@ struct gguf_kv {
     /* GV_ARRAY */
     uint32_t arr_type;
     uint64_t arr_n;
-    const uint8_t *arr_data;  /* into the mapping (scalar element arrays) */
-    struct strref *arr_strs;  /* string arrays */
+    const uint8_t *arr_data; /* into the mapping (scalar element arrays) */
+    struct strref *arr_strs; /* string arrays */
 };
 
 struct gguf_file {
@@ -140,8 +140,8 @@ static int need(struct cursor *c, uint64_t n, const char *what)
 {
     if (n > c->size - c->pos) {
         fmt_seterr(c->err, c->errlen,
-                   "%s: truncated: %s needs %" PRIu64 " bytes at offset %zu but the file has %zu bytes", c->path,
-                   what, n, c->pos, c->size);
+                   "%s: truncated: %s needs %" PRIu64 " bytes at offset %zu but the file has %zu bytes", c->path, what,
+                   n, c->pos, c->size);
         return -1;
     }
     return 0;
@@ -173,8 +173,8 @@ static int rd_str(struct cursor *c, struct strref *s, const char *what)
         return -1;
     if (len > c->size - c->pos) {
         fmt_seterr(c->err, c->errlen,
-                   "%s: %s: string length %" PRIu64 " at offset %zu runs past the end of the file (%zu bytes)",
-                   c->path, what, len, c->pos - 8, c->size);
+                   "%s: %s: string length %" PRIu64 " at offset %zu runs past the end of the file (%zu bytes)", c->path,
+                   what, len, c->pos - 8, c->size);
         return -1;
     }
     s->p = (const char *)(c->base + c->pos);
@@ -205,7 +205,7 @@ static int load_int(const uint8_t *p, uint32_t t, int64_t *out)
     switch (t) {
     case GV_U8: *out = p[0]; return 0;
     case GV_BOOL: *out = p[0] != 0; return 0;
-    case GV_I8: *out = (int8_t)p[0]; return 0;
+    case GV_I8: *out = (int8_t)p[0]; return 0; // NOLINT(bugprone-signed-char-misuse): sign extension wanted
     case GV_U16: *out = fmt_ld_u16(p); return 0;
     case GV_I16: *out = (int16_t)fmt_ld_u16(p); return 0;
     case GV_U32: *out = fmt_ld_u32(p); return 0;
@@ -386,8 +386,8 @@ static int parse_tensor_info(struct cursor *c, struct gguf_tensor_info *t, uint6
     }
     if (t->dims[0] % tt->block != 0) {
         fmt_seterr(c->err, c->errlen,
-                   "%s: tensor '%s' of type %s has a row of %" PRIu64 " elements, not a multiple of the block size %"
-                   PRIu32,
+                   "%s: tensor '%s' of type %s has a row of %" PRIu64
+                   " elements, not a multiple of the block size %" PRIu32,
                    c->path, nm, tt->name, t->dims[0], tt->block);
         return -1;
     }
@@ -464,7 +464,7 @@ struct gguf_file *gguf_open(const char *path, char *err, size_t errlen)
             fmt_seterr(err, errlen, "%s: unsupported GGUF version %" PRIu32 " (need 2 or 3)", path, f->version);
         goto fail;
     }
-    uint64_t n_tensors, n_kv;
+    uint64_t n_tensors = 0, n_kv = 0; /* stay 0 when the header is cut short (rd_u64 records the error) */
     rd_u64(&c, &n_tensors, "the tensor count");
     rd_u64(&c, &n_kv, "the metadata count");
     /* each metadata entry takes at least 12 bytes, each tensor info at least 24 */
@@ -525,8 +525,9 @@ struct gguf_file *gguf_open(const char *path, char *err, size_t errlen)
     for (size_t i = 0; i < f->n_tensors; i++) {
         const struct gguf_tensor_info *t = &f->tensors[i];
         if (t->offset % f->alignment != 0) {
-            fmt_seterr(err, errlen, "%s: tensor '%s' data offset %" PRIu64 " is not a multiple of the alignment %" PRIu64,
-                       path, t->name, t->offset, f->alignment);
+            fmt_seterr(err, errlen,
+                       "%s: tensor '%s' data offset %" PRIu64 " is not a multiple of the alignment %" PRIu64, path,
+                       t->name, t->offset, f->alignment);
             goto fail;
         }
         uint64_t begin, end;

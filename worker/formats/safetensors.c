@@ -19,16 +19,13 @@ static const struct {
     const char *name;
     size_t size;
 } dtypes[ST_DTYPE_COUNT] = {
-    [ST_BOOL] = {"BOOL", 1}, [ST_U8] = {"U8", 1},   [ST_I8] = {"I8", 1},   [ST_F8_E5M2] = {"F8_E5M2", 1},
+    [ST_BOOL] = {"BOOL", 1},       [ST_U8] = {"U8", 1},   [ST_I8] = {"I8", 1},   [ST_F8_E5M2] = {"F8_E5M2", 1},
     [ST_F8_E4M3] = {"F8_E4M3", 1}, [ST_I16] = {"I16", 2}, [ST_U16] = {"U16", 2}, [ST_F16] = {"F16", 2},
-    [ST_BF16] = {"BF16", 2}, [ST_I32] = {"I32", 4}, [ST_U32] = {"U32", 4}, [ST_F32] = {"F32", 4},
-    [ST_F64] = {"F64", 8}, [ST_I64] = {"I64", 8}, [ST_U64] = {"U64", 8},
+    [ST_BF16] = {"BF16", 2},       [ST_I32] = {"I32", 4}, [ST_U32] = {"U32", 4}, [ST_F32] = {"F32", 4},
+    [ST_F64] = {"F64", 8},         [ST_I64] = {"I64", 8}, [ST_U64] = {"U64", 8},
 };
 
-const char *st_dtype_name(enum st_dtype dt)
-{
-    return (unsigned)dt < ST_DTYPE_COUNT ? dtypes[dt].name : "unknown";
-}
+const char *st_dtype_name(enum st_dtype dt) { return (unsigned)dt < ST_DTYPE_COUNT ? dtypes[dt].name : "unknown"; }
 
 size_t st_dtype_size(enum st_dtype dt) { return (unsigned)dt < ST_DTYPE_COUNT ? dtypes[dt].size : 0; }
 
@@ -204,9 +201,8 @@ static int parse_tensor_entry(struct st_file *f, const char *name, json_t *v, st
     }
     if (t->data_end > f->data_len) {
         fmt_seterr(err, errlen,
-                   "%s: tensor '%s' data [%" PRIu64 ", %" PRIu64 ") runs past the end of the file (%zu bytes)", p,
-                   name, (uint64_t)(f->data - f->map) + t->data_begin, (uint64_t)(f->data - f->map) + t->data_end,
-                   f->size);
+                   "%s: tensor '%s' data [%" PRIu64 ", %" PRIu64 ") runs past the end of the file (%zu bytes)", p, name,
+                   (uint64_t)(f->data - f->map) + t->data_begin, (uint64_t)(f->data - f->map) + t->data_end, f->size);
         return -1;
     }
     t->data = f->data + t->data_begin;
@@ -612,8 +608,7 @@ const struct st_tensor_info *st_model_find(const struct st_model *m, const char 
         return NULL;
     struct st_tensor_info kt = {.name = name};
     struct model_entry key = {.t = &kt};
-    const struct model_entry *e = bsearch(&key, m->entries, (size_t)m->n_entries, sizeof *m->entries,
-                                          cmp_entry_name);
+    const struct model_entry *e = bsearch(&key, m->entries, (size_t)m->n_entries, sizeof *m->entries, cmp_entry_name);
     if (!e)
         return NULL;
     if (file)
@@ -722,8 +717,8 @@ static int cmp_cstr_ptr(const void *a, const void *b)
 }
 
 /* Validate tensors to write; fills bytes[i]. */
-static int check_write_tensors(const char *path, const struct st_write_tensor *t, size_t n, uint64_t *bytes,
-                               char *err, size_t errlen)
+static int check_write_tensors(const char *path, const struct st_write_tensor *t, size_t n, uint64_t *bytes, char *err,
+                               size_t errlen)
 {
     if (n && !t) {
         fmt_seterr(err, errlen, "%s: no tensors array given", path);
@@ -810,7 +805,7 @@ static char *build_header(const char *path, const struct st_write_tensor *t, con
         json_object_set_new(e, "dtype", json_string(st_dtype_name(w->dtype)));
         json_object_set_new(e, "shape", shape);
         json_object_set_new(e, "data_offsets",
-                            json_pack("[II]", (json_int_t)off, (json_int_t)(off + bytes[ord[k]])));
+                            json_pack("[II]", (json_int_t)off, (json_int_t)off + (json_int_t)bytes[ord[k]]));
         off += bytes[ord[k]];
         if (json_set_new_checked(root, w->name, e) != 0) {
             fmt_seterr(err, errlen, "%s: tensor name '%s' is not valid UTF-8", path, w->name);
@@ -979,8 +974,8 @@ int st_write_sharded(const char *dir, const struct st_write_tensor *tensors, siz
         char name[64];
         snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1, n_shards);
         char *p = join_path(dir, name);
-        int bad = write_checked(p, tensors + first[s], bytes + first[s], first[s + 1] - first[s], metadata, n_meta,
-                                err, errlen);
+        int bad = write_checked(p, tensors + first[s], bytes + first[s], first[s + 1] - first[s], metadata, n_meta, err,
+                                errlen);
         free(p);
         if (bad)
             goto out;

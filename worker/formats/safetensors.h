@@ -44,8 +44,8 @@ enum st_dtype {
 struct st_tensor_info {
     const char *name;
     enum st_dtype dtype;
-    int n_dims;                    /* 0 for a scalar */
-    int64_t shape[ST_MAX_DIMS];    /* row-major; entries past n_dims are 1 */
+    int n_dims;                 /* 0 for a scalar */
+    int64_t shape[ST_MAX_DIMS]; /* row-major; entries past n_dims are 1 */
     uint64_t n_elements;
     uint64_t n_bytes;
     uint64_t data_begin, data_end; /* data_offsets: relative to the data buffer */
@@ -75,8 +75,7 @@ const char *st_metadata_at(const struct st_file *f, int i, const char **key);
 /* Value of a metadata key, or NULL. */
 const char *st_metadata(const struct st_file *f, const char *key);
 /* Convert a F32, BF16 or F16 tensor of f to n_elements floats; 0, or -1 with err naming file and tensor. */
-int st_tensor_to_f32(const struct st_file *f, const struct st_tensor_info *t, float *out, char *err,
-                     size_t errlen);
+int st_tensor_to_f32(const struct st_file *f, const struct st_tensor_info *t, float *out, char *err, size_t errlen);
 
 /* ---- a checkpoint: one file or shards ---- */
 struct st_model;

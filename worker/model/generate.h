@@ -13,8 +13,8 @@
 struct gen_params {
     struct sampler_params sampling;
     int max_new_tokens;
-    int n_samples;       /* responses per prompt */
-    int max_batch;       /* concurrent sequences (decode batch) */
+    int n_samples;           /* responses per prompt */
+    int max_batch;           /* concurrent sequences (decode batch) */
     const int32_t *stop_ids; /* end of sequence tokens */
     int n_stop;
     uint64_t seed;
@@ -30,7 +30,8 @@ struct gen_output {
 
 /* Generate n_samples responses for each of n_prompts prompts into out[p * n_samples + s] (caller frees with
  * gen_output_free). Sample s of prompt p draws from its own RNG stream (seed, p * n_samples + s): the same
- * settings give bit-identical results, and a different max_batch changes only GEMM rounding. Optional progress callback after each decode step. */
+ * settings give bit-identical results, and a different max_batch changes only GEMM rounding. Optional progress callback
+ * after each decode step. */
 void generate(struct model *m, const int32_t *const *prompts, const int *prompt_lens, int n_prompts,
               const struct gen_params *gp, struct gen_output *out);
 void gen_output_free(struct gen_output *o);

@@ -123,7 +123,8 @@ void model_init_random(struct model *m, uint64_t seed, double std)
     struct rng r;
     rng_seed(&r, seed, 0x1417);
     for (int i = 0; i < n; i++) {
-        bool norm = strstr(refs[i].name, "norm") != NULL, bias = strstr(refs[i].name, "bias") != NULL;
+        const char *name = refs[i].name;
+        bool norm = strstr(name, "norm") != NULL, bias = strstr(name, "bias") != NULL; // NOLINT: name is an array
         for (size_t j = 0; j < refs[i].numel; j += 2) {
             /* Box-Muller: two normals from two uniforms */
             double u1 = rng_uniform(&r), u2 = rng_uniform(&r);
@@ -208,11 +209,11 @@ int model_param_refs(const struct model *m, const struct model_params *p, struct
 
 /* Activations of one layer (all (N, .) row-major). */
 struct layer_acts {
-    float *x;          /* (N, D) layer input (kept even with checkpointing) */
+    float *x;           /* (N, D) layer input (kept even with checkpointing) */
     float *xn1, *rstd1; /* (N, D), (N) */
-    float *q, *k, *v;  /* (N, QD), (N, KD), (N, KD), after RoPE for q and k */
-    float *att, *lse;  /* (N, QD), (N, Hq) */
-    float *xmid;       /* (N, D) after the attention residual */
+    float *q, *k, *v;   /* (N, QD), (N, KD), (N, KD), after RoPE for q and k */
+    float *att, *lse;   /* (N, QD), (N, Hq) */
+    float *xmid;        /* (N, D) after the attention residual */
     float *xn2, *rstd2;
     float *g, *u, *a; /* (N, F) gate, up, silu(gate)*up */
 };
@@ -253,8 +254,8 @@ static void layer_acts_alloc(const struct model_config *c, int N, struct layer_a
 
 static void layer_acts_free(struct layer_acts *a, bool keep_x)
 {
-    float **f[] = {&a->xn1, &a->rstd1, &a->q, &a->k, &a->v, &a->att, &a->lse,
-                   &a->xmid, &a->xn2, &a->rstd2, &a->g, &a->u, &a->a};
+    float **f[] = {&a->xn1,  &a->rstd1, &a->q,     &a->k, &a->v, &a->att, &a->lse,
+                   &a->xmid, &a->xn2,   &a->rstd2, &a->g, &a->u, &a->a};
     for (size_t i = 0; i < sizeof f / sizeof *f; i++) {
         free(*f[i]);
         *f[i] = NULL;
@@ -266,8 +267,7 @@ static void layer_acts_free(struct layer_acts *a, bool keep_x)
 }
 
 /* One decoder layer: a->x in, returns the output in out (N, D). */
-static void layer_forward(const struct model *m, int l, const struct packed_batch *b, struct layer_acts *a,
-                          float *out)
+static void layer_forward(const struct model *m, int l, const struct packed_batch *b, struct layer_acts *a, float *out)
 {
     const struct model_config *c = &m->cfg;
     const struct layer_params *L = &m->w.layers[l];
@@ -399,8 +399,8 @@ void model_backward(struct model *m, struct model_acts *A, const float *dlogp, c
     const int N = A->b.N, D = c->hidden_size;
     model_alloc_grads(m);
     float *dh = xcalloc((size_t)N * D, sizeof(float)), *dx = xcalloc((size_t)N * D, sizeof(float));
-    lmhead_logprob_backward(dh, m->grad->lm_head, dlogp, dentropy, A->hn, m->w.lm_head, A->targets, N, D,
-                            c->vocab_size, A->temperature, LMHEAD_CHUNK);
+    lmhead_logprob_backward(dh, m->grad->lm_head, dlogp, dentropy, A->hn, m->w.lm_head, A->targets, N, D, c->vocab_size,
+                            A->temperature, LMHEAD_CHUNK);
     rmsnorm_backward(dx, m->grad->final_norm, dh, A->xf, m->w.final_norm, A->rstdf, N, D);
     free(dh);
     float *scratch_out = A->ckpt ? xmalloc((size_t)N * D * sizeof(float)) : NULL;

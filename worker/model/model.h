@@ -32,18 +32,18 @@ struct model_config {
 
 /* Weights of one decoder layer; pointers into the model's single buffer. */
 struct layer_params {
-    float *attn_norm;          /* (D) input_layernorm */
-    float *wq, *wk, *wv;       /* (Hq*hd, D), (Hkv*hd, D), (Hkv*hd, D) */
-    float *bq, *bk, *bv;       /* (Hq*hd), (Hkv*hd), (Hkv*hd) or NULL */
-    float *wo;                 /* (D, Hq*hd) */
-    float *mlp_norm;           /* (D) post_attention_layernorm */
-    float *w_gate, *w_up;      /* (F, D) */
-    float *w_down;             /* (D, F) */
+    float *attn_norm;     /* (D) input_layernorm */
+    float *wq, *wk, *wv;  /* (Hq*hd, D), (Hkv*hd, D), (Hkv*hd, D) */
+    float *bq, *bk, *bv;  /* (Hq*hd), (Hkv*hd), (Hkv*hd) or NULL */
+    float *wo;            /* (D, Hq*hd) */
+    float *mlp_norm;      /* (D) post_attention_layernorm */
+    float *w_gate, *w_up; /* (F, D) */
+    float *w_down;        /* (D, F) */
 };
 
 /* All parameters (or all gradients: same layout) in one allocation. */
 struct model_params {
-    float *mem;   /* the single buffer, n_floats long */
+    float *mem; /* the single buffer, n_floats long */
     size_t n_floats;
     float *embed; /* (V, D) */
     struct layer_params *layers;
@@ -110,7 +110,7 @@ void model_acts_free(struct model_acts *a);
 
 /* Key/value cache of one sequence. */
 struct kv_cache {
-    int len, cap;   /* tokens stored, capacity */
+    int len, cap; /* tokens stored, capacity */
     int n_layers;
     float **k, **v; /* per layer: (cap, Hkv*hd) */
 };

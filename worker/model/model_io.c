@@ -41,8 +41,7 @@ static int json_int(json_t *root, const char *key, int def, int *out, const char
     return 0;
 }
 
-static int json_num(json_t *root, const char *key, double def, float *out, const char *path, char *err,
-                    size_t errlen)
+static int json_num(json_t *root, const char *key, double def, float *out, const char *path, char *err, size_t errlen)
 {
     json_t *v = json_object_get(root, key);
     if (!v || json_is_null(v)) {
@@ -136,8 +135,7 @@ int model_config_from_hf_json(const char *path, struct model_config *c, char *er
         json_num(json_is_object(rp) && json_object_get(rp, "rope_theta") ? rp : root, "rope_theta", 10000.0,
                  &c->rope_theta, path, err, errlen) ||
         json_num(root, "rms_norm_eps", 1e-6, &c->rms_norm_eps, path, err, errlen) ||
-        json_flag(root, "tie_word_embeddings", c->arch == ARCH_LLAMA ? 0 : 0, &c->tie_word_embeddings, path, err,
-                  errlen))
+        json_flag(root, "tie_word_embeddings", 0, &c->tie_word_embeddings, path, err, errlen))
         goto out;
     if (c->n_heads <= 0) {
         ERR("%s: num_attention_heads must be positive", path);
@@ -257,12 +255,18 @@ static void gguf_name_of(const char *hf, char *out, size_t len)
     int l;
     char rest[96];
     static const char *const map[][2] = {
-        {"input_layernorm.weight", "attn_norm.weight"},       {"self_attn.q_proj.weight", "attn_q.weight"},
-        {"self_attn.k_proj.weight", "attn_k.weight"},         {"self_attn.v_proj.weight", "attn_v.weight"},
-        {"self_attn.q_proj.bias", "attn_q.bias"},             {"self_attn.k_proj.bias", "attn_k.bias"},
-        {"self_attn.v_proj.bias", "attn_v.bias"},             {"self_attn.o_proj.weight", "attn_output.weight"},
-        {"post_attention_layernorm.weight", "ffn_norm.weight"}, {"mlp.gate_proj.weight", "ffn_gate.weight"},
-        {"mlp.up_proj.weight", "ffn_up.weight"},              {"mlp.down_proj.weight", "ffn_down.weight"},
+        {"input_layernorm.weight", "attn_norm.weight"},
+        {"self_attn.q_proj.weight", "attn_q.weight"},
+        {"self_attn.k_proj.weight", "attn_k.weight"},
+        {"self_attn.v_proj.weight", "attn_v.weight"},
+        {"self_attn.q_proj.bias", "attn_q.bias"},
+        {"self_attn.k_proj.bias", "attn_k.bias"},
+        {"self_attn.v_proj.bias", "attn_v.bias"},
+        {"self_attn.o_proj.weight", "attn_output.weight"},
+        {"post_attention_layernorm.weight", "ffn_norm.weight"},
+        {"mlp.gate_proj.weight", "ffn_gate.weight"},
+        {"mlp.up_proj.weight", "ffn_up.weight"},
+        {"mlp.down_proj.weight", "ffn_down.weight"},
     };
     if (strcmp(hf, "model.embed_tokens.weight") == 0)
         snprintf(out, len, "token_embd.weight");
@@ -270,7 +274,7 @@ static void gguf_name_of(const char *hf, char *out, size_t len)
         snprintf(out, len, "output_norm.weight");
     else if (strcmp(hf, "lm_head.weight") == 0)
         snprintf(out, len, "output.weight");
-    else if (sscanf(hf, "model.layers.%d.%95s", &l, rest) == 2) {
+    else if (sscanf(hf, "model.layers.%d.%95s", &l, rest) == 2) { // NOLINT(cert-err34-c): names from our own table
         snprintf(out, len, "?");
         for (size_t i = 0; i < sizeof map / sizeof *map; i++)
             if (strcmp(rest, map[i][0]) == 0)
@@ -283,7 +287,7 @@ static void gguf_name_of(const char *hf, char *out, size_t len)
 static void unpermute_rows(float *w, int n_heads, int head_dim, int cols)
 {
     const size_t row = (size_t)cols, half = (size_t)head_dim / 2;
-    float *tmp = xmalloc((size_t)head_dim * row * sizeof(float));
+    float *tmp = xmalloc(((size_t)head_dim * row + 1) * sizeof(float));
     for (int h = 0; h < n_heads; h++) {
         float *blk = w + (size_t)h * head_dim * row;
         memcpy(tmp, blk, (size_t)head_dim * row * sizeof(float));

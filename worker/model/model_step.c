@@ -62,6 +62,8 @@ void model_step(struct model *m, struct kv_cache **caches, int B, const int *nto
                         caches[b]->len, ntok[b], caches[b]->cap);
         N += ntok[b];
     }
+    if (N == 0)
+        return; /* every sequence asked for zero new tokens */
     const size_t nD = (size_t)N * D;
     int32_t *pos = xmalloc((size_t)(N ? N : 1) * sizeof *pos);
     for (int b = 0, i = 0; b < B; b++)

@@ -73,8 +73,8 @@ static int cmp_desc(const void *a, const void *b)
     return x->id - y->id;
 }
 
-int sample_token(const float *logits, int V, const struct sampler_params *p, struct rng *r,
-                 struct sampler_scratch *s, float *logp)
+int sample_token(const float *logits, int V, const struct sampler_params *p, struct rng *r, struct sampler_scratch *s,
+                 float *logp)
 {
     const double t = p->temperature > 0 ? p->temperature : 1.0;
     float mx = logits[0];
@@ -87,7 +87,7 @@ int sample_token(const float *logits, int V, const struct sampler_params *p, str
     double z = 0;
     for (int i = 0; i < V; i++)
         z += exp((logits[i] - mx) / t);
-    const double logz = log(z);
+    const double logz = log(z); // cppcheck-suppress invalidFunctionArg ; z >= 1: the maximum contributes exp(0)
     int tok = arg;
     if (p->temperature > 0) {
         for (int i = 0; i < V; i++)

@@ -30,7 +30,7 @@ void sampler_scratch_free(struct sampler_scratch *s);
 
 /* Pick a token from logits (V). *logp gets its log-probability under softmax(logits / temperature)
  * (temperature 1 when greedy), before top-k/top-p truncation: the distribution the trainer recomputes. */
-int sample_token(const float *logits, int V, const struct sampler_params *p, struct rng *r,
-                 struct sampler_scratch *s, float *logp);
+int sample_token(const float *logits, int V, const struct sampler_params *p, struct rng *r, struct sampler_scratch *s,
+                 float *logp);
 
 #endif

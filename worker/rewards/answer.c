@@ -123,16 +123,16 @@ static size_t strip_number_decorations(const char *s, size_t n, char *out, size_
 {
     size_t k = 0;
     for (size_t i = 0; i < n && k + 1 < cap;) {
-        if (s[i] == '\\' && i + 1 < n && (s[i + 1] == '!' || s[i + 1] == ',' || s[i + 1] == ';' || s[i + 1] == ':')) {
-            i += 2; /* thin spaces */
+        if (s[i] == '\\' && i + 1 < n &&
+            (s[i + 1] == '!' || s[i + 1] == ',' || s[i + 1] == ';' || s[i + 1] == ':' || s[i + 1] == '(' ||
+             s[i + 1] == ')')) {
+            i += 2; /* LaTeX thin spaces and \( \) math delimiters */
         } else if (s[i] == '\\' && i + 1 < n && s[i + 1] == '$') {
             out[k++] = '$';
             i += 2;
         } else if (i + 2 < n && s[i] == '{' && s[i + 1] == ',' && s[i + 2] == '}') {
             out[k++] = ',';
             i += 3;
-        } else if (s[i] == '\\' && i + 1 < n && (s[i + 1] == '(' || s[i + 1] == ')')) {
-            i += 2;
         } else if (is_space(s[i])) {
             i++;
         } else {

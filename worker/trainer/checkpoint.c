@@ -161,9 +161,9 @@ static int state_write(const char *path, const struct run_state *st, char *err, 
 {
     char digest[32];
     snprintf(digest, sizeof digest, "%016llx", (unsigned long long)st->config_digest);
-    json_t *o = json_pack("{s:i, s:I, s:I, s:I, s:s, s:s, s:I}", "version", 1, "global_step", (json_int_t)st->global_step,
-                          "epoch", (json_int_t)st->epoch, "cursor", (json_int_t)st->cursor, "seed", "",
-                          "config_digest", digest, "total_steps", (json_int_t)st->total_steps);
+    json_t *o = json_pack("{s:i, s:I, s:I, s:I, s:s, s:s, s:I}", "version", 1, "global_step",
+                          (json_int_t)st->global_step, "epoch", (json_int_t)st->epoch, "cursor", (json_int_t)st->cursor,
+                          "seed", "", "config_digest", digest, "total_steps", (json_int_t)st->total_steps);
     char seed[32];
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)st->seed); /* as text: JSON numbers lose 64-bit */
     json_object_set_new(o, "seed", json_string(seed));
@@ -180,8 +180,8 @@ static int state_read(const char *path, struct run_state *st, char *err, size_t 
     json_t *o = json_load_file(path, 0, &je);
     if (!o)
         return fail(err, errlen, "%s:%d: %s", path, je.line, je.text);
-    json_int_t step, epoch, cursor, total;
-    const char *seed, *digest;
+    json_int_t step = 0, epoch = 0, cursor = 0, total = 0;
+    const char *seed = "", *digest = "";
     int rc = json_unpack_ex(o, &je, JSON_STRICT, "{s:i, s:I, s:I, s:I, s:s, s:s, s:I}", "version", &(int){0},
                             "global_step", &step, "epoch", &epoch, "cursor", &cursor, "seed", &seed, "config_digest",
                             &digest, "total_steps", &total);
@@ -206,7 +206,7 @@ static int list_checkpoints(const char *root, int64_t **steps_out)
     while (d && (e = readdir(d))) {
         long long k;
         char rest;
-        if (sscanf(e->d_name, "global_step_%lld%c", &k, &rest) != 1)
+        if (sscanf(e->d_name, "global_step_%lld%c", &k, &rest) != 1) // NOLINT(cert-err34-c): exact-match parse
             continue;
         char path[4096];
         snprintf(path, sizeof path, "%s/%s/state.json", root, e->d_name);
@@ -302,9 +302,14 @@ int checkpoint_find_latest(const char *root, char *out, size_t outlen)
     snprintf(path, sizeof path, "%s/latest_checkpointed_iteration.txt", root);
     FILE *f = fopen(path, "r");
     long long k = -1;
+    char line[64];
     if (f) {
-        if (fscanf(f, "%lld", &k) != 1)
-            k = -1;
+        char *end;
+        if (fgets(line, sizeof line, f)) {
+            k = strtoll(line, &end, 10);
+            if (end == line || (*end && *end != '\n'))
+                k = -1; /* not a step number: fall back to scanning */
+        }
         fclose(f);
     }
     if (k >= 0) {
@@ -312,8 +317,10 @@ int checkpoint_find_latest(const char *root, char *out, size_t outlen)
         snprintf(path, sizeof path, "%s/state.json", out);
         if (access(path, R_OK) == 0)
             return 0;
-        log_warn("checkpoint", "%s/latest_checkpointed_iteration.txt names step %lld, which is incomplete; "
-                 "using the newest complete checkpoint", root, k);
+        log_warn("checkpoint",
+                 "%s/latest_checkpointed_iteration.txt names step %lld, which is incomplete; "
+                 "using the newest complete checkpoint",
+                 root, k);
     }
     int64_t *steps;
     int n = list_checkpoints(root, &steps);
@@ -326,8 +333,7 @@ int checkpoint_find_latest(const char *root, char *out, size_t outlen)
     return rc;
 }
 
-int checkpoint_load(const char *dir, struct model *m, struct adamw *opt, struct run_state *st, char *err,
-                    size_t errlen)
+int checkpoint_load(const char *dir, struct model *m, struct adamw *opt, struct run_state *st, char *err, size_t errlen)
 {
     char path[4200];
     snprintf(path, sizeof path, "%s/state.json", dir);

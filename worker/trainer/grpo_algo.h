@@ -59,14 +59,14 @@ struct policy_loss_params {
 
 /* Sums over tokens, weighted by w, for metrics (verl's names in comments). */
 struct policy_loss_stats {
-    double pg_loss;          /* actor/pg_loss */
-    double kl_loss;          /* actor/kl_loss */
-    double entropy;          /* actor/entropy (aggregated like the loss) */
-    double pg_clipfrac;      /* actor/pg_clipfrac (token mean) */
-    double pg_clipfrac_lower;/* actor/pg_clipfrac_lower (token mean) */
-    double ppo_kl;           /* actor/ppo_kl = mean(old_logp - logp) (token mean) */
-    double loss;             /* total: pg + kl_coef * kl - entropy_coeff * entropy */
-    long long tokens;        /* tokens accumulated */
+    double pg_loss;           /* actor/pg_loss */
+    double kl_loss;           /* actor/kl_loss */
+    double entropy;           /* actor/entropy (aggregated like the loss) */
+    double pg_clipfrac;       /* actor/pg_clipfrac (token mean) */
+    double pg_clipfrac_lower; /* actor/pg_clipfrac_lower (token mean) */
+    double ppo_kl;            /* actor/ppo_kl = mean(old_logp - logp) (token mean) */
+    double loss;              /* total: pg + kl_coef * kl - entropy_coeff * entropy */
+    long long tokens;         /* tokens accumulated */
 };
 
 /* Per-token loss terms for n tokens: given the current log-prob, old log-prob, reference log-prob, entropy,

@@ -12,7 +12,7 @@ struct tokenizer;
 
 struct prompt_item {
     const char *data_source, *ground_truth, *extra_info; /* owned by the set's dataset */
-    char *text;                                         /* rendered prompt */
+    char *text;                                          /* rendered prompt */
     int32_t *ids;
     int len;
     int32_t *answer_ids; /* reference response (synthetic arithmetic), or NULL */

@@ -99,7 +99,7 @@ int split_micro_batches(const struct rollout_seq *seqs, const int *idx, int n, i
         long long *load = NULL;
         for (;; k++) {
             free(load);
-            load = xcalloc((size_t)k, sizeof *load);
+            load = xcalloc((size_t)k + 1, sizeof *load);
             bool fits = true;
             for (int j = 0; j < n; j++) {
                 int best = 0;

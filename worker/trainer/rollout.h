@@ -15,13 +15,13 @@ struct rollout_seq {
     int prompt_len;
     int32_t *resp; /* response ids (owned) */
     int resp_len;
-    bool stopped;      /* ended on a stop token */
-    float *gen_logp;   /* (resp_len) log-probs recorded by the sampler */
-    float *old_logp;   /* (resp_len) recomputed by the trainer before the update */
-    float *ref_logp;   /* (resp_len) under the frozen reference policy */
-    double *adv;       /* (resp_len) advantage of each response token */
-    double score;      /* reward (after any penalties) */
-    double raw_score;  /* reward from the scorer */
+    bool stopped;     /* ended on a stop token */
+    float *gen_logp;  /* (resp_len) log-probs recorded by the sampler */
+    float *old_logp;  /* (resp_len) recomputed by the trainer before the update */
+    float *ref_logp;  /* (resp_len) under the frozen reference policy */
+    double *adv;      /* (resp_len) advantage of each response token */
+    double score;     /* reward (after any penalties) */
+    double raw_score; /* reward from the scorer */
 };
 
 /* Free the per-sequence arrays of n sequences. */

@@ -196,7 +196,7 @@ static void generate_and_score(struct trainer *t, const struct prompt_item *cons
     double *scores = xcalloc((size_t)n_prompts * n, sizeof *scores);
     for (int p = 0; p < n_prompts; p++) {
         int g = b->n_groups++;
-        b->group_prompt[g] = prompts[p];
+        b->group_prompt[g] = prompts[p]; // NOLINT(clang-analyzer-core.NullDereference): sized with the seqs above
         for (int s = 0; s < n; s++) {
             struct gen_output *o = &out[p * n + s];
             int i = b->n_seq++;
@@ -210,8 +210,8 @@ static void generate_and_score(struct trainer *t, const struct prompt_item *cons
             rs->gen_logp = o->logps;
             rs->stopped = o->stopped;
             b->resp_text[i] = tokenizer_decode(t->tok, o->tokens, (size_t)o->len, true);
-            items[p * n + s] = (struct reward_item){prompts[p]->data_source, b->resp_text[i],
-                                                    prompts[p]->ground_truth, prompts[p]->extra_info};
+            items[p * n + s] = (struct reward_item){prompts[p]->data_source, b->resp_text[i], prompts[p]->ground_truth,
+                                                    prompts[p]->extra_info};
         }
     }
     reward_score_batch(t->reward, items, n_prompts * n, scores, NULL);
@@ -245,9 +245,9 @@ static void filter_groups(struct step_batch *b)
                 b->seqs[w] = b->seqs[i];
                 b->seqs[w].group = gw;
                 b->resp_text[w++] = b->resp_text[i];
-            } else {
+            } else { /* a dropped group's entries are past the kept ones (w <= i) and never read again */
                 rollout_seqs_free(&b->seqs[i], 1);
-                free(b->resp_text[i]);
+                free(b->resp_text[i]); // NOLINT(clang-analyzer-unix.Malloc)
             }
         }
         if (varied)
@@ -356,8 +356,7 @@ static void dump_rollouts(struct trainer *t, const struct step_batch *b, int64_t
         json_object_set_new(o, "score", json_real(s->raw_score));
         json_object_set_new(o, "reward", json_real(s->score));
         json_object_set_new(o, "advantage", json_real(s->resp_len ? s->adv[0] : 0.0));
-        json_t *pid = json_array(), *rid = json_array(), *olp = json_array(), *rlp = json_array(),
-               *glp = json_array();
+        json_t *pid = json_array(), *rid = json_array(), *olp = json_array(), *rlp = json_array(), *glp = json_array();
         for (int k = 0; k < s->prompt_len; k++)
             json_array_append_new(pid, json_integer(s->prompt[k]));
         for (int k = 0; k < s->resp_len; k++) {
@@ -477,8 +476,8 @@ static void validate(struct trainer *t, struct metrics *m)
     const int chunk = (int)c->data_val_batch_size;
     for (int start = 0; start < t->val.n; start += chunk) {
         int cnt = t->val.n - start < chunk ? t->val.n - start : chunk;
-        generate_and_score(t, prompts + start, cnt, &sp, n, step_seed(t->st.seed, t->st.global_step, 0x7a1),
-                           &b, &tg, &tr);
+        generate_and_score(t, prompts + start, cnt, &sp, n, step_seed(t->st.seed, t->st.global_step, 0x7a1), &b, &tg,
+                           &tr);
     }
     /* per data_source: mean over all samples, and best of n per prompt */
     for (int g = 0; g < b.n_groups; g++) {
@@ -803,8 +802,10 @@ struct trainer *trainer_create(const struct grpo_config *cfg, const struct train
     const char *model_path = cfg->arr_model_path;
     if (!model_path || !*model_path) {
         if (bundled_model_path(bundled, sizeof bundled) != 0) {
-            set_err(err, errlen, "actor_rollout_ref.model.path is empty and the bundled model is not in %s "
-                    "(fetch it with scripts/fetch_model.sh)", bundled);
+            set_err(err, errlen,
+                    "actor_rollout_ref.model.path is empty and the bundled model is not in %s "
+                    "(fetch it with scripts/fetch_model.sh)",
+                    bundled);
             goto fail;
         }
         model_path = bundled;
