@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/check.h"
+#include "common/fs.h"
 #include "common/log.h"
 #include "worker/metrics/metrics_internal.h"
 
@@ -224,42 +225,6 @@ long metrics_history_load_jsonl(struct metrics_history *h, const char *path, boo
 
 /* ------------------------------------------------------------------ helpers */
 
-int metrics_mkdir_p(const char *dir)
-{
-    char *p = xstrdup(dir);
-    size_t len = strlen(p);
-    while (len > 1 && p[len - 1] == '/')
-        p[--len] = '\0';
-    for (char *s = p + 1; *s; s++) {
-        if (*s != '/')
-            continue;
-        *s = '\0';
-        if (mkdir(p, 0755) != 0 && errno != EEXIST) {
-            int e = errno;
-            free(p);
-            errno = e;
-            return -1;
-        }
-        *s = '/';
-    }
-    int rc = 0;
-    if (mkdir(p, 0755) != 0 && errno != EEXIST)
-        rc = -1;
-    else {
-        struct stat st;
-        if (stat(p, &st) != 0)
-            rc = -1;
-        else if (!S_ISDIR(st.st_mode)) {
-            errno = ENOTDIR;
-            rc = -1;
-        }
-    }
-    int e = errno;
-    free(p);
-    errno = e;
-    return rc;
-}
-
 char *metrics_path_join(const char *dir, const char *name)
 {
     size_t n = strlen(dir) + strlen(name) + 2;
@@ -268,60 +233,13 @@ char *metrics_path_join(const char *dir, const char *name)
     return p;
 }
 
-static void fsync_parent(const char *path)
-{
-    char *copy = xstrdup(path);
-    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) {
-        (void)fsync(fd);
-        close(fd);
-    }
-    free(copy);
-}
-
 int metrics_write_file_atomic(const char *path, const void *data, size_t len, const char *subsys)
 {
-    size_t n = strlen(path) + 32;
-    char *tmp = xmalloc(n);
-    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) {
-        log_error(subsys, "%s: %s", tmp, check_errno_text());
-        free(tmp);
-        return -1;
-    }
-    const char *p = data;
-    size_t left = len;
-    while (left > 0) {
-        ssize_t w = write(fd, p, left);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            log_error(subsys, "writing %s: %s", tmp, check_errno_text());
-            close(fd);
-            unlink(tmp);
-            free(tmp);
-            return -1;
-        }
-        p += w;
-        left -= (size_t)w;
-    }
-    int synced = fsync(fd);
-    if (close(fd) != 0 || synced != 0) {
-        log_error(subsys, "writing %s: %s", tmp, check_errno_text());
-        unlink(tmp);
-        free(tmp);
-        return -1;
-    }
-    if (rename(tmp, path) != 0) {
-        log_error(subsys, "renaming %s to %s: %s", tmp, path, check_errno_text());
-        unlink(tmp);
-        free(tmp);
-        return -1;
-    }
-    free(tmp);
-    fsync_parent(path);
-    return 0;
+    char err[1024];
+    if (fs_write_atomic(path, data, len, err, sizeof err) == 0)
+        return 0;
+    log_error(subsys, "%s", err);
+    return -1;
 }
 
 void mbuf_reserve(struct mbuf *b, size_t extra)

@@ -19,8 +19,6 @@ void mbuf_printf(struct mbuf *b, const char *fmt, ...) __attribute__((format(pri
 char *mbuf_take(struct mbuf *b);
 void mbuf_free(struct mbuf *b);
 
-/* mkdir -p; 0, or -1 with errno set. */
-int metrics_mkdir_p(const char *dir);
 /* Write len bytes to path atomically: path.tmp.PID, fsync, rename, fsync of the directory.
  * 0, or -1 (logged under subsys). */
 int metrics_write_file_atomic(const char *path, const void *data, size_t len, const char *subsys);

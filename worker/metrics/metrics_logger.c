@@ -1,6 +1,8 @@
 /* Every sink of a run directory behind one call per step. */
 #include "worker/metrics/metrics.h"
 
+#include "common/fs.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,7 +23,7 @@ int metrics_logger_open(struct metrics_logger *lg, const char *run_dir, unsigned
     lg->svg_path = metrics_path_join(run_dir, "metrics.svg");
     if (start_after < -1)
         start_after = -1;
-    if (metrics_mkdir_p(run_dir) != 0) {
+    if (fs_mkdir_p(run_dir) != 0) {
         log_error(SUBSYS, "cannot create %s: %s", run_dir, check_errno_text());
         lg->sinks = sinks & METRICS_SINK_CONSOLE;
         return -1;

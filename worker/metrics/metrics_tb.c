@@ -12,6 +12,8 @@
  * all little-endian. */
 #include "worker/metrics/metrics.h"
 
+#include "common/fs.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -233,7 +235,7 @@ static void host_name(char *out, size_t cap)
 int metrics_tb_open(struct metrics_tb *w, const char *dir, long start_step)
 {
     memset(w, 0, sizeof *w);
-    if (metrics_mkdir_p(dir) != 0) {
+    if (fs_mkdir_p(dir) != 0) {
         log_error(SUBSYS, "cannot create %s: %s", dir, check_errno_text());
         return -1;
     }

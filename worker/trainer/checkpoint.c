@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/check.h"
+#include "common/fs.h"
 #include "common/log.h"
 #include "worker/metrics/metrics.h"
 #include "worker/model/model_io.h"
@@ -27,65 +28,12 @@ static int fail(char *err, size_t errlen, const char *fmt, ...)
     return -1;
 }
 
-static int fsync_path(const char *path)
-{
-    int fd = open(path, O_RDONLY);
-    if (fd < 0)
-        return -1;
-    int rc = fsync(fd);
-    close(fd);
-    return rc;
-}
-
-static int mkdir_p(const char *dir)
-{
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s", dir);
-    for (char *p = tmp + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-                return -1;
-            *p = '/';
-        }
-    return (mkdir(tmp, 0755) != 0 && errno != EEXIST) ? -1 : 0;
-}
-
 static int remove_tree(const char *path)
 {
     char cmd[8192];
     /* paths are ours (RUN_DIR/checkpoints/...); quote for spaces */
     snprintf(cmd, sizeof cmd, "rm -rf -- '%s'", path);
     return system(cmd) == 0 ? 0 : -1;
-}
-
-/* Write a buffer to path atomically: path.tmp, fsync, rename. */
-static int write_atomic(const char *path, const void *data, size_t len, char *err, size_t errlen)
-{
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0)
-        return fail(err, errlen, "%s: cannot create: %s", tmp, check_errno_text());
-    const char *p = data;
-    size_t left = len;
-    while (left) {
-        ssize_t w = write(fd, p, left);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            close(fd);
-            unlink(tmp);
-            return fail(err, errlen, "%s: write failed: %s", tmp, check_errno_text());
-        }
-        p += w;
-        left -= (size_t)w;
-    }
-    if (fsync(fd) != 0 || close(fd) != 0 || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return fail(err, errlen, "%s: cannot finish writing: %s", path, check_errno_text());
-    }
-    return 0;
 }
 
 #define OPT_MAGIC "GRPOADAM"
@@ -108,7 +56,7 @@ int optim_state_write(const char *path, const struct adamw *o, char *err, size_t
     memcpy(p, o->v, o->n * sizeof(float)), p += o->n * sizeof(float);
     uint32_t crc = crc32c(buf, (size_t)(p - buf));
     memcpy(p, &crc, 4);
-    int rc = write_atomic(path, buf, len, err, errlen);
+    int rc = fs_write_atomic(path, buf, len, err, errlen);
     free(buf);
     return rc;
 }
@@ -169,7 +117,7 @@ static int state_write(const char *path, const struct run_state *st, char *err, 
     json_object_set_new(o, "seed", json_string(seed));
     char *text = json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS);
     json_decref(o);
-    int rc = write_atomic(path, text, strlen(text), err, errlen);
+    int rc = fs_write_atomic(path, text, strlen(text), err, errlen);
     free(text);
     return rc;
 }
@@ -232,7 +180,7 @@ int checkpoint_save(const char *root, const struct model *m, const struct adamw 
                     const struct run_state *st, int keep, char *err, size_t errlen)
 {
     char final[4096], tmp[4096], path[4200];
-    if (mkdir_p(root) != 0)
+    if (fs_mkdir_p(root) != 0)
         return fail(err, errlen, "%s: cannot create directory: %s", root, check_errno_text());
     snprintf(final, sizeof final, "%s/global_step_%lld", root, (long long)st->global_step);
     snprintf(tmp, sizeof tmp, "%s/.global_step_%lld.tmp", root, (long long)st->global_step);
@@ -257,7 +205,7 @@ int checkpoint_save(const char *root, const struct model *m, const struct adamw 
     if (state_write(path, st, err, errlen) != 0)
         goto fail_tmp;
     snprintf(path, sizeof path, "%s/actor", tmp);
-    if (fsync_path(path) != 0 || fsync_path(tmp) != 0) {
+    if (fs_fsync_path(path) != 0 || fs_fsync_path(tmp) != 0) {
         fail(err, errlen, "%s: fsync failed: %s", tmp, check_errno_text());
         goto fail_tmp;
     }
@@ -272,14 +220,14 @@ int checkpoint_save(const char *root, const struct model *m, const struct adamw 
         fail(err, errlen, "%s: cannot rename into place: %s", final, check_errno_text());
         goto fail_tmp;
     }
-    fsync_path(root);
+    fs_fsync_path(root);
     remove_tree(old);
     char latest[64];
     snprintf(path, sizeof path, "%s/latest_checkpointed_iteration.txt", root);
     snprintf(latest, sizeof latest, "%lld\n", (long long)st->global_step);
-    if (write_atomic(path, latest, strlen(latest), err, errlen) != 0)
+    if (fs_write_atomic(path, latest, strlen(latest), err, errlen) != 0)
         return -1;
-    fsync_path(root);
+    fs_fsync_path(root);
     if (keep > 0) {
         int64_t *steps;
         int n = list_checkpoints(root, &steps);

@@ -15,6 +15,7 @@
 #include "actor.h"
 #include "checkpoint.h"
 #include "common/check.h"
+#include "common/fs.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "prompts.h"
@@ -760,20 +761,6 @@ static int bundled_model_path(char *out, size_t len)
     return -1;
 }
 
-static int mkdirs(const char *dir)
-{
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s", dir);
-    for (char *p = tmp + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-                return -1;
-            *p = '/';
-        }
-    return (mkdir(tmp, 0755) != 0 && errno != EEXIST) ? -1 : 0;
-}
-
 struct trainer *trainer_create(const struct grpo_config *cfg, const struct trainer_hooks *hooks, char *err,
                                size_t errlen)
 {
@@ -858,7 +845,7 @@ struct trainer *trainer_create(const struct grpo_config *cfg, const struct train
     snprintf(t->run_dir, sizeof t->run_dir, "%s/%s/%s", cfg->trainer_default_local_dir, cfg->trainer_project_name,
              cfg->trainer_experiment_name);
     snprintf(t->ckpt_root, sizeof t->ckpt_root, "%s/checkpoints", t->run_dir);
-    if (mkdirs(t->run_dir) != 0) {
+    if (fs_mkdir_p(t->run_dir) != 0) {
         set_err(err, errlen, "%s: cannot create run directory: %s", t->run_dir, check_errno_text());
         goto fail;
     }
