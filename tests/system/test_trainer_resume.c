@@ -2,6 +2,7 @@
  * at a safe point) and resumed to step 4 ends with weights bit-identical to an
  * uninterrupted run to step 4. Exercises dynamic batching, several mini-batches
  * per step, the KL loss and AdamW state across the checkpoint. */
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "tiny_run.h"
@@ -16,12 +17,16 @@ static int stop_at_2(void *ctx, int64_t step)
 static float *run(const char *root, const char *model, const char *run_dir, const struct trainer_hooks *hooks,
                   size_t *n, int64_t *step)
 {
-    char mp[2048], rd[2048], proj[64] = "trainer.project_name=resume";
+    char mp[2048], rd[2048], ro[2048], proj[64] = "trainer.project_name=resume";
     snprintf(mp, sizeof mp, "actor_rollout_ref.model.path=%s", model);
     snprintf(rd, sizeof rd, "trainer.default_local_dir=%s/%s", root, run_dir);
+    snprintf(ro, sizeof ro, "trainer.rollout_data_dir=%s/%s/rollouts", root, run_dir);
     const char *ov[] = {mp,
                         rd,
+                        ro,
                         proj,
+                        "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+                        "actor_rollout_ref.rollout.val_kwargs.n=2",
                         "trainer.total_training_steps=4",
                         "trainer.save_freq=2",
                         "trainer.val_before_train=false",
@@ -118,6 +123,38 @@ int main(void)
                     lines);
             fails++;
         }
+    /* sampled validation reports mean@2 and best@2; the rollout audit files carry every field */
+    f = fopen(path, "r");
+    bool best = false;
+    while (f && fgets(line, sizeof line, f))
+        best |= strstr(line, "\"val-core/arithmetic/reward/best@2\"") != NULL &&
+                strstr(line, "\"val-core/arithmetic/reward/mean@2\"") != NULL;
+    if (f)
+        fclose(f);
+    if (!best) {
+        fprintf(stderr, "FAIL: metrics.jsonl lacks val-core/arithmetic/reward/mean@2 and best@2\n");
+        fails++;
+    }
+    snprintf(path, sizeof path, "%s/b/rollouts/4.jsonl", root);
+    f = fopen(path, "r");
+    int rows = 0;
+    static const char *const fields[] = {
+        "\"prompt_ids\"", "\"response_ids\"",  "\"prompt\"",        "\"response\"",          "\"reward\"",
+        "\"advantage\"",  "\"old_log_probs\"", "\"ref_log_probs\"", "\"rollout_log_probs\"", "\"ground_truth\""};
+    while (f && fgets(line, sizeof line, f)) {
+        rows++;
+        for (size_t k = 0; k < sizeof fields / sizeof *fields; k++)
+            if (!strstr(line, fields[k])) {
+                fprintf(stderr, "FAIL: %s row %d lacks %s\n", path, rows, fields[k]);
+                fails++;
+            }
+    }
+    if (f)
+        fclose(f);
+    if (rows != 6) { /* 2 prompts x 3 responses */
+        fprintf(stderr, "FAIL: %s has %d rows, expected 6\n", path, rows);
+        fails++;
+    }
     free(a), free(b), free(b2);
     snprintf(path, sizeof path, "rm -rf '%s'", root);
     if (system(path) != 0)

@@ -330,6 +330,43 @@ static void compute_advantages(struct trainer *t, struct step_batch *b, struct m
     free(scalar), free(group), free(off), free(len), free(tok_r), free(tok_adv);
 }
 
+/* Length of the valid UTF-8 sequence at s (1-4), or 0 if the bytes there are not one. */
+static int utf8_len(const unsigned char *s)
+{
+    int n = s[0] < 0x80 ? 1 : (s[0] >> 5) == 6 ? 2 : (s[0] >> 4) == 14 ? 3 : (s[0] >> 3) == 30 ? 4 : 0;
+    for (int i = 1; i < n; i++)
+        if ((s[i] >> 6) != 2)
+            return 0;
+    return n;
+}
+
+/* A JSON string of text; bytes that are not UTF-8 (a response cut inside a character, or a byte-level
+ * model's stray bytes) become U+FFFD, as Hugging Face's decode does, instead of losing the field. */
+static json_t *json_text(const char *text)
+{
+    json_t *j = json_string(text);
+    if (j)
+        return j;
+    size_t n = strlen(text);
+    char *clean = xmalloc(3 * n + 1), *w = clean;
+    for (const unsigned char *p = (const unsigned char *)text; *p;) {
+        int k = utf8_len(p);
+        if (k > 0) {
+            memcpy(w, p, (size_t)k);
+            w += k;
+            p += k;
+        } else {
+            memcpy(w, "\xEF\xBF\xBD", 3);
+            w += 3;
+            p++;
+        }
+    }
+    *w = 0;
+    j = json_string(clean);
+    free(clean);
+    return j ? j : json_string("");
+}
+
 /* Every step's rollouts as JSONL for audit (trainer.rollout_data_dir). */
 static void dump_rollouts(struct trainer *t, const struct step_batch *b, int64_t step)
 {
@@ -351,9 +388,9 @@ static void dump_rollouts(struct trainer *t, const struct step_batch *b, int64_t
         json_object_set_new(o, "step", json_integer(step));
         json_object_set_new(o, "uid", json_integer(s->group));
         json_object_set_new(o, "data_source", json_string(p->data_source));
-        json_object_set_new(o, "prompt", json_string(p->text));
-        json_object_set_new(o, "response", json_string(b->resp_text[i]));
-        json_object_set_new(o, "ground_truth", json_string(p->ground_truth ? p->ground_truth : ""));
+        json_object_set_new(o, "prompt", json_text(p->text));
+        json_object_set_new(o, "response", json_text(b->resp_text[i]));
+        json_object_set_new(o, "ground_truth", json_text(p->ground_truth ? p->ground_truth : ""));
         json_object_set_new(o, "score", json_real(s->raw_score));
         json_object_set_new(o, "reward", json_real(s->score));
         json_object_set_new(o, "advantage", json_real(s->resp_len ? s->adv[0] : 0.0));
