@@ -105,4 +105,5 @@ void lmhead_logprob_backward(float *dh, float *dW, const float *dlogp, const flo
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, D, c, 1.0f, z, V, hc, D, 1.0f, dW, D);
     }
     free(z);
+    free(e);
 }

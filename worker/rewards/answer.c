@@ -295,11 +295,15 @@ bool reward_find_hash_answer(const char *text, const char **ans, size_t *len)
 {
     bool found = false;
     size_t n = strlen(text);
-    const char *p = text;
-    while ((p = strstr(p, "####")) != NULL) {
-        size_t i = (size_t)(p - text) + 4;
+    /* one pass (strstr from every '#' of a long run of them would be quadratic on adversarial text) */
+    for (size_t at = 0; at + 4 <= n; at++) {
+        if (memcmp(text + at, "####", 4) != 0)
+            continue;
+        size_t i = at + 4;
         while (i < n && (text[i] == ' ' || text[i] == '\t'))
             i++;
+        if (i < n && text[i] == '#')
+            continue; /* part of a longer run of '#': only the run's last "####" can precede a number */
         bool valid = false;
         size_t used = scan_number(text + i, n - i, NULL, &valid);
         if (used > 0 && valid) {
@@ -307,7 +311,6 @@ bool reward_find_hash_answer(const char *text, const char **ans, size_t *len)
             *len = used;
             found = true;
         }
-        p++;
     }
     return found;
 }
