@@ -233,6 +233,23 @@ char *metrics_path_join(const char *dir, const char *name)
     return p;
 }
 
+int metrics_stream_sync(FILE *f, const char *path, const char *subsys)
+{
+    if (!f)
+        return -1;
+    if (fflush(f) != 0 || fsync(fileno(f)) != 0) {
+        log_error(subsys, "syncing %s: %s", path, check_errno_text());
+        return -1;
+    }
+    return 0;
+}
+
+void metrics_stream_close(FILE *f, const char *path, const char *subsys)
+{
+    if (f && fclose(f) != 0)
+        log_error(subsys, "closing %s: %s", path, check_errno_text());
+}
+
 int metrics_write_file_atomic(const char *path, const void *data, size_t len, const char *subsys)
 {
     char err[1024];

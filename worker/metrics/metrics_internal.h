@@ -4,6 +4,7 @@
 
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 
 /* Growable string; p is always NUL-terminated once anything was added. */
 struct mbuf {
@@ -24,5 +25,10 @@ void mbuf_free(struct mbuf *b);
 int metrics_write_file_atomic(const char *path, const void *data, size_t len, const char *subsys);
 /* malloc'd a + b. */
 char *metrics_path_join(const char *dir, const char *name);
+
+/* fflush + fsync of an open stream (NULL: -1); errors logged under subsys naming path. 0 or -1. */
+int metrics_stream_sync(FILE *f, const char *path, const char *subsys);
+/* fclose (NULL: nothing), logging a failed final flush. */
+void metrics_stream_close(FILE *f, const char *path, const char *subsys);
 
 #endif

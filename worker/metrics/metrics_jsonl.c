@@ -110,21 +110,11 @@ int metrics_jsonl_write(struct metrics_jsonl *w, long step, const struct metrics
     return rc;
 }
 
-int metrics_jsonl_sync(struct metrics_jsonl *w)
-{
-    if (!w->f)
-        return -1;
-    if (fflush(w->f) != 0 || fsync(fileno(w->f)) != 0) {
-        log_error(SUBSYS, "syncing %s: %s", w->path, check_errno_text());
-        return -1;
-    }
-    return 0;
-}
+int metrics_jsonl_sync(struct metrics_jsonl *w) { return metrics_stream_sync(w->f, w->path, SUBSYS); }
 
 void metrics_jsonl_close(struct metrics_jsonl *w)
 {
-    if (w->f && fclose(w->f) != 0)
-        log_error(SUBSYS, "closing %s: %s", w->path, check_errno_text());
+    metrics_stream_close(w->f, w->path, SUBSYS);
     free(w->path);
     memset(w, 0, sizeof *w);
 }

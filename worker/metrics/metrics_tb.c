@@ -304,21 +304,11 @@ int metrics_tb_write(struct metrics_tb *w, long step, const struct metrics *m, d
     return rc;
 }
 
-int metrics_tb_sync(struct metrics_tb *w)
-{
-    if (!w->f)
-        return -1;
-    if (fflush(w->f) != 0 || fsync(fileno(w->f)) != 0) {
-        log_error(SUBSYS, "syncing %s: %s", w->path, check_errno_text());
-        return -1;
-    }
-    return 0;
-}
+int metrics_tb_sync(struct metrics_tb *w) { return metrics_stream_sync(w->f, w->path, SUBSYS); }
 
 void metrics_tb_close(struct metrics_tb *w)
 {
-    if (w->f && fclose(w->f) != 0)
-        log_error(SUBSYS, "closing %s: %s", w->path, check_errno_text());
+    metrics_stream_close(w->f, w->path, SUBSYS);
     free(w->path);
     memset(w, 0, sizeof *w);
 }
