@@ -33,6 +33,17 @@ void check_failf(const char *file, int line, const char *fmt, ...)
     check_exit(1);
 }
 
+int error_set(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
 const char *check_errno_text(void)
 {
     static _Thread_local char buf[256];

@@ -43,6 +43,10 @@ void check_fclose_impl(FILE *f, const char *path, const char *file, int line);
             check_fail(__FILE__, __LINE__, #expr, check_errno_text());                                                 \
     } while (0)
 
+/* Format an error message into err (errlen bytes) and return -1, so failure paths read
+ * `return error_set(err, errlen, "%s: ...", path)`. */
+int error_set(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 /* strerror(errno), kept thread-safe. */
 const char *check_errno_text(void);
 

@@ -116,36 +116,36 @@ static void set_stats3(struct metrics *m, const char *prefix, double sum, double
     free(name);
 }
 
+/* Running sum, max and min of the finite values seen. */
+struct stats_acc {
+    double sum, mx, mn;
+    size_t k;
+};
+
+static void stats_add(struct stats_acc *a, double v)
+{
+    if (!isfinite(v))
+        return;
+    a->sum += v;
+    a->mx = v > a->mx ? v : a->mx;
+    a->mn = v < a->mn ? v : a->mn;
+    a->k++;
+}
+
 void metrics_set_stats(struct metrics *m, const char *prefix, const double *values, size_t n)
 {
-    double sum = 0, mx = -INFINITY, mn = INFINITY;
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        double v = values[i];
-        if (!isfinite(v))
-            continue;
-        sum += v;
-        mx = v > mx ? v : mx;
-        mn = v < mn ? v : mn;
-        k++;
-    }
-    set_stats3(m, prefix, sum, mx, mn, k);
+    struct stats_acc a = {0, -INFINITY, INFINITY, 0};
+    for (size_t i = 0; i < n; i++)
+        stats_add(&a, values[i]);
+    set_stats3(m, prefix, a.sum, a.mx, a.mn, a.k);
 }
 
 void metrics_set_stats_f(struct metrics *m, const char *prefix, const float *values, size_t n)
 {
-    double sum = 0, mx = -INFINITY, mn = INFINITY;
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        double v = values[i];
-        if (!isfinite(v))
-            continue;
-        sum += v;
-        mx = v > mx ? v : mx;
-        mn = v < mn ? v : mn;
-        k++;
-    }
-    set_stats3(m, prefix, sum, mx, mn, k);
+    struct stats_acc a = {0, -INFINITY, INFINITY, 0};
+    for (size_t i = 0; i < n; i++)
+        stats_add(&a, values[i]);
+    set_stats3(m, prefix, a.sum, a.mx, a.mn, a.k);
 }
 
 double proc_rss_gb(void)

@@ -14,17 +14,7 @@
 #include "worker/formats/gguf.h"
 #include "worker/formats/safetensors.h"
 
-/* Fill err and return -1: every failure path reads `return ERR(...)`. */
-static int set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-#define ERR(...) set_err(err, errlen, __VA_ARGS__)
+#define ERR(...) error_set(err, errlen, __VA_ARGS__)
 
 static int json_int(json_t *root, const char *key, int def, int *out, const char *path, char *err, size_t errlen)
 {

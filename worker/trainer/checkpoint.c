@@ -18,16 +18,6 @@
 #include "worker/model/model_io.h"
 #include "worker/tokenizer/tokenizer.h"
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 static int remove_tree(const char *path)
 {
     char cmd[8192];
@@ -65,7 +55,7 @@ int optim_state_read(const char *path, struct adamw *o, char *err, size_t errlen
 {
     FILE *f = fopen(path, "rb");
     if (!f)
-        return fail(err, errlen, "%s: cannot open: %s", path, check_errno_text());
+        return error_set(err, errlen, "%s: cannot open: %s", path, check_errno_text());
     const size_t want = 8 + 8 + 8 + 8 + 4 * 8 + 2 * o->n * sizeof(float) + 4;
     unsigned char *buf = xmalloc(want + 1);
     size_t got = fread(buf, 1, want + 1, f);
@@ -74,23 +64,23 @@ int optim_state_read(const char *path, struct adamw *o, char *err, size_t errlen
     uint64_t n;
     uint32_t version, crc;
     if (got < 24 || memcmp(buf, OPT_MAGIC, 8) != 0) {
-        fail(err, errlen, "%s: not an optimizer state file", path);
+        error_set(err, errlen, "%s: not an optimizer state file", path);
         goto out;
     }
     memcpy(&version, buf + 8, 4);
     memcpy(&n, buf + 16, 8);
     if (version != 1 || n != o->n) {
-        fail(err, errlen, "%s: version %u with %llu values; expected version 1 with %zu (a different model?)", path,
-             version, (unsigned long long)n, o->n);
+        error_set(err, errlen, "%s: version %u with %llu values; expected version 1 with %zu (a different model?)",
+                  path, version, (unsigned long long)n, o->n);
         goto out;
     }
     if (got != want) {
-        fail(err, errlen, "%s: %zu bytes, expected %zu (truncated or corrupt)", path, got, want);
+        error_set(err, errlen, "%s: %zu bytes, expected %zu (truncated or corrupt)", path, got, want);
         goto out;
     }
     memcpy(&crc, buf + want - 4, 4);
     if (crc != crc32c(buf, want - 4)) {
-        fail(err, errlen, "%s: checksum mismatch (corrupt file)", path);
+        error_set(err, errlen, "%s: checksum mismatch (corrupt file)", path);
         goto out;
     }
     double hp[4];
@@ -127,7 +117,7 @@ static int state_read(const char *path, struct run_state *st, char *err, size_t 
     json_error_t je;
     json_t *o = json_load_file(path, 0, &je);
     if (!o)
-        return fail(err, errlen, "%s:%d: %s", path, je.line, je.text);
+        return error_set(err, errlen, "%s:%d: %s", path, je.line, je.text);
     json_int_t step = 0, epoch = 0, cursor = 0, total = 0;
     const char *seed = "", *digest = "";
     int rc = json_unpack_ex(o, &je, JSON_STRICT, "{s:i, s:I, s:I, s:I, s:s, s:s, s:I}", "version", &(int){0},
@@ -135,7 +125,7 @@ static int state_read(const char *path, struct run_state *st, char *err, size_t 
                             &digest, "total_steps", &total);
     if (rc != 0) {
         json_decref(o);
-        return fail(err, errlen, "%s: %s", path, je.text);
+        return error_set(err, errlen, "%s: %s", path, je.text);
     }
     st->global_step = step, st->epoch = epoch, st->cursor = cursor, st->total_steps = total;
     st->seed = strtoull(seed, NULL, 10);
@@ -181,12 +171,12 @@ int checkpoint_save(const char *root, const struct model *m, const struct adamw 
 {
     char final[4096], tmp[4096], path[4200];
     if (fs_mkdir_p(root) != 0)
-        return fail(err, errlen, "%s: cannot create directory: %s", root, check_errno_text());
+        return error_set(err, errlen, "%s: cannot create directory: %s", root, check_errno_text());
     snprintf(final, sizeof final, "%s/global_step_%lld", root, (long long)st->global_step);
     snprintf(tmp, sizeof tmp, "%s/.global_step_%lld.tmp", root, (long long)st->global_step);
     remove_tree(tmp); /* left by a crash during an earlier attempt */
     if (mkdir(tmp, 0755) != 0)
-        return fail(err, errlen, "%s: cannot create: %s", tmp, check_errno_text());
+        return error_set(err, errlen, "%s: cannot create: %s", tmp, check_errno_text());
     snprintf(path, sizeof path, "%s/actor", tmp);
     if (model_save_hf(m, path, 0, err, errlen) != 0)
         goto fail_tmp;
@@ -206,18 +196,18 @@ int checkpoint_save(const char *root, const struct model *m, const struct adamw 
         goto fail_tmp;
     snprintf(path, sizeof path, "%s/actor", tmp);
     if (fs_fsync_path(path) != 0 || fs_fsync_path(tmp) != 0) {
-        fail(err, errlen, "%s: fsync failed: %s", tmp, check_errno_text());
+        error_set(err, errlen, "%s: fsync failed: %s", tmp, check_errno_text());
         goto fail_tmp;
     }
     /* the same step saved again (a resumed run): move the old one aside first */
     char old[4200];
     snprintf(old, sizeof old, "%s.old", final);
     if (access(final, F_OK) == 0 && rename(final, old) != 0) {
-        fail(err, errlen, "%s: cannot replace: %s", final, check_errno_text());
+        error_set(err, errlen, "%s: cannot replace: %s", final, check_errno_text());
         goto fail_tmp;
     }
     if (rename(tmp, final) != 0) {
-        fail(err, errlen, "%s: cannot rename into place: %s", final, check_errno_text());
+        error_set(err, errlen, "%s: cannot rename into place: %s", final, check_errno_text());
         goto fail_tmp;
     }
     fs_fsync_path(root);
@@ -293,8 +283,8 @@ int checkpoint_load(const char *dir, struct model *m, struct adamw *opt, struct 
         return -1;
     if (loaded->w.n_floats != m->w.n_floats) {
         model_free(loaded);
-        return fail(err, errlen, "%s: checkpoint has %zu parameters, the model %zu (a different model?)", path,
-                    loaded->w.n_floats, m->w.n_floats);
+        return error_set(err, errlen, "%s: checkpoint has %zu parameters, the model %zu (a different model?)", path,
+                         loaded->w.n_floats, m->w.n_floats);
     }
     memcpy(m->w.mem, loaded->w.mem, m->w.n_floats * sizeof(float));
     model_free(loaded);

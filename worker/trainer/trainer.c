@@ -58,16 +58,6 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static int set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 static void phase(struct trainer *t, const char *name)
 {
     if (t->hooks.phase)
@@ -826,10 +816,10 @@ struct trainer *trainer_create(const struct grpo_config *cfg, const struct train
     const char *model_path = cfg->arr_model_path;
     if (!model_path || !*model_path) {
         if (bundled_model_path(bundled, sizeof bundled) != 0) {
-            set_err(err, errlen,
-                    "actor_rollout_ref.model.path is empty and the bundled model is not in %s "
-                    "(fetch it with scripts/fetch_model.sh)",
-                    bundled);
+            error_set(err, errlen,
+                      "actor_rollout_ref.model.path is empty and the bundled model is not in %s "
+                      "(fetch it with scripts/fetch_model.sh)",
+                      bundled);
             goto fail;
         }
         model_path = bundled;
@@ -859,8 +849,8 @@ struct trainer *trainer_create(const struct grpo_config *cfg, const struct train
         goto fail;
     for (int i = 0; i < t->train.n; i++)
         if (!reward_supports(t->reward, t->train.items[i].data_source)) {
-            set_err(err, errlen, "%s: no scorer for data_source '%s' (see docs/rewards.md)", t->train.name,
-                    t->train.items[i].data_source);
+            error_set(err, errlen, "%s: no scorer for data_source '%s' (see docs/rewards.md)", t->train.name,
+                      t->train.items[i].data_source);
             goto fail;
         }
 
@@ -883,7 +873,7 @@ struct trainer *trainer_create(const struct grpo_config *cfg, const struct train
              cfg->trainer_experiment_name);
     snprintf(t->ckpt_root, sizeof t->ckpt_root, "%s/checkpoints", t->run_dir);
     if (fs_mkdir_p(t->run_dir) != 0) {
-        set_err(err, errlen, "%s: cannot create run directory: %s", t->run_dir, check_errno_text());
+        error_set(err, errlen, "%s: cannot create run directory: %s", t->run_dir, check_errno_text());
         goto fail;
     }
     char resume[4096] = "";
@@ -918,7 +908,7 @@ struct trainer *trainer_create(const struct grpo_config *cfg, const struct train
     /* steps logged after the checkpoint we resume from are forgotten: they are redone */
     if (metrics_logger_open(&t->logger, t->run_dir, METRICS_SINK_ALL, (long)t->st.total_steps,
                             resume[0] ? (long)t->st.global_step : -1, cfg->trainer_experiment_name) != 0) {
-        set_err(err, errlen, "%s: cannot open the metrics files", t->run_dir);
+        error_set(err, errlen, "%s: cannot open the metrics files", t->run_dir);
         goto fail;
     }
     t->logger_open = true;
