@@ -13,6 +13,7 @@
 #include "arena.h"
 #include "common/check.h"
 #include "common/log.h"
+#include "common/placement.h"
 #include "validate.h"
 #include "worker/control/transport.h"
 
@@ -291,43 +292,17 @@ static uint8_t *refuse(struct core *c, uint64_t id, bool retry, size_t *len, con
 
 /* ---- registration ---- */
 
-struct placement {
-    Grpo__Role role;
-    int dp, dp_size, tp, tp_size, pp, pp_size;
-};
-
-/* Role and coordinates of a rank; -1 with why when the layout does not fit. */
-static int place_rank(const struct core *c, int rank, int world, struct placement *p, char *why, size_t whylen)
+/* Role and coordinates of a rank (common/placement.c, shared with grpo-worker); -1 with why when the layout
+ * does not fit. */
+static int place_rank(const struct core *c, int rank, int world, struct placement *p, Grpo__Role *role, char *why,
+                      size_t whylen)
 {
-    int T = c->set.trainer_ranks, R = c->set.rollout_ranks, tp = c->set.tp_size, pp = c->set.pp_size;
-    int n = world;
-    memset(p, 0, sizeof *p);
-    if (T == 0 && R == 0) {
-        p->role = GRPO__ROLE__ROLE_HYBRID;
-    } else if (rank < T) {
-        p->role = GRPO__ROLE__ROLE_TRAINER;
-        n = T;
-    } else {
-        p->role = GRPO__ROLE__ROLE_ROLLOUT;
-        p->dp = rank - T;
-        p->dp_size = R;
-        p->tp_size = p->pp_size = 1;
-        return 0;
-    }
-    if (n < 1 || n % (tp * pp) != 0) {
-        snprintf(why, whylen,
-                 "placement does not fit: %d %s ranks are not a multiple of tensor_parallel_size %d x "
-                 "pipeline_parallel_size %d",
-                 n, p->role == GRPO__ROLE__ROLE_HYBRID ? "hybrid" : "trainer", tp, pp);
+    const struct placement_spec spec = {c->set.trainer_ranks, c->set.rollout_ranks, c->set.tp_size, c->set.pp_size};
+    if (placement_of(&spec, rank, world, p, why, whylen) != 0)
         return -1;
-    }
-    /* Megatron order, as worker/comm/parallel.c: rank = (pp * dp_size + dp) * tp_size + tp */
-    p->tp_size = tp;
-    p->pp_size = pp;
-    p->dp_size = n / (tp * pp);
-    p->tp = rank % tp;
-    p->dp = (rank / tp) % p->dp_size;
-    p->pp = rank / (tp * p->dp_size);
+    *role = p->role == PLACE_TRAINER   ? GRPO__ROLE__ROLE_TRAINER
+            : p->role == PLACE_ROLLOUT ? GRPO__ROLE__ROLE_ROLLOUT
+                                       : GRPO__ROLE__ROLE_HYBRID;
     return 0;
 }
 
@@ -468,15 +443,16 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
                       "): give every rank the same configuration",
                       r->rank, r->config_digest, c->run.config_digest);
     struct placement p;
+    Grpo__Role role;
     char why[CORE_REASON_MAX];
-    if (place_rank(c, r->rank, r->world_size, &p, why, sizeof why) != 0)
+    if (place_rank(c, r->rank, r->world_size, &p, &role, why, sizeof why) != 0)
         return refuse(c, id, false, len, "%s", why);
-    const char *need = p.role == GRPO__ROLE__ROLE_ROLLOUT ? "rollout" : "trainer";
-    if (!has_capability(r, need) || (p.role == GRPO__ROLE__ROLE_HYBRID && !has_capability(r, "rollout")))
+    const char *need = role == GRPO__ROLE__ROLE_ROLLOUT ? "rollout" : "trainer";
+    if (!has_capability(r, need) || (role == GRPO__ROLE__ROLE_HYBRID && !has_capability(r, "rollout")))
         return refuse(c, id, false, len, "rank %d on host %s cannot take the %s role (capabilities lack '%s')", r->rank,
-                      r->host, core_role_name(p.role),
-                      p.role == GRPO__ROLE__ROLE_HYBRID && has_capability(r, "trainer") ? "rollout" : need);
-    if (p.role == GRPO__ROLE__ROLE_ROLLOUT && missing_trainer_heads(c) > 0)
+                      r->host, core_role_name(role),
+                      role == GRPO__ROLE__ROLE_HYBRID && has_capability(r, "trainer") ? "rollout" : need);
+    if (role == GRPO__ROLE__ROLE_ROLLOUT && missing_trainer_heads(c) > 0)
         return refuse(c, id, true, len, "rank %d waits for the trainer ranks to register (%d data-plane hosts unknown)",
                       r->rank, missing_trainer_heads(c));
     if (c->run.world == 0) {
@@ -512,7 +488,7 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
         size_t l = strlen(w->capabilities);
         snprintf(w->capabilities + l, sizeof w->capabilities - l, "%s%s", i ? "," : "", r->capabilities[i]);
     }
-    w->role = p.role;
+    w->role = role;
     w->dp_rank = p.dp;
     w->dp_size = p.dp_size;
     w->tp_rank = p.tp;
@@ -526,7 +502,7 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
     if (w->step > c->run.step)
         c->run.step = w->step;
     add_event(c, "rank %d %s from host %s (pid %d) as %s, dp %d/%d tp %d/%d pp %d/%d", r->rank,
-              same ? "registered again" : "registered", r->host, r->pid, core_role_name(p.role), p.dp, p.dp_size, p.tp,
+              same ? "registered again" : "registered", r->host, r->pid, core_role_name(role), p.dp, p.dp_size, p.tp,
               p.tp_size, p.pp, p.pp_size);
     reevaluate(c);
     return reply_assignment(c, id, w, len);

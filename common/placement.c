@@ -1,0 +1,90 @@
+#include "placement.h"
+
+#include <stdio.h>
+#include <string.h>
+
+const char *placement_role_name(enum placement_role r)
+{
+    return r == PLACE_TRAINER ? "trainer" : r == PLACE_ROLLOUT ? "rollout" : "hybrid";
+}
+
+int placement_of(const struct placement_spec *s, int rank, int world, struct placement *p, char *why,
+                 size_t whylen)
+{
+    const int T = s->trainer_ranks, R = s->rollout_ranks, tp = s->tp_size, pp = s->pp_size;
+    memset(p, 0, sizeof *p);
+    if (tp < 1 || pp < 1) {
+        snprintf(why, whylen, "placement.tensor_parallel_size (%d) and placement.pipeline_parallel_size (%d) must be >= 1",
+                 tp, pp);
+        return -1;
+    }
+    if (rank < 0 || rank >= world) {
+        snprintf(why, whylen, "rank %d is outside a world of %d ranks", rank, world);
+        return -1;
+    }
+    int n = world;
+    if (T == 0 && R == 0) {
+        p->role = PLACE_HYBRID;
+    } else {
+        if (T < 1) {
+            snprintf(why, whylen,
+                     "placement has no trainers: placement.trainer_ranks is 0 with placement.rollout_ranks %d "
+                     "(give at least one trainer rank)",
+                     R);
+            return -1;
+        }
+        if (T + R != world) {
+            snprintf(why, whylen,
+                     "placement does not add up: placement.trainer_ranks %d + placement.rollout_ranks %d = %d, but "
+                     "mpirun started %d ranks",
+                     T, R, T + R, world);
+            return -1;
+        }
+        if (rank >= T) {
+            p->role = PLACE_ROLLOUT;
+            p->dp = rank - T;
+            p->dp_size = R;
+            p->tp_size = p->pp_size = 1;
+            return 0;
+        }
+        p->role = PLACE_TRAINER;
+        n = T;
+    }
+    if (n % (tp * pp) != 0) {
+        snprintf(why, whylen,
+                 "placement does not fit: %d %s ranks are not a multiple of placement.tensor_parallel_size %d x "
+                 "placement.pipeline_parallel_size %d",
+                 n, p->role == PLACE_HYBRID ? "hybrid" : "trainer", tp, pp);
+        return -1;
+    }
+    p->tp_size = tp;
+    p->pp_size = pp;
+    p->dp_size = n / (tp * pp);
+    p->tp = rank % tp;
+    p->dp = (rank / tp) % p->dp_size;
+    p->pp = rank / (tp * p->dp_size);
+    return 0;
+}
+
+int placement_trainer_dp(const struct placement_spec *s, int world)
+{
+    int n = s->trainer_ranks ? s->trainer_ranks : world;
+    int mp = s->tp_size * s->pp_size;
+    return mp > 0 && n >= mp ? n / mp : 1;
+}
+
+int placement_check(const struct placement_spec *s, int world, int prompts_per_step, char *why, size_t whylen)
+{
+    struct placement p;
+    for (int r = 0; r < world; r++)
+        if (placement_of(s, r, world, &p, why, whylen) != 0)
+            return -1;
+    if (s->rollout_ranks > prompts_per_step) {
+        snprintf(why, whylen,
+                 "placement.rollout_ranks %d is more than the %d prompts of a step (data.train_batch_size): some "
+                 "rollout ranks would have nothing to generate",
+                 s->rollout_ranks, prompts_per_step);
+        return -1;
+    }
+    return 0;
+}

@@ -1,0 +1,45 @@
+/* Where each rank of a run goes: its role (hybrid, trainer or rollout) and its
+ * parallel coordinates, from the run's placement numbers. Written once here and
+ * used by grpod (which assigns) and by grpo-worker (which checks what it was
+ * assigned, and places itself when it runs without grpod).
+ *
+ * Ranks 0..T-1 train, ranks T..T+R-1 generate. Trainer ranks are laid out as
+ * Megatron does, (PP, DP, TP) with TP fastest:
+ *     rank = (pp * dp_size + dp) * tp_size + tp
+ * so a TP group sits on neighbouring ranks (one node) and PP stages are the
+ * farthest apart. Rollout rank r of R has dp = r, dp_size = R. */
+#ifndef GRPO_COMMON_PLACEMENT_H
+#define GRPO_COMMON_PLACEMENT_H
+
+#include <stddef.h>
+
+enum placement_role { PLACE_HYBRID = 0, PLACE_TRAINER = 1, PLACE_ROLLOUT = 2 };
+
+/* The run's placement numbers (placement.* keys, or verl's trainer./rollout. node counts). */
+struct placement_spec {
+    int trainer_ranks, rollout_ranks; /* both 0: every rank is hybrid */
+    int tp_size, pp_size;             /* of the trainer (or hybrid) ranks */
+};
+
+struct placement {
+    enum placement_role role;
+    int dp, dp_size, tp, tp_size, pp, pp_size;
+};
+
+/* Role and coordinates of `rank` in a world of `world` ranks. 0, or -1 with why naming the keys and the
+ * numbers when the layout cannot work (ranks that do not add up, no trainers, a trainer count that is not a
+ * multiple of TP x PP). */
+int placement_of(const struct placement_spec *s, int rank, int world, struct placement *out, char *why,
+                 size_t whylen);
+
+/* The whole layout checked before any work starts: placement_of for every rank, plus the data the rollout
+ * ranks share (prompts_per_step >= rollout ranks, so none is left without work). 0, or -1 with why. */
+int placement_check(const struct placement_spec *s, int world, int prompts_per_step, char *why, size_t whylen);
+
+/* Data-parallel trainer groups (DP size of the trainers; 1 for hybrid runs of one rank). */
+int placement_trainer_dp(const struct placement_spec *s, int world);
+
+/* "hybrid", "trainer", "rollout". */
+const char *placement_role_name(enum placement_role r);
+
+#endif
