@@ -36,6 +36,7 @@ static struct fixture *setup_fixture(void)
     for (int i = 0; i < NSEQ; i++) {
         struct rollout_seq *s = &f->seqs[i];
         s->group = i / 2;
+        s->gidx = i;
         s->prompt_len = 2 + i % 4;
         for (int t = 0; t < s->prompt_len; t++)
             f->prompts[i][t] = rand() % V;

@@ -100,7 +100,7 @@ void metrics_copy(struct metrics *dst, const struct metrics *src)
     metrics_merge(dst, src);
 }
 
-static void set_stats3(struct metrics *m, const char *prefix, double sum, double mx, double mn, size_t k)
+void metrics_set_stats3(struct metrics *m, const char *prefix, double sum, double mx, double mn, size_t k)
 {
     size_t len = strlen(prefix) + 6;
     char *name = xmalloc(len);
@@ -137,7 +137,7 @@ void metrics_set_stats(struct metrics *m, const char *prefix, const double *valu
     struct stats_acc a = {0, -INFINITY, INFINITY, 0};
     for (size_t i = 0; i < n; i++)
         stats_add(&a, values[i]);
-    set_stats3(m, prefix, a.sum, a.mx, a.mn, a.k);
+    metrics_set_stats3(m, prefix, a.sum, a.mx, a.mn, a.k);
 }
 
 void metrics_set_stats_f(struct metrics *m, const char *prefix, const float *values, size_t n)
@@ -145,7 +145,7 @@ void metrics_set_stats_f(struct metrics *m, const char *prefix, const float *val
     struct stats_acc a = {0, -INFINITY, INFINITY, 0};
     for (size_t i = 0; i < n; i++)
         stats_add(&a, values[i]);
-    set_stats3(m, prefix, a.sum, a.mx, a.mn, a.k);
+    metrics_set_stats3(m, prefix, a.sum, a.mx, a.mn, a.k);
 }
 
 double proc_rss_gb(void)

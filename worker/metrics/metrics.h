@@ -62,6 +62,8 @@ void metrics_copy(struct metrics *dst, const struct metrics *src);
 /* PREFIX/mean, PREFIX/max, PREFIX/min of the finite values among values[0..n). With no finite value
  * the three are NaN (written as null in JSONL, skipped in charts). */
 void metrics_set_stats(struct metrics *m, const char *prefix, const double *values, size_t n);
+/* PREFIX/mean|max|min from a sum, maximum, minimum and count (summaries combined across ranks). */
+void metrics_set_stats3(struct metrics *m, const char *prefix, double sum, double mx, double mn, size_t k);
 void metrics_set_stats_f(struct metrics *m, const char *prefix, const float *values, size_t n);
 /* Resident set size of this process in GiB (VmRSS of /proc/self/status); NaN when unavailable. */
 double proc_rss_gb(void);

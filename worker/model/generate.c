@@ -101,7 +101,7 @@ void generate(struct model *m, const int32_t *const *prompts, const int *prompt_
                     if (sl->kc != prompt_cache) /* the first sample may have ended at once, freeing its slot */
                         kv_cache_copy(m, sl->kc, prompt_cache);
                 }
-                rng_seed(&sl->rng, gp->seed, (uint64_t)sl->seq);
+                rng_seed(&sl->rng, gp->seed, gp->first_stream + (uint64_t)sl->seq);
                 float lp;
                 int32_t tok = sample_token(logits + (size_t)g * V, V, &gp->sampling, &sl->rng, ss, &lp);
                 active++;

@@ -18,6 +18,7 @@ struct gen_params {
     const int32_t *stop_ids; /* end of sequence tokens */
     int n_stop;
     uint64_t seed;
+    uint64_t first_stream; /* RNG stream of the first sample (a rollout rank's share of a step); 0 otherwise */
 };
 
 /* One generated response. */
@@ -29,7 +30,7 @@ struct gen_output {
 };
 
 /* Generate n_samples responses for each of n_prompts prompts into out[p * n_samples + s] (caller frees with
- * gen_output_free). Sample s of prompt p draws from its own RNG stream (seed, p * n_samples + s): the same
+ * gen_output_free). Sample s of prompt p draws from its own RNG stream (seed, first_stream + p * n_samples + s): the same
  * settings give bit-identical results, and a different max_batch changes only GEMM rounding. Optional progress callback
  * after each decode step. */
 void generate(struct model *m, const int32_t *const *prompts, const int *prompt_lens, int n_prompts,

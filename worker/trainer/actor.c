@@ -1,6 +1,7 @@
 #include "actor.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,7 +54,10 @@ void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int
         total += len[i];
     }
     double *w = xmalloc((size_t)(total ? total : 1) * sizeof(double));
-    loss_token_weights(p->agg, len, n, p->max_response_length, w);
+    int64_t counts_all[2] = {n, total}; /* sequences and response tokens of the mini-batch over all ranks */
+    if (p->dp)
+        comm_allreduce_sum(p->dp, counts_all, 2, COMM_I64);
+    loss_token_weights_dist(p->agg, len, n, counts_all[0], counts_all[1], p->max_response_length, w);
     model_alloc_grads(m);
     int **groups, *counts;
     int k = split_micro_batches(seqs, idx, n, p->bt.micro_seqs, p->bt.micro_tokens, &groups, &counts);
@@ -97,6 +101,14 @@ static void update_mini_batch(struct model *m, struct adamw *opt, struct rollout
     model_alloc_grads(m);
     model_zero_grads(m);
     actor_accumulate_grads(m, seqs, idx, n, p, &ls, &st->tokens_forward);
+    if (p->dp) {
+        comm_allreduce_sum(p->dp, m->grad->mem, m->grad->n_floats, COMM_F32);
+        double sums[8] = {ls.pg_loss, ls.kl_loss, ls.entropy, ls.pg_clipfrac, ls.pg_clipfrac_lower,
+                          ls.ppo_kl, ls.loss, (double)ls.tokens};
+        comm_allreduce_sum(p->dp, sums, 8, COMM_F64);
+        ls = (struct policy_loss_stats){sums[0], sums[1], sums[2], sums[3], sums[4], sums[5], sums[6],
+                                        (long long)sums[7]};
+    }
     double norm = grad_clip(m->grad->mem, m->grad->n_floats, p->grad_clip);
     if (isfinite(norm)) {
         adamw_step(opt, m->w.mem, m->grad->mem, p->lr);
@@ -121,10 +133,18 @@ void actor_update(struct model *m, struct adamw *opt, struct rollout_seq *seqs, 
 {
     memset(st, 0, sizeof *st);
     model_alloc_grads(m);
-    const int per = p->mini_batch_seqs > 0 ? p->mini_batch_seqs : n;
+    const int total = p->n_total > 0 ? p->n_total : n;
+    const int per = p->mini_batch_seqs > 0 ? p->mini_batch_seqs : total;
+    int *sel = xmalloc((size_t)(n ? n : 1) * sizeof(int));
     for (int e = 0; e < p->ppo_epochs; e++)
-        for (int start = 0; start < n; start += per)
-            update_mini_batch(m, opt, seqs, idx + start, n - start < per ? n - start : per, p, st);
+        for (int start = 0; start < total; start += per) {
+            int k = 0; /* this rank's members of the mini-batch, in idx order */
+            for (int i = 0; i < n; i++)
+                if (seqs[idx[i]].gidx >= start && seqs[idx[i]].gidx < start + per)
+                    sel[k++] = idx[i];
+            update_mini_batch(m, opt, seqs, sel, k, p, st);
+        }
+    free(sel);
     if (st->optimizer_steps) {
         double k = st->optimizer_steps;
         st->pg_loss /= k, st->kl_loss /= k, st->entropy /= k, st->pg_clipfrac /= k;

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 
 #include "grpo_algo.h"
+#include "worker/comm/comm.h"
 #include "optim.h"
 #include "rollout.h"
 #include "worker/model/model.h"
@@ -35,6 +36,11 @@ struct update_params {
     /* on-policy shortcut: with one optimizer step per training step, the policy at the update's forward IS the
      * old policy, so old log-probs are taken from that forward (ratio exactly 1) instead of a separate pass */
     bool old_from_current;
+    /* data parallelism: this rank holds a share of the step's sequences. Gradients, loss statistics and the token
+     * counts that weight the loss are summed over dp, and mini-batch j holds the sequences whose gidx falls in
+     * [j * mini_batch_seqs, (j + 1) * mini_batch_seqs) on every rank, as in one process. NULL: one rank. */
+    struct comm *dp;
+    int n_total; /* sequences of the step over all ranks (0: n) */
 };
 
 /* Averages over the optimizer steps of one update (verl's actor/ metrics). */

@@ -129,14 +129,21 @@ void loss_token_weights(enum loss_agg mode, const int *len, int n, int max_respo
     long long total = 0;
     for (int i = 0; i < n; i++)
         total += len[i];
+    loss_token_weights_dist(mode, len, n, n, total, max_response_length, w);
+}
+
+void loss_token_weights_dist(enum loss_agg mode, const int *len, int n, long long n_all, long long tokens_all,
+                             int max_response_length, double *w)
+{
+    const double N = (double)n_all;
     int off = 0;
     for (int i = 0; i < n; i++) {
         double wi = 0;
         switch (mode) {
-        case AGG_TOKEN_MEAN: wi = total ? 1.0 / (double)total : 0; break;
-        case AGG_SEQ_MEAN_TOKEN_SUM: wi = 1.0 / n; break;
-        case AGG_SEQ_MEAN_TOKEN_MEAN: wi = len[i] ? 1.0 / ((double)n * len[i]) : 0; break;
-        case AGG_SEQ_MEAN_TOKEN_SUM_NORM: wi = 1.0 / ((double)n * max_response_length); break;
+        case AGG_TOKEN_MEAN: wi = tokens_all ? 1.0 / (double)tokens_all : 0; break;
+        case AGG_SEQ_MEAN_TOKEN_SUM: wi = 1.0 / N; break;
+        case AGG_SEQ_MEAN_TOKEN_MEAN: wi = len[i] ? 1.0 / (N * len[i]) : 0; break;
+        case AGG_SEQ_MEAN_TOKEN_SUM_NORM: wi = 1.0 / (N * max_response_length); break;
         }
         for (int t = 0; t < len[i]; t++)
             w[off + t] = wi;

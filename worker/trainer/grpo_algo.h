@@ -47,6 +47,10 @@ double kl_estimate(enum kl_type t, double logp, double ref_logp, double *dkl_dlo
  * mini-batch's n sequences; w gets one weight per token, packed like len. max_response_length is the
  * horizon of seq-mean-token-sum-norm (Dr.GRPO). */
 void loss_token_weights(enum loss_agg mode, const int *len, int n, int max_response_length, double *w);
+/* The same for this rank's n sequences of a mini-batch that holds n_all sequences and tokens_all response tokens
+ * over all data-parallel ranks, so the loss does not depend on how the batch was split. */
+void loss_token_weights_dist(enum loss_agg mode, const int *len, int n, long long n_all, long long tokens_all,
+                             int max_response_length, double *w);
 
 struct policy_loss_params {
     double clip_low, clip_high; /* ratio clipped to [1 - clip_low, 1 + clip_high] */

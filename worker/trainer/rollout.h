@@ -10,7 +10,8 @@
 #include "worker/model/model.h"
 
 struct rollout_seq {
-    int group;             /* prompt index within the step (the GRPO group / verl's uid) */
+    int group;             /* index of the sequence's group in its batch (struct step_batch) */
+    int gidx;              /* position in the whole step: group_in_step * n + sample (mini-batch membership) */
     const int32_t *prompt; /* prompt ids (owned by the batch's prompt store) */
     int prompt_len;
     int32_t *resp; /* response ids (owned) */

@@ -19,6 +19,8 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "prompts.h"
+#include "worker/comm/comm.h"
+#include "worker/rollout/batch.h"
 #include "worker/data/dataset.h"
 #include "worker/metrics/metrics.h"
 #include "worker/model/generate.h"
@@ -41,8 +43,9 @@ struct trainer {
     char run_dir[2048], ckpt_root[2100];
     struct metrics_logger logger; /* JSONL, TensorBoard, console, SVG chart (with the run's history) */
     bool logger_open;
-    int32_t stop_ids[4];
-    int n_stop;
+    struct rollout_ctx rc;       /* generation and scoring with the policy (hybrid steps, validation) */
+    struct trainer_layout lay;   /* this rank in the trainers' DP group */
+    struct trainer_source src;   /* where each step's rollouts come from */
     int64_t warmup;
     double peak_flops; /* measured sgemm FLOP/s x threads, the MFU denominator */
     struct policy_loss_params loss;
@@ -70,13 +73,7 @@ static int safe_point(struct trainer *t)
 }
 
 /* Seeds of step k's random draws: a pure function of the base seed and k, so a resumed run draws the same. */
-static uint64_t step_seed(uint64_t seed, int64_t step, uint64_t salt)
-{
-    uint64_t x = seed * 0x9e3779b97f4a7c15ull ^ ((uint64_t)step + 1) * 0xbf58476d1ce4e5b9ull ^ salt;
-    x ^= x >> 31;
-    x *= 0x94d049bb133111ebull;
-    return x ^ (x >> 29);
-}
+static uint64_t step_seed(uint64_t seed, int64_t step, uint64_t salt) { return rollout_step_seed(seed, step, salt); }
 
 /* FLOPs of one token's forward through the model's matrix products at context length ctx (attention
  * included); backward is twice the forward. */
@@ -119,151 +116,19 @@ static int64_t compute_total_steps(const struct grpo_config *cfg, int n_train)
 
 /* ------------------------------------------------------------------ rollouts */
 
-struct step_batch {
-    struct rollout_seq *seqs;
-    int n_seq, cap;
-    int n_groups;
-    const struct prompt_item **group_prompt; /* (n_groups) */
-    char **resp_text;                        /* (n_seq) */
-};
-
-static void step_batch_free(struct step_batch *b)
-{
-    rollout_seqs_free(b->seqs, b->n_seq);
-    for (int i = 0; i < b->n_seq; i++)
-        free(b->resp_text[i]);
-    free(b->seqs);
-    free(b->resp_text);
-    free(b->group_prompt);
-    memset(b, 0, sizeof *b);
-}
-
 /* The next train_batch_size prompts (verl's sampler with drop_last); the cursor is part of the run state. */
-static void draw_prompts(struct trainer *t, const struct prompt_item **out, int n)
+static void draw_prompts(struct trainer *t, const struct prompt_item **out, int *uids, int n)
 {
     int *idx = xmalloc((size_t)n * sizeof(int));
     data_cursor_next(&t->cursor, idx);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         out[i] = &t->train.items[idx[i]];
+        if (uids)
+            uids[i] = idx[i];
+    }
     t->st.epoch = t->cursor.epoch;
     t->st.cursor = t->cursor.index;
     free(idx);
-}
-
-/* Generate n responses for each of the prompts into b (appending whole groups), and score them. */
-static void generate_and_score(struct trainer *t, const struct prompt_item *const *prompts, int n_prompts,
-                               const struct sampler_params *sp, int n, uint64_t seed, struct step_batch *b,
-                               double *t_gen, double *t_reward)
-{
-    const struct grpo_config *c = t->cfg;
-    double t0 = now_s();
-    const int32_t **ids = xmalloc((size_t)n_prompts * sizeof *ids);
-    int *lens = xmalloc((size_t)n_prompts * sizeof *lens);
-    for (int p = 0; p < n_prompts; p++) {
-        ids[p] = prompts[p]->ids;
-        lens[p] = prompts[p]->len;
-    }
-    struct gen_params gp = {
-        .sampling = *sp,
-        .max_new_tokens = (int)c->data_max_response_length,
-        .n_samples = n,
-        .max_batch = (int)c->rollout_max_num_seqs,
-        .stop_ids = t->stop_ids,
-        .n_stop = t->n_stop,
-        .seed = seed,
-    };
-    struct gen_output *out = xcalloc((size_t)n_prompts * n, sizeof *out);
-    generate(t->policy, ids, lens, n_prompts, &gp, out);
-    *t_gen += now_s() - t0;
-    t0 = now_s();
-    int need = b->n_seq + n_prompts * n;
-    if (need > b->cap) {
-        b->cap = need;
-        b->seqs = xrealloc(b->seqs, (size_t)b->cap * sizeof *b->seqs);
-        b->resp_text = xrealloc(b->resp_text, (size_t)b->cap * sizeof *b->resp_text);
-        b->group_prompt = xrealloc(b->group_prompt, (size_t)b->cap * sizeof *b->group_prompt);
-    }
-    struct reward_item *items = xcalloc((size_t)n_prompts * n, sizeof *items);
-    double *scores = xcalloc((size_t)n_prompts * n, sizeof *scores);
-    for (int p = 0; p < n_prompts; p++) {
-        int g = b->n_groups++;
-        b->group_prompt[g] = prompts[p]; // NOLINT(clang-analyzer-core.NullDereference): sized with the seqs above
-        for (int s = 0; s < n; s++) {
-            struct gen_output *o = &out[p * n + s];
-            int i = b->n_seq++;
-            struct rollout_seq *rs = &b->seqs[i];
-            memset(rs, 0, sizeof *rs);
-            rs->group = g;
-            rs->prompt = prompts[p]->ids;
-            rs->prompt_len = prompts[p]->len;
-            rs->resp = o->tokens;
-            rs->resp_len = o->len;
-            rs->gen_logp = o->logps;
-            rs->stopped = o->stopped;
-            b->resp_text[i] = tokenizer_decode(t->tok, o->tokens, (size_t)o->len, true);
-            items[p * n + s] = (struct reward_item){prompts[p]->data_source, b->resp_text[i], prompts[p]->ground_truth,
-                                                    prompts[p]->extra_info};
-        }
-    }
-    reward_score_batch(t->reward, items, n_prompts * n, scores, NULL);
-    for (int k = 0; k < n_prompts * n; k++) {
-        struct rollout_seq *rs = &b->seqs[b->n_seq - n_prompts * n + k];
-        rs->raw_score = rs->score = scores[k];
-        if (c->rm_overlong_enable)
-            rs->score += reward_overlong_penalty(rs->resp_len, (int)c->data_max_response_length,
-                                                 (int)c->rm_overlong_len, c->rm_overlong_penalty_factor);
-    }
-    *t_reward += now_s() - t0;
-    free(items), free(scores), free(out), free(ids), free(lens);
-}
-
-/* Drop groups whose scores are all equal (no learning signal): DAPO's dynamic sampling. */
-static void filter_groups(struct step_batch *b)
-{
-    int w = 0, gw = 0;
-    for (int g = 0; g < b->n_groups; g++) {
-        int first = -1, last = -1;
-        bool varied = false;
-        for (int i = 0; i < b->n_seq; i++)
-            if (b->seqs[i].group == g) {
-                if (first < 0)
-                    first = i;
-                last = i;
-                varied |= b->seqs[i].score != b->seqs[first].score;
-            }
-        for (int i = first; first >= 0 && i <= last; i++) {
-            if (varied) {
-                b->seqs[w] = b->seqs[i];
-                b->seqs[w].group = gw;
-                b->resp_text[w++] = b->resp_text[i];
-            } else { /* a dropped group's entries are past the kept ones (w <= i) and never read again */
-                rollout_seqs_free(&b->seqs[i], 1);
-                free(b->resp_text[i]); // NOLINT(clang-analyzer-unix.Malloc)
-            }
-        }
-        if (varied)
-            b->group_prompt[gw++] = b->group_prompt[g];
-    }
-    b->n_seq = w;
-    b->n_groups = gw;
-}
-
-/* Keep only the first `groups` groups. */
-static void truncate_groups(struct step_batch *b, int groups)
-{
-    int w = 0;
-    for (int i = 0; i < b->n_seq; i++) {
-        if (b->seqs[i].group < groups) {
-            b->seqs[w] = b->seqs[i];
-            b->resp_text[w++] = b->resp_text[i];
-        } else {
-            rollout_seqs_free(&b->seqs[i], 1);
-            free(b->resp_text[i]);
-        }
-    }
-    b->n_seq = w;
-    if (b->n_groups > groups)
-        b->n_groups = groups;
 }
 
 /* Advantages of every response token (and the in-reward KL, when on). */
@@ -409,21 +274,13 @@ static void dump_rollouts(struct trainer *t, const struct step_batch *b, int64_t
 
 /* -------------------------------------------------------------------- steps */
 
-static double vmean(const double *v, int n)
-{
-    double s = 0;
-    for (int i = 0; i < n; i++)
-        s += v[i];
-    return n ? s / n : 0;
-}
-
 /* Supervised warm-start step: maximise the log-likelihood of reference answers (synthetic tasks). */
 static int sft_step(struct trainer *t, int64_t k, struct metrics *m)
 {
     const struct grpo_config *c = t->cfg;
     const int B = (int)c->data_train_batch_size;
     const struct prompt_item **prompts = xmalloc((size_t)B * sizeof *prompts);
-    draw_prompts(t, prompts, B);
+    draw_prompts(t, prompts, NULL, B);
     struct rollout_seq *seqs = xcalloc((size_t)B, sizeof *seqs);
     int *idx = xmalloc((size_t)B * sizeof(int));
     int n = 0;
@@ -504,8 +361,12 @@ static void validate(struct trainer *t, struct metrics *m)
     const int chunk = (int)c->data_val_batch_size;
     for (int start = 0; start < t->val.n; start += chunk) {
         int cnt = t->val.n - start < chunk ? t->val.n - start : chunk;
-        generate_and_score(t, prompts + start, cnt, &sp, n, step_seed(t->st.seed, t->st.global_step, 0x7a1), &b, &tg,
-                           &tr);
+        int *uids = xmalloc((size_t)cnt * sizeof(int));
+        for (int i = 0; i < cnt; i++)
+            uids[i] = start + i;
+        rollout_generate_and_score(&t->rc, prompts + start, uids, cnt, start, &sp, n,
+                                   step_seed(t->st.seed, t->st.global_step, 0x7a1), &b, &tg, &tr);
+        free(uids);
     }
     /* per data_source: mean over all samples, and best of n per prompt */
     for (int g = 0; g < b.n_groups; g++) {
@@ -543,83 +404,136 @@ static void validate(struct trainer *t, struct metrics *m)
     free(prompts);
 }
 
-/* One GRPO step. Returns 0, or -1 on a fatal error. */
-static int grpo_step(struct trainer *t, struct metrics *m)
+/* Statistics of values held across the DP ranks: PREFIX/mean|max|min over all of them. */
+static void set_stats_dist(struct trainer *t, struct metrics *m, const char *prefix, const double *v, size_t n)
 {
+    if (!t->lay.dp || t->lay.dp_size < 2) {
+        metrics_set_stats(m, prefix, v, n);
+        return;
+    }
+    double mine[4] = {0, -INFINITY, INFINITY, (double)n};
+    for (size_t i = 0; i < n; i++) {
+        mine[0] += v[i];
+        mine[1] = fmax(mine[1], v[i]);
+        mine[2] = fmin(mine[2], v[i]);
+    }
+    double *all = xmalloc((size_t)t->lay.dp_size * 4 * sizeof(double));
+    comm_allgather(t->lay.dp, mine, all, 4, COMM_F64);
+    double sum = 0, mx = -INFINITY, mn = INFINITY, k = 0;
+    for (int r = 0; r < t->lay.dp_size; r++) {
+        sum += all[4 * r];
+        if (all[4 * r + 3] > 0) {
+            mx = fmax(mx, all[4 * r + 1]);
+            mn = fmin(mn, all[4 * r + 2]);
+        }
+        k += all[4 * r + 3];
+    }
+    free(all);
+    metrics_set_stats3(m, prefix, sum, mx, mn, (size_t)k);
+}
+
+/* Sum of a value over the DP ranks. */
+static double sum_dist(struct trainer *t, double v)
+{
+    if (t->lay.dp && t->lay.dp_size > 1)
+        comm_allreduce_sum(t->lay.dp, &v, 1, COMM_F64);
+    return v;
+}
+
+/* Step k's rollouts in this process (hybrid role): draw, generate, score, and with DAPO's dynamic sampling draw
+ * again until enough groups carry a learning signal. */
+static int hybrid_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm, struct metrics *m)
+{
+    struct trainer *t = ctx;
     const struct grpo_config *c = t->cfg;
-    const int64_t k = t->st.global_step + 1;
     const int B = (int)c->data_train_batch_size, n = (int)c->rollout_n;
-    double t_step = now_s(), t_gen = 0, t_reward = 0;
-    struct step_batch b = {0};
     const struct prompt_item **prompts = xmalloc((size_t)B * sizeof *prompts);
+    int *uids = xmalloc((size_t)B * sizeof(int));
     struct sampler_params sp = {(float)c->rollout_temperature, (float)c->rollout_top_p, (int)c->rollout_top_k};
     int rounds = c->alg_filter_groups_enable ? (int)c->alg_filter_groups_max_num_gen_batches : 1;
-    int kept_total = 0, drawn = 0;
+    int drawn = 0;
     for (int r = 0; r < rounds; r++) {
         phase(t, "gen");
-        draw_prompts(t, prompts, B);
+        draw_prompts(t, prompts, uids, B);
         drawn += B;
-        generate_and_score(t, prompts, B, &sp, n, step_seed(t->st.seed, k, (uint64_t)r), &b, &t_gen, &t_reward);
+        rollout_generate_and_score(&t->rc, prompts, uids, B, 0, &sp, n, step_seed(t->st.seed, k, (uint64_t)r), b,
+                                   &tm->gen, &tm->reward);
         if (!c->alg_filter_groups_enable)
             break;
-        filter_groups(&b);
-        kept_total = b.n_groups;
-        if (kept_total >= B)
+        step_batch_filter_groups(b);
+        if (b->n_groups >= B)
             break;
     }
     free(prompts);
+    free(uids);
     if (c->alg_filter_groups_enable) {
-        truncate_groups(&b, B);
+        step_batch_truncate_groups(b, B);
         metrics_set(m, "train/num_gen_batches", (double)drawn / B);
-        metrics_set(m, "train/num_kept_groups", b.n_groups);
+        metrics_set(m, "train/num_kept_groups", b->n_groups);
     }
+    for (int i = 0; i < b->n_seq; i++) /* after filtering, positions in this batch are the step's order */
+        b->seqs[i].gidx = i;
+    return 0;
+}
+
+/* The trainer's part of step k on this rank's share b of the step's rollouts (all of them on one rank):
+ * metrics of the rollouts, old and reference log-probs, advantages, the update (gradients summed over the DP
+ * group), the audit dump. */
+static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const struct step_timing *tm,
+                       double t_step, struct metrics *m)
+{
+    const struct grpo_config *c = t->cfg;
+    const int n = (int)c->rollout_n;
     /* scores and lengths: verl's critic/ and response_length/ metrics */
-    double *v = xmalloc((size_t)(b.n_seq ? b.n_seq : 1) * sizeof(double));
+    double *v = xmalloc((size_t)(b->n_seq ? b->n_seq : 1) * sizeof(double));
     long long tokens = 0;
     int clipped = 0;
-    for (int i = 0; i < b.n_seq; i++)
-        v[i] = b.seqs[i].score;
-    metrics_set_stats(m, "critic/score", v, (size_t)b.n_seq);
-    for (int i = 0; i < b.n_seq; i++) {
-        v[i] = b.seqs[i].resp_len;
-        clipped += !b.seqs[i].stopped && b.seqs[i].resp_len >= c->data_max_response_length;
-        tokens += b.seqs[i].prompt_len + b.seqs[i].resp_len;
+    for (int i = 0; i < b->n_seq; i++)
+        v[i] = b->seqs[i].score;
+    set_stats_dist(t, m, "critic/score", v, (size_t)b->n_seq);
+    for (int i = 0; i < b->n_seq; i++) {
+        v[i] = b->seqs[i].resp_len;
+        clipped += !b->seqs[i].stopped && b->seqs[i].resp_len >= c->data_max_response_length;
+        tokens += b->seqs[i].prompt_len + b->seqs[i].resp_len;
     }
-    metrics_set_stats(m, "response_length", v, (size_t)b.n_seq);
-    metrics_set(m, "response_length/clip_ratio", b.n_seq ? (double)clipped / b.n_seq : 0);
-    for (int i = 0; i < b.n_seq; i++)
-        v[i] = b.seqs[i].prompt_len;
-    metrics_set(m, "prompt_length/mean", vmean(v, b.n_seq));
+    set_stats_dist(t, m, "response_length", v, (size_t)b->n_seq);
+    const double n_all = sum_dist(t, b->n_seq);
+    metrics_set(m, "response_length/clip_ratio", n_all ? sum_dist(t, clipped) / n_all : 0);
+    double plen = 0;
+    for (int i = 0; i < b->n_seq; i++)
+        plen += b->seqs[i].prompt_len;
+    metrics_set(m, "prompt_length/mean", n_all ? sum_dist(t, plen) / n_all : 0);
     free(v);
+    const long long tokens_all = (long long)sum_dist(t, (double)tokens);
 
-    int *idx = xmalloc((size_t)(b.n_seq ? b.n_seq : 1) * sizeof(int));
-    for (int i = 0; i < b.n_seq; i++)
+    int *idx = xmalloc((size_t)(b->n_seq ? b->n_seq : 1) * sizeof(int));
+    for (int i = 0; i < b->n_seq; i++)
         idx[i] = i;
     const struct batching lp_bt = {(int)c->rollout_log_prob_micro_batch_size_per_gpu,
                                    c->actor_use_dynamic_bsz ? (int)c->actor_ppo_max_token_len_per_gpu : 0};
     const struct batching ref_bt = {(int)c->ref_log_prob_micro_batch_size_per_gpu, lp_bt.micro_tokens};
     /* one optimizer step per training step: the update's own forward gives the old log-probs exactly */
     const int mini_seqs = (int)(c->actor_ppo_mini_batch_size * n);
-    const bool on_policy = c->actor_ppo_epochs == 1 && b.n_seq <= mini_seqs && !c->alg_use_kl_in_reward;
-    double t0 = now_s(), t_old = 0, t_ref = 0;
+    const bool on_policy = c->actor_ppo_epochs == 1 && n_all <= mini_seqs && !c->alg_use_kl_in_reward;
+    double t0 = rollout_now_s(), t_old = 0, t_ref = 0;
     if (!on_policy) {
         phase(t, "old_log_prob");
-        actor_compute_logp(t->policy, b.seqs, idx, b.n_seq, &lp_bt, (float)c->rollout_temperature, 0);
-        t_old = now_s() - t0;
+        actor_compute_logp(t->policy, b->seqs, idx, b->n_seq, &lp_bt, (float)c->rollout_temperature, 0);
+        t_old = rollout_now_s() - t0;
     }
     if (c->actor_use_kl_loss || c->alg_use_kl_in_reward) {
         phase(t, "ref");
-        t0 = now_s();
-        actor_compute_logp(t->ref, b.seqs, idx, b.n_seq, &ref_bt, (float)c->rollout_temperature, 1);
-        t_ref = now_s() - t0;
+        t0 = rollout_now_s();
+        actor_compute_logp(t->ref, b->seqs, idx, b->n_seq, &ref_bt, (float)c->rollout_temperature, 1);
+        t_ref = rollout_now_s() - t0;
     }
     phase(t, "adv");
-    t0 = now_s();
-    compute_advantages(t, &b, m);
-    double t_adv = now_s() - t0;
+    t0 = rollout_now_s();
+    compute_advantages(t, b, m);
+    double t_adv = rollout_now_s() - t0;
 
     phase(t, "update_actor");
-    t0 = now_s();
+    t0 = rollout_now_s();
     const double lr = lr_at(strcmp(c->actor_optim_warmup_style, "cosine") == 0 ? LR_COSINE : LR_CONSTANT,
                             c->actor_optim_lr, k - 1, t->warmup, t->st.total_steps, c->actor_optim_min_lr_ratio);
     struct update_params up = {
@@ -635,12 +549,37 @@ static int grpo_step(struct trainer *t, struct metrics *m)
         .temperature = (float)c->rollout_temperature,
         .bt = {(int)c->actor_ppo_micro_batch_size_per_gpu,
                c->actor_use_dynamic_bsz ? (int)c->actor_ppo_max_token_len_per_gpu : 0},
+        .dp = t->lay.dp_size > 1 ? t->lay.dp : NULL,
+        .n_total = (int)n_all,
     };
     struct update_stats us = {0};
-    if (b.n_seq > 0)
-        actor_update(t->policy, t->opt, b.seqs, idx, b.n_seq, &up, &us);
-    double t_update = now_s() - t0;
-    dump_rollouts(t, &b, k);
+    if (n_all > 0)
+        actor_update(t->policy, t->opt, b->seqs, idx, b->n_seq, &up, &us);
+    double t_update = rollout_now_s() - t0;
+    /* rollout-vs-trainer log-prob gap: the sampler's log-probs against the trainer's old log-probs */
+    double gap = 0, gap_max = 0, gap_n = 0;
+    for (int i = 0; i < b->n_seq; i++)
+        for (int q = 0; b->seqs[i].old_logp && b->seqs[i].gen_logp && q < b->seqs[i].resp_len; q++) {
+            double d = fabs((double)b->seqs[i].gen_logp[q] - b->seqs[i].old_logp[q]);
+            gap += d;
+            gap_max = fmax(gap_max, d);
+            gap_n++;
+        }
+    gap = sum_dist(t, gap);
+    gap_n = sum_dist(t, gap_n);
+    if (t->lay.dp && t->lay.dp_size > 1) {
+        double *all = xmalloc((size_t)t->lay.dp_size * sizeof(double));
+        comm_allgather(t->lay.dp, &gap_max, all, 1, COMM_F64);
+        for (int r = 0; r < t->lay.dp_size; r++)
+            gap_max = fmax(gap_max, all[r]);
+        free(all);
+    }
+    metrics_set(m, "training/rollout_probs_diff_mean", gap_n ? gap / gap_n : 0);
+    metrics_set(m, "training/rollout_probs_diff_max", gap_max);
+    for (int i = 0; i < b->n_seq; i++)
+        if (!b->resp_text[i])
+            b->resp_text[i] = tokenizer_decode(t->tok, b->seqs[i].resp, (size_t)b->seqs[i].resp_len, true);
+    dump_rollouts(t, b, k);
 
     metrics_set(m, "actor/pg_loss", us.pg_loss);
     metrics_set(m, "actor/kl_loss", us.kl_loss);
@@ -650,30 +589,47 @@ static int grpo_step(struct trainer *t, struct metrics *m)
     metrics_set(m, "actor/ppo_kl", us.ppo_kl);
     metrics_set(m, "actor/grad_norm", us.grad_norm);
     metrics_set(m, "actor/lr", lr);
-    const double step_time = now_s() - t_step;
-    metrics_set(m, "timing_s/gen", t_gen);
-    metrics_set(m, "timing_s/reward", t_reward);
+    const double step_time = rollout_now_s() - t_step;
+    metrics_set(m, "timing_s/gen", tm->gen);
+    metrics_set(m, "timing_s/reward", tm->reward);
     metrics_set(m, "timing_s/old_log_prob", t_old);
     metrics_set(m, "timing_s/ref", t_ref);
     metrics_set(m, "timing_s/adv", t_adv);
     metrics_set(m, "timing_s/update_actor", t_update);
     metrics_set(m, "timing_s/step", step_time);
-    metrics_set(m, "perf/total_num_tokens", (double)tokens);
-    metrics_set(m, "perf/throughput", step_time > 0 ? (double)tokens / step_time : 0); /* one device */
-    double ctx = b.n_seq ? (double)tokens / b.n_seq : 0;
+    metrics_set(m, "perf/total_num_tokens", (double)tokens_all);
+    /* verl: tokens / (step time x devices) */
+    const int devices = t->lay.devices > 0 ? t->lay.devices : 1;
+    metrics_set(m, "perf/throughput", step_time > 0 ? (double)tokens_all / step_time / devices : 0);
+    double ctx = n_all ? (double)tokens_all / n_all : 0;
     double flops = 3.0 * flops_per_token(&t->policy->cfg, ctx) * (double)us.tokens_forward;
     metrics_set(m, "perf/mfu/actor", t_update > 0 ? flops / t_update / t->peak_flops : 0);
     metrics_set(m, "perf/cpu_memory_used_gb", proc_rss_gb());
     metrics_set(m, "training/epoch", (double)t->st.epoch);
-    step_batch_free(&b);
     free(idx);
     return 0;
+}
+
+/* One GRPO step: the source's batch (local generation, or batches from the rollout ranks), then the update. */
+static int grpo_step(struct trainer *t, struct metrics *m)
+{
+    const int64_t k = t->st.global_step + 1;
+    double t_step = rollout_now_s();
+    struct step_timing tm = {0};
+    struct step_batch b = {0};
+    int rc = t->src.next_batch(t->src.ctx, k, &b, &tm, m);
+    if (rc == 0)
+        rc = train_batch(t, k, &b, &tm, t_step, m);
+    step_batch_free(&b);
+    return rc;
 }
 
 /* ------------------------------------------------------------- life cycle */
 
 int trainer_save_checkpoint(struct trainer *t)
 {
+    if (t->lay.dp_rank != 0)
+        return 0; /* DP rank 0 writes for every replica: the weights and optimizer state are the same */
     phase(t, "checkpoint");
     char err[1024];
     double t0 = now_s();
@@ -712,27 +668,76 @@ static int finish_warm_start(struct trainer *t)
 
 static void log_step(struct trainer *t, int64_t step, struct metrics *m)
 {
-    metrics_logger_log(&t->logger, step, m); /* also redraws the run's SVG chart */
+    if (t->logger_open)
+        metrics_logger_log(&t->logger, step, m); /* also redraws the run's SVG chart */
     if (t->hooks.step_done)
         t->hooks.step_done(t->hooks.ctx, step, t->st.total_steps, m);
+}
+
+/* FNV-1a of the parameters' bytes. */
+static uint64_t params_checksum(const struct model *p)
+{
+    const unsigned char *b = (const unsigned char *)p->w.mem;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < p->w.n_floats * sizeof(float); i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* Every DP rank must hold the same weights after a step; -1 (logged) if any differs. */
+static int check_replicas(struct trainer *t, int64_t k)
+{
+    if (!t->lay.dp || t->lay.dp_size < 2)
+        return 0;
+    int64_t mine = (int64_t)params_checksum(t->policy);
+    int64_t *all = xmalloc((size_t)t->lay.dp_size * sizeof *all);
+    comm_allgather(t->lay.dp, &mine, all, 1, COMM_I64);
+    int bad = 0;
+    for (int r = 0; r < t->lay.dp_size; r++)
+        bad += all[r] != all[0];
+    if (bad)
+        log_error("trainer", "step %lld: weights differ between DP ranks (checksum %016llx here, %016llx on DP rank 0)",
+                  (long long)k, (unsigned long long)mine, (unsigned long long)all[0]);
+    else
+        log_debug("trainer", "step %lld: weights identical on %d DP ranks (checksum %016llx)", (long long)k,
+                  t->lay.dp_size, (unsigned long long)mine);
+    free(all);
+    return bad ? -1 : 0;
+}
+
+/* The safe point's decision, DP rank 0's for every DP rank. */
+static int decide(struct trainer *t)
+{
+    int act = t->lay.dp_rank == 0 ? safe_point(t) : TRAINER_CONTINUE;
+    if (t->lay.dp && t->lay.dp_size > 1) {
+        if (t->lay.dp_rank != 0)
+            safe_point(t); /* pause here too (heartbeats go on); stop and checkpoint follow DP rank 0 */
+        comm_broadcast(t->lay.dp, &act, 1, COMM_I32, 0);
+    }
+    return act;
 }
 
 int trainer_run(struct trainer *t)
 {
     const struct grpo_config *c = t->cfg;
+    const bool writer = t->lay.dp_rank == 0;
     struct metrics m;
     metrics_init(&m);
     int rc = 0;
-    if (t->st.global_step == 0 && c->trainer_val_before_train) {
+    if (t->st.global_step == 0 && c->trainer_val_before_train && writer) {
         validate(t, &m);
         log_step(t, 0, &m);
         metrics_clear(&m);
     }
     while (t->st.global_step < t->st.total_steps) {
-        int act = safe_point(t);
+        int act = decide(t);
         /* a stop checkpoints too, unless this step is already saved */
-        if ((act & (TRAINER_CHECKPOINT | TRAINER_STOP)) && t->saved_step != t->st.global_step)
+        if ((act & (TRAINER_CHECKPOINT | TRAINER_STOP)) && t->saved_step != t->st.global_step && writer)
             trainer_save_checkpoint(t);
+        if (t->src.between_steps && t->src.between_steps(t->src.ctx, t->st.global_step, act & TRAINER_STOP) != 0) {
+            rc = -1;
+            break;
+        }
         if (act & TRAINER_STOP) {
             log_info("trainer", "stop requested at step %lld: checkpoint written, ending",
                      (long long)t->st.global_step);
@@ -741,28 +746,33 @@ int trainer_run(struct trainer *t)
         const int64_t k = t->st.global_step + 1;
         metrics_clear(&m);
         int r = k <= c->trainer_sft_warmup_steps ? sft_step(t, k, &m) : grpo_step(t, &m);
+        if (r == 0)
+            r = check_replicas(t, k);
         if (r != 0) {
             rc = -1;
             break;
         }
         t->st.global_step = k;
-        if (k == c->trainer_sft_warmup_steps && finish_warm_start(t) != 0) {
+        if (k == c->trainer_sft_warmup_steps && writer && finish_warm_start(t) != 0) {
             rc = -1;
             break;
         }
         /* validate on test_freq, at the last step, and where the warm-start hands over to GRPO */
-        if ((c->trainer_test_freq > 0 && k % c->trainer_test_freq == 0) || k == t->st.total_steps ||
-            k == c->trainer_sft_warmup_steps)
+        if (writer && ((c->trainer_test_freq > 0 && k % c->trainer_test_freq == 0) || k == t->st.total_steps ||
+                       k == c->trainer_sft_warmup_steps))
             validate(t, &m);
         log_step(t, k, &m);
-        if ((c->trainer_save_freq > 0 && k % c->trainer_save_freq == 0) || k == t->st.total_steps)
+        if (writer && ((c->trainer_save_freq > 0 && k % c->trainer_save_freq == 0) || k == t->st.total_steps))
             if (trainer_save_checkpoint(t) != 0) {
                 rc = -1;
                 break;
             }
     }
+    if (rc == 0 && t->st.global_step >= t->st.total_steps && t->src.between_steps)
+        rc = t->src.between_steps(t->src.ctx, t->st.global_step, true);
     metrics_free(&m);
-    metrics_logger_sync(&t->logger);
+    if (t->logger_open)
+        metrics_logger_sync(&t->logger);
     return rc;
 }
 
@@ -791,11 +801,22 @@ static int bundled_model_path(char *out, size_t len)
 struct trainer *trainer_create(const struct grpo_config *cfg, const struct trainer_hooks *hooks, char *err,
                                size_t errlen)
 {
+    return trainer_create_dist(cfg, hooks, NULL, NULL, err, errlen);
+}
+
+struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct trainer_hooks *hooks,
+                                    const struct trainer_layout *lay, const struct trainer_source *src, char *err,
+                                    size_t errlen)
+{
     struct trainer *t = xcalloc(1, sizeof *t);
     t->cfg = cfg;
     t->saved_step = -1;
     if (hooks)
         t->hooks = *hooks;
+    t->lay = lay ? *lay : (struct trainer_layout){.dp_size = 1};
+    if (t->lay.dp_size < 1)
+        t->lay.dp_size = 1;
+    t->src = src && src->next_batch ? *src : (struct trainer_source){.ctx = t, .next_batch = hybrid_batch};
     t->est = (enum adv_estimator)adv_estimator_from_name(cfg->alg_adv_estimator);
     t->agg = (enum loss_agg)loss_agg_from_name(cfg->actor_loss_agg_mode);
     t->kl_reward_type = (enum kl_type)kl_type_from_name(cfg->alg_kl_penalty);
@@ -835,11 +856,6 @@ struct trainer *trainer_create(const struct grpo_config *cfg, const struct train
     t->tok = prompt_load_tokenizer(model_path, err, errlen);
     if (!t->tok)
         goto fail;
-    if (tokenizer_eos_id(t->tok) >= 0)
-        t->stop_ids[t->n_stop++] = tokenizer_eos_id(t->tok);
-    int im_end = tokenizer_token_id(t->tok, "<|im_end|>");
-    if (im_end >= 0 && (t->n_stop == 0 || im_end != t->stop_ids[0]))
-        t->stop_ids[t->n_stop++] = im_end;
 
     /* data and scorers */
     if (prompt_sets_load(cfg, t->tok, &t->train, &t->val, err, errlen) != 0)
@@ -847,6 +863,7 @@ struct trainer *trainer_create(const struct grpo_config *cfg, const struct train
     t->reward = reward_create(cfg, err, errlen);
     if (!t->reward)
         goto fail;
+    rollout_ctx_init(&t->rc, cfg, t->policy, t->tok, t->reward);
     for (int i = 0; i < t->train.n; i++)
         if (!reward_supports(t->reward, t->train.items[i].data_source)) {
             error_set(err, errlen, "%s: no scorer for data_source '%s' (see docs/rewards.md)", t->train.name,
@@ -906,12 +923,12 @@ struct trainer *trainer_create(const struct grpo_config *cfg, const struct train
         log_info("trainer", "resumed from %s at step %lld", resume, (long long)st.global_step);
     }
     /* steps logged after the checkpoint we resume from are forgotten: they are redone */
-    if (metrics_logger_open(&t->logger, t->run_dir, METRICS_SINK_ALL, (long)t->st.total_steps,
+    if (t->lay.dp_rank == 0 && metrics_logger_open(&t->logger, t->run_dir, METRICS_SINK_ALL, (long)t->st.total_steps,
                             resume[0] ? (long)t->st.global_step : -1, cfg->trainer_experiment_name) != 0) {
         error_set(err, errlen, "%s: cannot open the metrics files", t->run_dir);
         goto fail;
     }
-    t->logger_open = true;
+    t->logger_open = t->lay.dp_rank == 0;
     log_info("trainer",
              "run %s: %d train / %d val prompts, %lld steps (%lld done), batch %lld prompts x %lld responses, "
              "%zu parameters",
@@ -944,6 +961,22 @@ void trainer_free(struct trainer *t)
 }
 
 int64_t trainer_step(const struct trainer *t) { return t->st.global_step; }
+struct model *trainer_policy(struct trainer *t) { return t->policy; }
+const struct prompt_set *trainer_prompts(const struct trainer *t) { return &t->train; }
+
+void trainer_cursor(const struct trainer *t, int64_t *epoch, int64_t *index)
+{
+    *epoch = t->st.epoch;
+    *index = t->st.cursor;
+}
+
+void trainer_advance_cursor(struct trainer *t, int *uids)
+{
+    const int B = (int)t->cfg->data_train_batch_size;
+    const struct prompt_item **p = xmalloc((size_t)B * sizeof *p);
+    draw_prompts(t, p, uids, B);
+    free(p);
+}
 int64_t trainer_total_steps(const struct trainer *t) { return t->st.total_steps; }
 const char *trainer_run_dir(const struct trainer *t) { return t->run_dir; }
 

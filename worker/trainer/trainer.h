@@ -5,12 +5,17 @@
 #ifndef GRPO_WORKER_TRAINER_H
 #define GRPO_WORKER_TRAINER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 struct grpo_config;
 struct metrics;
 struct trainer;
+struct comm;
+struct step_batch;
+struct model;
+struct prompt_set;
 
 /* What a safe point asks the trainer to do. */
 enum trainer_action { TRAINER_CONTINUE = 0, TRAINER_CHECKPOINT = 1, TRAINER_STOP = 2 };
@@ -28,12 +33,52 @@ struct trainer_hooks {
     int (*safe_point)(void *ctx, int64_t step);
 };
 
+/* This trainer's place among the trainer ranks. The zero value is one process (hybrid). */
+struct trainer_layout {
+    struct comm *dp; /* data-parallel group of the trainers; NULL or size 1: alone */
+    int dp_rank, dp_size;
+    int devices; /* ranks the run uses (perf/throughput divides by it); 0: 1 */
+};
+
+/* Seconds a step's rollouts took where they were made (summed over rollout ranks when they come from several). */
+struct step_timing {
+    double gen, reward;
+};
+
+/* Where each step's rollouts come from, and what happens between steps. The default (zero value) is this
+ * process: draw, generate and score locally. */
+struct trainer_source {
+    void *ctx;
+    /* this rank's share of step k's rollouts into b (whole groups, gidx set), with timings and any metrics of
+     * their own; 0, or -1 to end the run with an error */
+    int (*next_batch)(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm, struct metrics *m);
+    /* at the safe point after step k (before step k + 1 or the end): stop says whether the run ends here.
+     * For weight sync; 0, or -1 on error. May be NULL. */
+    int (*between_steps)(void *ctx, int64_t k, bool stop);
+};
+
 /* Set up a run from the configuration: model, reference, tokenizer, data, scorers, run directory, and resume
  * from a checkpoint when trainer.resume_mode asks. NULL with err on failure. */
 struct trainer *trainer_create(const struct grpo_config *cfg, const struct trainer_hooks *hooks, char *err,
                                size_t errlen);
 /* Run to trainer.total_training_steps (or a stop request). 0 when finished or stopped cleanly, -1 on error. */
 int trainer_run(struct trainer *t);
+/* As trainer_create, on one rank of several data-parallel trainers fed by src (either may be NULL: alone, local
+ * rollouts). Only DP rank 0 validates, writes metrics and checkpoints; stop and checkpoint decisions are DP rank
+ * 0's, and every step checks that the weights are identical on every DP rank. */
+struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct trainer_hooks *hooks,
+                                    const struct trainer_layout *lay, const struct trainer_source *src, char *err,
+                                    size_t errlen);
+/* Advance the data cursor by one step (as a step that draws its prompts does) and give the step's prompt
+ * indices (data.train_batch_size of them) in uids: a trainer fed by rollout ranks keeps its cursor, which goes
+ * into checkpoints, in step with theirs. */
+void trainer_advance_cursor(struct trainer *t, int *uids);
+/* The policy model (weight sync sends its parameters). */
+struct model *trainer_policy(struct trainer *t);
+/* The training prompts (a data-plane batch is checked against them). */
+const struct prompt_set *trainer_prompts(const struct trainer *t);
+/* Data cursor position of the next step: its epoch and index (rollout ranks start from it). */
+void trainer_cursor(const struct trainer *t, int64_t *epoch, int64_t *index);
 void trainer_free(struct trainer *t);
 
 /* Write a checkpoint of the current step now (at a safe point); 0 or -1 (logged). */

@@ -1,0 +1,238 @@
+#include "wire.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "proto/protocol.h"
+
+uint8_t *wire_pack_batch(const struct wire_header *h, const struct step_batch *b, const int *groups, int n_groups,
+                         size_t *len)
+{
+    int n_seq = 0;
+    for (int i = 0; i < b->n_seq; i++)
+        for (int g = 0; g < n_groups; g++)
+            n_seq += b->seqs[i].group == groups[g];
+    Grpo__RolloutBatch rb = GRPO__ROLLOUT_BATCH__INIT;
+    rb.step = h->step;
+    rb.from_rank = h->from_rank;
+    rb.to_dp_rank = h->to_dp;
+    rb.seq_no = h->seq_no;
+    rb.policy_version = h->policy_version;
+    rb.groups_in_step = h->groups_in_step;
+    rb.samples_per_prompt = h->n;
+    rb.gen_seconds = h->gen_s;
+    rb.reward_seconds = h->reward_s;
+    Grpo__Sequence *seqs = xcalloc((size_t)(n_seq ? n_seq : 1), sizeof *seqs);
+    Grpo__Sequence **ptrs = xcalloc((size_t)(n_seq ? n_seq : 1), sizeof *ptrs);
+    int k = 0;
+    for (int g = 0; g < n_groups; g++)
+        for (int i = 0; i < b->n_seq; i++) {
+            const struct rollout_seq *s = &b->seqs[i];
+            if (s->group != groups[g])
+                continue;
+            Grpo__Sequence *q = &seqs[k];
+            grpo__sequence__init(q);
+            q->uid = b->group_uid[s->group];
+            q->n_prompt_ids = (size_t)s->prompt_len;
+            q->prompt_ids = (int32_t *)s->prompt;
+            q->n_response_ids = (size_t)s->resp_len;
+            q->response_ids = s->resp;
+            q->n_old_log_probs = (size_t)s->resp_len;
+            q->old_log_probs = s->gen_logp;
+            q->reward = (float)s->score;
+            q->raw_reward = (float)s->raw_score;
+            q->data_source = (char *)b->group_prompt[s->group]->data_source;
+            q->group_index = s->gidx / h->n;
+            q->sample_index = s->gidx % h->n;
+            q->stopped = s->stopped;
+            ptrs[k++] = q;
+        }
+    rb.n_sequences = (size_t)k;
+    rb.sequences = ptrs;
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    env.body_case = GRPO__ENVELOPE__BODY_ROLLOUT;
+    env.rollout = &rb;
+    uint8_t *out = CHECK_ALLOC(protocol_pack(&env, len));
+    free(seqs);
+    free(ptrs);
+    return out;
+}
+
+void step_batch_append(struct step_batch *dst, struct step_batch *src)
+{
+    step_batch_reserve(dst, src->n_seq);
+    const int g0 = dst->n_groups;
+    for (int g = 0; g < src->n_groups; g++) {
+        dst->group_prompt[g0 + g] = src->group_prompt[g];
+        dst->group_uid[g0 + g] = src->group_uid[g];
+    }
+    dst->n_groups += src->n_groups;
+    for (int i = 0; i < src->n_seq; i++) {
+        dst->seqs[dst->n_seq] = src->seqs[i];
+        dst->seqs[dst->n_seq].group += g0;
+        dst->resp_text[dst->n_seq++] = src->resp_text[i];
+    }
+    src->n_seq = src->n_groups = 0;
+    step_batch_free(src);
+}
+
+/* Check one sequence against the run; NULL when fine, else why. */
+static const char *check_sequence(const Grpo__Sequence *q, const struct wire_limits *lim, char *why, size_t whylen)
+{
+    if (q->uid < 0 || q->uid >= lim->prompts->n)
+        return snprintf(why, whylen, "uid %lld is not a training prompt (0..%d)", (long long)q->uid,
+                        lim->prompts->n - 1),
+               why;
+    const struct prompt_item *p = &lim->prompts->items[q->uid];
+    if ((int)q->n_prompt_ids != p->len || memcmp(q->prompt_ids, p->ids, (size_t)p->len * sizeof(int32_t)) != 0)
+        return snprintf(why, whylen,
+                        "prompt ids of uid %lld differ from this trainer's (different dataset, tokenizer or "
+                        "data.* settings on the rollout rank?)",
+                        (long long)q->uid),
+               why;
+    if (q->group_index < 0 || q->group_index >= lim->groups_in_step)
+        return snprintf(why, whylen, "group_index %d is outside the step's %d groups", q->group_index,
+                        lim->groups_in_step),
+               why;
+    if (q->sample_index < 0 || q->sample_index >= lim->n)
+        return snprintf(why, whylen, "sample_index %d is outside rollout.n %d", q->sample_index, lim->n), why;
+    if (q->n_response_ids > (size_t)lim->max_response_length)
+        return snprintf(why, whylen, "response of %zu tokens is over data.max_response_length %d", q->n_response_ids,
+                        lim->max_response_length),
+               why;
+    if (q->n_old_log_probs != q->n_response_ids)
+        return snprintf(why, whylen, "%zu log-probs for %zu response tokens", q->n_old_log_probs, q->n_response_ids),
+               why;
+    for (size_t t = 0; t < q->n_response_ids; t++) {
+        if (q->response_ids[t] < 0 || q->response_ids[t] >= lim->vocab_size)
+            return snprintf(why, whylen, "response token %d is outside the vocabulary (%d)", q->response_ids[t],
+                            lim->vocab_size),
+                   why;
+        if (!isfinite(q->old_log_probs[t]) || q->old_log_probs[t] > 1e-3f)
+            return snprintf(why, whylen, "log-prob %g of response token %zu is not a log-probability",
+                            (double)q->old_log_probs[t], t),
+                   why;
+    }
+    if (!isfinite(q->reward) || !isfinite(q->raw_reward))
+        return snprintf(why, whylen, "reward is not finite"), why;
+    return NULL;
+}
+
+int wire_unpack_batch(const uint8_t *buf, size_t len, const struct wire_limits *lim, struct wire_header *h,
+                      struct step_batch *b, char *why, size_t whylen)
+{
+    Grpo__Envelope *env = NULL;
+    char what[512];
+    enum protocol_error pe = protocol_decode(buf, len, GRPO_MAX_MESSAGE_BYTES, &env, what, sizeof what);
+    if (pe != PROTOCOL_OK) {
+        snprintf(why, whylen, "%s", what);
+        if (env)
+            protocol_free(env);
+        return -1;
+    }
+    int rc = -1;
+    if (env->body_case != GRPO__ENVELOPE__BODY_ROLLOUT) {
+        snprintf(why, whylen, "a %s message on the data socket (only rollout batches belong here)",
+                 protocol_body_name(env->body_case));
+        goto out;
+    }
+    const Grpo__RolloutBatch *rb = env->rollout;
+    if (rb->from_rank < 0 || rb->from_rank >= lim->world_size) {
+        snprintf(why, whylen, "from_rank %d is not a rank of this run (world %d)", rb->from_rank, lim->world_size);
+        goto out;
+    }
+    if (rb->to_dp_rank != lim->dp_rank) {
+        snprintf(why, whylen, "batch for trainer DP rank %d arrived at DP rank %d", rb->to_dp_rank, lim->dp_rank);
+        goto out;
+    }
+    if (rb->step < 1 || rb->seq_no < 1) {
+        snprintf(why, whylen, "step %lld / seq_no %llu: both start at 1", (long long)rb->step,
+                 (unsigned long long)rb->seq_no);
+        goto out;
+    }
+    if (rb->groups_in_step != lim->groups_in_step || rb->samples_per_prompt != lim->n) {
+        snprintf(why, whylen,
+                 "batch of a %d x %d step, but this run has data.train_batch_size %d x actor_rollout_ref.rollout.n %d",
+                 rb->groups_in_step, rb->samples_per_prompt, lim->groups_in_step, lim->n);
+        goto out;
+    }
+    if (rb->n_sequences > (size_t)lim->groups_in_step * (size_t)lim->n) {
+        snprintf(why, whylen, "%zu sequences is more than a whole step holds", rb->n_sequences);
+        goto out;
+    }
+    for (size_t i = 0; i < rb->n_sequences; i++)
+        if (check_sequence(rb->sequences[i], lim, what, sizeof what)) {
+            snprintf(why, whylen, "sequence %zu: %s", i, what);
+            goto out;
+        }
+    /* whole groups: every sample of a group, each once, and one uid per group */
+    struct step_batch nb = {0};
+    step_batch_reserve(&nb, (int)rb->n_sequences);
+    int *group_of = xmalloc((size_t)lim->groups_in_step * sizeof(int));
+    for (int g = 0; g < lim->groups_in_step; g++)
+        group_of[g] = -1;
+    bool *seen = xcalloc((size_t)lim->groups_in_step * (size_t)lim->n, sizeof(bool));
+    for (size_t i = 0; i < rb->n_sequences; i++) {
+        const Grpo__Sequence *q = rb->sequences[i];
+        int gi = q->group_index;
+        if (seen[(size_t)gi * lim->n + q->sample_index]) {
+            snprintf(why, whylen, "sequence %zu repeats sample %d of group %d", i, q->sample_index, gi);
+            goto bad;
+        }
+        seen[(size_t)gi * lim->n + q->sample_index] = true;
+        if (group_of[gi] < 0) {
+            group_of[gi] = nb.n_groups;
+            nb.group_uid[nb.n_groups] = (int)q->uid;
+            nb.group_prompt[nb.n_groups++] = &lim->prompts->items[q->uid];
+        } else if (nb.group_uid[group_of[gi]] != (int)q->uid) {
+            snprintf(why, whylen, "group %d holds two prompts (uid %d and %lld)", gi, nb.group_uid[group_of[gi]],
+                     (long long)q->uid);
+            goto bad;
+        }
+        struct rollout_seq *s = &nb.seqs[nb.n_seq];
+        memset(s, 0, sizeof *s);
+        s->group = group_of[gi];
+        s->gidx = gi * lim->n + q->sample_index;
+        s->prompt = lim->prompts->items[q->uid].ids;
+        s->prompt_len = lim->prompts->items[q->uid].len;
+        s->resp_len = (int)q->n_response_ids;
+        s->resp = xmalloc((size_t)(s->resp_len ? s->resp_len : 1) * sizeof(int32_t));
+        memcpy(s->resp, q->response_ids, (size_t)s->resp_len * sizeof(int32_t));
+        s->gen_logp = xmalloc((size_t)(s->resp_len ? s->resp_len : 1) * sizeof(float));
+        memcpy(s->gen_logp, q->old_log_probs, (size_t)s->resp_len * sizeof(float));
+        s->stopped = q->stopped;
+        s->score = q->reward;
+        s->raw_score = q->raw_reward;
+        nb.resp_text[nb.n_seq++] = NULL;
+    }
+    for (int g = 0; g < lim->groups_in_step; g++)
+        if (group_of[g] >= 0)
+            for (int s = 0; s < lim->n; s++)
+                if (!seen[(size_t)g * lim->n + s]) {
+                    snprintf(why, whylen, "group %d is not whole: sample %d of %d is missing", g, s, lim->n);
+                    goto bad;
+                }
+    *h = (struct wire_header){.step = rb->step,
+                              .from_rank = rb->from_rank,
+                              .to_dp = rb->to_dp_rank,
+                              .seq_no = rb->seq_no,
+                              .policy_version = rb->policy_version,
+                              .groups_in_step = rb->groups_in_step,
+                              .n = rb->samples_per_prompt,
+                              .gen_s = rb->gen_seconds,
+                              .reward_s = rb->reward_seconds};
+    step_batch_append(b, &nb);
+    rc = 0;
+bad:
+    if (rc != 0)
+        step_batch_free(&nb);
+    free(group_of);
+    free(seen);
+out:
+    protocol_free(env);
+    return rc;
+}

@@ -1,0 +1,50 @@
+/* Rollout batches on the wire: a rollout rank's groups for one trainer DP rank
+ * packed as a protobuf grpo.RolloutBatch in an Envelope, and the trainer's
+ * checked decoding of it. A trainer never trusts what arrives on its data
+ * socket: every field is checked against the run (step window, group and
+ * sample indices, token ids against the vocabulary, lengths, prompt ids against
+ * its own copy of the prompt, finite log-probs and rewards), and a batch that
+ * fails any check is refused whole with a reason. */
+#ifndef GRPO_WORKER_ROLLOUT_WIRE_H
+#define GRPO_WORKER_ROLLOUT_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "batch.h"
+
+struct wire_header {
+    int64_t step;           /* training step the batch belongs to (1-based) */
+    int from_rank;          /* sender's world rank */
+    int to_dp;              /* receiving trainer DP rank */
+    uint64_t seq_no;        /* per sender, from 1 */
+    int64_t policy_version; /* weights version that generated it (steps trained into the weights) */
+    int groups_in_step;     /* prompts of the whole step */
+    int n;                  /* responses per prompt */
+    double gen_s, reward_s; /* the sender's generation and scoring time for this step */
+};
+
+/* Pack the groups groups[0..n_groups) of b (each with all its sequences) into an Envelope. Caller frees. */
+uint8_t *wire_pack_batch(const struct wire_header *h, const struct step_batch *b, const int *groups, int n_groups,
+                         size_t *len);
+
+/* What the receiving trainer accepts. */
+struct wire_limits {
+    const struct prompt_set *prompts; /* the run's training prompts: uid indexes them */
+    int vocab_size;
+    int max_response_length;
+    int groups_in_step; /* data.train_batch_size */
+    int n;              /* rollout.n */
+    int world_size;     /* from_rank must be below it */
+    int dp_rank;        /* to_dp must equal it */
+};
+
+/* Decode and check one message: 0 with *h filled and the batch's groups appended to b (sequences own their
+ * arrays; resp_text entries are NULL), or -1 with why naming the field that was wrong (b unchanged). */
+int wire_unpack_batch(const uint8_t *buf, size_t len, const struct wire_limits *lim, struct wire_header *h,
+                      struct step_batch *b, char *why, size_t whylen);
+
+/* Move every group and sequence of src to the end of dst (src is left empty). */
+void step_batch_append(struct step_batch *dst, struct step_batch *src);
+
+#endif
