@@ -3,6 +3,50 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "config.h"
+
+/* ranks = nodes x per_node from verl's keys, when either is set; -1 with why when only one is */
+static int verl_ranks(long long nodes, long long per_node, const char *prefix, int *out, char *why, size_t whylen)
+{
+    *out = -1;
+    if (nodes == 0 && per_node == 0)
+        return 0;
+    if (nodes == 0 || per_node == 0) {
+        snprintf(why, whylen, "%s.nnodes (%lld) and %s.n_gpus_per_node (%lld) are set together", prefix, nodes,
+                 prefix, per_node);
+        return -1;
+    }
+    *out = (int)(nodes * per_node);
+    return 0;
+}
+
+int placement_spec_from_config(const struct grpo_config *cfg, struct placement_spec *s, char *why, size_t whylen)
+{
+    s->trainer_ranks = (int)cfg->placement_trainer_ranks;
+    s->rollout_ranks = (int)cfg->placement_rollout_ranks;
+    s->tp_size = (int)cfg->placement_tensor_parallel_size;
+    s->pp_size = (int)cfg->placement_pipeline_parallel_size;
+    int vt, vr;
+    if (verl_ranks(cfg->trainer_nnodes, cfg->trainer_n_gpus_per_node, "trainer", &vt, why, whylen) != 0 ||
+        verl_ranks(cfg->split_rollout_nnodes, cfg->split_rollout_n_gpus_per_node, "rollout", &vr, why, whylen) != 0)
+        return -1;
+    if (vt >= 0 && s->trainer_ranks && vt != s->trainer_ranks) {
+        snprintf(why, whylen, "trainer.nnodes x trainer.n_gpus_per_node = %d, but placement.trainer_ranks is %d", vt,
+                 s->trainer_ranks);
+        return -1;
+    }
+    if (vr >= 0 && s->rollout_ranks && vr != s->rollout_ranks) {
+        snprintf(why, whylen, "rollout.nnodes x rollout.n_gpus_per_node = %d, but placement.rollout_ranks is %d", vr,
+                 s->rollout_ranks);
+        return -1;
+    }
+    if (vt >= 0)
+        s->trainer_ranks = vt;
+    if (vr >= 0)
+        s->rollout_ranks = vr;
+    return 0;
+}
+
 const char *placement_role_name(enum placement_role r)
 {
     return r == PLACE_TRAINER ? "trainer" : r == PLACE_ROLLOUT ? "rollout" : "hybrid";

@@ -26,6 +26,12 @@ struct placement {
     int dp, dp_size, tp, tp_size, pp, pp_size;
 };
 
+struct grpo_config;
+/* The placement numbers of a configuration: placement.* or verl's trainer.nnodes x trainer.n_gpus_per_node and
+ * rollout.nnodes x rollout.n_gpus_per_node (which must agree with placement.* when both are set). 0, or -1
+ * with why naming the keys. */
+int placement_spec_from_config(const struct grpo_config *cfg, struct placement_spec *s, char *why, size_t whylen);
+
 /* Role and coordinates of `rank` in a world of `world` ranks. 0, or -1 with why naming the keys and the
  * numbers when the layout cannot work (ranks that do not add up, no trainers, a trainer count that is not a
  * multiple of TP x PP). */

@@ -30,6 +30,7 @@
 #include "common/check.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "common/placement.h"
 #include "core.h"
 #include "daemon/grpod_version.h"
 #include "http.h"
@@ -374,15 +375,12 @@ static int check_config(struct grpod *d, char endpoints[][512], int *n, mode_t *
         if (secret_read(c->grpod_secret_file, 1, d->secret, sizeof d->secret, err, errlen) != 0)
             return -1;
     }
-    int T = (int)c->placement_trainer_ranks, tp = (int)c->placement_tensor_parallel_size,
-        pp = (int)c->placement_pipeline_parallel_size;
-    if (T > 0 && T % (tp * pp) != 0) {
-        snprintf(err, errlen,
-                 "placement.trainer_ranks (%d) must be a multiple of placement.tensor_parallel_size (%d) x "
-                 "placement.pipeline_parallel_size (%d)",
-                 T, tp, pp);
+    struct placement_spec ps;
+    if (placement_spec_from_config(c, &ps, err, errlen) != 0)
         return -1;
-    }
+    if (ps.trainer_ranks + ps.rollout_ranks > 0 &&
+        placement_check(&ps, ps.trainer_ranks + ps.rollout_ranks, (int)c->data_train_batch_size, err, errlen) != 0)
+        return -1;
     if (c->grpod_heartbeat_timeout_s <= c->grpod_heartbeat_interval_s) {
         snprintf(err, errlen, "grpod.heartbeat_timeout_s (%g) must exceed grpod.heartbeat_interval_s (%g)",
                  c->grpod_heartbeat_timeout_s, c->grpod_heartbeat_interval_s);
@@ -479,11 +477,13 @@ int main(int argc, char **argv)
         goto cleanup;
     }
     /* 2. the run, recovered from the journal when there is one */
+    struct placement_spec ps;
+    placement_spec_from_config(&cfg, &ps, err, sizeof err); /* checked in settings_check */
     struct core_settings set = {
-        .rollout_ranks = (int)cfg.placement_rollout_ranks,
-        .trainer_ranks = (int)cfg.placement_trainer_ranks,
-        .tp_size = (int)cfg.placement_tensor_parallel_size,
-        .pp_size = (int)cfg.placement_pipeline_parallel_size,
+        .rollout_ranks = ps.rollout_ranks,
+        .trainer_ranks = ps.trainer_ranks,
+        .tp_size = ps.tp_size,
+        .pp_size = ps.pp_size,
         .heartbeat_interval_s = cfg.grpod_heartbeat_interval_s,
         .heartbeat_timeout_s = cfg.grpod_heartbeat_timeout_s,
         .fail_on_lost = strcmp(cfg.grpod_on_worker_lost, "fail") == 0,

@@ -1,8 +1,10 @@
 /* grpo-worker: one rank of a GRPO run, launched by mpirun.
  *
- * With one rank it runs the whole GRPO loop in this process (rollout, reward,
- * reference and trainer roles). --selftest checks the MPI collective plane
- * with the requested tensor/pipeline layout across all ranks. */
+ * Each rank takes the role its placement gives it (grpod's Assignment, which
+ * this rank checks against the same arithmetic in common/placement.c): hybrid
+ * (the whole GRPO loop in one process), rollout or trainer (worker/roles.h).
+ * --selftest checks the MPI collective plane with the requested
+ * tensor/pipeline layout across all ranks. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,7 +18,11 @@
 #include "worker/comm/parallel.h"
 #include "worker/control/control.h"
 #include "worker/metrics/metrics.h"
+#include "worker/roles.h"
 #include "worker/trainer/trainer.h"
+#include "common/check.h"
+#include "common/placement.h"
+#include <time.h>
 
 static void usage(FILE *out)
 {
@@ -38,97 +44,154 @@ static void usage(FILE *out)
           out);
 }
 
-/* The control-plane client behind the trainer's hooks (a NULL control: no grpod, hooks do nothing). */
-struct worker_ctl {
-    struct control *ctl;
-    struct trainer *trainer;
-};
+int run_hybrid(struct role_env *env) { return run_trainer_process(env, NULL, NULL, NULL, NULL); }
 
-static enum control_phase phase_of(const char *name)
+/* The run's rules for a split placement that are not about rank counts. 0, or -1 with why. */
+static int split_supported(const struct grpo_config *c, const struct placement_spec *ps, char *why, size_t whylen)
 {
-    static const struct {
-        const char *name;
-        enum control_phase phase;
-    } map[] = {{"gen", CONTROL_PHASE_GEN},
-               {"reward", CONTROL_PHASE_REWARD},
-               {"old_log_prob", CONTROL_PHASE_OLD_LOG_PROB},
-               {"ref", CONTROL_PHASE_REF},
-               {"adv", CONTROL_PHASE_ADV},
-               {"update_actor", CONTROL_PHASE_UPDATE_ACTOR},
-               {"validate", CONTROL_PHASE_VALIDATE},
-               {"checkpoint", CONTROL_PHASE_CHECKPOINT}};
-    for (size_t i = 0; i < sizeof map / sizeof *map; i++)
-        if (strcmp(map[i].name, name) == 0)
-            return map[i].phase;
-    return CONTROL_PHASE_IDLE;
+    if (ps->tp_size > 1 || ps->pp_size > 1)
+        return error_set(why, whylen,
+                         "placement.tensor_parallel_size %d x placement.pipeline_parallel_size %d: the trainer ranks "
+                         "are data-parallel only for now (model parallelism is planned)",
+                         ps->tp_size, ps->pp_size);
+    if (c->alg_filter_groups_enable)
+        return error_set(why, whylen,
+                         "algorithm.filter_groups.enable (dynamic sampling) runs in one process for now; it is not "
+                         "available with separate rollout ranks");
+    if (c->trainer_sft_warmup_steps > 0)
+        return error_set(why, whylen,
+                         "trainer.sft_warmup_steps %lld: the supervised warm-start runs in one process; warm-start "
+                         "first, then point actor_rollout_ref.model.path at its checkpoint",
+                         (long long)c->trainer_sft_warmup_steps);
+    if (ps->trainer_ranks / (ps->tp_size * ps->pp_size) > ROLE_MAX_ENDPOINTS)
+        return error_set(why, whylen, "%d trainer DP ranks: at most %d", ps->trainer_ranks, ROLE_MAX_ENDPOINTS);
+    return 0;
 }
 
-static void hook_phase(void *ctx, int64_t step, const char *phase)
+/* Data endpoints of the trainer DP ranks when no grpod hands them out: grpod.data_endpoint, or a fresh
+ * ipc:///tmp/grpo-PID-TIME prefix chosen by rank 0; tcp:// ports count up from the base on each trainer's host. */
+static void local_endpoints(struct role_env *env)
 {
-    (void)step;
-    struct worker_ctl *w = ctx;
-    control_set_phase(w->ctl, phase_of(phase));
+    const struct grpo_config *c = env->cfg;
+    char base[200] = "";
+    if (comm_rank(env->world) == 0) {
+        if (c->grpod_data_endpoint && c->grpod_data_endpoint[0])
+            snprintf(base, sizeof base, "%s", c->grpod_data_endpoint);
+        else
+            snprintf(base, sizeof base, "ipc:///tmp/grpo-%d-%ld", (int)getpid(), (long)time(NULL));
+    }
+    MPI_Bcast(base, sizeof base, MPI_CHAR, 0, MPI_COMM_WORLD);
+    int world = comm_size(env->world);
+    char host[64] = "", *hosts = xcalloc((size_t)world, sizeof host);
+    gethostname(host, sizeof host - 1);
+    MPI_Allgather(host, sizeof host, MPI_CHAR, hosts, sizeof host, MPI_CHAR, MPI_COMM_WORLD);
+    env->n_endpoints = env->spec.trainer_ranks;
+    for (int d = 0; d < env->n_endpoints; d++) {
+        if (strncmp(base, "tcp://", 6) == 0) {
+            const char *colon = strrchr(base, ':');
+            long port = colon ? strtol(colon + 1, NULL, 10) : 0;
+            /* the trainer binds every interface; the rollout ranks connect to its host */
+            snprintf(env->endpoints[d], sizeof env->endpoints[d], "tcp://%s:%ld",
+                     env->at.role == PLACE_TRAINER && env->at.dp == d ? "*" : hosts + d * sizeof host, port + d);
+        } else {
+            snprintf(env->endpoints[d], sizeof env->endpoints[d], "%s-dp%d.sock", base, d);
+        }
+    }
+    free(hosts);
 }
 
-static void hook_step_done(void *ctx, int64_t step, int64_t total, const struct metrics *m)
-{
-    struct worker_ctl *w = ctx;
-    control_set_step(w->ctl, step, total);
-    for (size_t i = 0; i < metrics_count(m); i++)
-        control_set_metric(w->ctl, metrics_name(m, i), metrics_value(m, i));
-    control_set_phase(w->ctl, CONTROL_PHASE_IDLE);
-}
-
-static int save_for_control(void *ud, int64_t step)
-{
-    (void)step;
-    struct worker_ctl *w = ud;
-    return trainer_save_checkpoint(w->trainer);
-}
-
-/* Between steps: obey pause (blocks, heartbeats go on), checkpoint and stop from grpod. */
-static int hook_safe_point(void *ctx, int64_t step)
-{
-    struct worker_ctl *w = ctx;
-    return control_safe_point(w->ctl, step, save_for_control, w) ? TRAINER_CONTINUE : TRAINER_STOP;
-}
-
-/* The single-process GRPO run: every role in this process, under grpod when grpod.endpoint is set. */
-static int run_trainer(const struct grpo_config *cfg)
+/* Register with grpod (when grpod.endpoint is set) and check that its assignment is the placement this rank
+ * computed from the same configuration; take the data endpoints it hands out. 0, or -1 (logged). */
+static int join_control_plane(struct role_env *env)
 {
     char err[2048];
-    struct worker_ctl w = {0};
     struct control_options o;
     struct control_assignment a;
-    control_options_from_config(&o, cfg, 0, 1);
-    if (control_open(&o, &w.ctl, &a, err, sizeof err) != 0) {
+    control_options_from_config(&o, env->cfg, comm_rank(env->world), comm_size(env->world));
+    o.capabilities = env->at.role == PLACE_ROLLOUT ? "rollout" : env->at.role == PLACE_TRAINER ? "trainer"
+                                                                                               : "rollout,trainer";
+    if (control_open(&o, &env->ctl, &a, err, sizeof err) != 0) {
         log_error("worker", "%s", err);
-        return 3;
+        return -1;
     }
-    if (w.ctl)
-        log_info("worker", "registered with grpod at %s: role %s, run %s", o.endpoint, control_role_name(a.role),
-                 a.run_id);
-    struct trainer_hooks hooks = {
-        .ctx = &w, .phase = hook_phase, .step_done = hook_step_done, .safe_point = hook_safe_point};
-    struct trainer *t = trainer_create(cfg, w.ctl ? &hooks : NULL, err, sizeof err);
-    if (!t) {
+    if (!env->ctl)
+        return 0;
+    const enum placement_role assigned = a.role == CONTROL_ROLE_ROLLOUT   ? PLACE_ROLLOUT
+                                         : a.role == CONTROL_ROLE_TRAINER ? PLACE_TRAINER
+                                                                          : PLACE_HYBRID;
+    if (assigned != env->at.role || a.dp_rank != env->at.dp || a.dp_size != env->at.dp_size) {
+        snprintf(err, sizeof err,
+                 "grpod assigned role %s dp %d/%d, but this rank's configuration places it as %s dp %d/%d: give "
+                 "grpod and the workers the same placement keys",
+                 control_role_name(a.role), a.dp_rank, a.dp_size, placement_role_name(env->at.role), env->at.dp,
+                 env->at.dp_size);
         log_error("worker", "%s", err);
-        control_finish(w.ctl, CONTROL_END_FAILED, err);
-        control_close(w.ctl);
+        control_finish(env->ctl, CONTROL_END_FAILED, err);
+        return -1;
+    }
+    log_info("worker", "registered with grpod at %s: role %s, dp %d/%d, run %s", o.endpoint, control_role_name(a.role),
+             a.dp_rank, a.dp_size, a.run_id);
+    if (a.role == CONTROL_ROLE_TRAINER) {
+        snprintf(env->endpoints[a.dp_rank], sizeof env->endpoints[0], "%s", a.data_pull_endpoint);
+        env->n_endpoints = a.dp_size;
+    } else if (a.role == CONTROL_ROLE_ROLLOUT) {
+        env->n_endpoints = a.n_trainer_endpoints;
+        for (int d = 0; d < a.n_trainer_endpoints && d < ROLE_MAX_ENDPOINTS; d++)
+            snprintf(env->endpoints[d], sizeof env->endpoints[d], "%s", a.trainer_endpoints[d]);
+    }
+    return 0;
+}
+
+/* Place this rank, join grpod, build the groups and run the role. */
+static int run_role(const struct grpo_config *cfg, struct comm *world)
+{
+    char why[1024];
+    struct role_env env = {.cfg = cfg, .world = world};
+    const int rank = comm_rank(world), size = comm_size(world);
+    if (placement_spec_from_config(cfg, &env.spec, why, sizeof why) != 0 ||
+        placement_check(&env.spec, size, (int)cfg->data_train_batch_size, why, sizeof why) != 0 ||
+        placement_of(&env.spec, rank, size, &env.at, why, sizeof why) != 0) {
+        if (rank == 0)
+            log_error("worker", "%s", why);
         return 2;
     }
-    w.trainer = t;
-    control_set_step(w.ctl, trainer_step(t), trainer_total_steps(t));
-    int rc = trainer_run(t);
-    bool finished = trainer_step(t) >= trainer_total_steps(t);
-    if (rc == 0)
-        log_info("worker", "run %s at step %lld; results in %s", finished ? "finished" : "stopped",
-                 (long long)trainer_step(t), trainer_run_dir(t));
-    control_finish(w.ctl, rc != 0 ? CONTROL_END_FAILED : (finished ? CONTROL_END_FINISHED : CONTROL_END_STOPPED),
-                   rc != 0 ? "training failed (see the worker's log)" : NULL);
-    control_close(w.ctl);
-    trainer_free(t);
-    return rc == 0 ? 0 : 1;
+    const bool split = env.at.role != PLACE_HYBRID;
+    if (!split && size > 1) {
+        if (rank == 0)
+            log_error("worker",
+                      "%d ranks but no split placement: a hybrid run takes one rank. Give the ranks roles with "
+                      "placement.trainer_ranks and placement.rollout_ranks (or verl's trainer.nnodes x "
+                      "trainer.n_gpus_per_node and rollout.nnodes x rollout.n_gpus_per_node), or use --selftest",
+                      size);
+        return 2;
+    }
+    if (split && split_supported(cfg, &env.spec, why, sizeof why) != 0) {
+        if (rank == 0)
+            log_error("worker", "%s", why);
+        return 2;
+    }
+    env.staleness = strcmp(cfg->rollout_mode, "async") == 0 ? 1 : 0;
+    if (split)
+        local_endpoints(&env);
+    if (join_control_plane(&env) != 0)
+        return 3;
+    int status;
+    if (!split) {
+        status = run_hybrid(&env);
+    } else {
+        /* the trainers' DP group, and the weight-sync group: trainer DP rank 0 (world rank 0) and the rollouts */
+        struct comm *trainers = comm_split(world, env.at.role == PLACE_TRAINER ? 0 : 1, rank);
+        struct comm *sync = comm_split(world, rank == 0 || env.at.role == PLACE_ROLLOUT ? 0 : 1, rank);
+        env.trainers = env.at.role == PLACE_TRAINER ? trainers : NULL;
+        env.sync = rank == 0 || env.at.role == PLACE_ROLLOUT ? sync : NULL;
+        log_info("worker", "rank %d of %d: %s, dp %d of %d (%s)", rank, size, placement_role_name(env.at.role),
+                 env.at.dp, env.at.dp_size, env.staleness ? "one-step-off" : "on-policy");
+        status = env.at.role == PLACE_TRAINER ? run_trainer(&env) : run_rollout(&env);
+        comm_free(trainers);
+        comm_free(sync);
+    }
+    control_close(env.ctl);
+    return status;
 }
 
 /* A positive int from text; -1 for anything else. */
@@ -239,15 +302,13 @@ int main(int argc, char **argv)
               (unsigned long long)config_digest(&cfg));
     if (do_selftest) {
         status = selftest(&groups);
-    } else if (comm_size(world) > 1) {
-        if (comm_rank(world) == 0)
-            log_error("worker",
-                      "the trainer runs in one process for now (all roles); launch 1 rank, or use "
-                      "--selftest to check a %d-rank layout",
-                      comm_size(world));
-        status = 2;
     } else {
-        status = run_trainer(&cfg);
+        status = run_role(&cfg, world);
+        if (status != 0 && comm_size(world) > 1) {
+            /* the other ranks wait in a collective for this one: end the whole job, with the reason above */
+            log_error("worker", "rank %d failed (exit %d): ending the job", comm_rank(world), status);
+            MPI_Abort(MPI_COMM_WORLD, status);
+        }
     }
     parallel_groups_free(&groups);
 out_world:

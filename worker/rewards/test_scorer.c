@@ -45,3 +45,20 @@ double length_score(const char *data_source, const char *solution_str, const cha
     (void)extra_info_json;
     return (double)strlen(solution_str);
 }
+
+double byte_score(const char *data_source, const char *solution_str, const char *ground_truth,
+                  const char *extra_info_json);
+
+/* A reward that varies with every response's content (bytes summed, modulo 7, scaled to [0, 1)): a random
+ * tiny model gets a learning signal in every group, for equivalence tests. */
+double byte_score(const char *data_source, const char *solution_str, const char *ground_truth,
+                  const char *extra_info_json)
+{
+    (void)data_source;
+    (void)ground_truth;
+    (void)extra_info_json;
+    unsigned sum = 0;
+    for (const unsigned char *p = (const unsigned char *)solution_str; *p; p++)
+        sum += *p;
+    return (double)(sum % 7) / 7.0;
+}

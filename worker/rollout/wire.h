@@ -22,6 +22,7 @@ struct wire_header {
     int groups_in_step;     /* prompts of the whole step */
     int n;                  /* responses per prompt */
     double gen_s, reward_s; /* the sender's generation and scoring time for this step */
+    double idle_s;          /* the sender's waiting since its previous step */
 };
 
 /* Pack the groups groups[0..n_groups) of b (each with all its sequences) into an Envelope. Caller frees. */

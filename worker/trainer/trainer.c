@@ -597,6 +597,12 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     metrics_set(m, "timing_s/adv", t_adv);
     metrics_set(m, "timing_s/update_actor", t_update);
     metrics_set(m, "timing_s/step", step_time);
+    if (tm->split) {
+        metrics_set(m, "timing_s/wait_data", tm->wait_data);
+        metrics_set(m, "trainer/idle_ratio", step_time > 0 ? tm->wait_data / step_time : 0);
+        const double busy = tm->gen + tm->reward;
+        metrics_set(m, "rollouter/idle_ratio", busy + tm->rollout_idle > 0 ? tm->rollout_idle / (busy + tm->rollout_idle) : 0);
+    }
     metrics_set(m, "perf/total_num_tokens", (double)tokens_all);
     /* verl: tokens / (step time x devices) */
     const int devices = t->lay.devices > 0 ? t->lay.devices : 1;
@@ -778,7 +784,7 @@ int trainer_run(struct trainer *t)
 
 /* The bundled SmolLM2-135M-Instruct: its converted HF directory in the cache if present, else the GGUF.
  * On failure out holds the cache directory. */
-static int bundled_model_path(char *out, size_t len)
+int trainer_bundled_model_path(char *out, size_t len)
 {
     const char *cache = getenv("GRPO_CACHE");
     char dir[2048];
@@ -836,7 +842,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     char bundled[4096];
     const char *model_path = cfg->arr_model_path;
     if (!model_path || !*model_path) {
-        if (bundled_model_path(bundled, sizeof bundled) != 0) {
+        if (trainer_bundled_model_path(bundled, sizeof bundled) != 0) {
             error_set(err, errlen,
                       "actor_rollout_ref.model.path is empty and the bundled model is not in %s "
                       "(fetch it with scripts/fetch_model.sh)",
