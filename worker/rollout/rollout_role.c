@@ -229,6 +229,17 @@ int run_rollout(struct role_env *env)
         idle = send_wait;
         control_set_step(env->ctl, k, K);
     }
+    if (!stopped) { /* the trainers' last word: they have taken every batch */
+        control_set_phase(env->ctl, CONTROL_PHASE_IDLE);
+        if (weight_sync_recv(env->sync, &h, r.policy->w.mem, r.policy->w.n_floats, bucket, &ws, err, sizeof err) !=
+            0) {
+            log_error("rollout", "%s", err);
+            goto out;
+        }
+        if (!h.stop)
+            log_warn("rollout", "expected the trainers' end-of-run message, got policy version %lld",
+                     (long long)h.version);
+    }
     log_info("rollout", "%s after step %lld", stopped ? "stopped by the trainers" : "finished",
              (long long)(stopped ? version : K));
     control_finish(env->ctl, stopped ? CONTROL_END_STOPPED : CONTROL_END_FINISHED, NULL);

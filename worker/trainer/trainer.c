@@ -131,6 +131,42 @@ static void draw_prompts(struct trainer *t, const struct prompt_item **out, int 
     free(idx);
 }
 
+/* Statistics of values held across the DP ranks: PREFIX/mean|max|min over all of them. */
+static void set_stats_dist(struct trainer *t, struct metrics *m, const char *prefix, const double *v, size_t n)
+{
+    if (!t->lay.dp || t->lay.dp_size < 2) {
+        metrics_set_stats(m, prefix, v, n);
+        return;
+    }
+    double mine[4] = {0, -INFINITY, INFINITY, (double)n};
+    for (size_t i = 0; i < n; i++) {
+        mine[0] += v[i];
+        mine[1] = fmax(mine[1], v[i]);
+        mine[2] = fmin(mine[2], v[i]);
+    }
+    double *all = xmalloc((size_t)t->lay.dp_size * 4 * sizeof(double));
+    comm_allgather(t->lay.dp, mine, all, 4, COMM_F64);
+    double sum = 0, mx = -INFINITY, mn = INFINITY, k = 0;
+    for (int r = 0; r < t->lay.dp_size; r++) {
+        sum += all[4 * r];
+        if (all[4 * r + 3] > 0) {
+            mx = fmax(mx, all[4 * r + 1]);
+            mn = fmin(mn, all[4 * r + 2]);
+        }
+        k += all[4 * r + 3];
+    }
+    free(all);
+    metrics_set_stats3(m, prefix, sum, mx, mn, (size_t)k);
+}
+
+/* Sum of a value over the DP ranks. */
+static double sum_dist(struct trainer *t, double v)
+{
+    if (t->lay.dp && t->lay.dp_size > 1)
+        comm_allreduce_sum(t->lay.dp, &v, 1, COMM_F64);
+    return v;
+}
+
 /* Advantages of every response token (and the in-reward KL, when on). */
 static void compute_advantages(struct trainer *t, struct step_batch *b, struct metrics *m)
 {
@@ -180,8 +216,8 @@ static void compute_advantages(struct trainer *t, struct step_batch *b, struct m
         b->seqs[i].adv = xmalloc((size_t)(len[i] ? len[i] : 1) * sizeof(double));
         memcpy(b->seqs[i].adv, tok_adv + off[i], (size_t)len[i] * sizeof(double));
     }
-    metrics_set_stats(m, "critic/advantages", tok_adv, (size_t)total);
-    metrics_set_stats(m, "critic/rewards", scalar, (size_t)n);
+    set_stats_dist(t, m, "critic/advantages", tok_adv, (size_t)total);
+    set_stats_dist(t, m, "critic/rewards", scalar, (size_t)n);
     free(scalar), free(group), free(off), free(len), free(tok_r), free(tok_adv);
 }
 
@@ -230,7 +266,10 @@ static void dump_rollouts(struct trainer *t, const struct step_batch *b, int64_t
         return;
     mkdir(dir, 0755);
     char path[4096];
-    snprintf(path, sizeof path, "%s/%lld.jsonl", dir, (long long)step);
+    if (t->lay.dp_rank > 0) /* each DP rank writes its share: STEP.jsonl (DP rank 0), STEP.dpR.jsonl */
+        snprintf(path, sizeof path, "%s/%lld.dp%d.jsonl", dir, (long long)step, t->lay.dp_rank);
+    else
+        snprintf(path, sizeof path, "%s/%lld.jsonl", dir, (long long)step);
     FILE *f = fopen(path, "w");
     if (!f) {
         log_warn("trainer", "cannot write rollouts to %s: %s", path, check_errno_text());
@@ -241,7 +280,7 @@ static void dump_rollouts(struct trainer *t, const struct step_batch *b, int64_t
         const struct prompt_item *p = b->group_prompt[s->group];
         json_t *o = json_object();
         json_object_set_new(o, "step", json_integer(step));
-        json_object_set_new(o, "uid", json_integer(s->group));
+        json_object_set_new(o, "uid", json_integer(s->gidx / (int)t->cfg->rollout_n)); /* group in the step */
         json_object_set_new(o, "data_source", json_string(p->data_source));
         json_object_set_new(o, "prompt", json_text(p->text));
         json_object_set_new(o, "response", json_text(b->resp_text[i]));
@@ -402,42 +441,6 @@ static void validate(struct trainer *t, struct metrics *m)
     metrics_set(m, "timing_s/testing", now_s() - t0);
     step_batch_free(&b);
     free(prompts);
-}
-
-/* Statistics of values held across the DP ranks: PREFIX/mean|max|min over all of them. */
-static void set_stats_dist(struct trainer *t, struct metrics *m, const char *prefix, const double *v, size_t n)
-{
-    if (!t->lay.dp || t->lay.dp_size < 2) {
-        metrics_set_stats(m, prefix, v, n);
-        return;
-    }
-    double mine[4] = {0, -INFINITY, INFINITY, (double)n};
-    for (size_t i = 0; i < n; i++) {
-        mine[0] += v[i];
-        mine[1] = fmax(mine[1], v[i]);
-        mine[2] = fmin(mine[2], v[i]);
-    }
-    double *all = xmalloc((size_t)t->lay.dp_size * 4 * sizeof(double));
-    comm_allgather(t->lay.dp, mine, all, 4, COMM_F64);
-    double sum = 0, mx = -INFINITY, mn = INFINITY, k = 0;
-    for (int r = 0; r < t->lay.dp_size; r++) {
-        sum += all[4 * r];
-        if (all[4 * r + 3] > 0) {
-            mx = fmax(mx, all[4 * r + 1]);
-            mn = fmin(mn, all[4 * r + 2]);
-        }
-        k += all[4 * r + 3];
-    }
-    free(all);
-    metrics_set_stats3(m, prefix, sum, mx, mn, (size_t)k);
-}
-
-/* Sum of a value over the DP ranks. */
-static double sum_dist(struct trainer *t, double v)
-{
-    if (t->lay.dp && t->lay.dp_size > 1)
-        comm_allreduce_sum(t->lay.dp, &v, 1, COMM_F64);
-    return v;
 }
 
 /* Step k's rollouts in this process (hybrid role): draw, generate, score, and with DAPO's dynamic sampling draw

@@ -186,11 +186,13 @@ static void send_weights(struct trainer_rank *r, int64_t version, bool stop, boo
                   r->last_sync.bytes, r->last_sync.buckets, r->last_sync.seconds);
 }
 
-/* trainer_source.between_steps: after step j the rollout ranks need the word for their step j + 1 + staleness. */
+/* trainer_source.between_steps: after step j the rollout ranks need the word for their step j + 1 + staleness;
+ * and the end of the run, whenever it comes, is always said (the rollout ranks wait for it before they exit, so
+ * no batch they pushed is lost to a closing socket). */
 static int between_steps(void *ctx, int64_t j, bool stop)
 {
     struct trainer_rank *r = ctx;
-    if (!r->env->sync || j + 1 + r->env->staleness > trainer_total_steps(r->t))
+    if (!r->env->sync || (!stop && j + 1 + r->env->staleness > trainer_total_steps(r->t)))
         return 0;
     send_weights(r, j, stop, j > r->start && !stop);
     return 0;

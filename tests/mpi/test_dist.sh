@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Distributed runs on a tiny model under mpirun (2 cores, oversubscribed):
+#  - 1 rollout + 2 trainer ranks, on-policy, reproduce the single-process run: per-step losses and grad norms,
+#    and the final weights, within 1e-5 relative; the audit files hold every uid exactly rollout.n times a step;
+#  - the same run with a stranger writing garbage to a trainer's data socket: every bad message is refused and
+#    counted, and the result is bit-identical to the undisturbed run;
+#  - one-step-off (rollout.mode=async, 1 rollout + 1 trainer): staleness 1 logged, the rollout-vs-trainer
+#    log-prob gap measured, the run finishes;
+#  - impossible placements are errors that name the keys and the numbers, before any work starts.
+# usage: test_dist.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS DATA_STRANGER SCORER_SO
+set -u
+WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" STRANGER="$4" SCORER="$5"
+TMP="$(mktemp -d /tmp/grpo-dist.XXXXXX)"
+trap 'rm -rf "$TMP"' EXIT
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+MPIRUN=(mpirun --oversubscribe --bind-to none)
+fails=0
+expect() { if [ "$2" -eq 0 ]; then echo "ok: $1"; else echo "FAIL: $1"; fails=$((fails + 1)); fi; }
+
+"$MODEL_TOOL" init tests/fixtures/tokenizers/bytes-chatml/config.json "$TMP/tiny" \
+    --tokenizer-from tests/fixtures/tokenizers/bytes-chatml --seed 11 --std 0.1 >"$TMP/init.log" 2>&1
+expect "tiny model initialised" $?
+STEPS=4
+COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e
+    trainer.total_training_steps=$STEPS trainer.val_before_train=false trainer.test_freq=-1
+    data.train_batch_size=4 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=2
+    data.max_response_length=12 actor_rollout_ref.actor.optim.lr=1e-3 data.synthetic.num_train=64
+    data.synthetic.num_val=4 actor_rollout_ref.rollout.update_weights_bucket_megabytes=1
+    custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score)
+weights() { echo "$TMP/$1/p/e/checkpoints/global_step_$STEPS/actor"; }
+
+"$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/one" trainer.rollout_data_dir="$TMP/one/audit" \
+    >"$TMP/one.log" 2>&1
+expect "single-process run finishes" $?
+
+timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/split" \
+    trainer.rollout_data_dir="$TMP/split/audit" placement.trainer_ranks=2 placement.rollout_ranks=1 \
+    trainer.log_level=debug >"$TMP/split.log" 2>&1
+expect "1 rollout + 2 trainer ranks finish" $?
+grep -q "rank 2 of 3: rollout" "$TMP/split.log"; expect "rank 2 takes the rollout role" $?
+grep -q "rank 1 of 3: trainer, dp 1 of 2" "$TMP/split.log"; expect "rank 1 is trainer DP rank 1" $?
+grep -q "weights identical on 2 DP ranks" "$TMP/split.log"; expect "replica checksums compared every step" $?
+! grep -q "weights differ" "$TMP/split.log"; expect "replicas never differ" $?
+grep -q "weights of step 1 sent: .* in [0-9]* bucket" "$TMP/split.log"; expect "weight sync is logged with bytes and buckets" $?
+
+python3 - "$TMP/one/p/e/metrics.jsonl" "$TMP/split/p/e/metrics.jsonl" <<'PY'
+import json, sys
+one = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+two = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
+assert len(one) == len(two) == 4, (len(one), len(two))
+worst = 0
+for a, b in zip(one, two):
+    for k in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean",
+              "response_length/mean", "critic/advantages/max", "perf/total_num_tokens"):
+        x, y = a[k], b[k]
+        rel = abs(x - y) / max(abs(x), 1e-3)
+        worst = max(worst, rel)
+        if rel > 1e-5:
+            sys.exit(f"step {a['step']} {k}: single process {x}, split {y} (relative {rel:.2e})")
+for b in two[1:]:
+    assert b["training/staleness"] == 0 and b["timing_s/update_weights"] > 0 and b["perf/update_weights_bytes"] > 0, b
+    assert 0 <= b["trainer/idle_ratio"] <= 1 and 0 <= b["rollouter/idle_ratio"] <= 1, b
+print(f"per-step metrics agree: worst relative difference {worst:.2e}")
+PY
+expect "per-step losses and grad norms match the single-process run within 1e-5" $?
+"$COMPARE" "$(weights one)" "$(weights split)" 1e-5 >"$TMP/cmp.txt" 2>&1
+expect "final weights match the single-process run within 1e-5 ($(cat "$TMP/cmp.txt"))" $?
+
+python3 - "$TMP/split/audit" 4 4 "$STEPS" <<'PY'
+import collections, glob, json, sys
+d, n, B, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+for k in range(1, steps + 1):
+    uids = collections.Counter()
+    for f in glob.glob(f"{d}/{k}.jsonl") + glob.glob(f"{d}/{k}.dp*.jsonl"):
+        for line in open(f):
+            uids[json.loads(line)["uid"]] += 1
+    assert len(uids) == B and all(c == n for c in uids.values()), (k, uids)
+print("every uid exactly n times per step")
+PY
+expect "audit files: every prompt's group exactly once per step" $?
+
+# a stranger on trainer DP rank 0's data socket while the run goes on
+"${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/noisy" placement.trainer_ranks=2 \
+    placement.rollout_ranks=1 grpod.data_endpoint="ipc://$TMP/data" >"$TMP/noisy.log" 2>&1 &
+RUN=$!
+for _ in $(seq 100); do [ -S "$TMP/data-dp0.sock" ] && break; sleep 0.1; done
+"$STRANGER" "ipc://$TMP/data-dp0.sock" >"$TMP/stranger.log" 2>&1
+expect "the stranger's messages were handed to the socket" $?
+wait $RUN
+expect "the run with a stranger on the data socket finishes" $?
+grep -q "refused a batch on the data socket" "$TMP/noisy.log"; expect "bad messages are refused with a reason" $?
+grep -Eq "DP rank 0: [4-9] batch\(es\) refused" "$TMP/noisy.log"; expect "each bad message is counted" $?
+"$COMPARE" "$(weights split)" "$(weights noisy)" 0 >/dev/null 2>&1
+expect "the stranger changed nothing (weights bit-identical to the undisturbed run)" $?
+
+# one-step-off
+timeout 300 "${MPIRUN[@]}" -np 2 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/async" \
+    placement.trainer_ranks=1 placement.rollout_ranks=1 actor_rollout_ref.rollout.mode=async >"$TMP/async.log" 2>&1
+expect "one-step-off run finishes" $?
+python3 - "$TMP/async/p/e/metrics.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+assert [r["training/staleness"] for r in rows] == [0, 1, 1, 1], [r["training/staleness"] for r in rows]
+assert rows[0]["training/rollout_probs_diff_mean"] < 1e-4, rows[0]
+assert all(r["training/rollout_probs_diff_mean"] > 1e-4 for r in rows[1:]), rows
+print("staleness and the rollout-vs-trainer gap are logged")
+PY
+expect "one-step-off: staleness 1 after the first step, and the log-prob gap measured" $?
+
+# placements that cannot work
+"${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/bad" placement.trainer_ranks=2 \
+    placement.rollout_ranks=2 >"$TMP/bad1.log" 2>&1
+[ $? -ne 0 ] && grep -q "placement.trainer_ranks 2 + placement.rollout_ranks 2 = 4, but mpirun started 3" "$TMP/bad1.log"
+expect "ranks that do not add up are refused, naming the keys" $?
+"${MPIRUN[@]}" -np 2 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/bad" rollout.nnodes=1 \
+    rollout.n_gpus_per_node=2 >"$TMP/bad2.log" 2>&1
+[ $? -ne 0 ] && grep -q "no trainers" "$TMP/bad2.log"; expect "a placement without trainers is refused" $?
+"${MPIRUN[@]}" -np 6 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/bad" placement.trainer_ranks=1 \
+    placement.rollout_ranks=5 >"$TMP/bad3.log" 2>&1
+[ $? -ne 0 ] && grep -q "more than the 4 prompts of a step" "$TMP/bad3.log"
+expect "more rollout ranks than prompts is refused" $?
+"${MPIRUN[@]}" -np 2 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/bad" >"$TMP/bad4.log" 2>&1
+[ $? -ne 0 ] && grep -q "a hybrid run takes one rank" "$TMP/bad4.log"; expect "two hybrid ranks are refused" $?
+[ ! -d "$TMP/bad" ]; expect "no refused placement started any work" $?
+
+[ "$fails" -eq 0 ] || { echo "$fails check(s) failed; logs:"; tail -n 30 "$TMP"/split.log "$TMP"/noisy.log "$TMP"/async.log; exit 1; }

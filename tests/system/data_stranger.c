@@ -1,0 +1,77 @@
+/* data_stranger ENDPOINT: play a stranger on a trainer's data socket. Sends, one PUSH each: random bytes, a
+ * truncated envelope, a control message, a rollout batch of another protocol version, a rollout batch that
+ * names a prompt the run does not have, and one message over the size limit. A trainer must refuse (and count)
+ * every one and carry on. Exit 0 once all are handed to the socket. */
+#include <nanomsg/nn.h>
+#include <nanomsg/pipeline.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "proto/protocol.h"
+
+static int push(int s, const void *buf, size_t len, const char *what)
+{
+    int timeout = 20000;
+    nn_setsockopt(s, NN_SOL_SOCKET, NN_SNDTIMEO, &timeout, sizeof timeout);
+    if (nn_send(s, buf, len, 0) < 0) {
+        fprintf(stderr, "data_stranger: sending %s: %s\n", what, nn_strerror(nn_errno()));
+        return 1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: data_stranger ENDPOINT\n");
+        return 2;
+    }
+    int s = nn_socket(AF_SP, NN_PUSH);
+    if (s < 0 || nn_connect(s, argv[1]) < 0) {
+        fprintf(stderr, "data_stranger: %s: %s\n", argv[1], nn_strerror(nn_errno()));
+        return 2;
+    }
+    int bad = 0;
+    unsigned char junk[200];
+    for (size_t i = 0; i < sizeof junk; i++)
+        junk[i] = (unsigned char)(i * 131 + 7);
+    bad += push(s, junk, sizeof junk, "random bytes");
+
+    Grpo__Sequence q = GRPO__SEQUENCE__INIT, *qs[1] = {&q};
+    int32_t ids[3] = {1, 2, 3};
+    float lp[3] = {-1, -1, -1};
+    q.uid = 1000000; /* no such prompt */
+    q.n_prompt_ids = 3, q.prompt_ids = ids;
+    q.n_response_ids = 3, q.response_ids = ids;
+    q.n_old_log_probs = 3, q.old_log_probs = lp;
+    Grpo__RolloutBatch rb = GRPO__ROLLOUT_BATCH__INIT;
+    rb.step = 1, rb.seq_no = 1, rb.from_rank = 1, rb.n_sequences = 1, rb.sequences = qs;
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    env.body_case = GRPO__ENVELOPE__BODY_ROLLOUT;
+    env.rollout = &rb;
+    size_t len;
+    uint8_t *buf = protocol_pack(&env, &len);
+    bad += push(s, buf, len / 2, "a truncated envelope");
+    bad += push(s, buf, len, "a batch naming an unknown prompt");
+    env.version = GRPO_PROTOCOL_VERSION + 1;
+    len = grpo__envelope__get_packed_size(&env);
+    buf = realloc(buf, len);
+    grpo__envelope__pack(&env, buf);
+    bad += push(s, buf, len, "a batch of another protocol version");
+    free(buf);
+    Grpo__Envelope hb = GRPO__ENVELOPE__INIT;
+    hb.body_case = GRPO__ENVELOPE__BODY_STATUS_REQUEST;
+    hb.status_request = 1;
+    buf = protocol_pack(&hb, &len);
+    bad += push(s, buf, len, "a control message");
+    free(buf);
+    size_t big = (size_t)GRPO_MAX_MESSAGE_BYTES + 1024;
+    unsigned char *huge = calloc(1, big);
+    bad += push(s, huge, big, "an oversized message");
+    free(huge);
+    sleep(1); /* let the queue drain before the socket closes */
+    nn_close(s);
+    return bad ? 1 : 0;
+}

@@ -1,0 +1,255 @@
+/* The data plane's wire codec and the placement arithmetic: a packed batch decodes to the same sequences; every
+ * kind of bad message a stranger or a misconfigured rank could send is refused with a reason that names the
+ * field; impossible placements are errors that name the keys. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/placement.h"
+#include "proto/protocol.h"
+#include "worker/rollout/wire.h"
+
+#define B 3
+#define N 2
+#define PLEN 4
+
+struct fx {
+    struct prompt_set set;
+    struct prompt_item items[5];
+    int32_t ids[5][PLEN];
+    struct step_batch b;
+    struct wire_limits lim;
+};
+
+static struct fx *make(void)
+{
+    struct fx *f = calloc(1, sizeof *f);
+    for (int u = 0; u < 5; u++) {
+        for (int t = 0; t < PLEN; t++)
+            f->ids[u][t] = 10 * u + t;
+        f->items[u] = (struct prompt_item){.data_source = "arithmetic", .ids = f->ids[u], .len = PLEN};
+    }
+    f->set = (struct prompt_set){.name = "fixture", .n = 5, .items = f->items};
+    /* groups 1 and 2 of a 3-group step: uids 4 and 0 */
+    const int uids[2] = {4, 0};
+    step_batch_reserve(&f->b, 2 * N);
+    for (int g = 0; g < 2; g++) {
+        f->b.group_prompt[g] = &f->items[uids[g]];
+        f->b.group_uid[g] = uids[g];
+        f->b.n_groups++;
+        for (int s = 0; s < N; s++) {
+            struct rollout_seq *q = &f->b.seqs[f->b.n_seq];
+            memset(q, 0, sizeof *q);
+            q->group = g;
+            q->gidx = (g + 1) * N + s;
+            q->prompt = f->ids[uids[g]];
+            q->prompt_len = PLEN;
+            q->resp_len = 2 + s;
+            q->resp = malloc(sizeof(int32_t) * (size_t)q->resp_len);
+            q->gen_logp = malloc(sizeof(float) * (size_t)q->resp_len);
+            for (int t = 0; t < q->resp_len; t++) {
+                q->resp[t] = 7 + t + s;
+                q->gen_logp[t] = -0.5f * (float)(t + 1);
+            }
+            q->score = 0.25 * (s + 1);
+            q->raw_score = q->score - 0.125;
+            q->stopped = s == 0;
+            f->b.resp_text[f->b.n_seq++] = NULL;
+        }
+    }
+    f->lim = (struct wire_limits){.prompts = &f->set,
+                                  .vocab_size = 100,
+                                  .max_response_length = 8,
+                                  .groups_in_step = B,
+                                  .n = N,
+                                  .world_size = 3,
+                                  .dp_rank = 1};
+    return f;
+}
+
+static void drop(struct fx *f)
+{
+    step_batch_free(&f->b);
+    free(f);
+}
+
+static const struct wire_header HDR = {.step = 5, .from_rank = 2, .to_dp = 1, .seq_no = 9, .policy_version = 4,
+                                       .groups_in_step = B, .n = N, .gen_s = 1.5, .reward_s = 0.25, .idle_s = 0.5};
+
+static uint8_t *pack(struct fx *f, const struct wire_header *h, size_t *len)
+{
+    const int groups[2] = {0, 1};
+    return wire_pack_batch(h, &f->b, groups, 2, len);
+}
+
+static void test_round_trip(void **state)
+{
+    (void)state;
+    struct fx *f = make();
+    size_t len;
+    uint8_t *buf = pack(f, &HDR, &len);
+    struct step_batch out = {0};
+    struct wire_header h;
+    char why[512] = "";
+    assert_int_equal(wire_unpack_batch(buf, len, &f->lim, &h, &out, why, sizeof why), 0);
+    assert_int_equal(h.step, 5);
+    assert_int_equal(h.seq_no, 9);
+    assert_int_equal(h.policy_version, 4);
+    assert_true(h.gen_s == 1.5 && h.reward_s == 0.25 && h.idle_s == 0.5);
+    assert_int_equal(out.n_groups, 2);
+    assert_int_equal(out.n_seq, 2 * N);
+    for (int i = 0; i < out.n_seq; i++) {
+        const struct rollout_seq *a = &f->b.seqs[i], *b = &out.seqs[i];
+        assert_int_equal(b->gidx, a->gidx);
+        assert_int_equal(out.group_uid[b->group], f->b.group_uid[a->group]);
+        assert_ptr_equal(b->prompt, f->ids[out.group_uid[b->group]]); /* the trainer's own copy */
+        assert_int_equal(b->resp_len, a->resp_len);
+        assert_memory_equal(b->resp, a->resp, sizeof(int32_t) * (size_t)a->resp_len);
+        assert_memory_equal(b->gen_logp, a->gen_logp, sizeof(float) * (size_t)a->resp_len);
+        assert_true(b->score == a->score && b->raw_score == a->raw_score);
+        assert_int_equal(b->stopped, a->stopped);
+    }
+    step_batch_free(&out);
+    free(buf);
+    drop(f);
+}
+
+/* decode buf and expect a refusal whose reason contains text; the batch stays empty */
+static void refused(struct fx *f, const uint8_t *buf, size_t len, const char *text)
+{
+    struct step_batch out = {0};
+    struct wire_header h;
+    char why[512] = "";
+    assert_int_equal(wire_unpack_batch(buf, len, &f->lim, &h, &out, why, sizeof why), -1);
+    if (!strstr(why, text))
+        fail_msg("reason '%s' does not mention '%s'", why, text);
+    assert_int_equal(out.n_seq, 0);
+}
+
+static void test_garbage_and_wrong_version(void **state)
+{
+    (void)state;
+    struct fx *f = make();
+    uint8_t junk[64];
+    for (size_t i = 0; i < sizeof junk; i++)
+        junk[i] = (uint8_t)(i * 37 + 11);
+    refused(f, junk, sizeof junk, "");
+    refused(f, junk, 0, "");
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    env.body_case = GRPO__ENVELOPE__BODY_STATUS_REQUEST;
+    env.status_request = 1;
+    size_t len;
+    uint8_t *buf = protocol_pack(&env, &len);
+    refused(f, buf, len, "only rollout batches");
+    free(buf);
+    /* a batch from a peer of another major version */
+    buf = pack(f, &HDR, &len);
+    Grpo__Envelope *e = protocol_unpack(buf, len, NULL, 0);
+    assert_non_null(e);
+    free(buf);
+    e->version = GRPO_PROTOCOL_VERSION + 1;
+    len = grpo__envelope__get_packed_size(e);
+    buf = malloc(len);
+    grpo__envelope__pack(e, buf);
+    protocol_free(e);
+    refused(f, buf, len, "version");
+    free(buf);
+    /* a truncated batch */
+    buf = pack(f, &HDR, &len);
+    refused(f, buf, len / 2, "");
+    free(buf);
+    drop(f);
+}
+
+static void test_bad_fields(void **state)
+{
+    (void)state;
+    struct fx *f = make();
+    size_t len;
+    struct wire_header h = HDR;
+    uint8_t *buf;
+#define EXPECT_REFUSED(mutate, text)                                                                                   \
+    do {                                                                                                               \
+        struct fx *g = make();                                                                                         \
+        h = HDR;                                                                                                       \
+        mutate;                                                                                                        \
+        buf = pack(g, &h, &len);                                                                                       \
+        refused(g, buf, len, text);                                                                                    \
+        free(buf);                                                                                                     \
+        drop(g);                                                                                                       \
+    } while (0)
+    EXPECT_REFUSED(h.from_rank = 7, "from_rank");
+    EXPECT_REFUSED(h.to_dp = 0, "DP rank");
+    EXPECT_REFUSED(h.step = 0, "step");
+    EXPECT_REFUSED(h.groups_in_step = B + 1, "train_batch_size");
+    EXPECT_REFUSED(g->b.seqs[0].resp[0] = 100, "vocabulary");
+    EXPECT_REFUSED(g->b.seqs[1].gen_logp[0] = 0.5f, "log-prob");
+    EXPECT_REFUSED(g->b.seqs[2].score = INFINITY, "not finite");
+    EXPECT_REFUSED(g->b.group_uid[0] = 9, "uid 9");
+    EXPECT_REFUSED(g->b.group_uid[1] = 1, "prompt ids");           /* uid 1 exists but the prompt differs */
+    EXPECT_REFUSED(g->b.seqs[3].gidx = 3 * N, "group_index");        /* past the step */
+    EXPECT_REFUSED(g->b.seqs[3].gidx = g->b.seqs[2].gidx, "repeats"); /* the same sample twice */
+    EXPECT_REFUSED(g->lim.max_response_length = 2, "max_response_length"); /* sample 1 has 3 tokens */
+    /* a group without all of its samples */
+    struct fx *g = make();
+    const int one[1] = {0};
+    g->b.seqs[1].group = 1; /* group 0 keeps only sample 0 */
+    buf = wire_pack_batch(&HDR, &g->b, one, 1, &len);
+    g->b.seqs[1].group = 0;
+    refused(g, buf, len, "not whole");
+    free(buf);
+    drop(g);
+    drop(f);
+}
+
+static void test_placement(void **state)
+{
+    (void)state;
+    char why[512];
+    struct placement p;
+    const struct placement_spec split = {.trainer_ranks = 2, .rollout_ranks = 1, .tp_size = 1, .pp_size = 1};
+    assert_int_equal(placement_of(&split, 1, 3, &p, why, sizeof why), 0);
+    assert_int_equal(p.role, PLACE_TRAINER);
+    assert_int_equal(p.dp, 1);
+    assert_int_equal(p.dp_size, 2);
+    assert_int_equal(placement_of(&split, 2, 3, &p, why, sizeof why), 0);
+    assert_int_equal(p.role, PLACE_ROLLOUT);
+    assert_int_equal(p.dp, 0);
+    assert_int_equal(placement_of(&split, 0, 4, &p, why, sizeof why), -1);
+    assert_non_null(strstr(why, "placement.trainer_ranks 2 + placement.rollout_ranks 1 = 3"));
+    assert_non_null(strstr(why, "4 ranks"));
+    const struct placement_spec none = {.trainer_ranks = 0, .rollout_ranks = 3, .tp_size = 1, .pp_size = 1};
+    assert_int_equal(placement_of(&none, 0, 3, &p, why, sizeof why), -1);
+    assert_non_null(strstr(why, "no trainers"));
+    const struct placement_spec many = {.trainer_ranks = 1, .rollout_ranks = 5, .tp_size = 1, .pp_size = 1};
+    assert_int_equal(placement_check(&many, 6, 4, why, sizeof why), -1);
+    assert_non_null(strstr(why, "placement.rollout_ranks 5"));
+    assert_non_null(strstr(why, "4 prompts"));
+    assert_int_equal(placement_check(&split, 3, 4, why, sizeof why), 0);
+    const struct placement_spec mp = {.trainer_ranks = 6, .rollout_ranks = 0, .tp_size = 4, .pp_size = 1};
+    assert_int_equal(placement_of(&mp, 0, 6, &p, why, sizeof why), -1);
+    assert_non_null(strstr(why, "not a multiple of placement.tensor_parallel_size 4"));
+    /* Megatron order: rank = (pp * dp_size + dp) * tp_size + tp */
+    const struct placement_spec tp = {.trainer_ranks = 8, .rollout_ranks = 2, .tp_size = 2, .pp_size = 2};
+    for (int r = 0; r < 8; r++) {
+        assert_int_equal(placement_of(&tp, r, 10, &p, why, sizeof why), 0);
+        assert_int_equal((p.pp * p.dp_size + p.dp) * p.tp_size + p.tp, r);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_garbage_and_wrong_version),
+        cmocka_unit_test(test_bad_fields),
+        cmocka_unit_test(test_placement),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
