@@ -46,6 +46,7 @@ struct trainer {
     struct rollout_ctx rc;       /* generation and scoring with the policy (hybrid steps, validation) */
     struct trainer_layout lay;   /* this rank in the trainers' DP group */
     struct trainer_source src;   /* where each step's rollouts come from */
+    double iter_t0;              /* start of this loop iteration: the step time includes the safe point's work */
     int64_t warmup;
     double peak_flops; /* measured sgemm FLOP/s x threads, the MFU denominator */
     struct policy_loss_params loss;
@@ -623,7 +624,7 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
 static int grpo_step(struct trainer *t, struct metrics *m)
 {
     const int64_t k = t->st.global_step + 1;
-    double t_step = rollout_now_s();
+    double t_step = t->iter_t0 > 0 ? t->iter_t0 : rollout_now_s();
     struct step_timing tm = {0};
     struct step_batch b = {0};
     int rc = t->src.next_batch(t->src.ctx, k, &b, &tm, m);
@@ -739,6 +740,7 @@ int trainer_run(struct trainer *t)
         metrics_clear(&m);
     }
     while (t->st.global_step < t->st.total_steps) {
+        t->iter_t0 = rollout_now_s();
         int act = decide(t);
         /* a stop checkpoints too, unless this step is already saved */
         if ((act & (TRAINER_CHECKPOINT | TRAINER_STOP)) && t->saved_step != t->st.global_step && writer)
