@@ -26,7 +26,7 @@ if [ ! -f "$hf/config.json" ]; then
 fi
 COMMON=(actor_rollout_ref.model.path="$hf" trainer.total_training_steps="$STEPS" trainer.val_before_train=false
     trainer.test_freq=-1 trainer.save_freq=-1 trainer.project_name=bench)
-cores="$(nproc)"
+cores="$(nproc --all)"  # not plain nproc: it follows OMP_NUM_THREADS
 
 echo "[bench] hybrid: 1 process, $cores threads" >&2
 OPENBLAS_NUM_THREADS="$cores" build/worker/grpo-worker "${COMMON[@]}" trainer.default_local_dir="$OUT/hybrid" \

@@ -49,6 +49,17 @@ void comm_broadcast(struct comm *c, void *buf, size_t count, enum comm_dtype t, 
         c->be->broadcast(c, buf, count, t, root);
 }
 
+void comm_broadcast_polled(struct comm *c, void *buf, size_t count, enum comm_dtype t, int root,
+                           void (*poll)(void *ud), void *ud)
+{
+    if (!count)
+        return;
+    if (c->be->broadcast_polled) /* always: MPI matches a non-blocking broadcast only with another */
+        c->be->broadcast_polled(c, buf, count, t, root, poll, ud);
+    else
+        c->be->broadcast(c, buf, count, t, root);
+}
+
 void comm_send(struct comm *c, const void *buf, size_t count, enum comm_dtype t, int peer)
 {
     c->be->send(c, buf, count, t, peer);

@@ -1,6 +1,7 @@
 /* MPI back-end of the collective plane: CPU buffers, used where there is no GPU. */
 #include <limits.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "comm.h"
 #include "common/check_mpi.h"
@@ -46,6 +47,24 @@ static void mpi_broadcast(struct comm *c, void *buf, size_t count, enum comm_dty
     CHECK_MPI(MPI_Bcast(buf, icount(count), mpi_type(t), root, mc(c)));
 }
 
+/* Non-blocking broadcast, tested every millisecond; poll runs in between (a rank waiting for its peers keeps
+ * answering the control plane). */
+static void mpi_broadcast_polled(struct comm *c, void *buf, size_t count, enum comm_dtype t, int root,
+                                 void (*poll)(void *ud), void *ud)
+{
+    MPI_Request req;
+    CHECK_MPI(MPI_Ibcast(buf, icount(count), mpi_type(t), root, mc(c), &req));
+    for (int done = 0;;) {
+        CHECK_MPI(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+        if (done)
+            return;
+        if (poll)
+            poll(ud);
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
 static void mpi_send(struct comm *c, const void *buf, size_t count, enum comm_dtype t, int peer)
 {
     CHECK_MPI(MPI_Send(buf, icount(count), mpi_type(t), peer, 0, mc(c)));
@@ -87,6 +106,7 @@ static const struct comm_backend mpi_backend = {
     .allgather = mpi_allgather,
     .reduce_scatter_sum = mpi_reduce_scatter_sum,
     .broadcast = mpi_broadcast,
+    .broadcast_polled = mpi_broadcast_polled,
     .send = mpi_send,
     .recv = mpi_recv,
     .barrier = mpi_barrier,

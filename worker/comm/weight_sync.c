@@ -31,7 +31,7 @@ void weight_sync_send(struct comm *c, const struct weight_sync_header *h, const 
     *st = (struct weight_sync_stats){0};
     struct weight_sync_header hh = *h;
     hh.n_floats = (int64_t)n;
-    comm_broadcast(c, &hh, sizeof hh / sizeof(int64_t), COMM_I64, 0);
+    comm_broadcast_polled(c, &hh, sizeof hh / sizeof(int64_t), COMM_I64, 0, NULL, NULL); /* as the receivers */
     if (hh.has_weights && !hh.stop)
         move_buckets(c, (float *)w, n, bucket_bytes, st); /* the root's buffer is only read */
     st->seconds = mono_s() - t0;
@@ -40,9 +40,16 @@ void weight_sync_send(struct comm *c, const struct weight_sync_header *h, const 
 int weight_sync_recv(struct comm *c, struct weight_sync_header *h, float *w, size_t n, size_t bucket_bytes,
                      struct weight_sync_stats *st, char *err, size_t errlen)
 {
+    return weight_sync_recv_polled(c, h, w, n, bucket_bytes, st, NULL, NULL, err, errlen);
+}
+
+int weight_sync_recv_polled(struct comm *c, struct weight_sync_header *h, float *w, size_t n, size_t bucket_bytes,
+                            struct weight_sync_stats *st, void (*poll)(void *ud), void *ud, char *err,
+                            size_t errlen)
+{
     double t0 = mono_s();
     *st = (struct weight_sync_stats){0};
-    comm_broadcast(c, h, sizeof *h / sizeof(int64_t), COMM_I64, 0);
+    comm_broadcast_polled(c, h, sizeof *h / sizeof(int64_t), COMM_I64, 0, poll, ud);
     if (h->has_weights && !h->stop) {
         if (h->n_floats != (int64_t)n)
             return error_set(err, errlen,

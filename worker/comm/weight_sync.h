@@ -39,5 +39,9 @@ void weight_sync_send(struct comm *c, const struct weight_sync_header *h, const 
  * parameter count differs from n (different models: nothing is received into w, and the run must end). */
 int weight_sync_recv(struct comm *c, struct weight_sync_header *h, float *w, size_t n, size_t bucket_bytes,
                      struct weight_sync_stats *st, char *err, size_t errlen);
+/* As weight_sync_recv, calling poll(ud) while the header has not come (the receiver answers pause requests). */
+int weight_sync_recv_polled(struct comm *c, struct weight_sync_header *h, float *w, size_t n, size_t bucket_bytes,
+                            struct weight_sync_stats *st, void (*poll)(void *ud), void *ud, char *err,
+                            size_t errlen);
 
 #endif

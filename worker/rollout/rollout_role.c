@@ -52,6 +52,7 @@ struct rollout_rank {
     struct rollout_ctx rc;
     struct dataplane_push *push;
     uint64_t seq_no;
+    int64_t step; /* steps generated so far */
 };
 
 static int setup(struct rollout_rank *r, char *err, size_t errlen)
@@ -168,6 +169,13 @@ static int nothing_to_save(void *ud, int64_t step)
     return 0;
 }
 
+/* While waiting for the trainers' word: answer pause (hold, reported as paused) and checkpoint requests. */
+static void answer_control(void *ud)
+{
+    struct rollout_rank *r = ud;
+    control_safe_point(r->env->ctl, r->step, nothing_to_save, NULL);
+}
+
 int run_rollout(struct role_env *env)
 {
     char err[2048];
@@ -192,6 +200,7 @@ int run_rollout(struct role_env *env)
     idle += rollout_now_s() - t0;
     const int64_t start = h.version, K = h.total_steps, s = env->staleness;
     int64_t version = h.version;
+    r.step = start;
     data_cursor_seek(&r.cur, (long)h.epoch, (int)h.cursor);
     log_info("rollout", "rank %d of %d rollout ranks: steps %lld..%lld from policy version %lld (%s), %d trainer "
              "endpoint(s)",
@@ -202,8 +211,8 @@ int run_rollout(struct role_env *env)
         if (k - 1 - s >= start) { /* the trainers' word after step k-1-s: new weights, or the end */
             t0 = rollout_now_s();
             control_set_phase(env->ctl, CONTROL_PHASE_WEIGHT_SYNC);
-            if (weight_sync_recv(env->sync, &h, r.policy->w.mem, r.policy->w.n_floats, bucket, &ws, err,
-                                 sizeof err) != 0) {
+            if (weight_sync_recv_polled(env->sync, &h, r.policy->w.mem, r.policy->w.n_floats, bucket, &ws,
+                                        env->ctl ? answer_control : NULL, &r, err, sizeof err) != 0) {
                 log_error("rollout", "%s", err);
                 goto out;
             }
@@ -227,12 +236,13 @@ int run_rollout(struct role_env *env)
             goto out;
         }
         idle = send_wait;
+        r.step = k;
         control_set_step(env->ctl, k, K);
     }
     if (!stopped) { /* the trainers' last word: they have taken every batch */
         control_set_phase(env->ctl, CONTROL_PHASE_IDLE);
-        if (weight_sync_recv(env->sync, &h, r.policy->w.mem, r.policy->w.n_floats, bucket, &ws, err, sizeof err) !=
-            0) {
+        if (weight_sync_recv_polled(env->sync, &h, r.policy->w.mem, r.policy->w.n_floats, bucket, &ws,
+                                    env->ctl ? answer_control : NULL, &r, err, sizeof err) != 0) {
             log_error("rollout", "%s", err);
             goto out;
         }

@@ -715,15 +715,16 @@ static int check_replicas(struct trainer *t, int64_t k)
     return bad ? -1 : 0;
 }
 
+/* While a DP rank waits for DP rank 0's decision: hold here if the run is paused, so every rank reports it. */
+static void answer_control(void *ud) { safe_point(ud); }
+
 /* The safe point's decision, DP rank 0's for every DP rank. */
 static int decide(struct trainer *t)
 {
     int act = t->lay.dp_rank == 0 ? safe_point(t) : TRAINER_CONTINUE;
-    if (t->lay.dp && t->lay.dp_size > 1) {
-        if (t->lay.dp_rank != 0)
-            safe_point(t); /* pause here too (heartbeats go on); stop and checkpoint follow DP rank 0 */
-        comm_broadcast(t->lay.dp, &act, 1, COMM_I32, 0);
-    }
+    if (t->lay.dp && t->lay.dp_size > 1) /* stop and checkpoint follow DP rank 0 */
+        comm_broadcast_polled(t->lay.dp, &act, 1, COMM_I32, 0,
+                              t->lay.dp_rank && t->hooks.safe_point ? answer_control : NULL, t);
     return act;
 }
 

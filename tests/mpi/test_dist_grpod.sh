@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# 1 rollout + 2 trainer ranks under grpod and mpirun:
+#  - grpod assigns the roles; grpoctl workers shows each rank's role, coordinates and idle share;
+#  - grpoctl pause holds every rank at its next step boundary; resumed, the run ends with weights
+#    bit-identical to the same run without grpod;
+#  - grpoctl stop checkpoints and ends every rank cleanly; launched again, the run resumes to the same weights;
+#  - a trainer rank killed with SIGKILL ends the job; grpod marks the ranks lost and says so in
+#    grpoctl status; launched again, the run resumes from the newest checkpoint to the same weights.
+# usage: test_dist_grpod.sh GRPOD GRPOCTL SIM_WORKER GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
+set -u
+WORKER="$4" MODEL_TOOL="$5" COMPARE="$6" SCORER="$7"
+. "$(dirname "$0")/../system/grpod_lib.sh" "$1" "$2" "$3"
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+"$MODEL_TOOL" init tests/fixtures/tokenizers/bytes-chatml/config.json "$TMP/tiny" \
+    --tokenizer-from tests/fixtures/tokenizers/bytes-chatml --seed 11 --std 0.1 >"$TMP/init.log" 2>&1
+expect "tiny model initialised" $?
+STEPS=30
+PLACE=(placement.trainer_ranks=2 placement.rollout_ranks=1)
+# run NAME [overrides...]: 3 ranks, log in $TMP/NAME.log
+run() {
+    local name="$1"; shift
+    mpirun --oversubscribe --bind-to none -np 3 "$WORKER" actor_rollout_ref.model.path="$TMP/tiny" \
+        trainer.default_local_dir="$TMP/$name" trainer.project_name=p trainer.experiment_name=e \
+        trainer.total_training_steps=$STEPS trainer.val_before_train=false trainer.test_freq=-1 \
+        trainer.save_freq=1 trainer.max_actor_ckpt_to_keep=2 data.train_batch_size=4 \
+        actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=12 \
+        actor_rollout_ref.actor.optim.lr=1e-3 data.synthetic.num_train=64 data.synthetic.num_val=4 \
+        custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score "${PLACE[@]}" "$@" \
+        >>"$TMP/$name.log" 2>&1
+}
+final() { echo "$TMP/$1/p/e/checkpoints/global_step_$STEPS/actor"; }
+step_at_least() { [ "$(status_field .step)" -ge "$1" ] 2>/dev/null; }
+
+run ref
+expect "reference run (no grpod) finishes" $?
+
+# ---- pause and resume
+start_grpod g1 "${PLACE[@]}"
+run paused grpod.endpoint="$EP" grpod.connect_timeout_s=20 &
+MPI_PID=$!
+PIDS+=("$MPI_PID")
+wait_for 60 step_at_least 3; expect "ranks register and report steps" $?
+"$GRPOCTL" workers >"$TMP/workers.txt" 2>&1
+[ "$(grep -c ' trainer ' "$TMP/workers.txt")" -eq 2 ] && [ "$(grep -c ' rollout ' "$TMP/workers.txt")" -eq 1 ]
+expect "grpoctl workers: two trainers and one rollout rank" $?
+grep -Eq "^1 .* trainer +1/0/0 " "$TMP/workers.txt"; expect "grpoctl workers: rank 1 is trainer DP rank 1" $?
+grep -q "IDLE" "$TMP/workers.txt"; expect "grpoctl workers shows each rank's idle share" $?
+"$GRPOCTL" pause --wait=60 >"$TMP/pause.out" 2>&1; expect "pause takes effect on every rank" $?
+s1="$(status_field .step)"; sleep 2; s2="$(status_field .step)"
+[ "$s1" = "$s2" ]; expect "no step while paused ($s1 -> $s2)" $?
+[ "$(status_field '[.workers[].state] | map(select(. == "paused")) | length')" = 3 ]
+expect "all three ranks report paused" $?
+"$GRPOCTL" resume >/dev/null 2>&1; expect "resume" $?
+wait "$MPI_PID"; expect "paused-and-resumed run finishes" $?
+"$COMPARE" "$(final ref)" "$(final paused)" 0 >"$TMP/cmp1.txt" 2>&1
+expect "pause + resume: weights bit-identical to the run without grpod" $?
+kill "$GRPOD_PID" 2>/dev/null; wait "$GRPOD_PID" 2>/dev/null
+
+# ---- stop, then launch again
+start_grpod g2 "${PLACE[@]}"
+run stopped grpod.endpoint="$EP" grpod.connect_timeout_s=20 &
+MPI_PID=$!
+PIDS+=("$MPI_PID")
+wait_for 60 step_at_least 4; expect "second run under way" $?
+"$GRPOCTL" stop --wait=60 >"$TMP/stop.out" 2>&1; expect "stop" $?
+wait "$MPI_PID"; expect "every rank of the stopped run exits 0" $?
+sstep="$(cat "$TMP/stopped/p/e/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null)"
+[ -n "$sstep" ] && [ "$sstep" -lt $STEPS ]; expect "stop left a checkpoint mid-run (step $sstep)" $?
+grep -q "stopped by the trainers" "$TMP/stopped.log"; expect "the rollout rank ended on the trainers' word" $?
+kill "$GRPOD_PID" 2>/dev/null; wait "$GRPOD_PID" 2>/dev/null
+run stopped
+expect "launched again, the stopped run finishes" $?
+"$COMPARE" "$(final ref)" "$(final stopped)" 0 >/dev/null 2>&1; expect "stop + resume: weights bit-identical" $?
+
+# ---- a trainer rank killed
+start_grpod g3 "${PLACE[@]}"
+run killed grpod.endpoint="$EP" grpod.connect_timeout_s=20 &
+MPI_PID=$!
+PIDS+=("$MPI_PID")
+wait_for 60 step_at_least 5; expect "third run under way" $?
+victim="$("$GRPOCTL" status --json | jq -r '.workers[] | select(.rank == 1) | .pid')"
+kill -9 "$victim"; expect "trainer rank 1 (pid $victim) killed" $?
+wait "$MPI_PID"; rc=$?
+[ "$rc" -ne 0 ]; expect "the job ends when a trainer is lost (mpirun exit $rc)" $?
+wait_for 15 sh -c "'$GRPOCTL' status | grep -q lost"; expect "grpoctl status says the ranks are lost" $?
+"$GRPOCTL" status >"$TMP/lost.txt" 2>&1
+kstep="$(cat "$TMP/killed/p/e/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null)"
+[ -n "$kstep" ] && [ "$kstep" -lt $STEPS ]; expect "a checkpoint before the loss (step $kstep)" $?
+run killed grpod.endpoint="$EP" grpod.connect_timeout_s=20
+expect "launched again under the same grpod, the run resumes and finishes" $?
+grep -q "resumed from .*global_step_$kstep" "$TMP/killed.log"; expect "it resumed from the newest checkpoint" $?
+"$COMPARE" "$(final ref)" "$(final killed)" 0 >/dev/null 2>&1; expect "kill + resume: weights bit-identical" $?
+[ "$fails" -eq 0 ] || exit 1
