@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # deploy/grpo-launch-workers end to end: mpirun starts the workers of a hostfile
-# (simulated workers here), they register with grpod under their MPI ranks, train,
+# (simulated workers first, then real grpo-worker ranks with a trainer and a rollout
+# role on a tiny model), they register with grpod under their MPI ranks, train,
 # and finish; grpoctl sees it all.
 set -u
 . "$(dirname "$0")/grpod_lib.sh" "$1" "$2" "$3"
@@ -19,5 +20,30 @@ expect "mpirun launch of 2 workers from the hostfile ends with 0" $?
 state_is finished; expect "run finished" $?
 [ "$(status_field '[.workers[].rank] | join(",")')" = "0,1" ]; expect "ranks 0 and 1 registered" $?
 [ "$(status_field .step)" = 8 ]; expect "8 steps" $?
+kill "$GRPOD_PID" 2>/dev/null; wait "$GRPOD_PID" 2>/dev/null
+
+# real workers: 1 trainer + 1 rollout rank from the hostfile, the split in the run's YAML (verl's keys)
+WORKER="$5" MODEL_TOOL="$6"
+"$MODEL_TOOL" init "$src/tests/fixtures/tokenizers/bytes-chatml/config.json" "$TMP/tiny" \
+    --tokenizer-from "$src/tests/fixtures/tokenizers/bytes-chatml" --seed 11 --std 0.1 >"$TMP/init.log" 2>&1
+expect "tiny model initialised" $?
+cat >"$TMP/split.yaml" <<YAML
+data: {train_batch_size: 2, max_response_length: 8, synthetic: {num_train: 16, num_val: 2}}
+actor_rollout_ref:
+  model: {path: $TMP/tiny}
+  rollout: {n: 2}
+  actor: {ppo_mini_batch_size: 2}
+trainer: {nnodes: 1, n_gpus_per_node: 1, total_training_steps: 3, val_before_train: false,
+          default_local_dir: $TMP/runs, project_name: p, experiment_name: e}
+rollout: {nnodes: 1, n_gpus_per_node: 1}
+grpod: {connect_timeout_s: 30}
+YAML
+start_grpod g2 --config "$TMP/split.yaml"
+OPENBLAS_NUM_THREADS=1 GRPO_WORKER="$WORKER" "$src/deploy/grpo-launch-workers" --hostfile "$TMP/hostfile" \
+    --config "$TMP/split.yaml" --endpoint "$EP" >"$TMP/real.log" 2>&1
+expect "grpo-launch-workers runs a trainer and a rollout rank to the end" $?
+[ "$(status_field '[.workers[].role] | join(",")')" = "trainer,rollout" ]; expect "grpod assigned trainer and rollout" $?
+[ "$(status_field .step)" = 3 ]; expect "3 steps" $?
+[ -f "$TMP/runs/p/e/checkpoints/global_step_3/actor/model.safetensors" ]; expect "the trainer wrote the final checkpoint" $?
 echo "$fails failure(s)"
 [ "$fails" -eq 0 ]
