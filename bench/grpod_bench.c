@@ -29,7 +29,7 @@
 
 #include "common/check.h"
 #include "proto/protocol.h"
-#include "worker/control/transport.h"
+#include "proto/transport.h"
 
 struct samples {
     double *v;

@@ -12,8 +12,8 @@ static int verl_ranks(long long nodes, long long per_node, const char *prefix, i
     if (nodes == 0 && per_node == 0)
         return 0;
     if (nodes == 0 || per_node == 0) {
-        snprintf(why, whylen, "%s.nnodes (%lld) and %s.n_gpus_per_node (%lld) are set together", prefix, nodes,
-                 prefix, per_node);
+        snprintf(why, whylen, "%s.nnodes (%lld) and %s.n_gpus_per_node (%lld) are set together", prefix, nodes, prefix,
+                 per_node);
         return -1;
     }
     *out = (int)(nodes * per_node);
@@ -52,14 +52,13 @@ const char *placement_role_name(enum placement_role r)
     return r == PLACE_TRAINER ? "trainer" : r == PLACE_ROLLOUT ? "rollout" : "hybrid";
 }
 
-int placement_of(const struct placement_spec *s, int rank, int world, struct placement *p, char *why,
-                 size_t whylen)
+int placement_of(const struct placement_spec *s, int rank, int world, struct placement *p, char *why, size_t whylen)
 {
     const int T = s->trainer_ranks, R = s->rollout_ranks, tp = s->tp_size, pp = s->pp_size;
     memset(p, 0, sizeof *p);
     if (tp < 1 || pp < 1) {
-        snprintf(why, whylen, "placement.tensor_parallel_size (%d) and placement.pipeline_parallel_size (%d) must be >= 1",
-                 tp, pp);
+        snprintf(why, whylen,
+                 "placement.tensor_parallel_size (%d) and placement.pipeline_parallel_size (%d) must be >= 1", tp, pp);
         return -1;
     }
     if (rank < 0 || rank >= world) {

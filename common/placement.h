@@ -35,8 +35,7 @@ int placement_spec_from_config(const struct grpo_config *cfg, struct placement_s
 /* Role and coordinates of `rank` in a world of `world` ranks. 0, or -1 with why naming the keys and the
  * numbers when the layout cannot work (ranks that do not add up, no trainers, a trainer count that is not a
  * multiple of TP x PP). */
-int placement_of(const struct placement_spec *s, int rank, int world, struct placement *out, char *why,
-                 size_t whylen);
+int placement_of(const struct placement_spec *s, int rank, int world, struct placement *out, char *why, size_t whylen);
 
 /* The whole layout checked before any work starts: placement_of for every rank, plus the data the rollout
  * ranks share (prompts_per_step >= rollout ranks, so none is left without work). 0, or -1 with why. */

@@ -16,10 +16,10 @@
 
 #include "common/config.h"
 #include "common/log.h"
-#include "daemon/names.h"
-#include "daemon/status_json.h"
+#include "proto/names.h"
+#include "proto/status_json.h"
 #include "proto/protocol.h"
-#include "worker/control/transport.h"
+#include "proto/transport.h"
 
 enum { EXIT_OK = 0, EXIT_FAILED = 1, EXIT_USAGE = 2, EXIT_UNREACHABLE = 3 };
 

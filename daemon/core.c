@@ -15,7 +15,7 @@
 #include "common/log.h"
 #include "common/placement.h"
 #include "validate.h"
-#include "worker/control/transport.h"
+#include "proto/transport.h"
 
 /* ---- small helpers ---- */
 

@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "names.h"
+#include "proto/names.h"
 #include "proto/protocol.h"
 
 #define CORE_MAX_WORKERS 16384

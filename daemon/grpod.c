@@ -35,7 +35,7 @@
 #include "daemon/grpod_version.h"
 #include "http.h"
 #include "journal.h"
-#include "worker/control/transport.h"
+#include "proto/transport.h"
 
 #define MAX_LISTENERS 4
 

@@ -13,7 +13,7 @@
 #include "common/check.h"
 #include "common/log.h"
 #include "core.h"
-#include "status_json.h"
+#include "proto/status_json.h"
 
 struct http {
     struct MHD_Daemon *mhd;

@@ -108,8 +108,9 @@ static int join_control_plane(struct role_env *env)
     struct control_options o;
     struct control_assignment a;
     control_options_from_config(&o, env->cfg, comm_rank(env->world), comm_size(env->world));
-    o.capabilities = env->at.role == PLACE_ROLLOUT ? "rollout" : env->at.role == PLACE_TRAINER ? "trainer"
-                                                                                               : "rollout,trainer";
+    o.capabilities = env->at.role == PLACE_ROLLOUT   ? "rollout"
+                     : env->at.role == PLACE_TRAINER ? "trainer"
+                                                     : "rollout,trainer";
     if (control_open(&o, &env->ctl, &a, err, sizeof err) != 0) {
         log_error("worker", "%s", err);
         return -1;

@@ -22,12 +22,12 @@ struct role_env {
     const struct grpo_config *cfg;
     struct comm *world;
     struct placement_spec spec;
-    struct placement at;     /* this rank's role and coordinates */
-    struct control *ctl;     /* NULL: no grpod */
-    struct comm *trainers;   /* the trainers' DP group (trainer ranks only) */
-    struct comm *sync;       /* trainer DP rank 0 (rank 0 here) and every rollout rank; NULL elsewhere */
-    int staleness;           /* 0: on-policy (rollout.mode=sync), 1: one-step-off (async) */
-    int n_endpoints;         /* one data endpoint per trainer DP rank */
+    struct placement at;   /* this rank's role and coordinates */
+    struct control *ctl;   /* NULL: no grpod */
+    struct comm *trainers; /* the trainers' DP group (trainer ranks only) */
+    struct comm *sync;     /* trainer DP rank 0 (rank 0 here) and every rollout rank; NULL elsewhere */
+    int staleness;         /* 0: on-policy (rollout.mode=sync), 1: one-step-off (async) */
+    int n_endpoints;       /* one data endpoint per trainer DP rank */
     char endpoints[ROLE_MAX_ENDPOINTS][256];
 };
 

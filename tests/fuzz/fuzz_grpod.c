@@ -14,7 +14,7 @@
 #include "common/log.h"
 #include "daemon/arena.h"
 #include "daemon/core.h"
-#include "daemon/status_json.h"
+#include "proto/status_json.h"
 #include "proto/protocol.h"
 
 static struct core core;

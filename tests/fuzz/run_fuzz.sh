@@ -26,9 +26,9 @@ printf '#define GRPO_VERSION_STRING "fuzz"\n' >"$out/gen/daemon/grpod_version.h"
 "$CC" -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -D_GNU_SOURCE -std=c17 \
     -I"$src" -I"$out/gen" \
     "$src/tests/fuzz/fuzz_grpod.c" \
-    "$src"/daemon/{core,core_report,core_persist,validate,arena,names,status_json}.c \
+    "$src"/daemon/{core,core_report,core_persist,validate,arena}.c "$src"/proto/{names,status_json}.c \
     "$src/proto/protocol.c" "$out/gen/grpo.pb-c.c" \
-    "$src/common/log.c" "$src/common/check.c" "$src/worker/control/transport.c" \
+    "$src/common/log.c" "$src/common/check.c" "$src/proto/transport.c" \
     $(pkg-config --cflags --libs libprotobuf-c jansson nanomsg) -lm \
     -o "$out/fuzz_grpod"
 echo "fuzzing grpod's parsers for $secs s (work directory $out)"

@@ -42,8 +42,8 @@ int main(int argc, char **argv)
         maxabs = fmax(maxabs, fabs(a->w.mem[i]));
     }
     double rel = maxabs > 0 ? maxdiff / maxabs : maxdiff;
-    printf("%zu parameters, %zu differ; max |a-b| %.3g at %zu (%.3g relative to max |a| %.3g)\n", a->w.n_floats,
-           differ, maxdiff, at, rel, maxabs);
+    printf("%zu parameters, %zu differ; max |a-b| %.3g at %zu (%.3g relative to max |a| %.3g)\n", a->w.n_floats, differ,
+           maxdiff, at, rel, maxabs);
     model_free(a);
     model_free(b);
     return (tol == 0 ? differ == 0 : rel <= tol) ? 0 : 1;

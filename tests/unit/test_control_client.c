@@ -22,7 +22,7 @@
 #include "common/log.h"
 #include "daemon/core.h"
 #include "worker/control/control.h"
-#include "worker/control/transport.h"
+#include "proto/transport.h"
 
 /* ---- a grpod in a thread: the real core behind a REP socket ---- */
 

@@ -79,8 +79,16 @@ static void drop(struct fx *f)
     free(f);
 }
 
-static const struct wire_header HDR = {.step = 5, .from_rank = 2, .to_dp = 1, .seq_no = 9, .policy_version = 4,
-                                       .groups_in_step = B, .n = N, .gen_s = 1.5, .reward_s = 0.25, .idle_s = 0.5};
+static const struct wire_header HDR = {.step = 5,
+                                       .from_rank = 2,
+                                       .to_dp = 1,
+                                       .seq_no = 9,
+                                       .policy_version = 4,
+                                       .groups_in_step = B,
+                                       .n = N,
+                                       .gen_s = 1.5,
+                                       .reward_s = 0.25,
+                                       .idle_s = 0.5};
 
 static uint8_t *pack(struct fx *f, const struct wire_header *h, size_t *len)
 {
@@ -192,9 +200,9 @@ static void test_bad_fields(void **state)
     EXPECT_REFUSED(g->b.seqs[1].gen_logp[0] = 0.5f, "log-prob");
     EXPECT_REFUSED(g->b.seqs[2].score = INFINITY, "not finite");
     EXPECT_REFUSED(g->b.group_uid[0] = 9, "uid 9");
-    EXPECT_REFUSED(g->b.group_uid[1] = 1, "prompt ids");           /* uid 1 exists but the prompt differs */
-    EXPECT_REFUSED(g->b.seqs[3].gidx = 3 * N, "group_index");        /* past the step */
-    EXPECT_REFUSED(g->b.seqs[3].gidx = g->b.seqs[2].gidx, "repeats"); /* the same sample twice */
+    EXPECT_REFUSED(g->b.group_uid[1] = 1, "prompt ids");                   /* uid 1 exists but the prompt differs */
+    EXPECT_REFUSED(g->b.seqs[3].gidx = 3 * N, "group_index");              /* past the step */
+    EXPECT_REFUSED(g->b.seqs[3].gidx = g->b.seqs[2].gidx, "repeats");      /* the same sample twice */
     EXPECT_REFUSED(g->lim.max_response_length = 2, "max_response_length"); /* sample 1 has 3 tokens */
     /* a group without all of its samples */
     struct fx *g = make();

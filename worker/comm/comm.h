@@ -39,8 +39,8 @@ void comm_broadcast(struct comm *c, void *buf, size_t count, enum comm_dtype t, 
 /* As comm_broadcast, calling poll(ud) (may be NULL) now and then while the peers have not arrived (small
  * buffers: a header, a decision). Every rank of the group must use this call for the same broadcast (MPI does not
  * match a non-blocking broadcast with a blocking one). Back-ends without one block as comm_broadcast does. */
-void comm_broadcast_polled(struct comm *c, void *buf, size_t count, enum comm_dtype t, int root,
-                           void (*poll)(void *ud), void *ud);
+void comm_broadcast_polled(struct comm *c, void *buf, size_t count, enum comm_dtype t, int root, void (*poll)(void *ud),
+                           void *ud);
 /* Point-to-point within the group (pipeline stages). */
 void comm_send(struct comm *c, const void *buf, size_t count, enum comm_dtype t, int peer);
 void comm_recv(struct comm *c, void *buf, size_t count, enum comm_dtype t, int peer);

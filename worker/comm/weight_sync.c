@@ -24,8 +24,8 @@ static void move_buckets(struct comm *c, float *w, size_t n, size_t bucket_bytes
     }
 }
 
-void weight_sync_send(struct comm *c, const struct weight_sync_header *h, const float *w, size_t n,
-                      size_t bucket_bytes, struct weight_sync_stats *st)
+void weight_sync_send(struct comm *c, const struct weight_sync_header *h, const float *w, size_t n, size_t bucket_bytes,
+                      struct weight_sync_stats *st)
 {
     double t0 = mono_s();
     *st = (struct weight_sync_stats){0};
@@ -44,8 +44,7 @@ int weight_sync_recv(struct comm *c, struct weight_sync_header *h, float *w, siz
 }
 
 int weight_sync_recv_polled(struct comm *c, struct weight_sync_header *h, float *w, size_t n, size_t bucket_bytes,
-                            struct weight_sync_stats *st, void (*poll)(void *ud), void *ud, char *err,
-                            size_t errlen)
+                            struct weight_sync_stats *st, void (*poll)(void *ud), void *ud, char *err, size_t errlen)
 {
     double t0 = mono_s();
     *st = (struct weight_sync_stats){0};

@@ -17,10 +17,10 @@
 #include "comm.h"
 
 struct weight_sync_header {
-    int64_t version;     /* training steps in the weights */
-    int64_t stop;        /* 1: the run ends here, nothing more follows */
-    int64_t has_weights; /* 1: the parameters follow */
-    int64_t n_floats;    /* parameter count (checked against the receiver's model) */
+    int64_t version;       /* training steps in the weights */
+    int64_t stop;          /* 1: the run ends here, nothing more follows */
+    int64_t has_weights;   /* 1: the parameters follow */
+    int64_t n_floats;      /* parameter count (checked against the receiver's model) */
     int64_t epoch, cursor; /* data cursor of the next step (the first message) */
     int64_t total_steps;
 };
@@ -33,15 +33,14 @@ struct weight_sync_stats {
 };
 
 /* Sender (rank 0 of c): the header, then w[0..n) in buckets of bucket_bytes when h->has_weights. */
-void weight_sync_send(struct comm *c, const struct weight_sync_header *h, const float *w, size_t n,
-                      size_t bucket_bytes, struct weight_sync_stats *st);
+void weight_sync_send(struct comm *c, const struct weight_sync_header *h, const float *w, size_t n, size_t bucket_bytes,
+                      struct weight_sync_stats *st);
 /* Receiver: the header into *h, then the weights into w when they follow. -1 with err when the sender's
  * parameter count differs from n (different models: nothing is received into w, and the run must end). */
 int weight_sync_recv(struct comm *c, struct weight_sync_header *h, float *w, size_t n, size_t bucket_bytes,
                      struct weight_sync_stats *st, char *err, size_t errlen);
 /* As weight_sync_recv, calling poll(ud) while the header has not come (the receiver answers pause requests). */
 int weight_sync_recv_polled(struct comm *c, struct weight_sync_header *h, float *w, size_t n, size_t bucket_bytes,
-                            struct weight_sync_stats *st, void (*poll)(void *ud), void *ud, char *err,
-                            size_t errlen);
+                            struct weight_sync_stats *st, void (*poll)(void *ud), void *ud, char *err, size_t errlen);
 
 #endif

@@ -16,7 +16,7 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "proto/protocol.h"
-#include "transport.h"
+#include "proto/transport.h"
 
 #define NUM_PHASES 10
 #define MAX_METRICS 64

@@ -30,9 +30,9 @@ struct gen_output {
 };
 
 /* Generate n_samples responses for each of n_prompts prompts into out[p * n_samples + s] (caller frees with
- * gen_output_free). Sample s of prompt p draws from its own RNG stream (seed, first_stream + p * n_samples + s): the same
- * settings give bit-identical results, and a different max_batch changes only GEMM rounding. Optional progress callback
- * after each decode step. */
+ * gen_output_free). Sample s of prompt p draws from its own RNG stream (seed, first_stream + p * n_samples + s): the
+ * same settings give bit-identical results, and a different max_batch changes only GEMM rounding. Optional progress
+ * callback after each decode step. */
 void generate(struct model *m, const int32_t *const *prompts, const int *prompt_lens, int n_prompts,
               const struct gen_params *gp, struct gen_output *out);
 void gen_output_free(struct gen_output *o);

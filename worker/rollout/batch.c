@@ -54,9 +54,9 @@ void step_batch_reserve(struct step_batch *b, int more)
     b->group_uid = xrealloc(b->group_uid, (size_t)b->cap * sizeof *b->group_uid);
 }
 
-void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt_item *const *prompts,
-                                const int *uids, int n_prompts, int first_group, const struct sampler_params *sp,
-                                int n, uint64_t seed, struct step_batch *b, double *t_gen, double *t_reward)
+void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt_item *const *prompts, const int *uids,
+                                int n_prompts, int first_group, const struct sampler_params *sp, int n, uint64_t seed,
+                                struct step_batch *b, double *t_gen, double *t_reward)
 {
     const struct grpo_config *c = r->cfg;
     double t0 = rollout_now_s();

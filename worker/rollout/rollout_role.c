@@ -102,8 +102,8 @@ static void teardown(struct rollout_rank *r)
 
 /* Generate step k's share and push one batch to every trainer DP rank (an empty one where no group goes, so each
  * trainer knows the step is complete). *idle gets the time spent waiting for room to send. 0, or -1 with err. */
-static int rollout_step(struct rollout_rank *r, int64_t k, int64_t version, double idle_before, double *idle,
-                        char *err, size_t errlen)
+static int rollout_step(struct rollout_rank *r, int64_t k, int64_t version, double idle_before, double *idle, char *err,
+                        size_t errlen)
 {
     const struct grpo_config *c = r->env->cfg;
     const int B = (int)c->data_train_batch_size, n = (int)c->rollout_n;
@@ -202,7 +202,8 @@ int run_rollout(struct role_env *env)
     int64_t version = h.version;
     r.step = start;
     data_cursor_seek(&r.cur, (long)h.epoch, (int)h.cursor);
-    log_info("rollout", "rank %d of %d rollout ranks: steps %lld..%lld from policy version %lld (%s), %d trainer "
+    log_info("rollout",
+             "rank %d of %d rollout ranks: steps %lld..%lld from policy version %lld (%s), %d trainer "
              "endpoint(s)",
              env->at.dp, env->at.dp_size, (long long)start + 1, (long long)K, (long long)version,
              s ? "one-step-off" : "on-policy", env->n_endpoints);

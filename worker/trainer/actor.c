@@ -103,11 +103,11 @@ static void update_mini_batch(struct model *m, struct adamw *opt, struct rollout
     actor_accumulate_grads(m, seqs, idx, n, p, &ls, &st->tokens_forward);
     if (p->dp) {
         comm_allreduce_sum(p->dp, m->grad->mem, m->grad->n_floats, COMM_F32);
-        double sums[8] = {ls.pg_loss, ls.kl_loss, ls.entropy, ls.pg_clipfrac, ls.pg_clipfrac_lower,
-                          ls.ppo_kl, ls.loss, (double)ls.tokens};
+        double sums[8] = {ls.pg_loss,           ls.kl_loss, ls.entropy, ls.pg_clipfrac,
+                          ls.pg_clipfrac_lower, ls.ppo_kl,  ls.loss,    (double)ls.tokens};
         comm_allreduce_sum(p->dp, sums, 8, COMM_F64);
-        ls = (struct policy_loss_stats){sums[0], sums[1], sums[2], sums[3], sums[4], sums[5], sums[6],
-                                        (long long)sums[7]};
+        ls = (struct policy_loss_stats){sums[0], sums[1], sums[2], sums[3],
+                                        sums[4], sums[5], sums[6], (long long)sums[7]};
     }
     double norm = grad_clip(m->grad->mem, m->grad->n_floats, p->grad_clip);
     if (isfinite(norm)) {

@@ -43,10 +43,10 @@ struct trainer {
     char run_dir[2048], ckpt_root[2100];
     struct metrics_logger logger; /* JSONL, TensorBoard, console, SVG chart (with the run's history) */
     bool logger_open;
-    struct rollout_ctx rc;       /* generation and scoring with the policy (hybrid steps, validation) */
-    struct trainer_layout lay;   /* this rank in the trainers' DP group */
-    struct trainer_source src;   /* where each step's rollouts come from */
-    double iter_t0;              /* start of this loop iteration: the step time includes the safe point's work */
+    struct rollout_ctx rc;     /* generation and scoring with the policy (hybrid steps, validation) */
+    struct trainer_layout lay; /* this rank in the trainers' DP group */
+    struct trainer_source src; /* where each step's rollouts come from */
+    double iter_t0;            /* start of this loop iteration: the step time includes the safe point's work */
     int64_t warmup;
     double peak_flops; /* measured sgemm FLOP/s x threads, the MFU denominator */
     struct policy_loss_params loss;
@@ -483,8 +483,8 @@ static int hybrid_batch(void *ctx, int64_t k, struct step_batch *b, struct step_
 /* The trainer's part of step k on this rank's share b of the step's rollouts (all of them on one rank):
  * metrics of the rollouts, old and reference log-probs, advantages, the update (gradients summed over the DP
  * group), the audit dump. */
-static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const struct step_timing *tm,
-                       double t_step, struct metrics *m)
+static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const struct step_timing *tm, double t_step,
+                       struct metrics *m)
 {
     const struct grpo_config *c = t->cfg;
     const int n = (int)c->rollout_n;
@@ -605,7 +605,8 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
         metrics_set(m, "timing_s/wait_data", tm->wait_data);
         metrics_set(m, "trainer/idle_ratio", step_time > 0 ? tm->wait_data / step_time : 0);
         const double busy = tm->gen + tm->reward;
-        metrics_set(m, "rollouter/idle_ratio", busy + tm->rollout_idle > 0 ? tm->rollout_idle / (busy + tm->rollout_idle) : 0);
+        metrics_set(m, "rollouter/idle_ratio",
+                    busy + tm->rollout_idle > 0 ? tm->rollout_idle / (busy + tm->rollout_idle) : 0);
     }
     metrics_set(m, "perf/total_num_tokens", (double)tokens_all);
     /* verl: tokens / (step time x devices) */
@@ -935,7 +936,8 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         log_info("trainer", "resumed from %s at step %lld", resume, (long long)st.global_step);
     }
     /* steps logged after the checkpoint we resume from are forgotten: they are redone */
-    if (t->lay.dp_rank == 0 && metrics_logger_open(&t->logger, t->run_dir, METRICS_SINK_ALL, (long)t->st.total_steps,
+    if (t->lay.dp_rank == 0 &&
+        metrics_logger_open(&t->logger, t->run_dir, METRICS_SINK_ALL, (long)t->st.total_steps,
                             resume[0] ? (long)t->st.global_step : -1, cfg->trainer_experiment_name) != 0) {
         error_set(err, errlen, "%s: cannot open the metrics files", t->run_dir);
         goto fail;

@@ -152,7 +152,8 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     }
     free(uids);
     if (bad) {
-        log_error("trainer", "step %lld: %d group(s) hold other prompts than this step draws: the rollout ranks "
+        log_error("trainer",
+                  "step %lld: %d group(s) hold other prompts than this step draws: the rollout ranks "
                   "and the trainers disagree on the data order (same data.* settings everywhere?)",
                   (long long)k, bad);
         return -1;
@@ -170,10 +171,8 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
 static void send_weights(struct trainer_rank *r, int64_t version, bool stop, bool with_weights)
 {
     struct model *p = trainer_policy(r->t);
-    struct weight_sync_header h = {.version = version,
-                                   .stop = stop,
-                                   .has_weights = with_weights,
-                                   .total_steps = trainer_total_steps(r->t)};
+    struct weight_sync_header h = {
+        .version = version, .stop = stop, .has_weights = with_weights, .total_steps = trainer_total_steps(r->t)};
     trainer_cursor(r->t, &h.epoch, &h.cursor);
     control_set_phase(r->env->ctl, CONTROL_PHASE_WEIGHT_SYNC);
     weight_sync_send(r->env->sync, &h, p->w.mem, p->w.n_floats,
@@ -312,15 +311,13 @@ int run_trainer(struct role_env *env)
     }
     log_info("trainer", "DP rank %d of %d: pulling rollouts at %s", env->at.dp, env->at.dp_size,
              env->endpoints[env->at.dp]);
-    struct trainer_layout lay = {.dp = env->trainers,
-                                 .dp_rank = env->at.dp,
-                                 .dp_size = env->at.dp_size,
-                                 .devices = comm_size(env->world)};
+    struct trainer_layout lay = {
+        .dp = env->trainers, .dp_rank = env->at.dp, .dp_size = env->at.dp_size, .devices = comm_size(env->world)};
     struct trainer_source src = {.ctx = &r, .next_batch = next_batch, .between_steps = between_steps};
     int status = run_trainer_process(env, &lay, &src, trainer_ready, &r);
     if (r.refused || r.duplicates || r.stale)
-        log_info("dataplane", "DP rank %d: %" PRIu64 " batch(es) refused, %" PRIu64 " duplicate(s), %" PRIu64
-                 " stale", env->at.dp, r.refused, r.duplicates, r.stale);
+        log_info("dataplane", "DP rank %d: %" PRIu64 " batch(es) refused, %" PRIu64 " duplicate(s), %" PRIu64 " stale",
+                 env->at.dp, r.refused, r.duplicates, r.stale);
     for (int i = 0; i < r.n_pend; i++)
         step_batch_free(&r.pend[i].b);
     free(r.pend);

@@ -6,8 +6,8 @@
  * Endpoints are nanomsg addresses: ipc://PATH (a Unix socket whose file mode
  * says who may connect) or tcp://HOST:PORT (every request must carry the
  * shared secret read from grpod.secret_file). */
-#ifndef GRPO_WORKER_CONTROL_TRANSPORT_H
-#define GRPO_WORKER_CONTROL_TRANSPORT_H
+#ifndef GRPO_PROTO_TRANSPORT_H
+#define GRPO_PROTO_TRANSPORT_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,11 +1,11 @@
-#include "status_json.h"
+#include "proto/status_json.h"
 
 #include <math.h>
 
 #include <jansson.h>
 
 #include "common/check.h"
-#include "names.h"
+#include "proto/names.h"
 
 static json_t *num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 

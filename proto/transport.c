@@ -1,4 +1,4 @@
-#include "transport.h"
+#include "proto/transport.h"
 
 #include <ctype.h>
 #include <errno.h>

@@ -1,4 +1,4 @@
-#include "names.h"
+#include "proto/names.h"
 
 const char *core_run_state_name(Grpo__RunState s)
 {
