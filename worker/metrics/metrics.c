@@ -148,26 +148,31 @@ void metrics_set_stats_f(struct metrics *m, const char *prefix, const float *val
     metrics_set_stats3(m, prefix, a.sum, a.mx, a.mn, a.k);
 }
 
-double proc_rss_gb(void)
+/* A "Name:   N kB" line of /proc/self/status in GiB; NaN when unavailable. */
+static double proc_status_gb(const char *field)
 {
     FILE *f = fopen("/proc/self/status", "r");
     if (!f)
         return NAN;
     char line[256];
     double gb = NAN;
+    const size_t len = strlen(field);
     while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, "VmRSS:", 6) != 0)
+        if (strncmp(line, field, len) != 0)
             continue;
         char *end;
         errno = 0;
-        unsigned long long kb = strtoull(line + 6, &end, 10);
-        if (errno == 0 && end != line + 6)
+        unsigned long long kb = strtoull(line + len, &end, 10);
+        if (errno == 0 && end != line + len)
             gb = (double)kb / (1024.0 * 1024.0);
         break;
     }
     fclose(f);
     return gb;
 }
+
+double proc_rss_gb(void) { return proc_status_gb("VmRSS:"); }
+double proc_peak_rss_gb(void) { return proc_status_gb("VmHWM:"); }
 
 /* ------------------------------------------------------------------ history */
 

@@ -67,6 +67,8 @@ void metrics_set_stats3(struct metrics *m, const char *prefix, double sum, doubl
 void metrics_set_stats_f(struct metrics *m, const char *prefix, const float *values, size_t n);
 /* Resident set size of this process in GiB (VmRSS of /proc/self/status); NaN when unavailable. */
 double proc_rss_gb(void);
+/* Peak resident set size of this process in GiB (VmHWM); NaN when unavailable. */
+double proc_peak_rss_gb(void);
 
 /* ------------------------------------------------------------------ history */
 

@@ -11,6 +11,7 @@
 #include "wire.h"
 #include "worker/comm/weight_sync.h"
 #include "worker/data/dataset.h"
+#include "worker/metrics/metrics.h"
 #include "worker/model/model_io.h"
 #include "worker/rewards/reward.h"
 #include "worker/roles.h"
@@ -141,7 +142,8 @@ static int rollout_step(struct rollout_rank *r, int64_t k, int64_t version, doub
                                 .n = n,
                                 .gen_s = t_gen,
                                 .reward_s = t_reward,
-                                .idle_s = idle_before};
+                                .idle_s = idle_before,
+                                .peak_rss_gb = proc_peak_rss_gb()};
         size_t len;
         uint8_t *msg = wire_pack_batch(&h, &b, sel, ns, &len);
         /* a trainer busy with a long step takes its time: wait, but say so, and give up after an hour */

@@ -27,6 +27,7 @@ uint8_t *wire_pack_batch(const struct wire_header *h, const struct step_batch *b
     rb.gen_seconds = h->gen_s;
     rb.reward_seconds = h->reward_s;
     rb.idle_seconds = h->idle_s;
+    rb.peak_rss_gb = h->peak_rss_gb;
     Grpo__Sequence *seqs = xcalloc((size_t)(n_seq ? n_seq : 1), sizeof *seqs);
     Grpo__Sequence **ptrs = xcalloc((size_t)(n_seq ? n_seq : 1), sizeof *ptrs);
     int k = 0;
@@ -226,7 +227,8 @@ int wire_unpack_batch(const uint8_t *buf, size_t len, const struct wire_limits *
                               .n = rb->samples_per_prompt,
                               .gen_s = rb->gen_seconds,
                               .reward_s = rb->reward_seconds,
-                              .idle_s = rb->idle_seconds};
+                              .idle_s = rb->idle_seconds,
+                              .peak_rss_gb = rb->peak_rss_gb};
     step_batch_append(b, &nb);
     rc = 0;
 bad:

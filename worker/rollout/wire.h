@@ -23,6 +23,7 @@ struct wire_header {
     int n;                  /* responses per prompt */
     double gen_s, reward_s; /* the sender's generation and scoring time for this step */
     double idle_s;          /* the sender's waiting since its previous step */
+    double peak_rss_gb;     /* the sender's peak resident memory */
 };
 
 /* Pack the groups groups[0..n_groups) of b (each with all its sequences) into an Envelope. Caller frees. */

@@ -20,7 +20,9 @@
 #include "common/log.h"
 #include "prompts.h"
 #include "worker/comm/comm.h"
+#include "worker/rollout/audit.h"
 #include "worker/rollout/batch.h"
+#include "worker/rollout/validate.h"
 #include "worker/data/dataset.h"
 #include "worker/metrics/metrics.h"
 #include "worker/model/generate.h"
@@ -222,96 +224,6 @@ static void compute_advantages(struct trainer *t, struct step_batch *b, struct m
     free(scalar), free(group), free(off), free(len), free(tok_r), free(tok_adv);
 }
 
-/* Length of the valid UTF-8 sequence at s (1-4), or 0 if the bytes there are not one. */
-static int utf8_len(const unsigned char *s)
-{
-    int n = s[0] < 0x80 ? 1 : (s[0] >> 5) == 6 ? 2 : (s[0] >> 4) == 14 ? 3 : (s[0] >> 3) == 30 ? 4 : 0;
-    for (int i = 1; i < n; i++)
-        if ((s[i] >> 6) != 2)
-            return 0;
-    return n;
-}
-
-/* A JSON string of text; bytes that are not UTF-8 (a response cut inside a character, or a byte-level
- * model's stray bytes) become U+FFFD, as Hugging Face's decode does, instead of losing the field. */
-static json_t *json_text(const char *text)
-{
-    json_t *j = json_string(text);
-    if (j)
-        return j;
-    size_t n = strlen(text);
-    char *clean = xmalloc(3 * n + 1), *w = clean;
-    for (const unsigned char *p = (const unsigned char *)text; *p;) {
-        int k = utf8_len(p);
-        if (k > 0) {
-            memcpy(w, p, (size_t)k);
-            w += k;
-            p += k;
-        } else {
-            memcpy(w, "\xEF\xBF\xBD", 3);
-            w += 3;
-            p++;
-        }
-    }
-    *w = 0;
-    j = json_string(clean);
-    free(clean);
-    return j ? j : json_string("");
-}
-
-/* Every step's rollouts as JSONL for audit (trainer.rollout_data_dir). */
-static void dump_rollouts(struct trainer *t, const struct step_batch *b, int64_t step)
-{
-    const char *dir = t->cfg->trainer_rollout_data_dir;
-    if (!dir || !*dir)
-        return;
-    mkdir(dir, 0755);
-    char path[4096];
-    if (t->lay.dp_rank > 0) /* each DP rank writes its share: STEP.jsonl (DP rank 0), STEP.dpR.jsonl */
-        snprintf(path, sizeof path, "%s/%lld.dp%d.jsonl", dir, (long long)step, t->lay.dp_rank);
-    else
-        snprintf(path, sizeof path, "%s/%lld.jsonl", dir, (long long)step);
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        log_warn("trainer", "cannot write rollouts to %s: %s", path, check_errno_text());
-        return;
-    }
-    for (int i = 0; i < b->n_seq; i++) {
-        const struct rollout_seq *s = &b->seqs[i];
-        const struct prompt_item *p = b->group_prompt[s->group];
-        json_t *o = json_object();
-        json_object_set_new(o, "step", json_integer(step));
-        json_object_set_new(o, "uid", json_integer(s->gidx / (int)t->cfg->rollout_n)); /* group in the step */
-        json_object_set_new(o, "data_source", json_string(p->data_source));
-        json_object_set_new(o, "prompt", json_text(p->text));
-        json_object_set_new(o, "response", json_text(b->resp_text[i]));
-        json_object_set_new(o, "ground_truth", json_text(p->ground_truth ? p->ground_truth : ""));
-        json_object_set_new(o, "score", json_real(s->raw_score));
-        json_object_set_new(o, "reward", json_real(s->score));
-        json_object_set_new(o, "advantage", json_real(s->resp_len ? s->adv[0] : 0.0));
-        json_t *pid = json_array(), *rid = json_array(), *olp = json_array(), *rlp = json_array(), *glp = json_array();
-        for (int k = 0; k < s->prompt_len; k++)
-            json_array_append_new(pid, json_integer(s->prompt[k]));
-        for (int k = 0; k < s->resp_len; k++) {
-            json_array_append_new(rid, json_integer(s->resp[k]));
-            json_array_append_new(olp, json_real(s->old_logp[k]));
-            json_array_append_new(glp, json_real(s->gen_logp[k]));
-            json_array_append_new(rlp, s->ref_logp ? json_real(s->ref_logp[k]) : json_null());
-        }
-        json_object_set_new(o, "prompt_ids", pid);
-        json_object_set_new(o, "response_ids", rid);
-        json_object_set_new(o, "old_log_probs", olp);
-        json_object_set_new(o, "ref_log_probs", rlp);
-        json_object_set_new(o, "rollout_log_probs", glp);
-        char *line = json_dumps(o, JSON_COMPACT);
-        fprintf(f, "%s\n", line);
-        free(line);
-        json_decref(o);
-    }
-    if (fclose(f) != 0)
-        log_warn("trainer", "writing %s failed: %s", path, check_errno_text());
-}
-
 /* -------------------------------------------------------------------- steps */
 
 /* Supervised warm-start step: maximise the log-likelihood of reference answers (synthetic tasks). */
@@ -378,70 +290,13 @@ static int sft_step(struct trainer *t, int64_t k, struct metrics *m)
     return 0;
 }
 
-/* Validation: generate on the held-out prompts, score, report per data_source (verl's val-core names). */
+/* Validation: greedy (or val_kwargs) generation on the held-out prompts, scored per data_source. */
 static void validate(struct trainer *t, struct metrics *m)
 {
-    const struct grpo_config *c = t->cfg;
     if (t->val.n == 0)
         return;
     phase(t, "validate");
-    double t0 = now_s();
-    struct sampler_params sp = {0.0f, 1.0f, 0};
-    int n = 1;
-    if (c->rollout_val_do_sample) {
-        sp = (struct sampler_params){(float)c->rollout_val_temperature, (float)c->rollout_val_top_p,
-                                     (int)c->rollout_top_k};
-        n = (int)c->rollout_val_n;
-    }
-    struct step_batch b = {0};
-    double tg = 0, tr = 0;
-    const struct prompt_item **prompts = xmalloc((size_t)t->val.n * sizeof *prompts);
-    for (int i = 0; i < t->val.n; i++)
-        prompts[i] = &t->val.items[i];
-    const int chunk = (int)c->data_val_batch_size;
-    for (int start = 0; start < t->val.n; start += chunk) {
-        int cnt = t->val.n - start < chunk ? t->val.n - start : chunk;
-        int *uids = xmalloc((size_t)cnt * sizeof(int));
-        for (int i = 0; i < cnt; i++)
-            uids[i] = start + i;
-        rollout_generate_and_score(&t->rc, prompts + start, uids, cnt, start, &sp, n,
-                                   step_seed(t->st.seed, t->st.global_step, 0x7a1), &b, &tg, &tr);
-        free(uids);
-    }
-    /* per data_source: mean over all samples, and best of n per prompt */
-    for (int g = 0; g < b.n_groups; g++) {
-        const char *ds = b.group_prompt[g]->data_source;
-        bool seen = false;
-        for (int h = 0; h < g; h++)
-            seen |= strcmp(b.group_prompt[h]->data_source, ds) == 0;
-        if (seen)
-            continue;
-        double sum = 0, best_sum = 0;
-        int cnt = 0, groups = 0;
-        for (int h = 0; h < b.n_groups; h++) {
-            if (strcmp(b.group_prompt[h]->data_source, ds) != 0)
-                continue;
-            double best = -INFINITY;
-            for (int i = 0; i < b.n_seq; i++)
-                if (b.seqs[i].group == h) {
-                    sum += b.seqs[i].raw_score;
-                    cnt++;
-                    best = fmax(best, b.seqs[i].raw_score);
-                }
-            best_sum += best;
-            groups++;
-        }
-        char name[256];
-        snprintf(name, sizeof name, "val-core/%s/reward/mean@%d", ds, n);
-        metrics_set(m, name, sum / cnt);
-        if (n > 1) {
-            snprintf(name, sizeof name, "val-core/%s/reward/best@%d", ds, n);
-            metrics_set(m, name, best_sum / groups);
-        }
-    }
-    metrics_set(m, "timing_s/testing", now_s() - t0);
-    step_batch_free(&b);
-    free(prompts);
+    rollout_validate(&t->rc, &t->val, step_seed(t->st.seed, t->st.global_step, 0x7a1), m);
 }
 
 /* Step k's rollouts in this process (hybrid role): draw, generate, score, and with DAPO's dynamic sampling draw
@@ -583,7 +438,7 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     for (int i = 0; i < b->n_seq; i++)
         if (!b->resp_text[i])
             b->resp_text[i] = tokenizer_decode(t->tok, b->seqs[i].resp, (size_t)b->seqs[i].resp_len, true);
-    dump_rollouts(t, b, k);
+    rollout_audit_write(c->trainer_rollout_data_dir, k, t->lay.dp_rank, n, b);
 
     metrics_set(m, "actor/pg_loss", us.pg_loss);
     metrics_set(m, "actor/kl_loss", us.kl_loss);
@@ -605,6 +460,7 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
         metrics_set(m, "timing_s/wait_data", tm->wait_data);
         metrics_set(m, "trainer/idle_ratio", step_time > 0 ? tm->wait_data / step_time : 0);
         const double busy = tm->gen + tm->reward;
+        metrics_set(m, "perf/cpu_memory_peak_gb/rollout", tm->rollout_peak_rss_gb);
         metrics_set(m, "rollouter/idle_ratio",
                     busy + tm->rollout_idle > 0 ? tm->rollout_idle / (busy + tm->rollout_idle) : 0);
     }
@@ -616,6 +472,16 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     double flops = 3.0 * flops_per_token(&t->policy->cfg, ctx) * (double)us.tokens_forward;
     metrics_set(m, "perf/mfu/actor", t_update > 0 ? flops / t_update / t->peak_flops : 0);
     metrics_set(m, "perf/cpu_memory_used_gb", proc_rss_gb());
+    /* the trainers' largest peak: DP rank 0's alone would hide an imbalance */
+    double peak = proc_peak_rss_gb();
+    if (t->lay.dp && t->lay.dp_size > 1) {
+        double *all = xmalloc((size_t)t->lay.dp_size * sizeof(double));
+        comm_allgather(t->lay.dp, &peak, all, 1, COMM_F64);
+        for (int r = 0; r < t->lay.dp_size; r++)
+            peak = fmax(peak, all[r]);
+        free(all);
+    }
+    metrics_set(m, tm->split ? "perf/cpu_memory_peak_gb/trainer" : "perf/cpu_memory_peak_gb", peak);
     metrics_set(m, "training/epoch", (double)t->st.epoch);
     free(idx);
     return 0;

@@ -45,7 +45,8 @@ struct step_timing {
     double gen, reward;
     double wait_data;    /* this rank waiting for the step's batches */
     double rollout_idle; /* the rollout ranks' waiting (for weights, for room to send), the largest */
-    bool split;          /* rollouts came from rollout ranks: report the idle ratios per role */
+    double rollout_peak_rss_gb; /* the rollout ranks' peak resident memory, the largest */
+    bool split;                 /* rollouts came from rollout ranks: report the idle ratios per role */
 };
 
 /* Where each step's rollouts come from, and what happens between steps. The default (zero value) is this

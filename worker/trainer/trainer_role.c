@@ -2,6 +2,7 @@
  * data plane; the update runs data-parallel over the trainer ranks; DP rank 0
  * sends the new weights to the rollout ranks. The step itself is trainer.c's. */
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -135,6 +136,7 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
         tm->gen = tm->gen > p->h.gen_s ? tm->gen : p->h.gen_s; /* the ranks generate side by side */
         tm->reward = tm->reward > p->h.reward_s ? tm->reward : p->h.reward_s;
         tm->rollout_idle = tm->rollout_idle > p->h.idle_s ? tm->rollout_idle : p->h.idle_s;
+        tm->rollout_peak_rss_gb = fmax(tm->rollout_peak_rss_gb, p->h.peak_rss_gb);
         int64_t st = (k - 1) - p->h.policy_version;
         staleness = st > staleness ? st : staleness;
         step_batch_append(b, &p->b);

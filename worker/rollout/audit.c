@@ -1,0 +1,98 @@
+/* The rollout audit files: every step's sequences as JSONL. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include "audit.h"
+#include "common/check.h"
+#include "common/log.h"
+
+/* Length of the valid UTF-8 sequence at s (1-4), or 0 if the bytes there are not one. */
+static int utf8_len(const unsigned char *s)
+{
+    int n = s[0] < 0x80 ? 1 : (s[0] >> 5) == 6 ? 2 : (s[0] >> 4) == 14 ? 3 : (s[0] >> 3) == 30 ? 4 : 0;
+    for (int i = 1; i < n; i++)
+        if ((s[i] >> 6) != 2)
+            return 0;
+    return n;
+}
+
+/* A JSON string of text; bytes that are not UTF-8 (a response cut inside a character, or a byte-level
+ * model's stray bytes) become U+FFFD, as Hugging Face's decode does, instead of losing the field. */
+static json_t *json_text(const char *text)
+{
+    json_t *j = json_string(text);
+    if (j)
+        return j;
+    size_t n = strlen(text);
+    char *clean = xmalloc(3 * n + 1), *w = clean;
+    for (const unsigned char *p = (const unsigned char *)text; *p;) {
+        int k = utf8_len(p);
+        if (k > 0) {
+            memcpy(w, p, (size_t)k);
+            w += k;
+            p += k;
+        } else {
+            memcpy(w, "\xEF\xBF\xBD", 3);
+            w += 3;
+            p++;
+        }
+    }
+    *w = 0;
+    j = json_string(clean);
+    free(clean);
+    return j ? j : json_string("");
+}
+
+void rollout_audit_write(const char *dir, int64_t step, int dp_rank, int n, const struct step_batch *b)
+{
+    if (!dir || !*dir)
+        return;
+    mkdir(dir, 0755);
+    char path[4096];
+    if (dp_rank > 0) /* each DP rank writes its share: STEP.jsonl (DP rank 0), STEP.dpR.jsonl */
+        snprintf(path, sizeof path, "%s/%lld.dp%d.jsonl", dir, (long long)step, dp_rank);
+    else
+        snprintf(path, sizeof path, "%s/%lld.jsonl", dir, (long long)step);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        log_warn("audit", "cannot write rollouts to %s: %s", path, check_errno_text());
+        return;
+    }
+    for (int i = 0; i < b->n_seq; i++) {
+        const struct rollout_seq *s = &b->seqs[i];
+        const struct prompt_item *p = b->group_prompt[s->group];
+        json_t *o = json_object();
+        json_object_set_new(o, "step", json_integer(step));
+        json_object_set_new(o, "uid", json_integer(s->gidx / n)); /* group in the step */
+        json_object_set_new(o, "data_source", json_string(p->data_source));
+        json_object_set_new(o, "prompt", json_text(p->text));
+        json_object_set_new(o, "response", json_text(b->resp_text[i]));
+        json_object_set_new(o, "ground_truth", json_text(p->ground_truth ? p->ground_truth : ""));
+        json_object_set_new(o, "score", json_real(s->raw_score));
+        json_object_set_new(o, "reward", json_real(s->score));
+        json_object_set_new(o, "advantage", json_real(s->resp_len ? s->adv[0] : 0.0));
+        json_t *pid = json_array(), *rid = json_array(), *olp = json_array(), *rlp = json_array(), *glp = json_array();
+        for (int k = 0; k < s->prompt_len; k++)
+            json_array_append_new(pid, json_integer(s->prompt[k]));
+        for (int k = 0; k < s->resp_len; k++) {
+            json_array_append_new(rid, json_integer(s->resp[k]));
+            json_array_append_new(olp, json_real(s->old_logp[k]));
+            json_array_append_new(glp, json_real(s->gen_logp[k]));
+            json_array_append_new(rlp, s->ref_logp ? json_real(s->ref_logp[k]) : json_null());
+        }
+        json_object_set_new(o, "prompt_ids", pid);
+        json_object_set_new(o, "response_ids", rid);
+        json_object_set_new(o, "old_log_probs", olp);
+        json_object_set_new(o, "ref_log_probs", rlp);
+        json_object_set_new(o, "rollout_log_probs", glp);
+        char *line = json_dumps(o, JSON_COMPACT);
+        fprintf(f, "%s\n", line);
+        free(line);
+        json_decref(o);
+    }
+    if (fclose(f) != 0)
+        log_warn("audit", "writing %s failed: %s", path, check_errno_text());
+}
+
