@@ -555,6 +555,14 @@ static void copy_heartbeat(struct core_worker *w, const Grpo__Heartbeat *h)
     w->step = h->step;
     w->total_steps = h->total_steps;
     w->phase = h->phase;
+    for (size_t i = 0; i < h->n_phase_changes; i++) {
+        if (w->ntimeline == CORE_TIMELINE) {
+            memmove(w->timeline, w->timeline + 1, sizeof w->timeline[0] * (CORE_TIMELINE - 1));
+            w->ntimeline--;
+        }
+        w->timeline[w->ntimeline].start = h->phase_changes[i]->start;
+        w->timeline[w->ntimeline++].phase = h->phase_changes[i]->phase;
+    }
     memset(w->timings, 0, sizeof w->timings);
     for (size_t i = 0; i < h->n_timings; i++)
         w->timings[h->timings[i]->phase] += h->timings[i]->seconds;

@@ -22,6 +22,7 @@
 #define CORE_NUM_PHASES 10
 #define CORE_HISTORY 512
 #define CORE_EVENTS 64
+#define CORE_TIMELINE 256 /* phase changes kept per worker for the status page */
 #define CORE_NAME_MAX 64
 #define CORE_HOST_MAX 256
 #define CORE_REASON_MAX 512
@@ -64,6 +65,11 @@ struct core_worker {
     uint64_t checkpoint_seq_done;
     int64_t checkpoint_step;
     char error[CORE_REASON_MAX];
+    struct {
+        double start; /* unix seconds, the worker's clock */
+        Grpo__Phase phase;
+    } timeline[CORE_TIMELINE]; /* oldest first */
+    int ntimeline;
 };
 
 struct core_history_point {

@@ -74,6 +74,17 @@ static void worker_status(Grpo__WorkerStatus *ws, const struct core_worker *w, d
         t->seconds = w->timings[p];
         ws->timings[ws->n_timings++] = t;
     }
+    if (w->ntimeline > 0) {
+        Grpo__PhaseSpan *sp = arena_alloc(a, (size_t)w->ntimeline * sizeof *sp);
+        ws->timeline = arena_alloc(a, (size_t)w->ntimeline * sizeof *ws->timeline);
+        for (int i = 0; i < w->ntimeline; i++) {
+            grpo__phase_span__init(&sp[i]);
+            sp[i].start = w->timeline[i].start;
+            sp[i].phase = w->timeline[i].phase;
+            ws->timeline[i] = &sp[i];
+        }
+        ws->n_timeline = (size_t)w->ntimeline;
+    }
 }
 
 /* The run's metrics: each name once, from the lowest rank that reports it. */

@@ -98,6 +98,12 @@ static int check_heartbeat(const Grpo__Heartbeat *h, char *why, size_t whylen)
         if ((unsigned)h->timings[i]->phase >= CORE_NUM_PHASES || !isfinite(h->timings[i]->seconds) ||
             h->timings[i]->seconds < 0)
             FAIL("heartbeat.timings[%zu] has an unknown phase or a negative or non-finite time", i);
+    if (h->n_phase_changes > 256)
+        FAIL("heartbeat.phase_changes has %zu entries (at most 256)", h->n_phase_changes);
+    for (size_t i = 0; i < h->n_phase_changes; i++)
+        if ((unsigned)h->phase_changes[i]->phase >= CORE_NUM_PHASES || !isfinite(h->phase_changes[i]->start) ||
+            h->phase_changes[i]->start < 0)
+            FAIL("heartbeat.phase_changes[%zu] has an unknown phase or a bad time", i);
     if (!isfinite(h->idle_seconds) || h->idle_seconds < 0 || !isfinite(h->busy_seconds) || h->busy_seconds < 0)
         FAIL("heartbeat.idle_seconds/busy_seconds must be finite and non-negative");
     if (h->checkpoint_step < -1)

@@ -43,6 +43,10 @@ static json_t *worker_json(const Grpo__WorkerStatus *w)
     json_object_set_new(o, "error", json_string(w->error));
     json_object_set_new(o, "busy_seconds", num(w->busy_seconds));
     json_object_set_new(o, "idle_seconds", num(w->idle_seconds));
+    json_t *tl = json_array(); /* [start, phase] pairs, oldest first */
+    for (size_t i = 0; i < w->n_timeline; i++)
+        json_array_append_new(tl, json_pack("[fs]", w->timeline[i]->start, core_phase_name(w->timeline[i]->phase)));
+    json_object_set_new(o, "timeline", tl);
     return o;
 }
 

@@ -26,6 +26,13 @@ struct rpc_client {
     uint64_t next_id;
 };
 
+double transport_wall(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 double transport_now(void)
 {
     struct timespec ts;

@@ -61,6 +61,8 @@ const char *rpc_endpoint(const struct rpc_client *c);
 
 /* Monotonic clock in seconds. */
 double transport_now(void);
+/* Wall clock (unix seconds). */
+double transport_wall(void);
 /* Sleep for the given seconds (interrupted sleeps resume). */
 void transport_sleep(double seconds);
 

@@ -53,6 +53,9 @@ if [ -n "$chrome" ]; then
         expect "DOM: $c chart has a drawn line" $?
     done
     grep -q 'registered from host' "$TMP/dom.html"; expect "DOM: events listed" $?
+    grep -Eo '<svg id="timeline"[^>]*data-spans="[0-9]+"' "$TMP/dom.html" | grep -Eq 'data-spans="[1-9][0-9]*"'
+    expect "DOM: the timeline draws phase spans" $?
+    grep -Eq '<rect [^>]*data-phase="(gen|update_actor)"' "$TMP/dom.html"; expect "DOM: timeline spans carry their phase" $?
 else
     echo "skip chromium checks (chromium not installed)"
 fi

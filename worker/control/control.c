@@ -20,6 +20,7 @@
 
 #define NUM_PHASES 10
 #define MAX_METRICS 64
+#define MAX_SPANS 64
 #define FINISH_WAIT_S 5.0
 
 _Static_assert(CONTROL_PHASE_CHECKPOINT == (int)GRPO__PHASE__PHASE_CHECKPOINT, "phases follow grpo.Phase");
@@ -61,6 +62,11 @@ struct control {
     uint64_t ckpt_done_seq;
     int64_t ckpt_step;
     uint64_t generation, acked_generation; /* snapshot versions made and known to grpod */
+    struct {
+        double start;
+        enum control_phase phase;
+    } spans[MAX_SPANS]; /* phase changes not yet sent, oldest first (the status page's timeline) */
+    int nspans;
 
     /* what grpod wants, as levels */
     bool want_pause, want_stop, run_over;
@@ -143,6 +149,14 @@ void control_set_phase(struct control *c, enum control_phase phase)
         return;
     pthread_mutex_lock(&c->mu);
     account(c, transport_now());
+    if (phase != c->phase) {
+        if (c->nspans == MAX_SPANS) { /* grpod has not heard for a while: keep the newest */
+            memmove(c->spans, c->spans + 1, sizeof c->spans[0] * (MAX_SPANS - 1));
+            c->nspans--;
+        }
+        c->spans[c->nspans].start = transport_wall();
+        c->spans[c->nspans++].phase = phase;
+    }
     c->phase = phase;
     if (c->state == GRPO__WORKER_STATE__WORKER_STARTING && phase != CONTROL_PHASE_IDLE)
         c->state = GRPO__WORKER_STATE__WORKER_RUNNING; /* loading is over: the first step has begun */
@@ -416,7 +430,7 @@ static void apply_ack(struct control *c, const Grpo__HeartbeatAck *ack)
 
 /* The heartbeat of the current snapshot. Under mu; the strings point into c. */
 static void build_heartbeat(struct control *c, Grpo__Heartbeat *hb, Grpo__PhaseTime *pt, Grpo__PhaseTime **ptp,
-                            Grpo__Metric *m, Grpo__Metric **mp)
+                            Grpo__Metric *m, Grpo__Metric **mp, Grpo__PhaseSpan *ps, Grpo__PhaseSpan **psp)
 {
     account(c, transport_now());
     grpo__heartbeat__init(hb);
@@ -454,6 +468,15 @@ static void build_heartbeat(struct control *c, Grpo__Heartbeat *hb, Grpo__PhaseT
     }
     hb->n_metrics = (size_t)c->nmetrics;
     hb->metrics = mp;
+    for (int i = 0; i < c->nspans; i++) {
+        grpo__phase_span__init(&ps[i]);
+        ps[i].start = c->spans[i].start;
+        ps[i].phase = (Grpo__Phase)c->spans[i].phase;
+        psp[i] = &ps[i];
+    }
+    hb->n_phase_changes = (size_t)c->nspans;
+    hb->phase_changes = psp;
+    c->nspans = 0; /* sent once; a lost heartbeat loses only a stretch of the timeline */
 }
 
 /* grpod forgot us (restart with another state directory, or we were replaced): register again.
@@ -503,7 +526,8 @@ static void *heartbeat_thread(void *arg)
         Grpo__Heartbeat hb;
         Grpo__PhaseTime pt[NUM_PHASES], *ptp[NUM_PHASES];
         Grpo__Metric m[MAX_METRICS], *mp[MAX_METRICS];
-        build_heartbeat(c, &hb, pt, ptp, m, mp);
+        Grpo__PhaseSpan ps[MAX_SPANS], *psp[MAX_SPANS];
+        build_heartbeat(c, &hb, pt, ptp, m, mp, ps, psp);
         uint64_t gen = c->generation;
         int timeout_ms = (int)(c->interval * 2000);
         if (timeout_ms < 1000)

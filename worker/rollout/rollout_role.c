@@ -213,7 +213,8 @@ int run_rollout(struct role_env *env)
     for (int64_t k = start + 1; k <= K && !stopped; k++) {
         if (k - 1 - s >= start) { /* the trainers' word after step k-1-s: new weights, or the end */
             t0 = rollout_now_s();
-            control_set_phase(env->ctl, CONTROL_PHASE_WEIGHT_SYNC);
+            /* waiting for the trainers counts as idle (grpoctl workers' IDLE, rollouter/idle_ratio) */
+            control_set_phase(env->ctl, CONTROL_PHASE_IDLE);
             if (weight_sync_recv_polled(env->sync, &h, r.policy->w.mem, r.policy->w.n_floats, bucket, &ws,
                                         env->ctl ? answer_control : NULL, &r, err, sizeof err) != 0) {
                 log_error("rollout", "%s", err);
