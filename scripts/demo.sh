@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The main job on its embedded defaults: GRPO on the bundled SmolLM2-135M-Instruct with the synthetic
-# arithmetic task (15 steps, 4 prompts x 8 responses), run by grpo-worker under the grpod coordinator,
-# with `grpoctl status` shown while it runs. Installs what it needs, builds, fetches the model.
+# arithmetic task (15 steps, 4 prompts x 8 responses), under the grpod coordinator, with the ranks mpirun
+# starts in the roles grpod assigns: 2 data-parallel trainers and 1 rollout rank, on-policy (it computes
+# what one process would, faster on two cores, and learned better in the demo's 15 steps than one-step-off:
+# docs/performance.md; DEMO_ROLLOUT_MODE=async runs one-step-off). `grpoctl workers` and `grpoctl status`
+# are shown while it runs. Installs what it needs, builds, fetches the model.
 #
 # Results: runs/grpo/demo/ (metrics.jsonl, metrics.svg, tensorboard/, checkpoints/); the status page
 # of grpod while it runs at the URL printed below. A previous demo run is kept as runs/grpo/demo.prev.
@@ -10,8 +13,13 @@ cd "$(dirname "$0")/.."
 ./scripts/deps.sh
 ./scripts/build.sh build
 . scripts/blas_env.sh
-# two cores: OpenBLAS uses both inside the one training process
-export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-$(nproc)}" OMP_NUM_THREADS=1
+# three ranks share the two cores: one compute thread each
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+# mpirun as root (containers) wants explicit consent
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# the split: verl's one-step-off names; grpod and the workers must agree
+SPLIT=(trainer.nnodes=1 trainer.n_gpus_per_node=2 rollout.nnodes=1 rollout.n_gpus_per_node=1)
+MODE="${DEMO_ROLLOUT_MODE:-sync}" # async: one-step-off
 
 gguf="$(./scripts/fetch_model.sh)"
 hf="$(dirname "$gguf")/SmolLM2-135M-Instruct"
@@ -43,23 +51,27 @@ trap cleanup EXIT
 
 echo "== starting grpod (control endpoint $endpoint, status page http://127.0.0.1:$port/)"
 build/daemon/grpod grpod.endpoint="$endpoint" grpod.state_dir="$state/grpod" \
-    grpod.http_listen="127.0.0.1:$port" >"$state/grpod.log" 2>&1 &
+    grpod.http_listen="127.0.0.1:$port" "${SPLIT[@]}" >"$state/grpod.log" 2>&1 &
 grpod_pid=$!
 export GRPOD_ENDPOINT="$endpoint"
 for _ in $(seq 50); do build/ctl/grpoctl --retries 1 status >/dev/null 2>&1 && break; sleep 0.2; done
 
-echo "== training: build/worker/grpo-worker actor_rollout_ref.model.path=$hf grpod.endpoint=$endpoint"
+echo "== training: mpirun -np 3 build/worker/grpo-worker actor_rollout_ref.model.path=$hf ${SPLIT[*]}"
+echo "     actor_rollout_ref.rollout.mode=$MODE grpod.endpoint=$endpoint"
 echo "   (every other setting is the embedded default: build/worker/grpo-worker --print-config)"
-build/worker/grpo-worker actor_rollout_ref.model.path="$hf" grpod.endpoint="$endpoint" &
+mpirun --oversubscribe --bind-to none -np 3 build/worker/grpo-worker actor_rollout_ref.model.path="$hf" \
+    "${SPLIT[@]}" actor_rollout_ref.rollout.mode="$MODE" grpod.endpoint="$endpoint" &
 worker_pid=$!
 
 # grpoctl status while it runs: every 2 minutes, and once early
 next=$(( SECONDS + 45 ))
 while kill -0 "$worker_pid" 2>/dev/null; do
     if [ $SECONDS -ge $next ]; then
+        echo "== grpoctl workers (role, coordinates, idle share of each rank)"
+        build/ctl/grpoctl workers || true
         echo "== grpoctl status"
-        build/ctl/grpoctl status || true
-        next=$(( SECONDS + 120 ))
+        build/ctl/grpoctl status | sed -n '1,8p' || true
+        next=$(( SECONDS + 90 ))
     fi
     sleep 2
 done
@@ -83,5 +95,11 @@ for step, v in val:
     print(f"  step {step:3d}: {v:.3f}")
 if len(val) >= 2:
     print(f"  change: {val[0][1]:.3f} -> {val[-1][1]:.3f} ({val[-1][1] - val[0][1]:+.3f})")
+steps = [r for r in rows if r["step"] >= 2 and "timing_s/step" in r]
+if steps:
+    mean = lambda k: sum(r.get(k, 0) for r in steps) / len(steps)
+    print(f"== where the time went (steps 2-{steps[-1]['step']}): step {mean('timing_s/step'):.1f} s, "
+          f"trainer idle {mean('trainer/idle_ratio'):.0%}, rollout idle {mean('rollouter/idle_ratio'):.0%}, "
+          f"weight sync {mean('timing_s/update_weights'):.2f} s")
 PY
 echo "== results in $run_dir: metrics.jsonl, metrics.svg (chart), tensorboard/ (tensorboard --logdir $run_dir/tensorboard), checkpoints/"

@@ -5,7 +5,9 @@
 #    bit-identical to the same run without grpod;
 #  - grpoctl stop checkpoints and ends every rank cleanly; launched again, the run resumes to the same weights;
 #  - a trainer rank killed with SIGKILL ends the job; grpod marks the ranks lost and says so in
-#    grpoctl status; launched again, the run resumes from the newest checkpoint to the same weights.
+#    grpoctl status; launched again, the run resumes from the newest checkpoint to the same weights;
+#  - a rollout rank killed with SIGKILL: the same today (the ranks share one MPI job), and after the relaunch
+#    the audit files hold every prompt's group exactly rollout.n times in every step.
 # usage: test_dist_grpod.sh GRPOD GRPOCTL SIM_WORKER GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
 WORKER="$4" MODEL_TOOL="$5" COMPARE="$6" SCORER="$7"
@@ -90,4 +92,30 @@ run killed grpod.endpoint="$EP" grpod.connect_timeout_s=20
 expect "launched again under the same grpod, the run resumes and finishes" $?
 grep -q "resumed from .*global_step_$kstep" "$TMP/killed.log"; expect "it resumed from the newest checkpoint" $?
 "$COMPARE" "$(final ref)" "$(final killed)" 0 >/dev/null 2>&1; expect "kill + resume: weights bit-identical" $?
+kill "$GRPOD_PID" 2>/dev/null; wait "$GRPOD_PID" 2>/dev/null
+
+# ---- a rollout rank killed
+start_grpod g4 "${PLACE[@]}"
+run rkilled grpod.endpoint="$EP" grpod.connect_timeout_s=20 trainer.rollout_data_dir="$TMP/rkilled/audit" &
+MPI_PID=$!
+PIDS+=("$MPI_PID")
+wait_for 60 step_at_least 5; expect "fourth run under way" $?
+victim="$("$GRPOCTL" status --json | jq -r '.workers[] | select(.role == "rollout") | .pid')"
+kill -9 "$victim"; expect "the rollout rank (pid $victim) killed" $?
+wait "$MPI_PID"
+wait_for 15 sh -c "'$GRPOCTL' status | grep -q lost"; expect "grpoctl status says the ranks are lost" $?
+run rkilled grpod.endpoint="$EP" grpod.connect_timeout_s=20 trainer.rollout_data_dir="$TMP/rkilled/audit"
+expect "launched again, the run resumes and finishes" $?
+"$COMPARE" "$(final ref)" "$(final rkilled)" 0 >/dev/null 2>&1; expect "rollout kill + resume: weights bit-identical" $?
+python3 - "$TMP/rkilled/audit" 4 4 "$STEPS" <<'PY'
+import collections, glob, json, sys
+d, n, B, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+for k in range(1, steps + 1):
+    uids = collections.Counter()
+    for f in glob.glob(f"{d}/{k}.jsonl") + glob.glob(f"{d}/{k}.dp*.jsonl"):
+        for line in open(f):
+            uids[json.loads(line)["uid"]] += 1
+    assert len(uids) == B and all(c == n for c in uids.values()), (k, uids)
+PY
+expect "audit files: every uid exactly rollout.n times in every step" $?
 [ "$fails" -eq 0 ] || exit 1

@@ -4,6 +4,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/check.h"
 #include "common/log.h"
@@ -102,7 +103,11 @@ static void update_mini_batch(struct model *m, struct adamw *opt, struct rollout
     model_zero_grads(m);
     actor_accumulate_grads(m, seqs, idx, n, p, &ls, &st->tokens_forward);
     if (p->dp) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         comm_allreduce_sum(p->dp, m->grad->mem, m->grad->n_floats, COMM_F32);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        st->allreduce_s += (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
         double sums[8] = {ls.pg_loss,           ls.kl_loss, ls.entropy, ls.pg_clipfrac,
                           ls.pg_clipfrac_lower, ls.ppo_kl,  ls.loss,    (double)ls.tokens};
         comm_allreduce_sum(p->dp, sums, 8, COMM_F64);

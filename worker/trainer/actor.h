@@ -49,6 +49,7 @@ struct update_stats {
     int optimizer_steps, skipped_steps; /* skipped: non-finite gradient norm */
     long long tokens_trained;           /* response tokens x epochs */
     long long tokens_forward;           /* all tokens through forward+backward */
+    double allreduce_s;                 /* waiting in the DP gradient all-reduce (0 on one rank) */
 };
 
 /* Add the gradient of the mini-batch loss over idx[0..n) (token weights over the whole mini-batch) to m->grad,

@@ -1,0 +1,70 @@
+/* Inside the trainer: its state, shared by the run loop and life cycle (trainer.c) and the step
+ * (trainer_step.c). Not for other modules: they use trainer.h. */
+#ifndef GRPO_WORKER_TRAINER_INTERNAL_H
+#define GRPO_WORKER_TRAINER_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "actor.h"
+#include "checkpoint.h"
+#include "prompts.h"
+#include "trainer.h"
+#include "worker/data/dataset.h"
+#include "worker/metrics/metrics.h"
+#include "worker/rollout/batch.h"
+
+struct trainer {
+    const struct grpo_config *cfg;
+    struct trainer_hooks hooks;
+    struct model *policy, *ref;
+    struct tokenizer *tok;
+    struct adamw *opt;
+    struct reward_fn *reward;
+    struct prompt_set train, val;
+    struct run_state st;
+    struct data_cursor cursor; /* position in the training prompts */
+    bool cursor_open;
+    int64_t saved_step; /* step of the newest checkpoint written by this process (-1: none) */
+    char run_dir[2048], ckpt_root[2100];
+    struct metrics_logger logger; /* JSONL, TensorBoard, console, SVG chart (with the run's history) */
+    bool logger_open;
+    struct rollout_ctx rc;     /* generation and scoring with the policy (hybrid steps, validation) */
+    struct trainer_layout lay; /* this rank in the trainers' DP group */
+    struct trainer_source src; /* where each step's rollouts come from */
+    double iter_t0;            /* start of this loop iteration: the step time includes the safe point's work */
+    int64_t warmup;
+    double peak_flops; /* measured sgemm FLOP/s x threads, the MFU denominator */
+    struct policy_loss_params loss;
+    enum loss_agg agg;
+    enum adv_estimator est;
+    enum kl_type kl_reward_type;
+};
+
+static inline void trainer_phase(struct trainer *t, const char *name)
+{
+    if (t->hooks.phase)
+        t->hooks.phase(t->hooks.ctx, t->st.global_step + 1, name);
+}
+
+static inline int trainer_safe_point(struct trainer *t)
+{
+    return t->hooks.safe_point ? t->hooks.safe_point(t->hooks.ctx, t->st.global_step) : TRAINER_CONTINUE;
+}
+
+/* Seeds of step k's random draws: a pure function of the base seed and k, so a resumed run draws the same. */
+static inline uint64_t trainer_step_seed(uint64_t seed, int64_t step, uint64_t salt) { return rollout_step_seed(seed, step, salt); }
+
+/* The next train_batch_size prompts (verl's sampler with drop_last) into out (and their dataset indices into
+ * uids, may be NULL); the cursor is part of the run state. */
+void trainer_draw_prompts(struct trainer *t, const struct prompt_item **out, int *uids, int n);
+/* trainer_source.next_batch of one process: draw, generate and score step k here (ctx is the trainer). */
+int trainer_hybrid_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm, struct metrics *m);
+/* One GRPO step (the source's batch, then the update); 0, or -1 on a fatal error. */
+int trainer_grpo_step(struct trainer *t, struct metrics *m);
+/* One supervised warm-start step k; 0, or -1. */
+int trainer_sft_step(struct trainer *t, int64_t k, struct metrics *m);
+/* Validation on the held-out prompts (DP rank 0). */
+void trainer_validate(struct trainer *t, struct metrics *m);
+
+#endif
