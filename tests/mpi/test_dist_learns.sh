@@ -34,7 +34,7 @@ TASK=(data.train_files="$TMP/sums.jsonl" data.val_files="$TMP/sums.jsonl" data.t
     trainer.project_name=p)
 "$WORKER" "${TASK[@]}" actor_rollout_ref.model.path="$TMP/tiny" trainer.default_local_dir="$TMP/sft" \
     trainer.experiment_name=sft trainer.sft_warmup_steps=100 trainer.sft_warmup_lr=1e-3 \
-    trainer.total_training_steps=0 trainer.val_before_train=false >"$TMP/sft.log" 2>&1
+    trainer.total_training_steps=1 trainer.save_freq=100 trainer.val_before_train=false >"$TMP/sft.log" 2>&1
 expect "supervised warm-start in one process" $?
 warm="$TMP/sft/p/sft/checkpoints/global_step_100/actor"
 timeout 580 mpirun --oversubscribe --bind-to none -np 2 "$WORKER" "${TASK[@]}" actor_rollout_ref.model.path="$warm" \

@@ -57,7 +57,10 @@ int main(int argc, char **argv)
     bad += push(s, buf, len, "a batch naming an unknown prompt");
     env.version = GRPO_PROTOCOL_VERSION + 1;
     len = grpo__envelope__get_packed_size(&env);
-    buf = realloc(buf, len);
+    free(buf);
+    buf = malloc(len);
+    if (!buf)
+        return 2;
     grpo__envelope__pack(&env, buf);
     bad += push(s, buf, len, "a batch of another protocol version");
     free(buf);

@@ -95,4 +95,3 @@ void rollout_audit_write(const char *dir, int64_t step, int dp_rank, int n, cons
     if (fclose(f) != 0)
         log_warn("audit", "writing %s failed: %s", path, check_errno_text());
 }
-

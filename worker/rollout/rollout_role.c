@@ -185,7 +185,7 @@ int run_rollout(struct role_env *env)
     const struct grpo_config *c = env->cfg;
     const size_t bucket = (size_t)c->rollout_update_weights_bucket_megabytes << 20;
     int status = 1;
-    if (setup(&r, err, sizeof err) != 0) {
+    if (setup(&r, err, sizeof err) != 0 || !r.policy) {
         log_error("rollout", "%s", err);
         control_finish(env->ctl, CONTROL_END_FAILED, err);
         return 2;

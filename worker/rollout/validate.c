@@ -34,8 +34,7 @@ void rollout_validate(const struct rollout_ctx *rc, const struct prompt_set *val
         int *uids = xmalloc((size_t)cnt * sizeof(int));
         for (int i = 0; i < cnt; i++)
             uids[i] = start + i;
-        rollout_generate_and_score(rc, prompts + start, uids, cnt, start, &sp, n,
-                                   seed, &b, &tg, &tr);
+        rollout_generate_and_score(rc, prompts + start, uids, cnt, start, &sp, n, seed, &b, &tg, &tr);
         free(uids);
     }
     /* per data_source: mean over all samples, and best of n per prompt */
@@ -73,4 +72,3 @@ void rollout_validate(const struct rollout_ctx *rc, const struct prompt_set *val
     step_batch_free(&b);
     free(prompts);
 }
-

@@ -53,7 +53,10 @@ static inline int trainer_safe_point(struct trainer *t)
 }
 
 /* Seeds of step k's random draws: a pure function of the base seed and k, so a resumed run draws the same. */
-static inline uint64_t trainer_step_seed(uint64_t seed, int64_t step, uint64_t salt) { return rollout_step_seed(seed, step, salt); }
+static inline uint64_t trainer_step_seed(uint64_t seed, int64_t step, uint64_t salt)
+{
+    return rollout_step_seed(seed, step, salt);
+}
 
 /* The next train_batch_size prompts (verl's sampler with drop_last) into out (and their dataset indices into
  * uids, may be NULL); the cursor is part of the run state. */

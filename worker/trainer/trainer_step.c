@@ -220,8 +220,8 @@ int trainer_hybrid_batch(void *ctx, int64_t k, struct step_batch *b, struct step
         trainer_phase(t, "gen");
         trainer_draw_prompts(t, prompts, uids, B);
         drawn += B;
-        rollout_generate_and_score(&t->rc, prompts, uids, B, 0, &sp, n, trainer_step_seed(t->st.seed, k, (uint64_t)r), b,
-                                   &tm->gen, &tm->reward);
+        rollout_generate_and_score(&t->rc, prompts, uids, B, 0, &sp, n, trainer_step_seed(t->st.seed, k, (uint64_t)r),
+                                   b, &tm->gen, &tm->reward);
         if (!c->alg_filter_groups_enable)
             break;
         step_batch_filter_groups(b);
@@ -406,4 +406,3 @@ int trainer_grpo_step(struct trainer *t, struct metrics *m)
     step_batch_free(&b);
     return rc;
 }
-
