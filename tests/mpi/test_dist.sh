@@ -66,17 +66,7 @@ expect "per-step losses and grad norms match the single-process run within 1e-5"
 "$COMPARE" "$(weights one)" "$(weights split)" 1e-5 >"$TMP/cmp.txt" 2>&1
 expect "final weights match the single-process run within 1e-5 ($(cat "$TMP/cmp.txt"))" $?
 
-python3 - "$TMP/split/audit" 4 4 "$STEPS" <<'PY'
-import collections, glob, json, sys
-d, n, B, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-for k in range(1, steps + 1):
-    uids = collections.Counter()
-    for f in glob.glob(f"{d}/{k}.jsonl") + glob.glob(f"{d}/{k}.dp*.jsonl"):
-        for line in open(f):
-            uids[json.loads(line)["uid"]] += 1
-    assert len(uids) == B and all(c == n for c in uids.values()), (k, uids)
-print("every uid exactly n times per step")
-PY
+python3 "$(dirname "$0")/check_audit.py" "$TMP/split/audit" 4 4 "$STEPS"
 expect "audit files: every prompt's group exactly once per step" $?
 
 # a stranger on trainer DP rank 0's data socket while the run goes on

@@ -107,15 +107,6 @@ wait_for 15 sh -c "'$GRPOCTL' status | grep -q lost"; expect "grpoctl status say
 run rkilled grpod.endpoint="$EP" grpod.connect_timeout_s=20 trainer.rollout_data_dir="$TMP/rkilled/audit"
 expect "launched again, the run resumes and finishes" $?
 "$COMPARE" "$(final ref)" "$(final rkilled)" 0 >/dev/null 2>&1; expect "rollout kill + resume: weights bit-identical" $?
-python3 - "$TMP/rkilled/audit" 4 4 "$STEPS" <<'PY'
-import collections, glob, json, sys
-d, n, B, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-for k in range(1, steps + 1):
-    uids = collections.Counter()
-    for f in glob.glob(f"{d}/{k}.jsonl") + glob.glob(f"{d}/{k}.dp*.jsonl"):
-        for line in open(f):
-            uids[json.loads(line)["uid"]] += 1
-    assert len(uids) == B and all(c == n for c in uids.values()), (k, uids)
-PY
+python3 "$(dirname "$0")/check_audit.py" "$TMP/rkilled/audit" 4 4 "$STEPS"
 expect "audit files: every uid exactly rollout.n times in every step" $?
 [ "$fails" -eq 0 ] || exit 1

@@ -2,16 +2,22 @@
 
 #include <stddef.h>
 
+#include "common/placement.h"
+
+/* The Megatron arithmetic is common/placement.c's (grpod assigns with it): one hybrid group of world_size. */
 int parallel_coords_of(int rank, int world_size, int tp_size, int pp_size, struct parallel_coords *out)
 {
-    if (tp_size < 1 || pp_size < 1 || world_size % (tp_size * pp_size) != 0 || rank < 0 || rank >= world_size)
+    const struct placement_spec spec = {.trainer_ranks = 0, .rollout_ranks = 0, .tp_size = tp_size, .pp_size = pp_size};
+    struct placement p;
+    char why[256];
+    if (placement_of(&spec, rank, world_size, &p, why, sizeof why) != 0)
         return -1;
-    out->tp_size = tp_size;
-    out->pp_size = pp_size;
-    out->dp_size = world_size / (tp_size * pp_size);
-    out->tp_rank = rank % tp_size;
-    out->dp_rank = (rank / tp_size) % out->dp_size;
-    out->pp_rank = rank / (tp_size * out->dp_size);
+    *out = (struct parallel_coords){.dp_rank = p.dp,
+                                    .dp_size = p.dp_size,
+                                    .tp_rank = p.tp,
+                                    .tp_size = p.tp_size,
+                                    .pp_rank = p.pp,
+                                    .pp_size = p.pp_size};
     return 0;
 }
 
