@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# deploy/slurm/grpo.sbatch end to end with real workers, on this machine: stand-ins for Slurm's scontrol
+# (the allocation is this host) and srun (the one-task step runs its command; the worker step becomes
+# mpirun -np SLURM_NTASKS) run the script unchanged. grpod starts on tcp with a per-job secret, a trainer
+# and a rollout rank (the split from the run's YAML) register, train over the tcp data plane, and finish.
+# usage: test_slurm_script.sh SRC_DIR GRPOD GRPOCTL GRPO_WORKER GRPO_MODEL
+set -u
+src="$(realpath "$1")"
+TMP="$(mktemp -d /tmp/grpo-slurm.XXXXXX)"
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$TMP"' EXIT
+fails=0
+expect() { if [ "$2" -eq 0 ]; then echo "ok   $1"; else echo "FAIL $1"; fails=$((fails + 1)); fi; }
+mkdir -p "$TMP/bin"
+ln -s "$(realpath "$2")" "$TMP/bin/grpod"
+ln -s "$(realpath "$3")" "$TMP/bin/grpoctl"
+ln -s "$(realpath "$4")" "$TMP/bin/grpo-worker"
+cat >"$TMP/bin/scontrol" <<'SH'
+#!/bin/sh
+# scontrol show hostnames LIST: this host
+[ "$1 $2" = "show hostnames" ] && { echo 127.0.0.1; exit 0; }
+exit 1
+SH
+cat >"$TMP/bin/srun" <<'SH'
+#!/bin/sh
+# srun [options] CMD...: with --ntasks=1 run CMD here; otherwise mpirun -np $SLURM_NTASKS CMD
+one=0
+while [ $# -gt 0 ]; do
+    case "$1" in --ntasks=1) one=1; shift ;; --*) shift ;; *) break ;; esac
+done
+[ $one -eq 1 ] && exec "$@"
+exec mpirun --oversubscribe --bind-to none -np "$SLURM_NTASKS" "$@"
+SH
+chmod +x "$TMP/bin/scontrol" "$TMP/bin/srun"
+"$5" init "$src/tests/fixtures/tokenizers/bytes-chatml/config.json" "$TMP/tiny" \
+    --tokenizer-from "$src/tests/fixtures/tokenizers/bytes-chatml" --seed 11 --std 0.1 >"$TMP/init.log" 2>&1
+expect "tiny model initialised" $?
+cat >"$TMP/run.yaml" <<YAML
+data: {train_batch_size: 2, max_response_length: 8, synthetic: {num_train: 16, num_val: 2}}
+actor_rollout_ref:
+  model: {path: $TMP/tiny}
+  rollout: {n: 2}
+  actor: {ppo_mini_batch_size: 2}
+trainer: {nnodes: 1, n_gpus_per_node: 1, total_training_steps: 3, val_before_train: false,
+          default_local_dir: $TMP/runs, project_name: p, experiment_name: e}
+rollout: {nnodes: 1, n_gpus_per_node: 1}
+grpod: {connect_timeout_s: 30}
+YAML
+port=$(( 30000 + RANDOM % 20000 ))
+( cd "$TMP" && PATH="$TMP/bin:$PATH" SLURM_JOB_NODELIST=localhost SLURM_JOB_ID=4242 SLURM_NTASKS=2 \
+    GRPOD_PORT=$port GRPOD_HTTP=127.0.0.1:0 GRPO_RUN_DIR="$TMP/job" OPENBLAS_NUM_THREADS=1 \
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    timeout 120 bash "$src/deploy/slurm/grpo.sbatch" "$TMP/run.yaml" >"$TMP/job.log" 2>&1 )
+expect "grpo.sbatch runs to the end" $?
+[ "$(stat -c %a "$TMP/job/secret" 2>/dev/null)" = 600 ]; expect "the job's secret is private (0600)" $?
+grep -q "registered with grpod at tcp://127.0.0.1:$port: role trainer" "$TMP/job.log"; expect "rank 0 registered as trainer over tcp" $?
+grep -q "role rollout" "$TMP/job.log"; expect "rank 1 registered as rollout" $?
+grep -q "pulling rollouts at tcp://\*:$((port + 1))" "$TMP/job.log"; expect "the data plane runs over tcp" $?
+[ -f "$TMP/runs/p/e/checkpoints/global_step_3/actor/model.safetensors" ]; expect "the trainer wrote the final checkpoint" $?
+grep -q "run finished at step 3" "$TMP/job.log"; expect "the run finished" $?
+[ "$fails" -eq 0 ] || { tail -n 30 "$TMP/job.log"; exit 1; }
