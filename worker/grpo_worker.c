@@ -18,6 +18,7 @@
 #include "worker/comm/parallel.h"
 #include "worker/control/control.h"
 #include "worker/metrics/metrics.h"
+#include "proto/transport.h"
 #include "worker/roles.h"
 #include "worker/trainer/trainer.h"
 #include "common/check.h"
@@ -178,6 +179,11 @@ static int run_role(const struct grpo_config *cfg, struct comm *world)
         return 2;
     }
     env.staleness = strcmp(cfg->rollout_mode, "async") == 0 ? 1 : 0;
+    if (split && cfg->grpod_secret_file && cfg->grpod_secret_file[0] &&
+        secret_read(cfg->grpod_secret_file, 1, env.secret, sizeof env.secret, why, sizeof why) != 0) {
+        log_error("worker", "%s", why);
+        return 2;
+    }
     if (split)
         local_endpoints(&env);
     if (join_control_plane(&env) != 0)

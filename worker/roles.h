@@ -27,6 +27,7 @@ struct role_env {
     struct comm *trainers; /* the trainers' DP group (trainer ranks only) */
     struct comm *sync;     /* trainer DP rank 0 (rank 0 here) and every rollout rank; NULL elsewhere */
     int staleness;         /* 0: on-policy (rollout.mode=sync), 1: one-step-off (async) */
+    char secret[1024];     /* grpod.secret_file's secret: every data-plane batch carries it ("": none) */
     int n_endpoints;       /* one data endpoint per trainer DP rank */
     char endpoints[ROLE_MAX_ENDPOINTS][256];
 };

@@ -216,6 +216,30 @@ static void test_bad_fields(void **state)
     drop(f);
 }
 
+static void test_secret(void **state)
+{
+    (void)state;
+    struct fx *f = make();
+    f->lim.secret = "s3cret";
+    const int groups[2] = {0, 1};
+    size_t len;
+    uint8_t *buf = wire_pack_batch(&HDR, &f->b, groups, 2, &len);
+    refused(f, buf, len, "shared secret");
+    free(buf);
+    buf = wire_pack_batch_secret(&HDR, &f->b, groups, 2, "other", &len);
+    refused(f, buf, len, "shared secret");
+    free(buf);
+    buf = wire_pack_batch_secret(&HDR, &f->b, groups, 2, "s3cret", &len);
+    struct step_batch out = {0};
+    struct wire_header h;
+    char why[512] = "";
+    assert_int_equal(wire_unpack_batch(buf, len, &f->lim, &h, &out, why, sizeof why), 0);
+    assert_int_equal(out.n_seq, 2 * N);
+    step_batch_free(&out);
+    free(buf);
+    drop(f);
+}
+
 static void test_placement(void **state)
 {
     (void)state;
@@ -257,6 +281,7 @@ int main(void)
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_garbage_and_wrong_version),
         cmocka_unit_test(test_bad_fields),
+        cmocka_unit_test(test_secret),
         cmocka_unit_test(test_placement),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -8,9 +8,16 @@
 
 #include "common/check.h"
 #include "proto/protocol.h"
+#include "proto/transport.h"
 
 uint8_t *wire_pack_batch(const struct wire_header *h, const struct step_batch *b, const int *groups, int n_groups,
                          size_t *len)
+{
+    return wire_pack_batch_secret(h, b, groups, n_groups, NULL, len);
+}
+
+uint8_t *wire_pack_batch_secret(const struct wire_header *h, const struct step_batch *b, const int *groups,
+                                int n_groups, const char *secret, size_t *len)
 {
     int n_seq = 0;
     for (int i = 0; i < b->n_seq; i++)
@@ -58,6 +65,8 @@ uint8_t *wire_pack_batch(const struct wire_header *h, const struct step_batch *b
     Grpo__Envelope env = GRPO__ENVELOPE__INIT;
     env.body_case = GRPO__ENVELOPE__BODY_ROLLOUT;
     env.rollout = &rb;
+    if (secret && *secret)
+        env.secret = (char *)secret;
     uint8_t *out = CHECK_ALLOC(protocol_pack(&env, len));
     free(seqs);
     free(ptrs);
@@ -137,6 +146,10 @@ int wire_unpack_batch(const uint8_t *buf, size_t len, const struct wire_limits *
         return -1;
     }
     int rc = -1;
+    if (lim->secret && lim->secret[0] && !secret_equal(env->secret, lim->secret)) {
+        snprintf(why, whylen, "the batch does not carry the run's shared secret (grpod.secret_file)");
+        goto out;
+    }
     if (env->body_case != GRPO__ENVELOPE__BODY_ROLLOUT) {
         snprintf(why, whylen, "a %s message on the data socket (only rollout batches belong here)",
                  protocol_body_name(env->body_case));

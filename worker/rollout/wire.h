@@ -29,6 +29,9 @@ struct wire_header {
 /* Pack the groups groups[0..n_groups) of b (each with all its sequences) into an Envelope. Caller frees. */
 uint8_t *wire_pack_batch(const struct wire_header *h, const struct step_batch *b, const int *groups, int n_groups,
                          size_t *len);
+/* The same, the envelope carrying the run's shared secret (grpod.secret_file; NULL or "": none). */
+uint8_t *wire_pack_batch_secret(const struct wire_header *h, const struct step_batch *b, const int *groups,
+                                int n_groups, const char *secret, size_t *len);
 
 /* What the receiving trainer accepts. */
 struct wire_limits {
@@ -39,6 +42,7 @@ struct wire_limits {
     int n;              /* rollout.n */
     int world_size;     /* from_rank must be below it */
     int dp_rank;        /* to_dp must equal it */
+    const char *secret; /* the run's shared secret: a batch must carry it (NULL or "": not checked) */
 };
 
 /* Decode and check one message: 0 with *h filled and the batch's groups appended to b (sequences own their

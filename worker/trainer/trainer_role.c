@@ -301,7 +301,8 @@ int run_trainer(struct role_env *env)
                                  .groups_in_step = (int)c->data_train_batch_size,
                                  .n = (int)c->rollout_n,
                                  .world_size = comm_size(env->world),
-                                 .dp_rank = env->at.dp};
+                                 .dp_rank = env->at.dp,
+                                 .secret = env->secret};
     r.last_seq = xcalloc((size_t)comm_size(env->world), sizeof *r.last_seq);
     /* bind before anything slow, so the rollout ranks' first batches find the socket */
     r.pull = dataplane_pull_open(env->endpoints[env->at.dp], err, sizeof err);
