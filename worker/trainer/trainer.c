@@ -221,6 +221,8 @@ int trainer_run(struct trainer *t)
  * On failure out holds the cache directory. */
 int trainer_bundled_model_path(char *out, size_t len)
 {
+    if (!out || len == 0)
+        return -1;
     const char *cache = getenv("GRPO_CACHE");
     char dir[2048];
     if (cache && *cache)
