@@ -278,10 +278,8 @@ static void test_placement(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip),
-        cmocka_unit_test(test_garbage_and_wrong_version),
-        cmocka_unit_test(test_bad_fields),
-        cmocka_unit_test(test_secret),
+        cmocka_unit_test(test_round_trip), cmocka_unit_test(test_garbage_and_wrong_version),
+        cmocka_unit_test(test_bad_fields), cmocka_unit_test(test_secret),
         cmocka_unit_test(test_placement),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
