@@ -2,7 +2,8 @@
  * same placement arithmetic in common/placement.c) assigns them:
  *   hybrid   every part of the GRPO step in this process (one-rank runs);
  *   rollout  draw this rank's share of each step's prompts, generate, score, and
- *            push the groups to the trainers over nanomsg; take new weights;
+ *            send the groups to the trainers over nanomsg (each batch acknowledged);
+ *            take new weights;
  *   trainer  pull the step's groups, compute log-probs, advantages and the
  *            update with gradients summed over the trainers' DP group; DP
  *            rank 0 sends the weights back, validates, logs and checkpoints. */

@@ -2,8 +2,8 @@
 # Distributed runs on a tiny model under mpirun (2 cores, oversubscribed):
 #  - 1 rollout + 2 trainer ranks, on-policy, reproduce the single-process run: per-step losses and grad norms,
 #    and the final weights, within 1e-5 relative; the audit files hold every uid exactly rollout.n times a step;
-#  - the same run with a stranger writing garbage to a trainer's data socket: every bad message is refused and
-#    counted, and the result is bit-identical to the undisturbed run;
+#  - the same run with a stranger writing garbage to a trainer's data socket: every bad message is refused (the
+#    answer says why) and counted, and the result is bit-identical to the undisturbed run;
 #  - one-step-off (rollout.mode=async, 1 rollout + 1 trainer): staleness 1 logged, the rollout-vs-trainer
 #    log-prob gap measured, the run finishes;
 #  - impossible placements are errors that name the keys and the numbers, before any work starts.
@@ -64,7 +64,8 @@ print(f"per-step metrics agree: worst relative difference {worst:.2e}")
 PY
 expect "per-step losses and grad norms match the single-process run within 1e-5" $?
 "$COMPARE" "$(weights one)" "$(weights split)" 1e-5 >"$TMP/cmp.txt" 2>&1
-expect "final weights match the single-process run within 1e-5 ($(cat "$TMP/cmp.txt"))" $?
+rc=$?
+expect "final weights match the single-process run within 1e-5 ($(cat "$TMP/cmp.txt"))" $rc
 
 python3 "$(dirname "$0")/check_audit.py" "$TMP/split/audit" 4 4 "$STEPS"
 expect "audit files: every prompt's group exactly once per step" $?
@@ -75,7 +76,10 @@ expect "audit files: every prompt's group exactly once per step" $?
 RUN=$!
 for _ in $(seq 100); do [ -S "$TMP/data-dp0.sock" ] && break; sleep 0.1; done
 "$STRANGER" "ipc://$TMP/data-dp0.sock" >"$TMP/stranger.log" 2>&1
-expect "the stranger's messages were handed to the socket" $?
+expect "each of the stranger's messages is answered with a refusal" $?
+grep -q "unknown prompt: batch of a 0 x 0 step, but this run has data.train_batch_size 4" "$TMP/stranger.log"
+rc=$?
+expect "a refusal says what was wrong ($(sed -n 3p "$TMP/stranger.log"))" $rc
 wait $RUN
 expect "the run with a stranger on the data socket finishes" $?
 grep -q "refused a batch on the data socket" "$TMP/noisy.log"; expect "bad messages are refused with a reason" $?

@@ -2,7 +2,7 @@
 
 #include <errno.h>
 #include <nanomsg/nn.h>
-#include <nanomsg/pipeline.h>
+#include <nanomsg/reqrep.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,13 +18,14 @@ struct dataplane_pull {
 struct dataplane_push {
     int n;
     int *socks;
+    bool *waiting; /* a batch sent on socket i awaits its answer */
 };
 
 struct dataplane_pull *dataplane_pull_open(const char *endpoint, char *err, size_t errlen)
 {
-    int s = nn_socket(AF_SP, NN_PULL);
+    int s = nn_socket(AF_SP, NN_REP);
     if (s < 0) {
-        error_set(err, errlen, "data plane: nn_socket(PULL): %s", nn_strerror(nn_errno()));
+        error_set(err, errlen, "data plane: nn_socket(REP): %s", nn_strerror(nn_errno()));
         return NULL;
     }
     int max = (int)GRPO_MAX_MESSAGE_BYTES;
@@ -59,6 +60,22 @@ int dataplane_recv(struct dataplane_pull *p, int timeout_ms, void **buf, size_t 
     return 1;
 }
 
+void dataplane_answer(struct dataplane_pull *p, bool ok, const char *why)
+{
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Reply reply = GRPO__REPLY__INIT;
+    reply.ok = ok;
+    reply.error = (char *)(ok ? "" : why);
+    env.body_case = GRPO__ENVELOPE__BODY_REPLY;
+    env.reply = &reply;
+    size_t len;
+    uint8_t *buf = CHECK_ALLOC(protocol_pack(&env, &len));
+    int timeout = 1000; /* an answer nobody waits for any more is dropped */
+    nn_setsockopt(p->sock, NN_SOL_SOCKET, NN_SNDTIMEO, &timeout, sizeof timeout);
+    nn_send(p->sock, buf, len, 0);
+    free(buf);
+}
+
 void dataplane_pull_close(struct dataplane_pull *p)
 {
     if (!p)
@@ -67,21 +84,21 @@ void dataplane_pull_close(struct dataplane_pull *p)
     free(p);
 }
 
-struct dataplane_push *dataplane_push_open(const char *const *endpoints, int n, int queue_bytes, char *err,
-                                           size_t errlen)
+struct dataplane_push *dataplane_push_open(const char *const *endpoints, int n, char *err, size_t errlen)
 {
     struct dataplane_push *p = xcalloc(1, sizeof *p);
     p->socks = xmalloc((size_t)(n ? n : 1) * sizeof(int));
+    p->waiting = xcalloc((size_t)(n ? n : 1), sizeof(bool));
     for (int i = 0; i < n; i++) {
-        int s = nn_socket(AF_SP, NN_PUSH);
+        int s = nn_socket(AF_SP, NN_REQ);
         if (s < 0) {
-            error_set(err, errlen, "data plane: nn_socket(PUSH): %s", nn_strerror(nn_errno()));
+            error_set(err, errlen, "data plane: nn_socket(REQ): %s", nn_strerror(nn_errno()));
             dataplane_push_close(p);
             return NULL;
         }
-        nn_setsockopt(s, NN_SOL_SOCKET, NN_SNDBUF, &queue_bytes, sizeof queue_bytes);
-        int linger = 5000; /* let queued batches reach the trainer when this rank ends */
-        nn_setsockopt(s, NN_SOL_SOCKET, NN_LINGER, &linger, sizeof linger);
+        /* resend a batch whose answer has not come in 10 minutes (a trainer restarted, a connection lost) */
+        int resend = 600000;
+        nn_setsockopt(s, NN_REQ, NN_REQ_RESEND_IVL, &resend, sizeof resend);
         p->socks[p->n++] = s;
         if (nn_connect(s, endpoints[i]) < 0) {
             error_set(err, errlen, "data plane: cannot connect to %s: %s", endpoints[i], nn_strerror(nn_errno()));
@@ -92,9 +109,44 @@ struct dataplane_push *dataplane_push_open(const char *const *endpoints, int n, 
     return p;
 }
 
+/* Wait for the answer to socket i's outstanding batch. */
+static int await_answer(struct dataplane_push *p, int i, int timeout_ms, char *err, size_t errlen)
+{
+    if (!p->waiting[i])
+        return 0;
+    nn_setsockopt(p->socks[i], NN_SOL_SOCKET, NN_RCVTIMEO, &timeout_ms, sizeof timeout_ms);
+    void *msg = NULL;
+    int n;
+    do
+        n = nn_recv(p->socks[i], &msg, NN_MSG, 0);
+    while (n < 0 && nn_errno() == EINTR);
+    if (n < 0) {
+        int e = nn_errno();
+        error_set(err, errlen, "data plane: no answer from trainer DP rank %d: %s", i,
+                  e == ETIMEDOUT ? "timed out (the trainer takes no data)" : nn_strerror(e));
+        return -1;
+    }
+    p->waiting[i] = false;
+    char why[512];
+    Grpo__Envelope *env = protocol_unpack(msg, (size_t)n, why, sizeof why);
+    nn_freemsg(msg);
+    int rc = 0;
+    if (!env || env->body_case != GRPO__ENVELOPE__BODY_REPLY)
+        rc = -2, error_set(err, errlen, "data plane: trainer DP rank %d answered with something other than a reply%s%s", i,
+                       env ? "" : ": ", env ? "" : why);
+    else if (!env->reply->ok)
+        rc = -2, error_set(err, errlen, "data plane: trainer DP rank %d refused a batch: %s", i, env->reply->error);
+    if (env)
+        protocol_free(env);
+    return rc;
+}
+
 int dataplane_send(struct dataplane_push *p, int i, const void *buf, size_t len, int timeout_ms, char *err,
                    size_t errlen)
 {
+    int rc = await_answer(p, i, timeout_ms, err, errlen);
+    if (rc != 0)
+        return rc;
     nn_setsockopt(p->socks[i], NN_SOL_SOCKET, NN_SNDTIMEO, &timeout_ms, sizeof timeout_ms);
     int n;
     do
@@ -102,11 +154,20 @@ int dataplane_send(struct dataplane_push *p, int i, const void *buf, size_t len,
     while (n < 0 && nn_errno() == EINTR);
     if (n < 0) {
         int e = nn_errno();
-        error_set(err, errlen, "data plane: sending %zu bytes to trainer DP rank %d: %s", len, i,
-                  e == ETIMEDOUT ? "timed out (the trainer takes no data)" : nn_strerror(e));
-        return -1;
+        return error_set(err, errlen, "data plane: sending %zu bytes to trainer DP rank %d: %s", len, i,
+                         e == ETIMEDOUT ? "timed out (the trainer takes no data)" : nn_strerror(e));
     }
+    p->waiting[i] = true;
     return 0;
+}
+
+int dataplane_flush(struct dataplane_push *p, int timeout_ms, char *err, size_t errlen)
+{
+    int rc = 0;
+    for (int i = 0; i < p->n; i++)
+        if (await_answer(p, i, timeout_ms, err, errlen) != 0)
+            rc = -1;
+    return rc;
 }
 
 void dataplane_push_close(struct dataplane_push *p)
@@ -116,6 +177,7 @@ void dataplane_push_close(struct dataplane_push *p)
     for (int i = 0; i < p->n; i++)
         nn_close(p->socks[i]);
     free(p->socks);
+    free(p->waiting);
     free(p);
 }
 

@@ -1,31 +1,40 @@
-/* The data plane's sockets: each trainer DP rank binds one nanomsg PULL
+/* The data plane's sockets: each trainer DP rank binds one nanomsg REP
  * endpoint (handed out by grpod, or derived from the run when there is none);
- * each rollout rank connects one PUSH socket to every trainer endpoint. A
- * send blocks while the trainer's queue is full, so a slow trainer slows the
- * rollout instead of growing memory (bounded back-pressure). */
+ * each rollout rank connects one REQ socket to every trainer endpoint. Every
+ * batch is a request the trainer answers with an acknowledgement (or a
+ * refusal that says why). A rollout rank has at most one unacknowledged batch
+ * per trainer: it waits for the previous answer before it sends the next, so a
+ * slow trainer slows the rollout instead of growing memory (bounded
+ * back-pressure), and a batch whose answer does not come is sent again by the
+ * socket (the trainer drops the duplicate by its sequence number). */
 #ifndef GRPO_WORKER_ROLLOUT_DATAPLANE_H
 #define GRPO_WORKER_ROLLOUT_DATAPLANE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 struct dataplane_pull;
 struct dataplane_push;
 
-/* Bind a PULL socket at endpoint (messages over GRPO_MAX_MESSAGE_BYTES are dropped by nanomsg). NULL with err. */
+/* Bind the trainer's REP socket at endpoint (messages over GRPO_MAX_MESSAGE_BYTES are dropped by nanomsg; an
+ * ipc socket file is made owner-only). NULL with err. */
 struct dataplane_pull *dataplane_pull_open(const char *endpoint, char *err, size_t errlen);
-/* Wait up to timeout_ms for one message: 1 with *buf (free with dataplane_msg_free) and *len, 0 on timeout,
- * -1 with err on a socket error. */
+/* Wait up to timeout_ms for one batch: 1 with *buf (free with dataplane_msg_free) and *len, 0 on timeout, -1 with
+ * err on a socket error. Answer it with dataplane_answer before the next receive. */
 int dataplane_recv(struct dataplane_pull *p, int timeout_ms, void **buf, size_t *len, char *err, size_t errlen);
+/* Answer the batch just received: accepted (ok) or refused with why. */
+void dataplane_answer(struct dataplane_pull *p, bool ok, const char *why);
 void dataplane_pull_close(struct dataplane_pull *p);
 
-/* Connect one PUSH socket to each of the n endpoints. queue_bytes bounds what waits in each socket's send
- * buffer. NULL with err. */
-struct dataplane_push *dataplane_push_open(const char *const *endpoints, int n, int queue_bytes, char *err,
-                                           size_t errlen);
-/* Send to endpoint i, waiting up to timeout_ms for room (back-pressure). 0, or -1 with err (timeout: the trainer
- * does not take data). */
+/* Connect one REQ socket to each of the n endpoints. NULL with err. */
+struct dataplane_push *dataplane_push_open(const char *const *endpoints, int n, char *err, size_t errlen);
+/* Send one batch to endpoint i: first wait up to timeout_ms for the answer to the previous one (back-pressure).
+ * 0; -1 with err when no answer came in time (the trainer takes no data: try again); -2 with err when the
+ * previous batch was refused (err says why: a configuration that differs from the trainer's). */
 int dataplane_send(struct dataplane_push *p, int i, const void *buf, size_t len, int timeout_ms, char *err,
                    size_t errlen);
+/* Wait up to timeout_ms for the answers to every batch sent: 0 when all were accepted, else -1 with err. */
+int dataplane_flush(struct dataplane_push *p, int timeout_ms, char *err, size_t errlen);
 void dataplane_push_close(struct dataplane_push *p);
 
 void dataplane_msg_free(void *buf);

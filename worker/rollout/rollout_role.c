@@ -81,9 +81,7 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
     const char *eps[ROLE_MAX_ENDPOINTS];
     for (int i = 0; i < r->env->n_endpoints; i++)
         eps[i] = r->env->endpoints[i];
-    /* room for about one step's share per trainer: more waits (back-pressure) instead of piling up */
-    const int queue = 4 << 20;
-    r->push = dataplane_push_open(eps, r->env->n_endpoints, queue, err, errlen);
+    r->push = dataplane_push_open(eps, r->env->n_endpoints, err, errlen);
     return r->push ? 0 : -1;
 }
 
@@ -149,7 +147,7 @@ static int rollout_step(struct rollout_rank *r, int64_t k, int64_t version, doub
         /* a trainer busy with a long step takes its time: wait, but say so, and give up after an hour */
         for (int tries = 0;; tries++) {
             rc = dataplane_send(r->push, d, msg, len, 60000, err, errlen);
-            if (rc == 0 || tries >= 60)
+            if (rc != -1 || tries >= 60) /* sent, refused, or an hour without an answer */
                 break;
             log_warn("rollout", "step %lld: trainer DP rank %d has taken no data for %d min; still waiting",
                      (long long)k, d, tries + 1);
@@ -243,7 +241,9 @@ int run_rollout(struct role_env *env)
         r.step = k;
         control_set_step(env->ctl, k, K);
     }
-    if (!stopped) { /* the trainers' last word: they have taken every batch */
+    if (!stopped && dataplane_flush(r.push, 60000, err, sizeof err) != 0) /* every batch answered */
+        log_warn("rollout", "%s", err);
+    if (!stopped) { /* the trainers' last word: they have trained on every batch */
         control_set_phase(env->ctl, CONTROL_PHASE_IDLE);
         if (weight_sync_recv_polled(env->sync, &h, r.policy->w.mem, r.policy->w.n_floats, bucket, &ws,
                                     env->ctl ? answer_control : NULL, &r, err, sizeof err) != 0) {

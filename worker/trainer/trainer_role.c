@@ -67,6 +67,7 @@ static int receive_one(struct trainer_rank *r, int64_t k, int timeout_ms)
     struct pending p = {0};
     int rc = wire_unpack_batch(buf, len, &r->lim, &p.h, &p.b, err, sizeof err);
     dataplane_msg_free(buf);
+    dataplane_answer(r->pull, rc == 0, err); /* the acknowledgement, or the refusal with its reason */
     if (rc != 0) {
         drop_refused(r, err);
         return 0;
