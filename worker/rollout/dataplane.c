@@ -131,11 +131,14 @@ static int await_answer(struct dataplane_push *p, int i, int timeout_ms, char *e
     Grpo__Envelope *env = protocol_unpack(msg, (size_t)n, why, sizeof why);
     nn_freemsg(msg);
     int rc = 0;
-    if (!env || env->body_case != GRPO__ENVELOPE__BODY_REPLY)
-        rc = -2, error_set(err, errlen, "data plane: trainer DP rank %d answered with something other than a reply%s%s", i,
-                       env ? "" : ": ", env ? "" : why);
-    else if (!env->reply->ok)
-        rc = -2, error_set(err, errlen, "data plane: trainer DP rank %d refused a batch: %s", i, env->reply->error);
+    if (!env || env->body_case != GRPO__ENVELOPE__BODY_REPLY) {
+        error_set(err, errlen, "data plane: trainer DP rank %d answered with something other than a reply%s%s", i,
+                  env ? "" : ": ", env ? "" : why);
+        rc = -2;
+    } else if (!env->reply->ok) {
+        error_set(err, errlen, "data plane: trainer DP rank %d refused a batch: %s", i, env->reply->error);
+        rc = -2;
+    }
     if (env)
         protocol_free(env);
     return rc;
