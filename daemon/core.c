@@ -166,7 +166,8 @@ static void update_checkpoints(struct core *c)
     int n = 0;
     for (int r = 0; r < c->nworkers; r++) {
         const struct core_worker *w = c->workers[r];
-        if (!w || w->state == GRPO__WORKER_STATE__WORKER_LOST)
+        /* rollout ranks hold nothing a checkpoint keeps: the trainers' checkpoints are the run's */
+        if (!w || w->state == GRPO__WORKER_STATE__WORKER_LOST || w->role == GRPO__ROLE__ROLE_ROLLOUT)
             continue;
         n++;
         done = w->checkpoint_seq_done < done ? w->checkpoint_seq_done : done;

@@ -47,6 +47,8 @@ wait_for 60 step_at_least 3; expect "ranks register and report steps" $?
 expect "grpoctl workers: two trainers and one rollout rank" $?
 grep -Eq "^1 .* trainer +1/0/0 " "$TMP/workers.txt"; expect "grpoctl workers: rank 1 is trainer DP rank 1" $?
 grep -q "IDLE" "$TMP/workers.txt"; expect "grpoctl workers shows each rank's idle share" $?
+[ "$(status_field .checkpoint_step)" -ge 1 ] 2>/dev/null
+expect "grpoctl status knows the trainers' newest checkpoint (step $(status_field .checkpoint_step))" $?
 "$GRPOCTL" pause --wait=60 >"$TMP/pause.out" 2>&1; expect "pause takes effect on every rank" $?
 s1="$(status_field .step)"; sleep 2; s2="$(status_field .step)"
 [ "$s1" = "$s2" ]; expect "no step while paused ($s1 -> $s2)" $?

@@ -49,8 +49,8 @@ void comm_broadcast(struct comm *c, void *buf, size_t count, enum comm_dtype t, 
         c->be->broadcast(c, buf, count, t, root);
 }
 
-void comm_broadcast_polled(struct comm *c, void *buf, size_t count, enum comm_dtype t, int root, void (*poll)(void *ud),
-                           void *ud)
+void comm_broadcast_polled(struct comm *c, void *buf, size_t count, enum comm_dtype t, int root,
+                           void (*poll)(void *ud, bool done), void *ud)
 {
     if (!count)
         return;

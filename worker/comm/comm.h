@@ -36,11 +36,12 @@ void comm_allgather(struct comm *c, const void *send, void *recv, size_t count, 
 void comm_reduce_scatter_sum(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype t);
 /* root's buf copied to every rank. */
 void comm_broadcast(struct comm *c, void *buf, size_t count, enum comm_dtype t, int root);
-/* As comm_broadcast, calling poll(ud) (may be NULL) now and then while the peers have not arrived (small
+/* As comm_broadcast, calling poll(ud, false) (poll may be NULL) now and then while the peers have not arrived,
+ * and poll(ud, true) once when the broadcast completes after such calls (small
  * buffers: a header, a decision). Every rank of the group must use this call for the same broadcast (MPI does not
  * match a non-blocking broadcast with a blocking one). Back-ends without one block as comm_broadcast does. */
-void comm_broadcast_polled(struct comm *c, void *buf, size_t count, enum comm_dtype t, int root, void (*poll)(void *ud),
-                           void *ud);
+void comm_broadcast_polled(struct comm *c, void *buf, size_t count, enum comm_dtype t, int root,
+                           void (*poll)(void *ud, bool done), void *ud);
 /* Point-to-point within the group (pipeline stages). */
 void comm_send(struct comm *c, const void *buf, size_t count, enum comm_dtype t, int peer);
 void comm_recv(struct comm *c, void *buf, size_t count, enum comm_dtype t, int peer);
@@ -59,7 +60,7 @@ struct comm_backend {
     void (*allgather)(struct comm *, const void *, void *, size_t, enum comm_dtype);
     void (*reduce_scatter_sum)(struct comm *, const void *, void *, size_t, enum comm_dtype);
     void (*broadcast)(struct comm *, void *, size_t, enum comm_dtype, int);
-    void (*broadcast_polled)(struct comm *, void *, size_t, enum comm_dtype, int, void (*)(void *), void *);
+    void (*broadcast_polled)(struct comm *, void *, size_t, enum comm_dtype, int, void (*)(void *, bool), void *);
     void (*send)(struct comm *, const void *, size_t, enum comm_dtype, int);
     void (*recv)(struct comm *, void *, size_t, enum comm_dtype, int);
     void (*barrier)(struct comm *);

@@ -1,5 +1,6 @@
 /* MPI back-end of the collective plane: CPU buffers, used where there is no GPU. */
 #include <limits.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -50,16 +51,22 @@ static void mpi_broadcast(struct comm *c, void *buf, size_t count, enum comm_dty
 /* Non-blocking broadcast, tested every millisecond; poll runs in between (a rank waiting for its peers keeps
  * answering the control plane). */
 static void mpi_broadcast_polled(struct comm *c, void *buf, size_t count, enum comm_dtype t, int root,
-                                 void (*poll)(void *ud), void *ud)
+                                 void (*poll)(void *ud, bool done), void *ud)
 {
     MPI_Request req;
     CHECK_MPI(MPI_Ibcast(buf, icount(count), mpi_type(t), root, mc(c), &req));
+    bool polled = false;
     for (int done = 0;;) {
         CHECK_MPI(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
-        if (done)
+        if (done) {
+            if (polled)
+                poll(ud, true);
             break;
-        if (poll)
-            poll(ud);
+        }
+        if (poll) {
+            poll(ud, false);
+            polled = true;
+        }
         struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
     }

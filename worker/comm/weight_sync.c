@@ -25,13 +25,13 @@ static void move_buckets(struct comm *c, float *w, size_t n, size_t bucket_bytes
 }
 
 void weight_sync_send(struct comm *c, const struct weight_sync_header *h, const float *w, size_t n, size_t bucket_bytes,
-                      struct weight_sync_stats *st)
+                      struct weight_sync_stats *st, void (*poll)(void *ud, bool done), void *ud)
 {
     double t0 = mono_s();
     *st = (struct weight_sync_stats){0};
     struct weight_sync_header hh = *h;
     hh.n_floats = (int64_t)n;
-    comm_broadcast_polled(c, &hh, sizeof hh / sizeof(int64_t), COMM_I64, 0, NULL, NULL); /* as the receivers */
+    comm_broadcast_polled(c, &hh, sizeof hh / sizeof(int64_t), COMM_I64, 0, poll, ud); /* as the receivers */
     if (hh.has_weights && !hh.stop)
         move_buckets(c, (float *)w, n, bucket_bytes, st); /* the root's buffer is only read */
     st->seconds = mono_s() - t0;
@@ -44,7 +44,8 @@ int weight_sync_recv(struct comm *c, struct weight_sync_header *h, float *w, siz
 }
 
 int weight_sync_recv_polled(struct comm *c, struct weight_sync_header *h, float *w, size_t n, size_t bucket_bytes,
-                            struct weight_sync_stats *st, void (*poll)(void *ud), void *ud, char *err, size_t errlen)
+                            struct weight_sync_stats *st, void (*poll)(void *ud, bool done), void *ud, char *err,
+                            size_t errlen)
 {
     double t0 = mono_s();
     *st = (struct weight_sync_stats){0};

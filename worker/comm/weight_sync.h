@@ -32,15 +32,17 @@ struct weight_sync_stats {
     int buckets;
 };
 
-/* Sender (rank 0 of c): the header, then w[0..n) in buckets of bucket_bytes when h->has_weights. */
+/* Sender (rank 0 of c): the header, then w[0..n) in buckets of bucket_bytes when h->has_weights. poll(ud) (may
+ * be NULL) runs while the receivers have not taken the header (the sender answers pause requests). */
 void weight_sync_send(struct comm *c, const struct weight_sync_header *h, const float *w, size_t n, size_t bucket_bytes,
-                      struct weight_sync_stats *st);
+                      struct weight_sync_stats *st, void (*poll)(void *ud, bool done), void *ud);
 /* Receiver: the header into *h, then the weights into w when they follow. -1 with err when the sender's
  * parameter count differs from n (different models: nothing is received into w, and the run must end). */
 int weight_sync_recv(struct comm *c, struct weight_sync_header *h, float *w, size_t n, size_t bucket_bytes,
                      struct weight_sync_stats *st, char *err, size_t errlen);
 /* As weight_sync_recv, calling poll(ud) while the header has not come (the receiver answers pause requests). */
 int weight_sync_recv_polled(struct comm *c, struct weight_sync_header *h, float *w, size_t n, size_t bucket_bytes,
-                            struct weight_sync_stats *st, void (*poll)(void *ud), void *ud, char *err, size_t errlen);
+                            struct weight_sync_stats *st, void (*poll)(void *ud, bool done), void *ud, char *err,
+                            size_t errlen);
 
 #endif

@@ -259,6 +259,41 @@ enum control_command control_wait_resume(struct control *c)
     return cmd;
 }
 
+/* Report paused or running again (under mu). */
+static void set_held(struct control *c, bool held)
+{
+    if (c->paused == held)
+        return;
+    account(c, transport_now());
+    c->paused = held;
+    c->state = held ? GRPO__WORKER_STATE__WORKER_PAUSED : GRPO__WORKER_STATE__WORKER_RUNNING;
+    changed_locked(c);
+}
+
+void control_hold_while_waiting(struct control *c, bool done)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->mu);
+    if (done || !c->want_pause || c->want_stop || c->run_over) {
+        set_held(c, false);
+    } else {
+        set_held(c, true);
+        /* a moment at most: the caller goes back to see whether its peers have come (checkpoint requests stay
+         * open for the next safe point) */
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 50 * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        if (c->want_pause && !c->want_stop && !c->run_over && !c->quit)
+            pthread_cond_timedwait(&c->changed, &c->mu, &until);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
 void control_checkpoint_done(struct control *c, int64_t step)
 {
     if (!c)

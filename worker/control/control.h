@@ -128,6 +128,11 @@ enum control_command control_poll(struct control *c);
 /* Hold (reported as paused) until grpod resumes the run: returns CONTROL_RESUME, or
  * CONTROL_CHECKPOINT (write one, report it, call this again) or CONTROL_STOP. */
 enum control_command control_wait_resume(struct control *c);
+/* While waiting for peers inside a collective (done false), call now and then: while grpod wants the run
+ * paused the worker reports itself paused (its peers hold it there) and this waits a moment; once the
+ * collective completes (done true) it reports running again. Checkpoint and stop requests stay for the next
+ * safe point. */
+void control_hold_while_waiting(struct control *c, bool done);
 /* A checkpoint of `step` steps is on disk. */
 void control_checkpoint_done(struct control *c, int64_t step);
 /* Run control_poll's answer to completion at a safe point: save(ud, step) writes a checkpoint

@@ -170,10 +170,10 @@ static int nothing_to_save(void *ud, int64_t step)
 }
 
 /* While waiting for the trainers' word: answer pause (hold, reported as paused) and checkpoint requests. */
-static void answer_control(void *ud)
+static void answer_control(void *ud, bool done)
 {
     struct rollout_rank *r = ud;
-    control_safe_point(r->env->ctl, r->step, nothing_to_save, NULL);
+    control_hold_while_waiting(r->env->ctl, done);
 }
 
 int run_rollout(struct role_env *env)

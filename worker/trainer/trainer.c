@@ -67,8 +67,11 @@ static int64_t compute_total_steps(const struct grpo_config *cfg, int n_train)
 
 int trainer_save_checkpoint(struct trainer *t)
 {
-    if (t->lay.dp_rank != 0)
-        return 0; /* DP rank 0 writes for every replica: the weights and optimizer state are the same */
+    if (t->lay.dp_rank != 0) { /* DP rank 0 writes for every replica: the weights and optimizer state are the same */
+        if (t->hooks.checkpoint_saved)
+            t->hooks.checkpoint_saved(t->hooks.ctx, t->st.global_step);
+        return 0;
+    }
     trainer_phase(t, "checkpoint");
     char err[1024];
     double t0 = now_s();
@@ -78,6 +81,8 @@ int trainer_save_checkpoint(struct trainer *t)
         return -1;
     }
     t->saved_step = t->st.global_step;
+    if (t->hooks.checkpoint_saved)
+        t->hooks.checkpoint_saved(t->hooks.ctx, t->st.global_step);
     if (t->logger_open)
         metrics_logger_sync(&t->logger); /* metrics up to this checkpoint are durable too */
     log_info("checkpoint", "step %lld saved in %.1fs under %s", (long long)t->st.global_step, now_s() - t0,
@@ -145,7 +150,11 @@ static int check_replicas(struct trainer *t, int64_t k)
 }
 
 /* While a DP rank waits for DP rank 0's decision: hold here if the run is paused, so every rank reports it. */
-static void answer_control(void *ud) { trainer_safe_point(ud); }
+static void answer_control(void *ud, bool done)
+{
+    struct trainer *t = ud;
+    t->hooks.waiting(t->hooks.ctx, done);
+}
 
 /* The safe point's decision, DP rank 0's for every DP rank. */
 static int decide(struct trainer *t)
@@ -153,7 +162,7 @@ static int decide(struct trainer *t)
     int act = t->lay.dp_rank == 0 ? trainer_safe_point(t) : TRAINER_CONTINUE;
     if (t->lay.dp && t->lay.dp_size > 1) /* stop and checkpoint follow DP rank 0 */
         comm_broadcast_polled(t->lay.dp, &act, 1, COMM_I32, 0,
-                              t->lay.dp_rank && t->hooks.safe_point ? answer_control : NULL, t);
+                              t->lay.dp_rank && t->hooks.waiting ? answer_control : NULL, t);
     return act;
 }
 
@@ -173,7 +182,7 @@ int trainer_run(struct trainer *t)
         t->iter_t0 = rollout_now_s();
         int act = decide(t);
         /* a stop checkpoints too, unless this step is already saved */
-        if ((act & (TRAINER_CHECKPOINT | TRAINER_STOP)) && t->saved_step != t->st.global_step && writer)
+        if ((act & (TRAINER_CHECKPOINT | TRAINER_STOP)) && t->saved_step != t->st.global_step)
             trainer_save_checkpoint(t);
         if (t->src.between_steps && t->src.between_steps(t->src.ctx, t->st.global_step, act & TRAINER_STOP) != 0) {
             rc = -1;
@@ -203,7 +212,7 @@ int trainer_run(struct trainer *t)
                        k == c->trainer_sft_warmup_steps))
             trainer_validate(t, &m);
         log_step(t, k, &m);
-        if (writer && ((c->trainer_save_freq > 0 && k % c->trainer_save_freq == 0) || k == t->st.total_steps))
+        if ((c->trainer_save_freq > 0 && k % c->trainer_save_freq == 0) || k == t->st.total_steps)
             if (trainer_save_checkpoint(t) != 0) {
                 rc = -1;
                 break;

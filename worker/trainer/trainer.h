@@ -31,6 +31,11 @@ struct trainer_hooks {
     /* at each safe point (between generation rounds and after each step); may block while paused; returns an
      * enum trainer_action, possibly OR'ed (TRAINER_CHECKPOINT | TRAINER_STOP) */
     int (*safe_point)(void *ctx, int64_t step);
+    /* while waiting for the other ranks in a collective (done false), and once when it completes (done true):
+     * report paused while the run is to pause (control_hold_while_waiting) */
+    void (*waiting)(void *ctx, bool done);
+    /* a checkpoint of `step` steps is on disk (DP rank 0 wrote it; the other DP ranks hold the same state) */
+    void (*checkpoint_saved)(void *ctx, int64_t step);
 };
 
 /* This trainer's place among the trainer ranks. The zero value is one process (hybrid). */

@@ -171,6 +171,9 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     return 0;
 }
 
+/* While waiting for the rollout ranks to take the weights' header: report paused while the run is to pause. */
+static void hold_if_paused(void *ctl, bool done) { control_hold_while_waiting(ctl, done); }
+
 static void send_weights(struct trainer_rank *r, int64_t version, bool stop, bool with_weights)
 {
     struct model *p = trainer_policy(r->t);
@@ -179,7 +182,8 @@ static void send_weights(struct trainer_rank *r, int64_t version, bool stop, boo
     trainer_cursor(r->t, &h.epoch, &h.cursor);
     control_set_phase(r->env->ctl, CONTROL_PHASE_WEIGHT_SYNC);
     weight_sync_send(r->env->sync, &h, p->w.mem, p->w.n_floats,
-                     (size_t)r->env->cfg->rollout_update_weights_bucket_megabytes << 20, &r->last_sync);
+                     (size_t)r->env->cfg->rollout_update_weights_bucket_megabytes << 20, &r->last_sync,
+                     r->env->ctl ? hold_if_paused : NULL, r->env->ctl);
     control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
     r->sync_s_pending += r->last_sync.seconds;
     r->sync_bytes_pending += r->last_sync.bytes;
@@ -240,6 +244,13 @@ static void hook_step_done(void *ctx, int64_t step, int64_t total, const struct 
     control_set_phase(w->ctl, CONTROL_PHASE_IDLE);
 }
 
+static void hook_waiting(void *ctx, bool done) { control_hold_while_waiting(((struct trainer_ctl *)ctx)->ctl, done); }
+
+static void hook_checkpoint_saved(void *ctx, int64_t step)
+{
+    control_checkpoint_done(((struct trainer_ctl *)ctx)->ctl, step);
+}
+
 static int save_for_control(void *ud, int64_t step)
 {
     (void)step;
@@ -257,8 +268,12 @@ int run_trainer_process(struct role_env *env, const struct trainer_layout *lay, 
 {
     char err[2048];
     struct trainer_ctl w = {.ctl = env->ctl};
-    struct trainer_hooks hooks = {
-        .ctx = &w, .phase = hook_phase, .step_done = hook_step_done, .safe_point = hook_safe_point};
+    struct trainer_hooks hooks = {.ctx = &w,
+                                  .phase = hook_phase,
+                                  .step_done = hook_step_done,
+                                  .safe_point = hook_safe_point,
+                                  .waiting = hook_waiting,
+                                  .checkpoint_saved = hook_checkpoint_saved};
     struct trainer *t = trainer_create_dist(env->cfg, env->ctl ? &hooks : NULL, lay, src, err, sizeof err);
     if (!t) {
         log_error("worker", "%s", err);
