@@ -24,20 +24,9 @@ kill "$GRPOD_PID" 2>/dev/null; wait "$GRPOD_PID" 2>/dev/null
 
 # real workers: 1 trainer + 1 rollout rank from the hostfile, the split in the run's YAML (verl's keys)
 WORKER="$5" MODEL_TOOL="$6"
-"$MODEL_TOOL" init "$src/tests/fixtures/tokenizers/bytes-chatml/config.json" "$TMP/tiny" \
-    --tokenizer-from "$src/tests/fixtures/tokenizers/bytes-chatml" --seed 11 --std 0.1 >"$TMP/init.log" 2>&1
-expect "tiny model initialised" $?
-cat >"$TMP/split.yaml" <<YAML
-data: {train_batch_size: 2, max_response_length: 8, synthetic: {num_train: 16, num_val: 2}}
-actor_rollout_ref:
-  model: {path: $TMP/tiny}
-  rollout: {n: 2}
-  actor: {ppo_mini_batch_size: 2}
-trainer: {nnodes: 1, n_gpus_per_node: 1, total_training_steps: 3, val_before_train: false,
-          default_local_dir: $TMP/runs, project_name: p, experiment_name: e}
-rollout: {nnodes: 1, n_gpus_per_node: 1}
-grpod: {connect_timeout_s: 30}
-YAML
+. "$(dirname "$0")/tiny_split.sh"
+tiny_split "$MODEL_TOOL" "$src" "$TMP"
+expect "tiny model and split run configuration" $?
 start_grpod g2 --config "$TMP/split.yaml"
 OPENBLAS_NUM_THREADS=1 GRPO_WORKER="$WORKER" "$src/deploy/grpo-launch-workers" --hostfile "$TMP/hostfile" \
     --config "$TMP/split.yaml" --endpoint "$EP" >"$TMP/real.log" 2>&1

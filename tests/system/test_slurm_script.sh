@@ -31,25 +31,14 @@ done
 exec mpirun --oversubscribe --bind-to none -np "$SLURM_NTASKS" "$@"
 SH
 chmod +x "$TMP/bin/scontrol" "$TMP/bin/srun"
-"$5" init "$src/tests/fixtures/tokenizers/bytes-chatml/config.json" "$TMP/tiny" \
-    --tokenizer-from "$src/tests/fixtures/tokenizers/bytes-chatml" --seed 11 --std 0.1 >"$TMP/init.log" 2>&1
-expect "tiny model initialised" $?
-cat >"$TMP/run.yaml" <<YAML
-data: {train_batch_size: 2, max_response_length: 8, synthetic: {num_train: 16, num_val: 2}}
-actor_rollout_ref:
-  model: {path: $TMP/tiny}
-  rollout: {n: 2}
-  actor: {ppo_mini_batch_size: 2}
-trainer: {nnodes: 1, n_gpus_per_node: 1, total_training_steps: 3, val_before_train: false,
-          default_local_dir: $TMP/runs, project_name: p, experiment_name: e}
-rollout: {nnodes: 1, n_gpus_per_node: 1}
-grpod: {connect_timeout_s: 30}
-YAML
+. "$(dirname "$0")/tiny_split.sh"
+tiny_split "$5" "$src" "$TMP"
+expect "tiny model and split run configuration" $?
 port=$(( 30000 + RANDOM % 20000 ))
 ( cd "$TMP" && PATH="$TMP/bin:$PATH" SLURM_JOB_NODELIST=localhost SLURM_JOB_ID=4242 SLURM_NTASKS=2 \
     GRPOD_PORT=$port GRPOD_HTTP=127.0.0.1:0 GRPO_RUN_DIR="$TMP/job" OPENBLAS_NUM_THREADS=1 \
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-    timeout 120 bash "$src/deploy/slurm/grpo.sbatch" "$TMP/run.yaml" >"$TMP/job.log" 2>&1 )
+    timeout 120 bash "$src/deploy/slurm/grpo.sbatch" "$TMP/split.yaml" >"$TMP/job.log" 2>&1 )
 expect "grpo.sbatch runs to the end" $?
 [ "$(stat -c %a "$TMP/job/secret" 2>/dev/null)" = 600 ]; expect "the job's secret is private (0600)" $?
 grep -q "registered with grpod at tcp://127.0.0.1:$port: role trainer" "$TMP/job.log"; expect "rank 0 registered as trainer over tcp" $?
