@@ -60,6 +60,8 @@ for a, b in zip(one, two):
 for b in two[1:]:
     assert b["training/staleness"] == 0 and b["timing_s/update_weights"] > 0 and b["perf/update_weights_bytes"] > 0, b
     assert 0 <= b["trainer/idle_ratio"] <= 1 and 0 <= b["rollouter/idle_ratio"] <= 1, b
+    # on-policy, the rollout rank waits for the weights of the step before each step, and that is measured
+    assert b["timing_s/rollout_wait_weights"] > 0 and b["timing_s/rollout_wait_send"] >= 0, b
 print(f"per-step metrics agree: worst relative difference {worst:.2e}")
 PY
 expect "per-step losses and grad norms match the single-process run within 1e-5" $?

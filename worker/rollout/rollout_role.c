@@ -101,8 +101,8 @@ static void teardown(struct rollout_rank *r)
 
 /* Generate step k's share and push one batch to every trainer DP rank (an empty one where no group goes, so each
  * trainer knows the step is complete). *idle gets the time spent waiting for room to send. 0, or -1 with err. */
-static int rollout_step(struct rollout_rank *r, int64_t k, int64_t version, double idle_before, double *idle, char *err,
-                        size_t errlen)
+static int rollout_step(struct rollout_rank *r, int64_t k, int64_t version, double idle_before, double weights_before,
+                        double *idle, char *err, size_t errlen)
 {
     const struct grpo_config *c = r->env->cfg;
     const int B = (int)c->data_train_batch_size, n = (int)c->rollout_n;
@@ -141,6 +141,7 @@ static int rollout_step(struct rollout_rank *r, int64_t k, int64_t version, doub
                                 .gen_s = t_gen,
                                 .reward_s = t_reward,
                                 .idle_s = idle_before,
+                                .wait_weights_s = weights_before,
                                 .peak_rss_gb = proc_peak_rss_gb()};
         size_t len;
         uint8_t *msg = wire_pack_batch_secret(&h, &b, sel, ns, r->env->secret, &len);
@@ -191,13 +192,14 @@ int run_rollout(struct role_env *env)
     /* the first message: the weights to start from (a resumed run's), the data cursor and the step count */
     struct weight_sync_header h;
     struct weight_sync_stats ws;
-    double idle = 0, t0 = rollout_now_s();
+    double idle = 0, weights_wait = 0, t0 = rollout_now_s();
     control_set_phase(env->ctl, CONTROL_PHASE_WEIGHT_SYNC);
     if (weight_sync_recv(env->sync, &h, r.policy->w.mem, r.policy->w.n_floats, bucket, &ws, err, sizeof err) != 0) {
         log_error("rollout", "%s", err);
         goto out;
     }
     idle += rollout_now_s() - t0;
+    weights_wait = idle;
     const int64_t start = h.version, K = h.total_steps, s = env->staleness;
     int64_t version = h.version;
     r.step = start;
@@ -219,6 +221,7 @@ int run_rollout(struct role_env *env)
                 goto out;
             }
             idle += rollout_now_s() - t0;
+            weights_wait += rollout_now_s() - t0;
             control_set_phase(env->ctl, CONTROL_PHASE_IDLE);
             if (h.stop) {
                 stopped = true;
@@ -233,11 +236,12 @@ int run_rollout(struct role_env *env)
         /* pause holds here; stop is the trainers' to decide (it arrives with the weights) */
         control_safe_point(env->ctl, k - 1, nothing_to_save, NULL);
         double send_wait = 0;
-        if (rollout_step(&r, k, version, idle, &send_wait, err, sizeof err) != 0) {
+        if (rollout_step(&r, k, version, idle, weights_wait, &send_wait, err, sizeof err) != 0) {
             log_error("rollout", "%s", err);
             goto out;
         }
         idle = send_wait;
+        weights_wait = 0;
         r.step = k;
         control_set_step(env->ctl, k, K);
     }

@@ -35,6 +35,7 @@ uint8_t *wire_pack_batch_secret(const struct wire_header *h, const struct step_b
     rb.reward_seconds = h->reward_s;
     rb.idle_seconds = h->idle_s;
     rb.peak_rss_gb = h->peak_rss_gb;
+    rb.wait_weights_seconds = h->wait_weights_s;
     Grpo__Sequence *seqs = xcalloc((size_t)(n_seq ? n_seq : 1), sizeof *seqs);
     Grpo__Sequence **ptrs = xcalloc((size_t)(n_seq ? n_seq : 1), sizeof *ptrs);
     int k = 0;
@@ -241,7 +242,8 @@ int wire_unpack_batch(const uint8_t *buf, size_t len, const struct wire_limits *
                               .gen_s = rb->gen_seconds,
                               .reward_s = rb->reward_seconds,
                               .idle_s = rb->idle_seconds,
-                              .peak_rss_gb = rb->peak_rss_gb};
+                              .peak_rss_gb = rb->peak_rss_gb,
+                              .wait_weights_s = rb->wait_weights_seconds};
     step_batch_append(b, &nb);
     rc = 0;
 bad:

@@ -24,6 +24,7 @@ struct wire_header {
     double gen_s, reward_s; /* the sender's generation and scoring time for this step */
     double idle_s;          /* the sender's waiting since its previous step */
     double peak_rss_gb;     /* the sender's peak resident memory */
+    double wait_weights_s;  /* the part of idle_s spent waiting for weights (the rest: waiting to send) */
 };
 
 /* Pack the groups groups[0..n_groups) of b (each with all its sequences) into an Envelope. Caller frees. */

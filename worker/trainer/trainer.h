@@ -48,10 +48,11 @@ struct trainer_layout {
 /* Seconds a step's rollouts took where they were made (summed over rollout ranks when they come from several). */
 struct step_timing {
     double gen, reward;
-    double wait_data;           /* this rank waiting for the step's batches */
-    double rollout_idle;        /* the rollout ranks' waiting (for weights, for room to send), the largest */
-    double rollout_peak_rss_gb; /* the rollout ranks' peak resident memory, the largest */
-    bool split;                 /* rollouts came from rollout ranks: report the idle ratios per role */
+    double wait_data;            /* this rank waiting for the step's batches */
+    double rollout_idle;         /* the rollout ranks' waiting (for weights, for room to send), the largest */
+    double rollout_peak_rss_gb;  /* the rollout ranks' peak resident memory, the largest */
+    double rollout_wait_weights; /* the part of rollout_idle spent waiting for weights (of the same rank) */
+    bool split;                  /* rollouts came from rollout ranks: report the idle ratios per role */
 };
 
 /* Where each step's rollouts come from, and what happens between steps. The default (zero value) is this

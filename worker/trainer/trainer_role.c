@@ -136,7 +136,10 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
         }
         tm->gen = tm->gen > p->h.gen_s ? tm->gen : p->h.gen_s; /* the ranks generate side by side */
         tm->reward = tm->reward > p->h.reward_s ? tm->reward : p->h.reward_s;
-        tm->rollout_idle = tm->rollout_idle > p->h.idle_s ? tm->rollout_idle : p->h.idle_s;
+        if (p->h.idle_s >= tm->rollout_idle) {
+            tm->rollout_idle = p->h.idle_s;
+            tm->rollout_wait_weights = p->h.wait_weights_s;
+        }
         tm->rollout_peak_rss_gb = fmax(tm->rollout_peak_rss_gb, p->h.peak_rss_gb);
         int64_t st = (k - 1) - p->h.policy_version;
         staleness = st > staleness ? st : staleness;

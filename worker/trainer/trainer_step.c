@@ -367,6 +367,8 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
         metrics_set(m, "trainer/idle_ratio", step_time > 0 ? tm->wait_data / step_time : 0);
         const double busy = tm->gen + tm->reward;
         metrics_set(m, "perf/cpu_memory_peak_gb/rollout", tm->rollout_peak_rss_gb);
+        metrics_set(m, "timing_s/rollout_wait_weights", tm->rollout_wait_weights);
+        metrics_set(m, "timing_s/rollout_wait_send", tm->rollout_idle - tm->rollout_wait_weights);
         metrics_set(m, "rollouter/idle_ratio",
                     busy + tm->rollout_idle > 0 ? tm->rollout_idle / (busy + tm->rollout_idle) : 0);
     }
