@@ -93,7 +93,7 @@ static const struct wire_header HDR = {.step = 5,
 static uint8_t *pack(struct fx *f, const struct wire_header *h, size_t *len)
 {
     const int groups[2] = {0, 1};
-    return wire_pack_batch(h, &f->b, groups, 2, len);
+    return wire_pack_batch(h, &f->b, groups, 2, NULL, len);
 }
 
 static void test_round_trip(void **state)
@@ -208,7 +208,7 @@ static void test_bad_fields(void **state)
     struct fx *g = make();
     const int one[1] = {0};
     g->b.seqs[1].group = 1; /* group 0 keeps only sample 0 */
-    buf = wire_pack_batch(&HDR, &g->b, one, 1, &len);
+    buf = wire_pack_batch(&HDR, &g->b, one, 1, NULL, &len);
     g->b.seqs[1].group = 0;
     refused(g, buf, len, "not whole");
     free(buf);
@@ -223,13 +223,13 @@ static void test_secret(void **state)
     f->lim.secret = "s3cret";
     const int groups[2] = {0, 1};
     size_t len;
-    uint8_t *buf = wire_pack_batch(&HDR, &f->b, groups, 2, &len);
+    uint8_t *buf = wire_pack_batch(&HDR, &f->b, groups, 2, NULL, &len);
     refused(f, buf, len, "shared secret");
     free(buf);
-    buf = wire_pack_batch_secret(&HDR, &f->b, groups, 2, "other", &len);
+    buf = wire_pack_batch(&HDR, &f->b, groups, 2, "other", &len);
     refused(f, buf, len, "shared secret");
     free(buf);
-    buf = wire_pack_batch_secret(&HDR, &f->b, groups, 2, "s3cret", &len);
+    buf = wire_pack_batch(&HDR, &f->b, groups, 2, "s3cret", &len);
     struct step_batch out = {0};
     struct wire_header h;
     char why[512] = "";

@@ -170,6 +170,24 @@ void step_batch_truncate_groups(struct step_batch *b, int groups)
         b->n_groups = groups;
 }
 
+void step_batch_append(struct step_batch *dst, struct step_batch *src)
+{
+    step_batch_reserve(dst, src->n_seq);
+    const int g0 = dst->n_groups;
+    for (int g = 0; g < src->n_groups; g++) {
+        dst->group_prompt[g0 + g] = src->group_prompt[g];
+        dst->group_uid[g0 + g] = src->group_uid[g];
+    }
+    dst->n_groups += src->n_groups;
+    for (int i = 0; i < src->n_seq; i++) {
+        dst->seqs[dst->n_seq] = src->seqs[i];
+        dst->seqs[dst->n_seq].group += g0;
+        dst->resp_text[dst->n_seq++] = src->resp_text[i];
+    }
+    src->n_seq = src->n_groups = 0;
+    step_batch_free(src);
+}
+
 void step_batch_free(struct step_batch *b)
 {
     rollout_seqs_free(b->seqs, b->n_seq);

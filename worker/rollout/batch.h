@@ -56,6 +56,8 @@ void step_batch_reserve(struct step_batch *b, int more);
 void step_batch_filter_groups(struct step_batch *b);
 /* Keep only the first `groups` groups. */
 void step_batch_truncate_groups(struct step_batch *b, int groups);
+/* Move every group and sequence of src to the end of dst (src is left empty). */
+void step_batch_append(struct step_batch *dst, struct step_batch *src);
 void step_batch_free(struct step_batch *b);
 
 /* Seeds of step k's random draws: a pure function of the base seed and k, so a resumed run draws the same. */

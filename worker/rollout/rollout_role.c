@@ -144,7 +144,7 @@ static int rollout_step(struct rollout_rank *r, int64_t k, int64_t version, doub
                                 .wait_weights_s = weights_before,
                                 .peak_rss_gb = proc_peak_rss_gb()};
         size_t len;
-        uint8_t *msg = wire_pack_batch_secret(&h, &b, sel, ns, r->env->secret, &len);
+        uint8_t *msg = wire_pack_batch(&h, &b, sel, ns, r->env->secret, &len);
         /* a trainer busy with a long step takes its time: wait, but say so, and give up after an hour */
         for (int tries = 0;; tries++) {
             rc = dataplane_send(r->push, d, msg, len, 60000, err, errlen);

@@ -11,13 +11,7 @@
 #include "proto/transport.h"
 
 uint8_t *wire_pack_batch(const struct wire_header *h, const struct step_batch *b, const int *groups, int n_groups,
-                         size_t *len)
-{
-    return wire_pack_batch_secret(h, b, groups, n_groups, NULL, len);
-}
-
-uint8_t *wire_pack_batch_secret(const struct wire_header *h, const struct step_batch *b, const int *groups,
-                                int n_groups, const char *secret, size_t *len)
+                         const char *secret, size_t *len)
 {
     int n_seq = 0;
     for (int i = 0; i < b->n_seq; i++)
@@ -72,24 +66,6 @@ uint8_t *wire_pack_batch_secret(const struct wire_header *h, const struct step_b
     free(seqs);
     free(ptrs);
     return out;
-}
-
-void step_batch_append(struct step_batch *dst, struct step_batch *src)
-{
-    step_batch_reserve(dst, src->n_seq);
-    const int g0 = dst->n_groups;
-    for (int g = 0; g < src->n_groups; g++) {
-        dst->group_prompt[g0 + g] = src->group_prompt[g];
-        dst->group_uid[g0 + g] = src->group_uid[g];
-    }
-    dst->n_groups += src->n_groups;
-    for (int i = 0; i < src->n_seq; i++) {
-        dst->seqs[dst->n_seq] = src->seqs[i];
-        dst->seqs[dst->n_seq].group += g0;
-        dst->resp_text[dst->n_seq++] = src->resp_text[i];
-    }
-    src->n_seq = src->n_groups = 0;
-    step_batch_free(src);
 }
 
 /* Check one sequence against the run; NULL when fine, else why. */

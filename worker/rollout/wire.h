@@ -27,12 +27,10 @@ struct wire_header {
     double wait_weights_s;  /* the part of idle_s spent waiting for weights (the rest: waiting to send) */
 };
 
-/* Pack the groups groups[0..n_groups) of b (each with all its sequences) into an Envelope. Caller frees. */
+/* Pack the groups groups[0..n_groups) of b (each with all its sequences) into an Envelope that carries the
+ * run's shared secret (grpod.secret_file; NULL or "": none). Caller frees. */
 uint8_t *wire_pack_batch(const struct wire_header *h, const struct step_batch *b, const int *groups, int n_groups,
-                         size_t *len);
-/* The same, the envelope carrying the run's shared secret (grpod.secret_file; NULL or "": none). */
-uint8_t *wire_pack_batch_secret(const struct wire_header *h, const struct step_batch *b, const int *groups,
-                                int n_groups, const char *secret, size_t *len);
+                         const char *secret, size_t *len);
 
 /* What the receiving trainer accepts. */
 struct wire_limits {
@@ -50,8 +48,5 @@ struct wire_limits {
  * arrays; resp_text entries are NULL), or -1 with why naming the field that was wrong (b unchanged). */
 int wire_unpack_batch(const uint8_t *buf, size_t len, const struct wire_limits *lim, struct wire_header *h,
                       struct step_batch *b, char *why, size_t whylen);
-
-/* Move every group and sequence of src to the end of dst (src is left empty). */
-void step_batch_append(struct step_batch *dst, struct step_batch *src);
 
 #endif
