@@ -46,7 +46,4 @@ struct trainer_source;
 int run_trainer_process(struct role_env *env, const struct trainer_layout *lay, const struct trainer_source *src,
                         void (*on_created)(void *ud, struct trainer *t), void *ud);
 
-/* Control-plane phase of a trainer hook's phase name ("gen", "update_actor", ...). */
-enum control_phase role_phase_of(const char *name);
-
 #endif

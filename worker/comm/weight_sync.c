@@ -38,14 +38,8 @@ void weight_sync_send(struct comm *c, const struct weight_sync_header *h, const 
 }
 
 int weight_sync_recv(struct comm *c, struct weight_sync_header *h, float *w, size_t n, size_t bucket_bytes,
-                     struct weight_sync_stats *st, char *err, size_t errlen)
-{
-    return weight_sync_recv_polled(c, h, w, n, bucket_bytes, st, NULL, NULL, err, errlen);
-}
-
-int weight_sync_recv_polled(struct comm *c, struct weight_sync_header *h, float *w, size_t n, size_t bucket_bytes,
-                            struct weight_sync_stats *st, void (*poll)(void *ud, bool done), void *ud, char *err,
-                            size_t errlen)
+                     struct weight_sync_stats *st, void (*poll)(void *ud, bool done), void *ud, char *err,
+                     size_t errlen)
 {
     double t0 = mono_s();
     *st = (struct weight_sync_stats){0};

@@ -36,13 +36,11 @@ struct weight_sync_stats {
  * be NULL) runs while the receivers have not taken the header (the sender answers pause requests). */
 void weight_sync_send(struct comm *c, const struct weight_sync_header *h, const float *w, size_t n, size_t bucket_bytes,
                       struct weight_sync_stats *st, void (*poll)(void *ud, bool done), void *ud);
-/* Receiver: the header into *h, then the weights into w when they follow. -1 with err when the sender's
- * parameter count differs from n (different models: nothing is received into w, and the run must end). */
+/* Receiver: the header into *h, then the weights into w when they follow; poll(ud) (may be NULL) runs while the
+ * header has not come (the receiver answers pause requests). -1 with err when the sender's parameter count
+ * differs from n (different models: nothing is received into w, and the run must end). */
 int weight_sync_recv(struct comm *c, struct weight_sync_header *h, float *w, size_t n, size_t bucket_bytes,
-                     struct weight_sync_stats *st, char *err, size_t errlen);
-/* As weight_sync_recv, calling poll(ud) while the header has not come (the receiver answers pause requests). */
-int weight_sync_recv_polled(struct comm *c, struct weight_sync_header *h, float *w, size_t n, size_t bucket_bytes,
-                            struct weight_sync_stats *st, void (*poll)(void *ud, bool done), void *ud, char *err,
-                            size_t errlen);
+                     struct weight_sync_stats *st, void (*poll)(void *ud, bool done), void *ud, char *err,
+                     size_t errlen);
 
 #endif

@@ -294,6 +294,8 @@ void control_hold_while_waiting(struct control *c, bool done)
     pthread_mutex_unlock(&c->mu);
 }
 
+void control_wait_poll(void *ctl, bool done) { control_hold_while_waiting(ctl, done); }
+
 void control_checkpoint_done(struct control *c, int64_t step)
 {
     if (!c)

@@ -53,7 +53,6 @@ struct rollout_rank {
     struct rollout_ctx rc;
     struct dataplane_push *push;
     uint64_t seq_no;
-    int64_t step; /* steps generated so far */
 };
 
 static int setup(struct rollout_rank *r, char *err, size_t errlen)
@@ -99,10 +98,11 @@ static void teardown(struct rollout_rank *r)
     model_free(r->policy);
 }
 
-/* Generate step k's share and push one batch to every trainer DP rank (an empty one where no group goes, so each
- * trainer knows the step is complete). *idle gets the time spent waiting for room to send. 0, or -1 with err. */
-static int rollout_step(struct rollout_rank *r, int64_t k, int64_t version, double idle_before, double weights_before,
-                        double *idle, char *err, size_t errlen)
+/* Generate step k's share and send one batch to every trainer DP rank (an empty one where no group goes, so each
+ * trainer knows the step is complete). The batches report the waiting since the previous step: for the weights
+ * (wait_weights) and to send (wait_send, which gets this step's). 0, or -1 with err. */
+static int rollout_step(struct rollout_rank *r, int64_t k, int64_t version, double wait_weights, double *wait_send,
+                        char *err, size_t errlen)
 {
     const struct grpo_config *c = r->env->cfg;
     const int B = (int)c->data_train_batch_size, n = (int)c->rollout_n;
@@ -140,8 +140,8 @@ static int rollout_step(struct rollout_rank *r, int64_t k, int64_t version, doub
                                 .n = n,
                                 .gen_s = t_gen,
                                 .reward_s = t_reward,
-                                .idle_s = idle_before,
-                                .wait_weights_s = weights_before,
+                                .idle_s = wait_weights + *wait_send,
+                                .wait_weights_s = wait_weights,
                                 .peak_rss_gb = proc_peak_rss_gb()};
         size_t len;
         uint8_t *msg = wire_pack_batch(&h, &b, sel, ns, r->env->secret, &len);
@@ -155,7 +155,7 @@ static int rollout_step(struct rollout_rank *r, int64_t k, int64_t version, doub
         }
         free(msg);
     }
-    *idle = rollout_now_s() - t0;
+    *wait_send = rollout_now_s() - t0;
     log_debug("rollout", "step %lld: %d groups (%d..%d) with policy version %lld, gen %.2fs, reward %.2fs",
               (long long)k, b.n_groups, lo, hi - 1, (long long)version, t_gen, t_reward);
     step_batch_free(&b);
@@ -170,19 +170,28 @@ static int nothing_to_save(void *ud, int64_t step)
     return 0;
 }
 
-/* While waiting for the trainers' word: answer pause (hold, reported as paused) and checkpoint requests. */
-static void answer_control(void *ud, bool done)
+/* The trainers' next word (weights, the end, or the first message) into *h and the model; the wait, reported
+ * as idle (paused while the run is to pause), is added to *waited. 0, or -1 with err. */
+static int receive_word(struct rollout_rank *r, struct weight_sync_header *h, double *waited, char *err, size_t errlen)
 {
-    struct rollout_rank *r = ud;
-    control_hold_while_waiting(r->env->ctl, done);
+    const size_t bucket = (size_t)r->env->cfg->rollout_update_weights_bucket_megabytes << 20;
+    struct weight_sync_stats ws;
+    const double t0 = rollout_now_s();
+    control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
+    if (weight_sync_recv(r->env->sync, h, r->policy->w.mem, r->policy->w.n_floats, bucket, &ws,
+                         r->env->ctl ? control_wait_poll : NULL, r->env->ctl, err, errlen) != 0)
+        return -1;
+    *waited += rollout_now_s() - t0;
+    if (h->has_weights && !h->stop)
+        log_debug("rollout", "policy version %lld: %zu bytes in %d bucket(s), %.3fs", (long long)h->version, ws.bytes,
+                  ws.buckets, ws.seconds);
+    return 0;
 }
 
 int run_rollout(struct role_env *env)
 {
     char err[2048];
     struct rollout_rank r = {.env = env};
-    const struct grpo_config *c = env->cfg;
-    const size_t bucket = (size_t)c->rollout_update_weights_bucket_megabytes << 20;
     int status = 1;
     if (setup(&r, err, sizeof err) != 0 || !r.policy) {
         log_error("rollout", "%s", err);
@@ -191,18 +200,13 @@ int run_rollout(struct role_env *env)
     }
     /* the first message: the weights to start from (a resumed run's), the data cursor and the step count */
     struct weight_sync_header h;
-    struct weight_sync_stats ws;
-    double idle = 0, weights_wait = 0, t0 = rollout_now_s();
-    control_set_phase(env->ctl, CONTROL_PHASE_WEIGHT_SYNC);
-    if (weight_sync_recv(env->sync, &h, r.policy->w.mem, r.policy->w.n_floats, bucket, &ws, err, sizeof err) != 0) {
+    double wait_weights = 0, wait_send = 0;
+    if (receive_word(&r, &h, &wait_weights, err, sizeof err) != 0) {
         log_error("rollout", "%s", err);
         goto out;
     }
-    idle += rollout_now_s() - t0;
-    weights_wait = idle;
     const int64_t start = h.version, K = h.total_steps, s = env->staleness;
     int64_t version = h.version;
-    r.step = start;
     data_cursor_seek(&r.cur, (long)h.epoch, (int)h.cursor);
     log_info("rollout",
              "rank %d of %d rollout ranks: steps %lld..%lld from policy version %lld (%s), %d trainer "
@@ -212,45 +216,30 @@ int run_rollout(struct role_env *env)
     bool stopped = h.stop != 0;
     for (int64_t k = start + 1; k <= K && !stopped; k++) {
         if (k - 1 - s >= start) { /* the trainers' word after step k-1-s: new weights, or the end */
-            t0 = rollout_now_s();
-            /* waiting for the trainers counts as idle (grpoctl workers' IDLE, rollouter/idle_ratio) */
-            control_set_phase(env->ctl, CONTROL_PHASE_IDLE);
-            if (weight_sync_recv_polled(env->sync, &h, r.policy->w.mem, r.policy->w.n_floats, bucket, &ws,
-                                        env->ctl ? answer_control : NULL, &r, err, sizeof err) != 0) {
+            if (receive_word(&r, &h, &wait_weights, err, sizeof err) != 0) {
                 log_error("rollout", "%s", err);
                 goto out;
             }
-            idle += rollout_now_s() - t0;
-            weights_wait += rollout_now_s() - t0;
-            control_set_phase(env->ctl, CONTROL_PHASE_IDLE);
             if (h.stop) {
                 stopped = true;
                 break;
             }
-            if (h.has_weights) {
+            if (h.has_weights)
                 version = h.version;
-                log_debug("rollout", "policy version %lld: %zu bytes in %d bucket(s), %.3fs", (long long)version,
-                          ws.bytes, ws.buckets, ws.seconds);
-            }
         }
         /* pause holds here; stop is the trainers' to decide (it arrives with the weights) */
         control_safe_point(env->ctl, k - 1, nothing_to_save, NULL);
-        double send_wait = 0;
-        if (rollout_step(&r, k, version, idle, weights_wait, &send_wait, err, sizeof err) != 0) {
+        if (rollout_step(&r, k, version, wait_weights, &wait_send, err, sizeof err) != 0) {
             log_error("rollout", "%s", err);
             goto out;
         }
-        idle = send_wait;
-        weights_wait = 0;
-        r.step = k;
+        wait_weights = 0;
         control_set_step(env->ctl, k, K);
     }
-    if (!stopped && dataplane_flush(r.push, 60000, err, sizeof err) != 0) /* every batch answered */
-        log_warn("rollout", "%s", err);
-    if (!stopped) { /* the trainers' last word: they have trained on every batch */
-        control_set_phase(env->ctl, CONTROL_PHASE_IDLE);
-        if (weight_sync_recv_polled(env->sync, &h, r.policy->w.mem, r.policy->w.n_floats, bucket, &ws,
-                                    env->ctl ? answer_control : NULL, &r, err, sizeof err) != 0) {
+    if (!stopped) { /* every batch answered, then the trainers' last word: they have trained on every batch */
+        if (dataplane_flush(r.push, 60000, err, sizeof err) != 0)
+            log_warn("rollout", "%s", err);
+        if (receive_word(&r, &h, &wait_weights, err, sizeof err) != 0) {
             log_error("rollout", "%s", err);
             goto out;
         }

@@ -1,6 +1,6 @@
 /* The trainer role: each step's groups arrive from the rollout ranks over the
  * data plane; the update runs data-parallel over the trainer ranks; DP rank 0
- * sends the new weights to the rollout ranks. The step itself is trainer.c's. */
+ * sends the new weights to the rollout ranks. The run loop is trainer.c's, the step trainer_step.c's. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
@@ -35,7 +35,6 @@ struct trainer_rank {
     uint64_t *last_seq; /* (world) newest seq_no seen from each rank */
     uint64_t refused, duplicates, stale;
     int64_t start;
-    struct weight_sync_stats last_sync;
     double sync_s_pending; /* weight sync time to report with the next step */
     size_t sync_bytes_pending;
     double refused_logged_at;
@@ -134,8 +133,8 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
             r->pend[w++] = *p;
             continue;
         }
-        tm->gen = tm->gen > p->h.gen_s ? tm->gen : p->h.gen_s; /* the ranks generate side by side */
-        tm->reward = tm->reward > p->h.reward_s ? tm->reward : p->h.reward_s;
+        tm->gen = fmax(tm->gen, p->h.gen_s); /* the ranks generate side by side */
+        tm->reward = fmax(tm->reward, p->h.reward_s);
         if (p->h.idle_s >= tm->rollout_idle) {
             tm->rollout_idle = p->h.idle_s;
             tm->rollout_wait_weights = p->h.wait_weights_s;
@@ -148,18 +147,13 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     r->n_pend = w;
     /* the step's order, whatever order the batches came in; groups keep their indices */
     qsort(b->seqs, (size_t)b->n_seq, sizeof *b->seqs, by_gidx);
-    int bad = 0;
-    for (int g = 0; g < b->n_groups; g++) {
-        int gi = -1;
-        for (int i = 0; i < b->n_seq && gi < 0; i++)
-            if (b->seqs[i].group == g)
-                gi = b->seqs[i].gidx / r->lim.n;
-        bad += gi < 0 || uids[gi] != b->group_uid[g];
-    }
+    int bad = 0; /* each sequence's prompt is the one this step draws at its group's position */
+    for (int i = 0; i < b->n_seq; i++)
+        bad += uids[b->seqs[i].gidx / r->lim.n] != b->group_uid[b->seqs[i].group];
     free(uids);
     if (bad) {
         log_error("trainer",
-                  "step %lld: %d group(s) hold other prompts than this step draws: the rollout ranks "
+                  "step %lld: %d sequence(s) hold other prompts than this step draws: the rollout ranks "
                   "and the trainers disagree on the data order (same data.* settings everywhere?)",
                   (long long)k, bad);
         return -1;
@@ -174,9 +168,6 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     return 0;
 }
 
-/* While waiting for the rollout ranks to take the weights' header: report paused while the run is to pause. */
-static void hold_if_paused(void *ctl, bool done) { control_hold_while_waiting(ctl, done); }
-
 static void send_weights(struct trainer_rank *r, int64_t version, bool stop, bool with_weights)
 {
     struct model *p = trainer_policy(r->t);
@@ -184,15 +175,17 @@ static void send_weights(struct trainer_rank *r, int64_t version, bool stop, boo
         .version = version, .stop = stop, .has_weights = with_weights, .total_steps = trainer_total_steps(r->t)};
     trainer_cursor(r->t, &h.epoch, &h.cursor);
     control_set_phase(r->env->ctl, CONTROL_PHASE_WEIGHT_SYNC);
+    struct weight_sync_stats ws;
+    /* while the rollout ranks have not taken the header, report paused if the run is to pause */
     weight_sync_send(r->env->sync, &h, p->w.mem, p->w.n_floats,
-                     (size_t)r->env->cfg->rollout_update_weights_bucket_megabytes << 20, &r->last_sync,
-                     r->env->ctl ? hold_if_paused : NULL, r->env->ctl);
+                     (size_t)r->env->cfg->rollout_update_weights_bucket_megabytes << 20, &ws,
+                     r->env->ctl ? control_wait_poll : NULL, r->env->ctl);
     control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
-    r->sync_s_pending += r->last_sync.seconds;
-    r->sync_bytes_pending += r->last_sync.bytes;
+    r->sync_s_pending += ws.seconds;
+    r->sync_bytes_pending += ws.bytes;
     if (with_weights)
         log_debug("trainer", "weights of step %lld sent: %zu bytes in %d bucket(s), %.3fs", (long long)version,
-                  r->last_sync.bytes, r->last_sync.buckets, r->last_sync.seconds);
+                  ws.bytes, ws.buckets, ws.seconds);
 }
 
 /* trainer_source.between_steps: after step j the rollout ranks need the word for their step j + 1 + staleness;
@@ -207,7 +200,8 @@ static int between_steps(void *ctx, int64_t j, bool stop)
     return 0;
 }
 
-enum control_phase role_phase_of(const char *name)
+/* Control-plane phase of a trainer hook's phase name ("gen", "update_actor", ...). */
+static enum control_phase phase_of(const char *name)
 {
     static const struct {
         const char *name;
@@ -235,7 +229,7 @@ struct trainer_ctl {
 static void hook_phase(void *ctx, int64_t step, const char *phase)
 {
     (void)step;
-    control_set_phase(((struct trainer_ctl *)ctx)->ctl, role_phase_of(phase));
+    control_set_phase(((struct trainer_ctl *)ctx)->ctl, phase_of(phase));
 }
 
 static void hook_step_done(void *ctx, int64_t step, int64_t total, const struct metrics *m)
