@@ -67,11 +67,23 @@ static void set_stats_dist(struct trainer *t, struct metrics *m, const char *pre
     metrics_set_stats3(m, prefix, sum, mx, mn, (size_t)k);
 }
 
-/* Sum of a value over the DP ranks. */
-static double sum_dist(struct trainer *t, double v)
+/* Sums of n values over the DP ranks, in place: one all-reduce. */
+static void sum_dist(struct trainer *t, double *v, int n)
 {
     if (t->lay.dp && t->lay.dp_size > 1)
-        comm_allreduce_sum(t->lay.dp, &v, 1, COMM_F64);
+        comm_allreduce_sum(t->lay.dp, v, (size_t)n, COMM_F64);
+}
+
+/* Largest of a value over the DP ranks. */
+static double max_dist(struct trainer *t, double v)
+{
+    if (!t->lay.dp || t->lay.dp_size < 2)
+        return v;
+    double *all = xmalloc((size_t)t->lay.dp_size * sizeof(double));
+    comm_allgather(t->lay.dp, &v, all, 1, COMM_F64);
+    for (int r = 0; r < t->lay.dp_size; r++)
+        v = fmax(v, all[r]);
+    free(all);
     return v;
 }
 
@@ -261,14 +273,16 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
         tokens += b->seqs[i].prompt_len + b->seqs[i].resp_len;
     }
     set_stats_dist(t, m, "response_length", v, (size_t)b->n_seq);
-    const double n_all = sum_dist(t, b->n_seq);
-    metrics_set(m, "response_length/clip_ratio", n_all ? sum_dist(t, clipped) / n_all : 0);
     double plen = 0;
     for (int i = 0; i < b->n_seq; i++)
         plen += b->seqs[i].prompt_len;
-    metrics_set(m, "prompt_length/mean", n_all ? sum_dist(t, plen) / n_all : 0);
+    double all[4] = {b->n_seq, clipped, plen, (double)tokens}; /* over the whole step */
+    sum_dist(t, all, 4);
+    const double n_all = all[0];
+    metrics_set(m, "response_length/clip_ratio", n_all ? all[1] / n_all : 0);
+    metrics_set(m, "prompt_length/mean", n_all ? all[2] / n_all : 0);
     free(v);
-    const long long tokens_all = (long long)sum_dist(t, (double)tokens);
+    const long long tokens_all = (long long)all[3];
 
     int *idx = xmalloc((size_t)(b->n_seq ? b->n_seq : 1) * sizeof(int));
     for (int i = 0; i < b->n_seq; i++)
@@ -329,17 +343,10 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
             gap_max = fmax(gap_max, d);
             gap_n++;
         }
-    gap = sum_dist(t, gap);
-    gap_n = sum_dist(t, gap_n);
-    if (t->lay.dp && t->lay.dp_size > 1) {
-        double *all = xmalloc((size_t)t->lay.dp_size * sizeof(double));
-        comm_allgather(t->lay.dp, &gap_max, all, 1, COMM_F64);
-        for (int r = 0; r < t->lay.dp_size; r++)
-            gap_max = fmax(gap_max, all[r]);
-        free(all);
-    }
-    metrics_set(m, "training/rollout_probs_diff_mean", gap_n ? gap / gap_n : 0);
-    metrics_set(m, "training/rollout_probs_diff_max", gap_max);
+    double gap_sums[2] = {gap, gap_n};
+    sum_dist(t, gap_sums, 2);
+    metrics_set(m, "training/rollout_probs_diff_mean", gap_sums[1] ? gap_sums[0] / gap_sums[1] : 0);
+    metrics_set(m, "training/rollout_probs_diff_max", max_dist(t, gap_max));
     for (int i = 0; i < b->n_seq; i++)
         if (!b->resp_text[i])
             b->resp_text[i] = tokenizer_decode(t->tok, b->seqs[i].resp, (size_t)b->seqs[i].resp_len, true);
@@ -381,15 +388,8 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     metrics_set(m, "perf/mfu/actor", t_update > 0 ? flops / t_update / t->peak_flops : 0);
     metrics_set(m, "perf/cpu_memory_used_gb", proc_rss_gb());
     /* the trainers' largest peak: DP rank 0's alone would hide an imbalance */
-    double peak = proc_peak_rss_gb();
-    if (t->lay.dp && t->lay.dp_size > 1) {
-        double *all = xmalloc((size_t)t->lay.dp_size * sizeof(double));
-        comm_allgather(t->lay.dp, &peak, all, 1, COMM_F64);
-        for (int r = 0; r < t->lay.dp_size; r++)
-            peak = fmax(peak, all[r]);
-        free(all);
-    }
-    metrics_set(m, tm->split ? "perf/cpu_memory_peak_gb/trainer" : "perf/cpu_memory_peak_gb", peak);
+    metrics_set(m, tm->split ? "perf/cpu_memory_peak_gb/trainer" : "perf/cpu_memory_peak_gb",
+                max_dist(t, proc_peak_rss_gb()));
     metrics_set(m, "training/epoch", (double)t->st.epoch);
     free(idx);
     return 0;
