@@ -1,6 +1,7 @@
 #include "placement.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "config.h"
@@ -109,11 +110,15 @@ int placement_of(const struct placement_spec *s, int rank, int world, struct pla
     return 0;
 }
 
-int placement_trainer_dp(const struct placement_spec *s, int world)
+void placement_data_endpoint(const char *base, int dp, const char *host, char *out, size_t len)
 {
-    int n = s->trainer_ranks ? s->trainer_ranks : world;
-    int mp = s->tp_size * s->pp_size;
-    return mp > 0 && n >= mp ? n / mp : 1;
+    if (strncmp(base, "tcp://", 6) == 0) {
+        const char *colon = strrchr(base, ':');
+        long port = colon ? strtol(colon + 1, NULL, 10) : 0;
+        snprintf(out, len, "tcp://%s:%ld", host ? host : "*", port + dp);
+    } else {
+        snprintf(out, len, "%s-dp%d.sock", base, dp);
+    }
 }
 
 int placement_check(const struct placement_spec *s, int world, int prompts_per_step, char *why, size_t whylen)

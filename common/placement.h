@@ -41,8 +41,10 @@ int placement_of(const struct placement_spec *s, int rank, int world, struct pla
  * ranks share (prompts_per_step >= rollout ranks, so none is left without work). 0, or -1 with why. */
 int placement_check(const struct placement_spec *s, int world, int prompts_per_step, char *why, size_t whylen);
 
-/* Data-parallel trainer groups (DP size of the trainers; 1 for hybrid runs of one rank). */
-int placement_trainer_dp(const struct placement_spec *s, int world);
+/* The data-plane endpoint of trainer DP rank dp from the run's base (grpod.data_endpoint, or an ipc:// prefix):
+ * PREFIX-dpD.sock for ipc, tcp://HOST:PORT+D for tcp (host NULL: "*", to bind). grpod hands these out; ranks
+ * without grpod derive the same. */
+void placement_data_endpoint(const char *base, int dp, const char *host, char *out, size_t len);
 
 /* "hybrid", "trainer", "rollout". */
 const char *placement_role_name(enum placement_role r);

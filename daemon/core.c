@@ -331,13 +331,7 @@ static void data_endpoint(const struct core *c, int dp, const char *host, char *
 {
     char base[256];
     data_base(c, base, sizeof base);
-    if (strncmp(base, "tcp://", 6) == 0) {
-        const char *colon = strrchr(base, ':');
-        long port = colon ? strtol(colon + 1, NULL, 10) : 0;
-        snprintf(out, len, "tcp://%s:%ld", host ? host : "*", port + dp);
-    } else {
-        snprintf(out, len, "%s-dp%d.sock", base, dp);
-    }
+    placement_data_endpoint(base, dp, host, out, len);
 }
 
 static const struct core_worker *trainer_head(const struct core *c, int dp)

@@ -93,17 +93,10 @@ static void local_endpoints(struct role_env *env)
     gethostname(host, sizeof host - 1);
     MPI_Allgather(host, sizeof host, MPI_CHAR, hosts, sizeof host, MPI_CHAR, MPI_COMM_WORLD);
     env->n_endpoints = env->spec.trainer_ranks;
-    for (int d = 0; d < env->n_endpoints; d++) {
-        if (strncmp(base, "tcp://", 6) == 0) {
-            const char *colon = strrchr(base, ':');
-            long port = colon ? strtol(colon + 1, NULL, 10) : 0;
-            /* the trainer binds every interface; the rollout ranks connect to its host */
-            snprintf(env->endpoints[d], sizeof env->endpoints[d], "tcp://%s:%ld",
-                     env->at.role == PLACE_TRAINER && env->at.dp == d ? "*" : hosts + d * sizeof host, port + d);
-        } else {
-            snprintf(env->endpoints[d], sizeof env->endpoints[d], "%s-dp%d.sock", base, d);
-        }
-    }
+    for (int d = 0; d < env->n_endpoints; d++) /* the trainer binds every interface; the rollouts connect to it */
+        placement_data_endpoint(base, d,
+                                env->at.role == PLACE_TRAINER && env->at.dp == d ? NULL : hosts + d * sizeof host,
+                                env->endpoints[d], sizeof env->endpoints[d]);
     free(hosts);
 }
 
@@ -194,9 +187,10 @@ static int run_role(const struct grpo_config *cfg, struct comm *world)
     } else {
         /* the trainers' DP group, and the weight-sync group: trainer DP rank 0 (world rank 0) and the rollouts */
         struct comm *trainers = comm_split(world, env.at.role == PLACE_TRAINER ? 0 : 1, rank);
-        struct comm *sync = comm_split(world, rank == 0 || env.at.role == PLACE_ROLLOUT ? 0 : 1, rank);
+        const bool in_sync = rank == 0 || env.at.role == PLACE_ROLLOUT;
+        struct comm *sync = comm_split(world, in_sync ? 0 : 1, rank);
         env.trainers = env.at.role == PLACE_TRAINER ? trainers : NULL;
-        env.sync = rank == 0 || env.at.role == PLACE_ROLLOUT ? sync : NULL;
+        env.sync = in_sync ? sync : NULL;
         log_info("worker", "rank %d of %d: %s, dp %d of %d (%s)", rank, size, placement_role_name(env.at.role),
                  env.at.dp, env.at.dp_size, env.staleness ? "one-step-off" : "on-policy");
         status = env.at.role == PLACE_TRAINER ? run_trainer(&env) : run_rollout(&env);
