@@ -149,7 +149,8 @@ static int check_replicas(struct trainer *t, int64_t k)
     return bad ? -1 : 0;
 }
 
-/* While a DP rank waits for DP rank 0's decision: hold here if the run is paused, so every rank reports it. */
+/* While a DP rank waits for DP rank 0's decision: it reports paused while the run is to pause (DP rank 0 is held
+ * at its safe point then). */
 static void answer_control(void *ud, bool done)
 {
     struct trainer *t = ud;
