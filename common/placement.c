@@ -121,6 +121,14 @@ void placement_data_endpoint(const char *base, int dp, const char *host, char *o
     }
 }
 
+void placement_dispatch_endpoint(const char *base, int n_dp, const char *host, char *out, size_t len)
+{
+    if (strncmp(base, "tcp://", 6) == 0)
+        placement_data_endpoint(base, n_dp, host, out, len);
+    else
+        snprintf(out, len, "%s-dispatch.sock", base);
+}
+
 int placement_check(const struct placement_spec *s, int world, int prompts_per_step, char *why, size_t whylen)
 {
     struct placement p;

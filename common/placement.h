@@ -45,6 +45,9 @@ int placement_check(const struct placement_spec *s, int world, int prompts_per_s
  * PREFIX-dpD.sock for ipc, tcp://HOST:PORT+D for tcp (host NULL: "*", to bind). grpod hands these out; ranks
  * without grpod derive the same. */
 void placement_data_endpoint(const char *base, int dp, const char *host, char *out, size_t len);
+/* The trainers' dispatcher (work units and weights, on trainer DP rank 0's host) in a run with n_dp trainer DP
+ * ranks: PREFIX-dispatch.sock for ipc, tcp://HOST:PORT+n_dp for tcp (the port after the data ports). */
+void placement_dispatch_endpoint(const char *base, int n_dp, const char *host, char *out, size_t len);
 
 /* "hybrid", "trainer", "rollout". */
 const char *placement_role_name(enum placement_role r);

@@ -194,7 +194,7 @@ static void reevaluate(struct core *c)
         return;
     char reason[CORE_REASON_MAX];
     int present = 0, ended = 0, finished = 0, paused = 0;
-    const struct core_worker *lost = NULL, *failed = NULL;
+    const struct core_worker *lost = NULL, *failed = NULL, *lost_rollout = NULL;
     for (int r = 0; r < c->nworkers; r++) {
         const struct core_worker *w = c->workers[r];
         if (!w)
@@ -202,11 +202,15 @@ static void reevaluate(struct core *c)
         present++;
         if (w->state == GRPO__WORKER_STATE__WORKER_FAILED && !failed)
             failed = w;
-        if (w->state == GRPO__WORKER_STATE__WORKER_LOST && !lost)
+        /* a lost rollout rank holds nothing up: the trainers grant its work units to the other rollout ranks */
+        bool spare = w->state == GRPO__WORKER_STATE__WORKER_LOST && w->role == GRPO__ROLE__ROLE_ROLLOUT;
+        if (spare && !lost_rollout)
+            lost_rollout = w;
+        if (w->state == GRPO__WORKER_STATE__WORKER_LOST && !spare && !lost)
             lost = w;
         ended += worker_ended(w->state) || w->state == GRPO__WORKER_STATE__WORKER_LOST;
-        finished += w->state == GRPO__WORKER_STATE__WORKER_FINISHED;
-        paused += w->state == GRPO__WORKER_STATE__WORKER_PAUSED || worker_ended(w->state);
+        finished += w->state == GRPO__WORKER_STATE__WORKER_FINISHED || spare;
+        paused += w->state == GRPO__WORKER_STATE__WORKER_PAUSED || worker_ended(w->state) || spare;
     }
     if (failed) {
         snprintf(reason, sizeof reason, "rank %d on host %.100s failed: %.300s", failed->rank, failed->host,
@@ -243,9 +247,13 @@ static void reevaluate(struct core *c)
         return;
     }
     if (lost) {
-        snprintf(reason, sizeof reason,
-                 "rank %d on host %s lost (no heartbeat for %.1f s); waiting for it to register again", lost->rank,
-                 lost->host, c->set.heartbeat_timeout_s);
+        if (c->run.abort[0])
+            snprintf(reason, sizeof reason, "%.400s; relaunch the job: it resumes from checkpoint step %" PRId64,
+                     c->run.abort, c->run.checkpoint_step);
+        else
+            snprintf(reason, sizeof reason,
+                     "rank %d on host %s lost (no heartbeat for %.1f s); waiting for it to register again", lost->rank,
+                     lost->host, c->set.heartbeat_timeout_s);
         set_state(c, GRPO__RUN_STATE__RUN_WAITING, reason);
         return;
     }
@@ -256,6 +264,14 @@ static void reevaluate(struct core *c)
             snprintf(reason, sizeof reason, "pausing: %d of %d workers at a safe point", paused, present);
             set_state(c, GRPO__RUN_STATE__RUN_PAUSING, reason);
         }
+        return;
+    }
+    if (lost_rollout) {
+        snprintf(reason, sizeof reason,
+                 "rollout rank %d on host %s lost; its work goes to the other rollout ranks (relaunch it with "
+                 "grpo-worker --replace-rank %d)",
+                 lost_rollout->rank, lost_rollout->host, lost_rollout->rank);
+        set_state(c, GRPO__RUN_STATE__RUN_RUNNING, reason);
         return;
     }
     set_state(c, GRPO__RUN_STATE__RUN_RUNNING, "");
@@ -368,6 +384,13 @@ static uint8_t *reply_assignment(struct core *c, uint64_t id, const struct core_
     if (w->role == GRPO__ROLE__ROLE_TRAINER && w->tp_rank == 0 && w->pp_rank == 0) {
         data_endpoint(c, w->dp_rank, NULL, ep, sizeof ep);
         as->data_pull_endpoint = arena_strdup(&a, ep);
+        if (w->dp_rank == 0 && c->set.trainer_ranks > 0) { /* the dispatcher binds here */
+            char base[256];
+            data_base(c, base, sizeof base);
+            placement_dispatch_endpoint(base, c->set.trainer_ranks / (c->set.tp_size * c->set.pp_size), NULL, ep,
+                                        sizeof ep);
+            as->dispatch_endpoint = arena_strdup(&a, ep);
+        }
     }
     if (w->role == GRPO__ROLE__ROLE_ROLLOUT && c->set.trainer_ranks > 0) {
         int dps = c->set.trainer_ranks / (c->set.tp_size * c->set.pp_size);
@@ -379,6 +402,11 @@ static uint8_t *reply_assignment(struct core *c, uint64_t id, const struct core_
             as->trainer_endpoints[d] = arena_strdup(&a, ep);
         }
         as->data_push_endpoint = as->trainer_endpoints[w->dp_rank % dps];
+        char base[256];
+        data_base(c, base, sizeof base);
+        const struct core_worker *head = trainer_head(c, 0);
+        placement_dispatch_endpoint(base, dps, head ? head->host : NULL, ep, sizeof ep);
+        as->dispatch_endpoint = arena_strdup(&a, ep);
     }
     env.request_id = id;
     env.body_case = GRPO__ENVELOPE__BODY_ASSIGNMENT;
@@ -405,6 +433,22 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
 {
     const Grpo__Register *r = env->register_;
     uint64_t id = env->request_id;
+    if (r->replaces) { /* only a lost rank of the running run can be replaced */
+        const struct core_worker *old = r->rank >= 0 && r->rank < c->nworkers ? c->workers[r->rank] : NULL;
+        if (run_terminal(c->run.state) || !c->nworkers)
+            return refuse(c, id, false, len, "rank %d cannot be replaced: run %s is %s", r->rank, c->run.id,
+                          c->nworkers ? core_run_state_name(c->run.state) : "not under way");
+        if (!old)
+            return refuse(c, id, false, len, "rank %d cannot be replaced: it never registered in run %s", r->rank,
+                          c->run.id);
+        if (old->role != GRPO__ROLE__ROLE_ROLLOUT)
+            return refuse(c, id, false, len,
+                          "rank %d is a %s: only a rollout rank can be replaced while the run goes on", r->rank,
+                          core_role_name(old->role));
+        if (old->state != GRPO__WORKER_STATE__WORKER_LOST)
+            return refuse(c, id, true, len, "rank %d is not lost (pid %d on host %s, %s): nothing to replace yet",
+                          r->rank, old->pid, old->host, core_worker_state_name(old->state));
+    }
     if (run_terminal(c->run.state)) {
         if (r->run_id[0] && strcmp(r->run_id, c->run.id) == 0)
             return refuse(c, id, false, len, "run %s is over (%s: %s)", c->run.id, core_run_state_name(c->run.state),
@@ -492,6 +536,8 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
     w->pp_size = p.pp_size;
     w->state = GRPO__WORKER_STATE__WORKER_STARTING;
     w->last_seen = now;
+    if (role != GRPO__ROLE__ROLE_ROLLOUT)
+        c->run.abort[0] = 0; /* the job was relaunched */
     if (r->step > w->step)
         w->step = r->step;
     if (w->step > c->run.step)
@@ -531,6 +577,7 @@ static uint8_t *reply_ack(struct core *c, uint64_t id, bool reregister, const ch
     ack.checkpoint_seq = c->run.checkpoint_seq;
     ack.reregister = reregister;
     ack.reason = (char *)(reason ? reason : c->run.reason);
+    ack.abort = c->run.abort;
     env.request_id = id;
     env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT_ACK;
     env.heartbeat_ack = &ack;
@@ -800,10 +847,23 @@ void core_tick(struct core *c, double now)
         if (!w || !worker_watched(w->state))
             continue;
         double silent = now - w->last_seen;
-        if (silent <= c->set.heartbeat_timeout_s)
+        /* a rollout rank is lost after two heartbeat intervals: its work units are granted again, and should it
+         * come back, a second copy of a unit costs only time */
+        double limit = c->set.heartbeat_timeout_s;
+        if (w->role == GRPO__ROLE__ROLE_ROLLOUT && 2 * c->set.heartbeat_interval_s < limit)
+            limit = 2 * c->set.heartbeat_interval_s;
+        if (silent <= limit)
             continue;
         w->state = GRPO__WORKER_STATE__WORKER_LOST;
         add_event(c, "rank %d on host %s (pid %d) lost: no heartbeat for %.1f s", w->rank, w->host, w->pid, silent);
+        /* the trainers of a split run wait for each other in collectives: without the lost one they cannot go on.
+         * Tell every other rank to end (their job is relaunched and resumes from the newest checkpoint). */
+        if (w->role == GRPO__ROLE__ROLE_TRAINER && c->set.trainer_ranks + c->set.rollout_ranks > 1 &&
+            !c->run.abort[0]) {
+            snprintf(c->run.abort, sizeof c->run.abort, "trainer rank %d on host %s lost (no heartbeat for %.1f s)",
+                     w->rank, w->host, silent);
+            add_event(c, "%s: the other ranks are told to end", c->run.abort);
+        }
         if (c->set.fail_on_lost && !run_terminal(c->run.state)) {
             char reason[CORE_REASON_MAX];
             snprintf(reason, sizeof reason, "rank %d on host %s lost: no heartbeat for %.1f s", w->rank, w->host,

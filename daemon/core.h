@@ -95,6 +95,7 @@ struct core_run {
     uint64_t checkpoint_seq_done; /* requests every worker has written */
     int64_t checkpoint_step;      /* newest checkpoint every worker has, -1: none */
     double started;               /* unix seconds */
+    char abort[CORE_REASON_MAX];  /* a trainer of a split run is lost: the other ranks are told to end ("": no) */
     struct core_history_point history[CORE_HISTORY];
     int nhistory; /* oldest first; shifts when full */
 };

@@ -84,6 +84,10 @@ const char *protocol_body_name(Grpo__Envelope__BodyCase body)
     case GRPO__ENVELOPE__BODY_HEARTBEAT_ACK: return "heartbeat_ack";
     case GRPO__ENVELOPE__BODY_METRICS_REQUEST: return "metrics_request";
     case GRPO__ENVELOPE__BODY_METRICS_TEXT: return "metrics_text";
+    case GRPO__ENVELOPE__BODY_WORK_REQUEST: return "work_request";
+    case GRPO__ENVELOPE__BODY_WORK_GRANT: return "work_grant";
+    case GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST: return "weights_request";
+    case GRPO__ENVELOPE__BODY_WEIGHTS_CHUNK: return "weights_chunk";
     default: return "none";
     }
 }

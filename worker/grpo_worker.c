@@ -36,6 +36,8 @@ static void usage(FILE *out)
           "      rollout.nnodes=1 rollout.n_gpus_per_node=1 actor_rollout_ref.rollout.mode=async\n"
           "(placement.trainer_ranks / placement.rollout_ranks say the same; rollout.mode sync is on-policy,\n"
           "async one-step-off). Under grpod (grpod.endpoint) every rank registers and grpod assigns the roles.\n"
+          "Launched with mpirun --mca orte_enable_recovery 1 under grpod, the run survives a lost rollout rank:\n"
+          "its work goes to the others, and grpo-worker --replace-rank R puts a new process in its place.\n"
           "\n"
           "options:\n"
           "  -c, --config FILE      YAML configuration (verl key names; see docs/configuration.md)\n"
@@ -45,6 +47,8 @@ static void usage(FILE *out)
           "      --tp N             tensor-parallel size (default 1)\n"
           "      --pp N             pipeline-parallel size (default 1)\n"
           "      --selftest         check the collective plane across all ranks and the DP/TP/PP groups\n"
+          "      --replace-rank R   take the place of lost rollout rank R of the run under grpod (one process,\n"
+          "                         not under mpirun -np; it joins at the next step)\n"
           "  -h, --help             this text\n"
           "\n"
           "environment: GRPO_LOG_LEVEL=error|warn|info|debug\n",
@@ -97,7 +101,18 @@ static void local_endpoints(struct role_env *env)
         placement_data_endpoint(base, d,
                                 env->at.role == PLACE_TRAINER && env->at.dp == d ? NULL : hosts + d * sizeof host,
                                 env->endpoints[d], sizeof env->endpoints[d]);
+    /* the dispatcher is trainer DP rank 0's, world rank 0 */
+    placement_dispatch_endpoint(base, env->n_endpoints, env->rank == 0 ? NULL : hosts, env->dispatch_endpoint,
+                                sizeof env->dispatch_endpoint);
     free(hosts);
+}
+
+/* grpod says a trainer this rank's job depends on is lost: the trainers would wait for it in a collective for
+ * ever (mpirun keeps the job when it may lose ranks), so the job ends here, and its relaunch resumes. */
+static void abort_job(const char *reason)
+{
+    log_error("worker", "ending the job: %s", reason);
+    check_mpi_end_job(4);
 }
 
 /* Register with grpod (when grpod.endpoint is set) and check that its assignment is the placement this rank
@@ -107,7 +122,9 @@ static int join_control_plane(struct role_env *env)
     char err[2048];
     struct control_options o;
     struct control_assignment a;
-    control_options_from_config(&o, env->cfg, comm_rank(env->world), comm_size(env->world));
+    control_options_from_config(&o, env->cfg, env->rank, env->world_size);
+    o.on_abort = abort_job;
+    o.replaces = env->replacing;
     o.capabilities = env->at.role == PLACE_ROLLOUT   ? "rollout"
                      : env->at.role == PLACE_TRAINER ? "trainer"
                                                      : "rollout,trainer";
@@ -132,6 +149,10 @@ static int join_control_plane(struct role_env *env)
     }
     log_info("worker", "registered with grpod at %s: role %s, dp %d/%d, run %s", o.endpoint, control_role_name(a.role),
              a.dp_rank, a.dp_size, a.run_id);
+    if (a.heartbeat_interval_s > 0)
+        env->heartbeat_s = a.heartbeat_interval_s;
+    if (a.dispatch_endpoint[0])
+        snprintf(env->dispatch_endpoint, sizeof env->dispatch_endpoint, "%s", a.dispatch_endpoint);
     if (a.role == CONTROL_ROLE_TRAINER) {
         snprintf(env->endpoints[a.dp_rank], sizeof env->endpoints[0], "%s", a.data_pull_endpoint);
         env->n_endpoints = a.dp_size;
@@ -144,11 +165,28 @@ static int join_control_plane(struct role_env *env)
 }
 
 /* Place this rank, join grpod, build the groups and run the role. */
-static int run_role(const struct grpo_config *cfg, struct comm *world)
+static int run_role(const struct grpo_config *cfg, struct comm *world, int replace_rank)
 {
     char why[1024];
     struct role_env env = {.cfg = cfg, .world = world};
-    const int rank = comm_rank(world), size = comm_size(world);
+    int rank = comm_rank(world), size = comm_size(world);
+    if (replace_rank >= 0) {
+        if (placement_spec_from_config(cfg, &env.spec, why, sizeof why) != 0) {
+            log_error("worker", "%s", why);
+            return 2;
+        }
+        if (size > 1 || !cfg->grpod_endpoint || !cfg->grpod_endpoint[0]) {
+            log_error("worker", "--replace-rank takes the place of a lost rollout rank in a run under grpod: start "
+                                "one process (not under mpirun's -np) with grpod.endpoint set");
+            return 2;
+        }
+        rank = replace_rank;
+        size = env.spec.trainer_ranks + env.spec.rollout_ranks;
+        env.replacing = true;
+    }
+    env.rank = rank;
+    env.world_size = size;
+    env.heartbeat_s = cfg->grpod_heartbeat_interval_s;
     if (placement_spec_from_config(cfg, &env.spec, why, sizeof why) != 0 ||
         placement_check(&env.spec, size, (int)cfg->data_train_batch_size, why, sizeof why) != 0 ||
         placement_of(&env.spec, rank, size, &env.at, why, sizeof why) != 0) {
@@ -171,13 +209,31 @@ static int run_role(const struct grpo_config *cfg, struct comm *world)
             log_error("worker", "%s", why);
         return 2;
     }
+    if (replace_rank >= 0 && env.at.role != PLACE_ROLLOUT) {
+        log_error("worker",
+                  "--replace-rank %d: that rank is a %s; only a rollout rank can be replaced while the run goes on "
+                  "(a lost trainer ends the job, and its relaunch resumes from the newest checkpoint)",
+                  replace_rank, placement_role_name(env.at.role));
+        return 2;
+    }
+    if (split && rank == 0 && size > 1) {
+        if (!check_mpi_recovery_mode())
+            log_warn("worker", "mpirun ends the whole job when any rank dies: launch with --mca orte_enable_recovery 1 "
+                               "(and grpod) so that a lost rollout rank costs nothing");
+        else if (!cfg->grpod_endpoint || !cfg->grpod_endpoint[0]) {
+            log_error("worker", "mpirun keeps the job when a rank dies (orte_enable_recovery), but without grpod nobody "
+                                "would tell the trainers that one of them is lost: they would wait for it for ever. "
+                                "Run under grpod (grpod.endpoint) or launch without the option");
+            return 2;
+        }
+    }
     env.staleness = strcmp(cfg->rollout_mode, "async") == 0 ? 1 : 0;
     if (split && cfg->grpod_secret_file && cfg->grpod_secret_file[0] &&
         secret_read(cfg->grpod_secret_file, 1, env.secret, sizeof env.secret, why, sizeof why) != 0) {
         log_error("worker", "%s", why);
         return 2;
     }
-    if (split)
+    if (split && replace_rank < 0)
         local_endpoints(&env);
     if (join_control_plane(&env) != 0)
         return 3;
@@ -185,17 +241,14 @@ static int run_role(const struct grpo_config *cfg, struct comm *world)
     if (!split) {
         status = run_hybrid(&env);
     } else {
-        /* the trainers' DP group, and the weight-sync group: trainer DP rank 0 (world rank 0) and the rollouts */
-        struct comm *trainers = comm_split(world, env.at.role == PLACE_TRAINER ? 0 : 1, rank);
-        const bool in_sync = rank == 0 || env.at.role == PLACE_ROLLOUT;
-        struct comm *sync = comm_split(world, in_sync ? 0 : 1, rank);
+        /* the trainers' DP group; the rollout ranks have no MPI traffic after this */
+        struct comm *trainers = comm_split(world, env.at.role == PLACE_TRAINER ? 0 : 1, comm_rank(world));
         env.trainers = env.at.role == PLACE_TRAINER ? trainers : NULL;
-        env.sync = in_sync ? sync : NULL;
-        log_info("worker", "rank %d of %d: %s, dp %d of %d (%s)", rank, size, placement_role_name(env.at.role),
-                 env.at.dp, env.at.dp_size, env.staleness ? "one-step-off" : "on-policy");
+        log_info("worker", "rank %d of %d: %s, dp %d of %d (%s)%s", rank, size, placement_role_name(env.at.role),
+                 env.at.dp, env.at.dp_size, env.staleness ? "one-step-off" : "on-policy",
+                 replace_rank >= 0 ? ", in place of the lost one" : "");
         status = env.at.role == PLACE_TRAINER ? run_trainer(&env) : run_rollout(&env);
         comm_free(trainers);
-        comm_free(sync);
     }
     control_close(env.ctl);
     return status;
@@ -255,9 +308,10 @@ int main(int argc, char **argv)
         config_free(&cfg);
         return rc < 0 ? 2 : 0;
     }
-    int tp = 1, pp = 1, do_selftest = 0;
+    int tp = 1, pp = 1, do_selftest = 0, replace_rank = -1;
     static const struct option opts[] = {{"tp", required_argument, 0, 't'},
                                          {"pp", required_argument, 0, 'p'},
+                                         {"replace-rank", required_argument, 0, 'r'},
                                          {"selftest", no_argument, 0, 's'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -273,6 +327,17 @@ int main(int argc, char **argv)
             }
             break;
         case 's': do_selftest = 1; break;
+        case 'r': {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (end == optarg || *end || v < 0 || v >= 1 << 20) {
+                log_error("worker", "--replace-rank expects a rank number, got '%s'", optarg);
+                config_free(&cfg);
+                return 2;
+            }
+            replace_rank = (int)v;
+            break;
+        }
         case 'h':
             usage(stdout);
             config_free(&cfg);
@@ -310,11 +375,11 @@ int main(int argc, char **argv)
     if (do_selftest) {
         status = selftest(&groups);
     } else {
-        status = run_role(&cfg, world);
+        status = run_role(&cfg, world, replace_rank);
         if (status != 0 && comm_size(world) > 1) {
             /* the other ranks wait in a collective for this one: end the whole job, with the reason above */
             log_error("worker", "rank %d failed (exit %d): ending the job", comm_rank(world), status);
-            MPI_Abort(MPI_COMM_WORLD, status);
+            check_mpi_end_job(status);
         }
     }
     parallel_groups_free(&groups);

@@ -1,12 +1,13 @@
 /* The three roles a grpo-worker rank can take, as grpod (or, without grpod, the
  * same placement arithmetic in common/placement.c) assigns them:
  *   hybrid   every part of the GRPO step in this process (one-rank runs);
- *   rollout  draw this rank's share of each step's prompts, generate, score, and
- *            send the groups to the trainers over nanomsg (each batch acknowledged);
- *            take new weights;
+ *   rollout  take work units (a share of a step's prompts) and policy versions
+ *            from the trainers' dispatcher, generate, score, and send the
+ *            groups to the trainers over nanomsg (each batch acknowledged);
+ *            no MPI traffic, so a lost rollout rank costs the run nothing;
  *   trainer  pull the step's groups, compute log-probs, advantages and the
  *            update with gradients summed over the trainers' DP group; DP
- *            rank 0 sends the weights back, validates, logs and checkpoints. */
+ *            rank 0 runs the dispatcher, validates, logs and checkpoints. */
 #ifndef GRPO_WORKER_ROLES_H
 #define GRPO_WORKER_ROLES_H
 
@@ -22,15 +23,19 @@ struct grpo_config;
 struct role_env {
     const struct grpo_config *cfg;
     struct comm *world;
+    int rank, world_size;  /* this rank in the run: the MPI rank and size, or --replace-rank's */
+    bool replacing;        /* --replace-rank: in the place of a lost rollout rank */
     struct placement_spec spec;
     struct placement at;   /* this rank's role and coordinates */
     struct control *ctl;   /* NULL: no grpod */
     struct comm *trainers; /* the trainers' DP group (trainer ranks only) */
-    struct comm *sync;     /* trainer DP rank 0 (rank 0 here) and every rollout rank; NULL elsewhere */
     int staleness;         /* 0: on-policy (rollout.mode=sync), 1: one-step-off (async) */
+    double heartbeat_s;    /* grpod's heartbeat interval (grpod.heartbeat_interval_s without grpod): the rollout
+                              processes ping the dispatcher this often, and are lost after two */
     char secret[1024];     /* grpod.secret_file's secret: every data-plane batch carries it ("": none) */
     int n_endpoints;       /* one data endpoint per trainer DP rank */
     char endpoints[ROLE_MAX_ENDPOINTS][256];
+    char dispatch_endpoint[256]; /* the trainers' dispatcher: trainer DP rank 0 binds it, the rollout ranks connect */
 };
 
 /* Each returns the process exit status (0: finished or stopped cleanly). */

@@ -41,7 +41,7 @@ grep -q "rank 2 of 3: rollout" "$TMP/split.log"; expect "rank 2 takes the rollou
 grep -q "rank 1 of 3: trainer, dp 1 of 2" "$TMP/split.log"; expect "rank 1 is trainer DP rank 1" $?
 grep -q "weights identical on 2 DP ranks" "$TMP/split.log"; expect "replica checksums compared every step" $?
 ! grep -q "weights differ" "$TMP/split.log"; expect "replicas never differ" $?
-grep -q "weights of step 1 sent: .* in [0-9]* bucket" "$TMP/split.log"; expect "weight sync is logged with bytes and buckets" $?
+grep -q "policy version 1: [0-9]* bytes in [0-9]* chunk" "$TMP/split.log"; expect "weight sync is logged with bytes and chunks" $?
 
 python3 - "$TMP/one/p/e/metrics.jsonl" "$TMP/split/p/e/metrics.jsonl" <<'PY'
 import json, sys
@@ -117,6 +117,10 @@ expect "ranks that do not add up are refused, naming the keys" $?
 expect "more rollout ranks than prompts is refused" $?
 "${MPIRUN[@]}" -np 2 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/bad" >"$TMP/bad4.log" 2>&1
 [ $? -ne 0 ] && grep -q "a hybrid run takes one rank" "$TMP/bad4.log"; expect "two hybrid ranks are refused" $?
+"${MPIRUN[@]}" -np 3 --mca orte_enable_recovery 1 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/bad" \
+    placement.trainer_ranks=2 placement.rollout_ranks=1 >"$TMP/bad5.log" 2>&1
+[ $? -ne 0 ] && grep -q "without grpod nobody would tell the trainers" "$TMP/bad5.log"
+expect "mpirun's recovery mode without grpod is refused, and the whole job ends" $?
 [ ! -d "$TMP/bad" ]; expect "no refused placement started any work" $?
 
 [ "$fails" -eq 0 ] || { echo "$fails check(s) failed; logs:"; tail -n 30 "$TMP"/split.log "$TMP"/noisy.log "$TMP"/async.log; exit 1; }

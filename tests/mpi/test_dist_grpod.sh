@@ -4,10 +4,13 @@
 #  - grpoctl pause holds every rank at its next step boundary; resumed, the run ends with weights
 #    bit-identical to the same run without grpod;
 #  - grpoctl stop checkpoints and ends every rank cleanly; launched again, the run resumes to the same weights;
-#  - a trainer rank killed with SIGKILL ends the job; grpod marks the ranks lost and says so in
-#    grpoctl status; launched again, the run resumes from the newest checkpoint to the same weights;
-#  - a rollout rank killed with SIGKILL: the same today (the ranks share one MPI job), and after the relaunch
-#    the audit files hold every prompt's group exactly rollout.n times in every step.
+#  - a trainer rank killed with SIGKILL (mpirun --mca orte_enable_recovery 1) ends the job promptly: grpod marks
+#    it lost and tells the others to end, and says so in grpoctl status; launched again, the run resumes from the
+#    newest checkpoint to the same weights;
+#  - a rollout rank killed with SIGKILL (2 rollout + 2 trainer ranks) costs nothing: grpod marks it lost within two
+#    heartbeat intervals, its work units go to the other rollout rank, a process started with --replace-rank takes
+#    its place at the next step, the weights are bit-identical to an undisturbed run, and the audit files hold
+#    every prompt's group exactly rollout.n times in every step.
 # usage: test_dist_grpod.sh GRPOD GRPOCTL SIM_WORKER GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
 WORKER="$4" MODEL_TOOL="$5" COMPARE="$6" SCORER="$7"
@@ -17,11 +20,13 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_AL
     --tokenizer-from tests/fixtures/tokenizers/bytes-chatml --seed 11 --std 0.1 >"$TMP/init.log" 2>&1
 expect "tiny model initialised" $?
 STEPS=30
+MPI_EXTRA=()
 PLACE=(placement.trainer_ranks=2 placement.rollout_ranks=1)
 # run NAME [overrides...]: 3 ranks, log in $TMP/NAME.log
+# NP (default 3) ranks; MPI_EXTRA: more mpirun options
 run() {
     local name="$1"; shift
-    mpirun --oversubscribe --bind-to none -np 3 "$WORKER" actor_rollout_ref.model.path="$TMP/tiny" \
+    mpirun --oversubscribe --bind-to none -np "${NP:-3}" "${MPI_EXTRA[@]}" "$WORKER" actor_rollout_ref.model.path="$TMP/tiny" \
         trainer.default_local_dir="$TMP/$name" trainer.project_name=p trainer.experiment_name=e \
         trainer.total_training_steps=$STEPS trainer.val_before_train=false trainer.test_freq=-1 \
         trainer.save_freq=1 trainer.max_actor_ckpt_to_keep=2 data.train_batch_size=4 \
@@ -70,24 +75,32 @@ wait_for 60 step_at_least 4; expect "second run under way" $?
 wait "$MPI_PID"; expect "every rank of the stopped run exits 0" $?
 sstep="$(cat "$TMP/stopped/p/e/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null)"
 [ -n "$sstep" ] && [ "$sstep" -lt $STEPS ]; expect "stop left a checkpoint mid-run (step $sstep)" $?
-grep -q "stopped by the trainers" "$TMP/stopped.log"; expect "the rollout rank ended on the trainers' word" $?
+grep -q "rollout: stopped: the trainers stopped after step" "$TMP/stopped.log"; expect "the rollout rank ended on the trainers' word" $?
 kill "$GRPOD_PID" 2>/dev/null; wait "$GRPOD_PID" 2>/dev/null
 run stopped
 expect "launched again, the stopped run finishes" $?
 "$COMPARE" "$(final ref)" "$(final stopped)" 0 >/dev/null 2>&1; expect "stop + resume: weights bit-identical" $?
 
-# ---- a trainer rank killed
+# ---- a trainer rank killed. mpirun keeps the job when a rank dies (orte_enable_recovery, as the launchers set
+# it): grpod marks the trainer lost and tells the other ranks to end, so the job stops promptly
+MPI_EXTRA=(--mca orte_enable_recovery 1)
 start_grpod g3 "${PLACE[@]}"
 run killed grpod.endpoint="$EP" grpod.connect_timeout_s=20 &
 MPI_PID=$!
 PIDS+=("$MPI_PID")
 wait_for 60 step_at_least 5; expect "third run under way" $?
 victim="$("$GRPOCTL" status --json | jq -r '.workers[] | select(.rank == 1) | .pid')"
+t0=$(date +%s%N)
 kill -9 "$victim"; expect "trainer rank 1 (pid $victim) killed" $?
 wait "$MPI_PID"; rc=$?
-[ "$rc" -ne 0 ]; expect "the job ends when a trainer is lost (mpirun exit $rc)" $?
-wait_for 15 sh -c "'$GRPOCTL' status | grep -q lost"; expect "grpoctl status says the ranks are lost" $?
+took=$(( ($(date +%s%N) - t0) / 1000000 ))
+[ "$took" -lt 10000 ]; expect "the job ends within 10 s of the loss (${took} ms; heartbeat timeout 3 s)" $?
+grep -q "trainer rank 1 on host .* lost .*: the other ranks are told to end" "$TMP/g3.log"
+expect "grpod's journal says the trainer is lost and the others must end" $?
+grep -q "ending the job: trainer rank 1" "$TMP/killed.log"; expect "the surviving ranks end with that reason" $?
 "$GRPOCTL" status >"$TMP/lost.txt" 2>&1
+grep -q "trainer rank 1 on host .* lost.*relaunch the job" "$TMP/lost.txt"
+expect "grpoctl status gives the reason and says to relaunch" $?
 kstep="$(cat "$TMP/killed/p/e/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null)"
 [ -n "$kstep" ] && [ "$kstep" -lt $STEPS ]; expect "a checkpoint before the loss (step $kstep)" $?
 run killed grpod.endpoint="$EP" grpod.connect_timeout_s=20
@@ -96,19 +109,59 @@ grep -q "resumed from .*global_step_$kstep" "$TMP/killed.log"; expect "it resume
 "$COMPARE" "$(final ref)" "$(final killed)" 0 >/dev/null 2>&1; expect "kill + resume: weights bit-identical" $?
 kill "$GRPOD_PID" 2>/dev/null; wait "$GRPOD_PID" 2>/dev/null
 
-# ---- a rollout rank killed
-start_grpod g4 "${PLACE[@]}"
-run rkilled grpod.endpoint="$EP" grpod.connect_timeout_s=20 trainer.rollout_data_dir="$TMP/rkilled/audit" &
+# ---- a rollout rank killed mid-run, with 2 rollout + 2 trainer ranks: the run goes on without a relaunch,
+# the lost rank's work units go to the other rollout rank, and a process started with --replace-rank takes
+# its place at the next step. Nothing is lost: the weights are bit-identical to an undisturbed run.
+PLACE=(placement.trainer_ranks=2 placement.rollout_ranks=2)
+STEPS=40
+MPI_EXTRA=()
+NP=4 run ref4
+expect "reference run with 2 rollout + 2 trainer ranks (no grpod) finishes" $?
+MPI_EXTRA=(--mca orte_enable_recovery 1)
+start_grpod g4 "${PLACE[@]}" grpod.heartbeat_interval_s=0.5
+NP=4 run rkilled grpod.endpoint="$EP" grpod.connect_timeout_s=20 \
+    trainer.rollout_data_dir="$TMP/rkilled/audit" &
 MPI_PID=$!
 PIDS+=("$MPI_PID")
 wait_for 60 step_at_least 5; expect "fourth run under way" $?
-victim="$("$GRPOCTL" status --json | jq -r '.workers[] | select(.role == "rollout") | .pid')"
-kill -9 "$victim"; expect "the rollout rank (pid $victim) killed" $?
-wait "$MPI_PID"
-wait_for 15 sh -c "'$GRPOCTL' status | grep -q lost"; expect "grpoctl status says the ranks are lost" $?
-run rkilled grpod.endpoint="$EP" grpod.connect_timeout_s=20 trainer.rollout_data_dir="$TMP/rkilled/audit"
-expect "launched again, the run resumes and finishes" $?
-"$COMPARE" "$(final ref)" "$(final rkilled)" 0 >/dev/null 2>&1; expect "rollout kill + resume: weights bit-identical" $?
+victim="$("$GRPOCTL" status --json | jq -r '.workers[] | select(.rank == 3) | .pid')"
+t0=$(date +%s%N)
+kill -9 "$victim"; expect "rollout rank 3 (pid $victim) killed at step $(status_field .step)" $?
+rank3_lost() { [ "$(status_field '.workers[] | select(.rank == 3) | .state')" = lost ]; }
+wait_for 10 rank3_lost; rc=$?
+took=$(( ($(date +%s%N) - t0) / 1000000 ))
+[ "$rc" -eq 0 ] && [ "$took" -le 1300 ]
+expect "grpod marks it lost within two heartbeat intervals of 0.5 s (${took} ms, polled every 0.1 s)" $?
+kstep="$(status_field .step)"
+wait_for 60 step_at_least $((kstep + 3)); expect "the run goes on without it (step $kstep -> $(status_field .step))" $?
+status_field .reason | grep -q "rollout rank 3 .* lost; its work goes to the other rollout ranks"
+expect "grpoctl status says where its work went" $?
+# pause, so that the replacement surely joins before the (fast) tiny run ends
+"$GRPOCTL" pause --wait=60 >"$TMP/pause4.out" 2>&1; expect "the run pauses with a rollout rank lost" $?
+"$WORKER" --replace-rank 3 actor_rollout_ref.model.path="$TMP/tiny" trainer.default_local_dir="$TMP/rkilled" \
+    trainer.project_name=p trainer.experiment_name=e trainer.total_training_steps=$STEPS trainer.val_before_train=false \
+    trainer.test_freq=-1 trainer.save_freq=1 trainer.max_actor_ckpt_to_keep=2 data.train_batch_size=4 \
+    actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=12 \
+    actor_rollout_ref.actor.optim.lr=1e-3 data.synthetic.num_train=64 data.synthetic.num_val=4 \
+    custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score "${PLACE[@]}" \
+    trainer.rollout_data_dir="$TMP/rkilled/audit" grpod.endpoint="$EP" grpod.connect_timeout_s=20 \
+    >"$TMP/replace.log" 2>&1 &
+REPL_PID=$!
+PIDS+=("$REPL_PID")
+rank3_paused() { [ "$(status_field '.workers[] | select(.rank == 3) | .state')" = paused ]; }
+wait_for 60 rank3_paused; expect "the replacement registers as rank 3 and holds with the paused run" $?
+"$GRPOCTL" resume >/dev/null 2>&1; expect "resume" $?
+wait "$MPI_PID"; expect "the job finishes" $?
+wait "$REPL_PID"; expect "the replacement finishes with it" $?
+grep -q "registered with grpod .*role rollout, dp 1/2" "$TMP/replace.log"
+expect "the replacement re-registers as rank 3 and grpod gives it rollout rank 1's place" $?
+grep -Eq "finished: .*\(([1-9][0-9]*) unit\(s\) generated here\)" "$TMP/replace.log"
+expect "it rejoins and generates ($(grep -o '([0-9]* unit(s) generated here)' "$TMP/replace.log"))" $?
+grep -q "rank 1's) granted to the process serving rank 0" "$TMP/rkilled.log"
+expect "meanwhile the lost rank's units went to the other rollout rank" $?
+grep -q "takes over rollout rank 1" "$TMP/rkilled.log"; expect "the dispatcher hands the place to the replacement" $?
+"$COMPARE" "$(final ref4)" "$(final rkilled)" 0 >"$TMP/cmp4.txt" 2>&1
+expect "rollout rank lost mid-run: weights bit-identical to the undisturbed run" $?
 python3 "$(dirname "$0")/check_audit.py" "$TMP/rkilled/audit" 4 4 "$STEPS"
 expect "audit files: every uid exactly rollout.n times in every step" $?
 [ "$fails" -eq 0 ] || exit 1

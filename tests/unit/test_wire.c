@@ -68,6 +68,7 @@ static struct fx *make(void)
                                   .max_response_length = 8,
                                   .groups_in_step = B,
                                   .n = N,
+                                  .units = 1,
                                   .world_size = 3,
                                   .dp_rank = 1};
     return f;
@@ -88,7 +89,9 @@ static const struct wire_header HDR = {.step = 5,
                                        .n = N,
                                        .gen_s = 1.5,
                                        .reward_s = 0.25,
-                                       .idle_s = 0.5};
+                                       .idle_s = 0.5,
+                                       .unit = 0,
+                                       .units = 1};
 
 static uint8_t *pack(struct fx *f, const struct wire_header *h, size_t *len)
 {
@@ -204,6 +207,10 @@ static void test_bad_fields(void **state)
     EXPECT_REFUSED(g->b.seqs[3].gidx = 3 * N, "group_index");              /* past the step */
     EXPECT_REFUSED(g->b.seqs[3].gidx = g->b.seqs[2].gidx, "repeats");      /* the same sample twice */
     EXPECT_REFUSED(g->lim.max_response_length = 2, "max_response_length"); /* sample 1 has 3 tokens */
+    EXPECT_REFUSED(h.unit = 1, "work unit 1 of 1");                       /* the run's steps have one unit */
+    EXPECT_REFUSED(h.units = 2, "1 units");                                /* the sender counts other units */
+    /* two units of a 3-group step: unit 0 is group 0 only, and this batch holds groups 0 and 1 */
+    EXPECT_REFUSED((g->lim.units = 2, h.units = 2), "outside work unit 0");
     /* a group without all of its samples */
     struct fx *g = make();
     const int one[1] = {0};

@@ -33,6 +33,8 @@ struct control {
     int rank, world;
     uint64_t digest;
     struct rpc_client *rpc; /* the heartbeat thread's alone after open */
+    void (*on_abort)(const char *reason);
+    bool replaces;
     pthread_t thread;
     bool thread_started;
 
@@ -398,6 +400,7 @@ static void copy_assignment(struct control_assignment *a, const Grpo__Assignment
     for (size_t i = 0; i < as->n_trainer_endpoints && i < 64; i++)
         snprintf(a->trainer_endpoints[a->n_trainer_endpoints++], sizeof a->trainer_endpoints[0], "%s",
                  as->trainer_endpoints[i]);
+    snprintf(a->dispatch_endpoint, sizeof a->dispatch_endpoint, "%s", as->dispatch_endpoint);
     a->heartbeat_interval_s = as->heartbeat_interval_s;
 }
 
@@ -415,6 +418,7 @@ static int register_once(struct control *c, const char *run_id, uint64_t incarna
     reg.run_id = (char *)run_id;
     reg.incarnation = incarnation;
     reg.step = step;
+    reg.replaces = c->replaces;
     split_list(c->devices, &reg.devices, &reg.n_devices);
     split_list(c->caps, &reg.capabilities, &reg.n_capabilities);
     env.body_case = GRPO__ENVELOPE__BODY_REGISTER;
@@ -463,6 +467,11 @@ static void apply_ack(struct control *c, const Grpo__HeartbeatAck *ack)
     if (ack->checkpoint_seq > c->ckpt_seq)
         c->ckpt_seq = ack->checkpoint_seq;
     snprintf(c->reason, sizeof c->reason, "%s", ack->reason);
+    if (ack->abort[0]) {
+        log_error("control", "grpod: %s", ack->abort);
+        if (c->on_abort)
+            c->on_abort(ack->abort); /* does not come back */
+    }
 }
 
 /* The heartbeat of the current snapshot. Under mu; the strings point into c. */
@@ -662,6 +671,8 @@ int control_open(const struct control_options *o, struct control **out, struct c
     c->rank = o->rank;
     c->world = o->world_size;
     c->digest = o->config_digest;
+    c->on_abort = o->on_abort;
+    c->replaces = o->replaces;
     c->step = o->start_step;
     c->ckpt_step = -1;
     c->state = GRPO__WORKER_STATE__WORKER_STARTING;

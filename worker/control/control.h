@@ -86,6 +86,10 @@ struct control_options {
                                  agree (0: not checked) */
     int64_t start_step;       /* steps already done (a resumed run); 0 for a fresh one */
     double connect_timeout_s; /* how long to retry the first registration; 0: forever */
+    /* grpod says a peer this worker depends on is lost (a trainer of the same DP group): called from the
+     * heartbeat thread with the reason; it should end the process (NULL: the reason is only logged) */
+    void (*on_abort)(const char *reason);
+    bool replaces; /* take the place of rank `rank`, lost, in the run grpod runs (grpo-worker --replace-rank) */
 };
 
 /* What grpod assigned at registration. */
@@ -100,6 +104,7 @@ struct control_assignment {
     char data_push_endpoint[256]; /* rollout: this rank's trainer endpoint */
     int n_trainer_endpoints;      /* rollout: every trainer DP rank's endpoint */
     char trainer_endpoints[64][256];
+    char dispatch_endpoint[256];  /* rollout: the trainers' dispatcher (work units and weights) */
     double heartbeat_interval_s;
 };
 

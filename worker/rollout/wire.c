@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "dispatch.h"
 #include "proto/protocol.h"
 #include "proto/transport.h"
 
@@ -30,6 +31,8 @@ uint8_t *wire_pack_batch(const struct wire_header *h, const struct step_batch *b
     rb.idle_seconds = h->idle_s;
     rb.peak_rss_gb = h->peak_rss_gb;
     rb.wait_weights_seconds = h->wait_weights_s;
+    rb.unit = h->unit;
+    rb.units = h->units;
     Grpo__Sequence *seqs = xcalloc((size_t)(n_seq ? n_seq : 1), sizeof *seqs);
     Grpo__Sequence **ptrs = xcalloc((size_t)(n_seq ? n_seq : 1), sizeof *ptrs);
     int k = 0;
@@ -152,6 +155,19 @@ int wire_unpack_batch(const uint8_t *buf, size_t len, const struct wire_limits *
                  rb->groups_in_step, rb->samples_per_prompt, lim->groups_in_step, lim->n);
         goto out;
     }
+    if (rb->units != lim->units || rb->unit < 0 || rb->unit >= rb->units) {
+        snprintf(why, whylen, "work unit %d of %d, but this run's steps have %d units (one per rollout rank)", rb->unit,
+                 rb->units, lim->units);
+        goto out;
+    }
+    int unit_lo, unit_hi;
+    dispatch_unit_range(lim->groups_in_step, lim->units, rb->unit, &unit_lo, &unit_hi);
+    for (size_t i = 0; i < rb->n_sequences; i++)
+        if (rb->sequences[i]->group_index < unit_lo || rb->sequences[i]->group_index >= unit_hi) {
+            snprintf(why, whylen, "sequence %zu: group_index %d is outside work unit %d (groups %d..%d)", i,
+                     rb->sequences[i]->group_index, rb->unit, unit_lo, unit_hi - 1);
+            goto out;
+        }
     if (rb->n_sequences > (size_t)lim->groups_in_step * (size_t)lim->n) {
         snprintf(why, whylen, "%zu sequences is more than a whole step holds", rb->n_sequences);
         goto out;
@@ -219,7 +235,9 @@ int wire_unpack_batch(const uint8_t *buf, size_t len, const struct wire_limits *
                               .reward_s = rb->reward_seconds,
                               .idle_s = rb->idle_seconds,
                               .peak_rss_gb = rb->peak_rss_gb,
-                              .wait_weights_s = rb->wait_weights_seconds};
+                              .wait_weights_s = rb->wait_weights_seconds,
+                              .unit = rb->unit,
+                              .units = rb->units};
     step_batch_append(b, &nb);
     rc = 0;
 bad:

@@ -25,6 +25,7 @@ struct wire_header {
     double idle_s;          /* the sender's waiting since its previous step */
     double peak_rss_gb;     /* the sender's peak resident memory */
     double wait_weights_s;  /* the part of idle_s spent waiting for weights (the rest: waiting to send) */
+    int unit, units;        /* the step's work unit it carries, of units (worker/rollout/dispatch.h) */
 };
 
 /* Pack the groups groups[0..n_groups) of b (each with all its sequences) into an Envelope that carries the
@@ -39,6 +40,7 @@ struct wire_limits {
     int max_response_length;
     int groups_in_step; /* data.train_batch_size */
     int n;              /* rollout.n */
+    int units;          /* work units per step (the rollout ranks) */
     int world_size;     /* from_rank must be below it */
     int dp_rank;        /* to_dp must equal it */
     const char *secret; /* the run's shared secret: a batch must carry it (NULL or "": not checked) */

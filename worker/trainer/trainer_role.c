@@ -1,6 +1,8 @@
 /* The trainer role: each step's groups arrive from the rollout ranks over the
- * data plane; the update runs data-parallel over the trainer ranks; DP rank 0
- * sends the new weights to the rollout ranks. The run loop is trainer.c's, the step trainer_step.c's. */
+ * data plane, one batch per work unit; the update runs data-parallel over the
+ * trainer ranks; DP rank 0 runs the dispatcher (worker/rollout/dispatch.h) that
+ * grants the units and serves each new policy version. The run loop is
+ * trainer.c's, the step trainer_step.c's. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
@@ -11,12 +13,12 @@
 #include "common/log.h"
 #include "prompts.h"
 #include "trainer.h"
-#include "worker/comm/weight_sync.h"
 #include "worker/metrics/metrics.h"
 #include "worker/model/model.h"
 #include "worker/roles.h"
 #include "worker/rollout/batch.h"
 #include "worker/rollout/dataplane.h"
+#include "worker/rollout/dispatch.h"
 #include "worker/rollout/wire.h"
 
 /* A batch that arrived before its step (one-step-off: the rollout runs ahead). */
@@ -32,11 +34,11 @@ struct trainer_rank {
     struct wire_limits lim;
     struct pending *pend;
     int n_pend, cap_pend;
-    uint64_t *last_seq; /* (world) newest seq_no seen from each rank */
+    struct dispatcher *disp; /* DP rank 0 only */
     uint64_t refused, duplicates, stale;
     int64_t start;
-    double sync_s_pending; /* weight sync time to report with the next step */
-    size_t sync_bytes_pending;
+    double sync_s_pending; /* publishing time to report with the next step */
+    int64_t bytes_reported; /* weight bytes the dispatcher had served at the previous step */
     double refused_logged_at;
 };
 
@@ -71,18 +73,21 @@ static int receive_one(struct trainer_rank *r, int64_t k, int timeout_ms)
         drop_refused(r, err);
         return 0;
     }
-    const int from = p.h.from_rank;
-    if (p.h.seq_no <= r->last_seq[from] || p.h.step < k) {
+    /* the first copy of each (step, unit) counts: a unit granted again after its process was lost comes out the
+     * same, and a second copy of it is dropped */
+    bool dup = false;
+    for (int i = 0; i < r->n_pend && !dup; i++)
+        dup = r->pend[i].h.step == p.h.step && r->pend[i].h.unit == p.h.unit;
+    if (dup || p.h.step < k) {
         if (p.h.step < k)
             r->stale++;
         else
             r->duplicates++;
-        log_debug("dataplane", "dropped batch seq %" PRIu64 " of step %lld from rank %d (duplicate or stale)",
-                  p.h.seq_no, (long long)p.h.step, from);
+        log_debug("dataplane", "dropped step %lld unit %d from rank %d (%s)", (long long)p.h.step, p.h.unit,
+                  p.h.from_rank, dup ? "a copy is in already" : "that step is trained");
         step_batch_free(&p.b);
         return 0;
     }
-    r->last_seq[from] = p.h.seq_no;
     if (r->n_pend == r->cap_pend) {
         r->cap_pend = r->cap_pend ? 2 * r->cap_pend : 8;
         r->pend = xrealloc(r->pend, (size_t)r->cap_pend * sizeof *r->pend);
@@ -101,7 +106,7 @@ static int by_gidx(const void *a, const void *b)
 static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm, struct metrics *m)
 {
     struct trainer_rank *r = ctx;
-    const int R = r->env->spec.rollout_ranks, B = r->lim.groups_in_step;
+    const int R = r->lim.units, B = r->lim.groups_in_step;
     int *uids = xmalloc((size_t)B * sizeof(int));
     trainer_advance_cursor(r->t, uids); /* the checkpoint's cursor moves with the rollout ranks' */
     control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
@@ -113,16 +118,26 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
             have += r->pend[i].h.step == k;
         if (have >= R)
             break;
-        if (receive_one(r, k, 1000) < 0) {
+        if (receive_one(r, k, 200) < 0) {
             free(uids);
             return -1;
         }
+        /* the rollout ranks hold at their safe points while the run is to pause: so does this wait */
+        control_hold_while_waiting(r->env->ctl, false);
         if (rollout_now_s() - last_note > 60) {
-            log_warn("trainer", "step %lld: %d of %d rollout batches after %.0fs; still waiting", (long long)k, have, R,
+            log_warn("trainer", "step %lld: %d of %d work units after %.0fs; still waiting", (long long)k, have, R,
                      rollout_now_s() - t0);
+            if (r->disp) {
+                struct dispatch_stats ds;
+                dispatcher_stats(r->disp, &ds);
+                if (ds.live == 0)
+                    log_warn("trainer", "no rollout process is alive: relaunch the lost ones with grpo-worker "
+                                        "--replace-rank R (docs/operations.md)");
+            }
             last_note = rollout_now_s();
         }
     }
+    control_hold_while_waiting(r->env->ctl, true);
     tm->wait_data = rollout_now_s() - t0;
     tm->split = true;
     int64_t staleness = 0;
@@ -160,43 +175,49 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     }
     metrics_set(m, "training/staleness", (double)staleness);
     metrics_set(m, "timing_s/update_weights", r->sync_s_pending);
-    metrics_set(m, "perf/update_weights_bytes", (double)r->sync_bytes_pending);
     metrics_set(m, "dataplane/refused", (double)r->refused);
     metrics_set(m, "dataplane/duplicates", (double)(r->duplicates + r->stale));
+    if (r->disp) {
+        struct dispatch_stats ds;
+        dispatcher_stats(r->disp, &ds);
+        metrics_set(m, "rollouter/live_processes", (double)ds.live);
+        metrics_set(m, "rollouter/lost_processes", (double)ds.lost);
+        metrics_set(m, "rollouter/units_regranted", (double)ds.regranted);
+        metrics_set(m, "perf/update_weights_bytes", (double)(ds.bytes - r->bytes_reported));
+        r->bytes_reported = ds.bytes;
+        metrics_set(m, "dataplane/refused", (double)(r->refused + (uint64_t)ds.refused));
+    }
     r->sync_s_pending = 0;
-    r->sync_bytes_pending = 0;
     return 0;
 }
 
-static void send_weights(struct trainer_rank *r, int64_t version, bool stop, bool with_weights)
+/* DP rank 0: version `version` goes to the dispatcher, which serves it to the rollout processes. */
+static void publish(struct trainer_rank *r, int64_t version)
 {
-    struct model *p = trainer_policy(r->t);
-    struct weight_sync_header h = {
-        .version = version, .stop = stop, .has_weights = with_weights, .total_steps = trainer_total_steps(r->t)};
-    trainer_cursor(r->t, &h.epoch, &h.cursor);
+    const struct model *p = trainer_policy(r->t);
     control_set_phase(r->env->ctl, CONTROL_PHASE_WEIGHT_SYNC);
-    struct weight_sync_stats ws;
-    /* while the rollout ranks have not taken the header, report paused if the run is to pause */
-    weight_sync_send(r->env->sync, &h, p->w.mem, p->w.n_floats,
-                     (size_t)r->env->cfg->rollout_update_weights_bucket_megabytes << 20, &ws,
-                     r->env->ctl ? control_wait_poll : NULL, r->env->ctl);
+    const double t0 = rollout_now_s();
+    dispatcher_publish(r->disp, version, p->w.mem);
+    r->sync_s_pending += rollout_now_s() - t0;
     control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
-    r->sync_s_pending += ws.seconds;
-    r->sync_bytes_pending += ws.bytes;
-    if (with_weights)
-        log_debug("trainer", "weights of step %lld sent: %zu bytes in %d bucket(s), %.3fs", (long long)version,
-                  ws.bytes, ws.buckets, ws.seconds);
+    log_debug("trainer", "policy version %lld published (%zu bytes)", (long long)version, p->w.n_floats * sizeof(float));
 }
 
-/* trainer_source.between_steps: after step j the rollout ranks need the word for their step j + 1 + staleness;
- * and the end of the run, whenever it comes, is always said (the rollout ranks wait for it before they exit, so
- * no batch they pushed is lost to a closing socket). */
+/* trainer_source.between_steps: after step j the rollout processes need version j for their step j + 1 +
+ * staleness; and the end of the run, whenever it comes, is always said, so they end as soon as they hear it. */
 static int between_steps(void *ctx, int64_t j, bool stop)
 {
     struct trainer_rank *r = ctx;
-    if (!r->env->sync || (!stop && j + 1 + r->env->staleness > trainer_total_steps(r->t)))
+    if (!r->disp)
         return 0;
-    send_weights(r, j, stop, j > r->start && !stop);
+    if (stop) {
+        char why[128];
+        snprintf(why, sizeof why, "the trainers %s after step %lld",
+                 j >= trainer_total_steps(r->t) ? "finished" : "stopped", (long long)j);
+        dispatcher_end(r->disp, j, why);
+    } else if (j + 1 + r->env->staleness <= trainer_total_steps(r->t)) {
+        publish(r, j);
+    }
     return 0;
 }
 
@@ -292,8 +313,8 @@ int run_trainer_process(struct role_env *env, const struct trainer_layout *lay, 
     return rc == 0 ? 0 : 1;
 }
 
-/* Once the trainer exists (its model loaded, any checkpoint resumed): bind the data socket, and DP rank 0 sends
- * the rollout ranks the weights to start from. */
+/* Once the trainer exists (its model loaded, any checkpoint resumed): DP rank 0 opens the dispatcher with the
+ * weights and the data cursor to start from. */
 static void trainer_ready(void *ud, struct trainer *t)
 {
     struct trainer_rank *r = ud;
@@ -301,8 +322,33 @@ static void trainer_ready(void *ud, struct trainer *t)
     r->start = trainer_step(t);
     r->lim.prompts = trainer_prompts(t);
     r->lim.vocab_size = trainer_policy(t)->cfg.vocab_size;
-    if (r->env->sync)
-        send_weights(r, r->start, false, true);
+    if (r->env->at.dp != 0)
+        return;
+    int64_t epoch, cursor;
+    trainer_cursor(t, &epoch, &cursor);
+    struct dispatch_options o = {.endpoint = r->env->dispatch_endpoint,
+                                 .secret = r->env->secret,
+                                 .units = r->lim.units,
+                                 .groups_in_step = r->lim.groups_in_step,
+                                 .staleness = r->env->staleness,
+                                 .start = r->start,
+                                 .total_steps = trainer_total_steps(t),
+                                 .start_epoch = epoch,
+                                 .start_cursor = cursor,
+                                 .n_floats = trainer_policy(t)->w.n_floats,
+                                 .lost_after_s = 2 * r->env->heartbeat_s};
+    char err[1024];
+    r->disp = dispatcher_open(&o, err, sizeof err);
+    if (!r->disp) {
+        log_error("trainer", "%s", err);
+        control_finish(r->env->ctl, CONTROL_END_FAILED, err);
+        check_failf(__FILE__, __LINE__, "%s", err); /* the other ranks wait for it: end the job */
+    }
+    log_info("trainer", "dispatching %d work unit(s) per step at %s", r->lim.units, r->env->dispatch_endpoint);
+    if (r->start < trainer_total_steps(t))
+        publish(r, r->start);
+    else
+        dispatcher_end(r->disp, r->start, "the run has trained every step already");
 }
 
 int run_trainer(struct role_env *env)
@@ -313,16 +359,15 @@ int run_trainer(struct role_env *env)
     r.lim = (struct wire_limits){.max_response_length = (int)c->data_max_response_length,
                                  .groups_in_step = (int)c->data_train_batch_size,
                                  .n = (int)c->rollout_n,
-                                 .world_size = comm_size(env->world),
+                                 .units = env->spec.rollout_ranks,
+                                 .world_size = env->world_size,
                                  .dp_rank = env->at.dp,
                                  .secret = env->secret};
-    r.last_seq = xcalloc((size_t)comm_size(env->world), sizeof *r.last_seq);
     /* bind before anything slow, so the rollout ranks' first batches find the socket */
     r.pull = dataplane_pull_open(env->endpoints[env->at.dp], err, sizeof err);
     if (!r.pull) {
         log_error("trainer", "%s", err);
         control_finish(env->ctl, CONTROL_END_FAILED, err);
-        free(r.last_seq);
         return 2;
     }
     log_info("trainer", "DP rank %d of %d: pulling rollouts at %s", env->at.dp, env->at.dp_size,
@@ -334,10 +379,13 @@ int run_trainer(struct role_env *env)
     if (r.refused || r.duplicates || r.stale)
         log_info("dataplane", "DP rank %d: %" PRIu64 " batch(es) refused, %" PRIu64 " duplicate(s), %" PRIu64 " stale",
                  env->at.dp, r.refused, r.duplicates, r.stale);
+    if (r.disp) { /* the rollout processes hear the end (their pings are answered "end") before it goes */
+        dispatcher_end(r.disp, r.start, status == 0 ? "the trainers ended" : "the trainers failed");
+        dispatcher_close(r.disp, 3 * env->heartbeat_s + 2);
+    }
     for (int i = 0; i < r.n_pend; i++)
         step_batch_free(&r.pend[i].b);
     free(r.pend);
-    free(r.last_seq);
     dataplane_pull_close(r.pull);
     return status;
 }
