@@ -56,10 +56,12 @@ grpod_pid=$!
 export GRPOD_ENDPOINT="$endpoint"
 for _ in $(seq 50); do build/ctl/grpoctl --retries 1 status >/dev/null 2>&1 && break; sleep 0.2; done
 
-echo "== training: mpirun -np 3 build/worker/grpo-worker actor_rollout_ref.model.path=$hf ${SPLIT[*]}"
+echo "== training: mpirun --mca orte_enable_recovery 1 -np 3 build/worker/grpo-worker actor_rollout_ref.model.path=$hf ${SPLIT[*]}"
 echo "     actor_rollout_ref.rollout.mode=$MODE grpod.endpoint=$endpoint"
 echo "   (every other setting is the embedded default: build/worker/grpo-worker --print-config)"
-mpirun --oversubscribe --bind-to none -np 3 build/worker/grpo-worker actor_rollout_ref.model.path="$hf" \
+# --mca orte_enable_recovery 1: a lost rollout rank costs nothing (docs/operations.md, "When a rank dies")
+mpirun --oversubscribe --bind-to none --mca orte_enable_recovery 1 -np 3 build/worker/grpo-worker \
+    actor_rollout_ref.model.path="$hf" \
     "${SPLIT[@]}" actor_rollout_ref.rollout.mode="$MODE" grpod.endpoint="$endpoint" &
 worker_pid=$!
 
