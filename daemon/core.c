@@ -247,9 +247,12 @@ static void reevaluate(struct core *c)
         return;
     }
     if (lost) {
-        if (c->run.abort[0])
+        if (c->run.abort[0] && c->run.checkpoint_step >= 0)
             snprintf(reason, sizeof reason, "%.400s; relaunch the job: it resumes from checkpoint step %" PRId64,
                      c->run.abort, c->run.checkpoint_step);
+        else if (c->run.abort[0])
+            snprintf(reason, sizeof reason, "%.400s; relaunch the job: it starts over (no checkpoint yet)",
+                     c->run.abort);
         else
             snprintf(reason, sizeof reason,
                      "rank %d on host %s lost (no heartbeat for %.1f s); waiting for it to register again", lost->rank,
@@ -445,6 +448,9 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
             return refuse(c, id, false, len,
                           "rank %d is a %s: only a rollout rank can be replaced while the run goes on", r->rank,
                           core_role_name(old->role));
+        if (worker_ended(old->state))
+            return refuse(c, id, false, len, "rank %d has %s: nothing to replace", r->rank,
+                          core_worker_state_name(old->state));
         if (old->state != GRPO__WORKER_STATE__WORKER_LOST)
             return refuse(c, id, true, len, "rank %d is not lost (pid %d on host %s, %s): nothing to replace yet",
                           r->rank, old->pid, old->host, core_worker_state_name(old->state));
@@ -536,8 +542,8 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
     w->pp_size = p.pp_size;
     w->state = GRPO__WORKER_STATE__WORKER_STARTING;
     w->last_seen = now;
-    if (role != GRPO__ROLE__ROLE_ROLLOUT)
-        c->run.abort[0] = 0; /* the job was relaunched */
+    if (role != GRPO__ROLE__ROLE_ROLLOUT && !same)
+        c->run.abort[0] = 0; /* a fresh trainer: the job was relaunched */
     if (r->step > w->step)
         w->step = r->step;
     if (w->step > c->run.step)

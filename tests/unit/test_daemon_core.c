@@ -46,8 +46,8 @@ static Grpo__Envelope *roundtrip(struct core *c, Grpo__Envelope *req, const char
     return e;
 }
 
-static Grpo__Envelope *send_register(struct core *c, int rank, int world, const char *host, const char *caps,
-                                     uint64_t digest)
+static Grpo__Envelope *send_register_as(struct core *c, int rank, int world, const char *host, const char *caps,
+                                        uint64_t digest, bool replaces)
 {
     Grpo__Envelope env = GRPO__ENVELOPE__INIT;
     Grpo__Register reg = GRPO__REGISTER__INIT;
@@ -67,9 +67,16 @@ static Grpo__Envelope *send_register(struct core *c, int rank, int world, const 
     reg.n_capabilities = ncap;
     reg.devices = dev;
     reg.n_devices = 1;
+    reg.replaces = replaces;
     env.body_case = GRPO__ENVELOPE__BODY_REGISTER;
     env.register_ = &reg;
     return roundtrip(c, &env, NULL);
+}
+
+static Grpo__Envelope *send_register(struct core *c, int rank, int world, const char *host, const char *caps,
+                                     uint64_t digest)
+{
+    return send_register_as(c, rank, world, host, caps, digest, false);
 }
 
 /* Register and expect an assignment; returns the incarnation token. */
@@ -533,6 +540,341 @@ static void test_status_and_metrics(void **state)
     core_deinit(&c);
 }
 
+/* ---- split placement: 2 trainer ranks (0, 1) and 2 rollout ranks (2, 3) ---- */
+
+static struct core_settings split_settings(void)
+{
+    struct core_settings s = settings(2, 2, 1, 1);
+    s.heartbeat_interval_s = 0.5; /* a rollout rank is lost after 1 s */
+    s.heartbeat_timeout_s = 10.0; /* a trainer rank after 10 s */
+    return s;
+}
+
+/* Register the 4 ranks of a split run and have each heartbeat once: RUNNING. */
+static void start_split_run(struct core *c, uint64_t inc[4])
+{
+    inc[0] = reg_ok(c, 0, 4, GRPO__ROLE__ROLE_TRAINER);
+    inc[1] = reg_ok(c, 1, 4, GRPO__ROLE__ROLE_TRAINER);
+    inc[2] = reg_ok(c, 2, 4, GRPO__ROLE__ROLE_ROLLOUT);
+    inc[3] = reg_ok(c, 3, 4, GRPO__ROLE__ROLE_ROLLOUT);
+    for (int r = 0; r < 4; r++)
+        beat_ok(c, r, inc[r], GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+    assert_int_equal(c->run.state, GRPO__RUN_STATE__RUN_RUNNING);
+    assert_string_equal(c->run.reason, "");
+}
+
+/* A heartbeat that must be acknowledged (not told to register again); returns a copy of its abort field. */
+static void beat_abort(struct core *c, int rank, uint64_t inc, char *abort_out, size_t len)
+{
+    Grpo__Envelope *e = beat(c, rank, inc, GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+    assert_false(e->heartbeat_ack->reregister);
+    snprintf(abort_out, len, "%s", e->heartbeat_ack->abort);
+    protocol_free(e);
+}
+
+static Grpo__Envelope *send_replace(struct core *c, int rank)
+{
+    char host[32];
+    snprintf(host, sizeof host, "spare%02d", rank);
+    return send_register_as(c, rank, 4, host, "rollout,trainer", 42, true);
+}
+
+static void test_split_rollout_rank_lost(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = split_settings();
+    core_init(&c, &s, T);
+    uint64_t inc[4];
+    start_split_run(&c, inc);
+    const double t0 = T;
+    /* 0.9 s of silence: under 2 x 0.5 s, nobody is lost */
+    T = t0 + 0.9;
+    beat_ok(&c, 0, inc[0], GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+    beat_ok(&c, 2, inc[2], GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+    core_tick(&c, T);
+    assert_int_equal(c.workers[3]->state, GRPO__WORKER_STATE__WORKER_RUNNING);
+    assert_int_equal(c.workers[1]->state, GRPO__WORKER_STATE__WORKER_RUNNING);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING);
+    assert_string_equal(c.run.reason, "");
+    /* 1.1 s: the rollout rank is lost, the trainer rank (timeout 10 s) is not */
+    T = t0 + 1.1;
+    beat_ok(&c, 0, inc[0], GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+    beat_ok(&c, 2, inc[2], GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+    core_tick(&c, T);
+    assert_int_equal(c.workers[3]->state, GRPO__WORKER_STATE__WORKER_LOST);
+    assert_int_equal(c.workers[1]->state, GRPO__WORKER_STATE__WORKER_RUNNING);
+    assert_non_null(strstr(c.events[c.nevents - 1].text, "rank 3 on host node03 (pid 103) lost"));
+    /* the others heartbeat: the run goes on without rank 3, and says how to replace it */
+    for (int r = 0; r < 3; r++) {
+        Grpo__Envelope *e = beat(&c, r, inc[r], GRPO__WORKER_STATE__WORKER_RUNNING, 2);
+        const Grpo__HeartbeatAck *ack = e->heartbeat_ack;
+        assert_false(ack->reregister);
+        assert_int_equal(ack->run_state, GRPO__RUN_STATE__RUN_RUNNING);
+        assert_false(ack->stop);
+        assert_string_equal(ack->abort, ""); /* a lost rollout rank ends nobody */
+        assert_non_null(strstr(ack->reason, "rollout rank 3"));
+        protocol_free(e);
+    }
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING);
+    assert_non_null(strstr(c.run.reason, "rollout rank 3 on host node03 lost"));
+    assert_non_null(strstr(c.run.reason, "--replace-rank 3"));
+    assert_int_equal(c.run.step, 2);
+    core_tick(&c, T);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING);
+    assert_int_equal(c.workers[3]->state, GRPO__WORKER_STATE__WORKER_LOST);
+    core_deinit(&c);
+}
+
+static void test_split_trainer_lost_aborts(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = split_settings();
+    core_init(&c, &s, T);
+    uint64_t inc[4];
+    start_split_run(&c, inc);
+    const double t0 = T;
+    const int others[3] = {0, 2, 3};
+    char abort_text[CORE_REASON_MAX];
+    /* rank 1 falls silent; the others heartbeat every 0.5 s: up to 9.5 s, nobody is told anything */
+    for (int k = 1; k <= 19; k++) {
+        T = t0 + 0.5 * k;
+        for (int i = 0; i < 3; i++) {
+            beat_abort(&c, others[i], inc[others[i]], abort_text, sizeof abort_text);
+            assert_string_equal(abort_text, "");
+        }
+        core_tick(&c, T);
+        assert_int_equal(c.workers[1]->state, GRPO__WORKER_STATE__WORKER_RUNNING);
+        assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING);
+    }
+    T = t0 + 10.5;
+    for (int i = 0; i < 3; i++)
+        beat_ok(&c, others[i], inc[others[i]], GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+    core_tick(&c, T);
+    assert_int_equal(c.workers[1]->state, GRPO__WORKER_STATE__WORKER_LOST);
+    assert_non_null(strstr(c.run.abort, "trainer rank 1 on host node01 lost"));
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_WAITING);
+    assert_non_null(strstr(c.run.reason, "trainer rank 1 on host node01 lost"));
+    assert_non_null(strstr(c.run.reason, "relaunch the job"));
+    /* every other rank, trainer or rollout, is told to end, naming the lost trainer */
+    for (int i = 0; i < 3; i++) {
+        Grpo__Envelope *e = beat(&c, others[i], inc[others[i]], GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+        const Grpo__HeartbeatAck *ack = e->heartbeat_ack;
+        assert_false(ack->reregister);
+        assert_int_equal(ack->run_state, GRPO__RUN_STATE__RUN_WAITING);
+        assert_non_null(strstr(ack->abort, "trainer rank 1"));
+        assert_non_null(strstr(ack->abort, "lost"));
+        assert_non_null(strstr(ack->reason, "relaunch the job"));
+        protocol_free(e);
+    }
+    /* the rollout ranks are not lost for the time the run waits: they keep being told */
+    T += 0.4;
+    core_tick(&c, T);
+    beat_abort(&c, 3, inc[3], abort_text, sizeof abort_text);
+    assert_non_null(strstr(abort_text, "trainer rank 1"));
+    /* the relaunched job: a fresh registration of the trainer (no incarnation) ends the abort */
+    Grpo__Envelope *e = send_register(&c, 1, 4, "node11", "trainer", 42);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
+    assert_int_equal(e->assignment->role, GRPO__ROLE__ROLE_TRAINER);
+    uint64_t inc1 = e->assignment->incarnation;
+    assert_true(inc1 != inc[1]);
+    protocol_free(e);
+    assert_string_equal(c.run.abort, "");
+    for (int i = 0; i < 3; i++) {
+        beat_abort(&c, others[i], inc[others[i]], abort_text, sizeof abort_text);
+        assert_string_equal(abort_text, "");
+    }
+    beat_abort(&c, 1, inc1, abort_text, sizeof abort_text);
+    assert_string_equal(abort_text, "");
+    assert_int_equal(c.workers[1]->state, GRPO__WORKER_STATE__WORKER_RUNNING);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING);
+    assert_string_equal(c.run.reason, "");
+    core_deinit(&c);
+}
+
+static void test_replace_rank(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = split_settings();
+    /* (d) no run under way: nothing to replace, and nothing registered */
+    core_init(&c, &s, T);
+    Grpo__Envelope *e = send_replace(&c, 3);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
+    assert_false(e->reply->ok);
+    assert_false(e->reply->retry);
+    assert_non_null(strstr(e->reply->error, "rank 3 cannot be replaced"));
+    assert_non_null(strstr(e->reply->error, "not under way"));
+    protocol_free(e);
+    assert_int_equal(c.nworkers, 0);
+    assert_int_equal(c.run.world, 0);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_WAITING);
+
+    uint64_t inc[4];
+    start_split_run(&c, inc);
+    /* (a) rank 3 is alive: refused for now, the replacement may retry */
+    e = send_replace(&c, 3);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
+    assert_false(e->reply->ok);
+    assert_true(e->reply->retry);
+    assert_non_null(strstr(e->reply->error, "rank 3 is not lost"));
+    protocol_free(e);
+    assert_int_equal(c.workers[3]->incarnation, inc[3]);
+    assert_int_equal(c.workers[3]->pid, 103);
+    beat_ok(&c, 3, inc[3], GRPO__WORKER_STATE__WORKER_RUNNING, 1); /* the holder carries on */
+
+    /* (b) rank 3 falls silent and is lost: the replacement takes its place */
+    const double t0 = T;
+    T = t0 + 1.2;
+    for (int r = 0; r < 3; r++)
+        beat_ok(&c, r, inc[r], GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+    core_tick(&c, T);
+    assert_int_equal(c.workers[3]->state, GRPO__WORKER_STATE__WORKER_LOST);
+    e = send_replace(&c, 3);
+    if (e->body_case != GRPO__ENVELOPE__BODY_ASSIGNMENT)
+        fail_msg("replacement refused: %s", e->body_case == GRPO__ENVELOPE__BODY_REPLY ? e->reply->error : "?");
+    const Grpo__Assignment *a = e->assignment;
+    assert_int_equal(a->role, GRPO__ROLE__ROLE_ROLLOUT);
+    assert_int_equal(a->dp_rank, 1);
+    assert_int_equal(a->dp_size, 2);
+    assert_int_equal(a->world_size, 4);
+    assert_string_equal(a->run_id, c.run.id);
+    assert_string_not_equal(a->dispatch_endpoint, "");
+    assert_non_null(strstr(a->dispatch_endpoint, "-dispatch.sock"));
+    assert_int_equal(a->n_trainer_endpoints, 2);
+    uint64_t inc3 = a->incarnation;
+    assert_true(inc3 != 0 && inc3 != inc[3]);
+    protocol_free(e);
+    assert_int_equal(c.workers[3]->pid, 103);
+    assert_string_equal(c.workers[3]->host, "spare03");
+    /* the old process's heartbeats are no longer recognised; the replacement's are */
+    e = beat(&c, 3, inc[3], GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+    assert_true(e->heartbeat_ack->reregister);
+    protocol_free(e);
+    e = beat(&c, 3, inc3, GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+    assert_false(e->heartbeat_ack->reregister);
+    assert_int_equal(e->heartbeat_ack->run_state, GRPO__RUN_STATE__RUN_RUNNING);
+    assert_string_equal(e->heartbeat_ack->abort, "");
+    protocol_free(e);
+    assert_int_equal(c.workers[3]->state, GRPO__WORKER_STATE__WORKER_RUNNING);
+    core_tick(&c, T);
+    assert_int_equal(c.workers[3]->state, GRPO__WORKER_STATE__WORKER_RUNNING);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING);
+    assert_string_equal(c.run.reason, "");
+    /* a replacement for a rank that has just been replaced: it is alive again */
+    e = send_replace(&c, 3);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
+    assert_true(e->reply->retry);
+    assert_non_null(strstr(e->reply->error, "not lost"));
+    protocol_free(e);
+    assert_int_equal(c.workers[3]->incarnation, inc3);
+
+    /* (c) trainer rank 0 is lost (silent past the 10 s timeout): it cannot be replaced */
+    inc[3] = inc3;
+    const double t1 = T;
+    for (int k = 1; k <= 21; k++) {
+        T = t1 + 0.5 * k;
+        for (int r = 1; r < 4; r++)
+            beat_ok(&c, r, inc[r], GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+        core_tick(&c, T);
+    }
+    assert_int_equal(c.workers[0]->state, GRPO__WORKER_STATE__WORKER_LOST);
+    assert_int_equal(c.workers[3]->state, GRPO__WORKER_STATE__WORKER_RUNNING);
+    e = send_replace(&c, 0);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
+    assert_false(e->reply->ok);
+    assert_false(e->reply->retry);
+    assert_non_null(strstr(e->reply->error, "rank 0 is a trainer"));
+    protocol_free(e);
+    assert_int_equal(c.workers[0]->state, GRPO__WORKER_STATE__WORKER_LOST);
+    assert_int_equal(c.workers[0]->incarnation, inc[0]);
+    core_deinit(&c);
+
+    /* (d) the run is finished: no replacement, and no new run begun by one */
+    core_init(&c, &s, T);
+    start_split_run(&c, inc);
+    const double t2 = T;
+    T = t2 + 1.2; /* rank 3 lost, the others finish */
+    for (int r = 0; r < 3; r++)
+        beat_ok(&c, r, inc[r], GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+    core_tick(&c, T);
+    assert_int_equal(c.workers[3]->state, GRPO__WORKER_STATE__WORKER_LOST);
+    for (int r = 0; r < 3; r++)
+        beat_ok(&c, r, inc[r], GRPO__WORKER_STATE__WORKER_FINISHED, 100);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_FINISHED);
+    char id[CORE_NAME_MAX];
+    snprintf(id, sizeof id, "%s", c.run.id);
+    e = send_replace(&c, 3);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
+    assert_false(e->reply->ok);
+    assert_false(e->reply->retry);
+    assert_non_null(strstr(e->reply->error, "rank 3 cannot be replaced"));
+    assert_non_null(strstr(e->reply->error, "finished"));
+    protocol_free(e);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_FINISHED);
+    assert_string_equal(c.run.id, id);
+    assert_int_equal(c.workers[3]->state, GRPO__WORKER_STATE__WORKER_LOST);
+    assert_int_equal(c.workers[3]->incarnation, inc[3]);
+    core_deinit(&c);
+}
+
+static void test_dispatch_endpoints(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = split_settings();
+    /* ipc (the default base): trainer rank 0 binds PREFIX-dispatch.sock, the rollout ranks connect to it */
+    core_init(&c, &s, T);
+    Grpo__Envelope *e = send_register(&c, 0, 4, "t0", "trainer", 42);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
+    char want[CORE_REASON_MAX];
+    snprintf(want, sizeof want, "ipc:///tmp/grpo-%s-dispatch.sock", e->assignment->run_id);
+    assert_string_equal(e->assignment->dispatch_endpoint, want);
+    snprintf(want, sizeof want, "ipc:///tmp/grpo-%s-dp0.sock", e->assignment->run_id);
+    assert_string_equal(e->assignment->data_pull_endpoint, want);
+    protocol_free(e);
+    e = send_register(&c, 1, 4, "t1", "trainer", 42);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
+    assert_int_equal(e->assignment->dp_rank, 1);
+    assert_string_equal(e->assignment->dispatch_endpoint, ""); /* only DP rank 0 runs the dispatcher */
+    assert_non_null(strstr(e->assignment->data_pull_endpoint, "-dp1.sock"));
+    protocol_free(e);
+    snprintf(want, sizeof want, "ipc:///tmp/grpo-%s-dispatch.sock", c.run.id);
+    for (int r = 2; r < 4; r++) {
+        e = send_register(&c, r, 4, "r", "rollout", 42);
+        assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
+        assert_int_equal(e->assignment->role, GRPO__ROLE__ROLE_ROLLOUT);
+        assert_string_equal(e->assignment->dispatch_endpoint, want);
+        assert_string_equal(e->assignment->data_pull_endpoint, "");
+        protocol_free(e);
+    }
+    core_deinit(&c);
+
+    /* tcp: the dispatcher's port follows the 2 data ports; trainer rank 0 binds *, the rollout ranks dial its host */
+    s.data_endpoint = "tcp://10.0.0.1:7000";
+    core_init(&c, &s, T);
+    e = send_register(&c, 0, 4, "t0", "trainer", 42);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
+    assert_string_equal(e->assignment->dispatch_endpoint, "tcp://*:7002");
+    assert_string_equal(e->assignment->data_pull_endpoint, "tcp://*:7000");
+    protocol_free(e);
+    e = send_register(&c, 1, 4, "t1", "trainer", 42);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
+    assert_string_equal(e->assignment->dispatch_endpoint, "");
+    assert_string_equal(e->assignment->data_pull_endpoint, "tcp://*:7001");
+    protocol_free(e);
+    e = send_register(&c, 2, 4, "r2", "rollout", 42);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
+    assert_string_equal(e->assignment->dispatch_endpoint, "tcp://t0:7002");
+    assert_int_equal(e->assignment->n_trainer_endpoints, 2);
+    assert_string_equal(e->assignment->trainer_endpoints[0], "tcp://t0:7000");
+    assert_string_equal(e->assignment->trainer_endpoints[1], "tcp://t1:7001");
+    assert_string_equal(e->assignment->data_push_endpoint, "tcp://t0:7000"); /* rollout DP 0 -> trainer DP 0 */
+    protocol_free(e);
+    core_deinit(&c);
+}
+
 /* xorshift for reproducible garbage */
 static uint64_t rnd(uint64_t *s)
 {
@@ -606,6 +948,10 @@ int main(void)
         cmocka_unit_test(test_secret),
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_status_and_metrics),
+        cmocka_unit_test(test_split_rollout_rank_lost),
+        cmocka_unit_test(test_split_trainer_lost_aborts),
+        cmocka_unit_test(test_replace_rank),
+        cmocka_unit_test(test_dispatch_endpoints),
         cmocka_unit_test(test_garbage_never_crashes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
