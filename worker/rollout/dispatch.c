@@ -137,6 +137,8 @@ static void reap(struct dispatcher *d, double now)
 
 static const struct snapshot *snapshot_of(const struct dispatcher *d, int64_t v)
 {
+    if (v < 0) /* -1 marks a snapshot being written */
+        return NULL;
     for (int i = 0; i < d->nsnap; i++)
         if (d->snaps[i].version == v && d->snaps[i].w)
             return &d->snaps[i];
