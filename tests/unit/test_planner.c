@@ -1,0 +1,174 @@
+/* The layout planner against independent references: parameter counts against the published counts of
+ * Qwen2.5-7B and SmolLM2-135M and against the parameters this code allocates for a model; memory and bytes
+ * per step against the formulas worked by hand below (Megatron-LM's 18 bytes per parameter, 6 + 12/DP with
+ * ZeRO-1; ring collectives); invalid layouts named; the recommendation is the fastest layout that fits. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "worker/model/model.h"
+#include "worker/model/model_io.h"
+#include "worker/plan/planner.h"
+
+/* Qwen2.5-7B's config.json (the numbers that matter) */
+static struct model_config qwen7b(void)
+{
+    return (struct model_config){.arch = 0,
+                                 .vocab_size = 152064,
+                                 .hidden_size = 3584,
+                                 .intermediate_size = 18944,
+                                 .n_layers = 28,
+                                 .n_heads = 28,
+                                 .n_kv_heads = 4,
+                                 .head_dim = 128,
+                                 .tie_word_embeddings = false,
+                                 .attention_bias = true,
+                                 .max_position_embeddings = 32768};
+}
+
+static const struct plan_cluster H200x8 = {.nodes = 1,
+                                           .gpus_per_node = 8,
+                                           .gpu_mem_gib = 141,
+                                           .nvlink_gbs = 450,
+                                           .net_gbs = 50,
+                                           .peak_tflops = 989,
+                                           .mfu = 0.4};
+static const struct plan_batch GSM8K = {.prompts = 256,
+                                        .n = 8,
+                                        .prompt_len = 512,
+                                        .response_len = 1024,
+                                        .micro_batch = 4,
+                                        .mini_batches = 4,
+                                        .ppo_epochs = 1,
+                                        .recompute = true,
+                                        .kl = true};
+
+static void near(double got, double want, double rel)
+{
+    if (fabs(got - want) > rel * fabs(want))
+        fail_msg("got %.6g, want %.6g (relative %.2g allowed)", got, want, rel);
+}
+
+static void test_param_counts(void **state)
+{
+    (void)state;
+    struct model_config q = qwen7b();
+    assert_true(plan_param_count(&q) == 7615616512.0); /* the model card's 7,615,616,512 */
+    struct model_config s = {.vocab_size = 49152,
+                             .hidden_size = 576,
+                             .intermediate_size = 1536,
+                             .n_layers = 30,
+                             .n_heads = 9,
+                             .n_kv_heads = 3,
+                             .head_dim = 64,
+                             .tie_word_embeddings = true};
+    assert_true(plan_param_count(&s) == 134515008.0); /* SmolLM2-135M */
+    /* the parameters this code allocates for the test tokenizer's tiny model, with and without biases */
+    struct model_config t;
+    char err[512];
+    assert_int_equal(
+        model_config_from_hf_json("tests/fixtures/tokenizers/bytes-chatml/config.json", &t, err, sizeof err), 0);
+    for (int bias = 0; bias < 2; bias++) {
+        t.attention_bias = bias;
+        t.tie_word_embeddings = !bias;
+        struct model *m = model_create(&t);
+        assert_non_null(m);
+        assert_true(plan_param_count(&t) == (double)model_num_params(m));
+        model_free(m);
+    }
+}
+
+static void test_memory_and_bytes(void **state)
+{
+    (void)state;
+    struct model_config q = qwen7b();
+    const double P = 7615616512.0, h = 3584, S = 1536, T_mb = 4 * S;
+    struct plan_result r;
+    /* TP1 PP1 DP8 without ZeRO: 2 + 4 + 12 bytes per parameter, and 2 for the reference */
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 1, 8, false}, &r);
+    assert_true(r.valid);
+    near(r.mem_weights, 2 * P, 1e-12);
+    near(r.mem_grads, 4 * P, 1e-12);
+    near(r.mem_optim, 12 * P, 1e-12);
+    near(r.mem_ref, 2 * P, 1e-12);
+    /* full recompute: the 28 layers' inputs (2 s b h) plus one layer's working set (34 s b h) */
+    near(r.mem_act, 28 * 2 * T_mb * h + 34 * T_mb * h, 1e-12);
+    assert_false(r.fits); /* 20 bytes x 7.6 B = 152 GB > 0.9 x 141 GB */
+    /* ring all-reduce of the FP32 gradients, 2(n-1)/n of them, once per optimizer step (4 a step) */
+    near(r.bytes_dp, 4 * 2.0 * 7 / 8 * 4 * P, 1e-12);
+    assert_true(r.bytes_tp == 0 && r.bytes_pp == 0);
+    /* ZeRO-1: the 12 bytes of master weights and moments are sharded: 6 + 12/8, and the all-reduce becomes a
+     * reduce-scatter of FP32 gradients and an all-gather of BF16 weights */
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 1, 8, true}, &r);
+    near(r.mem_optim, 12 * P / 8, 1e-12);
+    near(r.bytes_dp, 4 * (7.0 / 8 * 4 * P + 7.0 / 8 * 2 * P), 1e-12);
+    assert_true(r.fits);
+    /* TP2: two all-reduces of s x h per layer forward, two backward, two for the recompute, and two in each of
+     * the two forward-only passes; 2(n-1)/n = 1 for n = 2; over this DP rank's 1/4 of the tokens */
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){2, 1, 4, false}, &r);
+    const double tokens_dp = 256.0 * 8 * S / 4;
+    near(r.bytes_tp, 1.0 * h * 2 * 28 * tokens_dp * (2 * 2 + 6), 1e-12);
+    /* PP2: stage 1 holds 14 layers, the head and the final norm; the stage boundary carries s x h forward
+     * (3 passes) and backward (1) */
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 2, 4, false}, &r);
+    const double layer = 2 * h + 2 * h * 28 * 128 + 2 * h * 4 * 128 + 3 * h * 18944 + 28 * 128 + 2 * 4 * 128;
+    near(r.stage_params, 14 * layer + 152064 * h + h, 1e-12);
+    near(r.bytes_pp, h * 2 * (256.0 * 8 * S / 4) * (2 + 2), 1e-12);
+    /* 1F1B bubble (p-1)/(m+p-1): 512 sequences per optimizer step over DP 4 in micro-batches of 4 = 32 */
+    near(r.bubble, 1.0 / 33, 1e-12);
+}
+
+static void test_invalid_and_recommended(void **state)
+{
+    (void)state;
+    struct model_config q = qwen7b();
+    struct plan_result r;
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){3, 1, 1, false}, &r);
+    assert_false(r.valid);
+    assert_non_null(strstr(r.why_invalid, "28 attention heads"));
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){8, 1, 1, false}, &r);
+    assert_false(r.valid); /* 28 heads over TP 8 */
+    struct model_config q2 = q;
+    q2.n_kv_heads = 2;
+    plan_evaluate(&q2, &H200x8, &GSM8K, &(struct plan_layout){4, 1, 2, false}, &r);
+    assert_true(r.valid); /* 2 KV heads replicated over TP 4 */
+    q2.n_kv_heads = 3;
+    plan_evaluate(&q2, &H200x8, &GSM8K, &(struct plan_layout){4, 1, 2, false}, &r);
+    assert_false(r.valid);
+    assert_non_null(strstr(r.why_invalid, "3 KV heads"));
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 29, 1, false}, &r);
+    assert_false(r.valid);
+    assert_non_null(strstr(r.why_invalid, "28 layers"));
+    struct plan_cluster two = H200x8;
+    two.nodes = 2;
+    plan_evaluate(&q, &two, &GSM8K, &(struct plan_layout){16, 1, 1, false}, &r);
+    assert_false(r.valid);
+    static struct plan_result all[256];
+    int best;
+    int n = plan_candidates(&q, &H200x8, &GSM8K, all, 256, &best);
+    assert_true(n > 8);
+    assert_true(best >= 0 && all[best].fits);
+    for (int i = 0; i < n; i++) {
+        assert_true(all[i].valid && all[i].lay.tp * all[i].lay.pp * all[i].lay.dp == 8);
+        if (all[i].fits)
+            assert_true(all[best].time_step <= all[i].time_step);
+    }
+    struct plan_rollout ro;
+    plan_rollout(&q, &H200x8, &GSM8K, &ro);
+    /* TP 1: 15.2 GB of BF16 weights; 256 x 8 sequences over 8 devices, 1536 tokens of 2 x 28 x 4 x 128 x 2 bytes */
+    assert_int_equal(ro.tp, 1);
+    assert_int_equal(ro.concurrent, 256);
+    near(ro.mem_kv, 256 * 1536.0 * 2 * 28 * 4 * 128 * 2, 1e-12);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_param_counts), cmocka_unit_test(test_memory_and_bytes),
+                                       cmocka_unit_test(test_invalid_and_recommended)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

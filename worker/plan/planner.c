@@ -1,0 +1,165 @@
+#include "planner.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Bytes per parameter of each kind of state. */
+struct widths {
+    double weights, grads, master, moments, ref, act; /* act: one activation element */
+};
+
+static struct widths widths_of(const struct plan_cluster *c)
+{
+    if (c->cpu) /* FP32 weights are the master weights */
+        return (struct widths){4, 4, 0, 8, 4, 4};
+    return (struct widths){2, 4, 4, 8, 2, 2};
+}
+
+double plan_param_count(const struct model_config *m)
+{
+    const double h = m->hidden_size, f = m->intermediate_size, a = m->n_heads, g = m->n_kv_heads, d = m->head_dim,
+                 V = m->vocab_size;
+    double layer = 2 * h + h * a * d + 2 * h * g * d + a * d * h + 3 * h * f;
+    if (m->attention_bias)
+        layer += a * d + 2 * g * d;
+    return V * h + m->n_layers * layer + h + (m->tie_word_embeddings ? 0 : V * h);
+}
+
+/* Parameters of one layer on one TP rank: q, o and the MLP split, KV heads split (or replicated when fewer
+ * than TP), norms replicated. */
+static double layer_params_tp(const struct model_config *m, int tp)
+{
+    const double h = m->hidden_size, f = m->intermediate_size, a = (double)m->n_heads / tp, d = m->head_dim;
+    const double g = m->n_kv_heads >= tp ? (double)m->n_kv_heads / tp : 1;
+    double layer = 2 * h + h * a * d + 2 * h * g * d + a * d * h + 3 * h * f / tp;
+    if (m->attention_bias)
+        layer += a * d + 2 * g * d;
+    return layer;
+}
+
+static double ring_allreduce(int n) { return n > 1 ? 2.0 * (n - 1) / n : 0; }
+static double ring_half(int n) { return n > 1 ? (double)(n - 1) / n : 0; }
+
+void plan_evaluate(const struct model_config *m, const struct plan_cluster *c, const struct plan_batch *b,
+                   const struct plan_layout *l, struct plan_result *r)
+{
+    memset(r, 0, sizeof *r);
+    r->lay = *l;
+    r->params = plan_param_count(m);
+    const int tp = l->tp, pp = l->pp, dp = l->dp;
+    if (tp < 1 || pp < 1 || dp < 1)
+        snprintf(r->why_invalid, sizeof r->why_invalid, "sizes must be at least 1");
+    else if (m->n_heads % tp)
+        snprintf(r->why_invalid, sizeof r->why_invalid, "%d attention heads do not divide by TP %d", m->n_heads, tp);
+    else if (m->n_kv_heads % tp && tp % m->n_kv_heads)
+        snprintf(r->why_invalid, sizeof r->why_invalid, "%d KV heads neither divide by TP %d nor divide it",
+                 m->n_kv_heads, tp);
+    else if (pp > m->n_layers)
+        snprintf(r->why_invalid, sizeof r->why_invalid, "%d layers are fewer than PP %d stages", m->n_layers, pp);
+    else if (tp > c->gpus_per_node)
+        snprintf(r->why_invalid, sizeof r->why_invalid, "TP %d spans nodes of %d devices", tp, c->gpus_per_node);
+    if (r->why_invalid[0])
+        return;
+    r->valid = true;
+    const struct widths w = widths_of(c);
+    const double h = m->hidden_size, V = m->vocab_size;
+    const int layers_stage = (m->n_layers + pp - 1) / pp;
+    const double body = layers_stage * layer_params_tp(m, tp), vocab = V * h / tp;
+    /* stage 0 holds the embedding; the last stage the head and the final norm (its own copy when tied) */
+    const double first = body + vocab + (pp == 1 ? (m->tie_word_embeddings ? 0 : vocab) + h : 0);
+    const double last = body + vocab + h;
+    r->stage_params = pp == 1 ? first : fmax(first, last);
+    const double sp = r->stage_params;
+    r->mem_weights = w.weights * sp;
+    r->mem_grads = w.grads * sp;
+    r->mem_optim = (w.master + w.moments) * sp / (l->zero1 ? dp : 1);
+    r->mem_ref = b->kl ? w.ref * sp : 0;
+
+    const double S = (double)b->prompt_len + b->response_len, T_mb = (double)b->micro_batch * S;
+    const double seqs = (double)b->prompts * b->n;
+    const double per_opt = seqs / (b->mini_batches > 0 ? b->mini_batches : 1) / dp;
+    r->micro_batches = (int)ceil(per_opt / (b->micro_batch > 0 ? b->micro_batch : 1));
+    if (r->micro_batches < 1)
+        r->micro_batches = 1;
+    /* Korthikanti et al.: 34 s b h bytes per layer at 16-bit, divided by TP with sequence parallelism */
+    const double full_layer = 34.0 * T_mb * h / tp * (w.act / 2);
+    const double per_layer = b->recompute ? 2.0 * T_mb * h / tp * (w.act / 2) : full_layer;
+    const int in_flight = pp < r->micro_batches ? pp : r->micro_batches;
+    r->mem_act = in_flight * layers_stage * per_layer + (b->recompute ? full_layer : 0);
+    r->mem_total = r->mem_weights + r->mem_grads + r->mem_optim + r->mem_ref + r->mem_act;
+    r->fits = r->mem_total <= 0.9 * c->gpu_mem_gib * 1e9;
+
+    /* forward-only passes over every sequence: old log-probs, and the reference's */
+    const double fwd_only = 1 + (b->kl ? 1 : 0);
+    const double tok_dp = seqs * S / dp;
+    /* TP: two all-reduces (or reduce-scatter + all-gather) of s x h per layer per forward, two per backward */
+    const double tp_per_token = ring_allreduce(tp) * h * w.act * layers_stage;
+    r->bytes_tp = tp_per_token * tok_dp * (2 * fwd_only + b->ppo_epochs * (2 + 2 + (b->recompute ? 2 : 0)));
+    /* PP: each stage sends its output activations forward and its input gradients backward */
+    r->bytes_pp = pp > 1 ? h * w.act * tok_dp * (fwd_only + 2.0 * b->ppo_epochs) : 0;
+    const double opt_steps = (double)(b->mini_batches > 0 ? b->mini_batches : 1) * b->ppo_epochs;
+    const double grad_bytes = w.grads * sp;
+    r->bytes_dp = opt_steps * (l->zero1 ? ring_half(dp) * grad_bytes + ring_half(dp) * w.weights * sp
+                                        : ring_allreduce(dp) * grad_bytes);
+    r->bytes_sync = w.weights * r->params;
+    const bool pp_crosses = tp * pp > c->gpus_per_node, dp_crosses = tp * pp * dp > c->gpus_per_node;
+    const double nv = c->nvlink_gbs * 1e9, net = c->net_gbs * 1e9;
+    r->time_comm = r->bytes_tp / nv + r->bytes_pp / (pp_crosses ? net : nv) + r->bytes_dp / (dp_crosses ? net : nv);
+    const double tokens = seqs * S, P = r->params;
+    const double flops = 2 * P * tokens * fwd_only + 6 * P * tokens * b->ppo_epochs +
+                         (b->recompute ? 2 * P * tokens * b->ppo_epochs : 0);
+    r->time_compute = flops / ((double)tp * pp * dp * c->peak_tflops * 1e12 * c->mfu);
+    r->bubble = (double)(pp - 1) / (r->micro_batches + pp - 1);
+    r->time_step = r->time_compute / (1 - r->bubble) + r->time_comm;
+}
+
+int plan_candidates(const struct model_config *m, const struct plan_cluster *c, const struct plan_batch *b,
+                    struct plan_result *out, int max, int *best)
+{
+    const int devices = c->nodes * c->gpus_per_node - c->rollout_gpus;
+    int n = 0;
+    *best = -1;
+    static const int tps[] = {1, 2, 4, 8};
+    for (size_t i = 0; i < sizeof tps / sizeof *tps; i++)
+        for (int pp = 1; pp <= m->n_layers && pp <= 16; pp++) {
+            const int tp = tps[i];
+            if (devices < 1 || devices % (tp * pp) || tp > c->gpus_per_node)
+                continue;
+            const int dp = devices / (tp * pp);
+            for (int z = 0; z <= (dp > 1); z++) {
+                if (n == max)
+                    return n;
+                struct plan_layout l = {tp, pp, dp, z == 1};
+                plan_evaluate(m, c, b, &l, &out[n]);
+                if (!out[n].valid)
+                    continue; /* not a candidate */
+                if (out[n].fits && (*best < 0 || out[n].time_step < out[*best].time_step))
+                    *best = n;
+                n++;
+            }
+        }
+    return n;
+}
+
+void plan_rollout(const struct model_config *m, const struct plan_cluster *c, const struct plan_batch *b,
+                  struct plan_rollout *r)
+{
+    memset(r, 0, sizeof *r);
+    const struct widths w = widths_of(c);
+    const int devices = c->rollout_gpus > 0 ? c->rollout_gpus : c->nodes * c->gpus_per_node;
+    const double S = (double)b->prompt_len + b->response_len, P = plan_param_count(m);
+    for (int tp = 1; tp <= c->gpus_per_node && tp <= devices; tp *= 2) {
+        if (m->n_heads % tp || (m->n_kv_heads % tp && tp % m->n_kv_heads))
+            continue;
+        const int groups = devices / tp;
+        const double kv_heads = m->n_kv_heads >= tp ? (double)m->n_kv_heads / tp : 1;
+        const int conc = (int)ceil((double)b->prompts * b->n / (groups > 0 ? groups : 1));
+        const double kv = conc * S * 2.0 * m->n_layers * kv_heads * m->head_dim * w.weights;
+        const double weights = w.weights * P / tp;
+        if (weights + kv <= 0.9 * c->gpu_mem_gib * 1e9) {
+            *r = (struct plan_rollout){tp, weights, kv, weights + kv, conc};
+            return;
+        }
+    }
+}

@@ -1,0 +1,92 @@
+/* The layout planner: for a model (its config.json), a cluster and the batch
+ * settings, the memory per device and the communication per step of each
+ * candidate trainer layout (TP x PP x DP, with or without ZeRO-1), the rollout
+ * side's tensor-parallel size, and a recommendation.
+ *
+ * The memory model is Megatron-LM's accounting of mixed precision with Adam:
+ * 2 bytes of BF16 weights, 4 of FP32 gradients, 4 of FP32 master weights and 8
+ * of Adam moments per parameter (18), of which the last 12 are sharded over DP
+ * by ZeRO-1 (6 + 12/DP); plus a BF16 reference policy when the KL term needs
+ * it. Activations follow Korthikanti et al. (2022), "Reducing activation
+ * recomputation": 34·s·b·h bytes per layer with flash attention and sequence
+ * parallelism over TP, or only the layer inputs (2·s·b·h) with full recompute;
+ * pipeline stage 0 holds min(PP, micro-batches) micro-batches in flight under
+ * 1F1B. Communication counts the bytes each device sends in ring collectives:
+ * 2(n-1)/n of the buffer for an all-reduce, (n-1)/n for a reduce-scatter or an
+ * all-gather. Times divide by the link's bandwidth: NVLink inside a node, the
+ * network across nodes. The CPU mode (--cpu) counts FP32 weights without a
+ * separate master copy (4 + 4 + 8 bytes, and 4 for the reference), as this
+ * code's CPU trainer holds them. */
+#ifndef GRPO_WORKER_PLAN_PLANNER_H
+#define GRPO_WORKER_PLAN_PLANNER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "worker/model/model.h"
+
+struct plan_cluster {
+    int nodes, gpus_per_node;
+    double gpu_mem_gib; /* memory per device */
+    double nvlink_gbs;  /* per-device bandwidth inside a node, GB/s */
+    double net_gbs;     /* per-device bandwidth across nodes, GB/s */
+    double peak_tflops; /* dense BF16 peak per device */
+    double mfu;         /* the share of peak a step reaches (0.4: Megatron-LM's 41-48% on H100, rounded down) */
+    int rollout_gpus;   /* devices set aside for rollout (0: the rollout shares the trainers' devices) */
+    bool cpu;           /* FP32 everything (this code's CPU trainer) */
+};
+
+struct plan_batch {
+    int prompts;      /* data.train_batch_size */
+    int n;            /* rollout.n */
+    int prompt_len;   /* data.max_prompt_length */
+    int response_len; /* data.max_response_length */
+    int micro_batch;  /* sequences per micro-batch (ppo_micro_batch_size_per_gpu) */
+    int mini_batches; /* optimizer steps per GRPO step (train_batch_size / ppo_mini_batch_size) */
+    int ppo_epochs;
+    bool recompute; /* full activation recompute (gradient checkpointing) */
+    bool kl;        /* a reference policy is held (use_kl_loss or a KL penalty) */
+};
+
+struct plan_layout {
+    int tp, pp, dp;
+    bool zero1;
+};
+
+/* What a layout costs, per trainer device. Bytes are per step unless said. */
+struct plan_result {
+    struct plan_layout lay;
+    bool valid; /* the layout divides the model (heads, KV heads, layers) */
+    char why_invalid[160];
+    double params;       /* the model's parameters */
+    double stage_params; /* parameters on the largest stage's device */
+    double mem_weights, mem_grads, mem_optim, mem_ref, mem_act, mem_total; /* bytes */
+    bool fits;                                                             /* mem_total <= 90% of the device's memory */
+    double bytes_tp, bytes_pp, bytes_dp, bytes_sync;   /* sent per device per step (sync: weights to rollout) */
+    double time_comm, time_compute, bubble, time_step; /* seconds */
+    int micro_batches;                                 /* per DP rank per optimizer step */
+};
+
+/* The rollout side: the smallest TP whose weights and KV cache fit. */
+struct plan_rollout {
+    int tp;                                /* 0: nothing fits */
+    double mem_weights, mem_kv, mem_total; /* bytes per device */
+    int concurrent;                        /* sequences decoded at once per device group */
+};
+
+/* Parameters of a model from its configuration (embedding, layers, final norm, an untied head). */
+double plan_param_count(const struct model_config *m);
+/* Cost of one layout (r->valid false, with the reason, when it does not divide the model). */
+void plan_evaluate(const struct model_config *m, const struct plan_cluster *c, const struct plan_batch *b,
+                   const struct plan_layout *l, struct plan_result *r);
+/* Every layout of the trainer devices: TP in {1,2,4,8} within a node, PP dividing the layers, with and without
+ * ZeRO-1. Fills out[0..max) and returns how many; *best is the index of the fastest that fits (-1: none). */
+int plan_candidates(const struct model_config *m, const struct plan_cluster *c, const struct plan_batch *b,
+                    struct plan_result *out, int max, int *best);
+void plan_rollout(const struct model_config *m, const struct plan_cluster *c, const struct plan_batch *b,
+                  struct plan_rollout *r);
+
+/* `grpo-model plan` */
+int plan_main(int argc, char **argv);
+
+#endif
