@@ -27,6 +27,7 @@ static float val(int r, size_t i) { return (float)((r + 1) * 0.5 + (double)(i % 
 static void check_group(struct comm *c, const char *what, size_t n)
 {
     int r = comm_rank(c), s = comm_size(c);
+    comm_traffic_reset(c);
     float *buf = xmalloc(n * sizeof *buf);
     /* allreduce: sum_r val(r,i) = sum_r (r+1)/2 + s*(i%97) */
     for (size_t i = 0; i < n; i++)
@@ -78,6 +79,27 @@ static void check_group(struct comm *c, const char *what, size_t n)
         EXPECT(in == 1000 + prev, "%s ring recv got %d, want %d", what, in, 1000 + prev);
     }
     comm_barrier(c);
+    /* the traffic counted, by the ring model worked by hand: all-reduce 2(s-1)/s of 4n bytes, all-gather and
+     * reduce-scatter (s-1)/s of the 4ns-byte whole, the broadcast's 8 bytes sent by its root, one 4-byte send */
+    struct comm_traffic tr;
+    comm_traffic(c, &tr);
+    const double B = 4.0 * (double)n;
+    EXPECT(tr.calls[COMM_OP_ALLREDUCE] == 1 && tr.calls[COMM_OP_ALLGATHER] == 1 &&
+               tr.calls[COMM_OP_REDUCE_SCATTER] == 1 && tr.calls[COMM_OP_BROADCAST] == 1 &&
+               tr.calls[COMM_OP_SEND] == (s > 1 ? 1u : 0u),
+           "%s traffic: wrong call counts", what);
+    EXPECT(tr.payload[COMM_OP_ALLREDUCE] == B && tr.payload[COMM_OP_ALLGATHER] == B &&
+               tr.payload[COMM_OP_REDUCE_SCATTER] == B * s,
+           "%s traffic: wrong payloads", what);
+    EXPECT(tr.sent_f32[COMM_OP_ALLREDUCE] == (s > 1 ? 2.0 * (s - 1) / s * B : 0) &&
+               tr.sent_f32[COMM_OP_ALLGATHER] == (s > 1 ? (double)(s - 1) * B : 0) &&
+               tr.sent_f32[COMM_OP_REDUCE_SCATTER] == (s > 1 ? (double)(s - 1) * B : 0),
+           "%s traffic: f32 bytes sent %g %g %g, want the ring model's", what, tr.sent_f32[COMM_OP_ALLREDUCE],
+           tr.sent_f32[COMM_OP_ALLGATHER], tr.sent_f32[COMM_OP_REDUCE_SCATTER]);
+    EXPECT(tr.sent_other[COMM_OP_BROADCAST] == (s > 1 && r == s - 1 ? 8.0 : 0) &&
+               tr.sent_other[COMM_OP_SEND] == (s > 1 ? 4.0 : 0),
+           "%s traffic: other bytes sent %g (broadcast), %g (send)", what, tr.sent_other[COMM_OP_BROADCAST],
+           tr.sent_other[COMM_OP_SEND]);
     free(all);
     free(buf);
 }

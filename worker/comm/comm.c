@@ -1,6 +1,7 @@
 #include "comm.h"
 
 #include <stdint.h>
+#include <string.h>
 
 size_t comm_dtype_size(enum comm_dtype t)
 {
@@ -12,6 +13,37 @@ size_t comm_dtype_size(enum comm_dtype t)
     }
     return 0;
 }
+
+double comm_ring_bytes(enum comm_op op, double bytes, int n, bool root)
+{
+    if (n <= 1)
+        return 0;
+    switch (op) {
+    case COMM_OP_ALLREDUCE: return 2.0 * (n - 1) / n * bytes;
+    case COMM_OP_ALLGATHER:
+    case COMM_OP_REDUCE_SCATTER: return (double)(n - 1) / n * bytes; /* of the whole (gathered or scattered) buffer */
+    case COMM_OP_BROADCAST: return root ? bytes : 0;
+    case COMM_OP_SEND: return bytes;
+    case COMM_OPS: break;
+    }
+    return 0;
+}
+
+/* Count one call: `whole` bytes of the whole buffer the ring model divides. */
+static void tally(struct comm *c, enum comm_op op, double payload, double whole, enum comm_dtype t, bool root)
+{
+    struct comm_traffic *tr = &c->traffic;
+    tr->calls[op]++;
+    tr->payload[op] += payload;
+    double sent = op == COMM_OP_SEND ? payload : comm_ring_bytes(op, whole, c->size, root);
+    if (t == COMM_F32)
+        tr->sent_f32[op] += sent;
+    else
+        tr->sent_other[op] += sent;
+}
+
+void comm_traffic(const struct comm *c, struct comm_traffic *out) { *out = c->traffic; }
+void comm_traffic_reset(struct comm *c) { memset(&c->traffic, 0, sizeof c->traffic); }
 
 int comm_rank(const struct comm *c) { return c->rank; }
 int comm_size(const struct comm *c) { return c->size; }
@@ -27,26 +59,38 @@ void comm_free(struct comm *c)
 
 void comm_allreduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype t)
 {
-    if (count)
-        c->be->allreduce_sum(c, buf, count, t);
+    if (!count)
+        return;
+    c->be->allreduce_sum(c, buf, count, t);
+    const double b = (double)count * comm_dtype_size(t);
+    tally(c, COMM_OP_ALLREDUCE, b, b, t, false);
 }
 
 void comm_allgather(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype t)
 {
-    if (count)
-        c->be->allgather(c, send, recv, count, t);
+    if (!count)
+        return;
+    c->be->allgather(c, send, recv, count, t);
+    const double b = (double)count * comm_dtype_size(t);
+    tally(c, COMM_OP_ALLGATHER, b, b * c->size, t, false);
 }
 
 void comm_reduce_scatter_sum(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype t)
 {
-    if (count)
-        c->be->reduce_scatter_sum(c, send, recv, count, t);
+    if (!count)
+        return;
+    c->be->reduce_scatter_sum(c, send, recv, count, t);
+    const double b = (double)count * comm_dtype_size(t);
+    tally(c, COMM_OP_REDUCE_SCATTER, b * c->size, b * c->size, t, false);
 }
 
 void comm_broadcast(struct comm *c, void *buf, size_t count, enum comm_dtype t, int root)
 {
-    if (count)
-        c->be->broadcast(c, buf, count, t, root);
+    if (!count)
+        return;
+    c->be->broadcast(c, buf, count, t, root);
+    const double b = (double)count * comm_dtype_size(t);
+    tally(c, COMM_OP_BROADCAST, b, b, t, c->rank == root);
 }
 
 void comm_broadcast_polled(struct comm *c, void *buf, size_t count, enum comm_dtype t, int root,
@@ -58,11 +102,14 @@ void comm_broadcast_polled(struct comm *c, void *buf, size_t count, enum comm_dt
         c->be->broadcast_polled(c, buf, count, t, root, poll, ud);
     else
         c->be->broadcast(c, buf, count, t, root);
+    const double b = (double)count * comm_dtype_size(t);
+    tally(c, COMM_OP_BROADCAST, b, b, t, c->rank == root);
 }
 
 void comm_send(struct comm *c, const void *buf, size_t count, enum comm_dtype t, int peer)
 {
     c->be->send(c, buf, count, t, peer);
+    tally(c, COMM_OP_SEND, (double)count * comm_dtype_size(t), 0, t, false);
 }
 
 void comm_recv(struct comm *c, void *buf, size_t count, enum comm_dtype t, int peer)

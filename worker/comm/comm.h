@@ -47,6 +47,28 @@ void comm_send(struct comm *c, const void *buf, size_t count, enum comm_dtype t,
 void comm_recv(struct comm *c, void *buf, size_t count, enum comm_dtype t, int peer);
 void comm_barrier(struct comm *c);
 
+/* What a comm has moved since it was made (or since comm_traffic_reset): per kind of collective, the calls,
+ * the payload (the caller's buffer) and the bytes this rank sends in the ring algorithms the planner assumes
+ * (all-reduce 2(n-1)/n of the buffer, all-gather and reduce-scatter (n-1) blocks, broadcast the buffer from the
+ * root, send the buffer), for float32 buffers (gradients, weights) apart from the rest (counts, statistics). */
+enum comm_op {
+    COMM_OP_ALLREDUCE,
+    COMM_OP_ALLGATHER,
+    COMM_OP_REDUCE_SCATTER,
+    COMM_OP_BROADCAST,
+    COMM_OP_SEND,
+    COMM_OPS
+};
+struct comm_traffic {
+    unsigned long long calls[COMM_OPS];
+    double payload[COMM_OPS];
+    double sent_f32[COMM_OPS], sent_other[COMM_OPS];
+};
+void comm_traffic(const struct comm *c, struct comm_traffic *out);
+void comm_traffic_reset(struct comm *c);
+/* The bytes this rank sends for op on a buffer of `bytes` in a group of n (the ring model above; 0 for n = 1). */
+double comm_ring_bytes(enum comm_op op, double bytes, int n, bool root);
+
 #ifdef GRPO_HAVE_CUDA
 /* An NCCL communicator over the same ranks as an MPI comm; the unique id is
  * shared with MPI_Bcast. Buffers passed to it must be device memory. */
@@ -72,6 +94,7 @@ struct comm {
     const struct comm_backend *be;
     int rank, size;
     void *impl;
+    struct comm_traffic traffic; /* counted in comm.c, whatever the back-end */
 };
 
 #endif
