@@ -319,8 +319,57 @@ int config_apply_override(struct grpo_config *c, const char *arg, struct cfg_err
     return config_set(c, key, eq + 1, "command line", err);
 }
 
+/* Where a key's value came from ("default", "FILE:LINE", "command line"). */
+static const char *origin_of(const struct grpo_config *c, const char *name)
+{
+    const struct cfg_key_info *k = config_find(name);
+    return k && c->origin && c->origin[key_index(k)] ? c->origin[key_index(k)] : "?";
+}
+
+/* A run directory component (trainer.project_name, trainer.experiment_name) must stay one directory below
+ * trainer.default_local_dir: no path separator, not empty, not "." or "..". */
+static int check_dir_component(const struct grpo_config *c, const char *name, const char *v, struct cfg_error *err)
+{
+    const char *why = NULL;
+    if (!v[0])
+        why = "is empty";
+    else if (strchr(v, '/') || strchr(v, '\\'))
+        why = "contains a path separator";
+    else if (strcmp(v, ".") == 0 || strcmp(v, "..") == 0)
+        why = "names a directory outside the run's own";
+    else {
+        for (const char *p = v; *p; p++)
+            if ((unsigned char)*p < 0x20 || *p == 0x7f) {
+                why = "contains a control character";
+                break;
+            }
+    }
+    if (!why)
+        return 0;
+    errf(err,
+         "%s: %s = '%s' %s; it names one directory under trainer.default_local_dir, so it may not contain '/' or "
+         "'\\' nor be empty, '.' or '..'",
+         origin_of(c, name), name, v, why);
+    return -1;
+}
+
 int config_validate(const struct grpo_config *c, struct cfg_error *err)
 {
+    if (check_dir_component(c, "trainer.project_name", c->trainer_project_name, err) != 0 ||
+        check_dir_component(c, "trainer.experiment_name", c->trainer_experiment_name, err) != 0)
+        return -1;
+    if (c->trainer_total_training_steps == 0) {
+        errf(err,
+             "%s: trainer.total_training_steps = 0 would train nothing: give the number of steps (>= 1), or -1 for "
+             "trainer.total_epochs passes over the data",
+             origin_of(c, "trainer.total_training_steps"));
+        return -1;
+    }
+    if (!(c->actor_clip_ratio_c > 1.0)) {
+        errf(err, "%s: actor_rollout_ref.actor.clip_ratio_c = %g must be greater than 1 (the dual-clip bound)",
+             origin_of(c, "actor_rollout_ref.actor.clip_ratio_c"), c->actor_clip_ratio_c);
+        return -1;
+    }
     if (c->actor_optim_betas.n != 2) {
         errf(err, "actor_rollout_ref.actor.optim.betas needs exactly two values, got %d (from %s)",
              c->actor_optim_betas.n, c->origin[key_index(config_find("actor_rollout_ref.actor.optim.betas"))]);
@@ -479,7 +528,9 @@ void config_print_reference(FILE *out)
 /* Keys that say how to operate a run, not what it computes: hosts may legitimately differ in them. */
 static bool operational_key(const char *name)
 {
-    return strncmp(name, "grpod.", 6) == 0 || strcmp(name, "trainer.log_level") == 0;
+    /* trainer.max_consecutive_skipped_steps only decides when a failing run gives up */
+    return strncmp(name, "grpod.", 6) == 0 || strcmp(name, "trainer.log_level") == 0 ||
+           strcmp(name, "trainer.max_consecutive_skipped_steps") == 0;
 }
 
 uint64_t config_digest(const struct grpo_config *c)

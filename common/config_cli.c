@@ -26,6 +26,16 @@ static bool looks_like_override(const char *a)
     return true;
 }
 
+/* Whether argv[i] may be the value of the option before it ("--tp 2"): that option is a long or short option
+ * without '=' other than the ones handled here. */
+static bool option_value(char **argv, int i)
+{
+    const char *prev = i > 1 ? argv[i - 1] : NULL;
+    if (!prev || prev[0] != '-' || prev[1] == 0 || strchr(prev, '='))
+        return false;
+    return strcmp(prev, "--print-config") != 0 && strcmp(prev, "--config-reference") != 0;
+}
+
 int config_from_args(struct grpo_config *c, int *argc, char **argv)
 {
     struct cfg_error err;
@@ -58,10 +68,13 @@ int config_from_args(struct grpo_config *c, int *argc, char **argv)
         }
         drop_args(argc, argv, i, used);
     }
+    const char *stray = NULL; /* first argument that is neither an option nor an override (nor an option's value) */
     for (int i = 1; i < *argc;) {
         const char *a = argv[i];
         if (!a)
             break;
+        if (!stray && a[0] != '-' && !looks_like_override(a) && !option_value(argv, i))
+            stray = a;
         if (strcmp(a, "--print-config") == 0) {
             print = true;
             drop_args(argc, argv, i, 1);
@@ -77,6 +90,13 @@ int config_from_args(struct grpo_config *c, int *argc, char **argv)
         } else {
             i++;
         }
+    }
+    /* --print-config and --config-reference end the program, so the caller never sees what is left: a word
+     * without '=' there is a mistyped override (or a forgotten value) and must not pass silently */
+    if ((print || reference) && stray) {
+        log_error("config", "command line: '%s' is not a key=value override (with %s nothing else is expected)", stray,
+                  print ? "--print-config" : "--config-reference");
+        return -1;
     }
     if (reference) {
         config_print_reference(stdout);

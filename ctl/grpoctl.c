@@ -2,8 +2,9 @@
  *
  * Every command is one request (plus status polls for --wait), retried with
  * backoff while grpod cannot be reached. Exit status: 0 done, 1 grpod refused
- * or the run did not reach the awaited state, 2 usage or configuration error,
- * 3 grpod could not be reached. */
+ * or the run did not reach the awaited state (for stop --wait: a trainer or
+ * hybrid worker, lost or failing, wrote no checkpoint of the stop), 2 usage or
+ * configuration error, 3 grpod could not be reached. */
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
@@ -65,8 +66,9 @@ static void usage(FILE *out)
           "else " GRPOD_DEFAULT_ENDPOINT ". The secret file likewise: --secret-file, $GRPOD_SECRET_FILE,\n"
           "grpod.secret_file.\n"
           "\n"
-          "exit status: 0 done; 1 grpod refused, or the run did not reach the awaited state;\n"
-          "             2 usage or configuration error; 3 cannot reach grpod\n",
+          "exit status: 0 done; 1 grpod refused, or the run did not reach the awaited state (stop --wait:\n"
+          "             a worker, e.g. a lost one, wrote no checkpoint of the stop); 2 usage or configuration\n"
+          "             error; 3 cannot reach grpod\n",
           out);
 }
 
@@ -160,6 +162,19 @@ static void print_workers(const Grpo__Status *s)
     }
 }
 
+/* The newest checkpoint any worker reports having written (whoever asked for it: an operator, the trainer's
+ * own trainer.save_freq, a stop), and its rank; -1 when none has. */
+static int64_t newest_checkpoint(const Grpo__Status *s, int *rank)
+{
+    int64_t newest = -1;
+    for (size_t i = 0; i < s->n_workers; i++)
+        if (s->workers[i]->checkpoint_step > newest) {
+            newest = s->workers[i]->checkpoint_step;
+            *rank = s->workers[i]->rank;
+        }
+    return newest;
+}
+
 static void print_status(const Grpo__Status *s)
 {
     char up[32], tp[32], rw[32], total[32];
@@ -175,9 +190,20 @@ static void print_status(const Grpo__Status *s)
     printf("step        %" PRId64 "%s   phase %s\n", s->step, total, core_phase_name(s->phase));
     printf("reward      %s   (critic/score/mean)\n", rw);
     printf("throughput  %s   (perf/throughput, tokens/s per device)\n", tp);
-    if (s->checkpoint_step >= 0)
+    /* the run's checkpoint is the newest every trainer has (a relaunch resumes from it); a newer one that only
+     * some workers have, or one when not every worker has any, is shown beside it */
+    int newest_rank = -1;
+    int64_t newest = newest_checkpoint(s, &newest_rank);
+    if (s->checkpoint_step >= 0 && newest > s->checkpoint_step)
+        printf("checkpoint  step %" PRId64 " (requests %" PRIu64 ", written %" PRIu64 "); newest step %" PRId64
+               " on rank %d\n",
+               s->checkpoint_step, s->checkpoint_seq, s->checkpoint_seq_done, newest, newest_rank);
+    else if (s->checkpoint_step >= 0)
         printf("checkpoint  step %" PRId64 " (requests %" PRIu64 ", written %" PRIu64 ")\n", s->checkpoint_step,
                s->checkpoint_seq, s->checkpoint_seq_done);
+    else if (newest >= 0)
+        printf("checkpoint  step %" PRId64 " written by rank %d, not by every worker (requests %" PRIu64 ")\n", newest,
+               newest_rank, s->checkpoint_seq);
     else
         printf("checkpoint  none yet (requests %" PRIu64 ")\n", s->checkpoint_seq);
     printf("workers     %zu of %d registered\n", s->n_workers, s->expected_workers);
@@ -260,6 +286,62 @@ static int reached(Grpo__Command cmd, const Grpo__Status *s, uint64_t ckpt_seq, 
     return 0;
 }
 
+/* A worker whose checkpoint the run's end needs: trainers and hybrids (rollout ranks hold nothing a checkpoint
+ * keeps). */
+static bool holds_state(const Grpo__WorkerStatus *w) { return w->role != GRPO__ROLE__ROLE_ROLLOUT; }
+
+/* While a stop is under way: say once which workers are lost (they cannot checkpoint). seen[] is per rank. */
+static void note_lost(const Grpo__Status *s, bool *seen, size_t nseen)
+{
+    for (size_t i = 0; i < s->n_workers; i++) {
+        const Grpo__WorkerStatus *w = s->workers[i];
+        if (w->worker_state != GRPO__WORKER_STATE__WORKER_LOST || !holds_state(w) || w->rank < 0 ||
+            (size_t)w->rank >= nseen || seen[w->rank])
+            continue;
+        seen[w->rank] = true;
+        fprintf(stderr,
+                "grpoctl: rank %d on host %s is lost (no heartbeat for %.1f s): it cannot write its checkpoint; "
+                "waiting for the others\n",
+                w->rank, w->host, w->last_heartbeat_age_s);
+    }
+}
+
+/* The run has ended on a stop: did every worker that holds state write its checkpoint? 0 yes; otherwise 1 with
+ * each one that did not named on stderr (lost, or stopped without a checkpoint of its last step). */
+static int check_stop_checkpoints(const Grpo__Status *s)
+{
+    int missing = 0;
+    for (size_t i = 0; i < s->n_workers; i++) {
+        const Grpo__WorkerStatus *w = s->workers[i];
+        if (!holds_state(w))
+            continue;
+        char newest[64];
+        if (w->checkpoint_step >= 0)
+            snprintf(newest, sizeof newest, "step %" PRId64, w->checkpoint_step);
+        else
+            snprintf(newest, sizeof newest, "none");
+        if (w->worker_state == GRPO__WORKER_STATE__WORKER_LOST) {
+            fprintf(stderr,
+                    "grpoctl: rank %d on host %s is lost (no heartbeat for %.1f s, last at step %" PRId64
+                    "): it wrote no checkpoint for the stop (its newest: %s)\n",
+                    w->rank, w->host, w->last_heartbeat_age_s, w->step, newest);
+            missing++;
+        } else if (w->worker_state == GRPO__WORKER_STATE__WORKER_STOPPED && w->checkpoint_step < w->step) {
+            fprintf(stderr,
+                    "grpoctl: rank %d on host %s stopped at step %" PRId64
+                    " without writing its checkpoint (its newest: %s; see its log)\n",
+                    w->rank, w->host, w->step, newest);
+            missing++;
+        }
+    }
+    if (missing)
+        fprintf(stderr,
+                "grpoctl: run %s is %s (%s), but %d worker(s) wrote no checkpoint of the stop: a relaunch resumes "
+                "from the newest checkpoint every rank has\n",
+                s->run_id, core_run_state_name(s->state), s->reason, missing);
+    return missing ? EXIT_FAILED : EXIT_OK;
+}
+
 static int cmd_command(struct rpc_client *rpc, const struct opts *o, Grpo__Command cmd)
 {
     Grpo__Envelope req = GRPO__ENVELOPE__INIT, *reply;
@@ -282,21 +364,28 @@ static int cmd_command(struct rpc_client *rpc, const struct opts *o, Grpo__Comma
         return rc;
     uint64_t seq = st->status->checkpoint_seq; /* the request just made */
     double deadline = transport_now() + o->wait_s;
+    bool lost_told[4096] = {false};
     for (;;) {
         char why[600];
         int r = reached(cmd, st->status, seq, why, sizeof why);
+        if (r == 0 && cmd == GRPO__COMMAND__COMMAND_STOP)
+            note_lost(st->status, lost_told, sizeof lost_told / sizeof *lost_told);
         if (r != 0) {
+            int code = r > 0 ? EXIT_OK : EXIT_FAILED;
             if (r > 0) {
                 if (cmd == GRPO__COMMAND__COMMAND_CHECKPOINT)
                     printf("checkpoint written: step %" PRId64 "\n", st->status->checkpoint_step);
                 else
                     printf("run %s at step %" PRId64 "%s%s\n", core_run_state_name(st->status->state), st->status->step,
                            st->status->reason[0] ? ": " : "", st->status->reason);
+                /* grpod ends a stop once no worker is left running, the lost ones included */
+                if (cmd == GRPO__COMMAND__COMMAND_STOP)
+                    code = check_stop_checkpoints(st->status);
             } else {
                 fprintf(stderr, "grpoctl: %s\n", why);
             }
             protocol_free(st);
-            return r > 0 ? EXIT_OK : EXIT_FAILED;
+            return code;
         }
         if (transport_now() > deadline) {
             fprintf(stderr, "grpoctl: run still %s after %.0f s: %s\n", core_run_state_name(st->status->state),

@@ -790,6 +790,14 @@ static void log_dropped(struct core *c, double now, const char *fmt, ...)
 
 uint8_t *core_handle(struct core *c, const uint8_t *buf, size_t len, const char *secret, double now, size_t *reply_len)
 {
+    return core_handle_auth(c, buf, len, secret, now, reply_len, NULL);
+}
+
+uint8_t *core_handle_auth(struct core *c, const uint8_t *buf, size_t len, const char *secret, double now,
+                          size_t *reply_len, bool *authenticated)
+{
+    if (authenticated)
+        *authenticated = false;
     Grpo__Envelope *env;
     char why[CORE_REASON_MAX];
     enum protocol_error pe = protocol_decode(buf, len, GRPO_MAX_CONTROL_BYTES, &env, why, sizeof why);
@@ -811,10 +819,10 @@ uint8_t *core_handle(struct core *c, const uint8_t *buf, size_t len, const char 
     }
     if (!env) /* cannot happen: PROTOCOL_OK comes with an envelope */
         return CHECK_ALLOC(protocol_pack_error(id, "internal error", reply_len));
-    if (secret && !secret_equal(env->secret, secret)) {
+    if (secret && !secret_matches(env->secret, secret)) {
         c->counters.auth_failed++;
         log_dropped(c, now, "refused a %s request: %s shared secret", protocol_body_name(env->body_case),
-                    env->secret[0] ? "wrong" : "no");
+                    env->secret.len ? "wrong" : "no");
         out = CHECK_ALLOC(protocol_pack_error(id,
                                               "authentication failed: this endpoint needs the shared secret of "
                                               "grpod.secret_file",
@@ -822,6 +830,8 @@ uint8_t *core_handle(struct core *c, const uint8_t *buf, size_t len, const char 
         protocol_free(env);
         return out;
     }
+    if (authenticated)
+        *authenticated = true;
     if (validate_request(env, why, sizeof why) != 0) {
         bool unexpected = strstr(why, "is not a request") != NULL;
         if (unexpected)

@@ -139,6 +139,10 @@ void core_set_event_hook(struct core *c, core_event_fn fn, void *ud);
 /* Handle one request's bytes and return the packed reply (never NULL; caller frees).
  * secret: what the receiving socket requires of every request, or NULL for none. */
 uint8_t *core_handle(struct core *c, const uint8_t *buf, size_t len, const char *secret, double now, size_t *reply_len);
+/* core_handle that also says whether the request was a well-formed envelope carrying secret (always true
+ * of a well-formed one when secret is NULL): grpod's tcp endpoints keep only connections that authenticate. */
+uint8_t *core_handle_auth(struct core *c, const uint8_t *buf, size_t len, const char *secret, double now,
+                          size_t *reply_len, bool *authenticated);
 /* Health check: mark silent workers lost and re-evaluate the run. Call every fraction of a second. */
 void core_tick(struct core *c, double now);
 

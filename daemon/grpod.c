@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -36,24 +38,31 @@
 #include "http.h"
 #include "journal.h"
 #include "proto/transport.h"
+#include "ratelimit.h"
+#include "sp_tcp.h"
 
 #define MAX_LISTENERS 4
 
 struct grpod;
 
-/* One control endpoint: a REP socket in the loop. */
+/* One control endpoint: a nanomsg REP socket in the loop (ipc://), or grpod's own SP server (tcp://, which
+ * limits and authenticates connections: sp_tcp.h). */
 struct listener {
     struct grpod *d;
-    int sock, rcvfd, sndfd;
+    struct sp_server *tcp;  /* tcp:// */
+    int sock, rcvfd, sndfd; /* ipc:// */
     uv_poll_t rpoll, spoll;
     bool rpoll_init, spoll_init;
     bool bound; /* the ipc socket file is ours to remove */
     char endpoint[512];
     char ipc_path[512];
+    dev_t ipc_dev; /* of the socket file bound, so that only it is removed at exit */
+    ino_t ipc_ino;
     bool needs_secret;
     uint8_t *pending; /* a reply the socket could not take yet */
     size_t pending_len;
     double pending_since;
+    struct ratelimit rl_recv; /* of "receive failed" lines */
 };
 
 struct grpod {
@@ -202,8 +211,9 @@ static void on_readable(uv_poll_t *p, int status, int events)
         void *msg = NULL;
         int n = nn_recv(l->sock, &msg, NN_MSG, NN_DONTWAIT);
         if (n < 0) {
-            if (nn_errno() != EAGAIN && nn_errno() != EINTR)
-                log_warn("grpod", "%s: receive failed: %s", l->endpoint, nn_strerror(nn_errno()));
+            int e = nn_errno();
+            if (e != EAGAIN && e != EINTR && ratelimit_allow(&l->rl_recv, mono_now(), 5, "grpod", "receive failures"))
+                log_warn("grpod", "%s: receive failed: %s", l->endpoint, nn_strerror(e));
             return;
         }
         size_t rlen;
@@ -228,6 +238,28 @@ static int parse_mode(const char *text, mode_t *mode)
     return 0;
 }
 
+/* A request on a tcp:// endpoint: the secret is required, and says whether the connection may stay. */
+static uint8_t *on_tcp_request(void *ud, const uint8_t *msg, size_t len, bool *authenticated, size_t *reply_len)
+{
+    struct listener *l = ud;
+    struct grpod *d = l->d;
+    uint8_t *reply = core_handle_auth(&d->core, msg, len, d->secret, mono_now(), reply_len, authenticated);
+    if (d->core.dirty_urgent) /* registrations and commands are durable before they are answered */
+        persist(d);
+    return reply;
+}
+
+/* Limits of a tcp:// endpoint before the descriptor budget is known (fd_budget sets the caps). */
+static const struct sp_limits tcp_limits = {
+    .max_conns = 64,
+    .max_pending = 32,
+    .max_pending_per_ip = 16,
+    .handshake_s = 2.0,
+    .auth_deadline_s = 5.0,
+    .max_msg = GRPO_MAX_CONTROL_BYTES,
+    .max_pending_msg = 64 * 1024, /* a registration, a heartbeat or a command is far smaller */
+};
+
 static int listener_open(struct grpod *d, struct listener *l, const char *endpoint, mode_t mode, char *err,
                          size_t errlen)
 {
@@ -239,6 +271,13 @@ static int listener_open(struct grpod *d, struct listener *l, const char *endpoi
     if (endpoint_parse(endpoint, &kind, l->ipc_path, sizeof l->ipc_path, err, errlen) != 0)
         return -1;
     l->needs_secret = kind == ENDPOINT_TCP;
+    if (kind == ENDPOINT_TCP) {
+        l->tcp = sp_server_start(&d->loop, endpoint, &tcp_limits, on_tcp_request, l, mono_now, err, errlen);
+        if (!l->tcp)
+            return -1;
+        log_info("grpod", "listening on %s (requests must carry the shared secret)", endpoint);
+        return 0;
+    }
     l->sock = nn_socket(AF_SP, NN_REP);
     if (l->sock < 0) {
         snprintf(err, errlen, "nn_socket: %s", nn_strerror(nn_errno()));
@@ -247,6 +286,13 @@ static int listener_open(struct grpod *d, struct listener *l, const char *endpoi
     int max = (int)GRPO_MAX_CONTROL_BYTES, linger = 0;
     nn_setsockopt(l->sock, NN_SOL_SOCKET, NN_RCVMAXSIZE, &max, sizeof max);
     nn_setsockopt(l->sock, NN_SOL_SOCKET, NN_LINGER, &linger, sizeof linger);
+    /* nanomsg's bind removes whatever refuses a connection at the path (a regular file too) and aborts on a
+     * directory: only a stale socket may go, anything else is refused here first */
+    char why[700];
+    if (endpoint_prepare_bind(endpoint, why, sizeof why) != 0) {
+        snprintf(err, errlen, "cannot listen on %s: %s", endpoint, why);
+        return -1;
+    }
     /* the socket file is born with the right mode (umask), and chmod makes sure of it */
     mode_t old = kind == ENDPOINT_IPC ? umask((mode_t)(~mode & 0777)) : 0;
     int rc = nn_bind(l->sock, endpoint);
@@ -264,10 +310,12 @@ static int listener_open(struct grpod *d, struct listener *l, const char *endpoi
         while (chmod(l->ipc_path, mode) != 0 && errno == ENOENT && tries++ < 100)
             transport_sleep(0.01);
         struct stat st;
-        if (stat(l->ipc_path, &st) != 0 || (st.st_mode & 0777) != mode) {
+        if (lstat(l->ipc_path, &st) != 0 || (st.st_mode & 0777) != mode) {
             snprintf(err, errlen, "cannot set mode %04o on %s: %s", (unsigned)mode, l->ipc_path, strerror(errno));
             return -1;
         }
+        l->ipc_dev = st.st_dev;
+        l->ipc_ino = st.st_ino;
     }
     size_t rsz = sizeof l->rcvfd, ssz = sizeof l->sndfd;
     if (nn_getsockopt(l->sock, NN_SOL_SOCKET, NN_RCVFD, &l->rcvfd, &rsz) < 0 ||
@@ -281,13 +329,14 @@ static int listener_open(struct grpod *d, struct listener *l, const char *endpoi
     l->spoll_init = true;
     l->rpoll.data = l->spoll.data = l;
     uv_poll_start(&l->rpoll, UV_READABLE, on_readable);
-    log_info("grpod", "listening on %s%s", endpoint,
-             kind == ENDPOINT_TCP ? " (requests must carry the shared secret)" : "");
+    log_info("grpod", "listening on %s", endpoint);
     return 0;
 }
 
 static void listener_close(struct listener *l)
 {
+    sp_server_stop(l->tcp);
+    l->tcp = NULL;
     if (l->rpoll_init)
         uv_close((uv_handle_t *)&l->rpoll, NULL);
     if (l->spoll_init)
@@ -303,9 +352,82 @@ static void listener_release(struct listener *l)
     if (l->sock >= 0) {
         nn_close(l->sock);
         l->sock = -1;
-        if (l->bound && l->ipc_path[0])
+        struct stat st; /* our socket, not whatever may have replaced it since */
+        if (l->bound && l->ipc_path[0] && lstat(l->ipc_path, &st) == 0 && S_ISSOCK(st.st_mode) &&
+            st.st_dev == l->ipc_dev && st.st_ino == l->ipc_ino)
             unlink(l->ipc_path);
     }
+}
+
+/* ---- descriptors ---- */
+
+/* Descriptors kept free for what must always work: the journal's writes, IPC clients (grpoctl on the head
+ * node), nanomsg's own, systemd's notifications. Connections from the network get the rest. */
+#define FD_RESERVE 32
+
+/* Raise the soft RLIMIT_NOFILE to the hard one (grpod polls with epoll, so no FD_SETSIZE bound); the limit. */
+static long raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return 1024;
+    if (rl.rlim_cur < rl.rlim_max) {
+        struct rlimit want = {rl.rlim_max, rl.rlim_max};
+        if (setrlimit(RLIMIT_NOFILE, &want) == 0)
+            rl.rlim_cur = rl.rlim_max;
+    }
+    return rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > (1 << 30) ? (1 << 30) : (long)rl.rlim_cur;
+}
+
+static int open_descriptors(void)
+{
+    DIR *dir = opendir("/proc/self/fd");
+    if (!dir)
+        return 64; /* a guess on the safe side */
+    int n = 0;
+    for (struct dirent *e; (e = readdir(dir));)
+        n += e->d_name[0] != '.';
+    closedir(dir);
+    return n - 1; /* the directory's own */
+}
+
+/* Share what the limit leaves, after the descriptors open now and the reserve, between the tcp endpoints
+ * and HTTP, so that no flood of connections can take the last descriptor. */
+static void fd_budget(struct grpod *d, long nofile)
+{
+    int ntcp = 0;
+    for (int i = 0; i < d->nlisteners; i++)
+        ntcp += d->listeners[i].tcp != NULL;
+    long left = nofile - open_descriptors() - FD_RESERVE;
+    if (left < 8)
+        left = 8;
+    int http_cap = d->http ? (int)(left / (ntcp ? 4 : 1)) : 0;
+    if (http_cap > 256)
+        http_cap = 256;
+    if (d->http && http_cap < 4)
+        http_cap = 4;
+    long tcp_cap = ntcp ? (left - http_cap) / ntcp : 0;
+    if (tcp_cap > 2 * CORE_MAX_WORKERS + 64) /* every worker keeps two connections at most */
+        tcp_cap = 2 * CORE_MAX_WORKERS + 64;
+    if (ntcp && tcp_cap < 4)
+        tcp_cap = 4;
+    struct sp_limits lim = tcp_limits;
+    lim.max_conns = (int)tcp_cap;
+    /* a host's ranks connect at once when a job starts: room for them, while one address cannot take all */
+    lim.max_pending = lim.max_conns / 2 < 128 ? (lim.max_conns / 2 > 1 ? lim.max_conns / 2 : 1) : 128;
+    lim.max_pending_per_ip = lim.max_pending < 32 ? lim.max_pending : 32;
+    for (int i = 0; i < d->nlisteners; i++)
+        if (d->listeners[i].tcp)
+            sp_server_set_limits(d->listeners[i].tcp, &lim);
+    if (d->http)
+        http_set_connection_limit(d->http, http_cap);
+    log_info("grpod",
+             "descriptors: limit %ld, %d open, %d kept in reserve; each tcp endpoint takes %d connections (%d not yet "
+             "authenticated, %d from one address, %.0f s to authenticate), HTTP %d",
+             nofile, open_descriptors(), FD_RESERVE, lim.max_conns, lim.max_pending, lim.max_pending_per_ip,
+             lim.auth_deadline_s, http_cap);
+    if (ntcp && tcp_cap < 2 * 16)
+        log_warn("grpod", "few descriptors for tcp connections (limit %ld): raise LimitNOFILE / ulimit -n", nofile);
 }
 
 /* ---- timers and signals ---- */
@@ -470,6 +592,7 @@ int main(int argc, char **argv)
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
+    long nofile = raise_nofile();
 
     /* 1. the state directory, locked: one grpod per run */
     if (journal_open(&d.journal, cfg.grpod_state_dir, err, sizeof err) != 0) {
@@ -518,6 +641,7 @@ int main(int argc, char **argv)
         }
         log_info("http", "status page at %s/ (also /api/status and /metrics)", d.http_url);
     }
+    fd_budget(&d, nofile);
     /* 5. signals and timers */
     uv_signal_init(&d.loop, &d.sigterm);
     uv_signal_init(&d.loop, &d.sigint);

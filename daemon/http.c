@@ -14,6 +14,33 @@
 #include "common/log.h"
 #include "core.h"
 #include "proto/status_json.h"
+#include "ratelimit.h"
+
+/* Connections, beyond what libmicrohttpd limits itself (its idle timeout restarts with every byte, so a client
+ * that sends one header line every few seconds held a connection for ever, and 64 of them from one address
+ * took every slot of it):
+ *  - a request's headers must be whole within HTTP_HEADER_DEADLINE_S of the connection opening or of its
+ *    previous answer, and an answer must be done within HTTP_REQUEST_DEADLINE_S; else the connection is shut;
+ *  - connections from elsewhere than 127.0.0.1 or ::1 take at most the cap less a reserve for local scrapes,
+ *    and HTTP_MAX_PER_REMOTE of them come from one address;
+ *  - a local connection over the cap makes room by shutting the oldest connection that is not in a request. */
+#define HTTP_HEADER_DEADLINE_S 5.0
+#define HTTP_REQUEST_DEADLINE_S 30.0
+#define HTTP_MAX_PER_REMOTE 16
+#define HTTP_MHD_LIMIT 288 /* libmicrohttpd's own cap: above ours, which is at most 256 */
+#define HTTP_LOG_KINDS 16
+
+struct http_conn {
+    struct http_conn *prev, *next; /* oldest first */
+    struct MHD_Connection *conn;
+    int fd;
+    double since; /* opened, or its previous answer done: the next request's headers are due from here */
+    double req_start;
+    bool in_request; /* its headers are whole: on_request has it */
+    bool local;      /* from 127.0.0.1 or ::1 */
+    bool shut;       /* shut down by us; libmicrohttpd closes it at its next turn */
+    struct sockaddr_storage addr;
+};
 
 struct http {
     struct MHD_Daemon *mhd;
@@ -22,15 +49,190 @@ struct http {
     uv_poll_t poll;
     uv_timer_t timer;
     int open_handles;
+    int cap;                       /* connections at once (fd_budget in grpod.c) */
+    struct http_conn *head, *tail; /* every connection libmicrohttpd holds */
+    int nconn, nremote;            /* not shut */
+    uint64_t refused, shut_slow;   /* counters */
+    struct {                       /* rate limit of libmicrohttpd's messages, by format */
+        const char *fmt;
+        struct ratelimit rl;
+    } logs[HTTP_LOG_KINDS];
+    struct ratelimit rl_conn;
 };
 
 static void http_log(void *cls, const char *fmt, va_list ap)
 {
-    (void)cls;
+    struct http *h = cls;
+    double now = h->now();
+    int k = 0;
+    while (k < HTTP_LOG_KINDS - 1 && h->logs[k].fmt && h->logs[k].fmt != fmt)
+        k++;
+    h->logs[k].fmt = h->logs[k].fmt ? h->logs[k].fmt : fmt; /* the last slot is shared by any others */
+    if (!ratelimit_allow(&h->logs[k].rl, now, 5, "http", "such libmicrohttpd messages"))
+        return;
     char buf[512];
     vsnprintf(buf, sizeof buf, fmt, ap);
     buf[strcspn(buf, "\n")] = 0;
     log_warn("http", "%s", buf);
+}
+
+static bool addr_local(const struct sockaddr *a)
+{
+    if (a->sa_family == AF_INET)
+        return ntohl(((const struct sockaddr_in *)a)->sin_addr.s_addr) == INADDR_LOOPBACK;
+    if (a->sa_family == AF_INET6) {
+        const struct in6_addr *x = &((const struct sockaddr_in6 *)a)->sin6_addr;
+        static const uint8_t mapped_lo[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1};
+        return IN6_IS_ADDR_LOOPBACK(x) || memcmp(x, mapped_lo, 16) == 0;
+    }
+    return false;
+}
+
+static bool addr_same(const struct sockaddr_storage *a, const struct sockaddr *b)
+{
+    if (a->ss_family != b->sa_family)
+        return false;
+    if (b->sa_family == AF_INET)
+        return ((const struct sockaddr_in *)a)->sin_addr.s_addr == ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+    if (b->sa_family == AF_INET6)
+        return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &((const struct sockaddr_in6 *)b)->sin6_addr, 16) ==
+               0;
+    return false;
+}
+
+/* Shut a connection's socket: libmicrohttpd sees the end at its next turn and closes it (its descriptor is
+ * its own to close). */
+static void conn_shut(struct http *h, struct http_conn *hc, const char *why)
+{
+    if (hc->shut)
+        return;
+    hc->shut = true;
+    h->nconn--;
+    h->nremote -= !hc->local;
+    shutdown(hc->fd, SHUT_RDWR);
+    if (ratelimit_allow(&h->rl_conn, h->now(), 5, "http", "closed connections")) {
+        char text[INET6_ADDRSTRLEN] = "?";
+        inet_ntop(hc->addr.ss_family,
+                  hc->addr.ss_family == AF_INET6 ? (const void *)&((struct sockaddr_in6 *)&hc->addr)->sin6_addr
+                                                 : (const void *)&((struct sockaddr_in *)&hc->addr)->sin_addr,
+                  text, sizeof text);
+        log_warn("http", "closed the connection from %s: %s", text, why);
+    }
+}
+
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen)
+{
+    (void)addrlen;
+    struct http *h = cls;
+    bool local = addr_local(addr);
+    int reserve = h->cap / 4 > 4 ? h->cap / 4 : 4;
+    const char *why = NULL;
+    if (!local) {
+        int same = 0;
+        for (struct http_conn *c = h->head; c; c = c->next)
+            same += !c->shut && addr_same(&c->addr, addr);
+        if (same >= HTTP_MAX_PER_REMOTE)
+            why = "too many connections from its address";
+        else if (h->nremote >= h->cap - reserve || h->nconn >= h->cap)
+            why = "no room left but the reserve for local scrapes";
+    } else if (h->nconn >= h->cap) {
+        struct http_conn *victim = NULL; /* the oldest idle one, from elsewhere first */
+        for (struct http_conn *c = h->head; c; c = c->next)
+            if (!c->shut && !c->in_request && (!victim || (victim->local && !c->local)))
+                victim = c;
+        if (victim)
+            conn_shut(h, victim, "made room for a local connection");
+        else
+            why = "every connection is in a request";
+    }
+    if (why) {
+        h->refused++;
+        if (ratelimit_allow(&h->rl_conn, h->now(), 5, "http", "closed connections"))
+            log_warn("http", "refused a connection: %s", why);
+        return MHD_NO;
+    }
+    return MHD_YES;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    struct http *h = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        struct http_conn *hc = xcalloc(1, sizeof *hc);
+        hc->conn = conn;
+        const union MHD_ConnectionInfo *fi = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *ai = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        hc->fd = fi ? fi->connect_fd : -1;
+        if (ai && ai->client_addr)
+            memcpy(&hc->addr, ai->client_addr,
+                   ai->client_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in));
+        hc->local = ai && ai->client_addr && addr_local(ai->client_addr);
+        hc->since = h->now();
+        hc->prev = h->tail;
+        if (h->tail)
+            h->tail->next = hc;
+        else
+            h->head = hc;
+        h->tail = hc;
+        h->nconn++;
+        h->nremote += !hc->local;
+        *socket_context = hc;
+        return;
+    }
+    struct http_conn *hc = *socket_context;
+    if (!hc)
+        return;
+    if (!hc->shut) {
+        h->nconn--;
+        h->nremote -= !hc->local;
+    }
+    if (hc->prev)
+        hc->prev->next = hc->next;
+    else
+        h->head = hc->next;
+    if (hc->next)
+        hc->next->prev = hc->prev;
+    else
+        h->tail = hc->prev;
+    free(hc);
+    *socket_context = NULL;
+}
+
+static struct http_conn *conn_of(struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
+{
+    (void)con_cls;
+    (void)toe;
+    struct http *h = cls;
+    struct http_conn *hc = conn_of(conn);
+    if (hc) {
+        hc->in_request = false;
+        hc->since = h->now();
+    }
+}
+
+/* Connections past their deadlines (from the timer). */
+static void sweep(struct http *h)
+{
+    double now = h->now();
+    for (struct http_conn *c = h->head; c; c = c->next) {
+        if (c->shut)
+            continue;
+        if (!c->in_request && now - c->since > HTTP_HEADER_DEADLINE_S) {
+            h->shut_slow++;
+            conn_shut(h, c, "no whole request headers in time");
+        } else if (c->in_request && now - c->req_start > HTTP_REQUEST_DEADLINE_S) {
+            h->shut_slow++;
+            conn_shut(h, c, "the answer was not taken in time");
+        }
+    }
+    ratelimit_flush(&h->rl_conn, now, "http", "closed connections");
 }
 
 static enum MHD_Result respond(struct MHD_Connection *conn, unsigned code, const char *type, char *body, size_t len,
@@ -57,8 +259,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 {
     (void)version;
     (void)upload_data;
-    (void)con_cls;
     struct http *h = cls;
+    if (!*con_cls) { /* the request's headers are whole */
+        static int started;
+        *con_cls = &started;
+        struct http_conn *hc = conn_of(conn);
+        if (hc) {
+            hc->in_request = true;
+            hc->req_start = h->now();
+        }
+    }
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
         static char msg[] = "only GET and HEAD are served\n";
         return respond(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "text/plain; charset=utf-8", msg, sizeof msg - 1,
@@ -109,7 +319,11 @@ static void drive(struct http *h)
     uv_timer_start(&h->timer, on_timer, ms > 250 ? 250 : ms ? ms : 1, 0);
 }
 
-static void on_timer(uv_timer_t *t) { drive(t->data); }
+static void on_timer(uv_timer_t *t)
+{
+    sweep(t->data);
+    drive(t->data);
+}
 
 static void on_poll(uv_poll_t *p, int status, int events)
 {
@@ -165,10 +379,13 @@ struct http *http_start(uv_loop_t *loop, const char *listen, struct core *core, 
     struct http *h = xcalloc(1, sizeof *h);
     h->core = core;
     h->now = now;
-    h->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, http_log, NULL,
-                              MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT, 256u,
-                              MHD_OPTION_PER_IP_CONNECTION_LIMIT, 64u, MHD_OPTION_CONNECTION_TIMEOUT, 10u,
-                              MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024), MHD_OPTION_END);
+    h->cap = 256;
+    /* per-address limits are ours (on_accept): libmicrohttpd's would count local scrapes with the rest */
+    h->mhd = MHD_start_daemon(flags, 0, on_accept, h, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, http_log, h,
+                              MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT,
+                              (unsigned)HTTP_MHD_LIMIT, MHD_OPTION_CONNECTION_TIMEOUT, 10u,
+                              MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
+                              h, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024), MHD_OPTION_END);
     if (!h->mhd) {
         snprintf(err, errlen, "cannot serve HTTP on %s (address in use, or not an address of this host?)", listen);
         free(h);
@@ -193,6 +410,8 @@ struct http *http_start(uv_loop_t *loop, const char *listen, struct core *core, 
     snprintf(url, urllen, "http://%s:%u", host[0] ? host : "0.0.0.0", pi ? (unsigned)pi->port : 0u);
     return h;
 }
+
+void http_set_connection_limit(struct http *h, int cap) { h->cap = cap < 4 ? 4 : cap > 256 ? 256 : cap; }
 
 static void on_closed(uv_handle_t *hd)
 {

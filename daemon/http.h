@@ -15,6 +15,8 @@ struct http;
  * run. url[] gets the base URL actually bound. NULL with err on failure. */
 struct http *http_start(uv_loop_t *loop, const char *listen, struct core *core, double (*now)(void), char *url,
                         size_t urllen, char *err, size_t errlen);
+/* Connections at once (4..256): a quarter is kept for scrapes from 127.0.0.1 / ::1. */
+void http_set_connection_limit(struct http *h, int cap);
 /* Stop serving; close_cb-free: the handles are closed on the loop, call before the final uv_run. */
 void http_stop(struct http *h);
 /* The status page (page.c). */

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core.h"
+#include "proto/transport.h"
 
 int validate_text(const char *s, size_t max)
 {
@@ -115,8 +116,8 @@ static int check_heartbeat(const Grpo__Heartbeat *h, char *why, size_t whylen)
 
 int validate_request(const Grpo__Envelope *env, char *why, size_t whylen)
 {
-    if (!validate_text(env->secret, 1024))
-        FAIL("secret is too long or not printable UTF-8");
+    if (env->secret.len > GRPO_SECRET_MAX)
+        FAIL("secret of %zu bytes is longer than %d bytes", env->secret.len, GRPO_SECRET_MAX);
     switch (env->body_case) {
     case GRPO__ENVELOPE__BODY_REGISTER: return check_register(env->register_, why, whylen);
     case GRPO__ENVELOPE__BODY_HEARTBEAT: return check_heartbeat(env->heartbeat, why, whylen);

@@ -181,6 +181,54 @@ int endpoint_probe(const char *endpoint, char *why, size_t whylen)
     return kind == ENDPOINT_IPC ? probe_ipc(path, why, whylen) : probe_tcp(endpoint, why, whylen);
 }
 
+static const char *file_kind(mode_t m)
+{
+    return S_ISREG(m)    ? "a regular file"
+           : S_ISDIR(m)  ? "a directory"
+           : S_ISLNK(m)  ? "a symbolic link"
+           : S_ISFIFO(m) ? "a named pipe"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+                         : "not a socket";
+}
+
+int endpoint_prepare_bind(const char *endpoint, char *err, size_t errlen)
+{
+    enum endpoint_kind kind;
+    char path[512], why[256];
+    if (endpoint_parse(endpoint, &kind, path, sizeof path, err, errlen) != 0)
+        return -1;
+    if (kind != ENDPOINT_IPC)
+        return 0;
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        if (errno == ENOENT)
+            return 0;
+        errno_text(errno, why, sizeof why);
+        snprintf(err, errlen, "cannot use %s as a socket: %s", path, why);
+        return -1;
+    }
+    if (!S_ISSOCK(st.st_mode)) {
+        snprintf(err, errlen, "%s exists and is %s, not a socket: left alone (move it away or choose another path)",
+                 path, file_kind(st.st_mode));
+        return -1;
+    }
+    if (probe_ipc(path, why, sizeof why) == 0) {
+        snprintf(err, errlen, "socket %s is in use: something answers on it", path);
+        return -1;
+    }
+    if (strcmp(why, "connection refused") != 0) {
+        snprintf(err, errlen, "socket %s exists and cannot be checked (%s): left alone", path, why);
+        return -1;
+    }
+    if (unlink(path) != 0 && errno != ENOENT) { /* stale: nobody listens any more */
+        errno_text(errno, why, sizeof why);
+        snprintf(err, errlen, "cannot remove the stale socket %s: %s", path, why);
+        return -1;
+    }
+    return 0;
+}
+
 int secret_read(const char *path, int strict, char *out, size_t outlen, char *err, size_t errlen)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -210,7 +258,11 @@ int secret_read(const char *path, int strict, char *out, size_t outlen, char *er
         return -1;
     }
     buf[n] = 0;
-    char *nl = strchr(buf, '\n');
+    char *nl = memchr(buf, '\n', (size_t)n);
+    if (memchr(buf, 0, nl ? (size_t)(nl - buf) : (size_t)n)) {
+        snprintf(err, errlen, "secret in %s contains a NUL byte (use one line of printable text)", path);
+        return -1;
+    }
     if (nl)
         *nl = 0;
     else if ((size_t)n > GRPO_SECRET_MAX) {
@@ -235,13 +287,29 @@ int secret_read(const char *path, int strict, char *out, size_t outlen, char *er
     return 0;
 }
 
+int secret_bytes_equal(const uint8_t *a, size_t la, const uint8_t *b, size_t lb)
+{
+    /* every byte of a is looked at whatever it holds, against b cycled; the lengths enter the same sum */
+    volatile unsigned diff = (unsigned)((la ^ lb) != 0);
+    for (size_t i = 0; i < la; i++)
+        diff |= (unsigned)a[i] ^ (unsigned)(lb ? b[i % lb] : 0);
+    return diff == 0 && la == lb;
+}
+
 int secret_equal(const char *a, const char *b)
 {
-    size_t la = strlen(a), lb = strlen(b);
-    unsigned diff = (unsigned)(la ^ lb);
-    for (size_t i = 0; i < la; i++)
-        diff |= (unsigned)(unsigned char)a[i] ^ (unsigned)(unsigned char)b[lb ? i % lb : 0];
-    return diff == 0 && la == lb;
+    return secret_bytes_equal((const uint8_t *)a, strlen(a), (const uint8_t *)b, strlen(b));
+}
+
+int secret_matches(ProtobufCBinaryData got, const char *want)
+{
+    return secret_bytes_equal(got.data, got.len, (const uint8_t *)want, strlen(want));
+}
+
+void envelope_set_secret(Grpo__Envelope *env, const char *secret)
+{
+    env->secret.data = (uint8_t *)(secret ? secret : "");
+    env->secret.len = secret ? strlen(secret) : 0;
 }
 
 struct rpc_client *rpc_open(const char *endpoint, const char *secret, char *err, size_t errlen)
@@ -315,7 +383,7 @@ enum rpc_result rpc_call(struct rpc_client *c, Grpo__Envelope *req, int timeout_
     *reply = NULL;
     uint64_t id = ++c->next_id;
     req->request_id = id;
-    req->secret = c->secret ? c->secret : (char *)"";
+    envelope_set_secret(req, c->secret);
     size_t len;
     uint8_t *buf = CHECK_ALLOC(protocol_pack(req, &len));
     double deadline = transport_now() + timeout_ms / 1000.0;

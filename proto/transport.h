@@ -28,11 +28,24 @@ int endpoint_parse(const char *endpoint, enum endpoint_kind *kind, char *path, s
  * in lower case ("connection refused", "no such file or directory", "permission denied"). */
 int endpoint_probe(const char *endpoint, char *why, size_t whylen);
 
+/* Make an endpoint ready for nn_bind. For ipc://PATH: nothing there is fine; a socket nobody answers on
+ * (left by a killed process) is removed; anything else is left alone and refused: a socket something answers
+ * on ("in use"), a regular file, a directory, a symbolic link... nanomsg's own bind would remove a regular
+ * file and abort on a directory. tcp:// needs nothing. 0, or -1 with err naming the path and what is there. */
+int endpoint_prepare_bind(const char *endpoint, char *err, size_t errlen);
+
 /* Read a shared secret (first line, surrounding white space trimmed). With strict, a file that
  * group or others may read is refused. 0, or -1 with err naming the file and the fix. */
 int secret_read(const char *path, int strict, char *out, size_t outlen, char *err, size_t errlen);
-/* Compare secrets in time independent of where they differ; 1 when equal. */
+/* Compare two byte strings, every byte of both lengths, in time independent of where they differ
+ * (it depends on la only: the received side's length); 1 when equal. */
+int secret_bytes_equal(const uint8_t *a, size_t la, const uint8_t *b, size_t lb);
+/* secret_bytes_equal of two C strings; 1 when equal. */
 int secret_equal(const char *a, const char *b);
+/* Whether an envelope's secret (bytes: an embedded NUL is a byte like any other) is exactly want. */
+int secret_matches(ProtobufCBinaryData got, const char *want);
+/* Put secret (NULL or "": none) into an envelope about to be packed; it points into secret. */
+void envelope_set_secret(Grpo__Envelope *env, const char *secret);
 
 /* Outcome of rpc_call. */
 enum rpc_result {

@@ -8,12 +8,14 @@
 #include <sys/stat.h>
 
 #include "common/check.h"
+#include "common/fs.h"
 #include "common/log.h"
 #include "common/npy.h"
 #include "worker/formats/gguf.h"
 #include "worker/formats/safetensors.h"
 #include "worker/model/generate.h"
 #include "worker/model/model_io.h"
+#include "worker/plan/planner.h"
 #include "worker/tokenizer/tokenizer.h"
 
 static void usage(FILE *out)
@@ -32,6 +34,9 @@ static void usage(FILE *out)
           "  generate MODEL --prompt TEXT [--chat] [--max-new-tokens N] [--temperature T] [--top-p P]\n"
           "                 [--top-k K] [--seed S] [-n SAMPLES]\n"
           "                                     sample a continuation (temperature 0: greedy)\n"
+          "  plan CONFIG.json [cluster and batch options]\n"
+          "                                     memory and communication of every parallel layout, and the\n"
+          "                                     recommended one (grpo-model plan --help)\n"
           "\n"
           "MODEL is a Hugging Face model directory or a .gguf file. `grpo-model COMMAND --help` for details.\n"
           "Common options: --threads N (OpenBLAS threads, default 1).\n",
@@ -171,6 +176,16 @@ static int cmd_info(const char *path)
     return 0;
 }
 
+/* OUTDIR and its parents, as mkdir -p: a fresh checkout's runs/ or ~/.cache/ tree need not exist yet. */
+static int make_outdir(const char *cmd, const char *outdir)
+{
+    if (fs_mkdir_p(outdir) != 0) {
+        log_error(cmd, "cannot create directory %s: %s", outdir, check_errno_text());
+        return -1;
+    }
+    return 0;
+}
+
 static int cmd_convert(const char *in, const char *outdir, int bf16)
 {
     char err[1024], path[4096];
@@ -185,6 +200,8 @@ static int cmd_convert(const char *in, const char *outdir, int bf16)
         return 1;
     }
     int rc = 1;
+    if (make_outdir("convert", outdir) != 0)
+        goto out;
     if (model_save_hf(m, outdir, bf16, err, sizeof err) != 0) {
         log_error("convert", "%s", err);
         goto out;
@@ -228,9 +245,17 @@ static int cmd_init(const char *config, const char *outdir, const struct opts *o
         tokenizer_free(t);
         return 2;
     }
+    char why[512];
+    if (model_config_check_fits(&cfg, why, sizeof why) != 0) {
+        log_error("init", "%s: %s", config, why);
+        tokenizer_free(t);
+        return 2;
+    }
     struct model *m = model_create(&cfg);
     model_init_random(m, o->seed, o->std);
     int rc = 1;
+    if (make_outdir("init", outdir) != 0)
+        goto out;
     if (model_save_hf(m, outdir, 0, err, sizeof err) != 0) {
         log_error("init", "%s", err);
         goto out;
@@ -397,12 +422,14 @@ int main(int argc, char **argv)
         return argc < 2 ? 2 : 0;
     }
     const char *cmd = argv[1];
+    if (strcmp(cmd, "plan") == 0) /* the layout planner has options of its own */
+        return plan_main(argc - 1, argv + 1);
     const char *help = NULL;
     for (size_t i = 0; i < sizeof cmd_help / sizeof *cmd_help; i++)
         if (strcmp(cmd, cmd_help[i][0]) == 0)
             help = cmd_help[i][1];
     if (!help) {
-        log_error("model", "unknown command '%s' (info, init, convert, tokenize, logits, generate)", cmd);
+        log_error("model", "unknown command '%s' (info, init, convert, tokenize, logits, generate, plan)", cmd);
         return 2;
     }
     struct opts o = {.max_new = 64, .top_p = 1.0f, .n = 1, .seed = 1, .threads = 1, .std = 0.02};

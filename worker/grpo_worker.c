@@ -221,9 +221,10 @@ static int run_role(const struct grpo_config *cfg, struct comm *world, int repla
             log_warn("worker", "mpirun ends the whole job when any rank dies: launch with --mca orte_enable_recovery 1 "
                                "(and grpod) so that a lost rollout rank costs nothing");
         else if (!cfg->grpod_endpoint || !cfg->grpod_endpoint[0]) {
-            log_error("worker", "mpirun keeps the job when a rank dies (orte_enable_recovery), but without grpod nobody "
-                                "would tell the trainers that one of them is lost: they would wait for it for ever. "
-                                "Run under grpod (grpod.endpoint) or launch without the option");
+            log_error("worker",
+                      "mpirun keeps the job when a rank dies (orte_enable_recovery), but without grpod nobody "
+                      "would tell the trainers that one of them is lost: they would wait for it for ever. "
+                      "Run under grpod (grpod.endpoint) or launch without the option");
             return 2;
         }
     }
@@ -354,6 +355,11 @@ int main(int argc, char **argv)
         return 2;
     }
 
+    /* SIGTERM / SIGINT (Slurm's time limit and preemption, systemctl stop, ^C): a checkpoint at the next safe
+     * point, then exit 0; a second one ends the process at once. Before MPI_Init, so that no thread started
+     * later (MPI's, nanomsg's, the heartbeat) has a system call cut short by them. */
+    if (!do_selftest)
+        control_catch_stop_signals();
     CHECK_MPI(MPI_Init(&argc, &argv));
     check_set_fatal_hook(check_mpi_abort_hook);
     struct comm *world = comm_mpi_world();

@@ -23,8 +23,8 @@ struct grpo_config;
 struct role_env {
     const struct grpo_config *cfg;
     struct comm *world;
-    int rank, world_size;  /* this rank in the run: the MPI rank and size, or --replace-rank's */
-    bool replacing;        /* --replace-rank: in the place of a lost rollout rank */
+    int rank, world_size; /* this rank in the run: the MPI rank and size, or --replace-rank's */
+    bool replacing;       /* --replace-rank: in the place of a lost rollout rank */
     struct placement_spec spec;
     struct placement at;   /* this rank's role and coordinates */
     struct control *ctl;   /* NULL: no grpod */

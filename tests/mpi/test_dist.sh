@@ -69,6 +69,41 @@ expect "per-step losses and grad norms match the single-process run within 1e-5"
 rc=$?
 expect "final weights match the single-process run within 1e-5 ($(cat "$TMP/cmp.txt"))" $rc
 
+# ZeRO-1 over the 2 trainer DP ranks: the same update, with each rank holding half of the optimizer state
+timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/zero" \
+    placement.trainer_ranks=2 placement.rollout_ranks=1 trainer.save_freq=2 \
+    actor_rollout_ref.actor.megatron.use_distributed_optimizer=true >"$TMP/zero.log" 2>&1
+expect "ZeRO-1 run (1 rollout + 2 trainer ranks) finishes" $?
+grep -q "ZeRO-1: DP rank 1 keeps the optimizer state of parameters 45312..90624" "$TMP/zero.log"
+expect "ZeRO-1: each DP rank keeps its half of the optimizer state" $?
+"$COMPARE" "$(weights split)" "$(weights zero)" 1e-6 >"$TMP/cmpz.txt" 2>&1
+rc=$?
+expect "ZeRO-1 weights match the all-reduce run within 1e-6 ($(cat "$TMP/cmpz.txt"))" $rc
+"$COMPARE" "$(weights one)" "$(weights zero)" 1e-5 >/dev/null 2>&1
+expect "ZeRO-1 weights match the single-process run within 1e-5" $?
+python3 - "$TMP/split/p/e/metrics.jsonl" "$TMP/zero/p/e/metrics.jsonl" <<'PY'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+b = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
+assert len(a) == len(b) == 4, (len(a), len(b))
+for x, y in zip(a, b):
+    assert abs(x["actor/grad_norm"] - y["actor/grad_norm"]) <= 1e-6 * abs(x["actor/grad_norm"]), (x, y)
+    # the optimizer state per rank: two FP32 moments of every parameter, or of half of them
+    assert abs(x["perf/optimizer_state_gb"] - 8 * 90624 / 1e9) < 1e-12, x["perf/optimizer_state_gb"]
+    assert abs(y["perf/optimizer_state_gb"] - 8 * 45312 / 1e9) < 1e-12, y["perf/optimizer_state_gb"]
+print("grad norms agree, optimizer state halved")
+PY
+expect "ZeRO-1: grad norms match the all-reduce run, optimizer state per rank is 1/DP" $?
+# checkpoints stay whole: the ZeRO-1 run's step-2 checkpoint resumed by one process (DP 1, no ZeRO)
+mkdir -p "$TMP/relayout/p/e/checkpoints"
+cp -r "$TMP/zero/p/e/checkpoints/global_step_2" "$TMP/relayout/p/e/checkpoints/"
+echo 2 >"$TMP/relayout/p/e/checkpoints/latest_checkpointed_iteration.txt"
+"$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/relayout" >"$TMP/relayout.log" 2>&1
+expect "a ZeRO-1 checkpoint (DP 2) resumes in one process" $?
+grep -q "resumed from .*global_step_2" "$TMP/relayout.log"; expect "it resumed from step 2" $?
+"$COMPARE" "$(weights one)" "$(weights relayout)" 1e-5 >/dev/null 2>&1
+expect "change of layout on resume (ZeRO-1 DP 2 -> one process): weights match within 1e-5" $?
+
 python3 "$(dirname "$0")/check_audit.py" "$TMP/split/audit" 4 4 "$STEPS"
 expect "audit files: every prompt's group exactly once per step" $?
 

@@ -88,6 +88,23 @@ wait_for 15 state_is failed; expect "run fails when its worker fails" $?
 expect "reason names rank, host and error" $?
 kill -TERM "$GRPOD_PID"; wait "$GRPOD_PID"
 
+# ---- the newest checkpoint any worker wrote shows, whoever asked for it: here rank 1 fails before any
+# checkpoint, and rank 0 writes one as the failed run tells it to stop (no checkpoint request was made)
+start_grpod g4
+start_sim c0 0 2 --steps 100000 --step-ms 30 --host hostC
+C0=$SIM_PID
+start_sim c1 1 2 --steps 100000 --step-ms 30 --host hostD --fail-at 4
+wait_for 15 state_is failed; expect "run fails when rank 1 fails" $?
+wait "$C0"
+cstep="$(sed -n 's/.*checkpoint at step \([0-9]*\) written.*/\1/p' "$TMP/c0.log" | tail -n1)"
+[ -n "$cstep" ]; expect "rank 0 wrote a checkpoint as it stopped (step $cstep)" $?
+wait_for 5 sh -c "[ \"\$('$GRPOCTL' status --json | jq '.workers[0].checkpoint_step')\" = '$cstep' ]"
+expect "grpod knows rank 0's checkpoint" $?
+"$GRPOCTL" status >"$TMP/status" 2>&1
+grep -q "^checkpoint  step $cstep written by rank 0, not by every worker (requests 0)" "$TMP/status"; r=$?
+expect "grpoctl status shows it: $(grep '^checkpoint' "$TMP/status")" $r
+kill -TERM "$GRPOD_PID"; wait "$GRPOD_PID"
+
 # ---- sd_notify: readiness, status and stopping reach $NOTIFY_SOCKET (as under systemd)
 if "$GRPOD" --version | grep -q sd_notify; then
     python3 - "$TMP/notify.sock" "$TMP/notify.txt" <<'PY' &

@@ -74,6 +74,70 @@ state_is running; expect "the run goes on" $?
 grep -Eq 'grpod_rejected_requests_total\{reason="malformed"\} [1-9]' "$TMP/metrics"; expect "malformed requests counted" $?
 grep -Eq 'grpod_rejected_requests_total\{reason="auth"\} [1-9]' "$TMP/metrics"; expect "auth failures counted" $?
 grep -Eq 'grpod_rejected_requests_total\{reason="bad_version"\} [1-9]' "$TMP/metrics"; expect "version refusals counted" $?
+# the shared secret is compared as whole bytes: the right secret followed by a NUL and junk is refused
+# (a raw SP/TCP REQ client: the 8-byte SP header, then 8-byte big-endian length + request id + envelope)
+sp_req() { # sp_req HOST PORT SECRET_HEX: prints the reply's bytes as text
+    python3 - "$@" <<'PY'
+import socket, struct, sys
+host, port, secret = sys.argv[1], int(sys.argv[2]), bytes.fromhex(sys.argv[3])
+env = b"\x08\x01" + b"\x12" + bytes([len(secret)]) + secret + b"\x88\x01\x01"  # version 1, secret, status_request
+s = socket.create_connection((host, port), timeout=3)
+s.sendall(b"\x00SP\x00\x00\x30\x00\x00")  # REQ (48)
+hdr = b""
+while len(hdr) < 8:
+    hdr += s.recv(8 - len(hdr))
+body = struct.pack(">I", 0x80000001) + env
+s.sendall(struct.pack(">Q", len(body)) + body)
+data = b""
+try:
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+        if len(data) >= 8 and len(data) >= 8 + struct.unpack(">Q", data[:8])[0]:
+            break
+except socket.timeout:
+    pass
+sys.stdout.write(data[12:].decode("latin-1"))
+PY
+}
+sec_hex="$(head -n1 "$TMP/secret" | tr -d '\n' | od -An -tx1 | tr -d ' \n')"
+sp_req 127.0.0.1 "$port" "$sec_hex" >"$TMP/out" 2>&1
+has "$TMP/out" "run-"; expect "raw SP client with the secret is answered (status)" $?
+sp_req 127.0.0.1 "$port" "${sec_hex}006a756e6b" >"$TMP/out" 2>&1
+has "$TMP/out" "authentication failed"; expect "the secret followed by NUL and junk is refused" $?
+sp_req 127.0.0.1 "$port" "${sec_hex%??}" >"$TMP/out" 2>&1
+has "$TMP/out" "authentication failed"; expect "a prefix of the secret is refused" $?
 "$GRPOCTL" stop --wait=30 >/dev/null; expect "stop" $?
+kill "$GRPOD_PID" 2>/dev/null; wait "$GRPOD_PID" 2>/dev/null
+
+# what sits at the ipc socket path: only a stale socket is removed; anything else is refused, named, and kept
+# (each grpod below must exit at once: one that serves instead is stopped by timeout, and the check fails)
+echo precious >"$TMP/file.sock"
+timeout 5 "$GRPOD" grpod.endpoint="ipc://$TMP/file.sock" grpod.state_dir="$TMP/p1" grpod.http_listen= >"$TMP/err" 2>&1
+rc=$?
+[ "$rc" -eq 1 ]; expect "a regular file at the socket path: grpod exits 1 (got $rc)" $?
+[ "$(cat "$TMP/file.sock" 2>/dev/null)" = precious ]; expect "... and the file is kept" $?
+has "$TMP/err" "$TMP/file.sock exists and is a regular file, not a socket"; expect "... and the error names the path" $?
+mkdir "$TMP/dir.sock"
+timeout 5 "$GRPOD" grpod.endpoint="ipc://$TMP/dir.sock" grpod.state_dir="$TMP/p2" grpod.http_listen= >"$TMP/err" 2>&1
+rc=$?
+[ "$rc" -eq 1 ]; expect "a directory at the socket path: grpod exits 1, no abort (got $rc)" $?
+[ -d "$TMP/dir.sock" ] && has "$TMP/err" "$TMP/dir.sock exists and is a directory"; expect "... kept and named" $?
+ln -s "$TMP/file.sock" "$TMP/link.sock"
+timeout 5 "$GRPOD" grpod.endpoint="ipc://$TMP/link.sock" grpod.state_dir="$TMP/p3" grpod.http_listen= >"$TMP/err" 2>&1
+[ $? -eq 1 ] && [ -L "$TMP/link.sock" ] && has "$TMP/err" "is a symbolic link"; expect "a symbolic link is refused and kept" $?
+python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])' "$TMP/stale.sock"
+[ -S "$TMP/stale.sock" ]; expect "a stale socket (nobody listens) is in place" $?
+EP_SAVE="$EP"; EP="ipc://$TMP/stale.sock"; GRPOD_ENDPOINT="$EP"
+start_grpod g2; expect "grpod replaces a stale socket and serves" $?
+timeout 5 "$GRPOD" grpod.endpoint="$EP" grpod.state_dir="$TMP/p4" grpod.http_listen= >"$TMP/err" 2>&1
+rc=$?
+[ "$rc" -eq 1 ] && has "$TMP/err" "is in use"; expect "a socket another grpod answers on is refused (exit $rc)" $?
+"$GRPOCTL" --endpoint "$EP" status >/dev/null; expect "... and the first grpod still answers there" $?
+kill "$GRPOD_PID" 2>/dev/null; wait "$GRPOD_PID" 2>/dev/null
+[ ! -e "$TMP/stale.sock" ]; expect "grpod removes its own socket at exit" $?
+EP="$EP_SAVE"; GRPOD_ENDPOINT="$EP"
 echo "$fails failure(s)"
 [ "$fails" -eq 0 ]

@@ -54,6 +54,16 @@ has "$tmp/err" "/nonexistent"; expect "error names the path" $?
 "$tool" init tests/fixtures/tokenizers/bytes-chatml/config.json "$tmp/tb" \
     --tokenizer-from tests/fixtures/tokenizers/bytes-chatml --seed 3 >"$tmp/log" 2>&1
 expect "init a random model" $?
+# OUTDIR's parents are created as by mkdir -p (the bench scripts write into a fresh checkout's runs/ tree)
+"$tool" init tests/fixtures/tokenizers/bytes-chatml/config.json "$tmp/new/parents/tb" \
+    --tokenizer-from tests/fixtures/tokenizers/bytes-chatml --seed 3 >"$tmp/log" 2>&1
+expect "init creates OUTDIR's missing parents" $?
+cmp -s "$tmp/tb/model.safetensors" "$tmp/new/parents/tb/model.safetensors"; expect "... and writes the same model there" $?
+: >"$tmp/plainfile"
+"$tool" init tests/fixtures/tokenizers/bytes-chatml/config.json "$tmp/plainfile/tb" \
+    --tokenizer-from tests/fixtures/tokenizers/bytes-chatml >"$tmp/err" 2>&1
+[ $? -ne 0 ] && has "$tmp/err" "cannot create directory $tmp/plainfile/tb"
+expect "init under a regular file fails, naming the directory" $?
 "$tool" tokenize "$tmp/tb" "Hi 7" >"$tmp/tok" 2>&1; expect "tokenize" $?
 [ "$(cat "$tmp/tok")" = "72,105,32,55" ]; expect "byte tokenizer ids of 'Hi 7'" $?
 "$tool" tokenize "$tmp/tb" "Hi" --chat >"$tmp/tok" 2>&1
@@ -73,6 +83,8 @@ if [ -r "$gguf" ]; then
     for f in config.json model.safetensors tokenizer.json tokenizer_config.json; do
         [ -s "$tmp/hf/$f" ]; expect "convert wrote $f" $?
     done
+    "$tool" convert "$gguf" "$tmp/fresh/checkout/hf" >"$tmp/log" 2>&1 && [ -s "$tmp/fresh/checkout/hf/model.safetensors" ]
+    expect "convert creates OUTDIR's missing parents" $?
     a="$("$tool" tokenize "$gguf" "What is 12+30?" --chat)"
     b="$("$tool" tokenize "$tmp/hf" "What is 12+30?" --chat)"
     [ -n "$a" ] && [ "$a" = "$b" ]; expect "converted tokenizer encodes as the GGUF's" $?

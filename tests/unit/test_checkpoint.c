@@ -1,6 +1,7 @@
 /* Checkpoints: round trip, keep-last-K, corruption detected, and a crash in
  * the middle of a save (left-over temporary directory, stale "latest") never
  * hides the previous complete checkpoint. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -139,11 +140,64 @@ static void test_crash_leftovers_and_corruption(void **state)
     rmrf(root);
 }
 
+/* issue 12: a checkpoint with NaN weights was accepted, and every step then skipped its optimizer step */
+static void test_non_finite_refused(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/grpo_ckpt_XXXXXX", err[1024], dir[1024];
+    assert_non_null(mkdtemp(root));
+    struct model *m = tiny();
+    struct adamw *o = opt_for(m);
+    struct run_state st = {.global_step = 2, .total_steps = 10};
+    const size_t at = m->w.layers[1].w_down - m->w.mem + 3; /* in model.layers.1.mlp.down_proj.weight */
+    m->w.mem[at] = NAN;
+    assert_int_equal(checkpoint_save(root, m, o, NULL, &st, 0, err, sizeof err), 0);
+    assert_int_equal(checkpoint_find_latest(root, dir, sizeof dir), 0);
+    struct model *m2 = tiny();
+    float *before = malloc(m2->w.n_floats * sizeof(float));
+    memcpy(before, m2->w.mem, m2->w.n_floats * sizeof(float));
+    struct adamw *o2 = adamw_create(m2->w.n_floats, 0, 0, 0, 0);
+    struct run_state st2;
+    assert_int_equal(checkpoint_load(dir, m2, o2, &st2, err, sizeof err), -1);
+    if (!strstr(err, "tensor 'model.layers.1.mlp.down_proj.weight'") || !strstr(err, "non-finite"))
+        fail_msg("error '%s' does not name the tensor", err);
+    assert_memory_equal(m2->w.mem, before, m2->w.n_floats * sizeof(float)); /* nothing half-loaded */
+    /* infinite weights too */
+    m->w.mem[at] = -INFINITY;
+    st.global_step = 3;
+    assert_int_equal(checkpoint_save(root, m, o, NULL, &st, 0, err, sizeof err), 0);
+    assert_int_equal(checkpoint_find_latest(root, dir, sizeof dir), 0);
+    assert_int_equal(checkpoint_load(dir, m2, o2, &st2, err, sizeof err), -1);
+    assert_non_null(strstr(err, "-inf"));
+    /* finite weights, non-finite AdamW moments */
+    m->w.mem[at] = 0.5f;
+    o->v[11] = NAN;
+    st.global_step = 4;
+    assert_int_equal(checkpoint_save(root, m, o, NULL, &st, 0, err, sizeof err), 0);
+    assert_int_equal(checkpoint_find_latest(root, dir, sizeof dir), 0);
+    assert_int_equal(checkpoint_load(dir, m2, o2, &st2, err, sizeof err), -1);
+    if (!strstr(err, "optim.bin: AdamW moment v[11] is nan"))
+        fail_msg("error '%s' does not name the moment", err);
+    o->v[11] = 0.0f;
+    st.global_step = 5;
+    assert_int_equal(checkpoint_save(root, m, o, NULL, &st, 0, err, sizeof err), 0);
+    assert_int_equal(checkpoint_find_latest(root, dir, sizeof dir), 0);
+    if (checkpoint_load(dir, m2, o2, &st2, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    free(before);
+    adamw_free(o2);
+    adamw_free(o);
+    model_free(m2);
+    model_free(m);
+    rmrf(root);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip_and_keep),
         cmocka_unit_test(test_crash_leftovers_and_corruption),
+        cmocka_unit_test(test_non_finite_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,5 +1,6 @@
 /* The configuration system: defaults, YAML loading, overrides, and errors that
  * name the key, file and line. */
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -216,6 +217,103 @@ static void test_validate_relations(void **state)
     config_free(&c);
 }
 
+/* config_validate on the defaults plus one override: rc, and the error must contain each needle. */
+static void expect_validate(const char *override, int want_rc, const char *needle1, const char *needle2)
+{
+    struct grpo_config c;
+    config_init(&c);
+    struct cfg_error err = {{0}};
+    if (config_apply_override(&c, override, &err) != 0)
+        fail_msg("%s: %s", override, err.msg);
+    int rc = config_validate(&c, &err);
+    if (rc != want_rc)
+        fail_msg("%s: config_validate gave %d, expected %d (%s)", override, rc, want_rc, rc ? err.msg : "");
+    if (rc && needle1 && !strstr(err.msg, needle1))
+        fail_msg("%s: error '%s' lacks '%s'", override, err.msg, needle1);
+    if (rc && needle2 && !strstr(err.msg, needle2))
+        fail_msg("%s: error '%s' lacks '%s'", override, err.msg, needle2);
+    config_free(&c);
+}
+
+/* issue 12: a run name is one directory under trainer.default_local_dir, never a way out of it */
+static void test_validate_run_names(void **state)
+{
+    (void)state;
+    expect_validate("trainer.experiment_name=../../x", -1, "trainer.experiment_name", "'../../x'");
+    expect_validate("trainer.project_name=../../x", -1, "trainer.project_name", "path separator");
+    expect_validate("trainer.experiment_name=..", -1, "trainer.experiment_name", "'..'");
+    expect_validate("trainer.project_name=.", -1, "trainer.project_name", NULL);
+    expect_validate("trainer.experiment_name=", -1, "trainer.experiment_name", "empty");
+    expect_validate("trainer.experiment_name=a/b", -1, "command line", "trainer.experiment_name");
+    expect_validate("trainer.experiment_name=/abs", -1, "trainer.experiment_name", NULL);
+    expect_validate("trainer.experiment_name=a\\b", -1, "trainer.experiment_name", NULL);
+    expect_validate("trainer.experiment_name=run 1: v1..2", 0, NULL, NULL);
+    expect_validate("trainer.project_name=my-project_2", 0, NULL, NULL);
+}
+
+/* issue 12: values the documentation does not give a meaning are errors naming the key */
+static void test_validate_meaningless_values(void **state)
+{
+    (void)state;
+    expect_validate("trainer.total_training_steps=0", -1, "trainer.total_training_steps", "-1");
+    expect_validate("trainer.total_training_steps=-1", 0, NULL, NULL);
+    expect_validate("trainer.total_training_steps=1", 0, NULL, NULL);
+    expect_validate("actor_rollout_ref.actor.clip_ratio_c=1", -1, "actor_rollout_ref.actor.clip_ratio_c",
+                    "greater than 1");
+    expect_validate("actor_rollout_ref.actor.clip_ratio_c=1.0001", 0, NULL, NULL);
+    /* the new key: documented default, and like the other operational keys left out of the digest */
+    struct grpo_config c, d;
+    config_init(&c);
+    config_init(&d);
+    assert_int_equal(c.trainer_max_consecutive_skipped_steps, 5);
+    struct cfg_error err;
+    assert_int_equal(config_apply_override(&d, "trainer.max_consecutive_skipped_steps=0", &err), 0);
+    assert_true(config_digest(&c) == config_digest(&d));
+    assert_int_equal(config_apply_override(&d, "trainer.max_consecutive_skipped_steps=-1", &err), -1);
+    config_free(&c);
+    config_free(&d);
+}
+
+/* config_from_args on a copy of args (NULL-terminated); stdout (what --print-config prints) is discarded. */
+static int from_args(const char *const *args, int *argc_out)
+{
+    char *argv[16];
+    int argc = 0;
+    for (; args[argc]; argc++)
+        argv[argc] = (char *)args[argc];
+    argv[argc] = NULL;
+    fflush(stdout);
+    int saved = dup(1), null = open("/dev/null", O_WRONLY);
+    dup2(null, 1);
+    struct grpo_config c;
+    config_init(&c);
+    int rc = config_from_args(&c, &argc, argv);
+    config_free(&c);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    close(null);
+    if (argc_out)
+        *argc_out = argc;
+    return rc;
+}
+
+/* issue 12: --print-config (and --config-reference) end the program, so a stray word must not pass unnoticed */
+static void test_print_config_stray_argument(void **state)
+{
+    (void)state;
+    assert_int_equal(from_args((const char *[]){"w", "--print-config", "foo", NULL}, NULL), -1);
+    assert_int_equal(from_args((const char *[]){"w", "actor_rollout_ref.rollout.n", "--print-config", NULL}, NULL), -1);
+    assert_int_equal(from_args((const char *[]){"w", "--config-reference", "stray", NULL}, NULL), -1);
+    /* overrides and options (with their values) are fine */
+    assert_int_equal(from_args((const char *[]){"w", "data.seed=3", "--print-config", NULL}, NULL), 1);
+    assert_int_equal(from_args((const char *[]){"w", "--tp", "2", "--print-config", NULL}, NULL), 1);
+    /* without --print-config a positional argument is left to the program */
+    int argc;
+    assert_int_equal(from_args((const char *[]){"w", "status", "data.seed=3", NULL}, &argc), 0);
+    assert_int_equal(argc, 2);
+}
+
 static void test_suggest(void **state)
 {
     (void)state;
@@ -257,6 +355,9 @@ int main(void)
         cmocka_unit_test(test_missing_and_empty_file),
         cmocka_unit_test(test_overrides),
         cmocka_unit_test(test_validate_relations),
+        cmocka_unit_test(test_validate_run_names),
+        cmocka_unit_test(test_validate_meaningless_values),
+        cmocka_unit_test(test_print_config_stray_argument),
         cmocka_unit_test(test_suggest),
         cmocka_unit_test(test_reference_doc_is_current),
     };

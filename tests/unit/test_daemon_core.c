@@ -16,6 +16,7 @@
 #include "daemon/arena.h"
 #include "daemon/core.h"
 #include "daemon/validate.h"
+#include "proto/transport.h"
 
 static double T = 1000.0; /* the test's monotonic clock */
 
@@ -446,6 +447,57 @@ static void test_journal_round_trip(void **state)
     core_deinit(&e);
 }
 
+/* Heartbeat of a worker that has written a checkpoint at ckpt_step on its own (no request: checkpoint_seq_done 0). */
+static void beat_ckpt(struct core *c, int rank, uint64_t inc, Grpo__WorkerState st, int64_t step, int64_t ckpt_step)
+{
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Heartbeat hb = GRPO__HEARTBEAT__INIT;
+    hb.rank = rank;
+    hb.incarnation = inc;
+    hb.state = st;
+    hb.step = step;
+    hb.total_steps = step;
+    hb.checkpoint_step = ckpt_step;
+    env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    Grpo__Envelope *e = roundtrip(c, &env, NULL);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_HEARTBEAT_ACK);
+    protocol_free(e);
+}
+
+/* A split run's final checkpoint, written by the trainers on their own schedule (nobody asked for it), is the
+ * run's checkpoint; the rollout rank, which writes none, does not hold it back (issue 12, defect 14). */
+static void test_checkpoint_unrequested_split(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = settings(2, 1, 1, 1);
+    core_init(&c, &s, T);
+    uint64_t i0 = reg_ok(&c, 0, 3, GRPO__ROLE__ROLE_TRAINER), i1 = reg_ok(&c, 1, 3, GRPO__ROLE__ROLE_TRAINER),
+             i2 = reg_ok(&c, 2, 3, GRPO__ROLE__ROLE_ROLLOUT);
+    beat_ckpt(&c, 2, i2, GRPO__WORKER_STATE__WORKER_RUNNING, 15, -1);
+    beat_ckpt(&c, 1, i1, GRPO__WORKER_STATE__WORKER_RUNNING, 15, 15);
+    assert_int_equal(c.run.checkpoint_step, -1); /* trainer 0 has not written it yet */
+    beat_ckpt(&c, 0, i0, GRPO__WORKER_STATE__WORKER_RUNNING, 15, 15);
+    assert_int_equal(c.run.checkpoint_step, 15);
+    beat_ckpt(&c, 2, i2, GRPO__WORKER_STATE__WORKER_FINISHED, 15, -1);
+    beat_ckpt(&c, 1, i1, GRPO__WORKER_STATE__WORKER_FINISHED, 15, 15);
+    beat_ckpt(&c, 0, i0, GRPO__WORKER_STATE__WORKER_FINISHED, 15, 15);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_FINISHED);
+    struct arena a = {0};
+    Grpo__Status *st = core_status(&c, T, &a);
+    assert_int_equal(st->checkpoint_step, 15);
+    assert_int_equal(st->checkpoint_seq, 0);
+    assert_int_equal(st->n_workers, 3);
+    assert_int_equal(st->workers[0]->checkpoint_step, 15);
+    assert_int_equal(st->workers[2]->checkpoint_step, -1);
+    arena_free(&a);
+    char *text = core_metrics_text(&c, T);
+    assert_non_null(strstr(text, "grpod_run_checkpoint_step 15\n"));
+    free(text);
+    core_deinit(&c);
+}
+
 static void test_secret(void **state)
 {
     (void)state;
@@ -459,15 +511,62 @@ static void test_secret(void **state)
     assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
     assert_non_null(strstr(e->reply->error, "authentication failed"));
     protocol_free(e);
-    env.secret = "s3cres";
+    envelope_set_secret(&env, "s3cres");
     e = roundtrip(&c, &env, "s3cret");
     assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
     protocol_free(e);
-    env.secret = "s3cret";
+    envelope_set_secret(&env, "s3cret");
     e = roundtrip(&c, &env, "s3cret");
     assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_STATUS);
     protocol_free(e);
     assert_int_equal(c.counters.auth_failed, 2);
+    core_deinit(&c);
+}
+
+/* The secret is compared as bytes, whole: a right prefix followed by a NUL and junk, a prefix, or the
+ * secret with one more byte are all refused (issue 12, defect 15). */
+static void test_secret_whole_bytes(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = settings(0, 0, 1, 1);
+    core_init(&c, &s, T);
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    env.body_case = GRPO__ENVELOPE__BODY_STATUS_REQUEST;
+    env.status_request = 1;
+    static const uint8_t nul_junk[] = {'s', '3', 'c', 'r', 'e', 't', 0, 'j', 'u', 'n', 'k'};
+    static const uint8_t nul_only[] = {'s', '3', 'c', 'r', 'e', 't', 0};
+    const struct {
+        const uint8_t *data;
+        size_t len;
+    } wrong[] = {{nul_junk, sizeof nul_junk},
+                 {nul_only, sizeof nul_only},
+                 {(const uint8_t *)"s3c", 3},
+                 {(const uint8_t *)"s3cretX", 7},
+                 {(const uint8_t *)"", 0}};
+    for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++) {
+        env.secret.data = (uint8_t *)wrong[i].data;
+        env.secret.len = wrong[i].len;
+        Grpo__Envelope *e = roundtrip(&c, &env, "s3cret");
+        assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
+        assert_non_null(strstr(e->reply->error, "authentication failed"));
+        protocol_free(e);
+    }
+    assert_int_equal(c.counters.auth_failed, sizeof wrong / sizeof wrong[0]);
+    env.secret.data = (uint8_t *)"s3cret";
+    env.secret.len = 6;
+    Grpo__Envelope *e = roundtrip(&c, &env, "s3cret");
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_STATUS);
+    protocol_free(e);
+    /* on a socket without a secret, an over-long one is still refused by validation, not crashed on */
+    uint8_t big[GRPO_SECRET_MAX + 1];
+    memset(big, 'a', sizeof big);
+    env.secret.data = big;
+    env.secret.len = sizeof big;
+    e = roundtrip(&c, &env, NULL);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
+    assert_non_null(strstr(e->reply->error, "secret"));
+    protocol_free(e);
     core_deinit(&c);
 }
 
@@ -942,10 +1041,12 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_state_machine),
         cmocka_unit_test(test_checkpoint_completion),
+        cmocka_unit_test(test_checkpoint_unrequested_split),
         cmocka_unit_test(test_lost_worker),
         cmocka_unit_test(test_worker_failure),
         cmocka_unit_test(test_journal_round_trip),
         cmocka_unit_test(test_secret),
+        cmocka_unit_test(test_secret_whole_bytes),
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_status_and_metrics),
         cmocka_unit_test(test_split_rollout_rank_lost),

@@ -519,6 +519,24 @@ static void test_bad_input(void **state)
     assert_null(dispatcher_open(&none, err, sizeof err));
     assert_non_null(strstr(err, "0 units"));
 
+    /* a regular file at the socket's path is neither removed nor bound over (issue 12, defect 3) */
+    char file_ep[128], path[128];
+    endpoint(f, "precious", file_ep, sizeof file_ep);
+    snprintf(path, sizeof path, "%s/precious", f->dir);
+    FILE *pf = fopen(path, "w");
+    assert_non_null(pf);
+    fputs("precious\n", pf);
+    fclose(pf);
+    const struct dispatch_options on_file = {.endpoint = file_ep, .units = 1, .n_floats = N, .lost_after_s = 1};
+    assert_null(dispatcher_open(&on_file, err, sizeof err));
+    assert_non_null(strstr(err, "not a socket"));
+    char back[32] = "";
+    pf = fopen(path, "r");
+    assert_non_null(pf);
+    assert_non_null(fgets(back, sizeof back, pf));
+    fclose(pf);
+    assert_string_equal(back, "precious\n");
+
     struct dispatcher *d = open_dispatcher(ep, NULL, 2, 0, 10, N, 10.0);
     dispatcher_publish(d, 0, w0);
 

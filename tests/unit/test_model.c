@@ -14,7 +14,9 @@
 
 #include <cmocka.h>
 
+#include "common/config.h"
 #include "common/npy.h"
+#include "worker/model/fit.h"
 #include "worker/model/generate.h"
 #include "worker/model/model_io.h"
 
@@ -480,6 +482,295 @@ static void test_generation_reproducible(void **state)
     model_free(m);
 }
 
+/* ---- issue 12: bad weights and sizes are refused by name before anything large is allocated ---- */
+
+/* dir/config.json with one key's value replaced (value is JSON text). */
+static void patch_config(const char *dir, const char *key, const char *value)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_error_t je;
+    json_t *o = json_load_file(path, 0, &je);
+    assert_non_null(o);
+    json_t *v = json_loads(value, JSON_DECODE_ANY, &je);
+    assert_non_null(v);
+    json_object_set_new(o, key, v);
+    assert_int_equal(json_dump_file(o, path, 0), 0);
+    json_decref(o);
+}
+
+static void expect_load_fails(const char *path, const char *needle1, const char *needle2)
+{
+    char err[1024] = "";
+    struct model *m = model_load(path, err, sizeof err);
+    if (m)
+        fail_msg("%s loaded; expected an error about %s", path, needle1);
+    if (!strstr(err, needle1) || (needle2 && !strstr(err, needle2)))
+        fail_msg("error '%s' lacks '%s' / '%s'", err, needle1, needle2 ? needle2 : "");
+}
+
+static void rm_rf(const char *dir)
+{
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void test_load_refuses_bad_hf(void **state)
+{
+    (void)state;
+    struct model *m = load("tiny-llama-untied");
+    char dir[] = "/tmp/grpo_model_XXXXXX", err[1024];
+    assert_non_null(mkdtemp(dir));
+    assert_int_equal(model_save_hf(m, dir, 0, err, sizeof err), 0);
+    struct model *ok = model_load(dir, err, sizeof err);
+    if (!ok)
+        fail_msg("%s", err);
+    model_free(ok);
+
+    /* NaN or infinite weights: refused with the tensor's name (they made every optimizer step skip) */
+    int n = model_param_refs(m, &m->w, NULL, 0);
+    struct param_ref *refs = calloc((size_t)n, sizeof *refs);
+    model_param_refs(m, &m->w, refs, n);
+    for (int which = 0; which < 2; which++) {
+        struct param_ref *r = &refs[which ? n - 1 : 3];
+        float keep = r->data[r->numel / 2];
+        r->data[r->numel / 2] = which ? INFINITY : NAN;
+        assert_int_equal(model_save_hf(m, dir, 0, err, sizeof err), 0);
+        r->data[r->numel / 2] = keep;
+        char want[200];
+        snprintf(want, sizeof want, "tensor '%s'", r->name);
+        expect_load_fails(dir, want, "non-finite");
+    }
+    assert_int_equal(model_save_hf(m, dir, 0, err, sizeof err), 0);
+
+    /* a configuration that leaves out a layer of the weights */
+    patch_config(dir, "num_hidden_layers", "1");
+    expect_load_fails(dir, "num_hidden_layers is 1", "model.layers.1.");
+    patch_config(dir, "num_hidden_layers", "2");
+    /* max_position_embeddings 0 bounds nothing */
+    patch_config(dir, "max_position_embeddings", "0");
+    expect_load_fails(dir, "max_position_embeddings (0) must be positive", NULL);
+    patch_config(dir, "max_position_embeddings", "512");
+    /* sizes that do not fit the machine fail by name before calloc does */
+    patch_config(dir, "hidden_size", "1000000000");
+    expect_load_fails(dir, "hidden_size 1000000000", "bytes");
+    /* and sizes that do not fit an int are not wrapped into plausible ones */
+    patch_config(dir, "hidden_size", "4294967328");
+    expect_load_fails(dir, "'hidden_size' = 4294967328 is out of range", NULL);
+    free(refs);
+    rm_rf(dir);
+    model_free(m);
+}
+
+/* A minimal GGUF v3 writer: string/uint32 metadata and F32 tensors, data aligned to 32 bytes. */
+struct gguf_w {
+    uint8_t *b;
+    size_t n, cap;
+};
+
+static void gw_put(struct gguf_w *w, const void *p, size_t n)
+{
+    if (w->n + n > w->cap) {
+        w->cap = (w->n + n) * 2 + 1024;
+        w->b = realloc(w->b, w->cap);
+        assert_non_null(w->b);
+    }
+    memcpy(w->b + w->n, p, n);
+    w->n += n;
+}
+static void gw_u32(struct gguf_w *w, uint32_t v) { gw_put(w, &v, 4); }
+static void gw_u64(struct gguf_w *w, uint64_t v) { gw_put(w, &v, 8); }
+static void gw_str(struct gguf_w *w, const char *s)
+{
+    gw_u64(w, strlen(s));
+    gw_put(w, s, strlen(s));
+}
+static void gw_kv_u32(struct gguf_w *w, const char *k, uint32_t v)
+{
+    gw_str(w, k);
+    gw_u32(w, 4); /* GGUF_TYPE_UINT32 */
+    gw_u32(w, v);
+}
+
+/* GGUF name of an HF parameter name (llama.cpp's naming). */
+static void gguf_name(const char *hf, char *out, size_t len)
+{
+    static const char *const map[][2] = {
+        {"input_layernorm.weight", "attn_norm.weight"},    {"self_attn.q_proj.weight", "attn_q.weight"},
+        {"self_attn.k_proj.weight", "attn_k.weight"},      {"self_attn.v_proj.weight", "attn_v.weight"},
+        {"self_attn.o_proj.weight", "attn_output.weight"}, {"post_attention_layernorm.weight", "ffn_norm.weight"},
+        {"mlp.gate_proj.weight", "ffn_gate.weight"},       {"mlp.up_proj.weight", "ffn_up.weight"},
+        {"mlp.down_proj.weight", "ffn_down.weight"},
+    };
+    int l;
+    char rest[96];
+    if (strcmp(hf, "model.embed_tokens.weight") == 0)
+        snprintf(out, len, "token_embd.weight");
+    else if (strcmp(hf, "model.norm.weight") == 0)
+        snprintf(out, len, "output_norm.weight");
+    else if (strcmp(hf, "lm_head.weight") == 0)
+        snprintf(out, len, "output.weight");
+    else if (sscanf(hf, "model.layers.%d.%95s", &l, rest) == 2) {
+        for (size_t i = 0; i < sizeof map / sizeof *map; i++)
+            if (strcmp(rest, map[i][0]) == 0)
+                snprintf(out, len, "blk.%d.%s", l, map[i][1]);
+    }
+}
+
+/* Write m (llama, no biases) as a GGUF file claiming block_count and context_length. */
+static void write_gguf(const struct model *m, const char *path, uint32_t block_count, uint32_t context_length)
+{
+    const struct model_config *c = &m->cfg;
+    int n = model_param_refs(m, &m->w, NULL, 0);
+    struct param_ref *refs = calloc((size_t)n, sizeof *refs);
+    model_param_refs(m, &m->w, refs, n);
+    struct gguf_w w = {0};
+    gw_put(&w, "GGUF", 4);
+    gw_u32(&w, 3);
+    gw_u64(&w, (uint64_t)n);
+    gw_u64(&w, 8);
+    gw_str(&w, "general.architecture");
+    gw_u32(&w, 8); /* GGUF_TYPE_STRING */
+    gw_str(&w, "llama");
+    gw_kv_u32(&w, "llama.embedding_length", (uint32_t)c->hidden_size);
+    gw_kv_u32(&w, "llama.block_count", block_count);
+    gw_kv_u32(&w, "llama.feed_forward_length", (uint32_t)c->intermediate_size);
+    gw_kv_u32(&w, "llama.attention.head_count", (uint32_t)c->n_heads);
+    gw_kv_u32(&w, "llama.attention.head_count_kv", (uint32_t)c->n_kv_heads);
+    gw_kv_u32(&w, "llama.attention.key_length", (uint32_t)c->head_dim);
+    gw_kv_u32(&w, "llama.context_length", context_length);
+    uint64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        char name[128] = "?";
+        gguf_name(refs[i].name, name, sizeof name);
+        gw_str(&w, name);
+        gw_u32(&w, (uint32_t)refs[i].n_dims);
+        for (int d = refs[i].n_dims - 1; d >= 0; d--) /* ggml order: row length first */
+            gw_u64(&w, (uint64_t)refs[i].shape[d]);
+        gw_u32(&w, 0); /* F32 */
+        gw_u64(&w, off);
+        off += (refs[i].numel * sizeof(float) + 31) / 32 * 32;
+    }
+    static const uint8_t zeros[32];
+    gw_put(&w, zeros, (32 - w.n % 32) % 32);
+    for (int i = 0; i < n; i++) {
+        gw_put(&w, refs[i].data, refs[i].numel * sizeof(float));
+        gw_put(&w, zeros, (32 - w.n % 32) % 32);
+    }
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(w.b, 1, w.n, f), w.n);
+    fclose(f);
+    free(w.b);
+    free(refs);
+}
+
+static void test_load_refuses_bad_gguf(void **state)
+{
+    (void)state;
+    struct model *m = load("tiny-llama-untied");
+    char dir[] = "/tmp/grpo_gguf_XXXXXX", path[600], err[1024];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/tiny.gguf", dir);
+    const uint32_t L = (uint32_t)m->cfg.n_layers;
+    write_gguf(m, path, L, 512);
+    struct model *ok = model_load(path, err, sizeof err);
+    if (!ok)
+        fail_msg("%s", err);
+    assert_int_equal(ok->cfg.n_layers, (int)L);
+    assert_memory_equal(ok->w.embed, m->w.embed, sizeof(float) * (size_t)m->cfg.vocab_size * m->cfg.hidden_size);
+    model_free(ok);
+    /* a block_count that drops a block */
+    write_gguf(m, path, L - 1, 512);
+    char want[64];
+    snprintf(want, sizeof want, "blk.%u.", L - 1);
+    expect_load_fails(path, "llama.block_count is", want);
+    /* context length 0 */
+    write_gguf(m, path, L, 0);
+    expect_load_fails(path, "max_position_embeddings (0) must be positive", NULL);
+    /* a NaN weight */
+    m->w.layers[0].w_up[5] = NAN;
+    write_gguf(m, path, L, 512);
+    expect_load_fails(path, "tensor 'blk.0.ffn_up.weight'", "non-finite");
+    rm_rf(dir);
+    model_free(m);
+}
+
+/* The run must fit the model's positions and the machine before it allocates; errors name the keys. */
+static void test_run_fit(void **state)
+{
+    (void)state;
+    struct model *m = load("tiny-llama-tied");
+    const struct model_config *mc = &m->cfg;
+    struct grpo_config c;
+    config_init(&c);
+    struct cfg_error ce;
+    char err[1024] = "";
+    const uint64_t GB = 1ull << 30;
+    assert_int_equal(config_apply_override(&c, "data.max_prompt_length=100", &ce), 0); /* the model has 128 */
+    assert_int_equal(run_fit_check(mc, &c, 64 * GB, err, sizeof err), 0);
+    assert_true(machine_memory_bytes() > (1ull << 20));
+    /* prompt + response past max_position_embeddings */
+    char o[64];
+    snprintf(o, sizeof o, "data.max_response_length=%d", mc->max_position_embeddings - 99);
+    assert_int_equal(config_apply_override(&c, o, &ce), 0);
+    assert_int_equal(run_fit_check(mc, &c, 64 * GB, err, sizeof err), -1);
+    assert_non_null(strstr(err, "data.max_response_length"));
+    assert_non_null(strstr(err, "max_position_embeddings"));
+    assert_int_equal(config_apply_override(&c, "data.max_response_length=24", &ce), 0);
+    /* max_num_seqs is a bound, not an allocation: a million costs what the step's sequences cost */
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.rollout.max_num_seqs=1000000", &ce), 0);
+    assert_int_equal(run_fit_check(mc, &c, 1 * GB, err, sizeof err), 0);
+    /* ... unless the step has that many sequences */
+    assert_int_equal(config_apply_override(&c, "data.train_batch_size=100000", &ce), 0);
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.rollout.n=64", &ce), 0);
+    assert_int_equal(run_fit_check(mc, &c, 1 * GB, err, sizeof err), -1);
+    assert_non_null(strstr(err, "actor_rollout_ref.rollout.max_num_seqs = 1000000"));
+    assert_non_null(strstr(err, "bytes"));
+    assert_non_null(strstr(err, "the machine has 1073741824 bytes"));
+    /* the weights alone */
+    assert_int_equal(run_fit_check(mc, &c, 1000, err, sizeof err), -1);
+    config_free(&c);
+    config_init(&c);
+    static const char *const small[] = {
+        "data.max_prompt_length=1",      "data.max_response_length=1",
+        "data.train_batch_size=1",       "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+        "actor_rollout_ref.rollout.n=1", "data.val_batch_size=1"};
+    for (size_t i = 0; i < sizeof small / sizeof *small; i++)
+        assert_int_equal(config_apply_override(&c, small[i], &ce), 0);
+    assert_int_equal(run_fit_check(mc, &c, 1000, err, sizeof err), -1);
+    assert_non_null(strstr(err, "weights"));
+    assert_non_null(strstr(err, "the machine has 1000 bytes"));
+    config_free(&c);
+    model_free(m);
+}
+
+/* generate() holds a KV cache per slot: max_batch beyond the call's sequences must not allocate more, and does
+ * not change what is generated. */
+static void test_generate_slots_bounded(void **state)
+{
+    (void)state;
+    struct model *m = load("tiny-llama-tied");
+    int32_t p0[3] = {1, 2, 3}, p1[2] = {4, 5};
+    const int32_t *prompts[2] = {p0, p1};
+    int lens[2] = {3, 2};
+    struct gen_params gp = {
+        .sampling = {1.0f, 1.0f, -1}, .max_new_tokens = 6, .n_samples = 2, .max_batch = 4, .seed = 7};
+    struct gen_output a[4], b[4];
+    generate(m, prompts, lens, 2, &gp, a);
+    gp.max_batch = 1000000;
+    generate(m, prompts, lens, 2, &gp, b);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(a[i].len, b[i].len);
+        assert_memory_equal(a[i].tokens, b[i].tokens, sizeof(int32_t) * (size_t)a[i].len);
+        assert_memory_equal(a[i].logps, b[i].logps, sizeof(float) * (size_t)a[i].len);
+        gen_output_free(&a[i]);
+        gen_output_free(&b[i]);
+    }
+    model_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -492,6 +783,10 @@ int main(void)
         cmocka_unit_test(test_save_and_reload),
         cmocka_unit_test(test_smollm2_matches_transformers),
         cmocka_unit_test(test_generation_reproducible),
+        cmocka_unit_test(test_load_refuses_bad_hf),
+        cmocka_unit_test(test_load_refuses_bad_gguf),
+        cmocka_unit_test(test_run_fit),
+        cmocka_unit_test(test_generate_slots_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

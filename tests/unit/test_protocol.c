@@ -5,10 +5,13 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "proto/protocol.h"
+#include "proto/transport.h"
 
 static void test_round_trip(void **state)
 {
@@ -69,12 +72,73 @@ static void test_garbage_and_empty(void **state)
     assert_non_null(strstr(why, "exceeds"));
 }
 
+/* Envelope.secret is bytes: what an older peer sends as a string (same wire type) decodes byte for byte, and
+ * an embedded NUL stays visible to the comparison (issue 12, defect 15). */
+static void test_secret_bytes(void **state)
+{
+    (void)state;
+    /* version 1, secret "s3cret\0junk" as field 2 (length-delimited), status_request */
+    const uint8_t wire[] = {0x08, 0x01, 0x12, 11,  's', '3', 'c',  'r',  'e',
+                            't',  0,    'j',  'u', 'n', 'k', 0x88, 0x01, 0x01};
+    char why[256];
+    Grpo__Envelope *e = protocol_unpack(wire, sizeof wire, why, sizeof why);
+    assert_non_null(e);
+    assert_int_equal(e->secret.len, 11);
+    assert_false(secret_matches(e->secret, "s3cret"));
+    assert_false(secret_matches(e->secret, "s3cret\0junk")); /* a C string cannot hold it either */
+    protocol_free(e);
+    /* what a client packs is what a server compares */
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    env.body_case = GRPO__ENVELOPE__BODY_STATUS_REQUEST;
+    env.status_request = 1;
+    envelope_set_secret(&env, "s3cret");
+    size_t len;
+    uint8_t *buf = protocol_pack(&env, &len);
+    e = protocol_unpack(buf, len, why, sizeof why);
+    assert_non_null(e);
+    assert_true(secret_matches(e->secret, "s3cret"));
+    assert_false(secret_matches(e->secret, "s3cre"));
+    assert_false(secret_matches(e->secret, "s3cret!"));
+    assert_false(secret_matches(e->secret, ""));
+    protocol_free(e);
+    free(buf);
+    envelope_set_secret(&env, NULL);
+    buf = protocol_pack(&env, &len);
+    e = protocol_unpack(buf, len, why, sizeof why);
+    assert_int_equal(e->secret.len, 0);
+    assert_true(secret_matches(e->secret, ""));
+    assert_false(secret_matches(e->secret, "s3cret"));
+    protocol_free(e);
+    free(buf);
+    const uint8_t a[] = {'a', 0, 'b'}, b[] = {'a', 0, 'c'};
+    assert_true(secret_bytes_equal(a, 3, a, 3));
+    assert_false(secret_bytes_equal(a, 3, b, 3));
+    assert_false(secret_bytes_equal(a, 1, a, 3));
+    assert_false(secret_bytes_equal(a, 3, a, 1));
+    assert_true(secret_bytes_equal(a, 0, b, 0));
+    /* a secret file whose line holds a NUL is refused: the bytes after it would silently not count */
+    char path[] = "/tmp/grpo-secret-nul-XXXXXX", out[64], err[256];
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "abc\0def\n", 8), 8);
+    close(fd);
+    assert_int_equal(secret_read(path, 1, out, sizeof out, err, sizeof err), -1);
+    assert_non_null(strstr(err, "NUL"));
+    fd = open(path, O_WRONLY | O_TRUNC);
+    assert_int_equal(write(fd, "abcdef\n\0junk", 12), 12); /* after the line: not part of the secret */
+    close(fd);
+    assert_int_equal(secret_read(path, 1, out, sizeof out, err, sizeof err), 0);
+    assert_string_equal(out, "abcdef");
+    unlink(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_version_refused),
         cmocka_unit_test(test_garbage_and_empty),
+        cmocka_unit_test(test_secret_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -371,6 +371,44 @@ static void test_malformed(void **state)
     assert_non_null(strstr(err, "/nonexistent/dir/tokenizer.json"));
 }
 
+/* issue 12: an id near 2^31 hung in tok_set_token (a signed size doubling past INT32_MAX) and ids around 10^8
+ * allocated gigabytes; ids are bounded by what the file defines, with a message naming the entry. */
+static void test_ids_bounded_by_file(void **state)
+{
+    (void)state;
+#define VOCAB_WITH(ID)                                                                                                 \
+    "{" PRE_OK ",\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":" ID "},\"merges\":[\"a b\"]}}"
+    expect_load_error(VOCAB_WITH("2147483600"), "model.vocab['ab'] has id 2147483600");
+    expect_load_error(VOCAB_WITH("2147483647"), "ids below");
+    expect_load_error(VOCAB_WITH("100000000"), "model.vocab['ab'] has id 100000000");
+    expect_load_error("{" PRE_OK ",\"added_tokens\":[{\"id\":1000000000,\"content\":\"<x>\"}],"
+                      "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
+                      "added_tokens[0] ('<x>') has id 1000000000");
+    /* small gaps in the numbering are fine */
+    struct tokenizer *t = from_str(VOCAB_WITH("40"));
+    assert_int_equal(tokenizer_token_id(t, "ab"), 40);
+    tokenizer_free(t);
+#undef VOCAB_WITH
+    /* a post-processor's special token id that is not a token is ignored, not indexed */
+    t = from_str("{" PRE_OK ",\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":"
+                 "{\"id\":\"<s>\",\"type_id\":0}},{\"Sequence\":{\"id\":\"A\",\"type_id\":0}}],"
+                 "\"special_tokens\":{\"<s>\":{\"id\":\"<s>\",\"ids\":[2000000000],\"tokens\":[\"<s>\"]}}},"
+                 "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b\"]}}");
+    assert_int_equal(tokenizer_bos_id(t), -1);
+    size_t n;
+    int32_t *ids = tokenizer_encode(t, "ab", 2, 0, &n);
+    assert_int_equal(n, 1);
+    assert_int_equal(ids[0], 2);
+    free(ids);
+    char *dir = tmpdir_make(), *p = path_join(dir, "tokenizer.json"), err[512];
+    assert_int_equal(tokenizer_save_json(t, p, err, sizeof err), 0);
+    unlink(p);
+    rmdir(dir);
+    free(p);
+    free(dir);
+    tokenizer_free(t);
+}
+
 static void test_chat_template_plain(void **state)
 {
     (void)state;
@@ -758,6 +796,7 @@ int main(void)
         cmocka_unit_test(test_split_behaviors),
         cmocka_unit_test(test_pretokenizer_whitespace),
         cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_ids_bounded_by_file),
         cmocka_unit_test(test_chat_template_plain),
         cmocka_unit_test(test_model_fixtures),
         cmocka_unit_test(test_model_specials),

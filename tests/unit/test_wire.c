@@ -207,7 +207,7 @@ static void test_bad_fields(void **state)
     EXPECT_REFUSED(g->b.seqs[3].gidx = 3 * N, "group_index");              /* past the step */
     EXPECT_REFUSED(g->b.seqs[3].gidx = g->b.seqs[2].gidx, "repeats");      /* the same sample twice */
     EXPECT_REFUSED(g->lim.max_response_length = 2, "max_response_length"); /* sample 1 has 3 tokens */
-    EXPECT_REFUSED(h.unit = 1, "work unit 1 of 1");                       /* the run's steps have one unit */
+    EXPECT_REFUSED(h.unit = 1, "work unit 1 of 1");                        /* the run's steps have one unit */
     EXPECT_REFUSED(h.units = 2, "1 units");                                /* the sender counts other units */
     /* two units of a 3-group step: unit 0 is group 0 only, and this batch holds groups 0 and 1 */
     EXPECT_REFUSED((g->lim.units = 2, h.units = 2), "outside work unit 0");

@@ -6,6 +6,8 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +45,7 @@ struct control {
     pthread_cond_t wake;    /* the trainer has news: the thread sends it now */
 
     /* identity in the run (the thread updates it when registering again) */
+    enum control_role role;
     char run_id[64];
     uint64_t incarnation;
     double interval;
@@ -74,6 +77,7 @@ struct control {
     bool want_pause, want_stop, run_over;
     uint64_t ckpt_seq, ckpt_taken;
     char reason[512];
+    bool stop_sent; /* grpod has been asked to stop the run because of a signal (control_stop_signal) */
     bool connected, reregister_warned;
     bool quit, kick;
 };
@@ -107,6 +111,72 @@ void control_options_from_config(struct control_options *o, const struct grpo_co
     o->devices = "cpu";
     o->config_digest = control_config_digest(cfg);
     o->connect_timeout_s = cfg->grpod_connect_timeout_s;
+}
+
+/* ---- SIGTERM and SIGINT ---- */
+
+static atomic_int stop_signal_taken; /* the first one's number, 0: none */
+static sigset_t stop_signal_set;
+
+const char *control_signal_name(int sig)
+{
+    static _Thread_local char other[32];
+    if (sig == SIGTERM)
+        return "SIGTERM";
+    if (sig == SIGINT)
+        return "SIGINT";
+    snprintf(other, sizeof other, "signal %d", sig);
+    return other;
+}
+
+int control_stop_signal(void) { return atomic_load(&stop_signal_taken); }
+
+/* Takes the signals the other threads block: the first is a stop request, the second ends the process. */
+static void *signal_thread(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        int sig = 0;
+        if (sigwait(&stop_signal_set, &sig) != 0)
+            continue;
+        int expected = 0;
+        if (atomic_compare_exchange_strong(&stop_signal_taken, &expected, sig)) {
+            log_warn("worker",
+                     "%s received: the run stops at its next safe point, after a checkpoint, and this process "
+                     "ends with it (a second signal ends it at once, without a checkpoint)",
+                     control_signal_name(sig));
+        } else {
+            log_error("worker", "%s received after %s: ending now, without a checkpoint", control_signal_name(sig),
+                      control_signal_name(expected));
+            _exit(128 + sig);
+        }
+    }
+    return NULL;
+}
+
+int control_catch_stop_signals(void)
+{
+    sigemptyset(&stop_signal_set);
+    sigaddset(&stop_signal_set, SIGTERM);
+    sigaddset(&stop_signal_set, SIGINT);
+    int rc = pthread_sigmask(SIG_BLOCK, &stop_signal_set, NULL);
+    pthread_t th;
+    if (rc == 0)
+        rc = pthread_create(&th, NULL, signal_thread, NULL);
+    if (rc != 0) {
+        pthread_sigmask(SIG_UNBLOCK, &stop_signal_set, NULL);
+        log_error("worker", "cannot take SIGTERM and SIGINT in a thread (%s): they end the process at once",
+                  strerror(rc));
+        return -1;
+    }
+    pthread_detach(th);
+    return 0;
+}
+
+/* A stop signal this worker obeys at its safe points: a rollout rank ends when the trainers say so. */
+static bool signal_stops(const struct control *c)
+{
+    return control_stop_signal() != 0 && c->role != CONTROL_ROLE_ROLLOUT;
 }
 
 /* ---- the snapshot ---- */
@@ -207,7 +277,7 @@ enum control_command control_poll(struct control *c)
         return CONTROL_NONE;
     enum control_command cmd = CONTROL_NONE;
     pthread_mutex_lock(&c->mu);
-    if (c->want_stop || c->run_over) {
+    if (c->want_stop || c->run_over || signal_stops(c)) {
         c->ckpt_taken = c->ckpt_seq; /* the stop's checkpoint answers any request still open */
         cmd = CONTROL_STOP;
     } else if (c->ckpt_seq > c->ckpt_taken) {
@@ -234,7 +304,7 @@ enum control_command control_wait_resume(struct control *c)
         log_info("control", "paused at step %lld; waiting for grpod to resume the run", (long long)c->step);
     }
     for (;;) {
-        if (c->want_stop || c->run_over) {
+        if (c->want_stop || c->run_over || signal_stops(c)) {
             c->ckpt_taken = c->ckpt_seq;
             cmd = CONTROL_STOP;
             break;
@@ -248,7 +318,9 @@ enum control_command control_wait_resume(struct control *c)
             cmd = CONTROL_RESUME;
             break;
         }
-        pthread_cond_wait(&c->changed, &c->mu);
+        /* a signal cannot wake the condition: look for one now and then */
+        struct timespec until = deadline_in(0.25);
+        pthread_cond_timedwait(&c->changed, &c->mu, &until);
     }
     if (cmd == CONTROL_RESUME) {
         account(c, transport_now());
@@ -283,13 +355,7 @@ void control_hold_while_waiting(struct control *c, bool done)
         set_held(c, true);
         /* a moment at most: the caller goes back to see whether its peers have come (checkpoint requests stay
          * open for the next safe point) */
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_nsec += 50 * 1000000L;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
+        struct timespec until = deadline_in(0.05); /* the condition variables wait on the monotonic clock */
         if (c->want_pause && !c->want_stop && !c->run_over && !c->quit)
             pthread_cond_timedwait(&c->changed, &c->mu, &until);
     }
@@ -451,6 +517,7 @@ static int register_once(struct control *c, const char *run_id, uint64_t incarna
  * (requests made before this registration are not this process's to answer). Under mu. */
 static void adopt(struct control *c, const struct control_assignment *a, uint64_t token, uint64_t ckpt_seq)
 {
+    c->role = a->role;
     snprintf(c->run_id, sizeof c->run_id, "%s", a->run_id);
     c->interval = a->heartbeat_interval_s > 0 ? a->heartbeat_interval_s : 1.0;
     c->incarnation = token;
@@ -559,6 +626,32 @@ static int reregister(struct control *c)
     return rc == 0 ? 0 : -1;
 }
 
+/* This worker took SIGTERM or SIGINT: ask grpod to stop the run, as grpoctl stop does, so that every rank
+ * ends at its safe point and grpod records why. Not under mu (the socket is this thread's). true once grpod
+ * has answered, whether or not it took the request. */
+static bool send_stop(struct control *c, int sig)
+{
+    char reason[400], err[512];
+    snprintf(reason, sizeof reason, "%s on rank %d (host %s)", control_signal_name(sig), c->rank, c->host);
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT, *reply = NULL;
+    Grpo__CommandRequest cr = GRPO__COMMAND_REQUEST__INIT;
+    cr.command = GRPO__COMMAND__COMMAND_STOP;
+    cr.reason = reason;
+    env.body_case = GRPO__ENVELOPE__BODY_COMMAND;
+    env.command = &cr;
+    enum rpc_result r = rpc_call(c->rpc, &env, 2000, &reply, err, sizeof err);
+    if (r != RPC_OK) {
+        log_debug("control", "asking grpod to stop the run: %s", err);
+        return r == RPC_BAD_REPLY;
+    }
+    if (reply->body_case == GRPO__ENVELOPE__BODY_REPLY && !reply->reply->ok)
+        log_info("control", "grpod did not take the stop request: %s", reply->reply->error);
+    else
+        log_info("control", "asked grpod to stop the run (%s)", reason);
+    protocol_free(reply);
+    return true;
+}
+
 static void *heartbeat_thread(void *arg)
 {
     struct control *c = arg;
@@ -568,6 +661,12 @@ static void *heartbeat_thread(void *arg)
         if (c->run_over) { /* grpod will not take this worker back: nothing more to say */
             pthread_cond_wait(&c->wake, &c->mu);
             continue;
+        }
+        if (!c->stop_sent && signal_stops(c)) {
+            pthread_mutex_unlock(&c->mu);
+            bool sent = send_stop(c, control_stop_signal());
+            pthread_mutex_lock(&c->mu);
+            c->stop_sent = sent;
         }
         Grpo__Heartbeat hb;
         Grpo__PhaseTime pt[NUM_PHASES], *ptp[NUM_PHASES];
@@ -697,6 +796,12 @@ int control_open(const struct control_options *o, struct control **out, struct c
         int rc = register_once(c, "", 0, o->start_step, a, &token, &seq, why, sizeof why);
         if (rc == 0)
             break;
+        if (rc > 0 && control_stop_signal()) {
+            snprintf(err, errlen, "%s received while waiting for grpod at %s (%s): ending",
+                     control_signal_name(control_stop_signal()), o->endpoint, why);
+            control_close(c);
+            return -1;
+        }
         if (rc < 0) {
             snprintf(err, errlen, "grpod at %s refused rank %d: %s", o->endpoint, o->rank, why);
             control_close(c);

@@ -104,7 +104,7 @@ struct control_assignment {
     char data_push_endpoint[256]; /* rollout: this rank's trainer endpoint */
     int n_trainer_endpoints;      /* rollout: every trainer DP rank's endpoint */
     char trainer_endpoints[64][256];
-    char dispatch_endpoint[256];  /* rollout: the trainers' dispatcher (work units and weights) */
+    char dispatch_endpoint[256]; /* rollout: the trainers' dispatcher (work units and weights) */
     double heartbeat_interval_s;
 };
 
@@ -128,10 +128,12 @@ void control_set_step(struct control *c, int64_t step, int64_t total_steps);
 void control_set_metric(struct control *c, const char *name, double value);
 
 /* At a safe point: the command to obey now, CONTROL_NONE most of the time. Never blocks.
- * Priority: STOP, then CHECKPOINT (each request is returned once), then PAUSE. */
+ * Priority: STOP, then CHECKPOINT (each request is returned once), then PAUSE. STOP also once the process has
+ * received SIGTERM or SIGINT (control_stop_signal), except on a rollout rank: its end is the trainers'. */
 enum control_command control_poll(struct control *c);
 /* Hold (reported as paused) until grpod resumes the run: returns CONTROL_RESUME, or
- * CONTROL_CHECKPOINT (write one, report it, call this again) or CONTROL_STOP. */
+ * CONTROL_CHECKPOINT (write one, report it, call this again) or CONTROL_STOP (also on SIGTERM or SIGINT, as
+ * control_poll). */
 enum control_command control_wait_resume(struct control *c);
 /* While waiting for peers inside a collective (done false), call now and then: while grpod wants the run
  * paused the worker reports itself paused (its peers hold it there) and this waits a moment; once the
@@ -150,6 +152,21 @@ bool control_safe_point(struct control *c, int64_t step, int (*save)(void *ud, i
 void control_finish(struct control *c, enum control_end end, const char *error);
 /* Stop the heartbeat thread, close the socket, free. */
 void control_close(struct control *c);
+
+/* SIGTERM and SIGINT: Slurm (time limit, preemption), systemd and a terminal end a process with them. A
+ * worker takes the first as a stop request: the trainer checkpoints at its next safe point and the process
+ * exits 0; under grpod the worker (a trainer or hybrid rank) also asks grpod to stop the run, as grpoctl stop
+ * does, so that every rank ends. A second signal ends the process at once, without a checkpoint (exit status
+ * 128 + the signal's number), with a log line.
+ *
+ * Block both signals in the calling thread, and so in every thread it starts afterwards, and take them in a
+ * thread of their own (so no other thread's system call is interrupted by them). Call once, early in main,
+ * before any other thread exists. 0, or -1 (logged: the signals keep their default action). */
+int control_catch_stop_signals(void);
+/* The first SIGTERM or SIGINT taken since control_catch_stop_signals (the signal's number), or 0. */
+int control_stop_signal(void);
+/* "SIGTERM", "SIGINT", or "signal N". */
+const char *control_signal_name(int sig);
 
 /* "none", "pause", "resume", "stop", "checkpoint". */
 const char *control_command_name(enum control_command cmd);

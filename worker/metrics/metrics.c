@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -242,8 +243,14 @@ int metrics_stream_sync(FILE *f, const char *path, const char *subsys)
 {
     if (!f)
         return -1;
-    if (fflush(f) != 0 || fsync(fileno(f)) != 0) {
-        log_error(subsys, "syncing %s: %s", path, check_errno_text());
+    if (fflush(f) != 0) {
+        metrics_output_failed(subsys, path, "writing %s: %s", path, check_errno_text());
+        clearerr(f);
+        return -1;
+    }
+    /* a device or pipe (metrics.jsonl pointed at /dev/null) has nothing to sync: EINVAL */
+    if (fsync(fileno(f)) != 0 && errno != EINVAL) {
+        metrics_output_failed(subsys, path, "syncing %s: %s", path, check_errno_text());
         return -1;
     }
     return 0;
@@ -252,7 +259,7 @@ int metrics_stream_sync(FILE *f, const char *path, const char *subsys)
 void metrics_stream_close(FILE *f, const char *path, const char *subsys)
 {
     if (f && fclose(f) != 0)
-        log_error(subsys, "closing %s: %s", path, check_errno_text());
+        metrics_output_failed(subsys, path, "closing %s: %s", path, check_errno_text());
 }
 
 int metrics_write_file_atomic(const char *path, const void *data, size_t len, const char *subsys)
@@ -260,8 +267,61 @@ int metrics_write_file_atomic(const char *path, const void *data, size_t len, co
     char err[1024];
     if (fs_write_atomic(path, data, len, err, sizeof err) == 0)
         return 0;
-    log_error(subsys, "%s", err);
+    metrics_output_failed(subsys, path, "%s", err);
     return -1;
+}
+
+/* ------------------------------------------------------------ failed writes */
+
+#define OUTPUT_FILES_NAMED 16
+
+static pthread_mutex_t output_mu = PTHREAD_MUTEX_INITIALIZER;
+static char output_first[1200];                    /* the first failure's text; "": none */
+static char output_files[OUTPUT_FILES_NAMED][512]; /* files whose failure was logged */
+static int output_nfiles;
+
+void metrics_output_failed(const char *subsys, const char *path, const char *fmt, ...)
+{
+    char msg[1200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (!path)
+        path = "";
+    pthread_mutex_lock(&output_mu);
+    bool seen = false;
+    for (int i = 0; i < output_nfiles && !seen; i++)
+        seen = strncmp(output_files[i], path, sizeof output_files[i] - 1) == 0;
+    if (!seen && output_nfiles < OUTPUT_FILES_NAMED)
+        snprintf(output_files[output_nfiles++], sizeof output_files[0], "%s", path);
+    else
+        seen = true; /* beyond the files named, nothing more is logged as an error */
+    if (!output_first[0])
+        snprintf(output_first, sizeof output_first, "%s", msg);
+    pthread_mutex_unlock(&output_mu);
+    if (!seen)
+        log_error(subsys, "%s", msg);
+    else
+        log_debug(subsys, "%s (again)", msg);
+}
+
+bool metrics_output_failure(char *why, size_t len)
+{
+    pthread_mutex_lock(&output_mu);
+    bool failed = output_first[0] != 0;
+    if (failed && why && len)
+        snprintf(why, len, "%s", output_first);
+    pthread_mutex_unlock(&output_mu);
+    return failed;
+}
+
+void metrics_output_failure_reset(void)
+{
+    pthread_mutex_lock(&output_mu);
+    output_first[0] = 0;
+    output_nfiles = 0;
+    pthread_mutex_unlock(&output_mu);
 }
 
 void mbuf_reserve(struct mbuf *b, size_t extra)

@@ -199,6 +199,22 @@ void metrics_progress_done(void);
  * title may be NULL. Written to path.tmp.PID, fsync'd and renamed over path. 0, or -1 (logged). */
 int metrics_write_svg(const char *path, const struct metrics_history *h, const char *title);
 
+/* ------------------------------------------------------------ failed writes */
+
+/* A run's records (metrics.jsonl, the TensorBoard event file, metrics.svg, and the rollout dumps of
+ * trainer.rollout_data_dir) are written every step. When one cannot be written (a full disk, a quota, an I/O
+ * error) the run must not train on for hundreds of steps recording nothing: every writer reports its failed
+ * fwrite/fflush/fsync/fclose here. The first failure of each file is logged as an error (under subsys) and
+ * the first of all is kept, process-wide (thread-safe); repeats are logged at debug level only. The trainer
+ * looks at metrics_output_failure() at its safe points and stops the run with that reason. */
+void metrics_output_failed(const char *subsys, const char *path, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* true, with the first failure's text in why ("writing PATH: No space left on device"; why may be NULL),
+ * when a write of the run's records has failed since the start (or the last reset). */
+bool metrics_output_failure(char *why, size_t len);
+/* Forget the failures (tests). */
+void metrics_output_failure_reset(void);
+
 /* ------------------------------------------------------------------- logger */
 
 enum {

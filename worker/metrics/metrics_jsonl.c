@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -71,16 +72,24 @@ char *metrics_jsonl_format(long step, const struct metrics *m)
     return mbuf_take(&b);
 }
 
+/* path exists and is not a regular file: a device or a pipe (/dev/null, /dev/full) is written, never read
+ * back (reading /dev/full or /dev/zero never ends) */
+static bool special_file(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && !S_ISREG(sb.st_mode);
+}
+
 int metrics_jsonl_open(struct metrics_jsonl *w, const char *path)
 {
     memset(w, 0, sizeof *w);
     FILE *f = fopen(path, "a+b");
     if (!f) {
-        log_error(SUBSYS, "cannot open %s: %s", path, check_errno_text());
+        metrics_output_failed(SUBSYS, path, "cannot open %s: %s", path, check_errno_text());
         return -1;
     }
     /* a line torn by a crash must not swallow the next one */
-    if (fseek(f, -1, SEEK_END) == 0) {
+    if (!special_file(path) && fseek(f, -1, SEEK_END) == 0) {
         int c = fgetc(f);
         if (c != '\n' && c != EOF) {
             log_warn(SUBSYS, "%s: last line has no newline (torn write?); ending it", path);
@@ -102,7 +111,7 @@ int metrics_jsonl_write(struct metrics_jsonl *w, long step, const struct metrics
     size_t len = strlen(line);
     int rc = 0;
     if (fwrite(line, 1, len, w->f) != len || fflush(w->f) != 0) {
-        log_error(SUBSYS, "writing %s: %s", w->path, check_errno_text());
+        metrics_output_failed(SUBSYS, w->path, "writing %s: %s", w->path, check_errno_text());
         clearerr(w->f);
         rc = -1;
     }
@@ -159,6 +168,10 @@ static int parse_line(const char *line, size_t len, long *step, struct metrics *
 
 long metrics_jsonl_read(const char *path, metrics_jsonl_cb cb, void *ctx)
 {
+    if (special_file(path)) {
+        log_warn(SUBSYS, "%s is not a regular file: nothing read back from it", path);
+        return 0;
+    }
     FILE *f = fopen(path, "rb");
     if (!f) {
         log_error(SUBSYS, "cannot open %s: %s", path, check_errno_text());
@@ -193,6 +206,8 @@ long metrics_jsonl_read(const char *path, metrics_jsonl_cb cb, void *ctx)
 
 long metrics_jsonl_truncate_after(const char *path, long step)
 {
+    if (special_file(path))
+        return 0; /* nothing to read or rewrite */
     FILE *f = fopen(path, "rb");
     if (!f) {
         if (errno == ENOENT)

@@ -214,7 +214,7 @@ static int write_record(struct metrics_tb *w, const uint8_t *data, size_t n)
     put_le32(tail, crc32c_masked(data, n));
     if (fwrite(head, 1, sizeof head, w->f) != sizeof head || fwrite(data, 1, n, w->f) != n ||
         fwrite(tail, 1, sizeof tail, w->f) != sizeof tail) {
-        log_error(SUBSYS, "writing %s: %s", w->path, check_errno_text());
+        metrics_output_failed(SUBSYS, w->path, "writing %s: %s", w->path, check_errno_text());
         clearerr(w->f);
         return -1;
     }
@@ -254,7 +254,7 @@ int metrics_tb_open(struct metrics_tb *w, const char *dir, long start_step)
             break;
     }
     if (fd < 0) {
-        log_error(SUBSYS, "cannot create %s: %s", path, check_errno_text());
+        metrics_output_failed(SUBSYS, path, "cannot create %s: %s", path, check_errno_text());
         free(path);
         return -1;
     }
@@ -275,7 +275,8 @@ int metrics_tb_open(struct metrics_tb *w, const char *dir, long start_step)
         rc = write_record(w, buf, n);
     }
     if (rc == 0 && fflush(w->f) != 0) {
-        log_error(SUBSYS, "writing %s: %s", w->path, check_errno_text());
+        metrics_output_failed(SUBSYS, w->path, "writing %s: %s", w->path, check_errno_text());
+        clearerr(w->f);
         rc = -1;
     }
     log_debug(SUBSYS, "writing %s", w->path);
@@ -296,8 +297,8 @@ int metrics_tb_write(struct metrics_tb *w, long step, const struct metrics *m, d
         if (buf != small)
             free(buf);
     }
-    if (fflush(w->f) != 0) {
-        log_error(SUBSYS, "writing %s: %s", w->path, check_errno_text());
+    if (rc == 0 && fflush(w->f) != 0) {
+        metrics_output_failed(SUBSYS, w->path, "writing %s: %s", w->path, check_errno_text());
         clearerr(w->f);
         rc = -1;
     }

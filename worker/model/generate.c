@@ -37,7 +37,10 @@ void generate(struct model *m, const int32_t *const *prompts, const int *prompt_
               const struct gen_params *gp, struct gen_output *out)
 {
     const int V = m->cfg.vocab_size, n = gp->n_samples;
-    const int max_batch = gp->max_batch > n ? gp->max_batch : n; /* a whole group must fit */
+    /* a whole group must fit; more slots than sequences would only hold idle KV caches (max_num_seqs is a bound,
+     * not an allocation: admission is the same either way) */
+    const long long want = gp->max_batch > n ? gp->max_batch : n, all = (long long)n_prompts * n;
+    const int max_batch = (int)(want < all ? want : all > n ? all : n);
     int max_prompt = 1;
     for (int p = 0; p < n_prompts; p++)
         max_prompt = prompt_lens[p] > max_prompt ? prompt_lens[p] : max_prompt;

@@ -9,6 +9,7 @@
 
 #include "common/check.h"
 #include "kernels/kernels.h"
+#include "fit.h"
 #include "sampler.h"
 
 /* Tokens per chunk of the LM head: bounds the live logits to chunk x V floats. */
@@ -33,6 +34,27 @@ int model_config_check(const struct model_config *c, char *why, size_t len)
     }
     if (!(c->rope_theta > 0) || !(c->rms_norm_eps > 0)) {
         snprintf(why, len, "rope_theta (%g) and rms_norm_eps (%g) must be positive", c->rope_theta, c->rms_norm_eps);
+        return -1;
+    }
+    if (c->max_position_embeddings < 1) {
+        snprintf(why, len, "max_position_embeddings (%d) must be positive: it bounds a prompt plus its response",
+                 c->max_position_embeddings);
+        return -1;
+    }
+    return 0;
+}
+
+int model_config_check_fits(const struct model_config *c, char *why, size_t len)
+{
+    /* before anything is allocated: absurd but in-range sizes would otherwise fail inside calloc */
+    const double need = model_weight_bytes(c);
+    const uint64_t mem = machine_memory_bytes();
+    if (need > (double)mem) {
+        snprintf(why, len,
+                 "the weights need %.0f bytes (hidden_size %d, intermediate_size %d, num_hidden_layers %d, "
+                 "vocab_size %d, num_attention_heads %d x head_dim %d), more than the machine's memory, %llu bytes",
+                 need, c->hidden_size, c->intermediate_size, c->n_layers, c->vocab_size, c->n_heads, c->head_dim,
+                 (unsigned long long)mem);
         return -1;
     }
     return 0;

@@ -68,6 +68,9 @@ struct model {
 
 /* Check a configuration; 0 or -1 with why filled (names the unsupported field). */
 int model_config_check(const struct model_config *c, char *why, size_t len);
+/* The model's weights fit in this machine's memory (checked before a model is made; a configuration alone, as
+ * the planner reads it, may describe a model of any size). 0, or -1 with why naming the sizes and bytes. */
+int model_config_check_fits(const struct model_config *c, char *why, size_t len);
 /* Allocate parameters (zeroed) for a checked config. */
 struct model *model_create(const struct model_config *c);
 void model_free(struct model *m);

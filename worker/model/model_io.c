@@ -2,7 +2,9 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +29,10 @@ static int json_int(json_t *root, const char *key, int def, int *out, const char
     }
     if (!json_is_integer(v))
         return ERR("%s: '%s' must be an integer", path, key);
-    *out = (int)json_integer_value(v);
+    json_int_t x = json_integer_value(v);
+    if (x < INT32_MIN || x > INT32_MAX) /* would wrap to some other, plausible size */
+        return ERR("%s: '%s' = %lld is out of range (at most %d)", path, key, (long long)x, INT32_MAX);
+    *out = (int)x;
     return 0;
 }
 
@@ -191,6 +196,37 @@ int model_config_write_hf_json(const struct model_config *c, const char *path, c
     return 0;
 }
 
+/* A loaded tensor must be finite: NaN or infinite weights make every gradient non-finite, so every optimizer step
+ * of a run would be skipped. 0, or -1 with err naming the file and the tensor. */
+static int check_finite(const float *x, size_t n, const char *file, const char *tensor, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) {
+            size_t bad = 0;
+            for (size_t j = i; j < n; j++)
+                bad += !isfinite(x[j]);
+            return ERR("%s: tensor '%s' holds %zu non-finite value(s) (the first, %g, at element %zu of %zu): corrupt "
+                       "weights (a diverged run's checkpoint?) cannot be trained or sampled",
+                       file, tensor, bad, (double)x[i], i, n);
+        }
+    return 0;
+}
+
+/* The layer index of a tensor name PREFIX<index>.<rest>, or -1. */
+static int layer_of(const char *name, const char *prefix)
+{
+    size_t n = strlen(prefix);
+    if (strncmp(name, prefix, n) != 0)
+        return -1;
+    const char *p = name + n;
+    long v = 0;
+    if (*p < '0' || *p > '9')
+        return -1;
+    while (*p >= '0' && *p <= '9' && v < 100000000)
+        v = v * 10 + (*p++ - '0');
+    return *p == '.' ? (int)v : -1;
+}
+
 static bool is_dir(const char *path)
 {
     struct stat st;
@@ -200,10 +236,15 @@ static bool is_dir(const char *path)
 struct model *model_load_hf(const char *dir, char *err, size_t errlen)
 {
     char path[4096];
-    struct model_config cfg;
+    struct model_config cfg = {0};
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (model_config_from_hf_json(path, &cfg, err, errlen) != 0)
         return NULL;
+    char why[512];
+    if (model_config_check_fits(&cfg, why, sizeof why) != 0) {
+        ERR("%s: %s", path, why);
+        return NULL;
+    }
     struct st_model *st = st_model_open(dir, err, errlen);
     if (!st)
         return NULL;
@@ -226,8 +267,22 @@ struct model *model_load_hf(const char *dir, char *err, size_t errlen)
                      (long long)refs[i].shape[0], (long long)(refs[i].n_dims > 1 ? refs[i].shape[1] : 0));
             goto fail;
         }
-        if (st_tensor_to_f32(f, t, refs[i].data, err, errlen) != 0)
+        if (st_tensor_to_f32(f, t, refs[i].data, err, errlen) != 0 ||
+            check_finite(refs[i].data, refs[i].numel, st_path(f), refs[i].name, err, errlen) != 0)
             goto fail;
+    }
+    /* a layer the configuration leaves out would be dropped silently */
+    for (int i = 0; i < st_model_num_tensors(st); i++) {
+        const struct st_file *f;
+        const struct st_tensor_info *t = st_model_tensor(st, i, &f);
+        int l = layer_of(t->name, "model.layers.");
+        if (l >= cfg.n_layers) {
+            snprintf(err, errlen,
+                     "%s: num_hidden_layers is %d, but %s holds tensor '%s' of layer %d: the configuration must "
+                     "describe every layer of the weights",
+                     path, cfg.n_layers, st_path(f), t->name, l);
+            goto fail;
+        }
     }
     free(refs);
     st_model_close(st);
@@ -299,6 +354,9 @@ static int gguf_meta_int(const struct gguf_file *g, const char *arch, const char
             return ERR("%s: missing metadata key '%s'", gguf_path(g), k);
         v = def;
     }
+    if (v < INT32_MIN || v > INT32_MAX) /* would wrap to some other, plausible size */
+        return ERR("%s: metadata key '%s' = %lld is out of range (at most %d)", gguf_path(g), k, (long long)v,
+                   INT32_MAX);
     *out = (int)v;
     return 0;
 }
@@ -346,6 +404,9 @@ static int config_from_gguf(const struct gguf_file *g, struct model_config *c, c
     const struct gguf_tensor_info *emb = gguf_find_tensor(g, "token_embd.weight");
     if (!emb || emb->n_dims != 2)
         return ERR("%s: tensor 'token_embd.weight' is missing or not 2-D", path);
+    if (emb->dims[1] > INT32_MAX)
+        return ERR("%s: tensor 'token_embd.weight' has %llu rows, more than a vocabulary can have", path,
+                   (unsigned long long)emb->dims[1]);
     c->vocab_size = (int)emb->dims[1];
     c->tie_word_embeddings = gguf_find_tensor(g, "output.weight") == NULL;
     c->attention_bias = gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
@@ -363,8 +424,10 @@ struct model *model_load_gguf(const char *path, char *err, size_t errlen)
     struct gguf_file *g = gguf_open(path, err, errlen);
     if (!g)
         return NULL;
-    struct model_config cfg;
-    if (config_from_gguf(g, &cfg, err, errlen) != 0) {
+    struct model_config cfg = {0};
+    char why[512];
+    if (config_from_gguf(g, &cfg, err, errlen) != 0 ||
+        (model_config_check_fits(&cfg, why, sizeof why) != 0 && ERR("%s: %s", path, why))) {
         gguf_close(g);
         return NULL;
     }
@@ -388,12 +451,25 @@ struct model *model_load_gguf(const char *path, char *err, size_t errlen)
                      (unsigned long long)t->n_elements, refs[i].numel);
             goto fail;
         }
-        if (gguf_tensor_to_f32(g, t, refs[i].data, err, errlen) != 0)
+        if (gguf_tensor_to_f32(g, t, refs[i].data, err, errlen) != 0 ||
+            check_finite(refs[i].data, refs[i].numel, path, gname, err, errlen) != 0)
             goto fail;
         if (cfg.arch == ARCH_LLAMA && strstr(refs[i].name, "q_proj.weight"))
             unpermute_rows(refs[i].data, cfg.n_heads, cfg.head_dim, cfg.hidden_size);
         if (cfg.arch == ARCH_LLAMA && strstr(refs[i].name, "k_proj.weight"))
             unpermute_rows(refs[i].data, cfg.n_kv_heads, cfg.head_dim, cfg.hidden_size);
+    }
+    /* a block the metadata leaves out would be dropped silently */
+    for (int i = 0; i < gguf_num_tensors(g); i++) {
+        const struct gguf_tensor_info *t = gguf_tensor(g, i);
+        int l = layer_of(t->name, "blk.");
+        if (l >= cfg.n_layers) {
+            snprintf(err, errlen,
+                     "%s: %s.block_count is %d, but the file holds tensor '%s' of block %d: the metadata must "
+                     "describe every block of the weights",
+                     path, gguf_get_str(g, "general.architecture"), cfg.n_layers, t->name, l);
+            goto fail;
+        }
     }
     free(refs);
     gguf_close(g);

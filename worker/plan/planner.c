@@ -127,7 +127,7 @@ int plan_candidates(const struct model_config *m, const struct plan_cluster *c, 
             if (devices < 1 || devices % (tp * pp) || tp > c->gpus_per_node)
                 continue;
             const int dp = devices / (tp * pp);
-            for (int z = 0; z <= (dp > 1); z++) {
+            for (int z = 0; z < (dp > 1 ? 2 : 1); z++) {
                 if (n == max)
                     return n;
                 struct plan_layout l = {tp, pp, dp, z == 1};

@@ -7,6 +7,7 @@
 #include "audit.h"
 #include "common/check.h"
 #include "common/log.h"
+#include "worker/metrics/metrics.h"
 
 /* Length of the valid UTF-8 sequence at s (1-4), or 0 if the bytes there are not one. */
 static int utf8_len(const unsigned char *s)
@@ -55,12 +56,14 @@ void rollout_audit_write(const char *dir, int64_t step, int dp_rank, int n, cons
         snprintf(path, sizeof path, "%s/%lld.dp%d.jsonl", dir, (long long)step, dp_rank);
     else
         snprintf(path, sizeof path, "%s/%lld.jsonl", dir, (long long)step);
+    /* a failed write (a full disk) is reported to metrics_output_failed: the trainer stops the run with it */
     FILE *f = fopen(path, "w");
     if (!f) {
-        log_warn("audit", "cannot write rollouts to %s: %s", path, check_errno_text());
+        metrics_output_failed("audit", path, "cannot write rollouts to %s: %s", path, check_errno_text());
         return;
     }
-    for (int i = 0; i < b->n_seq; i++) {
+    bool failed = false;
+    for (int i = 0; i < b->n_seq && !failed; i++) {
         const struct rollout_seq *s = &b->seqs[i];
         const struct prompt_item *p = b->group_prompt[s->group];
         json_t *o = json_object();
@@ -88,10 +91,13 @@ void rollout_audit_write(const char *dir, int64_t step, int dp_rank, int n, cons
         json_object_set_new(o, "ref_log_probs", rlp);
         json_object_set_new(o, "rollout_log_probs", glp);
         char *line = json_dumps(o, JSON_COMPACT);
-        fprintf(f, "%s\n", line);
+        if (!line || fprintf(f, "%s\n", line) < 0) {
+            metrics_output_failed("audit", path, "writing %s: %s", path, line ? check_errno_text() : "out of memory");
+            failed = true;
+        }
         free(line);
         json_decref(o);
     }
-    if (fclose(f) != 0)
-        log_warn("audit", "writing %s failed: %s", path, check_errno_text());
+    if (fclose(f) != 0 && !failed)
+        metrics_output_failed("audit", path, "writing %s: %s", path, check_errno_text());
 }

@@ -9,8 +9,8 @@
 
 #include "batch.h"
 
-/* Write b (n responses per prompt) as step's file under dir; nothing when dir is NULL or empty. Problems are
- * logged, never fatal. */
+/* Write b (n responses per prompt) as step's file under dir; nothing when dir is NULL or empty. A failed write
+ * is logged once and reported to metrics_output_failed(): the trainer then stops the run with the reason. */
 void rollout_audit_write(const char *dir, int64_t step, int dp_rank, int n, const struct step_batch *b);
 
 #endif

@@ -10,6 +10,7 @@
 
 #include "common/check.h"
 #include "proto/protocol.h"
+#include "proto/transport.h"
 
 struct dataplane_pull {
     int sock;
@@ -30,6 +31,12 @@ struct dataplane_pull *dataplane_pull_open(const char *endpoint, char *err, size
     }
     int max = (int)GRPO_MAX_MESSAGE_BYTES;
     nn_setsockopt(s, NN_SOL_SOCKET, NN_RCVMAXSIZE, &max, sizeof max);
+    char why[600];
+    if (endpoint_prepare_bind(endpoint, why, sizeof why) != 0) { /* never a file that is not a stale socket */
+        error_set(err, errlen, "data plane: cannot bind %s: %s", endpoint, why);
+        nn_close(s);
+        return NULL;
+    }
     if (nn_bind(s, endpoint) < 0) {
         error_set(err, errlen, "data plane: cannot bind %s: %s", endpoint, nn_strerror(nn_errno()));
         nn_close(s);

@@ -54,10 +54,10 @@ struct dispatcher {
     int nsnap;
     int64_t latest, end_after; /* newest published version (-1: none); the run's last step (-1: not ended) */
     char end_why[256];
-    int64_t win0;           /* first step of the window (latest + 1) */
-    int window;             /* steps in the window: staleness + 1 */
-    int *holder;            /* [window][units]: PENDING or the index in procs of the process that holds it */
-    bool *slot_seen;        /* [units]: some process has served this slot */
+    int64_t win0;    /* first step of the window (latest + 1) */
+    int window;      /* steps in the window: staleness + 1 */
+    int *holder;     /* [window][units]: PENDING or the index in procs of the process that holds it */
+    bool *slot_seen; /* [units]: some process has served this slot */
     struct proc procs[MAX_PROCS];
     int nprocs;
     struct dispatch_stats st;
@@ -125,13 +125,13 @@ static void reap(struct dispatcher *d, double now)
                 if (d->holder[j * d->o.units + u] == i) {
                     d->holder[j * d->o.units + u] = PENDING;
                     size_t l = strlen(units);
-                    snprintf(units + l, sizeof units - l, "%s%lld/%d", l ? ", " : "", (long long)(d->win0 + j), u);
+                    snprintf(units + l, sizeof units - l, "%s%lld/%d", l ? ", " : "", (long long)d->win0 + j, u);
                 }
         log_warn("dispatch",
                  "rollout process %016" PRIx64 " (rank %d) lost: silent for %.1f s; %s%s%s. Relaunch it with "
                  "grpo-worker --replace-rank (see docs/operations.md)",
-                 p->id, p->slot, now - p->last_seen, units[0] ? "its unit(s) (step/unit) " : "it held no unit",
-                 units, units[0] ? " go to the other rollout processes" : "");
+                 p->id, p->slot, now - p->last_seen, units[0] ? "its unit(s) (step/unit) " : "it held no unit", units,
+                 units[0] ? " go to the other rollout processes" : "");
     }
 }
 
@@ -255,8 +255,9 @@ static uint8_t *answer(struct dispatcher *d, const Grpo__Envelope *req, size_t *
             snprintf(reason, sizeof reason, "policy version %lld is not held (newest %lld)", (long long)w->version,
                      (long long)d->latest);
         else if (w->offset > d->o.n_floats || w->count > CHUNK_MAX_FLOATS || w->count > d->o.n_floats - w->offset)
-            snprintf(reason, sizeof reason, "floats %" PRIu64 "+%" PRIu64 " out of range (%zu parameters, chunks of at most %zu)",
-                     w->offset, w->count, d->o.n_floats, CHUNK_MAX_FLOATS);
+            snprintf(reason, sizeof reason,
+                     "floats %" PRIu64 "+%" PRIu64 " out of range (%zu parameters, chunks of at most %zu)", w->offset,
+                     w->count, d->o.n_floats, CHUNK_MAX_FLOATS);
         else {
             ch.data.data = (uint8_t *)(s->w + w->offset);
             ch.data.len = (size_t)w->count * sizeof(float);
@@ -269,7 +270,8 @@ static uint8_t *answer(struct dispatcher *d, const Grpo__Envelope *req, size_t *
     } else {
         d->st.refused++;
         pthread_mutex_unlock(&d->mu);
-        return CHECK_ALLOC(protocol_pack_error(req->request_id, "the dispatcher takes work and weights requests only", len));
+        return CHECK_ALLOC(
+            protocol_pack_error(req->request_id, "the dispatcher takes work and weights requests only", len));
     }
     pthread_mutex_unlock(&d->mu);
     return buf;
@@ -303,7 +305,7 @@ static void *serve(void *arg)
             pthread_mutex_lock(&d->mu);
             d->st.refused++;
             pthread_mutex_unlock(&d->mu);
-        } else if (d->secret[0] && !secret_equal(req->secret, d->secret)) {
+        } else if (d->secret[0] && !secret_matches(req->secret, d->secret)) {
             out = CHECK_ALLOC(protocol_pack_error(req->request_id, "wrong or missing secret", &len));
             pthread_mutex_lock(&d->mu);
             d->st.refused++;
@@ -332,6 +334,12 @@ struct dispatcher *dispatcher_open(const struct dispatch_options *o, char *err, 
     }
     int max = (int)GRPO_MAX_MESSAGE_BYTES;
     nn_setsockopt(s, NN_SOL_SOCKET, NN_RCVMAXSIZE, &max, sizeof max);
+    char why[600];
+    if (endpoint_prepare_bind(o->endpoint, why, sizeof why) != 0) { /* never a file that is not a stale socket */
+        error_set(err, errlen, "dispatcher: cannot bind %s: %s", o->endpoint, why);
+        nn_close(s);
+        return NULL;
+    }
     if (nn_bind(s, o->endpoint) < 0) {
         error_set(err, errlen, "dispatcher: cannot bind %s: %s", o->endpoint, nn_strerror(nn_errno()));
         nn_close(s);
@@ -476,7 +484,8 @@ static void *ping_loop(void *arg)
 {
     struct work_client *c = arg;
     for (;;) {
-        for (double slept = 0; slept < c->ping_s; slept += 0.05) {
+        const int ticks = (int)(c->ping_s / 0.05) > 1 ? (int)(c->ping_s / 0.05) : 1;
+        for (int tick = 0; tick < ticks; tick++) {
             pthread_mutex_lock(&c->mu);
             bool quit = c->quit;
             pthread_mutex_unlock(&c->mu);
@@ -515,7 +524,8 @@ struct work_client *work_client_open(const char *endpoint, const char *secret, i
     c->id = ((uint64_t)getpid() << 32) ^ ((uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull) ^ (uint64_t)ts.tv_sec ^
             (uint64_t)rank;
     pthread_mutex_init(&c->mu, NULL);
-    if (!(c->rpc = rpc_open(endpoint, secret, err, errlen)) || !(c->ping_rpc = rpc_open(endpoint, secret, err, errlen))) {
+    if (!(c->rpc = rpc_open(endpoint, secret, err, errlen)) ||
+        !(c->ping_rpc = rpc_open(endpoint, secret, err, errlen))) {
         work_client_close(c);
         return NULL;
     }

@@ -27,17 +27,17 @@
 #include <stdint.h>
 
 struct dispatch_options {
-    const char *endpoint;   /* bound here (ipc sockets mode 0600) */
-    const char *secret;     /* every request must carry it (NULL or "": not checked) */
-    int units;              /* work units per step: the rollout ranks */
-    int groups_in_step;     /* data.train_batch_size */
-    int staleness;          /* 0 or 1 */
-    int64_t start;          /* the step the trainers start from */
-    int64_t total_steps;    /* trainer.total_training_steps */
-    int64_t start_epoch;    /* data cursor of step start + 1 */
+    const char *endpoint; /* bound here (ipc sockets mode 0600) */
+    const char *secret;   /* every request must carry it (NULL or "": not checked) */
+    int units;            /* work units per step: the rollout ranks */
+    int groups_in_step;   /* data.train_batch_size */
+    int staleness;        /* 0 or 1 */
+    int64_t start;        /* the step the trainers start from */
+    int64_t total_steps;  /* trainer.total_training_steps */
+    int64_t start_epoch;  /* data cursor of step start + 1 */
     int64_t start_cursor;
-    size_t n_floats;        /* parameters of the policy */
-    double lost_after_s;    /* a rollout process silent this long is lost (two heartbeat intervals) */
+    size_t n_floats;     /* parameters of the policy */
+    double lost_after_s; /* a rollout process silent this long is lost (two heartbeat intervals) */
 };
 
 struct dispatcher;
@@ -55,12 +55,12 @@ void dispatcher_close(struct dispatcher *d, double linger_s);
 
 /* What the dispatcher has done so far (for the metrics). */
 struct dispatch_stats {
-    int64_t granted;     /* units granted */
-    int64_t regranted;   /* of those, units granted again after their holder was lost */
-    int64_t lost;        /* rollout processes declared lost */
-    int64_t refused;     /* requests refused (malformed, wrong secret) */
-    int64_t bytes;       /* weight bytes served */
-    int live;            /* rollout processes alive now */
+    int64_t granted;   /* units granted */
+    int64_t regranted; /* of those, units granted again after their holder was lost */
+    int64_t lost;      /* rollout processes declared lost */
+    int64_t refused;   /* requests refused (malformed, wrong secret) */
+    int64_t bytes;     /* weight bytes served */
+    int live;          /* rollout processes alive now */
 };
 void dispatcher_stats(struct dispatcher *d, struct dispatch_stats *st);
 
@@ -72,8 +72,8 @@ struct work_grant {
     enum work_kind kind;
     int64_t step;
     int unit, units;
-    int64_t version;                  /* policy version to generate with */
-    int64_t start, total_steps;       /* the trainers' first step and the run's last */
+    int64_t version;                   /* policy version to generate with */
+    int64_t start, total_steps;        /* the trainers' first step and the run's last */
     int64_t start_epoch, start_cursor; /* data cursor of step start + 1 */
     size_t n_floats;
     char reason[256];
@@ -90,8 +90,8 @@ struct work_client *work_client_open(const char *endpoint, const char *secret, i
 int work_client_next(struct work_client *c, struct work_grant *g, int timeout_ms, char *err, size_t errlen);
 /* Fetch policy version `version` into w[0..n) in chunks of at most chunk_bytes; *bytes and *chunks get what
  * moved. 0, or -1 with err (version gone, count mismatch, no answer). */
-int work_client_weights(struct work_client *c, int64_t version, float *w, size_t n, size_t chunk_bytes,
-                        size_t *bytes, int *chunks, char *err, size_t errlen);
+int work_client_weights(struct work_client *c, int64_t version, float *w, size_t n, size_t chunk_bytes, size_t *bytes,
+                        int *chunks, char *err, size_t errlen);
 /* True once a ping has been answered "end". */
 bool work_client_ended(struct work_client *c);
 void work_client_close(struct work_client *c);

@@ -65,8 +65,8 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
 {
     const struct grpo_config *c = r->env->cfg;
     /* connect (and start pinging) first, so the dispatcher knows this rank is coming while the model loads */
-    r->work = work_client_open(r->env->dispatch_endpoint, r->env->secret, r->env->at.dp, r->env->heartbeat_s,
-                               err, errlen);
+    r->work =
+        work_client_open(r->env->dispatch_endpoint, r->env->secret, r->env->at.dp, r->env->heartbeat_s, err, errlen);
     if (!r->work)
         return -1;
     char bundled[4096];
@@ -279,6 +279,13 @@ int run_rollout(struct role_env *env)
         waited = 0;
         units++;
         control_set_step(env->ctl, g.step, g.total_steps);
+        if (control_stop_signal()) { /* SIGTERM to this rank alone: its unit is delivered; the others take the rest */
+            log_info("rollout", "stop signal: ending after step %lld unit %d (%d unit(s) generated here)",
+                     (long long)g.step, g.unit, units);
+            control_finish(env->ctl, CONTROL_END_STOPPED, NULL);
+            teardown(&r);
+            return 0;
+        }
     }
     const bool finished = g.step >= g.total_steps;
     log_info("rollout", "%s: %s (%d unit(s) generated here)", finished ? "finished" : "stopped", g.reason, units);

@@ -64,7 +64,7 @@ uint8_t *wire_pack_batch(const struct wire_header *h, const struct step_batch *b
     env.body_case = GRPO__ENVELOPE__BODY_ROLLOUT;
     env.rollout = &rb;
     if (secret && *secret)
-        env.secret = (char *)secret;
+        envelope_set_secret(&env, secret);
     uint8_t *out = CHECK_ALLOC(protocol_pack(&env, len));
     free(seqs);
     free(ptrs);
@@ -126,7 +126,7 @@ int wire_unpack_batch(const uint8_t *buf, size_t len, const struct wire_limits *
         return -1;
     }
     int rc = -1;
-    if (lim->secret && lim->secret[0] && !secret_equal(env->secret, lim->secret)) {
+    if (lim->secret && lim->secret[0] && !secret_matches(env->secret, lim->secret)) {
         snprintf(why, whylen, "the batch does not carry the run's shared secret (grpod.secret_file)");
         goto out;
     }

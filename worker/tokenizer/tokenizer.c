@@ -284,11 +284,13 @@ void tok_grow(struct tokenizer *t, int32_t n_ids)
 
 int tok_set_token(struct tokenizer *t, int32_t id, const char *text, size_t len, bool in_vocab)
 {
-    if (id >= t->n_ids) {
-        int32_t n = t->n_ids ? t->n_ids : 256;
+    if (id < 0)
+        return -1;
+    if (id >= t->n_ids) { /* doubling in 64 bits: an id near INT32_MAX must not overflow the size */
+        int64_t n = t->n_ids ? t->n_ids : 256;
         while (n <= id)
             n *= 2;
-        tok_grow(t, n);
+        tok_grow(t, (int32_t)(n > INT32_MAX ? (int64_t)id + 1 : n));
     }
     if (t->text[id]) {
         if (t->text_len[id] != len || memcmp(t->text[id], text, len) != 0)

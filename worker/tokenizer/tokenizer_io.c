@@ -137,9 +137,12 @@ static void parse_post(struct tokenizer *t, const json_t *pp)
             const json_t *ids = json_object_get(st, "ids");
             int id = json_is_integer(json_array_get(ids, 0)) ? (int)json_integer_value(json_array_get(ids, 0))
                                                              : tokenizer_token_id(t, name);
-            if (id >= 0) {
+            if (id >= 0 && id < t->n_ids && t->text[id]) {
                 t->add_bos = true;
                 t->bos_id = id;
+            } else if (id >= 0) {
+                log_warn("tokenizer", "post_processor: special token '%s' has id %d, which is not a token; ignored",
+                         name, id);
             }
         }
         return;
@@ -265,6 +268,16 @@ static struct tokenizer *from_json_root(const json_t *root, const char *name, ch
             return NULL;
         }
     }
+    const json_t *added = json_object_get(root, "added_tokens");
+    if (added && !json_is_null(added) && !json_is_array(added)) {
+        tok_errf(err, errlen, "%s: added_tokens is not an array", name);
+        return NULL;
+    }
+    /* Ids index arrays as long as the largest id: bound them by what the file defines, so that a stray id (near
+     * 2^31, or 10^8) is an error rather than gigabytes of allocation. Real tokenizers number their vocabulary and
+     * added tokens densely; twice their count leaves room for gaps. */
+    const json_int_t n_entries = (json_int_t)json_object_size(vocab) + (json_int_t)json_array_size(added);
+    const json_int_t id_limit = 2 * n_entries + 256;
     t = tok_new((int32_t)json_object_size(vocab));
     const char *key;
     const json_t *val;
@@ -273,6 +286,13 @@ static struct tokenizer *from_json_root(const json_t *root, const char *name, ch
         json_int_t id = json_integer_value(val);
         if (!json_is_integer(val) || id < 0 || id > 0x7fffffff) {
             tok_errf(err, errlen, "%s: model.vocab['%s'] is not a valid id", name, key);
+            goto fail;
+        }
+        if (id >= id_limit) {
+            tok_errf(err, errlen,
+                     "%s: model.vocab['%s'] has id %lld; a file of %lld vocabulary entries and added tokens may use "
+                     "ids below %lld",
+                     name, key, (long long)id, (long long)n_entries, (long long)id_limit);
             goto fail;
         }
         if (tok_set_token(t, (int32_t)id, key, strlen(key), true) < 0) {
@@ -284,11 +304,6 @@ static struct tokenizer *from_json_root(const json_t *root, const char *name, ch
     t->ignore_merges = jbool(model, "ignore_merges", false);
     t->fuse_unk = jbool(model, "fuse_unk", false);
 
-    const json_t *added = json_object_get(root, "added_tokens");
-    if (added && !json_is_null(added) && !json_is_array(added)) {
-        tok_errf(err, errlen, "%s: added_tokens is not an array", name);
-        goto fail;
-    }
     size_t i;
     const json_t *it;
     json_array_foreach(added, i, it)
@@ -297,6 +312,13 @@ static struct tokenizer *from_json_root(const json_t *root, const char *name, ch
         const char *content = json_string_value(json_object_get(it, "content"));
         if (!json_is_integer(jid) || !content || json_integer_value(jid) < 0 || json_integer_value(jid) > 0x7fffffff) {
             tok_errf(err, errlen, "%s: added_tokens[%zu] needs an id and a content", name, i);
+            goto fail;
+        }
+        if (json_integer_value(jid) >= id_limit) {
+            tok_errf(err, errlen,
+                     "%s: added_tokens[%zu] ('%s') has id %lld; a file of %lld vocabulary entries and added tokens "
+                     "may use ids below %lld",
+                     name, i, content, (long long)json_integer_value(jid), (long long)n_entries, (long long)id_limit);
             goto fail;
         }
         struct tok_added a = {
@@ -605,7 +627,8 @@ int tokenizer_save_json(const struct tokenizer *t, const char *path, char *err, 
     json_object_set_new(root, "truncation", json_null());
     json_object_set_new(root, "padding", json_null());
     struct tok_added *sorted = xmalloc((size_t)(t->n_added ? t->n_added : 1) * sizeof *sorted);
-    memcpy(sorted, t->added, (size_t)t->n_added * sizeof *sorted);
+    if (t->n_added) /* t->added is NULL without added tokens */
+        memcpy(sorted, t->added, (size_t)t->n_added * sizeof *sorted);
     qsort(sorted, (size_t)t->n_added, sizeof *sorted, cmp_added_id);
     json_t *added = json_array();
     for (int i = 0; i < t->n_added; i++)
@@ -691,7 +714,8 @@ int tokenizer_save_config_json(const struct tokenizer *t, const char *path, char
     json_object_set_new(root, "add_prefix_space", json_false());
     json_t *dec = json_object();
     struct tok_added *sorted = xmalloc((size_t)(t->n_added ? t->n_added : 1) * sizeof *sorted);
-    memcpy(sorted, t->added, (size_t)t->n_added * sizeof *sorted);
+    if (t->n_added) /* t->added is NULL without added tokens */
+        memcpy(sorted, t->added, (size_t)t->n_added * sizeof *sorted);
     qsort(sorted, (size_t)t->n_added, sizeof *sorted, cmp_added_id);
     for (int i = 0; i < t->n_added; i++) {
         char key[16];

@@ -8,6 +8,7 @@
 
 #include "common/check.h"
 #include "common/log.h"
+#include "zero1.h"
 
 static void free_groups(int **groups, int *counts, int k)
 {
@@ -105,7 +106,10 @@ static void update_mini_batch(struct model *m, struct adamw *opt, struct rollout
     if (p->dp) {
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        comm_allreduce_sum(p->dp, m->grad->mem, m->grad->n_floats, COMM_F32);
+        if (p->zero)
+            zero1_reduce_scatter(p->zero, m->grad->mem);
+        else
+            comm_allreduce_sum(p->dp, m->grad->mem, m->grad->n_floats, COMM_F32);
         clock_gettime(CLOCK_MONOTONIC, &t1);
         st->allreduce_s += (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
         double sums[8] = {ls.pg_loss,           ls.kl_loss, ls.entropy, ls.pg_clipfrac,
@@ -114,8 +118,12 @@ static void update_mini_batch(struct model *m, struct adamw *opt, struct rollout
         ls = (struct policy_loss_stats){sums[0], sums[1], sums[2], sums[3],
                                         sums[4], sums[5], sums[6], (long long)sums[7]};
     }
-    double norm = grad_clip(m->grad->mem, m->grad->n_floats, p->grad_clip);
-    if (isfinite(norm)) {
+    double norm =
+        p->zero ? zero1_clip(p->zero, p->grad_clip) : grad_clip(m->grad->mem, m->grad->n_floats, p->grad_clip);
+    if (isfinite(norm) && p->zero) { /* every rank has the same norm: they step, or skip, together */
+        adamw_step(opt, m->w.mem + p->zero->lo, p->zero->grad, p->lr);
+        zero1_allgather(p->zero, m->w.mem);
+    } else if (isfinite(norm)) {
         adamw_step(opt, m->w.mem, m->grad->mem, p->lr);
     } else {
         log_warn("trainer", "gradient norm is %g: optimizer step skipped", norm);

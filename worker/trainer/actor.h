@@ -12,6 +12,8 @@
 #include "rollout.h"
 #include "worker/model/model.h"
 
+struct zero1;
+
 struct batching {
     int micro_seqs;   /* sequences per micro-batch (fixed mode) */
     int micro_tokens; /* token budget per micro-batch (dynamic mode); 0: fixed mode */
@@ -41,6 +43,9 @@ struct update_params {
      * [j * mini_batch_seqs, (j + 1) * mini_batch_seqs) on every rank, as in one process. NULL: one rank. */
     struct comm *dp;
     int n_total; /* sequences of the step over all ranks (0: n) */
+    /* ZeRO-1 over dp (NULL: the gradients are all-reduced and every rank steps the whole optimizer): the
+     * gradients are reduce-scattered, opt covers this rank's block, and the parameters are all-gathered */
+    struct zero1 *zero;
 };
 
 /* Averages over the optimizer steps of one update (verl's actor/ metrics). */

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,6 +88,16 @@ int optim_state_read(const char *path, struct adamw *o, char *err, size_t errlen
     memcpy(&o->t, buf + 24, 8);
     memcpy(hp, buf + 32, sizeof hp);
     o->beta1 = hp[0], o->beta2 = hp[1], o->eps = hp[2], o->weight_decay = hp[3];
+    /* moments that went non-finite would turn every later update into NaN weights */
+    for (size_t i = 0; i < 2 * o->n; i++) {
+        float x;
+        memcpy(&x, buf + 64 + i * sizeof(float), sizeof x);
+        if (!isfinite(x)) {
+            error_set(err, errlen, "%s: AdamW moment %s[%zu] is %g: corrupt optimizer state (a diverged run?)", path,
+                      i < o->n ? "m" : "v", i < o->n ? i : i - o->n, (double)x);
+            goto out;
+        }
+    }
     memcpy(o->m, buf + 64, o->n * sizeof(float));
     memcpy(o->v, buf + 64 + o->n * sizeof(float), o->n * sizeof(float));
     rc = 0;

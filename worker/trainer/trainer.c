@@ -20,7 +20,13 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "prompts.h"
+#include "zero1.h"
+
+/* decide()'s broadcast to the other DP ranks: not the decision yet, but "save with me now" (a ZeRO-1
+ * checkpoint that DP rank 0 writes from its safe point needs every rank's block of the optimizer state) */
+#define TRAINER_SAVE_NOW 16
 #include "worker/comm/comm.h"
+#include "worker/control/control.h"
 #include "worker/data/dataset.h"
 #include "worker/metrics/metrics.h"
 #include "worker/model/model_io.h"
@@ -67,7 +73,16 @@ static int64_t compute_total_steps(const struct grpo_config *cfg, int n_train)
 
 int trainer_save_checkpoint(struct trainer *t)
 {
-    if (t->lay.dp_rank != 0) { /* DP rank 0 writes for every replica: the weights and optimizer state are the same */
+    /* ZeRO-1: checkpoints are whole: every DP rank sends its block of the optimizer state to be written. From
+     * DP rank 0's safe point (grpod asked for it) the others wait in decide(): call them first. */
+    if (t->zero && t->in_decide && t->lay.dp_rank == 0) {
+        int act = TRAINER_SAVE_NOW;
+        comm_broadcast_polled(t->lay.dp, &act, 1, COMM_I32, 0, NULL, NULL);
+    }
+    struct adamw *whole = t->zero ? zero1_gather(t->zero, t->opt) : NULL;
+    const struct adamw *opt = whole ? whole : t->opt;
+    if (t->lay.dp_rank != 0) {
+        adamw_free(whole); /* DP rank 0 writes for every replica: the weights and optimizer state are the same */
         if (t->hooks.checkpoint_saved)
             t->hooks.checkpoint_saved(t->hooks.ctx, t->st.global_step);
         return 0;
@@ -75,8 +90,10 @@ int trainer_save_checkpoint(struct trainer *t)
     trainer_phase(t, "checkpoint");
     char err[1024];
     double t0 = now_s();
-    if (checkpoint_save(t->ckpt_root, t->policy, t->opt, t->tok, &t->st, (int)t->cfg->trainer_max_actor_ckpt_to_keep,
-                        err, sizeof err) != 0) {
+    int saved = checkpoint_save(t->ckpt_root, t->policy, opt, t->tok, &t->st,
+                                (int)t->cfg->trainer_max_actor_ckpt_to_keep, err, sizeof err);
+    adamw_free(whole);
+    if (saved != 0) {
         log_error("checkpoint", "%s", err);
         return -1;
     }
@@ -131,25 +148,78 @@ static uint64_t params_checksum(const struct model *p)
     return h;
 }
 
-/* Every DP rank must hold the same weights after a step; -1 (logged) if any differs. */
+/* Reasons of this process to end the run at the next safe point (DP rank 0 decides for all, so the other DP
+ * ranks send theirs along with the weights' checksum after every step). */
+enum {
+    WANTS_SIGNAL = 1, /* SIGTERM or SIGINT: stop after a checkpoint */
+    WANTS_OUTPUT = 2, /* a record of the run could not be written: stop after a checkpoint, with an error */
+};
+/* A stop that ends the run with an error (with TRAINER_STOP in the broadcast decision; not a hook's answer). */
+#define TRAINER_FAIL 8
+/* In the broadcast decision: DP rank 0 holds a checkpoint of this step already (written at its safe point or by
+ * save_freq), so no rank saves it again. Only DP rank 0 knows (its saved_step); a save is collective with ZeRO-1. */
+#define TRAINER_ALREADY_SAVED 32
+
+static int local_wants(void)
+{
+    return (control_stop_signal() ? WANTS_SIGNAL : 0) | (metrics_output_failure(NULL, 0) ? WANTS_OUTPUT : 0);
+}
+
+/* Every DP rank must hold the same weights after a step; -1 (logged) if any differs. DP rank 0 also learns the
+ * other ranks' reasons to end the run (peer_wants). */
 static int check_replicas(struct trainer *t, int64_t k)
 {
     if (!t->lay.dp || t->lay.dp_size < 2)
         return 0;
-    int64_t mine = (int64_t)params_checksum(t->policy);
-    int64_t *all = xmalloc((size_t)t->lay.dp_size * sizeof *all);
-    comm_allgather(t->lay.dp, &mine, all, 1, COMM_I64);
+    int64_t mine[2] = {(int64_t)params_checksum(t->policy), local_wants()};
+    int64_t *all = xmalloc((size_t)t->lay.dp_size * 2 * sizeof *all);
+    comm_allgather(t->lay.dp, mine, all, 2, COMM_I64);
     int bad = 0;
-    for (int r = 0; r < t->lay.dp_size; r++)
-        bad += all[r] != all[0];
+    for (int r = 0; r < t->lay.dp_size; r++) {
+        bad += all[2 * r] != all[0];
+        t->peer_wants |= (int)all[2 * r + 1];
+        if ((all[2 * r + 1] & WANTS_OUTPUT) && t->peer_failed_rank < 0 && r != t->lay.dp_rank)
+            t->peer_failed_rank = r;
+    }
     if (bad)
         log_error("trainer", "step %lld: weights differ between DP ranks (checksum %016llx here, %016llx on DP rank 0)",
-                  (long long)k, (unsigned long long)mine, (unsigned long long)all[0]);
+                  (long long)k, (unsigned long long)mine[0], (unsigned long long)all[0]);
     else
         log_debug("trainer", "step %lld: weights identical on %d DP ranks (checksum %016llx)", (long long)k,
-                  t->lay.dp_size, (unsigned long long)mine);
+                  t->lay.dp_size, (unsigned long long)mine[0]);
     free(all);
     return bad ? -1 : 0;
+}
+
+/* DP rank 0: TRAINER_STOP (| TRAINER_FAIL) when this rank or another has a reason to end the run, with the
+ * reason logged (and kept in t->failure for a failure); TRAINER_CONTINUE otherwise. */
+static int stop_reason(struct trainer *t)
+{
+    const int wants = local_wants() | t->peer_wants;
+    const long long step = (long long)t->st.global_step;
+    if (wants & WANTS_OUTPUT) {
+        char why[1200];
+        if (metrics_output_failure(why, sizeof why))
+            snprintf(t->failure, sizeof t->failure, "%s", why);
+        else
+            snprintf(t->failure, sizeof t->failure, "DP rank %d could not write its rollout dumps (see its log)",
+                     t->peer_failed_rank);
+        log_error("trainer",
+                  "the run's records cannot be written (%s): stopping at step %lld, after a checkpoint if "
+                  "there is room",
+                  t->failure, step);
+        return TRAINER_STOP | TRAINER_FAIL;
+    }
+    if (wants & WANTS_SIGNAL) {
+        if (control_stop_signal())
+            log_info("trainer", "%s: stopping at step %lld, after a checkpoint",
+                     control_signal_name(control_stop_signal()), step);
+        else
+            log_info("trainer", "another DP rank received SIGTERM or SIGINT: stopping at step %lld, after a checkpoint",
+                     step);
+        return TRAINER_STOP;
+    }
+    return TRAINER_CONTINUE;
 }
 
 /* While a DP rank waits for DP rank 0's decision: it reports paused while the run is to pause (DP rank 0 is held
@@ -160,13 +230,31 @@ static void answer_control(void *ud, bool done)
     t->hooks.waiting(t->hooks.ctx, done);
 }
 
-/* The safe point's decision, DP rank 0's for every DP rank. */
+/* The safe point's decision, DP rank 0's for every DP rank: grpod's commands (the safe_point hook), a signal, a
+ * record that could not be written. */
 static int decide(struct trainer *t)
 {
-    int act = t->lay.dp_rank == 0 ? trainer_safe_point(t) : TRAINER_CONTINUE;
+    int act = TRAINER_CONTINUE;
+    if (t->lay.dp_rank == 0) {
+        act = stop_reason(t);
+        t->in_decide = true;
+        if (act == TRAINER_CONTINUE)
+            act = trainer_safe_point(t); /* may hold here while the run is paused */
+        t->in_decide = false;
+        if (!(act & TRAINER_STOP))
+            act |= stop_reason(t); /* a signal that came while it was held */
+        if (t->saved_step == t->st.global_step)
+            act |= TRAINER_ALREADY_SAVED;
+    }
     if (t->lay.dp && t->lay.dp_size > 1) /* stop and checkpoint follow DP rank 0 */
-        comm_broadcast_polled(t->lay.dp, &act, 1, COMM_I32, 0,
-                              t->lay.dp_rank && t->hooks.waiting ? answer_control : NULL, t);
+        for (;;) {
+            comm_broadcast_polled(t->lay.dp, &act, 1, COMM_I32, 0,
+                                  t->lay.dp_rank && t->hooks.waiting ? answer_control : NULL, t);
+            if (t->lay.dp_rank == 0 || act != TRAINER_SAVE_NOW)
+                break;
+            trainer_save_checkpoint(t); /* DP rank 0 writes; this rank sends its block */
+            act = TRAINER_CONTINUE;
+        }
     return act;
 }
 
@@ -186,15 +274,28 @@ int trainer_run(struct trainer *t)
         t->iter_t0 = rollout_now_s();
         int act = decide(t);
         /* a stop checkpoints too, unless this step is already saved */
-        if ((act & (TRAINER_CHECKPOINT | TRAINER_STOP)) && t->saved_step != t->st.global_step)
-            trainer_save_checkpoint(t);
+        bool saved = act & TRAINER_ALREADY_SAVED;
+        if ((act & (TRAINER_CHECKPOINT | TRAINER_STOP)) && !saved)
+            saved = trainer_save_checkpoint(t) == 0;
         if (t->src.between_steps && t->src.between_steps(t->src.ctx, t->st.global_step, act & TRAINER_STOP) != 0) {
             rc = -1;
             break;
         }
+        if (act & TRAINER_FAIL) {
+            /* a rank ending with an error ends the MPI job (grpo_worker.c): not before DP rank 0's checkpoint */
+            if (t->lay.dp && t->lay.dp_size > 1)
+                comm_barrier(t->lay.dp);
+            if (writer)
+                log_error("trainer", "stopped at step %lld: %s; %s", (long long)t->st.global_step,
+                          t->failure[0] ? t->failure : "a record of the run could not be written",
+                          saved ? "the checkpoint of this step is written" : "no checkpoint could be written");
+            rc = -1;
+            break;
+        }
         if (act & TRAINER_STOP) {
-            log_info("trainer", "stop requested at step %lld: checkpoint written, ending",
-                     (long long)t->st.global_step);
+            if (writer)
+                log_info("trainer", "stop requested at step %lld: %s, ending", (long long)t->st.global_step,
+                         saved ? "checkpoint written" : "the checkpoint could not be written");
             break;
         }
         const int64_t k = t->st.global_step + 1;
@@ -227,6 +328,14 @@ int trainer_run(struct trainer *t)
     metrics_free(&m);
     if (t->logger_open)
         metrics_logger_sync(&t->logger);
+    /* a record that failed after the last safe point (the last step's, or the final sync) */
+    char why[1200];
+    if (rc == 0 && metrics_output_failure(why, sizeof why)) {
+        snprintf(t->failure, sizeof t->failure, "%s", why);
+        log_error("trainer", "the run ended at step %lld, but its records are incomplete: %s",
+                  (long long)t->st.global_step, why);
+        rc = -1;
+    }
     return rc;
 }
 
@@ -267,6 +376,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     struct trainer *t = xcalloc(1, sizeof *t);
     t->cfg = cfg;
     t->saved_step = -1;
+    t->peer_failed_rank = -1;
     if (hooks)
         t->hooks = *hooks;
     t->lay = lay ? *lay : (struct trainer_layout){.dp_size = 1};
@@ -378,6 +488,18 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         }
         log_info("trainer", "resumed from %s at step %lld", resume, (long long)st.global_step);
     }
+    if (cfg->actor_megatron_use_distributed_optimizer && t->lay.dp_size > 1) {
+        /* ZeRO-1: this rank keeps its block of the (whole, possibly just loaded) optimizer state */
+        t->zero = zero1_create(t->lay.dp, t->policy->w.n_floats);
+        struct adamw *block = zero1_shard(t->zero, t->opt);
+        adamw_free(t->opt);
+        t->opt = block;
+        log_info("trainer", "ZeRO-1: DP rank %d keeps the optimizer state of parameters %zu..%zu (%.2f GB of %.2f)",
+                 t->lay.dp_rank, t->zero->lo, t->zero->hi, 8.0 * (double)block->n / 1e9,
+                 8.0 * (double)t->zero->n / 1e9);
+    }
+    /* a failed write of an earlier run in this process (tests run several) is not this run's */
+    metrics_output_failure_reset();
     /* steps logged after the checkpoint we resume from are forgotten: they are redone */
     if (t->lay.dp_rank == 0 &&
         metrics_logger_open(&t->logger, t->run_dir, METRICS_SINK_ALL, (long)t->st.total_steps,
@@ -408,6 +530,7 @@ void trainer_free(struct trainer *t)
     if (t->tok)
         tokenizer_free(t->tok);
     adamw_free(t->opt);
+    zero1_free(t->zero);
     if (t->reward)
         reward_free(t->reward);
     if (t->cursor_open)
@@ -418,6 +541,7 @@ void trainer_free(struct trainer *t)
 }
 
 int64_t trainer_step(const struct trainer *t) { return t->st.global_step; }
+const char *trainer_failure(const struct trainer *t) { return t->failure; }
 struct model *trainer_policy(struct trainer *t) { return t->policy; }
 const struct prompt_set *trainer_prompts(const struct trainer *t) { return &t->train; }
 

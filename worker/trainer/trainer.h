@@ -71,7 +71,11 @@ struct trainer_source {
  * from a checkpoint when trainer.resume_mode asks. NULL with err on failure. */
 struct trainer *trainer_create(const struct grpo_config *cfg, const struct trainer_hooks *hooks, char *err,
                                size_t errlen);
-/* Run to trainer.total_training_steps (or a stop request). 0 when finished or stopped cleanly, -1 on error. */
+/* Run to trainer.total_training_steps (or a stop request). 0 when finished or stopped cleanly, -1 on error.
+ * Besides grpod's stop (the safe_point hook), the run stops at its next safe point, after a checkpoint, when
+ * the process (any DP rank) has received SIGTERM or SIGINT (control_stop_signal(): returns 0), and when a
+ * record of the run could not be written (metrics_output_failure(): metrics.jsonl, TensorBoard, the chart,
+ * the rollout dumps, on any DP rank; returns -1, with trainer_failure() saying why). */
 int trainer_run(struct trainer *t);
 /* As trainer_create, on one rank of several data-parallel trainers fed by src (either may be NULL: alone, local
  * rollouts). Only DP rank 0 validates, writes metrics and checkpoints; stop and checkpoint decisions are DP rank
@@ -93,6 +97,11 @@ const struct prompt_set *trainer_prompts(const struct trainer *t);
 /* Data cursor position of the next step: its epoch and index (rollout ranks start from it). */
 void trainer_cursor(const struct trainer *t, int64_t *epoch, int64_t *index);
 void trainer_free(struct trainer *t);
+
+/* Why trainer_run ended with an error when the cause was not a step's own (a record of the run could not be
+ * written: "writing RUN/metrics.jsonl: No space left on device"), else "" (the log says). For the report to
+ * grpod. */
+const char *trainer_failure(const struct trainer *t);
 
 /* Write a checkpoint of the current step now (at a safe point); 0 or -1 (logged). */
 int trainer_save_checkpoint(struct trainer *t);

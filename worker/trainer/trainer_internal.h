@@ -14,12 +14,16 @@
 #include "worker/metrics/metrics.h"
 #include "worker/rollout/batch.h"
 
+struct zero1;
+
 struct trainer {
     const struct grpo_config *cfg;
     struct trainer_hooks hooks;
     struct model *policy, *ref;
     struct tokenizer *tok;
-    struct adamw *opt;
+    struct adamw *opt;  /* with ZeRO-1: this DP rank's block of the optimizer state */
+    struct zero1 *zero; /* ZeRO-1 over the DP group (NULL: off) */
+    bool in_decide;     /* DP rank 0 at its safe point inside decide() */
     struct reward_fn *reward;
     struct prompt_set train, val;
     struct run_state st;
@@ -33,6 +37,9 @@ struct trainer {
     struct trainer_layout lay; /* this rank in the trainers' DP group */
     struct trainer_source src; /* where each step's rollouts come from */
     double iter_t0;            /* start of this loop iteration: the step time includes the safe point's work */
+    int peer_wants;            /* DP rank 0: the other DP ranks' reasons to end the run (trainer.c's WANTS_*) */
+    int peer_failed_rank;      /* DP rank 0: a DP rank whose records could not be written (-1: none) */
+    char failure[1300];        /* why the run ended with an error, when it is not a step's own ("": none) */
     int64_t warmup;
     double peak_flops; /* measured sgemm FLOP/s x threads, the MFU denominator */
     struct policy_loss_params loss;

@@ -37,7 +37,7 @@ struct trainer_rank {
     struct dispatcher *disp; /* DP rank 0 only */
     uint64_t refused, duplicates, stale;
     int64_t start;
-    double sync_s_pending; /* publishing time to report with the next step */
+    double sync_s_pending;  /* publishing time to report with the next step */
     int64_t bytes_reported; /* weight bytes the dispatcher had served at the previous step */
     double refused_logged_at;
 };
@@ -200,7 +200,8 @@ static void publish(struct trainer_rank *r, int64_t version)
     dispatcher_publish(r->disp, version, p->w.mem);
     r->sync_s_pending += rollout_now_s() - t0;
     control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
-    log_debug("trainer", "policy version %lld published (%zu bytes)", (long long)version, p->w.n_floats * sizeof(float));
+    log_debug("trainer", "policy version %lld published (%zu bytes)", (long long)version,
+              p->w.n_floats * sizeof(float));
 }
 
 /* trainer_source.between_steps: after step j the rollout processes need version j for their step j + 1 +
@@ -307,8 +308,9 @@ int run_trainer_process(struct role_env *env, const struct trainer_layout *lay, 
     if (rc == 0 && (!lay || lay->dp_rank == 0))
         log_info("worker", "run %s at step %lld; results in %s", finished ? "finished" : "stopped",
                  (long long)trainer_step(t), trainer_run_dir(t));
+    const char *why = trainer_failure(t);
     control_finish(env->ctl, rc != 0 ? CONTROL_END_FAILED : (finished ? CONTROL_END_FINISHED : CONTROL_END_STOPPED),
-                   rc != 0 ? "training failed (see the worker's log)" : NULL);
+                   rc != 0 ? (why && why[0] ? why : "training failed (see the worker's log)") : NULL);
     trainer_free(t);
     return rc == 0 ? 0 : 1;
 }

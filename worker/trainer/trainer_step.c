@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "trainer_internal.h"
 #include "worker/comm/comm.h"
+#include "worker/model/fit.h"
 #include "worker/rollout/audit.h"
 #include "worker/rollout/validate.h"
 #include "worker/tokenizer/tokenizer.h"
@@ -23,6 +24,52 @@ static double flops_per_token(const struct model_config *c, double ctx)
     const double QD = (double)c->n_heads * c->head_dim, KD = (double)c->n_kv_heads * c->head_dim;
     const double per_layer = 2 * (D * QD + 2 * D * KD + QD * D + 3 * D * F) + 4 * QD * ctx / 2; /* causal half */
     return c->n_layers * per_layer + 2 * V * D;
+}
+
+/* Temperature of the trainer's log-probs: the rollout's, except that 0 (greedy rollout, argmax sampling) has
+ * none; its log-probs are taken at temperature 1, as verl does and as the sampler records them. */
+static float logprob_temperature(const struct grpo_config *c)
+{
+    return c->rollout_temperature > 0 ? (float)c->rollout_temperature : 1.0f;
+}
+
+/* The run must fit the model's positions and the machine's memory before a step allocates for it; -1 (logged)
+ * if not. The answer is the same at every step (the machine's memory, not what is free at the moment). */
+static int check_fit(const struct trainer *t)
+{
+    char err[1024];
+    if (run_fit_check(&t->policy->cfg, t->cfg, 0, err, sizeof err) == 0)
+        return 0;
+    log_error("trainer", "%s", err);
+    return -1;
+}
+
+/* Consecutive steps whose optimizer updates were all skipped (non-finite gradient norm): the run of the trainer
+ * that last counted, up to the step it counted. */
+static _Thread_local struct {
+    const struct trainer *t;
+    int64_t step;
+    long long run;
+} g_skipped;
+
+/* Count step k (all of its optimizer steps skipped, or not); -1 (logged) when the run has had
+ * trainer.max_consecutive_skipped_steps such steps in a row. */
+static int count_skipped(const struct trainer *t, int64_t k, bool all_skipped, double grad_norm)
+{
+    if (g_skipped.t != t || g_skipped.step != k - 1)
+        g_skipped.run = 0;
+    g_skipped.t = t;
+    g_skipped.step = k;
+    g_skipped.run = all_skipped ? g_skipped.run + 1 : 0;
+    const long long limit = t->cfg->trainer_max_consecutive_skipped_steps;
+    if (limit <= 0 || g_skipped.run < limit)
+        return 0;
+    log_error("trainer",
+              "step %lld: %lld consecutive steps skipped their optimizer step for a non-finite gradient norm (%g), "
+              "trainer.max_consecutive_skipped_steps = %lld: the weights or the data have gone bad (NaN or "
+              "infinite values); ending the run",
+              (long long)k, g_skipped.run, grad_norm, limit);
+    return -1;
 }
 
 void trainer_draw_prompts(struct trainer *t, const struct prompt_item **out, int *uids, int n)
@@ -148,6 +195,8 @@ int trainer_sft_step(struct trainer *t, int64_t k, struct metrics *m)
 {
     const struct grpo_config *c = t->cfg;
     const int B = (int)c->data_train_batch_size;
+    if (check_fit(t) != 0)
+        return -1;
     const struct prompt_item **prompts = xmalloc((size_t)B * sizeof *prompts);
     trainer_draw_prompts(t, prompts, NULL, B);
     struct rollout_seq *seqs = xcalloc((size_t)B, sizeof *seqs);
@@ -199,12 +248,14 @@ int trainer_sft_step(struct trainer *t, int64_t k, struct metrics *m)
     double norm = grad_clip(t->policy->grad->mem, t->policy->grad->n_floats, c->actor_grad_clip);
     if (isfinite(norm))
         adamw_step(t->opt, t->policy->w.mem, t->policy->grad->mem, c->trainer_sft_warmup_lr);
+    else
+        log_warn("trainer", "gradient norm is %g: supervised optimizer step skipped", norm);
     metrics_set(m, "sft/nll", nll / (double)T);
     metrics_set(m, "sft/grad_norm", norm);
     metrics_set(m, "sft/step", (double)k);
     rollout_seqs_free(seqs, n);
     free(seqs), free(idx);
-    return 0;
+    return count_skipped(t, k, !isfinite(norm), norm);
 }
 
 /* Validation: greedy (or val_kwargs) generation on the held-out prompts, scored per data_source. */
@@ -212,6 +263,10 @@ void trainer_validate(struct trainer *t, struct metrics *m)
 {
     if (t->val.n == 0)
         return;
+    if (check_fit(t) != 0) { /* the next step fails with the same reason */
+        log_error("trainer", "validation skipped");
+        return;
+    }
     trainer_phase(t, "validate");
     rollout_validate(&t->rc, &t->val, trainer_step_seed(t->st.seed, t->st.global_step, 0x7a1), m);
 }
@@ -296,13 +351,13 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     double t0 = rollout_now_s(), t_old = 0, t_ref = 0;
     if (!on_policy) {
         trainer_phase(t, "old_log_prob");
-        actor_compute_logp(t->policy, b->seqs, idx, b->n_seq, &lp_bt, (float)c->rollout_temperature, 0);
+        actor_compute_logp(t->policy, b->seqs, idx, b->n_seq, &lp_bt, logprob_temperature(c), 0);
         t_old = rollout_now_s() - t0;
     }
     if (c->actor_use_kl_loss || c->alg_use_kl_in_reward) {
         trainer_phase(t, "ref");
         t0 = rollout_now_s();
-        actor_compute_logp(t->ref, b->seqs, idx, b->n_seq, &ref_bt, (float)c->rollout_temperature, 1);
+        actor_compute_logp(t->ref, b->seqs, idx, b->n_seq, &ref_bt, logprob_temperature(c), 1);
         t_ref = rollout_now_s() - t0;
     }
     trainer_phase(t, "adv");
@@ -324,10 +379,11 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
         .grad_clip = c->actor_grad_clip,
         .lr = lr,
         .checkpointing = c->arr_model_enable_gradient_checkpointing,
-        .temperature = (float)c->rollout_temperature,
+        .temperature = logprob_temperature(c),
         .bt = {(int)c->actor_ppo_micro_batch_size_per_gpu,
                c->actor_use_dynamic_bsz ? (int)c->actor_ppo_max_token_len_per_gpu : 0},
         .dp = t->lay.dp_size > 1 ? t->lay.dp : NULL,
+        .zero = t->zero,
         .n_total = (int)n_all,
     };
     struct update_stats us = {0};
@@ -391,8 +447,12 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     metrics_set(m, tm->split ? "perf/cpu_memory_peak_gb/trainer" : "perf/cpu_memory_peak_gb",
                 max_dist(t, proc_peak_rss_gb()));
     metrics_set(m, "training/epoch", (double)t->st.epoch);
+    /* AdamW's two FP32 moments on this rank: all of them, or its ZeRO-1 block */
+    metrics_set(m, "perf/optimizer_state_gb", 2.0 * sizeof(float) * (double)t->opt->n / 1e9);
     free(idx);
-    return 0;
+    if (us.optimizer_steps == 0) /* nothing to train on: neither a skip nor an update */
+        return 0;
+    return count_skipped(t, k, us.skipped_steps == us.optimizer_steps, us.grad_norm);
 }
 
 /* One GRPO step: the source's batch (local generation, or batches from the rollout ranks), then the update. */
@@ -402,6 +462,8 @@ int trainer_grpo_step(struct trainer *t, struct metrics *m)
     double t_step = t->iter_t0 > 0 ? t->iter_t0 : rollout_now_s();
     struct step_timing tm = {0};
     struct step_batch b = {0};
+    if (check_fit(t) != 0)
+        return -1;
     int rc = t->src.next_batch(t->src.ctx, k, &b, &tm, m);
     if (rc == 0)
         rc = train_batch(t, k, &b, &tm, t_step, m);

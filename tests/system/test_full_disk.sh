@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# A full disk is found at the first failed write, not at the next checkpoint: a run whose records cannot be
+# written (metrics.jsonl, the rollout dumps of trainer.rollout_data_dir; /dev/full stands in for a full disk)
+# reports the file and the error once, checkpoints (there is room for that here) and stops at step 1 with a
+# non-zero exit, in one process and split over 2 trainer + 1 rollout ranks (the dumps of trainer DP rank 1 fail:
+# DP rank 0 stops the run for every rank). A run that writes to /dev/null instead is not stopped.
+# usage: test_full_disk.sh GRPO_WORKER GRPO_MODEL (from the source root)
+set -u
+WORKER="$1" MODEL_TOOL="$2"
+TMP="$(mktemp -d /tmp/grpo-full.XXXXXX)"
+trap 'rm -rf "$TMP"' EXIT
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fails=0
+expect() { if [ "$2" -eq 0 ]; then echo "ok   $1"; else echo "FAIL $1"; fails=$((fails + 1)); fi; }
+[ -w /dev/full ] || { echo "skip: no writable /dev/full"; exit 77; }
+
+"$MODEL_TOOL" init tests/fixtures/tokenizers/bytes-chatml/config.json "$TMP/tiny" \
+    --tokenizer-from tests/fixtures/tokenizers/bytes-chatml --seed 11 --std 0.1 >"$TMP/init.log" 2>&1
+expect "tiny model initialised" $?
+COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e
+    trainer.total_training_steps=200 trainer.val_before_train=false trainer.test_freq=-1 data.train_batch_size=2
+    actor_rollout_ref.rollout.n=2 actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=6
+    data.synthetic.num_train=16 data.synthetic.num_val=2)
+# lines of LOG in which SUBSYS reports a failed write of FILE: reports LOG SUBSYS FILE
+reports() { grep -c "error \[rank [0-9]*\] $2: writing .*$3: No space left on device" "$1"; }
+
+# ---- metrics.jsonl on a full disk, one process
+mkdir -p "$TMP/m/p/e"
+ln -s /dev/full "$TMP/m/p/e/metrics.jsonl"
+timeout 120 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/m" >"$TMP/m.log" 2>&1
+rc=$?
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ]; expect "the run ends with an error (exit $rc)" $?
+grep -q "writing $TMP/m/p/e/metrics.jsonl: No space left on device" "$TMP/m.log"
+expect "the error names the file and the reason" $?
+[ "$(reports "$TMP/m.log" metrics metrics.jsonl)" -eq 1 ]; expect "reported once as an error" $?
+grep -q "stopped at step 1: writing $TMP/m/p/e/metrics.jsonl: No space left on device" "$TMP/m.log"
+expect "the run stops at step 1 with the reason" $?
+[ "$(cat "$TMP/m/p/e/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null)" = 1 ]
+expect "a checkpoint of step 1 is written first" $?
+! grep -q "step *2/200" "$TMP/m.log"; expect "no second step is trained" $?
+
+# ---- the rollout dump of step 1 on a full disk, one process
+mkdir -p "$TMP/a/dumps"
+ln -s /dev/full "$TMP/a/dumps/1.jsonl"
+timeout 120 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/a" trainer.rollout_data_dir="$TMP/a/dumps" \
+    >"$TMP/a.log" 2>&1
+rc=$?
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ]; expect "a failed rollout dump ends the run with an error (exit $rc)" $?
+grep -q "stopped at step 1: writing $TMP/a/dumps/1.jsonl: No space left on device" "$TMP/a.log"
+expect "the run stops at step 1 naming the dump file" $?
+[ "$(reports "$TMP/a.log" audit 1.jsonl)" -eq 1 ]; expect "the dump's failure is reported once" $?
+[ ! -e "$TMP/a/dumps/2.jsonl" ]; expect "no step 2 is dumped" $?
+
+# ---- split run: trainer DP rank 1's dump of step 1 fails; DP rank 0 stops every rank
+mkdir -p "$TMP/s/dumps"
+ln -s /dev/full "$TMP/s/dumps/1.dp1.jsonl"
+timeout 180 mpirun --oversubscribe --bind-to none -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/s" \
+    trainer.rollout_data_dir="$TMP/s/dumps" placement.trainer_ranks=2 placement.rollout_ranks=1 \
+    >"$TMP/s.log" 2>&1
+rc=$?
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ]; expect "split run ends with an error (exit $rc)" $?
+grep -q "\[rank 1\] audit: writing $TMP/s/dumps/1.dp1.jsonl: No space left on device" "$TMP/s.log"
+expect "trainer DP rank 1 names its dump file" $?
+grep -q "\[rank 0\] trainer: stopped at step 1: DP rank 1 could not write" "$TMP/s.log"
+expect "DP rank 0 stops the run at step 1 for it" $?
+[ "$(cat "$TMP/s/p/e/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null)" = 1 ]
+expect "the split run checkpoints step 1 first" $?
+
+# ---- /dev/null takes everything: not a failure
+mkdir -p "$TMP/n/p/e"
+ln -s /dev/null "$TMP/n/p/e/metrics.jsonl"
+timeout 120 "$WORKER" "${COMMON[@]}" trainer.total_training_steps=2 trainer.default_local_dir="$TMP/n" \
+    >"$TMP/n.log" 2>&1
+expect "metrics.jsonl pointed at /dev/null: the run finishes (exit $?)" $?
+
+[ "$fails" -eq 0 ] || { for f in "$TMP"/*.log; do echo "---- $f"; tail -n 25 "$f"; done; exit 1; }

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# SIGTERM and SIGINT (Slurm's time limit and preemption, systemctl stop, ^C) stop a one-process run cleanly: a
+# checkpoint at the next safe point, exit 0, and a resume carries on from it. Under grpod the worker also asks
+# grpod to stop the run, which ends "finished" with the signal in its event log; a paused run stops the same way.
+# Usage: test_sigterm.sh GRPOD GRPOCTL SIM_WORKER GRPO_WORKER GRPO_MODEL (from the source root)
+set -u
+WORKER="$4"
+MODEL_TOOL="$5"
+. "$(dirname "$0")/grpod_lib.sh" "$1" "$2" "$3"
+export OPENBLAS_NUM_THREADS=1
+
+"$MODEL_TOOL" init tests/fixtures/tokenizers/bytes-chatml/config.json "$TMP/tiny" \
+    --tokenizer-from tests/fixtures/tokenizers/bytes-chatml --seed 11 --std 0.1 >"$TMP/init.log" 2>&1
+expect "tiny model initialised" $?
+
+# start NAME [overrides...]: a long run in the background (pid in WPID), log in $TMP/NAME.log
+start() {
+    local name="$1"; shift
+    "$WORKER" actor_rollout_ref.model.path="$TMP/tiny" trainer.default_local_dir="$TMP/$name" \
+        trainer.project_name=p trainer.experiment_name=e trainer.total_training_steps=100000 \
+        trainer.val_before_train=false trainer.test_freq=-1 data.train_batch_size=2 actor_rollout_ref.rollout.n=2 \
+        actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=8 data.synthetic.num_train=16 \
+        data.synthetic.num_val=2 "$@" >>"$TMP/$name.log" 2>&1 &
+    WPID=$!
+    PIDS+=("$WPID")
+}
+steps_logged() { [ "$(grep -c . "$TMP/$1/p/e/metrics.jsonl" 2>/dev/null)" -ge "$2" ]; }
+# ended PID: the process has ended within 30 s (else it is killed, so that a failing test fails fast)
+ended() { wait_for 30 sh -c "! kill -0 $1" || { kill -9 "$1" 2>/dev/null; return 1; }; }
+ckpt_step() { cat "$TMP/$1/p/e/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null; }
+
+# ---- one process, no grpod: SIGTERM
+start term
+wait_for 60 steps_logged term 2; expect "the run trains" $?
+kill -TERM "$WPID"
+ended "$WPID"; expect "SIGTERM ends the run within seconds" $?
+wait "$WPID"; rc=$?
+[ "$rc" -eq 0 ]; expect "exit status 0 after SIGTERM (got $rc)" $?
+s="$(ckpt_step term)"
+[ -n "$s" ] && [ "$s" -ge 2 ]; expect "a checkpoint at the step it stopped at (step $s)" $?
+has "$TMP/term.log" "SIGTERM received"; expect "the log says the signal came" $?
+has "$TMP/term.log" "SIGTERM: stopping at step $s, after a checkpoint"; expect "the log says where it stops" $?
+has "$TMP/term.log" "run stopped at step $s"; expect "the run reports stopped, not finished" $?
+# the resume carries on from the checkpoint
+"$WORKER" actor_rollout_ref.model.path="$TMP/tiny" trainer.default_local_dir="$TMP/term" trainer.project_name=p \
+    trainer.experiment_name=e trainer.total_training_steps=$((s + 2)) trainer.val_before_train=false \
+    trainer.test_freq=-1 data.train_batch_size=2 actor_rollout_ref.rollout.n=2 \
+    actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=8 data.synthetic.num_train=16 \
+    data.synthetic.num_val=2 >"$TMP/term2.log" 2>&1
+expect "the relaunch finishes" $?
+has "$TMP/term2.log" "at step $s"; expect "the relaunch resumes from step $s" $?
+
+# ---- SIGINT (^C) likewise
+start int
+wait_for 60 steps_logged int 1; expect "second run trains" $?
+kill -INT "$WPID"
+ended "$WPID"; expect "SIGINT ends the run within seconds" $?
+wait "$WPID"; rc=$?
+[ "$rc" -eq 0 ]; expect "exit status 0 after SIGINT (got $rc)" $?
+[ -n "$(ckpt_step int)" ]; expect "SIGINT checkpoints too" $?
+
+# ---- under grpod: the run is stopped for every rank, and grpod says so
+start_grpod g
+start ctl grpod.endpoint="$EP" grpod.connect_timeout_s=20
+wait_for 60 sh -c "[ \"\$('$GRPOCTL' status --json | jq -r .step)\" -ge 2 ]"; expect "worker under grpod trains" $?
+kill -TERM "$WPID"
+ended "$WPID"; wait "$WPID"; rc=$?
+[ "$rc" -eq 0 ]; expect "under grpod: exit status 0 after SIGTERM (got $rc)" $?
+s="$(ckpt_step ctl)"
+[ -n "$s" ]; expect "under grpod: checkpoint written (step $s)" $?
+wait_for 10 state_is finished; rc=$?
+expect "grpod: the run is finished ($(status_field .reason))" $rc
+has "$TMP/g.state/events.log" "stop requested by SIGTERM on rank 0"; expect "grpod's event log names the signal" $?
+[ "$(status_field '.workers[0].state')" = stopped ]; expect "grpod: the worker stopped" $?
+[ "$(status_field '.workers[0].checkpoint_step')" = "$s" ]; expect "grpod: its checkpoint is step $s" $?
+kill "$GRPOD_PID" 2>/dev/null; wait "$GRPOD_PID" 2>/dev/null
+
+# ---- under grpod, paused: the signal ends the pause with a checkpoint
+start_grpod g2
+start paused grpod.endpoint="$EP" grpod.connect_timeout_s=20
+wait_for 60 sh -c "[ \"\$('$GRPOCTL' status --json | jq -r .step)\" -ge 1 ]"; expect "third worker trains" $?
+"$GRPOCTL" pause --wait=30 >/dev/null 2>&1; expect "paused" $?
+p="$(status_field .step)"
+kill -TERM "$WPID"
+ended "$WPID"; wait "$WPID"; rc=$?
+[ "$rc" -eq 0 ]; expect "paused: exit status 0 after SIGTERM (got $rc)" $?
+[ "$(ckpt_step paused)" = "$p" ]; expect "paused: checkpoint at the paused step $p" $?
+
+[ "$fails" -eq 0 ] || exit 1

@@ -1,0 +1,39 @@
+/* ZeRO-1 over the trainers' DP group (actor_rollout_ref.actor.megatron.use_distributed_optimizer): each DP
+ * rank keeps the AdamW state of one contiguous block of the parameters. An optimizer step reduce-scatters the
+ * gradients (each rank gets the sum of its block), clips by the global norm (the blocks' sums of squares
+ * all-reduced), updates its block, and all-gathers the blocks into every rank's parameters. The result is the
+ * data-parallel all-reduce's up to summation order, with 1/DP of the optimizer state per rank.
+ *
+ * Checkpoints stay layout-free: the moments are gathered whole for DP rank 0 to write, and a rank takes its
+ * block of them when it resumes, whatever the DP size that wrote them. */
+#ifndef GRPO_WORKER_TRAINER_ZERO1_H
+#define GRPO_WORKER_TRAINER_ZERO1_H
+
+#include <stddef.h>
+
+#include "optim.h"
+#include "worker/comm/comm.h"
+
+struct zero1 {
+    struct comm *dp;
+    size_t n;      /* all parameters */
+    size_t per;    /* block per rank: ceil(n / DP) */
+    size_t lo, hi; /* this rank's block [lo, hi) */
+    float *grad;   /* per floats: this rank's block of the summed gradient */
+    float *pad;    /* per * DP floats when DP does not divide n (NULL otherwise) */
+};
+
+struct zero1 *zero1_create(struct comm *dp, size_t n);
+void zero1_free(struct zero1 *z);
+/* The gradients grads[0..n) summed over DP: this rank's block into z->grad. */
+void zero1_reduce_scatter(struct zero1 *z, const float *grads);
+/* The global gradient norm (over every block); the block is clipped to max_norm as grad_clip does. */
+double zero1_clip(struct zero1 *z, double max_norm);
+/* Every rank's block of params into params[0..n) (after each updated its own). */
+void zero1_allgather(struct zero1 *z, float *params);
+/* This rank's block of a whole optimizer state (a new adamw over hi - lo parameters). */
+struct adamw *zero1_shard(const struct zero1 *z, const struct adamw *whole);
+/* The whole optimizer state from every rank's block (a new adamw over n; every rank calls it). */
+struct adamw *zero1_gather(struct zero1 *z, const struct adamw *block);
+
+#endif
