@@ -31,22 +31,8 @@ static struct model_config qwen7b(void)
                                  .max_position_embeddings = 32768};
 }
 
-static const struct plan_cluster H200x8 = {.nodes = 1,
-                                           .gpus_per_node = 8,
-                                           .gpu_mem_gib = 141,
-                                           .nvlink_gbs = 450,
-                                           .net_gbs = 50,
-                                           .peak_tflops = 989,
-                                           .mfu = 0.4};
-static const struct plan_batch GSM8K = {.prompts = 256,
-                                        .n = 8,
-                                        .prompt_len = 512,
-                                        .response_len = 1024,
-                                        .micro_batch = 4,
-                                        .mini_batches = 4,
-                                        .ppo_epochs = 1,
-                                        .recompute = true,
-                                        .kl = true};
+#define H200x8 plan_default_cluster
+#define GSM8K plan_default_batch
 
 static void near(double got, double want, double rel)
 {

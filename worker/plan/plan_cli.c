@@ -36,22 +36,8 @@ static double gb(double bytes) { return bytes / 1e9; }
 
 int plan_main(int argc, char **argv)
 {
-    struct plan_cluster c = {.nodes = 1,
-                             .gpus_per_node = 8,
-                             .gpu_mem_gib = 141,
-                             .nvlink_gbs = 450,
-                             .net_gbs = 50,
-                             .peak_tflops = 989,
-                             .mfu = 0.4};
-    struct plan_batch b = {.prompts = 256,
-                           .n = 8,
-                           .prompt_len = 512,
-                           .response_len = 1024,
-                           .micro_batch = 4,
-                           .mini_batches = 4,
-                           .ppo_epochs = 1,
-                           .recompute = true,
-                           .kl = true};
+    struct plan_cluster c = plan_default_cluster;
+    struct plan_batch b = plan_default_batch;
     bool all = false;
     static const struct option opts[] = {{"nodes", 1, 0, 'N'},
                                          {"gpus-per-node", 1, 0, 'G'},
@@ -173,9 +159,10 @@ int plan_main(int argc, char **argv)
         return 1;
     }
     const struct plan_result *r = &res[best];
-    printf("recommended: TP %d x PP %d x DP %d%s (actor_rollout_ref.actor.megatron.tensor_model_parallel_size=%d "
-           "pipeline_model_parallel_size=%d), %.1f GB per device, about %.1f s of training per step\n",
-           r->lay.tp, r->lay.pp, r->lay.dp, r->lay.zero1 ? " with ZeRO-1" : "", r->lay.tp, r->lay.pp, gb(r->mem_total),
-           r->time_step);
+    printf(
+        "recommended: TP %d x PP %d x DP %d%s (verl's actor_rollout_ref.actor.megatron.tensor_model_parallel_size=%d "
+        "pipeline_model_parallel_size=%d), %.1f GB per device, about %.1f s of training per step\n",
+        r->lay.tp, r->lay.pp, r->lay.dp, r->lay.zero1 ? " with ZeRO-1" : "", r->lay.tp, r->lay.pp, gb(r->mem_total),
+        r->time_step);
     return 0;
 }

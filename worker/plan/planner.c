@@ -4,6 +4,23 @@
 #include <stdio.h>
 #include <string.h>
 
+const struct plan_cluster plan_default_cluster = {.nodes = 1,
+                                                  .gpus_per_node = 8,
+                                                  .gpu_mem_gib = 141,
+                                                  .nvlink_gbs = 450,
+                                                  .net_gbs = 50,
+                                                  .peak_tflops = 989,
+                                                  .mfu = 0.4};
+const struct plan_batch plan_default_batch = {.prompts = 256,
+                                              .n = 8,
+                                              .prompt_len = 512,
+                                              .response_len = 1024,
+                                              .micro_batch = 4,
+                                              .mini_batches = 4,
+                                              .ppo_epochs = 1,
+                                              .recompute = true,
+                                              .kl = true};
+
 /* Bytes per parameter of each kind of state. */
 struct widths {
     double weights, grads, master, moments, ref, act; /* act: one activation element */

@@ -74,6 +74,12 @@ struct plan_rollout {
     int concurrent;                        /* sequences decoded at once per device group */
 };
 
+/* The defaults of `grpo-model plan`: a node of 8 H200 (141 GB, NVLink 450 GB/s per direction, 8 x 400 Gb/s of
+ * network, 989 dense BF16 TFLOP/s at 40% MFU), and a GSM8K-style GRPO batch (256 prompts x 8, 512 + 1024
+ * tokens, micro-batches of 4, 4 optimizer steps, 1 epoch, recompute, a reference policy). */
+extern const struct plan_cluster plan_default_cluster;
+extern const struct plan_batch plan_default_batch;
+
 /* Parameters of a model from its configuration (embedding, layers, final norm, an untied head). */
 double plan_param_count(const struct model_config *m);
 /* Cost of one layout (r->valid false, with the reason, when it does not divide the model). */
