@@ -279,13 +279,6 @@ int run_rollout(struct role_env *env)
         waited = 0;
         units++;
         control_set_step(env->ctl, g.step, g.total_steps);
-        if (control_stop_signal()) { /* SIGTERM to this rank alone: its unit is delivered; the others take the rest */
-            log_info("rollout", "stop signal: ending after step %lld unit %d (%d unit(s) generated here)",
-                     (long long)g.step, g.unit, units);
-            control_finish(env->ctl, CONTROL_END_STOPPED, NULL);
-            teardown(&r);
-            return 0;
-        }
     }
     const bool finished = g.step >= g.total_steps;
     log_info("rollout", "%s: %s (%d unit(s) generated here)", finished ? "finished" : "stopped", g.reason, units);
