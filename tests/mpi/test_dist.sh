@@ -94,6 +94,23 @@ for x, y in zip(a, b):
 print("grad norms agree, optimizer state halved")
 PY
 expect "ZeRO-1: grad norms match the all-reduce run, optimizer state per rank is 1/DP" $?
+# the planner's DP bytes per step for these layouts against what the collective plane counted in the two runs
+"$MODEL_TOOL" plan "$TMP/tiny" --cpu --nodes 1 --gpus-per-node 2 --prompts 4 --n 4 --mini-batches 2 --all --bytes \
+    >"$TMP/plan.txt" 2>&1
+python3 - "$TMP/plan.txt" "$TMP/split/p/e/metrics.jsonl" "$TMP/zero/p/e/metrics.jsonl" <<'PY'
+import json, re, sys
+plan = open(sys.argv[1]).read()
+def predicted(zero):
+    m = re.search(rf"bytes tp=1 pp=1 dp=2 zero1={zero}: tp \d+ pp \d+ dp (\d+)", plan)
+    assert m, plan
+    return float(m.group(1))
+for path, zero in ((sys.argv[2], 0), (sys.argv[3], 1)):
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+    for r in rows:
+        assert r["perf/comm_bytes/dp"] == predicted(zero), (path, r["step"], r["perf/comm_bytes/dp"], predicted(zero))
+print("DP bytes per step: planned", predicted(0), "=", "measured")
+PY
+expect "the planner's DP bytes per step equal the measured ones (all-reduce and ZeRO-1)" $?
 # checkpoints stay whole: the ZeRO-1 run's step-2 checkpoint resumed by one process (DP 1, no ZeRO)
 mkdir -p "$TMP/relayout/p/e/checkpoints"
 cp -r "$TMP/zero/p/e/checkpoints/global_step_2" "$TMP/relayout/p/e/checkpoints/"

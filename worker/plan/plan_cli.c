@@ -28,7 +28,9 @@ static void usage(FILE *out)
           "  --mini-batches K (4, train_batch_size / actor.ppo_mini_batch_size)  --epochs E (1, actor.ppo_epochs)\n"
           "  --no-recompute (default: full activation recompute, model.enable_gradient_checkpointing)\n"
           "  --no-kl (default: a reference policy is held, actor.use_kl_loss)\n"
-          "  --all (print layouts that do not fit too)\n",
+          "  --all (print layouts that do not fit too)\n"
+          "  --bytes (after the table, each layout's bytes per device per step, exact: to compare with\n"
+          "           the perf/comm_bytes/dp metric of a run)\n",
           out);
 }
 
@@ -38,7 +40,7 @@ int plan_main(int argc, char **argv)
 {
     struct plan_cluster c = plan_default_cluster;
     struct plan_batch b = plan_default_batch;
-    bool all = false;
+    bool all = false, bytes = false;
     static const struct option opts[] = {{"nodes", 1, 0, 'N'},
                                          {"gpus-per-node", 1, 0, 'G'},
                                          {"gpu-mem", 1, 0, 'M'},
@@ -58,6 +60,7 @@ int plan_main(int argc, char **argv)
                                          {"no-recompute", 0, 0, 'x'},
                                          {"no-kl", 0, 0, 'y'},
                                          {"all", 0, 0, 'a'},
+                                         {"bytes", 0, 0, 'B'},
                                          {"help", 0, 0, 'h'},
                                          {0, 0, 0, 0}};
     optind = 1;
@@ -92,6 +95,7 @@ int plan_main(int argc, char **argv)
         case 'x': b.recompute = false; break;
         case 'y': b.kl = false; break;
         case 'a': all = true; break;
+        case 'B': bytes = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -143,6 +147,9 @@ int plan_main(int argc, char **argv)
                gb(r->bytes_dp), r->time_comm, r->time_compute, r->bubble * 100, r->time_step,
                r->fits ? "" : "  (does not fit)", i == best ? "  <- recommended" : "");
     }
+    for (int i = 0; bytes && i < n; i++)
+        printf("bytes tp=%d pp=%d dp=%d zero1=%d: tp %.0f pp %.0f dp %.0f sync %.0f\n", res[i].lay.tp, res[i].lay.pp,
+               res[i].lay.dp, res[i].lay.zero1, res[i].bytes_tp, res[i].bytes_pp, res[i].bytes_dp, res[i].bytes_sync);
     struct plan_rollout ro;
     plan_rollout(&m, &c, &b, &ro);
     printf("\n(memory in GB per trainer device; communication in GB sent per device per step; weight sync %.1f GB "

@@ -387,8 +387,17 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
         .n_total = (int)n_all,
     };
     struct update_stats us = {0};
+    /* the gradient (and ZeRO-1 weight) traffic of the update over DP, in the planner's ring-model bytes */
+    struct comm_traffic before = {0}, after = {0};
+    if (up.dp)
+        comm_traffic(up.dp, &before);
     if (n_all > 0)
         actor_update(t->policy, t->opt, b->seqs, idx, b->n_seq, &up, &us);
+    if (up.dp)
+        comm_traffic(up.dp, &after);
+    double dp_bytes = 0;
+    for (int op = COMM_OP_ALLREDUCE; op <= COMM_OP_REDUCE_SCATTER; op++)
+        dp_bytes += after.sent_f32[op] - before.sent_f32[op];
     double t_update = rollout_now_s() - t0;
     /* rollout-vs-trainer log-prob gap: the sampler's log-probs against the trainer's old log-probs */
     double gap = 0, gap_max = 0, gap_n = 0;
@@ -427,6 +436,7 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     if (tm->split) {
         metrics_set(m, "timing_s/wait_data", tm->wait_data);
         metrics_set(m, "timing_s/grad_allreduce", us.allreduce_s);
+        metrics_set(m, "perf/comm_bytes/dp", dp_bytes);
         metrics_set(m, "trainer/idle_ratio", step_time > 0 ? tm->wait_data / step_time : 0);
         const double busy = tm->gen + tm->reward;
         metrics_set(m, "perf/cpu_memory_peak_gb/rollout", tm->rollout_peak_rss_gb);
