@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include "common/check_mpi.h"
@@ -53,6 +54,26 @@ static void usage(FILE *out)
           "\n"
           "environment: GRPO_LOG_LEVEL=error|warn|info|debug\n",
           out);
+}
+
+/* In recovery mode a job that lost a rank can hang in MPI_Finalize (Open MPI 4.1 waits for the dead rank in its
+ * closing exchange, now and then): the work is done and written, so after a grace the process ends by itself. */
+static int finalize_status;
+static void *finalize_guard(void *arg)
+{
+    (void)arg;
+    sleep(20);
+    log_warn("worker", "MPI_Finalize has not returned in 20 s (a rank of this job was lost): ending without it");
+    _exit(finalize_status);
+    return NULL;
+}
+
+static void finalize_watchdog(int status)
+{
+    finalize_status = status;
+    pthread_t th;
+    if (pthread_create(&th, NULL, finalize_guard, NULL) == 0)
+        pthread_detach(th);
 }
 
 int run_hybrid(struct role_env *env) { return run_trainer_process(env, NULL, NULL, NULL, NULL); }
@@ -391,6 +412,8 @@ int main(int argc, char **argv)
     parallel_groups_free(&groups);
 out_world:
     comm_free(world);
+    if (check_mpi_recovery_mode() && comm_size(world) > 1)
+        finalize_watchdog(status);
     MPI_Finalize();
     config_free(&cfg);
     return status;
