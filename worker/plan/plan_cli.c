@@ -69,10 +69,11 @@ int plan_main(int argc, char **argv)
         char *end = NULL;
         double v = optarg ? strtod(optarg, &end) : 0;
         if (optarg && (end == optarg || *end || !(v > 0))) {
-            log_error("plan", "--%s expects a positive number, got '%s'", opts[0].name ? "option" : "", optarg);
+            const char *name = "?";
             for (const struct option *q = opts; q->name; q++)
                 if (q->val == o)
-                    log_error("plan", "(the option is --%s)", q->name);
+                    name = q->name;
+            log_error("plan", "--%s expects a positive number, got '%s'", name, optarg);
             return 2;
         }
         switch (o) {

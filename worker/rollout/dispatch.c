@@ -386,10 +386,8 @@ void dispatcher_publish(struct dispatcher *d, int64_t version, const float *w)
     struct snapshot *s = &d->snaps[slot];
     if (!s->w)
         s->w = xmalloc(d->o.n_floats * sizeof(float));
-    pthread_mutex_unlock(&d->mu);
     /* the copy runs outside the lock: nobody is served from the oldest snapshot once its steps are trained,
      * and it is marked empty meanwhile */
-    pthread_mutex_lock(&d->mu);
     s->version = -1;
     pthread_mutex_unlock(&d->mu);
     memcpy(s->w, w, d->o.n_floats * sizeof(float));
