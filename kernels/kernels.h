@@ -5,6 +5,7 @@
 #ifndef GRPO_KERNELS_H
 #define GRPO_KERNELS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -18,6 +19,23 @@ void rmsnorm_backward(float *dx, float *dw, const float *dy, const float *x, con
 void embedding_forward(float *out, const int32_t *ids, const float *table, int N, int D, int V);
 /* dtable[ids[i]] += dout[i].  dtable: (V, D); dout: (N, D). Repeated ids accumulate. */
 void embedding_backward(float *dtable, const float *dout, const int32_t *ids, int N, int D, int V);
+
+/* A vocabulary shard: rows [lo, hi) of a V-row table (vocab-parallel embedding and LM head under tensor
+ * parallelism). reduce(ud, buf, n, max) combines n doubles in place over every shard of the vocabulary: their
+ * maximum (max true) or their sum. The whole vocabulary is lo 0, hi V, reduce NULL. */
+struct vocab_shard {
+    int lo, hi, V;
+    void (*reduce)(void *ud, double *buf, int n, bool max);
+    void *ud;
+};
+
+/* Embedding rows of this shard: out[i] = table[ids[i] - lo] for ids in [lo, hi), zero rows for the others
+ * (summed over the shards, the whole lookup). table: (hi - lo, D); ids in [0, V). */
+void embedding_forward_shard(float *out, const int32_t *ids, const float *table, int N, int D,
+                             const struct vocab_shard *vs);
+/* dtable[ids[i] - lo] += dout[i] for the ids of this shard. */
+void embedding_backward_shard(float *dtable, const float *dout, const int32_t *ids, int N, int D,
+                              const struct vocab_shard *vs);
 
 /* Linear, HF nn.Linear layout: y = x W^T + b.  y: (N, Dout); x: (N, Din); W: (Dout, Din); b: (Dout) or NULL. */
 void linear_forward(float *y, const float *x, const float *W, const float *b, int N, int Din, int Dout);
@@ -70,5 +88,15 @@ void lmhead_logprob_forward(float *logp, float *entropy, const float *h, const f
  * recomputes each chunk's logits, so peak scratch is chunk x V floats. */
 void lmhead_logprob_backward(float *dh, float *dW, const float *dlogp, const float *dentropy, const float *h,
                              const float *W, const int32_t *targets, int N, int D, int V, float temperature, int chunk);
+
+/* The same over a vocabulary shard (W: (hi - lo, D), this shard's rows): the softmax statistics of each token
+ * (row maximum, sum of exponentials, the target's logit) are combined over the shards with vs->reduce, so the
+ * (N, V) logits are never gathered. Every shard gets the whole logp and entropy. */
+void lmhead_logprob_forward_shard(float *logp, float *entropy, const float *h, const float *W, const int32_t *targets,
+                                  int N, int D, const struct vocab_shard *vs, float temperature, int chunk);
+/* dh += this shard's part of dL/dh (summed over the shards, the whole gradient); dW += dL/dW of its rows. */
+void lmhead_logprob_backward_shard(float *dh, float *dW, const float *dlogp, const float *dentropy, const float *h,
+                                   const float *W, const int32_t *targets, int N, int D, const struct vocab_shard *vs,
+                                   float temperature, int chunk);
 
 #endif

@@ -1,109 +1,150 @@
 /* Log-probabilities and entropies through the LM head, `chunk` tokens at a time, so the (N, V)
- * logits are never held whole: each chunk's logits are one sgemm into a chunk x V buffer. */
+ * logits are never held whole: each chunk's logits are one sgemm into a chunk x V buffer.
+ *
+ * Under tensor parallelism each rank holds a shard of the vocabulary (rows [lo, hi) of the head): a chunk's
+ * row maxima are combined first (max), then the sums of exponentials, the sums of p * z (the entropy) and the
+ * target logits (sum). With the whole vocabulary the combinations are the identity. */
 #include <cblas.h>
 #include <math.h>
 
 #include "common/check.h"
 #include "kernels.h"
 
-static void check_args(const char *who, const int32_t *targets, int N, int V, float temperature, int chunk)
+static void check_args(const char *who, const int32_t *targets, int N, const struct vocab_shard *vs,
+                       float temperature, int chunk)
 {
-    if (!(temperature > 0.0f) || chunk <= 0 || V <= 0)
-        check_failf(__FILE__, __LINE__, "%s: need temperature > 0, chunk > 0, V > 0 (got %g, %d, %d)", who,
-                    (double)temperature, chunk, V);
+    if (!(temperature > 0.0f) || chunk <= 0 || vs->V <= 0 || vs->lo < 0 || vs->hi <= vs->lo || vs->hi > vs->V)
+        check_failf(__FILE__, __LINE__,
+                    "%s: need temperature > 0, chunk > 0, a non-empty shard [lo, hi) of V (got %g, %d, [%d, %d) of %d)",
+                    who, (double)temperature, chunk, vs->lo, vs->hi, vs->V);
     for (int i = 0; i < N; i++)
-        if (targets[i] < 0 || targets[i] >= V)
+        if (targets[i] < 0 || targets[i] >= vs->V)
             check_failf(__FILE__, __LINE__, "%s: targets[%d] = %d outside vocabulary [0, %d)", who, i, (int)targets[i],
-                        V);
+                        vs->V);
 }
 
-/* logits (c, V) = h_chunk W^T / temperature */
-static void chunk_logits(float *z, const float *h, const float *W, int c, int D, int V, float temperature)
+/* logits (c, Vl) = h_chunk W^T / temperature */
+static void chunk_logits(float *z, const float *h, const float *W, int c, int D, int Vl, float temperature)
 {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c, V, D, 1.0f / temperature, h, D, W, D, 0.0f, z, V);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c, Vl, D, 1.0f / temperature, h, D, W, D, 0.0f, z, Vl);
 }
 
-/* Softmax statistics of one row z (V): e[j] = exp(z_j - max) into e, returns log(sum e) + max (the
- * log-sum-exp); *inv_sum (if not NULL) gets 1 / sum e, so p_j = e_j * inv_sum; *ent (if not NULL) gets the
- * entropy lse - sum_j p_j z_j. */
-static double row_softmax(const float *z, float *e, int V, double *ent, double *inv_sum)
+/* Per-token softmax statistics of a chunk of c rows of this shard's logits z (c, Vl), combined over the shards:
+ * st[i] the row maximum M, st[c + i] sum_j exp(z_ij - M), st[2c + i] sum_j exp(z_ij - M) (z_ij - M), st[3c + i]
+ * the target's logit. e gets exp(z - M) of every element (c, Vl). */
+static void chunk_stats(const float *z, float *e, const int32_t *targets, int c, const struct vocab_shard *vs,
+                        double *st)
 {
-    float m = z[0];
-    for (int j = 1; j < V; j++)
-        m = z[j] > m ? z[j] : m;
-    vec_exp_shifted(e, z, (size_t)V, m);
-    double sum = 0.0, sz = 0.0;
-    for (int j = 0; j < V; j++) {
-        sum += e[j];
-        sz += (double)e[j] * (z[j] - m);
+    const int Vl = vs->hi - vs->lo;
+    for (int i = 0; i < c; i++) {
+        const float *zi = z + (size_t)i * Vl;
+        float m = zi[0];
+        for (int j = 1; j < Vl; j++)
+            m = zi[j] > m ? zi[j] : m;
+        st[i] = m;
     }
-    double logsum = log(sum); // cppcheck-suppress invalidFunctionArg ; sum >= 1: the maximum contributes exp(0)
-    if (inv_sum)
-        *inv_sum = 1.0 / sum;
-    if (ent) /* H = -sum p (z - lse) = log(sum) - sum p (z - m) */
-        *ent = logsum - sz / sum;
-    return m + logsum;
+    if (vs->reduce)
+        vs->reduce(vs->ud, st, c, true);
+    for (int i = 0; i < c; i++) {
+        const float *zi = z + (size_t)i * Vl;
+        float *ei = e + (size_t)i * Vl;
+        const float m = (float)st[i];
+        vec_exp_shifted(ei, zi, (size_t)Vl, m);
+        double sum = 0.0, sz = 0.0;
+        for (int j = 0; j < Vl; j++) {
+            sum += ei[j];
+            sz += (double)ei[j] * (zi[j] - m);
+        }
+        const int t = targets[i] - vs->lo;
+        st[c + i] = sum;
+        st[2 * c + i] = sz;
+        st[3 * c + i] = t >= 0 && t < Vl ? zi[t] : 0.0;
+    }
+    if (vs->reduce)
+        vs->reduce(vs->ud, st + c, 3 * c, false);
+}
+
+void lmhead_logprob_forward_shard(float *logp, float *entropy, const float *h, const float *W, const int32_t *targets,
+                                  int N, int D, const struct vocab_shard *vs, float temperature, int chunk)
+{
+    check_args("lmhead_logprob_forward", targets, N, vs, temperature, chunk);
+    if (N <= 0)
+        return;
+    const int Vl = vs->hi - vs->lo, cmax = chunk < N ? chunk : N;
+    float *z = xmalloc(sizeof(float) * (size_t)cmax * Vl), *e = xmalloc(sizeof(float) * (size_t)cmax * Vl);
+    double *st = xmalloc(sizeof(double) * 4 * (size_t)cmax);
+    for (int t0 = 0; t0 < N; t0 += cmax) {
+        int c = N - t0 < cmax ? N - t0 : cmax;
+        chunk_logits(z, h + (size_t)t0 * D, W, c, D, Vl, temperature);
+        chunk_stats(z, e, targets + t0, c, vs, st);
+        for (int i = 0; i < c; i++) {
+            /* sum >= 1: the maximum contributes exp(0) */
+            double logsum = log(st[c + i]); // cppcheck-suppress invalidFunctionArg
+            logp[t0 + i] = (float)(st[3 * c + i] - (st[i] + logsum));
+            if (entropy) /* H = -sum p (z - lse) = log(sum) - sum p (z - M) */
+                entropy[t0 + i] = (float)(logsum - st[2 * c + i] / st[c + i]);
+        }
+    }
+    free(z);
+    free(e);
+    free(st);
+}
+
+void lmhead_logprob_backward_shard(float *dh, float *dW, const float *dlogp, const float *dentropy, const float *h,
+                                   const float *W, const int32_t *targets, int N, int D, const struct vocab_shard *vs,
+                                   float temperature, int chunk)
+{
+    check_args("lmhead_logprob_backward", targets, N, vs, temperature, chunk);
+    if (N <= 0 || (!dh && !dW))
+        return;
+    const int Vl = vs->hi - vs->lo, cmax = chunk < N ? chunk : N;
+    float *z = xmalloc(sizeof(float) * (size_t)cmax * Vl), *e = xmalloc(sizeof(float) * (size_t)cmax * Vl);
+    double *st = xmalloc(sizeof(double) * 4 * (size_t)cmax);
+    double inv_t = 1.0 / temperature;
+    for (int t0 = 0; t0 < N; t0 += cmax) {
+        int c = N - t0 < cmax ? N - t0 : cmax;
+        const float *hc = h + (size_t)t0 * D;
+        chunk_logits(z, hc, W, c, D, Vl, temperature);
+        chunk_stats(z, e, targets + t0, c, vs, st);
+        /* turn each logit row into dL/d(h W^T): with p = softmax(z),
+         * dlogp/dz_j = 1[j = t] - p_j, dH/dz_j = -p_j (log p_j + H), and dz/d(hW^T) = 1/temperature */
+        for (int i = 0; i < c; i++) {
+            float *zi = z + (size_t)i * Vl;
+            const float *ei = e + (size_t)i * Vl;
+            double gl = dlogp[t0 + i], ge = dentropy ? dentropy[t0 + i] : 0.0;
+            double logsum = log(st[c + i]); // cppcheck-suppress invalidFunctionArg
+            double lse = st[i] + logsum, H = logsum - st[2 * c + i] / st[c + i];
+            const float pscale = (float)(1.0 / st[c + i]);
+            const float a = (float)(-gl * inv_t), b = (float)(-ge * inv_t), lse_f = (float)lse, Hf = (float)H;
+            for (int j = 0; j < Vl; j++) {
+                float p = ei[j] * pscale;
+                zi[j] = a * p + b * p * (zi[j] - lse_f + Hf);
+            }
+            const int t = targets[t0 + i] - vs->lo;
+            if (t >= 0 && t < Vl)
+                zi[t] += (float)(gl * inv_t);
+        }
+        if (dh) /* dh (c, D) += dz (c, Vl) W (Vl, D) */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, c, D, Vl, 1.0f, z, Vl, W, D, 1.0f,
+                        dh + (size_t)t0 * D, D);
+        if (dW) /* dW (Vl, D) += dz^T (Vl, c) h_chunk (c, D) */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Vl, D, c, 1.0f, z, Vl, hc, D, 1.0f, dW, D);
+    }
+    free(z);
+    free(e);
+    free(st);
 }
 
 void lmhead_logprob_forward(float *logp, float *entropy, const float *h, const float *W, const int32_t *targets, int N,
                             int D, int V, float temperature, int chunk)
 {
-    check_args("lmhead_logprob_forward", targets, N, V, temperature, chunk);
-    if (N <= 0)
-        return;
-    int cmax = chunk < N ? chunk : N;
-    float *z = xmalloc(sizeof(float) * (size_t)cmax * V), *e = xmalloc(sizeof(float) * (size_t)V);
-    for (int t0 = 0; t0 < N; t0 += cmax) {
-        int c = N - t0 < cmax ? N - t0 : cmax;
-        chunk_logits(z, h + (size_t)t0 * D, W, c, D, V, temperature);
-        for (int i = 0; i < c; i++) {
-            const float *zi = z + (size_t)i * V;
-            double H;
-            double lse = row_softmax(zi, e, V, entropy ? &H : NULL, NULL);
-            logp[t0 + i] = (float)(zi[targets[t0 + i]] - lse);
-            if (entropy)
-                entropy[t0 + i] = (float)H;
-        }
-    }
-    free(z);
-    free(e);
+    const struct vocab_shard whole = {.lo = 0, .hi = V, .V = V};
+    lmhead_logprob_forward_shard(logp, entropy, h, W, targets, N, D, &whole, temperature, chunk);
 }
 
 void lmhead_logprob_backward(float *dh, float *dW, const float *dlogp, const float *dentropy, const float *h,
                              const float *W, const int32_t *targets, int N, int D, int V, float temperature, int chunk)
 {
-    check_args("lmhead_logprob_backward", targets, N, V, temperature, chunk);
-    if (N <= 0 || (!dh && !dW))
-        return;
-    int cmax = chunk < N ? chunk : N;
-    float *z = xmalloc(sizeof(float) * (size_t)cmax * V), *e = xmalloc(sizeof(float) * (size_t)V);
-    double inv_t = 1.0 / temperature;
-    for (int t0 = 0; t0 < N; t0 += cmax) {
-        int c = N - t0 < cmax ? N - t0 : cmax;
-        const float *hc = h + (size_t)t0 * D;
-        chunk_logits(z, hc, W, c, D, V, temperature);
-        /* turn each logit row into dL/d(h W^T): with p = softmax(z),
-         * dlogp/dz_j = 1[j = t] - p_j, dH/dz_j = -p_j (log p_j + H), and dz/d(hW^T) = 1/temperature */
-        for (int i = 0; i < c; i++) {
-            float *zi = z + (size_t)i * V;
-            double gl = dlogp[t0 + i], ge = dentropy ? dentropy[t0 + i] : 0.0, H = 0.0;
-            double inv_sum;
-            double lse = row_softmax(zi, e, V, ge != 0.0 ? &H : NULL, &inv_sum);
-            /* p_j = e_j / sum: one exp per element, done in row_softmax */
-            const float pscale = (float)inv_sum;
-            const float a = (float)(-gl * inv_t), b = (float)(-ge * inv_t), lse_f = (float)lse, Hf = (float)H;
-            for (int j = 0; j < V; j++) {
-                float p = e[j] * pscale;
-                zi[j] = a * p + b * p * (zi[j] - lse_f + Hf);
-            }
-            zi[targets[t0 + i]] += (float)(gl * inv_t);
-        }
-        if (dh) /* dh (c, D) += dz (c, V) W (V, D) */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, c, D, V, 1.0f, z, V, W, D, 1.0f, dh + (size_t)t0 * D,
-                        D);
-        if (dW) /* dW (V, D) += dz^T (V, c) h_chunk (c, D) */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, D, c, 1.0f, z, V, hc, D, 1.0f, dW, D);
-    }
-    free(z);
-    free(e);
+    const struct vocab_shard whole = {.lo = 0, .hi = V, .V = V};
+    lmhead_logprob_backward_shard(dh, dW, dlogp, dentropy, h, W, targets, N, D, &whole, temperature, chunk);
 }

@@ -66,6 +66,15 @@ void comm_allreduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype
     tally(c, COMM_OP_ALLREDUCE, b, b, t, false);
 }
 
+void comm_allreduce_max(struct comm *c, void *buf, size_t count, enum comm_dtype t)
+{
+    if (!count)
+        return;
+    c->be->allreduce_max(c, buf, count, t);
+    const double b = (double)count * comm_dtype_size(t);
+    tally(c, COMM_OP_ALLREDUCE, b, b, t, false);
+}
+
 void comm_allgather(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype t)
 {
     if (!count)

@@ -30,6 +30,8 @@ const char *comm_backend_name(const struct comm *c);
 
 /* In-place sum over the group. */
 void comm_allreduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype t);
+/* In-place maximum over the group (vocab-parallel softmax: the row maxima). */
+void comm_allreduce_max(struct comm *c, void *buf, size_t count, enum comm_dtype t);
 /* recv (count * size) gets every rank's send (count) in rank order. */
 void comm_allgather(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype t);
 /* send (count * size) summed over the group; rank r keeps block r (count) in recv. */
@@ -79,6 +81,7 @@ struct comm *comm_nccl_from(struct comm *mpi_comm, int device);
 struct comm_backend {
     const char *name;
     void (*allreduce_sum)(struct comm *, void *, size_t, enum comm_dtype);
+    void (*allreduce_max)(struct comm *, void *, size_t, enum comm_dtype);
     void (*allgather)(struct comm *, const void *, void *, size_t, enum comm_dtype);
     void (*reduce_scatter_sum)(struct comm *, const void *, void *, size_t, enum comm_dtype);
     void (*broadcast)(struct comm *, void *, size_t, enum comm_dtype, int);

@@ -33,6 +33,11 @@ static void mpi_allreduce_sum(struct comm *c, void *buf, size_t count, enum comm
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, icount(count), mpi_type(t), MPI_SUM, mc(c)));
 }
 
+static void mpi_allreduce_max(struct comm *c, void *buf, size_t count, enum comm_dtype t)
+{
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, icount(count), mpi_type(t), MPI_MAX, mc(c)));
+}
+
 static void mpi_allgather(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype t)
 {
     CHECK_MPI(MPI_Allgather(send, icount(count), mpi_type(t), recv, icount(count), mpi_type(t), mc(c)));
@@ -111,6 +116,7 @@ static void mpi_destroy(struct comm *c)
 static const struct comm_backend mpi_backend = {
     .name = "mpi",
     .allreduce_sum = mpi_allreduce_sum,
+    .allreduce_max = mpi_allreduce_max,
     .allgather = mpi_allgather,
     .reduce_scatter_sum = mpi_reduce_scatter_sum,
     .broadcast = mpi_broadcast,

@@ -37,6 +37,12 @@ static void nccl_allreduce_sum(struct comm *c, void *buf, size_t count, enum com
     nccl_wait(c);
 }
 
+static void nccl_allreduce_max(struct comm *c, void *buf, size_t count, enum comm_dtype t)
+{
+    CHECK_NCCL(ncclAllReduce(buf, buf, count, nccl_type(t), ncclMax, ni(c)->comm, ni(c)->stream));
+    nccl_wait(c);
+}
+
 static void nccl_allgather(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype t)
 {
     CHECK_NCCL(ncclAllGather(send, recv, count, nccl_type(t), ni(c)->comm, ni(c)->stream));
@@ -89,6 +95,7 @@ static void nccl_destroy(struct comm *c)
 static const struct comm_backend nccl_backend = {
     .name = "nccl",
     .allreduce_sum = nccl_allreduce_sum,
+    .allreduce_max = nccl_allreduce_max,
     .allgather = nccl_allgather,
     .reduce_scatter_sum = nccl_reduce_scatter_sum,
     .broadcast = nccl_broadcast,

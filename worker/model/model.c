@@ -8,8 +8,10 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "worker/comm/comm.h"
 #include "kernels/kernels.h"
 #include "fit.h"
+#include "model_internal.h"
 #include "sampler.h"
 
 /* Tokens per chunk of the LM head: bounds the live logits to chunk x V floats. */
@@ -60,12 +62,12 @@ int model_config_check_fits(const struct model_config *c, char *why, size_t len)
     return 0;
 }
 
-/* Lay the parameter tensors out in p->mem (already allocated, or NULL to only count). */
-static size_t layout(const struct model_config *c, struct model_params *p)
+/* Lay this shard's parameter tensors out in p->mem (already allocated, or NULL to only count). */
+static size_t layout(const struct model_config *c, const struct model_shard *sh, struct model_params *p)
 {
     size_t off = 0;
-    const size_t D = (size_t)c->hidden_size, F = (size_t)c->intermediate_size, V = (size_t)c->vocab_size;
-    const size_t QD = (size_t)c->n_heads * c->head_dim, KD = (size_t)c->n_kv_heads * c->head_dim;
+    const size_t D = (size_t)c->hidden_size, F = (size_t)sh->inter, V = (size_t)(sh->vocab_hi - sh->vocab_lo);
+    const size_t QD = (size_t)sh->n_heads * c->head_dim, KD = (size_t)sh->n_kv_heads * c->head_dim;
 #define TAKE(ptr, n)                                                                                                   \
     do {                                                                                                               \
         if (p->mem)                                                                                                    \
@@ -100,14 +102,73 @@ static size_t layout(const struct model_config *c, struct model_params *p)
     return off;
 }
 
-static void params_alloc(const struct model_config *c, struct model_params *p)
+/* The shard of TP rank r of tp (sizes only). */
+struct model_shard model_shard_of(const struct model_config *c, int r, int tp)
+{
+    struct model_shard sh = {.tp_rank = r, .tp_size = tp};
+    sh.n_heads = c->n_heads / tp;
+    sh.head_lo = r * sh.n_heads;
+    sh.inter = c->intermediate_size / tp;
+    sh.inter_lo = r * sh.inter;
+    if (c->n_kv_heads >= tp) {
+        sh.n_kv_heads = c->n_kv_heads / tp;
+        sh.kv_lo = r * sh.n_kv_heads;
+        sh.kv_share = 1;
+    } else { /* fewer KV heads than ranks: each is held by tp / Hkv neighbouring ranks */
+        sh.kv_share = tp / c->n_kv_heads;
+        sh.n_kv_heads = 1;
+        sh.kv_lo = r / sh.kv_share;
+    }
+    sh.vocab_lo = (int)((int64_t)c->vocab_size * r / tp);
+    sh.vocab_hi = (int)((int64_t)c->vocab_size * (r + 1) / tp);
+    return sh;
+}
+
+int model_shard_check(const struct model_config *c, int tp, const char *key, char *why, size_t len)
+{
+    if (tp < 1) {
+        snprintf(why, len, "%s (%d) must be >= 1", key, tp);
+        return -1;
+    }
+    if (c->n_heads % tp != 0) {
+        snprintf(why, len, "num_attention_heads (%d) is not divisible by %s (%d)", c->n_heads, key, tp);
+        return -1;
+    }
+    if (c->n_kv_heads % tp != 0 && tp % c->n_kv_heads != 0) {
+        snprintf(why, len,
+                 "num_key_value_heads (%d) and %s (%d): one must divide the other (KV heads are split over the TP "
+                 "ranks, or each is replicated on TP / KV heads of them)",
+                 c->n_kv_heads, key, tp);
+        return -1;
+    }
+    if (c->intermediate_size % tp != 0) {
+        snprintf(why, len, "intermediate_size (%d) is not divisible by %s (%d)", c->intermediate_size, key, tp);
+        return -1;
+    }
+    if (c->vocab_size < tp) {
+        snprintf(why, len, "vocab_size (%d) is smaller than %s (%d)", c->vocab_size, key, tp);
+        return -1;
+    }
+    return 0;
+}
+
+static void params_view(const struct model_config *c, const struct model_shard *sh, float *mem,
+                        struct model_params *p)
 {
     memset(p, 0, sizeof *p);
     p->layers = xcalloc((size_t)c->n_layers, sizeof *p->layers);
     struct model_params counter = {.layers = p->layers};
-    p->n_floats = layout(c, &counter);
+    p->n_floats = layout(c, sh, &counter);
+    p->mem = mem;
+    if (mem)
+        layout(c, sh, p);
+}
+
+static void params_alloc(const struct model_config *c, const struct model_shard *sh, struct model_params *p)
+{
+    params_view(c, sh, NULL, p);
     p->mem = xcalloc(p->n_floats, sizeof(float));
-    layout(c, p);
+    layout(c, sh, p);
 }
 
 static void params_free(struct model_params *p)
@@ -117,12 +178,52 @@ static void params_free(struct model_params *p)
     memset(p, 0, sizeof *p);
 }
 
-struct model *model_create(const struct model_config *c)
+int model_refs_over(const struct model_config *c, const struct model_shard *sh, float *mem, struct param_ref *refs,
+                    int max)
 {
+    struct model view = {.cfg = *c, .sh = *sh};
+    params_view(c, sh, mem, &view.w);
+    int n = model_param_refs(&view, &view.w, refs, max);
+    free(view.w.layers);
+    return n;
+}
+
+size_t model_shard_floats(const struct model_config *c, const struct model_shard *sh)
+{
+    struct model_params p;
+    params_view(c, sh, NULL, &p);
+    free(p.layers);
+    return p.n_floats;
+}
+
+size_t model_whole_floats(const struct model_config *c)
+{
+    struct model_shard sh = model_shard_of(c, 0, 1);
+    return model_shard_floats(c, &sh);
+}
+
+struct model *model_create_shard(const struct model_config *c, int tp_rank, int tp_size, struct comm *tp)
+{
+    char why[256];
+    if (model_shard_check(c, tp_size, "the TP size", why, sizeof why) != 0 || tp_rank < 0 || tp_rank >= tp_size ||
+        (tp_size > 1 && !tp))
+        check_failf(__FILE__, __LINE__, "model_create_shard: rank %d of %d: %s", tp_rank, tp_size,
+                    tp_rank < 0 || tp_rank >= tp_size ? "rank out of range" : tp_size > 1 && !tp ? "no TP group" : why);
     struct model *m = xcalloc(1, sizeof *m);
     m->cfg = *c;
-    params_alloc(c, &m->w);
+    m->sh = model_shard_of(c, tp_rank, tp_size);
+    m->sh.tp = tp_size > 1 ? tp : NULL;
+    params_alloc(c, &m->sh, &m->w);
     return m;
+}
+
+struct model *model_create(const struct model_config *c) { return model_create_shard(c, 0, 1, NULL); }
+
+struct model *model_clone(const struct model *m)
+{
+    struct model *r = model_create_shard(&m->cfg, m->sh.tp_rank, m->sh.tp_size, m->sh.tp);
+    memcpy(r->w.mem, m->w.mem, m->w.n_floats * sizeof(float));
+    return r;
 }
 
 void model_free(struct model *m)
@@ -164,7 +265,7 @@ void model_alloc_grads(struct model *m)
     if (m->grad)
         return;
     m->grad = xcalloc(1, sizeof *m->grad);
-    params_alloc(&m->cfg, m->grad);
+    params_alloc(&m->cfg, &m->sh, m->grad);
 }
 
 void model_zero_grads(struct model *m)
@@ -175,8 +276,15 @@ void model_zero_grads(struct model *m)
 
 size_t model_num_params(const struct model *m) { return m->w.n_floats; }
 
+/* Where a part sits in its whole tensor (see struct param_ref). */
+struct part {
+    int split;
+    int64_t at, full0, full1;
+    bool owner;
+};
+
 static void add_ref(struct param_ref *refs, int max, int *n, const char *name, float *data, int n_dims, int64_t d0,
-                    int64_t d1)
+                    int64_t d1, struct part pt)
 {
     if (refs && *n < max) {
         struct param_ref *r = &refs[*n];
@@ -186,6 +294,11 @@ static void add_ref(struct param_ref *refs, int max, int *n, const char *name, f
         r->shape[0] = d0;
         r->shape[1] = n_dims > 1 ? d1 : 1;
         r->numel = (size_t)d0 * (size_t)(n_dims > 1 ? d1 : 1);
+        r->split = pt.split;
+        r->at = pt.at;
+        r->full[0] = pt.full0;
+        r->full[1] = n_dims > 1 ? pt.full1 : 1;
+        r->owner = pt.owner;
     }
     (*n)++;
 }
@@ -193,37 +306,44 @@ static void add_ref(struct param_ref *refs, int max, int *n, const char *name, f
 int model_param_refs(const struct model *m, const struct model_params *p, struct param_ref *refs, int max)
 {
     const struct model_config *c = &m->cfg;
-    const int64_t D = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
-    const int64_t QD = (int64_t)c->n_heads * c->head_dim, KD = (int64_t)c->n_kv_heads * c->head_dim;
+    const struct model_shard *sh = &m->sh;
+    const int64_t D = c->hidden_size, F = sh->inter, V = sh->vocab_hi - sh->vocab_lo, hd = c->head_dim;
+    const int64_t QD = (int64_t)sh->n_heads * hd, KD = (int64_t)sh->n_kv_heads * hd;
+    const int64_t FQ = (int64_t)c->n_heads * hd, FK = (int64_t)c->n_kv_heads * hd, FF = c->intermediate_size;
+    const bool first = sh->tp_rank == 0, kv_owner = sh->tp_rank % sh->kv_share == 0;
+    const struct part whole = {0, 0, D, 0, first}, vocab = {1, sh->vocab_lo, c->vocab_size, D, true};
+    const struct part q_rows = {1, sh->head_lo * hd, FQ, D, true}, kv_rows = {1, sh->kv_lo * hd, FK, D, kv_owner};
+    const struct part o_cols = {2, sh->head_lo * hd, D, FQ, true};
+    const struct part f_rows = {1, sh->inter_lo, FF, D, true}, f_cols = {2, sh->inter_lo, D, FF, true};
     int n = 0;
     char name[96];
-    add_ref(refs, max, &n, "model.embed_tokens.weight", p->embed, 2, V, D);
+    add_ref(refs, max, &n, "model.embed_tokens.weight", p->embed, 2, V, D, vocab);
     for (int l = 0; l < c->n_layers; l++) {
         const struct layer_params *L = &p->layers[l];
-#define REF(suffix, ptr, nd, a, b)                                                                                     \
+#define REF(suffix, ptr, nd, a, b, pt)                                                                                 \
     do {                                                                                                               \
         snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix);                                                  \
-        add_ref(refs, max, &n, name, ptr, nd, a, b);                                                                   \
+        add_ref(refs, max, &n, name, ptr, nd, a, b, pt);                                                               \
     } while (0)
-        REF("input_layernorm.weight", L->attn_norm, 1, D, 0);
-        REF("self_attn.q_proj.weight", L->wq, 2, QD, D);
-        REF("self_attn.k_proj.weight", L->wk, 2, KD, D);
-        REF("self_attn.v_proj.weight", L->wv, 2, KD, D);
+        REF("input_layernorm.weight", L->attn_norm, 1, D, 0, whole);
+        REF("self_attn.q_proj.weight", L->wq, 2, QD, D, q_rows);
+        REF("self_attn.k_proj.weight", L->wk, 2, KD, D, kv_rows);
+        REF("self_attn.v_proj.weight", L->wv, 2, KD, D, kv_rows);
         if (c->attention_bias) {
-            REF("self_attn.q_proj.bias", L->bq, 1, QD, 0);
-            REF("self_attn.k_proj.bias", L->bk, 1, KD, 0);
-            REF("self_attn.v_proj.bias", L->bv, 1, KD, 0);
+            REF("self_attn.q_proj.bias", L->bq, 1, QD, 0, q_rows);
+            REF("self_attn.k_proj.bias", L->bk, 1, KD, 0, kv_rows);
+            REF("self_attn.v_proj.bias", L->bv, 1, KD, 0, kv_rows);
         }
-        REF("self_attn.o_proj.weight", L->wo, 2, D, QD);
-        REF("post_attention_layernorm.weight", L->mlp_norm, 1, D, 0);
-        REF("mlp.gate_proj.weight", L->w_gate, 2, F, D);
-        REF("mlp.up_proj.weight", L->w_up, 2, F, D);
-        REF("mlp.down_proj.weight", L->w_down, 2, D, F);
+        REF("self_attn.o_proj.weight", L->wo, 2, D, QD, o_cols);
+        REF("post_attention_layernorm.weight", L->mlp_norm, 1, D, 0, whole);
+        REF("mlp.gate_proj.weight", L->w_gate, 2, F, D, f_rows);
+        REF("mlp.up_proj.weight", L->w_up, 2, F, D, f_rows);
+        REF("mlp.down_proj.weight", L->w_down, 2, D, F, f_cols);
 #undef REF
     }
-    add_ref(refs, max, &n, "model.norm.weight", p->final_norm, 1, D, 0);
+    add_ref(refs, max, &n, "model.norm.weight", p->final_norm, 1, D, 0, whole);
     if (!c->tie_word_embeddings)
-        add_ref(refs, max, &n, "lm_head.weight", p->lm_head, 2, V, D);
+        add_ref(refs, max, &n, "lm_head.weight", p->lm_head, 2, V, D, vocab);
     return n;
 }
 
@@ -251,10 +371,11 @@ struct model_acts {
     float *xf, *hn, *rstdf;    /* final residual, normed (N, D), (N) */
 };
 
-static void layer_acts_alloc(const struct model_config *c, int N, struct layer_acts *a, bool full)
+static void layer_acts_alloc(const struct model *m, int N, struct layer_acts *a, bool full)
 {
-    const size_t n = (size_t)N, D = (size_t)c->hidden_size, F = (size_t)c->intermediate_size;
-    const size_t QD = (size_t)c->n_heads * c->head_dim, KD = (size_t)c->n_kv_heads * c->head_dim;
+    const struct model_config *c = &m->cfg;
+    const size_t n = (size_t)N, D = (size_t)c->hidden_size, F = (size_t)m->sh.inter;
+    const size_t QD = (size_t)m->sh.n_heads * c->head_dim, KD = (size_t)m->sh.n_kv_heads * c->head_dim;
     if (!a->x)
         a->x = xmalloc(n * D * sizeof(float));
     if (!full)
@@ -265,7 +386,7 @@ static void layer_acts_alloc(const struct model_config *c, int N, struct layer_a
     a->k = xmalloc(n * KD * sizeof(float));
     a->v = xmalloc(n * KD * sizeof(float));
     a->att = xmalloc(n * QD * sizeof(float));
-    a->lse = xmalloc(n * (size_t)c->n_heads * sizeof(float));
+    a->lse = xmalloc(n * (size_t)m->sh.n_heads * sizeof(float));
     a->xmid = xmalloc(n * D * sizeof(float));
     a->xn2 = xmalloc(n * D * sizeof(float));
     a->rstd2 = xmalloc(n * sizeof(float));
@@ -288,27 +409,55 @@ static void layer_acts_free(struct layer_acts *a, bool keep_x)
     }
 }
 
+/* Sum a partial result over the TP group (the row-parallel outputs, the column-parallel input gradients). */
+static void tp_sum(const struct model *m, float *buf, size_t n)
+{
+    if (m->sh.tp)
+        comm_allreduce_sum(m->sh.tp, buf, n, COMM_F32);
+}
+
+static void tp_reduce(void *ud, double *buf, int n, bool max)
+{
+    struct comm *tp = ud;
+    if (max)
+        comm_allreduce_max(tp, buf, (size_t)n, COMM_F64);
+    else
+        comm_allreduce_sum(tp, buf, (size_t)n, COMM_F64);
+}
+
+/* This rank's vocabulary rows, with the TP group's reductions. */
+static struct vocab_shard vocab_of(const struct model *m)
+{
+    return (struct vocab_shard){.lo = m->sh.vocab_lo,
+                                .hi = m->sh.vocab_hi,
+                                .V = m->cfg.vocab_size,
+                                .reduce = m->sh.tp ? tp_reduce : NULL,
+                                .ud = m->sh.tp};
+}
+
 /* One decoder layer: a->x in, returns the output in out (N, D). */
 static void layer_forward(const struct model *m, int l, const struct packed_batch *b, struct layer_acts *a, float *out)
 {
     const struct model_config *c = &m->cfg;
     const struct layer_params *L = &m->w.layers[l];
-    const int N = b->N, D = c->hidden_size, F = c->intermediate_size, hd = c->head_dim;
-    const int QD = c->n_heads * hd, KD = c->n_kv_heads * hd;
+    const int N = b->N, D = c->hidden_size, F = m->sh.inter, hd = c->head_dim, Hq = m->sh.n_heads;
+    const int Hkv = m->sh.n_kv_heads, QD = Hq * hd, KD = Hkv * hd;
     rmsnorm_forward(a->xn1, a->rstd1, a->x, L->attn_norm, N, D, c->rms_norm_eps);
     linear_forward(a->q, a->xn1, L->wq, L->bq, N, D, QD);
     linear_forward(a->k, a->xn1, L->wk, L->bk, N, D, KD);
     linear_forward(a->v, a->xn1, L->wv, L->bv, N, D, KD);
-    rope_forward(a->q, b->pos, N, c->n_heads, hd, c->rope_theta);
-    rope_forward(a->k, b->pos, N, c->n_kv_heads, hd, c->rope_theta);
-    attention_forward(a->att, a->lse, a->q, a->k, a->v, b->cu_seqlens, b->B, c->n_heads, c->n_kv_heads, hd);
+    rope_forward(a->q, b->pos, N, Hq, hd, c->rope_theta);
+    rope_forward(a->k, b->pos, N, Hkv, hd, c->rope_theta);
+    attention_forward(a->att, a->lse, a->q, a->k, a->v, b->cu_seqlens, b->B, Hq, Hkv, hd);
     linear_forward(a->xmid, a->att, L->wo, NULL, N, QD, D);
+    tp_sum(m, a->xmid, (size_t)N * D);
     vec_add_inplace(a->xmid, a->x, (size_t)N * D);
     rmsnorm_forward(a->xn2, a->rstd2, a->xmid, L->mlp_norm, N, D, c->rms_norm_eps);
     linear_forward(a->g, a->xn2, L->w_gate, NULL, N, D, F);
     linear_forward(a->u, a->xn2, L->w_up, NULL, N, D, F);
     swiglu_forward(a->a, a->g, a->u, (size_t)N * F);
     linear_forward(out, a->a, L->w_down, NULL, N, F, D);
+    tp_sum(m, out, (size_t)N * D);
     vec_add_inplace(out, a->xmid, (size_t)N * D);
 }
 
@@ -318,8 +467,8 @@ static void layer_backward(struct model *m, int l, const struct packed_batch *b,
     const struct model_config *c = &m->cfg;
     const struct layer_params *L = &m->w.layers[l];
     struct layer_params *G = &m->grad->layers[l];
-    const int N = b->N, D = c->hidden_size, F = c->intermediate_size, hd = c->head_dim;
-    const int QD = c->n_heads * hd, KD = c->n_kv_heads * hd;
+    const int N = b->N, D = c->hidden_size, F = m->sh.inter, hd = c->head_dim, Hq = m->sh.n_heads;
+    const int Hkv = m->sh.n_kv_heads, QD = Hq * hd, KD = Hkv * hd;
     const size_t nD = (size_t)N * D, nF = (size_t)N * F;
     float *da = xcalloc(nF, sizeof(float)), *dg = xcalloc(nF, sizeof(float)), *du = xcalloc(nF, sizeof(float));
     float *dxn = xcalloc(nD, sizeof(float));
@@ -328,6 +477,7 @@ static void layer_backward(struct model *m, int l, const struct packed_batch *b,
     swiglu_backward(dg, du, da, a->g, a->u, nF);
     linear_backward(dxn, G->w_gate, NULL, dg, a->xn2, L->w_gate, N, D, F);
     linear_backward(dxn, G->w_up, NULL, du, a->xn2, L->w_up, N, D, F);
+    tp_sum(m, dxn, nD);
     rmsnorm_backward(dx, G->mlp_norm, dxn, a->xmid, L->mlp_norm, a->rstd2, N, D); /* dx now dL/dxmid */
     free(da), free(dg), free(du);
     /* attention: xmid = x + o(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))) */
@@ -335,14 +485,14 @@ static void layer_backward(struct model *m, int l, const struct packed_batch *b,
     float *dq = xcalloc((size_t)N * QD, sizeof(float));
     float *dk = xcalloc((size_t)N * KD, sizeof(float)), *dv = xcalloc((size_t)N * KD, sizeof(float));
     linear_backward(datt, G->wo, NULL, dx, a->att, L->wo, N, QD, D);
-    attention_backward(dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, b->cu_seqlens, b->B, c->n_heads,
-                       c->n_kv_heads, hd);
-    rope_backward(dq, b->pos, N, c->n_heads, hd, c->rope_theta);
-    rope_backward(dk, b->pos, N, c->n_kv_heads, hd, c->rope_theta);
+    attention_backward(dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, b->cu_seqlens, b->B, Hq, Hkv, hd);
+    rope_backward(dq, b->pos, N, Hq, hd, c->rope_theta);
+    rope_backward(dk, b->pos, N, Hkv, hd, c->rope_theta);
     memset(dxn, 0, nD * sizeof(float));
     linear_backward(dxn, G->wq, G->bq, dq, a->xn1, L->wq, N, D, QD);
     linear_backward(dxn, G->wk, G->bk, dk, a->xn1, L->wk, N, D, KD);
     linear_backward(dxn, G->wv, G->bv, dv, a->xn1, L->wv, N, D, KD);
+    tp_sum(m, dxn, nD);
     rmsnorm_backward(dx, G->attn_norm, dxn, a->x, L->attn_norm, a->rstd1, N, D); /* dx now dL/dx */
     free(datt), free(dq), free(dk), free(dv), free(dxn);
 }
@@ -370,18 +520,20 @@ struct model_acts *model_forward(struct model *m, const struct packed_batch *b, 
     A->n_layers = c->n_layers;
     A->layers = xcalloc((size_t)c->n_layers, sizeof *A->layers);
     if (checkpointing)
-        layer_acts_alloc(c, N, &A->scratch, true);
+        layer_acts_alloc(m, N, &A->scratch, true);
     A->xf = xmalloc((size_t)N * D * sizeof(float));
     A->hn = xmalloc((size_t)N * D * sizeof(float));
     A->rstdf = xmalloc((size_t)N * sizeof(float));
 
-    layer_acts_alloc(c, N, &A->layers[0], false);
-    embedding_forward(A->layers[0].x, A->ids, m->w.embed, N, D, c->vocab_size);
+    layer_acts_alloc(m, N, &A->layers[0], false);
+    const struct vocab_shard vs = vocab_of(m);
+    embedding_forward_shard(A->layers[0].x, A->ids, m->w.embed, N, D, &vs);
+    tp_sum(m, A->layers[0].x, (size_t)N * D);
     for (int l = 0; l < c->n_layers; l++) {
         struct layer_acts *a = &A->layers[l];
         float *out;
         if (l + 1 < c->n_layers) {
-            layer_acts_alloc(c, N, &A->layers[l + 1], false);
+            layer_acts_alloc(m, N, &A->layers[l + 1], false);
             out = A->layers[l + 1].x;
         } else {
             out = A->xf;
@@ -392,13 +544,13 @@ struct model_acts *model_forward(struct model *m, const struct packed_batch *b, 
             layer_forward(m, l, &A->b, &A->scratch, out);
             A->scratch.x = keep;
         } else {
-            layer_acts_alloc(c, N, a, true);
+            layer_acts_alloc(m, N, a, true);
             layer_forward(m, l, &A->b, a, out);
         }
     }
     rmsnorm_forward(A->hn, A->rstdf, A->xf, m->w.final_norm, N, D, c->rms_norm_eps);
-    lmhead_logprob_forward(logp, entropy, A->hn, m->w.lm_head, A->targets, N, D, c->vocab_size, temperature,
-                           LMHEAD_CHUNK);
+    lmhead_logprob_forward_shard(logp, entropy, A->hn, m->w.lm_head, A->targets, N, D, &vs, temperature,
+                                 LMHEAD_CHUNK);
     return A;
 }
 
@@ -421,8 +573,10 @@ void model_backward(struct model *m, struct model_acts *A, const float *dlogp, c
     const int N = A->b.N, D = c->hidden_size;
     model_alloc_grads(m);
     float *dh = xcalloc((size_t)N * D, sizeof(float)), *dx = xcalloc((size_t)N * D, sizeof(float));
-    lmhead_logprob_backward(dh, m->grad->lm_head, dlogp, dentropy, A->hn, m->w.lm_head, A->targets, N, D, c->vocab_size,
-                            A->temperature, LMHEAD_CHUNK);
+    const struct vocab_shard vs = vocab_of(m);
+    lmhead_logprob_backward_shard(dh, m->grad->lm_head, dlogp, dentropy, A->hn, m->w.lm_head, A->targets, N, D, &vs,
+                                  A->temperature, LMHEAD_CHUNK);
+    tp_sum(m, dh, (size_t)N * D); /* each rank's vocabulary rows gave their part of dL/dh */
     rmsnorm_backward(dx, m->grad->final_norm, dh, A->xf, m->w.final_norm, A->rstdf, N, D);
     free(dh);
     float *scratch_out = A->ckpt ? xmalloc((size_t)N * D * sizeof(float)) : NULL;
@@ -440,7 +594,7 @@ void model_backward(struct model *m, struct model_acts *A, const float *dlogp, c
         }
         layer_acts_free(a, false); /* this layer's memory is no longer needed */
     }
-    embedding_backward(m->grad->embed, dx, A->ids, N, D, c->vocab_size);
+    embedding_backward_shard(m->grad->embed, dx, A->ids, N, D, &vs);
     free(dx);
     free(scratch_out);
     model_acts_free(A);

@@ -51,17 +51,39 @@ struct model_params {
     float *lm_head;    /* (V, D); == embed when tied */
 };
 
-/* One named parameter tensor, in Hugging Face naming. */
+/* One named parameter tensor, in Hugging Face naming: this process's part of it under tensor parallelism. */
 struct param_ref {
     char name[96];
     float *data;
     int n_dims;
-    int64_t shape[2];
+    int64_t shape[2]; /* of the part held here */
     size_t numel;
+    /* where the part sits in the whole tensor: split 0 whole (replicated on every TP rank), 1 rows
+     * [at, at + shape[0]) of full, 2 columns [at, at + shape[1]) of full */
+    int split;
+    int64_t at;
+    int64_t full[2];
+    bool owner; /* this rank counts the part (a gradient norm): a replicated part counts on one rank only */
+};
+
+struct comm;
+
+/* This process's share of the model under tensor parallelism, Megatron's layout: q/k/v/gate/up are split by
+ * rows (column-parallel), o/down by columns (row-parallel, their outputs summed over the TP group), the
+ * embedding and the LM head by vocabulary rows; the norms are whole on every rank. With fewer KV heads than TP
+ * ranks each KV head is held by TP / Hkv neighbouring ranks (kv_share) and their gradients are summed. */
+struct model_shard {
+    int tp_rank, tp_size; /* 0, 1: the whole model */
+    struct comm *tp;      /* the TP group; NULL when tp_size is 1 */
+    int n_heads, n_kv_heads, inter; /* this rank's query heads, KV heads, intermediate rows */
+    int head_lo, kv_lo, inter_lo;   /* the first of each in the whole model */
+    int vocab_lo, vocab_hi;         /* this rank's vocabulary rows [lo, hi) */
+    int kv_share;                   /* TP ranks holding the same KV heads (1: split) */
 };
 
 struct model {
     struct model_config cfg;
+    struct model_shard sh;
     struct model_params w;
     struct model_params *grad; /* NULL until model_alloc_grads */
 };
@@ -73,6 +95,28 @@ int model_config_check(const struct model_config *c, char *why, size_t len);
 int model_config_check_fits(const struct model_config *c, char *why, size_t len);
 /* Allocate parameters (zeroed) for a checked config. */
 struct model *model_create(const struct model_config *c);
+/* Whether the model splits over tp_size TP ranks: 0, or -1 with why naming `key` (the TP size's config key),
+ * the model's numbers and the rule (heads and intermediate size divisible by TP; KV heads divisible by TP, or
+ * TP by KV heads; at least TP vocabulary rows). */
+int model_shard_check(const struct model_config *c, int tp_size, const char *key, char *why, size_t len);
+/* Rank tp_rank's shard of a model split over tp_size ranks of the group tp (checked with model_shard_check;
+ * tp may be NULL only when tp_size is 1), zeroed. */
+struct model *model_create_shard(const struct model_config *c, int tp_rank, int tp_size, struct comm *tp);
+/* A new shard like m (same rank and group) holding the same weights (no gradients). */
+struct model *model_clone(const struct model *m);
+/* This shard's part of a buffer laid out as the whole model's parameters (whole: model_create's n_floats) into
+ * local (m->w.n_floats). */
+void model_shard_slice(const struct model *m, const float *whole, float *local);
+/* The whole model's buffer from every TP rank's local buffer (collective over m->sh.tp; every rank gets it). */
+void model_shard_assemble(const struct model *m, const float *local, float *whole);
+/* Parameter floats of the whole model (model_create's n_floats). */
+size_t model_whole_floats(const struct model_config *c);
+/* Sum over the TP ranks that hold the same KV heads their gradients of them (a no-op when KV heads are split):
+ * once per optimizer step, before the data-parallel reduction. */
+void model_shard_sync_grads(struct model *m);
+/* Sum of squares of buf[i - lo] for parameters i in [lo, hi) of this shard's buffer that this rank owns (a
+ * replicated part counts on one TP rank), in double: summed over the TP group, a whole-model norm. */
+double model_owned_sq(const struct model *m, const float *buf, size_t lo, size_t hi);
 void model_free(struct model *m);
 /* Random weights: normal(0, std) matrices and embeddings, unit norm weights, zero biases; reproducible from seed. */
 void model_init_random(struct model *m, uint64_t seed, double std);

@@ -6,11 +6,13 @@
 #include "common/check.h"
 #include "kernels/kernels.h"
 #include "model.h"
+#include "model_internal.h"
+#include "worker/comm/comm.h"
 
 struct kv_cache *kv_cache_create(const struct model *m, int cap)
 {
     const struct model_config *c = &m->cfg;
-    const size_t KD = (size_t)c->n_kv_heads * c->head_dim;
+    const size_t KD = (size_t)m->sh.n_kv_heads * c->head_dim;
     struct kv_cache *kc = xcalloc(1, sizeof *kc);
     kc->cap = cap;
     kc->k = xcalloc((size_t)c->n_layers, sizeof(float *));
@@ -38,7 +40,7 @@ void kv_cache_free(struct kv_cache *kc)
 
 void kv_cache_copy(const struct model *m, struct kv_cache *dst, const struct kv_cache *src)
 {
-    const size_t KD = (size_t)m->cfg.n_kv_heads * m->cfg.head_dim;
+    const size_t KD = (size_t)m->sh.n_kv_heads * m->cfg.head_dim;
     if (dst->cap < src->len)
         check_failf(__FILE__, __LINE__, "kv_cache_copy: destination holds %d tokens, source has %d", dst->cap,
                     src->len);
@@ -49,12 +51,44 @@ void kv_cache_copy(const struct model *m, struct kv_cache *dst, const struct kv_
     dst->len = src->len;
 }
 
+static void tp_sum(const struct model *m, float *buf, size_t n)
+{
+    if (m->sh.tp)
+        comm_allreduce_sum(m->sh.tp, buf, n, COMM_F32);
+}
+
+/* logits (rows, V) of the normed hidden states h (rows, D): each TP rank computes its vocabulary rows, and the
+ * ranks' columns are gathered (sampling needs every logit; the training log-probs never gather them). */
+static void head_logits(const struct model *m, float *logits, const float *h, int rows)
+{
+    const int D = m->cfg.hidden_size, V = m->cfg.vocab_size, tp = m->sh.tp_size;
+    if (tp == 1) {
+        linear_forward(logits, h, m->w.lm_head, NULL, rows, D, V);
+        return;
+    }
+    const int per = (V + tp - 1) / tp, Vl = m->sh.vocab_hi - m->sh.vocab_lo;
+    float *part = xcalloc((size_t)rows * per, sizeof(float)), *all = xmalloc((size_t)tp * rows * per * sizeof(float));
+    float *mine = xmalloc((size_t)rows * Vl * sizeof(float));
+    linear_forward(mine, h, m->w.lm_head, NULL, rows, D, Vl);
+    for (int i = 0; i < rows; i++)
+        memcpy(part + (size_t)i * per, mine + (size_t)i * Vl, (size_t)Vl * sizeof(float));
+    comm_allgather(m->sh.tp, part, all, (size_t)rows * per, COMM_F32);
+    for (int r = 0; r < tp; r++) {
+        const struct model_shard sh = model_shard_of(&m->cfg, r, tp);
+        const int lo = sh.vocab_lo, hi = sh.vocab_hi;
+        const float *src = all + (size_t)r * rows * per;
+        for (int i = 0; i < rows; i++)
+            memcpy(logits + (size_t)i * V + lo, src + (size_t)i * per, (size_t)(hi - lo) * sizeof(float));
+    }
+    free(part), free(all), free(mine);
+}
+
 void model_step(struct model *m, struct kv_cache **caches, int B, const int *ntok, const int32_t *ids, float *logits,
                 bool all_logits)
 {
     const struct model_config *c = &m->cfg;
-    const int D = c->hidden_size, F = c->intermediate_size, hd = c->head_dim, V = c->vocab_size;
-    const int QD = c->n_heads * hd, KD = c->n_kv_heads * hd;
+    const int D = c->hidden_size, F = m->sh.inter, hd = c->head_dim, Hq = m->sh.n_heads, Hkv = m->sh.n_kv_heads;
+    const int QD = Hq * hd, KD = Hkv * hd;
     int N = 0;
     for (int b = 0; b < B; b++) {
         if (caches[b]->len + ntok[b] > caches[b]->cap)
@@ -74,29 +108,33 @@ void model_step(struct model *m, struct kv_cache **caches, int B, const int *nto
     float *k = xmalloc((size_t)N * KD * sizeof(float)), *v = xmalloc((size_t)N * KD * sizeof(float));
     float *g = xmalloc((size_t)N * F * sizeof(float)), *u = xmalloc((size_t)N * F * sizeof(float));
     float *tmp = xmalloc(nD * sizeof(float));
-    embedding_forward(x, ids, m->w.embed, N, D, V);
+    const struct vocab_shard vs = {.lo = m->sh.vocab_lo, .hi = m->sh.vocab_hi, .V = c->vocab_size};
+    embedding_forward_shard(x, ids, m->w.embed, N, D, &vs);
+    tp_sum(m, x, nD);
     for (int l = 0; l < c->n_layers; l++) {
         const struct layer_params *L = &m->w.layers[l];
         rmsnorm_forward(xn, NULL, x, L->attn_norm, N, D, c->rms_norm_eps);
         linear_forward(q, xn, L->wq, L->bq, N, D, QD);
         linear_forward(k, xn, L->wk, L->bk, N, D, KD);
         linear_forward(v, xn, L->wv, L->bv, N, D, KD);
-        rope_forward(q, pos, N, c->n_heads, hd, c->rope_theta);
-        rope_forward(k, pos, N, c->n_kv_heads, hd, c->rope_theta);
+        rope_forward(q, pos, N, Hq, hd, c->rope_theta);
+        rope_forward(k, pos, N, Hkv, hd, c->rope_theta);
         for (int b = 0, off = 0; b < B; off += ntok[b], b++) {
             struct kv_cache *kc = caches[b];
             memcpy(kc->k[l] + (size_t)kc->len * KD, k + (size_t)off * KD, (size_t)ntok[b] * KD * sizeof(float));
             memcpy(kc->v[l] + (size_t)kc->len * KD, v + (size_t)off * KD, (size_t)ntok[b] * KD * sizeof(float));
             attention_cached(att + (size_t)off * QD, q + (size_t)off * QD, kc->k[l], kc->v[l], ntok[b],
-                             kc->len + ntok[b], c->n_heads, c->n_kv_heads, hd);
+                             kc->len + ntok[b], Hq, Hkv, hd);
         }
         linear_forward(tmp, att, L->wo, NULL, N, QD, D);
+        tp_sum(m, tmp, nD);
         vec_add_inplace(x, tmp, nD);
         rmsnorm_forward(xn, NULL, x, L->mlp_norm, N, D, c->rms_norm_eps);
         linear_forward(g, xn, L->w_gate, NULL, N, D, F);
         linear_forward(u, xn, L->w_up, NULL, N, D, F);
         swiglu_forward(g, g, u, (size_t)N * F);
         linear_forward(tmp, g, L->w_down, NULL, N, F, D);
+        tp_sum(m, tmp, nD);
         vec_add_inplace(x, tmp, nD);
     }
     for (int b = 0; b < B; b++)
@@ -104,13 +142,13 @@ void model_step(struct model *m, struct kv_cache **caches, int B, const int *nto
     if (logits) {
         if (all_logits) {
             rmsnorm_forward(xn, NULL, x, m->w.final_norm, N, D, c->rms_norm_eps);
-            linear_forward(logits, xn, m->w.lm_head, NULL, N, D, V);
+            head_logits(m, logits, xn, N);
         } else {
             /* only each sequence's last new token needs logits */
             for (int b = 0, off = 0; b < B; off += ntok[b], b++)
                 memcpy(tmp + (size_t)b * D, x + (size_t)(off + ntok[b] - 1) * D, (size_t)D * sizeof(float));
             rmsnorm_forward(xn, NULL, tmp, m->w.final_norm, B, D, c->rms_norm_eps);
-            linear_forward(logits, xn, m->w.lm_head, NULL, B, D, V);
+            head_logits(m, logits, xn, B);
         }
     }
     free(pos), free(x), free(xn), free(q), free(att), free(k), free(v), free(g), free(u), free(tmp);

@@ -1,0 +1,16 @@
+/* Inside the model: the parameter layout of any TP rank, for the shard module (shard.c). */
+#ifndef GRPO_WORKER_MODEL_INTERNAL_H
+#define GRPO_WORKER_MODEL_INTERNAL_H
+
+#include "model.h"
+
+/* The shard of TP rank r of tp (sizes, no group). */
+struct model_shard model_shard_of(const struct model_config *c, int r, int tp);
+/* model_param_refs of shard sh laid out over mem (NULL: only count; mem holds the shard's n_floats). */
+int model_refs_over(const struct model_config *c, const struct model_shard *sh, float *mem, struct param_ref *refs,
+                    int max);
+
+/* Parameter floats of shard sh. */
+size_t model_shard_floats(const struct model_config *c, const struct model_shard *sh);
+
+#endif
