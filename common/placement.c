@@ -25,8 +25,8 @@ int placement_spec_from_config(const struct grpo_config *cfg, struct placement_s
 {
     s->trainer_ranks = (int)cfg->placement_trainer_ranks;
     s->rollout_ranks = (int)cfg->placement_rollout_ranks;
-    s->tp_size = (int)cfg->placement_tensor_parallel_size;
-    s->pp_size = (int)cfg->placement_pipeline_parallel_size;
+    s->tp_size = (int)cfg->actor_megatron_tensor_model_parallel_size;
+    s->pp_size = (int)cfg->actor_megatron_pipeline_model_parallel_size;
     int vt, vr;
     if (verl_ranks(cfg->trainer_nnodes, cfg->trainer_n_gpus_per_node, "trainer", &vt, why, whylen) != 0 ||
         verl_ranks(cfg->split_rollout_nnodes, cfg->split_rollout_n_gpus_per_node, "rollout", &vr, why, whylen) != 0)
@@ -59,7 +59,7 @@ int placement_of(const struct placement_spec *s, int rank, int world, struct pla
     memset(p, 0, sizeof *p);
     if (tp < 1 || pp < 1) {
         snprintf(why, whylen,
-                 "placement.tensor_parallel_size (%d) and placement.pipeline_parallel_size (%d) must be >= 1", tp, pp);
+                 "actor_rollout_ref.actor.megatron.tensor_model_parallel_size (%d) and actor_rollout_ref.actor.megatron.pipeline_model_parallel_size (%d) must be >= 1", tp, pp);
         return -1;
     }
     if (rank < 0 || rank >= world) {
@@ -96,8 +96,8 @@ int placement_of(const struct placement_spec *s, int rank, int world, struct pla
     }
     if (n % (tp * pp) != 0) {
         snprintf(why, whylen,
-                 "placement does not fit: %d %s ranks are not a multiple of placement.tensor_parallel_size %d x "
-                 "placement.pipeline_parallel_size %d",
+                 "placement does not fit: %d %s ranks are not a multiple of actor_rollout_ref.actor.megatron.tensor_model_parallel_size %d x "
+                 "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size %d",
                  n, p->role == PLACE_HYBRID ? "hybrid" : "trainer", tp, pp);
         return -1;
     }

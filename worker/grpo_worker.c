@@ -81,11 +81,11 @@ int run_hybrid(struct role_env *env) { return run_trainer_process(env, NULL, NUL
 /* The run's rules for a split placement that are not about rank counts. 0, or -1 with why. */
 static int split_supported(const struct grpo_config *c, const struct placement_spec *ps, char *why, size_t whylen)
 {
-    if (ps->tp_size > 1 || ps->pp_size > 1)
+    if (ps->pp_size > 1)
         return error_set(why, whylen,
-                         "placement.tensor_parallel_size %d x placement.pipeline_parallel_size %d: the trainer ranks "
-                         "are data-parallel only for now (model parallelism is planned)",
-                         ps->tp_size, ps->pp_size);
+                         "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size %d: pipeline parallelism is "
+                         "planned; the trainer ranks split the model with tensor parallelism only for now",
+                         ps->pp_size);
     if (c->alg_filter_groups_enable)
         return error_set(why, whylen,
                          "algorithm.filter_groups.enable (dynamic sampling) runs in one process for now; it is not "
@@ -117,10 +117,14 @@ static void local_endpoints(struct role_env *env)
     char host[64] = "", *hosts = xcalloc((size_t)world, sizeof host);
     gethostname(host, sizeof host - 1);
     MPI_Allgather(host, sizeof host, MPI_CHAR, hosts, sizeof host, MPI_CHAR, MPI_COMM_WORLD);
-    env->n_endpoints = env->spec.trainer_ranks;
+    /* one endpoint per trainer DP rank, bound by its TP rank 0 (PP stage 0): trainer rank d x TP */
+    const int tp = env->spec.tp_size;
+    env->n_endpoints = env->spec.trainer_ranks / (tp * env->spec.pp_size);
     for (int d = 0; d < env->n_endpoints; d++) /* the trainer binds every interface; the rollouts connect to it */
         placement_data_endpoint(base, d,
-                                env->at.role == PLACE_TRAINER && env->at.dp == d ? NULL : hosts + d * sizeof host,
+                                env->at.role == PLACE_TRAINER && env->at.dp == d && env->at.tp == 0
+                                    ? NULL
+                                    : hosts + (size_t)d * tp * sizeof host,
                                 env->endpoints[d], sizeof env->endpoints[d]);
     /* the dispatcher is trainer DP rank 0's, world rank 0 */
     placement_dispatch_endpoint(base, env->n_endpoints, env->rank == 0 ? NULL : hosts, env->dispatch_endpoint,
@@ -263,13 +267,26 @@ static int run_role(const struct grpo_config *cfg, struct comm *world, int repla
     if (!split) {
         status = run_hybrid(&env);
     } else {
-        /* the trainers' DP group; the rollout ranks have no MPI traffic after this */
+        /* the trainers and their DP and TP groups; the rollout ranks have no MPI traffic after this */
         struct comm *trainers = comm_split(world, env.at.role == PLACE_TRAINER ? 0 : 1, comm_rank(world));
-        env.trainers = env.at.role == PLACE_TRAINER ? trainers : NULL;
-        log_info("worker", "rank %d of %d: %s, dp %d of %d (%s)%s", rank, size, placement_role_name(env.at.role),
-                 env.at.dp, env.at.dp_size, env.staleness ? "one-step-off" : "on-policy",
+        struct parallel_groups g = {0};
+        if (env.at.role == PLACE_TRAINER) {
+            env.trainers = trainers;
+            if (parallel_groups_init(&g, trainers, env.spec.tp_size, env.spec.pp_size) != 0)
+                check_failf(__FILE__, __LINE__, "trainer groups: %d ranks do not fit TP %d x PP %d",
+                            comm_size(trainers), env.spec.tp_size, env.spec.pp_size);
+            env.dp = g.dp;
+            env.tp = g.tp;
+        }
+        char tp_note[48] = "";
+        if (env.at.role == PLACE_TRAINER && env.at.tp_size > 1)
+            snprintf(tp_note, sizeof tp_note, ", tp %d of %d", env.at.tp, env.at.tp_size);
+        log_info("worker", "rank %d of %d: %s, dp %d of %d%s (%s)%s", rank, size, placement_role_name(env.at.role),
+                 env.at.dp, env.at.dp_size, tp_note, env.staleness ? "one-step-off" : "on-policy",
                  replace_rank >= 0 ? ", in place of the lost one" : "");
         status = env.at.role == PLACE_TRAINER ? run_trainer(&env) : run_rollout(&env);
+        if (env.at.role == PLACE_TRAINER)
+            parallel_groups_free(&g);
         comm_free(trainers);
     }
     control_close(env.ctl);

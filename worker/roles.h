@@ -28,7 +28,8 @@ struct role_env {
     struct placement_spec spec;
     struct placement at;   /* this rank's role and coordinates */
     struct control *ctl;   /* NULL: no grpod */
-    struct comm *trainers; /* the trainers' DP group (trainer ranks only) */
+    struct comm *trainers; /* every trainer rank (trainer ranks only) */
+    struct comm *dp, *tp;  /* a trainer's data- and tensor-parallel groups within them */
     int staleness;         /* 0: on-policy (rollout.mode=sync), 1: one-step-off (async) */
     double heartbeat_s;    /* grpod's heartbeat interval (grpod.heartbeat_interval_s without grpod): the rollout
                               processes ping the dispatcher this often, and are lost after two */

@@ -273,7 +273,7 @@ static void test_placement(void **state)
     assert_int_equal(placement_check(&split, 3, 4, why, sizeof why), 0);
     const struct placement_spec mp = {.trainer_ranks = 6, .rollout_ranks = 0, .tp_size = 4, .pp_size = 1};
     assert_int_equal(placement_of(&mp, 0, 6, &p, why, sizeof why), -1);
-    assert_non_null(strstr(why, "not a multiple of placement.tensor_parallel_size 4"));
+    assert_non_null(strstr(why, "not a multiple of actor_rollout_ref.actor.megatron.tensor_model_parallel_size 4"));
     /* Megatron order: rank = (pp * dp_size + dp) * tp_size + tp */
     const struct placement_spec tp = {.trainer_ranks = 8, .rollout_ranks = 2, .tp_size = 2, .pp_size = 2};
     for (int r = 0; r < 8; r++) {

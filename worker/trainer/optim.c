@@ -50,15 +50,20 @@ double grad_global_norm(const float *g, size_t n)
     return sqrt(s);
 }
 
-double grad_clip(float *g, size_t n, double max_norm)
+void grad_scale_to(float *g, size_t n, double norm, double max_norm)
 {
-    double norm = grad_global_norm(g, n);
     if (max_norm > 0 && isfinite(norm)) {
         double coef = max_norm / (norm + 1e-6);
         if (coef < 1.0)
             for (size_t i = 0; i < n; i++)
                 g[i] = (float)(g[i] * coef);
     }
+}
+
+double grad_clip(float *g, size_t n, double max_norm)
+{
+    double norm = grad_global_norm(g, n);
+    grad_scale_to(g, n, norm, max_norm);
     return norm;
 }
 

@@ -27,6 +27,9 @@ double grad_global_norm(const float *grads, size_t n);
  * clipping. A non-finite norm leaves grads untouched (the caller skips the step). */
 double grad_clip(float *grads, size_t n, double max_norm);
 
+/* Scale grads (n), whose global norm (over every rank's part) is norm, as grad_clip does. */
+void grad_scale_to(float *grads, size_t n, double norm, double max_norm);
+
 enum lr_schedule { LR_CONSTANT, LR_COSINE };
 
 /* Learning rate at training step `step` (0-based) of total: linear warm-up over warmup steps from 0, then

@@ -61,6 +61,15 @@ static double measure_peak_flops(void)
     return best > 0 ? best : 1e9;
 }
 
+/* The trainer rank that decides for all and writes the run's records: DP rank 0, TP rank 0. */
+static bool lead(const struct trainer *t) { return t->lay.dp_rank == 0 && t->lay.tp_rank == 0; }
+
+/* The group the decisions are broadcast over (every trainer rank), NULL when alone. */
+static struct comm *all_group(const struct trainer *t)
+{
+    return t->lay.all && comm_size(t->lay.all) > 1 ? t->lay.all : NULL;
+}
+
 static int64_t compute_total_steps(const struct grpo_config *cfg, int n_train)
 {
     if (cfg->trainer_total_training_steps > 0)
@@ -71,18 +80,44 @@ static int64_t compute_total_steps(const struct grpo_config *cfg, int n_train)
 
 /* ------------------------------------------------------------- life cycle */
 
+/* The whole model and optimizer state from every rank's part (ZeRO-1 blocks over DP, then TP shards) for DP
+ * rank 0's TP group to write. *wm: the whole policy (NULL: t->policy is whole); *wo: the whole optimizer state
+ * (NULL: t->opt is). The caller frees both. */
+static void gather_whole(struct trainer *t, struct model **wm, struct adamw **wo)
+{
+    struct adamw *local = t->zero ? zero1_gather(t->zero, t->opt) : NULL; /* collective over DP */
+    *wm = NULL;
+    *wo = local;
+    if (t->lay.tp_size < 2 || t->lay.dp_rank != 0)
+        return;
+    const struct adamw *opt = local ? local : t->opt;
+    *wm = model_create(&t->policy->cfg);
+    model_shard_assemble(t->policy, t->policy->w.mem, (*wm)->w.mem);
+    *wo = adamw_create((*wm)->w.n_floats, opt->beta1, opt->beta2, opt->eps, opt->weight_decay);
+    (*wo)->t = opt->t;
+    model_shard_assemble(t->policy, opt->m, (*wo)->m);
+    model_shard_assemble(t->policy, opt->v, (*wo)->v);
+    adamw_free(local);
+}
+
 int trainer_save_checkpoint(struct trainer *t)
 {
-    /* ZeRO-1: checkpoints are whole: every DP rank sends its block of the optimizer state to be written. From
-     * DP rank 0's safe point (grpod asked for it) the others wait in decide(): call them first. */
-    if (t->zero && t->in_decide && t->lay.dp_rank == 0) {
+    /* Checkpoints are whole (the Hugging Face layout, whatever the parallel layout): with ZeRO-1 every DP rank
+     * sends its block of the optimizer state, and with TP every rank of DP rank 0's TP group its shard. From
+     * the leader's safe point (grpod asked for it) the others wait in decide(): call them first. */
+    const bool collective = t->zero || t->lay.tp_size > 1;
+    if (collective && t->in_decide && lead(t)) {
         int act = TRAINER_SAVE_NOW;
-        comm_broadcast_polled(t->lay.dp, &act, 1, COMM_I32, 0, NULL, NULL);
+        comm_broadcast_polled(all_group(t), &act, 1, COMM_I32, 0, NULL, NULL);
     }
-    struct adamw *whole = t->zero ? zero1_gather(t->zero, t->opt) : NULL;
-    const struct adamw *opt = whole ? whole : t->opt;
-    if (t->lay.dp_rank != 0) {
-        adamw_free(whole); /* DP rank 0 writes for every replica: the weights and optimizer state are the same */
+    struct model *wm = NULL;
+    struct adamw *wo = NULL;
+    if (collective)
+        gather_whole(t, &wm, &wo);
+    const struct adamw *opt = wo ? wo : t->opt;
+    if (!lead(t)) {
+        model_free(wm);
+        adamw_free(wo); /* the leader writes for every replica: the weights and optimizer state are the same */
         if (t->hooks.checkpoint_saved)
             t->hooks.checkpoint_saved(t->hooks.ctx, t->st.global_step);
         return 0;
@@ -90,9 +125,10 @@ int trainer_save_checkpoint(struct trainer *t)
     trainer_phase(t, "checkpoint");
     char err[1024];
     double t0 = now_s();
-    int saved = checkpoint_save(t->ckpt_root, t->policy, opt, t->tok, &t->st,
+    int saved = checkpoint_save(t->ckpt_root, wm ? wm : t->policy, opt, t->tok, &t->st,
                                 (int)t->cfg->trainer_max_actor_ckpt_to_keep, err, sizeof err);
-    adamw_free(whole);
+    model_free(wm);
+    adamw_free(wo);
     if (saved != 0) {
         log_error("checkpoint", "%s", err);
         return -1;
@@ -165,29 +201,33 @@ static int local_wants(void)
     return (control_stop_signal() ? WANTS_SIGNAL : 0) | (metrics_output_failure(NULL, 0) ? WANTS_OUTPUT : 0);
 }
 
-/* Every DP rank must hold the same weights after a step; -1 (logged) if any differs. DP rank 0 also learns the
- * other ranks' reasons to end the run (peer_wants). */
+/* Every DP rank must hold the same weights after a step (the same shard, under TP); -1 (logged) if any differs.
+ * The leader also learns the other ranks' reasons to end the run (peer_wants). */
 static int check_replicas(struct trainer *t, int64_t k)
 {
-    if (!t->lay.dp || t->lay.dp_size < 2)
+    struct comm *all = all_group(t);
+    if (!all)
         return 0;
-    int64_t mine[2] = {(int64_t)params_checksum(t->policy), local_wants()};
-    int64_t *all = xmalloc((size_t)t->lay.dp_size * 2 * sizeof *all);
-    comm_allgather(t->lay.dp, mine, all, 2, COMM_I64);
-    int bad = 0;
-    for (int r = 0; r < t->lay.dp_size; r++) {
-        bad += all[2 * r] != all[0];
-        t->peer_wants |= (int)all[2 * r + 1];
-        if ((all[2 * r + 1] & WANTS_OUTPUT) && t->peer_failed_rank < 0 && r != t->lay.dp_rank)
+    const int n = comm_size(all);
+    int64_t mine[3] = {(int64_t)params_checksum(t->policy), local_wants(), t->lay.tp_rank};
+    int64_t *v = xmalloc((size_t)n * 3 * sizeof *v);
+    comm_allgather(all, mine, v, 3, COMM_I64);
+    int bad = 0, first = -1; /* first: the first rank holding this rank's shard (its DP rank 0) */
+    for (int r = 0; r < n; r++) {
+        if (v[3 * r + 2] == mine[2] && first < 0)
+            first = r;
+        bad += v[3 * r + 2] == mine[2] && v[3 * r] != v[3 * first];
+        t->peer_wants |= (int)v[3 * r + 1];
+        if ((v[3 * r + 1] & WANTS_OUTPUT) && t->peer_failed_rank < 0 && r != comm_rank(all))
             t->peer_failed_rank = r;
     }
     if (bad)
         log_error("trainer", "step %lld: weights differ between DP ranks (checksum %016llx here, %016llx on DP rank 0)",
-                  (long long)k, (unsigned long long)mine[0], (unsigned long long)all[0]);
-    else
+                  (long long)k, (unsigned long long)mine[0], (unsigned long long)v[3 * first]);
+    else if (t->lay.dp_size > 1)
         log_debug("trainer", "step %lld: weights identical on %d DP ranks (checksum %016llx)", (long long)k,
                   t->lay.dp_size, (unsigned long long)mine[0]);
-    free(all);
+    free(v);
     return bad ? -1 : 0;
 }
 
@@ -202,7 +242,7 @@ static int stop_reason(struct trainer *t)
         if (metrics_output_failure(why, sizeof why))
             snprintf(t->failure, sizeof t->failure, "%s", why);
         else
-            snprintf(t->failure, sizeof t->failure, "DP rank %d could not write its rollout dumps (see its log)",
+            snprintf(t->failure, sizeof t->failure, "trainer rank %d could not write its rollout dumps (see its log)",
                      t->peer_failed_rank);
         log_error("trainer",
                   "the run's records cannot be written (%s): stopping at step %lld, after a checkpoint if "
@@ -235,7 +275,7 @@ static void answer_control(void *ud, bool done)
 static int decide(struct trainer *t)
 {
     int act = TRAINER_CONTINUE;
-    if (t->lay.dp_rank == 0) {
+    if (lead(t)) {
         act = stop_reason(t);
         t->in_decide = true;
         if (act == TRAINER_CONTINUE)
@@ -246,13 +286,13 @@ static int decide(struct trainer *t)
         if (t->saved_step == t->st.global_step)
             act |= TRAINER_ALREADY_SAVED;
     }
-    if (t->lay.dp && t->lay.dp_size > 1) /* stop and checkpoint follow DP rank 0 */
+    if (all_group(t)) /* stop and checkpoint follow the leader */
         for (;;) {
-            comm_broadcast_polled(t->lay.dp, &act, 1, COMM_I32, 0,
-                                  t->lay.dp_rank && t->hooks.waiting ? answer_control : NULL, t);
-            if (t->lay.dp_rank == 0 || act != TRAINER_SAVE_NOW)
+            comm_broadcast_polled(all_group(t), &act, 1, COMM_I32, 0,
+                                  !lead(t) && t->hooks.waiting ? answer_control : NULL, t);
+            if (lead(t) || act != TRAINER_SAVE_NOW)
                 break;
-            trainer_save_checkpoint(t); /* DP rank 0 writes; this rank sends its block */
+            trainer_save_checkpoint(t); /* the leader writes; this rank sends its part */
             act = TRAINER_CONTINUE;
         }
     return act;
@@ -261,11 +301,13 @@ static int decide(struct trainer *t)
 int trainer_run(struct trainer *t)
 {
     const struct grpo_config *c = t->cfg;
-    const bool writer = t->lay.dp_rank == 0;
+    const bool writer = lead(t);
+    /* validation generates with the policy: on every rank of DP rank 0's TP group (the leader logs it) */
+    const bool validator = t->lay.dp_rank == 0;
     struct metrics m;
     metrics_init(&m);
     int rc = 0;
-    if (t->st.global_step == 0 && c->trainer_val_before_train && writer) {
+    if (t->st.global_step == 0 && c->trainer_val_before_train && validator) {
         trainer_validate(t, &m);
         log_step(t, 0, &m);
         metrics_clear(&m);
@@ -283,8 +325,8 @@ int trainer_run(struct trainer *t)
         }
         if (act & TRAINER_FAIL) {
             /* a rank ending with an error ends the MPI job (grpo_worker.c): not before DP rank 0's checkpoint */
-            if (t->lay.dp && t->lay.dp_size > 1)
-                comm_barrier(t->lay.dp);
+            if (all_group(t))
+                comm_barrier(all_group(t));
             if (writer)
                 log_error("trainer", "stopped at step %lld: %s; %s", (long long)t->st.global_step,
                           t->failure[0] ? t->failure : "a record of the run could not be written",
@@ -313,8 +355,8 @@ int trainer_run(struct trainer *t)
             break;
         }
         /* validate on test_freq, at the last step, and where the warm-start hands over to GRPO */
-        if (writer && ((c->trainer_test_freq > 0 && k % c->trainer_test_freq == 0) || k == t->st.total_steps ||
-                       k == c->trainer_sft_warmup_steps))
+        if (validator && ((c->trainer_test_freq > 0 && k % c->trainer_test_freq == 0) || k == t->st.total_steps ||
+                          k == c->trainer_sft_warmup_steps))
             trainer_validate(t, &m);
         log_step(t, k, &m);
         if ((c->trainer_save_freq > 0 && k % c->trainer_save_freq == 0) || k == t->st.total_steps)
@@ -369,6 +411,34 @@ struct trainer *trainer_create(const struct grpo_config *cfg, const struct train
     return trainer_create_dist(cfg, hooks, NULL, NULL, err, errlen);
 }
 
+/* Tensor parallelism: the whole policy, reference and optimizer state (as loaded, or as resumed from a
+ * checkpoint: checkpoints are whole) are cut into this rank's shard. 0 (the whole copies freed). */
+static int shard_state(struct trainer *t)
+{
+    const struct model_config *c = &t->policy->cfg;
+    struct model *p = model_create_shard(c, t->lay.tp_rank, t->lay.tp_size, t->lay.tp);
+    model_shard_slice(p, t->policy->w.mem, p->w.mem);
+    if (t->ref) {
+        struct model *r = model_create_shard(c, t->lay.tp_rank, t->lay.tp_size, t->lay.tp);
+        model_shard_slice(r, t->ref->w.mem, r->w.mem);
+        model_free(t->ref);
+        t->ref = r;
+    }
+    struct adamw *o = adamw_create(p->w.n_floats, t->opt->beta1, t->opt->beta2, t->opt->eps, t->opt->weight_decay);
+    o->t = t->opt->t;
+    model_shard_slice(p, t->opt->m, o->m);
+    model_shard_slice(p, t->opt->v, o->v);
+    adamw_free(t->opt);
+    t->opt = o;
+    log_info("trainer", "TP rank %d of %d: %zu of the model's %zu parameters (heads %d..%d, vocabulary %d..%d)",
+             t->lay.tp_rank, t->lay.tp_size, p->w.n_floats, t->policy->w.n_floats, p->sh.head_lo,
+             p->sh.head_lo + p->sh.n_heads - 1, p->sh.vocab_lo, p->sh.vocab_hi - 1);
+    model_free(t->policy);
+    t->policy = p;
+    rollout_ctx_init(&t->rc, t->cfg, t->policy, t->tok, t->reward); /* validation generates with the shard */
+    return 0;
+}
+
 struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct trainer_hooks *hooks,
                                     const struct trainer_layout *lay, const struct trainer_source *src, char *err,
                                     size_t errlen)
@@ -382,6 +452,10 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     t->lay = lay ? *lay : (struct trainer_layout){.dp_size = 1};
     if (t->lay.dp_size < 1)
         t->lay.dp_size = 1;
+    if (t->lay.tp_size < 1 || !t->lay.tp)
+        t->lay.tp_size = 1, t->lay.tp_rank = 0, t->lay.tp = NULL;
+    if (!t->lay.all)
+        t->lay.all = t->lay.dp; /* data parallelism alone: the DP group is every trainer */
     t->src = src && src->next_batch ? *src : (struct trainer_source){.ctx = t, .next_batch = trainer_hybrid_batch};
     t->est = (enum adv_estimator)adv_estimator_from_name(cfg->alg_adv_estimator);
     t->agg = (enum loss_agg)loss_agg_from_name(cfg->actor_loss_agg_mode);
@@ -414,6 +488,9 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     log_info("trainer", "loading %s", model_path);
     t->policy = model_load(model_path, err, errlen);
     if (!t->policy)
+        goto fail;
+    if (model_shard_check(&t->policy->cfg, t->lay.tp_size, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
+                          err, errlen) != 0)
         goto fail;
     if (cfg->actor_use_kl_loss || cfg->alg_use_kl_in_reward) {
         t->ref = model_create(&t->policy->cfg);
@@ -488,6 +565,8 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         }
         log_info("trainer", "resumed from %s at step %lld", resume, (long long)st.global_step);
     }
+    if (t->lay.tp_size > 1 && shard_state(t) != 0)
+        goto fail;
     if (cfg->actor_megatron_use_distributed_optimizer && t->lay.dp_size > 1) {
         /* ZeRO-1: this rank keeps its block of the (whole, possibly just loaded) optimizer state */
         t->zero = zero1_create(t->lay.dp, t->policy->w.n_floats);
@@ -501,13 +580,13 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     /* a failed write of an earlier run in this process (tests run several) is not this run's */
     metrics_output_failure_reset();
     /* steps logged after the checkpoint we resume from are forgotten: they are redone */
-    if (t->lay.dp_rank == 0 &&
+    if (lead(t) &&
         metrics_logger_open(&t->logger, t->run_dir, METRICS_SINK_ALL, (long)t->st.total_steps,
                             resume[0] ? (long)t->st.global_step : -1, cfg->trainer_experiment_name) != 0) {
         error_set(err, errlen, "%s: cannot open the metrics files", t->run_dir);
         goto fail;
     }
-    t->logger_open = t->lay.dp_rank == 0;
+    t->logger_open = lead(t);
     log_info("trainer",
              "run %s: %d train / %d val prompts, %lld steps (%lld done), batch %lld prompts x %lld responses, "
              "%zu parameters",

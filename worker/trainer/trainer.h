@@ -40,9 +40,12 @@ struct trainer_hooks {
 
 /* This trainer's place among the trainer ranks. The zero value is one process (hybrid). */
 struct trainer_layout {
-    struct comm *dp; /* data-parallel group of the trainers; NULL or size 1: alone */
+    struct comm *dp; /* data-parallel group of the trainers (the ranks holding the same shard); NULL: alone */
     int dp_rank, dp_size;
-    int devices; /* ranks the run uses (perf/throughput divides by it); 0: 1 */
+    struct comm *tp; /* tensor-parallel group (the ranks sharing one copy of the model); NULL: whole model */
+    int tp_rank, tp_size;
+    struct comm *all; /* every trainer rank: stop and checkpoint decisions follow its rank 0 (DP 0, TP 0) */
+    int devices;      /* ranks the run uses (perf/throughput divides by it); 0: 1 */
 };
 
 /* Seconds a step's rollouts took where they were made (summed over rollout ranks when they come from several). */

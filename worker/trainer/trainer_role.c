@@ -25,6 +25,8 @@
 struct pending {
     struct wire_header h;
     struct step_batch b;
+    uint8_t *raw; /* the message as it came (TP rank 0 of a TP group: its peers get a copy); NULL otherwise */
+    size_t raw_len;
 };
 
 struct trainer_rank {
@@ -34,7 +36,8 @@ struct trainer_rank {
     struct wire_limits lim;
     struct pending *pend;
     int n_pend, cap_pend;
-    struct dispatcher *disp; /* DP rank 0 only */
+    struct dispatcher *disp; /* DP rank 0, TP rank 0 only */
+    struct comm *tp;         /* the TP group (NULL: whole model): TP rank 0 pulls and shares each batch */
     uint64_t refused, duplicates, stale;
     int64_t start;
     double sync_s_pending;  /* publishing time to report with the next step */
@@ -67,6 +70,11 @@ static int receive_one(struct trainer_rank *r, int64_t k, int timeout_ms)
     }
     struct pending p = {0};
     int rc = wire_unpack_batch(buf, len, &r->lim, &p.h, &p.b, err, sizeof err);
+    if (rc == 0 && r->tp) {
+        p.raw = xmalloc(len);
+        memcpy(p.raw, buf, len);
+        p.raw_len = len;
+    }
     dataplane_msg_free(buf);
     dataplane_answer(r->pull, rc == 0, err); /* the acknowledgement, or the refusal with its reason */
     if (rc != 0) {
@@ -86,6 +94,7 @@ static int receive_one(struct trainer_rank *r, int64_t k, int timeout_ms)
         log_debug("dataplane", "dropped step %lld unit %d from rank %d (%s)", (long long)p.h.step, p.h.unit,
                   p.h.from_rank, dup ? "a copy is in already" : "that step is trained");
         step_batch_free(&p.b);
+        free(p.raw);
         return 0;
     }
     if (r->n_pend == r->cap_pend) {
@@ -102,6 +111,49 @@ static int by_gidx(const void *a, const void *b)
     return (x->gidx > y->gidx) - (x->gidx < y->gidx);
 }
 
+static void hold_while_waiting(void *ud, bool done)
+{
+    struct trainer_rank *r = ud;
+    control_hold_while_waiting(r->env->ctl, done);
+}
+
+/* Under TP: TP rank 0 sends the step's messages (as they came over the data plane) to its TP peers, which unpack
+ * them with the same checks into their own pending list. 0, or -1 (a peer could not unpack one). */
+static int share_step(struct trainer_rank *r, int64_t k)
+{
+    const bool root = comm_rank(r->tp) == 0;
+    int64_t count = 0;
+    for (int i = 0; root && i < r->n_pend; i++)
+        count += r->pend[i].h.step == k;
+    comm_broadcast_polled(r->tp, &count, 1, COMM_I64, 0, root ? NULL : hold_while_waiting, r);
+    for (int i = 0, sent = 0; sent < count; i++) {
+        struct pending *p = root ? &r->pend[i] : NULL;
+        if (root && p->h.step != k)
+            continue;
+        int64_t len = root ? (int64_t)p->raw_len : 0;
+        comm_broadcast(r->tp, &len, 1, COMM_I64, 0);
+        uint8_t *buf = root ? p->raw : xcalloc((size_t)len + 4, 1);
+        comm_broadcast(r->tp, buf, ((size_t)len + 3) / 4, COMM_I32, 0); /* bytes as 32-bit words */
+        sent++;
+        if (root)
+            continue;
+        struct pending q = {0};
+        char err[1024];
+        int rc = wire_unpack_batch(buf, (size_t)len, &r->lim, &q.h, &q.b, err, sizeof err);
+        free(buf);
+        if (rc != 0) {
+            log_error("trainer", "step %lld: a batch from TP rank 0 does not unpack here: %s", (long long)k, err);
+            return -1;
+        }
+        if (r->n_pend == r->cap_pend) {
+            r->cap_pend = r->cap_pend ? 2 * r->cap_pend : 8;
+            r->pend = xrealloc(r->pend, (size_t)r->cap_pend * sizeof *r->pend);
+        }
+        r->pend[r->n_pend++] = q;
+    }
+    return 0;
+}
+
 /* trainer_source.next_batch: step k's batches from every rollout rank, merged in the step's order. */
 static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm, struct metrics *m)
 {
@@ -112,7 +164,7 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
     const double t0 = rollout_now_s();
     double last_note = t0;
-    for (;;) {
+    for (; r->pull;) { /* TP rank 0 pulls; its peers get the batches from it */
         int have = 0;
         for (int i = 0; i < r->n_pend; i++)
             have += r->pend[i].h.step == k;
@@ -137,7 +189,12 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
             last_note = rollout_now_s();
         }
     }
-    control_hold_while_waiting(r->env->ctl, true);
+    if (r->pull)
+        control_hold_while_waiting(r->env->ctl, true);
+    if (r->tp && share_step(r, k) != 0) {
+        free(uids);
+        return -1;
+    }
     tm->wait_data = rollout_now_s() - t0;
     tm->split = true;
     int64_t staleness = 0;
@@ -158,6 +215,7 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
         int64_t st = (k - 1) - p->h.policy_version;
         staleness = st > staleness ? st : staleness;
         step_batch_append(b, &p->b);
+        free(p->raw);
     }
     r->n_pend = w;
     /* the step's order, whatever order the batches came in; groups keep their indices */
@@ -191,17 +249,25 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     return 0;
 }
 
-/* DP rank 0: version `version` goes to the dispatcher, which serves it to the rollout processes. */
+/* DP rank 0's TP group: version `version` goes to the dispatcher, which serves it to the rollout processes (the
+ * TP shards assembled whole first: the rollout ranks generate with the whole model). */
 static void publish(struct trainer_rank *r, int64_t version)
 {
     const struct model *p = trainer_policy(r->t);
     control_set_phase(r->env->ctl, CONTROL_PHASE_WEIGHT_SYNC);
     const double t0 = rollout_now_s();
-    dispatcher_publish(r->disp, version, p->w.mem);
+    float *whole = NULL;
+    if (r->tp) {
+        whole = xmalloc(model_whole_floats(&p->cfg) * sizeof(float));
+        model_shard_assemble(p, p->w.mem, whole);
+    }
+    if (r->disp)
+        dispatcher_publish(r->disp, version, whole ? whole : p->w.mem);
+    free(whole);
     r->sync_s_pending += rollout_now_s() - t0;
     control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
     log_debug("trainer", "policy version %lld published (%zu bytes)", (long long)version,
-              p->w.n_floats * sizeof(float));
+              model_whole_floats(&p->cfg) * sizeof(float));
 }
 
 /* trainer_source.between_steps: after step j the rollout processes need version j for their step j + 1 +
@@ -209,9 +275,11 @@ static void publish(struct trainer_rank *r, int64_t version)
 static int between_steps(void *ctx, int64_t j, bool stop)
 {
     struct trainer_rank *r = ctx;
-    if (!r->disp)
+    if (r->env->at.dp != 0)
         return 0;
     if (stop) {
+        if (!r->disp)
+            return 0;
         char why[128];
         snprintf(why, sizeof why, "the trainers %s after step %lld",
                  j >= trainer_total_steps(r->t) ? "finished" : "stopped", (long long)j);
@@ -326,6 +394,11 @@ static void trainer_ready(void *ud, struct trainer *t)
     r->lim.vocab_size = trainer_policy(t)->cfg.vocab_size;
     if (r->env->at.dp != 0)
         return;
+    if (r->env->at.tp != 0) { /* the dispatcher is TP rank 0's; this rank gives its shard of each version */
+        if (r->start < trainer_total_steps(t))
+            publish(r, r->start);
+        return;
+    }
     int64_t epoch, cursor;
     trainer_cursor(t, &epoch, &cursor);
     struct dispatch_options o = {.endpoint = r->env->dispatch_endpoint,
@@ -337,7 +410,7 @@ static void trainer_ready(void *ud, struct trainer *t)
                                  .total_steps = trainer_total_steps(t),
                                  .start_epoch = epoch,
                                  .start_cursor = cursor,
-                                 .n_floats = trainer_policy(t)->w.n_floats,
+                                 .n_floats = model_whole_floats(&trainer_policy(t)->cfg),
                                  .lost_after_s = 2 * r->env->heartbeat_s};
     char err[1024];
     r->disp = dispatcher_open(&o, err, sizeof err);
@@ -357,7 +430,7 @@ int run_trainer(struct role_env *env)
 {
     const struct grpo_config *c = env->cfg;
     char err[1024];
-    struct trainer_rank r = {.env = env};
+    struct trainer_rank r = {.env = env, .tp = env->at.tp_size > 1 ? env->tp : NULL};
     r.lim = (struct wire_limits){.max_response_length = (int)c->data_max_response_length,
                                  .groups_in_step = (int)c->data_train_batch_size,
                                  .n = (int)c->rollout_n,
@@ -365,17 +438,26 @@ int run_trainer(struct role_env *env)
                                  .world_size = env->world_size,
                                  .dp_rank = env->at.dp,
                                  .secret = env->secret};
-    /* bind before anything slow, so the rollout ranks' first batches find the socket */
-    r.pull = dataplane_pull_open(env->endpoints[env->at.dp], err, sizeof err);
-    if (!r.pull) {
-        log_error("trainer", "%s", err);
-        control_finish(env->ctl, CONTROL_END_FAILED, err);
-        return 2;
+    /* bind before anything slow, so the rollout ranks' first batches find the socket (TP rank 0 of each DP rank
+     * pulls; it shares each batch with its TP peers) */
+    if (env->at.tp == 0) {
+        r.pull = dataplane_pull_open(env->endpoints[env->at.dp], err, sizeof err);
+        if (!r.pull) {
+            log_error("trainer", "%s", err);
+            control_finish(env->ctl, CONTROL_END_FAILED, err);
+            return 2;
+        }
+        log_info("trainer", "DP rank %d of %d: pulling rollouts at %s", env->at.dp, env->at.dp_size,
+                 env->endpoints[env->at.dp]);
     }
-    log_info("trainer", "DP rank %d of %d: pulling rollouts at %s", env->at.dp, env->at.dp_size,
-             env->endpoints[env->at.dp]);
-    struct trainer_layout lay = {
-        .dp = env->trainers, .dp_rank = env->at.dp, .dp_size = env->at.dp_size, .devices = comm_size(env->world)};
+    struct trainer_layout lay = {.dp = env->dp,
+                                 .dp_rank = env->at.dp,
+                                 .dp_size = env->at.dp_size,
+                                 .tp = r.tp,
+                                 .tp_rank = env->at.tp,
+                                 .tp_size = env->at.tp_size,
+                                 .all = env->trainers,
+                                 .devices = comm_size(env->world)};
     struct trainer_source src = {.ctx = &r, .next_batch = next_batch, .between_steps = between_steps};
     int status = run_trainer_process(env, &lay, &src, trainer_ready, &r);
     if (r.refused || r.duplicates || r.stale)
@@ -385,9 +467,12 @@ int run_trainer(struct role_env *env)
         dispatcher_end(r.disp, r.start, status == 0 ? "the trainers ended" : "the trainers failed");
         dispatcher_close(r.disp, 3 * env->heartbeat_s + 2);
     }
-    for (int i = 0; i < r.n_pend; i++)
+    for (int i = 0; i < r.n_pend; i++) {
         step_batch_free(&r.pend[i].b);
+        free(r.pend[i].raw);
+    }
     free(r.pend);
-    dataplane_pull_close(r.pull);
+    if (r.pull)
+        dataplane_pull_close(r.pull);
     return status;
 }

@@ -388,16 +388,22 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     };
     struct update_stats us = {0};
     /* the gradient (and ZeRO-1 weight) traffic of the update over DP, in the planner's ring-model bytes */
-    struct comm_traffic before = {0}, after = {0};
+    struct comm_traffic before = {0}, after = {0}, tp_before = {0}, tp_after = {0};
     if (up.dp)
         comm_traffic(up.dp, &before);
+    if (t->lay.tp)
+        comm_traffic(t->lay.tp, &tp_before);
     if (n_all > 0)
         actor_update(t->policy, t->opt, b->seqs, idx, b->n_seq, &up, &us);
     if (up.dp)
         comm_traffic(up.dp, &after);
-    double dp_bytes = 0;
-    for (int op = COMM_OP_ALLREDUCE; op <= COMM_OP_REDUCE_SCATTER; op++)
+    if (t->lay.tp)
+        comm_traffic(t->lay.tp, &tp_after);
+    double dp_bytes = 0, tp_bytes = 0;
+    for (int op = COMM_OP_ALLREDUCE; op <= COMM_OP_REDUCE_SCATTER; op++) {
         dp_bytes += after.sent_f32[op] - before.sent_f32[op];
+        tp_bytes += tp_after.sent_f32[op] - tp_before.sent_f32[op];
+    }
     double t_update = rollout_now_s() - t0;
     /* rollout-vs-trainer log-prob gap: the sampler's log-probs against the trainer's old log-probs */
     double gap = 0, gap_max = 0, gap_n = 0;
@@ -415,7 +421,8 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     for (int i = 0; i < b->n_seq; i++)
         if (!b->resp_text[i])
             b->resp_text[i] = tokenizer_decode(t->tok, b->seqs[i].resp, (size_t)b->seqs[i].resp_len, true);
-    rollout_audit_write(c->trainer_rollout_data_dir, k, t->lay.dp_rank, n, b);
+    if (t->lay.tp_rank == 0) /* the TP ranks of a DP rank hold the same sequences */
+        rollout_audit_write(c->trainer_rollout_data_dir, k, t->lay.dp_rank, n, b);
 
     metrics_set(m, "actor/pg_loss", us.pg_loss);
     metrics_set(m, "actor/kl_loss", us.kl_loss);
@@ -437,6 +444,8 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
         metrics_set(m, "timing_s/wait_data", tm->wait_data);
         metrics_set(m, "timing_s/grad_allreduce", us.allreduce_s);
         metrics_set(m, "perf/comm_bytes/dp", dp_bytes);
+        if (t->lay.tp) /* activations and their gradients over TP, in the update */
+            metrics_set(m, "perf/comm_bytes/tp", tp_bytes);
         metrics_set(m, "trainer/idle_ratio", step_time > 0 ? tm->wait_data / step_time : 0);
         const double busy = tm->gen + tm->reward;
         metrics_set(m, "perf/cpu_memory_peak_gb/rollout", tm->rollout_peak_rss_gb);

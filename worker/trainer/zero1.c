@@ -40,20 +40,14 @@ void zero1_reduce_scatter(struct zero1 *z, const float *grads)
     comm_reduce_scatter_sum(z->dp, send, z->grad, z->per, COMM_F32);
 }
 
-double zero1_clip(struct zero1 *z, double max_norm)
+double zero1_clip(struct zero1 *z, double max_norm, const struct model *m)
 {
-    const size_t k = z->hi - z->lo;
-    double s = 0;
-    for (size_t i = 0; i < k; i++)
-        s += (double)z->grad[i] * z->grad[i];
+    double s = model_owned_sq(m, z->grad, z->lo, z->hi);
     comm_allreduce_sum(z->dp, &s, 1, COMM_F64);
+    if (m->sh.tp) /* the other TP ranks' parts of the parameters */
+        comm_allreduce_sum(m->sh.tp, &s, 1, COMM_F64);
     const double norm = sqrt(s);
-    if (max_norm > 0 && isfinite(norm)) { /* as grad_clip */
-        double coef = max_norm / (norm + 1e-6);
-        if (coef < 1.0)
-            for (size_t i = 0; i < k; i++)
-                z->grad[i] = (float)(z->grad[i] * coef);
-    }
+    grad_scale_to(z->grad, z->hi - z->lo, norm, max_norm);
     return norm;
 }
 
