@@ -94,11 +94,12 @@ static void test_memory_and_bytes(void **state)
     near(r.mem_optim, 12 * P / 8, 1e-12);
     near(r.bytes_dp, 4 * (7.0 / 8 * 4 * P + 7.0 / 8 * 2 * P), 1e-12);
     assert_true(r.fits);
-    /* TP2: two all-reduces of s x h per layer forward, two backward, two for the recompute, and two in each of
-     * the two forward-only passes; 2(n-1)/n = 1 for n = 2; over this DP rank's 1/4 of the tokens */
+    /* TP2: per pass two all-reduces of s x h per layer and one for the embedding (forward) or the head's input
+     * gradient (backward): 2 x 28 + 1 = 57; two forward-only passes, the update's forward and backward, and the
+     * recompute's 2 x 28; 2(n-1)/n = 1 for n = 2; over this DP rank's 1/4 of the tokens; 4 KV heads split */
     plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){2, 1, 4, false}, &r);
     const double tokens_dp = 256.0 * 8 * S / 4;
-    near(r.bytes_tp, 1.0 * h * 2 * 28 * tokens_dp * (2 * 2 + 6), 1e-12);
+    near(r.bytes_tp, 1.0 * h * 2 * tokens_dp * (2 * 57 + 2 * 57 + 56), 1e-12);
     /* PP2: stage 1 holds 14 layers, the head and the final norm; the stage boundary carries s x h forward
      * (3 passes) and backward (1) */
     plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 2, 4, false}, &r);

@@ -110,9 +110,17 @@ void plan_evaluate(const struct model_config *m, const struct plan_cluster *c, c
     /* forward-only passes over every sequence: old log-probs, and the reference's */
     const double fwd_only = 1 + (b->kl ? 1 : 0);
     const double tok_dp = seqs * S / dp;
-    /* TP: two all-reduces (or reduce-scatter + all-gather) of s x h per layer per forward, two per backward */
-    const double tp_per_token = ring_allreduce(tp) * h * w.act * layers_stage;
-    r->bytes_tp = tp_per_token * tok_dp * (2 * fwd_only + b->ppo_epochs * (2 + 2 + (b->recompute ? 2 : 0)));
+    /* TP: two all-reduces of s x h per layer per forward (attention and MLP outputs), two per backward (their
+     * inputs' gradients), two more per recomputed forward; one more per forward (the vocab-parallel embedding) and
+     * per backward (the LM head's input gradient). With fewer KV heads than TP ranks, the k/v gradients of the
+     * ranks that share a head are summed once per optimizer step. */
+    const double tp_pass = ring_allreduce(tp) * h * w.act * (2.0 * layers_stage + 1);
+    const double tp_recompute = ring_allreduce(tp) * h * w.act * 2.0 * layers_stage;
+    r->bytes_tp =
+        tok_dp * (tp_pass * fwd_only + b->ppo_epochs * (2 * tp_pass + (b->recompute ? tp_recompute : 0)));
+    if (tp > 1 && m->n_kv_heads < tp)
+        r->bytes_tp += (double)(b->mini_batches > 0 ? b->mini_batches : 1) * b->ppo_epochs * ring_allreduce(tp) *
+                       w.grads * layers_stage * 2.0 * m->n_kv_heads * m->head_dim * (h + (m->attention_bias ? 1 : 0));
     /* PP: each stage sends its output activations forward and its input gradients backward */
     r->bytes_pp = pp > 1 ? h * w.act * tok_dp * (fwd_only + 2.0 * b->ppo_epochs) : 0;
     const double opt_steps = (double)(b->mini_batches > 0 ? b->mini_batches : 1) * b->ppo_epochs;

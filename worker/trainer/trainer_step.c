@@ -315,6 +315,10 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
 {
     const struct grpo_config *c = t->cfg;
     const int n = (int)c->rollout_n;
+    /* the step's activation traffic over TP: every pass (old and reference log-probs, the update) */
+    struct comm_traffic tp_before = {0}, tp_after = {0};
+    if (t->lay.tp)
+        comm_traffic(t->lay.tp, &tp_before);
     /* scores and lengths: verl's critic/ and response_length/ metrics */
     double *v = xmalloc((size_t)(b->n_seq ? b->n_seq : 1) * sizeof(double));
     long long tokens = 0;
@@ -388,11 +392,9 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     };
     struct update_stats us = {0};
     /* the gradient (and ZeRO-1 weight) traffic of the update over DP, in the planner's ring-model bytes */
-    struct comm_traffic before = {0}, after = {0}, tp_before = {0}, tp_after = {0};
+    struct comm_traffic before = {0}, after = {0};
     if (up.dp)
         comm_traffic(up.dp, &before);
-    if (t->lay.tp)
-        comm_traffic(t->lay.tp, &tp_before);
     if (n_all > 0)
         actor_update(t->policy, t->opt, b->seqs, idx, b->n_seq, &up, &us);
     if (up.dp)
@@ -444,7 +446,7 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
         metrics_set(m, "timing_s/wait_data", tm->wait_data);
         metrics_set(m, "timing_s/grad_allreduce", us.allreduce_s);
         metrics_set(m, "perf/comm_bytes/dp", dp_bytes);
-        if (t->lay.tp) /* activations and their gradients over TP, in the update */
+        if (t->lay.tp) /* activations and their gradients over TP (this rank's, float32) */
             metrics_set(m, "perf/comm_bytes/tp", tp_bytes);
         metrics_set(m, "trainer/idle_ratio", step_time > 0 ? tm->wait_data / step_time : 0);
         const double busy = tm->gen + tm->reward;

@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Tensor-parallel trainer ranks reproduce the single-process run (mpirun --oversubscribe on 2 cores):
+#  - tiny Llama (tied head, 4 query heads over 2 KV heads) and tiny Qwen2 (untied head, q/k/v biases, one KV
+#    head, replicated on both TP ranks) under TP2, DP2 x TP2 and ZeRO-1 over DP2 x TP2: per-step losses, grad
+#    norms and entropies, and the weights after two GRPO steps, within 1e-5 relative;
+#  - a change of layout on resume: a checkpoint written by one process resumes under TP2, one written under
+#    TP2 resumes under DP2, and both end at the single-process weights;
+#  - perf/comm_bytes/tp equals the analytic count: per token, 2L + 1 all-reduces of D floats per pass (old
+#    log-probs, reference, update forward and backward), plus the replicated KV heads' gradient sum per
+#    optimizer step;
+#  - layouts that cannot work are errors naming the key and the numbers.
+# usage: test_tp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
+set -u
+WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
+TMP="$(mktemp -d /tmp/grpo-tp.XXXXXX)"
+[ -n "${KEEP_TMP:-}" ] || trap 'rm -rf "$TMP"' EXIT
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+MPIRUN=(timeout 300 mpirun --oversubscribe --bind-to none)
+fails=0
+expect() { if [ "$2" -eq 0 ]; then echo "ok: $1"; else echo "FAIL: $1"; fails=$((fails + 1)); fi; }
+
+TOK=tests/fixtures/tokenizers/bytes-chatml
+python3 - "$TOK/config.json" "$TMP/qwen2-config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"], num_key_value_heads=1, tie_word_embeddings=False)
+json.dump(c, open(sys.argv[2], "w"), indent=1)
+PY
+"$MODEL_TOOL" init "$TOK/config.json" "$TMP/llama" --tokenizer-from "$TOK" --seed 11 --std 0.1 >"$TMP/init.log" 2>&1
+expect "tiny Llama initialised" $?
+"$MODEL_TOOL" init "$TMP/qwen2-config.json" "$TMP/qwen2" --tokenizer-from "$TOK" --seed 12 --std 0.1 >>"$TMP/init.log" 2>&1
+expect "tiny Qwen2 initialised" $?
+
+STEPS=2
+# AdamW's eps is 1e-6 here, not 1e-8: a gradient component far below eps moves its weight by lr x g / eps, so
+# float32 rounding (partial sums added in another order over TP) in components near 1e-8 would move weights by a
+# percent of lr; with eps 1e-6 the worst weight difference after two steps is about 2e-6 (measured), with 1e-8
+# about 2e-5, in a handful of near-zero-gradient weights. The losses and grad norms agree either way.
+common() {
+    echo actor_rollout_ref.model.path="$TMP/$1" trainer.project_name=p trainer.experiment_name=e \
+        trainer.total_training_steps=$STEPS trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=1 \
+        data.train_batch_size=4 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=2 \
+        data.max_response_length=12 actor_rollout_ref.actor.optim.lr=1e-3 data.synthetic.num_train=64 \
+        data.synthetic.num_val=4 custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score \
+        actor_rollout_ref.actor.optim.eps=1e-6
+}
+ckpt() { echo "$TMP/$1/p/e/checkpoints/global_step_$2"; }
+# split run: NAME MODEL TRAINERS TP [more keys...]
+split() {
+    local name=$1 model=$2 trainers=$3 tp=$4
+    shift 4
+    # shellcheck disable=SC2046 # common's words are the keys
+    "${MPIRUN[@]}" -np $((trainers + 1)) "$WORKER" $(common "$model") trainer.default_local_dir="$TMP/$name" \
+        placement.trainer_ranks="$trainers" placement.rollout_ranks=1 \
+        actor_rollout_ref.actor.megatron.tensor_model_parallel_size="$tp" "$@" >"$TMP/$name.log" 2>&1
+}
+# per-step metrics of run B against run A (1e-5 relative), from step FROM on
+same_metrics() {
+    python3 - "$TMP/$1/p/e/metrics.jsonl" "$TMP/$2/p/e/metrics.jsonl" "${3:-1}" <<'PY'
+import json, sys
+a = {r["step"]: r for r in map(json.loads, open(sys.argv[1])) if r["step"] >= int(sys.argv[3])}
+b = {r["step"]: r for r in map(json.loads, open(sys.argv[2])) if r["step"] >= int(sys.argv[3])}
+assert a.keys() == b.keys() and a, (sorted(a), sorted(b))
+worst = 0
+for s in a:
+    for k in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean",
+              "response_length/mean", "perf/total_num_tokens"):
+        x, y = a[s][k], b[s][k]
+        rel = abs(x - y) / max(abs(x), 1e-3)
+        worst = max(worst, rel)
+        if rel > 1e-5:
+            sys.exit(f"step {s} {k}: {x} against {y} (relative {rel:.2e})")
+print(f"worst relative difference {worst:.1e}")
+PY
+}
+same_weights() { "$COMPARE" "$(ckpt "$1" $STEPS)/actor" "$(ckpt "$2" $STEPS)/actor" 1e-5 2>&1; }
+
+for model in llama qwen2; do
+    # shellcheck disable=SC2046
+    "$WORKER" $(common $model) trainer.default_local_dir="$TMP/one-$model" >"$TMP/one-$model.log" 2>&1
+    expect "$model: single-process run finishes" $?
+    for layout in "tp2 2 2" "dp2tp2 4 2" "zero-dp2tp2 4 2 actor_rollout_ref.actor.megatron.use_distributed_optimizer=true"; do
+        set -- $layout
+        name=$1-$model
+        split "$name" $model "$2" "$3" "${@:4}"
+        expect "$model $1: run finishes ($2 trainer ranks, TP $3)" $?
+        out=$(same_metrics "one-$model" "$name" 2>&1)
+        expect "$model $1: per-step losses, grad norms and entropies match one process ($out)" $?
+        out=$(same_weights "one-$model" "$name")
+        expect "$model $1: weights after $STEPS steps match one process within 1e-5 ($out)" $?
+    done
+done
+grep -q "TP rank 1 of 2: .*heads 2..3, vocabulary 129..258" "$TMP/tp2-llama.log"
+expect "TP rank 1 holds query heads 2..3 and vocabulary rows 129..258" $?
+grep -q "rank 3 of 5: trainer, dp 1 of 2, tp 1 of 2" "$TMP/dp2tp2-llama.log"
+expect "DP2 x TP2: rank 3 is DP rank 1, TP rank 1 (TP fastest)" $?
+grep -q "ZeRO-1: DP rank 1 keeps the optimizer state of parameters" "$TMP/zero-dp2tp2-llama.log"
+expect "ZeRO-1 over DP2 x TP2: each DP rank keeps its block of its shard's optimizer state" $?
+
+# layout change on resume: one process's step-1 checkpoint under TP2, TP2's step-1 checkpoint under DP2
+split resume-tp2 llama 2 2 trainer.resume_mode=resume_path trainer.resume_from_path="$(ckpt one-llama 1)"
+expect "a single-process checkpoint resumes under TP2" $?
+out=$(same_weights one-llama resume-tp2)
+expect "... and ends at the single-process weights ($out)" $?
+split resume-dp2 llama 2 1 trainer.resume_mode=resume_path trainer.resume_from_path="$(ckpt tp2-llama 1)"
+expect "a TP2 checkpoint resumes under DP2" $?
+out=$(same_weights one-llama resume-dp2)
+expect "... and ends at the single-process weights ($out)" $?
+out=$(same_metrics one-llama resume-dp2 2 2>&1)
+expect "... with step 2's metrics ($out)" $?
+
+# TP bytes: the analytic count against the metric (float32 all-reduces, ring 2(n-1)/n = 1 at TP 2)
+python3 - "$TMP/tp2-llama/p/e/metrics.jsonl" "$TMP/tp2-qwen2/p/e/metrics.jsonl" "$TOK/config.json" <<'PY'
+import json, sys
+cfg = json.load(open(sys.argv[3]))
+D, L, hd = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["hidden_size"] // cfg["num_attention_heads"]
+for path, kv_sync in ((sys.argv[1], False), (sys.argv[2], True)):
+    for r in map(json.loads, open(path)):
+        seqs = 4 * 4
+        tokens = r["perf/total_num_tokens"] - seqs  # each sequence's last token is only a target
+        passes = 4  # old log-probs, reference, update forward, update backward
+        want = 4 * D * tokens * passes * (2 * L + 1)
+        if kv_sync:  # one KV head of both k and v (weights and biases) per layer, twice (two optimizer steps)
+            want += 2 * 4 * L * 2 * 1 * hd * (D + 1)
+        got = r["perf/comm_bytes/tp"]
+        assert got == want, (path, r["step"], got, want)
+print("perf/comm_bytes/tp equals the analytic count")
+PY
+expect "TP bytes per step equal 2L+1 all-reduces of D floats per token per pass (+ the KV gradient sum)" $?
+
+# layouts that cannot work
+split bad-heads llama 3 3
+[ $? -ne 0 ] && grep -q "num_attention_heads (4) is not divisible by actor_rollout_ref.actor.megatron.tensor_model_parallel_size (3)" "$TMP/bad-heads.log"
+expect "TP 3 with 4 heads is refused, naming the key and the numbers" $?
+split bad-ranks llama 3 2
+[ $? -ne 0 ] && grep -q "3 trainer ranks are not a multiple of actor_rollout_ref.actor.megatron.tensor_model_parallel_size 2" "$TMP/bad-ranks.log"
+expect "3 trainer ranks with TP 2 are refused" $?
+split bad-pp llama 2 1 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
+[ $? -ne 0 ] && grep -q "pipeline_model_parallel_size 2: pipeline parallelism is planned" "$TMP/bad-pp.log"
+expect "PP 2 is refused as planned" $?
+
+if [ "$fails" -ne 0 ]; then
+    for f in "$TMP"/*.log; do echo "== $f"; tail -15 "$f"; done
+fi
+echo "$fails failure(s)"
+[ "$fails" -eq 0 ]
