@@ -39,6 +39,27 @@ static void check_group(struct comm *c, const char *what, size_t n)
             EXPECT(0, "%s allreduce[%zu] = %g, want %g", what, i, buf[i], base + s * (double)(i % 97));
             break;
         }
+    /* allreduce max: the largest rank's value */
+    for (size_t i = 0; i < n; i++)
+        buf[i] = val(r, i);
+    comm_allreduce_max(c, buf, n, COMM_F32);
+    for (size_t i = 0; i < n; i++)
+        if (buf[i] != val(s - 1, i)) {
+            EXPECT(0, "%s allreduce_max[%zu] = %g, want %g", what, i, buf[i], val(s - 1, i));
+            break;
+        }
+    /* sendrecv around the ring: each rank gets its left neighbour's values */
+    float *mine = xmalloc(n * sizeof *mine);
+    for (size_t i = 0; i < n; i++)
+        mine[i] = val(r, i);
+    if (s > 1)
+        comm_sendrecv(c, mine, n, (r + 1) % s, buf, n, (r + s - 1) % s, COMM_F32);
+    for (size_t i = 0; s > 1 && i < n; i++)
+        if (buf[i] != val((r + s - 1) % s, i)) {
+            EXPECT(0, "%s sendrecv[%zu] = %g, want %g", what, i, buf[i], val((r + s - 1) % s, i));
+            break;
+        }
+    free(mine);
     /* allgather: block q holds rank q's values */
     float *all = xmalloc(n * (size_t)s * sizeof *all);
     for (size_t i = 0; i < n; i++)
@@ -79,19 +100,20 @@ static void check_group(struct comm *c, const char *what, size_t n)
         EXPECT(in == 1000 + prev, "%s ring recv got %d, want %d", what, in, 1000 + prev);
     }
     comm_barrier(c);
-    /* the traffic counted, by the ring model worked by hand: all-reduce 2(s-1)/s of 4n bytes, all-gather and
-     * reduce-scatter (s-1)/s of the 4ns-byte whole, the broadcast's 8 bytes sent by its root, one 4-byte send */
+    /* the traffic counted, by the ring model worked by hand: two all-reduces (sum, max) 2(s-1)/s of 4n bytes each,
+     * all-gather and reduce-scatter (s-1)/s of the 4ns-byte whole, the broadcast's 8 bytes sent by its root, one
+     * 4-byte send and the sendrecv's 4n bytes */
     struct comm_traffic tr;
     comm_traffic(c, &tr);
     const double B = 4.0 * (double)n;
-    EXPECT(tr.calls[COMM_OP_ALLREDUCE] == 1 && tr.calls[COMM_OP_ALLGATHER] == 1 &&
+    EXPECT(tr.calls[COMM_OP_ALLREDUCE] == 2 && tr.calls[COMM_OP_ALLGATHER] == 1 &&
                tr.calls[COMM_OP_REDUCE_SCATTER] == 1 && tr.calls[COMM_OP_BROADCAST] == 1 &&
-               tr.calls[COMM_OP_SEND] == (s > 1 ? 1u : 0u),
+               tr.calls[COMM_OP_SEND] == (s > 1 ? 2u : 0u) && tr.sent_f32[COMM_OP_SEND] == (s > 1 ? B : 0),
            "%s traffic: wrong call counts", what);
-    EXPECT(tr.payload[COMM_OP_ALLREDUCE] == B && tr.payload[COMM_OP_ALLGATHER] == B &&
+    EXPECT(tr.payload[COMM_OP_ALLREDUCE] == 2 * B && tr.payload[COMM_OP_ALLGATHER] == B &&
                tr.payload[COMM_OP_REDUCE_SCATTER] == B * s,
            "%s traffic: wrong payloads", what);
-    EXPECT(tr.sent_f32[COMM_OP_ALLREDUCE] == (s > 1 ? 2.0 * (s - 1) / s * B : 0) &&
+    EXPECT(tr.sent_f32[COMM_OP_ALLREDUCE] == (s > 1 ? 4.0 * (s - 1) / s * B : 0) &&
                tr.sent_f32[COMM_OP_ALLGATHER] == (s > 1 ? (double)(s - 1) * B : 0) &&
                tr.sent_f32[COMM_OP_REDUCE_SCATTER] == (s > 1 ? (double)(s - 1) * B : 0),
            "%s traffic: f32 bytes sent %g %g %g, want the ring model's", what, tr.sent_f32[COMM_OP_ALLREDUCE],

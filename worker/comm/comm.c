@@ -126,4 +126,11 @@ void comm_recv(struct comm *c, void *buf, size_t count, enum comm_dtype t, int p
     c->be->recv(c, buf, count, t, peer);
 }
 
+void comm_sendrecv(struct comm *c, const void *send, size_t send_count, int dest, void *recv, size_t recv_count,
+                   int src, enum comm_dtype t)
+{
+    c->be->sendrecv(c, send, send_count, dest, recv, recv_count, src, t);
+    tally(c, COMM_OP_SEND, (double)send_count * comm_dtype_size(t), 0, t, false);
+}
+
 void comm_barrier(struct comm *c) { c->be->barrier(c); }

@@ -47,6 +47,10 @@ void comm_broadcast_polled(struct comm *c, void *buf, size_t count, enum comm_dt
 /* Point-to-point within the group (pipeline stages). */
 void comm_send(struct comm *c, const void *buf, size_t count, enum comm_dtype t, int peer);
 void comm_recv(struct comm *c, void *buf, size_t count, enum comm_dtype t, int peer);
+/* Send to dest and receive from src at once (pipeline stages in the steady state of 1F1B: one stage's send
+ * meets its neighbour's receive whichever starts first, so no two stages wait on each other's sends). */
+void comm_sendrecv(struct comm *c, const void *send, size_t send_count, int dest, void *recv, size_t recv_count,
+                   int src, enum comm_dtype t);
 void comm_barrier(struct comm *c);
 
 /* What a comm has moved since it was made (or since comm_traffic_reset): per kind of collective, the calls,
@@ -88,6 +92,7 @@ struct comm_backend {
     void (*broadcast_polled)(struct comm *, void *, size_t, enum comm_dtype, int, void (*)(void *, bool), void *);
     void (*send)(struct comm *, const void *, size_t, enum comm_dtype, int);
     void (*recv)(struct comm *, void *, size_t, enum comm_dtype, int);
+    void (*sendrecv)(struct comm *, const void *, size_t, int, void *, size_t, int, enum comm_dtype);
     void (*barrier)(struct comm *);
     struct comm *(*split)(struct comm *, int, int);
     void (*destroy)(struct comm *);

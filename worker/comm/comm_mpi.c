@@ -88,6 +88,13 @@ static void mpi_recv(struct comm *c, void *buf, size_t count, enum comm_dtype t,
     CHECK_MPI(MPI_Recv(buf, icount(count), mpi_type(t), peer, 0, mc(c), MPI_STATUS_IGNORE));
 }
 
+static void mpi_sendrecv(struct comm *c, const void *send, size_t sc, int dest, void *recv, size_t rc, int src,
+                         enum comm_dtype t)
+{
+    CHECK_MPI(MPI_Sendrecv(send, icount(sc), mpi_type(t), dest, 0, recv, icount(rc), mpi_type(t), src, 0, mc(c),
+                           MPI_STATUS_IGNORE));
+}
+
 static void mpi_barrier(struct comm *c) { CHECK_MPI(MPI_Barrier(mc(c))); }
 
 static struct comm *mpi_wrap(MPI_Comm m, bool owned);
@@ -123,6 +130,7 @@ static const struct comm_backend mpi_backend = {
     .broadcast_polled = mpi_broadcast_polled,
     .send = mpi_send,
     .recv = mpi_recv,
+    .sendrecv = mpi_sendrecv,
     .barrier = mpi_barrier,
     .split = mpi_split,
     .destroy = mpi_destroy,

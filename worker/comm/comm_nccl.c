@@ -73,6 +73,16 @@ static void nccl_recv(struct comm *c, void *buf, size_t count, enum comm_dtype t
     nccl_wait(c);
 }
 
+static void nccl_sendrecv(struct comm *c, const void *send, size_t sc, int dest, void *recv, size_t rc, int src,
+                          enum comm_dtype t)
+{
+    CHECK_NCCL(ncclGroupStart());
+    CHECK_NCCL(ncclSend(send, sc, nccl_type(t), dest, ni(c)->comm, ni(c)->stream));
+    CHECK_NCCL(ncclRecv(recv, rc, nccl_type(t), src, ni(c)->comm, ni(c)->stream));
+    CHECK_NCCL(ncclGroupEnd());
+    nccl_wait(c);
+}
+
 static void nccl_barrier(struct comm *c) { comm_barrier(ni(c)->mpi); }
 
 static struct comm *nccl_split(struct comm *parent, int color, int key)
@@ -101,6 +111,7 @@ static const struct comm_backend nccl_backend = {
     .broadcast = nccl_broadcast,
     .send = nccl_send,
     .recv = nccl_recv,
+    .sendrecv = nccl_sendrecv,
     .barrier = nccl_barrier,
     .split = nccl_split,
     .destroy = nccl_destroy,
