@@ -12,6 +12,7 @@
 #include "common/check_mpi.h"
 #include "common/log.h"
 #include "worker/comm/comm.h"
+#include "worker/comm/parallel.h"
 #include "worker/model/model.h"
 
 static int g_bad;
@@ -36,18 +37,45 @@ static void expect_close(const char *cfg, const char *what, const float *a, cons
     }
 }
 
-static void check_config(const char *name, const struct model_config *c, struct comm *tp)
+/* One micro-batch through the stages: forward (activations sent on), backward (input gradients sent back). */
+static void pipeline_pass(struct model *m, const struct packed_batch *pb, bool ck, float *logp, float *ent,
+                          const float *dlogp, const float *dent)
 {
-    const int r = comm_rank(tp), T = comm_size(tp);
+    const struct model_shard *sh = &m->sh;
+    const size_t nD = (size_t)pb->N * m->cfg.hidden_size;
+    float *x = xmalloc(nD * sizeof(float)), *y = xmalloc(nD * sizeof(float));
+    if (!sh->has_embed)
+        comm_recv(sh->pp, x, nD, COMM_F32, sh->pp_rank - 1);
+    struct model_acts *a = model_forward_stage(m, pb, 0.7f, ck, x, y, logp, ent);
+    if (!sh->has_head)
+        comm_send(sh->pp, y, nD, COMM_F32, sh->pp_rank + 1);
+    if (!sh->has_head)
+        comm_recv(sh->pp, y, nD, COMM_F32, sh->pp_rank + 1);
+    model_backward_stage(m, a, dlogp, dent, y, x);
+    if (!sh->has_embed)
+        comm_send(sh->pp, x, nD, COMM_F32, sh->pp_rank - 1);
+    if (sh->pp) { /* the last stage's log-probs to every stage */
+        comm_broadcast(sh->pp, logp, (size_t)pb->N, COMM_F32, sh->pp_size - 1);
+        comm_broadcast(sh->pp, ent, (size_t)pb->N, COMM_F32, sh->pp_size - 1);
+    }
+    free(x), free(y);
+}
+
+static void check_config(const char *name, const struct model_config *c, const struct parallel_groups *g,
+                         struct comm *mp)
+{
+    const int r = g->at.tp_rank, T = g->at.tp_size, P = g->at.pp_size;
+    struct comm *tp = g->tp;
     char why[256];
-    if (model_shard_check(c, T, "TP", why, sizeof why) != 0) {
+    if (model_shard_check(c, T, "TP", why, sizeof why) != 0 || model_stage_check(c, P, "PP", why, sizeof why) != 0) {
         g_bad++;
         log_error("test", "%s: %s", name, why);
         return;
     }
     struct model *whole = model_create(c);
     model_init_random(whole, 7, 0.2);
-    struct model *part = model_create_shard(c, r, T, tp);
+    const struct model_layout lay = {r, T, g->at.pp_rank, P, tp, g->pp, mp};
+    struct model *part = model_create_shard(c, &lay);
     model_shard_slice(part, whole->w.mem, part->w.mem);
     /* slicing then assembling gives back the whole buffer bit for bit */
     float *back = xmalloc(whole->w.n_floats * sizeof(float));
@@ -81,7 +109,7 @@ static void check_config(const char *name, const struct model_config *c, struct 
         model_alloc_grads(part);
         model_zero_grads(part);
         model_backward(whole, model_forward(whole, &pb, 0.7f, ck, lw, ew), dlogp, dent);
-        model_backward(part, model_forward(part, &pb, 0.7f, ck, lp, ep), dlogp, dent);
+        pipeline_pass(part, &pb, ck, lp, ep, dlogp, dent);
         expect_close(name, "log-probs", lp, lw, (size_t)N, 1e-5);
         expect_close(name, "entropies", ep, ew, (size_t)N, 1e-5);
         model_shard_sync_grads(part);
@@ -97,7 +125,7 @@ static void check_config(const char *name, const struct model_config *c, struct 
         }
         free(refs);
         double sq = model_owned_sq(part, part->grad->mem, 0, part->grad->n_floats), want = 0;
-        comm_allreduce_sum(tp, &sq, 1, COMM_F64);
+        comm_allreduce_sum(mp, &sq, 1, COMM_F64);
         for (size_t i = 0; i < whole->grad->n_floats; i++)
             want += (double)whole->grad->mem[i] * whole->grad->mem[i];
         if (!(fabs(sq - want) <= 1e-5 * want)) {
@@ -125,15 +153,26 @@ static void check_config(const char *name, const struct model_config *c, struct 
     free(ids), free(tg), free(pos), free(dlogp), free(dent), free(lw), free(ew), free(lp), free(ep), free(back);
     model_free(whole);
     model_free(part);
-    if (r == 0)
-        log_info("test", "%s: TP %d checked", name, T);
+    if (comm_rank(mp) == 0)
+        log_info("test", "%s: TP %d x PP %d checked", name, T, P);
 }
 
 int main(int argc, char **argv)
 {
     CHECK_MPI(MPI_Init(&argc, &argv));
     struct comm *w = comm_mpi_world();
-    const int T = comm_size(w);
+    int T = comm_size(w), P = 1;
+    for (int i = 1; i + 1 < argc; i++) {
+        if (strcmp(argv[i], "--tp") == 0)
+            T = atoi(argv[i + 1]);
+        if (strcmp(argv[i], "--pp") == 0)
+            P = atoi(argv[i + 1]);
+    }
+    struct parallel_groups g;
+    if (T * P != comm_size(w) || parallel_groups_init(&g, w, T, P) != 0) {
+        fprintf(stderr, "usage: test_tp_model --tp T --pp P on T x P ranks\n");
+        return 2;
+    }
     /* Llama: tied head, 4 query heads over 2 KV heads (split at TP 2, replicated at TP 4), odd vocabulary */
     struct model_config llama = {.arch = ARCH_LLAMA, .vocab_size = 67, .hidden_size = 16, .intermediate_size = 24,
                                  .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 4, .rope_theta = 10000,
@@ -147,8 +186,8 @@ int main(int argc, char **argv)
     qwen.n_kv_heads = 1;
     qwen.n_heads = 4;
     qwen.vocab_size = 61;
-    check_config("llama-tied-gqa", &llama, w);
-    check_config("qwen2-bias-untied-mqa", &qwen, w);
+    check_config("llama-tied-gqa", &llama, &g, w); /* one model copy: the world is its TP x PP group */
+    check_config("qwen2-bias-untied-mqa", &qwen, &g, w);
     /* layouts that cannot work are refused with the key and the numbers */
     char why[256];
     struct model_config bad = llama;
@@ -162,7 +201,8 @@ int main(int argc, char **argv)
     int bad_all = g_bad;
     comm_allreduce_sum(w, &bad_all, 1, COMM_I32);
     if (comm_rank(w) == 0)
-        printf("%s: tensor-parallel model over %d ranks (%d problems)\n", bad_all ? "FAIL" : "ok", T, bad_all);
+        printf("%s: model over TP %d x PP %d ranks (%d problems)\n", bad_all ? "FAIL" : "ok", T, P, bad_all);
+    parallel_groups_free(&g);
     comm_free(w);
     CHECK_MPI(MPI_Finalize());
     return bad_all ? 1 : 0;

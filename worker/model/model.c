@@ -74,8 +74,9 @@ static size_t layout(const struct model_config *c, const struct model_shard *sh,
             (ptr) = p->mem + off;                                                                                      \
         off += (n);                                                                                                    \
     } while (0)
-    TAKE(p->embed, V * D);
-    for (int l = 0; l < c->n_layers; l++) {
+    if (sh->has_embed)
+        TAKE(p->embed, V * D);
+    for (int l = sh->layer_lo; l < sh->layer_hi; l++) {
         struct layer_params *L = &p->layers[l];
         TAKE(L->attn_norm, D);
         TAKE(L->wq, QD * D);
@@ -92,20 +93,26 @@ static size_t layout(const struct model_config *c, const struct model_shard *sh,
         TAKE(L->w_up, F * D);
         TAKE(L->w_down, D * F);
     }
-    TAKE(p->final_norm, D);
-    if (c->tie_word_embeddings) {
-        p->lm_head = p->embed;
-    } else {
-        TAKE(p->lm_head, V * D);
+    if (sh->has_head) {
+        TAKE(p->final_norm, D);
+        if (c->tie_word_embeddings && sh->has_embed) {
+            p->lm_head = p->embed;
+        } else { /* untied, or the last stage's copy of the tied embedding */
+            TAKE(p->lm_head, V * D);
+        }
     }
 #undef TAKE
     return off;
 }
 
-/* The shard of TP rank r of tp (sizes only). */
-struct model_shard model_shard_of(const struct model_config *c, int r, int tp)
+/* The shard of TP rank r of tp at stage s of pp (sizes only). */
+struct model_shard model_shard_of(const struct model_config *c, int r, int tp, int s, int pp)
 {
-    struct model_shard sh = {.tp_rank = r, .tp_size = tp};
+    struct model_shard sh = {.tp_rank = r, .tp_size = tp, .pp_rank = s, .pp_size = pp};
+    sh.layer_lo = (int)((int64_t)c->n_layers * s / pp);
+    sh.layer_hi = (int)((int64_t)c->n_layers * (s + 1) / pp);
+    sh.has_embed = s == 0;
+    sh.has_head = s == pp - 1;
     sh.n_heads = c->n_heads / tp;
     sh.head_lo = r * sh.n_heads;
     sh.inter = c->intermediate_size / tp;
@@ -147,6 +154,16 @@ int model_shard_check(const struct model_config *c, int tp, const char *key, cha
     }
     if (c->vocab_size < tp) {
         snprintf(why, len, "vocab_size (%d) is smaller than %s (%d)", c->vocab_size, key, tp);
+        return -1;
+    }
+    return 0;
+}
+
+int model_stage_check(const struct model_config *c, int pp, const char *key, char *why, size_t len)
+{
+    if (pp < 1 || pp > c->n_layers) {
+        snprintf(why, len, "%s (%d) must be between 1 and num_hidden_layers (%d): every stage holds a layer", key, pp,
+                 c->n_layers);
         return -1;
     }
     return 0;
@@ -198,30 +215,39 @@ size_t model_shard_floats(const struct model_config *c, const struct model_shard
 
 size_t model_whole_floats(const struct model_config *c)
 {
-    struct model_shard sh = model_shard_of(c, 0, 1);
+    struct model_shard sh = model_shard_of(c, 0, 1, 0, 1);
     return model_shard_floats(c, &sh);
 }
 
-struct model *model_create_shard(const struct model_config *c, int tp_rank, int tp_size, struct comm *tp)
+struct model *model_create_shard(const struct model_config *c, const struct model_layout *lay)
 {
+    const struct model_layout whole = {0, 1, 0, 1, NULL, NULL, NULL};
+    const struct model_layout *L = lay ? lay : &whole;
     char why[256];
-    if (model_shard_check(c, tp_size, "the TP size", why, sizeof why) != 0 || tp_rank < 0 || tp_rank >= tp_size ||
-        (tp_size > 1 && !tp))
-        check_failf(__FILE__, __LINE__, "model_create_shard: rank %d of %d: %s", tp_rank, tp_size,
-                    tp_rank < 0 || tp_rank >= tp_size ? "rank out of range" : tp_size > 1 && !tp ? "no TP group" : why);
+    if (model_shard_check(c, L->tp_size, "the TP size", why, sizeof why) != 0 ||
+        model_stage_check(c, L->pp_size, "the PP size", why, sizeof why) != 0)
+        check_failf(__FILE__, __LINE__, "model_create_shard: %s", why);
+    if (L->tp_rank < 0 || L->tp_rank >= L->tp_size || L->pp_rank < 0 || L->pp_rank >= L->pp_size ||
+        (L->tp_size > 1 && !L->tp) || (L->pp_size > 1 && (!L->pp || !L->mp)))
+        check_failf(__FILE__, __LINE__, "model_create_shard: TP rank %d of %d, stage %d of %d, or a missing group",
+                    L->tp_rank, L->tp_size, L->pp_rank, L->pp_size);
     struct model *m = xcalloc(1, sizeof *m);
     m->cfg = *c;
-    m->sh = model_shard_of(c, tp_rank, tp_size);
-    m->sh.tp = tp_size > 1 ? tp : NULL;
+    m->sh = model_shard_of(c, L->tp_rank, L->tp_size, L->pp_rank, L->pp_size);
+    m->sh.tp = L->tp_size > 1 ? L->tp : NULL;
+    m->sh.pp = L->pp_size > 1 ? L->pp : NULL;
+    m->sh.mp = L->pp_size > 1 ? L->mp : m->sh.tp;
     params_alloc(c, &m->sh, &m->w);
     return m;
 }
 
-struct model *model_create(const struct model_config *c) { return model_create_shard(c, 0, 1, NULL); }
+struct model *model_create(const struct model_config *c) { return model_create_shard(c, NULL); }
 
 struct model *model_clone(const struct model *m)
 {
-    struct model *r = model_create_shard(&m->cfg, m->sh.tp_rank, m->sh.tp_size, m->sh.tp);
+    const struct model_layout lay = {m->sh.tp_rank, m->sh.tp_size, m->sh.pp_rank, m->sh.pp_size,
+                                     m->sh.tp,      m->sh.pp,      m->sh.mp};
+    struct model *r = model_create_shard(&m->cfg, &lay);
     memcpy(r->w.mem, m->w.mem, m->w.n_floats * sizeof(float));
     return r;
 }
@@ -317,8 +343,9 @@ int model_param_refs(const struct model *m, const struct model_params *p, struct
     const struct part f_rows = {1, sh->inter_lo, FF, D, true}, f_cols = {2, sh->inter_lo, D, FF, true};
     int n = 0;
     char name[96];
-    add_ref(refs, max, &n, "model.embed_tokens.weight", p->embed, 2, V, D, vocab);
-    for (int l = 0; l < c->n_layers; l++) {
+    if (sh->has_embed)
+        add_ref(refs, max, &n, "model.embed_tokens.weight", p->embed, 2, V, D, vocab);
+    for (int l = sh->layer_lo; l < sh->layer_hi; l++) {
         const struct layer_params *L = &p->layers[l];
 #define REF(suffix, ptr, nd, a, b, pt)                                                                                 \
     do {                                                                                                               \
@@ -341,9 +368,16 @@ int model_param_refs(const struct model *m, const struct model_params *p, struct
         REF("mlp.down_proj.weight", L->w_down, 2, D, F, f_cols);
 #undef REF
     }
-    add_ref(refs, max, &n, "model.norm.weight", p->final_norm, 1, D, 0, whole);
-    if (!c->tie_word_embeddings)
-        add_ref(refs, max, &n, "lm_head.weight", p->lm_head, 2, V, D, vocab);
+    if (sh->has_head) {
+        add_ref(refs, max, &n, "model.norm.weight", p->final_norm, 1, D, 0, whole);
+        if (!c->tie_word_embeddings) {
+            add_ref(refs, max, &n, "lm_head.weight", p->lm_head, 2, V, D, vocab);
+        } else if (!sh->has_embed) { /* the last stage's copy of the tied embedding: the first stage's counts */
+            struct part copy = vocab;
+            copy.owner = false;
+            add_ref(refs, max, &n, "model.embed_tokens.weight", p->lm_head, 2, V, D, copy);
+        }
+    }
     return n;
 }
 
@@ -504,11 +538,14 @@ static int32_t *dup_i32(const int32_t *src, size_t n)
     return d;
 }
 
-struct model_acts *model_forward(struct model *m, const struct packed_batch *b, float temperature, bool checkpointing,
-                                 float *logp, float *entropy)
+struct model_acts *model_forward_stage(struct model *m, const struct packed_batch *b, float temperature,
+                                       bool checkpointing, const float *x_in, float *y_out, float *logp,
+                                       float *entropy)
 {
     const struct model_config *c = &m->cfg;
-    const int N = b->N, D = c->hidden_size;
+    const struct model_shard *sh = &m->sh;
+    const int N = b->N, D = c->hidden_size, lo = sh->layer_lo, hi = sh->layer_hi;
+    const size_t nD = (size_t)N * D;
     struct model_acts *A = xcalloc(1, sizeof *A);
     A->ids = dup_i32(b->ids, (size_t)N);
     A->targets = dup_i32(b->targets, (size_t)N);
@@ -521,18 +558,28 @@ struct model_acts *model_forward(struct model *m, const struct packed_batch *b, 
     A->layers = xcalloc((size_t)c->n_layers, sizeof *A->layers);
     if (checkpointing)
         layer_acts_alloc(m, N, &A->scratch, true);
-    A->xf = xmalloc((size_t)N * D * sizeof(float));
-    A->hn = xmalloc((size_t)N * D * sizeof(float));
-    A->rstdf = xmalloc((size_t)N * sizeof(float));
+    A->xf = xmalloc((nD ? nD : 1) * sizeof(float));
+    if (sh->has_head) {
+        A->hn = xmalloc((nD ? nD : 1) * sizeof(float));
+        A->rstdf = xmalloc((size_t)(N ? N : 1) * sizeof(float));
+    }
 
-    layer_acts_alloc(m, N, &A->layers[0], false);
     const struct vocab_shard vs = vocab_of(m);
-    embedding_forward_shard(A->layers[0].x, A->ids, m->w.embed, N, D, &vs);
-    tp_sum(m, A->layers[0].x, (size_t)N * D);
-    for (int l = 0; l < c->n_layers; l++) {
+    float *x0 = A->xf; /* the stage's input: layer lo's, or the output itself when the stage has no layer */
+    if (lo < hi) {
+        layer_acts_alloc(m, N, &A->layers[lo], false);
+        x0 = A->layers[lo].x;
+    }
+    if (sh->has_embed) {
+        embedding_forward_shard(x0, A->ids, m->w.embed, N, D, &vs);
+        tp_sum(m, x0, nD);
+    } else {
+        memcpy(x0, x_in, nD * sizeof(float));
+    }
+    for (int l = lo; l < hi; l++) {
         struct layer_acts *a = &A->layers[l];
         float *out;
-        if (l + 1 < c->n_layers) {
+        if (l + 1 < hi) {
             layer_acts_alloc(m, N, &A->layers[l + 1], false);
             out = A->layers[l + 1].x;
         } else {
@@ -548,10 +595,22 @@ struct model_acts *model_forward(struct model *m, const struct packed_batch *b, 
             layer_forward(m, l, &A->b, a, out);
         }
     }
-    rmsnorm_forward(A->hn, A->rstdf, A->xf, m->w.final_norm, N, D, c->rms_norm_eps);
-    lmhead_logprob_forward_shard(logp, entropy, A->hn, m->w.lm_head, A->targets, N, D, &vs, temperature,
-                                 LMHEAD_CHUNK);
+    if (sh->has_head) {
+        rmsnorm_forward(A->hn, A->rstdf, A->xf, m->w.final_norm, N, D, c->rms_norm_eps);
+        lmhead_logprob_forward_shard(logp, entropy, A->hn, m->w.lm_head, A->targets, N, D, &vs, temperature,
+                                     LMHEAD_CHUNK);
+    } else {
+        memcpy(y_out, A->xf, nD * sizeof(float));
+    }
     return A;
+}
+
+struct model_acts *model_forward(struct model *m, const struct packed_batch *b, float temperature, bool checkpointing,
+                                 float *logp, float *entropy)
+{
+    if (m->sh.pp_size > 1)
+        check_failf(__FILE__, __LINE__, "model_forward: a pipeline stage runs model_forward_stage");
+    return model_forward_stage(m, b, temperature, checkpointing, NULL, NULL, logp, entropy);
 }
 
 void model_acts_free(struct model_acts *A)
@@ -567,20 +626,28 @@ void model_acts_free(struct model_acts *A)
     free(A);
 }
 
-void model_backward(struct model *m, struct model_acts *A, const float *dlogp, const float *dentropy)
+void model_backward_stage(struct model *m, struct model_acts *A, const float *dlogp, const float *dentropy,
+                          const float *dy, float *dx_out)
 {
     const struct model_config *c = &m->cfg;
+    const struct model_shard *sh = &m->sh;
     const int N = A->b.N, D = c->hidden_size;
+    const size_t nD = (size_t)N * D;
     model_alloc_grads(m);
-    float *dh = xcalloc((size_t)N * D, sizeof(float)), *dx = xcalloc((size_t)N * D, sizeof(float));
     const struct vocab_shard vs = vocab_of(m);
-    lmhead_logprob_backward_shard(dh, m->grad->lm_head, dlogp, dentropy, A->hn, m->w.lm_head, A->targets, N, D, &vs,
-                                  A->temperature, LMHEAD_CHUNK);
-    tp_sum(m, dh, (size_t)N * D); /* each rank's vocabulary rows gave their part of dL/dh */
-    rmsnorm_backward(dx, m->grad->final_norm, dh, A->xf, m->w.final_norm, A->rstdf, N, D);
-    free(dh);
-    float *scratch_out = A->ckpt ? xmalloc((size_t)N * D * sizeof(float)) : NULL;
-    for (int l = c->n_layers - 1; l >= 0; l--) {
+    float *dx = xcalloc(nD ? nD : 1, sizeof(float));
+    if (sh->has_head) {
+        float *dh = xcalloc(nD ? nD : 1, sizeof(float));
+        lmhead_logprob_backward_shard(dh, m->grad->lm_head, dlogp, dentropy, A->hn, m->w.lm_head, A->targets, N, D,
+                                      &vs, A->temperature, LMHEAD_CHUNK);
+        tp_sum(m, dh, nD); /* each rank's vocabulary rows gave their part of dL/dh */
+        rmsnorm_backward(dx, m->grad->final_norm, dh, A->xf, m->w.final_norm, A->rstdf, N, D);
+        free(dh);
+    } else {
+        memcpy(dx, dy, nD * sizeof(float));
+    }
+    float *scratch_out = A->ckpt ? xmalloc((nD ? nD : 1) * sizeof(float)) : NULL;
+    for (int l = sh->layer_hi - 1; l >= sh->layer_lo; l--) {
         struct layer_acts *a = &A->layers[l];
         if (A->ckpt) {
             /* recompute this layer's activations from its saved input */
@@ -594,8 +661,16 @@ void model_backward(struct model *m, struct model_acts *A, const float *dlogp, c
         }
         layer_acts_free(a, false); /* this layer's memory is no longer needed */
     }
-    embedding_backward_shard(m->grad->embed, dx, A->ids, N, D, &vs);
+    if (sh->has_embed)
+        embedding_backward_shard(m->grad->embed, dx, A->ids, N, D, &vs);
+    else
+        memcpy(dx_out, dx, nD * sizeof(float));
     free(dx);
     free(scratch_out);
     model_acts_free(A);
+}
+
+void model_backward(struct model *m, struct model_acts *A, const float *dlogp, const float *dentropy)
+{
+    model_backward_stage(m, A, dlogp, dentropy, NULL, NULL);
 }

@@ -68,17 +68,31 @@ struct param_ref {
 
 struct comm;
 
-/* This process's share of the model under tensor parallelism, Megatron's layout: q/k/v/gate/up are split by
- * rows (column-parallel), o/down by columns (row-parallel, their outputs summed over the TP group), the
- * embedding and the LM head by vocabulary rows; the norms are whole on every rank. With fewer KV heads than TP
- * ranks each KV head is held by TP / Hkv neighbouring ranks (kv_share) and their gradients are summed. */
+/* This process's share of the model under tensor and pipeline parallelism, Megatron's layout. TP: q/k/v/gate/up
+ * are split by rows (column-parallel), o/down by columns (row-parallel, their outputs summed over the TP group),
+ * the embedding and the LM head by vocabulary rows; the norms are whole on every rank. With fewer KV heads than
+ * TP ranks each KV head is held by TP / Hkv neighbouring ranks (kv_share) and their gradients are summed. PP:
+ * stage s holds layers [L s / PP, L (s + 1) / PP); the first stage the embedding, the last the final norm and the
+ * LM head (with tied embeddings, a copy of the embedding whose gradient is summed with the first stage's). */
 struct model_shard {
     int tp_rank, tp_size; /* 0, 1: the whole model */
+    int pp_rank, pp_size; /* 0, 1: every layer here */
     struct comm *tp;      /* the TP group; NULL when tp_size is 1 */
+    struct comm *pp;      /* the pipeline group (the stages of this TP rank); NULL when pp_size is 1 */
+    struct comm *mp;      /* every TP x PP rank of one model copy, ranked pp x TP + tp; NULL when both are 1 */
     int n_heads, n_kv_heads, inter; /* this rank's query heads, KV heads, intermediate rows */
     int head_lo, kv_lo, inter_lo;   /* the first of each in the whole model */
     int vocab_lo, vocab_hi;         /* this rank's vocabulary rows [lo, hi) */
     int kv_share;                   /* TP ranks holding the same KV heads (1: split) */
+    int layer_lo, layer_hi;         /* this stage's decoder layers [lo, hi) */
+    bool has_embed, has_head;       /* first stage: the embedding; last stage: the final norm and the LM head */
+};
+
+/* Where a shard sits: its TP rank and size, its stage and stages, and the groups (NULL where the size is 1; mp
+ * NULL means the TP group when PP is 1). */
+struct model_layout {
+    int tp_rank, tp_size, pp_rank, pp_size;
+    struct comm *tp, *pp, *mp;
 };
 
 struct model {
@@ -99,23 +113,27 @@ struct model *model_create(const struct model_config *c);
  * the model's numbers and the rule (heads and intermediate size divisible by TP; KV heads divisible by TP, or
  * TP by KV heads; at least TP vocabulary rows). */
 int model_shard_check(const struct model_config *c, int tp_size, const char *key, char *why, size_t len);
-/* Rank tp_rank's shard of a model split over tp_size ranks of the group tp (checked with model_shard_check;
- * tp may be NULL only when tp_size is 1), zeroed. */
-struct model *model_create_shard(const struct model_config *c, int tp_rank, int tp_size, struct comm *tp);
+/* Whether the layers split into pp_size stages (at least one layer each): 0, or -1 with why naming key. */
+int model_stage_check(const struct model_config *c, int pp_size, const char *key, char *why, size_t len);
+/* The shard of a model at lay (checked with model_shard_check and model_stage_check; lay NULL: the whole
+ * model), zeroed. */
+struct model *model_create_shard(const struct model_config *c, const struct model_layout *lay);
 /* A new shard like m (same rank and group) holding the same weights (no gradients). */
 struct model *model_clone(const struct model *m);
 /* This shard's part of a buffer laid out as the whole model's parameters (whole: model_create's n_floats) into
  * local (m->w.n_floats). */
 void model_shard_slice(const struct model *m, const float *whole, float *local);
-/* The whole model's buffer from every TP rank's local buffer (collective over m->sh.tp; every rank gets it). */
+/* The whole model's buffer from every TP x PP rank's local buffer (collective over m->sh.mp; every rank of it
+ * gets the whole). */
 void model_shard_assemble(const struct model *m, const float *local, float *whole);
 /* Parameter floats of the whole model (model_create's n_floats). */
 size_t model_whole_floats(const struct model_config *c);
-/* Sum over the TP ranks that hold the same KV heads their gradients of them (a no-op when KV heads are split):
- * once per optimizer step, before the data-parallel reduction. */
+/* Sum the gradients of parameters held twice: over the TP ranks that hold the same KV heads, and between the
+ * first and last stages for tied embeddings (a no-op otherwise): once per optimizer step, before the
+ * data-parallel reduction. */
 void model_shard_sync_grads(struct model *m);
 /* Sum of squares of buf[i - lo] for parameters i in [lo, hi) of this shard's buffer that this rank owns (a
- * replicated part counts on one TP rank), in double: summed over the TP group, a whole-model norm. */
+ * replicated part counts on one rank), in double: summed over m->sh.mp, a whole-model norm. */
 double model_owned_sq(const struct model *m, const float *buf, size_t lo, size_t hi);
 void model_free(struct model *m);
 /* Random weights: normal(0, std) matrices and embeddings, unit norm weights, zero biases; reproducible from seed. */
@@ -150,6 +168,15 @@ struct model_acts *model_forward(struct model *m, const struct packed_batch *b, 
                                  float *logp, float *entropy);
 /* Backward from dL/dlogp (N) and dL/dentropy (N, or NULL): accumulates into m->grad. Frees acts. */
 void model_backward(struct model *m, struct model_acts *acts, const float *dlogp, const float *dentropy);
+/* One pipeline stage's forward: the first stage embeds b->ids, the others start from x_in (N, D), the previous
+ * stage's output; the last stage writes logp and entropy, the others their output to y_out (N, D). */
+struct model_acts *model_forward_stage(struct model *m, const struct packed_batch *b, float temperature,
+                                       bool checkpointing, const float *x_in, float *y_out, float *logp,
+                                       float *entropy);
+/* Its backward: the last stage from dlogp and dentropy, the others from dy (N, D), the next stage's input
+ * gradient; every stage but the first writes its input gradient to dx (N, D). Frees acts. */
+void model_backward_stage(struct model *m, struct model_acts *acts, const float *dlogp, const float *dentropy,
+                          const float *dy, float *dx);
 /* Free saved activations without a backward (inference-only log-probs). */
 void model_acts_free(struct model_acts *a);
 
@@ -159,7 +186,7 @@ void model_acts_free(struct model_acts *a);
 struct kv_cache {
     int len, cap; /* tokens stored, capacity */
     int n_layers;
-    float **k, **v; /* per layer: (cap, Hkv*hd) */
+    float **k, **v; /* per layer: (cap, Hkv*hd); NULL for the layers of other pipeline stages */
 };
 
 struct kv_cache *kv_cache_create(const struct model *m, int cap);
@@ -169,7 +196,8 @@ void kv_cache_copy(const struct model *m, struct kv_cache *dst, const struct kv_
 
 /* Run ntok[b] new tokens of each of B sequences (ids packed end to end) through the model,
  * appending their keys and values to caches[b]. logits gets (sum ntok, V) for every new token
- * when all_logits, else (B, V) for each sequence's last new token. logits may be NULL. */
+ * when all_logits, else (B, V) for each sequence's last new token. logits may be NULL. Collective over the
+ * model's TP and PP groups: every rank gets the whole logits. */
 void model_step(struct model *m, struct kv_cache **caches, int B, const int *ntok, const int32_t *ids, float *logits,
                 bool all_logits);
 

@@ -4,8 +4,8 @@
 
 #include "model.h"
 
-/* The shard of TP rank r of tp (sizes, no group). */
-struct model_shard model_shard_of(const struct model_config *c, int r, int tp);
+/* The shard of TP rank r of tp at pipeline stage s of pp (sizes, no group). */
+struct model_shard model_shard_of(const struct model_config *c, int r, int tp, int s, int pp);
 /* model_param_refs of shard sh laid out over mem (NULL: only count; mem holds the shard's n_floats). */
 int model_refs_over(const struct model_config *c, const struct model_shard *sh, float *mem, struct param_ref *refs,
                     int max);

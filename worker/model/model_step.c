@@ -17,7 +17,7 @@ struct kv_cache *kv_cache_create(const struct model *m, int cap)
     kc->cap = cap;
     kc->k = xcalloc((size_t)c->n_layers, sizeof(float *));
     kc->v = xcalloc((size_t)c->n_layers, sizeof(float *));
-    for (int l = 0; l < c->n_layers; l++) {
+    for (int l = m->sh.layer_lo; l < m->sh.layer_hi; l++) { /* this stage's layers */
         kc->k[l] = xmalloc((size_t)cap * KD * sizeof(float));
         kc->v[l] = xmalloc((size_t)cap * KD * sizeof(float));
     }
@@ -44,7 +44,7 @@ void kv_cache_copy(const struct model *m, struct kv_cache *dst, const struct kv_
     if (dst->cap < src->len)
         check_failf(__FILE__, __LINE__, "kv_cache_copy: destination holds %d tokens, source has %d", dst->cap,
                     src->len);
-    for (int l = 0; l < m->cfg.n_layers; l++) {
+    for (int l = m->sh.layer_lo; l < m->sh.layer_hi; l++) {
         memcpy(dst->k[l], src->k[l], (size_t)src->len * KD * sizeof(float));
         memcpy(dst->v[l], src->v[l], (size_t)src->len * KD * sizeof(float));
     }
@@ -74,7 +74,7 @@ static void head_logits(const struct model *m, float *logits, const float *h, in
         memcpy(part + (size_t)i * per, mine + (size_t)i * Vl, (size_t)Vl * sizeof(float));
     comm_allgather(m->sh.tp, part, all, (size_t)rows * per, COMM_F32);
     for (int r = 0; r < tp; r++) {
-        const struct model_shard sh = model_shard_of(&m->cfg, r, tp);
+        const struct model_shard sh = model_shard_of(&m->cfg, r, tp, 0, 1);
         const int lo = sh.vocab_lo, hi = sh.vocab_hi;
         const float *src = all + (size_t)r * rows * per;
         for (int i = 0; i < rows; i++)
@@ -109,9 +109,14 @@ void model_step(struct model *m, struct kv_cache **caches, int B, const int *nto
     float *g = xmalloc((size_t)N * F * sizeof(float)), *u = xmalloc((size_t)N * F * sizeof(float));
     float *tmp = xmalloc(nD * sizeof(float));
     const struct vocab_shard vs = {.lo = m->sh.vocab_lo, .hi = m->sh.vocab_hi, .V = c->vocab_size};
-    embedding_forward_shard(x, ids, m->w.embed, N, D, &vs);
-    tp_sum(m, x, nD);
-    for (int l = 0; l < c->n_layers; l++) {
+    const struct model_shard *sh = &m->sh;
+    if (sh->has_embed) {
+        embedding_forward_shard(x, ids, m->w.embed, N, D, &vs);
+        tp_sum(m, x, nD);
+    } else { /* the previous stage's output */
+        comm_recv(sh->pp, x, nD, COMM_F32, sh->pp_rank - 1);
+    }
+    for (int l = sh->layer_lo; l < sh->layer_hi; l++) {
         const struct layer_params *L = &m->w.layers[l];
         rmsnorm_forward(xn, NULL, x, L->attn_norm, N, D, c->rms_norm_eps);
         linear_forward(q, xn, L->wq, L->bq, N, D, QD);
@@ -139,7 +144,9 @@ void model_step(struct model *m, struct kv_cache **caches, int B, const int *nto
     }
     for (int b = 0; b < B; b++)
         caches[b]->len += ntok[b];
-    if (logits) {
+    if (!sh->has_head)
+        comm_send(sh->pp, x, nD, COMM_F32, sh->pp_rank + 1);
+    if (logits && sh->has_head) {
         if (all_logits) {
             rmsnorm_forward(xn, NULL, x, m->w.final_norm, N, D, c->rms_norm_eps);
             head_logits(m, logits, xn, N);
@@ -151,6 +158,8 @@ void model_step(struct model *m, struct kv_cache **caches, int B, const int *nto
             head_logits(m, logits, xn, B);
         }
     }
+    if (logits && sh->pp) /* the last stage's logits to every stage: they sample the same tokens */
+        comm_broadcast(sh->pp, logits, (size_t)(all_logits ? N : B) * c->vocab_size, COMM_F32, sh->pp_size - 1);
     free(pos), free(x), free(xn), free(q), free(att), free(k), free(v), free(g), free(u), free(tmp);
 }
 

@@ -1,5 +1,7 @@
-/* Tensor-parallel shards and the whole model: slicing a whole (Hugging Face layout) buffer into a rank's part,
- * assembling the parts back, the gradients of replicated KV heads, and norms that count each parameter once. */
+/* Model-parallel shards and the whole model: slicing a whole (Hugging Face layout) buffer into a rank's part,
+ * assembling the parts back over the TP x PP ranks of one model copy, the gradients of parameters held twice
+ * (replicated KV heads, the tied embedding's last-stage copy), and norms that count each parameter once. Parts
+ * match their whole tensors by Hugging Face name, so a stage's subset of the tensors needs no bookkeeping. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,9 +14,23 @@
 static struct param_ref *refs_of(const struct model_config *c, const struct model_shard *sh, float *mem, int *n)
 {
     *n = model_refs_over(c, sh, NULL, NULL, 0);
-    struct param_ref *r = xcalloc((size_t)*n, sizeof *r);
+    struct param_ref *r = xcalloc((size_t)(*n ? *n : 1), sizeof *r);
     model_refs_over(c, sh, mem, r, *n);
     return r;
+}
+
+/* The whole tensor named like part (refs in layout order: the search starts at *hint). */
+static const struct param_ref *whole_of(const struct param_ref *w, int nw, const struct param_ref *part, int *hint)
+{
+    for (int k = 0; k < nw; k++) {
+        int i = (*hint + k) % nw;
+        if (strcmp(w[i].name, part->name) == 0) {
+            *hint = i + 1;
+            return &w[i];
+        }
+    }
+    check_failf(__FILE__, __LINE__, "model shard: no whole tensor named %s", part->name);
+    return NULL;
 }
 
 /* Copy between a part (p) and its place in the whole tensor (w, laid out full[0] x full[1]). */
@@ -33,44 +49,42 @@ static void copy_part(const struct param_ref *p, float *part, float *whole, bool
 
 void model_shard_slice(const struct model *m, const float *whole, float *local)
 {
-    const struct model_shard one = model_shard_of(&m->cfg, 0, 1);
-    int nw, nl;
+    const struct model_shard one = model_shard_of(&m->cfg, 0, 1, 0, 1);
+    int nw, nl, hint = 0;
     struct param_ref *w = refs_of(&m->cfg, &one, (float *)whole, &nw);
     struct param_ref *l = refs_of(&m->cfg, &m->sh, local, &nl);
-    if (nw != nl)
-        check_failf(__FILE__, __LINE__, "model_shard_slice: %d whole tensors, %d parts", nw, nl);
     for (int i = 0; i < nl; i++)
-        copy_part(&l[i], l[i].data, w[i].data, false);
+        copy_part(&l[i], l[i].data, whole_of(w, nw, &l[i], &hint)->data, false);
     free(w);
     free(l);
 }
 
 void model_shard_assemble(const struct model *m, const float *local, float *whole)
 {
-    const int tp = m->sh.tp_size;
-    if (tp == 1) {
+    const int tp = m->sh.tp_size, pp = m->sh.pp_size, n_mp = tp * pp;
+    if (n_mp == 1) {
         memcpy(whole, local, m->w.n_floats * sizeof(float));
         return;
     }
-    size_t per = 0; /* the largest part: vocabulary shards may differ by a row */
-    for (int r = 0; r < tp; r++) {
-        struct model_shard sh = model_shard_of(&m->cfg, r, tp);
+    size_t per = 0; /* the largest part: stages and vocabulary shards differ */
+    for (int r = 0; r < n_mp; r++) {
+        struct model_shard sh = model_shard_of(&m->cfg, r % tp, tp, r / tp, pp);
         size_t n = model_shard_floats(&m->cfg, &sh);
         per = n > per ? n : per;
     }
-    float *send = xcalloc(per, sizeof(float)), *all = xmalloc((size_t)tp * per * sizeof(float));
+    float *send = xcalloc(per, sizeof(float)), *all = xmalloc((size_t)n_mp * per * sizeof(float));
     memcpy(send, local, m->w.n_floats * sizeof(float));
-    comm_allgather(m->sh.tp, send, all, per, COMM_F32);
-    const struct model_shard one = model_shard_of(&m->cfg, 0, 1);
+    comm_allgather(m->sh.mp, send, all, per, COMM_F32);
+    const struct model_shard one = model_shard_of(&m->cfg, 0, 1, 0, 1);
     int nw;
     struct param_ref *w = refs_of(&m->cfg, &one, whole, &nw);
-    for (int r = 0; r < tp; r++) {
-        struct model_shard sh = model_shard_of(&m->cfg, r, tp);
-        int n;
+    for (int r = 0; r < n_mp; r++) { /* mp rank r is TP rank r % TP of stage r / TP */
+        struct model_shard sh = model_shard_of(&m->cfg, r % tp, tp, r / tp, pp);
+        int n, hint = 0;
         struct param_ref *l = refs_of(&m->cfg, &sh, all + (size_t)r * per, &n);
         for (int i = 0; i < n; i++)
-            if (l[i].split != 0 || r == 0)
-                copy_part(&l[i], l[i].data, w[i].data, true);
+            if (l[i].owner) /* every element of the whole model has exactly one owner */
+                copy_part(&l[i], l[i].data, whole_of(w, nw, &l[i], &hint)->data, true);
         free(l);
     }
     free(w);
@@ -78,43 +92,62 @@ void model_shard_assemble(const struct model *m, const float *local, float *whol
     free(all);
 }
 
+static bool is_kv(const struct param_ref *r)
+{
+    return strstr(r->name, "k_proj") || strstr(r->name, "v_proj"); // NOLINT: name is an array
+}
+
+/* Replicated KV heads: each rank adds its KV parts' gradients at their place in a whole-KV buffer; the sum over
+ * the TP group holds, at each KV head, the sum over the ranks that share it (the others left zeros there). */
+static void sync_kv(struct model *m, const struct param_ref *g, int n)
+{
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        if (is_kv(&g[i]))
+            total += (size_t)g[i].full[0] * (size_t)g[i].full[1];
+    float *buf = xcalloc(total ? total : 1, sizeof(float));
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1)
+            comm_allreduce_sum(m->sh.tp, buf, total, COMM_F32);
+        size_t off = 0;
+        for (int i = 0; i < n; i++)
+            if (is_kv(&g[i])) {
+                copy_part(&g[i], g[i].data, buf + off, pass == 0);
+                off += (size_t)g[i].full[0] * (size_t)g[i].full[1];
+            }
+    }
+    free(buf);
+}
+
 void model_shard_sync_grads(struct model *m)
 {
     const struct model_shard *sh = &m->sh;
-    if (sh->kv_share == 1 || !m->grad)
+    if (!m->grad)
         return;
-    /* each rank adds its KV parts' gradients at their place in a whole-KV buffer; the sum over the TP group
-     * holds, at each KV head, the sum over the ranks that share it */
     const int n = model_param_refs(m, m->grad, NULL, 0);
-    struct param_ref *g = xcalloc((size_t)n, sizeof *g);
+    struct param_ref *g = xcalloc((size_t)(n ? n : 1), sizeof *g);
     model_param_refs(m, m->grad, g, n);
-    size_t total = 0;
-    for (int i = 0; i < n; i++)
-        if (strstr(g[i].name, "k_proj") || strstr(g[i].name, "v_proj")) // NOLINT: name is an array
-            total += (size_t)g[i].full[0] * (size_t)g[i].full[1];
-    float *buf = xcalloc(total, sizeof(float));
-    size_t off = 0;
-    for (int i = 0; i < n; i++)
-        if (strstr(g[i].name, "k_proj") || strstr(g[i].name, "v_proj")) { // NOLINT: name is an array
-            copy_part(&g[i], g[i].data, buf + off, true);
-            off += (size_t)g[i].full[0] * (size_t)g[i].full[1];
-        }
-    /* ranks that do not hold a head left zeros there; only the sharers' parts add up */
-    comm_allreduce_sum(sh->tp, buf, total, COMM_F32);
-    off = 0;
-    for (int i = 0; i < n; i++)
-        if (strstr(g[i].name, "k_proj") || strstr(g[i].name, "v_proj")) { // NOLINT: name is an array
-            copy_part(&g[i], g[i].data, buf + off, false);
-            off += (size_t)g[i].full[0] * (size_t)g[i].full[1];
-        }
-    free(buf);
+    if (sh->kv_share > 1)
+        sync_kv(m, g, n);
+    if (m->cfg.tie_word_embeddings && sh->pp_size > 1 && (sh->has_embed || sh->has_head)) {
+        /* the first stage's embedding and the last stage's copy: both take the sum of their gradients (the same
+         * float sum either way round), so the two copies stay equal */
+        float *mine = sh->has_embed ? m->grad->embed : m->grad->lm_head;
+        const size_t k = (size_t)(sh->vocab_hi - sh->vocab_lo) * (size_t)m->cfg.hidden_size;
+        float *theirs = xmalloc(k * sizeof(float));
+        const int peer = sh->has_embed ? sh->pp_size - 1 : 0;
+        comm_sendrecv(sh->pp, mine, k, peer, theirs, k, peer, COMM_F32);
+        for (size_t i = 0; i < k; i++)
+            mine[i] += theirs[i];
+        free(theirs);
+    }
     free(g);
 }
 
 double model_owned_sq(const struct model *m, const float *buf, size_t lo, size_t hi)
 {
     const int n = model_param_refs(m, &m->w, NULL, 0);
-    struct param_ref *r = xcalloc((size_t)n, sizeof *r);
+    struct param_ref *r = xcalloc((size_t)(n ? n : 1), sizeof *r);
     model_param_refs(m, &m->w, r, n);
     double s = 0;
     for (int i = 0; i < n; i++) {

@@ -95,13 +95,14 @@ void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int
     free(w), free(len), free(woff);
 }
 
-/* Clip the gradients to max_norm by the global norm over the TP group (each parameter counted once); returns it. */
-static double tp_clip(struct model *m, double max_norm)
+/* Clip the gradients to max_norm by the global norm over the model copy's TP x PP ranks (each parameter counted
+ * once); returns it. */
+static double mp_clip(struct model *m, double max_norm)
 {
-    if (!m->sh.tp)
+    if (!m->sh.mp)
         return grad_clip(m->grad->mem, m->grad->n_floats, max_norm);
     double s = model_owned_sq(m, m->grad->mem, 0, m->grad->n_floats);
-    comm_allreduce_sum(m->sh.tp, &s, 1, COMM_F64);
+    comm_allreduce_sum(m->sh.mp, &s, 1, COMM_F64);
     const double norm = sqrt(s);
     grad_scale_to(m->grad->mem, m->grad->n_floats, norm, max_norm);
     return norm;
@@ -115,7 +116,7 @@ static void update_mini_batch(struct model *m, struct adamw *opt, struct rollout
     model_alloc_grads(m);
     model_zero_grads(m);
     actor_accumulate_grads(m, seqs, idx, n, p, &ls, &st->tokens_forward);
-    model_shard_sync_grads(m); /* KV heads replicated over TP ranks: their parts of the gradient summed */
+    model_shard_sync_grads(m); /* replicated KV heads, the tied embedding's copy: their gradients summed */
     if (p->dp) {
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -131,7 +132,7 @@ static void update_mini_batch(struct model *m, struct adamw *opt, struct rollout
         ls = (struct policy_loss_stats){sums[0], sums[1], sums[2], sums[3],
                                         sums[4], sums[5], sums[6], (long long)sums[7]};
     }
-    double norm = p->zero ? zero1_clip(p->zero, p->grad_clip, m) : tp_clip(m, p->grad_clip);
+    double norm = p->zero ? zero1_clip(p->zero, p->grad_clip, m) : mp_clip(m, p->grad_clip);
     if (isfinite(norm) && p->zero) { /* every rank has the same norm: they step, or skip, together */
         adamw_step(opt, m->w.mem + p->zero->lo, p->zero->grad, p->lr);
         zero1_allgather(p->zero, m->w.mem);

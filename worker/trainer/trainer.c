@@ -61,8 +61,14 @@ static double measure_peak_flops(void)
     return best > 0 ? best : 1e9;
 }
 
-/* The trainer rank that decides for all and writes the run's records: DP rank 0, TP rank 0. */
-static bool lead(const struct trainer *t) { return t->lay.dp_rank == 0 && t->lay.tp_rank == 0; }
+/* The trainer rank that decides for all and writes the run's records: DP rank 0, TP rank 0, the first stage. */
+static bool lead(const struct trainer *t)
+{
+    return t->lay.dp_rank == 0 && t->lay.tp_rank == 0 && t->lay.pp_rank == 0;
+}
+
+/* This rank's place in its model copy (ranks with the same place hold the same part of the weights). */
+static int mp_rank(const struct trainer *t) { return t->lay.pp_rank * t->lay.tp_size + t->lay.tp_rank; }
 
 /* The group the decisions are broadcast over (every trainer rank), NULL when alone. */
 static struct comm *all_group(const struct trainer *t)
@@ -88,7 +94,7 @@ static void gather_whole(struct trainer *t, struct model **wm, struct adamw **wo
     struct adamw *local = t->zero ? zero1_gather(t->zero, t->opt) : NULL; /* collective over DP */
     *wm = NULL;
     *wo = local;
-    if (t->lay.tp_size < 2 || t->lay.dp_rank != 0)
+    if (!t->lay.mp || t->lay.dp_rank != 0)
         return;
     const struct adamw *opt = local ? local : t->opt;
     *wm = model_create(&t->policy->cfg);
@@ -103,9 +109,9 @@ static void gather_whole(struct trainer *t, struct model **wm, struct adamw **wo
 int trainer_save_checkpoint(struct trainer *t)
 {
     /* Checkpoints are whole (the Hugging Face layout, whatever the parallel layout): with ZeRO-1 every DP rank
-     * sends its block of the optimizer state, and with TP every rank of DP rank 0's TP group its shard. From
+     * sends its block of the optimizer state, and with TP or PP every rank of DP rank 0's model copy its part. From
      * the leader's safe point (grpod asked for it) the others wait in decide(): call them first. */
-    const bool collective = t->zero || t->lay.tp_size > 1;
+    const bool collective = t->zero || t->lay.mp;
     if (collective && t->in_decide && lead(t)) {
         int act = TRAINER_SAVE_NOW;
         comm_broadcast_polled(all_group(t), &act, 1, COMM_I32, 0, NULL, NULL);
@@ -209,7 +215,7 @@ static int check_replicas(struct trainer *t, int64_t k)
     if (!all)
         return 0;
     const int n = comm_size(all);
-    int64_t mine[3] = {(int64_t)params_checksum(t->policy), local_wants(), t->lay.tp_rank};
+    int64_t mine[3] = {(int64_t)params_checksum(t->policy), local_wants(), mp_rank(t)};
     int64_t *v = xmalloc((size_t)n * 3 * sizeof *v);
     comm_allgather(all, mine, v, 3, COMM_I64);
     int bad = 0, first = -1; /* first: the first rank holding this rank's shard (its DP rank 0) */
@@ -411,15 +417,17 @@ struct trainer *trainer_create(const struct grpo_config *cfg, const struct train
     return trainer_create_dist(cfg, hooks, NULL, NULL, err, errlen);
 }
 
-/* Tensor parallelism: the whole policy, reference and optimizer state (as loaded, or as resumed from a
- * checkpoint: checkpoints are whole) are cut into this rank's shard. 0 (the whole copies freed). */
+/* Tensor and pipeline parallelism: the whole policy, reference and optimizer state (as loaded, or as resumed
+ * from a checkpoint: checkpoints are whole) are cut into this rank's shard. 0 (the whole copies freed). */
 static int shard_state(struct trainer *t)
 {
     const struct model_config *c = &t->policy->cfg;
-    struct model *p = model_create_shard(c, t->lay.tp_rank, t->lay.tp_size, t->lay.tp);
+    const struct model_layout ml = {t->lay.tp_rank, t->lay.tp_size, t->lay.pp_rank, t->lay.pp_size,
+                                    t->lay.tp,      t->lay.pp,      t->lay.mp};
+    struct model *p = model_create_shard(c, &ml);
     model_shard_slice(p, t->policy->w.mem, p->w.mem);
     if (t->ref) {
-        struct model *r = model_create_shard(c, t->lay.tp_rank, t->lay.tp_size, t->lay.tp);
+        struct model *r = model_create_shard(c, &ml);
         model_shard_slice(r, t->ref->w.mem, r->w.mem);
         model_free(t->ref);
         t->ref = r;
@@ -430,9 +438,12 @@ static int shard_state(struct trainer *t)
     model_shard_slice(p, t->opt->v, o->v);
     adamw_free(t->opt);
     t->opt = o;
-    log_info("trainer", "TP rank %d of %d: %zu of the model's %zu parameters (heads %d..%d, vocabulary %d..%d)",
-             t->lay.tp_rank, t->lay.tp_size, p->w.n_floats, t->policy->w.n_floats, p->sh.head_lo,
-             p->sh.head_lo + p->sh.n_heads - 1, p->sh.vocab_lo, p->sh.vocab_hi - 1);
+    log_info("trainer",
+             "TP rank %d of %d, stage %d of %d: %zu of the model's %zu parameters (layers %d..%d, heads %d..%d, "
+             "vocabulary %d..%d)",
+             t->lay.tp_rank, t->lay.tp_size, t->lay.pp_rank, t->lay.pp_size, p->w.n_floats, t->policy->w.n_floats,
+             p->sh.layer_lo, p->sh.layer_hi - 1, p->sh.head_lo, p->sh.head_lo + p->sh.n_heads - 1, p->sh.vocab_lo,
+             p->sh.vocab_hi - 1);
     model_free(t->policy);
     t->policy = p;
     rollout_ctx_init(&t->rc, t->cfg, t->policy, t->tok, t->reward); /* validation generates with the shard */
@@ -454,6 +465,10 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         t->lay.dp_size = 1;
     if (t->lay.tp_size < 1 || !t->lay.tp)
         t->lay.tp_size = 1, t->lay.tp_rank = 0, t->lay.tp = NULL;
+    if (t->lay.pp_size < 1 || !t->lay.pp)
+        t->lay.pp_size = 1, t->lay.pp_rank = 0, t->lay.pp = NULL;
+    if (!t->lay.mp)
+        t->lay.mp = t->lay.tp;
     if (!t->lay.all)
         t->lay.all = t->lay.dp; /* data parallelism alone: the DP group is every trainer */
     t->src = src && src->next_batch ? *src : (struct trainer_source){.ctx = t, .next_batch = trainer_hybrid_batch};
@@ -490,7 +505,9 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     if (!t->policy)
         goto fail;
     if (model_shard_check(&t->policy->cfg, t->lay.tp_size, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
-                          err, errlen) != 0)
+                          err, errlen) != 0 ||
+        model_stage_check(&t->policy->cfg, t->lay.pp_size,
+                          "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size", err, errlen) != 0)
         goto fail;
     if (cfg->actor_use_kl_loss || cfg->alg_use_kl_in_reward) {
         t->ref = model_create(&t->policy->cfg);
@@ -565,7 +582,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         }
         log_info("trainer", "resumed from %s at step %lld", resume, (long long)st.global_step);
     }
-    if (t->lay.tp_size > 1 && shard_state(t) != 0)
+    if (t->lay.mp && shard_state(t) != 0)
         goto fail;
     if (cfg->actor_megatron_use_distributed_optimizer && t->lay.dp_size > 1) {
         /* ZeRO-1: this rank keeps its block of the (whole, possibly just loaded) optimizer state */

@@ -44,8 +44,8 @@ double zero1_clip(struct zero1 *z, double max_norm, const struct model *m)
 {
     double s = model_owned_sq(m, z->grad, z->lo, z->hi);
     comm_allreduce_sum(z->dp, &s, 1, COMM_F64);
-    if (m->sh.tp) /* the other TP ranks' parts of the parameters */
-        comm_allreduce_sum(m->sh.tp, &s, 1, COMM_F64);
+    if (m->sh.mp) /* the other TP and PP ranks' parts of the parameters */
+        comm_allreduce_sum(m->sh.mp, &s, 1, COMM_F64);
     const double norm = sqrt(s);
     grad_scale_to(z->grad, z->hi - z->lo, norm, max_norm);
     return norm;

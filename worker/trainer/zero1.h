@@ -28,7 +28,7 @@ struct zero1 *zero1_create(struct comm *dp, size_t n);
 void zero1_free(struct zero1 *z);
 /* The gradients grads[0..n) summed over DP: this rank's block into z->grad. */
 void zero1_reduce_scatter(struct zero1 *z, const float *grads);
-/* The global gradient norm (over every block, and over m's TP group: each parameter counted once); the block is
+/* The global gradient norm (over every block, and over m's TP x PP group: each parameter counted once); the block is
  * clipped to max_norm as grad_clip does. */
 double zero1_clip(struct zero1 *z, double max_norm, const struct model *m);
 /* Every rank's block of params into params[0..n) (after each updated its own). */
