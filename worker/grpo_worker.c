@@ -81,11 +81,6 @@ int run_hybrid(struct role_env *env) { return run_trainer_process(env, NULL, NUL
 /* The run's rules for a split placement that are not about rank counts. 0, or -1 with why. */
 static int split_supported(const struct grpo_config *c, const struct placement_spec *ps, char *why, size_t whylen)
 {
-    if (ps->pp_size > 1)
-        return error_set(why, whylen,
-                         "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size %d: pipeline parallelism is "
-                         "planned; the trainer ranks split the model with tensor parallelism only for now",
-                         ps->pp_size);
     if (c->alg_filter_groups_enable)
         return error_set(why, whylen,
                          "algorithm.filter_groups.enable (dynamic sampling) runs in one process for now; it is not "
@@ -277,16 +272,23 @@ static int run_role(const struct grpo_config *cfg, struct comm *world, int repla
                             comm_size(trainers), env.spec.tp_size, env.spec.pp_size);
             env.dp = g.dp;
             env.tp = g.tp;
+            env.pp = g.pp;
+            env.mp = comm_split(trainers, env.at.dp, env.at.pp * env.at.tp_size + env.at.tp);
         }
         char tp_note[48] = "";
         if (env.at.role == PLACE_TRAINER && env.at.tp_size > 1)
             snprintf(tp_note, sizeof tp_note, ", tp %d of %d", env.at.tp, env.at.tp_size);
+        if (env.at.role == PLACE_TRAINER && env.at.pp_size > 1)
+            snprintf(tp_note + strlen(tp_note), sizeof tp_note - strlen(tp_note), ", pp %d of %d", env.at.pp,
+                     env.at.pp_size);
         log_info("worker", "rank %d of %d: %s, dp %d of %d%s (%s)%s", rank, size, placement_role_name(env.at.role),
                  env.at.dp, env.at.dp_size, tp_note, env.staleness ? "one-step-off" : "on-policy",
                  replace_rank >= 0 ? ", in place of the lost one" : "");
         status = env.at.role == PLACE_TRAINER ? run_trainer(&env) : run_rollout(&env);
-        if (env.at.role == PLACE_TRAINER)
+        if (env.at.role == PLACE_TRAINER) {
+            comm_free(env.mp);
             parallel_groups_free(&g);
+        }
         comm_free(trainers);
     }
     control_close(env.ctl);

@@ -29,7 +29,8 @@ struct role_env {
     struct placement at;   /* this rank's role and coordinates */
     struct control *ctl;   /* NULL: no grpod */
     struct comm *trainers; /* every trainer rank (trainer ranks only) */
-    struct comm *dp, *tp;  /* a trainer's data- and tensor-parallel groups within them */
+    struct comm *dp, *tp, *pp; /* a trainer's data-, tensor- and pipeline-parallel groups within them */
+    struct comm *mp;           /* the TP x PP ranks of a trainer's model copy (ranked pp x TP + tp) */
     int staleness;         /* 0: on-policy (rollout.mode=sync), 1: one-step-off (async) */
     double heartbeat_s;    /* grpod's heartbeat interval (grpod.heartbeat_interval_s without grpod): the rollout
                               processes ping the dispatcher this often, and are lost after two */

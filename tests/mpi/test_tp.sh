@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Tensor-parallel trainer ranks reproduce the single-process run (mpirun --oversubscribe on 2 cores):
+# Model-parallel trainer ranks reproduce the single-process run (mpirun --oversubscribe on 2 cores):
 #  - tiny Llama (tied head, 4 query heads over 2 KV heads) and tiny Qwen2 (untied head, q/k/v biases, one KV
-#    head, replicated on both TP ranks) under TP2, DP2 x TP2 and ZeRO-1 over DP2 x TP2: per-step losses, grad
-#    norms and entropies, and the weights after two GRPO steps, within 1e-5 relative;
-#  - a change of layout on resume: a checkpoint written by one process resumes under TP2, one written under
-#    TP2 resumes under DP2, and both end at the single-process weights;
-#  - perf/comm_bytes/tp equals the analytic count: per token, 2L + 1 all-reduces of D floats per pass (old
-#    log-probs, reference, update forward and backward), plus the replicated KV heads' gradient sum per
-#    optimizer step;
+#    head, replicated on both TP ranks) under TP2, PP2, TP2 x PP2, DP2 x TP2, ZeRO-1 over DP2 x TP2, and (Llama)
+#    DP2 x TP2 x PP2 on 8 trainer ranks: per-step losses, grad norms and entropies, and the weights after two
+#    GRPO steps, within 1e-5 relative;
+#  - a change of layout on resume: a checkpoint written by one process resumes under TP2 x PP2, one written
+#    under TP2 x PP2 resumes under DP2, and both end at the single-process weights;
+#  - perf/comm_bytes/tp and perf/comm_bytes/pp equal the analytic counts: per token, 2L + 1 all-reduces of D
+#    floats per pass over TP (old log-probs, reference, update forward and backward), plus the replicated KV
+#    heads' gradient sum per optimizer step; the first stage sends D floats per token per forward pass, plus the
+#    tied embedding's gradient once per optimizer step; the pipeline bubble is measured;
 #  - layouts that cannot work are errors naming the key and the numbers.
 # usage: test_tp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
@@ -42,17 +44,18 @@ common() {
         data.train_batch_size=4 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=2 \
         data.max_response_length=12 actor_rollout_ref.actor.optim.lr=1e-3 data.synthetic.num_train=64 \
         data.synthetic.num_val=4 custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score \
-        actor_rollout_ref.actor.optim.eps=1e-6
+        actor_rollout_ref.actor.optim.eps=1e-6 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2
 }
 ckpt() { echo "$TMP/$1/p/e/checkpoints/global_step_$2"; }
-# split run: NAME MODEL TRAINERS TP [more keys...]
+# split run: NAME MODEL TRAINERS TP PP [more keys...]
 split() {
-    local name=$1 model=$2 trainers=$3 tp=$4
-    shift 4
+    local name=$1 model=$2 trainers=$3 tp=$4 pp=$5
+    shift 5
     # shellcheck disable=SC2046 # common's words are the keys
     "${MPIRUN[@]}" -np $((trainers + 1)) "$WORKER" $(common "$model") trainer.default_local_dir="$TMP/$name" \
         placement.trainer_ranks="$trainers" placement.rollout_ranks=1 \
-        actor_rollout_ref.actor.megatron.tensor_model_parallel_size="$tp" "$@" >"$TMP/$name.log" 2>&1
+        actor_rollout_ref.actor.megatron.tensor_model_parallel_size="$tp" \
+        actor_rollout_ref.actor.megatron.pipeline_model_parallel_size="$pp" "$@" >"$TMP/$name.log" 2>&1
 }
 # per-step metrics of run B against run A (1e-5 relative), from step FROM on
 same_metrics() {
@@ -79,31 +82,38 @@ for model in llama qwen2; do
     # shellcheck disable=SC2046
     "$WORKER" $(common $model) trainer.default_local_dir="$TMP/one-$model" >"$TMP/one-$model.log" 2>&1
     expect "$model: single-process run finishes" $?
-    for layout in "tp2 2 2" "dp2tp2 4 2" "zero-dp2tp2 4 2 actor_rollout_ref.actor.megatron.use_distributed_optimizer=true"; do
+    layouts=("tp2 2 2 1" "pp2 2 1 2" "tp2pp2 4 2 2" "dp2tp2 4 2 1"
+        "zero-dp2tp2 4 2 1 actor_rollout_ref.actor.megatron.use_distributed_optimizer=true")
+    [ $model = llama ] && layouts+=("dp2tp2pp2 8 2 2")
+    for layout in "${layouts[@]}"; do
         set -- $layout
         name=$1-$model
-        split "$name" $model "$2" "$3" "${@:4}"
-        expect "$model $1: run finishes ($2 trainer ranks, TP $3)" $?
+        split "$name" $model "$2" "$3" "$4" "${@:5}"
+        expect "$model $1: run finishes ($2 trainer ranks, TP $3, PP $4)" $?
         out=$(same_metrics "one-$model" "$name" 2>&1)
         expect "$model $1: per-step losses, grad norms and entropies match one process ($out)" $?
         out=$(same_weights "one-$model" "$name")
         expect "$model $1: weights after $STEPS steps match one process within 1e-5 ($out)" $?
     done
 done
-grep -q "TP rank 1 of 2: .*heads 2..3, vocabulary 129..258" "$TMP/tp2-llama.log"
+grep -q "TP rank 1 of 2, stage 0 of 1: .*heads 2..3, vocabulary 129..258" "$TMP/tp2-llama.log"
 expect "TP rank 1 holds query heads 2..3 and vocabulary rows 129..258" $?
+grep -q "TP rank 1 of 2, stage 1 of 2: .*(layers 1..1, heads 2..3" "$TMP/tp2pp2-llama.log"
+expect "TP2 x PP2: the second stage holds layer 1" $?
 grep -q "rank 3 of 5: trainer, dp 1 of 2, tp 1 of 2" "$TMP/dp2tp2-llama.log"
 expect "DP2 x TP2: rank 3 is DP rank 1, TP rank 1 (TP fastest)" $?
+grep -q "rank 6 of 9: trainer, dp 1 of 2, tp 0 of 2, pp 1 of 2" "$TMP/dp2tp2pp2-llama.log"
+expect "DP2 x TP2 x PP2: rank 6 is stage 1, DP rank 1, TP rank 0 (PP slowest)" $?
 grep -q "ZeRO-1: DP rank 1 keeps the optimizer state of parameters" "$TMP/zero-dp2tp2-llama.log"
 expect "ZeRO-1 over DP2 x TP2: each DP rank keeps its block of its shard's optimizer state" $?
 
-# layout change on resume: one process's step-1 checkpoint under TP2, TP2's step-1 checkpoint under DP2
-split resume-tp2 llama 2 2 trainer.resume_mode=resume_path trainer.resume_from_path="$(ckpt one-llama 1)"
-expect "a single-process checkpoint resumes under TP2" $?
-out=$(same_weights one-llama resume-tp2)
+# layout change on resume: one process's step-1 checkpoint under TP2 x PP2, TP2 x PP2's under DP2
+split resume-tp2pp2 llama 4 2 2 trainer.resume_mode=resume_path trainer.resume_from_path="$(ckpt one-llama 1)"
+expect "a single-process checkpoint resumes under TP2 x PP2" $?
+out=$(same_weights one-llama resume-tp2pp2)
 expect "... and ends at the single-process weights ($out)" $?
-split resume-dp2 llama 2 1 trainer.resume_mode=resume_path trainer.resume_from_path="$(ckpt tp2-llama 1)"
-expect "a TP2 checkpoint resumes under DP2" $?
+split resume-dp2 llama 2 1 1 trainer.resume_mode=resume_path trainer.resume_from_path="$(ckpt tp2pp2-llama 1)"
+expect "a TP2 x PP2 checkpoint resumes under DP2" $?
 out=$(same_weights one-llama resume-dp2)
 expect "... and ends at the single-process weights ($out)" $?
 out=$(same_metrics one-llama resume-dp2 2 2>&1)
@@ -127,17 +137,35 @@ for path, kv_sync in ((sys.argv[1], False), (sys.argv[2], True)):
 print("perf/comm_bytes/tp equals the analytic count")
 PY
 expect "TP bytes per step equal 2L+1 all-reduces of D floats per token per pass (+ the KV gradient sum)" $?
+python3 - "$TMP/pp2-llama/p/e/metrics.jsonl" "$TMP/pp2-qwen2/p/e/metrics.jsonl" "$TOK/config.json" <<'PY'
+import json, sys
+cfg = json.load(open(sys.argv[3]))
+D, V = cfg["hidden_size"], cfg["vocab_size"]
+for path, tied in ((sys.argv[1], True), (sys.argv[2], False)):
+    for r in map(json.loads, open(path)):
+        if r["step"] < 1:
+            continue
+        tokens = r["perf/total_num_tokens"] - 4 * 4
+        want = 4 * D * tokens * 3  # the first stage's output, in the old, reference and update forwards
+        if tied:  # its embedding gradient to the last stage's copy, per optimizer step (two)
+            want += 2 * 4 * V * D
+        got = r["perf/comm_bytes/pp"]
+        assert got == want, (path, r["step"], got, want)
+        assert 0 < r["perf/pp_bubble"] < 1, r["perf/pp_bubble"]
+print("perf/comm_bytes/pp equals the analytic count")
+PY
+expect "PP bytes per step: D floats per token per forward from the first stage (+ the tied embedding's gradient)" $?
 
 # layouts that cannot work
-split bad-heads llama 3 3
+split bad-heads llama 3 3 1
 [ $? -ne 0 ] && grep -q "num_attention_heads (4) is not divisible by actor_rollout_ref.actor.megatron.tensor_model_parallel_size (3)" "$TMP/bad-heads.log"
 expect "TP 3 with 4 heads is refused, naming the key and the numbers" $?
-split bad-ranks llama 3 2
+split bad-ranks llama 3 2 1
 [ $? -ne 0 ] && grep -q "3 trainer ranks are not a multiple of actor_rollout_ref.actor.megatron.tensor_model_parallel_size 2" "$TMP/bad-ranks.log"
 expect "3 trainer ranks with TP 2 are refused" $?
-split bad-pp llama 2 1 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
-[ $? -ne 0 ] && grep -q "pipeline_model_parallel_size 2: pipeline parallelism is planned" "$TMP/bad-pp.log"
-expect "PP 2 is refused as planned" $?
+split bad-pp llama 3 1 3
+[ $? -ne 0 ] && grep -q "pipeline_model_parallel_size (3) must be between 1 and num_hidden_layers (2)" "$TMP/bad-pp.log"
+expect "PP 3 over 2 layers is refused" $?
 
 if [ "$fails" -ne 0 ]; then
     for f in "$TMP"/*.log; do echo "== $f"; tail -15 "$f"; done

@@ -89,7 +89,7 @@ static double objective(struct fixture *f, const struct update_params *p)
     /* loss only: accumulate into scratch grads and read the loss total */
     struct policy_loss_stats ls = {0};
     model_zero_grads(f->m);
-    actor_accumulate_grads(f->m, f->seqs, f->idx, NSEQ, p, &ls, NULL);
+    actor_accumulate_grads(f->m, f->seqs, f->idx, NSEQ, p, &ls, NULL, NULL);
     return ls.loss;
 }
 

@@ -18,33 +18,190 @@ static void free_groups(int **groups, int *counts, int k)
     free(counts);
 }
 
+/* Seconds since t0. */
+static double since(const struct timespec *t0)
+{
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0->tv_sec) + (double)(t1.tv_nsec - t0->tv_nsec) * 1e-9;
+}
+
+/* Pipeline point-to-point, timed (the bubble: a stage waiting for its neighbours). */
+static void pp_recv(const struct model *m, float *buf, size_t n, int peer, double *wait)
+{
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    comm_recv(m->sh.pp, buf, n, COMM_F32, peer);
+    *wait += since(&t0);
+}
+
+static void pp_send(const struct model *m, const float *buf, size_t n, int peer, double *wait)
+{
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    comm_send(m->sh.pp, buf, n, COMM_F32, peer);
+    *wait += since(&t0);
+}
+
+static void pp_sendrecv(const struct model *m, const float *out, size_t n_out, float *in, size_t n_in, int peer,
+                        double *wait)
+{
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    comm_sendrecv(m->sh.pp, out, n_out, peer, in, n_in, peer, COMM_F32);
+    *wait += since(&t0);
+}
+
 int actor_compute_logp(struct model *m, struct rollout_seq *seqs, const int *idx, int n, const struct batching *bt,
                        float temperature, int which)
 {
+    const struct model_shard *sh = &m->sh;
     int **groups, *counts;
     int k = split_micro_batches(seqs, idx, n, bt->micro_seqs, bt->micro_tokens, &groups, &counts);
+    struct micro_batch *mbs = xcalloc((size_t)(k ? k : 1), sizeof *mbs);
+    float **logps = xcalloc((size_t)(k ? k : 1), sizeof *logps);
+    double wait = 0;
     for (int b = 0; b < k; b++) {
-        struct micro_batch mb;
-        micro_batch_build(&mb, seqs, groups[b], counts[b]);
-        float *logp = xmalloc((size_t)(mb.pb.N ? mb.pb.N : 1) * sizeof(float));
-        /* no backward follows: keep only layer inputs (checkpointing) to bound memory */
-        model_acts_free(model_forward(m, &mb.pb, temperature, true, logp, NULL));
-        for (int i = 0; i < mb.n_seq; i++) {
-            struct rollout_seq *s = &seqs[mb.seq[i]];
+        /* pipelined: each stage passes a micro-batch on and starts the next; no backward follows */
+        struct micro_batch *mb = &mbs[b];
+        micro_batch_build(mb, seqs, groups[b], counts[b]);
+        const size_t N = (size_t)(mb->pb.N ? mb->pb.N : 1), nD = N * (size_t)m->cfg.hidden_size;
+        logps[b] = xcalloc(N, sizeof(float));
+        float *x = sh->has_embed ? NULL : xmalloc(nD * sizeof(float));
+        float *y = sh->has_head ? NULL : xmalloc(nD * sizeof(float));
+        if (x)
+            pp_recv(m, x, (size_t)mb->pb.N * m->cfg.hidden_size, sh->pp_rank - 1, &wait);
+        /* keep only layer inputs (checkpointing) to bound memory */
+        model_acts_free(model_forward_stage(m, &mb->pb, temperature, true, x, y, logps[b], NULL));
+        if (y)
+            pp_send(m, y, (size_t)mb->pb.N * m->cfg.hidden_size, sh->pp_rank + 1, &wait);
+        free(x), free(y);
+    }
+    for (int b = 0; b < k; b++) {
+        struct micro_batch *mb = &mbs[b];
+        if (sh->pp) /* the last stage's log-probs to every stage */
+            comm_broadcast(sh->pp, logps[b], (size_t)mb->pb.N, COMM_F32, sh->pp_size - 1);
+        for (int i = 0; i < mb->n_seq; i++) {
+            struct rollout_seq *s = &seqs[mb->seq[i]];
             float **dst = which == 0 ? &s->old_logp : &s->ref_logp;
             if (!*dst)
                 *dst = xmalloc((size_t)(s->resp_len ? s->resp_len : 1) * sizeof(float));
-            memcpy(*dst, logp + mb.resp_at[i], (size_t)s->resp_len * sizeof(float));
+            memcpy(*dst, logps[b] + mb->resp_at[i], (size_t)s->resp_len * sizeof(float));
         }
-        free(logp);
-        micro_batch_free(&mb);
+        free(logps[b]);
+        micro_batch_free(mb);
     }
+    free(logps);
+    free(mbs);
     free_groups(groups, counts, k);
     return k;
 }
 
+/* One micro-batch's state through the pipeline schedule. */
+struct mb_state {
+    struct micro_batch mb;
+    struct model_acts *acts;
+    float *logp, *ent, *dlogp, *dent; /* (N); the loss's inputs and gradients on the last stage */
+};
+
+/* What every micro-batch's loss needs: the mini-batch's sequences and their token weights. */
+struct loss_ctx {
+    struct rollout_seq *seqs;
+    const int *idx;
+    const double *w;
+    const int *woff;
+    const struct update_params *p;
+    struct policy_loss_stats *ls;
+};
+
+/* The last stage: the policy loss of micro-batch s's sequences, its gradient into dlogp and dent. */
+static void mb_loss(const struct loss_ctx *L, struct mb_state *s)
+{
+    const struct update_params *p = L->p;
+    for (int i = 0; i < s->mb.n_seq; i++) {
+        struct rollout_seq *q = &L->seqs[s->mb.seq[i]];
+        int j = 0; /* position of this sequence in the mini-batch (its token weights) */
+        while (L->idx[j] != s->mb.seq[i])
+            j++;
+        const int at = s->mb.resp_at[i];
+        if (p->old_from_current) {
+            if (!q->old_logp)
+                q->old_logp = xmalloc((size_t)(q->resp_len ? q->resp_len : 1) * sizeof(float));
+            memcpy(q->old_logp, s->logp + at, (size_t)q->resp_len * sizeof(float));
+        }
+        policy_loss_tokens(&p->loss, q->resp_len, s->logp + at, q->old_logp, q->ref_logp ? q->ref_logp : q->old_logp,
+                           s->ent + at, q->adv, L->w + L->woff[j], L->ls, s->dlogp + at, s->dent + at);
+    }
+}
+
+static void mb_forward(struct model *m, const struct loss_ctx *L, struct mb_state *s, const float *x, float *y)
+{
+    s->acts = model_forward_stage(m, &s->mb.pb, L->p->temperature, L->p->checkpointing, x, y, s->logp, s->ent);
+    if (m->sh.has_head)
+        mb_loss(L, s);
+}
+
+static void mb_backward(struct model *m, struct mb_state *s, const float *dy, float *dx)
+{
+    model_backward_stage(m, s->acts, s->dlogp, s->dent, dy, dx);
+    s->acts = NULL;
+}
+
+/* 1F1B over the stages (Megatron's non-interleaved schedule): stage s runs min(PP - s - 1, M) forwards, then
+ * alternates one forward and one backward, then the remaining backwards. In the steady state a stage's send
+ * and its receive from the same neighbour go together (comm_sendrecv), so neighbouring stages never wait on
+ * each other's sends. With one stage it is forward, backward, micro-batch by micro-batch. */
+static void run_1f1b(struct model *m, const struct loss_ctx *L, struct mb_state *mbs, int M, double *wait)
+{
+    const struct model_shard *sh = &m->sh;
+    const int P = sh->pp_size, st = sh->pp_rank, D = m->cfg.hidden_size;
+    const bool first = sh->has_embed, last = sh->has_head;
+    int maxN = 1;
+    for (int i = 0; i < M; i++)
+        maxN = mbs[i].mb.pb.N > maxN ? mbs[i].mb.pb.N : maxN;
+    const size_t cap = (size_t)maxN * D;
+    float *x = xmalloc(cap * sizeof(float)), *y = xmalloc(cap * sizeof(float));
+    float *g = xmalloc(cap * sizeof(float)), *dx = xmalloc(cap * sizeof(float));
+#define ND(i) ((size_t)mbs[i].mb.pb.N * D)
+    int W = P - st - 1;
+    W = W < M ? W : M;
+    const int R = M - W;
+    for (int i = 0; i < W; i++) { /* warm-up: forwards only */
+        if (!first)
+            pp_recv(m, x, ND(i), st - 1, wait);
+        mb_forward(m, L, &mbs[i], x, y);
+        if (!last)
+            pp_send(m, y, ND(i), st + 1, wait);
+    }
+    if (R > 0 && !first)
+        pp_recv(m, x, ND(W), st - 1, wait);
+    for (int j = 0; j < R; j++) { /* steady state: forward W + j, backward j */
+        const int i = W + j;
+        mb_forward(m, L, &mbs[i], x, y);
+        if (!last)
+            pp_sendrecv(m, y, ND(i), g, ND(j), st + 1, wait);
+        mb_backward(m, &mbs[j], g, dx);
+        if (!first) {
+            if (j == R - 1)
+                pp_send(m, dx, ND(j), st - 1, wait);
+            else /* this input gradient back, the next micro-batch's input in */
+                pp_sendrecv(m, dx, ND(j), x, ND(i + 1), st - 1, wait);
+        }
+    }
+    for (int i = R; i < M; i++) { /* cool-down: the remaining backwards */
+        if (!last)
+            pp_recv(m, g, ND(i), st + 1, wait);
+        mb_backward(m, &mbs[i], g, dx);
+        if (!first)
+            pp_send(m, dx, ND(i), st - 1, wait);
+    }
+#undef ND
+    free(x), free(y), free(g), free(dx);
+}
+
 void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int *idx, int n,
-                            const struct update_params *p, struct policy_loss_stats *ls, long long *tokens_forward)
+                            const struct update_params *p, struct policy_loss_stats *ls, long long *tokens_forward,
+                            double *pp_wait)
 {
     /* weights of every response token in this mini-batch's loss */
     int *len = xmalloc((size_t)(n ? n : 1) * sizeof(int));
@@ -63,34 +220,47 @@ void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int
     model_alloc_grads(m);
     int **groups, *counts;
     int k = split_micro_batches(seqs, idx, n, p->bt.micro_seqs, p->bt.micro_tokens, &groups, &counts);
+    struct mb_state *mbs = xcalloc((size_t)(k ? k : 1), sizeof *mbs);
     for (int b = 0; b < k; b++) {
-        struct micro_batch mb;
-        micro_batch_build(&mb, seqs, groups[b], counts[b]);
-        const size_t N = (size_t)(mb.pb.N ? mb.pb.N : 1);
-        float *logp = xmalloc(N * sizeof(float)), *ent = xmalloc(N * sizeof(float));
-        float *dlogp = xcalloc(N, sizeof(float)), *dent = xcalloc(N, sizeof(float));
-        struct model_acts *acts = model_forward(m, &mb.pb, p->temperature, p->checkpointing, logp, ent);
-        for (int i = 0; i < mb.n_seq; i++) {
-            const struct rollout_seq *s = &seqs[mb.seq[i]];
-            int j = 0; /* position of this sequence in the mini-batch (its token weights) */
-            while (idx[j] != mb.seq[i])
-                j++;
-            const int at = mb.resp_at[i];
-            if (p->old_from_current) {
-                struct rollout_seq *ws = &seqs[mb.seq[i]];
-                if (!ws->old_logp)
-                    ws->old_logp = xmalloc((size_t)(ws->resp_len ? ws->resp_len : 1) * sizeof(float));
-                memcpy(ws->old_logp, logp + at, (size_t)ws->resp_len * sizeof(float));
-            }
-            policy_loss_tokens(&p->loss, s->resp_len, logp + at, s->old_logp, s->ref_logp ? s->ref_logp : s->old_logp,
-                               ent + at, s->adv, w + woff[j], ls, dlogp + at, dent + at);
-        }
-        model_backward(m, acts, dlogp, dent);
+        micro_batch_build(&mbs[b].mb, seqs, groups[b], counts[b]);
+        const size_t N = (size_t)(mbs[b].mb.pb.N ? mbs[b].mb.pb.N : 1);
+        mbs[b].logp = xcalloc(N, sizeof(float));
+        mbs[b].ent = xcalloc(N, sizeof(float));
+        mbs[b].dlogp = xcalloc(N, sizeof(float));
+        mbs[b].dent = xcalloc(N, sizeof(float));
         if (tokens_forward)
-            *tokens_forward += mb.pb.N;
-        free(logp), free(ent), free(dlogp), free(dent);
-        micro_batch_free(&mb);
+            *tokens_forward += mbs[b].mb.pb.N;
     }
+    struct policy_loss_stats mine = {0};
+    const struct loss_ctx L = {seqs, idx, w, woff, p, m->sh.pp ? &mine : ls};
+    double wait = 0;
+    run_1f1b(m, &L, mbs, k, &wait);
+    if (pp_wait)
+        *pp_wait += wait;
+    if (m->sh.pp) {
+        /* the loss lives on the last stage: its statistics, and the old log-probs taken from this forward, to
+         * every stage */
+        double sums[8] = {mine.pg_loss,           mine.kl_loss, mine.entropy, mine.pg_clipfrac,
+                          mine.pg_clipfrac_lower, mine.ppo_kl,  mine.loss,    (double)mine.tokens};
+        comm_allreduce_sum(m->sh.pp, sums, 8, COMM_F64);
+        ls->pg_loss += sums[0], ls->kl_loss += sums[1], ls->entropy += sums[2], ls->pg_clipfrac += sums[3];
+        ls->pg_clipfrac_lower += sums[4], ls->ppo_kl += sums[5], ls->loss += sums[6];
+        ls->tokens += (long long)sums[7];
+        for (int b = 0; p->old_from_current && b < k; b++) {
+            comm_broadcast(m->sh.pp, mbs[b].logp, (size_t)mbs[b].mb.pb.N, COMM_F32, m->sh.pp_size - 1);
+            for (int i = 0; i < mbs[b].mb.n_seq; i++) {
+                struct rollout_seq *q = &seqs[mbs[b].mb.seq[i]];
+                if (!q->old_logp)
+                    q->old_logp = xmalloc((size_t)(q->resp_len ? q->resp_len : 1) * sizeof(float));
+                memcpy(q->old_logp, mbs[b].logp + mbs[b].mb.resp_at[i], (size_t)q->resp_len * sizeof(float));
+            }
+        }
+    }
+    for (int b = 0; b < k; b++) {
+        free(mbs[b].logp), free(mbs[b].ent), free(mbs[b].dlogp), free(mbs[b].dent);
+        micro_batch_free(&mbs[b].mb);
+    }
+    free(mbs);
     free_groups(groups, counts, k);
     free(w), free(len), free(woff);
 }
@@ -115,7 +285,10 @@ static void update_mini_batch(struct model *m, struct adamw *opt, struct rollout
     struct policy_loss_stats ls = {0};
     model_alloc_grads(m);
     model_zero_grads(m);
-    actor_accumulate_grads(m, seqs, idx, n, p, &ls, &st->tokens_forward);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    actor_accumulate_grads(m, seqs, idx, n, p, &ls, &st->tokens_forward, &st->pp_wait_s);
+    st->pp_schedule_s += since(&t0);
     model_shard_sync_grads(m); /* replicated KV heads, the tied embedding's copy: their gradients summed */
     if (p->dp) {
         struct timespec t0, t1;

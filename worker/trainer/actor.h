@@ -55,12 +55,16 @@ struct update_stats {
     long long tokens_trained;           /* response tokens x epochs */
     long long tokens_forward;           /* all tokens through forward+backward */
     double allreduce_s;                 /* waiting in the DP gradient all-reduce (0 on one rank) */
+    double pp_wait_s, pp_schedule_s;    /* pipeline: this stage waiting for its neighbours, of its schedule's time */
 };
 
 /* Add the gradient of the mini-batch loss over idx[0..n) (token weights over the whole mini-batch) to m->grad,
- * micro-batch by micro-batch; loss terms accumulate into ls. No optimizer step. */
+ * micro-batch by micro-batch (on a pipeline stage, the 1F1B schedule over the stages); loss terms accumulate
+ * into ls (on every stage). No optimizer step. pp_wait (may be NULL) accumulates the seconds this stage waited
+ * for its neighbours. */
 void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int *idx, int n,
-                            const struct update_params *p, struct policy_loss_stats *ls, long long *tokens_forward);
+                            const struct update_params *p, struct policy_loss_stats *ls, long long *tokens_forward,
+                            double *pp_wait);
 
 /* Run ppo_epochs passes over the sequences idx[0..n), each split into mini-batches (one optimizer step each)
  * and micro-batches (gradient accumulation). seqs must carry old_logp, ref_logp (when the KL loss is on) and adv. */

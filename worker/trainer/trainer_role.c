@@ -37,7 +37,7 @@ struct trainer_rank {
     struct pending *pend;
     int n_pend, cap_pend;
     struct dispatcher *disp; /* DP rank 0, TP rank 0 only */
-    struct comm *tp;         /* the TP group (NULL: whole model): TP rank 0 pulls and shares each batch */
+    struct comm *mp; /* the TP x PP ranks of this model copy (NULL: whole model): its rank 0 pulls and shares */
     uint64_t refused, duplicates, stale;
     int64_t start;
     double sync_s_pending;  /* publishing time to report with the next step */
@@ -70,7 +70,7 @@ static int receive_one(struct trainer_rank *r, int64_t k, int timeout_ms)
     }
     struct pending p = {0};
     int rc = wire_unpack_batch(buf, len, &r->lim, &p.h, &p.b, err, sizeof err);
-    if (rc == 0 && r->tp) {
+    if (rc == 0 && r->mp) {
         p.raw = xmalloc(len);
         memcpy(p.raw, buf, len);
         p.raw_len = len;
@@ -117,23 +117,24 @@ static void hold_while_waiting(void *ud, bool done)
     control_hold_while_waiting(r->env->ctl, done);
 }
 
-/* Under TP: TP rank 0 sends the step's messages (as they came over the data plane) to its TP peers, which unpack
- * them with the same checks into their own pending list. 0, or -1 (a peer could not unpack one). */
+/* Under TP or PP: rank 0 of the model copy (TP rank 0, the first stage) sends the step's messages (as they came
+ * over the data plane) to the other ranks of the copy, which unpack them with the same checks into their own
+ * pending list. 0, or -1 (a peer could not unpack one). */
 static int share_step(struct trainer_rank *r, int64_t k)
 {
-    const bool root = comm_rank(r->tp) == 0;
+    const bool root = comm_rank(r->mp) == 0;
     int64_t count = 0;
     for (int i = 0; root && i < r->n_pend; i++)
         count += r->pend[i].h.step == k;
-    comm_broadcast_polled(r->tp, &count, 1, COMM_I64, 0, root ? NULL : hold_while_waiting, r);
+    comm_broadcast_polled(r->mp, &count, 1, COMM_I64, 0, root ? NULL : hold_while_waiting, r);
     for (int i = 0, sent = 0; sent < count; i++) {
         struct pending *p = root ? &r->pend[i] : NULL;
         if (root && p->h.step != k)
             continue;
         int64_t len = root ? (int64_t)p->raw_len : 0;
-        comm_broadcast(r->tp, &len, 1, COMM_I64, 0);
+        comm_broadcast(r->mp, &len, 1, COMM_I64, 0);
         uint8_t *buf = root ? p->raw : xcalloc((size_t)len + 4, 1);
-        comm_broadcast(r->tp, buf, ((size_t)len + 3) / 4, COMM_I32, 0); /* bytes as 32-bit words */
+        comm_broadcast(r->mp, buf, ((size_t)len + 3) / 4, COMM_I32, 0); /* bytes as 32-bit words */
         sent++;
         if (root)
             continue;
@@ -142,7 +143,7 @@ static int share_step(struct trainer_rank *r, int64_t k)
         int rc = wire_unpack_batch(buf, (size_t)len, &r->lim, &q.h, &q.b, err, sizeof err);
         free(buf);
         if (rc != 0) {
-            log_error("trainer", "step %lld: a batch from TP rank 0 does not unpack here: %s", (long long)k, err);
+            log_error("trainer", "step %lld: a batch from the model copy's rank 0 does not unpack here: %s", (long long)k, err);
             return -1;
         }
         if (r->n_pend == r->cap_pend) {
@@ -164,7 +165,7 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
     const double t0 = rollout_now_s();
     double last_note = t0;
-    for (; r->pull;) { /* TP rank 0 pulls; its peers get the batches from it */
+    for (; r->pull;) { /* the model copy's rank 0 pulls; the others get the batches from it */
         int have = 0;
         for (int i = 0; i < r->n_pend; i++)
             have += r->pend[i].h.step == k;
@@ -191,7 +192,7 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     }
     if (r->pull)
         control_hold_while_waiting(r->env->ctl, true);
-    if (r->tp && share_step(r, k) != 0) {
+    if (r->mp && share_step(r, k) != 0) {
         free(uids);
         return -1;
     }
@@ -249,15 +250,15 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     return 0;
 }
 
-/* DP rank 0's TP group: version `version` goes to the dispatcher, which serves it to the rollout processes (the
- * TP shards assembled whole first: the rollout ranks generate with the whole model). */
+/* DP rank 0's model copy: version `version` goes to the dispatcher, which serves it to the rollout processes
+ * (the TP and PP parts assembled whole first: the rollout ranks generate with the whole model). */
 static void publish(struct trainer_rank *r, int64_t version)
 {
     const struct model *p = trainer_policy(r->t);
     control_set_phase(r->env->ctl, CONTROL_PHASE_WEIGHT_SYNC);
     const double t0 = rollout_now_s();
     float *whole = NULL;
-    if (r->tp) {
+    if (r->mp) {
         whole = xmalloc(model_whole_floats(&p->cfg) * sizeof(float));
         model_shard_assemble(p, p->w.mem, whole);
     }
@@ -394,7 +395,8 @@ static void trainer_ready(void *ud, struct trainer *t)
     r->lim.vocab_size = trainer_policy(t)->cfg.vocab_size;
     if (r->env->at.dp != 0)
         return;
-    if (r->env->at.tp != 0) { /* the dispatcher is TP rank 0's; this rank gives its shard of each version */
+    if (r->env->at.tp != 0 || r->env->at.pp != 0) { /* the dispatcher is the copy's rank 0's; this rank gives its
+                                                     * part of each version */
         if (r->start < trainer_total_steps(t))
             publish(r, r->start);
         return;
@@ -430,7 +432,8 @@ int run_trainer(struct role_env *env)
 {
     const struct grpo_config *c = env->cfg;
     char err[1024];
-    struct trainer_rank r = {.env = env, .tp = env->at.tp_size > 1 ? env->tp : NULL};
+    const bool split_model = env->at.tp_size > 1 || env->at.pp_size > 1;
+    struct trainer_rank r = {.env = env, .mp = split_model ? env->mp : NULL};
     r.lim = (struct wire_limits){.max_response_length = (int)c->data_max_response_length,
                                  .groups_in_step = (int)c->data_train_batch_size,
                                  .n = (int)c->rollout_n,
@@ -440,7 +443,7 @@ int run_trainer(struct role_env *env)
                                  .secret = env->secret};
     /* bind before anything slow, so the rollout ranks' first batches find the socket (TP rank 0 of each DP rank
      * pulls; it shares each batch with its TP peers) */
-    if (env->at.tp == 0) {
+    if (env->at.tp == 0 && env->at.pp == 0) {
         r.pull = dataplane_pull_open(env->endpoints[env->at.dp], err, sizeof err);
         if (!r.pull) {
             log_error("trainer", "%s", err);
@@ -453,9 +456,13 @@ int run_trainer(struct role_env *env)
     struct trainer_layout lay = {.dp = env->dp,
                                  .dp_rank = env->at.dp,
                                  .dp_size = env->at.dp_size,
-                                 .tp = r.tp,
+                                 .tp = env->at.tp_size > 1 ? env->tp : NULL,
                                  .tp_rank = env->at.tp,
                                  .tp_size = env->at.tp_size,
+                                 .pp = env->at.pp_size > 1 ? env->pp : NULL,
+                                 .pp_rank = env->at.pp,
+                                 .pp_size = env->at.pp_size,
+                                 .mp = r.mp,
                                  .all = env->trainers,
                                  .devices = comm_size(env->world)};
     struct trainer_source src = {.ctx = &r, .next_batch = next_batch, .between_steps = between_steps};

@@ -316,9 +316,11 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     const struct grpo_config *c = t->cfg;
     const int n = (int)c->rollout_n;
     /* the step's activation traffic over TP: every pass (old and reference log-probs, the update) */
-    struct comm_traffic tp_before = {0}, tp_after = {0};
+    struct comm_traffic tp_before = {0}, tp_after = {0}, pp_before = {0}, pp_after = {0};
     if (t->lay.tp)
         comm_traffic(t->lay.tp, &tp_before);
+    if (t->lay.pp)
+        comm_traffic(t->lay.pp, &pp_before);
     /* scores and lengths: verl's critic/ and response_length/ metrics */
     double *v = xmalloc((size_t)(b->n_seq ? b->n_seq : 1) * sizeof(double));
     long long tokens = 0;
@@ -401,6 +403,8 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
         comm_traffic(up.dp, &after);
     if (t->lay.tp)
         comm_traffic(t->lay.tp, &tp_after);
+    if (t->lay.pp)
+        comm_traffic(t->lay.pp, &pp_after);
     double dp_bytes = 0, tp_bytes = 0;
     for (int op = COMM_OP_ALLREDUCE; op <= COMM_OP_REDUCE_SCATTER; op++) {
         dp_bytes += after.sent_f32[op] - before.sent_f32[op];
@@ -448,6 +452,12 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
         metrics_set(m, "perf/comm_bytes/dp", dp_bytes);
         if (t->lay.tp) /* activations and their gradients over TP (this rank's, float32) */
             metrics_set(m, "perf/comm_bytes/tp", tp_bytes);
+        if (t->lay.pp) { /* this stage's sends to its neighbours (float32), and the schedule's idle share */
+            metrics_set(m, "perf/comm_bytes/pp", pp_after.sent_f32[COMM_OP_SEND] - pp_before.sent_f32[COMM_OP_SEND]);
+            double b[2] = {us.pp_wait_s, us.pp_schedule_s};
+            comm_allreduce_sum(t->lay.pp, b, 2, COMM_F64);
+            metrics_set(m, "perf/pp_bubble", b[1] > 0 ? b[0] / b[1] : 0);
+        }
         metrics_set(m, "trainer/idle_ratio", step_time > 0 ? tm->wait_data / step_time : 0);
         const double busy = tm->gen + tm->reward;
         metrics_set(m, "perf/cpu_memory_peak_gb/rollout", tm->rollout_peak_rss_gb);
