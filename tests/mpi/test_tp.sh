@@ -156,6 +156,29 @@ print("perf/comm_bytes/pp equals the analytic count")
 PY
 expect "PP bytes per step: D floats per token per forward from the first stage (+ the tied embedding's gradient)" $?
 
+# the planner's TP and PP bytes, given the step's tokens, against the measured ones
+for model in llama qwen2; do
+    for layout in tp2 pp2; do
+        tokens=$(python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])][-1]; print(int(r['perf/total_num_tokens'] - 16))" \
+            "$TMP/$layout-$model/p/e/metrics.jsonl")
+        "$MODEL_TOOL" plan "$TMP/$model" --cpu --nodes 1 --gpus-per-node 2 --prompts 4 --n 4 --micro-batch 2 \
+            --mini-batches 2 --no-recompute --step-tokens "$tokens" --all --bytes >"$TMP/plan-$layout-$model.txt" 2>&1
+        python3 - "$TMP/plan-$layout-$model.txt" "$TMP/$layout-$model/p/e/metrics.jsonl" "$layout" <<'PY'
+import json, re, sys
+plan, layout = open(sys.argv[1]).read(), sys.argv[3]
+tp, pp = (2, 1) if layout == "tp2" else (1, 2)
+m = re.search(rf"bytes tp={tp} pp={pp} dp=1 zero1=0: tp (\d+) pp (\d+) dp", plan)
+assert m, plan
+last = [json.loads(l) for l in open(sys.argv[2])][-1]
+got = last["perf/comm_bytes/tp"] if tp > 1 else last["perf/comm_bytes/pp"]
+want = float(m.group(1) if tp > 1 else m.group(2))
+assert got == want, (layout, got, want)
+print(layout, "planned", want, "= measured")
+PY
+        expect "$model $layout: grpo-model plan's bytes per step equal the measured ones" $?
+    done
+done
+
 # layouts that cannot work
 split bad-heads llama 3 3 1
 [ $? -ne 0 ] && grep -q "num_attention_heads (4) is not divisible by actor_rollout_ref.actor.megatron.tensor_model_parallel_size (3)" "$TMP/bad-heads.log"

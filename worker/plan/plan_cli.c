@@ -28,9 +28,12 @@ static void usage(FILE *out)
           "  --mini-batches K (4, train_batch_size / actor.ppo_mini_batch_size)  --epochs E (1, actor.ppo_epochs)\n"
           "  --no-recompute (default: full activation recompute, model.enable_gradient_checkpointing)\n"
           "  --no-kl (default: a reference policy is held, actor.use_kl_loss)\n"
+          "  --step-tokens T (tokens through each forward pass of a step over all DP ranks; default\n"
+          "           prompts x n x (prompt-len + response-len); a run's perf/total_num_tokens less one per\n"
+          "           sequence makes the TP and PP bytes exact)\n"
           "  --all (print layouts that do not fit too)\n"
-          "  --bytes (after the table, each layout's bytes per device per step, exact: to compare with\n"
-          "           the perf/comm_bytes/dp metric of a run)\n",
+          "  --bytes (after the table, each layout's bytes per device per step: to compare with a run's\n"
+          "           perf/comm_bytes/dp, /tp and /pp metrics)\n",
           out);
 }
 
@@ -59,6 +62,7 @@ int plan_main(int argc, char **argv)
                                          {"epochs", 1, 0, 'e'},
                                          {"no-recompute", 0, 0, 'x'},
                                          {"no-kl", 0, 0, 'y'},
+                                         {"step-tokens", 1, 0, 't'},
                                          {"all", 0, 0, 'a'},
                                          {"bytes", 0, 0, 'B'},
                                          {"help", 0, 0, 'h'},
@@ -95,6 +99,7 @@ int plan_main(int argc, char **argv)
         case 'e': b.ppo_epochs = (int)v; break;
         case 'x': b.recompute = false; break;
         case 'y': b.kl = false; break;
+        case 't': b.step_tokens = v; break;
         case 'a': all = true; break;
         case 'B': bytes = true; break;
         case 'h': usage(stdout); return 0;

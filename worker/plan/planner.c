@@ -109,7 +109,7 @@ void plan_evaluate(const struct model_config *m, const struct plan_cluster *c, c
 
     /* forward-only passes over every sequence: old log-probs, and the reference's */
     const double fwd_only = 1 + (b->kl ? 1 : 0);
-    const double tok_dp = seqs * S / dp;
+    const double tok_dp = (b->step_tokens > 0 ? b->step_tokens : seqs * S) / dp;
     /* TP: two all-reduces of s x h per layer per forward (attention and MLP outputs), two per backward (their
      * inputs' gradients), two more per recomputed forward; one more per forward (the vocab-parallel embedding) and
      * per backward (the LM head's input gradient). With fewer KV heads than TP ranks, the k/v gradients of the
@@ -121,9 +121,19 @@ void plan_evaluate(const struct model_config *m, const struct plan_cluster *c, c
     if (tp > 1 && m->n_kv_heads < tp)
         r->bytes_tp += (double)(b->mini_batches > 0 ? b->mini_batches : 1) * b->ppo_epochs * ring_allreduce(tp) *
                        w.grads * layers_stage * 2.0 * m->n_kv_heads * m->head_dim * (h + (m->attention_bias ? 1 : 0));
-    /* PP: each stage sends its output activations forward and its input gradients backward */
-    r->bytes_pp = pp > 1 ? h * w.act * tok_dp * (fwd_only + 2.0 * b->ppo_epochs) : 0;
     const double opt_steps = (double)(b->mini_batches > 0 ? b->mini_batches : 1) * b->ppo_epochs;
+    /* PP, the busiest stage: a middle stage sends its output forward in every forward pass and its input
+     * gradient back in every backward; the first stage only forward, the last only back, and with tied
+     * embeddings both send the embedding's gradient (its vocabulary shard) once per optimizer step */
+    if (pp > 1) {
+        const double fwd = h * w.act * tok_dp * (fwd_only + b->ppo_epochs), bwd = h * w.act * tok_dp * b->ppo_epochs;
+        const double tied = m->tie_word_embeddings ? opt_steps * w.grads * V * h / tp : 0;
+        r->bytes_pp = fmax(fwd + tied, bwd + tied);
+        if (pp > 2)
+            r->bytes_pp = fmax(r->bytes_pp, fwd + bwd);
+    } else {
+        r->bytes_pp = 0;
+    }
     const double grad_bytes = w.grads * sp;
     r->bytes_dp = opt_steps * (l->zero1 ? ring_half(dp) * grad_bytes + ring_half(dp) * w.weights * sp
                                         : ring_allreduce(dp) * grad_bytes);
