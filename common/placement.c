@@ -27,6 +27,7 @@ int placement_spec_from_config(const struct grpo_config *cfg, struct placement_s
     s->rollout_ranks = (int)cfg->placement_rollout_ranks;
     s->tp_size = (int)cfg->actor_megatron_tensor_model_parallel_size;
     s->pp_size = (int)cfg->actor_megatron_pipeline_model_parallel_size;
+    s->rollout_tp = (int)cfg->rollout_tensor_model_parallel_size;
     int vt, vr;
     if (verl_ranks(cfg->trainer_nnodes, cfg->trainer_n_gpus_per_node, "trainer", &vt, why, whylen) != 0 ||
         verl_ranks(cfg->split_rollout_nnodes, cfg->split_rollout_n_gpus_per_node, "rollout", &vr, why, whylen) != 0)
@@ -85,10 +86,22 @@ int placement_of(const struct placement_spec *s, int rank, int world, struct pla
             return -1;
         }
         if (rank >= T) {
+            const int rtp = s->rollout_tp > 1 ? s->rollout_tp : 1;
+            if (R % rtp != 0) {
+                snprintf(why, whylen,
+                         "placement does not fit: %d rollout ranks are not a multiple of "
+                         "actor_rollout_ref.rollout.tensor_model_parallel_size %d",
+                         R, rtp);
+                return -1;
+            }
             p->role = PLACE_ROLLOUT;
             p->dp = rank - T;
             p->dp_size = R;
-            p->tp_size = p->pp_size = 1;
+            p->tp = p->dp % rtp;
+            p->tp_size = rtp;
+            p->pp_size = 1;
+            p->engine = p->dp / rtp;
+            p->engines = R / rtp;
             return 0;
         }
         p->role = PLACE_TRAINER;
@@ -135,11 +148,12 @@ int placement_check(const struct placement_spec *s, int world, int prompts_per_s
     for (int r = 0; r < world; r++)
         if (placement_of(s, r, world, &p, why, whylen) != 0)
             return -1;
-    if (s->rollout_ranks > prompts_per_step) {
+    const int engines = s->rollout_ranks / (s->rollout_tp > 1 ? s->rollout_tp : 1);
+    if (engines > prompts_per_step) {
         snprintf(why, whylen,
-                 "placement.rollout_ranks %d is more than the %d prompts of a step (data.train_batch_size): some "
-                 "rollout ranks would have nothing to generate",
-                 s->rollout_ranks, prompts_per_step);
+                 "placement.rollout_ranks %d (%d rollout TP group(s)) is more than the %d prompts of a step "
+                 "(data.train_batch_size): some rollout ranks would have nothing to generate",
+                 s->rollout_ranks, engines, prompts_per_step);
         return -1;
     }
     return 0;

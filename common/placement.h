@@ -7,7 +7,8 @@
  * Megatron does, (PP, DP, TP) with TP fastest:
  *     rank = (pp * dp_size + dp) * tp_size + tp
  * so a TP group sits on neighbouring ranks (one node) and PP stages are the
- * farthest apart. Rollout rank r of R has dp = r, dp_size = R. */
+ * farthest apart. Rollout rank r of R has dp = r, dp_size = R, and with a rollout TP of t it is TP rank r % t
+ * of rollout TP group (engine) r / t. */
 #ifndef GRPO_COMMON_PLACEMENT_H
 #define GRPO_COMMON_PLACEMENT_H
 
@@ -19,11 +20,13 @@ enum placement_role { PLACE_HYBRID = 0, PLACE_TRAINER = 1, PLACE_ROLLOUT = 2 };
 struct placement_spec {
     int trainer_ranks, rollout_ranks; /* both 0: every rank is hybrid */
     int tp_size, pp_size;             /* of the trainer (or hybrid) ranks */
+    int rollout_tp;                   /* rollout ranks per rollout TP group (0 or 1: each rank alone) */
 };
 
 struct placement {
     enum placement_role role;
     int dp, dp_size, tp, tp_size, pp, pp_size;
+    int engine, engines; /* a rollout rank's TP group and the number of groups (the work units of a step) */
 };
 
 struct grpo_config;

@@ -317,7 +317,8 @@ static uint8_t *refuse(struct core *c, uint64_t id, bool retry, size_t *len, con
 static int place_rank(const struct core *c, int rank, int world, struct placement *p, Grpo__Role *role, char *why,
                       size_t whylen)
 {
-    const struct placement_spec spec = {c->set.trainer_ranks, c->set.rollout_ranks, c->set.tp_size, c->set.pp_size};
+    const struct placement_spec spec = {c->set.trainer_ranks, c->set.rollout_ranks, c->set.tp_size, c->set.pp_size,
+                                        0 /* rollout TP groups: the workers check them */};
     if (placement_of(&spec, rank, world, p, why, whylen) != 0)
         return -1;
     *role = p->role == PLACE_TRAINER   ? GRPO__ROLE__ROLE_TRAINER

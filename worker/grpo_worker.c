@@ -229,6 +229,15 @@ static int run_role(const struct grpo_config *cfg, struct comm *world, int repla
             log_error("worker", "%s", why);
         return 2;
     }
+    if (replace_rank >= 0 && env.at.role == PLACE_ROLLOUT && env.at.tp_size > 1) {
+        log_error("worker",
+                  "--replace-rank %d: rollout ranks form TP groups of %d "
+                  "(actor_rollout_ref.rollout.tensor_model_parallel_size); a lost group's units go to the other "
+                  "groups, and one rank cannot rejoin a group: relaunch the job (it resumes from the newest "
+                  "checkpoint) to bring the group back",
+                  replace_rank, env.at.tp_size);
+        return 2;
+    }
     if (replace_rank >= 0 && env.at.role != PLACE_ROLLOUT) {
         log_error("worker",
                   "--replace-rank %d: that rank is a %s; only a rollout rank can be replaced while the run goes on "
@@ -274,6 +283,8 @@ static int run_role(const struct grpo_config *cfg, struct comm *world, int repla
             env.tp = g.tp;
             env.pp = g.pp;
             env.mp = comm_split(trainers, env.at.dp, env.at.pp * env.at.tp_size + env.at.tp);
+        } else if (env.at.tp_size > 1) { /* a rollout TP group: neighbouring rollout ranks */
+            env.rollout_tp = comm_split(trainers, env.at.engine, env.at.tp);
         }
         char tp_note[48] = "";
         if (env.at.role == PLACE_TRAINER && env.at.tp_size > 1)
@@ -289,6 +300,7 @@ static int run_role(const struct grpo_config *cfg, struct comm *world, int repla
             comm_free(env.mp);
             parallel_groups_free(&g);
         }
+        comm_free(env.rollout_tp);
         comm_free(trainers);
     }
     control_close(env.ctl);

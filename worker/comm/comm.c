@@ -33,6 +33,7 @@ double comm_ring_bytes(enum comm_op op, double bytes, int n, bool root)
 static void tally(struct comm *c, enum comm_op op, double payload, double whole, enum comm_dtype t, bool root)
 {
     struct comm_traffic *tr = &c->traffic;
+    c->completed++;
     tr->calls[op]++;
     tr->payload[op] += payload;
     double sent = op == COMM_OP_SEND ? payload : comm_ring_bytes(op, whole, c->size, root);
@@ -43,6 +44,7 @@ static void tally(struct comm *c, enum comm_op op, double payload, double whole,
 }
 
 void comm_traffic(const struct comm *c, struct comm_traffic *out) { *out = c->traffic; }
+unsigned long long comm_progress(const struct comm *c) { return c->completed; }
 void comm_traffic_reset(struct comm *c) { memset(&c->traffic, 0, sizeof c->traffic); }
 
 int comm_rank(const struct comm *c) { return c->rank; }
@@ -124,6 +126,7 @@ void comm_send(struct comm *c, const void *buf, size_t count, enum comm_dtype t,
 void comm_recv(struct comm *c, void *buf, size_t count, enum comm_dtype t, int peer)
 {
     c->be->recv(c, buf, count, t, peer);
+    c->completed++;
 }
 
 void comm_sendrecv(struct comm *c, const void *send, size_t send_count, int dest, void *recv, size_t recv_count,

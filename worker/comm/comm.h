@@ -71,6 +71,9 @@ struct comm_traffic {
     double sent_f32[COMM_OPS], sent_other[COMM_OPS];
 };
 void comm_traffic(const struct comm *c, struct comm_traffic *out);
+/* Operations this comm has completed (any thread may ask): a rank stuck in a collective with a lost peer stops
+ * counting. */
+unsigned long long comm_progress(const struct comm *c);
 void comm_traffic_reset(struct comm *c);
 /* The bytes this rank sends for op on a buffer of `bytes` in a group of n (the ring model above; 0 for n = 1). */
 double comm_ring_bytes(enum comm_op op, double bytes, int n, bool root);
@@ -103,6 +106,7 @@ struct comm {
     int rank, size;
     void *impl;
     struct comm_traffic traffic; /* counted in comm.c, whatever the back-end */
+    _Atomic unsigned long long completed; /* operations finished, read by watchdog threads (comm_progress) */
 };
 
 #endif

@@ -364,6 +364,16 @@ void control_hold_while_waiting(struct control *c, bool done)
 
 void control_wait_poll(void *ctl, bool done) { control_hold_while_waiting(ctl, done); }
 
+bool control_pause_wanted(struct control *c)
+{
+    if (!c)
+        return false;
+    pthread_mutex_lock(&c->mu);
+    bool paused = c->want_pause && !c->want_stop && !c->run_over;
+    pthread_mutex_unlock(&c->mu);
+    return paused;
+}
+
 void control_checkpoint_done(struct control *c, int64_t step)
 {
     if (!c)

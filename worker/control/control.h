@@ -142,6 +142,8 @@ enum control_command control_wait_resume(struct control *c);
 void control_hold_while_waiting(struct control *c, bool done);
 /* control_hold_while_waiting as a comm_broadcast_polled callback: ctl is the struct control * (may be NULL). */
 void control_wait_poll(void *ctl, bool done);
+/* True while grpod wants the run paused (any thread may ask; false without grpod). */
+bool control_pause_wanted(struct control *c);
 /* A checkpoint of `step` steps is on disk. */
 void control_checkpoint_done(struct control *c, int64_t step);
 /* Run control_poll's answer to completion at a safe point: save(ud, step) writes a checkpoint

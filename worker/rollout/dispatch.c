@@ -467,6 +467,8 @@ struct work_client {
     pthread_t pinger;
     pthread_mutex_t mu;
     bool quit, ended, pinging;
+    void (*on_chunk)(void *ud); /* after each weights chunk (work_client_on_chunk) */
+    void *on_chunk_ud;
 };
 
 static bool reply_error(const Grpo__Envelope *r, char *err, size_t errlen)
@@ -574,6 +576,12 @@ int work_client_next(struct work_client *c, struct work_grant *g, int timeout_ms
     return rc;
 }
 
+void work_client_on_chunk(struct work_client *c, void (*fn)(void *ud), void *ud)
+{
+    c->on_chunk = fn;
+    c->on_chunk_ud = ud;
+}
+
 int work_client_weights(struct work_client *c, int64_t version, float *w, size_t n, size_t chunk_bytes, size_t *bytes,
                         int *chunks, char *err, size_t errlen)
 {
@@ -623,6 +631,8 @@ int work_client_weights(struct work_client *c, int64_t version, float *w, size_t
         off += cnt;
         *bytes += cnt * sizeof(float);
         ++*chunks;
+        if (c->on_chunk)
+            c->on_chunk(c->on_chunk_ud);
     }
     return 0;
 }

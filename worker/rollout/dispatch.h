@@ -92,6 +92,9 @@ int work_client_next(struct work_client *c, struct work_grant *g, int timeout_ms
  * moved. 0, or -1 with err (version gone, count mismatch, no answer). */
 int work_client_weights(struct work_client *c, int64_t version, float *w, size_t n, size_t chunk_bytes, size_t *bytes,
                         int *chunks, char *err, size_t errlen);
+/* Call fn(ud) after each chunk work_client_weights receives (a rollout TP group's first rank tells its peers it
+ * is alive while it downloads). */
+void work_client_on_chunk(struct work_client *c, void (*fn)(void *ud), void *ud);
 /* True once a ping has been answered "end". */
 bool work_client_ended(struct work_client *c);
 void work_client_close(struct work_client *c);

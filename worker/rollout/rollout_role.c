@@ -1,9 +1,23 @@
 /* The rollout role: take work units from the trainers' dispatcher, generate
  * and score each unit's groups and push them to the trainers; fetch the policy
- * version each unit asks for. Nothing here is MPI: a rollout process can die,
- * or join later in a lost one's place, and the run goes on. */
+ * version each unit asks for. A rollout rank alone uses no MPI: it can die, or
+ * join later in a lost one's place, and the run goes on.
+ *
+ * With actor_rollout_ref.rollout.tensor_model_parallel_size t > 1, t
+ * neighbouring rollout ranks form a TP group (an engine) that generates with one
+ * model split over them. Its first rank speaks for the group: it takes the
+ * units, downloads each policy version and hands every peer its shard (the
+ * resharding from the trainers' layout, in buckets), and pushes the batches.
+ * It tells its peers what comes next with a small message (wait, weights, a
+ * unit, the end), and keeps them informed while it waits. A rank that sees no
+ * traffic from its group for tp_group_timeout_s (a peer is lost) ends itself:
+ * the group stops answering the dispatcher, which grants its units to the
+ * other groups. */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "batch.h"
 #include "common/check.h"
@@ -15,6 +29,7 @@
 #include "wire.h"
 #include "worker/data/dataset.h"
 #include "worker/metrics/metrics.h"
+#include "worker/comm/comm.h"
 #include "worker/model/model_io.h"
 #include "worker/rewards/reward.h"
 #include "worker/roles.h"
@@ -59,16 +74,75 @@ struct rollout_rank {
     struct dataplane_push *push;
     struct work_client *work;
     uint64_t seq_no;
+    /* rollout TP group (NULL: alone) */
+    struct comm *eng;
+    bool head;               /* the group's first rank: dispatcher, trainers, weights */
+    float *whole;            /* the head: each downloaded version, whole */
+    double keepalive_at;     /* the head: when its peers last heard from it */
+    pthread_t watchdog;
+    bool watching;
+    atomic_bool quit;
 };
+
+/* What the head tells its peers next (int64 words, broadcast over the group). */
+enum eng_kind { ENG_WAIT = 0, ENG_UNIT = 1, ENG_END = 2, ENG_WEIGHTS = 3 };
+enum { ENG_KIND, ENG_STEP, ENG_UNIT_NO, ENG_UNITS, ENG_VERSION, ENG_START, ENG_TOTAL, ENG_EPOCH, ENG_CURSOR, ENG_WORDS };
+
+static void eng_send(struct rollout_rank *r, int64_t *msg)
+{
+    /* the peers wait with a polled (non-blocking) broadcast: MPI matches it only with the same kind */
+    comm_broadcast_polled(r->eng, msg, ENG_WORDS, COMM_I64, 0, NULL, NULL);
+    r->keepalive_at = rollout_now_s();
+}
+
+/* The head, while it waits or downloads: a word to the peers now and then, so their watchdog knows it lives. */
+static void eng_keepalive(void *ud)
+{
+    struct rollout_rank *r = ud;
+    if (!r->eng || rollout_now_s() - r->keepalive_at < 0.5)
+        return;
+    int64_t msg[ENG_WORDS] = {ENG_WAIT};
+    eng_send(r, msg);
+}
+
+/* A rank of a TP group whose group has moved nothing for the timeout ends itself: a peer is lost, and every
+ * collective of the group would wait for it for ever. Time while the run is paused does not count. */
+static void *watch_group(void *arg)
+{
+    struct rollout_rank *r = arg;
+    const double limit = r->env->cfg->rollout_tp_group_timeout_s;
+    unsigned long long seen = comm_progress(r->eng);
+    double since = rollout_now_s();
+    while (!atomic_load(&r->quit)) {
+        usleep(200000);
+        const unsigned long long now_seen = comm_progress(r->eng);
+        if (now_seen != seen || control_pause_wanted(r->env->ctl)) {
+            seen = now_seen;
+            since = rollout_now_s();
+        } else if (rollout_now_s() - since > limit) {
+            log_error("rollout",
+                      "rollout rank %d: its TP group (engine %d) has moved nothing for %.0f s "
+                      "(actor_rollout_ref.rollout.tp_group_timeout_s): a peer is lost; ending this rank so that the "
+                      "dispatcher grants the group's units to the other groups",
+                      r->env->at.dp, r->env->at.engine, limit);
+            _exit(4);
+        }
+    }
+    return NULL;
+}
 
 static int setup(struct rollout_rank *r, char *err, size_t errlen)
 {
     const struct grpo_config *c = r->env->cfg;
-    /* connect (and start pinging) first, so the dispatcher knows this rank is coming while the model loads */
-    r->work =
-        work_client_open(r->env->dispatch_endpoint, r->env->secret, r->env->at.dp, r->env->heartbeat_s, err, errlen);
-    if (!r->work)
-        return -1;
+    /* connect (and start pinging) first, so the dispatcher knows this rank is coming while the model loads; a TP
+     * group is one process to the dispatcher (its slot: the group's index) */
+    if (r->head) {
+        r->work = work_client_open(r->env->dispatch_endpoint, r->env->secret, r->env->at.engine, r->env->heartbeat_s,
+                                   err, errlen);
+        if (!r->work)
+            return -1;
+        work_client_on_chunk(r->work, eng_keepalive, r);
+    }
     char bundled[4096];
     const char *path = c->arr_model_path;
     if (!path || !*path) {
@@ -83,6 +157,16 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
         prompt_sets_load(c, r->tok, &r->train, &r->val, err, errlen) != 0 ||
         !(r->reward = reward_create(c, err, errlen)))
         return -1;
+    if (r->eng) { /* this rank's shard of the group's model */
+        if (model_shard_check(&r->policy->cfg, r->env->at.tp_size,
+                              "actor_rollout_ref.rollout.tensor_model_parallel_size", err, errlen) != 0)
+            return -1;
+        const struct model_layout lay = {r->env->at.tp, r->env->at.tp_size, 0, 1, r->eng, NULL, NULL};
+        struct model *part = model_create_shard(&r->policy->cfg, &lay);
+        model_shard_slice(part, r->policy->w.mem, part->w.mem);
+        model_free(r->policy);
+        r->policy = part;
+    }
     if (data_cursor_init(&r->cur, r->train.n, (int)c->data_train_batch_size, c->data_shuffle, (uint64_t)c->data_seed,
                          err, errlen) != 0)
         return -1;
@@ -90,6 +174,8 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
     r->cur_step = -1;
     r->version = -1;
     rollout_ctx_init(&r->rc, c, r->policy, r->tok, r->reward);
+    if (!r->head)
+        return 0;
     const char *eps[ROLE_MAX_ENDPOINTS];
     for (int i = 0; i < r->env->n_endpoints; i++)
         eps[i] = r->env->endpoints[i];
@@ -99,8 +185,15 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
 
 static void teardown(struct rollout_rank *r)
 {
-    work_client_close(r->work);
-    dataplane_push_close(r->push);
+    if (r->watching) {
+        atomic_store(&r->quit, true);
+        pthread_join(r->watchdog, NULL);
+    }
+    free(r->whole);
+    if (r->work)
+        work_client_close(r->work);
+    if (r->push)
+        dataplane_push_close(r->push);
     if (r->cur_open)
         data_cursor_free(&r->cur);
     prompt_set_free(&r->train);
@@ -148,10 +241,11 @@ static int rollout_unit(struct rollout_rank *r, const struct work_grant *g, doub
     rollout_generate_and_score(&r->rc, prompts + lo, idx + lo, hi - lo, lo, &sp, n,
                                rollout_step_seed((uint64_t)c->data_seed, g->step, 0), &b, &t_gen, &t_reward);
     control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
-    const int n_dp = r->env->n_endpoints;
+    const int n_dp = r->head ? r->env->n_endpoints : 0; /* a TP group's peers generated along; the head sends */
     int *dp_of = xmalloc((size_t)(b.n_groups ? b.n_groups : 1) * sizeof(int));
     int *sel = xmalloc((size_t)(b.n_groups ? b.n_groups : 1) * sizeof(int));
-    balance_groups(&b, n_dp, dp_of);
+    if (n_dp > 0)
+        balance_groups(&b, n_dp, dp_of);
     int rc = 0;
     double t0 = rollout_now_s();
     for (int d = 0; d < n_dp && rc == 0; d++) {
@@ -181,6 +275,7 @@ static int rollout_unit(struct rollout_rank *r, const struct work_grant *g, doub
             rc = dataplane_send(r->push, d, msg, len, 60000, err, errlen);
             if (rc != -1 || tries >= 60 || work_client_ended(r->work))
                 break;
+            eng_keepalive(r); /* its peers wait for the next word meanwhile */
             log_warn("rollout", "step %lld: trainer DP rank %d has taken no data for %d min; still waiting",
                      (long long)g->step, d, tries + 1);
         }
@@ -199,6 +294,87 @@ static int nothing_to_save(void *ud, int64_t step)
 {
     (void)ud, (void)step;
     return 0;
+}
+
+/* The head, after downloading a version whole: each TP rank's shard of it (the peers' sent in buckets of at
+ * most `bucket` bytes, its own sliced in place). Returns the bytes sent to the peers. */
+static size_t reshard_send(struct rollout_rank *r, int64_t version, size_t bucket)
+{
+    int64_t msg[ENG_WORDS] = {ENG_WEIGHTS};
+    msg[ENG_VERSION] = version;
+    eng_send(r, msg);
+    const size_t per = bucket / sizeof(float) > 0 ? bucket / sizeof(float) : 1;
+    size_t sent = 0;
+    for (int p = 1; p < comm_size(r->eng); p++) {
+        const struct model_layout lay = {p, comm_size(r->eng), 0, 1, r->eng, NULL, NULL};
+        struct model *part = model_create_shard(&r->policy->cfg, &lay);
+        model_shard_slice(part, r->whole, part->w.mem);
+        for (size_t off = 0; off < part->w.n_floats; off += per) {
+            const size_t cnt = part->w.n_floats - off < per ? part->w.n_floats - off : per;
+            comm_send(r->eng, part->w.mem + off, cnt, COMM_F32, p);
+            sent += cnt * sizeof(float);
+        }
+        model_free(part);
+    }
+    model_shard_slice(r->policy, r->whole, r->policy->w.mem);
+    return sent;
+}
+
+/* A peer: its shard of version `version`, in the head's buckets. */
+static void reshard_recv(struct rollout_rank *r, int64_t version, size_t bucket)
+{
+    const size_t per = bucket / sizeof(float) > 0 ? bucket / sizeof(float) : 1;
+    for (size_t off = 0; off < r->policy->w.n_floats; off += per) {
+        const size_t cnt = r->policy->w.n_floats - off < per ? r->policy->w.n_floats - off : per;
+        comm_recv(r->eng, r->policy->w.mem + off, cnt, COMM_F32, 0);
+    }
+    r->version = version;
+}
+
+/* A peer: the head's next word (waiting while it waits, receiving weights when it sends them) as a grant: a
+ * unit or the end. */
+static void peer_next(struct rollout_rank *r, struct work_grant *g)
+{
+    const size_t bucket = (size_t)r->env->cfg->rollout_update_weights_bucket_megabytes << 20;
+    for (;;) {
+        int64_t msg[ENG_WORDS] = {0};
+        comm_broadcast_polled(r->eng, msg, ENG_WORDS, COMM_I64, 0, control_wait_poll, r->env->ctl);
+        if (msg[ENG_KIND] == ENG_WEIGHTS) {
+            control_set_phase(r->env->ctl, CONTROL_PHASE_WEIGHT_SYNC);
+            reshard_recv(r, msg[ENG_VERSION], bucket);
+            control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
+            continue;
+        }
+        if (msg[ENG_KIND] == ENG_WAIT)
+            continue;
+        memset(g, 0, sizeof *g);
+        g->kind = msg[ENG_KIND] == ENG_UNIT ? WORK_UNIT : WORK_END;
+        g->step = msg[ENG_STEP];
+        g->unit = (int)msg[ENG_UNIT_NO];
+        g->units = (int)msg[ENG_UNITS];
+        g->version = msg[ENG_VERSION];
+        g->start = msg[ENG_START];
+        g->total_steps = msg[ENG_TOTAL];
+        g->start_epoch = msg[ENG_EPOCH];
+        g->start_cursor = msg[ENG_CURSOR];
+        snprintf(g->reason, sizeof g->reason, "the group's first rank heard the end");
+        return;
+    }
+}
+
+/* The head: the grant to its peers (a unit or the end). */
+static void head_tell(struct rollout_rank *r, const struct work_grant *g)
+{
+    int64_t msg[ENG_WORDS] = {g->kind == WORK_UNIT ? ENG_UNIT : ENG_END,
+                              g->step,
+                              g->unit,
+                              g->units,
+                              g->version,
+                              g->start,
+                              g->total_steps,
+                              g->start_epoch,
+                              g->start_cursor};
+    eng_send(r, msg);
 }
 
 /* The dispatcher's next word: a unit (with its policy version in the model), or the end. Waiting (for the
@@ -226,6 +402,7 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
         unanswered_since = 0;
         if (g->kind != WORK_WAIT)
             break;
+        eng_keepalive(r);
         control_wait_poll(r->env->ctl, false);
         transport_sleep(0.05);
     }
@@ -235,13 +412,26 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
         int chunks;
         const double t1 = rollout_now_s();
         control_set_phase(r->env->ctl, CONTROL_PHASE_WEIGHT_SYNC);
-        if (work_client_weights(r->work, g->version, r->policy->w.mem, r->policy->w.n_floats, chunk, &bytes, &chunks,
+        const size_t n = model_whole_floats(&r->policy->cfg);
+        if (r->eng && !r->whole)
+            r->whole = xmalloc(n * sizeof(float));
+        if (work_client_weights(r->work, g->version, r->eng ? r->whole : r->policy->w.mem, n, chunk, &bytes, &chunks,
                                 err, errlen) != 0)
             return -1;
+        const double t2 = rollout_now_s();
+        size_t sent = 0;
+        if (r->eng)
+            sent = reshard_send(r, g->version, chunk);
         control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
         r->version = g->version;
-        log_debug("rollout", "policy version %lld: %zu bytes in %d chunk(s), %.3fs", (long long)g->version, bytes,
-                  chunks, rollout_now_s() - t1);
+        if (r->eng)
+            log_info("rollout",
+                     "policy version %lld: %zu bytes in %d chunk(s) in %.3fs; resharded to %d TP ranks: %zu bytes "
+                     "to the peers in %.3fs",
+                     (long long)g->version, bytes, chunks, t2 - t1, comm_size(r->eng), sent, rollout_now_s() - t2);
+        else
+            log_debug("rollout", "policy version %lld: %zu bytes in %d chunk(s), %.3fs", (long long)g->version, bytes,
+                      chunks, rollout_now_s() - t1);
     }
     *waited += rollout_now_s() - t0;
     return 0;
@@ -250,7 +440,9 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
 int run_rollout(struct role_env *env)
 {
     char err[2048];
-    struct rollout_rank r = {.env = env};
+    struct rollout_rank r = {.env = env, .eng = env->at.tp_size > 1 ? env->rollout_tp : NULL};
+    r.head = env->at.tp == 0;
+    atomic_init(&r.quit, false);
     int status = 1;
     if (setup(&r, err, sizeof err) != 0 || !r.policy) {
         log_error("rollout", "%s", err);
@@ -258,20 +450,30 @@ int run_rollout(struct role_env *env)
         teardown(&r);
         return 2;
     }
+    if (r.eng) {
+        r.watching = pthread_create(&r.watchdog, NULL, watch_group, &r) == 0;
+        log_info("rollout", "rollout rank %d of %d: TP rank %d of %d in rollout TP group %d of %d%s", env->at.dp,
+                 env->at.dp_size, env->at.tp, env->at.tp_size, env->at.engine, env->at.engines,
+                 r.head ? " (it speaks for the group)" : "");
+    }
     log_info("rollout", "rollout rank %d of %d (%s), %d trainer endpoint(s), dispatcher %s", env->at.dp,
              env->at.dp_size, env->staleness ? "one-step-off" : "on-policy", env->n_endpoints, env->dispatch_endpoint);
     double waited = 0, wait_send = 0;
     int units = 0;
     struct work_grant g;
     for (;;) {
-        if (next_work(&r, &g, &waited, err, sizeof err) != 0) {
+        if (!r.head) {
+            peer_next(&r, &g);
+        } else if (next_work(&r, &g, &waited, err, sizeof err) != 0) {
             log_error("rollout", "%s", err);
             goto out;
         }
+        if (r.head && r.eng)
+            head_tell(&r, &g);
         if (g.kind == WORK_END)
             break;
         if (rollout_unit(&r, &g, waited, &wait_send, err, sizeof err) != 0) {
-            if (work_client_ended(r.work)) /* the run ended while this unit was on its way: nothing is lost */
+            if (r.work && work_client_ended(r.work)) /* the run ended while this unit was on its way */
                 continue;
             log_error("rollout", "%s", err);
             goto out;

@@ -437,7 +437,9 @@ int run_trainer(struct role_env *env)
     r.lim = (struct wire_limits){.max_response_length = (int)c->data_max_response_length,
                                  .groups_in_step = (int)c->data_train_batch_size,
                                  .n = (int)c->rollout_n,
-                                 .units = env->spec.rollout_ranks,
+                                 /* a work unit per rollout TP group (per rollout rank without rollout TP) */
+                                 .units = env->spec.rollout_ranks /
+                                          (env->spec.rollout_tp > 1 ? env->spec.rollout_tp : 1),
                                  .world_size = env->world_size,
                                  .dp_rank = env->at.dp,
                                  .secret = env->secret};
