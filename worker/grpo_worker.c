@@ -285,6 +285,7 @@ static int run_role(const struct grpo_config *cfg, struct comm *world, int repla
             env.mp = comm_split(trainers, env.at.dp, env.at.pp * env.at.tp_size + env.at.tp);
         } else if (env.at.tp_size > 1) { /* a rollout TP group: neighbouring rollout ranks */
             env.rollout_tp = comm_split(trainers, env.at.engine, env.at.tp);
+            comm_fail_alone(env.rollout_tp); /* a lost peer ends the group, not the run */
         }
         char tp_note[48] = "";
         if (env.at.role == PLACE_TRAINER && env.at.tp_size > 1)

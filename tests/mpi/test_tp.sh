@@ -10,6 +10,9 @@
 #    floats per pass over TP (old log-probs, reference, update forward and backward), plus the replicated KV
 #    heads' gradient sum per optimizer step; the first stage sends D floats per token per forward pass, plus the
 #    tied embedding's gradient once per optimizer step; the pipeline bubble is measured;
+#  - rollout TP groups (actor_rollout_ref.rollout.tensor_model_parallel_size 2) fed by TP2 trainers: the weights
+#    are resharded from the trainers' layout to the groups', logged with bytes and time, and the run reproduces
+#    one process's;
 #  - layouts that cannot work are errors naming the key and the numbers.
 # usage: test_tp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
@@ -47,13 +50,13 @@ common() {
         actor_rollout_ref.actor.optim.eps=1e-6 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2
 }
 ckpt() { echo "$TMP/$1/p/e/checkpoints/global_step_$2"; }
-# split run: NAME MODEL TRAINERS TP PP [more keys...]
+# split run: NAME MODEL TRAINERS TP PP [more keys...] (ROLLOUTS rollout ranks, default 1)
 split() {
-    local name=$1 model=$2 trainers=$3 tp=$4 pp=$5
+    local name=$1 model=$2 trainers=$3 tp=$4 pp=$5 rollouts=${ROLLOUTS:-1}
     shift 5
     # shellcheck disable=SC2046 # common's words are the keys
-    "${MPIRUN[@]}" -np $((trainers + 1)) "$WORKER" $(common "$model") trainer.default_local_dir="$TMP/$name" \
-        placement.trainer_ranks="$trainers" placement.rollout_ranks=1 \
+    "${MPIRUN[@]}" -np $((trainers + rollouts)) "$WORKER" $(common "$model") trainer.default_local_dir="$TMP/$name" \
+        placement.trainer_ranks="$trainers" placement.rollout_ranks="$rollouts" \
         actor_rollout_ref.actor.megatron.tensor_model_parallel_size="$tp" \
         actor_rollout_ref.actor.megatron.pipeline_model_parallel_size="$pp" "$@" >"$TMP/$name.log" 2>&1
 }
@@ -156,6 +159,21 @@ print("perf/comm_bytes/pp equals the analytic count")
 PY
 expect "PP bytes per step: D floats per token per forward from the first stage (+ the tied embedding's gradient)" $?
 
+# rollout TP groups: TP2 trainers, two rollout ranks as one TP2 group (4 ranks); two groups of 2 (6 ranks)
+for groups in 1 2; do
+    ROLLOUTS=$((2 * groups)) split rtp-$groups llama 2 2 1 actor_rollout_ref.rollout.tensor_model_parallel_size=2
+    expect "rollout TP2, $groups group(s), fed by TP2 trainers: the run finishes" $?
+    out=$(same_metrics one-llama rtp-$groups 2>&1)
+    expect "... per-step losses and grad norms match one process ($out)" $?
+    out=$(same_weights one-llama rtp-$groups)
+    expect "... weights match one process within 1e-5 ($out)" $?
+    grep -q "policy version 1: 362496 bytes in 1 chunk(s) in [0-9.]*s; resharded to 2 TP ranks: 182016 bytes to the peers in" \
+        "$TMP/rtp-$groups.log"
+    expect "... each version is resharded to the group's TP ranks, with bytes and time logged" $?
+done
+[ "$(grep -c 'generated here' "$TMP/rtp-2.log")" -eq 4 ] && grep -q "dispatching 2 work unit(s) per step" "$TMP/rtp-2.log"
+expect "two rollout TP groups take a work unit each" $?
+
 # the planner's TP and PP bytes, given the step's tokens, against the measured ones
 for model in llama qwen2; do
     for layout in tp2 pp2; do
@@ -186,6 +204,9 @@ expect "TP 3 with 4 heads is refused, naming the key and the numbers" $?
 split bad-ranks llama 3 2 1
 [ $? -ne 0 ] && grep -q "3 trainer ranks are not a multiple of actor_rollout_ref.actor.megatron.tensor_model_parallel_size 2" "$TMP/bad-ranks.log"
 expect "3 trainer ranks with TP 2 are refused" $?
+ROLLOUTS=3 split bad-rtp llama 1 1 1 actor_rollout_ref.rollout.tensor_model_parallel_size=2
+[ $? -ne 0 ] && grep -q "3 rollout ranks are not a multiple of actor_rollout_ref.rollout.tensor_model_parallel_size 2" "$TMP/bad-rtp.log"
+expect "3 rollout ranks in rollout TP groups of 2 are refused" $?
 split bad-pp llama 3 1 3
 [ $? -ne 0 ] && grep -q "pipeline_model_parallel_size (3) must be between 1 and num_hidden_layers (2)" "$TMP/bad-pp.log"
 expect "PP 3 over 2 layers is refused" $?

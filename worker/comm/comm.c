@@ -53,6 +53,12 @@ const char *comm_backend_name(const struct comm *c) { return c->be->name; }
 
 struct comm *comm_split(struct comm *parent, int color, int key) { return parent->be->split(parent, color, key); }
 
+void comm_fail_alone(struct comm *c)
+{
+    if (c->be->fail_alone)
+        c->be->fail_alone(c);
+}
+
 void comm_free(struct comm *c)
 {
     if (c)

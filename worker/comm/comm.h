@@ -20,6 +20,9 @@ size_t comm_dtype_size(enum comm_dtype t);
 struct comm *comm_mpi_world(void);
 /* A sub-group of parent: ranks with the same color, ordered by key (same back-end as parent). */
 struct comm *comm_split(struct comm *parent, int color, int key);
+/* From now on an error in a collective of c (a lost peer) ends this rank only, with a log line, instead of the
+ * whole job: for a group whose loss the run survives (a rollout TP group). */
+void comm_fail_alone(struct comm *c);
 /* Release a comm from comm_mpi_world, comm_split or comm_nccl_from. */
 void comm_free(struct comm *c);
 
@@ -98,6 +101,7 @@ struct comm_backend {
     void (*sendrecv)(struct comm *, const void *, size_t, int, void *, size_t, int, enum comm_dtype);
     void (*barrier)(struct comm *);
     struct comm *(*split)(struct comm *, int, int);
+    void (*fail_alone)(struct comm *); /* may be NULL */
     void (*destroy)(struct comm *);
 };
 
