@@ -10,7 +10,10 @@
 #  - a rollout rank killed with SIGKILL (2 rollout + 2 trainer ranks) costs nothing: grpod marks it lost within two
 #    heartbeat intervals, its work units go to the other rollout rank, a process started with --replace-rank takes
 #    its place at the next step, the weights are bit-identical to an undisturbed run, and the audit files hold
-#    every prompt's group exactly rollout.n times in every step.
+#    every prompt's group exactly rollout.n times in every step;
+#  - with rollout TP groups (2 groups of 2 rollout ranks, 1 trainer), a group's second rank killed with SIGKILL:
+#    the group's first rank ends itself (its group stalled), the dispatcher grants the group's units to the other
+#    group, and the run finishes with weights bit-identical to an undisturbed run.
 # usage: test_dist_grpod.sh GRPOD GRPOCTL SIM_WORKER GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
 WORKER="$4" MODEL_TOOL="$5" COMPARE="$6" SCORER="$7"
@@ -171,4 +174,29 @@ grep -q "takes over rollout rank 1" "$TMP/rkilled.log"; expect "the dispatcher h
 expect "rollout rank lost mid-run: weights bit-identical to the undisturbed run" $?
 python3 "$(dirname "$0")/check_audit.py" "$TMP/rkilled/audit" 4 4 "$STEPS"
 expect "audit files: every uid exactly rollout.n times in every step" $?
+kill "$GRPOD_PID" 2>/dev/null; wait "$GRPOD_PID" 2>/dev/null
+
+# ---- a rank of a rollout TP group killed mid-run: the group ends, the other group takes its units
+PLACE=(placement.trainer_ranks=1 placement.rollout_ranks=4 actor_rollout_ref.rollout.tensor_model_parallel_size=2)
+STEPS=40
+MPI_EXTRA=()
+NP=5 run ref5
+expect "reference run with 1 trainer + 2 rollout TP groups of 2 (no grpod) finishes" $?
+MPI_EXTRA=(--mca orte_enable_recovery 1)
+start_grpod g5 "${PLACE[@]}" grpod.heartbeat_interval_s=0.5
+NP=5 run gkilled grpod.endpoint="$EP" grpod.connect_timeout_s=20 actor_rollout_ref.rollout.tp_group_timeout_s=3 &
+MPI_PID=$!
+PIDS+=("$MPI_PID")
+wait_for 60 step_at_least 5; expect "fifth run under way" $?
+victim="$("$GRPOCTL" status --json | jq -r '.workers[] | select(.rank == 4) | .pid')"
+kill -9 "$victim"; expect "rank 4 (TP rank 1 of rollout TP group 1, pid $victim) killed at step $(status_field .step)" $?
+wait "$MPI_PID"; rc=$?
+[ "$rc" -eq 0 ] || { state_is finished; }
+expect "the run finishes without the group (mpirun exit $rc, grpod: $(status_field .state))" $?
+grep -Eq "\[rank 3\] (rollout: .*TP group \(engine 1\) has moved nothing|comm: .*lost a peer)" "$TMP/gkilled.log"
+expect "the group's first rank ends itself: its group lost a peer" $?
+grep -q "granted to the process serving rank 0" "$TMP/gkilled.log"
+expect "the dispatcher grants the lost group's units to the other group" $?
+"$COMPARE" "$(final ref5)" "$(final gkilled)" 0 >"$TMP/cmp5.txt" 2>&1
+expect "rollout TP group lost mid-run: weights bit-identical to the undisturbed run ($(cat "$TMP/cmp5.txt"))" $?
 [ "$fails" -eq 0 ] || exit 1
