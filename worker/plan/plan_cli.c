@@ -154,8 +154,9 @@ int plan_main(int argc, char **argv)
                r->fits ? "" : "  (does not fit)", i == best ? "  <- recommended" : "");
     }
     for (int i = 0; bytes && i < n; i++)
-        printf("bytes tp=%d pp=%d dp=%d zero1=%d: tp %.0f pp %.0f dp %.0f sync %.0f\n", res[i].lay.tp, res[i].lay.pp,
-               res[i].lay.dp, res[i].lay.zero1, res[i].bytes_tp, res[i].bytes_pp, res[i].bytes_dp, res[i].bytes_sync);
+        printf("bytes tp=%d pp=%d dp=%d zero1=%d: tp %.0f pp %.0f dp %.0f sync %.0f memory %.0f\n", res[i].lay.tp,
+               res[i].lay.pp, res[i].lay.dp, res[i].lay.zero1, res[i].bytes_tp, res[i].bytes_pp, res[i].bytes_dp,
+               res[i].bytes_sync, res[i].mem_total);
     struct plan_rollout ro;
     plan_rollout(&m, &c, &b, &ro);
     printf("\n(memory in GB per trainer device; communication in GB sent per device per step; weight sync %.1f GB "

@@ -474,9 +474,11 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     double flops = 3.0 * flops_per_token(&t->policy->cfg, ctx) * (double)us.tokens_forward;
     metrics_set(m, "perf/mfu/actor", t_update > 0 ? flops / t_update / t->peak_flops : 0);
     metrics_set(m, "perf/cpu_memory_used_gb", proc_rss_gb());
-    /* the trainers' largest peak: DP rank 0's alone would hide an imbalance */
-    metrics_set(m, tm->split ? "perf/cpu_memory_peak_gb/trainer" : "perf/cpu_memory_peak_gb",
-                max_dist(t, proc_peak_rss_gb()));
+    /* the trainers' largest peak (every DP, TP and PP rank): the leader's alone would hide an imbalance */
+    double peak = proc_peak_rss_gb();
+    if (t->lay.all && comm_size(t->lay.all) > 1)
+        comm_allreduce_max(t->lay.all, &peak, 1, COMM_F64);
+    metrics_set(m, tm->split ? "perf/cpu_memory_peak_gb/trainer" : "perf/cpu_memory_peak_gb", peak);
     metrics_set(m, "training/epoch", (double)t->st.epoch);
     /* AdamW's two FP32 moments on this rank: all of them, or its ZeRO-1 block */
     metrics_set(m, "perf/optimizer_state_gb", 2.0 * sizeof(float) * (double)t->opt->n / 1e9);
