@@ -417,27 +417,14 @@ struct trainer *trainer_create(const struct grpo_config *cfg, const struct train
     return trainer_create_dist(cfg, hooks, NULL, NULL, err, errlen);
 }
 
-/* Tensor and pipeline parallelism: the whole policy, reference and optimizer state (as loaded, or as resumed
- * from a checkpoint: checkpoints are whole) are cut into this rank's shard. 0 (the whole copies freed). */
-static int shard_state(struct trainer *t)
+/* Tensor and pipeline parallelism: the whole policy, as loaded, is cut into this rank's part (before the
+ * reference, gradients and optimizer state exist, so that only the weights are ever held whole). */
+static void shard_policy(struct trainer *t)
 {
-    const struct model_config *c = &t->policy->cfg;
     const struct model_layout ml = {t->lay.tp_rank, t->lay.tp_size, t->lay.pp_rank, t->lay.pp_size,
                                     t->lay.tp,      t->lay.pp,      t->lay.mp};
-    struct model *p = model_create_shard(c, &ml);
+    struct model *p = model_create_shard(&t->policy->cfg, &ml);
     model_shard_slice(p, t->policy->w.mem, p->w.mem);
-    if (t->ref) {
-        struct model *r = model_create_shard(c, &ml);
-        model_shard_slice(r, t->ref->w.mem, r->w.mem);
-        model_free(t->ref);
-        t->ref = r;
-    }
-    struct adamw *o = adamw_create(p->w.n_floats, t->opt->beta1, t->opt->beta2, t->opt->eps, t->opt->weight_decay);
-    o->t = t->opt->t;
-    model_shard_slice(p, t->opt->m, o->m);
-    model_shard_slice(p, t->opt->v, o->v);
-    adamw_free(t->opt);
-    t->opt = o;
     log_info("trainer",
              "TP rank %d of %d, stage %d of %d: %zu of the model's %zu parameters (layers %d..%d, heads %d..%d, "
              "vocabulary %d..%d)",
@@ -446,8 +433,26 @@ static int shard_state(struct trainer *t)
              p->sh.vocab_hi - 1);
     model_free(t->policy);
     t->policy = p;
-    rollout_ctx_init(&t->rc, t->cfg, t->policy, t->tok, t->reward); /* validation generates with the shard */
-    return 0;
+}
+
+/* Resume from a checkpoint (whole, the Hugging Face layout) into this rank's part of the weights and of the
+ * optimizer state. 0, or -1 with err. */
+static int load_checkpoint(struct trainer *t, const char *dir, struct run_state *st, char *err, size_t errlen)
+{
+    if (!t->lay.mp)
+        return checkpoint_load(dir, t->policy, t->opt, st, err, errlen);
+    struct model *wm = model_create(&t->policy->cfg);
+    struct adamw *wo = adamw_create(wm->w.n_floats, t->opt->beta1, t->opt->beta2, t->opt->eps, t->opt->weight_decay);
+    int rc = checkpoint_load(dir, wm, wo, st, err, errlen);
+    if (rc == 0) {
+        model_shard_slice(t->policy, wm->w.mem, t->policy->w.mem);
+        model_shard_slice(t->policy, wo->m, t->opt->m);
+        model_shard_slice(t->policy, wo->v, t->opt->v);
+        t->opt->t = wo->t;
+    }
+    model_free(wm);
+    adamw_free(wo);
+    return rc;
 }
 
 struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct trainer_hooks *hooks,
@@ -509,9 +514,10 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         model_stage_check(&t->policy->cfg, t->lay.pp_size,
                           "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size", err, errlen) != 0)
         goto fail;
+    if (t->lay.mp)
+        shard_policy(t);
     if (cfg->actor_use_kl_loss || cfg->alg_use_kl_in_reward) {
-        t->ref = model_create(&t->policy->cfg);
-        memcpy(t->ref->w.mem, t->policy->w.mem, t->policy->w.n_floats * sizeof(float));
+        t->ref = model_clone(t->policy);
     }
     t->tok = prompt_load_tokenizer(model_path, err, errlen);
     if (!t->tok)
@@ -561,7 +567,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         resume[0] = 0;
     if (resume[0]) {
         struct run_state st;
-        if (checkpoint_load(resume, t->policy, t->opt, &st, err, errlen) != 0)
+        if (load_checkpoint(t, resume, &st, err, errlen) != 0)
             goto fail;
         if (st.config_digest != t->st.config_digest)
             log_warn("trainer", "resuming %s with a configuration that differs from the one it was written with",
@@ -582,8 +588,6 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         }
         log_info("trainer", "resumed from %s at step %lld", resume, (long long)st.global_step);
     }
-    if (t->lay.mp && shard_state(t) != 0)
-        goto fail;
     if (cfg->actor_megatron_use_distributed_optimizer && t->lay.dp_size > 1) {
         /* ZeRO-1: this rank keeps its block of the (whole, possibly just loaded) optimizer state */
         t->zero = zero1_create(t->lay.dp, t->policy->w.n_floats);
