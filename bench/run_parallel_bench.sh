@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Model-parallel layouts of the trainers against one trainer rank, in one run, on this machine: the update's
 # time under DP2, TP2 and PP2 (two trainer ranks, one thread each) against one trainer rank (one thread), and
-# each layout's measured peak memory per trainer rank against grpo-model plan's prediction.
+# each layout's measured peak memory per trainer rank against grpo-model plan's prediction. Trainer rank 0 also
+# runs the dispatcher, which keeps a copy of the whole FP32 weights to serve (on-policy: one), so its peak is
+# compared with the prediction plus that copy; the other trainer ranks' peak with the prediction alone.
 #
 # The model is a synthetic Llama (hidden 512, 8 layers, 8 query / 4 KV heads, intermediate 1536, the test
 # fixtures' 259-token byte vocabulary: 25 M parameters) with random weights; the task is the built-in
@@ -60,10 +62,18 @@ import json, re, sys
 out, steps, rev, load = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 plans = open(f"{out}/plan-1.txt").read() + open(f"{out}/plan-2.txt").read()
 def planned(tp, pp, dp):
-    m = re.search(rf"bytes tp={tp} pp={pp} dp={dp} zero1=0: .* memory (\d+)", plans)
-    return float(m.group(1)) / 1e9 if m else float("nan")
+    m = re.search(rf"bytes tp={tp} pp={pp} dp={dp} zero1=0: .* sync (\d+) memory (\d+)", plans)
+    return (float(m.group(2)) / 1e9, float(m.group(1)) / 1e9) if m else (float("nan"), 0.0)
+def peaks(name):  # each trainer rank's "peak resident memory of this rank" line, by rank
+    got = {}
+    for line in open(f"{out}/{name}.log"):
+        m = re.search(r"\[rank (\d+)\] worker: peak resident memory of this rank: ([0-9.]+) GB", line)
+        if m:
+            got[int(m.group(1))] = float(m.group(2))
+    return got
 print(f"Trainer layouts of a 25 M-parameter Llama, steps 2..{steps} (commit {rev}, load {load})\n")
-print("| layout | ranks | update (s) | speed-up vs one | TP MB/step | PP MB/step | PP bubble | peak GB/rank | planned GB | measured/planned |")
+print("| layout | trainer ranks | update (s) | speed-up vs one | TP MB/step | PP MB/step | PP bubble | planned GB/rank | "
+      "rank 0 peak GB (planned + copy) | other ranks' peak GB |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 base = None
 for name, ranks, tp, pp, dp in (("one", 1, 1, 1, 1), ("dp2", 2, 1, 1, 2), ("tp2", 2, 2, 1, 1), ("pp2", 2, 1, 2, 1)):
@@ -72,9 +82,12 @@ for name, ranks, tp, pp, dp in (("one", 1, 1, 1, 1), ("dp2", 2, 1, 1, 2), ("tp2"
     mean = lambda k: sum(r.get(k, 0.0) for r in rows) / len(rows)
     upd = mean("timing_s/update_actor")
     base = base or upd
-    peak = max(r["perf/cpu_memory_peak_gb/trainer"] for r in rows)
-    plan = planned(tp, pp, dp)
+    plan, copy = planned(tp, pp, dp)
+    pk = peaks(name)
+    others = [v for k, v in sorted(pk.items()) if 0 < k < ranks]
     bubble = f"{mean('perf/pp_bubble'):.0%}" if "perf/pp_bubble" in rows[0] else "-"
     print(f"| {name} | {ranks} | {upd:.2f} | {base / upd:.2f}x | {mean('perf/comm_bytes/tp') / 1e6:.0f} | "
-          f"{mean('perf/comm_bytes/pp') / 1e6:.1f} | {bubble} | {peak:.3f} | {plan:.3f} | {peak / plan:.2f} |")
+          f"{mean('perf/comm_bytes/pp') / 1e6:.1f} | {bubble} | {plan:.3f} | "
+          f"{pk.get(0, float('nan')):.3f} ({plan + copy:.3f}) | "
+          f"{', '.join(f'{v:.3f}' for v in others) or '-'} |")
 PY

@@ -84,6 +84,14 @@ static void check_config(const char *name, const struct model_config *c, const s
         g_bad++;
         log_error("test", "%s: slice + assemble does not give the whole weights back", name);
     }
+    /* gathered to one rank (the last), the same */
+    const int root = comm_size(mp) - 1;
+    memset(back, 0, whole->w.n_floats * sizeof(float));
+    model_shard_gather(part, part->w.mem, comm_rank(mp) == root ? back : NULL, root);
+    if (comm_rank(mp) == root && memcmp(back, whole->w.mem, whole->w.n_floats * sizeof(float)) != 0) {
+        g_bad++;
+        log_error("test", "%s: slice + gather to rank %d does not give the whole weights back", name, root);
+    }
     /* a packed batch of three sequences */
     const int lens[3] = {5, 9, 3}, B = 3;
     int N = 0, cu[4] = {0};

@@ -126,6 +126,9 @@ void model_shard_slice(const struct model *m, const float *whole, float *local);
 /* The whole model's buffer from every TP x PP rank's local buffer (collective over m->sh.mp; every rank of it
  * gets the whole). */
 void model_shard_assemble(const struct model *m, const float *local, float *whole);
+/* The same into root's whole buffer only (mp rank root; the others send their part and may pass NULL): no
+ * rank but the root holds more than its part. */
+void model_shard_gather(const struct model *m, const float *local, float *whole, int root);
 /* Parameter floats of the whole model (model_create's n_floats). */
 size_t model_whole_floats(const struct model_config *c);
 /* Sum the gradients of parameters held twice: over the TP ranks that hold the same KV heads, and between the

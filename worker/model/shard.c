@@ -92,6 +92,42 @@ void model_shard_assemble(const struct model *m, const float *local, float *whol
     free(all);
 }
 
+void model_shard_gather(const struct model *m, const float *local, float *whole, int root)
+{
+    const int tp = m->sh.tp_size, pp = m->sh.pp_size, n_mp = tp * pp;
+    if (n_mp == 1) {
+        memcpy(whole, local, m->w.n_floats * sizeof(float));
+        return;
+    }
+    struct comm *mp = m->sh.mp;
+    if (comm_rank(mp) != root) {
+        comm_send(mp, local, m->w.n_floats, COMM_F32, root);
+        return;
+    }
+    const struct model_shard one = model_shard_of(&m->cfg, 0, 1, 0, 1);
+    int nw;
+    struct param_ref *w = refs_of(&m->cfg, &one, whole, &nw);
+    float *buf = NULL;
+    for (int r = 0; r < n_mp; r++) { /* mp rank r is TP rank r % TP of stage r / TP */
+        struct model_shard sh = model_shard_of(&m->cfg, r % tp, tp, r / tp, pp);
+        const size_t n = model_shard_floats(&m->cfg, &sh);
+        const float *part = local;
+        if (r != root) {
+            buf = xrealloc(buf, (n ? n : 1) * sizeof(float));
+            comm_recv(mp, buf, n, COMM_F32, r);
+            part = buf;
+        }
+        int k, hint = 0;
+        struct param_ref *l = refs_of(&m->cfg, &sh, (float *)part, &k);
+        for (int i = 0; i < k; i++)
+            if (l[i].owner)
+                copy_part(&l[i], l[i].data, whole_of(w, nw, &l[i], &hint)->data, true);
+        free(l);
+    }
+    free(buf);
+    free(w);
+}
+
 static bool is_kv(const struct param_ref *r)
 {
     return strstr(r->name, "k_proj") || strstr(r->name, "v_proj"); // NOLINT: name is an array

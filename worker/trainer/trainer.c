@@ -86,9 +86,10 @@ static int64_t compute_total_steps(const struct grpo_config *cfg, int n_train)
 
 /* ------------------------------------------------------------- life cycle */
 
-/* The whole model and optimizer state from every rank's part (ZeRO-1 blocks over DP, then TP shards) for DP
- * rank 0's TP group to write. *wm: the whole policy (NULL: t->policy is whole); *wo: the whole optimizer state
- * (NULL: t->opt is). The caller frees both. */
+/* The whole model and optimizer state from every rank's part (ZeRO-1 blocks over DP, then the TP and PP parts
+ * to trainer rank 0, which writes). *wm: the whole policy (NULL: t->policy is whole, or this rank does not
+ * write); *wo: the whole optimizer state (NULL: t->opt is, or this rank does not write). The caller frees
+ * both. */
 static void gather_whole(struct trainer *t, struct model **wm, struct adamw **wo)
 {
     struct adamw *local = t->zero ? zero1_gather(t->zero, t->opt) : NULL; /* collective over DP */
@@ -97,12 +98,15 @@ static void gather_whole(struct trainer *t, struct model **wm, struct adamw **wo
     if (!t->lay.mp || t->lay.dp_rank != 0)
         return;
     const struct adamw *opt = local ? local : t->opt;
-    *wm = model_create(&t->policy->cfg);
-    model_shard_assemble(t->policy, t->policy->w.mem, (*wm)->w.mem);
-    *wo = adamw_create((*wm)->w.n_floats, opt->beta1, opt->beta2, opt->eps, opt->weight_decay);
-    (*wo)->t = opt->t;
-    model_shard_assemble(t->policy, opt->m, (*wo)->m);
-    model_shard_assemble(t->policy, opt->v, (*wo)->v);
+    *wo = NULL;
+    if (lead(t)) {
+        *wm = model_create(&t->policy->cfg);
+        *wo = adamw_create((*wm)->w.n_floats, opt->beta1, opt->beta2, opt->eps, opt->weight_decay);
+        (*wo)->t = opt->t;
+    }
+    model_shard_gather(t->policy, t->policy->w.mem, *wm ? (*wm)->w.mem : NULL, 0);
+    model_shard_gather(t->policy, opt->m, *wo ? (*wo)->m : NULL, 0);
+    model_shard_gather(t->policy, opt->v, *wo ? (*wo)->v : NULL, 0);
     adamw_free(local);
 }
 

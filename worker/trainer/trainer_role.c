@@ -258,9 +258,10 @@ static void publish(struct trainer_rank *r, int64_t version)
     control_set_phase(r->env->ctl, CONTROL_PHASE_WEIGHT_SYNC);
     const double t0 = rollout_now_s();
     float *whole = NULL;
-    if (r->mp) {
-        whole = xmalloc(model_whole_floats(&p->cfg) * sizeof(float));
-        model_shard_assemble(p, p->w.mem, whole);
+    if (r->mp) { /* the parts to the dispatcher's rank */
+        if (r->disp)
+            whole = xmalloc(model_whole_floats(&p->cfg) * sizeof(float));
+        model_shard_gather(p, p->w.mem, whole, 0);
     }
     if (r->disp)
         dispatcher_publish(r->disp, version, whole ? whole : p->w.mem);
@@ -374,6 +375,7 @@ int run_trainer_process(struct role_env *env, const struct trainer_layout *lay, 
     control_set_step(env->ctl, trainer_step(t), trainer_total_steps(t));
     int rc = trainer_run(t);
     bool finished = trainer_step(t) >= trainer_total_steps(t);
+    log_info("worker", "peak resident memory of this rank: %.3f GB", proc_peak_rss_gb());
     if (rc == 0 && (!lay || lay->dp_rank == 0))
         log_info("worker", "run %s at step %lld; results in %s", finished ? "finished" : "stopped",
                  (long long)trainer_step(t), trainer_run_dir(t));
