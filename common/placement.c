@@ -60,7 +60,9 @@ int placement_of(const struct placement_spec *s, int rank, int world, struct pla
     memset(p, 0, sizeof *p);
     if (tp < 1 || pp < 1) {
         snprintf(why, whylen,
-                 "actor_rollout_ref.actor.megatron.tensor_model_parallel_size (%d) and actor_rollout_ref.actor.megatron.pipeline_model_parallel_size (%d) must be >= 1", tp, pp);
+                 "actor_rollout_ref.actor.megatron.tensor_model_parallel_size (%d) and "
+                 "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size (%d) must be >= 1",
+                 tp, pp);
         return -1;
     }
     if (rank < 0 || rank >= world) {
@@ -109,7 +111,8 @@ int placement_of(const struct placement_spec *s, int rank, int world, struct pla
     }
     if (n % (tp * pp) != 0) {
         snprintf(why, whylen,
-                 "placement does not fit: %d %s ranks are not a multiple of actor_rollout_ref.actor.megatron.tensor_model_parallel_size %d x "
+                 "placement does not fit: %d %s ranks are not a multiple of "
+                 "actor_rollout_ref.actor.megatron.tensor_model_parallel_size %d x "
                  "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size %d",
                  n, p->role == PLACE_HYBRID ? "hybrid" : "trainer", tp, pp);
         return -1;

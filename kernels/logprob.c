@@ -10,8 +10,8 @@
 #include "common/check.h"
 #include "kernels.h"
 
-static void check_args(const char *who, const int32_t *targets, int N, const struct vocab_shard *vs,
-                       float temperature, int chunk)
+static void check_args(const char *who, const int32_t *targets, int N, const struct vocab_shard *vs, float temperature,
+                       int chunk)
 {
     if (!(temperature > 0.0f) || chunk <= 0 || vs->V <= 0 || vs->lo < 0 || vs->hi <= vs->lo || vs->hi > vs->V)
         check_failf(__FILE__, __LINE__,

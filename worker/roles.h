@@ -26,17 +26,17 @@ struct role_env {
     int rank, world_size; /* this rank in the run: the MPI rank and size, or --replace-rank's */
     bool replacing;       /* --replace-rank: in the place of a lost rollout rank */
     struct placement_spec spec;
-    struct placement at;   /* this rank's role and coordinates */
-    struct control *ctl;   /* NULL: no grpod */
-    struct comm *trainers; /* every trainer rank (trainer ranks only) */
+    struct placement at;       /* this rank's role and coordinates */
+    struct control *ctl;       /* NULL: no grpod */
+    struct comm *trainers;     /* every trainer rank (trainer ranks only) */
     struct comm *dp, *tp, *pp; /* a trainer's data-, tensor- and pipeline-parallel groups within them */
     struct comm *mp;           /* the TP x PP ranks of a trainer's model copy (ranked pp x TP + tp) */
     struct comm *rollout_tp;   /* a rollout rank's TP group (actor_rollout_ref.rollout.tensor_model_parallel_size) */
-    int staleness;         /* 0: on-policy (rollout.mode=sync), 1: one-step-off (async) */
-    double heartbeat_s;    /* grpod's heartbeat interval (grpod.heartbeat_interval_s without grpod): the rollout
-                              processes ping the dispatcher this often, and are lost after two */
-    char secret[1024];     /* grpod.secret_file's secret: every data-plane batch carries it ("": none) */
-    int n_endpoints;       /* one data endpoint per trainer DP rank */
+    int staleness;             /* 0: on-policy (rollout.mode=sync), 1: one-step-off (async) */
+    double heartbeat_s;        /* grpod's heartbeat interval (grpod.heartbeat_interval_s without grpod): the rollout
+                                  processes ping the dispatcher this often, and are lost after two */
+    char secret[1024];         /* grpod.secret_file's secret: every data-plane batch carries it ("": none) */
+    int n_endpoints;           /* one data endpoint per trainer DP rank */
     char endpoints[ROLE_MAX_ENDPOINTS][256];
     char dispatch_endpoint[256]; /* the trainers' dispatcher: trainer DP rank 0 binds it, the rollout ranks connect */
 };

@@ -182,10 +182,20 @@ int main(int argc, char **argv)
         return 2;
     }
     /* Llama: tied head, 4 query heads over 2 KV heads (split at TP 2, replicated at TP 4), odd vocabulary */
-    struct model_config llama = {.arch = ARCH_LLAMA, .vocab_size = 67, .hidden_size = 16, .intermediate_size = 24,
-                                 .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 4, .rope_theta = 10000,
-                                 .rms_norm_eps = 1e-5f, .tie_word_embeddings = true, .max_position_embeddings = 64,
-                                 .bos_token_id = -1, .eos_token_id = -1};
+    struct model_config llama = {.arch = ARCH_LLAMA,
+                                 .vocab_size = 67,
+                                 .hidden_size = 16,
+                                 .intermediate_size = 24,
+                                 .n_layers = 2,
+                                 .n_heads = 4,
+                                 .n_kv_heads = 2,
+                                 .head_dim = 4,
+                                 .rope_theta = 10000,
+                                 .rms_norm_eps = 1e-5f,
+                                 .tie_word_embeddings = true,
+                                 .max_position_embeddings = 64,
+                                 .bos_token_id = -1,
+                                 .eos_token_id = -1};
     /* Qwen2: untied head, q/k/v biases, one KV head (replicated on every TP rank) */
     struct model_config qwen = llama;
     qwen.arch = ARCH_QWEN2;

@@ -214,7 +214,8 @@ static void test_placement_hybrid_megatron_order(void **state)
     core_init(&c, &s, T);
     Grpo__Envelope *e = send_register(&c, 0, 6, "h", "", 7);
     assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
-    assert_non_null(strstr(e->reply->error, "not a multiple of actor_rollout_ref.actor.megatron.tensor_model_parallel_size 2"));
+    assert_non_null(
+        strstr(e->reply->error, "not a multiple of actor_rollout_ref.actor.megatron.tensor_model_parallel_size 2"));
     protocol_free(e);
     core_deinit(&c);
 }

@@ -109,7 +109,7 @@ struct comm {
     const struct comm_backend *be;
     int rank, size;
     void *impl;
-    struct comm_traffic traffic; /* counted in comm.c, whatever the back-end */
+    struct comm_traffic traffic;          /* counted in comm.c, whatever the back-end */
     _Atomic unsigned long long completed; /* operations finished, read by watchdog threads (comm_progress) */
 };
 

@@ -119,7 +119,7 @@ static void mpi_sendrecv(struct comm *c, const void *send, size_t sc, int dest, 
                          enum comm_dtype t)
 {
     CHECK_C(c, MPI_Sendrecv(send, icount(sc), mpi_type(t), dest, 0, recv, icount(rc), mpi_type(t), src, 0, mc(c),
-                           MPI_STATUS_IGNORE));
+                            MPI_STATUS_IGNORE));
 }
 
 static void mpi_barrier(struct comm *c) { CHECK_C(c, MPI_Barrier(mc(c))); }

@@ -122,7 +122,7 @@ struct model_shard model_shard_of(const struct model_config *c, int r, int tp, i
         sh.kv_lo = r * sh.n_kv_heads;
         sh.kv_share = 1;
     } else { /* fewer KV heads than ranks: each is held by tp / Hkv neighbouring ranks */
-        sh.kv_share = tp / c->n_kv_heads;
+        sh.kv_share = tp / (c->n_kv_heads > 0 ? c->n_kv_heads : 1);
         sh.n_kv_heads = 1;
         sh.kv_lo = r / sh.kv_share;
     }
@@ -169,11 +169,10 @@ int model_stage_check(const struct model_config *c, int pp, const char *key, cha
     return 0;
 }
 
-static void params_view(const struct model_config *c, const struct model_shard *sh, float *mem,
-                        struct model_params *p)
+static void params_view(const struct model_config *c, const struct model_shard *sh, float *mem, struct model_params *p)
 {
     memset(p, 0, sizeof *p);
-    p->layers = xcalloc((size_t)c->n_layers, sizeof *p->layers);
+    p->layers = xcalloc((size_t)(c->n_layers > 0 ? c->n_layers : 1), sizeof *p->layers);
     struct model_params counter = {.layers = p->layers};
     p->n_floats = layout(c, sh, &counter);
     p->mem = mem;
@@ -184,7 +183,7 @@ static void params_view(const struct model_config *c, const struct model_shard *
 static void params_alloc(const struct model_config *c, const struct model_shard *sh, struct model_params *p)
 {
     params_view(c, sh, NULL, p);
-    p->mem = xcalloc(p->n_floats, sizeof(float));
+    p->mem = xcalloc(p->n_floats ? p->n_floats : 1, sizeof(float));
     layout(c, sh, p);
 }
 
@@ -267,7 +266,7 @@ void model_free(struct model *m)
 void model_init_random(struct model *m, uint64_t seed, double std)
 {
     int n = model_param_refs(m, &m->w, NULL, 0);
-    struct param_ref *refs = xcalloc((size_t)n, sizeof *refs);
+    struct param_ref *refs = xcalloc((size_t)(n > 0 ? n : 1), sizeof *refs);
     model_param_refs(m, &m->w, refs, n);
     struct rng r;
     rng_seed(&r, seed, 0x1417);
@@ -504,8 +503,9 @@ static void layer_backward(struct model *m, int l, const struct packed_batch *b,
     const int N = b->N, D = c->hidden_size, F = m->sh.inter, hd = c->head_dim, Hq = m->sh.n_heads;
     const int Hkv = m->sh.n_kv_heads, QD = Hq * hd, KD = Hkv * hd;
     const size_t nD = (size_t)N * D, nF = (size_t)N * F;
-    float *da = xcalloc(nF, sizeof(float)), *dg = xcalloc(nF, sizeof(float)), *du = xcalloc(nF, sizeof(float));
-    float *dxn = xcalloc(nD, sizeof(float));
+    const size_t cF = nF ? nF : 1, cD = nD ? nD : 1; /* an empty batch still gets valid buffers */
+    float *da = xcalloc(cF, sizeof(float)), *dg = xcalloc(cF, sizeof(float)), *du = xcalloc(cF, sizeof(float));
+    float *dxn = xcalloc(cD, sizeof(float));
     /* MLP: out = xmid + down(silu(gate(xn2)) * up(xn2)) */
     linear_backward(da, G->w_down, NULL, dx, a->a, L->w_down, N, F, D);
     swiglu_backward(dg, du, da, a->g, a->u, nF);
@@ -539,8 +539,7 @@ static int32_t *dup_i32(const int32_t *src, size_t n)
 }
 
 struct model_acts *model_forward_stage(struct model *m, const struct packed_batch *b, float temperature,
-                                       bool checkpointing, const float *x_in, float *y_out, float *logp,
-                                       float *entropy)
+                                       bool checkpointing, const float *x_in, float *y_out, float *logp, float *entropy)
 {
     const struct model_config *c = &m->cfg;
     const struct model_shard *sh = &m->sh;
@@ -555,12 +554,12 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
     A->temperature = temperature;
     A->ckpt = checkpointing;
     A->n_layers = c->n_layers;
-    A->layers = xcalloc((size_t)c->n_layers, sizeof *A->layers);
+    A->layers = xcalloc((size_t)(c->n_layers > 0 ? c->n_layers : 1), sizeof *A->layers);
     if (checkpointing)
         layer_acts_alloc(m, N, &A->scratch, true);
-    A->xf = xmalloc((nD ? nD : 1) * sizeof(float));
+    A->xf = xcalloc(nD ? nD : 1, sizeof(float));
     if (sh->has_head) {
-        A->hn = xmalloc((nD ? nD : 1) * sizeof(float));
+        A->hn = xcalloc(nD ? nD : 1, sizeof(float));
         A->rstdf = xmalloc((size_t)(N ? N : 1) * sizeof(float));
     }
 
@@ -574,6 +573,9 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
         embedding_forward_shard(x0, A->ids, m->w.embed, N, D, &vs);
         tp_sum(m, x0, nD);
     } else {
+        if (!x_in)
+            check_failf(__FILE__, __LINE__, "model_forward_stage: stage %d needs the previous stage's output",
+                        sh->pp_rank);
         memcpy(x0, x_in, nD * sizeof(float));
     }
     for (int l = lo; l < hi; l++) {
@@ -600,6 +602,9 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
         lmhead_logprob_forward_shard(logp, entropy, A->hn, m->w.lm_head, A->targets, N, D, &vs, temperature,
                                      LMHEAD_CHUNK);
     } else {
+        if (!y_out)
+            check_failf(__FILE__, __LINE__, "model_forward_stage: stage %d needs somewhere to put its output",
+                        sh->pp_rank);
         memcpy(y_out, A->xf, nD * sizeof(float));
     }
     return A;
@@ -638,12 +643,15 @@ void model_backward_stage(struct model *m, struct model_acts *A, const float *dl
     float *dx = xcalloc(nD ? nD : 1, sizeof(float));
     if (sh->has_head) {
         float *dh = xcalloc(nD ? nD : 1, sizeof(float));
-        lmhead_logprob_backward_shard(dh, m->grad->lm_head, dlogp, dentropy, A->hn, m->w.lm_head, A->targets, N, D,
-                                      &vs, A->temperature, LMHEAD_CHUNK);
+        lmhead_logprob_backward_shard(dh, m->grad->lm_head, dlogp, dentropy, A->hn, m->w.lm_head, A->targets, N, D, &vs,
+                                      A->temperature, LMHEAD_CHUNK);
         tp_sum(m, dh, nD); /* each rank's vocabulary rows gave their part of dL/dh */
         rmsnorm_backward(dx, m->grad->final_norm, dh, A->xf, m->w.final_norm, A->rstdf, N, D);
         free(dh);
     } else {
+        if (!dy)
+            check_failf(__FILE__, __LINE__, "model_backward_stage: stage %d needs the next stage's gradient",
+                        sh->pp_rank);
         memcpy(dx, dy, nD * sizeof(float));
     }
     float *scratch_out = A->ckpt ? xmalloc((nD ? nD : 1) * sizeof(float)) : NULL;
@@ -663,8 +671,11 @@ void model_backward_stage(struct model *m, struct model_acts *A, const float *dl
     }
     if (sh->has_embed)
         embedding_backward_shard(m->grad->embed, dx, A->ids, N, D, &vs);
-    else
+    else if (dx_out)
         memcpy(dx_out, dx, nD * sizeof(float));
+    else
+        check_failf(__FILE__, __LINE__, "model_backward_stage: stage %d needs somewhere to put its input gradient",
+                    sh->pp_rank);
     free(dx);
     free(scratch_out);
     model_acts_free(A);

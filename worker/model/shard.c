@@ -72,6 +72,7 @@ void model_shard_assemble(const struct model *m, const float *local, float *whol
         size_t n = model_shard_floats(&m->cfg, &sh);
         per = n > per ? n : per;
     }
+    per = per ? per : 1;
     float *send = xcalloc(per, sizeof(float)), *all = xmalloc((size_t)n_mp * per * sizeof(float));
     memcpy(send, local, m->w.n_floats * sizeof(float));
     comm_allgather(m->sh.mp, send, all, per, COMM_F32);

@@ -116,8 +116,7 @@ void plan_evaluate(const struct model_config *m, const struct plan_cluster *c, c
      * ranks that share a head are summed once per optimizer step. */
     const double tp_pass = ring_allreduce(tp) * h * w.act * (2.0 * layers_stage + 1);
     const double tp_recompute = ring_allreduce(tp) * h * w.act * 2.0 * layers_stage;
-    r->bytes_tp =
-        tok_dp * (tp_pass * fwd_only + b->ppo_epochs * (2 * tp_pass + (b->recompute ? tp_recompute : 0)));
+    r->bytes_tp = tok_dp * (tp_pass * fwd_only + b->ppo_epochs * (2 * tp_pass + (b->recompute ? tp_recompute : 0)));
     if (tp > 1 && m->n_kv_heads < tp)
         r->bytes_tp += (double)(b->mini_batches > 0 ? b->mini_batches : 1) * b->ppo_epochs * ring_allreduce(tp) *
                        w.grads * layers_stage * 2.0 * m->n_kv_heads * m->head_dim * (h + (m->attention_bias ? 1 : 0));

@@ -44,8 +44,8 @@ struct plan_batch {
     int micro_batch;  /* sequences per micro-batch (ppo_micro_batch_size_per_gpu) */
     int mini_batches; /* optimizer steps per GRPO step (train_batch_size / ppo_mini_batch_size) */
     int ppo_epochs;
-    bool recompute; /* full activation recompute (gradient checkpointing) */
-    bool kl;        /* a reference policy is held (use_kl_loss or a KL penalty) */
+    bool recompute;     /* full activation recompute (gradient checkpointing) */
+    bool kl;            /* a reference policy is held (use_kl_loss or a KL penalty) */
     double step_tokens; /* tokens through each forward pass of a step, all DP ranks (0: prompts x n x (prompt_len +
                            response_len)); a run's perf/total_num_tokens less one per sequence gives exact bytes */
 };

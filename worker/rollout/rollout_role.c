@@ -76,9 +76,9 @@ struct rollout_rank {
     uint64_t seq_no;
     /* rollout TP group (NULL: alone) */
     struct comm *eng;
-    bool head;               /* the group's first rank: dispatcher, trainers, weights */
-    float *whole;            /* the head: each downloaded version, whole */
-    double keepalive_at;     /* the head: when its peers last heard from it */
+    bool head;           /* the group's first rank: dispatcher, trainers, weights */
+    float *whole;        /* the head: each downloaded version, whole */
+    double keepalive_at; /* the head: when its peers last heard from it */
     pthread_t watchdog;
     bool watching;
     atomic_bool quit;
@@ -86,7 +86,18 @@ struct rollout_rank {
 
 /* What the head tells its peers next (int64 words, broadcast over the group). */
 enum eng_kind { ENG_WAIT = 0, ENG_UNIT = 1, ENG_END = 2, ENG_WEIGHTS = 3 };
-enum { ENG_KIND, ENG_STEP, ENG_UNIT_NO, ENG_UNITS, ENG_VERSION, ENG_START, ENG_TOTAL, ENG_EPOCH, ENG_CURSOR, ENG_WORDS };
+enum {
+    ENG_KIND,
+    ENG_STEP,
+    ENG_UNIT_NO,
+    ENG_UNITS,
+    ENG_VERSION,
+    ENG_START,
+    ENG_TOTAL,
+    ENG_EPOCH,
+    ENG_CURSOR,
+    ENG_WORDS
+};
 
 static void eng_send(struct rollout_rank *r, int64_t *msg)
 {

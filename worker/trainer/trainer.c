@@ -62,10 +62,7 @@ static double measure_peak_flops(void)
 }
 
 /* The trainer rank that decides for all and writes the run's records: DP rank 0, TP rank 0, the first stage. */
-static bool lead(const struct trainer *t)
-{
-    return t->lay.dp_rank == 0 && t->lay.tp_rank == 0 && t->lay.pp_rank == 0;
-}
+static bool lead(const struct trainer *t) { return t->lay.dp_rank == 0 && t->lay.tp_rank == 0 && t->lay.pp_rank == 0; }
 
 /* This rank's place in its model copy (ranks with the same place hold the same part of the weights). */
 static int mp_rank(const struct trainer *t) { return t->lay.pp_rank * t->lay.tp_size + t->lay.tp_rank; }
@@ -513,8 +510,8 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     t->policy = model_load(model_path, err, errlen);
     if (!t->policy)
         goto fail;
-    if (model_shard_check(&t->policy->cfg, t->lay.tp_size, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
-                          err, errlen) != 0 ||
+    if (model_shard_check(&t->policy->cfg, t->lay.tp_size,
+                          "actor_rollout_ref.actor.megatron.tensor_model_parallel_size", err, errlen) != 0 ||
         model_stage_check(&t->policy->cfg, t->lay.pp_size,
                           "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size", err, errlen) != 0)
         goto fail;
@@ -605,9 +602,8 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     /* a failed write of an earlier run in this process (tests run several) is not this run's */
     metrics_output_failure_reset();
     /* steps logged after the checkpoint we resume from are forgotten: they are redone */
-    if (lead(t) &&
-        metrics_logger_open(&t->logger, t->run_dir, METRICS_SINK_ALL, (long)t->st.total_steps,
-                            resume[0] ? (long)t->st.global_step : -1, cfg->trainer_experiment_name) != 0) {
+    if (lead(t) && metrics_logger_open(&t->logger, t->run_dir, METRICS_SINK_ALL, (long)t->st.total_steps,
+                                       resume[0] ? (long)t->st.global_step : -1, cfg->trainer_experiment_name) != 0) {
         error_set(err, errlen, "%s: cannot open the metrics files", t->run_dir);
         goto fail;
     }

@@ -46,7 +46,7 @@ struct trainer_layout {
     int tp_rank, tp_size;
     struct comm *pp; /* pipeline group (this TP rank's stages); NULL: every layer here */
     int pp_rank, pp_size;
-    struct comm *mp; /* the TP x PP ranks of one model copy (ranked pp x TP + tp); NULL: TP and PP both 1 */
+    struct comm *mp;  /* the TP x PP ranks of one model copy (ranked pp x TP + tp); NULL: TP and PP both 1 */
     struct comm *all; /* every trainer rank: stop and checkpoint decisions follow its rank 0 (DP 0, TP 0) */
     int devices;      /* ranks the run uses (perf/throughput divides by it); 0: 1 */
 };

@@ -37,7 +37,7 @@ struct trainer_rank {
     struct pending *pend;
     int n_pend, cap_pend;
     struct dispatcher *disp; /* DP rank 0, TP rank 0 only */
-    struct comm *mp; /* the TP x PP ranks of this model copy (NULL: whole model): its rank 0 pulls and shares */
+    struct comm *mp;         /* the TP x PP ranks of this model copy (NULL: whole model): its rank 0 pulls and shares */
     uint64_t refused, duplicates, stale;
     int64_t start;
     double sync_s_pending;  /* publishing time to report with the next step */
@@ -143,7 +143,8 @@ static int share_step(struct trainer_rank *r, int64_t k)
         int rc = wire_unpack_batch(buf, (size_t)len, &r->lim, &q.h, &q.b, err, sizeof err);
         free(buf);
         if (rc != 0) {
-            log_error("trainer", "step %lld: a batch from the model copy's rank 0 does not unpack here: %s", (long long)k, err);
+            log_error("trainer", "step %lld: a batch from the model copy's rank 0 does not unpack here: %s",
+                      (long long)k, err);
             return -1;
         }
         if (r->n_pend == r->cap_pend) {
@@ -436,15 +437,15 @@ int run_trainer(struct role_env *env)
     char err[1024];
     const bool split_model = env->at.tp_size > 1 || env->at.pp_size > 1;
     struct trainer_rank r = {.env = env, .mp = split_model ? env->mp : NULL};
-    r.lim = (struct wire_limits){.max_response_length = (int)c->data_max_response_length,
-                                 .groups_in_step = (int)c->data_train_batch_size,
-                                 .n = (int)c->rollout_n,
-                                 /* a work unit per rollout TP group (per rollout rank without rollout TP) */
-                                 .units = env->spec.rollout_ranks /
-                                          (env->spec.rollout_tp > 1 ? env->spec.rollout_tp : 1),
-                                 .world_size = env->world_size,
-                                 .dp_rank = env->at.dp,
-                                 .secret = env->secret};
+    r.lim =
+        (struct wire_limits){.max_response_length = (int)c->data_max_response_length,
+                             .groups_in_step = (int)c->data_train_batch_size,
+                             .n = (int)c->rollout_n,
+                             /* a work unit per rollout TP group (per rollout rank without rollout TP) */
+                             .units = env->spec.rollout_ranks / (env->spec.rollout_tp > 1 ? env->spec.rollout_tp : 1),
+                             .world_size = env->world_size,
+                             .dp_rank = env->at.dp,
+                             .secret = env->secret};
     /* bind before anything slow, so the rollout ranks' first batches find the socket (TP rank 0 of each DP rank
      * pulls; it shares each batch with its TP peers) */
     if (env->at.tp == 0 && env->at.pp == 0) {
