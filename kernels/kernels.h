@@ -48,6 +48,12 @@ void linear_backward(float *dx, float *dW, float *db, const float *dy, const flo
 void rope_forward(float *x, const int32_t *pos, int N, int H, int hd, float theta);
 /* In place: turns dL/d(rotated) (N, H, hd) into dL/d(input) (the inverse rotation; overwrites, no +=). */
 void rope_backward(float *dx, const int32_t *pos, int N, int H, int hd, float theta);
+/* The same with the frequencies given: pair i turns by pos * inv_freq[i] (hd / 2 of them; a scaled RoPE, such
+ * as Llama 3's, remaps them). */
+void rope_forward_freqs(float *x, const int32_t *pos, int N, int H, int hd, const double *inv_freq);
+void rope_backward_freqs(float *dx, const int32_t *pos, int N, int H, int hd, const double *inv_freq);
+/* inv_freq[i] = theta^(-2i/hd), i < hd / 2. */
+void rope_default_freqs(double *inv_freq, int hd, float theta);
 
 /* Causal GQA attention over packed sequences: sequence b is rows cu_seqlens[b]..cu_seqlens[b+1]-1.
  * out, q: (N, Hq, hd); k, v: (N, Hkv, hd); lse: (N, Hq) log-sum-exp of the scaled scores, or NULL;

@@ -22,8 +22,9 @@
 
 #define FIX "tests/fixtures/models/"
 
-static const char *const tiny_models[] = {"tiny-llama-tied", "tiny-llama-untied", "tiny-qwen2-bias",
-                                          "tiny-qwen2-untied"};
+static const char *const tiny_models[] = {"tiny-llama-tied",  "tiny-llama-untied",   "tiny-qwen2-bias",
+                                          "tiny-qwen2-untied", "tiny-llama3-rope", "tiny-llama3-rope-v4",
+                                          "tiny-qwen3"};
 
 static int32_t *read_ids(const char *path, int *n)
 {
@@ -338,11 +339,32 @@ static void test_save_and_reload(void **state)
     FILE *f = fopen(path, "w");
     fputs("{\"model_type\": \"llama\", \"vocab_size\": 64, \"hidden_size\": 32, \"intermediate_size\": 48,"
           " \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+          " \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 8.0}}",
+          f);
+    fclose(f);
+    assert_null(model_load(dir, err, sizeof err));
+    assert_non_null(strstr(err, "rope_scaling type 'yarn' is not supported (supported: default, llama3, linear)"));
+    f = fopen(path, "w");
+    fputs("{\"model_type\": \"llama\", \"vocab_size\": 64, \"hidden_size\": 32, \"intermediate_size\": 48,"
+          " \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+          " \"rope_parameters\": {\"rope_type\": \"dynamic\", \"factor\": 2.0, \"rope_theta\": 10000}}",
+          f);
+    fclose(f);
+    assert_null(model_load(dir, err, sizeof err));
+    assert_non_null(strstr(err, "rope_scaling type 'dynamic' is not supported"));
+    f = fopen(path, "w"); /* llama3 without its frequency bounds */
+    fputs("{\"model_type\": \"llama\", \"vocab_size\": 64, \"hidden_size\": 32, \"intermediate_size\": 48,"
+          " \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
           " \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}}",
           f);
     fclose(f);
     assert_null(model_load(dir, err, sizeof err));
-    assert_non_null(strstr(err, "rope_scaling type 'llama3' is not supported"));
+    assert_non_null(strstr(err, "rope_scaling llama3 needs factor > 0, 0 < low_freq_factor < high_freq_factor"));
+    f = fopen(path, "w");
+    fputs("{\"model_type\": \"qwen3_moe\"}", f);
+    fclose(f);
+    assert_null(model_load(dir, err, sizeof err));
+    assert_non_null(strstr(err, "model_type 'qwen3_moe' is a mixture-of-experts model: not supported yet"));
     f = fopen(path, "w");
     fputs("{\"model_type\": \"mistral\"}", f);
     fclose(f);
@@ -357,6 +379,89 @@ static void test_save_and_reload(void **state)
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     assert_int_equal(system(cmd), 0);
     model_free(m);
+}
+
+/* Llama 3 RoPE and Qwen3 survive a save and reload (config.json and weights), and the frequencies follow
+ * transformers' llama3 remap worked by hand for the fixture's first three pairs. */
+static void test_new_families_roundtrip(void **state)
+{
+    (void)state;
+    const char *names[] = {"tiny-llama3-rope", "tiny-qwen3"};
+    for (int k = 0; k < 2; k++) {
+        struct model *m = load(names[k]);
+        char dir[] = "/tmp/grpo-test-family-XXXXXX", err[1024];
+        assert_non_null(mkdtemp(dir));
+        assert_int_equal(model_save_hf(m, dir, 0, err, sizeof err), 0);
+        struct model *back = model_load(dir, err, sizeof err);
+        if (!back)
+            fail_msg("%s", err);
+        assert_int_equal(back->cfg.arch, m->cfg.arch);
+        assert_int_equal(back->cfg.rope.kind, m->cfg.rope.kind);
+        assert_true(back->cfg.rope.factor == m->cfg.rope.factor);
+        assert_int_equal(back->cfg.rope.original_max_position_embeddings, m->cfg.rope.original_max_position_embeddings);
+        assert_int_equal(back->cfg.qk_norm, m->cfg.qk_norm);
+        assert_int_equal(back->cfg.head_dim, m->cfg.head_dim);
+        assert_int_equal(back->w.n_floats, m->w.n_floats);
+        assert_memory_equal(back->w.mem, m->w.mem, m->w.n_floats * sizeof(float));
+        model_free(back);
+        char cmd[700];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        assert_int_equal(system(cmd), 0);
+        if (k == 0) {
+            /* theta 10000, head_dim 8: frequencies 1, 0.1, 0.01, 0.001 (wavelengths 6.28, 62.8, 628, 6283);
+             * original 8, low/high factors 1 and 4: bounds 8 and 2, factor 8. 6.28 lies between: blended with
+             * smooth = (8 / 6.28 - 1) / (4 - 1); the others are longer than 8: divided by 8. */
+            assert_int_equal(m->cfg.rope.kind, ROPE_LLAMA3);
+            const double smooth = (8.0 / (2 * M_PI) - 1.0) / 3.0;
+            assert_float_equal(m->rope_freqs[0], (1 - smooth) / 8.0 + smooth, 1e-15);
+            assert_float_equal(m->rope_freqs[1], 0.1 / 8.0, 1e-15);
+            assert_float_equal(m->rope_freqs[2], 0.01 / 8.0, 1e-15);
+        } else {
+            assert_int_equal(m->cfg.arch, ARCH_QWEN3);
+            assert_true(m->cfg.qk_norm && m->cfg.head_dim == 16 && m->cfg.hidden_size / m->cfg.n_heads == 8);
+        }
+        model_free(m);
+    }
+}
+
+/* Greedy decoding through the KV cache gives transformers' tokens (generate, 12 new tokens after 6): scaled
+ * RoPE at positions past original_max_position_embeddings, and Qwen3's q/k norms in the cached step. */
+static void test_new_families_greedy(void **state)
+{
+    (void)state;
+    const char *names[] = {"tiny-llama3-rope", "tiny-llama3-rope-v4", "tiny-qwen3"};
+    for (int k = 0; k < 3; k++) {
+        struct model *m = load(names[k]);
+        char path[512];
+        snprintf(path, sizeof path, FIX "%s/greedy.json", names[k]);
+        json_error_t je;
+        json_t *g = json_load_file(path, 0, &je);
+        assert_non_null(g);
+        json_t *prompt = json_object_get(g, "prompt"), *want = json_object_get(g, "new_ids");
+        const int P = (int)json_array_size(prompt), T = (int)json_array_size(want), V = m->cfg.vocab_size;
+        int32_t ids[64];
+        for (int i = 0; i < P; i++)
+            ids[i] = (int32_t)json_integer_value(json_array_get(prompt, (size_t)i));
+        struct kv_cache *kc = kv_cache_create(m, P + T);
+        float *logits = malloc((size_t)V * sizeof(float));
+        assert_non_null(logits);
+        int n = P;
+        model_step(m, &kc, 1, &n, ids, logits, false);
+        for (int t = 0; t < T; t++) {
+            int32_t best = 0;
+            for (int j = 1; j < V; j++)
+                best = logits[j] > logits[best] ? j : best;
+            const int32_t expect = (int32_t)json_integer_value(json_array_get(want, (size_t)t));
+            if (best != expect)
+                fail_msg("%s: greedy token %d is %d, transformers %d", names[k], t, best, expect);
+            int one = 1;
+            model_step(m, &kc, 1, &one, &best, logits, false);
+        }
+        free(logits);
+        kv_cache_free(kc);
+        json_decref(g);
+        model_free(m);
+    }
 }
 
 static const char *bundled_gguf(void)
@@ -781,6 +886,8 @@ int main(void)
         cmocka_unit_test(test_whole_model_finite_differences),
         cmocka_unit_test(test_checkpointing_identical),
         cmocka_unit_test(test_save_and_reload),
+        cmocka_unit_test(test_new_families_roundtrip),
+        cmocka_unit_test(test_new_families_greedy),
         cmocka_unit_test(test_smollm2_matches_transformers),
         cmocka_unit_test(test_generation_reproducible),
         cmocka_unit_test(test_load_refuses_bad_hf),

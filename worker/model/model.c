@@ -46,6 +46,41 @@ int model_config_check(const struct model_config *c, char *why, size_t len)
     return 0;
 }
 
+void model_rope_freqs(const struct model_config *c, double *inv_freq)
+{
+    const int half = c->head_dim / 2;
+    rope_default_freqs(inv_freq, c->head_dim, c->rope_theta);
+    const struct rope_scaling *r = &c->rope;
+    if (r->kind == ROPE_LINEAR) {
+        for (int i = 0; i < half; i++)
+            inv_freq[i] /= r->factor;
+    } else if (r->kind == ROPE_LLAMA3) {
+        /* transformers' _compute_llama3_parameters: wavelengths longer than original / low_freq_factor are
+         * stretched by factor, shorter than original / high_freq_factor kept, and those between blended */
+        const double old = r->original_max_position_embeddings;
+        const double low_wl = old / r->low_freq_factor, high_wl = old / r->high_freq_factor;
+        for (int i = 0; i < half; i++) {
+            const double f = inv_freq[i], wl = 2 * M_PI / f;
+            if (wl > low_wl) {
+                inv_freq[i] = f / r->factor;
+            } else if (wl >= high_wl) {
+                const double smooth = (old / wl - r->low_freq_factor) / (r->high_freq_factor - r->low_freq_factor);
+                inv_freq[i] = (1 - smooth) * f / r->factor + smooth * f;
+            }
+        }
+    }
+}
+
+const char *model_arch_name(enum model_arch a)
+{
+    return a == ARCH_QWEN3 ? "qwen3" : a == ARCH_QWEN2 ? "qwen2" : "llama";
+}
+
+const char *model_rope_name(enum rope_kind k)
+{
+    return k == ROPE_LLAMA3 ? "llama3" : k == ROPE_LINEAR ? "linear" : "default";
+}
+
 int model_config_check_fits(const struct model_config *c, char *why, size_t len)
 {
     /* before anything is allocated: absurd but in-range sizes would otherwise fail inside calloc */
@@ -86,6 +121,10 @@ static size_t layout(const struct model_config *c, const struct model_shard *sh,
             TAKE(L->bq, QD);
             TAKE(L->bk, KD);
             TAKE(L->bv, KD);
+        }
+        if (c->qk_norm) {
+            TAKE(L->q_norm, (size_t)c->head_dim);
+            TAKE(L->k_norm, (size_t)c->head_dim);
         }
         TAKE(L->wo, D * QD);
         TAKE(L->mlp_norm, D);
@@ -237,6 +276,8 @@ struct model *model_create_shard(const struct model_config *c, const struct mode
     m->sh.pp = L->pp_size > 1 ? L->pp : NULL;
     m->sh.mp = L->pp_size > 1 ? L->mp : m->sh.tp;
     params_alloc(c, &m->sh, &m->w);
+    m->rope_freqs = xcalloc((size_t)(c->head_dim / 2 > 0 ? c->head_dim / 2 : 1), sizeof(double));
+    model_rope_freqs(c, m->rope_freqs);
     return m;
 }
 
@@ -255,6 +296,7 @@ void model_free(struct model *m)
 {
     if (!m)
         return;
+    free(m->rope_freqs);
     params_free(&m->w);
     if (m->grad) {
         params_free(m->grad);
@@ -337,6 +379,7 @@ int model_param_refs(const struct model *m, const struct model_params *p, struct
     const int64_t FQ = (int64_t)c->n_heads * hd, FK = (int64_t)c->n_kv_heads * hd, FF = c->intermediate_size;
     const bool first = sh->tp_rank == 0, kv_owner = sh->tp_rank % sh->kv_share == 0;
     const struct part whole = {0, 0, D, 0, first}, vocab = {1, sh->vocab_lo, c->vocab_size, D, true};
+    const struct part head_norm = {0, 0, hd, 0, first}; /* Qwen3's q/k norms: whole on every TP rank */
     const struct part q_rows = {1, sh->head_lo * hd, FQ, D, true}, kv_rows = {1, sh->kv_lo * hd, FK, D, kv_owner};
     const struct part o_cols = {2, sh->head_lo * hd, D, FQ, true};
     const struct part f_rows = {1, sh->inter_lo, FF, D, true}, f_cols = {2, sh->inter_lo, D, FF, true};
@@ -359,6 +402,10 @@ int model_param_refs(const struct model *m, const struct model_params *p, struct
             REF("self_attn.q_proj.bias", L->bq, 1, QD, 0, q_rows);
             REF("self_attn.k_proj.bias", L->bk, 1, KD, 0, kv_rows);
             REF("self_attn.v_proj.bias", L->bv, 1, KD, 0, kv_rows);
+        }
+        if (c->qk_norm) {
+            REF("self_attn.q_norm.weight", L->q_norm, 1, hd, 0, head_norm);
+            REF("self_attn.k_norm.weight", L->k_norm, 1, hd, 0, head_norm);
         }
         REF("self_attn.o_proj.weight", L->wo, 2, D, QD, o_cols);
         REF("post_attention_layernorm.weight", L->mlp_norm, 1, D, 0, whole);
@@ -387,6 +434,7 @@ struct layer_acts {
     float *x;           /* (N, D) layer input (kept even with checkpointing) */
     float *xn1, *rstd1; /* (N, D), (N) */
     float *q, *k, *v;   /* (N, QD), (N, KD), (N, KD), after RoPE for q and k */
+    float *q_pre, *k_pre, *rstd_q, *rstd_k; /* Qwen3: q and k before their norms, and the norms' rstd */
     float *att, *lse;   /* (N, QD), (N, Hq) */
     float *xmid;        /* (N, D) after the attention residual */
     float *xn2, *rstd2;
@@ -419,6 +467,12 @@ static void layer_acts_alloc(const struct model *m, int N, struct layer_acts *a,
     a->k = xmalloc(n * KD * sizeof(float));
     a->v = xmalloc(n * KD * sizeof(float));
     a->att = xmalloc(n * QD * sizeof(float));
+    if (c->qk_norm) {
+        a->q_pre = xmalloc(n * QD * sizeof(float));
+        a->k_pre = xmalloc(n * KD * sizeof(float));
+        a->rstd_q = xmalloc(n * (size_t)m->sh.n_heads * sizeof(float));
+        a->rstd_k = xmalloc(n * (size_t)m->sh.n_kv_heads * sizeof(float));
+    }
     a->lse = xmalloc(n * (size_t)m->sh.n_heads * sizeof(float));
     a->xmid = xmalloc(n * D * sizeof(float));
     a->xn2 = xmalloc(n * D * sizeof(float));
@@ -430,8 +484,8 @@ static void layer_acts_alloc(const struct model *m, int N, struct layer_acts *a,
 
 static void layer_acts_free(struct layer_acts *a, bool keep_x)
 {
-    float **f[] = {&a->xn1,  &a->rstd1, &a->q,     &a->k, &a->v, &a->att, &a->lse,
-                   &a->xmid, &a->xn2,   &a->rstd2, &a->g, &a->u, &a->a};
+    float **f[] = {&a->xn1, &a->rstd1, &a->q,     &a->k, &a->v, &a->att,   &a->lse,   &a->xmid,  &a->xn2,
+                   &a->rstd2, &a->g,   &a->u,     &a->a, &a->q_pre, &a->k_pre, &a->rstd_q, &a->rstd_k};
     for (size_t i = 0; i < sizeof f / sizeof *f; i++) {
         free(*f[i]);
         *f[i] = NULL;
@@ -479,8 +533,14 @@ static void layer_forward(const struct model *m, int l, const struct packed_batc
     linear_forward(a->q, a->xn1, L->wq, L->bq, N, D, QD);
     linear_forward(a->k, a->xn1, L->wk, L->bk, N, D, KD);
     linear_forward(a->v, a->xn1, L->wv, L->bv, N, D, KD);
-    rope_forward(a->q, b->pos, N, Hq, hd, c->rope_theta);
-    rope_forward(a->k, b->pos, N, Hkv, hd, c->rope_theta);
+    if (L->q_norm) { /* Qwen3: each head's q and k RMS-normed before RoPE */
+        memcpy(a->q_pre, a->q, (size_t)N * QD * sizeof(float));
+        memcpy(a->k_pre, a->k, (size_t)N * KD * sizeof(float));
+        rmsnorm_forward(a->q, a->rstd_q, a->q_pre, L->q_norm, N * Hq, hd, c->rms_norm_eps);
+        rmsnorm_forward(a->k, a->rstd_k, a->k_pre, L->k_norm, N * Hkv, hd, c->rms_norm_eps);
+    }
+    rope_forward_freqs(a->q, b->pos, N, Hq, hd, m->rope_freqs);
+    rope_forward_freqs(a->k, b->pos, N, Hkv, hd, m->rope_freqs);
     attention_forward(a->att, a->lse, a->q, a->k, a->v, b->cu_seqlens, b->B, Hq, Hkv, hd);
     linear_forward(a->xmid, a->att, L->wo, NULL, N, QD, D);
     tp_sum(m, a->xmid, (size_t)N * D);
@@ -520,8 +580,16 @@ static void layer_backward(struct model *m, int l, const struct packed_batch *b,
     float *dk = xcalloc((size_t)N * KD, sizeof(float)), *dv = xcalloc((size_t)N * KD, sizeof(float));
     linear_backward(datt, G->wo, NULL, dx, a->att, L->wo, N, QD, D);
     attention_backward(dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, b->cu_seqlens, b->B, Hq, Hkv, hd);
-    rope_backward(dq, b->pos, N, Hq, hd, c->rope_theta);
-    rope_backward(dk, b->pos, N, Hkv, hd, c->rope_theta);
+    rope_backward_freqs(dq, b->pos, N, Hq, hd, m->rope_freqs);
+    rope_backward_freqs(dk, b->pos, N, Hkv, hd, m->rope_freqs);
+    if (L->q_norm) { /* through the per-head norms */
+        float *dq_pre = xcalloc((size_t)N * QD + 1, sizeof(float)), *dk_pre = xcalloc((size_t)N * KD + 1, sizeof(float));
+        rmsnorm_backward(dq_pre, G->q_norm, dq, a->q_pre, L->q_norm, a->rstd_q, N * Hq, hd);
+        rmsnorm_backward(dk_pre, G->k_norm, dk, a->k_pre, L->k_norm, a->rstd_k, N * Hkv, hd);
+        memcpy(dq, dq_pre, (size_t)N * QD * sizeof(float));
+        memcpy(dk, dk_pre, (size_t)N * KD * sizeof(float));
+        free(dq_pre), free(dk_pre);
+    }
     memset(dxn, 0, nD * sizeof(float));
     linear_backward(dxn, G->wq, G->bq, dq, a->xn1, L->wq, N, D, QD);
     linear_backward(dxn, G->wk, G->bk, dk, a->xn1, L->wk, N, D, KD);

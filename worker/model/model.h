@@ -11,7 +11,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum model_arch { ARCH_LLAMA, ARCH_QWEN2 };
+enum model_arch { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3 };
+
+/* RoPE frequencies: the default theta^(-2i/hd), Llama 3's remap (low frequencies divided by factor, high ones
+ * kept, a smooth blend between; transformers' "llama3" rope_type), or all divided by factor ("linear"). */
+enum rope_kind { ROPE_DEFAULT, ROPE_LLAMA3, ROPE_LINEAR };
+struct rope_scaling {
+    enum rope_kind kind;
+    double factor, low_freq_factor, high_freq_factor;
+    int original_max_position_embeddings;
+};
 
 struct model_config {
     enum model_arch arch;
@@ -26,6 +35,8 @@ struct model_config {
     float rms_norm_eps;
     bool tie_word_embeddings;
     bool attention_bias; /* q/k/v bias (Qwen2) */
+    bool qk_norm;        /* per-head RMSNorm of q and k before RoPE (Qwen3) */
+    struct rope_scaling rope;
     int max_position_embeddings;
     int bos_token_id, eos_token_id; /* -1 if unknown */
 };
@@ -35,6 +46,7 @@ struct layer_params {
     float *attn_norm;     /* (D) input_layernorm */
     float *wq, *wk, *wv;  /* (Hq*hd, D), (Hkv*hd, D), (Hkv*hd, D) */
     float *bq, *bk, *bv;  /* (Hq*hd), (Hkv*hd), (Hkv*hd) or NULL */
+    float *q_norm, *k_norm; /* (hd) Qwen3's per-head RMSNorm weights, or NULL */
     float *wo;            /* (D, Hq*hd) */
     float *mlp_norm;      /* (D) post_attention_layernorm */
     float *w_gate, *w_up; /* (F, D) */
@@ -97,11 +109,17 @@ struct model_layout {
 
 struct model {
     struct model_config cfg;
+    double *rope_freqs; /* (head_dim / 2) RoPE frequencies, scaled as cfg.rope says */
     struct model_shard sh;
     struct model_params w;
     struct model_params *grad; /* NULL until model_alloc_grads */
 };
 
+/* The RoPE frequencies of c (head_dim / 2 of them) into inv_freq. */
+void model_rope_freqs(const struct model_config *c, double *inv_freq);
+/* "llama", "qwen2", "qwen3"; and the RoPE variant ("default", "llama3", "linear"). */
+const char *model_arch_name(enum model_arch a);
+const char *model_rope_name(enum rope_kind k);
 /* Check a configuration; 0 or -1 with why filled (names the unsupported field). */
 int model_config_check(const struct model_config *c, char *why, size_t len);
 /* The model's weights fit in this machine's memory (checked before a model is made; a configuration alone, as

@@ -71,6 +71,44 @@ static int json_token_id(json_t *root, const char *key)
     return json_is_integer(v) ? (int)json_integer_value(v) : -1;
 }
 
+/* A rope_scaling (transformers 4) or rope_parameters (transformers 5) object into r. 0, or -1 with err naming
+ * the type or the field. */
+static int parse_rope_scaling(json_t *rs, const char *path, struct rope_scaling *r, char *err, size_t errlen)
+{
+    const char *rt = json_string_value(json_object_get(rs, "rope_type"));
+    if (!rt)
+        rt = json_string_value(json_object_get(rs, "type"));
+    memset(r, 0, sizeof *r);
+    if (!rt || strcmp(rt, "default") == 0)
+        return 0;
+    float f = 0, lo = 0, hi = 0;
+    int orig = 0;
+    if (strcmp(rt, "llama3") == 0) {
+        r->kind = ROPE_LLAMA3;
+        if (json_num(rs, "factor", -1, &f, path, err, errlen) || json_num(rs, "low_freq_factor", -1, &lo, path, err, errlen) ||
+            json_num(rs, "high_freq_factor", -1, &hi, path, err, errlen) ||
+            json_int(rs, "original_max_position_embeddings", -1, &orig, path, err, errlen))
+            return -1;
+        if (!(f > 0) || !(lo > 0) || !(hi > lo) || orig < 1)
+            return ERR("%s: rope_scaling llama3 needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
+                       "original_max_position_embeddings >= 1 (got %g, %g, %g, %d)",
+                       path, (double)f, (double)lo, (double)hi, orig);
+    } else if (strcmp(rt, "linear") == 0) {
+        r->kind = ROPE_LINEAR;
+        if (json_num(rs, "factor", -1, &f, path, err, errlen))
+            return -1;
+        if (!(f > 0))
+            return ERR("%s: rope_scaling linear needs factor > 0 (got %g)", path, (double)f);
+    } else {
+        return ERR("%s: rope_scaling type '%s' is not supported (supported: default, llama3, linear)", path, rt);
+    }
+    r->factor = f;
+    r->low_freq_factor = lo;
+    r->high_freq_factor = hi;
+    r->original_max_position_embeddings = orig;
+    return 0;
+}
+
 int model_config_from_hf_json(const char *path, struct model_config *c, char *err, size_t errlen)
 {
     json_error_t je;
@@ -88,8 +126,15 @@ int model_config_from_hf_json(const char *path, struct model_config *c, char *er
         c->arch = ARCH_LLAMA;
     else if (strcmp(type, "qwen2") == 0)
         c->arch = ARCH_QWEN2;
-    else {
-        ERR("%s: model_type '%s' is not supported (supported: llama, qwen2)", path, type);
+    else if (strcmp(type, "qwen3") == 0)
+        c->arch = ARCH_QWEN3;
+    else if (strcmp(type, "qwen3_moe") == 0 || strcmp(type, "qwen2_moe") == 0) {
+        ERR("%s: model_type '%s' is a mixture-of-experts model: not supported yet (supported: the dense llama, qwen2 "
+            "and qwen3 families)",
+            path, type);
+        goto out;
+    } else {
+        ERR("%s: model_type '%s' is not supported (supported: llama, qwen2, qwen3)", path, type);
         goto out;
     }
     const char *act = json_string_value(json_object_get(root, "hidden_act"));
@@ -102,21 +147,14 @@ int model_config_from_hf_json(const char *path, struct model_config *c, char *er
     json_t *rs = json_object_get(root, "rope_scaling");
     if (json_is_object(rp) && (!rs || json_is_null(rs)))
         rs = rp;
-    if (rs && !json_is_null(rs)) {
-        const char *rt = json_string_value(json_object_get(rs, "rope_type"));
-        if (!rt)
-            rt = json_string_value(json_object_get(rs, "type"));
-        if (!rt || strcmp(rt, "default") != 0) {
-            ERR("%s: rope_scaling type '%s' is not supported (only unscaled RoPE)", path, rt ? rt : "?");
-            goto out;
-        }
-    }
+    if (rs && !json_is_null(rs) && parse_rope_scaling(rs, path, &c->rope, err, errlen) != 0)
+        goto out;
     json_t *mb = json_object_get(root, "mlp_bias");
     if (json_is_true(mb)) {
         ERR("%s: mlp_bias=true is not supported", path);
         goto out;
     }
-    if (c->arch == ARCH_QWEN2 && json_is_true(json_object_get(root, "use_sliding_window"))) {
+    if (c->arch != ARCH_LLAMA && json_is_true(json_object_get(root, "use_sliding_window"))) {
         ERR("%s: use_sliding_window=true is not supported", path);
         goto out;
     }
@@ -142,6 +180,7 @@ int model_config_from_hf_json(const char *path, struct model_config *c, char *er
         c->attention_bias = true; /* Qwen2 always has q/k/v bias */
     else if (json_flag(root, "attention_bias", 0, &c->attention_bias, path, err, errlen))
         goto out;
+    c->qk_norm = c->arch == ARCH_QWEN3; /* Qwen3 norms each head's q and k */
     c->bos_token_id = json_token_id(root, "bos_token_id");
     c->eos_token_id = json_token_id(root, "eos_token_id");
     char why[256];
@@ -157,10 +196,13 @@ out:
 
 int model_config_write_hf_json(const struct model_config *c, const char *path, char *err, size_t errlen)
 {
-    bool qwen = c->arch == ARCH_QWEN2;
+    bool qwen = c->arch != ARCH_LLAMA;
     json_t *o = json_object();
-    json_object_set_new(o, "architectures", json_pack("[s]", qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM"));
-    json_object_set_new(o, "model_type", json_string(qwen ? "qwen2" : "llama"));
+    const char *arch_class = c->arch == ARCH_QWEN3   ? "Qwen3ForCausalLM"
+                             : c->arch == ARCH_QWEN2 ? "Qwen2ForCausalLM"
+                                                     : "LlamaForCausalLM";
+    json_object_set_new(o, "architectures", json_pack("[s]", arch_class));
+    json_object_set_new(o, "model_type", json_string(model_arch_name(c->arch)));
     json_object_set_new(o, "vocab_size", json_integer(c->vocab_size));
     json_object_set_new(o, "hidden_size", json_integer(c->hidden_size));
     json_object_set_new(o, "intermediate_size", json_integer(c->intermediate_size));
@@ -178,8 +220,23 @@ int model_config_write_hf_json(const struct model_config *c, const char *path, c
         json_object_set_new(o, "mlp_bias", json_false());
     } else {
         json_object_set_new(o, "use_sliding_window", json_false());
+        if (c->arch == ARCH_QWEN3)
+            json_object_set_new(o, "attention_bias", json_boolean(c->attention_bias));
     }
-    json_object_set_new(o, "rope_scaling", json_null());
+    if (c->rope.kind == ROPE_DEFAULT) {
+        json_object_set_new(o, "rope_scaling", json_null());
+    } else {
+        json_t *rs = json_object();
+        json_object_set_new(rs, "rope_type", json_string(model_rope_name(c->rope.kind)));
+        json_object_set_new(rs, "factor", json_real(c->rope.factor));
+        if (c->rope.kind == ROPE_LLAMA3) {
+            json_object_set_new(rs, "low_freq_factor", json_real(c->rope.low_freq_factor));
+            json_object_set_new(rs, "high_freq_factor", json_real(c->rope.high_freq_factor));
+            json_object_set_new(rs, "original_max_position_embeddings",
+                                json_integer(c->rope.original_max_position_embeddings));
+        }
+        json_object_set_new(o, "rope_scaling", rs);
+    }
     if (c->bos_token_id >= 0)
         json_object_set_new(o, "bos_token_id", json_integer(c->bos_token_id));
     if (c->eos_token_id >= 0)

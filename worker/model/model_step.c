@@ -122,8 +122,12 @@ void model_step(struct model *m, struct kv_cache **caches, int B, const int *nto
         linear_forward(q, xn, L->wq, L->bq, N, D, QD);
         linear_forward(k, xn, L->wk, L->bk, N, D, KD);
         linear_forward(v, xn, L->wv, L->bv, N, D, KD);
-        rope_forward(q, pos, N, Hq, hd, c->rope_theta);
-        rope_forward(k, pos, N, Hkv, hd, c->rope_theta);
+        if (L->q_norm) { /* Qwen3: each head's q and k RMS-normed before RoPE (in place: row by row) */
+            rmsnorm_forward(q, NULL, q, L->q_norm, N * Hq, hd, c->rms_norm_eps);
+            rmsnorm_forward(k, NULL, k, L->k_norm, N * Hkv, hd, c->rms_norm_eps);
+        }
+        rope_forward_freqs(q, pos, N, Hq, hd, m->rope_freqs);
+        rope_forward_freqs(k, pos, N, Hkv, hd, m->rope_freqs);
         for (int b = 0, off = 0; b < B; off += ntok[b], b++) {
             struct kv_cache *kc = caches[b];
             memcpy(kc->k[l] + (size_t)kc->len * KD, k + (size_t)off * KD, (size_t)ntok[b] * KD * sizeof(float));

@@ -166,6 +166,10 @@ void model_shard_sync_grads(struct model *m)
     model_param_refs(m, m->grad, g, n);
     if (sh->kv_share > 1)
         sync_kv(m, g, n);
+    if (m->cfg.qk_norm && sh->tp) /* Qwen3's q/k norms are whole on every TP rank, each saw only its heads */
+        for (int i = 0; i < n; i++)
+            if (strstr(g[i].name, "q_norm") || strstr(g[i].name, "k_norm")) // NOLINT: name is an array
+                comm_allreduce_sum(sh->tp, g[i].data, g[i].numel, COMM_F32);
     if (m->cfg.tie_word_embeddings && sh->pp_size > 1 && (sh->has_embed || sh->has_head)) {
         /* the first stage's embedding and the last stage's copy: both take the sum of their gradients (the same
          * float sum either way round), so the two copies stay equal */
