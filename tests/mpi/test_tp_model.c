@@ -204,8 +204,16 @@ int main(int argc, char **argv)
     qwen.n_kv_heads = 1;
     qwen.n_heads = 4;
     qwen.vocab_size = 61;
+    /* Qwen3: per-head q/k norms (whole on every TP rank, their gradients summed over TP), an explicit head_dim,
+     * with Llama 3's RoPE remap */
+    struct model_config qwen3 = llama;
+    qwen3.arch = ARCH_QWEN3;
+    qwen3.qk_norm = true;
+    qwen3.head_dim = 6;
+    qwen3.rope = (struct rope_scaling){ROPE_LLAMA3, 4.0, 1.0, 4.0, 4};
     check_config("llama-tied-gqa", &llama, &g, w); /* one model copy: the world is its TP x PP group */
     check_config("qwen2-bias-untied-mqa", &qwen, &g, w);
+    check_config("qwen3-qknorm-llama3-rope", &qwen3, &g, w);
     /* layouts that cannot work are refused with the key and the numbers */
     char why[256];
     struct model_config bad = llama;
