@@ -132,13 +132,27 @@ static int cmd_info(const char *path)
         return 1;
     }
     const struct model_config *c = &m->cfg;
-    printf("architecture        %s\n", c->arch == ARCH_QWEN2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM");
+    printf("architecture        %s (family %s)\n",
+           c->arch == ARCH_QWEN3   ? "Qwen3ForCausalLM"
+           : c->arch == ARCH_QWEN2 ? "Qwen2ForCausalLM"
+                                   : "LlamaForCausalLM",
+           model_arch_name(c->arch));
     printf("layers              %d\n", c->n_layers);
     printf("hidden_size         %d\n", c->hidden_size);
     printf("intermediate_size   %d\n", c->intermediate_size);
     printf("attention heads     %d (key/value heads %d, head_dim %d)\n", c->n_heads, c->n_kv_heads, c->head_dim);
     printf("vocab_size          %d\n", c->vocab_size);
     printf("rope_theta          %g\n", c->rope_theta);
+    if (c->rope.kind == ROPE_LLAMA3)
+        printf("rope scaling        llama3 (factor %g, low_freq_factor %g, high_freq_factor %g, "
+               "original_max_position_embeddings %d)\n",
+               c->rope.factor, c->rope.low_freq_factor, c->rope.high_freq_factor,
+               c->rope.original_max_position_embeddings);
+    else if (c->rope.kind == ROPE_LINEAR)
+        printf("rope scaling        linear (factor %g)\n", c->rope.factor);
+    else
+        printf("rope scaling        none (default)\n");
+    printf("q/k norms           %s\n", c->qk_norm ? "per head (Qwen3)" : "none");
     printf("rms_norm_eps        %g\n", c->rms_norm_eps);
     printf("tie_word_embeddings %s\n", c->tie_word_embeddings ? "true" : "false");
     printf("q/k/v bias          %s\n", c->attention_bias ? "true" : "false");

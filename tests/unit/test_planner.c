@@ -54,14 +54,17 @@ static void test_param_counts(void **state)
                              .head_dim = 64,
                              .tie_word_embeddings = true};
     assert_true(plan_param_count(&s) == 134515008.0); /* SmolLM2-135M */
-    /* the parameters this code allocates for the test tokenizer's tiny model, with and without biases */
+    /* the parameters this code allocates for the test tokenizer's tiny model, with and without biases and q/k
+     * norms */
     struct model_config t;
     char err[512];
     assert_int_equal(
         model_config_from_hf_json("tests/fixtures/tokenizers/bytes-chatml/config.json", &t, err, sizeof err), 0);
-    for (int bias = 0; bias < 2; bias++) {
-        t.attention_bias = bias;
-        t.tie_word_embeddings = !bias;
+    for (int bias = 0; bias < 3; bias++) { /* no bias; q/k/v biases; Qwen3's q/k norms with a head_dim of its own */
+        t.attention_bias = bias == 1;
+        t.tie_word_embeddings = bias != 1;
+        t.qk_norm = bias == 2;
+        t.head_dim = bias == 2 ? 24 : t.hidden_size / t.n_heads;
         struct model *m = model_create(&t);
         assert_non_null(m);
         assert_true(plan_param_count(&t) == (double)model_num_params(m));

@@ -46,6 +46,8 @@ double model_weight_bytes(const struct model_config *c)
     double layer = 2 * D + QD * D + 2 * KD * D + D * QD + 3 * F * D;
     if (c->attention_bias)
         layer += QD + 2 * KD;
+    if (c->qk_norm)
+        layer += 2.0 * c->head_dim;
     double floats = V * D + (double)c->n_layers * layer + D + (c->tie_word_embeddings ? 0 : V * D);
     return floats * (double)sizeof(float);
 }

@@ -40,6 +40,8 @@ double plan_param_count(const struct model_config *m)
     double layer = 2 * h + h * a * d + 2 * h * g * d + a * d * h + 3 * h * f;
     if (m->attention_bias)
         layer += a * d + 2 * g * d;
+    if (m->qk_norm)
+        layer += 2 * d;
     return V * h + m->n_layers * layer + h + (m->tie_word_embeddings ? 0 : V * h);
 }
 
@@ -52,6 +54,8 @@ static double layer_params_tp(const struct model_config *m, int tp)
     double layer = 2 * h + h * a * d + 2 * h * g * d + a * d * h + 3 * h * f / tp;
     if (m->attention_bias)
         layer += a * d + 2 * g * d;
+    if (m->qk_norm)
+        layer += 2 * d;
     return layer;
 }
 
