@@ -201,9 +201,47 @@ static int check_range(const struct cfg_key_info *k, double v, const char *origi
     return 0;
 }
 
+/* A verl key accepted with no effect: remembered (the last value of a key given twice) for the start-up line. */
+static void note_verl(struct grpo_config *c, const char *name, const char *value, const char *why)
+{
+    char text[512];
+    snprintf(text, sizeof text, "%s=%s (%s)", name, value ? value : "null", why);
+    const size_t n = strlen(name);
+    for (int i = 0; i < c->n_noted; i++)
+        if (strncmp(c->noted[i], name, n) == 0 && c->noted[i][n] == '=') {
+            free(c->noted[i]);
+            c->noted[i] = xstrdup(text);
+            return;
+        }
+    c->noted = xrealloc(c->noted, (size_t)(c->n_noted + 1) * sizeof *c->noted);
+    c->noted[c->n_noted++] = xstrdup(text);
+}
+
+/* Forget a noted verl key (~key). */
+static void unnote_verl(struct grpo_config *c, const char *name)
+{
+    const size_t n = strlen(name);
+    for (int i = 0; i < c->n_noted; i++)
+        if (strncmp(c->noted[i], name, n) == 0 && c->noted[i][n] == '=') {
+            free(c->noted[i]);
+            c->noted[i] = c->noted[--c->n_noted];
+            return;
+        }
+}
+
 int config_set(struct grpo_config *c, const char *name, const char *value, const char *origin, struct cfg_error *err)
 {
     const struct cfg_key_info *k = config_find(name);
+    const char *why = NULL;
+    const enum verl_class vc = k ? VERL_UNKNOWN : config_verl_class(name, value, &why);
+    if (vc == VERL_NOTED) {
+        note_verl(c, name, value, why);
+        return 0;
+    }
+    if (vc == VERL_REFUSED) {
+        errf(err, "%s: %s=%s: %s", origin, name, value ? value : "null", why);
+        return -1;
+    }
     if (!k) {
         const char *s = config_suggest(name);
         if (s)
@@ -297,6 +335,11 @@ void config_free(struct grpo_config *c)
     }
     free(c->origin);
     c->origin = NULL;
+    for (int i = 0; i < c->n_noted; i++)
+        free(c->noted[i]);
+    free(c->noted);
+    c->noted = NULL;
+    c->n_noted = 0;
 }
 
 int config_apply_override(struct grpo_config *c, const char *arg, struct cfg_error *err)
@@ -314,9 +357,46 @@ int config_apply_override(struct grpo_config *c, const char *arg, struct cfg_err
     }
     memcpy(name, arg, n);
     name[n] = 0;
-    /* verl's '+key=value' (Hydra "add") means the same thing for a known key */
-    const char *key = name[0] == '+' ? name + 1 : name;
-    return config_set(c, key, eq + 1, "command line", err);
+    /* Hydra's '+key=value' (add) and '++key=value' (add or override) mean the same thing for a known key */
+    const char *key = name;
+    while (*key == '+')
+        key++;
+    if (name[0] == '~')
+        return config_reset(c, name + 1, err);
+    /* one level of quotes, as a shell leaves them in "key='value'" */
+    char value[4096];
+    const char *v = eq + 1;
+    size_t vn = strlen(v);
+    if (vn >= 2 && ((v[0] == '\'' && v[vn - 1] == '\'') || (v[0] == '"' && v[vn - 1] == '"'))) {
+        v++;
+        vn -= 2;
+    }
+    if (vn >= sizeof value) {
+        errf(err, "command line: the value of %s is too long", key);
+        return -1;
+    }
+    memcpy(value, v, vn);
+    value[vn] = 0;
+    if (strcmp(value, "null") == 0 && config_find(key)) /* Hydra's null: the default */
+        return config_reset(c, key, err);
+    return config_set(c, key, value, "command line", err);
+}
+
+int config_reset(struct grpo_config *c, const char *name, struct cfg_error *err)
+{
+    const struct cfg_key_info *k = config_find(name);
+    if (!k) {
+        const char *why = NULL;
+        if (config_verl_class(name, NULL, &why) != VERL_UNKNOWN) {
+            unnote_verl(c, name);
+            return 0;
+        }
+        const char *s = config_suggest(name);
+        errf(err, "command line: ~%s: unknown key%s%s%s", name, s ? " (did you mean '" : "", s ? s : "",
+             s ? "'?)" : "");
+        return -1;
+    }
+    return config_set(c, name, k->def, "default", err);
 }
 
 /* Where a key's value came from ("default", "FILE:LINE", "command line"). */
@@ -353,8 +433,79 @@ static int check_dir_component(const struct grpo_config *c, const char *name, co
     return -1;
 }
 
+/* verl's sinks that need a service this project does not talk to */
+static const char *const g_remote_sinks[] = {"wandb", "mlflow", "swanlab", "vemlp_wandb", "clearml", "trackio"};
+
+int config_logger_sinks(const struct grpo_config *c, unsigned *sinks, char *skipped, size_t skipped_len,
+                        struct cfg_error *err)
+{
+    *sinks = 0;
+    if (skipped && skipped_len)
+        skipped[0] = 0;
+    char list[512];
+    snprintf(list, sizeof list, "%s", c->trainer_logger ? c->trainer_logger : "");
+    char *p = list;
+    while (*p == ' ' || *p == '[')
+        p++;
+    char *end = p + strlen(p);
+    while (end > p && (end[-1] == ' ' || end[-1] == ']'))
+        *--end = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(p, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        while (*t == ' ' || *t == '\'' || *t == '"')
+            t++;
+        size_t n = strlen(t);
+        while (n > 0 && (t[n - 1] == ' ' || t[n - 1] == '\'' || t[n - 1] == '"'))
+            t[--n] = 0;
+        if (!n)
+            continue;
+        if (strcmp(t, "console") == 0) {
+            *sinks |= CFG_LOG_CONSOLE;
+        } else if (strcmp(t, "tensorboard") == 0) {
+            *sinks |= CFG_LOG_TENSORBOARD;
+        } else if (strcmp(t, "file") == 0) {
+            *sinks |= CFG_LOG_FILE;
+        } else {
+            bool remote = false;
+            for (size_t i = 0; i < sizeof g_remote_sinks / sizeof *g_remote_sinks; i++)
+                remote |= strcmp(t, g_remote_sinks[i]) == 0;
+            if (!remote) {
+                errf(err,
+                     "%s: trainer.logger: unknown sink '%s' (console, tensorboard and file are written here; wandb, "
+                     "mlflow, swanlab, vemlp_wandb, clearml and trackio are skipped with a notice)",
+                     origin_of(c, "trainer.logger"), t);
+                return -1;
+            }
+            if (skipped && skipped_len) {
+                size_t k = strlen(skipped);
+                snprintf(skipped + k, skipped_len - k, "%s%s", k ? ", " : "", t);
+            }
+        }
+    }
+    return 0;
+}
+
 int config_validate(const struct grpo_config *c, struct cfg_error *err)
 {
+    unsigned sinks;
+    if (config_logger_sinks(c, &sinks, NULL, 0, err) != 0)
+        return -1;
+    if (c->rollout_prompt_length && c->rollout_prompt_length != c->data_max_prompt_length) {
+        errf(err,
+             "%s: actor_rollout_ref.rollout.prompt_length (%lld) differs from data.max_prompt_length (%lld): verl "
+             "means the same length by both; give them one value (or leave the rollout's out)",
+             origin_of(c, "actor_rollout_ref.rollout.prompt_length"), c->rollout_prompt_length,
+             c->data_max_prompt_length);
+        return -1;
+    }
+    if (c->rollout_response_length && c->rollout_response_length != c->data_max_response_length) {
+        errf(err,
+             "%s: actor_rollout_ref.rollout.response_length (%lld) differs from data.max_response_length (%lld): "
+             "verl means the same length by both; give them one value (or leave the rollout's out)",
+             origin_of(c, "actor_rollout_ref.rollout.response_length"), c->rollout_response_length,
+             c->data_max_response_length);
+        return -1;
+    }
     if (check_dir_component(c, "trainer.project_name", c->trainer_project_name, err) != 0 ||
         check_dir_component(c, "trainer.experiment_name", c->trainer_experiment_name, err) != 0)
         return -1;
@@ -472,6 +623,10 @@ void config_print(const struct grpo_config *c, FILE *out)
         fputc('\n', out);
         prev = name;
     }
+    if (c->n_noted > 0)
+        fprintf(out, "# verl keys accepted with no effect here (docs/verl.md):\n");
+    for (int i = 0; i < c->n_noted; i++)
+        fprintf(out, "#   %s\n", c->noted[i]);
 }
 
 static const char *type_name(enum cfg_type t)

@@ -33,7 +33,20 @@ struct grpo_config {
 #undef X
     /* where each key's value came from: "default", "FILE:LINE" or "command line" */
     char **origin;
+    /* verl keys accepted with no effect here, as "name=value (why)" (config_verl_class) */
+    char **noted;
+    int n_noted;
 };
+
+/* verl keys that are not ours: accepted and noted (they steer only verl's Python machinery), or refused (they ask
+ * for a feature we do not have yet); *why says which reason or which feature. VERL_UNKNOWN: not a verl key we
+ * know of (an unknown key, with a suggestion). */
+enum verl_class { VERL_UNKNOWN, VERL_NOTED, VERL_REFUSED };
+enum verl_class config_verl_class(const char *name, const char *value, const char **why);
+/* The table behind it (docs/verl.md; tests walk it): pattern (a name or a prefix ending in ".*"), the values
+ * accepted (NULL: any), why they change nothing, and the feature other values ask for (either may be NULL). */
+int config_verl_count(void);
+void config_verl_entry(int i, const char **pattern, const char **ok, const char **noted, const char **refused);
 
 /* Static description of one key. */
 struct cfg_key_info {
@@ -67,8 +80,17 @@ void config_free(struct grpo_config *c);
 int config_set(struct grpo_config *c, const char *name, const char *value, const char *origin, struct cfg_error *err);
 /* Load a YAML file of nested mappings (verl layout). Returns 0 or -1 with err. */
 int config_load_yaml(struct grpo_config *c, const char *path, struct cfg_error *err);
-/* Apply one `a.b.c=value` override from the command line. Returns 0 or -1 with err. */
+/* Apply one command-line override in Hydra's forms: `a.b.c=value`, `+a.b.c=value`, `++a.b.c=value`, and `~a.b.c`
+ * (or `~a.b.c=value`) to put a key back to its default; a value may keep one level of quotes ('error') as a
+ * shell leaves them, and `null` is the default. Returns 0 or -1 with err. */
 int config_apply_override(struct grpo_config *c, const char *arg, struct cfg_error *err);
+/* trainer.logger's sinks as CFG_LOG_* bits; skipped (may be NULL) gets the verl sinks that need a remote service
+ * ("wandb, mlflow"), which are left out with a notice. 0, or -1 with err for an unknown sink. */
+enum { CFG_LOG_CONSOLE = 1, CFG_LOG_TENSORBOARD = 2, CFG_LOG_FILE = 4 };
+int config_logger_sinks(const struct grpo_config *c, unsigned *sinks, char *skipped, size_t skipped_len,
+                        struct cfg_error *err);
+/* Put a key back to its default (Hydra's ~key); a noted verl key is forgotten. 0, or -1 with err (unknown). */
+int config_reset(struct grpo_config *c, const char *name, struct cfg_error *err);
 /* Check relations between keys (for example clip bounds, batch divisibility). 0 or -1 with err. */
 int config_validate(const struct grpo_config *c, struct cfg_error *err);
 /* Print the effective configuration as nested YAML, each value followed by its origin. */

@@ -13,9 +13,12 @@ static void drop_args(int *argc, char **argv, int at, int count)
     *argc -= count;
 }
 
-/* An override looks like a.b=value: a key name (letters, digits, '_', '.', '-', leading '+') then '='. */
+/* An override looks like a.b=value: a key name (letters, digits, '_', '.', '-', leading '+') then '='; or Hydra's
+ * ~a.b (delete: back to the default), with or without a value. */
 static bool looks_like_override(const char *a)
 {
+    if (a[0] == '~' && a[1] && a[1] != '/')
+        return true;
     const char *eq = strchr(a, '=');
     if (!eq || eq == a || a[0] == '-')
         return false;
@@ -82,6 +85,11 @@ int config_from_args(struct grpo_config *c, int *argc, char **argv)
             reference = true;
             drop_args(argc, argv, i, 1);
         } else if (looks_like_override(a)) {
+            char del[512];
+            if (a[0] == '~' && !strchr(a, '=')) { /* ~key: the override's form with the name alone */
+                snprintf(del, sizeof del, "%s=", a);
+                a = del;
+            }
             if (config_apply_override(c, a, &err) != 0) {
                 log_error("config", "%s", err.msg);
                 return -1;
@@ -109,7 +117,14 @@ int config_from_args(struct grpo_config *c, int *argc, char **argv)
     int level = log_level_from_name(c->trainer_log_level);
     if (level >= 0)
         log_set_level((enum log_level)level);
-    log_init_from_env(); /* the environment wins over the file, as operators expect */
+    log_init_from_env();            /* the environment wins over the file, as operators expect */
+    if (c->n_noted > 0 && !print) { /* one line, so that nothing is silently ignored */
+        char line[4096] = "";
+        size_t n = 0;
+        for (int i = 0; i < c->n_noted && n + 8 < sizeof line; i++)
+            n += (size_t)snprintf(line + n, sizeof line - n, "%s%s", i ? "; " : "", c->noted[i]);
+        log_info("config", "%d verl key(s) accepted with no effect here: %s", c->n_noted, line);
+    }
     if (print) {
         config_print(c, stdout);
         return 1;

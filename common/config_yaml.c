@@ -37,6 +37,15 @@ static bool is_section(const char *name)
         if (strncmp(k, name, n) == 0 && k[n] == '.')
             return true;
     }
+    /* verl's sections whose keys we note or refuse (fsdp_config, engine_kwargs.vllm, multi_turn, ...) */
+    for (int i = 0; i < config_verl_count(); i++) {
+        const char *pat, *ok, *why, *feature;
+        config_verl_entry(i, &pat, &ok, &why, &feature);
+        const size_t m = strlen(pat);
+        const bool wild = m >= 2 && strcmp(pat + m - 2, ".*") == 0;
+        if ((strncmp(pat, name, n) == 0 && pat[n] == '.') || (wild && strncmp(name, pat, m - 1) == 0))
+            return true;
+    }
     return false;
 }
 
@@ -102,6 +111,12 @@ static int set_value(struct yaml_walk *w, const char *name, size_t line, const c
 {
     const struct cfg_key_info *k = config_find(name);
     if (!k) {
+        const char *why;
+        if (config_verl_class(name, value, &why) != VERL_UNKNOWN) { /* noted, or refused with the feature named */
+            char origin[600];
+            snprintf(origin, sizeof origin, "%s:%zu", w->path, line + 1);
+            return config_set(w->cfg, name, value ? value : "null", origin, w->err);
+        }
         if (is_section(name)) {
             walk_err(w, line, "'%s' is a section; give its keys beneath it (for example %s.<key>)", name, name);
             return -1;

@@ -323,6 +323,157 @@ static void test_suggest(void **state)
     assert_null(config_suggest("completely.unrelated.thing.zzzzzzzzzz"));
 }
 
+/* docs/verl.md's table, row by row: each verl key is accepted as ours (same, mapped), accepted and noted, or
+ * refused with the feature named, as the row says; and every entry of the code's verl table has a row. */
+static void test_verl_table(void **state)
+{
+    (void)state;
+    FILE *f = fopen("docs/verl.md", "r");
+    if (!f)
+        fail_msg("docs/verl.md missing (run from the source root)");
+    char line[1024];
+    bool in_table = false;
+    int rows = 0, same = 0, noted = 0, refused = 0;
+    bool *covered = calloc((size_t)config_verl_count(), sizeof *covered);
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "## Every key", 12) == 0)
+            in_table = true;
+        if (!in_table || strncmp(line, "| `", 3) != 0)
+            continue;
+        /* | `key` | class | `value` | ... */
+        char key[256], cls[32], value[256];
+        char *p = line + 3, *q = strchr(p, '`');
+        assert_non_null(q);
+        snprintf(key, sizeof key, "%.*s", (int)(q - p), p);
+        p = strchr(q, '|') + 1;
+        while (*p == ' ')
+            p++;
+        q = strchr(p, '|');
+        snprintf(cls, sizeof cls, "%.*s", (int)(q - p), p);
+        for (size_t n = strlen(cls); n > 0 && cls[n - 1] == ' ';)
+            cls[--n] = 0;
+        p = strchr(q, '`') + 1;
+        q = strchr(p, '`');
+        snprintf(value, sizeof value, "%.*s", (int)(q - p), p);
+        char arg[600];
+        snprintf(arg, sizeof arg, "%s=%s", key, value);
+        struct grpo_config c;
+        config_init(&c);
+        struct cfg_error err = {{0}};
+        const int rc = config_apply_override(&c, arg, &err);
+        if (strcmp(cls, "same") == 0 || strcmp(cls, "mapped") == 0) {
+            if (rc != 0 || !config_find(key) || c.n_noted != 0)
+                fail_msg("docs/verl.md says %s is %s, but %s: %s", key, cls, arg, rc ? err.msg : "noted");
+            same++;
+        } else if (strcmp(cls, "noted") == 0) {
+            if (rc != 0 || c.n_noted != 1 || strncmp(c.noted[0], key, strlen(key)) != 0)
+                fail_msg("docs/verl.md says %s is noted, but %s: %s", key, arg, rc ? err.msg : "not noted");
+            noted++;
+        } else if (strcmp(cls, "not yet") == 0) {
+            if (rc == 0 || !strstr(err.msg, key))
+                fail_msg("docs/verl.md says %s=%s is refused, but it was accepted", key, value);
+            refused++;
+        } else {
+            fail_msg("docs/verl.md: row of %s has class '%s' (same, mapped, noted or not yet)", key, cls);
+        }
+        for (int i = 0; i < config_verl_count(); i++) {
+            const char *pat, *ok, *why, *feature;
+            config_verl_entry(i, &pat, &ok, &why, &feature);
+            const size_t n = strlen(pat);
+            if (n >= 2 && strcmp(pat + n - 2, ".*") == 0 ? strncmp(key, pat, n - 1) == 0 : strcmp(key, pat) == 0)
+                covered[i] = true;
+        }
+        config_free(&c);
+        rows++;
+    }
+    fclose(f);
+    for (int i = 0; i < config_verl_count(); i++) {
+        const char *pat, *ok, *why, *feature;
+        config_verl_entry(i, &pat, &ok, &why, &feature);
+        if (!covered[i])
+            fail_msg("verl key %s is in the code's table but has no row in docs/verl.md", pat);
+    }
+    free(covered);
+    assert_true(rows >= 150 && same > 50 && noted > 50 && refused > 15);
+}
+
+/* Hydra's override forms and the start-up list of noted keys. */
+static void test_hydra_forms(void **state)
+{
+    (void)state;
+    struct grpo_config c;
+    config_init(&c);
+    struct cfg_error err = {{0}};
+    assert_int_equal(config_apply_override(&c, "+data.seed=5", &err), 0);
+    assert_int_equal(c.data_seed, 5);
+    assert_int_equal(config_apply_override(&c, "++data.seed=6", &err), 0);
+    assert_int_equal(c.data_seed, 6);
+    assert_int_equal(config_apply_override(&c, "data.truncation='left'", &err), 0);
+    assert_string_equal(c.data_truncation, "left");
+    assert_int_equal(config_apply_override(&c, "data.truncation=\"right\"", &err), 0);
+    assert_string_equal(c.data_truncation, "right");
+    assert_int_equal(config_apply_override(&c, "~data.seed=", &err), 0); /* back to the default */
+    assert_int_equal(c.data_seed, 1);
+    assert_int_equal(config_apply_override(&c, "data.truncation=null", &err), 0);
+    assert_string_equal(c.data_truncation, "error");
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.rollout.name=vllm", &err), 0);
+    assert_int_equal(c.n_noted, 1);
+    assert_int_equal(config_apply_override(&c, "~actor_rollout_ref.rollout.name=", &err), 0);
+    assert_int_equal(c.n_noted, 0);
+    assert_int_not_equal(config_apply_override(&c, "~data.sed=", &err), 0);
+    assert_non_null(strstr(err.msg, "did you mean 'data.seed'"));
+    /* a misspelt verl key is still an error with a suggestion */
+    assert_int_not_equal(config_apply_override(&c, "data.trian_files=x", &err), 0);
+    assert_non_null(strstr(err.msg, "did you mean 'data.train_files'"));
+    /* trainer.logger: verl's list forms; remote sinks skipped, unknown ones refused */
+    unsigned sinks;
+    char skipped[128];
+    assert_int_equal(config_apply_override(&c, "trainer.logger=['console','wandb']", &err), 0);
+    assert_int_equal(config_logger_sinks(&c, &sinks, skipped, sizeof skipped, &err), 0);
+    assert_int_equal(sinks, CFG_LOG_CONSOLE);
+    assert_string_equal(skipped, "wandb");
+    assert_int_equal(config_apply_override(&c, "trainer.logger=[console,tensorboard,mlflow]", &err), 0);
+    assert_int_equal(config_logger_sinks(&c, &sinks, skipped, sizeof skipped, &err), 0);
+    assert_int_equal(sinks, CFG_LOG_CONSOLE | CFG_LOG_TENSORBOARD);
+    assert_string_equal(skipped, "mlflow");
+    assert_int_equal(config_apply_override(&c, "trainer.logger=console", &err), 0);
+    assert_int_equal(config_logger_sinks(&c, &sinks, NULL, 0, &err), 0);
+    assert_int_equal(sinks, CFG_LOG_CONSOLE);
+    assert_int_equal(config_apply_override(&c, "trainer.logger=[console,neptune]", &err), 0);
+    assert_int_not_equal(config_validate(&c, &err), 0);
+    assert_non_null(strstr(err.msg, "trainer.logger: unknown sink 'neptune'"));
+    config_free(&c);
+    /* the rollout's copies of the lengths must agree with data's */
+    config_init(&c);
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.rollout.response_length=99", &err), 0);
+    assert_int_not_equal(config_validate(&c, &err), 0);
+    assert_non_null(strstr(err.msg, "differs from data.max_response_length"));
+    config_free(&c);
+    /* a verl YAML: noted keys nested under their sections, a refused one named */
+    char path[] = "/tmp/grpo-verl-yaml-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *y = fdopen(fd, "w");
+    fputs("actor_rollout_ref:\n  actor:\n    fsdp_config:\n      param_offload: false\n      wrap_policy:\n"
+          "        min_num_params: 0\n  rollout:\n    name: vllm\n    engine_kwargs:\n      vllm:\n"
+          "        swap_space: null\ndata:\n  truncation: left\n",
+          y);
+    fclose(y);
+    config_init(&c);
+    assert_int_equal(config_load_yaml(&c, path, &err), 0);
+    assert_int_equal(c.n_noted, 4);
+    assert_string_equal(c.data_truncation, "left");
+    config_free(&c);
+    y = fopen(path, "w");
+    fputs("actor_rollout_ref:\n  rollout:\n    multi_turn:\n      enable: true\n", y);
+    fclose(y);
+    config_init(&c);
+    assert_int_not_equal(config_load_yaml(&c, path, &err), 0);
+    assert_non_null(strstr(err.msg, ":4: actor_rollout_ref.rollout.multi_turn.enable=true: multi-turn rollouts"));
+    config_free(&c);
+    unlink(path);
+}
+
 /* docs/configuration.md is generated from the key table; it must not drift. */
 static void test_reference_doc_is_current(void **state)
 {
@@ -360,6 +511,8 @@ int main(void)
         cmocka_unit_test(test_print_config_stray_argument),
         cmocka_unit_test(test_suggest),
         cmocka_unit_test(test_reference_doc_is_current),
+        cmocka_unit_test(test_verl_table),
+        cmocka_unit_test(test_hydra_forms),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "common/log.h"
 #include "common/config.h"
 #include "worker/data/dataset.h"
 #include "worker/formats/gguf.h"
@@ -43,15 +44,30 @@ struct tokenizer *prompt_load_tokenizer(const char *model_path, char *err, size_
     return t;
 }
 
+/* Cut ids (n > max) to max tokens as data.truncation says: keep the end (left), the start (right) or both ends
+ * (middle: the first max / 2 and the last max - max / 2). */
+static void truncate_ids(int32_t *ids, int *n, int max, const char *how)
+{
+    if (strcmp(how, "left") == 0) {
+        memmove(ids, ids + (*n - max), (size_t)max * sizeof *ids);
+    } else if (strcmp(how, "middle") == 0) {
+        const int head = max / 2, tail = max - head;
+        memmove(ids + head, ids + (*n - tail), (size_t)tail * sizeof *ids);
+    }
+    *n = max; /* right: the start is already in place */
+}
+
 static int encode_set(const struct grpo_config *cfg, const struct tokenizer *tok, struct dataset *d, const char *name,
                       struct prompt_set *s, char *err, size_t errlen)
 {
     s->name = name;
-    s->n = d->n;
+    s->n = 0;
     s->items = xcalloc((size_t)(d->n ? d->n : 1), sizeof *s->items);
+    int dropped = 0, cut = 0;
+    const int max = (int)cfg->data_max_prompt_length;
     for (int i = 0; i < d->n; i++) {
         const struct prompt_sample *ps = &d->samples[i];
-        struct prompt_item *it = &s->items[i];
+        struct prompt_item *it = &s->items[s->n];
         it->data_source = ps->data_source;
         it->ground_truth = ps->ground_truth;
         it->extra_info = ps->extra_info_json;
@@ -63,15 +79,30 @@ static int encode_set(const struct grpo_config *cfg, const struct tokenizer *tok
         size_t n;
         it->ids = tokenizer_encode(tok, it->text, strlen(it->text), 0, &n);
         it->len = (int)n;
-        if (it->len > cfg->data_max_prompt_length || it->len == 0) {
+        if (it->len > max && cfg->data_filter_overlong_prompts) { /* verl's filter_overlong_prompts */
+            free(it->text), free(it->ids);
+            memset(it, 0, sizeof *it);
+            dropped++;
+            continue;
+        }
+        if (it->len > max && strcmp(cfg->data_truncation, "error") != 0) {
+            truncate_ids(it->ids, &it->len, max, cfg->data_truncation);
+            cut++;
+        }
+        if (it->len > max || it->len == 0) {
             if (ps->line)
-                snprintf(err, errlen, "%s:%d: prompt has %d tokens; data.max_prompt_length is %lld", name, ps->line,
-                         it->len, cfg->data_max_prompt_length);
+                snprintf(
+                    err, errlen,
+                    "%s:%d: prompt has %d tokens; data.max_prompt_length is %lld (data.truncation=left|right|middle "
+                    "cuts such prompts, data.filter_overlong_prompts=true drops them)",
+                    name, ps->line, it->len, cfg->data_max_prompt_length);
             else
                 snprintf(err, errlen, "%s: prompt %d has %d tokens; data.max_prompt_length is %lld", name, i, it->len,
                          cfg->data_max_prompt_length);
+            s->n++; /* its buffers are freed with the set */
             return -1;
         }
+        s->n++;
         /* the synthetic arithmetic task's reference answer, in the form its prompt asks for */
         if (strcmp(ps->data_source, "arithmetic") == 0 && ps->ground_truth) {
             char ans[128];
@@ -85,6 +116,18 @@ static int encode_set(const struct grpo_config *cfg, const struct tokenizer *tok
             if (eos >= 0)
                 it->answer_ids[it->answer_len++] = eos;
         }
+    }
+    if (dropped)
+        log_info("data",
+                 "%s: %d of %d prompts are longer than data.max_prompt_length (%d tokens): dropped "
+                 "(data.filter_overlong_prompts)",
+                 name, dropped, d->n, max);
+    if (cut)
+        log_info("data", "%s: %d prompts cut to data.max_prompt_length (%d tokens), data.truncation=%s", name, cut, max,
+                 cfg->data_truncation);
+    if (s->n == 0 && d->n > 0) {
+        snprintf(err, errlen, "%s: every prompt is longer than data.max_prompt_length (%d tokens)", name, max);
+        return -1;
     }
     return 0;
 }

@@ -1,0 +1,248 @@
+/* verl's keys that are not keys of ours (config_keys.def): each is either accepted and noted (it only steers
+ * verl's Python machinery: Ray, FSDP, vLLM/SGLang, torch.compile...), or refused because it asks for a feature
+ * we do not have yet, with the feature named. Some are accepted for the values that mean "off" and refused for
+ * the others (reward_model.enable=false, trainer.critic_warmup=0). A key in neither list stays an unknown key,
+ * with a suggestion. docs/verl.md gives the same table for people. */
+#include <stdbool.h>
+#include <string.h>
+#include <strings.h>
+
+#include "config.h"
+
+struct verl_key {
+    const char *pattern; /* a dotted name, or a prefix ending in ".*" */
+    const char *ok;      /* '|'-separated values accepted (and noted); NULL: any value */
+    const char *noted;   /* why an accepted value changes nothing here (NULL: never accepted) */
+    const char *refused; /* the feature other values ask for (NULL: never refused) */
+};
+
+#define NOTED(p, why)                                                                                                  \
+    {                                                                                                                  \
+        p, NULL, why, NULL                                                                                             \
+    }
+#define REFUSED(p, feature)                                                                                            \
+    {                                                                                                                  \
+        p, NULL, NULL, feature                                                                                         \
+    }
+#define OFF_ONLY(p, values, why, feature)                                                                              \
+    {                                                                                                                  \
+        p, values, why, feature                                                                                        \
+    }
+
+static const char FSDP[] = "verl's FSDP wrapping; the trainers' layout is the megatron.* keys here";
+static const char ENGINE[] = "it tunes vLLM/SGLang; generation runs in this engine (KV cache sized by max_num_seqs)";
+static const char PADDING[] = "sequences are always packed without padding here";
+static const char TORCH[] = "a PyTorch option; the kernels here are C (and CUDA, planned)";
+static const char RAY[] = "there is no Ray: ranks start with mpirun, grpod coordinates";
+static const char LP_BSZ[] = "the log-prob passes batch like the update (actor.use_dynamic_bsz, "
+                             "actor.ppo_max_token_len_per_gpu)";
+static const char NO_CRITIC[] = "GRPO trains no critic";
+static const char CKPT[] = "checkpoints always hold the weights, the optimizer state and the data cursor";
+static const char RM_OFF[] = "the reward model is off (reward_model.enable=false)";
+static const char LORA_OFF[] = "LoRA is off (lora_rank 0)";
+
+static const struct verl_key g_verl[] = {
+    /* data */
+    NOTED("data.tokenizer", "the tokenizer comes with actor_rollout_ref.model.path"),
+    NOTED("data.use_shm", "no shared-memory copy of the model is needed here"),
+    NOTED("data.return_raw_input_ids", "verl's dataloader output; prompts are tokenized once here"),
+    NOTED("data.return_raw_chat", "verl's dataloader output; the chat messages are always kept here"),
+    NOTED("data.return_full_prompt", "verl's dataloader output"),
+    NOTED("data.return_multi_modal_inputs", "verl's dataloader output; text only here"),
+    NOTED("data.dataloader_num_workers", "prompts are tokenized once at start-up"),
+    NOTED("data.filter_overlong_prompts_workers", "prompts are tokenized once at start-up"),
+    NOTED("data.validation_shuffle", "validation runs every held-out prompt in file order"),
+    NOTED("data.trust_remote_code", "no Python code is loaded"),
+    NOTED("data.image_key", "text only: no image column is read"),
+    NOTED("data.video_key", "text only: no video column is read"),
+    NOTED("data.custom_cls.*", "datasets are JSONL or parquet in verl's layout, or built-in tasks"),
+    NOTED("data.sampler.*", "prompts are drawn in the seeded order of data.shuffle and data.seed"),
+    NOTED("data.datagen.*", "dynamic datasets are not used"),
+    /* actor_rollout_ref */
+    NOTED("actor_rollout_ref.hybrid_engine",
+          "rollout and trainer share a process (hybrid) or take ranks (placement.*)"),
+    NOTED("actor_rollout_ref.model.use_shm", "no shared-memory copy of the model is needed here"),
+    NOTED("actor_rollout_ref.model.external_lib", "no Python module is imported"),
+    NOTED("actor_rollout_ref.model.override_config.*", "the model's config.json is used as it is"),
+    NOTED("actor_rollout_ref.model.enable_activation_offload", "CPU training holds activations in host memory"),
+    NOTED("actor_rollout_ref.model.use_remove_padding", PADDING),
+    NOTED("actor_rollout_ref.model.use_liger", TORCH),
+    NOTED("actor_rollout_ref.model.use_fused_kernels", TORCH),
+    NOTED("actor_rollout_ref.model.fused_kernel_options.*", TORCH),
+    NOTED("actor_rollout_ref.model.trust_remote_code", "no Python code is loaded"),
+    REFUSED("actor_rollout_ref.model.custom_chat_template",
+            "a chat template other than the model's tokenizer_config.json (not available yet)"),
+    OFF_ONLY("actor_rollout_ref.model.lora_rank", "0", LORA_OFF, "LoRA adapters (planned: issue 13)"),
+    NOTED("actor_rollout_ref.model.lora_alpha", LORA_OFF),
+    NOTED("actor_rollout_ref.model.target_modules", LORA_OFF),
+    NOTED("actor_rollout_ref.model.exclude_modules", LORA_OFF),
+    NOTED("actor_rollout_ref.actor.strategy", "the trainers' layout is the megatron.* keys here"),
+    REFUSED("actor_rollout_ref.actor.ppo_micro_batch_size",
+            "a global micro-batch size: give actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
+    NOTED("actor_rollout_ref.actor.use_torch_compile", TORCH),
+    OFF_ONLY("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "1", "1 is no sequence parallelism",
+             "Ulysses sequence parallelism (not available yet)"),
+    NOTED("actor_rollout_ref.actor.entropy_from_logits_with_chunking", "the LM head is always computed in chunks"),
+    NOTED("actor_rollout_ref.actor.entropy_checkpointing", "the LM head's chunks are always recomputed"),
+    OFF_ONLY("actor_rollout_ref.actor.shuffle", "false", "mini-batches follow the step's order, as verl's default",
+             "shuffled mini-batches (not available yet)"),
+    OFF_ONLY("actor_rollout_ref.actor.policy_loss.loss_mode", "vanilla", "the PPO/GRPO clipped loss is this one",
+             "policy loss modes other than vanilla (not available yet)"),
+    NOTED("actor_rollout_ref.actor.checkpoint.*", CKPT),
+    NOTED("actor_rollout_ref.actor.optim.total_training_steps", "set from trainer.total_training_steps"),
+    NOTED("actor_rollout_ref.actor.optim.num_cycles", "the cosine schedule decays once, as verl's default 0.5"),
+    NOTED("actor_rollout_ref.actor.fsdp_config.*", FSDP),
+    NOTED("actor_rollout_ref.actor.megatron.param_offload", "parameters live in host memory on the CPU path"),
+    NOTED("actor_rollout_ref.actor.megatron.grad_offload", "gradients live in host memory on the CPU path"),
+    NOTED("actor_rollout_ref.actor.megatron.optimizer_offload", "the optimizer lives in host memory on the CPU path"),
+    OFF_ONLY("actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size", "null|1",
+             "no interleaving: the non-interleaved 1F1B schedule", "interleaved pipeline stages (not available yet)"),
+    OFF_ONLY("actor_rollout_ref.actor.megatron.context_parallel_size", "1", "1 is no context parallelism",
+             "context parallelism (not available yet)"),
+    NOTED("actor_rollout_ref.actor.megatron.sequence_parallel", "TP all-reduces the hidden states (no sequence split)"),
+    NOTED("actor_rollout_ref.actor.megatron.seed", "every random draw derives from data.seed"),
+    NOTED("actor_rollout_ref.ref.strategy", "the reference runs in the trainer's layout"),
+    NOTED("actor_rollout_ref.ref.fsdp_config.*", FSDP),
+    NOTED("actor_rollout_ref.ref.megatron.*", "the reference runs in the trainer's layout"),
+    NOTED("actor_rollout_ref.ref.use_torch_compile", TORCH),
+    REFUSED("actor_rollout_ref.ref.log_prob_micro_batch_size",
+            "a global micro-batch size: give actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"),
+    NOTED("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", LP_BSZ),
+    NOTED("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", LP_BSZ),
+    NOTED("actor_rollout_ref.ref.ulysses_sequence_parallel_size", "follows the actor's (no sequence parallelism)"),
+    NOTED("actor_rollout_ref.ref.entropy_from_logits_with_chunking", "the LM head is always computed in chunks"),
+    NOTED("actor_rollout_ref.ref.entropy_checkpointing", "the LM head's chunks are always recomputed"),
+    NOTED("actor_rollout_ref.rollout.name", "generation runs in this engine (no vLLM or SGLang)"),
+    NOTED("actor_rollout_ref.rollout.dtype", "FP32 on the CPU path (BF16 on the GPU path is planned)"),
+    NOTED("actor_rollout_ref.rollout.gpu_memory_utilization", ENGINE),
+    NOTED("actor_rollout_ref.rollout.enforce_eager", ENGINE),
+    NOTED("actor_rollout_ref.rollout.free_cache_engine", ENGINE),
+    NOTED("actor_rollout_ref.rollout.load_format", "weights come from the trainers in buckets"),
+    NOTED("actor_rollout_ref.rollout.layered_summon", "weights come from the trainers in buckets"),
+    NOTED("actor_rollout_ref.rollout.max_num_batched_tokens", ENGINE),
+    NOTED("actor_rollout_ref.rollout.max_model_len", "data.max_prompt_length + data.max_response_length bound it"),
+    NOTED("actor_rollout_ref.rollout.disable_log_stats", ENGINE),
+    NOTED("actor_rollout_ref.rollout.enable_chunked_prefill", ENGINE),
+    NOTED("actor_rollout_ref.rollout.engine_kwargs.*", ENGINE),
+    NOTED("actor_rollout_ref.rollout.skip_tokenizer_init", ENGINE),
+    NOTED("actor_rollout_ref.rollout.calculate_log_probs", "the sampler's log-probs are always kept"),
+    NOTED("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", LP_BSZ),
+    NOTED("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", LP_BSZ),
+    REFUSED("actor_rollout_ref.rollout.log_prob_micro_batch_size",
+            "a global micro-batch size: give actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"),
+    OFF_ONLY("actor_rollout_ref.rollout.do_sample", "true", "rollouts sample",
+             "greedy rollouts: set actor_rollout_ref.rollout.temperature=0 instead"),
+    OFF_ONLY("actor_rollout_ref.rollout.ignore_eos", "false", "generation stops at the end-of-sequence token",
+             "generating past the end-of-sequence token (not available yet)"),
+    REFUSED("actor_rollout_ref.rollout.multi_turn.*", "multi-turn rollouts and tool calls (not available yet)"),
+    REFUSED("actor_rollout_ref.rollout.agent.*", "agent loops (not available yet)"),
+    REFUSED("actor_rollout_ref.rollout.val_kwargs.top_k", "top-k sampling in validation (not available yet)"),
+    NOTED("actor_rollout_ref.rollout.trace.*", "no tracing back-end"),
+    /* critic, reward model */
+    NOTED("critic.*", NO_CRITIC),
+    OFF_ONLY("reward_model.enable", "false", RM_OFF, "a reward model as a reward source (planned: issue 13)"),
+    NOTED("reward_model.strategy", RM_OFF),
+    NOTED("reward_model.model.*", RM_OFF),
+    NOTED("reward_model.micro_batch_size", RM_OFF),
+    NOTED("reward_model.micro_batch_size_per_gpu", RM_OFF),
+    NOTED("reward_model.max_length", RM_OFF),
+    NOTED("reward_model.use_dynamic_bsz", RM_OFF),
+    NOTED("reward_model.forward_max_token_len_per_gpu", RM_OFF),
+    NOTED("reward_model.ulysses_sequence_parallel_size", RM_OFF),
+    NOTED("reward_model.launch_reward_fn_async", "scoring runs beside generation on the rollout ranks"),
+    OFF_ONLY("reward_model.reward_manager", "naive|dapo|batch",
+             "rule scores are per sample here (the DAPO overlong penalty is reward_model.overlong_buffer.*)",
+             "reward managers other than naive, dapo and batch (not available)"),
+    NOTED("reward_model.sandbox_fusion.*", "no code sandbox: scorers are built in or custom_reward_function.path"),
+    NOTED("custom_reward_function.reward_kwargs.*", "a custom scorer takes no keyword arguments here"),
+    /* algorithm */
+    NOTED("algorithm.gamma", "GRPO's outcome advantages use no discount"),
+    NOTED("algorithm.lam", "GRPO's outcome advantages use no GAE"),
+    OFF_ONLY("algorithm.kl_ctrl.type", "fixed", "the KL coefficient is fixed (algorithm.kl_ctrl.kl_coef)",
+             "an adaptive KL controller (not available yet)"),
+    NOTED("algorithm.kl_ctrl.horizon", "used only by the adaptive KL controller"),
+    NOTED("algorithm.kl_ctrl.target_kl", "used only by the adaptive KL controller"),
+    OFF_ONLY("algorithm.use_pf_ppo", "false", "preference feedback PPO is off", "PF-PPO resampling (not available)"),
+    NOTED("algorithm.pf_ppo.*", "PF-PPO is off"),
+    /* trainer */
+    OFF_ONLY("trainer.critic_warmup", "0", NO_CRITIC, "critic warm-up steps (GRPO trains no critic)"),
+    OFF_ONLY("trainer.balance_batch", "true|false", "sequences are always balanced by tokens over the DP ranks",
+             "a value other than true or false"),
+    NOTED("trainer.profile_steps", "profile with perf or nsys around the process"),
+    NOTED("trainer.esi_redundant_time", "checkpoint timing follows save_freq and stop requests"),
+    NOTED("trainer.ray_wait_register_center_timeout", RAY),
+    NOTED("trainer.default_hdfs_dir", "checkpoints go to trainer.default_local_dir"),
+    NOTED("trainer.del_local_ckpt_after_load", "checkpoints are kept as trainer.max_actor_ckpt_to_keep says"),
+    NOTED("trainer.max_critic_ckpt_to_keep", NO_CRITIC),
+    NOTED("trainer.use_legacy_worker_impl", RAY),
+    NOTED("trainer.log_val_generations", "validation generations go to the rollout audit files"),
+    REFUSED("trainer.validation_data_dir", "a separate dump of validation generations (not available yet)"),
+    OFF_ONLY("trainer.val_only", "false", "training runs", "a validation-only run (not available yet)"),
+    OFF_ONLY("trainer.device", "cpu", "the CPU path", "trainer.device=cuda: the CUDA back-end (planned: issue 10)"),
+    NOTED("ray_init.*", RAY),
+    NOTED("global_profiler.*", "profile with perf or nsys around the process"),
+};
+
+/* A value as the shell leaves it, without one level of quotes. */
+static void unquote(const char *v, char *out, size_t len)
+{
+    size_t n = strlen(v);
+    if (n >= 2 && ((v[0] == '\'' && v[n - 1] == '\'') || (v[0] == '"' && v[n - 1] == '"'))) {
+        v++;
+        n -= 2;
+    }
+    if (n >= len)
+        n = len - 1;
+    memcpy(out, v, n);
+    out[n] = 0;
+}
+
+static bool value_in(const char *list, const char *value)
+{
+    char v[128];
+    unquote(value ? value : "", v, sizeof v);
+    if (!v[0] || strcmp(v, "null") == 0 || strcmp(v, "~") == 0 || strcasecmp(v, "none") == 0)
+        return true; /* null: the default, which is the "off" value */
+    const size_t n = strlen(v);
+    for (const char *p = list; *p;) {
+        const char *bar = strchr(p, '|');
+        const size_t k = bar ? (size_t)(bar - p) : strlen(p);
+        if (k == n && strncasecmp(p, v, n) == 0)
+            return true;
+        p += k + (bar ? 1 : 0);
+    }
+    return false;
+}
+
+static bool matches(const char *pattern, const char *name)
+{
+    const size_t n = strlen(pattern);
+    if (n >= 2 && strcmp(pattern + n - 2, ".*") == 0)
+        return strncmp(name, pattern, n - 1) == 0; /* the prefix with its dot */
+    return strcmp(pattern, name) == 0;
+}
+
+enum verl_class config_verl_class(const char *name, const char *value, const char **why)
+{
+    for (size_t i = 0; i < sizeof g_verl / sizeof *g_verl; i++) {
+        const struct verl_key *k = &g_verl[i];
+        if (!matches(k->pattern, name))
+            continue;
+        const bool ok = k->noted && (!k->ok || value_in(k->ok, value));
+        *why = ok ? k->noted : k->refused;
+        return ok ? VERL_NOTED : VERL_REFUSED;
+    }
+    *why = NULL;
+    return VERL_UNKNOWN;
+}
+
+int config_verl_count(void) { return (int)(sizeof g_verl / sizeof *g_verl); }
+
+void config_verl_entry(int i, const char **pattern, const char **ok, const char **noted, const char **refused)
+{
+    const struct verl_key *k = &g_verl[i];
+    *pattern = k->pattern;
+    *ok = k->ok;
+    *noted = k->noted;
+    *refused = k->refused;
+}

@@ -1,0 +1,124 @@
+/* Prompts longer than data.max_prompt_length, as verl treats them: data.truncation error (the default: an error
+ * naming the line), left (keep the end), right (keep the start), middle (keep both ends), and
+ * data.filter_overlong_prompts (drop them). Each cut is checked token by token against the whole encoding. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "common/config.h"
+#include "worker/tokenizer/tokenizer.h"
+#include "worker/trainer/prompts.h"
+
+#define TOK_DIR "tests/fixtures/tokenizers/bytes-chatml"
+
+static char g_file[64];
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(g_file, sizeof g_file, "/tmp/grpo-prompts-XXXXXX");
+    int fd = mkstemp(g_file);
+    if (fd < 0)
+        return -1;
+    FILE *f = fdopen(fd, "w");
+    fputs("{\"prompt\": \"hi\", \"ground_truth\": \"1\", \"data_source\": \"t\"}\n", f);
+    fputs("{\"prompt\": \"a rather long question that does not fit the limit\", \"ground_truth\": \"2\", "
+          "\"data_source\": \"t\"}\n",
+          f);
+    fputs("{\"prompt\": \"ok\", \"ground_truth\": \"3\", \"data_source\": \"t\"}\n", f);
+    fclose(f);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    unlink(g_file);
+    return 0;
+}
+
+/* Load the file with data.max_prompt_length = max and the given truncation/filter; rc of prompt_sets_load. */
+static int load(struct tokenizer *tok, int max, const char *truncation, bool filter, struct prompt_set *tr,
+                struct prompt_set *va, char *err, size_t errlen)
+{
+    struct grpo_config c;
+    config_init(&c);
+    struct cfg_error e;
+    char v[128];
+    config_set(&c, "data.train_files", g_file, "test", &e);
+    config_set(&c, "data.val_files", g_file, "test", &e);
+    snprintf(v, sizeof v, "%d", max);
+    config_set(&c, "data.max_prompt_length", v, "test", &e);
+    config_set(&c, "data.truncation", truncation, "test", &e);
+    config_set(&c, "data.filter_overlong_prompts", filter ? "true" : "false", "test", &e);
+    int rc = prompt_sets_load(&c, tok, tr, va, err, errlen);
+    config_free(&c);
+    return rc;
+}
+
+static void test_truncation_modes(void **state)
+{
+    (void)state;
+    char err[1024];
+    struct tokenizer *tok = prompt_load_tokenizer(TOK_DIR, err, sizeof err);
+    assert_non_null(tok);
+    /* the whole encodings, with a limit they fit */
+    struct prompt_set full, fv;
+    if (load(tok, 512, "error", false, &full, &fv, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_int_equal(full.n, 3);
+    const int long_len = full.items[1].len, short_len = full.items[0].len;
+    const int max = (short_len + long_len) / 2; /* the short prompts fit, the long one does not */
+    assert_true(short_len <= max && full.items[2].len <= max && long_len > max);
+    /* error: names the file, the line and the lengths */
+    struct prompt_set t, v;
+    assert_int_not_equal(load(tok, max, "error", false, &t, &v, err, sizeof err), 0);
+    char want[256];
+    snprintf(want, sizeof want, ":2: prompt has %d tokens; data.max_prompt_length is %d", long_len, max);
+    assert_non_null(strstr(err, want));
+    prompt_set_free(&t), prompt_set_free(&v);
+    /* left, right, middle: the kept tokens are the whole encoding's end, start, or both ends */
+    const char *modes[] = {"left", "right", "middle"};
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(load(tok, max, modes[k], false, &t, &v, err, sizeof err), 0);
+        assert_int_equal(t.n, 3);
+        const int32_t *all = full.items[1].ids, *got = t.items[1].ids;
+        assert_int_equal(t.items[1].len, max);
+        const int head = k == 0 ? 0 : k == 1 ? max : max / 2;
+        for (int i = 0; i < max; i++) {
+            const int from = i < head ? i : long_len - (max - i);
+            if (got[i] != all[from])
+                fail_msg("truncation=%s: token %d is %d, want token %d of the whole (%d)", modes[k], i, got[i], from,
+                         all[from]);
+        }
+        assert_int_equal(t.items[0].len, short_len); /* prompts that fit are untouched */
+        prompt_set_free(&t), prompt_set_free(&v);
+    }
+    /* filter_overlong_prompts: the long one is dropped, the others keep their order */
+    assert_int_equal(load(tok, max, "error", true, &t, &v, err, sizeof err), 0);
+    assert_int_equal(t.n, 2);
+    assert_string_equal(t.items[0].ground_truth, "1");
+    assert_string_equal(t.items[1].ground_truth, "3");
+    prompt_set_free(&t), prompt_set_free(&v);
+    /* every prompt too long and filtered: an error, not an empty run */
+    assert_int_not_equal(load(tok, 1, "error", true, &t, &v, err, sizeof err), 0);
+    assert_non_null(strstr(err, "every prompt is longer than data.max_prompt_length"));
+    prompt_set_free(&t), prompt_set_free(&v);
+    prompt_set_free(&full), prompt_set_free(&fv);
+    tokenizer_free(tok);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_truncation_modes, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
