@@ -13,6 +13,8 @@ if ! GRPO_MODEL_GGUF="$(./scripts/fetch_model.sh)"; then
 else
     export GRPO_MODEL_GGUF
 fi
+# pyarrow, for verl's parquet datasets (tests/system/test_parquet.sh skips without it)
+./scripts/parquet_env.sh >/dev/null || echo "warning: could not install pyarrow; the parquet test will be skipped" >&2
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 rc=0
 meson test -C build --print-errorlogs --num-processes 2 "$@" || rc=$?

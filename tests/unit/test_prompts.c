@@ -115,10 +115,53 @@ static void test_truncation_modes(void **state)
     tokenizer_free(tok);
 }
 
+/* data.prompt_key and data.reward_fn_key name the columns (verl's keys); a row without them is an error naming
+ * the key. */
+static void test_column_keys(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/grpo-prompt-keys-XXXXXX", err[1024];
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fputs("{\"question\": \"2+2?\", \"ground_truth\": \"4\", \"src\": \"arithmetic\"}\n", f);
+    fputs("{\"question\": [{\"role\": \"user\", \"content\": \"3+3?\"}], \"ground_truth\": \"6\", "
+          "\"src\": \"openai/gsm8k\"}\n",
+          f);
+    fclose(f);
+    struct tokenizer *tok = prompt_load_tokenizer(TOK_DIR, err, sizeof err);
+    assert_non_null(tok);
+    struct grpo_config c;
+    config_init(&c);
+    struct cfg_error e;
+    config_set(&c, "data.train_files", path, "test", &e);
+    config_set(&c, "data.val_files", path, "test", &e);
+    config_set(&c, "data.prompt_key", "question", "test", &e);
+    config_set(&c, "data.reward_fn_key", "src", "test", &e);
+    struct prompt_set t, v;
+    if (prompt_sets_load(&c, tok, &t, &v, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_int_equal(t.n, 2);
+    assert_string_equal(t.items[0].data_source, "arithmetic");
+    assert_string_equal(t.items[1].data_source, "openai/gsm8k");
+    assert_non_null(strstr(t.items[0].text, "2+2?"));
+    assert_non_null(strstr(t.items[1].text, "3+3?"));
+    prompt_set_free(&t), prompt_set_free(&v);
+    /* the default column is not there: the error names data.prompt_key's column */
+    config_set(&c, "data.prompt_key", "query", "test", &e);
+    assert_int_not_equal(prompt_sets_load(&c, tok, &t, &v, err, sizeof err), 0);
+    assert_non_null(strstr(err, ":1: missing 'query' (data.prompt_key"));
+    prompt_set_free(&t), prompt_set_free(&v);
+    config_free(&c);
+    tokenizer_free(tok);
+    unlink(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_truncation_modes, setup, teardown),
+        cmocka_unit_test(test_column_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -41,6 +41,9 @@ struct prompt_sample {
 struct dataset {
     int n;
     struct prompt_sample *samples;
+    /* the columns that hold the prompt and the scorer's name (verl's data.prompt_key, data.reward_fn_key);
+     * NULL: "prompt" (else "messages") and "data_source" */
+    const char *prompt_key, *source_key;
 };
 
 /* Release every string and the array; the dataset is left empty. */
@@ -103,6 +106,8 @@ char *synth_countdown_prompt(const int64_t *numbers, int n, int64_t target);
 
 /* data.train_files / data.val_files (one path, or several separated by commas), else the
  * synthetic task (data.synthetic.task, num_train, num_val, data.seed, default options).
+ * A path ending in .parquet (verl's layout) is converted once by scripts/parquet_to_jsonl.py
+ * into a cached JSONL copy, which is then loaded; errors name the parquet file (docs/rewards.md).
  * JSONL samples without data_source are an error. A JSONL training set without
  * data.val_files gives an empty validation set. 0, or -1 with err. */
 int dataset_from_config(const struct grpo_config *cfg, struct dataset *train, struct dataset *val, char *err,
