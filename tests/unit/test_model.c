@@ -22,8 +22,8 @@
 
 #define FIX "tests/fixtures/models/"
 
-static const char *const tiny_models[] = {"tiny-llama-tied",  "tiny-llama-untied",   "tiny-qwen2-bias",
-                                          "tiny-qwen2-untied", "tiny-llama3-rope", "tiny-llama3-rope-v4",
+static const char *const tiny_models[] = {"tiny-llama-tied",   "tiny-llama-untied", "tiny-qwen2-bias",
+                                          "tiny-qwen2-untied", "tiny-llama3-rope",  "tiny-llama3-rope-v4",
                                           "tiny-qwen3"};
 
 static int32_t *read_ids(const char *path, int *n)

@@ -431,12 +431,12 @@ int model_param_refs(const struct model *m, const struct model_params *p, struct
 
 /* Activations of one layer (all (N, .) row-major). */
 struct layer_acts {
-    float *x;           /* (N, D) layer input (kept even with checkpointing) */
-    float *xn1, *rstd1; /* (N, D), (N) */
-    float *q, *k, *v;   /* (N, QD), (N, KD), (N, KD), after RoPE for q and k */
+    float *x;                               /* (N, D) layer input (kept even with checkpointing) */
+    float *xn1, *rstd1;                     /* (N, D), (N) */
+    float *q, *k, *v;                       /* (N, QD), (N, KD), (N, KD), after RoPE for q and k */
     float *q_pre, *k_pre, *rstd_q, *rstd_k; /* Qwen3: q and k before their norms, and the norms' rstd */
-    float *att, *lse;   /* (N, QD), (N, Hq) */
-    float *xmid;        /* (N, D) after the attention residual */
+    float *att, *lse;                       /* (N, QD), (N, Hq) */
+    float *xmid;                            /* (N, D) after the attention residual */
     float *xn2, *rstd2;
     float *g, *u, *a; /* (N, F) gate, up, silu(gate)*up */
 };
@@ -455,7 +455,8 @@ struct model_acts {
 static void layer_acts_alloc(const struct model *m, int N, struct layer_acts *a, bool full)
 {
     const struct model_config *c = &m->cfg;
-    const size_t n = (size_t)N, D = (size_t)c->hidden_size, F = (size_t)m->sh.inter;
+    /* an empty batch still gets valid buffers */
+    const size_t n = (size_t)(N > 0 ? N : 1), D = (size_t)c->hidden_size, F = (size_t)m->sh.inter;
     const size_t QD = (size_t)m->sh.n_heads * c->head_dim, KD = (size_t)m->sh.n_kv_heads * c->head_dim;
     if (!a->x)
         a->x = xmalloc(n * D * sizeof(float));
@@ -484,8 +485,8 @@ static void layer_acts_alloc(const struct model *m, int N, struct layer_acts *a,
 
 static void layer_acts_free(struct layer_acts *a, bool keep_x)
 {
-    float **f[] = {&a->xn1, &a->rstd1, &a->q,     &a->k, &a->v, &a->att,   &a->lse,   &a->xmid,  &a->xn2,
-                   &a->rstd2, &a->g,   &a->u,     &a->a, &a->q_pre, &a->k_pre, &a->rstd_q, &a->rstd_k};
+    float **f[] = {&a->xn1,   &a->rstd1, &a->q, &a->k, &a->v,     &a->att,   &a->lse,    &a->xmid,  &a->xn2,
+                   &a->rstd2, &a->g,     &a->u, &a->a, &a->q_pre, &a->k_pre, &a->rstd_q, &a->rstd_k};
     for (size_t i = 0; i < sizeof f / sizeof *f; i++) {
         free(*f[i]);
         *f[i] = NULL;
@@ -583,7 +584,8 @@ static void layer_backward(struct model *m, int l, const struct packed_batch *b,
     rope_backward_freqs(dq, b->pos, N, Hq, hd, m->rope_freqs);
     rope_backward_freqs(dk, b->pos, N, Hkv, hd, m->rope_freqs);
     if (L->q_norm) { /* through the per-head norms */
-        float *dq_pre = xcalloc((size_t)N * QD + 1, sizeof(float)), *dk_pre = xcalloc((size_t)N * KD + 1, sizeof(float));
+        float *dq_pre = xcalloc((size_t)N * QD + 1, sizeof(float)),
+              *dk_pre = xcalloc((size_t)N * KD + 1, sizeof(float));
         rmsnorm_backward(dq_pre, G->q_norm, dq, a->q_pre, L->q_norm, a->rstd_q, N * Hq, hd);
         rmsnorm_backward(dk_pre, G->k_norm, dk, a->k_pre, L->k_norm, a->rstd_k, N * Hkv, hd);
         memcpy(dq, dq_pre, (size_t)N * QD * sizeof(float));

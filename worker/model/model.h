@@ -43,14 +43,14 @@ struct model_config {
 
 /* Weights of one decoder layer; pointers into the model's single buffer. */
 struct layer_params {
-    float *attn_norm;     /* (D) input_layernorm */
-    float *wq, *wk, *wv;  /* (Hq*hd, D), (Hkv*hd, D), (Hkv*hd, D) */
-    float *bq, *bk, *bv;  /* (Hq*hd), (Hkv*hd), (Hkv*hd) or NULL */
+    float *attn_norm;       /* (D) input_layernorm */
+    float *wq, *wk, *wv;    /* (Hq*hd, D), (Hkv*hd, D), (Hkv*hd, D) */
+    float *bq, *bk, *bv;    /* (Hq*hd), (Hkv*hd), (Hkv*hd) or NULL */
     float *q_norm, *k_norm; /* (hd) Qwen3's per-head RMSNorm weights, or NULL */
-    float *wo;            /* (D, Hq*hd) */
-    float *mlp_norm;      /* (D) post_attention_layernorm */
-    float *w_gate, *w_up; /* (F, D) */
-    float *w_down;        /* (D, F) */
+    float *wo;              /* (D, Hq*hd) */
+    float *mlp_norm;        /* (D) post_attention_layernorm */
+    float *w_gate, *w_up;   /* (F, D) */
+    float *w_down;          /* (D, F) */
 };
 
 /* All parameters (or all gradients: same layout) in one allocation. */

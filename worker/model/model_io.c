@@ -85,7 +85,8 @@ static int parse_rope_scaling(json_t *rs, const char *path, struct rope_scaling 
     int orig = 0;
     if (strcmp(rt, "llama3") == 0) {
         r->kind = ROPE_LLAMA3;
-        if (json_num(rs, "factor", -1, &f, path, err, errlen) || json_num(rs, "low_freq_factor", -1, &lo, path, err, errlen) ||
+        if (json_num(rs, "factor", -1, &f, path, err, errlen) ||
+            json_num(rs, "low_freq_factor", -1, &lo, path, err, errlen) ||
             json_num(rs, "high_freq_factor", -1, &hi, path, err, errlen) ||
             json_int(rs, "original_max_position_embeddings", -1, &orig, path, err, errlen))
             return -1;
