@@ -38,7 +38,7 @@ static const char LP_BSZ[] = "the log-prob passes batch like the update (actor.u
                              "actor.ppo_max_token_len_per_gpu)";
 static const char NO_CRITIC[] = "GRPO trains no critic";
 static const char CKPT[] = "checkpoints always hold the weights, the optimizer state and the data cursor";
-static const char RM_OFF[] = "the reward model is off (reward_model.enable=false)";
+static const char RM_HERE[] = "the reward model scores each response beside generation, on the rollout's ranks";
 static const char LORA_OFF[] = "LoRA is off (lora_rank 0)";
 
 static const struct verl_key g_verl[] = {
@@ -140,15 +140,17 @@ static const struct verl_key g_verl[] = {
     NOTED("actor_rollout_ref.rollout.trace.*", "no tracing back-end"),
     /* critic, reward model */
     NOTED("critic.*", NO_CRITIC),
-    OFF_ONLY("reward_model.enable", "false", RM_OFF, "a reward model as a reward source (planned: issue 13)"),
-    NOTED("reward_model.strategy", RM_OFF),
-    NOTED("reward_model.model.*", RM_OFF),
-    NOTED("reward_model.micro_batch_size", RM_OFF),
-    NOTED("reward_model.micro_batch_size_per_gpu", RM_OFF),
-    NOTED("reward_model.max_length", RM_OFF),
-    NOTED("reward_model.use_dynamic_bsz", RM_OFF),
-    NOTED("reward_model.forward_max_token_len_per_gpu", RM_OFF),
-    NOTED("reward_model.ulysses_sequence_parallel_size", RM_OFF),
+    NOTED("reward_model.strategy", RM_HERE),
+    NOTED("reward_model.model.input_tokenizer", "the prompt text is re-encoded with the reward model's tokenizer"),
+    NOTED("reward_model.model.external_lib", "no Python module is imported"),
+    NOTED("reward_model.model.trust_remote_code", "no Python code is loaded"),
+    NOTED("reward_model.model.use_remove_padding", PADDING),
+    NOTED("reward_model.model.fsdp_config.*", FSDP),
+    NOTED("reward_model.micro_batch_size", RM_HERE),
+    NOTED("reward_model.micro_batch_size_per_gpu", RM_HERE),
+    NOTED("reward_model.use_dynamic_bsz", RM_HERE),
+    NOTED("reward_model.forward_max_token_len_per_gpu", RM_HERE),
+    NOTED("reward_model.ulysses_sequence_parallel_size", RM_HERE),
     NOTED("reward_model.launch_reward_fn_async", "scoring runs beside generation on the rollout ranks"),
     OFF_ONLY("reward_model.reward_manager", "naive|dapo|batch",
              "rule scores are per sample here (the DAPO overlong penalty is reward_model.overlong_buffer.*)",

@@ -222,6 +222,11 @@ void kv_cache_copy(const struct model *m, struct kv_cache *dst, const struct kv_
 void model_step(struct model *m, struct kv_cache **caches, int B, const int *ntok, const int32_t *ids, float *logits,
                 bool all_logits);
 
+/* model_step that also writes, when hidden_last is not NULL, each sequence's last new token's hidden state after
+ * the final norm (B, D): a sequence-classification head (a reward model's score) reads it. */
+void model_step_hidden(struct model *m, struct kv_cache **caches, int B, const int *ntok, const int32_t *ids,
+                       float *logits, bool all_logits, float *hidden_last);
+
 /* Logits of every position of one sequence (T, V), via model_step on a fresh cache. */
 void model_logits(struct model *m, const int32_t *ids, int T, float *logits);
 

@@ -291,13 +291,15 @@ static bool is_dir(const char *path)
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-struct model *model_load_hf(const char *dir, char *err, size_t errlen)
+static struct model *load_hf(const char *dir, bool backbone, char *err, size_t errlen)
 {
     char path[4096];
     struct model_config cfg = {0};
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (model_config_from_hf_json(path, &cfg, err, errlen) != 0)
         return NULL;
+    if (backbone) /* a classification head replaces the LM head: none is read (lm_head is the embedding) */
+        cfg.tie_word_embeddings = true;
     char why[512];
     if (model_config_check_fits(&cfg, why, sizeof why) != 0) {
         ERR("%s: %s", path, why);
@@ -350,6 +352,13 @@ fail:
     st_model_close(st);
     model_free(m);
     return NULL;
+}
+
+struct model *model_load_hf(const char *dir, char *err, size_t errlen) { return load_hf(dir, false, err, errlen); }
+
+struct model *model_load_hf_backbone(const char *dir, char *err, size_t errlen)
+{
+    return load_hf(dir, true, err, errlen);
 }
 
 /* GGUF tensor names of the HF parameters (llama.cpp's naming). */

@@ -14,6 +14,9 @@ int model_config_from_hf_json(const char *path, struct model_config *c, char *er
 int model_config_write_hf_json(const struct model_config *c, const char *path, char *err, size_t errlen);
 /* Load a Hugging Face model directory. NULL with err on failure. */
 struct model *model_load_hf(const char *dir, char *err, size_t errlen);
+/* The decoder of a Hugging Face *ForSequenceClassification directory (a reward model): every tensor but the
+ * LM head, which such a checkpoint has not (its score head is read by the caller). NULL with err. */
+struct model *model_load_hf_backbone(const char *dir, char *err, size_t errlen);
 /* Import a GGUF file (llama or qwen2 architecture), dequantising every tensor to fp32 and undoing
  * llama.cpp's q/k row permutation. NULL with err on failure. */
 struct model *model_load_gguf(const char *path, char *err, size_t errlen);

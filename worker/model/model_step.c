@@ -86,6 +86,12 @@ static void head_logits(const struct model *m, float *logits, const float *h, in
 void model_step(struct model *m, struct kv_cache **caches, int B, const int *ntok, const int32_t *ids, float *logits,
                 bool all_logits)
 {
+    model_step_hidden(m, caches, B, ntok, ids, logits, all_logits, NULL);
+}
+
+void model_step_hidden(struct model *m, struct kv_cache **caches, int B, const int *ntok, const int32_t *ids,
+                       float *logits, bool all_logits, float *hidden_last)
+{
     const struct model_config *c = &m->cfg;
     const int D = c->hidden_size, F = m->sh.inter, hd = c->head_dim, Hq = m->sh.n_heads, Hkv = m->sh.n_kv_heads;
     const int QD = Hq * hd, KD = Hkv * hd;
@@ -150,6 +156,11 @@ void model_step(struct model *m, struct kv_cache **caches, int B, const int *nto
         caches[b]->len += ntok[b];
     if (!sh->has_head)
         comm_send(sh->pp, x, nD, COMM_F32, sh->pp_rank + 1);
+    if (hidden_last && sh->has_head) { /* each sequence's last new token, through the final norm */
+        for (int b = 0, off = 0; b < B; off += ntok[b], b++)
+            memcpy(tmp + (size_t)b * D, x + (size_t)(off + ntok[b] - 1) * D, (size_t)D * sizeof(float));
+        rmsnorm_forward(hidden_last, NULL, tmp, m->w.final_norm, B, D, c->rms_norm_eps);
+    }
     if (logits && sh->has_head) {
         if (all_logits) {
             rmsnorm_forward(xn, NULL, x, m->w.final_norm, N, D, c->rms_norm_eps);

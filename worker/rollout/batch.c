@@ -1,4 +1,6 @@
 #include "batch.h"
+#include "common/log.h"
+#include "worker/rewards/reward_model.h"
 
 #include <stdbool.h>
 #include <stdlib.h>
@@ -39,6 +41,35 @@ void rollout_ctx_init(struct rollout_ctx *r, const struct grpo_config *cfg, stru
     int im_end = tokenizer_token_id(tok, "<|im_end|>");
     if (im_end >= 0 && (r->n_stop == 0 || im_end != r->stop_ids[0]))
         r->stop_ids[r->n_stop++] = im_end;
+}
+
+int rollout_ctx_load_reward_model(struct rollout_ctx *r, char *err, size_t errlen)
+{
+    const struct grpo_config *c = r->cfg;
+    if (!c->rm_enable)
+        return 0;
+    if (!c->rm_model_path || !c->rm_model_path[0])
+        return error_set(err, errlen, "reward_model.enable is true but reward_model.model.path is empty");
+    r->rm = reward_model_load(c->rm_model_path, err, errlen);
+    if (!r->rm)
+        return -1;
+    if (!reward_model_tokenizer(r->rm)) {
+        reward_model_free(r->rm);
+        r->rm = NULL;
+        return error_set(err, errlen,
+                         "reward_model.model.path: %s has no tokenizer.json (responses are re-encoded "
+                         "with the reward model's tokenizer)",
+                         c->rm_model_path);
+    }
+    log_info("reward", "reward model %s scores every response%s", c->rm_model_path,
+             c->rm_rule_reward_weight != 0 ? ", added to the rule scores with reward_model.rule_reward_weight" : "");
+    return 0;
+}
+
+void rollout_ctx_release(struct rollout_ctx *r)
+{
+    reward_model_free(r->rm);
+    r->rm = NULL;
 }
 
 void step_batch_reserve(struct step_batch *b, int more)
@@ -108,11 +139,17 @@ void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt
                                                     prompts[p]->extra_info};
         }
     }
-    if (total > 0)
+    /* the rule scorers; with a reward model, their scores weighted by rule_reward_weight (0: not run) */
+    const double rule_w = r->rm ? c->rm_rule_reward_weight : 1.0;
+    if (total > 0 && rule_w != 0)
         reward_score_batch(r->reward, items, total, scores, NULL);
     for (int k = 0; k < total; k++) {
         struct rollout_seq *rs = &b->seqs[first_seq + k];
-        rs->raw_score = rs->score = scores[k];
+        double s = rule_w * scores[k];
+        if (r->rm)
+            s += reward_model_score_text(r->rm, prompts[k / n]->text, b->resp_text[first_seq + k],
+                                         (int)c->rm_max_length);
+        rs->raw_score = rs->score = s;
         if (c->rm_overlong_enable)
             rs->score += reward_overlong_penalty(rs->resp_len, (int)c->data_max_response_length,
                                                  (int)c->rm_overlong_len, c->rm_overlong_penalty_factor);

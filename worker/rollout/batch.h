@@ -23,9 +23,16 @@ struct rollout_ctx {
     struct model *policy;
     const struct tokenizer *tok;
     struct reward_fn *reward;
+    struct reward_model *rm; /* reward_model.enable: scores each response (rollout_ctx_load_reward_model) */
     int32_t stop_ids[4];
     int n_stop;
 };
+
+struct reward_model;
+/* Load the reward model reward_model.enable asks for (nothing when it is off). 0, or -1 with err. */
+int rollout_ctx_load_reward_model(struct rollout_ctx *r, char *err, size_t errlen);
+/* Free what the context owns (the reward model). */
+void rollout_ctx_release(struct rollout_ctx *r);
 
 /* A step's sequences, whole groups only. Sequence i belongs to group seqs[i].group (0..n_groups-1); the group's
  * prompt is group_prompt[g], its dataset index group_uid[g]. */

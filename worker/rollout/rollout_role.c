@@ -185,6 +185,8 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
     r->cur_step = -1;
     r->version = -1;
     rollout_ctx_init(&r->rc, c, r->policy, r->tok, r->reward);
+    if (rollout_ctx_load_reward_model(&r->rc, err, errlen) != 0)
+        return -1;
     if (!r->head)
         return 0;
     const char *eps[ROLE_MAX_ENDPOINTS];
@@ -201,6 +203,7 @@ static void teardown(struct rollout_rank *r)
         pthread_join(r->watchdog, NULL);
     }
     free(r->whole);
+    rollout_ctx_release(&r->rc);
     if (r->work)
         work_client_close(r->work);
     if (r->push)

@@ -531,7 +531,11 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     if (!t->reward)
         goto fail;
     rollout_ctx_init(&t->rc, cfg, t->policy, t->tok, t->reward);
-    for (int i = 0; i < t->train.n; i++)
+    /* the reward model, where this process generates: one process, or the trainers that validate */
+    if (t->lay.dp_rank == 0 && rollout_ctx_load_reward_model(&t->rc, err, errlen) != 0)
+        goto fail;
+    const bool rules = !cfg->rm_enable || cfg->rm_rule_reward_weight != 0; /* a reward model alone needs none */
+    for (int i = 0; rules && i < t->train.n; i++)
         if (!reward_supports(t->reward, t->train.items[i].data_source)) {
             error_set(err, errlen, "%s: no scorer for data_source '%s' (see docs/rewards.md)", t->train.name,
                       t->train.items[i].data_source);
@@ -631,6 +635,7 @@ void trainer_free(struct trainer *t)
         tokenizer_free(t->tok);
     adamw_free(t->opt);
     zero1_free(t->zero);
+    rollout_ctx_release(&t->rc);
     if (t->reward)
         reward_free(t->reward);
     if (t->cursor_open)
