@@ -75,6 +75,11 @@ void swiglu_forward(float *out, const float *gate, const float *up, size_t n);
 /* dgate += dout * up * silu'(gate); dup += dout * silu(gate). All (n). */
 void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n);
 
+/* Which BLAS kernels run, and why ("OpenBLAS SkylakeX kernels (chosen for this CPU)"): OpenBLAS's own choice,
+ * the user's OPENBLAS_CORETYPE, or ours (kernels/blas_select.c re-runs a binary whose OpenBLAS chose kernels
+ * older than its CPU can run). Returns buf. */
+const char *blas_kernels(char *buf, size_t len);
+
 /* y += x, both (n) (residual connections, gradient sums). */
 void vec_add_inplace(float *y, const float *x, size_t n);
 /* y += a * x, both (n). */

@@ -10,6 +10,7 @@
 #include "common/check.h"
 #include "common/fs.h"
 #include "common/log.h"
+#include "kernels/kernels.h"
 #include "common/npy.h"
 #include "worker/formats/gguf.h"
 #include "worker/formats/safetensors.h"
@@ -159,6 +160,8 @@ static int cmd_info(const char *path)
     printf("context length      %d\n", c->max_position_embeddings);
     printf("bos/eos token ids   %d / %d\n", c->bos_token_id, c->eos_token_id);
     printf("parameters          %zu (%.1f M)\n", model_num_params(m), model_num_params(m) / 1e6);
+    char kern[128];
+    printf("kernels             %s\n", blas_kernels(kern, sizeof kern));
     /* stored dtypes, counted per tensor */
     int counts[64] = {0};
     const char *names[64] = {0};

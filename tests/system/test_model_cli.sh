@@ -93,4 +93,18 @@ if [ -r "$gguf" ]; then
 else
     echo "skip bundled-model checks: $gguf not found"
 fi
+# the BLAS kernels: named by info; chosen for the CPU when OpenBLAS picked older ones (simulated here with
+# GRPO_BLAS_PRETEND_CORE, since this machine's OpenBLAS may recognise its CPU); a user's OPENBLAS_CORETYPE wins
+env -u OPENBLAS_CORETYPE "$tool" info "$tiny" >"$tmp/k0" 2>&1
+grep -q "^kernels  *OpenBLAS .* kernels (" "$tmp/k0"; expect "info names the BLAS kernels ($(grep '^kernels' "$tmp/k0"))" $?
+if grep -qw avx512bw /proc/cpuinfo || grep -qw avx2 /proc/cpuinfo; then
+    want=Haswell; grep -qw avx512bw /proc/cpuinfo && want=SkylakeX
+    env -u OPENBLAS_CORETYPE GRPO_BLAS_PRETEND_CORE=Prescott "$tool" info "$tiny" >"$tmp/k1" 2>&1
+    has "$tmp/k1" "OpenBLAS $want kernels (chosen for this CPU)"
+    expect "OpenBLAS's Prescott fallback is replaced by $want kernels with no environment variable" $?
+    OPENBLAS_CORETYPE=Prescott GRPO_BLAS_PRETEND_CORE=Prescott "$tool" info "$tiny" >"$tmp/k2" 2>&1
+    has "$tmp/k2" "OpenBLAS Prescott kernels (OPENBLAS_CORETYPE)"; expect "a user's OPENBLAS_CORETYPE is kept" $?
+    env -u OPENBLAS_CORETYPE GRPO_BLAS_AUTO=0 GRPO_BLAS_PRETEND_CORE=Prescott "$tool" info "$tiny" >"$tmp/k3" 2>&1
+    ! has "$tmp/k3" "chosen for this CPU"; expect "GRPO_BLAS_AUTO=0 turns the choice off" $?
+fi
 [ $fails -eq 0 ] || { echo "$fails check(s) failed"; exit 1; }

@@ -16,6 +16,7 @@
 
 #include "trainer_internal.h"
 #include "common/check.h"
+#include "kernels/kernels.h"
 #include "common/fs.h"
 #include "common/config.h"
 #include "common/log.h"
@@ -506,6 +507,9 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         }
         model_path = bundled;
     }
+    char kern[128];
+    if (lead(t))
+        log_info("trainer", "kernels: %s", blas_kernels(kern, sizeof kern));
     log_info("trainer", "loading %s", model_path);
     t->policy = model_load(model_path, err, errlen);
     if (!t->policy)

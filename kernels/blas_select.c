@@ -1,0 +1,76 @@
+/* OpenBLAS chooses its kernels from the CPU when it is loaded, and Debian 12's OpenBLAS 0.3.21 does not know
+ * some recent CPUs (Sapphire Rapids as a VM shows it): it falls back to its Prescott (SSE3) kernels, 5-10x
+ * slower. Only the OPENBLAS_CORETYPE environment variable, read at load, overrides that choice. So before main
+ * (an ELF constructor, which runs after OpenBLAS's own), a binary whose CPU has AVX-512 or AVX2 while OpenBLAS
+ * chose older kernels runs itself again, once, with OPENBLAS_CORETYPE naming the kernels the CPU can run
+ * (SkylakeX, Haswell). A user's OPENBLAS_CORETYPE is left alone, and GRPO_BLAS_AUTO=0 turns this off. */
+#include <cblas.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "kernels.h"
+
+static const char *g_reason = "OpenBLAS's own choice";
+
+/* The kernels the CPU can run, best first: NULL when it has neither AVX-512 (with BW) nor AVX2 with FMA. */
+static const char *wanted(void)
+{
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
+        return "SkylakeX";
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return "Haswell";
+    return NULL;
+}
+
+/* Whether OpenBLAS's kernels `core` are at least as good as `want` (its names, any case). */
+static bool good_enough(const char *core, const char *want)
+{
+    static const char *const avx512[] = {"skylakex", "cooperlake", "sapphirerapids"};
+    static const char *const avx2[] = {"haswell", "zen", "skylakex", "cooperlake", "sapphirerapids"};
+    const bool is512 = strcmp(want, "SkylakeX") == 0;
+    const char *const *ok = is512 ? avx512 : avx2;
+    const size_t n = is512 ? sizeof avx512 / sizeof *avx512 : sizeof avx2 / sizeof *avx2;
+    for (size_t i = 0; i < n; i++)
+        if (strcasecmp(core, ok[i]) == 0)
+            return true;
+    return false;
+}
+
+__attribute__((constructor)) static void blas_select(int argc, char **argv)
+{
+    (void)argc;
+    const char *auto_env = getenv("GRPO_BLAS_AUTO"), *set = getenv("OPENBLAS_CORETYPE");
+    if (set) {
+        g_reason = getenv("GRPO_BLAS_REEXEC") ? "chosen for this CPU" : "OPENBLAS_CORETYPE";
+        return;
+    }
+    /* GRPO_BLAS_PRETEND_CORE (tests): act as if OpenBLAS had chosen these kernels */
+    const char *pretend = getenv("GRPO_BLAS_PRETEND_CORE");
+    const char *want = wanted(), *core = pretend && *pretend ? pretend : openblas_get_corename();
+    if ((auto_env && strcmp(auto_env, "0") == 0) || !want || !core || good_enough(core, want) || !argv)
+        return;
+    /* once: the new image finds OPENBLAS_CORETYPE set and goes on */
+    unsetenv("GRPO_BLAS_PRETEND_CORE");
+    setenv("OPENBLAS_CORETYPE", want, 1);
+    setenv("GRPO_BLAS_REEXEC", "1", 1);
+    execv("/proc/self/exe", argv);
+    /* no /proc, or exec refused: go on with the slow kernels, and say so */
+    fprintf(stderr,
+            "warning: OpenBLAS runs its %s kernels on a CPU that can run %s ones, and re-running with "
+            "OPENBLAS_CORETYPE=%s failed; set it yourself for full speed\n",
+            core, want, want);
+    unsetenv("OPENBLAS_CORETYPE");
+    unsetenv("GRPO_BLAS_REEXEC");
+}
+
+const char *blas_kernels(char *buf, size_t len)
+{
+    const char *core = openblas_get_corename();
+    snprintf(buf, len, "OpenBLAS %s kernels (%s)", core ? core : "?", g_reason);
+    return buf;
+}
