@@ -14,6 +14,7 @@
 #  - rollout TP groups (actor_rollout_ref.rollout.tensor_model_parallel_size 2) fed by TP2 trainers: the weights
 #    are resharded from the trainers' layout to the groups', logged with bytes and time, and the run reproduces
 #    one process's;
+#  - validation generates through the TP and PP groups to the same greedy rewards;
 #  - layouts that cannot work are errors naming the key and the numbers.
 # usage: test_tp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
@@ -51,7 +52,7 @@ STEPS=2
 # about 2e-5, in a handful of near-zero-gradient weights. The losses and grad norms agree either way.
 common() {
     echo actor_rollout_ref.model.path="$TMP/$1" trainer.project_name=p trainer.experiment_name=e \
-        trainer.total_training_steps=$STEPS trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=1 \
+        trainer.total_training_steps=$STEPS trainer.val_before_train=true trainer.test_freq=-1 trainer.save_freq=1 \
         data.train_batch_size=4 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=2 \
         data.max_response_length=12 actor_rollout_ref.actor.optim.lr=1e-3 data.synthetic.num_train=64 \
         data.synthetic.num_val=4 custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score \
@@ -87,6 +88,14 @@ for s in a:
         worst = max(worst, rel)
         if rel > 1e-5:
             sys.exit(f"step {s} {k}: {x} against {y} (relative {rel:.2e})")
+# validation (greedy, generated through the TP and PP groups) at step 0 and at the last step
+for s in (0, max(a)):
+    ra = [r for r in map(json.loads, open(sys.argv[1])) if r["step"] == s]
+    rb = [r for r in map(json.loads, open(sys.argv[2])) if r["step"] == s]
+    if ra and rb and "val-core/arithmetic/reward/mean@1" in ra[0]:
+        x, y = ra[0]["val-core/arithmetic/reward/mean@1"], rb[0].get("val-core/arithmetic/reward/mean@1")
+        if x != y:
+            sys.exit(f"step {s} validation reward: {x} against {y}")
 print(f"worst relative difference {worst:.1e}")
 PY
 }
@@ -141,6 +150,8 @@ cfg = json.load(open(sys.argv[3]))
 D, L, hd = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["hidden_size"] // cfg["num_attention_heads"]
 for path, kv_sync in ((sys.argv[1], False), (sys.argv[2], True)):
     for r in map(json.loads, open(path)):
+        if r["step"] < 1:  # the validation before training
+            continue
         seqs = 4 * 4
         tokens = r["perf/total_num_tokens"] - seqs  # each sequence's last token is only a target
         passes = 4  # old log-probs, reference, update forward, update backward
