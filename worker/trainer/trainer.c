@@ -250,8 +250,8 @@ static int stop_reason(struct trainer *t)
         if (metrics_output_failure(why, sizeof why))
             snprintf(t->failure, sizeof t->failure, "%s", why);
         else
-            snprintf(t->failure, sizeof t->failure, "trainer rank %d could not write its rollout dumps (see its log)",
-                     t->peer_failed_rank);
+            snprintf(t->failure, sizeof t->failure, "DP rank %d could not write its rollout dumps (see its log)",
+                     (t->peer_failed_rank / t->lay.tp_size) % t->lay.dp_size); /* trainer rank -> its DP rank */
         log_error("trainer",
                   "the run's records cannot be written (%s): stopping at step %lld, after a checkpoint if "
                   "there is room",
