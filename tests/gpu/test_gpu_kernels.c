@@ -205,6 +205,8 @@ static double sigmoid_ref(float g) { return 1.0f / (1.0f + expf(-g)); }
 
 static int test_swiglu(size_t n)
 {
+    if (n == 0)
+        return 0;
     float *gate = rand_vec(n, -10.0f, 10.0f), *up = rand_vec(n, -2.0f, 2.0f), *dout = rand_vec(n, -1.0f, 1.0f);
     static const float edge[] = {0.0f, -1.2785f, -88.5f, -89.0f, -100.0f, 88.5f, 100.0f, 1e-30f};
     for (size_t k = 0; k < sizeof edge / sizeof *edge && k < n; k++) /* zero, silu' = 0, exp overflow, saturation */
@@ -321,6 +323,23 @@ static int test_adamw(size_t n)
     return bad;
 }
 
+/* Empty inputs launch nothing (a grid of 0 blocks would be a launch error) and succeed, as the CPU loops do. */
+static int test_empty(void)
+{
+    int bad = rmsnorm_forward_cuda(NULL, NULL, NULL, NULL, 0, 8, 1e-5f, 0) != cudaSuccess;
+    bad |= rmsnorm_backward_cuda(NULL, NULL, NULL, NULL, NULL, NULL, 0, 8, NULL, 0) != cudaSuccess;
+    bad |= rmsnorm_backward_cuda_scratch_bytes(0, 8) != 0;
+    bad |= rope_forward_cuda(NULL, NULL, 0, 2, 8, NULL, 0) != cudaSuccess;
+    bad |= rope_backward_cuda(NULL, NULL, 0, 2, 8, NULL, 0) != cudaSuccess;
+    bad |= swiglu_forward_cuda(NULL, NULL, NULL, 0, 0) != cudaSuccess;
+    bad |= swiglu_backward_cuda(NULL, NULL, NULL, NULL, NULL, 0, 0) != cudaSuccess;
+    bad |= embedding_forward_cuda(NULL, NULL, NULL, 0, 8, 0, 10, 0) != cudaSuccess;
+    bad |= embedding_backward_cuda(NULL, NULL, NULL, 0, 8, 0, 10, 0) != cudaSuccess;
+    bad |= adamw_step_cuda(NULL, NULL, NULL, NULL, 0, 1e-3, 0.9, 0.999, 1e-8, 0.0, 1, 0) != cudaSuccess;
+    printf("empty inputs: %s\n", bad ? "FAIL" : "nothing launched, success");
+    return bad;
+}
+
 static int test_kernels(void)
 {
     static const int rms[][2] = {{1, 7}, {1, 576}, {37, 576}, {33, 1001}, {300, 64}, {65, 3}};
@@ -331,7 +350,7 @@ static int test_kernels(void)
                                  {600, 33, 1000, 0, 1000, -1}, {600, 64, 10, 0, 10, 3}, {299, 1, 7, 3, 4, -1},
                                  {50, 16, 30, 20, 30, 5}};
     static const size_t aw[] = {1, 7, 1000, 100003};
-    int bad = 0;
+    int bad = test_empty();
     for (size_t k = 0; k < sizeof rms / sizeof *rms; k++)
         bad += test_rmsnorm(rms[k][0], rms[k][1]);
     for (size_t k = 0; k < sizeof rope / sizeof *rope; k++)
