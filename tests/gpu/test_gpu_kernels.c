@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/check.h"
 #include "common/check_cuda.h"
@@ -395,6 +396,32 @@ static int test_nccl(int argc, char **argv)
     return bad ? 1 : 0;
 }
 
+/* --nccl-deadline (np 2): rank 1 never joins the all-reduce; rank 0, with a deadline of 2 s, must end the run
+ * naming the collective instead of waiting for ever (test_nccl_deadline.sh reads its message). */
+static int test_nccl_deadline(int argc, char **argv)
+{
+    CHECK_MPI(MPI_Init(&argc, &argv));
+    check_set_fatal_hook(check_mpi_abort_hook);
+    struct comm *world = comm_mpi_world();
+    int ndev = 0;
+    CHECK_CUDA(cudaGetDeviceCount(&ndev));
+    struct comm *nc = comm_nccl_from(world, comm_rank(world) % ndev);
+    comm_set_deadline(nc, 2.0);
+    float *d = NULL;
+    CHECK_CUDA(cudaMalloc((void **)&d, 1024 * sizeof(float)));
+    if (comm_rank(world) == 0) {
+        comm_allreduce_sum(nc, d, 1024, COMM_F32); /* never completes: rank 1 is not there */
+        printf("the all-reduce returned without its peer\n");
+    } else {
+        sleep(30); /* rank 0 must have ended the job long before */
+    }
+    cudaFree(d);
+    comm_free(nc);
+    comm_free(world);
+    MPI_Finalize();
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (!have_gpu()) {
@@ -403,5 +430,9 @@ int main(int argc, char **argv)
     }
     if (argc > 1 && strcmp(argv[1], "--nccl") == 0)
         return test_nccl(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "--nccl-deadline") == 0)
+        return test_nccl_deadline(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "--probe") == 0) /* a device is visible */
+        return 0;
     return test_kernels();
 }

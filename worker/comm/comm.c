@@ -51,7 +51,15 @@ int comm_rank(const struct comm *c) { return c->rank; }
 int comm_size(const struct comm *c) { return c->size; }
 const char *comm_backend_name(const struct comm *c) { return c->be->name; }
 
-struct comm *comm_split(struct comm *parent, int color, int key) { return parent->be->split(parent, color, key); }
+struct comm *comm_split(struct comm *parent, int color, int key)
+{
+    struct comm *c = parent->be->split(parent, color, key);
+    if (c)
+        c->deadline_s = parent->deadline_s; /* a sub-group waits no longer than its parent */
+    return c;
+}
+
+void comm_set_deadline(struct comm *c, double seconds) { c->deadline_s = seconds > 0 ? seconds : 0; }
 
 void comm_fail_alone(struct comm *c)
 {

@@ -23,6 +23,10 @@ struct comm *comm_split(struct comm *parent, int color, int key);
 /* From now on an error in a collective of c (a lost peer) ends this rank only, with a log line, instead of the
  * whole job: for a group whose loss the run survives (a rollout TP group). */
 void comm_fail_alone(struct comm *c);
+/* Bound every wait of c to `seconds` (0: none): NCCL collectives that have not completed by then abort the
+ * communicator and end the run naming the collective and the rank (a lost peer never hangs the run). The MPI
+ * back-end ignores it for now (mpirun ends a job whose rank died; under grpod, grpod ends it). */
+void comm_set_deadline(struct comm *c, double seconds);
 /* Release a comm from comm_mpi_world, comm_split or comm_nccl_from. */
 void comm_free(struct comm *c);
 
@@ -111,6 +115,7 @@ struct comm {
     void *impl;
     struct comm_traffic traffic;          /* counted in comm.c, whatever the back-end */
     _Atomic unsigned long long completed; /* operations finished, read by watchdog threads (comm_progress) */
+    double deadline_s;                    /* comm_set_deadline (0: none) */
 };
 
 #endif

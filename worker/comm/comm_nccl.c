@@ -2,6 +2,7 @@
  * communicator; every call waits for its stream so callers see blocking
  * semantics like the MPI back-end. Built only with CUDA. */
 #include <stdlib.h>
+#include <time.h>
 
 #include "comm.h"
 #include "common/check_cuda.h"
@@ -29,48 +30,83 @@ static ncclDataType_t nccl_type(enum comm_dtype t)
 
 static struct nccl_impl *ni(struct comm *c) { return c->impl; }
 
-static void nccl_wait(struct comm *c) { CHECK_CUDA(cudaStreamSynchronize(ni(c)->stream)); }
+/* Wait for the stream's collective, `what`, bounded by the comm's deadline (comm_set_deadline; 0: none): a
+ * peer that is lost or stuck would otherwise hold this rank in the collective for ever. On the deadline, or on
+ * an error NCCL reports meanwhile, the communicator is aborted and the run ends with the collective, the
+ * group size and this rank named. */
+static void nccl_wait_for(struct comm *c, const char *what)
+{
+    const double limit = c->deadline_s;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (long spins = 0;; spins++) {
+        const cudaError_t q = cudaStreamQuery(ni(c)->stream);
+        if (q == cudaSuccess)
+            return;
+        if (q != cudaErrorNotReady)
+            CHECK_CUDA(q);
+        ncclResult_t async = ncclSuccess;
+        CHECK_NCCL(ncclCommGetAsyncError(ni(c)->comm, &async));
+        struct timespec t1;
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        const double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+        if ((async != ncclSuccess && async != ncclInProgress) || (limit > 0 && waited > limit)) {
+            ncclCommAbort(ni(c)->comm);
+            check_failf(__FILE__, __LINE__,
+                        "NCCL %s over %d ranks (this is rank %d) %s after %.1f s: a peer is lost or stuck; ending the "
+                        "run",
+                        what, c->size, c->rank,
+                        async != ncclSuccess && async != ncclInProgress ? ncclGetErrorString(async)
+                                                                        : "did not complete",
+                        waited);
+        }
+        if (spins > 1000) { /* a short collective finishes within the spins; a long one is polled gently */
+            struct timespec nap = {0, 50000};
+            nanosleep(&nap, NULL);
+        }
+    }
+}
 
 static void nccl_allreduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype t)
 {
     CHECK_NCCL(ncclAllReduce(buf, buf, count, nccl_type(t), ncclSum, ni(c)->comm, ni(c)->stream));
-    nccl_wait(c);
+    nccl_wait_for(c, "all-reduce");
 }
 
 static void nccl_allreduce_max(struct comm *c, void *buf, size_t count, enum comm_dtype t)
 {
     CHECK_NCCL(ncclAllReduce(buf, buf, count, nccl_type(t), ncclMax, ni(c)->comm, ni(c)->stream));
-    nccl_wait(c);
+    nccl_wait_for(c, "all-reduce (max)");
 }
 
 static void nccl_allgather(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype t)
 {
     CHECK_NCCL(ncclAllGather(send, recv, count, nccl_type(t), ni(c)->comm, ni(c)->stream));
-    nccl_wait(c);
+    nccl_wait_for(c, "all-gather");
 }
 
 static void nccl_reduce_scatter_sum(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype t)
 {
     CHECK_NCCL(ncclReduceScatter(send, recv, count, nccl_type(t), ncclSum, ni(c)->comm, ni(c)->stream));
-    nccl_wait(c);
+    nccl_wait_for(c, "reduce-scatter");
 }
 
 static void nccl_broadcast(struct comm *c, void *buf, size_t count, enum comm_dtype t, int root)
 {
     CHECK_NCCL(ncclBroadcast(buf, buf, count, nccl_type(t), root, ni(c)->comm, ni(c)->stream));
-    nccl_wait(c);
+    nccl_wait_for(c, "broadcast");
 }
 
 static void nccl_send(struct comm *c, const void *buf, size_t count, enum comm_dtype t, int peer)
 {
     CHECK_NCCL(ncclSend(buf, count, nccl_type(t), peer, ni(c)->comm, ni(c)->stream));
-    nccl_wait(c);
+    nccl_wait_for(c, "send");
 }
 
 static void nccl_recv(struct comm *c, void *buf, size_t count, enum comm_dtype t, int peer)
 {
     CHECK_NCCL(ncclRecv(buf, count, nccl_type(t), peer, ni(c)->comm, ni(c)->stream));
-    nccl_wait(c);
+    nccl_wait_for(c, "receive");
 }
 
 static void nccl_sendrecv(struct comm *c, const void *send, size_t sc, int dest, void *recv, size_t rc, int src,
@@ -80,7 +116,7 @@ static void nccl_sendrecv(struct comm *c, const void *send, size_t sc, int dest,
     CHECK_NCCL(ncclSend(send, sc, nccl_type(t), dest, ni(c)->comm, ni(c)->stream));
     CHECK_NCCL(ncclRecv(recv, rc, nccl_type(t), src, ni(c)->comm, ni(c)->stream));
     CHECK_NCCL(ncclGroupEnd());
-    nccl_wait(c);
+    nccl_wait_for(c, "send-receive");
 }
 
 static void nccl_barrier(struct comm *c) { comm_barrier(ni(c)->mpi); }

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# A lost NCCL peer never hangs the run: with a 2 s deadline, rank 0's all-reduce without rank 1 ends the job
+# within seconds, naming the collective, the group size and the rank. Skipped (77) without a GPU.
+# usage: test_nccl_deadline.sh TEST_GPU_KERNELS
+set -u
+bin="$1"
+"$bin" --probe >/dev/null 2>&1
+[ $? -eq 77 ] && { echo "no CUDA device visible: skipped"; exit 77; }
+out="$(mktemp)"
+trap 'rm -f "$out"' EXIT
+start=$(date +%s)
+timeout 60 mpirun --oversubscribe -np 2 "$bin" --nccl-deadline >"$out" 2>&1
+rc=$?
+took=$(( $(date +%s) - start ))
+cat "$out"
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$took" -lt 30 ] &&
+    grep -q "NCCL all-reduce over 2 ranks (this is rank 0) did not complete after" "$out" &&
+    ! grep -q "returned without its peer" "$out"
