@@ -15,6 +15,7 @@
 #include "kernels.h"
 
 static const char *g_reason = "OpenBLAS's own choice";
+static const char *g_better; /* the kernels the CPU runs when a user's OPENBLAS_CORETYPE names older ones */
 
 /* The kernels the CPU can run, best first: NULL when it has neither AVX-512 (with BW) nor AVX2 with FMA. */
 static const char *wanted(void)
@@ -47,6 +48,9 @@ __attribute__((constructor)) static void blas_select(int argc, char **argv)
     const char *auto_env = getenv("GRPO_BLAS_AUTO"), *set = getenv("OPENBLAS_CORETYPE");
     if (set) {
         g_reason = getenv("GRPO_BLAS_REEXEC") ? "chosen for this CPU" : "OPENBLAS_CORETYPE";
+        const char *want = wanted();
+        if (want && !getenv("GRPO_BLAS_REEXEC") && !good_enough(set, want))
+            g_better = want;
         return;
     }
     /* GRPO_BLAS_PRETEND_CORE (tests): act as if OpenBLAS had chosen these kernels */
@@ -74,3 +78,5 @@ const char *blas_kernels(char *buf, size_t len)
     snprintf(buf, len, "OpenBLAS %s kernels (%s)", core ? core : "?", g_reason);
     return buf;
 }
+
+const char *blas_kernels_better(void) { return g_better; }

@@ -79,6 +79,9 @@ void swiglu_backward(float *dgate, float *dup, const float *dout, const float *g
  * the user's OPENBLAS_CORETYPE, or ours (kernels/blas_select.c re-runs a binary whose OpenBLAS chose kernels
  * older than its CPU can run). Returns buf. */
 const char *blas_kernels(char *buf, size_t len);
+/* When the user's OPENBLAS_CORETYPE names older kernels than the CPU runs: the kernels it could run ("SkylakeX");
+ * else NULL. */
+const char *blas_kernels_better(void);
 
 /* y += x, both (n) (residual connections, gradient sums). */
 void vec_add_inplace(float *y, const float *x, size_t n);
