@@ -50,7 +50,8 @@ static void fill(float *x, size_t n, unsigned seed)
 
 int main(int argc, char **argv)
 {
-    const int reps = argc > 1 ? atoi(argv[1]) : 5;
+    const long r0 = argc > 1 ? strtol(argv[1], NULL, 10) : 5;
+    const int reps = r0 > 0 && r0 < 1000 ? (int)r0 : 5;
     void *ob = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
     void *bl = dlopen("/usr/lib/x86_64-linux-gnu/blis-serial/libblis.so.4", RTLD_NOW | RTLD_LOCAL);
     void *dn = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
@@ -76,7 +77,7 @@ int main(int argc, char **argv)
         const struct shape *sh = &shapes[s];
         const size_t M = (size_t)sh->M, N = (size_t)sh->N, K = (size_t)sh->K;
         float *A = malloc(M * K * sizeof(float)), *B = malloc(N * K * sizeof(float));
-        float *C = malloc(M * N * sizeof(float)), *R = malloc(M * N * sizeof(float));
+        float *C = calloc(M * N, sizeof(float)), *R = calloc(M * N, sizeof(float));
         fill(A, M * K, 1 + (unsigned)s), fill(B, N * K, 7 + (unsigned)s);
         double gf[3] = {0, 0, 0}, err[3] = {0, 0, 0};
         for (int lib = 0; lib < 3; lib++) {
