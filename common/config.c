@@ -201,32 +201,39 @@ static int check_range(const struct cfg_key_info *k, double v, const char *origi
     return 0;
 }
 
+/* The index of noted verl key `name` in c->noted ("name=value (why)"), or -1. */
+static int find_noted(const struct grpo_config *c, const char *name)
+{
+    const size_t n = strlen(name);
+    for (int i = 0; i < c->n_noted; i++)
+        if (strncmp(c->noted[i], name, n) == 0 && c->noted[i][n] == '=')
+            return i;
+    return -1;
+}
+
 /* A verl key accepted with no effect: remembered (the last value of a key given twice) for the start-up line. */
 static void note_verl(struct grpo_config *c, const char *name, const char *value, const char *why)
 {
     char text[512];
     snprintf(text, sizeof text, "%s=%s (%s)", name, value ? value : "null", why);
-    const size_t n = strlen(name);
-    for (int i = 0; i < c->n_noted; i++)
-        if (strncmp(c->noted[i], name, n) == 0 && c->noted[i][n] == '=') {
-            free(c->noted[i]);
-            c->noted[i] = xstrdup(text);
-            return;
-        }
-    c->noted = xrealloc(c->noted, (size_t)(c->n_noted + 1) * sizeof *c->noted);
-    c->noted[c->n_noted++] = xstrdup(text);
+    int i = find_noted(c, name);
+    if (i < 0) {
+        c->noted = xrealloc(c->noted, (size_t)(c->n_noted + 1) * sizeof *c->noted);
+        i = c->n_noted++;
+    } else {
+        free(c->noted[i]);
+    }
+    c->noted[i] = xstrdup(text);
 }
 
 /* Forget a noted verl key (~key). */
 static void unnote_verl(struct grpo_config *c, const char *name)
 {
-    const size_t n = strlen(name);
-    for (int i = 0; i < c->n_noted; i++)
-        if (strncmp(c->noted[i], name, n) == 0 && c->noted[i][n] == '=') {
-            free(c->noted[i]);
-            c->noted[i] = c->noted[--c->n_noted];
-            return;
-        }
+    const int i = find_noted(c, name);
+    if (i >= 0) {
+        free(c->noted[i]);
+        c->noted[i] = c->noted[--c->n_noted];
+    }
 }
 
 int config_set(struct grpo_config *c, const char *name, const char *value, const char *origin, struct cfg_error *err)

@@ -185,24 +185,11 @@ static const struct verl_key g_verl[] = {
     NOTED("global_profiler.*", "profile with perf or nsys around the process"),
 };
 
-/* A value as the shell leaves it, without one level of quotes. */
-static void unquote(const char *v, char *out, size_t len)
-{
-    size_t n = strlen(v);
-    if (n >= 2 && ((v[0] == '\'' && v[n - 1] == '\'') || (v[0] == '"' && v[n - 1] == '"'))) {
-        v++;
-        n -= 2;
-    }
-    if (n >= len)
-        n = len - 1;
-    memcpy(out, v, n);
-    out[n] = 0;
-}
-
+/* Whether value (as config_set gets it: the command line's quotes are gone, config_apply_override strips them)
+ * is one of list's '|'-separated values, any case; null counts as the default, the "off" value. */
 static bool value_in(const char *list, const char *value)
 {
-    char v[128];
-    unquote(value ? value : "", v, sizeof v);
+    const char *v = value ? value : "";
     if (!v[0] || strcmp(v, "null") == 0 || strcmp(v, "~") == 0 || strcasecmp(v, "none") == 0)
         return true; /* null: the default, which is the "off" value */
     const size_t n = strlen(v);

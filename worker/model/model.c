@@ -497,8 +497,7 @@ static void layer_acts_free(struct layer_acts *a, bool keep_x)
     }
 }
 
-/* Sum a partial result over the TP group (the row-parallel outputs, the column-parallel input gradients). */
-static void tp_sum(const struct model *m, float *buf, size_t n)
+void model_tp_sum(const struct model *m, float *buf, size_t n)
 {
     if (m->sh.tp)
         comm_allreduce_sum(m->sh.tp, buf, n, COMM_F32);
@@ -544,14 +543,14 @@ static void layer_forward(const struct model *m, int l, const struct packed_batc
     rope_forward_freqs(a->k, b->pos, N, Hkv, hd, m->rope_freqs);
     attention_forward(a->att, a->lse, a->q, a->k, a->v, b->cu_seqlens, b->B, Hq, Hkv, hd);
     linear_forward(a->xmid, a->att, L->wo, NULL, N, QD, D);
-    tp_sum(m, a->xmid, (size_t)N * D);
+    model_tp_sum(m, a->xmid, (size_t)N * D);
     vec_add_inplace(a->xmid, a->x, (size_t)N * D);
     rmsnorm_forward(a->xn2, a->rstd2, a->xmid, L->mlp_norm, N, D, c->rms_norm_eps);
     linear_forward(a->g, a->xn2, L->w_gate, NULL, N, D, F);
     linear_forward(a->u, a->xn2, L->w_up, NULL, N, D, F);
     swiglu_forward(a->a, a->g, a->u, (size_t)N * F);
     linear_forward(out, a->a, L->w_down, NULL, N, F, D);
-    tp_sum(m, out, (size_t)N * D);
+    model_tp_sum(m, out, (size_t)N * D);
     vec_add_inplace(out, a->xmid, (size_t)N * D);
 }
 
@@ -572,7 +571,7 @@ static void layer_backward(struct model *m, int l, const struct packed_batch *b,
     swiglu_backward(dg, du, da, a->g, a->u, nF);
     linear_backward(dxn, G->w_gate, NULL, dg, a->xn2, L->w_gate, N, D, F);
     linear_backward(dxn, G->w_up, NULL, du, a->xn2, L->w_up, N, D, F);
-    tp_sum(m, dxn, nD);
+    model_tp_sum(m, dxn, nD);
     rmsnorm_backward(dx, G->mlp_norm, dxn, a->xmid, L->mlp_norm, a->rstd2, N, D); /* dx now dL/dxmid */
     free(da), free(dg), free(du);
     /* attention: xmid = x + o(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))) */
@@ -596,7 +595,7 @@ static void layer_backward(struct model *m, int l, const struct packed_batch *b,
     linear_backward(dxn, G->wq, G->bq, dq, a->xn1, L->wq, N, D, QD);
     linear_backward(dxn, G->wk, G->bk, dk, a->xn1, L->wk, N, D, KD);
     linear_backward(dxn, G->wv, G->bv, dv, a->xn1, L->wv, N, D, KD);
-    tp_sum(m, dxn, nD);
+    model_tp_sum(m, dxn, nD);
     rmsnorm_backward(dx, G->attn_norm, dxn, a->x, L->attn_norm, a->rstd1, N, D); /* dx now dL/dx */
     free(datt), free(dq), free(dk), free(dv), free(dxn);
 }
@@ -641,7 +640,7 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
     }
     if (sh->has_embed) {
         embedding_forward_shard(x0, A->ids, m->w.embed, N, D, &vs);
-        tp_sum(m, x0, nD);
+        model_tp_sum(m, x0, nD);
     } else {
         if (!x_in)
             check_failf(__FILE__, __LINE__, "model_forward_stage: stage %d needs the previous stage's output",
@@ -715,7 +714,7 @@ void model_backward_stage(struct model *m, struct model_acts *A, const float *dl
         float *dh = xcalloc(nD ? nD : 1, sizeof(float));
         lmhead_logprob_backward_shard(dh, m->grad->lm_head, dlogp, dentropy, A->hn, m->w.lm_head, A->targets, N, D, &vs,
                                       A->temperature, LMHEAD_CHUNK);
-        tp_sum(m, dh, nD); /* each rank's vocabulary rows gave their part of dL/dh */
+        model_tp_sum(m, dh, nD); /* each rank's vocabulary rows gave their part of dL/dh */
         rmsnorm_backward(dx, m->grad->final_norm, dh, A->xf, m->w.final_norm, A->rstdf, N, D);
         free(dh);
     } else {

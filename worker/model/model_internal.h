@@ -13,4 +13,8 @@ int model_refs_over(const struct model_config *c, const struct model_shard *sh, 
 /* Parameter floats of shard sh. */
 size_t model_shard_floats(const struct model_config *c, const struct model_shard *sh);
 
+/* Sum a partial result over the TP group, in place (the row-parallel outputs, the column-parallel input
+ * gradients, the vocab-parallel embedding); nothing without TP. */
+void model_tp_sum(const struct model *m, float *buf, size_t n);
+
 #endif

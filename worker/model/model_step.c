@@ -51,12 +51,6 @@ void kv_cache_copy(const struct model *m, struct kv_cache *dst, const struct kv_
     dst->len = src->len;
 }
 
-static void tp_sum(const struct model *m, float *buf, size_t n)
-{
-    if (m->sh.tp)
-        comm_allreduce_sum(m->sh.tp, buf, n, COMM_F32);
-}
-
 /* logits (rows, V) of the normed hidden states h (rows, D): each TP rank computes its vocabulary rows, and the
  * ranks' columns are gathered (sampling needs every logit; the training log-probs never gather them). */
 static void head_logits(const struct model *m, float *logits, const float *h, int rows)
@@ -118,7 +112,7 @@ void model_step_hidden(struct model *m, struct kv_cache **caches, int B, const i
     const struct model_shard *sh = &m->sh;
     if (sh->has_embed) {
         embedding_forward_shard(x, ids, m->w.embed, N, D, &vs);
-        tp_sum(m, x, nD);
+        model_tp_sum(m, x, nD);
     } else { /* the previous stage's output */
         comm_recv(sh->pp, x, nD, COMM_F32, sh->pp_rank - 1);
     }
@@ -142,14 +136,14 @@ void model_step_hidden(struct model *m, struct kv_cache **caches, int B, const i
                              kc->len + ntok[b], Hq, Hkv, hd);
         }
         linear_forward(tmp, att, L->wo, NULL, N, QD, D);
-        tp_sum(m, tmp, nD);
+        model_tp_sum(m, tmp, nD);
         vec_add_inplace(x, tmp, nD);
         rmsnorm_forward(xn, NULL, x, L->mlp_norm, N, D, c->rms_norm_eps);
         linear_forward(g, xn, L->w_gate, NULL, N, D, F);
         linear_forward(u, xn, L->w_up, NULL, N, D, F);
         swiglu_forward(g, g, u, (size_t)N * F);
         linear_forward(tmp, g, L->w_down, NULL, N, F, D);
-        tp_sum(m, tmp, nD);
+        model_tp_sum(m, tmp, nD);
         vec_add_inplace(x, tmp, nD);
     }
     for (int b = 0; b < B; b++)

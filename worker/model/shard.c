@@ -59,6 +59,20 @@ void model_shard_slice(const struct model *m, const float *whole, float *local)
     free(l);
 }
 
+/* Copy the parts that mp rank r (TP rank r % TP of stage r / TP) owns, laid out in its buffer part, to their
+ * places in the whole tensors w (nw of them): every element of the whole model has exactly one owner. */
+static void place_owned(const struct model *m, int r, const float *part, const struct param_ref *w, int nw)
+{
+    const int tp = m->sh.tp_size, pp = m->sh.pp_size;
+    struct model_shard sh = model_shard_of(&m->cfg, r % tp, tp, r / tp, pp);
+    int n, hint = 0;
+    struct param_ref *l = refs_of(&m->cfg, &sh, (float *)part, &n);
+    for (int i = 0; i < n; i++)
+        if (l[i].owner)
+            copy_part(&l[i], l[i].data, whole_of(w, nw, &l[i], &hint)->data, true);
+    free(l);
+}
+
 void model_shard_assemble(const struct model *m, const float *local, float *whole)
 {
     const int tp = m->sh.tp_size, pp = m->sh.pp_size, n_mp = tp * pp;
@@ -79,15 +93,8 @@ void model_shard_assemble(const struct model *m, const float *local, float *whol
     const struct model_shard one = model_shard_of(&m->cfg, 0, 1, 0, 1);
     int nw;
     struct param_ref *w = refs_of(&m->cfg, &one, whole, &nw);
-    for (int r = 0; r < n_mp; r++) { /* mp rank r is TP rank r % TP of stage r / TP */
-        struct model_shard sh = model_shard_of(&m->cfg, r % tp, tp, r / tp, pp);
-        int n, hint = 0;
-        struct param_ref *l = refs_of(&m->cfg, &sh, all + (size_t)r * per, &n);
-        for (int i = 0; i < n; i++)
-            if (l[i].owner) /* every element of the whole model has exactly one owner */
-                copy_part(&l[i], l[i].data, whole_of(w, nw, &l[i], &hint)->data, true);
-        free(l);
-    }
+    for (int r = 0; r < n_mp; r++)
+        place_owned(m, r, all + (size_t)r * per, w, nw);
     free(w);
     free(send);
     free(all);
@@ -118,12 +125,7 @@ void model_shard_gather(const struct model *m, const float *local, float *whole,
             comm_recv(mp, buf, n, COMM_F32, r);
             part = buf;
         }
-        int k, hint = 0;
-        struct param_ref *l = refs_of(&m->cfg, &sh, (float *)part, &k);
-        for (int i = 0; i < k; i++)
-            if (l[i].owner)
-                copy_part(&l[i], l[i].data, whole_of(w, nw, &l[i], &hint)->data, true);
-        free(l);
+        place_owned(m, r, part, w, nw);
     }
     free(buf);
     free(w);
@@ -161,15 +163,18 @@ void model_shard_sync_grads(struct model *m)
     const struct model_shard *sh = &m->sh;
     if (!m->grad)
         return;
-    const int n = model_param_refs(m, m->grad, NULL, 0);
-    struct param_ref *g = xcalloc((size_t)(n ? n : 1), sizeof *g);
-    model_param_refs(m, m->grad, g, n);
-    if (sh->kv_share > 1)
-        sync_kv(m, g, n);
-    if (m->cfg.qk_norm && sh->tp) /* Qwen3's q/k norms are whole on every TP rank, each saw only its heads */
-        for (int i = 0; i < n; i++)
+    const bool qk = m->cfg.qk_norm && sh->tp; /* Qwen3's q/k norms: whole on every TP rank, each saw its heads */
+    if (sh->kv_share > 1 || qk) {             /* only then are the tensors' names needed (once per optimizer step) */
+        const int n = model_param_refs(m, m->grad, NULL, 0);
+        struct param_ref *g = xcalloc((size_t)(n ? n : 1), sizeof *g);
+        model_param_refs(m, m->grad, g, n);
+        if (sh->kv_share > 1)
+            sync_kv(m, g, n);
+        for (int i = 0; qk && i < n; i++)
             if (strstr(g[i].name, "q_norm") || strstr(g[i].name, "k_norm")) // NOLINT: name is an array
                 comm_allreduce_sum(sh->tp, g[i].data, g[i].numel, COMM_F32);
+        free(g);
+    }
     if (m->cfg.tie_word_embeddings && sh->pp_size > 1 && (sh->has_embed || sh->has_head)) {
         /* the first stage's embedding and the last stage's copy: both take the sum of their gradients (the same
          * float sum either way round), so the two copies stay equal */
@@ -182,7 +187,6 @@ void model_shard_sync_grads(struct model *m)
             mine[i] += theirs[i];
         free(theirs);
     }
-    free(g);
 }
 
 double model_owned_sq(const struct model *m, const float *buf, size_t lo, size_t hi)

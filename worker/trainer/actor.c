@@ -52,6 +52,25 @@ static void pp_sendrecv(const struct model *m, const float *out, size_t n_out, f
     *wait += since(&t0);
 }
 
+/* q's response log-probs (logp: from its first response token on) kept as its old (which 0) or reference (which 1)
+ * log-probs, allocated on first use. */
+static void keep_logp(struct rollout_seq *q, const float *logp, int which)
+{
+    float **dst = which == 0 ? &q->old_logp : &q->ref_logp;
+    if (!*dst)
+        *dst = xmalloc((size_t)(q->resp_len ? q->resp_len : 1) * sizeof(float));
+    memcpy(*dst, logp, (size_t)q->resp_len * sizeof(float));
+}
+
+/* The loss statistics summed over c, in place. */
+static void loss_stats_sum(struct comm *c, struct policy_loss_stats *s)
+{
+    double v[8] = {s->pg_loss,           s->kl_loss, s->entropy, s->pg_clipfrac,
+                   s->pg_clipfrac_lower, s->ppo_kl,  s->loss,    (double)s->tokens};
+    comm_allreduce_sum(c, v, 8, COMM_F64);
+    *s = (struct policy_loss_stats){v[0], v[1], v[2], v[3], v[4], v[5], v[6], (long long)v[7]};
+}
+
 int actor_compute_logp(struct model *m, struct rollout_seq *seqs, const int *idx, int n, const struct batching *bt,
                        float temperature, int which)
 {
@@ -81,13 +100,8 @@ int actor_compute_logp(struct model *m, struct rollout_seq *seqs, const int *idx
         struct micro_batch *mb = &mbs[b];
         if (sh->pp) /* the last stage's log-probs to every stage */
             comm_broadcast(sh->pp, logps[b], (size_t)mb->pb.N, COMM_F32, sh->pp_size - 1);
-        for (int i = 0; i < mb->n_seq; i++) {
-            struct rollout_seq *s = &seqs[mb->seq[i]];
-            float **dst = which == 0 ? &s->old_logp : &s->ref_logp;
-            if (!*dst)
-                *dst = xmalloc((size_t)(s->resp_len ? s->resp_len : 1) * sizeof(float));
-            memcpy(*dst, logps[b] + mb->resp_at[i], (size_t)s->resp_len * sizeof(float));
-        }
+        for (int i = 0; i < mb->n_seq; i++)
+            keep_logp(&seqs[mb->seq[i]], logps[b] + mb->resp_at[i], which);
         free(logps[b]);
         micro_batch_free(mb);
     }
@@ -124,11 +138,8 @@ static void mb_loss(const struct loss_ctx *L, struct mb_state *s)
         while (L->idx[j] != s->mb.seq[i])
             j++;
         const int at = s->mb.resp_at[i];
-        if (p->old_from_current) {
-            if (!q->old_logp)
-                q->old_logp = xmalloc((size_t)(q->resp_len ? q->resp_len : 1) * sizeof(float));
-            memcpy(q->old_logp, s->logp + at, (size_t)q->resp_len * sizeof(float));
-        }
+        if (p->old_from_current)
+            keep_logp(q, s->logp + at, 0);
         policy_loss_tokens(&p->loss, q->resp_len, s->logp + at, q->old_logp, q->ref_logp ? q->ref_logp : q->old_logp,
                            s->ent + at, q->adv, L->w + L->woff[j], L->ls, s->dlogp + at, s->dent + at);
     }
@@ -240,20 +251,14 @@ void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int
     if (m->sh.pp) {
         /* the loss lives on the last stage: its statistics, and the old log-probs taken from this forward, to
          * every stage */
-        double sums[8] = {mine.pg_loss,           mine.kl_loss, mine.entropy, mine.pg_clipfrac,
-                          mine.pg_clipfrac_lower, mine.ppo_kl,  mine.loss,    (double)mine.tokens};
-        comm_allreduce_sum(m->sh.pp, sums, 8, COMM_F64);
-        ls->pg_loss += sums[0], ls->kl_loss += sums[1], ls->entropy += sums[2], ls->pg_clipfrac += sums[3];
-        ls->pg_clipfrac_lower += sums[4], ls->ppo_kl += sums[5], ls->loss += sums[6];
-        ls->tokens += (long long)sums[7];
+        loss_stats_sum(m->sh.pp, &mine);
+        ls->pg_loss += mine.pg_loss, ls->kl_loss += mine.kl_loss, ls->entropy += mine.entropy;
+        ls->pg_clipfrac += mine.pg_clipfrac, ls->pg_clipfrac_lower += mine.pg_clipfrac_lower;
+        ls->ppo_kl += mine.ppo_kl, ls->loss += mine.loss, ls->tokens += mine.tokens;
         for (int b = 0; p->old_from_current && b < k; b++) {
             comm_broadcast(m->sh.pp, mbs[b].logp, (size_t)mbs[b].mb.pb.N, COMM_F32, m->sh.pp_size - 1);
-            for (int i = 0; i < mbs[b].mb.n_seq; i++) {
-                struct rollout_seq *q = &seqs[mbs[b].mb.seq[i]];
-                if (!q->old_logp)
-                    q->old_logp = xmalloc((size_t)(q->resp_len ? q->resp_len : 1) * sizeof(float));
-                memcpy(q->old_logp, mbs[b].logp + mbs[b].mb.resp_at[i], (size_t)q->resp_len * sizeof(float));
-            }
+            for (int i = 0; i < mbs[b].mb.n_seq; i++)
+                keep_logp(&seqs[mbs[b].mb.seq[i]], mbs[b].logp + mbs[b].mb.resp_at[i], 0);
         }
     }
     for (int b = 0; b < k; b++) {
@@ -299,11 +304,7 @@ static void update_mini_batch(struct model *m, struct adamw *opt, struct rollout
             comm_allreduce_sum(p->dp, m->grad->mem, m->grad->n_floats, COMM_F32);
         clock_gettime(CLOCK_MONOTONIC, &t1);
         st->allreduce_s += (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
-        double sums[8] = {ls.pg_loss,           ls.kl_loss, ls.entropy, ls.pg_clipfrac,
-                          ls.pg_clipfrac_lower, ls.ppo_kl,  ls.loss,    (double)ls.tokens};
-        comm_allreduce_sum(p->dp, sums, 8, COMM_F64);
-        ls = (struct policy_loss_stats){sums[0], sums[1], sums[2], sums[3],
-                                        sums[4], sums[5], sums[6], (long long)sums[7]};
+        loss_stats_sum(p->dp, &ls);
     }
     double norm = p->zero ? zero1_clip(p->zero, p->grad_clip, m) : mp_clip(m, p->grad_clip);
     if (isfinite(norm) && p->zero) { /* every rank has the same norm: they step, or skip, together */

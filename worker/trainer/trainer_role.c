@@ -55,6 +55,16 @@ static void drop_refused(struct trainer_rank *r, const char *why)
     }
 }
 
+/* Append a batch to the pending list (it owns the batch from here on). */
+static void keep_pending(struct trainer_rank *r, const struct pending *p)
+{
+    if (r->n_pend == r->cap_pend) {
+        r->cap_pend = r->cap_pend ? 2 * r->cap_pend : 8;
+        r->pend = xrealloc(r->pend, (size_t)r->cap_pend * sizeof *r->pend);
+    }
+    r->pend[r->n_pend++] = *p;
+}
+
 /* Take one message off the socket into pending (checked, de-duplicated). 1 if a batch was kept, 0 if none came
  * or it was dropped, -1 on a socket error. */
 static int receive_one(struct trainer_rank *r, int64_t k, int timeout_ms)
@@ -97,11 +107,7 @@ static int receive_one(struct trainer_rank *r, int64_t k, int timeout_ms)
         free(p.raw);
         return 0;
     }
-    if (r->n_pend == r->cap_pend) {
-        r->cap_pend = r->cap_pend ? 2 * r->cap_pend : 8;
-        r->pend = xrealloc(r->pend, (size_t)r->cap_pend * sizeof *r->pend);
-    }
-    r->pend[r->n_pend++] = p;
+    keep_pending(r, &p);
     return 1;
 }
 
@@ -147,11 +153,7 @@ static int share_step(struct trainer_rank *r, int64_t k)
                       (long long)k, err);
             return -1;
         }
-        if (r->n_pend == r->cap_pend) {
-            r->cap_pend = r->cap_pend ? 2 * r->cap_pend : 8;
-            r->pend = xrealloc(r->pend, (size_t)r->cap_pend * sizeof *r->pend);
-        }
-        r->pend[r->n_pend++] = q;
+        keep_pending(r, &q);
     }
     return 0;
 }
