@@ -7,6 +7,9 @@
  *   fwd_bwd   packed forward + backward of B sequences of S tokens, loss = sum of next-token
  *             log-probs (the last token of each sequence has no target: weight 0); tokens/s and
  *             model GFLOP/s (3 x forward FLOPs, the trainer's MFU formula)
+ *   --bf16    the same on a CPU context with BF16 GEMMs (kctx_create("cpu", KMM_BF16): the linear layers'
+ *             products in BF16 with fp32 accumulation; weights, activations and the rest in fp32); the
+ *             PyTorch side's --bf16 runs under torch.autocast("cpu", torch.bfloat16)
  *   decode    B sequences: prefill a P-token prompt each, then N greedy decode steps with the KV
  *             cache (model_step, one token per sequence per step); decode tokens/s = B*N / time
  *
@@ -23,6 +26,7 @@
 #include <time.h>
 
 #include "common/check.h"
+#include "kernels/kernels.h"
 #include "worker/model/model.h"
 #include "worker/model/model_io.h"
 
@@ -88,6 +92,8 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+static const char *g_matmul = "fp32"; /* "bf16" with --bf16 */
+
 static void bench_fwd_bwd(struct model *m, int B, int S, int warmup, int iters, int threads, double peak)
 {
     const int V = m->cfg.vocab_size, N = B * S;
@@ -130,8 +136,8 @@ static void bench_fwd_bwd(struct model *m, int B, int S, int warmup, int iters, 
     double flops = 3.0 * flops_per_token(&m->cfg, S) * N;
     printf("{\"side\":\"ours\",\"what\":\"fwd_bwd\",\"threads\":%d,\"batch\":%d,\"seqlen\":%d,\"iters\":%d,"
            "\"median_s\":%.6f,\"best_s\":%.6f,\"tokens_per_s\":%.3f,\"gflops\":%.3f,\"peak_gflops\":%.3f,"
-           "\"loss_sum_logp\":%.6f}\n",
-           threads, B, S, iters, med, best, N / med, flops / med / 1e9, peak, loss);
+           "\"loss_sum_logp\":%.6f,\"matmul\":\"%s\"}\n",
+           threads, B, S, iters, med, best, N / med, flops / med / 1e9, peak, loss, g_matmul);
     fflush(stdout);
     free(times), free(ids), free(tgt), free(pos), free(cu), free(logp), free(dlogp);
 }
@@ -217,6 +223,7 @@ static void usage(FILE *out)
           "  --decode-steps N       timed decode steps (default 32)\n"
           "  --sgemm-n n            sgemm size for the peak (default 1024)\n"
           "  --skip-fwd-bwd         decode only\n"
+          "  --bf16                 BF16 GEMMs (fp32 accumulation) on a BF16 CPU context\n"
           "  --openblas-core        print OpenBLAS's kernel set (its CPU detection) and exit; MODEL not needed\n"
           "Prints one JSON object per measurement on stdout.\n",
           out);
@@ -236,6 +243,7 @@ int main(int argc, char **argv)
                                        {"decode-steps", required_argument, 0, 'n'},
                                        {"sgemm-n", required_argument, 0, 'g'},
                                        {"skip-fwd-bwd", no_argument, 0, 'F'},
+                                       {"bf16", no_argument, 0, 'B'},
                                        {"openblas-core", no_argument, 0, 'C'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
@@ -252,6 +260,7 @@ int main(int argc, char **argv)
         case 'n': steps = parse_int("--decode-steps", optarg); break;
         case 'g': sn = parse_int("--sgemm-n", optarg); break;
         case 'F': skip_fb = 1; break;
+        case 'B': g_matmul = "bf16"; break;
         case 'C': {
             const char *core = openblas_get_corename();
             printf("%s\n", core ? core : "?");
@@ -276,6 +285,20 @@ int main(int argc, char **argv)
     }
     fprintf(stderr, "model_bench: loaded %s in %.2f s (%zu parameters), %d threads\n", argv[optind], now_s() - t0,
             model_num_params(m), threads);
+    struct kctx *K = NULL;
+    if (strcmp(g_matmul, "bf16") == 0) { /* the same weights on a BF16 context */
+        K = kctx_create("cpu", KMM_BF16, err, sizeof err);
+        if (!K) {
+            fprintf(stderr, "model_bench: --bf16: %s\n", err);
+            return 2;
+        }
+        struct model *mb = model_create_on(&m->cfg, NULL, K);
+        k_to_device(K, mb->w.mem, m->w.mem, m->w.n_floats * sizeof(float));
+        model_free(m);
+        m = mb;
+        char desc[256];
+        fprintf(stderr, "model_bench: %s\n", kctx_describe(K, desc, sizeof desc));
+    }
     double peak = bench_sgemm(sn, 5);
     const char *core = openblas_get_corename(), *ct = getenv("OPENBLAS_CORETYPE");
     printf("{\"side\":\"ours\",\"what\":\"sgemm\",\"threads\":%d,\"n\":%d,\"gflops\":%.3f,"
@@ -292,5 +315,7 @@ int main(int argc, char **argv)
     }
     free(list);
     model_free(m);
+    if (K)
+        kctx_free(K);
     return 0;
 }

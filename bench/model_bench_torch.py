@@ -6,10 +6,13 @@ same thread count, in float32 on the CPU. One JSON object per line on stdout, sa
   mm        torch.mm GFLOP/s at n^3 (x @ W.T), best of 5: what this torch build's GEMM reaches here
   fwd_bwd   model(ids) over B x S tokens (no padding, no attention mask), loss = sum of next-token
             log-probs, loss.backward(); gradients zeroed (not freed) outside the timing, as ours
+  --bf16    fwd_bwd under torch.autocast("cpu", dtype=torch.bfloat16) (fp32 weights, BF16 matrix
+            products: the mixed precision our --bf16 runs); the log-softmax in fp32 on both sides
   decode    manual greedy loop with past_key_values (a DynamicCache), one token per sequence per
             step, under torch.inference_mode(); prefill of the P-token prompts is timed apart
 """
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -53,16 +56,18 @@ def bench_mm(n, threads):
     return best
 
 
-def bench_fwd_bwd(model, B, S, warmup, iters, threads, peak):
+def bench_fwd_bwd(model, B, S, warmup, iters, threads, peak, bf16=False):
     V = model.config.vocab_size
     ids = torch.tensor([[bench_token(b, t, V) for t in range(S)] for b in range(B)], dtype=torch.long)
     model.train()
     times, loss = [], 0.0
     for it in range(warmup + iters):
         model.zero_grad(set_to_none=False)  # no-op before the first backward allocates the grads
+        amp = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
         t0 = time.perf_counter()
-        logits = model(input_ids=ids, use_cache=False).logits  # (B, S, V) float32
-        logp = torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, ids[:, 1:, None]).sum()
+        with amp:
+            logits = model(input_ids=ids, use_cache=False).logits  # (B, S, V) float32 (bf16 under autocast)
+            logp = torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, ids[:, 1:, None]).sum()
         logp.backward()
         dt = time.perf_counter() - t0
         loss = logp.item()
@@ -77,7 +82,8 @@ def bench_fwd_bwd(model, B, S, warmup, iters, threads, peak):
     flops = 3.0 * flops_per_token(model.config, S) * N
     emit({"side": "torch", "what": "fwd_bwd", "threads": threads, "batch": B, "seqlen": S, "iters": iters,
           "median_s": round(med, 6), "best_s": round(times[0], 6), "tokens_per_s": round(N / med, 3),
-          "gflops": round(flops / med / 1e9, 3), "peak_gflops": round(peak, 3), "loss_sum_logp": round(loss, 6)})
+          "gflops": round(flops / med / 1e9, 3), "peak_gflops": round(peak, 3), "loss_sum_logp": round(loss, 6),
+          "matmul": "bf16" if bf16 else "fp32"})
     model.zero_grad(set_to_none=True)
 
 
@@ -123,6 +129,7 @@ def main():
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--sgemm-n", type=int, default=1024)
     ap.add_argument("--skip-fwd-bwd", action="store_true")
+    ap.add_argument("--bf16", action="store_true", help="fwd_bwd under BF16 autocast")
     a = ap.parse_args()
 
     torch.set_num_threads(a.threads)
@@ -145,7 +152,7 @@ def main():
           "mkldnn": torch.backends.mkldnn.is_available()})
     peak = bench_mm(a.sgemm_n, a.threads)
     if not a.skip_fwd_bwd:
-        bench_fwd_bwd(model, a.batch, a.seqlen, a.warmup, a.iters, a.threads, peak)
+        bench_fwd_bwd(model, a.batch, a.seqlen, a.warmup, a.iters, a.threads, peak, a.bf16)
     for tok in a.decode_batches.split(","):
         if tok.strip() and int(tok) > 0:
             bench_decode(model, int(tok), a.prompt_len, a.decode_steps, a.threads)

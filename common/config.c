@@ -492,8 +492,71 @@ int config_logger_sinks(const struct grpo_config *c, unsigned *sinks, char *skip
     return 0;
 }
 
+int config_lora_targets(const char *list, unsigned *mask, char *why, size_t len)
+{
+    static const char *const names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    const size_t kinds = sizeof names / sizeof *names;
+    *mask = 0;
+    const char *p = list ? list : "";
+    while (*p) {
+        /* one entry: skip separators, brackets and quotes around it */
+        p += strspn(p, " \t[],'\"");
+        const size_t n = strcspn(p, " \t[],'\"");
+        if (!n)
+            break;
+        unsigned bit = 0;
+        if (n == 10 && strncmp(p, "all-linear", n) == 0)
+            bit = (1u << kinds) - 1;
+        for (size_t k = 0; k < kinds && !bit; k++)
+            if (strlen(names[k]) == n && strncmp(p, names[k], n) == 0)
+                bit = 1u << k;
+        if (!bit) {
+            snprintf(why, len,
+                     "actor_rollout_ref.model.target_modules: '%.*s' is not all-linear or one of q_proj, k_proj, "
+                     "v_proj, o_proj, gate_proj, up_proj, down_proj",
+                     (int)n, p);
+            return -1;
+        }
+        *mask |= bit;
+        p += n;
+    }
+    if (!*mask) {
+        snprintf(why, len, "actor_rollout_ref.model.target_modules is empty: give all-linear or a list of projections");
+        return -1;
+    }
+    return 0;
+}
+
+/* LoRA's keys: the targets name projections, and the adapter is not split over TP or PP ranks. */
+static int validate_lora(const struct grpo_config *c, struct cfg_error *err)
+{
+    if (c->arr_model_lora_rank == 0 && !c->arr_model_lora_adapter_path[0])
+        return 0;
+    unsigned mask;
+    char why[256];
+    if (config_lora_targets(c->arr_model_target_modules, &mask, why, sizeof why) != 0) {
+        errf(err, "%s: %s", origin_of(c, "actor_rollout_ref.model.target_modules"), why);
+        return -1;
+    }
+    if (c->actor_megatron_tensor_model_parallel_size > 1 || c->actor_megatron_pipeline_model_parallel_size > 1 ||
+        c->rollout_tensor_model_parallel_size > 1) {
+        errf(err,
+             "LoRA (actor_rollout_ref.model.lora_rank=%lld%s%s) with actor_rollout_ref.actor.megatron."
+             "tensor_model_parallel_size=%lld, actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=%lld, "
+             "actor_rollout_ref.rollout.tensor_model_parallel_size=%lld: LoRA runs with whole models only (data "
+             "parallelism works); set those sizes to 1",
+             c->arr_model_lora_rank, c->arr_model_lora_adapter_path[0] ? ", lora_adapter_path=" : "",
+             c->arr_model_lora_adapter_path, c->actor_megatron_tensor_model_parallel_size,
+             c->actor_megatron_pipeline_model_parallel_size, c->rollout_tensor_model_parallel_size);
+        return -1;
+    }
+    return 0;
+}
+
 int config_validate(const struct grpo_config *c, struct cfg_error *err)
 {
+    if (validate_lora(c, err) != 0)
+        return -1;
     unsigned sinks;
     if (config_logger_sinks(c, &sinks, NULL, 0, err) != 0)
         return -1;

@@ -89,6 +89,10 @@ int config_apply_override(struct grpo_config *c, const char *arg, struct cfg_err
 enum { CFG_LOG_CONSOLE = 1, CFG_LOG_TENSORBOARD = 2, CFG_LOG_FILE = 4 };
 int config_logger_sinks(const struct grpo_config *c, unsigned *sinks, char *skipped, size_t skipped_len,
                         struct cfg_error *err);
+/* LoRA's target_modules ("all-linear", "[q_proj,v_proj]", "q_proj, v_proj", quoted or not) as bits in the order
+ * q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (the model's enum proj_kind). 0, or -1 with why
+ * naming the entry that is none of them. */
+int config_lora_targets(const char *list, unsigned *mask, char *why, size_t len);
 /* Put a key back to its default (Hydra's ~key); a noted verl key is forgotten. 0, or -1 with err (unknown). */
 int config_reset(struct grpo_config *c, const char *name, struct cfg_error *err);
 /* Check relations between keys (for example clip bounds, batch divisibility). 0 or -1 with err. */

@@ -39,7 +39,6 @@ static const char LP_BSZ[] = "the log-prob passes batch like the update (actor.u
 static const char NO_CRITIC[] = "GRPO trains no critic";
 static const char CKPT[] = "checkpoints always hold the weights, the optimizer state and the data cursor";
 static const char RM_HERE[] = "the reward model scores each response beside generation, on the rollout's ranks";
-static const char LORA_OFF[] = "LoRA is off (lora_rank 0)";
 
 static const struct verl_key g_verl[] = {
     /* data */
@@ -72,10 +71,8 @@ static const struct verl_key g_verl[] = {
     NOTED("actor_rollout_ref.model.trust_remote_code", "no Python code is loaded"),
     REFUSED("actor_rollout_ref.model.custom_chat_template",
             "a chat template other than the model's tokenizer_config.json (not available yet)"),
-    OFF_ONLY("actor_rollout_ref.model.lora_rank", "0", LORA_OFF, "LoRA adapters (planned: issue 13)"),
-    NOTED("actor_rollout_ref.model.lora_alpha", LORA_OFF),
-    NOTED("actor_rollout_ref.model.target_modules", LORA_OFF),
-    NOTED("actor_rollout_ref.model.exclude_modules", LORA_OFF),
+    OFF_ONLY("actor_rollout_ref.model.exclude_modules", "null", "no module is excluded from target_modules",
+             "LoRA's exclude_modules (not available yet: list the target_modules instead)"),
     NOTED("actor_rollout_ref.actor.strategy", "the trainers' layout is the megatron.* keys here"),
     REFUSED("actor_rollout_ref.actor.ppo_micro_batch_size",
             "a global micro-batch size: give actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),

@@ -1,7 +1,12 @@
-/* CPU compute kernels, fp32, row-major. Each op has a forward and a backward;
- * backward functions ACCUMULATE (+=) into parameter gradients and input
- * gradients, so callers zero them once per step. Shapes are in the comments:
- * N rows (tokens), D features. */
+/* The kernel interface: every op the model, the optimizer and generation run, behind a context that says where
+ * they run (the CPU, or a CUDA device with its stream and library handles). The back-ends implement one table of
+ * ops each: kernels/cpu/ (the reference, fp32 or BF16 GEMMs) and kernels/cuda/ (cuBLAS and our kernels). Callers
+ * never branch on the back-end; the pointers they pass are the context's memory (k_alloc), host memory for the
+ * CPU and device memory for CUDA.
+ *
+ * Shapes and semantics of each op are those of the CPU kernels (kernels/cpu/cpu_kernels.h): backward ops
+ * ACCUMULATE (+=) into gradients. Scalars and the small index arrays (ids, positions, sequence offsets) are
+ * context memory too; host-side reductions (struct vocab_shard) are called with host buffers. */
 #ifndef GRPO_KERNELS_H
 #define GRPO_KERNELS_H
 
@@ -9,108 +14,235 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* RMSNorm: y = x / sqrt(mean(x^2) + eps) * w.  x, y: (N, D); w: (D); rstd out: (N), kept for backward. */
-void rmsnorm_forward(float *y, float *rstd, const float *x, const float *w, int N, int D, float eps);
-/* dx += d/dx, dw += d/dw given dy (N, D), x, w and the rstd saved by forward. */
-void rmsnorm_backward(float *dx, float *dw, const float *dy, const float *x, const float *w, const float *rstd, int N,
-                      int D);
+#include "kernels/cpu/cpu_kernels.h" /* struct vocab_shard, blas_kernels */
 
-/* Embedding lookup: out[i] = table[ids[i]].  out: (N, D); ids: (N) in [0, V); table: (V, D). */
-void embedding_forward(float *out, const int32_t *ids, const float *table, int N, int D, int V);
-/* dtable[ids[i]] += dout[i].  dtable: (V, D); dout: (N, D). Repeated ids accumulate. */
-void embedding_backward(float *dtable, const float *dout, const int32_t *ids, int N, int D, int V);
+enum kdevice { KDEV_CPU, KDEV_CUDA };
+/* Precision of the matrix products: fp32, or BF16 inputs with fp32 accumulation (weights and activations kept in
+ * fp32, rounded to BF16 for the product: mixed precision with fp32 master weights). */
+enum kmatmul { KMM_F32, KMM_BF16 };
 
-/* A vocabulary shard: rows [lo, hi) of a V-row table (vocab-parallel embedding and LM head under tensor
- * parallelism). reduce(ud, buf, n, max) combines n doubles in place over every shard of the vocabulary: their
- * maximum (max true) or their sum. The whole vocabulary is lo 0, hi V, reduce NULL. */
-struct vocab_shard {
-    int lo, hi, V;
-    void (*reduce)(void *ud, double *buf, int n, bool max);
-    void *ud;
+struct kctx;
+
+/* One back-end: what a context runs. Every op gets the context first. */
+struct kops {
+    const char *name; /* "cpu", "cuda" */
+    /* memory of the context: alloc returns NULL when it cannot */
+    void *(*alloc)(struct kctx *K, size_t bytes);
+    void (*free)(struct kctx *K, void *p);
+    void (*to_device)(struct kctx *K, void *dst, const void *src, size_t bytes);
+    void (*to_host)(struct kctx *K, void *dst, const void *src, size_t bytes);
+    void (*copy)(struct kctx *K, void *dst, const void *src, size_t bytes);
+    void (*zero)(struct kctx *K, void *p, size_t bytes);
+    void (*sync)(struct kctx *K);
+
+    void (*rmsnorm_forward)(struct kctx *K, float *y, float *rstd, const float *x, const float *w, int N, int D,
+                            float eps);
+    void (*rmsnorm_backward)(struct kctx *K, float *dx, float *dw, const float *dy, const float *x, const float *w,
+                             const float *rstd, int N, int D);
+    void (*embedding_forward)(struct kctx *K, float *out, const int32_t *ids, const float *table, int N, int D,
+                              const struct vocab_shard *vs);
+    void (*embedding_backward)(struct kctx *K, float *dtable, const float *dout, const int32_t *ids, int N, int D,
+                               const struct vocab_shard *vs);
+    void (*linear_forward)(struct kctx *K, float *y, const float *x, const float *W, const float *b, int N, int Din,
+                           int Dout);
+    void (*linear_backward)(struct kctx *K, float *dx, float *dW, float *db, const float *dy, const float *x,
+                            const float *W, int N, int Din, int Dout);
+    void (*rope_forward)(struct kctx *K, float *x, const int32_t *pos, int N, int H, int hd, const double *inv_freq);
+    void (*rope_backward)(struct kctx *K, float *dx, const int32_t *pos, int N, int H, int hd,
+                          const double *inv_freq);
+    void (*attention_forward)(struct kctx *K, float *out, float *lse, const float *q, const float *k, const float *v,
+                              const int32_t *cu_seqlens, int B, int Hq, int Hkv, int hd);
+    void (*attention_backward)(struct kctx *K, float *dq, float *dk, float *dv, const float *dout, const float *out,
+                               const float *lse, const float *q, const float *k, const float *v,
+                               const int32_t *cu_seqlens, int B, int Hq, int Hkv, int hd);
+    void (*attention_cached)(struct kctx *K, float *out, const float *q, const float *kcache, const float *vcache,
+                             int Tq, int Tk, int Hq, int Hkv, int hd);
+    void (*swiglu_forward)(struct kctx *K, float *out, const float *gate, const float *up, size_t n);
+    void (*swiglu_backward)(struct kctx *K, float *dgate, float *dup, const float *dout, const float *gate,
+                            const float *up, size_t n);
+    void (*add)(struct kctx *K, float *y, const float *x, size_t n);
+    void (*axpy)(struct kctx *K, float *y, float a, const float *x, size_t n);
+    void (*scale)(struct kctx *K, float *x, float a, size_t n);
+    /* sum of x[i]^2 in double (a gradient norm's part) */
+    double (*sumsq)(struct kctx *K, const float *x, size_t n);
+    void (*lmhead_forward)(struct kctx *K, float *logp, float *entropy, const float *h, const float *W,
+                           const int32_t *targets, int N, int D, const struct vocab_shard *vs, float temperature,
+                           int chunk);
+    void (*lmhead_backward)(struct kctx *K, float *dh, float *dW, const float *dlogp, const float *dentropy,
+                            const float *h, const float *W, const int32_t *targets, int N, int D,
+                            const struct vocab_shard *vs, float temperature, int chunk);
+    /* AdamW (torch semantics) at step t >= 1: p = p (1 - lr wd) - lr / (1 - b1^t) m / (sqrt(v / (1 - b2^t)) + eps) */
+    void (*adamw)(struct kctx *K, float *p, const float *g, float *m, float *v, size_t n, double lr, double beta1,
+                  double beta2, double eps, double weight_decay, int64_t t);
 };
 
-/* Embedding rows of this shard: out[i] = table[ids[i] - lo] for ids in [lo, hi), zero rows for the others
- * (summed over the shards, the whole lookup). table: (hi - lo, D); ids in [0, V). */
-void embedding_forward_shard(float *out, const int32_t *ids, const float *table, int N, int D,
-                             const struct vocab_shard *vs);
-/* dtable[ids[i] - lo] += dout[i] for the ids of this shard. */
-void embedding_backward_shard(float *dtable, const float *dout, const int32_t *ids, int N, int D,
-                              const struct vocab_shard *vs);
+/* Bytes a context has handed out (k_alloc, less k_free) and the most it ever had: weights, gradients, optimizer
+ * state, activations and KV caches, each counted in its own line, and the arena reservations. */
+enum kmem_kind { KMEM_WEIGHTS, KMEM_GRADS, KMEM_OPTIM, KMEM_ACTS, KMEM_KV, KMEM_OTHER, KMEM_KINDS };
+struct kmem_stats {
+    size_t in_use[KMEM_KINDS], peak[KMEM_KINDS];
+    size_t allocated, max_allocated; /* all kinds: torch's memory_allocated / max_memory_allocated */
+    size_t reserved, max_reserved;   /* what the back-end holds from its device (>= allocated) */
+    unsigned long long allocs;       /* k_alloc calls: a steady training step makes none */
+};
 
-/* Linear, HF nn.Linear layout: y = x W^T + b.  y: (N, Dout); x: (N, Din); W: (Dout, Din); b: (Dout) or NULL. */
-void linear_forward(float *y, const float *x, const float *W, const float *b, int N, int Din, int Dout);
-/* dx += dy W (N, Din); dW += dy^T x (Dout, Din); db += sum_rows dy (Dout). Any of dx, dW, db may be NULL. */
-void linear_backward(float *dx, float *dW, float *db, const float *dy, const float *x, const float *W, int N, int Din,
-                     int Dout);
+struct kctx {
+    const struct kops *ops;
+    enum kdevice device;
+    int device_index;
+    enum kmatmul matmul;
+    void *stream; /* cudaStream_t */
+    void *blas;   /* cublasHandle_t */
+    void *impl;   /* the back-end's own state */
+    struct kmem_stats mem;
+};
 
-/* RoPE, HF rotate_half convention, in place on x: (N, H, hd), hd even; pos: (N); pairs (i, i + hd/2),
- * angle = pos * theta^(-2i/hd), computed in double. */
-void rope_forward(float *x, const int32_t *pos, int N, int H, int hd, float theta);
-/* In place: turns dL/d(rotated) (N, H, hd) into dL/d(input) (the inverse rotation; overwrites, no +=). */
-void rope_backward(float *dx, const int32_t *pos, int N, int H, int hd, float theta);
-/* The same with the frequencies given: pair i turns by pos * inv_freq[i] (hd / 2 of them; a scaled RoPE, such
- * as Llama 3's, remaps them). */
-void rope_forward_freqs(float *x, const int32_t *pos, int N, int H, int hd, const double *inv_freq);
-void rope_backward_freqs(float *dx, const int32_t *pos, int N, int H, int hd, const double *inv_freq);
-/* inv_freq[i] = theta^(-2i/hd), i < hd / 2. */
-void rope_default_freqs(double *inv_freq, int hd, float theta);
+/* The process's CPU context (fp32 GEMMs): what a model gets unless it is given another. */
+struct kctx *kctx_cpu(void);
+/* A context for device ("cpu", "cuda", "cuda:N") with GEMMs in matmul precision. NULL with why filled when the
+ * device is unknown or absent (a CUDA device in a build without CUDA, or on a machine without one), or when the
+ * back-end cannot run that precision. */
+struct kctx *kctx_create(const char *device, enum kmatmul matmul, char *why, size_t len);
+void kctx_free(struct kctx *K);
+/* "cpu, fp32 GEMMs (OpenBLAS SkylakeX kernels)", "cuda:0 (NVIDIA H200), BF16 GEMMs": for logs. Returns buf. */
+const char *kctx_describe(const struct kctx *K, char *buf, size_t len);
+/* Whether a CUDA device can be used here (built with CUDA and one present). */
+bool kctx_cuda_available(void);
 
-/* Causal GQA attention over packed sequences: sequence b is rows cu_seqlens[b]..cu_seqlens[b+1]-1.
- * out, q: (N, Hq, hd); k, v: (N, Hkv, hd); lse: (N, Hq) log-sum-exp of the scaled scores, or NULL;
- * scale 1/sqrt(hd); query head h uses kv head h / (Hq / Hkv). N = cu_seqlens[B]. */
-void attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
-                       const int32_t *cu_seqlens, int B, int Hq, int Hkv, int hd);
-/* dq += dL/dq (N, Hq, hd); dk, dv += (N, Hkv, hd), given dout, and out and lse from attention_forward.
- * Probabilities are recomputed block by block from lse (the N x N matrix is never stored). */
-void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                        const float *q, const float *k, const float *v, const int32_t *cu_seqlens, int B, int Hq,
-                        int Hkv, int hd);
-/* KV-cache attention for generation, one sequence: out, q: (Tq, Hq, hd); kcache, vcache: (Tk, Hkv, hd),
- * Tq <= Tk; query i sits at position Tk - Tq + i and attends to cache positions 0 .. Tk - Tq + i. */
-void attention_cached(float *out, const float *q, const float *kcache, const float *vcache, int Tq, int Tk, int Hq,
-                      int Hkv, int hd);
+/* Memory of K, counted under kind. Running out is a fatal error naming what was asked for, its bytes, what is in
+ * use, and the knob that lowers it (what: "activations of 4096 tokens"). */
+void *k_alloc(struct kctx *K, size_t bytes, enum kmem_kind kind, const char *what);
+/* Like k_alloc, zeroed. */
+void *k_calloc(struct kctx *K, size_t bytes, enum kmem_kind kind, const char *what);
+void k_free(struct kctx *K, void *p, size_t bytes, enum kmem_kind kind);
+static inline void k_to_device(struct kctx *K, void *dst, const void *src, size_t bytes)
+{
+    K->ops->to_device(K, dst, src, bytes);
+}
+static inline void k_to_host(struct kctx *K, void *dst, const void *src, size_t bytes)
+{
+    K->ops->to_host(K, dst, src, bytes);
+}
+static inline void k_copy(struct kctx *K, void *dst, const void *src, size_t bytes) { K->ops->copy(K, dst, src, bytes); }
+static inline void k_zero(struct kctx *K, void *p, size_t bytes) { K->ops->zero(K, p, bytes); }
+static inline void k_sync(struct kctx *K) { K->ops->sync(K); }
+/* Zero the peaks (a new step's maxima). */
+void kmem_reset_peaks(struct kctx *K);
 
-/* SwiGLU: out = silu(gate) * up, elementwise over n; silu(g) = g * sigmoid(g). out may alias gate or up. */
-void swiglu_forward(float *out, const float *gate, const float *up, size_t n);
-/* dgate += dout * up * silu'(gate); dup += dout * silu(gate). All (n). */
-void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n);
+/* An arena: one reservation of context memory from which a batch's buffers are taken in order and given back all
+ * at once. It grows only when a batch needs more than it holds (a new, larger batch shape), so a training step
+ * mallocs nothing once the first step of its shape has run. */
+struct karena {
+    struct kctx *K;
+    enum kmem_kind kind;
+    const char *what;
+    char *base;
+    size_t cap, used, peak;
+};
+void karena_init(struct karena *a, struct kctx *K, enum kmem_kind kind, const char *what);
+/* An arena that only counts: takes return NULL and add up, so a plan is the same sequence of takes as its use. */
+void karena_init_counter(struct karena *a);
+/* Make room for bytes (taken with karena_take in up to `pieces` pieces, each rounded up to 64 bytes); only while
+ * nothing is taken. */
+void karena_reserve(struct karena *a, size_t bytes, size_t pieces);
+/* bytes of the arena, 64-byte aligned; more than was reserved is a fatal error (a wrong plan). */
+void *karena_take(struct karena *a, size_t bytes);
+/* n floats taken and zeroed. */
+float *karena_floats0(struct karena *a, size_t n);
+void karena_reset(struct karena *a);
+void karena_release(struct karena *a);
+/* Bytes a piece of `bytes` takes (rounded up to the alignment): for plans. */
+size_t karena_piece(size_t bytes);
 
-/* Which BLAS kernels run, and why ("OpenBLAS SkylakeX kernels (chosen for this CPU)"): OpenBLAS's own choice,
- * the user's OPENBLAS_CORETYPE, or ours (kernels/blas_select.c re-runs a binary whose OpenBLAS chose kernels
- * older than its CPU can run). Returns buf. */
-const char *blas_kernels(char *buf, size_t len);
-/* When the user's OPENBLAS_CORETYPE names older kernels than the CPU runs: the kernels it could run ("SkylakeX");
- * else NULL. */
-const char *blas_kernels_better(void);
+/* ---- the ops: see kernels/cpu/cpu_kernels.h for each one's shapes ---- */
+static inline void k_rmsnorm_forward(struct kctx *K, float *y, float *rstd, const float *x, const float *w, int N,
+                                     int D, float eps)
+{
+    K->ops->rmsnorm_forward(K, y, rstd, x, w, N, D, eps);
+}
+static inline void k_rmsnorm_backward(struct kctx *K, float *dx, float *dw, const float *dy, const float *x,
+                                      const float *w, const float *rstd, int N, int D)
+{
+    K->ops->rmsnorm_backward(K, dx, dw, dy, x, w, rstd, N, D);
+}
+static inline void k_embedding_forward(struct kctx *K, float *out, const int32_t *ids, const float *table, int N,
+                                       int D, const struct vocab_shard *vs)
+{
+    K->ops->embedding_forward(K, out, ids, table, N, D, vs);
+}
+static inline void k_embedding_backward(struct kctx *K, float *dtable, const float *dout, const int32_t *ids, int N,
+                                        int D, const struct vocab_shard *vs)
+{
+    K->ops->embedding_backward(K, dtable, dout, ids, N, D, vs);
+}
+static inline void k_linear_forward(struct kctx *K, float *y, const float *x, const float *W, const float *b, int N,
+                                    int Din, int Dout)
+{
+    K->ops->linear_forward(K, y, x, W, b, N, Din, Dout);
+}
+static inline void k_linear_backward(struct kctx *K, float *dx, float *dW, float *db, const float *dy, const float *x,
+                                     const float *W, int N, int Din, int Dout)
+{
+    K->ops->linear_backward(K, dx, dW, db, dy, x, W, N, Din, Dout);
+}
+static inline void k_rope_forward(struct kctx *K, float *x, const int32_t *pos, int N, int H, int hd,
+                                  const double *inv_freq)
+{
+    K->ops->rope_forward(K, x, pos, N, H, hd, inv_freq);
+}
+static inline void k_rope_backward(struct kctx *K, float *dx, const int32_t *pos, int N, int H, int hd,
+                                   const double *inv_freq)
+{
+    K->ops->rope_backward(K, dx, pos, N, H, hd, inv_freq);
+}
+static inline void k_attention_forward(struct kctx *K, float *out, float *lse, const float *q, const float *k,
+                                       const float *v, const int32_t *cu_seqlens, int B, int Hq, int Hkv, int hd)
+{
+    K->ops->attention_forward(K, out, lse, q, k, v, cu_seqlens, B, Hq, Hkv, hd);
+}
+static inline void k_attention_backward(struct kctx *K, float *dq, float *dk, float *dv, const float *dout,
+                                        const float *out, const float *lse, const float *q, const float *k,
+                                        const float *v, const int32_t *cu_seqlens, int B, int Hq, int Hkv, int hd)
+{
+    K->ops->attention_backward(K, dq, dk, dv, dout, out, lse, q, k, v, cu_seqlens, B, Hq, Hkv, hd);
+}
+static inline void k_attention_cached(struct kctx *K, float *out, const float *q, const float *kcache,
+                                      const float *vcache, int Tq, int Tk, int Hq, int Hkv, int hd)
+{
+    K->ops->attention_cached(K, out, q, kcache, vcache, Tq, Tk, Hq, Hkv, hd);
+}
+static inline void k_swiglu_forward(struct kctx *K, float *out, const float *gate, const float *up, size_t n)
+{
+    K->ops->swiglu_forward(K, out, gate, up, n);
+}
+static inline void k_swiglu_backward(struct kctx *K, float *dgate, float *dup, const float *dout, const float *gate,
+                                     const float *up, size_t n)
+{
+    K->ops->swiglu_backward(K, dgate, dup, dout, gate, up, n);
+}
+static inline void k_add(struct kctx *K, float *y, const float *x, size_t n) { K->ops->add(K, y, x, n); }
+static inline void k_axpy(struct kctx *K, float *y, float a, const float *x, size_t n) { K->ops->axpy(K, y, a, x, n); }
+static inline void k_scale(struct kctx *K, float *x, float a, size_t n) { K->ops->scale(K, x, a, n); }
+static inline double k_sumsq(struct kctx *K, const float *x, size_t n) { return K->ops->sumsq(K, x, n); }
+static inline void k_lmhead_forward(struct kctx *K, float *logp, float *entropy, const float *h, const float *W,
+                                    const int32_t *targets, int N, int D, const struct vocab_shard *vs,
+                                    float temperature, int chunk)
+{
+    K->ops->lmhead_forward(K, logp, entropy, h, W, targets, N, D, vs, temperature, chunk);
+}
+static inline void k_lmhead_backward(struct kctx *K, float *dh, float *dW, const float *dlogp, const float *dentropy,
+                                     const float *h, const float *W, const int32_t *targets, int N, int D,
+                                     const struct vocab_shard *vs, float temperature, int chunk)
+{
+    K->ops->lmhead_backward(K, dh, dW, dlogp, dentropy, h, W, targets, N, D, vs, temperature, chunk);
+}
+static inline void k_adamw(struct kctx *K, float *p, const float *g, float *m, float *v, size_t n, double lr,
+                           double beta1, double beta2, double eps, double weight_decay, int64_t t)
+{
+    K->ops->adamw(K, p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
+}
 
-/* y += x, both (n) (residual connections, gradient sums). */
-void vec_add_inplace(float *y, const float *x, size_t n);
-/* y += a * x, both (n). */
-void vec_axpy(float *y, float a, const float *x, size_t n);
-/* x *= a, (n). */
-void vec_scale(float *x, float a, size_t n);
-
-/* out[j] = exp(x[j] - shift) for x[j] <= shift (softmax rows), about 2 ulp; values below e^-87 become 0. */
-void vec_exp_shifted(float *out, const float *x, size_t n, float shift);
-
-/* Chunked LM-head log-probabilities: z = h W^T / temperature, logp[i] = log_softmax(z_i)[targets[i]],
- * entropy[i] = -sum_j p_ij log p_ij (entropy may be NULL). h: (N, D); W: (V, D); targets: (N) in [0, V).
- * Only chunk x V logits exist at a time (chunk > 0 tokens per chunk). */
-void lmhead_logprob_forward(float *logp, float *entropy, const float *h, const float *W, const int32_t *targets, int N,
-                            int D, int V, float temperature, int chunk);
-/* dh += dL/dh (N, D) and dW += dL/dW (V, D) (either may be NULL) from dlogp (N) and dentropy (N, or NULL);
- * recomputes each chunk's logits, so peak scratch is chunk x V floats. */
-void lmhead_logprob_backward(float *dh, float *dW, const float *dlogp, const float *dentropy, const float *h,
-                             const float *W, const int32_t *targets, int N, int D, int V, float temperature, int chunk);
-
-/* The same over a vocabulary shard (W: (hi - lo, D), this shard's rows): the softmax statistics of each token
- * (row maximum, sum of exponentials, the target's logit) are combined over the shards with vs->reduce, so the
- * (N, V) logits are never gathered. Every shard gets the whole logp and entropy. */
-void lmhead_logprob_forward_shard(float *logp, float *entropy, const float *h, const float *W, const int32_t *targets,
-                                  int N, int D, const struct vocab_shard *vs, float temperature, int chunk);
-/* dh += this shard's part of dL/dh (summed over the shards, the whole gradient); dW += dL/dW of its rows. */
-void lmhead_logprob_backward_shard(float *dh, float *dW, const float *dlogp, const float *dentropy, const float *h,
-                                   const float *W, const int32_t *targets, int N, int D, const struct vocab_shard *vs,
-                                   float temperature, int chunk);
+/* The CPU back-end's table (kernels/cpu/backend.c). */
+extern const struct kops kops_cpu;
 
 #endif

@@ -17,8 +17,8 @@
 #include "common/check_cuda.h"
 #include "common/check_mpi.h"
 #include "common/log.h"
-#include "kernels/kernels.h"
-#include "kernels/kernels_cuda.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "worker/comm/comm.h"
 #include "worker/trainer/optim.h"
 

@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "kernels/kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "test_kernel_util.h"
 
 struct problem {

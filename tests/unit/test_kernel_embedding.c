@@ -8,7 +8,7 @@
 
 #include <cmocka.h>
 
-#include "kernels/kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "test_kernel_util.h"
 
 enum { V = 5, D = 3, N = 6 };

@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "kernels/kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "test_kernel_util.h"
 
 enum { N = 5, D = 6, V = 11 };

@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "kernels/kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "test_kernel_util.h"
 
 enum { N = 4, H = 3, HD = 8 };

@@ -9,7 +9,7 @@
 
 #include <cmocka.h>
 
-#include "kernels/kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "test_kernel_util.h"
 
 enum { N = 40 };

@@ -7,7 +7,7 @@
 
 #include <cmocka.h>
 
-#include "kernels/kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 static void test_matches_libm(void **state)
 {

@@ -9,7 +9,7 @@
 
 #include <cmocka.h>
 
-#include "kernels/kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 static void test_forward_hand_worked(void **state)
 {

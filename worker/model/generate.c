@@ -54,9 +54,10 @@ void generate(struct model *m, const int32_t *const *prompts, const int *prompt_
     if (gp->max_new_tokens <= 0)
         return;
     struct slot *slots = xcalloc((size_t)max_batch, sizeof *slots);
+    struct kv_slab *slab = kv_slab_create(m, max_batch, cap); /* one allocation; finished slots are refilled */
     for (int i = 0; i < max_batch; i++) {
         slots[i].seq = -1;
-        slots[i].kc = kv_cache_create(m, cap);
+        slots[i].kc = kv_slab_slot(slab, i);
     }
     struct sampler_scratch *ss = sampler_scratch_create(V);
     float *logits = xmalloc((size_t)max_batch * V * sizeof(float));
@@ -65,6 +66,8 @@ void generate(struct model *m, const int32_t *const *prompts, const int *prompt_
     int32_t *ids = xmalloc((size_t)max_batch * sizeof(int32_t));
     int *who = xmalloc((size_t)max_batch * sizeof(int));
     int *new_p = xmalloc((size_t)max_batch * sizeof(int)), *first_slot = xmalloc((size_t)max_batch * sizeof(int));
+    /* the prompts admitted at once, end to end: at most max_batch of at most max_prompt tokens */
+    int32_t *cat = xmalloc((size_t)max_batch * max_prompt * sizeof(int32_t));
     int next_prompt = 0, active = 0;
     for (;;) {
         /* admit whole prompt groups while n slots are free; all their prompts are prefilled in one step, each
@@ -83,11 +86,9 @@ void generate(struct model *m, const int32_t *const *prompts, const int *prompt_
             cat_len += prompt_lens[p];
         }
         if (n_new > 0) {
-            int32_t *cat = xmalloc((size_t)cat_len * sizeof(int32_t));
             for (int g = 0, off = 0; g < n_new; off += prompt_lens[new_p[g]], g++)
                 memcpy(cat + off, prompts[new_p[g]], (size_t)prompt_lens[new_p[g]] * sizeof(int32_t));
             model_step(m, batch, n_new, ntok, cat, logits, false);
-            free(cat);
         }
         for (int g = 0; g < n_new; g++) {
             const int p = new_p[g];
@@ -140,9 +141,8 @@ void generate(struct model *m, const int32_t *const *prompts, const int *prompt_
             }
         }
     }
-    for (int i = 0; i < max_batch; i++)
-        kv_cache_free(slots[i].kc);
-    free(slots), free(logits), free(batch), free(ntok), free(ids), free(who), free(new_p), free(first_slot);
+    kv_slab_free(slab);
+    free(cat), free(slots), free(logits), free(batch), free(ntok), free(ids), free(who), free(new_p), free(first_slot);
     sampler_scratch_free(ss);
 }
 

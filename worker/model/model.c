@@ -11,6 +11,7 @@
 #include "worker/comm/comm.h"
 #include "kernels/kernels.h"
 #include "fit.h"
+#include "lora.h"
 #include "model_internal.h"
 #include "sampler.h"
 
@@ -219,16 +220,18 @@ static void params_view(const struct model_config *c, const struct model_shard *
         layout(c, sh, p);
 }
 
-static void params_alloc(const struct model_config *c, const struct model_shard *sh, struct model_params *p)
+static void params_alloc(struct kctx *K, enum kmem_kind kind, const struct model_config *c,
+                         const struct model_shard *sh, struct model_params *p)
 {
     params_view(c, sh, NULL, p);
-    p->mem = xcalloc(p->n_floats ? p->n_floats : 1, sizeof(float));
+    p->mem = k_calloc(K, (p->n_floats ? p->n_floats : 1) * sizeof(float), kind,
+                      kind == KMEM_GRADS ? "the gradients" : "the weights");
     layout(c, sh, p);
 }
 
-static void params_free(struct model_params *p)
+static void params_free(struct kctx *K, enum kmem_kind kind, struct model_params *p)
 {
-    free(p->mem);
+    k_free(K, p->mem, (p->n_floats ? p->n_floats : 1) * sizeof(float), kind);
     free(p->layers);
     memset(p, 0, sizeof *p);
 }
@@ -257,7 +260,14 @@ size_t model_whole_floats(const struct model_config *c)
     return model_shard_floats(c, &sh);
 }
 
+static void work_free(struct model *m);
+
 struct model *model_create_shard(const struct model_config *c, const struct model_layout *lay)
+{
+    return model_create_on(c, lay, NULL);
+}
+
+struct model *model_create_on(const struct model_config *c, const struct model_layout *lay, struct kctx *K)
 {
     const struct model_layout whole = {0, 1, 0, 1, NULL, NULL, NULL};
     const struct model_layout *L = lay ? lay : &whole;
@@ -275,9 +285,14 @@ struct model *model_create_shard(const struct model_config *c, const struct mode
     m->sh.tp = L->tp_size > 1 ? L->tp : NULL;
     m->sh.pp = L->pp_size > 1 ? L->pp : NULL;
     m->sh.mp = L->pp_size > 1 ? L->mp : m->sh.tp;
-    params_alloc(c, &m->sh, &m->w);
-    m->rope_freqs = xcalloc((size_t)(c->head_dim / 2 > 0 ? c->head_dim / 2 : 1), sizeof(double));
-    model_rope_freqs(c, m->rope_freqs);
+    m->K = K ? K : kctx_cpu();
+    params_alloc(m->K, KMEM_WEIGHTS, c, &m->sh, &m->w);
+    const size_t nf = (size_t)(c->head_dim / 2 > 0 ? c->head_dim / 2 : 1);
+    double *freqs = xcalloc(nf, sizeof(double));
+    model_rope_freqs(c, freqs);
+    m->rope_freqs = k_alloc(m->K, nf * sizeof(double), KMEM_WEIGHTS, "the RoPE frequencies");
+    k_to_device(m->K, m->rope_freqs, freqs, nf * sizeof(double));
+    free(freqs);
     return m;
 }
 
@@ -287,19 +302,56 @@ struct model *model_clone(const struct model *m)
 {
     const struct model_layout lay = {m->sh.tp_rank, m->sh.tp_size, m->sh.pp_rank, m->sh.pp_size,
                                      m->sh.tp,      m->sh.pp,      m->sh.mp};
-    struct model *r = model_create_shard(&m->cfg, &lay);
-    memcpy(r->w.mem, m->w.mem, m->w.n_floats * sizeof(float));
+    struct model *r = model_create_on(&m->cfg, &lay, m->K);
+    k_copy(m->K, r->w.mem, m->w.mem, m->w.n_floats * sizeof(float));
     return r;
+}
+
+/* n bytes of src, memory of context from, into dst, memory of context to. */
+static void copy_between(struct kctx *to, void *dst, struct kctx *from, const void *src, size_t n)
+{
+    if (from->device == KDEV_CPU) {
+        k_to_device(to, dst, src, n);
+    } else if (to->device == KDEV_CPU) {
+        k_to_host(from, dst, src, n);
+    } else { /* device to device: through the host */
+        void *h = xmalloc(n ? n : 1);
+        k_to_host(from, h, src, n);
+        k_to_device(to, dst, h, n);
+        free(h);
+    }
+}
+
+struct model *model_copy_to(const struct model *m, struct kctx *K)
+{
+    const struct model_layout lay = {m->sh.tp_rank, m->sh.tp_size, m->sh.pp_rank, m->sh.pp_size,
+                                     m->sh.tp,      m->sh.pp,      m->sh.mp};
+    struct model *r = model_create_on(&m->cfg, &lay, K);
+    copy_between(r->K, r->w.mem, m->K, m->w.mem, m->w.n_floats * sizeof(float));
+    return r;
+}
+
+void model_weights_to_host(const struct model *m, float *dst)
+{
+    copy_between(kctx_cpu(), dst, m->K, m->w.mem, m->w.n_floats * sizeof(float));
+}
+
+void model_weights_from_host(struct model *m, const float *src)
+{
+    copy_between(m->K, m->w.mem, kctx_cpu(), src, m->w.n_floats * sizeof(float));
 }
 
 void model_free(struct model *m)
 {
     if (!m)
         return;
-    free(m->rope_freqs);
-    params_free(&m->w);
+    work_free(m);
+    lora_detach(m);
+    k_free(m->K, m->rope_freqs, (size_t)(m->cfg.head_dim / 2 > 0 ? m->cfg.head_dim / 2 : 1) * sizeof(double),
+           KMEM_WEIGHTS);
+    params_free(m->K, KMEM_WEIGHTS, &m->w);
     if (m->grad) {
-        params_free(m->grad);
+        params_free(m->K, KMEM_GRADS, m->grad);
         free(m->grad);
     }
     free(m);
@@ -307,9 +359,11 @@ void model_free(struct model *m)
 
 void model_init_random(struct model *m, uint64_t seed, double std)
 {
-    int n = model_param_refs(m, &m->w, NULL, 0);
+    /* drawn in host memory, then moved to the model's context */
+    float *host = xcalloc(m->w.n_floats ? m->w.n_floats : 1, sizeof(float));
+    int n = model_refs_over(&m->cfg, &m->sh, host, NULL, 0);
     struct param_ref *refs = xcalloc((size_t)(n > 0 ? n : 1), sizeof *refs);
-    model_param_refs(m, &m->w, refs, n);
+    model_refs_over(&m->cfg, &m->sh, host, refs, n);
     struct rng r;
     rng_seed(&r, seed, 0x1417);
     for (int i = 0; i < n; i++) {
@@ -324,6 +378,8 @@ void model_init_random(struct model *m, uint64_t seed, double std)
                 refs[i].data[j + k] = norm ? 1.0f : (bias ? 0.0f : z[k]);
         }
     }
+    model_weights_from_host(m, host);
+    free(host);
     free(refs);
 }
 
@@ -332,13 +388,13 @@ void model_alloc_grads(struct model *m)
     if (m->grad)
         return;
     m->grad = xcalloc(1, sizeof *m->grad);
-    params_alloc(&m->cfg, &m->sh, m->grad);
+    params_alloc(m->K, KMEM_GRADS, &m->cfg, &m->sh, m->grad);
 }
 
 void model_zero_grads(struct model *m)
 {
     if (m->grad)
-        memset(m->grad->mem, 0, m->grad->n_floats * sizeof(float));
+        k_zero(m->K, m->grad->mem, m->grad->n_floats * sizeof(float));
 }
 
 size_t model_num_params(const struct model *m) { return m->w.n_floats; }
@@ -427,6 +483,49 @@ int model_param_refs(const struct model *m, const struct model_params *p, struct
     return n;
 }
 
+/* ---------------------------------------------------------------- projections */
+
+void model_proj_dims(const struct model *m, enum proj_kind p, int *din, int *dout)
+{
+    const int D = m->cfg.hidden_size, F = m->sh.inter, QD = m->sh.n_heads * m->cfg.head_dim;
+    const int KD = m->sh.n_kv_heads * m->cfg.head_dim;
+    static const int in_is[PROJ_KINDS] = {0, 0, 0, 1, 0, 0, 2}, out_is[PROJ_KINDS] = {1, 3, 3, 0, 2, 2, 0};
+    const int dims[4] = {D, QD, F, KD};
+    *din = dims[in_is[p]];
+    *dout = dims[out_is[p]];
+}
+
+/* The weight and bias of projection p in params P (weights or gradients). */
+static float *proj_weight(const struct layer_params *P, enum proj_kind p, float **bias)
+{
+    float *const w[PROJ_KINDS] = {P->wq, P->wk, P->wv, P->wo, P->w_gate, P->w_up, P->w_down};
+    float *const b[PROJ_KINDS] = {P->bq, P->bk, P->bv, NULL, NULL, NULL, NULL};
+    *bias = b[p];
+    return w[p];
+}
+
+void model_proj_forward(const struct model *m, int l, enum proj_kind p, float *y, const float *x, int N)
+{
+    int din, dout;
+    float *b;
+    const float *W = proj_weight(&m->w.layers[l], p, &b);
+    model_proj_dims(m, p, &din, &dout);
+    k_linear_forward(m->K, y, x, W, b, N, din, dout);
+    lora_proj_forward(m, l, p, y, x, N);
+}
+
+void model_proj_backward(struct model *m, int l, enum proj_kind p, float *dx, const float *dy, const float *x, int N)
+{
+    int din, dout;
+    float *b, *dW = NULL, *db = NULL;
+    const float *W = proj_weight(&m->w.layers[l], p, &b);
+    if (!m->lora) /* with an adapter the base is frozen */
+        dW = proj_weight(&m->grad->layers[l], p, &db);
+    model_proj_dims(m, p, &din, &dout);
+    k_linear_backward(m->K, dx, dW, db, dy, x, W, N, din, dout);
+    lora_proj_backward(m, l, p, dx, dy, x, N);
+}
+
 /* ---------------------------------------------------------------- training */
 
 /* Activations of one layer (all (N, .) row-major). */
@@ -441,59 +540,193 @@ struct layer_acts {
     float *g, *u, *a; /* (N, F) gate, up, silu(gate)*up */
 };
 
+/* The saved activations of one forward: every buffer is taken from the object's arena, in the order of
+ * acts_take, so a batch of a shape seen before allocates nothing. Released objects wait in the model's pool. */
 struct model_acts {
+    struct model *m;
     struct packed_batch b;
-    int32_t *ids, *targets, *pos, *cu; /* owned copies */
+    int32_t *ids, *targets, *pos, *cu; /* the batch, in the context's memory */
     float temperature;
     bool ckpt;
-    int n_layers;
     struct layer_acts *layers; /* n_layers; with ckpt only .x is filled */
     struct layer_acts scratch; /* ckpt: recomputation space */
     float *xf, *hn, *rstdf;    /* final residual, normed (N, D), (N) */
+    float *logp, *entropy;     /* (N) the last stage's outputs */
+    struct karena arena;
+    struct model_acts *next; /* in the pool */
 };
 
-static void layer_acts_alloc(const struct model *m, int N, struct layer_acts *a, bool full)
+/* Buffers of one backward (the model's backward arena, taken again for every batch). */
+struct bwd_bufs {
+    float *dx, *dh, *scratch_out;             /* (N, D) */
+    float *da, *dg, *du;                      /* (N, F) */
+    float *dxn;                               /* (N, D) */
+    float *datt, *dq, *dk, *dv;               /* (N, QD), (N, QD), (N, KD), (N, KD) */
+    float *dq_pre, *dk_pre;                   /* Qwen3 */
+    float *dlogp, *dentropy;                  /* (N) */
+};
+
+/* What a model keeps from batch to batch: the pool of activation objects, the backward arena, the generation
+ * step's arena and a host buffer of positions. */
+struct model_work {
+    struct model_acts *pool;
+    struct karena bwd, step;
+    int32_t *hpos;
+    size_t hpos_cap;
+};
+
+static struct model_work *work_of(struct model *m)
 {
-    const struct model_config *c = &m->cfg;
-    /* an empty batch still gets valid buffers */
-    const size_t n = (size_t)(N > 0 ? N : 1), D = (size_t)c->hidden_size, F = (size_t)m->sh.inter;
-    const size_t QD = (size_t)m->sh.n_heads * c->head_dim, KD = (size_t)m->sh.n_kv_heads * c->head_dim;
-    if (!a->x)
-        a->x = xmalloc(n * D * sizeof(float));
-    if (!full)
-        return;
-    a->xn1 = xmalloc(n * D * sizeof(float));
-    a->rstd1 = xmalloc(n * sizeof(float));
-    a->q = xmalloc(n * QD * sizeof(float));
-    a->k = xmalloc(n * KD * sizeof(float));
-    a->v = xmalloc(n * KD * sizeof(float));
-    a->att = xmalloc(n * QD * sizeof(float));
-    if (c->qk_norm) {
-        a->q_pre = xmalloc(n * QD * sizeof(float));
-        a->k_pre = xmalloc(n * KD * sizeof(float));
-        a->rstd_q = xmalloc(n * (size_t)m->sh.n_heads * sizeof(float));
-        a->rstd_k = xmalloc(n * (size_t)m->sh.n_kv_heads * sizeof(float));
+    if (!m->work) {
+        m->work = xcalloc(1, sizeof *m->work);
+        karena_init(&m->work->bwd, m->K, KMEM_ACTS, "backward buffers");
+        karena_init(&m->work->step, m->K, KMEM_ACTS, "generation step buffers");
     }
-    a->lse = xmalloc(n * (size_t)m->sh.n_heads * sizeof(float));
-    a->xmid = xmalloc(n * D * sizeof(float));
-    a->xn2 = xmalloc(n * D * sizeof(float));
-    a->rstd2 = xmalloc(n * sizeof(float));
-    a->g = xmalloc(n * F * sizeof(float));
-    a->u = xmalloc(n * F * sizeof(float));
-    a->a = xmalloc(n * F * sizeof(float));
+    return m->work;
 }
 
-static void layer_acts_free(struct layer_acts *a, bool keep_x)
+static void acts_destroy(struct model_acts *A)
 {
-    float **f[] = {&a->xn1,   &a->rstd1, &a->q, &a->k, &a->v,     &a->att,   &a->lse,    &a->xmid,  &a->xn2,
-                   &a->rstd2, &a->g,     &a->u, &a->a, &a->q_pre, &a->k_pre, &a->rstd_q, &a->rstd_k};
-    for (size_t i = 0; i < sizeof f / sizeof *f; i++) {
-        free(*f[i]);
-        *f[i] = NULL;
+    karena_release(&A->arena);
+    free(A->layers);
+    free(A);
+}
+
+static void work_free(struct model *m)
+{
+    struct model_work *w = m->work;
+    if (!w)
+        return;
+    while (w->pool) {
+        struct model_acts *A = w->pool;
+        w->pool = A->next;
+        acts_destroy(A);
     }
-    if (!keep_x) {
-        free(a->x);
-        a->x = NULL;
+    karena_release(&w->bwd);
+    karena_release(&w->step);
+    free(w->hpos);
+    free(w);
+    m->work = NULL;
+}
+
+struct karena *model_step_arena(struct model *m) { return &work_of(m)->step; }
+
+int32_t *model_host_pos(struct model *m, size_t n)
+{
+    struct model_work *w = work_of(m);
+    if (n > w->hpos_cap) {
+        free(w->hpos);
+        w->hpos_cap = n > 256 ? n : 256;
+        w->hpos = xmalloc(w->hpos_cap * sizeof *w->hpos);
+    }
+    return w->hpos;
+}
+
+static float *take_f(struct karena *ar, size_t n) { return karena_take(ar, (n ? n : 1) * sizeof(float)); }
+
+/* One layer's activations from the arena: all of them, or only the input x. */
+static void layer_acts_take(const struct model *m, int N, struct layer_acts *a, bool full, struct karena *ar)
+{
+    const struct model_config *c = &m->cfg;
+    const size_t n = (size_t)(N > 0 ? N : 1), D = (size_t)c->hidden_size, F = (size_t)m->sh.inter;
+    const size_t QD = (size_t)m->sh.n_heads * c->head_dim, KD = (size_t)m->sh.n_kv_heads * c->head_dim;
+    memset(a, 0, sizeof *a);
+    a->x = take_f(ar, n * D);
+    if (!full)
+        return;
+    a->xn1 = take_f(ar, n * D);
+    a->rstd1 = take_f(ar, n);
+    a->q = take_f(ar, n * QD);
+    a->k = take_f(ar, n * KD);
+    a->v = take_f(ar, n * KD);
+    a->att = take_f(ar, n * QD);
+    if (c->qk_norm) {
+        a->q_pre = take_f(ar, n * QD);
+        a->k_pre = take_f(ar, n * KD);
+        a->rstd_q = take_f(ar, n * (size_t)m->sh.n_heads);
+        a->rstd_k = take_f(ar, n * (size_t)m->sh.n_kv_heads);
+    }
+    a->lse = take_f(ar, n * (size_t)m->sh.n_heads);
+    a->xmid = take_f(ar, n * D);
+    a->xn2 = take_f(ar, n * D);
+    a->rstd2 = take_f(ar, n);
+    a->g = take_f(ar, n * F);
+    a->u = take_f(ar, n * F);
+    a->a = take_f(ar, n * F);
+}
+
+/* Every buffer of a forward over N tokens of B sequences, in order (a counting arena sizes the plan). */
+static void acts_take(const struct model *m, struct model_acts *A, int N, int B, struct karena *ar)
+{
+    const size_t n = (size_t)(N > 0 ? N : 1), nD = n * (size_t)m->cfg.hidden_size;
+    const struct model_shard *sh = &m->sh;
+    A->ids = karena_take(ar, n * sizeof(int32_t));
+    A->targets = karena_take(ar, n * sizeof(int32_t));
+    A->pos = karena_take(ar, n * sizeof(int32_t));
+    A->cu = karena_take(ar, (size_t)(B + 1) * sizeof(int32_t));
+    if (A->ckpt)
+        layer_acts_take(m, N, &A->scratch, true, ar);
+    else
+        memset(&A->scratch, 0, sizeof A->scratch);
+    for (int l = sh->layer_lo; l < sh->layer_hi; l++)
+        layer_acts_take(m, N, &A->layers[l], !A->ckpt, ar);
+    A->xf = take_f(ar, nD);
+    A->hn = A->rstdf = A->logp = A->entropy = NULL;
+    if (sh->has_head) {
+        A->hn = take_f(ar, nD);
+        A->rstdf = take_f(ar, n);
+        A->logp = take_f(ar, n);
+        A->entropy = take_f(ar, n);
+    }
+}
+
+/* An activation object for N tokens of B sequences: from the pool, its arena grown when the plan needs it. */
+static struct model_acts *acts_get(struct model *m, int N, int B, bool ckpt)
+{
+    struct model_work *w = work_of(m);
+    struct model_acts *A = w->pool;
+    if (A) {
+        w->pool = A->next;
+    } else {
+        A = xcalloc(1, sizeof *A);
+        A->m = m;
+        A->layers = xcalloc((size_t)(m->cfg.n_layers > 0 ? m->cfg.n_layers : 1), sizeof *A->layers);
+        karena_init(&A->arena, m->K, KMEM_ACTS, "activations");
+    }
+    A->ckpt = ckpt;
+    struct karena plan;
+    karena_init_counter(&plan);
+    acts_take(m, A, N, B, &plan);
+    karena_reserve(&A->arena, plan.used, 0);
+    acts_take(m, A, N, B, &A->arena);
+    return A;
+}
+
+static void bwd_take(const struct model *m, int N, struct bwd_bufs *d, bool ckpt, struct karena *ar)
+{
+    const struct model_config *c = &m->cfg;
+    const size_t n = (size_t)(N > 0 ? N : 1), D = (size_t)c->hidden_size, F = (size_t)m->sh.inter;
+    const size_t QD = (size_t)m->sh.n_heads * c->head_dim, KD = (size_t)m->sh.n_kv_heads * c->head_dim;
+    memset(d, 0, sizeof *d);
+    d->dx = take_f(ar, n * D);
+    if (m->sh.has_head) {
+        d->dh = take_f(ar, n * D);
+        d->dlogp = take_f(ar, n);
+        d->dentropy = take_f(ar, n);
+    }
+    if (ckpt)
+        d->scratch_out = take_f(ar, n * D);
+    d->da = take_f(ar, n * F);
+    d->dg = take_f(ar, n * F);
+    d->du = take_f(ar, n * F);
+    d->dxn = take_f(ar, n * D);
+    d->datt = take_f(ar, n * QD);
+    d->dq = take_f(ar, n * QD);
+    d->dk = take_f(ar, n * KD);
+    d->dv = take_f(ar, n * KD);
+    if (c->qk_norm) {
+        d->dq_pre = take_f(ar, n * QD);
+        d->dk_pre = take_f(ar, n * KD);
     }
 }
 
@@ -527,84 +760,77 @@ static void layer_forward(const struct model *m, int l, const struct packed_batc
 {
     const struct model_config *c = &m->cfg;
     const struct layer_params *L = &m->w.layers[l];
+    struct kctx *K = m->K;
     const int N = b->N, D = c->hidden_size, F = m->sh.inter, hd = c->head_dim, Hq = m->sh.n_heads;
     const int Hkv = m->sh.n_kv_heads, QD = Hq * hd, KD = Hkv * hd;
-    rmsnorm_forward(a->xn1, a->rstd1, a->x, L->attn_norm, N, D, c->rms_norm_eps);
-    linear_forward(a->q, a->xn1, L->wq, L->bq, N, D, QD);
-    linear_forward(a->k, a->xn1, L->wk, L->bk, N, D, KD);
-    linear_forward(a->v, a->xn1, L->wv, L->bv, N, D, KD);
+    k_rmsnorm_forward(K, a->xn1, a->rstd1, a->x, L->attn_norm, N, D, c->rms_norm_eps);
+    model_proj_forward(m, l, PROJ_Q, a->q, a->xn1, N);
+    model_proj_forward(m, l, PROJ_K, a->k, a->xn1, N);
+    model_proj_forward(m, l, PROJ_V, a->v, a->xn1, N);
     if (L->q_norm) { /* Qwen3: each head's q and k RMS-normed before RoPE */
-        memcpy(a->q_pre, a->q, (size_t)N * QD * sizeof(float));
-        memcpy(a->k_pre, a->k, (size_t)N * KD * sizeof(float));
-        rmsnorm_forward(a->q, a->rstd_q, a->q_pre, L->q_norm, N * Hq, hd, c->rms_norm_eps);
-        rmsnorm_forward(a->k, a->rstd_k, a->k_pre, L->k_norm, N * Hkv, hd, c->rms_norm_eps);
+        k_copy(K, a->q_pre, a->q, (size_t)N * QD * sizeof(float));
+        k_copy(K, a->k_pre, a->k, (size_t)N * KD * sizeof(float));
+        k_rmsnorm_forward(K, a->q, a->rstd_q, a->q_pre, L->q_norm, N * Hq, hd, c->rms_norm_eps);
+        k_rmsnorm_forward(K, a->k, a->rstd_k, a->k_pre, L->k_norm, N * Hkv, hd, c->rms_norm_eps);
     }
-    rope_forward_freqs(a->q, b->pos, N, Hq, hd, m->rope_freqs);
-    rope_forward_freqs(a->k, b->pos, N, Hkv, hd, m->rope_freqs);
-    attention_forward(a->att, a->lse, a->q, a->k, a->v, b->cu_seqlens, b->B, Hq, Hkv, hd);
-    linear_forward(a->xmid, a->att, L->wo, NULL, N, QD, D);
+    k_rope_forward(K, a->q, b->pos, N, Hq, hd, m->rope_freqs);
+    k_rope_forward(K, a->k, b->pos, N, Hkv, hd, m->rope_freqs);
+    k_attention_forward(K, a->att, a->lse, a->q, a->k, a->v, b->cu_seqlens, b->B, Hq, Hkv, hd);
+    model_proj_forward(m, l, PROJ_O, a->xmid, a->att, N);
     model_tp_sum(m, a->xmid, (size_t)N * D);
-    vec_add_inplace(a->xmid, a->x, (size_t)N * D);
-    rmsnorm_forward(a->xn2, a->rstd2, a->xmid, L->mlp_norm, N, D, c->rms_norm_eps);
-    linear_forward(a->g, a->xn2, L->w_gate, NULL, N, D, F);
-    linear_forward(a->u, a->xn2, L->w_up, NULL, N, D, F);
-    swiglu_forward(a->a, a->g, a->u, (size_t)N * F);
-    linear_forward(out, a->a, L->w_down, NULL, N, F, D);
+    k_add(K, a->xmid, a->x, (size_t)N * D);
+    k_rmsnorm_forward(K, a->xn2, a->rstd2, a->xmid, L->mlp_norm, N, D, c->rms_norm_eps);
+    model_proj_forward(m, l, PROJ_GATE, a->g, a->xn2, N);
+    model_proj_forward(m, l, PROJ_UP, a->u, a->xn2, N);
+    k_swiglu_forward(K, a->a, a->g, a->u, (size_t)N * F);
+    model_proj_forward(m, l, PROJ_DOWN, out, a->a, N);
     model_tp_sum(m, out, (size_t)N * D);
-    vec_add_inplace(out, a->xmid, (size_t)N * D);
+    k_add(K, out, a->xmid, (size_t)N * D);
 }
 
-/* Backward of one layer: dx (N, D) holds dL/d(output) on entry and dL/d(input) on exit. */
-static void layer_backward(struct model *m, int l, const struct packed_batch *b, const struct layer_acts *a, float *dx)
+/* Backward of one layer: d->dx (N, D) holds dL/d(output) on entry and dL/d(input) on exit. */
+static void layer_backward(struct model *m, int l, const struct packed_batch *b, const struct layer_acts *a,
+                           const struct bwd_bufs *d)
 {
     const struct model_config *c = &m->cfg;
     const struct layer_params *L = &m->w.layers[l];
-    struct layer_params *G = &m->grad->layers[l];
+    /* the norms' weight gradients: a sink that nothing reads when the base is frozen (LoRA) */
+    float *const sink = m->lora ? m->lora->sink : NULL;
+    const struct layer_params *G = m->lora ? NULL : &m->grad->layers[l];
+    struct kctx *K = m->K;
     const int N = b->N, D = c->hidden_size, F = m->sh.inter, hd = c->head_dim, Hq = m->sh.n_heads;
     const int Hkv = m->sh.n_kv_heads, QD = Hq * hd, KD = Hkv * hd;
-    const size_t nD = (size_t)N * D, nF = (size_t)N * F;
-    const size_t cF = nF ? nF : 1, cD = nD ? nD : 1; /* an empty batch still gets valid buffers */
-    float *da = xcalloc(cF, sizeof(float)), *dg = xcalloc(cF, sizeof(float)), *du = xcalloc(cF, sizeof(float));
-    float *dxn = xcalloc(cD, sizeof(float));
+    const size_t nD = (size_t)N * D, nF = (size_t)N * F, fs = sizeof(float);
+    float *dx = d->dx;
+    k_zero(K, d->da, nF * fs), k_zero(K, d->dg, nF * fs), k_zero(K, d->du, nF * fs), k_zero(K, d->dxn, nD * fs);
     /* MLP: out = xmid + down(silu(gate(xn2)) * up(xn2)) */
-    linear_backward(da, G->w_down, NULL, dx, a->a, L->w_down, N, F, D);
-    swiglu_backward(dg, du, da, a->g, a->u, nF);
-    linear_backward(dxn, G->w_gate, NULL, dg, a->xn2, L->w_gate, N, D, F);
-    linear_backward(dxn, G->w_up, NULL, du, a->xn2, L->w_up, N, D, F);
-    model_tp_sum(m, dxn, nD);
-    rmsnorm_backward(dx, G->mlp_norm, dxn, a->xmid, L->mlp_norm, a->rstd2, N, D); /* dx now dL/dxmid */
-    free(da), free(dg), free(du);
+    model_proj_backward(m, l, PROJ_DOWN, d->da, dx, a->a, N);
+    k_swiglu_backward(K, d->dg, d->du, d->da, a->g, a->u, nF);
+    model_proj_backward(m, l, PROJ_GATE, d->dxn, d->dg, a->xn2, N);
+    model_proj_backward(m, l, PROJ_UP, d->dxn, d->du, a->xn2, N);
+    model_tp_sum(m, d->dxn, nD);
+    k_rmsnorm_backward(K, dx, G ? G->mlp_norm : sink, d->dxn, a->xmid, L->mlp_norm, a->rstd2, N, D); /* dx now dL/dxmid */
     /* attention: xmid = x + o(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))) */
-    float *datt = xcalloc((size_t)N * QD, sizeof(float));
-    float *dq = xcalloc((size_t)N * QD, sizeof(float));
-    float *dk = xcalloc((size_t)N * KD, sizeof(float)), *dv = xcalloc((size_t)N * KD, sizeof(float));
-    linear_backward(datt, G->wo, NULL, dx, a->att, L->wo, N, QD, D);
-    attention_backward(dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, b->cu_seqlens, b->B, Hq, Hkv, hd);
-    rope_backward_freqs(dq, b->pos, N, Hq, hd, m->rope_freqs);
-    rope_backward_freqs(dk, b->pos, N, Hkv, hd, m->rope_freqs);
+    k_zero(K, d->datt, (size_t)N * QD * fs), k_zero(K, d->dq, (size_t)N * QD * fs);
+    k_zero(K, d->dk, (size_t)N * KD * fs), k_zero(K, d->dv, (size_t)N * KD * fs);
+    model_proj_backward(m, l, PROJ_O, d->datt, dx, a->att, N);
+    k_attention_backward(K, d->dq, d->dk, d->dv, d->datt, a->att, a->lse, a->q, a->k, a->v, b->cu_seqlens, b->B, Hq,
+                         Hkv, hd);
+    k_rope_backward(K, d->dq, b->pos, N, Hq, hd, m->rope_freqs);
+    k_rope_backward(K, d->dk, b->pos, N, Hkv, hd, m->rope_freqs);
+    float *dq = d->dq, *dk = d->dk;
     if (L->q_norm) { /* through the per-head norms */
-        float *dq_pre = xcalloc((size_t)N * QD + 1, sizeof(float)),
-              *dk_pre = xcalloc((size_t)N * KD + 1, sizeof(float));
-        rmsnorm_backward(dq_pre, G->q_norm, dq, a->q_pre, L->q_norm, a->rstd_q, N * Hq, hd);
-        rmsnorm_backward(dk_pre, G->k_norm, dk, a->k_pre, L->k_norm, a->rstd_k, N * Hkv, hd);
-        memcpy(dq, dq_pre, (size_t)N * QD * sizeof(float));
-        memcpy(dk, dk_pre, (size_t)N * KD * sizeof(float));
-        free(dq_pre), free(dk_pre);
+        k_zero(K, d->dq_pre, (size_t)N * QD * fs), k_zero(K, d->dk_pre, (size_t)N * KD * fs);
+        k_rmsnorm_backward(K, d->dq_pre, G ? G->q_norm : sink, d->dq, a->q_pre, L->q_norm, a->rstd_q, N * Hq, hd);
+        k_rmsnorm_backward(K, d->dk_pre, G ? G->k_norm : sink, d->dk, a->k_pre, L->k_norm, a->rstd_k, N * Hkv, hd);
+        dq = d->dq_pre, dk = d->dk_pre;
     }
-    memset(dxn, 0, nD * sizeof(float));
-    linear_backward(dxn, G->wq, G->bq, dq, a->xn1, L->wq, N, D, QD);
-    linear_backward(dxn, G->wk, G->bk, dk, a->xn1, L->wk, N, D, KD);
-    linear_backward(dxn, G->wv, G->bv, dv, a->xn1, L->wv, N, D, KD);
-    model_tp_sum(m, dxn, nD);
-    rmsnorm_backward(dx, G->attn_norm, dxn, a->x, L->attn_norm, a->rstd1, N, D); /* dx now dL/dx */
-    free(datt), free(dq), free(dk), free(dv), free(dxn);
-}
-
-static int32_t *dup_i32(const int32_t *src, size_t n)
-{
-    int32_t *d = xmalloc((n ? n : 1) * sizeof *d);
-    memcpy(d, src, n * sizeof *d);
-    return d;
+    k_zero(K, d->dxn, nD * fs);
+    model_proj_backward(m, l, PROJ_Q, d->dxn, dq, a->xn1, N);
+    model_proj_backward(m, l, PROJ_K, d->dxn, dk, a->xn1, N);
+    model_proj_backward(m, l, PROJ_V, d->dxn, d->dv, a->xn1, N);
+    model_tp_sum(m, d->dxn, nD);
+    k_rmsnorm_backward(K, dx, G ? G->attn_norm : sink, d->dxn, a->x, L->attn_norm, a->rstd1, N, D); /* dx now dL/dx */
 }
 
 struct model_acts *model_forward_stage(struct model *m, const struct packed_batch *b, float temperature,
@@ -612,69 +838,50 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
 {
     const struct model_config *c = &m->cfg;
     const struct model_shard *sh = &m->sh;
+    struct kctx *K = m->K;
     const int N = b->N, D = c->hidden_size, lo = sh->layer_lo, hi = sh->layer_hi;
     const size_t nD = (size_t)N * D;
-    struct model_acts *A = xcalloc(1, sizeof *A);
-    A->ids = dup_i32(b->ids, (size_t)N);
-    A->targets = dup_i32(b->targets, (size_t)N);
-    A->pos = dup_i32(b->pos, (size_t)N);
-    A->cu = dup_i32(b->cu_seqlens, (size_t)b->B + 1);
+    if (!sh->has_embed && !x_in)
+        check_failf(__FILE__, __LINE__, "model_forward_stage: stage %d needs the previous stage's output",
+                    sh->pp_rank);
+    if (!sh->has_head && !y_out)
+        check_failf(__FILE__, __LINE__, "model_forward_stage: stage %d needs somewhere to put its output",
+                    sh->pp_rank);
+    struct model_acts *A = acts_get(m, N, b->B, checkpointing);
+    k_to_device(K, A->ids, b->ids, (size_t)N * sizeof(int32_t));
+    k_to_device(K, A->targets, b->targets, (size_t)N * sizeof(int32_t));
+    k_to_device(K, A->pos, b->pos, (size_t)N * sizeof(int32_t));
+    k_to_device(K, A->cu, b->cu_seqlens, (size_t)(b->B + 1) * sizeof(int32_t));
     A->b = (struct packed_batch){N, b->B, A->ids, A->targets, A->pos, A->cu};
     A->temperature = temperature;
-    A->ckpt = checkpointing;
-    A->n_layers = c->n_layers;
-    A->layers = xcalloc((size_t)(c->n_layers > 0 ? c->n_layers : 1), sizeof *A->layers);
-    if (checkpointing)
-        layer_acts_alloc(m, N, &A->scratch, true);
-    A->xf = xcalloc(nD ? nD : 1, sizeof(float));
-    if (sh->has_head) {
-        A->hn = xcalloc(nD ? nD : 1, sizeof(float));
-        A->rstdf = xmalloc((size_t)(N ? N : 1) * sizeof(float));
-    }
 
     const struct vocab_shard vs = vocab_of(m);
-    float *x0 = A->xf; /* the stage's input: layer lo's, or the output itself when the stage has no layer */
-    if (lo < hi) {
-        layer_acts_alloc(m, N, &A->layers[lo], false);
-        x0 = A->layers[lo].x;
-    }
+    float *x0 = lo < hi ? A->layers[lo].x : A->xf; /* the stage's input: layer lo's, or the output itself */
     if (sh->has_embed) {
-        embedding_forward_shard(x0, A->ids, m->w.embed, N, D, &vs);
+        k_embedding_forward(K, x0, A->ids, m->w.embed, N, D, &vs);
         model_tp_sum(m, x0, nD);
     } else {
-        if (!x_in)
-            check_failf(__FILE__, __LINE__, "model_forward_stage: stage %d needs the previous stage's output",
-                        sh->pp_rank);
-        memcpy(x0, x_in, nD * sizeof(float));
+        k_to_device(K, x0, x_in, nD * sizeof(float));
     }
     for (int l = lo; l < hi; l++) {
         struct layer_acts *a = &A->layers[l];
-        float *out;
-        if (l + 1 < hi) {
-            layer_acts_alloc(m, N, &A->layers[l + 1], false);
-            out = A->layers[l + 1].x;
-        } else {
-            out = A->xf;
-        }
+        float *out = l + 1 < hi ? A->layers[l + 1].x : A->xf;
         if (checkpointing) {
-            float *keep = A->scratch.x;
             A->scratch.x = a->x;
             layer_forward(m, l, &A->b, &A->scratch, out);
-            A->scratch.x = keep;
         } else {
-            layer_acts_alloc(m, N, a, true);
             layer_forward(m, l, &A->b, a, out);
         }
     }
     if (sh->has_head) {
-        rmsnorm_forward(A->hn, A->rstdf, A->xf, m->w.final_norm, N, D, c->rms_norm_eps);
-        lmhead_logprob_forward_shard(logp, entropy, A->hn, m->w.lm_head, A->targets, N, D, &vs, temperature,
-                                     LMHEAD_CHUNK);
+        k_rmsnorm_forward(K, A->hn, A->rstdf, A->xf, m->w.final_norm, N, D, c->rms_norm_eps);
+        k_lmhead_forward(K, A->logp, entropy ? A->entropy : NULL, A->hn, m->w.lm_head, A->targets, N, D, &vs,
+                         temperature, LMHEAD_CHUNK);
+        k_to_host(K, logp, A->logp, (size_t)N * sizeof(float));
+        if (entropy)
+            k_to_host(K, entropy, A->entropy, (size_t)N * sizeof(float));
     } else {
-        if (!y_out)
-            check_failf(__FILE__, __LINE__, "model_forward_stage: stage %d needs somewhere to put its output",
-                        sh->pp_rank);
-        memcpy(y_out, A->xf, nD * sizeof(float));
+        k_to_host(K, y_out, A->xf, nD * sizeof(float));
     }
     return A;
 }
@@ -691,13 +898,10 @@ void model_acts_free(struct model_acts *A)
 {
     if (!A)
         return;
-    for (int l = 0; A->layers && l < A->n_layers; l++)
-        layer_acts_free(&A->layers[l], false);
-    free(A->layers);
-    layer_acts_free(&A->scratch, false);
-    free(A->ids), free(A->targets), free(A->pos), free(A->cu);
-    free(A->xf), free(A->hn), free(A->rstdf);
-    free(A);
+    struct model_work *w = work_of(A->m);
+    karena_reset(&A->arena);
+    A->next = w->pool;
+    w->pool = A;
 }
 
 void model_backward_stage(struct model *m, struct model_acts *A, const float *dlogp, const float *dentropy,
@@ -705,48 +909,59 @@ void model_backward_stage(struct model *m, struct model_acts *A, const float *dl
 {
     const struct model_config *c = &m->cfg;
     const struct model_shard *sh = &m->sh;
+    struct kctx *K = m->K;
     const int N = A->b.N, D = c->hidden_size;
     const size_t nD = (size_t)N * D;
-    model_alloc_grads(m);
+    if (!sh->has_head && !dy)
+        check_failf(__FILE__, __LINE__, "model_backward_stage: stage %d needs the next stage's gradient",
+                    sh->pp_rank);
+    if (!sh->has_embed && !dx_out)
+        check_failf(__FILE__, __LINE__, "model_backward_stage: stage %d needs somewhere to put its input gradient",
+                    sh->pp_rank);
+    if (m->lora)
+        model_trainable(m); /* the adapter's gradients; the frozen base has none */
+    else
+        model_alloc_grads(m);
+    struct model_params *G = m->lora ? NULL : m->grad;
+    struct karena *ar = &work_of(m)->bwd;
+    struct karena plan;
+    struct bwd_bufs d;
+    karena_init_counter(&plan);
+    bwd_take(m, N, &d, A->ckpt, &plan);
+    karena_reserve(ar, plan.used, 0);
+    bwd_take(m, N, &d, A->ckpt, ar);
     const struct vocab_shard vs = vocab_of(m);
-    float *dx = xcalloc(nD ? nD : 1, sizeof(float));
+    k_zero(K, d.dx, nD * sizeof(float));
     if (sh->has_head) {
-        float *dh = xcalloc(nD ? nD : 1, sizeof(float));
-        lmhead_logprob_backward_shard(dh, m->grad->lm_head, dlogp, dentropy, A->hn, m->w.lm_head, A->targets, N, D, &vs,
-                                      A->temperature, LMHEAD_CHUNK);
-        model_tp_sum(m, dh, nD); /* each rank's vocabulary rows gave their part of dL/dh */
-        rmsnorm_backward(dx, m->grad->final_norm, dh, A->xf, m->w.final_norm, A->rstdf, N, D);
-        free(dh);
+        k_zero(K, d.dh, nD * sizeof(float));
+        k_to_device(K, d.dlogp, dlogp, (size_t)N * sizeof(float));
+        if (dentropy)
+            k_to_device(K, d.dentropy, dentropy, (size_t)N * sizeof(float));
+        k_lmhead_backward(K, d.dh, G ? G->lm_head : NULL, d.dlogp, dentropy ? d.dentropy : NULL, A->hn, m->w.lm_head,
+                          A->targets, N, D, &vs, A->temperature, LMHEAD_CHUNK);
+        model_tp_sum(m, d.dh, nD); /* each rank's vocabulary rows gave their part of dL/dh */
+        k_rmsnorm_backward(K, d.dx, G ? G->final_norm : m->lora->sink, d.dh, A->xf, m->w.final_norm, A->rstdf, N,
+                           D);
     } else {
-        if (!dy)
-            check_failf(__FILE__, __LINE__, "model_backward_stage: stage %d needs the next stage's gradient",
-                        sh->pp_rank);
-        memcpy(dx, dy, nD * sizeof(float));
+        k_to_device(K, d.dx, dy, nD * sizeof(float));
     }
-    float *scratch_out = A->ckpt ? xmalloc((nD ? nD : 1) * sizeof(float)) : NULL;
     for (int l = sh->layer_hi - 1; l >= sh->layer_lo; l--) {
         struct layer_acts *a = &A->layers[l];
         if (A->ckpt) {
             /* recompute this layer's activations from its saved input */
-            float *keep = A->scratch.x;
             A->scratch.x = a->x;
-            layer_forward(m, l, &A->b, &A->scratch, scratch_out);
-            layer_backward(m, l, &A->b, &A->scratch, dx);
-            A->scratch.x = keep;
+            layer_forward(m, l, &A->b, &A->scratch, d.scratch_out);
+            layer_backward(m, l, &A->b, &A->scratch, &d);
         } else {
-            layer_backward(m, l, &A->b, a, dx);
+            layer_backward(m, l, &A->b, a, &d);
         }
-        layer_acts_free(a, false); /* this layer's memory is no longer needed */
     }
-    if (sh->has_embed)
-        embedding_backward_shard(m->grad->embed, dx, A->ids, N, D, &vs);
-    else if (dx_out)
-        memcpy(dx_out, dx, nD * sizeof(float));
-    else
-        check_failf(__FILE__, __LINE__, "model_backward_stage: stage %d needs somewhere to put its input gradient",
-                    sh->pp_rank);
-    free(dx);
-    free(scratch_out);
+    if (sh->has_embed) {
+        if (G) /* a frozen embedding (LoRA) needs no gradient */
+            k_embedding_backward(K, G->embed, d.dx, A->ids, N, D, &vs);
+    } else
+        k_to_host(K, dx_out, d.dx, nD * sizeof(float));
+    karena_reset(ar);
     model_acts_free(A);
 }
 

@@ -53,6 +53,9 @@ struct layer_params {
     float *w_down;          /* (D, F) */
 };
 
+/* The linear projections of a decoder layer (LoRA's target_modules name them q_proj ... down_proj). */
+enum proj_kind { PROJ_Q, PROJ_K, PROJ_V, PROJ_O, PROJ_GATE, PROJ_UP, PROJ_DOWN, PROJ_KINDS };
+
 /* All parameters (or all gradients: same layout) in one allocation. */
 struct model_params {
     float *mem; /* the single buffer, n_floats long */
@@ -107,12 +110,19 @@ struct model_layout {
     struct comm *tp, *pp, *mp;
 };
 
+struct kctx;
+struct model_work;
+struct lora;
+
 struct model {
     struct model_config cfg;
-    double *rope_freqs; /* (head_dim / 2) RoPE frequencies, scaled as cfg.rope says */
+    struct kctx *K;     /* where the model runs: its weights, gradients and activations are K's memory */
+    double *rope_freqs; /* (head_dim / 2) RoPE frequencies, scaled as cfg.rope says (K's memory) */
     struct model_shard sh;
     struct model_params w;
     struct model_params *grad; /* NULL until model_alloc_grads */
+    struct model_work *work;   /* arenas and pools reused from batch to batch (model.c) */
+    struct lora *lora;         /* a LoRA adapter (lora.h): the base weights are frozen; NULL: none */
 };
 
 /* The RoPE frequencies of c (head_dim / 2 of them) into inv_freq. */
@@ -136,8 +146,15 @@ int model_stage_check(const struct model_config *c, int pp_size, const char *key
 /* The shard of a model at lay (checked with model_shard_check and model_stage_check; lay NULL: the whole
  * model), zeroed. */
 struct model *model_create_shard(const struct model_config *c, const struct model_layout *lay);
+/* The same on context K (kernels/kernels.h; NULL: the CPU). */
+struct model *model_create_on(const struct model_config *c, const struct model_layout *lay, struct kctx *K);
 /* A new shard like m (same rank and group) holding the same weights (no gradients). */
 struct model *model_clone(const struct model *m);
+/* The same on context K: a model loaded on the CPU moved to a GPU, or back. */
+struct model *model_copy_to(const struct model *m, struct kctx *K);
+/* This shard's weights (w.n_floats) to or from host memory, whatever the model's context. */
+void model_weights_to_host(const struct model *m, float *dst);
+void model_weights_from_host(struct model *m, const float *src);
 /* This shard's part of a buffer laid out as the whole model's parameters (whole: model_create's n_floats) into
  * local (m->w.n_floats). */
 void model_shard_slice(const struct model *m, const float *whole, float *local);
@@ -198,18 +215,36 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
  * gradient; every stage but the first writes its input gradient to dx (N, D). Frees acts. */
 void model_backward_stage(struct model *m, struct model_acts *acts, const float *dlogp, const float *dentropy,
                           const float *dy, float *dx);
+/* Projection p of layer l on this shard: y (N, Dout) = x (N, Din) W^T + b, and its backward (dx, and the
+ * weight's gradients, accumulated). Every projection of the training forward and backward and of model_step
+ * goes through these two. */
+void model_proj_forward(const struct model *m, int l, enum proj_kind p, float *y, const float *x, int N);
+void model_proj_backward(struct model *m, int l, enum proj_kind p, float *dx, const float *dy, const float *x, int N);
+/* Din and Dout of projection p on this shard. */
+void model_proj_dims(const struct model *m, enum proj_kind p, int *din, int *dout);
+
 /* Free saved activations without a backward (inference-only log-probs). */
 void model_acts_free(struct model_acts *a);
 
 /* ---- generation ---- */
 
-/* Key/value cache of one sequence. */
+/* Key/value cache of one sequence: a slot of a slab. */
+struct kv_slab;
 struct kv_cache {
     int len, cap; /* tokens stored, capacity */
     int n_layers;
-    float **k, **v; /* per layer: (cap, Hkv*hd); NULL for the layers of other pipeline stages */
+    float **k, **v;       /* per layer: (cap, Hkv*hd) in the slab; NULL for the layers of other pipeline stages */
+    struct kv_slab *own;  /* the one-slot slab of kv_cache_create, freed with it; NULL for a slab's slot */
 };
 
+/* The KV caches of n_slots sequences of up to cap tokens each, in one allocation of the model's context:
+ * generation takes its slots from one slab and refills finished ones. */
+struct kv_slab *kv_slab_create(const struct model *m, int n_slots, int cap);
+/* Slot i (0 <= i < n_slots), emptied (len 0) by the caller when it is reused. */
+struct kv_cache *kv_slab_slot(struct kv_slab *s, int i);
+void kv_slab_free(struct kv_slab *s);
+
+/* A one-slot slab. */
 struct kv_cache *kv_cache_create(const struct model *m, int cap);
 void kv_cache_free(struct kv_cache *c);
 /* Copy src's contents into dst (same model; dst->cap >= src->len): shares a prompt's prefill. */

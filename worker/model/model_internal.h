@@ -17,4 +17,8 @@ size_t model_shard_floats(const struct model_config *c, const struct model_shard
  * gradients, the vocab-parallel embedding); nothing without TP. */
 void model_tp_sum(const struct model *m, float *buf, size_t n);
 
+/* The arena of model_step's buffers, and a host buffer of n positions (both kept from step to step). */
+struct karena *model_step_arena(struct model *m);
+int32_t *model_host_pos(struct model *m, size_t n);
+
 #endif

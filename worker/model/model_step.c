@@ -1,5 +1,6 @@
 /* Inference with a KV cache: prefill and decode are the same step, with
  * ntok[b] new tokens for sequence b (a prompt, or one sampled token). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,33 +10,74 @@
 #include "model_internal.h"
 #include "worker/comm/comm.h"
 
-struct kv_cache *kv_cache_create(const struct model *m, int cap)
+struct kv_slab {
+    struct kctx *K;
+    int n_slots;
+    size_t bytes;
+    float *mem;             /* n_slots x this stage's layers x (k, v) x (cap, KD) */
+    struct kv_cache *slots; /* n_slots */
+    float **ptrs;           /* each slot's k[] and v[] (n_layers each) */
+};
+
+struct kv_slab *kv_slab_create(const struct model *m, int n_slots, int cap)
 {
     const struct model_config *c = &m->cfg;
-    const size_t KD = (size_t)m->sh.n_kv_heads * c->head_dim;
-    struct kv_cache *kc = xcalloc(1, sizeof *kc);
-    kc->cap = cap;
-    kc->k = xcalloc((size_t)c->n_layers, sizeof(float *));
-    kc->v = xcalloc((size_t)c->n_layers, sizeof(float *));
-    for (int l = m->sh.layer_lo; l < m->sh.layer_hi; l++) { /* this stage's layers */
-        kc->k[l] = xmalloc((size_t)cap * KD * sizeof(float));
-        kc->v[l] = xmalloc((size_t)cap * KD * sizeof(float));
+    const size_t KD = (size_t)m->sh.n_kv_heads * c->head_dim, nl = (size_t)(m->sh.layer_hi - m->sh.layer_lo);
+    const size_t per = (size_t)(cap > 0 ? cap : 1) * KD, L = (size_t)c->n_layers;
+    if (n_slots < 1)
+        check_failf(__FILE__, __LINE__, "kv_slab_create: %d slots", n_slots);
+    struct kv_slab *s = xcalloc(1, sizeof *s);
+    s->K = m->K;
+    s->n_slots = n_slots;
+    s->bytes = (size_t)n_slots * nl * 2 * per * sizeof(float);
+    char what[96];
+    snprintf(what, sizeof what, "the KV cache of %d sequences of %d tokens", n_slots, cap);
+    s->mem = k_alloc(m->K, s->bytes ? s->bytes : 1, KMEM_KV, what);
+    s->slots = xcalloc((size_t)n_slots, sizeof *s->slots);
+    s->ptrs = xcalloc((size_t)n_slots * 2 * L, sizeof *s->ptrs);
+    for (int i = 0; i < n_slots; i++) {
+        struct kv_cache *kc = &s->slots[i];
+        kc->cap = cap;
+        kc->n_layers = c->n_layers;
+        kc->k = s->ptrs + (size_t)i * 2 * L;
+        kc->v = kc->k + L;
+        for (int l = m->sh.layer_lo; l < m->sh.layer_hi; l++) { /* this stage's layers */
+            float *base = s->mem + (((size_t)i * nl + (size_t)(l - m->sh.layer_lo)) * 2) * per;
+            kc->k[l] = base;
+            kc->v[l] = base + per;
+        }
     }
-    kc->n_layers = c->n_layers;
-    return kc;
+    return s;
+}
+
+struct kv_cache *kv_slab_slot(struct kv_slab *s, int i)
+{
+    if (i < 0 || i >= s->n_slots)
+        check_failf(__FILE__, __LINE__, "kv_slab_slot: slot %d of %d", i, s->n_slots);
+    return &s->slots[i];
+}
+
+void kv_slab_free(struct kv_slab *s)
+{
+    if (!s)
+        return;
+    k_free(s->K, s->mem, s->bytes ? s->bytes : 1, KMEM_KV);
+    free(s->slots);
+    free(s->ptrs);
+    free(s);
+}
+
+struct kv_cache *kv_cache_create(const struct model *m, int cap)
+{
+    struct kv_slab *s = kv_slab_create(m, 1, cap);
+    s->slots[0].own = s;
+    return &s->slots[0];
 }
 
 void kv_cache_free(struct kv_cache *kc)
 {
-    if (!kc)
-        return;
-    for (int l = 0; l < kc->n_layers; l++) {
-        free(kc->k[l]);
-        free(kc->v[l]);
-    }
-    free(kc->k);
-    free(kc->v);
-    free(kc);
+    if (kc && kc->own)
+        kv_slab_free(kc->own);
 }
 
 void kv_cache_copy(const struct model *m, struct kv_cache *dst, const struct kv_cache *src)
@@ -45,36 +87,72 @@ void kv_cache_copy(const struct model *m, struct kv_cache *dst, const struct kv_
         check_failf(__FILE__, __LINE__, "kv_cache_copy: destination holds %d tokens, source has %d", dst->cap,
                     src->len);
     for (int l = m->sh.layer_lo; l < m->sh.layer_hi; l++) {
-        memcpy(dst->k[l], src->k[l], (size_t)src->len * KD * sizeof(float));
-        memcpy(dst->v[l], src->v[l], (size_t)src->len * KD * sizeof(float));
+        k_copy(m->K, dst->k[l], src->k[l], (size_t)src->len * KD * sizeof(float));
+        k_copy(m->K, dst->v[l], src->v[l], (size_t)src->len * KD * sizeof(float));
     }
     dst->len = src->len;
 }
 
+/* Buffers of one step over N new tokens of B sequences (rows of logits), in order: a counting arena plans. */
+struct step_bufs {
+    int32_t *pos, *ids;
+    float *x, *xn, *q, *att, *k, *v, *g, *u, *tmp, *hid;
+    float *lg, *part, *all, *mine; /* logits (rows, V); under TP this rank's columns and the gathered ones */
+};
+
+static void step_take(const struct model *m, int N, int B, int rows, struct step_bufs *t, struct karena *ar)
+{
+    const struct model_config *c = &m->cfg;
+    const size_t n = (size_t)N, D = (size_t)c->hidden_size, F = (size_t)m->sh.inter, V = (size_t)c->vocab_size;
+    const size_t QD = (size_t)m->sh.n_heads * c->head_dim, KD = (size_t)m->sh.n_kv_heads * c->head_dim;
+    const int tp = m->sh.tp_size;
+    const size_t per = (size_t)((c->vocab_size + tp - 1) / tp), Vl = (size_t)(m->sh.vocab_hi - m->sh.vocab_lo);
+    memset(t, 0, sizeof *t);
+    t->pos = karena_take(ar, n * sizeof(int32_t));
+    t->ids = karena_take(ar, n * sizeof(int32_t));
+    t->x = karena_take(ar, n * D * sizeof(float));
+    t->xn = karena_take(ar, n * D * sizeof(float));
+    t->q = karena_take(ar, n * QD * sizeof(float));
+    t->att = karena_take(ar, n * QD * sizeof(float));
+    t->k = karena_take(ar, n * KD * sizeof(float));
+    t->v = karena_take(ar, n * KD * sizeof(float));
+    t->g = karena_take(ar, n * F * sizeof(float));
+    t->u = karena_take(ar, n * F * sizeof(float));
+    t->tmp = karena_take(ar, n * D * sizeof(float));
+    t->hid = karena_take(ar, (size_t)B * D * sizeof(float));
+    if (!m->sh.has_head || rows == 0)
+        return;
+    t->lg = karena_take(ar, (size_t)rows * V * sizeof(float));
+    if (tp > 1) {
+        t->part = karena_take(ar, (size_t)rows * per * sizeof(float));
+        t->all = karena_take(ar, (size_t)tp * rows * per * sizeof(float));
+        t->mine = karena_take(ar, (size_t)rows * Vl * sizeof(float));
+    }
+}
+
 /* logits (rows, V) of the normed hidden states h (rows, D): each TP rank computes its vocabulary rows, and the
  * ranks' columns are gathered (sampling needs every logit; the training log-probs never gather them). */
-static void head_logits(const struct model *m, float *logits, const float *h, int rows)
+static void head_logits(const struct model *m, const struct step_bufs *t, const float *h, int rows)
 {
+    struct kctx *K = m->K;
     const int D = m->cfg.hidden_size, V = m->cfg.vocab_size, tp = m->sh.tp_size;
     if (tp == 1) {
-        linear_forward(logits, h, m->w.lm_head, NULL, rows, D, V);
+        k_linear_forward(K, t->lg, h, m->w.lm_head, NULL, rows, D, V);
         return;
     }
     const int per = (V + tp - 1) / tp, Vl = m->sh.vocab_hi - m->sh.vocab_lo;
-    float *part = xcalloc((size_t)rows * per, sizeof(float)), *all = xmalloc((size_t)tp * rows * per * sizeof(float));
-    float *mine = xmalloc((size_t)rows * Vl * sizeof(float));
-    linear_forward(mine, h, m->w.lm_head, NULL, rows, D, Vl);
+    k_zero(K, t->part, (size_t)rows * per * sizeof(float));
+    k_linear_forward(K, t->mine, h, m->w.lm_head, NULL, rows, D, Vl);
     for (int i = 0; i < rows; i++)
-        memcpy(part + (size_t)i * per, mine + (size_t)i * Vl, (size_t)Vl * sizeof(float));
-    comm_allgather(m->sh.tp, part, all, (size_t)rows * per, COMM_F32);
+        k_copy(K, t->part + (size_t)i * per, t->mine + (size_t)i * Vl, (size_t)Vl * sizeof(float));
+    comm_allgather(m->sh.tp, t->part, t->all, (size_t)rows * per, COMM_F32);
     for (int r = 0; r < tp; r++) {
         const struct model_shard sh = model_shard_of(&m->cfg, r, tp, 0, 1);
         const int lo = sh.vocab_lo, hi = sh.vocab_hi;
-        const float *src = all + (size_t)r * rows * per;
+        const float *src = t->all + (size_t)r * rows * per;
         for (int i = 0; i < rows; i++)
-            memcpy(logits + (size_t)i * V + lo, src + (size_t)i * per, (size_t)(hi - lo) * sizeof(float));
+            k_copy(K, t->lg + (size_t)i * V + lo, src + (size_t)i * per, (size_t)(hi - lo) * sizeof(float));
     }
-    free(part), free(all), free(mine);
 }
 
 void model_step(struct model *m, struct kv_cache **caches, int B, const int *ntok, const int32_t *ids, float *logits,
@@ -83,10 +161,18 @@ void model_step(struct model *m, struct kv_cache **caches, int B, const int *nto
     model_step_hidden(m, caches, B, ntok, ids, logits, all_logits, NULL);
 }
 
+/* Each sequence's last new token's row of x (B, D) into out. */
+static void last_rows(struct kctx *K, float *out, const float *x, int B, const int *ntok, int D)
+{
+    for (int b = 0, off = 0; b < B; off += ntok[b], b++)
+        k_copy(K, out + (size_t)b * D, x + (size_t)(off + ntok[b] - 1) * D, (size_t)D * sizeof(float));
+}
+
 void model_step_hidden(struct model *m, struct kv_cache **caches, int B, const int *ntok, const int32_t *ids,
                        float *logits, bool all_logits, float *hidden_last)
 {
     const struct model_config *c = &m->cfg;
+    struct kctx *K = m->K;
     const int D = c->hidden_size, F = m->sh.inter, hd = c->head_dim, Hq = m->sh.n_heads, Hkv = m->sh.n_kv_heads;
     const int QD = Hq * hd, KD = Hkv * hd;
     int N = 0;
@@ -99,77 +185,80 @@ void model_step_hidden(struct model *m, struct kv_cache **caches, int B, const i
     if (N == 0)
         return; /* every sequence asked for zero new tokens */
     const size_t nD = (size_t)N * D;
-    int32_t *pos = xmalloc((size_t)(N ? N : 1) * sizeof *pos);
+    const int rows = logits ? (all_logits ? N : B) : 0;
+    struct karena *ar = model_step_arena(m), plan;
+    struct step_bufs t;
+    karena_init_counter(&plan);
+    step_take(m, N, B, rows, &t, &plan);
+    karena_reserve(ar, plan.used, 0);
+    step_take(m, N, B, rows, &t, ar);
+    int32_t *hpos = model_host_pos(m, (size_t)N);
     for (int b = 0, i = 0; b < B; b++)
         for (int j = 0; j < ntok[b]; j++)
-            pos[i++] = caches[b]->len + j;
-    float *x = xmalloc(nD * sizeof(float)), *xn = xmalloc(nD * sizeof(float));
-    float *q = xmalloc((size_t)N * QD * sizeof(float)), *att = xmalloc((size_t)N * QD * sizeof(float));
-    float *k = xmalloc((size_t)N * KD * sizeof(float)), *v = xmalloc((size_t)N * KD * sizeof(float));
-    float *g = xmalloc((size_t)N * F * sizeof(float)), *u = xmalloc((size_t)N * F * sizeof(float));
-    float *tmp = xmalloc(nD * sizeof(float));
+            hpos[i++] = caches[b]->len + j;
+    k_to_device(K, t.pos, hpos, (size_t)N * sizeof(int32_t));
     const struct vocab_shard vs = {.lo = m->sh.vocab_lo, .hi = m->sh.vocab_hi, .V = c->vocab_size};
     const struct model_shard *sh = &m->sh;
     if (sh->has_embed) {
-        embedding_forward_shard(x, ids, m->w.embed, N, D, &vs);
-        model_tp_sum(m, x, nD);
+        k_to_device(K, t.ids, ids, (size_t)N * sizeof(int32_t));
+        k_embedding_forward(K, t.x, t.ids, m->w.embed, N, D, &vs);
+        model_tp_sum(m, t.x, nD);
     } else { /* the previous stage's output */
-        comm_recv(sh->pp, x, nD, COMM_F32, sh->pp_rank - 1);
+        comm_recv(sh->pp, t.x, nD, COMM_F32, sh->pp_rank - 1);
     }
     for (int l = sh->layer_lo; l < sh->layer_hi; l++) {
         const struct layer_params *L = &m->w.layers[l];
-        rmsnorm_forward(xn, NULL, x, L->attn_norm, N, D, c->rms_norm_eps);
-        linear_forward(q, xn, L->wq, L->bq, N, D, QD);
-        linear_forward(k, xn, L->wk, L->bk, N, D, KD);
-        linear_forward(v, xn, L->wv, L->bv, N, D, KD);
+        k_rmsnorm_forward(K, t.xn, NULL, t.x, L->attn_norm, N, D, c->rms_norm_eps);
+        model_proj_forward(m, l, PROJ_Q, t.q, t.xn, N);
+        model_proj_forward(m, l, PROJ_K, t.k, t.xn, N);
+        model_proj_forward(m, l, PROJ_V, t.v, t.xn, N);
         if (L->q_norm) { /* Qwen3: each head's q and k RMS-normed before RoPE (in place: row by row) */
-            rmsnorm_forward(q, NULL, q, L->q_norm, N * Hq, hd, c->rms_norm_eps);
-            rmsnorm_forward(k, NULL, k, L->k_norm, N * Hkv, hd, c->rms_norm_eps);
+            k_rmsnorm_forward(K, t.q, NULL, t.q, L->q_norm, N * Hq, hd, c->rms_norm_eps);
+            k_rmsnorm_forward(K, t.k, NULL, t.k, L->k_norm, N * Hkv, hd, c->rms_norm_eps);
         }
-        rope_forward_freqs(q, pos, N, Hq, hd, m->rope_freqs);
-        rope_forward_freqs(k, pos, N, Hkv, hd, m->rope_freqs);
+        k_rope_forward(K, t.q, t.pos, N, Hq, hd, m->rope_freqs);
+        k_rope_forward(K, t.k, t.pos, N, Hkv, hd, m->rope_freqs);
         for (int b = 0, off = 0; b < B; off += ntok[b], b++) {
             struct kv_cache *kc = caches[b];
-            memcpy(kc->k[l] + (size_t)kc->len * KD, k + (size_t)off * KD, (size_t)ntok[b] * KD * sizeof(float));
-            memcpy(kc->v[l] + (size_t)kc->len * KD, v + (size_t)off * KD, (size_t)ntok[b] * KD * sizeof(float));
-            attention_cached(att + (size_t)off * QD, q + (size_t)off * QD, kc->k[l], kc->v[l], ntok[b],
-                             kc->len + ntok[b], Hq, Hkv, hd);
+            const size_t bytes = (size_t)ntok[b] * KD * sizeof(float);
+            k_copy(K, kc->k[l] + (size_t)kc->len * KD, t.k + (size_t)off * KD, bytes);
+            k_copy(K, kc->v[l] + (size_t)kc->len * KD, t.v + (size_t)off * KD, bytes);
+            k_attention_cached(K, t.att + (size_t)off * QD, t.q + (size_t)off * QD, kc->k[l], kc->v[l], ntok[b],
+                               kc->len + ntok[b], Hq, Hkv, hd);
         }
-        linear_forward(tmp, att, L->wo, NULL, N, QD, D);
-        model_tp_sum(m, tmp, nD);
-        vec_add_inplace(x, tmp, nD);
-        rmsnorm_forward(xn, NULL, x, L->mlp_norm, N, D, c->rms_norm_eps);
-        linear_forward(g, xn, L->w_gate, NULL, N, D, F);
-        linear_forward(u, xn, L->w_up, NULL, N, D, F);
-        swiglu_forward(g, g, u, (size_t)N * F);
-        linear_forward(tmp, g, L->w_down, NULL, N, F, D);
-        model_tp_sum(m, tmp, nD);
-        vec_add_inplace(x, tmp, nD);
+        model_proj_forward(m, l, PROJ_O, t.tmp, t.att, N);
+        model_tp_sum(m, t.tmp, nD);
+        k_add(K, t.x, t.tmp, nD);
+        k_rmsnorm_forward(K, t.xn, NULL, t.x, L->mlp_norm, N, D, c->rms_norm_eps);
+        model_proj_forward(m, l, PROJ_GATE, t.g, t.xn, N);
+        model_proj_forward(m, l, PROJ_UP, t.u, t.xn, N);
+        k_swiglu_forward(K, t.g, t.g, t.u, (size_t)N * F);
+        model_proj_forward(m, l, PROJ_DOWN, t.tmp, t.g, N);
+        model_tp_sum(m, t.tmp, nD);
+        k_add(K, t.x, t.tmp, nD);
     }
     for (int b = 0; b < B; b++)
         caches[b]->len += ntok[b];
     if (!sh->has_head)
-        comm_send(sh->pp, x, nD, COMM_F32, sh->pp_rank + 1);
+        comm_send(sh->pp, t.x, nD, COMM_F32, sh->pp_rank + 1);
     if (hidden_last && sh->has_head) { /* each sequence's last new token, through the final norm */
-        for (int b = 0, off = 0; b < B; off += ntok[b], b++)
-            memcpy(tmp + (size_t)b * D, x + (size_t)(off + ntok[b] - 1) * D, (size_t)D * sizeof(float));
-        rmsnorm_forward(hidden_last, NULL, tmp, m->w.final_norm, B, D, c->rms_norm_eps);
+        last_rows(K, t.tmp, t.x, B, ntok, D);
+        k_rmsnorm_forward(K, t.hid, NULL, t.tmp, m->w.final_norm, B, D, c->rms_norm_eps);
+        k_to_host(K, hidden_last, t.hid, (size_t)B * D * sizeof(float));
     }
     if (logits && sh->has_head) {
         if (all_logits) {
-            rmsnorm_forward(xn, NULL, x, m->w.final_norm, N, D, c->rms_norm_eps);
-            head_logits(m, logits, xn, N);
-        } else {
-            /* only each sequence's last new token needs logits */
-            for (int b = 0, off = 0; b < B; off += ntok[b], b++)
-                memcpy(tmp + (size_t)b * D, x + (size_t)(off + ntok[b] - 1) * D, (size_t)D * sizeof(float));
-            rmsnorm_forward(xn, NULL, tmp, m->w.final_norm, B, D, c->rms_norm_eps);
-            head_logits(m, logits, xn, B);
+            k_rmsnorm_forward(K, t.xn, NULL, t.x, m->w.final_norm, N, D, c->rms_norm_eps);
+        } else { /* only each sequence's last new token needs logits */
+            last_rows(K, t.tmp, t.x, B, ntok, D);
+            k_rmsnorm_forward(K, t.xn, NULL, t.tmp, m->w.final_norm, B, D, c->rms_norm_eps);
         }
+        head_logits(m, &t, t.xn, rows);
+        k_to_host(K, logits, t.lg, (size_t)rows * c->vocab_size * sizeof(float));
     }
     if (logits && sh->pp) /* the last stage's logits to every stage: they sample the same tokens */
-        comm_broadcast(sh->pp, logits, (size_t)(all_logits ? N : B) * c->vocab_size, COMM_F32, sh->pp_size - 1);
-    free(pos), free(x), free(xn), free(q), free(att), free(k), free(v), free(g), free(u), free(tmp);
+        comm_broadcast(sh->pp, logits, (size_t)rows * c->vocab_size, COMM_F32, sh->pp_size - 1);
+    karena_reset(ar);
 }
 
 void model_logits(struct model *m, const int32_t *ids, int T, float *logits)

@@ -4,13 +4,20 @@
 #include <stdlib.h>
 
 #include "common/check.h"
+#include "kernels/kernels.h"
 
 struct adamw *adamw_create(size_t n, double beta1, double beta2, double eps, double weight_decay)
 {
+    return adamw_create_on(kctx_cpu(), n, beta1, beta2, eps, weight_decay);
+}
+
+struct adamw *adamw_create_on(struct kctx *K, size_t n, double beta1, double beta2, double eps, double weight_decay)
+{
     struct adamw *o = xcalloc(1, sizeof *o);
+    o->K = K;
     o->n = n;
-    o->m = xcalloc(n, sizeof(float));
-    o->v = xcalloc(n, sizeof(float));
+    o->m = k_calloc(K, (n ? n : 1) * sizeof(float), KMEM_OPTIM, "AdamW's first moments");
+    o->v = k_calloc(K, (n ? n : 1) * sizeof(float), KMEM_OPTIM, "AdamW's second moments");
     o->beta1 = beta1;
     o->beta2 = beta2;
     o->eps = eps;
@@ -22,24 +29,15 @@ void adamw_free(struct adamw *o)
 {
     if (!o)
         return;
-    free(o->m);
-    free(o->v);
+    k_free(o->K, o->m, (o->n ? o->n : 1) * sizeof(float), KMEM_OPTIM);
+    k_free(o->K, o->v, (o->n ? o->n : 1) * sizeof(float), KMEM_OPTIM);
     free(o);
 }
 
 void adamw_step(struct adamw *o, float *p, const float *g, double lr)
 {
     o->t++;
-    const double bc1 = 1.0 - pow(o->beta1, (double)o->t), bc2 = 1.0 - pow(o->beta2, (double)o->t);
-    const float b1 = (float)o->beta1, b2 = (float)o->beta2;
-    const float decay = (float)(1.0 - lr * o->weight_decay);
-    const float step = (float)(lr / bc1), eps = (float)o->eps, inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
-    for (size_t i = 0; i < o->n; i++) {
-        o->m[i] = b1 * o->m[i] + (1 - b1) * g[i];
-        o->v[i] = b2 * o->v[i] + (1 - b2) * g[i] * g[i];
-        /* torch: p *= 1 - lr*wd; p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps) */
-        p[i] = p[i] * decay - step * o->m[i] / (sqrtf(o->v[i]) * inv_sqrt_bc2 + eps);
-    }
+    k_adamw(o->K, p, g, o->m, o->v, o->n, lr, o->beta1, o->beta2, o->eps, o->weight_decay, o->t);
 }
 
 double grad_global_norm(const float *g, size_t n)

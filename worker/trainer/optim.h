@@ -9,14 +9,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct kctx;
+
 struct adamw {
+    struct kctx *K; /* where the moments live and the step runs (kernels/kernels.h) */
     size_t n;
     float *m, *v; /* first and second moments (n) */
     int64_t t;    /* optimizer steps taken */
     double beta1, beta2, eps, weight_decay;
 };
 
+/* On the CPU context. */
 struct adamw *adamw_create(size_t n, double beta1, double beta2, double eps, double weight_decay);
+/* On context K (the model's: params and grads given to adamw_step are K's memory). */
+struct adamw *adamw_create_on(struct kctx *K, size_t n, double beta1, double beta2, double eps, double weight_decay);
 void adamw_free(struct adamw *o);
 /* One step on params (n) with grads (n) at learning rate lr. */
 void adamw_step(struct adamw *o, float *params, const float *grads, double lr);

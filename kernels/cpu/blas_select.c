@@ -12,7 +12,7 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "kernels.h"
+#include "cpu_kernels.h"
 
 static const char *g_reason = "OpenBLAS's own choice";
 static const char *g_better; /* the kernels the CPU runs when a user's OPENBLAS_CORETYPE names older ones */

@@ -6,7 +6,7 @@
 #include <math.h>
 
 #include "common/check.h"
-#include "kernels.h"
+#include "cpu_kernels.h"
 
 #define ATTN_BLOCK 64
 

@@ -4,7 +4,7 @@
 // The products and sums use the _rn intrinsics so nvcc does not fuse them into FMAs: the CPU build does not either,
 // so the outputs match the CPU's bit for bit unless a cos/sin rounds differently (CUDA's are within 2 ulp in double,
 // glibc's within 1; they disagree after rounding to float only near a float midpoint, rarely).
-#include "kernels_cuda.h"
+#include "cuda_kernels.h"
 
 namespace
 {

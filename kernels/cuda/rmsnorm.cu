@@ -1,7 +1,7 @@
 // RMSNorm on the GPU: one block per row, a block-wide sum of squares. The backward's dw, a sum over the rows, is
 // reduced in two passes through a scratch buffer in an order fixed by N and D alone (no atomics), so repeated runs
 // give bit-identical weight gradients.
-#include "kernels_cuda.h"
+#include "cuda_kernels.h"
 
 namespace
 {

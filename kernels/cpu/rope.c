@@ -1,7 +1,7 @@
 #include <math.h>
 
 #include "common/check.h"
-#include "kernels.h"
+#include "cpu_kernels.h"
 
 /* Rotates every head of every token by its position's angles; sign = +1 forward, -1 for the
  * inverse (transpose) rotation used by backward. Angles and their cos/sin are computed in double

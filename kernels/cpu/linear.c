@@ -1,6 +1,6 @@
 #include <cblas.h>
 
-#include "kernels.h"
+#include "cpu_kernels.h"
 
 /* Every binary that multiplies matrices also links blas_select.c (its constructor picks the kernels). */
 __attribute__((used)) static const char *(*const keep_blas_select)(char *, size_t) = blas_kernels;

@@ -8,7 +8,7 @@
 #include <math.h>
 
 #include "common/check.h"
-#include "kernels.h"
+#include "cpu_kernels.h"
 
 static void check_args(const char *who, const int32_t *targets, int N, const struct vocab_shard *vs, float temperature,
                        int chunk)

@@ -1,6 +1,6 @@
 #include <math.h>
 
-#include "kernels.h"
+#include "cpu_kernels.h"
 
 void rmsnorm_forward(float *y, float *rstd, const float *x, const float *w, int N, int D, float eps)
 {

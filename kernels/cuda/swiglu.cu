@@ -3,7 +3,7 @@
 // exp is taken in double and rounded once: glibc's expf, which the CPU calls, is computed in double and correctly
 // rounded in all but rare cases, while CUDA's float expf is off by up to 2 ulp, which silu'(g) = s + g s (1 - s)
 // magnifies near its zero (g ~ -1.28). So the outputs match the CPU's bit for bit but in rare cases.
-#include "kernels_cuda.h"
+#include "cuda_kernels.h"
 
 namespace
 {

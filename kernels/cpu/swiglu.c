@@ -1,6 +1,6 @@
 #include <math.h>
 
-#include "kernels.h"
+#include "cpu_kernels.h"
 
 static inline float sigmoidf(float g)
 {

@@ -1,7 +1,7 @@
 #include <string.h>
 
 #include "common/check.h"
-#include "kernels.h"
+#include "cpu_kernels.h"
 
 static void check_id(int32_t id, int i, int V)
 {

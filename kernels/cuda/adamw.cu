@@ -6,7 +6,7 @@
 // or so per step.
 #include <math.h>
 
-#include "kernels_cuda.h"
+#include "cuda_kernels.h"
 
 namespace
 {

@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "kernels.h"
+#include "cpu_kernels.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define MULTI_TARGET __attribute__((target_clones("avx512f", "avx2", "default")))

@@ -11,7 +11,7 @@
 //
 // Unlike the CPU path, ids outside [0, V) cannot abort the program from the device: they are treated as belonging
 // to no shard (zero rows forward, nothing added backward).
-#include "kernels_cuda.h"
+#include "cuda_kernels.h"
 
 namespace
 {

@@ -1,4 +1,4 @@
-#include "kernels.h"
+#include "cpu_kernels.h"
 
 void vec_add_inplace(float *y, const float *x, size_t n)
 {

@@ -1,0 +1,201 @@
+/* The CPU back-end of the kernel interface: host memory, the fp32 kernels of this folder and OpenBLAS. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "kernels/kernels.h"
+
+static void *cpu_alloc(struct kctx *K, size_t bytes)
+{
+    (void)K;
+    void *p = NULL;
+    /* 64-byte aligned: whole cache lines, and AVX-512 loads that never split one */
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
+        return NULL;
+    return p;
+}
+static void cpu_free(struct kctx *K, void *p)
+{
+    (void)K;
+    free(p);
+}
+static void cpu_copy(struct kctx *K, void *dst, const void *src, size_t bytes)
+{
+    (void)K;
+    if (bytes && dst != src)
+        memmove(dst, src, bytes);
+}
+static void cpu_zero(struct kctx *K, void *p, size_t bytes)
+{
+    (void)K;
+    if (bytes)
+        memset(p, 0, bytes);
+}
+static void cpu_sync(struct kctx *K) { (void)K; }
+
+static void cpu_rmsnorm_forward(struct kctx *K, float *y, float *rstd, const float *x, const float *w, int N, int D,
+                                float eps)
+{
+    (void)K;
+    rmsnorm_forward(y, rstd, x, w, N, D, eps);
+}
+static void cpu_rmsnorm_backward(struct kctx *K, float *dx, float *dw, const float *dy, const float *x, const float *w,
+                                 const float *rstd, int N, int D)
+{
+    (void)K;
+    rmsnorm_backward(dx, dw, dy, x, w, rstd, N, D);
+}
+static void cpu_embedding_forward(struct kctx *K, float *out, const int32_t *ids, const float *table, int N, int D,
+                                  const struct vocab_shard *vs)
+{
+    (void)K;
+    embedding_forward_shard(out, ids, table, N, D, vs);
+}
+static void cpu_embedding_backward(struct kctx *K, float *dtable, const float *dout, const int32_t *ids, int N, int D,
+                                   const struct vocab_shard *vs)
+{
+    (void)K;
+    embedding_backward_shard(dtable, dout, ids, N, D, vs);
+}
+static void cpu_linear_forward(struct kctx *K, float *y, const float *x, const float *W, const float *b, int N,
+                               int Din, int Dout)
+{
+    if (K->matmul == KMM_BF16)
+        linear_forward_bf16(y, x, W, b, N, Din, Dout);
+    else
+        linear_forward(y, x, W, b, N, Din, Dout);
+}
+static void cpu_linear_backward(struct kctx *K, float *dx, float *dW, float *db, const float *dy, const float *x,
+                                const float *W, int N, int Din, int Dout)
+{
+    if (K->matmul == KMM_BF16)
+        linear_backward_bf16(dx, dW, db, dy, x, W, N, Din, Dout);
+    else
+        linear_backward(dx, dW, db, dy, x, W, N, Din, Dout);
+}
+static void cpu_rope_forward(struct kctx *K, float *x, const int32_t *pos, int N, int H, int hd,
+                             const double *inv_freq)
+{
+    (void)K;
+    rope_forward_freqs(x, pos, N, H, hd, inv_freq);
+}
+static void cpu_rope_backward(struct kctx *K, float *dx, const int32_t *pos, int N, int H, int hd,
+                              const double *inv_freq)
+{
+    (void)K;
+    rope_backward_freqs(dx, pos, N, H, hd, inv_freq);
+}
+static void cpu_attention_forward(struct kctx *K, float *out, float *lse, const float *q, const float *k,
+                                  const float *v, const int32_t *cu_seqlens, int B, int Hq, int Hkv, int hd)
+{
+    (void)K;
+    attention_forward(out, lse, q, k, v, cu_seqlens, B, Hq, Hkv, hd);
+}
+static void cpu_attention_backward(struct kctx *K, float *dq, float *dk, float *dv, const float *dout,
+                                   const float *out, const float *lse, const float *q, const float *k, const float *v,
+                                   const int32_t *cu_seqlens, int B, int Hq, int Hkv, int hd)
+{
+    (void)K;
+    attention_backward(dq, dk, dv, dout, out, lse, q, k, v, cu_seqlens, B, Hq, Hkv, hd);
+}
+static void cpu_attention_cached(struct kctx *K, float *out, const float *q, const float *kcache,
+                                 const float *vcache, int Tq, int Tk, int Hq, int Hkv, int hd)
+{
+    (void)K;
+    attention_cached(out, q, kcache, vcache, Tq, Tk, Hq, Hkv, hd);
+}
+static void cpu_swiglu_forward(struct kctx *K, float *out, const float *gate, const float *up, size_t n)
+{
+    (void)K;
+    swiglu_forward(out, gate, up, n);
+}
+static void cpu_swiglu_backward(struct kctx *K, float *dgate, float *dup, const float *dout, const float *gate,
+                                const float *up, size_t n)
+{
+    (void)K;
+    swiglu_backward(dgate, dup, dout, gate, up, n);
+}
+static void cpu_add(struct kctx *K, float *y, const float *x, size_t n)
+{
+    (void)K;
+    vec_add_inplace(y, x, n);
+}
+static void cpu_axpy(struct kctx *K, float *y, float a, const float *x, size_t n)
+{
+    (void)K;
+    vec_axpy(y, a, x, n);
+}
+static void cpu_scale(struct kctx *K, float *x, float a, size_t n)
+{
+    (void)K;
+    vec_scale(x, a, n);
+}
+static double cpu_sumsq(struct kctx *K, const float *x, size_t n)
+{
+    (void)K;
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += (double)x[i] * x[i];
+    return s;
+}
+static void cpu_lmhead_forward(struct kctx *K, float *logp, float *entropy, const float *h, const float *W,
+                               const int32_t *targets, int N, int D, const struct vocab_shard *vs, float temperature,
+                               int chunk)
+{
+    (void)K;
+    lmhead_logprob_forward_shard(logp, entropy, h, W, targets, N, D, vs, temperature, chunk);
+}
+static void cpu_lmhead_backward(struct kctx *K, float *dh, float *dW, const float *dlogp, const float *dentropy,
+                                const float *h, const float *W, const int32_t *targets, int N, int D,
+                                const struct vocab_shard *vs, float temperature, int chunk)
+{
+    (void)K;
+    lmhead_logprob_backward_shard(dh, dW, dlogp, dentropy, h, W, targets, N, D, vs, temperature, chunk);
+}
+static void cpu_adamw(struct kctx *K, float *p, const float *g, float *m, float *v, size_t n, double lr, double beta1,
+                      double beta2, double eps, double weight_decay, int64_t t)
+{
+    (void)K;
+    const double bc1 = 1.0 - pow(beta1, (double)t), bc2 = 1.0 - pow(beta2, (double)t);
+    const float b1 = (float)beta1, b2 = (float)beta2;
+    const float decay = (float)(1.0 - lr * weight_decay);
+    const float step = (float)(lr / bc1), e = (float)eps, inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
+    for (size_t i = 0; i < n; i++) {
+        m[i] = b1 * m[i] + (1 - b1) * g[i];
+        v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+        /* torch: p *= 1 - lr*wd; p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps) */
+        p[i] = p[i] * decay - step * m[i] / (sqrtf(v[i]) * inv_sqrt_bc2 + e);
+    }
+}
+
+const struct kops kops_cpu = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .to_device = cpu_copy,
+    .to_host = cpu_copy,
+    .copy = cpu_copy,
+    .zero = cpu_zero,
+    .sync = cpu_sync,
+    .rmsnorm_forward = cpu_rmsnorm_forward,
+    .rmsnorm_backward = cpu_rmsnorm_backward,
+    .embedding_forward = cpu_embedding_forward,
+    .embedding_backward = cpu_embedding_backward,
+    .linear_forward = cpu_linear_forward,
+    .linear_backward = cpu_linear_backward,
+    .rope_forward = cpu_rope_forward,
+    .rope_backward = cpu_rope_backward,
+    .attention_forward = cpu_attention_forward,
+    .attention_backward = cpu_attention_backward,
+    .attention_cached = cpu_attention_cached,
+    .swiglu_forward = cpu_swiglu_forward,
+    .swiglu_backward = cpu_swiglu_backward,
+    .add = cpu_add,
+    .axpy = cpu_axpy,
+    .scale = cpu_scale,
+    .sumsq = cpu_sumsq,
+    .lmhead_forward = cpu_lmhead_forward,
+    .lmhead_backward = cpu_lmhead_backward,
+    .adamw = cpu_adamw,
+};

@@ -1,0 +1,25 @@
+/* Internals of the BF16 matrix products (kernels/cpu/linear_bf16.c), shared with their unit test and benchmark. */
+#ifndef GRPO_KERNELS_CPU_BF16_H
+#define GRPO_KERNELS_CPU_BF16_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* What this CPU and its OS can run: AVX512-BF16 (with AVX-512 F/BW/VL and the ZMM state saved by the OS), and
+ * AMX-BF16 (with the tile data granted to this process; asking for it is what makes it usable on Linux). */
+struct bf16_cpu {
+    bool avx512_bf16, amx_bf16;
+};
+struct bf16_cpu cpu_bf16_features(void);
+
+/* Round to BF16, nearest even (a NaN stays a NaN): dst[i] = bf16(src[i]), the upper 16 bits of the fp32 pattern. */
+void bf16_round(uint16_t *dst, const float *src, size_t n);
+/* The same, transposed: dst (cols, rows) = bf16(src (rows, cols))^T. */
+void bf16_round_transpose(uint16_t *dst, const float *src, int rows, int cols);
+
+/* The oneDNN implementation that computes C (M, N) = A (M, K) B, B given as (N, K) when b_trans ("brg:avx512_core_
+ * amx"), or "none". */
+const char *bf16_gemm_impl(int M, int N, int K, bool b_trans);
+
+#endif

@@ -1,0 +1,126 @@
+/* CPU compute kernels, fp32, row-major. Each op has a forward and a backward;
+ * backward functions ACCUMULATE (+=) into parameter gradients and input
+ * gradients, so callers zero them once per step. Shapes are in the comments:
+ * N rows (tokens), D features. */
+#ifndef GRPO_KERNELS_CPU_H
+#define GRPO_KERNELS_CPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* RMSNorm: y = x / sqrt(mean(x^2) + eps) * w.  x, y: (N, D); w: (D); rstd out: (N), kept for backward. */
+void rmsnorm_forward(float *y, float *rstd, const float *x, const float *w, int N, int D, float eps);
+/* dx += d/dx, dw += d/dw given dy (N, D), x, w and the rstd saved by forward. */
+void rmsnorm_backward(float *dx, float *dw, const float *dy, const float *x, const float *w, const float *rstd, int N,
+                      int D);
+
+/* Embedding lookup: out[i] = table[ids[i]].  out: (N, D); ids: (N) in [0, V); table: (V, D). */
+void embedding_forward(float *out, const int32_t *ids, const float *table, int N, int D, int V);
+/* dtable[ids[i]] += dout[i].  dtable: (V, D); dout: (N, D). Repeated ids accumulate. */
+void embedding_backward(float *dtable, const float *dout, const int32_t *ids, int N, int D, int V);
+
+/* A vocabulary shard: rows [lo, hi) of a V-row table (vocab-parallel embedding and LM head under tensor
+ * parallelism). reduce(ud, buf, n, max) combines n doubles in place over every shard of the vocabulary: their
+ * maximum (max true) or their sum. The whole vocabulary is lo 0, hi V, reduce NULL. */
+struct vocab_shard {
+    int lo, hi, V;
+    void (*reduce)(void *ud, double *buf, int n, bool max);
+    void *ud;
+};
+
+/* Embedding rows of this shard: out[i] = table[ids[i] - lo] for ids in [lo, hi), zero rows for the others
+ * (summed over the shards, the whole lookup). table: (hi - lo, D); ids in [0, V). */
+void embedding_forward_shard(float *out, const int32_t *ids, const float *table, int N, int D,
+                             const struct vocab_shard *vs);
+/* dtable[ids[i] - lo] += dout[i] for the ids of this shard. */
+void embedding_backward_shard(float *dtable, const float *dout, const int32_t *ids, int N, int D,
+                              const struct vocab_shard *vs);
+
+/* Linear, HF nn.Linear layout: y = x W^T + b.  y: (N, Dout); x: (N, Din); W: (Dout, Din); b: (Dout) or NULL. */
+void linear_forward(float *y, const float *x, const float *W, const float *b, int N, int Din, int Dout);
+/* dx += dy W (N, Din); dW += dy^T x (Dout, Din); db += sum_rows dy (Dout). Any of dx, dW, db may be NULL. */
+void linear_backward(float *dx, float *dW, float *db, const float *dy, const float *x, const float *W, int N, int Din,
+                     int Dout);
+
+/* RoPE, HF rotate_half convention, in place on x: (N, H, hd), hd even; pos: (N); pairs (i, i + hd/2),
+ * angle = pos * theta^(-2i/hd), computed in double. */
+void rope_forward(float *x, const int32_t *pos, int N, int H, int hd, float theta);
+/* In place: turns dL/d(rotated) (N, H, hd) into dL/d(input) (the inverse rotation; overwrites, no +=). */
+void rope_backward(float *dx, const int32_t *pos, int N, int H, int hd, float theta);
+/* The same with the frequencies given: pair i turns by pos * inv_freq[i] (hd / 2 of them; a scaled RoPE, such
+ * as Llama 3's, remaps them). */
+void rope_forward_freqs(float *x, const int32_t *pos, int N, int H, int hd, const double *inv_freq);
+void rope_backward_freqs(float *dx, const int32_t *pos, int N, int H, int hd, const double *inv_freq);
+/* inv_freq[i] = theta^(-2i/hd), i < hd / 2. */
+void rope_default_freqs(double *inv_freq, int hd, float theta);
+
+/* Causal GQA attention over packed sequences: sequence b is rows cu_seqlens[b]..cu_seqlens[b+1]-1.
+ * out, q: (N, Hq, hd); k, v: (N, Hkv, hd); lse: (N, Hq) log-sum-exp of the scaled scores, or NULL;
+ * scale 1/sqrt(hd); query head h uses kv head h / (Hq / Hkv). N = cu_seqlens[B]. */
+void attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                       const int32_t *cu_seqlens, int B, int Hq, int Hkv, int hd);
+/* dq += dL/dq (N, Hq, hd); dk, dv += (N, Hkv, hd), given dout, and out and lse from attention_forward.
+ * Probabilities are recomputed block by block from lse (the N x N matrix is never stored). */
+void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                        const float *q, const float *k, const float *v, const int32_t *cu_seqlens, int B, int Hq,
+                        int Hkv, int hd);
+/* KV-cache attention for generation, one sequence: out, q: (Tq, Hq, hd); kcache, vcache: (Tk, Hkv, hd),
+ * Tq <= Tk; query i sits at position Tk - Tq + i and attends to cache positions 0 .. Tk - Tq + i. */
+void attention_cached(float *out, const float *q, const float *kcache, const float *vcache, int Tq, int Tk, int Hq,
+                      int Hkv, int hd);
+
+/* SwiGLU: out = silu(gate) * up, elementwise over n; silu(g) = g * sigmoid(g). out may alias gate or up. */
+void swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+/* dgate += dout * up * silu'(gate); dup += dout * silu(gate). All (n). */
+void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n);
+
+/* Which BLAS kernels run, and why ("OpenBLAS SkylakeX kernels (chosen for this CPU)"): OpenBLAS's own choice,
+ * the user's OPENBLAS_CORETYPE, or ours (kernels/blas_select.c re-runs a binary whose OpenBLAS chose kernels
+ * older than its CPU can run). Returns buf. */
+const char *blas_kernels(char *buf, size_t len);
+/* When the user's OPENBLAS_CORETYPE names older kernels than the CPU runs: the kernels it could run ("SkylakeX");
+ * else NULL. */
+const char *blas_kernels_better(void);
+
+/* y += x, both (n) (residual connections, gradient sums). */
+void vec_add_inplace(float *y, const float *x, size_t n);
+/* y += a * x, both (n). */
+void vec_axpy(float *y, float a, const float *x, size_t n);
+/* x *= a, (n). */
+void vec_scale(float *x, float a, size_t n);
+
+/* out[j] = exp(x[j] - shift) for x[j] <= shift (softmax rows), about 2 ulp; values below e^-87 become 0. */
+void vec_exp_shifted(float *out, const float *x, size_t n, float shift);
+
+/* Chunked LM-head log-probabilities: z = h W^T / temperature, logp[i] = log_softmax(z_i)[targets[i]],
+ * entropy[i] = -sum_j p_ij log p_ij (entropy may be NULL). h: (N, D); W: (V, D); targets: (N) in [0, V).
+ * Only chunk x V logits exist at a time (chunk > 0 tokens per chunk). */
+void lmhead_logprob_forward(float *logp, float *entropy, const float *h, const float *W, const int32_t *targets, int N,
+                            int D, int V, float temperature, int chunk);
+/* dh += dL/dh (N, D) and dW += dL/dW (V, D) (either may be NULL) from dlogp (N) and dentropy (N, or NULL);
+ * recomputes each chunk's logits, so peak scratch is chunk x V floats. */
+void lmhead_logprob_backward(float *dh, float *dW, const float *dlogp, const float *dentropy, const float *h,
+                             const float *W, const int32_t *targets, int N, int D, int V, float temperature, int chunk);
+
+/* The same over a vocabulary shard (W: (hi - lo, D), this shard's rows): the softmax statistics of each token
+ * (row maximum, sum of exponentials, the target's logit) are combined over the shards with vs->reduce, so the
+ * (N, V) logits are never gathered. Every shard gets the whole logp and entropy. */
+void lmhead_logprob_forward_shard(float *logp, float *entropy, const float *h, const float *W, const int32_t *targets,
+                                  int N, int D, const struct vocab_shard *vs, float temperature, int chunk);
+/* dh += this shard's part of dL/dh (summed over the shards, the whole gradient); dW += dL/dW of its rows. */
+void lmhead_logprob_backward_shard(float *dh, float *dW, const float *dlogp, const float *dentropy, const float *h,
+                                   const float *W, const int32_t *targets, int N, int D, const struct vocab_shard *vs,
+                                   float temperature, int chunk);
+
+/* BF16 matrix products on this CPU (AMX or AVX512-BF16): whether they run here, and what runs them ("oneDNN
+ * AMX-BF16"). kernels/cpu/linear_bf16.c. */
+bool cpu_bf16_gemm_available(void);
+const char *cpu_bf16_gemm_name(void);
+/* linear_forward and linear_backward with x, W and dy rounded to BF16 for the products, fp32 accumulation and
+ * fp32 results (same += semantics). */
+void linear_forward_bf16(float *y, const float *x, const float *W, const float *b, int N, int Din, int Dout);
+void linear_backward_bf16(float *dx, float *dW, float *db, const float *dy, const float *x, const float *W, int N,
+                          int Din, int Dout);
+
+#endif

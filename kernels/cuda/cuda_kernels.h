@@ -1,0 +1,130 @@
+/* CUDA twins of the CPU kernels in kernels.h: same shapes and semantics, device pointers (host scalars), launched
+ * on the given stream; each returns the launch's error (cudaGetLastError). Built only when CUDA is enabled. They are
+ * deterministic: no reduction uses atomics, so two runs on the same inputs and device give the same bits.
+ *
+ * The CUDA back-end of the kernel interface (kops_cuda, kernels/cuda/backend.c) runs these on its context's stream.
+ * Its ops take DEVICE pointers for everything kernels.h calls context memory, including the index arrays (ids,
+ * targets, positions, cu_seqlens: int32) and RoPE's inv_freq, which for the CUDA back-end is a device array of
+ * hd / 2 doubles (the model uploads it once); struct vocab_shard stays a host struct and its reduce is called on
+ * host buffers. */
+#ifndef GRPO_KERNELS_CUDA_CUDA_KERNELS_H
+#define GRPO_KERNELS_CUDA_CUDA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* RMSNorm forward on the GPU (see rmsnorm_forward). */
+cudaError_t rmsnorm_forward_cuda(float *y, float *rstd, const float *x, const float *w, int N, int D, float eps,
+                                 cudaStream_t stream);
+/* Bytes of device scratch that rmsnorm_backward_cuda needs for N rows of D (0 when there is nothing to do). */
+size_t rmsnorm_backward_cuda_scratch_bytes(int N, int D);
+/* RMSNorm backward on the GPU (see rmsnorm_backward); dw is summed in a fixed order through scratch, a device
+ * buffer of rmsnorm_backward_cuda_scratch_bytes(N, D) bytes that the caller owns (its contents are overwritten). */
+cudaError_t rmsnorm_backward_cuda(float *dx, float *dw, const float *dy, const float *x, const float *w,
+                                  const float *rstd, int N, int D, void *scratch, cudaStream_t stream);
+
+/* RoPE forward in place on the GPU (see rope_forward_freqs); pos (N) and inv_freq (hd / 2) are device arrays. */
+cudaError_t rope_forward_cuda(float *x, const int32_t *pos, int N, int H, int hd, const double *inv_freq,
+                              cudaStream_t stream);
+/* RoPE backward in place on the GPU (see rope_backward_freqs): the inverse rotation, overwriting dx. */
+cudaError_t rope_backward_cuda(float *dx, const int32_t *pos, int N, int H, int hd, const double *inv_freq,
+                               cudaStream_t stream);
+
+/* SwiGLU forward on the GPU (see swiglu_forward); out may alias gate or up. */
+cudaError_t swiglu_forward_cuda(float *out, const float *gate, const float *up, size_t n, cudaStream_t stream);
+/* SwiGLU backward on the GPU (see swiglu_backward): accumulates into dgate and dup. */
+cudaError_t swiglu_backward_cuda(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                                 size_t n, cudaStream_t stream);
+
+/* Embedding forward over the vocabulary shard [lo, hi) (see embedding_forward_shard; table: (hi - lo, D)). */
+cudaError_t embedding_forward_cuda(float *out, const int32_t *ids, const float *table, int N, int D, int lo, int hi,
+                                   cudaStream_t stream);
+/* Embedding backward over the shard [lo, hi) (see embedding_backward_shard), in token order without atomics. */
+cudaError_t embedding_backward_cuda(float *dtable, const float *dout, const int32_t *ids, int N, int D, int lo, int hi,
+                                    cudaStream_t stream);
+
+/* One AdamW step on the GPU, as adamw_step (worker/trainer/optim.c) at step number t >= 1 (its t after the
+ * increment); m and v (n) are the moments, updated in place. */
+cudaError_t adamw_step_cuda(float *params, const float *grads, float *m, float *v, size_t n, double lr, double beta1,
+                            double beta2, double eps, double weight_decay, int64_t t, cudaStream_t stream);
+
+/* ---- used by the kops table (kernels/cuda/backend.c); all pointers are device memory unless said ---- */
+
+/* dst[i] = x[i] rounded to BF16 (round to nearest even), n elements; dst is __nv_bfloat16 (2 bytes each). */
+cudaError_t f32_to_bf16_cuda(void *dst, const float *x, size_t n, cudaStream_t stream);
+/* y (N, D) += b (D) broadcast over the rows. */
+cudaError_t bias_add_cuda(float *y, const float *b, int N, int D, cudaStream_t stream);
+/* Bytes of scratch colsum_add_cuda needs for N rows of D. */
+size_t colsum_add_cuda_scratch_bytes(int N, int D);
+/* out (D) += column sums of x (N, D): partial sums over fixed slices of rows, then the slices in order (no
+ * atomics: the same bits every run). */
+cudaError_t colsum_add_cuda(float *out, const float *x, int N, int D, void *scratch, cudaStream_t stream);
+
+/* y += x, y += a x, x *= a (n); each product and sum rounded once as on the CPU (no fused multiply-add). */
+cudaError_t vec_add_cuda(float *y, const float *x, size_t n, cudaStream_t stream);
+cudaError_t vec_axpy_cuda(float *y, float a, const float *x, size_t n, cudaStream_t stream);
+cudaError_t vec_scale_cuda(float *x, float a, size_t n, cudaStream_t stream);
+/* Bytes of scratch sumsq_cuda needs (a fixed count of double partial sums). */
+size_t sumsq_cuda_scratch_bytes(void);
+/* *result (one device double, not inside scratch) = sum of x[i]^2 in double: a grid whose shape depends on n
+ * only, each block reducing in a fixed tree, then one block summing the partials in order; deterministic. */
+cudaError_t sumsq_cuda(double *result, const float *x, size_t n, void *scratch, cudaStream_t stream);
+
+/* Flash-style causal GQA attention (see attention_forward): cu_seqlens (B + 1) is a DEVICE array; max_len is the
+ * longest sequence (the caller reads cu_seqlens on the host). Nothing of size T x T is stored. hd <= 256. */
+cudaError_t attention_forward_cuda(float *out, float *lse, const float *q, const float *k, const float *v,
+                                   const int32_t *cu_seqlens, int B, int max_len, int Hq, int Hkv, int hd,
+                                   cudaStream_t stream);
+/* Bytes of scratch attention_backward_cuda needs for N tokens of Hq heads: D_i = dout_i . out_i per (token, head). */
+size_t attention_backward_cuda_scratch_bytes(int N, int Hq);
+/* dq, dk, dv += the gradients (see attention_backward), recomputing probabilities from lse. Deterministic without
+ * atomics: dk and dv come from one block per key tile looping over the query heads of its KV head and the query
+ * rows in a fixed order; dq from one block per query tile looping over the keys. N = cu_seqlens[B]. */
+cudaError_t attention_backward_cuda(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                    const float *lse, const float *q, const float *k, const float *v,
+                                    const int32_t *cu_seqlens, int B, int N, int max_len, int Hq, int Hkv, int hd,
+                                    void *scratch, cudaStream_t stream);
+/* Bytes of scratch attention_cached_cuda needs (partial results of the split-key decode path). */
+size_t attention_cached_cuda_scratch_bytes(int Tq, int Tk, int Hq, int hd);
+/* KV-cache attention, one sequence (see attention_cached). Few query rows (decode) split the keys over blocks and
+ * merge the partial softmaxes in a fixed order; more rows use the tiled kernel of attention_forward_cuda. */
+cudaError_t attention_cached_cuda(float *out, const float *q, const float *kcache, const float *vcache, int Tq, int Tk,
+                                  int Hq, int Hkv, int hd, void *scratch, cudaStream_t stream);
+
+/* LM head per-row statistics of a chunk of c logit rows z (c, Vl), into st (4c device doubles, the layout of
+ * kernels/cpu/logprob.c's chunk_stats): st[i] the row maximum. */
+cudaError_t lmhead_rowmax_cuda(double *st, const float *z, int c, int Vl, cudaStream_t stream);
+/* st[c + i] sum_j exp(z_ij - M_i), st[2c + i] sum_j exp(z_ij - M_i) (z_ij - M_i), st[3c + i] the target's logit
+ * (0 when the target is outside [lo, lo + Vl)), with M_i = (float)st[i] (the combined maximum). */
+cudaError_t lmhead_rowsums_cuda(double *st, const float *z, const int32_t *targets, int c, int Vl, int lo,
+                                cudaStream_t stream);
+/* logp[i], entropy[i] (entropy may be NULL) from the combined statistics st of c rows. */
+cudaError_t lmhead_finalize_cuda(float *logp, float *entropy, const double *st, int c, cudaStream_t stream);
+/* Turns each logit row of z (c, Vl) in place into dL/d(h W^T) from dlogp (c) and dentropy (c, or NULL). */
+cudaError_t lmhead_dlogits_cuda(float *z, const double *st, const float *dlogp, const float *dentropy,
+                                const int32_t *targets, int c, int Vl, int lo, float temperature, cudaStream_t stream);
+
+/* Sampling of one token per row of logits (B, V) on the GPU, as sample_token (worker/model/sampler.c) does:
+ * temperature 0 is greedy (the first maximum); otherwise softmax(logits / temperature), then top-k (top_k > 0)
+ * and top-p (top_p < 1) truncation in order of descending probability (ties by lower id), then the token whose
+ * cumulative probability (over the kept tokens, renormalised) first exceeds the row's uniform. tokens (B) and
+ * logps (B, or NULL) are device arrays; logps get the chosen token's log-softmax at that temperature (1 when
+ * greedy) before truncation. uniforms: B doubles in [0, 1), drawn on the host by the caller (rng_uniform), in host
+ * or device memory (copied into scratch with cudaMemcpyDefault). scratch: sample_rows_cuda_scratch_bytes(B, V)
+ * device bytes. Deterministic; greedy picks exactly the CPU's token. */
+size_t sample_rows_cuda_scratch_bytes(int B, int V);
+cudaError_t sample_rows_cuda(int32_t *tokens, float *logps, const float *logits, int B, int V, float temperature,
+                             float top_p, int top_k, const double *uniforms, void *scratch, size_t scratch_bytes,
+                             cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

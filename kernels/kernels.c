@@ -1,0 +1,224 @@
+/* Contexts, counted memory and arenas of the kernel interface (kernels.h); the ops are the back-ends'. */
+#include "kernels/kernels.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+
+#ifdef GRPO_HAVE_CUDA
+/* kernels/cuda/backend.c: open device on K (stream, cuBLAS handle); 0, or -1 with why. */
+int kops_cuda_open(struct kctx *K, int device, char *why, size_t len);
+void kops_cuda_close(struct kctx *K);
+int kops_cuda_devices(void);
+/* TEMPORARY until kernels/cuda/backend.c lands: weak fallbacks the back-end overrides */
+__attribute__((weak)) int kops_cuda_open(struct kctx *K, int device, char *why, size_t len)
+{
+    (void)K;
+    error_set(why, len, "cuda:%d: the CUDA back-end is not in this build", device);
+    return -1;
+}
+__attribute__((weak)) void kops_cuda_close(struct kctx *K) { (void)K; }
+__attribute__((weak)) int kops_cuda_devices(void) { return 0; }
+#endif
+
+static struct kctx g_cpu = {.ops = &kops_cpu, .device = KDEV_CPU, .matmul = KMM_F32};
+
+struct kctx *kctx_cpu(void) { return &g_cpu; }
+
+bool kctx_cuda_available(void)
+{
+#ifdef GRPO_HAVE_CUDA
+    return kops_cuda_devices() > 0;
+#else
+    return false;
+#endif
+}
+
+struct kctx *kctx_create(const char *device, enum kmatmul matmul, char *why, size_t len)
+{
+    const char *d = device && *device ? device : "cpu";
+    if (strcmp(d, "cpu") == 0) {
+        if (matmul == KMM_BF16 && !cpu_bf16_gemm_available()) {
+            error_set(why, len, "BF16 matrix products need a CPU with AVX512-BF16 or AMX (this one has neither)");
+            return NULL;
+        }
+        struct kctx *K = xcalloc(1, sizeof *K);
+        *K = (struct kctx){.ops = &kops_cpu, .device = KDEV_CPU, .matmul = matmul};
+        return K;
+    }
+    int index = 0;
+    if (strcmp(d, "cuda") != 0 && (strncmp(d, "cuda:", 5) != 0 || sscanf(d + 5, "%d", &index) != 1 || index < 0)) {
+        error_set(why, len, "unknown device '%s' (cpu, cuda or cuda:N)", d);
+        return NULL;
+    }
+#ifdef GRPO_HAVE_CUDA
+    struct kctx *K = xcalloc(1, sizeof *K);
+    K->device = KDEV_CUDA;
+    K->device_index = index;
+    K->matmul = matmul;
+    if (kops_cuda_open(K, index, why, len) != 0) {
+        free(K);
+        return NULL;
+    }
+    return K;
+#else
+    error_set(why, len, "device '%s': this build has no CUDA back-end (configure with -Dcuda=enabled on a machine "
+                        "with nvcc)", d);
+    return NULL;
+#endif
+}
+
+void kctx_free(struct kctx *K)
+{
+    if (!K || K == &g_cpu)
+        return;
+#ifdef GRPO_HAVE_CUDA
+    if (K->device == KDEV_CUDA)
+        kops_cuda_close(K);
+#endif
+    free(K);
+}
+
+const char *kctx_describe(const struct kctx *K, char *buf, size_t len)
+{
+    const char *mm = K->matmul == KMM_BF16 ? "BF16 GEMMs, fp32 accumulation" : "fp32 GEMMs";
+    if (K->device == KDEV_CPU) {
+        char blas[160];
+        snprintf(buf, len, "cpu, %s (%s)", mm,
+                 K->matmul == KMM_BF16 ? cpu_bf16_gemm_name() : blas_kernels(blas, sizeof blas));
+    } else {
+        snprintf(buf, len, "cuda:%d, %s", K->device_index, mm);
+    }
+    return buf;
+}
+
+static const char *kind_name[KMEM_KINDS] = {"weights", "gradients", "optimizer state", "activations", "KV cache",
+                                            "other"};
+/* The setting that lowers each kind of memory. */
+static const char *kind_knob[KMEM_KINDS] = {
+    "split the model over more ranks (actor_rollout_ref.actor.megatron.tensor_model_parallel_size or "
+    "pipeline_model_parallel_size)",
+    "split the model over more ranks (tensor_model_parallel_size or pipeline_model_parallel_size)",
+    "shard it over the data-parallel ranks (actor_rollout_ref.actor.zero_stage=1) or split the model",
+    "lower actor_rollout_ref.actor.ppo_max_token_len_per_gpu or set "
+    "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+    "lower actor_rollout_ref.rollout.max_num_seqs or data.max_response_length",
+    "lower the batch sizes"};
+
+static double gb(size_t b) { return (double)b / 1e9; }
+
+void *k_alloc(struct kctx *K, size_t bytes, enum kmem_kind kind, const char *what)
+{
+    void *p = K->ops->alloc(K, bytes);
+    if (!p) {
+        struct kmem_stats *s = &K->mem;
+        check_failf(__FILE__, __LINE__,
+                    "out of memory on %s: %s (%s) needs %zu bytes (%.3f GB); in use: weights %.3f GB, gradients "
+                    "%.3f GB, optimizer state %.3f GB, activations %.3f GB, KV cache %.3f GB; to fit, %s",
+                    K->ops->name, what ? what : "a buffer", kind_name[kind], bytes, gb(bytes),
+                    gb(s->in_use[KMEM_WEIGHTS]), gb(s->in_use[KMEM_GRADS]), gb(s->in_use[KMEM_OPTIM]),
+                    gb(s->in_use[KMEM_ACTS]), gb(s->in_use[KMEM_KV]), kind_knob[kind]);
+    }
+    struct kmem_stats *s = &K->mem;
+    s->allocs++;
+    s->in_use[kind] += bytes;
+    if (s->in_use[kind] > s->peak[kind])
+        s->peak[kind] = s->in_use[kind];
+    s->allocated += bytes;
+    if (s->allocated > s->max_allocated)
+        s->max_allocated = s->allocated;
+    if (s->allocated > s->reserved)
+        s->reserved = s->allocated;
+    if (s->reserved > s->max_reserved)
+        s->max_reserved = s->reserved;
+    return p;
+}
+
+void *k_calloc(struct kctx *K, size_t bytes, enum kmem_kind kind, const char *what)
+{
+    void *p = k_alloc(K, bytes, kind, what);
+    k_zero(K, p, bytes);
+    return p;
+}
+
+void k_free(struct kctx *K, void *p, size_t bytes, enum kmem_kind kind)
+{
+    if (!p)
+        return;
+    K->ops->free(K, p);
+    struct kmem_stats *s = &K->mem;
+    s->in_use[kind] -= bytes <= s->in_use[kind] ? bytes : s->in_use[kind];
+    s->allocated -= bytes <= s->allocated ? bytes : s->allocated;
+    /* the host allocator gives memory back; a device back-end that caches updates reserved itself */
+    if (K->device == KDEV_CPU)
+        s->reserved = s->allocated;
+}
+
+void kmem_reset_peaks(struct kctx *K)
+{
+    struct kmem_stats *s = &K->mem;
+    for (int i = 0; i < KMEM_KINDS; i++)
+        s->peak[i] = s->in_use[i];
+    s->max_allocated = s->allocated;
+    s->max_reserved = s->reserved;
+}
+
+#define ARENA_ALIGN 64
+
+size_t karena_piece(size_t bytes) { return (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN; }
+
+void karena_init(struct karena *a, struct kctx *K, enum kmem_kind kind, const char *what)
+{
+    *a = (struct karena){.K = K, .kind = kind, .what = what};
+}
+
+void karena_init_counter(struct karena *a) { *a = (struct karena){.cap = SIZE_MAX, .what = "plan"}; }
+
+void karena_reserve(struct karena *a, size_t bytes, size_t pieces)
+{
+    if (a->used)
+        check_failf(__FILE__, __LINE__, "karena_reserve: the %s arena is in use (%zu bytes taken)", a->what, a->used);
+    const size_t need = bytes + pieces * ARENA_ALIGN;
+    if (need <= a->cap)
+        return;
+    karena_release(a);
+    a->base = k_alloc(a->K, need, a->kind, a->what);
+    a->cap = need;
+}
+
+void *karena_take(struct karena *a, size_t bytes)
+{
+    const size_t n = karena_piece(bytes ? bytes : 1);
+    if (a->used + n > a->cap)
+        check_failf(__FILE__, __LINE__, "the %s arena holds %zu bytes and %zu are taken: %zu more is beyond its plan",
+                    a->what, a->cap, a->used, n);
+    if (!a->base && !a->K) { /* a counter */
+        a->used += n;
+        return NULL;
+    }
+    void *p = a->base + a->used;
+    a->used += n;
+    if (a->used > a->peak)
+        a->peak = a->used;
+    return p;
+}
+
+float *karena_floats0(struct karena *a, size_t n)
+{
+    float *p = karena_take(a, n * sizeof(float));
+    if (p)
+        k_zero(a->K, p, n * sizeof(float));
+    return p;
+}
+
+void karena_reset(struct karena *a) { a->used = 0; }
+
+void karena_release(struct karena *a)
+{
+    if (a->base)
+        k_free(a->K, a->base, a->cap, a->kind);
+    a->base = NULL;
+    a->cap = a->used = 0;
+}

@@ -1,0 +1,265 @@
+/* The kernel interface's contexts, arenas and KV slab: plans that match their use, no allocation in a steady
+ * training or generation step, memory counted by kind, and clear errors for a wrong plan or an exhausted device. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdbool.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "common/check.h"
+#include "kernels/kernels.h"
+#include "worker/model/generate.h"
+#include "worker/model/model.h"
+
+static int capture(void (*fn)(void), char *out, size_t outlen)
+{
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(p[1], STDERR_FILENO);
+        close(p[0]);
+        fn();
+        _exit(0);
+    }
+    close(p[1]);
+    size_t n = 0;
+    ssize_t r;
+    while (n + 1 < outlen && (r = read(p[0], out + n, outlen - 1 - n)) > 0)
+        n += (size_t)r;
+    out[n] = 0;
+    close(p[0]);
+    int st;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static struct kctx *fresh_cpu(void)
+{
+    char why[256];
+    struct kctx *K = kctx_create("cpu", KMM_F32, why, sizeof why);
+    assert_non_null(K);
+    return K;
+}
+
+static void test_arena_plan_and_reuse(void **state)
+{
+    (void)state;
+    struct kctx *K = fresh_cpu();
+    struct karena plan, a;
+    karena_init_counter(&plan);
+    assert_null(karena_take(&plan, 10));
+    assert_null(karena_take(&plan, 64));
+    assert_null(karena_take(&plan, 65));
+    assert_int_equal(plan.used, 64 + 64 + 128); /* each piece rounded up to 64 bytes */
+    karena_init(&a, K, KMEM_ACTS, "test");
+    karena_reserve(&a, plan.used, 0);
+    const unsigned long long allocs = K->mem.allocs;
+    char *p1 = karena_take(&a, 10), *p2 = karena_take(&a, 64), *p3 = karena_take(&a, 65);
+    assert_true((uintptr_t)p1 % 64 == 0 && p2 == p1 + 64 && p3 == p2 + 64);
+    assert_int_equal(a.used, plan.used);
+    assert_int_equal(K->mem.in_use[KMEM_ACTS], a.cap);
+    karena_reset(&a);
+    karena_reserve(&a, plan.used, 0); /* the same plan again: nothing new */
+    assert_int_equal(K->mem.allocs, allocs);
+    assert_ptr_equal(karena_take(&a, 10), p1);
+    karena_reset(&a);
+    karena_reserve(&a, plan.used * 2, 0); /* a larger shape: one new reservation */
+    assert_int_equal(K->mem.allocs, allocs + 1);
+    karena_release(&a);
+    assert_int_equal(K->mem.in_use[KMEM_ACTS], 0);
+    assert_true(K->mem.peak[KMEM_ACTS] >= plan.used * 2);
+    kctx_free(K);
+}
+
+static void overrun(void)
+{
+    struct karena a;
+    karena_init(&a, kctx_cpu(), KMEM_ACTS, "activations");
+    karena_reserve(&a, 128, 0);
+    karena_take(&a, 100);
+    karena_take(&a, 100);
+}
+
+static void *null_alloc(struct kctx *K, size_t bytes)
+{
+    (void)K, (void)bytes;
+    return NULL;
+}
+
+static void exhausted(void)
+{
+    static struct kops ops;
+    ops = kops_cpu;
+    ops.alloc = null_alloc;
+    struct kctx K = {.ops = &ops, .device = KDEV_CPU};
+    K.mem.in_use[KMEM_WEIGHTS] = 2000000000;
+    k_alloc(&K, 1u << 20, KMEM_ACTS, "activations of 4096 tokens");
+}
+
+static void test_errors_name_the_cause(void **state)
+{
+    (void)state;
+    char out[4096];
+    assert_int_not_equal(capture(overrun, out, sizeof out), 0);
+    assert_non_null(strstr(out, "activations arena holds"));
+    assert_non_null(strstr(out, "beyond its plan"));
+    assert_int_not_equal(capture(exhausted, out, sizeof out), 0);
+    assert_non_null(strstr(out, "out of memory on cpu"));
+    assert_non_null(strstr(out, "activations of 4096 tokens"));
+    assert_non_null(strstr(out, "1048576 bytes"));
+    assert_non_null(strstr(out, "weights 2.000 GB"));
+    assert_non_null(strstr(out, "enable_gradient_checkpointing"));
+}
+
+static void test_unknown_device(void **state)
+{
+    (void)state;
+    char why[256] = "";
+    assert_null(kctx_create("tpu", KMM_F32, why, sizeof why));
+    assert_non_null(strstr(why, "unknown device 'tpu'"));
+    if (!kctx_cuda_available()) {
+        assert_null(kctx_create("cuda:0", KMM_F32, why, sizeof why));
+        assert_non_null(strstr(why, "cuda"));
+    }
+}
+
+static const struct model_config tiny = {.arch = ARCH_QWEN3,
+                                         .vocab_size = 53,
+                                         .hidden_size = 16,
+                                         .intermediate_size = 24,
+                                         .n_layers = 2,
+                                         .n_heads = 4,
+                                         .n_kv_heads = 2,
+                                         .head_dim = 6,
+                                         .rope_theta = 10000,
+                                         .rms_norm_eps = 1e-5f,
+                                         .qk_norm = true,
+                                         .max_position_embeddings = 64,
+                                         .bos_token_id = -1,
+                                         .eos_token_id = -1};
+
+/* A forward and backward of two sequences: logp and the gradients. */
+static void train_step(struct model *m, bool ckpt, float *logp, float *grads)
+{
+    int32_t ids[11], targets[11], pos[11], cu[3] = {0, 5, 11};
+    for (int i = 0; i < 11; i++) {
+        ids[i] = (i * 7 + 3) % tiny.vocab_size;
+        targets[i] = (i * 5 + 1) % tiny.vocab_size;
+        pos[i] = i < 5 ? i : i - 5;
+    }
+    const struct packed_batch b = {11, 2, ids, targets, pos, cu};
+    float dlogp[11], ent[11];
+    for (int i = 0; i < 11; i++)
+        dlogp[i] = 0.1f * (float)(i % 3) - 0.1f;
+    model_zero_grads(m);
+    struct model_acts *A = model_forward(m, &b, 0.9f, ckpt, logp, ent);
+    model_backward(m, A, dlogp, NULL);
+    memcpy(grads, m->grad->mem, m->grad->n_floats * sizeof(float));
+}
+
+static void test_steady_training_step_allocates_nothing(void **state)
+{
+    (void)state;
+    struct kctx *K = fresh_cpu();
+    struct model *m = model_create_on(&tiny, NULL, K);
+    model_init_random(m, 7, 0.2);
+    const size_t w_bytes = m->w.n_floats * sizeof(float);
+    assert_true(K->mem.in_use[KMEM_WEIGHTS] >= w_bytes);
+    model_alloc_grads(m);
+    assert_int_equal(K->mem.in_use[KMEM_GRADS], w_bytes);
+    float *g1 = xmalloc(w_bytes), *g2 = xmalloc(w_bytes), *g3 = xmalloc(w_bytes);
+    float lp1[11], lp2[11], lp3[11];
+    for (int ckpt = 0; ckpt < 2; ckpt++) {
+        train_step(m, ckpt, lp1, g1);
+        const unsigned long long allocs = K->mem.allocs;
+        train_step(m, ckpt, lp2, g2);
+        assert_int_equal(K->mem.allocs, allocs); /* the second step of a shape takes no memory */
+        /* reused buffers give the same numbers */
+        assert_memory_equal(lp1, lp2, sizeof lp1);
+        assert_memory_equal(g1, g2, w_bytes);
+        if (ckpt) { /* recomputation gives the same gradients */
+            assert_memory_equal(lp1, lp3, sizeof lp1);
+            assert_memory_equal(g1, g3, w_bytes);
+        }
+        memcpy(lp3, lp1, sizeof lp1);
+        memcpy(g3, g1, w_bytes);
+    }
+    free(g1), free(g2), free(g3);
+    model_free(m);
+    for (int k = 0; k < KMEM_KINDS; k++)
+        assert_int_equal(K->mem.in_use[k], 0); /* everything given back */
+    kctx_free(K);
+}
+
+/* Rows of one GEMM may round differently by position (the BLAS's edge kernels): equal to 1e-5. */
+static void assert_close(const float *a, const float *b, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (fabsf(a[i] - b[i]) > 1e-5f * (1.0f + fabsf(a[i])))
+            fail_msg("element %d: %.9g against %.9g", i, (double)a[i], (double)b[i]);
+}
+
+static void test_kv_slab_and_steady_decode(void **state)
+{
+    (void)state;
+    struct kctx *K = fresh_cpu();
+    struct model *m = model_create_on(&tiny, NULL, K);
+    model_init_random(m, 9, 0.3);
+    struct kv_slab *s = kv_slab_create(m, 3, 8);
+    assert_int_equal(K->mem.allocs > 0, 1);
+    const size_t KD = (size_t)tiny.n_kv_heads * tiny.head_dim;
+    assert_int_equal(K->mem.in_use[KMEM_KV], 3u * tiny.n_layers * 2 * 8 * KD * sizeof(float));
+    struct kv_cache *c[3] = {kv_slab_slot(s, 0), kv_slab_slot(s, 1), kv_slab_slot(s, 2)};
+    const int32_t prompt[4] = {1, 2, 3, 4};
+    int ntok[3] = {4, 4, 4};
+    int32_t ids[12];
+    for (int i = 0; i < 12; i++)
+        ids[i] = prompt[i % 4];
+    float logits[3 * 53];
+    model_step(m, c, 3, ntok, ids, logits, false);
+    /* the same prompt in three slots: the same logits (the slots do not overlap) */
+    assert_close(logits, logits + 53, 53);
+    assert_close(logits, logits + 106, 53);
+    int one[3] = {1, 1, 1};
+    int32_t next[3] = {5, 5, 5};
+    model_step(m, c, 3, one, next, logits, false);
+    const unsigned long long allocs = K->mem.allocs;
+    next[0] = 6, next[1] = 7, next[2] = 6;
+    model_step(m, c, 3, one, next, logits, false);
+    assert_int_equal(K->mem.allocs, allocs); /* a decode step of a seen shape allocates nothing */
+    assert_close(logits, logits + 106, 53);
+    bool differ = false;
+    for (int i = 0; i < 53; i++)
+        differ |= fabsf(logits[i] - logits[53 + i]) > 1e-3f;
+    assert_true(differ); /* another token, other logits */
+    /* a copied cache continues as the original */
+    kv_cache_copy(m, c[1], c[0]);
+    next[0] = 8, next[1] = 8;
+    model_step(m, c, 2, one, next, logits, false);
+    assert_close(logits, logits + 53, 53);
+    kv_slab_free(s);
+    assert_int_equal(K->mem.in_use[KMEM_KV], 0);
+    model_free(m);
+    kctx_free(K);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_arena_plan_and_reuse),
+        cmocka_unit_test(test_errors_name_the_cause),
+        cmocka_unit_test(test_unknown_device),
+        cmocka_unit_test(test_steady_training_step_allocates_nothing),
+        cmocka_unit_test(test_kv_slab_and_steady_decode),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,480 @@
+/* LoRA adapters: layout, PEFT's initialisation, the projections' delta forward and backward, the trainable
+ * buffer, and PEFT's files (adapter_config.json, adapter_model.safetensors). */
+#include "lora.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/check.h"
+#include "common/config.h"
+#include "common/fs.h"
+#include "kernels/kernels.h"
+#include "sampler.h"
+#include "worker/formats/safetensors.h"
+
+#define ERR(...) error_set(err, errlen, __VA_ARGS__)
+
+static const char *const g_proj_names[PROJ_KINDS] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                       "gate_proj", "up_proj", "down_proj"};
+
+const char *lora_proj_name(enum proj_kind p) { return g_proj_names[p]; }
+
+const char *lora_proj_module(enum proj_kind p) { return p <= PROJ_O ? "self_attn" : "mlp"; }
+
+const char *lora_targets_text(unsigned targets, char *buf, size_t len)
+{
+    if (len)
+        buf[0] = 0;
+    if ((targets & LORA_ALL_LINEAR) == LORA_ALL_LINEAR) {
+        snprintf(buf, len, "all-linear");
+        return buf;
+    }
+    size_t at = 0;
+    for (int p = 0; p < PROJ_KINDS; p++)
+        if (targets & (1u << p) && at < len) {
+            int k = snprintf(buf + at, len - at, "%s%s", at ? ", " : "", g_proj_names[p]);
+            at += k > 0 ? (size_t)k : 0;
+        }
+    return buf;
+}
+
+/* ------------------------------------------------------------------ layout */
+
+/* Point lay's matrices into base (NULL: only count); returns the floats. */
+static size_t lora_layout(const struct model *m, const struct lora_config *c, float *base, struct lora_layer *lay)
+{
+    size_t off = 0;
+    const size_t r = (size_t)c->rank;
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        for (int p = 0; p < PROJ_KINDS; p++) {
+            if (!(c->targets & (1u << p)))
+                continue;
+            int din, dout;
+            model_proj_dims(m, (enum proj_kind)p, &din, &dout);
+            if (lay) {
+                lay[l].A[p] = base + off;
+                lay[l].B[p] = base + off + r * (size_t)din;
+            }
+            off += r * (size_t)din + (size_t)dout * r;
+        }
+    return off;
+}
+
+static size_t sink_floats(const struct model *m)
+{
+    return (size_t)(m->cfg.hidden_size > m->cfg.head_dim ? m->cfg.hidden_size : m->cfg.head_dim);
+}
+
+int lora_attach(struct model *m, const struct lora_config *c, char *err, size_t errlen)
+{
+    if (m->lora)
+        return ERR("the model has a LoRA adapter already");
+    if (m->sh.tp_size > 1 || m->sh.pp_size > 1)
+        return ERR("LoRA runs on whole models only (this one is TP rank %d of %d, stage %d of %d)", m->sh.tp_rank,
+                   m->sh.tp_size, m->sh.pp_rank, m->sh.pp_size);
+    if (c->rank < 1 || !(c->alpha > 0) || !(c->targets & LORA_ALL_LINEAR) || (c->targets & ~LORA_ALL_LINEAR))
+        return ERR("LoRA needs a rank >= 1 (got %d), alpha > 0 (got %g) and at least one target projection",
+                   c->rank, c->alpha);
+    struct lora *a = xcalloc(1, sizeof *a);
+    a->cfg = *c;
+    a->scale = (float)(c->alpha / c->rank);
+    a->n_layers = m->cfg.n_layers;
+    a->w = xcalloc((size_t)a->n_layers, sizeof *a->w);
+    a->g = xcalloc((size_t)a->n_layers, sizeof *a->g);
+    a->n = lora_layout(m, c, NULL, NULL);
+    a->mem = k_calloc(m->K, a->n * sizeof(float), KMEM_WEIGHTS, "the LoRA adapter");
+    lora_layout(m, c, a->mem, a->w);
+    a->sink = k_calloc(m->K, sink_floats(m) * sizeof(float), KMEM_GRADS, "the frozen norms' gradient sink");
+    m->lora = a;
+    return 0;
+}
+
+void lora_detach(struct model *m)
+{
+    struct lora *a = m ? m->lora : NULL;
+    if (!a)
+        return;
+    k_free(m->K, a->mem, a->n * sizeof(float), KMEM_WEIGHTS);
+    if (a->grad)
+        k_free(m->K, a->grad, a->n * sizeof(float), KMEM_GRADS);
+    if (a->scratch)
+        k_free(m->K, a->scratch, a->scratch_cap * sizeof(float), KMEM_ACTS);
+    k_free(m->K, a->sink, sink_floats(m) * sizeof(float), KMEM_GRADS);
+    free(a->w);
+    free(a->g);
+    free(a);
+    m->lora = NULL;
+}
+
+void lora_init(struct model *m, uint64_t seed)
+{
+    struct lora *a = m->lora;
+    if (!a)
+        return;
+    float *host = xcalloc(a->n ? a->n : 1, sizeof(float));
+    struct rng r;
+    rng_seed(&r, seed, 0x10a);
+    for (int l = 0; l < a->n_layers; l++)
+        for (int p = 0; p < PROJ_KINDS; p++) {
+            if (!a->w[l].A[p])
+                continue;
+            int din, dout;
+            model_proj_dims(m, (enum proj_kind)p, &din, &dout);
+            /* torch's kaiming_uniform_(a = sqrt(5)): gain sqrt(2 / 6), bound gain sqrt(3 / fan_in) = 1/sqrt(Din) */
+            const double bound = 1.0 / sqrt((double)din);
+            float *A = host + (a->w[l].A[p] - a->mem);
+            for (size_t i = 0; i < (size_t)a->cfg.rank * (size_t)din; i++)
+                A[i] = (float)((2.0 * rng_uniform(&r) - 1.0) * bound);
+        }
+    k_to_device(m->K, a->mem, host, a->n * sizeof(float));
+    free(host);
+}
+
+void lora_set_bypass(struct model *m, bool bypass)
+{
+    if (m->lora)
+        m->lora->bypass = bypass;
+}
+
+/* ------------------------------------------------------------------ the delta */
+
+/* At least n floats of scratch (kept between calls; grown when a longer batch needs more). */
+static float *scratch(const struct model *m, size_t n)
+{
+    struct lora *a = m->lora;
+    if (n > a->scratch_cap) {
+        if (a->scratch)
+            k_free(m->K, a->scratch, a->scratch_cap * sizeof(float), KMEM_ACTS);
+        a->scratch_cap = n + n / 2;
+        a->scratch = k_alloc(m->K, a->scratch_cap * sizeof(float), KMEM_ACTS, "LoRA products");
+    }
+    return a->scratch;
+}
+
+void lora_proj_forward(const struct model *m, int l, enum proj_kind p, float *y, const float *x, int N)
+{
+    const struct lora *a = m->lora;
+    if (!a || a->bypass || N <= 0 || !a->w[l].A[p])
+        return;
+    int din, dout;
+    model_proj_dims(m, p, &din, &dout);
+    const int r = a->cfg.rank;
+    float *t = scratch(m, (size_t)N * ((size_t)r + (size_t)dout)), *u = t + (size_t)N * r;
+    k_linear_forward(m->K, t, x, a->w[l].A[p], NULL, N, din, r);   /* t (N, r) = x A^T */
+    k_linear_forward(m->K, u, t, a->w[l].B[p], NULL, N, r, dout);  /* u (N, Dout) = t B^T */
+    k_axpy(m->K, y, a->scale, u, (size_t)N * dout);
+}
+
+void lora_proj_backward(const struct model *m, int l, enum proj_kind p, float *dx, const float *dy, const float *x,
+                        int N)
+{
+    const struct lora *a = m->lora;
+    if (!a || a->bypass || N <= 0 || !a->w[l].A[p])
+        return;
+    int din, dout;
+    model_proj_dims(m, p, &din, &dout);
+    const int r = a->cfg.rank;
+    const size_t nr = (size_t)N * r;
+    float *t = scratch(m, 2 * nr), *dt = t + nr;
+    float *gA = a->grad ? a->g[l].A[p] : NULL, *gB = a->grad ? a->g[l].B[p] : NULL;
+    k_linear_forward(m->K, t, x, a->w[l].A[p], NULL, N, din, r); /* recomputed: t = x A^T */
+    k_scale(m->K, t, a->scale, nr);                              /* s t */
+    k_zero(m->K, dt, nr * sizeof(float));
+    k_linear_backward(m->K, dt, gB, NULL, dy, t, a->w[l].B[p], N, r, dout); /* dt = dy B; dB += dy^T s t */
+    k_scale(m->K, dt, a->scale, nr);                                        /* d(x A^T) = s dy B */
+    k_linear_backward(m->K, dx, gA, NULL, dt, x, a->w[l].A[p], N, din, r);  /* dx += dt A; dA += dt^T x */
+}
+
+/* ------------------------------------------------------------------ the trainable buffer */
+
+struct trainable model_trainable(struct model *m)
+{
+    struct lora *a = m->lora;
+    if (!a) {
+        model_alloc_grads(m);
+        return (struct trainable){m->w.mem, m->grad->mem, m->w.n_floats};
+    }
+    if (!a->grad) {
+        a->grad = k_calloc(m->K, (a->n ? a->n : 1) * sizeof(float), KMEM_GRADS, "the LoRA adapter's gradients");
+        lora_layout(m, &a->cfg, a->grad, a->g);
+    }
+    return (struct trainable){a->mem, a->grad, a->n};
+}
+
+void model_trainable_zero_grads(struct model *m)
+{
+    struct trainable tr = model_trainable(m);
+    k_zero(m->K, tr.grads, tr.n * sizeof(float));
+}
+
+/* ------------------------------------------------------------------ PEFT's files */
+
+int lora_refs(const struct model *m, const float *buf, struct param_ref *refs, int max)
+{
+    const struct lora *a = m->lora;
+    if (!a)
+        return 0;
+    int n = 0;
+    const int64_t r = a->cfg.rank;
+    for (int l = 0; l < a->n_layers; l++)
+        for (int p = 0; p < PROJ_KINDS; p++) {
+            if (!a->w[l].A[p])
+                continue;
+            int din, dout;
+            model_proj_dims(m, (enum proj_kind)p, &din, &dout);
+            for (int ab = 0; ab < 2; ab++, n++) {
+                if (!refs || n >= max)
+                    continue;
+                struct param_ref *f = &refs[n];
+                memset(f, 0, sizeof *f);
+                snprintf(f->name, sizeof f->name, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", l,
+                         lora_proj_module((enum proj_kind)p), g_proj_names[p], ab ? 'B' : 'A');
+                const float *at = ab ? a->w[l].B[p] : a->w[l].A[p];
+                f->data = (float *)buf + (at - a->mem);
+                f->n_dims = 2;
+                f->shape[0] = f->full[0] = ab ? dout : r;
+                f->shape[1] = f->full[1] = ab ? r : din;
+                f->numel = (size_t)f->shape[0] * (size_t)f->shape[1];
+                f->owner = true;
+            }
+        }
+    return n;
+}
+
+/* A key that must be absent, null, false, empty or equal to `off` (a string) for a plain LoRA. */
+static int off_or_absent(json_t *root, const char *key, const char *off, const char *path, char *err, size_t errlen)
+{
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v) || json_is_false(v) || (json_is_object(v) && json_object_size(v) == 0) ||
+        (json_is_array(v) && json_array_size(v) == 0) ||
+        (off && json_is_string(v) && strcmp(json_string_value(v), off) == 0))
+        return 0;
+    return ERR("%s: %s is set; only plain LoRA adapters load here (no rsLoRA, DoRA, biases, per-layer patterns or "
+               "extra trained modules)",
+               path, key);
+}
+
+int lora_read_config(const char *dir, struct lora_config *c, char *base, size_t base_len, char *err, size_t errlen)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (!root)
+        return ERR("%s: %s (line %d)", path, je.text, je.line);
+    int rc = -1;
+    json_t *type = json_object_get(root, "peft_type"), *r = json_object_get(root, "r");
+    json_t *alpha = json_object_get(root, "lora_alpha"), *tm = json_object_get(root, "target_modules");
+    if (!json_is_string(type) || strcmp(json_string_value(type), "LORA") != 0) {
+        ERR("%s: peft_type is %s, not LORA", path, json_is_string(type) ? json_string_value(type) : "missing");
+        goto out;
+    }
+    if (!json_is_integer(r) || json_integer_value(r) < 1 || json_integer_value(r) > 65536) {
+        ERR("%s: r must be an integer between 1 and 65536", path);
+        goto out;
+    }
+    if (!json_is_number(alpha) || !(json_number_value(alpha) > 0)) {
+        ERR("%s: lora_alpha must be a positive number", path);
+        goto out;
+    }
+    static const char *const off_keys[] = {"use_rslora",   "use_dora",     "fan_in_fan_out",  "modules_to_save",
+                                           "rank_pattern", "alpha_pattern", "layers_to_transform"};
+    for (size_t i = 0; i < sizeof off_keys / sizeof *off_keys; i++)
+        if (off_or_absent(root, off_keys[i], NULL, path, err, errlen) != 0)
+            goto out;
+    if (off_or_absent(root, "bias", "none", path, err, errlen) != 0)
+        goto out;
+    char list[512] = "";
+    if (json_is_string(tm)) {
+        snprintf(list, sizeof list, "%s", json_string_value(tm));
+    } else if (json_is_array(tm)) {
+        size_t i;
+        json_t *e;
+        json_array_foreach(tm, i, e)
+        {
+            const size_t at = strlen(list);
+            snprintf(list + at, sizeof list - at, "%s%s", at ? "," : "", json_is_string(e) ? json_string_value(e) : "?");
+        }
+    }
+    char why[256];
+    if (config_lora_targets(list, &c->targets, why, sizeof why) != 0) {
+        ERR("%s: %s", path, why);
+        goto out;
+    }
+    c->rank = (int)json_integer_value(r);
+    c->alpha = json_number_value(alpha);
+    json_t *bm = json_object_get(root, "base_model_name_or_path");
+    if (base && base_len)
+        snprintf(base, base_len, "%s", json_is_string(bm) ? json_string_value(bm) : "");
+    rc = 0;
+out:
+    json_decref(root);
+    return rc;
+}
+
+static int write_config(const struct lora *a, const char *path, const char *base, char *err, size_t errlen)
+{
+    json_t *o = json_object();
+    json_t *tm = json_array();
+    for (int p = 0; p < PROJ_KINDS; p++)
+        if (a->cfg.targets & (1u << p))
+            json_array_append_new(tm, json_string(g_proj_names[p]));
+    const double al = a->cfg.alpha;
+    json_object_set_new(o, "alpha_pattern", json_object());
+    json_object_set_new(o, "base_model_name_or_path", json_string(base ? base : ""));
+    json_object_set_new(o, "bias", json_string("none"));
+    json_object_set_new(o, "fan_in_fan_out", json_false());
+    json_object_set_new(o, "inference_mode", json_true());
+    json_object_set_new(o, "init_lora_weights", json_true());
+    json_object_set_new(o, "layers_pattern", json_null());
+    json_object_set_new(o, "layers_to_transform", json_null());
+    json_object_set_new(o, "lora_alpha", al == floor(al) && al < 1e9 ? json_integer((json_int_t)al) : json_real(al));
+    json_object_set_new(o, "lora_dropout", json_real(0.0));
+    json_object_set_new(o, "modules_to_save", json_null());
+    json_object_set_new(o, "peft_type", json_string("LORA"));
+    json_object_set_new(o, "r", json_integer(a->cfg.rank));
+    json_object_set_new(o, "rank_pattern", json_object());
+    json_object_set_new(o, "revision", json_null());
+    json_object_set_new(o, "target_modules", tm);
+    json_object_set_new(o, "task_type", json_string("CAUSAL_LM"));
+    json_object_set_new(o, "use_dora", json_false());
+    json_object_set_new(o, "use_rslora", json_false());
+    char *text = json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS);
+    json_decref(o);
+    int rc = fs_write_atomic(path, text, strlen(text), err, errlen);
+    free(text);
+    return rc;
+}
+
+/* The adapter (or its gradients' layout) on the host, with its named tensors over that copy. The caller frees
+ * *host and *refs. Returns the count. */
+static int host_refs(const struct model *m, float **host, struct param_ref **refs)
+{
+    const struct lora *a = m->lora;
+    *host = xmalloc((a->n ? a->n : 1) * sizeof(float));
+    k_to_host(m->K, *host, a->mem, a->n * sizeof(float));
+    const int n = lora_refs(m, *host, NULL, 0);
+    *refs = xcalloc((size_t)(n ? n : 1), sizeof **refs);
+    lora_refs(m, *host, *refs, n);
+    return n;
+}
+
+int lora_save(const struct model *m, const char *dir, const char *base, char *err, size_t errlen)
+{
+    if (!m->lora)
+        return ERR("the model has no LoRA adapter to save");
+    if (fs_mkdir_p(dir) != 0)
+        return ERR("%s: cannot create directory: %s", dir, check_errno_text());
+    char path[4096];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    if (write_config(m->lora, path, base, err, errlen) != 0)
+        return -1;
+    float *host;
+    struct param_ref *refs;
+    const int n = host_refs(m, &host, &refs);
+    struct st_write_tensor *ts = xcalloc((size_t)(n ? n : 1), sizeof *ts);
+    for (int i = 0; i < n; i++)
+        ts[i] = (struct st_write_tensor){refs[i].name, refs[i].shape, 2, refs[i].data, ST_F32};
+    const struct st_kv meta[] = {{"format", "pt"}};
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    int rc = st_write(path, ts, (size_t)n, meta, 1, err, errlen);
+    free(ts);
+    free(refs);
+    free(host);
+    return rc;
+}
+
+int lora_load(struct model *m, const char *dir, char *err, size_t errlen)
+{
+    struct lora_config c;
+    if (lora_read_config(dir, &c, NULL, 0, err, errlen) != 0)
+        return -1;
+    if (!m->lora && lora_attach(m, &c, err, errlen) != 0)
+        return -1;
+    const struct lora_config *have = &m->lora->cfg;
+    if (have->rank != c.rank || have->targets != c.targets) {
+        char a[128], b[128];
+        return ERR("%s: rank %d on %s, but the model's adapter has rank %d on %s", dir, c.rank,
+                   lora_targets_text(c.targets, a, sizeof a), have->rank,
+                   lora_targets_text(have->targets, b, sizeof b));
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    struct st_file *f = st_open(path, err, errlen);
+    if (!f)
+        return -1;
+    float *host;
+    struct param_ref *refs;
+    const int n = host_refs(m, &host, &refs);
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        const struct st_tensor_info *t = st_find(f, refs[i].name);
+        if (!t)
+            rc = ERR("%s: tensor %s is missing", path, refs[i].name);
+        else if (t->n_dims != 2 || t->shape[0] != refs[i].shape[0] || t->shape[1] != refs[i].shape[1])
+            rc = ERR("%s: %s has shape [%lld, %lld], expected [%lld, %lld]", path, refs[i].name,
+                     (long long)t->shape[0], (long long)(t->n_dims > 1 ? t->shape[1] : 1),
+                     (long long)refs[i].shape[0], (long long)refs[i].shape[1]);
+        else
+            rc = st_tensor_to_f32(f, t, refs[i].data, err, errlen);
+    }
+    if (rc == 0 && st_num_tensors(f) != n) /* a tensor of a layer or module this model has not */
+        for (int j = 0; j < st_num_tensors(f) && rc == 0; j++) {
+            bool known = false;
+            for (int i = 0; i < n && !known; i++)
+                known = strcmp(st_tensor(f, j)->name, refs[i].name) == 0;
+            if (!known)
+                rc = ERR("%s: tensor %s matches no projection of this model", path, st_tensor(f, j)->name);
+        }
+    if (rc == 0) {
+        m->lora->cfg.alpha = c.alpha;
+        m->lora->scale = (float)(c.alpha / c.rank);
+        k_to_device(m->K, m->lora->mem, host, m->lora->n * sizeof(float));
+    }
+    st_close(f);
+    free(refs);
+    free(host);
+    return rc;
+}
+
+void lora_merge(struct model *m)
+{
+    struct lora *a = m->lora;
+    if (!a)
+        return;
+    const int r = a->cfg.rank;
+    float *host;
+    struct param_ref *refs;
+    host_refs(m, &host, &refs);
+    free(refs);
+    for (int l = 0; l < a->n_layers; l++)
+        for (int p = 0; p < PROJ_KINDS; p++) {
+            if (!a->w[l].A[p])
+                continue;
+            int din, dout;
+            model_proj_dims(m, (enum proj_kind)p, &din, &dout);
+            const struct layer_params *L = &m->w.layers[l];
+            float *const ws[PROJ_KINDS] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
+            const size_t nw = (size_t)dout * din;
+            float *W = xmalloc(nw * sizeof(float));
+            k_to_host(m->K, W, ws[p], nw * sizeof(float));
+            /* W (Dout, Din) += s B (Dout, r) A (r, Din), each entry summed in double (as fp32 as PEFT's merge) */
+            const float *A = host + (a->w[l].A[p] - a->mem), *B = host + (a->w[l].B[p] - a->mem);
+            for (int o = 0; o < dout; o++)
+                for (int i = 0; i < din; i++) {
+                    double s = 0;
+                    for (int k = 0; k < r; k++)
+                        s += (double)B[(size_t)o * r + k] * A[(size_t)k * din + i];
+                    W[(size_t)o * din + i] += (float)(a->scale * s);
+                }
+            k_to_device(m->K, ws[p], W, nw * sizeof(float));
+            free(W);
+        }
+    free(host);
+    lora_detach(m);
+}

@@ -1,0 +1,104 @@
+/* LoRA adapters on a model's linear projections, in PEFT's layout and numerics.
+ *
+ * A targeted projection p of layer l computes y = x W^T (+ b) + s (x A^T) B^T with A (r, Din), B (Dout, r) and
+ * s = alpha / r (PEFT's scale; not rsLoRA). The base weights stay frozen: with an adapter attached the model's
+ * backward accumulates into the adapter's gradients only (no gradient buffer for the base exists), and the
+ * optimizer covers the adapter alone (model_trainable). Every A and B sits in one buffer of the model's context
+ * (KMEM_WEIGHTS), their gradients in a second one of the same layout (KMEM_GRADS).
+ *
+ * The reference policy is the base model: the same model with the adapter bypassed (lora_set_bypass), so the base
+ * weights are held once.
+ *
+ * On disk an adapter is PEFT's: adapter_config.json (peft_type LORA, task_type CAUSAL_LM, r, lora_alpha,
+ * target_modules, ...) and adapter_model.safetensors holding
+ * base_model.model.model.layers.{l}.self_attn.q_proj.lora_A.weight (r, Din) and ...lora_B.weight (Dout, r) for
+ * each targeted projection (q/k/v/o_proj under self_attn, gate/up/down_proj under mlp). Whole models only (no
+ * TP or PP shard). */
+#ifndef GRPO_WORKER_LORA_H
+#define GRPO_WORKER_LORA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+
+#define LORA_ALL_LINEAR ((1u << PROJ_KINDS) - 1u)
+
+struct lora_config {
+    int rank;         /* r >= 1 */
+    double alpha;     /* scale = alpha / r */
+    unsigned targets; /* bit 1 << p for each enum proj_kind that gets an adapter */
+};
+
+/* One layer's adapter matrices (NULL where the projection is not a target). */
+struct lora_layer {
+    float *A[PROJ_KINDS]; /* (r, Din) */
+    float *B[PROJ_KINDS]; /* (Dout, r) */
+};
+
+struct lora {
+    struct lora_config cfg;
+    float scale;  /* alpha / r */
+    bool bypass;  /* run as the base model (reference log-probs) */
+    int n_layers;
+    size_t n;                 /* floats of every A and B */
+    float *mem;               /* the adapter (n floats, context memory) */
+    float *grad;              /* its gradients (same layout), NULL until model_trainable */
+    struct lora_layer *w, *g; /* (n_layers) pointers into mem and grad */
+    float *scratch;           /* per-projection products: (N, r) x 2 and (N, Dout) */
+    size_t scratch_cap;       /* floats */
+    float *sink;              /* frozen norm weights' gradients land here, unread (max(D, head_dim) floats) */
+};
+
+/* "q_proj" ... "down_proj", and its module ("self_attn" or "mlp"). */
+const char *lora_proj_name(enum proj_kind p);
+const char *lora_proj_module(enum proj_kind p);
+/* The targets as PEFT lists them: "q_proj, v_proj" (all seven: "all-linear"). Returns buf. */
+const char *lora_targets_text(unsigned targets, char *buf, size_t len);
+
+/* Attach a zeroed adapter to m (a whole model: no TP or PP shard; at most one adapter). 0, or -1 with err. */
+int lora_attach(struct model *m, const struct lora_config *c, char *err, size_t errlen);
+/* PEFT's initialisation, reproducible from seed: A kaiming-uniform (bound 1 / sqrt(Din), torch's
+ * kaiming_uniform_ with a = sqrt(5)), B zero: the model starts as the base. */
+void lora_init(struct model *m, uint64_t seed);
+/* Run as the base model (bypass true) or with the adapter again. No-op without an adapter. */
+void lora_set_bypass(struct model *m, bool bypass);
+
+/* The adapter's part of projection p of layer l (called by model_proj_forward and model_proj_backward): y +=
+ * s (x A^T) B^T; backward dx += s (dy B) A, and, when the gradients exist, dB += s dy^T (x A^T), dA += s (dy B)^T
+ * x. Nothing without an adapter on p or while bypassed. */
+void lora_proj_forward(const struct model *m, int l, enum proj_kind p, float *y, const float *x, int N);
+void lora_proj_backward(const struct model *m, int l, enum proj_kind p, float *dx, const float *dy, const float *x,
+                        int N);
+
+/* What the optimizer trains: the adapter when one is attached, else every parameter of the shard. The gradients
+ * are allocated (zeroed) on first use. */
+struct trainable {
+    float *params, *grads;
+    size_t n;
+};
+struct trainable model_trainable(struct model *m);
+void model_trainable_zero_grads(struct model *m);
+
+/* Named adapter tensors (PEFT names, A and B of each targeted projection, layer by layer) over buf (the adapter or
+ * its gradients' layout). Returns the count; refs may be NULL to count. */
+int lora_refs(const struct model *m, const float *buf, struct param_ref *refs, int max);
+
+/* PEFT's adapter_config.json of dir: rank, alpha and targets (and the base model's name, may be NULL). 0, or -1
+ * with err naming the file and field (a non-LoRA adapter, rsLoRA, DoRA, biases or modules other than the
+ * projections are refused). */
+int lora_read_config(const char *dir, struct lora_config *c, char *base, size_t base_len, char *err, size_t errlen);
+/* Save m's adapter into dir (created): adapter_config.json (base_model_name_or_path = base, may be "") and
+ * adapter_model.safetensors, each atomically. 0, or -1 with err. */
+int lora_save(const struct model *m, const char *dir, const char *base, char *err, size_t errlen);
+/* Load the adapter in dir into m: attached first when m has none, else its rank and targets must match. 0, or -1
+ * with err. */
+int lora_load(struct model *m, const char *dir, char *err, size_t errlen);
+/* Merge the adapter into the base weights (W += s B A) and detach it: m is then a plain model, saved with
+ * model_save_hf as a merged export. */
+void lora_merge(struct model *m);
+/* Free m's adapter (model_free calls it). */
+void lora_detach(struct model *m);
+
+#endif
