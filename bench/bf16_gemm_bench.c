@@ -47,9 +47,7 @@ static double time_op(enum op op, bool bf16, int N, const struct shape *s, float
     for (int r = 0; r < reps + 1; r++) { /* the first run warms up (and creates oneDNN's primitive) */
         double t0 = now_s();
         switch (op) {
-        case FWD:
-            (bf16 ? linear_forward_bf16 : linear_forward)(y, x, W, NULL, N, s->Din, s->Dout);
-            break;
+        case FWD: (bf16 ? linear_forward_bf16 : linear_forward)(y, x, W, NULL, N, s->Din, s->Dout); break;
         case BWD_DX:
             (bf16 ? linear_backward_bf16 : linear_backward)(dx, NULL, NULL, y, x, W, N, s->Din, s->Dout);
             break;
@@ -74,9 +72,9 @@ int main(int argc, char **argv)
     int o;
     while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         switch (o) {
-        case 'n': N = atoi(optarg); break;
-        case 'r': reps = atoi(optarg); break;
-        case 't': threads = atoi(optarg); break;
+        case 'n': N = (int)strtol(optarg, NULL, 10); break;
+        case 'r': reps = (int)strtol(optarg, NULL, 10); break;
+        case 't': threads = (int)strtol(optarg, NULL, 10); break;
         default: fprintf(stderr, "usage: bf16_gemm_bench [--tokens N] [--reps R] [--threads T]\n"); return 2;
         }
     }
@@ -117,8 +115,8 @@ int main(int argc, char **argv)
                    "\"bf16_impl\":\"%s\"}\n",
                    threads, N, s->name, op_name[op], s->count, t32, bf16 ? t16 : 0.0, flops / t32 / 1e9,
                    bf16 ? flops / t16 / 1e9 : 0.0, impl);
-            fprintf(stderr, "  %-24s %-7s fp32 %7.2f GFLOP/s  bf16 %7.2f GFLOP/s  (x%.2f)  %s\n", s->name,
-                    op_name[op], flops / t32 / 1e9, bf16 ? flops / t16 / 1e9 : 0.0, bf16 ? t32 / t16 : 0.0, impl);
+            fprintf(stderr, "  %-24s %-7s fp32 %7.2f GFLOP/s  bf16 %7.2f GFLOP/s  (x%.2f)  %s\n", s->name, op_name[op],
+                    flops / t32 / 1e9, bf16 ? flops / t16 / 1e9 : 0.0, bf16 ? t32 / t16 : 0.0, impl);
             tot[0] += s->count * t32;
             tot[1] += s->count * (bf16 ? t16 : 0);
         }

@@ -7,6 +7,8 @@
  *   fwd_bwd   packed forward + backward of B sequences of S tokens, loss = sum of next-token
  *             log-probs (the last token of each sequence has no target: weight 0); tokens/s and
  *             model GFLOP/s (3 x forward FLOPs, the trainer's MFU formula)
+ *   --lora R  the forward + backward with a rank-R LoRA adapter on every projection (alpha 2R, the base
+ *             frozen: the adapter's gradients only), for LoRA against full fine-tuning (docs/performance.md)
  *   --bf16    the same on a CPU context with BF16 GEMMs (kctx_create("cpu", KMM_BF16): the linear layers'
  *             products in BF16 with fp32 accumulation; weights, activations and the rest in fp32); the
  *             PyTorch side's --bf16 runs under torch.autocast("cpu", torch.bfloat16)
@@ -27,6 +29,7 @@
 
 #include "common/check.h"
 #include "kernels/kernels.h"
+#include "worker/model/lora.h"
 #include "worker/model/model.h"
 #include "worker/model/model_io.h"
 
@@ -93,6 +96,14 @@ static double median(double *v, int n)
 }
 
 static const char *g_matmul = "fp32"; /* "bf16" with --bf16 */
+static int g_lora;                    /* --lora R: the adapter's rank (0: full fine-tuning) */
+
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 static void bench_fwd_bwd(struct model *m, int B, int S, int warmup, int iters, int threads, double peak)
 {
@@ -112,15 +123,18 @@ static void bench_fwd_bwd(struct model *m, int B, int S, int warmup, int iters, 
     }
     cu[B] = N;
     struct packed_batch pb = {.N = N, .B = B, .ids = ids, .targets = tgt, .pos = pos, .cu_seqlens = cu};
-    model_alloc_grads(m);
+    const size_t trainable = model_trainable(m).n; /* the adapter with --lora, else every parameter */
     double *times = xmalloc((size_t)(iters > 0 ? iters : 1) * sizeof *times);
+    double *cpu = xmalloc((size_t)(iters > 0 ? iters : 1) * sizeof *cpu);
     double loss = 0;
     for (int it = 0; it < warmup + iters; it++) {
-        model_zero_grads(m); /* outside the timing, as the Python side's zero_grad */
-        double t0 = now_s();
+        model_trainable_zero_grads(m); /* outside the timing, as the Python side's zero_grad */
+        double t0 = now_s(), c0 = cpu_s();
         struct model_acts *acts = model_forward(m, &pb, 1.0f, false, logp, NULL);
         model_backward(m, acts, dlogp, NULL);
         double dt = now_s() - t0;
+        if (it >= warmup)
+            cpu[it - warmup] = cpu_s() - c0;
         loss = 0;
         for (int i = 0; i < N; i++)
             loss += dlogp[i] * logp[i];
@@ -132,14 +146,18 @@ static void bench_fwd_bwd(struct model *m, int B, int S, int warmup, int iters, 
     double best = times[0];
     for (int i = 1; i < iters; i++)
         best = times[i] < best ? times[i] : best;
-    double med = median(times, iters);
+    double med = median(times, iters), med_cpu = median(cpu, iters);
     double flops = 3.0 * flops_per_token(&m->cfg, S) * N;
+    const struct kmem_stats *ms = &m->K->mem;
     printf("{\"side\":\"ours\",\"what\":\"fwd_bwd\",\"threads\":%d,\"batch\":%d,\"seqlen\":%d,\"iters\":%d,"
-           "\"median_s\":%.6f,\"best_s\":%.6f,\"tokens_per_s\":%.3f,\"gflops\":%.3f,\"peak_gflops\":%.3f,"
-           "\"loss_sum_logp\":%.6f,\"matmul\":\"%s\"}\n",
-           threads, B, S, iters, med, best, N / med, flops / med / 1e9, peak, loss, g_matmul);
+           "\"median_s\":%.6f,\"best_s\":%.6f,\"median_cpu_s\":%.6f,\"tokens_per_s\":%.3f,\"gflops\":%.3f,"
+           "\"peak_gflops\":%.3f,\"loss_sum_logp\":%.6f,\"matmul\":\"%s\",\"lora_rank\":%d,\"trainable\":%zu,"
+           "\"peak_gb\":{\"weights\":%.4f,\"gradients\":%.4f,\"activations\":%.4f,\"all\":%.4f}}\n",
+           threads, B, S, iters, med, best, med_cpu, N / med, flops / med / 1e9, peak, loss, g_matmul, g_lora,
+           trainable, ms->peak[KMEM_WEIGHTS] / 1e9, ms->peak[KMEM_GRADS] / 1e9, ms->peak[KMEM_ACTS] / 1e9,
+           ms->max_allocated / 1e9);
     fflush(stdout);
-    free(times), free(ids), free(tgt), free(pos), free(cu), free(logp), free(dlogp);
+    free(times), free(cpu), free(ids), free(tgt), free(pos), free(cu), free(logp), free(dlogp);
 }
 
 static int argmax(const float *x, int n)
@@ -224,6 +242,7 @@ static void usage(FILE *out)
           "  --sgemm-n n            sgemm size for the peak (default 1024)\n"
           "  --skip-fwd-bwd         decode only\n"
           "  --bf16                 BF16 GEMMs (fp32 accumulation) on a BF16 CPU context\n"
+          "  --lora R               forward/backward with a rank-R LoRA adapter on every projection (base frozen)\n"
           "  --openblas-core        print OpenBLAS's kernel set (its CPU detection) and exit; MODEL not needed\n"
           "Prints one JSON object per measurement on stdout.\n",
           out);
@@ -244,6 +263,7 @@ int main(int argc, char **argv)
                                        {"sgemm-n", required_argument, 0, 'g'},
                                        {"skip-fwd-bwd", no_argument, 0, 'F'},
                                        {"bf16", no_argument, 0, 'B'},
+                                       {"lora", required_argument, 0, 'L'},
                                        {"openblas-core", no_argument, 0, 'C'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
@@ -261,6 +281,7 @@ int main(int argc, char **argv)
         case 'g': sn = parse_int("--sgemm-n", optarg); break;
         case 'F': skip_fb = 1; break;
         case 'B': g_matmul = "bf16"; break;
+        case 'L': g_lora = parse_int("--lora", optarg); break;
         case 'C': {
             const char *core = openblas_get_corename();
             printf("%s\n", core ? core : "?");
@@ -298,6 +319,14 @@ int main(int argc, char **argv)
         m = mb;
         char desc[256];
         fprintf(stderr, "model_bench: %s\n", kctx_describe(K, desc, sizeof desc));
+    }
+    if (g_lora > 0) {
+        const struct lora_config lc = {g_lora, 2.0 * g_lora, LORA_ALL_LINEAR};
+        if (lora_attach(m, &lc, err, sizeof err) != 0) {
+            fprintf(stderr, "model_bench: --lora: %s\n", err);
+            return 2;
+        }
+        lora_init(m, 1);
     }
     double peak = bench_sgemm(sn, 5);
     const char *core = openblas_get_corename(), *ct = getenv("OPENBLAS_CORETYPE");

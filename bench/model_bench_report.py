@@ -41,19 +41,24 @@ def main():
         if s.startswith("ours") and s not in ours_sides:
             ours_sides.append(s)
     threads = sorted({r["threads"] for r in rows if r.get("what") == "sgemm"})
-    cols = ours_sides + ["torch"] + [f"{s}/torch" for s in ours_sides]
+    # peers: torch (fp32) and, with BF16=1, torch[bf16] (autocast), the peer of the ours[...bf16] sides
+    peers = ["torch"] + (["torch[bf16]"] if any(r.get("side") == "torch[bf16]" for r in rows) else [])
+
+    def peer(s):
+        return "torch[bf16]" if "bf16" in s and "torch[bf16]" in peers else "torch"
+
+    cols = ours_sides + peers + [f"{s}/{peer(s)}" for s in ours_sides]
     ws = [max(8, len(c) + 2) for c in cols]
     head = f"{'T':>2}  {'measurement':<46}" + "".join(f"{c:>{w}}" for c, w in zip(cols, ws))
     out = [head, "-" * len(head)]
     checks = []
 
     def line(T, label, key, what, **kw):
-        vals = {s: (find(rows, s, what, threads=T, **kw) or {}).get(key) for s in ours_sides + ["torch"]}
+        vals = {s: (find(rows, s, what, threads=T, **kw) or {}).get(key) for s in ours_sides + peers}
         if all(v is None for v in vals.values()):
             return None
-        cells = [fmt(vals[s]) for s in ours_sides + ["torch"]]
-        t = vals["torch"]
-        cells += [fmt(vals[s] / t, ".2f") if vals[s] and t else "-" for s in ours_sides]
+        cells = [fmt(vals[s]) for s in ours_sides + peers]
+        cells += [fmt(vals[s] / vals[peer(s)], ".2f") if vals[s] and vals[peer(s)] else "-" for s in ours_sides]
         out.append(f"{T:>2}  {label:<46}" + "".join(f"{c:>{w}}" for c, w in zip(cells, ws)))
         return vals
 
@@ -65,23 +70,22 @@ def main():
             line(T, f"fwd+bwd tokens/s ({fb['batch']} x {fb['seqlen']} tokens)", "tokens_per_s", "fwd_bwd")
             line(T, "fwd+bwd model GFLOP/s", "gflops", "fwd_bwd")
             cells = []
-            for s in ours_sides + ["torch"]:
+            for s in ours_sides + peers:
                 r = find(rows, s, "fwd_bwd", threads=T)
                 cells.append(fmt(r["gflops"] / r["peak_gflops"], ".2f") if r and r.get("peak_gflops") else "-")
             out.append(f"{T:>2}  {'  / its own GEMM GFLOP/s above':<46}" + "".join(f"{c:>{w}}" for c, w in zip(cells, ws)))
             best = max((r["gflops"] for r in rows if r.get("what") == "sgemm" and r["threads"] == T), default=0)
             cells = []
-            for s in ours_sides + ["torch"]:
+            for s in ours_sides + peers:
                 r = find(rows, s, "fwd_bwd", threads=T)
                 cells.append(fmt(r["gflops"] / best, ".2f") if r and best else "-")
             out.append(f"{T:>2}  {'  / best GEMM GFLOP/s here (any side)':<46}"
                        + "".join(f"{c:>{w}}" for c, w in zip(cells, ws)))
-            t = find(rows, "torch", "fwd_bwd", threads=T)
             for s in ours_sides:
-                o = find(rows, s, "fwd_bwd", threads=T)
+                o, t = find(rows, s, "fwd_bwd", threads=T), find(rows, peer(s), "fwd_bwd", threads=T)
                 if o and t:
                     lo, lt = o["loss_sum_logp"], t["loss_sum_logp"]
-                    checks.append(f"T={T} {s} vs torch, forward loss (sum of next-token log-probs): {lo:.4f} vs "
+                    checks.append(f"T={T} {s} vs {peer(s)}, forward loss (sum of next-token log-probs): {lo:.4f} vs "
                                   f"{lt:.4f}, relative difference {abs(lo - lt) / max(abs(lt), 1e-12):.1e}")
         batches = sorted({r["batch"] for r in rows if r.get("what") == "decode" and r["threads"] == T})
         for B in batches:

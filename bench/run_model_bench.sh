@@ -7,6 +7,8 @@
 #   bench/run_model_bench.sh                 # T = 1 and 2, B = 4, S = 256, decode batches 1, 8, 32
 #   THREADS=2 ITERS=3 bench/run_model_bench.sh
 #   QUICK=1 bench/run_model_bench.sh         # small sizes: checks that everything runs (about a minute)
+#   BF16=1 bench/run_model_bench.sh          # also forward+backward with BF16 GEMMs (model_bench --bf16, side
+#                                            #   "ours[bf16]") against PyTorch under BF16 autocast ("torch[bf16]")
 #
 # Environment: THREADS ("1 2"), BATCH (4), SEQLEN (256), WARMUP (1), ITERS (2), DECODE_BATCHES (1,8,32),
 # PROMPT_LEN (32), DECODE_STEPS (32), SGEMM_N (1024), OUT (results file, default
@@ -69,6 +71,21 @@ main() {
                 note after torch "$T"
             fi
         done
+        if [ -n "${BF16:-}" ]; then # BF16 GEMMs: forward+backward only (decode stays fp32)
+            bf_args=("${args[@]}" --decode-batches 0)
+            bench_log "ours[bf16], $T thread(s)"
+            note before "ours[bf16]" "$T"
+            OPENBLAS_NUM_THREADS="$T" "$BUILD_DIR/bench/model_bench" "$BENCH_MODEL" --threads "$T" "${bf_args[@]}" \
+                --bf16 | sed 's/"side":"ours"/"side":"ours[bf16]"/' >>"$OUT"
+            note after "ours[bf16]" "$T"
+            bench_log "torch[bf16], $T thread(s)"
+            note before "torch[bf16]" "$T"
+            OMP_NUM_THREADS="$T" MKL_NUM_THREADS="$T" "$BENCH_PY" "$BENCH_ROOT/bench/model_bench_torch.py" \
+                "$BENCH_MODEL" --threads "$T" "${bf_args[@]}" --bf16 \
+                2> >(grep -v -e '^Loading weights' -e 'Warning' >&2) |
+                sed 's/"side": "torch"/"side": "torch[bf16]"/' | grep -v -e '"what": "sgemm"' -e '"what": "env"' >>"$OUT"
+            note after "torch[bf16]" "$T"
+        fi
     done
     bench_log "done in $(($(date +%s) - t_start)) s; load average at end: $(bench_loadavg)"
     echo

@@ -550,6 +550,14 @@ static int validate_lora(const struct grpo_config *c, struct cfg_error *err)
              c->actor_megatron_pipeline_model_parallel_size, c->rollout_tensor_model_parallel_size);
         return -1;
     }
+    if (c->trainer_sft_warmup_steps > 0) {
+        errf(err,
+             "LoRA (actor_rollout_ref.model.lora_rank) with trainer.sft_warmup_steps=%lld: the supervised warm-start "
+             "would replace the reference policy, which with LoRA is the frozen base; warm-start without LoRA, or "
+             "set trainer.sft_warmup_steps=0",
+             c->trainer_sft_warmup_steps);
+        return -1;
+    }
     return 0;
 }
 

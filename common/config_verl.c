@@ -110,7 +110,6 @@ static const struct verl_key g_verl[] = {
     NOTED("actor_rollout_ref.ref.entropy_from_logits_with_chunking", "the LM head is always computed in chunks"),
     NOTED("actor_rollout_ref.ref.entropy_checkpointing", "the LM head's chunks are always recomputed"),
     NOTED("actor_rollout_ref.rollout.name", "generation runs in this engine (no vLLM or SGLang)"),
-    NOTED("actor_rollout_ref.rollout.dtype", "FP32 on the CPU path (BF16 on the GPU path is planned)"),
     NOTED("actor_rollout_ref.rollout.gpu_memory_utilization", ENGINE),
     NOTED("actor_rollout_ref.rollout.enforce_eager", ENGINE),
     NOTED("actor_rollout_ref.rollout.free_cache_engine", ENGINE),
@@ -177,7 +176,10 @@ static const struct verl_key g_verl[] = {
     NOTED("trainer.log_val_generations", "validation generations go to the rollout audit files"),
     REFUSED("trainer.validation_data_dir", "a separate dump of validation generations (not available yet)"),
     OFF_ONLY("trainer.val_only", "false", "training runs", "a validation-only run (not available yet)"),
-    OFF_ONLY("trainer.device", "cpu", "the CPU path", "trainer.device=cuda: the CUDA back-end (planned: issue 10)"),
+    OFF_ONLY("trainer.device", "cpu", "the CPU path",
+             "trainer.device=cuda: the trainer on the CUDA back-end (its kernels, model, generation and update run on "
+             "a GPU; the "
+             "trainer's checkpoints and weight sync are not yet staged through host memory: planned)"),
     NOTED("ray_init.*", RAY),
     NOTED("global_profiler.*", "profile with perf or nsys around the process"),
 };

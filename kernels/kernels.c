@@ -49,7 +49,12 @@ struct kctx *kctx_create(const char *device, enum kmatmul matmul, char *why, siz
         return K;
     }
     int index = 0;
-    if (strcmp(d, "cuda") != 0 && (strncmp(d, "cuda:", 5) != 0 || sscanf(d + 5, "%d", &index) != 1 || index < 0)) {
+    if (strncmp(d, "cuda:", 5) == 0) {
+        char *end;
+        const long v = strtol(d + 5, &end, 10);
+        index = end != d + 5 && !*end && v >= 0 && v < 1024 ? (int)v : -1;
+    }
+    if ((strcmp(d, "cuda") != 0 && strncmp(d, "cuda:", 5) != 0) || index < 0) {
         error_set(why, len, "unknown device '%s' (cpu, cuda or cuda:N)", d);
         return NULL;
     }
@@ -64,8 +69,10 @@ struct kctx *kctx_create(const char *device, enum kmatmul matmul, char *why, siz
     }
     return K;
 #else
-    error_set(why, len, "device '%s': this build has no CUDA back-end (configure with -Dcuda=enabled on a machine "
-                        "with nvcc)", d);
+    error_set(why, len,
+              "device '%s': this build has no CUDA back-end (configure with -Dcuda=enabled on a machine "
+              "with nvcc)",
+              d);
     return NULL;
 #endif
 }
@@ -94,8 +101,8 @@ const char *kctx_describe(const struct kctx *K, char *buf, size_t len)
     return buf;
 }
 
-static const char *kind_name[KMEM_KINDS] = {"weights", "gradients", "optimizer state", "activations", "KV cache",
-                                            "other"};
+static const char *kind_name[KMEM_KINDS] = {"weights",     "gradients", "optimizer state",
+                                            "activations", "KV cache",  "other"};
 /* The setting that lowers each kind of memory. */
 static const char *kind_knob[KMEM_KINDS] = {
     "split the model over more ranks (actor_rollout_ref.actor.megatron.tensor_model_parallel_size or "

@@ -48,8 +48,7 @@ struct kops {
     void (*linear_backward)(struct kctx *K, float *dx, float *dW, float *db, const float *dy, const float *x,
                             const float *W, int N, int Din, int Dout);
     void (*rope_forward)(struct kctx *K, float *x, const int32_t *pos, int N, int H, int hd, const double *inv_freq);
-    void (*rope_backward)(struct kctx *K, float *dx, const int32_t *pos, int N, int H, int hd,
-                          const double *inv_freq);
+    void (*rope_backward)(struct kctx *K, float *dx, const int32_t *pos, int N, int H, int hd, const double *inv_freq);
     void (*attention_forward)(struct kctx *K, float *out, float *lse, const float *q, const float *k, const float *v,
                               const int32_t *cu_seqlens, int B, int Hq, int Hkv, int hd);
     void (*attention_backward)(struct kctx *K, float *dq, float *dk, float *dv, const float *dout, const float *out,
@@ -71,6 +70,10 @@ struct kops {
     void (*lmhead_backward)(struct kctx *K, float *dh, float *dW, const float *dlogp, const float *dentropy,
                             const float *h, const float *W, const int32_t *targets, int N, int D,
                             const struct vocab_shard *vs, float temperature, int chunk);
+    /* tokens[b] and logps[b] (HOST arrays) sampled from row b of logits (B, V) with uniforms[b] (HOST), as
+     * sample_row does */
+    void (*sample)(struct kctx *K, int32_t *tokens, float *logps, const float *logits, int B, int V, float temperature,
+                   float top_p, int top_k, const double *uniforms);
     /* AdamW (torch semantics) at step t >= 1: p = p (1 - lr wd) - lr / (1 - b1^t) m / (sqrt(v / (1 - b2^t)) + eps) */
     void (*adamw)(struct kctx *K, float *p, const float *g, float *m, float *v, size_t n, double lr, double beta1,
                   double beta2, double eps, double weight_decay, int64_t t);
@@ -123,7 +126,10 @@ static inline void k_to_host(struct kctx *K, void *dst, const void *src, size_t 
 {
     K->ops->to_host(K, dst, src, bytes);
 }
-static inline void k_copy(struct kctx *K, void *dst, const void *src, size_t bytes) { K->ops->copy(K, dst, src, bytes); }
+static inline void k_copy(struct kctx *K, void *dst, const void *src, size_t bytes)
+{
+    K->ops->copy(K, dst, src, bytes);
+}
 static inline void k_zero(struct kctx *K, void *p, size_t bytes) { K->ops->zero(K, p, bytes); }
 static inline void k_sync(struct kctx *K) { K->ops->sync(K); }
 /* Zero the peaks (a new step's maxima). */
@@ -165,8 +171,8 @@ static inline void k_rmsnorm_backward(struct kctx *K, float *dx, float *dw, cons
 {
     K->ops->rmsnorm_backward(K, dx, dw, dy, x, w, rstd, N, D);
 }
-static inline void k_embedding_forward(struct kctx *K, float *out, const int32_t *ids, const float *table, int N,
-                                       int D, const struct vocab_shard *vs)
+static inline void k_embedding_forward(struct kctx *K, float *out, const int32_t *ids, const float *table, int N, int D,
+                                       const struct vocab_shard *vs)
 {
     K->ops->embedding_forward(K, out, ids, table, N, D, vs);
 }
@@ -235,6 +241,11 @@ static inline void k_lmhead_backward(struct kctx *K, float *dh, float *dW, const
                                      const struct vocab_shard *vs, float temperature, int chunk)
 {
     K->ops->lmhead_backward(K, dh, dW, dlogp, dentropy, h, W, targets, N, D, vs, temperature, chunk);
+}
+static inline void k_sample(struct kctx *K, int32_t *tokens, float *logps, const float *logits, int B, int V,
+                            float temperature, float top_p, int top_k, const double *uniforms)
+{
+    K->ops->sample(K, tokens, logps, logits, B, V, temperature, top_p, top_k, uniforms);
 }
 static inline void k_adamw(struct kctx *K, float *p, const float *g, float *m, float *v, size_t n, double lr,
                            double beta1, double beta2, double eps, double weight_decay, int64_t t)

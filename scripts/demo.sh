@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The main job on its embedded defaults: GRPO on the bundled SmolLM2-135M-Instruct with the synthetic
-# arithmetic task (15 steps, 4 prompts x 8 responses), under the grpod coordinator, with the ranks mpirun
+# arithmetic task (30 steps, 4 prompts x 8 responses), under the grpod coordinator, with the ranks mpirun
 # starts in the roles grpod assigns: 2 data-parallel trainers and 1 rollout rank, on-policy (it computes
-# what one process would, faster on two cores, and learned better in the demo's 15 steps than one-step-off:
+# what one process would, faster on two cores, and learned better in the demo's steps than one-step-off:
 # docs/performance.md; DEMO_ROLLOUT_MODE=async runs one-step-off). `grpoctl workers` and `grpoctl status`
-# are shown while it runs. Installs what it needs, builds, fetches the model.
+# are shown while it runs; at the end, the validation reward and exact-answer accuracy (with its standard
+# error) before, during and after training. Installs what it needs, builds, fetches the model.
 #
 # Results: runs/grpo/demo/ (metrics.jsonl, metrics.svg, tensorboard/, checkpoints/); the status page
 # of grpod while it runs at the URL printed below. A previous demo run is kept as runs/grpo/demo.prev.
@@ -88,15 +89,32 @@ if [ $rc -ne 0 ]; then
     exit $rc
 fi
 
-echo "== validation reward (greedy, held-out prompts)"
-python3 - "$run_dir/metrics.jsonl" <<'PY'
-import json, sys
+nval="$(build/worker/grpo-worker --print-config 2>/dev/null | awk '$1 == "num_val:" { print $2; exit }')"
+echo "== validation (greedy, ${nval:-?} held-out prompts): reward, and exact-answer accuracy with its standard error"
+python3 - "$run_dir/metrics.jsonl" "${nval:-0}" <<'PY'
+import json, math, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-val = [(r["step"], v) for r in rows for k, v in r.items() if k.startswith("val-core/") and v is not None]
-for step, v in val:
-    print(f"  step {step:3d}: {v:.3f}")
-if len(val) >= 2:
-    print(f"  change: {val[0][1]:.3f} -> {val[-1][1]:.3f} ({val[-1][1] - val[0][1]:+.3f})")
+n = int(sys.argv[2])
+def pick(r, kind):  # val-core/DS/KIND/mean@N of the (one) data source
+    v = [x for k, x in r.items() if k.startswith("val-core/") and f"/{kind}/mean@" in k and x is not None]
+    return v[0] if v else None
+se = lambda p: math.sqrt(p * (1 - p) / n) if n > 0 else float("nan")
+val = [(r["step"], pick(r, "reward"), pick(r, "acc")) for r in rows if pick(r, "reward") is not None]
+for step, rw, acc in val:
+    print(f"  step {step:3d}: reward {rw:.3f}" + (f", accuracy {acc:.3f} ± {se(acc):.3f}" if acc is not None else ""))
+if len(val) >= 2 and val[0][2] is not None and val[-1][2] is not None:
+    a0, a1 = val[0][2], val[-1][2]
+    sd = math.hypot(se(a0), se(a1))
+    print(f"  accuracy {a0:.3f} -> {a1:.3f} ({a1 - a0:+.3f}"
+          + (f"; {(a1 - a0) / sd:.1f} standard errors of the difference" if sd > 0 else "") + ")")
+train = [r for r in rows if "critic/score/mean" in r]
+if len(train) >= 6:
+    k = len(train) // 3
+    mean = lambda rs, key: sum(r.get(key) or 0 for r in rs) / len(rs)
+    first, last = train[:k], train[-k:]
+    print(f"  training (critic/score/mean, critic/acc/mean): steps {first[0]['step']}-{first[-1]['step']} "
+          f"{mean(first, 'critic/score/mean'):.3f}, {mean(first, 'critic/acc/mean'):.3f}; steps "
+          f"{last[0]['step']}-{last[-1]['step']} {mean(last, 'critic/score/mean'):.3f}, {mean(last, 'critic/acc/mean'):.3f}")
 steps = [r for r in rows if r["step"] >= 2 and "timing_s/step" in r]
 if steps:
     mean = lambda k: sum(r.get(k, 0) for r in steps) / len(steps)

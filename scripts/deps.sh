@@ -14,6 +14,8 @@ PKGS=(
     libnanomsg-dev nanomsg-utils
     libprotobuf-c-dev protobuf-c-compiler
     libuv1-dev libopenblas-dev libyaml-dev libpcre2-dev libjansson-dev
+    # BF16 GEMMs on the CPU (kernels/cpu/linear_bf16.c; optional: without it BF16 contexts are refused)
+    libdnnl-dev
     # control plane: grpod's HTTP side and sd_notify
     libmicrohttpd-dev libsystemd-dev
     # tests

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <jansson.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/check.h"
 #include "common/fs.h"
@@ -15,6 +16,7 @@
 #include "worker/formats/gguf.h"
 #include "worker/formats/safetensors.h"
 #include "worker/model/generate.h"
+#include "worker/model/lora.h"
 #include "worker/model/model_io.h"
 #include "worker/plan/planner.h"
 #include "worker/tokenizer/tokenizer.h"
@@ -24,13 +26,15 @@ static void usage(FILE *out)
     fputs("usage: grpo-model COMMAND [options]\n"
           "\n"
           "commands:\n"
-          "  info MODEL                         architecture, sizes, parameter count, tensor dtypes\n"
+          "  info MODEL                         architecture, sizes, parameter count, tensor dtypes, and a LoRA\n"
+          "                                     adapter (MODEL: a PEFT adapter directory, or a model with one)\n"
           "  init CONFIG.json OUTDIR --tokenizer-from MODEL [--seed S] [--std X]\n"
           "                                     a randomly initialised model (tests, experiments)\n"
           "  convert IN.gguf OUTDIR [--bf16]    GGUF to Hugging Face layout (config.json, model.safetensors,\n"
           "                                     tokenizer.json, tokenizer_config.json)\n"
+          "  merge-lora MODEL ADAPTER OUTDIR    a PEFT LoRA adapter merged into MODEL's weights (W + alpha/r B A)\n"
           "  tokenize MODEL TEXT [--chat]       token ids of TEXT, comma-separated on one line\n"
-          "  logits MODEL --ids 1,2,3 --out F.npy\n"
+          "  logits MODEL --ids 1,2,3 --out F.npy [--adapter LORA_DIR]\n"
           "                                     float32 [T, vocab] logits of every position, NumPy format\n"
           "  generate MODEL --prompt TEXT [--chat] [--max-new-tokens N] [--temperature T] [--top-p P]\n"
           "                 [--top-k K] [--seed S] [-n SAMPLES]\n"
@@ -46,7 +50,12 @@ static void usage(FILE *out)
 
 static const char *const cmd_help[][2] = {
     {"info", "usage: grpo-model info MODEL\n  Print architecture, hyper-parameters, parameter count and the dtypes of "
-             "the stored tensors.\n"},
+             "the stored tensors.\n  MODEL may be a PEFT LoRA adapter directory (adapter_config.json): its rank, "
+             "alpha and target\n  modules, then its base model (base_model_name_or_path) when that is at hand.\n"},
+    {"merge-lora", "usage: grpo-model merge-lora MODEL ADAPTER OUTDIR\n  Fold the PEFT LoRA adapter in ADAPTER "
+                   "(adapter_config.json, adapter_model.safetensors) into\n  MODEL's weights, W + lora_alpha / r B A, "
+                   "and write a plain checkpoint (config.json,\n  model.safetensors F32, MODEL's tokenizer) into "
+                   "OUTDIR.\n"},
     {"init", "usage: grpo-model init CONFIG.json OUTDIR --tokenizer-from MODEL [--seed S] [--std X]\n  Write a model "
              "with the architecture of CONFIG.json (transformers' keys) and random weights:\n  normal(0, std) "
              "matrices (default std 0.02), unit norms, zero biases; the tokenizer is copied\n  from MODEL (a "
@@ -57,8 +66,9 @@ static const char *const cmd_help[][2] = {
     {"tokenize", "usage: grpo-model tokenize MODEL TEXT [--chat]\n  Print the token ids of TEXT, comma-separated. "
                  "With --chat, TEXT is a user message\n  wrapped in the model's chat template with a generation "
                  "prompt.\n"},
-    {"logits", "usage: grpo-model logits MODEL --ids 1,2,3 --out FILE.npy\n  Run the model on the ids and write "
-               "the float32 [T, vocab] logits of every position.\n"},
+    {"logits", "usage: grpo-model logits MODEL --ids 1,2,3 --out FILE.npy [--adapter LORA_DIR]\n  Run the model "
+               "(with the PEFT LoRA adapter in LORA_DIR) on the ids and write the float32\n  [T, vocab] logits of "
+               "every position.\n"},
     {"generate", "usage: grpo-model generate MODEL --prompt TEXT [--chat] [--max-new-tokens N] [--temperature T]\n"
                  "                          [--top-p P] [--top-k K] [--seed S] [-n SAMPLES]\n"
                  "  Sample continuations of TEXT (defaults: 64 tokens, temperature 0 = greedy, top-p 1, seed 1).\n"
@@ -66,7 +76,7 @@ static const char *const cmd_help[][2] = {
 };
 
 struct opts {
-    const char *ids, *out, *prompt, *tokenizer_from;
+    const char *ids, *out, *prompt, *tokenizer_from, *adapter;
     double std;
     int chat, bf16, max_new, top_k, n, threads, print_ids;
     float temperature, top_p;
@@ -124,9 +134,46 @@ static int32_t *prompt_ids(const struct tokenizer *t, const char *text, int chat
     return ids;
 }
 
-static int cmd_info(const char *path)
+/* A PEFT LoRA adapter in dir (adapter_config.json): print it; *base gets the directory of its base model (dir
+ * itself when it holds config.json, else base_model_name_or_path, relative to dir when relative; "" when none
+ * is here). Returns 1 when there is an adapter, 0 when not, -1 on a bad one. */
+static int print_adapter(const char *dir, char *base, size_t len)
 {
-    char err[1024];
+    char path[8300], err[1024], name[4096], targets[128];
+    snprintf(base, len, "%s", dir);
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    if (access(path, R_OK) != 0)
+        return 0;
+    struct lora_config c = {0};
+    if (lora_read_config(dir, &c, name, sizeof name, err, sizeof err) != 0) {
+        log_error("model", "%s", err);
+        return -1;
+    }
+    printf("LoRA adapter        rank %d, alpha %g (scale %g), on %s\n", c.rank, c.alpha, c.alpha / c.rank,
+           lora_targets_text(c.targets, targets, sizeof targets));
+    printf("adapter base model  %s\n", name[0] ? name : "(not named)");
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (access(path, R_OK) == 0)
+        return 1;
+    if (name[0] == '/')
+        snprintf(base, len, "%s", name);
+    else
+        snprintf(base, len, "%s/%s", dir, name);
+    snprintf(path, sizeof path, "%s/config.json", base);
+    if (!name[0] || access(path, R_OK) != 0)
+        base[0] = 0;
+    return 1;
+}
+
+static int cmd_info(const char *arg)
+{
+    char err[1024], base[8200];
+    const int adapter = print_adapter(arg, base, sizeof base);
+    if (adapter < 0)
+        return 1;
+    if (adapter && !base[0])
+        return 0; /* the adapter alone: its base model is not at hand */
+    const char *path = adapter ? base : arg;
     struct model *m = model_load(path, err, sizeof err);
     if (!m) {
         log_error("model", "%s", err);
@@ -160,6 +207,15 @@ static int cmd_info(const char *path)
     printf("context length      %d\n", c->max_position_embeddings);
     printf("bos/eos token ids   %d / %d\n", c->bos_token_id, c->eos_token_id);
     printf("parameters          %zu (%.1f M)\n", model_num_params(m), model_num_params(m) / 1e6);
+    if (adapter) {
+        if (lora_load(m, arg, err, sizeof err) != 0) {
+            log_error("model", "%s", err);
+            model_free(m);
+            return 1;
+        }
+        printf("adapter parameters  %zu (%.3f%% of the base)\n", m->lora->n,
+               100.0 * (double)m->lora->n / (double)model_num_params(m));
+    }
     char kern[128];
     printf("kernels             %s\n", blas_kernels(kern, sizeof kern));
     /* stored dtypes, counted per tensor */
@@ -203,9 +259,29 @@ static int make_outdir(const char *cmd, const char *outdir)
     return 0;
 }
 
-static int cmd_convert(const char *in, const char *outdir, int bf16)
+/* m (config.json, model.safetensors) and tokenizer t (NULL: none) into outdir (created): what the loader reads.
+ * 0, or -1 (logged under cmd). */
+static int save_model_dir(const char *cmd, const struct model *m, const struct tokenizer *t, const char *outdir,
+                          int bf16)
 {
     char err[1024], path[4096];
+    if (make_outdir(cmd, outdir) != 0)
+        return -1;
+    int rc = model_save_hf(m, outdir, bf16, err, sizeof err);
+    snprintf(path, sizeof path, "%s/tokenizer.json", outdir);
+    if (rc == 0 && t)
+        rc = tokenizer_save_json(t, path, err, sizeof err);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", outdir);
+    if (rc == 0 && t)
+        rc = tokenizer_save_config_json(t, path, err, sizeof err);
+    if (rc != 0)
+        log_error(cmd, "%s", err);
+    return rc;
+}
+
+static int cmd_convert(const char *in, const char *outdir, int bf16)
+{
+    char err[1024];
     struct model *m = model_load_gguf(in, err, sizeof err);
     if (!m) {
         log_error("convert", "%s", err);
@@ -217,22 +293,8 @@ static int cmd_convert(const char *in, const char *outdir, int bf16)
         return 1;
     }
     int rc = 1;
-    if (make_outdir("convert", outdir) != 0)
+    if (save_model_dir("convert", m, t, outdir, bf16) != 0)
         goto out;
-    if (model_save_hf(m, outdir, bf16, err, sizeof err) != 0) {
-        log_error("convert", "%s", err);
-        goto out;
-    }
-    snprintf(path, sizeof path, "%s/tokenizer.json", outdir);
-    if (tokenizer_save_json(t, path, err, sizeof err) != 0) {
-        log_error("convert", "%s", err);
-        goto out;
-    }
-    snprintf(path, sizeof path, "%s/tokenizer_config.json", outdir);
-    if (tokenizer_save_config_json(t, path, err, sizeof err) != 0) {
-        log_error("convert", "%s", err);
-        goto out;
-    }
     log_info("convert", "%s -> %s (%zu parameters, %s)", in, outdir, model_num_params(m), bf16 ? "bf16" : "f32");
     rc = 0;
 out:
@@ -243,7 +305,7 @@ out:
 
 static int cmd_init(const char *config, const char *outdir, const struct opts *o)
 {
-    char err[1024], path[4096];
+    char err[1024];
     if (!o->tokenizer_from) {
         log_error("init", "needs --tokenizer-from MODEL");
         return 2;
@@ -271,27 +333,45 @@ static int cmd_init(const char *config, const char *outdir, const struct opts *o
     struct model *m = model_create(&cfg);
     model_init_random(m, o->seed, o->std);
     int rc = 1;
-    if (make_outdir("init", outdir) != 0)
+    if (save_model_dir("init", m, t, outdir, 0) != 0)
         goto out;
-    if (model_save_hf(m, outdir, 0, err, sizeof err) != 0) {
-        log_error("init", "%s", err);
-        goto out;
-    }
-    snprintf(path, sizeof path, "%s/tokenizer.json", outdir);
-    if (tokenizer_save_json(t, path, err, sizeof err) != 0) {
-        log_error("init", "%s", err);
-        goto out;
-    }
-    snprintf(path, sizeof path, "%s/tokenizer_config.json", outdir);
-    if (tokenizer_save_config_json(t, path, err, sizeof err) != 0) {
-        log_error("init", "%s", err);
-        goto out;
-    }
     log_info("init", "%s: %zu parameters, seed %llu, std %g", outdir, model_num_params(m), o->seed, o->std);
     rc = 0;
 out:
     model_free(m);
     tokenizer_free(t);
+    return rc;
+}
+
+/* The merged export: BASE with the adapter in ADAPTER folded into its weights (W + alpha / r B A), a plain
+ * checkpoint with BASE's tokenizer. */
+static int cmd_merge_lora(const char *basedir, const char *adapter, const char *outdir)
+{
+    char err[1024];
+    struct model *m = model_load(basedir, err, sizeof err);
+    if (!m || lora_load(m, adapter, err, sizeof err) != 0) {
+        log_error("merge-lora", "%s", err);
+        model_free(m);
+        return 1;
+    }
+    char tok[4200];
+    snprintf(tok, sizeof tok, "%s/tokenizer.json", basedir);
+    const bool has_tok = model_is_gguf(basedir) || access(tok, R_OK) == 0;
+    struct tokenizer *t = has_tok ? load_tokenizer(basedir) : NULL; /* a bare test model may have none */
+    int rc = 1;
+    char targets[128];
+    const int rank = m->lora->cfg.rank;
+    const double alpha = m->lora->cfg.alpha;
+    lora_targets_text(m->lora->cfg.targets, targets, sizeof targets);
+    lora_merge(m);
+    if ((t || !has_tok) && save_model_dir("merge-lora", m, t, outdir, 0) == 0) {
+        log_info("merge-lora", "%s + %s (rank %d, alpha %g, on %s) -> %s", basedir, adapter, rank, alpha, targets,
+                 outdir);
+        rc = 0;
+    }
+    if (t)
+        tokenizer_free(t);
+    model_free(m);
     return rc;
 }
 
@@ -348,8 +428,9 @@ static int cmd_logits(const char *model, const struct opts *o)
     }
     char err[1024];
     struct model *m = model_load(model, err, sizeof err);
-    if (!m) {
+    if (!m || (o->adapter && lora_load(m, o->adapter, err, sizeof err) != 0)) {
         log_error("logits", "%s", err);
+        model_free(m);
         free(ids);
         return 1;
     }
@@ -446,7 +527,8 @@ int main(int argc, char **argv)
         if (strcmp(cmd, cmd_help[i][0]) == 0)
             help = cmd_help[i][1];
     if (!help) {
-        log_error("model", "unknown command '%s' (info, init, convert, tokenize, logits, generate, plan)", cmd);
+        log_error("model", "unknown command '%s' (info, init, convert, merge-lora, tokenize, logits, generate, plan)",
+                  cmd);
         return 2;
     }
     struct opts o = {.max_new = 64, .top_p = 1.0f, .n = 1, .seed = 1, .threads = 1, .std = 0.02};
@@ -464,6 +546,7 @@ int main(int argc, char **argv)
                                           {"print-ids", no_argument, 0, 'I'},
                                           {"tokenizer-from", required_argument, 0, 'F'},
                                           {"std", required_argument, 0, 'S'},
+                                          {"adapter", required_argument, 0, 'A'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     int c;
@@ -478,6 +561,7 @@ int main(int argc, char **argv)
         case 'b': o.bf16 = 1; break;
         case 'I': o.print_ids = 1; break;
         case 'F': o.tokenizer_from = optarg; break;
+        case 'A': o.adapter = optarg; break;
         case 'S': o.std = strtod(optarg, &end); break;
         case 'm': o.max_new = (int)strtol(optarg, &end, 10); break;
         case 't': o.temperature = strtof(optarg, &end); break;
@@ -502,7 +586,9 @@ int main(int argc, char **argv)
     openblas_set_num_threads(o.threads);
     int npos = argc - optind;
     const char *a0 = npos > 0 ? argv[optind] : NULL, *a1 = npos > 1 ? argv[optind + 1] : NULL;
-    int need = (strcmp(cmd, "convert") == 0 || strcmp(cmd, "tokenize") == 0 || strcmp(cmd, "init") == 0) ? 2 : 1;
+    int need = strcmp(cmd, "merge-lora") == 0                                                              ? 3
+               : (strcmp(cmd, "convert") == 0 || strcmp(cmd, "tokenize") == 0 || strcmp(cmd, "init") == 0) ? 2
+                                                                                                           : 1;
     if (npos != need) {
         log_error("model", "%s takes %d argument(s), got %d", cmd, need, npos);
         fputs(help, stderr);
@@ -510,6 +596,8 @@ int main(int argc, char **argv)
     }
     if (strcmp(cmd, "info") == 0)
         return cmd_info(a0);
+    if (strcmp(cmd, "merge-lora") == 0)
+        return cmd_merge_lora(a0, a1, argv[optind + 2]);
     if (strcmp(cmd, "convert") == 0)
         return cmd_convert(a0, a1, o.bf16);
     if (strcmp(cmd, "init") == 0)

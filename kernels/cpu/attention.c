@@ -12,6 +12,19 @@
 
 static int imin(int a, int b) { return a < b ? a : b; }
 
+/* sum of x[0..n) in double, in 8 interleaved partial sums (a fixed order the compiler can run as SIMD lanes) */
+static double row_sum(const float *x, int n)
+{
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int l = 0; l < 8; l++)
+            acc[l] += x[j + l];
+    for (; j < n; j++)
+        acc[j & 7] += x[j];
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
 static void check_heads(const char *who, int Hq, int Hkv, int hd)
 {
     if (Hq <= 0 || Hkv <= 0 || hd <= 0 || Hq % Hkv != 0)
@@ -50,12 +63,8 @@ static void head_forward(float *out, float *lse, int ld_lse, const float *q, int
             float m = si[0];
             for (int j = 1; j <= last; j++)
                 m = si[j] > m ? si[j] : m;
-            double sum = 0.0;
-            for (int j = 0; j <= last; j++) {
-                float e = expf(si[j] - m);
-                si[j] = e;
-                sum += e;
-            }
+            vec_exp_shifted(si, si, (size_t)last + 1, m);
+            double sum = row_sum(si, last + 1);
             float inv = (float)(1.0 / sum);
             for (int j = 0; j <= last; j++)
                 si[j] *= inv;
@@ -110,8 +119,8 @@ static void head_backward(float *dq, float *dk, float *dv, const float *dout, co
             float *pi = P + (size_t)i * nk;
             int last = r0 + i;
             float l = lse[(size_t)(r0 + i) * ld_lse];
-            for (int j = 0; j <= last; j++)
-                pi[j] = expf(pi[j] - l);
+            /* the scores are those of the forward (same products), so s - lse <= 0 up to rounding */
+            vec_exp_shifted(pi, pi, (size_t)last + 1, l);
             for (int j = last + 1; j < nk; j++)
                 pi[j] = 0.0f;
         }

@@ -58,8 +58,8 @@ static void cpu_embedding_backward(struct kctx *K, float *dtable, const float *d
     (void)K;
     embedding_backward_shard(dtable, dout, ids, N, D, vs);
 }
-static void cpu_linear_forward(struct kctx *K, float *y, const float *x, const float *W, const float *b, int N,
-                               int Din, int Dout)
+static void cpu_linear_forward(struct kctx *K, float *y, const float *x, const float *W, const float *b, int N, int Din,
+                               int Dout)
 {
     if (K->matmul == KMM_BF16)
         linear_forward_bf16(y, x, W, b, N, Din, Dout);
@@ -74,8 +74,7 @@ static void cpu_linear_backward(struct kctx *K, float *dx, float *dW, float *db,
     else
         linear_backward(dx, dW, db, dy, x, W, N, Din, Dout);
 }
-static void cpu_rope_forward(struct kctx *K, float *x, const int32_t *pos, int N, int H, int hd,
-                             const double *inv_freq)
+static void cpu_rope_forward(struct kctx *K, float *x, const int32_t *pos, int N, int H, int hd, const double *inv_freq)
 {
     (void)K;
     rope_forward_freqs(x, pos, N, H, hd, inv_freq);
@@ -92,15 +91,15 @@ static void cpu_attention_forward(struct kctx *K, float *out, float *lse, const 
     (void)K;
     attention_forward(out, lse, q, k, v, cu_seqlens, B, Hq, Hkv, hd);
 }
-static void cpu_attention_backward(struct kctx *K, float *dq, float *dk, float *dv, const float *dout,
-                                   const float *out, const float *lse, const float *q, const float *k, const float *v,
+static void cpu_attention_backward(struct kctx *K, float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                   const float *lse, const float *q, const float *k, const float *v,
                                    const int32_t *cu_seqlens, int B, int Hq, int Hkv, int hd)
 {
     (void)K;
     attention_backward(dq, dk, dv, dout, out, lse, q, k, v, cu_seqlens, B, Hq, Hkv, hd);
 }
-static void cpu_attention_cached(struct kctx *K, float *out, const float *q, const float *kcache,
-                                 const float *vcache, int Tq, int Tk, int Hq, int Hkv, int hd)
+static void cpu_attention_cached(struct kctx *K, float *out, const float *q, const float *kcache, const float *vcache,
+                                 int Tq, int Tk, int Hq, int Hkv, int hd)
 {
     (void)K;
     attention_cached(out, q, kcache, vcache, Tq, Tk, Hq, Hkv, hd);
@@ -153,6 +152,13 @@ static void cpu_lmhead_backward(struct kctx *K, float *dh, float *dW, const floa
     (void)K;
     lmhead_logprob_backward_shard(dh, dW, dlogp, dentropy, h, W, targets, N, D, vs, temperature, chunk);
 }
+static void cpu_sample(struct kctx *K, int32_t *tokens, float *logps, const float *logits, int B, int V,
+                       float temperature, float top_p, int top_k, const double *uniforms)
+{
+    (void)K;
+    for (int b = 0; b < B; b++)
+        tokens[b] = sample_row(logits + (size_t)b * V, V, temperature, top_p, top_k, uniforms[b], &logps[b]);
+}
 static void cpu_adamw(struct kctx *K, float *p, const float *g, float *m, float *v, size_t n, double lr, double beta1,
                       double beta2, double eps, double weight_decay, int64_t t)
 {
@@ -197,5 +203,6 @@ const struct kops kops_cpu = {
     .sumsq = cpu_sumsq,
     .lmhead_forward = cpu_lmhead_forward,
     .lmhead_backward = cpu_lmhead_backward,
+    .sample = cpu_sample,
     .adamw = cpu_adamw,
 };

@@ -113,6 +113,12 @@ void lmhead_logprob_backward_shard(float *dh, float *dW, const float *dlogp, con
                                    const float *W, const int32_t *targets, int N, int D, const struct vocab_shard *vs,
                                    float temperature, int chunk);
 
+/* One token from logits (V): greedy (temperature 0: the first maximum) or sampled from softmax(logits /
+ * temperature) truncated to the top_k most likely (top_k <= 0: all) and then to the smallest set whose mass
+ * reaches top_p (1: all), with the uniform u in [0, 1). *logp (may be NULL) gets the token's log-probability
+ * under softmax(logits / temperature) before truncation (temperature 1 when greedy). */
+int sample_row(const float *logits, int V, float temperature, float top_p, int top_k, double u, float *logp);
+
 /* BF16 matrix products on this CPU (AMX or AVX512-BF16): whether they run here, and what runs them ("oneDNN
  * AMX-BF16"). kernels/cpu/linear_bf16.c. */
 bool cpu_bf16_gemm_available(void);

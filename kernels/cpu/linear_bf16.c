@@ -54,7 +54,7 @@ struct bf16_cpu cpu_bf16_features(void)
         return f;
     __cpuid_count(7, 0, a, b, c, d);
     const bool avx512 = (b & (1u << 16)) && (b & (1u << 30)) && (b & (1u << 31)); /* F, BW, VL */
-    const bool amx_bf16 = (d & (1u << 22)) && (d & (1u << 24));                  /* AMX-BF16, AMX-TILE */
+    const bool amx_bf16 = (d & (1u << 22)) && (d & (1u << 24));                   /* AMX-BF16, AMX-TILE */
     const unsigned max7 = a;
     bool avx512_bf16 = false;
     if (max7 >= 1) {
@@ -110,14 +110,13 @@ static void round_transpose_generic(uint16_t *dst, const float *src, int rows, i
  * rounding took 16% of a 576 x 576 forward's time). */
 #if defined(__x86_64__) && defined(__GNUC__)
 #define HAVE_AVX512_CLONES 1
-__attribute__((target("avx512f,avx512bw,avx512vl"))) static void round_avx512(uint16_t *dst, const float *src,
-                                                                              size_t n)
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void round_avx512(uint16_t *dst, const float *src, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         dst[i] = f32_to_bf16(src[i]);
 }
-__attribute__((target("avx512f,avx512bw,avx512vl"))) static void
-round_transpose_avx512(uint16_t *dst, const float *src, int rows, int cols)
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void round_transpose_avx512(uint16_t *dst, const float *src,
+                                                                                        int rows, int cols)
 {
     enum { T = 16 };
     for (int r0 = 0; r0 < rows; r0 += T) {
@@ -236,11 +235,11 @@ static struct {
     size_t scratch_cap[MAX_PARTS];
 } g_dnnl = {.mu = PTHREAD_MUTEX_INITIALIZER, .go = PTHREAD_COND_INITIALIZER, .done = PTHREAD_COND_INITIALIZER};
 
-#define DNNL_OK(call)                                                                                              \
-    do {                                                                                                           \
-        dnnl_status_t st_ = (call);                                                                                \
-        if (st_ != dnnl_success)                                                                                   \
-            check_failf(__FILE__, __LINE__, "oneDNN: %s failed (status %d)", #call, (int)st_);                     \
+#define DNNL_OK(call)                                                                                                  \
+    do {                                                                                                               \
+        dnnl_status_t st_ = (call);                                                                                    \
+        if (st_ != dnnl_success)                                                                                       \
+            check_failf(__FILE__, __LINE__, "oneDNN: %s failed (status %d)", #call, (int)st_);                         \
     } while (0)
 
 static const char *isa_name(dnnl_cpu_isa_t isa)
@@ -325,8 +324,7 @@ static struct mm_prim *mm_get(int M, int N, int K, int ldb, int ldc, bool b_tran
         memmove(&g_dnnl.prims[0], &g_dnnl.prims[1], (MAX_PRIMS - 1) * sizeof *p);
         p = &g_dnnl.prims[MAX_PRIMS - 1];
     }
-    *p = (struct mm_prim){.M = M, .N = N, .K = K, .ldb = ldb, .ldc = ldc, .b_trans = b_trans,
-                          .accumulate = accumulate};
+    *p = (struct mm_prim){.M = M, .N = N, .K = K, .ldb = ldb, .ldc = ldc, .b_trans = b_trans, .accumulate = accumulate};
     dnnl_memory_desc_t amd, bmd, cmd;
     md_2d(&amd, M, K, K, false, dnnl_bf16);
     md_2d(&bmd, K, N, ldb, b_trans, dnnl_bf16);
@@ -403,7 +401,7 @@ static void job_run(int part)
 
 static void *helper_main(void *arg)
 {
-    const int part = (int)(intptr_t)arg;
+    const int part = *(const int *)arg;
     omp_one_thread();
     pthread_mutex_lock(&g_dnnl.mu);
     int seen = g_dnnl.gen_at_start[part];
@@ -440,7 +438,8 @@ static void mm_run(float *C, const uint16_t *A, const uint16_t *B, int M, int N,
     while (g_dnnl.helpers < parts - 1) {
         pthread_t th;
         g_dnnl.gen_at_start[g_dnnl.helpers + 1] = g_dnnl.gen;
-        if (pthread_create(&th, NULL, helper_main, (void *)(intptr_t)(g_dnnl.helpers + 1)) != 0) {
+        static int part_of[MAX_PARTS] = {0, 1, 2, 3, 4, 5, 6, 7};
+        if (pthread_create(&th, NULL, helper_main, &part_of[g_dnnl.helpers + 1]) != 0) {
             parts = g_dnnl.helpers + 1;
             break;
         }

@@ -21,7 +21,10 @@ static inline float exp_nonpos(float y)
     /* below about -87.3 the result is smaller than FLT_MIN: flush to 0 (softmax weights that small vanish) */
     const float lo = -87.0f;
     float yc = y < lo ? lo : y;
-    float n = __builtin_roundf(yc * 1.44269504088896341f); /* y / ln 2 */
+    /* n = y / ln 2 rounded to nearest (even) by adding and removing 1.5 * 2^23: plain float arithmetic that
+     * vectorises, where roundf is a libm call in every clone (no SIMD instruction rounds half away from zero) */
+    const float magic = 12582912.0f;
+    float n = (yc * 1.44269504088896341f + magic) - magic;
     /* r = y - n ln 2 in two parts (Cody-Waite): the high part is exact, so r keeps float precision */
     float r = yc - n * 0.693359375f;
     r = r - n * -2.12194440e-4f; /* |r| <= ln2 / 2 */

@@ -110,14 +110,16 @@ cudaError_t lmhead_finalize_cuda(float *logp, float *entropy, const double *st, 
 cudaError_t lmhead_dlogits_cuda(float *z, const double *st, const float *dlogp, const float *dentropy,
                                 const int32_t *targets, int c, int Vl, int lo, float temperature, cudaStream_t stream);
 
-/* Sampling of one token per row of logits (B, V) on the GPU, as sample_token (worker/model/sampler.c) does:
+/* Sampling of one token per row of logits (B, V) on the GPU, as sample_row (kernels/cpu/sample.c) does:
  * temperature 0 is greedy (the first maximum); otherwise softmax(logits / temperature), then top-k (top_k > 0)
  * and top-p (top_p < 1) truncation in order of descending probability (ties by lower id), then the token whose
- * cumulative probability (over the kept tokens, renormalised) first exceeds the row's uniform. tokens (B) and
+ * cumulative probability (over the kept tokens) first exceeds the row's uniform times their mass. tokens (B) and
  * logps (B, or NULL) are device arrays; logps get the chosen token's log-softmax at that temperature (1 when
  * greedy) before truncation. uniforms: B doubles in [0, 1), drawn on the host by the caller (rng_uniform), in host
- * or device memory (copied into scratch with cudaMemcpyDefault). scratch: sample_rows_cuda_scratch_bytes(B, V)
- * device bytes. Deterministic; greedy picks exactly the CPU's token. */
+ * or device memory (copied into scratch on the stream with cudaMemcpyDefault: pageable host memory may be reused
+ * once the call returns, pinned memory once the stream has run the copy; unused when greedy, may be NULL then).
+ * scratch: sample_rows_cuda_scratch_bytes(B, V) device bytes (0 when B or V is not positive, or when the sort cannot
+ * be sized). Deterministic; greedy picks exactly the CPU's token (sample_row, kernels/cpu/sample.c). */
 size_t sample_rows_cuda_scratch_bytes(int B, int V);
 cudaError_t sample_rows_cuda(int32_t *tokens, float *logps, const float *logits, int B, int V, float temperature,
                              float top_p, int top_k, const double *uniforms, void *scratch, size_t scratch_bytes,

@@ -1,8 +1,9 @@
-// SwiGLU on the GPU, element-wise with a grid-stride loop. Written to round as swiglu.c does: every product, sum
-// and quotient uses an _rn intrinsic (nvcc would otherwise fuse multiply-adds, which the CPU build does not), and
-// exp is taken in double and rounded once: glibc's expf, which the CPU calls, is computed in double and correctly
-// rounded in all but rare cases, while CUDA's float expf is off by up to 2 ulp, which silu'(g) = s + g s (1 - s)
-// magnifies near its zero (g ~ -1.28). So the outputs match the CPU's bit for bit but in rare cases.
+// SwiGLU on the GPU, element-wise with a grid-stride loop. Every product, sum and quotient uses an _rn intrinsic
+// (nvcc would otherwise fuse multiply-adds, which the CPU build does not), and exp is taken in double and rounded
+// once, so the sigmoid is the correctly rounded one but in rare cases (CUDA's float expf is off by up to 2 ulp,
+// which silu'(g) = s + g s (1 - s) magnifies near its zero, g ~ -1.28). The CPU's swiglu.c now uses its own
+// polynomial exponential (~2 ulp, clamped at exp(88)), so the two agree within a few ulps, not bit for bit; where
+// the sigmoid underflows (g < -88) the GPU gives 0 and the CPU ~1e-38.
 #include "cuda_kernels.h"
 
 namespace

@@ -1,6 +1,16 @@
 /* GPU kernels against their CPU references, and the NCCL back-end against the
  * MPI one (--nccl, under mpirun). Exit 77 (skipped) without a visible GPU.
  *
+ * Two layers: the raw kernels of kernels/cuda (their own launchers), then every op of the CUDA back-end's table
+ * (kops_cuda, through a kctx_create("cuda") context) against the CPU back-end's (kctx_cpu) on random inputs:
+ * fp32 within ~1e-5 of the result's scale (5e-5 for attention's and the LM head's gradients, sums of many terms),
+ * BF16 GEMMs within 1e-2; attention on packed sequences of unequal lengths with GQA, the KV-cache attention on both
+ * of its paths, the LM head with a chunk smaller than N and over a vocabulary shard (lo > 0) with a reduce, AdamW
+ * over 3 steps; the backward ops that must be deterministic run twice and must give the same bits; sampling (the
+ * sample op and sample_rows_cuda): greedy equal to the CPU's argmax, sampled tokens equal to sample_row's for the
+ * same uniforms.
+ * GRPO_GPU_TEST_SMALL=1 runs small shapes only (for compute-sanitizer).
+ *
  * Bounds by operation: element-wise kernels written to round as the CPU does (RoPE, SwiGLU) within a few float ulps
  * of a scale that accounts for cancellation; copies and order-preserving sums (embedding, AdamW) exactly; reductions
  * summed in another order (RMSNorm's dw) within 1e-5 of the sum of the terms' magnitudes. RMSNorm's dw and the
@@ -19,14 +29,14 @@
 #include "common/log.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/kernels.h"
 #include "worker/comm/comm.h"
+#include "worker/model/sampler.h"
 #include "worker/trainer/optim.h"
 
-static int have_gpu(void)
-{
-    int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+/* The CUDA back-end's table (kernels/cuda/backend.c). Naming it here also links backend.c's object into this
+ * program: kernels.c has weak stand-ins for kops_cuda_open & co. that a static archive would otherwise keep. */
+extern const struct kops kops_cuda;
 
 static void *to_dev_bytes(const void *h, size_t bytes)
 {
@@ -201,7 +211,7 @@ static int test_rope(int N, int H, int hd, float theta)
     return bad;
 }
 
-/* The CPU's sigmoid, for the error scales. */
+/* glibc's sigmoid, for the error scales (the CPU kernel's own exponential is within ~2 ulp of it). */
 static double sigmoid_ref(float g) { return 1.0f / (1.0f + expf(-g)); }
 
 static int test_swiglu(size_t n)
@@ -233,7 +243,9 @@ static int test_swiglu(size_t n)
     double *sout = xmalloc(n * sizeof *sout), *sdg = xmalloc(n * sizeof *sdg), *sdu = xmalloc(n * sizeof *sdu);
     for (size_t i = 0; i < n; i++) {
         double g = gate[i], s = sigmoid_ref(gate[i]), d = dout[i];
-        sout[i] = FLT_EPSILON * fabs(g * s * up[i]);
+        /* plus a floor far below anything that matters: where the sigmoid underflows (g < -88) the CPU's clamped
+         * exponential leaves ~1e-37 and the GPU 0 */
+        sout[i] = FLT_EPSILON * fabs(g * s * up[i]) + 1e-30;
         /* the sum s + g s (1 - s) and the += cancel: scale by the magnitudes of what is summed */
         sdg[i] = FLT_EPSILON * (fabs((double)dgate0[i]) + fabs(d * up[i]) * (s + fabs(g * s * (1 - s))));
         sdu[i] = FLT_EPSILON * (fabs((double)dup0[i]) + fabs(d * g * s));
@@ -366,6 +378,616 @@ static int test_kernels(void)
     return bad ? 1 : 0;
 }
 
+/* ---- the CUDA back-end's ops (kops_cuda) against the CPU back-end's ---- */
+
+static int small_shapes(void)
+{
+    const char *e = getenv("GRPO_GPU_TEST_SMALL");
+    return e && *e && strcmp(e, "0") != 0;
+}
+
+/* host data in context memory of K */
+static void *kput(struct kctx *K, const void *h, size_t bytes)
+{
+    void *d = k_alloc(K, bytes ? bytes : 1, KMEM_OTHER, "test buffer");
+    k_to_device(K, d, h, bytes);
+    return d;
+}
+static float *kputf(struct kctx *K, const float *h, size_t n) { return kput(K, h, n * sizeof(float)); }
+static void kget(struct kctx *K, void *h, const void *d, size_t bytes) { k_to_host(K, h, d, bytes); }
+static void kdrop(struct kctx *K, void *d, size_t bytes) { k_free(K, d, bytes ? bytes : 1, KMEM_OTHER); }
+
+/* max |got - want| over the scale of what was computed: max |want - init| (init: what an accumulating op started
+ * from, or NULL for 0). Inf when any element is NaN on one side only. */
+static double err_of(const float *got, const float *want, const float *init, size_t n)
+{
+    double d = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(got[i]) != isnan(want[i]))
+            return INFINITY;
+        d = fmax(d, fabs((double)got[i] - want[i]));
+        s = fmax(s, fabs((double)want[i] - (init ? init[i] : 0.0f)));
+    }
+    return d / fmax(s, 1e-30);
+}
+
+static int report(const char *what, double err, double bound)
+{
+    int bad = !(err <= bound);
+    printf("  %-44s %.2e (bound %.0e)%s\n", what, err, bound, bad ? "  FAIL" : "");
+    return bad;
+}
+
+static int report_bits(const char *what, size_t ndiff)
+{
+    printf("  %-44s %zu elements differ run to run%s\n", what, ndiff, ndiff ? "  FAIL" : "");
+    return ndiff != 0;
+}
+
+static int t_memory(struct kctx *G)
+{
+    enum { n = 1000 };
+    unsigned char h[n], back[n];
+    for (int i = 0; i < n; i++)
+        h[i] = (unsigned char)(i * 7 + 3);
+    unsigned char *a = kput(G, h, n), *b = k_alloc(G, n, KMEM_OTHER, "test copy");
+    k_copy(G, b, a, n);
+    k_zero(G, b + 100, 50);
+    k_sync(G);
+    kget(G, back, b, n);
+    int bad = 0;
+    for (int i = 0; i < n; i++)
+        bad |= back[i] != (i >= 100 && i < 150 ? 0 : h[i]);
+    void *huge = G->ops->alloc(G, (size_t)1 << 50); /* 1 PiB: NULL, not a crash */
+    bad |= huge != NULL;
+    bad |= G->mem.reserved < G->mem.allocated || G->mem.max_reserved < G->mem.reserved;
+    kdrop(G, a, n);
+    kdrop(G, b, n);
+    printf("  memory: alloc, to_device, copy, zero, to_host, sync; 1 PiB alloc gives NULL; reserved %zu >= "
+           "allocated %zu%s\n",
+           G->mem.reserved, G->mem.allocated, bad ? "  FAIL" : "");
+    return bad;
+}
+
+static int t_rmsnorm(struct kctx *G, struct kctx *C, int N, int D)
+{
+    size_t nd = (size_t)N * D;
+    float *x = rand_vec(nd, -1, 1), *w = rand_vec(D, 0.5f, 1.5f), *dy = rand_vec(nd, -1, 1);
+    float *dx0 = rand_vec(nd, -0.1f, 0.1f), *dw0 = rand_vec(D, -0.1f, 0.1f);
+    float *y = xmalloc(nd * 4), *r = xmalloc(N * 4), *dx = copy_vec(dx0, nd), *dw = copy_vec(dw0, D);
+    k_rmsnorm_forward(C, y, r, x, w, N, D, 1e-6f);
+    k_rmsnorm_backward(C, dx, dw, dy, x, w, r, N, D);
+    float *gx = kputf(G, x, nd), *gw = kputf(G, w, D), *gdy = kputf(G, dy, nd), *gy = kputf(G, x, nd);
+    float *gr = kputf(G, r, N), *gy_h = xmalloc(nd * 4), *gr_h = xmalloc(N * 4);
+    k_rmsnorm_forward(G, gy, gr, gx, gw, N, D, 1e-6f);
+    kget(G, gy_h, gy, nd * 4);
+    kget(G, gr_h, gr, N * 4);
+    float *out[2][2];
+    for (int run = 0; run < 2; run++) {
+        float *gdx = kputf(G, dx0, nd), *gdw = kputf(G, dw0, D);
+        k_rmsnorm_backward(G, gdx, gdw, gdy, gx, gw, gr, N, D);
+        out[run][0] = xmalloc(nd * 4);
+        out[run][1] = xmalloc(D * 4);
+        kget(G, out[run][0], gdx, nd * 4);
+        kget(G, out[run][1], gdw, D * 4);
+        kdrop(G, gdx, nd * 4);
+        kdrop(G, gdw, D * 4);
+    }
+    char name[64];
+    snprintf(name, sizeof name, "rmsnorm N=%d D=%d: y", N, D);
+    int bad = report(name, err_of(gy_h, y, NULL, nd), 1e-5);
+    bad += report("  rstd", err_of(gr_h, r, NULL, N), 1e-5);
+    bad += report("  dx", err_of(out[0][0], dx, dx0, nd), 1e-5);
+    bad += report("  dw", err_of(out[0][1], dw, dw0, D), 1e-5);
+    bad += report_bits("  backward", count_diff(out[0][0], out[1][0], nd) + count_diff(out[0][1], out[1][1], D));
+    kdrop(G, gx, nd * 4), kdrop(G, gw, D * 4), kdrop(G, gdy, nd * 4), kdrop(G, gy, nd * 4), kdrop(G, gr, N * 4);
+    free(x), free(w), free(dy), free(dx0), free(dw0), free(y), free(r), free(dx), free(dw), free(gy_h), free(gr_h);
+    for (int run = 0; run < 2; run++)
+        free(out[run][0]), free(out[run][1]);
+    return bad;
+}
+
+static int t_embedding(struct kctx *G, struct kctx *C, int N, int D, int V, int lo, int hi)
+{
+    const struct vocab_shard vs = {.lo = lo, .hi = hi, .V = V};
+    size_t nd = (size_t)N * D, td = (size_t)(hi - lo) * D;
+    int32_t *ids = xmalloc(N * sizeof *ids);
+    for (int i = 0; i < N; i++)
+        ids[i] = (int32_t)urand(0.0f, (float)V) % V;
+    float *table = rand_vec(td, -1, 1), *dout = rand_vec(nd, -1, 1), *dt0 = rand_vec(td, -1, 1);
+    float *out = xmalloc(nd * 4), *dt = copy_vec(dt0, td), *gout = xmalloc(nd * 4);
+    float *gdt[2] = {xmalloc(td * 4), xmalloc(td * 4)};
+    k_embedding_forward(C, out, ids, table, N, D, &vs);
+    k_embedding_backward(C, dt, dout, ids, N, D, &vs);
+    int32_t *gids = kput(G, ids, N * sizeof *ids);
+    float *gtable = kputf(G, table, td), *gdout = kputf(G, dout, nd), *go = kputf(G, out, nd);
+    k_zero(G, go, nd * 4);
+    k_embedding_forward(G, go, gids, gtable, N, D, &vs);
+    kget(G, gout, go, nd * 4);
+    for (int run = 0; run < 2; run++) {
+        float *g = kputf(G, dt0, td);
+        k_embedding_backward(G, g, gdout, gids, N, D, &vs);
+        kget(G, gdt[run], g, td * 4);
+        kdrop(G, g, td * 4);
+    }
+    size_t df = count_diff(gout, out, nd), db = count_diff(gdt[0], dt, td);
+    int bad = df || db;
+    printf("  embedding N=%d D=%d shard [%d, %d) of %d: %zu forward, %zu backward elements differ from the CPU%s\n", N,
+           D, lo, hi, V, df, db, bad ? "  FAIL" : "");
+    bad += report_bits("  backward", count_diff(gdt[0], gdt[1], td));
+    kdrop(G, gids, N * 4), kdrop(G, gtable, td * 4), kdrop(G, gdout, nd * 4), kdrop(G, go, nd * 4);
+    free(ids), free(table), free(dout), free(dt0), free(out), free(dt), free(gout), free(gdt[0]), free(gdt[1]);
+    return bad;
+}
+
+/* G's linear ops (fp32 or BF16 GEMMs) against the CPU's fp32. */
+static int t_linear(struct kctx *G, struct kctx *C, int N, int Din, int Dout, double bound)
+{
+    size_t nx = (size_t)N * Din, ny = (size_t)N * Dout, nw = (size_t)Dout * Din;
+    float *x = rand_vec(nx, -1, 1), *W = rand_vec(nw, -0.5f, 0.5f), *b = rand_vec(Dout, -1, 1);
+    float *dy = rand_vec(ny, -1, 1), *dx0 = rand_vec(nx, -1, 1), *dW0 = rand_vec(nw, -1, 1);
+    float *db0 = rand_vec(Dout, -1, 1);
+    float *y = xmalloc(ny * 4), *yn = xmalloc(ny * 4), *dx = copy_vec(dx0, nx), *dW = copy_vec(dW0, nw);
+    float *db = copy_vec(db0, Dout), *dW2 = copy_vec(dW0, nw);
+    k_linear_forward(C, y, x, W, b, N, Din, Dout);
+    k_linear_forward(C, yn, x, W, NULL, N, Din, Dout);
+    k_linear_backward(C, dx, dW, db, dy, x, W, N, Din, Dout);
+    k_linear_backward(C, NULL, dW2, NULL, dy, x, W, N, Din, Dout);
+    float *gx = kputf(G, x, nx), *gW = kputf(G, W, nw), *gb = kputf(G, b, Dout), *gdy = kputf(G, dy, ny);
+    float *gy = kputf(G, y, ny), *h = xmalloc((nx > nw ? (nx > ny ? nx : ny) : (nw > ny ? nw : ny)) * 4);
+    char name[96];
+    snprintf(name, sizeof name, "linear %s N=%d Din=%d Dout=%d: y", G->matmul == KMM_BF16 ? "BF16" : "fp32", N, Din,
+             Dout);
+    k_linear_forward(G, gy, gx, gW, gb, N, Din, Dout);
+    kget(G, h, gy, ny * 4);
+    int bad = report(name, err_of(h, y, NULL, ny), bound);
+    k_linear_forward(G, gy, gx, gW, NULL, N, Din, Dout);
+    kget(G, h, gy, ny * 4);
+    bad += report("  y without bias", err_of(h, yn, NULL, ny), bound);
+    float *res[2][3];
+    for (int run = 0; run < 2; run++) {
+        float *gdx = kputf(G, dx0, nx), *gdW = kputf(G, dW0, nw), *gdb = kputf(G, db0, Dout);
+        k_linear_backward(G, gdx, gdW, gdb, gdy, gx, gW, N, Din, Dout);
+        res[run][0] = xmalloc(nx * 4), res[run][1] = xmalloc(nw * 4), res[run][2] = xmalloc(Dout * 4);
+        kget(G, res[run][0], gdx, nx * 4);
+        kget(G, res[run][1], gdW, nw * 4);
+        kget(G, res[run][2], gdb, Dout * 4);
+        kdrop(G, gdx, nx * 4), kdrop(G, gdW, nw * 4), kdrop(G, gdb, Dout * 4);
+    }
+    bad += report("  dx", err_of(res[0][0], dx, dx0, nx), bound);
+    bad += report("  dW", err_of(res[0][1], dW, dW0, nw), bound);
+    bad += report("  db", err_of(res[0][2], db, db0, Dout), 1e-5); /* column sums: fp32 in both precisions */
+    bad += report_bits("  backward", count_diff(res[0][0], res[1][0], nx) + count_diff(res[0][1], res[1][1], nw) +
+                                         count_diff(res[0][2], res[1][2], Dout));
+    float *gdW = kputf(G, dW0, nw);
+    k_linear_backward(G, NULL, gdW, NULL, gdy, gx, gW, N, Din, Dout);
+    kget(G, h, gdW, nw * 4);
+    bad += report("  dW alone (dx, db NULL)", err_of(h, dW2, dW0, nw), bound);
+    kdrop(G, gdW, nw * 4);
+    kdrop(G, gx, nx * 4), kdrop(G, gW, nw * 4), kdrop(G, gb, Dout * 4), kdrop(G, gdy, ny * 4), kdrop(G, gy, ny * 4);
+    for (int run = 0; run < 2; run++)
+        free(res[run][0]), free(res[run][1]), free(res[run][2]);
+    free(x), free(W), free(b), free(dy), free(dx0), free(dW0), free(db0), free(y), free(yn), free(dx), free(dW);
+    free(db), free(dW2), free(h);
+    return bad;
+}
+
+static int t_rope(struct kctx *G, struct kctx *C, int N, int H, int hd)
+{
+    size_t n = (size_t)N * H * hd;
+    int32_t *pos = xmalloc(N * sizeof *pos);
+    for (int i = 0; i < N; i++)
+        pos[i] = (int32_t)urand(0.0f, 8192.0f);
+    double *freq = xmalloc((size_t)(hd / 2) * sizeof *freq);
+    rope_default_freqs(freq, hd, 1e6f);
+    float *x = rand_vec(n, -1, 1), *fw = copy_vec(x, n), *bw = copy_vec(x, n), *got = xmalloc(n * 4);
+    k_rope_forward(C, fw, pos, N, H, hd, freq);
+    k_rope_backward(C, bw, pos, N, H, hd, freq);
+    int32_t *gpos = kput(G, pos, N * sizeof *pos);
+    double *gfreq = kput(G, freq, (size_t)(hd / 2) * sizeof *freq); /* a device array for the CUDA back-end */
+    float *gx = kputf(G, x, n);
+    k_rope_forward(G, gx, gpos, N, H, hd, gfreq);
+    kget(G, got, gx, n * 4);
+    char name[64];
+    snprintf(name, sizeof name, "rope N=%d H=%d hd=%d: forward", N, H, hd);
+    int bad = report(name, err_of(got, fw, NULL, n), 1e-5);
+    k_to_device(G, gx, x, n * 4);
+    k_rope_backward(G, gx, gpos, N, H, hd, gfreq);
+    kget(G, got, gx, n * 4);
+    bad += report("  backward", err_of(got, bw, NULL, n), 1e-5);
+    kdrop(G, gpos, N * 4), kdrop(G, gfreq, (size_t)(hd / 2) * 8), kdrop(G, gx, n * 4);
+    free(pos), free(freq), free(x), free(fw), free(bw), free(got);
+    return bad;
+}
+
+static int t_attention(struct kctx *G, struct kctx *C, int B, const int *lens, int Hq, int Hkv, int hd, float qmag)
+{
+    int32_t *cu = xmalloc((size_t)(B + 1) * sizeof *cu);
+    cu[0] = 0;
+    for (int b = 0; b < B; b++)
+        cu[b + 1] = cu[b] + lens[b];
+    const int N = cu[B];
+    size_t nq = (size_t)N * Hq * hd, nk = (size_t)N * Hkv * hd, nl = (size_t)N * Hq;
+    float *q = rand_vec(nq, -qmag, qmag), *k = rand_vec(nk, -1, 1), *v = rand_vec(nk, -1, 1);
+    float *dout = rand_vec(nq, -1, 1), *dq0 = rand_vec(nq, -0.1f, 0.1f), *dk0 = rand_vec(nk, -0.1f, 0.1f);
+    float *dv0 = rand_vec(nk, -0.1f, 0.1f);
+    float *out = xmalloc(nq * 4), *lse = xmalloc(nl * 4), *dq = copy_vec(dq0, nq), *dk = copy_vec(dk0, nk);
+    float *dv = copy_vec(dv0, nk);
+    k_attention_forward(C, out, lse, q, k, v, cu, B, Hq, Hkv, hd);
+    k_attention_backward(C, dq, dk, dv, dout, out, lse, q, k, v, cu, B, Hq, Hkv, hd);
+
+    int32_t *gcu = kput(G, cu, (size_t)(B + 1) * sizeof *cu);
+    float *gq = kputf(G, q, nq), *gk = kputf(G, k, nk), *gv = kputf(G, v, nk), *gdo = kputf(G, dout, nq);
+    float *gout = kputf(G, out, nq), *glse = kputf(G, lse, nl);
+    k_zero(G, gout, nq * 4);
+    k_zero(G, glse, nl * 4);
+    k_attention_forward(G, gout, glse, gq, gk, gv, gcu, B, Hq, Hkv, hd);
+    float *hout = xmalloc(nq * 4), *hlse = xmalloc(nl * 4);
+    kget(G, hout, gout, nq * 4);
+    kget(G, hlse, glse, nl * 4);
+    char name[96];
+    snprintf(name, sizeof name, "attention B=%d N=%d Hq=%d Hkv=%d hd=%d: out", B, N, Hq, Hkv, hd);
+    int bad = report(name, err_of(hout, out, NULL, nq), 1e-5);
+    bad += report("  lse", err_of(hlse, lse, NULL, nl), 1e-5);
+    float *res[2][3];
+    for (int run = 0; run < 2; run++) { /* from the GPU's own out and lse, as the model runs it */
+        float *gdq = kputf(G, dq0, nq), *gdk = kputf(G, dk0, nk), *gdv = kputf(G, dv0, nk);
+        k_attention_backward(G, gdq, gdk, gdv, gdo, gout, glse, gq, gk, gv, gcu, B, Hq, Hkv, hd);
+        res[run][0] = xmalloc(nq * 4), res[run][1] = xmalloc(nk * 4), res[run][2] = xmalloc(nk * 4);
+        kget(G, res[run][0], gdq, nq * 4);
+        kget(G, res[run][1], gdk, nk * 4);
+        kget(G, res[run][2], gdv, nk * 4);
+        kdrop(G, gdq, nq * 4), kdrop(G, gdk, nk * 4), kdrop(G, gdv, nk * 4);
+    }
+    bad += report("  dq", err_of(res[0][0], dq, dq0, nq), 5e-5);
+    bad += report("  dk", err_of(res[0][1], dk, dk0, nk), 5e-5);
+    bad += report("  dv", err_of(res[0][2], dv, dv0, nk), 5e-5);
+    bad += report_bits("  backward", count_diff(res[0][0], res[1][0], nq) + count_diff(res[0][1], res[1][1], nk) +
+                                         count_diff(res[0][2], res[1][2], nk));
+    kdrop(G, gcu, (size_t)(B + 1) * 4), kdrop(G, gq, nq * 4), kdrop(G, gk, nk * 4), kdrop(G, gv, nk * 4);
+    kdrop(G, gdo, nq * 4), kdrop(G, gout, nq * 4), kdrop(G, glse, nl * 4);
+    for (int run = 0; run < 2; run++)
+        free(res[run][0]), free(res[run][1]), free(res[run][2]);
+    free(cu), free(q), free(k), free(v), free(dout), free(dq0), free(dk0), free(dv0), free(out), free(lse), free(dq);
+    free(dk), free(dv), free(hout), free(hlse);
+    return bad;
+}
+
+static int t_cached(struct kctx *G, struct kctx *C, int Tq, int Tk, int Hq, int Hkv, int hd)
+{
+    size_t nq = (size_t)Tq * Hq * hd, nk = (size_t)Tk * Hkv * hd;
+    float *q = rand_vec(nq, -2, 2), *k = rand_vec(nk, -1, 1), *v = rand_vec(nk, -1, 1);
+    float *out = xmalloc(nq * 4), *got = xmalloc(nq * 4), *got2 = xmalloc(nq * 4);
+    k_attention_cached(C, out, q, k, v, Tq, Tk, Hq, Hkv, hd);
+    float *gq = kputf(G, q, nq), *gk = kputf(G, k, nk), *gv = kputf(G, v, nk), *go = kputf(G, out, nq);
+    k_zero(G, go, nq * 4);
+    k_attention_cached(G, go, gq, gk, gv, Tq, Tk, Hq, Hkv, hd);
+    kget(G, got, go, nq * 4);
+    k_attention_cached(G, go, gq, gk, gv, Tq, Tk, Hq, Hkv, hd);
+    kget(G, got2, go, nq * 4);
+    char name[96];
+    snprintf(name, sizeof name, "attention_cached Tq=%d Tk=%d Hq=%d Hkv=%d hd=%d", Tq, Tk, Hq, Hkv, hd);
+    int bad = report(name, err_of(got, out, NULL, nq), 1e-5);
+    bad += report_bits("  out", count_diff(got, got2, nq));
+    kdrop(G, gq, nq * 4), kdrop(G, gk, nk * 4), kdrop(G, gv, nk * 4), kdrop(G, go, nq * 4);
+    free(q), free(k), free(v), free(out), free(got), free(got2);
+    return bad;
+}
+
+static int t_vec(struct kctx *G, struct kctx *C, size_t n)
+{
+    float *a = rand_vec(n, -6, 6), *b = rand_vec(n, -2, 2), *d = rand_vec(n, -1, 1), *g0 = rand_vec(n, -0.5f, 0.5f);
+    float *u0 = rand_vec(n, -0.5f, 0.5f), *got = xmalloc(n * 4), *want = xmalloc(n * 4);
+    float *dg = copy_vec(g0, n), *du = copy_vec(u0, n);
+    float *ga = kputf(G, a, n), *gb = kputf(G, b, n), *gd = kputf(G, d, n), *gy = kputf(G, a, n);
+    char name[64];
+    int bad = 0;
+    /* swiglu */
+    k_swiglu_forward(C, want, a, b, n);
+    k_swiglu_forward(G, gy, ga, gb, n);
+    kget(G, got, gy, n * 4);
+    snprintf(name, sizeof name, "swiglu n=%zu: out", n);
+    bad += report(name, err_of(got, want, NULL, n), 1e-5);
+    k_swiglu_backward(C, dg, du, d, a, b, n);
+    float *gdg = kputf(G, g0, n), *gdu = kputf(G, u0, n), *h2 = xmalloc(n * 4);
+    k_swiglu_backward(G, gdg, gdu, gd, ga, gb, n);
+    kget(G, got, gdg, n * 4);
+    kget(G, h2, gdu, n * 4);
+    bad += report("  dgate", err_of(got, dg, g0, n), 1e-5);
+    bad += report("  dup", err_of(h2, du, u0, n), 1e-5);
+    /* add, axpy, scale: the same roundings as the CPU's loops */
+    memcpy(want, a, n * 4);
+    k_add(C, want, b, n);
+    k_axpy(C, want, 0.37f, d, n);
+    k_scale(C, want, -1.7f, n);
+    k_to_device(G, gy, a, n * 4);
+    k_add(G, gy, gb, n);
+    k_axpy(G, gy, 0.37f, gd, n);
+    k_scale(G, gy, -1.7f, n);
+    kget(G, got, gy, n * 4);
+    size_t diff = count_diff(got, want, n);
+    printf("  add, axpy, scale n=%zu: %zu elements differ from the CPU%s\n", n, diff, diff ? "  FAIL" : "");
+    bad += diff != 0;
+    /* sumsq in double: the orders differ (the CPU adds one by one, ~n eps at worst) */
+    double sc = k_sumsq(C, a, n), sg = k_sumsq(G, ga, n), sg2 = k_sumsq(G, ga, n);
+    bad += report("  sumsq (relative)", fabs(sg - sc) / sc, 1e-10);
+    printf("  %-44s %s\n", "  sumsq run to run", memcmp(&sg, &sg2, sizeof sg) ? "differs  FAIL" : "same bits");
+    bad += memcmp(&sg, &sg2, sizeof sg) != 0;
+    bad += k_sumsq(G, ga, 0) != 0.0;
+    kdrop(G, ga, n * 4), kdrop(G, gb, n * 4), kdrop(G, gd, n * 4), kdrop(G, gy, n * 4), kdrop(G, gdg, n * 4);
+    kdrop(G, gdu, n * 4);
+    free(a), free(b), free(d), free(g0), free(u0), free(got), free(want), free(dg), free(du), free(h2);
+    return bad;
+}
+
+/* A stand-in for the other shards of the vocabulary: it logs its calls and folds in fixed values, the same on the
+ * CPU and the GPU, so both must call it alike and finish from its results alike. */
+struct fake_shards {
+    int calls;
+    int n[256];
+    bool max[256];
+};
+
+static void fake_reduce(void *ud, double *buf, int n, bool max)
+{
+    struct fake_shards *f = ud;
+    if (f->calls < 256) {
+        f->n[f->calls] = n;
+        f->max[f->calls] = max;
+    }
+    f->calls++;
+    for (int i = 0; i < n; i++)
+        buf[i] = max ? fmax(buf[i], 0.25 + 0.01 * (i % 5)) : buf[i] + 0.5 + 0.001 * (i % 7);
+}
+
+static int t_lmhead(struct kctx *G, struct kctx *C, int N, int D, int V, int lo, int hi, int chunk, float temp,
+                    bool reduce, bool with_entropy, double bound)
+{
+    struct fake_shards fc = {0}, fg = {0};
+    struct vocab_shard vc = {.lo = lo, .hi = hi, .V = V}, vg = vc;
+    if (reduce) {
+        vc.reduce = vg.reduce = fake_reduce;
+        vc.ud = &fc;
+        vg.ud = &fg;
+    }
+    const int Vl = hi - lo;
+    size_t nh = (size_t)N * D, nw = (size_t)Vl * D;
+    int32_t *tg = xmalloc(N * sizeof *tg);
+    for (int i = 0; i < N; i++) /* targets in and out of the shard */
+        tg[i] = (int32_t)urand(0.0f, (float)V) % V;
+    float *h = rand_vec(nh, -0.5f, 0.5f), *W = rand_vec(nw, -0.5f, 0.5f), *dlp = rand_vec(N, -1, 1);
+    float *dent = rand_vec(N, -1, 1), *dh0 = rand_vec(nh, -1e-2f, 1e-2f), *dW0 = rand_vec(nw, -1e-3f, 1e-3f);
+    float *lp = xmalloc(N * 4), *ent = xmalloc(N * 4), *dh = copy_vec(dh0, nh), *dW = copy_vec(dW0, nw);
+    k_lmhead_forward(C, lp, with_entropy ? ent : NULL, h, W, tg, N, D, &vc, temp, chunk);
+    k_lmhead_backward(C, dh, dW, dlp, with_entropy ? dent : NULL, h, W, tg, N, D, &vc, temp, chunk);
+
+    int32_t *gtg = kput(G, tg, N * sizeof *tg);
+    float *gh = kputf(G, h, nh), *gW = kputf(G, W, nw), *gdlp = kputf(G, dlp, N), *gdent = kputf(G, dent, N);
+    float *glp = kputf(G, lp, N), *gent = kputf(G, ent, N);
+    float *hlp = xmalloc(N * 4), *hent = xmalloc(N * 4);
+    k_lmhead_forward(G, glp, with_entropy ? gent : NULL, gh, gW, gtg, N, D, &vg, temp, chunk);
+    kget(G, hlp, glp, N * 4);
+    kget(G, hent, gent, N * 4);
+    char name[128];
+    snprintf(name, sizeof name, "lmhead %sN=%d D=%d V=%d [%d, %d) chunk=%d T=%.2f%s: logp",
+             G->matmul == KMM_BF16 ? "BF16 " : "", N, D, V, lo, hi, chunk, (double)temp, reduce ? " reduce" : "");
+    int bad = report(name, err_of(hlp, lp, NULL, N), bound);
+    if (with_entropy)
+        bad += report("  entropy", err_of(hent, ent, NULL, N), bound);
+    float *res[2][2];
+    for (int run = 0; run < 2; run++) {
+        float *gdh = kputf(G, dh0, nh), *gdW = kputf(G, dW0, nw);
+        k_lmhead_backward(G, gdh, gdW, gdlp, with_entropy ? gdent : NULL, gh, gW, gtg, N, D, &vg, temp, chunk);
+        res[run][0] = xmalloc(nh * 4), res[run][1] = xmalloc(nw * 4);
+        kget(G, res[run][0], gdh, nh * 4);
+        kget(G, res[run][1], gdW, nw * 4);
+        kdrop(G, gdh, nh * 4), kdrop(G, gdW, nw * 4);
+    }
+    bad += report("  dh", err_of(res[0][0], dh, dh0, nh), bound * 5);
+    bad += report("  dW", err_of(res[0][1], dW, dW0, nw), bound * 5);
+    bad += report_bits("  backward", count_diff(res[0][0], res[1][0], nh) + count_diff(res[0][1], res[1][1], nw));
+    if (reduce) { /* the GPU ran forward + 2 backwards, the CPU forward + 1: compare the CPU's calls with the GPU's */
+        int same = fg.calls == fc.calls + fc.calls / 2;
+        for (int i = 0; same && i < fc.calls && i < 256; i++)
+            same = fg.n[i] == fc.n[i] && fg.max[i] == fc.max[i];
+        printf("  %-44s %d calls on the CPU, %d on the GPU (for 1 + 2 passes)%s\n", "  reduce calls", fc.calls,
+               fg.calls, same ? ", same order" : "  FAIL");
+        bad += !same;
+    }
+    kdrop(G, gtg, N * 4), kdrop(G, gh, nh * 4), kdrop(G, gW, nw * 4), kdrop(G, gdlp, N * 4);
+    kdrop(G, gdent, N * 4), kdrop(G, glp, N * 4), kdrop(G, gent, N * 4);
+    for (int run = 0; run < 2; run++)
+        free(res[run][0]), free(res[run][1]);
+    free(tg), free(h), free(W), free(dlp), free(dent), free(dh0), free(dW0), free(lp), free(ent), free(dh), free(dW);
+    free(hlp), free(hent);
+    return bad;
+}
+
+static int t_adamw_kops(struct kctx *G, struct kctx *C, size_t n)
+{
+    float *p = rand_vec(n, -1, 1), *m = xcalloc(n, 4), *v = xcalloc(n, 4), *got = xmalloc(n * 4);
+    float *gp = kputf(G, p, n), *gm = kputf(G, m, n), *gv = kputf(G, v, n), *gg = kputf(G, p, n);
+    const double lrs[] = {1e-3, 2e-3, 5e-4};
+    for (int t = 1; t <= 3; t++) {
+        float *g = rand_vec(n, -1, 1);
+        k_to_device(G, gg, g, n * 4);
+        k_adamw(C, p, g, m, v, n, lrs[t - 1], 0.9, 0.999, 1e-8, 0.01, t);
+        k_adamw(G, gp, gg, gm, gv, n, lrs[t - 1], 0.9, 0.999, 1e-8, 0.01, t);
+        free(g);
+    }
+    kget(G, got, gp, n * 4);
+    double e = err_of(got, p, NULL, n);
+    size_t diff = count_diff(got, p, n);
+    kget(G, got, gm, n * 4);
+    e = fmax(e, err_of(got, m, NULL, n));
+    diff += count_diff(got, m, n);
+    kget(G, got, gv, n * 4);
+    e = fmax(e, err_of(got, v, NULL, n));
+    diff += count_diff(got, v, n);
+    char name[64];
+    snprintf(name, sizeof name, "adamw n=%zu, 3 steps: p, m, v", n);
+    int bad = report(name, e, 1e-6);
+    printf("  %-44s %zu elements not bit-equal to the CPU's\n", "", diff);
+    kdrop(G, gp, n * 4), kdrop(G, gm, n * 4), kdrop(G, gv, n * 4), kdrop(G, gg, n * 4);
+    free(p), free(m), free(v), free(got);
+    return bad;
+}
+
+/* Empty shapes launch nothing and succeed, as the CPU loops do. */
+static int t_empty_ops(struct kctx *G)
+{
+    int32_t cu[3] = {0, 0, 0};
+    int32_t *gcu = kput(G, cu, sizeof cu);
+    float *buf = k_alloc(G, 64, KMEM_OTHER, "test");
+    const struct vocab_shard vs = {.lo = 0, .hi = 10, .V = 10};
+    k_linear_forward(G, buf, buf, buf, NULL, 0, 4, 4);
+    k_linear_backward(G, buf, buf, buf, buf, buf, buf, 0, 4, 4);
+    k_attention_forward(G, buf, buf, buf, buf, buf, gcu, 2, 2, 1, 8);
+    k_attention_backward(G, buf, buf, buf, buf, buf, buf, buf, buf, buf, gcu, 2, 2, 1, 8);
+    k_attention_cached(G, buf, buf, buf, buf, 0, 5, 2, 1, 8);
+    k_lmhead_forward(G, buf, buf, buf, buf, gcu, 0, 4, &vs, 1.0f, 4);
+    k_lmhead_backward(G, buf, buf, buf, buf, buf, buf, gcu, 0, 4, &vs, 1.0f, 4);
+    k_embedding_forward(G, buf, gcu, buf, 0, 4, &vs);
+    k_rmsnorm_forward(G, buf, buf, buf, buf, 0, 4, 1e-6f);
+    k_rmsnorm_backward(G, buf, buf, buf, buf, buf, buf, 0, 4);
+    k_swiglu_forward(G, buf, buf, buf, 0);
+    k_add(G, buf, buf, 0);
+    k_sync(G);
+    kdrop(G, gcu, sizeof cu);
+    kdrop(G, buf, 64);
+    printf("  empty shapes: nothing launched, no error\n");
+    return 0;
+}
+
+/* GPU sampling against the CPU's (sample_row): the same uniforms, drawn as sample_token draws them (each row's rng
+ * stream, first draw); through the back-end's sample op (host tokens and logps) and sample_rows_cuda (device). */
+static int t_sample(struct kctx *G, struct kctx *C, int B, int V, float temperature, float top_p, int top_k)
+{
+    float *logits = xmalloc((size_t)B * V * 4);
+    for (size_t i = 0; i < (size_t)B * V; i++)
+        logits[i] = urand(-4.0f, 4.0f);
+    for (int r = 0; r < B; r++) /* a tie for the maximum: the lower index wins */
+        if (r % 2 == 0 && V > 1) {
+            int a = (r * 131) % V, b = (a + 1 + r) % V;
+            logits[(size_t)r * V + a] = logits[(size_t)r * V + b] = 5.0f;
+        }
+    int32_t *want = xmalloc(B * sizeof *want), *got = xmalloc(B * sizeof *got), *got2 = xmalloc(B * sizeof *got2);
+    float *want_lp = xmalloc(B * 4), *got_lp = xmalloc(B * 4), *got2_lp = xmalloc(B * 4);
+    double *u = xmalloc(B * sizeof *u);
+    for (int r = 0; r < B; r++) {
+        struct rng rg;
+        rng_seed(&rg, 1234, (uint64_t)r);
+        u[r] = rng_uniform(&rg);
+    }
+    k_sample(C, want, want_lp, logits, B, V, temperature, top_p, top_k, u);
+    float *gl = kputf(G, logits, (size_t)B * V);
+    k_sample(G, got, got_lp, gl, B, V, temperature, top_p, top_k, u);
+    /* the launcher on its own, uniforms from device memory */
+    size_t scratch_bytes = sample_rows_cuda_scratch_bytes(B, V);
+    void *scratch = k_alloc(G, scratch_bytes, KMEM_OTHER, "sampling scratch");
+    double *gu = kput(G, u, B * sizeof *u);
+    float *glp = k_alloc(G, B * 4, KMEM_OTHER, "logps");
+    int32_t *gt = k_alloc(G, B * 4, KMEM_OTHER, "tokens");
+    CHECK_CUDA(sample_rows_cuda(gt, glp, gl, B, V, temperature, top_p, top_k, gu, scratch, scratch_bytes,
+                                (cudaStream_t)G->stream));
+    kget(G, got2, gt, B * 4);
+    kget(G, got2_lp, glp, B * 4);
+    int mismatch = 0, raw = 0;
+    double elp = 0;
+    for (int r = 0; r < B; r++) {
+        mismatch += got[r] != want[r];
+        raw += got2[r] != got[r] || memcmp(&got2_lp[r], &got_lp[r], sizeof(float)) != 0;
+        if (got[r] == want[r])
+            elp = fmax(elp, fabs((double)got_lp[r] - want_lp[r]));
+    }
+    /* greedy must be exact; sampling may differ only where a cumulative sum lands within rounding of u */
+    int bad = temperature > 0 ? mismatch > 1 : mismatch != 0;
+    bad |= !(elp <= 1e-5) || raw != 0;
+    printf("  sample B=%d V=%d T=%.2f top_p=%.2f top_k=%d: %d of %d tokens differ from the CPU's, logp %.1e%s%s\n", B,
+           V, (double)temperature, (double)top_p, top_k, mismatch, B, elp, raw ? ", sample_rows_cuda differs" : "",
+           bad ? "  FAIL" : "");
+    kdrop(G, scratch, scratch_bytes), kdrop(G, gl, (size_t)B * V * 4), kdrop(G, glp, B * 4), kdrop(G, gt, B * 4);
+    kdrop(G, gu, B * sizeof *u);
+    free(logits), free(want), free(got), free(got2), free(want_lp), free(got_lp), free(got2_lp), free(u);
+    return bad;
+}
+
+static int test_kops(void)
+{
+    char why[256];
+    struct kctx *G = kctx_create("cuda", KMM_F32, why, sizeof why), *C = kctx_cpu();
+    if (!G || G->ops != &kops_cuda) {
+        printf("kctx_create(\"cuda\"): %s  FAIL\n", G ? "not the CUDA back-end's table" : why);
+        return 1;
+    }
+    struct kctx *G16 = kctx_create("cuda", KMM_BF16, why, sizeof why);
+    if (!G16) {
+        printf("kctx_create(\"cuda\", BF16): %s  FAIL\n", why);
+        kctx_free(G);
+        return 1;
+    }
+    const int small = small_shapes();
+    char desc[128];
+    printf("kops_cuda against kops_cpu on %s%s\n", kctx_describe(G, desc, sizeof desc), small ? " (small shapes)" : "");
+    int bad = t_memory(G) + t_empty_ops(G);
+    bad += t_rmsnorm(G, C, 37, 576) + t_rmsnorm(G, C, 5, 33);
+    bad += t_embedding(G, C, 300, 64, 50, 0, 50) + t_embedding(G, C, 257, 40, 100, 30, 70);
+    bad += t_linear(G, C, 37, 96, 80, 1e-5) + t_linear(G, C, 3, 5, 7, 1e-5);
+    bad += t_linear(G16, C, 37, 96, 80, 1e-2);
+    if (!small)
+        bad += t_linear(G, C, 300, 512, 384, 1e-5) + t_linear(G16, C, 300, 512, 384, 1e-2);
+    bad += t_rope(G, C, 17, 3, 64) + t_rope(G, C, 5, 2, 6);
+    {
+        static const int l1[] = {1, 70, 0, 130, 64}, l2[] = {37, 100}, l3[] = {200}, l4[] = {5, 3};
+        bad += t_attention(G, C, 5, l1, 4, 2, 64, 1.0f);
+        bad += t_attention(G, C, 2, l2, 6, 2, 24, 2.0f);
+        bad += t_attention(G, C, 2, l4, 2, 2, 8, 1.0f);
+        if (!small) {
+            bad += t_attention(G, C, 1, l3, 2, 1, 128, 1.0f);
+            static const int l5[] = {300, 129, 257};
+            bad += t_attention(G, C, 3, l5, 8, 2, 128, 1.5f);
+            bad += t_attention(G, C, 1, l1 + 1, 2, 1, 256, 1.0f);
+        }
+    }
+    bad += t_cached(G, C, 1, 1, 2, 1, 64) + t_cached(G, C, 1, 300, 4, 2, 64) + t_cached(G, C, 4, 600, 4, 1, 128);
+    bad += t_cached(G, C, 70, 150, 4, 2, 32);
+    if (!small)
+        bad += t_cached(G, C, 1, 2000, 8, 2, 128) + t_cached(G, C, 100, 400, 2, 1, 128);
+    bad += t_vec(G, C, 1000) + t_vec(G, C, 7);
+    if (!small)
+        bad += t_vec(G, C, 1000003);
+    bad += t_lmhead(G, C, 37, 64, 1000, 0, 1000, 16, 0.7f, false, true, 1e-5);
+    bad += t_lmhead(G, C, 37, 64, 1000, 300, 1000, 10, 1.0f, true, true, 1e-5);
+    bad += t_lmhead(G, C, 20, 32, 500, 0, 500, 64, 1.3f, false, false, 1e-5);
+    bad += t_lmhead(G16, C, 37, 64, 1000, 0, 1000, 16, 0.7f, false, true, 2e-2);
+    if (!small)
+        bad += t_lmhead(G, C, 300, 256, 5000, 1000, 4000, 128, 0.9f, true, true, 1e-5);
+    bad += t_adamw_kops(G, C, 1000) + t_adamw_kops(G, C, 7);
+    if (!small)
+        bad += t_adamw_kops(G, C, 100003);
+    const int sv = small ? 1000 : 32000;
+    bad += t_sample(G, C, 8, sv, 0.0f, 1.0f, 0) + t_sample(G, C, 8, sv, 0.0f, 0.5f, 20);
+    bad += t_sample(G, C, 8, sv, 1.0f, 1.0f, 0) + t_sample(G, C, 8, sv, 0.8f, 0.9f, 50);
+    bad += t_sample(G, C, 8, sv, 0.7f, 1.0f, 40) + t_sample(G, C, 8, sv, 1.2f, 0.95f, 0);
+    bad += t_sample(G, C, 3, 1, 1.0f, 0.9f, 0) + t_sample(G, C, 5, 700, 1.0f, 0.3f, 0);
+    printf("memory: %zu bytes allocated now, %zu at most; %zu reserved at most\n", G->mem.allocated,
+           G->mem.max_allocated, G->mem.max_reserved);
+    kctx_free(G16);
+    kctx_free(G);
+    printf("kops: %d failed\n", bad);
+    return bad;
+}
+
+/* Every rank leaves with 77 (skipped): mpirun passes it on. */
+static int nccl_skip(struct comm *world, int ndev)
+{
+    if (comm_rank(world) == 0)
+        printf("NCCL over %d ranks needs a GPU each (%d visible): skipped\n", comm_size(world), ndev);
+    comm_free(world);
+    MPI_Finalize();
+    return 77;
+}
+
 static int test_nccl(int argc, char **argv)
 {
     CHECK_MPI(MPI_Init(&argc, &argv));
@@ -373,6 +995,8 @@ static int test_nccl(int argc, char **argv)
     struct comm *world = comm_mpi_world();
     int ndev = 0;
     CHECK_CUDA(cudaGetDeviceCount(&ndev));
+    if (ndev < comm_size(world)) /* NCCL refuses two ranks on one GPU */
+        return nccl_skip(world, ndev);
     struct comm *nc = comm_nccl_from(world, comm_rank(world) % ndev);
     enum { N = 1 << 16 };
     static float h[N], want[N];
@@ -405,6 +1029,8 @@ static int test_nccl_deadline(int argc, char **argv)
     struct comm *world = comm_mpi_world();
     int ndev = 0;
     CHECK_CUDA(cudaGetDeviceCount(&ndev));
+    if (ndev < comm_size(world)) /* NCCL refuses two ranks on one GPU */
+        return nccl_skip(world, ndev);
     struct comm *nc = comm_nccl_from(world, comm_rank(world) % ndev);
     comm_set_deadline(nc, 2.0);
     float *d = NULL;
@@ -424,7 +1050,7 @@ static int test_nccl_deadline(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-    if (!have_gpu()) {
+    if (!kctx_cuda_available()) { /* asks the CUDA back-end first: nothing else of CUDA runs without a device */
         printf("no CUDA device visible: skipped\n");
         return 77;
     }
@@ -432,7 +1058,14 @@ int main(int argc, char **argv)
         return test_nccl(argc, argv);
     if (argc > 1 && strcmp(argv[1], "--nccl-deadline") == 0)
         return test_nccl_deadline(argc, argv);
-    if (argc > 1 && strcmp(argv[1], "--probe") == 0) /* a device is visible */
-        return 0;
-    return test_kernels();
+    if (argc > 1 && strcmp(argv[1], "--probe") == 0) { /* a device is visible (--probe N: N of them) */
+        int n = 0;
+        CHECK_CUDA(cudaGetDeviceCount(&n));
+        return n >= (argc > 2 ? atoi(argv[2]) : 1) ? 0 : 77;
+    }
+    if (argc > 1 && strcmp(argv[1], "--kops") == 0) /* the back-end's ops only */
+        return test_kops() ? 1 : 0;
+    int bad = test_kernels();
+    bad += test_kops();
+    return bad ? 1 : 0;
 }

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # A lost NCCL peer never hangs the run: with a 2 s deadline, rank 0's all-reduce without rank 1 ends the job
-# within seconds, naming the collective, the group size and the rank. Skipped (77) without a GPU.
+# within seconds, naming the collective, the group size and the rank. Skipped (77) with fewer than 2 GPUs.
 # usage: test_nccl_deadline.sh TEST_GPU_KERNELS
 set -u
 bin="$1"
-"$bin" --probe >/dev/null 2>&1
-[ $? -eq 77 ] && { echo "no CUDA device visible: skipped"; exit 77; }
+"$bin" --probe 2 >/dev/null 2>&1
+[ $? -eq 77 ] && { echo "fewer than 2 CUDA devices visible (NCCL needs one per rank): skipped"; exit 77; }
 out="$(mktemp)"
 trap 'rm -f "$out"' EXIT
 start=$(date +%s)

@@ -10,22 +10,14 @@
 # usage: test_dist.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS DATA_STRANGER SCORER_SO
 set -u
 WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" STRANGER="$4" SCORER="$5"
-TMP="$(mktemp -d /tmp/grpo-dist.XXXXXX)"
-trap 'rm -rf "$TMP"' EXIT
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-MPIRUN=(mpirun --oversubscribe --bind-to none)
-fails=0
-expect() { if [ "$2" -eq 0 ]; then echo "ok: $1"; else echo "FAIL: $1"; fails=$((fails + 1)); fi; }
-
-"$MODEL_TOOL" init tests/fixtures/tokenizers/bytes-chatml/config.json "$TMP/tiny" \
-    --tokenizer-from tests/fixtures/tokenizers/bytes-chatml --seed 11 --std 0.1 >"$TMP/init.log" 2>&1
-expect "tiny model initialised" $?
+. "$(dirname "$0")/dist_lib.sh" grpo-dist
 STEPS=4
 COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e
     trainer.total_training_steps=$STEPS trainer.val_before_train=false trainer.test_freq=-1
     data.train_batch_size=4 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=2
     data.max_response_length=12 actor_rollout_ref.actor.optim.lr=1e-3 data.synthetic.num_train=64
     data.synthetic.num_val=4 actor_rollout_ref.rollout.update_weights_bucket_megabytes=1
+    actor_rollout_ref.actor.use_kl_loss=true
     custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score)
 weights() { echo "$TMP/$1/p/e/checkpoints/global_step_$STEPS/actor"; }
 
@@ -53,7 +45,9 @@ for a, b in zip(one, two):
     for k in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean",
               "response_length/mean", "critic/advantages/max", "perf/total_num_tokens"):
         x, y = a[k], b[k]
-        rel = abs(x - y) / max(abs(x), 1e-3)
+        # the losses are means of terms of size about |advantage| ~ 1 that cancel to 1e-3 or less: their rounding
+        # is relative to the terms, so small values are compared against 1e-2
+        rel = abs(x - y) / max(abs(x), 1e-2)
         worst = max(worst, rel)
         if rel > 1e-5:
             sys.exit(f"step {a['step']} {k}: single process {x}, split {y} (relative {rel:.2e})")

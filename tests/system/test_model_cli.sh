@@ -47,6 +47,35 @@ expect "logits match transformers (shape and values)" $?
 "$tool" logits "$tiny" --ids 1,99999 --out "$tmp/x.npy" >"$tmp/err" 2>&1; [ $? -eq 2 ]
 expect "out-of-vocabulary id exits 2" $?
 has "$tmp/err" "outside the vocabulary"; expect "and says so" $?
+# a PEFT LoRA adapter (made by peft: tests/fixtures/models/lora-qwen3): info, logits with it, the merged export
+lora=tests/fixtures/models/lora-qwen3
+"$tool" merge-lora --help >"$tmp/h" 2>&1 && has "$tmp/h" "usage: grpo-model merge-lora"; expect "merge-lora --help" $?
+"$tool" info "$lora/adapter" >"$tmp/info" 2>&1; expect "info on a LoRA adapter directory" $?
+has "$tmp/info" "LoRA adapter        rank 2, alpha 3 (scale 1.5), on q_proj, v_proj, down_proj" &&
+    has "$tmp/info" "Qwen3ForCausalLM" && has "$tmp/info" "adapter parameters  960"
+expect "info prints the adapter's rank, alpha and targets, and its base model" $?
+lids="$(tr -d '[] \n' <"$lora/input_ids.json")"
+"$tool" logits tests/fixtures/models/tiny-qwen3 --adapter "$lora/adapter" --ids "$lids" --out "$tmp/la.npy" \
+    >"$tmp/log" 2>&1; expect "logits with --adapter" $?
+"$tool" merge-lora tests/fixtures/models/tiny-qwen3 "$lora/adapter" "$tmp/merged" >"$tmp/log" 2>&1
+expect "merge-lora writes a merged checkpoint" $?
+"$tool" logits "$tmp/merged" --ids "$lids" --out "$tmp/lm.npy" >"$tmp/log" 2>&1; expect "the merged model loads" $?
+python3 - "$tmp/la.npy" "$lora/logits.npy" "$tmp/lm.npy" "$lora/merged_logits.npy" <<'PY'
+import ast, struct, sys
+def load(p):
+    b = open(p, "rb").read()
+    hl = struct.unpack("<H", b[8:10])[0]
+    h = ast.literal_eval(b[10:10 + hl].decode())
+    n = 1
+    for d in h["shape"]:
+        n *= d
+    return struct.unpack("<%df" % n, b[10 + hl:10 + hl + 4 * n])
+a, pa, m, pm = (load(p) for p in sys.argv[1:5])
+worst = max(max(abs(x - y) for x, y in zip(a, pa)), max(abs(x - y) for x, y in zip(m, pm)))
+print("max |ours - peft| (adapter, merged) =", worst)
+sys.exit(0 if worst < 1e-4 else 1)
+PY
+expect "adapter and merged logits match peft's" $?
 "$tool" info /nonexistent >"$tmp/err" 2>&1; [ $? -ne 0 ]; expect "missing model fails" $?
 has "$tmp/err" "/nonexistent"; expect "error names the path" $?
 

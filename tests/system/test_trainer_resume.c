@@ -14,8 +14,9 @@ static int stop_at_2(void *ctx, int64_t step)
     return step == 2 ? TRAINER_STOP : TRAINER_CONTINUE;
 }
 
+/* With lora, a LoRA adapter (rank 4, q/v/down) is trained and its parameters are returned. */
 static float *run(const char *root, const char *model, const char *run_dir, const struct trainer_hooks *hooks,
-                  size_t *n, int64_t *step)
+                  size_t *n, int64_t *step, bool lora)
 {
     char mp[2048], rd[2048], ro[2048], proj[64] = "trainer.project_name=resume";
     snprintf(mp, sizeof mp, "actor_rollout_ref.model.path=%s", model);
@@ -40,9 +41,11 @@ static float *run(const char *root, const char *model, const char *run_dir, cons
                         "actor_rollout_ref.actor.use_kl_loss=true",
                         "actor_rollout_ref.actor.entropy_coeff=0.01",
                         "data.synthetic.num_train=64",
-                        "data.synthetic.num_val=4"};
+                        "data.synthetic.num_val=4",
+                        "actor_rollout_ref.model.lora_rank=4",
+                        "actor_rollout_ref.model.target_modules=[q_proj,v_proj,down_proj]"};
     struct grpo_config cfg;
-    tiny_config(&cfg, ov, (int)(sizeof ov / sizeof *ov));
+    tiny_config(&cfg, ov, (int)(sizeof ov / sizeof *ov) - (lora ? 0 : 2));
     char err[2048];
     struct trainer *t = trainer_create(&cfg, hooks, err, sizeof err);
     if (!t) {
@@ -72,15 +75,15 @@ int main(void)
         return 1;
     size_t na, nb, n0;
     int64_t sa, sb;
-    float *a = run(root, model, "a", NULL, &na, &sa);
+    float *a = run(root, model, "a", NULL, &na, &sa, false);
     struct trainer_hooks stop = {.safe_point = stop_at_2};
-    float *b2 = run(root, model, "b", &stop, &nb, &sb);
+    float *b2 = run(root, model, "b", &stop, &nb, &sb, false);
     int fails = 0;
     if (sb != 2) {
         fprintf(stderr, "FAIL: the stopped run ended at step %lld, not 2\n", (long long)sb);
         fails++;
     }
-    float *b = run(root, model, "b", NULL, &nb, &sb); /* resume_mode auto: from global_step_2 */
+    float *b = run(root, model, "b", NULL, &nb, &sb, false); /* resume_mode auto: from global_step_2 */
     if (sa != 4 || sb != 4 || na != nb) {
         fprintf(stderr, "FAIL: steps %lld / %lld, sizes %zu / %zu\n", (long long)sa, (long long)sb, na, nb);
         fails++;
@@ -156,6 +159,27 @@ int main(void)
         fails++;
     }
     free(a), free(b), free(b2);
+    /* the same with LoRA: the checkpoint holds the adapter and its optimizer state, and the resumed adapter is
+     * bit-identical to the uninterrupted run's */
+    size_t la_n, lb_n;
+    int64_t la_s, lb_s;
+    float *la = run(root, model, "la", NULL, &la_n, &la_s, true);
+    float *lb2 = run(root, model, "lb", &stop, &lb_n, &lb_s, true);
+    size_t moved = 0;
+    for (size_t i = 0; i < la_n && i < lb_n; i++)
+        moved += memcmp(&la[i], &lb2[i], sizeof(float)) != 0;
+    float *lb = run(root, model, "lb", NULL, &lb_n, &lb_s, true);
+    size_t ldiff = 0;
+    for (size_t i = 0; i < la_n && i < lb_n; i++)
+        ldiff += memcmp(&la[i], &lb[i], sizeof(float)) != 0;
+    if (la_s != 4 || lb_s != 4 || la_n != lb_n || ldiff || moved < la_n / 4) {
+        fprintf(stderr,
+                "FAIL: LoRA: steps %lld / %lld, adapter sizes %zu / %zu, %zu values differ after the resume, %zu "
+                "moved in steps 3-4\n",
+                (long long)la_s, (long long)lb_s, la_n, lb_n, ldiff, moved);
+        fails++;
+    }
+    free(la), free(lb), free(lb2);
     snprintf(path, sizeof path, "rm -rf '%s'", root);
     if (system(path) != 0)
         fprintf(stderr, "could not remove %s\n", root);

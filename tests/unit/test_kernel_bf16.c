@@ -118,14 +118,13 @@ static void ref_gemm(double *C, double *absC, struct mat A, struct mat B, int M,
 }
 
 /* got[i] - base[i] against the reference: |d - ref| <= tol * scale + 1e-30 */
-static void expect_close(const char *what, const float *got, const float *base, const double *ref,
-                         const double *scale, size_t n, double tol)
+static void expect_close(const char *what, const float *got, const float *base, const double *ref, const double *scale,
+                         size_t n, double tol)
 {
     for (size_t i = 0; i < n; i++) {
         double d = (double)got[i] - (base ? base[i] : 0.0);
         if (fabs(d - ref[i]) > tol * scale[i] + 1e-30)
-            fail_msg("%s[%zu]: %.9g, reference %.9g (scale %.3g, tolerance %.1e)", what, i, d, ref[i], scale[i],
-                     tol);
+            fail_msg("%s[%zu]: %.9g, reference %.9g (scale %.3g, tolerance %.1e)", what, i, d, ref[i], scale[i], tol);
     }
 }
 

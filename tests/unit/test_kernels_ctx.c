@@ -252,6 +252,41 @@ static void test_kv_slab_and_steady_decode(void **state)
     kctx_free(K);
 }
 
+/* The model with BF16 matrix products against fp32: log-probs and gradients within BF16's bounds (8 bits of
+ * mantissa in the products' inputs), and not the same numbers (the BF16 path ran). */
+static void test_bf16_model_within_bounds(void **state)
+{
+    (void)state;
+    char why[256];
+    struct kctx *bf = kctx_create("cpu", KMM_BF16, why, sizeof why);
+    if (!bf) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    struct model *m = model_create(&tiny);
+    model_init_random(m, 11, 0.2);
+    struct model *b = model_copy_to(m, bf);
+    model_alloc_grads(m), model_alloc_grads(b);
+    const size_t n = m->w.n_floats;
+    float *g32 = xmalloc(n * sizeof(float)), *g16 = xmalloc(n * sizeof(float));
+    float l32[11], l16[11];
+    train_step(m, false, l32, g32);
+    train_step(b, false, l16, g16);
+    double dl = 0, dg = 0, gmax = 0;
+    for (int i = 0; i < 11; i++)
+        dl = fmax(dl, fabs((double)l32[i] - l16[i]));
+    for (size_t i = 0; i < n; i++) {
+        dg = fmax(dg, fabs((double)g32[i] - g16[i]));
+        gmax = fmax(gmax, fabs((double)g32[i]));
+    }
+    print_message("bf16 against fp32: log-probs %.2e, gradients %.2e of the largest\n", dl, dg / gmax);
+    assert_true(dl > 0 && dl < 2e-2);
+    assert_true(dg > 0 && dg < 3e-2 * gmax);
+    free(g32), free(g16);
+    model_free(b), model_free(m);
+    kctx_free(bf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -260,6 +295,7 @@ int main(void)
         cmocka_unit_test(test_unknown_device),
         cmocka_unit_test(test_steady_training_step_allocates_nothing),
         cmocka_unit_test(test_kv_slab_and_steady_decode),
+        cmocka_unit_test(test_bf16_model_within_bounds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -804,6 +804,29 @@ static void test_svg(void **state)
     assert_non_null(strstr(svg, ">throughput (tokens/s): no data</text>"));
     assert_non_null(strstr(svg, ">step</text>"));
     assert_non_null(strstr(svg, ">30</text>")); /* an x tick at the last step */
+    assert_null(strstr(svg, "acc"));            /* no accuracy recorded: none drawn */
+    free(svg);
+
+    /* accuracies: a training line and validation points in the reward panel */
+    metrics_history_free(&h);
+    metrics_history_init(&h);
+    for (long s = 0; s <= 20; s++) {
+        metrics_clear(&m);
+        if (s > 0) {
+            metrics_set(&m, "critic/score/mean", 0.2 + 0.01 * (double)s);
+            metrics_set(&m, "critic/acc/mean", 0.01 * (double)s);
+        }
+        if (s % 10 == 0) {
+            metrics_set(&m, "val-core/arithmetic/reward/mean@1", 0.1 + 0.02 * (double)s);
+            metrics_set(&m, "val-core/arithmetic/acc/mean@1", 0.01 * (double)s);
+        }
+        metrics_history_append(&h, s, &m);
+    }
+    svg = svg_of(&h, NULL);
+    assert_non_null(strstr(svg, ">critic/{score,acc}/mean; points: val-core/*/{reward,acc}/mean@N</text>"));
+    assert_non_null(strstr(svg, ">train acc: 0.2 (step 20)</text>"));
+    assert_non_null(strstr(svg, ">val arithmetic: 0.5 (step 20)</text>"));
+    assert_non_null(strstr(svg, ">val arithmetic acc: 0.2 (step 20)</text>"));
     free(svg);
 
     /* KL falls back to ppo_kl; a single point draws a marker */
@@ -884,6 +907,12 @@ static void test_console(void **state)
     metrics_console_render(&c, 7, &m, buf, sizeof buf);
     assert_string_equal(buf, "step 7 | reward 0.410 | kl 1.23e-05 | entropy 1.920 | len 23.4 | 412 tok/s | "
                              "val gsm8k 0.500 | step 38.2s");
+    /* the exact-answer accuracies next to the rewards */
+    metrics_set(&m, "critic/acc/mean", 0.375);
+    metrics_set(&m, "val-core/gsm8k/acc/mean@1", 0.46875);
+    metrics_console_render(&c, 7, &m, buf, sizeof buf);
+    assert_string_equal(buf, "step 7 | reward 0.410 | acc 0.375 | kl 1.23e-05 | entropy 1.920 | len 23.4 | 412 tok/s | "
+                             "val gsm8k 0.500 acc 0.469 | step 38.2s");
 
     /* nothing known but the step */
     metrics_clear(&m);

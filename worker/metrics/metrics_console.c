@@ -106,6 +106,8 @@ int metrics_console_render(const struct metrics_console *c, long step, const str
         if (isfinite(prev))
             out_printf(&o, " (%+.3f)", v - prev);
     }
+    if (val(m, "critic/acc/mean", &v))
+        out_printf(&o, " | acc %.3f", v);
     if (val(m, "actor/kl_loss", &v) || val(m, "actor/ppo_kl", &v)) {
         fmt_sig(a, sizeof a, v);
         out_printf(&o, " | kl %s", a);
@@ -118,7 +120,7 @@ int metrics_console_render(const struct metrics_console *c, long step, const str
         fmt_sig(a, sizeof a, v);
         out_printf(&o, " | %s tok/s", a);
     }
-    /* validation rewards: val-core/DS/reward/mean@N */
+    /* validation rewards: val-core/DS/reward/mean@N, with the accuracy val-core/DS/acc/mean@N when set */
     for (size_t i = 0; i < metrics_count(m); i++) {
         const char *name = metrics_name(m, i);
         if (strncmp(name, "val-core/", 9) != 0 || !isfinite(metrics_value(m, i)))
@@ -126,7 +128,12 @@ int metrics_console_render(const struct metrics_console *c, long step, const str
         const char *tail = strstr(name + 9, "/reward/mean@");
         if (!tail)
             continue;
-        out_printf(&o, " | val %.*s %.3f", (int)(tail - (name + 9)), name + 9, metrics_value(m, i));
+        int dl = (int)(tail - (name + 9));
+        out_printf(&o, " | val %.*s %.3f", dl, name + 9, metrics_value(m, i));
+        char acc[300];
+        snprintf(acc, sizeof acc, "val-core/%.*s/acc/mean@%s", dl, name + 9, tail + strlen("/reward/mean@"));
+        if (val(m, acc, &v))
+            out_printf(&o, " acc %.3f", v);
     }
     if (val(m, "timing_s/step", &v)) {
         out_printf(&o, " | step %.1fs", v);

@@ -299,21 +299,24 @@ static void free_panel(struct panel *p)
     }
 }
 
-/* The validation series of the reward panel: every val-core/DS/reward/mean@N name, in first-seen order. */
-static void add_val_series(struct panel *p, const struct metrics_history *h)
+/* The validation series of the reward panel: every val-core/DS/KIND/mean@N name (KIND "reward" or "acc"), in
+ * first-seen order. */
+static void add_val_series(struct panel *p, const struct metrics_history *h, const char *kind)
 {
+    char tailpat[32];
+    snprintf(tailpat, sizeof tailpat, "/%s/mean@", kind);
     for (size_t i = 0; i < h->n; i++) {
         const struct metrics *m = &h->steps[i].m;
         for (size_t j = 0; j < metrics_count(m); j++) {
             const char *name = metrics_name(m, j);
             if (strncmp(name, "val-core/", 9) != 0)
                 continue;
-            const char *tail = strstr(name + 9, "/reward/mean@");
+            const char *tail = strstr(name + 9, tailpat);
             if (!tail)
                 continue;
             bool seen = false;
             for (int k = 1; k < p->ns && !seen; k++)
-                seen = strcmp(p->s[k].label + 4, name + 9) == 0; /* label: "val " + DS/reward/mean@N */
+                seen = p->s[k].markers && strcmp(p->s[k].label + 4, name + 9) == 0; /* "val " + DS/KIND/mean@N */
             if (seen || p->ns >= MAX_SERIES)
                 continue;
             struct series *s = &p->s[p->ns];
@@ -327,11 +330,21 @@ static void add_val_series(struct panel *p, const struct metrics_history *h)
             p->ns++;
         }
     }
-    /* legend text: "val DS" when N is 1 for every series, the full tail otherwise */
+}
+
+/* Legend text of the validation series: "val DS" (reward) and "val DS acc" when N is 1 for every series, the
+ * full tail otherwise. */
+static void shorten_val_labels(struct panel *p)
+{
     for (int k = 1; k < p->ns; k++) {
+        if (!p->s[k].markers)
+            continue;
         char *at = strstr(p->s[k].label, "/reward/mean@");
         if (at && strcmp(at, "/reward/mean@1") == 0)
             *at = '\0';
+        at = strstr(p->s[k].label, "/acc/mean@");
+        if (at && strcmp(at, "/acc/mean@1") == 0)
+            memcpy(at, " acc", 5);
     }
 }
 
@@ -357,9 +370,22 @@ int metrics_write_svg(const char *path, const struct metrics_history *h, const c
         panels[i].s[0].label = xstrdup("train");
         fill_series(&panels[i].s[0], h, spec[i].metric);
     }
-    add_val_series(&panels[0], h);
-    if (panels[0].ns > 1)
-        panels[0].subtitle = "critic/score/mean; points: val-core/*/reward/mean@N";
+    /* the reward panel also shows the exact-answer accuracy, apart from format credit, where it is known */
+    if (history_has(h, "critic/acc/mean")) {
+        struct series *s = &panels[0].s[panels[0].ns++];
+        s->color = "#17becf"; /* not in the palette the validation series cycle through */
+        s->label = xstrdup("train acc");
+        fill_series(s, h, "critic/acc/mean");
+    }
+    int before_val = panels[0].ns;
+    add_val_series(&panels[0], h, "reward");
+    add_val_series(&panels[0], h, "acc");
+    shorten_val_labels(&panels[0]);
+    if (panels[0].ns > before_val)
+        panels[0].subtitle = before_val > 1 ? "critic/{score,acc}/mean; points: val-core/*/{reward,acc}/mean@N"
+                                            : "critic/score/mean; points: val-core/*/reward/mean@N";
+    else if (before_val > 1)
+        panels[0].subtitle = "critic/{score,acc}/mean";
 
     int rows = (6 + COLS - 1) / COLS;
     int width = COLS * PANEL_W + (COLS + 1) * GAP;

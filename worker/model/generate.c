@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "kernels/kernels.h"
 
 struct slot {
     int seq; /* index into out[], -1 when free */
@@ -59,8 +60,11 @@ void generate(struct model *m, const int32_t *const *prompts, const int *prompt_
         slots[i].seq = -1;
         slots[i].kc = kv_slab_slot(slab, i);
     }
-    struct sampler_scratch *ss = sampler_scratch_create(V);
-    float *logits = xmalloc((size_t)max_batch * V * sizeof(float));
+    const float *logits = NULL; /* the step's logits, in the model's context: sampled there */
+    int32_t *toks = xmalloc((size_t)max_batch * sizeof(int32_t));
+    float *lps = xmalloc((size_t)max_batch * sizeof(float));
+    double *us = xmalloc((size_t)max_batch * sizeof(double));
+    const struct sampler_params *sp = &gp->sampling;
     struct kv_cache **batch = xmalloc((size_t)max_batch * sizeof *batch);
     int *ntok = xmalloc((size_t)max_batch * sizeof(int));
     int32_t *ids = xmalloc((size_t)max_batch * sizeof(int32_t));
@@ -88,7 +92,7 @@ void generate(struct model *m, const int32_t *const *prompts, const int *prompt_
         if (n_new > 0) {
             for (int g = 0, off = 0; g < n_new; off += prompt_lens[new_p[g]], g++)
                 memcpy(cat + off, prompts[new_p[g]], (size_t)prompt_lens[new_p[g]] * sizeof(int32_t));
-            model_step(m, batch, n_new, ntok, cat, logits, false);
+            logits = model_step_logits(m, batch, n_new, ntok, cat);
         }
         for (int g = 0; g < n_new; g++) {
             const int p = new_p[g];
@@ -106,8 +110,11 @@ void generate(struct model *m, const int32_t *const *prompts, const int *prompt_
                         kv_cache_copy(m, sl->kc, prompt_cache);
                 }
                 rng_seed(&sl->rng, gp->seed, gp->first_stream + (uint64_t)sl->seq);
+                /* one uniform per sampled token from the sequence's own stream (none when greedy) */
+                const double u = sp->temperature > 0 ? rng_uniform(&sl->rng) : 0.0;
                 float lp;
-                int32_t tok = sample_token(logits + (size_t)g * V, V, &gp->sampling, &sl->rng, ss, &lp);
+                int32_t tok;
+                k_sample(m->K, &tok, &lp, logits + (size_t)g * V, 1, V, sp->temperature, sp->top_p, sp->top_k, &u);
                 active++;
                 if (push_token(gp, &out[sl->seq], tok, lp)) {
                     sl->seq = -1;
@@ -128,11 +135,14 @@ void generate(struct model *m, const int32_t *const *prompts, const int *prompt_
                 ids[B] = slots[i].next;
                 who[B++] = i;
             }
-        model_step(m, batch, B, ntok, ids, logits, false);
+        logits = model_step_logits(m, batch, B, ntok, ids);
+        for (int b = 0; b < B; b++)
+            us[b] = sp->temperature > 0 ? rng_uniform(&slots[who[b]].rng) : 0.0;
+        k_sample(m->K, toks, lps, logits, B, V, sp->temperature, sp->top_p, sp->top_k, us);
         for (int b = 0; b < B; b++) {
             struct slot *sl = &slots[who[b]];
-            float lp;
-            int32_t tok = sample_token(logits + (size_t)b * V, V, &gp->sampling, &sl->rng, ss, &lp);
+            const int32_t tok = toks[b];
+            const float lp = lps[b];
             if (push_token(gp, &out[sl->seq], tok, lp)) {
                 sl->seq = -1;
                 active--;
@@ -142,8 +152,8 @@ void generate(struct model *m, const int32_t *const *prompts, const int *prompt_
         }
     }
     kv_slab_free(slab);
-    free(cat), free(slots), free(logits), free(batch), free(ntok), free(ids), free(who), free(new_p), free(first_slot);
-    sampler_scratch_free(ss);
+    free(cat), free(slots), free(toks), free(lps), free(us), free(batch), free(ntok), free(ids), free(who), free(new_p),
+        free(first_slot);
 }
 
 void gen_output_free(struct gen_output *o)

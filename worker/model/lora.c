@@ -20,7 +20,7 @@
 #define ERR(...) error_set(err, errlen, __VA_ARGS__)
 
 static const char *const g_proj_names[PROJ_KINDS] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                                       "gate_proj", "up_proj", "down_proj"};
+                                                     "gate_proj", "up_proj", "down_proj"};
 
 const char *lora_proj_name(enum proj_kind p) { return g_proj_names[p]; }
 
@@ -78,8 +78,8 @@ int lora_attach(struct model *m, const struct lora_config *c, char *err, size_t 
         return ERR("LoRA runs on whole models only (this one is TP rank %d of %d, stage %d of %d)", m->sh.tp_rank,
                    m->sh.tp_size, m->sh.pp_rank, m->sh.pp_size);
     if (c->rank < 1 || !(c->alpha > 0) || !(c->targets & LORA_ALL_LINEAR) || (c->targets & ~LORA_ALL_LINEAR))
-        return ERR("LoRA needs a rank >= 1 (got %d), alpha > 0 (got %g) and at least one target projection",
-                   c->rank, c->alpha);
+        return ERR("LoRA needs a rank >= 1 (got %d), alpha > 0 (got %g) and at least one target projection", c->rank,
+                   c->alpha);
     struct lora *a = xcalloc(1, sizeof *a);
     a->cfg = *c;
     a->scale = (float)(c->alpha / c->rank);
@@ -91,6 +91,26 @@ int lora_attach(struct model *m, const struct lora_config *c, char *err, size_t 
     lora_layout(m, c, a->mem, a->w);
     a->sink = k_calloc(m->K, sink_floats(m) * sizeof(float), KMEM_GRADS, "the frozen norms' gradient sink");
     m->lora = a;
+    return 0;
+}
+
+int lora_attach_config(struct model *m, const struct grpo_config *cfg, const char *base_path, char *err, size_t errlen)
+{
+    if (cfg->arr_model_lora_adapter_path[0]) {
+        if (lora_load(m, cfg->arr_model_lora_adapter_path, err, errlen) != 0)
+            return -1;
+    } else if (cfg->arr_model_lora_rank > 0) {
+        struct lora_config c = {.rank = (int)cfg->arr_model_lora_rank, .alpha = cfg->arr_model_lora_alpha};
+        char why[256];
+        if (config_lora_targets(cfg->arr_model_target_modules, &c.targets, why, sizeof why) != 0)
+            return ERR("%s", why);
+        if (lora_attach(m, &c, err, errlen) != 0)
+            return -1;
+        lora_init(m, (uint64_t)cfg->data_seed);
+    } else {
+        return 0;
+    }
+    snprintf(m->lora->base, sizeof m->lora->base, "%s", base_path ? base_path : "");
     return 0;
 }
 
@@ -165,8 +185,8 @@ void lora_proj_forward(const struct model *m, int l, enum proj_kind p, float *y,
     model_proj_dims(m, p, &din, &dout);
     const int r = a->cfg.rank;
     float *t = scratch(m, (size_t)N * ((size_t)r + (size_t)dout)), *u = t + (size_t)N * r;
-    k_linear_forward(m->K, t, x, a->w[l].A[p], NULL, N, din, r);   /* t (N, r) = x A^T */
-    k_linear_forward(m->K, u, t, a->w[l].B[p], NULL, N, r, dout);  /* u (N, Dout) = t B^T */
+    k_linear_forward(m->K, t, x, a->w[l].A[p], NULL, N, din, r);  /* t (N, r) = x A^T */
+    k_linear_forward(m->K, u, t, a->w[l].B[p], NULL, N, r, dout); /* u (N, Dout) = t B^T */
     k_axpy(m->K, y, a->scale, u, (size_t)N * dout);
 }
 
@@ -282,8 +302,18 @@ int lora_read_config(const char *dir, struct lora_config *c, char *base, size_t 
         ERR("%s: lora_alpha must be a positive number", path);
         goto out;
     }
-    static const char *const off_keys[] = {"use_rslora",   "use_dora",     "fan_in_fan_out",  "modules_to_save",
-                                           "rank_pattern", "alpha_pattern", "layers_to_transform"};
+    static const char *const off_keys[] = {"use_rslora",
+                                           "use_dora",
+                                           "fan_in_fan_out",
+                                           "modules_to_save",
+                                           "rank_pattern",
+                                           "alpha_pattern",
+                                           "lora_bias",
+                                           "exclude_modules",
+                                           "layers_to_transform",
+                                           "target_parameters",
+                                           "trainable_token_indices",
+                                           "layer_replication"};
     for (size_t i = 0; i < sizeof off_keys / sizeof *off_keys; i++)
         if (off_or_absent(root, off_keys[i], NULL, path, err, errlen) != 0)
             goto out;
@@ -297,8 +327,11 @@ int lora_read_config(const char *dir, struct lora_config *c, char *base, size_t 
         json_t *e;
         json_array_foreach(tm, i, e)
         {
+            /* peft matches by suffix and writes "all-linear" out as module paths: model.layers.0.mlp.gate_proj
+             * (a layer missing one is caught by lora_load: its tensors are missing) */
+            const char *name = json_is_string(e) ? json_string_value(e) : "?", *dot = strrchr(name, '.');
             const size_t at = strlen(list);
-            snprintf(list + at, sizeof list - at, "%s%s", at ? "," : "", json_is_string(e) ? json_string_value(e) : "?");
+            snprintf(list + at, sizeof list - at, "%s%s", at ? "," : "", dot ? dot + 1 : name);
         }
     }
     char why[256];
@@ -356,6 +389,8 @@ static int write_config(const struct lora *a, const char *path, const char *base
 static int host_refs(const struct model *m, float **host, struct param_ref **refs)
 {
     const struct lora *a = m->lora;
+    if (!a)
+        check_failf(__FILE__, __LINE__, "host_refs: the model has no LoRA adapter");
     *host = xmalloc((a->n ? a->n : 1) * sizeof(float));
     k_to_host(m->K, *host, a->mem, a->n * sizeof(float));
     const int n = lora_refs(m, *host, NULL, 0);
@@ -372,7 +407,7 @@ int lora_save(const struct model *m, const char *dir, const char *base, char *er
         return ERR("%s: cannot create directory: %s", dir, check_errno_text());
     char path[4096];
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    if (write_config(m->lora, path, base, err, errlen) != 0)
+    if (write_config(m->lora, path, base ? base : m->lora->base, err, errlen) != 0)
         return -1;
     float *host;
     struct param_ref *refs;
@@ -391,11 +426,17 @@ int lora_save(const struct model *m, const char *dir, const char *base, char *er
 
 int lora_load(struct model *m, const char *dir, char *err, size_t errlen)
 {
-    struct lora_config c;
-    if (lora_read_config(dir, &c, NULL, 0, err, errlen) != 0)
+    struct lora_config c = {0};
+    char base[4096];
+    if (lora_read_config(dir, &c, base, sizeof base, err, errlen) != 0)
         return -1;
-    if (!m->lora && lora_attach(m, &c, err, errlen) != 0)
-        return -1;
+    if (!m->lora) {
+        if (lora_attach(m, &c, err, errlen) != 0)
+            return -1;
+        snprintf(m->lora->base, sizeof m->lora->base, "%s", base);
+    }
+    if (!m->lora)
+        return ERR("%s: no adapter attached", dir);
     const struct lora_config *have = &m->lora->cfg;
     if (have->rank != c.rank || have->targets != c.targets) {
         char a[128], b[128];
@@ -417,9 +458,9 @@ int lora_load(struct model *m, const char *dir, char *err, size_t errlen)
         if (!t)
             rc = ERR("%s: tensor %s is missing", path, refs[i].name);
         else if (t->n_dims != 2 || t->shape[0] != refs[i].shape[0] || t->shape[1] != refs[i].shape[1])
-            rc = ERR("%s: %s has shape [%lld, %lld], expected [%lld, %lld]", path, refs[i].name,
-                     (long long)t->shape[0], (long long)(t->n_dims > 1 ? t->shape[1] : 1),
-                     (long long)refs[i].shape[0], (long long)refs[i].shape[1]);
+            rc = ERR("%s: %s has shape [%lld, %lld], expected [%lld, %lld]", path, refs[i].name, (long long)t->shape[0],
+                     (long long)(t->n_dims > 1 ? t->shape[1] : 1), (long long)refs[i].shape[0],
+                     (long long)refs[i].shape[1]);
         else
             rc = st_tensor_to_f32(f, t, refs[i].data, err, errlen);
     }

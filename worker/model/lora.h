@@ -39,8 +39,8 @@ struct lora_layer {
 
 struct lora {
     struct lora_config cfg;
-    float scale;  /* alpha / r */
-    bool bypass;  /* run as the base model (reference log-probs) */
+    float scale; /* alpha / r */
+    bool bypass; /* run as the base model (reference log-probs) */
     int n_layers;
     size_t n;                 /* floats of every A and B */
     float *mem;               /* the adapter (n floats, context memory) */
@@ -49,6 +49,7 @@ struct lora {
     float *scratch;           /* per-projection products: (N, r) x 2 and (N, Dout) */
     size_t scratch_cap;       /* floats */
     float *sink;              /* frozen norm weights' gradients land here, unread (max(D, head_dim) floats) */
+    char base[4096];          /* the base model's path or name (adapter_config.json's base_model_name_or_path) */
 };
 
 /* "q_proj" ... "down_proj", and its module ("self_attn" or "mlp"). */
@@ -59,6 +60,11 @@ const char *lora_targets_text(unsigned targets, char *buf, size_t len);
 
 /* Attach a zeroed adapter to m (a whole model: no TP or PP shard; at most one adapter). 0, or -1 with err. */
 int lora_attach(struct model *m, const struct lora_config *c, char *err, size_t errlen);
+/* The adapter the configuration asks for (actor_rollout_ref.model.lora_rank, lora_alpha, target_modules), new and
+ * initialised from data.seed, or loaded from actor_rollout_ref.model.lora_adapter_path; base_path is the base
+ * model's (for adapter_config.json). 0 (also when LoRA is off: nothing attached), or -1 with err. */
+struct grpo_config;
+int lora_attach_config(struct model *m, const struct grpo_config *cfg, const char *base_path, char *err, size_t errlen);
 /* PEFT's initialisation, reproducible from seed: A kaiming-uniform (bound 1 / sqrt(Din), torch's
  * kaiming_uniform_ with a = sqrt(5)), B zero: the model starts as the base. */
 void lora_init(struct model *m, uint64_t seed);
@@ -89,8 +95,8 @@ int lora_refs(const struct model *m, const float *buf, struct param_ref *refs, i
  * with err naming the file and field (a non-LoRA adapter, rsLoRA, DoRA, biases or modules other than the
  * projections are refused). */
 int lora_read_config(const char *dir, struct lora_config *c, char *base, size_t base_len, char *err, size_t errlen);
-/* Save m's adapter into dir (created): adapter_config.json (base_model_name_or_path = base, may be "") and
- * adapter_model.safetensors, each atomically. 0, or -1 with err. */
+/* Save m's adapter into dir (created): adapter_config.json (base_model_name_or_path = base, or the adapter's own
+ * when base is NULL) and adapter_model.safetensors, each atomically. 0, or -1 with err. */
 int lora_save(const struct model *m, const char *dir, const char *base, char *err, size_t errlen);
 /* Load the adapter in dir into m: attached first when m has none, else its rank and targets must match. 0, or -1
  * with err. */

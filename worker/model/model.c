@@ -558,12 +558,12 @@ struct model_acts {
 
 /* Buffers of one backward (the model's backward arena, taken again for every batch). */
 struct bwd_bufs {
-    float *dx, *dh, *scratch_out;             /* (N, D) */
-    float *da, *dg, *du;                      /* (N, F) */
-    float *dxn;                               /* (N, D) */
-    float *datt, *dq, *dk, *dv;               /* (N, QD), (N, QD), (N, KD), (N, KD) */
-    float *dq_pre, *dk_pre;                   /* Qwen3 */
-    float *dlogp, *dentropy;                  /* (N) */
+    float *dx, *dh, *scratch_out; /* (N, D) */
+    float *da, *dg, *du;          /* (N, F) */
+    float *dxn;                   /* (N, D) */
+    float *datt, *dq, *dk, *dv;   /* (N, QD), (N, QD), (N, KD), (N, KD) */
+    float *dq_pre, *dk_pre;       /* Qwen3 */
+    float *dlogp, *dentropy;      /* (N) */
 };
 
 /* What a model keeps from batch to batch: the pool of activation objects, the backward arena, the generation
@@ -809,7 +809,8 @@ static void layer_backward(struct model *m, int l, const struct packed_batch *b,
     model_proj_backward(m, l, PROJ_GATE, d->dxn, d->dg, a->xn2, N);
     model_proj_backward(m, l, PROJ_UP, d->dxn, d->du, a->xn2, N);
     model_tp_sum(m, d->dxn, nD);
-    k_rmsnorm_backward(K, dx, G ? G->mlp_norm : sink, d->dxn, a->xmid, L->mlp_norm, a->rstd2, N, D); /* dx now dL/dxmid */
+    /* dx now dL/dxmid */
+    k_rmsnorm_backward(K, dx, G ? G->mlp_norm : sink, d->dxn, a->xmid, L->mlp_norm, a->rstd2, N, D);
     /* attention: xmid = x + o(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))) */
     k_zero(K, d->datt, (size_t)N * QD * fs), k_zero(K, d->dq, (size_t)N * QD * fs);
     k_zero(K, d->dk, (size_t)N * KD * fs), k_zero(K, d->dv, (size_t)N * KD * fs);
@@ -842,11 +843,9 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
     const int N = b->N, D = c->hidden_size, lo = sh->layer_lo, hi = sh->layer_hi;
     const size_t nD = (size_t)N * D;
     if (!sh->has_embed && !x_in)
-        check_failf(__FILE__, __LINE__, "model_forward_stage: stage %d needs the previous stage's output",
-                    sh->pp_rank);
+        check_failf(__FILE__, __LINE__, "model_forward_stage: stage %d needs the previous stage's output", sh->pp_rank);
     if (!sh->has_head && !y_out)
-        check_failf(__FILE__, __LINE__, "model_forward_stage: stage %d needs somewhere to put its output",
-                    sh->pp_rank);
+        check_failf(__FILE__, __LINE__, "model_forward_stage: stage %d needs somewhere to put its output", sh->pp_rank);
     struct model_acts *A = acts_get(m, N, b->B, checkpointing);
     k_to_device(K, A->ids, b->ids, (size_t)N * sizeof(int32_t));
     k_to_device(K, A->targets, b->targets, (size_t)N * sizeof(int32_t));
@@ -913,8 +912,7 @@ void model_backward_stage(struct model *m, struct model_acts *A, const float *dl
     const int N = A->b.N, D = c->hidden_size;
     const size_t nD = (size_t)N * D;
     if (!sh->has_head && !dy)
-        check_failf(__FILE__, __LINE__, "model_backward_stage: stage %d needs the next stage's gradient",
-                    sh->pp_rank);
+        check_failf(__FILE__, __LINE__, "model_backward_stage: stage %d needs the next stage's gradient", sh->pp_rank);
     if (!sh->has_embed && !dx_out)
         check_failf(__FILE__, __LINE__, "model_backward_stage: stage %d needs somewhere to put its input gradient",
                     sh->pp_rank);
@@ -940,8 +938,7 @@ void model_backward_stage(struct model *m, struct model_acts *A, const float *dl
         k_lmhead_backward(K, d.dh, G ? G->lm_head : NULL, d.dlogp, dentropy ? d.dentropy : NULL, A->hn, m->w.lm_head,
                           A->targets, N, D, &vs, A->temperature, LMHEAD_CHUNK);
         model_tp_sum(m, d.dh, nD); /* each rank's vocabulary rows gave their part of dL/dh */
-        k_rmsnorm_backward(K, d.dx, G ? G->final_norm : m->lora->sink, d.dh, A->xf, m->w.final_norm, A->rstdf, N,
-                           D);
+        k_rmsnorm_backward(K, d.dx, G ? G->final_norm : m->lora->sink, d.dh, A->xf, m->w.final_norm, A->rstdf, N, D);
     } else {
         k_to_device(K, d.dx, dy, nD * sizeof(float));
     }

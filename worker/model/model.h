@@ -233,8 +233,8 @@ struct kv_slab;
 struct kv_cache {
     int len, cap; /* tokens stored, capacity */
     int n_layers;
-    float **k, **v;       /* per layer: (cap, Hkv*hd) in the slab; NULL for the layers of other pipeline stages */
-    struct kv_slab *own;  /* the one-slot slab of kv_cache_create, freed with it; NULL for a slab's slot */
+    float **k, **v;      /* per layer: (cap, Hkv*hd) in the slab; NULL for the layers of other pipeline stages */
+    struct kv_slab *own; /* the one-slot slab of kv_cache_create, freed with it; NULL for a slab's slot */
 };
 
 /* The KV caches of n_slots sequences of up to cap tokens each, in one allocation of the model's context:
@@ -261,6 +261,10 @@ void model_step(struct model *m, struct kv_cache **caches, int B, const int *nto
  * the final norm (B, D): a sequence-classification head (a reward model's score) reads it. */
 void model_step_hidden(struct model *m, struct kv_cache **caches, int B, const int *ntok, const int32_t *ids,
                        float *logits, bool all_logits, float *hidden_last);
+
+/* model_step whose logits (B, V: each sequence's last new token) stay in the model's context (device memory on a
+ * GPU), on every rank of the model's groups: generation samples from them there. Valid until the next step. */
+const float *model_step_logits(struct model *m, struct kv_cache **caches, int B, const int *ntok, const int32_t *ids);
 
 /* Logits of every position of one sequence (T, V), via model_step on a fresh cache. */
 void model_logits(struct model *m, const int32_t *ids, int T, float *logits);

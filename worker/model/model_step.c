@@ -120,10 +120,10 @@ static void step_take(const struct model *m, int N, int B, int rows, struct step
     t->u = karena_take(ar, n * F * sizeof(float));
     t->tmp = karena_take(ar, n * D * sizeof(float));
     t->hid = karena_take(ar, (size_t)B * D * sizeof(float));
-    if (!m->sh.has_head || rows == 0)
+    if (rows == 0)
         return;
-    t->lg = karena_take(ar, (size_t)rows * V * sizeof(float));
-    if (tp > 1) {
+    t->lg = karena_take(ar, (size_t)rows * V * sizeof(float)); /* every stage: the last one broadcasts them */
+    if (m->sh.has_head && tp > 1) {
         t->part = karena_take(ar, (size_t)rows * per * sizeof(float));
         t->all = karena_take(ar, (size_t)tp * rows * per * sizeof(float));
         t->mine = karena_take(ar, (size_t)rows * Vl * sizeof(float));
@@ -168,8 +168,10 @@ static void last_rows(struct kctx *K, float *out, const float *x, int B, const i
         k_copy(K, out + (size_t)b * D, x + (size_t)(off + ntok[b] - 1) * D, (size_t)D * sizeof(float));
 }
 
-void model_step_hidden(struct model *m, struct kv_cache **caches, int B, const int *ntok, const int32_t *ids,
-                       float *logits, bool all_logits, float *hidden_last)
+/* The step: logits wanted (rows of all_logits ? N : B) are left in the step arena, in the context's memory, on
+ * every stage; returned (NULL when not wanted). */
+static const float *step(struct model *m, struct kv_cache **caches, int B, const int *ntok, const int32_t *ids,
+                         bool want_logits, bool all_logits, float *hidden_last)
 {
     const struct model_config *c = &m->cfg;
     struct kctx *K = m->K;
@@ -183,9 +185,9 @@ void model_step_hidden(struct model *m, struct kv_cache **caches, int B, const i
         N += ntok[b];
     }
     if (N == 0)
-        return; /* every sequence asked for zero new tokens */
+        return NULL; /* every sequence asked for zero new tokens */
     const size_t nD = (size_t)N * D;
-    const int rows = logits ? (all_logits ? N : B) : 0;
+    const int rows = want_logits ? (all_logits ? N : B) : 0;
     struct karena *ar = model_step_arena(m), plan;
     struct step_bufs t;
     karena_init_counter(&plan);
@@ -246,7 +248,7 @@ void model_step_hidden(struct model *m, struct kv_cache **caches, int B, const i
         k_rmsnorm_forward(K, t.hid, NULL, t.tmp, m->w.final_norm, B, D, c->rms_norm_eps);
         k_to_host(K, hidden_last, t.hid, (size_t)B * D * sizeof(float));
     }
-    if (logits && sh->has_head) {
+    if (rows && sh->has_head) {
         if (all_logits) {
             k_rmsnorm_forward(K, t.xn, NULL, t.x, m->w.final_norm, N, D, c->rms_norm_eps);
         } else { /* only each sequence's last new token needs logits */
@@ -254,11 +256,28 @@ void model_step_hidden(struct model *m, struct kv_cache **caches, int B, const i
             k_rmsnorm_forward(K, t.xn, NULL, t.tmp, m->w.final_norm, B, D, c->rms_norm_eps);
         }
         head_logits(m, &t, t.xn, rows);
-        k_to_host(K, logits, t.lg, (size_t)rows * c->vocab_size * sizeof(float));
     }
-    if (logits && sh->pp) /* the last stage's logits to every stage: they sample the same tokens */
-        comm_broadcast(sh->pp, logits, (size_t)rows * c->vocab_size, COMM_F32, sh->pp_size - 1);
-    karena_reset(ar);
+    if (rows && sh->pp) /* the last stage's logits to every stage: they sample the same tokens */
+        comm_broadcast(sh->pp, t.lg, (size_t)rows * c->vocab_size, COMM_F32, sh->pp_size - 1);
+    karena_reset(ar); /* the logits stay readable until the next step takes the arena */
+    return t.lg;
+}
+
+void model_step_hidden(struct model *m, struct kv_cache **caches, int B, const int *ntok, const int32_t *ids,
+                       float *logits, bool all_logits, float *hidden_last)
+{
+    const float *lg = step(m, caches, B, ntok, ids, logits != NULL, all_logits, hidden_last);
+    if (lg) {
+        int N = 0;
+        for (int b = 0; b < B; b++)
+            N += ntok[b];
+        k_to_host(m->K, logits, lg, (size_t)(all_logits ? N : B) * m->cfg.vocab_size * sizeof(float));
+    }
+}
+
+const float *model_step_logits(struct model *m, struct kv_cache **caches, int B, const int *ntok, const int32_t *ids)
+{
+    return step(m, caches, B, ntok, ids, true, false, NULL);
 }
 
 void model_logits(struct model *m, const int32_t *ids, int T, float *logits)

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "common/check.h"
+#include "kernels/kernels.h"
 
 static uint64_t splitmix64(uint64_t *x)
 {
@@ -38,91 +39,28 @@ uint64_t rng_next(struct rng *r)
 
 double rng_uniform(struct rng *r) { return (double)(rng_next(r) >> 11) * 0x1.0p-53; }
 
-struct cand {
-    float p;
-    int id;
-};
-
 struct sampler_scratch {
     int V;
-    struct cand *c;
 };
 
 struct sampler_scratch *sampler_scratch_create(int V)
 {
     struct sampler_scratch *s = xcalloc(1, sizeof *s);
     s->V = V;
-    s->c = xmalloc((size_t)V * sizeof *s->c);
     return s;
 }
 
-void sampler_scratch_free(struct sampler_scratch *s)
-{
-    if (s) {
-        free(s->c);
-        free(s);
-    }
-}
-
-/* descending probability, ties by id so the order is total and reproducible */
-static int cmp_desc(const void *a, const void *b)
-{
-    const struct cand *x = a, *y = b;
-    if (x->p != y->p)
-        return x->p < y->p ? 1 : -1;
-    return x->id - y->id;
-}
+void sampler_scratch_free(struct sampler_scratch *s) { free(s); }
 
 int sample_token(const float *logits, int V, const struct sampler_params *p, struct rng *r, struct sampler_scratch *s,
                  float *logp)
 {
-    const double t = p->temperature > 0 ? p->temperature : 1.0;
-    float mx = logits[0];
-    int arg = 0;
-    for (int i = 1; i < V; i++)
-        if (logits[i] > mx) {
-            mx = logits[i];
-            arg = i;
-        }
-    double z = 0;
-    for (int i = 0; i < V; i++)
-        z += exp((logits[i] - mx) / t);
-    const double logz = log(z); // cppcheck-suppress invalidFunctionArg ; z >= 1: the maximum contributes exp(0)
-    int tok = arg;
-    if (p->temperature > 0) {
-        for (int i = 0; i < V; i++)
-            s->c[i] = (struct cand){(float)exp((logits[i] - mx) / t - logz), i};
-        int n = V;
-        bool truncate = (p->top_k > 0 && p->top_k < V) || p->top_p < 1.0f;
-        if (truncate) {
-            qsort(s->c, (size_t)V, sizeof *s->c, cmp_desc);
-            if (p->top_k > 0 && p->top_k < n)
-                n = p->top_k;
-            if (p->top_p < 1.0f) {
-                double acc = 0;
-                int keep = 0;
-                while (keep < n) {
-                    acc += s->c[keep++].p;
-                    if (acc >= p->top_p)
-                        break;
-                }
-                n = keep;
-            }
-        }
-        double mass = 0;
-        for (int i = 0; i < n; i++)
-            mass += s->c[i].p;
-        double u = rng_uniform(r) * mass, acc = 0;
-        tok = s->c[n - 1].id;
-        for (int i = 0; i < n; i++) {
-            acc += s->c[i].p;
-            if (u < acc) {
-                tok = s->c[i].id;
-                break;
-            }
-        }
-    }
+    (void)s;
+    /* one uniform per sampled token, none for greedy: the stream does not depend on how tokens are batched */
+    const double u = p->temperature > 0 ? rng_uniform(r) : 0.0;
+    float lp;
+    const int tok = sample_row(logits, V, p->temperature, p->top_p, p->top_k, u, &lp);
     if (logp)
-        *logp = (float)((logits[tok] - mx) / t - logz);
+        *logp = lp;
     return tok;
 }

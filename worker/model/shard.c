@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "kernels/kernels.h"
 #include "model.h"
 #include "model_internal.h"
 #include "worker/comm/comm.h"
@@ -33,18 +34,27 @@ static const struct param_ref *whole_of(const struct param_ref *w, int nw, const
     return NULL;
 }
 
-/* Copy between a part (p) and its place in the whole tensor (w, laid out full[0] x full[1]). */
-static void copy_part(const struct param_ref *p, float *part, float *whole, bool to_whole)
+/* Copy between a part (p) and its place in the whole tensor (w, laid out full[0] x full[1]), both in K's
+ * memory. */
+static void copy_part_on(struct kctx *K, const struct param_ref *p, float *part, float *whole, bool to_whole)
 {
     const int64_t rows = p->shape[0], cols = p->shape[1], fcols = p->full[1];
-    for (int64_t i = 0; i < rows; i++) {
-        float *a = part + i * cols;
-        float *b = p->split == 2 ? whole + i * fcols + p->at : whole + (p->split == 1 ? p->at + i : i) * fcols;
-        if (to_whole)
-            memcpy(b, a, (size_t)cols * sizeof(float));
-        else
-            memcpy(a, b, (size_t)cols * sizeof(float));
+    if (p->split != 2) { /* whole rows: one block */
+        float *b = whole + (p->split == 1 ? p->at : 0) * fcols;
+        const size_t bytes = (size_t)rows * (size_t)cols * sizeof(float);
+        k_copy(K, to_whole ? b : part, to_whole ? part : b, bytes);
+        return;
     }
+    for (int64_t i = 0; i < rows; i++) {
+        float *a = part + i * cols, *b = whole + i * fcols + p->at;
+        k_copy(K, to_whole ? b : a, to_whole ? a : b, (size_t)cols * sizeof(float));
+    }
+}
+
+/* The same in host memory. */
+static void copy_part(const struct param_ref *p, float *part, float *whole, bool to_whole)
+{
+    copy_part_on(kctx_cpu(), p, part, whole, to_whole);
 }
 
 void model_shard_slice(const struct model *m, const float *whole, float *local)
@@ -144,18 +154,19 @@ static void sync_kv(struct model *m, const struct param_ref *g, int n)
     for (int i = 0; i < n; i++)
         if (is_kv(&g[i]))
             total += (size_t)g[i].full[0] * (size_t)g[i].full[1];
-    float *buf = xcalloc(total ? total : 1, sizeof(float));
+    const size_t bytes = (total ? total : 1) * sizeof(float);
+    float *buf = k_calloc(m->K, bytes, KMEM_OTHER, "the replicated KV heads' gradients");
     for (int pass = 0; pass < 2; pass++) {
         if (pass == 1)
             comm_allreduce_sum(m->sh.tp, buf, total, COMM_F32);
         size_t off = 0;
         for (int i = 0; i < n; i++)
             if (is_kv(&g[i])) {
-                copy_part(&g[i], g[i].data, buf + off, pass == 0);
+                copy_part_on(m->K, &g[i], g[i].data, buf + off, pass == 0);
                 off += (size_t)g[i].full[0] * (size_t)g[i].full[1];
             }
     }
-    free(buf);
+    k_free(m->K, buf, bytes, KMEM_OTHER);
 }
 
 void model_shard_sync_grads(struct model *m)
@@ -180,12 +191,11 @@ void model_shard_sync_grads(struct model *m)
          * float sum either way round), so the two copies stay equal */
         float *mine = sh->has_embed ? m->grad->embed : m->grad->lm_head;
         const size_t k = (size_t)(sh->vocab_hi - sh->vocab_lo) * (size_t)m->cfg.hidden_size;
-        float *theirs = xmalloc(k * sizeof(float));
+        float *theirs = k_alloc(m->K, (k ? k : 1) * sizeof(float), KMEM_OTHER, "the tied embedding's gradient");
         const int peer = sh->has_embed ? sh->pp_size - 1 : 0;
         comm_sendrecv(sh->pp, mine, k, peer, theirs, k, peer, COMM_F32);
-        for (size_t i = 0; i < k; i++)
-            mine[i] += theirs[i];
-        free(theirs);
+        k_add(m->K, mine, theirs, k);
+        k_free(m->K, theirs, (k ? k : 1) * sizeof(float), KMEM_OTHER);
     }
 }
 
@@ -201,8 +211,8 @@ double model_owned_sq(const struct model *m, const float *buf, size_t lo, size_t
         size_t a = (size_t)(r[i].data - m->w.mem), b = a + r[i].numel;
         a = a > lo ? a : lo;
         b = b < hi ? b : hi;
-        for (size_t j = a; j < b; j++)
-            s += (double)buf[j - lo] * buf[j - lo];
+        if (a < b)
+            s += k_sumsq(m->K, buf + (a - lo), b - a);
     }
     free(r);
     return s;

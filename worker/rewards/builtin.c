@@ -1,4 +1,5 @@
 /* Built-in rule scorers and the data_source -> scorer table. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -38,21 +39,23 @@ double reward_score_gsm8k(const char *solution, const char *ground_truth, char *
     return reward_answer_matches(a, n, ground_truth) ? 1.0 : 0.0;
 }
 
-double reward_score_arithmetic(const char *solution, const char *ground_truth, char *why, size_t whylen)
+bool reward_arithmetic_parts(const char *solution, const char *ground_truth, bool *correct, bool *formatted, char *why,
+                             size_t whylen)
 {
     clear_why(why, whylen);
+    *correct = *formatted = false;
     struct reward_number g;
     if (!numeric_ground_truth(ground_truth, why, whylen))
-        return 0.0;
+        return false;
     if (!reward_parse_number(ground_truth, strlen(ground_truth), &g)) {
         set_why(why, whylen, "ground truth '%.60s' is not a number", ground_truth);
-        return 0.0;
+        return false;
     }
     const char *a;
     size_t n;
-    bool formatted = false, found;
+    bool found;
     if ((found = reward_find_hash_answer(solution, &a, &n))) {
-        formatted = true;
+        *formatted = true;
     } else if ((found = reward_find_boxed(solution, &a, &n))) {
         /* "\boxed{x = 85}": the part after the last '=' */
         const char *eq = NULL;
@@ -66,7 +69,15 @@ double reward_score_arithmetic(const char *solution, const char *ground_truth, c
     } else if (!(found = reward_find_answer_is(solution, &a, &n))) {
         found = reward_find_last_number(solution, &a, &n);
     }
-    bool correct = found && reward_answer_matches(a, n, ground_truth);
+    *correct = found && reward_answer_matches(a, n, ground_truth);
+    return true;
+}
+
+double reward_score_arithmetic(const char *solution, const char *ground_truth, char *why, size_t whylen)
+{
+    bool correct, formatted;
+    if (!reward_arithmetic_parts(solution, ground_truth, &correct, &formatted, why, whylen))
+        return 0.0;
     return (1.0 - REWARD_FORMAT_WEIGHT) * (correct ? 1.0 : 0.0) + REWARD_FORMAT_WEIGHT * (formatted ? 1.0 : 0.0);
 }
 
@@ -135,4 +146,21 @@ double reward_builtin_score(const char *data_source, const char *solution, const
         return 0.0;
     }
     return routes[r].fn(solution ? solution : "", ground_truth ? ground_truth : "", why, whylen);
+}
+
+double reward_builtin_accuracy(const char *data_source, const char *solution, const char *ground_truth)
+{
+    int r = route_of(data_source);
+    if (r < 0)
+        return NAN;
+    solution = solution ? solution : "";
+    ground_truth = ground_truth ? ground_truth : "";
+    if (routes[r].fn == reward_score_arithmetic) {
+        bool correct, formatted;
+        if (!reward_arithmetic_parts(solution, ground_truth, &correct, &formatted, NULL, 0))
+            return 0.0;
+        return correct && formatted ? 1.0 : 0.0;
+    }
+    /* gsm8k and math score 1 or 0 already; countdown gives 1 only for a right equation (0.1 for the form) */
+    return routes[r].fn(solution, ground_truth, NULL, 0) >= 1.0 ? 1.0 : 0.0;
 }

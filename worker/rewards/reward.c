@@ -133,6 +133,13 @@ bool reward_supports(const struct reward_fn *r, const char *data_source)
     return r->custom != NULL || reward_builtin_scorer_name(data_source) != NULL;
 }
 
+double reward_accuracy(const struct reward_fn *r, const struct reward_item *item)
+{
+    if (r->custom || !item)
+        return NAN;
+    return reward_builtin_accuracy(item->data_source, item->solution_str, item->ground_truth);
+}
+
 double reward_overlong_penalty(int response_length, int max_response_length, int buffer_len, double penalty_factor)
 {
     if (buffer_len <= 0)

@@ -78,6 +78,11 @@ void reward_score_batch(struct reward_fn *r, const struct reward_item *items, in
 /* One item; why (may be NULL) receives the failure reason or "". */
 double reward_score_one(struct reward_fn *r, const struct reward_item *item, char *why, size_t whylen);
 
+/* Exact-answer accuracy of one item, apart from format credit (reward_builtin_accuracy: 1 or 0), for the
+ * val-core/DS/acc and critic/acc metrics; NaN when it is unknown (a custom scorer, or a data_source without a
+ * built-in scorer). Pure and bounded: runs in-process. */
+double reward_accuracy(const struct reward_fn *r, const struct reward_item *item);
+
 /* Samples that failed (reward 0 with a reason) since reward_create. */
 long reward_num_failures(const struct reward_fn *r);
 

@@ -88,6 +88,18 @@ double reward_score_math(const char *solution, const char *ground_truth, char *w
  * equals the target: 1.0; an <answer> that is wrong or invalid: 0.1; no <answer>: 0. */
 double reward_score_countdown(const char *solution, const char *ground_truth, char *why, size_t whylen);
 
+/* The two parts of the arithmetic score: correct (the extracted answer, found as above, equals the ground
+ * truth) and formatted (a "#### N" form was used). False, with both false and why set, when the ground truth
+ * is malformed. */
+bool reward_arithmetic_parts(const char *solution, const char *ground_truth, bool *correct, bool *formatted, char *why,
+                             size_t whylen);
+
+/* Exact-answer accuracy, apart from any format credit: 1 when the final answer is the right one, else 0 (verl's
+ * "acc"). arithmetic and gsm8k: the last "#### N" equals the ground truth (a right number in another form is
+ * 0, whatever partial score it earns); math: the last \boxed{} matches; countdown: a valid equation reaching
+ * the target. NaN when no built-in scorer serves data_source. */
+double reward_builtin_accuracy(const char *data_source, const char *solution, const char *ground_truth);
+
 /* Name of the built-in scorer serving data_source ("gsm8k", "arithmetic", "math", "countdown"), or NULL. */
 const char *reward_builtin_scorer_name(const char *data_source);
 /* Score with the built-in scorer of data_source; an unknown data_source scores 0 with a reason in why. */

@@ -150,6 +150,7 @@ void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt
             s += reward_model_score_text(r->rm, prompts[k / n]->text, b->resp_text[first_seq + k],
                                          (int)c->rm_max_length);
         rs->raw_score = rs->score = s;
+        rs->acc = reward_accuracy(r->reward, &items[k]);
         if (c->rm_overlong_enable)
             rs->score += reward_overlong_penalty(rs->resp_len, (int)c->data_max_response_length,
                                                  (int)c->rm_overlong_len, c->rm_overlong_penalty_factor);

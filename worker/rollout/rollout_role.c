@@ -30,6 +30,8 @@
 #include "worker/data/dataset.h"
 #include "worker/metrics/metrics.h"
 #include "worker/comm/comm.h"
+#include "worker/model/device.h"
+#include "worker/model/lora.h"
 #include "worker/model/model_io.h"
 #include "worker/rewards/reward.h"
 #include "worker/roles.h"
@@ -178,6 +180,13 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
         model_free(r->policy);
         r->policy = part;
     }
+    struct kctx *K = model_context_for("cpu", c->rollout_dtype, "actor_rollout_ref.rollout.dtype", err, errlen);
+    if (!K)
+        return -1;
+    model_move(&r->policy, K);
+    /* LoRA: the same adapter as the trainers' (its values arrive with every policy version) on the frozen base */
+    if (lora_attach_config(r->policy, c, path, err, errlen) != 0)
+        return -1;
     if (data_cursor_init(&r->cur, r->train.n, (int)c->data_train_batch_size, c->data_shuffle, (uint64_t)c->data_seed,
                          err, errlen) != 0)
         return -1;
@@ -426,11 +435,13 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
         int chunks;
         const double t1 = rollout_now_s();
         control_set_phase(r->env->ctl, CONTROL_PHASE_WEIGHT_SYNC);
-        const size_t n = model_whole_floats(&r->policy->cfg);
+        /* with LoRA a version is the adapter alone (no TP then: the rank holds the whole model) */
+        const struct lora *ad = r->policy->lora;
+        const size_t n = ad ? ad->n : model_whole_floats(&r->policy->cfg);
         if (r->eng && !r->whole)
             r->whole = xmalloc(n * sizeof(float));
-        if (work_client_weights(r->work, g->version, r->eng ? r->whole : r->policy->w.mem, n, chunk, &bytes, &chunks,
-                                err, errlen) != 0)
+        float *dst = ad ? ad->mem : r->eng ? r->whole : r->policy->w.mem;
+        if (work_client_weights(r->work, g->version, dst, n, chunk, &bytes, &chunks, err, errlen) != 0)
             return -1;
         const double t2 = rollout_now_s();
         size_t sent = 0;

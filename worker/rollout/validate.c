@@ -45,8 +45,8 @@ void rollout_validate(const struct rollout_ctx *rc, const struct prompt_set *val
             seen |= strcmp(b.group_prompt[h]->data_source, ds) == 0;
         if (seen)
             continue;
-        double sum = 0, best_sum = 0;
-        int cnt = 0, groups = 0;
+        double sum = 0, best_sum = 0, acc_sum = 0;
+        int cnt = 0, groups = 0, acc_cnt = 0;
         for (int h = 0; h < b.n_groups; h++) {
             if (strcmp(b.group_prompt[h]->data_source, ds) != 0)
                 continue;
@@ -56,6 +56,10 @@ void rollout_validate(const struct rollout_ctx *rc, const struct prompt_set *val
                     sum += b.seqs[i].raw_score;
                     cnt++;
                     best = fmax(best, b.seqs[i].raw_score);
+                    if (isfinite(b.seqs[i].acc)) {
+                        acc_sum += b.seqs[i].acc;
+                        acc_cnt++;
+                    }
                 }
             best_sum += best;
             groups++;
@@ -66,6 +70,11 @@ void rollout_validate(const struct rollout_ctx *rc, const struct prompt_set *val
         if (n > 1) {
             snprintf(name, sizeof name, "val-core/%s/reward/best@%d", ds, n);
             metrics_set(m, name, best_sum / groups);
+        }
+        /* exact-answer accuracy apart from format credit (verl's acc), where the scorer knows it */
+        if (acc_cnt > 0) {
+            snprintf(name, sizeof name, "val-core/%s/acc/mean@%d", ds, n);
+            metrics_set(m, name, acc_sum / acc_cnt);
         }
     }
     metrics_set(m, "timing_s/testing", rollout_now_s() - t0);

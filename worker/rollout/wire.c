@@ -52,6 +52,7 @@ uint8_t *wire_pack_batch(const struct wire_header *h, const struct step_batch *b
             q->old_log_probs = s->gen_logp;
             q->reward = (float)s->score;
             q->raw_reward = (float)s->raw_score;
+            q->acc = (float)s->acc;
             q->data_source = (char *)b->group_prompt[s->group]->data_source;
             q->group_index = s->gidx / h->n;
             q->sample_index = s->gidx % h->n;
@@ -110,6 +111,8 @@ static const char *check_sequence(const Grpo__Sequence *q, const struct wire_lim
     }
     if (!isfinite(q->reward) || !isfinite(q->raw_reward))
         return snprintf(why, whylen, "reward is not finite"), why;
+    if (!isnan(q->acc) && !(q->acc >= 0 && q->acc <= 1))
+        return snprintf(why, whylen, "accuracy %g is outside [0, 1]", (double)q->acc), why;
     return NULL;
 }
 
@@ -215,6 +218,7 @@ int wire_unpack_batch(const uint8_t *buf, size_t len, const struct wire_limits *
         s->stopped = q->stopped;
         s->score = q->reward;
         s->raw_score = q->raw_reward;
+        s->acc = q->acc;
         nb.resp_text[nb.n_seq++] = NULL;
     }
     for (int g = 0; g < lim->groups_in_step; g++)

@@ -8,6 +8,7 @@
 
 #include "common/check.h"
 #include "common/log.h"
+#include "worker/model/lora.h"
 #include "zero1.h"
 
 static void free_groups(int **groups, int *counts, int k)
@@ -228,7 +229,7 @@ void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int
     if (p->dp)
         comm_allreduce_sum(p->dp, counts_all, 2, COMM_I64);
     loss_token_weights_dist(p->agg, len, n, counts_all[0], counts_all[1], p->max_response_length, w);
-    model_alloc_grads(m);
+    model_trainable(m);
     int **groups, *counts;
     int k = split_micro_batches(seqs, idx, n, p->bt.micro_seqs, p->bt.micro_tokens, &groups, &counts);
     struct mb_state *mbs = xcalloc((size_t)(k ? k : 1), sizeof *mbs);
@@ -274,8 +275,10 @@ void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int
  * once); returns it. */
 static double mp_clip(struct model *m, double max_norm)
 {
-    if (!m->sh.mp)
-        return grad_clip(m->grad->mem, m->grad->n_floats, max_norm);
+    if (!m->sh.mp) { /* whole models, and LoRA (whole models only) */
+        const struct trainable tr = model_trainable(m);
+        return grad_clip(tr.grads, tr.n, max_norm);
+    }
     double s = model_owned_sq(m, m->grad->mem, 0, m->grad->n_floats);
     comm_allreduce_sum(m->sh.mp, &s, 1, COMM_F64);
     const double norm = sqrt(s);
@@ -288,30 +291,31 @@ static void update_mini_batch(struct model *m, struct adamw *opt, struct rollout
                               const struct update_params *p, struct update_stats *st)
 {
     struct policy_loss_stats ls = {0};
-    model_alloc_grads(m);
-    model_zero_grads(m);
+    const struct trainable tr = model_trainable(m); /* the adapter with LoRA, else every parameter */
+    model_trainable_zero_grads(m);
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     actor_accumulate_grads(m, seqs, idx, n, p, &ls, &st->tokens_forward, &st->pp_wait_s);
     st->pp_schedule_s += since(&t0);
-    model_shard_sync_grads(m); /* replicated KV heads, the tied embedding's copy: their gradients summed */
+    if (!m->lora)
+        model_shard_sync_grads(m); /* replicated KV heads, the tied embedding's copy: their gradients summed */
     if (p->dp) {
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         if (p->zero)
-            zero1_reduce_scatter(p->zero, m->grad->mem);
+            zero1_reduce_scatter(p->zero, tr.grads);
         else
-            comm_allreduce_sum(p->dp, m->grad->mem, m->grad->n_floats, COMM_F32);
+            comm_allreduce_sum(p->dp, tr.grads, tr.n, COMM_F32);
         clock_gettime(CLOCK_MONOTONIC, &t1);
         st->allreduce_s += (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
         loss_stats_sum(p->dp, &ls);
     }
     double norm = p->zero ? zero1_clip(p->zero, p->grad_clip, m) : mp_clip(m, p->grad_clip);
     if (isfinite(norm) && p->zero) { /* every rank has the same norm: they step, or skip, together */
-        adamw_step(opt, m->w.mem + p->zero->lo, p->zero->grad, p->lr);
-        zero1_allgather(p->zero, m->w.mem);
+        adamw_step(opt, tr.params + p->zero->lo, p->zero->grad, p->lr);
+        zero1_allgather(p->zero, tr.params);
     } else if (isfinite(norm)) {
-        adamw_step(opt, m->w.mem, m->grad->mem, p->lr);
+        adamw_step(opt, tr.params, tr.grads, p->lr);
     } else {
         log_warn("trainer", "gradient norm is %g: optimizer step skipped", norm);
         st->skipped_steps++;
@@ -332,7 +336,7 @@ void actor_update(struct model *m, struct adamw *opt, struct rollout_seq *seqs, 
                   const struct update_params *p, struct update_stats *st)
 {
     memset(st, 0, sizeof *st);
-    model_alloc_grads(m);
+    model_trainable(m);
     const int total = p->n_total > 0 ? p->n_total : n;
     const int per = p->mini_batch_seqs > 0 ? p->mini_batch_seqs : total;
     int *sel = xmalloc((size_t)(n ? n : 1) * sizeof(int));

@@ -6,6 +6,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,7 @@
 #include "common/fs.h"
 #include "common/log.h"
 #include "worker/metrics/metrics.h"
+#include "worker/model/lora.h"
 #include "worker/model/model_io.h"
 #include "worker/tokenizer/tokenizer.h"
 
@@ -189,7 +191,8 @@ int checkpoint_save(const char *root, const struct model *m, const struct adamw 
     if (mkdir(tmp, 0755) != 0)
         return error_set(err, errlen, "%s: cannot create: %s", tmp, check_errno_text());
     snprintf(path, sizeof path, "%s/actor", tmp);
-    if (model_save_hf(m, path, 0, err, errlen) != 0)
+    /* with LoRA the adapter alone, in PEFT's layout (the base weights are frozen: the model's path has them) */
+    if ((m->lora ? lora_save(m, path, NULL, err, errlen) : model_save_hf(m, path, 0, err, errlen)) != 0)
         goto fail_tmp;
     if (tok) {
         snprintf(path, sizeof path, "%s/actor/tokenizer.json", tmp);
@@ -288,7 +291,20 @@ int checkpoint_load(const char *dir, struct model *m, struct adamw *opt, struct 
     snprintf(path, sizeof path, "%s/state.json", dir);
     if (state_read(path, st, err, errlen) != 0)
         return -1;
+    snprintf(path, sizeof path, "%s/actor/adapter_config.json", dir);
+    const bool adapter = access(path, R_OK) == 0;
+    if (adapter != (m->lora != NULL))
+        return error_set(err, errlen,
+                         "%s/actor holds %s, but this run %s: resume with the same actor_rollout_ref.model.lora_rank "
+                         "as the run that wrote it",
+                         dir, adapter ? "a LoRA adapter" : "a whole model", m->lora ? "trains LoRA" : "has no LoRA");
     snprintf(path, sizeof path, "%s/actor", dir);
+    if (m->lora) {
+        if (lora_load(m, path, err, errlen) != 0)
+            return -1;
+        snprintf(path, sizeof path, "%s/optim.bin", dir);
+        return optim_state_read(path, opt, err, errlen);
+    }
     struct model *loaded = model_load_hf(path, err, errlen);
     if (!loaded)
         return -1;

@@ -1,7 +1,9 @@
 /* Checkpoints, verl's layout, written so that a crash at any moment leaves the
  * previous checkpoint intact:
  *
- *   RUN_DIR/checkpoints/global_step_K/actor/      policy, Hugging Face layout (+ tokenizer)
+ *   RUN_DIR/checkpoints/global_step_K/actor/      policy, Hugging Face layout (+ tokenizer); with LoRA the
+ *                                                 adapter alone, PEFT's layout (adapter_config.json,
+ *                                                 adapter_model.safetensors)
  *   RUN_DIR/checkpoints/global_step_K/optim.bin   AdamW moments and step (CRC32C-checked)
  *   RUN_DIR/checkpoints/global_step_K/state.json  step, epoch, data cursor, seed, config digest
  *   RUN_DIR/checkpoints/latest_checkpointed_iteration.txt
@@ -41,8 +43,9 @@ int checkpoint_save(const char *ckpt_root, const struct model *m, const struct a
  * highest complete global_step_* if that file is missing or stale) into out; 0, or -1 if there is none. */
 int checkpoint_find_latest(const char *ckpt_root, char *out, size_t outlen);
 
-/* Load a checkpoint directory: weights into m (same architecture), optimizer state into opt (same size), run
- * state into st. 0, or -1 with err naming the file. */
+/* Load a checkpoint directory: weights into m (same architecture; with a LoRA adapter attached, the adapter of
+ * the same rank and targets), optimizer state into opt (same size), run state into st. 0, or -1 with err naming
+ * the file. */
 int checkpoint_load(const char *dir, struct model *m, struct adamw *opt, struct run_state *st, char *err,
                     size_t errlen);
 

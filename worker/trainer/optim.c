@@ -58,6 +58,22 @@ void grad_scale_to(float *g, size_t n, double norm, double max_norm)
     }
 }
 
+void grad_scale_to_on(struct kctx *K, float *g, size_t n, double norm, double max_norm)
+{
+    if (max_norm > 0 && isfinite(norm)) {
+        double coef = max_norm / (norm + 1e-6);
+        if (coef < 1.0)
+            k_scale(K, g, (float)coef, n);
+    }
+}
+
+double grad_clip_on(struct kctx *K, float *g, size_t n, double max_norm)
+{
+    const double norm = sqrt(k_sumsq(K, g, n));
+    grad_scale_to_on(K, g, n, norm, max_norm);
+    return norm;
+}
+
 double grad_clip(float *g, size_t n, double max_norm)
 {
     double norm = grad_global_norm(g, n);

@@ -35,6 +35,9 @@ double grad_clip(float *grads, size_t n, double max_norm);
 
 /* Scale grads (n), whose global norm (over every rank's part) is norm, as grad_clip does. */
 void grad_scale_to(float *grads, size_t n, double norm, double max_norm);
+/* grad_clip and grad_scale_to on gradients in context K's memory. */
+double grad_clip_on(struct kctx *K, float *grads, size_t n, double max_norm);
+void grad_scale_to_on(struct kctx *K, float *grads, size_t n, double norm, double max_norm);
 
 enum lr_schedule { LR_CONSTANT, LR_COSINE };
 

@@ -23,6 +23,7 @@ struct rollout_seq {
     double *adv;      /* (resp_len) advantage of each response token */
     double score;     /* reward (after any penalties) */
     double raw_score; /* reward from the scorer */
+    double acc;       /* exact-answer accuracy, 1 or 0 (reward_accuracy); NaN when unknown */
 };
 
 /* Free the per-sequence arrays of n sequences. */

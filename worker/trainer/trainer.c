@@ -30,6 +30,8 @@
 #include "worker/control/control.h"
 #include "worker/data/dataset.h"
 #include "worker/metrics/metrics.h"
+#include "worker/model/device.h"
+#include "worker/model/lora.h"
 #include "worker/model/model_io.h"
 #include "worker/rewards/reward.h"
 #include "worker/tokenizer/tokenizer.h"
@@ -181,12 +183,13 @@ static void log_step(struct trainer *t, int64_t step, struct metrics *m)
 
 /* FNV-1a over the parameters' bit patterns, one 32-bit word per step of the hash (every step of a run pays for
  * it: four times fewer multiplications than byte by byte). */
-static uint64_t params_checksum(const struct model *p)
+static uint64_t params_checksum(struct model *p)
 {
     uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < p->w.n_floats; i++) {
+    const struct trainable tr = model_trainable(p); /* what training changes: the adapter with LoRA */
+    for (size_t i = 0; i < tr.n; i++) {
         uint32_t bits;
-        memcpy(&bits, &p->w.mem[i], sizeof bits);
+        memcpy(&bits, &tr.params[i], sizeof bits);
         h = (h ^ bits) * 0x100000001b3ull;
     }
     return h;
@@ -526,8 +529,23 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         goto fail;
     if (t->lay.mp)
         shard_policy(t);
-    if (cfg->actor_use_kl_loss || cfg->alg_use_kl_in_reward) {
-        t->ref = model_clone(t->policy);
+    /* the policy's precision (and the reference's: a clone shares the context) */
+    struct kctx *K = model_context_for("cpu", cfg->actor_dtype, "actor_rollout_ref.actor.dtype", err, errlen);
+    if (!K)
+        goto fail;
+    model_move(&t->policy, K);
+    if (lora_attach_config(t->policy, cfg, model_path, err, errlen) != 0)
+        goto fail;
+    char targets[128];
+    if (t->policy->lora && lead(t))
+        log_info("trainer",
+                 "LoRA: rank %d, alpha %g (scale %g) on %s: %zu trainable parameters, the %zu of the base frozen; the "
+                 "reference policy is the base model",
+                 t->policy->lora->cfg.rank, t->policy->lora->cfg.alpha, (double)t->policy->lora->scale,
+                 lora_targets_text(t->policy->lora->cfg.targets, targets, sizeof targets), t->policy->lora->n,
+                 t->policy->w.n_floats);
+    if ((cfg->actor_use_kl_loss || cfg->alg_use_kl_in_reward) && !t->policy->lora) {
+        t->ref = model_clone(t->policy); /* with LoRA the reference is the base: the policy, adapter bypassed */
     }
     t->tok = prompt_load_tokenizer(model_path, err, errlen);
     if (!t->tok)
@@ -555,7 +573,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
                          (uint64_t)cfg->data_seed, err, errlen) != 0)
         goto fail;
     t->cursor_open = true;
-    t->opt = adamw_create(t->policy->w.n_floats, cfg->actor_optim_betas.v[0], cfg->actor_optim_betas.v[1],
+    t->opt = adamw_create(model_trainable(t->policy).n, cfg->actor_optim_betas.v[0], cfg->actor_optim_betas.v[1],
                           cfg->actor_optim_eps, cfg->actor_optim_weight_decay);
     t->st.seed = (uint64_t)cfg->data_seed;
     t->st.config_digest = config_digest(cfg);
@@ -604,7 +622,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     }
     if (cfg->actor_megatron_use_distributed_optimizer && t->lay.dp_size > 1) {
         /* ZeRO-1: this rank keeps its block of the (whole, possibly just loaded) optimizer state */
-        t->zero = zero1_create(t->lay.dp, t->policy->w.n_floats);
+        t->zero = zero1_create(t->lay.dp, model_trainable(t->policy).n);
         struct adamw *block = zero1_shard(t->zero, t->opt);
         adamw_free(t->opt);
         t->opt = block;
@@ -677,6 +695,7 @@ const char *trainer_run_dir(const struct trainer *t) { return t->run_dir; }
 
 const float *trainer_params(const struct trainer *t, size_t *n)
 {
-    *n = t->policy->w.n_floats;
-    return t->policy->w.mem;
+    const struct trainable tr = model_trainable(t->policy);
+    *n = tr.n;
+    return tr.params;
 }

@@ -14,6 +14,7 @@
 #include "prompts.h"
 #include "trainer.h"
 #include "worker/metrics/metrics.h"
+#include "worker/model/lora.h"
 #include "worker/model/model.h"
 #include "worker/roles.h"
 #include "worker/rollout/batch.h"
@@ -266,13 +267,14 @@ static void publish(struct trainer_rank *r, int64_t version)
             whole = xmalloc(model_whole_floats(&p->cfg) * sizeof(float));
         model_shard_gather(p, p->w.mem, whole, 0);
     }
+    /* with LoRA the adapter only: the rollout ranks hold the frozen base, loaded from the same path */
     if (r->disp)
-        dispatcher_publish(r->disp, version, whole ? whole : p->w.mem);
+        dispatcher_publish(r->disp, version, p->lora ? p->lora->mem : whole ? whole : p->w.mem);
     free(whole);
     r->sync_s_pending += rollout_now_s() - t0;
     control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
     log_debug("trainer", "policy version %lld published (%zu bytes)", (long long)version,
-              model_whole_floats(&p->cfg) * sizeof(float));
+              (p->lora ? p->lora->n : model_whole_floats(&p->cfg)) * sizeof(float));
 }
 
 /* trainer_source.between_steps: after step j the rollout processes need version j for their step j + 1 +
@@ -417,7 +419,8 @@ static void trainer_ready(void *ud, struct trainer *t)
                                  .total_steps = trainer_total_steps(t),
                                  .start_epoch = epoch,
                                  .start_cursor = cursor,
-                                 .n_floats = model_whole_floats(&trainer_policy(t)->cfg),
+                                 .n_floats = trainer_policy(t)->lora ? trainer_policy(t)->lora->n
+                                                                     : model_whole_floats(&trainer_policy(t)->cfg),
                                  .lost_after_s = 2 * r->env->heartbeat_s};
     char err[1024];
     r->disp = dispatcher_open(&o, err, sizeof err);

@@ -12,9 +12,27 @@
 #include "trainer_internal.h"
 #include "worker/comm/comm.h"
 #include "worker/model/fit.h"
+#include "worker/model/lora.h"
 #include "worker/rollout/audit.h"
 #include "worker/rollout/validate.h"
 #include "worker/tokenizer/tokenizer.h"
+#include "kernels/kernels.h"
+
+/* The step's peaks of the policy's context (verl's names: what torch.cuda reports; the CPU back-end counts the
+ * same buffers), by kind, then the peaks restart for the next step. */
+static void memory_metrics(struct metrics *m, struct kctx *K)
+{
+    static const char *const kind[KMEM_KINDS] = {"weights",     "gradients", "optimizer",
+                                                 "activations", "kv_cache",  "other"};
+    metrics_set(m, "perf/max_memory_allocated_gb", (double)K->mem.max_allocated / 1e9);
+    metrics_set(m, "perf/max_memory_reserved_gb", (double)K->mem.max_reserved / 1e9);
+    for (int k = 0; k < KMEM_KINDS; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "perf/max_memory_gb/%s", kind[k]);
+        metrics_set(m, name, (double)K->mem.peak[k] / 1e9);
+    }
+    kmem_reset_peaks(K);
+}
 
 /* FLOPs of one token's forward through the model's matrix products at context length ctx (attention
  * included); backward is twice the forward. */
@@ -221,8 +239,8 @@ int trainer_sft_step(struct trainer *t, int64_t k, struct metrics *m)
         return -1;
     }
     /* maximise mean token log-likelihood: dL/dlogp = -1/T over the answer tokens */
-    model_alloc_grads(t->policy);
-    model_zero_grads(t->policy);
+    const struct trainable tr = model_trainable(t->policy);
+    model_trainable_zero_grads(t->policy);
     long long T = 0;
     double nll = 0;
     for (int i = 0; i < n; i++)
@@ -245,9 +263,9 @@ int trainer_sft_step(struct trainer *t, int64_t k, struct metrics *m)
         free(groups[g]);
     }
     free(groups), free(counts);
-    double norm = grad_clip(t->policy->grad->mem, t->policy->grad->n_floats, c->actor_grad_clip);
+    double norm = grad_clip(tr.grads, tr.n, c->actor_grad_clip);
     if (isfinite(norm))
-        adamw_step(t->opt, t->policy->w.mem, t->policy->grad->mem, c->trainer_sft_warmup_lr);
+        adamw_step(t->opt, tr.params, tr.grads, c->trainer_sft_warmup_lr);
     else
         log_warn("trainer", "gradient norm is %g: supervised optimizer step skipped", norm);
     metrics_set(m, "sft/nll", nll / (double)T);
@@ -328,6 +346,16 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     for (int i = 0; i < b->n_seq; i++)
         v[i] = b->seqs[i].score;
     set_stats_dist(t, m, "critic/score", v, (size_t)b->n_seq);
+    /* exact-answer accuracy apart from format credit, over the responses whose scorer knows it */
+    double acc[2] = {0, 0};
+    for (int i = 0; i < b->n_seq; i++)
+        if (isfinite(b->seqs[i].acc)) {
+            acc[0] += b->seqs[i].acc;
+            acc[1] += 1;
+        }
+    sum_dist(t, acc, 2);
+    if (acc[1] > 0)
+        metrics_set(m, "critic/acc/mean", acc[0] / acc[1]);
     for (int i = 0; i < b->n_seq; i++) {
         v[i] = b->seqs[i].resp_len;
         clipped += !b->seqs[i].stopped && b->seqs[i].resp_len >= c->data_max_response_length;
@@ -363,7 +391,11 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     if (c->actor_use_kl_loss || c->alg_use_kl_in_reward) {
         trainer_phase(t, "ref");
         t0 = rollout_now_s();
-        actor_compute_logp(t->ref, b->seqs, idx, b->n_seq, &ref_bt, logprob_temperature(c), 1);
+        /* with LoRA the reference is the base model: the policy with its adapter bypassed (no second copy) */
+        struct model *ref = t->ref ? t->ref : t->policy;
+        lora_set_bypass(ref, !t->ref);
+        actor_compute_logp(ref, b->seqs, idx, b->n_seq, &ref_bt, logprob_temperature(c), 1);
+        lora_set_bypass(ref, false);
         t_ref = rollout_now_s() - t0;
     }
     trainer_phase(t, "adv");
@@ -482,6 +514,7 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     metrics_set(m, "training/epoch", (double)t->st.epoch);
     /* AdamW's two FP32 moments on this rank: all of them, or its ZeRO-1 block */
     metrics_set(m, "perf/optimizer_state_gb", 2.0 * sizeof(float) * (double)t->opt->n / 1e9);
+    memory_metrics(m, t->policy->K);
     free(idx);
     if (us.optimizer_steps == 0) /* nothing to train on: neither a skip nor an update */
         return 0;

@@ -42,7 +42,13 @@ void zero1_reduce_scatter(struct zero1 *z, const float *grads)
 
 double zero1_clip(struct zero1 *z, double max_norm, const struct model *m)
 {
-    double s = model_owned_sq(m, z->grad, z->lo, z->hi);
+    /* a LoRA adapter (whole models only) is all owned; a shard counts each parameter on one rank */
+    double s = 0;
+    if (m->lora)
+        for (size_t i = 0; i < z->hi - z->lo; i++)
+            s += (double)z->grad[i] * z->grad[i];
+    else
+        s = model_owned_sq(m, z->grad, z->lo, z->hi);
     comm_allreduce_sum(z->dp, &s, 1, COMM_F64);
     if (m->sh.mp) /* the other TP and PP ranks' parts of the parameters */
         comm_allreduce_sum(m->sh.mp, &s, 1, COMM_F64);

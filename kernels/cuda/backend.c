@@ -1,0 +1,752 @@
+/* The CUDA back-end of the kernel interface (kernels.h): device memory, the kernels of this folder and cuBLAS, all
+ * on the context's stream. Every pointer an op gets is device memory (k_alloc of this context), the index arrays
+ * (ids, targets, positions, cu_seqlens: int32) and RoPE's inv_freq (hd / 2 doubles) included, except where
+ * kernels.h says host: the sample op's tokens, logps and uniforms. struct vocab_shard is a host struct and its reduce
+ * is called on host buffers, in the order of kernels/cpu/logprob.c. Ops that need values on the host (cu_seqlens
+ * for the grid, sumsq's result, the shard statistics, sampled tokens) copy them and synchronise the stream; the
+ * others only enqueue. Any CUDA or cuBLAS error is fatal (check.h), naming the call. Index arrays are not range
+ * checked on the device as the CPU checks them: an id or target outside [0, V) belongs to no shard.
+ *
+ * GEMMs: fp32 (KMM_F32) are cublasGemmEx in FP32 with CUBLAS_COMPUTE_32F, never TF32; BF16 (KMM_BF16) round their
+ * fp32 inputs to BF16 into grow-only workspaces first and accumulate in fp32 into fp32 outputs, so weights stay fp32
+ * masters. The LM head's chunk products follow the context's precision too (the CPU back-end's stay fp32).
+ *
+ * Memory: plain cudaMalloc / cudaFree, with the sizes of live allocations kept in a small table so that
+ * K->mem.reserved is what the context holds from the device (its allocations plus its workspaces). */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/check_cuda.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/kernels.h"
+
+int kops_cuda_open(struct kctx *K, int device, char *why, size_t len);
+void kops_cuda_close(struct kctx *K);
+int kops_cuda_devices(void);
+
+/* A grow-only device buffer. */
+struct dbuf {
+    void *p;
+    size_t cap;
+};
+
+struct live {
+    void *p;
+    size_t bytes;
+};
+
+enum { BF16_SLOTS = 3 };
+
+struct cuda_impl {
+    struct dbuf bf16[BF16_SLOTS];              /* GEMM operands rounded to BF16 */
+    struct dbuf scratch;                       /* rmsnorm's dw partials, column sums, sum of squares */
+    struct dbuf attn;                          /* attention backward's D, decode partials */
+    struct dbuf lm_z, lm_st;                   /* LM head: a chunk's logits (c, Vl) and its statistics (4c doubles) */
+    struct dbuf sample, sample_tok, sample_lp; /* sampling: its scratch; tokens and logps before the host */
+    double *sumsq_result;                      /* one device double */
+    double *host_st;                           /* host copy of the statistics for vocab_shard reduce */
+    size_t host_st_cap;
+    int32_t *host_cu; /* host copy of cu_seqlens */
+    size_t host_cu_cap;
+    struct live *tab; /* live allocations (open addressing, linear probing) */
+    size_t tab_cap, tab_count;
+    size_t held; /* bytes of live allocations and workspaces */
+};
+
+static struct cuda_impl *impl(struct kctx *K) { return (struct cuda_impl *)K->impl; }
+static cudaStream_t stream(struct kctx *K) { return (cudaStream_t)K->stream; }
+static cublasHandle_t blas(struct kctx *K) { return (cublasHandle_t)K->blas; }
+
+/* Ops may run on a thread whose current device is another one: make it this context's. */
+static void use(struct kctx *K) { CHECK_CUDA(cudaSetDevice(K->device_index)); }
+
+static void update_reserved(struct kctx *K)
+{
+    K->mem.reserved = impl(K)->held;
+    if (K->mem.reserved > K->mem.max_reserved)
+        K->mem.max_reserved = K->mem.reserved;
+}
+
+/* ---- the table of live allocations: pointer -> bytes ---- */
+
+static size_t slot_of(const void *p, size_t cap)
+{
+    uint64_t h = (uint64_t)(uintptr_t)p;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    return (size_t)h & (cap - 1);
+}
+
+static void tab_put(struct cuda_impl *I, void *p, size_t bytes);
+
+static void tab_grow(struct cuda_impl *I)
+{
+    struct live *old = I->tab;
+    size_t old_cap = I->tab_cap;
+    I->tab_cap = old_cap ? old_cap * 2 : 256;
+    I->tab = xcalloc(I->tab_cap, sizeof *I->tab);
+    I->tab_count = 0;
+    for (size_t i = 0; i < old_cap; i++)
+        if (old[i].p)
+            tab_put(I, old[i].p, old[i].bytes);
+    free(old);
+}
+
+static void tab_put(struct cuda_impl *I, void *p, size_t bytes)
+{
+    if ((I->tab_count + 1) * 2 > I->tab_cap)
+        tab_grow(I);
+    size_t mask = I->tab_cap - 1, i = slot_of(p, I->tab_cap);
+    while (I->tab[i].p)
+        i = (i + 1) & mask;
+    I->tab[i] = (struct live){p, bytes};
+    I->tab_count++;
+}
+
+/* Removes p; returns its bytes (0 when it is not there). Backward-shift deletion keeps every probe chain whole. */
+static size_t tab_take(struct cuda_impl *I, const void *p)
+{
+    if (!I->tab_cap)
+        return 0;
+    size_t mask = I->tab_cap - 1, i = slot_of(p, I->tab_cap);
+    while (I->tab[i].p && I->tab[i].p != p)
+        i = (i + 1) & mask;
+    if (!I->tab[i].p)
+        return 0;
+    size_t bytes = I->tab[i].bytes;
+    for (size_t j = i;;) {
+        j = (j + 1) & mask;
+        if (!I->tab[j].p)
+            break;
+        size_t home = slot_of(I->tab[j].p, I->tab_cap);
+        /* the entry at j may fill the hole at i unless its home lies cyclically in (i, j] */
+        bool stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+        if (!stays) {
+            I->tab[i] = I->tab[j];
+            i = j;
+        }
+    }
+    I->tab[i] = (struct live){NULL, 0};
+    I->tab_count--;
+    return bytes;
+}
+
+/* ---- workspaces ---- */
+
+/* b holds at least bytes (grown, never shrunk; the old buffer is freed once the stream is done with it). */
+static void *ws(struct kctx *K, struct dbuf *b, size_t bytes)
+{
+    if (bytes <= b->cap)
+        return b->p;
+    struct cuda_impl *I = impl(K);
+    if (b->p) {
+        CHECK_CUDA(cudaStreamSynchronize(stream(K)));
+        CHECK_CUDA(cudaFree(b->p));
+        I->held -= b->cap;
+        b->p = NULL;
+        b->cap = 0;
+    }
+    size_t cap = bytes < 4096 ? 4096 : bytes + bytes / 8; /* some room, so slowly growing shapes do not churn */
+    if (cudaMalloc(&b->p, cap) != cudaSuccess) {
+        (void)cudaGetLastError();
+        check_failf(__FILE__, __LINE__,
+                    "out of memory on cuda:%d: a kernel workspace needs %zu bytes (%.3f GB) beyond the %.3f GB this "
+                    "context holds; lower the batch sizes (actor_rollout_ref.actor.ppo_max_token_len_per_gpu) or the "
+                    "LM-head chunk",
+                    K->device_index, cap, (double)cap / 1e9, (double)I->held / 1e9);
+    }
+    b->cap = cap;
+    I->held += cap;
+    update_reserved(K);
+    return b->p;
+}
+
+static void dbuf_free(struct dbuf *b)
+{
+    if (b->p)
+        cudaFree(b->p);
+    b->p = NULL;
+    b->cap = 0;
+}
+
+/* ---- memory ops ---- */
+
+static void *cuda_alloc(struct kctx *K, size_t bytes)
+{
+    use(K);
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 256) != cudaSuccess) {
+        (void)cudaGetLastError(); /* out of memory is not sticky: clear it, the caller reports */
+        return NULL;
+    }
+    struct cuda_impl *I = impl(K);
+    tab_put(I, p, bytes);
+    I->held += bytes;
+    update_reserved(K);
+    return p;
+}
+
+static void cuda_free(struct kctx *K, void *p)
+{
+    if (!p)
+        return;
+    use(K);
+    CHECK_CUDA(cudaFree(p));
+    struct cuda_impl *I = impl(K);
+    size_t bytes = tab_take(I, p);
+    I->held -= bytes <= I->held ? bytes : I->held;
+    update_reserved(K);
+}
+
+static void cuda_to_device(struct kctx *K, void *dst, const void *src, size_t bytes)
+{
+    if (!bytes)
+        return;
+    use(K);
+    /* from pageable memory the call returns once src is staged: the caller may reuse it */
+    CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream(K)));
+}
+
+static void cuda_to_host(struct kctx *K, void *dst, const void *src, size_t bytes)
+{
+    if (!bytes)
+        return;
+    use(K);
+    CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream(K)));
+    CHECK_CUDA(cudaStreamSynchronize(stream(K)));
+}
+
+static void cuda_copy(struct kctx *K, void *dst, const void *src, size_t bytes)
+{
+    if (!bytes || dst == src)
+        return;
+    use(K);
+    CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream(K)));
+}
+
+static void cuda_zero(struct kctx *K, void *p, size_t bytes)
+{
+    if (!bytes)
+        return;
+    use(K);
+    CHECK_CUDA(cudaMemsetAsync(p, 0, bytes, stream(K)));
+}
+
+static void cuda_sync(struct kctx *K)
+{
+    use(K);
+    CHECK_CUDA(cudaStreamSynchronize(stream(K)));
+}
+
+/* ---- GEMMs ---- */
+
+/* x in the context's GEMM precision: itself (fp32), or rounded to BF16 into workspace slot. */
+static const void *gemm_operand(struct kctx *K, int slot, const float *x, size_t n)
+{
+    if (K->matmul != KMM_BF16)
+        return x;
+    void *dst = ws(K, &impl(K)->bf16[slot], n * 2);
+    CHECK_CUDA(f32_to_bf16_cuda(dst, x, n, stream(K)));
+    return dst;
+}
+
+/* Row-major C (M, N) = alpha op(A) op(B) + beta C, A and B in the context's precision (gemm_operand), lda, ldb,
+ * ldc the row-major leading dimensions. A row-major matrix is its transpose in column-major, so this is the
+ * column-major C^T = op(B)^T op(A)^T: cuBLAS gets B first, with the same transpose flags, and N, M swapped. */
+static void gemm_rm(struct kctx *K, bool ta, bool tb, int M, int N, int Kd, float alpha, const void *A, int lda,
+                    const void *B, int ldb, float beta, float *C, int ldc)
+{
+    if (M <= 0 || N <= 0)
+        return;
+    const cudaDataType_t in = K->matmul == KMM_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    CHECK_CUBLAS(cublasGemmEx(blas(K), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, Kd, &alpha,
+                              B, in, ldb, A, in, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+}
+
+static void cuda_linear_forward(struct kctx *K, float *y, const float *x, const float *W, const float *b, int N,
+                                int Din, int Dout)
+{
+    if (N <= 0 || Dout <= 0)
+        return;
+    use(K);
+    if (Din <= 0) {
+        CHECK_CUDA(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)N * Dout, stream(K)));
+    } else {
+        /* y (N, Dout) = x (N, Din) W^T */
+        const void *xa = gemm_operand(K, 0, x, (size_t)N * Din), *wa = gemm_operand(K, 1, W, (size_t)Dout * Din);
+        gemm_rm(K, false, true, N, Dout, Din, 1.0f, xa, Din, wa, Din, 0.0f, y, Dout);
+    }
+    if (b)
+        CHECK_CUDA(bias_add_cuda(y, b, N, Dout, stream(K)));
+}
+
+static void cuda_linear_backward(struct kctx *K, float *dx, float *dW, float *db, const float *dy, const float *x,
+                                 const float *W, int N, int Din, int Dout)
+{
+    if (N <= 0 || Dout <= 0)
+        return;
+    use(K);
+    if ((dx || dW) && Din > 0) {
+        const void *dya = gemm_operand(K, 0, dy, (size_t)N * Dout);
+        if (dx) /* dx (N, Din) += dy (N, Dout) W (Dout, Din) */
+            gemm_rm(K, false, false, N, Din, Dout, 1.0f, dya, Dout, gemm_operand(K, 1, W, (size_t)Dout * Din), Din,
+                    1.0f, dx, Din);
+        if (dW) /* dW (Dout, Din) += dy^T x */
+            gemm_rm(K, true, false, Dout, Din, N, 1.0f, dya, Dout, gemm_operand(K, 2, x, (size_t)N * Din), Din, 1.0f,
+                    dW, Din);
+    }
+    if (db) {
+        void *s = ws(K, &impl(K)->scratch, colsum_add_cuda_scratch_bytes(N, Dout));
+        CHECK_CUDA(colsum_add_cuda(db, dy, N, Dout, s, stream(K)));
+    }
+}
+
+/* ---- element-wise and per-row ops ---- */
+
+static void cuda_rmsnorm_forward(struct kctx *K, float *y, float *rstd, const float *x, const float *w, int N, int D,
+                                 float eps)
+{
+    use(K);
+    CHECK_CUDA(rmsnorm_forward_cuda(y, rstd, x, w, N, D, eps, stream(K)));
+}
+
+static void cuda_rmsnorm_backward(struct kctx *K, float *dx, float *dw, const float *dy, const float *x, const float *w,
+                                  const float *rstd, int N, int D)
+{
+    if (N <= 0 || D <= 0)
+        return;
+    use(K);
+    void *s = ws(K, &impl(K)->scratch, rmsnorm_backward_cuda_scratch_bytes(N, D));
+    CHECK_CUDA(rmsnorm_backward_cuda(dx, dw, dy, x, w, rstd, N, D, s, stream(K)));
+}
+
+static void check_shard(const char *who, const struct vocab_shard *vs)
+{
+    if (!vs || vs->V <= 0 || vs->lo < 0 || vs->hi <= vs->lo || vs->hi > vs->V)
+        check_failf(__FILE__, __LINE__, "%s: need a non-empty vocabulary shard [lo, hi) of V (got %s[%d, %d) of %d)",
+                    who, vs ? "" : "none, ", vs ? vs->lo : 0, vs ? vs->hi : 0, vs ? vs->V : 0);
+}
+
+/* ids outside [0, V) cannot be checked on the device: they belong to no shard (zero rows, no gradient). */
+static void cuda_embedding_forward(struct kctx *K, float *out, const int32_t *ids, const float *table, int N, int D,
+                                   const struct vocab_shard *vs)
+{
+    check_shard("embedding_forward", vs);
+    use(K);
+    CHECK_CUDA(embedding_forward_cuda(out, ids, table, N, D, vs->lo, vs->hi, stream(K)));
+}
+
+static void cuda_embedding_backward(struct kctx *K, float *dtable, const float *dout, const int32_t *ids, int N, int D,
+                                    const struct vocab_shard *vs)
+{
+    check_shard("embedding_backward", vs);
+    use(K);
+    CHECK_CUDA(embedding_backward_cuda(dtable, dout, ids, N, D, vs->lo, vs->hi, stream(K)));
+}
+
+static void check_rope(int hd)
+{
+    if (hd % 2 != 0)
+        check_failf(__FILE__, __LINE__, "rope: head_dim %d is odd", hd);
+}
+
+/* inv_freq: a DEVICE array of hd / 2 doubles for this back-end. */
+static void cuda_rope_forward(struct kctx *K, float *x, const int32_t *pos, int N, int H, int hd,
+                              const double *inv_freq)
+{
+    check_rope(hd);
+    use(K);
+    CHECK_CUDA(rope_forward_cuda(x, pos, N, H, hd, inv_freq, stream(K)));
+}
+
+static void cuda_rope_backward(struct kctx *K, float *dx, const int32_t *pos, int N, int H, int hd,
+                               const double *inv_freq)
+{
+    check_rope(hd);
+    use(K);
+    CHECK_CUDA(rope_backward_cuda(dx, pos, N, H, hd, inv_freq, stream(K)));
+}
+
+static void cuda_swiglu_forward(struct kctx *K, float *out, const float *gate, const float *up, size_t n)
+{
+    use(K);
+    CHECK_CUDA(swiglu_forward_cuda(out, gate, up, n, stream(K)));
+}
+
+static void cuda_swiglu_backward(struct kctx *K, float *dgate, float *dup, const float *dout, const float *gate,
+                                 const float *up, size_t n)
+{
+    use(K);
+    CHECK_CUDA(swiglu_backward_cuda(dgate, dup, dout, gate, up, n, stream(K)));
+}
+
+static void cuda_add(struct kctx *K, float *y, const float *x, size_t n)
+{
+    use(K);
+    CHECK_CUDA(vec_add_cuda(y, x, n, stream(K)));
+}
+
+static void cuda_axpy(struct kctx *K, float *y, float a, const float *x, size_t n)
+{
+    use(K);
+    CHECK_CUDA(vec_axpy_cuda(y, a, x, n, stream(K)));
+}
+
+static void cuda_scale(struct kctx *K, float *x, float a, size_t n)
+{
+    use(K);
+    CHECK_CUDA(vec_scale_cuda(x, a, n, stream(K)));
+}
+
+static double cuda_sumsq(struct kctx *K, const float *x, size_t n)
+{
+    if (n == 0)
+        return 0.0;
+    use(K);
+    struct cuda_impl *I = impl(K);
+    void *s = ws(K, &I->scratch, sumsq_cuda_scratch_bytes());
+    CHECK_CUDA(sumsq_cuda(I->sumsq_result, x, n, s, stream(K)));
+    double r = 0.0;
+    CHECK_CUDA(cudaMemcpyAsync(&r, I->sumsq_result, sizeof r, cudaMemcpyDeviceToHost, stream(K)));
+    CHECK_CUDA(cudaStreamSynchronize(stream(K)));
+    return r;
+}
+
+static void cuda_adamw(struct kctx *K, float *p, const float *g, float *m, float *v, size_t n, double lr, double beta1,
+                       double beta2, double eps, double weight_decay, int64_t t)
+{
+    if (t < 1)
+        check_failf(__FILE__, __LINE__, "adamw: step %lld (need t >= 1)", (long long)t);
+    use(K);
+    CHECK_CUDA(adamw_step_cuda(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, t, stream(K)));
+}
+
+/* ---- attention ---- */
+
+static void check_heads(const char *who, int Hq, int Hkv, int hd)
+{
+    if (Hq <= 0 || Hkv <= 0 || hd <= 0 || Hq % Hkv != 0 || hd > 256)
+        check_failf(__FILE__, __LINE__,
+                    "%s: bad head layout Hq=%d Hkv=%d hd=%d (need Hq %% Hkv == 0 and head_dim <= 256 on CUDA)", who, Hq,
+                    Hkv, hd);
+}
+
+/* cu_seqlens (device) read on the host and checked as the CPU does; returns the longest sequence and sets *N. */
+static int read_seqlens(struct kctx *K, const char *who, const int32_t *cu, int B, int *N)
+{
+    struct cuda_impl *I = impl(K);
+    if (B < 0 || B > 65535)
+        check_failf(__FILE__, __LINE__, "%s: %d sequences (at most 65535 per call on CUDA)", who, B);
+    if ((size_t)B + 1 > I->host_cu_cap) {
+        I->host_cu_cap = (size_t)B + 1 < 64 ? 64 : (size_t)B + 1;
+        free(I->host_cu);
+        I->host_cu = xmalloc(I->host_cu_cap * sizeof *I->host_cu);
+    }
+    CHECK_CUDA(cudaMemcpyAsync(I->host_cu, cu, sizeof(int32_t) * ((size_t)B + 1), cudaMemcpyDeviceToHost, stream(K)));
+    CHECK_CUDA(cudaStreamSynchronize(stream(K)));
+    int m = 0;
+    for (int b = 0; b < B; b++) {
+        int L = I->host_cu[b + 1] - I->host_cu[b];
+        if (L < 0 || I->host_cu[b] < 0)
+            check_failf(__FILE__, __LINE__, "%s: cu_seqlens[%d], [%d] = %d, %d is not a valid range", who, b, b + 1,
+                        (int)I->host_cu[b], (int)I->host_cu[b + 1]);
+        if (L > m)
+            m = L;
+    }
+    *N = B > 0 ? I->host_cu[B] : 0;
+    return m;
+}
+
+static void cuda_attention_forward(struct kctx *K, float *out, float *lse, const float *q, const float *k,
+                                   const float *v, const int32_t *cu_seqlens, int B, int Hq, int Hkv, int hd)
+{
+    check_heads("attention_forward", Hq, Hkv, hd);
+    use(K);
+    int N = 0, maxL = read_seqlens(K, "attention_forward", cu_seqlens, B, &N);
+    if (maxL == 0)
+        return;
+    CHECK_CUDA(attention_forward_cuda(out, lse, q, k, v, cu_seqlens, B, maxL, Hq, Hkv, hd, stream(K)));
+}
+
+static void cuda_attention_backward(struct kctx *K, float *dq, float *dk, float *dv, const float *dout,
+                                    const float *out, const float *lse, const float *q, const float *k, const float *v,
+                                    const int32_t *cu_seqlens, int B, int Hq, int Hkv, int hd)
+{
+    check_heads("attention_backward", Hq, Hkv, hd);
+    use(K);
+    int N = 0, maxL = read_seqlens(K, "attention_backward", cu_seqlens, B, &N);
+    if (maxL == 0 || N <= 0)
+        return;
+    void *s = ws(K, &impl(K)->attn, attention_backward_cuda_scratch_bytes(N, Hq));
+    CHECK_CUDA(attention_backward_cuda(dq, dk, dv, dout, out, lse, q, k, v, cu_seqlens, B, N, maxL, Hq, Hkv, hd, s,
+                                       stream(K)));
+}
+
+static void cuda_attention_cached(struct kctx *K, float *out, const float *q, const float *kcache, const float *vcache,
+                                  int Tq, int Tk, int Hq, int Hkv, int hd)
+{
+    check_heads("attention_cached", Hq, Hkv, hd);
+    if (Tq < 0 || Tq > Tk)
+        check_failf(__FILE__, __LINE__, "attention_cached: Tq=%d queries but Tk=%d cached positions", Tq, Tk);
+    if (Tq == 0)
+        return;
+    use(K);
+    size_t bytes = attention_cached_cuda_scratch_bytes(Tq, Tk, Hq, hd);
+    void *s = bytes ? ws(K, &impl(K)->attn, bytes) : NULL;
+    CHECK_CUDA(attention_cached_cuda(out, q, kcache, vcache, Tq, Tk, Hq, Hkv, hd, s, stream(K)));
+}
+
+/* ---- LM head ---- */
+
+static void check_lmhead(const char *who, const struct vocab_shard *vs, float temperature, int chunk)
+{
+    if (!vs || !(temperature > 0.0f) || chunk <= 0 || vs->V <= 0 || vs->lo < 0 || vs->hi <= vs->lo || vs->hi > vs->V)
+        check_failf(__FILE__, __LINE__,
+                    "%s: need temperature > 0, chunk > 0, a non-empty shard [lo, hi) of V (got %g, %d, [%d, %d) of %d)",
+                    who, (double)temperature, chunk, vs ? vs->lo : 0, vs ? vs->hi : 0, vs ? vs->V : 0);
+}
+
+/* The host buffer for n statistics. */
+static double *host_st(struct cuda_impl *I, size_t n)
+{
+    if (n > I->host_st_cap) {
+        free(I->host_st);
+        I->host_st = xmalloc(n * sizeof *I->host_st);
+        I->host_st_cap = n;
+    }
+    return I->host_st;
+}
+
+/* vs->reduce on n device doubles at d, through the host. */
+static void reduce_on_host(struct kctx *K, const struct vocab_shard *vs, double *d, int n, bool max)
+{
+    double *h = host_st(impl(K), (size_t)n);
+    CHECK_CUDA(cudaMemcpyAsync(h, d, sizeof(double) * (size_t)n, cudaMemcpyDeviceToHost, stream(K)));
+    CHECK_CUDA(cudaStreamSynchronize(stream(K)));
+    vs->reduce(vs->ud, h, n, max);
+    CHECK_CUDA(cudaMemcpyAsync(d, h, sizeof(double) * (size_t)n, cudaMemcpyHostToDevice, stream(K)));
+    /* the next reduce reuses h: the copy must have read it (pageable copies are staged before returning, but a
+     * pinned buffer would not be, so do not rely on it) */
+    CHECK_CUDA(cudaStreamSynchronize(stream(K)));
+}
+
+/* A chunk's logits z (c, Vl) = h_c W^T / temperature (hc, W already in the GEMM's precision) and their combined
+ * statistics st (4c device doubles), as chunk_logits and chunk_stats of logprob.c: the row maxima reduced (max)
+ * first, then the sums, entropy terms and target logits (sum). */
+static void lm_chunk(struct kctx *K, float *z, double *st, const void *hc, const void *W, const int32_t *targets, int c,
+                     int D, const struct vocab_shard *vs, float temperature)
+{
+    const int Vl = vs->hi - vs->lo;
+    gemm_rm(K, false, true, c, Vl, D, 1.0f / temperature, hc, D, W, D, 0.0f, z, Vl);
+    CHECK_CUDA(lmhead_rowmax_cuda(st, z, c, Vl, stream(K)));
+    if (vs->reduce)
+        reduce_on_host(K, vs, st, c, true);
+    CHECK_CUDA(lmhead_rowsums_cuda(st, z, targets, c, Vl, vs->lo, stream(K)));
+    if (vs->reduce)
+        reduce_on_host(K, vs, st + c, 3 * c, false);
+}
+
+/* h (N, D) in the GEMM's precision: rows t0.. of it start at elem offset t0 * D. */
+static const void *rows_at(struct kctx *K, const void *base, int t0, int D)
+{
+    size_t elem = K->matmul == KMM_BF16 ? 2 : sizeof(float);
+    return (const char *)base + (size_t)t0 * D * elem;
+}
+
+static void cuda_lmhead_forward(struct kctx *K, float *logp, float *entropy, const float *h, const float *W,
+                                const int32_t *targets, int N, int D, const struct vocab_shard *vs, float temperature,
+                                int chunk)
+{
+    check_lmhead("lmhead_logprob_forward", vs, temperature, chunk);
+    if (N <= 0)
+        return;
+    use(K);
+    struct cuda_impl *I = impl(K);
+    const int Vl = vs->hi - vs->lo, cmax = chunk < N ? chunk : N;
+    float *z = ws(K, &I->lm_z, sizeof(float) * (size_t)cmax * Vl);
+    double *st = ws(K, &I->lm_st, sizeof(double) * 4 * (size_t)cmax);
+    const void *ha = gemm_operand(K, 0, h, (size_t)N * D), *wa = gemm_operand(K, 1, W, (size_t)Vl * D);
+    for (int t0 = 0; t0 < N; t0 += cmax) {
+        int c = N - t0 < cmax ? N - t0 : cmax;
+        lm_chunk(K, z, st, rows_at(K, ha, t0, D), wa, targets + t0, c, D, vs, temperature);
+        CHECK_CUDA(lmhead_finalize_cuda(logp + t0, entropy ? entropy + t0 : NULL, st, c, stream(K)));
+    }
+}
+
+static void cuda_lmhead_backward(struct kctx *K, float *dh, float *dW, const float *dlogp, const float *dentropy,
+                                 const float *h, const float *W, const int32_t *targets, int N, int D,
+                                 const struct vocab_shard *vs, float temperature, int chunk)
+{
+    check_lmhead("lmhead_logprob_backward", vs, temperature, chunk);
+    if (N <= 0 || (!dh && !dW))
+        return;
+    use(K);
+    struct cuda_impl *I = impl(K);
+    const int Vl = vs->hi - vs->lo, cmax = chunk < N ? chunk : N;
+    float *z = ws(K, &I->lm_z, sizeof(float) * (size_t)cmax * Vl);
+    double *st = ws(K, &I->lm_st, sizeof(double) * 4 * (size_t)cmax);
+    const void *ha = gemm_operand(K, 0, h, (size_t)N * D), *wa = gemm_operand(K, 1, W, (size_t)Vl * D);
+    for (int t0 = 0; t0 < N; t0 += cmax) {
+        int c = N - t0 < cmax ? N - t0 : cmax;
+        const void *hc = rows_at(K, ha, t0, D);
+        lm_chunk(K, z, st, hc, wa, targets + t0, c, D, vs, temperature);
+        CHECK_CUDA(lmhead_dlogits_cuda(z, st, dlogp + t0, dentropy ? dentropy + t0 : NULL, targets + t0, c, Vl, vs->lo,
+                                       temperature, stream(K)));
+        const void *dz = gemm_operand(K, 2, z, (size_t)c * Vl);
+        if (dh) /* dh (c, D) += dz (c, Vl) W (Vl, D) */
+            gemm_rm(K, false, false, c, D, Vl, 1.0f, dz, Vl, wa, D, 1.0f, dh + (size_t)t0 * D, D);
+        if (dW) /* dW (Vl, D) += dz^T (Vl, c) h_c (c, D) */
+            gemm_rm(K, true, false, Vl, D, c, 1.0f, dz, Vl, hc, D, 1.0f, dW, D);
+    }
+}
+
+/* ---- sampling ---- */
+
+/* tokens, logps and uniforms are HOST arrays (B); logits (B, V) device memory. */
+static void cuda_sample(struct kctx *K, int32_t *tokens, float *logps, const float *logits, int B, int V,
+                        float temperature, float top_p, int top_k, const double *uniforms)
+{
+    if (B <= 0)
+        return;
+    if (V <= 0 || (size_t)B * (size_t)V > (size_t)INT32_MAX)
+        check_failf(__FILE__, __LINE__, "sample: %d rows of %d logits (at most 2^31 - 1 in all on CUDA)", B, V);
+    use(K);
+    struct cuda_impl *I = impl(K);
+    size_t bytes = sample_rows_cuda_scratch_bytes(B, V);
+    if (!bytes)
+        check_failf(__FILE__, __LINE__, "sample: cannot size the sort's scratch for %d x %d", B, V);
+    void *s = ws(K, &I->sample, bytes);
+    int32_t *dtok = ws(K, &I->sample_tok, (size_t)B * sizeof *dtok);
+    float *dlp = ws(K, &I->sample_lp, (size_t)B * sizeof *dlp);
+    /* the uniforms are host memory: copied on the stream, which this op synchronises before it returns */
+    CHECK_CUDA(sample_rows_cuda(dtok, dlp, logits, B, V, temperature, top_p, top_k, uniforms, s, bytes, stream(K)));
+    CHECK_CUDA(cudaMemcpyAsync(tokens, dtok, (size_t)B * sizeof *tokens, cudaMemcpyDeviceToHost, stream(K)));
+    if (logps)
+        CHECK_CUDA(cudaMemcpyAsync(logps, dlp, (size_t)B * sizeof *logps, cudaMemcpyDeviceToHost, stream(K)));
+    CHECK_CUDA(cudaStreamSynchronize(stream(K)));
+}
+
+/* ---- the table and the context ---- */
+
+const struct kops kops_cuda = {
+    .name = "cuda",
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .to_device = cuda_to_device,
+    .to_host = cuda_to_host,
+    .copy = cuda_copy,
+    .zero = cuda_zero,
+    .sync = cuda_sync,
+    .rmsnorm_forward = cuda_rmsnorm_forward,
+    .rmsnorm_backward = cuda_rmsnorm_backward,
+    .embedding_forward = cuda_embedding_forward,
+    .embedding_backward = cuda_embedding_backward,
+    .linear_forward = cuda_linear_forward,
+    .linear_backward = cuda_linear_backward,
+    .rope_forward = cuda_rope_forward,
+    .rope_backward = cuda_rope_backward,
+    .attention_forward = cuda_attention_forward,
+    .attention_backward = cuda_attention_backward,
+    .attention_cached = cuda_attention_cached,
+    .swiglu_forward = cuda_swiglu_forward,
+    .swiglu_backward = cuda_swiglu_backward,
+    .add = cuda_add,
+    .axpy = cuda_axpy,
+    .scale = cuda_scale,
+    .sumsq = cuda_sumsq,
+    .lmhead_forward = cuda_lmhead_forward,
+    .lmhead_backward = cuda_lmhead_backward,
+    .sample = cuda_sample,
+    .adamw = cuda_adamw,
+};
+
+int kops_cuda_devices(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) { /* no driver, no device: not an error here */
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+int kops_cuda_open(struct kctx *K, int device, char *why, size_t len)
+{
+    int n = 0;
+    cudaError_t rc = cudaGetDeviceCount(&n);
+    if (rc != cudaSuccess) {
+        (void)cudaGetLastError();
+        return error_set(why, len, "cuda:%d: no CUDA device usable (%s)", device, cudaGetErrorString(rc));
+    }
+    if (device < 0 || device >= n)
+        return error_set(why, len, "cuda:%d: no such device (%d visible)", device, n);
+    if ((rc = cudaSetDevice(device)) != cudaSuccess)
+        return error_set(why, len, "cuda:%d: cudaSetDevice: %s", device, cudaGetErrorString(rc));
+    cudaStream_t s = NULL;
+    /* a blocking stream: it orders with the legacy default stream, so plain cudaMemcpy elsewhere stays safe */
+    if ((rc = cudaStreamCreate(&s)) != cudaSuccess)
+        return error_set(why, len, "cuda:%d: cudaStreamCreate: %s", device, cudaGetErrorString(rc));
+    cublasHandle_t hb = NULL;
+    cublasStatus_t bs = cublasCreate(&hb);
+    if (bs == CUBLAS_STATUS_SUCCESS)
+        bs = cublasSetStream(hb, s);
+    if (bs == CUBLAS_STATUS_SUCCESS) /* fp32 means fp32: no TF32 (GemmEx's CUBLAS_COMPUTE_32F does not either) */
+        bs = cublasSetMathMode(hb, CUBLAS_DEFAULT_MATH);
+    if (bs == CUBLAS_STATUS_SUCCESS) /* no atomics in cuBLAS's reductions: the same bits every run */
+        bs = cublasSetAtomicsMode(hb, CUBLAS_ATOMICS_NOT_ALLOWED);
+    if (bs != CUBLAS_STATUS_SUCCESS) {
+        if (hb)
+            cublasDestroy(hb);
+        cudaStreamDestroy(s);
+        return error_set(why, len, "cuda:%d: cuBLAS could not start (status %d)", device, (int)bs);
+    }
+    struct cuda_impl *I = xcalloc(1, sizeof *I);
+    if ((rc = cudaMalloc((void **)&I->sumsq_result, sizeof(double))) != cudaSuccess) {
+        (void)cudaGetLastError();
+        free(I);
+        cublasDestroy(hb);
+        cudaStreamDestroy(s);
+        return error_set(why, len, "cuda:%d: cudaMalloc: %s", device, cudaGetErrorString(rc));
+    }
+    K->ops = &kops_cuda;
+    K->device = KDEV_CUDA;
+    K->device_index = device;
+    K->stream = s;
+    K->blas = hb;
+    K->impl = I;
+    return 0;
+}
+
+void kops_cuda_close(struct kctx *K)
+{
+    struct cuda_impl *I = impl(K);
+    if (!I)
+        return;
+    cudaSetDevice(K->device_index);
+    cudaStreamSynchronize(stream(K));
+    for (int i = 0; i < BF16_SLOTS; i++)
+        dbuf_free(&I->bf16[i]);
+    dbuf_free(&I->scratch);
+    dbuf_free(&I->attn);
+    dbuf_free(&I->lm_z);
+    dbuf_free(&I->lm_st);
+    dbuf_free(&I->sample);
+    dbuf_free(&I->sample_tok);
+    dbuf_free(&I->sample_lp);
+    cudaFree(I->sumsq_result);
+    cublasDestroy(blas(K));
+    cudaStreamDestroy(stream(K));
+    free(I->host_st);
+    free(I->host_cu);
+    free(I->tab);
+    free(I);
+    K->impl = NULL;
+    K->blas = NULL;
+    K->stream = NULL;
+}

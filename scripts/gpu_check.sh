@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# One command for a GPU session (sized for at most 8 minutes on one H200): build the CUDA back-end, run the GPU
+# tests (full shapes, then small shapes under compute-sanitizer memcheck and racecheck), then benchmark it and
+# print one table.
+#
+#   scripts/gpu_check.sh            everything
+#   GPU_CHECK_SKIP_SANITIZER=1      skip the compute-sanitizer runs
+#   GPU_CHECK_BENCH_SMALL=1         small benchmark shapes (a smoke run)
+#
+# Peaks the table compares against (H200 SXM): BF16 dense tensor-core 989 TFLOP/s (MFU column of the TFLOP/s
+# rows, fp32 rows included, so they read as a fraction of what the chip's BF16 tensor cores could do), HBM3e
+# 4.8 TB/s (decode rows), NVLink 450 GB/s per direction (NCCL row, busbw as nccl-tests defines it).
+# Exit status: 0 when every test passed, 1 otherwise (the table is printed either way).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-8}"
+start=$(date +%s)
+stamp() { echo "== [$(( $(date +%s) - start )) s] $*"; }
+rc=0
+bdir=build-gpu
+log="$(mktemp -d /tmp/gpu_check.XXXXXX)"
+
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+stamp "GPUs: $ngpu"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/   /'
+if [ "$ngpu" -eq 0 ]; then
+    echo "no GPU visible: nothing to check here"
+    exit 77
+fi
+
+# ---- build: a fresh directory; meson.build compiles sm_80 and sm_90 SASS plus compute_90 PTX ----
+stamp "configure $bdir (-Dcuda=enabled)"
+if [ -d "$bdir" ]; then
+    meson setup --wipe "$bdir" -Dcuda=enabled >"$log/setup.txt" 2>&1
+else
+    meson setup "$bdir" -Dcuda=enabled >"$log/setup.txt" 2>&1
+fi || { cat "$log/setup.txt"; echo "meson setup failed"; exit 1; }
+stamp "build (ninja: the GPU tests, the bench, the worker)"
+targets=(tests/gpu/test_gpu_kernels tests/gpu/gpu_bench)
+[ -f worker/grpo_worker.c ] && targets+=(worker/grpo-worker)
+ninja -C "$bdir" "${targets[@]}" >"$log/build.txt" 2>&1 ||
+    { tail -60 "$log/build.txt"; echo "build failed"; exit 1; }
+grep -E "warning" "$log/build.txt" | head -20
+
+# ---- tests ----
+stamp "meson test --suite gpu (full shapes)"
+meson test -C "$bdir" --suite gpu --no-rebuild --print-errorlogs >"$log/test.txt" 2>&1 || rc=1
+grep -E "^ *[0-9]+/[0-9]+ |^Ok:|^Fail:|^Skipped:|FAIL|failed" "$log/test.txt" | head -60
+sed -n '/kops_cuda against/,/kops: /p' "$bdir/meson-logs/testlog.txt" | head -200
+
+sanitizer="$(command -v compute-sanitizer || true)"
+if [ -z "$sanitizer" ] && command -v nvcc >/dev/null; then
+    for c in "$(dirname "$(command -v nvcc)")/compute-sanitizer" \
+        "$(dirname "$(command -v nvcc)")/../extras/compute-sanitizer/compute-sanitizer"; do
+        [ -x "$c" ] && sanitizer="$c" && break
+    done
+fi
+if [ "${GPU_CHECK_SKIP_SANITIZER:-0}" = 0 ] && [ -n "$sanitizer" ]; then
+    # memcheck on the kernel test with small shapes (GRPO_GPU_TEST_SMALL); the NCCL tests stay out of the
+    # sanitizer (mpirun plus NCCL's own device memory make it slow and noisy, and the deadline test is timed)
+    stamp "compute-sanitizer memcheck: meson test gpu-kernels, small shapes"
+    GRPO_GPU_TEST_SMALL=1 meson test -C "$bdir" gpu-kernels --no-rebuild --print-errorlogs --timeout-multiplier 2 \
+        --wrapper "$sanitizer --tool memcheck --error-exitcode 86 --print-limit 20" >"$log/memcheck.txt" 2>&1 ||
+        { rc=1; echo "memcheck: FAILED"; grep -E "=========|FAIL" "$bdir/meson-logs/testlog.txt" | head -40; }
+    grep -E "ERROR SUMMARY|^Ok:|^Fail:" "$bdir/meson-logs/testlog.txt" "$log/memcheck.txt" | head -5
+    # racecheck: shared-memory hazards of the tiled kernels (attention, reductions); bounded in time
+    stamp "compute-sanitizer racecheck: the kops tests, small shapes (at most 120 s)"
+    GRPO_GPU_TEST_SMALL=1 timeout 120 "$sanitizer" --tool racecheck --error-exitcode 86 --print-limit 20 \
+        "$bdir/tests/gpu/test_gpu_kernels" --kops >"$log/racecheck.txt" 2>&1
+    r=$?
+    if [ $r -eq 124 ]; then
+        echo "racecheck: did not finish in 120 s (not counted as a failure)"
+    elif [ $r -eq 77 ]; then
+        echo "racecheck: skipped (no device)"
+    elif [ $r -ne 0 ]; then
+        rc=1
+        echo "racecheck: FAILED (exit $r)"
+        grep -E "=========|FAIL" "$log/racecheck.txt" | head -40
+    fi
+    grep -E "RACECHECK SUMMARY|ERROR SUMMARY" "$log/racecheck.txt" | head -3
+else
+    echo "compute-sanitizer: skipped (GPU_CHECK_SKIP_SANITIZER=1, or not found)"
+fi
+
+# ---- benchmarks: one table ----
+stamp "benchmarks"
+bench_args=()
+[ "${GPU_CHECK_BENCH_SMALL:-0}" = 1 ] && bench_args+=(--small)
+timeout 240 "$bdir/tests/gpu/gpu_bench" "${bench_args[@]}" >"$log/bench.txt" 2>&1
+r=$?
+if [ $r -ne 0 ]; then
+    echo "gpu_bench: exit $r$([ $r -eq 124 ] && echo ' (timed out after 240 s)')"
+    tail -20 "$log/bench.txt"
+    [ $r -ne 77 ] && rc=1
+fi
+if [ "$ngpu" -ge 2 ]; then
+    timeout 120 mpirun --oversubscribe -np 2 "$bdir/tests/gpu/gpu_bench" --nccl "${bench_args[@]}" \
+        >>"$log/bench.txt" 2>&1 || { echo "NCCL bench failed:"; tail -20 "$log/bench.txt"; }
+else
+    echo "ROW|NCCL all-reduce bus bandwidth|np=2|-|skipped: 1 GPU|-" >>"$log/bench.txt"
+fi
+
+# one GRPO step's phase times on the bundled model, once the worker can train on the GPU
+step_line="GRPO step on GPU: not wired yet"
+worker="$bdir/worker/grpo-worker"
+if [ -x "$worker" ] && "$worker" --help 2>&1 | grep -q 'trainer.device'; then
+    gguf="${GRPO_CACHE:-$HOME/.cache/grpo}/SmolLM2-135M-Instruct.Q4_1.gguf"
+    if [ -f "$gguf" ]; then
+        stamp "one GRPO step on the GPU (bundled SmolLM2-135M)"
+        out_dir="$log/grpo"
+        timeout 180 mpirun -np 1 "$worker" actor_rollout_ref.model.path="$gguf" trainer.device=cuda \
+            trainer.total_training_steps=1 trainer.default_local_dir="$out_dir" >"$log/grpo.txt" 2>&1
+        step_line="GRPO step on GPU (exit $?): $(grep -oE '"?timing_s/[a-z_]+"?[:=] ?[0-9.]+' "$log/grpo.txt" \
+            "$out_dir"/metrics.jsonl 2>/dev/null | sed 's/.*timing_s\///; s/"//g' | tr '\n' ' ')"
+    else
+        step_line="GRPO step on GPU: the bundled model is not cached ($gguf; scripts/fetch_model.sh needs the network)"
+    fi
+fi
+
+echo
+echo "== GPU check: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $ngpu GPU(s)," \
+    "$(( $(date +%s) - start )) s"
+{
+    echo "op|shape|ms/call|throughput|of peak"
+    grep '^ROW|' "$log/bench.txt" | cut -d'|' -f2-
+} | awk -F'|' '{ printf "%-36s %-34s %10s %16s %8s\n", $1, $2, $3, $4, $5 }'
+echo "(peaks: BF16 dense 989 TFLOP/s for the TFLOP/s rows, HBM 4.8 TB/s for decode, NVLink 450 GB/s for NCCL)"
+echo "$step_line"
+echo "tests: $([ $rc -eq 0 ] && echo passed || echo FAILED) (logs: $log, $bdir/meson-logs/testlog.txt)"
+exit $rc

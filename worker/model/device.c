@@ -1,0 +1,49 @@
+/* Where a role's model runs: the kernel context of its device and precision keys, and moving a model there. */
+#include "device.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "kernels/kernels.h"
+
+/* One context per (device, precision) per process: the trainer's policy and reference share theirs. */
+static struct kctx *g_ctx[2][2];
+static bool g_fallback_said;
+
+struct kctx *model_context_for(const char *device, const char *dtype, const char *dtype_key, char *err, size_t errlen)
+{
+    const bool cuda = device && strcmp(device, "cuda") == 0;
+    enum kmatmul mm = dtype && strcmp(dtype, "bfloat16") == 0 ? KMM_BF16 : KMM_F32;
+    if (!cuda && mm == KMM_F32)
+        return kctx_cpu();
+    if (!cuda && mm == KMM_BF16 && !cpu_bf16_gemm_available()) {
+        if (!g_fallback_said)
+            log_warn("model", "%s=bfloat16: this CPU has no BF16 matrix products (%s); running float32", dtype_key,
+                     cpu_bf16_gemm_name());
+        g_fallback_said = true;
+        return kctx_cpu();
+    }
+    struct kctx **slot = &g_ctx[cuda][mm == KMM_BF16];
+    if (!*slot) {
+        char why[256];
+        *slot = kctx_create(cuda ? "cuda" : "cpu", mm, why, sizeof why);
+        if (!*slot) {
+            error_set(err, errlen, "%s: %s", cuda ? "trainer.device=cuda" : dtype_key, why);
+            return NULL;
+        }
+        char d[256];
+        log_info("model", "kernels: %s", kctx_describe(*slot, d, sizeof d));
+    }
+    return *slot;
+}
+
+void model_move(struct model **m, struct kctx *K)
+{
+    if ((*m)->K == K)
+        return;
+    struct model *moved = model_copy_to(*m, K);
+    model_free(*m);
+    *m = moved;
+}
