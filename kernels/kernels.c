@@ -12,15 +12,6 @@
 int kops_cuda_open(struct kctx *K, int device, char *why, size_t len);
 void kops_cuda_close(struct kctx *K);
 int kops_cuda_devices(void);
-/* TEMPORARY until kernels/cuda/backend.c lands: weak fallbacks the back-end overrides */
-__attribute__((weak)) int kops_cuda_open(struct kctx *K, int device, char *why, size_t len)
-{
-    (void)K;
-    error_set(why, len, "cuda:%d: the CUDA back-end is not in this build", device);
-    return -1;
-}
-__attribute__((weak)) void kops_cuda_close(struct kctx *K) { (void)K; }
-__attribute__((weak)) int kops_cuda_devices(void) { return 0; }
 #endif
 
 static struct kctx g_cpu = {.ops = &kops_cpu, .device = KDEV_CPU, .matmul = KMM_F32};

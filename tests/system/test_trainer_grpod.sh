@@ -14,17 +14,19 @@ export OPENBLAS_NUM_THREADS=1
     --tokenizer-from tests/fixtures/tokenizers/bytes-chatml --seed 11 --std 0.1 >"$TMP/init.log" 2>&1
 expect "tiny model initialised" $?
 
-# run NAME [overrides...]: the worker with a fixed small configuration, log in $TMP/NAME.log
+# run NAME [overrides...]: the worker with a fixed small configuration, log in $TMP/NAME.log; enough steps that
+# pause and stop arrive mid-run on a fast machine (a tiny step takes a few milliseconds)
+STEPS=400
 run() {
     local name="$1"; shift
     "$WORKER" actor_rollout_ref.model.path="$TMP/tiny" trainer.default_local_dir="$TMP/$name" \
-        trainer.project_name=p trainer.experiment_name=e trainer.total_training_steps=40 \
+        trainer.project_name=p trainer.experiment_name=e trainer.total_training_steps=$STEPS \
         trainer.val_before_train=false data.train_batch_size=2 actor_rollout_ref.rollout.n=4 \
         actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=12 \
         actor_rollout_ref.actor.optim.lr=1e-3 data.synthetic.num_train=64 data.synthetic.num_val=4 \
         "$@" >>"$TMP/$name.log" 2>&1
 }
-final_weights() { echo "$TMP/$1/p/e/checkpoints/global_step_40/actor/model.safetensors"; }
+final_weights() { echo "$TMP/$1/p/e/checkpoints/global_step_$STEPS/actor/model.safetensors"; }
 
 run ref
 expect "reference run alone finishes" $?
@@ -64,7 +66,7 @@ expect "second worker under way" $?
 "$GRPOCTL" stop --wait=60 >"$TMP/stop.out" 2>&1; expect "stop" $?
 wait "$WPID"; expect "stopped worker exits 0" $?
 sstep="$(cat "$TMP/stopped/p/e/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null)"
-[ -n "$sstep" ] && [ "$sstep" -lt 40 ]; expect "stop wrote a checkpoint mid-run (step $sstep)" $?
+[ -n "$sstep" ] && [ "$sstep" -lt "$STEPS" ]; expect "stop wrote a checkpoint mid-run (step $sstep)" $?
 has "$TMP/stopped.log" "stopped at step $sstep"; expect "worker log says where it stopped" $?
 run stopped
 expect "resumed run finishes" $?

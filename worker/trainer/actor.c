@@ -277,12 +277,12 @@ static double mp_clip(struct model *m, double max_norm)
 {
     if (!m->sh.mp) { /* whole models, and LoRA (whole models only) */
         const struct trainable tr = model_trainable(m);
-        return grad_clip(tr.grads, tr.n, max_norm);
+        return grad_clip_on(m->K, tr.grads, tr.n, max_norm);
     }
     double s = model_owned_sq(m, m->grad->mem, 0, m->grad->n_floats);
     comm_allreduce_sum(m->sh.mp, &s, 1, COMM_F64);
     const double norm = sqrt(s);
-    grad_scale_to(m->grad->mem, m->grad->n_floats, norm, max_norm);
+    grad_scale_to_on(m->K, m->grad->mem, m->grad->n_floats, norm, max_norm);
     return norm;
 }
 
