@@ -45,6 +45,9 @@ grep -E "warning" "$log/build.txt" | head -20
 
 # ---- tests ----
 stamp "meson test --suite gpu (full shapes)"
+# gpu-model also checks 32 greedy tokens of the bundled model against the CPU when it is cached
+bundled="${GRPO_CACHE:-$HOME/.cache/grpo}/SmolLM2-135M-Instruct.Q4_1.gguf"
+[ -f "$bundled" ] && export GRPO_BUNDLED_MODEL="$bundled"
 meson test -C "$bdir" --suite gpu --no-rebuild --print-errorlogs >"$log/test.txt" 2>&1 || rc=1
 grep -E "^ *[0-9]+/[0-9]+ |^Ok:|^Fail:|^Skipped:|FAIL|failed" "$log/test.txt" | head -60
 sed -n '/kops_cuda against/,/kops: /p' "$bdir/meson-logs/testlog.txt" | head -200

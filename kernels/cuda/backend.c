@@ -567,6 +567,9 @@ static void cuda_lmhead_forward(struct kctx *K, float *logp, float *entropy, con
     if (N <= 0)
         return;
     use(K);
+    /* the LM head's products stay fp32 in every context, as on the CPU: its log-probs feed the PPO ratio */
+    const enum kmatmul mm = K->matmul;
+    K->matmul = KMM_F32;
     struct cuda_impl *I = impl(K);
     const int Vl = vs->hi - vs->lo, cmax = chunk < N ? chunk : N;
     float *z = ws(K, &I->lm_z, sizeof(float) * (size_t)cmax * Vl);
@@ -577,6 +580,7 @@ static void cuda_lmhead_forward(struct kctx *K, float *logp, float *entropy, con
         lm_chunk(K, z, st, rows_at(K, ha, t0, D), wa, targets + t0, c, D, vs, temperature);
         CHECK_CUDA(lmhead_finalize_cuda(logp + t0, entropy ? entropy + t0 : NULL, st, c, stream(K)));
     }
+    K->matmul = mm;
 }
 
 static void cuda_lmhead_backward(struct kctx *K, float *dh, float *dW, const float *dlogp, const float *dentropy,
@@ -587,6 +591,9 @@ static void cuda_lmhead_backward(struct kctx *K, float *dh, float *dW, const flo
     if (N <= 0 || (!dh && !dW))
         return;
     use(K);
+    /* the LM head's products stay fp32 in every context, as on the CPU: its log-probs feed the PPO ratio */
+    const enum kmatmul mm = K->matmul;
+    K->matmul = KMM_F32;
     struct cuda_impl *I = impl(K);
     const int Vl = vs->hi - vs->lo, cmax = chunk < N ? chunk : N;
     float *z = ws(K, &I->lm_z, sizeof(float) * (size_t)cmax * Vl);
@@ -604,6 +611,7 @@ static void cuda_lmhead_backward(struct kctx *K, float *dh, float *dW, const flo
         if (dW) /* dW (Vl, D) += dz^T (Vl, c) h_c (c, D) */
             gemm_rm(K, true, false, Vl, D, c, 1.0f, dz, Vl, hc, D, 1.0f, dW, D);
     }
+    K->matmul = mm;
 }
 
 /* ---- sampling ---- */
