@@ -61,7 +61,8 @@ struct kops {
                             const float *up, size_t n);
     void (*add)(struct kctx *K, float *y, const float *x, size_t n);
     void (*axpy)(struct kctx *K, float *y, float a, const float *x, size_t n);
-    void (*scale)(struct kctx *K, float *x, float a, size_t n);
+    /* x[i] = x[i] * a rounded once to float (a double coefficient, as a gradient clip's) */
+    void (*scale)(struct kctx *K, float *x, double a, size_t n);
     /* sum of x[i]^2 in double (a gradient norm's part) */
     double (*sumsq)(struct kctx *K, const float *x, size_t n);
     void (*lmhead_forward)(struct kctx *K, float *logp, float *entropy, const float *h, const float *W,
@@ -228,7 +229,7 @@ static inline void k_swiglu_backward(struct kctx *K, float *dgate, float *dup, c
 }
 static inline void k_add(struct kctx *K, float *y, const float *x, size_t n) { K->ops->add(K, y, x, n); }
 static inline void k_axpy(struct kctx *K, float *y, float a, const float *x, size_t n) { K->ops->axpy(K, y, a, x, n); }
-static inline void k_scale(struct kctx *K, float *x, float a, size_t n) { K->ops->scale(K, x, a, n); }
+static inline void k_scale(struct kctx *K, float *x, double a, size_t n) { K->ops->scale(K, x, a, n); }
 static inline double k_sumsq(struct kctx *K, const float *x, size_t n) { return K->ops->sumsq(K, x, n); }
 static inline void k_lmhead_forward(struct kctx *K, float *logp, float *entropy, const float *h, const float *W,
                                     const int32_t *targets, int N, int D, const struct vocab_shard *vs,

@@ -125,10 +125,11 @@ static void cpu_axpy(struct kctx *K, float *y, float a, const float *x, size_t n
     (void)K;
     vec_axpy(y, a, x, n);
 }
-static void cpu_scale(struct kctx *K, float *x, float a, size_t n)
+static void cpu_scale(struct kctx *K, float *x, double a, size_t n)
 {
     (void)K;
-    vec_scale(x, a, n);
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(x[i] * a);
 }
 static double cpu_sumsq(struct kctx *K, const float *x, size_t n)
 {

@@ -50,12 +50,7 @@ double grad_global_norm(const float *g, size_t n)
 
 void grad_scale_to(float *g, size_t n, double norm, double max_norm)
 {
-    if (max_norm > 0 && isfinite(norm)) {
-        double coef = max_norm / (norm + 1e-6);
-        if (coef < 1.0)
-            for (size_t i = 0; i < n; i++)
-                g[i] = (float)(g[i] * coef);
-    }
+    grad_scale_to_on(kctx_cpu(), g, n, norm, max_norm);
 }
 
 void grad_scale_to_on(struct kctx *K, float *g, size_t n, double norm, double max_norm)
@@ -63,7 +58,7 @@ void grad_scale_to_on(struct kctx *K, float *g, size_t n, double norm, double ma
     if (max_norm > 0 && isfinite(norm)) {
         double coef = max_norm / (norm + 1e-6);
         if (coef < 1.0)
-            k_scale(K, g, (float)coef, n);
+            k_scale(K, g, coef, n);
     }
 }
 
