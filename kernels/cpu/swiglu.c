@@ -5,35 +5,13 @@
 #include <string.h>
 
 #include "cpu_kernels.h"
+#include "fast_exp.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define MULTI_TARGET __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define MULTI_TARGET
 #endif
-
-/* exp(y) for any float y: below -87 it is 0 (smaller than FLT_MIN), above 88 it is clamped to exp(88) (the
- * sigmoid only needs 1 / (1 + exp(-g)) -> 0 there) */
-static inline float exp_clamped(float y)
-{
-    const float lo = -87.0f, hi = 88.0f, magic = 12582912.0f; /* 1.5 * 2^23: rounds to nearest */
-    float yc = y < lo ? lo : y > hi ? hi : y;
-    float n = (yc * 1.44269504088896341f + magic) - magic;
-    float r = yc - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9841270e-4f;
-    p = p * r + 1.3888889e-3f;
-    p = p * r + 8.3333333e-3f;
-    p = p * r + 4.1666667e-2f;
-    p = p * r + 1.6666667e-1f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return y < lo ? 0.0f : p * scale;
-}
 
 static inline float sigmoidf(float g) { return 1.0f / (1.0f + exp_clamped(-g)); }
 

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cpu_kernels.h"
+#include "fast_exp.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define MULTI_TARGET __attribute__((target_clones("avx512f", "avx2", "default")))
@@ -16,37 +17,9 @@
 #define MULTI_TARGET
 #endif
 
-static inline float exp_nonpos(float y)
-{
-    /* below about -87.3 the result is smaller than FLT_MIN: flush to 0 (softmax weights that small vanish) */
-    const float lo = -87.0f;
-    float yc = y < lo ? lo : y;
-    /* n = y / ln 2 rounded to nearest (even) by adding and removing 1.5 * 2^23: plain float arithmetic that
-     * vectorises, where roundf is a libm call in every clone (no SIMD instruction rounds half away from zero) */
-    const float magic = 12582912.0f;
-    float n = (yc * 1.44269504088896341f + magic) - magic;
-    /* r = y - n ln 2 in two parts (Cody-Waite): the high part is exact, so r keeps float precision */
-    float r = yc - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f; /* |r| <= ln2 / 2 */
-    /* exp(r): Taylor terms to r^7/7! (error < 2e-8 on the interval) */
-    float p = 1.9841270e-4f;
-    p = p * r + 1.3888889e-3f;
-    p = p * r + 8.3333333e-3f;
-    p = p * r + 4.1666667e-2f;
-    p = p * r + 1.6666667e-1f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    float res = p * scale;
-    return y < lo ? 0.0f : res;
-}
-
 MULTI_TARGET
 void vec_exp_shifted(float *out, const float *x, size_t n, float shift)
 {
     for (size_t j = 0; j < n; j++)
-        out[j] = exp_nonpos(x[j] - shift);
+        out[j] = exp_clamped(x[j] - shift);
 }
