@@ -75,7 +75,8 @@ __attribute__((constructor)) static void blas_select(int argc, char **argv)
 const char *blas_kernels(char *buf, size_t len)
 {
     const char *core = openblas_get_corename();
-    snprintf(buf, len, "OpenBLAS %s kernels (%s)", core ? core : "?", g_reason);
+    snprintf(buf, len, "OpenBLAS %s kernels (%s); few-row products: %s", core ? core : "?", g_reason,
+             skinny_isa() == SKINNY_NONE ? "OpenBLAS" : skinny_isa_name(skinny_isa()));
     return buf;
 }
 

@@ -40,6 +40,17 @@ void embedding_backward_shard(float *dtable, const float *dout, const int32_t *i
 /* Linear, HF nn.Linear layout: y = x W^T + b.  y: (N, Dout); x: (N, Din); W: (Dout, Din); b: (Dout) or NULL. */
 void linear_forward(float *y, const float *x, const float *W, const float *b, int N, int Din, int Dout);
 /* dx += dy W (N, Din); dW += dy^T x (Dout, Din); db += sum_rows dy (Dout). Any of dx, dW, db may be NULL. */
+/* The few-row product of linear_forward (kernels/cpu/skinny.c): y (M, N) = x (M, K) W^T without bias, W read once;
+ * y[m][n] depends on x[m], W[n] and the ISA only. linear_forward takes it for M <= SKINNY_MAX_ROWS when the CPU has
+ * AVX2+FMA or AVX-512. skinny_force_isa picks a path for tests (false: this CPU cannot run it); SKINNY_AUTO undoes
+ * it. */
+enum { SKINNY_MAX_ROWS = 32 };
+enum skinny_isa { SKINNY_NONE = 0, SKINNY_AVX2 = 1, SKINNY_AVX512 = 2, SKINNY_AUTO = 3 };
+enum skinny_isa skinny_isa(void);
+bool skinny_force_isa(enum skinny_isa isa);
+const char *skinny_isa_name(enum skinny_isa isa);
+bool skinny_wanted(int M, int K);
+void linear_forward_skinny(float *y, const float *x, const float *W, int M, int K, int N);
 void linear_backward(float *dx, float *dW, float *db, const float *dy, const float *x, const float *W, int N, int Din,
                      int Dout);
 

@@ -14,7 +14,10 @@ void linear_forward(float *y, const float *x, const float *W, const float *b, in
             y[i] = 0.0f;
     } else {
         /* y (N, Dout) = x (N, Din) * W^T (Din, Dout) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, Dout, Din, 1.0f, x, Din, W, Din, 0.0f, y, Dout);
+        if (skinny_wanted(N, Din))
+            linear_forward_skinny(y, x, W, N, Din, Dout);
+        else
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, Dout, Din, 1.0f, x, Din, W, Din, 0.0f, y, Dout);
     }
     if (b)
         for (int i = 0; i < N; i++) {

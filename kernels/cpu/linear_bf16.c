@@ -20,6 +20,7 @@
 #include "common/check.h"
 #include "cpu_kernels.h"
 #include "cpu_bf16.h"
+#include "pool.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -192,7 +193,6 @@ static struct scratch g_a, g_b;
 #ifdef GRPO_HAVE_DNNL
 #include <dlfcn.h>
 #include <oneapi/dnnl/dnnl.h>
-#include <pthread.h>
 
 /* ---- oneDNN ---- */
 
@@ -224,16 +224,12 @@ static struct {
     int nprims;
     void (*omp_set_num_threads)(int);
     char name[96];
-    /* helper threads: part i > 0 of the product of generation `gen` runs on helper i - 1 */
-    pthread_mutex_t mu;
-    pthread_cond_t go, done;
-    int helpers, gen, pending;
-    int gen_at_start[MAX_PARTS]; /* the generation when helper i was made: it waits for the next one */
+    /* part i of the current product (part 0 on the calling thread, the others on pool.c's helpers) */
     struct mm_job jobs[MAX_PARTS];
     /* each part's scratchpad: oneDNN's own (library mode) is one per process, not for products at once */
     void *scratch[MAX_PARTS];
     size_t scratch_cap[MAX_PARTS];
-} g_dnnl = {.mu = PTHREAD_MUTEX_INITIALIZER, .go = PTHREAD_COND_INITIALIZER, .done = PTHREAD_COND_INITIALIZER};
+} g_dnnl;
 
 #define DNNL_OK(call)                                                                                                  \
     do {                                                                                                               \
@@ -399,25 +395,15 @@ static void job_run(int part)
     DNNL_OK(dnnl_stream_wait(st));
 }
 
-static void *helper_main(void *arg)
+static void job_part(void *arg, int part, int parts)
 {
-    const int part = *(const int *)arg;
-    omp_one_thread();
-    pthread_mutex_lock(&g_dnnl.mu);
-    int seen = g_dnnl.gen_at_start[part];
-    for (;;) {
-        while (g_dnnl.gen == seen)
-            pthread_cond_wait(&g_dnnl.go, &g_dnnl.mu);
-        seen = g_dnnl.gen;
-        const bool mine = g_dnnl.jobs[part].p != NULL;
-        pthread_mutex_unlock(&g_dnnl.mu);
-        if (mine)
-            job_run(part);
-        pthread_mutex_lock(&g_dnnl.mu);
-        if (--g_dnnl.pending == 0)
-            pthread_cond_signal(&g_dnnl.done);
+    (void)arg, (void)parts;
+    static __thread bool omp_set;
+    if (!omp_set) { /* oneDNN's OpenMP stays at one thread in every thread that calls it */
+        omp_one_thread();
+        omp_set = true;
     }
-    return NULL;
+    job_run(part);
 }
 
 /* Products below this many multiply-adds run on the calling thread alone (waking a helper costs more). */
@@ -427,7 +413,7 @@ static void mm_run(float *C, const uint16_t *A, const uint16_t *B, int M, int N,
 {
     /* parts: as many as OpenBLAS's threads (the trainer's thread setting), split over the rows of C, or over its
      * columns when it has few rows (generation), each at least 16 wide */
-    int parts = openblas_get_num_threads();
+    int parts = cpu_pool_threads();
     parts = parts < MAX_PARTS ? parts : MAX_PARTS;
     const bool by_rows = M >= 16 * parts || M >= N;
     const int extent = by_rows ? M : N;
@@ -435,17 +421,6 @@ static void mm_run(float *C, const uint16_t *A, const uint16_t *B, int M, int N,
         parts = extent / 16;
     if (parts < 1 || (double)M * N * K < SPLIT_MIN_MACS)
         parts = 1;
-    while (g_dnnl.helpers < parts - 1) {
-        pthread_t th;
-        g_dnnl.gen_at_start[g_dnnl.helpers + 1] = g_dnnl.gen;
-        static int part_of[MAX_PARTS] = {0, 1, 2, 3, 4, 5, 6, 7};
-        if (pthread_create(&th, NULL, helper_main, &part_of[g_dnnl.helpers + 1]) != 0) {
-            parts = g_dnnl.helpers + 1;
-            break;
-        }
-        pthread_detach(th);
-        g_dnnl.helpers++;
-    }
     const int ldb = b_trans ? K : N;
     for (int i = 0; i < MAX_PARTS; i++)
         g_dnnl.jobs[i].p = NULL;
@@ -460,20 +435,7 @@ static void mm_run(float *C, const uint16_t *A, const uint16_t *B, int M, int N,
             j->A = A, j->B = B + (b_trans ? (size_t)lo * K : (size_t)lo), j->C = C + lo;
         }
     }
-    if (parts > 1) {
-        pthread_mutex_lock(&g_dnnl.mu);
-        g_dnnl.pending = g_dnnl.helpers;
-        g_dnnl.gen++;
-        pthread_cond_broadcast(&g_dnnl.go);
-        pthread_mutex_unlock(&g_dnnl.mu);
-    }
-    job_run(0);
-    if (parts > 1) {
-        pthread_mutex_lock(&g_dnnl.mu);
-        while (g_dnnl.pending > 0)
-            pthread_cond_wait(&g_dnnl.done, &g_dnnl.mu);
-        pthread_mutex_unlock(&g_dnnl.mu);
-    }
+    cpu_run_parts(parts, job_part, NULL);
 }
 
 bool cpu_bf16_gemm_available(void)

@@ -1,5 +1,9 @@
 /* Linear layer: forward against a naive double loop (with and without bias), backward against
- * central finite differences for dx, dW, db, and NULL gradient outputs. */
+ * central finite differences for dx, dW, db, and NULL gradient outputs. The few-row product (skinny.c) on every
+ * ISA path this CPU runs: against the double loop over odd shapes (K and N tails), and bit for bit the same for a
+ * row whatever the batch around it and the thread count. */
+#include <cblas.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -109,12 +113,100 @@ static void test_backward_null_outputs(void **state)
         assert_float_equal(dx[i], dx2[i], 0.0);
 }
 
+/* every skinny ISA path this CPU can run (SKINNY_NONE: sgemm), the automatic choice first */
+static int skinny_paths(enum skinny_isa *out)
+{
+    int n = 0;
+    out[n++] = SKINNY_AUTO;
+    for (int isa = SKINNY_NONE; isa <= SKINNY_AVX512; isa++)
+        if (skinny_force_isa((enum skinny_isa)isa))
+            out[n++] = (enum skinny_isa)isa;
+    skinny_force_isa(SKINNY_AUTO);
+    return n;
+}
+
+static void test_skinny_matches_naive(void **state)
+{
+    (void)state;
+    enum skinny_isa paths[5];
+    const int npaths = skinny_paths(paths);
+    print_message("skinny: automatic choice %s, %d path(s) checked\n", skinny_isa_name(skinny_isa()), npaths);
+    const int Ms[] = {1, 3, 4, 8, 13, 32}, Ks[] = {1, 5, 16, 23, 64, 129}, Ns[] = {1, 3, 7, 16, 33};
+    uint64_t s = 17;
+    float *x = tk_alloc(32 * 129), *W = tk_alloc(33 * 129), *y = tk_alloc(32 * 33);
+    tk_fill(x, 32 * 129, &s, -1, 1);
+    tk_fill(W, 33 * 129, &s, -1, 1);
+    for (int p = 0; p < npaths; p++) {
+        assert_true(skinny_force_isa(paths[p]));
+        for (size_t a = 0; a < sizeof Ms / sizeof *Ms; a++)
+            for (size_t b = 0; b < sizeof Ks / sizeof *Ks; b++)
+                for (size_t c = 0; c < sizeof Ns / sizeof *Ns; c++) {
+                    const int M = Ms[a], K = Ks[b], Nn = Ns[c];
+                    tk_set(y, 32 * 33, NAN);
+                    linear_forward(y, x, W, NULL, M, K, Nn);
+                    for (int i = 0; i < M; i++)
+                        for (int o = 0; o < Nn; o++) {
+                            double r = 0.0, mag = 0.0;
+                            for (int j = 0; j < K; j++) {
+                                r += (double)x[i * K + j] * W[o * K + j];
+                                mag += fabs((double)x[i * K + j] * W[o * K + j]);
+                            }
+                            if (fabs(y[i * Nn + o] - r) > 1e-6 * (mag + 1.0))
+                                fail_msg("skinny %s M=%d K=%d N=%d: y[%d][%d] = %.9g, double loop %.9g",
+                                         skinny_isa_name(paths[p]), M, K, Nn, i, o, y[i * Nn + o], r);
+                        }
+                    for (int i = M * Nn; i < 32 * 33; i++)
+                        assert_true(isnan(y[i])); /* nothing written past the output */
+                }
+    }
+    skinny_force_isa(SKINNY_AUTO);
+    free(x), free(W), free(y);
+}
+
+/* A row's output is the same bits alone, at any place in a batch of up to SKINNY_MAX_ROWS, and with 2 threads
+ * (generation batches rows differently from one step to the next). */
+static void test_skinny_row_independent(void **state)
+{
+    (void)state;
+    enum { K = 200, NO = 300, MMAX = SKINNY_MAX_ROWS };
+    enum skinny_isa paths[5];
+    const int npaths = skinny_paths(paths);
+    uint64_t s = 23;
+    float *x = tk_alloc(MMAX * K), *W = tk_alloc(NO * K), *y1 = tk_alloc(NO), *yb = tk_alloc(MMAX * NO);
+    tk_fill(x, MMAX * K, &s, -1, 1);
+    tk_fill(W, NO * K, &s, -1, 1);
+    const int threads = openblas_get_num_threads();
+    for (int p = 0; p < npaths; p++) {
+        if (paths[p] == SKINNY_NONE || (paths[p] == SKINNY_AUTO && skinny_isa() == SKINNY_NONE))
+            continue; /* sgemm: rows are not independent there */
+        assert_true(skinny_force_isa(paths[p]));
+        for (int t = 1; t <= 2; t++) {
+            openblas_set_num_threads(t);
+            for (int M = 1; M <= MMAX; M += 7) {
+                linear_forward(yb, x, W, NULL, M, K, NO);
+                for (int i = 0; i < M; i++) {
+                    openblas_set_num_threads(1);
+                    linear_forward(y1, x + (size_t)i * K, W, NULL, 1, K, NO);
+                    openblas_set_num_threads(t);
+                    if (memcmp(y1, yb + (size_t)i * NO, NO * sizeof(float)) != 0)
+                        fail_msg("skinny %s: row %d of a batch of %d at %d thread(s) differs from the row alone",
+                                 skinny_isa_name(paths[p]), i, M, t);
+                }
+            }
+        }
+    }
+    openblas_set_num_threads(threads);
+    skinny_force_isa(SKINNY_AUTO);
+    free(x), free(W), free(y1), free(yb);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_forward_hand_worked),   cmocka_unit_test(test_forward_matches_naive),
-        cmocka_unit_test(test_backward_fd_with_bias), cmocka_unit_test(test_backward_fd_without_bias),
-        cmocka_unit_test(test_backward_null_outputs),
+        cmocka_unit_test(test_forward_hand_worked),    cmocka_unit_test(test_forward_matches_naive),
+        cmocka_unit_test(test_backward_fd_with_bias),  cmocka_unit_test(test_backward_fd_without_bias),
+        cmocka_unit_test(test_backward_null_outputs),  cmocka_unit_test(test_skinny_matches_naive),
+        cmocka_unit_test(test_skinny_row_independent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

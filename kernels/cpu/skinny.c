@@ -1,0 +1,219 @@
+/* y (M, N) = x (M, K) W^T for few rows M (generation's decode steps, the LM head of a decode step): W (N, K)
+ * row-major is read once, straight from memory, with every row of x against it.
+ *
+ * Why not sgemm: for a handful of rows OpenBLAS packs W into its panel layout on every call (sgemm_incopy took 47%
+ * of a decode step at batch 8, more than the products), so W crosses memory three times. Here each output is one
+ * dot product of a row of x with a row of W, summed in 16 (AVX-512) or 8 (AVX2) lanes over K in order, then the
+ * lanes in a fixed tree: the bits of y[m][n] depend on x[m], W[n] and the ISA only, not on M, on the row's place
+ * in the batch or on the number of threads. */
+#include <immintrin.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "cpu_kernels.h"
+#include "pool.h"
+
+/* ---- AVX-512: tiles of 4 rows of x by 4 rows of W (16 accumulators) */
+
+__attribute__((target("avx512f"), always_inline)) static inline void tile512(float *y, int ldy, const float *x,
+                                                                             const float *W, int K, int MR, int NR)
+{
+    __m512 acc[4][4];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++)
+            acc[i][j] = _mm512_setzero_ps();
+    int k = 0;
+    for (; k + 16 <= K; k += 16) {
+        __m512 w[4];
+        for (int j = 0; j < NR; j++)
+            w[j] = _mm512_loadu_ps(W + (size_t)j * K + k);
+        for (int i = 0; i < MR; i++) {
+            const __m512 xv = _mm512_loadu_ps(x + (size_t)i * K + k);
+            for (int j = 0; j < NR; j++)
+                acc[i][j] = _mm512_fmadd_ps(xv, w[j], acc[i][j]);
+        }
+    }
+    if (k < K) {
+        const __mmask16 m = (__mmask16)((1u << (K - k)) - 1u);
+        __m512 w[4];
+        for (int j = 0; j < NR; j++)
+            w[j] = _mm512_maskz_loadu_ps(m, W + (size_t)j * K + k);
+        for (int i = 0; i < MR; i++) {
+            const __m512 xv = _mm512_maskz_loadu_ps(m, x + (size_t)i * K + k);
+            for (int j = 0; j < NR; j++)
+                acc[i][j] = _mm512_fmadd_ps(xv, w[j], acc[i][j]);
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++)
+            y[(size_t)i * ldy + j] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+__attribute__((target("avx512f"))) static void cols512(float *y, const float *x, const float *W, int M, int N, int K,
+                                                       int n0, int n1)
+{
+    int n = n0;
+    for (; n + 4 <= n1; n += 4) {
+        const float *Wn = W + (size_t)n * K;
+        int m = 0;
+        for (; m + 4 <= M; m += 4)
+            tile512(y + (size_t)m * N + n, N, x + (size_t)m * K, Wn, K, 4, 4);
+        for (; m < M; m++)
+            tile512(y + (size_t)m * N + n, N, x + (size_t)m * K, Wn, K, 1, 4);
+    }
+    for (; n < n1; n++)
+        for (int m = 0; m < M; m++)
+            tile512(y + (size_t)m * N + n, N, x + (size_t)m * K, W + (size_t)n * K, K, 1, 1);
+}
+
+/* ---- AVX2 + FMA: tiles of 4 rows of x by 2 rows of W (8 accumulators) */
+
+__attribute__((target("avx2,fma"), always_inline)) static inline float hsum256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+__attribute__((target("avx2,fma"), always_inline)) static inline void tile256(float *y, int ldy, const float *x,
+                                                                              const float *W, int K, int MR, int NR)
+{
+    __m256 acc[4][2];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++)
+            acc[i][j] = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 w[2];
+        for (int j = 0; j < NR; j++)
+            w[j] = _mm256_loadu_ps(W + (size_t)j * K + k);
+        for (int i = 0; i < MR; i++) {
+            const __m256 xv = _mm256_loadu_ps(x + (size_t)i * K + k);
+            for (int j = 0; j < NR; j++)
+                acc[i][j] = _mm256_fmadd_ps(xv, w[j], acc[i][j]);
+        }
+    }
+    if (k < K) {
+        const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(K - k), idx);
+        __m256 w[2];
+        for (int j = 0; j < NR; j++)
+            w[j] = _mm256_maskload_ps(W + (size_t)j * K + k, m);
+        for (int i = 0; i < MR; i++) {
+            const __m256 xv = _mm256_maskload_ps(x + (size_t)i * K + k, m);
+            for (int j = 0; j < NR; j++)
+                acc[i][j] = _mm256_fmadd_ps(xv, w[j], acc[i][j]);
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++)
+            y[(size_t)i * ldy + j] = hsum256(acc[i][j]);
+}
+
+__attribute__((target("avx2,fma"))) static void cols256(float *y, const float *x, const float *W, int M, int N, int K,
+                                                        int n0, int n1)
+{
+    int n = n0;
+    for (; n + 2 <= n1; n += 2) {
+        const float *Wn = W + (size_t)n * K;
+        int m = 0;
+        for (; m + 4 <= M; m += 4)
+            tile256(y + (size_t)m * N + n, N, x + (size_t)m * K, Wn, K, 4, 2);
+        for (; m < M; m++)
+            tile256(y + (size_t)m * N + n, N, x + (size_t)m * K, Wn, K, 1, 2);
+    }
+    for (; n < n1; n++)
+        for (int m = 0; m < M; m++)
+            tile256(y + (size_t)m * N + n, N, x + (size_t)m * K, W + (size_t)n * K, K, 1, 1);
+}
+
+/* ---- dispatch */
+
+typedef void (*cols_fn)(float *y, const float *x, const float *W, int M, int N, int K, int n0, int n1);
+
+static enum skinny_isa best_isa(void)
+{
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f"))
+        return SKINNY_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return SKINNY_AVX2;
+    return SKINNY_NONE;
+}
+
+static int g_forced = -1; /* a test's choice, or -1 */
+
+enum skinny_isa skinny_isa(void)
+{
+    static int best = -1;
+    if (best < 0)
+        best = (int)best_isa();
+    return g_forced >= 0 ? (enum skinny_isa)g_forced : (enum skinny_isa)best;
+}
+
+bool skinny_force_isa(enum skinny_isa isa)
+{
+    if (isa == SKINNY_AUTO) {
+        g_forced = -1;
+        return true;
+    }
+    const enum skinny_isa best = best_isa();
+    if (isa != SKINNY_NONE && (int)isa > (int)best)
+        return false; /* this CPU cannot run it */
+    g_forced = (int)isa;
+    return true;
+}
+
+const char *skinny_isa_name(enum skinny_isa isa)
+{
+    switch (isa) {
+    case SKINNY_AVX512: return "avx512";
+    case SKINNY_AVX2: return "avx2";
+    case SKINNY_NONE: return "none (sgemm)";
+    default: return "auto";
+    }
+}
+
+bool skinny_wanted(int M, int K) { return M >= 1 && M <= SKINNY_MAX_ROWS && K >= 1 && skinny_isa() != SKINNY_NONE; }
+
+struct skinny_job {
+    cols_fn fn;
+    float *y;
+    const float *x, *W;
+    int M, N, K, align;
+};
+
+static void skinny_part(void *arg, int part, int parts)
+{
+    const struct skinny_job *j = arg;
+    /* columns split in multiples of the tile width, so a tile's outputs are never split */
+    const int units = (j->N + j->align - 1) / j->align;
+    const int lo = (int)((long)units * part / parts) * j->align;
+    int hi = (int)((long)units * (part + 1) / parts) * j->align;
+    hi = hi < j->N ? hi : j->N;
+    if (lo < hi)
+        j->fn(j->y, j->x, j->W, j->M, j->N, j->K, lo, hi);
+}
+
+/* Products below this many multiply-adds run on the calling thread alone (waking a helper costs more). */
+enum { SKINNY_SPLIT_MIN_MACS = 1 << 18 };
+
+void linear_forward_skinny(float *y, const float *x, const float *W, int M, int K, int N)
+{
+    const enum skinny_isa isa = skinny_isa();
+    struct skinny_job j = {.fn = isa == SKINNY_AVX512 ? cols512 : cols256,
+                           .y = y,
+                           .x = x,
+                           .W = W,
+                           .M = M,
+                           .N = N,
+                           .K = K,
+                           .align = isa == SKINNY_AVX512 ? 4 : 2};
+    int parts = cpu_pool_threads();
+    if ((double)M * N * K < SKINNY_SPLIT_MIN_MACS)
+        parts = 1;
+    if (parts > N / (4 * j.align))
+        parts = N / (4 * j.align) > 0 ? N / (4 * j.align) : 1;
+    cpu_run_parts(parts, skinny_part, &j);
+}
