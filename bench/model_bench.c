@@ -29,6 +29,7 @@
 
 #include "common/check.h"
 #include "kernels/kernels.h"
+#include "worker/model/generate.h"
 #include "worker/model/lora.h"
 #include "worker/model/model.h"
 #include "worker/model/model_io.h"
@@ -214,6 +215,62 @@ static void bench_decode(struct model *m, int B, int P, int steps, int threads)
     free(caches), free(ntok), free(ids), free(next), free(first), free(logits);
 }
 
+/* GRPO's generation shape: G prompts of P tokens, n samples each, `steps` new tokens per sample (no stop token),
+ * all G x n sequences at once, through generate(). Shared: each prompt prefilled once and its KV cache copied to
+ * its n samples (what the rollout does). Unshared: the same G x n sequences given as G x n separate prompts, each
+ * prefilled on its own. Same sampling streams, so the same tokens; the time difference is the shared prefill. */
+static double group_run(struct model *m, int nprompts, int n, int P, int steps, int32_t **prompts, int *plens,
+                        int *first_tok)
+{
+    struct gen_params gp = {.sampling = {.temperature = 1.0f, .top_p = 1.0f, .top_k = -1},
+                            .max_new_tokens = steps,
+                            .n_samples = n,
+                            .max_batch = nprompts * n,
+                            .seed = 7};
+    (void)P;
+    struct gen_output *out = xmalloc((size_t)nprompts * n * sizeof *out);
+    double t0 = now_s();
+    generate(m, (const int32_t *const *)prompts, plens, nprompts, &gp, out);
+    double dt = now_s() - t0;
+    *first_tok = out[0].len > 0 ? out[0].tokens[0] : -1;
+    for (int i = 0; i < nprompts * n; i++)
+        gen_output_free(&out[i]);
+    free(out);
+    return dt;
+}
+
+static void bench_group(struct model *m, int G, int n, int P, int steps, int threads)
+{
+    const int V = m->cfg.vocab_size, total = G * n;
+    int32_t **prompts = xmalloc((size_t)total * sizeof *prompts);
+    int *plens = xmalloc((size_t)total * sizeof *plens);
+    for (int i = 0; i < total; i++) { /* sequence i = sample i % n of prompt i / n */
+        prompts[i] = xmalloc((size_t)P * sizeof(int32_t));
+        plens[i] = P;
+        for (int t = 0; t < P; t++)
+            prompts[i][t] = bench_token(i / n, t, V);
+    }
+    int32_t **group_prompts = xmalloc((size_t)G * sizeof *group_prompts);
+    for (int g = 0; g < G; g++)
+        group_prompts[g] = prompts[g * n];
+    int tok_shared, tok_unshared;
+    (void)group_run(m, 1, 1, P, 2, group_prompts, plens, &tok_shared); /* warm-up */
+    double shared = group_run(m, G, n, P, steps, group_prompts, plens, &tok_shared);
+    double unshared = group_run(m, total, 1, P, steps, prompts, plens, &tok_unshared);
+    printf("{\"side\":\"ours\",\"what\":\"group_gen\",\"threads\":%d,\"groups\":%d,\"n\":%d,\"prompt_len\":%d,"
+           "\"steps\":%d,\"shared_s\":%.6f,\"unshared_s\":%.6f,\"shared_tokens_per_s\":%.3f,"
+           "\"unshared_tokens_per_s\":%.3f,\"prefill_tokens_shared\":%d,\"prefill_tokens_unshared\":%d}\n",
+           threads, G, n, P, steps, shared, unshared, (double)total * steps / shared, (double)total * steps / unshared,
+           G * P, total * P);
+    fflush(stdout);
+    fprintf(stderr,
+            "  group generation %d x %d, prompt %d, %d tokens: shared prefill %.3f s, unshared %.3f s (x%.2f)\n", G, n,
+            P, steps, shared, unshared, unshared / shared);
+    for (int i = 0; i < total; i++)
+        free(prompts[i]);
+    free(prompts), free(plens), free(group_prompts);
+}
+
 /* A whole decimal int, or exit with usage status 2 naming the option. */
 static int parse_int(const char *opt, const char *s)
 {
@@ -229,28 +286,32 @@ static int parse_int(const char *opt, const char *s)
 
 static void usage(FILE *out)
 {
-    fputs("usage: model_bench MODEL [options]\n"
-          "  MODEL                  Hugging Face model directory or .gguf file\n"
-          "  --threads T            OpenBLAS threads (default 1)\n"
-          "  --batch B              sequences of the forward/backward (default 4)\n"
-          "  --seqlen S             tokens per sequence (default 256)\n"
-          "  --warmup W             untimed forward/backward iterations (default 1)\n"
-          "  --iters I              timed forward/backward iterations, median reported (default 3)\n"
-          "  --decode-batches L     comma-separated decode batch sizes (default 1,8,32; 0 or '' skips)\n"
-          "  --prompt-len P         prompt tokens prefilled before decoding (default 32)\n"
-          "  --decode-steps N       timed decode steps (default 32)\n"
-          "  --sgemm-n n            sgemm size for the peak (default 1024)\n"
-          "  --skip-fwd-bwd         decode only\n"
-          "  --bf16                 BF16 GEMMs (fp32 accumulation) on a BF16 CPU context\n"
-          "  --lora R               forward/backward with a rank-R LoRA adapter on every projection (base frozen)\n"
-          "  --openblas-core        print OpenBLAS's kernel set (its CPU detection) and exit; MODEL not needed\n"
-          "Prints one JSON object per measurement on stdout.\n",
-          out);
+    fputs(
+        "usage: model_bench MODEL [options]\n"
+        "  MODEL                  Hugging Face model directory or .gguf file\n"
+        "  --threads T            OpenBLAS threads (default 1)\n"
+        "  --batch B              sequences of the forward/backward (default 4)\n"
+        "  --seqlen S             tokens per sequence (default 256)\n"
+        "  --warmup W             untimed forward/backward iterations (default 1)\n"
+        "  --iters I              timed forward/backward iterations, median reported (default 3)\n"
+        "  --decode-batches L     comma-separated decode batch sizes (default 1,8,32; 0 or '' skips)\n"
+        "  --prompt-len P         prompt tokens prefilled before decoding (default 32)\n"
+        "  --decode-steps N       timed decode steps (default 32)\n"
+        "  --sgemm-n n            sgemm size for the peak (default 1024)\n"
+        "  --group-gen G,n        also GRPO-shaped generation: G prompts x n samples, prompt prefilled once per group\n"
+        "                         against every sample prefilling its own copy (default off)\n"
+        "  --skip-fwd-bwd         decode only\n"
+        "  --bf16                 BF16 GEMMs (fp32 accumulation) on a BF16 CPU context\n"
+        "  --lora R               forward/backward with a rank-R LoRA adapter on every projection (base frozen)\n"
+        "  --openblas-core        print OpenBLAS's kernel set (its CPU detection) and exit; MODEL not needed\n"
+        "Prints one JSON object per measurement on stdout.\n",
+        out);
 }
 
 int main(int argc, char **argv)
 {
     int threads = 1, B = 4, S = 256, warmup = 1, iters = 3, P = 32, steps = 32, sn = 1024, skip_fb = 0;
+    int group_G = 0, group_n = 0;
     const char *dec = "1,8,32";
     static const struct option lo[] = {{"threads", required_argument, 0, 't'},
                                        {"batch", required_argument, 0, 'b'},
@@ -262,6 +323,7 @@ int main(int argc, char **argv)
                                        {"decode-steps", required_argument, 0, 'n'},
                                        {"sgemm-n", required_argument, 0, 'g'},
                                        {"skip-fwd-bwd", no_argument, 0, 'F'},
+                                       {"group-gen", required_argument, 0, 'G'},
                                        {"bf16", no_argument, 0, 'B'},
                                        {"lora", required_argument, 0, 'L'},
                                        {"openblas-core", no_argument, 0, 'C'},
@@ -280,6 +342,12 @@ int main(int argc, char **argv)
         case 'n': steps = parse_int("--decode-steps", optarg); break;
         case 'g': sn = parse_int("--sgemm-n", optarg); break;
         case 'F': skip_fb = 1; break;
+        case 'G':
+            if (sscanf(optarg, "%d,%d", &group_G, &group_n) != 2 || group_G < 1 || group_n < 1) {
+                fprintf(stderr, "model_bench: --group-gen: '%s' is not G,n with G, n >= 1\n", optarg);
+                return 2;
+            }
+            break;
         case 'B': g_matmul = "bf16"; break;
         case 'L': g_lora = parse_int("--lora", optarg); break;
         case 'C': {
@@ -343,6 +411,8 @@ int main(int argc, char **argv)
             bench_decode(m, db, P, steps, threads);
     }
     free(list);
+    if (group_G > 0)
+        bench_group(m, group_G, group_n, P, steps, threads);
     model_free(m);
     if (K)
         kctx_free(K);

@@ -57,11 +57,12 @@ main() {
     bench_log "load average at start: $(bench_loadavg) on $(nproc) CPUs"
     echo "build from $(bench_rev)" >"$WORK/rev.txt"
 
-    run_ours() { # coretype label
-        local run="$WORK/runs"
-        note before "$2"
-        bench_log "$2: grpo-worker, $STEPS steps"
-        if ! env "$(bench_ours_env "$1")" OPENBLAS_NUM_THREADS="$THREADS" "$BUILD_DIR/worker/grpo-worker" \
+    run_ours() { # coretype label [more overrides]
+        local run="$WORK/runs" ct="$1" label="$2"
+        shift 2
+        note before "$label"
+        bench_log "$label: grpo-worker, $STEPS steps"
+        if ! env "$(bench_ours_env "$ct")" OPENBLAS_NUM_THREADS="$THREADS" "$BUILD_DIR/worker/grpo-worker" \
             actor_rollout_ref.model.path="$BENCH_MODEL" \
             data.train_files="$WORK/prompts.jsonl" data.val_files="$WORK/prompts.jsonl" \
             data.train_batch_size="$N_PROMPTS" data.max_response_length="$MAX_NEW" data.seed="$SEED" \
@@ -80,15 +81,15 @@ main() {
             actor_rollout_ref.model.enable_gradient_checkpointing=false \
             trainer.total_training_steps="$STEPS" trainer.val_before_train=false trainer.test_freq=-1 \
             trainer.resume_mode=disable trainer.num_threads="$THREADS" \
-            trainer.default_local_dir="$run" trainer.project_name=bench trainer.experiment_name="$2" \
-            >"$WORK/$2.log" 2>&1; then
-            tail -n 20 "$WORK/$2.log" >&2
-            echo "run_grpo_bench: grpo-worker failed (log: $WORK/$2.log)" >&2
+            trainer.default_local_dir="$run" trainer.project_name=bench trainer.experiment_name="$label" "$@" \
+            >"$WORK/$label.log" 2>&1; then
+            tail -n 20 "$WORK/$label.log" >&2
+            echo "run_grpo_bench: grpo-worker failed (log: $WORK/$label.log)" >&2
             exit 1
         fi
-        note after "$2"
-        cp "$run/bench/$2/metrics.jsonl" "$WORK/$2.metrics.jsonl"
-        rm -rf "$run/bench/$2/checkpoints" # the end-of-run checkpoint (outside the timed step): 1.6 GB
+        note after "$label"
+        cp "$run/bench/$label/metrics.jsonl" "$WORK/$label.metrics.jsonl"
+        rm -rf "$run/bench/$label/checkpoints" # the end-of-run checkpoint (outside the timed step): 1.6 GB
     }
 
     run_trl() {
@@ -115,6 +116,10 @@ main() {
             run_trl
         fi
     done
+    if [ -n "${BF16:-}" ]; then
+        labels+=("ours[bf16]")
+        run_ours default "ours[bf16]" actor_rollout_ref.actor.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16
+    fi
     bench_log "done in $(($(date +%s) - t_start)) s; load average at end: $(bench_loadavg)"
     echo
     echo "GRPO step benchmark: SmolLM2-135M-Instruct (fp32), $N_PROMPTS prompts x n=$N, <= $MAX_NEW new tokens," \

@@ -15,8 +15,16 @@
 #include "model_internal.h"
 #include "sampler.h"
 
-/* Tokens per chunk of the LM head: bounds the live logits to chunk x V floats. */
-#define LMHEAD_CHUNK 64
+/* Tokens per chunk of the LM head: bounds the live logits (and their exponentials) to 2 x chunk x V floats, at
+ * most 128 MB, and at most 256 tokens. Each chunk's product reads (and OpenBLAS packs) the whole head again, so
+ * bigger chunks are faster: 256 tokens instead of 64 made SmolLM2's forward+backward 9% (fp32) and 12% (BF16)
+ * faster (bench/model_bench, one thread). */
+static int lmhead_chunk(int V)
+{
+    const int fit = (int)((1u << 24) / (unsigned)(V > 0 ? V : 1));
+    return fit > 256 ? 256 : fit < 16 ? 16 : fit;
+}
+#define LMHEAD_CHUNK lmhead_chunk(m->cfg.vocab_size)
 
 int model_config_check(const struct model_config *c, char *why, size_t len)
 {
