@@ -342,12 +342,18 @@ int main(int argc, char **argv)
         case 'n': steps = parse_int("--decode-steps", optarg); break;
         case 'g': sn = parse_int("--sgemm-n", optarg); break;
         case 'F': skip_fb = 1; break;
-        case 'G':
-            if (sscanf(optarg, "%d,%d", &group_G, &group_n) != 2 || group_G < 1 || group_n < 1) {
-                fprintf(stderr, "model_bench: --group-gen: '%s' is not G,n with G, n >= 1\n", optarg);
+        case 'G': {
+            char *comma = strchr(optarg, ',');
+            char *end1 = NULL, *end2 = NULL;
+            long gG = comma ? strtol(optarg, &end1, 10) : 0;
+            long gn = comma ? strtol(comma + 1, &end2, 10) : 0;
+            if (!comma || end1 != comma || end2 == comma + 1 || *end2 || gG < 1 || gn < 1 || gG > 4096 || gn > 4096) {
+                fprintf(stderr, "model_bench: --group-gen: '%s' is not G,n with 1 <= G, n <= 4096\n", optarg);
                 return 2;
             }
+            group_G = (int)gG, group_n = (int)gn;
             break;
+        }
         case 'B': g_matmul = "bf16"; break;
         case 'L': g_lora = parse_int("--lora", optarg); break;
         case 'C': {

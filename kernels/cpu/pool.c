@@ -13,7 +13,8 @@ static struct {
     int gen_at_start[CPU_POOL_MAX_PARTS]; /* the generation when helper i was made: it waits for the next one */
     cpu_part_fn fn;
     void *arg;
-    int parts, on_helpers; /* parts 1 .. on_helpers run on helpers 1 .. on_helpers */
+    int parts, on_helpers;           /* parts 1 .. on_helpers run on helpers 1 .. on_helpers */
+    int part_of[CPU_POOL_MAX_PARTS]; /* helper i's argument points at part_of[i] == i */
 } g = {.run = PTHREAD_MUTEX_INITIALIZER,
        .mu = PTHREAD_MUTEX_INITIALIZER,
        .go = PTHREAD_COND_INITIALIZER,
@@ -21,7 +22,7 @@ static struct {
 
 static void *helper_main(void *arg)
 {
-    const int part = (int)(long)arg;
+    const int part = *(const int *)arg;
     pthread_mutex_lock(&g.mu);
     int seen = g.gen_at_start[part];
     for (;;) {
@@ -70,7 +71,8 @@ void cpu_run_parts(int parts, cpu_part_fn fn, void *arg)
     while (g.helpers < parts - 1) {
         pthread_t th;
         g.gen_at_start[g.helpers + 1] = g.gen;
-        if (pthread_create(&th, NULL, helper_main, (void *)(long)(g.helpers + 1)) != 0)
+        g.part_of[g.helpers + 1] = g.helpers + 1;
+        if (pthread_create(&th, NULL, helper_main, &g.part_of[g.helpers + 1]) != 0)
             break;
         pthread_detach(th);
         g.helpers++;

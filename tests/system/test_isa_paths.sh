@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Every kernel path this CPU can run, against the reference results of the kernel and model tests:
+#  - OpenBLAS: each kernel set the CPU can run (OPENBLAS_CORETYPE Prescott always; Haswell with AVX2+FMA; SkylakeX
+#    with AVX-512; Cooperlake with AVX512-BF16). The fp32 kernel tests (double loops, finite differences) and the
+#    model test (PyTorch fixtures) run on each; `grpo-model info` shows that the set asked for is the set running.
+#  - few-row products (decode): test_kernel_linear forces each ISA this CPU has itself (AVX2, AVX-512, OpenBLAS).
+#  - BF16 GEMMs (oneDNN): each BF16 ISA the CPU has (ONEDNN_MAX_CPU_ISA avx512_core_bf16, and avx512_core_amx on a
+#    CPU with AMX) through test_kernel_bf16 and the BF16 run; and a CPU without BF16 (ONEDNN_MAX_CPU_ISA
+#    avx512_core): the BF16 run falls back to float32 with one clear line and reproduces the float32 run.
+# The vectorised exponential and the other auto-vectorised loops are compiled as target_clones; the C library picks
+# the clone from the CPU, and no switch can choose another: their tests run on the clone this CPU gets.
+# usage: test_isa_paths.sh GRPO_MODEL BF16_RUN_SH GRPO_WORKER SCORER_SO TEST_BIN...
+set -u
+MODEL_TOOL="$1" BF16_RUN="$2" WORKER="$3" SCORER="$4"
+shift 4
+TESTS=("$@")
+TMP="$(mktemp -d /tmp/grpo-isa.XXXXXX)"
+trap 'rm -rf "$TMP"' EXIT
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+fails=0
+expect() { if [ "$2" -eq 0 ]; then echo "ok   $1"; else echo "FAIL $1"; fails=$((fails + 1)); fi; }
+flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+has() { [[ "$flags" == *" $1 "* ]]; }
+
+TOK=tests/fixtures/tokenizers/bytes-chatml
+"$MODEL_TOOL" init "$TOK/config.json" "$TMP/tiny" --tokenizer-from "$TOK" --seed 11 --std 0.1 >"$TMP/init.log" 2>&1
+expect "tiny model initialised" $?
+
+sets=(Prescott)
+has avx2 && has fma && sets+=(Haswell)
+has avx512f && has avx512bw && sets+=(SkylakeX)
+has avx512_bf16 && sets+=(Cooperlake)
+echo "# OpenBLAS kernel sets this CPU runs: ${sets[*]}"
+for set in "${sets[@]}"; do
+    OPENBLAS_CORETYPE="$set" "$MODEL_TOOL" info "$TMP/tiny" >"$TMP/info-$set.txt" 2>&1
+    grep -qi "^kernels  *OpenBLAS $set kernels (OPENBLAS_CORETYPE)" "$TMP/info-$set.txt"
+    expect "OPENBLAS_CORETYPE=$set runs OpenBLAS's $set kernels ($(grep '^kernels' "$TMP/info-$set.txt"))" $?
+    for t in "${TESTS[@]}"; do
+        OPENBLAS_CORETYPE="$set" "$t" >"$TMP/$set-$(basename "$t").log" 2>&1
+        expect "$(basename "$t") on OpenBLAS $set" $?
+    done
+done
+
+# BF16: oneDNN's ISA for the BF16 products, capped through its own variable
+bf16_isas=()
+has avx512_bf16 && bf16_isas+=(AVX512_CORE_BF16)
+has amx_bf16 && bf16_isas+=(AVX512_CORE_AMX)
+echo "# BF16 ISAs this CPU runs: ${bf16_isas[*]:-none}"
+for isa in "${bf16_isas[@]}"; do
+    for t in "${TESTS[@]}"; do
+        case "$(basename "$t")" in
+            test_kernel_bf16 | test_kernels_ctx) ;;
+            *) continue ;;
+        esac
+        ONEDNN_MAX_CPU_ISA="$isa" "$t" >"$TMP/$isa-$(basename "$t").log" 2>&1
+        rc=$?
+        ! grep -q "skipped" "$TMP/$isa-$(basename "$t").log"
+        expect "$(basename "$t") with oneDNN capped at $isa (ran, not skipped)" $((rc || $?))
+    done
+    ONEDNN_MAX_CPU_ISA="$isa" bash "$BF16_RUN" "$WORKER" "$MODEL_TOOL" "$SCORER" >"$TMP/$isa-run.log" 2>&1
+    rc=$?
+    grep -q "it says BF16 GEMMs run" "$TMP/$isa-run.log"
+    expect "BF16 run on $isa: BF16 GEMMs, within BF16 bounds of float32" $((rc || $?))
+done
+# a CPU without BF16 products: oneDNN capped below them
+ONEDNN_MAX_CPU_ISA=AVX512_CORE bash "$BF16_RUN" "$WORKER" "$MODEL_TOOL" "$SCORER" >"$TMP/nobf16-run.log" 2>&1
+rc=$?
+grep -q "a CPU without BF16 says so once and runs float32" "$TMP/nobf16-run.log"
+expect "without BF16 (oneDNN capped at AVX512_CORE): one clear line, float32 reproduced" $((rc || $?))
+if [ "$fails" -ne 0 ]; then
+    for f in "$TMP"/*.log; do
+        echo "== $f"
+        tail -n 15 "$f"
+    done
+    exit 1
+fi
