@@ -176,10 +176,6 @@ static const struct verl_key g_verl[] = {
     NOTED("trainer.log_val_generations", "validation generations go to the rollout audit files"),
     REFUSED("trainer.validation_data_dir", "a separate dump of validation generations (not available yet)"),
     OFF_ONLY("trainer.val_only", "false", "training runs", "a validation-only run (not available yet)"),
-    OFF_ONLY("trainer.device", "cpu", "the CPU path",
-             "trainer.device=cuda: the trainer on the CUDA back-end (its kernels, model, generation and update run on "
-             "a GPU; the "
-             "trainer's checkpoints and weight sync are not yet staged through host memory: planned)"),
     NOTED("ray_init.*", RAY),
     NOTED("global_profiler.*", "profile with perf or nsys around the process"),
 };

@@ -146,4 +146,25 @@ run greedy actor_rollout_ref.rollout.temperature=0
 grep -q '^{"step": 2,' "$tmp/runs$n/grpo/demo/metrics.jsonl"
 expect "both steps logged" $?
 
+# --- trainer.device=cuda where it cannot run: a machine without a usable GPU, split roles, LoRA
+run cuda trainer.device=cuda
+if grep -q "kernels: cuda" "$tmp/cuda.out"; then
+    echo "ok   (a CUDA device is here: the cuda run is the gpu suite's gpu-run test)"
+else
+    clean_fail; expect "trainer.device=cuda without a usable CUDA device fails (rc $rc)" $?
+    has "$tmp/cuda.out" "trainer.device=cuda: cuda"; expect "the error names trainer.device and the device" $?
+    ! grep -q '"step"' "$tmp/runs$n/grpo/demo/metrics.jsonl" 2>/dev/null; expect "no step was run" $?
+fi
+run cuda-lora trainer.device=cuda actor_rollout_ref.model.lora_rank=4
+clean_fail; expect "trainer.device=cuda with LoRA is refused (rc $rc)" $?
+has "$tmp/cuda-lora.out" "trainer.device=cuda with actor_rollout_ref.model.lora_rank 4: LoRA on a GPU is planned"
+expect "the error names both keys" $?
+(cd "$tmp" && timeout 120 mpirun --oversubscribe -np 2 "$worker" actor_rollout_ref.model.path="$tmp/tiny" \
+    trainer.default_local_dir="$tmp/runs-split" trainer.total_training_steps=2 trainer.nnodes=1 \
+    trainer.n_gpus_per_node=1 rollout.nnodes=1 rollout.n_gpus_per_node=1 trainer.device=cuda) >"$tmp/cuda-split.out" 2>&1
+rc=$?
+clean_fail; expect "trainer.device=cuda with separate rollout ranks is refused (rc $rc)" $?
+has "$tmp/cuda-split.out" "trainer.device=cuda: the trainer runs on a GPU in one process"
+expect "the error says where cuda runs today" $?
+
 [ $fails -eq 0 ] || { echo "$fails check(s) failed"; exit 1; }

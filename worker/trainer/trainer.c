@@ -84,7 +84,64 @@ static int64_t compute_total_steps(const struct grpo_config *cfg, int n_train)
     return per_epoch * cfg->trainer_total_epochs;
 }
 
+/* verl's MFU denominator on a GPU: the device's dense BF16 tensor-core peak, by name (the first name in the
+ * table that the device's contains, so H200 before H20); 0 for a device not listed (no perf/mfu/actor). */
+static double device_peak_flops(const struct kctx *K)
+{
+    static const struct {
+        const char *name;
+        double flops;
+    } peaks[] = {{"H200", 989e12}, {"H100", 989e12}, {"H800", 989e12}, {"H20", 148e12}, {"B200", 2250e12},
+                 {"A100", 312e12}, {"A800", 312e12}, {"L40S", 362e12}, {"L40", 181e12}, {"L4", 121e12}};
+    char d[256];
+    kctx_describe(K, d, sizeof d);
+    for (size_t i = 0; i < sizeof peaks / sizeof peaks[0]; i++)
+        if (strstr(d, peaks[i].name))
+            return peaks[i].flops;
+    log_warn("trainer", "%s: no BF16 peak known for this device; perf/mfu/actor is not logged", d);
+    return 0;
+}
+
 /* ------------------------------------------------------------- life cycle */
+
+/* ---- a policy in device memory (trainer.device=cuda): what reads host memory gets a host copy ---- */
+
+static bool on_device(const struct trainer *t) { return t->policy->K->device != KDEV_CPU; }
+
+int trainer_device_supported(const struct grpo_config *cfg, bool one_process, char *err, size_t errlen)
+{
+    if (strcmp(cfg->trainer_device, "cuda") != 0)
+        return 0;
+    if (!one_process)
+        return error_set(err, errlen,
+                         "trainer.device=cuda: the trainer runs on a GPU in one process (the hybrid run) for now; with "
+                         "separate rollout ranks, data, tensor or pipeline parallelism the ranks still run on the CPU "
+                         "(their NCCL groups are planned): run one process, or leave trainer.device at cpu");
+    if (cfg->arr_model_lora_rank > 0)
+        return error_set(err, errlen,
+                         "trainer.device=cuda with actor_rollout_ref.model.lora_rank %lld: LoRA on a GPU is planned "
+                         "(its adapter's checkpoints are not staged through host memory yet); set lora_rank 0 or "
+                         "trainer.device=cpu",
+                         (long long)cfg->arr_model_lora_rank);
+    return 0;
+}
+
+/* A host copy of optimizer state held in its context's memory, and back. */
+static struct adamw *adamw_to_host(const struct adamw *o)
+{
+    struct adamw *h = adamw_create(o->n, o->beta1, o->beta2, o->eps, o->weight_decay);
+    h->t = o->t;
+    k_to_host(o->K, h->m, o->m, o->n * sizeof(float));
+    k_to_host(o->K, h->v, o->v, o->n * sizeof(float));
+    return h;
+}
+
+static void adamw_from_host(struct adamw *o, const struct adamw *h)
+{
+    k_to_device(o->K, o->m, h->m, o->n * sizeof(float));
+    k_to_device(o->K, o->v, h->v, o->n * sizeof(float));
+    o->t = h->t;
+}
 
 /* The whole model and optimizer state from every rank's part (ZeRO-1 blocks over DP, then the TP and PP parts
  * to trainer rank 0, which writes). *wm: the whole policy (NULL: t->policy is whole, or this rank does not
@@ -124,6 +181,10 @@ int trainer_save_checkpoint(struct trainer *t)
     struct adamw *wo = NULL;
     if (collective)
         gather_whole(t, &wm, &wo);
+    else if (on_device(t)) { /* one process on a GPU: the checkpoint is written from host copies */
+        wm = model_copy_to(t->policy, kctx_cpu());
+        wo = adamw_to_host(t->opt);
+    }
     const struct adamw *opt = wo ? wo : t->opt;
     if (!lead(t)) {
         model_free(wm);
@@ -159,14 +220,18 @@ static int finish_warm_start(struct trainer *t)
 {
     char dir[2300], err[1024];
     snprintf(dir, sizeof dir, "%s/reference", t->run_dir);
+    struct kctx *K = t->policy->K; /* the reference shares the policy's context (model_clone) */
     if (t->ref)
-        memcpy(t->ref->w.mem, t->policy->w.mem, t->policy->w.n_floats * sizeof(float));
-    if (model_save_hf(t->policy, dir, 0, err, sizeof err) != 0) {
+        k_copy(K, t->ref->w.mem, t->policy->w.mem, t->policy->w.n_floats * sizeof(float));
+    struct model *host = on_device(t) ? model_copy_to(t->policy, kctx_cpu()) : NULL;
+    int saved = model_save_hf(host ? host : t->policy, dir, 0, err, sizeof err);
+    model_free(host);
+    if (saved != 0) {
         log_error("trainer", "saving the warm-started reference: %s", err);
         return -1;
     }
-    memset(t->opt->m, 0, t->opt->n * sizeof(float));
-    memset(t->opt->v, 0, t->opt->n * sizeof(float));
+    k_zero(t->opt->K, t->opt->m, t->opt->n * sizeof(float));
+    k_zero(t->opt->K, t->opt->v, t->opt->n * sizeof(float));
     t->opt->t = 0;
     log_info("trainer", "supervised warm-start done at step %lld: reference policy saved in %s, GRPO starts",
              (long long)t->st.global_step, dir);
@@ -444,6 +509,19 @@ static void shard_policy(struct trainer *t)
  * optimizer state. 0, or -1 with err. */
 static int load_checkpoint(struct trainer *t, const char *dir, struct run_state *st, char *err, size_t errlen)
 {
+    if (!t->lay.mp && on_device(t)) { /* read on the host, then into the GPU's memory */
+        struct model *hm = model_create(&t->policy->cfg);
+        struct adamw *ho =
+            adamw_create(hm->w.n_floats, t->opt->beta1, t->opt->beta2, t->opt->eps, t->opt->weight_decay);
+        int rc = checkpoint_load(dir, hm, ho, st, err, errlen);
+        if (rc == 0) {
+            model_weights_from_host(t->policy, hm->w.mem);
+            adamw_from_host(t->opt, ho);
+        }
+        model_free(hm);
+        adamw_free(ho);
+        return rc;
+    }
     if (!t->lay.mp)
         return checkpoint_load(dir, t->policy, t->opt, st, err, errlen);
     struct model *wm = model_create(&t->policy->cfg);
@@ -530,7 +608,10 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     if (t->lay.mp)
         shard_policy(t);
     /* the policy's precision (and the reference's: a clone shares the context) */
-    struct kctx *K = model_context_for("cpu", cfg->actor_dtype, "actor_rollout_ref.actor.dtype", err, errlen);
+    if (trainer_device_supported(cfg, !lay && !src, err, errlen) != 0)
+        goto fail;
+    struct kctx *K =
+        model_context_for(cfg->trainer_device, cfg->actor_dtype, "actor_rollout_ref.actor.dtype", err, errlen);
     if (!K)
         goto fail;
     model_move(&t->policy, K);
@@ -573,15 +654,17 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
                          (uint64_t)cfg->data_seed, err, errlen) != 0)
         goto fail;
     t->cursor_open = true;
-    t->opt = adamw_create(model_trainable(t->policy).n, cfg->actor_optim_betas.v[0], cfg->actor_optim_betas.v[1],
-                          cfg->actor_optim_eps, cfg->actor_optim_weight_decay);
+    /* AdamW's moments beside the weights: host memory on the CPU, the GPU's with trainer.device=cuda */
+    t->opt = adamw_create_on(on_device(t) ? t->policy->K : kctx_cpu(), model_trainable(t->policy).n,
+                             cfg->actor_optim_betas.v[0], cfg->actor_optim_betas.v[1], cfg->actor_optim_eps,
+                             cfg->actor_optim_weight_decay);
     t->st.seed = (uint64_t)cfg->data_seed;
     t->st.config_digest = config_digest(cfg);
     t->st.total_steps = compute_total_steps(cfg, t->train.n) + cfg->trainer_sft_warmup_steps;
     int64_t grpo_steps = t->st.total_steps - cfg->trainer_sft_warmup_steps;
     t->warmup = cfg->actor_optim_lr_warmup_steps >= 0 ? cfg->actor_optim_lr_warmup_steps
                                                       : (int64_t)(cfg->actor_optim_lr_warmup_steps_ratio * grpo_steps);
-    t->peak_flops = measure_peak_flops();
+    t->peak_flops = on_device(t) ? device_peak_flops(t->policy->K) : measure_peak_flops();
 
     /* run directory and resume */
     snprintf(t->run_dir, sizeof t->run_dir, "%s/%s/%s", cfg->trainer_default_local_dir, cfg->trainer_project_name,
@@ -615,6 +698,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
             struct model *r = model_load_hf(refdir, err, errlen);
             if (!r)
                 goto fail;
+            model_move(&r, t->policy->K); /* the reference computes where and as the policy does */
             model_free(t->ref);
             t->ref = r;
         }
@@ -697,5 +781,5 @@ const float *trainer_params(const struct trainer *t, size_t *n)
 {
     const struct trainable tr = model_trainable(t->policy);
     *n = tr.n;
-    return tr.params;
+    return on_device(t) ? NULL : tr.params;
 }

@@ -117,7 +117,11 @@ int64_t trainer_step(const struct trainer *t);
 int64_t trainer_total_steps(const struct trainer *t);
 /* Run directory (metrics.jsonl, tensorboard/, checkpoints/, charts). */
 const char *trainer_run_dir(const struct trainer *t);
-/* The policy's parameters (for equivalence tests). */
+/* Whether trainer.device can run this layout (one_process: the hybrid run, no separate rollout ranks or
+ * parallelism): cpu always; cuda in one process without LoRA for now. 0, or -1 with err naming the keys. */
+int trainer_device_supported(const struct grpo_config *cfg, bool one_process, char *err, size_t errlen);
+/* The policy's parameters in host memory (for equivalence tests); NULL when they are a GPU's (copy them with
+ * model_weights_to_host(trainer_policy(t), ...)). */
 const float *trainer_params(const struct trainer *t, size_t *n);
 
 #endif

@@ -263,7 +263,9 @@ int trainer_sft_step(struct trainer *t, int64_t k, struct metrics *m)
         free(groups[g]);
     }
     free(groups), free(counts);
-    double norm = grad_clip(tr.grads, tr.n, c->actor_grad_clip);
+    struct kctx *K = t->policy->K; /* the gradients are its memory (a GPU's with trainer.device=cuda) */
+    double norm = K->device == KDEV_CPU ? grad_clip(tr.grads, tr.n, c->actor_grad_clip)
+                                        : grad_clip_on(K, tr.grads, tr.n, c->actor_grad_clip);
     if (isfinite(norm))
         adamw_step(t->opt, tr.params, tr.grads, c->trainer_sft_warmup_lr);
     else
@@ -504,7 +506,8 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     metrics_set(m, "perf/throughput", step_time > 0 ? (double)tokens_all / step_time / devices : 0);
     double ctx = n_all ? (double)tokens_all / n_all : 0;
     double flops = 3.0 * flops_per_token(&t->policy->cfg, ctx) * (double)us.tokens_forward;
-    metrics_set(m, "perf/mfu/actor", t_update > 0 ? flops / t_update / t->peak_flops : 0);
+    if (t->peak_flops > 0) /* the CPU's measured sgemm rate, or a GPU's BF16 peak (0: a GPU not known) */
+        metrics_set(m, "perf/mfu/actor", t_update > 0 ? flops / t_update / t->peak_flops : 0);
     metrics_set(m, "perf/cpu_memory_used_gb", proc_rss_gb());
     /* the trainers' largest peak (every DP, TP and PP rank): the leader's alone would hide an imbalance */
     double peak = proc_peak_rss_gb();
