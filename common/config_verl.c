@@ -63,7 +63,6 @@ static const struct verl_key g_verl[] = {
     NOTED("actor_rollout_ref.model.use_shm", "no shared-memory copy of the model is needed here"),
     NOTED("actor_rollout_ref.model.external_lib", "no Python module is imported"),
     NOTED("actor_rollout_ref.model.override_config.*", "the model's config.json is used as it is"),
-    NOTED("actor_rollout_ref.model.enable_activation_offload", "CPU training holds activations in host memory"),
     NOTED("actor_rollout_ref.model.use_remove_padding", PADDING),
     NOTED("actor_rollout_ref.model.use_liger", TORCH),
     NOTED("actor_rollout_ref.model.use_fused_kernels", TORCH),

@@ -172,6 +172,33 @@ void karena_init(struct karena *a, struct kctx *K, enum kmem_kind kind, const ch
     *a = (struct karena){.K = K, .kind = kind, .what = what};
 }
 
+void karena_init_host(struct karena *a, struct kctx *K, const char *what)
+{
+    *a = (struct karena){.K = K, .kind = KMEM_ACTS, .what = what, .host = true};
+}
+
+/* The host arena's memory, counted apart from the device's. */
+static void *host_take(struct kctx *K, size_t bytes, const char *what)
+{
+    void *p = K->ops->host_alloc(K, bytes);
+    if (!p)
+        check_failf(__FILE__, __LINE__,
+                    "out of host memory for %s: %zu bytes (%.3f GB) of %s host memory more, %.3f GB held; to fit, "
+                    "lower actor_rollout_ref.actor.ppo_max_token_len_per_gpu or set "
+                    "actor_rollout_ref.model.enable_activation_offload=false",
+                    what, bytes, gb(bytes), K->device == KDEV_CPU ? "plain" : "pinned", gb(K->mem.host));
+    K->mem.host += bytes;
+    if (K->mem.host > K->mem.max_host)
+        K->mem.max_host = K->mem.host;
+    return p;
+}
+
+static void host_give(struct kctx *K, void *p, size_t bytes)
+{
+    K->ops->host_free(K, p);
+    K->mem.host -= bytes <= K->mem.host ? bytes : K->mem.host;
+}
+
 void karena_init_counter(struct karena *a) { *a = (struct karena){.cap = SIZE_MAX, .what = "plan"}; }
 
 void karena_reserve(struct karena *a, size_t bytes, size_t pieces)
@@ -182,7 +209,7 @@ void karena_reserve(struct karena *a, size_t bytes, size_t pieces)
     if (need <= a->cap)
         return;
     karena_release(a);
-    a->base = k_alloc(a->K, need, a->kind, a->what);
+    a->base = a->host ? host_take(a->K, need, a->what) : k_alloc(a->K, need, a->kind, a->what);
     a->cap = need;
 }
 
@@ -215,7 +242,9 @@ void karena_reset(struct karena *a) { a->used = 0; }
 
 void karena_release(struct karena *a)
 {
-    if (a->base)
+    if (a->base && a->host)
+        host_give(a->K, a->base, a->cap);
+    else if (a->base)
         k_free(a->K, a->base, a->cap, a->kind);
     a->base = NULL;
     a->cap = a->used = 0;

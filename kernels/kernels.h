@@ -34,6 +34,10 @@ struct kops {
     void (*copy)(struct kctx *K, void *dst, const void *src, size_t bytes);
     void (*zero)(struct kctx *K, void *p, size_t bytes);
     void (*sync)(struct kctx *K);
+    /* host memory the context copies to and from at full speed: pinned (page-locked) on a GPU, plain on the CPU;
+     * host_alloc returns NULL when it cannot (activation offload's arena) */
+    void *(*host_alloc)(struct kctx *K, size_t bytes);
+    void (*host_free)(struct kctx *K, void *p);
 
     void (*rmsnorm_forward)(struct kctx *K, float *y, float *rstd, const float *x, const float *w, int N, int D,
                             float eps);
@@ -88,6 +92,7 @@ struct kmem_stats {
     size_t allocated, max_allocated; /* all kinds: torch's memory_allocated / max_memory_allocated */
     size_t reserved, max_reserved;   /* what the back-end holds from its device (>= allocated) */
     unsigned long long allocs;       /* k_alloc calls: a steady training step makes none */
+    size_t host, max_host;           /* host memory of offloaded activations (karena_init_host), not the above */
 };
 
 struct kctx {
@@ -145,8 +150,11 @@ struct karena {
     const char *what;
     char *base;
     size_t cap, used, peak;
+    bool host; /* the context's host memory (karena_init_host), counted in K->mem.host */
 };
 void karena_init(struct karena *a, struct kctx *K, enum kmem_kind kind, const char *what);
+/* An arena of K's host memory (pinned on a GPU): what activation offload keeps off the device. */
+void karena_init_host(struct karena *a, struct kctx *K, const char *what);
 /* An arena that only counts: takes return NULL and add up, so a plan is the same sequence of takes as its use. */
 void karena_init_counter(struct karena *a);
 /* Make room for bytes (taken with karena_take in up to `pieces` pieces, each rounded up to 64 bytes); only while

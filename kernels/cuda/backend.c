@@ -203,6 +203,26 @@ static void cuda_free(struct kctx *K, void *p)
     update_reserved(K);
 }
 
+/* Page-locked host memory: copies from and to it run at the link's full speed and need no staging. */
+static void *cuda_host_alloc(struct kctx *K, size_t bytes)
+{
+    use(K);
+    void *p = NULL;
+    if (cudaMallocHost(&p, bytes ? bytes : 256) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_host_free(struct kctx *K, void *p)
+{
+    if (!p)
+        return;
+    use(K);
+    CHECK_CUDA(cudaFreeHost(p));
+}
+
 static void cuda_to_device(struct kctx *K, void *dst, const void *src, size_t bytes)
 {
     if (!bytes)
@@ -647,6 +667,8 @@ const struct kops kops_cuda = {
     .name = "cuda",
     .alloc = cuda_alloc,
     .free = cuda_free,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
     .to_device = cuda_to_device,
     .to_host = cuda_to_host,
     .copy = cuda_copy,

@@ -17,6 +17,7 @@
 #include "common/config.h"
 #include "common/npy.h"
 #include "model_fixtures.h"
+#include "kernels/kernels.h"
 #include "worker/model/fit.h"
 #include "worker/model/generate.h"
 #include "worker/model/model_io.h"
@@ -63,7 +64,7 @@ static void test_logprobs_and_grads_match_transformers(void **state)
             pos[t] = t;
         }
         int32_t cu[2] = {0, T};
-        struct packed_batch b = {T, 1, ids, targets, pos, cu};
+        struct packed_batch b = {T, 1, ids, targets, pos, cu, NULL};
         float *logp = calloc((size_t)T, sizeof *logp), *dlogp = calloc((size_t)T, sizeof *dlogp);
         model_alloc_grads(m);
         struct model_acts *acts = model_forward(m, &b, 1.0f, false, logp, NULL);
@@ -144,7 +145,7 @@ static void test_packed_sequences(void **state)
     expect_close("seq1 logits", logits + (size_t)T0 * V, w1, n1, 1e-4, 1e-4);
     /* training path: log-probs of arbitrary targets equal log_softmax of the reference logits */
     int32_t cu[3] = {0, T0, N};
-    struct packed_batch b = {N, 2, ids, tg, pos, cu};
+    struct packed_batch b = {N, 2, ids, tg, pos, cu, NULL};
     float *logp = malloc(sizeof(float) * (size_t)N);
     model_acts_free(model_forward(m, &b, 1.0f, false, logp, NULL));
     for (int i = 0; i < N; i++) {
@@ -219,7 +220,7 @@ static void test_checkpointing_identical(void **state)
     struct model *m = load("tiny-llama-untied");
     int32_t ids[7] = {1, 2, 3, 4, 5, 6, 7}, tg[7] = {2, 3, 4, 5, 6, 7, 8}, pos[7] = {0, 1, 2, 0, 1, 2, 3};
     int32_t cu[3] = {0, 3, 7};
-    struct packed_batch b = {7, 2, ids, tg, pos, cu};
+    struct packed_batch b = {7, 2, ids, tg, pos, cu, NULL};
     float logp[7], ent[7], logp2[7], ent2[7], d[7] = {1, -1, 0.5f, 2, 0, 1, 1}, de[7] = {0.1f, 0, 0, 0.2f, 0, 0, 1};
     model_alloc_grads(m);
     model_zero_grads(m);
@@ -233,6 +234,79 @@ static void test_checkpointing_identical(void **state)
     assert_memory_equal(ref, m->grad->mem, m->grad->n_floats * sizeof(float));
     free(ref);
     model_free(m);
+}
+
+/* The LM head on the rows a caller reads (packed_batch.logp_from, a response after its prompt) gives those rows'
+ * log-probs and entropies and the gradients of the whole-rows pass whose other rows have zero dlogp and dentropy
+ * (the rows' products equal, the weight gradient's sum over fewer rows within float rounding); other rows read 0. */
+static void test_logp_rows_subset(void **state)
+{
+    (void)state;
+    struct model *m = load("tiny-qwen2-untied");
+    int32_t ids[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, tg[9] = {2, 3, 4, 5, 6, 7, 8, 9, 10};
+    int32_t pos[9] = {0, 1, 2, 3, 0, 1, 2, 3, 4}, cu[3] = {0, 4, 9}, from[2] = {2, 6};
+    float d[9] = {0, 0, 1, -0.5f, 0, 0, 2, 0.25f, -1}, de[9] = {0, 0, 0.1f, 0, 0, 0, 0.3f, 0, 0.2f};
+    float logp[9], ent[9], logp2[9], ent2[9];
+    struct packed_batch all = {9, 2, ids, tg, pos, cu, NULL}, kept = all;
+    kept.logp_from = from;
+    model_alloc_grads(m);
+    model_zero_grads(m);
+    model_backward(m, model_forward(m, &all, 0.8f, false, logp, ent), d, de);
+    float *ref = malloc(m->grad->n_floats * sizeof(float));
+    memcpy(ref, m->grad->mem, m->grad->n_floats * sizeof(float));
+    for (int ck = 0; ck < 2; ck++) {
+        model_zero_grads(m);
+        model_backward(m, model_forward(m, &kept, 0.8f, ck, logp2, ent2), d, de);
+        for (int i = 0; i < 9; i++) {
+            const bool read = (i >= from[0] && i < cu[1]) || i >= from[1];
+            if (read && (fabsf(logp2[i] - logp[i]) > 1e-6f || fabsf(ent2[i] - ent[i]) > 1e-6f))
+                fail_msg("row %d: logp %g / entropy %g, all rows give %g / %g", i, logp2[i], ent2[i], logp[i], ent[i]);
+            if (!read && (logp2[i] != 0 || ent2[i] != 0))
+                fail_msg("row %d is not read, but holds logp %g, entropy %g", i, logp2[i], ent2[i]);
+        }
+        expect_close("gradients, kept rows vs all rows", m->grad->mem, ref, m->grad->n_floats, 1e-6, 1e-5);
+    }
+    free(ref);
+    model_free(m);
+}
+
+/* Activation offload (checkpointing with the layer inputs in the context's host memory) gives bit-identical
+ * log-probs and gradients, and moves the layer inputs out of the context's activation memory: on a 6-layer model
+ * the forward's activations take exactly 4 layer inputs less (2 stay on the device, in turn), and the host arena
+ * holds all 6. */
+static void test_activation_offload_identical(void **state)
+{
+    (void)state;
+    struct model *tiny = load("tiny-llama-untied");
+    struct model_config c = tiny->cfg;
+    model_free(tiny);
+    c.n_layers = 6;
+    struct model *m[2] = {model_create(&c), model_create(&c)};
+    int32_t ids[7] = {1, 2, 3, 4, 5, 6, 7}, tg[7] = {2, 3, 4, 5, 6, 7, 8}, pos[7] = {0, 1, 2, 0, 1, 2, 3};
+    int32_t cu[3] = {0, 3, 7};
+    struct packed_batch b = {7, 2, ids, tg, pos, cu, NULL};
+    float logp[2][7], ent[2][7], d[7] = {1, -1, 0.5f, 2, 0, 1, 1}, de[7] = {0.1f, 0, 0, 0.2f, 0, 0, 1};
+    size_t acts[2], host[2];
+    for (int k = 0; k < 2; k++) {
+        model_init_random(m[k], 5, 0.1);
+        model_alloc_grads(m[k]);
+        model_zero_grads(m[k]);
+        assert_false(model_set_activation_offload(m[k], k == 1));
+        struct kctx *K = m[k]->K;
+        const size_t a0 = K->mem.in_use[KMEM_ACTS], h0 = K->mem.host;
+        struct model_acts *A = model_forward(m[k], &b, 1.0f, true, logp[k], ent[k]);
+        acts[k] = K->mem.in_use[KMEM_ACTS] - a0;
+        host[k] = K->mem.host - h0;
+        model_backward(m[k], A, d, de);
+    }
+    assert_memory_equal(logp[0], logp[1], sizeof logp[0]);
+    assert_memory_equal(ent[0], ent[1], sizeof ent[0]);
+    assert_memory_equal(m[0]->grad->mem, m[1]->grad->mem, m[0]->grad->n_floats * sizeof(float));
+    const size_t layer_in = karena_piece((size_t)7 * c.hidden_size * sizeof(float));
+    if (acts[0] - acts[1] != 4 * layer_in || host[0] != 0 || host[1] < 6 * layer_in)
+        fail_msg("activations %zu -> %zu bytes (want 4 x %zu less), host %zu -> %zu (want >= 6 x %zu)", acts[0],
+                 acts[1], layer_in, host[0], host[1], layer_in);
+    model_free(m[0]), model_free(m[1]);
 }
 
 static void test_save_and_reload(void **state)
@@ -489,7 +563,7 @@ static void test_generation_reproducible(void **state)
         pos[i] = i;
     }
     int32_t cu[2] = {0, N};
-    struct packed_batch pb = {N, 1, ids, tg, pos, cu};
+    struct packed_batch pb = {N, 1, ids, tg, pos, cu, NULL};
     float *logp = malloc(sizeof(float) * (size_t)N);
     model_acts_free(model_forward(m, &pb, 1.0f, false, logp, NULL));
     for (int t = 0; t < L; t++)
@@ -794,6 +868,8 @@ int main(void)
         cmocka_unit_test(test_kv_cache_incremental),
         cmocka_unit_test(test_whole_model_finite_differences),
         cmocka_unit_test(test_checkpointing_identical),
+        cmocka_unit_test(test_logp_rows_subset),
+        cmocka_unit_test(test_activation_offload_identical),
         cmocka_unit_test(test_save_and_reload),
         cmocka_unit_test(test_new_families_roundtrip),
         cmocka_unit_test(test_new_families_greedy),

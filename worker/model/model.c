@@ -349,6 +349,13 @@ void model_weights_from_host(struct model *m, const float *src)
     copy_between(m->K, m->w.mem, kctx_cpu(), src, m->w.n_floats * sizeof(float));
 }
 
+bool model_set_activation_offload(struct model *m, bool on)
+{
+    const bool was = m->offload_acts;
+    m->offload_acts = on;
+    return was;
+}
+
 void model_free(struct model *m)
 {
     if (!m)
@@ -558,8 +565,19 @@ struct model_acts {
     bool ckpt;
     struct layer_acts *layers; /* n_layers; with ckpt only .x is filled */
     struct layer_acts scratch; /* ckpt: recomputation space */
+    bool offload;              /* ckpt with m->offload_acts: layers[l].x are host_arena's, xdev the device's */
+    struct karena host_arena;  /* offloaded layer inputs */
+    float *xdev[2];            /* offload: the device's layer input and output (N, D), in turn */
     float *xf, *hn, *rstdf;    /* final residual, normed (N, D), (N) */
     float *logp, *entropy;     /* (N) the last stage's outputs */
+    /* the LM head on the rows a caller reads (packed_batch.logp_from): nk of them (-1: every row) */
+    int nk;
+    int32_t *krange;          /* host (2B): each sequence's kept rows [krange[2b], krange[2b + 1]) */
+    int krange_cap;           /* of krange, in sequences */
+    float *hk, *logpk, *entk; /* (nk, D), (nk), (nk): the kept rows' normed states and outputs */
+    int32_t *tk;              /* (nk) their targets */
+    float *hbuf;              /* host (nk floats): gathers and scatters of per-row values */
+    size_t hbuf_cap;
     struct karena arena;
     struct model_acts *next; /* in the pool */
 };
@@ -572,6 +590,7 @@ struct bwd_bufs {
     float *datt, *dq, *dk, *dv;   /* (N, QD), (N, QD), (N, KD), (N, KD) */
     float *dq_pre, *dk_pre;       /* Qwen3 */
     float *dlogp, *dentropy;      /* (N) */
+    float *dhk;                   /* (nk, D) the kept rows' dL/dh (logp_from) */
 };
 
 /* What a model keeps from batch to batch: the pool of activation objects, the backward arena, the generation
@@ -596,6 +615,9 @@ static struct model_work *work_of(struct model *m)
 static void acts_destroy(struct model_acts *A)
 {
     karena_release(&A->arena);
+    karena_release(&A->host_arena);
+    free(A->krange);
+    free(A->hbuf);
     free(A->layers);
     free(A);
 }
@@ -663,8 +685,9 @@ static void layer_acts_take(const struct model *m, int N, struct layer_acts *a, 
     a->a = take_f(ar, n * F);
 }
 
-/* Every buffer of a forward over N tokens of B sequences, in order (a counting arena sizes the plan). */
-static void acts_take(const struct model *m, struct model_acts *A, int N, int B, struct karena *ar)
+/* Every buffer of a forward over N tokens of B sequences, in order (a counting arena sizes the plan); the layer
+ * inputs from har (ar itself, or the host arena when offloading). */
+static void acts_take(const struct model *m, struct model_acts *A, int N, int B, struct karena *ar, struct karena *har)
 {
     const size_t n = (size_t)(N > 0 ? N : 1), nD = n * (size_t)m->cfg.hidden_size;
     const struct model_shard *sh = &m->sh;
@@ -676,8 +699,10 @@ static void acts_take(const struct model *m, struct model_acts *A, int N, int B,
         layer_acts_take(m, N, &A->scratch, true, ar);
     else
         memset(&A->scratch, 0, sizeof A->scratch);
+    A->xdev[0] = A->offload ? take_f(ar, nD) : NULL;
+    A->xdev[1] = A->offload ? take_f(ar, nD) : NULL;
     for (int l = sh->layer_lo; l < sh->layer_hi; l++)
-        layer_acts_take(m, N, &A->layers[l], !A->ckpt, ar);
+        layer_acts_take(m, N, &A->layers[l], !A->ckpt, har);
     A->xf = take_f(ar, nD);
     A->hn = A->rstdf = A->logp = A->entropy = NULL;
     if (sh->has_head) {
@@ -686,10 +711,19 @@ static void acts_take(const struct model *m, struct model_acts *A, int N, int B,
         A->logp = take_f(ar, n);
         A->entropy = take_f(ar, n);
     }
+    A->hk = A->logpk = A->entk = NULL;
+    A->tk = NULL;
+    if (sh->has_head && A->nk >= 0) {
+        const size_t k = (size_t)(A->nk > 0 ? A->nk : 1);
+        A->hk = take_f(ar, k * (size_t)m->cfg.hidden_size);
+        A->tk = karena_take(ar, k * sizeof(int32_t));
+        A->logpk = take_f(ar, k);
+        A->entk = take_f(ar, k);
+    }
 }
 
 /* An activation object for N tokens of B sequences: from the pool, its arena grown when the plan needs it. */
-static struct model_acts *acts_get(struct model *m, int N, int B, bool ckpt)
+static struct model_acts *acts_get(struct model *m, int N, int B, bool ckpt, int nk)
 {
     struct model_work *w = work_of(m);
     struct model_acts *A = w->pool;
@@ -700,17 +734,23 @@ static struct model_acts *acts_get(struct model *m, int N, int B, bool ckpt)
         A->m = m;
         A->layers = xcalloc((size_t)(m->cfg.n_layers > 0 ? m->cfg.n_layers : 1), sizeof *A->layers);
         karena_init(&A->arena, m->K, KMEM_ACTS, "activations");
+        karena_init_host(&A->host_arena, m->K, "offloaded activations");
     }
     A->ckpt = ckpt;
-    struct karena plan;
+    A->nk = nk;
+    A->offload = ckpt && m->offload_acts;
+    struct karena plan, hplan;
     karena_init_counter(&plan);
-    acts_take(m, A, N, B, &plan);
+    karena_init_counter(&hplan);
+    acts_take(m, A, N, B, &plan, A->offload ? &hplan : &plan);
     karena_reserve(&A->arena, plan.used, 0);
-    acts_take(m, A, N, B, &A->arena);
+    if (A->offload)
+        karena_reserve(&A->host_arena, hplan.used, 0);
+    acts_take(m, A, N, B, &A->arena, A->offload ? &A->host_arena : &A->arena);
     return A;
 }
 
-static void bwd_take(const struct model *m, int N, struct bwd_bufs *d, bool ckpt, struct karena *ar)
+static void bwd_take(const struct model *m, int N, int nk, struct bwd_bufs *d, bool ckpt, struct karena *ar)
 {
     const struct model_config *c = &m->cfg;
     const size_t n = (size_t)(N > 0 ? N : 1), D = (size_t)c->hidden_size, F = (size_t)m->sh.inter;
@@ -721,6 +761,8 @@ static void bwd_take(const struct model *m, int N, struct bwd_bufs *d, bool ckpt
         d->dh = take_f(ar, n * D);
         d->dlogp = take_f(ar, n);
         d->dentropy = take_f(ar, n);
+        if (nk >= 0)
+            d->dhk = take_f(ar, (size_t)(nk > 0 ? nk : 1) * D);
     }
     if (ckpt)
         d->scratch_out = take_f(ar, n * D);
@@ -842,6 +884,94 @@ static void layer_backward(struct model *m, int l, const struct packed_batch *b,
     k_rmsnorm_backward(K, dx, G ? G->attn_norm : sink, d->dxn, a->x, L->attn_norm, a->rstd1, N, D); /* dx now dL/dx */
 }
 
+/* Rows of b whose log-probs are read (logp_from), checked against the sequences' bounds; -1: every row. */
+static int kept_rows(const struct packed_batch *b)
+{
+    if (!b->logp_from)
+        return -1;
+    int nk = 0;
+    for (int s = 0; s < b->B; s++) {
+        const int lo = b->logp_from[s], hi = b->cu_seqlens[s + 1];
+        if (lo < b->cu_seqlens[s] || lo > hi)
+            check_failf(__FILE__, __LINE__, "packed batch: sequence %d keeps rows from %d, outside its rows %d..%d", s,
+                        lo, b->cu_seqlens[s], hi);
+        nk += hi - lo;
+    }
+    return nk;
+}
+
+static float *acts_host_buf(struct model_acts *A, size_t n)
+{
+    if (n > A->hbuf_cap) {
+        free(A->hbuf);
+        A->hbuf_cap = n > 256 ? n : 256;
+        A->hbuf = xmalloc(A->hbuf_cap * sizeof(float));
+    }
+    return A->hbuf;
+}
+
+/* The kept rows' values of host row values (N) into the host buffer (nk), or back (zeros elsewhere). */
+static float *gather_kept(struct model_acts *A, const float *rows)
+{
+    float *h = acts_host_buf(A, (size_t)(A->nk > 0 ? A->nk : 1));
+    for (int s = 0, r = 0; s < A->b.B; s++) {
+        const int lo = A->krange[2 * s], hi = A->krange[2 * s + 1];
+        memcpy(h + r, rows + lo, (size_t)(hi - lo) * sizeof(float));
+        r += hi - lo;
+    }
+    return h;
+}
+
+static void scatter_kept(const struct model_acts *A, float *rows, const float *kept)
+{
+    memset(rows, 0, (size_t)A->b.N * sizeof(float));
+    for (int s = 0, r = 0; s < A->b.B; s++) {
+        const int lo = A->krange[2 * s], hi = A->krange[2 * s + 1];
+        memcpy(rows + lo, kept + r, (size_t)(hi - lo) * sizeof(float));
+        r += hi - lo;
+    }
+}
+
+/* Rows of dst (N, D) and of the kept rows' buffer (nk, D), one way or the other, in the context's memory. */
+static void copy_kept_states(struct kctx *K, const struct model_acts *A, float *rows, float *kept, int D, bool in)
+{
+    for (int s = 0, r = 0; s < A->b.B; s++) {
+        const int lo = A->krange[2 * s], hi = A->krange[2 * s + 1];
+        const size_t bytes = (size_t)(hi - lo) * D * sizeof(float);
+        if (in)
+            k_copy(K, kept + (size_t)r * D, rows + (size_t)lo * D, bytes);
+        else
+            k_copy(K, rows + (size_t)lo * D, kept + (size_t)r * D, bytes);
+        r += hi - lo;
+    }
+}
+
+/* The LM head on the kept rows of the normed final states: their log-probs (and entropies) to the host rows. */
+static void head_forward_kept(struct model *m, struct model_acts *A, const struct packed_batch *b,
+                              const struct vocab_shard *vs, float *logp, float *entropy)
+{
+    struct kctx *K = m->K;
+    const int D = m->cfg.hidden_size;
+    const size_t nk = (size_t)A->nk;
+    copy_kept_states(K, A, A->hn, A->hk, D, true);
+    int32_t *th = (int32_t *)acts_host_buf(A, nk ? nk : 1); /* int32 and float share the buffer's 4-byte cells */
+    for (int s = 0, r = 0; s < b->B; s++) {
+        const int lo = A->krange[2 * s], hi = A->krange[2 * s + 1];
+        memcpy(th + r, b->targets + lo, (size_t)(hi - lo) * sizeof(int32_t));
+        r += hi - lo;
+    }
+    k_to_device(K, A->tk, th, nk * sizeof(int32_t));
+    k_lmhead_forward(K, A->logpk, entropy ? A->entk : NULL, A->hk, m->w.lm_head, A->tk, A->nk, D, vs,
+                     A->temperature, LMHEAD_CHUNK);
+    float *h = acts_host_buf(A, nk ? nk : 1);
+    k_to_host(K, h, A->logpk, nk * sizeof(float));
+    scatter_kept(A, logp, h);
+    if (entropy) {
+        k_to_host(K, h, A->entk, nk * sizeof(float));
+        scatter_kept(A, entropy, h);
+    }
+}
+
 struct model_acts *model_forward_stage(struct model *m, const struct packed_batch *b, float temperature,
                                        bool checkpointing, const float *x_in, float *y_out, float *logp, float *entropy)
 {
@@ -854,16 +984,27 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
         check_failf(__FILE__, __LINE__, "model_forward_stage: stage %d needs the previous stage's output", sh->pp_rank);
     if (!sh->has_head && !y_out)
         check_failf(__FILE__, __LINE__, "model_forward_stage: stage %d needs somewhere to put its output", sh->pp_rank);
-    struct model_acts *A = acts_get(m, N, b->B, checkpointing);
+    const int nk = sh->has_head ? kept_rows(b) : -1;
+    struct model_acts *A = acts_get(m, N, b->B, checkpointing, nk);
+    if (nk >= 0) { /* the kept rows' ranges, on the host for the backward */
+        if (b->B > A->krange_cap) {
+            free(A->krange);
+            A->krange_cap = b->B > 16 ? b->B : 16;
+            A->krange = xmalloc((size_t)A->krange_cap * 2 * sizeof(int32_t));
+        }
+        for (int s = 0; s < b->B; s++)
+            A->krange[2 * s] = b->logp_from[s], A->krange[2 * s + 1] = b->cu_seqlens[s + 1];
+    }
     k_to_device(K, A->ids, b->ids, (size_t)N * sizeof(int32_t));
     k_to_device(K, A->targets, b->targets, (size_t)N * sizeof(int32_t));
     k_to_device(K, A->pos, b->pos, (size_t)N * sizeof(int32_t));
     k_to_device(K, A->cu, b->cu_seqlens, (size_t)(b->B + 1) * sizeof(int32_t));
-    A->b = (struct packed_batch){N, b->B, A->ids, A->targets, A->pos, A->cu};
+    A->b = (struct packed_batch){N, b->B, A->ids, A->targets, A->pos, A->cu, NULL};
     A->temperature = temperature;
 
     const struct vocab_shard vs = vocab_of(m);
-    float *x0 = lo < hi ? A->layers[lo].x : A->xf; /* the stage's input: layer lo's, or the output itself */
+    /* the stage's input: layer lo's (on the device while offloading), or the output itself */
+    float *x0 = lo == hi ? A->xf : A->offload ? A->xdev[0] : A->layers[lo].x;
     if (sh->has_embed) {
         k_embedding_forward(K, x0, A->ids, m->w.embed, N, D, &vs);
         model_tp_sum(m, x0, nD);
@@ -872,6 +1013,13 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
     }
     for (int l = lo; l < hi; l++) {
         struct layer_acts *a = &A->layers[l];
+        if (A->offload) { /* keep the input in host memory; compute from and into the device's pair */
+            float *in = A->xdev[(l - lo) & 1], *out = l + 1 < hi ? A->xdev[(l - lo + 1) & 1] : A->xf;
+            k_to_host(K, a->x, in, nD * sizeof(float));
+            A->scratch.x = in;
+            layer_forward(m, l, &A->b, &A->scratch, out);
+            continue;
+        }
         float *out = l + 1 < hi ? A->layers[l + 1].x : A->xf;
         if (checkpointing) {
             A->scratch.x = a->x;
@@ -882,11 +1030,15 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
     }
     if (sh->has_head) {
         k_rmsnorm_forward(K, A->hn, A->rstdf, A->xf, m->w.final_norm, N, D, c->rms_norm_eps);
-        k_lmhead_forward(K, A->logp, entropy ? A->entropy : NULL, A->hn, m->w.lm_head, A->targets, N, D, &vs,
-                         temperature, LMHEAD_CHUNK);
-        k_to_host(K, logp, A->logp, (size_t)N * sizeof(float));
-        if (entropy)
-            k_to_host(K, entropy, A->entropy, (size_t)N * sizeof(float));
+        if (A->nk >= 0) {
+            head_forward_kept(m, A, b, &vs, logp, entropy);
+        } else {
+            k_lmhead_forward(K, A->logp, entropy ? A->entropy : NULL, A->hn, m->w.lm_head, A->targets, N, D, &vs,
+                             temperature, LMHEAD_CHUNK);
+            k_to_host(K, logp, A->logp, (size_t)N * sizeof(float));
+            if (entropy)
+                k_to_host(K, entropy, A->entropy, (size_t)N * sizeof(float));
+        }
     } else {
         k_to_host(K, y_out, A->xf, nD * sizeof(float));
     }
@@ -907,6 +1059,7 @@ void model_acts_free(struct model_acts *A)
         return;
     struct model_work *w = work_of(A->m);
     karena_reset(&A->arena);
+    karena_reset(&A->host_arena);
     A->next = w->pool;
     w->pool = A;
 }
@@ -933,18 +1086,29 @@ void model_backward_stage(struct model *m, struct model_acts *A, const float *dl
     struct karena plan;
     struct bwd_bufs d;
     karena_init_counter(&plan);
-    bwd_take(m, N, &d, A->ckpt, &plan);
+    bwd_take(m, N, sh->has_head ? A->nk : -1, &d, A->ckpt, &plan);
     karena_reserve(ar, plan.used, 0);
-    bwd_take(m, N, &d, A->ckpt, ar);
+    bwd_take(m, N, sh->has_head ? A->nk : -1, &d, A->ckpt, ar);
     const struct vocab_shard vs = vocab_of(m);
     k_zero(K, d.dx, nD * sizeof(float));
     if (sh->has_head) {
         k_zero(K, d.dh, nD * sizeof(float));
-        k_to_device(K, d.dlogp, dlogp, (size_t)N * sizeof(float));
-        if (dentropy)
-            k_to_device(K, d.dentropy, dentropy, (size_t)N * sizeof(float));
-        k_lmhead_backward(K, d.dh, G ? G->lm_head : NULL, d.dlogp, dentropy ? d.dentropy : NULL, A->hn, m->w.lm_head,
-                          A->targets, N, D, &vs, A->temperature, LMHEAD_CHUNK);
+        if (A->nk >= 0) { /* the kept rows alone: the others' dlogp and dentropy are 0 */
+            const size_t nk = (size_t)A->nk;
+            k_to_device(K, d.dlogp, gather_kept(A, dlogp), nk * sizeof(float));
+            if (dentropy)
+                k_to_device(K, d.dentropy, gather_kept(A, dentropy), nk * sizeof(float));
+            k_zero(K, d.dhk, nk * D * sizeof(float));
+            k_lmhead_backward(K, d.dhk, G ? G->lm_head : NULL, d.dlogp, dentropy ? d.dentropy : NULL, A->hk,
+                              m->w.lm_head, A->tk, A->nk, D, &vs, A->temperature, LMHEAD_CHUNK);
+            copy_kept_states(K, A, d.dh, d.dhk, D, false);
+        } else {
+            k_to_device(K, d.dlogp, dlogp, (size_t)N * sizeof(float));
+            if (dentropy)
+                k_to_device(K, d.dentropy, dentropy, (size_t)N * sizeof(float));
+            k_lmhead_backward(K, d.dh, G ? G->lm_head : NULL, d.dlogp, dentropy ? d.dentropy : NULL, A->hn,
+                              m->w.lm_head, A->targets, N, D, &vs, A->temperature, LMHEAD_CHUNK);
+        }
         model_tp_sum(m, d.dh, nD); /* each rank's vocabulary rows gave their part of dL/dh */
         k_rmsnorm_backward(K, d.dx, G ? G->final_norm : m->lora->sink, d.dh, A->xf, m->w.final_norm, A->rstdf, N, D);
     } else {
@@ -953,8 +1117,10 @@ void model_backward_stage(struct model *m, struct model_acts *A, const float *dl
     for (int l = sh->layer_hi - 1; l >= sh->layer_lo; l--) {
         struct layer_acts *a = &A->layers[l];
         if (A->ckpt) {
-            /* recompute this layer's activations from its saved input */
-            A->scratch.x = a->x;
+            /* recompute this layer's activations from its saved input (back from host memory when offloaded) */
+            if (A->offload)
+                k_to_device(K, A->xdev[0], a->x, nD * sizeof(float));
+            A->scratch.x = A->offload ? A->xdev[0] : a->x;
             layer_forward(m, l, &A->b, &A->scratch, d.scratch_out);
             layer_backward(m, l, &A->b, &A->scratch, &d);
         } else {

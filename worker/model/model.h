@@ -123,6 +123,8 @@ struct model {
     struct model_params *grad; /* NULL until model_alloc_grads */
     struct model_work *work;   /* arenas and pools reused from batch to batch (model.c) */
     struct lora *lora;         /* a LoRA adapter (lora.h): the base weights are frozen; NULL: none */
+    bool offload_acts;         /* with checkpointing: the layer inputs kept for the backward in host memory (pinned
+                                  on a GPU), one layer's back on the device at a time (enable_activation_offload) */
 };
 
 /* The RoPE frequencies of c (head_dim / 2 of them) into inv_freq. */
@@ -174,6 +176,8 @@ void model_shard_sync_grads(struct model *m);
  * replicated part counts on one rank), in double: summed over m->sh.mp, a whole-model norm. */
 double model_owned_sq(const struct model *m, const float *buf, size_t lo, size_t hi);
 void model_free(struct model *m);
+/* Set m->offload_acts (it acts on forwards with checkpointing that a backward follows); returns the old value. */
+bool model_set_activation_offload(struct model *m, bool on);
 /* Random weights: normal(0, std) matrices and embeddings, unit norm weights, zero biases; reproducible from seed. */
 void model_init_random(struct model *m, uint64_t seed, double std);
 /* Allocate zeroed gradients with the parameters' layout. */
@@ -194,6 +198,10 @@ struct packed_batch {
     const int32_t *targets;    /* (N) next tokens whose log-prob is wanted (any value where unused) */
     const int32_t *pos;        /* (N) position of each token within its sequence */
     const int32_t *cu_seqlens; /* (B+1) */
+    /* (B) or NULL: the caller reads logp and entropy only on rows [logp_from[b], cu_seqlens[b + 1]) of each
+     * sequence b (a response's predictions, after the prompt), and the LM head runs on those rows alone; the other
+     * rows' logp and entropy are 0, and their dlogp and dentropy must be 0. NULL: every row. */
+    const int32_t *logp_from;
 };
 
 /* Saved activations of one forward, reused by the backward. */

@@ -91,8 +91,10 @@ int actor_compute_logp(struct model *m, struct rollout_seq *seqs, const int *idx
         float *y = sh->has_head ? NULL : xmalloc(nD * sizeof(float));
         if (x)
             pp_recv(m, x, (size_t)mb->pb.N * m->cfg.hidden_size, sh->pp_rank - 1, &wait);
-        /* keep only layer inputs (checkpointing) to bound memory */
+        /* keep only layer inputs (checkpointing) to bound memory, on the device: no backward needs them offloaded */
+        const bool offload = model_set_activation_offload(m, false);
         model_acts_free(model_forward_stage(m, &mb->pb, temperature, true, x, y, logps[b], NULL));
+        model_set_activation_offload(m, offload);
         if (y)
             pp_send(m, y, (size_t)mb->pb.N * m->cfg.hidden_size, sh->pp_rank + 1, &wait);
         free(x), free(y);

@@ -47,7 +47,8 @@ void micro_batch_build(struct micro_batch *mb, const struct rollout_seq *seqs, c
         off += L;
     }
     mb->cu[n] = off;
-    mb->pb = (struct packed_batch){off, n, mb->ids, mb->targets, mb->pos, mb->cu};
+    /* only the responses' log-probs are read: the LM head skips the prompts' rows */
+    mb->pb = (struct packed_batch){off, n, mb->ids, mb->targets, mb->pos, mb->cu, mb->resp_at};
 }
 
 void micro_batch_free(struct micro_batch *mb)

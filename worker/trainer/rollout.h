@@ -35,7 +35,7 @@ struct micro_batch {
     const int *seq; /* indices into the step's sequences */
     struct packed_batch pb;
     int32_t *ids, *targets, *pos, *cu; /* owned storage of pb */
-    int *resp_at;                      /* (n_seq) packed index of each sequence's first response-token prediction */
+    int32_t *resp_at; /* (n_seq) packed index of each sequence's first response-token prediction (pb.logp_from) */
 };
 
 /* Build a packed batch of the given sequences: inputs are prompt+response minus the last token, targets the

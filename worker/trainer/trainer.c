@@ -615,6 +615,11 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     if (!K)
         goto fail;
     model_move(&t->policy, K);
+    model_set_activation_offload(t->policy, cfg->arr_model_enable_activation_offload);
+    if (cfg->arr_model_enable_activation_offload && !cfg->arr_model_enable_gradient_checkpointing && lead(t))
+        log_warn("trainer", "actor_rollout_ref.model.enable_activation_offload=true acts with "
+                            "enable_gradient_checkpointing=true (it offloads the layer inputs checkpointing keeps); "
+                            "without it every activation stays on the device");
     if (lora_attach_config(t->policy, cfg, model_path, err, errlen) != 0)
         goto fail;
     char targets[128];
