@@ -19,6 +19,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
+
 typedef void (*cblas_sgemm_fn)(int order, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                                const float *B, int ldb, float beta, float *C, int ldc);
 typedef int (*dnnl_sgemm_fn)(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
@@ -32,21 +34,6 @@ struct shape {
     int M, N, K;
     bool at; /* C = A^T B (A: K x M) instead of C = A B^T (B: N x K) */
 };
-
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static void fill(float *x, size_t n, unsigned seed)
-{
-    for (size_t i = 0; i < n; i++) {
-        seed = seed * 1664525u + 1013904223u;
-        x[i] = (float)((seed >> 8) * (1.0 / 16777216.0) - 0.5);
-    }
-}
 
 int main(int argc, char **argv)
 {
@@ -78,13 +65,13 @@ int main(int argc, char **argv)
         const size_t M = (size_t)sh->M, N = (size_t)sh->N, K = (size_t)sh->K;
         float *A = malloc(M * K * sizeof(float)), *B = malloc(N * K * sizeof(float));
         float *C = calloc(M * N, sizeof(float)), *R = calloc(M * N, sizeof(float));
-        fill(A, M * K, 1 + (unsigned)s), fill(B, N * K, 7 + (unsigned)s);
+        bench_fill(A, M * K, 1 + (unsigned)s), bench_fill(B, N * K, 7 + (unsigned)s);
         double gf[3] = {0, 0, 0}, err[3] = {0, 0, 0};
         for (int lib = 0; lib < 3; lib++) {
             double best = 1e30;
             for (int r = 0; r < reps; r++) {
                 memset(C, 0, M * N * sizeof(float));
-                const double t0 = now();
+                const double t0 = bench_now();
                 if (lib < 2) {
                     cblas_sgemm_fn g = lib == 0 ? ob_gemm : bl_gemm;
                     if (!g)
@@ -101,7 +88,7 @@ int main(int argc, char **argv)
                     else
                         dn_gemm('N', 'T', sh->M, sh->N, sh->K, 1.0f, A, sh->K, B, sh->K, 0.0f, C, sh->N);
                 }
-                const double t = now() - t0;
+                const double t = bench_now() - t0;
                 best = t < best ? t : best;
             }
             if (best < 1e30)

@@ -10,34 +10,20 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "kernels/cpu/cpu_kernels.h"
-
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static void fill(float *x, size_t n, unsigned seed)
-{
-    for (size_t i = 0; i < n; i++) {
-        seed = seed * 1664525u + 1013904223u;
-        x[i] = (float)((seed >> 8) * (1.0 / 16777216.0) - 0.5);
-    }
-}
 
 /* Best seconds of reps calls of path (-1: sgemm, else a skinny ISA) on (M, N, K). */
 static double best_time(int path, float *y, const float *x, const float *W, int M, int N, int K, int reps)
 {
     double best = 1e30;
     for (int r = 0; r < reps + 1; r++) { /* one warm-up */
-        double t0 = now();
+        double t0 = bench_now();
         if (path < 0)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, W, K, 0.0f, y, N);
         else
             linear_forward_skinny(y, x, W, M, K, N);
-        double dt = now() - t0;
+        double dt = bench_now() - t0;
         if (r > 0 && dt < best)
             best = dt;
     }
@@ -70,7 +56,7 @@ int main(int argc, char **argv)
               *y = malloc((size_t)Mmax * N * sizeof(float));
         if (!W || !x || !y)
             return 1;
-        fill(W, (size_t)N * K, 7), fill(x, (size_t)Mmax * K, 11);
+        bench_fill(W, (size_t)N * K, 7), bench_fill(x, (size_t)Mmax * K, 11);
         for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
             const int M = Ms[mi];
             const double flops = 2.0 * M * N * K;

@@ -7,6 +7,7 @@
 #  - a run stopped after step 1 and resumed from its checkpoint ends bit-identical to the run that went straight
 #    through (the kernels are deterministic), and its checkpoint loads on the CPU; a CPU run's checkpoint resumes
 #    on the GPU;
+#  - gradient checkpointing with activation offload gives the weights of checkpointing alone, bit for bit;
 #  - the supervised warm-start, its reference policy and GRPO after it run on the GPU too.
 # Skipped (77) without a CUDA device.
 # GRPO_TEST_DEVICE=cpu runs the same script with trainer.device=cpu (its own plumbing, on a machine without a GPU).
@@ -105,6 +106,15 @@ run cross trainer.total_training_steps=2 trainer.device=$DEV trainer.resume_mode
 expect "the CPU run's step-1 checkpoint resumes on cuda" $?
 "$COMPARE" "$TMP/cpu/p/e/checkpoints/global_step_2/actor" "$TMP/cross/p/e/checkpoints/global_step_2/actor" 1e-3
 expect "and its step 2 ends within 1e-3 of the CPU's" $?
+
+# gradient checkpointing, with and without activation offload to pinned host memory: the same weights, bit for bit
+run ckpt trainer.total_training_steps=2 trainer.device=$DEV actor_rollout_ref.model.enable_gradient_checkpointing=true
+expect "a checkpointed cuda run finishes" $?
+run offload trainer.total_training_steps=2 trainer.device=$DEV actor_rollout_ref.model.enable_gradient_checkpointing=true \
+    actor_rollout_ref.model.enable_activation_offload=true
+expect "with activation offload too" $?
+"$COMPARE" "$TMP/ckpt/p/e/checkpoints/global_step_2/actor" "$TMP/offload/p/e/checkpoints/global_step_2/actor" 0
+expect "offload changes no bit of the weights" $?
 
 # the supervised warm-start (its reference kept for KL), then GRPO, on the GPU
 run sft trainer.total_training_steps=2 trainer.sft_warmup_steps=2 trainer.device=$DEV

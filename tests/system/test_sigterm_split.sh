@@ -134,7 +134,7 @@ workers_under() {
 # slurm_job NAME: grpo.sbatch in the background as Slurm runs it (pid in JOB), its run under $TMP/NAME
 slurm_job() {
     sed "s|@RUNS@|$TMP/$1|" "$TMP/split.yaml.in" >"$TMP/$1.yaml"
-    local port=$(( 30000 + RANDOM % 20000 ))
+    local port=$(( 10000 + RANDOM % 20000 )) # below the ephemeral ports (32768-60999): no outgoing connection holds it
     ( cd "$TMP" && PATH="$TMP/bin:$PATH" SLURM_JOB_NODELIST=localhost SLURM_JOB_ID=4343 SLURM_NTASKS=2 \
         GRPOD_PORT=$port GRPOD_HTTP=127.0.0.1:0 GRPO_RUN_DIR="$TMP/$1.job" \
         exec bash "$src/deploy/slurm/grpo.sbatch" "$TMP/$1.yaml" >"$TMP/$1.log" 2>&1 ) &

@@ -34,7 +34,7 @@ chmod +x "$TMP/bin/scontrol" "$TMP/bin/srun"
 . "$(dirname "$0")/tiny_split.sh"
 tiny_split "$5" "$src" "$TMP"
 expect "tiny model and split run configuration" $?
-port=$(( 30000 + RANDOM % 20000 ))
+port=$(( 10000 + RANDOM % 20000 )) # below the ephemeral ports (32768-60999): no outgoing connection holds it
 ( cd "$TMP" && PATH="$TMP/bin:$PATH" SLURM_JOB_NODELIST=localhost SLURM_JOB_ID=4242 SLURM_NTASKS=2 \
     GRPOD_PORT=$port GRPOD_HTTP=127.0.0.1:0 GRPO_RUN_DIR="$TMP/job" OPENBLAS_NUM_THREADS=1 \
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
