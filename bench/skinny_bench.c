@@ -36,8 +36,11 @@ int main(int argc, char **argv)
     static const struct {
         const char *name;
         int N, K;
-    } shapes[] = {{"q/o 576x576", 576, 576},     {"k/v 192x576", 192, 576}, {"gate/up 1536x576", 1536, 576},
-                  {"down 576x1536", 576, 1536}, {"LM head 49152x576", 49152, 576}};
+    } shapes[] = {{"q/o 576x576", 576, 576},
+                  {"k/v 192x576", 192, 576},
+                  {"gate/up 1536x576", 1536, 576},
+                  {"down 576x1536", 576, 1536},
+                  {"LM head 49152x576", 49152, 576}};
     static const int Ms[] = {1, 2, 4, 8, 16, 24, 32, 48, 64};
     int isas[2], n_isa = 0;
     if (skinny_force_isa(SKINNY_AVX2))

@@ -277,6 +277,9 @@ static int run_role(const struct grpo_config *cfg, struct comm *world, int repla
     } else {
         /* the trainers and their DP and TP groups; the rollout ranks have no MPI traffic after this */
         struct comm *trainers = comm_split(world, env.at.role == PLACE_TRAINER ? 0 : 1, comm_rank(world));
+        /* every group of the trainers (DP, TP, PP) and of the rollout ranks (rollout TP) is split from here: each
+         * of their waits is bounded, the same on every rank (actor_rollout_ref.nccl_timeout) */
+        comm_set_deadline(trainers, (double)env.cfg->arr_nccl_timeout);
         struct parallel_groups g = {0};
         if (env.at.role == PLACE_TRAINER) {
             env.trainers = trainers;

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/check_mpi.h"
 #include "common/log.h"
@@ -130,6 +131,8 @@ int main(int argc, char **argv)
 {
     int tp = 1, pp = 1;
     size_t n = 1000;
+    double deadline = 0;
+    const char *stuck = NULL; /* --stuck-peer OP: the last rank sleeps while the others run OP */
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--tp") == 0)
             tp = atoi(argv[i + 1]);
@@ -137,11 +140,32 @@ int main(int argc, char **argv)
             pp = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--elements") == 0)
             n = (size_t)atol(argv[i + 1]);
+        else if (strcmp(argv[i], "--deadline") == 0)
+            deadline = atof(argv[i + 1]);
+        else if (strcmp(argv[i], "--stuck-peer") == 0)
+            stuck = argv[i + 1];
     }
     CHECK_MPI(MPI_Init(&argc, &argv));
     check_set_fatal_hook(check_mpi_abort_hook);
     struct comm *world = comm_mpi_world();
     log_set_rank(comm_rank(world));
+    /* every group below is split from world: they inherit its deadline (every operation non-blocking, tested) */
+    comm_set_deadline(world, deadline);
+    if (stuck) { /* a stuck peer: the others' operation must end the job at the deadline, naming itself */
+        if (comm_rank(world) == comm_size(world) - 1) {
+            sleep(60);
+            MPI_Finalize();
+            return 0;
+        }
+        double x = 1;
+        if (strcmp(stuck, "allreduce") == 0)
+            comm_allreduce_sum(world, &x, 1, COMM_F64);
+        else
+            comm_recv(world, &x, 1, COMM_F64, comm_size(world) - 1);
+        printf("returned without its peer\n");
+        MPI_Finalize();
+        return 1;
+    }
     struct parallel_groups g;
     if (parallel_groups_init(&g, world, tp, pp) != 0) {
         log_error("test", "bad layout tp=%d pp=%d for %d ranks", tp, pp, comm_size(world));

@@ -151,3 +151,11 @@ void comm_sendrecv(struct comm *c, const void *send, size_t send_count, int dest
 }
 
 void comm_barrier(struct comm *c) { c->be->barrier(c); }
+
+void comm_barrier_polled(struct comm *c, void (*poll)(void *ud, bool done), void *ud)
+{
+    if (c->be->barrier_polled)
+        c->be->barrier_polled(c, poll, ud);
+    else
+        c->be->barrier(c);
+}

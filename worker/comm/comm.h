@@ -23,9 +23,11 @@ struct comm *comm_split(struct comm *parent, int color, int key);
 /* From now on an error in a collective of c (a lost peer) ends this rank only, with a log line, instead of the
  * whole job: for a group whose loss the run survives (a rollout TP group). */
 void comm_fail_alone(struct comm *c);
-/* Bound every wait of c to `seconds` (0: none): NCCL collectives that have not completed by then abort the
- * communicator and end the run naming the collective and the rank (a lost peer never hangs the run). The MPI
- * back-end ignores it for now (mpirun ends a job whose rank died; under grpod, grpod ends it). */
+/* Bound every wait of c to `seconds` (0: none): a collective or point-to-point operation that has not completed by
+ * then ends the run naming the operation, the group size and the rank (a lost or stuck peer never hangs the run);
+ * NCCL aborts the communicator first, and in a comm_fail_alone group only this rank ends. The MPI back-end then
+ * runs every operation non-blocking and tests it; comm_broadcast_polled, the wait at a safe point that lasts
+ * through a pause, is not bounded. Groups split from c inherit the deadline. */
 void comm_set_deadline(struct comm *c, double seconds);
 /* Release a comm from comm_mpi_world, comm_split or comm_nccl_from. */
 void comm_free(struct comm *c);
@@ -59,6 +61,10 @@ void comm_recv(struct comm *c, void *buf, size_t count, enum comm_dtype t, int p
 void comm_sendrecv(struct comm *c, const void *send, size_t send_count, int dest, void *recv, size_t recv_count,
                    int src, enum comm_dtype t);
 void comm_barrier(struct comm *c);
+/* A barrier with no deadline that calls poll(ud, false) while it waits and poll(ud, true) once when it waited (as
+ * comm_broadcast_polled does; poll may be NULL): where ranks wait for something slower than a lost peer's
+ * deadline, a rollout say. */
+void comm_barrier_polled(struct comm *c, void (*poll)(void *ud, bool done), void *ud);
 
 /* What a comm has moved since it was made (or since comm_traffic_reset): per kind of collective, the calls,
  * the payload (the caller's buffer) and the bytes this rank sends in the ring algorithms the planner assumes
@@ -104,6 +110,7 @@ struct comm_backend {
     void (*recv)(struct comm *, void *, size_t, enum comm_dtype, int);
     void (*sendrecv)(struct comm *, const void *, size_t, int, void *, size_t, int, enum comm_dtype);
     void (*barrier)(struct comm *);
+    void (*barrier_polled)(struct comm *, void (*)(void *, bool), void *); /* NULL: the barrier */
     struct comm *(*split)(struct comm *, int, int);
     void (*fail_alone)(struct comm *); /* may be NULL */
     void (*destroy)(struct comm *);

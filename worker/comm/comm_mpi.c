@@ -1,6 +1,7 @@
 /* MPI back-end of the collective plane: CPU buffers, used where there is no GPU. */
 #include <limits.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
@@ -55,38 +56,110 @@ static int icount(size_t count)
     return (int)count;
 }
 
+/* With a deadline (comm_set_deadline, actor_rollout_ref.nccl_timeout) every operation below is started
+ * non-blocking and tested until it completes or the deadline passes: a peer that is lost or stuck would
+ * otherwise hold this rank in MPI for ever. Every rank of a group has the same deadline (a group inherits its
+ * parent's, and the parent's comes from the run's configuration), so the ranks of a collective all take the
+ * blocking or all the non-blocking form, as MPI requires for collectives. */
+static bool bounded(const struct comm *c) { return c->deadline_s > 0; }
+
+static double seconds_since(const struct timespec *t0)
+{
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0->tv_sec) + (double)(t1.tv_nsec - t0->tv_nsec) * 1e-9;
+}
+
+/* Wait for n requests of the operation `what`; past the deadline the run ends (in a comm_fail_alone group, this
+ * rank only) with the operation, the group size and this rank named. */
+static void mpi_wait_bounded(struct comm *c, MPI_Request *req, int n, const char *what)
+{
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (long spins = 0;; spins++) {
+        int done = 0;
+        CHECK_C(c, MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE));
+        if (done)
+            return;
+        const double waited = seconds_since(&t0);
+        if (waited > c->deadline_s) {
+            char why[512];
+            snprintf(why, sizeof why,
+                     "MPI %s over %d ranks (this is rank %d of the group) did not complete after %.1f s: a peer is "
+                     "lost or stuck (actor_rollout_ref.nccl_timeout = %.0f s)",
+                     what, c->size, c->rank, waited, c->deadline_s);
+            if (((struct mpi_impl *)c->impl)->alone) {
+                log_error("comm", "%s; ending this rank only", why);
+                _exit(4);
+            }
+            check_failf(__FILE__, __LINE__, "%s; ending the run", why);
+        }
+        if (spins > 1000) { /* a short operation completes within the spins; a long one is tested gently */
+            struct timespec nap = {0, 50000};
+            nanosleep(&nap, NULL);
+        }
+    }
+}
+
 static void mpi_allreduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype t)
 {
-    CHECK_C(c, MPI_Allreduce(MPI_IN_PLACE, buf, icount(count), mpi_type(t), MPI_SUM, mc(c)));
+    if (!bounded(c)) {
+        CHECK_C(c, MPI_Allreduce(MPI_IN_PLACE, buf, icount(count), mpi_type(t), MPI_SUM, mc(c)));
+        return;
+    }
+    MPI_Request r;
+    CHECK_C(c, MPI_Iallreduce(MPI_IN_PLACE, buf, icount(count), mpi_type(t), MPI_SUM, mc(c), &r));
+    mpi_wait_bounded(c, &r, 1, "all-reduce");
 }
 
 static void mpi_allreduce_max(struct comm *c, void *buf, size_t count, enum comm_dtype t)
 {
-    CHECK_C(c, MPI_Allreduce(MPI_IN_PLACE, buf, icount(count), mpi_type(t), MPI_MAX, mc(c)));
+    if (!bounded(c)) {
+        CHECK_C(c, MPI_Allreduce(MPI_IN_PLACE, buf, icount(count), mpi_type(t), MPI_MAX, mc(c)));
+        return;
+    }
+    MPI_Request r;
+    CHECK_C(c, MPI_Iallreduce(MPI_IN_PLACE, buf, icount(count), mpi_type(t), MPI_MAX, mc(c), &r));
+    mpi_wait_bounded(c, &r, 1, "all-reduce (max)");
 }
 
 static void mpi_allgather(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype t)
 {
-    CHECK_C(c, MPI_Allgather(send, icount(count), mpi_type(t), recv, icount(count), mpi_type(t), mc(c)));
+    if (!bounded(c)) {
+        CHECK_C(c, MPI_Allgather(send, icount(count), mpi_type(t), recv, icount(count), mpi_type(t), mc(c)));
+        return;
+    }
+    MPI_Request r;
+    CHECK_C(c, MPI_Iallgather(send, icount(count), mpi_type(t), recv, icount(count), mpi_type(t), mc(c), &r));
+    mpi_wait_bounded(c, &r, 1, "all-gather");
 }
 
 static void mpi_reduce_scatter_sum(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype t)
 {
-    CHECK_C(c, MPI_Reduce_scatter_block(send, recv, icount(count), mpi_type(t), MPI_SUM, mc(c)));
+    if (!bounded(c)) {
+        CHECK_C(c, MPI_Reduce_scatter_block(send, recv, icount(count), mpi_type(t), MPI_SUM, mc(c)));
+        return;
+    }
+    MPI_Request r;
+    CHECK_C(c, MPI_Ireduce_scatter_block(send, recv, icount(count), mpi_type(t), MPI_SUM, mc(c), &r));
+    mpi_wait_bounded(c, &r, 1, "reduce-scatter");
 }
 
 static void mpi_broadcast(struct comm *c, void *buf, size_t count, enum comm_dtype t, int root)
 {
-    CHECK_C(c, MPI_Bcast(buf, icount(count), mpi_type(t), root, mc(c)));
+    if (!bounded(c)) {
+        CHECK_C(c, MPI_Bcast(buf, icount(count), mpi_type(t), root, mc(c)));
+        return;
+    }
+    MPI_Request r;
+    CHECK_C(c, MPI_Ibcast(buf, icount(count), mpi_type(t), root, mc(c), &r));
+    mpi_wait_bounded(c, &r, 1, "broadcast");
 }
 
-/* Non-blocking broadcast, tested every millisecond; poll runs in between (a rank waiting for its peers keeps
- * answering the control plane). */
-static void mpi_broadcast_polled(struct comm *c, void *buf, size_t count, enum comm_dtype t, int root,
-                                 void (*poll)(void *ud, bool done), void *ud)
+/* A non-blocking operation tested every millisecond, with no deadline; poll runs in between (a rank waiting for
+ * its peers keeps answering the control plane). */
+static void mpi_wait_polled(struct comm *c, MPI_Request req, void (*poll)(void *ud, bool done), void *ud)
 {
-    MPI_Request req;
-    CHECK_C(c, MPI_Ibcast(buf, icount(count), mpi_type(t), root, mc(c), &req));
     bool polled = false;
     for (int done = 0;;) {
         CHECK_C(c, MPI_Test(&req, &done, MPI_STATUS_IGNORE));
@@ -105,24 +178,67 @@ static void mpi_broadcast_polled(struct comm *c, void *buf, size_t count, enum c
     CHECK_C(c, MPI_Wait(&req, MPI_STATUS_IGNORE)); /* complete already: releases nothing, says so to checkers */
 }
 
+static void mpi_broadcast_polled(struct comm *c, void *buf, size_t count, enum comm_dtype t, int root,
+                                 void (*poll)(void *ud, bool done), void *ud)
+{
+    MPI_Request req;
+    CHECK_C(c, MPI_Ibcast(buf, icount(count), mpi_type(t), root, mc(c), &req));
+    mpi_wait_polled(c, req, poll, ud);
+}
+
+static void mpi_barrier_polled(struct comm *c, void (*poll)(void *ud, bool done), void *ud)
+{
+    MPI_Request req;
+    CHECK_C(c, MPI_Ibarrier(mc(c), &req));
+    mpi_wait_polled(c, req, poll, ud);
+}
+
 static void mpi_send(struct comm *c, const void *buf, size_t count, enum comm_dtype t, int peer)
 {
-    CHECK_C(c, MPI_Send(buf, icount(count), mpi_type(t), peer, 0, mc(c)));
+    if (!bounded(c)) {
+        CHECK_C(c, MPI_Send(buf, icount(count), mpi_type(t), peer, 0, mc(c)));
+        return;
+    }
+    MPI_Request r;
+    CHECK_C(c, MPI_Isend(buf, icount(count), mpi_type(t), peer, 0, mc(c), &r));
+    mpi_wait_bounded(c, &r, 1, "send");
 }
 
 static void mpi_recv(struct comm *c, void *buf, size_t count, enum comm_dtype t, int peer)
 {
-    CHECK_C(c, MPI_Recv(buf, icount(count), mpi_type(t), peer, 0, mc(c), MPI_STATUS_IGNORE));
+    if (!bounded(c)) {
+        CHECK_C(c, MPI_Recv(buf, icount(count), mpi_type(t), peer, 0, mc(c), MPI_STATUS_IGNORE));
+        return;
+    }
+    MPI_Request r;
+    CHECK_C(c, MPI_Irecv(buf, icount(count), mpi_type(t), peer, 0, mc(c), &r));
+    mpi_wait_bounded(c, &r, 1, "receive");
 }
 
 static void mpi_sendrecv(struct comm *c, const void *send, size_t sc, int dest, void *recv, size_t rc, int src,
                          enum comm_dtype t)
 {
-    CHECK_C(c, MPI_Sendrecv(send, icount(sc), mpi_type(t), dest, 0, recv, icount(rc), mpi_type(t), src, 0, mc(c),
-                            MPI_STATUS_IGNORE));
+    if (!bounded(c)) {
+        CHECK_C(c, MPI_Sendrecv(send, icount(sc), mpi_type(t), dest, 0, recv, icount(rc), mpi_type(t), src, 0, mc(c),
+                                MPI_STATUS_IGNORE));
+        return;
+    }
+    MPI_Request r[2];
+    CHECK_C(c, MPI_Irecv(recv, icount(rc), mpi_type(t), src, 0, mc(c), &r[0]));
+    CHECK_C(c, MPI_Isend(send, icount(sc), mpi_type(t), dest, 0, mc(c), &r[1]));
+    mpi_wait_bounded(c, r, 2, "send-receive");
 }
 
-static void mpi_barrier(struct comm *c) { CHECK_C(c, MPI_Barrier(mc(c))); }
+static void mpi_barrier(struct comm *c)
+{
+    if (!bounded(c)) {
+        CHECK_C(c, MPI_Barrier(mc(c)));
+        return;
+    }
+    MPI_Request r;
+    CHECK_C(c, MPI_Ibarrier(mc(c), &r));
+    mpi_wait_bounded(c, &r, 1, "barrier");
+}
 
 static struct comm *mpi_wrap(MPI_Comm m, bool owned);
 
@@ -156,6 +272,7 @@ static const struct comm_backend mpi_backend = {
     .reduce_scatter_sum = mpi_reduce_scatter_sum,
     .broadcast = mpi_broadcast,
     .broadcast_polled = mpi_broadcast_polled,
+    .barrier_polled = mpi_barrier_polled,
     .send = mpi_send,
     .recv = mpi_recv,
     .sendrecv = mpi_sendrecv,

@@ -173,6 +173,10 @@ static void nccl_sendrecv(struct comm *c, const void *send, size_t sc, int dest,
 }
 
 static void nccl_barrier(struct comm *c) { comm_barrier(ni(c)->mpi); }
+static void nccl_barrier_polled(struct comm *c, void (*poll)(void *, bool), void *ud)
+{
+    comm_barrier_polled(ni(c)->mpi, poll, ud);
+}
 
 static struct comm *nccl_split(struct comm *parent, int color, int key)
 {
@@ -202,6 +206,7 @@ static const struct comm_backend nccl_backend = {
     .recv = nccl_recv,
     .sendrecv = nccl_sendrecv,
     .barrier = nccl_barrier,
+    .barrier_polled = nccl_barrier_polled,
     .split = nccl_split,
     .destroy = nccl_destroy,
 };

@@ -576,7 +576,7 @@ struct model_acts {
     int krange_cap;           /* of krange, in sequences */
     float *hk, *logpk, *entk; /* (nk, D), (nk), (nk): the kept rows' normed states and outputs */
     int32_t *tk;              /* (nk) their targets */
-    float *hbuf;              /* host (nk floats): gathers and scatters of per-row values */
+    void *hbuf;               /* host (nk 4-byte cells): gathers and scatters of per-row values */
     size_t hbuf_cap;
     struct karena arena;
     struct model_acts *next; /* in the pool */
@@ -900,7 +900,8 @@ static int kept_rows(const struct packed_batch *b)
     return nk;
 }
 
-static float *acts_host_buf(struct model_acts *A, size_t n)
+/* The host buffer of n 4-byte cells (floats, or int32 targets), grown only. */
+static void *acts_host_buf(struct model_acts *A, size_t n)
 {
     if (n > A->hbuf_cap) {
         free(A->hbuf);
@@ -954,15 +955,15 @@ static void head_forward_kept(struct model *m, struct model_acts *A, const struc
     const int D = m->cfg.hidden_size;
     const size_t nk = (size_t)A->nk;
     copy_kept_states(K, A, A->hn, A->hk, D, true);
-    int32_t *th = (int32_t *)acts_host_buf(A, nk ? nk : 1); /* int32 and float share the buffer's 4-byte cells */
+    int32_t *th = acts_host_buf(A, nk ? nk : 1);
     for (int s = 0, r = 0; s < b->B; s++) {
         const int lo = A->krange[2 * s], hi = A->krange[2 * s + 1];
         memcpy(th + r, b->targets + lo, (size_t)(hi - lo) * sizeof(int32_t));
         r += hi - lo;
     }
     k_to_device(K, A->tk, th, nk * sizeof(int32_t));
-    k_lmhead_forward(K, A->logpk, entropy ? A->entk : NULL, A->hk, m->w.lm_head, A->tk, A->nk, D, vs,
-                     A->temperature, LMHEAD_CHUNK);
+    k_lmhead_forward(K, A->logpk, entropy ? A->entk : NULL, A->hk, m->w.lm_head, A->tk, A->nk, D, vs, A->temperature,
+                     LMHEAD_CHUNK);
     float *h = acts_host_buf(A, nk ? nk : 1);
     k_to_host(K, h, A->logpk, nk * sizeof(float));
     scatter_kept(A, logp, h);

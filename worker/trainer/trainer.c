@@ -346,6 +346,13 @@ static void answer_control(void *ud, bool done)
     t->hooks.waiting(t->hooks.ctx, done);
 }
 
+void trainer_meet(struct trainer *t)
+{
+    struct comm *all = all_group(t);
+    if (all && comm_size(all) > 1)
+        comm_barrier_polled(all, !lead(t) && t->hooks.waiting ? answer_control : NULL, t);
+}
+
 /* The safe point's decision, DP rank 0's for every DP rank: grpod's commands (the safe_point hook), a signal, a
  * record that could not be written. */
 static int decide(struct trainer *t)

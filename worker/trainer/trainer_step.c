@@ -534,8 +534,12 @@ int trainer_grpo_step(struct trainer *t, struct metrics *m)
     if (check_fit(t) != 0)
         return -1;
     int rc = t->src.next_batch(t->src.ctx, k, &b, &tm, m);
-    if (rc == 0)
+    if (rc == 0) {
+        const double t_meet = rollout_now_s();
+        trainer_meet(t); /* waiting for the other DP ranks' data is waiting for data */
+        tm.wait_data += rollout_now_s() - t_meet;
         rc = train_batch(t, k, &b, &tm, t_step, m);
+    }
     step_batch_free(&b);
     return rc;
 }
