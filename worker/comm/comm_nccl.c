@@ -222,6 +222,7 @@ struct comm *comm_nccl_from(struct comm *mpi_comm, int device)
     impl->device = device;
     /* keep our own MPI group so later splits mirror NCCL's */
     impl->mpi = comm_split(mpi_comm, 0, c->rank);
+    c->deadline_s = mpi_comm->deadline_s; /* the MPI group's deadline (actor_rollout_ref.nccl_timeout) holds here too */
     CHECK_CUDA(cudaSetDevice(device));
     CHECK_CUDA(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
     ncclUniqueId id;
