@@ -32,7 +32,8 @@ static double best_time(int path, float *y, const float *x, const float *W, int 
 
 int main(int argc, char **argv)
 {
-    const int reps = argc > 1 ? atoi(argv[1]) : 5;
+    const long reps_arg = argc > 1 ? strtol(argv[1], NULL, 10) : 5;
+    const int reps = reps_arg >= 1 && reps_arg <= 1000 ? (int)reps_arg : 5;
     static const struct {
         const char *name;
         int N, K;
@@ -57,8 +58,10 @@ int main(int argc, char **argv)
         const int N = shapes[s].N, K = shapes[s].K, Mmax = Ms[sizeof Ms / sizeof Ms[0] - 1];
         float *W = malloc((size_t)N * K * sizeof(float)), *x = malloc((size_t)Mmax * K * sizeof(float)),
               *y = malloc((size_t)Mmax * N * sizeof(float));
-        if (!W || !x || !y)
+        if (!W || !x || !y) {
+            free(W), free(x), free(y);
             return 1;
+        }
         bench_fill(W, (size_t)N * K, 7), bench_fill(x, (size_t)Mmax * K, 11);
         for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
             const int M = Ms[mi];
