@@ -448,6 +448,10 @@ int trainer_run(struct trainer *t)
                 break;
             }
     }
+    /* the ranks leave together: DP rank 0 may still be validating or writing the last checkpoint, and a rank
+     * that went ahead would wait for it in MPI_Finalize, whose guard takes a long wait for a lost rank */
+    if (rc == 0)
+        trainer_meet(t);
     if (rc == 0 && t->st.global_step >= t->st.total_steps && t->src.between_steps)
         rc = t->src.between_steps(t->src.ctx, t->st.global_step, true);
     metrics_free(&m);

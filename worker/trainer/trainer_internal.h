@@ -72,9 +72,10 @@ void trainer_draw_prompts(struct trainer *t, const struct prompt_item **out, int
 int trainer_hybrid_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm, struct metrics *m);
 /* One GRPO step (the source's batch, then the update); 0, or -1 on a fatal error. */
 int trainer_grpo_step(struct trainer *t, struct metrics *m);
-/* Every trainer rank meets here once its step's data has come, with no deadline (the others answer the control
- * plane meanwhile): a rollout slower than actor_rollout_ref.nccl_timeout is not a lost peer, so the DP ranks that
- * got their data first wait here and not in the step's first bounded collective. One process: nothing. */
+/* Every trainer rank meets here, with no deadline (the others answer the control plane meanwhile): once its step's
+ * data has come (a rollout slower than actor_rollout_ref.nccl_timeout is not a lost peer, so the DP ranks that got
+ * their data first wait here and not in the step's first bounded collective), and at the end of the run. One
+ * process: nothing. */
 void trainer_meet(struct trainer *t);
 /* One supervised warm-start step k; 0, or -1. */
 int trainer_sft_step(struct trainer *t, int64_t k, struct metrics *m);
