@@ -58,6 +58,11 @@ static void usage(FILE *out)
           out);
 }
 
+/* Set where every rank refuses the run for the same reason (the configuration or the placement, before any role
+ * starts): then rank 0 alone ends the job. When every rank asked Open MPI to end it at once, mpirun now and then
+ * crashed in its message aggregation (a segfault instead of the exit status). */
+static bool g_refused_alike;
+
 /* In recovery mode a job that lost a rank can hang in MPI_Finalize (Open MPI 4.1 waits for the dead rank in its
  * closing exchange, now and then): the work is done and written, so after a grace the process ends by itself. */
 static int finalize_status;
@@ -216,6 +221,7 @@ static int run_role(const struct grpo_config *cfg, struct comm *world, int repla
         placement_of(&env.spec, rank, size, &env.at, why, sizeof why) != 0) {
         if (rank == 0)
             log_error("worker", "%s", why);
+        g_refused_alike = true;
         return 2;
     }
     const bool split = env.at.role != PLACE_HYBRID;
@@ -226,11 +232,13 @@ static int run_role(const struct grpo_config *cfg, struct comm *world, int repla
                       "placement.trainer_ranks and placement.rollout_ranks (or verl's trainer.nnodes x "
                       "trainer.n_gpus_per_node and rollout.nnodes x rollout.n_gpus_per_node), or use --selftest",
                       size);
+        g_refused_alike = true;
         return 2;
     }
     if (split && split_supported(cfg, &env.spec, why, sizeof why) != 0) {
         if (rank == 0)
             log_error("worker", "%s", why);
+        g_refused_alike = true;
         return 2;
     }
     if (replace_rank >= 0 && env.at.role == PLACE_ROLLOUT && env.at.tp_size > 1) {
@@ -442,6 +450,8 @@ int main(int argc, char **argv)
         status = selftest(&groups);
     } else {
         status = run_role(&cfg, world, replace_rank);
+        if (status != 0 && comm_size(world) > 1 && g_refused_alike && comm_rank(world) != 0)
+            sleep(30); /* rank 0 ends the job for every rank, this one with it; if not, it ends it itself below */
         if (status != 0 && comm_size(world) > 1) {
             /* the other ranks wait in a collective for this one: end the whole job, with the reason above */
             log_error("worker", "rank %d failed (exit %d): ending the job", comm_rank(world), status);
