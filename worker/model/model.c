@@ -569,14 +569,14 @@ struct model_acts {
     struct karena host_arena;  /* offloaded layer inputs */
     float *xdev[2];            /* offload: the device's layer input and output (N, D), in turn */
     float *xf, *hn, *rstdf;    /* final residual, normed (N, D), (N) */
-    float *logp, *entropy;     /* (N) the last stage's outputs */
+    float *logp, *entropy;     /* (N), or (nk) with kept rows: the last stage's outputs */
     /* the LM head on the rows a caller reads (packed_batch.logp_from): nk of them (-1: every row) */
     int nk;
-    int32_t *krange;          /* host (2B): each sequence's kept rows [krange[2b], krange[2b + 1]) */
-    int krange_cap;           /* of krange, in sequences */
-    float *hk, *logpk, *entk; /* (nk, D), (nk), (nk): the kept rows' normed states and outputs */
-    int32_t *tk;              /* (nk) their targets */
-    void *hbuf;               /* host (nk 4-byte cells): gathers and scatters of per-row values */
+    int32_t *krange; /* host (2B): each sequence's kept rows [krange[2b], krange[2b + 1]) */
+    int krange_cap;  /* of krange, in sequences */
+    float *hk;       /* (nk, D) the kept rows' normed states */
+    int32_t *tk;     /* (nk) their targets */
+    void *hbuf;      /* host (nk 4-byte cells): gathers and scatters of per-row values */
     size_t hbuf_cap;
     struct karena arena;
     struct model_acts *next; /* in the pool */
@@ -705,20 +705,18 @@ static void acts_take(const struct model *m, struct model_acts *A, int N, int B,
         layer_acts_take(m, N, &A->layers[l], !A->ckpt, har);
     A->xf = take_f(ar, nD);
     A->hn = A->rstdf = A->logp = A->entropy = NULL;
+    A->hk = NULL;
+    A->tk = NULL;
     if (sh->has_head) {
+        const size_t rows = A->nk >= 0 ? (size_t)(A->nk > 0 ? A->nk : 1) : n; /* the rows the head runs on */
         A->hn = take_f(ar, nD);
         A->rstdf = take_f(ar, n);
-        A->logp = take_f(ar, n);
-        A->entropy = take_f(ar, n);
-    }
-    A->hk = A->logpk = A->entk = NULL;
-    A->tk = NULL;
-    if (sh->has_head && A->nk >= 0) {
-        const size_t k = (size_t)(A->nk > 0 ? A->nk : 1);
-        A->hk = take_f(ar, k * (size_t)m->cfg.hidden_size);
-        A->tk = karena_take(ar, k * sizeof(int32_t));
-        A->logpk = take_f(ar, k);
-        A->entk = take_f(ar, k);
+        A->logp = take_f(ar, rows);
+        A->entropy = take_f(ar, rows);
+        if (A->nk >= 0) {
+            A->hk = take_f(ar, rows * (size_t)m->cfg.hidden_size);
+            A->tk = karena_take(ar, rows * sizeof(int32_t));
+        }
     }
 }
 
@@ -911,13 +909,15 @@ static void *acts_host_buf(struct model_acts *A, size_t n)
     return A->hbuf;
 }
 
-/* The kept rows' values of host row values (N) into the host buffer (nk), or back (zeros elsewhere). */
-static float *gather_kept(struct model_acts *A, const float *rows)
+/* The kept rows' values of host row values (N 4-byte cells: floats or int32 targets) into the host buffer (nk), or
+ * back (zeros elsewhere). */
+static void *gather_kept(struct model_acts *A, const void *rows)
 {
-    float *h = acts_host_buf(A, (size_t)(A->nk > 0 ? A->nk : 1));
+    char *h = acts_host_buf(A, (size_t)(A->nk > 0 ? A->nk : 1));
+    const char *src = rows;
     for (int s = 0, r = 0; s < A->b.B; s++) {
         const int lo = A->krange[2 * s], hi = A->krange[2 * s + 1];
-        memcpy(h + r, rows + lo, (size_t)(hi - lo) * sizeof(float));
+        memcpy(h + (size_t)r * 4, src + (size_t)lo * 4, (size_t)(hi - lo) * 4);
         r += hi - lo;
     }
     return h;
@@ -955,20 +955,14 @@ static void head_forward_kept(struct model *m, struct model_acts *A, const struc
     const int D = m->cfg.hidden_size;
     const size_t nk = (size_t)A->nk;
     copy_kept_states(K, A, A->hn, A->hk, D, true);
-    int32_t *th = acts_host_buf(A, nk ? nk : 1);
-    for (int s = 0, r = 0; s < b->B; s++) {
-        const int lo = A->krange[2 * s], hi = A->krange[2 * s + 1];
-        memcpy(th + r, b->targets + lo, (size_t)(hi - lo) * sizeof(int32_t));
-        r += hi - lo;
-    }
-    k_to_device(K, A->tk, th, nk * sizeof(int32_t));
-    k_lmhead_forward(K, A->logpk, entropy ? A->entk : NULL, A->hk, m->w.lm_head, A->tk, A->nk, D, vs, A->temperature,
+    k_to_device(K, A->tk, gather_kept(A, b->targets), nk * sizeof(int32_t));
+    k_lmhead_forward(K, A->logp, entropy ? A->entropy : NULL, A->hk, m->w.lm_head, A->tk, A->nk, D, vs, A->temperature,
                      LMHEAD_CHUNK);
     float *h = acts_host_buf(A, nk ? nk : 1);
-    k_to_host(K, h, A->logpk, nk * sizeof(float));
+    k_to_host(K, h, A->logp, nk * sizeof(float));
     scatter_kept(A, logp, h);
     if (entropy) {
-        k_to_host(K, h, A->entk, nk * sizeof(float));
+        k_to_host(K, h, A->entropy, nk * sizeof(float));
         scatter_kept(A, entropy, h);
     }
 }

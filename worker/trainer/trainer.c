@@ -520,29 +520,20 @@ static void shard_policy(struct trainer *t)
  * optimizer state. 0, or -1 with err. */
 static int load_checkpoint(struct trainer *t, const char *dir, struct run_state *st, char *err, size_t errlen)
 {
-    if (!t->lay.mp && on_device(t)) { /* read on the host, then into the GPU's memory */
-        struct model *hm = model_create(&t->policy->cfg);
-        struct adamw *ho =
-            adamw_create(hm->w.n_floats, t->opt->beta1, t->opt->beta2, t->opt->eps, t->opt->weight_decay);
-        int rc = checkpoint_load(dir, hm, ho, st, err, errlen);
-        if (rc == 0) {
-            model_weights_from_host(t->policy, hm->w.mem);
-            adamw_from_host(t->opt, ho);
-        }
-        model_free(hm);
-        adamw_free(ho);
-        return rc;
-    }
-    if (!t->lay.mp)
+    if (!t->lay.mp && !on_device(t))
         return checkpoint_load(dir, t->policy, t->opt, st, err, errlen);
+    /* the whole checkpoint in host memory, then this rank's part of it (TP, PP) or all of it into the GPU's */
     struct model *wm = model_create(&t->policy->cfg);
     struct adamw *wo = adamw_create(wm->w.n_floats, t->opt->beta1, t->opt->beta2, t->opt->eps, t->opt->weight_decay);
     int rc = checkpoint_load(dir, wm, wo, st, err, errlen);
-    if (rc == 0) {
+    if (rc == 0 && t->lay.mp) {
         model_shard_slice(t->policy, wm->w.mem, t->policy->w.mem);
         model_shard_slice(t->policy, wo->m, t->opt->m);
         model_shard_slice(t->policy, wo->v, t->opt->v);
         t->opt->t = wo->t;
+    } else if (rc == 0) {
+        model_weights_from_host(t->policy, wm->w.mem);
+        adamw_from_host(t->opt, wo);
     }
     model_free(wm);
     adamw_free(wo);
