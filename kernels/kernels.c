@@ -18,14 +18,16 @@ static struct kctx g_cpu = {.ops = &kops_cpu, .device = KDEV_CPU, .matmul = KMM_
 
 struct kctx *kctx_cpu(void) { return &g_cpu; }
 
-bool kctx_cuda_available(void)
+int kctx_cuda_devices(void)
 {
 #ifdef GRPO_HAVE_CUDA
-    return kops_cuda_devices() > 0;
+    return kops_cuda_devices();
 #else
-    return false;
+    return 0;
 #endif
 }
+
+bool kctx_cuda_available(void) { return kctx_cuda_devices() > 0; }
 
 struct kctx *kctx_create(const char *device, enum kmatmul matmul, char *why, size_t len)
 {

@@ -117,6 +117,8 @@ void kctx_free(struct kctx *K);
 const char *kctx_describe(const struct kctx *K, char *buf, size_t len);
 /* Whether a CUDA device can be used here (built with CUDA and one present). */
 bool kctx_cuda_available(void);
+/* CUDA devices visible to this process (0 in a build without CUDA, or without a driver). */
+int kctx_cuda_devices(void);
 
 /* Memory of K, counted under kind. Running out is a fatal error naming what was asked for, its bytes, what is in
  * use, and the knob that lowers it (what: "activations of 4096 tokens"). */

@@ -24,6 +24,7 @@
 #include "worker/trainer/trainer.h"
 #include "common/check.h"
 #include "common/placement.h"
+#include "kernels/kernels.h"
 #include <time.h>
 
 static void usage(FILE *out)
@@ -97,7 +98,7 @@ static int split_supported(const struct grpo_config *c, const struct placement_s
                          "trainer.sft_warmup_steps %lld: the supervised warm-start runs in one process; warm-start "
                          "first, then point actor_rollout_ref.model.path at its checkpoint",
                          (long long)c->trainer_sft_warmup_steps);
-    if (trainer_device_supported(c, false, why, whylen) != 0)
+    if (trainer_device_supported(c, ps->tp_size, ps->pp_size, ps->rollout_tp, why, whylen) != 0)
         return -1;
     if (ps->trainer_ranks / (ps->tp_size * ps->pp_size) > ROLE_MAX_ENDPOINTS)
         return error_set(why, whylen, "%d trainer DP ranks: at most %d", ps->trainer_ranks, ROLE_MAX_ENDPOINTS);
@@ -193,6 +194,38 @@ static int join_control_plane(struct role_env *env)
     return 0;
 }
 
+/* trainer.device=cuda in a split run: each rank's GPU on its node. A node's trainer ranks take its GPUs first
+ * (its trainer i: GPU i), its rollout ranks the next ones, round-robin when the node has more ranks than GPUs.
+ * Ranks that share a GPU work, more slowly; but NCCL needs a GPU per rank, so trainers that share one sum their
+ * gradients over MPI, staged through host memory (env->trainer_gpus_shared, the same on every rank). Collective
+ * over the job. */
+static void assign_devices(struct role_env *env)
+{
+    const int ndev = kctx_cuda_devices();
+    MPI_Comm node;
+    CHECK_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, env->rank, MPI_INFO_NULL, &node));
+    int n = 0, me = 0;
+    CHECK_MPI(MPI_Comm_size(node, &n));
+    CHECK_MPI(MPI_Comm_rank(node, &me));
+    int trainer = env->at.role == PLACE_TRAINER;
+    int *is = xcalloc((size_t)n, sizeof *is);
+    CHECK_MPI(MPI_Allgather(&trainer, 1, MPI_INT, is, 1, MPI_INT, node));
+    int trainers = 0, before = 0; /* the node's trainers; the ranks of this one's role before it on the node */
+    for (int i = 0; i < n; i++) {
+        trainers += is[i];
+        before += i < me && is[i] == trainer;
+    }
+    free(is);
+    CHECK_MPI(MPI_Comm_free(&node));
+    const int slot = trainer ? before : trainers + before;
+    env->device = ndev > 0 ? slot % ndev : 0;
+    int crowded = trainers > (ndev > 0 ? ndev : 1);
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &crowded, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    env->trainer_gpus_shared = crowded != 0;
+    log_info("worker", "rank %d: cuda:%d of the %d GPU(s) of its node, which runs %d trainer and %d rollout rank(s)",
+             env->rank, env->device, ndev, trainers, n - trainers);
+}
+
 /* Place this rank, join grpod, build the groups and run the role. */
 static int run_role(const struct grpo_config *cfg, struct comm *world, int replace_rank)
 {
@@ -277,6 +310,12 @@ static int run_role(const struct grpo_config *cfg, struct comm *world, int repla
     }
     if (split && replace_rank < 0)
         local_endpoints(&env);
+    if (split && strcmp(cfg->trainer_device, "cuda") == 0) {
+        if (replace_rank < 0)
+            assign_devices(&env);
+        else /* alone, in place of a lost rollout rank: the node's GPUs in turn by rank */
+            env.device = kctx_cuda_devices() > 0 ? replace_rank % kctx_cuda_devices() : 0;
+    }
     if (join_control_plane(&env) != 0)
         return 3;
     int status;

@@ -32,6 +32,8 @@ struct role_env {
     struct comm *dp, *tp, *pp; /* a trainer's data-, tensor- and pipeline-parallel groups within them */
     struct comm *mp;           /* the TP x PP ranks of a trainer's model copy (ranked pp x TP + tp) */
     struct comm *rollout_tp;   /* a rollout rank's TP group (actor_rollout_ref.rollout.tensor_model_parallel_size) */
+    int device;                /* trainer.device=cuda in a split run: this rank's GPU on its node (assign_devices) */
+    bool trainer_gpus_shared;  /* some node has more trainer ranks than GPUs: they share (NCCL cannot run there) */
     int staleness;             /* 0: on-policy (rollout.mode=sync), 1: one-step-off (async) */
     double heartbeat_s;        /* grpod's heartbeat interval (grpod.heartbeat_interval_s without grpod): the rollout
                                   processes ping the dispatcher this often, and are lost after two */

@@ -159,3 +159,14 @@ void comm_barrier_polled(struct comm *c, void (*poll)(void *ud, bool done), void
     else
         c->be->barrier(c);
 }
+
+struct comm *comm_device_group(struct comm *mpi_comm, int device)
+{
+#ifdef GRPO_HAVE_CUDA
+    return comm_nccl_from(mpi_comm, device);
+#else
+    (void)mpi_comm;
+    (void)device;
+    return NULL;
+#endif
+}

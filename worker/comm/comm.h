@@ -91,6 +91,9 @@ void comm_traffic_reset(struct comm *c);
 /* The bytes this rank sends for op on a buffer of `bytes` in a group of n (the ring model above; 0 for n = 1). */
 double comm_ring_bytes(enum comm_op op, double bytes, int n, bool root);
 
+/* The NCCL twin of an MPI group for buffers in the memory of GPU `device` (one GPU per rank of the group), or
+ * NULL in a build without CUDA. */
+struct comm *comm_device_group(struct comm *mpi_comm, int device);
 #ifdef GRPO_HAVE_CUDA
 /* An NCCL communicator over the same ranks as an MPI comm; the unique id is
  * shared with MPI_Bcast. Buffers passed to it must be device memory. */

@@ -8,13 +8,14 @@
 #include "common/log.h"
 #include "kernels/kernels.h"
 
-/* One context per (device, precision) per process: the trainer's policy and reference share theirs. */
+/* One context per (device, precision) per process: the trainer's policy and reference share theirs (a process
+ * uses one GPU: the first "cuda:N" asked for). */
 static struct kctx *g_ctx[2][2];
 static bool g_fallback_said;
 
 struct kctx *model_context_for(const char *device, const char *dtype, const char *dtype_key, char *err, size_t errlen)
 {
-    const bool cuda = device && strcmp(device, "cuda") == 0;
+    const bool cuda = device && strncmp(device, "cuda", 4) == 0; /* "cuda" (the first GPU) or "cuda:N" */
     enum kmatmul mm = dtype && strcmp(dtype, "bfloat16") == 0 ? KMM_BF16 : KMM_F32;
     if (!cuda && mm == KMM_F32)
         return kctx_cpu();
@@ -28,7 +29,7 @@ struct kctx *model_context_for(const char *device, const char *dtype, const char
     struct kctx **slot = &g_ctx[cuda][mm == KMM_BF16];
     if (!*slot) {
         char why[256];
-        *slot = kctx_create(cuda ? "cuda" : "cpu", mm, why, sizeof why);
+        *slot = kctx_create(cuda ? device : "cpu", mm, why, sizeof why);
         if (!*slot) {
             error_set(err, errlen, "%s: %s", cuda ? "trainer.device=cuda" : dtype_key, why);
             return NULL;

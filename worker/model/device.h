@@ -6,7 +6,7 @@
 
 #include "model.h"
 
-/* The context for device ("cpu" or "cuda") and dtype ("float32" or "bfloat16", the value of dtype_key): the CPU's
+/* The context for device ("cpu", "cuda" or "cuda:N") and dtype ("float32" or "bfloat16", the value of dtype_key): the CPU's
  * own for float32 on the CPU; BF16 matrix products where the CPU has them, else the float32 one with one warning
  * naming the key. NULL with err when the device cannot be used. */
 struct kctx *model_context_for(const char *device, const char *dtype, const char *dtype_key, char *err, size_t errlen);

@@ -23,6 +23,7 @@
 #include "common/check.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "kernels/kernels.h"
 #include "proto/transport.h"
 #include "dataplane.h"
 #include "dispatch.h"
@@ -79,7 +80,7 @@ struct rollout_rank {
     /* rollout TP group (NULL: alone) */
     struct comm *eng;
     bool head;           /* the group's first rank: dispatcher, trainers, weights */
-    float *whole;        /* the head: each downloaded version, whole */
+    float *whole;        /* the head: each downloaded version, whole (with TP, or on a GPU: its host copy) */
     double keepalive_at; /* the head: when its peers last heard from it */
     pthread_t watchdog;
     bool watching;
@@ -180,7 +181,11 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
         model_free(r->policy);
         r->policy = part;
     }
-    struct kctx *K = model_context_for("cpu", c->rollout_dtype, "actor_rollout_ref.rollout.dtype", err, errlen);
+    /* trainer.device=cuda: the rank's GPU (grpo_worker's assign_devices), else the CPU */
+    char dev[32] = "cpu";
+    if (strcmp(c->trainer_device, "cuda") == 0)
+        snprintf(dev, sizeof dev, "cuda:%d", r->env->device);
+    struct kctx *K = model_context_for(dev, c->rollout_dtype, "actor_rollout_ref.rollout.dtype", err, errlen);
     if (!K)
         return -1;
     model_move(&r->policy, K);
@@ -438,11 +443,14 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
         /* with LoRA a version is the adapter alone (no TP then: the rank holds the whole model) */
         const struct lora *ad = r->policy->lora;
         const size_t n = ad ? ad->n : model_whole_floats(&r->policy->cfg);
-        if (r->eng && !r->whole)
+        const bool gpu = r->policy->K->device != KDEV_CPU; /* the version arrives in host memory, then goes up */
+        if ((r->eng || gpu) && !r->whole)
             r->whole = xmalloc(n * sizeof(float));
-        float *dst = ad ? ad->mem : r->eng ? r->whole : r->policy->w.mem;
+        float *dst = ad ? ad->mem : r->eng || gpu ? r->whole : r->policy->w.mem;
         if (work_client_weights(r->work, g->version, dst, n, chunk, &bytes, &chunks, err, errlen) != 0)
             return -1;
+        if (gpu && !r->eng)
+            k_to_device(r->policy->K, r->policy->w.mem, r->whole, n * sizeof(float));
         const double t2 = rollout_now_s();
         size_t sent = 0;
         if (r->eng)

@@ -8,6 +8,7 @@
 
 #include "common/check.h"
 #include "common/log.h"
+#include "kernels/kernels.h"
 #include "worker/model/lora.h"
 #include "zero1.h"
 
@@ -288,6 +289,21 @@ static double mp_clip(struct model *m, double max_norm)
     return norm;
 }
 
+/* The gradients g (n floats of m's context) summed over the DP group, in place. */
+static void dp_sum_grads(struct model *m, const struct update_params *p, float *g, size_t n)
+{
+    if (p->dp_dev) { /* NCCL on its own stream: the backward's kernels on the context's stream finish first */
+        k_sync(m->K);
+        comm_allreduce_sum(p->dp_dev, g, n, COMM_F32);
+    } else if (m->K->device != KDEV_CPU) {
+        k_to_host(m->K, p->dp_stage, g, n * sizeof(float));
+        comm_allreduce_sum(p->dp, p->dp_stage, n, COMM_F32);
+        k_to_device(m->K, g, p->dp_stage, n * sizeof(float));
+    } else {
+        comm_allreduce_sum(p->dp, g, n, COMM_F32);
+    }
+}
+
 /* One optimizer step over the mini-batch idx[0..n). */
 static void update_mini_batch(struct model *m, struct adamw *opt, struct rollout_seq *seqs, const int *idx, int n,
                               const struct update_params *p, struct update_stats *st)
@@ -307,7 +323,7 @@ static void update_mini_batch(struct model *m, struct adamw *opt, struct rollout
         if (p->zero)
             zero1_reduce_scatter(p->zero, tr.grads);
         else
-            comm_allreduce_sum(p->dp, tr.grads, tr.n, COMM_F32);
+            dp_sum_grads(m, p, tr.grads, tr.n);
         clock_gettime(CLOCK_MONOTONIC, &t1);
         st->allreduce_s += (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
         loss_stats_sum(p->dp, &ls);

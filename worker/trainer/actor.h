@@ -42,6 +42,11 @@ struct update_params {
      * counts that weight the loss are summed over dp, and mini-batch j holds the sequences whose gidx falls in
      * [j * mini_batch_seqs, (j + 1) * mini_batch_seqs) on every rank, as in one process. NULL: one rank. */
     struct comm *dp;
+    /* gradients in GPU memory (trainer.device=cuda): dp_dev, dp's NCCL twin, sums them in place; without one (DP
+     * ranks sharing a GPU) they are staged through dp_stage (host memory, the trainable parameters' size) and
+     * summed over dp. Both NULL on the CPU. */
+    struct comm *dp_dev;
+    float *dp_stage;
     int n_total; /* sequences of the step over all ranks (0: n) */
     /* ZeRO-1 over dp (NULL: the gradients are all-reduced and every rank steps the whole optimizer): the
      * gradients are reduce-scattered, opt covers this rank's block, and the parameters are all-gathered */

@@ -108,15 +108,28 @@ static double device_peak_flops(const struct kctx *K)
 
 static bool on_device(const struct trainer *t) { return t->policy->K->device != KDEV_CPU; }
 
-int trainer_device_supported(const struct grpo_config *cfg, bool one_process, char *err, size_t errlen)
+int trainer_device_supported(const struct grpo_config *cfg, int tp, int pp, int rollout_tp, char *err, size_t errlen)
 {
     if (strcmp(cfg->trainer_device, "cuda") != 0)
         return 0;
-    if (!one_process)
+    if (tp > 1 || pp > 1)
         return error_set(err, errlen,
-                         "trainer.device=cuda: the trainer runs on a GPU in one process (the hybrid run) for now; with "
-                         "separate rollout ranks, data, tensor or pipeline parallelism the ranks still run on the CPU "
-                         "(their NCCL groups are planned): run one process, or leave trainer.device at cpu");
+                         "trainer.device=cuda with actor_rollout_ref.actor.megatron.tensor_model_parallel_size %d and "
+                         "pipeline_model_parallel_size %d: tensor and pipeline parallelism on GPUs are planned (their "
+                         "NCCL groups are not wired into the model yet); on GPUs the trainers run data parallelism "
+                         "(TP = PP = 1), or set trainer.device=cpu",
+                         tp, pp);
+    if (rollout_tp > 1)
+        return error_set(err, errlen,
+                         "trainer.device=cuda with actor_rollout_ref.rollout.tensor_model_parallel_size %d: rollout "
+                         "tensor parallelism on GPUs is planned; set it to 1 (each rollout rank generates on one GPU) "
+                         "or trainer.device=cpu",
+                         rollout_tp);
+    if (cfg->actor_megatron_use_distributed_optimizer)
+        return error_set(err, errlen,
+                         "trainer.device=cuda with actor_rollout_ref.actor.megatron.use_distributed_optimizer=true: "
+                         "ZeRO-1 on GPUs is planned; set it to false (every DP rank keeps AdamW's whole state on its "
+                         "GPU) or trainer.device=cpu");
     if (cfg->arr_model_lora_rank > 0)
         return error_set(err, errlen,
                          "trainer.device=cuda with actor_rollout_ref.model.lora_rank %lld: LoRA on a GPU is planned "
@@ -124,6 +137,34 @@ int trainer_device_supported(const struct grpo_config *cfg, bool one_process, ch
                          "trainer.device=cpu",
                          (long long)cfg->arr_model_lora_rank);
     return 0;
+}
+
+float *trainer_host_buffer(struct trainer *t)
+{
+    if (!t->host_params) {
+        const size_t bytes = model_trainable(t->policy).n * sizeof(float);
+        karena_init_host(&t->host_stage, t->policy->K, "the trainable parameters' host copy");
+        karena_reserve(&t->host_stage, bytes, 1);
+        t->host_params = karena_take(&t->host_stage, bytes);
+    }
+    return t->host_params;
+}
+
+/* trainer.device=cuda with other DP ranks: the gradients' group. NCCL where every DP rank has a GPU of its own;
+ * where some share one (NCCL refuses two ranks on a GPU), MPI over a host copy. */
+static void device_dp_setup(struct trainer *t)
+{
+    if (!on_device(t) || t->lay.dp_size < 2)
+        return;
+    if (!t->lay.gpus_shared)
+        t->dp_dev = comm_device_group(t->lay.dp, t->policy->K->device_index);
+    if (!t->dp_dev)
+        trainer_host_buffer(t);
+    if (lead(t))
+        log_info("trainer", "%d DP ranks on GPUs: gradients summed %s", t->lay.dp_size,
+                 t->dp_dev ? "over NCCL, in device memory"
+                           : "over MPI through pinned host memory (some DP ranks share a GPU, and NCCL needs one "
+                             "per rank: give each trainer rank a GPU of its own for NCCL)");
 }
 
 /* A host copy of optimizer state held in its context's memory, and back. */
@@ -248,13 +289,14 @@ static void log_step(struct trainer *t, int64_t step, struct metrics *m)
 
 /* FNV-1a over the parameters' bit patterns, one 32-bit word per step of the hash (every step of a run pays for
  * it: four times fewer multiplications than byte by byte). */
-static uint64_t params_checksum(struct model *p)
+static uint64_t params_checksum(struct trainer *t)
 {
     uint64_t h = 0xcbf29ce484222325ull;
-    const struct trainable tr = model_trainable(p); /* what training changes: the adapter with LoRA */
-    for (size_t i = 0; i < tr.n; i++) {
+    size_t n;
+    const float *w = trainer_params(t, &n); /* what training changes: the adapter with LoRA */
+    for (size_t i = 0; i < n; i++) {
         uint32_t bits;
-        memcpy(&bits, &tr.params[i], sizeof bits);
+        memcpy(&bits, &w[i], sizeof bits);
         h = (h ^ bits) * 0x100000001b3ull;
     }
     return h;
@@ -285,7 +327,7 @@ static int check_replicas(struct trainer *t, int64_t k)
     if (!all)
         return 0;
     const int n = comm_size(all);
-    int64_t mine[3] = {(int64_t)params_checksum(t->policy), local_wants(), mp_rank(t)};
+    int64_t mine[3] = {(int64_t)params_checksum(t), local_wants(), mp_rank(t)};
     int64_t *v = xmalloc((size_t)n * 3 * sizeof *v);
     comm_allgather(all, mine, v, 3, COMM_I64);
     int bad = 0, first = -1; /* first: the first rank holding this rank's shard (its DP rank 0) */
@@ -610,10 +652,13 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     if (t->lay.mp)
         shard_policy(t);
     /* the policy's precision (and the reference's: a clone shares the context) */
-    if (trainer_device_supported(cfg, !lay && !src, err, errlen) != 0)
+    if (trainer_device_supported(cfg, t->lay.tp_size, t->lay.pp_size, 1, err, errlen) != 0)
         goto fail;
-    struct kctx *K =
-        model_context_for(cfg->trainer_device, cfg->actor_dtype, "actor_rollout_ref.actor.dtype", err, errlen);
+    char dev[32]; /* with other ranks, the GPU grpo_worker gave this one (trainer_layout.device) */
+    snprintf(dev, sizeof dev, "%s", cfg->trainer_device);
+    if (lay && strcmp(dev, "cuda") == 0)
+        snprintf(dev, sizeof dev, "cuda:%d", t->lay.device);
+    struct kctx *K = model_context_for(dev, cfg->actor_dtype, "actor_rollout_ref.actor.dtype", err, errlen);
     if (!K)
         goto fail;
     model_move(&t->policy, K);
@@ -672,6 +717,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     t->warmup = cfg->actor_optim_lr_warmup_steps >= 0 ? cfg->actor_optim_lr_warmup_steps
                                                       : (int64_t)(cfg->actor_optim_lr_warmup_steps_ratio * grpo_steps);
     t->peak_flops = on_device(t) ? device_peak_flops(t->policy->K) : measure_peak_flops();
+    device_dp_setup(t);
 
     /* run directory and resume */
     snprintf(t->run_dir, sizeof t->run_dir, "%s/%s/%s", cfg->trainer_default_local_dir, cfg->trainer_project_name,
@@ -753,6 +799,10 @@ void trainer_free(struct trainer *t)
         tokenizer_free(t->tok);
     adamw_free(t->opt);
     zero1_free(t->zero);
+    if (t->dp_dev)
+        comm_free(t->dp_dev);
+    if (t->host_params)
+        karena_release(&t->host_stage);
     rollout_ctx_release(&t->rc);
     if (t->reward)
         reward_free(t->reward);
@@ -784,9 +834,12 @@ void trainer_advance_cursor(struct trainer *t, int *uids)
 int64_t trainer_total_steps(const struct trainer *t) { return t->st.total_steps; }
 const char *trainer_run_dir(const struct trainer *t) { return t->run_dir; }
 
-const float *trainer_params(const struct trainer *t, size_t *n)
+const float *trainer_params(struct trainer *t, size_t *n)
 {
     const struct trainable tr = model_trainable(t->policy);
     *n = tr.n;
-    return on_device(t) ? NULL : tr.params;
+    if (!on_device(t))
+        return tr.params;
+    k_to_host(t->policy->K, trainer_host_buffer(t), tr.params, tr.n * sizeof(float));
+    return t->host_params;
 }

@@ -49,6 +49,8 @@ struct trainer_layout {
     struct comm *mp;  /* the TP x PP ranks of one model copy (ranked pp x TP + tp); NULL: TP and PP both 1 */
     struct comm *all; /* every trainer rank: stop and checkpoint decisions follow its rank 0 (DP 0, TP 0) */
     int devices;      /* ranks the run uses (perf/throughput divides by it); 0: 1 */
+    int device;       /* trainer.device=cuda: this rank's GPU (its CUDA index on the node) */
+    bool gpus_shared; /* trainer.device=cuda: some DP ranks share a GPU, so NCCL cannot sum their gradients */
 };
 
 /* Seconds a step's rollouts took where they were made (summed over rollout ranks when they come from several). */
@@ -117,11 +119,13 @@ int64_t trainer_step(const struct trainer *t);
 int64_t trainer_total_steps(const struct trainer *t);
 /* Run directory (metrics.jsonl, tensorboard/, checkpoints/, charts). */
 const char *trainer_run_dir(const struct trainer *t);
-/* Whether trainer.device can run this layout (one_process: the hybrid run, no separate rollout ranks or
- * parallelism): cpu always; cuda in one process without LoRA for now. 0, or -1 with err naming the keys. */
-int trainer_device_supported(const struct grpo_config *cfg, bool one_process, char *err, size_t errlen);
-/* The policy's parameters in host memory (for equivalence tests); NULL when they are a GPU's (copy them with
- * model_weights_to_host(trainer_policy(t), ...)). */
-const float *trainer_params(const struct trainer *t, size_t *n);
+/* Whether trainer.device can run this layout (tp, pp: the trainers' model split, rollout_tp the rollout ranks'):
+ * cpu always; cuda in one process or with data-parallel trainers fed by rollout ranks, without TP, PP, ZeRO-1 or
+ * LoRA for now. 0, or -1 with err naming the keys. */
+int trainer_device_supported(const struct grpo_config *cfg, int tp, int pp, int rollout_tp, char *err,
+                             size_t errlen);
+/* The policy's trainable parameters in host memory (the adapter with LoRA): on a GPU a host copy, made now and
+ * valid until the next call (checksums, published weights, equivalence tests). */
+const float *trainer_params(struct trainer *t, size_t *n);
 
 #endif

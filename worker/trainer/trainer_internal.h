@@ -9,6 +9,7 @@
 #include "actor.h"
 #include "checkpoint.h"
 #include "prompts.h"
+#include "kernels/kernels.h"
 #include "trainer.h"
 #include "worker/data/dataset.h"
 #include "worker/metrics/metrics.h"
@@ -35,6 +36,12 @@ struct trainer {
     bool logger_open;
     struct rollout_ctx rc;     /* generation and scoring with the policy (hybrid steps, validation) */
     struct trainer_layout lay; /* this rank in the trainers' DP group */
+    /* trainer.device=cuda beside other ranks: lay.dp's NCCL twin for the gradients (a GPU per DP rank; NULL when
+     * they share GPUs), and pinned host memory of the trainable parameters' size (held in host_stage) for what
+     * goes through the host: gradients summed over MPI without NCCL, the replicas' checksum, published weights */
+    struct comm *dp_dev;
+    struct karena host_stage;
+    float *host_params;
     struct trainer_source src; /* where each step's rollouts come from */
     double iter_t0;            /* start of this loop iteration: the step time includes the safe point's work */
     int peer_wants;            /* DP rank 0: the other DP ranks' reasons to end the run (trainer.c's WANTS_*) */
@@ -81,5 +88,8 @@ void trainer_meet(struct trainer *t);
 int trainer_sft_step(struct trainer *t, int64_t k, struct metrics *m);
 /* Validation on the held-out prompts (DP rank 0). */
 void trainer_validate(struct trainer *t, struct metrics *m);
+
+/* Pinned host memory of the trainable parameters' size (made on first use): what crosses the host on a GPU. */
+float *trainer_host_buffer(struct trainer *t);
 
 #endif

@@ -267,9 +267,11 @@ static void publish(struct trainer_rank *r, int64_t version)
             whole = xmalloc(model_whole_floats(&p->cfg) * sizeof(float));
         model_shard_gather(p, p->w.mem, whole, 0);
     }
-    /* with LoRA the adapter only: the rollout ranks hold the frozen base, loaded from the same path */
+    /* with LoRA the adapter only: the rollout ranks hold the frozen base, loaded from the same path; from a GPU
+     * a host copy */
+    size_t n;
     if (r->disp)
-        dispatcher_publish(r->disp, version, p->lora ? p->lora->mem : whole ? whole : p->w.mem);
+        dispatcher_publish(r->disp, version, p->lora ? p->lora->mem : whole ? whole : trainer_params(r->t, &n));
     free(whole);
     r->sync_s_pending += rollout_now_s() - t0;
     control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
@@ -474,7 +476,9 @@ int run_trainer(struct role_env *env)
                                  .pp_size = env->at.pp_size,
                                  .mp = r.mp,
                                  .all = env->trainers,
-                                 .devices = comm_size(env->world)};
+                                 .devices = comm_size(env->world),
+                                 .device = env->device,
+                                 .gpus_shared = env->trainer_gpus_shared};
     struct trainer_source src = {.ctx = &r, .next_batch = next_batch, .between_steps = between_steps};
     int status = run_trainer_process(env, &lay, &src, trainer_ready, &r);
     if (r.refused || r.duplicates || r.stale)

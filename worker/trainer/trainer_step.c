@@ -423,25 +423,31 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
         .bt = {(int)c->actor_ppo_micro_batch_size_per_gpu,
                c->actor_use_dynamic_bsz ? (int)c->actor_ppo_max_token_len_per_gpu : 0},
         .dp = t->lay.dp_size > 1 ? t->lay.dp : NULL,
+        .dp_dev = t->dp_dev,
+        .dp_stage = t->host_params,
         .zero = t->zero,
         .n_total = (int)n_all,
     };
     struct update_stats us = {0};
     /* the gradient (and ZeRO-1 weight) traffic of the update over DP, in the planner's ring-model bytes */
-    struct comm_traffic before = {0}, after = {0};
+    struct comm_traffic before = {0}, after = {0}, dev_before = {0}, dev_after = {0};
     if (up.dp)
         comm_traffic(up.dp, &before);
+    if (up.dp_dev)
+        comm_traffic(up.dp_dev, &dev_before);
     if (n_all > 0)
         actor_update(t->policy, t->opt, b->seqs, idx, b->n_seq, &up, &us);
     if (up.dp)
         comm_traffic(up.dp, &after);
+    if (up.dp_dev)
+        comm_traffic(up.dp_dev, &dev_after);
     if (t->lay.tp)
         comm_traffic(t->lay.tp, &tp_after);
     if (t->lay.pp)
         comm_traffic(t->lay.pp, &pp_after);
     double dp_bytes = 0, tp_bytes = 0;
     for (int op = COMM_OP_ALLREDUCE; op <= COMM_OP_REDUCE_SCATTER; op++) {
-        dp_bytes += after.sent_f32[op] - before.sent_f32[op];
+        dp_bytes += after.sent_f32[op] - before.sent_f32[op] + dev_after.sent_f32[op] - dev_before.sent_f32[op];
         tp_bytes += tp_after.sent_f32[op] - tp_before.sent_f32[op];
     }
     double t_update = rollout_now_s() - t0;

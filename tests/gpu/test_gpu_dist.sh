@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Split runs with trainer.device=cuda under mpirun (2 trainer ranks in data parallelism + 1 rollout rank, every
+# rank on a GPU of the node) against the one-process run on the same device, on a tiny random model:
+#  - each rank says which GPU it took; the trainers say how their gradients are summed: over NCCL when each has a
+#    GPU of its own, else over MPI through pinned host memory (a machine with one GPU: the three ranks share it);
+#  - on-policy, the per-step losses, gradient norms and entropies agree with the one-process run (fp32 bounds of
+#    cuBLAS: 1e-3 relative; 1e-5 on the CPU), and so do the final weights;
+#  - the DP replicas' checksums (read back from device memory) are compared every step and never differ;
+#  - the weights reach the rollout rank from the trainers' GPU memory every step (bytes and chunks logged);
+#  - one-step-off (rollout.mode=async): the rollout rank generates on its GPU while the trainers train.
+# Skipped (77) without a CUDA device.
+# GRPO_TEST_DEVICE=cpu runs the same script with trainer.device=cpu (its own plumbing, on a machine without a GPU).
+# usage: test_gpu_dist.sh TEST_GPU_KERNELS GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
+set -u
+PROBE="$1" WORKER="$2" MODEL_TOOL="$3" COMPARE="$4" SCORER="$5"
+DEV="${GRPO_TEST_DEVICE:-cuda}"
+if [ "$DEV" = cuda ]; then
+    "$PROBE" --probe 1 >/dev/null 2>&1
+    [ $? -eq 77 ] && { echo "no CUDA device visible: skipped"; exit 77; }
+fi
+. "$(dirname "$0")/../mpi/dist_lib.sh" grpo-gpu-dist
+STEPS=3
+TOL=1e-3
+[ "$DEV" = cuda ] || TOL=1e-5
+COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e
+    trainer.total_training_steps=$STEPS trainer.val_before_train=false trainer.test_freq=-1
+    data.train_batch_size=4 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=2
+    data.max_response_length=12 actor_rollout_ref.actor.optim.lr=1e-3 data.synthetic.num_train=64
+    data.synthetic.num_val=4 actor_rollout_ref.rollout.update_weights_bucket_megabytes=1
+    actor_rollout_ref.actor.use_kl_loss=true trainer.device=$DEV
+    custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score)
+SPLIT=(placement.trainer_ranks=2 placement.rollout_ranks=1)
+weights() { echo "$TMP/$1/p/e/checkpoints/global_step_$STEPS/actor"; }
+
+timeout 300 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/one" >"$TMP/one.log" 2>&1
+expect "the one-process $DEV run finishes" $?
+timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${SPLIT[@]}" trainer.default_local_dir="$TMP/split" \
+    trainer.log_level=debug >"$TMP/split.log" 2>&1
+expect "2 trainer + 1 rollout ranks on $DEV finish" $?
+if [ "$DEV" = cuda ]; then
+    grep -q "rank 2: cuda:[0-9]* of the [0-9]* GPU(s) of its node" "$TMP/split.log"
+    expect "each rank says which GPU it took ($(grep -o 'rank [0-9]: cuda:[0-9]*' "$TMP/split.log" | tr '\n' ' '))" $?
+    grep -Eq "2 DP ranks on GPUs: gradients summed over (NCCL|MPI through pinned host memory)" "$TMP/split.log"
+    expect "the trainers say how they sum gradients: $(grep -o 'gradients summed over [A-Z]*' "$TMP/split.log" | head -1)" $?
+    grep -q "kernels: cuda" "$TMP/split.log"
+    expect "the ranks run on cuda" $?
+fi
+grep -q "weights identical on 2 DP ranks" "$TMP/split.log"
+expect "the replicas' checksums are compared every step" $?
+! grep -q "weights differ" "$TMP/split.log"
+expect "and never differ" $?
+grep -q "policy version 1: [0-9]* bytes in [0-9]* chunk" "$TMP/split.log"
+expect "weight sync from the trainers reaches the rollout rank" $?
+python3 - "$TMP/one/p/e/metrics.jsonl" "$TMP/split/p/e/metrics.jsonl" "$TOL" <<'PY'
+import json, sys
+one = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+two = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
+tol = float(sys.argv[3])
+assert len(one) == len(two) == 3, (len(one), len(two))
+worst = 0
+for a, b in zip(one, two):
+    for k in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean",
+              "response_length/mean", "perf/total_num_tokens"):
+        rel = abs(a[k] - b[k]) / max(abs(a[k]), 1e-2)
+        worst = max(worst, rel)
+        if rel > tol:
+            sys.exit(f"step {a['step']} {k}: one process {a[k]}, split {b[k]} (relative {rel:.2e}, bound {tol:g})")
+    assert b["perf/update_weights_bytes"] > 0 or b["step"] == 1, b
+print(f"per-step metrics agree: worst relative difference {worst:.2e} (bound {tol:g})")
+PY
+expect "per-step losses, grad norms and entropies match the one-process run within $TOL" $?
+"$COMPARE" "$(weights one)" "$(weights split)" "$TOL" >"$TMP/cmp.txt" 2>&1
+rc=$?
+expect "the final weights match the one-process run within $TOL ($(cat "$TMP/cmp.txt"))" $rc
+
+timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${SPLIT[@]}" trainer.default_local_dir="$TMP/async" \
+    actor_rollout_ref.rollout.mode=async >"$TMP/async.log" 2>&1
+expect "one-step-off on $DEV finishes" $?
+python3 - "$TMP/async/p/e/metrics.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+assert len(rows) == 3 and all(r["training/staleness"] == 1 for r in rows[1:]), [r.get("training/staleness") for r in rows]
+PY
+expect "its steps train on rollouts one version behind" $?
+
+if [ $fails -ne 0 ]; then
+    for f in "$TMP"/*.log; do echo "== $f"; tail -15 "$f"; done
+    exit 1
+fi
