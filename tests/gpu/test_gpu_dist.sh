@@ -39,9 +39,9 @@ timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${SPLIT[@]}" trainer.
 expect "2 trainer + 1 rollout ranks on $DEV finish" $?
 if [ "$DEV" = cuda ]; then
     grep -q "rank 2: cuda:[0-9]* of the [0-9]* GPU(s) of its node" "$TMP/split.log"
-    expect "each rank says which GPU it took ($(grep -o 'rank [0-9]: cuda:[0-9]*' "$TMP/split.log" | tr '\n' ' '))" $?
+    rc=$?; expect "each rank says which GPU it took ($(grep -o 'rank [0-9]: cuda:[0-9]*' "$TMP/split.log" | tr '\n' ' '))" $rc
     grep -Eq "2 DP ranks on GPUs: gradients summed over (NCCL|MPI through pinned host memory)" "$TMP/split.log"
-    expect "the trainers say how they sum gradients: $(grep -o 'gradients summed over [A-Z]*' "$TMP/split.log" | head -1)" $?
+    rc=$?; expect "the trainers say how they sum gradients: $(grep -o 'gradients summed over [A-Z]*' "$TMP/split.log" | head -1)" $rc
     grep -q "kernels: cuda" "$TMP/split.log"
     expect "the ranks run on cuda" $?
 fi

@@ -56,7 +56,7 @@ expect "grpoctl workers: two trainers and one rollout rank" $?
 grep -Eq "^1 .* trainer +1/0/0 " "$TMP/workers.txt"; expect "grpoctl workers: rank 1 is trainer DP rank 1" $?
 grep -q "IDLE" "$TMP/workers.txt"; expect "grpoctl workers shows each rank's idle share" $?
 [ "$(status_field .checkpoint_step)" -ge 1 ] 2>/dev/null
-expect "grpoctl status knows the trainers' newest checkpoint (step $(status_field .checkpoint_step))" $?
+rc=$?; expect "grpoctl status knows the trainers' newest checkpoint (step $(status_field .checkpoint_step))" $rc
 "$GRPOCTL" pause --wait=60 >"$TMP/pause.out" 2>&1; expect "pause takes effect on every rank" $?
 s1="$(status_field .step)"; sleep 2; s2="$(status_field .step)"
 [ "$s1" = "$s2" ]; expect "no step while paused ($s1 -> $s2)" $?
@@ -133,7 +133,7 @@ PIDS+=("$MPI_PID")
 wait_for 60 step_at_least 5; expect "fourth run under way" $?
 victim="$("$GRPOCTL" status --json | jq -r '.workers[] | select(.rank == 3) | .pid')"
 t0=$(date +%s%N)
-kill -9 "$victim"; expect "rollout rank 3 (pid $victim) killed at step $(status_field .step)" $?
+kill -9 "$victim"; rc=$?; expect "rollout rank 3 (pid $victim) killed at step $(status_field .step)" $rc
 rank3_lost() { [ "$(status_field '.workers[] | select(.rank == 3) | .state')" = lost ]; }
 wait_for 10 rank3_lost; rc=$?
 took=$(( ($(date +%s%N) - t0) / 1000000 ))
@@ -145,7 +145,7 @@ silence="$(grep -o "rank 3 on host .* lost: no heartbeat for [0-9.]* s" "$TMP/g4
 awk -v s="${silence% s}" 'BEGIN { exit !(s != "" && s + 0 <= 1.5) }'
 expect "grpod's journal: lost after two heartbeat intervals of silence (${silence:-none}: limit 1 s, found at a 0.25 s tick)" $?
 kstep="$(status_field .step)"
-wait_for 60 step_at_least $((kstep + 3)); expect "the run goes on without it (step $kstep -> $(status_field .step))" $?
+wait_for 60 step_at_least $((kstep + 3)); rc=$?; expect "the run goes on without it (step $kstep -> $(status_field .step))" $rc
 status_field .reason | grep -q "rollout rank 3 .* lost; its work goes to the other rollout ranks"
 expect "grpoctl status says where its work went" $?
 # pause, so that the replacement surely joins before the (fast) tiny run ends
@@ -171,7 +171,7 @@ wait "$REPL_PID"; expect "the replacement finishes with it" $?
 grep -q "registered with grpod .*role rollout, dp 1/2" "$TMP/replace.log"
 expect "the replacement re-registers as rank 3 and grpod gives it rollout rank 1's place" $?
 grep -Eq "finished: .*\(([1-9][0-9]*) unit\(s\) generated here\)" "$TMP/replace.log"
-expect "it rejoins and generates ($(grep -o '([0-9]* unit(s) generated here)' "$TMP/replace.log"))" $?
+rc=$?; expect "it rejoins and generates ($(grep -o '([0-9]* unit(s) generated here)' "$TMP/replace.log"))" $rc
 grep -q "rank 1's) granted to the process serving rank 0" "$TMP/rkilled.log"
 expect "meanwhile the lost rank's units went to the other rollout rank" $?
 grep -q "takes over rollout rank 1" "$TMP/rkilled.log"; expect "the dispatcher hands the place to the replacement" $?
@@ -194,14 +194,14 @@ MPI_PID=$!
 PIDS+=("$MPI_PID")
 wait_for 60 step_at_least 5; expect "fifth run under way" $?
 victim="$("$GRPOCTL" status --json | jq -r '.workers[] | select(.rank == 4) | .pid')"
-kill -9 "$victim"; expect "rank 4 (TP rank 1 of rollout TP group 1, pid $victim) killed at step $(status_field .step)" $?
-wait "$MPI_PID"; rc=$?
-[ "$rc" -eq 0 ] || { state_is finished; }
-expect "the run finishes without the group (mpirun exit $rc, grpod: $(status_field .state))" $?
+kill -9 "$victim"; rc=$?; expect "rank 4 (TP rank 1 of rollout TP group 1, pid $victim) killed at step $(status_field .step)" $rc
+wait "$MPI_PID"; mpi_rc=$?
+[ "$mpi_rc" -eq 0 ] || { state_is finished; }
+rc=$?; expect "the run finishes without the group (mpirun exit $mpi_rc, grpod: $(status_field .state))" $rc
 grep -Eq "\[rank 3\] (rollout: .*TP group \(engine 1\) has moved nothing|comm: .*lost a peer)" "$TMP/gkilled.log"
 expect "the group's first rank ends itself: its group lost a peer" $?
 grep -q "granted to the process serving rank 0" "$TMP/gkilled.log"
 expect "the dispatcher grants the lost group's units to the other group" $?
 "$COMPARE" "$(final ref5)" "$(final gkilled)" 0 >"$TMP/cmp5.txt" 2>&1
-expect "rollout TP group lost mid-run: weights bit-identical to the undisturbed run ($(cat "$TMP/cmp5.txt"))" $?
+rc=$?; expect "rollout TP group lost mid-run: weights bit-identical to the undisturbed run ($(cat "$TMP/cmp5.txt"))" $rc
 [ "$fails" -eq 0 ] || exit 1

@@ -34,10 +34,10 @@ echo "# OpenBLAS kernel sets this CPU runs: ${sets[*]}"
 for set in "${sets[@]}"; do
     OPENBLAS_CORETYPE="$set" "$MODEL_TOOL" info "$TMP/tiny" >"$TMP/info-$set.txt" 2>&1
     grep -qi "^kernels  *OpenBLAS $set kernels (OPENBLAS_CORETYPE)" "$TMP/info-$set.txt"
-    expect "OPENBLAS_CORETYPE=$set runs OpenBLAS's $set kernels ($(grep '^kernels' "$TMP/info-$set.txt"))" $?
+    rc=$?; expect "OPENBLAS_CORETYPE=$set runs OpenBLAS's $set kernels ($(grep '^kernels' "$TMP/info-$set.txt"))" $rc
     for t in "${TESTS[@]}"; do
         OPENBLAS_CORETYPE="$set" "$t" >"$TMP/$set-$(basename "$t").log" 2>&1
-        expect "$(basename "$t") on OpenBLAS $set" $?
+        rc=$?; expect "$(basename "$t") on OpenBLAS $set" $rc
     done
 done
 
@@ -55,12 +55,14 @@ for isa in "${bf16_isas[@]}"; do
         ONEDNN_MAX_CPU_ISA="$isa" "$t" >"$TMP/$isa-$(basename "$t").log" 2>&1
         rc=$?
         ! grep -q "skipped" "$TMP/$isa-$(basename "$t").log"
-        expect "$(basename "$t") with oneDNN capped at $isa (ran, not skipped)" $((rc || $?))
+        rc=$((rc || $?))
+        expect "$(basename "$t") with oneDNN capped at $isa (ran, not skipped)" $rc
     done
     ONEDNN_MAX_CPU_ISA="$isa" bash "$BF16_RUN" "$WORKER" "$MODEL_TOOL" "$SCORER" >"$TMP/$isa-run.log" 2>&1
     rc=$?
     grep -q "it says BF16 GEMMs run" "$TMP/$isa-run.log"
-    expect "BF16 run on $isa: BF16 GEMMs, within BF16 bounds of float32" $((rc || $?))
+    rc=$((rc || $?))
+    expect "BF16 run on $isa: BF16 GEMMs, within BF16 bounds of float32" $rc
 done
 # a CPU without BF16 products: oneDNN capped below them
 ONEDNN_MAX_CPU_ISA=AVX512_CORE bash "$BF16_RUN" "$WORKER" "$MODEL_TOOL" "$SCORER" >"$TMP/nobf16-run.log" 2>&1

@@ -125,7 +125,7 @@ fi
 # the BLAS kernels: named by info; chosen for the CPU when OpenBLAS picked older ones (simulated here with
 # GRPO_BLAS_PRETEND_CORE, since this machine's OpenBLAS may recognise its CPU); a user's OPENBLAS_CORETYPE wins
 env -u OPENBLAS_CORETYPE "$tool" info "$tiny" >"$tmp/k0" 2>&1
-grep -q "^kernels  *OpenBLAS .* kernels (" "$tmp/k0"; expect "info names the BLAS kernels ($(grep '^kernels' "$tmp/k0"))" $?
+grep -q "^kernels  *OpenBLAS .* kernels (" "$tmp/k0"; rc=$?; expect "info names the BLAS kernels ($(grep '^kernels' "$tmp/k0"))" $rc
 if grep -qw avx512bw /proc/cpuinfo || grep -qw avx2 /proc/cpuinfo; then
     want=Haswell; grep -qw avx512bw /proc/cpuinfo && want=SkylakeX
     env -u OPENBLAS_CORETYPE GRPO_BLAS_PRETEND_CORE=Prescott "$tool" info "$tiny" >"$tmp/k1" 2>&1
