@@ -63,6 +63,27 @@ expect "per-step losses and grad norms match the single-process run within 1e-5"
 rc=$?
 expect "final weights match the single-process run within 1e-5 ($(cat "$TMP/cmp.txt"))" $rc
 
+# overlap_grad_reduce (on by default): the layers' buckets summed during the backward give the sums of one
+# all-reduce after it, bit for bit (2 DP ranks: each element is a + b either way)
+for v in off:overlap_grad_reduce=false buckets:bucket_size=20000; do
+    timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/${v%%:*}" \
+        placement.trainer_ranks=2 placement.rollout_ranks=1 \
+        +actor_rollout_ref.actor.megatron.override_ddp_config.${v#*:} >"$TMP/${v%%:*}.log" 2>&1
+    expect "split run with override_ddp_config.${v#*:} finishes" $?
+done
+grep -q "DP gradients all-reduced in 1 bucket(s)" "$TMP/split.log"
+expect "the default bucket holds the tiny model's layers in one" $?
+grep -Eq "DP gradients all-reduced in 2 bucket\(s\) of up to [0-9]+ parameters" "$TMP/buckets.log"
+rc=$?
+expect "bucket_size=20000 gives each of the 2 layers its own: $(grep -o 'in [0-9]* bucket(s) of up to [0-9]*' "$TMP/buckets.log")" $rc
+! grep -q "DP gradients all-reduced in" "$TMP/off.log"
+expect "overlap_grad_reduce=false: one all-reduce after the backward" $?
+"$COMPARE" "$(weights off)" "$(weights split)" 0 >/dev/null 2>&1
+expect "overlapped (one bucket) and not: bit-identical weights" $?
+"$COMPARE" "$(weights off)" "$(weights buckets)" 0 >"$TMP/cmpb.txt" 2>&1
+rc=$?
+expect "several buckets and none: bit-identical weights ($(cat "$TMP/cmpb.txt"))" $rc
+
 # ZeRO-1 over the 2 trainer DP ranks: the same update, with each rank holding half of the optimizer state
 timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/zero" \
     placement.trainer_ranks=2 placement.rollout_ranks=1 trainer.save_freq=2 \

@@ -1,7 +1,10 @@
 #include "comm.h"
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "common/check.h"
 
 size_t comm_dtype_size(enum comm_dtype t)
 {
@@ -50,6 +53,37 @@ void comm_traffic_reset(struct comm *c) { memset(&c->traffic, 0, sizeof c->traff
 int comm_rank(const struct comm *c) { return c->rank; }
 int comm_size(const struct comm *c) { return c->size; }
 const char *comm_backend_name(const struct comm *c) { return c->be->name; }
+
+struct comm_req *comm_iallreduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype t, void *after_stream)
+{
+    struct comm_req *r;
+    if (c->be->iallreduce_sum) {
+        r = c->be->iallreduce_sum(c, buf, count, t, after_stream);
+    } else {
+        c->be->allreduce_sum(c, buf, count, t);
+        r = xcalloc(1, sizeof *r);
+    }
+    r->c = c, r->count = count, r->t = t;
+    return r;
+}
+
+void comm_test(struct comm_req *r)
+{
+    if (r->c->be->test)
+        r->c->be->test(r);
+}
+
+void comm_wait(struct comm_req *r)
+{
+    struct comm *c = r->c;
+    const double b = (double)r->count * comm_dtype_size(r->t);
+    const enum comm_dtype t = r->t;
+    if (c->be->wait)
+        c->be->wait(r);
+    else
+        free(r);
+    tally(c, COMM_OP_ALLREDUCE, b, b, t, false);
+}
 
 struct comm *comm_split(struct comm *parent, int color, int key)
 {

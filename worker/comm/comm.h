@@ -39,6 +39,22 @@ const char *comm_backend_name(const struct comm *c);
 
 /* In-place sum over the group. */
 void comm_allreduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype t);
+/* A started operation: comm_test lets it progress, comm_wait completes and frees it. */
+struct comm_req {
+    struct comm *c;
+    size_t count;
+    enum comm_dtype t;
+};
+/* Start an in-place sum over the group and return at once (overlapping the gradients' all-reduce with the
+ * backward that produces the next ones). after_stream: the CUDA stream whose queued work writes buf (NULL: host
+ * memory, or nothing pending); an NCCL group sums after that work, on its own stream, without stopping the
+ * caller. The same operations must be started in the same order on every rank; buf is not touched until
+ * comm_wait returns. Back-ends without a non-blocking form sum at once. */
+struct comm_req *comm_iallreduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype t, void *after_stream);
+/* Let r progress (MPI moves a non-blocking collective's messages inside its calls): between pieces of work. */
+void comm_test(struct comm_req *r);
+/* Complete r within the group's deadline (a lost peer ends the run naming the operation) and free it. */
+void comm_wait(struct comm_req *r);
 /* In-place maximum over the group (vocab-parallel softmax: the row maxima). */
 void comm_allreduce_max(struct comm *c, void *buf, size_t count, enum comm_dtype t);
 /* recv (count * size) gets every rank's send (count) in rank order. */
@@ -105,6 +121,10 @@ struct comm_backend {
     const char *name;
     void (*allreduce_sum)(struct comm *, void *, size_t, enum comm_dtype);
     void (*allreduce_max)(struct comm *, void *, size_t, enum comm_dtype);
+    /* comm_iallreduce_sum, comm_test and comm_wait (NULL: the blocking sum); wait frees the request */
+    struct comm_req *(*iallreduce_sum)(struct comm *, void *, size_t, enum comm_dtype, void *);
+    void (*test)(struct comm_req *);
+    void (*wait)(struct comm_req *);
     void (*allgather)(struct comm *, const void *, void *, size_t, enum comm_dtype);
     void (*reduce_scatter_sum)(struct comm *, const void *, void *, size_t, enum comm_dtype);
     void (*broadcast)(struct comm *, void *, size_t, enum comm_dtype, int);

@@ -128,6 +128,38 @@ static void mpi_allreduce_max(struct comm *c, void *buf, size_t count, enum comm
     CHECK_C(c, MPI_Wait(&r, MPI_STATUS_IGNORE));
 }
 
+/* A non-blocking sum (comm_iallreduce_sum): the request lives beside the comm_req the caller holds. */
+struct mpi_req {
+    struct comm_req base; /* first: the caller's view */
+    MPI_Request r;
+};
+
+static struct comm_req *mpi_iallreduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype t, void *stream)
+{
+    (void)stream; /* host memory */
+    struct mpi_req *q = xcalloc(1, sizeof *q);
+    /* completed by mpi_req_wait, which the caller of comm_iallreduce_sum must call */
+    CHECK_C(c, MPI_Iallreduce(MPI_IN_PLACE, buf, icount(count), mpi_type(t), MPI_SUM, mc(c), // NOLINT
+                              &q->r));
+    return &q->base;
+}
+
+static void mpi_req_test(struct comm_req *base)
+{
+    struct mpi_req *q = (struct mpi_req *)base;
+    int done = 0;
+    CHECK_C(base->c, MPI_Test(&q->r, &done, MPI_STATUS_IGNORE)); // NOLINT(clang-analyzer-optin.mpi.MPI-Checker)
+}
+
+static void mpi_req_wait(struct comm_req *base)
+{
+    struct mpi_req *q = (struct mpi_req *)base;
+    if (bounded(base->c))
+        mpi_wait_bounded(base->c, &q->r, 1, "all-reduce (a gradient bucket)");
+    CHECK_C(base->c, MPI_Wait(&q->r, MPI_STATUS_IGNORE)); // NOLINT(clang-analyzer-optin.mpi.MPI-Checker)
+    free(q);
+}
+
 static void mpi_allgather(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype t)
 {
     if (!bounded(c)) {
@@ -285,6 +317,9 @@ static const struct comm_backend mpi_backend = {
     .name = "mpi",
     .allreduce_sum = mpi_allreduce_sum,
     .allreduce_max = mpi_allreduce_max,
+    .iallreduce_sum = mpi_iallreduce_sum,
+    .test = mpi_req_test,
+    .wait = mpi_req_wait,
     .allgather = mpi_allgather,
     .reduce_scatter_sum = mpi_reduce_scatter_sum,
     .broadcast = mpi_broadcast,

@@ -55,13 +55,17 @@ static bool on_device(const void *p)
  * peer that is lost or stuck would otherwise hold this rank in the collective for ever. On the deadline, or on
  * an error NCCL reports meanwhile, the communicator is aborted and the run ends with the collective, the
  * group size and this rank named. */
-static void nccl_wait_for(struct comm *c, const char *what)
+static void nccl_wait_event(struct comm *c, cudaEvent_t ev, const char *what);
+static void nccl_wait_for(struct comm *c, const char *what) { nccl_wait_event(c, NULL, what); }
+
+/* As nccl_wait_for, for the work up to event ev of the stream (NULL: all of it). */
+static void nccl_wait_event(struct comm *c, cudaEvent_t ev, const char *what)
 {
     const double limit = c->deadline_s;
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (long spins = 0;; spins++) {
-        const cudaError_t q = cudaStreamQuery(ni(c)->stream);
+        const cudaError_t q = ev ? cudaEventQuery(ev) : cudaStreamQuery(ni(c)->stream);
         if (q == cudaSuccess)
             return;
         if (q != cudaErrorNotReady)
@@ -96,6 +100,47 @@ static void nccl_allreduce_sum(struct comm *c, void *buf, size_t count, enum com
     }
     CHECK_NCCL(ncclAllReduce(buf, buf, count, nccl_type(t), ncclSum, ni(c)->comm, ni(c)->stream));
     nccl_wait_for(c, "all-reduce");
+}
+
+/* comm_iallreduce_sum: queued on the group's stream behind the producer's queued work (an event between the
+ * streams, so neither the caller nor the producer's stream waits), with an event marking its end. */
+struct nccl_req {
+    struct comm_req base; /* first: the caller's view */
+    cudaEvent_t done;     /* NULL: a host buffer, summed over MPI at once */
+};
+
+static struct comm_req *nccl_iallreduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype t,
+                                            void *after_stream)
+{
+    struct nccl_req *q = xcalloc(1, sizeof *q);
+    struct cudaPointerAttributes a;
+    if (!buf || cudaPointerGetAttributes(&a, buf) != cudaSuccess ||
+        (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)) {
+        (void)cudaGetLastError();
+        comm_allreduce_sum(ni(c)->mpi, buf, count, t);
+        return &q->base;
+    }
+    if (after_stream) {
+        cudaEvent_t ready;
+        CHECK_CUDA(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+        CHECK_CUDA(cudaEventRecord(ready, (cudaStream_t)after_stream));
+        CHECK_CUDA(cudaStreamWaitEvent(ni(c)->stream, ready, 0));
+        CHECK_CUDA(cudaEventDestroy(ready)); /* released once the wait has seen it */
+    }
+    CHECK_NCCL(ncclAllReduce(buf, buf, count, nccl_type(t), ncclSum, ni(c)->comm, ni(c)->stream));
+    CHECK_CUDA(cudaEventCreateWithFlags(&q->done, cudaEventDisableTiming));
+    CHECK_CUDA(cudaEventRecord(q->done, ni(c)->stream));
+    return &q->base;
+}
+
+static void nccl_req_wait(struct comm_req *base)
+{
+    struct nccl_req *q = (struct nccl_req *)base;
+    if (q->done) {
+        nccl_wait_event(base->c, q->done, "all-reduce (a gradient bucket)");
+        CHECK_CUDA(cudaEventDestroy(q->done));
+    }
+    free(q);
 }
 
 static void nccl_allreduce_max(struct comm *c, void *buf, size_t count, enum comm_dtype t)
@@ -199,6 +244,8 @@ static const struct comm_backend nccl_backend = {
     .name = "nccl",
     .allreduce_sum = nccl_allreduce_sum,
     .allreduce_max = nccl_allreduce_max,
+    .iallreduce_sum = nccl_iallreduce_sum,
+    .wait = nccl_req_wait,
     .allgather = nccl_allgather,
     .reduce_scatter_sum = nccl_reduce_scatter_sum,
     .broadcast = nccl_broadcast,

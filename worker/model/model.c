@@ -254,6 +254,25 @@ int model_refs_over(const struct model_config *c, const struct model_shard *sh, 
     return n;
 }
 
+void model_set_layer_grads_hook(struct model *m, void (*fn)(void *ud, int layer), void *ud)
+{
+    m->layer_grads_hook = fn;
+    m->layer_grads_ud = ud;
+}
+
+void model_layer_span(const struct model *m, int l, size_t *lo, size_t *hi)
+{
+    const struct model_shard *sh = &m->sh;
+    if (l < sh->layer_lo || l >= sh->layer_hi)
+        check_failf(__FILE__, __LINE__, "model_layer_span: layer %d is not in this shard (%d..%d)", l, sh->layer_lo,
+                    sh->layer_hi - 1);
+    /* layout(): each layer's tensors in one run, from its attention norm to the next layer's (or the final norm) */
+    *lo = (size_t)(m->w.layers[l].attn_norm - m->w.mem);
+    *hi = l + 1 < sh->layer_hi ? (size_t)(m->w.layers[l + 1].attn_norm - m->w.mem)
+          : sh->has_head       ? (size_t)(m->w.final_norm - m->w.mem)
+                               : m->w.n_floats;
+}
+
 size_t model_shard_floats(const struct model_config *c, const struct model_shard *sh)
 {
     struct model_params p;
@@ -1121,6 +1140,8 @@ void model_backward_stage(struct model *m, struct model_acts *A, const float *dl
         } else {
             layer_backward(m, l, &A->b, a, &d);
         }
+        if (m->layer_grads_hook)
+            m->layer_grads_hook(m->layer_grads_ud, l);
     }
     if (sh->has_embed) {
         if (G) /* a frozen embedding (LoRA) needs no gradient */

@@ -125,7 +125,17 @@ struct model {
     struct lora *lora;         /* a LoRA adapter (lora.h): the base weights are frozen; NULL: none */
     bool offload_acts;         /* with checkpointing: the layer inputs kept for the backward in host memory (pinned
                                   on a GPU), one layer's back on the device at a time (enable_activation_offload) */
+    /* model_set_layer_grads_hook: called after each layer's backward (NULL: none) */
+    void (*layer_grads_hook)(void *ud, int layer);
+    void *layer_grads_ud;
 };
+
+/* fn(ud, l) after the backward of layer l has queued its parameters' gradients (the top layer first, the
+ * embedding's and the head's gradients still to come): what starts a bucket's all-reduce while the backward goes
+ * on below. fn NULL: none. */
+void model_set_layer_grads_hook(struct model *m, void (*fn)(void *ud, int layer), void *ud);
+/* Layer l's parameters (and gradients) in the shard's memory: floats [*lo, *hi) of w.mem (grad->mem). */
+void model_layer_span(const struct model *m, int l, size_t *lo, size_t *hi);
 
 /* The RoPE frequencies of c (head_dim / 2 of them) into inv_freq. */
 void model_rope_freqs(const struct model_config *c, double *inv_freq);

@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "kernels/kernels.h"
 #include "worker/model/lora.h"
+#include "grad_reduce.h"
 #include "zero1.h"
 
 static void free_groups(int **groups, int *counts, int k)
@@ -120,6 +121,7 @@ struct mb_state {
     struct micro_batch mb;
     struct model_acts *acts;
     float *logp, *ent, *dlogp, *dent; /* (N); the loss's inputs and gradients on the last stage */
+    struct grad_reducer *overlap;     /* the mini-batch's last micro-batch: its backward starts the DP buckets */
 };
 
 /* What every micro-batch's loss needs: the mini-batch's sequences and their token weights. */
@@ -158,6 +160,8 @@ static void mb_forward(struct model *m, const struct loss_ctx *L, struct mb_stat
 
 static void mb_backward(struct model *m, struct mb_state *s, const float *dy, float *dx)
 {
+    if (s->overlap)
+        grad_reducer_arm(s->overlap);
     model_backward_stage(m, s->acts, s->dlogp, s->dent, dy, dx);
     s->acts = NULL;
 }
@@ -246,6 +250,8 @@ void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int
         if (tokens_forward)
             *tokens_forward += mbs[b].mb.pb.N;
     }
+    if (k > 0)
+        mbs[k - 1].overlap = p->overlap;
     struct policy_loss_stats mine = {0};
     const struct loss_ctx L = {seqs, idx, w, woff, p, m->sh.pp ? &mine : ls};
     double wait = 0;
@@ -322,6 +328,8 @@ static void update_mini_batch(struct model *m, struct adamw *opt, struct rollout
         clock_gettime(CLOCK_MONOTONIC, &t0);
         if (p->zero)
             zero1_reduce_scatter(p->zero, tr.grads);
+        else if (p->overlap) /* the buckets the backward started, and the rest */
+            grad_reducer_finish(p->overlap);
         else
             dp_sum_grads(m, p, tr.grads, tr.n);
         clock_gettime(CLOCK_MONOTONIC, &t1);

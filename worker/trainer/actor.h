@@ -47,6 +47,9 @@ struct update_params {
      * summed over dp. Both NULL on the CPU. */
     struct comm *dp_dev;
     float *dp_stage;
+    /* overlap_grad_reduce (grad_reduce.h): the DP sum started bucket by bucket during the last micro-batch's
+     * backward, instead of one all-reduce after it; NULL: that one all-reduce */
+    struct grad_reducer *overlap;
     int n_total; /* sequences of the step over all ranks (0: n) */
     /* ZeRO-1 over dp (NULL: the gradients are all-reduced and every rank steps the whole optimizer): the
      * gradients are reduce-scattered, opt covers this rank's block, and the parameters are all-gathered */

@@ -21,6 +21,7 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "prompts.h"
+#include "grad_reduce.h"
 #include "zero1.h"
 
 /* decide()'s broadcast to the other DP ranks: not the decision yet, but "save with me now" (a ZeRO-1
@@ -165,6 +166,24 @@ static void device_dp_setup(struct trainer *t)
                  t->dp_dev ? "over NCCL, in device memory"
                            : "over MPI through pinned host memory (some DP ranks share a GPU, and NCCL needs one "
                              "per rank: give each trainer rank a GPU of its own for NCCL)");
+}
+
+/* overlap_grad_reduce: the DP gradient sum in buckets during the backward, where the sum is one all-reduce of
+ * the whole gradient in this rank's memory (not with ZeRO-1's reduce-scatter, TP or PP's shards, LoRA's adapter,
+ * or the host staging of GPUs that DP ranks share). */
+static void overlap_setup(struct trainer *t)
+{
+    const struct grpo_config *c = t->cfg;
+    if (t->lay.dp_size < 2 || !c->actor_ddp_overlap_grad_reduce || t->zero || t->lay.mp || t->policy->lora ||
+        (on_device(t) && !t->dp_dev))
+        return;
+    t->overlap =
+        grad_reducer_create(t->policy, t->dp_dev ? t->dp_dev : t->lay.dp, (size_t)c->actor_ddp_bucket_size);
+    if (lead(t))
+        log_info("trainer",
+                 "DP gradients all-reduced in %d bucket(s) of up to %zu parameters while the backward goes on "
+                 "(actor_rollout_ref.actor.megatron.override_ddp_config.overlap_grad_reduce)",
+                 grad_reducer_buckets(t->overlap), grad_reducer_largest(t->overlap));
 }
 
 /* A host copy of optimizer state held in its context's memory, and back. */
@@ -767,6 +786,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
                  t->lay.dp_rank, t->zero->lo, t->zero->hi, 8.0 * (double)block->n / 1e9,
                  8.0 * (double)t->zero->n / 1e9);
     }
+    overlap_setup(t);
     /* a failed write of an earlier run in this process (tests run several) is not this run's */
     metrics_output_failure_reset();
     /* steps logged after the checkpoint we resume from are forgotten: they are redone */
@@ -799,6 +819,7 @@ void trainer_free(struct trainer *t)
         tokenizer_free(t->tok);
     adamw_free(t->opt);
     zero1_free(t->zero);
+    grad_reducer_free(t->overlap);
     if (t->dp_dev)
         comm_free(t->dp_dev);
     if (t->host_params)

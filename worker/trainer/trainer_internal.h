@@ -40,6 +40,7 @@ struct trainer {
      * they share GPUs), and pinned host memory of the trainable parameters' size (held in host_stage) for what
      * goes through the host: gradients summed over MPI without NCCL, the replicas' checksum, published weights */
     struct comm *dp_dev;
+    struct grad_reducer *overlap; /* overlap_grad_reduce's buckets (NULL: one all-reduce after the backward) */
     struct karena host_stage;
     float *host_params;
     struct trainer_source src; /* where each step's rollouts come from */

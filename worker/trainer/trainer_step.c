@@ -425,6 +425,7 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
         .dp = t->lay.dp_size > 1 ? t->lay.dp : NULL,
         .dp_dev = t->dp_dev,
         .dp_stage = t->host_params,
+        .overlap = t->overlap,
         .zero = t->zero,
         .n_total = (int)n_all,
     };
