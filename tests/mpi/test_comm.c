@@ -40,6 +40,32 @@ static void check_group(struct comm *c, const char *what, size_t n)
             EXPECT(0, "%s allreduce[%zu] = %g, want %g", what, i, buf[i], base + s * (double)(i % 97));
             break;
         }
+    /* non-blocking sums of three pieces, started in order, tested, then waited: each piece's closed form, and the
+     * traffic counted as the blocking sum's */
+    for (size_t i = 0; i < n; i++)
+        buf[i] = val(r, i);
+    struct comm_traffic t0, t1;
+    comm_traffic(c, &t0);
+    const size_t cut[4] = {0, n / 3, n / 3 + n / 4, n};
+    struct comm_req *req[3];
+    for (int k = 0; k < 3; k++) {
+        req[k] = comm_iallreduce_sum(c, buf + cut[k], cut[k + 1] - cut[k], COMM_F32, NULL);
+        for (int j = 0; j < k; j++)
+            comm_test(req[j]);
+    }
+    for (int k = 0; k < 3; k++)
+        comm_wait(req[k]);
+    comm_traffic(c, &t1);
+    for (size_t i = 0; i < n; i++)
+        if (buf[i] != (float)(base + s * (double)(i % 97))) {
+            EXPECT(0, "%s iallreduce[%zu] = %g, want %g", what, i, buf[i], base + s * (double)(i % 97));
+            break;
+        }
+    EXPECT(t1.calls[COMM_OP_ALLREDUCE] - t0.calls[COMM_OP_ALLREDUCE] == 3 &&
+               t1.payload[COMM_OP_ALLREDUCE] - t0.payload[COMM_OP_ALLREDUCE] == (double)n * sizeof(float),
+           "%s iallreduce traffic: %llu calls, %g bytes", what,
+           t1.calls[COMM_OP_ALLREDUCE] - t0.calls[COMM_OP_ALLREDUCE],
+           t1.payload[COMM_OP_ALLREDUCE] - t0.payload[COMM_OP_ALLREDUCE]);
     /* allreduce max: the largest rank's value */
     for (size_t i = 0; i < n; i++)
         buf[i] = val(r, i);
@@ -101,20 +127,21 @@ static void check_group(struct comm *c, const char *what, size_t n)
         EXPECT(in == 1000 + prev, "%s ring recv got %d, want %d", what, in, 1000 + prev);
     }
     comm_barrier(c);
-    /* the traffic counted, by the ring model worked by hand: two all-reduces (sum, max) 2(s-1)/s of 4n bytes each,
+    /* the traffic counted, by the ring model worked by hand: all-reduces (sum, max, and the three non-blocking pieces
+     * of n in all) 2(s-1)/s of 4n bytes each,
      * all-gather and reduce-scatter (s-1)/s of the 4ns-byte whole, the broadcast's 8 bytes sent by its root, one
      * 4-byte send and the sendrecv's 4n bytes */
     struct comm_traffic tr;
     comm_traffic(c, &tr);
     const double B = 4.0 * (double)n;
-    EXPECT(tr.calls[COMM_OP_ALLREDUCE] == 2 && tr.calls[COMM_OP_ALLGATHER] == 1 &&
+    EXPECT(tr.calls[COMM_OP_ALLREDUCE] == 5 && tr.calls[COMM_OP_ALLGATHER] == 1 &&
                tr.calls[COMM_OP_REDUCE_SCATTER] == 1 && tr.calls[COMM_OP_BROADCAST] == 1 &&
                tr.calls[COMM_OP_SEND] == (s > 1 ? 2u : 0u) && tr.sent_f32[COMM_OP_SEND] == (s > 1 ? B : 0),
            "%s traffic: wrong call counts", what);
-    EXPECT(tr.payload[COMM_OP_ALLREDUCE] == 2 * B && tr.payload[COMM_OP_ALLGATHER] == B &&
+    EXPECT(tr.payload[COMM_OP_ALLREDUCE] == 3 * B && tr.payload[COMM_OP_ALLGATHER] == B &&
                tr.payload[COMM_OP_REDUCE_SCATTER] == B * s,
            "%s traffic: wrong payloads", what);
-    EXPECT(tr.sent_f32[COMM_OP_ALLREDUCE] == (s > 1 ? 4.0 * (s - 1) / s * B : 0) &&
+    EXPECT(tr.sent_f32[COMM_OP_ALLREDUCE] == (s > 1 ? 6.0 * (s - 1) / s * B : 0) &&
                tr.sent_f32[COMM_OP_ALLGATHER] == (s > 1 ? (double)(s - 1) * B : 0) &&
                tr.sent_f32[COMM_OP_REDUCE_SCATTER] == (s > 1 ? (double)(s - 1) * B : 0),
            "%s traffic: f32 bytes sent %g %g %g, want the ring model's", what, tr.sent_f32[COMM_OP_ALLREDUCE],
@@ -160,6 +187,8 @@ int main(int argc, char **argv)
         double x = 1;
         if (strcmp(stuck, "allreduce") == 0)
             comm_allreduce_sum(world, &x, 1, COMM_F64);
+        else if (strcmp(stuck, "iallreduce") == 0)
+            comm_wait(comm_iallreduce_sum(world, &x, 1, COMM_F64, NULL));
         else
             comm_recv(world, &x, 1, COMM_F64, comm_size(world) - 1);
         printf("returned without its peer\n");

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A stuck MPI peer never hangs the run (actor_rollout_ref.nccl_timeout on the CPU's MPI groups): with a 2 s
-# deadline, rank 0's all-reduce, and then its receive, from a rank that sleeps end the job within seconds, naming
-# the operation, the group size and the rank; without a deadline nothing is bounded (checked by the comm-* tests
+# deadline, rank 0's all-reduce, its non-blocking all-reduce (a gradient bucket's wait), and then its receive,
+# from a rank that sleeps end the job within seconds, naming the operation, the group size and the rank; without a deadline nothing is bounded (checked by the comm-* tests
 # of every layout, which run both ways).
 # usage: test_comm_deadline.sh TEST_COMM
 set -u
@@ -10,12 +10,12 @@ out="$(mktemp)"
 trap 'rm -f "$out"' EXIT
 fails=0
 expect() { if [ "$2" -eq 0 ]; then echo "ok   $1"; else echo "FAIL $1"; fails=$((fails + 1)); fi; }
-for op in allreduce recv; do
+for op in allreduce iallreduce recv; do
     start=$(date +%s)
     timeout 60 mpirun --oversubscribe -np 2 "$bin" --deadline 2 --stuck-peer "$op" >"$out" 2>&1
     rc=$?
     took=$(($(date +%s) - start))
-    case $op in allreduce) what="all-reduce" ;; recv) what="receive" ;; esac
+    case $op in allreduce) what="all-reduce" ;; iallreduce) what="all-reduce (a gradient bucket)" ;; recv) what="receive" ;; esac
     [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$took" -lt 30 ]
     expect "a stuck peer ends the $op within seconds (exit $rc after ${took}s, the peer sleeps 60 s)" $?
     grep -q "MPI $what over 2 ranks (this is rank 0 of the group) did not complete after 2\.[0-9] s" "$out" &&
