@@ -6,9 +6,9 @@
 
 #include "model.h"
 
-/* The context for device ("cpu", "cuda" or "cuda:N") and dtype ("float32" or "bfloat16", the value of dtype_key): the CPU's
- * own for float32 on the CPU; BF16 matrix products where the CPU has them, else the float32 one with one warning
- * naming the key. NULL with err when the device cannot be used. */
+/* The context for device ("cpu", "cuda" or "cuda:N") and dtype ("float32" or "bfloat16", the value of
+ * dtype_key): the CPU's own for float32 on the CPU; BF16 matrix products where the CPU has them, else the float32
+ * one with one warning naming the key. NULL with err when the device cannot be used. */
 struct kctx *model_context_for(const char *device, const char *dtype, const char *dtype_key, char *err, size_t errlen);
 /* Move *m (weights only: before gradients, optimizer state or an adapter exist) to K. */
 void model_move(struct model **m, struct kctx *K);

@@ -16,10 +16,10 @@ struct grad_reducer {
     struct model *m;
     struct comm *c;
     int nb;
-    struct bucket *b;      /* in the backward's order: the top layers first */
+    struct bucket *b;              /* in the backward's order: the top layers first */
     size_t rest_lo[2], rest_hi[2]; /* what no layer holds: before the first layer, after the last */
-    struct comm_req **req; /* nb + 2 */
-    int started;           /* buckets started in this mini-batch */
+    struct comm_req **req;         /* nb + 2 */
+    int started;                   /* buckets started in this mini-batch */
     size_t largest;
 };
 
@@ -88,8 +88,8 @@ void grad_reducer_finish(struct grad_reducer *r)
     int n = r->nb;
     for (int k = 0; k < 2; k++)
         if (r->rest_hi[k] > r->rest_lo[k])
-            r->req[n++] = comm_iallreduce_sum(r->c, g + r->rest_lo[k], r->rest_hi[k] - r->rest_lo[k], COMM_F32,
-                                              r->m->K->stream);
+            r->req[n++] =
+                comm_iallreduce_sum(r->c, g + r->rest_lo[k], r->rest_hi[k] - r->rest_lo[k], COMM_F32, r->m->K->stream);
     for (int i = 0; i < n; i++)
         comm_wait(r->req[i]);
     r->started = 0;

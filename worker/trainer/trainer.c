@@ -177,8 +177,7 @@ static void overlap_setup(struct trainer *t)
     if (t->lay.dp_size < 2 || !c->actor_ddp_overlap_grad_reduce || t->zero || t->lay.mp || t->policy->lora ||
         (on_device(t) && !t->dp_dev))
         return;
-    t->overlap =
-        grad_reducer_create(t->policy, t->dp_dev ? t->dp_dev : t->lay.dp, (size_t)c->actor_ddp_bucket_size);
+    t->overlap = grad_reducer_create(t->policy, t->dp_dev ? t->dp_dev : t->lay.dp, (size_t)c->actor_ddp_bucket_size);
     if (lead(t))
         log_info("trainer",
                  "DP gradients all-reduced in %d bucket(s) of up to %zu parameters while the backward goes on "
