@@ -78,6 +78,40 @@ static void head_forward(float *out, float *lse, int ld_lse, const float *q, int
     }
 }
 
+#define MULTI_TARGET __attribute__((target_clones("avx512f", "avx2", "default")))
+
+/* One query row (a decode step) of one head against keys 0..nk-1: the scores as dot products in 8 interleaved
+ * partial sums and the output as a weighted sum of v's rows, in loops the compiler runs as SIMD lanes. sgemm on a
+ * 1 x nk x hd product spent more in packing its operands than in the products: 18% of a decode step at batch 32
+ * went to OpenBLAS for these (perf, docs/performance.md). S: nk floats. */
+MULTI_TARGET static void head_decode(float *out, const float *q, const float *k, const float *v, int ldk, int nk,
+                                     int hd, float scale, float *S)
+{
+    for (int j = 0; j < nk; j++) {
+        const float *kj = k + (size_t)j * ldk;
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int d = 0;
+        for (; d + 8 <= hd; d += 8)
+            for (int l = 0; l < 8; l++)
+                acc[l] += q[d + l] * kj[d + l];
+        for (; d < hd; d++)
+            acc[d & 7] += q[d] * kj[d];
+        S[j] = scale * (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])));
+    }
+    float m = S[0];
+    for (int j = 1; j < nk; j++)
+        m = S[j] > m ? S[j] : m;
+    vec_exp_shifted(S, S, (size_t)nk, m);
+    const float inv = (float)(1.0 / row_sum(S, nk));
+    for (int d = 0; d < hd; d++)
+        out[d] = 0.0f;
+    for (int j = 0; j < nk; j++) {
+        const float p = S[j] * inv, *vj = v + (size_t)j * ldk;
+        for (int d = 0; d < hd; d++)
+            out[d] += p * vj[d];
+    }
+}
+
 void attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                        const int32_t *cu_seqlens, int B, int Hq, int Hkv, int hd)
 {
@@ -185,8 +219,11 @@ void attention_cached(float *out, const float *q, const float *kcache, const flo
     float scale = (float)(1.0 / sqrt((double)hd));
     for (int h = 0; h < Hq; h++) {
         size_t ko = (size_t)(h / group) * hd;
-        head_forward(out + (size_t)h * hd, NULL, 0, q + (size_t)h * hd, ldq, kcache + ko, vcache + ko, ldk, Tq, Tk - Tq,
-                     hd, scale, S);
+        if (Tq == 1) /* a decode step */
+            head_decode(out + (size_t)h * hd, q + (size_t)h * hd, kcache + ko, vcache + ko, ldk, Tk, hd, scale, S);
+        else
+            head_forward(out + (size_t)h * hd, NULL, 0, q + (size_t)h * hd, ldq, kcache + ko, vcache + ko, ldk, Tq,
+                         Tk - Tq, hd, scale, S);
     }
     free(S);
 }

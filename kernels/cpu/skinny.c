@@ -78,8 +78,20 @@ __attribute__((target("avx2,fma"), always_inline)) static inline float hsum256(_
     return _mm_cvtss_f32(s);
 }
 
+/* The lines of next[0..floats), a share of them (part t of parts). */
+static inline void prefetch_part(const float *next, size_t floats, int t, int parts)
+{
+    const size_t lines = (floats * sizeof(float) + 63) / 64, lo = lines * (size_t)t / (size_t)parts,
+                 hi = lines * (size_t)(t + 1) / (size_t)parts;
+    for (size_t l = lo; l < hi; l++)
+        __builtin_prefetch((const char *)next + l * 64, 0, 3);
+}
+
+/* pf (NULL: none): the next W rows, NR of them, fetched into the cache a line per row every other step (W streams
+ * from memory once per call; without this a group's first tile waits for it; a prefetch changes no result) */
 __attribute__((target("avx2,fma"), always_inline)) static inline void tile256(float *y, int ldy, const float *x,
-                                                                              const float *W, int K, int MR, int NR)
+                                                                              const float *W, int K, int MR, int NR,
+                                                                              const float *pf)
 {
     __m256 acc[4][3];
     for (int i = 0; i < MR; i++)
@@ -87,6 +99,9 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void tile256(fl
             acc[i][j] = _mm256_setzero_ps();
     int k = 0;
     for (; k + 8 <= K; k += 8) {
+        if (pf && (k & 15) == 0)
+            for (int j = 0; j < NR; j++)
+                __builtin_prefetch(pf + (size_t)j * K + k, 0, 3);
         __m256 w[3];
         for (int j = 0; j < NR; j++)
             w[j] = _mm256_loadu_ps(W + (size_t)j * K + k);
@@ -116,18 +131,30 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void tile256(fl
 __attribute__((target("avx2,fma"))) static void cols256(float *y, const float *x, const float *W, int M, int N, int K,
                                                         int n0, int n1)
 {
+    /* The next group of W rows is fetched while this one computes: with few tiles of rows during the first tile's
+     * steps, with many (M >= 16) a share of its lines before each tile. Below 4 rows the hardware's prefetch keeps
+     * up alone (measured on Zen: bench/skinny_bench and the decode benchmark, docs/performance.md). */
+    const int tiles = M / 4 + M % 4;
     int n = n0;
     for (; n + 3 <= n1; n += 3) {
         const float *Wn = W + (size_t)n * K;
-        int m = 0;
-        for (; m + 4 <= M; m += 4)
-            tile256(y + (size_t)m * N + n, N, x + (size_t)m * K, Wn, K, 4, 3);
-        for (; m < M; m++)
-            tile256(y + (size_t)m * N + n, N, x + (size_t)m * K, Wn, K, 1, 3);
+        const float *next = M >= 4 && n + 6 <= n1 ? Wn + (size_t)3 * K : NULL;
+        const float *inloop = M < 16 ? next : NULL, *spread = M >= 16 ? next : NULL;
+        int m = 0, t = 0;
+        for (; m + 4 <= M; m += 4, t++) {
+            if (spread)
+                prefetch_part(spread, (size_t)3 * K, t, tiles);
+            tile256(y + (size_t)m * N + n, N, x + (size_t)m * K, Wn, K, 4, 3, m == 0 ? inloop : NULL);
+        }
+        for (; m < M; m++, t++) {
+            if (spread)
+                prefetch_part(spread, (size_t)3 * K, t, tiles);
+            tile256(y + (size_t)m * N + n, N, x + (size_t)m * K, Wn, K, 1, 3, m == 0 ? inloop : NULL);
+        }
     }
     for (; n < n1; n++)
         for (int m = 0; m < M; m++)
-            tile256(y + (size_t)m * N + n, N, x + (size_t)m * K, W + (size_t)n * K, K, 1, 1);
+            tile256(y + (size_t)m * N + n, N, x + (size_t)m * K, W + (size_t)n * K, K, 1, 1, NULL);
 }
 
 /* ---- dispatch */
