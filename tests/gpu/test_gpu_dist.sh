@@ -13,11 +13,7 @@
 # usage: test_gpu_dist.sh TEST_GPU_KERNELS GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
 PROBE="$1" WORKER="$2" MODEL_TOOL="$3" COMPARE="$4" SCORER="$5"
-DEV="${GRPO_TEST_DEVICE:-cuda}"
-if [ "$DEV" = cuda ]; then
-    "$PROBE" --probe 1 >/dev/null 2>&1
-    [ $? -eq 77 ] && { echo "no CUDA device visible: skipped"; exit 77; }
-fi
+. "$(dirname "$0")/gpu_lib.sh"
 . "$(dirname "$0")/../mpi/dist_lib.sh" grpo-gpu-dist
 STEPS=3
 TOL=1e-3

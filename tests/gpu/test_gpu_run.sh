@@ -14,11 +14,7 @@
 # usage: test_gpu_run.sh TEST_GPU_KERNELS GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
 PROBE="$1" WORKER="$2" MODEL_TOOL="$3" COMPARE="$4" SCORER="$5"
-DEV="${GRPO_TEST_DEVICE:-cuda}"
-if [ "$DEV" = cuda ]; then
-    "$PROBE" --probe 1 >/dev/null 2>&1
-    [ $? -eq 77 ] && { echo "no CUDA device visible: skipped"; exit 77; }
-fi
+. "$(dirname "$0")/gpu_lib.sh"
 says() { [ "$DEV" != cuda ] || grep -q "$1" "$2"; } # the cuda context's log line (the CPU's fp32 one logs none)
 TMP="$(mktemp -d /tmp/grpo-gpu-run.XXXXXX)"
 trap 'rm -rf "$TMP"' EXIT

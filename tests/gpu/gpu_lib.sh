@@ -1,0 +1,8 @@
+# Sourced by the GPU shell tests after their arguments are read: the device they run on ($DEV: cuda, or
+# GRPO_TEST_DEVICE=cpu to run a test's own plumbing on a machine without a GPU), and the skip (exit 77) when no
+# CUDA device is visible, asked of $PROBE (test_gpu_kernels --probe).
+DEV="${GRPO_TEST_DEVICE:-cuda}"
+if [ "$DEV" = cuda ]; then
+    "$PROBE" --probe 1 >/dev/null 2>&1
+    [ $? -eq 77 ] && { echo "no CUDA device visible: skipped"; exit 77; }
+fi
