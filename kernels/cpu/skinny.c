@@ -89,9 +89,8 @@ static inline void prefetch_part(const float *next, size_t floats, int t, int pa
 
 /* pf (NULL: none): the next W rows, NR of them, fetched into the cache a line per row every other step (W streams
  * from memory once per call; without this a group's first tile waits for it; a prefetch changes no result) */
-__attribute__((target("avx2,fma"), always_inline)) static inline void tile256(float *y, int ldy, const float *x,
-                                                                              const float *W, int K, int MR, int NR,
-                                                                              const float *pf)
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+tile256(float *y, int ldy, const float *x, const float *W, int K, int MR, int NR, const float *pf)
 {
     __m256 acc[4][3];
     for (int i = 0; i < MR; i++)
