@@ -2,7 +2,8 @@
  * MPI (CPU buffers) and NCCL (GPU buffers). Counts are elements, never bytes.
  * All collectives are blocking from the caller's point of view (the NCCL
  * back-end synchronises its stream), so the CPU and GPU paths are drop-in
- * replacements in tests. */
+ * replacements in tests; the one non-blocking operation, comm_iallreduce_sum,
+ * overlaps the gradients' sum with the backward. */
 #ifndef GRPO_WORKER_COMM_H
 #define GRPO_WORKER_COMM_H
 
@@ -111,8 +112,8 @@ double comm_ring_bytes(enum comm_op op, double bytes, int n, bool root);
  * NULL in a build without CUDA. */
 struct comm *comm_device_group(struct comm *mpi_comm, int device);
 #ifdef GRPO_HAVE_CUDA
-/* An NCCL communicator over the same ranks as an MPI comm; the unique id is
- * shared with MPI_Bcast. Buffers passed to it must be device memory. */
+/* An NCCL communicator over the same ranks as an MPI comm; the unique id is shared with MPI_Bcast. Device memory
+ * goes through NCCL; a host buffer (statistics, counts) through the group's MPI twin. */
 struct comm *comm_nccl_from(struct comm *mpi_comm, int device);
 #endif
 
