@@ -36,16 +36,21 @@ static ncclDataType_t nccl_type(enum comm_dtype t)
 
 static struct nccl_impl *ni(struct comm *c) { return c->impl; }
 
-/* Whether p is memory the device reads (device or managed); host memory goes through MPI. The device's pending
- * work is finished first, when it is. */
-static bool on_device(const void *p)
+/* Whether p is memory the device reads (device or managed); host memory goes through MPI. */
+static bool device_memory(const void *p)
 {
     struct cudaPointerAttributes a;
     if (!p || cudaPointerGetAttributes(&a, p) != cudaSuccess) {
         (void)cudaGetLastError(); /* an unknown pointer is host memory */
         return false;
     }
-    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+/* device_memory, with the device's pending work finished first when it is (a blocking collective). */
+static bool on_device(const void *p)
+{
+    if (!device_memory(p))
         return false;
     CHECK_CUDA(cudaDeviceSynchronize());
     return true;
@@ -113,10 +118,7 @@ static struct comm_req *nccl_iallreduce_sum(struct comm *c, void *buf, size_t co
                                             void *after_stream)
 {
     struct nccl_req *q = xcalloc(1, sizeof *q);
-    struct cudaPointerAttributes a;
-    if (!buf || cudaPointerGetAttributes(&a, buf) != cudaSuccess ||
-        (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)) {
-        (void)cudaGetLastError();
+    if (!device_memory(buf)) { /* no sync: the point is not to wait for the producer */
         comm_allreduce_sum(ni(c)->mpi, buf, count, t);
         return &q->base;
     }

@@ -295,18 +295,16 @@ static double mp_clip(struct model *m, double max_norm)
     return norm;
 }
 
-/* The gradients g (n floats of m's context) summed over the DP group, in place. */
+/* The gradients g (n floats of m's context) summed over the DP group, in place: over the NCCL twin (which waits
+ * for the device's queued work first) or the MPI group, or, on a GPU without a twin, through the host buffer. */
 static void dp_sum_grads(struct model *m, const struct update_params *p, float *g, size_t n)
 {
-    if (p->dp_dev) { /* NCCL on its own stream: the backward's kernels on the context's stream finish first */
-        k_sync(m->K);
-        comm_allreduce_sum(p->dp_dev, g, n, COMM_F32);
-    } else if (m->K->device != KDEV_CPU) {
+    if (m->K->device != KDEV_CPU && !p->dp_dev) {
         k_to_host(m->K, p->dp_stage, g, n * sizeof(float));
         comm_allreduce_sum(p->dp, p->dp_stage, n, COMM_F32);
         k_to_device(m->K, g, p->dp_stage, n * sizeof(float));
     } else {
-        comm_allreduce_sum(p->dp, g, n, COMM_F32);
+        comm_allreduce_sum(p->dp_dev ? p->dp_dev : p->dp, g, n, COMM_F32);
     }
 }
 

@@ -60,11 +60,13 @@ struct grad_reducer *grad_reducer_create(struct model *m, struct comm *c, size_t
     return r;
 }
 
-static void start(struct grad_reducer *r, int i)
+/* The sum of the gradient's floats [lo, hi), started behind the backward's queued work. */
+static struct comm_req *sum_range(struct grad_reducer *r, size_t lo, size_t hi)
 {
-    float *g = r->m->grad->mem;
-    r->req[i] = comm_iallreduce_sum(r->c, g + r->b[i].lo, r->b[i].hi - r->b[i].lo, COMM_F32, r->m->K->stream);
+    return comm_iallreduce_sum(r->c, r->m->grad->mem + lo, hi - lo, COMM_F32, r->m->K->stream);
 }
+
+static void start(struct grad_reducer *r, int i) { r->req[i] = sum_range(r, r->b[i].lo, r->b[i].hi); }
 
 /* model_set_layer_grads_hook: the buckets whose lowest layer this is start; the others in flight progress. */
 static void layer_done(void *ud, int layer)
@@ -84,12 +86,10 @@ void grad_reducer_finish(struct grad_reducer *r)
     model_alloc_grads(r->m); /* a rank that had nothing to compute still sums (its zeros) */
     while (r->started < r->nb)
         start(r, r->started++);
-    float *g = r->m->grad->mem;
     int n = r->nb;
     for (int k = 0; k < 2; k++)
         if (r->rest_hi[k] > r->rest_lo[k])
-            r->req[n++] =
-                comm_iallreduce_sum(r->c, g + r->rest_lo[k], r->rest_hi[k] - r->rest_lo[k], COMM_F32, r->m->K->stream);
+            r->req[n++] = sum_range(r, r->rest_lo[k], r->rest_hi[k]);
     for (int i = 0; i < n; i++)
         comm_wait(r->req[i]);
     r->started = 0;
