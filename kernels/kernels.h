@@ -53,11 +53,12 @@ struct kops {
                             const float *W, int N, int Din, int Dout);
     void (*rope_forward)(struct kctx *K, float *x, const int32_t *pos, int N, int H, int hd, const double *inv_freq);
     void (*rope_backward)(struct kctx *K, float *dx, const int32_t *pos, int N, int H, int hd, const double *inv_freq);
+    /* prefix_of: NULL or (B) host entries, as in kernels/cpu/cpu_kernels.h (shared-prompt packing) */
     void (*attention_forward)(struct kctx *K, float *out, float *lse, const float *q, const float *k, const float *v,
-                              const int32_t *cu_seqlens, int B, int Hq, int Hkv, int hd);
+                              const int32_t *cu_seqlens, const int32_t *prefix_of, int B, int Hq, int Hkv, int hd);
     void (*attention_backward)(struct kctx *K, float *dq, float *dk, float *dv, const float *dout, const float *out,
                                const float *lse, const float *q, const float *k, const float *v,
-                               const int32_t *cu_seqlens, int B, int Hq, int Hkv, int hd);
+                               const int32_t *cu_seqlens, const int32_t *prefix_of, int B, int Hq, int Hkv, int hd);
     void (*attention_cached)(struct kctx *K, float *out, const float *q, const float *kcache, const float *vcache,
                              int Tq, int Tk, int Hq, int Hkv, int hd);
     void (*swiglu_forward)(struct kctx *K, float *out, const float *gate, const float *up, size_t n);
@@ -213,15 +214,17 @@ static inline void k_rope_backward(struct kctx *K, float *dx, const int32_t *pos
     K->ops->rope_backward(K, dx, pos, N, H, hd, inv_freq);
 }
 static inline void k_attention_forward(struct kctx *K, float *out, float *lse, const float *q, const float *k,
-                                       const float *v, const int32_t *cu_seqlens, int B, int Hq, int Hkv, int hd)
+                                       const float *v, const int32_t *cu_seqlens, const int32_t *prefix_of, int B,
+                                       int Hq, int Hkv, int hd)
 {
-    K->ops->attention_forward(K, out, lse, q, k, v, cu_seqlens, B, Hq, Hkv, hd);
+    K->ops->attention_forward(K, out, lse, q, k, v, cu_seqlens, prefix_of, B, Hq, Hkv, hd);
 }
 static inline void k_attention_backward(struct kctx *K, float *dq, float *dk, float *dv, const float *dout,
                                         const float *out, const float *lse, const float *q, const float *k,
-                                        const float *v, const int32_t *cu_seqlens, int B, int Hq, int Hkv, int hd)
+                                        const float *v, const int32_t *cu_seqlens, const int32_t *prefix_of, int B,
+                                        int Hq, int Hkv, int hd)
 {
-    K->ops->attention_backward(K, dq, dk, dv, dout, out, lse, q, k, v, cu_seqlens, B, Hq, Hkv, hd);
+    K->ops->attention_backward(K, dq, dk, dv, dout, out, lse, q, k, v, cu_seqlens, prefix_of, B, Hq, Hkv, hd);
 }
 static inline void k_attention_cached(struct kctx *K, float *out, const float *q, const float *kcache,
                                       const float *vcache, int Tq, int Tk, int Hq, int Hkv, int hd)

@@ -4,6 +4,7 @@
  * sequence) floats; backward recomputes the probabilities from the saved log-sum-exp. */
 #include <cblas.h>
 #include <math.h>
+#include <string.h>
 
 #include "common/check.h"
 #include "cpu_kernels.h"
@@ -112,46 +113,90 @@ MULTI_TARGET static void head_decode(float *out, const float *q, const float *k,
     }
 }
 
+/* Checks prefix_of (NULL, or B entries of -1 or an earlier-or-later sequence that has no prefix itself) and
+ * returns the most keys one query row of the batch sees. */
+static int max_keys(const char *who, const int32_t *cu, const int32_t *prefix_of, int B)
+{
+    int m = 0;
+    max_seqlen(who, cu, B);
+    for (int b = 0; b < B; b++) {
+        int L = cu[b + 1] - cu[b], p = prefix_of ? prefix_of[b] : -1;
+        if (p != -1 && (p < 0 || p >= B || p == b || prefix_of[p] != -1))
+            check_failf(__FILE__, __LINE__,
+                        "%s: prefix_of[%d] = %d is not a sequence of the batch without a prefix of its own (B = %d)",
+                        who, b, (int)p, B);
+        if (p >= 0)
+            L += cu[p + 1] - cu[p];
+        if (L > m)
+            m = L;
+    }
+    return m;
+}
+
+/* Shared-prefix packing (prefix_of[b] = p >= 0): sequence b's rows sit after all of sequence p's rows, which
+ * every row of b sees. Its keys and values for kv head kh are gathered into Kc, Vc (plen + L rows of hd) so that
+ * head_forward and head_backward see one sequence whose first plen rows have no queries. */
+static int gather_prefixed(float *Kc, float *Vc, const float *k, const float *v, const int32_t *cu, int b, int p,
+                           int ldk, int kh, int hd)
+{
+    const int plen = cu[p + 1] - cu[p], L = cu[b + 1] - cu[b];
+    for (int j = 0; j < plen + L; j++) {
+        const size_t src = ((size_t)(j < plen ? cu[p] + j : cu[b] + j - plen) * ldk) + (size_t)kh * hd;
+        memcpy(Kc + (size_t)j * hd, k + src, (size_t)hd * sizeof(float));
+        memcpy(Vc + (size_t)j * hd, v + src, (size_t)hd * sizeof(float));
+    }
+    return plen;
+}
+
 void attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
-                       const int32_t *cu_seqlens, int B, int Hq, int Hkv, int hd)
+                       const int32_t *cu_seqlens, const int32_t *prefix_of, int B, int Hq, int Hkv, int hd)
 {
     check_heads("attention_forward", Hq, Hkv, hd);
-    int maxL = max_seqlen("attention_forward", cu_seqlens, B);
-    if (maxL == 0)
+    int maxK = max_keys("attention_forward", cu_seqlens, prefix_of, B);
+    if (maxK == 0)
         return;
-    float *S = xmalloc(sizeof(float) * (size_t)imin(ATTN_BLOCK, maxL) * maxL);
+    float *S = xmalloc(sizeof(float) * (size_t)imin(ATTN_BLOCK, maxK) * maxK);
+    float *Kc = NULL, *Vc = NULL;
+    if (prefix_of)
+        Kc = xmalloc(sizeof(float) * 2 * (size_t)maxK * hd), Vc = Kc + (size_t)maxK * hd;
     int group = Hq / Hkv, ldq = Hq * hd, ldk = Hkv * hd;
     float scale = (float)(1.0 / sqrt((double)hd));
     for (int b = 0; b < B; b++) {
         size_t s0 = (size_t)cu_seqlens[b];
-        int L = cu_seqlens[b + 1] - cu_seqlens[b];
+        int L = cu_seqlens[b + 1] - cu_seqlens[b], p = prefix_of ? prefix_of[b] : -1;
         if (L == 0)
             continue;
-        for (int h = 0; h < Hq; h++) {
-            int kh = h / group;
-            head_forward(out + s0 * ldq + (size_t)h * hd, lse ? lse + s0 * Hq + h : NULL, Hq,
-                         q + s0 * ldq + (size_t)h * hd, ldq, k + s0 * ldk + (size_t)kh * hd,
-                         v + s0 * ldk + (size_t)kh * hd, ldk, L, 0, hd, scale, S);
+        for (int kh = 0; kh < Hkv; kh++) {
+            const float *kb = k + s0 * ldk + (size_t)kh * hd, *vb = v + s0 * ldk + (size_t)kh * hd;
+            int ld = ldk, off = 0;
+            if (p >= 0) {
+                off = gather_prefixed(Kc, Vc, k, v, cu_seqlens, b, p, ldk, kh, hd);
+                kb = Kc, vb = Vc, ld = hd;
+            }
+            for (int h = kh * group; h < (kh + 1) * group; h++)
+                head_forward(out + s0 * ldq + (size_t)h * hd, lse ? lse + s0 * Hq + h : NULL, Hq,
+                             q + s0 * ldq + (size_t)h * hd, ldq, kb, vb, ld, L, off, hd, scale, S);
         }
     }
     free(S);
+    free(Kc);
 }
 
-/* Backward of one query head over one sequence (q_off = 0); strides as in head_forward.
- * P, dP: scratch of ATTN_BLOCK * T floats each. With P_ij = exp(s_ij - lse_i) and
- * D_i = dout_i . out_i:  dS_ij = P_ij (dout_i . v_j - D_i);  dq_i += scale sum_j dS_ij k_j;
- * dk_j += scale sum_i dS_ij q_i;  dv_j += sum_i P_ij dout_i. */
+/* Backward of one query head over one sequence; strides as in head_forward, and query row i (0..T-1) sits at
+ * position q_off + i (keys 0..q_off+T-1; dk, dv cover them all). P, dP: scratch of ATTN_BLOCK * (q_off + T)
+ * floats each. With P_ij = exp(s_ij - lse_i) and D_i = dout_i . out_i:  dS_ij = P_ij (dout_i . v_j - D_i);
+ * dq_i += scale sum_j dS_ij k_j;  dk_j += scale sum_i dS_ij q_i;  dv_j += sum_i P_ij dout_i. */
 static void head_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                          int ld_lse, const float *q, int ldq, const float *k, const float *v, int ldk, int T, int hd,
-                          float scale, float *P, float *dP)
+                          int ld_lse, const float *q, int ldq, const float *k, const float *v, int ldk, int T,
+                          int q_off, int hd, float scale, float *P, float *dP)
 {
     for (int r0 = 0; r0 < T; r0 += ATTN_BLOCK) {
-        int nb = imin(ATTN_BLOCK, T - r0), nk = r0 + nb;
+        int nb = imin(ATTN_BLOCK, T - r0), nk = q_off + r0 + nb;
         const float *qb = q + (size_t)r0 * ldq, *dob = dout + (size_t)r0 * ldq, *ob = out + (size_t)r0 * ldq;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, nk, hd, scale, qb, ldq, k, ldk, 0.0f, P, nk);
         for (int i = 0; i < nb; i++) {
             float *pi = P + (size_t)i * nk;
-            int last = r0 + i;
+            int last = q_off + r0 + i;
             float l = lse[(size_t)(r0 + i) * ld_lse];
             /* the scores are those of the forward (same products), so s - lse <= 0 up to rounding */
             vec_exp_shifted(pi, pi, (size_t)last + 1, l);
@@ -180,30 +225,55 @@ static void head_backward(float *dq, float *dk, float *dv, const float *dout, co
 }
 
 void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                        const float *q, const float *k, const float *v, const int32_t *cu_seqlens, int B, int Hq,
-                        int Hkv, int hd)
+                        const float *q, const float *k, const float *v, const int32_t *cu_seqlens,
+                        const int32_t *prefix_of, int B, int Hq, int Hkv, int hd)
 {
     check_heads("attention_backward", Hq, Hkv, hd);
-    int maxL = max_seqlen("attention_backward", cu_seqlens, B);
-    if (maxL == 0)
+    int maxK = max_keys("attention_backward", cu_seqlens, prefix_of, B);
+    if (maxK == 0)
         return;
-    size_t scratch = (size_t)imin(ATTN_BLOCK, maxL) * maxL;
+    size_t scratch = (size_t)imin(ATTN_BLOCK, maxK) * maxK, kv = (size_t)maxK * hd;
     float *P = xmalloc(sizeof(float) * scratch), *dP = xmalloc(sizeof(float) * scratch);
+    /* prefixed sequences: their gathered keys and values, and the gradients of those rows, added back after */
+    float *Kc = NULL, *Vc = NULL, *dKc = NULL, *dVc = NULL;
+    if (prefix_of)
+        Kc = xmalloc(sizeof(float) * 4 * kv), Vc = Kc + kv, dKc = Kc + 2 * kv, dVc = Kc + 3 * kv;
     int group = Hq / Hkv, ldq = Hq * hd, ldk = Hkv * hd;
     float scale = (float)(1.0 / sqrt((double)hd));
     for (int b = 0; b < B; b++) {
         size_t s0 = (size_t)cu_seqlens[b];
-        int L = cu_seqlens[b + 1] - cu_seqlens[b];
+        int L = cu_seqlens[b + 1] - cu_seqlens[b], p = prefix_of ? prefix_of[b] : -1;
         if (L == 0)
             continue;
-        for (int h = 0; h < Hq; h++) {
-            size_t qo = s0 * ldq + (size_t)h * hd, ko = s0 * ldk + (size_t)(h / group) * hd;
-            head_backward(dq + qo, dk + ko, dv + ko, dout + qo, out + qo, lse + s0 * Hq + h, Hq, q + qo, ldq, k + ko,
-                          v + ko, ldk, L, hd, scale, P, dP);
+        for (int kh = 0; kh < Hkv; kh++) {
+            const size_t ko = s0 * ldk + (size_t)kh * hd;
+            const float *kb = k + ko, *vb = v + ko;
+            float *dkb = dk + ko, *dvb = dv + ko;
+            int ld = ldk, off = 0;
+            if (p >= 0) {
+                off = gather_prefixed(Kc, Vc, k, v, cu_seqlens, b, p, ldk, kh, hd);
+                memset(dKc, 0, sizeof(float) * (size_t)(off + L) * hd);
+                memset(dVc, 0, sizeof(float) * (size_t)(off + L) * hd);
+                kb = Kc, vb = Vc, dkb = dKc, dvb = dVc, ld = hd;
+            }
+            for (int h = kh * group; h < (kh + 1) * group; h++) {
+                size_t qo = s0 * ldq + (size_t)h * hd;
+                head_backward(dq + qo, dkb, dvb, dout + qo, out + qo, lse + s0 * Hq + h, Hq, q + qo, ldq, kb, vb, ld, L,
+                              off, hd, scale, P, dP);
+            }
+            for (int j = 0; p >= 0 && j < off + L; j++) { /* the gathered rows' gradients back where they belong */
+                const size_t dst =
+                    ((size_t)(j < off ? cu_seqlens[p] + j : cu_seqlens[b] + j - off) * ldk) + (size_t)kh * hd;
+                for (int d = 0; d < hd; d++) {
+                    dk[dst + d] += dKc[(size_t)j * hd + d];
+                    dv[dst + d] += dVc[(size_t)j * hd + d];
+                }
+            }
         }
     }
     free(P);
     free(dP);
+    free(Kc);
 }
 
 void attention_cached(float *out, const float *q, const float *kcache, const float *vcache, int Tq, int Tk, int Hq,

@@ -86,17 +86,18 @@ static void cpu_rope_backward(struct kctx *K, float *dx, const int32_t *pos, int
     rope_backward_freqs(dx, pos, N, H, hd, inv_freq);
 }
 static void cpu_attention_forward(struct kctx *K, float *out, float *lse, const float *q, const float *k,
-                                  const float *v, const int32_t *cu_seqlens, int B, int Hq, int Hkv, int hd)
+                                  const float *v, const int32_t *cu_seqlens, const int32_t *prefix_of, int B, int Hq,
+                                  int Hkv, int hd)
 {
     (void)K;
-    attention_forward(out, lse, q, k, v, cu_seqlens, B, Hq, Hkv, hd);
+    attention_forward(out, lse, q, k, v, cu_seqlens, prefix_of, B, Hq, Hkv, hd);
 }
 static void cpu_attention_backward(struct kctx *K, float *dq, float *dk, float *dv, const float *dout, const float *out,
                                    const float *lse, const float *q, const float *k, const float *v,
-                                   const int32_t *cu_seqlens, int B, int Hq, int Hkv, int hd)
+                                   const int32_t *cu_seqlens, const int32_t *prefix_of, int B, int Hq, int Hkv, int hd)
 {
     (void)K;
-    attention_backward(dq, dk, dv, dout, out, lse, q, k, v, cu_seqlens, B, Hq, Hkv, hd);
+    attention_backward(dq, dk, dv, dout, out, lse, q, k, v, cu_seqlens, prefix_of, B, Hq, Hkv, hd);
 }
 static void cpu_attention_cached(struct kctx *K, float *out, const float *q, const float *kcache, const float *vcache,
                                  int Tq, int Tk, int Hq, int Hkv, int hd)

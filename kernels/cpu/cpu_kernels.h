@@ -68,14 +68,17 @@ void rope_default_freqs(double *inv_freq, int hd, float theta);
 
 /* Causal GQA attention over packed sequences: sequence b is rows cu_seqlens[b]..cu_seqlens[b+1]-1.
  * out, q: (N, Hq, hd); k, v: (N, Hkv, hd); lse: (N, Hq) log-sum-exp of the scaled scores, or NULL;
- * scale 1/sqrt(hd); query head h uses kv head h / (Hq / Hkv). N = cu_seqlens[B]. */
+ * scale 1/sqrt(hd); query head h uses kv head h / (Hq / Hkv). N = cu_seqlens[B].
+ * prefix_of: NULL, or (B) host entries: -1, or the sequence p whose rows all come before sequence b's (a prompt
+ * shared by a group's responses, packed once): b's rows then see all of p's keys, then their own causally. p must
+ * have no prefix itself. */
 void attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
-                       const int32_t *cu_seqlens, int B, int Hq, int Hkv, int hd);
+                       const int32_t *cu_seqlens, const int32_t *prefix_of, int B, int Hq, int Hkv, int hd);
 /* dq += dL/dq (N, Hq, hd); dk, dv += (N, Hkv, hd), given dout, and out and lse from attention_forward.
  * Probabilities are recomputed block by block from lse (the N x N matrix is never stored). */
 void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                        const float *q, const float *k, const float *v, const int32_t *cu_seqlens, int B, int Hq,
-                        int Hkv, int hd);
+                        const float *q, const float *k, const float *v, const int32_t *cu_seqlens,
+                        const int32_t *prefix_of, int B, int Hq, int Hkv, int hd);
 /* KV-cache attention for generation, one sequence: out, q: (Tq, Hq, hd); kcache, vcache: (Tk, Hkv, hd),
  * Tq <= Tk; query i sits at position Tk - Tq + i and attends to cache positions 0 .. Tk - Tq + i. */
 void attention_cached(float *out, const float *q, const float *kcache, const float *vcache, int Tq, int Tk, int Hq,

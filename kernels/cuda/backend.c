@@ -458,6 +458,16 @@ static void check_heads(const char *who, int Hq, int Hkv, int hd)
                     Hkv, hd);
 }
 
+/* Shared-prompt packing has no CUDA kernel yet: the trainer packs whole sequences on a GPU. */
+static void no_prefix(const char *who, const int32_t *prefix_of)
+{
+    if (prefix_of)
+        check_failf(__FILE__, __LINE__,
+                    "%s: shared-prompt packing (a batch with prefix_of) is not implemented on CUDA; set "
+                    "actor_rollout_ref.actor.shared_prompt_packing=false",
+                    who);
+}
+
 /* cu_seqlens (device) read on the host and checked as the CPU does; returns the longest sequence and sets *N. */
 static int read_seqlens(struct kctx *K, const char *who, const int32_t *cu, int B, int *N)
 {
@@ -485,9 +495,11 @@ static int read_seqlens(struct kctx *K, const char *who, const int32_t *cu, int 
 }
 
 static void cuda_attention_forward(struct kctx *K, float *out, float *lse, const float *q, const float *k,
-                                   const float *v, const int32_t *cu_seqlens, int B, int Hq, int Hkv, int hd)
+                                   const float *v, const int32_t *cu_seqlens, const int32_t *prefix_of, int B, int Hq,
+                                   int Hkv, int hd)
 {
     check_heads("attention_forward", Hq, Hkv, hd);
+    no_prefix("attention_forward", prefix_of);
     use(K);
     int N = 0, maxL = read_seqlens(K, "attention_forward", cu_seqlens, B, &N);
     if (maxL == 0)
@@ -497,9 +509,10 @@ static void cuda_attention_forward(struct kctx *K, float *out, float *lse, const
 
 static void cuda_attention_backward(struct kctx *K, float *dq, float *dk, float *dv, const float *dout,
                                     const float *out, const float *lse, const float *q, const float *k, const float *v,
-                                    const int32_t *cu_seqlens, int B, int Hq, int Hkv, int hd)
+                                    const int32_t *cu_seqlens, const int32_t *prefix_of, int B, int Hq, int Hkv, int hd)
 {
     check_heads("attention_backward", Hq, Hkv, hd);
+    no_prefix("attention_backward", prefix_of);
     use(K);
     int N = 0, maxL = read_seqlens(K, "attention_backward", cu_seqlens, B, &N);
     if (maxL == 0 || N <= 0)

@@ -114,19 +114,19 @@ static void bench_attention(int B, int L, int Hq, int Hkv, int hd, int iters)
     float *q = dev_rand(K, nq, 1), *k = dev_rand(K, nk, 1), *v = dev_rand(K, nk, 1), *dout = dev_rand(K, nq, 1);
     float *out = dev_rand(K, nq, 0), *lse = dev_rand(K, (size_t)N * Hq, 0), *dq = dev_rand(K, nq, 0);
     float *dk = dev_rand(K, nk, 0), *dv = dev_rand(K, nk, 0);
-    k_attention_forward(K, out, lse, q, k, v, cu, B, Hq, Hkv, hd);
-    k_attention_backward(K, dq, dk, dv, dout, out, lse, q, k, v, cu, B, Hq, Hkv, hd);
+    k_attention_forward(K, out, lse, q, k, v, cu, NULL, B, Hq, Hkv, hd);
+    k_attention_backward(K, dq, dk, dv, dout, out, lse, q, k, v, cu, NULL, B, Hq, Hkv, hd);
     k_sync(K);
     /* causal: each query row sees (i + 1) keys; 2 products of 2 hd flops per (row, key) forward, 5 backward */
     double pairs = (double)B * Hq * ((double)L * (L + 1) / 2.0), ffw = 4.0 * hd * pairs, fbw = 10.0 * hd * pairs;
     double t0 = now();
     for (int i = 0; i < iters; i++)
-        k_attention_forward(K, out, lse, q, k, v, cu, B, Hq, Hkv, hd);
+        k_attention_forward(K, out, lse, q, k, v, cu, NULL, B, Hq, Hkv, hd);
     k_sync(K);
     double sf = (now() - t0) / iters;
     t0 = now();
     for (int i = 0; i < iters; i++)
-        k_attention_backward(K, dq, dk, dv, dout, out, lse, q, k, v, cu, B, Hq, Hkv, hd);
+        k_attention_backward(K, dq, dk, dv, dout, out, lse, q, k, v, cu, NULL, B, Hq, Hkv, hd);
     k_sync(K);
     double sb = (now() - t0) / iters;
     char shape[96];

@@ -613,15 +613,15 @@ static int t_attention(struct kctx *G, struct kctx *C, int B, const int *lens, i
     float *dv0 = rand_vec(nk, -0.1f, 0.1f);
     float *out = xmalloc(nq * 4), *lse = xmalloc(nl * 4), *dq = copy_vec(dq0, nq), *dk = copy_vec(dk0, nk);
     float *dv = copy_vec(dv0, nk);
-    k_attention_forward(C, out, lse, q, k, v, cu, B, Hq, Hkv, hd);
-    k_attention_backward(C, dq, dk, dv, dout, out, lse, q, k, v, cu, B, Hq, Hkv, hd);
+    k_attention_forward(C, out, lse, q, k, v, cu, NULL, B, Hq, Hkv, hd);
+    k_attention_backward(C, dq, dk, dv, dout, out, lse, q, k, v, cu, NULL, B, Hq, Hkv, hd);
 
     int32_t *gcu = kput(G, cu, (size_t)(B + 1) * sizeof *cu);
     float *gq = kputf(G, q, nq), *gk = kputf(G, k, nk), *gv = kputf(G, v, nk), *gdo = kputf(G, dout, nq);
     float *gout = kputf(G, out, nq), *glse = kputf(G, lse, nl);
     k_zero(G, gout, nq * 4);
     k_zero(G, glse, nl * 4);
-    k_attention_forward(G, gout, glse, gq, gk, gv, gcu, B, Hq, Hkv, hd);
+    k_attention_forward(G, gout, glse, gq, gk, gv, gcu, NULL, B, Hq, Hkv, hd);
     float *hout = xmalloc(nq * 4), *hlse = xmalloc(nl * 4);
     kget(G, hout, gout, nq * 4);
     kget(G, hlse, glse, nl * 4);
@@ -632,7 +632,7 @@ static int t_attention(struct kctx *G, struct kctx *C, int B, const int *lens, i
     float *res[2][3];
     for (int run = 0; run < 2; run++) { /* from the GPU's own out and lse, as the model runs it */
         float *gdq = kputf(G, dq0, nq), *gdk = kputf(G, dk0, nk), *gdv = kputf(G, dv0, nk);
-        k_attention_backward(G, gdq, gdk, gdv, gdo, gout, glse, gq, gk, gv, gcu, B, Hq, Hkv, hd);
+        k_attention_backward(G, gdq, gdk, gdv, gdo, gout, glse, gq, gk, gv, gcu, NULL, B, Hq, Hkv, hd);
         res[run][0] = xmalloc(nq * 4), res[run][1] = xmalloc(nk * 4), res[run][2] = xmalloc(nk * 4);
         kget(G, res[run][0], gdq, nq * 4);
         kget(G, res[run][1], gdk, nk * 4);
@@ -842,8 +842,8 @@ static int t_empty_ops(struct kctx *G)
     const struct vocab_shard vs = {.lo = 0, .hi = 10, .V = 10};
     k_linear_forward(G, buf, buf, buf, NULL, 0, 4, 4);
     k_linear_backward(G, buf, buf, buf, buf, buf, buf, 0, 4, 4);
-    k_attention_forward(G, buf, buf, buf, buf, buf, gcu, 2, 2, 1, 8);
-    k_attention_backward(G, buf, buf, buf, buf, buf, buf, buf, buf, buf, gcu, 2, 2, 1, 8);
+    k_attention_forward(G, buf, buf, buf, buf, buf, gcu, NULL, 2, 2, 1, 8);
+    k_attention_backward(G, buf, buf, buf, buf, buf, buf, buf, buf, buf, gcu, NULL, 2, 2, 1, 8);
     k_attention_cached(G, buf, buf, buf, buf, 0, 5, 2, 1, 8);
     k_lmhead_forward(G, buf, buf, buf, buf, gcu, 0, 4, &vs, 1.0f, 4);
     k_lmhead_backward(G, buf, buf, buf, buf, buf, buf, gcu, 0, 4, &vs, 1.0f, 4);

@@ -3,6 +3,7 @@
  * differences, and invariance of the accumulated gradient to micro-batching. */
 #include <math.h>
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -24,7 +25,9 @@ struct fixture {
     int idx[NSEQ];
 };
 
-static struct fixture *setup_fixture(void)
+/* shared: the sequences of a group (two of them, i / 2) have the same prompt, the first pair through one
+ * pointer and the second through equal copies */
+static struct fixture *setup_fixture_prompts(bool shared)
 {
     struct fixture *f = calloc(1, sizeof *f);
     char err[512];
@@ -37,10 +40,10 @@ static struct fixture *setup_fixture(void)
         struct rollout_seq *s = &f->seqs[i];
         s->group = i / 2;
         s->gidx = i;
-        s->prompt_len = 2 + i % 4;
+        s->prompt_len = 2 + (shared ? s->group : i) % 4;
         for (int t = 0; t < s->prompt_len; t++)
-            f->prompts[i][t] = rand() % V;
-        s->prompt = f->prompts[i];
+            f->prompts[i][t] = shared && i % 2 ? f->prompts[i - 1][t] : rand() % V;
+        s->prompt = shared && i == 1 ? f->prompts[0] : f->prompts[i];
         s->resp_len = 1 + (i * 3) % 5;
         s->resp = malloc(sizeof(int32_t) * (size_t)s->resp_len);
         s->adv = malloc(sizeof(double) * (size_t)s->resp_len);
@@ -50,7 +53,7 @@ static struct fixture *setup_fixture(void)
         }
         f->idx[i] = i;
     }
-    struct batching bt = {2, 0};
+    struct batching bt = {2, 0, false};
     actor_compute_logp(f->m, f->seqs, f->idx, NSEQ, &bt, 0.9f, 0);
     actor_compute_logp(f->m, f->seqs, f->idx, NSEQ, &bt, 0.9f, 1);
     /* make old and reference policies differ from the current one, so ratios and KL are not trivial;
@@ -62,6 +65,8 @@ static struct fixture *setup_fixture(void)
         }
     return f;
 }
+
+static struct fixture *setup_fixture(void) { return setup_fixture_prompts(false); }
 
 static void free_fixture(struct fixture *f)
 {
@@ -79,7 +84,7 @@ static struct update_params params(enum loss_agg agg)
         .mini_batch_seqs = NSEQ,
         .ppo_epochs = 1,
         .temperature = 0.9f,
-        .bt = {NSEQ, 0},
+        .bt = {NSEQ, 0, false},
     };
     return p;
 }
@@ -93,12 +98,13 @@ static double objective(struct fixture *f, const struct update_params *p)
     return ls.loss;
 }
 
-static void test_objective_finite_differences(void **state)
+/* The objective's gradient against central finite differences; share: a group's prompt packed once. */
+static void check_objective_fd(bool share)
 {
-    (void)state;
     for (int agg = AGG_TOKEN_MEAN; agg <= AGG_SEQ_MEAN_TOKEN_SUM_NORM; agg++) {
-        struct fixture *f = setup_fixture();
+        struct fixture *f = setup_fixture_prompts(share);
         struct update_params p = params((enum loss_agg)agg);
+        p.bt.share_prompts = share;
         model_alloc_grads(f->m);
         objective(f, &p);
         float *g = malloc(f->m->grad->n_floats * sizeof(float));
@@ -123,6 +129,80 @@ static void test_objective_finite_differences(void **state)
     }
 }
 
+static void test_objective_finite_differences(void **state)
+{
+    (void)state;
+    check_objective_fd(false);
+}
+
+static void test_shared_prompt_objective_finite_differences(void **state)
+{
+    (void)state;
+    check_objective_fd(true);
+}
+
+/* Shared-prompt packing against whole sequences: the same log-probs, loss and gradient, with each shared prompt's
+ * rows (less its last token) forwarded once. */
+static void test_shared_prompt_packing_matches_whole(void **state)
+{
+    (void)state;
+    struct fixture *f = setup_fixture_prompts(true);
+    model_alloc_grads(f->m);
+    const size_t n = f->m->grad->n_floats;
+    /* the packing: groups {0,1} and {2,3} share, 4 is alone */
+    struct micro_batch whole, shared;
+    micro_batch_build(&whole, f->seqs, f->idx, NSEQ, false);
+    micro_batch_build(&shared, f->seqs, f->idx, NSEQ, true);
+    assert_int_equal(whole.n_shared, 0);
+    assert_int_equal(shared.n_shared, 2);
+    assert_int_equal(shared.pb.B, NSEQ + 2);
+    assert_int_equal(shared.pb.N, whole.pb.N - (f->seqs[1].prompt_len - 1) - (f->seqs[3].prompt_len - 1));
+    assert_null(whole.pb.prefix_of);
+    for (int i = 0; i < NSEQ; i++) /* each response token's target sits where resp_at says */
+        for (int t = 0; t < f->seqs[i].resp_len; t++) {
+            assert_int_equal(shared.targets[shared.resp_at[i] + t], f->seqs[i].resp[t]);
+            assert_int_equal(shared.pos[shared.resp_at[i] + t], f->seqs[i].prompt_len - 1 + t);
+        }
+    micro_batch_free(&whole);
+    micro_batch_free(&shared);
+
+    for (int pass = 0; pass < 2; pass++) { /* old log-probs: whole, then shared */
+        struct batching bt = {NSEQ, 0, pass == 1};
+        float *keep[NSEQ];
+        for (int i = 0; i < NSEQ; i++) {
+            keep[i] = f->seqs[i].old_logp;
+            f->seqs[i].old_logp = NULL;
+        }
+        actor_compute_logp(f->m, f->seqs, f->idx, NSEQ, &bt, 0.9f, 0);
+        for (int i = 0; i < NSEQ; i++) {
+            for (int t = 0; pass == 1 && t < f->seqs[i].resp_len; t++)
+                if (fabsf(f->seqs[i].old_logp[t] - keep[i][t]) > 1e-5f)
+                    fail_msg("seq %d token %d: shared log-prob %.7g, whole %.7g", i, t, f->seqs[i].old_logp[t],
+                             keep[i][t]);
+            free(pass == 1 ? f->seqs[i].old_logp : keep[i]);
+            if (pass == 1)
+                f->seqs[i].old_logp = keep[i];
+        }
+    }
+    struct update_params p = params(AGG_TOKEN_MEAN);
+    p.bt = (struct batching){2, 0, false}; /* pairs: each micro-batch one group */
+    const double loss_whole = objective(f, &p);
+    float *ref = malloc(n * sizeof(float));
+    memcpy(ref, f->m->grad->mem, n * sizeof(float));
+    p.bt.share_prompts = true;
+    const double loss_shared = objective(f, &p);
+    assert_true(fabs(loss_shared - loss_whole) <= 1e-6 * fabs(loss_whole) + 1e-9);
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) {
+        worst = fmax(worst, fabs((double)f->m->grad->mem[i] - ref[i]));
+        scale = fmax(scale, fabs((double)ref[i]));
+    }
+    if (worst > 1e-5 * scale)
+        fail_msg("shared-prompt packing: gradient differs by %g (scale %g)", worst, scale);
+    free(ref);
+    free_fixture(f);
+}
+
 static void test_micro_batching_invariance(void **state)
 {
     (void)state;
@@ -133,7 +213,8 @@ static void test_micro_batching_invariance(void **state)
     objective(f, &p); /* everything in one micro-batch */
     float *ref = malloc(n * sizeof(float));
     memcpy(ref, f->m->grad->mem, n * sizeof(float));
-    const struct batching splits[3] = {{1, 0}, {2, 0}, {0, 9}}; /* one by one, pairs, 9-token budget */
+    const struct batching splits[3] = {
+        {1, 0, false}, {2, 0, false}, {0, 9, false}}; /* one by one, pairs, 9-token budget */
     for (int s = 0; s < 3; s++) {
         p.bt = splits[s];
         objective(f, &p);
@@ -157,7 +238,7 @@ static void test_old_logp_from_current_forward(void **state)
     model_alloc_grads(f->m);
     const size_t n = f->m->grad->n_floats;
     struct update_params p = params(AGG_TOKEN_MEAN);
-    p.bt = (struct batching){2, 0};
+    p.bt = (struct batching){2, 0, false};
     actor_compute_logp(f->m, f->seqs, f->idx, NSEQ, &p.bt, p.temperature, 0); /* exact old log-probs */
     double loss_a = objective(f, &p);
     float *ga = malloc(n * sizeof(float));
@@ -217,6 +298,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_objective_finite_differences),
+        cmocka_unit_test(test_shared_prompt_objective_finite_differences),
+        cmocka_unit_test(test_shared_prompt_packing_matches_whole),
         cmocka_unit_test(test_micro_batching_invariance),
         cmocka_unit_test(test_old_logp_from_current_forward),
         cmocka_unit_test(test_dynamic_batches_respect_budget),

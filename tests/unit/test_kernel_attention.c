@@ -1,9 +1,11 @@
 /* Causal GQA attention over packed sequences: forward and lse against a naive double-precision
  * reference (masking across sequence boundaries, an empty sequence, sequences longer than one
  * query block), backward against central finite differences, and the KV-cache variant against
- * the rows of the full forward (prefill, partial and token-by-token). */
+ * the rows of the full forward (prefill, partial and token-by-token), and shared-prompt packing (prefix_of) against
+ * the same sequences packed whole, forward and backward, and against finite differences. */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -17,12 +19,13 @@
 struct problem {
     int B, Hq, Hkv, hd, N;
     const int32_t *cu;
-    float *q, *k, *v, *g; /* g: weights of the loss sum(out * g) */
+    const int32_t *prefix; /* prefix_of, NULL unless a test sets it */
+    float *q, *k, *v, *g;  /* g: weights of the loss sum(out * g) */
 };
 
 static void problem_init(struct problem *p, const int32_t *cu, int B, int Hq, int Hkv, int hd, uint64_t seed)
 {
-    p->B = B, p->Hq = Hq, p->Hkv = Hkv, p->hd = hd, p->cu = cu, p->N = cu[B];
+    p->B = B, p->Hq = Hq, p->Hkv = Hkv, p->hd = hd, p->cu = cu, p->N = cu[B], p->prefix = NULL;
     size_t nq = (size_t)p->N * Hq * hd, nk = (size_t)p->N * Hkv * hd;
     p->q = tk_alloc(nq), p->k = tk_alloc(nk), p->v = tk_alloc(nk), p->g = tk_alloc(nq);
     uint64_t s = seed;
@@ -75,7 +78,7 @@ static void check_against_naive(const struct problem *p)
     size_t nq = (size_t)p->N * p->Hq * p->hd, nl = (size_t)p->N * p->Hq;
     float *out = tk_alloc(nq), *lse = tk_alloc(nl);
     double *rout = calloc(nq, sizeof(double)), *rlse = calloc(nl, sizeof(double));
-    attention_forward(out, lse, p->q, p->k, p->v, p->cu, p->B, p->Hq, p->Hkv, p->hd);
+    attention_forward(out, lse, p->q, p->k, p->v, p->cu, p->prefix, p->B, p->Hq, p->Hkv, p->hd);
     naive_attention(rout, rlse, p);
     for (size_t i = 0; i < nq; i++)
         if (fabs(out[i] - rout[i]) > 2e-5)
@@ -85,7 +88,7 @@ static void check_against_naive(const struct problem *p)
             fail_msg("lse[%zu] = %.7g, reference %.7g", i, lse[i], rlse[i]);
     /* lse may be NULL when no backward follows */
     float *out2 = tk_alloc(nq);
-    attention_forward(out2, NULL, p->q, p->k, p->v, p->cu, p->B, p->Hq, p->Hkv, p->hd);
+    attention_forward(out2, NULL, p->q, p->k, p->v, p->cu, p->prefix, p->B, p->Hq, p->Hkv, p->hd);
     for (size_t i = 0; i < nq; i++)
         assert_float_equal(out2[i], out[i], 0.0);
     free(out), free(out2), free(lse), free(rout), free(rlse);
@@ -121,11 +124,11 @@ static void test_no_leak_across_sequences(void **state)
     problem_init(&p, cu_small, 4, 4, 2, 8, 23);
     size_t nq = (size_t)p.N * 4 * 8, row_kv = 2 * 8;
     float *a = tk_alloc(nq), *b = tk_alloc(nq);
-    attention_forward(a, NULL, p.q, p.k, p.v, p.cu, p.B, 4, 2, 8);
+    attention_forward(a, NULL, p.q, p.k, p.v, p.cu, NULL, p.B, 4, 2, 8);
     /* change keys and values of the last sequence (rows 4..8): rows 0..3 must not move */
     for (size_t i = 4 * row_kv; i < 9 * row_kv; i++)
         p.k[i] += 1.0f, p.v[i] -= 3.0f;
-    attention_forward(b, NULL, p.q, p.k, p.v, p.cu, p.B, 4, 2, 8);
+    attention_forward(b, NULL, p.q, p.k, p.v, p.cu, NULL, p.B, 4, 2, 8);
     for (size_t i = 0; i < 4 * 4 * 8; i++)
         assert_float_equal(a[i], b[i], 0.0);
     /* and row 4 (first token of the last sequence) attends only to itself: out = its own v */
@@ -141,7 +144,7 @@ static double loss(void *ctx)
     struct problem *p = ctx;
     size_t nq = (size_t)p->N * p->Hq * p->hd;
     float *out = tk_alloc(nq);
-    attention_forward(out, NULL, p->q, p->k, p->v, p->cu, p->B, p->Hq, p->Hkv, p->hd);
+    attention_forward(out, NULL, p->q, p->k, p->v, p->cu, p->prefix, p->B, p->Hq, p->Hkv, p->hd);
     double l = tk_dot(out, p->g, nq);
     free(out);
     return l;
@@ -155,8 +158,8 @@ static void run_fd(struct problem *p, size_t nsample, float h, double tol)
     float *dq = tk_alloc(nq), *dk = tk_alloc(nk), *dv = tk_alloc(nk);
     const float base = 0.125f;
     tk_set(dq, nq, base), tk_set(dk, nk, base), tk_set(dv, nk, base);
-    attention_forward(out, lse, p->q, p->k, p->v, p->cu, p->B, p->Hq, p->Hkv, p->hd);
-    attention_backward(dq, dk, dv, p->g, out, lse, p->q, p->k, p->v, p->cu, p->B, p->Hq, p->Hkv, p->hd);
+    attention_forward(out, lse, p->q, p->k, p->v, p->cu, p->prefix, p->B, p->Hq, p->Hkv, p->hd);
+    attention_backward(dq, dk, dv, p->g, out, lse, p->q, p->k, p->v, p->cu, p->prefix, p->B, p->Hq, p->Hkv, p->hd);
     size_t *iq = NULL, *ik = NULL;
     if (nsample) {
         uint64_t s = 77;
@@ -200,7 +203,7 @@ static void check_cached(int T, int Hq, int Hkv, int hd, uint64_t seed)
     problem_init(&p, cu, 1, Hq, Hkv, hd, seed);
     size_t row = (size_t)Hq * hd, nq = (size_t)T * row;
     float *full = tk_alloc(nq), *got = tk_alloc(nq);
-    attention_forward(full, NULL, p.q, p.k, p.v, cu, 1, Hq, Hkv, hd);
+    attention_forward(full, NULL, p.q, p.k, p.v, cu, NULL, 1, Hq, Hkv, hd);
     /* prefill (Tq = Tk = T), the last third, and token-by-token decoding with a growing cache */
     int tqs[2] = {T, T / 3 > 0 ? T / 3 : 1};
     for (int c = 0; c < 2; c++) {
@@ -228,6 +231,91 @@ static void test_cached_matches_full_forward(void **state)
     check_cached(150, 4, 2, 16, 43); /* offsets that cross query blocks */
 }
 
+/* Shared-prompt packing: a prompt of P rows packed once, two continuations that see it (prefix_of), and a
+ * sequence of its own, against the same thing packed whole: [prompt, c1] [prompt, c2] [u]. The outputs and lse
+ * must be those of the whole sequences' rows, dq too, and the prompt's dk, dv the sum of its two copies'. */
+static void check_prefix_packing(int P, int L1, int L2, int Lu, int Hq, int Hkv, int hd, uint64_t seed)
+{
+    const int32_t cu[5] = {0, P, P + L1, P + L1 + L2, P + L1 + L2 + Lu}, pre[4] = {-1, 0, 0, -1};
+    const int32_t cw[4] = {0, P + L1, 2 * P + L1 + L2, 2 * P + L1 + L2 + Lu};
+    struct problem p, w;
+    problem_init(&p, cu, 4, Hq, Hkv, hd, seed);
+    p.prefix = pre;
+    problem_init(&w, cw, 3, Hq, Hkv, hd, seed + 1);
+    /* row r of the whole layout is row map[r] of the packed one */
+    const int NW = cw[3];
+    int *map = malloc(sizeof(int) * (size_t)NW);
+    for (int r = 0; r < NW; r++)
+        map[r] = r < P + L1 ? r : r < 2 * P + L1 ? r - P - L1 : r - P;
+    const size_t rq = (size_t)Hq * hd, rk = (size_t)Hkv * hd;
+    for (int r = 0; r < NW; r++) {
+        memcpy(w.q + r * rq, p.q + map[r] * rq, rq * sizeof(float));
+        /* the prompt's second copy has no loss of its own: the packed prompt's outputs count once */
+        if (r >= P + L1 && r < 2 * P + L1)
+            memset(w.g + r * rq, 0, rq * sizeof(float));
+        else
+            memcpy(w.g + r * rq, p.g + map[r] * rq, rq * sizeof(float));
+        memcpy(w.k + r * rk, p.k + map[r] * rk, rk * sizeof(float));
+        memcpy(w.v + r * rk, p.v + map[r] * rk, rk * sizeof(float));
+    }
+    float *po = tk_alloc((size_t)p.N * rq), *pl = tk_alloc((size_t)p.N * Hq);
+    float *wo = tk_alloc((size_t)NW * rq), *wl = tk_alloc((size_t)NW * Hq);
+    float *pdq = tk_alloc((size_t)p.N * rq), *pdk = tk_alloc((size_t)p.N * rk), *pdv = tk_alloc((size_t)p.N * rk);
+    float *wdq = tk_alloc((size_t)NW * rq), *wdk = tk_alloc((size_t)NW * rk), *wdv = tk_alloc((size_t)NW * rk);
+    tk_set(pdq, (size_t)p.N * rq, 0), tk_set(pdk, (size_t)p.N * rk, 0), tk_set(pdv, (size_t)p.N * rk, 0);
+    tk_set(wdq, (size_t)NW * rq, 0), tk_set(wdk, (size_t)NW * rk, 0), tk_set(wdv, (size_t)NW * rk, 0);
+    attention_forward(po, pl, p.q, p.k, p.v, cu, pre, 4, Hq, Hkv, hd);
+    attention_backward(pdq, pdk, pdv, p.g, po, pl, p.q, p.k, p.v, cu, pre, 4, Hq, Hkv, hd);
+    attention_forward(wo, wl, w.q, w.k, w.v, cw, NULL, 3, Hq, Hkv, hd);
+    attention_backward(wdq, wdk, wdv, w.g, wo, wl, w.q, w.k, w.v, cw, NULL, 3, Hq, Hkv, hd);
+    for (int r = 0; r < NW; r++) {
+        const bool second_copy = r >= P + L1 && r < 2 * P + L1; /* the prompt again: only its gradients count */
+        for (size_t e = 0; e < rq && !second_copy; e++) {
+            if (fabsf(po[map[r] * rq + e] - wo[r * rq + e]) > 1e-6f)
+                fail_msg("P=%d: out row %d elem %zu: packed %.7g, whole %.7g", P, r, e, po[map[r] * rq + e],
+                         wo[r * rq + e]);
+            if (fabsf(pdq[map[r] * rq + e] - wdq[r * rq + e]) > 1e-5f)
+                fail_msg("P=%d: dq row %d elem %zu: packed %.7g, whole %.7g", P, r, e, pdq[map[r] * rq + e],
+                         wdq[r * rq + e]);
+        }
+        for (int h = 0; h < Hq && !second_copy; h++)
+            assert_true(fabsf(pl[map[r] * Hq + h] - wl[r * Hq + h]) <= 1e-6f);
+    }
+    for (int r = 0; r < p.N; r++) /* the packed row's gradient: its one whole row, or the prompt's two copies */
+        for (size_t e = 0; e < rk; e++) {
+            int w0 = r < P ? r : r < P + L1 ? r : r < P + L1 + L2 ? r + P : r + P;
+            double ek = wdk[w0 * rk + e], ev = wdv[w0 * rk + e];
+            if (r < P)
+                ek += wdk[(P + L1 + r) * rk + e], ev += wdv[(P + L1 + r) * rk + e];
+            if (fabs(pdk[r * rk + e] - ek) > 1e-5 || fabs(pdv[r * rk + e] - ev) > 1e-5)
+                fail_msg("P=%d: dk/dv row %d elem %zu: packed %.7g/%.7g, whole %.7g/%.7g", P, r, e, pdk[r * rk + e],
+                         pdv[r * rk + e], ek, ev);
+        }
+    free(map), free(po), free(pl), free(wo), free(wl);
+    free(pdq), free(pdk), free(pdv), free(wdq), free(wdk), free(wdv);
+    problem_free(&p);
+    problem_free(&w);
+}
+
+static void test_prefix_packing_matches_whole_sequences(void **state)
+{
+    (void)state;
+    check_prefix_packing(9, 5, 3, 4, 4, 2, 8, 51);
+    check_prefix_packing(70, 66, 1, 2, 2, 1, 16, 52); /* a long prompt; a continuation crossing a query block */
+    check_prefix_packing(3, 0, 4, 0, 4, 4, 4, 53);    /* an empty continuation and an empty sequence */
+}
+
+static void test_prefix_packing_backward_fd(void **state)
+{
+    (void)state;
+    static const int32_t cu[5] = {0, 6, 9, 13, 15}, pre[4] = {-1, 0, 0, -1};
+    struct problem p;
+    problem_init(&p, cu, 4, 4, 2, 8, 54);
+    p.prefix = pre;
+    run_fd(&p, 0, 5e-3f, 3e-3);
+    problem_free(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -237,6 +325,8 @@ int main(void)
         cmocka_unit_test(test_backward_fd_packed_gqa),
         cmocka_unit_test(test_backward_fd_long_sequence),
         cmocka_unit_test(test_cached_matches_full_forward),
+        cmocka_unit_test(test_prefix_packing_matches_whole_sequences),
+        cmocka_unit_test(test_prefix_packing_backward_fd),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -64,7 +64,7 @@ static void test_logprobs_and_grads_match_transformers(void **state)
             pos[t] = t;
         }
         int32_t cu[2] = {0, T};
-        struct packed_batch b = {T, 1, ids, targets, pos, cu, NULL};
+        struct packed_batch b = {T, 1, ids, targets, pos, cu, NULL, NULL};
         float *logp = calloc((size_t)T, sizeof *logp), *dlogp = calloc((size_t)T, sizeof *dlogp);
         model_alloc_grads(m);
         struct model_acts *acts = model_forward(m, &b, 1.0f, false, logp, NULL);
@@ -145,7 +145,7 @@ static void test_packed_sequences(void **state)
     expect_close("seq1 logits", logits + (size_t)T0 * V, w1, n1, 1e-4, 1e-4);
     /* training path: log-probs of arbitrary targets equal log_softmax of the reference logits */
     int32_t cu[3] = {0, T0, N};
-    struct packed_batch b = {N, 2, ids, tg, pos, cu, NULL};
+    struct packed_batch b = {N, 2, ids, tg, pos, cu, NULL, NULL};
     float *logp = malloc(sizeof(float) * (size_t)N);
     model_acts_free(model_forward(m, &b, 1.0f, false, logp, NULL));
     for (int i = 0; i < N; i++) {
@@ -220,7 +220,7 @@ static void test_checkpointing_identical(void **state)
     struct model *m = load("tiny-llama-untied");
     int32_t ids[7] = {1, 2, 3, 4, 5, 6, 7}, tg[7] = {2, 3, 4, 5, 6, 7, 8}, pos[7] = {0, 1, 2, 0, 1, 2, 3};
     int32_t cu[3] = {0, 3, 7};
-    struct packed_batch b = {7, 2, ids, tg, pos, cu, NULL};
+    struct packed_batch b = {7, 2, ids, tg, pos, cu, NULL, NULL};
     float logp[7], ent[7], logp2[7], ent2[7], d[7] = {1, -1, 0.5f, 2, 0, 1, 1}, de[7] = {0.1f, 0, 0, 0.2f, 0, 0, 1};
     model_alloc_grads(m);
     model_zero_grads(m);
@@ -247,7 +247,7 @@ static void test_logp_rows_subset(void **state)
     int32_t pos[9] = {0, 1, 2, 3, 0, 1, 2, 3, 4}, cu[3] = {0, 4, 9}, from[2] = {2, 6};
     float d[9] = {0, 0, 1, -0.5f, 0, 0, 2, 0.25f, -1}, de[9] = {0, 0, 0.1f, 0, 0, 0, 0.3f, 0, 0.2f};
     float logp[9], ent[9], logp2[9], ent2[9];
-    struct packed_batch all = {9, 2, ids, tg, pos, cu, NULL}, kept = all;
+    struct packed_batch all = {9, 2, ids, tg, pos, cu, NULL, NULL}, kept = all;
     kept.logp_from = from;
     model_alloc_grads(m);
     model_zero_grads(m);
@@ -284,7 +284,7 @@ static void test_activation_offload_identical(void **state)
     struct model *m[2] = {model_create(&c), model_create(&c)};
     int32_t ids[7] = {1, 2, 3, 4, 5, 6, 7}, tg[7] = {2, 3, 4, 5, 6, 7, 8}, pos[7] = {0, 1, 2, 0, 1, 2, 3};
     int32_t cu[3] = {0, 3, 7};
-    struct packed_batch b = {7, 2, ids, tg, pos, cu, NULL};
+    struct packed_batch b = {7, 2, ids, tg, pos, cu, NULL, NULL};
     float logp[2][7], ent[2][7], d[7] = {1, -1, 0.5f, 2, 0, 1, 1}, de[7] = {0.1f, 0, 0, 0.2f, 0, 0, 1};
     size_t acts[2], host[2];
     for (int k = 0; k < 2; k++) {
@@ -563,7 +563,7 @@ static void test_generation_reproducible(void **state)
         pos[i] = i;
     }
     int32_t cu[2] = {0, N};
-    struct packed_batch pb = {N, 1, ids, tg, pos, cu, NULL};
+    struct packed_batch pb = {N, 1, ids, tg, pos, cu, NULL, NULL};
     float *logp = malloc(sizeof(float) * (size_t)N);
     model_acts_free(model_forward(m, &pb, 1.0f, false, logp, NULL));
     for (int t = 0; t < L; t++)

@@ -593,9 +593,11 @@ struct model_acts {
     int nk;
     int32_t *krange; /* host (2B): each sequence's kept rows [krange[2b], krange[2b + 1]) */
     int krange_cap;  /* of krange, in sequences */
-    float *hk;       /* (nk, D) the kept rows' normed states */
-    int32_t *tk;     /* (nk) their targets */
-    void *hbuf;      /* host (nk 4-byte cells): gathers and scatters of per-row values */
+    int32_t *prefix; /* host (B): packed_batch.prefix_of's copy, NULL without one */
+    int prefix_cap;
+    float *hk;   /* (nk, D) the kept rows' normed states */
+    int32_t *tk; /* (nk) their targets */
+    void *hbuf;  /* host (nk 4-byte cells): gathers and scatters of per-row values */
     size_t hbuf_cap;
     struct karena arena;
     struct model_acts *next; /* in the pool */
@@ -636,6 +638,7 @@ static void acts_destroy(struct model_acts *A)
     karena_release(&A->arena);
     karena_release(&A->host_arena);
     free(A->krange);
+    free(A->prefix);
     free(A->hbuf);
     free(A->layers);
     free(A);
@@ -842,7 +845,7 @@ static void layer_forward(const struct model *m, int l, const struct packed_batc
     }
     k_rope_forward(K, a->q, b->pos, N, Hq, hd, m->rope_freqs);
     k_rope_forward(K, a->k, b->pos, N, Hkv, hd, m->rope_freqs);
-    k_attention_forward(K, a->att, a->lse, a->q, a->k, a->v, b->cu_seqlens, b->B, Hq, Hkv, hd);
+    k_attention_forward(K, a->att, a->lse, a->q, a->k, a->v, b->cu_seqlens, b->prefix_of, b->B, Hq, Hkv, hd);
     model_proj_forward(m, l, PROJ_O, a->xmid, a->att, N);
     model_tp_sum(m, a->xmid, (size_t)N * D);
     k_add(K, a->xmid, a->x, (size_t)N * D);
@@ -882,8 +885,8 @@ static void layer_backward(struct model *m, int l, const struct packed_batch *b,
     k_zero(K, d->datt, (size_t)N * QD * fs), k_zero(K, d->dq, (size_t)N * QD * fs);
     k_zero(K, d->dk, (size_t)N * KD * fs), k_zero(K, d->dv, (size_t)N * KD * fs);
     model_proj_backward(m, l, PROJ_O, d->datt, dx, a->att, N);
-    k_attention_backward(K, d->dq, d->dk, d->dv, d->datt, a->att, a->lse, a->q, a->k, a->v, b->cu_seqlens, b->B, Hq,
-                         Hkv, hd);
+    k_attention_backward(K, d->dq, d->dk, d->dv, d->datt, a->att, a->lse, a->q, a->k, a->v, b->cu_seqlens, b->prefix_of,
+                         b->B, Hq, Hkv, hd);
     k_rope_backward(K, d->dq, b->pos, N, Hq, hd, m->rope_freqs);
     k_rope_backward(K, d->dk, b->pos, N, Hkv, hd, m->rope_freqs);
     float *dq = d->dq, *dk = d->dk;
@@ -1013,7 +1016,16 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
     k_to_device(K, A->targets, b->targets, (size_t)N * sizeof(int32_t));
     k_to_device(K, A->pos, b->pos, (size_t)N * sizeof(int32_t));
     k_to_device(K, A->cu, b->cu_seqlens, (size_t)(b->B + 1) * sizeof(int32_t));
-    A->b = (struct packed_batch){N, b->B, A->ids, A->targets, A->pos, A->cu, NULL};
+    A->b = (struct packed_batch){N, b->B, A->ids, A->targets, A->pos, A->cu, NULL, NULL};
+    if (b->prefix_of) { /* read on the host by the attention (the rows it names are checked there) */
+        if (b->B > A->prefix_cap) {
+            free(A->prefix);
+            A->prefix_cap = b->B > 16 ? b->B : 16;
+            A->prefix = xmalloc((size_t)A->prefix_cap * sizeof(int32_t));
+        }
+        memcpy(A->prefix, b->prefix_of, (size_t)b->B * sizeof(int32_t));
+        A->b.prefix_of = A->prefix;
+    }
     A->temperature = temperature;
 
     const struct vocab_shard vs = vocab_of(m);

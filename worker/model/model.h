@@ -212,6 +212,10 @@ struct packed_batch {
      * sequence b (a response's predictions, after the prompt), and the LM head runs on those rows alone; the other
      * rows' logp and entropy are 0, and their dlogp and dentropy must be 0. NULL: every row. */
     const int32_t *logp_from;
+    /* (B) or NULL: shared-prompt packing. prefix_of[b] = p >= 0: sequence b continues sequence p (a prompt packed
+     * once for its group's responses); every row of b sees all of p's rows before its own, causally, and b's
+     * positions go on from p's. p has no prefix itself. -1 or NULL: a whole sequence. CPU only for now. */
+    const int32_t *prefix_of;
 };
 
 /* Saved activations of one forward, reused by the backward. */

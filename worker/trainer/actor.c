@@ -86,7 +86,7 @@ int actor_compute_logp(struct model *m, struct rollout_seq *seqs, const int *idx
     for (int b = 0; b < k; b++) {
         /* pipelined: each stage passes a micro-batch on and starts the next; no backward follows */
         struct micro_batch *mb = &mbs[b];
-        micro_batch_build(mb, seqs, groups[b], counts[b]);
+        micro_batch_build(mb, seqs, groups[b], counts[b], bt->share_prompts);
         const size_t N = (size_t)(mb->pb.N ? mb->pb.N : 1), nD = N * (size_t)m->cfg.hidden_size;
         logps[b] = xcalloc(N, sizeof(float));
         float *x = sh->has_embed ? NULL : xmalloc(nD * sizeof(float));
@@ -241,7 +241,7 @@ void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int
     int k = split_micro_batches(seqs, idx, n, p->bt.micro_seqs, p->bt.micro_tokens, &groups, &counts);
     struct mb_state *mbs = xcalloc((size_t)(k ? k : 1), sizeof *mbs);
     for (int b = 0; b < k; b++) {
-        micro_batch_build(&mbs[b].mb, seqs, groups[b], counts[b]);
+        micro_batch_build(&mbs[b].mb, seqs, groups[b], counts[b], p->bt.share_prompts);
         const size_t N = (size_t)(mbs[b].mb.pb.N ? mbs[b].mb.pb.N : 1);
         mbs[b].logp = xcalloc(N, sizeof(float));
         mbs[b].ent = xcalloc(N, sizeof(float));

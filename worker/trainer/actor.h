@@ -17,6 +17,7 @@ struct zero1;
 struct batching {
     int micro_seqs;   /* sequences per micro-batch (fixed mode) */
     int micro_tokens; /* token budget per micro-batch (dynamic mode); 0: fixed mode */
+    bool share_prompts; /* a group's prompt packed once per micro-batch (micro_batch_build's share) */
 };
 
 /* Log-probs of every response token of the sequences idx[0..n) under m, written to seqs[i].old_logp (which = 0)

@@ -18,37 +18,83 @@ void rollout_seqs_free(struct rollout_seq *s, int n)
 
 int rollout_seq_tokens(const struct rollout_seq *s) { return s->prompt_len + s->resp_len - 1; }
 
-void micro_batch_build(struct micro_batch *mb, const struct rollout_seq *seqs, const int *idx, int n)
+/* Same group and the same prompt: a shared prefix is worth packing once (at least 2 prompt tokens). */
+static bool same_prompt(const struct rollout_seq *a, const struct rollout_seq *b)
 {
-    int N = 0;
-    for (int i = 0; i < n; i++)
-        N += rollout_seq_tokens(&seqs[idx[i]]);
+    return a->group == b->group && a->prompt_len == b->prompt_len && a->prompt_len >= 2 &&
+           (a->prompt == b->prompt || memcmp(a->prompt, b->prompt, (size_t)a->prompt_len * sizeof(int32_t)) == 0);
+}
+
+/* Rows [t0, t1) of s's prompt ++ response as inputs at packed rows from off, with their next tokens as targets. */
+static void put_rows(struct micro_batch *mb, const struct rollout_seq *s, int off, int t0, int t1)
+{
+    for (int t = t0; t < t1; t++, off++) {
+        mb->ids[off] = t < s->prompt_len ? s->prompt[t] : s->resp[t - s->prompt_len];
+        const int nt = t + 1;
+        mb->targets[off] = nt < s->prompt_len ? s->prompt[nt] : s->resp[nt - s->prompt_len];
+        mb->pos[off] = t;
+    }
+}
+
+void micro_batch_build(struct micro_batch *mb, const struct rollout_seq *seqs, const int *idx, int n, bool share)
+{
     memset(mb, 0, sizeof *mb);
+    /* lead[i]: the first sequence of the list with i's prompt (i itself when none before); members of a lead */
+    int *lead = xmalloc((size_t)(n ? n : 1) * sizeof(int)), *members = xcalloc((size_t)(n ? n : 1), sizeof(int));
+    int N = 0;
+    for (int i = 0; i < n; i++) {
+        lead[i] = i;
+        for (int j = 0; share && j < i; j++)
+            if (lead[j] == j && same_prompt(&seqs[idx[j]], &seqs[idx[i]])) {
+                lead[i] = j;
+                break;
+            }
+        members[lead[i]]++;
+    }
+    for (int i = 0; i < n; i++) {
+        const struct rollout_seq *s = &seqs[idx[i]];
+        if (members[lead[i]] < 2)
+            N += rollout_seq_tokens(s);
+        else /* its response rows, and the prompt (less its last token) once for its lead */
+            N += s->resp_len + (lead[i] == i ? s->prompt_len - 1 : 0);
+        mb->n_shared += members[lead[i]] >= 2 && lead[i] == i;
+    }
+    const int nseg = n + mb->n_shared;
     mb->n_seq = n;
     mb->seq = idx;
     mb->ids = xmalloc((size_t)(N ? N : 1) * sizeof(int32_t));
     mb->targets = xmalloc((size_t)(N ? N : 1) * sizeof(int32_t));
     mb->pos = xmalloc((size_t)(N ? N : 1) * sizeof(int32_t));
-    mb->cu = xmalloc((size_t)(n + 1) * sizeof(int32_t));
-    mb->resp_at = xmalloc((size_t)(n ? n : 1) * sizeof(int));
-    int off = 0;
+    mb->cu = xmalloc((size_t)(nseg + 1) * sizeof(int32_t));
+    mb->from = xmalloc((size_t)(nseg ? nseg : 1) * sizeof(int32_t));
+    mb->prefix = mb->n_shared ? xmalloc((size_t)nseg * sizeof(int32_t)) : NULL;
+    mb->resp_at = xmalloc((size_t)(n ? n : 1) * sizeof(int32_t));
+    int *prompt_seg = xmalloc((size_t)(n ? n : 1) * sizeof(int)); /* a shared prompt's segment, by its lead */
+    int off = 0, g = 0;
     for (int i = 0; i < n; i++) {
         const struct rollout_seq *s = &seqs[idx[i]];
-        const int L = rollout_seq_tokens(s);
-        mb->cu[i] = off;
-        for (int t = 0; t < L; t++) {
-            /* token t of prompt ++ response, and the one after it */
-            mb->ids[off + t] = t < s->prompt_len ? s->prompt[t] : s->resp[t - s->prompt_len];
-            int nt = t + 1;
-            mb->targets[off + t] = nt < s->prompt_len ? s->prompt[nt] : s->resp[nt - s->prompt_len];
-            mb->pos[off + t] = t;
+        const bool shared = members[lead[i]] >= 2;
+        if (shared && lead[i] == i) { /* the prompt's segment: no log-probs read there */
+            mb->cu[g] = off, mb->prefix[g] = -1;
+            put_rows(mb, s, off, 0, s->prompt_len - 1);
+            off += s->prompt_len - 1;
+            mb->from[g] = off;
+            prompt_seg[i] = g++;
         }
-        mb->resp_at[i] = off + s->prompt_len - 1;
-        off += L;
+        const int t0 = shared ? s->prompt_len - 1 : 0, t1 = rollout_seq_tokens(s);
+        mb->cu[g] = off;
+        if (mb->prefix)
+            mb->prefix[g] = shared ? prompt_seg[lead[i]] : -1;
+        put_rows(mb, s, off, t0, t1 > t0 ? t1 : t0);
+        mb->resp_at[i] = off + s->prompt_len - 1 - t0;
+        mb->from[g] = mb->resp_at[i];
+        off += t1 > t0 ? t1 - t0 : 0;
+        g++;
     }
-    mb->cu[n] = off;
+    mb->cu[nseg] = off;
+    free(lead), free(members), free(prompt_seg);
     /* only the responses' log-probs are read: the LM head skips the prompts' rows */
-    mb->pb = (struct packed_batch){off, n, mb->ids, mb->targets, mb->pos, mb->cu, mb->resp_at};
+    mb->pb = (struct packed_batch){off, nseg, mb->ids, mb->targets, mb->pos, mb->cu, mb->from, mb->prefix};
 }
 
 void micro_batch_free(struct micro_batch *mb)
@@ -57,6 +103,8 @@ void micro_batch_free(struct micro_batch *mb)
     free(mb->targets);
     free(mb->pos);
     free(mb->cu);
+    free(mb->from);
+    free(mb->prefix);
     free(mb->resp_at);
     memset(mb, 0, sizeof *mb);
 }

@@ -34,13 +34,17 @@ struct micro_batch {
     int n_seq;
     const int *seq; /* indices into the step's sequences */
     struct packed_batch pb;
-    int32_t *ids, *targets, *pos, *cu; /* owned storage of pb */
-    int32_t *resp_at; /* (n_seq) packed index of each sequence's first response-token prediction (pb.logp_from) */
+    int32_t *ids, *targets, *pos, *cu, *from, *prefix; /* owned storage of pb (per packed segment) */
+    int32_t *resp_at; /* (n_seq) packed index of each sequence's first response-token prediction */
+    int n_shared;     /* prompts packed once for several of its sequences (share) */
 };
 
 /* Build a packed batch of the given sequences: inputs are prompt+response minus the last token, targets the
- * next tokens; response token t of sequence i is predicted at position resp_at[i] + t. */
-void micro_batch_build(struct micro_batch *mb, const struct rollout_seq *seqs, const int *idx, int n);
+ * next tokens; response token t of sequence i is predicted at row resp_at[i] + t. With share, sequences of one
+ * group with the same prompt (two or more in the list) get that prompt packed once, less its last token: a
+ * segment that each of them continues (packed_batch.prefix_of) with the last prompt token and its response. The
+ * log-probs and gradients are those of the whole sequences; the prompt's rows are forwarded once, not n times. */
+void micro_batch_build(struct micro_batch *mb, const struct rollout_seq *seqs, const int *idx, int n, bool share);
 void micro_batch_free(struct micro_batch *mb);
 
 /* Split sequence indices idx[0..n) into micro-batches: fixed count per micro-batch (max_seqs > 0), or packed to

@@ -155,6 +155,9 @@ float *trainer_host_buffer(struct trainer *t)
  * where some share one (NCCL refuses two ranks on a GPU), MPI over a host copy. */
 static void device_dp_setup(struct trainer *t)
 {
+    if (on_device(t) && t->cfg->actor_shared_prompt_packing && lead(t))
+        log_info("trainer", "shared-prompt packing has no CUDA kernel yet: every sequence is packed whole on the "
+                            "GPU (actor_rollout_ref.actor.shared_prompt_packing applies on the CPU)");
     if (!on_device(t) || t->lay.dp_size < 2)
         return;
     if (!t->lay.gpus_shared)

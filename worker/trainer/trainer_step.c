@@ -249,7 +249,7 @@ int trainer_sft_step(struct trainer *t, int64_t k, struct metrics *m)
     int nb = split_micro_batches(seqs, idx, n, (int)c->actor_ppo_micro_batch_size_per_gpu, 0, &groups, &counts);
     for (int g = 0; g < nb; g++) {
         struct micro_batch mb;
-        micro_batch_build(&mb, seqs, groups[g], counts[g]);
+        micro_batch_build(&mb, seqs, groups[g], counts[g], false); /* one answer per prompt: nothing shared */
         float *logp = xmalloc((size_t)mb.pb.N * sizeof(float)), *dl = xcalloc((size_t)mb.pb.N, sizeof(float));
         struct model_acts *acts = model_forward(t->policy, &mb.pb, 1.0f, false, logp, NULL);
         for (int i = 0; i < mb.n_seq; i++)
@@ -378,9 +378,11 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     int *idx = xmalloc((size_t)(b->n_seq ? b->n_seq : 1) * sizeof(int));
     for (int i = 0; i < b->n_seq; i++)
         idx[i] = i;
+    /* shared-prompt packing has a CPU attention kernel only (trainer_init says so on a GPU) */
+    const bool share = c->actor_shared_prompt_packing && t->policy->K->device == KDEV_CPU;
     const struct batching lp_bt = {(int)c->rollout_log_prob_micro_batch_size_per_gpu,
-                                   c->actor_use_dynamic_bsz ? (int)c->actor_ppo_max_token_len_per_gpu : 0};
-    const struct batching ref_bt = {(int)c->ref_log_prob_micro_batch_size_per_gpu, lp_bt.micro_tokens};
+                                   c->actor_use_dynamic_bsz ? (int)c->actor_ppo_max_token_len_per_gpu : 0, share};
+    const struct batching ref_bt = {(int)c->ref_log_prob_micro_batch_size_per_gpu, lp_bt.micro_tokens, share};
     /* one optimizer step per training step: the update's own forward gives the old log-probs exactly */
     const int mini_seqs = (int)(c->actor_ppo_mini_batch_size * n);
     const bool on_policy = c->actor_ppo_epochs == 1 && n_all <= mini_seqs && !c->alg_use_kl_in_reward;
@@ -421,7 +423,7 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
         .checkpointing = c->arr_model_enable_gradient_checkpointing,
         .temperature = logprob_temperature(c),
         .bt = {(int)c->actor_ppo_micro_batch_size_per_gpu,
-               c->actor_use_dynamic_bsz ? (int)c->actor_ppo_max_token_len_per_gpu : 0},
+               c->actor_use_dynamic_bsz ? (int)c->actor_ppo_max_token_len_per_gpu : 0, share},
         .dp = t->lay.dp_size > 1 ? t->lay.dp : NULL,
         .dp_dev = t->dp_dev,
         .dp_stage = t->host_params,
