@@ -16,8 +16,10 @@
 #   THREADS=2 STEPS=3 bench/run_grpo_bench.sh
 #   QUICK=1 bench/run_grpo_bench.sh          # 2 prompts x 2, 4 new tokens: checks that everything runs
 #
-# Environment: THREADS (1), STEPS (2), N_PROMPTS (4), N (4), MAX_NEW (32), MICRO (4), SEED (1), and those of
-# bench/bench_common.sh. Results go to $BUILD_DIR/bench-results/grpo-<time>/.
+# Our side runs with each group's prompt packed once per micro-batch (the default) and, as "ours[whole]", with
+# every sequence packed whole as TRL packs them (WHOLE=0 skips that run).
+# Environment: THREADS (1), STEPS (2), N_PROMPTS (4), N (4), MAX_NEW (32), MICRO (4), SEED (1), WHOLE (1), and
+# those of bench/bench_common.sh. Results go to $BUILD_DIR/bench-results/grpo-<time>/.
 set -euo pipefail
 # shellcheck source=bench/bench_common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/bench_common.sh"
@@ -116,6 +118,10 @@ main() {
             run_trl
         fi
     done
+    if [ "${WHOLE:-1}" = 1 ]; then # the same with every sequence packed whole: what shared prompts save
+        labels+=("ours[whole]")
+        run_ours default "ours[whole]" actor_rollout_ref.actor.shared_prompt_packing=false
+    fi
     if [ -n "${BF16:-}" ]; then
         labels+=("ours[bf16]")
         run_ours default "ours[bf16]" actor_rollout_ref.actor.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16
