@@ -57,7 +57,8 @@ common() {
         data.max_response_length=12 actor_rollout_ref.actor.optim.lr=1e-3 data.synthetic.num_train=64 \
         data.synthetic.num_val=4 custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score \
         actor_rollout_ref.actor.optim.eps=1e-6 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 \
-        actor_rollout_ref.actor.use_kl_loss=true
+        actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2 \
+        actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2
 }
 ckpt() { echo "$TMP/$1/p/e/checkpoints/global_step_$2"; }
 # split run: NAME MODEL TRAINERS TP PP [more keys...] (ROLLOUTS rollout ranks, default 1)
@@ -153,8 +154,10 @@ for path, kv_sync in ((sys.argv[1], False), (sys.argv[2], True)):
     for r in map(json.loads, open(path)):
         if r["step"] < 1:  # the validation before training
             continue
-        seqs = 4 * 4
-        tokens = r["perf/total_num_tokens"] - seqs  # each sequence's last token is only a target
+        # the rows each forward runs (a group's shared prompt once per micro-batch, each sequence's last token
+        # only a target): the same micro-batches, so the same rows, in the old, reference and update passes
+        tokens = r["perf/forward_tokens/update"]
+        assert tokens < r["perf/total_num_tokens"] - 4 * 4, "no prompt was shared"
         passes = 4  # old log-probs, reference, update forward, update backward
         want = 4 * D * tokens * passes * (2 * L + 1)
         if kv_sync:  # one KV head of both k and v (weights and biases) per layer, twice (two optimizer steps)
@@ -172,7 +175,7 @@ for path, tied in ((sys.argv[1], True), (sys.argv[2], False)):
     for r in map(json.loads, open(path)):
         if r["step"] < 1:
             continue
-        tokens = r["perf/total_num_tokens"] - 4 * 4
+        tokens = r["perf/forward_tokens/update"]
         want = 4 * D * tokens * 3  # the first stage's output, in the old, reference and update forwards
         if tied:  # its embedding gradient to the last stage's copy, per optimizer step (two)
             want += 2 * 4 * V * D
@@ -201,7 +204,7 @@ expect "two rollout TP groups take a work unit each" $?
 # the planner's TP and PP bytes, given the step's tokens, against the measured ones
 for model in llama qwen2; do
     for layout in tp2 pp2; do
-        tokens=$(python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])][-1]; print(int(r['perf/total_num_tokens'] - 16))" \
+        tokens=$(python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])][-1]; print(int(r['perf/forward_tokens/update']))" \
             "$TMP/$layout-$model/p/e/metrics.jsonl")
         "$MODEL_TOOL" plan "$TMP/$model" --cpu --nodes 1 --gpus-per-node 2 --prompts 4 --n 4 --micro-batch 2 \
             --mini-batches 2 --no-recompute --step-tokens "$tokens" --all --bytes >"$TMP/plan-$layout-$model.txt" 2>&1

@@ -29,8 +29,8 @@ static void usage(FILE *out)
           "  --no-recompute (default: full activation recompute, model.enable_gradient_checkpointing)\n"
           "  --no-kl (default: a reference policy is held, actor.use_kl_loss)\n"
           "  --step-tokens T (tokens through each forward pass of a step over all DP ranks; default\n"
-          "           prompts x n x (prompt-len + response-len); a run's perf/total_num_tokens less one per\n"
-          "           sequence makes the TP and PP bytes exact)\n"
+          "           prompts x n x (prompt-len + response-len); a run's perf/forward_tokens/update, the rows\n"
+          "           it forwarded with each group's prompt shared, makes the TP and PP bytes exact)\n"
           "  --all (print layouts that do not fit too)\n"
           "  --bytes (after the table, each layout's bytes per device per step: to compare with a run's\n"
           "           perf/comm_bytes/dp, /tp and /pp metrics)\n",

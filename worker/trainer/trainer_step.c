@@ -510,6 +510,10 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
                     busy + tm->rollout_idle > 0 ? tm->rollout_idle / (busy + tm->rollout_idle) : 0);
     }
     metrics_set(m, "perf/total_num_tokens", (double)tokens_all);
+    /* the rows the update's forward ran, over the DP ranks: fewer than the sequences' tokens with shared prompts */
+    double fwd_rows = (double)us.tokens_forward;
+    sum_dist(t, &fwd_rows, 1);
+    metrics_set(m, "perf/forward_tokens/update", fwd_rows);
     /* verl: tokens / (step time x devices) */
     const int devices = t->lay.devices > 0 ? t->lay.devices : 1;
     metrics_set(m, "perf/throughput", step_time > 0 ? (double)tokens_all / step_time / devices : 0);
