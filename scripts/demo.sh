@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job on its embedded defaults: GRPO on the bundled SmolLM2-135M-Instruct with the synthetic
-# arithmetic task (30 steps, 4 prompts x 8 responses), under the grpod coordinator, with the ranks mpirun
+# arithmetic task (40 steps, 4 prompts x 8 responses), under the grpod coordinator, with the ranks mpirun
 # starts in the roles grpod assigns: 2 data-parallel trainers and 1 rollout rank, on-policy (it computes
 # what one process would, faster on two cores, and learned better in the demo's steps than one-step-off:
 # docs/performance.md; DEMO_ROLLOUT_MODE=async runs one-step-off). `grpoctl workers` and `grpoctl status`

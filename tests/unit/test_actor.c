@@ -267,7 +267,7 @@ static void test_dynamic_batches_respect_budget(void **state)
         s[i].resp_len = lens[i]; /* tokens = prompt + resp - 1 = lens[i] */
     }
     int **groups, *counts;
-    int k = split_micro_batches(s, idx, 6, 0, 14, &groups, &counts);
+    int k = split_micro_batches(s, idx, 6, 0, 14, false, &groups, &counts);
     int seen[6] = {0};
     for (int b = 0; b < k; b++) {
         int tokens = 0;
@@ -285,12 +285,62 @@ static void test_dynamic_batches_respect_budget(void **state)
     assert_int_equal(k, 3); /* 41 tokens in bins of 14: three suffice */
     free(groups), free(counts);
     /* fixed size: 6 sequences in micro-batches of 4 -> 4 + 2 */
-    k = split_micro_batches(s, idx, 6, 4, 0, &groups, &counts);
+    k = split_micro_batches(s, idx, 6, 4, 0, false, &groups, &counts);
     assert_int_equal(k, 2);
     assert_int_equal(counts[0], 4);
     assert_int_equal(counts[1], 2);
     for (int b = 0; b < k; b++)
         free(groups[b]);
+    free(groups), free(counts);
+}
+
+/* Token-budget packing with shared prompts: a group's sequences stay together while they fit, the budget counts
+ * the prompt once, and the packed micro-batches (micro_batch_build) keep to it. */
+static void test_dynamic_batches_share_prompts(void **state)
+{
+    (void)state;
+    enum { NS = 7 };
+    static const int group[NS] = {0, 0, 0, 0, 1, 1, 2}, plen[3] = {10, 6, 4}, rlen[NS] = {3, 5, 2, 4, 7, 1, 9};
+    int32_t prompts[3][10], resp[NS][9];
+    struct rollout_seq s[NS] = {0};
+    int idx[NS];
+    for (int g = 0; g < 3; g++)
+        for (int t = 0; t < 10; t++)
+            prompts[g][t] = 3 * g + t;
+    for (int i = 0; i < NS; i++) {
+        for (int t = 0; t < 9; t++)
+            resp[i][t] = 40 + i + t;
+        s[i] = (struct rollout_seq){.group = group[i], .prompt = prompts[group[i]], .prompt_len = plen[group[i]]};
+        s[i].resp = resp[i], s[i].resp_len = rlen[i];
+        idx[i] = i;
+    }
+    int **groups, *counts;
+    /* rows: group 0 9 + 3 + 5 + 2 + 4 = 23, group 1 5 + 7 + 1 = 13, group 2 3 + 9 = 12: three bins of 24 */
+    int k = split_micro_batches(s, idx, NS, 0, 24, true, &groups, &counts);
+    assert_int_equal(k, 3);
+    int bin_of[NS];
+    for (int b = 0; b < k; b++) {
+        struct micro_batch mb;
+        micro_batch_build(&mb, s, groups[b], counts[b], true);
+        assert_true(mb.pb.N <= 24);
+        for (int j = 0; j < counts[b]; j++)
+            bin_of[groups[b][j]] = b;
+        micro_batch_free(&mb);
+        free(groups[b]);
+    }
+    free(groups), free(counts);
+    for (int i = 1; i < NS; i++)
+        if (group[i] == group[i - 1])
+            assert_int_equal(bin_of[i], bin_of[i - 1]);
+    /* a budget of 16: group 0 splits (9 + 3 + 5 = 17 > 16: 12 | 16 with the prompt again), each part within it */
+    k = split_micro_batches(s, idx, NS, 0, 16, true, &groups, &counts);
+    for (int b = 0; b < k; b++) {
+        struct micro_batch mb;
+        micro_batch_build(&mb, s, groups[b], counts[b], true);
+        assert_true(mb.pb.N <= 16);
+        micro_batch_free(&mb);
+        free(groups[b]);
+    }
     free(groups), free(counts);
 }
 
@@ -303,6 +353,7 @@ int main(void)
         cmocka_unit_test(test_micro_batching_invariance),
         cmocka_unit_test(test_old_logp_from_current_forward),
         cmocka_unit_test(test_dynamic_batches_respect_budget),
+        cmocka_unit_test(test_dynamic_batches_share_prompts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -123,8 +123,34 @@ static int by_len_desc(const void *a, const void *b)
 
 static int by_order(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
 
+/* The units of the token-budget packing, in u (len: rows; order: first sequence): one sequence each, or with
+ * share the sequences of the list with one prompt together, as many as fit max_tokens with the prompt counted
+ * once (a new unit when the next one would not fit). unit_of[i]: sequence i's unit. Returns the count. */
+static int budget_units(const struct rollout_seq *seqs, const int *idx, int n, int max_tokens, bool share,
+                        struct len_idx *u, int *unit_of)
+{
+    int nu = 0;
+    for (int i = 0; i < n; i++) {
+        const struct rollout_seq *s = &seqs[idx[i]];
+        int j = -1;
+        for (int p = i - 1; share && p >= 0; p--)
+            if (same_prompt(&seqs[idx[p]], s)) { /* the latest unit of this prompt */
+                j = unit_of[p];
+                break;
+            }
+        if (j >= 0 && u[j].len + s->resp_len <= max_tokens) {
+            u[j].len += s->resp_len; /* its response's rows only: the prompt is there already */
+            unit_of[i] = j;
+            continue;
+        }
+        u[nu] = (struct len_idx){rollout_seq_tokens(s), nu, i};
+        unit_of[i] = nu++;
+    }
+    return nu;
+}
+
 int split_micro_batches(const struct rollout_seq *seqs, const int *idx, int n, int max_seqs, int max_tokens,
-                        int ***groups_out, int **counts_out)
+                        bool share, int ***groups_out, int **counts_out)
 {
     int k;
     int *bin_of = xmalloc((size_t)(n ? n : 1) * sizeof(int));
@@ -134,23 +160,24 @@ int split_micro_batches(const struct rollout_seq *seqs, const int *idx, int n, i
         for (int i = 0; i < n; i++)
             bin_of[i] = i / per;
     } else {
-        /* longest first into the lightest bin; add a bin until every bin fits the budget */
+        /* units (sequences, or a prompt's sequences) longest first into the lightest bin; add a bin until every
+         * bin fits the budget */
         struct len_idx *li = xmalloc((size_t)(n ? n : 1) * sizeof *li);
+        int *unit_of = xmalloc((size_t)(n ? n : 1) * sizeof(int)), *bin_of_unit = xmalloc((size_t)(n ? n : 1) * sizeof(int));
+        const int nu = budget_units(seqs, idx, n, max_tokens, share, li, unit_of);
         long long total = 0;
-        for (int i = 0; i < n; i++) {
-            li[i] = (struct len_idx){rollout_seq_tokens(&seqs[idx[i]]), idx[i], i};
+        for (int i = 0; i < nu; i++)
             total += li[i].len;
-        }
-        qsort(li, (size_t)n, sizeof *li, by_len_desc);
-        k = n ? (int)((total + max_tokens - 1) / max_tokens) : 0;
-        if (k < 1 && n)
+        qsort(li, (size_t)nu, sizeof *li, by_len_desc);
+        k = nu ? (int)((total + max_tokens - 1) / max_tokens) : 0;
+        if (k < 1 && nu)
             k = 1;
         long long *load = NULL;
         for (;; k++) {
             free(load);
             load = xcalloc((size_t)k + 1, sizeof *load);
             bool fits = true;
-            for (int j = 0; j < n; j++) {
+            for (int j = 0; j < nu; j++) {
                 int best = 0;
                 for (int b = 1; b < k; b++)
                     if (load[b] < load[best])
@@ -159,13 +186,17 @@ int split_micro_batches(const struct rollout_seq *seqs, const int *idx, int n, i
                 if (load[best] > 0 && load[best] + li[j].len > max_tokens)
                     fits = false;
                 load[best] += li[j].len;
-                bin_of[li[j].order] = best;
+                bin_of_unit[li[j].idx] = best;
             }
-            if (fits || k >= n)
+            if (fits || k >= nu)
                 break;
         }
+        for (int i = 0; i < n; i++)
+            bin_of[i] = bin_of_unit[unit_of[i]];
         free(load);
         free(li);
+        free(unit_of);
+        free(bin_of_unit);
     }
     int **groups = xcalloc((size_t)(k ? k : 1), sizeof *groups);
     int *counts = xcalloc((size_t)(k ? k : 1), sizeof *counts);

@@ -49,10 +49,12 @@ void micro_batch_free(struct micro_batch *mb);
 
 /* Split sequence indices idx[0..n) into micro-batches: fixed count per micro-batch (max_seqs > 0), or packed to
  * a token budget (max_tokens > 0, use_dynamic_bsz): balanced bins by longest-first placement, as few as fit.
- * Returns the number of micro-batches; groups[k] (malloc'd) lists the indices of micro-batch k, counts[k] its
- * size. A sequence longer than the budget gets a micro-batch of its own. */
+ * With share (shared-prompt packing) the budget counts a prompt once for the sequences of its group that it
+ * places together, and keeps them together where they fit. Returns the number of micro-batches; groups[k]
+ * (malloc'd) lists the indices of micro-batch k, counts[k] its size. A sequence longer than the budget gets a
+ * micro-batch of its own. */
 int split_micro_batches(const struct rollout_seq *seqs, const int *idx, int n, int max_seqs, int max_tokens,
-                        int ***groups, int **counts);
+                        bool share, int ***groups, int **counts);
 
 /* Tokens (prompt + response) of a sequence as the packed forward sees them. */
 int rollout_seq_tokens(const struct rollout_seq *s);

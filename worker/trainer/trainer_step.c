@@ -246,7 +246,7 @@ int trainer_sft_step(struct trainer *t, int64_t k, struct metrics *m)
     for (int i = 0; i < n; i++)
         T += seqs[i].resp_len;
     int **groups, *counts;
-    int nb = split_micro_batches(seqs, idx, n, (int)c->actor_ppo_micro_batch_size_per_gpu, 0, &groups, &counts);
+    int nb = split_micro_batches(seqs, idx, n, (int)c->actor_ppo_micro_batch_size_per_gpu, 0, false, &groups, &counts);
     for (int g = 0; g < nb; g++) {
         struct micro_batch mb;
         micro_batch_build(&mb, seqs, groups[g], counts[g], false); /* one answer per prompt: nothing shared */
