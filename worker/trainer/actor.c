@@ -79,8 +79,7 @@ int actor_compute_logp(struct model *m, struct rollout_seq *seqs, const int *idx
 {
     const struct model_shard *sh = &m->sh;
     int **groups, *counts;
-    int k = split_micro_batches(seqs, idx, n, bt->micro_seqs, bt->micro_tokens, bt->share_prompts, &groups,
-                                &counts);
+    int k = split_micro_batches(seqs, idx, n, bt->micro_seqs, bt->micro_tokens, bt->share_prompts, &groups, &counts);
     struct micro_batch *mbs = xcalloc((size_t)(k ? k : 1), sizeof *mbs);
     float **logps = xcalloc((size_t)(k ? k : 1), sizeof *logps);
     double wait = 0;
@@ -239,8 +238,8 @@ void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int
     loss_token_weights_dist(p->agg, len, n, counts_all[0], counts_all[1], p->max_response_length, w);
     model_trainable(m);
     int **groups, *counts;
-    int k = split_micro_batches(seqs, idx, n, p->bt.micro_seqs, p->bt.micro_tokens, p->bt.share_prompts,
-                                &groups, &counts);
+    int k =
+        split_micro_batches(seqs, idx, n, p->bt.micro_seqs, p->bt.micro_tokens, p->bt.share_prompts, &groups, &counts);
     struct mb_state *mbs = xcalloc((size_t)(k ? k : 1), sizeof *mbs);
     for (int b = 0; b < k; b++) {
         micro_batch_build(&mbs[b].mb, seqs, groups[b], counts[b], p->bt.share_prompts);

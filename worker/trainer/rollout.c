@@ -149,8 +149,8 @@ static int budget_units(const struct rollout_seq *seqs, const int *idx, int n, i
     return nu;
 }
 
-int split_micro_batches(const struct rollout_seq *seqs, const int *idx, int n, int max_seqs, int max_tokens,
-                        bool share, int ***groups_out, int **counts_out)
+int split_micro_batches(const struct rollout_seq *seqs, const int *idx, int n, int max_seqs, int max_tokens, bool share,
+                        int ***groups_out, int **counts_out)
 {
     int k;
     int *bin_of = xmalloc((size_t)(n ? n : 1) * sizeof(int));
@@ -163,7 +163,8 @@ int split_micro_batches(const struct rollout_seq *seqs, const int *idx, int n, i
         /* units (sequences, or a prompt's sequences) longest first into the lightest bin; add a bin until every
          * bin fits the budget */
         struct len_idx *li = xmalloc((size_t)(n ? n : 1) * sizeof *li);
-        int *unit_of = xmalloc((size_t)(n ? n : 1) * sizeof(int)), *bin_of_unit = xmalloc((size_t)(n ? n : 1) * sizeof(int));
+        int *unit_of = xmalloc((size_t)(n ? n : 1) * sizeof(int)),
+            *bin_of_unit = xmalloc((size_t)(n ? n : 1) * sizeof(int));
         const int nu = budget_units(seqs, idx, n, max_tokens, share, li, unit_of);
         long long total = 0;
         for (int i = 0; i < nu; i++)
