@@ -283,7 +283,7 @@ static void check_prefix_packing(int P, int L1, int L2, int Lu, int Hq, int Hkv,
     }
     for (int r = 0; r < p.N; r++) /* the packed row's gradient: its one whole row, or the prompt's two copies */
         for (size_t e = 0; e < rk; e++) {
-            int w0 = r < P ? r : r < P + L1 ? r : r < P + L1 + L2 ? r + P : r + P;
+            int w0 = r < P + L1 ? r : r + P; /* the prompt's first copy and c1, or c2 and u after the second copy */
             double ek = wdk[w0 * rk + e], ev = wdv[w0 * rk + e];
             if (r < P)
                 ek += wdk[(P + L1 + r) * rk + e], ev += wdv[(P + L1 + r) * rk + e];

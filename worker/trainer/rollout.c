@@ -67,7 +67,7 @@ void micro_batch_build(struct micro_batch *mb, const struct rollout_seq *seqs, c
     mb->pos = xmalloc((size_t)(N ? N : 1) * sizeof(int32_t));
     mb->cu = xmalloc((size_t)(nseg + 1) * sizeof(int32_t));
     mb->from = xmalloc((size_t)(nseg ? nseg : 1) * sizeof(int32_t));
-    mb->prefix = mb->n_shared ? xmalloc((size_t)nseg * sizeof(int32_t)) : NULL;
+    mb->prefix = xmalloc((size_t)(nseg ? nseg : 1) * sizeof(int32_t)); /* pb.prefix_of only when shared */
     mb->resp_at = xmalloc((size_t)(n ? n : 1) * sizeof(int32_t));
     int *prompt_seg = xmalloc((size_t)(n ? n : 1) * sizeof(int)); /* a shared prompt's segment, by its lead */
     int off = 0, g = 0;
@@ -83,8 +83,7 @@ void micro_batch_build(struct micro_batch *mb, const struct rollout_seq *seqs, c
         }
         const int t0 = shared ? s->prompt_len - 1 : 0, t1 = rollout_seq_tokens(s);
         mb->cu[g] = off;
-        if (mb->prefix)
-            mb->prefix[g] = shared ? prompt_seg[lead[i]] : -1;
+        mb->prefix[g] = shared ? prompt_seg[lead[i]] : -1;
         put_rows(mb, s, off, t0, t1 > t0 ? t1 : t0);
         mb->resp_at[i] = off + s->prompt_len - 1 - t0;
         mb->from[g] = mb->resp_at[i];
@@ -94,7 +93,8 @@ void micro_batch_build(struct micro_batch *mb, const struct rollout_seq *seqs, c
     mb->cu[nseg] = off;
     free(lead), free(members), free(prompt_seg);
     /* only the responses' log-probs are read: the LM head skips the prompts' rows */
-    mb->pb = (struct packed_batch){off, nseg, mb->ids, mb->targets, mb->pos, mb->cu, mb->from, mb->prefix};
+    mb->pb = (struct packed_batch){off,     nseg,   mb->ids,  mb->targets,
+                                   mb->pos, mb->cu, mb->from, mb->n_shared ? mb->prefix : NULL};
 }
 
 void micro_batch_free(struct micro_batch *mb)
