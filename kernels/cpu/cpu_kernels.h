@@ -27,6 +27,10 @@ struct vocab_shard {
     int lo, hi, V;
     void (*reduce)(void *ud, double *buf, int n, bool max);
     void *ud;
+    /* NULL, or (N, hi - lo) floats (CPU): the LM head's forward leaves its scaled logits there, and the backward
+     * over the same rows turns them into its logit gradients in place instead of recomputing the product (one
+     * GEMM of four); one backward per forward */
+    float *keep;
 };
 
 /* Embedding rows of this shard: out[i] = table[ids[i] - lo] for ids in [lo, hi), zero rows for the others

@@ -116,8 +116,9 @@ void lmhead_logprob_forward_shard(float *logp, float *entropy, const float *h, c
     double *st = xmalloc(sizeof(double) * 4 * (size_t)cmax);
     for (int t0 = 0; t0 < N; t0 += cmax) {
         int c = N - t0 < cmax ? N - t0 : cmax;
-        chunk_logits(z, h + (size_t)t0 * D, W, c, D, Vl, temperature);
-        chunk_stats(z, e, targets + t0, c, vs, st);
+        float *zc = vs->keep ? vs->keep + (size_t)t0 * Vl : z; /* the same product, kept for the backward */
+        chunk_logits(zc, h + (size_t)t0 * D, W, c, D, Vl, temperature);
+        chunk_stats(zc, e, targets + t0, c, vs, st);
         for (int i = 0; i < c; i++) {
             /* sum >= 1: the maximum contributes exp(0) */
             double logsum = log(st[c + i]); // cppcheck-suppress invalidFunctionArg
@@ -143,7 +144,10 @@ void lmhead_logprob_backward_shard(float *dh, float *dW, const float *dlogp, con
     for (int t0 = 0; t0 < N; t0 += cmax) {
         int c = N - t0 < cmax ? N - t0 : cmax;
         const float *hc = h + (size_t)t0 * D;
-        chunk_logits(z, hc, W, c, D, Vl, temperature);
+        if (vs->keep) /* the forward's logits: the same bits as recomputing them */
+            z = vs->keep + (size_t)t0 * Vl;
+        else
+            chunk_logits(z, hc, W, c, D, Vl, temperature);
         chunk_stats(z, e, targets + t0, c, vs, st);
         /* turn each logit row into dL/d(h W^T): with p = softmax(z),
          * dlogp/dz_j = 1[j = t] - p_j, dH/dz_j = -p_j (log p_j + H), and dz/d(hW^T) = 1/temperature */

@@ -1,6 +1,7 @@
 /* Chunked LM-head log-probabilities and entropies: forward against a naive full log_softmax in
  * double, results independent of the chunk size, backward (logp and entropy terms, temperature != 1)
- * against central finite differences, and backward independent of the chunk size. */
+ * against central finite differences, backward independent of the chunk size, and the backward from the
+ * forward's kept logits equal to recomputing them. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -151,6 +152,35 @@ static void test_backward_independent_of_chunk(void **state)
     }
 }
 
+/* With the logits kept (vocab_shard.keep) the forward gives the same log-probs and entropies, and the backward
+ * from the kept logits the same gradients, bit for bit, as recomputing them; the shard's halves too. */
+static void test_backward_from_kept_logits(void **state)
+{
+    (void)state;
+    float h[N * D], W[V * D], gl[N], ge[N];
+    struct ctx c;
+    init(&c, h, W, gl, ge, 0.7f, 400);
+    const int chunks[3] = {1, 2, 100};
+    const struct vocab_shard parts[2] = {{.lo = 0, .hi = V, .V = V}, {.lo = 4, .hi = V, .V = V}};
+    for (int p = 0; p < 2; p++)
+        for (int k = 0; k < 3; k++) {
+            struct vocab_shard vs = parts[p];
+            const int Vl = vs.hi - vs.lo;
+            const float *Ws = W + (size_t)vs.lo * D;
+            float lp[N], en[N], lp2[N], en2[N], keep[N * V];
+            float dh[N * D] = {0}, dW[V * D] = {0}, dh2[N * D] = {0}, dW2[V * D] = {0};
+            lmhead_logprob_forward_shard(lp, en, h, Ws, targets, N, D, &vs, 0.7f, chunks[k]);
+            lmhead_logprob_backward_shard(dh, dW, gl, ge, h, Ws, targets, N, D, &vs, 0.7f, chunks[k]);
+            vs.keep = keep;
+            lmhead_logprob_forward_shard(lp2, en2, h, Ws, targets, N, D, &vs, 0.7f, chunks[k]);
+            lmhead_logprob_backward_shard(dh2, dW2, gl, ge, h, Ws, targets, N, D, &vs, 0.7f, chunks[k]);
+            assert_memory_equal(lp, lp2, sizeof lp);
+            assert_memory_equal(en, en2, sizeof en);
+            assert_memory_equal(dh, dh2, sizeof dh);
+            assert_memory_equal(dW, dW2, sizeof(float) * (size_t)Vl * D);
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -159,6 +189,7 @@ int main(void)
         cmocka_unit_test(test_backward_fd_logp),
         cmocka_unit_test(test_backward_fd_logp_and_entropy_temperature),
         cmocka_unit_test(test_backward_independent_of_chunk),
+        cmocka_unit_test(test_backward_from_kept_logits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

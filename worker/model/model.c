@@ -25,6 +25,9 @@ static int lmhead_chunk(int V)
     return fit > 256 ? 256 : fit < 16 ? 16 : fit;
 }
 #define LMHEAD_CHUNK lmhead_chunk(m->cfg.vocab_size)
+/* Largest logits buffer a forward keeps for its backward (PyTorch keeps all of them); above it the backward
+ * recomputes the head's product chunk by chunk. 1024 rows of a 49152-token vocabulary: 201 MB. */
+#define LMHEAD_KEEP_BYTES ((size_t)256 << 20)
 
 int model_config_check(const struct model_config *c, char *why, size_t len)
 {
@@ -595,9 +598,10 @@ struct model_acts {
     int krange_cap;  /* of krange, in sequences */
     int32_t *prefix; /* host (B): packed_batch.prefix_of's copy, NULL without one */
     int prefix_cap;
-    float *hk;   /* (nk, D) the kept rows' normed states */
-    int32_t *tk; /* (nk) their targets */
-    void *hbuf;  /* host (nk 4-byte cells): gathers and scatters of per-row values */
+    float *hk;    /* (nk, D) the kept rows' normed states */
+    float *zkeep; /* (head rows, this shard's vocabulary): the head's logits for its backward (vocab_shard.keep) */
+    int32_t *tk;  /* (nk) their targets */
+    void *hbuf;   /* host (nk 4-byte cells): gathers and scatters of per-row values */
     size_t hbuf_cap;
     struct karena arena;
     struct model_acts *next; /* in the pool */
@@ -729,6 +733,7 @@ static void acts_take(const struct model *m, struct model_acts *A, int N, int B,
     A->hn = A->rstdf = A->logp = A->entropy = NULL;
     A->hk = NULL;
     A->tk = NULL;
+    A->zkeep = NULL;
     if (sh->has_head) {
         const size_t rows = A->nk >= 0 ? (size_t)(A->nk > 0 ? A->nk : 1) : n; /* the rows the head runs on */
         A->hn = take_f(ar, nD);
@@ -739,6 +744,10 @@ static void acts_take(const struct model *m, struct model_acts *A, int N, int B,
             A->hk = take_f(ar, rows * (size_t)m->cfg.hidden_size);
             A->tk = karena_take(ar, rows * sizeof(int32_t));
         }
+        /* on the CPU, the head's logits kept for the backward up to LMHEAD_KEEP_BYTES (the CUDA head recomputes) */
+        const size_t zbytes = rows * (size_t)(sh->vocab_hi - sh->vocab_lo) * sizeof(float);
+        if (m->K->device == KDEV_CPU && zbytes <= LMHEAD_KEEP_BYTES)
+            A->zkeep = karena_take(ar, zbytes);
     }
 }
 
@@ -1028,7 +1037,8 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
     }
     A->temperature = temperature;
 
-    const struct vocab_shard vs = vocab_of(m);
+    struct vocab_shard vs = vocab_of(m);
+    vs.keep = A->zkeep;
     /* the stage's input: layer lo's (on the device while offloading), or the output itself */
     float *x0 = lo == hi ? A->xf : A->offload ? A->xdev[0] : A->layers[lo].x;
     if (sh->has_embed) {
@@ -1115,7 +1125,8 @@ void model_backward_stage(struct model *m, struct model_acts *A, const float *dl
     bwd_take(m, N, sh->has_head ? A->nk : -1, &d, A->ckpt, &plan);
     karena_reserve(ar, plan.used, 0);
     bwd_take(m, N, sh->has_head ? A->nk : -1, &d, A->ckpt, ar);
-    const struct vocab_shard vs = vocab_of(m);
+    struct vocab_shard vs = vocab_of(m);
+    vs.keep = A->zkeep;
     k_zero(K, d.dx, nD * sizeof(float));
     if (sh->has_head) {
         k_zero(K, d.dh, nD * sizeof(float));
