@@ -15,8 +15,8 @@
 struct zero1;
 
 struct batching {
-    int micro_seqs;   /* sequences per micro-batch (fixed mode) */
-    int micro_tokens; /* token budget per micro-batch (dynamic mode); 0: fixed mode */
+    int micro_seqs;     /* sequences per micro-batch (fixed mode) */
+    int micro_tokens;   /* token budget per micro-batch (dynamic mode); 0: fixed mode */
     bool share_prompts; /* a group's prompt packed once per micro-batch (micro_batch_build's share) */
 };
 

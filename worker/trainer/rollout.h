@@ -53,8 +53,8 @@ void micro_batch_free(struct micro_batch *mb);
  * places together, and keeps them together where they fit. Returns the number of micro-batches; groups[k]
  * (malloc'd) lists the indices of micro-batch k, counts[k] its size. A sequence longer than the budget gets a
  * micro-batch of its own. */
-int split_micro_batches(const struct rollout_seq *seqs, const int *idx, int n, int max_seqs, int max_tokens,
-                        bool share, int ***groups, int **counts);
+int split_micro_batches(const struct rollout_seq *seqs, const int *idx, int n, int max_seqs, int max_tokens, bool share,
+                        int ***groups, int **counts);
 
 /* Tokens (prompt + response) of a sequence as the packed forward sees them. */
 int rollout_seq_tokens(const struct rollout_seq *s);
