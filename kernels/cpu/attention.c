@@ -80,51 +80,36 @@ static void head_forward(float *out, float *lse, int ld_lse, const float *q, int
 }
 
 #define MULTI_TARGET __attribute__((target_clones("avx512f", "avx2", "default")))
-#define DECODE_GROUP_MAX 8
 
-/* One query row (a decode step) of the g query heads (g <= DECODE_GROUP_MAX) that share one kv head, against keys
- * 0..nk-1: each head's scores as dot products in 8 interleaved partial sums, its output as a weighted sum of v's
- * rows, in loops the compiler runs as SIMD lanes. Each key and value row is read once for all g heads, and the g
- * heads' sums are independent chains, so the FMA pipes are not left waiting on one head's reductions. Each
- * head's arithmetic is the same, in the same order, as it would be alone. sgemm on 1 x nk x hd products spent
- * more in packing its operands than in the products: 18% of a decode step at batch 32 went to OpenBLAS for these
- * (perf, docs/performance.md). q, out: g rows hd floats apart; S: g x nk floats. */
-MULTI_TARGET static void heads_decode(float *out, const float *q, const float *k, const float *v, int ldk, int nk,
-                                      int hd, int g, float scale, float *S)
+/* One query row (a decode step) of one head against keys 0..nk-1: the scores as dot products in 8 interleaved
+ * partial sums and the output as a weighted sum of v's rows, in loops the compiler runs as SIMD lanes. sgemm on a
+ * 1 x nk x hd product spent more in packing its operands than in the products: 18% of a decode step at batch 32
+ * went to OpenBLAS for these (perf, docs/performance.md). S: nk floats. */
+MULTI_TARGET static void head_decode(float *out, const float *q, const float *k, const float *v, int ldk, int nk,
+                                     int hd, float scale, float *S)
 {
     for (int j = 0; j < nk; j++) {
         const float *kj = k + (size_t)j * ldk;
-        for (int h = 0; h < g; h++) {
-            const float *qh = q + (size_t)h * hd;
-            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int d = 0;
-            for (; d + 8 <= hd; d += 8)
-                for (int l = 0; l < 8; l++)
-                    acc[l] += qh[d + l] * kj[d + l];
-            for (; d < hd; d++)
-                acc[d & 7] += qh[d] * kj[d];
-            S[(size_t)h * nk + j] =
-                scale * (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])));
-        }
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int d = 0;
+        for (; d + 8 <= hd; d += 8)
+            for (int l = 0; l < 8; l++)
+                acc[l] += q[d + l] * kj[d + l];
+        for (; d < hd; d++)
+            acc[d & 7] += q[d] * kj[d];
+        S[j] = scale * (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])));
     }
-    float inv[DECODE_GROUP_MAX];
-    for (int h = 0; h < g; h++) {
-        float *Sh = S + (size_t)h * nk, m = Sh[0];
-        for (int j = 1; j < nk; j++)
-            m = Sh[j] > m ? Sh[j] : m;
-        vec_exp_shifted(Sh, Sh, (size_t)nk, m);
-        inv[h] = (float)(1.0 / row_sum(Sh, nk));
-        for (int d = 0; d < hd; d++)
-            out[(size_t)h * hd + d] = 0.0f;
-    }
+    float m = S[0];
+    for (int j = 1; j < nk; j++)
+        m = S[j] > m ? S[j] : m;
+    vec_exp_shifted(S, S, (size_t)nk, m);
+    const float inv = (float)(1.0 / row_sum(S, nk));
+    for (int d = 0; d < hd; d++)
+        out[d] = 0.0f;
     for (int j = 0; j < nk; j++) {
-        const float *vj = v + (size_t)j * ldk;
-        for (int h = 0; h < g; h++) {
-            const float p = S[(size_t)h * nk + j] * inv[h];
-            float *oh = out + (size_t)h * hd;
-            for (int d = 0; d < hd; d++)
-                oh[d] += p * vj[d];
-        }
+        const float p = S[j] * inv, *vj = v + (size_t)j * ldk;
+        for (int d = 0; d < hd; d++)
+            out[d] += p * vj[d];
     }
 }
 
@@ -299,22 +284,16 @@ void attention_cached(float *out, const float *q, const float *kcache, const flo
         check_failf(__FILE__, __LINE__, "attention_cached: Tq=%d queries but Tk=%d cached positions", Tq, Tk);
     if (Tq == 0)
         return;
+    float *S = xmalloc(sizeof(float) * (size_t)imin(ATTN_BLOCK, Tq) * Tk);
     int group = Hq / Hkv, ldq = Hq * hd, ldk = Hkv * hd;
-    const int rows = Tq == 1 ? (group < DECODE_GROUP_MAX ? group : DECODE_GROUP_MAX) : imin(ATTN_BLOCK, Tq);
-    float *S = xmalloc(sizeof(float) * (size_t)rows * Tk);
     float scale = (float)(1.0 / sqrt((double)hd));
-    if (Tq == 1) { /* a decode step: the query heads of each kv head together */
-        for (int h = 0, g; h < Hq; h += g) {
-            g = imin(rows, (h / group + 1) * group - h); /* at most rows heads, all of one kv head */
-            const size_t ko = (size_t)(h / group) * hd;
-            heads_decode(out + (size_t)h * hd, q + (size_t)h * hd, kcache + ko, vcache + ko, ldk, Tk, hd, g, scale, S);
-        }
-    } else {
-        for (int h = 0; h < Hq; h++) {
-            size_t ko = (size_t)(h / group) * hd;
+    for (int h = 0; h < Hq; h++) {
+        size_t ko = (size_t)(h / group) * hd;
+        if (Tq == 1) /* a decode step */
+            head_decode(out + (size_t)h * hd, q + (size_t)h * hd, kcache + ko, vcache + ko, ldk, Tk, hd, scale, S);
+        else
             head_forward(out + (size_t)h * hd, NULL, 0, q + (size_t)h * hd, ldq, kcache + ko, vcache + ko, ldk, Tq,
                          Tk - Tq, hd, scale, S);
-        }
     }
     free(S);
 }
