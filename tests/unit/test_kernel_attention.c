@@ -229,6 +229,8 @@ static void test_cached_matches_full_forward(void **state)
     check_cached(7, 4, 2, 8, 41);
     check_cached(1, 2, 2, 4, 42);
     check_cached(150, 4, 2, 16, 43); /* offsets that cross query blocks */
+    check_cached(9, 9, 3, 8, 44);    /* SmolLM2's layout: three query heads to a kv head, decoded together */
+    check_cached(5, 24, 2, 4, 45);   /* more query heads to a kv head than one decode pass takes (8 + 4, twice) */
 }
 
 /* Shared-prompt packing: a prompt of P rows packed once, two continuations that see it (prefix_of), and a
