@@ -134,17 +134,30 @@ static int max_keys(const char *who, const int32_t *cu, const int32_t *prefix_of
 }
 
 /* Shared-prefix packing (prefix_of[b] = p >= 0): sequence b's rows sit after all of sequence p's rows, which
- * every row of b sees. Its keys and values for kv head kh are gathered into Kc, Vc (plen + L rows of hd) so that
- * head_forward and head_backward see one sequence whose first plen rows have no queries. */
-static int gather_prefixed(float *Kc, float *Vc, const float *k, const float *v, const int32_t *cu, int b, int p,
-                           int ldk, int kh, int hd)
+ * every row of b sees. Row j of the keys b sees is row gathered_row(j) of the batch: p's rows, then b's own. */
+static size_t gathered_row(const int32_t *cu, int b, int p, int j)
 {
+    const int plen = cu[p + 1] - cu[p];
+    return (size_t)(j < plen ? cu[p] + j : cu[b] + j - plen);
+}
+
+/* The keys and values kv head kh's queries of sequence b see: rows of k and v (ldk apart) without a prefix, else
+ * gathered into Kc, Vc (plen + L rows of hd) so that head_forward and head_backward see one sequence whose first
+ * plen rows have no queries. Sets *kb, *vb, *ld; returns plen (0 without a prefix). */
+static int head_keys(const float **kb, const float **vb, int *ld, float *Kc, float *Vc, const float *k, const float *v,
+                     const int32_t *cu, int b, int p, int ldk, int kh, int hd)
+{
+    const size_t ko = (size_t)cu[b] * ldk + (size_t)kh * hd;
+    *kb = k + ko, *vb = v + ko, *ld = ldk;
+    if (p < 0)
+        return 0;
     const int plen = cu[p + 1] - cu[p], L = cu[b + 1] - cu[b];
     for (int j = 0; j < plen + L; j++) {
-        const size_t src = ((size_t)(j < plen ? cu[p] + j : cu[b] + j - plen) * ldk) + (size_t)kh * hd;
+        const size_t src = gathered_row(cu, b, p, j) * ldk + (size_t)kh * hd;
         memcpy(Kc + (size_t)j * hd, k + src, (size_t)hd * sizeof(float));
         memcpy(Vc + (size_t)j * hd, v + src, (size_t)hd * sizeof(float));
     }
+    *kb = Kc, *vb = Vc, *ld = hd;
     return plen;
 }
 
@@ -167,12 +180,9 @@ void attention_forward(float *out, float *lse, const float *q, const float *k, c
         if (L == 0)
             continue;
         for (int kh = 0; kh < Hkv; kh++) {
-            const float *kb = k + s0 * ldk + (size_t)kh * hd, *vb = v + s0 * ldk + (size_t)kh * hd;
-            int ld = ldk, off = 0;
-            if (p >= 0) {
-                off = gather_prefixed(Kc, Vc, k, v, cu_seqlens, b, p, ldk, kh, hd);
-                kb = Kc, vb = Vc, ld = hd;
-            }
+            const float *kb, *vb;
+            int ld;
+            const int off = head_keys(&kb, &vb, &ld, Kc, Vc, k, v, cu_seqlens, b, p, ldk, kh, hd);
             for (int h = kh * group; h < (kh + 1) * group; h++)
                 head_forward(out + s0 * ldq + (size_t)h * hd, lse ? lse + s0 * Hq + h : NULL, Hq,
                              q + s0 * ldq + (size_t)h * hd, ldq, kb, vb, ld, L, off, hd, scale, S);
@@ -247,14 +257,14 @@ void attention_backward(float *dq, float *dk, float *dv, const float *dout, cons
             continue;
         for (int kh = 0; kh < Hkv; kh++) {
             const size_t ko = s0 * ldk + (size_t)kh * hd;
-            const float *kb = k + ko, *vb = v + ko;
+            const float *kb, *vb;
             float *dkb = dk + ko, *dvb = dv + ko;
-            int ld = ldk, off = 0;
-            if (p >= 0) {
-                off = gather_prefixed(Kc, Vc, k, v, cu_seqlens, b, p, ldk, kh, hd);
+            int ld;
+            const int off = head_keys(&kb, &vb, &ld, Kc, Vc, k, v, cu_seqlens, b, p, ldk, kh, hd);
+            if (p >= 0) { /* the gathered rows' gradients, added back below */
                 memset(dKc, 0, sizeof(float) * (size_t)(off + L) * hd);
                 memset(dVc, 0, sizeof(float) * (size_t)(off + L) * hd);
-                kb = Kc, vb = Vc, dkb = dKc, dvb = dVc, ld = hd;
+                dkb = dKc, dvb = dVc;
             }
             for (int h = kh * group; h < (kh + 1) * group; h++) {
                 size_t qo = s0 * ldq + (size_t)h * hd;
@@ -262,8 +272,7 @@ void attention_backward(float *dq, float *dk, float *dv, const float *dout, cons
                               off, hd, scale, P, dP);
             }
             for (int j = 0; p >= 0 && j < off + L; j++) { /* the gathered rows' gradients back where they belong */
-                const size_t dst =
-                    ((size_t)(j < off ? cu_seqlens[p] + j : cu_seqlens[b] + j - off) * ldk) + (size_t)kh * hd;
+                const size_t dst = gathered_row(cu_seqlens, b, p, j) * ldk + (size_t)kh * hd;
                 for (int d = 0; d < hd; d++) {
                     dk[dst + d] += dKc[(size_t)j * hd + d];
                     dv[dst + d] += dVc[(size_t)j * hd + d];
