@@ -25,6 +25,20 @@ static bool same_prompt(const struct rollout_seq *a, const struct rollout_seq *b
            (a->prompt == b->prompt || memcmp(a->prompt, b->prompt, (size_t)a->prompt_len * sizeof(int32_t)) == 0);
 }
 
+/* lead[i]: the first of the list's sequences idx[0..n) with sequence i's prompt (i itself when none before it, or
+ * without share). */
+static void prompt_leads(const struct rollout_seq *seqs, const int *idx, int n, bool share, int *lead)
+{
+    for (int i = 0; i < n; i++) {
+        lead[i] = i;
+        for (int j = 0; share && j < i; j++)
+            if (lead[j] == j && same_prompt(&seqs[idx[j]], &seqs[idx[i]])) {
+                lead[i] = j;
+                break;
+            }
+    }
+}
+
 /* Rows [t0, t1) of s's prompt ++ response as inputs at packed rows from off, with their next tokens as targets. */
 static void put_rows(struct micro_batch *mb, const struct rollout_seq *s, int off, int t0, int t1)
 {
@@ -39,18 +53,12 @@ static void put_rows(struct micro_batch *mb, const struct rollout_seq *s, int of
 void micro_batch_build(struct micro_batch *mb, const struct rollout_seq *seqs, const int *idx, int n, bool share)
 {
     memset(mb, 0, sizeof *mb);
-    /* lead[i]: the first sequence of the list with i's prompt (i itself when none before); members of a lead */
+    /* each sequence's lead (prompt_leads), and the members of each lead */
     int *lead = xmalloc((size_t)(n ? n : 1) * sizeof(int)), *members = xcalloc((size_t)(n ? n : 1), sizeof(int));
     int N = 0;
-    for (int i = 0; i < n; i++) {
-        lead[i] = i;
-        for (int j = 0; share && j < i; j++)
-            if (lead[j] == j && same_prompt(&seqs[idx[j]], &seqs[idx[i]])) {
-                lead[i] = j;
-                break;
-            }
+    prompt_leads(seqs, idx, n, share, lead);
+    for (int i = 0; i < n; i++)
         members[lead[i]]++;
-    }
     for (int i = 0; i < n; i++) {
         const struct rollout_seq *s = &seqs[idx[i]];
         if (members[lead[i]] < 2)
@@ -129,23 +137,23 @@ static int by_order(const void *a, const void *b) { return *(const int *)a - *(c
 static int budget_units(const struct rollout_seq *seqs, const int *idx, int n, int max_tokens, bool share,
                         struct len_idx *u, int *unit_of)
 {
+    /* latest[l]: the unit the last sequence with lead l's prompt went to */
+    int *lead = xmalloc((size_t)(n ? n : 1) * sizeof(int)), *latest = xmalloc((size_t)(n ? n : 1) * sizeof(int));
+    prompt_leads(seqs, idx, n, share, lead);
     int nu = 0;
     for (int i = 0; i < n; i++) {
         const struct rollout_seq *s = &seqs[idx[i]];
-        int j = -1;
-        for (int p = i - 1; share && p >= 0; p--)
-            if (same_prompt(&seqs[idx[p]], s)) { /* the latest unit of this prompt */
-                j = unit_of[p];
-                break;
-            }
+        const int j = lead[i] != i ? latest[lead[i]] : -1;
         if (j >= 0 && u[j].len + s->resp_len <= max_tokens) {
             u[j].len += s->resp_len; /* its response's rows only: the prompt is there already */
             unit_of[i] = j;
-            continue;
+        } else {
+            u[nu] = (struct len_idx){rollout_seq_tokens(s), nu, i};
+            unit_of[i] = nu++;
         }
-        u[nu] = (struct len_idx){rollout_seq_tokens(s), nu, i};
-        unit_of[i] = nu++;
+        latest[lead[i]] = unit_of[i];
     }
+    free(lead), free(latest);
     return nu;
 }
 
