@@ -929,6 +929,24 @@ static int kept_rows(const struct packed_batch *b)
     return nk;
 }
 
+/* A host array of per-sequence int32 entries (per entries each) grown to hold B sequences; contents not kept. */
+static void grow_host_i32(int32_t **a, int *cap, int B, int per)
+{
+    if (B > *cap) {
+        free(*a);
+        *cap = B > 16 ? B : 16;
+        *a = xmalloc((size_t)*cap * (size_t)per * sizeof(int32_t));
+    }
+}
+
+/* The head's vocabulary shard for the activations A: keeping its logits for the backward where A has room. */
+static struct vocab_shard acts_vocab(const struct model *m, const struct model_acts *A)
+{
+    struct vocab_shard vs = vocab_of(m);
+    vs.keep = A->zkeep;
+    return vs;
+}
+
 /* The host buffer of n 4-byte cells (floats, or int32 targets), grown only. */
 static void *acts_host_buf(struct model_acts *A, size_t n)
 {
@@ -1013,11 +1031,7 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
     const int nk = sh->has_head ? kept_rows(b) : -1;
     struct model_acts *A = acts_get(m, N, b->B, checkpointing, nk);
     if (nk >= 0) { /* the kept rows' ranges, on the host for the backward */
-        if (b->B > A->krange_cap) {
-            free(A->krange);
-            A->krange_cap = b->B > 16 ? b->B : 16;
-            A->krange = xmalloc((size_t)A->krange_cap * 2 * sizeof(int32_t));
-        }
+        grow_host_i32(&A->krange, &A->krange_cap, b->B, 2);
         for (int s = 0; s < b->B; s++)
             A->krange[2 * s] = b->logp_from[s], A->krange[2 * s + 1] = b->cu_seqlens[s + 1];
     }
@@ -1027,18 +1041,13 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
     k_to_device(K, A->cu, b->cu_seqlens, (size_t)(b->B + 1) * sizeof(int32_t));
     A->b = (struct packed_batch){N, b->B, A->ids, A->targets, A->pos, A->cu, NULL, NULL};
     if (b->prefix_of) { /* read on the host by the attention (the rows it names are checked there) */
-        if (b->B > A->prefix_cap) {
-            free(A->prefix);
-            A->prefix_cap = b->B > 16 ? b->B : 16;
-            A->prefix = xmalloc((size_t)A->prefix_cap * sizeof(int32_t));
-        }
+        grow_host_i32(&A->prefix, &A->prefix_cap, b->B, 1);
         memcpy(A->prefix, b->prefix_of, (size_t)b->B * sizeof(int32_t));
         A->b.prefix_of = A->prefix;
     }
     A->temperature = temperature;
 
-    struct vocab_shard vs = vocab_of(m);
-    vs.keep = A->zkeep;
+    const struct vocab_shard vs = acts_vocab(m, A);
     /* the stage's input: layer lo's (on the device while offloading), or the output itself */
     float *x0 = lo == hi ? A->xf : A->offload ? A->xdev[0] : A->layers[lo].x;
     if (sh->has_embed) {
@@ -1125,8 +1134,7 @@ void model_backward_stage(struct model *m, struct model_acts *A, const float *dl
     bwd_take(m, N, sh->has_head ? A->nk : -1, &d, A->ckpt, &plan);
     karena_reserve(ar, plan.used, 0);
     bwd_take(m, N, sh->has_head ? A->nk : -1, &d, A->ckpt, ar);
-    struct vocab_shard vs = vocab_of(m);
-    vs.keep = A->zkeep;
+    const struct vocab_shard vs = acts_vocab(m, A);
     k_zero(K, d.dx, nD * sizeof(float));
     if (sh->has_head) {
         k_zero(K, d.dh, nD * sizeof(float));
