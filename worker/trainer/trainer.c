@@ -155,9 +155,6 @@ float *trainer_host_buffer(struct trainer *t)
  * where some share one (NCCL refuses two ranks on a GPU), MPI over a host copy. */
 static void device_dp_setup(struct trainer *t)
 {
-    if (on_device(t) && t->cfg->actor_shared_prompt_packing && lead(t))
-        log_info("trainer", "shared-prompt packing has no CUDA kernel yet: every sequence is packed whole on the "
-                            "GPU (actor_rollout_ref.actor.shared_prompt_packing applies on the CPU)");
     if (!on_device(t) || t->lay.dp_size < 2)
         return;
     if (!t->lay.gpus_shared)
@@ -739,6 +736,10 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
                                                       : (int64_t)(cfg->actor_optim_lr_warmup_steps_ratio * grpo_steps);
     t->peak_flops = on_device(t) ? device_peak_flops(t->policy->K) : measure_peak_flops();
     device_dp_setup(t);
+    t->share_prompts = cfg->actor_shared_prompt_packing && !on_device(t);
+    if (cfg->actor_shared_prompt_packing && on_device(t) && lead(t))
+        log_info("trainer", "shared-prompt packing has no CUDA kernel yet: every sequence is packed whole on the "
+                            "GPU (actor_rollout_ref.actor.shared_prompt_packing applies on the CPU)");
 
     /* run directory and resume */
     snprintf(t->run_dir, sizeof t->run_dir, "%s/%s/%s", cfg->trainer_default_local_dir, cfg->trainer_project_name,

@@ -49,7 +49,8 @@ struct trainer {
     int peer_failed_rank;      /* DP rank 0: a DP rank whose records could not be written (-1: none) */
     char failure[1300];        /* why the run ended with an error, when it is not a step's own ("": none) */
     int64_t warmup;
-    double peak_flops; /* measured sgemm FLOP/s x threads, the MFU denominator */
+    double peak_flops;  /* measured sgemm FLOP/s x threads, the MFU denominator */
+    bool share_prompts; /* shared-prompt packing in effect: the key, on the CPU (no CUDA attention for it yet) */
     struct policy_loss_params loss;
     enum loss_agg agg;
     enum adv_estimator est;

@@ -378,8 +378,7 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     int *idx = xmalloc((size_t)(b->n_seq ? b->n_seq : 1) * sizeof(int));
     for (int i = 0; i < b->n_seq; i++)
         idx[i] = i;
-    /* shared-prompt packing has a CPU attention kernel only (trainer_init says so on a GPU) */
-    const bool share = c->actor_shared_prompt_packing && t->policy->K->device == KDEV_CPU;
+    const bool share = t->share_prompts;
     const struct batching lp_bt = {(int)c->rollout_log_prob_micro_batch_size_per_gpu,
                                    c->actor_use_dynamic_bsz ? (int)c->actor_ppo_max_token_len_per_gpu : 0, share};
     const struct batching ref_bt = {(int)c->ref_log_prob_micro_batch_size_per_gpu, lp_bt.micro_tokens, share};
