@@ -144,15 +144,19 @@ static void cpu_lmhead_forward(struct kctx *K, float *logp, float *entropy, cons
                                const int32_t *targets, int N, int D, const struct vocab_shard *vs, float temperature,
                                int chunk)
 {
-    (void)K;
-    lmhead_logprob_forward_shard(logp, entropy, h, W, targets, N, D, vs, temperature, chunk);
+    if (K->matmul == KMM_BF16)
+        lmhead_logprob_forward_shard_bf16(logp, entropy, h, W, targets, N, D, vs, temperature, chunk);
+    else
+        lmhead_logprob_forward_shard(logp, entropy, h, W, targets, N, D, vs, temperature, chunk);
 }
 static void cpu_lmhead_backward(struct kctx *K, float *dh, float *dW, const float *dlogp, const float *dentropy,
                                 const float *h, const float *W, const int32_t *targets, int N, int D,
                                 const struct vocab_shard *vs, float temperature, int chunk)
 {
-    (void)K;
-    lmhead_logprob_backward_shard(dh, dW, dlogp, dentropy, h, W, targets, N, D, vs, temperature, chunk);
+    if (K->matmul == KMM_BF16)
+        lmhead_logprob_backward_shard_bf16(dh, dW, dlogp, dentropy, h, W, targets, N, D, vs, temperature, chunk);
+    else
+        lmhead_logprob_backward_shard(dh, dW, dlogp, dentropy, h, W, targets, N, D, vs, temperature, chunk);
 }
 static void cpu_sample(struct kctx *K, int32_t *tokens, float *logps, const float *logits, int B, int V,
                        float temperature, float top_p, int top_k, const double *uniforms)

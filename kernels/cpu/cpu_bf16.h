@@ -18,6 +18,12 @@ void bf16_round(uint16_t *dst, const float *src, size_t n);
 /* The same, transposed: dst (cols, rows) = bf16(src (rows, cols))^T. */
 void bf16_round_transpose(uint16_t *dst, const float *src, int rows, int cols);
 
+/* C (M, N) = A (M, K) B, or += with accumulate, on BF16 operands rounded beforehand (bf16_round): B given as (K, N)
+ * row-major, or as (N, K) row-major when b_trans; products accumulated in fp32, split over the pool's threads as
+ * linear_forward_bf16's are. For an operand used by several products (the LM head's weights over its chunks),
+ * rounded once. Ends the process with a clear message where cpu_bf16_gemm_available() is false. */
+void bf16_gemm(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K, bool b_trans, bool accumulate);
+
 /* The oneDNN implementation that computes C (M, N) = A (M, K) B, B given as (N, K) when b_trans ("brg:avx512_core_
  * amx"), or "none". */
 const char *bf16_gemm_impl(int M, int N, int K, bool b_trans);

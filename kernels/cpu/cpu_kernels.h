@@ -146,5 +146,13 @@ const char *cpu_bf16_gemm_name(void);
 void linear_forward_bf16(float *y, const float *x, const float *W, const float *b, int N, int Din, int Dout);
 void linear_backward_bf16(float *dx, float *dW, float *db, const float *dy, const float *x, const float *W, int N,
                           int Din, int Dout);
+/* lmhead_logprob_forward_shard and _backward_shard with the head's products in BF16 (h, W and the logits' gradients
+ * rounded, fp32 accumulation); the softmax, its statistics and the results stay fp32 and double, as there. */
+void lmhead_logprob_forward_shard_bf16(float *logp, float *entropy, const float *h, const float *W,
+                                       const int32_t *targets, int N, int D, const struct vocab_shard *vs,
+                                       float temperature, int chunk);
+void lmhead_logprob_backward_shard_bf16(float *dh, float *dW, const float *dlogp, const float *dentropy, const float *h,
+                                        const float *W, const int32_t *targets, int N, int D,
+                                        const struct vocab_shard *vs, float temperature, int chunk);
 
 #endif

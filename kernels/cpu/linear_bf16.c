@@ -144,7 +144,7 @@ static bool use_avx512(void)
 #endif
 }
 
-void bf16_round(uint16_t *dst, const float *src, size_t n)
+static void round_serial(uint16_t *dst, const float *src, size_t n)
 {
 #ifdef HAVE_AVX512_CLONES
     if (use_avx512()) {
@@ -153,6 +153,37 @@ void bf16_round(uint16_t *dst, const float *src, size_t n)
     }
 #endif
     round_generic(dst, src, n);
+}
+
+struct round_job {
+    uint16_t *dst;
+    const float *src;
+    size_t n;
+};
+
+static void round_part(void *arg, int part, int parts)
+{
+    const struct round_job *j = arg;
+    /* parts of whole cache lines (16 floats), so no two threads write one line */
+    const size_t lines = (j->n + 15) / 16, lo = lines * (size_t)part / (size_t)parts * 16,
+                 hi = lines * (size_t)(part + 1) / (size_t)parts * 16;
+    if (lo < j->n)
+        round_serial(j->dst + lo, j->src + lo, (hi < j->n ? hi : j->n) - lo);
+}
+
+/* Arrays below this many values are rounded on the calling thread alone (a weight matrix of the model's layers is
+ * above it; waking a helper costs more than rounding a few activations). */
+enum { ROUND_SPLIT_MIN = 1 << 18 };
+
+void bf16_round(uint16_t *dst, const float *src, size_t n)
+{
+    const int parts = n >= ROUND_SPLIT_MIN ? cpu_pool_threads() : 1;
+    if (parts <= 1) {
+        round_serial(dst, src, n);
+        return;
+    }
+    struct round_job j = {.dst = dst, .src = src, .n = n};
+    cpu_run_parts(parts, round_part, &j);
 }
 
 void bf16_round_transpose(uint16_t *dst, const float *src, int rows, int cols)
@@ -468,6 +499,20 @@ bool cpu_bf16_gemm_available(void) { return false; }
 const char *cpu_bf16_gemm_name(void) { return "no BF16 GEMM (built without oneDNN)"; }
 
 #endif
+
+void bf16_gemm(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K, bool b_trans, bool accumulate)
+{
+    if (M <= 0 || N <= 0)
+        return;
+    if (K <= 0) {
+        if (!accumulate)
+            memset(C, 0, (size_t)M * N * sizeof(float));
+        return;
+    }
+    if (!cpu_bf16_gemm_available())
+        check_failf(__FILE__, __LINE__, "bf16_gemm (%d x %d x %d): %s", M, N, K, cpu_bf16_gemm_name());
+    mm_run(C, A, B, M, N, K, b_trans, accumulate);
+}
 
 static void need_bf16(const char *what, int N, int Din, int Dout)
 {

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "common/check.h"
+#include "cpu_bf16.h"
 #include "cpu_kernels.h"
 
 static void check_args(const char *who, const int32_t *targets, int N, const struct vocab_shard *vs, float temperature,
@@ -58,10 +59,83 @@ static float row_max(const float *x, int n)
     return r;
 }
 
-/* logits (c, Vl) = h_chunk W^T / temperature */
-static void chunk_logits(float *z, const float *h, const float *W, int c, int D, int Vl, float temperature)
+/* ---- the head's three products: fp32 (OpenBLAS), or BF16 operands with fp32 accumulation (a BF16 context: the
+ * head is a quarter of SmolLM2's forward+backward FLOPs). In BF16 the weights are rounded once per call, not per
+ * chunk, and each chunk's activations and logit gradients as they come. */
+
+struct bf16_buf {
+    uint16_t *p;
+    size_t n;
+};
+
+static uint16_t *bf16_buf_get(struct bf16_buf *b, size_t n)
 {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c, Vl, D, 1.0f / temperature, h, D, W, D, 0.0f, z, Vl);
+    if (n > b->n) {
+        free(b->p);
+        b->p = xmalloc(n * sizeof(uint16_t));
+        b->n = n;
+    }
+    return b->p;
+}
+
+/* per thread, growing only: the rounded weights (Vl, D), a chunk's rounded rows (h or dz, c x max(D, Vl)) and its
+ * dz^T (Vl, c) */
+static _Thread_local struct bf16_buf tl_wb, tl_ab, tl_tb;
+
+struct head {
+    const float *W;
+    const uint16_t *Wb; /* NULL: fp32 products */
+    int D, Vl;
+};
+
+static struct head head_of(const float *W, int D, int Vl, bool bf16)
+{
+    struct head hd = {.W = W, .D = D, .Vl = Vl};
+    if (bf16) {
+        uint16_t *wb = bf16_buf_get(&tl_wb, (size_t)Vl * D);
+        bf16_round(wb, W, (size_t)Vl * D);
+        hd.Wb = wb;
+    }
+    return hd;
+}
+
+/* logits (c, Vl) = h_chunk W^T / temperature */
+static void chunk_logits(float *z, const float *h, const struct head *hd, int c, float temperature)
+{
+    const int D = hd->D, Vl = hd->Vl;
+    if (!hd->Wb) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c, Vl, D, 1.0f / temperature, h, D, hd->W, D, 0.0f, z, Vl);
+        return;
+    }
+    uint16_t *hb = bf16_buf_get(&tl_ab, (size_t)c * D);
+    bf16_round(hb, h, (size_t)c * D);
+    bf16_gemm(z, hb, hd->Wb, c, Vl, D, true, false);
+    if (temperature != 1.0f)
+        vec_scale(z, 1.0f / temperature, (size_t)c * Vl);
+}
+
+/* dh (c, D) += dz (c, Vl) W (Vl, D) and dW (Vl, D) += dz^T (Vl, c) h_chunk (c, D), either NULL */
+static void chunk_grads(float *dh, float *dW, const float *dz, const float *hc, const struct head *hd, int c)
+{
+    const int D = hd->D, Vl = hd->Vl;
+    if (!hd->Wb) {
+        if (dh)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, c, D, Vl, 1.0f, dz, Vl, hd->W, D, 1.0f, dh, D);
+        if (dW)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Vl, D, c, 1.0f, dz, Vl, hc, D, 1.0f, dW, D);
+        return;
+    }
+    uint16_t *ab = bf16_buf_get(&tl_ab, (size_t)c * (D > Vl ? D : Vl));
+    if (dh) {
+        bf16_round(ab, dz, (size_t)c * Vl);
+        bf16_gemm(dh, ab, hd->Wb, c, D, Vl, false, true);
+    }
+    if (dW) {
+        uint16_t *tb = bf16_buf_get(&tl_tb, (size_t)Vl * c);
+        bf16_round_transpose(tb, dz, c, Vl);
+        bf16_round(ab, hc, (size_t)c * D);
+        bf16_gemm(dW, tb, ab, Vl, D, c, false, true);
+    }
 }
 
 /* Per-token softmax statistics of a chunk of c rows of this shard's logits z (c, Vl), combined over the shards:
@@ -105,19 +179,20 @@ static void chunk_stats(const float *z, float *e, const int32_t *targets, int c,
         vs->reduce(vs->ud, st + c, 3 * c, false);
 }
 
-void lmhead_logprob_forward_shard(float *logp, float *entropy, const float *h, const float *W, const int32_t *targets,
-                                  int N, int D, const struct vocab_shard *vs, float temperature, int chunk)
+static void forward_shard(float *logp, float *entropy, const float *h, const float *W, const int32_t *targets, int N,
+                          int D, const struct vocab_shard *vs, float temperature, int chunk, bool bf16)
 {
     check_args("lmhead_logprob_forward", targets, N, vs, temperature, chunk);
     if (N <= 0)
         return;
     const int Vl = vs->hi - vs->lo, cmax = chunk < N ? chunk : N;
+    const struct head hd = head_of(W, D, Vl, bf16);
     float *z = scratch_floats(2 * (size_t)cmax * Vl), *e = z + (size_t)cmax * Vl;
     double *st = xmalloc(sizeof(double) * 4 * (size_t)cmax);
     for (int t0 = 0; t0 < N; t0 += cmax) {
         int c = N - t0 < cmax ? N - t0 : cmax;
         float *zc = vs->keep ? vs->keep + (size_t)t0 * Vl : z; /* the same product, kept for the backward */
-        chunk_logits(zc, h + (size_t)t0 * D, W, c, D, Vl, temperature);
+        chunk_logits(zc, h + (size_t)t0 * D, &hd, c, temperature);
         chunk_stats(zc, e, targets + t0, c, vs, st);
         for (int i = 0; i < c; i++) {
             /* sum >= 1: the maximum contributes exp(0) */
@@ -130,14 +205,15 @@ void lmhead_logprob_forward_shard(float *logp, float *entropy, const float *h, c
     free(st);
 }
 
-void lmhead_logprob_backward_shard(float *dh, float *dW, const float *dlogp, const float *dentropy, const float *h,
-                                   const float *W, const int32_t *targets, int N, int D, const struct vocab_shard *vs,
-                                   float temperature, int chunk)
+static void backward_shard(float *dh, float *dW, const float *dlogp, const float *dentropy, const float *h,
+                           const float *W, const int32_t *targets, int N, int D, const struct vocab_shard *vs,
+                           float temperature, int chunk, bool bf16)
 {
     check_args("lmhead_logprob_backward", targets, N, vs, temperature, chunk);
     if (N <= 0 || (!dh && !dW))
         return;
     const int Vl = vs->hi - vs->lo, cmax = chunk < N ? chunk : N;
+    const struct head hd = head_of(W, D, Vl, bf16);
     float *z = scratch_floats(2 * (size_t)cmax * Vl), *e = z + (size_t)cmax * Vl;
     double *st = xmalloc(sizeof(double) * 4 * (size_t)cmax);
     double inv_t = 1.0 / temperature;
@@ -147,7 +223,7 @@ void lmhead_logprob_backward_shard(float *dh, float *dW, const float *dlogp, con
         if (vs->keep) /* the forward's logits: the same bits as recomputing them */
             z = vs->keep + (size_t)t0 * Vl;
         else
-            chunk_logits(z, hc, W, c, D, Vl, temperature);
+            chunk_logits(z, hc, &hd, c, temperature);
         chunk_stats(z, e, targets + t0, c, vs, st);
         /* turn each logit row into dL/d(h W^T): with p = softmax(z),
          * dlogp/dz_j = 1[j = t] - p_j, dH/dz_j = -p_j (log p_j + H), and dz/d(hW^T) = 1/temperature */
@@ -167,13 +243,36 @@ void lmhead_logprob_backward_shard(float *dh, float *dW, const float *dlogp, con
             if (t >= 0 && t < Vl)
                 zi[t] += (float)(gl * inv_t);
         }
-        if (dh) /* dh (c, D) += dz (c, Vl) W (Vl, D) */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, c, D, Vl, 1.0f, z, Vl, W, D, 1.0f,
-                        dh + (size_t)t0 * D, D);
-        if (dW) /* dW (Vl, D) += dz^T (Vl, c) h_chunk (c, D) */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Vl, D, c, 1.0f, z, Vl, hc, D, 1.0f, dW, D);
+        chunk_grads(dh ? dh + (size_t)t0 * D : NULL, dW, z, hc, &hd, c);
     }
     free(st);
+}
+
+void lmhead_logprob_forward_shard(float *logp, float *entropy, const float *h, const float *W, const int32_t *targets,
+                                  int N, int D, const struct vocab_shard *vs, float temperature, int chunk)
+{
+    forward_shard(logp, entropy, h, W, targets, N, D, vs, temperature, chunk, false);
+}
+
+void lmhead_logprob_backward_shard(float *dh, float *dW, const float *dlogp, const float *dentropy, const float *h,
+                                   const float *W, const int32_t *targets, int N, int D, const struct vocab_shard *vs,
+                                   float temperature, int chunk)
+{
+    backward_shard(dh, dW, dlogp, dentropy, h, W, targets, N, D, vs, temperature, chunk, false);
+}
+
+void lmhead_logprob_forward_shard_bf16(float *logp, float *entropy, const float *h, const float *W,
+                                       const int32_t *targets, int N, int D, const struct vocab_shard *vs,
+                                       float temperature, int chunk)
+{
+    forward_shard(logp, entropy, h, W, targets, N, D, vs, temperature, chunk, true);
+}
+
+void lmhead_logprob_backward_shard_bf16(float *dh, float *dW, const float *dlogp, const float *dentropy, const float *h,
+                                        const float *W, const int32_t *targets, int N, int D,
+                                        const struct vocab_shard *vs, float temperature, int chunk)
+{
+    backward_shard(dh, dW, dlogp, dentropy, h, W, targets, N, D, vs, temperature, chunk, true);
 }
 
 void lmhead_logprob_forward(float *logp, float *entropy, const float *h, const float *W, const int32_t *targets, int N,

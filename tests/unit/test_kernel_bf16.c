@@ -303,6 +303,127 @@ static void test_context(void **state)
     }
 }
 
+/* The LM head with BF16 products (lmhead_logprob_*_shard_bf16) against a reference in double on BF16-rounded h and
+ * W: log-probs and entropies tight (only the fp32 accumulation differs); dh and dW within the BF16 rounding of the
+ * logits' gradients (2^-8 of sum |dz w| per element, as torch's autocast backward also rounds them); against the fp32
+ * head within the BF16 bound; and the kept logits give the backward the same bits as recomputing them. */
+struct head_ref {
+    double *logp, *ent, *dh, *dW, *sdh, *sdW;
+};
+
+static void lmhead_reference(struct head_ref *r, const float *h, const float *W, const int32_t *tg, const float *gl,
+                             const float *ge, int N, int D, int V, double temp)
+{
+    double *z = calloc((size_t)V, sizeof *z), *dz = calloc((size_t)V, sizeof *dz);
+    memset(r->dW, 0, sizeof(double) * (size_t)V * D);
+    memset(r->sdW, 0, sizeof(double) * (size_t)V * D);
+    for (int i = 0; i < N; i++) {
+        double m = -INFINITY;
+        for (int v = 0; v < V; v++) {
+            double a = 0;
+            for (int d = 0; d < D; d++)
+                a += (double)ref_bf16(h[(size_t)i * D + d]) * ref_bf16(W[(size_t)v * D + d]);
+            z[v] = a / temp;
+            m = z[v] > m ? z[v] : m;
+        }
+        double sum = 0, spz = 0;
+        for (int v = 0; v < V; v++)
+            sum += exp(z[v] - m);
+        const double lse = m + log(sum);
+        for (int v = 0; v < V; v++)
+            spz += exp(z[v] - lse) * (z[v] - lse);
+        r->logp[i] = z[tg[i]] - lse;
+        r->ent[i] = -spz;
+        /* dL/dz_v = gl (1[v = t] - p_v) + ge (-p_v (log p_v + H)), then / temp for d(h W^T) */
+        for (int v = 0; v < V; v++) {
+            const double p = exp(z[v] - lse);
+            dz[v] = (gl[i] * ((v == tg[i]) - p) - ge[i] * p * ((z[v] - lse) + r->ent[i])) / temp;
+        }
+        for (int d = 0; d < D; d++) {
+            double a = 0, sa = 0;
+            for (int v = 0; v < V; v++) {
+                const double t = dz[v] * ref_bf16(W[(size_t)v * D + d]);
+                a += t, sa += fabs(t);
+            }
+            r->dh[(size_t)i * D + d] = a, r->sdh[(size_t)i * D + d] = sa;
+        }
+        for (int v = 0; v < V; v++)
+            for (int d = 0; d < D; d++) {
+                const double t = dz[v] * ref_bf16(h[(size_t)i * D + d]);
+                r->dW[(size_t)v * D + d] += t, r->sdW[(size_t)v * D + d] += fabs(t);
+            }
+    }
+    free(z), free(dz);
+}
+
+static void test_lmhead(void **state)
+{
+    (void)state;
+    skip_without_bf16();
+    enum { N = 7, D = 40, V = 301 };
+    const float temp = 0.7f;
+    uint64_t s = 33;
+    float *h = tk_alloc(N * D), *W = tk_alloc((size_t)V * D), *gl = tk_alloc(N), *ge = tk_alloc(N);
+    tk_fill(h, N * D, &s, -1, 1);
+    tk_fill(W, (size_t)V * D, &s, -0.5f, 0.5f);
+    tk_fill(gl, N, &s, -1, 1);
+    tk_fill(ge, N, &s, -1, 1);
+    int32_t tg[N];
+    for (int i = 0; i < N; i++)
+        tg[i] = (int32_t)((i * 97 + 13) % V);
+    struct head_ref r;
+    double *all = calloc((size_t)(2 * N + 2 * N * D + 2 * V * D), sizeof(double));
+    r.logp = all, r.ent = all + N, r.dh = all + 2 * N, r.sdh = r.dh + N * D, r.dW = r.sdh + N * D,
+    r.sdW = r.dW + (size_t)V * D;
+    lmhead_reference(&r, h, W, tg, gl, ge, N, D, V, temp);
+    float lp[N], en[N], lp32[N], en32[N];
+    float *dh = tk_alloc(N * D), *dW = tk_alloc((size_t)V * D), *dh2 = tk_alloc(N * D), *dW2 = tk_alloc((size_t)V * D);
+    float *keep = tk_alloc((size_t)N * V);
+    const struct vocab_shard whole = {.lo = 0, .hi = V, .V = V};
+    lmhead_logprob_forward(lp32, en32, h, W, tg, N, D, V, temp, N);
+    const int chunks[] = {1, 3, N};
+    for (size_t c = 0; c < sizeof chunks / sizeof *chunks; c++) {
+        lmhead_logprob_forward_shard_bf16(lp, en, h, W, tg, N, D, &whole, temp, chunks[c]);
+        for (int i = 0; i < N; i++) {
+            if (fabs(lp[i] - r.logp[i]) > 1e-4 || fabs(en[i] - r.ent[i]) > 1e-4)
+                fail_msg("chunk %d: logp[%d] %.7g entropy %.7g, reference on BF16 inputs %.7g %.7g", chunks[c], i,
+                         (double)lp[i], (double)en[i], r.logp[i], r.ent[i]);
+            if (fabs(lp[i] - lp32[i]) > 0.05 || fabs(en[i] - en32[i]) > 0.05) /* the BF16 bound against fp32 */
+                fail_msg("chunk %d: logp[%d] %.7g entropy %.7g, fp32 head %.7g %.7g", chunks[c], i, (double)lp[i],
+                         (double)en[i], (double)lp32[i], (double)en32[i]);
+        }
+        tk_set(dh, N * D, 0.5f); /* += semantics */
+        tk_set(dW, (size_t)V * D, -0.25f);
+        lmhead_logprob_backward_shard_bf16(dh, dW, gl, ge, h, W, tg, N, D, &whole, temp, chunks[c]);
+        for (int i = 0; i < N * D; i++)
+            if (fabs((dh[i] - 0.5) - r.dh[i]) > 0x1p-8 * r.sdh[i] + 1e-6)
+                fail_msg("chunk %d: dh[%d] %.7g, reference %.7g (scale %.3g)", chunks[c], i, dh[i] - 0.5, r.dh[i],
+                         r.sdh[i]);
+        for (int i = 0; i < V * D; i++)
+            if (fabs((dW[i] + 0.25) - r.dW[i]) > 0x1p-8 * r.sdW[i] + 1e-6)
+                fail_msg("chunk %d: dW[%d] %.7g, reference %.7g (scale %.3g)", chunks[c], i, dW[i] + 0.25, r.dW[i],
+                         r.sdW[i]);
+        /* the forward's logits kept: the backward's gradients bit for bit */
+        const struct vocab_shard kept = {.lo = 0, .hi = V, .V = V, .keep = keep};
+        lmhead_logprob_forward_shard_bf16(lp, en, h, W, tg, N, D, &kept, temp, chunks[c]);
+        tk_set(dh2, N * D, 0.5f);
+        tk_set(dW2, (size_t)V * D, -0.25f);
+        lmhead_logprob_backward_shard_bf16(dh2, dW2, gl, ge, h, W, tg, N, D, &kept, temp, chunks[c]);
+        assert_memory_equal(dh, dh2, sizeof(float) * N * D);
+        assert_memory_equal(dW, dW2, sizeof(float) * V * D);
+    }
+    /* the BF16 context runs this head */
+    char why[256];
+    struct kctx *K = kctx_create("cpu", KMM_BF16, why, sizeof why);
+    assert_non_null(K);
+    float lpk[N];
+    k_lmhead_forward(K, lpk, NULL, h, W, tg, N, D, &whole, temp, 2);
+    lmhead_logprob_forward_shard_bf16(lp, NULL, h, W, tg, N, D, &whole, temp, 2);
+    assert_memory_equal(lpk, lp, sizeof lp);
+    kctx_free(K);
+    free(h), free(W), free(gl), free(ge), free(dh), free(dW), free(dh2), free(dW2), free(keep), free(all);
+}
+
 int main(void)
 {
     struct bf16_cpu f = cpu_bf16_features();
@@ -316,6 +437,7 @@ int main(void)
         cmocka_unit_test(test_exact_on_bf16_values),
         cmocka_unit_test(test_repeated_shapes),
         cmocka_unit_test(test_context),
+        cmocka_unit_test(test_lmhead),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
