@@ -82,7 +82,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bf16_gemm_bench: bad arguments\n");
         return 2;
     }
-    openblas_set_num_threads(threads);
+    cpu_set_threads(threads);
     const bool bf16 = cpu_bf16_gemm_available();
     char blas[128];
     fprintf(stderr, "bf16_gemm_bench: %d tokens, %d thread(s); fp32: %s; bf16: %s\n", N, threads,

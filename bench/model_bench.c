@@ -2,7 +2,7 @@
  * (bench/model_bench_torch.py measures the same things the same way; bench/run_model_bench.sh
  * runs both and prints the ratios).
  *
- *   sgemm     cblas_sgemm GFLOP/s at n^3 (x W^T layout, as linear_forward), best of several:
+ *   sgemm     sgemm GFLOP/s at n^3 over our threads (cpu_sgemm) (x W^T layout, as linear_forward), best of several:
  *             the machine's achievable peak at this thread count
  *   fwd_bwd   packed forward + backward of B sequences of S tokens, loss = sum of next-token
  *             log-probs (the last token of each sequence has no target: weight 0); tokens/s and
@@ -70,11 +70,11 @@ static double bench_sgemm(int n, int reps)
         a[i] = (float)(i % 13) * 0.01f;
         b[i] = (float)(i % 7) * 0.02f;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1, a, n, b, n, 0, c, n); /* warm */
+    cpu_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n); /* warm */
     double best = 0;
     for (int r = 0; r < reps; r++) {
         double t0 = now_s();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1, a, n, b, n, 0, c, n);
+        cpu_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n);
         double dt = now_s() - t0;
         double g = 2.0 * n * n * n / dt / 1e9;
         if (g > best)
@@ -370,7 +370,7 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    openblas_set_num_threads(threads);
+    cpu_set_threads(threads);
     char err[1024];
     double t0 = now_s();
     struct model *m = model_load(argv[optind], err, sizeof err);

@@ -583,7 +583,7 @@ int main(int argc, char **argv)
                            "0 < --top-p <= 1, --threads >= 1");
         return 2;
     }
-    openblas_set_num_threads(o.threads);
+    cpu_set_threads(o.threads);
     int npos = argc - optind;
     const char *a0 = npos > 0 ? argv[optind] : NULL, *a1 = npos > 1 ? argv[optind + 1] : NULL;
     int need = strcmp(cmd, "merge-lora") == 0                                                              ? 3

@@ -8,6 +8,7 @@
 
 #include "common/check.h"
 #include "cpu_kernels.h"
+#include "pool.h"
 
 #define ATTN_BLOCK 64
 
@@ -161,6 +162,61 @@ static int head_keys(const float **kb, const float **vb, int *ld, float *Kc, flo
     return plen;
 }
 
+/* The heads and sequences of a call as units of work on the pool's threads (kernels/cpu/pool.c): each part takes
+ * the next unit until none is left, with its own scratch. A unit is computed whole by one thread with the same
+ * single-threaded sgemm calls in the same order, so the bits do not depend on the number of threads. */
+struct attn_job {
+    float *out, *lse, *dq, *dk, *dv;
+    const float *q, *k, *v, *dout, *o, *lse_in; /* lse: the forward's output, lse_in: the backward's input */
+    const int32_t *cu, *prefix_of;
+    int B, Hq, Hkv, hd, maxK, units;
+    _Atomic int next;
+};
+
+/* Units are worth splitting from this many multiply-adds of the whole call on (waking a helper costs more). */
+enum { ATTN_SPLIT_MIN_MACS = 1 << 18 };
+
+static int attn_parts(double macs, int units)
+{
+    int parts = cpu_pool_threads();
+    parts = parts < units ? parts : units;
+    return macs < ATTN_SPLIT_MIN_MACS || parts < 1 ? 1 : parts;
+}
+
+/* forward: unit (sequence b, kv head kh) = b * Hkv + kh */
+static void forward_part(void *arg, int part, int parts)
+{
+    (void)part, (void)parts;
+    struct attn_job *j = arg;
+    const int group = j->Hq / j->Hkv, ldq = j->Hq * j->hd, ldk = j->Hkv * j->hd, hd = j->hd;
+    const float scale = (float)(1.0 / sqrt((double)hd));
+    float *S = xmalloc(sizeof(float) * (size_t)imin(ATTN_BLOCK, j->maxK) * j->maxK);
+    float *Kc = NULL, *Vc = NULL;
+    if (j->prefix_of)
+        Kc = xmalloc(sizeof(float) * 2 * (size_t)j->maxK * hd), Vc = Kc + (size_t)j->maxK * hd;
+    for (int u; (u = j->next++) < j->units;) {
+        const int b = u / j->Hkv, kh = u % j->Hkv;
+        const size_t s0 = (size_t)j->cu[b];
+        const int L = j->cu[b + 1] - j->cu[b], p = j->prefix_of ? j->prefix_of[b] : -1;
+        if (L == 0)
+            continue;
+        const float *kb, *vb;
+        int ld;
+        const int off = head_keys(&kb, &vb, &ld, Kc, Vc, j->k, j->v, j->cu, b, p, ldk, kh, hd);
+        for (int h = kh * group; h < (kh + 1) * group; h++)
+            head_forward(j->out + s0 * ldq + (size_t)h * hd, j->lse ? j->lse + s0 * j->Hq + h : NULL, j->Hq,
+                         j->q + s0 * ldq + (size_t)h * hd, ldq, kb, vb, ld, L, off, hd, scale, S);
+    }
+    free(S);
+    free(Kc);
+}
+
+/* multiply-adds of a forward over the batch (the two products of every query row against the keys it sees) */
+static double attn_macs(const int32_t *cu, int B, int Hq, int hd, int maxK)
+{
+    return 2.0 * (double)cu[B] * maxK * Hq * hd;
+}
+
 void attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                        const int32_t *cu_seqlens, const int32_t *prefix_of, int B, int Hq, int Hkv, int hd)
 {
@@ -168,28 +224,20 @@ void attention_forward(float *out, float *lse, const float *q, const float *k, c
     int maxK = max_keys("attention_forward", cu_seqlens, prefix_of, B);
     if (maxK == 0)
         return;
-    float *S = xmalloc(sizeof(float) * (size_t)imin(ATTN_BLOCK, maxK) * maxK);
-    float *Kc = NULL, *Vc = NULL;
-    if (prefix_of)
-        Kc = xmalloc(sizeof(float) * 2 * (size_t)maxK * hd), Vc = Kc + (size_t)maxK * hd;
-    int group = Hq / Hkv, ldq = Hq * hd, ldk = Hkv * hd;
-    float scale = (float)(1.0 / sqrt((double)hd));
-    for (int b = 0; b < B; b++) {
-        size_t s0 = (size_t)cu_seqlens[b];
-        int L = cu_seqlens[b + 1] - cu_seqlens[b], p = prefix_of ? prefix_of[b] : -1;
-        if (L == 0)
-            continue;
-        for (int kh = 0; kh < Hkv; kh++) {
-            const float *kb, *vb;
-            int ld;
-            const int off = head_keys(&kb, &vb, &ld, Kc, Vc, k, v, cu_seqlens, b, p, ldk, kh, hd);
-            for (int h = kh * group; h < (kh + 1) * group; h++)
-                head_forward(out + s0 * ldq + (size_t)h * hd, lse ? lse + s0 * Hq + h : NULL, Hq,
-                             q + s0 * ldq + (size_t)h * hd, ldq, kb, vb, ld, L, off, hd, scale, S);
-        }
-    }
-    free(S);
-    free(Kc);
+    struct attn_job j = {.out = out,
+                         .lse = lse,
+                         .q = q,
+                         .k = k,
+                         .v = v,
+                         .cu = cu_seqlens,
+                         .prefix_of = prefix_of,
+                         .B = B,
+                         .Hq = Hq,
+                         .Hkv = Hkv,
+                         .hd = hd,
+                         .maxK = maxK,
+                         .units = B * Hkv};
+    cpu_run_parts(attn_parts(attn_macs(cu_seqlens, B, Hq, hd, maxK), j.units), forward_part, &j);
 }
 
 /* Backward of one query head over one sequence; strides as in head_forward, and query row i (0..T-1) sits at
@@ -234,6 +282,63 @@ static void head_backward(float *dq, float *dk, float *dv, const float *dout, co
     }
 }
 
+/* backward: unit (family r, kv head kh) = r * Hkv + kh, where family r is sequence r and, with prefix_of, the
+ * sequences whose prefix it is: their gradients meet in r's rows of dk and dv, so one thread does them, in the
+ * order of the sequences as a serial loop would. Units of sequences that have a prefix themselves are empty. */
+static void backward_part(void *arg, int part, int parts)
+{
+    (void)part, (void)parts;
+    struct attn_job *j = arg;
+    const int group = j->Hq / j->Hkv, ldq = j->Hq * j->hd, ldk = j->Hkv * j->hd, hd = j->hd, maxK = j->maxK;
+    const float scale = (float)(1.0 / sqrt((double)hd));
+    const int32_t *cu = j->cu, *prefix_of = j->prefix_of;
+    size_t scratch = (size_t)imin(ATTN_BLOCK, maxK) * maxK, kv = (size_t)maxK * hd;
+    float *P = xmalloc(sizeof(float) * scratch), *dP = xmalloc(sizeof(float) * scratch);
+    /* prefixed sequences: their gathered keys and values, and the gradients of those rows, added back after */
+    float *Kc = NULL, *Vc = NULL, *dKc = NULL, *dVc = NULL;
+    if (prefix_of)
+        Kc = xmalloc(sizeof(float) * 4 * kv), Vc = Kc + kv, dKc = Kc + 2 * kv, dVc = Kc + 3 * kv;
+    for (int u; (u = j->next++) < j->units;) {
+        const int r = u / j->Hkv, kh = u % j->Hkv;
+        if (prefix_of && prefix_of[r] != -1)
+            continue;
+        for (int b = 0; b < j->B; b++) {
+            const int p = prefix_of ? prefix_of[b] : -1;
+            if (b != r && p != r)
+                continue;
+            size_t s0 = (size_t)cu[b];
+            int L = cu[b + 1] - cu[b];
+            if (L == 0)
+                continue;
+            const size_t ko = s0 * ldk + (size_t)kh * hd;
+            const float *kb, *vb;
+            float *dkb = j->dk + ko, *dvb = j->dv + ko;
+            int ld;
+            const int off = head_keys(&kb, &vb, &ld, Kc, Vc, j->k, j->v, cu, b, p, ldk, kh, hd);
+            if (p >= 0) { /* the gathered rows' gradients, added back below */
+                memset(dKc, 0, sizeof(float) * (size_t)(off + L) * hd);
+                memset(dVc, 0, sizeof(float) * (size_t)(off + L) * hd);
+                dkb = dKc, dvb = dVc;
+            }
+            for (int h = kh * group; h < (kh + 1) * group; h++) {
+                size_t qo = s0 * ldq + (size_t)h * hd;
+                head_backward(j->dq + qo, dkb, dvb, j->dout + qo, j->o + qo, j->lse_in + s0 * j->Hq + h, j->Hq,
+                              j->q + qo, ldq, kb, vb, ld, L, off, hd, scale, P, dP);
+            }
+            for (int jr = 0; p >= 0 && jr < off + L; jr++) { /* the gathered rows' gradients back where they belong */
+                const size_t dst = gathered_row(cu, b, p, jr) * ldk + (size_t)kh * hd;
+                for (int d = 0; d < hd; d++) {
+                    j->dk[dst + d] += dKc[(size_t)jr * hd + d];
+                    j->dv[dst + d] += dVc[(size_t)jr * hd + d];
+                }
+            }
+        }
+    }
+    free(P);
+    free(dP);
+    free(Kc);
+}
+
 void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                         const float *q, const float *k, const float *v, const int32_t *cu_seqlens,
                         const int32_t *prefix_of, int B, int Hq, int Hkv, int hd)
@@ -242,47 +347,43 @@ void attention_backward(float *dq, float *dk, float *dv, const float *dout, cons
     int maxK = max_keys("attention_backward", cu_seqlens, prefix_of, B);
     if (maxK == 0)
         return;
-    size_t scratch = (size_t)imin(ATTN_BLOCK, maxK) * maxK, kv = (size_t)maxK * hd;
-    float *P = xmalloc(sizeof(float) * scratch), *dP = xmalloc(sizeof(float) * scratch);
-    /* prefixed sequences: their gathered keys and values, and the gradients of those rows, added back after */
-    float *Kc = NULL, *Vc = NULL, *dKc = NULL, *dVc = NULL;
-    if (prefix_of)
-        Kc = xmalloc(sizeof(float) * 4 * kv), Vc = Kc + kv, dKc = Kc + 2 * kv, dVc = Kc + 3 * kv;
-    int group = Hq / Hkv, ldq = Hq * hd, ldk = Hkv * hd;
-    float scale = (float)(1.0 / sqrt((double)hd));
-    for (int b = 0; b < B; b++) {
-        size_t s0 = (size_t)cu_seqlens[b];
-        int L = cu_seqlens[b + 1] - cu_seqlens[b], p = prefix_of ? prefix_of[b] : -1;
-        if (L == 0)
-            continue;
-        for (int kh = 0; kh < Hkv; kh++) {
-            const size_t ko = s0 * ldk + (size_t)kh * hd;
-            const float *kb, *vb;
-            float *dkb = dk + ko, *dvb = dv + ko;
-            int ld;
-            const int off = head_keys(&kb, &vb, &ld, Kc, Vc, k, v, cu_seqlens, b, p, ldk, kh, hd);
-            if (p >= 0) { /* the gathered rows' gradients, added back below */
-                memset(dKc, 0, sizeof(float) * (size_t)(off + L) * hd);
-                memset(dVc, 0, sizeof(float) * (size_t)(off + L) * hd);
-                dkb = dKc, dvb = dVc;
-            }
-            for (int h = kh * group; h < (kh + 1) * group; h++) {
-                size_t qo = s0 * ldq + (size_t)h * hd;
-                head_backward(dq + qo, dkb, dvb, dout + qo, out + qo, lse + s0 * Hq + h, Hq, q + qo, ldq, kb, vb, ld, L,
-                              off, hd, scale, P, dP);
-            }
-            for (int j = 0; p >= 0 && j < off + L; j++) { /* the gathered rows' gradients back where they belong */
-                const size_t dst = gathered_row(cu_seqlens, b, p, j) * ldk + (size_t)kh * hd;
-                for (int d = 0; d < hd; d++) {
-                    dk[dst + d] += dKc[(size_t)j * hd + d];
-                    dv[dst + d] += dVc[(size_t)j * hd + d];
-                }
-            }
-        }
+    struct attn_job j = {.dq = dq,
+                         .dk = dk,
+                         .dv = dv,
+                         .dout = dout,
+                         .o = out,
+                         .lse_in = lse,
+                         .q = q,
+                         .k = k,
+                         .v = v,
+                         .cu = cu_seqlens,
+                         .prefix_of = prefix_of,
+                         .B = B,
+                         .Hq = Hq,
+                         .Hkv = Hkv,
+                         .hd = hd,
+                         .maxK = maxK,
+                         .units = B * Hkv};
+    cpu_run_parts(attn_parts(2 * attn_macs(cu_seqlens, B, Hq, hd, maxK), j.units), backward_part, &j);
+}
+
+/* cached: unit = query head h */
+static void cached_part(void *arg, int part, int parts)
+{
+    (void)part, (void)parts;
+    struct attn_job *j = arg;
+    const int Tq = j->B, Tk = j->maxK, group = j->Hq / j->Hkv, ldq = j->Hq * j->hd, ldk = j->Hkv * j->hd, hd = j->hd;
+    const float scale = (float)(1.0 / sqrt((double)hd));
+    float *S = xmalloc(sizeof(float) * (size_t)imin(ATTN_BLOCK, Tq) * Tk);
+    for (int h; (h = j->next++) < j->units;) {
+        size_t ko = (size_t)(h / group) * hd;
+        if (Tq == 1) /* a decode step */
+            head_decode(j->out + (size_t)h * hd, j->q + (size_t)h * hd, j->k + ko, j->v + ko, ldk, Tk, hd, scale, S);
+        else
+            head_forward(j->out + (size_t)h * hd, NULL, 0, j->q + (size_t)h * hd, ldq, j->k + ko, j->v + ko, ldk, Tq,
+                         Tk - Tq, hd, scale, S);
     }
-    free(P);
-    free(dP);
-    free(Kc);
+    free(S);
 }
 
 void attention_cached(float *out, const float *q, const float *kcache, const float *vcache, int Tq, int Tk, int Hq,
@@ -293,16 +394,8 @@ void attention_cached(float *out, const float *q, const float *kcache, const flo
         check_failf(__FILE__, __LINE__, "attention_cached: Tq=%d queries but Tk=%d cached positions", Tq, Tk);
     if (Tq == 0)
         return;
-    float *S = xmalloc(sizeof(float) * (size_t)imin(ATTN_BLOCK, Tq) * Tk);
-    int group = Hq / Hkv, ldq = Hq * hd, ldk = Hkv * hd;
-    float scale = (float)(1.0 / sqrt((double)hd));
-    for (int h = 0; h < Hq; h++) {
-        size_t ko = (size_t)(h / group) * hd;
-        if (Tq == 1) /* a decode step */
-            head_decode(out + (size_t)h * hd, q + (size_t)h * hd, kcache + ko, vcache + ko, ldk, Tk, hd, scale, S);
-        else
-            head_forward(out + (size_t)h * hd, NULL, 0, q + (size_t)h * hd, ldq, kcache + ko, vcache + ko, ldk, Tq,
-                         Tk - Tq, hd, scale, S);
-    }
-    free(S);
+    /* B carries Tq and maxK carries Tk here */
+    struct attn_job j = {
+        .out = out, .q = q, .k = kcache, .v = vcache, .B = Tq, .Hq = Hq, .Hkv = Hkv, .hd = hd, .maxK = Tk, .units = Hq};
+    cpu_run_parts(attn_parts(2.0 * Tq * Tk * Hq * hd, Hq), cached_part, &j);
 }

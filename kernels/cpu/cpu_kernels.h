@@ -41,6 +41,14 @@ void embedding_forward_shard(float *out, const int32_t *ids, const float *table,
 void embedding_backward_shard(float *dtable, const float *dout, const int32_t *ids, int N, int D,
                               const struct vocab_shard *vs);
 
+/* The CPU back-end's threads (the trainer's trainer.num_threads, grpo-model's --threads): products and kernels split
+ * into this many parts on kernels/cpu/pool.c's threads; OpenBLAS itself runs single-threaded from then on. */
+void cpu_set_threads(int threads);
+/* C (M, N) = alpha op(A) op(B) + beta C, row-major as cblas_sgemm (ta, tb: A, B transposed), split over those threads
+ * by rows or columns of C; the same thread count gives the same bits. kernels/cpu/gemm.c. */
+void cpu_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+               float beta, float *C, int ldc);
+
 /* Linear, HF nn.Linear layout: y = x W^T + b.  y: (N, Dout); x: (N, Din); W: (Dout, Din); b: (Dout) or NULL. */
 void linear_forward(float *y, const float *x, const float *W, const float *b, int N, int Din, int Dout);
 /* dx += dy W (N, Din); dW += dy^T x (Dout, Din); db += sum_rows dy (Dout). Any of dx, dW, db may be NULL. */

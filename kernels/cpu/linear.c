@@ -1,5 +1,3 @@
-#include <cblas.h>
-
 #include "cpu_kernels.h"
 
 /* Every binary that multiplies matrices also links blas_select.c (its constructor picks the kernels). */
@@ -17,7 +15,7 @@ void linear_forward(float *y, const float *x, const float *W, const float *b, in
         if (skinny_wanted(N, Din))
             linear_forward_skinny(y, x, W, N, Din, Dout);
         else
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, Dout, Din, 1.0f, x, Din, W, Din, 0.0f, y, Dout);
+            cpu_sgemm(false, true, N, Dout, Din, 1.0f, x, Din, W, Din, 0.0f, y, Dout);
     }
     if (b)
         for (int i = 0; i < N; i++) {
@@ -33,9 +31,9 @@ void linear_backward(float *dx, float *dW, float *db, const float *dy, const flo
     if (N <= 0 || Dout <= 0)
         return;
     if (dx && Din > 0) /* dx (N, Din) += dy (N, Dout) * W (Dout, Din) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, Din, Dout, 1.0f, dy, Dout, W, Din, 1.0f, dx, Din);
+        cpu_sgemm(false, false, N, Din, Dout, 1.0f, dy, Dout, W, Din, 1.0f, dx, Din);
     if (dW && Din > 0) /* dW (Dout, Din) += dy^T (Dout, N) * x (N, Din) */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Dout, Din, N, 1.0f, dy, Dout, x, Din, 1.0f, dW, Din);
+        cpu_sgemm(true, false, Dout, Din, N, 1.0f, dy, Dout, x, Din, 1.0f, dW, Din);
     if (db)
         for (int i = 0; i < N; i++) {
             const float *dyi = dy + (size_t)i * Dout;

@@ -4,7 +4,6 @@
  * Under tensor parallelism each rank holds a shard of the vocabulary (rows [lo, hi) of the head): a chunk's
  * row maxima are combined first (max), then the sums of exponentials, the sums of p * z (the entropy) and the
  * target logits (sum). With the whole vocabulary the combinations are the identity. */
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -104,7 +103,7 @@ static void chunk_logits(float *z, const float *h, const struct head *hd, int c,
 {
     const int D = hd->D, Vl = hd->Vl;
     if (!hd->Wb) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c, Vl, D, 1.0f / temperature, h, D, hd->W, D, 0.0f, z, Vl);
+        cpu_sgemm(false, true, c, Vl, D, 1.0f / temperature, h, D, hd->W, D, 0.0f, z, Vl);
         return;
     }
     uint16_t *hb = bf16_buf_get(&tl_ab, (size_t)c * D);
@@ -120,9 +119,9 @@ static void chunk_grads(float *dh, float *dW, const float *dz, const float *hc, 
     const int D = hd->D, Vl = hd->Vl;
     if (!hd->Wb) {
         if (dh)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, c, D, Vl, 1.0f, dz, Vl, hd->W, D, 1.0f, dh, D);
+            cpu_sgemm(false, false, c, D, Vl, 1.0f, dz, Vl, hd->W, D, 1.0f, dh, D);
         if (dW)
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Vl, D, c, 1.0f, dz, Vl, hc, D, 1.0f, dW, D);
+            cpu_sgemm(true, false, Vl, D, c, 1.0f, dz, Vl, hc, D, 1.0f, dW, D);
         return;
     }
     uint16_t *ab = bf16_buf_get(&tl_ab, (size_t)c * (D > Vl ? D : Vl));

@@ -43,10 +43,23 @@ static void *helper_main(void *arg)
     return NULL;
 }
 
+/* The process's thread setting: OpenBLAS's own count when first asked (OPENBLAS_NUM_THREADS, or the cores), then
+ * cpu_set_threads; OpenBLAS itself is kept at one thread (gemm.c says why). */
+static int g_threads;
+
+static int clamp_threads(int t) { return t < 1 ? 1 : t < CPU_POOL_MAX_PARTS ? t : CPU_POOL_MAX_PARTS; }
+
+void cpu_set_threads(int threads)
+{
+    g_threads = clamp_threads(threads);
+    openblas_set_num_threads(1);
+}
+
 int cpu_pool_threads(void)
 {
-    int t = openblas_get_num_threads();
-    return t < 1 ? 1 : t < CPU_POOL_MAX_PARTS ? t : CPU_POOL_MAX_PARTS;
+    if (!g_threads)
+        cpu_set_threads(openblas_get_num_threads());
+    return g_threads;
 }
 
 static void run_serial(int parts, cpu_part_fn fn, void *arg)

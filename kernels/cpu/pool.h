@@ -12,8 +12,8 @@ typedef void (*cpu_part_fn)(void *arg, int part, int parts);
  * other on the calling thread: the results are the same, only slower. */
 void cpu_run_parts(int parts, cpu_part_fn fn, void *arg);
 
-/* How many parts a product should have: the trainer's thread setting (OpenBLAS's threads), at most
- * CPU_POOL_MAX_PARTS. */
+/* How many parts a product should have: the process's thread setting (cpu_set_threads; before that OpenBLAS's own
+ * thread count, from OPENBLAS_NUM_THREADS or the cores), at most CPU_POOL_MAX_PARTS. */
 int cpu_pool_threads(void);
 
 #endif

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/pool.h"
 #include "test_kernel_util.h"
 
 struct problem {
@@ -318,6 +319,47 @@ static void test_prefix_packing_backward_fd(void **state)
     problem_free(&p);
 }
 
+/* Split over the pool's threads (units of a sequence, or a prefix's family, and a kv head): the same bits at 1, 2
+ * and 3 threads, forward, backward and cached, with prefixes whose sequences are not next to each other; and the
+ * forward of the same rows as whole sequences against the naive reference at each count. */
+static void test_threads_same_bits(void **state)
+{
+    (void)state;
+    static const int32_t cu[6] = {0, 40, 75, 140, 170, 230}, pre[5] = {-1, 0, -1, 0, 2};
+    struct problem p;
+    problem_init(&p, cu, 5, 4, 2, 16, 55);
+    p.prefix = pre;
+    const size_t nq = (size_t)p.N * p.Hq * p.hd, nk = (size_t)p.N * p.Hkv * p.hd, nl = (size_t)p.N * p.Hq;
+    float *o[3], *l[3], *dq[3], *dk[3], *dv[3], *co[3];
+    const int before = cpu_pool_threads();
+    for (int t = 0; t < 3; t++) {
+        cpu_set_threads(t + 1);
+        p.prefix = NULL; /* the naive reference packs whole sequences */
+        check_against_naive(&p);
+        p.prefix = pre;
+        o[t] = tk_alloc(nq), l[t] = tk_alloc(nl), dq[t] = tk_alloc(nq), dk[t] = tk_alloc(nk), dv[t] = tk_alloc(nk);
+        co[t] = tk_alloc(nq);
+        tk_set(dq[t], nq, 0.25f), tk_set(dk[t], nk, 0.5f), tk_set(dv[t], nk, -0.5f);
+        attention_forward(o[t], l[t], p.q, p.k, p.v, cu, pre, 5, p.Hq, p.Hkv, p.hd);
+        attention_backward(dq[t], dk[t], dv[t], p.g, o[t], l[t], p.q, p.k, p.v, cu, pre, 5, p.Hq, p.Hkv, p.hd);
+        /* cached: the last sequence's 60 rows as a prefill over its own keys */
+        attention_cached(co[t], p.q + (size_t)170 * p.Hq * p.hd, p.k + (size_t)170 * p.Hkv * p.hd,
+                         p.v + (size_t)170 * p.Hkv * p.hd, 60, 60, p.Hq, p.Hkv, p.hd);
+        if (t > 0) {
+            assert_memory_equal(o[t], o[0], nq * sizeof(float));
+            assert_memory_equal(l[t], l[0], nl * sizeof(float));
+            assert_memory_equal(dq[t], dq[0], nq * sizeof(float));
+            assert_memory_equal(dk[t], dk[0], nk * sizeof(float));
+            assert_memory_equal(dv[t], dv[0], nk * sizeof(float));
+            assert_memory_equal(co[t], co[0], (size_t)60 * p.Hq * p.hd * sizeof(float));
+        }
+    }
+    cpu_set_threads(before);
+    for (int t = 0; t < 3; t++)
+        free(o[t]), free(l[t]), free(dq[t]), free(dk[t]), free(dv[t]), free(co[t]);
+    problem_free(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -329,6 +371,7 @@ int main(void)
         cmocka_unit_test(test_cached_matches_full_forward),
         cmocka_unit_test(test_prefix_packing_matches_whole_sequences),
         cmocka_unit_test(test_prefix_packing_backward_fd),
+        cmocka_unit_test(test_threads_same_bits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/pool.h"
 #include "test_kernel_util.h"
 
 enum { N = 4, DIN = 5, DOUT = 3 };
@@ -175,19 +176,19 @@ static void test_skinny_row_independent(void **state)
     float *x = tk_alloc(MMAX * K), *W = tk_alloc(NO * K), *y1 = tk_alloc(NO), *yb = tk_alloc(MMAX * NO);
     tk_fill(x, MMAX * K, &s, -1, 1);
     tk_fill(W, NO * K, &s, -1, 1);
-    const int threads = openblas_get_num_threads();
+    const int threads = cpu_pool_threads();
     for (int p = 0; p < npaths; p++) {
         if (paths[p] == SKINNY_NONE || (paths[p] == SKINNY_AUTO && skinny_isa() == SKINNY_NONE))
             continue; /* sgemm: rows are not independent there */
         assert_true(skinny_force_isa(paths[p]));
         for (int t = 1; t <= 2; t++) {
-            openblas_set_num_threads(t);
+            cpu_set_threads(t);
             for (int M = 1; M <= MMAX; M += 7) {
                 linear_forward(yb, x, W, NULL, M, K, NO);
                 for (int i = 0; i < M; i++) {
-                    openblas_set_num_threads(1);
+                    cpu_set_threads(1);
                     linear_forward(y1, x + (size_t)i * K, W, NULL, 1, K, NO);
-                    openblas_set_num_threads(t);
+                    cpu_set_threads(t);
                     if (memcmp(y1, yb + (size_t)i * NO, NO * sizeof(float)) != 0)
                         fail_msg("skinny %s: row %d of a batch of %d at %d thread(s) differs from the row alone",
                                  skinny_isa_name(paths[p]), i, M, t);
@@ -195,9 +196,76 @@ static void test_skinny_row_independent(void **state)
             }
         }
     }
-    openblas_set_num_threads(threads);
+    cpu_set_threads(threads);
     skinny_force_isa(SKINNY_AUTO);
     free(x), free(W), free(y1), free(yb);
+}
+
+/* The products split over the pool's threads (kernels/cpu/gemm.c), by rows (many tokens) and by columns (few tokens,
+ * wide outputs): at 1, 2 and 3 threads y, dx and dW match double loops, and a second call gives the same bits (the
+ * bits may differ between thread counts: OpenBLAS picks its kernel by the size of each part). */
+static double dot_ref(const float *a, int sa, const float *b, int sb, int n, double *mag)
+{
+    double r = 0;
+    *mag = 0;
+    for (int j = 0; j < n; j++)
+        r += (double)a[(size_t)j * sa] * b[(size_t)j * sb], *mag += fabs((double)a[(size_t)j * sa] * b[(size_t)j * sb]);
+    return r;
+}
+
+static void expect_ref(const char *what, float got, double ref, double mag, int N, int Din, int Dout, int t)
+{
+    if (fabs(got - ref) > 1e-5 * mag + 1e-6)
+        fail_msg("%s, %d x %d x %d at %d thread(s): %.9g, double loop %.9g", what, N, Din, Dout, t, got, ref);
+}
+
+static void test_split_products(void **state)
+{
+    (void)state;
+    static const int shapes[][3] = {{300, 100, 150}, {40, 96, 1000}, {1000, 64, 48}, {33, 257, 129}};
+    const int before = cpu_pool_threads();
+    uint64_t s = 29;
+    for (size_t c = 0; c < sizeof shapes / sizeof *shapes; c++) {
+        const int N = shapes[c][0], Din = shapes[c][1], Dout = shapes[c][2];
+        float *x = tk_alloc((size_t)N * Din), *W = tk_alloc((size_t)Dout * Din), *dy = tk_alloc((size_t)N * Dout);
+        tk_fill(x, (size_t)N * Din, &s, -1, 1);
+        tk_fill(W, (size_t)Dout * Din, &s, -1, 1);
+        tk_fill(dy, (size_t)N * Dout, &s, -1, 1);
+        float *y[2], *dx[2], *dW[2];
+        for (int t = 1; t <= 3; t++) {
+            cpu_set_threads(t);
+            for (int r = 0; r < 2; r++) {
+                y[r] = tk_alloc((size_t)N * Dout), dx[r] = tk_alloc((size_t)N * Din);
+                dW[r] = tk_alloc((size_t)Dout * Din);
+                tk_set(dx[r], (size_t)N * Din, 0.5f), tk_set(dW[r], (size_t)Dout * Din, -0.5f);
+                linear_forward(y[r], x, W, NULL, N, Din, Dout);
+                linear_backward(dx[r], dW[r], NULL, dy, x, W, N, Din, Dout);
+            }
+            assert_memory_equal(y[1], y[0], sizeof(float) * (size_t)N * Dout);
+            assert_memory_equal(dx[1], dx[0], sizeof(float) * (size_t)N * Din);
+            assert_memory_equal(dW[1], dW[0], sizeof(float) * (size_t)Dout * Din);
+            double mag, ref;
+            for (int i = 0; i < N; i += 7)
+                for (int o = 0; o < Dout; o += 5) {
+                    ref = dot_ref(x + (size_t)i * Din, 1, W + (size_t)o * Din, 1, Din, &mag);
+                    expect_ref("y", y[0][(size_t)i * Dout + o], ref, mag, N, Din, Dout, t);
+                }
+            for (int i = 0; i < N; i += 7)
+                for (int j = 0; j < Din; j += 5) {
+                    ref = dot_ref(dy + (size_t)i * Dout, 1, W + j, Din, Dout, &mag);
+                    expect_ref("dx", dx[0][(size_t)i * Din + j] - 0.5f, ref, mag, N, Din, Dout, t);
+                }
+            for (int o = 0; o < Dout; o += 7)
+                for (int j = 0; j < Din; j += 5) {
+                    ref = dot_ref(dy + o, Dout, x + j, Din, N, &mag);
+                    expect_ref("dW", dW[0][(size_t)o * Din + j] + 0.5f, ref, mag, N, Din, Dout, t);
+                }
+            for (int r = 0; r < 2; r++)
+                free(y[r]), free(dx[r]), free(dW[r]);
+        }
+        free(x), free(W), free(dy);
+    }
+    cpu_set_threads(before);
 }
 
 int main(void)
@@ -206,7 +274,7 @@ int main(void)
         cmocka_unit_test(test_forward_hand_worked),    cmocka_unit_test(test_forward_matches_naive),
         cmocka_unit_test(test_backward_fd_with_bias),  cmocka_unit_test(test_backward_fd_without_bias),
         cmocka_unit_test(test_backward_null_outputs),  cmocka_unit_test(test_skinny_matches_naive),
-        cmocka_unit_test(test_skinny_row_independent),
+        cmocka_unit_test(test_skinny_row_independent), cmocka_unit_test(test_split_products),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

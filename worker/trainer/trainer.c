@@ -44,7 +44,7 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* Achievable sgemm FLOP/s of this process (all its OpenBLAS threads), measured once: MFU's denominator. */
+/* Achievable sgemm FLOP/s of this process (all its threads: cpu_sgemm), measured once: MFU's denominator. */
 static double measure_peak_flops(void)
 {
     const int n = 384;
@@ -52,11 +52,11 @@ static double measure_peak_flops(void)
           *c = xcalloc((size_t)n * n, sizeof(float));
     for (int i = 0; i < n * n; i++)
         a[i] = b[i] = (float)(i % 7) * 0.1f;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1, a, n, b, n, 0, c, n); /* warm */
+    cpu_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n); /* warm */
     double best = 0;
     for (int r = 0; r < 3; r++) {
         double t0 = now_s();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1, a, n, b, n, 0, c, n);
+        cpu_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n);
         double dt = now_s() - t0;
         if (dt > 0 && 2.0 * n * n * n / dt > best)
             best = 2.0 * n * n * n / dt;
@@ -635,7 +635,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         .entropy_coeff = cfg->actor_entropy_coeff,
     };
     if (cfg->trainer_num_threads > 0)
-        openblas_set_num_threads((int)cfg->trainer_num_threads);
+        cpu_set_threads((int)cfg->trainer_num_threads);
 
     /* model, reference, tokenizer */
     char bundled[4096];
