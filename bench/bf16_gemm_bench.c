@@ -84,7 +84,7 @@ int main(int argc, char **argv)
     }
     cpu_set_threads(threads);
     const bool bf16 = cpu_bf16_gemm_available();
-    char blas[128];
+    char blas[256];
     fprintf(stderr, "bf16_gemm_bench: %d tokens, %d thread(s); fp32: %s; bf16: %s\n", N, threads,
             blas_kernels(blas, sizeof blas), cpu_bf16_gemm_name());
     /* SmolLM2-135M: hidden 576, 9 query heads and 3 KV heads of 64, intermediate 1536 */

@@ -64,7 +64,7 @@ def main():
 
     for T in threads:
         any_s = next((r for r in rows if r.get("what") == "sgemm" and r["threads"] == T), {})
-        line(T, f"GEMM GFLOP/s (cblas_sgemm / torch.mm, {any_s.get('n', '?')}^3)", "gflops", "sgemm")
+        line(T, f"GEMM GFLOP/s (our sgemm / torch.mm, {any_s.get('n', '?')}^3)", "gflops", "sgemm")
         fb = next((r for r in rows if r.get("what") == "fwd_bwd" and r["threads"] == T), None)
         if fb:
             line(T, f"fwd+bwd tokens/s ({fb['batch']} x {fb['seqlen']} tokens)", "tokens_per_s", "fwd_bwd")

@@ -85,7 +85,7 @@ const char *kctx_describe(const struct kctx *K, char *buf, size_t len)
 {
     const char *mm = K->matmul == KMM_BF16 ? "BF16 GEMMs, fp32 accumulation" : "fp32 GEMMs";
     if (K->device == KDEV_CPU) {
-        char blas[160];
+        char blas[256];
         snprintf(buf, len, "cpu, %s (%s)", mm,
                  K->matmul == KMM_BF16 ? cpu_bf16_gemm_name() : blas_kernels(blas, sizeof blas));
     } else {

@@ -216,7 +216,7 @@ static int cmd_info(const char *arg)
         printf("adapter parameters  %zu (%.3f%% of the base)\n", m->lora->n,
                100.0 * (double)m->lora->n / (double)model_num_params(m));
     }
-    char kern[128];
+    char kern[256];
     printf("kernels             %s\n", blas_kernels(kern, sizeof kern));
     /* stored dtypes, counted per tensor */
     int counts[64] = {0};

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "cpu_kernels.h"
+#include "pool.h"
 
 static const char *g_reason = "OpenBLAS's own choice";
 static const char *g_better; /* the kernels the CPU runs when a user's OPENBLAS_CORETYPE names older ones */
@@ -75,8 +76,10 @@ __attribute__((constructor)) static void blas_select(int argc, char **argv)
 const char *blas_kernels(char *buf, size_t len)
 {
     const char *core = openblas_get_corename();
-    snprintf(buf, len, "OpenBLAS %s kernels (%s); few-row products: %s", core ? core : "?", g_reason,
-             skinny_isa() == SKINNY_NONE ? "OpenBLAS" : skinny_isa_name(skinny_isa()));
+    const int threads = cpu_pool_threads();
+    snprintf(buf, len, "OpenBLAS %s kernels (%s); few-row products: %s; %d thread%s", core ? core : "?", g_reason,
+             skinny_isa() == SKINNY_NONE ? "OpenBLAS" : skinny_isa_name(skinny_isa()), threads,
+             threads == 1 ? "" : "s");
     return buf;
 }
 

@@ -650,7 +650,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         }
         model_path = bundled;
     }
-    char kern[128];
+    char kern[256];
     if (lead(t))
         log_info("trainer", "kernels: %s", blas_kernels(kern, sizeof kern));
     if (lead(t) && blas_kernels_better())
