@@ -7,6 +7,7 @@
 #    cuBLAS: 1e-3 relative; 1e-5 on the CPU), and so do the final weights;
 #  - the DP replicas' checksums (read back from device memory) are compared every step and never differ;
 #  - the weights reach the rollout rank from the trainers' GPU memory every step (bytes and chunks logged);
+#  - ZeRO-1 (use_distributed_optimizer) gives the same run, or, where the trainers share a GPU, is refused by name;
 #  - one-step-off (rollout.mode=async): the rollout rank generates on its GPU while the trainers train.
 # Skipped (77) without a CUDA device.
 # GRPO_TEST_DEVICE=cpu runs the same script with trainer.device=cpu (its own plumbing, on a machine without a GPU).
@@ -27,6 +28,26 @@ COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.
     custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score)
 SPLIT=(placement.trainer_ranks=2 placement.rollout_ranks=1)
 weights() { echo "$TMP/$1/p/e/checkpoints/global_step_$STEPS/actor"; }
+# same_metrics DIR: DIR's per-step metrics against the one-process run's, within $TOL
+same_metrics() {
+    python3 - "$TMP/one/p/e/metrics.jsonl" "$TMP/$1/p/e/metrics.jsonl" "$TOL" <<'PY'
+import json, sys
+one = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+two = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
+tol = float(sys.argv[3])
+assert len(one) == len(two) == 3, (len(one), len(two))
+worst = 0
+for a, b in zip(one, two):
+    for k in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean",
+              "response_length/mean", "perf/total_num_tokens"):
+        rel = abs(a[k] - b[k]) / max(abs(a[k]), 1e-2)
+        worst = max(worst, rel)
+        if rel > tol:
+            sys.exit(f"step {a['step']} {k}: one process {a[k]}, split {b[k]} (relative {rel:.2e}, bound {tol:g})")
+    assert b["perf/update_weights_bytes"] > 0 or b["step"] == 1, b
+print(f"per-step metrics agree: worst relative difference {worst:.2e} (bound {tol:g})")
+PY
+}
 
 timeout 300 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/one" >"$TMP/one.log" 2>&1
 expect "the one-process $DEV run finishes" $?
@@ -47,27 +68,31 @@ expect "the replicas' checksums are compared every step" $?
 expect "and never differ" $?
 grep -q "policy version 1: [0-9]* bytes in [0-9]* chunk" "$TMP/split.log"
 expect "weight sync from the trainers reaches the rollout rank" $?
-python3 - "$TMP/one/p/e/metrics.jsonl" "$TMP/split/p/e/metrics.jsonl" "$TOL" <<'PY'
-import json, sys
-one = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-two = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
-tol = float(sys.argv[3])
-assert len(one) == len(two) == 3, (len(one), len(two))
-worst = 0
-for a, b in zip(one, two):
-    for k in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean",
-              "response_length/mean", "perf/total_num_tokens"):
-        rel = abs(a[k] - b[k]) / max(abs(a[k]), 1e-2)
-        worst = max(worst, rel)
-        if rel > tol:
-            sys.exit(f"step {a['step']} {k}: one process {a[k]}, split {b[k]} (relative {rel:.2e}, bound {tol:g})")
-    assert b["perf/update_weights_bytes"] > 0 or b["step"] == 1, b
-print(f"per-step metrics agree: worst relative difference {worst:.2e} (bound {tol:g})")
-PY
+same_metrics split
 expect "per-step losses, grad norms and entropies match the one-process run within $TOL" $?
 "$COMPARE" "$(weights one)" "$(weights split)" "$TOL" >"$TMP/cmp.txt" 2>&1
 rc=$?
 expect "the final weights match the one-process run within $TOL ($(cat "$TMP/cmp.txt"))" $rc
+
+# ZeRO-1: each trainer keeps its block of AdamW's state in its GPU's memory, the gradients reduce-scattered and the
+# weights all-gathered over NCCL, the checkpoint's moments gathered to the host; the same run as above. Where the
+# trainers share a GPU (NCCL needs one per rank: a one-GPU machine) it is refused by name instead.
+timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${SPLIT[@]}" trainer.default_local_dir="$TMP/zero" \
+    actor_rollout_ref.actor.megatron.use_distributed_optimizer=true >"$TMP/zero.log" 2>&1
+rc=$?
+if [ "$DEV" = cuda ] && grep -q "gradients summed over MPI through pinned host memory" "$TMP/split.log"; then
+    [ $rc -ne 0 ] && grep -q "ZeRO-1 on GPUs runs over NCCL, which needs a GPU per trainer rank" "$TMP/zero.log"
+    expect "ZeRO-1 where the trainers share a GPU: refused by name" $?
+else
+    expect "ZeRO-1 over 2 trainers on $DEV finishes" $rc
+    grep -q "ZeRO-1: DP rank 1 keeps the optimizer state of parameters" "$TMP/zero.log"
+    expect "each trainer keeps its block of the optimizer state" $?
+    same_metrics zero
+    expect "ZeRO-1: per-step losses, grad norms and entropies match the one-process run within $TOL" $?
+    "$COMPARE" "$(weights one)" "$(weights zero)" "$TOL" >"$TMP/cmp-zero.txt" 2>&1
+    rc=$?
+    expect "ZeRO-1: the final weights match the one-process run within $TOL ($(cat "$TMP/cmp-zero.txt"))" $rc
+fi
 
 timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${SPLIT[@]}" trainer.default_local_dir="$TMP/async" \
     actor_rollout_ref.rollout.mode=async >"$TMP/async.log" 2>&1

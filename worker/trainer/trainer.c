@@ -126,11 +126,6 @@ int trainer_device_supported(const struct grpo_config *cfg, int tp, int pp, int 
                          "tensor parallelism on GPUs is planned; set it to 1 (each rollout rank generates on one GPU) "
                          "or trainer.device=cpu",
                          rollout_tp);
-    if (cfg->actor_megatron_use_distributed_optimizer)
-        return error_set(err, errlen,
-                         "trainer.device=cuda with actor_rollout_ref.actor.megatron.use_distributed_optimizer=true: "
-                         "ZeRO-1 on GPUs is planned; set it to false (every DP rank keeps AdamW's whole state on its "
-                         "GPU) or trainer.device=cpu");
     if (cfg->arr_model_lora_rank > 0)
         return error_set(err, errlen,
                          "trainer.device=cuda with actor_rollout_ref.model.lora_rank %lld: LoRA on a GPU is planned "
@@ -238,9 +233,11 @@ int trainer_save_checkpoint(struct trainer *t)
     }
     struct model *wm = NULL;
     struct adamw *wo = NULL;
-    if (collective)
+    if (collective) {
         gather_whole(t, &wm, &wo);
-    else if (on_device(t)) { /* one process on a GPU: the checkpoint is written from host copies */
+        if (!wm && on_device(t) && lead(t)) /* ZeRO-1 on GPUs: the moments came gathered to the host, not the weights */
+            wm = model_copy_to(t->policy, kctx_cpu());
+    } else if (on_device(t)) { /* one process on a GPU: the checkpoint is written from host copies */
         wm = model_copy_to(t->policy, kctx_cpu());
         wo = adamw_to_host(t->opt);
     }
@@ -781,7 +778,15 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     }
     if (cfg->actor_megatron_use_distributed_optimizer && t->lay.dp_size > 1) {
         /* ZeRO-1: this rank keeps its block of the (whole, possibly just loaded) optimizer state */
-        t->zero = zero1_create(t->lay.dp, model_trainable(t->policy).n);
+        if (on_device(t) && !t->dp_dev) {
+            error_set(err, errlen,
+                      "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true with trainer.device=cuda: "
+                      "ZeRO-1 on GPUs runs over NCCL, which needs a GPU per trainer rank, and %d DP ranks share "
+                      "fewer GPUs here; give each trainer rank a GPU of its own or set it to false",
+                      t->lay.dp_size);
+            goto fail;
+        }
+        t->zero = zero1_create(t->opt->K, t->dp_dev ? t->dp_dev : t->lay.dp, model_trainable(t->policy).n);
         struct adamw *block = zero1_shard(t->zero, t->opt);
         adamw_free(t->opt);
         t->opt = block;

@@ -5,7 +5,11 @@
  * data-parallel all-reduce's up to summation order, with 1/DP of the optimizer state per rank.
  *
  * Checkpoints stay layout-free: the moments are gathered whole for DP rank 0 to write, and a rank takes its
- * block of them when it resumes, whatever the DP size that wrote them. */
+ * block of them when it resumes, whatever the DP size that wrote them.
+ *
+ * The buffers are the policy's context's memory (a GPU's with trainer.device=cuda, where the DP group is its NCCL
+ * twin: the reduce-scatter and the all-gather run in device memory); the gathered checkpoint state is host
+ * memory. */
 #ifndef GRPO_WORKER_TRAINER_ZERO1_H
 #define GRPO_WORKER_TRAINER_ZERO1_H
 
@@ -16,6 +20,7 @@
 #include "worker/model/model.h"
 
 struct zero1 {
+    struct kctx *K; /* where grad, pad, the block of AdamW's state and the parameters live */
     struct comm *dp;
     size_t n;      /* all parameters */
     size_t per;    /* block per rank: ceil(n / DP) */
@@ -24,7 +29,7 @@ struct zero1 {
     float *pad;    /* per * DP floats when DP does not divide n (NULL otherwise) */
 };
 
-struct zero1 *zero1_create(struct comm *dp, size_t n);
+struct zero1 *zero1_create(struct kctx *K, struct comm *dp, size_t n);
 void zero1_free(struct zero1 *z);
 /* The gradients grads[0..n) summed over DP: this rank's block into z->grad. */
 void zero1_reduce_scatter(struct zero1 *z, const float *grads);
@@ -33,9 +38,10 @@ void zero1_reduce_scatter(struct zero1 *z, const float *grads);
 double zero1_clip(struct zero1 *z, double max_norm, const struct model *m);
 /* Every rank's block of params into params[0..n) (after each updated its own). */
 void zero1_allgather(struct zero1 *z, float *params);
-/* This rank's block of a whole optimizer state (a new adamw over hi - lo parameters). */
+/* This rank's block of a whole optimizer state (a new adamw over hi - lo parameters, in z->K's memory; whole may be
+ * there or in host memory). */
 struct adamw *zero1_shard(const struct zero1 *z, const struct adamw *whole);
-/* The whole optimizer state from every rank's block (a new adamw over n; every rank calls it). */
+/* The whole optimizer state from every rank's block (a new adamw over n in host memory; every rank calls it). */
 struct adamw *zero1_gather(struct zero1 *z, const struct adamw *block);
 
 #endif
