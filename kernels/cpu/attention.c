@@ -173,6 +173,16 @@ struct attn_job {
     _Atomic int next;
 };
 
+/* A job's shared fields; the outputs and the per-call inputs are set by the caller. */
+static void job_init(struct attn_job *j, const float *q, const float *k, const float *v, const int32_t *cu,
+                     const int32_t *prefix_of, int B, int Hq, int Hkv, int hd, int maxK, int units)
+{
+    memset(j, 0, sizeof *j);
+    j->q = q, j->k = k, j->v = v, j->cu = cu, j->prefix_of = prefix_of;
+    j->B = B, j->Hq = Hq, j->Hkv = Hkv, j->hd = hd, j->maxK = maxK, j->units = units;
+    j->next = 0;
+}
+
 /* Units are worth splitting from this many multiply-adds of the whole call on (waking a helper costs more). */
 enum { ATTN_SPLIT_MIN_MACS = 1 << 18 };
 
@@ -224,19 +234,9 @@ void attention_forward(float *out, float *lse, const float *q, const float *k, c
     int maxK = max_keys("attention_forward", cu_seqlens, prefix_of, B);
     if (maxK == 0)
         return;
-    struct attn_job j = {.out = out,
-                         .lse = lse,
-                         .q = q,
-                         .k = k,
-                         .v = v,
-                         .cu = cu_seqlens,
-                         .prefix_of = prefix_of,
-                         .B = B,
-                         .Hq = Hq,
-                         .Hkv = Hkv,
-                         .hd = hd,
-                         .maxK = maxK,
-                         .units = B * Hkv};
+    struct attn_job j;
+    job_init(&j, q, k, v, cu_seqlens, prefix_of, B, Hq, Hkv, hd, maxK, B * Hkv);
+    j.out = out, j.lse = lse;
     cpu_run_parts(attn_parts(attn_macs(cu_seqlens, B, Hq, hd, maxK), j.units), forward_part, &j);
 }
 
@@ -347,23 +347,9 @@ void attention_backward(float *dq, float *dk, float *dv, const float *dout, cons
     int maxK = max_keys("attention_backward", cu_seqlens, prefix_of, B);
     if (maxK == 0)
         return;
-    struct attn_job j = {.dq = dq,
-                         .dk = dk,
-                         .dv = dv,
-                         .dout = dout,
-                         .o = out,
-                         .lse_in = lse,
-                         .q = q,
-                         .k = k,
-                         .v = v,
-                         .cu = cu_seqlens,
-                         .prefix_of = prefix_of,
-                         .B = B,
-                         .Hq = Hq,
-                         .Hkv = Hkv,
-                         .hd = hd,
-                         .maxK = maxK,
-                         .units = B * Hkv};
+    struct attn_job j;
+    job_init(&j, q, k, v, cu_seqlens, prefix_of, B, Hq, Hkv, hd, maxK, B * Hkv);
+    j.dq = dq, j.dk = dk, j.dv = dv, j.dout = dout, j.o = out, j.lse_in = lse;
     cpu_run_parts(attn_parts(2 * attn_macs(cu_seqlens, B, Hq, hd, maxK), j.units), backward_part, &j);
 }
 
@@ -395,7 +381,8 @@ void attention_cached(float *out, const float *q, const float *kcache, const flo
     if (Tq == 0)
         return;
     /* B carries Tq and maxK carries Tk here */
-    struct attn_job j = {
-        .out = out, .q = q, .k = kcache, .v = vcache, .B = Tq, .Hq = Hq, .Hkv = Hkv, .hd = hd, .maxK = Tk, .units = Hq};
+    struct attn_job j;
+    job_init(&j, q, kcache, vcache, NULL, NULL, Tq, Hq, Hkv, hd, Tk, Hq);
+    j.out = out;
     cpu_run_parts(attn_parts(2.0 * Tq * Tk * Hq * hd, Hq), cached_part, &j);
 }

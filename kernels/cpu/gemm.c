@@ -46,19 +46,9 @@ void cpu_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *
 {
     if (M <= 0 || N <= 0)
         return;
-    struct gemm_job j = {.ta = ta,
-                         .tb = tb,
-                         .M = M,
-                         .N = N,
-                         .K = K,
-                         .lda = lda,
-                         .ldb = ldb,
-                         .ldc = ldc,
-                         .alpha = alpha,
-                         .beta = beta,
-                         .A = A,
-                         .B = B,
-                         .C = C};
+    struct gemm_job j = {.A = A, .B = B, .C = C};
+    j.ta = ta, j.tb = tb, j.M = M, j.N = N, j.K = K, j.lda = lda, j.ldb = ldb, j.ldc = ldc;
+    j.alpha = alpha, j.beta = beta;
     j.by_rows = M >= N;
     j.extent = j.by_rows ? M : N;
     int parts = cpu_pool_threads();
@@ -66,10 +56,5 @@ void cpu_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *
         parts = j.extent / GEMM_MIN_PART;
     if (parts < 1 || (double)M * N * K < GEMM_SPLIT_MIN_MACS)
         parts = 1;
-    if (parts == 1) {
-        j.extent = j.by_rows ? M : N;
-        gemm_part(&j, 0, 1);
-        return;
-    }
     cpu_run_parts(parts, gemm_part, &j);
 }

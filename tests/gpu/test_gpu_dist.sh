@@ -48,6 +48,14 @@ for a, b in zip(one, two):
 print(f"per-step metrics agree: worst relative difference {worst:.2e} (bound {tol:g})")
 PY
 }
+# matches_one DIR LABEL: DIR's run against the one-process run, per step and in its final weights
+matches_one() {
+    same_metrics "$1"
+    expect "$2per-step losses, grad norms and entropies match the one-process run within $TOL" $?
+    "$COMPARE" "$(weights one)" "$(weights "$1")" "$TOL" >"$TMP/cmp-$1.txt" 2>&1
+    local rc=$?
+    expect "$2the final weights match the one-process run within $TOL ($(cat "$TMP/cmp-$1.txt"))" $rc
+}
 
 timeout 300 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/one" >"$TMP/one.log" 2>&1
 expect "the one-process $DEV run finishes" $?
@@ -68,11 +76,7 @@ expect "the replicas' checksums are compared every step" $?
 expect "and never differ" $?
 grep -q "policy version 1: [0-9]* bytes in [0-9]* chunk" "$TMP/split.log"
 expect "weight sync from the trainers reaches the rollout rank" $?
-same_metrics split
-expect "per-step losses, grad norms and entropies match the one-process run within $TOL" $?
-"$COMPARE" "$(weights one)" "$(weights split)" "$TOL" >"$TMP/cmp.txt" 2>&1
-rc=$?
-expect "the final weights match the one-process run within $TOL ($(cat "$TMP/cmp.txt"))" $rc
+matches_one split ""
 
 # ZeRO-1: each trainer keeps its block of AdamW's state in its GPU's memory, the gradients reduce-scattered and the
 # weights all-gathered over NCCL, the checkpoint's moments gathered to the host; the same run as above. Where the
@@ -87,11 +91,7 @@ else
     expect "ZeRO-1 over 2 trainers on $DEV finishes" $rc
     grep -q "ZeRO-1: DP rank 1 keeps the optimizer state of parameters" "$TMP/zero.log"
     expect "each trainer keeps its block of the optimizer state" $?
-    same_metrics zero
-    expect "ZeRO-1: per-step losses, grad norms and entropies match the one-process run within $TOL" $?
-    "$COMPARE" "$(weights one)" "$(weights zero)" "$TOL" >"$TMP/cmp-zero.txt" 2>&1
-    rc=$?
-    expect "ZeRO-1: the final weights match the one-process run within $TOL ($(cat "$TMP/cmp-zero.txt"))" $rc
+    matches_one zero "ZeRO-1: "
 fi
 
 timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${SPLIT[@]}" trainer.default_local_dir="$TMP/async" \
