@@ -378,7 +378,7 @@ static void test_lmhead(void **state)
     for (int i = 0; i < N; i++)
         tg[i] = (int32_t)((i * 97 + 13) % V);
     struct head_ref r;
-    double *all = calloc((size_t)(2 * N + 2 * N * D + 2 * V * D), sizeof(double));
+    double *all = calloc(2 * (size_t)N + 2 * (size_t)N * D + 2 * (size_t)V * D, sizeof(double));
     r.logp = all, r.ent = all + N, r.dh = all + 2 * N, r.sdh = r.dh + N * D, r.dW = r.sdh + N * D,
     r.sdW = r.dW + (size_t)V * D;
     lmhead_reference(&r, h, W, tg, gl, ge, N, D, V, temp);
