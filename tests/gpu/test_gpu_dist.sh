@@ -7,7 +7,8 @@
 #    cuBLAS: 1e-3 relative; 1e-5 on the CPU), and so do the final weights;
 #  - the DP replicas' checksums (read back from device memory) are compared every step and never differ;
 #  - the weights reach the rollout rank from the trainers' GPU memory every step (bytes and chunks logged);
-#  - ZeRO-1 (use_distributed_optimizer) gives the same run, or, where the trainers share a GPU, is refused by name;
+#  - ZeRO-1 (use_distributed_optimizer), TP 2 and PP 2 give the same run, or, where the trainers share a GPU, are
+#    refused by name;
 #  - one-step-off (rollout.mode=async): the rollout rank generates on its GPU while the trainers train.
 # Skipped (77) without a CUDA device.
 # GRPO_TEST_DEVICE=cpu runs the same script with trainer.device=cpu (its own plumbing, on a machine without a GPU).
@@ -48,6 +49,10 @@ for a, b in zip(one, two):
 print(f"per-step metrics agree: worst relative difference {worst:.2e} (bound {tol:g})")
 PY
 }
+# shared_gpu: on cuda, whether the trainers share a GPU (the split run summed over MPI: no NCCL there)
+shared_gpu() {
+    [ "$DEV" = cuda ] && grep -q "gradients summed over MPI through pinned host memory" "$TMP/split.log"
+}
 # matches_one DIR LABEL: DIR's run against the one-process run, per step and in its final weights
 matches_one() {
     same_metrics "$1"
@@ -84,7 +89,7 @@ matches_one split ""
 timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${SPLIT[@]}" trainer.default_local_dir="$TMP/zero" \
     actor_rollout_ref.actor.megatron.use_distributed_optimizer=true >"$TMP/zero.log" 2>&1
 rc=$?
-if [ "$DEV" = cuda ] && grep -q "gradients summed over MPI through pinned host memory" "$TMP/split.log"; then
+if shared_gpu; then
     [ $rc -ne 0 ] && grep -q "ZeRO-1 on GPUs runs over NCCL, which needs a GPU per trainer rank" "$TMP/zero.log"
     expect "ZeRO-1 where the trainers share a GPU: refused by name" $?
 else
@@ -93,6 +98,28 @@ else
     expect "each trainer keeps its block of the optimizer state" $?
     matches_one zero "ZeRO-1: "
 fi
+
+# TP 2 and PP 2 over the two trainers: the policy's TP, PP and TP x PP collectives over NCCL twins of those groups
+# (activations, their gradients, the stages' hand-offs in device memory), the checkpoint and the published weights
+# gathered through the host; the same run as above. Refused by name where the trainers share a GPU.
+for layout in "tp2 2 1" "pp2 1 2"; do
+    set -- $layout
+    timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${SPLIT[@]}" trainer.default_local_dir="$TMP/$1" \
+        actor_rollout_ref.actor.megatron.tensor_model_parallel_size="$2" \
+        actor_rollout_ref.actor.megatron.pipeline_model_parallel_size="$3" >"$TMP/$1.log" 2>&1
+    rc=$?
+    if shared_gpu; then
+        [ $rc -ne 0 ] && grep -q "TP and PP on GPUs run over NCCL, which needs a GPU per trainer rank" "$TMP/$1.log"
+        expect "$1 where the trainers share a GPU: refused by name" $?
+        continue
+    fi
+    expect "$1 over 2 trainers on $DEV finishes" $rc
+    if [ "$DEV" = cuda ]; then
+        grep -q "on GPUs: activations, gradients and stage hand-offs over NCCL" "$TMP/$1.log"
+        expect "$1: the model's groups run over NCCL" $?
+    fi
+    matches_one "$1" "$1: "
+done
 
 timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${SPLIT[@]}" trainer.default_local_dir="$TMP/async" \
     actor_rollout_ref.rollout.mode=async >"$TMP/async.log" 2>&1

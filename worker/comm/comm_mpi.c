@@ -4,6 +4,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -237,14 +238,33 @@ static void mpi_barrier_polled(struct comm *c, void (*poll)(void *ud, bool done)
     CHECK_C(c, MPI_Wait(&req, MPI_STATUS_IGNORE)); // NOLINT(clang-analyzer-optin.mpi.MPI-Checker)
 }
 
+/* GRPO_COMM_SYNC_SENDS=1 (tests): every send completes only once its receive has started, as NCCL's do, where MPI
+ * may buffer a small one and return at once; a pipeline schedule that leans on that buffering deadlocks here on the
+ * CPU instead of on GPUs. */
+static bool sync_sends(void)
+{
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("GRPO_COMM_SYNC_SENDS");
+        v = e && strcmp(e, "1") == 0;
+    }
+    return v;
+}
+
 static void mpi_send(struct comm *c, const void *buf, size_t count, enum comm_dtype t, int peer)
 {
     if (!bounded(c)) {
-        CHECK_C(c, MPI_Send(buf, icount(count), mpi_type(t), peer, 0, mc(c)));
+        if (sync_sends())
+            CHECK_C(c, MPI_Ssend(buf, icount(count), mpi_type(t), peer, 0, mc(c)));
+        else
+            CHECK_C(c, MPI_Send(buf, icount(count), mpi_type(t), peer, 0, mc(c)));
         return;
     }
     MPI_Request r;
-    CHECK_C(c, MPI_Isend(buf, icount(count), mpi_type(t), peer, 0, mc(c), &r));
+    if (sync_sends())
+        CHECK_C(c, MPI_Issend(buf, icount(count), mpi_type(t), peer, 0, mc(c), &r));
+    else
+        CHECK_C(c, MPI_Isend(buf, icount(count), mpi_type(t), peer, 0, mc(c), &r));
     mpi_wait_bounded(c, &r, 1, "send");
     CHECK_C(c, MPI_Wait(&r, MPI_STATUS_IGNORE));
 }

@@ -176,6 +176,9 @@ void model_shard_assemble(const struct model *m, const float *local, float *whol
 /* The same into root's whole buffer only (mp rank root; the others send their part and may pass NULL): no
  * rank but the root holds more than its part. */
 void model_shard_gather(const struct model *m, const float *local, float *whole, int root);
+/* Run m's TP, PP and TP x PP collectives over these groups from now on (their NCCL twins on GPUs: the same ranks
+ * in the same order); a group m does not use (NULL in m) stays unused. */
+void model_set_groups(struct model *m, struct comm *tp, struct comm *pp, struct comm *mp);
 /* Parameter floats of the whole model (model_create's n_floats). */
 size_t model_whole_floats(const struct model_config *c);
 /* Sum the gradients of parameters held twice: over the TP ranks that hold the same KV heads, and between the

@@ -217,3 +217,13 @@ double model_owned_sq(const struct model *m, const float *buf, size_t lo, size_t
     free(r);
     return s;
 }
+
+void model_set_groups(struct model *m, struct comm *tp, struct comm *pp, struct comm *mp)
+{
+    if (m->sh.tp)
+        m->sh.tp = tp;
+    if (m->sh.pp)
+        m->sh.pp = pp;
+    if (m->sh.mp)
+        m->sh.mp = mp;
+}

@@ -113,13 +113,7 @@ int trainer_device_supported(const struct grpo_config *cfg, int tp, int pp, int 
 {
     if (strcmp(cfg->trainer_device, "cuda") != 0)
         return 0;
-    if (tp > 1 || pp > 1)
-        return error_set(err, errlen,
-                         "trainer.device=cuda with actor_rollout_ref.actor.megatron.tensor_model_parallel_size %d and "
-                         "pipeline_model_parallel_size %d: tensor and pipeline parallelism on GPUs are planned (their "
-                         "NCCL groups are not wired into the model yet); on GPUs the trainers run data parallelism "
-                         "(TP = PP = 1), or set trainer.device=cpu",
-                         tp, pp);
+    (void)tp, (void)pp; /* TP and PP run on GPUs with a GPU per trainer rank (device_mp_setup) */
     if (rollout_tp > 1)
         return error_set(err, errlen,
                          "trainer.device=cuda with actor_rollout_ref.rollout.tensor_model_parallel_size %d: rollout "
@@ -163,6 +157,36 @@ static void device_dp_setup(struct trainer *t)
                              "per rank: give each trainer rank a GPU of its own for NCCL)");
 }
 
+/* trainer.device=cuda with TP or PP: the policy's TP, PP and TP x PP collectives over NCCL twins of those groups,
+ * in device memory (a GPU per trainer rank: NCCL refuses two ranks on one). Must run on every trainer rank in the
+ * same order (each twin is made collectively). 0, or -1 with err. */
+static int device_mp_setup(struct trainer *t, char *err, size_t errlen)
+{
+    if (!on_device(t) || !t->lay.mp)
+        return 0;
+    if (t->lay.gpus_shared)
+        return error_set(err, errlen,
+                         "trainer.device=cuda with tensor_model_parallel_size %d and pipeline_model_parallel_size %d: "
+                         "TP and PP on GPUs run over NCCL, which needs a GPU per trainer rank, and the trainers share "
+                         "fewer GPUs here; give each trainer rank a GPU of its own or set trainer.device=cpu",
+                         t->lay.tp_size, t->lay.pp_size);
+    const int dev = t->policy->K->device_index;
+    if (t->lay.tp)
+        t->tp_dev = comm_device_group(t->lay.tp, dev);
+    if (t->lay.pp)
+        t->pp_dev = comm_device_group(t->lay.pp, dev);
+    t->mp_dev = t->lay.mp == t->lay.tp ? t->tp_dev : comm_device_group(t->lay.mp, dev);
+    if ((t->lay.tp && !t->tp_dev) || (t->lay.pp && !t->pp_dev) || !t->mp_dev)
+        return error_set(err, errlen, "trainer.device=cuda with TP or PP: this build has no NCCL");
+    model_set_groups(t->policy, t->tp_dev, t->pp_dev, t->mp_dev);
+    if (lead(t))
+        log_info("trainer",
+                 "TP %d x PP %d on GPUs: activations, gradients and stage hand-offs over NCCL, in device "
+                 "memory",
+                 t->lay.tp_size, t->lay.pp_size);
+    return 0;
+}
+
 /* overlap_grad_reduce: the DP gradient sum in buckets during the backward, where the sum is one all-reduce of
  * the whole gradient in this rank's memory (not with ZeRO-1's reduce-scatter, TP or PP's shards, LoRA's adapter,
  * or the host staging of GPUs that DP ranks share). */
@@ -197,6 +221,31 @@ static void adamw_from_host(struct adamw *o, const struct adamw *h)
     o->t = h->t;
 }
 
+/* This rank's part of a buffer laid out as the policy's parameters (in K's memory) to TP x PP rank 0's whole (host)
+ * buffer; from a GPU through the host, so that every rank of the group sends and receives host memory. */
+static void shard_gather(struct trainer *t, struct kctx *K, const float *local, float *whole)
+{
+    const float *part = local;
+    if (K->device != KDEV_CPU) {
+        float *stage = trainer_host_buffer(t);
+        k_to_host(K, stage, local, t->policy->w.n_floats * sizeof(float));
+        part = stage;
+    }
+    model_shard_gather(t->policy, part, whole, 0);
+}
+
+/* This rank's part of a whole (host) buffer into local (in K's memory), through the host from a GPU. */
+static void shard_slice(struct trainer *t, struct kctx *K, const float *whole, float *local)
+{
+    if (K->device == KDEV_CPU) {
+        model_shard_slice(t->policy, whole, local);
+        return;
+    }
+    float *stage = trainer_host_buffer(t);
+    model_shard_slice(t->policy, whole, stage);
+    k_to_device(K, local, stage, t->policy->w.n_floats * sizeof(float));
+}
+
 /* The whole model and optimizer state from every rank's part (ZeRO-1 blocks over DP, then the TP and PP parts
  * to trainer rank 0, which writes). *wm: the whole policy (NULL: t->policy is whole, or this rank does not
  * write); *wo: the whole optimizer state (NULL: t->opt is, or this rank does not write). The caller frees
@@ -215,9 +264,9 @@ static void gather_whole(struct trainer *t, struct model **wm, struct adamw **wo
         *wo = adamw_create((*wm)->w.n_floats, opt->beta1, opt->beta2, opt->eps, opt->weight_decay);
         (*wo)->t = opt->t;
     }
-    model_shard_gather(t->policy, t->policy->w.mem, *wm ? (*wm)->w.mem : NULL, 0);
-    model_shard_gather(t->policy, opt->m, *wo ? (*wo)->m : NULL, 0);
-    model_shard_gather(t->policy, opt->v, *wo ? (*wo)->v : NULL, 0);
+    shard_gather(t, t->policy->K, t->policy->w.mem, *wm ? (*wm)->w.mem : NULL);
+    shard_gather(t, opt->K, opt->m, *wo ? (*wo)->m : NULL);
+    shard_gather(t, opt->K, opt->v, *wo ? (*wo)->v : NULL);
     adamw_free(local);
 }
 
@@ -584,9 +633,9 @@ static int load_checkpoint(struct trainer *t, const char *dir, struct run_state 
     struct adamw *wo = adamw_create(wm->w.n_floats, t->opt->beta1, t->opt->beta2, t->opt->eps, t->opt->weight_decay);
     int rc = checkpoint_load(dir, wm, wo, st, err, errlen);
     if (rc == 0 && t->lay.mp) {
-        model_shard_slice(t->policy, wm->w.mem, t->policy->w.mem);
-        model_shard_slice(t->policy, wo->m, t->opt->m);
-        model_shard_slice(t->policy, wo->v, t->opt->v);
+        shard_slice(t, t->policy->K, wm->w.mem, t->policy->w.mem);
+        shard_slice(t, t->opt->K, wo->m, t->opt->m);
+        shard_slice(t, t->opt->K, wo->v, t->opt->v);
         t->opt->t = wo->t;
     } else if (rc == 0) {
         model_weights_from_host(t->policy, wm->w.mem);
@@ -677,6 +726,8 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     if (!K)
         goto fail;
     model_move(&t->policy, K);
+    if (device_mp_setup(t, err, errlen) != 0)
+        goto fail;
     model_set_activation_offload(t->policy, cfg->arr_model_enable_activation_offload);
     if (cfg->arr_model_enable_activation_offload && !cfg->arr_model_enable_gradient_checkpointing && lead(t))
         log_warn("trainer", "actor_rollout_ref.model.enable_activation_offload=true acts with "
@@ -830,6 +881,12 @@ void trainer_free(struct trainer *t)
     grad_reducer_free(t->overlap);
     if (t->dp_dev)
         comm_free(t->dp_dev);
+    if (t->mp_dev && t->mp_dev != t->tp_dev)
+        comm_free(t->mp_dev);
+    if (t->tp_dev)
+        comm_free(t->tp_dev);
+    if (t->pp_dev)
+        comm_free(t->pp_dev);
     if (t->host_params)
         karena_release(&t->host_stage);
     rollout_ctx_release(&t->rc);

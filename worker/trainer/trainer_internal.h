@@ -40,6 +40,8 @@ struct trainer {
      * they share GPUs), and pinned host memory of the trainable parameters' size (held in host_stage) for what
      * goes through the host: gradients summed over MPI without NCCL, the replicas' checksum, published weights */
     struct comm *dp_dev;
+    /* the same for the policy's TP, PP and TP x PP groups (a GPU per rank; NULL without TP or PP, or on the CPU) */
+    struct comm *tp_dev, *pp_dev, *mp_dev;
     struct grad_reducer *overlap; /* overlap_grad_reduce's buckets (NULL: one all-reduce after the backward) */
     struct karena host_stage;
     float *host_params;

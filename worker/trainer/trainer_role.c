@@ -262,14 +262,14 @@ static void publish(struct trainer_rank *r, int64_t version)
     control_set_phase(r->env->ctl, CONTROL_PHASE_WEIGHT_SYNC);
     const double t0 = rollout_now_s();
     float *whole = NULL;
-    if (r->mp) { /* the parts to the dispatcher's rank */
+    size_t n;
+    if (r->mp) { /* the parts to the dispatcher's rank, each from a host copy on GPUs (no LoRA with TP or PP) */
         if (r->disp)
             whole = xmalloc(model_whole_floats(&p->cfg) * sizeof(float));
-        model_shard_gather(p, p->w.mem, whole, 0);
+        model_shard_gather(p, trainer_params(r->t, &n), whole, 0);
     }
     /* with LoRA the adapter only: the rollout ranks hold the frozen base, loaded from the same path; from a GPU
      * a host copy */
-    size_t n;
     if (r->disp)
         dispatcher_publish(r->disp, version, p->lora ? p->lora->mem : whole ? whole : trainer_params(r->t, &n));
     free(whole);

@@ -337,10 +337,11 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     const int n = (int)c->rollout_n;
     /* the step's activation traffic over TP: every pass (old and reference log-probs, the update) */
     struct comm_traffic tp_before = {0}, tp_after = {0}, pp_before = {0}, pp_after = {0};
-    if (t->lay.tp)
-        comm_traffic(t->lay.tp, &tp_before);
-    if (t->lay.pp)
-        comm_traffic(t->lay.pp, &pp_before);
+    /* the model's groups: on GPUs the NCCL twins of lay.tp and lay.pp, which count what they carry */
+    if (t->policy->sh.tp)
+        comm_traffic(t->policy->sh.tp, &tp_before);
+    if (t->policy->sh.pp)
+        comm_traffic(t->policy->sh.pp, &pp_before);
     /* scores and lengths: verl's critic/ and response_length/ metrics */
     double *v = xmalloc((size_t)(b->n_seq ? b->n_seq : 1) * sizeof(double));
     long long tokens = 0;
@@ -443,10 +444,10 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
         comm_traffic(up.dp, &after);
     if (up.dp_dev)
         comm_traffic(up.dp_dev, &dev_after);
-    if (t->lay.tp)
-        comm_traffic(t->lay.tp, &tp_after);
-    if (t->lay.pp)
-        comm_traffic(t->lay.pp, &pp_after);
+    if (t->policy->sh.tp)
+        comm_traffic(t->policy->sh.tp, &tp_after);
+    if (t->policy->sh.pp)
+        comm_traffic(t->policy->sh.pp, &pp_after);
     double dp_bytes = 0, tp_bytes = 0;
     for (int op = COMM_OP_ALLREDUCE; op <= COMM_OP_REDUCE_SCATTER; op++) {
         dp_bytes += after.sent_f32[op] - before.sent_f32[op] + dev_after.sent_f32[op] - dev_before.sent_f32[op];
