@@ -122,6 +122,8 @@ for model in llama qwen2 qwen3; do
         expect "$model $1: weights after $STEPS steps match one process within 1e-5 ($out)" $?
     done
 done
+grep -q "synchronous sends (GRPO_COMM_SYNC_SENDS=1)" "$TMP/pp2-llama.log"
+expect "the stages' sends ran synchronous, as NCCL's (the 1F1B schedule does not lean on MPI's buffering)" $?
 grep -q "TP rank 1 of 2, stage 0 of 1: .*heads 2..3, vocabulary 129..258" "$TMP/tp2-llama.log"
 expect "TP rank 1 holds query heads 2..3 and vocabulary rows 129..258" $?
 grep -q "TP rank 1 of 2, stage 1 of 2: .*(layers 1..1, heads 2..3" "$TMP/tp2pp2-llama.log"

@@ -247,6 +247,8 @@ static bool sync_sends(void)
     if (v < 0) {
         const char *e = getenv("GRPO_COMM_SYNC_SENDS");
         v = e && strcmp(e, "1") == 0;
+        if (v)
+            log_info("comm", "synchronous sends (GRPO_COMM_SYNC_SENDS=1): a send waits for its receive, as NCCL's");
     }
     return v;
 }
