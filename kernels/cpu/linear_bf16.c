@@ -229,7 +229,8 @@ static struct scratch g_a, g_b;
 
 /* C (M, N) (+)= A (M, K) B, with B given as (K, N) row-major (b_trans 0) or as (N, K) row-major (b_trans 1);
  * leading dimensions: A K, B ldb, C ldc (a block of a larger product). Memory objects per part, so that the
- * parts of one product run on their threads at once. */
+ * parts of one product run on their threads at once; a product has at most 8 parts (threads beyond go to the
+ * fp32 products and the attention). */
 enum { MAX_PARTS = 8 };
 struct mm_prim {
     int M, N, K, ldb, ldc;

@@ -3,7 +3,7 @@
 #ifndef GRPO_KERNELS_CPU_POOL_H
 #define GRPO_KERNELS_CPU_POOL_H
 
-enum { CPU_POOL_MAX_PARTS = 8 };
+enum { CPU_POOL_MAX_PARTS = 64 };
 
 typedef void (*cpu_part_fn)(void *arg, int part, int parts);
 
