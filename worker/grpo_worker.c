@@ -219,9 +219,10 @@ static void assign_devices(struct role_env *env)
     CHECK_MPI(MPI_Comm_free(&node));
     const int slot = trainer ? before : trainers + before;
     env->device = ndev > 0 ? slot % ndev : 0;
-    int crowded = trainers > (ndev > 0 ? ndev : 1);
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &crowded, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
-    env->trainer_gpus_shared = crowded != 0;
+    int crowded[2] = {trainers > (ndev > 0 ? ndev : 1), n > (ndev > 0 ? ndev : 1)};
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, crowded, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    env->trainer_gpus_shared = crowded[0] != 0;
+    env->rollout_gpus_shared = crowded[1] != 0;
     log_info("worker", "rank %d: cuda:%d of the %d GPU(s) of its node, which runs %d trainer and %d rollout rank(s)",
              env->rank, env->device, ndev, trainers, n - trainers);
 }

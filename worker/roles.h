@@ -34,6 +34,7 @@ struct role_env {
     struct comm *rollout_tp;   /* a rollout rank's TP group (actor_rollout_ref.rollout.tensor_model_parallel_size) */
     int device;                /* trainer.device=cuda in a split run: this rank's GPU on its node (assign_devices) */
     bool trainer_gpus_shared;  /* some node has more trainer ranks than GPUs: they share (NCCL cannot run there) */
+    bool rollout_gpus_shared;  /* some node has more ranks than GPUs: rollout ranks share one (the same for NCCL) */
     int staleness;             /* 0: on-policy (rollout.mode=sync), 1: one-step-off (async) */
     double heartbeat_s;        /* grpod's heartbeat interval (grpod.heartbeat_interval_s without grpod): the rollout
                                   processes ping the dispatcher this often, and are lost after two */

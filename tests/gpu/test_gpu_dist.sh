@@ -7,8 +7,8 @@
 #    cuBLAS: 1e-3 relative; 1e-5 on the CPU), and so do the final weights;
 #  - the DP replicas' checksums (read back from device memory) are compared every step and never differ;
 #  - the weights reach the rollout rank from the trainers' GPU memory every step (bytes and chunks logged);
-#  - ZeRO-1 (use_distributed_optimizer), TP 2 and PP 2 give the same run, or, where the trainers share a GPU, are
-#    refused by name;
+#  - ZeRO-1 (use_distributed_optimizer), TP 2, PP 2 and rollout TP 2 give the same run, or, where ranks share a GPU,
+#    are refused by name;
 #  - one-step-off (rollout.mode=async): the rollout rank generates on its GPU while the trainers train.
 # Skipped (77) without a CUDA device.
 # GRPO_TEST_DEVICE=cpu runs the same script with trainer.device=cpu (its own plumbing, on a machine without a GPU).
@@ -53,6 +53,8 @@ PY
 shared_gpu() {
     [ "$DEV" = cuda ] && grep -q "gradients summed over MPI through pinned host memory" "$TMP/split.log"
 }
+# gpus: the GPUs of the node, as the split run's ranks said
+gpus() { grep -o "of the [0-9]* GPU(s)" "$TMP/split.log" | head -1 | grep -o "[0-9]*"; }
 # matches_one DIR LABEL: DIR's run against the one-process run, per step and in its final weights
 matches_one() {
     same_metrics "$1"
@@ -120,6 +122,22 @@ for layout in "tp2 2 1" "pp2 1 2"; do
     fi
     matches_one "$1" "$1: "
 done
+
+# Rollout TP 2: one trainer and one rollout TP group of 2 ranks, whose TP collectives run over an NCCL twin of the
+# group (a lost peer ends the group only); the weights resharded through the host. Refused by name where the node
+# has fewer GPUs than ranks.
+timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" placement.trainer_ranks=1 placement.rollout_ranks=2 \
+    actor_rollout_ref.rollout.tensor_model_parallel_size=2 trainer.default_local_dir="$TMP/rtp" >"$TMP/rtp.log" 2>&1
+rc=$?
+if [ "$DEV" = cuda ] && [ "$(gpus)" -lt 3 ]; then
+    [ $rc -ne 0 ] && grep -q "TP collectives run over NCCL, which needs a GPU per rank" "$TMP/rtp.log"
+    expect "rollout TP 2 with fewer GPUs than ranks: refused by name" $?
+else
+    expect "rollout TP 2 on $DEV finishes" $rc
+    grep -q "resharded to 2 TP ranks" "$TMP/rtp.log"
+    expect "rollout TP 2: each version resharded to the group" $?
+    matches_one rtp "rollout TP 2: "
+fi
 
 timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${SPLIT[@]}" trainer.default_local_dir="$TMP/async" \
     actor_rollout_ref.rollout.mode=async >"$TMP/async.log" 2>&1

@@ -9,10 +9,12 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "comm.h"
 #include "common/check_cuda.h"
 #include "common/check_mpi.h"
+#include "common/log.h"
 
 MPI_Comm comm_mpi_handle(struct comm *c);
 
@@ -21,6 +23,7 @@ struct nccl_impl {
     cudaStream_t stream;
     struct comm *mpi; /* the matching MPI group: used for splitting and the unique id */
     int device;
+    bool alone; /* comm_fail_alone: a lost peer ends this rank only */
 };
 
 static ncclDataType_t nccl_type(enum comm_dtype t)
@@ -82,6 +85,16 @@ static void nccl_wait_event(struct comm *c, cudaEvent_t ev, const char *what)
         const double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
         if ((async != ncclSuccess && async != ncclInProgress) || (limit > 0 && waited > limit)) {
             ncclCommAbort(ni(c)->comm);
+            if (ni(c)->alone) { /* comm_fail_alone: the run goes on without this group */
+                log_error("comm",
+                          "NCCL %s over %d ranks (this is rank %d) %s after %.1f s: this rank's group has lost a "
+                          "peer; ending this rank only",
+                          what, c->size, c->rank,
+                          async != ncclSuccess && async != ncclInProgress ? ncclGetErrorString(async)
+                                                                          : "did not complete",
+                          waited);
+                _exit(4);
+            }
             check_failf(__FILE__, __LINE__,
                         "NCCL %s over %d ranks (this is rank %d) %s after %.1f s: a peer is lost or stuck; ending the "
                         "run",
@@ -233,6 +246,13 @@ static struct comm *nccl_split(struct comm *parent, int color, int key)
     return sub;
 }
 
+/* comm_fail_alone: a lost peer ends this rank only, over NCCL (nccl_wait_event) and over the MPI twin alike. */
+static void nccl_fail_alone(struct comm *c)
+{
+    ni(c)->alone = true;
+    comm_fail_alone(ni(c)->mpi);
+}
+
 static void nccl_destroy(struct comm *c)
 {
     ncclCommDestroy(ni(c)->comm);
@@ -257,6 +277,7 @@ static const struct comm_backend nccl_backend = {
     .barrier = nccl_barrier,
     .barrier_polled = nccl_barrier_polled,
     .split = nccl_split,
+    .fail_alone = nccl_fail_alone,
     .destroy = nccl_destroy,
 };
 

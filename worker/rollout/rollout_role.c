@@ -79,9 +79,10 @@ struct rollout_rank {
     uint64_t seq_no;
     /* rollout TP group (NULL: alone) */
     struct comm *eng;
-    bool head;           /* the group's first rank: dispatcher, trainers, weights */
-    float *whole;        /* the head: each downloaded version, whole (with TP, or on a GPU: its host copy) */
-    double keepalive_at; /* the head: when its peers last heard from it */
+    struct comm *eng_dev; /* trainer.device=cuda: eng's NCCL twin, over which the model's TP collectives run */
+    bool head;            /* the group's first rank: dispatcher, trainers, weights */
+    float *whole;         /* the head: each downloaded version, whole (with TP, or on a GPU: its host copy) */
+    double keepalive_at;  /* the head: when its peers last heard from it */
     pthread_t watchdog;
     bool watching;
     atomic_bool quit;
@@ -119,17 +120,23 @@ static void eng_keepalive(void *ud)
     eng_send(r, msg);
 }
 
+/* What the group has moved: over MPI, and over NCCL on GPUs (the model's collectives). */
+static unsigned long long group_progress(const struct rollout_rank *r)
+{
+    return comm_progress(r->eng) + (r->eng_dev ? comm_progress(r->eng_dev) : 0);
+}
+
 /* A rank of a TP group whose group has moved nothing for the timeout ends itself: a peer is lost, and every
  * collective of the group would wait for it for ever. Time while the run is paused does not count. */
 static void *watch_group(void *arg)
 {
     struct rollout_rank *r = arg;
     const double limit = r->env->cfg->rollout_tp_group_timeout_s;
-    unsigned long long seen = comm_progress(r->eng);
+    unsigned long long seen = group_progress(r);
     double since = rollout_now_s();
     while (!atomic_load(&r->quit)) {
         usleep(200000);
-        const unsigned long long now_seen = comm_progress(r->eng);
+        const unsigned long long now_seen = group_progress(r);
         if (now_seen != seen || control_pause_wanted(r->env->ctl)) {
             seen = now_seen;
             since = rollout_now_s();
@@ -189,6 +196,18 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
     if (!K)
         return -1;
     model_move(&r->policy, K);
+    if (r->eng && K->device != KDEV_CPU) { /* the group's TP collectives over NCCL, in device memory */
+        if (r->env->rollout_gpus_shared)
+            return error_set(err, errlen,
+                             "actor_rollout_ref.rollout.tensor_model_parallel_size %d with trainer.device=cuda: a "
+                             "group's TP collectives run over NCCL, which needs a GPU per rank, and some node runs "
+                             "more ranks than it has GPUs; give each rank a GPU of its own or set it to 1",
+                             r->env->at.tp_size);
+        if (!(r->eng_dev = comm_device_group(r->eng, K->device_index)))
+            return error_set(err, errlen, "rollout TP with trainer.device=cuda: this build has no NCCL");
+        comm_fail_alone(r->eng_dev); /* a lost peer ends this group only, as over MPI */
+        model_set_groups(r->policy, r->eng_dev, NULL, r->eng_dev);
+    }
     /* LoRA: the same adapter as the trainers' (its values arrive with every policy version) on the frozen base */
     if (lora_attach_config(r->policy, c, path, err, errlen) != 0)
         return -1;
@@ -231,6 +250,8 @@ static void teardown(struct rollout_rank *r)
     if (r->tok)
         tokenizer_free(r->tok);
     model_free(r->policy);
+    if (r->eng_dev) /* after the model that used it */
+        comm_free(r->eng_dev);
 }
 
 /* The prompt indices of step k into idx (the same the trainers draw): the cursor moves on from the step it drew
@@ -344,7 +365,12 @@ static size_t reshard_send(struct rollout_rank *r, int64_t version, size_t bucke
         }
         model_free(part);
     }
-    model_shard_slice(r->policy, r->whole, r->policy->w.mem);
+    float *mine = r->policy->K->device == KDEV_CPU ? r->policy->w.mem : xmalloc(r->policy->w.n_floats * sizeof(float));
+    model_shard_slice(r->policy, r->whole, mine);
+    if (mine != r->policy->w.mem) { /* on a GPU: sliced in host memory, then up */
+        model_weights_from_host(r->policy, mine);
+        free(mine);
+    }
     return sent;
 }
 
@@ -352,9 +378,16 @@ static size_t reshard_send(struct rollout_rank *r, int64_t version, size_t bucke
 static void reshard_recv(struct rollout_rank *r, int64_t version, size_t bucket)
 {
     const size_t per = bucket / sizeof(float) > 0 ? bucket / sizeof(float) : 1;
+    /* over MPI into host memory: on a GPU a host copy first, then up */
+    const bool gpu = r->policy->K->device != KDEV_CPU;
+    float *dst = gpu ? xmalloc(r->policy->w.n_floats * sizeof(float)) : r->policy->w.mem;
     for (size_t off = 0; off < r->policy->w.n_floats; off += per) {
         const size_t cnt = r->policy->w.n_floats - off < per ? r->policy->w.n_floats - off : per;
-        comm_recv(r->eng, r->policy->w.mem + off, cnt, COMM_F32, 0);
+        comm_recv(r->eng, dst + off, cnt, COMM_F32, 0);
+    }
+    if (gpu) {
+        model_weights_from_host(r->policy, dst);
+        free(dst);
     }
     r->version = version;
 }

@@ -114,12 +114,7 @@ int trainer_device_supported(const struct grpo_config *cfg, int tp, int pp, int 
     if (strcmp(cfg->trainer_device, "cuda") != 0)
         return 0;
     (void)tp, (void)pp; /* TP and PP run on GPUs with a GPU per trainer rank (device_mp_setup) */
-    if (rollout_tp > 1)
-        return error_set(err, errlen,
-                         "trainer.device=cuda with actor_rollout_ref.rollout.tensor_model_parallel_size %d: rollout "
-                         "tensor parallelism on GPUs is planned; set it to 1 (each rollout rank generates on one GPU) "
-                         "or trainer.device=cpu",
-                         rollout_tp);
+    (void)rollout_tp;   /* rollout TP groups run over NCCL with a GPU per rank (rollout_role.c) */
     if (cfg->arr_model_lora_rank > 0)
         return error_set(err, errlen,
                          "trainer.device=cuda with actor_rollout_ref.model.lora_rank %lld: LoRA on a GPU is planned "
