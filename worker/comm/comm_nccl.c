@@ -7,6 +7,7 @@
  * callers use one group for both. Before a collective on device memory the device is synchronised, so kernels
  * that produced the buffer on the model's stream have finished. */
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
@@ -85,23 +86,15 @@ static void nccl_wait_event(struct comm *c, cudaEvent_t ev, const char *what)
         const double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
         if ((async != ncclSuccess && async != ncclInProgress) || (limit > 0 && waited > limit)) {
             ncclCommAbort(ni(c)->comm);
+            char why[256];
+            snprintf(why, sizeof why, "NCCL %s over %d ranks (this is rank %d) %s after %.1f s", what, c->size, c->rank,
+                     async != ncclSuccess && async != ncclInProgress ? ncclGetErrorString(async) : "did not complete",
+                     waited);
             if (ni(c)->alone) { /* comm_fail_alone: the run goes on without this group */
-                log_error("comm",
-                          "NCCL %s over %d ranks (this is rank %d) %s after %.1f s: this rank's group has lost a "
-                          "peer; ending this rank only",
-                          what, c->size, c->rank,
-                          async != ncclSuccess && async != ncclInProgress ? ncclGetErrorString(async)
-                                                                          : "did not complete",
-                          waited);
+                log_error("comm", "%s: this rank's group has lost a peer; ending this rank only", why);
                 _exit(4);
             }
-            check_failf(__FILE__, __LINE__,
-                        "NCCL %s over %d ranks (this is rank %d) %s after %.1f s: a peer is lost or stuck; ending the "
-                        "run",
-                        what, c->size, c->rank,
-                        async != ncclSuccess && async != ncclInProgress ? ncclGetErrorString(async)
-                                                                        : "did not complete",
-                        waited);
+            check_failf(__FILE__, __LINE__, "%s: a peer is lost or stuck; ending the run", why);
         }
         if (spins > 1000) { /* a short collective finishes within the spins; a long one is polled gently */
             struct timespec nap = {0, 50000};
