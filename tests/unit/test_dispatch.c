@@ -253,6 +253,11 @@ static void test_grants_and_versions(void **state)
     assert_int_equal(st.bytes, 3 * 4000 + 1024); /* the refused count mismatch moved one 1 KiB chunk */
     assert_int_equal(st.refused, 0);
 
+    /* version 0 published again (a trainer's first safe point after the start's): it is held already and stays
+     * as it was, never marked as being written while a rollout reads it (that race failed a rollout rank once) */
+    dispatcher_publish(d, 0, w1);
+    expect_weights(c0, 0, w0, N, 1024);
+
     /* version 1 opens step 2; on-policy keeps one version, so version 0 is gone */
     dispatcher_publish(d, 1, w1);
     expect_unit(c1, 2, 1, 1);

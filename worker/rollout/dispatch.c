@@ -379,6 +379,10 @@ struct dispatcher *dispatcher_open(const struct dispatch_options *o, char *err, 
 void dispatcher_publish(struct dispatcher *d, int64_t version, const float *w)
 {
     pthread_mutex_lock(&d->mu);
+    if (snapshot_of(d, version)) { /* held already: a version never changes, and a rollout may be reading it */
+        pthread_mutex_unlock(&d->mu);
+        return;
+    }
     int slot = 0; /* the oldest (or an empty) snapshot makes room */
     for (int i = 1; i < d->nsnap; i++)
         if (d->snaps[i].version < d->snaps[slot].version)
