@@ -98,8 +98,6 @@ static int split_supported(const struct grpo_config *c, const struct placement_s
                          "trainer.sft_warmup_steps %lld: the supervised warm-start runs in one process; warm-start "
                          "first, then point actor_rollout_ref.model.path at its checkpoint",
                          (long long)c->trainer_sft_warmup_steps);
-    if (trainer_device_supported(c, ps->tp_size, ps->pp_size, ps->rollout_tp, why, whylen) != 0)
-        return -1;
     if (ps->trainer_ranks / (ps->tp_size * ps->pp_size) > ROLE_MAX_ENDPOINTS)
         return error_set(why, whylen, "%d trainer DP ranks: at most %d", ps->trainer_ranks, ROLE_MAX_ENDPOINTS);
     return 0;

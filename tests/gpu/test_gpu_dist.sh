@@ -8,7 +8,7 @@
 #  - the DP replicas' checksums (read back from device memory) are compared every step and never differ;
 #  - the weights reach the rollout rank from the trainers' GPU memory every step (bytes and chunks logged);
 #  - ZeRO-1 (use_distributed_optimizer), TP 2, PP 2 and rollout TP 2 give the same run, or, where ranks share a GPU,
-#    are refused by name;
+#    are refused by name; LoRA split matches LoRA in one process, and resumes from its checkpoint;
 #  - one-step-off (rollout.mode=async): the rollout rank generates on its GPU while the trainers train.
 # Skipped (77) without a CUDA device.
 # GRPO_TEST_DEVICE=cpu runs the same script with trainer.device=cpu (its own plumbing, on a machine without a GPU).
@@ -29,9 +29,9 @@ COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.
     custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score)
 SPLIT=(placement.trainer_ranks=2 placement.rollout_ranks=1)
 weights() { echo "$TMP/$1/p/e/checkpoints/global_step_$STEPS/actor"; }
-# same_metrics DIR: DIR's per-step metrics against the one-process run's, within $TOL
+# same_metrics DIR [BASE]: DIR's per-step metrics against BASE's (the one-process run's), within $TOL
 same_metrics() {
-    python3 - "$TMP/one/p/e/metrics.jsonl" "$TMP/$1/p/e/metrics.jsonl" "$TOL" <<'PY'
+    python3 - "$TMP/${2:-one}/p/e/metrics.jsonl" "$TMP/$1/p/e/metrics.jsonl" "$TOL" <<'PY'
 import json, sys
 one = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 two = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
@@ -138,6 +138,27 @@ else
     expect "rollout TP 2: each version resharded to the group" $?
     matches_one rtp "rollout TP 2: "
 fi
+
+# LoRA: the adapter trained on the devices, its gradients over NCCL, each version (the adapter alone) published from
+# a host copy and loaded into the rollout rank's GPU, checkpoints saved and read through the host; the split run
+# against the one-process LoRA run.
+LORA=(actor_rollout_ref.model.lora_rank=4 actor_rollout_ref.model.lora_alpha=8)
+timeout 300 "$WORKER" "${COMMON[@]}" "${LORA[@]}" trainer.default_local_dir="$TMP/one-lora" >"$TMP/one-lora.log" 2>&1
+expect "the one-process LoRA run on $DEV finishes" $?
+timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${SPLIT[@]}" "${LORA[@]}" trainer.log_level=debug \
+    trainer.default_local_dir="$TMP/lora" >"$TMP/lora.log" 2>&1
+expect "LoRA with 2 trainer + 1 rollout ranks on $DEV finishes" $?
+grep -q "weights identical on 2 DP ranks" "$TMP/lora.log" && ! grep -q "weights differ" "$TMP/lora.log"
+expect "LoRA: the replicas' adapters are compared and never differ" $?
+[ -f "$(weights lora)/adapter_model.safetensors" ]
+expect "LoRA: the checkpoint holds the adapter" $?
+same_metrics lora one-lora
+expect "LoRA: per-step losses, grad norms and entropies match the one-process LoRA run within $TOL" $?
+timeout 300 "$WORKER" "${COMMON[@]}" "${LORA[@]}" trainer.default_local_dir="$TMP/one-lora" \
+    trainer.total_training_steps=$((STEPS + 1)) >"$TMP/one-lora-resume.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -q "resumed from .*global_step_$STEPS" "$TMP/one-lora-resume.log"
+expect "LoRA: a run resumes from its checkpoint on $DEV (the adapter and AdamW's state read back)" $?
 
 timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${SPLIT[@]}" trainer.default_local_dir="$TMP/async" \
     actor_rollout_ref.rollout.mode=async >"$TMP/async.log" 2>&1

@@ -479,11 +479,11 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
         const bool gpu = r->policy->K->device != KDEV_CPU; /* the version arrives in host memory, then goes up */
         if ((r->eng || gpu) && !r->whole)
             r->whole = xmalloc(n * sizeof(float));
-        float *dst = ad ? ad->mem : r->eng || gpu ? r->whole : r->policy->w.mem;
+        float *dst = r->eng || gpu ? r->whole : ad ? ad->mem : r->policy->w.mem;
         if (work_client_weights(r->work, g->version, dst, n, chunk, &bytes, &chunks, err, errlen) != 0)
             return -1;
-        if (gpu && !r->eng)
-            k_to_device(r->policy->K, r->policy->w.mem, r->whole, n * sizeof(float));
+        if (gpu && !r->eng) /* the weights, or with LoRA the adapter, up to the GPU */
+            k_to_device(r->policy->K, ad ? ad->mem : r->policy->w.mem, r->whole, n * sizeof(float));
         const double t2 = rollout_now_s();
         size_t sent = 0;
         if (r->eng)

@@ -109,21 +109,6 @@ static double device_peak_flops(const struct kctx *K)
 
 static bool on_device(const struct trainer *t) { return t->policy->K->device != KDEV_CPU; }
 
-int trainer_device_supported(const struct grpo_config *cfg, int tp, int pp, int rollout_tp, char *err, size_t errlen)
-{
-    if (strcmp(cfg->trainer_device, "cuda") != 0)
-        return 0;
-    (void)tp, (void)pp; /* TP and PP run on GPUs with a GPU per trainer rank (device_mp_setup) */
-    (void)rollout_tp;   /* rollout TP groups run over NCCL with a GPU per rank (rollout_role.c) */
-    if (cfg->arr_model_lora_rank > 0)
-        return error_set(err, errlen,
-                         "trainer.device=cuda with actor_rollout_ref.model.lora_rank %lld: LoRA on a GPU is planned "
-                         "(its adapter's checkpoints are not staged through host memory yet); set lora_rank 0 or "
-                         "trainer.device=cpu",
-                         (long long)cfg->arr_model_lora_rank);
-    return 0;
-}
-
 float *trainer_host_buffer(struct trainer *t)
 {
     if (!t->host_params) {
@@ -282,7 +267,8 @@ int trainer_save_checkpoint(struct trainer *t)
         if (!wm && on_device(t) && lead(t)) /* ZeRO-1 on GPUs: the moments came gathered to the host, not the weights */
             wm = model_copy_to(t->policy, kctx_cpu());
     } else if (on_device(t)) { /* one process on a GPU: the checkpoint is written from host copies */
-        wm = model_copy_to(t->policy, kctx_cpu());
+        if (!t->policy->lora)  /* an adapter is saved from the device by lora_save itself */
+            wm = model_copy_to(t->policy, kctx_cpu());
         wo = adamw_to_host(t->opt);
     }
     const struct adamw *opt = wo ? wo : t->opt;
@@ -623,6 +609,14 @@ static int load_checkpoint(struct trainer *t, const char *dir, struct run_state 
 {
     if (!t->lay.mp && !on_device(t))
         return checkpoint_load(dir, t->policy, t->opt, st, err, errlen);
+    if (t->policy->lora) { /* on a GPU (no TP or PP with LoRA): lora_load fills the device's adapter itself */
+        struct adamw *ho = adamw_create(t->opt->n, t->opt->beta1, t->opt->beta2, t->opt->eps, t->opt->weight_decay);
+        int rc = checkpoint_load(dir, t->policy, ho, st, err, errlen);
+        if (rc == 0)
+            adamw_from_host(t->opt, ho);
+        adamw_free(ho);
+        return rc;
+    }
     /* the whole checkpoint in host memory, then this rank's part of it (TP, PP) or all of it into the GPU's */
     struct model *wm = model_create(&t->policy->cfg);
     struct adamw *wo = adamw_create(wm->w.n_floats, t->opt->beta1, t->opt->beta2, t->opt->eps, t->opt->weight_decay);
@@ -711,8 +705,6 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     if (t->lay.mp)
         shard_policy(t);
     /* the policy's precision (and the reference's: a clone shares the context) */
-    if (trainer_device_supported(cfg, t->lay.tp_size, t->lay.pp_size, 1, err, errlen) != 0)
-        goto fail;
     char dev[32]; /* with other ranks, the GPU grpo_worker gave this one (trainer_layout.device) */
     snprintf(dev, sizeof dev, "%s", cfg->trainer_device);
     if (lay && strcmp(dev, "cuda") == 0)

@@ -119,10 +119,6 @@ int64_t trainer_step(const struct trainer *t);
 int64_t trainer_total_steps(const struct trainer *t);
 /* Run directory (metrics.jsonl, tensorboard/, checkpoints/, charts). */
 const char *trainer_run_dir(const struct trainer *t);
-/* Whether trainer.device can run this layout (tp, pp: the trainers' model split, rollout_tp the rollout ranks'):
- * cpu always; cuda in one process or with data-parallel trainers fed by rollout ranks, without TP, PP, ZeRO-1 or
- * LoRA for now. 0, or -1 with err naming the keys. */
-int trainer_device_supported(const struct grpo_config *cfg, int tp, int pp, int rollout_tp, char *err, size_t errlen);
 /* The policy's trainable parameters in host memory (the adapter with LoRA): on a GPU a host copy, made now and
  * valid until the next call (checksums, published weights, equivalence tests). */
 const float *trainer_params(struct trainer *t, size_t *n);

@@ -271,7 +271,7 @@ static void publish(struct trainer_rank *r, int64_t version)
     /* with LoRA the adapter only: the rollout ranks hold the frozen base, loaded from the same path; from a GPU
      * a host copy */
     if (r->disp)
-        dispatcher_publish(r->disp, version, p->lora ? p->lora->mem : whole ? whole : trainer_params(r->t, &n));
+        dispatcher_publish(r->disp, version, whole ? whole : trainer_params(r->t, &n)); /* with LoRA, the adapter */
     free(whole);
     r->sync_s_pending += rollout_now_s() - t0;
     control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
@@ -293,8 +293,8 @@ static int between_steps(void *ctx, int64_t j, bool stop)
         snprintf(why, sizeof why, "the trainers %s after step %lld",
                  j >= trainer_total_steps(r->t) ? "finished" : "stopped", (long long)j);
         dispatcher_end(r->disp, j, why);
-    } else if (j + 1 + r->env->staleness <= trainer_total_steps(r->t)) {
-        publish(r, j);
+    } else if (j > r->start && j + 1 + r->env->staleness <= trainer_total_steps(r->t)) {
+        publish(r, j); /* version r->start went out at the start (trainer_ready) */
     }
     return 0;
 }
