@@ -18,6 +18,14 @@ void bf16_round(uint16_t *dst, const float *src, size_t n);
 /* The same, transposed: dst (cols, rows) = bf16(src (rows, cols))^T. */
 void bf16_round_transpose(uint16_t *dst, const float *src, int rows, int cols);
 
+/* A grow-only buffer of BF16 values (64-byte aligned): bf16_scratch returns at least n of them, reallocating only
+ * when a larger n comes (no allocation once the largest shape has run). */
+struct bf16_scratch {
+    uint16_t *p;
+    size_t cap; /* elements */
+};
+uint16_t *bf16_scratch(struct bf16_scratch *s, size_t n);
+
 /* C (M, N) = A (M, K) B, or += with accumulate, on BF16 operands rounded beforehand (bf16_round): B given as (K, N)
  * row-major, or as (N, K) row-major when b_trans; products accumulated in fp32, split over the pool's threads as
  * linear_forward_bf16's are. For an operand used by several products (the LM head's weights over its chunks),

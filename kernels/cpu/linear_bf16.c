@@ -199,12 +199,7 @@ void bf16_round_transpose(uint16_t *dst, const float *src, int rows, int cols)
 
 /* ---- grow-only scratch ---- */
 
-struct scratch {
-    uint16_t *p;
-    size_t cap; /* elements */
-};
-
-static uint16_t *scratch_get(struct scratch *s, size_t n)
+uint16_t *bf16_scratch(struct bf16_scratch *s, size_t n)
 {
     if (n > s->cap) {
         free(s->p);
@@ -219,7 +214,7 @@ static uint16_t *scratch_get(struct scratch *s, size_t n)
 }
 
 /* A: the activations (x or dy), B: the weights (or x for dW), T: dy^T */
-static struct scratch g_a, g_b;
+static struct bf16_scratch g_a, g_b;
 
 #ifdef GRPO_HAVE_DNNL
 #include <dlfcn.h>
@@ -501,6 +496,12 @@ const char *cpu_bf16_gemm_name(void) { return "no BF16 GEMM (built without oneDN
 
 #endif
 
+static void need_bf16(const char *what, int N, int Din, int Dout)
+{
+    if (!cpu_bf16_gemm_available())
+        check_failf(__FILE__, __LINE__, "%s (%d x %d x %d): %s", what, N, Din, Dout, cpu_bf16_gemm_name());
+}
+
 void bf16_gemm(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K, bool b_trans, bool accumulate)
 {
     if (M <= 0 || N <= 0)
@@ -510,15 +511,8 @@ void bf16_gemm(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int
             memset(C, 0, (size_t)M * N * sizeof(float));
         return;
     }
-    if (!cpu_bf16_gemm_available())
-        check_failf(__FILE__, __LINE__, "bf16_gemm (%d x %d x %d): %s", M, N, K, cpu_bf16_gemm_name());
+    need_bf16("bf16_gemm", M, K, N);
     mm_run(C, A, B, M, N, K, b_trans, accumulate);
-}
-
-static void need_bf16(const char *what, int N, int Din, int Dout)
-{
-    if (!cpu_bf16_gemm_available())
-        check_failf(__FILE__, __LINE__, "%s (%d x %d x %d): %s", what, N, Din, Dout, cpu_bf16_gemm_name());
 }
 
 void linear_forward_bf16(float *y, const float *x, const float *W, const float *b, int N, int Din, int Dout)
@@ -529,7 +523,7 @@ void linear_forward_bf16(float *y, const float *x, const float *W, const float *
         memset(y, 0, (size_t)N * Dout * sizeof(float));
     } else {
         need_bf16("linear_forward_bf16", N, Din, Dout);
-        uint16_t *xb = scratch_get(&g_a, (size_t)N * Din), *wb = scratch_get(&g_b, (size_t)Dout * Din);
+        uint16_t *xb = bf16_scratch(&g_a, (size_t)N * Din), *wb = bf16_scratch(&g_b, (size_t)Dout * Din);
         bf16_round(xb, x, (size_t)N * Din);
         bf16_round(wb, W, (size_t)Dout * Din);
         /* y (N, Dout) = x (N, Din) W^T; W (Dout, Din) row-major is W^T stored transposed */
@@ -551,13 +545,13 @@ void linear_backward_bf16(float *dx, float *dW, float *db, const float *dy, cons
     if (Din > 0 && (dx || dW)) {
         need_bf16("linear_backward_bf16", N, Din, Dout);
         if (dx) { /* dx (N, Din) += dy (N, Dout) W (Dout, Din) */
-            uint16_t *dyb = scratch_get(&g_a, (size_t)N * Dout), *wb = scratch_get(&g_b, (size_t)Dout * Din);
+            uint16_t *dyb = bf16_scratch(&g_a, (size_t)N * Dout), *wb = bf16_scratch(&g_b, (size_t)Dout * Din);
             bf16_round(dyb, dy, (size_t)N * Dout);
             bf16_round(wb, W, (size_t)Dout * Din);
             mm_run(dx, dyb, wb, N, Din, Dout, false, true);
         }
         if (dW) { /* dW (Dout, Din) += dy^T (Dout, N) x (N, Din) */
-            uint16_t *dyt = scratch_get(&g_a, (size_t)N * Dout), *xb = scratch_get(&g_b, (size_t)N * Din);
+            uint16_t *dyt = bf16_scratch(&g_a, (size_t)N * Dout), *xb = bf16_scratch(&g_b, (size_t)N * Din);
             bf16_round_transpose(dyt, dy, N, Dout);
             bf16_round(xb, x, (size_t)N * Din);
             mm_run(dW, dyt, xb, Dout, Din, N, false, true);

@@ -62,24 +62,9 @@ static float row_max(const float *x, int n)
  * head is a quarter of SmolLM2's forward+backward FLOPs). In BF16 the weights are rounded once per call, not per
  * chunk, and each chunk's activations and logit gradients as they come. */
 
-struct bf16_buf {
-    uint16_t *p;
-    size_t n;
-};
-
-static uint16_t *bf16_buf_get(struct bf16_buf *b, size_t n)
-{
-    if (n > b->n) {
-        free(b->p);
-        b->p = xmalloc(n * sizeof(uint16_t));
-        b->n = n;
-    }
-    return b->p;
-}
-
 /* per thread, growing only: the rounded weights (Vl, D), a chunk's rounded rows (h or dz, c x max(D, Vl)) and its
  * dz^T (Vl, c) */
-static _Thread_local struct bf16_buf tl_wb, tl_ab, tl_tb;
+static _Thread_local struct bf16_scratch tl_wb, tl_ab, tl_tb;
 
 struct head {
     const float *W;
@@ -91,7 +76,7 @@ static struct head head_of(const float *W, int D, int Vl, bool bf16)
 {
     struct head hd = {.W = W, .D = D, .Vl = Vl};
     if (bf16) {
-        uint16_t *wb = bf16_buf_get(&tl_wb, (size_t)Vl * D);
+        uint16_t *wb = bf16_scratch(&tl_wb, (size_t)Vl * D);
         bf16_round(wb, W, (size_t)Vl * D);
         hd.Wb = wb;
     }
@@ -106,7 +91,7 @@ static void chunk_logits(float *z, const float *h, const struct head *hd, int c,
         cpu_sgemm(false, true, c, Vl, D, 1.0f / temperature, h, D, hd->W, D, 0.0f, z, Vl);
         return;
     }
-    uint16_t *hb = bf16_buf_get(&tl_ab, (size_t)c * D);
+    uint16_t *hb = bf16_scratch(&tl_ab, (size_t)c * D);
     bf16_round(hb, h, (size_t)c * D);
     bf16_gemm(z, hb, hd->Wb, c, Vl, D, true, false);
     if (temperature != 1.0f)
@@ -124,13 +109,13 @@ static void chunk_grads(float *dh, float *dW, const float *dz, const float *hc, 
             cpu_sgemm(true, false, Vl, D, c, 1.0f, dz, Vl, hc, D, 1.0f, dW, D);
         return;
     }
-    uint16_t *ab = bf16_buf_get(&tl_ab, (size_t)c * (D > Vl ? D : Vl));
+    uint16_t *ab = bf16_scratch(&tl_ab, (size_t)c * (D > Vl ? D : Vl));
     if (dh) {
         bf16_round(ab, dz, (size_t)c * Vl);
         bf16_gemm(dh, ab, hd->Wb, c, D, Vl, false, true);
     }
     if (dW) {
-        uint16_t *tb = bf16_buf_get(&tl_tb, (size_t)Vl * c);
+        uint16_t *tb = bf16_scratch(&tl_tb, (size_t)Vl * c);
         bf16_round_transpose(tb, dz, c, Vl);
         bf16_round(ab, hc, (size_t)c * D);
         bf16_gemm(dW, tb, ab, Vl, D, c, false, true);
