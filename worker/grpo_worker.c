@@ -340,6 +340,18 @@ static int run_role(const struct grpo_config *cfg, struct comm *world, int repla
             env.rollout_tp = comm_split(trainers, env.at.engine, env.at.tp);
             comm_fail_alone(env.rollout_tp); /* a lost peer ends the group, not the run */
         }
+        /* weight_sync=broadcast: trainer rank 0 (the dispatcher's) and each rollout TP group's first rank; the
+         * group's waits are bounded like the others, and a lost member gives the group up, not the run */
+        if (strcmp(env.cfg->rollout_weight_sync, "broadcast") == 0 && replace_rank < 0) {
+            const bool member =
+                env.at.role == PLACE_TRAINER ? env.at.dp == 0 && env.at.tp == 0 && env.at.pp == 0 : env.at.tp == 0;
+            struct comm *g = comm_split(world, member ? 0 : 1, env.at.role == PLACE_TRAINER ? -1 : rank);
+            comm_set_deadline(g, (double)env.cfg->arr_nccl_timeout);
+            if (member)
+                env.weight_group = g;
+            else
+                comm_free(g);
+        }
         char tp_note[48] = "";
         if (env.at.role == PLACE_TRAINER && env.at.tp_size > 1)
             snprintf(tp_note, sizeof tp_note, ", tp %d of %d", env.at.tp, env.at.tp_size);
@@ -355,6 +367,7 @@ static int run_role(const struct grpo_config *cfg, struct comm *world, int repla
             parallel_groups_free(&g);
         }
         comm_free(env.rollout_tp);
+        comm_free(env.weight_group);
         comm_free(trainers);
     }
     control_close(env.ctl);

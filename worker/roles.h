@@ -32,6 +32,8 @@ struct role_env {
     struct comm *dp, *tp, *pp; /* a trainer's data-, tensor- and pipeline-parallel groups within them */
     struct comm *mp;           /* the TP x PP ranks of a trainer's model copy (ranked pp x TP + tp) */
     struct comm *rollout_tp;   /* a rollout rank's TP group (actor_rollout_ref.rollout.tensor_model_parallel_size) */
+    struct comm *weight_group; /* weight_sync=broadcast: trainer rank 0 (its rank 0) and the launch's rollout ranks
+                                  that fetch for their TP group (NULL elsewhere) */
     int device;                /* trainer.device=cuda in a split run: this rank's GPU on its node (assign_devices) */
     bool trainer_gpus_shared;  /* some node has more trainer ranks than GPUs: they share (NCCL cannot run there) */
     bool rollout_gpus_shared;  /* some node has more ranks than GPUs: rollout ranks share one (the same for NCCL) */

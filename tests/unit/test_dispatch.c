@@ -425,6 +425,123 @@ static void test_loss_and_regrant(void **state)
     free(w0), free(w1);
 }
 
+/* The broadcast's answer to client c's ask for version v. */
+static enum work_broadcast bcast_ask(struct work_client *c, int64_t v)
+{
+    enum work_broadcast a = 0;
+    char err[512] = "";
+    if (work_client_broadcast_ask(c, v, &a, err, sizeof err) != 0)
+        fail_msg("work_client_broadcast_ask(%lld): %s", (long long)v, err);
+    return a;
+}
+
+/* weight_sync=broadcast: a round begins only once every rollout process has asked for the same held version; a
+ * version not everyone asks for within the rendezvous, or one the trainer has waited for past it, is fetched; a
+ * failed round or a lost process turns the broadcast off for good. */
+static void test_broadcast_rounds(void **state)
+{
+    const struct fx *f = *state;
+    char ep[128];
+    endpoint(f, "b.sock", ep, sizeof ep);
+    enum { N = 16 };
+    float *w[6];
+    for (int i = 0; i < 6; i++)
+        w[i] = weights(N, 1, (float)i);
+    /* one step off: the two newest versions are held, and versions 0..4 are needed by steps 2..6 */
+    struct dispatcher *d = open_dispatcher(ep, NULL, 2, 1, 6, N, 0.5);
+    struct work_client *a = open_client(ep, NULL, 0, 0.1), *b = open_client(ep, NULL, 1, 0.1);
+    int64_t v = -1;
+    const float *src = NULL;
+
+    wait_live(d, 2, 3.0); /* asks come from processes the dispatcher knows (they asked for work first) */
+    /* without dispatcher_broadcast_on every ask is told to fetch */
+    dispatcher_publish(d, 0, w[0]);
+    assert_int_equal(bcast_ask(a, 0), WB_FETCH);
+    dispatcher_broadcast_on(d, 0.4);
+    assert_true(dispatcher_round_due(d, 0));
+
+    /* version 0: a asks, then b; the round begins only then, and the askers are told to join */
+    assert_false(dispatcher_round_begin(d, &v, &src));
+    assert_int_equal(bcast_ask(a, 0), WB_WAIT);
+    assert_false(dispatcher_round_begin(d, &v, &src));
+    assert_int_equal(bcast_ask(b, 0), WB_WAIT);
+    assert_true(dispatcher_round_begin(d, &v, &src));
+    assert_int_equal(v, 0);
+    assert_memory_equal(src, w[0], N * sizeof(float));
+    assert_false(dispatcher_round_begin(d, &v, &src)); /* one round at a time */
+    assert_int_equal(bcast_ask(a, 0), WB_JOIN);
+    assert_int_equal(bcast_ask(b, 0), WB_JOIN);
+    expect_weights(a, 0, w[0], N, 64); /* a fetch still works meanwhile */
+    dispatcher_round_end(d, true);
+    assert_int_equal(stats(d).broadcasts, 1);
+    assert_false(dispatcher_round_due(d, 0));
+    assert_int_equal(bcast_ask(a, 0), WB_FETCH); /* its round is over */
+
+    /* version 1: only a asks; past the rendezvous it is fetched, by b too */
+    dispatcher_publish(d, 1, w[1]);
+    assert_true(dispatcher_round_due(d, 0));
+    assert_int_equal(bcast_ask(a, 1), WB_WAIT);
+    transport_sleep(0.5);
+    assert_false(dispatcher_round_begin(d, &v, &src));
+    assert_int_equal(bcast_ask(a, 1), WB_FETCH);
+    assert_int_equal(bcast_ask(b, 1), WB_FETCH);
+    assert_false(dispatcher_round_due(d, 0));
+
+    /* version 2: asked for apart (a version 2, b an older one) is no round; the trainer waits past the
+     * rendezvous, and it is fetched */
+    dispatcher_publish(d, 2, w[2]);
+    assert_int_equal(bcast_ask(a, 2), WB_WAIT);
+    assert_int_equal(bcast_ask(b, 1), WB_FETCH); /* skipped already */
+    assert_false(dispatcher_round_begin(d, &v, &src));
+    assert_true(dispatcher_round_due(d, 0.1));
+    assert_false(dispatcher_round_due(d, 1.0));
+    assert_int_equal(bcast_ask(a, 2), WB_FETCH);
+
+    /* version 3: a failed round turns the broadcast off */
+    dispatcher_publish(d, 3, w[3]);
+    assert_int_equal(bcast_ask(b, 3), WB_WAIT);
+    assert_int_equal(bcast_ask(a, 3), WB_WAIT);
+    assert_true(dispatcher_round_begin(d, &v, &src));
+    assert_int_equal(v, 3);
+    dispatcher_round_end(d, false);
+    assert_int_equal(stats(d).broadcasts, 1);
+    dispatcher_publish(d, 4, w[4]);
+    assert_false(dispatcher_round_due(d, 0));
+    assert_int_equal(bcast_ask(a, 4), WB_FETCH);
+    assert_int_equal(bcast_ask(b, 4), WB_FETCH);
+    expect_weights(b, 4, w[4], N, 64);
+    work_client_close(a);
+    work_client_close(b);
+    dispatcher_close(d, 1.0);
+
+    /* a lost process turns it off too; the last version (no step to come needs it) is never due */
+    endpoint(f, "b2.sock", ep, sizeof ep);
+    d = open_dispatcher(ep, NULL, 2, 0, 2, N, 0.3);
+    dispatcher_broadcast_on(d, 30);
+    a = open_client(ep, NULL, 0, 0.1);
+    b = open_client(ep, NULL, 1, 0.1);
+    wait_live(d, 2, 3.0);
+    dispatcher_publish(d, 0, w[0]);
+    assert_int_equal(bcast_ask(a, 0), WB_WAIT);
+    work_client_close(b);
+    wait_live(d, 1, 3.0);
+    assert_int_equal(bcast_ask(a, 0), WB_FETCH);
+    assert_false(dispatcher_round_begin(d, &v, &src));
+    assert_false(dispatcher_round_due(d, 0));
+    work_client_close(a);
+    dispatcher_close(d, 1.0);
+    endpoint(f, "b3.sock", ep, sizeof ep);
+    d = open_dispatcher(ep, NULL, 1, 1, 3, N, 5);
+    dispatcher_broadcast_on(d, 30);
+    dispatcher_publish(d, 1, w[1]);
+    assert_true(dispatcher_round_due(d, 0)); /* step 3 is generated with version 1 (one step off) */
+    dispatcher_publish(d, 2, w[2]);
+    assert_false(dispatcher_round_due(d, 0)); /* no step 4 */
+    dispatcher_close(d, 1.0);
+    for (int i = 0; i < 6; i++)
+        free(w[i]);
+}
+
 static void test_end(void **state)
 {
     const struct fx *f = *state;
@@ -625,6 +742,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_grants_and_versions, setup, teardown),
         cmocka_unit_test_setup_teardown(test_one_step_off, setup, teardown),
         cmocka_unit_test_setup_teardown(test_loss_and_regrant, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_broadcast_rounds, setup, teardown),
         cmocka_unit_test_setup_teardown(test_end, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_input, setup, teardown),
     };

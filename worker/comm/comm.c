@@ -165,6 +165,23 @@ void comm_broadcast_polled(struct comm *c, void *buf, size_t count, enum comm_dt
     tally(c, COMM_OP_BROADCAST, b, b, t, c->rank == root);
 }
 
+int comm_try_broadcast(struct comm *c, void *buf, size_t count, enum comm_dtype t, int root)
+{
+    if (c->given_up)
+        return -1;
+    if (!count)
+        return 0;
+    if (!c->be->try_broadcast) {
+        c->be->broadcast(c, buf, count, t, root);
+    } else if (c->be->try_broadcast(c, buf, count, t, root) != 0) {
+        c->given_up = true;
+        return -1;
+    }
+    const double b = (double)count * comm_dtype_size(t);
+    tally(c, COMM_OP_BROADCAST, b, b, t, c->rank == root);
+    return 0;
+}
+
 void comm_send(struct comm *c, const void *buf, size_t count, enum comm_dtype t, int peer)
 {
     c->be->send(c, buf, count, t, peer);

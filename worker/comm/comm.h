@@ -70,6 +70,12 @@ void comm_broadcast(struct comm *c, void *buf, size_t count, enum comm_dtype t, 
  * match a non-blocking broadcast with a blocking one). Back-ends without one block as comm_broadcast does. */
 void comm_broadcast_polled(struct comm *c, void *buf, size_t count, enum comm_dtype t, int root,
                            void (*poll)(void *ud, bool done), void *ud);
+/* As comm_broadcast, but a peer that has not come by the group's deadline (or an error the back-end reports)
+ * gives the group up instead of ending the run: -1, with a log line, and every later comm_try_broadcast on c
+ * returns -1 at once (MPI cannot take back a started collective, NCCL's communicator is aborted). For a group
+ * whose loss the run survives (the weight broadcast to the rollout ranks, which then fetch instead). 0 when
+ * every byte arrived. Every rank of the group must use this call for the same broadcast. */
+int comm_try_broadcast(struct comm *c, void *buf, size_t count, enum comm_dtype t, int root);
 /* Point-to-point within the group (pipeline stages). */
 void comm_send(struct comm *c, const void *buf, size_t count, enum comm_dtype t, int peer);
 void comm_recv(struct comm *c, void *buf, size_t count, enum comm_dtype t, int peer);
@@ -130,6 +136,7 @@ struct comm_backend {
     void (*reduce_scatter_sum)(struct comm *, const void *, void *, size_t, enum comm_dtype);
     void (*broadcast)(struct comm *, void *, size_t, enum comm_dtype, int);
     void (*broadcast_polled)(struct comm *, void *, size_t, enum comm_dtype, int, void (*)(void *, bool), void *);
+    int (*try_broadcast)(struct comm *, void *, size_t, enum comm_dtype, int); /* NULL: comm_broadcast */
     void (*send)(struct comm *, const void *, size_t, enum comm_dtype, int);
     void (*recv)(struct comm *, void *, size_t, enum comm_dtype, int);
     void (*sendrecv)(struct comm *, const void *, size_t, int, void *, size_t, int, enum comm_dtype);
@@ -147,6 +154,7 @@ struct comm {
     struct comm_traffic traffic;          /* counted in comm.c, whatever the back-end */
     _Atomic unsigned long long completed; /* operations finished, read by watchdog threads (comm_progress) */
     double deadline_s;                    /* comm_set_deadline (0: none) */
+    bool given_up;                        /* a comm_try_broadcast failed: the group is not used again */
 };
 
 #endif

@@ -75,7 +75,15 @@ static double seconds_since(const struct timespec *t0)
 /* Test n requests of the operation `what` until they are complete (the caller then waits on them, which returns at
  * once and says so to MPI checkers); past the deadline the run ends (in a comm_fail_alone group, this
  * rank only) with the operation, the group size and this rank named. */
+static int mpi_wait_until(struct comm *c, MPI_Request *req, int n, const char *what, bool soft);
 static void mpi_wait_bounded(struct comm *c, MPI_Request *req, int n, const char *what)
+{
+    (void)mpi_wait_until(c, req, n, what, false);
+}
+
+/* mpi_wait_bounded; soft: past the deadline return -1 with a log line instead (the requests are left behind,
+ * since MPI cannot cancel a collective: the caller never uses the group again). */
+static int mpi_wait_until(struct comm *c, MPI_Request *req, int n, const char *what, bool soft)
 {
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -83,14 +91,18 @@ static void mpi_wait_bounded(struct comm *c, MPI_Request *req, int n, const char
         int done = 0;
         CHECK_C(c, MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE));
         if (done)
-            return; /* the caller's MPI_Wait releases the complete requests */
+            return 0; /* the caller's MPI_Wait releases the complete requests */
         const double waited = seconds_since(&t0);
-        if (waited > c->deadline_s) {
+        if (c->deadline_s > 0 && waited > c->deadline_s) {
             char why[512];
             snprintf(why, sizeof why,
                      "MPI %s over %d ranks (this is rank %d of the group) did not complete after %.1f s: a peer is "
                      "lost or stuck (actor_rollout_ref.nccl_timeout = %.0f s)",
                      what, c->size, c->rank, waited, c->deadline_s);
+            if (soft) {
+                log_warn("comm", "%s; giving the group up", why);
+                return -1;
+            }
             if (((struct mpi_impl *)c->impl)->alone) {
                 log_error("comm", "%s; ending this rank only", why);
                 _exit(4);
@@ -196,6 +208,19 @@ static void mpi_broadcast(struct comm *c, void *buf, size_t count, enum comm_dty
     CHECK_C(c, MPI_Ibcast(buf, icount(count), mpi_type(t), root, mc(c), &r));
     mpi_wait_bounded(c, &r, 1, "broadcast");
     CHECK_C(c, MPI_Wait(&r, MPI_STATUS_IGNORE));
+}
+
+/* comm_try_broadcast: always non-blocking and tested (with or without a deadline), -1 past the deadline. */
+static int mpi_try_broadcast(struct comm *c, void *buf, size_t count, enum comm_dtype t, int root)
+{
+    MPI_Request r;
+    CHECK_C(c, MPI_Ibcast(buf, icount(count), mpi_type(t), root, mc(c), &r));
+    /* past the deadline the request is left behind: MPI cannot cancel a collective, and the group is not used
+     * again (comm_try_broadcast marks it given up) */
+    if (mpi_wait_until(c, &r, 1, "broadcast", true) != 0)
+        return -1; // NOLINT(clang-analyzer-optin.mpi.MPI-Checker)
+    CHECK_C(c, MPI_Wait(&r, MPI_STATUS_IGNORE));
+    return 0;
 }
 
 /* A non-blocking operation tested every millisecond until it is complete (the caller then waits on it), with no
@@ -346,6 +371,7 @@ static const struct comm_backend mpi_backend = {
     .reduce_scatter_sum = mpi_reduce_scatter_sum,
     .broadcast = mpi_broadcast,
     .broadcast_polled = mpi_broadcast_polled,
+    .try_broadcast = mpi_try_broadcast,
     .barrier_polled = mpi_barrier_polled,
     .send = mpi_send,
     .recv = mpi_recv,

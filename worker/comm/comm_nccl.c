@@ -64,11 +64,16 @@ static bool on_device(const void *p)
  * peer that is lost or stuck would otherwise hold this rank in the collective for ever. On the deadline, or on
  * an error NCCL reports meanwhile, the communicator is aborted and the run ends with the collective, the
  * group size and this rank named. */
-static void nccl_wait_event(struct comm *c, cudaEvent_t ev, const char *what);
+static int nccl_wait_until(struct comm *c, cudaEvent_t ev, const char *what, bool soft);
+static void nccl_wait_event(struct comm *c, cudaEvent_t ev, const char *what)
+{
+    (void)nccl_wait_until(c, ev, what, false);
+}
 static void nccl_wait_for(struct comm *c, const char *what) { nccl_wait_event(c, NULL, what); }
 
-/* As nccl_wait_for, for the work up to event ev of the stream (NULL: all of it). */
-static void nccl_wait_event(struct comm *c, cudaEvent_t ev, const char *what)
+/* As nccl_wait_for, for the work up to event ev of the stream (NULL: all of it); soft: on the deadline or an
+ * error, the communicator aborted, -1 with a log line instead of the end of the run (comm_try_broadcast). */
+static int nccl_wait_until(struct comm *c, cudaEvent_t ev, const char *what, bool soft)
 {
     const double limit = c->deadline_s;
     struct timespec t0;
@@ -76,7 +81,7 @@ static void nccl_wait_event(struct comm *c, cudaEvent_t ev, const char *what)
     for (long spins = 0;; spins++) {
         const cudaError_t q = ev ? cudaEventQuery(ev) : cudaStreamQuery(ni(c)->stream);
         if (q == cudaSuccess)
-            return;
+            return 0;
         if (q != cudaErrorNotReady)
             CHECK_CUDA(q);
         ncclResult_t async = ncclSuccess;
@@ -90,6 +95,10 @@ static void nccl_wait_event(struct comm *c, cudaEvent_t ev, const char *what)
             snprintf(why, sizeof why, "NCCL %s over %d ranks (this is rank %d) %s after %.1f s", what, c->size, c->rank,
                      async != ncclSuccess && async != ncclInProgress ? ncclGetErrorString(async) : "did not complete",
                      waited);
+            if (soft) {
+                log_warn("comm", "%s: a peer is lost or stuck; giving the group up", why);
+                return -1;
+            }
             if (ni(c)->alone) { /* comm_fail_alone: the run goes on without this group */
                 log_error("comm", "%s: this rank's group has lost a peer; ending this rank only", why);
                 _exit(4);
@@ -191,6 +200,18 @@ static void nccl_broadcast(struct comm *c, void *buf, size_t count, enum comm_dt
     nccl_wait_for(c, "broadcast");
 }
 
+static int nccl_try_broadcast(struct comm *c, void *buf, size_t count, enum comm_dtype t, int root)
+{
+    if (!on_device(buf))
+        return comm_try_broadcast(ni(c)->mpi, buf, count, t, root);
+    if (ncclBroadcast(buf, buf, count, nccl_type(t), root, ni(c)->comm, ni(c)->stream) != ncclSuccess) {
+        ncclCommAbort(ni(c)->comm);
+        log_warn("comm", "NCCL broadcast over %d ranks could not start; giving the group up", c->size);
+        return -1;
+    }
+    return nccl_wait_until(c, NULL, "broadcast", true);
+}
+
 static void nccl_send(struct comm *c, const void *buf, size_t count, enum comm_dtype t, int peer)
 {
     if (!on_device(buf)) {
@@ -248,7 +269,8 @@ static void nccl_fail_alone(struct comm *c)
 
 static void nccl_destroy(struct comm *c)
 {
-    ncclCommDestroy(ni(c)->comm);
+    if (!c->given_up) /* an aborted communicator is freed by the abort */
+        ncclCommDestroy(ni(c)->comm);
     cudaStreamDestroy(ni(c)->stream);
     comm_free(ni(c)->mpi);
     free(c->impl);
@@ -264,6 +286,7 @@ static const struct comm_backend nccl_backend = {
     .allgather = nccl_allgather,
     .reduce_scatter_sum = nccl_reduce_scatter_sum,
     .broadcast = nccl_broadcast,
+    .try_broadcast = nccl_try_broadcast,
     .send = nccl_send,
     .recv = nccl_recv,
     .sendrecv = nccl_sendrecv,

@@ -61,6 +61,13 @@ struct dispatcher {
     struct proc procs[MAX_PROCS];
     int nprocs;
     struct dispatch_stats st;
+    /* the weight broadcast (dispatcher_broadcast_on) */
+    bool bc_on, bc_off;       /* on; given up for the rest of the run (a lost process, a failed round) */
+    double bc_rendezvous_s;   /* a version every rollout rank has not asked for by then is fetched instead */
+    int64_t *bc_want;         /* [units]: the version each rollout rank's process asks to take in a round (-1) */
+    double *bc_asked;         /* [units]: since when */
+    int64_t bc_round;         /* the version being broadcast (-1: none) */
+    int64_t bc_done, bc_skip; /* the newest version broadcast, the newest one fetched instead */
 };
 
 static bool slot_alive(const struct dispatcher *d, int slot)
@@ -119,6 +126,13 @@ static void reap(struct dispatcher *d, double now)
             continue;
         p->alive = false;
         d->st.lost++;
+        if (d->bc_on && !d->bc_off) {
+            d->bc_off = true;
+            log_warn("dispatch",
+                     "weight broadcast off for the rest of the run: rollout rank %d's process is lost "
+                     "(each version is fetched from here instead)",
+                     p->slot);
+        }
         char units[256] = "";
         for (int j = 0; j < d->window; j++)
             for (int u = 0; u < d->o.units; u++)
@@ -207,6 +221,63 @@ static void grant(struct dispatcher *d, int pi, Grpo__WorkGrant *g, char *reason
                  (long long)version_for(d, next));
 }
 
+/* The broadcast's round of version v may begin: no round is under way, and every rollout rank's process has asked
+ * for v, which is held, newer than any broadcast or skipped. Mutex held. */
+static bool round_ready(const struct dispatcher *d, int64_t *v)
+{
+    if (!d->bc_on || d->bc_off || d->bc_round >= 0 || d->end_after >= 0)
+        return false;
+    const int64_t x = d->bc_want[0];
+    for (int u = 0; u < d->o.units; u++)
+        if (d->bc_want[u] != x || !slot_alive(d, u))
+            return false;
+    if (x <= d->bc_done || x <= d->bc_skip || !snapshot_of(d, x))
+        return false;
+    *v = x;
+    return true;
+}
+
+/* Every version asked for, and none broadcast, by the rendezvous: fetched instead. Mutex held. */
+static void skip_wanted(struct dispatcher *d, const char *why)
+{
+    int64_t newest = -1;
+    for (int u = 0; u < d->o.units; u++) {
+        if (d->bc_want[u] > newest)
+            newest = d->bc_want[u];
+        d->bc_want[u] = -1;
+    }
+    if (newest > d->bc_skip) {
+        d->bc_skip = newest;
+        log_info("dispatch", "policy version %lld is fetched, not broadcast: %s", (long long)newest, why);
+    }
+}
+
+/* The answer to a broadcast ask for held version v from rollout rank `slot`'s process: 1 wait, 2 join the round
+ * now, 3 fetch it. Mutex held. */
+static int broadcast_answer(struct dispatcher *d, int slot, int64_t v, double now)
+{
+    enum { WAIT = 1, JOIN = 2, FETCH = 3 };
+    if (!d->bc_on || d->bc_off || slot < 0 || d->end_after >= 0)
+        return FETCH;
+    if (d->bc_round >= 0)
+        return d->bc_round == v ? JOIN : FETCH;
+    if (v <= d->bc_done || v <= d->bc_skip)
+        return FETCH;
+    if (d->bc_want[slot] != v) {
+        d->bc_want[slot] = v;
+        d->bc_asked[slot] = now;
+    }
+    for (int u = 0; u < d->o.units; u++)
+        if (d->bc_want[u] >= 0 && now - d->bc_asked[u] > d->bc_rendezvous_s) {
+            char why[160];
+            snprintf(why, sizeof why, "rollout rank %d asked %.0f s ago and not every rank has asked for it since", u,
+                     now - d->bc_asked[u]);
+            skip_wanted(d, why);
+            return FETCH;
+        }
+    return WAIT;
+}
+
 static uint8_t *answer(struct dispatcher *d, const Grpo__Envelope *req, size_t *len)
 {
     const double now = transport_now();
@@ -251,7 +322,13 @@ static uint8_t *answer(struct dispatcher *d, const Grpo__Envelope *req, size_t *
         ch.version = w->version;
         ch.offset = w->offset;
         ch.n_floats = d->o.n_floats;
-        if (!s)
+        int slot = -1;
+        for (int i = 0; i < d->nprocs; i++)
+            if (d->procs[i].id == w->worker_id && d->procs[i].alive)
+                slot = d->procs[i].slot;
+        if (w->broadcast && s)
+            ch.broadcast = broadcast_answer(d, slot, w->version, now);
+        else if (!s)
             snprintf(reason, sizeof reason, "policy version %lld is not held (newest %lld)", (long long)w->version,
                      (long long)d->latest);
         else if (w->offset > d->o.n_floats || w->count > CHUNK_MAX_FLOATS || w->count > d->o.n_floats - w->offset)
@@ -365,12 +442,17 @@ struct dispatcher *dispatcher_open(const struct dispatch_options *o, char *err, 
     for (int i = 0; i < d->window * o->units; i++)
         d->holder[i] = PENDING;
     d->slot_seen = xcalloc((size_t)o->units, sizeof *d->slot_seen);
+    d->bc_want = xmalloc((size_t)o->units * sizeof *d->bc_want);
+    d->bc_asked = xcalloc((size_t)o->units, sizeof *d->bc_asked);
+    for (int u = 0; u < o->units; u++)
+        d->bc_want[u] = -1;
+    d->bc_round = d->bc_done = d->bc_skip = -1;
     d->opened_at = transport_now();
     pthread_mutex_init(&d->mu, NULL);
     if (pthread_create(&d->thread, NULL, serve, d) != 0) {
         error_set(err, errlen, "dispatcher: cannot start its thread");
         nn_close(s);
-        free(d->snaps), free(d->holder), free(d->slot_seen), free(d);
+        free(d->snaps), free(d->holder), free(d->slot_seen), free(d->bc_want), free(d->bc_asked), free(d);
         return NULL;
     }
     return d;
@@ -434,6 +516,65 @@ void dispatcher_stats(struct dispatcher *d, struct dispatch_stats *st)
     pthread_mutex_unlock(&d->mu);
 }
 
+void dispatcher_broadcast_on(struct dispatcher *d, double rendezvous_s)
+{
+    pthread_mutex_lock(&d->mu);
+    d->bc_on = true;
+    d->bc_rendezvous_s = rendezvous_s;
+    pthread_mutex_unlock(&d->mu);
+}
+
+bool dispatcher_round_begin(struct dispatcher *d, int64_t *v, const float **w)
+{
+    pthread_mutex_lock(&d->mu);
+    bool go = round_ready(d, v);
+    if (go) {
+        d->bc_round = *v;
+        *w = snapshot_of(d, *v)->w; /* published versions change only on this (the trainer's) thread */
+    }
+    pthread_mutex_unlock(&d->mu);
+    return go;
+}
+
+void dispatcher_round_end(struct dispatcher *d, bool ok)
+{
+    pthread_mutex_lock(&d->mu);
+    if (d->bc_round >= 0) {
+        d->bc_done = d->bc_round;
+        d->bc_round = -1;
+        for (int u = 0; u < d->o.units; u++)
+            d->bc_want[u] = -1;
+        d->st.broadcasts += ok;
+        if (!ok && !d->bc_off) {
+            d->bc_off = true;
+            log_warn("dispatch",
+                     "weight broadcast off for the rest of the run: the round of policy version %lld "
+                     "failed (each version is fetched from here instead)",
+                     (long long)d->bc_done);
+        }
+    }
+    pthread_mutex_unlock(&d->mu);
+}
+
+bool dispatcher_round_due(struct dispatcher *d, double waited_s)
+{
+    pthread_mutex_lock(&d->mu);
+    const int64_t v = d->latest;
+    bool due = d->bc_on && !d->bc_off && d->end_after < 0 && v >= 0 && v > d->bc_done && v > d->bc_skip &&
+               v + 1 + d->o.staleness <= d->o.total_steps;
+    if (due && waited_s > d->bc_rendezvous_s) {
+        char why[160];
+        snprintf(why, sizeof why, "the trainers waited %.0f s for every rollout rank to ask", waited_s);
+        for (int u = 0; u < d->o.units; u++)
+            if (d->bc_want[u] < v)
+                d->bc_want[u] = v; /* skip it whoever asked */
+        skip_wanted(d, why);
+        due = false;
+    }
+    pthread_mutex_unlock(&d->mu);
+    return due;
+}
+
 void dispatcher_close(struct dispatcher *d, double linger_s)
 {
     if (!d)
@@ -456,7 +597,7 @@ void dispatcher_close(struct dispatcher *d, double linger_s)
     nn_close(d->sock);
     for (int i = 0; i < d->nsnap; i++)
         free(d->snaps[i].w);
-    free(d->snaps), free(d->holder), free(d->slot_seen);
+    free(d->snaps), free(d->holder), free(d->slot_seen), free(d->bc_want), free(d->bc_asked);
     pthread_mutex_destroy(&d->mu);
     free(d);
 }
@@ -639,6 +780,36 @@ int work_client_weights(struct work_client *c, int64_t version, float *w, size_t
             c->on_chunk(c->on_chunk_ud);
     }
     return 0;
+}
+
+int work_client_broadcast_ask(struct work_client *c, int64_t version, enum work_broadcast *answer, char *err,
+                              size_t errlen)
+{
+    Grpo__Envelope req = GRPO__ENVELOPE__INIT;
+    Grpo__WeightsRequest q = GRPO__WEIGHTS_REQUEST__INIT;
+    q.worker_id = c->id;
+    q.version = version;
+    q.broadcast = true;
+    req.body_case = GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST;
+    req.weights_request = &q;
+    Grpo__Envelope *r = NULL;
+    char why[512];
+    if (rpc_call(c->rpc, &req, 30000, &r, why, sizeof why) != RPC_OK)
+        return error_set(err, errlen, "broadcast of version %lld from %s: %s", (long long)version, rpc_endpoint(c->rpc),
+                         why);
+    int rc = 0;
+    if (reply_error(r, err, errlen))
+        rc = -1;
+    else if (r->body_case != GRPO__ENVELOPE__BODY_WEIGHTS_CHUNK)
+        rc = error_set(err, errlen, "the dispatcher answered a broadcast ask with something else");
+    else if (r->weights_chunk->error[0])
+        rc = error_set(err, errlen, "weights of version %lld: %s", (long long)version, r->weights_chunk->error);
+    else if (r->weights_chunk->broadcast < WB_WAIT || r->weights_chunk->broadcast > WB_FETCH)
+        rc = error_set(err, errlen, "the dispatcher answered a broadcast ask with %d", r->weights_chunk->broadcast);
+    else
+        *answer = (enum work_broadcast)r->weights_chunk->broadcast;
+    protocol_free(r);
+    return rc;
 }
 
 bool work_client_ended(struct work_client *c)

@@ -55,14 +55,38 @@ void dispatcher_close(struct dispatcher *d, double linger_s);
 
 /* What the dispatcher has done so far (for the metrics). */
 struct dispatch_stats {
-    int64_t granted;   /* units granted */
-    int64_t regranted; /* of those, units granted again after their holder was lost */
-    int64_t lost;      /* rollout processes declared lost */
-    int64_t refused;   /* requests refused (malformed, wrong secret) */
-    int64_t bytes;     /* weight bytes served */
-    int live;          /* rollout processes alive now */
+    int64_t granted;    /* units granted */
+    int64_t regranted;  /* of those, units granted again after their holder was lost */
+    int64_t lost;       /* rollout processes declared lost */
+    int64_t refused;    /* requests refused (malformed, wrong secret) */
+    int64_t bytes;      /* weight bytes served in chunks */
+    int64_t broadcasts; /* versions broadcast whole (weight_sync=broadcast) */
+    int live;           /* rollout processes alive now */
 };
 void dispatcher_stats(struct dispatcher *d, struct dispatch_stats *st);
+
+/* ---- the weight broadcast (actor_rollout_ref.rollout.weight_sync=broadcast) ----
+ * The launch's rollout processes (one per work unit) and this rank share a broadcast group on the collective
+ * plane. A rollout process that needs a version asks to take it in a broadcast; once every one of them has asked
+ * for the same held version, the trainer's thread begins the round (dispatcher_round_begin), they are told to
+ * join, and it broadcasts. A version not every process asks for within the rendezvous is fetched in chunks
+ * instead, and a lost process or a failed round turns the broadcast off for the rest of the run: a process that
+ * replaces a lost one was not in the group, and fetches. */
+/* How long a version waits for every rollout process to ask for it: one-step-off they ask as they finish their
+ * units, so this is the spread of their finishing times the broadcast waits out. */
+#define DISPATCH_RENDEZVOUS_S 60.0
+/* Answer broadcast asks from now on; rendezvous_s: how long a version waits for every process to ask. */
+void dispatcher_broadcast_on(struct dispatcher *d, double rendezvous_s);
+/* If every rollout process has asked for the same held version, not yet broadcast: its round begins (the askers
+ * are told to join), with *v the version and *w its weights (dispatcher_publish is not called until
+ * dispatcher_round_end). */
+bool dispatcher_round_begin(struct dispatcher *d, int64_t *v, const float **w);
+/* The round is over: every byte arrived (ok), or the group is given up and the broadcast is off. */
+void dispatcher_round_end(struct dispatcher *d, bool ok);
+/* Whether the newest version still waits for its round (broadcast on, the run going, a step to come needs it):
+ * the trainer waits for it before it trains on, so that the rollout processes are not left waiting. Once the
+ * trainer has waited waited_s > the rendezvous, the version is fetched instead and this says false. */
+bool dispatcher_round_due(struct dispatcher *d, double waited_s);
 
 /* ---- the rollout process's side ---- */
 
@@ -92,6 +116,11 @@ int work_client_next(struct work_client *c, struct work_grant *g, int timeout_ms
  * moved. 0, or -1 with err (version gone, count mismatch, no answer). */
 int work_client_weights(struct work_client *c, int64_t version, float *w, size_t n, size_t chunk_bytes, size_t *bytes,
                         int *chunks, char *err, size_t errlen);
+enum work_broadcast { WB_WAIT = 1, WB_JOIN = 2, WB_FETCH = 3 };
+/* Ask to take held version `version` in the trainers' broadcast: 0 with *answer (wait and ask again, join the
+ * broadcast now, or fetch it), or -1 with err (version gone, no answer). */
+int work_client_broadcast_ask(struct work_client *c, int64_t version, enum work_broadcast *answer, char *err,
+                              size_t errlen);
 /* Call fn(ud) after each chunk work_client_weights receives (a rollout TP group's first rank tells its peers it
  * is alive while it downloads). */
 void work_client_on_chunk(struct work_client *c, void (*fn)(void *ud), void *ud);

@@ -27,6 +27,7 @@
 #include "proto/transport.h"
 #include "dataplane.h"
 #include "dispatch.h"
+#include "weight_bcast.h"
 #include "wire.h"
 #include "worker/data/dataset.h"
 #include "worker/metrics/metrics.h"
@@ -83,6 +84,9 @@ struct rollout_rank {
     bool head;            /* the group's first rank: dispatcher, trainers, weights */
     float *whole;         /* the head: each downloaded version, whole (with TP, or on a GPU: its host copy) */
     double keepalive_at;  /* the head: when its peers last heard from it */
+    struct comm *bcast;   /* weight_sync=broadcast: env->weight_group, or its NCCL twin on GPUs (made at the first
+                             round); NULL once given up */
+    bool bcast_made;
     pthread_t watchdog;
     bool watching;
     atomic_bool quit;
@@ -252,6 +256,8 @@ static void teardown(struct rollout_rank *r)
     model_free(r->policy);
     if (r->eng_dev) /* after the model that used it */
         comm_free(r->eng_dev);
+    if (r->bcast && r->bcast != r->env->weight_group)
+        comm_free(r->bcast);
 }
 
 /* The prompt indices of step k into idx (the same the trainers draw): the cursor moves on from the step it drew
@@ -438,6 +444,46 @@ static void head_tell(struct rollout_rank *r, const struct work_grant *g)
     eng_send(r, msg);
 }
 
+/* weight_sync=broadcast: take version v in the trainers' broadcast when the dispatcher says every rollout process
+ * has asked for it. 1: v is in dst; 0: fetch it instead (no round for it, or the broadcast is off); -1 with err
+ * (the dispatcher is gone). *bytes: what moved. */
+static int take_broadcast(struct rollout_rank *r, int64_t v, float *dst, size_t n, size_t bucket, size_t *bytes,
+                          char *err, size_t errlen)
+{
+    const struct role_env *env = r->env;
+    if (!env->weight_group || (r->bcast_made && !r->bcast))
+        return 0;
+    for (;;) {
+        enum work_broadcast a;
+        if (work_client_broadcast_ask(r->work, v, &a, err, errlen) != 0)
+            return -1;
+        if (a == WB_FETCH)
+            return 0;
+        if (a == WB_JOIN)
+            break;
+        eng_keepalive(r);
+        control_wait_poll(env->ctl, false);
+        transport_sleep(0.005);
+    }
+    struct kctx *K = r->policy->K;
+    if (!r->bcast_made) { /* as the trainer decides (trainer_role.c's bcast_group): NCCL with a GPU per member */
+        const bool nccl = K->device != KDEV_CPU && !env->trainer_gpus_shared && !env->rollout_gpus_shared;
+        r->bcast = nccl ? comm_device_group(env->weight_group, K->device_index) : NULL;
+        if (!r->bcast)
+            r->bcast = env->weight_group;
+        r->bcast_made = true;
+    }
+    char why[512];
+    if (weight_bcast(r->bcast, r->bcast != env->weight_group ? K : NULL, v, dst, n, bucket, bytes, why, sizeof why) ==
+        0)
+        return 1;
+    log_warn("rollout", "%s: fetching this version and every later one from the dispatcher", why);
+    if (r->bcast != env->weight_group)
+        comm_free(r->bcast);
+    r->bcast = NULL; /* given up: never used again */
+    return 0;
+}
+
 /* The dispatcher's next word: a unit (with its policy version in the model), or the end. Waiting (for the
  * trainers' next version, or while the run is paused) is added to *waited. 0, or -1 with err. */
 static int next_work(struct rollout_rank *r, struct work_grant *g, double *waited, char *err, size_t errlen)
@@ -480,7 +526,11 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
         if ((r->eng || gpu) && !r->whole)
             r->whole = xmalloc(n * sizeof(float));
         float *dst = r->eng || gpu ? r->whole : ad ? ad->mem : r->policy->w.mem;
-        if (work_client_weights(r->work, g->version, dst, n, chunk, &bytes, &chunks, err, errlen) != 0)
+        int took = take_broadcast(r, g->version, dst, n, chunk, &bytes, err, errlen);
+        if (took < 0)
+            return -1;
+        chunks = 0;
+        if (!took && work_client_weights(r->work, g->version, dst, n, chunk, &bytes, &chunks, err, errlen) != 0)
             return -1;
         if (gpu && !r->eng) /* the weights, or with LoRA the adapter, up to the GPU */
             k_to_device(r->policy->K, ad ? ad->mem : r->policy->w.mem, r->whole, n * sizeof(float));
@@ -490,14 +540,19 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
             sent = reshard_send(r, g->version, chunk);
         control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
         r->version = g->version;
+        char how[64];
+        if (took)
+            snprintf(how, sizeof how, "in the trainers' broadcast");
+        else
+            snprintf(how, sizeof how, "in %d chunk(s)", chunks);
         if (r->eng)
             log_info("rollout",
-                     "policy version %lld: %zu bytes in %d chunk(s) in %.3fs; resharded to %d TP ranks: %zu bytes "
-                     "to the peers in %.3fs",
-                     (long long)g->version, bytes, chunks, t2 - t1, comm_size(r->eng), sent, rollout_now_s() - t2);
+                     "policy version %lld: %zu bytes %s in %.3fs; resharded to %d TP ranks: %zu bytes to the peers "
+                     "in %.3fs",
+                     (long long)g->version, bytes, how, t2 - t1, comm_size(r->eng), sent, rollout_now_s() - t2);
         else
-            log_debug("rollout", "policy version %lld: %zu bytes in %d chunk(s), %.3fs", (long long)g->version, bytes,
-                      chunks, rollout_now_s() - t1);
+            log_debug("rollout", "policy version %lld: %zu bytes %s, %.3fs", (long long)g->version, bytes, how,
+                      rollout_now_s() - t1);
     }
     *waited += rollout_now_s() - t0;
     return 0;

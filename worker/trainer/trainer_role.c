@@ -11,6 +11,7 @@
 #include "common/check.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "kernels/kernels.h"
 #include "prompts.h"
 #include "trainer.h"
 #include "worker/metrics/metrics.h"
@@ -19,7 +20,9 @@
 #include "worker/roles.h"
 #include "worker/rollout/batch.h"
 #include "worker/rollout/dataplane.h"
+#include "proto/transport.h"
 #include "worker/rollout/dispatch.h"
+#include "worker/rollout/weight_bcast.h"
 #include "worker/rollout/wire.h"
 
 /* A batch that arrived before its step (one-step-off: the rollout runs ahead). */
@@ -44,7 +47,67 @@ struct trainer_rank {
     double sync_s_pending;  /* publishing time to report with the next step */
     int64_t bytes_reported; /* weight bytes the dispatcher had served at the previous step */
     double refused_logged_at;
+    size_t n_published;       /* floats of a published version (the weights, or with LoRA the adapter) */
+    struct comm *bcast_group; /* weight_sync=broadcast: env->weight_group, or its NCCL twin on GPUs (made at the
+                               * first round, when every member is in it) */
 };
+
+/* The group a round goes over, and the context its bucket is in (NULL: host buffers). Every member decides the
+ * same way (rollout_role.c's bcast_group): NCCL where each member has a GPU of its own. */
+static struct comm *bcast_group(struct trainer_rank *r, struct kctx **K)
+{
+    const struct role_env *env = r->env;
+    struct kctx *pk = trainer_policy(r->t)->K;
+    const bool nccl = pk->device != KDEV_CPU && !env->trainer_gpus_shared && !env->rollout_gpus_shared;
+    if (!r->bcast_group)
+        r->bcast_group = nccl ? comm_device_group(env->weight_group, pk->device_index) : env->weight_group;
+    if (!r->bcast_group)
+        r->bcast_group = env->weight_group; /* a build without CUDA never gets here with a GPU context */
+    *K = r->bcast_group != env->weight_group ? pk : NULL;
+    return r->bcast_group;
+}
+
+/* weight_sync=broadcast, on the dispatcher's rank: if every rollout process has asked for the same version, its
+ * round, from the dispatcher's copy of it. A failed round turns the broadcast off (the processes fetch). */
+static void serve_round(struct trainer_rank *r)
+{
+    int64_t v;
+    const float *w;
+    if (!r->disp || !r->env->weight_group || !dispatcher_round_begin(r->disp, &v, &w))
+        return;
+    control_set_phase(r->env->ctl, CONTROL_PHASE_WEIGHT_SYNC);
+    const double t0 = rollout_now_s();
+    struct kctx *K;
+    struct comm *g = bcast_group(r, &K);
+    size_t bytes = 0;
+    char err[512];
+    const size_t bucket = (size_t)r->env->cfg->rollout_update_weights_bucket_megabytes << 20;
+    int rc = weight_bcast(g, K, v, (float *)w, r->n_published, bucket, &bytes, err, sizeof err);
+    dispatcher_round_end(r->disp, rc == 0);
+    const double dt = rollout_now_s() - t0;
+    r->sync_s_pending += dt;
+    if (rc != 0)
+        log_warn("trainer", "%s: the rollout processes fetch every version from now on", err);
+    else
+        log_info("trainer", "policy version %lld broadcast to %d rollout process(es) over %s: %zu bytes in %.3fs",
+                 (long long)v, comm_size(g) - 1, comm_backend_name(g), bytes, dt);
+    control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
+}
+
+/* After a step's data is in: a version the rollout processes are about to ask for (one-step-off: the one their
+ * next step needs, asked for as soon as they have sent this step's units) has its round before the update, or
+ * they would wait through it. */
+static void finish_round(struct trainer_rank *r)
+{
+    if (!r->disp || !r->env->weight_group)
+        return;
+    const double t0 = rollout_now_s();
+    while (dispatcher_round_due(r->disp, rollout_now_s() - t0)) {
+        serve_round(r);
+        control_hold_while_waiting(r->env->ctl, false);
+        transport_sleep(0.005);
+    }
+}
 
 static void drop_refused(struct trainer_rank *r, const char *why)
 {
@@ -175,7 +238,8 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
             have += r->pend[i].h.step == k;
         if (have >= R)
             break;
-        if (receive_one(r, k, 200) < 0) {
+        serve_round(r); /* on-policy the rollout processes ask for the version of this step while it waits */
+        if (receive_one(r, k, r->disp && r->env->weight_group ? 20 : 200) < 0) {
             free(uids);
             return -1;
         }
@@ -194,6 +258,7 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
             last_note = rollout_now_s();
         }
     }
+    finish_round(r);
     if (r->pull)
         control_hold_while_waiting(r->env->ctl, true);
     if (r->mp && share_step(r, k) != 0) {
@@ -431,7 +496,15 @@ static void trainer_ready(void *ud, struct trainer *t)
         control_finish(r->env->ctl, CONTROL_END_FAILED, err);
         check_failf(__FILE__, __LINE__, "%s", err); /* the other ranks wait for it: end the job */
     }
+    r->n_published = o.n_floats;
     log_info("trainer", "dispatching %d work unit(s) per step at %s", r->lim.units, r->env->dispatch_endpoint);
+    if (r->env->weight_group) {
+        dispatcher_broadcast_on(r->disp, DISPATCH_RENDEZVOUS_S);
+        log_info("trainer",
+                 "policy versions go to the %d rollout process(es) of the launch in a broadcast "
+                 "(actor_rollout_ref.rollout.weight_sync=broadcast)",
+                 comm_size(r->env->weight_group) - 1);
+    }
     if (r->start < trainer_total_steps(t))
         publish(r, r->start);
     else
@@ -495,5 +568,7 @@ int run_trainer(struct role_env *env)
     free(r.pend);
     if (r.pull)
         dataplane_pull_close(r.pull);
+    if (r.bcast_group != env->weight_group)
+        comm_free(r.bcast_group);
     return status;
 }
