@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/check_mpi.h"
@@ -178,6 +179,31 @@ int main(int argc, char **argv)
     log_set_rank(comm_rank(world));
     /* every group below is split from world: they inherit its deadline (every operation non-blocking, tested) */
     comm_set_deadline(world, deadline);
+    if (stuck && strcmp(stuck, "try_broadcast") == 0) {
+        /* the root comes late: the others' comm_try_broadcast gives the group up at the deadline, without ending
+         * the job, and a second one returns at once; the root's late broadcast then completes their requests */
+        const int root = comm_size(world) - 1;
+        double x = comm_rank(world) == root ? 42 : 0;
+        if (comm_rank(world) == root) {
+            sleep(8);
+            int rc = comm_try_broadcast(world, &x, 1, COMM_F64, root);
+            printf("late root: rc %d\n", rc);
+            MPI_Finalize();
+            return 0;
+        }
+        struct timespec t0, t1, t2;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        int rc = comm_try_broadcast(world, &x, 1, COMM_F64, root);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        int rc2 = comm_try_broadcast(world, &x, 1, COMM_F64, root);
+        clock_gettime(CLOCK_MONOTONIC, &t2);
+        printf("rank %d gave up: rc %d after %.1f s; again: rc %d after %.3f s\n", comm_rank(world), rc,
+               (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9, rc2,
+               (double)(t2.tv_sec - t1.tv_sec) + (double)(t2.tv_nsec - t1.tv_nsec) * 1e-9);
+        fflush(stdout);
+        MPI_Finalize();
+        return rc == -1 && rc2 == -1 ? 0 : 1;
+    }
     if (stuck) { /* a stuck peer: the others' operation must end the job at the deadline, naming itself */
         if (comm_rank(world) == comm_size(world) - 1) {
             sleep(60);

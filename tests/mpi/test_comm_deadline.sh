@@ -25,4 +25,18 @@ for op in allreduce iallreduce recv; do
     expect "the $op did not return" $?
     [ $fails -eq 0 ] || cat "$out"
 done
+# comm_try_broadcast (the weight broadcast's group): a late peer gives the group up at the deadline instead of
+# ending the run, and the group is not used again
+start=$(date +%s)
+timeout 60 mpirun --oversubscribe -np 3 "$bin" --deadline 2 --stuck-peer try_broadcast >"$out" 2>&1
+rc=$?
+took=$(($(date +%s) - start))
+[ "$rc" -eq 0 ] && [ "$took" -lt 30 ]
+expect "try_broadcast: the job goes on and ends cleanly (exit $rc after ${took}s)" $?
+[ "$(grep -c "gave up: rc -1 after 2\.[0-9] s; again: rc -1 after 0\.00[0-9] s" "$out")" -eq 2 ]
+expect "each waiting rank gives up at the 2 s deadline, and at once the second time" $?
+grep -q "MPI broadcast over 3 ranks (this is rank 0 of the group) did not complete after 2\.[0-9] s" "$out" &&
+    grep -q "giving the group up" "$out"
+expect "the log names the broadcast, the group and the rank" $?
+[ $fails -eq 0 ] || cat "$out"
 [ $fails -eq 0 ]

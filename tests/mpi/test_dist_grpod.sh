@@ -11,6 +11,8 @@
 #    heartbeat intervals, its work units go to the other rollout rank, a process started with --replace-rank takes
 #    its place at the next step, the weights are bit-identical to an undisturbed run, and the audit files hold
 #    every prompt's group exactly rollout.n times in every step;
+#  - the same loss with actor_rollout_ref.rollout.weight_sync=broadcast: the broadcast turns off and the other
+#    rollout rank fetches the versions; the weights are bit-identical to the undisturbed run;
 #  - with rollout TP groups (2 groups of 2 rollout ranks, 1 trainer), a group's second rank killed with SIGKILL:
 #    the group's first rank ends itself (its group stalled), the dispatcher grants the group's units to the other
 #    group, and the run finishes with weights bit-identical to an undisturbed run.
@@ -179,6 +181,28 @@ grep -q "takes over rollout rank 1" "$TMP/rkilled.log"; expect "the dispatcher h
 expect "rollout rank lost mid-run: weights bit-identical to the undisturbed run" $?
 python3 "$(dirname "$0")/check_audit.py" "$TMP/rkilled/audit" 4 4 "$STEPS"
 expect "audit files: every uid exactly rollout.n times in every step" $?
+kill "$GRPOD_PID" 2>/dev/null; wait "$GRPOD_PID" 2>/dev/null
+
+# ---- the same loss with weight_sync=broadcast: the broadcast turns off (its group lost a member) and the other
+# rollout rank fetches each version from then on; nothing is lost, the weights are bit-identical to ref4. The
+# group's waits are bounded at 20 s (a round under way when the member died gives up then).
+start_grpod g6 "${PLACE[@]}" grpod.heartbeat_interval_s=0.5
+NP=4 run bkilled grpod.endpoint="$EP" grpod.connect_timeout_s=20 actor_rollout_ref.rollout.weight_sync=broadcast \
+    actor_rollout_ref.nccl_timeout=20 &
+MPI_PID=$!
+PIDS+=("$MPI_PID")
+wait_for 60 step_at_least 5; expect "broadcast run under way" $?
+victim="$("$GRPOCTL" status --json | jq -r '.workers[] | select(.rank == 3) | .pid')"
+kill -9 "$victim"; rc=$?; expect "rollout rank 3 (pid $victim) killed at step $(status_field .step)" $rc
+wait "$MPI_PID"; mpi_rc=$?
+[ "$mpi_rc" -eq 0 ] || { grep -q "MPI_Finalize has not returned" "$TMP/bkilled.log" && state_is finished; }
+expect "the broadcast run finishes without the lost rank (mpirun exit $mpi_rc)" $?
+grep -q "policy version [0-9]* broadcast to 2 rollout process(es) over mpi" "$TMP/bkilled.log"
+expect "before the loss the versions were broadcast" $?
+grep -q "weight broadcast off for the rest of the run" "$TMP/bkilled.log"
+expect "the loss turns the broadcast off ($(grep -o "weight broadcast off[^(]*" "$TMP/bkilled.log" | head -1))" $?
+"$COMPARE" "$(final ref4)" "$(final bkilled)" 0 >"$TMP/cmp6.txt" 2>&1
+expect "broadcast run with a rollout rank lost: weights bit-identical to the undisturbed run" $?
 kill "$GRPOD_PID" 2>/dev/null; wait "$GRPOD_PID" 2>/dev/null
 
 # ---- a rank of a rollout TP group killed mid-run: the group ends, the other group takes its units
