@@ -9,6 +9,7 @@
 #  - the weights reach the rollout rank from the trainers' GPU memory every step (bytes and chunks logged);
 #  - ZeRO-1 (use_distributed_optimizer), TP 2, PP 2 and rollout TP 2 give the same run, or, where ranks share a GPU,
 #    are refused by name; LoRA split matches LoRA in one process, and resumes from its checkpoint;
+#  - the weight broadcast (weight_sync=broadcast) carries every version, over NCCL where each rank has a GPU;
 #  - one-step-off (rollout.mode=async): the rollout rank generates on its GPU while the trainers train.
 # Skipped (77) without a CUDA device.
 # GRPO_TEST_DEVICE=cpu runs the same script with trainer.device=cpu (its own plumbing, on a machine without a GPU).
@@ -159,6 +160,24 @@ timeout 300 "$WORKER" "${COMMON[@]}" "${LORA[@]}" trainer.default_local_dir="$TM
 rc=$?
 [ $rc -eq 0 ] && grep -q "resumed from .*global_step_$STEPS" "$TMP/one-lora-resume.log"
 expect "LoRA: a run resumes from its checkpoint on $DEV (the adapter and AdamW's state read back)" $?
+
+# The weight broadcast (weight_sync=broadcast): each version from trainer rank 0 to the rollout rank in one
+# broadcast, over NCCL through a device bucket where each rank has a GPU of its own (else over MPI from host
+# memory); the same floats as fetching them, so the final weights are those of the split run.
+timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${SPLIT[@]}" trainer.default_local_dir="$TMP/bcast" \
+    actor_rollout_ref.rollout.weight_sync=broadcast trainer.log_level=debug >"$TMP/bcast.log" 2>&1
+expect "weight_sync=broadcast on $DEV finishes" $?
+want_be=mpi
+[ "$DEV" = cuda ] && [ "$(gpus)" -ge 3 ] && want_be=nccl
+n="$(grep -c "broadcast to 1 rollout process(es) over $want_be: [0-9]* bytes" "$TMP/bcast.log")"
+[ "$n" -eq "$STEPS" ]; expect "every version a step needs went in a broadcast over $want_be ($n of $STEPS)" $?
+! grep -q "in [0-9]* chunk(s)" "$TMP/bcast.log"; expect "no version was fetched in chunks" $?
+if [ "$DEV" = cuda ]; then
+    "$COMPARE" "$(weights split)" "$(weights bcast)" "$TOL" >"$TMP/cmp-bcast.txt" 2>&1
+else
+    "$COMPARE" "$(weights split)" "$(weights bcast)" 0 >"$TMP/cmp-bcast.txt" 2>&1
+fi
+rc=$?; expect "broadcast: the final weights are the fetching run's ($(cat "$TMP/cmp-bcast.txt"))" $rc
 
 timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${SPLIT[@]}" trainer.default_local_dir="$TMP/async" \
     actor_rollout_ref.rollout.mode=async >"$TMP/async.log" 2>&1
