@@ -18,11 +18,7 @@ OUT="${OUT:-build/bench-results/overlap-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
 . scripts/blas_env.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-gguf="$(./scripts/fetch_model.sh)"
-hf="$(dirname "$gguf")/SmolLM2-135M-Instruct"
-if [ ! -f "$hf/config.json" ]; then
-    build/worker/grpo-model convert "$gguf" "$hf.tmp" && rm -rf "$hf" && mv "$hf.tmp" "$hf"
-fi
+hf="$(bench/demo_model_hf.sh)"
 COMMON=(actor_rollout_ref.model.path="$hf" trainer.total_training_steps="$STEPS" trainer.val_before_train=false
     trainer.test_freq=-1 trainer.save_freq=-1 trainer.project_name=bench placement.trainer_ranks=2
     placement.rollout_ranks=1 +actor_rollout_ref.actor.megatron.override_ddp_config.bucket_size="$BUCKET")

@@ -727,6 +727,40 @@ void work_client_on_chunk(struct work_client *c, void (*fn)(void *ud), void *ud)
     c->on_chunk_ud = ud;
 }
 
+/* One WeightsRequest for version (a chunk [off, off + cnt), or a broadcast ask): *out gets the WeightsChunk answer
+ * without an error of its own (the caller frees it), or -1 with err. */
+static int weights_call(struct work_client *c, int64_t version, size_t off, size_t cnt, bool broadcast, int timeout_ms,
+                        Grpo__Envelope **out, char *err, size_t errlen)
+{
+    Grpo__Envelope req = GRPO__ENVELOPE__INIT;
+    Grpo__WeightsRequest q = GRPO__WEIGHTS_REQUEST__INIT;
+    q.worker_id = c->id;
+    q.version = version;
+    q.offset = off;
+    q.count = cnt;
+    q.broadcast = broadcast;
+    req.body_case = GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST;
+    req.weights_request = &q;
+    Grpo__Envelope *r = NULL;
+    char why[512];
+    if (rpc_call(c->rpc, &req, timeout_ms, &r, why, sizeof why) != RPC_OK)
+        return error_set(err, errlen, "weights of version %lld from %s: %s", (long long)version, rpc_endpoint(c->rpc),
+                         why);
+    int rc = 0;
+    if (reply_error(r, err, errlen))
+        rc = -1;
+    else if (r->body_case != GRPO__ENVELOPE__BODY_WEIGHTS_CHUNK)
+        rc = error_set(err, errlen, "the dispatcher answered a weights request with something else");
+    else if (r->weights_chunk->error[0])
+        rc = error_set(err, errlen, "weights of version %lld: %s", (long long)version, r->weights_chunk->error);
+    if (rc != 0) {
+        protocol_free(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
 int work_client_weights(struct work_client *c, int64_t version, float *w, size_t n, size_t chunk_bytes, size_t *bytes,
                         int *chunks, char *err, size_t errlen)
 {
@@ -739,27 +773,11 @@ int work_client_weights(struct work_client *c, int64_t version, float *w, size_t
     *chunks = 0;
     for (size_t off = 0; off < n;) {
         size_t cnt = n - off < per ? n - off : per;
-        Grpo__Envelope req = GRPO__ENVELOPE__INIT;
-        Grpo__WeightsRequest q = GRPO__WEIGHTS_REQUEST__INIT;
-        q.worker_id = c->id;
-        q.version = version;
-        q.offset = off;
-        q.count = cnt;
-        req.body_case = GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST;
-        req.weights_request = &q;
         Grpo__Envelope *r = NULL;
-        char why[512];
-        if (rpc_call(c->rpc, &req, 120000, &r, why, sizeof why) != RPC_OK)
-            return error_set(err, errlen, "weights of version %lld from %s: %s", (long long)version,
-                             rpc_endpoint(c->rpc), why);
+        if (weights_call(c, version, off, cnt, false, 120000, &r, err, errlen) != 0)
+            return -1;
         int rc = 0;
-        if (reply_error(r, err, errlen))
-            rc = -1;
-        else if (r->body_case != GRPO__ENVELOPE__BODY_WEIGHTS_CHUNK)
-            rc = error_set(err, errlen, "the dispatcher answered a weights request with something else");
-        else if (r->weights_chunk->error[0])
-            rc = error_set(err, errlen, "weights of version %lld: %s", (long long)version, r->weights_chunk->error);
-        else if (r->weights_chunk->n_floats != n)
+        if (r->weights_chunk->n_floats != n)
             rc = error_set(err, errlen,
                            "the trainers' policy has %" PRIu64 " parameters, this rollout process's model %zu (give "
                            "every rank the same actor_rollout_ref.model.path)",
@@ -785,31 +803,16 @@ int work_client_weights(struct work_client *c, int64_t version, float *w, size_t
 int work_client_broadcast_ask(struct work_client *c, int64_t version, enum work_broadcast *answer, char *err,
                               size_t errlen)
 {
-    Grpo__Envelope req = GRPO__ENVELOPE__INIT;
-    Grpo__WeightsRequest q = GRPO__WEIGHTS_REQUEST__INIT;
-    q.worker_id = c->id;
-    q.version = version;
-    q.broadcast = true;
-    req.body_case = GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST;
-    req.weights_request = &q;
     Grpo__Envelope *r = NULL;
-    char why[512];
-    if (rpc_call(c->rpc, &req, 30000, &r, why, sizeof why) != RPC_OK)
-        return error_set(err, errlen, "broadcast of version %lld from %s: %s", (long long)version, rpc_endpoint(c->rpc),
-                         why);
-    int rc = 0;
-    if (reply_error(r, err, errlen))
-        rc = -1;
-    else if (r->body_case != GRPO__ENVELOPE__BODY_WEIGHTS_CHUNK)
-        rc = error_set(err, errlen, "the dispatcher answered a broadcast ask with something else");
-    else if (r->weights_chunk->error[0])
-        rc = error_set(err, errlen, "weights of version %lld: %s", (long long)version, r->weights_chunk->error);
-    else if (r->weights_chunk->broadcast < WB_WAIT || r->weights_chunk->broadcast > WB_FETCH)
-        rc = error_set(err, errlen, "the dispatcher answered a broadcast ask with %d", r->weights_chunk->broadcast);
-    else
-        *answer = (enum work_broadcast)r->weights_chunk->broadcast;
+    if (weights_call(c, version, 0, 0, true, 30000, &r, err, errlen) != 0)
+        return -1;
+    const int a = r->weights_chunk->broadcast;
     protocol_free(r);
-    return rc;
+    if (a < WB_WAIT || a > WB_FETCH)
+        return error_set(err, errlen, "the dispatcher answered a broadcast ask for version %lld with %d",
+                         (long long)version, a);
+    *answer = (enum work_broadcast)a;
+    return 0;
 }
 
 bool work_client_ended(struct work_client *c)
