@@ -40,6 +40,8 @@ static void usage(FILE *out)
           "async one-step-off). The trainers split the model with Megatron's layout:\n"
           "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=TP and pipeline_model_parallel_size=PP,\n"
           "DP = T / (TP x PP); actor_rollout_ref.rollout.tensor_model_parallel_size groups the rollout ranks.\n"
+          "Each rollout process fetches every policy version from trainer rank 0, or with\n"
+          "actor_rollout_ref.rollout.weight_sync=broadcast takes it in one broadcast (MPI; NCCL on GPUs).\n"
           "Under grpod (grpod.endpoint) every rank registers and grpod assigns the roles.\n"
           "Launched with mpirun --mca orte_enable_recovery 1 under grpod, the run survives a lost rollout rank:\n"
           "its work goes to the others, and grpo-worker --replace-rank R puts a new process in its place.\n"
