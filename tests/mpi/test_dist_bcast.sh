@@ -6,7 +6,8 @@
 #    is fetched, and the weights are bit-identical to the same run with weight_sync=fetch;
 #  - one-step-off (rollout.mode=async): the versions the next steps need are broadcast (3 rounds), bit-identical
 #    to the fetching run;
-#  - a rollout TP group (2 ranks) and 1 trainer: the group's first rank takes the broadcast and reshards it.
+#  - a rollout TP group (2 ranks) and 1 trainer: the group's first rank takes the broadcast and reshards it;
+#  - LoRA: each round carries the adapter alone.
 # The lost-member case (a rollout rank killed: the broadcast turns off and the run finishes, bit-identical) is
 # in test_dist_grpod.sh, which has grpod to survive a lost rank; the dispatcher's rounds are unit-tested in
 # test_dispatch.c.
@@ -77,5 +78,22 @@ expect "rollout TP: the first rank reshards what the broadcast brought" $?
 "$COMPARE" "$(weights tp-fetch)" "$(weights tp-bcast)" 0 >"$TMP/cmp-tp.txt" 2>&1
 rc=$?
 expect "rollout TP: broadcast and fetch give bit-identical weights ($(cat "$TMP/cmp-tp.txt"))" $rc
+
+# LoRA: a version is the adapter alone, broadcast the same way
+PLACE=(placement.trainer_ranks=1 placement.rollout_ranks=2 actor_rollout_ref.model.lora_rank=4
+    actor_rollout_ref.model.lora_alpha=8)
+run lora-fetch 3 "${PLACE[@]}"
+expect "LoRA, fetch, finishes" $?
+run lora-bcast 3 "${PLACE[@]}" actor_rollout_ref.rollout.weight_sync=broadcast
+expect "LoRA, broadcast, finishes" $?
+n="$(rounds lora-bcast 2)"
+[ "$n" -eq 4 ]; expect "LoRA: 4 rounds ($n)" $?
+a="$(grep -o "policy version 1 broadcast to 2 rollout process(es) over mpi: [0-9]* bytes" "$TMP/lora-bcast.log" |
+    grep -o "[0-9]* bytes")"
+b="$(grep -o "policy version 1 published ([0-9]* bytes)" "$TMP/lora-bcast.log" | grep -o "[0-9]* bytes")"
+[ -n "$a" ] && [ "$a" = "$b" ]; expect "LoRA: a round carries the adapter's bytes ($a, published $b)" $?
+[ -s "$(weights lora-fetch)/adapter_model.safetensors" ] &&
+    cmp "$(weights lora-fetch)/adapter_model.safetensors" "$(weights lora-bcast)/adapter_model.safetensors"
+expect "LoRA: broadcast and fetch give bit-identical adapters" $?
 
 [ "$fails" -eq 0 ] || { echo "$fails check(s) failed; logs:"; tail -n 40 "$TMP"/bcast-*.log "$TMP"/tp-bcast.log; exit 1; }
