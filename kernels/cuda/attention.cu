@@ -603,6 +603,13 @@ bool bad_heads(int Hq, int Hkv, int hd) { return Hq <= 0 || Hkv <= 0 || hd <= 0 
 
 } // namespace
 
+extern "C" size_t attention_smem_bytes(int hd, int backward)
+{
+    if (!backward)
+        return fwd_smem(hd);
+    return dkdv_smem(hd) > dq_smem(hd) ? dkdv_smem(hd) : dq_smem(hd);
+}
+
 extern "C" cudaError_t attention_forward_cuda(float *out, float *lse, const float *q, const float *k, const float *v,
                                               const int32_t *cu_seqlens, int B, int max_len, int Hq, int Hkv, int hd,
                                               cudaStream_t stream)

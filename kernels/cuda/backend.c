@@ -9,7 +9,7 @@
  *
  * GEMMs: fp32 (KMM_F32) are cublasGemmEx in FP32 with CUBLAS_COMPUTE_32F, never TF32; BF16 (KMM_BF16) round their
  * fp32 inputs to BF16 into grow-only workspaces first and accumulate in fp32 into fp32 outputs, so weights stay fp32
- * masters. The LM head's chunk products follow the context's precision too (the CPU back-end's stay fp32).
+ * masters. The LM head's chunk products follow the context's precision too, as the CPU back-end's do.
  *
  * Memory: plain cudaMalloc / cudaFree, with the sizes of live allocations kept in a small table so that
  * K->mem.reserved is what the context holds from the device (its allocations plus its workspaces). */
@@ -450,12 +450,22 @@ static void cuda_adamw(struct kctx *K, float *p, const float *g, float *m, float
 
 /* ---- attention ---- */
 
-static void check_heads(const char *who, int Hq, int Hkv, int hd)
+static void check_heads(struct kctx *K, const char *who, int Hq, int Hkv, int hd, bool backward)
 {
     if (Hq <= 0 || Hkv <= 0 || hd <= 0 || Hq % Hkv != 0 || hd > 256)
         check_failf(__FILE__, __LINE__,
                     "%s: bad head layout Hq=%d Hkv=%d hd=%d (need Hq %% Hkv == 0 and head_dim <= 256 on CUDA)", who, Hq,
                     Hkv, hd);
+    /* the tiles of the flash-style kernels live in shared memory: hd 128's backward takes 114 KiB a block, which
+     * an H100/H200 (227 KiB) and an A100 (163 KiB) give, and an sm_86/sm_89 card (99 KiB) does not */
+    int limit = 0;
+    CHECK_CUDA(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, K->device_index));
+    const size_t need = attention_smem_bytes(hd, backward);
+    if (need > (size_t)limit)
+        check_failf(__FILE__, __LINE__,
+                    "%s: head_dim %d needs %zu bytes of shared memory per block, and cuda:%d gives at most %d: this "
+                    "model's attention does not run on this GPU (an A100, H100 or H200 runs head_dim 128)",
+                    who, hd, need, K->device_index, limit);
 }
 
 /* Shared-prompt packing has no CUDA kernel yet: the trainer packs whole sequences on a GPU. */
@@ -498,7 +508,7 @@ static void cuda_attention_forward(struct kctx *K, float *out, float *lse, const
                                    const float *v, const int32_t *cu_seqlens, const int32_t *prefix_of, int B, int Hq,
                                    int Hkv, int hd)
 {
-    check_heads("attention_forward", Hq, Hkv, hd);
+    check_heads(K, "attention_forward", Hq, Hkv, hd, false);
     no_prefix("attention_forward", prefix_of);
     use(K);
     int N = 0, maxL = read_seqlens(K, "attention_forward", cu_seqlens, B, &N);
@@ -511,7 +521,7 @@ static void cuda_attention_backward(struct kctx *K, float *dq, float *dk, float 
                                     const float *out, const float *lse, const float *q, const float *k, const float *v,
                                     const int32_t *cu_seqlens, const int32_t *prefix_of, int B, int Hq, int Hkv, int hd)
 {
-    check_heads("attention_backward", Hq, Hkv, hd);
+    check_heads(K, "attention_backward", Hq, Hkv, hd, true);
     no_prefix("attention_backward", prefix_of);
     use(K);
     int N = 0, maxL = read_seqlens(K, "attention_backward", cu_seqlens, B, &N);
@@ -525,7 +535,7 @@ static void cuda_attention_backward(struct kctx *K, float *dq, float *dk, float 
 static void cuda_attention_cached(struct kctx *K, float *out, const float *q, const float *kcache, const float *vcache,
                                   int Tq, int Tk, int Hq, int Hkv, int hd)
 {
-    check_heads("attention_cached", Hq, Hkv, hd);
+    check_heads(K, "attention_cached", Hq, Hkv, hd, false);
     if (Tq < 0 || Tq > Tk)
         check_failf(__FILE__, __LINE__, "attention_cached: Tq=%d queries but Tk=%d cached positions", Tq, Tk);
     if (Tq == 0)
@@ -601,9 +611,7 @@ static void cuda_lmhead_forward(struct kctx *K, float *logp, float *entropy, con
     if (N <= 0)
         return;
     use(K);
-    /* the LM head's products stay fp32 in every context, as on the CPU: its log-probs feed the PPO ratio */
-    const enum kmatmul mm = K->matmul;
-    K->matmul = KMM_F32;
+    /* the products in the context's precision, as on the CPU (kernels/cpu/logprob.c's BF16 head) */
     struct cuda_impl *I = impl(K);
     const int Vl = vs->hi - vs->lo, cmax = chunk < N ? chunk : N;
     float *z = ws(K, &I->lm_z, sizeof(float) * (size_t)cmax * Vl);
@@ -614,7 +622,6 @@ static void cuda_lmhead_forward(struct kctx *K, float *logp, float *entropy, con
         lm_chunk(K, z, st, rows_at(K, ha, t0, D), wa, targets + t0, c, D, vs, temperature);
         CHECK_CUDA(lmhead_finalize_cuda(logp + t0, entropy ? entropy + t0 : NULL, st, c, stream(K)));
     }
-    K->matmul = mm;
 }
 
 static void cuda_lmhead_backward(struct kctx *K, float *dh, float *dW, const float *dlogp, const float *dentropy,
@@ -625,9 +632,7 @@ static void cuda_lmhead_backward(struct kctx *K, float *dh, float *dW, const flo
     if (N <= 0 || (!dh && !dW))
         return;
     use(K);
-    /* the LM head's products stay fp32 in every context, as on the CPU: its log-probs feed the PPO ratio */
-    const enum kmatmul mm = K->matmul;
-    K->matmul = KMM_F32;
+    /* the products in the context's precision, as on the CPU (kernels/cpu/logprob.c's BF16 head) */
     struct cuda_impl *I = impl(K);
     const int Vl = vs->hi - vs->lo, cmax = chunk < N ? chunk : N;
     float *z = ws(K, &I->lm_z, sizeof(float) * (size_t)cmax * Vl);
@@ -645,7 +650,6 @@ static void cuda_lmhead_backward(struct kctx *K, float *dh, float *dW, const flo
         if (dW) /* dW (Vl, D) += dz^T (Vl, c) h_c (c, D) */
             gemm_rm(K, true, false, Vl, D, c, 1.0f, dz, Vl, hc, D, 1.0f, dW, D);
     }
-    K->matmul = mm;
 }
 
 /* ---- sampling ---- */

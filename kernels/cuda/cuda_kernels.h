@@ -76,6 +76,10 @@ size_t sumsq_cuda_scratch_bytes(void);
  * only, each block reducing in a fixed tree, then one block summing the partials in order; deterministic. */
 cudaError_t sumsq_cuda(double *result, const float *x, size_t n, void *scratch, cudaStream_t stream);
 
+/* The most dynamic shared memory a block of the tiled attention kernels takes for head_dim hd: the forward's
+ * (backward 0), or the larger of the backward's two kernels' (1). A device whose opt-in limit per block is below it
+ * cannot run them. */
+size_t attention_smem_bytes(int hd, int backward);
 /* Flash-style causal GQA attention (see attention_forward): cu_seqlens (B + 1) is a DEVICE array; max_len is the
  * longest sequence (the caller reads cu_seqlens on the host). Nothing of size T x T is stored. hd <= 256. */
 cudaError_t attention_forward_cuda(float *out, float *lse, const float *q, const float *k, const float *v,

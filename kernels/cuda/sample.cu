@@ -71,7 +71,7 @@ __global__ void row_stats_kernel(float *mx, double *logz, int *arg, int *offsets
     float best = -INFINITY;
     int bi = V; // none yet
     for (int j = threadIdx.x; j < V; j += blockDim.x)
-        if (bi == V || l[j] > best) {
+        if (!isnan(l[j]) && (bi == V || l[j] > best)) { // a NaN never wins (the CPU's > skips it too)
             best = l[j];
             bi = j;
         }
@@ -91,7 +91,8 @@ __global__ void row_stats_kernel(float *mx, double *logz, int *arg, int *offsets
         }
         __syncthreads();
     }
-    const float m = sv[0];
+    const bool any = si[0] < V; // else every logit is NaN: index 0, as on the CPU
+    const float m = any ? sv[0] : l[0];
     double z = 0.0;
     for (int j = threadIdx.x; j < V; j += blockDim.x)
         z += exp((double)(l[j] - m) / t);
@@ -104,7 +105,7 @@ __global__ void row_stats_kernel(float *mx, double *logz, int *arg, int *offsets
     }
     if (threadIdx.x == 0) {
         mx[blockIdx.x] = m;
-        arg[blockIdx.x] = si[0];
+        arg[blockIdx.x] = any ? si[0] : 0;
         logz[blockIdx.x] = log(sd[0]);
         offsets[blockIdx.x] = (int)blockIdx.x * V;
         if (blockIdx.x == 0)

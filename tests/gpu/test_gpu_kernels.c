@@ -960,6 +960,18 @@ static int test_kops(void)
     bad += t_lmhead(G, C, 37, 64, 1000, 300, 1000, 10, 1.0f, true, true, 1e-5);
     bad += t_lmhead(G, C, 20, 32, 500, 0, 500, 64, 1.3f, false, false, 1e-5);
     bad += t_lmhead(G16, C, 37, 64, 1000, 0, 1000, 16, 0.7f, false, true, 2e-2);
+    {
+        /* the BF16 head against the CPU's BF16 head (the same rounded inputs, fp32 sums in another order), where
+         * this CPU has BF16 instructions */
+        char w16[256];
+        struct kctx *C16 = kctx_create("cpu", KMM_BF16, w16, sizeof w16);
+        if (C16) {
+            bad += t_lmhead(G16, C16, 37, 64, 1000, 0, 1000, 16, 0.7f, false, true, 1e-3);
+            kctx_free(C16);
+        } else {
+            printf("BF16 head against the CPU's BF16 head: skipped (%s)\n", w16);
+        }
+    }
     if (!small)
         bad += t_lmhead(G, C, 300, 256, 5000, 1000, 4000, 128, 0.9f, true, true, 1e-5);
     bad += t_adamw_kops(G, C, 1000) + t_adamw_kops(G, C, 7);
