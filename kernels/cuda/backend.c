@@ -421,8 +421,8 @@ static void cuda_axpy(struct kctx *K, float *y, float a, const float *x, size_t 
 static void cuda_scale(struct kctx *K, float *x, double a, size_t n)
 {
     use(K);
-    /* a float coefficient here: within an ulp of the CPU's double one */
-    CHECK_CUDA(vec_scale_cuda(x, (float)a, n, stream(K)));
+    /* a double coefficient, one rounding: the CPU's bits */
+    CHECK_CUDA(vec_scale_cuda(x, a, n, stream(K)));
 }
 
 static double cuda_sumsq(struct kctx *K, const float *x, size_t n)

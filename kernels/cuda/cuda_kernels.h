@@ -69,7 +69,7 @@ cudaError_t colsum_add_cuda(float *out, const float *x, int N, int D, void *scra
 /* y += x, y += a x, x *= a (n); each product and sum rounded once as on the CPU (no fused multiply-add). */
 cudaError_t vec_add_cuda(float *y, const float *x, size_t n, cudaStream_t stream);
 cudaError_t vec_axpy_cuda(float *y, float a, const float *x, size_t n, cudaStream_t stream);
-cudaError_t vec_scale_cuda(float *x, float a, size_t n, cudaStream_t stream);
+cudaError_t vec_scale_cuda(float *x, double a, size_t n, cudaStream_t stream);
 /* Bytes of scratch sumsq_cuda needs (a fixed count of double partial sums). */
 size_t sumsq_cuda_scratch_bytes(void);
 /* *result (one device double, not inside scratch) = sum of x[i]^2 in double: a grid whose shape depends on n

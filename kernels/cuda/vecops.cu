@@ -28,10 +28,11 @@ __global__ void axpy_kernel(float *y, float a, const float *x, size_t n)
         y[i] = __fadd_rn(y[i], __fmul_rn(a, x[i]));
 }
 
-__global__ void scale_kernel(float *x, float a, size_t n)
+// x * a in double, rounded once to float, as the CPU's (float)(x * a) with a double a
+__global__ void scale_kernel(float *x, double a, size_t n)
 {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        x[i] = __fmul_rn(x[i], a);
+        x[i] = __double2float_rn(__dmul_rn((double)x[i], a));
 }
 
 // Tree sum of the block's values in shared memory (blockDim.x == kThreads, a power of two); returns the total
@@ -90,7 +91,7 @@ extern "C" cudaError_t vec_axpy_cuda(float *y, float a, const float *x, size_t n
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t vec_scale_cuda(float *x, float a, size_t n, cudaStream_t stream)
+extern "C" cudaError_t vec_scale_cuda(float *x, double a, size_t n, cudaStream_t stream)
 {
     if (n == 0)
         return cudaSuccess;

@@ -699,11 +699,11 @@ static int t_vec(struct kctx *G, struct kctx *C, size_t n)
     memcpy(want, a, n * 4);
     k_add(C, want, b, n);
     k_axpy(C, want, 0.37f, d, n);
-    k_scale(C, want, -1.7f, n);
+    k_scale(C, want, -1.0 / 1.7, n); /* a coefficient no float holds: one rounding, as the CPU's double product */
     k_to_device(G, gy, a, n * 4);
     k_add(G, gy, gb, n);
     k_axpy(G, gy, 0.37f, gd, n);
-    k_scale(G, gy, -1.7f, n);
+    k_scale(G, gy, -1.0 / 1.7, n);
     kget(G, got, gy, n * 4);
     size_t diff = count_diff(got, want, n);
     printf("  add, axpy, scale n=%zu: %zu elements differ from the CPU%s\n", n, diff, diff ? "  FAIL" : "");

@@ -93,7 +93,12 @@ struct comm *comm_split(struct comm *parent, int color, int key)
     return c;
 }
 
-void comm_set_deadline(struct comm *c, double seconds) { c->deadline_s = seconds > 0 ? seconds : 0; }
+void comm_set_deadline(struct comm *c, double seconds)
+{
+    c->deadline_s = seconds > 0 ? seconds : 0;
+    if (c->be->set_deadline)
+        c->be->set_deadline(c, c->deadline_s);
+}
 
 void comm_fail_alone(struct comm *c)
 {
@@ -164,6 +169,8 @@ void comm_broadcast_polled(struct comm *c, void *buf, size_t count, enum comm_dt
     const double b = (double)count * comm_dtype_size(t);
     tally(c, COMM_OP_BROADCAST, b, b, t, c->rank == root);
 }
+
+void comm_give_up(struct comm *c) { c->given_up = true; }
 
 int comm_try_broadcast(struct comm *c, void *buf, size_t count, enum comm_dtype t, int root)
 {

@@ -76,6 +76,9 @@ void comm_broadcast_polled(struct comm *c, void *buf, size_t count, enum comm_dt
  * whose loss the run survives (the weight broadcast to the rollout ranks, which then fetch instead). 0 when
  * every byte arrived. Every rank of the group must use this call for the same broadcast. */
 int comm_try_broadcast(struct comm *c, void *buf, size_t count, enum comm_dtype t, int root);
+/* Give c up as a failed comm_try_broadcast does (its peers disagree with this rank): later ones return -1 at once,
+ * and an NCCL communicator is aborted when c is freed. */
+void comm_give_up(struct comm *c);
 /* Point-to-point within the group (pipeline stages). */
 void comm_send(struct comm *c, const void *buf, size_t count, enum comm_dtype t, int peer);
 void comm_recv(struct comm *c, void *buf, size_t count, enum comm_dtype t, int peer);
@@ -143,7 +146,8 @@ struct comm_backend {
     void (*barrier)(struct comm *);
     void (*barrier_polled)(struct comm *, void (*)(void *, bool), void *); /* NULL: the barrier */
     struct comm *(*split)(struct comm *, int, int);
-    void (*fail_alone)(struct comm *); /* may be NULL */
+    void (*fail_alone)(struct comm *);           /* may be NULL */
+    void (*set_deadline)(struct comm *, double); /* besides c->deadline_s (a twin's own); may be NULL */
     void (*destroy)(struct comm *);
 };
 

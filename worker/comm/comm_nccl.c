@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -24,7 +25,8 @@ struct nccl_impl {
     cudaStream_t stream;
     struct comm *mpi; /* the matching MPI group: used for splitting and the unique id */
     int device;
-    bool alone; /* comm_fail_alone: a lost peer ends this rank only */
+    bool alone;   /* comm_fail_alone: a lost peer ends this rank only */
+    bool aborted; /* ncclCommAbort has run: the communicator is gone */
 };
 
 static ncclDataType_t nccl_type(enum comm_dtype t)
@@ -60,6 +62,70 @@ static bool on_device(const void *p)
     return true;
 }
 
+/* The communicators are non-blocking (ncclConfig_t.blocking = 0): set-up, and the connections NCCL makes at a
+ * group's first collective, run in the background, so that no NCCL call holds this rank past the deadline. An
+ * NCCL call returns at once, ncclInProgress while its work is being queued; the state is then polled
+ * (ncclCommGetAsyncError) before anything else touches the communicator or its stream. */
+
+static double seconds_since(const struct timespec *t0)
+{
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0->tv_sec) + (double)(t1.tv_nsec - t0->tv_nsec) * 1e-9;
+}
+
+static void nccl_abort(struct comm *c)
+{
+    if (!ni(c)->aborted) {
+        ni(c)->aborted = true;
+        ncclCommAbort(ni(c)->comm);
+    }
+}
+
+/* `what` failed (error: NCCL's error, or NULL: past the deadline) after `waited` s: the communicator is aborted;
+ * soft: -1 with a log line (comm_try_broadcast), else this rank (comm_fail_alone) or the run ends. */
+static int nccl_fail(struct comm *c, const char *what, ncclResult_t error, double waited, bool soft)
+{
+    nccl_abort(c);
+    char why[256];
+    snprintf(why, sizeof why, "NCCL %s over %d ranks (this is rank %d) %s after %.1f s", what, c->size, c->rank,
+             error != ncclSuccess ? ncclGetErrorString(error) : "did not complete", waited);
+    if (soft) {
+        log_warn("comm", "%s: a peer is lost or stuck; giving the group up", why);
+        return -1;
+    }
+    if (ni(c)->alone) { /* comm_fail_alone: the run goes on without this group */
+        log_error("comm", "%s: this rank's group has lost a peer; ending this rank only", why);
+        _exit(4);
+    }
+    check_failf(__FILE__, __LINE__, "%s: a peer is lost or stuck; ending the run", why);
+    return -1;
+}
+
+static void nap(long spins)
+{
+    if (spins > 1000) { /* a short collective finishes within the spins; a long one is polled gently */
+        struct timespec t = {0, 50000};
+        nanosleep(&t, NULL);
+    }
+}
+
+/* rc, what an NCCL call on c returned: 0 once its work is queued (ncclInProgress polled until it is, bounded by
+ * the deadline), else the call failed (nccl_fail). */
+static int nccl_issued(struct comm *c, ncclResult_t rc, const char *what, bool soft)
+{
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (long spins = 0; rc == ncclInProgress; spins++) {
+        if (ncclCommGetAsyncError(ni(c)->comm, &rc) != ncclSuccess)
+            rc = ncclInternalError;
+        if (rc == ncclInProgress && c->deadline_s > 0 && seconds_since(&t0) > c->deadline_s)
+            return nccl_fail(c, what, ncclSuccess, seconds_since(&t0), soft);
+        nap(spins);
+    }
+    return rc == ncclSuccess ? 0 : nccl_fail(c, what, rc, seconds_since(&t0), soft);
+}
+
 /* Wait for the stream's collective, `what`, bounded by the comm's deadline (comm_set_deadline; 0: none): a
  * peer that is lost or stuck would otherwise hold this rank in the collective for ever. On the deadline, or on
  * an error NCCL reports meanwhile, the communicator is aborted and the run ends with the collective, the
@@ -75,40 +141,24 @@ static void nccl_wait_for(struct comm *c, const char *what) { nccl_wait_event(c,
  * error, the communicator aborted, -1 with a log line instead of the end of the run (comm_try_broadcast). */
 static int nccl_wait_until(struct comm *c, cudaEvent_t ev, const char *what, bool soft)
 {
-    const double limit = c->deadline_s;
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (long spins = 0;; spins++) {
-        const cudaError_t q = ev ? cudaEventQuery(ev) : cudaStreamQuery(ni(c)->stream);
-        if (q == cudaSuccess)
-            return 0;
-        if (q != cudaErrorNotReady)
-            CHECK_CUDA(q);
         ncclResult_t async = ncclSuccess;
-        CHECK_NCCL(ncclCommGetAsyncError(ni(c)->comm, &async));
-        struct timespec t1;
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        const double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
-        if ((async != ncclSuccess && async != ncclInProgress) || (limit > 0 && waited > limit)) {
-            ncclCommAbort(ni(c)->comm);
-            char why[256];
-            snprintf(why, sizeof why, "NCCL %s over %d ranks (this is rank %d) %s after %.1f s", what, c->size, c->rank,
-                     async != ncclSuccess && async != ncclInProgress ? ncclGetErrorString(async) : "did not complete",
-                     waited);
-            if (soft) {
-                log_warn("comm", "%s: a peer is lost or stuck; giving the group up", why);
-                return -1;
-            }
-            if (ni(c)->alone) { /* comm_fail_alone: the run goes on without this group */
-                log_error("comm", "%s: this rank's group has lost a peer; ending this rank only", why);
-                _exit(4);
-            }
-            check_failf(__FILE__, __LINE__, "%s: a peer is lost or stuck; ending the run", why);
+        if (ncclCommGetAsyncError(ni(c)->comm, &async) != ncclSuccess)
+            async = ncclInternalError;
+        if (async != ncclSuccess && async != ncclInProgress)
+            return nccl_fail(c, what, async, seconds_since(&t0), soft);
+        if (async == ncclSuccess) { /* everything queued: the stream says when it is done */
+            const cudaError_t q = ev ? cudaEventQuery(ev) : cudaStreamQuery(ni(c)->stream);
+            if (q == cudaSuccess)
+                return 0;
+            if (q != cudaErrorNotReady)
+                CHECK_CUDA(q);
         }
-        if (spins > 1000) { /* a short collective finishes within the spins; a long one is polled gently */
-            struct timespec nap = {0, 50000};
-            nanosleep(&nap, NULL);
-        }
+        if (c->deadline_s > 0 && seconds_since(&t0) > c->deadline_s)
+            return nccl_fail(c, what, ncclSuccess, seconds_since(&t0), soft);
+        nap(spins);
     }
 }
 
@@ -118,7 +168,8 @@ static void nccl_allreduce_sum(struct comm *c, void *buf, size_t count, enum com
         comm_allreduce_sum(ni(c)->mpi, buf, count, t);
         return;
     }
-    CHECK_NCCL(ncclAllReduce(buf, buf, count, nccl_type(t), ncclSum, ni(c)->comm, ni(c)->stream));
+    nccl_issued(c, ncclAllReduce(buf, buf, count, nccl_type(t), ncclSum, ni(c)->comm, ni(c)->stream), "all-reduce",
+                false);
     nccl_wait_for(c, "all-reduce");
 }
 
@@ -144,7 +195,9 @@ static struct comm_req *nccl_iallreduce_sum(struct comm *c, void *buf, size_t co
         CHECK_CUDA(cudaStreamWaitEvent(ni(c)->stream, ready, 0));
         CHECK_CUDA(cudaEventDestroy(ready)); /* released once the wait has seen it */
     }
-    CHECK_NCCL(ncclAllReduce(buf, buf, count, nccl_type(t), ncclSum, ni(c)->comm, ni(c)->stream));
+    /* queued before the event is recorded behind it */
+    nccl_issued(c, ncclAllReduce(buf, buf, count, nccl_type(t), ncclSum, ni(c)->comm, ni(c)->stream),
+                "all-reduce (a gradient bucket)", false);
     CHECK_CUDA(cudaEventCreateWithFlags(&q->done, cudaEventDisableTiming));
     CHECK_CUDA(cudaEventRecord(q->done, ni(c)->stream));
     return &q->base;
@@ -166,7 +219,8 @@ static void nccl_allreduce_max(struct comm *c, void *buf, size_t count, enum com
         comm_allreduce_max(ni(c)->mpi, buf, count, t);
         return;
     }
-    CHECK_NCCL(ncclAllReduce(buf, buf, count, nccl_type(t), ncclMax, ni(c)->comm, ni(c)->stream));
+    nccl_issued(c, ncclAllReduce(buf, buf, count, nccl_type(t), ncclMax, ni(c)->comm, ni(c)->stream),
+                "all-reduce (max)", false);
     nccl_wait_for(c, "all-reduce (max)");
 }
 
@@ -176,7 +230,7 @@ static void nccl_allgather(struct comm *c, const void *send, void *recv, size_t 
         comm_allgather(ni(c)->mpi, send, recv, count, t);
         return;
     }
-    CHECK_NCCL(ncclAllGather(send, recv, count, nccl_type(t), ni(c)->comm, ni(c)->stream));
+    nccl_issued(c, ncclAllGather(send, recv, count, nccl_type(t), ni(c)->comm, ni(c)->stream), "all-gather", false);
     nccl_wait_for(c, "all-gather");
 }
 
@@ -186,7 +240,8 @@ static void nccl_reduce_scatter_sum(struct comm *c, const void *send, void *recv
         comm_reduce_scatter_sum(ni(c)->mpi, send, recv, count, t);
         return;
     }
-    CHECK_NCCL(ncclReduceScatter(send, recv, count, nccl_type(t), ncclSum, ni(c)->comm, ni(c)->stream));
+    nccl_issued(c, ncclReduceScatter(send, recv, count, nccl_type(t), ncclSum, ni(c)->comm, ni(c)->stream),
+                "reduce-scatter", false);
     nccl_wait_for(c, "reduce-scatter");
 }
 
@@ -196,7 +251,7 @@ static void nccl_broadcast(struct comm *c, void *buf, size_t count, enum comm_dt
         comm_broadcast(ni(c)->mpi, buf, count, t, root);
         return;
     }
-    CHECK_NCCL(ncclBroadcast(buf, buf, count, nccl_type(t), root, ni(c)->comm, ni(c)->stream));
+    nccl_issued(c, ncclBroadcast(buf, buf, count, nccl_type(t), root, ni(c)->comm, ni(c)->stream), "broadcast", false);
     nccl_wait_for(c, "broadcast");
 }
 
@@ -204,11 +259,9 @@ static int nccl_try_broadcast(struct comm *c, void *buf, size_t count, enum comm
 {
     if (!on_device(buf))
         return comm_try_broadcast(ni(c)->mpi, buf, count, t, root);
-    if (ncclBroadcast(buf, buf, count, nccl_type(t), root, ni(c)->comm, ni(c)->stream) != ncclSuccess) {
-        ncclCommAbort(ni(c)->comm);
-        log_warn("comm", "NCCL broadcast over %d ranks could not start; giving the group up", c->size);
+    if (nccl_issued(c, ncclBroadcast(buf, buf, count, nccl_type(t), root, ni(c)->comm, ni(c)->stream), "broadcast",
+                    true) != 0)
         return -1;
-    }
     return nccl_wait_until(c, NULL, "broadcast", true);
 }
 
@@ -218,7 +271,7 @@ static void nccl_send(struct comm *c, const void *buf, size_t count, enum comm_d
         comm_send(ni(c)->mpi, buf, count, t, peer);
         return;
     }
-    CHECK_NCCL(ncclSend(buf, count, nccl_type(t), peer, ni(c)->comm, ni(c)->stream));
+    nccl_issued(c, ncclSend(buf, count, nccl_type(t), peer, ni(c)->comm, ni(c)->stream), "send", false);
     nccl_wait_for(c, "send");
 }
 
@@ -228,8 +281,15 @@ static void nccl_recv(struct comm *c, void *buf, size_t count, enum comm_dtype t
         comm_recv(ni(c)->mpi, buf, count, t, peer);
         return;
     }
-    CHECK_NCCL(ncclRecv(buf, count, nccl_type(t), peer, ni(c)->comm, ni(c)->stream));
+    nccl_issued(c, ncclRecv(buf, count, nccl_type(t), peer, ni(c)->comm, ni(c)->stream), "receive", false);
     nccl_wait_for(c, "receive");
+}
+
+/* A call inside a group: recorded for ncclGroupEnd (a non-blocking communicator may say ncclInProgress). */
+static void recorded(ncclResult_t rc)
+{
+    if (rc != ncclInProgress)
+        CHECK_NCCL(rc);
 }
 
 static void nccl_sendrecv(struct comm *c, const void *send, size_t sc, int dest, void *recv, size_t rc, int src,
@@ -239,10 +299,11 @@ static void nccl_sendrecv(struct comm *c, const void *send, size_t sc, int dest,
         comm_sendrecv(ni(c)->mpi, send, sc, dest, recv, rc, src, t);
         return;
     }
+    /* inside a group the calls only record; ncclGroupEnd issues them (ncclInProgress on this communicator) */
     CHECK_NCCL(ncclGroupStart());
-    CHECK_NCCL(ncclSend(send, sc, nccl_type(t), dest, ni(c)->comm, ni(c)->stream));
-    CHECK_NCCL(ncclRecv(recv, rc, nccl_type(t), src, ni(c)->comm, ni(c)->stream));
-    CHECK_NCCL(ncclGroupEnd());
+    recorded(ncclSend(send, sc, nccl_type(t), dest, ni(c)->comm, ni(c)->stream));
+    recorded(ncclRecv(recv, rc, nccl_type(t), src, ni(c)->comm, ni(c)->stream));
+    nccl_issued(c, ncclGroupEnd(), "send-receive", false);
     nccl_wait_for(c, "send-receive");
 }
 
@@ -267,9 +328,16 @@ static void nccl_fail_alone(struct comm *c)
     comm_fail_alone(ni(c)->mpi);
 }
 
+/* comm_set_deadline: host buffers go through the MPI twin, which waits as long */
+static void nccl_set_deadline(struct comm *c, double seconds) { comm_set_deadline(ni(c)->mpi, seconds); }
+
 static void nccl_destroy(struct comm *c)
 {
-    if (!c->given_up) /* an aborted communicator is freed by the abort */
+    /* an aborted communicator is freed by the abort; one given up elsewhere (its MPI twin) is aborted, since a peer
+     * may still wait in it; else its queued work is finished (bounded) and it is destroyed */
+    if (c->given_up || nccl_issued(c, ncclCommFinalize(ni(c)->comm), "finalize", true) != 0)
+        nccl_abort(c);
+    if (!ni(c)->aborted)
         ncclCommDestroy(ni(c)->comm);
     cudaStreamDestroy(ni(c)->stream);
     comm_free(ni(c)->mpi);
@@ -294,6 +362,7 @@ static const struct comm_backend nccl_backend = {
     .barrier_polled = nccl_barrier_polled,
     .split = nccl_split,
     .fail_alone = nccl_fail_alone,
+    .set_deadline = nccl_set_deadline,
     .destroy = nccl_destroy,
 };
 
@@ -312,9 +381,13 @@ struct comm *comm_nccl_from(struct comm *mpi_comm, int device)
     CHECK_CUDA(cudaSetDevice(device));
     CHECK_CUDA(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
     ncclUniqueId id;
+    memset(&id, 0, sizeof id);
     if (c->rank == 0)
         CHECK_NCCL(ncclGetUniqueId(&id));
-    CHECK_MPI(MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, comm_mpi_handle(impl->mpi)));
-    CHECK_NCCL(ncclCommInitRank(&impl->comm, c->size, id, c->rank));
+    /* over the twin, bounded like its other operations; then the set-up in the background, polled */
+    comm_broadcast(impl->mpi, &id, sizeof id / sizeof(int32_t), COMM_I32, 0);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    nccl_issued(c, ncclCommInitRankConfig(&impl->comm, c->size, id, c->rank, &config), "communicator set-up", false);
     return c;
 }
