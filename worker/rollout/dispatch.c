@@ -743,19 +743,22 @@ static int weights_call(struct work_client *c, int64_t version, size_t off, size
     req.weights_request = &q;
     Grpo__Envelope *r = NULL;
     char why[512];
-    if (rpc_call(c->rpc, &req, timeout_ms, &r, why, sizeof why) != RPC_OK)
-        return error_set(err, errlen, "weights of version %lld from %s: %s", (long long)version, rpc_endpoint(c->rpc),
-                         why);
-    int rc = 0;
-    if (reply_error(r, err, errlen))
-        rc = -1;
+    if (rpc_call(c->rpc, &req, timeout_ms, &r, why, sizeof why) != RPC_OK || !r) {
+        error_set(err, errlen, "weights of version %lld from %s: %s", (long long)version, rpc_endpoint(c->rpc), why);
+        return -1;
+    }
+    bool ok = false;
+    if (reply_error(r, err, errlen)) /* err says why */
+        ok = false;
     else if (r->body_case != GRPO__ENVELOPE__BODY_WEIGHTS_CHUNK)
-        rc = error_set(err, errlen, "the dispatcher answered a weights request with something else");
+        error_set(err, errlen, "the dispatcher answered a weights request with something else");
     else if (r->weights_chunk->error[0])
-        rc = error_set(err, errlen, "weights of version %lld: %s", (long long)version, r->weights_chunk->error);
-    if (rc != 0) {
+        error_set(err, errlen, "weights of version %lld: %s", (long long)version, r->weights_chunk->error);
+    else
+        ok = true;
+    if (!ok) {
         protocol_free(r);
-        return rc;
+        return -1;
     }
     *out = r;
     return 0;
