@@ -87,6 +87,7 @@ struct rollout_rank {
     struct comm *bcast;   /* weight_sync=broadcast: env->weight_group, or its NCCL twin on GPUs (made at the first
                              round); NULL once given up */
     bool bcast_made;
+    float *bcast_bucket; /* the broadcast's host bucket, from round to round (weight_bcast) */
     pthread_t watchdog;
     bool watching;
     atomic_bool quit;
@@ -258,6 +259,7 @@ static void teardown(struct rollout_rank *r)
         comm_free(r->eng_dev);
     if (r->bcast && r->bcast != r->env->weight_group)
         comm_free(r->bcast);
+    free(r->bcast_bucket);
 }
 
 /* The prompt indices of step k into idx (the same the trainers draw): the cursor moves on from the step it drew
@@ -474,8 +476,8 @@ static int take_broadcast(struct rollout_rank *r, int64_t v, float *dst, size_t 
         r->bcast_made = true;
     }
     char why[512];
-    if (weight_bcast(r->bcast, r->bcast != env->weight_group ? K : NULL, v, dst, n, bucket, bytes, why, sizeof why) ==
-        0)
+    if (weight_bcast(r->bcast, r->bcast != env->weight_group ? K : NULL, v, dst, n, bucket, &r->bcast_bucket, bytes,
+                     why, sizeof why) == 0)
         return 1;
     log_warn("rollout", "%s: fetching this version and every later one from the dispatcher", why);
     if (r->bcast != env->weight_group)

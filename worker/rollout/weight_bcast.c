@@ -11,7 +11,7 @@
 #define BUCKET_MAX_FLOATS ((size_t)12 << 20)
 
 int weight_bcast(struct comm *g, struct kctx *K, int64_t version, float *w, size_t n, size_t bucket_bytes,
-                 size_t *bytes, char *err, size_t errlen)
+                 float **host_bucket, size_t *bytes, char *err, size_t errlen)
 {
     const bool root = comm_rank(g) == 0;
     *bytes = 0;
@@ -45,10 +45,12 @@ int weight_bcast(struct comm *g, struct kctx *K, int64_t version, float *w, size
         per = n;
     const bool dev = K && K->device != KDEV_CPU;
     /* on a GPU every member's bucket is device memory (NCCL moves no other); over MPI the members' is heap */
+    if (!dev && !root && n && !*host_bucket)
+        *host_bucket = xmalloc(BUCKET_MAX_FLOATS * sizeof(float));
     float *bounce = !n     ? NULL
                     : dev  ? k_alloc(K, per * sizeof(float), KMEM_OTHER, "the weight broadcast's bucket")
                     : root ? NULL
-                           : xmalloc(per * sizeof(float));
+                           : *host_bucket;
     int rc = 0;
     for (size_t off = 0; off < n; off += per) {
         const size_t cnt = n - off < per ? n - off : per;
@@ -68,7 +70,7 @@ int weight_bcast(struct comm *g, struct kctx *K, int64_t version, float *w, size
     }
     if (dev && bounce) /* an aborted NCCL communicator writes nothing more */
         k_free(K, bounce, per * sizeof(float), KMEM_OTHER);
-    else if (bounce && rc == 0)
-        free(bounce); /* kept if given up: a late MPI receive may still land in it */
+    else if (bounce && rc != 0)
+        *host_bucket = NULL; /* left to a late MPI receive: never used again */
     return rc;
 }

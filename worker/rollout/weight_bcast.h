@@ -15,9 +15,11 @@ struct comm;
 struct kctx;
 
 /* Rank 0 of g sends w[0..n) as version `version`; the others receive it into w. K: the memory the bucket
- * goes through on a GPU (NULL or a CPU context: the group's host buffers). 0 when every byte arrived, -1 with err
- * (the group is given up, or the header disagreed). *bytes: the floats' bytes moved. */
+ * goes through on a GPU (NULL or a CPU context: the group's host buffers). *host_bucket: a member's bucket of host
+ * memory, kept by the caller from round to round (NULL at first; made here; left to leak, and set to NULL, when
+ * the group is given up, since a receive left behind may still land in it). 0 when every byte arrived, -1 with
+ * err (the group is given up, or the header disagreed). *bytes: the floats' bytes moved. */
 int weight_bcast(struct comm *g, struct kctx *K, int64_t version, float *w, size_t n, size_t bucket_bytes,
-                 size_t *bytes, char *err, size_t errlen);
+                 float **host_bucket, size_t *bytes, char *err, size_t errlen);
 
 #endif

@@ -82,7 +82,8 @@ static void serve_round(struct trainer_rank *r)
     size_t bytes = 0;
     char err[512];
     const size_t bucket = (size_t)r->env->cfg->rollout_update_weights_bucket_megabytes << 20;
-    int rc = weight_bcast(g, K, v, (float *)w, r->n_published, bucket, &bytes, err, sizeof err);
+    float *unused = NULL; /* the root sends from the dispatcher's copy */
+    int rc = weight_bcast(g, K, v, (float *)w, r->n_published, bucket, &unused, &bytes, err, sizeof err);
     dispatcher_round_end(r->disp, rc == 0);
     const double dt = rollout_now_s() - t0;
     r->sync_s_pending += dt;
