@@ -3,6 +3,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/check.h"
 
@@ -91,6 +92,13 @@ struct comm *comm_split(struct comm *parent, int color, int key)
     if (c)
         c->deadline_s = parent->deadline_s; /* a sub-group waits no longer than its parent */
     return c;
+}
+
+double comm_seconds_since(const struct timespec *t0)
+{
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0->tv_sec) + (double)(t1.tv_nsec - t0->tv_nsec) * 1e-9;
 }
 
 void comm_set_deadline(struct comm *c, double seconds)

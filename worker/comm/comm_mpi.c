@@ -65,13 +65,6 @@ static int icount(size_t count)
  * blocking or all the non-blocking form, as MPI requires for collectives. */
 static bool bounded(const struct comm *c) { return c->deadline_s > 0; }
 
-static double seconds_since(const struct timespec *t0)
-{
-    struct timespec t1;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    return (double)(t1.tv_sec - t0->tv_sec) + (double)(t1.tv_nsec - t0->tv_nsec) * 1e-9;
-}
-
 /* Test n requests of the operation `what` until they are complete (the caller then waits on them, which returns at
  * once and says so to MPI checkers); past the deadline the run ends (in a comm_fail_alone group, this
  * rank only) with the operation, the group size and this rank named. */
@@ -92,7 +85,7 @@ static int mpi_wait_until(struct comm *c, MPI_Request *req, int n, const char *w
         CHECK_C(c, MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE));
         if (done)
             return 0; /* the caller's MPI_Wait releases the complete requests */
-        const double waited = seconds_since(&t0);
+        const double waited = comm_seconds_since(&t0);
         if (c->deadline_s > 0 && waited > c->deadline_s) {
             char why[512];
             snprintf(why, sizeof why,

@@ -67,13 +67,6 @@ static bool on_device(const void *p)
  * NCCL call returns at once, ncclInProgress while its work is being queued; the state is then polled
  * (ncclCommGetAsyncError) before anything else touches the communicator or its stream. */
 
-static double seconds_since(const struct timespec *t0)
-{
-    struct timespec t1;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    return (double)(t1.tv_sec - t0->tv_sec) + (double)(t1.tv_nsec - t0->tv_nsec) * 1e-9;
-}
-
 static void nccl_abort(struct comm *c)
 {
     if (!ni(c)->aborted) {
@@ -119,11 +112,11 @@ static int nccl_issued(struct comm *c, ncclResult_t rc, const char *what, bool s
     for (long spins = 0; rc == ncclInProgress; spins++) {
         if (ncclCommGetAsyncError(ni(c)->comm, &rc) != ncclSuccess)
             rc = ncclInternalError;
-        if (rc == ncclInProgress && c->deadline_s > 0 && seconds_since(&t0) > c->deadline_s)
-            return nccl_fail(c, what, ncclSuccess, seconds_since(&t0), soft);
+        if (rc == ncclInProgress && c->deadline_s > 0 && comm_seconds_since(&t0) > c->deadline_s)
+            return nccl_fail(c, what, ncclSuccess, comm_seconds_since(&t0), soft);
         nap(spins);
     }
-    return rc == ncclSuccess ? 0 : nccl_fail(c, what, rc, seconds_since(&t0), soft);
+    return rc == ncclSuccess ? 0 : nccl_fail(c, what, rc, comm_seconds_since(&t0), soft);
 }
 
 /* Wait for the stream's collective, `what`, bounded by the comm's deadline (comm_set_deadline; 0: none): a
@@ -148,7 +141,7 @@ static int nccl_wait_until(struct comm *c, cudaEvent_t ev, const char *what, boo
         if (ncclCommGetAsyncError(ni(c)->comm, &async) != ncclSuccess)
             async = ncclInternalError;
         if (async != ncclSuccess && async != ncclInProgress)
-            return nccl_fail(c, what, async, seconds_since(&t0), soft);
+            return nccl_fail(c, what, async, comm_seconds_since(&t0), soft);
         if (async == ncclSuccess) { /* everything queued: the stream says when it is done */
             const cudaError_t q = ev ? cudaEventQuery(ev) : cudaStreamQuery(ni(c)->stream);
             if (q == cudaSuccess)
@@ -156,8 +149,8 @@ static int nccl_wait_until(struct comm *c, cudaEvent_t ev, const char *what, boo
             if (q != cudaErrorNotReady)
                 CHECK_CUDA(q);
         }
-        if (c->deadline_s > 0 && seconds_since(&t0) > c->deadline_s)
-            return nccl_fail(c, what, ncclSuccess, seconds_since(&t0), soft);
+        if (c->deadline_s > 0 && comm_seconds_since(&t0) > c->deadline_s)
+            return nccl_fail(c, what, ncclSuccess, comm_seconds_since(&t0), soft);
         nap(spins);
     }
 }

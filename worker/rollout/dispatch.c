@@ -221,11 +221,14 @@ static void grant(struct dispatcher *d, int pi, Grpo__WorkGrant *g, char *reason
                  (long long)version_for(d, next));
 }
 
+/* The broadcast is on, not given up, and the run goes on. Mutex held. */
+static bool broadcasting(const struct dispatcher *d) { return d->bc_on && !d->bc_off && d->end_after < 0; }
+
 /* The broadcast's round of version v may begin: no round is under way, and every rollout rank's process has asked
  * for v, which is held, newer than any broadcast or skipped. Mutex held. */
 static bool round_ready(const struct dispatcher *d, int64_t *v)
 {
-    if (!d->bc_on || d->bc_off || d->bc_round >= 0 || d->end_after >= 0)
+    if (!broadcasting(d) || d->bc_round >= 0)
         return false;
     const int64_t x = d->bc_want[0];
     for (int u = 0; u < d->o.units; u++)
@@ -257,7 +260,7 @@ static void skip_wanted(struct dispatcher *d, const char *why)
 static int broadcast_answer(struct dispatcher *d, int slot, int64_t v, double now)
 {
     enum { WAIT = 1, JOIN = 2, FETCH = 3 };
-    if (!d->bc_on || d->bc_off || slot < 0 || d->end_after >= 0)
+    if (!broadcasting(d) || slot < 0)
         return FETCH;
     if (d->bc_round >= 0)
         return d->bc_round == v ? JOIN : FETCH;
@@ -315,17 +318,16 @@ static uint8_t *answer(struct dispatcher *d, const Grpo__Envelope *req, size_t *
         buf = CHECK_ALLOC(protocol_pack(&out, len));
     } else if (req->body_case == GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST) {
         const Grpo__WeightsRequest *w = req->weights_request;
+        int slot = -1; /* the asker's rollout rank (-1: not a live process) */
         for (int i = 0; i < d->nprocs; i++)
-            if (d->procs[i].id == w->worker_id && d->procs[i].alive)
+            if (d->procs[i].id == w->worker_id && d->procs[i].alive) {
                 d->procs[i].last_seen = now;
+                slot = d->procs[i].slot;
+            }
         const struct snapshot *s = snapshot_of(d, w->version);
         ch.version = w->version;
         ch.offset = w->offset;
         ch.n_floats = d->o.n_floats;
-        int slot = -1;
-        for (int i = 0; i < d->nprocs; i++)
-            if (d->procs[i].id == w->worker_id && d->procs[i].alive)
-                slot = d->procs[i].slot;
         if (w->broadcast && s)
             ch.broadcast = broadcast_answer(d, slot, w->version, now);
         else if (!s)
@@ -560,8 +562,8 @@ bool dispatcher_round_due(struct dispatcher *d, double waited_s)
 {
     pthread_mutex_lock(&d->mu);
     const int64_t v = d->latest;
-    bool due = d->bc_on && !d->bc_off && d->end_after < 0 && v >= 0 && v > d->bc_done && v > d->bc_skip &&
-               v + 1 + d->o.staleness <= d->o.total_steps;
+    bool due =
+        broadcasting(d) && v >= 0 && v > d->bc_done && v > d->bc_skip && v + 1 + d->o.staleness <= d->o.total_steps;
     if (due && waited_s > d->bc_rendezvous_s) {
         char why[160];
         snprintf(why, sizeof why, "the trainers waited %.0f s for every rollout rank to ask", waited_s);

@@ -467,17 +467,13 @@ static int take_broadcast(struct rollout_rank *r, int64_t v, float *dst, size_t 
         control_wait_poll(env->ctl, false);
         transport_sleep(0.005);
     }
-    struct kctx *K = r->policy->K;
-    if (!r->bcast_made) { /* as the trainer decides (trainer_role.c's bcast_group): NCCL with a GPU per member */
-        const bool nccl = K->device != KDEV_CPU && !env->trainer_gpus_shared && !env->rollout_gpus_shared;
-        r->bcast = nccl ? comm_device_group(env->weight_group, K->device_index) : NULL;
-        if (!r->bcast)
-            r->bcast = env->weight_group;
+    if (!r->bcast_made) {
+        r->bcast =
+            weight_bcast_group(env->weight_group, r->policy->K, env->trainer_gpus_shared || env->rollout_gpus_shared);
         r->bcast_made = true;
     }
     char why[512];
-    if (weight_bcast(r->bcast, r->bcast != env->weight_group ? K : NULL, v, dst, n, bucket, &r->bcast_bucket, bytes,
-                     why, sizeof why) == 0)
+    if (weight_bcast(r->bcast, r->policy->K, v, dst, n, bucket, &r->bcast_bucket, bytes, why, sizeof why) == 0)
         return 1;
     log_warn("rollout", "%s: fetching this version and every later one from the dispatcher", why);
     if (r->bcast != env->weight_group)

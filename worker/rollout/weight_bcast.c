@@ -10,6 +10,12 @@
 /* A bucket's floats at most: the dispatcher's chunk size, so neither way holds more than 48 MiB extra. */
 #define BUCKET_MAX_FLOATS ((size_t)12 << 20)
 
+struct comm *weight_bcast_group(struct comm *group, struct kctx *K, bool gpus_shared)
+{
+    struct comm *g = K->device != KDEV_CPU && !gpus_shared ? comm_device_group(group, K->device_index) : NULL;
+    return g ? g : group; /* a build without CUDA has no GPU context */
+}
+
 int weight_bcast(struct comm *g, struct kctx *K, int64_t version, float *w, size_t n, size_t bucket_bytes,
                  float **host_bucket, size_t *bytes, char *err, size_t errlen)
 {
@@ -43,7 +49,7 @@ int weight_bcast(struct comm *g, struct kctx *K, int64_t version, float *w, size
         per = BUCKET_MAX_FLOATS;
     if (per > n)
         per = n;
-    const bool dev = K && K->device != KDEV_CPU;
+    const bool dev = strcmp(comm_backend_name(g), "nccl") == 0; /* device memory only */
     /* on a GPU every member's bucket is device memory (NCCL moves no other); over MPI the members' is heap */
     if (!dev && !root && n && !*host_bucket)
         *host_bucket = xmalloc(BUCKET_MAX_FLOATS * sizeof(float));

@@ -8,17 +8,22 @@
 #ifndef GRPO_WORKER_ROLLOUT_WEIGHT_BCAST_H
 #define GRPO_WORKER_ROLLOUT_WEIGHT_BCAST_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 struct comm;
 struct kctx;
 
-/* Rank 0 of g sends w[0..n) as version `version`; the others receive it into w. K: the memory the bucket
- * goes through on a GPU (NULL or a CPU context: the group's host buffers). *host_bucket: a member's bucket of host
- * memory, kept by the caller from round to round (NULL at first; made here; left to leak, and set to NULL, when
- * the group is given up, since a receive left behind may still land in it). 0 when every byte arrived, -1 with
- * err (the group is given up, or the header disagreed). *bytes: the floats' bytes moved. */
+/* The group a member's rounds go over, made at its first round (every member is in it then) and decided the same
+ * way by every member: the NCCL twin of `group` where K is a GPU context and no node's ranks share a GPU
+ * (gpus_shared), else `group` itself. Free it (when it is not `group`) after the last round. */
+struct comm *weight_bcast_group(struct comm *group, struct kctx *K, bool gpus_shared);
+/* Rank 0 of g sends w[0..n) as version `version`; the others receive it into w. K: the member's context; over an
+ * NCCL group (weight_bcast_group) the bucket is its device memory, else the buckets are host memory. *host_bucket: a
+ * member's bucket of host memory, kept by the caller from round to round (NULL at first; made here; left to leak, and
+ * set to NULL, when the group is given up, since a receive left behind may still land in it). 0 when every byte
+ * arrived, -1 with err (the group is given up, or the header disagreed). *bytes: the floats' bytes moved. */
 int weight_bcast(struct comm *g, struct kctx *K, int64_t version, float *w, size_t n, size_t bucket_bytes,
                  float **host_bucket, size_t *bytes, char *err, size_t errlen);
 

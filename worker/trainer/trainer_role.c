@@ -11,8 +11,8 @@
 #include "common/check.h"
 #include "common/config.h"
 #include "common/log.h"
-#include "kernels/kernels.h"
 #include "prompts.h"
+#include "proto/transport.h"
 #include "trainer.h"
 #include "worker/metrics/metrics.h"
 #include "worker/model/lora.h"
@@ -20,7 +20,6 @@
 #include "worker/roles.h"
 #include "worker/rollout/batch.h"
 #include "worker/rollout/dataplane.h"
-#include "proto/transport.h"
 #include "worker/rollout/dispatch.h"
 #include "worker/rollout/weight_bcast.h"
 #include "worker/rollout/wire.h"
@@ -52,21 +51,6 @@ struct trainer_rank {
                                * first round, when every member is in it) */
 };
 
-/* The group a round goes over, and the context its bucket is in (NULL: host buffers). Every member decides the
- * same way (rollout_role.c's bcast_group): NCCL where each member has a GPU of its own. */
-static struct comm *bcast_group(struct trainer_rank *r, struct kctx **K)
-{
-    const struct role_env *env = r->env;
-    struct kctx *pk = trainer_policy(r->t)->K;
-    const bool nccl = pk->device != KDEV_CPU && !env->trainer_gpus_shared && !env->rollout_gpus_shared;
-    if (!r->bcast_group)
-        r->bcast_group = nccl ? comm_device_group(env->weight_group, pk->device_index) : env->weight_group;
-    if (!r->bcast_group)
-        r->bcast_group = env->weight_group; /* a build without CUDA never gets here with a GPU context */
-    *K = r->bcast_group != env->weight_group ? pk : NULL;
-    return r->bcast_group;
-}
-
 /* weight_sync=broadcast, on the dispatcher's rank: if every rollout process has asked for the same version, its
  * round, from the dispatcher's copy of it. A failed round turns the broadcast off (the processes fetch). */
 static void serve_round(struct trainer_rank *r)
@@ -77,8 +61,11 @@ static void serve_round(struct trainer_rank *r)
         return;
     control_set_phase(r->env->ctl, CONTROL_PHASE_WEIGHT_SYNC);
     const double t0 = rollout_now_s();
-    struct kctx *K;
-    struct comm *g = bcast_group(r, &K);
+    struct kctx *K = trainer_policy(r->t)->K;
+    if (!r->bcast_group)
+        r->bcast_group =
+            weight_bcast_group(r->env->weight_group, K, r->env->trainer_gpus_shared || r->env->rollout_gpus_shared);
+    struct comm *g = r->bcast_group;
     size_t bytes = 0;
     char err[512];
     const size_t bucket = (size_t)r->env->cfg->rollout_update_weights_bucket_megabytes << 20;
