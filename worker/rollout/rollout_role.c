@@ -27,7 +27,7 @@
 #include "proto/transport.h"
 #include "worker/plane/dataplane.h"
 #include "worker/plane/dispatch.h"
-#include "worker/plane/weight_bcast.h"
+#include "worker/plane/weight_sync.h"
 #include "worker/plane/wire.h"
 #include "worker/data/dataset.h"
 #include "worker/metrics/metrics.h"
@@ -84,10 +84,7 @@ struct rollout_rank {
     bool head;            /* the group's first rank: dispatcher, trainers, weights */
     float *whole;         /* the head: each downloaded version, whole (with TP, or on a GPU: its host copy) */
     double keepalive_at;  /* the head: when its peers last heard from it */
-    struct comm *bcast;   /* weight_sync=broadcast: env->weight_group, or its NCCL twin on GPUs (made at the first
-                             round); NULL once given up */
-    bool bcast_made;
-    float *bcast_bucket; /* the broadcast's host bucket, from round to round (weight_bcast) */
+    struct weight_sync_receiver ws; /* the head: how each version comes (fetched, or in the trainers' broadcast) */
     pthread_t watchdog;
     bool watching;
     atomic_bool quit;
@@ -123,6 +120,14 @@ static void eng_keepalive(void *ud)
         return;
     int64_t msg[ENG_WORDS] = {ENG_WAIT};
     eng_send(r, msg);
+}
+
+/* The head, between broadcast asks: its peers hear it lives, and the control plane's hold. */
+static void between_asks(void *ud)
+{
+    struct rollout_rank *r = ud;
+    eng_keepalive(r);
+    control_wait_poll(r->env->ctl, false);
 }
 
 /* What the group has moved: over MPI, and over NCCL on GPUs (the model's collectives). */
@@ -168,6 +173,11 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
         if (!r->work)
             return -1;
         work_client_on_chunk(r->work, eng_keepalive, r);
+        r->ws = (struct weight_sync_receiver){.work = r->work,
+                                              .group = r->env->weight_group,
+                                              .gpus_shared = r->env->trainer_gpus_shared || r->env->rollout_gpus_shared,
+                                              .wait = between_asks,
+                                              .ud = r};
     }
     char bundled[4096];
     const char *path = c->arr_model_path;
@@ -201,6 +211,7 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
     if (!K)
         return -1;
     model_move(&r->policy, K);
+    r->ws.K = r->policy->K;
     if (r->eng && K->device != KDEV_CPU) { /* the group's TP collectives over NCCL, in device memory */
         if (r->env->rollout_gpus_shared)
             return error_set(err, errlen,
@@ -257,9 +268,7 @@ static void teardown(struct rollout_rank *r)
     model_free(r->policy);
     if (r->eng_dev) /* after the model that used it */
         comm_free(r->eng_dev);
-    if (r->bcast && r->bcast != r->env->weight_group)
-        comm_free(r->bcast);
-    free(r->bcast_bucket);
+    weight_sync_receiver_release(&r->ws);
 }
 
 /* The prompt indices of step k into idx (the same the trainers draw): the cursor moves on from the step it drew
@@ -446,42 +455,6 @@ static void head_tell(struct rollout_rank *r, const struct work_grant *g)
     eng_send(r, msg);
 }
 
-/* weight_sync=broadcast: take version v in the trainers' broadcast when the dispatcher says every rollout process
- * has asked for it. 1: v is in dst; 0: fetch it instead (no round for it, or the broadcast is off); -1 with err
- * (the dispatcher is gone). *bytes: what moved. */
-static int take_broadcast(struct rollout_rank *r, int64_t v, float *dst, size_t n, size_t bucket, size_t *bytes,
-                          char *err, size_t errlen)
-{
-    const struct role_env *env = r->env;
-    if (!env->weight_group || (r->bcast_made && !r->bcast))
-        return 0;
-    for (;;) {
-        enum work_broadcast a;
-        if (work_client_broadcast_ask(r->work, v, &a, err, errlen) != 0)
-            return -1;
-        if (a == WB_FETCH)
-            return 0;
-        if (a == WB_JOIN)
-            break;
-        eng_keepalive(r);
-        control_wait_poll(env->ctl, false);
-        transport_sleep(0.005);
-    }
-    if (!r->bcast_made) {
-        r->bcast =
-            weight_bcast_group(env->weight_group, r->policy->K, env->trainer_gpus_shared || env->rollout_gpus_shared);
-        r->bcast_made = true;
-    }
-    char why[512];
-    if (weight_bcast(r->bcast, r->policy->K, v, dst, n, bucket, &r->bcast_bucket, bytes, why, sizeof why) == 0)
-        return 1;
-    log_warn("rollout", "%s: fetching this version and every later one from the dispatcher", why);
-    if (r->bcast != env->weight_group)
-        comm_free(r->bcast);
-    r->bcast = NULL; /* given up: never used again */
-    return 0;
-}
-
 /* The dispatcher's next word: a unit (with its policy version in the model), or the end. Waiting (for the
  * trainers' next version, or while the run is paused) is added to *waited. 0, or -1 with err. */
 static int next_work(struct rollout_rank *r, struct work_grant *g, double *waited, char *err, size_t errlen)
@@ -524,11 +497,8 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
         if ((r->eng || gpu) && !r->whole)
             r->whole = xmalloc(n * sizeof(float));
         float *dst = r->eng || gpu ? r->whole : ad ? ad->mem : r->policy->w.mem;
-        int took = take_broadcast(r, g->version, dst, n, chunk, &bytes, err, errlen);
-        if (took < 0)
-            return -1;
-        chunks = 0;
-        if (!took && work_client_weights(r->work, g->version, dst, n, chunk, &bytes, &chunks, err, errlen) != 0)
+        bool took;
+        if (weight_sync_receive(&r->ws, g->version, dst, n, chunk, &took, &bytes, &chunks, err, errlen) != 0)
             return -1;
         if (gpu && !r->eng) /* the weights, or with LoRA the adapter, up to the GPU */
             k_to_device(r->policy->K, ad ? ad->mem : r->policy->w.mem, r->whole, n * sizeof(float));
