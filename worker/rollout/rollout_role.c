@@ -294,10 +294,10 @@ static int rollout_unit(struct rollout_rank *r, const struct work_grant *g, doub
     struct sampler_params sp = {(float)c->rollout_temperature, (float)c->rollout_top_p, (int)c->rollout_top_k};
     struct step_batch b = {0};
     double t_gen = 0, t_reward = 0;
-    control_set_phase(r->env->ctl, CONTROL_PHASE_GEN);
+    control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_GEN);
     rollout_generate_and_score(&r->rc, prompts + lo, idx + lo, hi - lo, lo, &sp, n,
                                rollout_step_seed((uint64_t)c->data_seed, g->step, 0), &b, &t_gen, &t_reward);
-    control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
+    control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
     const int n_dp = r->head ? r->env->n_endpoints : 0; /* a TP group's peers generated along; the head sends */
     int *dp_of = xmalloc((size_t)(b.n_groups ? b.n_groups : 1) * sizeof(int));
     int *sel = xmalloc((size_t)(b.n_groups ? b.n_groups : 1) * sizeof(int));
@@ -409,9 +409,9 @@ static void peer_next(struct rollout_rank *r, struct work_grant *g)
         int64_t msg[ENG_WORDS] = {0};
         comm_broadcast_polled(r->eng, msg, ENG_WORDS, COMM_I64, 0, control_wait_poll, r->env->ctl);
         if (msg[ENG_KIND] == ENG_WEIGHTS) {
-            control_set_phase(r->env->ctl, CONTROL_PHASE_WEIGHT_SYNC);
+            control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_WEIGHT_SYNC);
             reshard_recv(r, msg[ENG_VERSION], bucket);
-            control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
+            control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
             continue;
         }
         if (msg[ENG_KIND] == ENG_WAIT)
@@ -489,7 +489,7 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
     const size_t chunk = (size_t)r->env->cfg->rollout_update_weights_bucket_megabytes << 20;
     const double t0 = rollout_now_s();
     double unanswered_since = 0;
-    control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
+    control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
     for (;;) {
         /* pause holds here; stop is the trainers' to decide (the dispatcher says it) */
         control_safe_point(r->env->ctl, r->cur_step, nothing_to_save, NULL);
@@ -516,7 +516,7 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
         size_t bytes;
         int chunks;
         const double t1 = rollout_now_s();
-        control_set_phase(r->env->ctl, CONTROL_PHASE_WEIGHT_SYNC);
+        control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_WEIGHT_SYNC);
         /* with LoRA a version is the adapter alone (no TP then: the rank holds the whole model) */
         const struct lora *ad = r->policy->lora;
         const size_t n = ad ? ad->n : model_whole_floats(&r->policy->cfg);
@@ -536,7 +536,7 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
         size_t sent = 0;
         if (r->eng)
             sent = reshard_send(r, g->version, chunk);
-        control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
+        control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
         r->version = g->version;
         char how[64];
         if (took)

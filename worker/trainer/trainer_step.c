@@ -287,7 +287,7 @@ void trainer_validate(struct trainer *t, struct metrics *m)
         log_error("trainer", "validation skipped");
         return;
     }
-    trainer_phase(t, "validate");
+    trainer_phase(t, GRPO__PHASE__PHASE_VALIDATE);
     rollout_validate(&t->rc, &t->val, trainer_step_seed(t->st.seed, t->st.global_step, 0x7a1), m);
 }
 
@@ -304,7 +304,7 @@ int trainer_hybrid_batch(void *ctx, int64_t k, struct step_batch *b, struct step
     int rounds = c->alg_filter_groups_enable ? (int)c->alg_filter_groups_max_num_gen_batches : 1;
     int drawn = 0;
     for (int r = 0; r < rounds; r++) {
-        trainer_phase(t, "gen");
+        trainer_phase(t, GRPO__PHASE__PHASE_GEN);
         trainer_draw_prompts(t, prompts, uids, B);
         drawn += B;
         rollout_generate_and_score(&t->rc, prompts, uids, B, 0, &sp, n, trainer_step_seed(t->st.seed, k, (uint64_t)r),
@@ -388,12 +388,12 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     const bool on_policy = c->actor_ppo_epochs == 1 && n_all <= mini_seqs && !c->alg_use_kl_in_reward;
     double t0 = rollout_now_s(), t_old = 0, t_ref = 0;
     if (!on_policy) {
-        trainer_phase(t, "old_log_prob");
+        trainer_phase(t, GRPO__PHASE__PHASE_OLD_LOG_PROB);
         actor_compute_logp(t->policy, b->seqs, idx, b->n_seq, &lp_bt, logprob_temperature(c), 0);
         t_old = rollout_now_s() - t0;
     }
     if (c->actor_use_kl_loss || c->alg_use_kl_in_reward) {
-        trainer_phase(t, "ref");
+        trainer_phase(t, GRPO__PHASE__PHASE_REF);
         t0 = rollout_now_s();
         /* with LoRA the reference is the base model: the policy with its adapter bypassed (no second copy) */
         struct model *ref = t->ref ? t->ref : t->policy;
@@ -402,12 +402,12 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
         lora_set_bypass(ref, false);
         t_ref = rollout_now_s() - t0;
     }
-    trainer_phase(t, "adv");
+    trainer_phase(t, GRPO__PHASE__PHASE_ADV);
     t0 = rollout_now_s();
     compute_advantages(t, b, m);
     double t_adv = rollout_now_s() - t0;
 
-    trainer_phase(t, "update_actor");
+    trainer_phase(t, GRPO__PHASE__PHASE_UPDATE_ACTOR);
     t0 = rollout_now_s();
     const double lr = lr_at(strcmp(c->actor_optim_warmup_style, "cosine") == 0 ? LR_COSINE : LR_CONSTANT,
                             c->actor_optim_lr, k - 1, t->warmup, t->st.total_steps, c->actor_optim_min_lr_ratio);
