@@ -126,9 +126,11 @@ static double max_dist(struct trainer *t, double v)
     return v;
 }
 
-/* Phase adv: the advantages of every response token (and the in-reward KL, when on). */
-static void advantages(struct trainer *t, struct step_batch *b, struct step_advantages *out)
+/* Phase adv: the advantages of every response token (and the in-reward KL, when on). Its seconds. */
+static double advantages(struct trainer *t, struct step_batch *b, struct step_advantages *out)
 {
+    trainer_phase(t, GRPO__PHASE__PHASE_ADV);
+    const double t0 = rollout_now_s();
     const struct grpo_config *c = t->cfg;
     const int n = b->n_seq;
     double *scalar = xmalloc((size_t)(n ? n : 1) * sizeof(double));
@@ -178,6 +180,7 @@ static void advantages(struct trainer *t, struct step_batch *b, struct step_adva
     out->advantages = summarize_dist(t, tok_adv, (size_t)total);
     out->rewards = summarize_dist(t, scalar, (size_t)n);
     free(scalar), free(group), free(off), free(len), free(tok_r), free(tok_adv);
+    return rollout_now_s() - t0;
 }
 
 /* -------------------------------------------------------------------- steps */
@@ -381,10 +384,13 @@ static double ref_log_probs(struct trainer *t, struct step_batch *b, const int *
 }
 
 /* Phase update_actor of step k: the PPO/GRPO update over the step's n_all sequences (gradients summed over the
- * DP group; on_policy: the update's own forward gives the old log-probs), and the traffic it made over DP. */
-static void update_actor(struct trainer *t, int64_t k, struct step_batch *b, const int *idx, bool on_policy,
-                         double n_all, struct step_update *out)
+ * DP group; on_policy: the update's own forward gives the old log-probs), and the traffic it made over DP. Its
+ * seconds. */
+static double update_actor(struct trainer *t, int64_t k, struct step_batch *b, const int *idx, bool on_policy,
+                           double n_all, struct step_update *out)
 {
+    trainer_phase(t, GRPO__PHASE__PHASE_UPDATE_ACTOR);
+    const double t0 = rollout_now_s();
     const struct grpo_config *c = t->cfg;
     const double lr = lr_at(strcmp(c->actor_optim_warmup_style, "cosine") == 0 ? LR_COSINE : LR_CONSTANT,
                             c->actor_optim_lr, k - 1, t->warmup, t->st.total_steps, c->actor_optim_min_lr_ratio);
@@ -424,19 +430,28 @@ static void update_actor(struct trainer *t, int64_t k, struct step_batch *b, con
     out->dp_bytes = 0;
     for (int op = COMM_OP_ALLREDUCE; op <= COMM_OP_REDUCE_SCATTER; op++)
         out->dp_bytes += after.sent_f32[op] - before.sent_f32[op] + dev_after.sent_f32[op] - dev_before.sent_f32[op];
+    return rollout_now_s() - t0;
 }
 
-/* The activation traffic of the model's groups (on GPUs the NCCL twins of lay.tp and lay.pp, which count what
- * they carry) since `before`: over TP every pass (old and reference log-probs, the update), over PP this
- * stage's sends. */
-static void model_traffic(struct trainer *t, const struct comm_traffic *tp_before, const struct comm_traffic *pp_before,
-                          struct step_update *u)
+/* The traffic of the model's groups so far (on GPUs the NCCL twins of lay.tp and lay.pp, which count what they
+ * carry; zero without them). */
+static void model_traffic_now(const struct trainer *t, struct comm_traffic *tp, struct comm_traffic *pp)
 {
-    struct comm_traffic tp_after = {0}, pp_after = {0};
+    *tp = (struct comm_traffic){0};
+    *pp = (struct comm_traffic){0};
     if (t->policy->sh.tp)
-        comm_traffic(t->policy->sh.tp, &tp_after);
+        comm_traffic(t->policy->sh.tp, tp);
     if (t->policy->sh.pp)
-        comm_traffic(t->policy->sh.pp, &pp_after);
+        comm_traffic(t->policy->sh.pp, pp);
+}
+
+/* The activation traffic of the model's groups since model_traffic_now gave tp_before and pp_before: over TP
+ * every pass (old and reference log-probs, the update), over PP this stage's sends. */
+static void model_traffic_since(const struct trainer *t, const struct comm_traffic *tp_before,
+                                const struct comm_traffic *pp_before, struct step_update *u)
+{
+    struct comm_traffic tp_after, pp_after;
+    model_traffic_now(t, &tp_after, &pp_after);
     u->tp_bytes = 0;
     for (int op = COMM_OP_ALLREDUCE; op <= COMM_OP_REDUCE_SCATTER; op++)
         u->tp_bytes += tp_after.sent_f32[op] - tp_before->sent_f32[op];
@@ -513,12 +528,9 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
                             .peak_flops = t->peak_flops};
     r.phase_s[GRPO__PHASE__PHASE_GEN] = tm->gen;
     r.phase_s[GRPO__PHASE__PHASE_REWARD] = tm->reward;
-    struct comm_traffic tp_before = {0}, pp_before = {0};
-    if (t->policy->sh.tp)
-        comm_traffic(t->policy->sh.tp, &tp_before);
-    if (t->policy->sh.pp)
-        comm_traffic(t->policy->sh.pp, &pp_before);
-    int *idx = xmalloc((size_t)(b->n_seq ? b->n_seq : 1) * sizeof(int));
+    struct comm_traffic tp0, pp0;
+    model_traffic_now(t, &tp0, &pp0);
+    int *idx = xmalloc((size_t)(b->n_seq ? b->n_seq : 1) * sizeof(int)); /* every sequence of b */
     for (int i = 0; i < b->n_seq; i++)
         idx[i] = i;
 
@@ -528,15 +540,9 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
         r.phase_s[GRPO__PHASE__PHASE_OLD_LOG_PROB] = old_log_probs(t, b, idx);
     if (c->actor_use_kl_loss || c->alg_use_kl_in_reward)
         r.phase_s[GRPO__PHASE__PHASE_REF] = ref_log_probs(t, b, idx);
-    trainer_phase(t, GRPO__PHASE__PHASE_ADV);
-    double t0 = rollout_now_s();
-    advantages(t, b, &r.adv);
-    r.phase_s[GRPO__PHASE__PHASE_ADV] = rollout_now_s() - t0;
-    trainer_phase(t, GRPO__PHASE__PHASE_UPDATE_ACTOR);
-    t0 = rollout_now_s();
-    update_actor(t, k, b, idx, on_policy, r.rollouts.n_seq, &r.update);
-    model_traffic(t, &tp_before, &pp_before, &r.update);
-    r.phase_s[GRPO__PHASE__PHASE_UPDATE_ACTOR] = rollout_now_s() - t0;
+    r.phase_s[GRPO__PHASE__PHASE_ADV] = advantages(t, b, &r.adv);
+    r.phase_s[GRPO__PHASE__PHASE_UPDATE_ACTOR] = update_actor(t, k, b, idx, on_policy, r.rollouts.n_seq, &r.update);
+    model_traffic_since(t, &tp0, &pp0, &r.update);
     measure_gap(t, b, &r.gap);
     audit(t, k, b);
     r.step_s = rollout_now_s() - t_step;
