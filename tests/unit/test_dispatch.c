@@ -21,7 +21,7 @@
 
 #include "proto/protocol.h"
 #include "proto/transport.h"
-#include "worker/rollout/dispatch.h"
+#include "worker/plane/dispatch.h"
 
 #define NEXT_TIMEOUT_MS 5000
 

@@ -19,8 +19,8 @@
  * Versions: step k is generated with policy version max(start, k-1-s), s the
  * staleness (0 on-policy, 1 one-step-off); the dispatcher keeps the newest s+1
  * versions, which are every version an unfinished step can need. */
-#ifndef GRPO_WORKER_ROLLOUT_DISPATCH_H
-#define GRPO_WORKER_ROLLOUT_DISPATCH_H
+#ifndef GRPO_WORKER_PLANE_DISPATCH_H
+#define GRPO_WORKER_PLANE_DISPATCH_H
 
 #include <stdbool.h>
 #include <stddef.h>
