@@ -285,14 +285,19 @@ static void draw_step(struct rollout_rank *r, const struct work_grant *g, int *i
     }
 }
 
-/* Generate unit g and send one batch to every trainer DP rank (an empty one where no group goes, so each trainer
- * knows the unit is in). The batches report the waiting since the previous unit: for work and weights (waited)
- * and to send (wait_send, which gets this unit's). 0, or -1 with err. */
-static int rollout_unit(struct rollout_rank *r, const struct work_grant *g, double waited, double *wait_send, char *err,
-                        size_t errlen)
+/* What one work unit came to: its groups, and the seconds the trainers hear of with them. */
+struct unit_result {
+    struct step_batch batch;
+    double gen_s, reward_s; /* phases gen and reward */
+    double wait_weights_s;  /* waiting for work and weights since the previous unit */
+    double wait_send_s;     /* the previous unit's sending (waiting for room at the trainers) */
+};
+
+/* Phase gen (and reward) of unit g: its share of the step's prompts, generated and scored into u. */
+static void generate_unit(struct rollout_rank *r, const struct work_grant *g, struct unit_result *u)
 {
     const struct grpo_config *c = r->env->cfg;
-    const int B = (int)c->data_train_batch_size, n = (int)c->rollout_n;
+    const int B = (int)c->data_train_batch_size;
     int lo, hi;
     dispatch_unit_range(B, g->units, g->unit, &lo, &hi);
     int *idx = xmalloc((size_t)B * sizeof(int));
@@ -301,40 +306,58 @@ static int rollout_unit(struct rollout_rank *r, const struct work_grant *g, doub
     for (int i = 0; i < B; i++)
         prompts[i] = &r->train.items[idx[i]];
     struct sampler_params sp = {(float)c->rollout_temperature, (float)c->rollout_top_p, (int)c->rollout_top_k};
-    struct step_batch b = {0};
-    double t_gen = 0, t_reward = 0;
-    control_set_phase(r->env->ctl, CONTROL_PHASE_GEN);
-    rollout_generate_and_score(&r->rc, prompts + lo, idx + lo, hi - lo, lo, &sp, n,
-                               rollout_step_seed((uint64_t)c->data_seed, g->step, 0), &b, &t_gen, &t_reward);
-    control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
-    const int n_dp = r->head ? r->env->n_endpoints : 0; /* a TP group's peers generated along; the head sends */
-    int *dp_of = xmalloc((size_t)(b.n_groups ? b.n_groups : 1) * sizeof(int));
-    int *sel = xmalloc((size_t)(b.n_groups ? b.n_groups : 1) * sizeof(int));
-    if (n_dp > 0)
-        balance_groups(&b, n_dp, dp_of);
-    int rc = 0;
-    double t0 = rollout_now_s();
-    for (int d = 0; d < n_dp && rc == 0; d++) {
-        int ns = 0;
-        for (int k = 0; k < b.n_groups; k++)
-            if (dp_of[k] == d)
-                sel[ns++] = k;
-        struct wire_header h = {.step = g->step,
+    control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_GEN);
+    rollout_generate_and_score(&r->rc, prompts + lo, idx + lo, hi - lo, lo, &sp, (int)c->rollout_n,
+                               rollout_step_seed((uint64_t)c->data_seed, g->step, 0), &u->batch, &u->gen_s,
+                               &u->reward_s);
+    control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
+    log_debug("rollout", "step %lld unit %d: %d groups (%d..%d) with policy version %lld, gen %.2fs, reward %.2fs",
+              (long long)g->step, g->unit, u->batch.n_groups, lo, hi - 1, (long long)g->version, u->gen_s, u->reward_s);
+    free(idx), free(prompts);
+}
+
+/* The wire header of unit g's batch for trainer DP rank d: where it comes from, and the unit's seconds. */
+static struct wire_header unit_header(struct rollout_rank *r, const struct work_grant *g, const struct unit_result *u,
+                                      int d)
+{
+    const struct grpo_config *c = r->env->cfg;
+    return (struct wire_header){.step = g->step,
                                 .from_rank = r->env->rank,
                                 .to_dp = d,
                                 .seq_no = ++r->seq_no,
                                 .policy_version = g->version,
-                                .groups_in_step = B,
-                                .n = n,
-                                .gen_s = t_gen,
-                                .reward_s = t_reward,
-                                .idle_s = waited + *wait_send,
-                                .wait_weights_s = waited,
+                                .groups_in_step = (int)c->data_train_batch_size,
+                                .n = (int)c->rollout_n,
+                                .gen_s = u->gen_s,
+                                .reward_s = u->reward_s,
+                                .idle_s = u->wait_weights_s + u->wait_send_s,
+                                .wait_weights_s = u->wait_weights_s,
                                 .peak_rss_gb = proc_peak_rss_gb(),
                                 .unit = g->unit,
                                 .units = g->units};
+}
+
+/* Send unit g's groups to the trainer DP ranks, balanced by tokens: one batch to every one (an empty one where no
+ * group goes, so each trainer knows the unit is in). A TP group's head sends; its peers generated along. 0, or -1
+ * with err. */
+static int send_unit(struct rollout_rank *r, const struct work_grant *g, const struct unit_result *u, char *err,
+                     size_t errlen)
+{
+    const struct step_batch *b = &u->batch;
+    const int n_dp = r->head ? r->env->n_endpoints : 0;
+    int *dp_of = xmalloc((size_t)(b->n_groups ? b->n_groups : 1) * sizeof(int));
+    int *sel = xmalloc((size_t)(b->n_groups ? b->n_groups : 1) * sizeof(int));
+    if (n_dp > 0)
+        balance_groups(b, n_dp, dp_of);
+    int rc = 0;
+    for (int d = 0; d < n_dp && rc == 0; d++) {
+        int ns = 0;
+        for (int k = 0; k < b->n_groups; k++)
+            if (dp_of[k] == d)
+                sel[ns++] = k;
+        const struct wire_header h = unit_header(r, g, u, d);
         size_t len;
-        uint8_t *msg = wire_pack_batch(&h, &b, sel, ns, r->env->secret, &len);
+        uint8_t *msg = wire_pack_batch(&h, b, sel, ns, r->env->secret, &len);
         /* a trainer busy with a long step takes its time: wait, but say so, and give up after an hour; the run
          * ending meanwhile ends the wait */
         for (int tries = 0;; tries++) {
@@ -347,11 +370,21 @@ static int rollout_unit(struct rollout_rank *r, const struct work_grant *g, doub
         }
         free(msg);
     }
+    free(dp_of), free(sel);
+    return rc;
+}
+
+/* Unit g: generate it, then send it. The batches report the waiting since the previous unit: for work and
+ * weights (waited) and to send (*wait_send, which gets this unit's). 0, or -1 with err. */
+static int rollout_unit(struct rollout_rank *r, const struct work_grant *g, double waited, double *wait_send, char *err,
+                        size_t errlen)
+{
+    struct unit_result u = {.wait_weights_s = waited, .wait_send_s = *wait_send};
+    generate_unit(r, g, &u);
+    const double t0 = rollout_now_s();
+    const int rc = send_unit(r, g, &u, err, errlen);
     *wait_send = rollout_now_s() - t0;
-    log_debug("rollout", "step %lld unit %d: %d groups (%d..%d) with policy version %lld, gen %.2fs, reward %.2fs",
-              (long long)g->step, g->unit, b.n_groups, lo, hi - 1, (long long)g->version, t_gen, t_reward);
-    step_batch_free(&b);
-    free(dp_of), free(sel), free(idx), free(prompts);
+    step_batch_free(&u.batch);
     return rc;
 }
 
@@ -418,9 +451,9 @@ static void peer_next(struct rollout_rank *r, struct work_grant *g)
         int64_t msg[ENG_WORDS] = {0};
         comm_broadcast_polled(r->eng, msg, ENG_WORDS, COMM_I64, 0, control_wait_poll, r->env->ctl);
         if (msg[ENG_KIND] == ENG_WEIGHTS) {
-            control_set_phase(r->env->ctl, CONTROL_PHASE_WEIGHT_SYNC);
+            control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_WEIGHT_SYNC);
             reshard_recv(r, msg[ENG_VERSION], bucket);
-            control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
+            control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
             continue;
         }
         if (msg[ENG_KIND] == ENG_WAIT)
@@ -462,7 +495,7 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
     const size_t chunk = (size_t)r->env->cfg->rollout_update_weights_bucket_megabytes << 20;
     const double t0 = rollout_now_s();
     double unanswered_since = 0;
-    control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
+    control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
     for (;;) {
         /* pause holds here; stop is the trainers' to decide (the dispatcher says it) */
         control_safe_point(r->env->ctl, r->cur_step, nothing_to_save, NULL);
@@ -489,7 +522,7 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
         size_t bytes;
         int chunks;
         const double t1 = rollout_now_s();
-        control_set_phase(r->env->ctl, CONTROL_PHASE_WEIGHT_SYNC);
+        control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_WEIGHT_SYNC);
         /* with LoRA a version is the adapter alone (no TP then: the rank holds the whole model) */
         const struct lora *ad = r->policy->lora;
         const size_t n = ad ? ad->n : model_whole_floats(&r->policy->cfg);
@@ -506,7 +539,7 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
         size_t sent = 0;
         if (r->eng)
             sent = reshard_send(r, g->version, chunk);
-        control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
+        control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
         r->version = g->version;
         char how[64];
         if (took)

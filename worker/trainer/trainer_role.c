@@ -53,7 +53,7 @@ struct trainer_rank {
 static void sync_phase(void *ud, bool syncing)
 {
     struct trainer_rank *r = ud;
-    control_set_phase(r->env->ctl, syncing ? CONTROL_PHASE_WEIGHT_SYNC : CONTROL_PHASE_IDLE);
+    control_set_phase(r->env->ctl, syncing ? GRPO__PHASE__PHASE_WEIGHT_SYNC : GRPO__PHASE__PHASE_IDLE);
 }
 
 /* Between the rounds finish_rounds waits for: the rollout ranks hold at their safe points while the run is to
@@ -184,7 +184,7 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     const int R = r->lim.units, B = r->lim.groups_in_step;
     int *uids = xmalloc((size_t)B * sizeof(int));
     trainer_advance_cursor(r->t, uids); /* the checkpoint's cursor moves with the rollout ranks' */
-    control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
+    control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
     const double t0 = rollout_now_s();
     double last_note = t0;
     for (; r->pull;) { /* the model copy's rank 0 pulls; the others get the batches from it */
@@ -280,7 +280,7 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
 static void publish(struct trainer_rank *r, int64_t version)
 {
     const struct model *p = trainer_policy(r->t);
-    control_set_phase(r->env->ctl, CONTROL_PHASE_WEIGHT_SYNC);
+    control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_WEIGHT_SYNC);
     const double t0 = rollout_now_s();
     float *whole = NULL;
     size_t n;
@@ -295,7 +295,7 @@ static void publish(struct trainer_rank *r, int64_t version)
         dispatcher_publish(r->disp, version, whole ? whole : trainer_params(r->t, &n)); /* with LoRA, the adapter */
     free(whole);
     r->sync_s_pending += rollout_now_s() - t0;
-    control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
+    control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
     log_debug("trainer", "policy version %lld published (%zu bytes)", (long long)version,
               (p->lora ? p->lora->n : model_whole_floats(&p->cfg)) * sizeof(float));
 }
@@ -320,36 +320,16 @@ static int between_steps(void *ctx, int64_t j, bool stop)
     return 0;
 }
 
-/* Control-plane phase of a trainer hook's phase name ("gen", "update_actor", ...). */
-static enum control_phase phase_of(const char *name)
-{
-    static const struct {
-        const char *name;
-        enum control_phase phase;
-    } map[] = {{"gen", CONTROL_PHASE_GEN},
-               {"reward", CONTROL_PHASE_REWARD},
-               {"old_log_prob", CONTROL_PHASE_OLD_LOG_PROB},
-               {"ref", CONTROL_PHASE_REF},
-               {"adv", CONTROL_PHASE_ADV},
-               {"update_actor", CONTROL_PHASE_UPDATE_ACTOR},
-               {"validate", CONTROL_PHASE_VALIDATE},
-               {"checkpoint", CONTROL_PHASE_CHECKPOINT}};
-    for (size_t i = 0; i < sizeof map / sizeof *map; i++)
-        if (strcmp(map[i].name, name) == 0)
-            return map[i].phase;
-    return CONTROL_PHASE_IDLE;
-}
-
 /* Trainer hooks to the control plane (shared with the hybrid role in grpo_worker.c). */
 struct trainer_ctl {
     struct control *ctl;
     struct trainer *t;
 };
 
-static void hook_phase(void *ctx, int64_t step, const char *phase)
+static void hook_phase(void *ctx, int64_t step, Grpo__Phase phase)
 {
     (void)step;
-    control_set_phase(((struct trainer_ctl *)ctx)->ctl, phase_of(phase));
+    control_set_phase(((struct trainer_ctl *)ctx)->ctl, phase);
 }
 
 static void hook_step_done(void *ctx, int64_t step, int64_t total, const struct metrics *m)
@@ -358,7 +338,7 @@ static void hook_step_done(void *ctx, int64_t step, int64_t total, const struct 
     control_set_step(w->ctl, step, total);
     for (size_t i = 0; i < metrics_count(m); i++)
         control_set_metric(w->ctl, metrics_name(m, i), metrics_value(m, i));
-    control_set_phase(w->ctl, CONTROL_PHASE_IDLE);
+    control_set_phase(w->ctl, GRPO__PHASE__PHASE_IDLE);
 }
 
 static void hook_waiting(void *ctx, bool done) { control_hold_while_waiting(((struct trainer_ctl *)ctx)->ctl, done); }
