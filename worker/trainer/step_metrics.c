@@ -118,8 +118,31 @@ static void perf_metrics(struct metrics *m, const struct step_result *r)
     memory_metrics(m, &r->res.mem);
 }
 
+/* What the step's source did: DAPO's extra generation in one process; the data and weight planes of a split run
+ * (the dispatcher's figures on its rank). */
+static void source_metrics(struct metrics *m, const struct step_timing *tm)
+{
+    if (tm->filtered) {
+        metrics_set(m, "train/num_gen_batches", tm->gen_batches);
+        metrics_set(m, "train/num_kept_groups", tm->kept_groups);
+    }
+    if (!tm->split)
+        return;
+    metrics_set(m, "training/staleness", (double)tm->staleness);
+    metrics_set(m, "timing_s/update_weights", tm->update_weights_s);
+    metrics_set(m, "dataplane/refused", (double)(tm->refused + (uint64_t)tm->dispatch_refused));
+    metrics_set(m, "dataplane/duplicates", (double)tm->duplicates);
+    if (tm->dispatched) {
+        metrics_set(m, "rollouter/live_processes", (double)tm->live_processes);
+        metrics_set(m, "rollouter/lost_processes", (double)tm->lost_processes);
+        metrics_set(m, "rollouter/units_regranted", (double)tm->units_regranted);
+        metrics_set(m, "perf/update_weights_bytes", (double)tm->weight_bytes);
+    }
+}
+
 void step_metrics(struct metrics *m, const struct step_result *r)
 {
+    source_metrics(m, &r->source);
     rollout_metrics(m, &r->rollouts);
     advantage_metrics(m, &r->adv);
     metrics_set(m, "training/rollout_probs_diff_mean", r->gap.n ? r->gap.sum / r->gap.n : 0);
@@ -129,4 +152,11 @@ void step_metrics(struct metrics *m, const struct step_result *r)
     if (r->source.split)
         split_metrics(m, r);
     perf_metrics(m, r);
+}
+
+void sft_metrics(struct metrics *m, const struct sft_result *r)
+{
+    metrics_set(m, "sft/nll", r->nll);
+    metrics_set(m, "sft/grad_norm", r->grad_norm);
+    metrics_set(m, "sft/step", (double)r->step);
 }

@@ -74,7 +74,16 @@ struct step_result {
     double peak_flops;                /* the MFU denominator (0: not known, no MFU) */
 };
 
-/* Set every metric of the step from r into m, in the order verl's trainer logs them. */
+/* Set every metric of the step from r into m, in the order verl's trainer logs them (the source's first). */
 void step_metrics(struct metrics *m, const struct step_result *r);
+
+/* One supervised warm-start step (trainer.sft_warmup_steps). */
+struct sft_result {
+    double nll;       /* mean negative log-likelihood per reference-answer token */
+    double grad_norm; /* before clipping */
+    int64_t step;
+};
+/* The warm-start step's metrics: sft/nll, sft/grad_norm, sft/step. */
+void sft_metrics(struct metrics *m, const struct sft_result *r);
 
 #endif

@@ -54,7 +54,9 @@ struct trainer_layout {
     bool gpus_shared; /* trainer.device=cuda: some DP ranks share a GPU, so NCCL cannot sum their gradients */
 };
 
-/* Seconds a step's rollouts took where they were made (summed over rollout ranks when they come from several). */
+/* What a step's source reports with its rollouts: the seconds they took where they were made (summed over
+ * rollout ranks when they come from several), and what the source did to get them. step_metrics.c turns it into
+ * metrics; a source sets none itself. */
 struct step_timing {
     double gen, reward;
     double wait_data;            /* this rank waiting for the step's batches */
@@ -62,15 +64,27 @@ struct step_timing {
     double rollout_peak_rss_gb;  /* the rollout ranks' peak resident memory, the largest */
     double rollout_wait_weights; /* the part of rollout_idle spent waiting for weights (of the same rank) */
     bool split;                  /* rollouts came from rollout ranks: report the idle ratios per role */
+    /* one process with DAPO's dynamic sampling (algorithm.filter_groups.enable) */
+    bool filtered;
+    double gen_batches; /* batches of data.train_batch_size prompts generated for the step */
+    int kept_groups;    /* groups kept (scores not all equal), at most data.train_batch_size */
+    /* the split run's data and weight planes (split) */
+    int64_t staleness;            /* policy versions the step's rollouts lag behind (the largest) */
+    double update_weights_s;      /* publishing and broadcasting the versions since the previous step */
+    uint64_t refused, duplicates; /* batches refused on this rank's data socket; duplicate or stale ones */
+    bool dispatched;              /* this rank runs the dispatcher, which counted the figures below */
+    int64_t live_processes, lost_processes, units_regranted; /* rollout processes, as the dispatcher sees them */
+    int64_t weight_bytes;                                    /* weight bytes it served since the previous step */
+    int64_t dispatch_refused;                                /* requests it refused so far */
 };
 
 /* Where each step's rollouts come from, and what happens between steps. The default (zero value) is this
  * process: draw, generate and score locally. */
 struct trainer_source {
     void *ctx;
-    /* this rank's share of step k's rollouts into b (whole groups, gidx set), with timings and any metrics of
-     * their own; 0, or -1 to end the run with an error */
-    int (*next_batch)(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm, struct metrics *m);
+    /* this rank's share of step k's rollouts into b (whole groups, gidx set), with its report in tm; 0, or -1
+     * to end the run with an error */
+    int (*next_batch)(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm);
     /* at the safe point after step k (before step k + 1 or the end): stop says whether the run ends here.
      * For weight sync; 0, or -1 on error. May be NULL. */
     int (*between_steps)(void *ctx, int64_t k, bool stop);

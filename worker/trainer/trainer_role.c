@@ -178,7 +178,7 @@ static int share_step(struct trainer_rank *r, int64_t k)
 }
 
 /* trainer_source.next_batch: step k's batches from every rollout rank, merged in the step's order. */
-static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm, struct metrics *m)
+static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm)
 {
     struct trainer_rank *r = ctx;
     const int R = r->lim.units, B = r->lim.groups_in_step;
@@ -257,19 +257,20 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
                   (long long)k, bad);
         return -1;
     }
-    metrics_set(m, "training/staleness", (double)staleness);
-    metrics_set(m, "timing_s/update_weights", r->sync_s_pending);
-    metrics_set(m, "dataplane/refused", (double)r->refused);
-    metrics_set(m, "dataplane/duplicates", (double)(r->duplicates + r->stale));
+    tm->staleness = staleness;
+    tm->update_weights_s = r->sync_s_pending;
+    tm->refused = r->refused;
+    tm->duplicates = r->duplicates + r->stale;
     if (r->disp) {
         struct dispatch_stats ds;
         dispatcher_stats(r->disp, &ds);
-        metrics_set(m, "rollouter/live_processes", (double)ds.live);
-        metrics_set(m, "rollouter/lost_processes", (double)ds.lost);
-        metrics_set(m, "rollouter/units_regranted", (double)ds.regranted);
-        metrics_set(m, "perf/update_weights_bytes", (double)(ds.bytes - r->bytes_reported));
+        tm->dispatched = true;
+        tm->live_processes = ds.live;
+        tm->lost_processes = ds.lost;
+        tm->units_regranted = ds.regranted;
+        tm->weight_bytes = ds.bytes - r->bytes_reported;
+        tm->dispatch_refused = ds.refused;
         r->bytes_reported = ds.bytes;
-        metrics_set(m, "dataplane/refused", (double)(r->refused + (uint64_t)ds.refused));
     }
     r->sync_s_pending = 0;
     return 0;

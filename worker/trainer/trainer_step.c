@@ -247,9 +247,7 @@ int trainer_sft_step(struct trainer *t, int64_t k, struct metrics *m)
         adamw_step(t->opt, tr.params, tr.grads, c->trainer_sft_warmup_lr);
     else
         log_warn("trainer", "gradient norm is %g: supervised optimizer step skipped", norm);
-    metrics_set(m, "sft/nll", nll / (double)T);
-    metrics_set(m, "sft/grad_norm", norm);
-    metrics_set(m, "sft/step", (double)k);
+    sft_metrics(m, &(struct sft_result){.nll = nll / (double)T, .grad_norm = norm, .step = k});
     rollout_seqs_free(seqs, n);
     free(seqs), free(idx);
     return count_skipped(t, k, !isfinite(norm), norm);
@@ -270,7 +268,7 @@ void trainer_validate(struct trainer *t, struct metrics *m)
 
 /* Step k's rollouts in this process (hybrid role): draw, generate, score, and with DAPO's dynamic sampling draw
  * again until enough groups carry a learning signal. */
-int trainer_hybrid_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm, struct metrics *m)
+int trainer_hybrid_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm)
 {
     struct trainer *t = ctx;
     const struct grpo_config *c = t->cfg;
@@ -296,8 +294,9 @@ int trainer_hybrid_batch(void *ctx, int64_t k, struct step_batch *b, struct step
     free(uids);
     if (c->alg_filter_groups_enable) {
         step_batch_truncate_groups(b, B);
-        metrics_set(m, "train/num_gen_batches", (double)drawn / B);
-        metrics_set(m, "train/num_kept_groups", b->n_groups);
+        tm->filtered = true;
+        tm->gen_batches = (double)drawn / B;
+        tm->kept_groups = b->n_groups;
     }
     for (int i = 0; i < b->n_seq; i++) /* after filtering, positions in this batch are the step's order */
         b->seqs[i].gidx = i;
@@ -565,7 +564,7 @@ int trainer_grpo_step(struct trainer *t, struct metrics *m)
     struct step_batch b = {0};
     if (check_fit(t) != 0)
         return -1;
-    int rc = t->src.next_batch(t->src.ctx, k, &b, &tm, m);
+    int rc = t->src.next_batch(t->src.ctx, k, &b, &tm);
     if (rc == 0) {
         const double t_meet = rollout_now_s();
         trainer_meet(t); /* waiting for the other DP ranks' data is waiting for data */
