@@ -30,6 +30,7 @@
 #endif
 
 #include "common/check.h"
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "common/placement.h"
@@ -81,7 +82,7 @@ struct grpod {
     int exit_code;
 };
 
-static double mono_now(void) { return transport_now(); }
+static double mono_now(void) { return clock_now_s(); }
 
 static void usage(FILE *out)
 {
@@ -308,7 +309,7 @@ static int listener_open(struct grpod *d, struct listener *l, const char *endpoi
     if (kind == ENDPOINT_IPC) {
         int tries = 0;
         while (chmod(l->ipc_path, mode) != 0 && errno == ENOENT && tries++ < 100)
-            transport_sleep(0.01);
+            clock_sleep_s(0.01);
         struct stat st;
         if (lstat(l->ipc_path, &st) != 0 || (st.st_mode & 0777) != mode) {
             snprintf(err, errlen, "cannot set mode %04o on %s: %s", (unsigned)mode, l->ipc_path, strerror(errno));

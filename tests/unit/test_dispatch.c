@@ -19,6 +19,7 @@
 #include <nanomsg/nn.h>
 #include <nanomsg/reqrep.h>
 
+#include "common/clock.h"
 #include "proto/protocol.h"
 #include "proto/transport.h"
 #include "worker/rollout/dispatch.h"
@@ -150,12 +151,12 @@ static struct dispatch_stats stats(struct dispatcher *d)
 /* Wait (at most secs) for the dispatcher to count n live rollout processes. */
 static void wait_live(struct dispatcher *d, int n, double secs)
 {
-    const double until = transport_now() + secs;
+    const double until = clock_now_s() + secs;
     int live;
     while ((live = stats(d).live) != n) {
-        if (transport_now() > until)
+        if (clock_now_s() > until)
             fail_msg("%d live rollout processes after %.1f s, expected %d", live, secs, n);
-        transport_sleep(0.02);
+        clock_sleep_s(0.02);
     }
 }
 
@@ -368,7 +369,7 @@ static void test_loss_and_regrant(void **state)
     struct work_client *a = open_client(ep0, NULL, 0, 0.1);
     dispatcher_publish(d, 0, w0);
     expect_unit(a, 1, 0, 0);
-    transport_sleep(0.6);
+    clock_sleep_s(0.6);
     expect_wait(a, "step 2", NULL);
     assert_int_equal(stats(d).lost, 0);
     work_client_close(a);
@@ -386,15 +387,15 @@ static void test_loss_and_regrant(void **state)
 
     /* b falls silent: within a few lost_after_s its unit goes to a */
     work_client_close(b);
-    const double t0 = transport_now();
+    const double t0 = clock_now_s();
     struct work_grant g;
     for (;;) {
         next_ok(a, &g);
         if (g.kind != WORK_WAIT)
             break;
-        if (transport_now() - t0 > 3.0)
+        if (clock_now_s() - t0 > 3.0)
             fail_msg("rank 1's unit not granted again 3 s after its process fell silent (%s)", g.reason);
-        transport_sleep(0.02);
+        clock_sleep_s(0.02);
     }
     if (g.kind != WORK_UNIT || g.step != 1 || g.unit != 1 || g.version != 0)
         fail_msg("expected step 1 unit 1 version 0 again, got kind %d step %lld unit %d version %lld", (int)g.kind,
@@ -481,7 +482,7 @@ static void test_broadcast_rounds(void **state)
     dispatcher_publish(d, 1, w[1]);
     assert_true(dispatcher_round_due(d, 0));
     assert_int_equal(bcast_ask(a, 1), WB_WAIT);
-    transport_sleep(0.5);
+    clock_sleep_s(0.5);
     assert_false(dispatcher_round_begin(d, &v, &src));
     assert_int_equal(bcast_ask(a, 1), WB_FETCH);
     assert_int_equal(bcast_ask(b, 1), WB_FETCH);
@@ -571,17 +572,17 @@ static void test_end(void **state)
     assert_string_equal(g.reason, "stopped after step 2");
 
     /* both hear it in their pings */
-    const double until = transport_now() + 3.0;
+    const double until = clock_now_s() + 3.0;
     while (!work_client_ended(a) || !work_client_ended(b)) {
-        if (transport_now() > until)
+        if (clock_now_s() > until)
             fail_msg("the pings did not hear the end within 3 s (a %d, b %d)", work_client_ended(a),
                      work_client_ended(b));
-        transport_sleep(0.02);
+        clock_sleep_s(0.02);
     }
     /* every live process has heard it: close does not linger */
-    double t0 = transport_now();
+    double t0 = clock_now_s();
     dispatcher_close(d, 10.0);
-    double took = transport_now() - t0;
+    double took = clock_now_s() - t0;
     if (took >= 2.0)
         fail_msg("dispatcher_close took %.2f s with every live process told the end", took);
     work_client_close(a);
@@ -594,9 +595,9 @@ static void test_end(void **state)
     struct work_client *slow = open_client(ep2, NULL, 0, 30.0);
     expect_wait(slow, "first weights", NULL);
     dispatcher_end(d, 0, "stopped before step 1");
-    t0 = transport_now();
+    t0 = clock_now_s();
     dispatcher_close(d, 0.5);
-    took = transport_now() - t0;
+    took = clock_now_s() - t0;
     if (took < 0.45 || took >= 3.0)
         fail_msg("dispatcher_close(0.5) took %.2f s with a live process not told the end", took);
     assert_false(work_client_ended(slow));

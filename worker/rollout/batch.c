@@ -8,17 +8,11 @@
 #include <time.h>
 
 #include "common/check.h"
+#include "common/clock.h"
 #include "common/config.h"
 #include "worker/model/generate.h"
 #include "worker/rewards/reward.h"
 #include "worker/tokenizer/tokenizer.h"
-
-double rollout_now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 uint64_t rollout_step_seed(uint64_t seed, int64_t step, uint64_t salt)
 {
@@ -90,7 +84,7 @@ void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt
                                 struct step_batch *b, double *t_gen, double *t_reward)
 {
     const struct grpo_config *c = r->cfg;
-    double t0 = rollout_now_s();
+    double t0 = clock_now_s();
     const int32_t **ids = xmalloc((size_t)(n_prompts ? n_prompts : 1) * sizeof *ids);
     int *lens = xmalloc((size_t)(n_prompts ? n_prompts : 1) * sizeof *lens);
     for (int p = 0; p < n_prompts; p++) {
@@ -111,8 +105,8 @@ void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt
     struct gen_output *out = xcalloc((size_t)(total ? total : 1), sizeof *out);
     if (n_prompts > 0)
         generate(r->policy, ids, lens, n_prompts, &gp, out);
-    *t_gen += rollout_now_s() - t0;
-    t0 = rollout_now_s();
+    *t_gen += clock_now_s() - t0;
+    t0 = clock_now_s();
     step_batch_reserve(b, total);
     struct reward_item *items = xcalloc((size_t)(total ? total : 1), sizeof *items);
     double *scores = xcalloc((size_t)(total ? total : 1), sizeof *scores);
@@ -155,7 +149,7 @@ void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt
             rs->score += reward_overlong_penalty(rs->resp_len, (int)c->data_max_response_length,
                                                  (int)c->rm_overlong_len, c->rm_overlong_penalty_factor);
     }
-    *t_reward += rollout_now_s() - t0;
+    *t_reward += clock_now_s() - t0;
     free(items), free(scores), free(out), free(ids), free(lens);
 }
 

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/check.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "proto/protocol.h"
 #include "proto/transport.h"
@@ -283,7 +284,7 @@ static int broadcast_answer(struct dispatcher *d, int slot, int64_t v, double no
 
 static uint8_t *answer(struct dispatcher *d, const Grpo__Envelope *req, size_t *len)
 {
-    const double now = transport_now();
+    const double now = clock_now_s();
     Grpo__Envelope out = GRPO__ENVELOPE__INIT;
     out.request_id = req->request_id;
     Grpo__WorkGrant g = GRPO__WORK_GRANT__INIT;
@@ -366,7 +367,7 @@ static void *serve(void *arg)
     for (;;) {
         pthread_mutex_lock(&d->mu);
         bool quit = d->quit;
-        reap(d, transport_now());
+        reap(d, clock_now_s());
         pthread_mutex_unlock(&d->mu);
         if (quit)
             break;
@@ -449,7 +450,7 @@ struct dispatcher *dispatcher_open(const struct dispatch_options *o, char *err, 
     for (int u = 0; u < o->units; u++)
         d->bc_want[u] = -1;
     d->bc_round = d->bc_done = d->bc_skip = -1;
-    d->opened_at = transport_now();
+    d->opened_at = clock_now_s();
     pthread_mutex_init(&d->mu, NULL);
     if (pthread_create(&d->thread, NULL, serve, d) != 0) {
         error_set(err, errlen, "dispatcher: cannot start its thread");
@@ -581,19 +582,19 @@ void dispatcher_close(struct dispatcher *d, double linger_s)
 {
     if (!d)
         return;
-    const double until = transport_now() + linger_s;
+    const double until = clock_now_s() + linger_s;
     for (;;) {
         pthread_mutex_lock(&d->mu);
         int waiting = 0;
         for (int i = 0; i < d->nprocs; i++)
             waiting += d->procs[i].alive && !d->procs[i].told_end;
-        bool done = d->end_after < 0 || waiting == 0 || transport_now() > until;
+        bool done = d->end_after < 0 || waiting == 0 || clock_now_s() > until;
         if (done)
             d->quit = true;
         pthread_mutex_unlock(&d->mu);
         if (done)
             break;
-        transport_sleep(0.05);
+        clock_sleep_s(0.05);
     }
     pthread_join(d->thread, NULL);
     nn_close(d->sock);
@@ -638,7 +639,7 @@ static void *ping_loop(void *arg)
             pthread_mutex_unlock(&c->mu);
             if (quit)
                 return NULL;
-            transport_sleep(0.05);
+            clock_sleep_s(0.05);
         }
         Grpo__Envelope req = GRPO__ENVELOPE__INIT;
         Grpo__WorkRequest w = GRPO__WORK_REQUEST__INIT;

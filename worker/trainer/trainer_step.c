@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "trainer_internal.h"
@@ -386,29 +387,29 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     /* one optimizer step per training step: the update's own forward gives the old log-probs exactly */
     const int mini_seqs = (int)(c->actor_ppo_mini_batch_size * n);
     const bool on_policy = c->actor_ppo_epochs == 1 && n_all <= mini_seqs && !c->alg_use_kl_in_reward;
-    double t0 = rollout_now_s(), t_old = 0, t_ref = 0;
+    double t0 = clock_now_s(), t_old = 0, t_ref = 0;
     if (!on_policy) {
         trainer_phase(t, "old_log_prob");
         actor_compute_logp(t->policy, b->seqs, idx, b->n_seq, &lp_bt, logprob_temperature(c), 0);
-        t_old = rollout_now_s() - t0;
+        t_old = clock_now_s() - t0;
     }
     if (c->actor_use_kl_loss || c->alg_use_kl_in_reward) {
         trainer_phase(t, "ref");
-        t0 = rollout_now_s();
+        t0 = clock_now_s();
         /* with LoRA the reference is the base model: the policy with its adapter bypassed (no second copy) */
         struct model *ref = t->ref ? t->ref : t->policy;
         lora_set_bypass(ref, !t->ref);
         actor_compute_logp(ref, b->seqs, idx, b->n_seq, &ref_bt, logprob_temperature(c), 1);
         lora_set_bypass(ref, false);
-        t_ref = rollout_now_s() - t0;
+        t_ref = clock_now_s() - t0;
     }
     trainer_phase(t, "adv");
-    t0 = rollout_now_s();
+    t0 = clock_now_s();
     compute_advantages(t, b, m);
-    double t_adv = rollout_now_s() - t0;
+    double t_adv = clock_now_s() - t0;
 
     trainer_phase(t, "update_actor");
-    t0 = rollout_now_s();
+    t0 = clock_now_s();
     const double lr = lr_at(strcmp(c->actor_optim_warmup_style, "cosine") == 0 ? LR_COSINE : LR_CONSTANT,
                             c->actor_optim_lr, k - 1, t->warmup, t->st.total_steps, c->actor_optim_min_lr_ratio);
     struct update_params up = {
@@ -453,7 +454,7 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
         dp_bytes += after.sent_f32[op] - before.sent_f32[op] + dev_after.sent_f32[op] - dev_before.sent_f32[op];
         tp_bytes += tp_after.sent_f32[op] - tp_before.sent_f32[op];
     }
-    double t_update = rollout_now_s() - t0;
+    double t_update = clock_now_s() - t0;
     /* rollout-vs-trainer log-prob gap: the sampler's log-probs against the trainer's old log-probs */
     double gap = 0, gap_max = 0, gap_n = 0;
     for (int i = 0; i < b->n_seq; i++)
@@ -481,7 +482,7 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     metrics_set(m, "actor/ppo_kl", us.ppo_kl);
     metrics_set(m, "actor/grad_norm", us.grad_norm);
     metrics_set(m, "actor/lr", lr);
-    const double step_time = rollout_now_s() - t_step;
+    const double step_time = clock_now_s() - t_step;
     metrics_set(m, "timing_s/gen", tm->gen);
     metrics_set(m, "timing_s/reward", tm->reward);
     metrics_set(m, "timing_s/old_log_prob", t_old);
@@ -541,16 +542,16 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
 int trainer_grpo_step(struct trainer *t, struct metrics *m)
 {
     const int64_t k = t->st.global_step + 1;
-    double t_step = t->iter_t0 > 0 ? t->iter_t0 : rollout_now_s();
+    double t_step = t->iter_t0 > 0 ? t->iter_t0 : clock_now_s();
     struct step_timing tm = {0};
     struct step_batch b = {0};
     if (check_fit(t) != 0)
         return -1;
     int rc = t->src.next_batch(t->src.ctx, k, &b, &tm, m);
     if (rc == 0) {
-        const double t_meet = rollout_now_s();
+        const double t_meet = clock_now_s();
         trainer_meet(t); /* waiting for the other DP ranks' data is waiting for data */
-        tm.wait_data += rollout_now_s() - t_meet;
+        tm.wait_data += clock_now_s() - t_meet;
         rc = train_batch(t, k, &b, &tm, t_step, m);
     }
     step_batch_free(&b);
