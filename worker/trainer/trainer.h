@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "proto/names.h" /* Grpo__Phase: the phases of a step */
+
 struct grpo_config;
 struct metrics;
 struct trainer;
@@ -23,9 +25,8 @@ enum trainer_action { TRAINER_CONTINUE = 0, TRAINER_CHECKPOINT = 1, TRAINER_STOP
 /* Optional callbacks, e.g. the control-plane client. All may be NULL. */
 struct trainer_hooks {
     void *ctx;
-    /* entering a phase of a step ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "validate",
-     * "checkpoint") */
-    void (*phase)(void *ctx, int64_t step, const char *phase);
+    /* entering a phase of a step (gen, reward, old_log_prob, ref, adv, update_actor, validate, checkpoint) */
+    void (*phase)(void *ctx, int64_t step, Grpo__Phase phase);
     /* after each step (and after validation at step 0) with its metrics */
     void (*step_done)(void *ctx, int64_t step, int64_t total_steps, const struct metrics *m);
     /* at each safe point (between generation rounds and after each step); may block while paused; returns an
@@ -95,9 +96,6 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
  * indices (data.train_batch_size of them) in uids: a trainer fed by rollout ranks keeps its cursor, which goes
  * into checkpoints, in step with theirs. */
 void trainer_advance_cursor(struct trainer *t, int *uids);
-/* The bundled SmolLM2-135M-Instruct (actor_rollout_ref.model.path empty): its converted HF directory in the
- * cache, else the GGUF. 0, or -1 with the cache directory in out. */
-int trainer_bundled_model_path(char *out, size_t len);
 /* The policy model (weight sync sends its parameters). */
 struct model *trainer_policy(struct trainer *t);
 /* The training prompts (a data-plane batch is checked against them). */
