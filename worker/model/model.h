@@ -1,5 +1,5 @@
-/* Llama / Qwen2 decoder-only transformer on the CPU (fp32): parameters in one
- * allocation, packed (padding-free) forward and backward for training, and a
+/* Llama / Qwen2 / Qwen3 decoder-only transformer on a kernel context (kernels.h: the CPU in fp32 or BF16, or a
+ * GPU): parameters in one allocation, packed (padding-free) forward and backward for training, and a
  * KV-cache step for generation.
  *
  * Shapes: D hidden, F intermediate, V vocab, Hq query heads, Hkv key/value
