@@ -19,6 +19,7 @@
 
 #include "common/check.h"
 #include "common/config.h"
+#include "common/fs.h"
 #include "common/log.h"
 #include "worker/control/control.h"
 
@@ -46,23 +47,32 @@ static void sleep_ms(double ms)
     nanosleep(&ts, NULL);
 }
 
+/* The state to write (fs_write_fn's ctx). */
+struct sim_state {
+    const struct sim *s;
+    uint64_t rng;
+};
+
+static int put_state(FILE *f, void *ctx, char *err, size_t errlen)
+{
+    (void)err;
+    (void)errlen;
+    const struct sim_state *st = ctx;
+    fprintf(f, "step %lld\nrng %llu\n", (long long)st->s->step, (unsigned long long)st->rng);
+    for (int i = 0; i < NW; i++)
+        fprintf(f, "w %a\n", st->s->w[i]); /* hex floats: exact */
+    return ferror(f) ? -1 : 0;
+}
+
 /* Write the state atomically: a reader sees the old file or the new one, never half. */
 static int write_state(const struct sim *s, uint64_t rng, const char *path)
 {
-    char tmp[1024];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f)
-        return -1;
-    fprintf(f, "step %lld\nrng %llu\n", (long long)s->step, (unsigned long long)rng);
-    for (int i = 0; i < NW; i++)
-        fprintf(f, "w %a\n", s->w[i]); /* hex floats: exact */
-    if (fflush(f) != 0 || fsync(fileno(f)) != 0) {
-        fclose(f);
+    struct sim_state st = {s, rng};
+    char err[1024];
+    if (fs_write_atomic_with(path, 0644, put_state, &st, err, sizeof err) != 0) {
+        log_error("sim", "%s", err);
         return -1;
     }
-    if (fclose(f) != 0 || rename(tmp, path) != 0)
-        return -1;
     return 0;
 }
 

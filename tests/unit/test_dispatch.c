@@ -22,6 +22,7 @@
 #include <nanomsg/nn.h>
 #include <nanomsg/reqrep.h>
 
+#include "common/clock.h"
 #include "proto/protocol.h"
 #include "proto/transport.h"
 #include "worker/plane/dispatch.h"
@@ -859,9 +860,9 @@ static void test_shell_end_to_end(void **state)
     assert_string_equal(g.reason, "stopped after step 1");
     next_ok(c1, &g);
     assert_int_equal(g.kind, WORK_END);
-    double t0 = transport_now();
+    double t0 = clock_now_s();
     dispatcher_close(d, 10.0);
-    double took = transport_now() - t0;
+    double took = clock_now_s() - t0;
     if (took >= 2.0)
         fail_msg("dispatcher_close took %.2f s with every live process told the end", took);
     work_client_close(c0);
@@ -875,9 +876,9 @@ static void test_shell_end_to_end(void **state)
     next_ok(slow, &g);
     assert_int_equal(g.kind, WORK_WAIT);
     dispatcher_end(d, 0, "stopped before step 1");
-    t0 = transport_now();
+    t0 = clock_now_s();
     dispatcher_close(d, 0.5);
-    took = transport_now() - t0;
+    took = clock_now_s() - t0;
     if (took < 0.45 || took >= 3.0)
         fail_msg("dispatcher_close(0.5) took %.2f s with a live process not told the end", took);
     assert_false(work_client_ended(slow));

@@ -94,13 +94,6 @@ struct comm *comm_split(struct comm *parent, int color, int key)
     return c;
 }
 
-double comm_seconds_since(const struct timespec *t0)
-{
-    struct timespec t1;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    return (double)(t1.tv_sec - t0->tv_sec) + (double)(t1.tv_nsec - t0->tv_nsec) * 1e-9;
-}
-
 void comm_set_deadline(struct comm *c, double seconds)
 {
     c->deadline_s = seconds > 0 ? seconds : 0;

@@ -126,10 +126,6 @@ struct comm *comm_device_group(struct comm *mpi_comm, int device);
 struct comm *comm_nccl_from(struct comm *mpi_comm, int device);
 #endif
 
-/* Seconds on the monotonic clock since t0 (the back-ends' deadlines). */
-struct timespec;
-double comm_seconds_since(const struct timespec *t0);
-
 /* Back-end table; each back-end fills one. */
 struct comm_backend {
     const char *name;

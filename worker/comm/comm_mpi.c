@@ -10,6 +10,7 @@
 
 #include "comm.h"
 #include "common/check_mpi.h"
+#include "common/clock.h"
 #include "common/log.h"
 
 static MPI_Datatype mpi_type(enum comm_dtype t)
@@ -78,14 +79,13 @@ static void mpi_wait_bounded(struct comm *c, MPI_Request *req, int n, const char
  * since MPI cannot cancel a collective: the caller never uses the group again). */
 static int mpi_wait_until(struct comm *c, MPI_Request *req, int n, const char *what, bool soft)
 {
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const double t0 = clock_now_s();
     for (long spins = 0;; spins++) {
         int done = 0;
         CHECK_C(c, MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE));
         if (done)
             return 0; /* the caller's MPI_Wait releases the complete requests */
-        const double waited = comm_seconds_since(&t0);
+        const double waited = (clock_now_s() - t0);
         if (c->deadline_s > 0 && waited > c->deadline_s) {
             char why[512];
             snprintf(why, sizeof why,

@@ -15,6 +15,7 @@
 
 #include "comm.h"
 #include "common/check_cuda.h"
+#include "common/clock.h"
 #include "common/check_mpi.h"
 #include "common/log.h"
 
@@ -107,16 +108,15 @@ static void nap(long spins)
  * the deadline), else the call failed (nccl_fail). */
 static int nccl_issued(struct comm *c, ncclResult_t rc, const char *what, bool soft)
 {
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const double t0 = clock_now_s();
     for (long spins = 0; rc == ncclInProgress; spins++) {
         if (ncclCommGetAsyncError(ni(c)->comm, &rc) != ncclSuccess)
             rc = ncclInternalError;
-        if (rc == ncclInProgress && c->deadline_s > 0 && comm_seconds_since(&t0) > c->deadline_s)
-            return nccl_fail(c, what, ncclSuccess, comm_seconds_since(&t0), soft);
+        if (rc == ncclInProgress && c->deadline_s > 0 && (clock_now_s() - t0) > c->deadline_s)
+            return nccl_fail(c, what, ncclSuccess, clock_now_s() - t0, soft);
         nap(spins);
     }
-    return rc == ncclSuccess ? 0 : nccl_fail(c, what, rc, comm_seconds_since(&t0), soft);
+    return rc == ncclSuccess ? 0 : nccl_fail(c, what, rc, clock_now_s() - t0, soft);
 }
 
 /* Wait for the stream's collective, `what`, bounded by the comm's deadline (comm_set_deadline; 0: none): a
@@ -134,14 +134,13 @@ static void nccl_wait_for(struct comm *c, const char *what) { nccl_wait_event(c,
  * error, the communicator aborted, -1 with a log line instead of the end of the run (comm_try_broadcast). */
 static int nccl_wait_until(struct comm *c, cudaEvent_t ev, const char *what, bool soft)
 {
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const double t0 = clock_now_s();
     for (long spins = 0;; spins++) {
         ncclResult_t async = ncclSuccess;
         if (ncclCommGetAsyncError(ni(c)->comm, &async) != ncclSuccess)
             async = ncclInternalError;
         if (async != ncclSuccess && async != ncclInProgress)
-            return nccl_fail(c, what, async, comm_seconds_since(&t0), soft);
+            return nccl_fail(c, what, async, clock_now_s() - t0, soft);
         if (async == ncclSuccess) { /* everything queued: the stream says when it is done */
             const cudaError_t q = ev ? cudaEventQuery(ev) : cudaStreamQuery(ni(c)->stream);
             if (q == cudaSuccess)
@@ -149,8 +148,8 @@ static int nccl_wait_until(struct comm *c, cudaEvent_t ev, const char *what, boo
             if (q != cudaErrorNotReady)
                 CHECK_CUDA(q);
         }
-        if (c->deadline_s > 0 && comm_seconds_since(&t0) > c->deadline_s)
-            return nccl_fail(c, what, ncclSuccess, comm_seconds_since(&t0), soft);
+        if (c->deadline_s > 0 && (clock_now_s() - t0) > c->deadline_s)
+            return nccl_fail(c, what, ncclSuccess, clock_now_s() - t0, soft);
         nap(spins);
     }
 }

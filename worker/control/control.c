@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/check.h"
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "proto/protocol.h"
@@ -197,9 +198,8 @@ static void account(struct control *c, double now)
 /* A deadline `seconds` from now on the monotonic clock the condition variables use. */
 static struct timespec deadline_in(double seconds)
 {
+    const double t = clock_now_s() + seconds;
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double t = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + seconds;
     ts.tv_sec = (time_t)t;
     ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
     return ts;
@@ -218,13 +218,13 @@ void control_set_phase(struct control *c, Grpo__Phase phase)
     if (!c || (unsigned)phase >= GRPO_NUM_PHASES)
         return;
     pthread_mutex_lock(&c->mu);
-    account(c, transport_now());
+    account(c, clock_now_s());
     if (phase != c->phase) {
         if (c->nspans == MAX_SPANS) { /* grpod has not heard for a while: keep the newest */
             memmove(c->spans, c->spans + 1, sizeof c->spans[0] * (MAX_SPANS - 1));
             c->nspans--;
         }
-        c->spans[c->nspans].start = transport_wall();
+        c->spans[c->nspans].start = clock_wall_s();
         c->spans[c->nspans++].phase = phase;
     }
     c->phase = phase;
@@ -238,7 +238,7 @@ void control_set_step(struct control *c, int64_t step, int64_t total_steps)
     if (!c)
         return;
     pthread_mutex_lock(&c->mu);
-    account(c, transport_now());
+    account(c, clock_now_s());
     if (step != c->step) {
         memcpy(c->last, c->cur, sizeof c->last);
         memset(c->cur, 0, sizeof c->cur);
@@ -295,7 +295,7 @@ enum control_command control_wait_resume(struct control *c)
     enum control_command cmd;
     pthread_mutex_lock(&c->mu);
     if (!c->paused) {
-        account(c, transport_now());
+        account(c, clock_now_s());
         c->paused = true;
         c->state = GRPO__WORKER_STATE__WORKER_PAUSED;
         changed_locked(c);
@@ -321,7 +321,7 @@ enum control_command control_wait_resume(struct control *c)
         pthread_cond_timedwait(&c->changed, &c->mu, &until);
     }
     if (cmd == CONTROL_RESUME) {
-        account(c, transport_now());
+        account(c, clock_now_s());
         c->paused = false;
         c->state = GRPO__WORKER_STATE__WORKER_RUNNING;
         changed_locked(c);
@@ -336,7 +336,7 @@ static void set_held(struct control *c, bool held)
 {
     if (c->paused == held)
         return;
-    account(c, transport_now());
+    account(c, clock_now_s());
     c->paused = held;
     c->state = held ? GRPO__WORKER_STATE__WORKER_PAUSED : GRPO__WORKER_STATE__WORKER_RUNNING;
     changed_locked(c);
@@ -411,7 +411,7 @@ void control_finish(struct control *c, enum control_end end, const char *error)
     if (!c)
         return;
     pthread_mutex_lock(&c->mu);
-    account(c, transport_now());
+    account(c, clock_now_s());
     c->paused = false;
     c->state = end == CONTROL_END_FINISHED  ? GRPO__WORKER_STATE__WORKER_FINISHED
                : end == CONTROL_END_STOPPED ? GRPO__WORKER_STATE__WORKER_STOPPED
@@ -553,7 +553,7 @@ static void apply_ack(struct control *c, const Grpo__HeartbeatAck *ack)
 static void build_heartbeat(struct control *c, Grpo__Heartbeat *hb, Grpo__PhaseTime *pt, Grpo__PhaseTime **ptp,
                             Grpo__Metric *m, Grpo__Metric **mp, Grpo__PhaseSpan *ps, Grpo__PhaseSpan **psp)
 {
-    account(c, transport_now());
+    account(c, clock_now_s());
     grpo__heartbeat__init(hb);
     hb->rank = c->rank;
     hb->step = c->step;
@@ -783,7 +783,7 @@ int control_open(const struct control_options *o, struct control **out, struct c
     c->step = o->start_step;
     c->ckpt_step = -1;
     c->state = GRPO__WORKER_STATE__WORKER_STARTING;
-    c->since = transport_now();
+    c->since = clock_now_s();
     pthread_mutex_init(&c->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -796,7 +796,7 @@ int control_open(const struct control_options *o, struct control **out, struct c
         control_close(c);
         return -1;
     }
-    double start = transport_now(), backoff = 0.1;
+    double start = clock_now_s(), backoff = 0.1;
     bool told = false;
     uint64_t token = 0, seq = 0;
     for (;;) {
@@ -815,7 +815,7 @@ int control_open(const struct control_options *o, struct control **out, struct c
             control_close(c);
             return -1;
         }
-        double waited = transport_now() - start;
+        double waited = clock_now_s() - start;
         if (o->connect_timeout_s > 0 && waited + backoff > o->connect_timeout_s) {
             snprintf(err, errlen, "cannot reach grpod at %s: %s (gave up after %.0f s, grpod.connect_timeout_s)",
                      o->endpoint, why, waited);
@@ -825,7 +825,7 @@ int control_open(const struct control_options *o, struct control **out, struct c
         if (!told)
             log_warn("control", "waiting for grpod at %s: %s; retrying with backoff", o->endpoint, why);
         told = true;
-        transport_sleep(backoff);
+        clock_sleep_s(backoff);
         backoff = backoff * 2 > 2.0 ? 2.0 : backoff * 2;
     }
     adopt(c, a, token, seq);

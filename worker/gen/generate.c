@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "worker/model/generate.h"
@@ -61,7 +62,7 @@ void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt
                                 struct step_batch *b, double *t_gen, double *t_reward)
 {
     const struct grpo_config *c = r->cfg;
-    double t0 = rollout_now_s();
+    double t0 = clock_now_s();
     const int32_t **ids = xmalloc((size_t)(n_prompts ? n_prompts : 1) * sizeof *ids);
     int *lens = xmalloc((size_t)(n_prompts ? n_prompts : 1) * sizeof *lens);
     for (int p = 0; p < n_prompts; p++) {
@@ -82,8 +83,8 @@ void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt
     struct gen_output *out = xcalloc((size_t)(total ? total : 1), sizeof *out);
     if (n_prompts > 0)
         generate(r->policy, ids, lens, n_prompts, &gp, out);
-    *t_gen += rollout_now_s() - t0;
-    t0 = rollout_now_s();
+    *t_gen += clock_now_s() - t0;
+    t0 = clock_now_s();
     step_batch_reserve(b, total);
     struct reward_item *items = xcalloc((size_t)(total ? total : 1), sizeof *items);
     double *scores = xcalloc((size_t)(total ? total : 1), sizeof *scores);
@@ -126,6 +127,6 @@ void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt
             rs->score += reward_overlong_penalty(rs->resp_len, (int)c->data_max_response_length,
                                                  (int)c->rm_overlong_len, c->rm_overlong_penalty_factor);
     }
-    *t_reward += rollout_now_s() - t0;
+    *t_reward += clock_now_s() - t0;
     free(items), free(scores), free(out), free(ids), free(lens);
 }

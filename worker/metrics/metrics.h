@@ -134,10 +134,6 @@ long metrics_jsonl_read(const char *path, metrics_jsonl_cb cb, void *ctx);
 
 /* -------------------------------------------------------------- TensorBoard */
 
-/* CRC-32C (Castagnoli, reflected polynomial 0x82F63B78): crc32c("123456789") = 0xE3069283.
- * crc32c_update(0, ...) starts a checksum; chunks chain through the returned value. */
-uint32_t crc32c_update(uint32_t crc, const void *data, size_t n);
-static inline uint32_t crc32c(const void *data, size_t n) { return crc32c_update(0, data, n); }
 /* TFRecord's masked CRC: ((crc >> 15) | (crc << 17)) + 0xa282ead8. */
 uint32_t crc32c_masked(const void *data, size_t n);
 /* Frame data as one TFRecord into out (n + 16 bytes): uint64 LE length, masked CRC of the length,

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "common/check.h"
+#include "common/clock.h"
 #include "proto/protocol.h"
 #include "proto/transport.h"
 
@@ -31,7 +32,7 @@ static void *serve(void *arg)
     for (;;) {
         pthread_mutex_lock(&d->mu);
         bool quit = d->quit;
-        dispatch_core_tick(d->core, transport_now());
+        dispatch_core_tick(d->core, clock_now_s());
         pthread_mutex_unlock(&d->mu);
         if (quit)
             break;
@@ -41,7 +42,7 @@ static void *serve(void *arg)
             continue; /* timed out (or interrupted): look at the clock again */
         size_t len = 0;
         pthread_mutex_lock(&d->mu);
-        uint8_t *out = dispatch_core_handle(d->core, msg, (size_t)n, transport_now(), &len);
+        uint8_t *out = dispatch_core_handle(d->core, msg, (size_t)n, clock_now_s(), &len);
         pthread_mutex_unlock(&d->mu);
         nn_freemsg(msg);
         nn_send(d->sock, out, len, 0);
@@ -52,7 +53,7 @@ static void *serve(void *arg)
 
 struct dispatcher *dispatcher_open(const struct dispatch_options *o, char *err, size_t errlen)
 {
-    struct dispatch_core *core = dispatch_core_create(o, transport_now(), err, errlen);
+    struct dispatch_core *core = dispatch_core_create(o, clock_now_s(), err, errlen);
     if (!core)
         return NULL;
     int s = nn_socket(AF_SP, NN_REP);
@@ -153,16 +154,16 @@ void dispatcher_close(struct dispatcher *d, double linger_s)
 {
     if (!d)
         return;
-    const double until = transport_now() + linger_s;
+    const double until = clock_now_s() + linger_s;
     for (;;) {
         pthread_mutex_lock(&d->mu);
-        bool done = dispatch_core_all_told(d->core) || transport_now() > until;
+        bool done = dispatch_core_all_told(d->core) || clock_now_s() > until;
         if (done)
             d->quit = true;
         pthread_mutex_unlock(&d->mu);
         if (done)
             break;
-        transport_sleep(0.05);
+        clock_sleep_s(0.05);
     }
     pthread_join(d->thread, NULL);
     nn_close(d->sock);

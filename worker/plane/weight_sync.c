@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "proto/transport.h"
 #include "worker/comm/comm.h"
@@ -18,7 +19,7 @@ double weight_sync_serve_round(struct weight_sync_sender *s)
         return 0;
     if (s->phase)
         s->phase(s->ud, true);
-    const double t0 = transport_now();
+    const double t0 = clock_now_s();
     if (!s->bcast)
         s->bcast = weight_bcast_group(s->group, s->K, s->gpus_shared);
     size_t bytes = 0;
@@ -27,7 +28,7 @@ double weight_sync_serve_round(struct weight_sync_sender *s)
     int rc =
         weight_bcast(s->bcast, s->K, v, (float *)w, s->n_floats, s->bucket_bytes, &unused, &bytes, err, sizeof err);
     dispatcher_round_end(s->disp, rc == 0);
-    const double dt = transport_now() - t0;
+    const double dt = clock_now_s() - t0;
     if (rc != 0)
         log_warn("trainer", "%s: the rollout processes fetch every version from now on", err);
     else
@@ -43,12 +44,12 @@ double weight_sync_finish_rounds(struct weight_sync_sender *s, void (*wait)(void
     if (!s->disp || !s->group)
         return 0;
     double spent = 0;
-    const double t0 = transport_now();
-    while (dispatcher_round_due(s->disp, transport_now() - t0)) {
+    const double t0 = clock_now_s();
+    while (dispatcher_round_due(s->disp, clock_now_s() - t0)) {
         spent += weight_sync_serve_round(s);
         if (wait)
             wait(ud);
-        transport_sleep(0.005);
+        clock_sleep_s(0.005);
     }
     return spent;
 }
@@ -80,7 +81,7 @@ static int take_broadcast(struct weight_sync_receiver *r, int64_t v, float *dst,
             break;
         if (r->wait)
             r->wait(r->ud);
-        transport_sleep(0.005);
+        clock_sleep_s(0.005);
     }
     if (!r->bcast_made) {
         r->bcast = weight_bcast_group(r->group, r->K, r->gpus_shared);

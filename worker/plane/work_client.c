@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "common/check.h"
+#include "common/clock.h"
 #include "proto/protocol.h"
 #include "proto/transport.h"
 
@@ -48,7 +49,7 @@ static void *ping_loop(void *arg)
             pthread_mutex_unlock(&c->mu);
             if (quit)
                 return NULL;
-            transport_sleep(0.05);
+            clock_sleep_s(0.05);
         }
         Grpo__Envelope req = GRPO__ENVELOPE__INIT;
         Grpo__WorkRequest w = GRPO__WORK_REQUEST__INIT;

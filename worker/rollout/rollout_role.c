@@ -21,6 +21,7 @@
 
 #include "worker/gen/generate.h"
 #include "common/check.h"
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "kernels/kernels.h"
@@ -109,14 +110,14 @@ static void eng_send(struct rollout_rank *r, int64_t *msg)
 {
     /* the peers wait with a polled (non-blocking) broadcast: MPI matches it only with the same kind */
     comm_broadcast_polled(r->eng, msg, ENG_WORDS, COMM_I64, 0, NULL, NULL);
-    r->keepalive_at = rollout_now_s();
+    r->keepalive_at = clock_now_s();
 }
 
 /* The head, while it waits or downloads: a word to the peers now and then, so their watchdog knows it lives. */
 static void eng_keepalive(void *ud)
 {
     struct rollout_rank *r = ud;
-    if (!r->eng || rollout_now_s() - r->keepalive_at < 0.5)
+    if (!r->eng || clock_now_s() - r->keepalive_at < 0.5)
         return;
     int64_t msg[ENG_WORDS] = {ENG_WAIT};
     eng_send(r, msg);
@@ -143,14 +144,14 @@ static void *watch_group(void *arg)
     struct rollout_rank *r = arg;
     const double limit = r->env->cfg->rollout_tp_group_timeout_s;
     unsigned long long seen = group_progress(r);
-    double since = rollout_now_s();
+    double since = clock_now_s();
     while (!atomic_load(&r->quit)) {
         usleep(200000);
         const unsigned long long now_seen = group_progress(r);
         if (now_seen != seen || control_pause_wanted(r->env->ctl)) {
             seen = now_seen;
-            since = rollout_now_s();
-        } else if (rollout_now_s() - since > limit) {
+            since = clock_now_s();
+        } else if (clock_now_s() - since > limit) {
             log_error("rollout",
                       "rollout rank %d: its TP group (engine %d) has moved nothing for %.0f s "
                       "(actor_rollout_ref.rollout.tp_group_timeout_s): a peer is lost; ending this rank so that the "
@@ -381,9 +382,9 @@ static int rollout_unit(struct rollout_rank *r, const struct work_grant *g, doub
 {
     struct unit_result u = {.wait_weights_s = waited, .wait_send_s = *wait_send};
     generate_unit(r, g, &u);
-    const double t0 = rollout_now_s();
+    const double t0 = clock_now_s();
     const int rc = send_unit(r, g, &u, err, errlen);
-    *wait_send = rollout_now_s() - t0;
+    *wait_send = clock_now_s() - t0;
     step_batch_free(&u.batch);
     return rc;
 }
@@ -493,7 +494,7 @@ static void head_tell(struct rollout_rank *r, const struct work_grant *g)
 static int next_work(struct rollout_rank *r, struct work_grant *g, double *waited, char *err, size_t errlen)
 {
     const size_t chunk = (size_t)r->env->cfg->rollout_update_weights_bucket_megabytes << 20;
-    const double t0 = rollout_now_s();
+    const double t0 = clock_now_s();
     double unanswered_since = 0;
     control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
     for (;;) {
@@ -504,8 +505,8 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
             /* the dispatcher has a thread of its own and answers while the trainers work: silence for a minute
              * means the trainers are gone (the run ended or failed) */
             if (unanswered_since == 0)
-                unanswered_since = rollout_now_s();
-            if (rollout_now_s() - unanswered_since > 60)
+                unanswered_since = clock_now_s();
+            if (clock_now_s() - unanswered_since > 60)
                 return error_set(err, errlen, "%s for 60 s: the trainers are gone", why);
             log_warn("rollout", "%s; asking again", why);
             continue;
@@ -515,13 +516,13 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
             break;
         eng_keepalive(r);
         control_wait_poll(r->env->ctl, false);
-        transport_sleep(0.05);
+        clock_sleep_s(0.05);
     }
     control_wait_poll(r->env->ctl, true);
     if (g->kind == WORK_UNIT && g->version != r->version) {
         size_t bytes;
         int chunks;
-        const double t1 = rollout_now_s();
+        const double t1 = clock_now_s();
         control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_WEIGHT_SYNC);
         /* with LoRA a version is the adapter alone (no TP then: the rank holds the whole model) */
         const struct lora *ad = r->policy->lora;
@@ -535,7 +536,7 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
             return -1;
         if (gpu && !r->eng) /* the weights, or with LoRA the adapter, up to the GPU */
             k_to_device(r->policy->K, ad ? ad->mem : r->policy->w.mem, r->whole, n * sizeof(float));
-        const double t2 = rollout_now_s();
+        const double t2 = clock_now_s();
         size_t sent = 0;
         if (r->eng)
             sent = reshard_send(r, g->version, chunk);
@@ -550,12 +551,12 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
             log_info("rollout",
                      "policy version %lld: %zu bytes %s in %.3fs; resharded to %d TP ranks: %zu bytes to the peers "
                      "in %.3fs",
-                     (long long)g->version, bytes, how, t2 - t1, comm_size(r->eng), sent, rollout_now_s() - t2);
+                     (long long)g->version, bytes, how, t2 - t1, comm_size(r->eng), sent, clock_now_s() - t2);
         else
             log_debug("rollout", "policy version %lld: %zu bytes %s, %.3fs", (long long)g->version, bytes, how,
-                      rollout_now_s() - t1);
+                      clock_now_s() - t1);
     }
-    *waited += rollout_now_s() - t0;
+    *waited += clock_now_s() - t0;
     return 0;
 }
 

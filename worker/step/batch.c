@@ -2,16 +2,8 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/check.h"
-
-double rollout_now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 uint64_t rollout_step_seed(uint64_t seed, int64_t step, uint64_t salt)
 {

@@ -33,7 +33,4 @@ void step_batch_free(struct step_batch *b);
 /* Seeds of step k's random draws: a pure function of the base seed and k, so a resumed run draws the same. */
 uint64_t rollout_step_seed(uint64_t seed, int64_t step, uint64_t salt);
 
-/* Monotonic seconds. */
-double rollout_now_s(void);
-
 #endif

@@ -16,6 +16,7 @@
 
 #include "trainer_internal.h"
 #include "common/check.h"
+#include "common/clock.h"
 #include "kernels/kernels.h"
 #include "common/fs.h"
 #include "common/config.h"
@@ -38,13 +39,6 @@
 #include "worker/rewards/reward.h"
 #include "worker/tokenizer/tokenizer.h"
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* Achievable sgemm FLOP/s of this process (all its threads: cpu_sgemm), measured once: MFU's denominator. */
 static double measure_peak_flops(void)
 {
@@ -56,9 +50,9 @@ static double measure_peak_flops(void)
     cpu_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n); /* warm */
     double best = 0;
     for (int r = 0; r < 3; r++) {
-        double t0 = now_s();
+        double t0 = clock_now_s();
         cpu_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n);
-        double dt = now_s() - t0;
+        double dt = clock_now_s() - t0;
         if (dt > 0 && 2.0 * n * n * n / dt > best)
             best = 2.0 * n * n * n / dt;
     }
@@ -282,7 +276,7 @@ int trainer_save_checkpoint(struct trainer *t)
     }
     trainer_phase(t, GRPO__PHASE__PHASE_CHECKPOINT);
     char err[1024];
-    double t0 = now_s();
+    double t0 = clock_now_s();
     int saved = checkpoint_save(t->ckpt_root, wm ? wm : t->policy, opt, t->tok, &t->st,
                                 (int)t->cfg->trainer_max_actor_ckpt_to_keep, err, sizeof err);
     model_free(wm);
@@ -296,7 +290,7 @@ int trainer_save_checkpoint(struct trainer *t)
         t->hooks.checkpoint_saved(t->hooks.ctx, t->st.global_step);
     if (t->logger_open)
         metrics_logger_sync(&t->logger); /* metrics up to this checkpoint are durable too */
-    log_info("checkpoint", "step %lld saved in %.1fs under %s", (long long)t->st.global_step, now_s() - t0,
+    log_info("checkpoint", "step %lld saved in %.1fs under %s", (long long)t->st.global_step, clock_now_s() - t0,
              t->ckpt_root);
     return 0;
 }
@@ -484,7 +478,7 @@ int trainer_run(struct trainer *t)
         metrics_clear(&m);
     }
     while (t->st.global_step < t->st.total_steps) {
-        t->iter_t0 = rollout_now_s();
+        t->iter_t0 = clock_now_s();
         int act = decide(t);
         /* a stop checkpoints too, unless this step is already saved */
         bool saved = act & TRAINER_ALREADY_SAVED;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "worker/step/prompts.h"
@@ -67,7 +68,7 @@ static void hold(void *ud)
 static void drop_refused(struct trainer_rank *r, const char *why)
 {
     r->refused++;
-    double now = rollout_now_s();
+    double now = clock_now_s();
     if (now - r->refused_logged_at > 5.0) { /* a flood of garbage must not flood the log */
         log_warn("dataplane", "refused a batch on the data socket (%" PRIu64 " so far): %s", r->refused, why);
         r->refused_logged_at = now;
@@ -185,7 +186,7 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     int *uids = xmalloc((size_t)B * sizeof(int));
     trainer_advance_cursor(r->t, uids); /* the checkpoint's cursor moves with the rollout ranks' */
     control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
-    const double t0 = rollout_now_s();
+    const double t0 = clock_now_s();
     double last_note = t0;
     for (; r->pull;) { /* the model copy's rank 0 pulls; the others get the batches from it */
         int have = 0;
@@ -201,9 +202,9 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
         }
         /* the rollout ranks hold at their safe points while the run is to pause: so does this wait */
         control_hold_while_waiting(r->env->ctl, false);
-        if (rollout_now_s() - last_note > 60) {
+        if (clock_now_s() - last_note > 60) {
             log_warn("trainer", "step %lld: %d of %d work units after %.0fs; still waiting", (long long)k, have, R,
-                     rollout_now_s() - t0);
+                     clock_now_s() - t0);
             if (r->disp) {
                 struct dispatch_stats ds;
                 dispatcher_stats(r->disp, &ds);
@@ -211,7 +212,7 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
                     log_warn("trainer", "no rollout process is alive: relaunch the lost ones with grpo-worker "
                                         "--replace-rank R (docs/operations.md)");
             }
-            last_note = rollout_now_s();
+            last_note = clock_now_s();
         }
     }
     r->sync_s_pending += weight_sync_finish_rounds(&r->ws, hold, r);
@@ -221,7 +222,7 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
         free(uids);
         return -1;
     }
-    tm->wait_data = rollout_now_s() - t0;
+    tm->wait_data = clock_now_s() - t0;
     tm->split = true;
     int64_t staleness = 0;
     int w = 0;
@@ -282,7 +283,7 @@ static void publish(struct trainer_rank *r, int64_t version)
 {
     const struct model *p = trainer_policy(r->t);
     control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_WEIGHT_SYNC);
-    const double t0 = rollout_now_s();
+    const double t0 = clock_now_s();
     float *whole = NULL;
     size_t n;
     if (r->mp) { /* the parts to the dispatcher's rank, each from a host copy on GPUs (no LoRA with TP or PP) */
@@ -295,7 +296,7 @@ static void publish(struct trainer_rank *r, int64_t version)
     if (r->disp)
         dispatcher_publish(r->disp, version, whole ? whole : trainer_params(r->t, &n)); /* with LoRA, the adapter */
     free(whole);
-    r->sync_s_pending += rollout_now_s() - t0;
+    r->sync_s_pending += clock_now_s() - t0;
     control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
     log_debug("trainer", "policy version %lld published (%zu bytes)", (long long)version,
               (p->lora ? p->lora->n : model_whole_floats(&p->cfg)) * sizeof(float));

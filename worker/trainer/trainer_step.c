@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "step_metrics.h"
@@ -130,7 +131,7 @@ static double max_dist(struct trainer *t, double v)
 static double advantages(struct trainer *t, struct step_batch *b, struct step_advantages *out)
 {
     trainer_phase(t, GRPO__PHASE__PHASE_ADV);
-    const double t0 = rollout_now_s();
+    const double t0 = clock_now_s();
     const struct grpo_config *c = t->cfg;
     const int n = b->n_seq;
     double *scalar = xmalloc((size_t)(n ? n : 1) * sizeof(double));
@@ -180,7 +181,7 @@ static double advantages(struct trainer *t, struct step_batch *b, struct step_ad
     out->advantages = summarize_dist(t, tok_adv, (size_t)total);
     out->rewards = summarize_dist(t, scalar, (size_t)n);
     free(scalar), free(group), free(off), free(len), free(tok_r), free(tok_adv);
-    return rollout_now_s() - t0;
+    return clock_now_s() - t0;
 }
 
 /* -------------------------------------------------------------------- steps */
@@ -359,10 +360,10 @@ static double old_log_probs(struct trainer *t, struct step_batch *b, const int *
     const struct batching bt = {(int)c->rollout_log_prob_micro_batch_size_per_gpu,
                                 c->actor_use_dynamic_bsz ? (int)c->actor_ppo_max_token_len_per_gpu : 0,
                                 t->share_prompts};
-    const double t0 = rollout_now_s();
+    const double t0 = clock_now_s();
     trainer_phase(t, GRPO__PHASE__PHASE_OLD_LOG_PROB);
     actor_compute_logp(t->policy, b->seqs, idx, b->n_seq, &bt, logprob_temperature(c), 0);
-    return rollout_now_s() - t0;
+    return clock_now_s() - t0;
 }
 
 /* Phase ref: the reference model's log-probs of the responses (the KL loss's, the in-reward KL's). Its seconds. */
@@ -373,13 +374,13 @@ static double ref_log_probs(struct trainer *t, struct step_batch *b, const int *
                                 c->actor_use_dynamic_bsz ? (int)c->actor_ppo_max_token_len_per_gpu : 0,
                                 t->share_prompts};
     trainer_phase(t, GRPO__PHASE__PHASE_REF);
-    const double t0 = rollout_now_s();
+    const double t0 = clock_now_s();
     /* with LoRA the reference is the base model: the policy with its adapter bypassed (no second copy) */
     struct model *ref = t->ref ? t->ref : t->policy;
     lora_set_bypass(ref, !t->ref);
     actor_compute_logp(ref, b->seqs, idx, b->n_seq, &bt, logprob_temperature(c), 1);
     lora_set_bypass(ref, false);
-    return rollout_now_s() - t0;
+    return clock_now_s() - t0;
 }
 
 /* Phase update_actor of step k: the PPO/GRPO update over the step's n_all sequences (gradients summed over the
@@ -389,7 +390,7 @@ static double update_actor(struct trainer *t, int64_t k, struct step_batch *b, c
                            double n_all, struct step_update *out)
 {
     trainer_phase(t, GRPO__PHASE__PHASE_UPDATE_ACTOR);
-    const double t0 = rollout_now_s();
+    const double t0 = clock_now_s();
     const struct grpo_config *c = t->cfg;
     const double lr = lr_at(strcmp(c->actor_optim_warmup_style, "cosine") == 0 ? LR_COSINE : LR_CONSTANT,
                             c->actor_optim_lr, k - 1, t->warmup, t->st.total_steps, c->actor_optim_min_lr_ratio);
@@ -429,7 +430,7 @@ static double update_actor(struct trainer *t, int64_t k, struct step_batch *b, c
     out->dp_bytes = 0;
     for (int op = COMM_OP_ALLREDUCE; op <= COMM_OP_REDUCE_SCATTER; op++)
         out->dp_bytes += after.sent_f32[op] - before.sent_f32[op] + dev_after.sent_f32[op] - dev_before.sent_f32[op];
-    return rollout_now_s() - t0;
+    return clock_now_s() - t0;
 }
 
 /* The traffic of the model's groups so far (on GPUs the NCCL twins of lay.tp and lay.pp, which count what they
@@ -544,7 +545,7 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     model_traffic_since(t, &tp0, &pp0, &r.update);
     measure_gap(t, b, &r.gap);
     audit(t, k, b);
-    r.step_s = rollout_now_s() - t_step;
+    r.step_s = clock_now_s() - t_step;
     measure_end(t, &r);
     free(idx);
 
@@ -559,16 +560,16 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
 int trainer_grpo_step(struct trainer *t, struct metrics *m)
 {
     const int64_t k = t->st.global_step + 1;
-    double t_step = t->iter_t0 > 0 ? t->iter_t0 : rollout_now_s();
+    double t_step = t->iter_t0 > 0 ? t->iter_t0 : clock_now_s();
     struct step_timing tm = {0};
     struct step_batch b = {0};
     if (check_fit(t) != 0)
         return -1;
     int rc = t->src.next_batch(t->src.ctx, k, &b, &tm);
     if (rc == 0) {
-        const double t_meet = rollout_now_s();
+        const double t_meet = clock_now_s();
         trainer_meet(t); /* waiting for the other DP ranks' data is waiting for data */
-        tm.wait_data += rollout_now_s() - t_meet;
+        tm.wait_data += clock_now_s() - t_meet;
         rc = train_batch(t, k, &b, &tm, t_step, m);
     }
     step_batch_free(&b);
