@@ -19,26 +19,26 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "batch.h"
+#include "worker/gen/generate.h"
 #include "common/check.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "kernels/kernels.h"
 #include "proto/transport.h"
-#include "dataplane.h"
-#include "dispatch.h"
-#include "weight_bcast.h"
-#include "wire.h"
+#include "worker/plane/dataplane.h"
+#include "worker/plane/dispatch.h"
+#include "worker/plane/weight_bcast.h"
+#include "worker/plane/wire.h"
 #include "worker/data/dataset.h"
 #include "worker/metrics/metrics.h"
 #include "worker/comm/comm.h"
 #include "worker/model/device.h"
+#include "worker/model/bundled.h"
 #include "worker/model/lora.h"
 #include "worker/model/model_io.h"
 #include "worker/rewards/reward.h"
 #include "worker/roles.h"
 #include "worker/tokenizer/tokenizer.h"
-#include "worker/trainer/trainer.h"
 
 /* Greedy token balance: each group (largest first) to the trainer with the fewest tokens so far. */
 static void balance_groups(const struct step_batch *b, int n_dp, int *dp_of_group)
@@ -172,7 +172,7 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
     char bundled[4096];
     const char *path = c->arr_model_path;
     if (!path || !*path) {
-        if (trainer_bundled_model_path(bundled, sizeof bundled) != 0)
+        if (model_bundled_path(bundled, sizeof bundled) != 0)
             return error_set(err, errlen,
                              "actor_rollout_ref.model.path is empty and the bundled model is not in %s (fetch it "
                              "with scripts/fetch_model.sh)",

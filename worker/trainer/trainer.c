@@ -20,7 +20,7 @@
 #include "common/fs.h"
 #include "common/config.h"
 #include "common/log.h"
-#include "prompts.h"
+#include "worker/step/prompts.h"
 #include "grad_reduce.h"
 #include "zero1.h"
 
@@ -31,6 +31,7 @@
 #include "worker/control/control.h"
 #include "worker/data/dataset.h"
 #include "worker/metrics/metrics.h"
+#include "worker/model/bundled.h"
 #include "worker/model/device.h"
 #include "worker/model/lora.h"
 #include "worker/model/model_io.h"
@@ -555,30 +556,6 @@ int trainer_run(struct trainer *t)
     return rc;
 }
 
-/* The bundled SmolLM2-135M-Instruct: its converted HF directory in the cache if present, else the GGUF.
- * On failure out holds the cache directory. */
-int trainer_bundled_model_path(char *out, size_t len)
-{
-    if (!out || len == 0)
-        return -1;
-    const char *cache = getenv("GRPO_CACHE");
-    char dir[2048];
-    if (cache && *cache)
-        snprintf(dir, sizeof dir, "%s", cache);
-    else
-        snprintf(dir, sizeof dir, "%s/.cache/grpo", getenv("HOME") ? getenv("HOME") : ".");
-    snprintf(out, len, "%s/SmolLM2-135M-Instruct/config.json", dir);
-    if (access(out, R_OK) == 0) {
-        snprintf(out, len, "%s/SmolLM2-135M-Instruct", dir);
-        return 0;
-    }
-    snprintf(out, len, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", dir);
-    if (access(out, R_OK) == 0)
-        return 0;
-    snprintf(out, len, "%s", dir);
-    return -1;
-}
-
 struct trainer *trainer_create(const struct grpo_config *cfg, const struct trainer_hooks *hooks, char *err,
                                size_t errlen)
 {
@@ -676,7 +653,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     char bundled[4096];
     const char *model_path = cfg->arr_model_path;
     if (!model_path || !*model_path) {
-        if (trainer_bundled_model_path(bundled, sizeof bundled) != 0) {
+        if (model_bundled_path(bundled, sizeof bundled) != 0) {
             error_set(err, errlen,
                       "actor_rollout_ref.model.path is empty and the bundled model is not in %s "
                       "(fetch it with scripts/fetch_model.sh)",

@@ -95,9 +95,6 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
  * indices (data.train_batch_size of them) in uids: a trainer fed by rollout ranks keeps its cursor, which goes
  * into checkpoints, in step with theirs. */
 void trainer_advance_cursor(struct trainer *t, int *uids);
-/* The bundled SmolLM2-135M-Instruct (actor_rollout_ref.model.path empty): its converted HF directory in the
- * cache, else the GGUF. 0, or -1 with the cache directory in out. */
-int trainer_bundled_model_path(char *out, size_t len);
 /* The policy model (weight sync sends its parameters). */
 struct model *trainer_policy(struct trainer *t);
 /* The training prompts (a data-plane batch is checked against them). */

@@ -8,12 +8,12 @@
 
 #include "actor.h"
 #include "checkpoint.h"
-#include "prompts.h"
+#include "worker/step/prompts.h"
 #include "kernels/kernels.h"
 #include "trainer.h"
 #include "worker/data/dataset.h"
 #include "worker/metrics/metrics.h"
-#include "worker/rollout/batch.h"
+#include "worker/gen/generate.h"
 
 struct zero1;
 

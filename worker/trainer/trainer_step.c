@@ -13,8 +13,8 @@
 #include "worker/comm/comm.h"
 #include "worker/model/fit.h"
 #include "worker/model/lora.h"
-#include "worker/rollout/audit.h"
-#include "worker/rollout/validate.h"
+#include "worker/step/audit.h"
+#include "worker/gen/validate.h"
 #include "worker/tokenizer/tokenizer.h"
 #include "kernels/kernels.h"
 
