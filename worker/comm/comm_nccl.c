@@ -25,16 +25,7 @@ struct nccl_impl {
     cudaStream_t stream;
     struct comm *mpi; /* the matching MPI group: used for splitting and the unique id */
     int device;
-    bool alone; /* The ranks on this rank's host, split from the MPI twin as nccl_split does. */
-    static struct comm *nccl_split_node(struct comm *parent, int key)
-    {
-        struct comm *sub_mpi = comm_split_node(ni(parent)->mpi, key);
-        struct comm *sub = comm_nccl_from(sub_mpi, ni(parent)->device);
-        comm_free(sub_mpi);
-        return sub;
-    }
-
-    /* comm_fail_alone: a lost peer ends this rank only */
+    bool alone;   /* comm_fail_alone: a lost peer ends this rank only */
     bool aborted; /* ncclCommAbort has run: the communicator is gone */
 };
 
@@ -328,6 +319,15 @@ static void nccl_barrier_polled(struct comm *c, void (*poll)(void *, bool), void
 static struct comm *nccl_split(struct comm *parent, int color, int key)
 {
     struct comm *sub_mpi = comm_split(ni(parent)->mpi, color, key);
+    struct comm *sub = comm_nccl_from(sub_mpi, ni(parent)->device);
+    comm_free(sub_mpi);
+    return sub;
+}
+
+/* The ranks on this rank's host, split from the MPI twin as nccl_split does. */
+static struct comm *nccl_split_node(struct comm *parent, int key)
+{
+    struct comm *sub_mpi = comm_split_node(ni(parent)->mpi, key);
     struct comm *sub = comm_nccl_from(sub_mpi, ni(parent)->device);
     comm_free(sub_mpi);
     return sub;
