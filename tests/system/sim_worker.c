@@ -206,7 +206,7 @@ int main(int argc, char **argv)
     while (s.step < steps) {
         s.rng0 = s.rng;
         /* generation: draws from the generator, like sampling */
-        control_set_phase(ctl, CONTROL_PHASE_GEN);
+        control_set_phase(ctl, GRPO__PHASE__PHASE_GEN);
         sleep_ms(step_ms * 0.5);
         double reward = 0;
         for (int i = 0; i < NW; i++)
@@ -216,9 +216,9 @@ int main(int argc, char **argv)
             stopped = true;
             break;
         }
-        control_set_phase(ctl, CONTROL_PHASE_REWARD);
+        control_set_phase(ctl, GRPO__PHASE__PHASE_REWARD);
         sleep_ms(step_ms * 0.1);
-        control_set_phase(ctl, CONTROL_PHASE_UPDATE_ACTOR);
+        control_set_phase(ctl, GRPO__PHASE__PHASE_UPDATE_ACTOR);
         sleep_ms(step_ms * 0.4);
         for (int i = 0; i < NW; i++)
             s.w[i] += 0.01 * ((double)(xorshift(&s.rng) >> 11) * 0x1p-53 - 0.5) - 0.001 * s.w[i] + 1e-3 * reward;
@@ -228,7 +228,7 @@ int main(int argc, char **argv)
         control_set_metric(ctl, "perf/throughput", 1000.0 + 10.0 * (double)s.step);
         control_set_metric(ctl, "actor/pg_loss", -reward * 0.1);
         control_set_step(ctl, s.step, steps);
-        control_set_phase(ctl, CONTROL_PHASE_IDLE);
+        control_set_phase(ctl, GRPO__PHASE__PHASE_IDLE);
         if (s.step == fail_at) {
             char why[128];
             snprintf(why, sizeof why, "simulated failure at step %lld", fail_at);

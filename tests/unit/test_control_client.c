@@ -171,7 +171,7 @@ static void test_no_grpod(void **state)
     char err[128];
     assert_int_equal(control_open(&o, &c, &a, err, sizeof err), 0);
     assert_null(c);
-    control_set_phase(c, CONTROL_PHASE_GEN);
+    control_set_phase(c, GRPO__PHASE__PHASE_GEN);
     control_set_step(c, 1, 2);
     control_set_metric(c, "x", 1);
     assert_int_equal(control_poll(c), CONTROL_NONE);
@@ -219,7 +219,7 @@ static void test_heartbeats_while_busy(void **state)
     struct control *c = open_worker(&s, &a);
     assert_int_equal(a.role, CONTROL_ROLE_HYBRID);
     assert_true(a.run_id[0]);
-    control_set_phase(c, CONTROL_PHASE_UPDATE_ACTOR);
+    control_set_phase(c, GRPO__PHASE__PHASE_UPDATE_ACTOR);
     control_set_metric(c, "critic/score/mean", 0.25);
     control_set_step(c, 3, 10);
     transport_sleep(1.0); /* the trainer is busy: no calls at all */
@@ -269,7 +269,7 @@ static void test_commands(void **state)
     server_start(&s, 0);
     struct control_assignment a;
     struct control *c = open_worker(&s, &a);
-    control_set_phase(c, CONTROL_PHASE_GEN);
+    control_set_phase(c, GRPO__PHASE__PHASE_GEN);
     assert_int_equal(control_poll(c), CONTROL_NONE);
 
     /* pause: held in control_wait_resume, reported as paused, until resumed */

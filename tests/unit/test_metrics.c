@@ -165,6 +165,15 @@ static void test_stats(void **state)
     assert_true(metrics_get_or(&m, "critic/advantages/max", NAN) == 2.5);
     assert_true(metrics_get_or(&m, "critic/advantages/min", NAN) == -1.5);
 
+    /* the summary is what the statistics are made of: the finite values only */
+    const struct metrics_summary sm = metrics_summarize(scores, 5);
+    assert_true(sm.sum == 1.5 && sm.max == 1.0 && sm.min == 0.0);
+    assert_int_equal(sm.n, 3);
+    metrics_set_summary(&m, "summary", &sm);
+    assert_true(metrics_get_or(&m, "summary/mean", NAN) == metrics_get_or(&m, "critic/score/mean", 0));
+    assert_true(metrics_get_or(&m, "summary/max", NAN) == 1.0);
+    assert_int_equal(metrics_summarize(NULL, 0).n, 0);
+
     metrics_set_stats(&m, "empty", NULL, 0);
     assert_true(isnan(metrics_get_or(&m, "empty/mean", 0)));
     assert_true(isnan(metrics_get_or(&m, "empty/max", 0)));

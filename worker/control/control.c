@@ -20,12 +20,10 @@
 #include "proto/protocol.h"
 #include "proto/transport.h"
 
-#define NUM_PHASES 10
 #define MAX_METRICS 64
 #define MAX_SPANS 64
 #define FINISH_WAIT_S 5.0
 
-_Static_assert(CONTROL_PHASE_CHECKPOINT == (int)GRPO__PHASE__PHASE_CHECKPOINT, "phases follow grpo.Phase");
 _Static_assert(CONTROL_ROLE_HYBRID == (int)GRPO__ROLE__ROLE_HYBRID, "roles follow grpo.Role");
 _Static_assert(CONTROL_CHECKPOINT == (int)GRPO__COMMAND__COMMAND_CHECKPOINT, "commands follow grpo.Command");
 
@@ -52,9 +50,9 @@ struct control {
 
     /* the snapshot the heartbeats carry */
     int64_t step, total_steps;
-    enum control_phase phase;
+    Grpo__Phase phase;
     double since; /* when the current phase (or pause) began */
-    double cur[NUM_PHASES], last[NUM_PHASES];
+    double cur[GRPO_NUM_PHASES], last[GRPO_NUM_PHASES];
     double busy, idle;
     bool paused;
     struct {
@@ -69,7 +67,7 @@ struct control {
     uint64_t generation, acked_generation; /* snapshot versions made and known to grpod */
     struct {
         double start;
-        enum control_phase phase;
+        Grpo__Phase phase;
     } spans[MAX_SPANS]; /* phase changes not yet sent, oldest first (the status page's timeline) */
     int nspans;
 
@@ -187,7 +185,7 @@ static void account(struct control *c, double now)
     double dt = now - c->since;
     if (dt < 0)
         dt = 0;
-    if (c->paused || c->phase == CONTROL_PHASE_IDLE)
+    if (c->paused || c->phase == GRPO__PHASE__PHASE_IDLE)
         c->idle += dt;
     else
         c->busy += dt;
@@ -215,9 +213,9 @@ static void changed_locked(struct control *c)
     pthread_cond_signal(&c->wake);
 }
 
-void control_set_phase(struct control *c, enum control_phase phase)
+void control_set_phase(struct control *c, Grpo__Phase phase)
 {
-    if (!c || (unsigned)phase >= NUM_PHASES)
+    if (!c || (unsigned)phase >= GRPO_NUM_PHASES)
         return;
     pthread_mutex_lock(&c->mu);
     account(c, transport_now());
@@ -230,7 +228,7 @@ void control_set_phase(struct control *c, enum control_phase phase)
         c->spans[c->nspans++].phase = phase;
     }
     c->phase = phase;
-    if (c->state == GRPO__WORKER_STATE__WORKER_STARTING && phase != CONTROL_PHASE_IDLE)
+    if (c->state == GRPO__WORKER_STATE__WORKER_STARTING && phase != GRPO__PHASE__PHASE_IDLE)
         c->state = GRPO__WORKER_STATE__WORKER_RUNNING; /* loading is over: the first step has begun */
     pthread_mutex_unlock(&c->mu);
 }
@@ -560,7 +558,7 @@ static void build_heartbeat(struct control *c, Grpo__Heartbeat *hb, Grpo__PhaseT
     hb->rank = c->rank;
     hb->step = c->step;
     hb->total_steps = c->total_steps;
-    hb->phase = (Grpo__Phase)c->phase;
+    hb->phase = c->phase;
     hb->idle_seconds = c->idle;
     hb->busy_seconds = c->busy;
     hb->paused = c->paused;
@@ -570,10 +568,10 @@ static void build_heartbeat(struct control *c, Grpo__Heartbeat *hb, Grpo__PhaseT
     hb->checkpoint_step = c->ckpt_step;
     hb->error = c->error;
     bool have_last = false;
-    for (int p = 0; p < NUM_PHASES; p++)
+    for (int p = 0; p < GRPO_NUM_PHASES; p++)
         have_last |= c->last[p] > 0;
     const double *t = have_last ? c->last : c->cur; /* the last whole step, or the first one so far */
-    for (int p = 1; p < NUM_PHASES; p++) {
+    for (int p = 1; p < GRPO_NUM_PHASES; p++) {
         if (t[p] <= 0)
             continue;
         grpo__phase_time__init(&pt[hb->n_timings]);
@@ -594,7 +592,7 @@ static void build_heartbeat(struct control *c, Grpo__Heartbeat *hb, Grpo__PhaseT
     for (int i = 0; i < c->nspans; i++) {
         grpo__phase_span__init(&ps[i]);
         ps[i].start = c->spans[i].start;
-        ps[i].phase = (Grpo__Phase)c->spans[i].phase;
+        ps[i].phase = c->spans[i].phase;
         psp[i] = &ps[i];
     }
     hb->n_phase_changes = (size_t)c->nspans;
@@ -679,7 +677,7 @@ static void *heartbeat_thread(void *arg)
             c->stop_sent = sent;
         }
         Grpo__Heartbeat hb;
-        Grpo__PhaseTime pt[NUM_PHASES], *ptp[NUM_PHASES];
+        Grpo__PhaseTime pt[GRPO_NUM_PHASES], *ptp[GRPO_NUM_PHASES];
         Grpo__Metric m[MAX_METRICS], *mp[MAX_METRICS];
         Grpo__PhaseSpan ps[MAX_SPANS], *psp[MAX_SPANS];
         build_heartbeat(c, &hb, pt, ptp, m, mp, ps, psp);

@@ -280,7 +280,7 @@ int trainer_save_checkpoint(struct trainer *t)
             t->hooks.checkpoint_saved(t->hooks.ctx, t->st.global_step);
         return 0;
     }
-    trainer_phase(t, "checkpoint");
+    trainer_phase(t, GRPO__PHASE__PHASE_CHECKPOINT);
     char err[1024];
     double t0 = now_s();
     int saved = checkpoint_save(t->ckpt_root, wm ? wm : t->policy, opt, t->tok, &t->st,

@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "proto/names.h" /* Grpo__Phase: the phases of a step */
+
 struct grpo_config;
 struct metrics;
 struct trainer;
@@ -23,9 +25,8 @@ enum trainer_action { TRAINER_CONTINUE = 0, TRAINER_CHECKPOINT = 1, TRAINER_STOP
 /* Optional callbacks, e.g. the control-plane client. All may be NULL. */
 struct trainer_hooks {
     void *ctx;
-    /* entering a phase of a step ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "validate",
-     * "checkpoint") */
-    void (*phase)(void *ctx, int64_t step, const char *phase);
+    /* entering a phase of a step (gen, reward, old_log_prob, ref, adv, update_actor, validate, checkpoint) */
+    void (*phase)(void *ctx, int64_t step, Grpo__Phase phase);
     /* after each step (and after validation at step 0) with its metrics */
     void (*step_done)(void *ctx, int64_t step, int64_t total_steps, const struct metrics *m);
     /* at each safe point (between generation rounds and after each step); may block while paused; returns an

@@ -8,6 +8,7 @@
 
 #include "actor.h"
 #include "checkpoint.h"
+#include "common/log.h"
 #include "worker/step/prompts.h"
 #include "kernels/kernels.h"
 #include "trainer.h"
@@ -59,10 +60,12 @@ struct trainer {
     enum kl_type kl_reward_type;
 };
 
-static inline void trainer_phase(struct trainer *t, const char *name)
+/* Enter phase p of the coming step: the log (debug) and the hook hear of it. */
+static inline void trainer_phase(struct trainer *t, Grpo__Phase p)
 {
+    log_debug("trainer", "step %lld: %s", (long long)t->st.global_step + 1, core_phase_name(p));
     if (t->hooks.phase)
-        t->hooks.phase(t->hooks.ctx, t->st.global_step + 1, name);
+        t->hooks.phase(t->hooks.ctx, t->st.global_step + 1, p);
 }
 
 static inline int trainer_safe_point(struct trainer *t)
