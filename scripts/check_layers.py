@@ -6,7 +6,8 @@
 The rules keep the architecture that docs/ARCHITECTURE.md draws: the daemon, the control client, the kernels,
 the protocol and the shared base never include the worker; the trainer and the rollout role never include each
 other (both build on worker/step, the neutral home of a step's data, and on worker/gen and worker/plane); a
-step's data, the scorers, generation and the split-run protocol depend on no role.
+step's data, the scorers, generation and the split-run protocol depend on no role; the launch depends on no role
+and reaches MPI only through worker/comm.
 """
 import os
 import re
@@ -28,6 +29,9 @@ RULES = [
     ("worker/gen/", ("worker/trainer/", "worker/rollout/", "worker/plane/"), "generation depends on no role"),
     ("worker/plane/", ("worker/trainer/", "worker/rollout/", "worker/gen/"),
      "the split-run protocol depends on no role"),
+    ("worker/launch/", ("worker/trainer/", "worker/rollout/", "worker/gen/", "worker/plane/", "worker/step/",
+                        "common/check_mpi.h"),
+     "the launch builds a role's environment over comm_* only: no role's code, no raw MPI"),
 ]
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 

@@ -156,6 +156,44 @@ static void check_group(struct comm *c, const char *what, size_t n)
     free(buf);
 }
 
+/* What a launch uses: the capabilities, the byte all-gather (an odd size, counted in bytes) and the node split
+ * (every rank of the test runs on this host). */
+static void check_launch_primitives(struct comm *w)
+{
+    const int r = comm_rank(w), s = comm_size(w);
+    EXPECT(!comm_caps(w)->device_memory, "the MPI back-end advertises device memory");
+    char mine[7], *all = xcalloc((size_t)s, sizeof mine);
+    for (size_t i = 0; i < sizeof mine; i++)
+        mine[i] = (char)('a' + (r * 7 + (int)i) % 26);
+    struct comm_traffic before, after;
+    comm_traffic(w, &before);
+    comm_allgather_bytes(w, mine, all, sizeof mine);
+    comm_traffic(w, &after);
+    for (int q = 0; q < s; q++)
+        for (size_t i = 0; i < sizeof mine; i++)
+            if (all[(size_t)q * sizeof mine + i] != (char)('a' + (q * 7 + (int)i) % 26)) {
+                EXPECT(0, "allgather_bytes block %d [%zu] wrong", q, i);
+                q = s;
+                break;
+            }
+    EXPECT(after.calls[COMM_OP_ALLGATHER] == before.calls[COMM_OP_ALLGATHER] + 1 &&
+               after.payload[COMM_OP_ALLGATHER] == before.payload[COMM_OP_ALLGATHER] + (double)sizeof mine,
+           "allgather_bytes traffic: %llu calls, %g bytes", after.calls[COMM_OP_ALLGATHER],
+           after.payload[COMM_OP_ALLGATHER]);
+    free(all);
+    struct comm *node = comm_split_node(w, r), *back = comm_split_node(w, -r);
+    EXPECT(comm_size(node) == s && comm_rank(node) == r, "node split: rank %d of %d, want %d of %d", comm_rank(node),
+           comm_size(node), r, s);
+    EXPECT(comm_rank(back) == s - 1 - r, "node split by descending key: rank %d, want %d", comm_rank(back), s - 1 - r);
+    EXPECT(node->deadline_s == w->deadline_s, "node split: deadline %g, not its parent's %g", node->deadline_s,
+           w->deadline_s);
+    int32_t one = 1;
+    comm_allreduce_sum(node, &one, 1, COMM_I32);
+    EXPECT(one == s, "an all-reduce over the node's group summed %d ranks, want %d", one, s);
+    comm_free(back);
+    comm_free(node);
+}
+
 int main(int argc, char **argv)
 {
     int tp = 1, pp = 1;
@@ -240,6 +278,7 @@ int main(int argc, char **argv)
     check_group(g.dp, "dp", n);
     check_group(g.tp, "tp", n);
     check_group(g.pp, "pp", n);
+    check_launch_primitives(world);
 
     comm_allreduce_sum(world, &g_bad, 1, COMM_I32);
     if (comm_rank(world) == 0)

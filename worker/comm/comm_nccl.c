@@ -226,6 +226,16 @@ static void nccl_allgather(struct comm *c, const void *send, void *recv, size_t 
     nccl_wait_for(c, "all-gather");
 }
 
+static void nccl_allgather_bytes(struct comm *c, const void *send, void *recv, size_t bytes)
+{
+    if (!on_device(recv)) {
+        comm_allgather_bytes(ni(c)->mpi, send, recv, bytes);
+        return;
+    }
+    nccl_issued(c, ncclAllGather(send, recv, bytes, ncclUint8, ni(c)->comm, ni(c)->stream), "all-gather", false);
+    nccl_wait_for(c, "all-gather");
+}
+
 static void nccl_reduce_scatter_sum(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype t)
 {
     if (!on_device(recv)) {
@@ -313,6 +323,15 @@ static struct comm *nccl_split(struct comm *parent, int color, int key)
     return sub;
 }
 
+/* The ranks on this rank's host, split from the MPI twin as nccl_split does. */
+static struct comm *nccl_split_node(struct comm *parent, int key)
+{
+    struct comm *sub_mpi = comm_split_node(ni(parent)->mpi, key);
+    struct comm *sub = comm_nccl_from(sub_mpi, ni(parent)->device);
+    comm_free(sub_mpi);
+    return sub;
+}
+
 /* comm_fail_alone: a lost peer ends this rank only, over NCCL (nccl_wait_event) and over the MPI twin alike. */
 static void nccl_fail_alone(struct comm *c)
 {
@@ -339,11 +358,13 @@ static void nccl_destroy(struct comm *c)
 
 static const struct comm_backend nccl_backend = {
     .name = "nccl",
+    .caps = {.device_memory = true},
     .allreduce_sum = nccl_allreduce_sum,
     .allreduce_max = nccl_allreduce_max,
     .iallreduce_sum = nccl_iallreduce_sum,
     .wait = nccl_req_wait,
     .allgather = nccl_allgather,
+    .allgather_bytes = nccl_allgather_bytes,
     .reduce_scatter_sum = nccl_reduce_scatter_sum,
     .broadcast = nccl_broadcast,
     .try_broadcast = nccl_try_broadcast,
@@ -353,6 +374,7 @@ static const struct comm_backend nccl_backend = {
     .barrier = nccl_barrier,
     .barrier_polled = nccl_barrier_polled,
     .split = nccl_split,
+    .split_node = nccl_split_node,
     .fail_alone = nccl_fail_alone,
     .set_deadline = nccl_set_deadline,
     .destroy = nccl_destroy,

@@ -204,7 +204,7 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
         model_free(r->policy);
         r->policy = part;
     }
-    /* trainer.device=cuda: the rank's GPU (grpo_worker's assign_devices), else the CPU */
+    /* trainer.device=cuda: the rank's GPU (the launch's assign_devices), else the CPU */
     char dev[32] = "cpu";
     if (strcmp(c->trainer_device, "cuda") == 0)
         snprintf(dev, sizeof dev, "cuda:%d", r->env->device);
