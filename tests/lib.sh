@@ -32,7 +32,11 @@ descendants() {
     done
 }
 
+LIB_SHELL=$BASHPID
 lib_cleanup() {
+    # only the test's own shell cleans up: a subshell that runs the trap (bash may, in an asynchronous command's
+    # expansions) must not kill the test's processes or remove $TMP
+    [ "$BASHPID" = "$LIB_SHELL" ] || return 0
     local p all=()
     for p in "${PIDS[@]}" $(jobs -p); do
         kill -0 "$p" 2>/dev/null || continue

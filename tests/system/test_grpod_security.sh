@@ -38,8 +38,8 @@ head -c 24 /dev/urandom | base64 >"$TMP/wrong"; chmod 600 "$TMP/wrong"
 has "$TMP/err" "authentication failed"; expect "wrong secret: authentication failed" $?
 "$GRPOCTL" --endpoint "$TCP" status >"$TMP/err" 2>&1; [ $? -eq 2 ]; expect "grpoctl: tcp without a secret file is a usage error" $?
 # a hand-made envelope (version 1, status_request) without a secret
-nanocat --req --connect "$TCP" --data $'\x08\x01\x88\x01\x01' --ascii >"$TMP/out" 2>&1 &
-wait_for 10 has "$TMP/out" "authentication failed"; expect "tcp request without a secret is refused" $?
+nanocat --req --connect "$TCP" --data $'\x08\x01\x88\x01\x01' --ascii >"$TMP/auth.out" 2>&1 &
+wait_for 10 has "$TMP/auth.out" "authentication failed"; expect "tcp request without a secret is refused" $?
 kill $! 2>/dev/null
 "$SIM" grpod.endpoint="$TCP" grpod.secret_file="$TMP/wrong" grpod.connect_timeout_s=3 --rank 0 --world 1 \
     --state "$TMP/intruder.state" >"$TMP/intruder.log" 2>&1
@@ -47,31 +47,33 @@ kill $! 2>/dev/null
 has "$TMP/intruder.log" "authentication failed"; expect "... and is told why" $?
 
 # incompatible protocol version
-nanocat --req --connect "$EP" --data $'\x08\x02\x88\x01\x01' --ascii >"$TMP/out" 2>&1 &
-wait_for 10 has "$TMP/out" "incompatible protocol version 2: grpod speaks version 1"
+nanocat --req --connect "$EP" --data $'\x08\x02\x88\x01\x01' --ascii >"$TMP/version.out" 2>&1 &
+wait_for 10 has "$TMP/version.out" "incompatible protocol version 2: grpod speaks version 1"
 expect "version 2 peer refused with a message" $?
 kill $! 2>/dev/null
 
 # garbage on both sockets
+n=0
 for ep in "$EP" "$TCP"; do
     for i in 1 2 3; do
-        nanocat --req --connect "$ep" --data "$(head -c 200 /dev/urandom | tr -d '\0')" --ascii >"$TMP/out" 2>&1 &
-        wait_for 10 test -s "$TMP/out"; r=$?
+        n=$((n + 1))
+        nanocat --req --connect "$ep" --data "$(head -c 200 /dev/urandom | tr -d '\0')" --ascii >"$TMP/garbage$n" 2>&1 &
+        wait_for 10 test -s "$TMP/garbage$n"; r=$?
         kill $! 2>/dev/null
     done
-    [ "$r" -eq 0 ] && has "$TMP/out" "malformed"; expect "garbage on $ep answered as malformed" $?
+    [ "$r" -eq 0 ] && has "$TMP/garbage$n" "malformed"; expect "garbage on $ep answered as malformed" $?
 done
 # non-protocol bytes straight into the tcp port, and a message over the size limit
 head -c 65536 /dev/urandom >"/dev/tcp/127.0.0.1/$port" 2>/dev/null
 printf 'GET / HTTP/1.0\r\n\r\n' >"/dev/tcp/127.0.0.1/$port" 2>/dev/null
 head -c 2000000 /dev/zero | tr '\0' 'x' >"$TMP/big"
-nanocat --req --connect "$EP" --file "$TMP/big" --ascii >"$TMP/out" 2>&1 &
+nanocat --req --connect "$EP" --file "$TMP/big" --ascii >"$TMP/big.out" 2>&1 &
 BIG=$!
 # the event after which an answer would be there: grpod has answered a request sent after the oversized one
 nanocat --req --connect "$EP" --data "$(head -c 200 /dev/urandom | tr -d '\0')" --ascii >"$TMP/after" 2>&1 &
 wait_for 10 test -s "$TMP/after"; expect "a request sent after the oversized one is answered" $?
 kill $! "$BIG" 2>/dev/null
-[ ! -s "$TMP/out" ]; expect "an oversized message gets no answer" $?
+[ ! -s "$TMP/big.out" ]; expect "an oversized message gets no answer" $?
 kill -0 "$GRPOD_PID"; expect "grpod still runs" $?
 "$GRPOCTL" status >/dev/null; expect "grpod still answers" $?
 "$GRPOCTL" --endpoint "$TCP" --secret-file "$TMP/secret" status >/dev/null; expect "grpod still answers on tcp" $?
