@@ -55,7 +55,7 @@ kill $! 2>/dev/null
 # garbage on both sockets
 n=0
 for ep in "$EP" "$TCP"; do
-    for i in 1 2 3; do
+    for _ in 1 2 3; do
         n=$((n + 1))
         nanocat --req --connect "$ep" --data "$(head -c 200 /dev/urandom | tr -d '\0')" --ascii >"$TMP/garbage$n" 2>&1 &
         wait_for 10 test -s "$TMP/garbage$n"; r=$?
