@@ -14,15 +14,9 @@
 #include <time.h>
 
 #include "common/check.h"
+#include "common/clock.h"
 #include "kernels/cpu/cpu_bf16.h"
 #include "kernels/cpu/cpu_kernels.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void fill(float *x, size_t n, unsigned seed)
 {
@@ -45,7 +39,7 @@ static double time_op(enum op op, bool bf16, int N, const struct shape *s, float
 {
     double best = 1e30;
     for (int r = 0; r < reps + 1; r++) { /* the first run warms up (and creates oneDNN's primitive) */
-        double t0 = now_s();
+        double t0 = clock_now_s();
         switch (op) {
         case FWD: (bf16 ? linear_forward_bf16 : linear_forward)(y, x, W, NULL, N, s->Din, s->Dout); break;
         case BWD_DX:
@@ -55,7 +49,7 @@ static double time_op(enum op op, bool bf16, int N, const struct shape *s, float
             (bf16 ? linear_backward_bf16 : linear_backward)(NULL, dW, NULL, y, x, W, N, s->Din, s->Dout);
             break;
         }
-        double dt = now_s() - t0;
+        double dt = clock_now_s() - t0;
         if (r > 0 && dt < best)
             best = dt;
     }

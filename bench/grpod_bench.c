@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "common/check.h"
+#include "common/clock.h"
 #include "proto/protocol.h"
 #include "proto/transport.h"
 
@@ -114,7 +115,7 @@ static int do_register(struct rpc_client *rpc, int rank, int world, uint64_t *to
             return 0;
         if (!retry)
             return -1;
-        transport_sleep(0.1);
+        clock_sleep_s(0.1);
     }
     return -1;
 }
@@ -136,8 +137,8 @@ static void *worker_main(void *arg)
         }
     }
     /* heartbeats spread evenly over the interval */
-    while (transport_now() < b->start)
-        transport_sleep(0.01);
+    while (clock_now_s() < b->start)
+        clock_sleep_s(0.01);
     for (int i = 0; i < n; i++)
         due[i] = b->start + b->interval * ((double)(wt->first + i) / b->workers);
     /* a realistic payload: ten verl metrics and four phase timings */
@@ -158,22 +159,22 @@ static void *worker_main(void *arg)
         pt[k].seconds = 1.5 * (k + 1);
         ptp[k] = &pt[k];
     }
-    while (transport_now() < b->stop) {
+    while (clock_now_s() < b->stop) {
         int next = 0;
         for (int i = 1; i < n; i++)
             if (due[i] < due[next])
                 next = i;
-        double wait = due[next] - transport_now();
+        double wait = due[next] - clock_now_s();
         if (wait > 0)
-            transport_sleep(wait);
-        if (transport_now() >= b->stop)
+            clock_sleep_s(wait);
+        if (clock_now_s() >= b->stop)
             break;
         due[next] += b->interval;
         if (!token[next])
             continue;
         Grpo__Envelope env = GRPO__ENVELOPE__INIT, *reply;
         Grpo__Heartbeat hb = GRPO__HEARTBEAT__INIT;
-        double t0 = transport_now();
+        double t0 = clock_now_s();
         hb.rank = wt->first + next;
         hb.incarnation = token[next];
         hb.state = GRPO__WORKER_STATE__WORKER_RUNNING;
@@ -190,7 +191,7 @@ static void *worker_main(void *arg)
         env.heartbeat = &hb;
         if (rpc_call(rpc[next], &env, 5000, &reply, err, sizeof err) == RPC_OK &&
             reply->body_case == GRPO__ENVELOPE__BODY_HEARTBEAT_ACK) {
-            sample_add(&wt->lat, transport_now() - t0);
+            sample_add(&wt->lat, clock_now_s() - t0);
             atomic_fetch_add(&b->heartbeats, 1);
         } else {
             atomic_fetch_add(&b->errors, 1);
@@ -213,16 +214,16 @@ static void *status_main(void *arg)
     struct rpc_client *rpc = rpc_open(b->endpoint, b->secret, err, sizeof err);
     if (!rpc)
         return NULL;
-    while (transport_now() < b->start)
-        transport_sleep(0.01);
-    while (transport_now() < b->stop) {
+    while (clock_now_s() < b->start)
+        clock_sleep_s(0.01);
+    while (clock_now_s() < b->stop) {
         Grpo__Envelope env = GRPO__ENVELOPE__INIT, *reply;
         env.body_case = GRPO__ENVELOPE__BODY_STATUS_REQUEST;
         env.status_request = 1;
-        double t0 = transport_now();
+        double t0 = clock_now_s();
         if (rpc_call(rpc, &env, 5000, &reply, err, sizeof err) == RPC_OK &&
             reply->body_case == GRPO__ENVELOPE__BODY_STATUS) {
-            sample_add(&p->lat, transport_now() - t0);
+            sample_add(&p->lat, clock_now_s() - t0);
             atomic_fetch_add(&b->statuses, 1);
         } else {
             atomic_fetch_add(&b->errors, 1);
@@ -265,12 +266,12 @@ static void *http_main(void *arg)
 {
     struct poller *p = arg;
     struct bench *b = p->b;
-    while (transport_now() < b->start)
-        transport_sleep(0.01);
-    while (transport_now() < b->stop) {
-        double t0 = transport_now();
+    while (clock_now_s() < b->start)
+        clock_sleep_s(0.01);
+    while (clock_now_s() < b->stop) {
+        double t0 = clock_now_s();
         if (http_get(b->http_port) == 0) {
-            sample_add(&p->lat, transport_now() - t0);
+            sample_add(&p->lat, clock_now_s() - t0);
             atomic_fetch_add(&b->https, 1);
         } else {
             atomic_fetch_add(&b->errors, 1);
@@ -446,7 +447,7 @@ int main(int argc, char **argv)
         goto out;
 
     /* registration takes the first seconds; the measured window starts after it */
-    double t_reg = transport_now();
+    double t_reg = clock_now_s();
     b.start = t_reg + 3.0 + b.workers * 0.004;
     b.stop = b.start + b.seconds;
     struct worker_thread *wt = xcalloc((size_t)b.threads, sizeof *wt);
@@ -462,15 +463,15 @@ int main(int argc, char **argv)
         sp[i].b = &b;
         pthread_create(&sp[i].t, NULL, i < b.pollers ? status_main : http_main, &sp[i]);
     }
-    while (transport_now() < b.start)
-        transport_sleep(0.05);
+    while (clock_now_s() < b.start)
+        clock_sleep_s(0.05);
     double cpu0 = 0, cpu1 = 0, rss = 0, hwm = 0;
     proc_usage(pid, &cpu0, &rss, &hwm);
-    double t0 = transport_now();
-    while (transport_now() < b.stop)
-        transport_sleep(0.1);
+    double t0 = clock_now_s();
+    while (clock_now_s() < b.stop)
+        clock_sleep_s(0.1);
     proc_usage(pid, &cpu1, &rss, &hwm);
-    double wall = transport_now() - t0;
+    double wall = clock_now_s() - t0;
     struct samples hb = {0}, st = {0}, ht = {0};
     for (int i = 0; i < b.threads; i++) {
         pthread_join(wt[i].t, NULL);

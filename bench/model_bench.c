@@ -28,18 +28,12 @@
 #include <time.h>
 
 #include "common/check.h"
+#include "common/clock.h"
 #include "kernels/kernels.h"
 #include "worker/model/generate.h"
 #include "worker/model/lora.h"
 #include "worker/model/model.h"
 #include "worker/model/model_io.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Token id of position t of sequence b; the Python side computes the same. Avoids ids 0..15
  * (special tokens in most vocabularies). */
@@ -73,9 +67,9 @@ static double bench_sgemm(int n, int reps)
     cpu_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n); /* warm */
     double best = 0;
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = clock_now_s();
         cpu_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n);
-        double dt = now_s() - t0;
+        double dt = clock_now_s() - t0;
         double g = 2.0 * n * n * n / dt / 1e9;
         if (g > best)
             best = g;
@@ -130,10 +124,10 @@ static void bench_fwd_bwd(struct model *m, int B, int S, int warmup, int iters, 
     double loss = 0;
     for (int it = 0; it < warmup + iters; it++) {
         model_trainable_zero_grads(m); /* outside the timing, as the Python side's zero_grad */
-        double t0 = now_s(), c0 = cpu_s();
+        double t0 = clock_now_s(), c0 = cpu_s();
         struct model_acts *acts = model_forward(m, &pb, 1.0f, false, logp, NULL);
         model_backward(m, acts, dlogp, NULL);
-        double dt = now_s() - t0;
+        double dt = clock_now_s() - t0;
         if (it >= warmup)
             cpu[it - warmup] = cpu_s() - c0;
         loss = 0;
@@ -185,22 +179,22 @@ static void bench_decode(struct model *m, int B, int P, int steps, int threads)
         for (int t = 0; t < P; t++)
             ids[b * P + t] = bench_token(b, t, V);
     }
-    double t0 = now_s();
+    double t0 = clock_now_s();
     model_step(m, caches, B, ntok, ids, logits, false);
-    double t_prefill = now_s() - t0;
+    double t_prefill = clock_now_s() - t0;
     for (int b = 0; b < B; b++) {
         next[b] = argmax(logits + (size_t)b * V, V);
         ntok[b] = 1;
     }
     first[0] = next[0];
-    t0 = now_s();
+    t0 = clock_now_s();
     for (int s = 0; s < steps; s++) {
         model_step(m, caches, B, ntok, next, logits, false);
         for (int b = 0; b < B; b++)
             next[b] = argmax(logits + (size_t)b * V, V);
         first[s + 1] = next[0];
     }
-    double t_dec = now_s() - t0;
+    double t_dec = clock_now_s() - t0;
     int nshow = steps + 1 < 16 ? steps + 1 : 16;
     printf("{\"side\":\"ours\",\"what\":\"decode\",\"threads\":%d,\"batch\":%d,\"prompt_len\":%d,\"steps\":%d,"
            "\"prefill_s\":%.6f,\"decode_s\":%.6f,\"tokens_per_s\":%.3f,\"greedy0\":[",
@@ -229,9 +223,9 @@ static double group_run(struct model *m, int nprompts, int n, int P, int steps, 
                             .seed = 7};
     (void)P;
     struct gen_output *out = xmalloc((size_t)nprompts * n * sizeof *out);
-    double t0 = now_s();
+    double t0 = clock_now_s();
     generate(m, (const int32_t *const *)prompts, plens, nprompts, &gp, out);
-    double dt = now_s() - t0;
+    double dt = clock_now_s() - t0;
     *first_tok = out[0].len > 0 ? out[0].tokens[0] : -1;
     for (int i = 0; i < nprompts * n; i++)
         gen_output_free(&out[i]);
@@ -372,13 +366,13 @@ int main(int argc, char **argv)
     }
     cpu_set_threads(threads);
     char err[1024];
-    double t0 = now_s();
+    double t0 = clock_now_s();
     struct model *m = model_load(argv[optind], err, sizeof err);
     if (!m) {
         fprintf(stderr, "model_bench: %s\n", err);
         return 2;
     }
-    fprintf(stderr, "model_bench: loaded %s in %.2f s (%zu parameters), %d threads\n", argv[optind], now_s() - t0,
+    fprintf(stderr, "model_bench: loaded %s in %.2f s (%zu parameters), %d threads\n", argv[optind], clock_now_s() - t0,
             model_num_params(m), threads);
     struct kctx *K = NULL;
     if (strcmp(g_matmul, "bf16") == 0) { /* the same weights on a BF16 context */

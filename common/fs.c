@@ -2,7 +2,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,46 +49,104 @@ int fs_fsync_path(const char *path)
     return rc;
 }
 
-int fs_write_atomic(const char *path, const void *data, size_t len, char *err, size_t errlen)
+/* The directory part of path ("." when there is none). */
+static char *dir_of(const char *path)
 {
-    size_t n = strlen(path) + 32;
-    char *tmp = xmalloc(n);
-    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        return xstrdup(".");
+    if (slash == path)
+        return xstrdup("/");
+    char *r = xmalloc((size_t)(slash - path) + 1);
+    memcpy(r, path, (size_t)(slash - path));
+    r[slash - path] = '\0';
+    return r;
+}
+
+int fs_fsync_dir_of(const char *path, char *err, size_t errlen)
+{
+    char *dir = dir_of(path);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int rc = 0;
     if (fd < 0) {
-        snprintf(err, errlen, "%s: cannot create: %s", tmp, check_errno_text());
+        rc = error_set(err, errlen, "%s: cannot open its directory %s to fsync it: %s", path, dir, check_errno_text());
+    } else {
+        /* some file systems cannot fsync a directory (EINVAL); nothing more can be done there */
+        if (fsync(fd) != 0 && errno != EINVAL)
+            rc = error_set(err, errlen, "%s: fsync of directory %s failed: %s", path, dir, check_errno_text());
+        close(fd);
+    }
+    free(dir);
+    return rc;
+}
+
+/* Runs write on f; on failure err says why (the writer's own words, else errno's). */
+static int write_through(FILE *f, const char *path, const char *tmp, fs_write_fn fill, void *ctx, char *err,
+                         size_t errlen)
+{
+    if (err && errlen)
+        err[0] = '\0';
+    errno = 0;
+    int rc = fill(f, ctx, err, errlen);
+    if (rc == 0 && (fflush(f) != 0 || ferror(f)))
+        rc = -1;
+    if (rc != 0 && !(err && errlen && err[0]))
+        error_set(err, errlen, "%s: writing %s failed: %s", path, tmp,
+                  errno ? check_errno_text() : "the writer failed");
+    return rc == 0 ? 0 : -1;
+}
+
+int fs_write_atomic_with(const char *path, unsigned mode, fs_write_fn fill, void *ctx, char *err, size_t errlen)
+{
+    size_t n = strlen(path);
+    char *tmp = xmalloc(n + 5);
+    memcpy(tmp, path, n);
+    memcpy(tmp + n, ".tmp", 5);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, (mode_t)mode);
+    if (fd < 0) {
+        error_set(err, errlen, "%s: cannot create %s: %s", path, tmp, check_errno_text());
         free(tmp);
         return -1;
     }
-    const char *p = data;
-    size_t left = len;
-    int rc = 0;
-    while (left > 0) {
-        ssize_t w = write(fd, p, left);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            rc = -1;
-            break;
-        }
-        p += w;
-        left -= (size_t)w;
+    FILE *f = fdopen(fd, "wb");
+    if (!f) {
+        error_set(err, errlen, "%s: cannot open %s as a stream: %s", path, tmp, check_errno_text());
+        close(fd);
+        unlink(tmp);
+        free(tmp);
+        return -1;
     }
+    int rc = write_through(f, path, tmp, fill, ctx, err, errlen);
     if (rc == 0 && fsync(fd) != 0)
-        rc = -1;
-    if (close(fd) != 0)
-        rc = -1;
+        rc = error_set(err, errlen, "%s: fsync of %s failed: %s", path, tmp, check_errno_text());
+    if (fclose(f) != 0 && rc == 0)
+        rc = error_set(err, errlen, "%s: closing %s failed: %s", path, tmp, check_errno_text());
     if (rc == 0 && rename(tmp, path) != 0)
-        rc = -1;
+        rc = error_set(err, errlen, "%s: cannot rename %s to it: %s", path, tmp, check_errno_text());
     if (rc != 0) {
-        snprintf(err, errlen, "%s: write failed: %s", path, check_errno_text());
         unlink(tmp);
         free(tmp);
         return -1;
     }
     free(tmp);
-    char *copy = xstrdup(path);
-    fs_fsync_path(dirname(copy)); /* the rename itself must survive a crash */
-    free(copy);
-    return 0;
+    return fs_fsync_dir_of(path, err, errlen); /* the rename itself must survive a crash */
+}
+
+struct bytes {
+    const void *data;
+    size_t len;
+};
+
+static int write_bytes(FILE *f, void *ctx, char *err, size_t errlen)
+{
+    (void)err;
+    (void)errlen;
+    const struct bytes *b = ctx;
+    return b->len == 0 || fwrite(b->data, 1, b->len, f) == b->len ? 0 : -1;
+}
+
+int fs_write_atomic(const char *path, const void *data, size_t len, char *err, size_t errlen)
+{
+    struct bytes b = {data, len};
+    return fs_write_atomic_with(path, 0644, write_bytes, &b, err, errlen);
 }

@@ -1,16 +1,26 @@
 /* File-system helpers that make writes durable: directories created with
- * their parents, files replaced atomically (temporary file, fsync, rename,
- * fsync of the directory), so a crash leaves the old file or the new one. */
+ * their parents, and the one atomic replace every writer of a file uses
+ * (PATH.tmp written, fsync of that file, rename over PATH, fsync of the
+ * directory), so a crash leaves the old file or the new one, never half. */
 #ifndef GRPO_COMMON_FS_H
 #define GRPO_COMMON_FS_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 /* mkdir -p; 0, or -1 with errno (ENOTDIR when a path component is a file). */
 int fs_mkdir_p(const char *dir);
-/* Replace path with len bytes of data atomically and durably. 0, or -1 with err naming the file. */
+/* Writes a file's content into f (the temporary file); 0, or -1 with errno set, or with err filled. */
+typedef int (*fs_write_fn)(FILE *f, void *ctx, char *err, size_t errlen);
+/* Replace path atomically and durably with what fill puts into PATH.tmp (created with mode, less the
+ * umask). 0, or -1 with err naming path, and then no PATH.tmp is left and path is as it was. */
+int fs_write_atomic_with(const char *path, unsigned mode, fs_write_fn fill, void *ctx, char *err, size_t errlen);
+/* fs_write_atomic_with of len bytes of data, mode 0644. */
 int fs_write_atomic(const char *path, const void *data, size_t len, char *err, size_t errlen);
 /* fsync a file or directory by path; 0 or -1 with errno. */
 int fs_fsync_path(const char *path);
+/* fsync the directory that holds path (the record of a rename or an unlink there); EINVAL (a file system
+ * that cannot) counts as done. 0, or -1 with err naming path and the directory. */
+int fs_fsync_dir_of(const char *path, char *err, size_t errlen);
 
 #endif

@@ -6,6 +6,28 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "fs.h"
+
+/* The bytes of one .npy file after its header is formatted (fs_write_fn's ctx). */
+struct npy_body {
+    const char *header;
+    int header_len;
+    const float *data;
+    size_t count;
+};
+
+static int write_npy(FILE *f, void *ctx, char *err, size_t errlen)
+{
+    (void)err;
+    (void)errlen;
+    const struct npy_body *b = ctx;
+    const int n = b->header_len;
+    const unsigned char pre[10] = {
+        0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(n & 0xff), (unsigned char)(n >> 8)};
+    int ok = fwrite(pre, 1, 10, f) == 10 && fwrite(b->header, 1, (size_t)n, f) == (size_t)n &&
+             (b->count == 0 || fwrite(b->data, sizeof(float), b->count, f) == b->count);
+    return ok ? 0 : -1;
+}
 
 int npy_write_f32(const char *path, const float *data, const int64_t *shape, int n_dims, char *err, size_t errlen)
 {
@@ -23,24 +45,8 @@ int npy_write_f32(const char *path, const float *data, const int64_t *shape, int
     memset(header + n, ' ', (size_t)pad);
     n += pad;
     header[n++] = '\n';
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        snprintf(err, errlen, "%s: cannot create: %s", tmp, check_errno_text());
-        return -1;
-    }
-    const unsigned char pre[10] = {
-        0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(n & 0xff), (unsigned char)(n >> 8)};
-    int ok = fwrite(pre, 1, 10, f) == 10 && fwrite(header, 1, (size_t)n, f) == (size_t)n &&
-             fwrite(data, sizeof(float), count, f) == count;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        snprintf(err, errlen, "%s: write failed: %s", path, check_errno_text());
-        unlink(tmp);
-        return -1;
-    }
-    return 0;
+    struct npy_body b = {header, n, data, count};
+    return fs_write_atomic_with(path, 0644, write_npy, &b, err, errlen);
 }
 
 int npy_read_f32(const char *path, float **data, int64_t *shape, int *n_dims, char *err, size_t errlen)

@@ -15,6 +15,7 @@
 
 #include <jansson.h>
 
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "proto/names.h"
@@ -363,7 +364,7 @@ static int cmd_command(struct rpc_client *rpc, const struct opts *o, Grpo__Comma
     if ((rc = get_status(rpc, o, &st)) != EXIT_OK)
         return rc;
     uint64_t seq = st->status->checkpoint_seq; /* the request just made */
-    double deadline = transport_now() + o->wait_s;
+    double deadline = clock_now_s() + o->wait_s;
     bool lost_told[4096] = {false};
     for (;;) {
         char why[600];
@@ -387,14 +388,14 @@ static int cmd_command(struct rpc_client *rpc, const struct opts *o, Grpo__Comma
             protocol_free(st);
             return code;
         }
-        if (transport_now() > deadline) {
+        if (clock_now_s() > deadline) {
             fprintf(stderr, "grpoctl: run still %s after %.0f s: %s\n", core_run_state_name(st->status->state),
                     o->wait_s, st->status->reason);
             protocol_free(st);
             return EXIT_FAILED;
         }
         protocol_free(st);
-        transport_sleep(0.2);
+        clock_sleep_s(0.2);
         if ((rc = get_status(rpc, o, &st)) != EXIT_OK)
             return rc;
     }

@@ -12,19 +12,13 @@
 
 #include "arena.h"
 #include "common/check.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/placement.h"
 #include "validate.h"
 #include "proto/transport.h"
 
 /* ---- small helpers ---- */
-
-static double wall_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static uint64_t next_random(struct core *c)
 {
@@ -57,7 +51,7 @@ static void add_event(struct core *c, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    core_add_event_record(c, wall_now(), text);
+    core_add_event_record(c, clock_wall_s(), text);
     log_info("registry", "%s", text);
     if (c->on_event)
         c->on_event(c->event_ud, c->events[c->nevents - 1].time, text);
@@ -104,7 +98,7 @@ static void new_run(struct core *c)
     c->run.state = GRPO__RUN_STATE__RUN_WAITING;
     snprintf(c->run.reason, sizeof c->run.reason, "no worker has registered yet");
     c->run.checkpoint_step = -1;
-    c->run.started = wall_now();
+    c->run.started = clock_wall_s();
     c->dirty = c->dirty_urgent = true;
 }
 
@@ -120,7 +114,7 @@ void core_init(struct core *c, const struct core_settings *set, double now)
         c->rng = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull;
     c->rng |= 1;
     c->start_mono = now;
-    c->start_wall = wall_now();
+    c->start_wall = clock_wall_s();
     new_run(c);
 }
 
@@ -521,7 +515,7 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
         w->incarnation = next_random(c) | 1;
         w->checkpoint_seq_done = c->run.checkpoint_seq;
         w->checkpoint_step = -1;
-        w->registered_at = wall_now();
+        w->registered_at = clock_wall_s();
     }
     w->rank = r->rank;
     w->pid = r->pid;
@@ -565,7 +559,7 @@ static void note_step(struct core *c, int64_t step)
     c->run.step = step;
     c->dirty = c->dirty_urgent = true; /* once a step: the run's step never goes back after a crash */
     struct core_history_point pt = {step, run_metric(c, "critic/score/mean"), run_metric(c, "perf/throughput"),
-                                    wall_now()};
+                                    clock_wall_s()};
     if (c->run.nhistory == CORE_HISTORY) {
         memmove(c->run.history, c->run.history + 1, (CORE_HISTORY - 1) * sizeof pt);
         c->run.nhistory--;

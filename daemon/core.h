@@ -19,7 +19,6 @@
 #define CORE_MAX_WORKERS 16384
 #define CORE_MAX_METRICS 64
 #define CORE_MAX_DEVICES 16
-#define CORE_NUM_PHASES 10
 #define CORE_HISTORY 512
 #define CORE_EVENTS 64
 #define CORE_TIMELINE 256 /* phase changes kept per worker for the status page */
@@ -59,7 +58,7 @@ struct core_worker {
     Grpo__Phase phase;
     double idle_s, busy_s; /* cumulative, as reported */
     double idle_fraction;  /* smoothed over recent heartbeats */
-    double timings[CORE_NUM_PHASES];
+    double timings[GRPO_NUM_PHASES];
     struct core_metric metrics[CORE_MAX_METRICS];
     int nmetrics;
     uint64_t checkpoint_seq_done;

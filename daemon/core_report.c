@@ -49,12 +49,12 @@ static void worker_status(Grpo__WorkerStatus *ws, const struct core_worker *w, d
     /* one block: device pointers, metric pointers and structs, timing pointers and structs */
     size_t nd = (size_t)w->ndevices, nm = (size_t)w->nmetrics;
     char *block = arena_alloc(a, nd * sizeof(char *) + nm * (sizeof(Grpo__Metric *) + sizeof(Grpo__Metric)) +
-                                     CORE_NUM_PHASES * (sizeof(Grpo__PhaseTime *) + sizeof(Grpo__PhaseTime)));
+                                     GRPO_NUM_PHASES * (sizeof(Grpo__PhaseTime *) + sizeof(Grpo__PhaseTime)));
     Grpo__Metric *ms = (Grpo__Metric *)block;
     Grpo__PhaseTime *ts = (Grpo__PhaseTime *)(ms + nm);
-    ws->metrics = (Grpo__Metric **)(ts + CORE_NUM_PHASES);
+    ws->metrics = (Grpo__Metric **)(ts + GRPO_NUM_PHASES);
     ws->timings = (Grpo__PhaseTime **)(ws->metrics + nm);
-    ws->devices = (char **)(ws->timings + CORE_NUM_PHASES);
+    ws->devices = (char **)(ws->timings + GRPO_NUM_PHASES);
     ws->n_devices = nd;
     for (size_t i = 0; i < nd; i++)
         ws->devices[i] = TEXT(w->devices[i]);
@@ -65,7 +65,7 @@ static void worker_status(Grpo__WorkerStatus *ws, const struct core_worker *w, d
         ms[i].value = w->metrics[i].value;
         ws->metrics[i] = &ms[i];
     }
-    for (int p = 1; p < CORE_NUM_PHASES; p++) {
+    for (int p = 1; p < GRPO_NUM_PHASES; p++) {
         if (w->timings[p] <= 0)
             continue;
         Grpo__PhaseTime *t = &ts[ws->n_timings];
@@ -260,7 +260,7 @@ static void worker_metrics(const struct core *c, struct text *t, double now)
             put(t, "grpod_worker_idle_ratio{rank=\"%d\"} %.4f\n", r, c->workers[r]->idle_fraction);
     family(t, "grpod_worker_phase_seconds", "gauge", "Seconds the worker spent in each phase of its last step.");
     for (int r = 0; r < c->nworkers; r++)
-        for (int p = 1; p < CORE_NUM_PHASES && c->workers[r]; p++)
+        for (int p = 1; p < GRPO_NUM_PHASES && c->workers[r]; p++)
             if (c->workers[r]->timings[p] > 0)
                 put(t, "grpod_worker_phase_seconds{rank=\"%d\",phase=\"%s\"} %.6f\n", r,
                     core_phase_name((Grpo__Phase)p), c->workers[r]->timings[p]);

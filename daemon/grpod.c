@@ -30,6 +30,7 @@
 #endif
 
 #include "common/check.h"
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "common/placement.h"
@@ -80,8 +81,6 @@ struct grpod {
     char last_status[256];
     int exit_code;
 };
-
-static double mono_now(void) { return transport_now(); }
 
 static void usage(FILE *out)
 {
@@ -181,7 +180,7 @@ static int send_reply(struct listener *l, uint8_t *buf, size_t len)
     }
     l->pending = buf;
     l->pending_len = len;
-    l->pending_since = mono_now();
+    l->pending_since = clock_now_s();
     return 0;
 }
 
@@ -212,12 +211,14 @@ static void on_readable(uv_poll_t *p, int status, int events)
         int n = nn_recv(l->sock, &msg, NN_MSG, NN_DONTWAIT);
         if (n < 0) {
             int e = nn_errno();
-            if (e != EAGAIN && e != EINTR && ratelimit_allow(&l->rl_recv, mono_now(), 5, "grpod", "receive failures"))
+            if (e != EAGAIN && e != EINTR &&
+                ratelimit_allow(&l->rl_recv, clock_now_s(), 5, "grpod", "receive failures"))
                 log_warn("grpod", "%s: receive failed: %s", l->endpoint, nn_strerror(e));
             return;
         }
         size_t rlen;
-        uint8_t *reply = core_handle(&d->core, msg, (size_t)n, l->needs_secret ? d->secret : NULL, mono_now(), &rlen);
+        uint8_t *reply =
+            core_handle(&d->core, msg, (size_t)n, l->needs_secret ? d->secret : NULL, clock_now_s(), &rlen);
         nn_freemsg(msg);
         if (d->core.dirty_urgent) /* registrations and commands are durable before they are answered */
             persist(d);
@@ -243,7 +244,7 @@ static uint8_t *on_tcp_request(void *ud, const uint8_t *msg, size_t len, bool *a
 {
     struct listener *l = ud;
     struct grpod *d = l->d;
-    uint8_t *reply = core_handle_auth(&d->core, msg, len, d->secret, mono_now(), reply_len, authenticated);
+    uint8_t *reply = core_handle_auth(&d->core, msg, len, d->secret, clock_now_s(), reply_len, authenticated);
     if (d->core.dirty_urgent) /* registrations and commands are durable before they are answered */
         persist(d);
     return reply;
@@ -272,7 +273,7 @@ static int listener_open(struct grpod *d, struct listener *l, const char *endpoi
         return -1;
     l->needs_secret = kind == ENDPOINT_TCP;
     if (kind == ENDPOINT_TCP) {
-        l->tcp = sp_server_start(&d->loop, endpoint, &tcp_limits, on_tcp_request, l, mono_now, err, errlen);
+        l->tcp = sp_server_start(&d->loop, endpoint, &tcp_limits, on_tcp_request, l, clock_now_s, err, errlen);
         if (!l->tcp)
             return -1;
         log_info("grpod", "listening on %s (requests must carry the shared secret)", endpoint);
@@ -308,7 +309,7 @@ static int listener_open(struct grpod *d, struct listener *l, const char *endpoi
     if (kind == ENDPOINT_IPC) {
         int tries = 0;
         while (chmod(l->ipc_path, mode) != 0 && errno == ENOENT && tries++ < 100)
-            transport_sleep(0.01);
+            clock_sleep_s(0.01);
         struct stat st;
         if (lstat(l->ipc_path, &st) != 0 || (st.st_mode & 0777) != mode) {
             snprintf(err, errlen, "cannot set mode %04o on %s: %s", (unsigned)mode, l->ipc_path, strerror(errno));
@@ -435,7 +436,7 @@ static void fd_budget(struct grpod *d, long nofile)
 static void on_tick(uv_timer_t *t)
 {
     struct grpod *d = t->data;
-    double now = mono_now();
+    double now = clock_now_s();
     core_tick(&d->core, now);
     if (d->core.dirty_urgent)
         persist(d);
@@ -524,7 +525,7 @@ static int restore(struct grpod *d)
         log_info("journal", "no journaled run in %s: starting run %s", d->journal.dir, d->core.run.id);
         return 0;
     }
-    if (core_load_json(&d->core, text, mono_now(), err, sizeof err) != 0) {
+    if (core_load_json(&d->core, text, clock_now_s(), err, sizeof err) != 0) {
         char aside[PATH_MAX + 64];
         snprintf(aside, sizeof aside, "%s.unreadable-%ld", d->journal.state_path, (long)time(NULL));
         log_error("journal", "%s: %s; kept as %s, starting a new run", d->journal.state_path, err, aside);
@@ -613,7 +614,7 @@ int main(int argc, char **argv)
         .data_endpoint = cfg.grpod_data_endpoint,
         .http_url = d.http_url,
     };
-    core_init(&d.core, &set, mono_now());
+    core_init(&d.core, &set, clock_now_s());
     core_ready = true;
     if (restore(&d) != 0)
         goto cleanup;
@@ -633,7 +634,7 @@ int main(int argc, char **argv)
     }
     /* 4. HTTP: status page, /api/status, /metrics */
     if (cfg.grpod_http_listen[0]) {
-        d.http = http_start(&d.loop, cfg.grpod_http_listen, &d.core, mono_now, d.http_url, sizeof d.http_url, err,
+        d.http = http_start(&d.loop, cfg.grpod_http_listen, &d.core, clock_now_s, d.http_url, sizeof d.http_url, err,
                             sizeof err);
         if (!d.http) {
             log_error("http", "%s", err);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "common/check.h"
+#include "common/fs.h"
 #include "common/log.h"
 
 /* mkdir -p with the given mode for the directories it creates */
@@ -133,30 +134,24 @@ int journal_load(struct journal *j, char **text, char *err, size_t errlen)
     return 0;
 }
 
+/* The journal's text (fs_write_fn's ctx). */
+struct text_body {
+    const char *text;
+};
+
+static int write_text(FILE *f, void *ctx, char *err, size_t errlen)
+{
+    (void)err;
+    (void)errlen;
+    const struct text_body *b = ctx;
+    return fputs(b->text, f) < 0 ? -1 : 0;
+}
+
 int journal_save(struct journal *j, const char *text, char *err, size_t errlen)
 {
-    int fd = open(j->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-    if (fd < 0) {
-        snprintf(err, errlen, "cannot create %s: %s", j->tmp_path, strerror(errno));
-        return -1;
-    }
-    if (write_all(fd, text, strlen(text)) != 0 || fsync(fd) != 0) {
-        snprintf(err, errlen, "cannot write %s: %s", j->tmp_path, strerror(errno));
-        close(fd);
-        unlink(j->tmp_path);
-        return -1;
-    }
-    close(fd);
-    if (rename(j->tmp_path, j->state_path) != 0) {
-        snprintf(err, errlen, "cannot rename %s to %s: %s", j->tmp_path, j->state_path, strerror(errno));
-        unlink(j->tmp_path);
-        return -1;
-    }
-    if (fsync(j->dir_fd) != 0) { /* the rename itself must reach the disk */
-        snprintf(err, errlen, "cannot sync directory %s: %s", j->dir, strerror(errno));
-        return -1;
-    }
-    return 0;
+    /* through state_path.tmp (tmp_path), which journal_open removes when a crash left it */
+    struct text_body b = {text};
+    return fs_write_atomic_with(j->state_path, 0640, write_text, &b, err, errlen);
 }
 
 void journal_event(struct journal *j, double time, const char *text)

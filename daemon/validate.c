@@ -88,21 +88,21 @@ static int check_heartbeat(const Grpo__Heartbeat *h, char *why, size_t whylen)
         FAIL("heartbeat.rank %d is out of range", h->rank);
     if (h->step < -1 || h->step > (int64_t)1 << 50 || h->total_steps < -1 || h->total_steps > (int64_t)1 << 50)
         FAIL("heartbeat.step or total_steps is out of range");
-    if ((unsigned)h->phase >= CORE_NUM_PHASES)
+    if ((unsigned)h->phase >= GRPO_NUM_PHASES)
         FAIL("heartbeat.phase %d is not a phase", (int)h->phase);
     if ((unsigned)h->state > GRPO__WORKER_STATE__WORKER_RECONNECTING || h->state == GRPO__WORKER_STATE__WORKER_LOST ||
         h->state == GRPO__WORKER_STATE__WORKER_RECONNECTING)
         FAIL("heartbeat.state %d is not a state a worker reports", (int)h->state);
-    if (h->n_timings > CORE_NUM_PHASES * 2)
-        FAIL("heartbeat.timings has %zu entries (at most %d)", h->n_timings, CORE_NUM_PHASES * 2);
+    if (h->n_timings > GRPO_NUM_PHASES * 2)
+        FAIL("heartbeat.timings has %zu entries (at most %d)", h->n_timings, GRPO_NUM_PHASES * 2);
     for (size_t i = 0; i < h->n_timings; i++)
-        if ((unsigned)h->timings[i]->phase >= CORE_NUM_PHASES || !isfinite(h->timings[i]->seconds) ||
+        if ((unsigned)h->timings[i]->phase >= GRPO_NUM_PHASES || !isfinite(h->timings[i]->seconds) ||
             h->timings[i]->seconds < 0)
             FAIL("heartbeat.timings[%zu] has an unknown phase or a negative or non-finite time", i);
     if (h->n_phase_changes > 256)
         FAIL("heartbeat.phase_changes has %zu entries (at most 256)", h->n_phase_changes);
     for (size_t i = 0; i < h->n_phase_changes; i++)
-        if ((unsigned)h->phase_changes[i]->phase >= CORE_NUM_PHASES || !isfinite(h->phase_changes[i]->start) ||
+        if ((unsigned)h->phase_changes[i]->phase >= GRPO_NUM_PHASES || !isfinite(h->phase_changes[i]->start) ||
             h->phase_changes[i]->start < 0)
             FAIL("heartbeat.phase_changes[%zu] has an unknown phase or a bad time", i);
     if (!isfinite(h->idle_seconds) || h->idle_seconds < 0 || !isfinite(h->busy_seconds) || h->busy_seconds < 0)

@@ -41,7 +41,18 @@ const char *core_role_name(Grpo__Role r)
 
 const char *core_phase_name(Grpo__Phase p)
 {
-    static const char *names[10] = {"idle", "gen",          "reward",      "old_log_prob", "ref",
-                                    "adv",  "update_actor", "weight_sync", "testing",      "save_checkpoint"};
-    return (unsigned)p < 10 ? names[p] : "unknown";
+    static const char *const names[] = {
+        [GRPO__PHASE__PHASE_IDLE] = "idle",
+        [GRPO__PHASE__PHASE_GEN] = "gen",
+        [GRPO__PHASE__PHASE_REWARD] = "reward",
+        [GRPO__PHASE__PHASE_OLD_LOG_PROB] = "old_log_prob",
+        [GRPO__PHASE__PHASE_REF] = "ref",
+        [GRPO__PHASE__PHASE_ADV] = "adv",
+        [GRPO__PHASE__PHASE_UPDATE_ACTOR] = "update_actor",
+        [GRPO__PHASE__PHASE_WEIGHT_SYNC] = "weight_sync",
+        [GRPO__PHASE__PHASE_VALIDATE] = "testing",
+        [GRPO__PHASE__PHASE_CHECKPOINT] = "save_checkpoint",
+    };
+    _Static_assert(sizeof names / sizeof *names == GRPO_NUM_PHASES, "a name for every phase");
+    return (unsigned)p < GRPO_NUM_PHASES ? names[p] : "unknown";
 }

@@ -10,7 +10,12 @@ const char *core_run_state_name(Grpo__RunState s);
 const char *core_worker_state_name(Grpo__WorkerState s);
 /* Name of a role ("rollout", "trainer", "hybrid", "unassigned"). */
 const char *core_role_name(Grpo__Role r);
-/* verl name of a phase's timing ("gen", "update_actor", ...). */
+/* The phases of a step are the protocol's grpo.Phase (Grpo__Phase) from the worker to grpod's page: the one
+ * enum, with this one count and core_phase_name the one name table. */
+#define GRPO_NUM_PHASES ((int)GRPO__PHASE__PHASE_CHECKPOINT + 1)
+/* verl name of a phase's timing ("idle", "gen", "reward", "old_log_prob", "ref", "adv", "update_actor",
+ * "weight_sync", "testing", "save_checkpoint"): the worker's logs and timing_s/ metrics, grpod's page and
+ * metrics, grpoctl. "unknown" for a number outside the enum. */
 const char *core_phase_name(Grpo__Phase p);
 
 #endif

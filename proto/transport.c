@@ -18,6 +18,7 @@
 #include <nanomsg/reqrep.h>
 
 #include "common/check.h"
+#include "common/clock.h"
 
 struct rpc_client {
     int sock;
@@ -25,29 +26,6 @@ struct rpc_client {
     char *secret;
     uint64_t next_id;
 };
-
-double transport_wall(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-double transport_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-void transport_sleep(double seconds)
-{
-    if (seconds <= 0)
-        return;
-    struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
 
 /* strerror() text with a lower-case first letter, as it reads inside a sentence. */
 static void errno_text(int e, char *out, size_t len)
@@ -386,7 +364,7 @@ enum rpc_result rpc_call(struct rpc_client *c, Grpo__Envelope *req, int timeout_
     envelope_set_secret(req, c->secret);
     size_t len;
     uint8_t *buf = CHECK_ALLOC(protocol_pack(req, &len));
-    double deadline = transport_now() + timeout_ms / 1000.0;
+    double deadline = clock_now_s() + timeout_ms / 1000.0;
     int to = timeout_ms;
     nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_SNDTIMEO, &to, sizeof to);
     int rc = nn_send(c->sock, buf, len, 0);
@@ -400,7 +378,7 @@ enum rpc_result rpc_call(struct rpc_client *c, Grpo__Envelope *req, int timeout_
         return RPC_UNREACHABLE;
     }
     for (;;) {
-        int left = (int)((deadline - transport_now()) * 1000.0);
+        int left = (int)((deadline - clock_now_s()) * 1000.0);
         if (left <= 0) {
             unreachable_reason(c, timeout_ms, err, errlen);
             return RPC_UNREACHABLE;
@@ -448,7 +426,7 @@ enum rpc_result rpc_call_retry(struct rpc_client *c, Grpo__Envelope *req, int at
     enum rpc_result r = RPC_UNREACHABLE;
     for (int i = 0; i < (attempts < 1 ? 1 : attempts); i++) {
         if (i > 0) {
-            transport_sleep(backoff);
+            clock_sleep_s(backoff);
             backoff = backoff * 2 > 2.0 ? 2.0 : backoff * 2;
         }
         /* a plain connect fails at once where nothing listens: no need to wait out the timeout */

@@ -72,11 +72,4 @@ enum rpc_result rpc_call_retry(struct rpc_client *c, Grpo__Envelope *req, int at
 /* The endpoint the client talks to. */
 const char *rpc_endpoint(const struct rpc_client *c);
 
-/* Monotonic clock in seconds. */
-double transport_now(void);
-/* Wall clock (unix seconds). */
-double transport_wall(void);
-/* Sleep for the given seconds (interrupted sleeps resume). */
-void transport_sleep(double seconds);
-
 #endif

@@ -180,11 +180,8 @@ static int cmd_info(const char *arg)
         return 1;
     }
     const struct model_config *c = &m->cfg;
-    printf("architecture        %s (family %s)\n",
-           c->arch == ARCH_QWEN3   ? "Qwen3ForCausalLM"
-           : c->arch == ARCH_QWEN2 ? "Qwen2ForCausalLM"
-                                   : "LlamaForCausalLM",
-           model_arch_name(c->arch));
+    const struct model_arch_info *fam = model_arch_info(c->arch);
+    printf("architecture        %s (family %s)\n", fam->hf_class, fam->model_type);
     printf("layers              %d\n", c->n_layers);
     printf("hidden_size         %d\n", c->hidden_size);
     printf("intermediate_size   %d\n", c->intermediate_size);

@@ -19,7 +19,7 @@ struct grpo_config;
 
 #define ROLE_MAX_ENDPOINTS 64
 
-/* Everything a role needs from the launch: built once by grpo_worker.c. */
+/* Everything a role needs from the launch: built once by worker/launch/launch.c. */
 struct role_env {
     const struct grpo_config *cfg;
     struct comm *world;

@@ -28,7 +28,7 @@ printf '#define GRPO_VERSION_STRING "fuzz"\n' >"$out/gen/daemon/grpod_version.h"
     "$src/tests/fuzz/fuzz_grpod.c" \
     "$src"/daemon/{core,core_report,core_persist,validate,arena}.c "$src"/proto/{names,status_json}.c \
     "$src/proto/protocol.c" "$out/gen/grpo.pb-c.c" \
-    "$src/common/log.c" "$src/common/check.c" "$src/common/placement.c" "$src/proto/transport.c" \
+    "$src"/common/{log,check,clock,placement}.c "$src/proto/transport.c" \
     $(pkg-config --cflags --libs libprotobuf-c jansson nanomsg) -lm \
     -o "$out/fuzz_grpod"
 echo "fuzzing grpod's parsers for $secs s (work directory $out)"

@@ -14,6 +14,7 @@
 #include "common/check.h"
 #include "common/check_cuda.h"
 #include "common/check_mpi.h"
+#include "common/clock.h"
 #include "kernels/kernels.h"
 #include "worker/comm/comm.h"
 
@@ -23,13 +24,6 @@ extern const struct kops kops_cuda;
 /* H200 SXM: dense BF16 tensor-core peak 989 TFLOP/s (1979 with sparsity); HBM3e 4.8 TB/s. */
 #define PEAK_BF16_TFLOPS 989.0
 #define PEAK_HBM_TBS 4.8
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 static float urand(void)
@@ -81,13 +75,13 @@ static void bench_linear(enum kmatmul mm, int N, int Din, int Dout, int iters)
         k_linear_backward(K, dx, dW, NULL, dy, x, W, N, Din, Dout);
     }
     k_sync(K);
-    double t0 = now();
+    double t0 = clock_now_s();
     for (int i = 0; i < iters; i++) {
         k_linear_forward(K, y, x, W, NULL, N, Din, Dout);
         k_linear_backward(K, dx, dW, NULL, dy, x, W, N, Din, Dout);
     }
     k_sync(K);
-    double s = (now() - t0) / iters, flops = 6.0 * N * Din * Dout; /* forward 2NDD', backward 4NDD' */
+    double s = (clock_now_s() - t0) / iters, flops = 6.0 * N * Din * Dout; /* forward 2NDD', backward 4NDD' */
     char shape[96];
     snprintf(shape, sizeof shape, "N=%d Din=%d Dout=%d", N, Din, Dout);
     double tf = flops / s / 1e12;
@@ -119,16 +113,16 @@ static void bench_attention(int B, int L, int Hq, int Hkv, int hd, int iters)
     k_sync(K);
     /* causal: each query row sees (i + 1) keys; 2 products of 2 hd flops per (row, key) forward, 5 backward */
     double pairs = (double)B * Hq * ((double)L * (L + 1) / 2.0), ffw = 4.0 * hd * pairs, fbw = 10.0 * hd * pairs;
-    double t0 = now();
+    double t0 = clock_now_s();
     for (int i = 0; i < iters; i++)
         k_attention_forward(K, out, lse, q, k, v, cu, NULL, B, Hq, Hkv, hd);
     k_sync(K);
-    double sf = (now() - t0) / iters;
-    t0 = now();
+    double sf = (clock_now_s() - t0) / iters;
+    t0 = clock_now_s();
     for (int i = 0; i < iters; i++)
         k_attention_backward(K, dq, dk, dv, dout, out, lse, q, k, v, cu, NULL, B, Hq, Hkv, hd);
     k_sync(K);
-    double sb = (now() - t0) / iters;
+    double sb = (clock_now_s() - t0) / iters;
     char shape[96];
     snprintf(shape, sizeof shape, "B=%d L=%d Hq=%d Hkv=%d hd=%d", B, L, Hq, Hkv, hd);
     double tf = ffw / sf / 1e12, tb = fbw / sb / 1e12, tt = (ffw + fbw) / (sf + sb) / 1e12;
@@ -154,11 +148,12 @@ static void bench_decode(int Tk, int Hq, int Hkv, int hd, int iters)
     for (int i = 0; i < 3; i++)
         k_attention_cached(K, out, q, kc, vc, 1, Tk, Hq, Hkv, hd);
     k_sync(K);
-    double t0 = now();
+    double t0 = clock_now_s();
     for (int i = 0; i < iters; i++)
         k_attention_cached(K, out, q, kc, vc, 1, Tk, Hq, Hkv, hd);
     k_sync(K);
-    double s = (now() - t0) / iters, bytes = 2.0 * (double)nk * sizeof(float); /* the K and V caches, read once */
+    double s = (clock_now_s() - t0) / iters,
+           bytes = 2.0 * (double)nk * sizeof(float); /* the K and V caches, read once */
     char shape[96];
     snprintf(shape, sizeof shape, "Tq=1 Tk=%d Hq=%d Hkv=%d hd=%d", Tk, Hq, Hkv, hd);
     double tbs = bytes / s / 1e12;
@@ -186,10 +181,10 @@ static int bench_nccl(int argc, char **argv, int small)
         comm_allreduce_sum(nc, d, count, COMM_F32);
     const int iters = small ? 5 : 20;
     comm_barrier(world);
-    double t0 = now();
+    double t0 = clock_now_s();
     for (int i = 0; i < iters; i++)
         comm_allreduce_sum(nc, d, count, COMM_F32); /* blocking: the back-end synchronises its stream */
-    double s = (now() - t0) / iters;
+    double s = (clock_now_s() - t0) / iters;
     comm_allreduce_sum(world, &s, 1, COMM_F64);
     s /= n;
     double bytes = (double)count * sizeof *d, busbw = bytes / s * 2.0 * (n - 1) / n / 1e9;

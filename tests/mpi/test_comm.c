@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "common/check_mpi.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "worker/comm/comm.h"
 #include "worker/comm/parallel.h"
@@ -155,6 +156,44 @@ static void check_group(struct comm *c, const char *what, size_t n)
     free(buf);
 }
 
+/* What a launch uses: the capabilities, the byte all-gather (an odd size, counted in bytes) and the node split
+ * (every rank of the test runs on this host). */
+static void check_launch_primitives(struct comm *w)
+{
+    const int r = comm_rank(w), s = comm_size(w);
+    EXPECT(!comm_caps(w)->device_memory, "the MPI back-end advertises device memory");
+    char mine[7], *all = xcalloc((size_t)s, sizeof mine);
+    for (size_t i = 0; i < sizeof mine; i++)
+        mine[i] = (char)('a' + (r * 7 + (int)i) % 26);
+    struct comm_traffic before, after;
+    comm_traffic(w, &before);
+    comm_allgather_bytes(w, mine, all, sizeof mine);
+    comm_traffic(w, &after);
+    for (int q = 0; q < s; q++)
+        for (size_t i = 0; i < sizeof mine; i++)
+            if (all[(size_t)q * sizeof mine + i] != (char)('a' + (q * 7 + (int)i) % 26)) {
+                EXPECT(0, "allgather_bytes block %d [%zu] wrong", q, i);
+                q = s;
+                break;
+            }
+    EXPECT(after.calls[COMM_OP_ALLGATHER] == before.calls[COMM_OP_ALLGATHER] + 1 &&
+               after.payload[COMM_OP_ALLGATHER] == before.payload[COMM_OP_ALLGATHER] + (double)sizeof mine,
+           "allgather_bytes traffic: %llu calls, %g bytes", after.calls[COMM_OP_ALLGATHER],
+           after.payload[COMM_OP_ALLGATHER]);
+    free(all);
+    struct comm *node = comm_split_node(w, r), *back = comm_split_node(w, -r);
+    EXPECT(comm_size(node) == s && comm_rank(node) == r, "node split: rank %d of %d, want %d of %d", comm_rank(node),
+           comm_size(node), r, s);
+    EXPECT(comm_rank(back) == s - 1 - r, "node split by descending key: rank %d, want %d", comm_rank(back), s - 1 - r);
+    EXPECT(node->deadline_s == w->deadline_s, "node split: deadline %g, not its parent's %g", node->deadline_s,
+           w->deadline_s);
+    int32_t one = 1;
+    comm_allreduce_sum(node, &one, 1, COMM_I32);
+    EXPECT(one == s, "an all-reduce over the node's group summed %d ranks, want %d", one, s);
+    comm_free(back);
+    comm_free(node);
+}
+
 int main(int argc, char **argv)
 {
     int tp = 1, pp = 1;
@@ -191,15 +230,13 @@ int main(int argc, char **argv)
             MPI_Finalize();
             return 0;
         }
-        struct timespec t0, t1, t2;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
+        const double t0 = clock_now_s();
         int rc = comm_try_broadcast(world, &x, 1, COMM_F64, root);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
+        const double t1 = clock_now_s();
         int rc2 = comm_try_broadcast(world, &x, 1, COMM_F64, root);
-        clock_gettime(CLOCK_MONOTONIC, &t2);
-        printf("rank %d gave up: rc %d after %.1f s; again: rc %d after %.3f s\n", comm_rank(world), rc,
-               (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9, rc2,
-               (double)(t2.tv_sec - t1.tv_sec) + (double)(t2.tv_nsec - t1.tv_nsec) * 1e-9);
+        const double t2 = clock_now_s();
+        printf("rank %d gave up: rc %d after %.1f s; again: rc %d after %.3f s\n", comm_rank(world), rc, t1 - t0, rc2,
+               t2 - t1);
         fflush(stdout);
         MPI_Finalize();
         return rc == -1 && rc2 == -1 ? 0 : 1;
@@ -241,6 +278,7 @@ int main(int argc, char **argv)
     check_group(g.dp, "dp", n);
     check_group(g.tp, "tp", n);
     check_group(g.pp, "pp", n);
+    check_launch_primitives(world);
 
     comm_allreduce_sum(world, &g_bad, 1, COMM_I32);
     if (comm_rank(world) == 0)

@@ -19,6 +19,7 @@
 
 #include "common/check.h"
 #include "common/config.h"
+#include "common/fs.h"
 #include "common/log.h"
 #include "worker/control/control.h"
 
@@ -46,23 +47,32 @@ static void sleep_ms(double ms)
     nanosleep(&ts, NULL);
 }
 
+/* The state to write (fs_write_fn's ctx). */
+struct sim_state {
+    const struct sim *s;
+    uint64_t rng;
+};
+
+static int put_state(FILE *f, void *ctx, char *err, size_t errlen)
+{
+    (void)err;
+    (void)errlen;
+    const struct sim_state *st = ctx;
+    fprintf(f, "step %lld\nrng %llu\n", (long long)st->s->step, (unsigned long long)st->rng);
+    for (int i = 0; i < NW; i++)
+        fprintf(f, "w %a\n", st->s->w[i]); /* hex floats: exact */
+    return ferror(f) ? -1 : 0;
+}
+
 /* Write the state atomically: a reader sees the old file or the new one, never half. */
 static int write_state(const struct sim *s, uint64_t rng, const char *path)
 {
-    char tmp[1024];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f)
-        return -1;
-    fprintf(f, "step %lld\nrng %llu\n", (long long)s->step, (unsigned long long)rng);
-    for (int i = 0; i < NW; i++)
-        fprintf(f, "w %a\n", s->w[i]); /* hex floats: exact */
-    if (fflush(f) != 0 || fsync(fileno(f)) != 0) {
-        fclose(f);
+    struct sim_state st = {s, rng};
+    char err[1024];
+    if (fs_write_atomic_with(path, 0644, put_state, &st, err, sizeof err) != 0) {
+        log_error("sim", "%s", err);
         return -1;
     }
-    if (fclose(f) != 0 || rename(tmp, path) != 0)
-        return -1;
     return 0;
 }
 
@@ -206,7 +216,7 @@ int main(int argc, char **argv)
     while (s.step < steps) {
         s.rng0 = s.rng;
         /* generation: draws from the generator, like sampling */
-        control_set_phase(ctl, CONTROL_PHASE_GEN);
+        control_set_phase(ctl, GRPO__PHASE__PHASE_GEN);
         sleep_ms(step_ms * 0.5);
         double reward = 0;
         for (int i = 0; i < NW; i++)
@@ -216,9 +226,9 @@ int main(int argc, char **argv)
             stopped = true;
             break;
         }
-        control_set_phase(ctl, CONTROL_PHASE_REWARD);
+        control_set_phase(ctl, GRPO__PHASE__PHASE_REWARD);
         sleep_ms(step_ms * 0.1);
-        control_set_phase(ctl, CONTROL_PHASE_UPDATE_ACTOR);
+        control_set_phase(ctl, GRPO__PHASE__PHASE_UPDATE_ACTOR);
         sleep_ms(step_ms * 0.4);
         for (int i = 0; i < NW; i++)
             s.w[i] += 0.01 * ((double)(xorshift(&s.rng) >> 11) * 0x1p-53 - 0.5) - 0.001 * s.w[i] + 1e-3 * reward;
@@ -228,7 +238,7 @@ int main(int argc, char **argv)
         control_set_metric(ctl, "perf/throughput", 1000.0 + 10.0 * (double)s.step);
         control_set_metric(ctl, "actor/pg_loss", -reward * 0.1);
         control_set_step(ctl, s.step, steps);
-        control_set_phase(ctl, CONTROL_PHASE_IDLE);
+        control_set_phase(ctl, GRPO__PHASE__PHASE_IDLE);
         if (s.step == fail_at) {
             char why[128];
             snprintf(why, sizeof why, "simulated failure at step %lld", fail_at);

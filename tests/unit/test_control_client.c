@@ -18,6 +18,7 @@
 #include <nanomsg/nn.h>
 #include <nanomsg/reqrep.h>
 
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "daemon/core.h"
@@ -42,7 +43,7 @@ static void *serve(void *arg)
         void *msg;
         int n = nn_recv(s->sock, &msg, NN_MSG, 0);
         if (n < 0) {
-            core_tick(&s->core, transport_now());
+            core_tick(&s->core, clock_now_s());
             continue;
         }
         size_t rlen;
@@ -58,7 +59,7 @@ static void *serve(void *arg)
             r = malloc(rlen);
             grpo__envelope__pack(&env, r);
         } else {
-            r = core_handle(&s->core, msg, (size_t)n, NULL, transport_now(), &rlen);
+            r = core_handle(&s->core, msg, (size_t)n, NULL, clock_now_s(), &rlen);
         }
         nn_freemsg(msg);
         nn_send(s->sock, r, rlen, 0);
@@ -79,7 +80,7 @@ static void server_start(struct server *s, int wrong_version)
                                 .pp_size = 1,
                                 .data_endpoint = "",
                                 .http_url = ""};
-    core_init(&s->core, &set, transport_now());
+    core_init(&s->core, &set, clock_now_s());
     s->wrong_version = wrong_version;
     s->sock = nn_socket(AF_SP, NN_REP);
     assert_true(s->sock >= 0);
@@ -141,7 +142,7 @@ static int poll_until(struct control *c, enum control_command cmd)
         enum control_command got = control_poll(c);
         if (got == cmd)
             return 1;
-        transport_sleep(0.01);
+        clock_sleep_s(0.01);
     }
     return 0;
 }
@@ -171,7 +172,7 @@ static void test_no_grpod(void **state)
     char err[128];
     assert_int_equal(control_open(&o, &c, &a, err, sizeof err), 0);
     assert_null(c);
-    control_set_phase(c, CONTROL_PHASE_GEN);
+    control_set_phase(c, GRPO__PHASE__PHASE_GEN);
     control_set_step(c, 1, 2);
     control_set_metric(c, "x", 1);
     assert_int_equal(control_poll(c), CONTROL_NONE);
@@ -189,9 +190,9 @@ static void test_unreachable(void **state)
     struct control *c;
     struct control_assignment a;
     char err[512];
-    double t0 = transport_now();
+    double t0 = clock_now_s();
     assert_int_equal(control_open(&o, &c, &a, err, sizeof err), -1);
-    assert_true(transport_now() - t0 < 5.0);
+    assert_true(clock_now_s() - t0 < 5.0);
     assert_non_null(strstr(err, "cannot reach grpod at ipc:///tmp/grpo-no-such-dir/ctl.sock: "));
     assert_non_null(strstr(err, "no such file or directory"));
 }
@@ -219,10 +220,10 @@ static void test_heartbeats_while_busy(void **state)
     struct control *c = open_worker(&s, &a);
     assert_int_equal(a.role, CONTROL_ROLE_HYBRID);
     assert_true(a.run_id[0]);
-    control_set_phase(c, CONTROL_PHASE_UPDATE_ACTOR);
+    control_set_phase(c, GRPO__PHASE__PHASE_UPDATE_ACTOR);
     control_set_metric(c, "critic/score/mean", 0.25);
     control_set_step(c, 3, 10);
-    transport_sleep(1.0); /* the trainer is busy: no calls at all */
+    clock_sleep_s(1.0); /* the trainer is busy: no calls at all */
     Grpo__Envelope *keep;
     Grpo__Status *st = status(s.endpoint, &keep);
     assert_int_equal(st->n_workers, 1);
@@ -255,9 +256,9 @@ static void *resume_later(void *arg)
         Grpo__Status *st = status(r->endpoint, &keep);
         r->saw_paused = st->state == GRPO__RUN_STATE__RUN_PAUSED;
         protocol_free(keep);
-        transport_sleep(0.02);
+        clock_sleep_s(0.02);
     }
-    transport_sleep(0.3);
+    clock_sleep_s(0.3);
     send_command(r->endpoint, GRPO__COMMAND__COMMAND_RESUME);
     return NULL;
 }
@@ -269,7 +270,7 @@ static void test_commands(void **state)
     server_start(&s, 0);
     struct control_assignment a;
     struct control *c = open_worker(&s, &a);
-    control_set_phase(c, CONTROL_PHASE_GEN);
+    control_set_phase(c, GRPO__PHASE__PHASE_GEN);
     assert_int_equal(control_poll(c), CONTROL_NONE);
 
     /* pause: held in control_wait_resume, reported as paused, until resumed */
@@ -293,7 +294,7 @@ static void test_commands(void **state)
         protocol_free(keep);
         if (status(s.endpoint, &keep)->checkpoint_seq_done == 1)
             break;
-        transport_sleep(0.02);
+        clock_sleep_s(0.02);
     }
     assert_int_equal(keep->status->checkpoint_seq_done, 1);
     assert_int_equal(keep->status->checkpoint_step, 5);
@@ -334,14 +335,14 @@ static void test_safe_point(void **state)
     send_command(s.endpoint, GRPO__COMMAND__COMMAND_CHECKPOINT);
     for (int i = 0; i < 500 && saves == 0; i++) {
         assert_true(control_safe_point(c, 2, save_cb, NULL));
-        transport_sleep(0.01);
+        clock_sleep_s(0.01);
     }
     assert_int_equal(saves, 1);
     send_command(s.endpoint, GRPO__COMMAND__COMMAND_STOP);
     bool go_on = true;
     for (int i = 0; i < 500 && go_on; i++) {
         go_on = control_safe_point(c, 3, save_cb, NULL);
-        transport_sleep(0.01);
+        clock_sleep_s(0.01);
     }
     assert_false(go_on);
     assert_int_equal(saves, 2);

@@ -414,6 +414,34 @@ static void test_new_families_roundtrip(void **state)
     }
 }
 
+/* The families' table: each family found by its config.json model_type and its GGUF name, the lists the
+ * refusals print, and what sets each family apart. */
+static void test_arch_table(void **state)
+{
+    (void)state;
+    const enum model_arch all[] = {ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3};
+    for (int i = 0; i < 3; i++) {
+        const struct model_arch_info *f = model_arch_info(all[i]);
+        assert_int_equal(f->arch, all[i]);
+        assert_ptr_equal(model_arch_by_model_type(f->model_type), f);
+        assert_string_equal(model_arch_name(all[i]), f->model_type);
+        if (f->gguf_name)
+            assert_ptr_equal(model_arch_by_gguf_name(f->gguf_name), f);
+    }
+    assert_string_equal(model_arch_info(ARCH_QWEN2)->hf_class, "Qwen2ForCausalLM");
+    assert_null(model_arch_by_gguf_name("qwen3")); /* no GGUF import of Qwen3 */
+    assert_null(model_arch_by_model_type("mistral"));
+    assert_null(model_arch_by_model_type(NULL));
+    assert_true(model_arch_is_moe("qwen3_moe") && !model_arch_is_moe("qwen3"));
+    assert_true(model_arch_info(ARCH_QWEN2)->qkv_bias_always && !model_arch_info(ARCH_QWEN3)->qkv_bias_always);
+    assert_true(model_arch_info(ARCH_QWEN3)->qk_norm && !model_arch_info(ARCH_LLAMA)->qk_norm);
+    assert_true(model_arch_info(ARCH_LLAMA)->gguf_qk_permuted && !model_arch_info(ARCH_QWEN2)->gguf_qk_permuted);
+    char names[64];
+    assert_string_equal(model_arch_list(false, names, sizeof names), "llama, qwen2, qwen3");
+    assert_string_equal(model_arch_list(true, names, sizeof names), "llama, qwen2");
+    assert_string_equal(model_arch_list(false, names, 8), "llama, "); /* cut short, still a string */
+}
+
 /* Greedy decoding through the KV cache gives transformers' tokens (generate, 12 new tokens after 6): scaled
  * RoPE at positions past original_max_position_embeddings, and Qwen3's q/k norms in the cached step. */
 static void test_new_families_greedy(void **state)
@@ -872,6 +900,7 @@ int main(void)
         cmocka_unit_test(test_activation_offload_identical),
         cmocka_unit_test(test_save_and_reload),
         cmocka_unit_test(test_new_families_roundtrip),
+        cmocka_unit_test(test_arch_table),
         cmocka_unit_test(test_new_families_greedy),
         cmocka_unit_test(test_smollm2_matches_transformers),
         cmocka_unit_test(test_generation_reproducible),

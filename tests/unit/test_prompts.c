@@ -16,7 +16,7 @@
 
 #include "common/config.h"
 #include "worker/tokenizer/tokenizer.h"
-#include "worker/trainer/prompts.h"
+#include "worker/step/prompts.h"
 
 #define TOK_DIR TEST_TOKENIZER_FIXTURE
 

@@ -10,8 +10,24 @@
 
 #include <cmocka.h>
 
+#include "proto/names.h"
 #include "proto/protocol.h"
 #include "proto/transport.h"
+
+/* Every phase has its name (verl's timing names: what the status page, grpoctl and the timing_s/ metrics
+ * show); a number outside the enum is "unknown". */
+static void test_phase_names(void **state)
+{
+    (void)state;
+    static const char *const want[GRPO_NUM_PHASES] = {
+        "idle", "gen",          "reward",      "old_log_prob", "ref",
+        "adv",  "update_actor", "weight_sync", "testing",      "save_checkpoint"};
+    for (int p = 0; p < GRPO_NUM_PHASES; p++)
+        assert_string_equal(core_phase_name((Grpo__Phase)p), want[p]);
+    assert_string_equal(core_phase_name(GRPO__PHASE__PHASE_UPDATE_ACTOR), "update_actor");
+    assert_string_equal(core_phase_name((Grpo__Phase)GRPO_NUM_PHASES), "unknown");
+    assert_string_equal(core_phase_name((Grpo__Phase)-1), "unknown");
+}
 
 static void test_round_trip(void **state)
 {
@@ -135,9 +151,8 @@ static void test_secret_bytes(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip),
-        cmocka_unit_test(test_version_refused),
-        cmocka_unit_test(test_garbage_and_empty),
+        cmocka_unit_test(test_phase_names),     cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_version_refused), cmocka_unit_test(test_garbage_and_empty),
         cmocka_unit_test(test_secret_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

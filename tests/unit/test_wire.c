@@ -13,7 +13,7 @@
 
 #include "common/placement.h"
 #include "proto/protocol.h"
-#include "worker/rollout/wire.h"
+#include "worker/plane/wire.h"
 
 #define B 3
 #define N 2

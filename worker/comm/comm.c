@@ -54,6 +54,7 @@ void comm_traffic_reset(struct comm *c) { memset(&c->traffic, 0, sizeof c->traff
 int comm_rank(const struct comm *c) { return c->rank; }
 int comm_size(const struct comm *c) { return c->size; }
 const char *comm_backend_name(const struct comm *c) { return c->be->name; }
+const struct comm_caps *comm_caps(const struct comm *c) { return &c->be->caps; }
 
 struct comm_req *comm_iallreduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype t, void *after_stream)
 {
@@ -94,11 +95,12 @@ struct comm *comm_split(struct comm *parent, int color, int key)
     return c;
 }
 
-double comm_seconds_since(const struct timespec *t0)
+struct comm *comm_split_node(struct comm *parent, int key)
 {
-    struct timespec t1;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    return (double)(t1.tv_sec - t0->tv_sec) + (double)(t1.tv_nsec - t0->tv_nsec) * 1e-9;
+    struct comm *c = parent->be->split_node(parent, key);
+    if (c)
+        c->deadline_s = parent->deadline_s; /* as comm_split */
+    return c;
 }
 
 void comm_set_deadline(struct comm *c, double seconds)
@@ -145,6 +147,15 @@ void comm_allgather(struct comm *c, const void *send, void *recv, size_t count, 
     c->be->allgather(c, send, recv, count, t);
     const double b = (double)count * comm_dtype_size(t);
     tally(c, COMM_OP_ALLGATHER, b, b * c->size, t, false);
+}
+
+void comm_allgather_bytes(struct comm *c, const void *send, void *recv, size_t bytes)
+{
+    if (!bytes)
+        return;
+    c->be->allgather_bytes(c, send, recv, bytes);
+    const double b = (double)bytes;
+    tally(c, COMM_OP_ALLGATHER, b, b * c->size, COMM_I32, false); /* counted with the buffers that are not float32 */
 }
 
 void comm_reduce_scatter_sum(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype t)

@@ -1,5 +1,6 @@
 /* The collective plane: a small communication interface with two back-ends,
- * MPI (CPU buffers) and NCCL (GPU buffers). Counts are elements, never bytes.
+ * MPI (CPU buffers) and NCCL (GPU buffers). Counts are elements, never bytes
+ * (comm_allgather_bytes alone, which says so, counts bytes).
  * All collectives are blocking from the caller's point of view (the NCCL
  * back-end synchronises its stream), so the CPU and GPU paths are drop-in
  * replacements in tests; the one non-blocking operation, comm_iallreduce_sum,
@@ -17,10 +18,22 @@ struct comm;
 /* Size in bytes of one element of dtype. */
 size_t comm_dtype_size(enum comm_dtype t);
 
+/* Start MPI for this process of the job (main's argc and argv); from then on a failed check ends the whole job,
+ * not this rank alone. */
+void comm_mpi_init(int *argc, char ***argv);
+/* End MPI, once every comm is freed. */
+void comm_mpi_finalize(void);
+/* End the whole job with exit status code: a rank the others would wait for in a collective cannot go on. */
+void comm_end_job(int code);
+/* Whether mpirun keeps the job when one of its ranks dies (--mca orte_enable_recovery 1). */
+bool comm_job_outlives_ranks(void);
 /* MPI_COMM_WORLD as a comm (MPI must be initialised). */
 struct comm *comm_mpi_world(void);
 /* A sub-group of parent: ranks with the same color, ordered by key (same back-end as parent). */
 struct comm *comm_split(struct comm *parent, int color, int key);
+/* A sub-group of parent: the ranks that share this rank's host (its node), ordered by key (same back-end as parent);
+ * collective over parent. */
+struct comm *comm_split_node(struct comm *parent, int key);
 /* From now on an error in a collective of c (a lost peer) ends this rank only, with a log line, instead of the
  * whole job: for a group whose loss the run survives (a rollout TP group). */
 void comm_fail_alone(struct comm *c);
@@ -35,8 +48,16 @@ void comm_free(struct comm *c);
 
 int comm_rank(const struct comm *c);
 int comm_size(const struct comm *c);
-/* "mpi" or "nccl". */
+/* "mpi" or "nccl": for log lines only; callers branch on comm_caps. */
 const char *comm_backend_name(const struct comm *c);
+
+/* What a back-end offers its callers, who branch on these and never on its name. */
+struct comm_caps {
+    bool device_memory; /* payloads travel from and to the memory of the group's GPU (a host buffer takes a slower
+                           MPI twin, meant for small values): a caller stages bulk host data through device memory */
+};
+/* The capabilities of c's back-end. */
+const struct comm_caps *comm_caps(const struct comm *c);
 
 /* In-place sum over the group. */
 void comm_allreduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype t);
@@ -60,6 +81,9 @@ void comm_wait(struct comm_req *r);
 void comm_allreduce_max(struct comm *c, void *buf, size_t count, enum comm_dtype t);
 /* recv (count * size) gets every rank's send (count) in rank order. */
 void comm_allgather(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype t);
+/* As comm_allgather, but counted in BYTES, not elements: recv (bytes * size) gets every rank's send (bytes) in rank
+ * order (host names, text). */
+void comm_allgather_bytes(struct comm *c, const void *send, void *recv, size_t bytes);
 /* send (count * size) summed over the group; rank r keeps block r (count) in recv. */
 void comm_reduce_scatter_sum(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype t);
 /* root's buf copied to every rank. */
@@ -126,13 +150,10 @@ struct comm *comm_device_group(struct comm *mpi_comm, int device);
 struct comm *comm_nccl_from(struct comm *mpi_comm, int device);
 #endif
 
-/* Seconds on the monotonic clock since t0 (the back-ends' deadlines). */
-struct timespec;
-double comm_seconds_since(const struct timespec *t0);
-
 /* Back-end table; each back-end fills one. */
 struct comm_backend {
     const char *name;
+    struct comm_caps caps;
     void (*allreduce_sum)(struct comm *, void *, size_t, enum comm_dtype);
     void (*allreduce_max)(struct comm *, void *, size_t, enum comm_dtype);
     /* comm_iallreduce_sum, comm_test and comm_wait (NULL: the blocking sum); wait frees the request */
@@ -140,6 +161,7 @@ struct comm_backend {
     void (*test)(struct comm_req *);
     void (*wait)(struct comm_req *);
     void (*allgather)(struct comm *, const void *, void *, size_t, enum comm_dtype);
+    void (*allgather_bytes)(struct comm *, const void *, void *, size_t); /* the count in bytes */
     void (*reduce_scatter_sum)(struct comm *, const void *, void *, size_t, enum comm_dtype);
     void (*broadcast)(struct comm *, void *, size_t, enum comm_dtype, int);
     void (*broadcast_polled)(struct comm *, void *, size_t, enum comm_dtype, int, void (*)(void *, bool), void *);
@@ -150,6 +172,7 @@ struct comm_backend {
     void (*barrier)(struct comm *);
     void (*barrier_polled)(struct comm *, void (*)(void *, bool), void *); /* NULL: the barrier */
     struct comm *(*split)(struct comm *, int, int);
+    struct comm *(*split_node)(struct comm *, int);
     void (*fail_alone)(struct comm *);           /* may be NULL */
     void (*set_deadline)(struct comm *, double); /* besides c->deadline_s (a twin's own); may be NULL */
     void (*destroy)(struct comm *);

@@ -10,6 +10,7 @@
 
 #include "comm.h"
 #include "common/check_mpi.h"
+#include "common/clock.h"
 #include "common/log.h"
 
 static MPI_Datatype mpi_type(enum comm_dtype t)
@@ -78,14 +79,13 @@ static void mpi_wait_bounded(struct comm *c, MPI_Request *req, int n, const char
  * since MPI cannot cancel a collective: the caller never uses the group again). */
 static int mpi_wait_until(struct comm *c, MPI_Request *req, int n, const char *what, bool soft)
 {
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const double t0 = clock_now_s();
     for (long spins = 0;; spins++) {
         int done = 0;
         CHECK_C(c, MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE));
         if (done)
             return 0; /* the caller's MPI_Wait releases the complete requests */
-        const double waited = comm_seconds_since(&t0);
+        const double waited = (clock_now_s() - t0);
         if (c->deadline_s > 0 && waited > c->deadline_s) {
             char why[512];
             snprintf(why, sizeof why,
@@ -174,6 +174,18 @@ static void mpi_allgather(struct comm *c, const void *send, void *recv, size_t c
     }
     MPI_Request r;
     CHECK_C(c, MPI_Iallgather(send, icount(count), mpi_type(t), recv, icount(count), mpi_type(t), mc(c), &r));
+    mpi_wait_bounded(c, &r, 1, "all-gather");
+    CHECK_C(c, MPI_Wait(&r, MPI_STATUS_IGNORE));
+}
+
+static void mpi_allgather_bytes(struct comm *c, const void *send, void *recv, size_t bytes)
+{
+    if (!bounded(c)) {
+        CHECK_C(c, MPI_Allgather(send, icount(bytes), MPI_BYTE, recv, icount(bytes), MPI_BYTE, mc(c)));
+        return;
+    }
+    MPI_Request r;
+    CHECK_C(c, MPI_Iallgather(send, icount(bytes), MPI_BYTE, recv, icount(bytes), MPI_BYTE, mc(c), &r));
     mpi_wait_bounded(c, &r, 1, "all-gather");
     CHECK_C(c, MPI_Wait(&r, MPI_STATUS_IGNORE));
 }
@@ -338,6 +350,14 @@ static struct comm *mpi_split(struct comm *parent, int color, int key)
     return mpi_wrap(m, true);
 }
 
+/* The ranks of parent on this rank's host: MPI's shared-memory split. */
+static struct comm *mpi_split_node(struct comm *parent, int key)
+{
+    MPI_Comm m;
+    CHECK_MPI(MPI_Comm_split_type(mc(parent), MPI_COMM_TYPE_SHARED, key, MPI_INFO_NULL, &m));
+    return mpi_wrap(m, true);
+}
+
 static void mpi_fail_alone(struct comm *c)
 {
     ((struct mpi_impl *)c->impl)->alone = true;
@@ -355,12 +375,14 @@ static void mpi_destroy(struct comm *c)
 
 static const struct comm_backend mpi_backend = {
     .name = "mpi",
+    .caps = {.device_memory = false},
     .allreduce_sum = mpi_allreduce_sum,
     .allreduce_max = mpi_allreduce_max,
     .iallreduce_sum = mpi_iallreduce_sum,
     .test = mpi_req_test,
     .wait = mpi_req_wait,
     .allgather = mpi_allgather,
+    .allgather_bytes = mpi_allgather_bytes,
     .reduce_scatter_sum = mpi_reduce_scatter_sum,
     .broadcast = mpi_broadcast,
     .broadcast_polled = mpi_broadcast_polled,
@@ -371,6 +393,7 @@ static const struct comm_backend mpi_backend = {
     .sendrecv = mpi_sendrecv,
     .barrier = mpi_barrier,
     .split = mpi_split,
+    .split_node = mpi_split_node,
     .fail_alone = mpi_fail_alone,
     .destroy = mpi_destroy,
 };
@@ -389,6 +412,18 @@ static struct comm *mpi_wrap(MPI_Comm m, bool owned)
 }
 
 struct comm *comm_mpi_world(void) { return mpi_wrap(MPI_COMM_WORLD, false); }
+
+void comm_mpi_init(int *argc, char ***argv)
+{
+    CHECK_MPI(MPI_Init(argc, argv));
+    check_set_fatal_hook(check_mpi_abort_hook);
+}
+
+void comm_mpi_finalize(void) { MPI_Finalize(); }
+
+void comm_end_job(int code) { check_mpi_end_job(code); }
+
+bool comm_job_outlives_ranks(void) { return check_mpi_recovery_mode() != 0; }
 
 /* The NCCL back-end needs the MPI communicator under a comm to share its unique id. */
 MPI_Comm comm_mpi_handle(struct comm *c);

@@ -15,6 +15,7 @@
 
 #include "comm.h"
 #include "common/check_cuda.h"
+#include "common/clock.h"
 #include "common/check_mpi.h"
 #include "common/log.h"
 
@@ -107,16 +108,15 @@ static void nap(long spins)
  * the deadline), else the call failed (nccl_fail). */
 static int nccl_issued(struct comm *c, ncclResult_t rc, const char *what, bool soft)
 {
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const double t0 = clock_now_s();
     for (long spins = 0; rc == ncclInProgress; spins++) {
         if (ncclCommGetAsyncError(ni(c)->comm, &rc) != ncclSuccess)
             rc = ncclInternalError;
-        if (rc == ncclInProgress && c->deadline_s > 0 && comm_seconds_since(&t0) > c->deadline_s)
-            return nccl_fail(c, what, ncclSuccess, comm_seconds_since(&t0), soft);
+        if (rc == ncclInProgress && c->deadline_s > 0 && (clock_now_s() - t0) > c->deadline_s)
+            return nccl_fail(c, what, ncclSuccess, clock_now_s() - t0, soft);
         nap(spins);
     }
-    return rc == ncclSuccess ? 0 : nccl_fail(c, what, rc, comm_seconds_since(&t0), soft);
+    return rc == ncclSuccess ? 0 : nccl_fail(c, what, rc, clock_now_s() - t0, soft);
 }
 
 /* Wait for the stream's collective, `what`, bounded by the comm's deadline (comm_set_deadline; 0: none): a
@@ -134,14 +134,13 @@ static void nccl_wait_for(struct comm *c, const char *what) { nccl_wait_event(c,
  * error, the communicator aborted, -1 with a log line instead of the end of the run (comm_try_broadcast). */
 static int nccl_wait_until(struct comm *c, cudaEvent_t ev, const char *what, bool soft)
 {
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const double t0 = clock_now_s();
     for (long spins = 0;; spins++) {
         ncclResult_t async = ncclSuccess;
         if (ncclCommGetAsyncError(ni(c)->comm, &async) != ncclSuccess)
             async = ncclInternalError;
         if (async != ncclSuccess && async != ncclInProgress)
-            return nccl_fail(c, what, async, comm_seconds_since(&t0), soft);
+            return nccl_fail(c, what, async, clock_now_s() - t0, soft);
         if (async == ncclSuccess) { /* everything queued: the stream says when it is done */
             const cudaError_t q = ev ? cudaEventQuery(ev) : cudaStreamQuery(ni(c)->stream);
             if (q == cudaSuccess)
@@ -149,8 +148,8 @@ static int nccl_wait_until(struct comm *c, cudaEvent_t ev, const char *what, boo
             if (q != cudaErrorNotReady)
                 CHECK_CUDA(q);
         }
-        if (c->deadline_s > 0 && comm_seconds_since(&t0) > c->deadline_s)
-            return nccl_fail(c, what, ncclSuccess, comm_seconds_since(&t0), soft);
+        if (c->deadline_s > 0 && (clock_now_s() - t0) > c->deadline_s)
+            return nccl_fail(c, what, ncclSuccess, clock_now_s() - t0, soft);
         nap(spins);
     }
 }
@@ -224,6 +223,16 @@ static void nccl_allgather(struct comm *c, const void *send, void *recv, size_t 
         return;
     }
     nccl_issued(c, ncclAllGather(send, recv, count, nccl_type(t), ni(c)->comm, ni(c)->stream), "all-gather", false);
+    nccl_wait_for(c, "all-gather");
+}
+
+static void nccl_allgather_bytes(struct comm *c, const void *send, void *recv, size_t bytes)
+{
+    if (!on_device(recv)) {
+        comm_allgather_bytes(ni(c)->mpi, send, recv, bytes);
+        return;
+    }
+    nccl_issued(c, ncclAllGather(send, recv, bytes, ncclUint8, ni(c)->comm, ni(c)->stream), "all-gather", false);
     nccl_wait_for(c, "all-gather");
 }
 
@@ -314,6 +323,15 @@ static struct comm *nccl_split(struct comm *parent, int color, int key)
     return sub;
 }
 
+/* The ranks on this rank's host, split from the MPI twin as nccl_split does. */
+static struct comm *nccl_split_node(struct comm *parent, int key)
+{
+    struct comm *sub_mpi = comm_split_node(ni(parent)->mpi, key);
+    struct comm *sub = comm_nccl_from(sub_mpi, ni(parent)->device);
+    comm_free(sub_mpi);
+    return sub;
+}
+
 /* comm_fail_alone: a lost peer ends this rank only, over NCCL (nccl_wait_event) and over the MPI twin alike. */
 static void nccl_fail_alone(struct comm *c)
 {
@@ -340,11 +358,13 @@ static void nccl_destroy(struct comm *c)
 
 static const struct comm_backend nccl_backend = {
     .name = "nccl",
+    .caps = {.device_memory = true},
     .allreduce_sum = nccl_allreduce_sum,
     .allreduce_max = nccl_allreduce_max,
     .iallreduce_sum = nccl_iallreduce_sum,
     .wait = nccl_req_wait,
     .allgather = nccl_allgather,
+    .allgather_bytes = nccl_allgather_bytes,
     .reduce_scatter_sum = nccl_reduce_scatter_sum,
     .broadcast = nccl_broadcast,
     .try_broadcast = nccl_try_broadcast,
@@ -354,6 +374,7 @@ static const struct comm_backend nccl_backend = {
     .barrier = nccl_barrier,
     .barrier_polled = nccl_barrier_polled,
     .split = nccl_split,
+    .split_node = nccl_split_node,
     .fail_alone = nccl_fail_alone,
     .set_deadline = nccl_set_deadline,
     .destroy = nccl_destroy,

@@ -15,17 +15,16 @@
 #include <unistd.h>
 
 #include "common/check.h"
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "proto/protocol.h"
 #include "proto/transport.h"
 
-#define NUM_PHASES 10
 #define MAX_METRICS 64
 #define MAX_SPANS 64
 #define FINISH_WAIT_S 5.0
 
-_Static_assert(CONTROL_PHASE_CHECKPOINT == (int)GRPO__PHASE__PHASE_CHECKPOINT, "phases follow grpo.Phase");
 _Static_assert(CONTROL_ROLE_HYBRID == (int)GRPO__ROLE__ROLE_HYBRID, "roles follow grpo.Role");
 _Static_assert(CONTROL_CHECKPOINT == (int)GRPO__COMMAND__COMMAND_CHECKPOINT, "commands follow grpo.Command");
 
@@ -52,9 +51,9 @@ struct control {
 
     /* the snapshot the heartbeats carry */
     int64_t step, total_steps;
-    enum control_phase phase;
+    Grpo__Phase phase;
     double since; /* when the current phase (or pause) began */
-    double cur[NUM_PHASES], last[NUM_PHASES];
+    double cur[GRPO_NUM_PHASES], last[GRPO_NUM_PHASES];
     double busy, idle;
     bool paused;
     struct {
@@ -69,7 +68,7 @@ struct control {
     uint64_t generation, acked_generation; /* snapshot versions made and known to grpod */
     struct {
         double start;
-        enum control_phase phase;
+        Grpo__Phase phase;
     } spans[MAX_SPANS]; /* phase changes not yet sent, oldest first (the status page's timeline) */
     int nspans;
 
@@ -187,7 +186,7 @@ static void account(struct control *c, double now)
     double dt = now - c->since;
     if (dt < 0)
         dt = 0;
-    if (c->paused || c->phase == CONTROL_PHASE_IDLE)
+    if (c->paused || c->phase == GRPO__PHASE__PHASE_IDLE)
         c->idle += dt;
     else
         c->busy += dt;
@@ -199,9 +198,8 @@ static void account(struct control *c, double now)
 /* A deadline `seconds` from now on the monotonic clock the condition variables use. */
 static struct timespec deadline_in(double seconds)
 {
+    const double t = clock_now_s() + seconds;
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double t = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + seconds;
     ts.tv_sec = (time_t)t;
     ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
     return ts;
@@ -215,22 +213,22 @@ static void changed_locked(struct control *c)
     pthread_cond_signal(&c->wake);
 }
 
-void control_set_phase(struct control *c, enum control_phase phase)
+void control_set_phase(struct control *c, Grpo__Phase phase)
 {
-    if (!c || (unsigned)phase >= NUM_PHASES)
+    if (!c || (unsigned)phase >= GRPO_NUM_PHASES)
         return;
     pthread_mutex_lock(&c->mu);
-    account(c, transport_now());
+    account(c, clock_now_s());
     if (phase != c->phase) {
         if (c->nspans == MAX_SPANS) { /* grpod has not heard for a while: keep the newest */
             memmove(c->spans, c->spans + 1, sizeof c->spans[0] * (MAX_SPANS - 1));
             c->nspans--;
         }
-        c->spans[c->nspans].start = transport_wall();
+        c->spans[c->nspans].start = clock_wall_s();
         c->spans[c->nspans++].phase = phase;
     }
     c->phase = phase;
-    if (c->state == GRPO__WORKER_STATE__WORKER_STARTING && phase != CONTROL_PHASE_IDLE)
+    if (c->state == GRPO__WORKER_STATE__WORKER_STARTING && phase != GRPO__PHASE__PHASE_IDLE)
         c->state = GRPO__WORKER_STATE__WORKER_RUNNING; /* loading is over: the first step has begun */
     pthread_mutex_unlock(&c->mu);
 }
@@ -240,7 +238,7 @@ void control_set_step(struct control *c, int64_t step, int64_t total_steps)
     if (!c)
         return;
     pthread_mutex_lock(&c->mu);
-    account(c, transport_now());
+    account(c, clock_now_s());
     if (step != c->step) {
         memcpy(c->last, c->cur, sizeof c->last);
         memset(c->cur, 0, sizeof c->cur);
@@ -297,7 +295,7 @@ enum control_command control_wait_resume(struct control *c)
     enum control_command cmd;
     pthread_mutex_lock(&c->mu);
     if (!c->paused) {
-        account(c, transport_now());
+        account(c, clock_now_s());
         c->paused = true;
         c->state = GRPO__WORKER_STATE__WORKER_PAUSED;
         changed_locked(c);
@@ -323,7 +321,7 @@ enum control_command control_wait_resume(struct control *c)
         pthread_cond_timedwait(&c->changed, &c->mu, &until);
     }
     if (cmd == CONTROL_RESUME) {
-        account(c, transport_now());
+        account(c, clock_now_s());
         c->paused = false;
         c->state = GRPO__WORKER_STATE__WORKER_RUNNING;
         changed_locked(c);
@@ -338,7 +336,7 @@ static void set_held(struct control *c, bool held)
 {
     if (c->paused == held)
         return;
-    account(c, transport_now());
+    account(c, clock_now_s());
     c->paused = held;
     c->state = held ? GRPO__WORKER_STATE__WORKER_PAUSED : GRPO__WORKER_STATE__WORKER_RUNNING;
     changed_locked(c);
@@ -413,7 +411,7 @@ void control_finish(struct control *c, enum control_end end, const char *error)
     if (!c)
         return;
     pthread_mutex_lock(&c->mu);
-    account(c, transport_now());
+    account(c, clock_now_s());
     c->paused = false;
     c->state = end == CONTROL_END_FINISHED  ? GRPO__WORKER_STATE__WORKER_FINISHED
                : end == CONTROL_END_STOPPED ? GRPO__WORKER_STATE__WORKER_STOPPED
@@ -555,12 +553,12 @@ static void apply_ack(struct control *c, const Grpo__HeartbeatAck *ack)
 static void build_heartbeat(struct control *c, Grpo__Heartbeat *hb, Grpo__PhaseTime *pt, Grpo__PhaseTime **ptp,
                             Grpo__Metric *m, Grpo__Metric **mp, Grpo__PhaseSpan *ps, Grpo__PhaseSpan **psp)
 {
-    account(c, transport_now());
+    account(c, clock_now_s());
     grpo__heartbeat__init(hb);
     hb->rank = c->rank;
     hb->step = c->step;
     hb->total_steps = c->total_steps;
-    hb->phase = (Grpo__Phase)c->phase;
+    hb->phase = c->phase;
     hb->idle_seconds = c->idle;
     hb->busy_seconds = c->busy;
     hb->paused = c->paused;
@@ -570,10 +568,10 @@ static void build_heartbeat(struct control *c, Grpo__Heartbeat *hb, Grpo__PhaseT
     hb->checkpoint_step = c->ckpt_step;
     hb->error = c->error;
     bool have_last = false;
-    for (int p = 0; p < NUM_PHASES; p++)
+    for (int p = 0; p < GRPO_NUM_PHASES; p++)
         have_last |= c->last[p] > 0;
     const double *t = have_last ? c->last : c->cur; /* the last whole step, or the first one so far */
-    for (int p = 1; p < NUM_PHASES; p++) {
+    for (int p = 1; p < GRPO_NUM_PHASES; p++) {
         if (t[p] <= 0)
             continue;
         grpo__phase_time__init(&pt[hb->n_timings]);
@@ -594,7 +592,7 @@ static void build_heartbeat(struct control *c, Grpo__Heartbeat *hb, Grpo__PhaseT
     for (int i = 0; i < c->nspans; i++) {
         grpo__phase_span__init(&ps[i]);
         ps[i].start = c->spans[i].start;
-        ps[i].phase = (Grpo__Phase)c->spans[i].phase;
+        ps[i].phase = c->spans[i].phase;
         psp[i] = &ps[i];
     }
     hb->n_phase_changes = (size_t)c->nspans;
@@ -679,7 +677,7 @@ static void *heartbeat_thread(void *arg)
             c->stop_sent = sent;
         }
         Grpo__Heartbeat hb;
-        Grpo__PhaseTime pt[NUM_PHASES], *ptp[NUM_PHASES];
+        Grpo__PhaseTime pt[GRPO_NUM_PHASES], *ptp[GRPO_NUM_PHASES];
         Grpo__Metric m[MAX_METRICS], *mp[MAX_METRICS];
         Grpo__PhaseSpan ps[MAX_SPANS], *psp[MAX_SPANS];
         build_heartbeat(c, &hb, pt, ptp, m, mp, ps, psp);
@@ -785,7 +783,7 @@ int control_open(const struct control_options *o, struct control **out, struct c
     c->step = o->start_step;
     c->ckpt_step = -1;
     c->state = GRPO__WORKER_STATE__WORKER_STARTING;
-    c->since = transport_now();
+    c->since = clock_now_s();
     pthread_mutex_init(&c->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -798,7 +796,7 @@ int control_open(const struct control_options *o, struct control **out, struct c
         control_close(c);
         return -1;
     }
-    double start = transport_now(), backoff = 0.1;
+    double start = clock_now_s(), backoff = 0.1;
     bool told = false;
     uint64_t token = 0, seq = 0;
     for (;;) {
@@ -817,7 +815,7 @@ int control_open(const struct control_options *o, struct control **out, struct c
             control_close(c);
             return -1;
         }
-        double waited = transport_now() - start;
+        double waited = clock_now_s() - start;
         if (o->connect_timeout_s > 0 && waited + backoff > o->connect_timeout_s) {
             snprintf(err, errlen, "cannot reach grpod at %s: %s (gave up after %.0f s, grpod.connect_timeout_s)",
                      o->endpoint, why, waited);
@@ -827,7 +825,7 @@ int control_open(const struct control_options *o, struct control **out, struct c
         if (!told)
             log_warn("control", "waiting for grpod at %s: %s; retrying with backoff", o->endpoint, why);
         told = true;
-        transport_sleep(backoff);
+        clock_sleep_s(backoff);
         backoff = backoff * 2 > 2.0 ? 2.0 : backoff * 2;
     }
     adopt(c, a, token, seq);

@@ -36,22 +36,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "proto/names.h" /* Grpo__Phase: the phases of a step, and their names */
+
 struct grpo_config;
 struct control;
-
-/* Phases of a step; the numbers are the protocol's (grpo.Phase). */
-enum control_phase {
-    CONTROL_PHASE_IDLE = 0, /* waiting: counts as idle time */
-    CONTROL_PHASE_GEN = 1,
-    CONTROL_PHASE_REWARD = 2,
-    CONTROL_PHASE_OLD_LOG_PROB = 3,
-    CONTROL_PHASE_REF = 4,
-    CONTROL_PHASE_ADV = 5,
-    CONTROL_PHASE_UPDATE_ACTOR = 6,
-    CONTROL_PHASE_WEIGHT_SYNC = 7,
-    CONTROL_PHASE_VALIDATE = 8,
-    CONTROL_PHASE_CHECKPOINT = 9,
-};
 
 enum control_role {
     CONTROL_ROLE_UNASSIGNED = 0,
@@ -120,8 +108,9 @@ void control_options_from_config(struct control_options *o, const struct grpo_co
 int control_open(const struct control_options *o, struct control **out, struct control_assignment *a, char *err,
                  size_t errlen);
 
-/* Enter a phase; the time spent in the previous one is accounted to it. */
-void control_set_phase(struct control *c, enum control_phase phase);
+/* Enter a phase (GRPO__PHASE__PHASE_IDLE: waiting, which counts as idle time); the time spent in the previous
+ * one is accounted to it. */
+void control_set_phase(struct control *c, Grpo__Phase phase);
 /* Steps completed so far and the total; completing a step closes its per-phase timings. */
 void control_set_step(struct control *c, int64_t step, int64_t total_steps);
 /* Set one metric of the snapshot (verl names: "critic/score/mean", "perf/throughput", ...). */

@@ -13,29 +13,29 @@ int fmt_map_file(const char *path, size_t min_size, const char *kind, const uint
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        fmt_seterr(err, errlen, "%s: cannot open: %s", path, check_errno_text());
+        error_set(err, errlen, "%s: cannot open: %s", path, check_errno_text());
         return -1;
     }
     struct stat st;
     if (fstat(fd, &st) != 0) {
-        fmt_seterr(err, errlen, "%s: cannot stat: %s", path, check_errno_text());
+        error_set(err, errlen, "%s: cannot stat: %s", path, check_errno_text());
         close(fd);
         return -1;
     }
     if (!S_ISREG(st.st_mode)) {
-        fmt_seterr(err, errlen, "%s: not a regular file", path);
+        error_set(err, errlen, "%s: not a regular file", path);
         close(fd);
         return -1;
     }
     if (st.st_size < (off_t)min_size || st.st_size == 0) {
-        fmt_seterr(err, errlen, "%s: truncated: %lld bytes is shorter than the %zu-byte %s header", path,
-                   (long long)st.st_size, min_size, kind);
+        error_set(err, errlen, "%s: truncated: %lld bytes is shorter than the %zu-byte %s header", path,
+                  (long long)st.st_size, min_size, kind);
         close(fd);
         return -1;
     }
     void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
-        fmt_seterr(err, errlen, "%s: cannot mmap %lld bytes: %s", path, (long long)st.st_size, check_errno_text());
+        error_set(err, errlen, "%s: cannot mmap %lld bytes: %s", path, (long long)st.st_size, check_errno_text());
         close(fd);
         return -1;
     }

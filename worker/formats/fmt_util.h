@@ -1,22 +1,15 @@
 /* Helpers shared by the checkpoint readers and writers in worker/formats
  * (private to that folder): half-precision conversions that match numpy /
- * ggml bit for bit, unaligned little-endian loads, and error formatting. */
+ * ggml bit for bit, and unaligned little-endian loads. */
 #ifndef GRPO_WORKER_FMT_UTIL_H
 #define GRPO_WORKER_FMT_UTIL_H
 
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <string.h>
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "worker/formats assumes a little-endian host (GGUF and safetensors are little-endian)"
-/* mmap a regular file read-only; -1 with err ("PATH: why") if it cannot, or if it is shorter than min_size
- * (kind names the format in that message). */
-int fmt_map_file(const char *path, size_t min_size, const char *kind, const uint8_t **map, size_t *size, char *err,
-                 size_t errlen);
-
 #endif
 
 /* IEEE binary16 -> binary32, exact for every input (subnormals, inf, NaN payloads). */
@@ -77,17 +70,6 @@ static inline uint64_t fmt_ld_u64(const uint8_t *p)
     uint64_t v;
     memcpy(&v, p, sizeof v);
     return v;
-}
-
-/* snprintf into an optional error buffer (err may be NULL or errlen 0). */
-__attribute__((format(printf, 3, 4))) static inline void fmt_seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
 }
 
 /* mmap a regular file read-only; -1 with err ("PATH: why") if it cannot, or if it is shorter than min_size

@@ -139,9 +139,9 @@ struct cursor {
 static int need(struct cursor *c, uint64_t n, const char *what)
 {
     if (n > c->size - c->pos) {
-        fmt_seterr(c->err, c->errlen,
-                   "%s: truncated: %s needs %" PRIu64 " bytes at offset %zu but the file has %zu bytes", c->path, what,
-                   n, c->pos, c->size);
+        error_set(c->err, c->errlen,
+                  "%s: truncated: %s needs %" PRIu64 " bytes at offset %zu but the file has %zu bytes", c->path, what,
+                  n, c->pos, c->size);
         return -1;
     }
     return 0;
@@ -172,9 +172,9 @@ static int rd_str(struct cursor *c, struct strref *s, const char *what)
     if (rd_u64(c, &len, what))
         return -1;
     if (len > c->size - c->pos) {
-        fmt_seterr(c->err, c->errlen,
-                   "%s: %s: string length %" PRIu64 " at offset %zu runs past the end of the file (%zu bytes)", c->path,
-                   what, len, c->pos - 8, c->size);
+        error_set(c->err, c->errlen,
+                  "%s: %s: string length %" PRIu64 " at offset %zu runs past the end of the file (%zu bytes)", c->path,
+                  what, len, c->pos - 8, c->size);
         return -1;
     }
     s->p = (const char *)(c->base + c->pos);
@@ -253,7 +253,7 @@ static int parse_kv(struct cursor *c, struct gguf_kv *kv, uint64_t idx)
     if (rd_str(c, &key, what))
         return -1;
     if (memchr(key.p, '\0', (size_t)key.len)) {
-        fmt_seterr(c->err, c->errlen, "%s: metadata entry #%" PRIu64 " has a key containing a NUL byte", c->path, idx);
+        error_set(c->err, c->errlen, "%s: metadata entry #%" PRIu64 " has a key containing a NUL byte", c->path, idx);
         return -1;
     }
     kv->key = dup_strref(&key);
@@ -262,7 +262,7 @@ static int parse_kv(struct cursor *c, struct gguf_kv *kv, uint64_t idx)
         return -1;
     snprintf(what, sizeof what, "the value of key '%.200s'", kv->key);
     if (kv->type >= GV_COUNT) {
-        fmt_seterr(c->err, c->errlen, "%s: key '%s' has unknown value type %" PRIu32, c->path, kv->key, kv->type);
+        error_set(c->err, c->errlen, "%s: key '%s' has unknown value type %" PRIu32, c->path, kv->key, kv->type);
         return -1;
     }
     if (kv->type == GV_STRING) {
@@ -284,8 +284,8 @@ static int parse_kv(struct cursor *c, struct gguf_kv *kv, uint64_t idx)
     if (rd_u32(c, &kv->arr_type, what))
         return -1;
     if (kv->arr_type >= GV_COUNT || kv->arr_type == GV_ARRAY) {
-        fmt_seterr(c->err, c->errlen, "%s: array '%s' has %s element type %" PRIu32, c->path, kv->key,
-                   kv->arr_type == GV_ARRAY ? "unsupported (nested array)" : "unknown", kv->arr_type);
+        error_set(c->err, c->errlen, "%s: array '%s' has %s element type %" PRIu32, c->path, kv->key,
+                  kv->arr_type == GV_ARRAY ? "unsupported (nested array)" : "unknown", kv->arr_type);
         return -1;
     }
     snprintf(what, sizeof what, "the length of array '%.200s'", kv->key);
@@ -295,9 +295,9 @@ static int parse_kv(struct cursor *c, struct gguf_kv *kv, uint64_t idx)
     if (kv->arr_type == GV_STRING) {
         /* each element needs at least its 8-byte length */
         if (kv->arr_n > left / 8) {
-            fmt_seterr(c->err, c->errlen,
-                       "%s: array '%s' claims %" PRIu64 " strings but only %zu bytes remain in the file", c->path,
-                       kv->key, kv->arr_n, left);
+            error_set(c->err, c->errlen,
+                      "%s: array '%s' claims %" PRIu64 " strings but only %zu bytes remain in the file", c->path,
+                      kv->key, kv->arr_n, left);
             return -1;
         }
         kv->arr_strs = xmalloc(sizeof *kv->arr_strs * (size_t)(kv->arr_n ? kv->arr_n : 1));
@@ -310,9 +310,9 @@ static int parse_kv(struct cursor *c, struct gguf_kv *kv, uint64_t idx)
     }
     size_t es = value_size[kv->arr_type];
     if (kv->arr_n > left / es) {
-        fmt_seterr(c->err, c->errlen,
-                   "%s: array '%s' of %" PRIu64 " elements of %zu bytes runs past the end of the file (%zu bytes)",
-                   c->path, kv->key, kv->arr_n, es, c->size);
+        error_set(c->err, c->errlen,
+                  "%s: array '%s' of %" PRIu64 " elements of %zu bytes runs past the end of the file (%zu bytes)",
+                  c->path, kv->key, kv->arr_n, es, c->size);
         return -1;
     }
     kv->arr_data = c->base + c->pos;
@@ -340,7 +340,7 @@ static int parse_tensor_info(struct cursor *c, struct gguf_tensor_info *t, uint6
     if (rd_str(c, &name, what))
         return -1;
     if (memchr(name.p, '\0', (size_t)name.len)) {
-        fmt_seterr(c->err, c->errlen, "%s: tensor #%" PRIu64 " has a name containing a NUL byte", c->path, idx);
+        error_set(c->err, c->errlen, "%s: tensor #%" PRIu64 " has a name containing a NUL byte", c->path, idx);
         return -1;
     }
     char *nm = dup_strref(&name);
@@ -350,8 +350,8 @@ static int parse_tensor_info(struct cursor *c, struct gguf_tensor_info *t, uint6
     if (rd_u32(c, &n_dims, what))
         return -1;
     if (n_dims > 4) {
-        fmt_seterr(c->err, c->errlen, "%s: tensor '%s' has %" PRIu32 " dimensions (at most 4 allowed)", c->path, nm,
-                   n_dims);
+        error_set(c->err, c->errlen, "%s: tensor '%s' has %" PRIu32 " dimensions (at most 4 allowed)", c->path, nm,
+                  n_dims);
         return -1;
     }
     t->n_dims = (int)n_dims;
@@ -371,29 +371,29 @@ static int parse_tensor_info(struct cursor *c, struct gguf_tensor_info *t, uint6
 
     const struct type_traits *tt = type_traits(t->type);
     if (!tt) {
-        fmt_seterr(c->err, c->errlen, "%s: tensor '%s' has unknown type %" PRIu32, c->path, nm, t->type);
+        error_set(c->err, c->errlen, "%s: tensor '%s' has unknown type %" PRIu32, c->path, nm, t->type);
         return -1;
     }
     uint64_t n = 1;
     for (int d = 0; d < 4; d++) {
         if (__builtin_mul_overflow(n, t->dims[d], &n) || n > (uint64_t)INT64_MAX) {
-            fmt_seterr(c->err, c->errlen,
-                       "%s: tensor '%s' has dimensions [%" PRIu64 ", %" PRIu64 ", %" PRIu64 ", %" PRIu64
-                       "] whose element count overflows",
-                       c->path, nm, t->dims[0], t->dims[1], t->dims[2], t->dims[3]);
+            error_set(c->err, c->errlen,
+                      "%s: tensor '%s' has dimensions [%" PRIu64 ", %" PRIu64 ", %" PRIu64 ", %" PRIu64
+                      "] whose element count overflows",
+                      c->path, nm, t->dims[0], t->dims[1], t->dims[2], t->dims[3]);
             return -1;
         }
     }
     if (t->dims[0] % tt->block != 0) {
-        fmt_seterr(c->err, c->errlen,
-                   "%s: tensor '%s' of type %s has a row of %" PRIu64
-                   " elements, not a multiple of the block size %" PRIu32,
-                   c->path, nm, tt->name, t->dims[0], tt->block);
+        error_set(c->err, c->errlen,
+                  "%s: tensor '%s' of type %s has a row of %" PRIu64
+                  " elements, not a multiple of the block size %" PRIu32,
+                  c->path, nm, tt->name, t->dims[0], tt->block);
         return -1;
     }
     t->n_elements = n;
     if (__builtin_mul_overflow(n / tt->block, (uint64_t)tt->type_size, &t->n_bytes)) {
-        fmt_seterr(c->err, c->errlen, "%s: tensor '%s': byte size overflows", c->path, nm);
+        error_set(c->err, c->errlen, "%s: tensor '%s': byte size overflows", c->path, nm);
         return -1;
     }
     return 0;
@@ -437,9 +437,9 @@ void gguf_close(struct gguf_file *f)
 
 struct gguf_file *gguf_open(const char *path, char *err, size_t errlen)
 {
-    fmt_seterr(err, errlen, "%s", "");
+    error_set(err, errlen, "%s", "");
     if (!path) {
-        fmt_seterr(err, errlen, "(null): no path given");
+        error_set(err, errlen, "(null): no path given");
         return NULL;
     }
     struct gguf_file *f = xcalloc(1, sizeof *f);
@@ -449,19 +449,19 @@ struct gguf_file *gguf_open(const char *path, char *err, size_t errlen)
 
     struct cursor c = {.base = f->map, .size = f->size, .pos = 0, .path = path, .err = err, .errlen = errlen};
     if (memcmp(f->map, "GGUF", 4) != 0) {
-        fmt_seterr(err, errlen, "%s: not a GGUF file (magic %02x %02x %02x %02x, expected \"GGUF\")", path, f->map[0],
-                   f->map[1], f->map[2], f->map[3]);
+        error_set(err, errlen, "%s: not a GGUF file (magic %02x %02x %02x %02x, expected \"GGUF\")", path, f->map[0],
+                  f->map[1], f->map[2], f->map[3]);
         goto fail;
     }
     c.pos = 4;
     rd_u32(&c, &f->version, "the version");
     if (f->version != 2 && f->version != 3) {
         if (f->version == 1)
-            fmt_seterr(err, errlen, "%s: GGUF version 1 is not supported (need 2 or 3)", path);
+            error_set(err, errlen, "%s: GGUF version 1 is not supported (need 2 or 3)", path);
         else if ((f->version & 0xffff) == 0 && f->version != 0)
-            fmt_seterr(err, errlen, "%s: big-endian GGUF files are not supported", path);
+            error_set(err, errlen, "%s: big-endian GGUF files are not supported", path);
         else
-            fmt_seterr(err, errlen, "%s: unsupported GGUF version %" PRIu32 " (need 2 or 3)", path, f->version);
+            error_set(err, errlen, "%s: unsupported GGUF version %" PRIu32 " (need 2 or 3)", path, f->version);
         goto fail;
     }
     uint64_t n_tensors = 0, n_kv = 0; /* stay 0 when the header is cut short (rd_u64 records the error) */
@@ -469,13 +469,13 @@ struct gguf_file *gguf_open(const char *path, char *err, size_t errlen)
     rd_u64(&c, &n_kv, "the metadata count");
     /* each metadata entry takes at least 12 bytes, each tensor info at least 24 */
     if (n_kv > (f->size - c.pos) / 12) {
-        fmt_seterr(err, errlen, "%s: metadata count %" PRIu64 " is impossible for a file of %zu bytes", path, n_kv,
-                   f->size);
+        error_set(err, errlen, "%s: metadata count %" PRIu64 " is impossible for a file of %zu bytes", path, n_kv,
+                  f->size);
         goto fail;
     }
     if (n_tensors > (f->size - c.pos) / 24 || n_tensors > INT_MAX) {
-        fmt_seterr(err, errlen, "%s: tensor count %" PRIu64 " is impossible for a file of %zu bytes", path, n_tensors,
-                   f->size);
+        error_set(err, errlen, "%s: tensor count %" PRIu64 " is impossible for a file of %zu bytes", path, n_tensors,
+                  f->size);
         goto fail;
     }
 
@@ -486,7 +486,7 @@ struct gguf_file *gguf_open(const char *path, char *err, size_t errlen)
             goto fail;
         for (uint64_t j = 0; j < i; j++)
             if (strcmp(f->kv[j].key, f->kv[i].key) == 0) {
-                fmt_seterr(err, errlen, "%s: duplicate metadata key '%s'", path, f->kv[i].key);
+                error_set(err, errlen, "%s: duplicate metadata key '%s'", path, f->kv[i].key);
                 goto fail;
             }
     }
@@ -497,7 +497,7 @@ struct gguf_file *gguf_open(const char *path, char *err, size_t errlen)
         int64_t a;
         if (!is_int_type(al->type) || al->type == GV_BOOL || load_int(al->raw, al->type, &a) || a <= 0 ||
             (a & (a - 1)) != 0 || a > (1 << 30)) {
-            fmt_seterr(err, errlen, "%s: general.alignment must be a power-of-two integer", path);
+            error_set(err, errlen, "%s: general.alignment must be a power-of-two integer", path);
             goto fail;
         }
         f->alignment = (uint64_t)a;
@@ -517,7 +517,7 @@ struct gguf_file *gguf_open(const char *path, char *err, size_t errlen)
     qsort(f->by_name, f->n_tensors, sizeof *f->by_name, cmp_by_name);
     for (size_t i = 1; i < f->n_tensors; i++)
         if (strcmp(f->by_name[i - 1]->name, f->by_name[i]->name) == 0) {
-            fmt_seterr(err, errlen, "%s: duplicate tensor name '%s'", path, f->by_name[i]->name);
+            error_set(err, errlen, "%s: duplicate tensor name '%s'", path, f->by_name[i]->name);
             goto fail;
         }
 
@@ -525,17 +525,17 @@ struct gguf_file *gguf_open(const char *path, char *err, size_t errlen)
     for (size_t i = 0; i < f->n_tensors; i++) {
         const struct gguf_tensor_info *t = &f->tensors[i];
         if (t->offset % f->alignment != 0) {
-            fmt_seterr(err, errlen,
-                       "%s: tensor '%s' data offset %" PRIu64 " is not a multiple of the alignment %" PRIu64, path,
-                       t->name, t->offset, f->alignment);
+            error_set(err, errlen,
+                      "%s: tensor '%s' data offset %" PRIu64 " is not a multiple of the alignment %" PRIu64, path,
+                      t->name, t->offset, f->alignment);
             goto fail;
         }
         uint64_t begin, end;
         if (__builtin_add_overflow(f->data_start, t->offset, &begin) ||
             __builtin_add_overflow(begin, t->n_bytes, &end) || end > f->size) {
-            fmt_seterr(err, errlen,
-                       "%s: tensor '%s' data [%" PRIu64 ", %" PRIu64 ") runs past the end of the file (%zu bytes)",
-                       path, t->name, f->data_start + t->offset, f->data_start + t->offset + t->n_bytes, f->size);
+            error_set(err, errlen,
+                      "%s: tensor '%s' data [%" PRIu64 ", %" PRIu64 ") runs past the end of the file (%zu bytes)", path,
+                      t->name, f->data_start + t->offset, f->data_start + t->offset + t->n_bytes, f->size);
             goto fail;
         }
     }
@@ -545,8 +545,8 @@ struct gguf_file *gguf_open(const char *path, char *err, size_t errlen)
         qsort(by_off, f->n_tensors, sizeof *by_off, cmp_by_offset);
         for (size_t i = 1; i < f->n_tensors; i++)
             if (by_off[i - 1]->offset + by_off[i - 1]->n_bytes > by_off[i]->offset) {
-                fmt_seterr(err, errlen, "%s: data of tensors '%s' and '%s' overlap", path, by_off[i - 1]->name,
-                           by_off[i]->name);
+                error_set(err, errlen, "%s: data of tensors '%s' and '%s' overlap", path, by_off[i - 1]->name,
+                          by_off[i]->name);
                 free(by_off);
                 goto fail;
             }
@@ -736,11 +736,11 @@ int gguf_tensor_to_f32(const struct gguf_file *f, const struct gguf_tensor_info 
                        size_t errlen)
 {
     if (!f || !t || !out) {
-        fmt_seterr(err, errlen, "%s: gguf_tensor_to_f32 called with a NULL argument", f ? f->path : "(null)");
+        error_set(err, errlen, "%s: gguf_tensor_to_f32 called with a NULL argument", f ? f->path : "(null)");
         return -1;
     }
     if (t < f->tensors || t >= f->tensors + f->n_tensors) {
-        fmt_seterr(err, errlen, "%s: tensor '%s' does not belong to this file", f->path, t->name ? t->name : "?");
+        error_set(err, errlen, "%s: tensor '%s' does not belong to this file", f->path, t->name ? t->name : "?");
         return -1;
     }
     const uint8_t *src = f->map + f->data_start + t->offset;
@@ -760,8 +760,8 @@ int gguf_tensor_to_f32(const struct gguf_file *f, const struct gguf_tensor_info 
     case GGUF_TYPE_Q8_0: deq_q8_0(src, out, n / 32); return 0;
     case GGUF_TYPE_Q6_K: deq_q6_k(src, out, n / QK_K); return 0;
     default:
-        fmt_seterr(err, errlen, "%s: tensor '%s' has type %s (%" PRIu32 "), which cannot be dequantised to f32",
-                   f->path, t->name, gguf_type_name(t->type), t->type);
+        error_set(err, errlen, "%s: tensor '%s' has type %s (%" PRIu32 "), which cannot be dequantised to f32", f->path,
+                  t->name, gguf_type_name(t->type), t->type);
         return -1;
     }
 }

@@ -6,6 +6,7 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include "common/check.h"
+#include "common/fs.h"
 #include "worker/formats/fmt_util.h"
 
 static const struct {
@@ -103,7 +105,7 @@ static int parse_metadata(struct st_file *f, json_t *meta, char *err, size_t err
     if (json_is_null(meta))
         return 0;
     if (!json_is_object(meta)) {
-        fmt_seterr(err, errlen, "%s: \"__metadata__\" is not a JSON object", f->path);
+        error_set(err, errlen, "%s: \"__metadata__\" is not a JSON object", f->path);
         return -1;
     }
     size_t n = json_object_size(meta);
@@ -114,7 +116,7 @@ static int parse_metadata(struct st_file *f, json_t *meta, char *err, size_t err
     json_object_foreach(meta, k, v)
     {
         if (!json_is_string(v)) {
-            fmt_seterr(err, errlen, "%s: metadata key '%s' is not a string", f->path, k);
+            error_set(err, errlen, "%s: metadata key '%s' is not a string", f->path, k);
             return -1;
         }
         f->meta_keys[f->n_meta] = xstrdup(k);
@@ -129,7 +131,7 @@ static int parse_tensor_entry(struct st_file *f, const char *name, json_t *v, st
 {
     const char *p = f->path;
     if (!json_is_object(v)) {
-        fmt_seterr(err, errlen, "%s: tensor '%s': header entry is not a JSON object", p, name);
+        error_set(err, errlen, "%s: tensor '%s': header entry is not a JSON object", p, name);
         return -1;
     }
     const char *k;
@@ -137,27 +139,27 @@ static int parse_tensor_entry(struct st_file *f, const char *name, json_t *v, st
     json_object_foreach(v, k, x)
     {
         if (strcmp(k, "dtype") != 0 && strcmp(k, "shape") != 0 && strcmp(k, "data_offsets") != 0) {
-            fmt_seterr(err, errlen, "%s: tensor '%s': unexpected field '%s' in the header", p, name, k);
+            error_set(err, errlen, "%s: tensor '%s': unexpected field '%s' in the header", p, name, k);
             return -1;
         }
     }
     json_t *dt = json_object_get(v, "dtype"), *shape = json_object_get(v, "shape"),
            *offs = json_object_get(v, "data_offsets");
     if (!json_is_string(dt)) {
-        fmt_seterr(err, errlen, "%s: tensor '%s': missing or non-string \"dtype\"", p, name);
+        error_set(err, errlen, "%s: tensor '%s': missing or non-string \"dtype\"", p, name);
         return -1;
     }
     if (dtype_from_name(json_string_value(dt), &t->dtype)) {
-        fmt_seterr(err, errlen, "%s: tensor '%s': unknown dtype '%s'", p, name, json_string_value(dt));
+        error_set(err, errlen, "%s: tensor '%s': unknown dtype '%s'", p, name, json_string_value(dt));
         return -1;
     }
     if (!json_is_array(shape)) {
-        fmt_seterr(err, errlen, "%s: tensor '%s': missing or non-array \"shape\"", p, name);
+        error_set(err, errlen, "%s: tensor '%s': missing or non-array \"shape\"", p, name);
         return -1;
     }
     if (json_array_size(shape) > ST_MAX_DIMS) {
-        fmt_seterr(err, errlen, "%s: tensor '%s' has %zu dimensions (at most %d supported)", p, name,
-                   json_array_size(shape), ST_MAX_DIMS);
+        error_set(err, errlen, "%s: tensor '%s' has %zu dimensions (at most %d supported)", p, name,
+                  json_array_size(shape), ST_MAX_DIMS);
         return -1;
     }
     t->n_dims = (int)json_array_size(shape);
@@ -167,42 +169,42 @@ static int parse_tensor_entry(struct st_file *f, const char *name, json_t *v, st
     for (int d = 0; d < t->n_dims; d++) {
         uint64_t s;
         if (json_uint(json_array_get(shape, (size_t)d), &s)) {
-            fmt_seterr(err, errlen, "%s: tensor '%s': shape[%d] is not a non-negative integer", p, name, d);
+            error_set(err, errlen, "%s: tensor '%s': shape[%d] is not a non-negative integer", p, name, d);
             return -1;
         }
         t->shape[d] = (int64_t)s;
         if (__builtin_mul_overflow(n, s, &n) || n > (uint64_t)INT64_MAX) {
-            fmt_seterr(err, errlen, "%s: tensor '%s': element count overflows", p, name);
+            error_set(err, errlen, "%s: tensor '%s': element count overflows", p, name);
             return -1;
         }
     }
     t->n_elements = n;
     if (__builtin_mul_overflow(n, (uint64_t)st_dtype_size(t->dtype), &t->n_bytes)) {
-        fmt_seterr(err, errlen, "%s: tensor '%s': byte size overflows", p, name);
+        error_set(err, errlen, "%s: tensor '%s': byte size overflows", p, name);
         return -1;
     }
     if (!json_is_array(offs) || json_array_size(offs) != 2 || json_uint(json_array_get(offs, 0), &t->data_begin) ||
         json_uint(json_array_get(offs, 1), &t->data_end)) {
-        fmt_seterr(err, errlen, "%s: tensor '%s': \"data_offsets\" is not a pair of non-negative integers", p, name);
+        error_set(err, errlen, "%s: tensor '%s': \"data_offsets\" is not a pair of non-negative integers", p, name);
         return -1;
     }
     if (t->data_end < t->data_begin) {
-        fmt_seterr(err, errlen, "%s: tensor '%s' data_offsets [%" PRIu64 ", %" PRIu64 ") end before they begin", p,
-                   name, t->data_begin, t->data_end);
+        error_set(err, errlen, "%s: tensor '%s' data_offsets [%" PRIu64 ", %" PRIu64 ") end before they begin", p, name,
+                  t->data_begin, t->data_end);
         return -1;
     }
     if (t->data_end - t->data_begin != t->n_bytes) {
-        fmt_seterr(err, errlen,
-                   "%s: tensor '%s' data_offsets [%" PRIu64 ", %" PRIu64 ") hold %" PRIu64 " bytes but dtype %s "
-                   "and its shape need %" PRIu64,
-                   p, name, t->data_begin, t->data_end, t->data_end - t->data_begin, st_dtype_name(t->dtype),
-                   t->n_bytes);
+        error_set(err, errlen,
+                  "%s: tensor '%s' data_offsets [%" PRIu64 ", %" PRIu64 ") hold %" PRIu64 " bytes but dtype %s "
+                  "and its shape need %" PRIu64,
+                  p, name, t->data_begin, t->data_end, t->data_end - t->data_begin, st_dtype_name(t->dtype),
+                  t->n_bytes);
         return -1;
     }
     if (t->data_end > f->data_len) {
-        fmt_seterr(err, errlen,
-                   "%s: tensor '%s' data [%" PRIu64 ", %" PRIu64 ") runs past the end of the file (%zu bytes)", p, name,
-                   (uint64_t)(f->data - f->map) + t->data_begin, (uint64_t)(f->data - f->map) + t->data_end, f->size);
+        error_set(err, errlen,
+                  "%s: tensor '%s' data [%" PRIu64 ", %" PRIu64 ") runs past the end of the file (%zu bytes)", p, name,
+                  (uint64_t)(f->data - f->map) + t->data_begin, (uint64_t)(f->data - f->map) + t->data_end, f->size);
         return -1;
     }
     t->data = f->data + t->data_begin;
@@ -211,9 +213,9 @@ static int parse_tensor_entry(struct st_file *f, const char *name, json_t *v, st
 
 struct st_file *st_open(const char *path, char *err, size_t errlen)
 {
-    fmt_seterr(err, errlen, "%s", "");
+    error_set(err, errlen, "%s", "");
     if (!path) {
-        fmt_seterr(err, errlen, "(null): no path given");
+        error_set(err, errlen, "(null): no path given");
         return NULL;
     }
     struct st_file *f = xcalloc(1, sizeof *f);
@@ -223,17 +225,17 @@ struct st_file *st_open(const char *path, char *err, size_t errlen)
         goto fail;
     uint64_t hlen = fmt_ld_u64(f->map);
     if (hlen > ST_MAX_HEADER_BYTES) {
-        fmt_seterr(err, errlen, "%s: header length %" PRIu64 " is larger than the %u-byte limit (corrupt file?)", path,
-                   hlen, ST_MAX_HEADER_BYTES);
+        error_set(err, errlen, "%s: header length %" PRIu64 " is larger than the %u-byte limit (corrupt file?)", path,
+                  hlen, ST_MAX_HEADER_BYTES);
         goto fail;
     }
     if (hlen > f->size - 8) {
-        fmt_seterr(err, errlen, "%s: truncated: the %" PRIu64 "-byte header runs past the end of the file (%zu bytes)",
-                   path, hlen, f->size);
+        error_set(err, errlen, "%s: truncated: the %" PRIu64 "-byte header runs past the end of the file (%zu bytes)",
+                  path, hlen, f->size);
         goto fail;
     }
     if (hlen < 2 || f->map[8] != '{') {
-        fmt_seterr(err, errlen, "%s: the header is not a JSON object (not a safetensors file?)", path);
+        error_set(err, errlen, "%s: the header is not a JSON object (not a safetensors file?)", path);
         goto fail;
     }
     f->data = f->map + 8 + hlen;
@@ -242,16 +244,16 @@ struct st_file *st_open(const char *path, char *err, size_t errlen)
     json_error_t jerr;
     root = json_loadb((const char *)f->map + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
-        fmt_seterr(err, errlen, "%s: bad header JSON at byte %d of the header: %s", path, jerr.position, jerr.text);
+        error_set(err, errlen, "%s: bad header JSON at byte %d of the header: %s", path, jerr.position, jerr.text);
         goto fail;
     }
     if (!json_is_object(root)) {
-        fmt_seterr(err, errlen, "%s: the header is not a JSON object", path);
+        error_set(err, errlen, "%s: the header is not a JSON object", path);
         goto fail;
     }
     size_t n = json_object_size(root);
     if (n > INT_MAX) {
-        fmt_seterr(err, errlen, "%s: too many header entries", path);
+        error_set(err, errlen, "%s: too many header entries", path);
         goto fail;
     }
     f->tensors = xcalloc(n ? n : 1, sizeof *f->tensors);
@@ -277,10 +279,9 @@ struct st_file *st_open(const char *path, char *err, size_t errlen)
     for (int i = 1; i < f->n_tensors; i++) {
         const struct st_tensor_info *a = &f->tensors[i - 1], *b = &f->tensors[i];
         if (a->data_end > b->data_begin) {
-            fmt_seterr(err, errlen,
-                       "%s: data of tensors '%s' [%" PRIu64 ", %" PRIu64 ") and '%s' [%" PRIu64 ", %" PRIu64
-                       ") overlap",
-                       path, a->name, a->data_begin, a->data_end, b->name, b->data_begin, b->data_end);
+            error_set(err, errlen,
+                      "%s: data of tensors '%s' [%" PRIu64 ", %" PRIu64 ") and '%s' [%" PRIu64 ", %" PRIu64 ") overlap",
+                      path, a->name, a->data_begin, a->data_end, b->name, b->data_begin, b->data_end);
             goto fail;
         }
     }
@@ -337,11 +338,11 @@ const char *st_metadata(const struct st_file *f, const char *key)
 int st_tensor_to_f32(const struct st_file *f, const struct st_tensor_info *t, float *out, char *err, size_t errlen)
 {
     if (!f || !t || !out) {
-        fmt_seterr(err, errlen, "%s: st_tensor_to_f32 called with a NULL argument", f ? f->path : "(null)");
+        error_set(err, errlen, "%s: st_tensor_to_f32 called with a NULL argument", f ? f->path : "(null)");
         return -1;
     }
     if (t < f->tensors || t >= f->tensors + f->n_tensors) {
-        fmt_seterr(err, errlen, "%s: tensor '%s' does not belong to this file", f->path, t->name ? t->name : "?");
+        error_set(err, errlen, "%s: tensor '%s' does not belong to this file", f->path, t->name ? t->name : "?");
         return -1;
     }
     const uint8_t *src = t->data;
@@ -367,8 +368,8 @@ int st_tensor_to_f32(const struct st_file *f, const struct st_tensor_info *t, fl
         }
         return 0;
     default:
-        fmt_seterr(err, errlen, "%s: tensor '%s' has dtype %s, which cannot be converted to f32", f->path, t->name,
-                   st_dtype_name(t->dtype));
+        error_set(err, errlen, "%s: tensor '%s' has dtype %s, which cannot be converted to f32", f->path, t->name,
+                  st_dtype_name(t->dtype));
         return -1;
     }
 }
@@ -469,22 +470,22 @@ static struct st_model *model_sharded(const char *index, char *err, size_t errle
     json_t *root = NULL;
     json_error_t jerr;
     if (size > ST_MAX_HEADER_BYTES) {
-        fmt_seterr(err, errlen, "%s: %zu bytes is too large for a checkpoint index", index, size);
+        error_set(err, errlen, "%s: %zu bytes is too large for a checkpoint index", index, size);
         goto fail;
     }
     root = json_loadb((const char *)map, size, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
-        fmt_seterr(err, errlen, "%s: bad JSON at line %d column %d: %s", index, jerr.line, jerr.column, jerr.text);
+        error_set(err, errlen, "%s: bad JSON at line %d column %d: %s", index, jerr.line, jerr.column, jerr.text);
         goto fail;
     }
     json_t *wm = json_object_get(root, "weight_map");
     if (!json_is_object(root) || !json_is_object(wm)) {
-        fmt_seterr(err, errlen, "%s: no \"weight_map\" object", index);
+        error_set(err, errlen, "%s: no \"weight_map\" object", index);
         goto fail;
     }
     size_t n = json_object_size(wm);
     if (n > INT_MAX) {
-        fmt_seterr(err, errlen, "%s: too many tensors", index);
+        error_set(err, errlen, "%s: too many tensors", index);
         goto fail;
     }
     m->files = xcalloc(n ? n : 1, sizeof *m->files);
@@ -495,8 +496,8 @@ static struct st_model *model_sharded(const char *index, char *err, size_t errle
     {
         const char *shard = json_string_value(v);
         if (!shard || !*shard || strchr(shard, '/') || strcmp(shard, ".") == 0 || strcmp(shard, "..") == 0) {
-            fmt_seterr(err, errlen, "%s: tensor '%s' is mapped to '%s', which is not a file name in the same directory",
-                       index, name, shard ? shard : "(not a string)");
+            error_set(err, errlen, "%s: tensor '%s' is mapped to '%s', which is not a file name in the same directory",
+                      index, name, shard ? shard : "(not a string)");
             goto fail;
         }
         int fi = -1;
@@ -516,8 +517,8 @@ static struct st_model *model_sharded(const char *index, char *err, size_t errle
         }
         const struct st_tensor_info *t = st_find(m->files[fi], name);
         if (!t) {
-            fmt_seterr(err, errlen, "%s: tensor '%s' is mapped to %s, which has no such tensor", index, name,
-                       m->files[fi]->path);
+            error_set(err, errlen, "%s: tensor '%s' is mapped to %s, which has no such tensor", index, name,
+                      m->files[fi]->path);
             goto fail;
         }
         m->entries[m->n_entries++] = (struct model_entry){.t = t, .file = fi};
@@ -533,12 +534,12 @@ static struct st_model *model_sharded(const char *index, char *err, size_t errle
                 const char *mapped = json_string_value(json_object_get(wm, tn));
                 const char *base = strrchr(m->files[i]->path, '/') + 1;
                 if (!mapped) {
-                    fmt_seterr(err, errlen, "%s: tensor '%s' is not in the index %s", m->files[i]->path, tn, index);
+                    error_set(err, errlen, "%s: tensor '%s' is not in the index %s", m->files[i]->path, tn, index);
                     goto fail;
                 }
                 if (strcmp(mapped, base) != 0) {
-                    fmt_seterr(err, errlen, "%s: tensor '%s' is also in %s, where the index %s maps it",
-                               m->files[i]->path, tn, mapped, index);
+                    error_set(err, errlen, "%s: tensor '%s' is also in %s, where the index %s maps it",
+                              m->files[i]->path, tn, mapped, index);
                     goto fail;
                 }
             }
@@ -558,14 +559,14 @@ fail:
 
 struct st_model *st_model_open(const char *path, char *err, size_t errlen)
 {
-    fmt_seterr(err, errlen, "%s", "");
+    error_set(err, errlen, "%s", "");
     if (!path) {
-        fmt_seterr(err, errlen, "(null): no path given");
+        error_set(err, errlen, "(null): no path given");
         return NULL;
     }
     struct stat st;
     if (stat(path, &st) != 0) {
-        fmt_seterr(err, errlen, "%s: %s", path, check_errno_text());
+        error_set(err, errlen, "%s: %s", path, check_errno_text());
         return NULL;
     }
     if (!S_ISDIR(st.st_mode))
@@ -578,7 +579,7 @@ struct st_model *st_model_open(const char *path, char *err, size_t errlen)
     else if (is_regular(index))
         m = model_sharded(index, err, errlen);
     else
-        fmt_seterr(err, errlen, "%s: neither model.safetensors nor model.safetensors.index.json is there", path);
+        error_set(err, errlen, "%s: neither model.safetensors nor model.safetensors.index.json is there", path);
     free(single);
     free(index);
     return m;
@@ -621,95 +622,14 @@ int st_model_tensor_to_f32(const struct st_model *m, const char *name, float *ou
     const struct st_file *f = NULL;
     const struct st_tensor_info *t = st_model_find(m, name, &f);
     if (!t) {
-        fmt_seterr(err, errlen, "%s: no tensor '%s' in the checkpoint",
-                   m && m->n_files ? m->files[0]->path : "(no checkpoint)", name ? name : "(null)");
+        error_set(err, errlen, "%s: no tensor '%s' in the checkpoint",
+                  m && m->n_files ? m->files[0]->path : "(no checkpoint)", name ? name : "(null)");
         return -1;
     }
     return st_tensor_to_f32(f, t, out, err, errlen);
 }
 
 /* ================================ writing ================================ */
-
-static int write_all(int fd, const void *buf, size_t len)
-{
-    const uint8_t *p = buf;
-    while (len > 0) {
-        size_t chunk = len > (1u << 30) ? (1u << 30) : len;
-        ssize_t w = write(fd, p, chunk);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        p += w;
-        len -= (size_t)w;
-    }
-    return 0;
-}
-
-static int fsync_dir_of(const char *path, char *err, size_t errlen)
-{
-    char *dir = dir_of(path);
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) {
-        fmt_seterr(err, errlen, "%s: cannot open its directory %s to fsync it: %s", path, dir, check_errno_text());
-        free(dir);
-        return -1;
-    }
-    /* some file systems cannot fsync a directory (EINVAL); nothing more can be done there */
-    if (fsync(fd) != 0 && errno != EINVAL) {
-        fmt_seterr(err, errlen, "%s: fsync of directory %s failed: %s", path, dir, check_errno_text());
-        close(fd);
-        free(dir);
-        return -1;
-    }
-    close(fd);
-    free(dir);
-    return 0;
-}
-
-/* Atomic replace: the caller writes into fd (opened on tmp); commit fsyncs, closes, renames, fsyncs the dir. */
-static int tmp_open(const char *path, char **tmp, char *err, size_t errlen)
-{
-    size_t n = strlen(path);
-    *tmp = xmalloc(n + 5);
-    memcpy(*tmp, path, n);
-    memcpy(*tmp + n, ".tmp", 5);
-    int fd = open(*tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        fmt_seterr(err, errlen, "%s: cannot create %s: %s", path, *tmp, check_errno_text());
-        free(*tmp);
-        *tmp = NULL;
-    }
-    return fd;
-}
-
-static int tmp_commit(int fd, char *tmp, const char *path, char *err, size_t errlen)
-{
-    int rc = -1;
-    if (fsync(fd) != 0) {
-        fmt_seterr(err, errlen, "%s: fsync of %s failed: %s", path, tmp, check_errno_text());
-        close(fd);
-    } else if (close(fd) != 0) {
-        fmt_seterr(err, errlen, "%s: closing %s failed: %s", path, tmp, check_errno_text());
-    } else if (rename(tmp, path) != 0) {
-        fmt_seterr(err, errlen, "%s: cannot rename %s to it: %s", path, tmp, check_errno_text());
-    } else {
-        rc = fsync_dir_of(path, err, errlen);
-        free(tmp);
-        return rc;
-    }
-    unlink(tmp);
-    free(tmp);
-    return rc;
-}
-
-static void tmp_abort(int fd, char *tmp)
-{
-    close(fd);
-    unlink(tmp);
-    free(tmp);
-}
 
 static int cmp_cstr_ptr(const void *a, const void *b)
 {
@@ -721,35 +641,35 @@ static int check_write_tensors(const char *path, const struct st_write_tensor *t
                                size_t errlen)
 {
     if (n && !t) {
-        fmt_seterr(err, errlen, "%s: no tensors array given", path);
+        error_set(err, errlen, "%s: no tensors array given", path);
         return -1;
     }
     for (size_t i = 0; i < n; i++) {
         const char *nm = t[i].name;
         if (!nm || !*nm || strcmp(nm, "__metadata__") == 0) {
-            fmt_seterr(err, errlen, "%s: tensor #%zu has an invalid name '%s'", path, i, nm ? nm : "(null)");
+            error_set(err, errlen, "%s: tensor #%zu has an invalid name '%s'", path, i, nm ? nm : "(null)");
             return -1;
         }
         if (t[i].dtype != ST_F32 && t[i].dtype != ST_BF16) {
-            fmt_seterr(err, errlen, "%s: tensor '%s': can only write F32 or BF16, not %s", path, nm,
-                       st_dtype_name(t[i].dtype));
+            error_set(err, errlen, "%s: tensor '%s': can only write F32 or BF16, not %s", path, nm,
+                      st_dtype_name(t[i].dtype));
             return -1;
         }
         if (t[i].n_dims < 0 || t[i].n_dims > ST_MAX_DIMS || (t[i].n_dims > 0 && !t[i].shape)) {
-            fmt_seterr(err, errlen, "%s: tensor '%s': bad dimension count %d", path, nm, t[i].n_dims);
+            error_set(err, errlen, "%s: tensor '%s': bad dimension count %d", path, nm, t[i].n_dims);
             return -1;
         }
         uint64_t e = 1;
         for (int d = 0; d < t[i].n_dims; d++) {
             if (t[i].shape[d] < 0 || __builtin_mul_overflow(e, (uint64_t)t[i].shape[d], &e) ||
                 e > (uint64_t)INT64_MAX / 8) {
-                fmt_seterr(err, errlen, "%s: tensor '%s': bad shape (dimension %d is %lld)", path, nm, d,
-                           (long long)t[i].shape[d]);
+                error_set(err, errlen, "%s: tensor '%s': bad shape (dimension %d is %lld)", path, nm, d,
+                          (long long)t[i].shape[d]);
                 return -1;
             }
         }
         if (e > 0 && !t[i].data) {
-            fmt_seterr(err, errlen, "%s: tensor '%s': no data", path, nm);
+            error_set(err, errlen, "%s: tensor '%s': no data", path, nm);
             return -1;
         }
         bytes[i] = e * st_dtype_size(t[i].dtype);
@@ -761,7 +681,7 @@ static int check_write_tensors(const char *path, const struct st_write_tensor *t
         qsort(names, n, sizeof *names, cmp_cstr_ptr);
         for (size_t i = 1; i < n; i++)
             if (strcmp(names[i - 1], names[i]) == 0) {
-                fmt_seterr(err, errlen, "%s: tensor name '%s' appears twice", path, names[i]);
+                error_set(err, errlen, "%s: tensor name '%s' appears twice", path, names[i]);
                 free(names);
                 return -1;
             }
@@ -787,8 +707,8 @@ static char *build_header(const char *path, const struct st_write_tensor *t, con
         for (size_t i = 0; i < n_meta; i++) {
             if (!meta[i].key || !meta[i].value ||
                 json_set_new_checked(m, meta[i].key, json_string(meta[i].value)) != 0) {
-                fmt_seterr(err, errlen, "%s: metadata entry #%zu ('%s') is NULL or not valid UTF-8", path, i,
-                           meta[i].key ? meta[i].key : "(null)");
+                error_set(err, errlen, "%s: metadata entry #%zu ('%s') is NULL or not valid UTF-8", path, i,
+                          meta[i].key ? meta[i].key : "(null)");
                 json_decref(m);
                 json_decref(root);
                 return NULL;
@@ -808,7 +728,7 @@ static char *build_header(const char *path, const struct st_write_tensor *t, con
                             json_pack("[II]", (json_int_t)off, (json_int_t)off + (json_int_t)bytes[ord[k]]));
         off += bytes[ord[k]];
         if (json_set_new_checked(root, w->name, e) != 0) {
-            fmt_seterr(err, errlen, "%s: tensor name '%s' is not valid UTF-8", path, w->name);
+            error_set(err, errlen, "%s: tensor name '%s' is not valid UTF-8", path, w->name);
             json_decref(root);
             return NULL;
         }
@@ -816,7 +736,7 @@ static char *build_header(const char *path, const struct st_write_tensor *t, con
     char *s = json_dumps(root, JSON_COMPACT);
     json_decref(root);
     if (!s) {
-        fmt_seterr(err, errlen, "%s: cannot encode the header JSON", path);
+        error_set(err, errlen, "%s: cannot encode the header JSON", path);
         return NULL;
     }
     size_t len = strlen(s), padded = (len + 7) / 8 * 8;
@@ -829,10 +749,13 @@ static char *build_header(const char *path, const struct st_write_tensor *t, con
     return r;
 }
 
-static int write_tensor_data(int fd, const struct st_write_tensor *w, uint64_t bytes)
+/* fwrite of n bytes; 0, or -1 with errno. */
+static int put(FILE *f, const void *buf, size_t n) { return n == 0 || fwrite(buf, 1, n, f) == n ? 0 : -1; }
+
+static int write_tensor_data(FILE *f, const struct st_write_tensor *w, uint64_t bytes)
 {
     if (w->dtype == ST_F32)
-        return write_all(fd, w->data, (size_t)bytes);
+        return put(f, w->data, (size_t)bytes);
     enum { CHUNK = 1 << 15 };
     uint16_t buf[CHUNK];
     uint64_t n = bytes / 2;
@@ -840,17 +763,39 @@ static int write_tensor_data(int fd, const struct st_write_tensor *w, uint64_t b
         size_t m = n - i < CHUNK ? (size_t)(n - i) : CHUNK;
         for (size_t j = 0; j < m; j++)
             buf[j] = fmt_f32_to_bf16(w->data[i + j]);
-        if (write_all(fd, buf, m * 2))
+        if (put(f, buf, m * 2))
             return -1;
     }
     return 0;
+}
+
+/* What one safetensors file holds, in the order it is written (fs_write_fn's ctx). */
+struct st_body {
+    const struct st_write_tensor *t;
+    const uint64_t *bytes;
+    const size_t *ord;
+    size_t n;
+    const char *header;
+    size_t hlen;
+};
+
+static int write_body(FILE *f, void *ctx, char *err, size_t errlen)
+{
+    (void)err;
+    (void)errlen;
+    const struct st_body *b = ctx;
+    uint64_t h64 = b->hlen;
+    int bad = put(f, &h64, 8) || put(f, b->header, b->hlen);
+    for (size_t i = 0; i < b->n && !bad; i++)
+        bad = write_tensor_data(f, &b->t[b->ord[i]], b->bytes[b->ord[i]]);
+    return bad ? -1 : 0;
 }
 
 static int write_checked(const char *path, const struct st_write_tensor *t, const uint64_t *bytes, size_t n,
                          const struct st_kv *meta, size_t n_meta, char *err, size_t errlen)
 {
     if (n_meta && !meta) {
-        fmt_seterr(err, errlen, "%s: no metadata array given", path);
+        error_set(err, errlen, "%s: no metadata array given", path);
         return -1;
     }
     /* F32 first, then BF16, stable within each */
@@ -867,33 +812,19 @@ static int write_checked(const char *path, const struct st_write_tensor *t, cons
         free(ord);
         return -1;
     }
-    char *tmp;
-    int fd = tmp_open(path, &tmp, err, errlen);
-    if (fd < 0) {
-        free(header);
-        free(ord);
-        return -1;
-    }
-    uint64_t h64 = hlen;
-    int bad = write_all(fd, &h64, 8) || write_all(fd, header, hlen);
-    for (size_t i = 0; i < n && !bad; i++)
-        bad = write_tensor_data(fd, &t[ord[i]], bytes[ord[i]]);
+    struct st_body body = {t, bytes, ord, n, header, hlen};
+    int rc = fs_write_atomic_with(path, 0644, write_body, &body, err, errlen);
     free(header);
     free(ord);
-    if (bad) {
-        fmt_seterr(err, errlen, "%s: writing %s failed: %s", path, tmp, check_errno_text());
-        tmp_abort(fd, tmp);
-        return -1;
-    }
-    return tmp_commit(fd, tmp, path, err, errlen);
+    return rc;
 }
 
 int st_write(const char *path, const struct st_write_tensor *tensors, size_t n, const struct st_kv *metadata,
              size_t n_meta, char *err, size_t errlen)
 {
-    fmt_seterr(err, errlen, "%s", "");
+    error_set(err, errlen, "%s", "");
     if (!path) {
-        fmt_seterr(err, errlen, "(null): no path given");
+        error_set(err, errlen, "(null): no path given");
         return -1;
     }
     uint64_t *bytes = xmalloc(sizeof *bytes * (n ? n : 1));
@@ -907,32 +838,18 @@ int st_write(const char *path, const struct st_write_tensor *tensors, size_t n, 
 static int unlink_stale(const char *path, char *err, size_t errlen)
 {
     if (unlink(path) != 0 && errno != ENOENT) {
-        fmt_seterr(err, errlen, "%s: cannot remove the stale file: %s", path, check_errno_text());
+        error_set(err, errlen, "%s: cannot remove the stale file: %s", path, check_errno_text());
         return -1;
     }
     return 0;
 }
 
-static int write_text_atomic(const char *path, const char *text, char *err, size_t errlen)
-{
-    char *tmp;
-    int fd = tmp_open(path, &tmp, err, errlen);
-    if (fd < 0)
-        return -1;
-    if (write_all(fd, text, strlen(text))) {
-        fmt_seterr(err, errlen, "%s: writing %s failed: %s", path, tmp, check_errno_text());
-        tmp_abort(fd, tmp);
-        return -1;
-    }
-    return tmp_commit(fd, tmp, path, err, errlen);
-}
-
 int st_write_sharded(const char *dir, const struct st_write_tensor *tensors, size_t n, const struct st_kv *metadata,
                      size_t n_meta, uint64_t max_shard_bytes, int *n_shards_out, char *err, size_t errlen)
 {
-    fmt_seterr(err, errlen, "%s", "");
+    error_set(err, errlen, "%s", "");
     if (!dir) {
-        fmt_seterr(err, errlen, "(null): no directory given");
+        error_set(err, errlen, "(null): no directory given");
         return -1;
     }
     char *single = join_path(dir, "model.safetensors");
@@ -957,14 +874,14 @@ int st_write_sharded(const char *dir, const struct st_write_tensor *tensors, siz
     n_shards++;
     first[n_shards] = n;
     if (n_shards > 99999) {
-        fmt_seterr(err, errlen, "%s: %zu shards is too many (raise the shard size)", dir, n_shards);
+        error_set(err, errlen, "%s: %zu shards is too many (raise the shard size)", dir, n_shards);
         goto out;
     }
     if (n_shards_out)
         *n_shards_out = (int)n_shards;
     if (n_shards == 1) {
         if (write_checked(single, tensors, bytes, n, metadata, n_meta, err, errlen) ||
-            unlink_stale(index, err, errlen) || fsync_dir_of(index, err, errlen))
+            unlink_stale(index, err, errlen) || fs_fsync_dir_of(index, err, errlen))
             goto out;
         rc = 0;
         goto out;
@@ -986,7 +903,7 @@ int st_write_sharded(const char *dir, const struct st_write_tensor *tensors, siz
     char *text = root ? json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
     json_decref(root);
     if (!text) {
-        fmt_seterr(err, errlen, "%s: cannot encode the index JSON", index);
+        error_set(err, errlen, "%s: cannot encode the index JSON", index);
         goto out;
     }
     size_t tl = strlen(text);
@@ -994,9 +911,9 @@ int st_write_sharded(const char *dir, const struct st_write_tensor *tensors, siz
     memcpy(withnl, text, tl);
     memcpy(withnl + tl, "\n", 2);
     free(text);
-    int bad = write_text_atomic(index, withnl, err, errlen);
+    int bad = fs_write_atomic(index, withnl, strlen(withnl), err, errlen);
     free(withnl);
-    if (bad || unlink_stale(single, err, errlen) || fsync_dir_of(single, err, errlen))
+    if (bad || unlink_stale(single, err, errlen) || fs_fsync_dir_of(single, err, errlen))
         goto out;
     rc = 0;
 out:

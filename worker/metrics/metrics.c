@@ -117,36 +117,41 @@ void metrics_set_stats3(struct metrics *m, const char *prefix, double sum, doubl
     free(name);
 }
 
-/* Running sum, max and min of the finite values seen. */
-struct stats_acc {
-    double sum, mx, mn;
-    size_t k;
-};
-
-static void stats_add(struct stats_acc *a, double v)
+static void summary_add(struct metrics_summary *a, double v)
 {
     if (!isfinite(v))
         return;
     a->sum += v;
-    a->mx = v > a->mx ? v : a->mx;
-    a->mn = v < a->mn ? v : a->mn;
-    a->k++;
+    a->max = v > a->max ? v : a->max;
+    a->min = v < a->min ? v : a->min;
+    a->n++;
+}
+
+struct metrics_summary metrics_summarize(const double *values, size_t n)
+{
+    struct metrics_summary a = {0, -INFINITY, INFINITY, 0};
+    for (size_t i = 0; i < n; i++)
+        summary_add(&a, values[i]);
+    return a;
+}
+
+void metrics_set_summary(struct metrics *m, const char *prefix, const struct metrics_summary *s)
+{
+    metrics_set_stats3(m, prefix, s->sum, s->max, s->min, s->n);
 }
 
 void metrics_set_stats(struct metrics *m, const char *prefix, const double *values, size_t n)
 {
-    struct stats_acc a = {0, -INFINITY, INFINITY, 0};
-    for (size_t i = 0; i < n; i++)
-        stats_add(&a, values[i]);
-    metrics_set_stats3(m, prefix, a.sum, a.mx, a.mn, a.k);
+    const struct metrics_summary a = metrics_summarize(values, n);
+    metrics_set_summary(m, prefix, &a);
 }
 
 void metrics_set_stats_f(struct metrics *m, const char *prefix, const float *values, size_t n)
 {
-    struct stats_acc a = {0, -INFINITY, INFINITY, 0};
+    struct metrics_summary a = {0, -INFINITY, INFINITY, 0};
     for (size_t i = 0; i < n; i++)
-        stats_add(&a, values[i]);
-    metrics_set_stats3(m, prefix, a.sum, a.mx, a.mn, a.k);
+        summary_add(&a, values[i]);
+    metrics_set_summary(m, prefix, &a);
 }
 
 /* A "Name:   N kB" line of /proc/self/status in GiB; NaN when unavailable. */

@@ -64,6 +64,15 @@ void metrics_copy(struct metrics *dst, const struct metrics *src);
 void metrics_set_stats(struct metrics *m, const char *prefix, const double *values, size_t n);
 /* PREFIX/mean|max|min from a sum, maximum, minimum and count (summaries combined across ranks). */
 void metrics_set_stats3(struct metrics *m, const char *prefix, double sum, double mx, double mn, size_t k);
+/* Sum, largest, smallest and count of a set of values: what PREFIX/mean|max|min are made of. */
+struct metrics_summary {
+    double sum, max, min;
+    size_t n;
+};
+/* The summary of the finite values among values[0..n) (n 0 when there is none). */
+struct metrics_summary metrics_summarize(const double *values, size_t n);
+/* PREFIX/mean|max|min of a summary (metrics_set_stats3 of its fields). */
+void metrics_set_summary(struct metrics *m, const char *prefix, const struct metrics_summary *s);
 void metrics_set_stats_f(struct metrics *m, const char *prefix, const float *values, size_t n);
 /* Resident set size of this process in GiB (VmRSS of /proc/self/status); NaN when unavailable. */
 double proc_rss_gb(void);
@@ -125,10 +134,6 @@ long metrics_jsonl_read(const char *path, metrics_jsonl_cb cb, void *ctx);
 
 /* -------------------------------------------------------------- TensorBoard */
 
-/* CRC-32C (Castagnoli, reflected polynomial 0x82F63B78): crc32c("123456789") = 0xE3069283.
- * crc32c_update(0, ...) starts a checksum; chunks chain through the returned value. */
-uint32_t crc32c_update(uint32_t crc, const void *data, size_t n);
-static inline uint32_t crc32c(const void *data, size_t n) { return crc32c_update(0, data, n); }
 /* TFRecord's masked CRC: ((crc >> 15) | (crc << 17)) + 0xa282ead8. */
 uint32_t crc32c_masked(const void *data, size_t n);
 /* Frame data as one TFRecord into out (n + 16 bytes): uint64 LE length, masked CRC of the length,

@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "worker/metrics/metrics_internal.h"
 
 void metrics_console_init(struct metrics_console *c, long total_steps)
@@ -162,13 +163,6 @@ void metrics_console_update(struct metrics_console *c, const struct metrics *m)
 static bool transient_shown;
 static double transient_last;
 
-static double mono_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void write_all(int fd, const char *p, size_t n)
 {
     while (n > 0) {
@@ -211,7 +205,7 @@ void metrics_progress(const char *phase, long done, long total, const char *unit
 {
     if (!isatty(STDERR_FILENO))
         return;
-    double now = mono_now();
+    double now = clock_now_s();
     if (transient_shown && now - transient_last < 0.1 && !(total > 0 && done >= total))
         return;
     transient_last = now;

@@ -83,11 +83,6 @@ void model_rope_freqs(const struct model_config *c, double *inv_freq)
     }
 }
 
-const char *model_arch_name(enum model_arch a)
-{
-    return a == ARCH_QWEN3 ? "qwen3" : a == ARCH_QWEN2 ? "qwen2" : "llama";
-}
-
 const char *model_rope_name(enum rope_kind k)
 {
     return k == ROPE_LLAMA3 ? "llama3" : k == ROPE_LINEAR ? "linear" : "default";

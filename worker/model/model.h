@@ -1,5 +1,5 @@
-/* Llama / Qwen2 decoder-only transformer on the CPU (fp32): parameters in one
- * allocation, packed (padding-free) forward and backward for training, and a
+/* Llama / Qwen2 / Qwen3 decoder-only transformer on a kernel context (kernels.h: the CPU in fp32 or BF16, or a
+ * GPU): parameters in one allocation, packed (padding-free) forward and backward for training, and a
  * KV-cache step for generation.
  *
  * Shapes: D hidden, F intermediate, V vocab, Hq query heads, Hkv key/value
@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum model_arch { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3 };
+#include "worker/model/arch.h"
 
 /* RoPE frequencies: the default theta^(-2i/hd), Llama 3's remap (low frequencies divided by factor, high ones
  * kept, a smooth blend between; transformers' "llama3" rope_type), or all divided by factor ("linear"). */
@@ -139,8 +139,7 @@ void model_layer_span(const struct model *m, int l, size_t *lo, size_t *hi);
 
 /* The RoPE frequencies of c (head_dim / 2 of them) into inv_freq. */
 void model_rope_freqs(const struct model_config *c, double *inv_freq);
-/* "llama", "qwen2", "qwen3"; and the RoPE variant ("default", "llama3", "linear"). */
-const char *model_arch_name(enum model_arch a);
+/* The RoPE variant's name: "default", "llama3", "linear". */
 const char *model_rope_name(enum rope_kind k);
 /* Check a configuration; 0 or -1 with why filled (names the unsupported field). */
 int model_config_check(const struct model_config *c, char *why, size_t len);

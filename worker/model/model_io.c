@@ -12,7 +12,9 @@
 #include <unistd.h>
 
 #include "common/check.h"
+#include "common/fs.h"
 #include "common/log.h"
+#include "worker/model/arch.h"
 #include "worker/formats/gguf.h"
 #include "worker/formats/safetensors.h"
 
@@ -123,21 +125,19 @@ int model_config_from_hf_json(const char *path, struct model_config *c, char *er
         ERR("%s: missing 'model_type'", path);
         goto out;
     }
-    if (strcmp(type, "llama") == 0)
-        c->arch = ARCH_LLAMA;
-    else if (strcmp(type, "qwen2") == 0)
-        c->arch = ARCH_QWEN2;
-    else if (strcmp(type, "qwen3") == 0)
-        c->arch = ARCH_QWEN3;
-    else if (strcmp(type, "qwen3_moe") == 0 || strcmp(type, "qwen2_moe") == 0) {
-        ERR("%s: model_type '%s' is a mixture-of-experts model: not supported yet (supported: the dense llama, qwen2 "
-            "and qwen3 families)",
-            path, type);
-        goto out;
-    } else {
-        ERR("%s: model_type '%s' is not supported (supported: llama, qwen2, qwen3)", path, type);
+    const struct model_arch_info *fam = model_arch_by_model_type(type);
+    if (!fam) {
+        char names[128];
+        model_arch_list(false, names, sizeof names);
+        if (model_arch_is_moe(type))
+            ERR("%s: model_type '%s' is a mixture-of-experts model: not supported yet (supported: the dense "
+                "families %s)",
+                path, type, names);
+        else
+            ERR("%s: model_type '%s' is not supported (supported: %s)", path, type, names);
         goto out;
     }
+    c->arch = fam->arch;
     const char *act = json_string_value(json_object_get(root, "hidden_act"));
     if (act && strcmp(act, "silu") != 0) {
         ERR("%s: hidden_act '%s' is not supported (only silu)", path, act);
@@ -155,7 +155,7 @@ int model_config_from_hf_json(const char *path, struct model_config *c, char *er
         ERR("%s: mlp_bias=true is not supported", path);
         goto out;
     }
-    if (c->arch != ARCH_LLAMA && json_is_true(json_object_get(root, "use_sliding_window"))) {
+    if (fam->has_sliding_window && json_is_true(json_object_get(root, "use_sliding_window"))) {
         ERR("%s: use_sliding_window=true is not supported", path);
         goto out;
     }
@@ -177,11 +177,11 @@ int model_config_from_hf_json(const char *path, struct model_config *c, char *er
     }
     if (json_int(root, "head_dim", c->hidden_size / c->n_heads, &c->head_dim, path, err, errlen))
         goto out;
-    if (c->arch == ARCH_QWEN2)
+    if (fam->qkv_bias_always)
         c->attention_bias = true; /* Qwen2 always has q/k/v bias */
     else if (json_flag(root, "attention_bias", 0, &c->attention_bias, path, err, errlen))
         goto out;
-    c->qk_norm = c->arch == ARCH_QWEN3; /* Qwen3 norms each head's q and k */
+    c->qk_norm = fam->qk_norm; /* Qwen3 norms each head's q and k */
     c->bos_token_id = json_token_id(root, "bos_token_id");
     c->eos_token_id = json_token_id(root, "eos_token_id");
     char why[256];
@@ -197,13 +197,10 @@ out:
 
 int model_config_write_hf_json(const struct model_config *c, const char *path, char *err, size_t errlen)
 {
-    bool qwen = c->arch != ARCH_LLAMA;
+    const struct model_arch_info *fam = model_arch_info(c->arch);
     json_t *o = json_object();
-    const char *arch_class = c->arch == ARCH_QWEN3   ? "Qwen3ForCausalLM"
-                             : c->arch == ARCH_QWEN2 ? "Qwen2ForCausalLM"
-                                                     : "LlamaForCausalLM";
-    json_object_set_new(o, "architectures", json_pack("[s]", arch_class));
-    json_object_set_new(o, "model_type", json_string(model_arch_name(c->arch)));
+    json_object_set_new(o, "architectures", json_pack("[s]", fam->hf_class));
+    json_object_set_new(o, "model_type", json_string(fam->model_type));
     json_object_set_new(o, "vocab_size", json_integer(c->vocab_size));
     json_object_set_new(o, "hidden_size", json_integer(c->hidden_size));
     json_object_set_new(o, "intermediate_size", json_integer(c->intermediate_size));
@@ -216,14 +213,12 @@ int model_config_write_hf_json(const struct model_config *c, const char *path, c
     json_object_set_new(o, "rope_theta", json_real(c->rope_theta));
     json_object_set_new(o, "rms_norm_eps", json_real(c->rms_norm_eps));
     json_object_set_new(o, "tie_word_embeddings", json_boolean(c->tie_word_embeddings));
-    if (!qwen) {
+    if (!fam->qkv_bias_always)
         json_object_set_new(o, "attention_bias", json_boolean(c->attention_bias));
+    if (fam->has_mlp_bias)
         json_object_set_new(o, "mlp_bias", json_false());
-    } else {
+    if (fam->has_sliding_window)
         json_object_set_new(o, "use_sliding_window", json_false());
-        if (c->arch == ARCH_QWEN3)
-            json_object_set_new(o, "attention_bias", json_boolean(c->attention_bias));
-    }
     if (c->rope.kind == ROPE_DEFAULT) {
         json_object_set_new(o, "rope_scaling", json_null());
     } else {
@@ -243,15 +238,13 @@ int model_config_write_hf_json(const struct model_config *c, const char *path, c
     if (c->eos_token_id >= 0)
         json_object_set_new(o, "eos_token_id", json_integer(c->eos_token_id));
     json_object_set_new(o, "torch_dtype", json_string("float32"));
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int rc = json_dump_file(o, tmp, JSON_INDENT(2) | JSON_SORT_KEYS);
+    char *text = json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS);
     json_decref(o);
-    if (rc != 0 || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return ERR("%s: cannot write: %s", path, check_errno_text());
-    }
-    return 0;
+    if (!text)
+        return ERR("%s: cannot encode the config JSON", path);
+    int rc = fs_write_atomic(path, text, strlen(text), err, errlen);
+    free(text);
+    return rc;
 }
 
 /* A loaded tensor must be finite: NaN or infinite weights make every gradient non-finite, so every optimizer step
@@ -443,12 +436,13 @@ static int config_from_gguf(const struct gguf_file *g, struct model_config *c, c
     memset(c, 0, sizeof *c);
     if (!arch)
         return ERR("%s: missing 'general.architecture'", path);
-    if (strcmp(arch, "llama") == 0)
-        c->arch = ARCH_LLAMA;
-    else if (strcmp(arch, "qwen2") == 0)
-        c->arch = ARCH_QWEN2;
-    else
-        return ERR("%s: architecture '%s' is not supported (supported: llama, qwen2)", path, arch);
+    const struct model_arch_info *fam = model_arch_by_gguf_name(arch);
+    if (!fam) {
+        char names[128];
+        return ERR("%s: architecture '%s' is not supported (supported: %s)", path, arch,
+                   model_arch_list(true, names, sizeof names));
+    }
+    c->arch = fam->arch;
     char k[128];
     snprintf(k, sizeof k, "%s.rope.scaling.type", arch);
     const char *scaling = gguf_get_str(g, k);
@@ -521,9 +515,10 @@ struct model *model_load_gguf(const char *path, char *err, size_t errlen)
         if (gguf_tensor_to_f32(g, t, refs[i].data, err, errlen) != 0 ||
             check_finite(refs[i].data, refs[i].numel, path, gname, err, errlen) != 0)
             goto fail;
-        if (cfg.arch == ARCH_LLAMA && strstr(refs[i].name, "q_proj.weight"))
+        const bool permuted = model_arch_info(cfg.arch)->gguf_qk_permuted;
+        if (permuted && strstr(refs[i].name, "q_proj.weight"))
             unpermute_rows(refs[i].data, cfg.n_heads, cfg.head_dim, cfg.hidden_size);
-        if (cfg.arch == ARCH_LLAMA && strstr(refs[i].name, "k_proj.weight"))
+        if (permuted && strstr(refs[i].name, "k_proj.weight"))
             unpermute_rows(refs[i].data, cfg.n_kv_heads, cfg.head_dim, cfg.hidden_size);
     }
     /* a block the metadata leaves out would be dropped silently */
@@ -573,10 +568,14 @@ int model_save_hf(const struct model *m, const char *dir, int bf16, char *err, s
         json_object_set_new(gen, "bos_token_id", json_integer(m->cfg.bos_token_id));
     if (m->cfg.eos_token_id >= 0)
         json_object_set_new(gen, "eos_token_id", json_integer(m->cfg.eos_token_id));
-    int rc = json_dump_file(gen, path, JSON_INDENT(2));
+    char *text = json_dumps(gen, JSON_INDENT(2));
     json_decref(gen);
+    if (!text)
+        return ERR("%s: cannot encode the JSON", path);
+    int rc = fs_write_atomic(path, text, strlen(text), err, errlen);
+    free(text);
     if (rc != 0)
-        return ERR("%s: cannot write: %s", path, check_errno_text());
+        return -1;
     int n = model_param_refs(m, &m->w, NULL, 0);
     struct param_ref *refs = xcalloc((size_t)n, sizeof *refs);
     struct st_write_tensor *ts = xcalloc((size_t)n, sizeof *ts);

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "common/check.h"
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "scorers.h"
@@ -188,13 +189,6 @@ static void report_failure(struct reward_fn *r, int i, const struct reward_item 
         reasons[i] = xstrdup(reason);
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void child_fatal_hook(int code) { _exit(code ? code : 1); }
 
 /* The child: default signal dispositions (a crash must kill it, not run the parent's handlers
@@ -284,9 +278,9 @@ static void score_isolated(struct reward_fn *r, const struct reward_item *items,
         struct reward_record rec;
         size_t have = 0;
         bool timed_out = false, broken = false;
-        double deadline = now_s() + r->timeout_s;
+        double deadline = clock_now_s() + r->timeout_s;
         while (next < n) {
-            double left = deadline - now_s();
+            double left = deadline - clock_now_s();
             if (left <= 0) {
                 timed_out = true;
                 break;
@@ -328,7 +322,7 @@ static void score_isolated(struct reward_fn *r, const struct reward_item *items,
                     reasons[next] = NULL;
             }
             next++;
-            deadline = now_s() + r->timeout_s;
+            deadline = clock_now_s() + r->timeout_s;
         }
         close(fds[0]);
         if (next >= n) {

@@ -11,7 +11,7 @@
 #include "worker/model/model.h"
 #include "worker/model/model_io.h"
 #include "worker/tokenizer/tokenizer.h"
-#include "worker/trainer/prompts.h"
+#include "worker/step/prompts.h"
 
 struct reward_model {
     struct model *m;

@@ -19,26 +19,27 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "batch.h"
+#include "worker/gen/generate.h"
 #include "common/check.h"
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "kernels/kernels.h"
 #include "proto/transport.h"
-#include "dataplane.h"
-#include "dispatch.h"
-#include "weight_bcast.h"
-#include "wire.h"
+#include "worker/plane/dataplane.h"
+#include "worker/plane/dispatch.h"
+#include "worker/plane/weight_sync.h"
+#include "worker/plane/wire.h"
 #include "worker/data/dataset.h"
 #include "worker/metrics/metrics.h"
 #include "worker/comm/comm.h"
 #include "worker/model/device.h"
+#include "worker/model/bundled.h"
 #include "worker/model/lora.h"
 #include "worker/model/model_io.h"
 #include "worker/rewards/reward.h"
 #include "worker/roles.h"
 #include "worker/tokenizer/tokenizer.h"
-#include "worker/trainer/trainer.h"
 
 /* Greedy token balance: each group (largest first) to the trainer with the fewest tokens so far. */
 static void balance_groups(const struct step_batch *b, int n_dp, int *dp_of_group)
@@ -84,10 +85,7 @@ struct rollout_rank {
     bool head;            /* the group's first rank: dispatcher, trainers, weights */
     float *whole;         /* the head: each downloaded version, whole (with TP, or on a GPU: its host copy) */
     double keepalive_at;  /* the head: when its peers last heard from it */
-    struct comm *bcast;   /* weight_sync=broadcast: env->weight_group, or its NCCL twin on GPUs (made at the first
-                             round); NULL once given up */
-    bool bcast_made;
-    float *bcast_bucket; /* the broadcast's host bucket, from round to round (weight_bcast) */
+    struct weight_sync_receiver ws; /* the head: how each version comes (fetched, or in the trainers' broadcast) */
     pthread_t watchdog;
     bool watching;
     atomic_bool quit;
@@ -112,17 +110,25 @@ static void eng_send(struct rollout_rank *r, int64_t *msg)
 {
     /* the peers wait with a polled (non-blocking) broadcast: MPI matches it only with the same kind */
     comm_broadcast_polled(r->eng, msg, ENG_WORDS, COMM_I64, 0, NULL, NULL);
-    r->keepalive_at = rollout_now_s();
+    r->keepalive_at = clock_now_s();
 }
 
 /* The head, while it waits or downloads: a word to the peers now and then, so their watchdog knows it lives. */
 static void eng_keepalive(void *ud)
 {
     struct rollout_rank *r = ud;
-    if (!r->eng || rollout_now_s() - r->keepalive_at < 0.5)
+    if (!r->eng || clock_now_s() - r->keepalive_at < 0.5)
         return;
     int64_t msg[ENG_WORDS] = {ENG_WAIT};
     eng_send(r, msg);
+}
+
+/* The head, between broadcast asks: its peers hear it lives, and the control plane's hold. */
+static void between_asks(void *ud)
+{
+    struct rollout_rank *r = ud;
+    eng_keepalive(r);
+    control_wait_poll(r->env->ctl, false);
 }
 
 /* What the group has moved: over MPI, and over NCCL on GPUs (the model's collectives). */
@@ -138,14 +144,14 @@ static void *watch_group(void *arg)
     struct rollout_rank *r = arg;
     const double limit = r->env->cfg->rollout_tp_group_timeout_s;
     unsigned long long seen = group_progress(r);
-    double since = rollout_now_s();
+    double since = clock_now_s();
     while (!atomic_load(&r->quit)) {
         usleep(200000);
         const unsigned long long now_seen = group_progress(r);
         if (now_seen != seen || control_pause_wanted(r->env->ctl)) {
             seen = now_seen;
-            since = rollout_now_s();
-        } else if (rollout_now_s() - since > limit) {
+            since = clock_now_s();
+        } else if (clock_now_s() - since > limit) {
             log_error("rollout",
                       "rollout rank %d: its TP group (engine %d) has moved nothing for %.0f s "
                       "(actor_rollout_ref.rollout.tp_group_timeout_s): a peer is lost; ending this rank so that the "
@@ -168,11 +174,16 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
         if (!r->work)
             return -1;
         work_client_on_chunk(r->work, eng_keepalive, r);
+        r->ws = (struct weight_sync_receiver){.work = r->work,
+                                              .group = r->env->weight_group,
+                                              .gpus_shared = r->env->trainer_gpus_shared || r->env->rollout_gpus_shared,
+                                              .wait = between_asks,
+                                              .ud = r};
     }
     char bundled[4096];
     const char *path = c->arr_model_path;
     if (!path || !*path) {
-        if (trainer_bundled_model_path(bundled, sizeof bundled) != 0)
+        if (model_bundled_path(bundled, sizeof bundled) != 0)
             return error_set(err, errlen,
                              "actor_rollout_ref.model.path is empty and the bundled model is not in %s (fetch it "
                              "with scripts/fetch_model.sh)",
@@ -193,7 +204,7 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
         model_free(r->policy);
         r->policy = part;
     }
-    /* trainer.device=cuda: the rank's GPU (grpo_worker's assign_devices), else the CPU */
+    /* trainer.device=cuda: the rank's GPU (the launch's assign_devices), else the CPU */
     char dev[32] = "cpu";
     if (strcmp(c->trainer_device, "cuda") == 0)
         snprintf(dev, sizeof dev, "cuda:%d", r->env->device);
@@ -201,6 +212,7 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
     if (!K)
         return -1;
     model_move(&r->policy, K);
+    r->ws.K = r->policy->K;
     if (r->eng && K->device != KDEV_CPU) { /* the group's TP collectives over NCCL, in device memory */
         if (r->env->rollout_gpus_shared)
             return error_set(err, errlen,
@@ -257,9 +269,7 @@ static void teardown(struct rollout_rank *r)
     model_free(r->policy);
     if (r->eng_dev) /* after the model that used it */
         comm_free(r->eng_dev);
-    if (r->bcast && r->bcast != r->env->weight_group)
-        comm_free(r->bcast);
-    free(r->bcast_bucket);
+    weight_sync_receiver_release(&r->ws);
 }
 
 /* The prompt indices of step k into idx (the same the trainers draw): the cursor moves on from the step it drew
@@ -276,14 +286,19 @@ static void draw_step(struct rollout_rank *r, const struct work_grant *g, int *i
     }
 }
 
-/* Generate unit g and send one batch to every trainer DP rank (an empty one where no group goes, so each trainer
- * knows the unit is in). The batches report the waiting since the previous unit: for work and weights (waited)
- * and to send (wait_send, which gets this unit's). 0, or -1 with err. */
-static int rollout_unit(struct rollout_rank *r, const struct work_grant *g, double waited, double *wait_send, char *err,
-                        size_t errlen)
+/* What one work unit came to: its groups, and the seconds the trainers hear of with them. */
+struct unit_result {
+    struct step_batch batch;
+    double gen_s, reward_s; /* phases gen and reward */
+    double wait_weights_s;  /* waiting for work and weights since the previous unit */
+    double wait_send_s;     /* the previous unit's sending (waiting for room at the trainers) */
+};
+
+/* Phase gen (and reward) of unit g: its share of the step's prompts, generated and scored into u. */
+static void generate_unit(struct rollout_rank *r, const struct work_grant *g, struct unit_result *u)
 {
     const struct grpo_config *c = r->env->cfg;
-    const int B = (int)c->data_train_batch_size, n = (int)c->rollout_n;
+    const int B = (int)c->data_train_batch_size;
     int lo, hi;
     dispatch_unit_range(B, g->units, g->unit, &lo, &hi);
     int *idx = xmalloc((size_t)B * sizeof(int));
@@ -292,40 +307,58 @@ static int rollout_unit(struct rollout_rank *r, const struct work_grant *g, doub
     for (int i = 0; i < B; i++)
         prompts[i] = &r->train.items[idx[i]];
     struct sampler_params sp = {(float)c->rollout_temperature, (float)c->rollout_top_p, (int)c->rollout_top_k};
-    struct step_batch b = {0};
-    double t_gen = 0, t_reward = 0;
-    control_set_phase(r->env->ctl, CONTROL_PHASE_GEN);
-    rollout_generate_and_score(&r->rc, prompts + lo, idx + lo, hi - lo, lo, &sp, n,
-                               rollout_step_seed((uint64_t)c->data_seed, g->step, 0), &b, &t_gen, &t_reward);
-    control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
-    const int n_dp = r->head ? r->env->n_endpoints : 0; /* a TP group's peers generated along; the head sends */
-    int *dp_of = xmalloc((size_t)(b.n_groups ? b.n_groups : 1) * sizeof(int));
-    int *sel = xmalloc((size_t)(b.n_groups ? b.n_groups : 1) * sizeof(int));
-    if (n_dp > 0)
-        balance_groups(&b, n_dp, dp_of);
-    int rc = 0;
-    double t0 = rollout_now_s();
-    for (int d = 0; d < n_dp && rc == 0; d++) {
-        int ns = 0;
-        for (int k = 0; k < b.n_groups; k++)
-            if (dp_of[k] == d)
-                sel[ns++] = k;
-        struct wire_header h = {.step = g->step,
+    control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_GEN);
+    rollout_generate_and_score(&r->rc, prompts + lo, idx + lo, hi - lo, lo, &sp, (int)c->rollout_n,
+                               rollout_step_seed((uint64_t)c->data_seed, g->step, 0), &u->batch, &u->gen_s,
+                               &u->reward_s);
+    control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
+    log_debug("rollout", "step %lld unit %d: %d groups (%d..%d) with policy version %lld, gen %.2fs, reward %.2fs",
+              (long long)g->step, g->unit, u->batch.n_groups, lo, hi - 1, (long long)g->version, u->gen_s, u->reward_s);
+    free(idx), free(prompts);
+}
+
+/* The wire header of unit g's batch for trainer DP rank d: where it comes from, and the unit's seconds. */
+static struct wire_header unit_header(struct rollout_rank *r, const struct work_grant *g, const struct unit_result *u,
+                                      int d)
+{
+    const struct grpo_config *c = r->env->cfg;
+    return (struct wire_header){.step = g->step,
                                 .from_rank = r->env->rank,
                                 .to_dp = d,
                                 .seq_no = ++r->seq_no,
                                 .policy_version = g->version,
-                                .groups_in_step = B,
-                                .n = n,
-                                .gen_s = t_gen,
-                                .reward_s = t_reward,
-                                .idle_s = waited + *wait_send,
-                                .wait_weights_s = waited,
+                                .groups_in_step = (int)c->data_train_batch_size,
+                                .n = (int)c->rollout_n,
+                                .gen_s = u->gen_s,
+                                .reward_s = u->reward_s,
+                                .idle_s = u->wait_weights_s + u->wait_send_s,
+                                .wait_weights_s = u->wait_weights_s,
                                 .peak_rss_gb = proc_peak_rss_gb(),
                                 .unit = g->unit,
                                 .units = g->units};
+}
+
+/* Send unit g's groups to the trainer DP ranks, balanced by tokens: one batch to every one (an empty one where no
+ * group goes, so each trainer knows the unit is in). A TP group's head sends; its peers generated along. 0, or -1
+ * with err. */
+static int send_unit(struct rollout_rank *r, const struct work_grant *g, const struct unit_result *u, char *err,
+                     size_t errlen)
+{
+    const struct step_batch *b = &u->batch;
+    const int n_dp = r->head ? r->env->n_endpoints : 0;
+    int *dp_of = xmalloc((size_t)(b->n_groups ? b->n_groups : 1) * sizeof(int));
+    int *sel = xmalloc((size_t)(b->n_groups ? b->n_groups : 1) * sizeof(int));
+    if (n_dp > 0)
+        balance_groups(b, n_dp, dp_of);
+    int rc = 0;
+    for (int d = 0; d < n_dp && rc == 0; d++) {
+        int ns = 0;
+        for (int k = 0; k < b->n_groups; k++)
+            if (dp_of[k] == d)
+                sel[ns++] = k;
+        const struct wire_header h = unit_header(r, g, u, d);
         size_t len;
-        uint8_t *msg = wire_pack_batch(&h, &b, sel, ns, r->env->secret, &len);
+        uint8_t *msg = wire_pack_batch(&h, b, sel, ns, r->env->secret, &len);
         /* a trainer busy with a long step takes its time: wait, but say so, and give up after an hour; the run
          * ending meanwhile ends the wait */
         for (int tries = 0;; tries++) {
@@ -338,11 +371,21 @@ static int rollout_unit(struct rollout_rank *r, const struct work_grant *g, doub
         }
         free(msg);
     }
-    *wait_send = rollout_now_s() - t0;
-    log_debug("rollout", "step %lld unit %d: %d groups (%d..%d) with policy version %lld, gen %.2fs, reward %.2fs",
-              (long long)g->step, g->unit, b.n_groups, lo, hi - 1, (long long)g->version, t_gen, t_reward);
-    step_batch_free(&b);
-    free(dp_of), free(sel), free(idx), free(prompts);
+    free(dp_of), free(sel);
+    return rc;
+}
+
+/* Unit g: generate it, then send it. The batches report the waiting since the previous unit: for work and
+ * weights (waited) and to send (*wait_send, which gets this unit's). 0, or -1 with err. */
+static int rollout_unit(struct rollout_rank *r, const struct work_grant *g, double waited, double *wait_send, char *err,
+                        size_t errlen)
+{
+    struct unit_result u = {.wait_weights_s = waited, .wait_send_s = *wait_send};
+    generate_unit(r, g, &u);
+    const double t0 = clock_now_s();
+    const int rc = send_unit(r, g, &u, err, errlen);
+    *wait_send = clock_now_s() - t0;
+    step_batch_free(&u.batch);
     return rc;
 }
 
@@ -409,9 +452,9 @@ static void peer_next(struct rollout_rank *r, struct work_grant *g)
         int64_t msg[ENG_WORDS] = {0};
         comm_broadcast_polled(r->eng, msg, ENG_WORDS, COMM_I64, 0, control_wait_poll, r->env->ctl);
         if (msg[ENG_KIND] == ENG_WEIGHTS) {
-            control_set_phase(r->env->ctl, CONTROL_PHASE_WEIGHT_SYNC);
+            control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_WEIGHT_SYNC);
             reshard_recv(r, msg[ENG_VERSION], bucket);
-            control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
+            control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
             continue;
         }
         if (msg[ENG_KIND] == ENG_WAIT)
@@ -446,50 +489,14 @@ static void head_tell(struct rollout_rank *r, const struct work_grant *g)
     eng_send(r, msg);
 }
 
-/* weight_sync=broadcast: take version v in the trainers' broadcast when the dispatcher says every rollout process
- * has asked for it. 1: v is in dst; 0: fetch it instead (no round for it, or the broadcast is off); -1 with err
- * (the dispatcher is gone). *bytes: what moved. */
-static int take_broadcast(struct rollout_rank *r, int64_t v, float *dst, size_t n, size_t bucket, size_t *bytes,
-                          char *err, size_t errlen)
-{
-    const struct role_env *env = r->env;
-    if (!env->weight_group || (r->bcast_made && !r->bcast))
-        return 0;
-    for (;;) {
-        enum work_broadcast a;
-        if (work_client_broadcast_ask(r->work, v, &a, err, errlen) != 0)
-            return -1;
-        if (a == WB_FETCH)
-            return 0;
-        if (a == WB_JOIN)
-            break;
-        eng_keepalive(r);
-        control_wait_poll(env->ctl, false);
-        transport_sleep(0.005);
-    }
-    if (!r->bcast_made) {
-        r->bcast =
-            weight_bcast_group(env->weight_group, r->policy->K, env->trainer_gpus_shared || env->rollout_gpus_shared);
-        r->bcast_made = true;
-    }
-    char why[512];
-    if (weight_bcast(r->bcast, r->policy->K, v, dst, n, bucket, &r->bcast_bucket, bytes, why, sizeof why) == 0)
-        return 1;
-    log_warn("rollout", "%s: fetching this version and every later one from the dispatcher", why);
-    if (r->bcast != env->weight_group)
-        comm_free(r->bcast);
-    r->bcast = NULL; /* given up: never used again */
-    return 0;
-}
-
 /* The dispatcher's next word: a unit (with its policy version in the model), or the end. Waiting (for the
  * trainers' next version, or while the run is paused) is added to *waited. 0, or -1 with err. */
 static int next_work(struct rollout_rank *r, struct work_grant *g, double *waited, char *err, size_t errlen)
 {
     const size_t chunk = (size_t)r->env->cfg->rollout_update_weights_bucket_megabytes << 20;
-    const double t0 = rollout_now_s();
+    const double t0 = clock_now_s();
     double unanswered_since = 0;
-    control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
+    control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
     for (;;) {
         /* pause holds here; stop is the trainers' to decide (the dispatcher says it) */
         control_safe_point(r->env->ctl, r->cur_step, nothing_to_save, NULL);
@@ -498,8 +505,8 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
             /* the dispatcher has a thread of its own and answers while the trainers work: silence for a minute
              * means the trainers are gone (the run ended or failed) */
             if (unanswered_since == 0)
-                unanswered_since = rollout_now_s();
-            if (rollout_now_s() - unanswered_since > 60)
+                unanswered_since = clock_now_s();
+            if (clock_now_s() - unanswered_since > 60)
                 return error_set(err, errlen, "%s for 60 s: the trainers are gone", why);
             log_warn("rollout", "%s; asking again", why);
             continue;
@@ -509,14 +516,14 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
             break;
         eng_keepalive(r);
         control_wait_poll(r->env->ctl, false);
-        transport_sleep(0.05);
+        clock_sleep_s(0.05);
     }
     control_wait_poll(r->env->ctl, true);
     if (g->kind == WORK_UNIT && g->version != r->version) {
         size_t bytes;
         int chunks;
-        const double t1 = rollout_now_s();
-        control_set_phase(r->env->ctl, CONTROL_PHASE_WEIGHT_SYNC);
+        const double t1 = clock_now_s();
+        control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_WEIGHT_SYNC);
         /* with LoRA a version is the adapter alone (no TP then: the rank holds the whole model) */
         const struct lora *ad = r->policy->lora;
         const size_t n = ad ? ad->n : model_whole_floats(&r->policy->cfg);
@@ -524,19 +531,16 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
         if ((r->eng || gpu) && !r->whole)
             r->whole = xmalloc(n * sizeof(float));
         float *dst = r->eng || gpu ? r->whole : ad ? ad->mem : r->policy->w.mem;
-        int took = take_broadcast(r, g->version, dst, n, chunk, &bytes, err, errlen);
-        if (took < 0)
-            return -1;
-        chunks = 0;
-        if (!took && work_client_weights(r->work, g->version, dst, n, chunk, &bytes, &chunks, err, errlen) != 0)
+        bool took;
+        if (weight_sync_receive(&r->ws, g->version, dst, n, chunk, &took, &bytes, &chunks, err, errlen) != 0)
             return -1;
         if (gpu && !r->eng) /* the weights, or with LoRA the adapter, up to the GPU */
             k_to_device(r->policy->K, ad ? ad->mem : r->policy->w.mem, r->whole, n * sizeof(float));
-        const double t2 = rollout_now_s();
+        const double t2 = clock_now_s();
         size_t sent = 0;
         if (r->eng)
             sent = reshard_send(r, g->version, chunk);
-        control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
+        control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
         r->version = g->version;
         char how[64];
         if (took)
@@ -547,12 +551,12 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
             log_info("rollout",
                      "policy version %lld: %zu bytes %s in %.3fs; resharded to %d TP ranks: %zu bytes to the peers "
                      "in %.3fs",
-                     (long long)g->version, bytes, how, t2 - t1, comm_size(r->eng), sent, rollout_now_s() - t2);
+                     (long long)g->version, bytes, how, t2 - t1, comm_size(r->eng), sent, clock_now_s() - t2);
         else
             log_debug("rollout", "policy version %lld: %zu bytes %s, %.3fs", (long long)g->version, bytes, how,
-                      rollout_now_s() - t1);
+                      clock_now_s() - t1);
     }
-    *waited += rollout_now_s() - t0;
+    *waited += clock_now_s() - t0;
     return 0;
 }
 

@@ -19,16 +19,6 @@ const char TOK_RE_QWEN2[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?
 static const char RE_DIGIT[] = "\\p{N}";
 static const char RE_DIGITS[] = "\\p{N}+";
 
-void tok_errf(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 /* ------------------------------------------------------------------------------------------ */
 /* byte-level alphabet (GPT-2's bytes_to_unicode)                                             */
 
@@ -311,7 +301,7 @@ int tok_add_merge(struct tokenizer *t, const char *l, size_t ll, const char *r, 
 {
     int a = tok_vocab_get(t, l, ll), b = tok_vocab_get(t, r, rl);
     if (a < 0 || b < 0) {
-        tok_errf(err, errlen, "token '%.*s' is not in the vocabulary", (int)(a < 0 ? ll : rl), a < 0 ? l : r);
+        error_set(err, errlen, "token '%.*s' is not in the vocabulary", (int)(a < 0 ? ll : rl), a < 0 ? l : r);
         return -1;
     }
     char *buf = xmalloc(ll + rl + 1);
@@ -319,7 +309,7 @@ int tok_add_merge(struct tokenizer *t, const char *l, size_t ll, const char *r, 
     memcpy(buf + ll, r, rl);
     int m = tok_vocab_get(t, buf, ll + rl);
     if (m < 0) {
-        tok_errf(err, errlen, "merged token '%.*s' is not in the vocabulary", (int)(ll + rl), buf);
+        error_set(err, errlen, "merged token '%.*s' is not in the vocabulary", (int)(ll + rl), buf);
         free(buf);
         return -1;
     }
@@ -338,11 +328,11 @@ int tok_add_merge(struct tokenizer *t, const char *l, size_t ll, const char *r, 
 int tok_add_added(struct tokenizer *t, const struct tok_added *a, char *err, size_t errlen)
 {
     if (a->id < 0) {
-        tok_errf(err, errlen, "added token '%s' has a negative id", a->content);
+        error_set(err, errlen, "added token '%s' has a negative id", a->content);
         return -1;
     }
     if (a->len == 0) {
-        tok_errf(err, errlen, "added token %d has empty content", a->id);
+        error_set(err, errlen, "added token %d has empty content", a->id);
         return -1;
     }
     if (a->id < t->n_ids && t->text[a->id] &&
@@ -356,7 +346,7 @@ int tok_add_added(struct tokenizer *t, const struct tok_added *a, char *err, siz
     tok_set_token(t, a->id, a->content, a->len, false);
     for (int i = 0; i < t->n_added; i++)
         if (t->added[i].id == a->id) {
-            tok_errf(err, errlen, "added token id %d appears twice", a->id);
+            error_set(err, errlen, "added token id %d appears twice", a->id);
             return -1;
         }
     t->added = xrealloc(t->added, (size_t)(t->n_added + 1) * sizeof *t->added);
@@ -461,7 +451,7 @@ int tok_add_step(struct tokenizer *t, const struct tok_step *s, char *err, size_
         if (!st.re) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(ec, msg, sizeof msg);
-            tok_errf(err, errlen, "bad pre-tokenizer regex at offset %zu: %s", (size_t)eo, (char *)msg);
+            error_set(err, errlen, "bad pre-tokenizer regex at offset %zu: %s", (size_t)eo, (char *)msg);
             free(st.pattern);
             return -1;
         }
@@ -578,7 +568,7 @@ int tok_finish(struct tokenizer *t, char *err, size_t errlen)
     mergemap_build(t);
     for (int32_t r = 0; r < t->n_merges; r++)
         if (!mergemap_find(&t->merge_map, ((uint64_t)(uint32_t)t->merges[r][0] << 32) | (uint32_t)t->merges[r][1])) {
-            tok_errf(err, errlen, "merge map lost merge %d", r);
+            error_set(err, errlen, "merge map lost merge %d", r);
             return -1;
         }
 
@@ -632,7 +622,7 @@ int tok_finish(struct tokenizer *t, char *err, size_t errlen)
     for (int i = 0; i < t->n_steps; i++)
         has_bytelevel |= t->steps[i].kind == TOK_STEP_BYTELEVEL;
     if (!has_bytelevel) {
-        tok_errf(err, errlen, "pre-tokenizer has no ByteLevel step (only byte-level BPE is supported)");
+        error_set(err, errlen, "pre-tokenizer has no ByteLevel step (only byte-level BPE is supported)");
         return -1;
     }
     t->pre = detect_pre(t);

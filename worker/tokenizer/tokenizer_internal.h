@@ -142,6 +142,4 @@ extern const char TOK_RE_GPT2[];
 extern const char TOK_RE_LLAMA3[];
 extern const char TOK_RE_QWEN2[];
 
-void tok_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
 #endif

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "common/check.h"
+#include "common/fs.h"
 #include "common/log.h"
 #include "worker/formats/gguf.h"
 #include "worker/tokenizer/tokenizer_internal.h"
@@ -26,18 +27,18 @@ static bool jbool(const json_t *o, const char *key, bool def)
 static int parse_pre(struct tokenizer *t, const json_t *pt, char *e, size_t el, int depth)
 {
     if (!json_is_object(pt)) {
-        tok_errf(e, el, "pre_tokenizer is not an object");
+        error_set(e, el, "pre_tokenizer is not an object");
         return -1;
     }
     const char *type = json_string_value(json_object_get(pt, "type"));
     if (!type) {
-        tok_errf(e, el, "pre_tokenizer has no type");
+        error_set(e, el, "pre_tokenizer has no type");
         return -1;
     }
     if (strcmp(type, "Sequence") == 0) {
         const json_t *arr = json_object_get(pt, "pretokenizers");
         if (!json_is_array(arr) || depth > 8) {
-            tok_errf(e, el, "pre_tokenizer Sequence has no pretokenizers array");
+            error_set(e, el, "pre_tokenizer Sequence has no pretokenizers array");
             return -1;
         }
         size_t i;
@@ -52,7 +53,7 @@ static int parse_pre(struct tokenizer *t, const json_t *pt, char *e, size_t el, 
     struct tok_step st = {0};
     if (strcmp(type, "ByteLevel") == 0) {
         if (jbool(pt, "add_prefix_space", false)) {
-            tok_errf(e, el, "pre_tokenizer ByteLevel with add_prefix_space=true is not supported");
+            error_set(e, el, "pre_tokenizer ByteLevel with add_prefix_space=true is not supported");
             return -1;
         }
         st.kind = TOK_STEP_BYTELEVEL;
@@ -67,7 +68,7 @@ static int parse_pre(struct tokenizer *t, const json_t *pt, char *e, size_t el, 
         const char *re = json_string_value(json_object_get(pat, "Regex"));
         const char *lit = json_string_value(json_object_get(pat, "String"));
         if (!re && !lit) {
-            tok_errf(e, el, "pre_tokenizer Split has no pattern Regex or String");
+            error_set(e, el, "pre_tokenizer Split has no pattern Regex or String");
             return -1;
         }
         st.pattern = (char *)(re ? re : lit);
@@ -79,13 +80,13 @@ static int parse_pre(struct tokenizer *t, const json_t *pt, char *e, size_t el, 
             if (strcmp(beh, names[i]) == 0)
                 b = i;
         if (b < 0) {
-            tok_errf(e, el, "pre_tokenizer Split has unknown behavior '%s'", beh ? beh : "(none)");
+            error_set(e, el, "pre_tokenizer Split has unknown behavior '%s'", beh ? beh : "(none)");
             return -1;
         }
         st.behavior = (enum tok_split_behavior)b;
         st.invert = jbool(pt, "invert", false);
     } else {
-        tok_errf(e, el, "pre_tokenizer type '%s' is not supported", type);
+        error_set(e, el, "pre_tokenizer type '%s' is not supported", type);
         return -1;
     }
     return tok_add_step(t, &st, e, el);
@@ -110,7 +111,7 @@ static int parse_normalizer(const json_t *n, char *e, size_t el)
         log_warn("tokenizer", "normalizer %s is not applied: encodings agree on text already in %s form", type, type);
         return 0;
     }
-    tok_errf(e, el, "normalizer type '%s' is not supported", type ? type : "(none)");
+    error_set(e, el, "normalizer type '%s' is not supported", type ? type : "(none)");
     return -1;
 }
 
@@ -243,34 +244,34 @@ static struct tokenizer *from_json_root(const json_t *root, const char *name, ch
     struct tokenizer *t = NULL;
     const json_t *model = json_object_get(root, "model");
     if (!json_is_object(model)) {
-        tok_errf(err, errlen, "%s: no \"model\" object", name);
+        error_set(err, errlen, "%s: no \"model\" object", name);
         return NULL;
     }
     const char *mtype = json_string_value(json_object_get(model, "type"));
     if (mtype && strcmp(mtype, "BPE") != 0) {
-        tok_errf(err, errlen, "%s: model.type is '%s'; only BPE is supported", name, mtype);
+        error_set(err, errlen, "%s: model.type is '%s'; only BPE is supported", name, mtype);
         return NULL;
     }
     const json_t *vocab = json_object_get(model, "vocab");
     if (!json_is_object(vocab) || json_object_size(vocab) == 0) {
-        tok_errf(err, errlen, "%s: missing or empty model.vocab", name);
+        error_set(err, errlen, "%s: missing or empty model.vocab", name);
         return NULL;
     }
     const json_t *merges = json_object_get(model, "merges");
     if (!json_is_array(merges)) {
-        tok_errf(err, errlen, "%s: missing model.merges", name);
+        error_set(err, errlen, "%s: missing model.merges", name);
         return NULL;
     }
     for (const char **k = (const char *[]){"continuing_subword_prefix", "end_of_word_suffix", NULL}; *k; k++) {
         const char *s = json_string_value(json_object_get(model, *k));
         if (s && *s) {
-            tok_errf(err, errlen, "%s: model.%s '%s' is not supported", name, *k, s);
+            error_set(err, errlen, "%s: model.%s '%s' is not supported", name, *k, s);
             return NULL;
         }
     }
     const json_t *added = json_object_get(root, "added_tokens");
     if (added && !json_is_null(added) && !json_is_array(added)) {
-        tok_errf(err, errlen, "%s: added_tokens is not an array", name);
+        error_set(err, errlen, "%s: added_tokens is not an array", name);
         return NULL;
     }
     /* Ids index arrays as long as the largest id: bound them by what the file defines, so that a stray id (near
@@ -285,19 +286,19 @@ static struct tokenizer *from_json_root(const json_t *root, const char *name, ch
     {
         json_int_t id = json_integer_value(val);
         if (!json_is_integer(val) || id < 0 || id > 0x7fffffff) {
-            tok_errf(err, errlen, "%s: model.vocab['%s'] is not a valid id", name, key);
+            error_set(err, errlen, "%s: model.vocab['%s'] is not a valid id", name, key);
             goto fail;
         }
         if (id >= id_limit) {
-            tok_errf(err, errlen,
-                     "%s: model.vocab['%s'] has id %lld; a file of %lld vocabulary entries and added tokens may use "
-                     "ids below %lld",
-                     name, key, (long long)id, (long long)n_entries, (long long)id_limit);
+            error_set(err, errlen,
+                      "%s: model.vocab['%s'] has id %lld; a file of %lld vocabulary entries and added tokens may use "
+                      "ids below %lld",
+                      name, key, (long long)id, (long long)n_entries, (long long)id_limit);
             goto fail;
         }
         if (tok_set_token(t, (int32_t)id, key, strlen(key), true) < 0) {
-            tok_errf(err, errlen, "%s: model.vocab: id %lld is used by '%s' and '%s'", name, (long long)id, t->text[id],
-                     key);
+            error_set(err, errlen, "%s: model.vocab: id %lld is used by '%s' and '%s'", name, (long long)id,
+                      t->text[id], key);
             goto fail;
         }
     }
@@ -311,14 +312,14 @@ static struct tokenizer *from_json_root(const json_t *root, const char *name, ch
         const json_t *jid = json_object_get(it, "id");
         const char *content = json_string_value(json_object_get(it, "content"));
         if (!json_is_integer(jid) || !content || json_integer_value(jid) < 0 || json_integer_value(jid) > 0x7fffffff) {
-            tok_errf(err, errlen, "%s: added_tokens[%zu] needs an id and a content", name, i);
+            error_set(err, errlen, "%s: added_tokens[%zu] needs an id and a content", name, i);
             goto fail;
         }
         if (json_integer_value(jid) >= id_limit) {
-            tok_errf(err, errlen,
-                     "%s: added_tokens[%zu] ('%s') has id %lld; a file of %lld vocabulary entries and added tokens "
-                     "may use ids below %lld",
-                     name, i, content, (long long)json_integer_value(jid), (long long)n_entries, (long long)id_limit);
+            error_set(err, errlen,
+                      "%s: added_tokens[%zu] ('%s') has id %lld; a file of %lld vocabulary entries and added tokens "
+                      "may use ids below %lld",
+                      name, i, content, (long long)json_integer_value(jid), (long long)n_entries, (long long)id_limit);
             goto fail;
         }
         struct tok_added a = {
@@ -332,7 +333,7 @@ static struct tokenizer *from_json_root(const json_t *root, const char *name, ch
         };
         a.normalized = jbool(it, "normalized", !a.special);
         if (tok_add_added(t, &a, e, sizeof e) < 0) {
-            tok_errf(err, errlen, "%s: added_tokens[%zu]: %s", name, i, e);
+            error_set(err, errlen, "%s: added_tokens[%zu]: %s", name, i, e);
             goto fail;
         }
     }
@@ -351,8 +352,8 @@ static struct tokenizer *from_json_root(const json_t *root, const char *name, ch
             const char *s = json_string_value(it);
             const char *sp = strchr(s, ' ');
             if (!sp || strchr(sp + 1, ' ') || sp == s || !sp[1]) {
-                tok_errf(err, errlen, "%s: model.merges[%zu] '%s' is not two tokens separated by one space", name, i,
-                         s);
+                error_set(err, errlen, "%s: model.merges[%zu] '%s' is not two tokens separated by one space", name, i,
+                          s);
                 goto fail;
             }
             l = s;
@@ -366,31 +367,31 @@ static struct tokenizer *from_json_root(const json_t *root, const char *name, ch
             ll = strlen(l);
             rl = strlen(r);
         } else {
-            tok_errf(err, errlen, "%s: model.merges[%zu] is neither \"a b\" nor [\"a\", \"b\"]", name, i);
+            error_set(err, errlen, "%s: model.merges[%zu] is neither \"a b\" nor [\"a\", \"b\"]", name, i);
             goto fail;
         }
         if (tok_add_merge(t, l, ll, r, rl, e, sizeof e) < 0) {
-            tok_errf(err, errlen, "%s: model.merges[%zu]: %s", name, i, e);
+            error_set(err, errlen, "%s: model.merges[%zu]: %s", name, i, e);
             goto fail;
         }
     }
 
     if (parse_normalizer(json_object_get(root, "normalizer"), e, sizeof e) < 0) {
-        tok_errf(err, errlen, "%s: %s", name, e);
+        error_set(err, errlen, "%s: %s", name, e);
         goto fail;
     }
     const json_t *pre = json_object_get(root, "pre_tokenizer");
     if (!pre || json_is_null(pre)) {
-        tok_errf(err, errlen, "%s: no pre_tokenizer (only byte-level BPE is supported)", name);
+        error_set(err, errlen, "%s: no pre_tokenizer (only byte-level BPE is supported)", name);
         goto fail;
     }
     if (parse_pre(t, pre, e, sizeof e, 0) < 0) {
-        tok_errf(err, errlen, "%s: %s", name, e);
+        error_set(err, errlen, "%s: %s", name, e);
         goto fail;
     }
     parse_post(t, json_object_get(root, "post_processor"));
     if (tok_finish(t, e, sizeof e) < 0) {
-        tok_errf(err, errlen, "%s: %s", name, e);
+        error_set(err, errlen, "%s: %s", name, e);
         goto fail;
     }
     return t;
@@ -404,12 +405,12 @@ struct tokenizer *tokenizer_from_json_string(const char *json, size_t len, const
     json_error_t je;
     json_t *root = json_loadb(json, len, 0, &je);
     if (!root) {
-        tok_errf(err, errlen, "%s: %s (line %d, column %d)", name, je.text, je.line, je.column);
+        error_set(err, errlen, "%s: %s (line %d, column %d)", name, je.text, je.line, je.column);
         return NULL;
     }
     struct tokenizer *t = NULL;
     if (!json_is_object(root))
-        tok_errf(err, errlen, "%s: not a JSON object", name);
+        error_set(err, errlen, "%s: not a JSON object", name);
     else
         t = from_json_root(root, name, err, errlen);
     json_decref(root);
@@ -420,19 +421,19 @@ struct tokenizer *tokenizer_from_json(const char *path, char *err, size_t errlen
 {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        tok_errf(err, errlen, "%s: %s", path, strerror(errno));
+        error_set(err, errlen, "%s: %s", path, strerror(errno));
         return NULL;
     }
     json_error_t je;
     json_t *root = json_loadf(f, 0, &je);
     fclose(f);
     if (!root) {
-        tok_errf(err, errlen, "%s: %s (line %d, column %d)", path, je.text, je.line, je.column);
+        error_set(err, errlen, "%s: %s (line %d, column %d)", path, je.text, je.line, je.column);
         return NULL;
     }
     struct tokenizer *t = NULL;
     if (!json_is_object(root))
-        tok_errf(err, errlen, "%s: not a JSON object", path);
+        error_set(err, errlen, "%s: not a JSON object", path);
     else
         t = from_json_root(root, path, err, errlen);
     json_decref(root);
@@ -464,12 +465,12 @@ struct tokenizer *tokenizer_from_gguf(const struct gguf_file *g, char *err, size
     char e[ERRMAX] = "";
     const char *model = gguf_get_str(g, "tokenizer.ggml.model");
     if (!model) {
-        tok_errf(err, errlen, "%s: no tokenizer.ggml.model", path);
+        error_set(err, errlen, "%s: no tokenizer.ggml.model", path);
         return NULL;
     }
     if (strcmp(model, "gpt2") != 0) {
-        tok_errf(err, errlen, "%s: tokenizer.ggml.model is '%s'; only 'gpt2' (byte-level BPE) is supported", path,
-                 model);
+        error_set(err, errlen, "%s: tokenizer.ggml.model is '%s'; only 'gpt2' (byte-level BPE) is supported", path,
+                  model);
         return NULL;
     }
     const char *pre_name = gguf_get_str(g, "tokenizer.ggml.pre");
@@ -478,25 +479,25 @@ struct tokenizer *tokenizer_from_gguf(const struct gguf_file *g, char *err, size
         if (strcmp(pre_name ? pre_name : "default", gguf_pres[i].name) == 0)
             pre = gguf_pres[i].pre;
     if (pre == TOKENIZER_PRE_CUSTOM) {
-        tok_errf(err, errlen,
-                 "%s: tokenizer.ggml.pre '%s' is not supported (known: gpt-2, default, smollm, starcoder, "
-                 "llama-bpe, qwen2 and their aliases)",
-                 path, pre_name);
+        error_set(err, errlen,
+                  "%s: tokenizer.ggml.pre '%s' is not supported (known: gpt-2, default, smollm, starcoder, "
+                  "llama-bpe, qwen2 and their aliases)",
+                  path, pre_name);
         return NULL;
     }
     size_t n = gguf_get_arr_n(g, "tokenizer.ggml.tokens");
     if (n == 0 || n > 0x7fffffff) {
-        tok_errf(err, errlen, "%s: missing or empty tokenizer.ggml.tokens", path);
+        error_set(err, errlen, "%s: missing or empty tokenizer.ggml.tokens", path);
         return NULL;
     }
     size_t n_types = gguf_get_arr_n(g, "tokenizer.ggml.token_type");
     if (n_types && n_types != n) {
-        tok_errf(err, errlen, "%s: tokenizer.ggml.token_type has %zu entries for %zu tokens", path, n_types, n);
+        error_set(err, errlen, "%s: tokenizer.ggml.token_type has %zu entries for %zu tokens", path, n_types, n);
         return NULL;
     }
     size_t n_merges = gguf_get_arr_n(g, "tokenizer.ggml.merges");
     if (n_merges == 0) {
-        tok_errf(err, errlen, "%s: missing or empty tokenizer.ggml.merges", path);
+        error_set(err, errlen, "%s: missing or empty tokenizer.ggml.merges", path);
         return NULL;
     }
     struct tokenizer *t = tok_new((int32_t)n);
@@ -506,7 +507,7 @@ struct tokenizer *tokenizer_from_gguf(const struct gguf_file *g, char *err, size
         size_t len;
         const char *s = gguf_get_arr_str(g, "tokenizer.ggml.tokens", i, &len);
         if (!s) {
-            tok_errf(err, errlen, "%s: tokenizer.ggml.tokens[%zu] is not a string", path, i);
+            error_set(err, errlen, "%s: tokenizer.ggml.tokens[%zu] is not a string", path, i);
             goto fail;
         }
         bool in_alpha = tok_in_alphabet(s, len);
@@ -520,13 +521,13 @@ struct tokenizer *tokenizer_from_gguf(const struct gguf_file *g, char *err, size
         }
         int64_t type = 1;
         if (n_types && gguf_get_arr_int(g, "tokenizer.ggml.token_type", i, &type) < 0) {
-            tok_errf(err, errlen, "%s: tokenizer.ggml.token_type[%zu] is not an integer", path, i);
+            error_set(err, errlen, "%s: tokenizer.ggml.token_type[%zu] is not an integer", path, i);
             goto fail;
         }
         if ((type == 3 || type == 4) && in_alpha && len > 0) {
             struct tok_added a = {.id = (int32_t)i, .content = (char *)s, .len = len, .special = type == 3};
             if (tok_add_added(t, &a, e, sizeof e) < 0) {
-                tok_errf(err, errlen, "%s: tokenizer.ggml.tokens[%zu]: %s", path, i, e);
+                error_set(err, errlen, "%s: tokenizer.ggml.tokens[%zu]: %s", path, i, e);
                 goto fail;
             }
         }
@@ -537,12 +538,12 @@ struct tokenizer *tokenizer_from_gguf(const struct gguf_file *g, char *err, size
         const char *s = gguf_get_arr_str(g, "tokenizer.ggml.merges", i, &len);
         const char *sp = s ? memchr(s, ' ', len) : NULL;
         if (!sp || sp == s || (size_t)(sp - s) + 1 >= len || memchr(sp + 1, ' ', len - (size_t)(sp - s) - 1)) {
-            tok_errf(err, errlen, "%s: tokenizer.ggml.merges[%zu] '%.*s' is not two tokens separated by one space",
-                     path, i, s ? (int)len : 0, s ? s : "");
+            error_set(err, errlen, "%s: tokenizer.ggml.merges[%zu] '%.*s' is not two tokens separated by one space",
+                      path, i, s ? (int)len : 0, s ? s : "");
             goto fail;
         }
         if (tok_add_merge(t, s, (size_t)(sp - s), sp + 1, len - (size_t)(sp - s) - 1, e, sizeof e) < 0) {
-            tok_errf(err, errlen, "%s: tokenizer.ggml.merges[%zu]: %s", path, i, e);
+            error_set(err, errlen, "%s: tokenizer.ggml.merges[%zu]: %s", path, i, e);
             goto fail;
         }
     }
@@ -563,7 +564,7 @@ struct tokenizer *tokenizer_from_gguf(const struct gguf_file *g, char *err, size
     if (tpl)
         t->chat_template = xstrdup(tpl);
     if (tok_finish(t, e, sizeof e) < 0) {
-        tok_errf(err, errlen, "%s: %s", path, e);
+        error_set(err, errlen, "%s: %s", path, e);
         goto fail;
     }
     return t;
@@ -602,22 +603,15 @@ static int cmp_added_id(const void *a, const void *b)
     return ((const struct tok_added *)a)->id - ((const struct tok_added *)b)->id;
 }
 
-/* Write root to path through a temporary file and a rename. */
+/* Write root to path, atomically and durably (common/fs). */
 static int dump_atomic(json_t *root, const char *path, char *err, size_t errlen)
 {
-    size_t pl = strlen(path);
-    char *tmp = xmalloc(pl + 8);
-    memcpy(tmp, path, pl);
-    strcpy(tmp + pl, ".tmp");
-    int rc = json_dump_file(root, tmp, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-    if (rc == 0 && rename(tmp, path) != 0)
-        rc = -1;
-    if (rc != 0) {
-        tok_errf(err, errlen, "%s: cannot write: %s", path, strerror(errno));
-        unlink(tmp);
-    }
-    free(tmp);
-    return rc == 0 ? 0 : -1;
+    char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    if (!text)
+        return error_set(err, errlen, "%s: cannot encode the JSON", path);
+    int rc = fs_write_atomic(path, text, strlen(text), err, errlen);
+    free(text);
+    return rc;
 }
 
 int tokenizer_save_json(const struct tokenizer *t, const char *path, char *err, size_t errlen)

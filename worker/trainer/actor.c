@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "common/check.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "kernels/kernels.h"
 #include "worker/model/lora.h"
@@ -21,38 +22,27 @@ static void free_groups(int **groups, int *counts, int k)
     free(counts);
 }
 
-/* Seconds since t0. */
-static double since(const struct timespec *t0)
-{
-    struct timespec t1;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    return (double)(t1.tv_sec - t0->tv_sec) + (double)(t1.tv_nsec - t0->tv_nsec) * 1e-9;
-}
-
 /* Pipeline point-to-point, timed (the bubble: a stage waiting for its neighbours). */
 static void pp_recv(const struct model *m, float *buf, size_t n, int peer, double *wait)
 {
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const double t0 = clock_now_s();
     comm_recv(m->sh.pp, buf, n, COMM_F32, peer);
-    *wait += since(&t0);
+    *wait += clock_now_s() - t0;
 }
 
 static void pp_send(const struct model *m, const float *buf, size_t n, int peer, double *wait)
 {
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const double t0 = clock_now_s();
     comm_send(m->sh.pp, buf, n, COMM_F32, peer);
-    *wait += since(&t0);
+    *wait += clock_now_s() - t0;
 }
 
 static void pp_sendrecv(const struct model *m, const float *out, size_t n_out, float *in, size_t n_in, int peer,
                         double *wait)
 {
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const double t0 = clock_now_s();
     comm_sendrecv(m->sh.pp, out, n_out, peer, in, n_in, peer, COMM_F32);
-    *wait += since(&t0);
+    *wait += clock_now_s() - t0;
 }
 
 /* q's response log-probs (logp: from its first response token on) kept as its old (which 0) or reference (which 1)
@@ -316,23 +306,20 @@ static void update_mini_batch(struct model *m, struct adamw *opt, struct rollout
     struct policy_loss_stats ls = {0};
     const struct trainable tr = model_trainable(m); /* the adapter with LoRA, else every parameter */
     model_trainable_zero_grads(m);
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const double t0 = clock_now_s();
     actor_accumulate_grads(m, seqs, idx, n, p, &ls, &st->tokens_forward, &st->pp_wait_s);
-    st->pp_schedule_s += since(&t0);
+    st->pp_schedule_s += clock_now_s() - t0;
     if (!m->lora)
         model_shard_sync_grads(m); /* replicated KV heads, the tied embedding's copy: their gradients summed */
     if (p->dp) {
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
+        const double t0 = clock_now_s();
         if (p->zero)
             zero1_reduce_scatter(p->zero, tr.grads);
         else if (p->overlap) /* the buckets the backward started, and the rest */
             grad_reducer_finish(p->overlap);
         else
             dp_sum_grads(m, p, tr.grads, tr.n);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        st->allreduce_s += (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+        st->allreduce_s += clock_now_s() - t0;
         loss_stats_sum(p->dp, &ls);
     }
     double norm = p->zero ? zero1_clip(p->zero, p->grad_clip, m) : mp_clip(m, p->grad_clip);

@@ -9,7 +9,7 @@
 #include "grpo_algo.h"
 #include "worker/comm/comm.h"
 #include "optim.h"
-#include "rollout.h"
+#include "worker/step/seq.h"
 #include "worker/model/model.h"
 
 struct zero1;

@@ -16,7 +16,7 @@
 #include "common/check.h"
 #include "common/fs.h"
 #include "common/log.h"
-#include "worker/metrics/metrics.h"
+#include "common/crc32c.h"
 #include "worker/model/lora.h"
 #include "worker/model/model_io.h"
 #include "worker/tokenizer/tokenizer.h"

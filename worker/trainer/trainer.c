@@ -16,11 +16,12 @@
 
 #include "trainer_internal.h"
 #include "common/check.h"
+#include "common/clock.h"
 #include "kernels/kernels.h"
 #include "common/fs.h"
 #include "common/config.h"
 #include "common/log.h"
-#include "prompts.h"
+#include "worker/step/prompts.h"
 #include "grad_reduce.h"
 #include "zero1.h"
 
@@ -31,18 +32,12 @@
 #include "worker/control/control.h"
 #include "worker/data/dataset.h"
 #include "worker/metrics/metrics.h"
+#include "worker/model/bundled.h"
 #include "worker/model/device.h"
 #include "worker/model/lora.h"
 #include "worker/model/model_io.h"
 #include "worker/rewards/reward.h"
 #include "worker/tokenizer/tokenizer.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Achievable sgemm FLOP/s of this process (all its threads: cpu_sgemm), measured once: MFU's denominator. */
 static double measure_peak_flops(void)
@@ -55,9 +50,9 @@ static double measure_peak_flops(void)
     cpu_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n); /* warm */
     double best = 0;
     for (int r = 0; r < 3; r++) {
-        double t0 = now_s();
+        double t0 = clock_now_s();
         cpu_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n);
-        double dt = now_s() - t0;
+        double dt = clock_now_s() - t0;
         if (dt > 0 && 2.0 * n * n * n / dt > best)
             best = 2.0 * n * n * n / dt;
     }
@@ -279,9 +274,9 @@ int trainer_save_checkpoint(struct trainer *t)
             t->hooks.checkpoint_saved(t->hooks.ctx, t->st.global_step);
         return 0;
     }
-    trainer_phase(t, "checkpoint");
+    trainer_phase(t, GRPO__PHASE__PHASE_CHECKPOINT);
     char err[1024];
-    double t0 = now_s();
+    double t0 = clock_now_s();
     int saved = checkpoint_save(t->ckpt_root, wm ? wm : t->policy, opt, t->tok, &t->st,
                                 (int)t->cfg->trainer_max_actor_ckpt_to_keep, err, sizeof err);
     model_free(wm);
@@ -295,7 +290,7 @@ int trainer_save_checkpoint(struct trainer *t)
         t->hooks.checkpoint_saved(t->hooks.ctx, t->st.global_step);
     if (t->logger_open)
         metrics_logger_sync(&t->logger); /* metrics up to this checkpoint are durable too */
-    log_info("checkpoint", "step %lld saved in %.1fs under %s", (long long)t->st.global_step, now_s() - t0,
+    log_info("checkpoint", "step %lld saved in %.1fs under %s", (long long)t->st.global_step, clock_now_s() - t0,
              t->ckpt_root);
     return 0;
 }
@@ -483,7 +478,7 @@ int trainer_run(struct trainer *t)
         metrics_clear(&m);
     }
     while (t->st.global_step < t->st.total_steps) {
-        t->iter_t0 = rollout_now_s();
+        t->iter_t0 = clock_now_s();
         int act = decide(t);
         /* a stop checkpoints too, unless this step is already saved */
         bool saved = act & TRAINER_ALREADY_SAVED;
@@ -553,30 +548,6 @@ int trainer_run(struct trainer *t)
         rc = -1;
     }
     return rc;
-}
-
-/* The bundled SmolLM2-135M-Instruct: its converted HF directory in the cache if present, else the GGUF.
- * On failure out holds the cache directory. */
-int trainer_bundled_model_path(char *out, size_t len)
-{
-    if (!out || len == 0)
-        return -1;
-    const char *cache = getenv("GRPO_CACHE");
-    char dir[2048];
-    if (cache && *cache)
-        snprintf(dir, sizeof dir, "%s", cache);
-    else
-        snprintf(dir, sizeof dir, "%s/.cache/grpo", getenv("HOME") ? getenv("HOME") : ".");
-    snprintf(out, len, "%s/SmolLM2-135M-Instruct/config.json", dir);
-    if (access(out, R_OK) == 0) {
-        snprintf(out, len, "%s/SmolLM2-135M-Instruct", dir);
-        return 0;
-    }
-    snprintf(out, len, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", dir);
-    if (access(out, R_OK) == 0)
-        return 0;
-    snprintf(out, len, "%s", dir);
-    return -1;
 }
 
 struct trainer *trainer_create(const struct grpo_config *cfg, const struct trainer_hooks *hooks, char *err,
@@ -676,7 +647,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     char bundled[4096];
     const char *model_path = cfg->arr_model_path;
     if (!model_path || !*model_path) {
-        if (trainer_bundled_model_path(bundled, sizeof bundled) != 0) {
+        if (model_bundled_path(bundled, sizeof bundled) != 0) {
             error_set(err, errlen,
                       "actor_rollout_ref.model.path is empty and the bundled model is not in %s "
                       "(fetch it with scripts/fetch_model.sh)",

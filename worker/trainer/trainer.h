@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "proto/names.h" /* Grpo__Phase: the phases of a step */
+
 struct grpo_config;
 struct metrics;
 struct trainer;
@@ -23,9 +25,8 @@ enum trainer_action { TRAINER_CONTINUE = 0, TRAINER_CHECKPOINT = 1, TRAINER_STOP
 /* Optional callbacks, e.g. the control-plane client. All may be NULL. */
 struct trainer_hooks {
     void *ctx;
-    /* entering a phase of a step ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "validate",
-     * "checkpoint") */
-    void (*phase)(void *ctx, int64_t step, const char *phase);
+    /* entering a phase of a step (gen, reward, old_log_prob, ref, adv, update_actor, validate, checkpoint) */
+    void (*phase)(void *ctx, int64_t step, Grpo__Phase phase);
     /* after each step (and after validation at step 0) with its metrics */
     void (*step_done)(void *ctx, int64_t step, int64_t total_steps, const struct metrics *m);
     /* at each safe point (between generation rounds and after each step); may block while paused; returns an
@@ -53,7 +54,9 @@ struct trainer_layout {
     bool gpus_shared; /* trainer.device=cuda: some DP ranks share a GPU, so NCCL cannot sum their gradients */
 };
 
-/* Seconds a step's rollouts took where they were made (summed over rollout ranks when they come from several). */
+/* What a step's source reports with its rollouts: the seconds they took where they were made (summed over
+ * rollout ranks when they come from several), and what the source did to get them. step_metrics.c turns it into
+ * metrics; a source sets none itself. */
 struct step_timing {
     double gen, reward;
     double wait_data;            /* this rank waiting for the step's batches */
@@ -61,15 +64,27 @@ struct step_timing {
     double rollout_peak_rss_gb;  /* the rollout ranks' peak resident memory, the largest */
     double rollout_wait_weights; /* the part of rollout_idle spent waiting for weights (of the same rank) */
     bool split;                  /* rollouts came from rollout ranks: report the idle ratios per role */
+    /* one process with DAPO's dynamic sampling (algorithm.filter_groups.enable) */
+    bool filtered;
+    double gen_batches; /* batches of data.train_batch_size prompts generated for the step */
+    int kept_groups;    /* groups kept (scores not all equal), at most data.train_batch_size */
+    /* the split run's data and weight planes (split) */
+    int64_t staleness;            /* policy versions the step's rollouts lag behind (the largest) */
+    double update_weights_s;      /* publishing and broadcasting the versions since the previous step */
+    uint64_t refused, duplicates; /* batches refused on this rank's data socket; duplicate or stale ones */
+    bool dispatched;              /* this rank runs the dispatcher, which counted the figures below */
+    int64_t live_processes, lost_processes, units_regranted; /* rollout processes, as the dispatcher sees them */
+    int64_t weight_bytes;                                    /* weight bytes it served since the previous step */
+    int64_t dispatch_refused;                                /* requests it refused so far */
 };
 
 /* Where each step's rollouts come from, and what happens between steps. The default (zero value) is this
  * process: draw, generate and score locally. */
 struct trainer_source {
     void *ctx;
-    /* this rank's share of step k's rollouts into b (whole groups, gidx set), with timings and any metrics of
-     * their own; 0, or -1 to end the run with an error */
-    int (*next_batch)(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm, struct metrics *m);
+    /* this rank's share of step k's rollouts into b (whole groups, gidx set), with its report in tm; 0, or -1
+     * to end the run with an error */
+    int (*next_batch)(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm);
     /* at the safe point after step k (before step k + 1 or the end): stop says whether the run ends here.
      * For weight sync; 0, or -1 on error. May be NULL. */
     int (*between_steps)(void *ctx, int64_t k, bool stop);
@@ -95,9 +110,6 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
  * indices (data.train_batch_size of them) in uids: a trainer fed by rollout ranks keeps its cursor, which goes
  * into checkpoints, in step with theirs. */
 void trainer_advance_cursor(struct trainer *t, int *uids);
-/* The bundled SmolLM2-135M-Instruct (actor_rollout_ref.model.path empty): its converted HF directory in the
- * cache, else the GGUF. 0, or -1 with the cache directory in out. */
-int trainer_bundled_model_path(char *out, size_t len);
 /* The policy model (weight sync sends its parameters). */
 struct model *trainer_policy(struct trainer *t);
 /* The training prompts (a data-plane batch is checked against them). */

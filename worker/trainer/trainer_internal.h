@@ -8,12 +8,13 @@
 
 #include "actor.h"
 #include "checkpoint.h"
-#include "prompts.h"
+#include "common/log.h"
+#include "worker/step/prompts.h"
 #include "kernels/kernels.h"
 #include "trainer.h"
 #include "worker/data/dataset.h"
 #include "worker/metrics/metrics.h"
-#include "worker/rollout/batch.h"
+#include "worker/gen/generate.h"
 
 struct zero1;
 
@@ -59,10 +60,12 @@ struct trainer {
     enum kl_type kl_reward_type;
 };
 
-static inline void trainer_phase(struct trainer *t, const char *name)
+/* Enter phase p of the coming step: the log (debug) and the hook hear of it. */
+static inline void trainer_phase(struct trainer *t, Grpo__Phase p)
 {
+    log_debug("trainer", "step %lld: %s", (long long)t->st.global_step + 1, core_phase_name(p));
     if (t->hooks.phase)
-        t->hooks.phase(t->hooks.ctx, t->st.global_step + 1, name);
+        t->hooks.phase(t->hooks.ctx, t->st.global_step + 1, p);
 }
 
 static inline int trainer_safe_point(struct trainer *t)
@@ -80,7 +83,7 @@ static inline uint64_t trainer_step_seed(uint64_t seed, int64_t step, uint64_t s
  * uids, may be NULL); the cursor is part of the run state. */
 void trainer_draw_prompts(struct trainer *t, const struct prompt_item **out, int *uids, int n);
 /* trainer_source.next_batch of one process: draw, generate and score step k here (ctx is the trainer). */
-int trainer_hybrid_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm, struct metrics *m);
+int trainer_hybrid_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm);
 /* One GRPO step (the source's batch, then the update); 0, or -1 on a fatal error. */
 int trainer_grpo_step(struct trainer *t, struct metrics *m);
 /* Every trainer rank meets here, with no deadline (the others answer the control plane meanwhile): once its step's

@@ -1,6 +1,6 @@
 /* The trainer role: each step's groups arrive from the rollout ranks over the
  * data plane, one batch per work unit; the update runs data-parallel over the
- * trainer ranks; DP rank 0 runs the dispatcher (worker/rollout/dispatch.h) that
+ * trainer ranks; DP rank 0 runs the dispatcher (worker/plane/dispatch.h) that
  * grants the units and serves each new policy version. The run loop is
  * trainer.c's, the step trainer_step.c's. */
 #include <inttypes.h>
@@ -9,20 +9,21 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/log.h"
-#include "prompts.h"
+#include "worker/step/prompts.h"
 #include "proto/transport.h"
 #include "trainer.h"
 #include "worker/metrics/metrics.h"
 #include "worker/model/lora.h"
 #include "worker/model/model.h"
 #include "worker/roles.h"
-#include "worker/rollout/batch.h"
-#include "worker/rollout/dataplane.h"
-#include "worker/rollout/dispatch.h"
-#include "worker/rollout/weight_bcast.h"
-#include "worker/rollout/wire.h"
+#include "worker/step/batch.h"
+#include "worker/plane/dataplane.h"
+#include "worker/plane/dispatch.h"
+#include "worker/plane/weight_sync.h"
+#include "worker/plane/wire.h"
 
 /* A batch that arrived before its step (one-step-off: the rollout runs ahead). */
 struct pending {
@@ -46,61 +47,28 @@ struct trainer_rank {
     double sync_s_pending;  /* publishing time to report with the next step */
     int64_t bytes_reported; /* weight bytes the dispatcher had served at the previous step */
     double refused_logged_at;
-    size_t n_published;       /* floats of a published version (the weights, or with LoRA the adapter) */
-    struct comm *bcast_group; /* weight_sync=broadcast: env->weight_group, or its NCCL twin on GPUs (made at the
-                               * first round, when every member is in it) */
+    struct weight_sync_sender ws; /* the dispatcher's rank: the broadcast rounds (weight_sync=broadcast) */
 };
 
-/* weight_sync=broadcast, on the dispatcher's rank: if every rollout process has asked for the same version, its
- * round, from the dispatcher's copy of it. A failed round turns the broadcast off (the processes fetch). */
-static void serve_round(struct trainer_rank *r)
+/* The sender's phase: weight sync while a round runs. */
+static void sync_phase(void *ud, bool syncing)
 {
-    int64_t v;
-    const float *w;
-    if (!r->disp || !r->env->weight_group || !dispatcher_round_begin(r->disp, &v, &w))
-        return;
-    control_set_phase(r->env->ctl, CONTROL_PHASE_WEIGHT_SYNC);
-    const double t0 = rollout_now_s();
-    struct kctx *K = trainer_policy(r->t)->K;
-    if (!r->bcast_group)
-        r->bcast_group =
-            weight_bcast_group(r->env->weight_group, K, r->env->trainer_gpus_shared || r->env->rollout_gpus_shared);
-    struct comm *g = r->bcast_group;
-    size_t bytes = 0;
-    char err[512];
-    const size_t bucket = (size_t)r->env->cfg->rollout_update_weights_bucket_megabytes << 20;
-    float *unused = NULL; /* the root sends from the dispatcher's copy */
-    int rc = weight_bcast(g, K, v, (float *)w, r->n_published, bucket, &unused, &bytes, err, sizeof err);
-    dispatcher_round_end(r->disp, rc == 0);
-    const double dt = rollout_now_s() - t0;
-    r->sync_s_pending += dt;
-    if (rc != 0)
-        log_warn("trainer", "%s: the rollout processes fetch every version from now on", err);
-    else
-        log_info("trainer", "policy version %lld broadcast to %d rollout process(es) over %s: %zu bytes in %.3fs",
-                 (long long)v, comm_size(g) - 1, comm_backend_name(g), bytes, dt);
-    control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
+    struct trainer_rank *r = ud;
+    control_set_phase(r->env->ctl, syncing ? GRPO__PHASE__PHASE_WEIGHT_SYNC : GRPO__PHASE__PHASE_IDLE);
 }
 
-/* After a step's data is in: a version the rollout processes are about to ask for (one-step-off: the one their
- * next step needs, asked for as soon as they have sent this step's units) has its round before the update, or
- * they would wait through it. */
-static void finish_round(struct trainer_rank *r)
+/* Between the rounds finish_rounds waits for: the rollout ranks hold at their safe points while the run is to
+ * pause, and so does this wait. */
+static void hold(void *ud)
 {
-    if (!r->disp || !r->env->weight_group)
-        return;
-    const double t0 = rollout_now_s();
-    while (dispatcher_round_due(r->disp, rollout_now_s() - t0)) {
-        serve_round(r);
-        control_hold_while_waiting(r->env->ctl, false);
-        transport_sleep(0.005);
-    }
+    struct trainer_rank *r = ud;
+    control_hold_while_waiting(r->env->ctl, false);
 }
 
 static void drop_refused(struct trainer_rank *r, const char *why)
 {
     r->refused++;
-    double now = rollout_now_s();
+    double now = clock_now_s();
     if (now - r->refused_logged_at > 5.0) { /* a flood of garbage must not flood the log */
         log_warn("dataplane", "refused a batch on the data socket (%" PRIu64 " so far): %s", r->refused, why);
         r->refused_logged_at = now;
@@ -211,14 +179,14 @@ static int share_step(struct trainer_rank *r, int64_t k)
 }
 
 /* trainer_source.next_batch: step k's batches from every rollout rank, merged in the step's order. */
-static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm, struct metrics *m)
+static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm)
 {
     struct trainer_rank *r = ctx;
     const int R = r->lim.units, B = r->lim.groups_in_step;
     int *uids = xmalloc((size_t)B * sizeof(int));
     trainer_advance_cursor(r->t, uids); /* the checkpoint's cursor moves with the rollout ranks' */
-    control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
-    const double t0 = rollout_now_s();
+    control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
+    const double t0 = clock_now_s();
     double last_note = t0;
     for (; r->pull;) { /* the model copy's rank 0 pulls; the others get the batches from it */
         int have = 0;
@@ -226,16 +194,17 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
             have += r->pend[i].h.step == k;
         if (have >= R)
             break;
-        serve_round(r); /* on-policy the rollout processes ask for the version of this step while it waits */
+        /* on-policy the rollout processes ask for the version of this step while it waits */
+        r->sync_s_pending += weight_sync_serve_round(&r->ws);
         if (receive_one(r, k, r->disp && r->env->weight_group ? 20 : 200) < 0) {
             free(uids);
             return -1;
         }
         /* the rollout ranks hold at their safe points while the run is to pause: so does this wait */
         control_hold_while_waiting(r->env->ctl, false);
-        if (rollout_now_s() - last_note > 60) {
+        if (clock_now_s() - last_note > 60) {
             log_warn("trainer", "step %lld: %d of %d work units after %.0fs; still waiting", (long long)k, have, R,
-                     rollout_now_s() - t0);
+                     clock_now_s() - t0);
             if (r->disp) {
                 struct dispatch_stats ds;
                 dispatcher_stats(r->disp, &ds);
@@ -243,17 +212,17 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
                     log_warn("trainer", "no rollout process is alive: relaunch the lost ones with grpo-worker "
                                         "--replace-rank R (docs/operations.md)");
             }
-            last_note = rollout_now_s();
+            last_note = clock_now_s();
         }
     }
-    finish_round(r);
+    r->sync_s_pending += weight_sync_finish_rounds(&r->ws, hold, r);
     if (r->pull)
         control_hold_while_waiting(r->env->ctl, true);
     if (r->mp && share_step(r, k) != 0) {
         free(uids);
         return -1;
     }
-    tm->wait_data = rollout_now_s() - t0;
+    tm->wait_data = clock_now_s() - t0;
     tm->split = true;
     int64_t staleness = 0;
     int w = 0;
@@ -289,19 +258,20 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
                   (long long)k, bad);
         return -1;
     }
-    metrics_set(m, "training/staleness", (double)staleness);
-    metrics_set(m, "timing_s/update_weights", r->sync_s_pending);
-    metrics_set(m, "dataplane/refused", (double)r->refused);
-    metrics_set(m, "dataplane/duplicates", (double)(r->duplicates + r->stale));
+    tm->staleness = staleness;
+    tm->update_weights_s = r->sync_s_pending;
+    tm->refused = r->refused;
+    tm->duplicates = r->duplicates + r->stale;
     if (r->disp) {
         struct dispatch_stats ds;
         dispatcher_stats(r->disp, &ds);
-        metrics_set(m, "rollouter/live_processes", (double)ds.live);
-        metrics_set(m, "rollouter/lost_processes", (double)ds.lost);
-        metrics_set(m, "rollouter/units_regranted", (double)ds.regranted);
-        metrics_set(m, "perf/update_weights_bytes", (double)(ds.bytes - r->bytes_reported));
+        tm->dispatched = true;
+        tm->live_processes = ds.live;
+        tm->lost_processes = ds.lost;
+        tm->units_regranted = ds.regranted;
+        tm->weight_bytes = ds.bytes - r->bytes_reported;
+        tm->dispatch_refused = ds.refused;
         r->bytes_reported = ds.bytes;
-        metrics_set(m, "dataplane/refused", (double)(r->refused + (uint64_t)ds.refused));
     }
     r->sync_s_pending = 0;
     return 0;
@@ -312,8 +282,8 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
 static void publish(struct trainer_rank *r, int64_t version)
 {
     const struct model *p = trainer_policy(r->t);
-    control_set_phase(r->env->ctl, CONTROL_PHASE_WEIGHT_SYNC);
-    const double t0 = rollout_now_s();
+    control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_WEIGHT_SYNC);
+    const double t0 = clock_now_s();
     float *whole = NULL;
     size_t n;
     if (r->mp) { /* the parts to the dispatcher's rank, each from a host copy on GPUs (no LoRA with TP or PP) */
@@ -326,8 +296,8 @@ static void publish(struct trainer_rank *r, int64_t version)
     if (r->disp)
         dispatcher_publish(r->disp, version, whole ? whole : trainer_params(r->t, &n)); /* with LoRA, the adapter */
     free(whole);
-    r->sync_s_pending += rollout_now_s() - t0;
-    control_set_phase(r->env->ctl, CONTROL_PHASE_IDLE);
+    r->sync_s_pending += clock_now_s() - t0;
+    control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
     log_debug("trainer", "policy version %lld published (%zu bytes)", (long long)version,
               (p->lora ? p->lora->n : model_whole_floats(&p->cfg)) * sizeof(float));
 }
@@ -352,36 +322,16 @@ static int between_steps(void *ctx, int64_t j, bool stop)
     return 0;
 }
 
-/* Control-plane phase of a trainer hook's phase name ("gen", "update_actor", ...). */
-static enum control_phase phase_of(const char *name)
-{
-    static const struct {
-        const char *name;
-        enum control_phase phase;
-    } map[] = {{"gen", CONTROL_PHASE_GEN},
-               {"reward", CONTROL_PHASE_REWARD},
-               {"old_log_prob", CONTROL_PHASE_OLD_LOG_PROB},
-               {"ref", CONTROL_PHASE_REF},
-               {"adv", CONTROL_PHASE_ADV},
-               {"update_actor", CONTROL_PHASE_UPDATE_ACTOR},
-               {"validate", CONTROL_PHASE_VALIDATE},
-               {"checkpoint", CONTROL_PHASE_CHECKPOINT}};
-    for (size_t i = 0; i < sizeof map / sizeof *map; i++)
-        if (strcmp(map[i].name, name) == 0)
-            return map[i].phase;
-    return CONTROL_PHASE_IDLE;
-}
-
 /* Trainer hooks to the control plane (shared with the hybrid role in grpo_worker.c). */
 struct trainer_ctl {
     struct control *ctl;
     struct trainer *t;
 };
 
-static void hook_phase(void *ctx, int64_t step, const char *phase)
+static void hook_phase(void *ctx, int64_t step, Grpo__Phase phase)
 {
     (void)step;
-    control_set_phase(((struct trainer_ctl *)ctx)->ctl, phase_of(phase));
+    control_set_phase(((struct trainer_ctl *)ctx)->ctl, phase);
 }
 
 static void hook_step_done(void *ctx, int64_t step, int64_t total, const struct metrics *m)
@@ -390,7 +340,7 @@ static void hook_step_done(void *ctx, int64_t step, int64_t total, const struct 
     control_set_step(w->ctl, step, total);
     for (size_t i = 0; i < metrics_count(m); i++)
         control_set_metric(w->ctl, metrics_name(m, i), metrics_value(m, i));
-    control_set_phase(w->ctl, CONTROL_PHASE_IDLE);
+    control_set_phase(w->ctl, GRPO__PHASE__PHASE_IDLE);
 }
 
 static void hook_waiting(void *ctx, bool done) { control_hold_while_waiting(((struct trainer_ctl *)ctx)->ctl, done); }
@@ -484,7 +434,15 @@ static void trainer_ready(void *ud, struct trainer *t)
         control_finish(r->env->ctl, CONTROL_END_FAILED, err);
         check_failf(__FILE__, __LINE__, "%s", err); /* the other ranks wait for it: end the job */
     }
-    r->n_published = o.n_floats;
+    r->ws =
+        (struct weight_sync_sender){.disp = r->disp,
+                                    .group = r->env->weight_group,
+                                    .K = trainer_policy(t)->K,
+                                    .gpus_shared = r->env->trainer_gpus_shared || r->env->rollout_gpus_shared,
+                                    .bucket_bytes = (size_t)r->env->cfg->rollout_update_weights_bucket_megabytes << 20,
+                                    .n_floats = o.n_floats,
+                                    .phase = sync_phase,
+                                    .ud = r};
     log_info("trainer", "dispatching %d work unit(s) per step at %s", r->lim.units, r->env->dispatch_endpoint);
     if (r->env->weight_group) {
         dispatcher_broadcast_on(r->disp, DISPATCH_RENDEZVOUS_S);
@@ -556,7 +514,6 @@ int run_trainer(struct role_env *env)
     free(r.pend);
     if (r.pull)
         dataplane_pull_close(r.pull);
-    if (r.bcast_group != env->weight_group)
-        comm_free(r.bcast_group);
+    weight_sync_sender_release(&r.ws);
     return status;
 }

@@ -7,42 +7,18 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "step_metrics.h"
 #include "trainer_internal.h"
 #include "worker/comm/comm.h"
 #include "worker/model/fit.h"
 #include "worker/model/lora.h"
-#include "worker/rollout/audit.h"
-#include "worker/rollout/validate.h"
+#include "worker/step/audit.h"
+#include "worker/gen/validate.h"
 #include "worker/tokenizer/tokenizer.h"
 #include "kernels/kernels.h"
-
-/* The step's peaks of the policy's context (verl's names: what torch.cuda reports; the CPU back-end counts the
- * same buffers), by kind, then the peaks restart for the next step. */
-static void memory_metrics(struct metrics *m, struct kctx *K)
-{
-    static const char *const kind[KMEM_KINDS] = {"weights",     "gradients", "optimizer",
-                                                 "activations", "kv_cache",  "other"};
-    metrics_set(m, "perf/max_memory_allocated_gb", (double)K->mem.max_allocated / 1e9);
-    metrics_set(m, "perf/max_memory_reserved_gb", (double)K->mem.max_reserved / 1e9);
-    for (int k = 0; k < KMEM_KINDS; k++) {
-        char name[64];
-        snprintf(name, sizeof name, "perf/max_memory_gb/%s", kind[k]);
-        metrics_set(m, name, (double)K->mem.peak[k] / 1e9);
-    }
-    kmem_reset_peaks(K);
-}
-
-/* FLOPs of one token's forward through the model's matrix products at context length ctx (attention
- * included); backward is twice the forward. */
-static double flops_per_token(const struct model_config *c, double ctx)
-{
-    const double D = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
-    const double QD = (double)c->n_heads * c->head_dim, KD = (double)c->n_kv_heads * c->head_dim;
-    const double per_layer = 2 * (D * QD + 2 * D * KD + QD * D + 3 * D * F) + 4 * QD * ctx / 2; /* causal half */
-    return c->n_layers * per_layer + 2 * V * D;
-}
 
 /* Temperature of the trainer's log-probs: the rollout's, except that 0 (greedy rollout, argmax sampling) has
  * none; its log-probs are taken at temperature 1, as verl does and as the sampler records them. */
@@ -104,13 +80,12 @@ void trainer_draw_prompts(struct trainer *t, const struct prompt_item **out, int
     free(idx);
 }
 
-/* Statistics of values held across the DP ranks: PREFIX/mean|max|min over all of them. */
-static void set_stats_dist(struct trainer *t, struct metrics *m, const char *prefix, const double *v, size_t n)
+/* Summary of values held across the DP ranks: over all of them (alone: of its finite values, as
+ * metrics_set_stats). */
+static struct metrics_summary summarize_dist(struct trainer *t, const double *v, size_t n)
 {
-    if (!t->lay.dp || t->lay.dp_size < 2) {
-        metrics_set_stats(m, prefix, v, n);
-        return;
-    }
+    if (!t->lay.dp || t->lay.dp_size < 2)
+        return metrics_summarize(v, n);
     double mine[4] = {0, -INFINITY, INFINITY, (double)n};
     for (size_t i = 0; i < n; i++) {
         mine[0] += v[i];
@@ -129,7 +104,7 @@ static void set_stats_dist(struct trainer *t, struct metrics *m, const char *pre
         k += all[4 * r + 3];
     }
     free(all);
-    metrics_set_stats3(m, prefix, sum, mx, mn, (size_t)k);
+    return (struct metrics_summary){sum, mx, mn, (size_t)k};
 }
 
 /* Sums of n values over the DP ranks, in place: one all-reduce. */
@@ -152,9 +127,11 @@ static double max_dist(struct trainer *t, double v)
     return v;
 }
 
-/* Advantages of every response token (and the in-reward KL, when on). */
-static void compute_advantages(struct trainer *t, struct step_batch *b, struct metrics *m)
+/* Phase adv: the advantages of every response token (and the in-reward KL, when on). Its seconds. */
+static double advantages(struct trainer *t, struct step_batch *b, struct step_advantages *out)
 {
+    trainer_phase(t, GRPO__PHASE__PHASE_ADV);
+    const double t0 = clock_now_s();
     const struct grpo_config *c = t->cfg;
     const int n = b->n_seq;
     double *scalar = xmalloc((size_t)(n ? n : 1) * sizeof(double));
@@ -184,8 +161,8 @@ static void compute_advantages(struct trainer *t, struct step_batch *b, struct m
         }
         scalar[i] = sum;
     }
-    if (c->alg_use_kl_in_reward && total)
-        metrics_set(m, "actor/reward_kl_penalty", kl_sum / total);
+    out->kl_penalty_measured = c->alg_use_kl_in_reward && total;
+    out->kl_penalty = total ? kl_sum / total : 0;
     double *tok_adv = xcalloc((size_t)(total ? total : 1), sizeof(double));
     if (t->est == ADV_REINFORCE_PP) {
         reinforce_pp_advantages(tok_r, off, len, n, tok_adv);
@@ -201,9 +178,10 @@ static void compute_advantages(struct trainer *t, struct step_batch *b, struct m
         b->seqs[i].adv = xmalloc((size_t)(len[i] ? len[i] : 1) * sizeof(double));
         memcpy(b->seqs[i].adv, tok_adv + off[i], (size_t)len[i] * sizeof(double));
     }
-    set_stats_dist(t, m, "critic/advantages", tok_adv, (size_t)total);
-    set_stats_dist(t, m, "critic/rewards", scalar, (size_t)n);
+    out->advantages = summarize_dist(t, tok_adv, (size_t)total);
+    out->rewards = summarize_dist(t, scalar, (size_t)n);
     free(scalar), free(group), free(off), free(len), free(tok_r), free(tok_adv);
+    return clock_now_s() - t0;
 }
 
 /* -------------------------------------------------------------------- steps */
@@ -270,9 +248,7 @@ int trainer_sft_step(struct trainer *t, int64_t k, struct metrics *m)
         adamw_step(t->opt, tr.params, tr.grads, c->trainer_sft_warmup_lr);
     else
         log_warn("trainer", "gradient norm is %g: supervised optimizer step skipped", norm);
-    metrics_set(m, "sft/nll", nll / (double)T);
-    metrics_set(m, "sft/grad_norm", norm);
-    metrics_set(m, "sft/step", (double)k);
+    sft_metrics(m, &(struct sft_result){.nll = nll / (double)T, .grad_norm = norm, .step = k});
     rollout_seqs_free(seqs, n);
     free(seqs), free(idx);
     return count_skipped(t, k, !isfinite(norm), norm);
@@ -287,13 +263,13 @@ void trainer_validate(struct trainer *t, struct metrics *m)
         log_error("trainer", "validation skipped");
         return;
     }
-    trainer_phase(t, "validate");
+    trainer_phase(t, GRPO__PHASE__PHASE_VALIDATE);
     rollout_validate(&t->rc, &t->val, trainer_step_seed(t->st.seed, t->st.global_step, 0x7a1), m);
 }
 
 /* Step k's rollouts in this process (hybrid role): draw, generate, score, and with DAPO's dynamic sampling draw
  * again until enough groups carry a learning signal. */
-int trainer_hybrid_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm, struct metrics *m)
+int trainer_hybrid_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm)
 {
     struct trainer *t = ctx;
     const struct grpo_config *c = t->cfg;
@@ -304,7 +280,7 @@ int trainer_hybrid_batch(void *ctx, int64_t k, struct step_batch *b, struct step
     int rounds = c->alg_filter_groups_enable ? (int)c->alg_filter_groups_max_num_gen_batches : 1;
     int drawn = 0;
     for (int r = 0; r < rounds; r++) {
-        trainer_phase(t, "gen");
+        trainer_phase(t, GRPO__PHASE__PHASE_GEN);
         trainer_draw_prompts(t, prompts, uids, B);
         drawn += B;
         rollout_generate_and_score(&t->rc, prompts, uids, B, 0, &sp, n, trainer_step_seed(t->st.seed, k, (uint64_t)r),
@@ -319,36 +295,26 @@ int trainer_hybrid_batch(void *ctx, int64_t k, struct step_batch *b, struct step
     free(uids);
     if (c->alg_filter_groups_enable) {
         step_batch_truncate_groups(b, B);
-        metrics_set(m, "train/num_gen_batches", (double)drawn / B);
-        metrics_set(m, "train/num_kept_groups", b->n_groups);
+        tm->filtered = true;
+        tm->gen_batches = (double)drawn / B;
+        tm->kept_groups = b->n_groups;
     }
     for (int i = 0; i < b->n_seq; i++) /* after filtering, positions in this batch are the step's order */
         b->seqs[i].gidx = i;
     return 0;
 }
 
-/* The trainer's part of step k on this rank's share b of the step's rollouts (all of them on one rank):
- * metrics of the rollouts, old and reference log-probs, advantages, the update (gradients summed over the DP
- * group), the audit dump. */
-static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const struct step_timing *tm, double t_step,
-                       struct metrics *m)
+/* ------------------------------------------------------------ a GRPO step's phases */
+
+/* What a step's rollouts are, over every DP rank: scores, accuracy, lengths (verl's critic/ and
+ * response_length/ metrics). */
+static void measure_rollouts(struct trainer *t, const struct step_batch *b, struct step_rollouts *out)
 {
     const struct grpo_config *c = t->cfg;
-    const int n = (int)c->rollout_n;
-    /* the step's activation traffic over TP: every pass (old and reference log-probs, the update) */
-    struct comm_traffic tp_before = {0}, tp_after = {0}, pp_before = {0}, pp_after = {0};
-    /* the model's groups: on GPUs the NCCL twins of lay.tp and lay.pp, which count what they carry */
-    if (t->policy->sh.tp)
-        comm_traffic(t->policy->sh.tp, &tp_before);
-    if (t->policy->sh.pp)
-        comm_traffic(t->policy->sh.pp, &pp_before);
-    /* scores and lengths: verl's critic/ and response_length/ metrics */
     double *v = xmalloc((size_t)(b->n_seq ? b->n_seq : 1) * sizeof(double));
-    long long tokens = 0;
-    int clipped = 0;
     for (int i = 0; i < b->n_seq; i++)
         v[i] = b->seqs[i].score;
-    set_stats_dist(t, m, "critic/score", v, (size_t)b->n_seq);
+    out->score = summarize_dist(t, v, (size_t)b->n_seq);
     /* exact-answer accuracy apart from format credit, over the responses whose scorer knows it */
     double acc[2] = {0, 0};
     for (int i = 0; i < b->n_seq; i++)
@@ -357,65 +323,82 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
             acc[1] += 1;
         }
     sum_dist(t, acc, 2);
-    if (acc[1] > 0)
-        metrics_set(m, "critic/acc/mean", acc[0] / acc[1]);
+    out->acc_sum = acc[0];
+    out->acc_n = acc[1];
+    long long tokens = 0;
+    int clipped = 0;
     for (int i = 0; i < b->n_seq; i++) {
         v[i] = b->seqs[i].resp_len;
         clipped += !b->seqs[i].stopped && b->seqs[i].resp_len >= c->data_max_response_length;
         tokens += b->seqs[i].prompt_len + b->seqs[i].resp_len;
     }
-    set_stats_dist(t, m, "response_length", v, (size_t)b->n_seq);
+    out->response_length = summarize_dist(t, v, (size_t)b->n_seq);
     double plen = 0;
     for (int i = 0; i < b->n_seq; i++)
         plen += b->seqs[i].prompt_len;
     double all[4] = {b->n_seq, clipped, plen, (double)tokens}; /* over the whole step */
     sum_dist(t, all, 4);
-    const double n_all = all[0];
-    metrics_set(m, "response_length/clip_ratio", n_all ? all[1] / n_all : 0);
-    metrics_set(m, "prompt_length/mean", n_all ? all[2] / n_all : 0);
+    out->n_seq = all[0];
+    out->clipped = all[1];
+    out->prompt_tokens = all[2];
+    out->tokens = (double)(long long)all[3];
     free(v);
-    const long long tokens_all = (long long)all[3];
+}
 
-    int *idx = xmalloc((size_t)(b->n_seq ? b->n_seq : 1) * sizeof(int));
-    for (int i = 0; i < b->n_seq; i++)
-        idx[i] = i;
-    const bool share = t->share_prompts;
-    const struct batching lp_bt = {(int)c->rollout_log_prob_micro_batch_size_per_gpu,
-                                   c->actor_use_dynamic_bsz ? (int)c->actor_ppo_max_token_len_per_gpu : 0, share};
-    const struct batching ref_bt = {(int)c->ref_log_prob_micro_batch_size_per_gpu, lp_bt.micro_tokens, share};
-    /* one optimizer step per training step: the update's own forward gives the old log-probs exactly */
-    const int mini_seqs = (int)(c->actor_ppo_mini_batch_size * n);
-    const bool on_policy = c->actor_ppo_epochs == 1 && n_all <= mini_seqs && !c->alg_use_kl_in_reward;
-    double t0 = rollout_now_s(), t_old = 0, t_ref = 0;
-    if (!on_policy) {
-        trainer_phase(t, "old_log_prob");
-        actor_compute_logp(t->policy, b->seqs, idx, b->n_seq, &lp_bt, logprob_temperature(c), 0);
-        t_old = rollout_now_s() - t0;
-    }
-    if (c->actor_use_kl_loss || c->alg_use_kl_in_reward) {
-        trainer_phase(t, "ref");
-        t0 = rollout_now_s();
-        /* with LoRA the reference is the base model: the policy with its adapter bypassed (no second copy) */
-        struct model *ref = t->ref ? t->ref : t->policy;
-        lora_set_bypass(ref, !t->ref);
-        actor_compute_logp(ref, b->seqs, idx, b->n_seq, &ref_bt, logprob_temperature(c), 1);
-        lora_set_bypass(ref, false);
-        t_ref = rollout_now_s() - t0;
-    }
-    trainer_phase(t, "adv");
-    t0 = rollout_now_s();
-    compute_advantages(t, b, m);
-    double t_adv = rollout_now_s() - t0;
+/* One optimizer step for the step's n_all sequences, and no in-reward KL: the update's own forward gives the
+ * old log-probs exactly (no phase old_log_prob). */
+static bool one_update(const struct grpo_config *c, double n_all)
+{
+    const int mini_seqs = (int)(c->actor_ppo_mini_batch_size * c->rollout_n);
+    return c->actor_ppo_epochs == 1 && n_all <= mini_seqs && !c->alg_use_kl_in_reward;
+}
 
-    trainer_phase(t, "update_actor");
-    t0 = rollout_now_s();
+/* Phase old_log_prob: the policy's log-probs of the responses before the update. Its seconds. */
+static double old_log_probs(struct trainer *t, struct step_batch *b, const int *idx)
+{
+    const struct grpo_config *c = t->cfg;
+    const struct batching bt = {(int)c->rollout_log_prob_micro_batch_size_per_gpu,
+                                c->actor_use_dynamic_bsz ? (int)c->actor_ppo_max_token_len_per_gpu : 0,
+                                t->share_prompts};
+    const double t0 = clock_now_s();
+    trainer_phase(t, GRPO__PHASE__PHASE_OLD_LOG_PROB);
+    actor_compute_logp(t->policy, b->seqs, idx, b->n_seq, &bt, logprob_temperature(c), 0);
+    return clock_now_s() - t0;
+}
+
+/* Phase ref: the reference model's log-probs of the responses (the KL loss's, the in-reward KL's). Its seconds. */
+static double ref_log_probs(struct trainer *t, struct step_batch *b, const int *idx)
+{
+    const struct grpo_config *c = t->cfg;
+    const struct batching bt = {(int)c->ref_log_prob_micro_batch_size_per_gpu,
+                                c->actor_use_dynamic_bsz ? (int)c->actor_ppo_max_token_len_per_gpu : 0,
+                                t->share_prompts};
+    trainer_phase(t, GRPO__PHASE__PHASE_REF);
+    const double t0 = clock_now_s();
+    /* with LoRA the reference is the base model: the policy with its adapter bypassed (no second copy) */
+    struct model *ref = t->ref ? t->ref : t->policy;
+    lora_set_bypass(ref, !t->ref);
+    actor_compute_logp(ref, b->seqs, idx, b->n_seq, &bt, logprob_temperature(c), 1);
+    lora_set_bypass(ref, false);
+    return clock_now_s() - t0;
+}
+
+/* Phase update_actor of step k: the PPO/GRPO update over the step's n_all sequences (gradients summed over the
+ * DP group; on_policy: the update's own forward gives the old log-probs), and the traffic it made over DP. Its
+ * seconds. */
+static double update_actor(struct trainer *t, int64_t k, struct step_batch *b, const int *idx, bool on_policy,
+                           double n_all, struct step_update *out)
+{
+    trainer_phase(t, GRPO__PHASE__PHASE_UPDATE_ACTOR);
+    const double t0 = clock_now_s();
+    const struct grpo_config *c = t->cfg;
     const double lr = lr_at(strcmp(c->actor_optim_warmup_style, "cosine") == 0 ? LR_COSINE : LR_CONSTANT,
                             c->actor_optim_lr, k - 1, t->warmup, t->st.total_steps, c->actor_optim_min_lr_ratio);
     struct update_params up = {
         .loss = t->loss,
         .agg = t->agg,
         .max_response_length = (int)c->data_max_response_length,
-        .mini_batch_seqs = mini_seqs,
+        .mini_batch_seqs = (int)(c->actor_ppo_mini_batch_size * c->rollout_n), /* sequences per optimizer step */
         .old_from_current = on_policy,
         .ppo_epochs = (int)c->actor_ppo_epochs,
         .grad_clip = c->actor_grad_clip,
@@ -423,7 +406,7 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
         .checkpointing = c->arr_model_enable_gradient_checkpointing,
         .temperature = logprob_temperature(c),
         .bt = {(int)c->actor_ppo_micro_batch_size_per_gpu,
-               c->actor_use_dynamic_bsz ? (int)c->actor_ppo_max_token_len_per_gpu : 0, share},
+               c->actor_use_dynamic_bsz ? (int)c->actor_ppo_max_token_len_per_gpu : 0, t->share_prompts},
         .dp = t->lay.dp_size > 1 ? t->lay.dp : NULL,
         .dp_dev = t->dp_dev,
         .dp_stage = t->host_params,
@@ -431,7 +414,7 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
         .zero = t->zero,
         .n_total = (int)n_all,
     };
-    struct update_stats us = {0};
+    out->lr = lr;
     /* the gradient (and ZeRO-1 weight) traffic of the update over DP, in the planner's ring-model bytes */
     struct comm_traffic before = {0}, after = {0}, dev_before = {0}, dev_after = {0};
     if (up.dp)
@@ -439,22 +422,45 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     if (up.dp_dev)
         comm_traffic(up.dp_dev, &dev_before);
     if (n_all > 0)
-        actor_update(t->policy, t->opt, b->seqs, idx, b->n_seq, &up, &us);
+        actor_update(t->policy, t->opt, b->seqs, idx, b->n_seq, &up, &out->stats);
     if (up.dp)
         comm_traffic(up.dp, &after);
     if (up.dp_dev)
         comm_traffic(up.dp_dev, &dev_after);
+    out->dp_bytes = 0;
+    for (int op = COMM_OP_ALLREDUCE; op <= COMM_OP_REDUCE_SCATTER; op++)
+        out->dp_bytes += after.sent_f32[op] - before.sent_f32[op] + dev_after.sent_f32[op] - dev_before.sent_f32[op];
+    return clock_now_s() - t0;
+}
+
+/* The traffic of the model's groups so far (on GPUs the NCCL twins of lay.tp and lay.pp, which count what they
+ * carry; zero without them). */
+static void model_traffic_now(const struct trainer *t, struct comm_traffic *tp, struct comm_traffic *pp)
+{
+    *tp = (struct comm_traffic){0};
+    *pp = (struct comm_traffic){0};
     if (t->policy->sh.tp)
-        comm_traffic(t->policy->sh.tp, &tp_after);
+        comm_traffic(t->policy->sh.tp, tp);
     if (t->policy->sh.pp)
-        comm_traffic(t->policy->sh.pp, &pp_after);
-    double dp_bytes = 0, tp_bytes = 0;
-    for (int op = COMM_OP_ALLREDUCE; op <= COMM_OP_REDUCE_SCATTER; op++) {
-        dp_bytes += after.sent_f32[op] - before.sent_f32[op] + dev_after.sent_f32[op] - dev_before.sent_f32[op];
-        tp_bytes += tp_after.sent_f32[op] - tp_before.sent_f32[op];
-    }
-    double t_update = rollout_now_s() - t0;
-    /* rollout-vs-trainer log-prob gap: the sampler's log-probs against the trainer's old log-probs */
+        comm_traffic(t->policy->sh.pp, pp);
+}
+
+/* The activation traffic of the model's groups since model_traffic_now gave tp_before and pp_before: over TP
+ * every pass (old and reference log-probs, the update), over PP this stage's sends. */
+static void model_traffic_since(const struct trainer *t, const struct comm_traffic *tp_before,
+                                const struct comm_traffic *pp_before, struct step_update *u)
+{
+    struct comm_traffic tp_after, pp_after;
+    model_traffic_now(t, &tp_after, &pp_after);
+    u->tp_bytes = 0;
+    for (int op = COMM_OP_ALLREDUCE; op <= COMM_OP_REDUCE_SCATTER; op++)
+        u->tp_bytes += tp_after.sent_f32[op] - tp_before->sent_f32[op];
+    u->pp_bytes = pp_after.sent_f32[COMM_OP_SEND] - pp_before->sent_f32[COMM_OP_SEND];
+}
+
+/* The rollout-vs-trainer log-prob gap: the sampler's log-probs against the trainer's old log-probs. */
+static void measure_gap(struct trainer *t, const struct step_batch *b, struct step_gap *out)
+{
     double gap = 0, gap_max = 0, gap_n = 0;
     for (int i = 0; i < b->n_seq; i++)
         for (int q = 0; b->seqs[i].old_logp && b->seqs[i].gen_logp && q < b->seqs[i].resp_len; q++) {
@@ -463,94 +469,107 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
             gap_max = fmax(gap_max, d);
             gap_n++;
         }
-    double gap_sums[2] = {gap, gap_n};
-    sum_dist(t, gap_sums, 2);
-    metrics_set(m, "training/rollout_probs_diff_mean", gap_sums[1] ? gap_sums[0] / gap_sums[1] : 0);
-    metrics_set(m, "training/rollout_probs_diff_max", max_dist(t, gap_max));
+    double sums[2] = {gap, gap_n};
+    sum_dist(t, sums, 2);
+    out->sum = sums[0];
+    out->n = sums[1];
+    out->max = max_dist(t, gap_max);
+}
+
+/* The step's rollouts, decoded, to trainer.rollout_data_dir (one file per DP rank). */
+static void audit(struct trainer *t, int64_t k, struct step_batch *b)
+{
     for (int i = 0; i < b->n_seq; i++)
         if (!b->resp_text[i])
             b->resp_text[i] = tokenizer_decode(t->tok, b->seqs[i].resp, (size_t)b->seqs[i].resp_len, true);
     if (t->lay.tp_rank == 0) /* the TP ranks of a DP rank hold the same sequences */
-        rollout_audit_write(c->trainer_rollout_data_dir, k, t->lay.dp_rank, n, b);
+        rollout_audit_write(t->cfg->trainer_rollout_data_dir, k, t->lay.dp_rank, (int)t->cfg->rollout_n, b);
+}
 
-    metrics_set(m, "actor/pg_loss", us.pg_loss);
-    metrics_set(m, "actor/kl_loss", us.kl_loss);
-    metrics_set(m, "actor/entropy", us.entropy);
-    metrics_set(m, "actor/pg_clipfrac", us.pg_clipfrac);
-    metrics_set(m, "actor/pg_clipfrac_lower", us.pg_clipfrac_lower);
-    metrics_set(m, "actor/ppo_kl", us.ppo_kl);
-    metrics_set(m, "actor/grad_norm", us.grad_norm);
-    metrics_set(m, "actor/lr", lr);
-    const double step_time = rollout_now_s() - t_step;
-    metrics_set(m, "timing_s/gen", tm->gen);
-    metrics_set(m, "timing_s/reward", tm->reward);
-    metrics_set(m, "timing_s/old_log_prob", t_old);
-    metrics_set(m, "timing_s/ref", t_ref);
-    metrics_set(m, "timing_s/adv", t_adv);
-    metrics_set(m, "timing_s/update_actor", t_update);
-    metrics_set(m, "timing_s/step", step_time);
-    if (tm->split) {
-        metrics_set(m, "timing_s/wait_data", tm->wait_data);
-        metrics_set(m, "timing_s/grad_allreduce", us.allreduce_s);
-        metrics_set(m, "perf/comm_bytes/dp", dp_bytes);
-        if (t->lay.tp) /* activations and their gradients over TP (this rank's, float32) */
-            metrics_set(m, "perf/comm_bytes/tp", tp_bytes);
-        if (t->lay.pp) { /* this stage's sends to its neighbours (float32), and the schedule's idle share */
-            metrics_set(m, "perf/comm_bytes/pp", pp_after.sent_f32[COMM_OP_SEND] - pp_before.sent_f32[COMM_OP_SEND]);
-            double b[2] = {us.pp_wait_s, us.pp_schedule_s};
-            comm_allreduce_sum(t->lay.pp, b, 2, COMM_F64);
-            metrics_set(m, "perf/pp_bubble", b[1] > 0 ? b[0] / b[1] : 0);
-        }
-        metrics_set(m, "trainer/idle_ratio", step_time > 0 ? tm->wait_data / step_time : 0);
-        const double busy = tm->gen + tm->reward;
-        metrics_set(m, "perf/cpu_memory_peak_gb/rollout", tm->rollout_peak_rss_gb);
-        metrics_set(m, "timing_s/rollout_wait_weights", tm->rollout_wait_weights);
-        metrics_set(m, "timing_s/rollout_wait_send", tm->rollout_idle - tm->rollout_wait_weights);
-        metrics_set(m, "rollouter/idle_ratio",
-                    busy + tm->rollout_idle > 0 ? tm->rollout_idle / (busy + tm->rollout_idle) : 0);
+/* After the step's clock stops: the figures of the update summed over the ranks (the pipeline's waiting with
+ * rollout ranks, the forward rows), and what the step held: memory (the policy context's peaks restart for the
+ * next step), the data's epoch. */
+static void measure_end(struct trainer *t, struct step_result *r)
+{
+    if (r->source.split && t->lay.pp) {
+        double b[2] = {r->update.stats.pp_wait_s, r->update.stats.pp_schedule_s};
+        comm_allreduce_sum(t->lay.pp, b, 2, COMM_F64);
+        r->update.pp_wait_s = b[0];
+        r->update.pp_schedule_s = b[1];
     }
-    metrics_set(m, "perf/total_num_tokens", (double)tokens_all);
-    /* the rows the update's forward ran, over the DP ranks: fewer than the sequences' tokens with shared prompts */
-    double fwd_rows = (double)us.tokens_forward;
+    double fwd_rows = (double)r->update.stats.tokens_forward;
     sum_dist(t, &fwd_rows, 1);
-    metrics_set(m, "perf/forward_tokens/update", fwd_rows);
-    /* verl: tokens / (step time x devices) */
-    const int devices = t->lay.devices > 0 ? t->lay.devices : 1;
-    metrics_set(m, "perf/throughput", step_time > 0 ? (double)tokens_all / step_time / devices : 0);
-    double ctx = n_all ? (double)tokens_all / n_all : 0;
-    double flops = 3.0 * flops_per_token(&t->policy->cfg, ctx) * (double)us.tokens_forward;
-    if (t->peak_flops > 0) /* the CPU's measured sgemm rate, or a GPU's BF16 peak (0: a GPU not known) */
-        metrics_set(m, "perf/mfu/actor", t_update > 0 ? flops / t_update / t->peak_flops : 0);
-    metrics_set(m, "perf/cpu_memory_used_gb", proc_rss_gb());
+    r->update.forward_rows = fwd_rows;
+    r->res.rss_gb = proc_rss_gb();
     /* the trainers' largest peak (every DP, TP and PP rank): the leader's alone would hide an imbalance */
     double peak = proc_peak_rss_gb();
     if (t->lay.all && comm_size(t->lay.all) > 1)
         comm_allreduce_max(t->lay.all, &peak, 1, COMM_F64);
-    metrics_set(m, tm->split ? "perf/cpu_memory_peak_gb/trainer" : "perf/cpu_memory_peak_gb", peak);
-    metrics_set(m, "training/epoch", (double)t->st.epoch);
+    r->res.peak_rss_gb = peak;
+    r->res.epoch = t->st.epoch;
     /* AdamW's two FP32 moments on this rank: all of them, or its ZeRO-1 block */
-    metrics_set(m, "perf/optimizer_state_gb", 2.0 * sizeof(float) * (double)t->opt->n / 1e9);
-    memory_metrics(m, t->policy->K);
+    r->res.optimizer_state_gb = 2.0 * sizeof(float) * (double)t->opt->n / 1e9;
+    r->res.mem = t->policy->K->mem;
+    kmem_reset_peaks(t->policy->K);
+}
+
+/* The trainer's part of step k on this rank's share b of the step's rollouts (all of them on one rank), begun at
+ * t_step: its phases one after the other, each filling its part of the step's result, then the metrics made of
+ * it (step_metrics.c). 0, or -1 when too many steps in a row skipped their update. */
+static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const struct step_timing *tm, double t_step,
+                       struct metrics *m)
+{
+    const struct grpo_config *c = t->cfg;
+    struct step_result r = {.source = *tm,
+                            .model = &t->policy->cfg,
+                            .tp = t->lay.tp != NULL,
+                            .pp = t->lay.pp != NULL,
+                            .devices = t->lay.devices,
+                            .peak_flops = t->peak_flops};
+    r.phase_s[GRPO__PHASE__PHASE_GEN] = tm->gen;
+    r.phase_s[GRPO__PHASE__PHASE_REWARD] = tm->reward;
+    struct comm_traffic tp0, pp0;
+    model_traffic_now(t, &tp0, &pp0);
+    int *idx = xmalloc((size_t)(b->n_seq ? b->n_seq : 1) * sizeof(int)); /* every sequence of b */
+    for (int i = 0; i < b->n_seq; i++)
+        idx[i] = i;
+
+    measure_rollouts(t, b, &r.rollouts);
+    const bool on_policy = one_update(c, r.rollouts.n_seq);
+    if (!on_policy)
+        r.phase_s[GRPO__PHASE__PHASE_OLD_LOG_PROB] = old_log_probs(t, b, idx);
+    if (c->actor_use_kl_loss || c->alg_use_kl_in_reward)
+        r.phase_s[GRPO__PHASE__PHASE_REF] = ref_log_probs(t, b, idx);
+    r.phase_s[GRPO__PHASE__PHASE_ADV] = advantages(t, b, &r.adv);
+    r.phase_s[GRPO__PHASE__PHASE_UPDATE_ACTOR] = update_actor(t, k, b, idx, on_policy, r.rollouts.n_seq, &r.update);
+    model_traffic_since(t, &tp0, &pp0, &r.update);
+    measure_gap(t, b, &r.gap);
+    audit(t, k, b);
+    r.step_s = clock_now_s() - t_step;
+    measure_end(t, &r);
     free(idx);
-    if (us.optimizer_steps == 0) /* nothing to train on: neither a skip nor an update */
+
+    step_metrics(m, &r);
+    if (r.update.stats.optimizer_steps == 0) /* nothing to train on: neither a skip nor an update */
         return 0;
-    return count_skipped(t, k, us.skipped_steps == us.optimizer_steps, us.grad_norm);
+    return count_skipped(t, k, r.update.stats.skipped_steps == r.update.stats.optimizer_steps,
+                         r.update.stats.grad_norm);
 }
 
 /* One GRPO step: the source's batch (local generation, or batches from the rollout ranks), then the update. */
 int trainer_grpo_step(struct trainer *t, struct metrics *m)
 {
     const int64_t k = t->st.global_step + 1;
-    double t_step = t->iter_t0 > 0 ? t->iter_t0 : rollout_now_s();
+    double t_step = t->iter_t0 > 0 ? t->iter_t0 : clock_now_s();
     struct step_timing tm = {0};
     struct step_batch b = {0};
     if (check_fit(t) != 0)
         return -1;
-    int rc = t->src.next_batch(t->src.ctx, k, &b, &tm, m);
+    int rc = t->src.next_batch(t->src.ctx, k, &b, &tm);
     if (rc == 0) {
-        const double t_meet = rollout_now_s();
+        const double t_meet = clock_now_s();
         trainer_meet(t); /* waiting for the other DP ranks' data is waiting for data */
-        tm.wait_data += rollout_now_s() - t_meet;
+        tm.wait_data += clock_now_s() - t_meet;
         rc = train_batch(t, k, &b, &tm, t_step, m);
     }
     step_batch_free(&b);

@@ -18,27 +18,19 @@
  *
  * Versions: step k is generated with policy version max(start, k-1-s), s the
  * staleness (0 on-policy, 1 one-step-off); the dispatcher keeps the newest s+1
- * versions, which are every version an unfinished step can need. */
-#ifndef GRPO_WORKER_ROLLOUT_DISPATCH_H
-#define GRPO_WORKER_ROLLOUT_DISPATCH_H
+ * versions, which are every version an unfinished step can need.
+ *
+ * Three parts: the pure core (dispatch_core.h: the state, fed requests and the time, answering with packed
+ * replies; no sockets, threads or clock), the shell that runs it (dispatcher.c: one REP socket, one thread, a
+ * mutex around the core, the clock), and the rollout process's client (work_client.c). */
+#ifndef GRPO_WORKER_PLANE_DISPATCH_H
+#define GRPO_WORKER_PLANE_DISPATCH_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-struct dispatch_options {
-    const char *endpoint; /* bound here (ipc sockets mode 0600) */
-    const char *secret;   /* every request must carry it (NULL or "": not checked) */
-    int units;            /* work units per step: the rollout ranks */
-    int groups_in_step;   /* data.train_batch_size */
-    int staleness;        /* 0 or 1 */
-    int64_t start;        /* the step the trainers start from */
-    int64_t total_steps;  /* trainer.total_training_steps */
-    int64_t start_epoch;  /* data cursor of step start + 1 */
-    int64_t start_cursor;
-    size_t n_floats;     /* parameters of the policy */
-    double lost_after_s; /* a rollout process silent this long is lost (two heartbeat intervals) */
-};
+#include "worker/plane/dispatch_core.h"
 
 struct dispatcher;
 
@@ -54,15 +46,6 @@ void dispatcher_end(struct dispatcher *d, int64_t after, const char *why);
 void dispatcher_close(struct dispatcher *d, double linger_s);
 
 /* What the dispatcher has done so far (for the metrics). */
-struct dispatch_stats {
-    int64_t granted;    /* units granted */
-    int64_t regranted;  /* of those, units granted again after their holder was lost */
-    int64_t lost;       /* rollout processes declared lost */
-    int64_t refused;    /* requests refused (malformed, wrong secret) */
-    int64_t bytes;      /* weight bytes served in chunks */
-    int64_t broadcasts; /* versions broadcast whole (weight_sync=broadcast) */
-    int live;           /* rollout processes alive now */
-};
 void dispatcher_stats(struct dispatcher *d, struct dispatch_stats *st);
 
 /* ---- the weight broadcast (actor_rollout_ref.rollout.weight_sync=broadcast) ----
@@ -89,8 +72,6 @@ void dispatcher_round_end(struct dispatcher *d, bool ok);
 bool dispatcher_round_due(struct dispatcher *d, double waited_s);
 
 /* ---- the rollout process's side ---- */
-
-enum work_kind { WORK_WAIT = 0, WORK_UNIT = 1, WORK_END = 2 };
 
 struct work_grant {
     enum work_kind kind;
@@ -127,8 +108,5 @@ void work_client_on_chunk(struct work_client *c, void (*fn)(void *ud), void *ud)
 /* True once a ping has been answered "end". */
 bool work_client_ended(struct work_client *c);
 void work_client_close(struct work_client *c);
-
-/* Groups [lo, hi) of unit u of U in a step of B groups. */
-void dispatch_unit_range(int B, int U, int u, int *lo, int *hi);
 
 #endif

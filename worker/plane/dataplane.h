@@ -7,8 +7,8 @@
  * slow trainer slows the rollout instead of growing memory (bounded
  * back-pressure), and a batch whose answer does not come is sent again by the
  * socket (the trainer drops the duplicate by its sequence number). */
-#ifndef GRPO_WORKER_ROLLOUT_DATAPLANE_H
-#define GRPO_WORKER_ROLLOUT_DATAPLANE_H
+#ifndef GRPO_WORKER_PLANE_DATAPLANE_H
+#define GRPO_WORKER_PLANE_DATAPLANE_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,16 +1,14 @@
-/* The rollout side of a GRPO step: a context that generates and scores (the
- * policy, tokenizer, scorers, sampling, stop ids), and a step batch that owns
- * its sequences. The same types serve a hybrid process (rollout step -> batch
- * -> trainer step in one address space) and a rollout rank (batch -> wire ->
- * trainer ranks, worker/rollout/wire.h). */
-#ifndef GRPO_WORKER_ROLLOUT_BATCH_H
-#define GRPO_WORKER_ROLLOUT_BATCH_H
+/* Generation and scoring of a step's groups: a context (the policy, tokenizer, scorers, stop ids) that samples
+ * n responses for each prompt and scores them into a step batch. The same code serves a hybrid process (its
+ * own steps and validation) and a rollout rank (its work units). */
+#ifndef GRPO_WORKER_GEN_GENERATE_H
+#define GRPO_WORKER_GEN_GENERATE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "worker/model/sampler.h"
-#include "worker/trainer/prompts.h"
-#include "worker/trainer/rollout.h"
+#include "worker/step/batch.h"
 
 struct grpo_config;
 struct model;
@@ -34,17 +32,6 @@ int rollout_ctx_load_reward_model(struct rollout_ctx *r, char *err, size_t errle
 /* Free what the context owns (the reward model). */
 void rollout_ctx_release(struct rollout_ctx *r);
 
-/* A step's sequences, whole groups only. Sequence i belongs to group seqs[i].group (0..n_groups-1); the group's
- * prompt is group_prompt[g], its dataset index group_uid[g]. */
-struct step_batch {
-    struct rollout_seq *seqs;
-    int n_seq, cap;
-    int n_groups;
-    const struct prompt_item **group_prompt; /* (n_groups) */
-    int *group_uid;                          /* (n_groups) dataset index of the prompt (verl's uid) */
-    char **resp_text;                        /* (n_seq) decoded responses */
-};
-
 /* Stop ids of a tokenizer: its EOS and ChatML's <|im_end|>. */
 void rollout_ctx_init(struct rollout_ctx *r, const struct grpo_config *cfg, struct model *policy,
                       const struct tokenizer *tok, struct reward_fn *reward);
@@ -56,21 +43,5 @@ void rollout_ctx_init(struct rollout_ctx *r, const struct grpo_config *cfg, stru
 void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt_item *const *prompts, const int *uids,
                                 int n_prompts, int first_group, const struct sampler_params *sp, int n, uint64_t seed,
                                 struct step_batch *b, double *t_gen, double *t_reward);
-
-/* Make room for `more` sequences and groups. */
-void step_batch_reserve(struct step_batch *b, int more);
-/* Drop groups whose scores are all equal (no learning signal): DAPO's dynamic sampling. */
-void step_batch_filter_groups(struct step_batch *b);
-/* Keep only the first `groups` groups. */
-void step_batch_truncate_groups(struct step_batch *b, int groups);
-/* Move every group and sequence of src to the end of dst (src is left empty). */
-void step_batch_append(struct step_batch *dst, struct step_batch *src);
-void step_batch_free(struct step_batch *b);
-
-/* Seeds of step k's random draws: a pure function of the base seed and k, so a resumed run draws the same. */
-uint64_t rollout_step_seed(uint64_t seed, int64_t step, uint64_t salt);
-
-/* Monotonic seconds. */
-double rollout_now_s(void);
 
 #endif

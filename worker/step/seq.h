@@ -1,8 +1,8 @@
 /* A step's rollouts: n responses for each prompt, with everything the update
  * needs per response token (old and reference log-probs, advantages), and the
  * batching of sequences into packed micro-batches. */
-#ifndef GRPO_WORKER_ROLLOUT_H
-#define GRPO_WORKER_ROLLOUT_H
+#ifndef GRPO_WORKER_STEP_SEQ_H
+#define GRPO_WORKER_STEP_SEQ_H
 
 #include <stdbool.h>
 #include <stdint.h>

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "common/clock.h"
 #include "common/config.h"
 #include "validate.h"
 #include "worker/metrics/metrics.h"
@@ -15,7 +16,7 @@ void rollout_validate(const struct rollout_ctx *rc, const struct prompt_set *val
     const struct grpo_config *c = rc->cfg;
     if (val->n == 0)
         return;
-    double t0 = rollout_now_s();
+    double t0 = clock_now_s();
     struct sampler_params sp = {0.0f, 1.0f, 0};
     int n = 1;
     if (c->rollout_val_do_sample) {
@@ -77,7 +78,7 @@ void rollout_validate(const struct rollout_ctx *rc, const struct prompt_set *val
             metrics_set(m, name, acc_sum / acc_cnt);
         }
     }
-    metrics_set(m, "timing_s/testing", rollout_now_s() - t0);
+    metrics_set(m, "timing_s/testing", clock_now_s() - t0);
     step_batch_free(&b);
     free(prompts);
 }

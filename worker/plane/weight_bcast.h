@@ -5,8 +5,8 @@
  * bucket goes through one bucket of device memory on every member: NCCL moves device memory only. Every wait is
  * bounded by the group's deadline; a lost or stuck member gives the group up (comm_try_broadcast) instead of
  * ending the run, and the caller fetches the version instead. See worker/rollout/dispatch.h for the rounds. */
-#ifndef GRPO_WORKER_ROLLOUT_WEIGHT_BCAST_H
-#define GRPO_WORKER_ROLLOUT_WEIGHT_BCAST_H
+#ifndef GRPO_WORKER_PLANE_WEIGHT_BCAST_H
+#define GRPO_WORKER_PLANE_WEIGHT_BCAST_H
 
 #include <stdbool.h>
 #include <stddef.h>

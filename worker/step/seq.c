@@ -1,4 +1,4 @@
-#include "rollout.h"
+#include "seq.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -49,7 +49,7 @@ int weight_bcast(struct comm *g, struct kctx *K, int64_t version, float *w, size
         per = BUCKET_MAX_FLOATS;
     if (per > n)
         per = n;
-    const bool dev = strcmp(comm_backend_name(g), "nccl") == 0; /* device memory only */
+    const bool dev = comm_caps(g)->device_memory; /* payloads in device memory only */
     /* on a GPU every member's bucket is device memory (NCCL moves no other); over MPI the members' is heap */
     if (!dev && !root && n && !*host_bucket)
         *host_bucket = xmalloc(BUCKET_MAX_FLOATS * sizeof(float));

@@ -5,13 +5,13 @@
  * sample indices, token ids against the vocabulary, lengths, prompt ids against
  * its own copy of the prompt, finite log-probs and rewards), and a batch that
  * fails any check is refused whole with a reason. */
-#ifndef GRPO_WORKER_ROLLOUT_WIRE_H
-#define GRPO_WORKER_ROLLOUT_WIRE_H
+#ifndef GRPO_WORKER_PLANE_WIRE_H
+#define GRPO_WORKER_PLANE_WIRE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "batch.h"
+#include "worker/step/batch.h"
 
 struct wire_header {
     int64_t step;           /* training step the batch belongs to (1-based) */

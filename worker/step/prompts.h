@@ -1,8 +1,8 @@
 /* Prompts as the trainer uses them: the dataset's samples rendered with the
  * tokenizer's chat template and encoded once, plus the reference answer of
  * synthetic tasks for the supervised warm-start. */
-#ifndef GRPO_WORKER_PROMPTS_H
-#define GRPO_WORKER_PROMPTS_H
+#ifndef GRPO_WORKER_STEP_PROMPTS_H
+#define GRPO_WORKER_STEP_PROMPTS_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Check the include layering of the C sources: which folder may include which.
+
+    scripts/check_layers.py [ROOT] [--stamp FILE]     exit 0 when every rule holds, 1 (naming each offending line) otherwise
+
+The rules keep the architecture that docs/ARCHITECTURE.md draws: the daemon, the control client, the kernels,
+the protocol and the shared base never include the worker; the trainer and the rollout role never include each
+other (both build on worker/step, the neutral home of a step's data, and on worker/gen and worker/plane); a
+step's data, the scorers, generation and the split-run protocol depend on no role; the launch depends on no role
+and reaches MPI only through worker/comm.
+"""
+import os
+import re
+import sys
+
+# (folder whose files are checked, include prefixes they must not use, why)
+RULES = [
+    ("common/", ("worker/", "daemon/", "ctl/", "kernels/"), "the base layer is shared by every binary"),
+    ("proto/", ("worker/", "daemon/", "ctl/"), "the protocol is shared by grpod, grpoctl and the workers"),
+    ("kernels/", ("worker/", "daemon/", "ctl/"), "kernels know no worker"),
+    ("daemon/", ("worker/", "ctl/"), "grpod depends on proto/ and common/ only"),
+    ("ctl/", ("worker/", "daemon/"), "grpoctl depends on proto/ and common/ only"),
+    ("worker/trainer/", ("worker/rollout/",), "the trainer and the rollout role never include each other"),
+    ("worker/rollout/", ("worker/trainer/",), "the trainer and the rollout role never include each other"),
+    ("worker/step/", ("worker/trainer/", "worker/rollout/", "worker/gen/", "worker/plane/"),
+     "a step's data depends on no role, no generation and no protocol"),
+    ("worker/rewards/", ("worker/trainer/", "worker/rollout/", "worker/gen/", "worker/plane/"),
+     "the scorers depend on no role"),
+    ("worker/gen/", ("worker/trainer/", "worker/rollout/", "worker/plane/"), "generation depends on no role"),
+    ("worker/plane/", ("worker/trainer/", "worker/rollout/", "worker/gen/"),
+     "the split-run protocol depends on no role"),
+    ("worker/launch/", ("worker/trainer/", "worker/rollout/", "worker/gen/", "worker/plane/", "worker/step/",
+                        "common/check_mpi.h"),
+     "the launch builds a role's environment over comm_* only: no role's code, no raw MPI"),
+]
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+
+
+def check(root):
+    bad = []
+    for folder, banned, why in RULES:
+        base = os.path.join(root, folder)
+        if not os.path.isdir(base):
+            continue
+        for dirpath, _, names in os.walk(base):
+            for name in sorted(names):
+                if not name.endswith((".c", ".h", ".cu", ".cuh")):
+                    continue
+                path = os.path.join(dirpath, name)
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    for lineno, line in enumerate(f, 1):
+                        m = INCLUDE.match(line)
+                        if m and m.group(1).startswith(banned):
+                            rel = os.path.relpath(path, root)
+                            bad.append(f"{rel}:{lineno}: includes \"{m.group(1)}\": {why}")
+    return bad
+
+
+def main():
+    args = sys.argv[1:]
+    stamp = None
+    if "--stamp" in args:  # the build's target: touch the stamp once the check passes
+        i = args.index("--stamp")
+        stamp = args[i + 1]
+        del args[i:i + 2]
+    root = args[0] if args else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    bad = check(root)
+    for b in bad:
+        print(b, file=sys.stderr)
+    if bad:
+        print(f"check_layers: {len(bad)} include(s) cross a layer (scripts/check_layers.py lists the rules)",
+              file=sys.stderr)
+        return 1
+    if stamp:
+        with open(stamp, "w", encoding="utf-8") as f:
+            f.write("layers: ok\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+/* common/fs: the one durable atomic write. Its content lands and replaces the old one whole, the temporary
+ * file is gone afterwards, the old file stays until the rename, and a failure (no such directory, a file where
+ * the directory should be, a writer that fails half-way, a directory where the file should be) returns an
+ * error naming the path and leaves the old content and no temporary file behind. */
+#include <dirent.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "common/fs.h"
+
+static char dir[] = "/tmp/grpo_fs_XXXXXX";
+
+static int setup(void **state)
+{
+    (void)state;
+    strcpy(dir, "/tmp/grpo_fs_XXXXXX");
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* The whole file at path, NUL-terminated (NULL when it cannot be read). */
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *buf = calloc(1, 1 << 16);
+    size_t n = fread(buf, 1, (1 << 16) - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+/* How many entries dir holds besides . and .. */
+static int entries(const char *d)
+{
+    DIR *dp = opendir(d);
+    assert_non_null(dp);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(dp));)
+        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    closedir(dp);
+    return n;
+}
+
+static void assert_file(const char *path, const char *want)
+{
+    char *got = slurp(path);
+    assert_non_null(got);
+    assert_string_equal(got, want);
+    free(got);
+}
+
+static void test_content_lands_and_replaces(void **state)
+{
+    (void)state;
+    char path[600], err[1024] = "";
+    snprintf(path, sizeof path, "%s/state.json", dir);
+    assert_int_equal(fs_write_atomic(path, "first", 5, err, sizeof err), 0);
+    assert_file(path, "first");
+    assert_int_equal(fs_write_atomic(path, "the second, longer", 18, err, sizeof err), 0);
+    assert_file(path, "the second, longer");
+    assert_int_equal(fs_write_atomic(path, "", 0, err, sizeof err), 0); /* an empty file is a file */
+    assert_file(path, "");
+    assert_int_equal(entries(dir), 1); /* no temporary file left */
+}
+
+/* A writer that checks, half-way, that the old file is still whole and the new bytes go to PATH.tmp. */
+struct probe {
+    const char *path;
+    int saw_tmp, saw_old;
+};
+
+static int probing_writer(FILE *f, void *ctx, char *err, size_t errlen)
+{
+    (void)err;
+    (void)errlen;
+    struct probe *p = ctx;
+    char tmp[700];
+    snprintf(tmp, sizeof tmp, "%s.tmp", p->path);
+    p->saw_tmp = access(tmp, F_OK) == 0;
+    char *old = slurp(p->path);
+    p->saw_old = old && strcmp(old, "old") == 0;
+    free(old);
+    return fputs("new", f) < 0 ? -1 : 0;
+}
+
+static void test_old_file_stays_until_rename(void **state)
+{
+    (void)state;
+    char path[600], err[1024] = "";
+    snprintf(path, sizeof path, "%s/run.json", dir);
+    assert_int_equal(fs_write_atomic(path, "old", 3, err, sizeof err), 0);
+    struct probe p = {path, 0, 0};
+    umask(022);
+    assert_int_equal(fs_write_atomic_with(path, 0640, probing_writer, &p, err, sizeof err), 0);
+    assert_true(p.saw_tmp);
+    assert_true(p.saw_old);
+    assert_file(path, "new");
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0640);
+    assert_int_equal(entries(dir), 1);
+}
+
+static void test_missing_directory_names_path(void **state)
+{
+    (void)state;
+    char path[600], err[1024] = "";
+    snprintf(path, sizeof path, "%s/no/such/dir/config.json", dir);
+    assert_int_equal(fs_write_atomic(path, "x", 1, err, sizeof err), -1);
+    assert_non_null(strstr(err, path));
+    assert_non_null(strstr(err, "cannot create"));
+    /* a regular file where a directory should be */
+    char file[600];
+    snprintf(file, sizeof file, "%s/plainfile", dir);
+    assert_int_equal(fs_write_atomic(file, "x", 1, err, sizeof err), 0);
+    snprintf(path, sizeof path, "%s/plainfile/config.json", dir);
+    err[0] = '\0';
+    assert_int_equal(fs_write_atomic(path, "x", 1, err, sizeof err), -1);
+    assert_non_null(strstr(err, path));
+    assert_int_equal(entries(dir), 1);
+    /* a NULL error buffer is allowed */
+    assert_int_equal(fs_write_atomic(path, "x", 1, NULL, 0), -1);
+}
+
+/* Writes part of the content, then fails: with its own message when told to, else with errno's. */
+static int failing_writer(FILE *f, void *ctx, char *err, size_t errlen)
+{
+    fputs("partial", f);
+    if (ctx)
+        snprintf(err, errlen, "%s", (const char *)ctx);
+    return -1;
+}
+
+static void test_failed_writer_leaves_old_file(void **state)
+{
+    (void)state;
+    char path[600], err[1024] = "";
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    assert_int_equal(fs_write_atomic(path, "complete", 8, err, sizeof err), 0);
+    assert_int_equal(fs_write_atomic_with(path, 0644, failing_writer, NULL, err, sizeof err), -1);
+    assert_non_null(strstr(err, path));
+    assert_non_null(strstr(err, "failed"));
+    assert_int_equal(fs_write_atomic_with(path, 0644, failing_writer, "the encoder gave up", err, sizeof err), -1);
+    assert_string_equal(err, "the encoder gave up");
+    assert_file(path, "complete");
+    assert_int_equal(entries(dir), 1); /* no partial temporary file */
+    /* a failure with no file there before leaves no file at all */
+    snprintf(path, sizeof path, "%s/new.bin", dir);
+    assert_int_equal(fs_write_atomic_with(path, 0644, failing_writer, NULL, err, sizeof err), -1);
+    assert_int_equal(access(path, F_OK), -1);
+    assert_int_equal(entries(dir), 1);
+}
+
+static void test_rename_failure_cleans_up(void **state)
+{
+    (void)state;
+    char path[600], err[1024] = "";
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    assert_int_equal(mkdir(path, 0755), 0); /* a directory cannot be replaced by a file */
+    assert_int_equal(fs_write_atomic(path, "data", 4, err, sizeof err), -1);
+    assert_non_null(strstr(err, path));
+    assert_non_null(strstr(err, "cannot rename"));
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_true(S_ISDIR(st.st_mode));
+    assert_int_equal(entries(dir), 1);
+}
+
+static void test_fsync_dir_of(void **state)
+{
+    (void)state;
+    char path[600], err[1024] = "";
+    snprintf(path, sizeof path, "%s/x", dir);
+    assert_int_equal(fs_fsync_dir_of(path, err, sizeof err), 0);
+    snprintf(path, sizeof path, "%s/gone/x", dir);
+    assert_int_equal(fs_fsync_dir_of(path, err, sizeof err), -1);
+    assert_non_null(strstr(err, path));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_content_lands_and_replaces, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_old_file_stays_until_rename, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_missing_directory_names_path, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_failed_writer_leaves_old_file, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rename_failure_cleans_up, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fsync_dir_of, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

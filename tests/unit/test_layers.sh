@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# scripts/check_layers.py: the tree as it is passes, and each kind of crossing it exists to catch fails,
+# naming the file, the line and the include.
+set -uo pipefail
+check="$1"
+root="$2"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+expect_fail() { # DESCRIPTION FILE INCLUDE
+    local d="$tmp/$1"
+    mkdir -p "$d/$(dirname "$2")"
+    printf '#include <stdio.h>\n#include "%s"\n' "$3" >"$d/$2"
+    if out="$(python3 "$check" "$d" 2>&1)"; then
+        echo "FAIL: $1: $2 including $3 passed the check"
+        fail=1
+    elif ! grep -qF "$2:2: includes \"$3\"" <<<"$out"; then
+        echo "FAIL: $1: the error does not name $2:2 and $3: $out"
+        fail=1
+    else
+        echo "ok: $1 refused"
+    fi
+}
+if out="$(python3 "$check" "$root" 2>&1)"; then
+    echo "ok: the source tree keeps its layers"
+else
+    echo "FAIL: the source tree crosses a layer:"
+    echo "$out"
+    fail=1
+fi
+expect_fail trainer-rollout worker/trainer/x.c worker/rollout/y.h
+expect_fail rollout-trainer worker/rollout/x.c worker/trainer/trainer.h
+expect_fail daemon-worker daemon/x.c worker/comm/comm.h
+expect_fail ctl-worker ctl/x.h worker/plane/wire.h
+expect_fail kernels-worker kernels/cpu/x.c worker/model/model.h
+expect_fail step-plane worker/step/x.c worker/plane/dispatch.h
+expect_fail rewards-trainer worker/rewards/x.c worker/trainer/trainer.h
+# an allowed include passes
+mkdir -p "$tmp/allowed/worker/trainer"
+printf '#include "worker/step/batch.h"\n' >"$tmp/allowed/worker/trainer/x.c"
+if python3 "$check" "$tmp/allowed" >/dev/null 2>&1; then echo "ok: trainer -> step allowed"; else
+    echo "FAIL: trainer including worker/step was refused"
+    fail=1
+fi
+exit $fail

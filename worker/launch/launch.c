@@ -1,0 +1,367 @@
+#include "launch.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/check.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "common/placement.h"
+#include "kernels/kernels.h"
+#include "proto/transport.h"
+#include "worker/control/control.h"
+
+/* The run's rules for a split placement that are not about rank counts. 0, or -1 with why. */
+static int split_supported(const struct grpo_config *c, const struct placement_spec *ps, char *why, size_t whylen)
+{
+    if (c->alg_filter_groups_enable)
+        return error_set(why, whylen,
+                         "algorithm.filter_groups.enable (dynamic sampling) runs in one process for now; it is not "
+                         "available with separate rollout ranks");
+    if (c->trainer_sft_warmup_steps > 0)
+        return error_set(why, whylen,
+                         "trainer.sft_warmup_steps %lld: the supervised warm-start runs in one process; warm-start "
+                         "first, then point actor_rollout_ref.model.path at its checkpoint",
+                         (long long)c->trainer_sft_warmup_steps);
+    if (ps->trainer_ranks / (ps->tp_size * ps->pp_size) > ROLE_MAX_ENDPOINTS)
+        return error_set(why, whylen, "%d trainer DP ranks: at most %d", ps->trainer_ranks, ROLE_MAX_ENDPOINTS);
+    return 0;
+}
+
+/* Data endpoints of the trainer DP ranks when no grpod hands them out: grpod.data_endpoint, or a fresh
+ * ipc:///tmp/grpo-PID-TIME prefix chosen by rank 0; tcp:// ports count up from the base on each trainer's host.
+ * Collective over the world. */
+static void local_endpoints(struct role_env *env)
+{
+    const struct grpo_config *c = env->cfg;
+    char base[200] = "";
+    _Static_assert(sizeof base % sizeof(int32_t) == 0, "the prefix travels as whole int32 elements");
+    if (comm_rank(env->world) == 0) {
+        if (c->grpod_data_endpoint && c->grpod_data_endpoint[0])
+            snprintf(base, sizeof base, "%s", c->grpod_data_endpoint);
+        else
+            snprintf(base, sizeof base, "ipc:///tmp/grpo-%d-%ld", (int)getpid(), (long)time(NULL));
+    }
+    comm_broadcast(env->world, base, sizeof base / sizeof(int32_t), COMM_I32, 0);
+    int world = comm_size(env->world);
+    char host[64] = "", *hosts = xcalloc((size_t)world, sizeof host);
+    gethostname(host, sizeof host - 1);
+    comm_allgather_bytes(env->world, host, hosts, sizeof host);
+    /* one endpoint per trainer DP rank, bound by its TP rank 0 (PP stage 0): trainer rank d x TP */
+    const int tp = env->spec.tp_size;
+    env->n_endpoints = env->spec.trainer_ranks / (tp * env->spec.pp_size);
+    for (int d = 0; d < env->n_endpoints; d++) /* the trainer binds every interface; the rollouts connect to it */
+        placement_data_endpoint(base, d,
+                                env->at.role == PLACE_TRAINER && env->at.dp == d && env->at.tp == 0
+                                    ? NULL
+                                    : hosts + (size_t)d * tp * sizeof host,
+                                env->endpoints[d], sizeof env->endpoints[d]);
+    /* the dispatcher is trainer DP rank 0's, world rank 0 */
+    placement_dispatch_endpoint(base, env->n_endpoints, env->rank == 0 ? NULL : hosts, env->dispatch_endpoint,
+                                sizeof env->dispatch_endpoint);
+    free(hosts);
+}
+
+/* grpod says a trainer this rank's job depends on is lost: the trainers would wait for it in a collective for
+ * ever (mpirun keeps the job when it may lose ranks), so the job ends here, and its relaunch resumes. */
+static void abort_job(const char *reason)
+{
+    log_error("worker", "ending the job: %s", reason);
+    comm_end_job(4);
+}
+
+/* Register with grpod (when grpod.endpoint is set) and check that its assignment is the placement this rank
+ * computed from the same configuration; take the data endpoints it hands out. 0, or -1 (logged). */
+static int join_control_plane(struct role_env *env)
+{
+    char err[2048];
+    struct control_options o;
+    struct control_assignment a;
+    control_options_from_config(&o, env->cfg, env->rank, env->world_size);
+    o.on_abort = abort_job;
+    o.replaces = env->replacing;
+    o.capabilities = env->at.role == PLACE_ROLLOUT   ? "rollout"
+                     : env->at.role == PLACE_TRAINER ? "trainer"
+                                                     : "rollout,trainer";
+    if (control_open(&o, &env->ctl, &a, err, sizeof err) != 0) {
+        log_error("worker", "%s", err);
+        return -1;
+    }
+    if (!env->ctl)
+        return 0;
+    const enum placement_role assigned = a.role == CONTROL_ROLE_ROLLOUT   ? PLACE_ROLLOUT
+                                         : a.role == CONTROL_ROLE_TRAINER ? PLACE_TRAINER
+                                                                          : PLACE_HYBRID;
+    if (assigned != env->at.role || a.dp_rank != env->at.dp || a.dp_size != env->at.dp_size) {
+        snprintf(err, sizeof err,
+                 "grpod assigned role %s dp %d/%d, but this rank's configuration places it as %s dp %d/%d: give "
+                 "grpod and the workers the same placement keys",
+                 control_role_name(a.role), a.dp_rank, a.dp_size, placement_role_name(env->at.role), env->at.dp,
+                 env->at.dp_size);
+        log_error("worker", "%s", err);
+        control_finish(env->ctl, CONTROL_END_FAILED, err);
+        return -1; /* env->ctl is left open: the process ends at once, and grpod has heard why */
+    }
+    log_info("worker", "registered with grpod at %s: role %s, dp %d/%d, run %s", o.endpoint, control_role_name(a.role),
+             a.dp_rank, a.dp_size, a.run_id);
+    if (a.heartbeat_interval_s > 0)
+        env->heartbeat_s = a.heartbeat_interval_s;
+    if (a.dispatch_endpoint[0])
+        snprintf(env->dispatch_endpoint, sizeof env->dispatch_endpoint, "%s", a.dispatch_endpoint);
+    if (a.role == CONTROL_ROLE_TRAINER) {
+        snprintf(env->endpoints[a.dp_rank], sizeof env->endpoints[0], "%s", a.data_pull_endpoint);
+        env->n_endpoints = a.dp_size;
+    } else if (a.role == CONTROL_ROLE_ROLLOUT) {
+        env->n_endpoints = a.n_trainer_endpoints;
+        for (int d = 0; d < a.n_trainer_endpoints && d < ROLE_MAX_ENDPOINTS; d++)
+            snprintf(env->endpoints[d], sizeof env->endpoints[d], "%s", a.trainer_endpoints[d]);
+    }
+    return 0;
+}
+
+/* trainer.device=cuda in a split run: each rank's GPU on its node. A node's trainer ranks take its GPUs first
+ * (its trainer i: GPU i), its rollout ranks the next ones, round-robin when the node has more ranks than GPUs.
+ * Ranks that share a GPU work, more slowly; but NCCL needs a GPU per rank, so trainers that share one sum their
+ * gradients over MPI, staged through host memory (env->trainer_gpus_shared, the same on every rank). Collective
+ * over the world. */
+static void assign_devices(struct role_env *env)
+{
+    const int ndev = kctx_cuda_devices();
+    struct comm *node = comm_split_node(env->world, env->rank);
+    const int n = comm_size(node), me = comm_rank(node);
+    int32_t trainer = env->at.role == PLACE_TRAINER;
+    int32_t *is = xcalloc((size_t)n, sizeof *is);
+    comm_allgather(node, &trainer, is, 1, COMM_I32);
+    int trainers = 0, before = 0; /* the node's trainers; the ranks of this one's role before it on the node */
+    for (int i = 0; i < n; i++) {
+        trainers += is[i];
+        before += i < me && is[i] == trainer;
+    }
+    free(is);
+    comm_free(node);
+    const int slot = trainer ? before : trainers + before;
+    env->device = ndev > 0 ? slot % ndev : 0;
+    int32_t crowded[2] = {trainers > (ndev > 0 ? ndev : 1), n > (ndev > 0 ? ndev : 1)};
+    comm_allreduce_max(env->world, crowded, 2, COMM_I32);
+    env->trainer_gpus_shared = crowded[0] != 0;
+    env->rollout_gpus_shared = crowded[1] != 0;
+    log_info("worker", "rank %d: cuda:%d of the %d GPU(s) of its node, which runs %d trainer and %d rollout rank(s)",
+             env->rank, env->device, ndev, trainers, n - trainers);
+}
+
+/* This rank's place in the run: its rank and the run's size (the world's, or --replace-rank's), the placement and
+ * its role and coordinates, checked against the run's rules. 0, or the exit status (2) with the reason logged. */
+static int place(struct launch *l, int replace_rank)
+{
+    struct role_env *env = &l->env;
+    const struct grpo_config *cfg = env->cfg;
+    char why[1024];
+    int rank = comm_rank(env->world), size = comm_size(env->world);
+    if (replace_rank >= 0) {
+        if (placement_spec_from_config(cfg, &env->spec, why, sizeof why) != 0) {
+            log_error("worker", "%s", why);
+            return 2;
+        }
+        if (size > 1 || !cfg->grpod_endpoint || !cfg->grpod_endpoint[0]) {
+            log_error("worker", "--replace-rank takes the place of a lost rollout rank in a run under grpod: start "
+                                "one process (not under mpirun's -np) with grpod.endpoint set");
+            return 2;
+        }
+        rank = replace_rank;
+        size = env->spec.trainer_ranks + env->spec.rollout_ranks;
+        env->replacing = true;
+    }
+    env->rank = rank;
+    env->world_size = size;
+    env->heartbeat_s = cfg->grpod_heartbeat_interval_s;
+    if (placement_spec_from_config(cfg, &env->spec, why, sizeof why) != 0 ||
+        placement_check(&env->spec, size, (int)cfg->data_train_batch_size, why, sizeof why) != 0 ||
+        placement_of(&env->spec, rank, size, &env->at, why, sizeof why) != 0) {
+        if (rank == 0)
+            log_error("worker", "%s", why);
+        l->refused_alike = true;
+        return 2;
+    }
+    l->split = env->at.role != PLACE_HYBRID;
+    if (!l->split && size > 1) {
+        if (rank == 0)
+            log_error("worker",
+                      "%d ranks but no split placement: a hybrid run takes one rank. Give the ranks roles with "
+                      "placement.trainer_ranks and placement.rollout_ranks (or verl's trainer.nnodes x "
+                      "trainer.n_gpus_per_node and rollout.nnodes x rollout.n_gpus_per_node), or use --selftest",
+                      size);
+        l->refused_alike = true;
+        return 2;
+    }
+    if (l->split && split_supported(cfg, &env->spec, why, sizeof why) != 0) {
+        if (rank == 0)
+            log_error("worker", "%s", why);
+        l->refused_alike = true;
+        return 2;
+    }
+    if (replace_rank >= 0 && env->at.role == PLACE_ROLLOUT && env->at.tp_size > 1) {
+        log_error("worker",
+                  "--replace-rank %d: rollout ranks form TP groups of %d "
+                  "(actor_rollout_ref.rollout.tensor_model_parallel_size); a lost group's units go to the other "
+                  "groups, and one rank cannot rejoin a group: relaunch the job (it resumes from the newest "
+                  "checkpoint) to bring the group back",
+                  replace_rank, env->at.tp_size);
+        return 2;
+    }
+    if (replace_rank >= 0 && env->at.role != PLACE_ROLLOUT) {
+        log_error("worker",
+                  "--replace-rank %d: that rank is a %s; only a rollout rank can be replaced while the run goes on "
+                  "(a lost trainer ends the job, and its relaunch resumes from the newest checkpoint)",
+                  replace_rank, placement_role_name(env->at.role));
+        return 2;
+    }
+    if (l->split && rank == 0 && size > 1) {
+        if (!comm_job_outlives_ranks())
+            log_warn("worker", "mpirun ends the whole job when any rank dies: launch with --mca orte_enable_recovery 1 "
+                               "(and grpod) so that a lost rollout rank costs nothing");
+        else if (!cfg->grpod_endpoint || !cfg->grpod_endpoint[0]) {
+            log_error("worker",
+                      "mpirun keeps the job when a rank dies (orte_enable_recovery), but without grpod nobody "
+                      "would tell the trainers that one of them is lost: they would wait for it for ever. "
+                      "Run under grpod (grpod.endpoint) or launch without the option");
+            return 2;
+        }
+    }
+    env->staleness = strcmp(cfg->rollout_mode, "async") == 0 ? 1 : 0;
+    if (l->split && cfg->grpod_secret_file && cfg->grpod_secret_file[0] &&
+        secret_read(cfg->grpod_secret_file, 1, env->secret, sizeof env->secret, why, sizeof why) != 0) {
+        log_error("worker", "%s", why);
+        return 2;
+    }
+    return 0;
+}
+
+/* A split run's groups: the trainers and their DP, TP, PP and model-copy groups, a rollout TP group, and the
+ * weight broadcast's group. Collective over the world. */
+static void build_groups(struct launch *l, int replace_rank)
+{
+    struct role_env *env = &l->env;
+    struct comm *world = env->world;
+    /* the trainers and their DP and TP groups; the rollout ranks have no MPI traffic after this */
+    l->sides = comm_split(world, env->at.role == PLACE_TRAINER ? 0 : 1, comm_rank(world));
+    /* every group of the trainers (DP, TP, PP) and of the rollout ranks (rollout TP) is split from here: each
+     * of their waits is bounded, the same on every rank (actor_rollout_ref.nccl_timeout) */
+    comm_set_deadline(l->sides, (double)env->cfg->arr_nccl_timeout);
+    if (env->at.role == PLACE_TRAINER) {
+        struct parallel_groups *g = &l->trainer_groups;
+        env->trainers = l->sides;
+        if (parallel_groups_init(g, l->sides, env->spec.tp_size, env->spec.pp_size) != 0)
+            check_failf(__FILE__, __LINE__, "trainer groups: %d ranks do not fit TP %d x PP %d", comm_size(l->sides),
+                        env->spec.tp_size, env->spec.pp_size);
+        env->dp = g->dp;
+        env->tp = g->tp;
+        env->pp = g->pp;
+        env->mp = comm_split(l->sides, env->at.dp, env->at.pp * env->at.tp_size + env->at.tp);
+    } else if (env->at.tp_size > 1) { /* a rollout TP group: neighbouring rollout ranks */
+        env->rollout_tp = comm_split(l->sides, env->at.engine, env->at.tp);
+        comm_fail_alone(env->rollout_tp); /* a lost peer ends the group, not the run */
+    }
+    /* weight_sync=broadcast: trainer rank 0 (the dispatcher's) and each rollout TP group's first rank; the
+     * group's waits are bounded like the others, and a lost member gives the group up, not the run */
+    if (strcmp(env->cfg->rollout_weight_sync, "broadcast") == 0 && replace_rank < 0) {
+        const bool member =
+            env->at.role == PLACE_TRAINER ? env->at.dp == 0 && env->at.tp == 0 && env->at.pp == 0 : env->at.tp == 0;
+        struct comm *g = comm_split(world, member ? 0 : 1, env->at.role == PLACE_TRAINER ? -1 : env->rank);
+        comm_set_deadline(g, (double)env->cfg->arr_nccl_timeout);
+        if (member)
+            env->weight_group = g;
+        else
+            comm_free(g);
+    }
+}
+
+/* The world's DP x TP x PP groups (--tp, --pp). 0, or 2 with the reason logged. */
+static int world_groups(struct launch *l, const struct grpo_config *cfg, struct comm *world,
+                        const struct launch_options *o)
+{
+    if (parallel_groups_init(&l->world_groups, world, o->tp, o->pp) != 0) {
+        if (comm_rank(world) == 0)
+            log_error("worker",
+                      "%d ranks cannot be split into tp=%d x pp=%d groups (the world size must be a "
+                      "multiple of tp*pp)",
+                      comm_size(world), o->tp, o->pp);
+        return 2;
+    }
+    l->have_world_groups = true;
+    const struct parallel_coords *at = &l->world_groups.at;
+    log_debug("worker", "dp %d/%d tp %d/%d pp %d/%d, config digest %016llx", at->dp_rank, at->dp_size, at->tp_rank,
+              at->tp_size, at->pp_rank, at->pp_size, (unsigned long long)config_digest(cfg));
+    return 0;
+}
+
+int launch(struct launch *l, const struct grpo_config *cfg, struct comm *world, const struct launch_options *o)
+{
+    memset(l, 0, sizeof *l);
+    l->selftest = o->selftest;
+    l->env.cfg = cfg;
+    l->env.world = world;
+    int status = world_groups(l, cfg, world, o);
+    if (status != 0 || o->selftest)
+        return status;
+    l->peers_wait = true;
+    if ((status = place(l, o->replace_rank)) != 0)
+        return status;
+    struct role_env *env = &l->env;
+    if (l->split && o->replace_rank < 0)
+        local_endpoints(env);
+    if (l->split && strcmp(cfg->trainer_device, "cuda") == 0) {
+        if (o->replace_rank < 0)
+            assign_devices(env);
+        else /* alone, in place of a lost rollout rank: the node's GPUs in turn by rank */
+            env->device = kctx_cuda_devices() > 0 ? o->replace_rank % kctx_cuda_devices() : 0;
+    }
+    if (join_control_plane(env) != 0)
+        return 3;
+    l->launched = true;
+    if (!l->split)
+        return 0;
+    build_groups(l, o->replace_rank);
+    char tp_note[48] = "";
+    if (env->at.role == PLACE_TRAINER && env->at.tp_size > 1)
+        snprintf(tp_note, sizeof tp_note, ", tp %d of %d", env->at.tp, env->at.tp_size);
+    if (env->at.role == PLACE_TRAINER && env->at.pp_size > 1)
+        snprintf(tp_note + strlen(tp_note), sizeof tp_note - strlen(tp_note), ", pp %d of %d", env->at.pp,
+                 env->at.pp_size);
+    log_info("worker", "rank %d of %d: %s, dp %d of %d%s (%s)%s", env->rank, env->world_size,
+             placement_role_name(env->at.role), env->at.dp, env->at.dp_size, tp_note,
+             env->staleness ? "one-step-off" : "on-policy", o->replace_rank >= 0 ? ", in place of the lost one" : "");
+    return 0;
+}
+
+void launch_close_role(struct launch *l)
+{
+    if (!l->launched)
+        return;
+    l->launched = false;
+    struct role_env *env = &l->env;
+    if (l->split) {
+        if (env->at.role == PLACE_TRAINER) {
+            comm_free(env->mp);
+            parallel_groups_free(&l->trainer_groups);
+        }
+        comm_free(env->rollout_tp);
+        comm_free(env->weight_group);
+        comm_free(l->sides);
+        env->mp = env->rollout_tp = env->weight_group = env->trainers = l->sides = NULL;
+        env->dp = env->tp = env->pp = NULL;
+    }
+    control_close(env->ctl);
+    env->ctl = NULL;
+}
+
+void launch_close(struct launch *l)
+{
+    launch_close_role(l);
+    if (l->have_world_groups)
+        parallel_groups_free(&l->world_groups);
+    l->have_world_groups = false;
+}

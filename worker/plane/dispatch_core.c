@@ -1,0 +1,519 @@
+#include "dispatch_core.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "proto/protocol.h"
+#include "proto/transport.h"
+
+#define CHUNK_MAX_FLOATS DISPATCH_CHUNK_MAX_FLOATS
+#define MAX_PROCS 256
+#define PENDING (-1)
+
+void dispatch_unit_range(int B, int U, int u, int *lo, int *hi)
+{
+    *lo = (int)((long long)B * u / U);
+    *hi = (int)((long long)B * (u + 1) / U);
+}
+
+struct proc {
+    uint64_t id;
+    int slot;
+    double last_seen;
+    bool alive, told_end;
+};
+
+struct snapshot {
+    int64_t version; /* -1: empty */
+    float *w;
+};
+
+struct dispatch_core {
+    struct dispatch_options o; /* endpoint and secret not kept */
+    char secret[1024];
+    double opened_at;
+    struct snapshot *snaps;
+    int nsnap;
+    int64_t latest, end_after; /* newest published version (-1: none); the run's last step (-1: not ended) */
+    char end_why[256];
+    int64_t win0;    /* first step of the window (latest + 1) */
+    int window;      /* steps in the window: staleness + 1 */
+    int *holder;     /* [window][units]: PENDING or the index in procs of the process that holds it */
+    bool *slot_seen; /* [units]: some process has served this slot */
+    struct proc procs[MAX_PROCS];
+    int nprocs;
+    struct dispatch_stats st;
+    /* the weight broadcast (dispatcher_broadcast_on) */
+    bool bc_on, bc_off;       /* on; given up for the rest of the run (a lost process, a failed round) */
+    double bc_rendezvous_s;   /* a version every rollout rank has not asked for by then is fetched instead */
+    int64_t *bc_want;         /* [units]: the version each rollout rank's process asks to take in a round (-1) */
+    double *bc_asked;         /* [units]: since when */
+    int64_t bc_round;         /* the version being broadcast (-1: none) */
+    int64_t bc_done, bc_skip; /* the newest version broadcast, the newest one fetched instead */
+    struct snapshot *writing; /* the snapshot between publish_begin and publish_end */
+};
+
+static bool slot_alive(const struct dispatch_core *d, int slot)
+{
+    for (int i = 0; i < d->nprocs; i++)
+        if (d->procs[i].alive && d->procs[i].slot == slot)
+            return true;
+    return false;
+}
+
+/* A unit whose own rollout rank is gone (or never came): any live process may take it. */
+static bool orphaned(const struct dispatch_core *d, int slot, double now)
+{
+    if (slot_alive(d, slot))
+        return false;
+    double grace = 10 * d->o.lost_after_s > 30 ? 10 * d->o.lost_after_s : 30;
+    return d->slot_seen[slot] || now - d->opened_at > grace;
+}
+
+static struct proc *proc_of(struct dispatch_core *d, uint64_t id, int slot, double now)
+{
+    for (int i = 0; i < d->nprocs; i++)
+        if (d->procs[i].id == id) {
+            struct proc *p = &d->procs[i];
+            if (!p->alive)
+                log_info("dispatch", "rollout process %016" PRIx64 " (rank %d) is back", id, p->slot);
+            p->alive = true;
+            p->last_seen = now;
+            return p;
+        }
+    int i = d->nprocs;
+    if (i == MAX_PROCS) { /* reuse the longest-silent dead entry */
+        i = -1;
+        for (int j = 0; j < d->nprocs; j++)
+            if (!d->procs[j].alive && (i < 0 || d->procs[j].last_seen < d->procs[i].last_seen))
+                i = j;
+        if (i < 0)
+            return NULL;
+    } else {
+        d->nprocs++;
+    }
+    bool replaces = d->slot_seen[slot] && !slot_alive(d, slot);
+    d->procs[i] = (struct proc){.id = id, .slot = slot, .last_seen = now, .alive = true};
+    d->slot_seen[slot] = true;
+    log_info("dispatch", "rollout process %016" PRIx64 " %s rollout rank %d", id, replaces ? "takes over" : "serves",
+             slot);
+    return &d->procs[i];
+}
+
+/* Processes silent past the limit are lost; their units go back to be granted again. */
+static void reap(struct dispatch_core *d, double now)
+{
+    for (int i = 0; i < d->nprocs; i++) {
+        struct proc *p = &d->procs[i];
+        if (!p->alive || now - p->last_seen <= d->o.lost_after_s)
+            continue;
+        p->alive = false;
+        d->st.lost++;
+        if (d->bc_on && !d->bc_off) {
+            d->bc_off = true;
+            log_warn("dispatch",
+                     "weight broadcast off for the rest of the run: rollout rank %d's process is lost "
+                     "(each version is fetched from here instead)",
+                     p->slot);
+        }
+        char units[256] = "";
+        for (int j = 0; j < d->window; j++)
+            for (int u = 0; u < d->o.units; u++)
+                if (d->holder[j * d->o.units + u] == i) {
+                    d->holder[j * d->o.units + u] = PENDING;
+                    size_t l = strlen(units);
+                    snprintf(units + l, sizeof units - l, "%s%lld/%d", l ? ", " : "", (long long)d->win0 + j, u);
+                }
+        log_warn("dispatch",
+                 "rollout process %016" PRIx64 " (rank %d) lost: silent for %.1f s; %s%s%s. Relaunch it with "
+                 "grpo-worker --replace-rank (see docs/operations.md)",
+                 p->id, p->slot, now - p->last_seen, units[0] ? "its unit(s) (step/unit) " : "it held no unit", units,
+                 units[0] ? " go to the other rollout processes" : "");
+    }
+}
+
+static const struct snapshot *snapshot_of(const struct dispatch_core *d, int64_t v)
+{
+    if (v < 0) /* -1 marks a snapshot being written */
+        return NULL;
+    for (int i = 0; i < d->nsnap; i++)
+        if (d->snaps[i].version == v && d->snaps[i].w)
+            return &d->snaps[i];
+    return NULL;
+}
+
+static int64_t version_for(const struct dispatch_core *d, int64_t k)
+{
+    int64_t v = k - 1 - d->o.staleness;
+    return v > d->o.start ? v : d->o.start;
+}
+
+/* The next unit for process p, or a wait / end with its reason. */
+static void grant(struct dispatch_core *d, int pi, Grpo__WorkGrant *g, char *reason, size_t rlen, double now)
+{
+    struct proc *p = &d->procs[pi];
+    g->start_step = d->o.start;
+    g->total_steps = d->o.total_steps;
+    g->start_epoch = d->o.start_epoch;
+    g->start_cursor = d->o.start_cursor;
+    g->n_floats = d->o.n_floats;
+    g->units = d->o.units;
+    if (d->end_after >= 0) {
+        g->kind = WORK_END;
+        g->step = d->end_after;
+        snprintf(reason, rlen, "%s", d->end_why);
+        p->told_end = true;
+        return;
+    }
+    if (d->latest < 0) {
+        g->kind = WORK_WAIT;
+        snprintf(reason, rlen, "the trainers have not published their first weights yet");
+        return;
+    }
+    for (int j = 0; j < d->window; j++) {
+        int64_t k = d->win0 + j;
+        if (k > d->o.total_steps)
+            break;
+        int pick = -1;
+        if (d->holder[j * d->o.units + p->slot] == PENDING)
+            pick = p->slot;
+        for (int u = 0; u < d->o.units && pick < 0; u++)
+            if (d->holder[j * d->o.units + u] == PENDING && orphaned(d, u, now))
+                pick = u;
+        if (pick < 0)
+            continue;
+        d->holder[j * d->o.units + pick] = pi;
+        d->st.granted++;
+        if (pick != p->slot) {
+            d->st.regranted++;
+            log_info("dispatch", "step %lld unit %d (rollout rank %d's) granted to the process serving rank %d",
+                     (long long)k, pick, pick, p->slot);
+        }
+        g->kind = WORK_UNIT;
+        g->step = k;
+        g->unit = pick;
+        g->version = version_for(d, k);
+        return;
+    }
+    g->kind = WORK_WAIT;
+    int64_t next = d->win0 + d->window;
+    if (next > d->o.total_steps)
+        snprintf(reason, rlen, "every step is granted; the trainers finish step %lld", (long long)d->o.total_steps);
+    else
+        snprintf(reason, rlen, "step %lld waits for the trainers' policy version %lld", (long long)next,
+                 (long long)version_for(d, next));
+}
+
+/* The broadcast is on, not given up, and the run goes on. */
+static bool broadcasting(const struct dispatch_core *d) { return d->bc_on && !d->bc_off && d->end_after < 0; }
+
+/* The broadcast's round of version v may begin: no round is under way, and every rollout rank's process has asked
+ * for v, which is held, newer than any broadcast or skipped. */
+static bool round_ready(const struct dispatch_core *d, int64_t *v)
+{
+    if (!broadcasting(d) || d->bc_round >= 0)
+        return false;
+    const int64_t x = d->bc_want[0];
+    for (int u = 0; u < d->o.units; u++)
+        if (d->bc_want[u] != x || !slot_alive(d, u))
+            return false;
+    if (x <= d->bc_done || x <= d->bc_skip || !snapshot_of(d, x))
+        return false;
+    *v = x;
+    return true;
+}
+
+/* Every version asked for, and none broadcast, by the rendezvous: fetched instead. */
+static void skip_wanted(struct dispatch_core *d, const char *why)
+{
+    int64_t newest = -1;
+    for (int u = 0; u < d->o.units; u++) {
+        if (d->bc_want[u] > newest)
+            newest = d->bc_want[u];
+        d->bc_want[u] = -1;
+    }
+    if (newest > d->bc_skip) {
+        d->bc_skip = newest;
+        log_info("dispatch", "policy version %lld is fetched, not broadcast: %s", (long long)newest, why);
+    }
+}
+
+/* The answer to a broadcast ask for held version v from rollout rank `slot`'s process: 1 wait, 2 join the round
+ * now, 3 fetch it. */
+static int broadcast_answer(struct dispatch_core *d, int slot, int64_t v, double now)
+{
+    enum { WAIT = 1, JOIN = 2, FETCH = 3 };
+    if (!broadcasting(d) || slot < 0)
+        return FETCH;
+    if (d->bc_round >= 0)
+        return d->bc_round == v ? JOIN : FETCH;
+    if (v <= d->bc_done || v <= d->bc_skip)
+        return FETCH;
+    if (d->bc_want[slot] != v) {
+        d->bc_want[slot] = v;
+        d->bc_asked[slot] = now;
+    }
+    for (int u = 0; u < d->o.units; u++)
+        if (d->bc_want[u] >= 0 && now - d->bc_asked[u] > d->bc_rendezvous_s) {
+            char why[160];
+            snprintf(why, sizeof why, "rollout rank %d asked %.0f s ago and not every rank has asked for it since", u,
+                     now - d->bc_asked[u]);
+            skip_wanted(d, why);
+            return FETCH;
+        }
+    return WAIT;
+}
+
+/* The answer to a decoded request that carried the secret. */
+static uint8_t *answer(struct dispatch_core *d, const Grpo__Envelope *req, double now, size_t *len)
+{
+    Grpo__Envelope out = GRPO__ENVELOPE__INIT;
+    out.request_id = req->request_id;
+    Grpo__WorkGrant g = GRPO__WORK_GRANT__INIT;
+    Grpo__WeightsChunk ch = GRPO__WEIGHTS_CHUNK__INIT;
+    char reason[512] = "";
+    uint8_t *buf = NULL;
+    if (req->body_case == GRPO__ENVELOPE__BODY_WORK_REQUEST) {
+        const Grpo__WorkRequest *w = req->work_request;
+        if (w->rank < 0 || w->rank >= d->o.units) {
+            d->st.refused++;
+            snprintf(reason, sizeof reason, "rollout rank %d: this run has rollout ranks 0..%d", (int)w->rank,
+                     d->o.units - 1);
+            return CHECK_ALLOC(protocol_pack_error(req->request_id, reason, len));
+        }
+        struct proc *p = proc_of(d, w->worker_id, w->rank, now);
+        if (!p) {
+            return CHECK_ALLOC(protocol_pack_error(req->request_id, "too many rollout processes", len));
+        }
+        if (w->ping) {
+            g.kind = d->end_after >= 0 ? WORK_END : WORK_WAIT;
+            p->told_end |= d->end_after >= 0;
+            snprintf(reason, sizeof reason, "%s", d->end_after >= 0 ? d->end_why : "alive");
+        } else {
+            grant(d, (int)(p - d->procs), &g, reason, sizeof reason, now);
+        }
+        g.reason = reason;
+        out.body_case = GRPO__ENVELOPE__BODY_WORK_GRANT;
+        out.work_grant = &g;
+        buf = CHECK_ALLOC(protocol_pack(&out, len));
+    } else if (req->body_case == GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST) {
+        const Grpo__WeightsRequest *w = req->weights_request;
+        int slot = -1; /* the asker's rollout rank (-1: not a live process) */
+        for (int i = 0; i < d->nprocs; i++)
+            if (d->procs[i].id == w->worker_id && d->procs[i].alive) {
+                d->procs[i].last_seen = now;
+                slot = d->procs[i].slot;
+            }
+        const struct snapshot *s = snapshot_of(d, w->version);
+        ch.version = w->version;
+        ch.offset = w->offset;
+        ch.n_floats = d->o.n_floats;
+        if (w->broadcast && s)
+            ch.broadcast = broadcast_answer(d, slot, w->version, now);
+        else if (!s)
+            snprintf(reason, sizeof reason, "policy version %lld is not held (newest %lld)", (long long)w->version,
+                     (long long)d->latest);
+        else if (w->offset > d->o.n_floats || w->count > CHUNK_MAX_FLOATS || w->count > d->o.n_floats - w->offset)
+            snprintf(reason, sizeof reason,
+                     "floats %" PRIu64 "+%" PRIu64 " out of range (%zu parameters, chunks of at most %zu)", w->offset,
+                     w->count, d->o.n_floats, CHUNK_MAX_FLOATS);
+        else {
+            ch.data.data = (uint8_t *)(s->w + w->offset);
+            ch.data.len = (size_t)w->count * sizeof(float);
+            d->st.bytes += (int64_t)ch.data.len;
+        }
+        ch.error = reason;
+        out.body_case = GRPO__ENVELOPE__BODY_WEIGHTS_CHUNK;
+        out.weights_chunk = &ch;
+        buf = CHECK_ALLOC(protocol_pack(&out, len)); /* copies the chunk (the shell holds its lock) */
+    } else {
+        d->st.refused++;
+        return CHECK_ALLOC(
+            protocol_pack_error(req->request_id, "the dispatcher takes work and weights requests only", len));
+    }
+    return buf;
+}
+
+uint8_t *dispatch_core_handle(struct dispatch_core *d, const void *msg, size_t n, double now, size_t *len)
+{
+    char why[512];
+    Grpo__Envelope *req = protocol_unpack(msg, n, why, sizeof why);
+    if (!req) {
+        d->st.refused++;
+        return CHECK_ALLOC(protocol_pack_error(0, why, len));
+    }
+    uint8_t *out;
+    if (d->secret[0] && !secret_matches(req->secret, d->secret)) {
+        d->st.refused++;
+        out = CHECK_ALLOC(protocol_pack_error(req->request_id, "wrong or missing secret", len));
+    } else {
+        out = answer(d, req, now, len);
+    }
+    protocol_free(req);
+    return out;
+}
+
+void dispatch_core_tick(struct dispatch_core *d, double now) { reap(d, now); }
+
+struct dispatch_core *dispatch_core_create(const struct dispatch_options *o, double now, char *err, size_t errlen)
+{
+    if (o->units < 1 || o->staleness < 0) {
+        error_set(err, errlen, "dispatcher: %d units, staleness %d", o->units, o->staleness);
+        return NULL;
+    }
+    struct dispatch_core *d = xcalloc(1, sizeof *d);
+    d->o = *o;
+    d->o.endpoint = NULL;
+    d->o.secret = NULL;
+    snprintf(d->secret, sizeof d->secret, "%s", o->secret ? o->secret : "");
+    d->latest = -1;
+    d->end_after = -1;
+    d->window = o->staleness + 1;
+    d->win0 = o->start + 1;
+    d->nsnap = o->staleness + 1;
+    d->snaps = xcalloc((size_t)d->nsnap, sizeof *d->snaps);
+    for (int i = 0; i < d->nsnap; i++)
+        d->snaps[i].version = -1;
+    d->holder = xmalloc((size_t)d->window * (size_t)o->units * sizeof *d->holder);
+    for (int i = 0; i < d->window * o->units; i++)
+        d->holder[i] = PENDING;
+    d->slot_seen = xcalloc((size_t)o->units, sizeof *d->slot_seen);
+    d->bc_want = xmalloc((size_t)o->units * sizeof *d->bc_want);
+    d->bc_asked = xcalloc((size_t)o->units, sizeof *d->bc_asked);
+    for (int u = 0; u < o->units; u++)
+        d->bc_want[u] = -1;
+    d->bc_round = d->bc_done = d->bc_skip = -1;
+    d->opened_at = now;
+    return d;
+}
+
+void dispatch_core_free(struct dispatch_core *d)
+{
+    if (!d)
+        return;
+    for (int i = 0; i < d->nsnap; i++)
+        free(d->snaps[i].w);
+    free(d->snaps), free(d->holder), free(d->slot_seen), free(d->bc_want), free(d->bc_asked);
+    free(d);
+}
+
+float *dispatch_core_publish_begin(struct dispatch_core *d, int64_t version)
+{
+    if (d->writing || snapshot_of(d, version)) /* held already: a version never changes, and one may be read */
+        return NULL;
+    int slot = 0; /* the oldest (or an empty) snapshot makes room */
+    for (int i = 1; i < d->nsnap; i++)
+        if (d->snaps[i].version < d->snaps[slot].version)
+            slot = i;
+    struct snapshot *s = &d->snaps[slot];
+    if (!s->w)
+        s->w = xmalloc(d->o.n_floats * sizeof(float));
+    /* nobody is served from the oldest snapshot once its steps are trained; it is marked empty while written */
+    s->version = -1;
+    d->writing = s;
+    return s->w;
+}
+
+void dispatch_core_publish_end(struct dispatch_core *d, int64_t version)
+{
+    if (!d->writing)
+        return;
+    d->writing->version = version;
+    d->writing = NULL;
+    if (version > d->latest) {
+        /* steps up to version are trained: the window moves to version + 1, keeping the leases it still holds */
+        int64_t nw0 = version + 1;
+        int *h = xmalloc((size_t)d->window * (size_t)d->o.units * sizeof *h);
+        for (int j = 0; j < d->window; j++)
+            for (int u = 0; u < d->o.units; u++) {
+                int64_t k = nw0 + j, oj = k - d->win0;
+                h[j * d->o.units + u] = oj >= 0 && oj < d->window ? d->holder[oj * d->o.units + u] : PENDING;
+            }
+        free(d->holder);
+        d->holder = h;
+        d->win0 = nw0;
+        d->latest = version;
+    }
+}
+
+void dispatch_core_end(struct dispatch_core *d, int64_t after, const char *why)
+{
+    if (d->end_after < 0) { /* the first word stands */
+        d->end_after = after;
+        snprintf(d->end_why, sizeof d->end_why, "%s", why);
+    }
+}
+
+void dispatch_core_stats(const struct dispatch_core *d, struct dispatch_stats *st)
+{
+    *st = d->st;
+    st->live = 0;
+    for (int i = 0; i < d->nprocs; i++)
+        st->live += d->procs[i].alive;
+}
+
+bool dispatch_core_all_told(const struct dispatch_core *d)
+{
+    if (d->end_after < 0)
+        return true;
+    for (int i = 0; i < d->nprocs; i++)
+        if (d->procs[i].alive && !d->procs[i].told_end)
+            return false;
+    return true;
+}
+
+void dispatch_core_broadcast_on(struct dispatch_core *d, double rendezvous_s)
+{
+    d->bc_on = true;
+    d->bc_rendezvous_s = rendezvous_s;
+}
+
+bool dispatch_core_round_begin(struct dispatch_core *d, int64_t *v, const float **w)
+{
+    if (!round_ready(d, v))
+        return false;
+    d->bc_round = *v;
+    *w = snapshot_of(d, *v)->w; /* published versions change only on the trainer's thread, which runs the round */
+    return true;
+}
+
+void dispatch_core_round_end(struct dispatch_core *d, bool ok)
+{
+    if (d->bc_round < 0)
+        return;
+    d->bc_done = d->bc_round;
+    d->bc_round = -1;
+    for (int u = 0; u < d->o.units; u++)
+        d->bc_want[u] = -1;
+    d->st.broadcasts += ok;
+    if (!ok && !d->bc_off) {
+        d->bc_off = true;
+        log_warn("dispatch",
+                 "weight broadcast off for the rest of the run: the round of policy version %lld "
+                 "failed (each version is fetched from here instead)",
+                 (long long)d->bc_done);
+    }
+}
+
+bool dispatch_core_round_due(struct dispatch_core *d, double waited_s)
+{
+    const int64_t v = d->latest;
+    bool due =
+        broadcasting(d) && v >= 0 && v > d->bc_done && v > d->bc_skip && v + 1 + d->o.staleness <= d->o.total_steps;
+    if (due && waited_s > d->bc_rendezvous_s) {
+        char why[160];
+        snprintf(why, sizeof why, "the trainers waited %.0f s for every rollout rank to ask", waited_s);
+        for (int u = 0; u < d->o.units; u++)
+            if (d->bc_want[u] < v)
+                d->bc_want[u] = v; /* skip it whoever asked */
+        skip_wanted(d, why);
+        due = false;
+    }
+    return due;
+}
+
+size_t dispatch_core_floats(const struct dispatch_core *d) { return d->o.n_floats; }

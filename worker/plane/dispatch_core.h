@@ -1,0 +1,74 @@
+/* The dispatcher's pure core: which process holds which work unit, the published policy versions, the
+ * rollout processes' liveness and the weight broadcast's rendezvous. It is fed decoded-or-raw requests and the
+ * time, and answers with packed replies; it opens no socket, starts no thread and reads no clock, so a test
+ * drives it message by message with a clock of its own (tests/unit/test_dispatch.c). Not thread-safe: the shell
+ * (dispatch.h, dispatcher.c) serialises every call. */
+#ifndef GRPO_WORKER_PLANE_DISPATCH_CORE_H
+#define GRPO_WORKER_PLANE_DISPATCH_CORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Floats per weights chunk at most: well inside GRPO_MAX_MESSAGE_BYTES with the envelope around it. */
+#define DISPATCH_CHUNK_MAX_FLOATS ((size_t)12 << 20)
+
+struct dispatch_options {
+    const char *endpoint; /* bound here (ipc sockets mode 0600) */
+    const char *secret;   /* every request must carry it (NULL or "": not checked) */
+    int units;            /* work units per step: the rollout ranks */
+    int groups_in_step;   /* data.train_batch_size */
+    int staleness;        /* 0 or 1 */
+    int64_t start;        /* the step the trainers start from */
+    int64_t total_steps;  /* trainer.total_training_steps */
+    int64_t start_epoch;  /* data cursor of step start + 1 */
+    int64_t start_cursor;
+    size_t n_floats;     /* parameters of the policy */
+    double lost_after_s; /* a rollout process silent this long is lost (two heartbeat intervals) */
+};
+
+/* What the dispatcher has done so far (for the metrics). */
+struct dispatch_stats {
+    int64_t granted;    /* units granted */
+    int64_t regranted;  /* of those, units granted again after their holder was lost */
+    int64_t lost;       /* rollout processes declared lost */
+    int64_t refused;    /* requests refused (malformed, wrong secret) */
+    int64_t bytes;      /* weight bytes served in chunks */
+    int64_t broadcasts; /* versions broadcast whole (weight_sync=broadcast) */
+    int live;           /* rollout processes alive now */
+};
+
+/* A work request's answer (Grpo__WorkGrant.kind). */
+enum work_kind { WORK_WAIT = 0, WORK_UNIT = 1, WORK_END = 2 };
+
+struct dispatch_core;
+
+/* A core for the options (endpoint unused) at time now; NULL with err when they make no dispatcher. */
+struct dispatch_core *dispatch_core_create(const struct dispatch_options *o, double now, char *err, size_t errlen);
+void dispatch_core_free(struct dispatch_core *d);
+/* Parameters of the policy (a version's floats). */
+size_t dispatch_core_floats(const struct dispatch_core *d);
+/* One request as received (n bytes) at time now: the packed reply (malloc'd, *len bytes). Garbage, a wrong
+ * secret or a request of another kind get an error reply and count as refused. */
+uint8_t *dispatch_core_handle(struct dispatch_core *d, const void *msg, size_t n, double now, size_t *len);
+/* The clock moved to now: processes silent past lost_after_s are lost and their units granted again. */
+void dispatch_core_tick(struct dispatch_core *d, double now);
+/* Publishing version v: the n_floats buffer to fill (the oldest snapshot, marked empty meanwhile), or NULL when
+ * v is held already (a version never changes). dispatch_core_publish_end(v) makes it held and moves the window. */
+float *dispatch_core_publish_begin(struct dispatch_core *d, int64_t version);
+void dispatch_core_publish_end(struct dispatch_core *d, int64_t version);
+/* The run ends after step `after`; the first call's word stands. */
+void dispatch_core_end(struct dispatch_core *d, int64_t after, const char *why);
+void dispatch_core_stats(const struct dispatch_core *d, struct dispatch_stats *st);
+/* True when the run has not ended or every live process has been told it has. */
+bool dispatch_core_all_told(const struct dispatch_core *d);
+/* The weight broadcast (dispatch.h says how its rounds go). */
+void dispatch_core_broadcast_on(struct dispatch_core *d, double rendezvous_s);
+bool dispatch_core_round_begin(struct dispatch_core *d, int64_t *v, const float **w);
+void dispatch_core_round_end(struct dispatch_core *d, bool ok);
+bool dispatch_core_round_due(struct dispatch_core *d, double waited_s);
+
+/* Groups [lo, hi) of unit u of U in a step of B groups. */
+void dispatch_unit_range(int B, int U, int u, int *lo, int *hi);
+
+#endif

@@ -1,0 +1,173 @@
+/* The dispatcher's shell: one REP socket and one thread that feed the pure core (dispatch_core.c) each request
+ * with the time, and a mutex that serialises the trainer's calls with the thread's. */
+#include "dispatch.h"
+
+#include <nanomsg/nn.h>
+#include <nanomsg/reqrep.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/check.h"
+#include "common/clock.h"
+#include "proto/protocol.h"
+#include "proto/transport.h"
+
+struct dispatcher {
+    struct dispatch_core *core;
+    int sock;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    bool quit;
+};
+
+static void *serve(void *arg)
+{
+    struct dispatcher *d = arg;
+    int to = 100;
+    nn_setsockopt(d->sock, NN_SOL_SOCKET, NN_RCVTIMEO, &to, sizeof to);
+    int sndto = 1000;
+    nn_setsockopt(d->sock, NN_SOL_SOCKET, NN_SNDTIMEO, &sndto, sizeof sndto);
+    for (;;) {
+        pthread_mutex_lock(&d->mu);
+        bool quit = d->quit;
+        dispatch_core_tick(d->core, clock_now_s());
+        pthread_mutex_unlock(&d->mu);
+        if (quit)
+            break;
+        void *msg = NULL;
+        int n = nn_recv(d->sock, &msg, NN_MSG, 0);
+        if (n < 0)
+            continue; /* timed out (or interrupted): look at the clock again */
+        size_t len = 0;
+        pthread_mutex_lock(&d->mu);
+        uint8_t *out = dispatch_core_handle(d->core, msg, (size_t)n, clock_now_s(), &len);
+        pthread_mutex_unlock(&d->mu);
+        nn_freemsg(msg);
+        nn_send(d->sock, out, len, 0);
+        free(out);
+    }
+    return NULL;
+}
+
+struct dispatcher *dispatcher_open(const struct dispatch_options *o, char *err, size_t errlen)
+{
+    struct dispatch_core *core = dispatch_core_create(o, clock_now_s(), err, errlen);
+    if (!core)
+        return NULL;
+    int s = nn_socket(AF_SP, NN_REP);
+    if (s < 0) {
+        error_set(err, errlen, "dispatcher: nn_socket(REP): %s", nn_strerror(nn_errno()));
+        dispatch_core_free(core);
+        return NULL;
+    }
+    int max = (int)GRPO_MAX_MESSAGE_BYTES;
+    nn_setsockopt(s, NN_SOL_SOCKET, NN_RCVMAXSIZE, &max, sizeof max);
+    char why[600];
+    if (endpoint_prepare_bind(o->endpoint, why, sizeof why) != 0) { /* never a file that is not a stale socket */
+        error_set(err, errlen, "dispatcher: cannot bind %s: %s", o->endpoint, why);
+        goto fail;
+    }
+    if (nn_bind(s, o->endpoint) < 0) {
+        error_set(err, errlen, "dispatcher: cannot bind %s: %s", o->endpoint, nn_strerror(nn_errno()));
+        goto fail;
+    }
+    if (strncmp(o->endpoint, "ipc://", 6) == 0)
+        chmod(o->endpoint + 6, 0600);
+    struct dispatcher *d = xcalloc(1, sizeof *d);
+    d->core = core;
+    d->sock = s;
+    pthread_mutex_init(&d->mu, NULL);
+    if (pthread_create(&d->thread, NULL, serve, d) != 0) {
+        error_set(err, errlen, "dispatcher: cannot start its thread");
+        pthread_mutex_destroy(&d->mu);
+        free(d);
+        goto fail;
+    }
+    return d;
+fail:
+    nn_close(s);
+    dispatch_core_free(core);
+    return NULL;
+}
+
+void dispatcher_publish(struct dispatcher *d, int64_t version, const float *w)
+{
+    pthread_mutex_lock(&d->mu);
+    float *dst = dispatch_core_publish_begin(d->core, version);
+    pthread_mutex_unlock(&d->mu);
+    if (!dst)
+        return;
+    /* the copy runs outside the lock: the snapshot is marked empty meanwhile, so nobody is served from it */
+    memcpy(dst, w, sizeof(float) * dispatch_core_floats(d->core));
+    pthread_mutex_lock(&d->mu);
+    dispatch_core_publish_end(d->core, version);
+    pthread_mutex_unlock(&d->mu);
+}
+
+void dispatcher_end(struct dispatcher *d, int64_t after, const char *why)
+{
+    pthread_mutex_lock(&d->mu);
+    dispatch_core_end(d->core, after, why);
+    pthread_mutex_unlock(&d->mu);
+}
+
+void dispatcher_stats(struct dispatcher *d, struct dispatch_stats *st)
+{
+    pthread_mutex_lock(&d->mu);
+    dispatch_core_stats(d->core, st);
+    pthread_mutex_unlock(&d->mu);
+}
+
+void dispatcher_broadcast_on(struct dispatcher *d, double rendezvous_s)
+{
+    pthread_mutex_lock(&d->mu);
+    dispatch_core_broadcast_on(d->core, rendezvous_s);
+    pthread_mutex_unlock(&d->mu);
+}
+
+bool dispatcher_round_begin(struct dispatcher *d, int64_t *v, const float **w)
+{
+    pthread_mutex_lock(&d->mu);
+    bool go = dispatch_core_round_begin(d->core, v, w);
+    pthread_mutex_unlock(&d->mu);
+    return go;
+}
+
+void dispatcher_round_end(struct dispatcher *d, bool ok)
+{
+    pthread_mutex_lock(&d->mu);
+    dispatch_core_round_end(d->core, ok);
+    pthread_mutex_unlock(&d->mu);
+}
+
+bool dispatcher_round_due(struct dispatcher *d, double waited_s)
+{
+    pthread_mutex_lock(&d->mu);
+    bool due = dispatch_core_round_due(d->core, waited_s);
+    pthread_mutex_unlock(&d->mu);
+    return due;
+}
+
+void dispatcher_close(struct dispatcher *d, double linger_s)
+{
+    if (!d)
+        return;
+    const double until = clock_now_s() + linger_s;
+    for (;;) {
+        pthread_mutex_lock(&d->mu);
+        bool done = dispatch_core_all_told(d->core) || clock_now_s() > until;
+        if (done)
+            d->quit = true;
+        pthread_mutex_unlock(&d->mu);
+        if (done)
+            break;
+        clock_sleep_s(0.05);
+    }
+    pthread_join(d->thread, NULL);
+    nn_close(d->sock);
+    dispatch_core_free(d->core);
+    pthread_mutex_destroy(&d->mu);
+    free(d);
+}

@@ -1,0 +1,121 @@
+#include "weight_sync.h"
+
+#include <stdlib.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "proto/transport.h"
+#include "worker/comm/comm.h"
+#include "worker/plane/dispatch.h"
+#include "worker/plane/weight_bcast.h"
+
+/* ---- the sender: the dispatcher's rank ---- */
+
+double weight_sync_serve_round(struct weight_sync_sender *s)
+{
+    int64_t v;
+    const float *w;
+    if (!s->disp || !s->group || !dispatcher_round_begin(s->disp, &v, &w))
+        return 0;
+    if (s->phase)
+        s->phase(s->ud, true);
+    const double t0 = clock_now_s();
+    if (!s->bcast)
+        s->bcast = weight_bcast_group(s->group, s->K, s->gpus_shared);
+    size_t bytes = 0;
+    char err[512];
+    float *unused = NULL; /* the root sends from the dispatcher's copy */
+    int rc =
+        weight_bcast(s->bcast, s->K, v, (float *)w, s->n_floats, s->bucket_bytes, &unused, &bytes, err, sizeof err);
+    dispatcher_round_end(s->disp, rc == 0);
+    const double dt = clock_now_s() - t0;
+    if (rc != 0)
+        log_warn("trainer", "%s: the rollout processes fetch every version from now on", err);
+    else
+        log_info("trainer", "policy version %lld broadcast to %d rollout process(es) over %s: %zu bytes in %.3fs",
+                 (long long)v, comm_size(s->bcast) - 1, comm_backend_name(s->bcast), bytes, dt);
+    if (s->phase)
+        s->phase(s->ud, false);
+    return dt;
+}
+
+double weight_sync_finish_rounds(struct weight_sync_sender *s, void (*wait)(void *ud), void *ud)
+{
+    if (!s->disp || !s->group)
+        return 0;
+    double spent = 0;
+    const double t0 = clock_now_s();
+    while (dispatcher_round_due(s->disp, clock_now_s() - t0)) {
+        spent += weight_sync_serve_round(s);
+        if (wait)
+            wait(ud);
+        clock_sleep_s(0.005);
+    }
+    return spent;
+}
+
+void weight_sync_sender_release(struct weight_sync_sender *s)
+{
+    if (s->bcast && s->bcast != s->group)
+        comm_free(s->bcast);
+    s->bcast = NULL;
+}
+
+/* ---- the receiver: a rollout process ---- */
+
+/* weight_sync=broadcast: take version v in the trainers' broadcast when the dispatcher says every rollout process
+ * has asked for it. 1: v is in dst; 0: fetch it instead (no round for it, or the broadcast is off); -1 with err
+ * (the dispatcher is gone). */
+static int take_broadcast(struct weight_sync_receiver *r, int64_t v, float *dst, size_t n, size_t bucket, size_t *bytes,
+                          char *err, size_t errlen)
+{
+    if (!r->group || (r->bcast_made && !r->bcast))
+        return 0;
+    for (;;) {
+        enum work_broadcast a;
+        if (work_client_broadcast_ask(r->work, v, &a, err, errlen) != 0)
+            return -1;
+        if (a == WB_FETCH)
+            return 0;
+        if (a == WB_JOIN)
+            break;
+        if (r->wait)
+            r->wait(r->ud);
+        clock_sleep_s(0.005);
+    }
+    if (!r->bcast_made) {
+        r->bcast = weight_bcast_group(r->group, r->K, r->gpus_shared);
+        r->bcast_made = true;
+    }
+    char why[512];
+    if (weight_bcast(r->bcast, r->K, v, dst, n, bucket, &r->bcast_bucket, bytes, why, sizeof why) == 0)
+        return 1;
+    log_warn("rollout", "%s: fetching this version and every later one from the dispatcher", why);
+    if (r->bcast != r->group)
+        comm_free(r->bcast);
+    r->bcast = NULL; /* given up: never used again */
+    return 0;
+}
+
+int weight_sync_receive(struct weight_sync_receiver *r, int64_t version, float *dst, size_t n, size_t chunk_bytes,
+                        bool *broadcast, size_t *bytes, int *chunks, char *err, size_t errlen)
+{
+    *bytes = 0;
+    *chunks = 0;
+    int took = take_broadcast(r, version, dst, n, chunk_bytes, bytes, err, errlen);
+    if (took < 0)
+        return -1;
+    *broadcast = took == 1;
+    if (!took && work_client_weights(r->work, version, dst, n, chunk_bytes, bytes, chunks, err, errlen) != 0)
+        return -1;
+    return 0;
+}
+
+void weight_sync_receiver_release(struct weight_sync_receiver *r)
+{
+    if (r->bcast && r->bcast != r->group)
+        comm_free(r->bcast);
+    r->bcast = NULL;
+    free(r->bcast_bucket);
+    r->bcast_bucket = NULL;
+}

@@ -1,0 +1,258 @@
+/* The rollout process's side of the dispatcher: work requests, weight chunks and broadcast asks on one REQ
+ * socket, and a thread that pings every heartbeat interval on another. */
+#include "dispatch.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/check.h"
+#include "common/clock.h"
+#include "proto/protocol.h"
+#include "proto/transport.h"
+
+#define CHUNK_MAX_FLOATS DISPATCH_CHUNK_MAX_FLOATS
+
+struct work_client {
+    struct rpc_client *rpc, *ping_rpc;
+    uint64_t id;
+    int slot;
+    double ping_s;
+    pthread_t pinger;
+    pthread_mutex_t mu;
+    bool quit, ended, pinging;
+    void (*on_chunk)(void *ud); /* after each weights chunk (work_client_on_chunk) */
+    void *on_chunk_ud;
+};
+
+static bool reply_error(const Grpo__Envelope *r, char *err, size_t errlen)
+{
+    if (r->body_case == GRPO__ENVELOPE__BODY_REPLY && !r->reply->ok) {
+        error_set(err, errlen, "the dispatcher refused: %s", r->reply->error);
+        return true;
+    }
+    return false;
+}
+
+static void *ping_loop(void *arg)
+{
+    struct work_client *c = arg;
+    for (;;) {
+        const int ticks = (int)(c->ping_s / 0.05) > 1 ? (int)(c->ping_s / 0.05) : 1;
+        for (int tick = 0; tick < ticks; tick++) {
+            pthread_mutex_lock(&c->mu);
+            bool quit = c->quit;
+            pthread_mutex_unlock(&c->mu);
+            if (quit)
+                return NULL;
+            clock_sleep_s(0.05);
+        }
+        Grpo__Envelope req = GRPO__ENVELOPE__INIT;
+        Grpo__WorkRequest w = GRPO__WORK_REQUEST__INIT;
+        w.worker_id = c->id;
+        w.rank = c->slot;
+        w.ping = true;
+        req.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST;
+        req.work_request = &w;
+        Grpo__Envelope *r = NULL;
+        char err[256];
+        if (rpc_call(c->ping_rpc, &req, (int)(c->ping_s * 1000) + 500, &r, err, sizeof err) == RPC_OK && r) {
+            if (r->body_case == GRPO__ENVELOPE__BODY_WORK_GRANT && r->work_grant->kind == WORK_END) {
+                pthread_mutex_lock(&c->mu);
+                c->ended = true;
+                pthread_mutex_unlock(&c->mu);
+            }
+            protocol_free(r);
+        }
+    }
+}
+
+struct work_client *work_client_open(const char *endpoint, const char *secret, int rank, double ping_s, char *err,
+                                     size_t errlen)
+{
+    struct work_client *c = xcalloc(1, sizeof *c);
+    c->slot = rank;
+    c->ping_s = ping_s > 0 ? ping_s : 1.0;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    c->id = ((uint64_t)getpid() << 32) ^ ((uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull) ^ (uint64_t)ts.tv_sec ^
+            (uint64_t)rank;
+    pthread_mutex_init(&c->mu, NULL);
+    if (!(c->rpc = rpc_open(endpoint, secret, err, errlen)) ||
+        !(c->ping_rpc = rpc_open(endpoint, secret, err, errlen))) {
+        work_client_close(c);
+        return NULL;
+    }
+    if (pthread_create(&c->pinger, NULL, ping_loop, c) != 0) {
+        error_set(err, errlen, "work client: cannot start the ping thread");
+        work_client_close(c);
+        return NULL;
+    }
+    c->pinging = true;
+    return c;
+}
+
+int work_client_next(struct work_client *c, struct work_grant *g, int timeout_ms, char *err, size_t errlen)
+{
+    Grpo__Envelope req = GRPO__ENVELOPE__INIT;
+    Grpo__WorkRequest w = GRPO__WORK_REQUEST__INIT;
+    w.worker_id = c->id;
+    w.rank = c->slot;
+    req.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST;
+    req.work_request = &w;
+    Grpo__Envelope *r = NULL;
+    char why[512];
+    if (rpc_call(c->rpc, &req, timeout_ms, &r, why, sizeof why) != RPC_OK)
+        return error_set(err, errlen, "the trainers' dispatcher at %s: %s", rpc_endpoint(c->rpc), why);
+    int rc = 0;
+    if (reply_error(r, err, errlen)) {
+        rc = -1;
+    } else if (r->body_case != GRPO__ENVELOPE__BODY_WORK_GRANT || r->work_grant->kind < WORK_WAIT ||
+               r->work_grant->kind > WORK_END) {
+        rc = error_set(err, errlen, "the dispatcher answered a work request with something else");
+    } else {
+        const Grpo__WorkGrant *x = r->work_grant;
+        *g = (struct work_grant){.kind = (enum work_kind)x->kind,
+                                 .step = x->step,
+                                 .unit = x->unit,
+                                 .units = x->units,
+                                 .version = x->version,
+                                 .start = x->start_step,
+                                 .total_steps = x->total_steps,
+                                 .start_epoch = x->start_epoch,
+                                 .start_cursor = x->start_cursor,
+                                 .n_floats = (size_t)x->n_floats};
+        snprintf(g->reason, sizeof g->reason, "%s", x->reason);
+        if (g->kind == WORK_UNIT && (g->units < 1 || g->unit < 0 || g->unit >= g->units))
+            rc = error_set(err, errlen, "the dispatcher granted unit %d of %d", g->unit, g->units);
+    }
+    protocol_free(r);
+    return rc;
+}
+
+void work_client_on_chunk(struct work_client *c, void (*fn)(void *ud), void *ud)
+{
+    c->on_chunk = fn;
+    c->on_chunk_ud = ud;
+}
+
+/* One WeightsRequest for version (a chunk [off, off + cnt), or a broadcast ask): *out gets the WeightsChunk answer
+ * without an error of its own (the caller frees it), or -1 with err. */
+static int weights_call(struct work_client *c, int64_t version, size_t off, size_t cnt, bool broadcast, int timeout_ms,
+                        Grpo__Envelope **out, char *err, size_t errlen)
+{
+    Grpo__Envelope req = GRPO__ENVELOPE__INIT;
+    Grpo__WeightsRequest q = GRPO__WEIGHTS_REQUEST__INIT;
+    q.worker_id = c->id;
+    q.version = version;
+    q.offset = off;
+    q.count = cnt;
+    q.broadcast = broadcast;
+    req.body_case = GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST;
+    req.weights_request = &q;
+    Grpo__Envelope *r = NULL;
+    char why[512];
+    if (rpc_call(c->rpc, &req, timeout_ms, &r, why, sizeof why) != RPC_OK || !r) {
+        error_set(err, errlen, "weights of version %lld from %s: %s", (long long)version, rpc_endpoint(c->rpc), why);
+        return -1;
+    }
+    bool ok = false;
+    if (reply_error(r, err, errlen)) /* err says why */
+        ok = false;
+    else if (r->body_case != GRPO__ENVELOPE__BODY_WEIGHTS_CHUNK)
+        error_set(err, errlen, "the dispatcher answered a weights request with something else");
+    else if (r->weights_chunk->error[0])
+        error_set(err, errlen, "weights of version %lld: %s", (long long)version, r->weights_chunk->error);
+    else
+        ok = true;
+    if (!ok) {
+        protocol_free(r);
+        return -1;
+    }
+    *out = r;
+    return 0;
+}
+
+int work_client_weights(struct work_client *c, int64_t version, float *w, size_t n, size_t chunk_bytes, size_t *bytes,
+                        int *chunks, char *err, size_t errlen)
+{
+    size_t per = chunk_bytes / sizeof(float);
+    if (per < 1)
+        per = 1;
+    if (per > CHUNK_MAX_FLOATS)
+        per = CHUNK_MAX_FLOATS;
+    *bytes = 0;
+    *chunks = 0;
+    for (size_t off = 0; off < n;) {
+        size_t cnt = n - off < per ? n - off : per;
+        Grpo__Envelope *r = NULL;
+        if (weights_call(c, version, off, cnt, false, 120000, &r, err, errlen) != 0)
+            return -1;
+        int rc = 0;
+        if (r->weights_chunk->n_floats != n)
+            rc = error_set(err, errlen,
+                           "the trainers' policy has %" PRIu64 " parameters, this rollout process's model %zu (give "
+                           "every rank the same actor_rollout_ref.model.path)",
+                           r->weights_chunk->n_floats, n);
+        else if (r->weights_chunk->version != version || r->weights_chunk->offset != off ||
+                 r->weights_chunk->data.len != cnt * sizeof(float))
+            rc = error_set(err, errlen, "weights chunk of version %lld at %zu: wrong version, offset or size",
+                           (long long)version, off);
+        else
+            memcpy(w + off, r->weights_chunk->data.data, cnt * sizeof(float));
+        protocol_free(r);
+        if (rc != 0)
+            return rc;
+        off += cnt;
+        *bytes += cnt * sizeof(float);
+        ++*chunks;
+        if (c->on_chunk)
+            c->on_chunk(c->on_chunk_ud);
+    }
+    return 0;
+}
+
+int work_client_broadcast_ask(struct work_client *c, int64_t version, enum work_broadcast *answer, char *err,
+                              size_t errlen)
+{
+    Grpo__Envelope *r = NULL;
+    if (weights_call(c, version, 0, 0, true, 30000, &r, err, errlen) != 0)
+        return -1;
+    const int a = r->weights_chunk->broadcast;
+    protocol_free(r);
+    if (a < WB_WAIT || a > WB_FETCH)
+        return error_set(err, errlen, "the dispatcher answered a broadcast ask for version %lld with %d",
+                         (long long)version, a);
+    *answer = (enum work_broadcast)a;
+    return 0;
+}
+
+bool work_client_ended(struct work_client *c)
+{
+    pthread_mutex_lock(&c->mu);
+    bool e = c->ended;
+    pthread_mutex_unlock(&c->mu);
+    return e;
+}
+
+void work_client_close(struct work_client *c)
+{
+    if (!c)
+        return;
+    if (c->pinging) {
+        pthread_mutex_lock(&c->mu);
+        c->quit = true;
+        pthread_mutex_unlock(&c->mu);
+        pthread_join(c->pinger, NULL);
+    }
+    if (c->rpc)
+        rpc_close(c->rpc);
+    if (c->ping_rpc)
+        rpc_close(c->ping_rpc);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}

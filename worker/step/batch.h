@@ -1,0 +1,36 @@
+/* A step's batch: its sequences in whole groups, each group's prompt and dataset index, and the decoded
+ * responses; the batch owns them. Generated in one process (worker/gen/generate.h) or received from rollout
+ * ranks (worker/plane/wire.h), trained on by the trainer. */
+#ifndef GRPO_WORKER_STEP_BATCH_H
+#define GRPO_WORKER_STEP_BATCH_H
+
+#include <stdint.h>
+
+#include "worker/step/prompts.h"
+#include "worker/step/seq.h"
+
+/* A step's sequences, whole groups only. Sequence i belongs to group seqs[i].group (0..n_groups-1); the group's
+ * prompt is group_prompt[g], its dataset index group_uid[g]. */
+struct step_batch {
+    struct rollout_seq *seqs;
+    int n_seq, cap;
+    int n_groups;
+    const struct prompt_item **group_prompt; /* (n_groups) */
+    int *group_uid;                          /* (n_groups) dataset index of the prompt (verl's uid) */
+    char **resp_text;                        /* (n_seq) decoded responses */
+};
+
+/* Make room for `more` sequences and groups. */
+void step_batch_reserve(struct step_batch *b, int more);
+/* Drop groups whose scores are all equal (no learning signal): DAPO's dynamic sampling. */
+void step_batch_filter_groups(struct step_batch *b);
+/* Keep only the first `groups` groups. */
+void step_batch_truncate_groups(struct step_batch *b, int groups);
+/* Move every group and sequence of src to the end of dst (src is left empty). */
+void step_batch_append(struct step_batch *dst, struct step_batch *src);
+void step_batch_free(struct step_batch *b);
+
+/* Seeds of step k's random draws: a pure function of the base seed and k, so a resumed run draws the same. */
+uint64_t rollout_step_seed(uint64_t seed, int64_t step, uint64_t salt);
+
+#endif

@@ -1,0 +1,162 @@
+/* The metrics of a GRPO step, derived from what its phases found (struct step_result). */
+#include "step_metrics.h"
+
+#include <stdio.h>
+
+#include "worker/model/model.h"
+
+/* FLOPs of one token's forward through the model's matrix products at context length ctx (attention
+ * included); backward is twice the forward. */
+static double flops_per_token(const struct model_config *c, double ctx)
+{
+    const double D = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
+    const double QD = (double)c->n_heads * c->head_dim, KD = (double)c->n_kv_heads * c->head_dim;
+    const double per_layer = 2 * (D * QD + 2 * D * KD + QD * D + 3 * D * F) + 4 * QD * ctx / 2; /* causal half */
+    return c->n_layers * per_layer + 2 * V * D;
+}
+
+/* critic/, response_length/, prompt_length/: the rollouts' scores and lengths. */
+static void rollout_metrics(struct metrics *m, const struct step_rollouts *ro)
+{
+    metrics_set_summary(m, "critic/score", &ro->score);
+    if (ro->acc_n > 0)
+        metrics_set(m, "critic/acc/mean", ro->acc_sum / ro->acc_n);
+    metrics_set_summary(m, "response_length", &ro->response_length);
+    metrics_set(m, "response_length/clip_ratio", ro->n_seq ? ro->clipped / ro->n_seq : 0);
+    metrics_set(m, "prompt_length/mean", ro->n_seq ? ro->prompt_tokens / ro->n_seq : 0);
+}
+
+static void advantage_metrics(struct metrics *m, const struct step_advantages *a)
+{
+    if (a->kl_penalty_measured)
+        metrics_set(m, "actor/reward_kl_penalty", a->kl_penalty);
+    metrics_set_summary(m, "critic/advantages", &a->advantages);
+    metrics_set_summary(m, "critic/rewards", &a->rewards);
+}
+
+static void update_metrics(struct metrics *m, const struct step_update *u)
+{
+    metrics_set(m, "actor/pg_loss", u->stats.pg_loss);
+    metrics_set(m, "actor/kl_loss", u->stats.kl_loss);
+    metrics_set(m, "actor/entropy", u->stats.entropy);
+    metrics_set(m, "actor/pg_clipfrac", u->stats.pg_clipfrac);
+    metrics_set(m, "actor/pg_clipfrac_lower", u->stats.pg_clipfrac_lower);
+    metrics_set(m, "actor/ppo_kl", u->stats.ppo_kl);
+    metrics_set(m, "actor/grad_norm", u->stats.grad_norm);
+    metrics_set(m, "actor/lr", u->lr);
+}
+
+/* timing_s/<phase> for the phases of the step, gen to update_actor (verl's names: core_phase_name's), and
+ * timing_s/step. */
+static void timing_metrics(struct metrics *m, const struct step_result *r)
+{
+    for (int p = GRPO__PHASE__PHASE_GEN; p <= GRPO__PHASE__PHASE_UPDATE_ACTOR; p++) {
+        char name[64];
+        snprintf(name, sizeof name, "timing_s/%s", core_phase_name((Grpo__Phase)p));
+        metrics_set(m, name, r->phase_s[p]);
+    }
+    metrics_set(m, "timing_s/step", r->step_s);
+}
+
+/* Rollouts from rollout ranks: the waiting on both sides, the traffic between the trainers. */
+static void split_metrics(struct metrics *m, const struct step_result *r)
+{
+    const struct step_timing *tm = &r->source;
+    const struct step_update *u = &r->update;
+    metrics_set(m, "timing_s/wait_data", tm->wait_data);
+    metrics_set(m, "timing_s/grad_allreduce", u->stats.allreduce_s);
+    metrics_set(m, "perf/comm_bytes/dp", u->dp_bytes);
+    if (r->tp) /* activations and their gradients over TP (this rank's, float32) */
+        metrics_set(m, "perf/comm_bytes/tp", u->tp_bytes);
+    if (r->pp) { /* this stage's sends to its neighbours (float32), and the schedule's idle share */
+        metrics_set(m, "perf/comm_bytes/pp", u->pp_bytes);
+        metrics_set(m, "perf/pp_bubble", u->pp_schedule_s > 0 ? u->pp_wait_s / u->pp_schedule_s : 0);
+    }
+    metrics_set(m, "trainer/idle_ratio", r->step_s > 0 ? tm->wait_data / r->step_s : 0);
+    const double busy = tm->gen + tm->reward;
+    metrics_set(m, "perf/cpu_memory_peak_gb/rollout", tm->rollout_peak_rss_gb);
+    metrics_set(m, "timing_s/rollout_wait_weights", tm->rollout_wait_weights);
+    metrics_set(m, "timing_s/rollout_wait_send", tm->rollout_idle - tm->rollout_wait_weights);
+    metrics_set(m, "rollouter/idle_ratio",
+                busy + tm->rollout_idle > 0 ? tm->rollout_idle / (busy + tm->rollout_idle) : 0);
+}
+
+/* The step's peaks of the policy's context (verl's names: what torch.cuda reports; the CPU back-end counts the
+ * same buffers), by kind. */
+static void memory_metrics(struct metrics *m, const struct kmem_stats *mem)
+{
+    static const char *const kind[KMEM_KINDS] = {"weights",     "gradients", "optimizer",
+                                                 "activations", "kv_cache",  "other"};
+    metrics_set(m, "perf/max_memory_allocated_gb", (double)mem->max_allocated / 1e9);
+    metrics_set(m, "perf/max_memory_reserved_gb", (double)mem->max_reserved / 1e9);
+    for (int k = 0; k < KMEM_KINDS; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "perf/max_memory_gb/%s", kind[k]);
+        metrics_set(m, name, (double)mem->peak[k] / 1e9);
+    }
+}
+
+/* perf/: tokens, throughput, MFU, memory; training/epoch. */
+static void perf_metrics(struct metrics *m, const struct step_result *r)
+{
+    const double tokens = r->rollouts.tokens, n_seq = r->rollouts.n_seq;
+    metrics_set(m, "perf/total_num_tokens", tokens);
+    /* the rows the update's forward ran, over the DP ranks: fewer than the sequences' tokens with shared prompts */
+    metrics_set(m, "perf/forward_tokens/update", r->update.forward_rows);
+    /* verl: tokens / (step time x devices) */
+    const int devices = r->devices > 0 ? r->devices : 1;
+    metrics_set(m, "perf/throughput", r->step_s > 0 ? tokens / r->step_s / devices : 0);
+    const double ctx = n_seq ? tokens / n_seq : 0;
+    const double flops = 3.0 * flops_per_token(r->model, ctx) * (double)r->update.stats.tokens_forward;
+    const double t_update = r->phase_s[GRPO__PHASE__PHASE_UPDATE_ACTOR];
+    if (r->peak_flops > 0) /* the CPU's measured sgemm rate, or a GPU's BF16 peak (0: a GPU not known) */
+        metrics_set(m, "perf/mfu/actor", t_update > 0 ? flops / t_update / r->peak_flops : 0);
+    metrics_set(m, "perf/cpu_memory_used_gb", r->res.rss_gb);
+    metrics_set(m, r->source.split ? "perf/cpu_memory_peak_gb/trainer" : "perf/cpu_memory_peak_gb", r->res.peak_rss_gb);
+    metrics_set(m, "training/epoch", (double)r->res.epoch);
+    metrics_set(m, "perf/optimizer_state_gb", r->res.optimizer_state_gb);
+    memory_metrics(m, &r->res.mem);
+}
+
+/* What the step's source did: DAPO's extra generation in one process; the data and weight planes of a split run
+ * (the dispatcher's figures on its rank). */
+static void source_metrics(struct metrics *m, const struct step_timing *tm)
+{
+    if (tm->filtered) {
+        metrics_set(m, "train/num_gen_batches", tm->gen_batches);
+        metrics_set(m, "train/num_kept_groups", tm->kept_groups);
+    }
+    if (!tm->split)
+        return;
+    metrics_set(m, "training/staleness", (double)tm->staleness);
+    metrics_set(m, "timing_s/update_weights", tm->update_weights_s);
+    metrics_set(m, "dataplane/refused", (double)(tm->refused + (uint64_t)tm->dispatch_refused));
+    metrics_set(m, "dataplane/duplicates", (double)tm->duplicates);
+    if (tm->dispatched) {
+        metrics_set(m, "rollouter/live_processes", (double)tm->live_processes);
+        metrics_set(m, "rollouter/lost_processes", (double)tm->lost_processes);
+        metrics_set(m, "rollouter/units_regranted", (double)tm->units_regranted);
+        metrics_set(m, "perf/update_weights_bytes", (double)tm->weight_bytes);
+    }
+}
+
+void step_metrics(struct metrics *m, const struct step_result *r)
+{
+    source_metrics(m, &r->source);
+    rollout_metrics(m, &r->rollouts);
+    advantage_metrics(m, &r->adv);
+    metrics_set(m, "training/rollout_probs_diff_mean", r->gap.n ? r->gap.sum / r->gap.n : 0);
+    metrics_set(m, "training/rollout_probs_diff_max", r->gap.max);
+    update_metrics(m, &r->update);
+    timing_metrics(m, r);
+    if (r->source.split)
+        split_metrics(m, r);
+    perf_metrics(m, r);
+}
+
+void sft_metrics(struct metrics *m, const struct sft_result *r)
+{
+    metrics_set(m, "sft/nll", r->nll);
+    metrics_set(m, "sft/grad_norm", r->grad_norm);
+    metrics_set(m, "sft/step", (double)r->step);
+}

@@ -1,0 +1,89 @@
+/* What the phases of one GRPO step found (trainer_step.c fills a struct step_result, phase by phase), and the
+ * step's metrics derived from it: every metric of the step, verl's names, is set here and nowhere in the phases.
+ * Figures that live on several ranks are in the result already combined over them (the phases do the
+ * collectives); deriving the metrics moves nothing between ranks. docs/metrics.md lists the names. */
+#ifndef GRPO_WORKER_TRAINER_STEP_METRICS_H
+#define GRPO_WORKER_TRAINER_STEP_METRICS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "actor.h"
+#include "kernels/kernels.h"
+#include "trainer.h"
+#include "worker/metrics/metrics.h"
+
+struct model_config;
+
+/* The step's rollouts as they came in, over every DP rank. */
+struct step_rollouts {
+    struct metrics_summary score, response_length;
+    double acc_sum, acc_n; /* exact-answer accuracy: summed over the responses whose scorer knows it; their count */
+    double n_seq;          /* sequences */
+    double clipped;        /* sequences cut at data.max_response_length */
+    double prompt_tokens, tokens; /* prompt tokens; prompt and response tokens */
+};
+
+/* The advantages (and the in-reward KL, when on) of the step's response tokens. */
+struct step_advantages {
+    bool kl_penalty_measured;                   /* algorithm.use_kl_in_reward, with response tokens on this rank */
+    double kl_penalty;                          /* this rank's mean in-reward KL per response token */
+    struct metrics_summary advantages, rewards; /* per token; per sequence (summed over its tokens) */
+};
+
+/* The actor's update. */
+struct step_update {
+    double lr;
+    struct update_stats stats; /* the losses, the gradient norm and the time in the all-reduce, from actor_update */
+    double forward_rows;       /* rows the update's forward ran, over every DP rank */
+    double dp_bytes;           /* the update's gradient (and ZeRO-1 weight) traffic over DP, ring-model bytes */
+    double tp_bytes, pp_bytes; /* this rank's activation traffic over TP (every pass), sends to its PP neighbours */
+    double pp_wait_s, pp_schedule_s; /* pipeline: stages waiting for their neighbours, of the schedule's time
+                                      * (summed over the stages) */
+};
+
+/* The rollout-vs-trainer log-prob gap: the sampler's log-probs against the trainer's old log-probs, over every
+ * DP rank. */
+struct step_gap {
+    double sum, n, max;
+};
+
+/* What the step held: memory, the data's epoch. */
+struct step_resources {
+    double rss_gb;             /* this process now */
+    double peak_rss_gb;        /* the largest peak of every trainer rank */
+    double optimizer_state_gb; /* AdamW's two moments on this rank */
+    struct kmem_stats mem;     /* the policy's context: its step's peaks by kind */
+    int64_t epoch;
+};
+
+/* Everything one GRPO step's metrics are made of. */
+struct step_result {
+    struct step_timing source;       /* the rollouts' timings, from the step's source */
+    double phase_s[GRPO_NUM_PHASES]; /* seconds in each phase (gen and reward: where the rollouts were made) */
+    double step_s;                   /* the whole step */
+    struct step_rollouts rollouts;
+    struct step_advantages adv;
+    struct step_update update;
+    struct step_gap gap;
+    struct step_resources res;
+    /* the run's shape */
+    const struct model_config *model; /* the policy's (its FLOPs per token) */
+    bool tp, pp;                      /* the trainer runs tensor-, pipeline-parallel */
+    int devices;                      /* ranks of the run (throughput per device) */
+    double peak_flops;                /* the MFU denominator (0: not known, no MFU) */
+};
+
+/* Set every metric of the step from r into m, in the order verl's trainer logs them (the source's first). */
+void step_metrics(struct metrics *m, const struct step_result *r);
+
+/* One supervised warm-start step (trainer.sft_warmup_steps). */
+struct sft_result {
+    double nll;       /* mean negative log-likelihood per reference-answer token */
+    double grad_norm; /* before clipping */
+    int64_t step;
+};
+/* The warm-start step's metrics: sft/nll, sft/grad_norm, sft/step. */
+void sft_metrics(struct metrics *m, const struct sft_result *r);
+
+#endif
