@@ -24,7 +24,7 @@ static inline float exp_clamped(float y)
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
+    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23; /* unsigned: n + 127 < 0 for a NaN y (p is NaN) */
     float scale;
     memcpy(&scale, &bits, sizeof scale);
     return y < lo ? 0.0f : p * scale;

@@ -16,7 +16,7 @@
 # usage: test_gpu_dist.sh TEST_GPU_KERNELS GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
 PROBE="$1" WORKER="$2" MODEL_TOOL="$3" COMPARE="$4" SCORER="$5"
-. "$(dirname "$0")/gpu_lib.sh"
+. "$(dirname "$0")/gpu_lib.sh" grpo-gpu-dist
 . "$(dirname "$0")/../mpi/dist_lib.sh" grpo-gpu-dist
 STEPS=3
 TOL=1e-3
@@ -189,7 +189,4 @@ assert len(rows) == 3 and all(r["training/staleness"] == 1 for r in rows[1:]), [
 PY
 expect "its steps train on rollouts one version behind" $?
 
-if [ $fails -ne 0 ]; then
-    for f in "$TMP"/*.log; do echo "== $f"; tail -15 "$f"; done
-    exit 1
-fi
+finish

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../test_util.h"
 #include "common/check.h"
 #include "kernels/kernels.h"
 #include "worker/model/generate.h"
@@ -30,25 +31,6 @@ static int g_fail;
             g_fail++;                                                                                                  \
         }                                                                                                              \
     } while (0)
-
-/* Largest |a - b| over the largest |b| (a relative error of the whole vector). */
-static double rel_err(const float *a, const float *b, size_t n)
-{
-    double d = 0, s = 0;
-    for (size_t i = 0; i < n; i++) {
-        d = fmax(d, fabs((double)a[i] - b[i]));
-        s = fmax(s, fabs((double)b[i]));
-    }
-    return d / (s > 0 ? s : 1);
-}
-
-static double max_abs(const float *a, const float *b, size_t n)
-{
-    double d = 0;
-    for (size_t i = 0; i < n; i++)
-        d = fmax(d, fabs((double)a[i] - b[i]));
-    return d;
-}
 
 /* A packed batch of three sequences of unequal lengths. */
 struct batch {
@@ -98,7 +80,8 @@ static void check_forward_backward(const char *name, struct model *cpu, struct k
     float lc[256], lg[256], ec[256], eg[256];
     fwd_bwd(cpu, &b, lc, ec, gc);
     fwd_bwd(gpu, &b, lg, eg, gg);
-    const double dl = max_abs(lg, lc, (size_t)b.N), de = max_abs(eg, ec, (size_t)b.N), dg = rel_err(gg, gc, n);
+    const double dl = test_max_abs_diff(lg, lc, (size_t)b.N), de = test_max_abs_diff(eg, ec, (size_t)b.N),
+                 dg = test_rel_err_max(gg, gc, n);
     printf("%-24s %-5s logp %.2e entropy %.2e grads %.2e (bounds %.0e, %.0e)\n", name,
            K->matmul == KMM_BF16 ? "bf16" : "fp32", dl, de, dg, tol_logp, tol_grad);
     EXPECT(dl <= tol_logp, "%s: log-probs differ by %g", name, dl);
@@ -160,7 +143,7 @@ static void check_grpo_step(struct model *cpu0, struct kctx *K, double tol)
     const size_t nf = cpu->w.n_floats;
     float *wg = xmalloc(nf * sizeof(float));
     model_weights_to_host(gpu, wg);
-    const double dw = rel_err(wg, cpu->w.mem, nf);
+    const double dw = test_rel_err_max(wg, cpu->w.mem, nf);
     const double dloss = fabs(sg.pg_loss - sc.pg_loss) / fmax(fabs(sc.pg_loss), 1e-3);
     const double dnorm = fabs(sg.grad_norm - sc.grad_norm) / fmax(sc.grad_norm, 1e-6);
     printf("GRPO step %-5s loss %.6f / %.6f, grad norm %.6f / %.6f, weights %.2e (bound %.0e)\n",

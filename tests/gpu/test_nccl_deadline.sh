@@ -6,8 +6,8 @@ set -u
 bin="$1"
 "$bin" --probe 2 >/dev/null 2>&1
 [ $? -eq 77 ] && { echo "fewer than 2 CUDA devices visible (NCCL needs one per rank): skipped"; exit 77; }
-out="$(mktemp)"
-trap 'rm -f "$out"' EXIT
+. "$(dirname "$0")/../lib.sh" grpo-nccl-deadline
+out="$TMP/out.log"
 start=$(date +%s)
 timeout 60 mpirun --oversubscribe -np 2 "$bin" --nccl-deadline >"$out" 2>&1
 rc=$?
@@ -16,3 +16,5 @@ cat "$out"
 [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$took" -lt 30 ] &&
     grep -q "NCCL all-reduce over 2 ranks (this is rank 0) did not complete after" "$out" &&
     ! grep -q "returned without its peer" "$out"
+expect "a lost NCCL peer ends the all-reduce within seconds, named (exit $rc after ${took}s)" $?
+finish

@@ -143,7 +143,7 @@ expect "audit files: every prompt's group exactly once per step" $?
 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/noisy" placement.trainer_ranks=2 \
     placement.rollout_ranks=1 grpod.data_endpoint="ipc://$TMP/data" >"$TMP/noisy.log" 2>&1 &
 RUN=$!
-for _ in $(seq 100); do [ -S "$TMP/data-dp0.sock" ] && break; sleep 0.1; done
+wait_for 10 test -S "$TMP/data-dp0.sock"; expect "trainer DP rank 0's data socket appears" $?
 "$STRANGER" "ipc://$TMP/data-dp0.sock" >"$TMP/stranger.log" 2>&1
 expect "each of the stranger's messages is answered with a refusal" $?
 grep -q "unknown prompt: batch of a 0 x 0 step, but this run has data.train_batch_size 4" "$TMP/stranger.log"
@@ -190,4 +190,4 @@ expect "more rollout ranks than prompts is refused" $?
 expect "mpirun's recovery mode without grpod is refused, and the whole job ends" $?
 [ ! -d "$TMP/bad" ]; expect "no refused placement started any work" $?
 
-[ "$fails" -eq 0 ] || { echo "$fails check(s) failed; logs:"; tail -n 30 "$TMP"/split.log "$TMP"/noisy.log "$TMP"/async.log; exit 1; }
+finish "$TMP"/split.log "$TMP"/noisy.log "$TMP"/async.log

@@ -96,4 +96,4 @@ b="$(grep -o "policy version 1 published ([0-9]* bytes)" "$TMP/lora-bcast.log" |
     cmp "$(weights lora-fetch)/adapter_model.safetensors" "$(weights lora-bcast)/adapter_model.safetensors"
 expect "LoRA: broadcast and fetch give bit-identical adapters" $?
 
-[ "$fails" -eq 0 ] || { echo "$fails check(s) failed; logs:"; tail -n 40 "$TMP"/bcast-*.log "$TMP"/tp-bcast.log; exit 1; }
+finish "$TMP"/bcast-*.log "$TMP"/tp-bcast.log

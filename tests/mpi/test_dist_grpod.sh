@@ -20,9 +20,8 @@
 set -u
 WORKER="$4" MODEL_TOOL="$5" COMPARE="$6" SCORER="$7"
 . "$(dirname "$0")/../system/grpod_lib.sh" "$1" "$2" "$3"
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-"$MODEL_TOOL" init tests/fixtures/tokenizers/bytes-chatml/config.json "$TMP/tiny" \
-    --tokenizer-from tests/fixtures/tokenizers/bytes-chatml --seed 11 --std 0.1 >"$TMP/init.log" 2>&1
+test_env
+tiny_model "$TMP/tiny"
 expect "tiny model initialised" $?
 STEPS=30
 MPI_EXTRA=()
@@ -41,7 +40,6 @@ run() {
         >>"$TMP/$name.log" 2>&1
 }
 final() { echo "$TMP/$1/p/e/checkpoints/global_step_$STEPS/actor"; }
-step_at_least() { [ "$(status_field .step)" -ge "$1" ] 2>/dev/null; }
 
 run ref
 expect "reference run (no grpod) finishes" $?
@@ -50,7 +48,7 @@ expect "reference run (no grpod) finishes" $?
 start_grpod g1 "${PLACE[@]}"
 run paused grpod.endpoint="$EP" grpod.connect_timeout_s=20 &
 MPI_PID=$!
-PIDS+=("$MPI_PID")
+track "$MPI_PID"
 wait_for 60 step_at_least 3; expect "ranks register and report steps" $?
 "$GRPOCTL" workers >"$TMP/workers.txt" 2>&1
 [ "$(grep -c ' trainer ' "$TMP/workers.txt")" -eq 2 ] && [ "$(grep -c ' rollout ' "$TMP/workers.txt")" -eq 1 ]
@@ -60,15 +58,24 @@ grep -q "IDLE" "$TMP/workers.txt"; expect "grpoctl workers shows each rank's idl
 [ "$(status_field .checkpoint_step)" -ge 1 ] 2>/dev/null
 rc=$?; expect "grpoctl status knows the trainers' newest checkpoint (step $(status_field .checkpoint_step))" $rc
 "$GRPOCTL" pause --wait=60 >"$TMP/pause.out" 2>&1; expect "pause takes effect on every rank" $?
-s1="$(status_field .step)"; sleep 2; s2="$(status_field .step)"
-[ "$s1" = "$s2" ]; expect "no step while paused ($s1 -> $s2)" $?
+s1="$(status_field .step)"
 [ "$(status_field '[.workers[].state] | map(select(. == "paused")) | length')" = 3 ]
 expect "all three ranks report paused" $?
+# a rank held at its safe point logs "paused at step N" and "resumed at step N"; a trainer held while it waits for
+# rollouts logs neither (it cannot step without them)
+s2="$(status_field .step)"
 "$GRPOCTL" resume >/dev/null 2>&1; expect "resume" $?
+held_ranks() {
+    n=$(lines_with "$TMP/paused.log" "control: paused at step")
+    [ "$n" -ge 1 ] && has_lines "$TMP/paused.log" "control: resumed at step" "$n"
+}
+wait_for 60 held_ranks; expect "the ranks held at their safe points say they resumed ($n)" $?
+paused_in_place "$TMP/paused.log" && [ "$s1" = "$s2" ]
+expect "no step while paused: each rank resumed at the step it paused at, grpod's step stayed $s1 ($s2)" $?
 wait "$MPI_PID"; expect "paused-and-resumed run finishes" $?
 "$COMPARE" "$(final ref)" "$(final paused)" 0 >"$TMP/cmp1.txt" 2>&1
 expect "pause + resume: weights bit-identical to the run without grpod" $?
-kill "$GRPOD_PID" 2>/dev/null; wait "$GRPOD_PID" 2>/dev/null
+stop_grpod
 
 # ---- stop, then launch again
 start_grpod g2 "${PLACE[@]}"
@@ -77,14 +84,14 @@ start_grpod g2 "${PLACE[@]}"
 ZERO=actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
 run stopped grpod.endpoint="$EP" grpod.connect_timeout_s=20 "$ZERO" &
 MPI_PID=$!
-PIDS+=("$MPI_PID")
+track "$MPI_PID"
 wait_for 60 step_at_least 4; expect "second run under way" $?
 "$GRPOCTL" stop --wait=60 >"$TMP/stop.out" 2>&1; expect "stop" $?
 wait "$MPI_PID"; expect "every rank of the stopped run exits 0" $?
 sstep="$(cat "$TMP/stopped/p/e/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null)"
 [ -n "$sstep" ] && [ "$sstep" -lt $STEPS ]; expect "stop left a checkpoint mid-run (step $sstep)" $?
 grep -q "rollout: stopped: the trainers stopped after step" "$TMP/stopped.log"; expect "the rollout rank ended on the trainers' word" $?
-kill "$GRPOD_PID" 2>/dev/null; wait "$GRPOD_PID" 2>/dev/null
+stop_grpod
 run stopped "$ZERO"
 expect "launched again, the stopped run finishes" $?
 "$COMPARE" "$(final ref)" "$(final stopped)" 0 >/dev/null 2>&1
@@ -96,7 +103,7 @@ MPI_EXTRA=(--mca orte_enable_recovery 1)
 start_grpod g3 "${PLACE[@]}"
 run killed grpod.endpoint="$EP" grpod.connect_timeout_s=20 &
 MPI_PID=$!
-PIDS+=("$MPI_PID")
+track "$MPI_PID"
 wait_for 60 step_at_least 5; expect "third run under way" $?
 victim="$("$GRPOCTL" status --json | jq -r '.workers[] | select(.rank == 1) | .pid')"
 t0=$(date +%s%N)
@@ -116,7 +123,7 @@ run killed grpod.endpoint="$EP" grpod.connect_timeout_s=20
 expect "launched again under the same grpod, the run resumes and finishes" $?
 grep -q "resumed from .*global_step_$kstep" "$TMP/killed.log"; expect "it resumed from the newest checkpoint" $?
 "$COMPARE" "$(final ref)" "$(final killed)" 0 >/dev/null 2>&1; expect "kill + resume: weights bit-identical" $?
-kill "$GRPOD_PID" 2>/dev/null; wait "$GRPOD_PID" 2>/dev/null
+stop_grpod
 
 # ---- a rollout rank killed mid-run, with 2 rollout + 2 trainer ranks: the run goes on without a relaunch,
 # the lost rank's work units go to the other rollout rank, and a process started with --replace-rank takes
@@ -131,7 +138,7 @@ start_grpod g4 "${PLACE[@]}" grpod.heartbeat_interval_s=0.5
 NP=4 run rkilled grpod.endpoint="$EP" grpod.connect_timeout_s=20 \
     trainer.rollout_data_dir="$TMP/rkilled/audit" &
 MPI_PID=$!
-PIDS+=("$MPI_PID")
+track "$MPI_PID"
 wait_for 60 step_at_least 5; expect "fourth run under way" $?
 victim="$("$GRPOCTL" status --json | jq -r '.workers[] | select(.rank == 3) | .pid')"
 t0=$(date +%s%N)
@@ -161,7 +168,7 @@ expect "grpoctl status says where its work went" $?
     trainer.rollout_data_dir="$TMP/rkilled/audit" grpod.endpoint="$EP" grpod.connect_timeout_s=20 \
     >"$TMP/replace.log" 2>&1 &
 REPL_PID=$!
-PIDS+=("$REPL_PID")
+track "$REPL_PID"
 rank3_paused() { [ "$(status_field '.workers[] | select(.rank == 3) | .state')" = paused ]; }
 wait_for 60 rank3_paused; expect "the replacement registers as rank 3 and holds with the paused run" $?
 "$GRPOCTL" resume >/dev/null 2>&1; expect "resume" $?
@@ -181,7 +188,7 @@ grep -q "takes over rollout rank 1" "$TMP/rkilled.log"; expect "the dispatcher h
 expect "rollout rank lost mid-run: weights bit-identical to the undisturbed run" $?
 python3 "$(dirname "$0")/check_audit.py" "$TMP/rkilled/audit" 4 4 "$STEPS"
 expect "audit files: every uid exactly rollout.n times in every step" $?
-kill "$GRPOD_PID" 2>/dev/null; wait "$GRPOD_PID" 2>/dev/null
+stop_grpod
 
 # ---- the same loss with weight_sync=broadcast: the broadcast turns off (its group lost a member) and the other
 # rollout rank fetches each version from then on; nothing is lost, the weights are bit-identical to ref4. The
@@ -190,7 +197,7 @@ start_grpod g6 "${PLACE[@]}" grpod.heartbeat_interval_s=0.5
 NP=4 run bkilled grpod.endpoint="$EP" grpod.connect_timeout_s=20 actor_rollout_ref.rollout.weight_sync=broadcast \
     actor_rollout_ref.nccl_timeout=20 &
 MPI_PID=$!
-PIDS+=("$MPI_PID")
+track "$MPI_PID"
 wait_for 60 step_at_least 5; expect "broadcast run under way" $?
 victim="$("$GRPOCTL" status --json | jq -r '.workers[] | select(.rank == 3) | .pid')"
 kill -9 "$victim"; rc=$?; expect "rollout rank 3 (pid $victim) killed at step $(status_field .step)" $rc
@@ -203,7 +210,7 @@ grep -q "weight broadcast off for the rest of the run" "$TMP/bkilled.log"
 expect "the loss turns the broadcast off ($(grep -o "weight broadcast off[^(]*" "$TMP/bkilled.log" | head -1))" $?
 "$COMPARE" "$(final ref4)" "$(final bkilled)" 0 >"$TMP/cmp6.txt" 2>&1
 expect "broadcast run with a rollout rank lost: weights bit-identical to the undisturbed run" $?
-kill "$GRPOD_PID" 2>/dev/null; wait "$GRPOD_PID" 2>/dev/null
+stop_grpod
 
 # ---- a rank of a rollout TP group killed mid-run: the group ends, the other group takes its units
 PLACE=(placement.trainer_ranks=1 placement.rollout_ranks=4 actor_rollout_ref.rollout.tensor_model_parallel_size=2)
@@ -215,7 +222,7 @@ MPI_EXTRA=(--mca orte_enable_recovery 1)
 start_grpod g5 "${PLACE[@]}" grpod.heartbeat_interval_s=0.5
 NP=5 run gkilled grpod.endpoint="$EP" grpod.connect_timeout_s=20 actor_rollout_ref.rollout.tp_group_timeout_s=3 &
 MPI_PID=$!
-PIDS+=("$MPI_PID")
+track "$MPI_PID"
 wait_for 60 step_at_least 5; expect "fifth run under way" $?
 victim="$("$GRPOCTL" status --json | jq -r '.workers[] | select(.rank == 4) | .pid')"
 kill -9 "$victim"; rc=$?; expect "rank 4 (TP rank 1 of rollout TP group 1, pid $victim) killed at step $(status_field .step)" $rc
@@ -228,4 +235,4 @@ grep -q "granted to the process serving rank 0" "$TMP/gkilled.log"
 expect "the dispatcher grants the lost group's units to the other group" $?
 "$COMPARE" "$(final ref5)" "$(final gkilled)" 0 >"$TMP/cmp5.txt" 2>&1
 rc=$?; expect "rollout TP group lost mid-run: weights bit-identical to the undisturbed run ($(cat "$TMP/cmp5.txt"))" $rc
-[ "$fails" -eq 0 ] || exit 1
+finish

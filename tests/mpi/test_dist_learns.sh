@@ -6,11 +6,8 @@
 # usage: test_dist_learns.sh GRPO_WORKER GRPO_MODEL
 set -u
 WORKER="$1" MODEL_TOOL="$2"
-TMP="$(mktemp -d /tmp/grpo-learns.XXXXXX)"
-trap 'rm -rf "$TMP"' EXIT
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-fails=0
-expect() { if [ "$2" -eq 0 ]; then echo "ok: $1"; else echo "FAIL: $1"; fails=$((fails + 1)); fi; }
+. "$(dirname "$0")/../lib.sh" grpo-learns
+test_env
 
 python3 - "$TMP" <<'PY'
 import json, sys
@@ -25,8 +22,7 @@ with open(f"{d}/sums.jsonl", "w") as f:
                                           "like this: #### <number>", "ground_truth": str(a + b),
                                 "data_source": "arithmetic"}) + "\n")
 PY
-"$MODEL_TOOL" init "$TMP/config.json" "$TMP/tiny" --tokenizer-from tests/fixtures/tokenizers/bytes-chatml \
-    --seed 4 --std 0.05 >"$TMP/init.log" 2>&1
+"$MODEL_TOOL" init "$TMP/config.json" "$TMP/tiny" --tokenizer-from "$TOK" --seed 4 --std 0.05 >"$TMP/init.log" 2>&1
 expect "tiny model (hidden 128) initialised" $?
 TASK=(data.train_files="$TMP/sums.jsonl" data.val_files="$TMP/sums.jsonl" data.train_batch_size=16
     data.val_batch_size=100 data.max_response_length=10 actor_rollout_ref.rollout.n=8
@@ -54,4 +50,4 @@ assert rise >= 0.10, f"validation reward rose by {rise:.3f} only"
 print(f"rise {rise:.3f}")
 PY
 expect "one-step-off GRPO raises the validation reward by at least 0.10" $?
-[ "$fails" -eq 0 ] || { tail -n 20 "$TMP/grpo.log"; exit 1; }
+finish "$TMP/grpo.log"

@@ -98,4 +98,4 @@ expect "one-step-off LoRA: staleness 1 after the first step" $?
 [ $? -ne 0 ] && grep -q "LoRA (actor_rollout_ref.model.lora_rank=4) with .*tensor_model_parallel_size=2" "$TMP/bad.log"
 expect "LoRA with tensor parallelism is refused, naming the keys" $?
 
-[ "$fails" -eq 0 ] || { echo "$fails check(s) failed; logs:"; tail -n 30 "$TMP"/one.log "$TMP"/split.log "$TMP"/zero.log "$TMP"/async.log "$TMP"/bad.log; exit 1; }
+finish "$TMP"/one.log "$TMP"/split.log "$TMP"/zero.log "$TMP"/async.log "$TMP"/bad.log

@@ -19,14 +19,10 @@
 # usage: test_tp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
 WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
-TMP="$(mktemp -d /tmp/grpo-tp.XXXXXX)"
-[ -n "${KEEP_TMP:-}" ] || trap 'rm -rf "$TMP"' EXIT
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+. "$(dirname "$0")/../lib.sh" grpo-tp
+test_env
 MPIRUN=(timeout 300 mpirun --oversubscribe --bind-to none)
-fails=0
-expect() { if [ "$2" -eq 0 ]; then echo "ok: $1"; else echo "FAIL: $1"; fails=$((fails + 1)); fi; }
 
-TOK=tests/fixtures/tokenizers/bytes-chatml
 python3 - "$TOK/config.json" "$TMP/qwen2-config.json" "$TMP/qwen3-config.json" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1]))
@@ -38,11 +34,11 @@ q3 = dict(c, model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=24
                             original_max_position_embeddings=16))
 json.dump(q3, open(sys.argv[3], "w"), indent=1)
 PY
-"$MODEL_TOOL" init "$TOK/config.json" "$TMP/llama" --tokenizer-from "$TOK" --seed 11 --std 0.1 >"$TMP/init.log" 2>&1
+tiny_model "$TMP/llama"
 expect "tiny Llama initialised" $?
-"$MODEL_TOOL" init "$TMP/qwen2-config.json" "$TMP/qwen2" --tokenizer-from "$TOK" --seed 12 --std 0.1 >>"$TMP/init.log" 2>&1
+tiny_model "$TMP/qwen2" 12 "$TMP/qwen2-config.json"
 expect "tiny Qwen2 initialised" $?
-"$MODEL_TOOL" init "$TMP/qwen3-config.json" "$TMP/qwen3" --tokenizer-from "$TOK" --seed 13 --std 0.1 >>"$TMP/init.log" 2>&1
+tiny_model "$TMP/qwen3" 13 "$TMP/qwen3-config.json"
 expect "tiny Qwen3 (Llama 3 RoPE) initialised" $?
 
 STEPS=2
@@ -240,8 +236,4 @@ split bad-pp llama 3 1 3
 [ $? -ne 0 ] && grep -q "pipeline_model_parallel_size (3) must be between 1 and num_hidden_layers (2)" "$TMP/bad-pp.log"
 expect "PP 3 over 2 layers is refused" $?
 
-if [ "$fails" -ne 0 ]; then
-    for f in "$TMP"/*.log; do echo "== $f"; tail -15 "$f"; done
-fi
-echo "$fails failure(s)"
-[ "$fails" -eq 0 ]
+finish

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../test_util.h"
 #include "common/check.h"
 #include "common/check_mpi.h"
 #include "common/log.h"
@@ -17,20 +18,10 @@
 
 static int g_bad;
 
-/* ||a - b|| / ||b|| (float32 sums in another order differ by rounding, element by element, far below this) */
-static double rel_err(const float *a, const float *b, size_t n)
-{
-    double d = 0, w = 0;
-    for (size_t i = 0; i < n; i++) {
-        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        w += (double)b[i] * b[i];
-    }
-    return w > 0 ? sqrt(d / w) : sqrt(d);
-}
-
+/* test_rel_err_l2 (float32 sums in another order differ by rounding, element by element, far below tol) */
 static void expect_close(const char *cfg, const char *what, const float *a, const float *b, size_t n, double tol)
 {
-    double e = rel_err(a, b, n);
+    double e = test_rel_err_l2(a, b, n);
     if (!(e <= tol)) {
         g_bad++;
         log_error("test", "%s: %s differs from the whole model: relative %.3g > %.1g", cfg, what, e, tol);

@@ -6,13 +6,9 @@
 # usage: test_bf16_run.sh GRPO_WORKER GRPO_MODEL SCORER_SO (a scorer that gives the tiny model non-zero advantages)
 set -u
 WORKER="$1" MODEL_TOOL="$2" SCORER="$3"
-TMP="$(mktemp -d /tmp/grpo-bf16.XXXXXX)"
-trap 'rm -rf "$TMP"' EXIT
+. "$(dirname "$0")/../lib.sh" grpo-bf16
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-fails=0
-expect() { if [ "$2" -eq 0 ]; then echo "ok: $1"; else echo "FAIL: $1"; fails=$((fails + 1)); fi; }
-TOK=tests/fixtures/tokenizers/bytes-chatml
-"$MODEL_TOOL" init "$TOK/config.json" "$TMP/policy" --tokenizer-from "$TOK" --seed 11 --std 0.1 >"$TMP/init.log" 2>&1
+tiny_model "$TMP/policy"
 expect "tiny policy initialised" $?
 COMMON=(actor_rollout_ref.model.path="$TMP/policy" trainer.project_name=p trainer.experiment_name=e
     trainer.total_training_steps=2 trainer.val_before_train=false trainer.test_freq=-1 data.train_batch_size=4
@@ -53,5 +49,4 @@ for r in (a, b):
     assert r["perf/max_memory_gb/weights"] > 0 and r["perf/max_memory_gb/activations"] > 0, r
 PY
 expect "step 1 agrees within BF16 bounds; memory counters logged" $?
-echo "$fails failure(s)"
-[ "$fails" -eq 0 ]
+finish "$TMP"/f32.log "$TMP"/bf16.log

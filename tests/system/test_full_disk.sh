@@ -7,15 +7,11 @@
 # usage: test_full_disk.sh GRPO_WORKER GRPO_MODEL (from the source root)
 set -u
 WORKER="$1" MODEL_TOOL="$2"
-TMP="$(mktemp -d /tmp/grpo-full.XXXXXX)"
-trap 'rm -rf "$TMP"' EXIT
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-fails=0
-expect() { if [ "$2" -eq 0 ]; then echo "ok   $1"; else echo "FAIL $1"; fails=$((fails + 1)); fi; }
+. "$(dirname "$0")/../lib.sh" grpo-full
+test_env
 [ -w /dev/full ] || { echo "skip: no writable /dev/full"; exit 77; }
 
-"$MODEL_TOOL" init tests/fixtures/tokenizers/bytes-chatml/config.json "$TMP/tiny" \
-    --tokenizer-from tests/fixtures/tokenizers/bytes-chatml --seed 11 --std 0.1 >"$TMP/init.log" 2>&1
+tiny_model "$TMP/tiny"
 expect "tiny model initialised" $?
 COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e
     trainer.total_training_steps=200 trainer.val_before_train=false trainer.test_freq=-1 data.train_batch_size=2
@@ -73,4 +69,4 @@ timeout 120 "$WORKER" "${COMMON[@]}" trainer.total_training_steps=2 trainer.defa
     >"$TMP/n.log" 2>&1
 expect "metrics.jsonl pointed at /dev/null: the run finishes (exit $?)" $?
 
-[ "$fails" -eq 0 ] || { for f in "$TMP"/*.log; do echo "---- $f"; tail -n 25 "$f"; done; exit 1; }
+finish

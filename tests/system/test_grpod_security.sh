@@ -38,34 +38,42 @@ head -c 24 /dev/urandom | base64 >"$TMP/wrong"; chmod 600 "$TMP/wrong"
 has "$TMP/err" "authentication failed"; expect "wrong secret: authentication failed" $?
 "$GRPOCTL" --endpoint "$TCP" status >"$TMP/err" 2>&1; [ $? -eq 2 ]; expect "grpoctl: tcp without a secret file is a usage error" $?
 # a hand-made envelope (version 1, status_request) without a secret
-nanocat --req --connect "$TCP" --data $'\x08\x01\x88\x01\x01' --ascii >"$TMP/out" 2>&1 &
-sleep 1; kill $! 2>/dev/null
-has "$TMP/out" "authentication failed"; expect "tcp request without a secret is refused" $?
+nanocat --req --connect "$TCP" --data $'\x08\x01\x88\x01\x01' --ascii >"$TMP/auth.out" 2>&1 &
+wait_for 10 has "$TMP/auth.out" "authentication failed"; expect "tcp request without a secret is refused" $?
+kill $! 2>/dev/null
 "$SIM" grpod.endpoint="$TCP" grpod.secret_file="$TMP/wrong" grpod.connect_timeout_s=3 --rank 0 --world 1 \
     --state "$TMP/intruder.state" >"$TMP/intruder.log" 2>&1
 [ $? -eq 1 ]; expect "a worker with a wrong secret cannot register" $?
 has "$TMP/intruder.log" "authentication failed"; expect "... and is told why" $?
 
 # incompatible protocol version
-nanocat --req --connect "$EP" --data $'\x08\x02\x88\x01\x01' --ascii >"$TMP/out" 2>&1 &
-sleep 1; kill $! 2>/dev/null
-has "$TMP/out" "incompatible protocol version 2: grpod speaks version 1"; expect "version 2 peer refused with a message" $?
+nanocat --req --connect "$EP" --data $'\x08\x02\x88\x01\x01' --ascii >"$TMP/version.out" 2>&1 &
+wait_for 10 has "$TMP/version.out" "incompatible protocol version 2: grpod speaks version 1"
+expect "version 2 peer refused with a message" $?
+kill $! 2>/dev/null
 
 # garbage on both sockets
+n=0
 for ep in "$EP" "$TCP"; do
-    for i in 1 2 3; do
-        nanocat --req --connect "$ep" --data "$(head -c 200 /dev/urandom | tr -d '\0')" --ascii >"$TMP/out" 2>&1 &
-        sleep 0.3; kill $! 2>/dev/null
+    for _ in 1 2 3; do
+        n=$((n + 1))
+        nanocat --req --connect "$ep" --data "$(head -c 200 /dev/urandom | tr -d '\0')" --ascii >"$TMP/garbage$n" 2>&1 &
+        wait_for 10 test -s "$TMP/garbage$n"; r=$?
+        kill $! 2>/dev/null
     done
-    has "$TMP/out" "malformed"; expect "garbage on $ep answered as malformed" $?
+    [ "$r" -eq 0 ] && has "$TMP/garbage$n" "malformed"; expect "garbage on $ep answered as malformed" $?
 done
 # non-protocol bytes straight into the tcp port, and a message over the size limit
 head -c 65536 /dev/urandom >"/dev/tcp/127.0.0.1/$port" 2>/dev/null
 printf 'GET / HTTP/1.0\r\n\r\n' >"/dev/tcp/127.0.0.1/$port" 2>/dev/null
 head -c 2000000 /dev/zero | tr '\0' 'x' >"$TMP/big"
-nanocat --req --connect "$EP" --file "$TMP/big" --ascii >"$TMP/out" 2>&1 &
-sleep 1; kill $! 2>/dev/null
-[ ! -s "$TMP/out" ]; expect "an oversized message gets no answer" $?
+nanocat --req --connect "$EP" --file "$TMP/big" --ascii >"$TMP/big.out" 2>&1 &
+BIG=$!
+# the event after which an answer would be there: grpod has answered a request sent after the oversized one
+nanocat --req --connect "$EP" --data "$(head -c 200 /dev/urandom | tr -d '\0')" --ascii >"$TMP/after" 2>&1 &
+wait_for 10 test -s "$TMP/after"; expect "a request sent after the oversized one is answered" $?
+kill $! "$BIG" 2>/dev/null
+[ ! -s "$TMP/big.out" ]; expect "an oversized message gets no answer" $?
 kill -0 "$GRPOD_PID"; expect "grpod still runs" $?
 "$GRPOCTL" status >/dev/null; expect "grpod still answers" $?
 "$GRPOCTL" --endpoint "$TCP" --secret-file "$TMP/secret" status >/dev/null; expect "grpod still answers on tcp" $?
@@ -110,7 +118,7 @@ has "$TMP/out" "authentication failed"; expect "the secret followed by NUL and j
 sp_req 127.0.0.1 "$port" "${sec_hex%??}" >"$TMP/out" 2>&1
 has "$TMP/out" "authentication failed"; expect "a prefix of the secret is refused" $?
 "$GRPOCTL" stop --wait=30 >/dev/null; expect "stop" $?
-kill "$GRPOD_PID" 2>/dev/null; wait "$GRPOD_PID" 2>/dev/null
+stop_grpod
 
 # what sits at the ipc socket path: only a stale socket is removed; anything else is refused, named, and kept
 # (each grpod below must exit at once: one that serves instead is stopped by timeout, and the check fails)
@@ -136,8 +144,7 @@ timeout 5 "$GRPOD" grpod.endpoint="$EP" grpod.state_dir="$TMP/p4" grpod.http_lis
 rc=$?
 [ "$rc" -eq 1 ] && has "$TMP/err" "is in use"; expect "a socket another grpod answers on is refused (exit $rc)" $?
 "$GRPOCTL" --endpoint "$EP" status >/dev/null; expect "... and the first grpod still answers there" $?
-kill "$GRPOD_PID" 2>/dev/null; wait "$GRPOD_PID" 2>/dev/null
+stop_grpod
 [ ! -e "$TMP/stale.sock" ]; expect "grpod removes its own socket at exit" $?
 EP="$EP_SAVE"; GRPOD_ENDPOINT="$EP"
-echo "$fails failure(s)"
-[ "$fails" -eq 0 ]
+finish

@@ -14,22 +14,18 @@ set -u
 MODEL_TOOL="$1" BF16_RUN="$2" WORKER="$3" SCORER="$4"
 shift 4
 TESTS=("$@")
-TMP="$(mktemp -d /tmp/grpo-isa.XXXXXX)"
-trap 'rm -rf "$TMP"' EXIT
+. "$(dirname "$0")/../lib.sh" grpo-isa
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-fails=0
-expect() { if [ "$2" -eq 0 ]; then echo "ok   $1"; else echo "FAIL $1"; fails=$((fails + 1)); fi; }
 flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
-has() { [[ "$flags" == *" $1 "* ]]; }
+cpu_has() { [[ "$flags" == *" $1 "* ]]; }
 
-TOK=tests/fixtures/tokenizers/bytes-chatml
-"$MODEL_TOOL" init "$TOK/config.json" "$TMP/tiny" --tokenizer-from "$TOK" --seed 11 --std 0.1 >"$TMP/init.log" 2>&1
+tiny_model "$TMP/tiny"
 expect "tiny model initialised" $?
 
 sets=(Prescott)
-has avx2 && has fma && sets+=(Haswell)
-has avx512f && has avx512bw && sets+=(SkylakeX)
-has avx512_bf16 && sets+=(Cooperlake)
+cpu_has avx2 && cpu_has fma && sets+=(Haswell)
+cpu_has avx512f && cpu_has avx512bw && sets+=(SkylakeX)
+cpu_has avx512_bf16 && sets+=(Cooperlake)
 echo "# OpenBLAS kernel sets this CPU runs: ${sets[*]}"
 for set in "${sets[@]}"; do
     OPENBLAS_CORETYPE="$set" "$MODEL_TOOL" info "$TMP/tiny" >"$TMP/info-$set.txt" 2>&1
@@ -43,8 +39,8 @@ done
 
 # BF16: oneDNN's ISA for the BF16 products, capped through its own variable
 bf16_isas=()
-has avx512_bf16 && bf16_isas+=(AVX512_CORE_BF16)
-has amx_bf16 && bf16_isas+=(AVX512_CORE_AMX)
+cpu_has avx512_bf16 && bf16_isas+=(AVX512_CORE_BF16)
+cpu_has amx_bf16 && bf16_isas+=(AVX512_CORE_AMX)
 echo "# BF16 ISAs this CPU runs: ${bf16_isas[*]:-none}"
 for isa in "${bf16_isas[@]}"; do
     for t in "${TESTS[@]}"; do
@@ -69,10 +65,4 @@ ONEDNN_MAX_CPU_ISA=AVX512_CORE bash "$BF16_RUN" "$WORKER" "$MODEL_TOOL" "$SCORER
 rc=$?
 grep -q "a CPU without BF16 says so once and runs float32" "$TMP/nobf16-run.log"
 expect "without BF16 (oneDNN capped at AVX512_CORE): one clear line, float32 reproduced" $((rc || $?))
-if [ "$fails" -ne 0 ]; then
-    for f in "$TMP"/*.log; do
-        echo "== $f"
-        tail -n 15 "$f"
-    done
-    exit 1
-fi
+finish

@@ -114,8 +114,7 @@ int main(void)
         fails++;
     }
     model_free(m);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    if (system(cmd) != 0)
+    if (test_rm_rf(root) != 0)
         fprintf(stderr, "could not remove %s\n", root);
     return fails ? 1 : 0;
 }

@@ -6,27 +6,23 @@
 # Usage: test_parquet.sh GRPO_WORKER GRPO_MODEL   (from the source root). Exit 77 (skipped) when the pyarrow
 # venv of scripts/parquet_env.sh cannot be made (no network).
 set -u
-worker="$(realpath "$1")"
-tool="$(realpath "$2")"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+. "$(dirname "$0")/../lib.sh" grpo-parquet
+need_bin worker "$1"
+need_bin tool "$2"
+test_env
 # the dataset cache goes here, not into the user's; the pyarrow venv is the shared one (made once)
-export GRPO_CACHE="$tmp/cache"
+export GRPO_CACHE="$TMP/cache"
 unset GRPO_PARQUET_PYTHON GRPO_PARQUET_TOOL
-fails=0
-expect() { if [ "$2" -eq 0 ]; then echo "ok   $1"; else echo "FAIL $1"; fails=$((fails + 1)); fi; }
-has() { grep -qF -- "$2" "$1" || { echo "     missing '$2' in:"; tail -5 "$1" | sed 's/^/     | /'; return 1; }; }
 crashed() { grep -qE "Segmentation|Aborted|core dumped|Traceback|AddressSanitizer" "$1"; }
 
-if ! py="$(./scripts/parquet_env.sh 2>"$tmp/env.log")"; then
-    tail -3 "$tmp/env.log"
+if ! py="$(./scripts/parquet_env.sh 2>"$TMP/env.log")"; then
+    tail -3 "$TMP/env.log"
     echo "SKIP: scripts/parquet_env.sh could not make the pyarrow venv (no network?)"
     exit 77
 fi
 
 # verl's gsm8k layout (examples/data_preprocess/gsm8k.py): chat-message prompts, reward_model.ground_truth
-"$py" - "$tmp" <<'PY'
+"$py" - "$TMP" <<'PY'
 import os, sys
 import pyarrow as pa, pyarrow.parquet as pq
 d = sys.argv[1]
@@ -51,35 +47,34 @@ rows[2] = dict(rows[2], reward_model=None)  # the third row has no ground truth
 pq.write_table(pa.Table.from_pylist(rows), os.path.join(d, "badrow.parquet"))
 PY
 expect "pyarrow wrote the test parquet files" $?
-head -c 4096 /dev/urandom >"$tmp/corrupt.parquet"
+head -c 4096 /dev/urandom >"$TMP/corrupt.parquet"
 
-"$tool" init tests/fixtures/tokenizers/bytes-chatml/config.json "$tmp/tiny" \
-    --tokenizer-from tests/fixtures/tokenizers/bytes-chatml >"$tmp/init.log" 2>&1
+"$tool" init "$TOK/config.json" "$TMP/tiny" --tokenizer-from "$TOK" >"$TMP/init.log" 2>&1
 expect "tiny model written" $?
 n=0
-# run NAME DIR OVERRIDES...: a 2-step run of the tiny model from directory DIR, output in $tmp/NAME.out, rc in $rc
+# run NAME DIR OVERRIDES...: a 2-step run of the tiny model from directory DIR, output in $TMP/NAME.out, rc in $rc
 run() {
     local name="$1" dir="$2"
     shift 2
     n=$((n + 1))
-    (cd "$dir" && timeout 180 "$worker" actor_rollout_ref.model.path="$tmp/tiny" \
-        trainer.default_local_dir="$tmp/runs$n" trainer.total_training_steps=2 trainer.val_before_train=false \
+    (cd "$dir" && timeout 180 "$worker" actor_rollout_ref.model.path="$TMP/tiny" \
+        trainer.default_local_dir="$TMP/runs$n" trainer.total_training_steps=2 trainer.val_before_train=false \
         trainer.test_freq=-1 data.train_batch_size=2 actor_rollout_ref.rollout.n=2 \
         actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=8 data.max_prompt_length=320 \
-        "$@") >"$tmp/$name.out" 2>&1
+        "$@") >"$TMP/$name.out" 2>&1
     rc=$?
 }
 cached() { ls "$GRPO_CACHE/datasets"/gsm8k-*.jsonl 2>/dev/null; }
 
 # --- first run: converted once (train and val name the same file: the second load already finds the copy)
-run first . data.train_files="$tmp/gsm8k.parquet" data.val_files="$tmp/gsm8k.parquet"
+run first . data.train_files="$TMP/gsm8k.parquet" data.val_files="$TMP/gsm8k.parquet"
 expect "a run on a parquet file finishes (rc $rc)" $rc
-has "$tmp/first.out" "run finished at step 2"; expect "it trained 2 steps" $?
-has "$tmp/first.out" "data: converted $tmp/gsm8k.parquet (8 rows) to $GRPO_CACHE/datasets/gsm8k-"
+says "$TMP/first.out" "run finished at step 2"; expect "it trained 2 steps" $?
+says "$TMP/first.out" "data: converted $TMP/gsm8k.parquet (8 rows) to $GRPO_CACHE/datasets/gsm8k-"
 expect "the conversion is logged with its rows and cache file" $?
-[ "$(grep -c "data: converted" "$tmp/first.out")" -eq 1 ]; expect "converted once for train and val" $?
-has "$tmp/first.out" "data: $tmp/gsm8k.parquet: 8 samples"; expect "the samples are counted under the parquet name" $?
-! crashed "$tmp/first.out"; expect "no crash" $?
+[ "$(grep -c "data: converted" "$TMP/first.out")" -eq 1 ]; expect "converted once for train and val" $?
+says "$TMP/first.out" "data: $TMP/gsm8k.parquet: 8 samples"; expect "the samples are counted under the parquet name" $?
+! crashed "$TMP/first.out"; expect "no crash" $?
 copy="$(cached)"
 [ "$(echo "$copy" | wc -w)" -eq 1 ] && [ "$(wc -l <"$copy")" -eq 8 ]; expect "one cache file, 8 JSONL rows" $?
 "$py" - "$copy" <<'PY'
@@ -93,61 +88,60 @@ assert r["extra_info"]["index"] == 0 and r["extra_info"]["answer"].endswith("###
 assert [x["extra_info"]["index"] for x in rows] == list(range(8))
 PY
 expect "every column kept: prompt messages, reward_model, ability, extra_info" $?
-ls "$tmp/runs1"/*/*/metrics.jsonl >/dev/null 2>&1; expect "metrics written" $?
+ls "$TMP/runs1"/*/*/metrics.jsonl >/dev/null 2>&1; expect "metrics written" $?
 
 # --- second run: the cached copy, untouched
 before="$(stat -c %y "$copy")"
 sleep 1
-run second . data.train_files="$tmp/gsm8k.parquet" data.val_files="$tmp/gsm8k.parquet" trainer.log_level=debug
+run second . data.train_files="$TMP/gsm8k.parquet" data.val_files="$TMP/gsm8k.parquet" trainer.log_level=debug
 expect "a second run finishes (rc $rc)" $rc
-has "$tmp/second.out" "data: $tmp/gsm8k.parquet: using its converted copy $copy"; expect "it uses the cache" $?
-! grep -q "data: converted" "$tmp/second.out"; expect "no conversion the second time" $?
+says "$TMP/second.out" "data: $TMP/gsm8k.parquet: using its converted copy $copy"; expect "it uses the cache" $?
+! grep -q "data: converted" "$TMP/second.out"; expect "no conversion the second time" $?
 [ "$(stat -c %y "$copy")" = "$before" ]; expect "the cache file is not rewritten" $?
 
 # --- an edited file (new modification time) is converted again, from another directory (the converter is
 # found beside the executable, ../../scripts/)
-touch -d "2001-02-03 04:05:06" "$tmp/gsm8k.parquet"
-run touched "$tmp" data.train_files=gsm8k.parquet
+touch -d "2001-02-03 04:05:06" "$TMP/gsm8k.parquet"
+run touched "$TMP" data.train_files=gsm8k.parquet
 expect "a run from another directory with a relative path finishes (rc $rc)" $rc
-has "$tmp/touched.out" "data: converted gsm8k.parquet (8 rows)"; expect "a touched file is converted again" $?
+says "$TMP/touched.out" "data: converted gsm8k.parquet (8 rows)"; expect "a touched file is converted again" $?
 [ "$(cached | wc -l)" -eq 2 ]; expect "under a new cache name" $?
 
 # --- bad input: errors that name the parquet file, exit 2
-run corrupt "$tmp" data.train_files=corrupt.parquet
+run corrupt "$TMP" data.train_files=corrupt.parquet
 [ $rc -eq 2 ]; expect "random bytes named .parquet: exit 2 (got $rc)" $?
-has "$tmp/corrupt.out" "data.train_files: corrupt.parquet: cannot convert (not a readable parquet file:"
+says "$TMP/corrupt.out" "data.train_files: corrupt.parquet: cannot convert (not a readable parquet file:"
 expect "the error names the file and says it is not parquet" $?
-! crashed "$tmp/corrupt.out"; expect "no crash, no traceback" $?
+! crashed "$TMP/corrupt.out"; expect "no crash, no traceback" $?
 
-run noprompt . data.train_files="$tmp/gsm8k.parquet" data.val_files="$tmp/noprompt.parquet"
+run noprompt . data.train_files="$TMP/gsm8k.parquet" data.val_files="$TMP/noprompt.parquet"
 [ $rc -eq 2 ]; expect "no prompt column: exit 2 (got $rc)" $?
-has "$tmp/noprompt.out" "data.val_files: $tmp/noprompt.parquet: cannot convert (no 'prompt' or 'messages' column;"
+says "$TMP/noprompt.out" "data.val_files: $TMP/noprompt.parquet: cannot convert (no 'prompt' or 'messages' column;"
 expect "the error names the file and the missing column" $?
-has "$tmp/noprompt.out" "its columns: question, answer)"
+says "$TMP/noprompt.out" "its columns: question, answer)"
 expect "and lists the columns there are" $?
 
-run badrow . data.train_files="$tmp/badrow.parquet"
+run badrow . data.train_files="$TMP/badrow.parquet"
 [ $rc -eq 2 ]; expect "a row without ground truth: exit 2 (got $rc)" $?
-has "$tmp/badrow.out" "$tmp/badrow.parquet:3: missing 'ground_truth' (or reward_model.ground_truth)"
+says "$TMP/badrow.out" "$TMP/badrow.parquet:3: missing 'ground_truth' (or reward_model.ground_truth)"
 expect "the error names the parquet file and the row" $?
 
-printf '#!/bin/sh\nexec python3 -S "$@"\n' >"$tmp/nopyarrow"
-chmod +x "$tmp/nopyarrow"
-GRPO_PARQUET_PYTHON="$tmp/nopyarrow" run nopyarrow . data.train_files="$tmp/fresh.parquet"
+printf '#!/bin/sh\nexec python3 -S "$@"\n' >"$TMP/nopyarrow"
+chmod +x "$TMP/nopyarrow"
+GRPO_PARQUET_PYTHON="$TMP/nopyarrow" run nopyarrow . data.train_files="$TMP/fresh.parquet"
 [ $rc -eq 2 ]; expect "a python without pyarrow: exit 2 (got $rc)" $?
-has "$tmp/nopyarrow.out" "data.train_files: $tmp/fresh.parquet: cannot convert (cannot import pyarrow"
+says "$TMP/nopyarrow.out" "data.train_files: $TMP/fresh.parquet: cannot convert (cannot import pyarrow"
 expect "the error says pyarrow is missing" $?
-has "$tmp/nopyarrow.out" "install pyarrow with scripts/parquet_env.sh"; expect "and how to install it" $?
+says "$TMP/nopyarrow.out" "install pyarrow with scripts/parquet_env.sh"; expect "and how to install it" $?
 
 [ -z "$(find "$GRPO_CACHE" -name '*.tmp')" ]; expect "failed conversions leave no temporary files" $?
 
 # --- the converter by hand
-"$py" scripts/parquet_to_jsonl.py "$tmp/gsm8k.parquet" "$tmp/by-hand.jsonl" >"$tmp/hand.out" 2>&1
+"$py" scripts/parquet_to_jsonl.py "$TMP/gsm8k.parquet" "$TMP/by-hand.jsonl" >"$TMP/hand.out" 2>&1
 expect "parquet_to_jsonl.py exits 0" $?
-has "$tmp/hand.out" "8 rows"; expect "and reports the rows" $?
-"$py" scripts/parquet_to_jsonl.py "$tmp/corrupt.parquet" "$tmp/c.jsonl" >"$tmp/hand.err" 2>&1
-[ $? -eq 2 ] && [ "$(wc -l <"$tmp/hand.err")" -eq 1 ] && [ ! -e "$tmp/c.jsonl" ]
+says "$TMP/hand.out" "8 rows"; expect "and reports the rows" $?
+"$py" scripts/parquet_to_jsonl.py "$TMP/corrupt.parquet" "$TMP/c.jsonl" >"$TMP/hand.err" 2>&1
+[ $? -eq 2 ] && [ "$(wc -l <"$TMP/hand.err")" -eq 1 ] && [ ! -e "$TMP/c.jsonl" ]
 expect "a corrupt file: exit 2, one line, no output file" $?
 
-[ $fails -eq 0 ] || { echo "$fails check(s) failed"; exit 1; }
-echo "all parquet checks passed"
+finish "$TMP"/*.out

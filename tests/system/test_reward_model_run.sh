@@ -6,15 +6,11 @@
 # usage: test_reward_model_run.sh GRPO_WORKER GRPO_MODEL SCORER_SO
 set -u
 WORKER="$1" MODEL_TOOL="$2" SCORER="$3"
-TMP="$(mktemp -d /tmp/grpo-rmrun.XXXXXX)"
-trap 'rm -rf "$TMP"' EXIT
+. "$(dirname "$0")/../lib.sh" grpo-rmrun
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-fails=0
-expect() { if [ "$2" -eq 0 ]; then echo "ok: $1"; else echo "FAIL: $1"; fails=$((fails + 1)); fi; }
-TOK=tests/fixtures/tokenizers/bytes-chatml
-"$MODEL_TOOL" init "$TOK/config.json" "$TMP/policy" --tokenizer-from "$TOK" --seed 11 --std 0.1 >"$TMP/init.log" 2>&1
+tiny_model "$TMP/policy"
 expect "tiny policy initialised" $?
-"$MODEL_TOOL" init "$TOK/config.json" "$TMP/rm" --tokenizer-from "$TOK" --seed 21 --std 0.1 >>"$TMP/init.log" 2>&1
+tiny_model "$TMP/rm" 21
 expect "tiny backbone for the reward model initialised" $?
 # make it a one-label LlamaForSequenceClassification: a score head [1, hidden], no LM head
 python3 - "$TMP/rm" <<'PY'
@@ -97,5 +93,4 @@ expect "a causal LM given as the reward model is refused by name" $?
 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/bad2" reward_model.enable=true >"$TMP/bad2.log" 2>&1
 [ $? -ne 0 ] && grep -q "reward_model.enable is true but reward_model.model.path is empty" "$TMP/bad2.log"
 expect "an empty reward_model.model.path is refused" $?
-if [ "$fails" -ne 0 ]; then for f in "$TMP"/*.log; do echo "== $f"; tail -5 "$f"; done; fi
-[ "$fails" -eq 0 ]
+finish

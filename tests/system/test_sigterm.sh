@@ -9,8 +9,7 @@ MODEL_TOOL="$5"
 . "$(dirname "$0")/grpod_lib.sh" "$1" "$2" "$3"
 export OPENBLAS_NUM_THREADS=1
 
-"$MODEL_TOOL" init tests/fixtures/tokenizers/bytes-chatml/config.json "$TMP/tiny" \
-    --tokenizer-from tests/fixtures/tokenizers/bytes-chatml --seed 11 --std 0.1 >"$TMP/init.log" 2>&1
+tiny_model "$TMP/tiny"
 expect "tiny model initialised" $?
 
 # start NAME [overrides...]: a long run in the background (pid in WPID), log in $TMP/NAME.log
@@ -22,16 +21,17 @@ start() {
         actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=8 data.synthetic.num_train=16 \
         data.synthetic.num_val=2 "$@" >>"$TMP/$name.log" 2>&1 &
     WPID=$!
-    PIDS+=("$WPID")
+    track "$WPID"
 }
-steps_logged() { [ "$(grep -c . "$TMP/$1/p/e/metrics.jsonl" 2>/dev/null)" -ge "$2" ]; }
+# run_steps NAME N: run NAME logged N steps
+run_steps() { steps_logged "$TMP/$1/p/e/metrics.jsonl" "$2"; }
 # ended PID: the process has ended within 30 s (else it is killed, so that a failing test fails fast)
 ended() { wait_for 30 sh -c "! kill -0 $1" || { kill -9 "$1" 2>/dev/null; return 1; }; }
 ckpt_step() { cat "$TMP/$1/p/e/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null; }
 
 # ---- one process, no grpod: SIGTERM
 start term
-wait_for 60 steps_logged term 2; expect "the run trains" $?
+wait_for 60 run_steps term 2; expect "the run trains" $?
 kill -TERM "$WPID"
 ended "$WPID"; expect "SIGTERM ends the run within seconds" $?
 wait "$WPID"; rc=$?
@@ -52,7 +52,7 @@ has "$TMP/term2.log" "at step $s"; expect "the relaunch resumes from step $s" $?
 
 # ---- SIGINT (^C) likewise
 start int
-wait_for 60 steps_logged int 1; expect "second run trains" $?
+wait_for 60 run_steps int 1; expect "second run trains" $?
 kill -INT "$WPID"
 ended "$WPID"; expect "SIGINT ends the run within seconds" $?
 wait "$WPID"; rc=$?
@@ -62,7 +62,7 @@ wait "$WPID"; rc=$?
 # ---- under grpod: the run is stopped for every rank, and grpod says so
 start_grpod g
 start ctl grpod.endpoint="$EP" grpod.connect_timeout_s=20
-wait_for 60 sh -c "[ \"\$('$GRPOCTL' status --json | jq -r .step)\" -ge 2 ]"; expect "worker under grpod trains" $?
+wait_for 60 step_at_least 2; expect "worker under grpod trains" $?
 kill -TERM "$WPID"
 ended "$WPID"; wait "$WPID"; rc=$?
 [ "$rc" -eq 0 ]; expect "under grpod: exit status 0 after SIGTERM (got $rc)" $?
@@ -73,12 +73,12 @@ expect "grpod: the run is finished ($(status_field .reason))" $rc
 has "$TMP/g.state/events.log" "stop requested by SIGTERM on rank 0"; expect "grpod's event log names the signal" $?
 [ "$(status_field '.workers[0].state')" = stopped ]; expect "grpod: the worker stopped" $?
 [ "$(status_field '.workers[0].checkpoint_step')" = "$s" ]; expect "grpod: its checkpoint is step $s" $?
-kill "$GRPOD_PID" 2>/dev/null; wait "$GRPOD_PID" 2>/dev/null
+stop_grpod
 
 # ---- under grpod, paused: the signal ends the pause with a checkpoint
 start_grpod g2
 start paused grpod.endpoint="$EP" grpod.connect_timeout_s=20
-wait_for 60 sh -c "[ \"\$('$GRPOCTL' status --json | jq -r .step)\" -ge 1 ]"; expect "third worker trains" $?
+wait_for 60 step_at_least 1; expect "third worker trains" $?
 "$GRPOCTL" pause --wait=30 >/dev/null 2>&1; expect "paused" $?
 p="$(status_field .step)"
 kill -TERM "$WPID"
@@ -86,4 +86,4 @@ ended "$WPID"; wait "$WPID"; rc=$?
 [ "$rc" -eq 0 ]; expect "paused: exit status 0 after SIGTERM (got $rc)" $?
 [ "$(ckpt_step paused)" = "$p" ]; expect "paused: checkpoint at the paused step $p" $?
 
-[ "$fails" -eq 0 ] || exit 1
+finish

@@ -9,22 +9,8 @@
 # usage: test_sigterm_split.sh SRC_DIR GRPOD GRPOCTL GRPO_WORKER GRPO_MODEL
 set -u
 src="$(realpath "$1")" GRPOD="$2" GRPOCTL="$3" WORKER="$4" MODEL_TOOL="$5"
-TMP="$(mktemp -d /tmp/grpo-sigterm.XXXXXX)"
-JOBS=()
-cleanup() {
-    for p in "${JOBS[@]}"; do kill -CONT "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done
-    wait 2>/dev/null
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-fails=0
-expect() { if [ "$2" -eq 0 ]; then echo "ok   $1"; else echo "FAIL $1"; fails=$((fails + 1)); fi; }
-wait_for() { # wait_for SECONDS CMD...
-    local until=$(( $(date +%s) + $1 )); shift
-    until "$@" 2>/dev/null; do [ "$(date +%s)" -ge "$until" ] && return 1; sleep 0.1; done
-}
-steps_logged() { [ "$(grep -c . "$1" 2>/dev/null)" -ge "$2" ]; }
+. "$(dirname "$0")/../lib.sh" grpo-sigterm
+test_env
 # rank_pid RANK MPIRUN_PID: the pid of a rank (mpirun starts the local ranks as its children)
 rank_pid() {
     local p
@@ -33,8 +19,7 @@ rank_pid() {
     done
 }
 
-"$MODEL_TOOL" init "$src/tests/fixtures/tokenizers/bytes-chatml/config.json" "$TMP/tiny" \
-    --tokenizer-from "$src/tests/fixtures/tokenizers/bytes-chatml" --seed 11 --std 0.1 >"$TMP/init.log" 2>&1
+tiny_model "$TMP/tiny"
 expect "tiny model initialised" $?
 COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e
     trainer.total_training_steps=100000 trainer.val_before_train=false trainer.test_freq=-1 data.train_batch_size=2
@@ -45,7 +30,7 @@ COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.
 mpirun --oversubscribe --bind-to none -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/s" \
     >"$TMP/s.log" 2>&1 &
 MP=$!
-JOBS+=("$MP")
+track "$MP"
 wait_for 90 steps_logged "$TMP/s/p/e/metrics.jsonl" 2; expect "the split run trains" $?
 ranks=$(pgrep -P "$MP" | tr '\n' ' ')
 [ "$(echo $ranks | wc -w)" -eq 3 ]; expect "three ranks under mpirun ($ranks)" $?
@@ -65,18 +50,22 @@ expect "the rollout rank ended with the trainers" $?
 mpirun --oversubscribe --bind-to none -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/t" \
     >"$TMP/t.log" 2>&1 &
 MP=$!
-JOBS+=("$MP")
+track "$MP"
 wait_for 90 steps_logged "$TMP/t/p/e/metrics.jsonl" 1; expect "the second split run trains" $?
 r2="$(rank_pid 2 "$MP")"
 r0="$(rank_pid 0 "$MP")"
 [ -n "$r2" ] && [ -n "$r0" ]; expect "rank 0 ($r0) and rank 2 ($r2) found" $?
 kill -STOP "$r2"
-JOBS+=("$r2")
-sleep 0.5
+track "$r2"
+stopped() { [ "$(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null)" = T ]; }
+wait_for 10 stopped "$r2"; expect "rank 2 is stopped" $?
 kill -TERM "$r0"
 wait_for 10 grep -q "\[rank 0\] worker: SIGTERM received" "$TMP/t.log"; expect "the first SIGTERM is taken" $?
-sleep 0.5
-kill -0 "$r0" 2>/dev/null; expect "rank 0 still waits for its safe point" $?
+# rank 0's main thread goes round its wait 20 times after the signal was taken (past the point where it would
+# have ended), and is still there
+sw=$(switches "$r0")
+wait_for 30 ran_since "$r0" 20 "$sw"; r=$?
+kill -0 "$r0" 2>/dev/null && [ "$r" -eq 0 ]; expect "rank 0 still waits for its safe point" $?
 kill -TERM "$r0"
 wait_for 20 sh -c "! kill -0 $MP"; expect "the second SIGTERM ends the job at once" $?
 wait "$MP"; rc=$?
@@ -139,7 +128,7 @@ slurm_job() {
         GRPOD_PORT=$port GRPOD_HTTP=127.0.0.1:0 GRPO_RUN_DIR="$TMP/$1.job" \
         exec bash "$src/deploy/slurm/grpo.sbatch" "$TMP/$1.yaml" >"$TMP/$1.log" 2>&1 ) &
     JOB=$!
-    JOBS+=("$JOB")
+    track "$JOB"
 }
 # slurm_stopped NAME WHAT: the job ended cleanly after WHAT, with a checkpoint and grpod's record
 slurm_stopped() {
@@ -170,4 +159,4 @@ w="$(workers_under "$JOB" | tr '\n' ' ')"
 kill -TERM "$JOB" $w
 slurm_stopped cancel "scancel"
 
-[ "$fails" -eq 0 ] || { for f in "$TMP"/*.log; do echo "---- $f"; tail -n 25 "$f"; done; exit 1; }
+finish

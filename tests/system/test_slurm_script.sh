@@ -5,11 +5,8 @@
 # and a rollout rank (the split from the run's YAML) register, train over the tcp data plane, and finish.
 # usage: test_slurm_script.sh SRC_DIR GRPOD GRPOCTL GRPO_WORKER GRPO_MODEL
 set -u
-src="$(realpath "$1")"
-TMP="$(mktemp -d /tmp/grpo-slurm.XXXXXX)"
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$TMP"' EXIT
-fails=0
-expect() { if [ "$2" -eq 0 ]; then echo "ok   $1"; else echo "FAIL $1"; fails=$((fails + 1)); fi; }
+src="$(realpath "$1")" MODEL_TOOL="$5"
+. "$(dirname "$0")/../lib.sh" grpo-slurm
 mkdir -p "$TMP/bin"
 ln -s "$(realpath "$2")" "$TMP/bin/grpod"
 ln -s "$(realpath "$3")" "$TMP/bin/grpoctl"
@@ -32,7 +29,7 @@ exec mpirun --oversubscribe --bind-to none -np "$SLURM_NTASKS" "$@"
 SH
 chmod +x "$TMP/bin/scontrol" "$TMP/bin/srun"
 . "$(dirname "$0")/tiny_split.sh"
-tiny_split "$5" "$src" "$TMP"
+tiny_split "$TMP"
 expect "tiny model and split run configuration" $?
 port=$(( 10000 + RANDOM % 20000 )) # below the ephemeral ports (32768-60999): no outgoing connection holds it
 ( cd "$TMP" && PATH="$TMP/bin:$PATH" SLURM_JOB_NODELIST=localhost SLURM_JOB_ID=4242 SLURM_NTASKS=2 \
@@ -46,4 +43,4 @@ grep -q "role rollout" "$TMP/job.log"; expect "rank 1 registered as rollout" $?
 grep -q "pulling rollouts at tcp://\*:$((port + 1))" "$TMP/job.log"; expect "the data plane runs over tcp" $?
 [ -f "$TMP/runs/p/e/checkpoints/global_step_3/actor/model.safetensors" ]; expect "the trainer wrote the final checkpoint" $?
 grep -q "run finished at step 3" "$TMP/job.log"; expect "the run finished" $?
-[ "$fails" -eq 0 ] || { tail -n 30 "$TMP/job.log"; exit 1; }
+finish "$TMP/job.log"

@@ -26,7 +26,7 @@ has "$TMP/stop1.err" "wrote no checkpoint"; expect "the message says it wrote no
 wait "$W0"; expect "the live worker stops and exits 0" $?
 has "$TMP/w0.log" "checkpoint at step"; expect "the live worker wrote its checkpoint" $?
 kill -CONT "$W1"; kill -9 "$W1" 2>/dev/null; wait "$W1" 2>/dev/null
-kill "$GRPOD_PID" 2>/dev/null; wait "$GRPOD_PID" 2>/dev/null
+stop_grpod
 
 # ---- everyone alive: stop --wait succeeds
 start_grpod g2
@@ -40,4 +40,4 @@ expect "stop --wait exits 0 when every worker checkpoints" $?
 wait "$V0"; expect "rank 0 exits 0" $?
 wait "$V1"; expect "rank 1 exits 0" $?
 
-[ "$fails" -eq 0 ] || { cat "$TMP"/stop*.out "$TMP"/stop*.err; exit 1; }
+finish "$TMP"/stop*.out "$TMP"/stop*.err "$TMP"/*.log

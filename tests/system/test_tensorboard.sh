@@ -32,17 +32,16 @@ if ! have_tb; then
     fi
 fi
 
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-run="$tmp/runs/grpo/demo"
+. "$(dirname "$0")/../lib.sh" grpo-tensorboard
+run="$TMP/runs/grpo/demo"
 
-if ! "$writer" "$run" 2>"$tmp/stderr"; then
-    cat "$tmp/stderr"
-    echo "FAIL the writer failed"
-    exit 1
+if ! "$writer" "$run" 2>"$TMP/stderr"; then
+    cat "$TMP/stderr"
+    fail "the writer runs"
+    finish
 fi
 
-TF_CPP_MIN_LOG_LEVEL=3 "$py" - "$run" "$tmp/stderr" <<'PY'
+TF_CPP_MIN_LOG_LEVEL=3 "$py" - "$run" "$TMP/stderr" <<'PY'
 import glob, json, math, os, sys
 import xml.etree.ElementTree as ET
 

@@ -63,8 +63,7 @@ int main(void)
         fprintf(stderr, "FAIL: GRPO raised the validation reward by %.3f (< 0.10)\n", val[last] - val[SFT_STEPS]);
         fails++;
     }
-    snprintf(metrics, sizeof metrics, "rm -rf '%s'", root);
-    if (system(metrics) != 0)
+    if (test_rm_rf(root) != 0)
         fprintf(stderr, "could not remove %s\n", root);
     return fails ? 1 : 0;
 }

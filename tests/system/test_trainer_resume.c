@@ -180,8 +180,7 @@ int main(void)
         fails++;
     }
     free(la), free(lb), free(lb2);
-    snprintf(path, sizeof path, "rm -rf '%s'", root);
-    if (system(path) != 0)
+    if (test_rm_rf(root) != 0)
         fprintf(stderr, "could not remove %s\n", root);
     printf("%s: resumed run %s the uninterrupted one (%zu parameters)\n", fails ? "FAIL" : "ok",
            diff ? "differs from" : "is bit-identical to", na);

@@ -9,11 +9,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../test_util.h"
 #include "common/config.h"
 #include "worker/model/model_io.h"
 #include "worker/tokenizer/tokenizer.h"
-
-#define TINY_FIXTURE "tests/fixtures/tokenizers/bytes-chatml"
 
 /* Write a tiny randomly initialised Llama (2 layers, GQA 4/2; hidden 64 and intermediate 128 unless
  * hidden > 0) with the byte-level ChatML tokenizer of tests/fixtures/tokenizers/bytes-chatml (259 tokens)
@@ -22,7 +21,7 @@ static inline int tiny_model_write_sized(const char *dir, unsigned long long see
 {
     char err[1024], path[2048];
     struct model_config c;
-    if (model_config_from_hf_json(TINY_FIXTURE "/config.json", &c, err, sizeof err) != 0) {
+    if (model_config_from_hf_json(TEST_TOKENIZER_FIXTURE "/config.json", &c, err, sizeof err) != 0) {
         fprintf(stderr, "tiny model: %s\n", err);
         return -1;
     }
@@ -35,7 +34,8 @@ static inline int tiny_model_write_sized(const char *dir, unsigned long long see
     model_init_random(m, seed, std);
     int rc = model_save_hf(m, dir, 0, err, sizeof err);
     model_free(m);
-    struct tokenizer *t = rc == 0 ? tokenizer_from_json(TINY_FIXTURE "/tokenizer.json", err, sizeof err) : NULL;
+    struct tokenizer *t =
+        rc == 0 ? tokenizer_from_json(TEST_TOKENIZER_FIXTURE "/tokenizer.json", err, sizeof err) : NULL;
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     if (!t || tokenizer_save_json(t, path, err, sizeof err) != 0)
         rc = -1;

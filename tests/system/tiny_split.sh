@@ -1,12 +1,10 @@
 # shellcheck shell=bash
-# Sourced by the launcher tests: tiny_split MODEL_TOOL SRC DIR writes a tiny random model to DIR/tiny and
-# DIR/split.yaml, a 3-step run of it split into 1 trainer + 1 rollout rank (verl's keys) writing to DIR/runs.
-# Returns the model tool's status.
+# Sourced by the launcher tests after tests/lib.sh: tiny_split DIR writes a tiny random model to DIR/tiny
+# (tiny_model, with $MODEL_TOOL) and DIR/split.yaml, a 3-step run of it split into 1 trainer + 1 rollout rank
+# (verl's keys) writing to DIR/runs. Returns the model tool's status.
 tiny_split() {
-    local tool="$1" src="$2" dir="$3"
-    "$tool" init "$src/tests/fixtures/tokenizers/bytes-chatml/config.json" "$dir/tiny" \
-        --tokenizer-from "$src/tests/fixtures/tokenizers/bytes-chatml" --seed 11 --std 0.1 >"$dir/init.log" 2>&1 ||
-        return 1
+    local dir="$1"
+    tiny_model "$dir/tiny" || return 1
     cat >"$dir/split.yaml" <<YAML
 data: {train_batch_size: 2, max_response_length: 8, synthetic: {num_train: 16, num_val: 2}}
 actor_rollout_ref:

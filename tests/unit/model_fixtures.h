@@ -9,11 +9,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../test_util.h"
 #include "common/npy.h"
 #include "worker/model/model.h"
 #include "worker/model/model_io.h"
 
-#define FIX "tests/fixtures/models/"
+#define FIX TEST_MODELS_FIXTURE
 
 /* The fixture model tests/fixtures/models/NAME. */
 static inline struct model *load(const char *name)
@@ -24,13 +25,6 @@ static inline struct model *load(const char *name)
     if (!m)
         fail_msg("%s", err);
     return m;
-}
-
-static inline void rm_rf(const char *dir)
-{
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    assert_int_equal(system(cmd), 0);
 }
 
 /* The ids of a JSON list, or of {"new_ids": [...]}. */

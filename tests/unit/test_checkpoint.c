@@ -14,6 +14,8 @@
 
 #include <cmocka.h>
 
+#include "../test_util.h"
+
 #include "worker/model/model_io.h"
 #include "worker/trainer/checkpoint.h"
 
@@ -35,13 +37,6 @@ static struct adamw *opt_for(const struct model *m)
     }
     o->t = 7;
     return o;
-}
-
-static void rmrf(const char *d)
-{
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", d);
-    assert_int_equal(system(cmd), 0);
 }
 
 static void test_round_trip_and_keep(void **state)
@@ -92,7 +87,7 @@ static void test_round_trip_and_keep(void **state)
     adamw_free(o2);
     adamw_free(o);
     model_free(m);
-    rmrf(root);
+    must_rm_rf(root);
 }
 
 static void test_crash_leftovers_and_corruption(void **state)
@@ -133,11 +128,11 @@ static void test_crash_leftovers_and_corruption(void **state)
     char empty[] = "/tmp/grpo_ckpt_empty_XXXXXX";
     assert_non_null(mkdtemp(empty));
     assert_int_equal(checkpoint_find_latest(empty, dir, sizeof dir), -1);
-    rmrf(empty);
+    must_rm_rf(empty);
     adamw_free(o2);
     adamw_free(o);
     model_free(m);
-    rmrf(root);
+    must_rm_rf(root);
 }
 
 /* issue 12: a checkpoint with NaN weights was accepted, and every step then skipped its optimizer step */
@@ -189,7 +184,7 @@ static void test_non_finite_refused(void **state)
     adamw_free(o);
     model_free(m2);
     model_free(m);
-    rmrf(root);
+    must_rm_rf(root);
 }
 
 int main(void)

@@ -12,6 +12,8 @@
 
 #include <cmocka.h>
 
+#include "../test_util.h"
+
 #include "daemon/journal.h"
 
 static char dir[256];
@@ -26,9 +28,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return test_rm_rf(dir);
 }
 
 static void test_save_load(void **state)

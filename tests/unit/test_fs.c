@@ -15,6 +15,8 @@
 
 #include <cmocka.h>
 
+#include "../test_util.h"
+
 #include "common/fs.h"
 
 static char dir[] = "/tmp/grpo_fs_XXXXXX";
@@ -29,22 +31,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
-/* The whole file at path, NUL-terminated (NULL when it cannot be read). */
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    char *buf = calloc(1, 1 << 16);
-    size_t n = fread(buf, 1, (1 << 16) - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-    return buf;
+    return test_rm_rf(dir);
 }
 
 /* How many entries dir holds besides . and .. */
@@ -61,7 +48,7 @@ static int entries(const char *d)
 
 static void assert_file(const char *path, const char *want)
 {
-    char *got = slurp(path);
+    char *got = test_read_file(path, NULL);
     assert_non_null(got);
     assert_string_equal(got, want);
     free(got);
@@ -95,7 +82,7 @@ static int probing_writer(FILE *f, void *ctx, char *err, size_t errlen)
     char tmp[700];
     snprintf(tmp, sizeof tmp, "%s.tmp", p->path);
     p->saw_tmp = access(tmp, F_OK) == 0;
-    char *old = slurp(p->path);
+    char *old = test_read_file(p->path, NULL);
     p->saw_old = old && strcmp(old, "old") == 0;
     free(old);
     return fputs("new", f) < 0 ? -1 : 0;

@@ -14,35 +14,12 @@
 
 #include <cmocka.h>
 
+#include "../test_util.h"
+
 #include "worker/formats/gguf.h"
 
-#define FIX "tests/fixtures/formats/"
+#define FIX TEST_FORMATS_FIXTURE
 #define TINY FIX "tiny.gguf"
-
-static void *slurp(const char *path, size_t *n)
-{
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        fail_msg("cannot open fixture %s (run the tests from the project root)", path);
-    fseek(fp, 0, SEEK_END);
-    long sz = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    void *buf = malloc((size_t)sz + 1);
-    assert_non_null(buf);
-    assert_int_equal(fread(buf, 1, (size_t)sz, fp), (size_t)sz);
-    fclose(fp);
-    *n = (size_t)sz;
-    return buf;
-}
-
-static void spit(const char *path, const void *buf, size_t n)
-{
-    FILE *fp = fopen(path, "wb");
-    assert_non_null(fp);
-    if (n)
-        assert_int_equal(fwrite(buf, 1, n, fp), n);
-    assert_int_equal(fclose(fp), 0);
-}
 
 static void tmp_path(char *out, size_t n, const char *tag)
 {
@@ -218,7 +195,7 @@ static void check_tensor_against(struct gguf_file *f, const char *tensor, const 
     if (!t)
         fail_msg("no tensor %s", tensor);
     size_t n;
-    float *want = slurp(ref_path, &n);
+    float *want = must_read(ref_path, &n);
     assert_int_equal(n, t->n_elements * 4);
     float *got = malloc(n);
     assert_non_null(got);
@@ -336,7 +313,7 @@ static void expect_open_fails(const uint8_t *buf, size_t n, const char *needle, 
 {
     char path[128], err[512];
     tmp_path(path, sizeof path, "corrupt");
-    spit(path, buf, n);
+    must_write(path, buf, n, "wb");
     struct gguf_file *f = gguf_open(path, err, sizeof err);
     if (f) {
         gguf_close(f);
@@ -354,7 +331,7 @@ static void test_corrupt_fields(void **state)
 {
     (void)state;
     size_t n;
-    uint8_t *orig = slurp(TINY, &n), *b = malloc(n);
+    uint8_t *orig = must_read(TINY, &n), *b = malloc(n);
     assert_non_null(b);
     struct layout L;
     walk(orig, &L);
@@ -435,7 +412,7 @@ static void test_corrupt_fields(void **state)
     put32(b + L.ti_type[6], 12); /* q6_k -> Q4_K: 144-byte blocks, still inside the file */
     char path[128], err[512];
     tmp_path(path, sizeof path, "q4k");
-    spit(path, b, n);
+    must_write(path, b, n, "wb");
     struct gguf_file *f = gguf_open(path, err, sizeof err);
     if (!f)
         fail_msg("%s", err);
@@ -453,7 +430,7 @@ static void test_corrupt_fields(void **state)
     RESET();
     put32(b + 4, 2);
     tmp_path(path, sizeof path, "v2");
-    spit(path, b, n);
+    must_write(path, b, n, "wb");
     f = gguf_open(path, err, sizeof err);
     if (!f)
         fail_msg("version 2: %s", err);
@@ -471,7 +448,7 @@ static void test_truncated_at_every_offset(void **state)
 {
     (void)state;
     size_t n;
-    uint8_t *orig = slurp(TINY, &n);
+    uint8_t *orig = must_read(TINY, &n);
     char path[128], err[512];
     tmp_path(path, sizeof path, "trunc");
     /* end of the last tensor's data */
@@ -489,7 +466,7 @@ static void test_truncated_at_every_offset(void **state)
     assert_true(need <= n);
     float *out = malloc(512 * sizeof(float));
     for (size_t cut = 0; cut < n; cut++) {
-        spit(path, orig, cut);
+        must_write(path, orig, cut, "wb");
         err[0] = '\0';
         f = gguf_open(path, err, sizeof err);
         if (cut < need) {
@@ -516,7 +493,7 @@ static void test_random_corruption(void **state)
 {
     (void)state;
     size_t n;
-    uint8_t *orig = slurp(TINY, &n), *b = malloc(n);
+    uint8_t *orig = must_read(TINY, &n), *b = malloc(n);
     struct layout L;
     walk(orig, &L);
     char path[128], err[512];
@@ -528,7 +505,7 @@ static void test_random_corruption(void **state)
         int flips = 1 + rand() % 3;
         for (int k = 0; k < flips; k++)
             b[(size_t)rand() % L.infos_end] = (uint8_t)(rand() & 0xff);
-        spit(path, b, n);
+        must_write(path, b, n, "wb");
         struct gguf_file *f = gguf_open(path, err, sizeof err);
         if (!f) {
             if (!strstr(err, path))
@@ -562,7 +539,7 @@ static void test_missing_file(void **state)
     assert_non_null(strstr(err, "/tmp"));
     char path[128];
     tmp_path(path, sizeof path, "empty");
-    spit(path, "", 0);
+    must_write(path, "", 0, "wb");
     assert_null(gguf_open(path, err, sizeof err));
     assert_non_null(strstr(err, path));
     unlink(path);

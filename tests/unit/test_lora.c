@@ -324,7 +324,7 @@ static void test_save_and_merge(void **state)
         model_free(merged);
         model_free(m);
     }
-    rm_rf(tmp);
+    must_rm_rf(tmp);
 }
 
 /* The reference policy: the same model with the adapter bypassed gives the base's logits exactly; the adapter
@@ -440,7 +440,7 @@ static void test_checkpoint_roundtrip(void **state)
     assert_non_null(strstr(err, "holds a LoRA adapter"));
     adamw_free(o), adamw_free(ro), adamw_free(po);
     model_free(m), model_free(r), model_free(plain);
-    rm_rf(tmp);
+    must_rm_rf(tmp);
 }
 
 /* The keys: rank 0 is off; TP or PP with LoRA are refused naming the keys. */

@@ -15,57 +15,13 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+
+#include "../test_util.h"
 #include <jansson.h>
 
 #include "worker/metrics/metrics.h"
 
 /* ------------------------------------------------------------------ helpers */
-
-static char *make_tmpdir(void)
-{
-    char *dir = strdup("/tmp/grpo_metrics_XXXXXX");
-    assert_non_null(mkdtemp(dir));
-    return dir;
-}
-
-static void rm_rf(const char *dir)
-{
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
-}
-
-static char *join(const char *a, const char *b)
-{
-    size_t n = strlen(a) + strlen(b) + 2;
-    char *p = malloc(n);
-    snprintf(p, n, "%s/%s", a, b);
-    return p;
-}
-
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-    buf[n] = '\0';
-    fclose(f);
-    if (len)
-        *len = (size_t)n;
-    return buf;
-}
-
-static void spit(const char *path, const char *text, const char *mode)
-{
-    FILE *f = fopen(path, mode);
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-}
 
 static int count_substr(const char *hay, const char *needle)
 {
@@ -77,7 +33,7 @@ static int count_substr(const char *hay, const char *needle)
 
 static int count_lines(const char *path)
 {
-    char *s = slurp(path, NULL);
+    char *s = must_read(path, NULL);
     int n = 0;
     for (char *p = s; *p; p++)
         n += *p == '\n';
@@ -266,8 +222,8 @@ static void write_steps(const char *path, long first, long last)
 static void test_jsonl_write_read(void **state)
 {
     (void)state;
-    char *dir = make_tmpdir();
-    char *path = join(dir, "metrics.jsonl");
+    char *dir = must_tmpdir("grpo_metrics");
+    char *path = test_path_join(dir, "metrics.jsonl");
     write_steps(path, 1, 5);
     assert_int_equal(count_lines(path), 5);
     struct collected c = {0};
@@ -286,7 +242,7 @@ static void test_jsonl_write_read(void **state)
 
     /* reopening appends; unreadable and non-numeric entries are skipped */
     write_steps(path, 6, 6);
-    spit(path, "not json\n\n{\"step\": 7, \"s\": \"text\", \"b\": true, \"x\": 3}\n[1,2]\n{\"nostep\": 1}\n", "ab");
+    must_append(path, "not json\n\n{\"step\": 7, \"s\": \"text\", \"b\": true, \"x\": 3}\n[1,2]\n{\"nostep\": 1}\n");
     assert_int_equal(metrics_jsonl_read(path, collect_cb, &c), 7);
     assert_int_equal(c.steps[5], 6);
     assert_int_equal(c.steps[6], 7);
@@ -295,7 +251,7 @@ static void test_jsonl_write_read(void **state)
     collected_free(&c);
 
     assert_int_equal(metrics_jsonl_read("/nonexistent/metrics.jsonl", collect_cb, &c), -1);
-    rm_rf(dir);
+    must_rm_rf(dir);
     free(path);
     free(dir);
 }
@@ -303,8 +259,8 @@ static void test_jsonl_write_read(void **state)
 static void test_jsonl_truncate(void **state)
 {
     (void)state;
-    char *dir = make_tmpdir();
-    char *path = join(dir, "metrics.jsonl");
+    char *dir = must_tmpdir("grpo_metrics");
+    char *path = test_path_join(dir, "metrics.jsonl");
     assert_int_equal(metrics_jsonl_truncate_after(path, 3), 0); /* missing file */
     write_steps(path, 1, 5);
     assert_int_equal(metrics_jsonl_truncate_after(path, 3), 2);
@@ -322,20 +278,20 @@ static void test_jsonl_truncate(void **state)
     assert_int_equal(before.st_ino, after.st_ino);
 
     /* a torn last line (crash mid-write) is dropped */
-    spit(path, "{\"step\": 4, \"critic/sc", "ab");
+    must_append(path, "{\"step\": 4, \"critic/sc");
     assert_int_equal(metrics_jsonl_truncate_after(path, 100), 1);
     assert_int_equal(count_lines(path), 3);
-    char *text = slurp(path, NULL);
+    char *text = must_read(path, NULL);
     assert_true(text[strlen(text) - 1] == '\n');
     free(text);
 
     /* a complete last line without its newline is kept and ended */
-    spit(path, "{\"step\": 4, \"x\": 1}", "ab");
+    must_append(path, "{\"step\": 4, \"x\": 1}");
     assert_int_equal(metrics_jsonl_truncate_after(path, 100), 0);
     assert_int_equal(count_lines(path), 4);
 
     /* a writer opened after a torn line starts on a fresh line */
-    spit(path, "{\"step\": 5, \"x\"", "ab");
+    must_append(path, "{\"step\": 5, \"x\"");
     write_steps(path, 6, 6);
     assert_int_equal(metrics_jsonl_read(path, collect_cb, &c), 5);
     assert_int_equal(c.steps[4], 6);
@@ -359,7 +315,7 @@ static void test_jsonl_truncate(void **state)
         entries += e->d_name[0] != '.';
     closedir(d);
     assert_int_equal(entries, 1);
-    rm_rf(dir);
+    must_rm_rf(dir);
     free(path);
     free(dir);
 }
@@ -395,8 +351,8 @@ static void test_history(void **state)
     assert_int_equal(h.n, 2);
     assert_int_equal(h.steps[1].step, 2);
 
-    char *dir = make_tmpdir();
-    char *path = join(dir, "metrics.jsonl");
+    char *dir = must_tmpdir("grpo_metrics");
+    char *path = test_path_join(dir, "metrics.jsonl");
     assert_int_equal(metrics_history_load_jsonl(&h, path, true), 0);
     assert_int_equal(metrics_history_load_jsonl(&h, path, false), -1);
     write_steps(path, 2, 4);
@@ -406,7 +362,7 @@ static void test_history(void **state)
     assert_true(metrics_get(&h.steps[1].m, "val-core/gsm8k/reward/mean@1", NULL));
     metrics_history_free(&h);
     metrics_free(&m);
-    rm_rf(dir);
+    must_rm_rf(dir);
     free(path);
     free(dir);
 }
@@ -518,7 +474,7 @@ static void test_event_encoding(void **state)
 static int read_records(const char *path, uint8_t *records[], size_t lens[], int max)
 {
     size_t len;
-    uint8_t *data = (uint8_t *)slurp(path, &len);
+    uint8_t *data = (uint8_t *)must_read(path, &len);
     size_t off = 0;
     int n = 0;
     while (off < len) {
@@ -553,8 +509,8 @@ static int list_event_files(const char *dir, char names[][256], int max)
 static void test_tb_file(void **state)
 {
     (void)state;
-    char *root = make_tmpdir();
-    char *dir = join(root, "run/tensorboard");
+    char *root = must_tmpdir("grpo_metrics");
+    char *dir = test_path_join(root, "run/tensorboard");
     struct metrics_tb w;
     assert_int_equal(metrics_tb_open(&w, dir, -1), 0);
     struct metrics m;
@@ -603,7 +559,7 @@ static void test_tb_file(void **state)
     assert_non_null(strstr(path, host));
 
     metrics_free(&m);
-    rm_rf(root);
+    must_rm_rf(root);
     free(path);
     free(path2);
     free(dir);
@@ -728,17 +684,17 @@ static void test_xml_checker(void **state)
 
 static char *svg_of(const struct metrics_history *h, const char *title)
 {
-    char *dir = make_tmpdir();
-    char *path = join(dir, "metrics.svg");
+    char *dir = must_tmpdir("grpo_metrics");
+    char *path = test_path_join(dir, "metrics.svg");
     assert_int_equal(metrics_write_svg(path, h, title), 0);
-    char *svg = slurp(path, NULL);
+    char *svg = must_read(path, NULL);
     DIR *d = opendir(dir);
     int entries = 0;
     for (struct dirent *e; (e = readdir(d)) != NULL;)
         entries += e->d_name[0] != '.';
     closedir(d);
     assert_int_equal(entries, 1); /* no temporary left */
-    rm_rf(dir);
+    must_rm_rf(dir);
     free(path);
     free(dir);
     const char *why = xml_check(svg);
@@ -938,8 +894,8 @@ static void log_steps(struct metrics_logger *lg, long first, long last, double b
 static void test_logger_resume(void **state)
 {
     (void)state;
-    char *root = make_tmpdir();
-    char *run = join(root, "runs/grpo/demo");
+    char *root = must_tmpdir("grpo_metrics");
+    char *run = test_path_join(root, "runs/grpo/demo");
     unsigned sinks = METRICS_SINK_JSONL | METRICS_SINK_TENSORBOARD | METRICS_SINK_SVG;
     struct metrics_logger lg;
     assert_int_equal(metrics_logger_open(&lg, run, sinks, 10, -1, "demo"), 0);
@@ -954,7 +910,7 @@ static void test_logger_resume(void **state)
     log_steps(&lg, 4, 6, 100);
     metrics_logger_close(&lg);
 
-    char *jsonl = join(run, "metrics.jsonl");
+    char *jsonl = test_path_join(run, "metrics.jsonl");
     struct collected c = {0};
     assert_int_equal(metrics_jsonl_read(jsonl, collect_cb, &c), 6);
     for (int i = 0; i < 6; i++)
@@ -963,11 +919,11 @@ static void test_logger_resume(void **state)
     assert_true(metrics_get_or(&c.m[3], "critic/score/mean", 0) == 104);
     collected_free(&c);
 
-    char *tb = join(run, "tensorboard");
+    char *tb = test_path_join(run, "tensorboard");
     char names[4][256];
     assert_int_equal(list_event_files(tb, names, 4), 2);
-    char *svg_path = join(run, "metrics.svg");
-    char *svg = slurp(svg_path, NULL);
+    char *svg_path = test_path_join(run, "metrics.svg");
+    char *svg = must_read(svg_path, NULL);
     assert_null(xml_check(svg));
     assert_non_null(strstr(svg, ">demo</text>"));
     assert_non_null(strstr(svg, "steps 1 to 6"));
@@ -979,7 +935,7 @@ static void test_logger_resume(void **state)
     metrics_logger_close(&lg);
     assert_int_equal(count_lines(jsonl), 0);
 
-    rm_rf(root);
+    must_rm_rf(root);
     free(svg_path);
     free(tb);
     free(jsonl);

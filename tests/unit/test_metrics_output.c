@@ -17,22 +17,10 @@
 
 #include <cmocka.h>
 
+#include "../test_util.h"
+
 #include "common/log.h"
 #include "worker/metrics/metrics.h"
-
-static char *make_tmpdir(void)
-{
-    char *dir = strdup("/tmp/grpo_metrics_out_XXXXXX");
-    assert_non_null(mkdtemp(dir));
-    return dir;
-}
-
-static void rm_rf(const char *dir)
-{
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
-}
 
 static int setup(void **state)
 {
@@ -89,7 +77,7 @@ static void fill(struct metrics *m, double v)
 static void test_jsonl_on_full_disk(void **state)
 {
     (void)state;
-    char *dir = make_tmpdir();
+    char *dir = must_tmpdir("grpo_metrics_out");
     char path[600];
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
     assert_int_equal(symlink("/dev/full", path), 0);
@@ -109,7 +97,7 @@ static void test_jsonl_on_full_disk(void **state)
     assert_string_equal(why, want);
     metrics_jsonl_close(&w);
     metrics_free(&m);
-    rm_rf(dir);
+    must_rm_rf(dir);
     free(dir);
 }
 
@@ -168,7 +156,7 @@ static void five_steps_on_full_disk(const char *dir)
 static void test_logger_reports_once(void **state)
 {
     (void)state;
-    char *dir = make_tmpdir();
+    char *dir = must_tmpdir("grpo_metrics_out");
     char path[600], out[16384];
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
     assert_int_equal(symlink("/dev/full", path), 0);
@@ -184,7 +172,7 @@ static void test_logger_reports_once(void **state)
     snprintf(line, sizeof line, "metrics: writing %s: %s", path, strerror(ENOSPC));
     assert_int_equal(count(out, line), 1); /* five steps failed: one error line */
     assert_int_equal(count(out, "error "), 1);
-    rm_rf(dir);
+    must_rm_rf(dir);
     free(dir);
 }
 
@@ -208,7 +196,7 @@ static void three_steps_to_dev_null(const char *dir)
 static void test_dev_null_is_no_failure(void **state)
 {
     (void)state;
-    char *dir = make_tmpdir();
+    char *dir = must_tmpdir("grpo_metrics_out");
     char path[600], out[16384];
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
     assert_int_equal(symlink("/dev/null", path), 0);
@@ -219,7 +207,7 @@ static void test_dev_null_is_no_failure(void **state)
         fprintf(stderr, "child exit %d, stderr:\n%s\n", st, out);
     assert_int_equal(st, 0);
     assert_int_equal(count(out, "error "), 0);
-    rm_rf(dir);
+    must_rm_rf(dir);
     free(dir);
 }
 

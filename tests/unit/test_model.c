@@ -675,7 +675,7 @@ static void test_load_refuses_bad_hf(void **state)
     patch_config(dir, "hidden_size", "4294967328");
     expect_load_fails(dir, "'hidden_size' = 4294967328 is out of range", NULL);
     free(refs);
-    rm_rf(dir);
+    must_rm_rf(dir);
     model_free(m);
 }
 
@@ -809,7 +809,7 @@ static void test_load_refuses_bad_gguf(void **state)
     m->w.layers[0].w_up[5] = NAN;
     write_gguf(m, path, L, 512);
     expect_load_fails(path, "tensor 'blk.0.ffn_up.weight'", "non-finite");
-    rm_rf(dir);
+    must_rm_rf(dir);
     model_free(m);
 }
 

@@ -11,6 +11,8 @@
 
 #include <cmocka.h>
 
+#include "../test_util.h"
+
 #include "worker/model/model.h"
 #include "worker/model/model_io.h"
 #include "worker/plan/planner.h"
@@ -58,8 +60,7 @@ static void test_param_counts(void **state)
      * norms */
     struct model_config t;
     char err[512];
-    assert_int_equal(
-        model_config_from_hf_json("tests/fixtures/tokenizers/bytes-chatml/config.json", &t, err, sizeof err), 0);
+    assert_int_equal(model_config_from_hf_json(TEST_TOKENIZER_FIXTURE "/config.json", &t, err, sizeof err), 0);
     for (int bias = 0; bias < 3; bias++) { /* no bias; q/k/v biases; Qwen3's q/k norms with a head_dim of its own */
         t.attention_bias = bias == 1;
         t.tie_word_embeddings = bias != 1;

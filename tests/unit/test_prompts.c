@@ -12,11 +12,13 @@
 
 #include <cmocka.h>
 
+#include "../test_util.h"
+
 #include "common/config.h"
 #include "worker/tokenizer/tokenizer.h"
 #include "worker/step/prompts.h"
 
-#define TOK_DIR "tests/fixtures/tokenizers/bytes-chatml"
+#define TOK_DIR TEST_TOKENIZER_FIXTURE
 
 static char g_file[64];
 

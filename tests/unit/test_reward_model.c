@@ -13,9 +13,11 @@
 
 #include <cmocka.h>
 
+#include "../test_util.h"
+
 #include "worker/rewards/reward_model.h"
 
-#define FIX "tests/fixtures/models/"
+#define FIX TEST_MODELS_FIXTURE
 
 static void test_scores_match_transformers(void **state)
 {

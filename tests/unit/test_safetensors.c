@@ -17,57 +17,16 @@
 
 #include <cmocka.h>
 
+#include "../test_util.h"
+
 #include "worker/formats/safetensors.h"
 
-#define FIX "tests/fixtures/formats/"
-
-static void *slurp(const char *path, size_t *n)
-{
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        fail_msg("cannot open %s (run the tests from the project root)", path);
-    fseek(fp, 0, SEEK_END);
-    long sz = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    void *buf = malloc((size_t)sz + 1);
-    assert_non_null(buf);
-    assert_int_equal(fread(buf, 1, (size_t)sz, fp), (size_t)sz);
-    fclose(fp);
-    ((char *)buf)[sz] = '\0';
-    *n = (size_t)sz;
-    return buf;
-}
-
-static void spit(const char *path, const void *buf, size_t n)
-{
-    FILE *fp = fopen(path, "wb");
-    assert_non_null(fp);
-    if (n)
-        assert_int_equal(fwrite(buf, 1, n, fp), n);
-    assert_int_equal(fclose(fp), 0);
-}
+#define FIX TEST_FORMATS_FIXTURE
 
 static int exists(const char *path)
 {
     struct stat st;
     return stat(path, &st) == 0;
-}
-
-static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
-static void rm_rf(const char *path) { nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS); }
-
-static char *make_tmpdir(void)
-{
-    char *d = strdup("/tmp/test_st_XXXXXX");
-    assert_non_null(mkdtemp(d));
-    return d;
 }
 
 static void assert_bits_equal(const float *got, const float *want, size_t n, const char *what)
@@ -86,7 +45,7 @@ static void check_against(const struct st_file *f, const char *name, const char 
     if (!t)
         fail_msg("no tensor %s", name);
     size_t n;
-    float *want = slurp(ref, &n);
+    float *want = must_read(ref, &n);
     assert_int_equal(n, t->n_elements * 4);
     float *got = malloc(n + 4);
     if (st_tensor_to_f32(f, t, got, err, sizeof err) != 0)
@@ -179,7 +138,7 @@ static void check_sharded(struct st_model *m)
         assert_ptr_equal(st_find(file, t->name), t);
         snprintf(ref, sizeof ref, FIX "sharded.%s.f32", t->name);
         size_t n;
-        float *want = slurp(ref, &n);
+        float *want = must_read(ref, &n);
         float *got = malloc(n);
         if (st_model_tensor_to_f32(m, t->name, got, err, sizeof err) != 0)
             fail_msg("%s", err);
@@ -244,7 +203,7 @@ static float bf16_round(float x)
 static void test_write_roundtrip(void **state)
 {
     (void)state;
-    char *dir = make_tmpdir(), path[256], err[512];
+    char *dir = must_tmpdir("test_st"), path[256], err[512];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     enum { R = 5, C = 7 };
     float w[R * C], v[C], bf[8], s = 42.5f;
@@ -290,7 +249,7 @@ static void test_write_roundtrip(void **state)
     assert_string_equal(st_metadata(f, "format"), "pt");
     /* F32 stored before BF16, each starting at an offset aligned to its element size */
     size_t n;
-    uint8_t *raw = slurp(path, &n);
+    uint8_t *raw = must_read(path, &n);
     uint64_t hlen;
     memcpy(&hlen, raw, 8);
     assert_int_equal(hlen % 8, 0);
@@ -337,14 +296,14 @@ static void test_write_roundtrip(void **state)
     assert_int_equal(st_num_tensors(f), 1);
     assert_int_equal(st_num_metadata(f), 0);
     st_close(f);
-    rm_rf(dir);
+    must_rm_rf(dir);
     free(dir);
 }
 
 static void test_write_rejects(void **state)
 {
     (void)state;
-    char *dir = make_tmpdir(), path[256], err[512];
+    char *dir = must_tmpdir("test_st"), path[256], err[512];
     snprintf(path, sizeof path, "%s/bad.safetensors", dir);
     float x[4] = {1, 2, 3, 4};
     const int64_t sh[1] = {4}, neg[1] = {-4};
@@ -372,14 +331,14 @@ static void test_write_rejects(void **state)
     const struct st_write_tensor ok = {"a", sh, 1, x, ST_F32};
     assert_int_equal(st_write("/nonexistent/dir/x.safetensors", &ok, 1, NULL, 0, err, sizeof err), -1);
     assert_non_null(strstr(err, "/nonexistent/dir/x.safetensors"));
-    rm_rf(dir);
+    must_rm_rf(dir);
     free(dir);
 }
 
 static void test_write_sharded(void **state)
 {
     (void)state;
-    char *dir = make_tmpdir(), p[512], err[512];
+    char *dir = must_tmpdir("test_st"), p[512], err[512];
     enum { N = 5 };
     float data[N][64];
     int64_t shapes[N][2];
@@ -402,7 +361,7 @@ static void test_write_sharded(void **state)
     snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
     assert_true(exists(p));
     size_t n;
-    char *idx = slurp(p, &n);
+    char *idx = must_read(p, &n);
     assert_non_null(strstr(idx, "\"total_size\": 1152"));
     assert_non_null(strstr(idx, "\"model.layers.3.weight\": \"model-00002-of-00003.safetensors\""));
     free(idx);
@@ -451,7 +410,7 @@ static void test_write_sharded(void **state)
 
     assert_int_equal(st_write_sharded("/nonexistent/dir", ts, N, NULL, 0, 1, NULL, err, sizeof err), -1);
     assert_non_null(strstr(err, "/nonexistent/dir"));
-    rm_rf(dir);
+    must_rm_rf(dir);
     free(dir);
 }
 
@@ -464,7 +423,7 @@ static void write_st(const char *path, const char *header, uint64_t hlen_field, 
     uint8_t *buf = calloc(1, 8 + h + data_len);
     memcpy(buf, &hlen_field, 8);
     memcpy(buf + 8, header, h);
-    spit(path, buf, 8 + h + data_len);
+    must_write(path, buf, 8 + h + data_len, "wb");
     free(buf);
 }
 
@@ -529,7 +488,7 @@ static void test_bad_headers(void **state)
     if (!f)
         fail_msg("%s", err);
     st_close(f);
-    spit(path, "abc", 3);
+    must_write(path, "abc", 3, "wb");
     assert_null(st_open(path, err, sizeof err));
     assert_non_null(strstr(err, path));
     unlink(path);
@@ -539,11 +498,11 @@ static void test_truncated_at_every_offset(void **state)
 {
     (void)state;
     size_t n;
-    uint8_t *orig = slurp(FIX "st_types.safetensors", &n);
+    uint8_t *orig = must_read(FIX "st_types.safetensors", &n);
     char path[128], err[512];
     snprintf(path, sizeof path, "/tmp/test_st_%ld_trunc.safetensors", (long)getpid());
     for (size_t cut = 0; cut < n; cut++) {
-        spit(path, orig, cut);
+        must_write(path, orig, cut, "wb");
         err[0] = '\0';
         struct st_file *f = st_open(path, err, sizeof err);
         if (f)
@@ -551,7 +510,7 @@ static void test_truncated_at_every_offset(void **state)
         if (!strstr(err, path))
             fail_msg("cut at %zu: error does not name the file: '%s'", cut, err);
     }
-    spit(path, orig, n);
+    must_write(path, orig, n, "wb");
     struct st_file *f = st_open(path, err, sizeof err);
     assert_non_null(f);
     st_close(f);
@@ -562,8 +521,8 @@ static void test_truncated_at_every_offset(void **state)
 static void copy_file(const char *from, const char *to)
 {
     size_t n;
-    void *b = slurp(from, &n);
-    spit(to, b, n);
+    void *b = must_read(from, &n);
+    must_write(to, b, n, "wb");
     free(b);
 }
 
@@ -571,7 +530,7 @@ static void expect_model_fails(const char *dir, const char *index_text, const ch
 {
     char p[512], err[512];
     snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
-    spit(p, index_text, strlen(index_text));
+    must_write(p, index_text, strlen(index_text), "wb");
     struct st_model *m = st_model_open(dir, err, sizeof err);
     if (m)
         fail_msg("index accepted: %s", index_text);
@@ -582,7 +541,7 @@ static void expect_model_fails(const char *dir, const char *index_text, const ch
 static void test_bad_index(void **state)
 {
     (void)state;
-    char *dir = make_tmpdir(), p[512];
+    char *dir = must_tmpdir("test_st"), p[512];
     const char *s1 = "model-00001-of-00002.safetensors", *s2 = "model-00002-of-00002.safetensors";
     snprintf(p, sizeof p, "%s/%s", dir, s1);
     copy_file(FIX "sharded/model-00001-of-00002.safetensors", p);
@@ -607,12 +566,12 @@ static void test_bad_index(void **state)
                        "'model.layers.0.mlp.up_proj.weight' is not in the index");
     /* a corrupt shard: the error names the shard */
     snprintf(p, sizeof p, "%s/%s", dir, s2);
-    spit(p, "\x10\0\0\0\0\0\0\0{}", 10);
+    must_write(p, "\x10\0\0\0\0\0\0\0{}", 10, "wb");
     expect_model_fails(dir,
                        "{\"weight_map\":{\"model.embed_tokens.weight\":\"model-00001-of-00002.safetensors\","
                        "\"model.norm.weight\":\"model-00002-of-00002.safetensors\"}}",
                        s2);
-    rm_rf(dir);
+    must_rm_rf(dir);
     free(dir);
 }
 

@@ -16,6 +16,8 @@
 
 #include <cmocka.h>
 
+#include "../test_util.h"
+
 #include "common/clock.h"
 #include "worker/formats/gguf.h"
 #include "worker/tokenizer/tokenizer.h"
@@ -53,29 +55,6 @@ static void expect_ids(const struct tokenizer *t, const char *text, const int32_
         const int32_t want_[] = {__VA_ARGS__};                                                                         \
         expect_ids((t), (text), want_, sizeof want_ / sizeof want_[0]);                                                \
     } while (0)
-
-static char *tmpdir_make(void)
-{
-    char *d = strdup("/tmp/grpo_tok_XXXXXX");
-    assert_non_null(mkdtemp(d));
-    return d;
-}
-
-static char *path_join(const char *dir, const char *name)
-{
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char *p = malloc(n);
-    snprintf(p, n, "%s/%s", dir, name);
-    return p;
-}
-
-static void write_file(const char *path, const char *text, size_t len)
-{
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(text, 1, len, f), len);
-    fclose(f);
-}
 
 /* ---- tiny hand-made tokenizers (no model needed) ---- */
 
@@ -274,8 +253,8 @@ static void test_tiny_save_reload(void **state)
     assert_true(tokenizer_adds_bos(t));
     assert_int_equal(tokenizer_bos_id(t), 8);
     tokenizer_set_chat_template(t, "{{ '<|im_start|>system\nBe kind.<|im_end|>\n' }}");
-    char *dir = tmpdir_make();
-    char *tj = path_join(dir, "tokenizer.json"), *tc = path_join(dir, "tokenizer_config.json");
+    char *dir = must_tmpdir("grpo_tok");
+    char *tj = test_path_join(dir, "tokenizer.json"), *tc = test_path_join(dir, "tokenizer_config.json");
     char err[512];
     assert_int_equal(tokenizer_save_json(t, tj, err, sizeof err), 0);
     assert_int_equal(tokenizer_save_config_json(t, tc, err, sizeof err), 0);
@@ -293,7 +272,7 @@ static void test_tiny_save_reload(void **state)
     const char *cfg = "{\"bos_token\":{\"content\":\"<|x|>\",\"__type\":\"AddedToken\"},\"eos_token\":\"<|x|>\","
                       "\"add_bos_token\":false,\"chat_template\":[{\"name\":\"tool_use\",\"template\":\"T\"},"
                       "{\"name\":\"default\",\"template\":\"D\"}]}";
-    write_file(tc, cfg, strlen(cfg));
+    must_write(tc, cfg, strlen(cfg), "wb");
     u = tokenizer_from_json(tj, err, sizeof err);
     assert_non_null(u);
     assert_false(tokenizer_adds_bos(u));
@@ -312,9 +291,9 @@ static void test_tiny_save_reload(void **state)
 
 static void expect_load_error(const char *json, const char *needle)
 {
-    char *dir = tmpdir_make();
-    char *p = path_join(dir, "tokenizer.json");
-    write_file(p, json, strlen(json));
+    char *dir = must_tmpdir("grpo_tok");
+    char *p = test_path_join(dir, "tokenizer.json");
+    must_write(p, json, strlen(json), "wb");
     char err[512] = "";
     struct tokenizer *t = tokenizer_from_json(p, err, sizeof err);
     if (t)
@@ -401,7 +380,7 @@ static void test_ids_bounded_by_file(void **state)
     assert_int_equal(n, 1);
     assert_int_equal(ids[0], 2);
     free(ids);
-    char *dir = tmpdir_make(), *p = path_join(dir, "tokenizer.json"), err[512];
+    char *dir = must_tmpdir("grpo_tok"), *p = test_path_join(dir, "tokenizer.json"), err[512];
     assert_int_equal(tokenizer_save_json(t, p, err, sizeof err), 0);
     unlink(p);
     rmdir(dir);
@@ -692,8 +671,8 @@ static void test_model_save_json_roundtrip(void **state)
 {
     (void)state;
     NEED_MODEL(t);
-    char *dir = tmpdir_make();
-    char *tj = path_join(dir, "tokenizer.json"), *tc = path_join(dir, "tokenizer_config.json");
+    char *dir = must_tmpdir("grpo_tok");
+    char *tj = test_path_join(dir, "tokenizer.json"), *tc = test_path_join(dir, "tokenizer_config.json");
     char err[512];
     if (tokenizer_save_json(t, tj, err, sizeof err) != 0)
         fail_msg("save_json: %s", err);
@@ -738,8 +717,8 @@ static void test_model_pre_variants(void **state)
 {
     (void)state;
     NEED_MODEL(t);
-    char *dir = tmpdir_make();
-    char *tj = path_join(dir, "tokenizer.json");
+    char *dir = must_tmpdir("grpo_tok");
+    char *tj = test_path_join(dir, "tokenizer.json");
     char err[512];
     if (tokenizer_save_json(t, tj, err, sizeof err) != 0)
         fail_msg("save_json: %s", err);

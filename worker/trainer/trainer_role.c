@@ -101,7 +101,7 @@ static int receive_one(struct trainer_rank *r, int64_t k, int timeout_ms)
     struct pending p = {0};
     int rc = wire_unpack_batch(buf, len, &r->lim, &p.h, &p.b, err, sizeof err);
     if (rc == 0 && r->mp) {
-        p.raw = xmalloc(len);
+        p.raw = xcalloc((len + 3) / 4 * 4, 1); /* share_step broadcasts it in whole 32-bit words */
         memcpy(p.raw, buf, len);
         p.raw_len = len;
     }

@@ -1,0 +1,155 @@
+# shellcheck shell=bash
+# The one shell library of the system, mpi and gpu suites, sourced by every shell test (directly or through its
+# suite's layer: tests/system/grpod_lib.sh, tests/mpi/dist_lib.sh, tests/gpu/gpu_lib.sh).
+# usage: . "$(dirname "$0")/../lib.sh" PREFIX
+# It gives:
+#   $TMP            a fresh temporary directory /tmp/PREFIX.XXXXXX, removed at exit (kept when KEEP_TMP is set);
+#                   at exit every background process the test started (and their children) is killed first
+#   $SRC_ROOT, $TOK the source tree, and the byte-level tokenizer fixture (tests/fixtures/tokenizers/bytes-chatml)
+#   $fails          the failed checks so far; expect NAME STATUS, fail NAME, finish [LOG...]
+#   has FILE TEXT, says FILE TEXT, lines_with FILE TEXT, has_lines FILE TEXT N, steps_logged METRICS N
+#   wait_for SECONDS CMD..., switches PID, ran_since PID COUNT SWITCHES, paused_in_place LOG...
+#   track PID       a background process to kill at exit (besides the shell's own jobs)
+#   need_bin VAR PATH, test_env, tiny_model DIR [SEED [CONFIG]]
+#   grpod: start_grpod, stop_grpod, status_field, state_is, field_is, field_at_least, step_at_least (with $GRPOD, $GRPOCTL and $EP set)
+# Waits are bounded and FAIL when time runs out: a check that something did not happen follows an observable
+# event that proves the run went past the point where it would have happened, never a sleep.
+set -u
+[ -n "${GRPO_TEST_LIB:-}" ] && return 0 # sourced already (through two suite layers)
+GRPO_TEST_LIB=1
+SRC_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+TOK="$SRC_ROOT/tests/fixtures/tokenizers/bytes-chatml"
+TMP="$(mktemp -d "/tmp/${1:-grpo-test}.XXXXXX")" || { echo "FAIL cannot make a temporary directory"; exit 1; }
+fails=0
+PIDS=()
+
+# descendants PID: the process's children, their children, ... (deepest last)
+descendants() {
+    local c
+    for c in $(pgrep -P "$1" 2>/dev/null); do
+        echo "$c"
+        descendants "$c"
+    done
+}
+
+LIB_SHELL=$BASHPID
+lib_cleanup() {
+    # only the test's own shell cleans up: a subshell that runs the trap (bash may, in an asynchronous command's
+    # expansions) must not kill the test's processes or remove $TMP
+    [ "$BASHPID" = "$LIB_SHELL" ] || return 0
+    local p all=()
+    for p in "${PIDS[@]}" $(jobs -p); do
+        kill -0 "$p" 2>/dev/null || continue
+        all+=("$p" $(descendants "$p"))
+    done
+    for p in "${all[@]}"; do kill -CONT "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    if [ -n "${KEEP_TMP:-}" ]; then echo "kept $TMP"; else rm -rf "$TMP"; fi
+}
+trap lib_cleanup EXIT
+
+# track PID: kill PID (and its children) at exit if it still runs
+track() { PIDS+=("$1"); }
+
+# expect NAME STATUS: one check, passed when STATUS is 0
+expect() {
+    if [ "$2" -eq 0 ]; then echo "ok   $1"; else echo "FAIL $1"; fails=$((fails + 1)); fi
+}
+# fail NAME: a failed check
+fail() { expect "$1" 1; }
+
+# finish [LOG...]: the summary line; on a failure the tails of LOG... (default: $TMP/*.log) and exit 1, else exit 0
+finish() {
+    echo "$fails failure(s)"
+    [ "$fails" -eq 0 ] && exit 0
+    local f logs=("$@")
+    [ $# -eq 0 ] && logs=("$TMP"/*.log)
+    for f in "${logs[@]}"; do [ -f "$f" ] && { echo "---- $f (tail)"; tail -n 30 "$f"; }; done
+    exit 1
+}
+
+# has FILE TEXT: FILE contains TEXT (fixed string)
+has() { grep -qF -- "$2" "$1"; }
+# says FILE TEXT: has, and when TEXT is missing, FILE's tail is shown
+says() { has "$1" "$2" || { echo "     missing '$2' in:"; tail -5 "$1" | sed 's/^/     | /'; return 1; }; }
+# steps_logged METRICS N: METRICS (a run's metrics.jsonl) holds N steps or more
+steps_logged() { [ "$(grep -c . "$1" 2>/dev/null)" -ge "$2" ]; }
+
+# wait_for SECONDS CMD...: run CMD until it succeeds (0) or SECONDS run out (1)
+wait_for() {
+    local until=$(( $(date +%s%N) / 1000000 + ${1%.*} * 1000 )); shift
+    while :; do
+        "$@" 2>/dev/null && return 0
+        [ $(( $(date +%s%N) / 1000000 )) -ge "$until" ] && return 1
+        sleep 0.1
+    done
+}
+
+# lines_with FILE TEXT: how many lines of FILE hold TEXT (fixed string), 0 when there is no FILE
+lines_with() { local n; n=$(grep -cF -- "$2" "$1" 2>/dev/null); echo "${n:-0}"; }
+# has_lines FILE TEXT N: FILE holds at least N lines with TEXT
+has_lines() { [ "$(lines_with "$1" "$2")" -ge "$3" ]; }
+
+# switches PID: how many times PID's main thread has been scheduled off the CPU
+switches() { awk '/ctxt_switches/ { n += $2 } END { print n + 0 }' "/proc/$1/task/$1/status" 2>/dev/null; }
+# ran_since PID COUNT SWITCHES: PID's main thread was scheduled COUNT more times since it had SWITCHES: proof it
+# went on running (through its loop) after an event
+ran_since() { [ "$(switches "$1")" -ge $(( $3 + $2 )) ]; }
+
+# need_bin VAR PATH: VAR set to PATH's absolute name (meson passes the built binaries as arguments)
+need_bin() {
+    [ -x "$2" ] || { echo "FAIL $2 is not an executable (run the test with meson test)"; exit 1; }
+    printf -v "$1" '%s' "$(realpath "$2")"
+}
+
+# test_env: one BLAS/OpenMP thread, mpirun as root
+test_env() { export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; }
+
+# tiny_model DIR [SEED [CONFIG]]: a tiny random model (std 0.1, default seed 11, default CONFIG the byte-level
+# tokenizer's config.json) with the byte-level tokenizer, made in DIR by $MODEL_TOOL; log appended to
+# $TMP/init.log; the tool's status
+tiny_model() {
+    "$MODEL_TOOL" init "${3:-$TOK/config.json}" "$1" --tokenizer-from "$TOK" --seed "${2:-11}" --std 0.1 \
+        >>"$TMP/init.log" 2>&1
+}
+
+# paused_in_place LOG...: each worker (each rank) logging to LOG... paused once and resumed at the very step it
+# paused at: no step while paused. Read it after the "resumed at step" lines are there: they are the event that
+# ends the pause, so nothing the pause held back can come later.
+paused_in_place() {
+    cat "$@" | awk '
+        { r = match($0, /\[rank [0-9]+\]/) ? substr($0, RSTART, RLENGTH) : "-" }
+        match($0, /control: paused at step [0-9]+;/) { p[r]++; ps[r] = substr($0, RSTART + 24) + 0 }
+        match($0, /control: resumed at step [0-9]+/) { q[r]++; qs[r] = substr($0, RSTART + 25) + 0 }
+        END {
+            for (r in q) if (!(r in p)) exit 1
+            for (r in p) { n++; if (p[r] != 1 || q[r] != 1 || ps[r] != qs[r]) exit 1 }
+            exit n == 0
+        }'
+}
+
+# ---- grpod ($GRPOD, $GRPOCTL, $EP)
+
+# start_grpod NAME [key=value ...]: grpod with its state in $TMP/NAME.state, log in $TMP/NAME.log, pid in
+# GRPOD_PID; waits until it answers (status 1 if it does not within 10 s)
+start_grpod() {
+    local name="$1"; shift
+    "$GRPOD" grpod.endpoint="$EP" grpod.state_dir="$TMP/$name.state" grpod.http_listen=127.0.0.1:0 \
+        grpod.heartbeat_interval_s=0.2 grpod.heartbeat_timeout_s=3 "$@" >>"$TMP/$name.log" 2>&1 &
+    GRPOD_PID=$!
+    track "$GRPOD_PID"
+    wait_for 10 "$GRPOCTL" status >/dev/null
+}
+# stop_grpod [SIGNAL]: end the grpod of start_grpod (SIGTERM by default); its exit status
+stop_grpod() { kill "-${1:-TERM}" "$GRPOD_PID" 2>/dev/null; wait "$GRPOD_PID" 2>/dev/null; }
+
+# status_field EXPR: a jq expression over `grpoctl status --json`
+status_field() { "$GRPOCTL" status --json 2>/dev/null | jq -r "$1"; }
+# state_is STATE: the run is in STATE
+state_is() { [ "$(status_field .state)" = "$1" ]; }
+# field_is EXPR VALUE: status_field EXPR is VALUE
+field_is() { [ "$(status_field "$1")" = "$2" ]; }
+# field_at_least EXPR N: status_field EXPR is a number, N or more
+field_at_least() { [ "$(status_field "$1")" -ge "$2" ] 2>/dev/null; }
+# step_at_least N: grpod reports step N or later
+step_at_least() { field_at_least .step "$1"; }
