@@ -49,8 +49,7 @@ int fs_fsync_path(const char *path)
     return rc;
 }
 
-/* The directory part of path ("." when there is none). */
-static char *dir_of(const char *path)
+char *fs_dir_of(const char *path)
 {
     const char *slash = strrchr(path, '/');
     if (!slash)
@@ -65,7 +64,7 @@ static char *dir_of(const char *path)
 
 int fs_fsync_dir_of(const char *path, char *err, size_t errlen)
 {
-    char *dir = dir_of(path);
+    char *dir = fs_dir_of(path);
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     int rc = 0;
     if (fd < 0) {

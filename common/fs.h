@@ -22,5 +22,7 @@ int fs_fsync_path(const char *path);
 /* fsync the directory that holds path (the record of a rename or an unlink there); EINVAL (a file system
  * that cannot) counts as done. 0, or -1 with err naming path and the directory. */
 int fs_fsync_dir_of(const char *path, char *err, size_t errlen);
+/* The directory part of path (".", or "/", when it has none), malloc'd. */
+char *fs_dir_of(const char *path);
 
 #endif

@@ -6,6 +6,8 @@
 
 #include <ftw.h>
 #include <math.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,5 +164,18 @@ static inline void must_rm_rf(const char *path)
         fail_msg("cannot remove %s", path);
 }
 #endif
+
+/* CRC-32C bit at a time (Castagnoli, reflected 0x82F63B78): the reference the table-driven common/crc32c and the
+ * TensorBoard records are checked against. */
+static inline uint32_t test_crc32c_bitwise(const uint8_t *p, size_t n)
+{
+    uint32_t crc = 0xffffffffu;
+    for (size_t i = 0; i < n; i++) {
+        crc ^= p[i];
+        for (int k = 0; k < 8; k++)
+            crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
+    }
+    return ~crc;
+}
 
 #endif

@@ -123,18 +123,7 @@ static void grant_of(struct dispatch_core *d, const struct proc *p, bool ping, d
     if (r->body_case != GRPO__ENVELOPE__BODY_WORK_GRANT)
         fail_msg("rank %d: expected a grant, got body %d (%s)", p->rank, (int)r->body_case,
                  r->body_case == GRPO__ENVELOPE__BODY_REPLY ? r->reply->error : "");
-    const Grpo__WorkGrant *x = r->work_grant;
-    *g = (struct work_grant){.kind = (enum work_kind)x->kind,
-                             .step = x->step,
-                             .unit = x->unit,
-                             .units = x->units,
-                             .version = x->version,
-                             .start = x->start_step,
-                             .total_steps = x->total_steps,
-                             .start_epoch = x->start_epoch,
-                             .start_cursor = x->start_cursor,
-                             .n_floats = (size_t)x->n_floats};
-    snprintf(g->reason, sizeof g->reason, "%s", x->reason);
+    work_grant_of(r->work_grant, g);
     protocol_free(r);
 }
 

@@ -1,18 +1,17 @@
 #!/usr/bin/env bash
 # scripts/check_doc_paths.py: every path the docs name exists in the tree, and a stale one is caught, naming the
 # document, the line and the path.
-set -uo pipefail
+set -o pipefail
 check="$1"
 root="$2"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-fail=0
+. "$(dirname "$0")/../lib.sh" doc-paths-test
+tmp="$TMP"
 if out="$(python3 "$check" "$root" 2>&1)"; then
     echo "ok: every path the docs name exists"
 else
     echo "FAIL: the docs name paths that do not exist:"
     echo "$out"
-    fail=1
+    fails=$((fails + 1))
 fi
 # a small tree: one real file, and docs that name it, a folder, a glob, a brace list, and stale paths
 mkdir -p "$tmp/worker/plane" "$tmp/docs"
@@ -23,7 +22,7 @@ The codec is `worker/plane/wire.c`, in `worker/plane/`; all of `worker/plane/*.c
 DOC
 if python3 "$check" "$tmp" >/dev/null 2>&1; then echo "ok: existing paths pass"; else
     echo "FAIL: a tree whose docs name only existing paths was refused"
-    fail=1
+    fails=$((fails + 1))
 fi
 cat >"$tmp/docs/ARCHITECTURE.md" <<'DOC'
 Line one.
@@ -37,7 +36,7 @@ for want in "docs/ARCHITECTURE.md:2: worker/rollout/wire.c does not exist" \
     if [ $rc -ne 0 ] && grep -qF "$want" <<<"$out"; then echo "ok: caught: $want"; else
         echo "FAIL: not caught (rc $rc): $want"
         echo "$out"
-        fail=1
+        fails=$((fails + 1))
     fi
 done
-exit $fail
+finish

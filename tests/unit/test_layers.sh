@@ -1,22 +1,21 @@
 #!/usr/bin/env bash
 # scripts/check_layers.py: the tree as it is passes, and each kind of crossing it exists to catch fails,
 # naming the file, the line and the include.
-set -uo pipefail
+set -o pipefail
 check="$1"
 root="$2"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-fail=0
+. "$(dirname "$0")/../lib.sh" layers-test
+tmp="$TMP"
 expect_fail() { # DESCRIPTION FILE INCLUDE
     local d="$tmp/$1"
     mkdir -p "$d/$(dirname "$2")"
     printf '#include <stdio.h>\n#include "%s"\n' "$3" >"$d/$2"
     if out="$(python3 "$check" "$d" 2>&1)"; then
         echo "FAIL: $1: $2 including $3 passed the check"
-        fail=1
+        fails=$((fails + 1))
     elif ! grep -qF "$2:2: includes \"$3\"" <<<"$out"; then
         echo "FAIL: $1: the error does not name $2:2 and $3: $out"
-        fail=1
+        fails=$((fails + 1))
     else
         echo "ok: $1 refused"
     fi
@@ -26,7 +25,7 @@ if out="$(python3 "$check" "$root" 2>&1)"; then
 else
     echo "FAIL: the source tree crosses a layer:"
     echo "$out"
-    fail=1
+    fails=$((fails + 1))
 fi
 expect_fail trainer-rollout worker/trainer/x.c worker/rollout/y.h
 expect_fail rollout-trainer worker/rollout/x.c worker/trainer/trainer.h
@@ -40,6 +39,6 @@ mkdir -p "$tmp/allowed/worker/trainer"
 printf '#include "worker/step/batch.h"\n' >"$tmp/allowed/worker/trainer/x.c"
 if python3 "$check" "$tmp/allowed" >/dev/null 2>&1; then echo "ok: trainer -> step allowed"; else
     echo "FAIL: trainer including worker/step was refused"
-    fail=1
+    fails=$((fails + 1))
 fi
-exit $fail
+finish

@@ -369,23 +369,11 @@ static void test_history(void **state)
 
 /* -------------------------------------------------------------- TensorBoard */
 
-/* Bit-at-a-time CRC-32C, independent of the table-driven one. */
-static uint32_t crc32c_bitwise(const uint8_t *p, size_t n)
-{
-    uint32_t crc = 0xffffffffu;
-    for (size_t i = 0; i < n; i++) {
-        crc ^= p[i];
-        for (int k = 0; k < 8; k++)
-            crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
-    }
-    return ~crc;
-}
-
 /* TFRecord's mask over the CRC-32C of common/crc32c (whose own vectors are in test_crc32c.c). */
 static void test_crc32c_masked(void **state)
 {
     (void)state;
-    uint32_t c = crc32c_bitwise((const uint8_t *)"123456789", 9);
+    uint32_t c = test_crc32c_bitwise((const uint8_t *)"123456789", 9);
     assert_int_equal(c, 0xE3069283u);
     assert_int_equal(crc32c_masked("123456789", 9), ((c >> 15) | (c << 17)) + 0xa282ead8u);
     assert_int_equal(crc32c_masked("", 0), 0xa282ead8u);
@@ -412,9 +400,9 @@ static void test_tfrecord_frame(void **state)
     uint8_t out[64];
     assert_int_equal(tfrecord_frame(out, "hello", 5), 21);
     assert_int_equal(le64(out), 5);
-    assert_int_equal(le32(out + 8), mask(crc32c_bitwise(out, 8)));
+    assert_int_equal(le32(out + 8), mask(test_crc32c_bitwise(out, 8)));
     assert_memory_equal(out + 12, "hello", 5);
-    assert_int_equal(le32(out + 17), mask(crc32c_bitwise((const uint8_t *)"hello", 5)));
+    assert_int_equal(le32(out + 17), mask(test_crc32c_bitwise((const uint8_t *)"hello", 5)));
     /* empty record */
     assert_int_equal(tfrecord_frame(out, "", 0), 16);
     assert_int_equal(le64(out), 0);
@@ -480,9 +468,9 @@ static int read_records(const char *path, uint8_t *records[], size_t lens[], int
     while (off < len) {
         assert_true(off + 12 <= len);
         uint64_t rl = le64(data + off);
-        assert_int_equal(le32(data + off + 8), mask(crc32c_bitwise(data + off, 8)));
+        assert_int_equal(le32(data + off + 8), mask(test_crc32c_bitwise(data + off, 8)));
         assert_true(off + 16 + rl <= len);
-        assert_int_equal(le32(data + off + 12 + rl), mask(crc32c_bitwise(data + off + 12, rl)));
+        assert_int_equal(le32(data + off + 12 + rl), mask(test_crc32c_bitwise(data + off + 12, rl)));
         assert_true(n < max);
         records[n] = malloc(rl ? rl : 1);
         memcpy(records[n], data + off + 12, rl);

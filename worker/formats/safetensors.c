@@ -423,20 +423,6 @@ static char *join_path(const char *dir, const char *name)
     return r;
 }
 
-/* Directory part of a path ("." when there is none). */
-static char *dir_of(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    if (!slash)
-        return xstrdup(".");
-    if (slash == path)
-        return xstrdup("/");
-    char *r = xmalloc((size_t)(slash - path) + 1);
-    memcpy(r, path, (size_t)(slash - path));
-    r[slash - path] = '\0';
-    return r;
-}
-
 static int is_regular(const char *path)
 {
     struct stat st;
@@ -466,7 +452,7 @@ static struct st_model *model_sharded(const char *index, char *err, size_t errle
     if (fmt_map_file(index, 1, "index", &map, &size, err, errlen))
         return NULL;
     struct st_model *m = xcalloc(1, sizeof *m);
-    char *dir = dir_of(index);
+    char *dir = fs_dir_of(index);
     json_t *root = NULL;
     json_error_t jerr;
     if (size > ST_MAX_HEADER_BYTES) {

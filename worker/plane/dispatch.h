@@ -85,6 +85,10 @@ struct work_grant {
 };
 
 struct work_client;
+struct Grpo__WorkGrant;
+
+/* A WorkGrant as it came off the wire, as a struct work_grant (the reason truncated to fit). */
+void work_grant_of(const struct Grpo__WorkGrant *x, struct work_grant *g);
 
 /* Connect to the dispatcher as the process serving rollout rank `rank`, and start pinging every ping_s
  * seconds. NULL with err on failure. */

@@ -96,6 +96,21 @@ struct work_client *work_client_open(const char *endpoint, const char *secret, i
     return c;
 }
 
+void work_grant_of(const Grpo__WorkGrant *x, struct work_grant *g)
+{
+    *g = (struct work_grant){.kind = (enum work_kind)x->kind,
+                             .step = x->step,
+                             .unit = x->unit,
+                             .units = x->units,
+                             .version = x->version,
+                             .start = x->start_step,
+                             .total_steps = x->total_steps,
+                             .start_epoch = x->start_epoch,
+                             .start_cursor = x->start_cursor,
+                             .n_floats = (size_t)x->n_floats};
+    snprintf(g->reason, sizeof g->reason, "%s", x->reason ? x->reason : "");
+}
+
 int work_client_next(struct work_client *c, struct work_grant *g, int timeout_ms, char *err, size_t errlen)
 {
     Grpo__Envelope req = GRPO__ENVELOPE__INIT;
@@ -115,18 +130,7 @@ int work_client_next(struct work_client *c, struct work_grant *g, int timeout_ms
                r->work_grant->kind > WORK_END) {
         rc = error_set(err, errlen, "the dispatcher answered a work request with something else");
     } else {
-        const Grpo__WorkGrant *x = r->work_grant;
-        *g = (struct work_grant){.kind = (enum work_kind)x->kind,
-                                 .step = x->step,
-                                 .unit = x->unit,
-                                 .units = x->units,
-                                 .version = x->version,
-                                 .start = x->start_step,
-                                 .total_steps = x->total_steps,
-                                 .start_epoch = x->start_epoch,
-                                 .start_cursor = x->start_cursor,
-                                 .n_floats = (size_t)x->n_floats};
-        snprintf(g->reason, sizeof g->reason, "%s", x->reason);
+        work_grant_of(r->work_grant, g);
         if (g->kind == WORK_UNIT && (g->units < 1 || g->unit < 0 || g->unit >= g->units))
             rc = error_set(err, errlen, "the dispatcher granted unit %d of %d", g->unit, g->units);
     }
