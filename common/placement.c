@@ -87,7 +87,17 @@ int placement_of(const struct placement_spec *s, int rank, int world, struct pla
                      T, R, T + R, world);
             return -1;
         }
-        if (rank >= T) {
+        if (R == 0) { /* verl's colocated layout: every rank generates and trains */
+            if (world > 1) {
+                snprintf(why, whylen,
+                         "%d trainer ranks and no rollout ranks: colocated ranks (every rank generating and training, "
+                         "verl's hybrid engine) run in one process only so far; give the rollout ranks "
+                         "(rollout.nnodes x rollout.n_gpus_per_node, or placement.rollout_ranks) or start 1 rank",
+                         T);
+                return -1;
+            }
+            p->role = PLACE_HYBRID; /* one process, as with no placement keys at all */
+        } else if (rank >= T) {
             const int rtp = s->rollout_tp > 1 ? s->rollout_tp : 1;
             if (R % rtp != 0) {
                 snprintf(why, whylen,
@@ -105,9 +115,10 @@ int placement_of(const struct placement_spec *s, int rank, int world, struct pla
             p->engine = p->dp / rtp;
             p->engines = R / rtp;
             return 0;
+        } else {
+            p->role = PLACE_TRAINER;
+            n = T;
         }
-        p->role = PLACE_TRAINER;
-        n = T;
     }
     if (n % (tp * pp) != 0) {
         snprintf(why, whylen,
