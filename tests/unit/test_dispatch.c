@@ -216,6 +216,22 @@ static struct dispatch_stats cstats(const struct dispatch_core *d)
     return st;
 }
 
+/* Rank 0's first grant of a run of 2 units and 3 steps from step 0 (data cursor epoch 3, index 17) of an n-float
+ * policy: step 1's unit 0, with version 0, and the run's whole shape. */
+static void expect_first_grant(const struct work_grant *g, size_t n)
+{
+    assert_int_equal(g->kind, WORK_UNIT);
+    assert_int_equal(g->step, 1);
+    assert_int_equal(g->unit, 0);
+    assert_int_equal(g->units, 2);
+    assert_int_equal(g->version, 0);
+    assert_int_equal(g->start, 0);
+    assert_int_equal(g->total_steps, 3);
+    assert_int_equal(g->start_epoch, 3);
+    assert_int_equal(g->start_cursor, 17);
+    assert_int_equal(g->n_floats, n);
+}
+
 static float *weights(size_t n, float scale, float offset)
 {
     float *w = malloc(n * sizeof *w);
@@ -245,16 +261,7 @@ static void test_grants_and_versions(void **state)
     publish(d, 0, w0);
     struct work_grant g;
     grant_of(d, &c0, false, t, &g);
-    assert_int_equal(g.kind, WORK_UNIT);
-    assert_int_equal(g.step, 1);
-    assert_int_equal(g.unit, 0);
-    assert_int_equal(g.units, 2);
-    assert_int_equal(g.version, 0);
-    assert_int_equal(g.start, 0);
-    assert_int_equal(g.total_steps, 3);
-    assert_int_equal(g.start_epoch, 3);
-    assert_int_equal(g.start_cursor, 17);
-    assert_int_equal(g.n_floats, N);
+    expect_first_grant(&g, N);
     expect_unit_at(d, &c1, t, 1, 1, 0);
     /* step 2 needs version 1 */
     expect_wait_at(d, &c0, t, "step 2", "version 1");
@@ -805,15 +812,7 @@ static void test_shell_end_to_end(void **state)
 
     dispatcher_publish(d, 0, w0);
     next_ok(c0, &g);
-    assert_int_equal(g.kind, WORK_UNIT);
-    assert_int_equal(g.step, 1);
-    assert_int_equal(g.unit, 0);
-    assert_int_equal(g.units, 2);
-    assert_int_equal(g.version, 0);
-    assert_int_equal(g.total_steps, 3);
-    assert_int_equal(g.start_epoch, 3);
-    assert_int_equal(g.start_cursor, 17);
-    assert_int_equal(g.n_floats, N);
+    expect_first_grant(&g, N);
     next_ok(c1, &g);
     assert_int_equal(g.kind, WORK_UNIT);
     assert_int_equal(g.unit, 1);
