@@ -479,6 +479,7 @@ int trainer_run(struct trainer *t)
     }
     while (t->st.global_step < t->st.total_steps) {
         t->iter_t0 = clock_now_s();
+        t->wait_t0 = comm_wait_seconds();
         int act = decide(t);
         /* a stop checkpoints too, unless this step is already saved */
         bool saved = act & TRAINER_ALREADY_SAVED;
@@ -861,6 +862,7 @@ int64_t trainer_step(const struct trainer *t) { return t->st.global_step; }
 const char *trainer_failure(const struct trainer *t) { return t->failure; }
 struct model *trainer_policy(struct trainer *t) { return t->policy; }
 const struct prompt_set *trainer_prompts(const struct trainer *t) { return &t->train; }
+const struct rollout_ctx *trainer_rollout_ctx(const struct trainer *t) { return &t->rc; }
 
 void trainer_cursor(const struct trainer *t, int64_t *epoch, int64_t *index)
 {

@@ -18,6 +18,7 @@ struct comm;
 struct step_batch;
 struct model;
 struct prompt_set;
+struct rollout_ctx;
 
 /* What a safe point asks the trainer to do. */
 enum trainer_action { TRAINER_CONTINUE = 0, TRAINER_CHECKPOINT = 1, TRAINER_STOP = 2 };
@@ -76,6 +77,13 @@ struct step_timing {
     int64_t live_processes, lost_processes, units_regranted; /* rollout processes, as the dispatcher sees them */
     int64_t weight_bytes;                                    /* weight bytes it served since the previous step */
     int64_t dispatch_refused;                                /* requests it refused so far */
+    /* colocated ranks (every rank generates, then trains): the long tail of the step's generation */
+    bool colocated;
+    double gen_wait_peers; /* the longest any rank waited for the others to finish generating */
+    double gen_imbalance;  /* the slowest engine's generation and scoring seconds over the engines' mean */
+    int64_t units_stolen;  /* units made by another engine than the one that owned them at the start */
+    int units;             /* work units of the step */
+    double wait_meet;      /* the part of wait_data spent meeting the other ranks (a collective: idle counts it) */
 };
 
 /* Where each step's rollouts come from, and what happens between steps. The default (zero value) is this
@@ -112,6 +120,9 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
 void trainer_advance_cursor(struct trainer *t, int *uids);
 /* The policy model (weight sync sends its parameters). */
 struct model *trainer_policy(struct trainer *t);
+/* The trainer's generation context (its policy, tokenizer, scorers; the reward model on DP rank 0): colocated
+ * ranks generate with a copy of it. */
+const struct rollout_ctx *trainer_rollout_ctx(const struct trainer *t);
 /* The training prompts (a data-plane batch is checked against them). */
 const struct prompt_set *trainer_prompts(const struct trainer *t);
 /* Data cursor position of the next step: its epoch and index (rollout ranks start from it). */

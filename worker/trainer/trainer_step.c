@@ -507,6 +507,17 @@ static void measure_end(struct trainer *t, struct step_result *r)
         comm_allreduce_max(t->lay.all, &peak, 1, COMM_F64);
     r->res.peak_rss_gb = peak;
     r->res.epoch = t->st.epoch;
+    /* idle on each rank: waiting for data outside collectives, and every second inside one (waiting for peers) */
+    if (t->lay.all && comm_size(t->lay.all) > 1) {
+        const double idle = r->source.wait_data - r->source.wait_meet + comm_wait_seconds() - t->wait_t0;
+        double v[2] = {r->step_s > 0 ? idle / r->step_s : 0, 0};
+        v[1] = v[0];
+        comm_allreduce_max(t->lay.all, &v[0], 1, COMM_F64);
+        comm_allreduce_sum(t->lay.all, &v[1], 1, COMM_F64);
+        r->res.idle_ratio_max = v[0];
+        r->res.idle_ratio_mean = v[1] / comm_size(t->lay.all);
+        r->res.ranks = comm_size(t->lay.all);
+    }
     /* AdamW's two FP32 moments on this rank: all of them, or its ZeRO-1 block */
     r->res.optimizer_state_gb = 2.0 * sizeof(float) * (double)t->opt->n / 1e9;
     r->res.mem = t->policy->K->mem;
@@ -569,7 +580,8 @@ int trainer_grpo_step(struct trainer *t, struct metrics *m)
     if (rc == 0) {
         const double t_meet = clock_now_s();
         trainer_meet(t); /* waiting for the other DP ranks' data is waiting for data */
-        tm.wait_data += clock_now_s() - t_meet;
+        tm.wait_meet = clock_now_s() - t_meet;
+        tm.wait_data += tm.wait_meet;
         rc = train_batch(t, k, &b, &tm, t_step, m);
     }
     step_batch_free(&b);
