@@ -12,6 +12,8 @@
 #  - checkpoints move between layouts: colocated -> one process, one process -> colocated, colocated -> split,
 #    split -> colocated, each ending at the single-process weights;
 #  - work stealing on and off train on the same batch (same weights), and the ranks' idle share is measured;
+#  - memory phases: generation holds no gradients or training buffers, the update no KV cache
+#    (actor_rollout_ref.rollout.free_cache_engine), each phase's peak logged;
 #  - -np that disagrees with trainer.nnodes x trainer.n_gpus_per_node is an error naming the keys and numbers.
 # usage: test_colocated.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
@@ -116,6 +118,27 @@ expect "DP2 with work stealing off finishes" $?
 equivalent nosteal llama
 [ "$(metric nosteal colocated/units_stolen)" = 0.0 ] || [ "$(metric nosteal colocated/units_stolen)" = 0 ]
 expect "... and no unit was made by another engine" $?
+
+# memory phases: generation runs without the gradients and the training buffers, the update without KV caches;
+# keeping them (free_cache_engine=false) trains the same weights with more memory held during generation
+colo keep llama 2 1 1 actor_rollout_ref.rollout.free_cache_engine=false
+expect "DP2 with actor_rollout_ref.rollout.free_cache_engine=false finishes" $?
+"$COMPARE" "$(ckpt dp2-llama $STEPS)/actor" "$(ckpt keep $STEPS)/actor" 0 >/dev/null 2>&1
+expect "... with the same weights, bit for bit, as when each phase gives its memory back" $?
+python3 - "$TMP/dp2-llama/p/e/metrics.jsonl" "$TMP/keep/p/e/metrics.jsonl" <<'PY'
+import json, sys
+free, keep = ([r for r in map(json.loads, open(p)) if r["step"] >= 1] for p in sys.argv[1:3])
+for f, k in zip(free, keep):
+    grads = k["perf/max_memory_gb/gen/gradients"]
+    assert f["perf/max_memory_gb/gen/gradients"] == 0 and grads > 0, (f, k)
+    assert f["perf/max_memory_gb/update/kv_cache"] == 0 == k["perf/max_memory_gb/update/kv_cache"], (f, k)
+    if f["step"] >= 2:  # once a step has trained, generation without its buffers holds less by the gradients
+        assert f["perf/max_memory_allocated_gb/gen"] <= k["perf/max_memory_allocated_gb/gen"] - grads, (f, k)
+    assert f["perf/max_memory_allocated_gb"] == max(f["perf/max_memory_allocated_gb/gen"],
+                                                      f["perf/max_memory_allocated_gb/update"]), f
+print("ok")
+PY
+expect "generation holds no gradients, the update no KV cache; per-phase peaks logged" $?
 
 # -np against verl's keys
 # shellcheck disable=SC2046

@@ -189,6 +189,8 @@ static void generate_share(struct colocated *c, int64_t k, const int *uids, stru
         step_batch_free(&b);
     }
     control_set_phase(c->env->ctl, GRPO__PHASE__PHASE_IDLE);
+    if (c->gen && cfg->rollout_free_cache_engine) /* the update gets the decode buffers back */
+        model_release_buffers(c->gen, MODEL_BUF_GEN);
     free(prompts);
 }
 
@@ -385,7 +387,7 @@ static int run_colocated(struct role_env *env)
                                  .devices = comm_size(env->world),
                                  .device = env->device,
                                  .gpus_shared = env->trainer_gpus_shared};
-    struct trainer_source src = {.ctx = &c, .next_batch = next_batch};
+    struct trainer_source src = {.ctx = &c, .next_batch = next_batch, .generates = true};
     int status = run_trainer_process(env, &lay, &src, colocated_ready, &c);
     if (env->rank == 0 && c.stolen_total)
         log_info("hybrid", "%lld work unit(s) were made by another engine than their own", (long long)c.stolen_total);

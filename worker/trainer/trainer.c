@@ -628,7 +628,9 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         t->lay.mp = t->lay.tp;
     if (!t->lay.all)
         t->lay.all = t->lay.dp; /* data parallelism alone: the DP group is every trainer */
-    t->src = src && src->next_batch ? *src : (struct trainer_source){.ctx = t, .next_batch = trainer_hybrid_batch};
+    t->src = src && src->next_batch
+                 ? *src
+                 : (struct trainer_source){.ctx = t, .next_batch = trainer_hybrid_batch, .generates = true};
     t->est = (enum adv_estimator)adv_estimator_from_name(cfg->alg_adv_estimator);
     t->agg = (enum loss_agg)loss_agg_from_name(cfg->actor_loss_agg_mode);
     t->kl_reward_type = (enum kl_type)kl_type_from_name(cfg->alg_kl_penalty);

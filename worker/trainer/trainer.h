@@ -84,6 +84,10 @@ struct step_timing {
     int64_t units_stolen;  /* units made by another engine than the one that owned them at the start */
     int units;             /* work units of the step */
     double wait_meet;      /* the part of wait_data spent meeting the other ranks (a collective: idle counts it) */
+    /* a source that generates on this rank: the memory the generation phase held at its peak */
+    bool gen_here;
+    double gen_max_allocated_gb; /* everything the policy's context held, at the generation's peak */
+    double gen_grads_gb;         /* of which gradients (0 when they were given back for generation) */
 };
 
 /* Where each step's rollouts come from, and what happens between steps. The default (zero value) is this
@@ -96,6 +100,9 @@ struct trainer_source {
     /* at the safe point after step k (before step k + 1 or the end): stop says whether the run ends here.
      * For weight sync; 0, or -1 on error. May be NULL. */
     int (*between_steps)(void *ctx, int64_t k, bool stop);
+    /* next_batch generates on this rank (one process, colocated ranks): each phase's memory goes back to the other
+     * around it (actor_rollout_ref.rollout.free_cache_engine) */
+    bool generates;
 };
 
 /* Set up a run from the configuration: model, reference, tokenizer, data, scorers, run directory, and resume
