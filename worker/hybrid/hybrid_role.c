@@ -70,8 +70,8 @@ static int gen_model_setup(struct colocated *c, char *err, size_t errlen)
                          "actor_rollout_ref.rollout.tensor_model_parallel_size %d): give the rollout the training "
                          "TP, or train with PP 1",
                          env->at.tp_size, env->at.pp_size, rtp);
-    if (rtp > 1 && model_shard_check(&p->cfg, rtp, "actor_rollout_ref.rollout.tensor_model_parallel_size", err,
-                                     errlen) != 0)
+    if (rtp > 1 &&
+        model_shard_check(&p->cfg, rtp, "actor_rollout_ref.rollout.tensor_model_parallel_size", err, errlen) != 0)
         return -1;
     const struct model_layout lay = {env->at.engine_tp, rtp, 0, 1, c->engine, NULL, c->engine};
     struct model *g = rtp > 1 ? model_create_shard(&p->cfg, &lay) : model_create(&p->cfg);
@@ -164,8 +164,7 @@ static void generate_share(struct colocated *c, int64_t k, const int *uids, stru
         dispatch_unit_range(B, c->units, (int)word[0], &lo, &hi);
         struct step_batch b = {0};
         rollout_generate_and_score(&c->rc, prompts + lo, uids + lo, hi - lo, lo, &sp, n,
-                                   rollout_step_seed((uint64_t)cfg->data_seed, k, 0), &b, &out->gen_s,
-                                   &out->reward_s);
+                                   rollout_step_seed((uint64_t)cfg->data_seed, k, 0), &b, &out->gen_s, &out->reward_s);
         out->stolen += (int)word[1];
         if (c->head) {
             int *sel = xmalloc((size_t)(b.n_groups ? b.n_groups : 1) * sizeof(int));
@@ -235,6 +234,10 @@ static int exchange(struct colocated *c, int64_t k, const struct made *mine, str
         at += 8 + (int)((len + 7) / 8 * 8);
     }
     comm_allgather_bytes(w, out, in, most);
+    /* each unit unpacked on its own, then appended in the step's order: the batch (its groups' order, which the DP
+     * split's ties follow) is the same whoever made which unit */
+    struct step_batch *unit = xcalloc((size_t)c->units, sizeof *unit);
+    bool *have = xcalloc((size_t)c->units, sizeof *have);
     int rc = 0;
     for (int r = 0; r < N && rc == 0; r++) {
         const uint8_t *p = in + (size_t)r * most, *end = p + (size_t)infos[4 * r];
@@ -242,16 +245,34 @@ static int exchange(struct colocated *c, int64_t k, const struct made *mine, str
             uint64_t len;
             memcpy(&len, p, 8);
             struct wire_header h;
+            struct step_batch one = {0};
             char err[1024];
-            if (len > (uint64_t)(end - p - 8) ||
-                wire_unpack_batch(p + 8, (size_t)len, &c->lim, &h, all, err, sizeof err) != 0) {
-                log_error("hybrid", "step %lld: a unit from rank %d does not unpack: %s", (long long)k, r,
-                          len > (uint64_t)(end - p - 8) ? "its frame runs past the rank's bytes" : err);
+            if (len > (uint64_t)(end - p - 8)) {
+                snprintf(err, sizeof err, "its frame runs past the rank's bytes");
                 rc = -1;
+            } else if (wire_unpack_batch(p + 8, (size_t)len, &c->lim, &h, &one, err, sizeof err) != 0) {
+                rc = -1;
+            } else if (have[h.unit]) {
+                snprintf(err, sizeof err, "unit %d came twice", h.unit);
+                step_batch_free(&one);
+                rc = -1;
+            } else {
+                unit[h.unit] = one;
+                have[h.unit] = true;
             }
+            if (rc != 0)
+                log_error("hybrid", "step %lld: a unit from rank %d does not unpack: %s", (long long)k, r, err);
             p += 8 + (len + 7) / 8 * 8;
         }
     }
+    for (int u = 0; u < c->units; u++) {
+        if (rc == 0 && !have[u]) {
+            log_error("hybrid", "step %lld: no rank made work unit %d of %d", (long long)k, u, c->units);
+            rc = -1;
+        }
+        step_batch_append(all, &unit[u]); /* frees it (an empty one too) */
+    }
+    free(unit), free(have);
     free(out), free(in), free(infos);
     tm->gen = gen_max; /* the engines generate side by side: the step waits for the slowest */
     tm->colocated = true;
@@ -260,12 +281,6 @@ static int exchange(struct colocated *c, int64_t k, const struct made *mine, str
     tm->units = c->units;
     c->stolen_total += stolen;
     return rc;
-}
-
-static int by_gidx(const void *a, const void *b)
-{
-    const struct rollout_seq *x = a, *y = b;
-    return (x->gidx > y->gidx) - (x->gidx < y->gidx);
 }
 
 /* trainer_source.next_batch: step k made by every engine, this rank's DP share of it in b. */
@@ -298,13 +313,13 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
         bad += uids[all.seqs[i].gidx / n] != all.group_uid[all.seqs[i].group];
     free(uids);
     if (rc == 0 && (bad || all.n_seq != B * n)) {
-        log_error("hybrid", "step %lld: the engines made %d of the step's %d sequences, %d with another prompt "
-                            "than this rank draws (same data.* settings on every rank?)",
+        log_error("hybrid",
+                  "step %lld: the engines made %d of the step's %d sequences, %d with another prompt "
+                  "than this rank draws (same data.* settings on every rank?)",
                   (long long)k, all.n_seq, B * n, bad);
         rc = -1;
     }
     if (rc == 0) {
-        qsort(all.seqs, (size_t)all.n_seq, sizeof *all.seqs, by_gidx); /* the step's order */
         /* this DP rank's token-balanced share of whole groups (the same split on every rank) */
         int *dp_of = xmalloc((size_t)(all.n_groups ? all.n_groups : 1) * sizeof(int));
         bool *keep = xmalloc((size_t)(all.n_groups ? all.n_groups : 1) * sizeof(bool));

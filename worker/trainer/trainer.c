@@ -271,7 +271,7 @@ int trainer_save_checkpoint(struct trainer *t)
         model_free(wm);
         adamw_free(wo); /* the leader writes for every replica: the weights and optimizer state are the same */
         if (t->hooks.checkpoint_saved)
-            t->hooks.checkpoint_saved(t->hooks.ctx, t->st.global_step);
+            t->hooks.checkpoint_saved(t->hooks.ctx, t->st.global_step, false);
         return 0;
     }
     trainer_phase(t, GRPO__PHASE__PHASE_CHECKPOINT);
@@ -287,7 +287,7 @@ int trainer_save_checkpoint(struct trainer *t)
     }
     t->saved_step = t->st.global_step;
     if (t->hooks.checkpoint_saved)
-        t->hooks.checkpoint_saved(t->hooks.ctx, t->st.global_step);
+        t->hooks.checkpoint_saved(t->hooks.ctx, t->st.global_step, true);
     if (t->logger_open)
         metrics_logger_sync(&t->logger); /* metrics up to this checkpoint are durable too */
     log_info("checkpoint", "step %lld saved in %.1fs under %s", (long long)t->st.global_step, clock_now_s() - t0,
@@ -483,6 +483,10 @@ int trainer_run(struct trainer *t)
         int act = decide(t);
         /* a stop checkpoints too, unless this step is already saved */
         bool saved = act & TRAINER_ALREADY_SAVED;
+        /* the leader wrote this step's checkpoint (from its safe point, grpod's request): a replica that took no
+         * part in writing it holds the same state, and says the request is done too */
+        if (saved && !lead(t) && t->hooks.checkpoint_saved)
+            t->hooks.checkpoint_saved(t->hooks.ctx, t->st.global_step, false);
         if ((act & (TRAINER_CHECKPOINT | TRAINER_STOP)) && !saved)
             saved = trainer_save_checkpoint(t) == 0;
         if (t->src.between_steps && t->src.between_steps(t->src.ctx, t->st.global_step, act & TRAINER_STOP) != 0) {

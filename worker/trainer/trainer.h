@@ -36,8 +36,9 @@ struct trainer_hooks {
     /* while waiting for the other ranks in a collective (done false), and once when it completes (done true):
      * report paused while the run is to pause (control_hold_while_waiting) */
     void (*waiting)(void *ctx, bool done);
-    /* a checkpoint of `step` steps is on disk (DP rank 0 wrote it; the other DP ranks hold the same state) */
-    void (*checkpoint_saved)(void *ctx, int64_t step);
+    /* a checkpoint of `step` steps is on disk (DP rank 0 wrote it, writer true; the other DP ranks hold the same
+     * state and hear of it with writer false) */
+    void (*checkpoint_saved)(void *ctx, int64_t step, bool writer);
 };
 
 /* This trainer's place among the trainer ranks. The zero value is one process (hybrid). */
