@@ -3,7 +3,7 @@
  * main reads: parse the command line, init MPI and logging, launch (worker/launch: this rank's place, endpoints,
  * GPU and groups), run the role, finalize. Each rank takes the role its placement gives it (grpod's Assignment,
  * which the launch checks against the same arithmetic in common/placement.c): hybrid (the whole GRPO loop in one
- * process), rollout or trainer (worker/roles.h). --selftest checks the collective plane with the requested
+ * process, or colocated ranks that each generate and train), rollout or trainer (worker/roles.h). --selftest checks the collective plane with the requested
  * tensor/pipeline layout across all ranks. */
 #include <getopt.h>
 #include <pthread.h>
@@ -27,15 +27,19 @@ static void usage(FILE *out)
 {
     fputs("usage: mpirun -np N grpo-worker [--config FILE] [key.path=value ...] [options]\n"
           "\n"
-          "One rank of a GRPO training run. With one rank it runs every part of GRPO (role hybrid). With a\n"
-          "split placement the ranks take roles: ranks 0..T-1 train, the next R generate and score and push\n"
-          "their groups to the trainers, trainer rank 0 sends the weights back:\n"
+          "One rank of a GRPO training run. With no rollout split every rank is hybrid (verl's colocated\n"
+          "layout): one rank runs every part of GRPO; N ranks each generate a share of every step, then all\n"
+          "train together (trainer.nnodes x trainer.n_gpus_per_node = N, or no placement keys at all):\n"
+          "  mpirun -np 2 grpo-worker --config run.yaml trainer.nnodes=1 trainer.n_gpus_per_node=2\n"
+          "With a split placement the ranks take roles: ranks 0..T-1 train, the next R generate and score and\n"
+          "push their groups to the trainers, trainer rank 0 sends the weights back:\n"
           "  mpirun -np 3 grpo-worker --config run.yaml trainer.nnodes=1 trainer.n_gpus_per_node=2 \\\n"
           "      rollout.nnodes=1 rollout.n_gpus_per_node=1 actor_rollout_ref.rollout.mode=async\n"
           "(placement.trainer_ranks / placement.rollout_ranks say the same; rollout.mode sync is on-policy,\n"
           "async one-step-off). The trainers split the model with Megatron's layout:\n"
           "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=TP and pipeline_model_parallel_size=PP,\n"
-          "DP = T / (TP x PP); actor_rollout_ref.rollout.tensor_model_parallel_size groups the rollout ranks.\n"
+          "DP = T / (TP x PP); actor_rollout_ref.rollout.tensor_model_parallel_size groups the rollout ranks\n"
+          "(colocated: the generating ranks, the weights resharded into that layout each step).\n"
           "Each rollout process fetches every policy version from trainer rank 0, or with\n"
           "actor_rollout_ref.rollout.weight_sync=broadcast takes it in one broadcast (MPI; NCCL on GPUs).\n"
           "Under grpod (grpod.endpoint) every rank registers and grpod assigns the roles.\n"
