@@ -68,6 +68,9 @@ grep -q "generating in 1 engine(s) of 2 rank(s).*resharded into the generation l
 expect "DP2 with rollout TP2: one engine of two ranks, the weights resharded each step" $?
 grep -q "generating in 1 engine(s) of 2 rank(s).*in place" "$TMP/tp2-rtp2-llama.log"
 expect "TP2 with rollout TP2: the TP group generates in place" $?
+grep -Eq "weights resharded into the generation layout \(TP 1, whole layers\): [1-9][0-9]* bytes sent over the model copy in buckets of [0-9]+ MB" \
+    "$TMP/tp2-llama.log"
+expect "TP2 training, rollout TP 1: the reshard into whole layers logged with bytes, buckets and time" $?
 # bytes: TP2 (rollout TP 1) gathers the whole model on the copy's first rank (its peer's shard) and broadcasts it
 python3 - "$TMP/tp2-llama/p/e/metrics.jsonl" "$TMP/dp2-llama/p/e/metrics.jsonl" "$TMP/dp2-rtp2-llama/p/e/metrics.jsonl" <<'PY'
 import json, sys

@@ -42,6 +42,7 @@ struct colocated {
     int units;               /* work units per step */
     struct wire_limits lim;
     int64_t stolen_total;
+    int resharded; /* updates of the generation model so far */
 };
 
 /* Units per step: placement.colocated_units, or four per engine (a group never splits: at most the groups). */
@@ -124,7 +125,14 @@ static double update_weights(struct colocated *c, int64_t *bytes)
         free(dst);
     }
     control_set_phase(c->env->ctl, GRPO__PHASE__PHASE_IDLE);
-    return clock_now_s() - t0;
+    const double took = clock_now_s() - t0;
+    if (c->env->rank == 0 || log_get_level() >= LOG_DEBUG) /* once at info (rank 0), then at debug */
+        log_write(c->resharded++ ? LOG_DEBUG : LOG_INFO, "hybrid",
+                 "weights resharded into the generation layout (TP %d, whole layers): %lld bytes sent over the model "
+                 "copy in buckets of %lld MB, %.3f s",
+                 c->gen->sh.tp_size, (long long)*bytes, (long long)c->env->cfg->rollout_update_weights_bucket_megabytes,
+                 took);
+    return took;
 }
 
 /* The units one engine made, each packed as a data-plane batch (wire.h) to go to every rank. */
