@@ -6,6 +6,7 @@
 #    rank; TP2 training generating in place as one TP2 engine); tiny Qwen2 under DP2, TP2, TP2 x PP2, DP2 x TP2
 #    with ZeRO-1 and DP2 with rollout TP2; tiny Qwen3 under DP2, TP2 x PP2 and DP2 with rollout TP2: per-step losses, grad norms and entropies, and the weights after two GRPO steps, within
 #    1e-5 relative;
+#  - validation shared by the engines, with one process's rewards;
 #  - the weights resharded into the generation layout, bytes and time logged (timing_s/update_weights,
 #    perf/update_weights_bytes: the whole model gathered and broadcast over a model copy, nothing where the
 #    layouts agree);
@@ -61,6 +62,13 @@ for layout in "dp2 llama 2 1 1" "tp2 llama 2 2 1" "pp2 llama 2 1 2" "tp2pp2 llam
     expect "$name: $3 colocated ranks (TP $4, PP $5${6:+, $6}) finish" $?
     equivalent "$name" "$2"
 done
+python3 - "$TMP/dp2-llama/p/e/metrics.jsonl" <<'PY'
+import json, sys
+v = [r for r in map(json.loads, open(sys.argv[1])) if "val-core/arithmetic/reward/mean@1" in r]
+assert [r["step"] for r in v] == [0, 2] and all(r["timing_s/testing"] > 0 for r in v), v
+print("ok")
+PY
+expect "validation shared by the engines (two chunks of data.val_batch_size 2) at steps 0 and 2, the same rewards as one process" $?
 grep -q "2 colocated ranks: training DP 2 x TP 1 x PP 1; generating in 2 engine(s) of 1 rank(s)" "$TMP/dp2-llama.log" &&
     grep -q "generation uses the training weights in place" "$TMP/dp2-llama.log"
 expect "DP2: two engines of one rank, generating with the training weights in place" $?
@@ -75,8 +83,11 @@ expect "TP2 training, rollout TP 1: the reshard into whole layers logged with by
 python3 - "$TMP/tp2-llama/p/e/metrics.jsonl" "$TMP/dp2-llama/p/e/metrics.jsonl" "$TMP/dp2-rtp2-llama/p/e/metrics.jsonl" <<'PY'
 import json, sys
 tp2, dp2, dp2rtp2 = ([r for r in map(json.loads, open(p)) if r["step"] >= 1] for p in sys.argv[1:4])
-for r in tp2:
-    assert r["perf/update_weights_bytes"] > 0 and r["timing_s/update_weights"] > 0, r
+for r in tp2:  # step 1's weights went in for the validation before training; step 2 reshards step 1's update
+    if r["step"] == 1:
+        assert r["perf/update_weights_bytes"] == 0, r
+    else:
+        assert r["perf/update_weights_bytes"] > 0 and r["timing_s/update_weights"] > 0, r
 for r in dp2 + dp2rtp2:  # the layouts agree, or each rank slices its own whole copy: nothing moves
     assert r["perf/update_weights_bytes"] == 0, r
 for r in tp2 + dp2 + dp2rtp2:

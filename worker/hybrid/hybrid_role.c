@@ -19,6 +19,7 @@
 #include "units.h"
 #include "worker/comm/comm.h"
 #include "worker/gen/generate.h"
+#include "worker/gen/validate.h"
 #include "worker/metrics/metrics.h"
 #include "worker/model/device.h"
 #include "worker/model/model.h"
@@ -42,7 +43,8 @@ struct colocated {
     int units;               /* work units per step */
     struct wire_limits lim;
     int64_t stolen_total;
-    int resharded; /* updates of the generation model so far */
+    int resharded;  /* updates of the generation model so far */
+    int64_t gen_at; /* the trainer's step whose weights the generation model holds (-1: none yet) */
 };
 
 /* Units per step: placement.colocated_units, or four per engine (a group never splits: at most the groups). */
@@ -96,8 +98,9 @@ static int gen_model_setup(struct colocated *c, char *err, size_t errlen)
 static double update_weights(struct colocated *c, int64_t *bytes)
 {
     *bytes = 0;
-    if (!c->gen)
+    if (!c->gen || c->gen_at == trainer_step(c->t)) /* the policy generates itself, or these weights are in */
         return 0;
+    c->gen_at = trainer_step(c->t);
     const double t0 = clock_now_s();
     control_set_phase(c->env->ctl, GRPO__PHASE__PHASE_WEIGHT_SYNC);
     struct model *p = trainer_policy(c->t);
@@ -128,10 +131,10 @@ static double update_weights(struct colocated *c, int64_t *bytes)
     const double took = clock_now_s() - t0;
     if (c->env->rank == 0 || log_get_level() >= LOG_DEBUG) /* once at info (rank 0), then at debug */
         log_write(c->resharded++ ? LOG_DEBUG : LOG_INFO, "hybrid",
-                 "weights resharded into the generation layout (TP %d, whole layers): %lld bytes sent over the model "
-                 "copy in buckets of %lld MB, %.3f s",
-                 c->gen->sh.tp_size, (long long)*bytes, (long long)c->env->cfg->rollout_update_weights_bucket_megabytes,
-                 took);
+                  "weights resharded into the generation layout (TP %d, whole layers): %lld bytes sent over the model "
+                  "copy in buckets of %lld MB, %.3f s",
+                  c->gen->sh.tp_size, (long long)*bytes,
+                  (long long)c->env->cfg->rollout_update_weights_bucket_megabytes, took);
     return took;
 }
 
@@ -342,6 +345,48 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     return rc;
 }
 
+/* trainer_source.validate: every engine generates its share of the validation prompts (whole chunks of
+ * data.val_batch_size, the seeds one process uses), the heads' scores are all-gathered, and the first rank
+ * reports them. */
+static void validate(void *ctx, uint64_t seed, struct metrics *m)
+{
+    struct colocated *c = ctx;
+    const double t0 = clock_now_s();
+    int64_t bytes;
+    update_weights(c, &bytes); /* the policy as it is now (the step's update is in) */
+    struct val_score *mine = NULL;
+    int n =
+        rollout_validate_part(&c->rc, trainer_val_prompts(c->t), seed, c->env->at.engine, c->env->at.engines, &mine);
+    if (!c->head) /* the engine's other ranks made the same responses */
+        n = 0;
+    struct comm *w = c->env->trainers;
+    const int N = comm_size(w);
+    comm_barrier_polled(w, hold_while_waiting, c);
+    int64_t cnt = n, *cnts = xmalloc((size_t)N * sizeof *cnts), most = 1, total = 0;
+    comm_allgather(w, &cnt, cnts, 1, COMM_I64);
+    for (int r = 0; r < N; r++) {
+        most = cnts[r] > most ? cnts[r] : most;
+        total += cnts[r];
+    }
+    const size_t words = sizeof(struct val_score) / sizeof(double);
+    double *out = xcalloc((size_t)most * words, sizeof(double)),
+           *in = xmalloc((size_t)(most * N) * words * sizeof(double));
+    if (n)
+        memcpy(out, mine, (size_t)n * sizeof *mine);
+    comm_allgather(w, out, in, (size_t)most * words, COMM_F64);
+    if (c->env->rank == 0) {
+        struct val_score *all = xmalloc((size_t)(total ? total : 1) * sizeof *all);
+        int64_t at = 0;
+        for (int r = 0; r < N; r++) {
+            memcpy(all + at, in + (size_t)r * (size_t)most * words, (size_t)cnts[r] * sizeof *all);
+            at += cnts[r];
+        }
+        rollout_validate_report(c->env->cfg, trainer_val_prompts(c->t), all, (int)total, clock_now_s() - t0, m);
+        free(all);
+    }
+    free(out), free(in), free(cnts), free(mine);
+}
+
 /* Once the trainer exists (model loaded, any checkpoint resumed): the ledger, the generation model and context. */
 static int colocated_setup(struct colocated *c, char *err, size_t errlen)
 {
@@ -395,7 +440,7 @@ static void colocated_ready(void *ud, struct trainer *t)
 
 static int run_colocated(struct role_env *env)
 {
-    struct colocated c = {.env = env, .head = env->at.engine_tp == 0, .engine = env->rollout_tp};
+    struct colocated c = {.env = env, .head = env->at.engine_tp == 0, .engine = env->rollout_tp, .gen_at = -1};
     struct trainer_layout lay = {.dp = env->dp,
                                  .dp_rank = env->at.dp,
                                  .dp_size = env->at.dp_size,
@@ -410,7 +455,7 @@ static int run_colocated(struct role_env *env)
                                  .devices = comm_size(env->world),
                                  .device = env->device,
                                  .gpus_shared = env->trainer_gpus_shared};
-    struct trainer_source src = {.ctx = &c, .next_batch = next_batch, .generates = true};
+    struct trainer_source src = {.ctx = &c, .next_batch = next_batch, .generates = true, .validate = validate};
     int status = run_trainer_process(env, &lay, &src, colocated_ready, &c);
     if (env->rank == 0 && c.stolen_total)
         log_info("hybrid", "%lld work unit(s) were made by another engine than their own", (long long)c.stolen_total);

@@ -467,8 +467,9 @@ int trainer_run(struct trainer *t)
 {
     const struct grpo_config *c = t->cfg;
     const bool writer = lead(t);
-    /* validation generates with the policy: on every rank of DP rank 0's TP group (the leader logs it) */
-    const bool validator = t->lay.dp_rank == 0;
+    /* validation generates with the policy: on every rank of DP rank 0's TP group (the leader logs it), or on
+     * every rank where the source shares it out */
+    const bool validator = t->lay.dp_rank == 0 || t->src.validate;
     struct metrics m;
     metrics_init(&m);
     int rc = 0;
@@ -868,6 +869,7 @@ int64_t trainer_step(const struct trainer *t) { return t->st.global_step; }
 const char *trainer_failure(const struct trainer *t) { return t->failure; }
 struct model *trainer_policy(struct trainer *t) { return t->policy; }
 const struct prompt_set *trainer_prompts(const struct trainer *t) { return &t->train; }
+const struct prompt_set *trainer_val_prompts(const struct trainer *t) { return &t->val; }
 const struct rollout_ctx *trainer_rollout_ctx(const struct trainer *t) { return &t->rc; }
 
 void trainer_cursor(const struct trainer *t, int64_t *epoch, int64_t *index)

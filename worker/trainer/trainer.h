@@ -104,6 +104,9 @@ struct trainer_source {
     /* next_batch generates on this rank (one process, colocated ranks): each phase's memory goes back to the other
      * around it (actor_rollout_ref.rollout.free_cache_engine) */
     bool generates;
+    /* validation shared by every rank (called on all of them, the metrics set on DP rank 0's first rank) with the
+     * policy as it is now; NULL: DP rank 0's model copy validates alone */
+    void (*validate)(void *ctx, uint64_t seed, struct metrics *m);
 };
 
 /* Set up a run from the configuration: model, reference, tokenizer, data, scorers, run directory, and resume
@@ -133,6 +136,8 @@ struct model *trainer_policy(struct trainer *t);
 const struct rollout_ctx *trainer_rollout_ctx(const struct trainer *t);
 /* The training prompts (a data-plane batch is checked against them). */
 const struct prompt_set *trainer_prompts(const struct trainer *t);
+/* The validation prompts. */
+const struct prompt_set *trainer_val_prompts(const struct trainer *t);
 /* Data cursor position of the next step: its epoch and index (rollout ranks start from it). */
 void trainer_cursor(const struct trainer *t, int64_t *epoch, int64_t *index);
 void trainer_free(struct trainer *t);

@@ -264,7 +264,11 @@ void trainer_validate(struct trainer *t, struct metrics *m)
         return;
     }
     trainer_phase(t, GRPO__PHASE__PHASE_VALIDATE);
-    rollout_validate(&t->rc, &t->val, trainer_step_seed(t->st.seed, t->st.global_step, 0x7a1), m);
+    const uint64_t seed = trainer_step_seed(t->st.seed, t->st.global_step, 0x7a1);
+    if (t->src.validate)
+        t->src.validate(t->src.ctx, seed, m);
+    else
+        rollout_validate(&t->rc, &t->val, seed, m);
 }
 
 /* Step k's rollouts in this process (hybrid role): draw, generate, score, and with DAPO's dynamic sampling draw
