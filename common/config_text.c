@@ -159,7 +159,7 @@ int config_apply_run_text(struct grpo_config *c, const char *text, size_t max, c
         } else {
             struct cfg_error err;
             if (config_set(c, name, value, origin, &err) != 0) {
-                snprintf(why, whylen, "%s, line %d: %s", origin, line, err.msg);
+                snprintf(why, whylen, "%s (line %d)", err.msg, line);
                 rc = -1;
             }
         }
