@@ -508,8 +508,10 @@ static int check_rank_config(const struct core *c, const Grpo__Register *r, int 
         snprintf(why, whylen, "rank %d's configuration: %s", r->rank, err);
         goto out;
     }
-    if (c->set.own_placement && (rs.trainer_ranks != spec->trainer_ranks || rs.rollout_ranks != spec->rollout_ranks ||
-                                 rs.tp_size != spec->tp_size || rs.pp_size != spec->pp_size)) {
+    /* a rank that gives no rank counts takes grpod's (a grpo-worker checks its assignment against its own) */
+    if (c->set.own_placement && (rs.trainer_ranks || rs.rollout_ranks) &&
+        (rs.trainer_ranks != spec->trainer_ranks || rs.rollout_ranks != spec->rollout_ranks ||
+         rs.tp_size != spec->tp_size || rs.pp_size != spec->pp_size)) {
         snprintf(why, whylen,
                  "rank %d's configuration places %d trainer + %d rollout ranks (TP %d, PP %d), grpod's keys %d + %d "
                  "(TP %d, PP %d): give grpod the job's placement keys or none",

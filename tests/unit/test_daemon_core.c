@@ -1199,6 +1199,13 @@ static void test_own_keys_checked(void **state)
     reg_config_ok(&c, 2, 3, text, d, GRPO__ROLE__ROLE_ROLLOUT);
     free(text);
     core_deinit(&c);
+    /* a rank whose configuration gives no rank counts takes grpod's placement (as before) */
+    core_init(&c, &s, T);
+    const char *const no_counts[] = {"data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", NULL};
+    text = config_text_of(no_counts, &d);
+    reg_config_ok(&c, 2, 3, text, d, GRPO__ROLE__ROLE_ROLLOUT);
+    free(text);
+    core_deinit(&c);
 }
 
 /* Configuration text that does not read, or does not give the rank's digest, or is too long, is refused with
