@@ -1019,11 +1019,12 @@ void core_tick(struct core *c, double now)
             continue;
         w->state = GRPO__WORKER_STATE__WORKER_LOST;
         add_event(c, "rank %d on host %s (pid %d) lost: no heartbeat for %.1f s", w->rank, w->host, w->pid, silent);
-        /* the trainers of a split run wait for each other in collectives: without the lost one they cannot go on.
-         * Tell every other rank to end (their job is relaunched and resumes from the newest checkpoint). */
-        if (w->role == GRPO__ROLE__ROLE_TRAINER && placement_world(&c->place) > 1 && !c->run.abort[0]) {
-            snprintf(c->run.abort, sizeof c->run.abort, "trainer rank %d on host %s lost (no heartbeat for %.1f s)",
-                     w->rank, w->host, silent);
+        /* the trainers of a split run, and colocated ranks, wait for each other in collectives: without the lost
+         * one they cannot go on. Tell every other rank to end (their job is relaunched and resumes from the newest
+         * checkpoint). */
+        if (w->role != GRPO__ROLE__ROLE_ROLLOUT && c->run.world > 1 && !c->run.abort[0]) {
+            snprintf(c->run.abort, sizeof c->run.abort, "%s rank %d on host %s lost (no heartbeat for %.1f s)",
+                     w->role == GRPO__ROLE__ROLE_HYBRID ? "colocated" : "trainer", w->rank, w->host, silent);
             add_event(c, "%s: the other ranks are told to end", c->run.abort);
         }
         if (c->set.fail_on_lost && !run_terminal(c->run.state)) {

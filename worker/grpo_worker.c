@@ -81,8 +81,6 @@ static void finalize_watchdog(int status)
         pthread_detach(th);
 }
 
-int run_hybrid(struct role_env *env) { return run_trainer_process(env, NULL, NULL, NULL, NULL); }
-
 /* A positive int from text; -1 for anything else. */
 static int parse_size(const char *s, int *out)
 {

@@ -385,6 +385,17 @@ void control_checkpoint_done(struct control *c, int64_t step)
     pthread_mutex_unlock(&c->mu);
 }
 
+void control_checkpoint_held(struct control *c, int64_t step)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->mu);
+    c->ckpt_taken = c->ckpt_done_seq = c->ckpt_seq;
+    c->ckpt_step = step;
+    changed_locked(c);
+    pthread_mutex_unlock(&c->mu);
+}
+
 bool control_safe_point(struct control *c, int64_t step, int (*save)(void *ud, int64_t step), void *ud)
 {
     enum control_command cmd = control_poll(c);

@@ -141,6 +141,10 @@ void control_wait_poll(void *ctl, bool done);
 bool control_pause_wanted(struct control *c);
 /* A checkpoint of `step` steps is on disk. */
 void control_checkpoint_done(struct control *c, int64_t step);
+/* A replica's word that the writer (its DP rank 0) wrote the checkpoint of `step` for it: every request this
+ * rank has heard of is answered (grpod counts a request done at the slowest rank, and the writer's own count
+ * bounds it). */
+void control_checkpoint_held(struct control *c, int64_t step);
 /* Run control_poll's answer to completion at a safe point: save(ud, step) writes a checkpoint
  * (returns 0 on success). Returns true to go on training, false to end (stopped: the final
  * checkpoint is written and reported; call control_finish(c, CONTROL_END_STOPPED, NULL)). */
