@@ -131,8 +131,9 @@ struct args {
     struct launch_options launch;
 };
 
-/* Parse the command line into a (logging set up from the environment first: parsing reports errors). -1 to go on,
- * else the exit status (--help, --print-config and the like end here, as does bad input). */
+/* Parse the command line into a (logging set up from the environment first: parsing reports errors); with
+ * --replace-rank, the run's configuration from grpod goes into it too. -1 to go on, else the exit status (--help,
+ * --print-config and the like end here, as does bad input). */
 static int parse(int *argc, char **argv, struct args *a)
 {
     log_init_from_env();
