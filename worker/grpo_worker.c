@@ -42,7 +42,8 @@ static void usage(FILE *out)
           "(colocated: the generating ranks, the weights resharded into that layout each step).\n"
           "Each rollout process fetches every policy version from trainer rank 0, or with\n"
           "actor_rollout_ref.rollout.weight_sync=broadcast takes it in one broadcast (MPI; NCCL on GPUs).\n"
-          "Under grpod (grpod.endpoint) every rank registers and grpod assigns the roles.\n"
+          "Under grpod (grpod.endpoint) every rank registers and grpod assigns the roles; the first rank's\n"
+          "configuration defines the run, and a rank whose configuration differs is refused.\n"
           "Launched with mpirun --mca orte_enable_recovery 1 under grpod, the run survives a lost rollout rank:\n"
           "its work goes to the others, and grpo-worker --replace-rank R puts a new process in its place.\n"
           "\n"
@@ -54,7 +55,9 @@ static void usage(FILE *out)
           "      --selftest         check the collective plane across all ranks and the DP/TP/PP groups\n"
           "      --tp N, --pp N     with --selftest: the TP and PP sizes of the groups it checks (default 1)\n"
           "      --replace-rank R   take the place of lost rollout rank R of the run under grpod (one process,\n"
-          "                         not under mpirun -np; it joins at the next step)\n"
+          "                         not under mpirun -np; it joins at the next step). It needs only\n"
+          "                         grpod.endpoint (and grpod.secret_file): it takes the run's configuration\n"
+          "                         from grpod; other keys given must be the run's\n"
           "  -h, --help             this text\n"
           "\n"
           "environment: GRPO_LOG_LEVEL=error|warn|info|debug\n",
@@ -132,8 +135,9 @@ struct args {
     struct launch_options launch;
 };
 
-/* Parse the command line into a (logging set up from the environment first: parsing reports errors). -1 to go on,
- * else the exit status (--help, --print-config and the like end here, as does bad input). */
+/* Parse the command line into a (logging set up from the environment first: parsing reports errors); with
+ * --replace-rank, the run's configuration from grpod goes into it too. -1 to go on, else the exit status (--help,
+ * --print-config and the like end here, as does bad input). */
 static int parse(int *argc, char **argv, struct args *a)
 {
     log_init_from_env();
@@ -185,6 +189,13 @@ static int parse(int *argc, char **argv, struct args *a)
     }
     if (optind < *argc) {
         log_error("worker", "unexpected argument '%s' (overrides look like key.path=value)", argv[optind]);
+        config_free(&a->cfg);
+        return 2;
+    }
+    char err[2048];
+    if (a->launch.replace_rank >= 0 && a->cfg.grpod_endpoint[0] &&
+        control_adopt_run_config(&a->cfg, err, sizeof err) != 0) { /* without grpod.endpoint, launch says why */
+        log_error("worker", "--replace-rank %d: %s", a->launch.replace_rank, err);
         config_free(&a->cfg);
         return 2;
     }
