@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # 2 colocated ranks (no rollout split: both generate and train) under grpod and mpirun:
-#  - grpod assigns both the hybrid role; grpoctl workers shows them;
+#  - grpod, given none of the run's keys, follows the first rank's configuration and assigns both the hybrid
+#    role; grpoctl workers shows them;
 #  - grpoctl pause holds both at the next step boundary; grpoctl checkpoint while paused writes the checkpoint at
 #    once (and is done on both ranks once resumed); the run ends with weights bit-identical to the same run
 #    without grpod;
@@ -36,7 +37,7 @@ run ref
 expect "reference run (no grpod) finishes" $?
 
 # ---- pause, checkpoint, resume
-start_grpod g1 "${PLACE[@]}"
+start_grpod g1 # no run keys: the first rank's configuration defines the run
 run paused grpod.endpoint="$EP" grpod.connect_timeout_s=20 &
 MPI_PID=$!
 track "$MPI_PID"
