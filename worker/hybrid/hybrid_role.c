@@ -80,6 +80,14 @@ static int gen_model_setup(struct colocated *c, char *err, size_t errlen)
     struct model *g = rtp > 1 ? model_create_shard(&p->cfg, &lay) : model_create(&p->cfg);
     model_move(&g, p->K);
     if (c->engine && p->K->device != KDEV_CPU) { /* the engine's TP collectives over NCCL, in device memory */
+        if (env->trainer_gpus_shared) {
+            model_free(g);
+            return error_set(err, errlen,
+                             "actor_rollout_ref.rollout.tensor_model_parallel_size %d with trainer.device=cuda: an "
+                             "engine's TP collectives run over NCCL, which needs a GPU per rank, and some node runs "
+                             "more ranks than it has GPUs; give each rank a GPU of its own or set it to 1",
+                             rtp);
+        }
         if (!(c->engine_dev = comm_device_group(c->engine, p->K->device_index))) {
             model_free(g);
             return error_set(err, errlen, "rollout TP with trainer.device=cuda: this build has no NCCL");
