@@ -3,11 +3,13 @@
  * needs is published (on-policy and one-step-off); versions are served exactly, in the chunks asked for, while
  * they are held (the newest staleness + 1); a rollout process that falls silent is lost and its unit goes to a live
  * one (a rank never seen keeps its units through the grace), while the process that takes over its rank gets that
- * rank's units again; the weight broadcast's rounds and rendezvous; the end is told to requests and pings and its
- * first word stands; a wrong rank, garbage, another kind of request or a missing secret are refused without harm
- * to the others. Then the shell and the client over real ipc sockets: the same grants and chunks end to end, bad
- * options, a regular file at the socket's path, the secret, and close (at once when every live process has heard
- * the end, after linger_s at most when one has not). */
+ * rank's units again; a lost answer (the process asks again and gets the unit it holds, counted once), a grant's
+ * lease (past it, the unit of a live holder goes to an idle process; the lease grows with the longest unit) and
+ * late or repeated words that change nothing; the weight broadcast's rounds and rendezvous; the end is told to requests
+ * and pings and its first word stands; a wrong rank, garbage, another kind of request or a missing secret are refused
+ * without harm to the others. Then the shell and the client over real ipc sockets: the same grants and chunks end to
+ * end, bad options, a regular file at the socket's path, the secret, and close (at once when every live process has
+ * heard the end, after linger_s at most when one has not). */
 #include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -31,6 +33,25 @@
 
 /* ---- the core, with a hand-moved clock ---- */
 
+/* What each process has heard last, as the real client (work_client.c) keeps it: the last unit granted to it,
+ * which its next ask reports finished and delivered. Forgotten with each new core. */
+static struct heard {
+    uint64_t id;
+    int64_t step;
+    int unit;
+} heard[64];
+static int n_heard;
+
+static struct heard *heard_of(uint64_t id)
+{
+    for (int i = 0; i < n_heard; i++)
+        if (heard[i].id == id)
+            return &heard[i];
+    assert_true(n_heard < 64);
+    heard[n_heard] = (struct heard){.id = id};
+    return &heard[n_heard++];
+}
+
 static struct dispatch_core *core_open(const char *secret, int units, int staleness, int64_t total, size_t n_floats,
                                        double lost_after_s, double now)
 {
@@ -45,6 +66,7 @@ static struct dispatch_core *core_open(const char *secret, int units, int stalen
                                        .n_floats = n_floats,
                                        .lost_after_s = lost_after_s};
     char err[512] = "";
+    n_heard = 0;
     struct dispatch_core *d = dispatch_core_create(&o, now, err, sizeof err);
     if (!d)
         fail_msg("dispatch_core_create: %s", err);
@@ -101,6 +123,10 @@ static Grpo__Envelope *work_call(struct dispatch_core *d, const struct proc *p, 
     w.worker_id = p->id;
     w.rank = p->rank;
     w.ping = ping;
+    if (!ping) {
+        w.done_step = heard_of(p->id)->step;
+        w.done_unit = heard_of(p->id)->unit;
+    }
     req.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST;
     req.work_request = &w;
     return core_call(d, &req, p->secret, now);
@@ -116,8 +142,10 @@ static void expect_refusal(Grpo__Envelope *r, const char *text)
     protocol_free(r);
 }
 
-/* The grant a work request (or a ping) gets; *g filled. */
-static void grant_of(struct dispatch_core *d, const struct proc *p, bool ping, double now, struct work_grant *g)
+/* The grant a work request (or a ping) gets; *g filled. The process hears it (a unit is its last) unless the
+ * answer is lost on its way. */
+static void grant_heard(struct dispatch_core *d, const struct proc *p, bool ping, double now, struct work_grant *g,
+                        bool lost)
 {
     Grpo__Envelope *r = work_call(d, p, ping, now);
     if (r->body_case != GRPO__ENVELOPE__BODY_WORK_GRANT)
@@ -125,6 +153,15 @@ static void grant_of(struct dispatch_core *d, const struct proc *p, bool ping, d
                  r->body_case == GRPO__ENVELOPE__BODY_REPLY ? r->reply->error : "");
     work_grant_of(r->work_grant, g);
     protocol_free(r);
+    if (!lost && g->kind == WORK_UNIT) {
+        heard_of(p->id)->step = g->step;
+        heard_of(p->id)->unit = g->unit;
+    }
+}
+
+static void grant_of(struct dispatch_core *d, const struct proc *p, bool ping, double now, struct work_grant *g)
+{
+    grant_heard(d, p, ping, now, g, false);
 }
 
 static void expect_unit_at(struct dispatch_core *d, const struct proc *p, double now, int64_t step, int unit,
@@ -452,6 +489,164 @@ static void test_loss_and_regrant(void **state)
 /* weight_sync=broadcast: a round begins only once every rollout process has asked for the same held version; a
  * version not everyone asks for within the rendezvous, or one the trainer has waited for past it, is fetched; a
  * failed round or a lost process turns the broadcast off for good. */
+/* A process asks, the dispatcher grants it a unit, and the answer never reaches it (its ask timed out first, or
+ * the network cut it): asking again, it gets the same unit, counted once; nobody else gets it meanwhile. The same
+ * one-step-off, where the unit lost is the next step's and the last one's is reported done. */
+static void test_lost_answer(void **state)
+{
+    (void)state;
+    enum { N = 8 };
+    float *w0 = weights(N, 1, 0), *w1 = weights(N, 1, 1);
+    const struct proc a = {0xA, 0, NULL}, b = {0xB, 1, NULL};
+    double t = 0;
+    struct dispatch_core *d = core_open(NULL, 2, 0, 3, N, 10.0, t);
+    publish(d, 0, w0);
+    struct work_grant g;
+    grant_heard(d, &a, false, t, &g, true); /* granted, never heard */
+    assert_int_equal(g.kind, WORK_UNIT);
+    assert_int_equal(g.step, 1);
+    assert_int_equal(g.unit, 0);
+    t = 5.5; /* the ask timed out: a asks again, and again loses the answer */
+    grant_heard(d, &a, false, t, &g, true);
+    assert_int_equal(g.kind, WORK_UNIT);
+    assert_int_equal(g.step, 1);
+    assert_int_equal(g.unit, 0);
+    t = 11;
+    expect_unit_at(d, &a, t, 1, 0, 0); /* heard at last */
+    expect_unit_at(d, &b, t, 1, 1, 0);
+    struct dispatch_stats st = cstats(d);
+    assert_int_equal(st.granted, 2); /* the same grant three times counts once */
+    assert_int_equal(st.regranted, 0);
+    /* a delivered its unit and asks: step 2 waits for the trainers, and nothing of step 1 is a's again */
+    expect_wait_at(d, &a, t, "step 2", "version 1");
+    publish(d, 1, w1);
+    expect_unit_at(d, &a, t, 2, 0, 1);
+    expect_unit_at(d, &b, t, 2, 1, 1);
+    expect_wait_at(d, &a, t, "step 3", NULL);
+    dispatch_core_free(d);
+
+    /* one-step-off: a holds step 1's unit (delivered) and loses the answer that granted step 2's */
+    t = 0;
+    d = core_open(NULL, 2, 1, 3, N, 10.0, t);
+    publish(d, 0, w0);
+    expect_unit_at(d, &a, t, 1, 0, 0);
+    grant_heard(d, &a, false, t, &g, true);
+    assert_int_equal(g.step, 2);
+    assert_int_equal(g.unit, 0);
+    expect_unit_at(d, &a, t, 2, 0, 0); /* again step 2's, not step 1's (delivered) nor a wait */
+    expect_wait_at(d, &a, t, "step 3", NULL);
+    expect_unit_at(d, &b, t, 1, 1, 0);
+    expect_unit_at(d, &b, t, 2, 1, 0);
+    assert_int_equal(cstats(d).granted, 4);
+    dispatch_core_free(d);
+    free(w0), free(w1);
+}
+
+/* A grant's lease: a unit its live holder has not delivered past the lease is granted to a process with nothing
+ * else to do (counted as expired), never before, and never a delivered one. The lease is the floor until units
+ * take longer: then DISPATCH_LEASE_FACTOR times the longest. */
+static void test_lease_expiry(void **state)
+{
+    (void)state;
+    enum { N = 8 };
+    float *w0 = weights(N, 1, 0), *w1 = weights(N, 1, 1);
+    const struct proc a = {0xA, 0, NULL}, b = {0xB, 1, NULL};
+    const double floor = DISPATCH_LEASE_FLOOR_S;
+    double t = 0; /* lost_after_s far away: both stay alive throughout */
+    struct dispatch_core *d = core_open(NULL, 2, 0, 3, N, 1e9, t);
+    publish(d, 0, w0);
+    expect_unit_at(d, &a, t, 1, 0, 0);
+    expect_unit_at(d, &b, t, 1, 1, 0);
+    t = 5; /* b delivers in 5 s: the lease stays the floor (4 x 5 s is less) */
+    expect_wait_at(d, &b, t, "step 2", NULL);
+    t = floor; /* a's lease is not over */
+    dispatch_core_tick(d, t);
+    expect_wait_at(d, &b, t, "step 2", NULL);
+    assert_int_equal(cstats(d).expired, 0);
+    t = floor + 0.5; /* it is: b, idle, gets a's unit too */
+    dispatch_core_tick(d, t);
+    expect_unit_at(d, &b, t, 1, 0, 0);
+    struct dispatch_stats st = cstats(d);
+    assert_int_equal(st.expired, 1);
+    assert_int_equal(st.regranted, 1);
+    assert_int_equal(st.granted, 3);
+    assert_int_equal(st.lost, 0);
+    /* a delivers late: its word about a unit it no longer holds changes nothing; a waits, b's lease stands */
+    t = floor + 1;
+    expect_wait_at(d, &a, t, "step 2", NULL);
+    assert_int_equal(cstats(d).granted, 3);
+    /* b delivers it too; every unit of step 1 is delivered, and none goes again however long the trainers take */
+    t = floor + 2;
+    expect_wait_at(d, &b, t, "step 2", NULL);
+    t = 100 * floor;
+    expect_wait_at(d, &a, t, "step 2", NULL);
+    expect_wait_at(d, &b, t, "step 2", NULL);
+    assert_int_equal(cstats(d).granted, 3);
+    dispatch_core_free(d);
+
+    /* units that take long make the lease longer: a delivers step 1 in 2 floors, so b's lease lasts 8 floors */
+    t = 0;
+    d = core_open(NULL, 2, 0, 3, N, 1e9, t);
+    publish(d, 0, w0);
+    expect_unit_at(d, &a, t, 1, 0, 0);
+    expect_unit_at(d, &b, t, 1, 1, 0);
+    t = 2 * floor;
+    expect_wait_at(d, &a, t, "step 2", NULL);
+    t = DISPATCH_LEASE_FACTOR * 2 * floor;
+    expect_wait_at(d, &a, t, "step 2", NULL);
+    t += 1;
+    expect_unit_at(d, &a, t, 1, 1, 0);
+    assert_int_equal(cstats(d).expired, 1);
+    /* the next step: each gets its own unit first (an expired lease goes only to a process with nothing else) */
+    publish(d, 1, w1);
+    expect_unit_at(d, &b, t, 2, 1, 1);
+    expect_unit_at(d, &a, t, 2, 0, 1);
+    dispatch_core_free(d);
+    free(w0), free(w1);
+}
+
+/* Late and repeated words are harmless: an ask that arrives twice (the second a late copy naming the unit before)
+ * gets the unit it holds, a ping grants nothing, and a word about a unit of a step already trained, of a unit
+ * out of range or never granted to the asker changes no lease. */
+static void test_late_answers(void **state)
+{
+    (void)state;
+    enum { N = 8 };
+    float *w0 = weights(N, 1, 0), *w1 = weights(N, 1, 1);
+    const struct proc a = {0xA, 0, NULL}, b = {0xB, 1, NULL};
+    double t = 0;
+    struct dispatch_core *d = core_open(NULL, 2, 0, 3, N, 1e9, t);
+    publish(d, 0, w0);
+    expect_unit_at(d, &a, t, 1, 0, 0);
+    expect_unit_at(d, &b, t, 1, 1, 0);
+    expect_wait_at(d, &a, t, "step 2", NULL);
+    expect_wait_at(d, &b, t, "step 2", NULL);
+    publish(d, 1, w1);
+    expect_unit_at(d, &a, t, 2, 0, 1);
+    /* a late copy of a's ask of step 1 (it names step 1's unit, delivered): a holds step 2's unit, gets it again */
+    struct heard *h = heard_of(a.id);
+    h->step = 1;
+    h->unit = 0;
+    expect_unit_at(d, &a, t, 2, 0, 1);
+    /* words about units a does not hold: step 1 (trained), unit 1 of step 2 (b's, not yet granted), a unit out
+     * of range; none marks anything delivered, and b still gets its unit */
+    const int64_t steps[] = {1, 2, 2, 2, 99};
+    const int units[] = {0, 1, -1, 7, 0};
+    for (int i = 0; i < 5; i++) {
+        h->step = steps[i];
+        h->unit = units[i];
+        expect_unit_at(d, &a, t, 2, 0, 1);
+    }
+    grant_of(d, &a, true, t, &(struct work_grant){0});
+    expect_unit_at(d, &b, t, 2, 1, 1);
+    assert_int_equal(cstats(d).granted, 4);
+    assert_int_equal(cstats(d).regranted, 0);
+    /* a's unit is still a's: b (idle) does not get it before the lease */
+    expect_wait_at(d, &b, t, "step 3", NULL);
+    dispatch_core_free(d);
+    free(w0), free(w1);
+}
+
 static void test_broadcast_rounds(void **state)
 {
     (void)state;
@@ -977,6 +1172,9 @@ int main(void)
         cmocka_unit_test(test_grants_and_versions),
         cmocka_unit_test(test_one_step_off),
         cmocka_unit_test(test_loss_and_regrant),
+        cmocka_unit_test(test_lost_answer),
+        cmocka_unit_test(test_lease_expiry),
+        cmocka_unit_test(test_late_answers),
         cmocka_unit_test(test_broadcast_rounds),
         cmocka_unit_test(test_end),
         cmocka_unit_test(test_bad_input),

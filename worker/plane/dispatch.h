@@ -16,6 +16,13 @@
  * process that takes over the lost rank's place (grpo-worker --replace-rank)
  * gets that rank's units again from the next step on.
  *
+ * Grants survive a lost answer: each ask names the unit the process last got
+ * (and has delivered), so a process that asks again while it holds a unit it
+ * never heard of is granted that unit again. A grant also has a lease (a
+ * multiple of the longest unit so far, with a floor, dispatch_core.h): a unit
+ * still not delivered past it goes to a process with nothing else to do too,
+ * and the trainers keep whichever copy comes first.
+ *
  * Versions: step k is generated with policy version max(start, k-1-s), s the
  * staleness (0 on-policy, 1 one-step-off); the dispatcher keeps the newest s+1
  * versions, which are every version an unfinished step can need.
@@ -95,7 +102,8 @@ void work_grant_of(const struct Grpo__WorkGrant *x, struct work_grant *g);
 struct work_client *work_client_open(const char *endpoint, const char *secret, int rank, double ping_s, char *err,
                                      size_t errlen);
 /* Ask for work: 0 with *g (a unit, wait, or end), or -1 with err when the dispatcher has not answered in
- * timeout_ms. */
+ * timeout_ms. Asking says the unit granted before is finished and delivered: call it once the last unit is sent.
+ * Asking again after no answer is safe: a unit granted meanwhile comes again. */
 int work_client_next(struct work_client *c, struct work_grant *g, int timeout_ms, char *err, size_t errlen);
 /* Fetch policy version `version` into w[0..n) in chunks of at most chunk_bytes; *bytes and *chunks get what
  * moved. 0, or -1 with err (version gone, count mismatch, no answer). */

@@ -32,6 +32,16 @@ struct snapshot {
     float *w;
 };
 
+/* A unit's grant: the process that holds it, since when, and whether it said it delivered the unit. A lease not
+ * delivered by lease_s() after its grant ends: the unit is granted again to a process with nothing else to do. */
+struct lease {
+    int holder; /* PENDING or the index in procs of the process that holds it */
+    double since;
+    bool done;
+};
+
+static const struct lease pending_lease = {.holder = PENDING};
+
 struct dispatch_core {
     struct dispatch_options o; /* endpoint and secret not kept */
     char secret[1024];
@@ -40,10 +50,11 @@ struct dispatch_core {
     int nsnap;
     int64_t latest, end_after; /* newest published version (-1: none); the run's last step (-1: not ended) */
     char end_why[256];
-    int64_t win0;    /* first step of the window (latest + 1) */
-    int window;      /* steps in the window: staleness + 1 */
-    int *holder;     /* [window][units]: PENDING or the index in procs of the process that holds it */
-    bool *slot_seen; /* [units]: some process has served this slot */
+    int64_t win0;        /* first step of the window (latest + 1) */
+    int window;          /* steps in the window: staleness + 1 */
+    struct lease *lease; /* [window][units]: who holds each unit of the window's steps, since when */
+    double longest_s;    /* the longest a unit has taken from its grant to its holder's next ask (0: none yet) */
+    bool *slot_seen;     /* [units]: some process has served this slot */
     struct proc procs[MAX_PROCS];
     int nprocs;
     struct dispatch_stats st;
@@ -123,8 +134,8 @@ static void reap(struct dispatch_core *d, double now)
         char units[256] = "";
         for (int j = 0; j < d->window; j++)
             for (int u = 0; u < d->o.units; u++)
-                if (d->holder[j * d->o.units + u] == i) {
-                    d->holder[j * d->o.units + u] = PENDING;
+                if (d->lease[j * d->o.units + u].holder == i) {
+                    d->lease[j * d->o.units + u] = pending_lease;
                     size_t l = strlen(units);
                     snprintf(units + l, sizeof units - l, "%s%lld/%d", l ? ", " : "", (long long)d->win0 + j, u);
                 }
@@ -152,6 +163,39 @@ static int64_t version_for(const struct dispatch_core *d, int64_t k)
     return v > d->o.start ? v : d->o.start;
 }
 
+/* How long a grant lasts before the unit may be granted again: DISPATCH_LEASE_FACTOR times the longest a unit has
+ * taken in this run, and never less than DISPATCH_LEASE_FLOOR_S. */
+static double lease_s(const struct dispatch_core *d)
+{
+    const double l = DISPATCH_LEASE_FACTOR * d->longest_s;
+    return l > DISPATCH_LEASE_FLOOR_S ? l : DISPATCH_LEASE_FLOOR_S;
+}
+
+/* Process pi says it finished and delivered unit u of step k (the last unit granted to it): its lease is kept
+ * for good (never granted again while it lives), and the time it took counts towards the leases. A word about a
+ * unit it no longer holds (granted again meanwhile, or its step trained) changes nothing. */
+static void delivered(struct dispatch_core *d, int pi, int64_t k, int u, double now)
+{
+    const int64_t j = k - d->win0;
+    if (k <= 0 || j < 0 || j >= d->window || u < 0 || u >= d->o.units)
+        return;
+    struct lease *l = &d->lease[j * d->o.units + u];
+    if (l->holder != pi || l->done)
+        return;
+    l->done = true;
+    if (now - l->since > d->longest_s)
+        d->longest_s = now - l->since;
+}
+
+/* Grant unit u of the window's step j. */
+static void give_unit(const struct dispatch_core *d, Grpo__WorkGrant *g, int j, int u)
+{
+    g->kind = WORK_UNIT;
+    g->step = d->win0 + j;
+    g->unit = u;
+    g->version = version_for(d, g->step);
+}
+
 /* The next unit for process p, or a wait / end with its reason. */
 static void grant(struct dispatch_core *d, int pi, Grpo__WorkGrant *g, char *reason, size_t rlen, double now)
 {
@@ -174,31 +218,62 @@ static void grant(struct dispatch_core *d, int pi, Grpo__WorkGrant *g, char *rea
         snprintf(reason, rlen, "the trainers have not published their first weights yet");
         return;
     }
+    /* a unit it holds and has not delivered: the answer that granted it was lost (it asked again), so it is
+     * granted again, the same unit */
+    for (int j = 0; j < d->window; j++)
+        for (int u = 0; u < d->o.units; u++) {
+            struct lease *l = &d->lease[j * d->o.units + u];
+            if (l->holder != pi || l->done)
+                continue;
+            l->since = now;
+            log_info("dispatch",
+                     "step %lld unit %d granted again to the process serving rank %d, which holds it and asks "
+                     "again (it never heard the answer)",
+                     (long long)d->win0 + j, u, p->slot);
+            give_unit(d, g, j, u);
+            return;
+        }
     for (int j = 0; j < d->window; j++) {
         int64_t k = d->win0 + j;
         if (k > d->o.total_steps)
             break;
         int pick = -1;
-        if (d->holder[j * d->o.units + p->slot] == PENDING)
+        if (d->lease[j * d->o.units + p->slot].holder == PENDING)
             pick = p->slot;
         for (int u = 0; u < d->o.units && pick < 0; u++)
-            if (d->holder[j * d->o.units + u] == PENDING && orphaned(d, u, now))
+            if (d->lease[j * d->o.units + u].holder == PENDING && orphaned(d, u, now))
                 pick = u;
         if (pick < 0)
             continue;
-        d->holder[j * d->o.units + pick] = pi;
+        d->lease[j * d->o.units + pick] = (struct lease){.holder = pi, .since = now};
         d->st.granted++;
         if (pick != p->slot) {
             d->st.regranted++;
             log_info("dispatch", "step %lld unit %d (rollout rank %d's) granted to the process serving rank %d",
                      (long long)k, pick, pick, p->slot);
         }
-        g->kind = WORK_UNIT;
-        g->step = k;
-        g->unit = pick;
-        g->version = version_for(d, k);
+        give_unit(d, g, j, pick);
         return;
     }
+    /* nothing else to do: a lease past its deadline (its holder alive but silent about it) is granted to this
+     * process too; whichever copy reaches the trainers first counts */
+    const double lease = lease_s(d);
+    for (int j = 0; j < d->window && d->win0 + j <= d->o.total_steps; j++)
+        for (int u = 0; u < d->o.units; u++) {
+            struct lease *l = &d->lease[j * d->o.units + u];
+            if (l->holder == PENDING || l->holder == pi || l->done || now - l->since <= lease)
+                continue;
+            log_warn("dispatch",
+                     "step %lld unit %d: the process serving rank %d has held it %.0f s, past its lease of %.0f s; "
+                     "granted again to the process serving rank %d",
+                     (long long)d->win0 + j, u, d->procs[l->holder].slot, now - l->since, lease, p->slot);
+            *l = (struct lease){.holder = pi, .since = now};
+            d->st.granted++;
+            d->st.regranted++;
+            d->st.expired++;
+            give_unit(d, g, j, u);
+            return;
+        }
     g->kind = WORK_WAIT;
     int64_t next = d->win0 + d->window;
     if (next > d->o.total_steps)
@@ -294,6 +369,7 @@ static uint8_t *answer(struct dispatch_core *d, const Grpo__Envelope *req, doubl
             p->told_end |= d->end_after >= 0;
             snprintf(reason, sizeof reason, "%s", d->end_after >= 0 ? d->end_why : "alive");
         } else {
+            delivered(d, (int)(p - d->procs), w->done_step, w->done_unit, now);
             grant(d, (int)(p - d->procs), &g, reason, sizeof reason, now);
         }
         g.reason = reason;
@@ -378,9 +454,9 @@ struct dispatch_core *dispatch_core_create(const struct dispatch_options *o, dou
     d->snaps = xcalloc((size_t)d->nsnap, sizeof *d->snaps);
     for (int i = 0; i < d->nsnap; i++)
         d->snaps[i].version = -1;
-    d->holder = xmalloc((size_t)d->window * (size_t)o->units * sizeof *d->holder);
+    d->lease = xmalloc((size_t)d->window * (size_t)o->units * sizeof *d->lease);
     for (int i = 0; i < d->window * o->units; i++)
-        d->holder[i] = PENDING;
+        d->lease[i] = pending_lease;
     d->slot_seen = xcalloc((size_t)o->units, sizeof *d->slot_seen);
     d->bc_want = xmalloc((size_t)o->units * sizeof *d->bc_want);
     d->bc_asked = xcalloc((size_t)o->units, sizeof *d->bc_asked);
@@ -397,7 +473,7 @@ void dispatch_core_free(struct dispatch_core *d)
         return;
     for (int i = 0; i < d->nsnap; i++)
         free(d->snaps[i].w);
-    free(d->snaps), free(d->holder), free(d->slot_seen), free(d->bc_want), free(d->bc_asked);
+    free(d->snaps), free(d->lease), free(d->slot_seen), free(d->bc_want), free(d->bc_asked);
     free(d);
 }
 
@@ -427,14 +503,14 @@ void dispatch_core_publish_end(struct dispatch_core *d, int64_t version)
     if (version > d->latest) {
         /* steps up to version are trained: the window moves to version + 1, keeping the leases it still holds */
         int64_t nw0 = version + 1;
-        int *h = xmalloc((size_t)d->window * (size_t)d->o.units * sizeof *h);
+        struct lease *h = xmalloc((size_t)d->window * (size_t)d->o.units * sizeof *h);
         for (int j = 0; j < d->window; j++)
             for (int u = 0; u < d->o.units; u++) {
                 int64_t k = nw0 + j, oj = k - d->win0;
-                h[j * d->o.units + u] = oj >= 0 && oj < d->window ? d->holder[oj * d->o.units + u] : PENDING;
+                h[j * d->o.units + u] = oj >= 0 && oj < d->window ? d->lease[oj * d->o.units + u] : pending_lease;
             }
-        free(d->holder);
-        d->holder = h;
+        free(d->lease);
+        d->lease = h;
         d->win0 = nw0;
         d->latest = version;
     }

@@ -30,13 +30,20 @@ struct dispatch_options {
 /* What the dispatcher has done so far (for the metrics). */
 struct dispatch_stats {
     int64_t granted;    /* units granted */
-    int64_t regranted;  /* of those, units granted again after their holder was lost */
+    int64_t regranted;  /* of those, units granted to another process than the first (holder lost, lease over) */
+    int64_t expired;    /* of those, units granted again because their lease was over (the holder alive) */
     int64_t lost;       /* rollout processes declared lost */
     int64_t refused;    /* requests refused (malformed, wrong secret) */
     int64_t bytes;      /* weight bytes served in chunks */
     int64_t broadcasts; /* versions broadcast whole (weight_sync=broadcast) */
     int live;           /* rollout processes alive now */
 };
+
+/* A grant's lease: a unit not delivered this long after its grant may be granted again to a process with nothing
+ * else to do, DISPATCH_LEASE_FACTOR times the longest a unit has taken in the run so far, never less than the
+ * floor. Its holder asking again gets it again; a lost holder's units go at once (lost_after_s). */
+#define DISPATCH_LEASE_FLOOR_S 60.0
+#define DISPATCH_LEASE_FACTOR 4.0
 
 /* A work request's answer (Grpo__WorkGrant.kind). */
 enum work_kind { WORK_WAIT = 0, WORK_UNIT = 1, WORK_END = 2 };

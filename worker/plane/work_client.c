@@ -21,6 +21,8 @@ struct work_client {
     struct rpc_client *rpc, *ping_rpc;
     uint64_t id;
     int slot;
+    int64_t last_step; /* the last unit granted to this process (0: none yet), reported done with the next ask */
+    int last_unit;
     double ping_s;
     pthread_t pinger;
     pthread_mutex_t mu;
@@ -117,6 +119,8 @@ int work_client_next(struct work_client *c, struct work_grant *g, int timeout_ms
     Grpo__WorkRequest w = GRPO__WORK_REQUEST__INIT;
     w.worker_id = c->id;
     w.rank = c->slot;
+    w.done_step = c->last_step;
+    w.done_unit = c->last_unit;
     req.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST;
     req.work_request = &w;
     Grpo__Envelope *r = NULL;
@@ -133,6 +137,10 @@ int work_client_next(struct work_client *c, struct work_grant *g, int timeout_ms
         work_grant_of(r->work_grant, g);
         if (g->kind == WORK_UNIT && (g->units < 1 || g->unit < 0 || g->unit >= g->units))
             rc = error_set(err, errlen, "the dispatcher granted unit %d of %d", g->unit, g->units);
+        else if (g->kind == WORK_UNIT) {
+            c->last_step = g->step;
+            c->last_unit = g->unit;
+        }
     }
     protocol_free(r);
     return rc;
