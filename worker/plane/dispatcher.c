@@ -1,5 +1,8 @@
 /* The dispatcher's shell: one REP socket and one thread that feed the pure core (dispatch_core.c) each request
- * with the time, and a mutex that serialises the trainer's calls with the thread's. */
+ * with the time, and a mutex that serialises the trainer's calls with the thread's.
+ *
+ * For the tests only: with GRPO_TEST_SLOW_GRANT_S=S in the environment, the first answer that grants a unit is
+ * sent S seconds late (the rollout process has given up on it by then: tests/system/test_slow_grant.sh). */
 #include "dispatch.h"
 
 #include <nanomsg/nn.h>
@@ -11,6 +14,7 @@
 
 #include "common/check.h"
 #include "common/clock.h"
+#include "common/log.h"
 #include "proto/protocol.h"
 #include "proto/transport.h"
 
@@ -20,6 +24,7 @@ struct dispatcher {
     pthread_t thread;
     pthread_mutex_t mu;
     bool quit;
+    double slow_grant_s; /* GRPO_TEST_SLOW_GRANT_S: the first grant's answer this late (0: none) */
 };
 
 static void *serve(void *arg)
@@ -41,10 +46,18 @@ static void *serve(void *arg)
         if (n < 0)
             continue; /* timed out (or interrupted): look at the clock again */
         size_t len = 0;
+        struct dispatch_stats before, after;
         pthread_mutex_lock(&d->mu);
+        dispatch_core_stats(d->core, &before);
         uint8_t *out = dispatch_core_handle(d->core, msg, (size_t)n, clock_now_s(), &len);
+        dispatch_core_stats(d->core, &after);
         pthread_mutex_unlock(&d->mu);
         nn_freemsg(msg);
+        if (d->slow_grant_s > 0 && after.granted > before.granted) {
+            log_warn("dispatch", "GRPO_TEST_SLOW_GRANT_S: this grant's answer goes %.1f s late", d->slow_grant_s);
+            clock_sleep_s(d->slow_grant_s);
+            d->slow_grant_s = 0;
+        }
         nn_send(d->sock, out, len, 0);
         free(out);
     }
@@ -78,6 +91,8 @@ struct dispatcher *dispatcher_open(const struct dispatch_options *o, char *err, 
     struct dispatcher *d = xcalloc(1, sizeof *d);
     d->core = core;
     d->sock = s;
+    const char *slow = getenv("GRPO_TEST_SLOW_GRANT_S");
+    d->slow_grant_s = slow ? strtod(slow, NULL) : 0;
     pthread_mutex_init(&d->mu, NULL);
     if (pthread_create(&d->thread, NULL, serve, d) != 0) {
         error_set(err, errlen, "dispatcher: cannot start its thread");
