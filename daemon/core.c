@@ -228,7 +228,7 @@ static void reevaluate(struct core *c)
     if (run_terminal(c->run.state))
         return;
     char reason[CORE_REASON_MAX];
-    int present = 0, ended = 0, finished = 0, paused = 0;
+    int present = 0, ended = 0, finished = 0, paused = 0, rollouts = 0, rollouts_lost = 0;
     const struct core_worker *lost = NULL, *failed = NULL, *lost_rollout = NULL;
     for (int r = 0; r < c->nworkers; r++) {
         const struct core_worker *w = c->workers[r];
@@ -241,6 +241,8 @@ static void reevaluate(struct core *c)
         bool spare = w->state == GRPO__WORKER_STATE__WORKER_LOST && w->role == GRPO__ROLE__ROLE_ROLLOUT;
         if (spare && !lost_rollout)
             lost_rollout = w;
+        rollouts += w->role == GRPO__ROLE__ROLE_ROLLOUT;
+        rollouts_lost += spare;
         if (w->state == GRPO__WORKER_STATE__WORKER_LOST && !spare && !lost)
             lost = w;
         ended += worker_ended(w->state) || w->state == GRPO__WORKER_STATE__WORKER_LOST;
@@ -302,6 +304,21 @@ static void reevaluate(struct core *c)
             snprintf(reason, sizeof reason, "pausing: %d of %d workers at a safe point", paused, present);
             set_state(c, GRPO__RUN_STATE__RUN_PAUSING, reason);
         }
+        return;
+    }
+    if (lost_rollout && rollouts_lost == rollouts) { /* nobody generates: the trainers wait for the data */
+        char ranks[320] = "";
+        for (int r = 0; r < c->nworkers; r++) {
+            const struct core_worker *w = c->workers[r];
+            size_t n = strlen(ranks);
+            if (w && w->role == GRPO__ROLE__ROLE_ROLLOUT && n + 64 < sizeof ranks)
+                snprintf(ranks + n, sizeof ranks - n, "%s%d on host %.40s", n ? ", " : "", w->rank, w->host);
+        }
+        snprintf(reason, sizeof reason,
+                 "every rollout rank is lost (rank %s): no rollout rank is left, and the run waits for replacements "
+                 "(relaunch each with grpo-worker --replace-rank R)",
+                 ranks);
+        set_state(c, GRPO__RUN_STATE__RUN_RUNNING, reason);
         return;
     }
     if (lost_rollout) {

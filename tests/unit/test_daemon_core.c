@@ -732,6 +732,51 @@ static void test_split_rollout_rank_lost(void **state)
     core_deinit(&c);
 }
 
+/* Every rollout rank lost: the run goes on for the trainers, but status says that no rollout rank is left and that
+ * the run waits for replacements (not that the work goes to the others); one replacement, and the text is the
+ * usual one for the rank still lost. */
+static void test_split_every_rollout_rank_lost(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = split_settings();
+    core_init(&c, &s, T);
+    uint64_t inc[4];
+    start_split_run(&c, inc);
+    const double t0 = T;
+    /* rank 3 is lost first: the other rollout rank takes its work */
+    T = t0 + 1.1;
+    for (int r = 0; r < 3; r++)
+        beat_ok(&c, r, inc[r], GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+    core_tick(&c, T);
+    assert_non_null(strstr(c.run.reason, "its work goes to the other rollout ranks"));
+    /* then rank 2: nobody is left to generate */
+    T = t0 + 2.3;
+    for (int r = 0; r < 2; r++)
+        beat_ok(&c, r, inc[r], GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+    core_tick(&c, T);
+    assert_int_equal(c.workers[2]->state, GRPO__WORKER_STATE__WORKER_LOST);
+    assert_int_equal(c.workers[3]->state, GRPO__WORKER_STATE__WORKER_LOST);
+    if (strstr(c.run.reason, "goes to the other rollout ranks") || !strstr(c.run.reason, "no rollout rank is left") ||
+        !strstr(c.run.reason, "waits for replacements") ||
+        !strstr(c.run.reason, "2 on host node02, 3 on host node03") || !strstr(c.run.reason, "--replace-rank"))
+        fail_msg("status with every rollout rank lost: '%s'", c.run.reason);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING);
+    Grpo__Envelope *e = beat(&c, 0, inc[0], GRPO__WORKER_STATE__WORKER_RUNNING, 2);
+    assert_non_null(strstr(e->heartbeat_ack->reason, "no rollout rank is left"));
+    assert_string_equal(e->heartbeat_ack->abort, ""); /* the trainers are not told to end */
+    protocol_free(e);
+    /* a replacement for rank 2: rank 3's work goes to it again */
+    e = send_replace(&c, 2);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
+    uint64_t inc2 = e->assignment->incarnation;
+    protocol_free(e);
+    beat_ok(&c, 2, inc2, GRPO__WORKER_STATE__WORKER_RUNNING, 2);
+    assert_non_null(
+        strstr(c.run.reason, "rollout rank 3 on host node03 lost; its work goes to the other rollout ranks"));
+    core_deinit(&c);
+}
+
 static void test_split_trainer_lost_aborts(void **state)
 {
     (void)state;
@@ -1294,6 +1339,7 @@ int main(void)
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_status_and_metrics),
         cmocka_unit_test(test_split_rollout_rank_lost),
+        cmocka_unit_test(test_split_every_rollout_rank_lost),
         cmocka_unit_test(test_split_trainer_lost_aborts),
         cmocka_unit_test(test_replace_rank),
         cmocka_unit_test(test_dispatch_endpoints),
