@@ -3,8 +3,8 @@
  * main reads: parse the command line, init MPI and logging, launch (worker/launch: this rank's place, endpoints,
  * GPU and groups), run the role, finalize. Each rank takes the role its placement gives it (grpod's Assignment,
  * which the launch checks against the same arithmetic in common/placement.c): hybrid (the whole GRPO loop in one
- * process, or colocated ranks that each generate and train), rollout or trainer (worker/roles.h). --selftest checks the collective plane with the requested
- * tensor/pipeline layout across all ranks. */
+ * process, or colocated ranks that each generate and train), rollout or trainer (worker/roles.h). --selftest checks the
+ * collective plane with the requested tensor/pipeline layout across all ranks. */
 #include <getopt.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -202,7 +202,7 @@ static int parse(int *argc, char **argv, struct args *a)
     return -1;
 }
 
-/* Start MPI and tag the log with this rank; the world's comm. */
+/* Start MPI and tag the log with this rank (a replacement's: the rank it replaces); the world's comm. */
 static struct comm *init(int *argc, char ***argv, const struct args *a)
 {
     /* SIGTERM / SIGINT (Slurm's time limit and preemption, systemctl stop, ^C): a checkpoint at the next safe
@@ -212,7 +212,7 @@ static struct comm *init(int *argc, char ***argv, const struct args *a)
         control_catch_stop_signals();
     comm_mpi_init(argc, argv);
     struct comm *world = comm_mpi_world();
-    log_set_rank(comm_rank(world));
+    log_set_rank(a->launch.replace_rank >= 0 ? a->launch.replace_rank : comm_rank(world));
     return world;
 }
 

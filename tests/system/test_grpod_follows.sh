@@ -3,7 +3,8 @@
 # + 1 rollout ranks (tiny model) registers, the first rank's configuration lays the run out, and it trains. A
 # process given other values of the run's keys is refused, naming them. The rollout rank is killed, and
 # grpo-worker --replace-rank 2 given only grpod.endpoint takes the run's configuration from grpod, takes the
-# place (asking a grpod restarted on its journal in between), and the run finishes.
+# place (asking a grpod restarted on its journal in between) and logs as rank 2, and the run finishes. A
+# replacement for a rank the run does not have (7) is refused with the reason on its own log (issue 26).
 # usage: test_grpod_follows.sh GRPOD GRPOCTL SIM_WORKER GRPO_WORKER GRPO_MODEL
 set -u
 . "$(dirname "$0")/grpod_lib.sh" "$1" "$2" "$3"
@@ -31,6 +32,12 @@ rc=$?
 [ "$rc" -eq 2 ] && grep -q "actor_rollout_ref.rollout.n (given here: 4, run: 2)" "$TMP/wrong.log"
 expect "a replacement with another rollout.n is refused naming it (exit $rc: $(grep -o 'differ.*' "$TMP/wrong.log" | head -1))" $?
 
+# a rank the run does not have: refused with the reason on the process itself (it is alone: nobody else says it)
+"$WORKER" --replace-rank 7 grpod.endpoint="$EP" >"$TMP/rank7.log" 2>&1
+rc=$?
+[ "$rc" -eq 2 ] && grep -q "error .*--replace-rank 7: .*rank 7" "$TMP/rank7.log"
+expect "--replace-rank 7 of a 3-rank run exits 2 saying why (exit $rc: $(grep -o 'replace-rank 7:.*' "$TMP/rank7.log"))" $?
+
 victim="$(status_field '.workers[] | select(.rank == 2) | .pid')"
 kill -9 "$victim"; expect "rollout rank 2 (pid $victim) killed at step $(status_field .step)" $?
 rank2_lost() { [ "$(status_field '.workers[] | select(.rank == 2) | .state')" = lost ]; }
@@ -50,6 +57,8 @@ wait "$REPL_PID"; expect "the replacement finishes with it" $?
 grep -q "took run .*'s configuration from grpod" "$TMP/replace.log"
 expect "the replacement took the run's configuration from grpod" $?
 grep -q "registered with grpod .*role rollout" "$TMP/replace.log"; expect "and registered as the rollout rank" $?
+grep -q '\[rank 2\] rollout: ' "$TMP/replace.log" && ! grep -q '\[rank [013-9]' "$TMP/replace.log"
+expect "the replacement logs as rank 2, the rank it replaces" $?
 grep -Eq "finished: .*\(([1-9][0-9]*) unit\(s\) generated here\)" "$TMP/replace.log"
 rc=$?; expect "it generated the rest of the run ($(grep -o '([0-9]* unit(s) generated here)' "$TMP/replace.log"))" $rc
 state_is finished && [ "$(status_field .step)" = "$STEPS" ]

@@ -182,7 +182,9 @@ static int place(struct launch *l, int replace_rank)
     if (placement_spec_from_config(cfg, &env->spec, why, sizeof why) != 0 ||
         placement_check(&env->spec, size, (int)cfg->data_train_batch_size, why, sizeof why) != 0 ||
         placement_of(&env->spec, rank, size, &env->at, why, sizeof why) != 0) {
-        if (rank == 0)
+        if (replace_rank >= 0) /* alone: nobody else says it */
+            log_error("worker", "--replace-rank %d: %s", replace_rank, why);
+        else if (rank == 0)
             log_error("worker", "%s", why);
         l->refused_alike = true;
         return 2;
@@ -190,7 +192,7 @@ static int place(struct launch *l, int replace_rank)
     l->split = env->at.role != PLACE_HYBRID;
     l->colocated = !l->split && size > 1;
     if ((l->split || l->colocated) && split_supported(cfg, &env->spec, why, sizeof why) != 0) {
-        if (rank == 0)
+        if (rank == 0 || replace_rank >= 0)
             log_error("worker", "%s", why);
         l->refused_alike = true;
         return 2;
