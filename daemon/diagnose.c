@@ -29,8 +29,8 @@
  * killer (the kernel, the page cache and other processes need the rest). */
 #define DIAG_MEMORY_FULL 0.85
 
-static const char *const kind_names[] = {"too_early",    "balanced",  "rollout_bound",  "trainer_bound",
-                                         "weight_sync_bound", "long_tail", "straggler", "memory_headroom"};
+static const char *const kind_names[] = {"too_early",         "balanced",  "rollout_bound", "trainer_bound",
+                                         "weight_sync_bound", "long_tail", "straggler",     "memory_headroom"};
 
 const char *diag_kind_name(enum diag_kind k)
 {
@@ -83,22 +83,24 @@ static double role_idle(const struct diag_rank *r, int n, Grpo__Role role, int *
 
 static bool on_policy(const struct diag_run *run) { return isfinite(run->staleness) && run->staleness == 0; }
 
-#define COLOCATED_KNOB                                                                                                \
-    "run colocated (trainer.nnodes x trainer.n_gpus_per_node = every rank, no rollout.* keys: each rank generates "  \
+#define COLOCATED_KNOB                                                                                                 \
+    "run colocated (trainer.nnodes x trainer.n_gpus_per_node = every rank, no rollout.* keys: each rank generates "    \
     "and trains)"
 
 /* A split run: which side waits for the other. */
 static void split_bound(const struct diag_rank *r, int n, const struct diag_run *run, struct findings *f)
 {
     int nt, nr;
-    const double ti = role_idle(r, n, GRPO__ROLE__ROLE_TRAINER, &nt), ri = role_idle(r, n, GRPO__ROLE__ROLE_ROLLOUT, &nr);
+    const double ti = role_idle(r, n, GRPO__ROLE__ROLE_TRAINER, &nt),
+                 ri = role_idle(r, n, GRPO__ROLE__ROLE_ROLLOUT, &nr);
     if (!nt || !nr)
         return;
     const char *policy = on_policy(run) ? "on-policy" : isfinite(run->staleness) ? "async" : "policy lag unknown";
     struct diag_finding *d;
     if (ti >= DIAG_IDLE_BOUND && ti >= ri && (d = add(f, DIAG_ROLLOUT_BOUND, DIAG_WARN, ti))) {
-        say(d->text, "rollout-bound: the %d trainer rank(s) idle %.0f%% waiting for rollouts (the %d rollout rank(s) "
-                     "idle %.0f%%; %s)",
+        say(d->text,
+            "rollout-bound: the %d trainer rank(s) idle %.0f%% waiting for rollouts (the %d rollout rank(s) "
+            "idle %.0f%%; %s)",
             nt, pct(ti), nr, pct(ri), policy);
         if (on_policy(run))
             say(d->knob,
@@ -110,8 +112,9 @@ static void split_bound(const struct diag_rank *r, int n, const struct diag_run 
             say(d->knob, "more rollout ranks (rollout.nnodes x rollout.n_gpus_per_node, or placement.rollout_ranks) "
                          "and fewer trainer ranks (trainer.n_gpus_per_node), or a shorter data.max_response_length");
     } else if (ri >= DIAG_IDLE_BOUND && ri > ti && (d = add(f, DIAG_TRAINER_BOUND, DIAG_WARN, ri))) {
-        say(d->text, "trainer-bound: the %d rollout rank(s) idle %.0f%% waiting for the trainers (the %d trainer "
-                     "rank(s) idle %.0f%%; %s)",
+        say(d->text,
+            "trainer-bound: the %d rollout rank(s) idle %.0f%% waiting for the trainers (the %d trainer "
+            "rank(s) idle %.0f%%; %s)",
             nr, pct(ri), nt, pct(ti), policy);
         if (on_policy(run))
             say(d->knob,
@@ -176,20 +179,28 @@ static double peers_median(const struct diag_rank *r, int n, Grpo__Role role, in
 }
 
 /* A rank busy far longer than the other ranks of its role over the whole run. Ranks of a role do the same work
- * each step, so the excess is the rank's own; its peers wait for it. Returns whether one was found. */
+ * each step, so the excess is the rank's own; its peers wait for it. Only each role's busiest rank is judged:
+ * it has the largest ratio to its peers' median (leaving out the largest value leaves the smallest median).
+ * Returns whether one was found. */
 static bool straggler(const struct diag_rank *r, int n, struct findings *f)
 {
+    static const Grpo__Role roles[] = {GRPO__ROLE__ROLE_TRAINER, GRPO__ROLE__ROLE_ROLLOUT, GRPO__ROLE__ROLE_HYBRID};
     int worst = -1;
     double worst_ratio = 0, worst_peers = 0;
-    for (int i = 0; i < n; i++) {
-        if (!r[i].live || !(r[i].idle_s + r[i].busy_s > 0))
+    for (size_t k = 0; k < sizeof roles / sizeof roles[0]; k++) {
+        int busiest = -1;
+        for (int i = 0; i < n; i++)
+            if (r[i].live && r[i].role == roles[k] && r[i].idle_s + r[i].busy_s > 0 &&
+                (busiest < 0 || r[i].busy_s > r[busiest].busy_s))
+                busiest = i;
+        if (busiest < 0)
             continue;
-        const double peers = peers_median(r, n, r[i].role, i);
-        if (!(peers > 0) || r[i].busy_s - peers < DIAG_STRAGGLER_MIN_S)
+        const double peers = peers_median(r, n, roles[k], busiest);
+        if (!(peers > 0) || r[busiest].busy_s - peers < DIAG_STRAGGLER_MIN_S)
             continue;
-        const double ratio = r[i].busy_s / peers;
+        const double ratio = r[busiest].busy_s / peers;
         if (ratio >= DIAG_STRAGGLER_RATIO && ratio > worst_ratio) {
-            worst = i;
+            worst = busiest;
             worst_ratio = ratio;
             worst_peers = peers;
         }
@@ -202,16 +213,18 @@ static bool straggler(const struct diag_rank *r, int n, struct findings *f)
     if (!d)
         return true;
     say(d->text,
-        "straggler: rank %d (%s on host %s) was busy %.1f s since the first step, %.1fx its peers' %.1f s: "
+        "straggler: rank %d (%s on host %s) was busy %.1f s since the first step, %.1fx its peers' %.2f s: "
         "they wait for it",
         w->rank, core_role_name(w->role), w->host, w->busy_s, worst_ratio, worst_peers);
     if (w->role == GRPO__ROLE__ROLE_ROLLOUT)
-        say(d->knob, "look at host %s (another load on it, a slower or throttled device); or run without that rank: "
-                     "one rollout rank fewer (rollout.n_gpus_per_node, or placement.rollout_ranks)",
+        say(d->knob,
+            "look at host %s (another load on it, a slower or throttled device); or run without that rank: "
+            "one rollout rank fewer (rollout.n_gpus_per_node, or placement.rollout_ranks)",
             w->host);
     else
-        say(d->knob, "look at host %s (another load on it, a slower or throttled device); the ranks of a step move "
-                     "at the pace of the slowest",
+        say(d->knob,
+            "look at host %s (another load on it, a slower or throttled device); the ranks of a step move "
+            "at the pace of the slowest",
             w->host);
     return true;
 }
@@ -220,8 +233,8 @@ static bool straggler(const struct diag_rank *r, int n, struct findings *f)
  * rollout ranks' generation seconds of the last step far apart (a split run). */
 static void long_tail(const struct diag_rank *r, int n, const struct diag_run *run, struct findings *f)
 {
-    const double wait_share = run->step_s > 0 && isfinite(run->gen_wait_peers_s) ? run->gen_wait_peers_s / run->step_s
-                                                                                 : NAN;
+    const double wait_share =
+        run->step_s > 0 && isfinite(run->gen_wait_peers_s) ? run->gen_wait_peers_s / run->step_s : NAN;
     if ((isfinite(wait_share) && wait_share >= DIAG_TAIL_SHARE) ||
         (isfinite(run->gen_imbalance) && run->gen_imbalance >= DIAG_IMBALANCE)) {
         const double share = isfinite(wait_share) ? wait_share : (run->gen_imbalance - 1) / run->gen_imbalance;
@@ -270,40 +283,60 @@ static void long_tail(const struct diag_rank *r, int n, const struct diag_run *r
                  "overlaps)");
 }
 
-/* Each host's ranks' resident peaks against its memory. */
+struct host_rank {
+    const char *host;
+    int i;
+};
+
+static int by_host(const void *a, const void *b)
+{
+    const struct host_rank *x = a, *y = b;
+    const int c = strcmp(x->host, y->host);
+    return c ? c : (x->i > y->i) - (x->i < y->i);
+}
+
+/* One host's ranks (h[0..m-1], by rank) against its memory. */
+static void host_memory(const struct diag_rank *r, const struct host_rank *h, int m, struct findings *f)
+{
+    double used = 0, total = 0;
+    char list[128] = "";
+    for (int k = 0; k < m; k++) {
+        const struct diag_rank *q = &r[h[k].i];
+        used += q->peak_rss_gb;
+        total = q->host_memory_gb > total ? q->host_memory_gb : total;
+        size_t l = strlen(list);
+        if (l + 16 < sizeof list)
+            snprintf(list + l, sizeof list - l, "%s%d", k ? "," : "", q->rank);
+    }
+    const double share = total > 0 ? used / total : 0;
+    struct diag_finding *d;
+    if (share < DIAG_MEMORY_FULL || !(d = add(f, DIAG_MEMORY_HEADROOM, DIAG_WARN, share > 1 ? 1 : share)))
+        return;
+    say(d->text, "memory headroom: host %s's %d rank(s) (%s) peak at %.1f GB of its %.1f GB (%.0f%%)", h[0].host, m,
+        list, used, total, pct(share));
+    say(d->knob, "a smaller actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu, or "
+                 "actor_rollout_ref.actor.use_dynamic_bsz=true with a smaller "
+                 "actor_rollout_ref.actor.ppo_max_token_len_per_gpu, or "
+                 "actor_rollout_ref.model.enable_gradient_checkpointing=true; or fewer ranks on that host");
+}
+
+/* Each host's ranks' resident peaks against its memory (the live ranks that report both). */
 static void memory(const struct diag_rank *r, int n, struct findings *f)
 {
-    for (int i = 0; i < n; i++) {
-        if (!r[i].live || !(r[i].host_memory_gb > 0) || !isfinite(r[i].peak_rss_gb))
-            continue;
-        bool first = true; /* the host's first rank judges it */
-        for (int k = 0; k < i && first; k++)
-            first = !(r[k].live && r[k].host_memory_gb > 0 && isfinite(r[k].peak_rss_gb) &&
-                      strcmp(r[k].host, r[i].host) == 0);
-        if (!first)
-            continue;
-        double used = 0;
-        int ranks = 0;
-        char list[128] = "";
-        for (int k = i; k < n; k++)
-            if (r[k].live && isfinite(r[k].peak_rss_gb) && strcmp(r[k].host, r[i].host) == 0) {
-                used += r[k].peak_rss_gb;
-                size_t l = strlen(list);
-                if (l + 16 < sizeof list)
-                    snprintf(list + l, sizeof list - l, "%s%d", ranks ? "," : "", r[k].rank);
-                ranks++;
-            }
-        const double share = used / r[i].host_memory_gb;
-        struct diag_finding *d;
-        if (share < DIAG_MEMORY_FULL || !(d = add(f, DIAG_MEMORY_HEADROOM, DIAG_WARN, share > 1 ? 1 : share)))
-            continue;
-        say(d->text, "memory headroom: host %s's %d rank(s) (%s) peak at %.1f GB of its %.1f GB (%.0f%%)", r[i].host,
-            ranks, list, used, r[i].host_memory_gb, pct(share));
-        say(d->knob, "a smaller actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu, or "
-                     "actor_rollout_ref.actor.use_dynamic_bsz=true with a smaller "
-                     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu, or "
-                     "actor_rollout_ref.model.enable_gradient_checkpointing=true; or fewer ranks on that host");
+    struct host_rank *h = malloc((size_t)(n > 0 ? n : 1) * sizeof *h);
+    if (!h)
+        return;
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (r[i].live && r[i].host_memory_gb > 0 && isfinite(r[i].peak_rss_gb))
+            h[m++] = (struct host_rank){r[i].host, i};
+    qsort(h, (size_t)m, sizeof *h, by_host);
+    for (int a = 0, b; a < m; a = b) {
+        for (b = a + 1; b < m && strcmp(h[b].host, h[a].host) == 0; b++)
+            ;
+        host_memory(r, h + a, b - a, f);
     }
+    free(h);
 }
 
 static int by_cost(const void *a, const void *b)

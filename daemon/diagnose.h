@@ -32,31 +32,31 @@ enum diag_severity { DIAG_INFO, DIAG_WARN };
 struct diag_rank {
     int rank;
     Grpo__Role role;
-    bool live;                            /* heard from and not ended in failure or lost */
-    const char *host;                     /* never NULL */
-    double idle_s, busy_s;                /* since its first step, pauses left out */
-    double phase_s[GRPO_NUM_PHASES];      /* its last whole step, by phase (0 where it spent none) */
-    double peak_rss_gb, host_memory_gb;   /* resident peak of the process, and its host's memory; NAN: unknown */
+    bool live;                          /* heard from and not ended in failure or lost */
+    const char *host;                   /* never NULL */
+    double idle_s, busy_s;              /* since its first step, pauses left out */
+    double phase_s[GRPO_NUM_PHASES];    /* its last whole step, by phase (0 where it spent none) */
+    double peak_rss_gb, host_memory_gb; /* resident peak of the process, and its host's memory; NAN: unknown */
 };
 
 /* The run's step metrics (the lowest rank that reports each: the trainers' DP rank 0); NAN where not reported. */
 struct diag_run {
-    int64_t steps; /* steps finished */
-    double step_s;                 /* timing_s/step */
-    double wait_data_s;            /* timing_s/wait_data */
-    double update_weights_s;       /* timing_s/update_weights */
-    double staleness;              /* training/staleness: 0 on-policy */
-    double gen_wait_peers_s;       /* colocated/gen_wait_peers_s */
-    double gen_imbalance;          /* colocated/gen_imbalance */
-    double units_stolen;           /* colocated/units_stolen */
+    int64_t steps;           /* steps finished */
+    double step_s;           /* timing_s/step */
+    double wait_data_s;      /* timing_s/wait_data */
+    double update_weights_s; /* timing_s/update_weights */
+    double staleness;        /* training/staleness: 0 on-policy */
+    double gen_wait_peers_s; /* colocated/gen_wait_peers_s */
+    double gen_imbalance;    /* colocated/gen_imbalance */
+    double units_stolen;     /* colocated/units_stolen */
 };
 
 struct diag_finding {
     enum diag_kind kind;
     enum diag_severity severity;
-    double share;              /* of the run's time it costs (0..1): the order of the findings */
-    char text[DIAG_TEXT_MAX];  /* what was found, with the numbers */
-    char knob[DIAG_TEXT_MAX];  /* what to turn ("" for none) */
+    double share;             /* of the run's time it costs (0..1): the order of the findings */
+    char text[DIAG_TEXT_MAX]; /* what was found, with the numbers */
+    char knob[DIAG_TEXT_MAX]; /* what to turn ("" for none) */
 };
 
 /* Judge the run: fills out[] (at most max, worst first) and returns how many; always at least one when max > 0

@@ -40,10 +40,15 @@ static struct ledger *ledger(void)
 static struct diag_rank *rank(struct ledger *L, Grpo__Role role, double idle, double busy)
 {
     struct diag_rank *r = &L->r[L->n];
-    *r = (struct diag_rank){.rank = L->n, .role = role, .live = true, .host = "h0", .idle_s = idle, .busy_s = busy,
-                            .peak_rss_gb = NAN, .host_memory_gb = NAN};
-    r->phase_s[role == GRPO__ROLE__ROLE_TRAINER ? GRPO__PHASE__PHASE_UPDATE_ACTOR : GRPO__PHASE__PHASE_GEN] =
-        busy / 10;
+    *r = (struct diag_rank){.rank = L->n,
+                            .role = role,
+                            .live = true,
+                            .host = "h0",
+                            .idle_s = idle,
+                            .busy_s = busy,
+                            .peak_rss_gb = NAN,
+                            .host_memory_gb = NAN};
+    r->phase_s[role == GRPO__ROLE__ROLE_TRAINER ? GRPO__PHASE__PHASE_UPDATE_ACTOR : GRPO__PHASE__PHASE_GEN] = busy / 10;
     L->n++;
     return r;
 }
@@ -253,7 +258,7 @@ static void test_straggler(void **state)
     int n = judge(L, f);
     assert_int_equal(f[0].kind, DIAG_STRAGGLER);
     assert_non_null(strstr(f[0].text, "rank 2 (rollout on host node7) was busy 19.0 s"));
-    assert_non_null(strstr(f[0].text, "1.8x its peers' 10.5 s"));
+    assert_non_null(strstr(f[0].text, "1.8x its peers' 10.50 s"));
     assert_false(has_kind(f, n, DIAG_LONG_TAIL)); /* the slow rank's gen is its own, not the responses' */
     knob_keys_exist(f[0].knob);
     /* a lost rank is nobody's straggler */
@@ -310,11 +315,11 @@ static void test_order_and_bound(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_too_early),          cmocka_unit_test(test_balanced),
-        cmocka_unit_test(test_trainer_bound),      cmocka_unit_test(test_rollout_bound),
-        cmocka_unit_test(test_weight_sync_bound),  cmocka_unit_test(test_long_tail_colocated),
-        cmocka_unit_test(test_long_tail_split),    cmocka_unit_test(test_straggler),
-        cmocka_unit_test(test_memory_headroom),    cmocka_unit_test(test_order_and_bound),
+        cmocka_unit_test(test_too_early),         cmocka_unit_test(test_balanced),
+        cmocka_unit_test(test_trainer_bound),     cmocka_unit_test(test_rollout_bound),
+        cmocka_unit_test(test_weight_sync_bound), cmocka_unit_test(test_long_tail_colocated),
+        cmocka_unit_test(test_long_tail_split),   cmocka_unit_test(test_straggler),
+        cmocka_unit_test(test_memory_headroom),   cmocka_unit_test(test_order_and_bound),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -78,6 +78,10 @@ struct control_options {
      * heartbeat thread with the reason; it should end the process (NULL: the reason is only logged) */
     void (*on_abort)(const char *reason);
     bool replaces; /* take the place of rank `rank`, lost, in the run grpod runs (grpo-worker --replace-rank) */
+    /* test only (test.delay_phase, test.delay_s): sleep this long each time the worker enters this phase
+     * (GRPO__PHASE__PHASE_IDLE: never) */
+    Grpo__Phase delay_phase;
+    double delay_s;
 };
 
 /* What grpod assigned at registration. */
