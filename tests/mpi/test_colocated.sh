@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # Colocated ranks (verl's hybrid engine: no rollout split, every rank generates its share of the step, then all
 # train) reproduce the single-process run (mpirun --oversubscribe on 2 cores):
-#  - tiny Llama under DP2, TP2, PP2, TP2 x PP2, DP2 x TP2 with ZeRO-1, and with a rollout TP other than the
-#    training TP (DP2 training generating as one TP2 engine; TP2 training generating with whole layers on each
-#    rank; TP2 training generating in place as one TP2 engine); tiny Qwen2 under DP2, TP2, TP2 x PP2, DP2 x TP2
-#    with ZeRO-1 and DP2 with rollout TP2; tiny Qwen3 under DP2, TP2 x PP2 and DP2 with rollout TP2: per-step losses, grad norms and entropies, and the weights after two GRPO steps, within
-#    1e-5 relative;
+#  - tiny Llama, Qwen2 and Qwen3, each under DP2, TP2, PP2, TP2 x PP2, DP2 x TP2 with ZeRO-1, and with a rollout
+#    TP other than the training TP (DP2 training generating as one TP2 engine; TP2 training generating with whole
+#    layers on each rank; TP2 training generating in place as one TP2 engine): per-step losses, grad norms and
+#    entropies, and the weights after two GRPO steps, within 1e-5 relative;
 #  - validation shared by the engines, with one process's rewards;
 #  - the weights resharded into the generation layout, bytes and time logged (timing_s/update_weights,
 #    perf/update_weights_bytes: the whole model gathered and broadcast over a model copy, nothing where the
@@ -52,10 +51,16 @@ done
 
 RTP=actor_rollout_ref.rollout.tensor_model_parallel_size
 ZERO=actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
-for layout in "dp2 llama 2 1 1" "tp2 llama 2 2 1" "pp2 llama 2 1 2" "tp2pp2 llama 4 2 2" \
-    "zero-dp2tp2 llama 4 2 1 $ZERO" "dp2-rtp2 llama 2 1 1 $RTP=2" "tp2-rtp2 llama 2 2 1 $RTP=2" \
-    "dp2 qwen2 2 1 1" "tp2 qwen2 2 2 1" "tp2pp2 qwen2 4 2 2" "zero-dp2tp2 qwen2 4 2 1 $ZERO" \
-    "dp2-rtp2 qwen2 2 1 1 $RTP=2" "dp2 qwen3 2 1 1" "tp2pp2 qwen3 4 2 2" "dp2-rtp2 qwen3 2 1 1 $RTP=2"; do
+LAYOUTS=("dp2 2 1 1" "tp2 2 2 1" "pp2 2 1 2" "tp2pp2 4 2 2" "zero-dp2tp2 4 2 1 $ZERO" "dp2-rtp2 2 1 1 $RTP=2"
+    "tp2-rtp2 2 2 1 $RTP=2")
+ALL=()
+for model in llama qwen2 qwen3; do
+    for layout in "${LAYOUTS[@]}"; do
+        set -- $layout
+        ALL+=("$1 $model ${*:2}")
+    done
+done
+for layout in "${ALL[@]}"; do
     set -- $layout
     name=$1-$2
     colo "$name" "$2" "$3" "$4" "$5" "${@:6}"
