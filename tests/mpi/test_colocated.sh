@@ -11,6 +11,7 @@
 #    layouts agree);
 #  - checkpoints move between layouts: colocated -> one process, one process -> colocated, colocated -> split,
 #    split -> colocated, each ending at the single-process weights;
+#  - DAPO's dynamic sampling (algorithm.filter_groups) draws the rounds one process draws, with its results;
 #  - work stealing on and off train on the same batch (same weights), and the ranks' idle share is measured;
 #  - memory phases: generation holds no gradients or training buffers, the update no KV cache
 #    (actor_rollout_ref.rollout.free_cache_engine), each phase's peak logged;
@@ -158,6 +159,32 @@ for f, k in zip(free, keep):
 print("ok")
 PY
 expect "generation holds no gradients, the update no KV cache; per-phase peaks logged" $?
+
+# DAPO's dynamic sampling: rounds of generation until enough groups carry a signal, as one process draws them
+# (length_score: most groups of 12-token responses score alike, so steps take 2 or 3 rounds)
+DAPO=(algorithm.filter_groups.enable=true algorithm.filter_groups.max_num_gen_batches=3
+    custom_reward_function.name=length_score)
+# shellcheck disable=SC2046
+"$WORKER" $(common llama) trainer.default_local_dir="$TMP/one-dapo" "${DAPO[@]}" >"$TMP/one-dapo.log" 2>&1
+expect "one process with algorithm.filter_groups.enable finishes" $?
+for layout in "dp2 2 1 1" "tp2 2 2 1"; do
+    set -- $layout
+    colo "dapo-$1" llama "$2" "$3" "$4" "${DAPO[@]}"
+    expect "DAPO on 2 colocated ranks ($1) finishes" $?
+    out=$(same_metrics one-dapo "dapo-$1" 2>&1)
+    expect "... per-step losses, grad norms and entropies match one process ($out)" $?
+    out=$(same_weights one-dapo "dapo-$1")
+    expect "... weights match one process within 1e-5 ($out)" $?
+done
+python3 - "$TMP/one-dapo/p/e/metrics.jsonl" "$TMP/dapo-dp2/p/e/metrics.jsonl" <<'PY'
+import json, sys
+a, b = ([r for r in map(json.loads, open(p)) if r["step"] >= 1] for p in sys.argv[1:3])
+rounds = [r["train/num_gen_batches"] for r in a]
+assert rounds == [r["train/num_gen_batches"] for r in b] and max(rounds) > 1, rounds
+assert [r["train/num_kept_groups"] for r in a] == [r["train/num_kept_groups"] for r in b]
+print(rounds)
+PY
+expect "... with the same rounds of generation per step, more than one where groups scored alike" $?
 
 # -np against verl's keys
 # shellcheck disable=SC2046
