@@ -3,7 +3,8 @@
 # train) reproduce the single-process run (mpirun --oversubscribe on 2 cores):
 #  - tiny Llama, Qwen2 and Qwen3, each under DP2, TP2, PP2, TP2 x PP2, DP2 x TP2 with ZeRO-1, and with a rollout
 #    TP other than the training TP (DP2 training generating as one TP2 engine; TP2 training generating with whole
-#    layers on each rank; TP2 training generating in place as one TP2 engine): per-step losses, grad norms and
+#    layers on each rank; TP2 training generating in place as one TP2 engine; DP2 x TP2 training generating as one
+#    TP4 engine across both model copies): per-step losses, grad norms and
 #    entropies, and the weights after two GRPO steps, within 1e-5 relative;
 #  - validation shared by the engines, with one process's rewards;
 #  - the weights resharded into the generation layout, bytes and time logged (timing_s/update_weights,
@@ -53,7 +54,7 @@ done
 RTP=actor_rollout_ref.rollout.tensor_model_parallel_size
 ZERO=actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
 LAYOUTS=("dp2 2 1 1" "tp2 2 2 1" "pp2 2 1 2" "tp2pp2 4 2 2" "zero-dp2tp2 4 2 1 $ZERO" "dp2-rtp2 2 1 1 $RTP=2"
-    "tp2-rtp2 2 2 1 $RTP=2")
+    "tp2-rtp2 2 2 1 $RTP=2" "dp2tp2-rtp4 4 2 1 $RTP=4")
 ALL=()
 for model in llama qwen2 qwen3; do
     for layout in "${LAYOUTS[@]}"; do
