@@ -80,6 +80,13 @@ int placement_of(const struct placement_spec *s, int rank, int world, struct pla
                      R);
             return -1;
         }
+        if (T + R != world && R == 0) {
+            snprintf(why, whylen,
+                     "placement does not add up: trainer.nnodes x trainer.n_gpus_per_node (placement.trainer_ranks) "
+                     "is %d with no rollout ranks (every rank colocated), but mpirun started %d ranks",
+                     T, world);
+            return -1;
+        }
         if (T + R != world) {
             snprintf(why, whylen,
                      "placement does not add up: placement.trainer_ranks %d + placement.rollout_ranks %d = %d, but "
@@ -87,16 +94,8 @@ int placement_of(const struct placement_spec *s, int rank, int world, struct pla
                      T, R, T + R, world);
             return -1;
         }
-        if (R == 0) { /* verl's colocated layout: every rank generates and trains */
-            if (world > 1) {
-                snprintf(why, whylen,
-                         "%d trainer ranks and no rollout ranks: colocated ranks (every rank generating and training, "
-                         "verl's hybrid engine) run in one process only so far; give the rollout ranks "
-                         "(rollout.nnodes x rollout.n_gpus_per_node, or placement.rollout_ranks) or start 1 rank",
-                         T);
-                return -1;
-            }
-            p->role = PLACE_HYBRID; /* one process, as with no placement keys at all */
+        if (R == 0) { /* verl's colocated layout (its hybrid engine): every rank generates and trains */
+            p->role = PLACE_HYBRID;
         } else if (rank >= T) {
             const int rtp = s->rollout_tp > 1 ? s->rollout_tp : 1;
             if (R % rtp != 0) {
@@ -134,6 +133,19 @@ int placement_of(const struct placement_spec *s, int rank, int world, struct pla
     p->tp = rank % tp;
     p->dp = (rank / tp) % p->dp_size;
     p->pp = rank / (tp * p->dp_size);
+    if (p->role == PLACE_HYBRID) { /* generation: rollout TP groups (engines) of neighbouring ranks */
+        const int rtp = s->rollout_tp > 1 ? s->rollout_tp : 1;
+        if (n % rtp != 0) {
+            snprintf(why, whylen,
+                     "placement does not fit: %d colocated ranks are not a multiple of "
+                     "actor_rollout_ref.rollout.tensor_model_parallel_size %d",
+                     n, rtp);
+            return -1;
+        }
+        p->engine = rank / rtp;
+        p->engine_tp = rank % rtp;
+        p->engines = n / rtp;
+    }
     return 0;
 }
 
@@ -162,7 +174,16 @@ int placement_check(const struct placement_spec *s, int world, int prompts_per_s
     for (int r = 0; r < world; r++)
         if (placement_of(s, r, world, &p, why, whylen) != 0)
             return -1;
-    const int engines = s->rollout_ranks / (s->rollout_tp > 1 ? s->rollout_tp : 1);
+    const int rtp = s->rollout_tp > 1 ? s->rollout_tp : 1;
+    if (s->rollout_ranks == 0 && world / rtp > prompts_per_step) {
+        snprintf(why, whylen,
+                 "%d colocated ranks in %d generation group(s) of actor_rollout_ref.rollout.tensor_model_parallel_size "
+                 "%d: more groups than the %d prompts of a step (data.train_batch_size), some ranks would have "
+                 "nothing to generate",
+                 world, world / rtp, rtp, prompts_per_step);
+        return -1;
+    }
+    const int engines = s->rollout_ranks / rtp;
     if (engines > prompts_per_step) {
         snprintf(why, whylen,
                  "placement.rollout_ranks %d (%d rollout TP group(s)) is more than the %d prompts of a step "

@@ -8,7 +8,10 @@
  *     rank = (pp * dp_size + dp) * tp_size + tp
  * so a TP group sits on neighbouring ranks (one node) and PP stages are the
  * farthest apart. Rollout rank r of R has dp = r, dp_size = R, and with a rollout TP of t it is TP rank r % t
- * of rollout TP group (engine) r / t. */
+ * of rollout TP group (engine) r / t.
+ *
+ * With no rollout ranks every rank is hybrid (verl's colocated layout): it trains at its trainer coordinates
+ * and generates in engine rank / t, as TP rank rank % t of it (t: the rollout TP). */
 #ifndef GRPO_COMMON_PLACEMENT_H
 #define GRPO_COMMON_PLACEMENT_H
 
@@ -26,7 +29,8 @@ struct placement_spec {
 struct placement {
     enum placement_role role;
     int dp, dp_size, tp, tp_size, pp, pp_size;
-    int engine, engines; /* a rollout rank's TP group and the number of groups (the work units of a step) */
+    int engine, engines; /* a rollout or hybrid rank's generation TP group (engine) and the number of them */
+    int engine_tp;       /* a hybrid rank's TP rank in its engine (a rollout rank's is tp) */
 };
 
 struct grpo_config;

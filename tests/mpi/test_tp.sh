@@ -23,40 +23,7 @@ WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
 test_env
 MPIRUN=(timeout 300 mpirun --oversubscribe --bind-to none)
 
-python3 - "$TOK/config.json" "$TMP/qwen2-config.json" "$TMP/qwen3-config.json" <<'PY'
-import json, sys
-c = json.load(open(sys.argv[1]))
-q2 = dict(c, model_type="qwen2", architectures=["Qwen2ForCausalLM"], num_key_value_heads=1, tie_word_embeddings=False)
-json.dump(q2, open(sys.argv[2], "w"), indent=1)
-# Qwen3 with Llama 3's RoPE remap: per-head q/k norms, head_dim 24 (not hidden / heads = 16)
-q3 = dict(c, model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=24,
-          rope_scaling=dict(rope_type="llama3", factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                            original_max_position_embeddings=16))
-json.dump(q3, open(sys.argv[3], "w"), indent=1)
-PY
-tiny_model "$TMP/llama"
-expect "tiny Llama initialised" $?
-tiny_model "$TMP/qwen2" 12 "$TMP/qwen2-config.json"
-expect "tiny Qwen2 initialised" $?
-tiny_model "$TMP/qwen3" 13 "$TMP/qwen3-config.json"
-expect "tiny Qwen3 (Llama 3 RoPE) initialised" $?
-
-STEPS=2
-# AdamW's eps is 1e-6 here, not 1e-8: a gradient component far below eps moves its weight by lr x g / eps, so
-# float32 rounding (partial sums added in another order over TP) in components near 1e-8 would move weights by a
-# percent of lr; with eps 1e-6 the worst weight difference after two steps is about 2e-6 (measured), with 1e-8
-# about 2e-5, in a handful of near-zero-gradient weights. The losses and grad norms agree either way.
-common() {
-    echo actor_rollout_ref.model.path="$TMP/$1" trainer.project_name=p trainer.experiment_name=e \
-        trainer.total_training_steps=$STEPS trainer.val_before_train=true trainer.test_freq=-1 trainer.save_freq=1 \
-        data.train_batch_size=4 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=2 \
-        data.max_response_length=12 actor_rollout_ref.actor.optim.lr=1e-3 data.synthetic.num_train=64 \
-        data.synthetic.num_val=4 custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score \
-        actor_rollout_ref.actor.optim.eps=1e-6 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 \
-        actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2 \
-        actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2
-}
-ckpt() { echo "$TMP/$1/p/e/checkpoints/global_step_$2"; }
+. "$(dirname "$0")/equiv_lib.sh"
 # split run: NAME MODEL TRAINERS TP PP [more keys...] (ROLLOUTS rollout ranks, default 1)
 split() {
     local name=$1 model=$2 trainers=$3 tp=$4 pp=$5 rollouts=${ROLLOUTS:-1}
@@ -67,37 +34,6 @@ split() {
         actor_rollout_ref.actor.megatron.tensor_model_parallel_size="$tp" \
         actor_rollout_ref.actor.megatron.pipeline_model_parallel_size="$pp" "$@" >"$TMP/$name.log" 2>&1
 }
-# per-step metrics of run B against run A (1e-5 relative), from step FROM on
-same_metrics() {
-    python3 - "$TMP/$1/p/e/metrics.jsonl" "$TMP/$2/p/e/metrics.jsonl" "${3:-1}" <<'PY'
-import json, sys
-a = {r["step"]: r for r in map(json.loads, open(sys.argv[1])) if r["step"] >= int(sys.argv[3])}
-b = {r["step"]: r for r in map(json.loads, open(sys.argv[2])) if r["step"] >= int(sys.argv[3])}
-assert a.keys() == b.keys() and a, (sorted(a), sorted(b))
-worst = 0
-# relative to the value, or to a floor near the scale of the terms it sums: the policy loss is a mean of
-# advantage-weighted ratios (advantages of order 1) that cancel to about 1e-3, so its floor is 1e-2
-floor = {"actor/pg_loss": 1e-2}
-for s in a:
-    for k in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean",
-              "response_length/mean", "perf/total_num_tokens"):
-        x, y = a[s][k], b[s][k]
-        rel = abs(x - y) / max(abs(x), floor.get(k, 1e-3))
-        worst = max(worst, rel)
-        if rel > 1e-5:
-            sys.exit(f"step {s} {k}: {x} against {y} (relative {rel:.2e})")
-# validation (greedy, generated through the TP and PP groups) at step 0 and at the last step
-for s in (0, max(a)):
-    ra = [r for r in map(json.loads, open(sys.argv[1])) if r["step"] == s]
-    rb = [r for r in map(json.loads, open(sys.argv[2])) if r["step"] == s]
-    if ra and rb and "val-core/arithmetic/reward/mean@1" in ra[0]:
-        x, y = ra[0]["val-core/arithmetic/reward/mean@1"], rb[0].get("val-core/arithmetic/reward/mean@1")
-        if x != y:
-            sys.exit(f"step {s} validation reward: {x} against {y}")
-print(f"worst relative difference {worst:.1e}")
-PY
-}
-same_weights() { "$COMPARE" "$(ckpt "$1" $STEPS)/actor" "$(ckpt "$2" $STEPS)/actor" 1e-5 2>&1; }
 
 for model in llama qwen2 qwen3; do
     # shellcheck disable=SC2046

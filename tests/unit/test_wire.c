@@ -276,18 +276,35 @@ static void test_placement(void **state)
     const struct placement_spec mp = {.trainer_ranks = 6, .rollout_ranks = 1, .tp_size = 4, .pp_size = 1};
     assert_int_equal(placement_of(&mp, 0, 7, &p, why, sizeof why), -1);
     assert_non_null(strstr(why, "not a multiple of actor_rollout_ref.actor.megatron.tensor_model_parallel_size 4"));
-    /* trainer ranks and no rollout split (verl's trainer.nnodes x n_gpus_per_node alone): one rank is the whole
-     * run in one process; more would be colocated ranks, refused with the numbers until they run */
+    /* trainer ranks and no rollout split (verl's trainer.nnodes x n_gpus_per_node alone): every rank colocated
+     * (hybrid), laid out as trainers, with its generation group from the rollout TP */
     const struct placement_spec one = {.trainer_ranks = 1, .rollout_ranks = 0, .tp_size = 1, .pp_size = 1};
     assert_int_equal(placement_of(&one, 0, 1, &p, why, sizeof why), 0);
     assert_int_equal(p.role, PLACE_HYBRID);
     assert_int_equal(p.dp_size, 1);
-    const struct placement_spec colo = {.trainer_ranks = 4, .rollout_ranks = 0, .tp_size = 1, .pp_size = 1};
-    assert_int_equal(placement_of(&colo, 1, 4, &p, why, sizeof why), -1);
-    assert_non_null(strstr(why, "4 trainer ranks and no rollout ranks"));
-    assert_non_null(strstr(why, "rollout.nnodes x rollout.n_gpus_per_node"));
+    const struct placement_spec colo = {
+        .trainer_ranks = 8, .rollout_ranks = 0, .tp_size = 2, .pp_size = 2, .rollout_tp = 4};
+    for (int r = 0; r < 8; r++) {
+        assert_int_equal(placement_of(&colo, r, 8, &p, why, sizeof why), 0);
+        assert_int_equal(p.role, PLACE_HYBRID);
+        assert_int_equal(p.dp_size, 2);
+        assert_int_equal((p.pp * p.dp_size + p.dp) * p.tp_size + p.tp, r);
+        assert_int_equal(p.engine, r / 4);
+        assert_int_equal(p.engine_tp, r % 4);
+        assert_int_equal(p.engines, 2);
+    }
+    const struct placement_spec odd = {.trainer_ranks = 4, .rollout_ranks = 0, .tp_size = 1, .pp_size = 1,
+                                       .rollout_tp = 3};
+    assert_int_equal(placement_of(&odd, 0, 4, &p, why, sizeof why), -1);
+    assert_non_null(strstr(why, "4 colocated ranks are not a multiple of"));
+    assert_non_null(strstr(why, "tensor_model_parallel_size 3"));
+    const struct placement_spec wide = {.trainer_ranks = 8, .rollout_ranks = 0, .tp_size = 1, .pp_size = 1};
+    assert_int_equal(placement_check(&wide, 8, 4, why, sizeof why), -1); /* 8 generation groups, 4 prompts */
+    assert_non_null(strstr(why, "4 prompts"));
     assert_int_equal(placement_of(&one, 0, 2, &p, why, sizeof why), -1); /* -np 2 for one trainer rank */
-    assert_non_null(strstr(why, "2 ranks"));
+    assert_non_null(strstr(why, "trainer.nnodes x trainer.n_gpus_per_node"));
+    assert_non_null(strstr(why, "is 1"));
+    assert_non_null(strstr(why, "started 2 ranks"));
     /* Megatron order: rank = (pp * dp_size + dp) * tp_size + tp */
     const struct placement_spec tp = {.trainer_ranks = 8, .rollout_ranks = 2, .tp_size = 2, .pp_size = 2};
     for (int r = 0; r < 8; r++) {

@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "common/check.h"
+#include "common/clock.h"
 
 size_t comm_dtype_size(enum comm_dtype t)
 {
@@ -47,6 +48,16 @@ static void tally(struct comm *c, enum comm_op op, double payload, double whole,
         tr->sent_other[op] += sent;
 }
 
+/* comm_wait_seconds: the blocking calls below add their time (the collective plane is driven from one thread) */
+static double g_wait_s;
+double comm_wait_seconds(void) { return g_wait_s; }
+#define WAITED(expr)                                                                                                   \
+    do {                                                                                                               \
+        const double t0_ = clock_now_s();                                                                              \
+        expr;                                                                                                          \
+        g_wait_s += clock_now_s() - t0_;                                                                               \
+    } while (0)
+
 void comm_traffic(const struct comm *c, struct comm_traffic *out) { *out = c->traffic; }
 unsigned long long comm_progress(const struct comm *c) { return c->completed; }
 void comm_traffic_reset(struct comm *c) { memset(&c->traffic, 0, sizeof c->traffic); }
@@ -62,7 +73,7 @@ struct comm_req *comm_iallreduce_sum(struct comm *c, void *buf, size_t count, en
     if (c->be->iallreduce_sum) {
         r = c->be->iallreduce_sum(c, buf, count, t, after_stream);
     } else {
-        c->be->allreduce_sum(c, buf, count, t);
+        WAITED(c->be->allreduce_sum(c, buf, count, t));
         r = xcalloc(1, sizeof *r);
     }
     r->c = c, r->count = count, r->t = t;
@@ -81,7 +92,7 @@ void comm_wait(struct comm_req *r)
     const double b = (double)r->count * comm_dtype_size(r->t);
     const enum comm_dtype t = r->t;
     if (c->be->wait)
-        c->be->wait(r);
+        WAITED(c->be->wait(r));
     else
         free(r);
     tally(c, COMM_OP_ALLREDUCE, b, b, t, false);
@@ -126,7 +137,7 @@ void comm_allreduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype
 {
     if (!count)
         return;
-    c->be->allreduce_sum(c, buf, count, t);
+    WAITED(c->be->allreduce_sum(c, buf, count, t));
     const double b = (double)count * comm_dtype_size(t);
     tally(c, COMM_OP_ALLREDUCE, b, b, t, false);
 }
@@ -135,7 +146,7 @@ void comm_allreduce_max(struct comm *c, void *buf, size_t count, enum comm_dtype
 {
     if (!count)
         return;
-    c->be->allreduce_max(c, buf, count, t);
+    WAITED(c->be->allreduce_max(c, buf, count, t));
     const double b = (double)count * comm_dtype_size(t);
     tally(c, COMM_OP_ALLREDUCE, b, b, t, false);
 }
@@ -144,7 +155,7 @@ void comm_allgather(struct comm *c, const void *send, void *recv, size_t count, 
 {
     if (!count)
         return;
-    c->be->allgather(c, send, recv, count, t);
+    WAITED(c->be->allgather(c, send, recv, count, t));
     const double b = (double)count * comm_dtype_size(t);
     tally(c, COMM_OP_ALLGATHER, b, b * c->size, t, false);
 }
@@ -153,7 +164,7 @@ void comm_allgather_bytes(struct comm *c, const void *send, void *recv, size_t b
 {
     if (!bytes)
         return;
-    c->be->allgather_bytes(c, send, recv, bytes);
+    WAITED(c->be->allgather_bytes(c, send, recv, bytes));
     const double b = (double)bytes;
     tally(c, COMM_OP_ALLGATHER, b, b * c->size, COMM_I32, false); /* counted with the buffers that are not float32 */
 }
@@ -162,7 +173,7 @@ void comm_reduce_scatter_sum(struct comm *c, const void *send, void *recv, size_
 {
     if (!count)
         return;
-    c->be->reduce_scatter_sum(c, send, recv, count, t);
+    WAITED(c->be->reduce_scatter_sum(c, send, recv, count, t));
     const double b = (double)count * comm_dtype_size(t);
     tally(c, COMM_OP_REDUCE_SCATTER, b * c->size, b * c->size, t, false);
 }
@@ -171,7 +182,7 @@ void comm_broadcast(struct comm *c, void *buf, size_t count, enum comm_dtype t, 
 {
     if (!count)
         return;
-    c->be->broadcast(c, buf, count, t, root);
+    WAITED(c->be->broadcast(c, buf, count, t, root));
     const double b = (double)count * comm_dtype_size(t);
     tally(c, COMM_OP_BROADCAST, b, b, t, c->rank == root);
 }
@@ -182,9 +193,9 @@ void comm_broadcast_polled(struct comm *c, void *buf, size_t count, enum comm_dt
     if (!count)
         return;
     if (c->be->broadcast_polled) /* always: MPI matches a non-blocking broadcast only with another */
-        c->be->broadcast_polled(c, buf, count, t, root, poll, ud);
+        WAITED(c->be->broadcast_polled(c, buf, count, t, root, poll, ud));
     else
-        c->be->broadcast(c, buf, count, t, root);
+        WAITED(c->be->broadcast(c, buf, count, t, root));
     const double b = (double)count * comm_dtype_size(t);
     tally(c, COMM_OP_BROADCAST, b, b, t, c->rank == root);
 }
@@ -216,25 +227,25 @@ void comm_send(struct comm *c, const void *buf, size_t count, enum comm_dtype t,
 
 void comm_recv(struct comm *c, void *buf, size_t count, enum comm_dtype t, int peer)
 {
-    c->be->recv(c, buf, count, t, peer);
+    WAITED(c->be->recv(c, buf, count, t, peer));
     c->completed++;
 }
 
 void comm_sendrecv(struct comm *c, const void *send, size_t send_count, int dest, void *recv, size_t recv_count,
                    int src, enum comm_dtype t)
 {
-    c->be->sendrecv(c, send, send_count, dest, recv, recv_count, src, t);
+    WAITED(c->be->sendrecv(c, send, send_count, dest, recv, recv_count, src, t));
     tally(c, COMM_OP_SEND, (double)send_count * comm_dtype_size(t), 0, t, false);
 }
 
-void comm_barrier(struct comm *c) { c->be->barrier(c); }
+void comm_barrier(struct comm *c) { WAITED(c->be->barrier(c)); }
 
 void comm_barrier_polled(struct comm *c, void (*poll)(void *ud, bool done), void *ud)
 {
     if (c->be->barrier_polled)
-        c->be->barrier_polled(c, poll, ud);
+        WAITED(c->be->barrier_polled(c, poll, ud));
     else
-        c->be->barrier(c);
+        WAITED(c->be->barrier(c));
 }
 
 struct comm *comm_device_group(struct comm *mpi_comm, int device)
@@ -246,4 +257,21 @@ struct comm *comm_device_group(struct comm *mpi_comm, int device)
     (void)device;
     return NULL;
 #endif
+}
+
+struct comm_table *comm_table_create(struct comm *c, size_t n)
+{
+    return c->be->table_create ? c->be->table_create(c, n) : NULL;
+}
+
+void comm_table_update(struct comm_table *t, int64_t *v, void (*fn)(void *ud, int64_t *v), void *ud)
+{
+    const struct comm *c = *(struct comm **)t; /* every back-end's table starts with its comm */
+    WAITED(c->be->table_update(t, v, fn, ud));
+}
+
+void comm_table_free(struct comm_table *t)
+{
+    if (t)
+        (*(struct comm **)t)->be->table_free(t);
 }

@@ -10,6 +10,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 enum comm_dtype { COMM_F32, COMM_F64, COMM_I32, COMM_I64 };
 
@@ -116,6 +117,21 @@ void comm_barrier(struct comm *c);
  * deadline, a rollout say. */
 void comm_barrier_polled(struct comm *c, void (*poll)(void *ud, bool done), void *ud);
 
+/* A table of n int64 values held by rank 0 of c that any rank reads and rewrites under an exclusive lock, with no
+ * part played by rank 0 (MPI one-sided: a rank busy computing does not hold the others up). Collective over c;
+ * the values start at 0. NULL where the back-end has none (NCCL: make it on the MPI group). */
+struct comm_table;
+struct comm_table *comm_table_create(struct comm *c, size_t n);
+/* Lock the table, read its values into v (n of them), call fn(ud, v), write v back, unlock: fn sees and leaves
+ * the table as no other rank can in between. */
+void comm_table_update(struct comm_table *t, int64_t *v, void (*fn)(void *ud, int64_t *v), void *ud);
+/* Free the table (collective over its comm). */
+void comm_table_free(struct comm_table *t);
+
+/* Seconds this process has spent inside blocking collectives and receives, over every comm (waiting for its
+ * peers, and moving the data): the part of a step a rank is idle for others. */
+double comm_wait_seconds(void);
+
 /* What a comm has moved since it was made (or since comm_traffic_reset): per kind of collective, the calls,
  * the payload (the caller's buffer) and the bytes this rank sends in the ring algorithms the planner assumes
  * (all-reduce 2(n-1)/n of the buffer, all-gather and reduce-scatter (n-1) blocks, broadcast the buffer from the
@@ -176,6 +192,10 @@ struct comm_backend {
     void (*fail_alone)(struct comm *);           /* may be NULL */
     void (*set_deadline)(struct comm *, double); /* besides c->deadline_s (a twin's own); may be NULL */
     void (*destroy)(struct comm *);
+    /* comm_table_create, _update and _free (NULL: no table) */
+    struct comm_table *(*table_create)(struct comm *, size_t);
+    void (*table_update)(struct comm_table *, int64_t *, void (*)(void *, int64_t *), void *);
+    void (*table_free)(struct comm_table *);
 };
 
 struct comm {

@@ -373,6 +373,49 @@ static void mpi_destroy(struct comm *c)
     free(c);
 }
 
+/* comm_table over MPI one-sided: a window of n int64 on rank 0, read and written under an exclusive lock */
+struct mpi_table {
+    struct comm *c; /* first member: comm.c finds the back-end through it */
+    MPI_Win win;
+    int64_t *base;
+    size_t n;
+};
+
+static struct comm_table *mpi_table_create(struct comm *c, size_t n)
+{
+    struct mpi_table *t = xcalloc(1, sizeof *t);
+    t->c = c;
+    t->n = n;
+    const MPI_Aint bytes = c->rank == 0 ? (MPI_Aint)(n * sizeof(int64_t)) : 0;
+    CHECK_MPI(MPI_Win_allocate(bytes, sizeof(int64_t), MPI_INFO_NULL, mc(c), &t->base, &t->win));
+    if (c->rank == 0) { /* the window's memory starts undefined: zeros, in an epoch of its own */
+        CHECK_MPI(MPI_Win_lock(MPI_LOCK_EXCLUSIVE, 0, 0, t->win));
+        memset(t->base, 0, n * sizeof(int64_t));
+        CHECK_MPI(MPI_Win_unlock(0, t->win));
+    }
+    CHECK_MPI(MPI_Barrier(mc(c))); /* nobody reads before the zeros */
+    return (struct comm_table *)t;
+}
+
+static void mpi_table_update(struct comm_table *base, int64_t *v, void (*fn)(void *, int64_t *), void *ud)
+{
+    struct mpi_table *t = (struct mpi_table *)base;
+    const int n = icount(t->n);
+    CHECK_MPI(MPI_Win_lock(MPI_LOCK_EXCLUSIVE, 0, 0, t->win));
+    CHECK_MPI(MPI_Get(v, n, MPI_INT64_T, 0, 0, n, MPI_INT64_T, t->win));
+    CHECK_MPI(MPI_Win_flush(0, t->win));
+    fn(ud, v);
+    CHECK_MPI(MPI_Put(v, n, MPI_INT64_T, 0, 0, n, MPI_INT64_T, t->win));
+    CHECK_MPI(MPI_Win_unlock(0, t->win));
+}
+
+static void mpi_table_free(struct comm_table *base)
+{
+    struct mpi_table *t = (struct mpi_table *)base;
+    CHECK_MPI(MPI_Win_free(&t->win));
+    free(t);
+}
+
 static const struct comm_backend mpi_backend = {
     .name = "mpi",
     .caps = {.device_memory = false},
@@ -396,6 +439,9 @@ static const struct comm_backend mpi_backend = {
     .split_node = mpi_split_node,
     .fail_alone = mpi_fail_alone,
     .destroy = mpi_destroy,
+    .table_create = mpi_table_create,
+    .table_update = mpi_table_update,
+    .table_free = mpi_table_free,
 };
 
 static struct comm *mpi_wrap(MPI_Comm m, bool owned)

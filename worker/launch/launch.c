@@ -15,13 +15,14 @@
 #include "proto/transport.h"
 #include "worker/control/control.h"
 
-/* The run's rules for a split placement that are not about rank counts. 0, or -1 with why. */
+/* The run's rules for several ranks (a split or a colocated placement) that are not about rank counts. 0, or -1
+ * with why. */
 static int split_supported(const struct grpo_config *c, const struct placement_spec *ps, char *why, size_t whylen)
 {
-    if (c->alg_filter_groups_enable)
+    if (c->alg_filter_groups_enable && ps->rollout_ranks > 0)
         return error_set(why, whylen,
-                         "algorithm.filter_groups.enable (dynamic sampling) runs in one process for now; it is not "
-                         "available with separate rollout ranks");
+                         "algorithm.filter_groups.enable (dynamic sampling) runs in one process and on colocated "
+                         "ranks for now; it is not available with separate rollout ranks");
     if (c->trainer_sft_warmup_steps > 0)
         return error_set(why, whylen,
                          "trainer.sft_warmup_steps %lld: the supervised warm-start runs in one process; warm-start "
@@ -133,7 +134,7 @@ static void assign_devices(struct role_env *env)
     const int ndev = kctx_cuda_devices();
     struct comm *node = comm_split_node(env->world, env->rank);
     const int n = comm_size(node), me = comm_rank(node);
-    int32_t trainer = env->at.role == PLACE_TRAINER;
+    int32_t trainer = env->at.role != PLACE_ROLLOUT; /* a trainer, or a colocated rank */
     int32_t *is = xcalloc((size_t)n, sizeof *is);
     comm_allgather(node, &trainer, is, 1, COMM_I32);
     int trainers = 0, before = 0; /* the node's trainers; the ranks of this one's role before it on the node */
@@ -187,17 +188,8 @@ static int place(struct launch *l, int replace_rank)
         return 2;
     }
     l->split = env->at.role != PLACE_HYBRID;
-    if (!l->split && size > 1) {
-        if (rank == 0)
-            log_error("worker",
-                      "%d ranks but no split placement: a hybrid run takes one rank. Give the ranks roles with "
-                      "placement.trainer_ranks and placement.rollout_ranks (or verl's trainer.nnodes x "
-                      "trainer.n_gpus_per_node and rollout.nnodes x rollout.n_gpus_per_node), or use --selftest",
-                      size);
-        l->refused_alike = true;
-        return 2;
-    }
-    if (l->split && split_supported(cfg, &env->spec, why, sizeof why) != 0) {
+    l->colocated = !l->split && size > 1;
+    if ((l->split || l->colocated) && split_supported(cfg, &env->spec, why, sizeof why) != 0) {
         if (rank == 0)
             log_error("worker", "%s", why);
         l->refused_alike = true;
@@ -219,11 +211,12 @@ static int place(struct launch *l, int replace_rank)
                   replace_rank, placement_role_name(env->at.role));
         return 2;
     }
-    if (l->split && rank == 0 && size > 1) {
-        if (!comm_job_outlives_ranks())
+    if ((l->split || l->colocated) && rank == 0 && size > 1) {
+        const bool outlives = comm_job_outlives_ranks();
+        if (!outlives && l->split)
             log_warn("worker", "mpirun ends the whole job when any rank dies: launch with --mca orte_enable_recovery 1 "
                                "(and grpod) so that a lost rollout rank costs nothing");
-        else if (!cfg->grpod_endpoint || !cfg->grpod_endpoint[0]) {
+        else if (outlives && (!cfg->grpod_endpoint || !cfg->grpod_endpoint[0])) {
             log_error("worker",
                       "mpirun keeps the job when a rank dies (orte_enable_recovery), but without grpod nobody "
                       "would tell the trainers that one of them is lost: they would wait for it for ever. "
@@ -279,6 +272,26 @@ static void build_groups(struct launch *l, int replace_rank)
     }
 }
 
+/* Colocated ranks' groups: every rank as a trainer (DP, TP, PP and model-copy groups, bounded by
+ * actor_rollout_ref.nccl_timeout), and the generation engines of the rollout TP. Collective over the world. */
+static void build_colocated_groups(struct launch *l)
+{
+    struct role_env *env = &l->env;
+    l->sides = comm_split(env->world, 0, env->rank);
+    comm_set_deadline(l->sides, (double)env->cfg->arr_nccl_timeout);
+    env->trainers = l->sides;
+    struct parallel_groups *g = &l->trainer_groups;
+    if (parallel_groups_init(g, l->sides, env->spec.tp_size, env->spec.pp_size) != 0)
+        check_failf(__FILE__, __LINE__, "colocated groups: %d ranks do not fit TP %d x PP %d", comm_size(l->sides),
+                    env->spec.tp_size, env->spec.pp_size);
+    env->dp = g->dp;
+    env->tp = g->tp;
+    env->pp = g->pp;
+    env->mp = comm_split(l->sides, env->at.dp, env->at.pp * env->at.tp_size + env->at.tp);
+    if (env->spec.rollout_tp > 1) /* an engine: neighbouring ranks */
+        env->rollout_tp = comm_split(l->sides, env->at.engine, env->at.engine_tp);
+}
+
 /* The world's DP x TP x PP groups (--tp, --pp). 0, or 2 with the reason logged. */
 static int world_groups(struct launch *l, const struct grpo_config *cfg, struct comm *world,
                         const struct launch_options *o)
@@ -313,7 +326,7 @@ int launch(struct launch *l, const struct grpo_config *cfg, struct comm *world, 
     struct role_env *env = &l->env;
     if (l->split && o->replace_rank < 0)
         local_endpoints(env);
-    if (l->split && strcmp(cfg->trainer_device, "cuda") == 0) {
+    if ((l->split || l->colocated) && strcmp(cfg->trainer_device, "cuda") == 0) {
         if (o->replace_rank < 0)
             assign_devices(env);
         else /* alone, in place of a lost rollout rank: the node's GPUs in turn by rank */
@@ -322,6 +335,13 @@ int launch(struct launch *l, const struct grpo_config *cfg, struct comm *world, 
     if (join_control_plane(env) != 0)
         return 3;
     l->launched = true;
+    if (l->colocated) {
+        build_colocated_groups(l);
+        if (env->rank == 0)
+            log_info("worker", "%d colocated ranks (hybrid: each generates and trains), DP %d x TP %d x PP %d",
+                     env->world_size, env->at.dp_size, env->at.tp_size, env->at.pp_size);
+        return 0;
+    }
     if (!l->split)
         return 0;
     build_groups(l, o->replace_rank);
@@ -343,8 +363,8 @@ void launch_close_role(struct launch *l)
         return;
     l->launched = false;
     struct role_env *env = &l->env;
-    if (l->split) {
-        if (env->at.role == PLACE_TRAINER) {
+    if (l->split || l->colocated) {
+        if (env->at.role != PLACE_ROLLOUT) {
             comm_free(env->mp);
             parallel_groups_free(&l->trainer_groups);
         }

@@ -30,6 +30,7 @@ struct launch {
                            any role starts): rank 0 alone ends the job */
     bool launched;      /* the role's environment is complete (launch returned 0, not for --selftest) */
     bool split;         /* a trainer or rollout rank of a split placement (false: hybrid) */
+    bool colocated;     /* a hybrid rank of several (every rank generates and trains) */
     struct role_env env;
     struct comm *sides;                    /* a split run's world cut into the trainers and the rollout ranks */
     struct parallel_groups trainer_groups; /* a trainer's DP, TP and PP groups within the trainers */

@@ -41,30 +41,6 @@
 #include "worker/roles.h"
 #include "worker/tokenizer/tokenizer.h"
 
-/* Greedy token balance: each group (largest first) to the trainer with the fewest tokens so far. */
-static void balance_groups(const struct step_batch *b, int n_dp, int *dp_of_group)
-{
-    long long *tok = xcalloc((size_t)(b->n_groups ? b->n_groups : 1), sizeof *tok);
-    for (int i = 0; i < b->n_seq; i++)
-        tok[b->seqs[i].group] += b->seqs[i].prompt_len + b->seqs[i].resp_len;
-    long long *load = xcalloc((size_t)n_dp, sizeof *load);
-    bool *done = xcalloc((size_t)(b->n_groups ? b->n_groups : 1), sizeof *done);
-    for (int k = 0; k < b->n_groups; k++) {
-        int g = -1;
-        for (int h = 0; h < b->n_groups; h++)
-            if (!done[h] && (g < 0 || tok[h] > tok[g]))
-                g = h;
-        int d = 0;
-        for (int e = 1; e < n_dp; e++)
-            if (load[e] < load[d])
-                d = e;
-        dp_of_group[g] = d;
-        load[d] += tok[g];
-        done[g] = true;
-    }
-    free(tok), free(load), free(done);
-}
-
 struct rollout_rank {
     struct role_env *env;
     struct model *policy;
@@ -349,7 +325,7 @@ static int send_unit(struct rollout_rank *r, const struct work_grant *g, const s
     int *dp_of = xmalloc((size_t)(b->n_groups ? b->n_groups : 1) * sizeof(int));
     int *sel = xmalloc((size_t)(b->n_groups ? b->n_groups : 1) * sizeof(int));
     if (n_dp > 0)
-        balance_groups(b, n_dp, dp_of);
+        step_batch_balance(b, n_dp, dp_of);
     int rc = 0;
     for (int d = 0; d < n_dp && rc == 0; d++) {
         int ns = 0;

@@ -26,36 +26,70 @@ void step_batch_reserve(struct step_batch *b, int more)
     b->group_uid = xrealloc(b->group_uid, (size_t)b->cap * sizeof *b->group_uid);
 }
 
-void step_batch_filter_groups(struct step_batch *b)
+void step_batch_keep_groups(struct step_batch *b, const bool *keep)
 {
-    int w = 0, gw = 0;
+    int w = 0;
+    int *renum = xmalloc((size_t)(b->n_groups ? b->n_groups : 1) * sizeof(int));
+    int gw = 0;
     for (int g = 0; g < b->n_groups; g++) {
-        int first = -1, last = -1;
-        bool varied = false;
-        for (int i = 0; i < b->n_seq; i++)
-            if (b->seqs[i].group == g) {
-                if (first < 0)
-                    first = i;
-                last = i;
-                varied |= b->seqs[i].score != b->seqs[first].score;
-            }
-        for (int i = first; first >= 0 && i <= last; i++) {
-            if (varied) {
-                b->seqs[w] = b->seqs[i];
-                b->seqs[w].group = gw;
-                b->resp_text[w++] = b->resp_text[i];
-            } else { /* a dropped group's entries are past the kept ones (w <= i) and never read again */
-                rollout_seqs_free(&b->seqs[i], 1);
-                free(b->resp_text[i]); // NOLINT(clang-analyzer-unix.Malloc)
-            }
-        }
-        if (varied) {
+        renum[g] = keep[g] ? gw : -1;
+        if (keep[g]) {
             b->group_prompt[gw] = b->group_prompt[g];
             b->group_uid[gw++] = b->group_uid[g];
         }
     }
+    for (int i = 0; i < b->n_seq; i++) {
+        if (keep[b->seqs[i].group]) { /* w <= i: an entry is moved down at most */
+            b->seqs[w] = b->seqs[i];
+            b->seqs[w].group = renum[b->seqs[i].group];
+            b->resp_text[w++] = b->resp_text[i];
+        } else {
+            rollout_seqs_free(&b->seqs[i], 1);
+            free(b->resp_text[i]); // NOLINT(clang-analyzer-unix.Malloc)
+        }
+    }
+    free(renum);
     b->n_seq = w;
     b->n_groups = gw;
+}
+
+void step_batch_filter_groups(struct step_batch *b)
+{
+    bool *varied = xcalloc((size_t)(b->n_groups ? b->n_groups : 1), sizeof *varied);
+    int *first = xmalloc((size_t)(b->n_groups ? b->n_groups : 1) * sizeof(int));
+    for (int g = 0; g < b->n_groups; g++)
+        first[g] = -1;
+    for (int i = 0; i < b->n_seq; i++) {
+        const int g = b->seqs[i].group;
+        if (first[g] < 0)
+            first[g] = i;
+        varied[g] |= b->seqs[i].score != b->seqs[first[g]].score;
+    }
+    step_batch_keep_groups(b, varied);
+    free(varied), free(first);
+}
+
+void step_batch_balance(const struct step_batch *b, int n_dp, int *dp_of_group)
+{
+    long long *tok = xcalloc((size_t)(b->n_groups ? b->n_groups : 1), sizeof *tok);
+    for (int i = 0; i < b->n_seq; i++)
+        tok[b->seqs[i].group] += b->seqs[i].prompt_len + b->seqs[i].resp_len;
+    long long *load = xcalloc((size_t)n_dp, sizeof *load);
+    bool *done = xcalloc((size_t)(b->n_groups ? b->n_groups : 1), sizeof *done);
+    for (int k = 0; k < b->n_groups; k++) {
+        int g = -1;
+        for (int h = 0; h < b->n_groups; h++)
+            if (!done[h] && (g < 0 || tok[h] > tok[g]))
+                g = h;
+        int d = 0;
+        for (int e = 1; e < n_dp; e++)
+            if (load[e] < load[d])
+                d = e;
+        dp_of_group[g] = d;
+        load[d] += tok[g];
+        done[g] = true;
+    }
+    free(tok), free(load), free(done);
 }
 
 void step_batch_truncate_groups(struct step_batch *b, int groups)

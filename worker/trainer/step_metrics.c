@@ -81,6 +81,17 @@ static void split_metrics(struct metrics *m, const struct step_result *r)
                 busy + tm->rollout_idle > 0 ? tm->rollout_idle / (busy + tm->rollout_idle) : 0);
 }
 
+/* Colocated ranks: the weights resharded into the generation layout, and the long tail of generation. */
+static void colocated_metrics(struct metrics *m, const struct step_timing *tm)
+{
+    metrics_set(m, "timing_s/update_weights", tm->update_weights_s);
+    metrics_set(m, "perf/update_weights_bytes", (double)tm->weight_bytes);
+    metrics_set(m, "colocated/gen_wait_peers_s", tm->gen_wait_peers);
+    metrics_set(m, "colocated/gen_imbalance", tm->gen_imbalance);
+    metrics_set(m, "colocated/units_stolen", (double)tm->units_stolen);
+    metrics_set(m, "colocated/units", (double)tm->units);
+}
+
 /* The step's peaks of the policy's context (verl's names: what torch.cuda reports; the CPU back-end counts the
  * same buffers), by kind. */
 static void memory_metrics(struct metrics *m, const struct kmem_stats *mem)
@@ -114,8 +125,18 @@ static void perf_metrics(struct metrics *m, const struct step_result *r)
     metrics_set(m, "perf/cpu_memory_used_gb", r->res.rss_gb);
     metrics_set(m, r->source.split ? "perf/cpu_memory_peak_gb/trainer" : "perf/cpu_memory_peak_gb", r->res.peak_rss_gb);
     metrics_set(m, "training/epoch", (double)r->res.epoch);
+    if (r->res.ranks > 1) { /* every trainer rank's idle share: the largest, and the mean */
+        metrics_set(m, "perf/idle_ratio/max", r->res.idle_ratio_max);
+        metrics_set(m, "perf/idle_ratio/mean", r->res.idle_ratio_mean);
+    }
     metrics_set(m, "perf/optimizer_state_gb", r->res.optimizer_state_gb);
     memory_metrics(m, &r->res.mem);
+    if (r->source.gen_here) { /* each phase's peak: what generation held, and what the update did after it */
+        metrics_set(m, "perf/max_memory_allocated_gb/gen", r->source.gen_max_allocated_gb);
+        metrics_set(m, "perf/max_memory_gb/gen/gradients", r->source.gen_grads_gb);
+        metrics_set(m, "perf/max_memory_allocated_gb/update", r->res.update_max_allocated_gb);
+        metrics_set(m, "perf/max_memory_gb/update/kv_cache", r->res.update_kv_gb);
+    }
 }
 
 /* What the step's source did: DAPO's extra generation in one process; the data and weight planes of a split run
@@ -151,6 +172,8 @@ void step_metrics(struct metrics *m, const struct step_result *r)
     timing_metrics(m, r);
     if (r->source.split)
         split_metrics(m, r);
+    if (r->source.colocated)
+        colocated_metrics(m, &r->source);
     perf_metrics(m, r);
 }
 
