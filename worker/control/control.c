@@ -34,7 +34,7 @@ struct control {
     char endpoint[512], host[256], caps[256], devices[1024];
     int rank, world;
     uint64_t digest;
-    char *run_config;       /* Register.run_config: config_run_text of the run's configuration ("" when not given) */
+    char *run_config;        /* Register.run_config: config_run_text of the run's configuration ("" when not given) */
     Grpo__Phase delay_phase; /* test only: see control_options */
     double delay_s;
     double host_memory_gb;
