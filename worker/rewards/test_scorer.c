@@ -3,6 +3,7 @@
  * tests/unit/test_rewards.c. Not part of the worker library. */
 #include <math.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -61,4 +62,28 @@ double byte_score(const char *data_source, const char *solution_str, const char 
     for (const unsigned char *p = (const unsigned char *)solution_str; *p; p++)
         sum += *p;
     return (double)(sum % 7) / 7.0;
+}
+
+double stall_score(const char *data_source, const char *solution_str, const char *ground_truth,
+                   const char *extra_info_json);
+
+/* 0, or, while the file GRPO_TEST_STALL_FILE names exists, a scorer that stalls: it creates FILE.stalled and
+ * sleeps (a step that cannot reach its end, for the signal tests). */
+double stall_score(const char *data_source, const char *solution_str, const char *ground_truth,
+                   const char *extra_info_json)
+{
+    (void)data_source;
+    (void)solution_str;
+    (void)ground_truth;
+    (void)extra_info_json;
+    const char *flag = getenv("GRPO_TEST_STALL_FILE");
+    if (!flag || access(flag, F_OK) != 0)
+        return 0.0;
+    char marker[4096];
+    snprintf(marker, sizeof marker, "%s.stalled", flag);
+    FILE *f = fopen(marker, "w");
+    if (f)
+        fclose(f);
+    sleep(30);
+    return 0.0;
 }
