@@ -87,3 +87,17 @@ double stall_score(const char *data_source, const char *solution_str, const char
     sleep(30);
     return 0.0;
 }
+
+double held_byte_score(const char *data_source, const char *solution_str, const char *ground_truth,
+                       const char *extra_info_json);
+
+/* byte_score, each sample held (up to 3 s) while the file GRPO_TEST_HOLD_FILE names exists: the same rewards,
+ * and a trainer that waits for the step meanwhile (for the data-plane tests' strangers). */
+double held_byte_score(const char *data_source, const char *solution_str, const char *ground_truth,
+                       const char *extra_info_json)
+{
+    const char *flag = getenv("GRPO_TEST_HOLD_FILE");
+    for (int i = 0; flag && i < 60 && access(flag, F_OK) == 0; i++)
+        usleep(50000);
+    return byte_score(data_source, solution_str, ground_truth, extra_info_json);
+}
