@@ -157,7 +157,8 @@ rc=$?
 expect "a refusal says what was wrong ($(sed -n 3p "$TMP/stranger.log"))" $rc
 # a stranger who knows the run: well-formed batches for far steps, and a response of zero tokens
 "$STRANGER" "ipc://$TMP/data-dp0.sock" 0 "${COMMON[@]}" placement.rollout_ranks=1 >"$TMP/stranger2.log" 2>&1
-expect "far steps and a zero-token response are refused ($(tr '\n' ';' <"$TMP/stranger2.log"))" $?
+rc=$?
+expect "far steps and a zero-token response are refused ($(grep -v "info  data" "$TMP/stranger2.log" | tr '\n' ';'))" $rc
 grep -q "step 1000000: batch for step 1000000, but the trainers take steps" "$TMP/stranger2.log"
 expect "the refusal of a far step says which steps are taken" $?
 grep -q "zero tokens: sequence 0: an empty response (0 tokens)" "$TMP/stranger2.log"
