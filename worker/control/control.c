@@ -142,20 +142,34 @@ const char *control_signal_name(int sig)
 
 int control_stop_signal(void) { return atomic_load(&stop_signal_taken); }
 
-/* Takes the signals the other threads block: the first is a stop request, the second ends the process. */
+/* A second signal this soon after the first, and of its kind, is the same request: coreutils' timeout and a
+ * signal to the process group (Slurm, systemd, a shell's ^C) deliver one to the process and one to its group. */
+#define STOP_SIGNAL_ECHO_S 1.0
+
+/* Takes the signals the other threads block: the first is a stop request, and so is its echo (the same signal
+ * within STOP_SIGNAL_ECHO_S); any other signal after it, or a third, ends the process. */
 static void *signal_thread(void *arg)
 {
     (void)arg;
+    double first_at = 0;
+    bool echo_taken = false;
     for (;;) {
         int sig = 0;
         if (sigwait(&stop_signal_set, &sig) != 0)
             continue;
         int expected = 0;
         if (atomic_compare_exchange_strong(&stop_signal_taken, &expected, sig)) {
+            first_at = clock_now_s();
             log_warn("worker",
                      "%s received: the run stops at its next safe point, after a checkpoint, and this process "
-                     "ends with it (a second signal ends it at once, without a checkpoint)",
-                     control_signal_name(sig));
+                     "ends with it (another signal more than %.0f s later ends it at once, without a checkpoint)",
+                     control_signal_name(sig), STOP_SIGNAL_ECHO_S);
+        } else if (!echo_taken && sig == expected && clock_now_s() - first_at <= STOP_SIGNAL_ECHO_S) {
+            echo_taken = true;
+            log_info("worker",
+                     "%s received again within %.0f s: the same request to stop (timeout and signals to the process "
+                     "group deliver two); a further signal ends the process at once",
+                     control_signal_name(sig), STOP_SIGNAL_ECHO_S);
         } else {
             log_error("worker", "%s received after %s: ending now, without a checkpoint", control_signal_name(sig),
                       control_signal_name(expected));
