@@ -758,20 +758,12 @@ void config_print_reference(FILE *out)
     }
 }
 
-/* Keys that say how to operate a run, not what it computes: hosts may legitimately differ in them. */
-static bool operational_key(const char *name)
-{
-    /* trainer.max_consecutive_skipped_steps only decides when a failing run gives up */
-    return strncmp(name, "grpod.", 6) == 0 || strcmp(name, "trainer.log_level") == 0 ||
-           strcmp(name, "trainer.max_consecutive_skipped_steps") == 0;
-}
-
 uint64_t config_digest(const struct grpo_config *c)
 {
     uint64_t h = 1469598103934665603ULL;
     char val[512];
     for (int i = 0; i < NKEYS; i++) {
-        if (operational_key(g_keys[i].name))
+        if (!config_key_shapes_run(g_keys[i].name))
             continue;
         config_value_text(c, &g_keys[i], val, sizeof val);
         for (const char *p = g_keys[i].name; *p; p++)

@@ -108,6 +108,29 @@ void config_value_text(const struct grpo_config *c, const struct cfg_key_info *k
  * restarts may differ in them. */
 uint64_t config_digest(const struct grpo_config *c);
 
+/* The run's configuration as text (common/config_text.c), which the ranks send grpod and grpod hands a
+ * replacement rank: one `name=value` line per key config_digest covers, in table order; strings as they are,
+ * with a backslash and control characters escaped (\\, \n, \xHH). */
+/* Whether a key shapes the run (config_digest covers it): every key but grpod.* and a few operational ones. */
+bool config_key_shapes_run(const char *name);
+/* Whether a key's value was given (a file or the command line), not its default. */
+bool config_given(const struct grpo_config *c, const char *name);
+enum {
+    CONFIG_TEXT_GIVEN = 1,    /* only the keys given (config_given) */
+    CONFIG_TEXT_NO_COUNTS = 2 /* without the rank counts (placement.*_ranks, verl's nnodes x n_gpus_per_node) */
+};
+/* The text of c's keys that shape the run (flags: CONFIG_TEXT_*). Caller frees. */
+char *config_run_text(const struct grpo_config *c, unsigned flags);
+/* Set the keys of a run text (at most max bytes) in c, each with origin; keys it lacks keep their values. 0, or
+ * -1 with why naming origin, the line and what is wrong (not name=value, not a key that shapes the run, a bad
+ * value). */
+int config_apply_run_text(struct grpo_config *c, const char *text, size_t max, const char *origin, char *why,
+                          size_t whylen);
+/* Compare two run texts key by key (only_a: only the keys of a). Returns how many keys differ, and lists the
+ * first `show` of them in out as "name (A_NAME: value, B_NAME: value), ...", then "and N more". */
+int config_text_diff(const char *a, const char *a_name, const char *b, const char *b_name, bool only_a, int show,
+                     char *out, size_t outlen);
+
 /* Command-line handling shared by every binary: consumes `--config FILE`,
  * `--print-config`, `--config-reference` and `a.b=v` overrides from argv,
  * leaving other arguments in place (argc updated). Returns 0 to go on, 1 when

@@ -13,6 +13,7 @@
 #include "arena.h"
 #include "common/check.h"
 #include "common/clock.h"
+#include "common/config.h"
 #include "common/log.h"
 #include "common/placement.h"
 #include "validate.h"
@@ -85,10 +86,19 @@ static void set_state(struct core *c, Grpo__RunState s, const char *reason)
     }
 }
 
+/* grpod's own placement numbers (all zero without keys: every rank hybrid, until a configuration says). */
+static struct placement_spec own_place(const struct core *c)
+{
+    return (struct placement_spec){c->set.trainer_ranks, c->set.rollout_ranks, c->set.tp_size, c->set.pp_size,
+                                   0 /* rollout TP groups: the workers check them */};
+}
+
 static void new_run(struct core *c)
 {
     core_free_workers(c);
+    free(c->run.config);
     memset(&c->run, 0, sizeof c->run);
+    c->place = own_place(c);
     time_t t = time(NULL);
     struct tm tm;
     gmtime_r(&t, &tm);
@@ -106,6 +116,8 @@ void core_init(struct core *c, const struct core_settings *set, double now)
 {
     memset(c, 0, sizeof *c);
     c->set = *set;
+    if (set->trainer_ranks || set->rollout_ranks || set->tp_size > 1 || set->pp_size > 1)
+        c->set.own_placement = true;
     if (c->set.tp_size < 1)
         c->set.tp_size = 1;
     if (c->set.pp_size < 1)
@@ -127,7 +139,36 @@ void core_free_workers(struct core *c)
     c->nworkers = 0;
 }
 
-void core_deinit(struct core *c) { core_free_workers(c); }
+void core_deinit(struct core *c)
+{
+    core_free_workers(c);
+    free(c->run.config);
+    c->run.config = NULL;
+}
+
+/* A configuration text read into a configuration (config_init'ed here; the caller frees it). 0, or -1 with why. */
+static int read_config(const char *text, const char *origin, struct grpo_config *cfg, char *why, size_t whylen)
+{
+    config_init(cfg);
+    return config_apply_run_text(cfg, text, CORE_CONFIG_MAX, origin, why, whylen);
+}
+
+int core_set_run_config(struct core *c, const char *text, char *why, size_t whylen)
+{
+    struct grpo_config cfg;
+    struct placement_spec spec = c->place;
+    int rc = read_config(text, "the run's configuration", &cfg, why, whylen);
+    if (rc == 0 && !c->set.own_placement)
+        rc = placement_spec_from_config(&cfg, &spec, why, whylen);
+    config_free(&cfg);
+    if (rc != 0)
+        return -1;
+    c->place = spec;
+    free(c->run.config);
+    c->run.config = xstrdup(text);
+    c->dirty = c->dirty_urgent = true;
+    return 0;
+}
 
 void core_set_event_hook(struct core *c, core_event_fn fn, void *ud)
 {
@@ -137,7 +178,7 @@ void core_set_event_hook(struct core *c, core_event_fn fn, void *ud)
 
 /* ---- run state from the workers' states ---- */
 
-static int placement_world(const struct core *c) { return c->set.rollout_ranks + c->set.trainer_ranks; }
+static int placement_world(const struct placement_spec *s) { return s->rollout_ranks + s->trainer_ranks; }
 
 /* Value of a metric from the lowest rank that reports it; NAN when none does. */
 static double run_metric(const struct core *c, const char *name)
@@ -294,7 +335,7 @@ static uint8_t *refuse(struct core *c, uint64_t id, bool retry, size_t *len, con
     __attribute__((format(printf, 5, 6)));
 static uint8_t *refuse(struct core *c, uint64_t id, bool retry, size_t *len, const char *fmt, ...)
 {
-    char text[CORE_REASON_MAX];
+    char text[2 * CORE_REASON_MAX];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
@@ -308,12 +349,10 @@ static uint8_t *refuse(struct core *c, uint64_t id, bool retry, size_t *len, con
 
 /* Role and coordinates of a rank (common/placement.c, shared with grpo-worker); -1 with why when the layout
  * does not fit. */
-static int place_rank(const struct core *c, int rank, int world, struct placement *p, Grpo__Role *role, char *why,
-                      size_t whylen)
+static int place_rank(const struct placement_spec *spec, int rank, int world, struct placement *p, Grpo__Role *role,
+                      char *why, size_t whylen)
 {
-    const struct placement_spec spec = {c->set.trainer_ranks, c->set.rollout_ranks, c->set.tp_size, c->set.pp_size,
-                                        0 /* rollout TP groups: the workers check them */};
-    if (placement_of(&spec, rank, world, p, why, whylen) != 0)
+    if (placement_of(spec, rank, world, p, why, whylen) != 0)
         return -1;
     *role = p->role == PLACE_TRAINER   ? GRPO__ROLE__ROLE_TRAINER
             : p->role == PLACE_ROLLOUT ? GRPO__ROLE__ROLE_ROLLOUT
@@ -382,16 +421,16 @@ static uint8_t *reply_assignment(struct core *c, uint64_t id, const struct core_
     if (w->role == GRPO__ROLE__ROLE_TRAINER && w->tp_rank == 0 && w->pp_rank == 0) {
         data_endpoint(c, w->dp_rank, NULL, ep, sizeof ep);
         as->data_pull_endpoint = arena_strdup(&a, ep);
-        if (w->dp_rank == 0 && c->set.trainer_ranks > 0) { /* the dispatcher binds here */
+        if (w->dp_rank == 0 && c->place.trainer_ranks > 0) { /* the dispatcher binds here */
             char base[256];
             data_base(c, base, sizeof base);
-            placement_dispatch_endpoint(base, c->set.trainer_ranks / (c->set.tp_size * c->set.pp_size), NULL, ep,
+            placement_dispatch_endpoint(base, c->place.trainer_ranks / (c->place.tp_size * c->place.pp_size), NULL, ep,
                                         sizeof ep);
             as->dispatch_endpoint = arena_strdup(&a, ep);
         }
     }
-    if (w->role == GRPO__ROLE__ROLE_ROLLOUT && c->set.trainer_ranks > 0) {
-        int dps = c->set.trainer_ranks / (c->set.tp_size * c->set.pp_size);
+    if (w->role == GRPO__ROLE__ROLE_ROLLOUT && c->place.trainer_ranks > 0) {
+        int dps = c->place.trainer_ranks / (c->place.tp_size * c->place.pp_size);
         as->n_trainer_endpoints = (size_t)dps;
         as->trainer_endpoints = arena_alloc(&a, (size_t)dps * sizeof(char *));
         for (int d = 0; d < dps; d++) {
@@ -415,16 +454,94 @@ static uint8_t *reply_assignment(struct core *c, uint64_t id, const struct core_
 }
 
 /* A rollout rank on tcp needs every trainer head's host: those that have not registered yet. */
-static int missing_trainer_heads(const struct core *c)
+static int missing_trainer_heads(const struct core *c, const struct placement_spec *s)
 {
     char base[256];
     data_base(c, base, sizeof base);
-    if (strncmp(base, "tcp://", 6) != 0 || c->set.trainer_ranks == 0)
+    if (strncmp(base, "tcp://", 6) != 0 || s->trainer_ranks == 0)
         return 0;
-    int dps = c->set.trainer_ranks / (c->set.tp_size * c->set.pp_size), missing = 0;
+    int dps = s->trainer_ranks / (s->tp_size * s->pp_size), missing = 0;
     for (int d = 0; d < dps; d++)
         missing += trainer_head(c, d) == NULL;
     return missing;
+}
+
+/* How many keys to name in a refusal before "and N more". */
+#define CONFIG_DIFF_SHOWN 3
+
+/* A rank's configuration text (Register.run_config) checked: it reads, it gives the rank's digest, it has grpod's
+ * own keys and placement, and it is the run's (when the run has one). present: ranks registered in the run;
+ * the first one's text lays the run out (*spec) when grpod has no placement of its own. 0, or -1 with why. */
+static int check_rank_config(const struct core *c, const Grpo__Register *r, int present, struct placement_spec *spec,
+                             char *why, size_t whylen)
+{
+    char who[48], diff[2 * CORE_REASON_MAX], err[CORE_REASON_MAX];
+    snprintf(who, sizeof who, "rank %d", r->rank);
+    struct grpo_config cfg;
+    struct placement_spec rs;
+    int rc = -1;
+    if (read_config(r->run_config, "Register.run_config", &cfg, err, sizeof err) != 0) {
+        snprintf(why, whylen, "rank %d's configuration cannot be read: %s", r->rank, err);
+        goto out;
+    }
+    uint64_t digest = config_digest(&cfg);
+    digest = digest ? digest : 1; /* control_config_digest's: 0 means "not checked" */
+    if (r->config_digest && r->config_digest != digest) {
+        snprintf(why, whylen,
+                 "rank %d's configuration text does not give its digest (%016" PRIx64 ", the text's %016" PRIx64
+                 "): a damaged message, or grpo-worker and grpod disagree on the keys (upgrade the older side)",
+                 r->rank, r->config_digest, digest);
+        goto out;
+    }
+    if (c->set.own_config && c->set.own_config[0]) {
+        int n = config_text_diff(c->set.own_config, "grpod", r->run_config, who, true, CONFIG_DIFF_SHOWN, diff,
+                                 sizeof diff);
+        if (n) {
+            snprintf(why, whylen,
+                     "rank %d's configuration differs from grpod's own keys in %d key(s): %.700s; give grpod the job's "
+                     "keys or none (the first rank's configuration then defines the run)",
+                     r->rank, n, diff);
+            goto out;
+        }
+    }
+    if (placement_spec_from_config(&cfg, &rs, err, sizeof err) != 0) {
+        snprintf(why, whylen, "rank %d's configuration: %s", r->rank, err);
+        goto out;
+    }
+    /* a rank that gives no rank counts takes grpod's (a grpo-worker checks its assignment against its own) */
+    if (c->set.own_placement && (rs.trainer_ranks || rs.rollout_ranks) &&
+        (rs.trainer_ranks != spec->trainer_ranks || rs.rollout_ranks != spec->rollout_ranks ||
+         rs.tp_size != spec->tp_size || rs.pp_size != spec->pp_size)) {
+        snprintf(why, whylen,
+                 "rank %d's configuration places %d trainer + %d rollout ranks (TP %d, PP %d), grpod's keys %d + %d "
+                 "(TP %d, PP %d): give grpod the job's placement keys or none",
+                 r->rank, rs.trainer_ranks, rs.rollout_ranks, rs.tp_size, rs.pp_size, spec->trainer_ranks,
+                 spec->rollout_ranks, spec->tp_size, spec->pp_size);
+        goto out;
+    }
+    if (c->run.config) {
+        int n = config_text_diff(c->run.config, "run", r->run_config, who, false, CONFIG_DIFF_SHOWN, diff, sizeof diff);
+        if (n) {
+            snprintf(
+                why, whylen,
+                "rank %d's configuration differs from run %s's (its first rank's) in %d key(s): %.700s; give every "
+                "rank the same configuration",
+                r->rank, c->run.id, n, diff);
+            goto out;
+        }
+    } else if (c->run.config_digest && digest != c->run.config_digest) {
+        snprintf(why, whylen,
+                 "rank %d's configuration differs from the run's (digest %016" PRIx64 ", run %016" PRIx64
+                 "): give every rank the same configuration",
+                 r->rank, digest, c->run.config_digest);
+        goto out;
+    }
+    if (!c->set.own_placement && !present && !c->run.config)
+        *spec = rs;
+    rc = 0;
+out:
+    config_free(&cfg);
+    return rc;
 }
 
 static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, double now, size_t *len)
@@ -468,12 +585,15 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
         snprintf(c->run.id, sizeof c->run.id, "%s", r->run_id);
         add_event(c, "adopting run %s from re-registering rank %d on host %s", r->run_id, r->rank, r->host);
     }
-    int pw = placement_world(c);
+    struct placement_spec spec = c->place;
+    char why[2 * CORE_REASON_MAX];
+    if (r->run_config[0] && check_rank_config(c, r, present, &spec, why, sizeof why) != 0)
+        return refuse(c, id, false, len, "%s", why);
+    int pw = placement_world(&spec);
     if (pw > 0 && r->world_size != pw)
         return refuse(c, id, false, len,
-                      "rank %d says the world has %d ranks, but the placement has %d (placement.trainer_ranks %d + "
-                      "placement.rollout_ranks %d)",
-                      r->rank, r->world_size, pw, c->set.trainer_ranks, c->set.rollout_ranks);
+                      "rank %d says the world has %d ranks, but the placement has %d (%d trainer + %d rollout ranks)",
+                      r->rank, r->world_size, pw, spec.trainer_ranks, spec.rollout_ranks);
     if (c->run.world > 0 && r->world_size != c->run.world)
         return refuse(c, id, false, len, "rank %d says the world has %d ranks, but run %s has %d", r->rank,
                       r->world_size, c->run.id, c->run.world);
@@ -484,17 +604,16 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
                       r->rank, r->config_digest, c->run.config_digest);
     struct placement p;
     Grpo__Role role;
-    char why[CORE_REASON_MAX];
-    if (place_rank(c, r->rank, r->world_size, &p, &role, why, sizeof why) != 0)
+    if (place_rank(&spec, r->rank, r->world_size, &p, &role, why, sizeof why) != 0)
         return refuse(c, id, false, len, "%s", why);
     const char *need = role == GRPO__ROLE__ROLE_ROLLOUT ? "rollout" : "trainer";
     if (!has_capability(r, need) || (role == GRPO__ROLE__ROLE_HYBRID && !has_capability(r, "rollout")))
         return refuse(c, id, false, len, "rank %d on host %s cannot take the %s role (capabilities lack '%s')", r->rank,
                       r->host, core_role_name(role),
                       role == GRPO__ROLE__ROLE_HYBRID && has_capability(r, "trainer") ? "rollout" : need);
-    if (role == GRPO__ROLE__ROLE_ROLLOUT && missing_trainer_heads(c) > 0)
+    if (role == GRPO__ROLE__ROLE_ROLLOUT && missing_trainer_heads(c, &spec) > 0)
         return refuse(c, id, true, len, "rank %d waits for the trainer ranks to register (%d data-plane hosts unknown)",
-                      r->rank, missing_trainer_heads(c));
+                      r->rank, missing_trainer_heads(c, &spec));
     if (c->run.world == 0) {
         c->run.world = r->world_size;
         c->workers = xcalloc((size_t)c->run.world, sizeof(struct core_worker *));
@@ -508,6 +627,14 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
                       w->host, now - w->last_seen);
     if (!c->run.config_digest)
         c->run.config_digest = r->config_digest;
+    if (!present && !c->run.config && r->run_config[0]) { /* the first rank's configuration defines the run */
+        if (core_set_run_config(c, r->run_config, why, sizeof why) != 0) /* read once already: cannot fail */
+            return refuse(c, id, false, len, "%s", why);
+        if (!c->set.own_placement)
+            add_event(c, "run %s follows rank %d's configuration: %d trainer + %d rollout ranks (TP %d, PP %d)",
+                      c->run.id, r->rank, c->place.trainer_ranks, c->place.rollout_ranks, c->place.tp_size,
+                      c->place.pp_size);
+    }
     if (!w) /* one allocation per registered rank: a large world costs nothing until it shows up */
         w = c->workers[r->rank] = xcalloc(1, sizeof *w);
     if (!same) {
@@ -548,6 +675,30 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
               p.tp_size, p.pp, p.pp_size);
     reevaluate(c);
     return reply_assignment(c, id, w, len);
+}
+
+/* ---- the run's configuration, for a replacement rank ---- */
+
+static uint8_t *handle_run_config(struct core *c, uint64_t id, size_t *len)
+{
+    if (!c->nworkers || run_terminal(c->run.state))
+        return refuse(c, id, false, len, "run %s is %s: there is no configuration to take", c->run.id,
+                      c->nworkers ? core_run_state_name(c->run.state) : "not under way");
+    if (!c->run.config)
+        return refuse(c, id, false, len,
+                      "run %s has no configuration text: its ranks did not send theirs (an older grpo-worker); give "
+                      "the replacement the job's keys",
+                      c->run.id);
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__RunConfig rc = GRPO__RUN_CONFIG__INIT;
+    rc.run_id = c->run.id;
+    rc.config = c->run.config;
+    rc.config_digest = c->run.config_digest;
+    rc.world_size = c->run.world;
+    env.request_id = id;
+    env.body_case = GRPO__ENVELOPE__BODY_RUN_CONFIG;
+    env.run_config = &rc;
+    return CHECK_ALLOC(protocol_pack(&env, len));
 }
 
 /* ---- heartbeat ---- */
@@ -845,6 +996,7 @@ uint8_t *core_handle_auth(struct core *c, const uint8_t *buf, size_t len, const 
     case GRPO__ENVELOPE__BODY_HEARTBEAT: out = handle_heartbeat(c, env, now, reply_len); break;
     case GRPO__ENVELOPE__BODY_COMMAND: out = handle_command(c, env, reply_len); break;
     case GRPO__ENVELOPE__BODY_METRICS_REQUEST: out = handle_metrics(c, id, now, reply_len); break;
+    case GRPO__ENVELOPE__BODY_RUN_CONFIG_REQUEST: out = handle_run_config(c, id, reply_len); break;
     default: out = handle_status(c, id, now, reply_len); break;
     }
     protocol_free(env);
@@ -867,12 +1019,12 @@ void core_tick(struct core *c, double now)
             continue;
         w->state = GRPO__WORKER_STATE__WORKER_LOST;
         add_event(c, "rank %d on host %s (pid %d) lost: no heartbeat for %.1f s", w->rank, w->host, w->pid, silent);
-        /* the trainers of a split run wait for each other in collectives: without the lost one they cannot go on.
-         * Tell every other rank to end (their job is relaunched and resumes from the newest checkpoint). */
-        if (w->role == GRPO__ROLE__ROLE_TRAINER && c->set.trainer_ranks + c->set.rollout_ranks > 1 &&
-            !c->run.abort[0]) {
-            snprintf(c->run.abort, sizeof c->run.abort, "trainer rank %d on host %s lost (no heartbeat for %.1f s)",
-                     w->rank, w->host, silent);
+        /* the trainers of a split run, and colocated ranks, wait for each other in collectives: without the lost
+         * one they cannot go on. Tell every other rank to end (their job is relaunched and resumes from the newest
+         * checkpoint). */
+        if (w->role != GRPO__ROLE__ROLE_ROLLOUT && c->run.world > 1 && !c->run.abort[0]) {
+            snprintf(c->run.abort, sizeof c->run.abort, "%s rank %d on host %s lost (no heartbeat for %.1f s)",
+                     w->role == GRPO__ROLE__ROLE_HYBRID ? "colocated" : "trainer", w->rank, w->host, silent);
             add_event(c, "%s: the other ranks are told to end", c->run.abort);
         }
         if (c->set.fail_on_lost && !run_terminal(c->run.state)) {

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/placement.h"
 #include "proto/names.h"
 #include "proto/protocol.h"
 
@@ -25,11 +26,18 @@
 #define CORE_NAME_MAX 64
 #define CORE_HOST_MAX 256
 #define CORE_REASON_MAX 512
+#define CORE_CONFIG_MAX (64 * 1024) /* a rank's configuration text (Register.run_config), bytes */
 
 /* How the run is laid out and how health is judged (from the placement.* and grpod.* keys). */
 struct core_settings {
     int rollout_ranks, trainer_ranks; /* both 0: every rank is hybrid */
     int tp_size, pp_size;             /* of the trainer ranks */
+    /* the four numbers above are grpod's own (it was given placement keys; also when any of them is set):
+     * the ranks must agree with them. Else the first rank's configuration (Register.run_config) lays the run out */
+    bool own_placement;
+    /* the other keys that shape the run grpod was given (config_run_text with CONFIG_TEXT_GIVEN |
+     * CONFIG_TEXT_NO_COUNTS): every rank's configuration must have these values. NULL or "": none */
+    const char *own_config;
     double heartbeat_interval_s;
     double heartbeat_timeout_s;
     bool fail_on_lost;         /* grpod.on_worker_lost=fail */
@@ -88,7 +96,8 @@ struct core_run {
     int64_t step, total_steps;
     Grpo__Phase phase;
     uint64_t config_digest;
-    int world; /* expected workers; 0 until the first registration says */
+    char *config; /* the run's configuration text, its first rank's (Register.run_config); NULL: none sent */
+    int world;    /* expected workers; 0 until the first registration says */
     bool pause, stop;
     uint64_t checkpoint_seq;      /* checkpoint requests so far */
     uint64_t checkpoint_seq_done; /* requests every worker has written */
@@ -101,7 +110,7 @@ struct core_run {
 
 /* Request counters, exported as Prometheus counters. */
 struct core_counters {
-    uint64_t requests[24]; /* by Envelope body case */
+    uint64_t requests[32]; /* by Envelope body case */
     uint64_t malformed, bad_version, auth_failed, invalid, refused, unexpected;
 };
 
@@ -110,6 +119,7 @@ typedef void (*core_event_fn)(void *ud, double time, const char *text);
 struct core {
     struct core_settings set;
     struct core_run run;
+    struct placement_spec place;  /* the run's layout: grpod's own numbers, or its configuration's */
     struct core_worker **workers; /* [nworkers] by rank; NULL: that rank has not registered in this run */
     int nworkers;
     struct core_event events[CORE_EVENTS];
@@ -126,6 +136,10 @@ struct core {
     uint64_t drop_suppressed;
 };
 
+/* Take text (config_run_text's form) as the run's configuration: its first rank's, or the journal's. Unless
+ * grpod has placement keys of its own, the run's layout follows it. 0, or -1 with why (text that does not
+ * read; the run is then left as it was). */
+int core_set_run_config(struct core *c, const char *text, char *why, size_t whylen);
 /* Set up an empty core with a fresh run in WAITING. now is the monotonic clock. */
 void core_init(struct core *c, const struct core_settings *set, double now);
 /* Free what the core holds. */

@@ -87,6 +87,8 @@ char *core_save_json(const struct core *c)
     json_object_set_new(run, "step", json_integer(c->run.step));
     json_object_set_new(run, "total_steps", json_integer(c->run.total_steps));
     json_object_set_new(run, "config_digest", hex64(c->run.config_digest));
+    if (c->run.config)
+        json_object_set_new(run, "config", json_string(c->run.config));
     json_object_set_new(run, "world", json_integer(c->run.world));
     json_object_set_new(run, "pause", json_boolean(c->run.pause));
     json_object_set_new(run, "stop", json_boolean(c->run.stop));
@@ -184,6 +186,7 @@ int core_load_json(struct core *c, const char *text, double now, char *err, size
         return -1;
     }
     struct core_run saved_run = c->run;
+    struct placement_spec saved_place = c->place;
     struct core_run *r = &c->run;
     memset(r, 0, sizeof *r);
     get_str(run, "id", r->id, sizeof r->id);
@@ -224,6 +227,15 @@ int core_load_json(struct core *c, const char *text, double now, char *err, size
     for (size_t i = 0; i < json_array_size(workers); i++)
         if (load_worker(c, json_array_get(workers, i), now, err, errlen) != 0)
             goto fail;
+    /* the run's configuration (its first rank's): a replacement takes it, and the layout follows it */
+    const json_t *config = json_object_get(run, "config");
+    if (json_is_string(config)) {
+        char why[512];
+        if (core_set_run_config(c, json_string_value(config), why, sizeof why) != 0) {
+            snprintf(err, errlen, "%s", why);
+            goto fail;
+        }
+    }
     c->nevents = 0;
     const json_t *events = json_object_get(root, "events");
     for (size_t i = 0; i < json_array_size(events); i++) {
@@ -231,6 +243,7 @@ int core_load_json(struct core *c, const char *text, double now, char *err, size
         if (json_is_string(json_array_get(e, 1)))
             core_add_event_record(c, json_number_value(json_array_get(e, 0)), json_string_value(json_array_get(e, 1)));
     }
+    free(saved_run.config);
     json_decref(root);
     c->dirty = false;
     c->dirty_urgent = false;
@@ -238,6 +251,8 @@ int core_load_json(struct core *c, const char *text, double now, char *err, size
 fail:
     json_decref(root);
     core_free_workers(c);
+    free(c->run.config);
     c->run = saved_run;
+    c->place = saved_place;
     return -1;
 }

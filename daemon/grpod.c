@@ -88,9 +88,13 @@ static void usage(FILE *out)
           "\n"
           "Coordinator of a GRPO run: registers workers, assigns roles, watches their health,\n"
           "pauses, resumes, checkpoints and stops the run, serves a status page and metrics.\n"
+          "grpod needs none of the run's keys: the first rank's configuration defines the run and\n"
+          "every other rank must match it (a refusal names the keys that differ); a rank given\n"
+          "with grpo-worker --replace-rank takes the run's configuration from grpod. Keys of the run\n"
+          "given to grpod (placement.*, trainer.nnodes, ...) are checked against every rank.\n"
           "\n"
           "options:\n"
-          "  -c, --config FILE      YAML configuration (the grpod.* and placement.* keys; docs/configuration.md)\n"
+          "  -c, --config FILE      YAML configuration (the grpod.* keys; docs/configuration.md)\n"
           "  key.path=value         override one key, e.g. grpod.endpoint=ipc:///tmp/grpod.sock\n"
           "      --print-config     print the effective configuration and exit\n"
           "  -V, --version          print the version and protocol version, and exit\n"
@@ -580,6 +584,7 @@ int main(int argc, char **argv)
     }
 
     static struct grpod d; /* the daemon's one top-level context */
+    char *own_config = NULL;
     d.cfg = &cfg;
     d.exit_code = 1;
     d.journal.dir_fd = d.journal.lock_fd = d.journal.events_fd = -1;
@@ -603,7 +608,28 @@ int main(int argc, char **argv)
     /* 2. the run, recovered from the journal when there is one */
     struct placement_spec ps;
     placement_spec_from_config(&cfg, &ps, err, sizeof err); /* checked in settings_check */
+    /* keys of the run grpod was given are checked against every rank; without them the first rank's
+     * configuration defines the run */
+    static const char *const placement_keys[] = {"placement.trainer_ranks",
+                                                 "placement.rollout_ranks",
+                                                 "trainer.nnodes",
+                                                 "trainer.n_gpus_per_node",
+                                                 "rollout.nnodes",
+                                                 "rollout.n_gpus_per_node",
+                                                 "actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
+                                                 "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size"};
+    bool own_placement = false;
+    for (size_t i = 0; i < sizeof placement_keys / sizeof placement_keys[0]; i++)
+        own_placement |= config_given(&cfg, placement_keys[i]);
+    own_config = config_run_text(&cfg, CONFIG_TEXT_GIVEN | CONFIG_TEXT_NO_COUNTS);
+    if (own_placement || own_config[0])
+        log_info("grpod", "checking every rank against grpod's own keys%s",
+                 own_placement ? ", placement included" : "");
+    else
+        log_info("grpod", "no run keys given: the first rank's configuration defines the run");
     struct core_settings set = {
+        .own_placement = own_placement,
+        .own_config = own_config,
         .rollout_ranks = ps.rollout_ranks,
         .trainer_ranks = ps.trainer_ranks,
         .tp_size = ps.tp_size,
@@ -690,6 +716,7 @@ cleanup:
     }
     journal_close(&d.journal);
     config_free(&cfg);
+    free(own_config);
     if (d.exit_code == 0)
         log_info("grpod", "stopped");
     return d.exit_code;

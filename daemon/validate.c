@@ -37,6 +37,26 @@ int validate_text(const char *s, size_t max)
     return 1;
 }
 
+/* Lines of printable UTF-8 (validate_text each), at most max bytes in all. 1 when valid. */
+static int validate_lines(const char *s, size_t max)
+{
+    if (strnlen(s, max + 1) > max)
+        return 0;
+    char line[4096];
+    for (const char *p = s; *p;) {
+        const char *nl = strchr(p, '\n');
+        size_t l = nl ? (size_t)(nl - p) : strlen(p);
+        if (l >= sizeof line)
+            return 0;
+        memcpy(line, p, l);
+        line[l] = 0;
+        if (!validate_text(line, sizeof line - 1))
+            return 0;
+        p += l + (nl != NULL);
+    }
+    return 1;
+}
+
 #define FAIL(...)                                                                                                      \
     do {                                                                                                               \
         snprintf(why, whylen, __VA_ARGS__);                                                                            \
@@ -67,6 +87,10 @@ static int check_register(const Grpo__Register *r, char *why, size_t whylen)
         FAIL("register.run_id is too long or not printable UTF-8");
     if (r->step < 0 || r->step > (int64_t)1 << 50)
         FAIL("register.step %lld is out of range", (long long)r->step);
+    if (!validate_lines(r->run_config, CORE_CONFIG_MAX))
+        FAIL("register.run_config is longer than %d bytes, has a line over 4095 bytes, or is not lines of printable "
+             "UTF-8",
+             CORE_CONFIG_MAX);
     return 0;
 }
 
@@ -129,7 +153,8 @@ int validate_request(const Grpo__Envelope *env, char *why, size_t whylen)
             FAIL("command.reason is too long or not printable UTF-8");
         return 0;
     case GRPO__ENVELOPE__BODY_STATUS_REQUEST:
-    case GRPO__ENVELOPE__BODY_METRICS_REQUEST: return 0;
+    case GRPO__ENVELOPE__BODY_METRICS_REQUEST:
+    case GRPO__ENVELOPE__BODY_RUN_CONFIG_REQUEST: return 0;
     default: FAIL("'%s' is not a request grpod answers", protocol_body_name(env->body_case));
     }
 }

@@ -12,6 +12,7 @@
 int kops_cuda_open(struct kctx *K, int device, char *why, size_t len);
 void kops_cuda_close(struct kctx *K);
 int kops_cuda_devices(void);
+size_t kops_cuda_device_bytes(struct kctx *K);
 #endif
 
 static struct kctx g_cpu = {.ops = &kops_cpu, .device = KDEV_CPU, .matmul = KMM_F32};
@@ -28,6 +29,16 @@ int kctx_cuda_devices(void)
 }
 
 bool kctx_cuda_available(void) { return kctx_cuda_devices() > 0; }
+
+size_t kctx_device_bytes(struct kctx *K)
+{
+#ifdef GRPO_HAVE_CUDA
+    if (K->device == KDEV_CUDA)
+        return kops_cuda_device_bytes(K);
+#endif
+    (void)K;
+    return 0;
+}
 
 struct kctx *kctx_create(const char *device, enum kmatmul matmul, char *why, size_t len)
 {

@@ -120,6 +120,8 @@ const char *kctx_describe(const struct kctx *K, char *buf, size_t len);
 bool kctx_cuda_available(void);
 /* CUDA devices visible to this process (0 in a build without CUDA, or without a driver). */
 int kctx_cuda_devices(void);
+/* The memory of K's device in bytes (a GPU's total); 0 for the CPU (no fixed budget). */
+size_t kctx_device_bytes(struct kctx *K);
 
 /* Memory of K, counted under kind. Running out is a fatal error naming what was asked for, its bytes, what is in
  * use, and the knob that lowers it (what: "activations of 4096 tokens"). */

@@ -88,6 +88,8 @@ const char *protocol_body_name(Grpo__Envelope__BodyCase body)
     case GRPO__ENVELOPE__BODY_WORK_GRANT: return "work_grant";
     case GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST: return "weights_request";
     case GRPO__ENVELOPE__BODY_WEIGHTS_CHUNK: return "weights_chunk";
+    case GRPO__ENVELOPE__BODY_RUN_CONFIG_REQUEST: return "run_config_request";
+    case GRPO__ENVELOPE__BODY_RUN_CONFIG: return "run_config";
     default: return "none";
     }
 }

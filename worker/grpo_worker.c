@@ -3,7 +3,7 @@
  * main reads: parse the command line, init MPI and logging, launch (worker/launch: this rank's place, endpoints,
  * GPU and groups), run the role, finalize. Each rank takes the role its placement gives it (grpod's Assignment,
  * which the launch checks against the same arithmetic in common/placement.c): hybrid (the whole GRPO loop in one
- * process), rollout or trainer (worker/roles.h). --selftest checks the collective plane with the requested
+ * process, or colocated ranks that each generate and train), rollout or trainer (worker/roles.h). --selftest checks the collective plane with the requested
  * tensor/pipeline layout across all ranks. */
 #include <getopt.h>
 #include <pthread.h>
@@ -27,18 +27,23 @@ static void usage(FILE *out)
 {
     fputs("usage: mpirun -np N grpo-worker [--config FILE] [key.path=value ...] [options]\n"
           "\n"
-          "One rank of a GRPO training run. With one rank it runs every part of GRPO (role hybrid). With a\n"
-          "split placement the ranks take roles: ranks 0..T-1 train, the next R generate and score and push\n"
-          "their groups to the trainers, trainer rank 0 sends the weights back:\n"
+          "One rank of a GRPO training run. With no rollout split every rank is hybrid (verl's colocated\n"
+          "layout): one rank runs every part of GRPO; N ranks each generate a share of every step, then all\n"
+          "train together (trainer.nnodes x trainer.n_gpus_per_node = N, or no placement keys at all):\n"
+          "  mpirun -np 2 grpo-worker --config run.yaml trainer.nnodes=1 trainer.n_gpus_per_node=2\n"
+          "With a split placement the ranks take roles: ranks 0..T-1 train, the next R generate and score and\n"
+          "push their groups to the trainers, trainer rank 0 sends the weights back:\n"
           "  mpirun -np 3 grpo-worker --config run.yaml trainer.nnodes=1 trainer.n_gpus_per_node=2 \\\n"
           "      rollout.nnodes=1 rollout.n_gpus_per_node=1 actor_rollout_ref.rollout.mode=async\n"
           "(placement.trainer_ranks / placement.rollout_ranks say the same; rollout.mode sync is on-policy,\n"
           "async one-step-off). The trainers split the model with Megatron's layout:\n"
           "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=TP and pipeline_model_parallel_size=PP,\n"
-          "DP = T / (TP x PP); actor_rollout_ref.rollout.tensor_model_parallel_size groups the rollout ranks.\n"
+          "DP = T / (TP x PP); actor_rollout_ref.rollout.tensor_model_parallel_size groups the rollout ranks\n"
+          "(colocated: the generating ranks, the weights resharded into that layout each step).\n"
           "Each rollout process fetches every policy version from trainer rank 0, or with\n"
           "actor_rollout_ref.rollout.weight_sync=broadcast takes it in one broadcast (MPI; NCCL on GPUs).\n"
-          "Under grpod (grpod.endpoint) every rank registers and grpod assigns the roles.\n"
+          "Under grpod (grpod.endpoint) every rank registers and grpod assigns the roles; the first rank's\n"
+          "configuration defines the run, and a rank whose configuration differs is refused.\n"
           "Launched with mpirun --mca orte_enable_recovery 1 under grpod, the run survives a lost rollout rank:\n"
           "its work goes to the others, and grpo-worker --replace-rank R puts a new process in its place.\n"
           "\n"
@@ -50,7 +55,9 @@ static void usage(FILE *out)
           "      --selftest         check the collective plane across all ranks and the DP/TP/PP groups\n"
           "      --tp N, --pp N     with --selftest: the TP and PP sizes of the groups it checks (default 1)\n"
           "      --replace-rank R   take the place of lost rollout rank R of the run under grpod (one process,\n"
-          "                         not under mpirun -np; it joins at the next step)\n"
+          "                         not under mpirun -np; it joins at the next step). It needs only\n"
+          "                         grpod.endpoint (and grpod.secret_file): it takes the run's configuration\n"
+          "                         from grpod; other keys given must be the run's\n"
           "  -h, --help             this text\n"
           "\n"
           "environment: GRPO_LOG_LEVEL=error|warn|info|debug\n",
@@ -128,8 +135,9 @@ struct args {
     struct launch_options launch;
 };
 
-/* Parse the command line into a (logging set up from the environment first: parsing reports errors). -1 to go on,
- * else the exit status (--help, --print-config and the like end here, as does bad input). */
+/* Parse the command line into a (logging set up from the environment first: parsing reports errors); with
+ * --replace-rank, the run's configuration from grpod goes into it too. -1 to go on, else the exit status (--help,
+ * --print-config and the like end here, as does bad input). */
 static int parse(int *argc, char **argv, struct args *a)
 {
     log_init_from_env();
@@ -181,6 +189,13 @@ static int parse(int *argc, char **argv, struct args *a)
     }
     if (optind < *argc) {
         log_error("worker", "unexpected argument '%s' (overrides look like key.path=value)", argv[optind]);
+        config_free(&a->cfg);
+        return 2;
+    }
+    char err[2048];
+    if (a->launch.replace_rank >= 0 && a->cfg.grpod_endpoint[0] &&
+        control_adopt_run_config(&a->cfg, err, sizeof err) != 0) { /* without grpod.endpoint, launch says why */
+        log_error("worker", "--replace-rank %d: %s", a->launch.replace_rank, err);
         config_free(&a->cfg);
         return 2;
     }

@@ -1,6 +1,7 @@
 /* The three roles a grpo-worker rank can take, as grpod (or, without grpod, the
  * same placement arithmetic in common/placement.c) assigns them:
- *   hybrid   every part of the GRPO step in this process (one-rank runs);
+ *   hybrid   every part of the GRPO step: alone in one process, or on N colocated ranks that each generate
+ *            their share of every step and then train together as DP x TP x PP (worker/hybrid);
  *   rollout  take work units (a share of a step's prompts) and policy versions
  *            from the trainers' dispatcher, generate, score, and send the
  *            groups to the trainers over nanomsg (each batch acknowledged);
@@ -28,10 +29,11 @@ struct role_env {
     struct placement_spec spec;
     struct placement at;       /* this rank's role and coordinates */
     struct control *ctl;       /* NULL: no grpod */
-    struct comm *trainers;     /* every trainer rank (trainer ranks only) */
+    struct comm *trainers;     /* every trainer rank (trainer ranks only; colocated: every rank) */
     struct comm *dp, *tp, *pp; /* a trainer's data-, tensor- and pipeline-parallel groups within them */
     struct comm *mp;           /* the TP x PP ranks of a trainer's model copy (ranked pp x TP + tp) */
-    struct comm *rollout_tp;   /* a rollout rank's TP group (actor_rollout_ref.rollout.tensor_model_parallel_size) */
+    struct comm *rollout_tp;   /* a rollout rank's TP group (actor_rollout_ref.rollout.tensor_model_parallel_size);
+                                  a colocated rank's generation engine */
     struct comm *weight_group; /* weight_sync=broadcast: trainer rank 0 (its rank 0) and the launch's rollout ranks
                                   that fetch for their TP group (NULL elsewhere) */
     int device;                /* trainer.device=cuda in a split run: this rank's GPU on its node (assign_devices) */

@@ -27,6 +27,7 @@
 int kops_cuda_open(struct kctx *K, int device, char *why, size_t len);
 void kops_cuda_close(struct kctx *K);
 int kops_cuda_devices(void);
+size_t kops_cuda_device_bytes(struct kctx *K);
 
 /* A grow-only device buffer. */
 struct dbuf {
@@ -722,6 +723,14 @@ int kops_cuda_devices(void)
         return 0;
     }
     return n;
+}
+
+size_t kops_cuda_device_bytes(struct kctx *K)
+{
+    use(K);
+    size_t free_b = 0, total = 0;
+    CHECK_CUDA(cudaMemGetInfo(&free_b, &total));
+    return total;
 }
 
 int kops_cuda_open(struct kctx *K, int device, char *why, size_t len)

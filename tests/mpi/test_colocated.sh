@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # Colocated ranks (verl's hybrid engine: no rollout split, every rank generates its share of the step, then all
 # train) reproduce the single-process run (mpirun --oversubscribe on 2 cores):
-#  - tiny Llama under DP2, TP2, PP2, TP2 x PP2, DP2 x TP2 with ZeRO-1, and with a rollout TP other than the
-#    training TP (DP2 training generating as one TP2 engine; TP2 training generating with whole layers on each
-#    rank; TP2 training generating in place as one TP2 engine); tiny Qwen2 under DP2, TP2, TP2 x PP2, DP2 x TP2
-#    with ZeRO-1 and DP2 with rollout TP2; tiny Qwen3 under DP2, TP2 x PP2 and DP2 with rollout TP2: per-step losses, grad norms and entropies, and the weights after two GRPO steps, within
-#    1e-5 relative;
+#  - tiny Llama, Qwen2 and Qwen3, each under DP2, TP2, PP2, TP2 x PP2, DP2 x TP2 with ZeRO-1, and with a rollout
+#    TP other than the training TP (DP2 training generating as one TP2 engine; TP2 training generating with whole
+#    layers on each rank; TP2 training generating in place as one TP2 engine; DP2 x TP2 training generating as one
+#    TP4 engine across both model copies): per-step losses, grad norms and
+#    entropies, and the weights after two GRPO steps, within 1e-5 relative;
+#  - validation shared by the engines, with one process's rewards;
 #  - the weights resharded into the generation layout, bytes and time logged (timing_s/update_weights,
 #    perf/update_weights_bytes: the whole model gathered and broadcast over a model copy, nothing where the
 #    layouts agree);
 #  - checkpoints move between layouts: colocated -> one process, one process -> colocated, colocated -> split,
 #    split -> colocated, each ending at the single-process weights;
+#  - DAPO's dynamic sampling (algorithm.filter_groups) draws the rounds one process draws, with its results;
 #  - work stealing on and off train on the same batch (same weights), and the ranks' idle share is measured;
+#  - memory phases: generation holds no gradients or training buffers, the update no KV cache
+#    (actor_rollout_ref.rollout.free_cache_engine), each phase's peak logged;
 #  - -np that disagrees with trainer.nnodes x trainer.n_gpus_per_node is an error naming the keys and numbers.
 # usage: test_colocated.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
@@ -49,16 +53,29 @@ done
 
 RTP=actor_rollout_ref.rollout.tensor_model_parallel_size
 ZERO=actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
-for layout in "dp2 llama 2 1 1" "tp2 llama 2 2 1" "pp2 llama 2 1 2" "tp2pp2 llama 4 2 2" \
-    "zero-dp2tp2 llama 4 2 1 $ZERO" "dp2-rtp2 llama 2 1 1 $RTP=2" "tp2-rtp2 llama 2 2 1 $RTP=2" \
-    "dp2 qwen2 2 1 1" "tp2 qwen2 2 2 1" "tp2pp2 qwen2 4 2 2" "zero-dp2tp2 qwen2 4 2 1 $ZERO" \
-    "dp2-rtp2 qwen2 2 1 1 $RTP=2" "dp2 qwen3 2 1 1" "tp2pp2 qwen3 4 2 2" "dp2-rtp2 qwen3 2 1 1 $RTP=2"; do
+LAYOUTS=("dp2 2 1 1" "tp2 2 2 1" "pp2 2 1 2" "tp2pp2 4 2 2" "zero-dp2tp2 4 2 1 $ZERO" "dp2-rtp2 2 1 1 $RTP=2"
+    "tp2-rtp2 2 2 1 $RTP=2" "dp2tp2-rtp4 4 2 1 $RTP=4")
+ALL=()
+for model in llama qwen2 qwen3; do
+    for layout in "${LAYOUTS[@]}"; do
+        set -- $layout
+        ALL+=("$1 $model ${*:2}")
+    done
+done
+for layout in "${ALL[@]}"; do
     set -- $layout
     name=$1-$2
     colo "$name" "$2" "$3" "$4" "$5" "${@:6}"
     expect "$name: $3 colocated ranks (TP $4, PP $5${6:+, $6}) finish" $?
     equivalent "$name" "$2"
 done
+python3 - "$TMP/dp2-llama/p/e/metrics.jsonl" <<'PY'
+import json, sys
+v = [r for r in map(json.loads, open(sys.argv[1])) if "val-core/arithmetic/reward/mean@1" in r]
+assert [r["step"] for r in v] == [0, 2] and all(r["timing_s/testing"] > 0 for r in v), v
+print("ok")
+PY
+expect "validation shared by the engines (two chunks of data.val_batch_size 2) at steps 0 and 2, the same rewards as one process" $?
 grep -q "2 colocated ranks: training DP 2 x TP 1 x PP 1; generating in 2 engine(s) of 1 rank(s)" "$TMP/dp2-llama.log" &&
     grep -q "generation uses the training weights in place" "$TMP/dp2-llama.log"
 expect "DP2: two engines of one rank, generating with the training weights in place" $?
@@ -66,12 +83,18 @@ grep -q "generating in 1 engine(s) of 2 rank(s).*resharded into the generation l
 expect "DP2 with rollout TP2: one engine of two ranks, the weights resharded each step" $?
 grep -q "generating in 1 engine(s) of 2 rank(s).*in place" "$TMP/tp2-rtp2-llama.log"
 expect "TP2 with rollout TP2: the TP group generates in place" $?
+grep -Eq "weights resharded into the generation layout \(TP 1, whole layers\): [1-9][0-9]* bytes sent over the model copy in buckets of [0-9]+ MB" \
+    "$TMP/tp2-llama.log"
+expect "TP2 training, rollout TP 1: the reshard into whole layers logged with bytes, buckets and time" $?
 # bytes: TP2 (rollout TP 1) gathers the whole model on the copy's first rank (its peer's shard) and broadcasts it
 python3 - "$TMP/tp2-llama/p/e/metrics.jsonl" "$TMP/dp2-llama/p/e/metrics.jsonl" "$TMP/dp2-rtp2-llama/p/e/metrics.jsonl" <<'PY'
 import json, sys
 tp2, dp2, dp2rtp2 = ([r for r in map(json.loads, open(p)) if r["step"] >= 1] for p in sys.argv[1:4])
-for r in tp2:
-    assert r["perf/update_weights_bytes"] > 0 and r["timing_s/update_weights"] > 0, r
+for r in tp2:  # step 1's weights went in for the validation before training; step 2 reshards step 1's update
+    if r["step"] == 1:
+        assert r["perf/update_weights_bytes"] == 0, r
+    else:
+        assert r["perf/update_weights_bytes"] > 0 and r["timing_s/update_weights"] > 0, r
 for r in dp2 + dp2rtp2:  # the layouts agree, or each rank slices its own whole copy: nothing moves
     assert r["perf/update_weights_bytes"] == 0, r
 for r in tp2 + dp2 + dp2rtp2:
@@ -116,6 +139,53 @@ expect "DP2 with work stealing off finishes" $?
 equivalent nosteal llama
 [ "$(metric nosteal colocated/units_stolen)" = 0.0 ] || [ "$(metric nosteal colocated/units_stolen)" = 0 ]
 expect "... and no unit was made by another engine" $?
+
+# memory phases: generation runs without the gradients and the training buffers, the update without KV caches;
+# keeping them (free_cache_engine=false) trains the same weights with more memory held during generation
+colo keep llama 2 1 1 actor_rollout_ref.rollout.free_cache_engine=false
+expect "DP2 with actor_rollout_ref.rollout.free_cache_engine=false finishes" $?
+"$COMPARE" "$(ckpt dp2-llama $STEPS)/actor" "$(ckpt keep $STEPS)/actor" 0 >/dev/null 2>&1
+expect "... with the same weights, bit for bit, as when each phase gives its memory back" $?
+python3 - "$TMP/dp2-llama/p/e/metrics.jsonl" "$TMP/keep/p/e/metrics.jsonl" <<'PY'
+import json, sys
+free, keep = ([r for r in map(json.loads, open(p)) if r["step"] >= 1] for p in sys.argv[1:3])
+for f, k in zip(free, keep):
+    grads = k["perf/max_memory_gb/gen/gradients"]
+    assert f["perf/max_memory_gb/gen/gradients"] == 0 and grads > 0, (f, k)
+    assert f["perf/max_memory_gb/update/kv_cache"] == 0 == k["perf/max_memory_gb/update/kv_cache"], (f, k)
+    if f["step"] >= 2:  # once a step has trained, generation without its buffers holds less by the gradients
+        assert f["perf/max_memory_allocated_gb/gen"] <= k["perf/max_memory_allocated_gb/gen"] - grads, (f, k)
+    assert f["perf/max_memory_allocated_gb"] == max(f["perf/max_memory_allocated_gb/gen"],
+                                                      f["perf/max_memory_allocated_gb/update"]), f
+print("ok")
+PY
+expect "generation holds no gradients, the update no KV cache; per-phase peaks logged" $?
+
+# DAPO's dynamic sampling: rounds of generation until enough groups carry a signal, as one process draws them
+# (length_score: most groups of 12-token responses score alike, so steps take 2 or 3 rounds)
+DAPO=(algorithm.filter_groups.enable=true algorithm.filter_groups.max_num_gen_batches=3
+    custom_reward_function.name=length_score)
+# shellcheck disable=SC2046
+"$WORKER" $(common llama) trainer.default_local_dir="$TMP/one-dapo" "${DAPO[@]}" >"$TMP/one-dapo.log" 2>&1
+expect "one process with algorithm.filter_groups.enable finishes" $?
+for layout in "dp2 2 1 1" "tp2 2 2 1"; do
+    set -- $layout
+    colo "dapo-$1" llama "$2" "$3" "$4" "${DAPO[@]}"
+    expect "DAPO on 2 colocated ranks ($1) finishes" $?
+    out=$(same_metrics one-dapo "dapo-$1" 2>&1)
+    expect "... per-step losses, grad norms and entropies match one process ($out)" $?
+    out=$(same_weights one-dapo "dapo-$1")
+    expect "... weights match one process within 1e-5 ($out)" $?
+done
+python3 - "$TMP/one-dapo/p/e/metrics.jsonl" "$TMP/dapo-dp2/p/e/metrics.jsonl" <<'PY'
+import json, sys
+a, b = ([r for r in map(json.loads, open(p)) if r["step"] >= 1] for p in sys.argv[1:3])
+rounds = [r["train/num_gen_batches"] for r in a]
+assert rounds == [r["train/num_gen_batches"] for r in b] and max(rounds) > 1, rounds
+assert [r["train/num_kept_groups"] for r in a] == [r["train/num_kept_groups"] for r in b]
+print(rounds)
+PY
+expect "... with the same rounds of generation per step, more than one where groups scored alike" $?
 
 # -np against verl's keys
 # shellcheck disable=SC2046

@@ -182,8 +182,9 @@ expect "ranks that do not add up are refused, naming the keys" $?
     placement.rollout_ranks=5 >"$TMP/bad3.log" 2>&1
 [ $? -ne 0 ] && grep -q "more than the 4 prompts of a step" "$TMP/bad3.log"
 expect "more rollout ranks than prompts is refused" $?
-"${MPIRUN[@]}" -np 2 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/bad" >"$TMP/bad4.log" 2>&1
-[ $? -ne 0 ] && grep -q "a hybrid run takes one rank" "$TMP/bad4.log"; expect "two hybrid ranks are refused" $?
+"${MPIRUN[@]}" -np 6 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/bad" >"$TMP/bad4.log" 2>&1
+[ $? -ne 0 ] && grep -q "6 colocated ranks in 6 generation group(s) .*more groups than the 4 prompts" "$TMP/bad4.log"
+expect "more colocated generation groups than prompts are refused" $?
 "${MPIRUN[@]}" -np 3 --mca orte_enable_recovery 1 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/bad" \
     placement.trainer_ranks=2 placement.rollout_ranks=1 >"$TMP/bad5.log" 2>&1
 [ $? -ne 0 ] && grep -q "without grpod nobody would tell the trainers" "$TMP/bad5.log"

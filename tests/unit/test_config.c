@@ -496,6 +496,68 @@ static void test_reference_doc_is_current(void **state)
     free(buf);
 }
 
+/* The run's configuration as text (what ranks send grpod): it reads back to the same digest, strings with line
+ * breaks and backslashes included; a key set from it keeps its own origin; garbled text is refused by line;
+ * the comparison names the keys and both values, a few, then "and N more". */
+static void test_run_text(void **state)
+{
+    (void)state;
+    struct grpo_config a, b;
+    struct cfg_error err;
+    config_init(&a);
+    config_init(&b);
+    assert_int_equal(config_set(&a, "data.train_batch_size", "16", "command line", &err), 0);
+    assert_int_equal(config_set(&a, "trainer.experiment_name", "two\nlines \\ and = sign", "command line", &err), 0);
+    assert_int_equal(config_set(&a, "grpod.endpoint", "ipc:///tmp/x.sock", "command line", &err), 0);
+    char *text = config_run_text(&a, 0), why[512];
+    assert_null(strstr(text, "grpod.endpoint")); /* how to reach grpod is no part of the run */
+    assert_non_null(strstr(text, "trainer.experiment_name=two\\nlines \\\\ and = sign\n"));
+    assert_int_equal(config_apply_run_text(&b, text, 1 << 20, "test", why, sizeof why), 0);
+    assert_true(config_digest(&a) == config_digest(&b));
+    assert_string_equal(b.trainer_experiment_name, "two\nlines \\ and = sign");
+    assert_string_not_equal(b.grpod_endpoint, "ipc:///tmp/x.sock"); /* grpod.* stays this process's */
+    char *given = config_run_text(&a, CONFIG_TEXT_GIVEN);
+    assert_non_null(strstr(given, "data.train_batch_size=16\n"));
+    assert_null(strstr(given, "data.max_prompt_length"));
+    /* the comparison */
+    char diff[1024];
+    assert_int_equal(config_text_diff(text, "run", text, "rank 1", false, 3, diff, sizeof diff), 0);
+    assert_int_equal(config_set(&b, "data.train_batch_size", "32", "command line", &err), 0);
+    char *other = config_run_text(&b, 0);
+    assert_int_equal(config_text_diff(text, "run", other, "rank 1", false, 3, diff, sizeof diff), 1);
+    assert_string_equal(diff, "data.train_batch_size (run: 16, rank 1: 32)");
+    const char *keys[] = {"data.max_prompt_length", "data.max_response_length", "trainer.total_epochs",
+                          "actor_rollout_ref.rollout.n"};
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(config_set(&b, keys[i], "3", "command line", &err), 0);
+    free(other);
+    other = config_run_text(&b, 0);
+    assert_int_equal(config_text_diff(text, "run", other, "rank 1", false, 3, diff, sizeof diff), 5);
+    assert_non_null(strstr(diff, " and 2 more"));
+    /* only a's keys: the keys grpod was given */
+    assert_int_equal(
+        config_text_diff("data.train_batch_size=16\n", "grpod", other, "rank 1", true, 3, diff, sizeof diff), 1);
+    assert_int_equal(
+        config_text_diff("data.train_batch_size=32\n", "grpod", other, "rank 1", true, 3, diff, sizeof diff), 0);
+    /* garbled text, refused by line */
+    assert_int_equal(
+        config_apply_run_text(&b, "data.train_batch_size=8\nhello\n", 1 << 20, "rank 2's", why, sizeof why), -1);
+    assert_non_null(strstr(why, "rank 2's, line 2: not name=value"));
+    assert_int_equal(config_apply_run_text(&b, "grpod.endpoint=x\n", 1 << 20, "t", why, sizeof why), -1);
+    assert_non_null(strstr(why, "'grpod.endpoint' is not a key that shapes the run"));
+    assert_int_equal(config_apply_run_text(&b, "data.train_batch_size=many\n", 1 << 20, "t", why, sizeof why), -1);
+    assert_non_null(strstr(why, "expects an integer"));
+    assert_int_equal(config_apply_run_text(&b, "trainer.experiment_name=a\\q\n", 1 << 20, "t", why, sizeof why), -1);
+    assert_non_null(strstr(why, "bad escape"));
+    assert_int_equal(config_apply_run_text(&b, text, 100, "t", why, sizeof why), -1);
+    assert_non_null(strstr(why, "longer than 100 bytes"));
+    free(text);
+    free(given);
+    free(other);
+    config_free(&a);
+    config_free(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -513,6 +575,7 @@ int main(void)
         cmocka_unit_test(test_reference_doc_is_current),
         cmocka_unit_test(test_verl_table),
         cmocka_unit_test(test_hydra_forms),
+        cmocka_unit_test(test_run_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,6 +12,7 @@
 
 #include <cmocka.h>
 
+#include "common/config.h"
 #include "common/log.h"
 #include "daemon/arena.h"
 #include "daemon/core.h"
@@ -360,7 +361,12 @@ static void test_lost_worker(void **state)
     assert_int_equal(c.workers[1]->state, GRPO__WORKER_STATE__WORKER_LOST);
     assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_WAITING);
     assert_non_null(strstr(c.run.reason, "rank 1 on host node01 lost"));
-    assert_non_null(strstr(c.events[c.nevents - 2].text, "rank 1 on host node01 (pid 101) lost"));
+    bool said = false; /* the loss, and (colocated ranks wait for each other) the word to the others to end */
+    for (int i = 0; i < c.nevents; i++)
+        said |= strstr(c.events[i].text, "rank 1 on host node01 (pid 101) lost") != NULL;
+    assert_true(said);
+    assert_non_null(strstr(c.run.abort, "colocated rank 1 on host node01 lost"));
+    assert_non_null(strstr(c.run.reason, "relaunch the job"));
     /* the same process speaks again: back, and the run goes on */
     beat_ok(&c, 1, i1, GRPO__WORKER_STATE__WORKER_RUNNING, 1);
     assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING);
@@ -1033,6 +1039,243 @@ static void test_garbage_never_crashes(void **state)
     log_set_level(lvl);
 }
 
+/* ---- the run's configuration (Register.run_config) ---- */
+
+/* The configuration text and digest of the defaults with overrides ("key=value", NULL-terminated). */
+static char *config_text_of(const char *const *overrides, uint64_t *digest)
+{
+    struct grpo_config cfg;
+    struct cfg_error err;
+    config_init(&cfg);
+    for (int i = 0; overrides && overrides[i]; i++)
+        if (config_apply_override(&cfg, overrides[i], &err) != 0)
+            fail_msg("%s", err.msg);
+    char *text = config_run_text(&cfg, 0);
+    *digest = config_digest(&cfg);
+    *digest = *digest ? *digest : 1;
+    config_free(&cfg);
+    return text;
+}
+
+static Grpo__Envelope *send_register_config(struct core *c, int rank, int world, const char *text, uint64_t digest,
+                                            bool replaces)
+{
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Register reg = GRPO__REGISTER__INIT;
+    char host[32];
+    snprintf(host, sizeof host, "node%02d", rank);
+    reg.rank = rank;
+    reg.world_size = world;
+    reg.host = host;
+    reg.pid = 100 + rank;
+    reg.config_digest = digest;
+    reg.run_config = (char *)text;
+    reg.replaces = replaces;
+    env.body_case = GRPO__ENVELOPE__BODY_REGISTER;
+    env.register_ = &reg;
+    return roundtrip(c, &env, NULL);
+}
+
+static uint64_t reg_config_ok(struct core *c, int rank, int world, const char *text, uint64_t digest, Grpo__Role role)
+{
+    Grpo__Envelope *e = send_register_config(c, rank, world, text, digest, false);
+    if (e->body_case != GRPO__ENVELOPE__BODY_ASSIGNMENT)
+        fail_msg("rank %d refused: %s", rank, e->body_case == GRPO__ENVELOPE__BODY_REPLY ? e->reply->error : "?");
+    assert_int_equal(e->assignment->role, role);
+    uint64_t inc = e->assignment->incarnation;
+    protocol_free(e);
+    return inc;
+}
+
+/* A registration that must be refused, for good, with every one of the needles in the error. */
+static void reg_config_refused(struct core *c, int rank, int world, const char *text, uint64_t digest,
+                               const char *const *needles)
+{
+    Grpo__Envelope *e = send_register_config(c, rank, world, text, digest, false);
+    if (e->body_case != GRPO__ENVELOPE__BODY_REPLY)
+        fail_msg("rank %d was not refused", rank);
+    assert_false(e->reply->ok);
+    for (int i = 0; needles[i]; i++)
+        if (!strstr(e->reply->error, needles[i]))
+            fail_msg("refusal '%s' lacks '%s'", e->reply->error, needles[i]);
+    protocol_free(e);
+}
+
+static Grpo__Envelope *ask_run_config(struct core *c)
+{
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    env.body_case = GRPO__ENVELOPE__BODY_RUN_CONFIG_REQUEST;
+    env.run_config_request = true;
+    return roundtrip(c, &env, NULL);
+}
+
+static const char *const split_2_1[] = {"placement.trainer_ranks=2", "placement.rollout_ranks=1",
+                                        "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                                        NULL};
+
+/* A grpod with no keys of its own: the first rank's configuration lays the run out (2 trainers + 1 rollout),
+ * a rank with another value of a key is refused naming the key and both values, and a replacement asks for
+ * the run's configuration. */
+static void test_first_rank_defines_run(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = settings(0, 0, 1, 1);
+    core_init(&c, &s, T);
+    Grpo__Envelope *e = ask_run_config(&c); /* no run under way */
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
+    assert_non_null(strstr(e->reply->error, "not under way"));
+    protocol_free(e);
+    uint64_t d, d_other, d_many;
+    char *text = config_text_of(split_2_1, &d);
+    const char *const other[] = {"placement.trainer_ranks=2",     "placement.rollout_ranks=1",
+                                 "data.train_batch_size=4",       "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                                 "actor_rollout_ref.rollout.n=4", NULL};
+    char *other_text = config_text_of(other, &d_other);
+    const char *const many[] = {"placement.trainer_ranks=2",     "placement.rollout_ranks=1",
+                                "data.train_batch_size=4",       "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                                "actor_rollout_ref.rollout.n=4", "data.max_prompt_length=64",
+                                "data.max_response_length=9",    "trainer.total_epochs=3",
+                                "trainer.experiment_name=other", NULL};
+    char *many_text = config_text_of(many, &d_many);
+    /* the rollout rank first: its configuration says it is the rollout rank of 2 + 1 */
+    reg_config_ok(&c, 2, 3, text, d, GRPO__ROLE__ROLE_ROLLOUT);
+    assert_int_equal(c.place.trainer_ranks, 2);
+    assert_int_equal(c.place.rollout_ranks, 1);
+    assert_non_null(c.run.config);
+    reg_config_ok(&c, 0, 3, text, d, GRPO__ROLE__ROLE_TRAINER);
+    reg_config_refused(&c, 1, 3, other_text, d_other,
+                       (const char *const[]){"rank 1's configuration differs from run", "in 1 key(s)",
+                                             "actor_rollout_ref.rollout.n (run: 8, rank 1: 4)", NULL});
+    reg_config_refused(
+        &c, 1, 3, many_text, d_many,
+        (const char *const[]){"in 5 key(s)", "actor_rollout_ref.rollout.n (run: 8, rank 1: 4)", "and 2 more", NULL});
+    assert_null(c.workers[1]);
+    reg_config_ok(&c, 1, 3, text, d, GRPO__ROLE__ROLE_TRAINER);
+    /* a rank without the text (an older worker) is still checked by its digest */
+    reg_config_refused(&c, 1, 3, "", d_other, (const char *const[]){"digest", NULL});
+    /* the replacement's question: the run's configuration, as the first rank sent it */
+    e = ask_run_config(&c);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_RUN_CONFIG);
+    assert_string_equal(e->run_config->config, text);
+    assert_string_equal(e->run_config->run_id, c.run.id);
+    assert_int_equal(e->run_config->world_size, 3);
+    assert_true(e->run_config->config_digest == d);
+    protocol_free(e);
+    free(text);
+    free(other_text);
+    free(many_text);
+    core_deinit(&c);
+}
+
+/* A grpod given keys of its own checks them: its placement (spelt with verl's keys by the ranks, it is the same
+ * placement) and its other keys, each refusal naming the numbers or the key and both values. */
+static void test_own_keys_checked(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = settings(2, 1, 1, 1);
+    s.own_config = "data.train_batch_size=4\n";
+    core_init(&c, &s, T);
+    uint64_t d;
+    const char *const batch8[] = {"placement.trainer_ranks=2", "placement.rollout_ranks=1", "data.train_batch_size=8",
+                                  "actor_rollout_ref.actor.ppo_mini_batch_size=4", NULL};
+    char *text = config_text_of(batch8, &d);
+    reg_config_refused(
+        &c, 0, 3, text, d,
+        (const char *const[]){"differs from grpod's own keys", "data.train_batch_size (grpod: 4, rank 0: 8)", NULL});
+    free(text);
+    const char *const one_two[] = {"placement.trainer_ranks=1", "placement.rollout_ranks=2", "data.train_batch_size=4",
+                                   "actor_rollout_ref.actor.ppo_mini_batch_size=4", NULL};
+    text = config_text_of(one_two, &d);
+    reg_config_refused(&c, 0, 3, text, d,
+                       (const char *const[]){"places 1 trainer + 2 rollout ranks", "grpod's keys 2 + 1", NULL});
+    free(text);
+    assert_int_equal(c.run.world, 0);
+    const char *const verl[] = {"trainer.nnodes=1",
+                                "trainer.n_gpus_per_node=2",
+                                "rollout.nnodes=1",
+                                "rollout.n_gpus_per_node=1",
+                                "data.train_batch_size=4",
+                                "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                                NULL};
+    text = config_text_of(verl, &d);
+    reg_config_ok(&c, 0, 3, text, d, GRPO__ROLE__ROLE_TRAINER);
+    reg_config_ok(&c, 2, 3, text, d, GRPO__ROLE__ROLE_ROLLOUT);
+    free(text);
+    core_deinit(&c);
+    /* a rank whose configuration gives no rank counts takes grpod's placement (as before) */
+    core_init(&c, &s, T);
+    const char *const no_counts[] = {"data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", NULL};
+    text = config_text_of(no_counts, &d);
+    reg_config_ok(&c, 2, 3, text, d, GRPO__ROLE__ROLE_ROLLOUT);
+    free(text);
+    core_deinit(&c);
+}
+
+/* Configuration text that does not read, or does not give the rank's digest, or is too long, is refused with
+ * what is wrong, and leaves the run as it was. */
+static void test_garbled_config_refused(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = settings(0, 0, 1, 1);
+    core_init(&c, &s, T);
+    uint64_t d;
+    char *text = config_text_of(split_2_1, &d);
+    reg_config_refused(&c, 0, 3, "hello world", 7,
+                       (const char *const[]){"rank 0's configuration cannot be read", "line 1: not name=value", NULL});
+    reg_config_refused(&c, 0, 3, "no.such.key=1\n", 7,
+                       (const char *const[]){"'no.such.key' is not a key that shapes the run", NULL});
+    reg_config_refused(&c, 0, 3, "data.train_batch_size=-3\n", 7, (const char *const[]){"data.train_batch_size", NULL});
+    reg_config_refused(&c, 0, 3, text, d ^ 1, (const char *const[]){"does not give its digest", NULL});
+    /* control characters and oversize text are invalid fields: dropped before the core looks at them */
+    reg_config_refused(&c, 0, 3, "data.train_batch_size=4\x01\n", 7,
+                       (const char *const[]){"register.run_config", NULL});
+    char *big = malloc(CORE_CONFIG_MAX + 2);
+    memset(big, 'a', CORE_CONFIG_MAX + 1);
+    big[CORE_CONFIG_MAX + 1] = 0;
+    for (size_t i = 100; i < CORE_CONFIG_MAX; i += 100)
+        big[i] = '\n';
+    reg_config_refused(&c, 0, 3, big, 7, (const char *const[]){"register.run_config is longer than", NULL});
+    free(big);
+    assert_int_equal(c.run.world, 0);
+    assert_null(c.run.config);
+    assert_int_equal(c.place.trainer_ranks, 0);
+    reg_config_ok(&c, 0, 3, text, d, GRPO__ROLE__ROLE_TRAINER);
+    free(text);
+    core_deinit(&c);
+}
+
+/* The run's configuration survives a grpod restart: the journal keeps it, and the layout follows it. */
+static void test_run_config_journaled(void **state)
+{
+    (void)state;
+    struct core c, d;
+    struct core_settings s = settings(0, 0, 1, 1);
+    core_init(&c, &s, T);
+    uint64_t dg;
+    char *text = config_text_of(split_2_1, &dg);
+    reg_config_ok(&c, 0, 3, text, dg, GRPO__ROLE__ROLE_TRAINER);
+    char *json = core_save_json(&c);
+    core_init(&d, &s, T + 10);
+    char err[256];
+    assert_int_equal(core_load_json(&d, json, T + 10, err, sizeof err), 0);
+    assert_non_null(d.run.config);
+    assert_string_equal(d.run.config, text);
+    assert_int_equal(d.place.trainer_ranks, 2);
+    assert_int_equal(d.place.rollout_ranks, 1);
+    reg_config_ok(&d, 2, 3, text, dg, GRPO__ROLE__ROLE_ROLLOUT);
+    Grpo__Envelope *e = ask_run_config(&d);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_RUN_CONFIG);
+    assert_string_equal(e->run_config->config, text);
+    protocol_free(e);
+    free(json);
+    free(text);
+    core_deinit(&c);
+    core_deinit(&d);
+}
+
 int main(void)
 {
     log_set_level(LOG_WARN);
@@ -1055,6 +1298,10 @@ int main(void)
         cmocka_unit_test(test_replace_rank),
         cmocka_unit_test(test_dispatch_endpoints),
         cmocka_unit_test(test_garbage_never_crashes),
+        cmocka_unit_test(test_first_rank_defines_run),
+        cmocka_unit_test(test_own_keys_checked),
+        cmocka_unit_test(test_garbled_config_refused),
+        cmocka_unit_test(test_run_config_journaled),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

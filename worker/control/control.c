@@ -33,6 +33,7 @@ struct control {
     char endpoint[512], host[256], caps[256], devices[1024];
     int rank, world;
     uint64_t digest;
+    char *run_config;       /* Register.run_config: config_run_text of the run's configuration ("" when not given) */
     struct rpc_client *rpc; /* the heartbeat thread's alone after open */
     void (*on_abort)(const char *reason);
     bool replaces;
@@ -109,6 +110,7 @@ void control_options_from_config(struct control_options *o, const struct grpo_co
     o->capabilities = "rollout,trainer";
     o->devices = "cpu";
     o->config_digest = control_config_digest(cfg);
+    o->config = cfg;
     o->connect_timeout_s = cfg->grpod_connect_timeout_s;
 }
 
@@ -383,6 +385,17 @@ void control_checkpoint_done(struct control *c, int64_t step)
     pthread_mutex_unlock(&c->mu);
 }
 
+void control_checkpoint_held(struct control *c, int64_t step)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->mu);
+    c->ckpt_taken = c->ckpt_done_seq = c->ckpt_seq;
+    c->ckpt_step = step;
+    changed_locked(c);
+    pthread_mutex_unlock(&c->mu);
+}
+
 bool control_safe_point(struct control *c, int64_t step, int (*save)(void *ud, int64_t step), void *ud)
 {
     enum control_command cmd = control_poll(c);
@@ -489,6 +502,7 @@ static int register_once(struct control *c, const char *run_id, uint64_t incarna
     reg.host = c->host;
     reg.pid = (int32_t)getpid();
     reg.config_digest = c->digest;
+    reg.run_config = c->run_config;
     reg.run_id = (char *)run_id;
     reg.incarnation = incarnation;
     reg.step = step;
@@ -778,6 +792,7 @@ int control_open(const struct control_options *o, struct control **out, struct c
     c->rank = o->rank;
     c->world = o->world_size;
     c->digest = o->config_digest;
+    c->run_config = o->config ? config_run_text(o->config, 0) : xstrdup("");
     c->on_abort = o->on_abort;
     c->replaces = o->replaces;
     c->step = o->start_step;
@@ -858,5 +873,6 @@ void control_close(struct control *c)
     pthread_cond_destroy(&c->wake);
     pthread_cond_destroy(&c->changed);
     pthread_mutex_destroy(&c->mu);
+    free(c->run_config);
     free(c);
 }

@@ -64,16 +64,17 @@ enum control_end {
 };
 
 struct control_options {
-    const char *endpoint;     /* grpod.endpoint; NULL or "": no grpod (control_open gives NULL) */
-    const char *secret_file;  /* grpod.secret_file; tcp:// endpoints need it */
-    int rank, world_size;     /* this process in the job (MPI rank and size) */
-    const char *host;         /* NULL: gethostname() */
-    const char *capabilities; /* comma-separated: "rollout,trainer" (the default) */
-    const char *devices;      /* comma-separated: "cpu" (the default), "cuda:0 NVIDIA H200" */
-    uint64_t config_digest;   /* control_config_digest() of the run's configuration; grpod checks all ranks
-                                 agree (0: not checked) */
-    int64_t start_step;       /* steps already done (a resumed run); 0 for a fresh one */
-    double connect_timeout_s; /* how long to retry the first registration; 0: forever */
+    const char *endpoint;             /* grpod.endpoint; NULL or "": no grpod (control_open gives NULL) */
+    const char *secret_file;          /* grpod.secret_file; tcp:// endpoints need it */
+    int rank, world_size;             /* this process in the job (MPI rank and size) */
+    const char *host;                 /* NULL: gethostname() */
+    const char *capabilities;         /* comma-separated: "rollout,trainer" (the default) */
+    const char *devices;              /* comma-separated: "cpu" (the default), "cuda:0 NVIDIA H200" */
+    uint64_t config_digest;           /* control_config_digest() of the run's configuration; grpod checks all ranks
+                                         agree (0: not checked) */
+    const struct grpo_config *config; /* sent to grpod as text (the first rank's defines the run); NULL: not sent */
+    int64_t start_step;               /* steps already done (a resumed run); 0 for a fresh one */
+    double connect_timeout_s;         /* how long to retry the first registration; 0: forever */
     /* grpod says a peer this worker depends on is lost (a trainer of the same DP group): called from the
      * heartbeat thread with the reason; it should end the process (NULL: the reason is only logged) */
     void (*on_abort)(const char *reason);
@@ -102,6 +103,11 @@ struct control_assignment {
 uint64_t control_config_digest(const struct grpo_config *cfg);
 /* Fill options from the configuration (grpod.* keys, config digest) for this rank. */
 void control_options_from_config(struct control_options *o, const struct grpo_config *cfg, int rank, int world_size);
+/* grpo-worker --replace-rank: ask grpod (cfg's grpod.endpoint and grpod.secret_file) for the configuration of the
+ * run it runs and take it into cfg: the keys that shape the run get the run's values, grpod.* keys stay cfg's. A
+ * key cfg was given (a file or the command line) with a value other than the run's is refused, naming it.
+ * 0, or -1 with err (grpod unreachable or without a run, or the keys that differ). */
+int control_adopt_run_config(struct grpo_config *cfg, char *err, size_t errlen);
 /* Register with grpod and start heartbeating. 0 with *out set (NULL when the endpoint is empty),
  * or -1 with err: grpod unreachable within connect_timeout_s, or the registration was refused
  * (placement, configuration digest, protocol version: err says which). */
@@ -135,6 +141,10 @@ void control_wait_poll(void *ctl, bool done);
 bool control_pause_wanted(struct control *c);
 /* A checkpoint of `step` steps is on disk. */
 void control_checkpoint_done(struct control *c, int64_t step);
+/* A replica's word that the writer (its DP rank 0) wrote the checkpoint of `step` for it: every request this
+ * rank has heard of is answered (grpod counts a request done at the slowest rank, and the writer's own count
+ * bounds it). */
+void control_checkpoint_held(struct control *c, int64_t step);
 /* Run control_poll's answer to completion at a safe point: save(ud, step) writes a checkpoint
  * (returns 0 on success). Returns true to go on training, false to end (stopped: the final
  * checkpoint is written and reported; call control_finish(c, CONTROL_END_STOPPED, NULL)). */

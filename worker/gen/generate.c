@@ -6,6 +6,7 @@
 
 #include "common/check.h"
 #include "common/clock.h"
+#include "kernels/kernels.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "worker/model/generate.h"
@@ -57,6 +58,15 @@ void rollout_ctx_release(struct rollout_ctx *r)
     r->rm = NULL;
 }
 
+size_t rollout_kv_budget(struct model *policy, double utilization)
+{
+    const size_t total = kctx_device_bytes(policy->K);
+    if (!total)
+        return 0;
+    const double want = utilization * (double)total, used = (double)policy->K->mem.allocated;
+    return want > used ? (size_t)(want - used) : 1; /* 1: nothing left, one group at a time */
+}
+
 void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt_item *const *prompts, const int *uids,
                                 int n_prompts, int first_group, const struct sampler_params *sp, int n, uint64_t seed,
                                 struct step_batch *b, double *t_gen, double *t_reward)
@@ -78,6 +88,7 @@ void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt
         .n_stop = r->n_stop,
         .seed = seed,
         .first_stream = (uint64_t)first_group * (uint64_t)n,
+        .kv_budget = rollout_kv_budget(r->policy, c->rollout_gpu_memory_utilization),
     };
     const int total = n_prompts * n;
     struct gen_output *out = xcalloc((size_t)(total ? total : 1), sizeof *out);

@@ -1,4 +1,5 @@
-/* Validation on the held-out prompts. */
+/* Validation on the held-out prompts: generated in parts (all of them in one process, an engine's share on
+ * colocated ranks), reported once. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -11,59 +12,97 @@
 #include "validate.h"
 #include "worker/metrics/metrics.h"
 
-void rollout_validate(const struct rollout_ctx *rc, const struct prompt_set *val, uint64_t seed, struct metrics *m)
+/* Responses per prompt and the sampling of validation: greedy, or actor_rollout_ref.rollout.val_kwargs. */
+static int val_sampling(const struct grpo_config *c, struct sampler_params *sp)
+{
+    *sp = (struct sampler_params){0.0f, 1.0f, 0};
+    if (!c->rollout_val_do_sample)
+        return 1;
+    *sp =
+        (struct sampler_params){(float)c->rollout_val_temperature, (float)c->rollout_val_top_p, (int)c->rollout_top_k};
+    return (int)c->rollout_val_n;
+}
+
+int rollout_validate_n(const struct grpo_config *c)
+{
+    struct sampler_params sp;
+    return val_sampling(c, &sp);
+}
+
+int rollout_validate_part(const struct rollout_ctx *rc, const struct prompt_set *val, uint64_t seed, int part,
+                          int parts, struct val_score **out)
 {
     const struct grpo_config *c = rc->cfg;
-    if (val->n == 0)
-        return;
-    double t0 = clock_now_s();
-    struct sampler_params sp = {0.0f, 1.0f, 0};
-    int n = 1;
-    if (c->rollout_val_do_sample) {
-        sp = (struct sampler_params){(float)c->rollout_val_temperature, (float)c->rollout_val_top_p,
-                                     (int)c->rollout_top_k};
-        n = (int)c->rollout_val_n;
-    }
+    struct sampler_params sp;
+    const int n = val_sampling(c, &sp);
     struct step_batch b = {0};
     double tg = 0, tr = 0;
-    const struct prompt_item **prompts = xmalloc((size_t)val->n * sizeof *prompts);
+    const struct prompt_item **prompts = xmalloc((size_t)(val->n ? val->n : 1) * sizeof *prompts);
     for (int i = 0; i < val->n; i++)
         prompts[i] = &val->items[i];
     const int chunk = (int)c->data_val_batch_size;
-    for (int start = 0; start < val->n; start += chunk) {
-        int cnt = val->n - start < chunk ? val->n - start : chunk;
+    int *first = xmalloc((size_t)(val->n ? val->n : 1) * sizeof(int)); /* each group's first prompt index */
+    int groups = 0;
+    for (int start = 0, k = 0; start < val->n; start += chunk, k++) {
+        if (k % parts != part) /* chunk k is part k mod parts's: the same chunks, and seeds, as in one process */
+            continue;
+        const int cnt = val->n - start < chunk ? val->n - start : chunk;
         int *uids = xmalloc((size_t)cnt * sizeof(int));
         for (int i = 0; i < cnt; i++)
-            uids[i] = start + i;
+            uids[i] = first[groups++] = start + i;
         rollout_generate_and_score(rc, prompts + start, uids, cnt, start, &sp, n, seed, &b, &tg, &tr);
         free(uids);
     }
+    *out = xmalloc((size_t)(b.n_seq ? b.n_seq : 1) * sizeof **out);
+    for (int i = 0; i < b.n_seq; i++)
+        (*out)[i] = (struct val_score){.prompt = first[b.seqs[i].group],
+                                       .sample = (double)(b.seqs[i].gidx % n),
+                                       .raw_score = b.seqs[i].raw_score,
+                                       .acc = b.seqs[i].acc};
+    const int n_seq = b.n_seq;
+    step_batch_free(&b);
+    free(prompts), free(first);
+    return n_seq;
+}
+
+static int by_prompt(const void *a, const void *b)
+{
+    const struct val_score *x = a, *y = b;
+    if (x->prompt != y->prompt)
+        return (x->prompt > y->prompt) - (x->prompt < y->prompt);
+    return (x->sample > y->sample) - (x->sample < y->sample);
+}
+
+void rollout_validate_report(const struct grpo_config *c, const struct prompt_set *val, struct val_score *s, int n_s,
+                             double seconds, struct metrics *m)
+{
+    const int n = rollout_validate_n(c);
+    qsort(s, (size_t)n_s, sizeof *s, by_prompt); /* the order one process generates them in */
     /* per data_source: mean over all samples, and best of n per prompt */
-    for (int g = 0; g < b.n_groups; g++) {
-        const char *ds = b.group_prompt[g]->data_source;
+    for (int i = 0; i < n_s; i++) {
+        const char *ds = val->items[(int)s[i].prompt].data_source;
         bool seen = false;
-        for (int h = 0; h < g; h++)
-            seen |= strcmp(b.group_prompt[h]->data_source, ds) == 0;
+        for (int h = 0; h < i && !seen; h++)
+            seen = strcmp(val->items[(int)s[h].prompt].data_source, ds) == 0;
         if (seen)
             continue;
-        double sum = 0, best_sum = 0, acc_sum = 0;
+        double sum = 0, best_sum = 0, acc_sum = 0, best = -INFINITY;
         int cnt = 0, groups = 0, acc_cnt = 0;
-        for (int h = 0; h < b.n_groups; h++) {
-            if (strcmp(b.group_prompt[h]->data_source, ds) != 0)
+        for (int j = 0; j < n_s; j++) {
+            if (strcmp(val->items[(int)s[j].prompt].data_source, ds) != 0)
                 continue;
-            double best = -INFINITY;
-            for (int i = 0; i < b.n_seq; i++)
-                if (b.seqs[i].group == h) {
-                    sum += b.seqs[i].raw_score;
-                    cnt++;
-                    best = fmax(best, b.seqs[i].raw_score);
-                    if (isfinite(b.seqs[i].acc)) {
-                        acc_sum += b.seqs[i].acc;
-                        acc_cnt++;
-                    }
-                }
-            best_sum += best;
-            groups++;
+            sum += s[j].raw_score;
+            cnt++;
+            best = fmax(best, s[j].raw_score);
+            if (isfinite(s[j].acc)) {
+                acc_sum += s[j].acc;
+                acc_cnt++;
+            }
+            if (j + 1 == n_s || s[j + 1].prompt != s[j].prompt) { /* the prompt's last sample */
+                best_sum += best;
+                best = -INFINITY;
+                groups++;
+            }
         }
         char name[256];
         snprintf(name, sizeof name, "val-core/%s/reward/mean@%d", ds, n);
@@ -78,7 +117,16 @@ void rollout_validate(const struct rollout_ctx *rc, const struct prompt_set *val
             metrics_set(m, name, acc_sum / acc_cnt);
         }
     }
-    metrics_set(m, "timing_s/testing", clock_now_s() - t0);
-    step_batch_free(&b);
-    free(prompts);
+    metrics_set(m, "timing_s/testing", seconds);
+}
+
+void rollout_validate(const struct rollout_ctx *rc, const struct prompt_set *val, uint64_t seed, struct metrics *m)
+{
+    if (val->n == 0)
+        return;
+    const double t0 = clock_now_s();
+    struct val_score *s;
+    const int n_s = rollout_validate_part(rc, val, seed, 0, 1, &s);
+    rollout_validate_report(rc->cfg, val, s, n_s, clock_now_s() - t0, m);
+    free(s);
 }

@@ -19,6 +19,7 @@
 #include "units.h"
 #include "worker/comm/comm.h"
 #include "worker/gen/generate.h"
+#include "worker/gen/validate.h"
 #include "worker/metrics/metrics.h"
 #include "worker/model/device.h"
 #include "worker/model/model.h"
@@ -27,6 +28,9 @@
 #include "worker/roles.h"
 #include "worker/step/batch.h"
 #include "worker/trainer/trainer.h"
+
+/* DAPO's generation rounds per step at most (algorithm.filter_groups.max_num_gen_batches' bound) */
+#define MAX_ROUNDS 1000
 
 struct colocated {
     struct role_env *env;
@@ -42,6 +46,8 @@ struct colocated {
     int units;               /* work units per step */
     struct wire_limits lim;
     int64_t stolen_total;
+    int resharded;  /* updates of the generation model so far */
+    int64_t gen_at; /* the trainer's step whose weights the generation model holds (-1: none yet) */
 };
 
 /* Units per step: placement.colocated_units, or four per engine (a group never splits: at most the groups). */
@@ -70,13 +76,21 @@ static int gen_model_setup(struct colocated *c, char *err, size_t errlen)
                          "actor_rollout_ref.rollout.tensor_model_parallel_size %d): give the rollout the training "
                          "TP, or train with PP 1",
                          env->at.tp_size, env->at.pp_size, rtp);
-    if (rtp > 1 && model_shard_check(&p->cfg, rtp, "actor_rollout_ref.rollout.tensor_model_parallel_size", err,
-                                     errlen) != 0)
+    if (rtp > 1 &&
+        model_shard_check(&p->cfg, rtp, "actor_rollout_ref.rollout.tensor_model_parallel_size", err, errlen) != 0)
         return -1;
     const struct model_layout lay = {env->at.engine_tp, rtp, 0, 1, c->engine, NULL, c->engine};
     struct model *g = rtp > 1 ? model_create_shard(&p->cfg, &lay) : model_create(&p->cfg);
     model_move(&g, p->K);
     if (c->engine && p->K->device != KDEV_CPU) { /* the engine's TP collectives over NCCL, in device memory */
+        if (env->trainer_gpus_shared) {
+            model_free(g);
+            return error_set(err, errlen,
+                             "actor_rollout_ref.rollout.tensor_model_parallel_size %d with trainer.device=cuda: an "
+                             "engine's TP collectives run over NCCL, which needs a GPU per rank, and some node runs "
+                             "more ranks than it has GPUs; give each rank a GPU of its own or set it to 1",
+                             rtp);
+        }
         if (!(c->engine_dev = comm_device_group(c->engine, p->K->device_index))) {
             model_free(g);
             return error_set(err, errlen, "rollout TP with trainer.device=cuda: this build has no NCCL");
@@ -95,8 +109,9 @@ static int gen_model_setup(struct colocated *c, char *err, size_t errlen)
 static double update_weights(struct colocated *c, int64_t *bytes)
 {
     *bytes = 0;
-    if (!c->gen)
+    if (!c->gen || c->gen_at == trainer_step(c->t)) /* the policy generates itself, or these weights are in */
         return 0;
+    c->gen_at = trainer_step(c->t);
     const double t0 = clock_now_s();
     control_set_phase(c->env->ctl, GRPO__PHASE__PHASE_WEIGHT_SYNC);
     struct model *p = trainer_policy(c->t);
@@ -124,7 +139,14 @@ static double update_weights(struct colocated *c, int64_t *bytes)
         free(dst);
     }
     control_set_phase(c->env->ctl, GRPO__PHASE__PHASE_IDLE);
-    return clock_now_s() - t0;
+    const double took = clock_now_s() - t0;
+    if (c->env->rank == 0 || log_get_level() >= LOG_DEBUG) /* once at info (rank 0), then at debug */
+        log_write(c->resharded++ ? LOG_DEBUG : LOG_INFO, "hybrid",
+                  "weights resharded into the generation layout (TP %d, whole layers): %lld bytes sent over the model "
+                  "copy in buckets of %lld MB, %.3f s",
+                  c->gen->sh.tp_size, (long long)*bytes,
+                  (long long)c->env->cfg->rollout_update_weights_bucket_megabytes, took);
+    return took;
 }
 
 /* The units one engine made, each packed as a data-plane batch (wire.h) to go to every rank. */
@@ -138,7 +160,7 @@ struct made {
 
 /* Phases gen and reward: this engine's units of step k (its own, then others' unstarted ones), each generated
  * and scored, and packed on the engine's head. */
-static void generate_share(struct colocated *c, int64_t k, const int *uids, struct made *out)
+static void generate_share(struct colocated *c, int64_t k, int round, const int *uids, struct made *out)
 {
     const struct grpo_config *cfg = c->env->cfg;
     const int B = (int)cfg->data_train_batch_size, n = (int)cfg->rollout_n;
@@ -153,7 +175,8 @@ static void generate_share(struct colocated *c, int64_t k, const int *uids, stru
         int64_t word[2] = {-1, 0}; /* the unit, and whether it was stolen */
         if (c->head) {
             bool stolen;
-            word[0] = units_ledger_take(c->ledger, k, c->env->at.engine, &stolen);
+            /* the ledger's key: every round of every step its own, in increasing order */
+            word[0] = units_ledger_take(c->ledger, k * (MAX_ROUNDS + 1) + round, c->env->at.engine, &stolen);
             word[1] = stolen;
         }
         if (c->engine)
@@ -164,7 +187,7 @@ static void generate_share(struct colocated *c, int64_t k, const int *uids, stru
         dispatch_unit_range(B, c->units, (int)word[0], &lo, &hi);
         struct step_batch b = {0};
         rollout_generate_and_score(&c->rc, prompts + lo, uids + lo, hi - lo, lo, &sp, n,
-                                   rollout_step_seed((uint64_t)cfg->data_seed, k, 0), &b, &out->gen_s,
+                                   rollout_step_seed((uint64_t)cfg->data_seed, k, (uint64_t)round), &b, &out->gen_s,
                                    &out->reward_s);
         out->stolen += (int)word[1];
         if (c->head) {
@@ -189,6 +212,8 @@ static void generate_share(struct colocated *c, int64_t k, const int *uids, stru
         step_batch_free(&b);
     }
     control_set_phase(c->env->ctl, GRPO__PHASE__PHASE_IDLE);
+    if (c->gen && cfg->rollout_free_cache_engine) /* the update gets the decode buffers back */
+        model_release_buffers(c->gen, MODEL_BUF_GEN);
     free(prompts);
 }
 
@@ -233,6 +258,10 @@ static int exchange(struct colocated *c, int64_t k, const struct made *mine, str
         at += 8 + (int)((len + 7) / 8 * 8);
     }
     comm_allgather_bytes(w, out, in, most);
+    /* each unit unpacked on its own, then appended in the step's order: the batch (its groups' order, which the DP
+     * split's ties follow) is the same whoever made which unit */
+    struct step_batch *unit = xcalloc((size_t)c->units, sizeof *unit);
+    bool *have = xcalloc((size_t)c->units, sizeof *have);
     int rc = 0;
     for (int r = 0; r < N && rc == 0; r++) {
         const uint8_t *p = in + (size_t)r * most, *end = p + (size_t)infos[4 * r];
@@ -240,69 +269,113 @@ static int exchange(struct colocated *c, int64_t k, const struct made *mine, str
             uint64_t len;
             memcpy(&len, p, 8);
             struct wire_header h;
+            struct step_batch one = {0};
             char err[1024];
-            if (len > (uint64_t)(end - p - 8) ||
-                wire_unpack_batch(p + 8, (size_t)len, &c->lim, &h, all, err, sizeof err) != 0) {
-                log_error("hybrid", "step %lld: a unit from rank %d does not unpack: %s", (long long)k, r,
-                          len > (uint64_t)(end - p - 8) ? "its frame runs past the rank's bytes" : err);
+            if (len > (uint64_t)(end - p - 8)) {
+                snprintf(err, sizeof err, "its frame runs past the rank's bytes");
                 rc = -1;
+            } else if (wire_unpack_batch(p + 8, (size_t)len, &c->lim, &h, &one, err, sizeof err) != 0) {
+                rc = -1;
+            } else if (have[h.unit]) {
+                snprintf(err, sizeof err, "unit %d came twice", h.unit);
+                step_batch_free(&one);
+                rc = -1;
+            } else {
+                unit[h.unit] = one;
+                have[h.unit] = true;
             }
+            if (rc != 0)
+                log_error("hybrid", "step %lld: a unit from rank %d does not unpack: %s", (long long)k, r, err);
             p += 8 + (len + 7) / 8 * 8;
         }
     }
+    for (int u = 0; u < c->units; u++) {
+        if (rc == 0 && !have[u]) {
+            log_error("hybrid", "step %lld: no rank made work unit %d of %d", (long long)k, u, c->units);
+            rc = -1;
+        }
+        step_batch_append(all, &unit[u]); /* frees it (an empty one too) */
+    }
+    free(unit), free(have);
     free(out), free(in), free(infos);
-    tm->gen = gen_max; /* the engines generate side by side: the step waits for the slowest */
+    tm->gen += gen_max; /* the engines generate side by side: each round waits for the slowest */
     tm->colocated = true;
-    tm->gen_imbalance = engines && gen_sum > 0 ? gen_max / (gen_sum / engines) : 1;
-    tm->units_stolen = stolen;
-    tm->units = c->units;
+    const double imbalance = engines && gen_sum > 0 ? gen_max / (gen_sum / engines) : 1;
+    tm->gen_imbalance = imbalance > tm->gen_imbalance ? imbalance : tm->gen_imbalance;
+    tm->units_stolen += stolen;
+    tm->units += c->units;
     c->stolen_total += stolen;
     return rc;
 }
 
-static int by_gidx(const void *a, const void *b)
+/* Round `round` of step k's generation: the step's next data.train_batch_size prompts drawn (every rank draws the
+ * same), every engine's units made, all-gathered into `round_b` in the step's order and checked against the draw.
+ * 0, or -1 (logged). */
+static int gen_round(struct colocated *c, int64_t k, int round, struct step_batch *round_b, struct step_timing *tm)
 {
-    const struct rollout_seq *x = a, *y = b;
-    return (x->gidx > y->gidx) - (x->gidx < y->gidx);
-}
-
-/* trainer_source.next_batch: step k made by every engine, this rank's DP share of it in b. */
-static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm)
-{
-    struct colocated *c = ctx;
     const int B = (int)c->env->cfg->data_train_batch_size, n = (int)c->env->cfg->rollout_n;
     int *uids = xmalloc((size_t)B * sizeof(int));
-    trainer_advance_cursor(c->t, uids); /* every rank draws the step's prompts */
-    int64_t wbytes;
-    tm->update_weights_s = update_weights(c, &wbytes);
-    tm->weight_bytes = wbytes;
+    trainer_advance_cursor(c->t, uids);
     struct made mine = {0};
-    generate_share(c, k, uids, &mine);
-    tm->reward = mine.reward_s;
+    generate_share(c, k, round, uids, &mine);
+    tm->reward += mine.reward_s;
     /* the long tail: this rank waits for the slowest engine (no deadline: generation takes what it takes) */
     const double t0 = clock_now_s();
     comm_barrier_polled(c->env->trainers, hold_while_waiting, c);
-    const double waited = clock_now_s() - t0;
-    double wmax = waited;
+    double wmax = clock_now_s() - t0;
     comm_allreduce_max(c->env->trainers, &wmax, 1, COMM_F64);
-    tm->gen_wait_peers = wmax;
-    struct step_batch all = {0};
-    int rc = exchange(c, k, &mine, &all, tm);
+    tm->gen_wait_peers += wmax;
+    int rc = exchange(c, k, &mine, round_b, tm);
     for (int i = 0; i < mine.n && c->head; i++)
         free(mine.msg[i]);
     free(mine.msg), free(mine.len);
-    int bad = 0; /* each sequence's prompt is the one this step draws at its group's position */
-    for (int i = 0; rc == 0 && i < all.n_seq; i++)
-        bad += uids[all.seqs[i].gidx / n] != all.group_uid[all.seqs[i].group];
+    int bad = 0; /* each sequence's prompt is the one this round draws at its group's position */
+    for (int i = 0; rc == 0 && i < round_b->n_seq; i++)
+        bad += uids[round_b->seqs[i].gidx / n] != round_b->group_uid[round_b->seqs[i].group];
     free(uids);
-    if (rc == 0 && (bad || all.n_seq != B * n)) {
-        log_error("hybrid", "step %lld: the engines made %d of the step's %d sequences, %d with another prompt "
-                            "than this rank draws (same data.* settings on every rank?)",
-                  (long long)k, all.n_seq, B * n, bad);
+    if (rc == 0 && (bad || round_b->n_seq != B * n)) {
+        log_error("hybrid",
+                  "step %lld: the engines made %d of the step's %d sequences, %d with another prompt "
+                  "than this rank draws (same data.* settings on every rank?)",
+                  (long long)k, round_b->n_seq, B * n, bad);
         rc = -1;
     }
+    return rc;
+}
+
+/* trainer_source.next_batch: step k made by every engine (with DAPO's dynamic sampling, rounds until enough groups
+ * carry a learning signal, as one process does), this rank's DP share of it in b. */
+static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm)
+{
+    struct colocated *c = ctx;
+    const struct grpo_config *cfg = c->env->cfg;
+    const int B = (int)cfg->data_train_batch_size;
+    const bool filter = cfg->alg_filter_groups_enable;
+    const int rounds = filter ? (int)cfg->alg_filter_groups_max_num_gen_batches : 1;
+    int64_t wbytes;
+    tm->update_weights_s = update_weights(c, &wbytes);
+    tm->weight_bytes = wbytes;
+    struct step_batch all = {0};
+    int rc = 0, drawn = 0;
+    for (int r = 0; r < rounds && rc == 0; r++) {
+        struct step_batch round_b = {0};
+        rc = gen_round(c, k, r, &round_b, tm);
+        drawn += B;
+        if (filter)
+            step_batch_filter_groups(&round_b);
+        step_batch_append(&all, &round_b);
+        if (!filter || all.n_groups >= B)
+            break;
+    }
+    if (rc == 0 && filter) {
+        step_batch_truncate_groups(&all, B);
+        tm->filtered = true;
+        tm->gen_batches = (double)drawn / B;
+        tm->kept_groups = all.n_groups;
+    }
+    for (int i = 0; i < all.n_seq; i++) /* after filtering, positions in the batch are the step's order */
+        all.seqs[i].gidx = i;
     if (rc == 0) {
-        qsort(all.seqs, (size_t)all.n_seq, sizeof *all.seqs, by_gidx); /* the step's order */
         /* this DP rank's token-balanced share of whole groups (the same split on every rank) */
         int *dp_of = xmalloc((size_t)(all.n_groups ? all.n_groups : 1) * sizeof(int));
         bool *keep = xmalloc((size_t)(all.n_groups ? all.n_groups : 1) * sizeof(bool));
@@ -315,6 +388,48 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     }
     step_batch_free(&all);
     return rc;
+}
+
+/* trainer_source.validate: every engine generates its share of the validation prompts (whole chunks of
+ * data.val_batch_size, the seeds one process uses), the heads' scores are all-gathered, and the first rank
+ * reports them. */
+static void validate(void *ctx, uint64_t seed, struct metrics *m)
+{
+    struct colocated *c = ctx;
+    const double t0 = clock_now_s();
+    int64_t bytes;
+    update_weights(c, &bytes); /* the policy as it is now (the step's update is in) */
+    struct val_score *mine = NULL;
+    int n =
+        rollout_validate_part(&c->rc, trainer_val_prompts(c->t), seed, c->env->at.engine, c->env->at.engines, &mine);
+    if (!c->head) /* the engine's other ranks made the same responses */
+        n = 0;
+    struct comm *w = c->env->trainers;
+    const int N = comm_size(w);
+    comm_barrier_polled(w, hold_while_waiting, c);
+    int64_t cnt = n, *cnts = xmalloc((size_t)N * sizeof *cnts), most = 1, total = 0;
+    comm_allgather(w, &cnt, cnts, 1, COMM_I64);
+    for (int r = 0; r < N; r++) {
+        most = cnts[r] > most ? cnts[r] : most;
+        total += cnts[r];
+    }
+    const size_t words = sizeof(struct val_score) / sizeof(double);
+    double *out = xcalloc((size_t)most * words, sizeof(double)),
+           *in = xmalloc((size_t)(most * N) * words * sizeof(double));
+    if (n)
+        memcpy(out, mine, (size_t)n * sizeof *mine);
+    comm_allgather(w, out, in, (size_t)most * words, COMM_F64);
+    if (c->env->rank == 0) {
+        struct val_score *all = xmalloc((size_t)(total ? total : 1) * sizeof *all);
+        int64_t at = 0;
+        for (int r = 0; r < N; r++) {
+            memcpy(all + at, in + (size_t)r * (size_t)most * words, (size_t)cnts[r] * sizeof *all);
+            at += cnts[r];
+        }
+        rollout_validate_report(c->env->cfg, trainer_val_prompts(c->t), all, (int)total, clock_now_s() - t0, m);
+        free(all);
+    }
+    free(out), free(in), free(cnts), free(mine);
 }
 
 /* Once the trainer exists (model loaded, any checkpoint resumed): the ledger, the generation model and context. */
@@ -370,7 +485,7 @@ static void colocated_ready(void *ud, struct trainer *t)
 
 static int run_colocated(struct role_env *env)
 {
-    struct colocated c = {.env = env, .head = env->at.engine_tp == 0, .engine = env->rollout_tp};
+    struct colocated c = {.env = env, .head = env->at.engine_tp == 0, .engine = env->rollout_tp, .gen_at = -1};
     struct trainer_layout lay = {.dp = env->dp,
                                  .dp_rank = env->at.dp,
                                  .dp_size = env->at.dp_size,
@@ -385,7 +500,7 @@ static int run_colocated(struct role_env *env)
                                  .devices = comm_size(env->world),
                                  .device = env->device,
                                  .gpus_shared = env->trainer_gpus_shared};
-    struct trainer_source src = {.ctx = &c, .next_batch = next_batch};
+    struct trainer_source src = {.ctx = &c, .next_batch = next_batch, .generates = true, .validate = validate};
     int status = run_trainer_process(env, &lay, &src, colocated_ready, &c);
     if (env->rank == 0 && c.stolen_total)
         log_info("hybrid", "%lld work unit(s) were made by another engine than their own", (long long)c.stolen_total);

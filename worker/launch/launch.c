@@ -19,10 +19,10 @@
  * with why. */
 static int split_supported(const struct grpo_config *c, const struct placement_spec *ps, char *why, size_t whylen)
 {
-    if (c->alg_filter_groups_enable)
+    if (c->alg_filter_groups_enable && ps->rollout_ranks > 0)
         return error_set(why, whylen,
-                         "algorithm.filter_groups.enable (dynamic sampling) runs in one process for now; it is not "
-                         "available with separate rollout ranks or colocated ranks");
+                         "algorithm.filter_groups.enable (dynamic sampling) runs in one process and on colocated "
+                         "ranks for now; it is not available with separate rollout ranks");
     if (c->trainer_sft_warmup_steps > 0)
         return error_set(why, whylen,
                          "trainer.sft_warmup_steps %lld: the supervised warm-start runs in one process; warm-start "
@@ -211,11 +211,12 @@ static int place(struct launch *l, int replace_rank)
                   replace_rank, placement_role_name(env->at.role));
         return 2;
     }
-    if (l->split && rank == 0 && size > 1) {
-        if (!comm_job_outlives_ranks())
+    if ((l->split || l->colocated) && rank == 0 && size > 1) {
+        const bool outlives = comm_job_outlives_ranks();
+        if (!outlives && l->split)
             log_warn("worker", "mpirun ends the whole job when any rank dies: launch with --mca orte_enable_recovery 1 "
                                "(and grpod) so that a lost rollout rank costs nothing");
-        else if (!cfg->grpod_endpoint || !cfg->grpod_endpoint[0]) {
+        else if (outlives && (!cfg->grpod_endpoint || !cfg->grpod_endpoint[0])) {
             log_error("worker",
                       "mpirun keeps the job when a rank dies (orte_enable_recovery), but without grpod nobody "
                       "would tell the trainers that one of them is lost: they would wait for it for ever. "

@@ -41,11 +41,15 @@ void generate(struct model *m, const int32_t *const *prompts, const int *prompt_
     /* a whole group must fit; more slots than sequences would only hold idle KV caches (max_num_seqs is a bound,
      * not an allocation: admission is the same either way) */
     const long long want = gp->max_batch > n ? gp->max_batch : n, all = (long long)n_prompts * n;
-    const int max_batch = (int)(want < all ? want : all > n ? all : n);
+    int max_batch = (int)(want < all ? want : all > n ? all : n);
     int max_prompt = 1;
     for (int p = 0; p < n_prompts; p++)
         max_prompt = prompt_lens[p] > max_prompt ? prompt_lens[p] : max_prompt;
     const int cap = max_prompt + gp->max_new_tokens;
+    if (gp->kv_budget > 0) { /* the budget's sequences, whole groups at least */
+        const size_t fit = gp->kv_budget / kv_slot_bytes(m, cap);
+        max_batch = fit < (size_t)max_batch ? (fit > (size_t)n ? (int)fit : n) : max_batch;
+    }
     for (int i = 0; i < n_prompts * n; i++) {
         out[i].tokens = xmalloc((size_t)(gp->max_new_tokens + 1) * sizeof(int32_t));
         out[i].logps = xmalloc((size_t)(gp->max_new_tokens + 1) * sizeof(float));

@@ -19,6 +19,8 @@ struct gen_params {
     int n_stop;
     uint64_t seed;
     uint64_t first_stream; /* RNG stream of the first sample (a rollout rank's share of a step); 0 otherwise */
+    size_t kv_budget;      /* bytes the KV cache may take (0: no bound): fewer concurrent sequences if need be, at
+                              least one group's */
 };
 
 /* One generated response. */

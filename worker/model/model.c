@@ -423,6 +423,15 @@ void model_alloc_grads(struct model *m)
     params_alloc(m->K, KMEM_GRADS, &m->cfg, &m->sh, m->grad);
 }
 
+void model_free_grads(struct model *m)
+{
+    if (!m->grad)
+        return;
+    params_free(m->K, KMEM_GRADS, m->grad);
+    free(m->grad);
+    m->grad = NULL;
+}
+
 void model_zero_grads(struct model *m)
 {
     if (m->grad)
@@ -658,6 +667,23 @@ static void work_free(struct model *m)
     free(w->hpos);
     free(w);
     m->work = NULL;
+}
+
+void model_release_buffers(struct model *m, int which)
+{
+    struct model_work *w = m->work;
+    if (!w)
+        return;
+    if (which & MODEL_BUF_TRAIN) {
+        while (w->pool) {
+            struct model_acts *A = w->pool;
+            w->pool = A->next;
+            acts_destroy(A);
+        }
+        karena_release(&w->bwd);
+    }
+    if (which & MODEL_BUF_GEN)
+        karena_release(&w->step);
 }
 
 struct karena *model_step_arena(struct model *m) { return &work_of(m)->step; }

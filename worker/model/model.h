@@ -194,6 +194,15 @@ bool model_set_activation_offload(struct model *m, bool on);
 void model_init_random(struct model *m, uint64_t seed, double std);
 /* Allocate zeroed gradients with the parameters' layout. */
 void model_alloc_grads(struct model *m);
+/* Free the gradients (model_alloc_grads makes them again, zeroed, when a step needs them): what a rank that also
+ * generates gives back to generation between updates. */
+void model_free_grads(struct model *m);
+/* Give back the buffers one kind of pass keeps from batch to batch (they are taken again on the next pass):
+ * MODEL_BUF_TRAIN the forward's activations and the backward's buffers, MODEL_BUF_GEN the decode step's. */
+enum { MODEL_BUF_TRAIN = 1, MODEL_BUF_GEN = 2 };
+void model_release_buffers(struct model *m, int which);
+/* Bytes of one sequence's KV cache of cap positions on this rank (its layers, its KV heads). */
+size_t kv_slot_bytes(const struct model *m, int cap);
 void model_zero_grads(struct model *m);
 /* Number of parameter floats (tied head counted once). */
 size_t model_num_params(const struct model *m);

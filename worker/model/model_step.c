@@ -19,6 +19,12 @@ struct kv_slab {
     float **ptrs;           /* each slot's k[] and v[] (n_layers each) */
 };
 
+size_t kv_slot_bytes(const struct model *m, int cap)
+{
+    const size_t KD = (size_t)m->sh.n_kv_heads * m->cfg.head_dim, nl = (size_t)(m->sh.layer_hi - m->sh.layer_lo);
+    return nl * 2 * (size_t)(cap > 0 ? cap : 1) * KD * sizeof(float);
+}
+
 struct kv_slab *kv_slab_create(const struct model *m, int n_slots, int cap)
 {
     const struct model_config *c = &m->cfg;

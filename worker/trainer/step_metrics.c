@@ -131,6 +131,12 @@ static void perf_metrics(struct metrics *m, const struct step_result *r)
     }
     metrics_set(m, "perf/optimizer_state_gb", r->res.optimizer_state_gb);
     memory_metrics(m, &r->res.mem);
+    if (r->source.gen_here) { /* each phase's peak: what generation held, and what the update did after it */
+        metrics_set(m, "perf/max_memory_allocated_gb/gen", r->source.gen_max_allocated_gb);
+        metrics_set(m, "perf/max_memory_gb/gen/gradients", r->source.gen_grads_gb);
+        metrics_set(m, "perf/max_memory_allocated_gb/update", r->res.update_max_allocated_gb);
+        metrics_set(m, "perf/max_memory_gb/update/kv_cache", r->res.update_kv_gb);
+    }
 }
 
 /* What the step's source did: DAPO's extra generation in one process; the data and weight planes of a split run

@@ -271,7 +271,7 @@ int trainer_save_checkpoint(struct trainer *t)
         model_free(wm);
         adamw_free(wo); /* the leader writes for every replica: the weights and optimizer state are the same */
         if (t->hooks.checkpoint_saved)
-            t->hooks.checkpoint_saved(t->hooks.ctx, t->st.global_step);
+            t->hooks.checkpoint_saved(t->hooks.ctx, t->st.global_step, false);
         return 0;
     }
     trainer_phase(t, GRPO__PHASE__PHASE_CHECKPOINT);
@@ -287,7 +287,7 @@ int trainer_save_checkpoint(struct trainer *t)
     }
     t->saved_step = t->st.global_step;
     if (t->hooks.checkpoint_saved)
-        t->hooks.checkpoint_saved(t->hooks.ctx, t->st.global_step);
+        t->hooks.checkpoint_saved(t->hooks.ctx, t->st.global_step, true);
     if (t->logger_open)
         metrics_logger_sync(&t->logger); /* metrics up to this checkpoint are durable too */
     log_info("checkpoint", "step %lld saved in %.1fs under %s", (long long)t->st.global_step, clock_now_s() - t0,
@@ -467,8 +467,9 @@ int trainer_run(struct trainer *t)
 {
     const struct grpo_config *c = t->cfg;
     const bool writer = lead(t);
-    /* validation generates with the policy: on every rank of DP rank 0's TP group (the leader logs it) */
-    const bool validator = t->lay.dp_rank == 0;
+    /* validation generates with the policy: on every rank of DP rank 0's TP group (the leader logs it), or on
+     * every rank where the source shares it out */
+    const bool validator = t->lay.dp_rank == 0 || t->src.validate;
     struct metrics m;
     metrics_init(&m);
     int rc = 0;
@@ -483,6 +484,10 @@ int trainer_run(struct trainer *t)
         int act = decide(t);
         /* a stop checkpoints too, unless this step is already saved */
         bool saved = act & TRAINER_ALREADY_SAVED;
+        /* the leader wrote this step's checkpoint (from its safe point, grpod's request): a replica that took no
+         * part in writing it holds the same state, and says the request is done too */
+        if (saved && !lead(t) && t->hooks.checkpoint_saved)
+            t->hooks.checkpoint_saved(t->hooks.ctx, t->st.global_step, false);
         if ((act & (TRAINER_CHECKPOINT | TRAINER_STOP)) && !saved)
             saved = trainer_save_checkpoint(t) == 0;
         if (t->src.between_steps && t->src.between_steps(t->src.ctx, t->st.global_step, act & TRAINER_STOP) != 0) {
@@ -628,7 +633,9 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         t->lay.mp = t->lay.tp;
     if (!t->lay.all)
         t->lay.all = t->lay.dp; /* data parallelism alone: the DP group is every trainer */
-    t->src = src && src->next_batch ? *src : (struct trainer_source){.ctx = t, .next_batch = trainer_hybrid_batch};
+    t->src = src && src->next_batch
+                 ? *src
+                 : (struct trainer_source){.ctx = t, .next_batch = trainer_hybrid_batch, .generates = true};
     t->est = (enum adv_estimator)adv_estimator_from_name(cfg->alg_adv_estimator);
     t->agg = (enum loss_agg)loss_agg_from_name(cfg->actor_loss_agg_mode);
     t->kl_reward_type = (enum kl_type)kl_type_from_name(cfg->alg_kl_penalty);
@@ -862,6 +869,7 @@ int64_t trainer_step(const struct trainer *t) { return t->st.global_step; }
 const char *trainer_failure(const struct trainer *t) { return t->failure; }
 struct model *trainer_policy(struct trainer *t) { return t->policy; }
 const struct prompt_set *trainer_prompts(const struct trainer *t) { return &t->train; }
+const struct prompt_set *trainer_val_prompts(const struct trainer *t) { return &t->val; }
 const struct rollout_ctx *trainer_rollout_ctx(const struct trainer *t) { return &t->rc; }
 
 void trainer_cursor(const struct trainer *t, int64_t *epoch, int64_t *index)

@@ -36,8 +36,9 @@ struct trainer_hooks {
     /* while waiting for the other ranks in a collective (done false), and once when it completes (done true):
      * report paused while the run is to pause (control_hold_while_waiting) */
     void (*waiting)(void *ctx, bool done);
-    /* a checkpoint of `step` steps is on disk (DP rank 0 wrote it; the other DP ranks hold the same state) */
-    void (*checkpoint_saved)(void *ctx, int64_t step);
+    /* a checkpoint of `step` steps is on disk (DP rank 0 wrote it, writer true; the other DP ranks hold the same
+     * state and hear of it with writer false) */
+    void (*checkpoint_saved)(void *ctx, int64_t step, bool writer);
 };
 
 /* This trainer's place among the trainer ranks. The zero value is one process (hybrid). */
@@ -84,6 +85,10 @@ struct step_timing {
     int64_t units_stolen;  /* units made by another engine than the one that owned them at the start */
     int units;             /* work units of the step */
     double wait_meet;      /* the part of wait_data spent meeting the other ranks (a collective: idle counts it) */
+    /* a source that generates on this rank: the memory the generation phase held at its peak */
+    bool gen_here;
+    double gen_max_allocated_gb; /* everything the policy's context held, at the generation's peak */
+    double gen_grads_gb;         /* of which gradients (0 when they were given back for generation) */
 };
 
 /* Where each step's rollouts come from, and what happens between steps. The default (zero value) is this
@@ -96,6 +101,12 @@ struct trainer_source {
     /* at the safe point after step k (before step k + 1 or the end): stop says whether the run ends here.
      * For weight sync; 0, or -1 on error. May be NULL. */
     int (*between_steps)(void *ctx, int64_t k, bool stop);
+    /* next_batch generates on this rank (one process, colocated ranks): each phase's memory goes back to the other
+     * around it (actor_rollout_ref.rollout.free_cache_engine) */
+    bool generates;
+    /* validation shared by every rank (called on all of them, the metrics set on DP rank 0's first rank) with the
+     * policy as it is now; NULL: DP rank 0's model copy validates alone */
+    void (*validate)(void *ctx, uint64_t seed, struct metrics *m);
 };
 
 /* Set up a run from the configuration: model, reference, tokenizer, data, scorers, run directory, and resume
@@ -125,6 +136,8 @@ struct model *trainer_policy(struct trainer *t);
 const struct rollout_ctx *trainer_rollout_ctx(const struct trainer *t);
 /* The training prompts (a data-plane batch is checked against them). */
 const struct prompt_set *trainer_prompts(const struct trainer *t);
+/* The validation prompts. */
+const struct prompt_set *trainer_val_prompts(const struct trainer *t);
 /* Data cursor position of the next step: its epoch and index (rollout ranks start from it). */
 void trainer_cursor(const struct trainer *t, int64_t *epoch, int64_t *index);
 void trainer_free(struct trainer *t);

@@ -49,6 +49,8 @@ struct trainer {
     struct trainer_source src; /* where each step's rollouts come from */
     double iter_t0;            /* start of this loop iteration: the step time includes the safe point's work */
     double wait_t0;            /* comm_wait_seconds() then: the step's time in collectives */
+    struct kmem_stats gen_mem; /* the policy context's peaks in the step's generation (gen_mem_set) */
+    bool gen_mem_set;
     int peer_wants;            /* DP rank 0: the other DP ranks' reasons to end the run (trainer.c's WANTS_*) */
     int peer_failed_rank;      /* DP rank 0: a DP rank whose records could not be written (-1: none) */
     char failure[1300];        /* why the run ended with an error, when it is not a step's own ("": none) */

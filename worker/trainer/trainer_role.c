@@ -345,9 +345,13 @@ static void hook_step_done(void *ctx, int64_t step, int64_t total, const struct 
 
 static void hook_waiting(void *ctx, bool done) { control_hold_while_waiting(((struct trainer_ctl *)ctx)->ctl, done); }
 
-static void hook_checkpoint_saved(void *ctx, int64_t step)
+static void hook_checkpoint_saved(void *ctx, int64_t step, bool writer)
 {
-    control_checkpoint_done(((struct trainer_ctl *)ctx)->ctl, step);
+    struct control *c = ((struct trainer_ctl *)ctx)->ctl;
+    if (writer)
+        control_checkpoint_done(c, step);
+    else /* a replica takes no requests itself: the writer's checkpoint answers every one it has heard of */
+        control_checkpoint_held(c, step);
 }
 
 static int save_for_control(void *ud, int64_t step)

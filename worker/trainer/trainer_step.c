@@ -264,7 +264,11 @@ void trainer_validate(struct trainer *t, struct metrics *m)
         return;
     }
     trainer_phase(t, GRPO__PHASE__PHASE_VALIDATE);
-    rollout_validate(&t->rc, &t->val, trainer_step_seed(t->st.seed, t->st.global_step, 0x7a1), m);
+    const uint64_t seed = trainer_step_seed(t->st.seed, t->st.global_step, 0x7a1);
+    if (t->src.validate)
+        t->src.validate(t->src.ctx, seed, m);
+    else
+        rollout_validate(&t->rc, &t->val, seed, m);
 }
 
 /* Step k's rollouts in this process (hybrid role): draw, generate, score, and with DAPO's dynamic sampling draw
@@ -521,6 +525,17 @@ static void measure_end(struct trainer *t, struct step_result *r)
     /* AdamW's two FP32 moments on this rank: all of them, or its ZeRO-1 block */
     r->res.optimizer_state_gb = 2.0 * sizeof(float) * (double)t->opt->n / 1e9;
     r->res.mem = t->policy->K->mem;
+    r->res.update_max_allocated_gb = (double)r->res.mem.max_allocated / 1e9;
+    r->res.update_kv_gb = (double)r->res.mem.peak[KMEM_KV] / 1e9;
+    if (t->gen_mem_set) { /* the step's peaks: the larger of generation's and the update's */
+        const struct kmem_stats *g = &t->gen_mem;
+        struct kmem_stats *s = &r->res.mem;
+        for (int i = 0; i < KMEM_KINDS; i++)
+            s->peak[i] = g->peak[i] > s->peak[i] ? g->peak[i] : s->peak[i];
+        s->max_allocated = g->max_allocated > s->max_allocated ? g->max_allocated : s->max_allocated;
+        s->max_reserved = g->max_reserved > s->max_reserved ? g->max_reserved : s->max_reserved;
+        t->gen_mem_set = false;
+    }
     kmem_reset_peaks(t->policy->K);
 }
 
@@ -576,7 +591,27 @@ int trainer_grpo_step(struct trainer *t, struct metrics *m)
     struct step_batch b = {0};
     if (check_fit(t) != 0)
         return -1;
+    const bool give_back = t->src.generates && t->cfg->rollout_free_cache_engine;
+    if (give_back) { /* generation gets the training phase's memory: the gradients and activation buffers */
+        model_free_grads(t->policy);
+        model_release_buffers(t->policy, MODEL_BUF_TRAIN);
+        if (t->ref)
+            model_release_buffers(t->ref, MODEL_BUF_TRAIN);
+    }
+    if (t->src.generates) /* generation's peaks from here */
+        kmem_reset_peaks(t->policy->K);
     int rc = t->src.next_batch(t->src.ctx, k, &b, &tm);
+    if (give_back) /* and the update gets generation's (the KV caches went with each generation call) */
+        model_release_buffers(t->policy, MODEL_BUF_GEN);
+    if (t->src.generates) { /* the generation phase's peak, apart from the update's */
+        struct kmem_stats *mem = &t->policy->K->mem;
+        tm.gen_here = true;
+        tm.gen_max_allocated_gb = (double)mem->max_allocated / 1e9;
+        tm.gen_grads_gb = (double)mem->peak[KMEM_GRADS] / 1e9;
+        t->gen_mem = *mem; /* merged into the step's peaks at its end (measure_end) */
+        t->gen_mem_set = true;
+        kmem_reset_peaks(t->policy->K);
+    }
     if (rc == 0) {
         const double t_meet = clock_now_s();
         trainer_meet(t); /* waiting for the other DP ranks' data is waiting for data */
