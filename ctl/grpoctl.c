@@ -49,11 +49,14 @@ static void usage(FILE *out)
           "  stop         checkpoint at the next safe point and end the run cleanly\n"
           "  checkpoint   write a checkpoint at the next safe point\n"
           "  metrics      grpod's metrics in the Prometheus text format\n"
+          "  diagnose     where the run's time goes, live or finished: rollout-, trainer- or weight-sync-\n"
+          "               bound, a long tail of generation, a straggler rank, memory headroom; each\n"
+          "               finding with its numbers and the configuration keys to turn, worst first\n"
           "\n"
           "options:\n"
           "  -e, --endpoint E      grpod's control endpoint (ipc://PATH or tcp://HOST:PORT)\n"
           "  -s, --secret-file F   shared secret for a tcp:// endpoint\n"
-          "  -j, --json            status/workers as JSON, for scripts\n"
+          "  -j, --json            status/workers/diagnose as JSON, for scripts\n"
           "  -w, --wait[=SECONDS]  pause/resume/stop/checkpoint: wait until the run has done it\n"
           "                        (default 120 s)\n"
           "  -t, --timeout S       seconds to wait for each answer (default 5)\n"
@@ -208,6 +211,8 @@ static void print_status(const Grpo__Status *s)
     else
         printf("checkpoint  none yet (requests %" PRIu64 ")\n", s->checkpoint_seq);
     printf("workers     %zu of %d registered\n", s->n_workers, s->expected_workers);
+    if (s->n_diagnosis) /* the worst finding; grpoctl diagnose has them all, with what to turn */
+        printf("diagnosis   %s\n", s->diagnosis[0]->text);
     printf("grpod       %s, up %s%s%s\n", s->grpod_version, up, s->http_url[0] ? ", status page " : "",
            s->http_url[0] ? s->http_url : "");
     printf("\n");
@@ -237,6 +242,37 @@ static int cmd_status(struct rpc_client *rpc, const struct opts *o, bool workers
         print_workers(s);
     } else {
         print_status(s);
+    }
+    protocol_free(reply);
+    return EXIT_OK;
+}
+
+/* grpod's verdict on the run (Status.diagnosis), worst first. */
+static int cmd_diagnose(struct rpc_client *rpc, const struct opts *o)
+{
+    Grpo__Envelope *reply;
+    int rc = get_status(rpc, o, &reply);
+    if (rc != EXIT_OK)
+        return rc;
+    const Grpo__Status *s = reply->status;
+    if (o->json) {
+        char *text = status_to_json(s, 1);
+        json_t *root = json_loads(text, 0, NULL);
+        char *d = json_dumps(json_object_get(root, "diagnosis"), JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        printf("%s\n", d ? d : "[]");
+        free(d);
+        json_decref(root);
+        free(text);
+    } else {
+        printf("run %s, %s at step %" PRId64 "\n", s->run_id, core_run_state_name(s->state), s->step);
+        if (!s->n_diagnosis)
+            printf("no verdict: this grpod does not diagnose runs (version %s)\n", s->grpod_version);
+        for (size_t i = 0; i < s->n_diagnosis; i++) {
+            const Grpo__Finding *f = s->diagnosis[i];
+            printf("%-5s %s\n", f->severity, f->text);
+            if (f->knob[0])
+                printf("      turn: %s\n", f->knob);
+        }
     }
     protocol_free(reply);
     return EXIT_OK;
@@ -497,8 +533,10 @@ int main(int argc, char **argv)
     for (int i = 0; i < 4; i++)
         if (strcmp(cmd, commands[i].name) == 0)
             which = i;
-    if (which < 0 && strcmp(cmd, "status") != 0 && strcmp(cmd, "workers") != 0 && strcmp(cmd, "metrics") != 0) {
-        fprintf(stderr, "grpoctl: unknown command '%s' (status, workers, pause, resume, stop, checkpoint, metrics)\n",
+    if (which < 0 && strcmp(cmd, "status") != 0 && strcmp(cmd, "workers") != 0 && strcmp(cmd, "metrics") != 0 &&
+        strcmp(cmd, "diagnose") != 0) {
+        fprintf(stderr,
+                "grpoctl: unknown command '%s' (status, workers, diagnose, pause, resume, stop, checkpoint, metrics)\n",
                 cmd);
         goto usage_error;
     }
@@ -532,6 +570,8 @@ int main(int argc, char **argv)
         rc = cmd_command(rpc, &o, commands[which].cmd);
     else if (strcmp(cmd, "metrics") == 0)
         rc = cmd_metrics(rpc, &o);
+    else if (strcmp(cmd, "diagnose") == 0)
+        rc = cmd_diagnose(rpc, &o);
     else
         rc = cmd_status(rpc, &o, strcmp(cmd, "workers") == 0);
     rpc_close(rpc);

@@ -760,7 +760,16 @@ static void copy_heartbeat(struct core_worker *w, const Grpo__Heartbeat *h)
         double f = d_idle / (d_idle + d_busy);
         /* smoothed over the last few heartbeats: a moment of waiting is not an idle worker */
         w->idle_fraction = w->idle_s + w->busy_s > 0 ? 0.7 * w->idle_fraction + 0.3 * f : f;
+        /* the diagnosis' ledger: the time between two heartbeats that both say running (not loading, paused or
+         * ended, not across a reconnection) */
+        if (w->state == GRPO__WORKER_STATE__WORKER_RUNNING &&
+            (h->state == GRPO__WORKER_STATE__WORKER_RUNNING || h->state == GRPO__WORKER_STATE__WORKER_UNKNOWN)) {
+            w->run_idle_s += d_idle;
+            w->run_busy_s += d_busy;
+        }
     }
+    w->peak_rss_gb = h->peak_rss_gb;
+    w->host_memory_gb = h->host_memory_gb;
     w->idle_s = h->idle_seconds;
     w->busy_s = h->busy_seconds;
     w->step = h->step;

@@ -18,7 +18,7 @@
 #include "proto/protocol.h"
 
 #define CORE_MAX_WORKERS 16384
-#define CORE_MAX_METRICS 64
+#define CORE_MAX_METRICS 128
 #define CORE_MAX_DEVICES 16
 #define CORE_HISTORY 512
 #define CORE_EVENTS 64
@@ -64,8 +64,10 @@ struct core_worker {
     double registered_at; /* unix seconds */
     int64_t step, total_steps;
     Grpo__Phase phase;
-    double idle_s, busy_s; /* cumulative, as reported */
-    double idle_fraction;  /* smoothed over recent heartbeats */
+    double idle_s, busy_s;              /* cumulative, as reported */
+    double idle_fraction;               /* smoothed over recent heartbeats */
+    double run_idle_s, run_busy_s;      /* the ledger of grpoctl diagnose: between heartbeats that both said running */
+    double peak_rss_gb, host_memory_gb; /* as reported; 0: unknown */
     double timings[GRPO_NUM_PHASES];
     struct core_metric metrics[CORE_MAX_METRICS];
     int nmetrics;
@@ -162,6 +164,10 @@ void core_tick(struct core *c, double now);
 /* Build the Status message of the run (allocations in arena, see arena.h). */
 struct arena;
 Grpo__Status *core_status(const struct core *c, double now, struct arena *a);
+/* grpoctl diagnose's verdict on the run from the workers' ledger (diagnose.h): fills out[] (at most max, worst
+ * first) and returns how many. */
+struct diag_finding;
+int core_diagnose(const struct core *c, struct diag_finding *out, int max);
 /* Prometheus text exposition of the run, the workers and the request counters. Caller frees. */
 char *core_metrics_text(const struct core *c, double now);
 

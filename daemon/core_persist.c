@@ -72,6 +72,13 @@ static json_t *worker_json(const struct core_worker *w)
     json_object_set_new(o, "checkpoint_step", json_integer(w->checkpoint_step));
     json_object_set_new(o, "error", json_string(w->error));
     json_object_set_new(o, "metrics", met);
+    /* the diagnosis' ledger, so a finished run keeps its verdict across a restart of grpod */
+    json_object_set_new(o, "ledger",
+                        json_pack("[ffff]", w->run_idle_s, w->run_busy_s, w->peak_rss_gb, w->host_memory_gb));
+    json_t *ph = json_array();
+    for (int p = 0; p < GRPO_NUM_PHASES; p++)
+        json_array_append_new(ph, json_real(w->timings[p]));
+    json_object_set_new(o, "phase_s", ph);
     return o;
 }
 
@@ -166,6 +173,17 @@ static int load_worker(struct core *c, const json_t *o, double now, char *err, s
             break;
         snprintf(w->metrics[w->nmetrics].name, CORE_NAME_MAX, "%s", name);
         w->metrics[w->nmetrics++].value = json_is_number(v) ? json_number_value(v) : NAN;
+    }
+    const json_t *ledger = json_object_get(o, "ledger"); /* absent in an older grpod's state file */
+    double *lv[] = {&w->run_idle_s, &w->run_busy_s, &w->peak_rss_gb, &w->host_memory_gb};
+    for (size_t i = 0; i < sizeof lv / sizeof lv[0]; i++) {
+        const json_t *x = json_array_get(ledger, i);
+        *lv[i] = json_is_number(x) && json_number_value(x) >= 0 ? json_number_value(x) : 0;
+    }
+    const json_t *ph = json_object_get(o, "phase_s");
+    for (int p = 0; p < GRPO_NUM_PHASES; p++) {
+        const json_t *x = json_array_get(ph, (size_t)p);
+        w->timings[p] = json_is_number(x) && json_number_value(x) >= 0 ? json_number_value(x) : 0;
     }
     return 0;
 }

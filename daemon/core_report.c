@@ -11,6 +11,7 @@
 #include "common/check.h"
 #include "core.h"
 #include "daemon/grpod_version.h"
+#include "diagnose.h"
 
 /* The Status points into the core's own strings (it is packed before the core changes again)
  * and takes its structs in a few bulk allocations: a status of hundreds of workers is asked for
@@ -108,6 +109,74 @@ static void run_metrics(const struct core *c, Grpo__Status *s, struct arena *a)
     }
 }
 
+/* A metric of the run (the lowest rank that reports it); NAN when none does. */
+static double metric_of(const struct core *c, const char *name)
+{
+    for (int r = 0; r < c->nworkers; r++) {
+        const struct core_worker *w = c->workers[r];
+        for (int i = 0; w && i < w->nmetrics; i++)
+            if (strcmp(w->metrics[i].name, name) == 0)
+                return w->metrics[i].value;
+    }
+    return NAN;
+}
+
+int core_diagnose(const struct core *c, struct diag_finding *out, int max)
+{
+    int n = 0;
+    for (int r = 0; r < c->nworkers; r++)
+        n += c->workers[r] != NULL;
+    struct diag_rank *ranks = xmalloc((size_t)(n ? n : 1) * sizeof *ranks);
+    n = 0;
+    for (int r = 0; r < c->nworkers; r++) {
+        const struct core_worker *w = c->workers[r];
+        if (!w)
+            continue;
+        struct diag_rank *d = &ranks[n++];
+        memset(d, 0, sizeof *d);
+        d->rank = w->rank;
+        d->role = w->role;
+        /* an ended rank's ledger stands (a finished run keeps its verdict); a lost or failed one's does not */
+        d->live = w->state != GRPO__WORKER_STATE__WORKER_LOST && w->state != GRPO__WORKER_STATE__WORKER_FAILED;
+        d->host = w->host;
+        d->idle_s = w->run_idle_s;
+        d->busy_s = w->run_busy_s;
+        memcpy(d->phase_s, w->timings, sizeof d->phase_s);
+        d->peak_rss_gb = w->peak_rss_gb > 0 ? w->peak_rss_gb : NAN;
+        d->host_memory_gb = w->host_memory_gb > 0 ? w->host_memory_gb : NAN;
+    }
+    const struct diag_run run = {.steps = c->run.step,
+                                 .step_s = metric_of(c, "timing_s/step"),
+                                 .wait_data_s = metric_of(c, "timing_s/wait_data"),
+                                 .update_weights_s = metric_of(c, "timing_s/update_weights"),
+                                 .staleness = metric_of(c, "training/staleness"),
+                                 .gen_wait_peers_s = metric_of(c, "colocated/gen_wait_peers_s"),
+                                 .gen_imbalance = metric_of(c, "colocated/gen_imbalance"),
+                                 .units_stolen = metric_of(c, "colocated/units_stolen")};
+    int found = diagnose(ranks, n, &run, out, max);
+    free(ranks);
+    return found;
+}
+
+/* The verdict into the Status (its strings in the arena). */
+static void status_diagnosis(const struct core *c, Grpo__Status *s, struct arena *a)
+{
+    struct diag_finding f[DIAG_MAX_FINDINGS];
+    const int n = core_diagnose(c, f, DIAG_MAX_FINDINGS);
+    s->diagnosis = arena_alloc(a, (size_t)(n ? n : 1) * sizeof *s->diagnosis);
+    Grpo__Finding *fs = arena_alloc(a, (size_t)(n ? n : 1) * sizeof *fs);
+    for (int i = 0; i < n; i++) {
+        grpo__finding__init(&fs[i]);
+        fs[i].kind = TEXT(diag_kind_name(f[i].kind));
+        fs[i].severity = TEXT(diag_severity_name(f[i].severity));
+        fs[i].text = arena_strdup(a, f[i].text);
+        fs[i].knob = arena_strdup(a, f[i].knob);
+        fs[i].share = f[i].share;
+        s->diagnosis[i] = &fs[i];
+    }
+    s->n_diagnosis = (size_t)n;
+}
+
 Grpo__Status *core_status(const struct core *c, double now, struct arena *a)
 {
     Grpo__Status *s = arena_alloc(a, sizeof *s);
@@ -146,6 +215,7 @@ Grpo__Status *core_status(const struct core *c, double now, struct arena *a)
             s->n_workers++;
         }
     run_metrics(c, s, a);
+    status_diagnosis(c, s, a);
     s->n_history = (size_t)c->run.nhistory;
     s->history = arena_alloc(a, (s->n_history ? s->n_history : 1) * sizeof(Grpo__HistoryPoint *));
     Grpo__HistoryPoint *hs = arena_alloc(a, (s->n_history ? s->n_history : 1) * sizeof *hs);

@@ -1,7 +1,8 @@
 /* The status page grpod serves at /: one file, no build step, no CDN. It
  * polls /api/status every two seconds and draws the run, the workers, a
- * timeline of the last minute (one row per rank, coloured by phase) and SVG
- * charts of reward and throughput per step. Text goes in through textContent
+ * diagnosis (grpoctl diagnose's findings: where the time goes and what to
+ * turn), a timeline of the last minute (one row per rank, coloured by phase)
+ * and SVG charts of reward and throughput per step. Text goes in through textContent
  * only, so nothing a worker reports can become markup. */
 #include "http.h"
 
@@ -24,6 +25,8 @@ const char grpod_page_html[] =
     ".charts{display:flex;flex-wrap:wrap;gap:1.5em}.chart{background:#fff;border:1px solid #ddd;padding:.5em}\n"
     ".chart h3{margin:0 0 .3em;font-size:.95em}svg text{font-size:10px;fill:#555}\n"
     "#events li{font-family:ui-monospace,monospace;font-size:12px}#error{color:#b02a2a;font-weight:600}\n"
+    "#diagnosis li{margin:.2em 0}.warn{background:#b07d00}.info{background:#2a5d9f}.knob{color:#555;"
+    "font-family:ui-monospace,monospace;font-size:12px}\n"
     "</style></head>\n"
     "<body>\n"
     "<h1>grpod &mdash; run <span id=\"run-id\">?</span> <span id=\"run-state\" class=\"badge\">loading</span></h1>\n"
@@ -37,6 +40,8 @@ const char grpod_page_html[] =
     "<tr><td>checkpoint</td><td id=\"checkpoint\"></td></tr>\n"
     "<tr><td>grpod</td><td id=\"grpod\"></td></tr>\n"
     "</tbody></table>\n"
+    "<h2>Diagnosis</h2>\n"
+    "<ul id=\"diagnosis\"></ul>\n"
     "<h2>Charts</h2>\n"
     "<div class=\"charts\">\n"
     "<div class=\"chart\"><h3>reward (critic/score/mean) per step</h3>\n"
@@ -152,6 +157,14 @@ const char grpod_page_html[] =
     "    for (const c of cells) { const td = el('td', c[1]);\n"
     "      if (c[0] instanceof Node) td.appendChild(c[0]); else td.textContent = String(c[0]); tr.appendChild(td); }\n"
     "    tb.appendChild(tr);\n"
+    "  }\n"
+    "  const dg = $('diagnosis'); while (dg.firstChild) dg.removeChild(dg.firstChild);\n"
+    "  for (const f of s.diagnosis || []) {\n"
+    "    const li = el('li'); li.setAttribute('data-kind', f.kind);\n"
+    "    li.appendChild(el('span', 'badge ' + f.severity, f.severity)); li.appendChild(el('span', null, ' ' + "
+    "f.text));\n"
+    "    if (f.knob) { li.appendChild(el('br')); li.appendChild(el('span', 'knob', 'turn: ' + f.knob)); }\n"
+    "    dg.appendChild(li);\n"
     "  }\n"
     "  timeline(s);\n"
     "  chart('chart-reward', s.history.map(h => [h.step, h.reward]));\n"

@@ -131,6 +131,9 @@ static int check_heartbeat(const Grpo__Heartbeat *h, char *why, size_t whylen)
             FAIL("heartbeat.phase_changes[%zu] has an unknown phase or a bad time", i);
     if (!isfinite(h->idle_seconds) || h->idle_seconds < 0 || !isfinite(h->busy_seconds) || h->busy_seconds < 0)
         FAIL("heartbeat.idle_seconds/busy_seconds must be finite and non-negative");
+    if (!isfinite(h->peak_rss_gb) || h->peak_rss_gb < 0 || h->peak_rss_gb > 1e9 || !isfinite(h->host_memory_gb) ||
+        h->host_memory_gb < 0 || h->host_memory_gb > 1e9)
+        FAIL("heartbeat.peak_rss_gb/host_memory_gb must be finite, non-negative and below 1e9");
     if (h->checkpoint_step < -1)
         FAIL("heartbeat.checkpoint_step %lld is out of range", (long long)h->checkpoint_step);
     if (!validate_text(h->error, CORE_REASON_MAX - 1))

@@ -88,6 +88,13 @@ char *status_to_json(const Grpo__Status *s, int pretty)
         json_array_append_new(events,
                               json_pack("{s:o,s:s}", "time", num(s->events[i]->time), "text", s->events[i]->text));
     json_object_set_new(o, "events", events);
+    json_t *diag = json_array(); /* grpoctl diagnose: worst first */
+    for (size_t i = 0; i < s->n_diagnosis; i++) {
+        const Grpo__Finding *f = s->diagnosis[i];
+        json_array_append_new(diag, json_pack("{s:s,s:s,s:s,s:s,s:o}", "kind", f->kind, "severity", f->severity, "text",
+                                              f->text, "knob", f->knob, "share", num(f->share)));
+    }
+    json_object_set_new(o, "diagnosis", diag);
     char *text =
         json_dumps(o, (pretty ? JSON_INDENT(2) : JSON_COMPACT) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
     json_decref(o);

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # The main job on its embedded defaults: GRPO on the bundled SmolLM2-135M-Instruct with the synthetic
-# arithmetic task (40 steps, 4 prompts x 8 responses), under the grpod coordinator, with the ranks mpirun
-# starts in the roles grpod assigns: 2 data-parallel trainers and 1 rollout rank, on-policy (it computes
-# what one process would, faster on two cores, and learned better in the demo's steps than one-step-off:
-# docs/performance.md; DEMO_ROLLOUT_MODE=async runs one-step-off). `grpoctl workers` and `grpoctl status`
-# are shown while it runs; at the end, the validation reward and exact-answer accuracy (with its standard
-# error) before, during and after training. Installs what it needs, builds, fetches the model.
+# arithmetic task (40 steps, 4 prompts x 8 responses), under the grpod coordinator, on 2 colocated ranks
+# (trainer.nnodes=1 trainer.n_gpus_per_node=2, no rollout split): each rank generates its share of every step,
+# then both train data-parallel. Why this layout: bench/run_dist_bench.sh on this 2-core machine
+# (docs/performance.md, "Distributed layouts") measured colocated at 1.16x the tokens/s of the split on-policy
+# layout (2 trainers + 1 rollout rank, whose trainers idled 46% and rollout rank 71%), with each rank idle 4-6%,
+# and computing what one process would (on-policy). Split one-step-off was faster still (1.20x colocated) but
+# trains on rollouts one step stale, which learned worse in the demo's earlier comparison; DEMO_ROLLOUT_MODE=async
+# runs it (2 trainers + 1 rollout rank, actor_rollout_ref.rollout.mode=async), DEMO_ROLLOUT_MODE=sync the split
+# on-policy layout. `grpoctl workers` and `grpoctl status` are shown while it runs; at the end, the validation
+# reward and exact-answer accuracy (with its standard error) before, during and after training. Installs what it
+# needs, builds, fetches the model.
 #
 # Results: runs/grpo/demo/ (metrics.jsonl, metrics.svg, tensorboard/, checkpoints/); the status page
 # of grpod while it runs at the URL printed below. A previous demo run is kept as runs/grpo/demo.prev.
@@ -14,13 +19,20 @@ cd "$(dirname "$0")/.."
 ./scripts/deps.sh
 ./scripts/build.sh build
 . scripts/blas_env.sh
-# three ranks share the two cores: one compute thread each
+# the ranks share the two cores: one compute thread each
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 # mpirun as root (containers) wants explicit consent
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-# the split: verl's one-step-off names; grpod and the workers must agree
-SPLIT=(trainer.nnodes=1 trainer.n_gpus_per_node=2 rollout.nnodes=1 rollout.n_gpus_per_node=1)
-MODE="${DEMO_ROLLOUT_MODE:-sync}" # async: one-step-off
+# the layout, in verl's names; grpod and the workers must agree
+MODE="${DEMO_ROLLOUT_MODE:-colocated}"
+case "$MODE" in
+colocated) LAYOUT=(trainer.nnodes=1 trainer.n_gpus_per_node=2); NP=2
+    WHY="2 colocated ranks: the fastest on-policy layout measured on 2 cores, 1.16x the split on-policy one's tokens/s, each rank idle 4-6% (docs/performance.md)" ;;
+sync | async) LAYOUT=(trainer.nnodes=1 trainer.n_gpus_per_node=2 rollout.nnodes=1 rollout.n_gpus_per_node=1
+    actor_rollout_ref.rollout.mode="$MODE"); NP=3
+    WHY="2 trainer ranks + 1 rollout rank, rollout.mode=$MODE (DEMO_ROLLOUT_MODE=$MODE)" ;;
+*) echo "demo: DEMO_ROLLOUT_MODE=$MODE: expected colocated (the default), sync or async" >&2; exit 2 ;;
+esac
 
 gguf="$(./scripts/fetch_model.sh)"
 hf="$(dirname "$gguf")/SmolLM2-135M-Instruct"
@@ -52,18 +64,19 @@ trap cleanup EXIT
 
 echo "== starting grpod (control endpoint $endpoint, status page http://127.0.0.1:$port/)"
 build/daemon/grpod grpod.endpoint="$endpoint" grpod.state_dir="$state/grpod" \
-    grpod.http_listen="127.0.0.1:$port" "${SPLIT[@]}" >"$state/grpod.log" 2>&1 &
+    grpod.http_listen="127.0.0.1:$port" "${LAYOUT[@]}" >"$state/grpod.log" 2>&1 &
 grpod_pid=$!
 export GRPOD_ENDPOINT="$endpoint"
 for _ in $(seq 50); do build/ctl/grpoctl --retries 1 status >/dev/null 2>&1 && break; sleep 0.2; done
 
-echo "== training: mpirun --mca orte_enable_recovery 1 -np 3 build/worker/grpo-worker actor_rollout_ref.model.path=$hf ${SPLIT[*]}"
-echo "     actor_rollout_ref.rollout.mode=$MODE grpod.endpoint=$endpoint"
+echo "== layout: $WHY"
+echo "== training: mpirun --mca orte_enable_recovery 1 -np $NP build/worker/grpo-worker actor_rollout_ref.model.path=$hf"
+echo "     ${LAYOUT[*]} grpod.endpoint=$endpoint"
 echo "   (every other setting is the embedded default: build/worker/grpo-worker --print-config)"
-# --mca orte_enable_recovery 1: a lost rollout rank costs nothing (docs/operations.md, "When a rank dies")
-mpirun --oversubscribe --bind-to none --mca orte_enable_recovery 1 -np 3 build/worker/grpo-worker \
-    actor_rollout_ref.model.path="$hf" \
-    "${SPLIT[@]}" actor_rollout_ref.rollout.mode="$MODE" grpod.endpoint="$endpoint" &
+# --mca orte_enable_recovery 1: in a split layout a lost rollout rank costs nothing (docs/operations.md,
+# "When a rank dies")
+mpirun --oversubscribe --bind-to none --mca orte_enable_recovery 1 -np "$NP" build/worker/grpo-worker \
+    actor_rollout_ref.model.path="$hf" "${LAYOUT[@]}" grpod.endpoint="$endpoint" &
 worker_pid=$!
 
 # grpoctl status while it runs: every 2 minutes, and once early
@@ -118,8 +131,19 @@ if len(train) >= 6:
 steps = [r for r in rows if r["step"] >= 2 and "timing_s/step" in r]
 if steps:
     mean = lambda k: sum(r.get(k, 0) for r in steps) / len(steps)
-    print(f"== where the time went (steps 2-{steps[-1]['step']}): step {mean('timing_s/step'):.1f} s, "
-          f"trainer idle {mean('trainer/idle_ratio'):.0%}, rollout idle {mean('rollouter/idle_ratio'):.0%}, "
-          f"weight sync {mean('timing_s/update_weights'):.2f} s")
+    head = f"== where the time went (steps 2-{steps[-1]['step']}): step {mean('timing_s/step'):.1f} s"
+    if "colocated/units" in steps[0]:  # every rank generates and trains: a rank's idle is its wait for peers
+        val_steps = {r["step"] for r in rows if "timing_s/testing" in r}
+        plain = [r for r in steps if r["step"] - 1 not in val_steps] or steps
+        after = [r for r in steps if r["step"] - 1 in val_steps]
+        pm = lambda rs, k: sum(r.get(k, 0) for r in rs) / len(rs)
+        print(f"{head}, generation {mean('timing_s/gen'):.1f} s, update {mean('timing_s/update_actor'):.1f} s; "
+              f"each rank idle (waiting for its peer) {pm(plain, 'perf/idle_ratio/mean'):.1%} on average, "
+              f"{pm(plain, 'perf/idle_ratio/max'):.1%} on the idler rank"
+              + (f"; in the {len(after)} steps after a validation (rank 0 validates, rank 1 waits) "
+                 f"{pm(after, 'perf/idle_ratio/max'):.0%} on the idler rank" if after else ""))
+    else:
+        print(f"{head}, trainer idle {mean('trainer/idle_ratio'):.0%}, rollout idle {mean('rollouter/idle_ratio'):.0%}, "
+              f"weight sync {mean('timing_s/update_weights'):.2f} s")
 PY
 echo "== results in $run_dir: metrics.jsonl, metrics.svg (chart), tensorboard/ (tensorboard --logdir $run_dir/tensorboard), checkpoints/"

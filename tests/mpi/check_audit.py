@@ -1,16 +1,24 @@
 """check_audit.py DIR N B STEPS: every step's audit files (STEP.jsonl and STEP.dpR.jsonl) hold each of the step's
-B groups ("uid") exactly N times. Exit 1 naming the first step that does not."""
+B groups ("group") exactly N times, each group one prompt, and a "uid" names a prompt: the same uid is the same
+prompt in every step. Exit 1 naming the first step that does not."""
 import collections
 import glob
 import json
 import sys
 
 d, n, groups, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+prompt_of = {}
 for k in range(1, steps + 1):
-    uids = collections.Counter()
+    count = collections.Counter()
+    uid_of = {}
     for f in glob.glob(f"{d}/{k}.jsonl") + glob.glob(f"{d}/{k}.dp*.jsonl"):
         for line in open(f):
-            uids[json.loads(line)["uid"]] += 1
-    if len(uids) != groups or any(c != n for c in uids.values()):
-        sys.exit(f"step {k}: uid counts {dict(uids)}, want {groups} uids {n} times each")
-print(f"every uid exactly {n} times in each of {steps} steps")
+            r = json.loads(line)
+            count[r["group"]] += 1
+            if uid_of.setdefault(r["group"], r["uid"]) != r["uid"]:
+                sys.exit(f"step {k}: group {r['group']} holds uids {uid_of[r['group']]} and {r['uid']}")
+            if prompt_of.setdefault(r["uid"], r["prompt_ids"]) != r["prompt_ids"]:
+                sys.exit(f"step {k}: uid {r['uid']} is another prompt than in an earlier step (not the dataset's uid)")
+    if len(count) != groups or any(c != n for c in count.values()):
+        sys.exit(f"step {k}: group counts {dict(count)}, want {groups} groups {n} times each")
+print(f"every group exactly {n} times in each of {steps} steps, and each uid one prompt")

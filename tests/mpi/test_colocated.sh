@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # Colocated ranks (verl's hybrid engine: no rollout split, every rank generates its share of the step, then all
 # train) reproduce the single-process run (mpirun --oversubscribe on 2 cores):
-#  - tiny Llama under DP2, TP2, PP2, TP2 x PP2, DP2 x TP2 with ZeRO-1, and with a rollout TP other than the
-#    training TP (DP2 training generating as one TP2 engine; TP2 training generating with whole layers on each
-#    rank; TP2 training generating in place as one TP2 engine); tiny Qwen2 under DP2, TP2, TP2 x PP2, DP2 x TP2
-#    with ZeRO-1 and DP2 with rollout TP2; tiny Qwen3 under DP2, TP2 x PP2 and DP2 with rollout TP2: per-step losses, grad norms and entropies, and the weights after two GRPO steps, within
-#    1e-5 relative;
+#  - tiny Llama, Qwen2 and Qwen3, each under DP2, TP2, PP2, TP2 x PP2, DP2 x TP2 with ZeRO-1, and with a rollout
+#    TP other than the training TP (DP2 training generating as one TP2 engine; TP2 training generating with whole
+#    layers on each rank; TP2 training generating in place as one TP2 engine; DP2 x TP2 training generating as one
+#    TP4 engine across both model copies): per-step losses, grad norms and
+#    entropies, and the weights after two GRPO steps, within 1e-5 relative;
 #  - validation shared by the engines, with one process's rewards;
 #  - the weights resharded into the generation layout, bytes and time logged (timing_s/update_weights,
 #    perf/update_weights_bytes: the whole model gathered and broadcast over a model copy, nothing where the
 #    layouts agree);
 #  - checkpoints move between layouts: colocated -> one process, one process -> colocated, colocated -> split,
 #    split -> colocated, each ending at the single-process weights;
+#  - DAPO's dynamic sampling (algorithm.filter_groups) draws the rounds one process draws, with its results;
 #  - work stealing on and off train on the same batch (same weights), and the ranks' idle share is measured;
 #  - memory phases: generation holds no gradients or training buffers, the update no KV cache
 #    (actor_rollout_ref.rollout.free_cache_engine), each phase's peak logged;
@@ -52,10 +53,16 @@ done
 
 RTP=actor_rollout_ref.rollout.tensor_model_parallel_size
 ZERO=actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
-for layout in "dp2 llama 2 1 1" "tp2 llama 2 2 1" "pp2 llama 2 1 2" "tp2pp2 llama 4 2 2" \
-    "zero-dp2tp2 llama 4 2 1 $ZERO" "dp2-rtp2 llama 2 1 1 $RTP=2" "tp2-rtp2 llama 2 2 1 $RTP=2" \
-    "dp2 qwen2 2 1 1" "tp2 qwen2 2 2 1" "tp2pp2 qwen2 4 2 2" "zero-dp2tp2 qwen2 4 2 1 $ZERO" \
-    "dp2-rtp2 qwen2 2 1 1 $RTP=2" "dp2 qwen3 2 1 1" "tp2pp2 qwen3 4 2 2" "dp2-rtp2 qwen3 2 1 1 $RTP=2"; do
+LAYOUTS=("dp2 2 1 1" "tp2 2 2 1" "pp2 2 1 2" "tp2pp2 4 2 2" "zero-dp2tp2 4 2 1 $ZERO" "dp2-rtp2 2 1 1 $RTP=2"
+    "tp2-rtp2 2 2 1 $RTP=2" "dp2tp2-rtp4 4 2 1 $RTP=4")
+ALL=()
+for model in llama qwen2 qwen3; do
+    for layout in "${LAYOUTS[@]}"; do
+        set -- $layout
+        ALL+=("$1 $model ${*:2}")
+    done
+done
+for layout in "${ALL[@]}"; do
     set -- $layout
     name=$1-$2
     colo "$name" "$2" "$3" "$4" "$5" "${@:6}"
@@ -153,6 +160,32 @@ for f, k in zip(free, keep):
 print("ok")
 PY
 expect "generation holds no gradients, the update no KV cache; per-phase peaks logged" $?
+
+# DAPO's dynamic sampling: rounds of generation until enough groups carry a signal, as one process draws them
+# (length_score: most groups of 12-token responses score alike, so steps take 2 or 3 rounds)
+DAPO=(algorithm.filter_groups.enable=true algorithm.filter_groups.max_num_gen_batches=3
+    custom_reward_function.name=length_score)
+# shellcheck disable=SC2046
+"$WORKER" $(common llama) trainer.default_local_dir="$TMP/one-dapo" "${DAPO[@]}" >"$TMP/one-dapo.log" 2>&1
+expect "one process with algorithm.filter_groups.enable finishes" $?
+for layout in "dp2 2 1 1" "tp2 2 2 1"; do
+    set -- $layout
+    colo "dapo-$1" llama "$2" "$3" "$4" "${DAPO[@]}"
+    expect "DAPO on 2 colocated ranks ($1) finishes" $?
+    out=$(same_metrics one-dapo "dapo-$1" 2>&1)
+    expect "... per-step losses, grad norms and entropies match one process ($out)" $?
+    out=$(same_weights one-dapo "dapo-$1")
+    expect "... weights match one process within 1e-5 ($out)" $?
+done
+python3 - "$TMP/one-dapo/p/e/metrics.jsonl" "$TMP/dapo-dp2/p/e/metrics.jsonl" <<'PY'
+import json, sys
+a, b = ([r for r in map(json.loads, open(p)) if r["step"] >= 1] for p in sys.argv[1:3])
+rounds = [r["train/num_gen_batches"] for r in a]
+assert rounds == [r["train/num_gen_batches"] for r in b] and max(rounds) > 1, rounds
+assert [r["train/num_kept_groups"] for r in a] == [r["train/num_kept_groups"] for r in b]
+print(rounds)
+PY
+expect "... with the same rounds of generation per step, more than one where groups scored alike" $?
 
 # -np against verl's keys
 # shellcheck disable=SC2046

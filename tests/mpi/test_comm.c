@@ -194,6 +194,38 @@ static void check_launch_primitives(struct comm *w)
     comm_free(node);
 }
 
+/* comm_table: every rank adds to shared counters under the lock, many times, while the others do too: no update is
+ * lost (each read-modify-write is whole), and each rank's own slot counts its calls. */
+static void bump(void *ud, int64_t *v)
+{
+    const int r = *(const int *)ud;
+    v[0]++;
+    v[1 + r]++;
+}
+
+static void peek(void *ud, int64_t *v) { (void)ud, (void)v; }
+
+static void check_table(struct comm *w)
+{
+    const int r = comm_rank(w), s = comm_size(w), times = 200;
+    struct comm_table *t = comm_table_create(w, (size_t)(1 + s));
+    EXPECT(t != NULL, "the MPI back-end has no comm_table");
+    if (!t)
+        return;
+    int64_t *v = xcalloc((size_t)(1 + s), sizeof *v);
+    for (int i = 0; i < times; i++)
+        comm_table_update(t, v, bump, (void *)&r);
+    comm_barrier(w);
+    int64_t last[2] = {0, 0};
+    comm_table_update(t, v, peek, NULL); /* read it, everyone's updates done */
+    last[0] = v[0];
+    last[1] = v[1 + r];
+    EXPECT(last[0] == (int64_t)times * s, "comm_table: %lld updates counted, want %d", (long long)last[0], times * s);
+    EXPECT(last[1] == times, "comm_table: rank %d's slot %lld, want %d", r, (long long)last[1], times);
+    free(v);
+    comm_table_free(t);
+}
+
 int main(int argc, char **argv)
 {
     int tp = 1, pp = 1;
@@ -279,6 +311,7 @@ int main(int argc, char **argv)
     check_group(g.tp, "tp", n);
     check_group(g.pp, "pp", n);
     check_launch_primitives(world);
+    check_table(world);
 
     comm_allreduce_sum(world, &g_bad, 1, COMM_I32);
     if (comm_rank(world) == 0)

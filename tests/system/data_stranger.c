@@ -2,7 +2,12 @@
  * truncated envelope, a rollout batch that names a prompt the run does not have, a rollout batch of another
  * protocol version, a control message, and one message over the size limit. A trainer must refuse (and count)
  * every one with an answer that says why, and carry on. Exit 0 when each of the first five got a refusal (the
- * oversized one is dropped by the socket, unanswered). */
+ * oversized one is dropped by the socket, unanswered).
+ *
+ * data_stranger ENDPOINT DP_RANK KEY=VALUE...: a stranger who knows the run (its configuration, so its shape
+ * and its prompts) sends batches that are well formed and still must be refused: 20 empty batches for steps
+ * 1,000,000 on (a trainer keeps no step the dispatcher cannot have granted), and a whole group of a real prompt
+ * for step 1 with one response of zero tokens. Exit 0 when each was refused, the reasons printed. */
 #include <nanomsg/nn.h>
 #include <nanomsg/reqrep.h>
 #include <stdio.h>
@@ -10,7 +15,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/config.h"
 #include "proto/protocol.h"
+#include "worker/step/prompts.h"
+#include "worker/tokenizer/tokenizer.h"
 
 /* Send one request; with answer, wait for the trainer's answer and require a refusal. */
 static int request(int s, const void *buf, size_t len, const char *what, int answer)
@@ -39,16 +47,109 @@ static int request(int s, const void *buf, size_t len, const char *what, int ans
     return bad;
 }
 
+/* Send a batch and require a refusal whose reason holds `reason`. */
+static int refused_for(int s, Grpo__RolloutBatch *rb, const char *what, const char *reason, int quiet)
+{
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    env.body_case = GRPO__ENVELOPE__BODY_ROLLOUT;
+    env.rollout = rb;
+    size_t len;
+    uint8_t *buf = protocol_pack(&env, &len);
+    int timeout = 20000;
+    nn_setsockopt(s, NN_SOL_SOCKET, NN_SNDTIMEO, &timeout, sizeof timeout);
+    nn_setsockopt(s, NN_SOL_SOCKET, NN_RCVTIMEO, &timeout, sizeof timeout);
+    void *msg;
+    int n = nn_send(s, buf, len, 0) < 0 ? -1 : nn_recv(s, &msg, NN_MSG, 0);
+    free(buf);
+    if (n < 0) {
+        fprintf(stderr, "data_stranger: %s: %s\n", what, nn_strerror(nn_errno()));
+        return 1;
+    }
+    Grpo__Envelope *ans = protocol_unpack(msg, (size_t)n, NULL, 0);
+    nn_freemsg(msg);
+    int bad =
+        !ans || ans->body_case != GRPO__ENVELOPE__BODY_REPLY || ans->reply->ok || !strstr(ans->reply->error, reason);
+    if (bad || !quiet)
+        printf("%s: %s\n", what,
+               !ans || ans->body_case != GRPO__ENVELOPE__BODY_REPLY || ans->reply->ok ? "NOT REFUSED"
+                                                                                      : ans->reply->error);
+    protocol_free(ans);
+    return bad;
+}
+
+/* The stranger who knows the run: see the head of this file. */
+static int knowing_stranger(int s, int dp_rank, int argc, char **argv)
+{
+    struct grpo_config c;
+    struct cfg_error ce;
+    config_init(&c);
+    for (int i = 0; i < argc; i++)
+        if (config_apply_override(&c, argv[i], &ce) != 0) {
+            fprintf(stderr, "data_stranger: %s\n", ce.msg);
+            return 2;
+        }
+    char err[1024];
+    struct prompt_set train = {0}, val = {0};
+    struct tokenizer *tok = prompt_load_tokenizer(c.arr_model_path, err, sizeof err);
+    if (!tok || prompt_sets_load(&c, tok, &train, &val, err, sizeof err) != 0) {
+        fprintf(stderr, "data_stranger: %s\n", err);
+        return 2;
+    }
+    const int groups = (int)c.data_train_batch_size, n = (int)c.rollout_n;
+    const int units = c.placement_rollout_ranks > 0 ? (int)c.placement_rollout_ranks : 1;
+    Grpo__RolloutBatch rb = GRPO__ROLLOUT_BATCH__INIT;
+    rb.from_rank = 0, rb.to_dp_rank = dp_rank, rb.groups_in_step = groups, rb.samples_per_prompt = n;
+    rb.units = units, rb.unit = 0, rb.policy_version = 0;
+    int bad = 0;
+    for (int i = 0; i < 20; i++) { /* empty, and well formed: today's shape checks pass them */
+        rb.step = 1000000 + i, rb.seq_no = 1000000 + (uint64_t)i;
+        bad += refused_for(s, &rb, i == 0 ? "an empty batch for step 1000000" : "an empty batch for a later step",
+                           "batch for step", i > 0);
+    }
+    /* group 0 of step 1, a real prompt, every sample whole; sample 0 has no response token */
+    const struct prompt_item *p = &train.items[0];
+    Grpo__Sequence *q = calloc((size_t)n, sizeof *q);
+    Grpo__Sequence **qs = calloc((size_t)n, sizeof *qs);
+    int32_t one[1] = {0};
+    float lp[1] = {-1.0f};
+    if (!q || !qs)
+        return 2;
+    for (int j = 0; j < n; j++) {
+        grpo__sequence__init(&q[j]);
+        q[j].uid = 0, q[j].group_index = 0, q[j].sample_index = j;
+        q[j].n_prompt_ids = (size_t)p->len, q[j].prompt_ids = p->ids;
+        q[j].n_response_ids = q[j].n_old_log_probs = j == 0 ? 0 : 1;
+        q[j].response_ids = j == 0 ? NULL : one;
+        q[j].old_log_probs = j == 0 ? NULL : lp;
+        q[j].data_source = (char *)p->data_source;
+        qs[j] = &q[j];
+    }
+    rb.step = 1, rb.seq_no = 2000000, rb.n_sequences = (size_t)n, rb.sequences = qs;
+    bad += refused_for(s, &rb, "a whole group with a response of zero tokens", "an empty response", 0);
+    free(q);
+    free(qs);
+    prompt_set_free(&train);
+    prompt_set_free(&val);
+    tokenizer_free(tok);
+    config_free(&c);
+    return bad ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: data_stranger ENDPOINT\n");
+    if (argc < 2 || argc == 3) {
+        fprintf(stderr, "usage: data_stranger ENDPOINT [DP_RANK KEY=VALUE...]\n");
         return 2;
     }
     int s = nn_socket(AF_SP, NN_REQ);
     if (s < 0 || nn_connect(s, argv[1]) < 0) {
         fprintf(stderr, "data_stranger: %s: %s\n", argv[1], nn_strerror(nn_errno()));
         return 2;
+    }
+    if (argc > 3) {
+        int rc = knowing_stranger(s, atoi(argv[2]), argc - 3, argv + 3);
+        nn_close(s);
+        return rc;
     }
     int bad = 0;
     unsigned char junk[200];

@@ -2,10 +2,14 @@
 # SIGTERM and SIGINT (Slurm's time limit and preemption, systemctl stop, ^C) stop a one-process run cleanly: a
 # checkpoint at the next safe point, exit 0, and a resume carries on from it. Under grpod the worker also asks
 # grpod to stop the run, which ends "finished" with the signal in its event log; a paused run stops the same way.
-# Usage: test_sigterm.sh GRPOD GRPOCTL SIM_WORKER GRPO_WORKER GRPO_MODEL (from the source root)
+# The same signal twice within a second (coreutils timeout, a signal to the process group) is one request; a
+# third, or a second one two seconds later, ends the process at once. A checkpoint whose state.json was edited
+# (global_step 1e12) is refused at resume with an error naming the file and its directory.
+# Usage: test_sigterm.sh GRPOD GRPOCTL SIM_WORKER GRPO_WORKER GRPO_MODEL SCORER_SO (from the source root)
 set -u
 WORKER="$4"
 MODEL_TOOL="$5"
+SCORER="$6"
 . "$(dirname "$0")/grpod_lib.sh" "$1" "$2" "$3"
 export OPENBLAS_NUM_THREADS=1
 
@@ -49,6 +53,67 @@ has "$TMP/term.log" "run stopped at step $s"; expect "the run reports stopped, n
     data.synthetic.num_val=2 >"$TMP/term2.log" 2>&1
 expect "the relaunch finishes" $?
 has "$TMP/term2.log" "at step $s"; expect "the relaunch resumes from step $s" $?
+# a doctored state.json: refused at resume, naming the file and the directory, exit status 1 (no crash)
+e=$((s + 2))
+sed -i "s/\"global_step\": $e,/\"global_step\": 1000000000000,/" "$TMP/term/p/e/checkpoints/global_step_$e/state.json"
+"$WORKER" actor_rollout_ref.model.path="$TMP/tiny" trainer.default_local_dir="$TMP/term" trainer.project_name=p \
+    trainer.experiment_name=e trainer.total_training_steps=$((s + 4)) trainer.val_before_train=false \
+    trainer.test_freq=-1 data.train_batch_size=2 actor_rollout_ref.rollout.n=2 \
+    actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=8 data.synthetic.num_train=16 \
+    data.synthetic.num_val=2 >"$TMP/term3.log" 2>&1
+rc=$?
+[ "$rc" -ge 1 ] && [ "$rc" -lt 128 ]; expect "a doctored state.json: exit status $rc (an error, not a crash)" $?
+has "$TMP/term3.log" "global_step_$e/state.json says global_step 1000000000000, but the directory it sits in is global_step_$e"
+expect "the error names the file, its value and the directory" $?
+
+# ---- coreutils timeout (not --foreground): SIGTERM to the worker and to its process group, two at once; the
+# same delivery when timeout's time runs out (SIGALRM) and when timeout itself is signalled, as here, so that
+# the signal comes after a step whatever the machine's load. (The kernel may merge the two into one pending
+# signal; when it does not, the second must not end the run: the stalled runs below make that certain.)
+timeout --preserve-status -s TERM 600 "$WORKER" actor_rollout_ref.model.path="$TMP/tiny" \
+    trainer.default_local_dir="$TMP/tmo" trainer.project_name=p trainer.experiment_name=e \
+    trainer.total_training_steps=100000 trainer.val_before_train=false trainer.test_freq=-1 \
+    data.train_batch_size=2 actor_rollout_ref.rollout.n=2 actor_rollout_ref.actor.ppo_mini_batch_size=2 \
+    data.max_response_length=8 data.synthetic.num_train=16 data.synthetic.num_val=2 >>"$TMP/tmo.log" 2>&1 &
+TPID=$! # timeout's own
+track "$TPID"
+wait_for 60 run_steps tmo 1; expect "the run under timeout trains" $?
+kill -TERM "$TPID"
+ended "$TPID"; expect "timeout's two SIGTERMs end the run within seconds" $?
+wait "$TPID"; rc=$?
+[ "$rc" -eq 0 ]; expect "under timeout: exit status 0 (got $rc)" $?
+[ -n "$(ckpt_step tmo)" ]; expect "under timeout: a checkpoint at the step it stopped at ($(ckpt_step tmo))" $?
+! has "$TMP/tmo.log" "ending now"; expect "under timeout: nothing ends without a checkpoint" $?
+
+# ---- a step that cannot end (a scorer that stalls while $TMP/stall exists): a second SIGTERM 2 s after the
+# first ends the process at once; two at once and a third ends it too
+touch "$TMP/stall"
+export GRPO_TEST_STALL_FILE="$TMP/stall"
+stalled() {
+    rm -f "$TMP/stall.stalled"
+    start "$1" custom_reward_function.path="$SCORER" custom_reward_function.name=stall_score
+    wait_for 60 test -e "$TMP/stall.stalled"
+}
+stalled late; expect "the stalling run's scorer stalls" $?
+kill -TERM "$WPID"
+sleep 2
+kill -0 "$WPID"; expect "one SIGTERM: the run waits for its step" $?
+kill -TERM "$WPID"
+wait_for 5 sh -c "! kill -0 $WPID"; expect "a second SIGTERM 2 s later ends the process at once" $?
+wait "$WPID"; rc=$?
+[ "$rc" -eq 143 ]; expect "exit status 143 (got $rc)" $?
+has "$TMP/late.log" "SIGTERM received after SIGTERM: ending now, without a checkpoint"; expect "the log says so" $?
+stalled third; expect "the stalling run's scorer stalls again" $?
+kill -TERM "$WPID"
+sleep 0.3
+kill -TERM "$WPID"
+sleep 0.3
+kill -0 "$WPID"; expect "two SIGTERMs within a second: the run waits for its step" $?
+kill -TERM "$WPID"
+wait_for 5 sh -c "! kill -0 $WPID"; expect "a third SIGTERM ends the process at once" $?
+wait "$WPID"; rc=$?
+[ "$rc" -eq 143 ]; expect "exit status 143 after the third (got $rc)" $?
+rm -f "$TMP/stall"
 
 # ---- SIGINT (^C) likewise
 start int

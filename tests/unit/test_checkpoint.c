@@ -187,12 +187,88 @@ static void test_non_finite_refused(void **state)
     must_rm_rf(root);
 }
 
+/* Replace the first `from` in FILE by `to` (a hand edit of state.json). */
+static void edit_file(const char *path, const char *from, const char *to)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    char text[4096];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    char *at = strstr(text, from);
+    if (!at)
+        fail_msg("%s holds no '%s': %s", path, from, text);
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    fwrite(text, 1, (size_t)(at - text), f);
+    fputs(to, f);
+    fputs(at + strlen(from), f);
+    fclose(f);
+}
+
+/* issue 27: state.json must agree with the directory it sits in and with the optimizer file beside it */
+static void test_state_disagrees(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/grpo_ckpt_XXXXXX", err[1024], dir[1200], path[1300], moved[1300];
+    assert_non_null(mkdtemp(root));
+    struct model *m = tiny();
+    struct adamw *o = opt_for(m), *o2 = adamw_create(m->w.n_floats, 0, 0, 0, 0);
+    struct run_state st = {.global_step = 2, .total_steps = 10}, st2;
+    assert_int_equal(checkpoint_save(root, m, o, NULL, &st, 0, err, sizeof err), 0);
+    snprintf(dir, sizeof dir, "%s/global_step_2", root);
+    snprintf(path, sizeof path, "%s/state.json", dir);
+    if (checkpoint_load(dir, m, o2, &st2, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_int_equal(st2.global_step, 2);
+    /* a global_step of 1e12 in global_step_2/: refused, naming the file and the directory */
+    edit_file(path, "\"global_step\": 2", "\"global_step\": 1000000000000");
+    assert_int_equal(checkpoint_load(dir, m, o2, &st2, err, sizeof err), -1);
+    if (!strstr(err, "state.json says global_step 1000000000000") || !strstr(err, "global_step_2"))
+        fail_msg("error '%s' does not name both", err);
+    edit_file(path, "\"global_step\": 1000000000000", "\"global_step\": 2");
+    /* the whole checkpoint moved under another step's name */
+    snprintf(moved, sizeof moved, "%s/global_step_7", root);
+    assert_int_equal(rename(dir, moved), 0);
+    assert_int_equal(checkpoint_load(moved, m, o2, &st2, err, sizeof err), -1);
+    if (!strstr(err, "says global_step 2") || !strstr(err, "global_step_7"))
+        fail_msg("error '%s' does not name both", err);
+    assert_int_equal(rename(moved, dir), 0);
+    /* a directory not named after a step */
+    snprintf(moved, sizeof moved, "%s/best", root);
+    assert_int_equal(rename(dir, moved), 0);
+    assert_int_equal(checkpoint_load(moved, m, o2, &st2, err, sizeof err), -1);
+    assert_non_null(strstr(err, "not a checkpoint directory"));
+    assert_int_equal(rename(moved, dir), 0);
+    /* the optimizer's step count disagrees with optim.bin (o->t is 7) */
+    edit_file(path, "\"optim_steps\": 7", "\"optim_steps\": 8");
+    assert_int_equal(checkpoint_load(dir, m, o2, &st2, err, sizeof err), -1);
+    if (!strstr(err, "optimizer took 8 steps") || !strstr(err, "optim.bin holds 7"))
+        fail_msg("error '%s' does not name both", err);
+    /* a negative cursor */
+    edit_file(path, "\"optim_steps\": 8", "\"optim_steps\": 7");
+    edit_file(path, "\"cursor\": 0", "\"cursor\": -5");
+    assert_int_equal(checkpoint_load(dir, m, o2, &st2, err, sizeof err), -1);
+    assert_non_null(strstr(err, "cursor -5"));
+    /* an older checkpoint's state.json, without optim_steps, still loads */
+    edit_file(path, "\"cursor\": -5", "\"cursor\": 0");
+    edit_file(path, ",\n  \"optim_steps\": 7", "");
+    if (checkpoint_load(dir, m, o2, &st2, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    adamw_free(o2);
+    adamw_free(o);
+    model_free(m);
+    must_rm_rf(root);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip_and_keep),
         cmocka_unit_test(test_crash_leftovers_and_corruption),
         cmocka_unit_test(test_non_finite_refused),
+        cmocka_unit_test(test_state_disagrees),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -849,6 +849,31 @@ static void test_bad_input(void **state)
     env.status_request = 1;
     expect_refusal(core_call(d, &env, NULL, t), "work and weights requests only");
     assert_int_equal(cstats(d).refused, 6);
+    /* issue 27: a work request, a ping and a weights request of major protocol version 2 are refused, naming the
+     * version, and add no process and grant nothing */
+    for (int kind = 0; kind < 3; kind++) {
+        Grpo__Envelope v2 = GRPO__ENVELOPE__INIT;
+        Grpo__WorkRequest w = GRPO__WORK_REQUEST__INIT;
+        Grpo__WeightsRequest wr = GRPO__WEIGHTS_REQUEST__INIT;
+        w.worker_id = 40 + (uint64_t)kind, w.rank = 0, w.ping = kind == 1;
+        wr.worker_id = 40, wr.version = 0, wr.count = N;
+        if (kind < 2)
+            v2.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST, v2.work_request = &w;
+        else
+            v2.body_case = GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST, v2.weights_request = &wr;
+        v2.version = GRPO_PROTOCOL_VERSION + 1, v2.request_id = 77;
+        uint8_t buf[256];
+        size_t n = grpo__envelope__pack(&v2, buf); /* not protocol_pack: it would write this program's version */
+        uint8_t *out = dispatch_core_handle(d, buf, n, t, &len);
+        Grpo__Envelope *r = protocol_unpack(out, len, NULL, 0);
+        free(out);
+        expect_refusal(r, "incompatible protocol version 2");
+    }
+    st = cstats(d);
+    assert_int_equal(st.refused, 9);
+    assert_int_equal(st.live, 0);
+    assert_int_equal(st.granted, 0);
+    assert_int_equal(st.bytes, 0);
     /* a weights request from a process never seen is served (it fetches before it asks for work) */
     const struct proc stranger = {5, 0, NULL};
     expect_weights_at(d, &stranger, t, 0, w0, N, N);

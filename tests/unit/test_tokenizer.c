@@ -280,6 +280,19 @@ static void test_tiny_save_reload(void **state)
     assert_string_equal(tokenizer_chat_template(u), "D");
     assert_null(tokenizer_default_system_prompt(u));
     tokenizer_free(u);
+    /* issue 27: a broken chat_template, or a config that is not JSON, is an error naming the file (it was
+     * ignored, and ChatML used) */
+    const char *broken[] = {"{\"chat_template\": 42}", "{\"chat_template\": [{\"name\": \"default\"}]}",
+                            "{\"chat_template\": \"\"}", "{\"chat_template\": {\"template\": \"T\"}}",
+                            "{\"chat_template\": \"{% for m in messages %}\""};
+    for (size_t i = 0; i < sizeof broken / sizeof *broken; i++) {
+        must_write(tc, broken[i], strlen(broken[i]), "wb");
+        u = tokenizer_from_json(tj, err, sizeof err);
+        if (u || !strstr(err, "tokenizer_config.json"))
+            fail_msg("config %s: %s", broken[i], u ? "accepted" : err);
+        if (i < 4 && !strstr(err, "chat_template is not a template"))
+            fail_msg("config %s: '%s' does not name chat_template", broken[i], err);
+    }
     tokenizer_free(t);
     unlink(tj);
     unlink(tc);

@@ -209,8 +209,10 @@ static void test_bad_fields(void **state)
     EXPECT_REFUSED(g->b.seqs[3].gidx = 3 * N, "group_index");              /* past the step */
     EXPECT_REFUSED(g->b.seqs[3].gidx = g->b.seqs[2].gidx, "repeats");      /* the same sample twice */
     EXPECT_REFUSED(g->lim.max_response_length = 2, "max_response_length"); /* sample 1 has 3 tokens */
-    EXPECT_REFUSED(h.unit = 1, "work unit 1 of 1");                        /* the run's steps have one unit */
-    EXPECT_REFUSED(h.units = 2, "1 units");                                /* the sender counts other units */
+    /* a response of no tokens (issue 27: its unpacking passed NULL to memcpy, and it was trained on) */
+    EXPECT_REFUSED(g->b.seqs[2].resp_len = 0, "sequence 2: an empty response");
+    EXPECT_REFUSED(h.unit = 1, "work unit 1 of 1"); /* the run's steps have one unit */
+    EXPECT_REFUSED(h.units = 2, "1 units");         /* the sender counts other units */
     /* two units of a 3-group step: unit 0 is group 0 only, and this batch holds groups 0 and 1 */
     EXPECT_REFUSED((g->lim.units = 2, h.units = 2), "outside work unit 0");
     /* a group without all of its samples */
@@ -293,8 +295,8 @@ static void test_placement(void **state)
         assert_int_equal(p.engine_tp, r % 4);
         assert_int_equal(p.engines, 2);
     }
-    const struct placement_spec odd = {.trainer_ranks = 4, .rollout_ranks = 0, .tp_size = 1, .pp_size = 1,
-                                       .rollout_tp = 3};
+    const struct placement_spec odd = {
+        .trainer_ranks = 4, .rollout_ranks = 0, .tp_size = 1, .pp_size = 1, .rollout_tp = 3};
     assert_int_equal(placement_of(&odd, 0, 4, &p, why, sizeof why), -1);
     assert_non_null(strstr(why, "4 colocated ranks are not a multiple of"));
     assert_non_null(strstr(why, "tensor_model_parallel_size 3"));

@@ -20,8 +20,9 @@
 #include "common/log.h"
 #include "proto/protocol.h"
 #include "proto/transport.h"
+#include "worker/metrics/metrics.h"
 
-#define MAX_METRICS 64
+#define MAX_METRICS 128
 #define MAX_SPANS 64
 #define FINISH_WAIT_S 5.0
 
@@ -33,7 +34,10 @@ struct control {
     char endpoint[512], host[256], caps[256], devices[1024];
     int rank, world;
     uint64_t digest;
-    char *run_config;       /* Register.run_config: config_run_text of the run's configuration ("" when not given) */
+    char *run_config;        /* Register.run_config: config_run_text of the run's configuration ("" when not given) */
+    Grpo__Phase delay_phase; /* test only: see control_options */
+    double delay_s;
+    double host_memory_gb;
     struct rpc_client *rpc; /* the heartbeat thread's alone after open */
     void (*on_abort)(const char *reason);
     bool replaces;
@@ -112,6 +116,12 @@ void control_options_from_config(struct control_options *o, const struct grpo_co
     o->config_digest = control_config_digest(cfg);
     o->config = cfg;
     o->connect_timeout_s = cfg->grpod_connect_timeout_s;
+    /* test only: a rank made slow on purpose */
+    const struct cfg_flist *d = &cfg->test_delay_s;
+    o->delay_s = d->n == 1 ? d->v[0] : rank >= 0 && rank < d->n ? d->v[rank] : 0;
+    for (int p = 1; p < GRPO_NUM_PHASES; p++)
+        if (strcmp(cfg->test_delay_phase, core_phase_name((Grpo__Phase)p)) == 0)
+            o->delay_phase = (Grpo__Phase)p;
 }
 
 /* ---- SIGTERM and SIGINT ---- */
@@ -132,20 +142,34 @@ const char *control_signal_name(int sig)
 
 int control_stop_signal(void) { return atomic_load(&stop_signal_taken); }
 
-/* Takes the signals the other threads block: the first is a stop request, the second ends the process. */
+/* A second signal this soon after the first, and of its kind, is the same request: coreutils' timeout and a
+ * signal to the process group (Slurm, systemd, a shell's ^C) deliver one to the process and one to its group. */
+#define STOP_SIGNAL_ECHO_S 1.0
+
+/* Takes the signals the other threads block: the first is a stop request, and so is its echo (the same signal
+ * within STOP_SIGNAL_ECHO_S); any other signal after it, or a third, ends the process. */
 static void *signal_thread(void *arg)
 {
     (void)arg;
+    double first_at = 0;
+    bool echo_taken = false;
     for (;;) {
         int sig = 0;
         if (sigwait(&stop_signal_set, &sig) != 0)
             continue;
         int expected = 0;
         if (atomic_compare_exchange_strong(&stop_signal_taken, &expected, sig)) {
+            first_at = clock_now_s();
             log_warn("worker",
                      "%s received: the run stops at its next safe point, after a checkpoint, and this process "
-                     "ends with it (a second signal ends it at once, without a checkpoint)",
-                     control_signal_name(sig));
+                     "ends with it (another signal more than %.0f s later ends it at once, without a checkpoint)",
+                     control_signal_name(sig), STOP_SIGNAL_ECHO_S);
+        } else if (!echo_taken && sig == expected && clock_now_s() - first_at <= STOP_SIGNAL_ECHO_S) {
+            echo_taken = true;
+            log_info("worker",
+                     "%s received again within %.0f s: the same request to stop (timeout and signals to the process "
+                     "group deliver two); a further signal ends the process at once",
+                     control_signal_name(sig), STOP_SIGNAL_ECHO_S);
         } else {
             log_error("worker", "%s received after %s: ending now, without a checkpoint", control_signal_name(sig),
                       control_signal_name(expected));
@@ -215,13 +239,22 @@ static void changed_locked(struct control *c)
     pthread_cond_signal(&c->wake);
 }
 
+/* Test only (test.delay_phase, test.delay_s): the rank made slow on purpose, in the phase it has just entered,
+ * so the time counts as that phase's. */
+static void test_delay(const struct control *c)
+{
+    log_debug("control", "test.delay_s: %.3f s in phase %s", c->delay_s, core_phase_name(c->delay_phase));
+    clock_sleep_s(c->delay_s);
+}
+
 void control_set_phase(struct control *c, Grpo__Phase phase)
 {
     if (!c || (unsigned)phase >= GRPO_NUM_PHASES)
         return;
     pthread_mutex_lock(&c->mu);
     account(c, clock_now_s());
-    if (phase != c->phase) {
+    const bool entered = phase != c->phase;
+    if (entered) {
         if (c->nspans == MAX_SPANS) { /* grpod has not heard for a while: keep the newest */
             memmove(c->spans, c->spans + 1, sizeof c->spans[0] * (MAX_SPANS - 1));
             c->nspans--;
@@ -233,6 +266,8 @@ void control_set_phase(struct control *c, Grpo__Phase phase)
     if (c->state == GRPO__WORKER_STATE__WORKER_STARTING && phase != GRPO__PHASE__PHASE_IDLE)
         c->state = GRPO__WORKER_STATE__WORKER_RUNNING; /* loading is over: the first step has begun */
     pthread_mutex_unlock(&c->mu);
+    if (entered && c->delay_s > 0 && phase == c->delay_phase)
+        test_delay(c);
 }
 
 void control_set_step(struct control *c, int64_t step, int64_t total_steps)
@@ -575,6 +610,9 @@ static void build_heartbeat(struct control *c, Grpo__Heartbeat *hb, Grpo__PhaseT
     hb->phase = c->phase;
     hb->idle_seconds = c->idle;
     hb->busy_seconds = c->busy;
+    const double peak = proc_peak_rss_gb(); /* GiB, as perf/cpu_memory_peak_gb */
+    hb->peak_rss_gb = isfinite(peak) && peak > 0 ? peak : 0;
+    hb->host_memory_gb = c->host_memory_gb;
     hb->paused = c->paused;
     hb->incarnation = c->incarnation;
     hb->state = c->state;
@@ -793,6 +831,10 @@ int control_open(const struct control_options *o, struct control **out, struct c
     c->world = o->world_size;
     c->digest = o->config_digest;
     c->run_config = o->config ? config_run_text(o->config, 0) : xstrdup("");
+    c->delay_phase = o->delay_phase;
+    c->delay_s = o->delay_s;
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    c->host_memory_gb = pages > 0 && page > 0 ? (double)pages * (double)page / (1024.0 * 1024.0 * 1024.0) : 0;
     c->on_abort = o->on_abort;
     c->replaces = o->replaces;
     c->step = o->start_step;

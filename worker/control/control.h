@@ -79,6 +79,10 @@ struct control_options {
      * heartbeat thread with the reason; it should end the process (NULL: the reason is only logged) */
     void (*on_abort)(const char *reason);
     bool replaces; /* take the place of rank `rank`, lost, in the run grpod runs (grpo-worker --replace-rank) */
+    /* test only (test.delay_phase, test.delay_s): sleep this long each time the worker enters this phase
+     * (GRPO__PHASE__PHASE_IDLE: never) */
+    Grpo__Phase delay_phase;
+    double delay_s;
 };
 
 /* What grpod assigned at registration. */
@@ -157,8 +161,9 @@ void control_close(struct control *c);
 /* SIGTERM and SIGINT: Slurm (time limit, preemption), systemd and a terminal end a process with them. A
  * worker takes the first as a stop request: the trainer checkpoints at its next safe point and the process
  * exits 0; under grpod the worker (a trainer or hybrid rank) also asks grpod to stop the run, as grpoctl stop
- * does, so that every rank ends. A second signal ends the process at once, without a checkpoint (exit status
- * 128 + the signal's number), with a log line.
+ * does, so that every rank ends. The same signal again within a second is the same request (timeout and
+ * signals to the process group deliver two); any later or other signal, or a third, ends the process at once,
+ * without a checkpoint (exit status 128 + the signal's number), with a log line.
  *
  * Block both signals in the calling thread, and so in every thread it starts afterwards, and take them in a
  * thread of their own (so no other thread's system call is interrupted by them). Call once, early in main,

@@ -56,7 +56,7 @@ int rollout_validate_part(const struct rollout_ctx *rc, const struct prompt_set 
     *out = xmalloc((size_t)(b.n_seq ? b.n_seq : 1) * sizeof **out);
     for (int i = 0; i < b.n_seq; i++)
         (*out)[i] = (struct val_score){.prompt = first[b.seqs[i].group],
-                                       .sample = b.seqs[i].gidx - b.seqs[i].gidx / n * n,
+                                       .sample = (double)(b.seqs[i].gidx % n),
                                        .raw_score = b.seqs[i].raw_score,
                                        .acc = b.seqs[i].acc};
     const int n_seq = b.n_seq;

@@ -29,6 +29,9 @@
 #include "worker/step/batch.h"
 #include "worker/trainer/trainer.h"
 
+/* DAPO's generation rounds per step at most (algorithm.filter_groups.max_num_gen_batches' bound) */
+#define MAX_ROUNDS 1000
+
 struct colocated {
     struct role_env *env;
     struct trainer *t;
@@ -157,7 +160,7 @@ struct made {
 
 /* Phases gen and reward: this engine's units of step k (its own, then others' unstarted ones), each generated
  * and scored, and packed on the engine's head. */
-static void generate_share(struct colocated *c, int64_t k, const int *uids, struct made *out)
+static void generate_share(struct colocated *c, int64_t k, int round, const int *uids, struct made *out)
 {
     const struct grpo_config *cfg = c->env->cfg;
     const int B = (int)cfg->data_train_batch_size, n = (int)cfg->rollout_n;
@@ -172,7 +175,8 @@ static void generate_share(struct colocated *c, int64_t k, const int *uids, stru
         int64_t word[2] = {-1, 0}; /* the unit, and whether it was stolen */
         if (c->head) {
             bool stolen;
-            word[0] = units_ledger_take(c->ledger, k, c->env->at.engine, &stolen);
+            /* the ledger's key: every round of every step its own, in increasing order */
+            word[0] = units_ledger_take(c->ledger, k * (MAX_ROUNDS + 1) + round, c->env->at.engine, &stolen);
             word[1] = stolen;
         }
         if (c->engine)
@@ -183,7 +187,8 @@ static void generate_share(struct colocated *c, int64_t k, const int *uids, stru
         dispatch_unit_range(B, c->units, (int)word[0], &lo, &hi);
         struct step_batch b = {0};
         rollout_generate_and_score(&c->rc, prompts + lo, uids + lo, hi - lo, lo, &sp, n,
-                                   rollout_step_seed((uint64_t)cfg->data_seed, k, 0), &b, &out->gen_s, &out->reward_s);
+                                   rollout_step_seed((uint64_t)cfg->data_seed, k, (uint64_t)round), &b, &out->gen_s,
+                                   &out->reward_s);
         out->stolen += (int)word[1];
         if (c->head) {
             int *sel = xmalloc((size_t)(b.n_groups ? b.n_groups : 1) * sizeof(int));
@@ -293,51 +298,83 @@ static int exchange(struct colocated *c, int64_t k, const struct made *mine, str
     }
     free(unit), free(have);
     free(out), free(in), free(infos);
-    tm->gen = gen_max; /* the engines generate side by side: the step waits for the slowest */
+    tm->gen += gen_max; /* the engines generate side by side: each round waits for the slowest */
     tm->colocated = true;
-    tm->gen_imbalance = engines && gen_sum > 0 ? gen_max / (gen_sum / engines) : 1;
-    tm->units_stolen = stolen;
-    tm->units = c->units;
+    const double imbalance = engines && gen_sum > 0 ? gen_max / (gen_sum / engines) : 1;
+    tm->gen_imbalance = imbalance > tm->gen_imbalance ? imbalance : tm->gen_imbalance;
+    tm->units_stolen += stolen;
+    tm->units += c->units;
     c->stolen_total += stolen;
     return rc;
 }
 
-/* trainer_source.next_batch: step k made by every engine, this rank's DP share of it in b. */
-static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm)
+/* Round `round` of step k's generation: the step's next data.train_batch_size prompts drawn (every rank draws the
+ * same), every engine's units made, all-gathered into `round_b` in the step's order and checked against the draw.
+ * 0, or -1 (logged). */
+static int gen_round(struct colocated *c, int64_t k, int round, struct step_batch *round_b, struct step_timing *tm)
 {
-    struct colocated *c = ctx;
     const int B = (int)c->env->cfg->data_train_batch_size, n = (int)c->env->cfg->rollout_n;
     int *uids = xmalloc((size_t)B * sizeof(int));
-    trainer_advance_cursor(c->t, uids); /* every rank draws the step's prompts */
-    int64_t wbytes;
-    tm->update_weights_s = update_weights(c, &wbytes);
-    tm->weight_bytes = wbytes;
+    trainer_advance_cursor(c->t, uids);
     struct made mine = {0};
-    generate_share(c, k, uids, &mine);
-    tm->reward = mine.reward_s;
+    generate_share(c, k, round, uids, &mine);
+    tm->reward += mine.reward_s;
     /* the long tail: this rank waits for the slowest engine (no deadline: generation takes what it takes) */
     const double t0 = clock_now_s();
     comm_barrier_polled(c->env->trainers, hold_while_waiting, c);
-    const double waited = clock_now_s() - t0;
-    double wmax = waited;
+    double wmax = clock_now_s() - t0;
     comm_allreduce_max(c->env->trainers, &wmax, 1, COMM_F64);
-    tm->gen_wait_peers = wmax;
-    struct step_batch all = {0};
-    int rc = exchange(c, k, &mine, &all, tm);
+    tm->gen_wait_peers += wmax;
+    int rc = exchange(c, k, &mine, round_b, tm);
     for (int i = 0; i < mine.n && c->head; i++)
         free(mine.msg[i]);
     free(mine.msg), free(mine.len);
-    int bad = 0; /* each sequence's prompt is the one this step draws at its group's position */
-    for (int i = 0; rc == 0 && i < all.n_seq; i++)
-        bad += uids[all.seqs[i].gidx / n] != all.group_uid[all.seqs[i].group];
+    int bad = 0; /* each sequence's prompt is the one this round draws at its group's position */
+    for (int i = 0; rc == 0 && i < round_b->n_seq; i++)
+        bad += uids[round_b->seqs[i].gidx / n] != round_b->group_uid[round_b->seqs[i].group];
     free(uids);
-    if (rc == 0 && (bad || all.n_seq != B * n)) {
+    if (rc == 0 && (bad || round_b->n_seq != B * n)) {
         log_error("hybrid",
                   "step %lld: the engines made %d of the step's %d sequences, %d with another prompt "
                   "than this rank draws (same data.* settings on every rank?)",
-                  (long long)k, all.n_seq, B * n, bad);
+                  (long long)k, round_b->n_seq, B * n, bad);
         rc = -1;
     }
+    return rc;
+}
+
+/* trainer_source.next_batch: step k made by every engine (with DAPO's dynamic sampling, rounds until enough groups
+ * carry a learning signal, as one process does), this rank's DP share of it in b. */
+static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm)
+{
+    struct colocated *c = ctx;
+    const struct grpo_config *cfg = c->env->cfg;
+    const int B = (int)cfg->data_train_batch_size;
+    const bool filter = cfg->alg_filter_groups_enable;
+    const int rounds = filter ? (int)cfg->alg_filter_groups_max_num_gen_batches : 1;
+    int64_t wbytes;
+    tm->update_weights_s = update_weights(c, &wbytes);
+    tm->weight_bytes = wbytes;
+    struct step_batch all = {0};
+    int rc = 0, drawn = 0;
+    for (int r = 0; r < rounds && rc == 0; r++) {
+        struct step_batch round_b = {0};
+        rc = gen_round(c, k, r, &round_b, tm);
+        drawn += B;
+        if (filter)
+            step_batch_filter_groups(&round_b);
+        step_batch_append(&all, &round_b);
+        if (!filter || all.n_groups >= B)
+            break;
+    }
+    if (rc == 0 && filter) {
+        step_batch_truncate_groups(&all, B);
+        tm->filtered = true;
+        tm->gen_batches = (double)drawn / B;
+        tm->kept_groups = all.n_groups;
+    }
+    for (int i = 0; i < all.n_seq; i++) /* after filtering, positions in the batch are the step's order */
+        all.seqs[i].gidx = i;
     if (rc == 0) {
         /* this DP rank's token-balanced share of whole groups (the same split on every rank) */
         int *dp_of = xmalloc((size_t)(all.n_groups ? all.n_groups : 1) * sizeof(int));

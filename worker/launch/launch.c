@@ -19,10 +19,10 @@
  * with why. */
 static int split_supported(const struct grpo_config *c, const struct placement_spec *ps, char *why, size_t whylen)
 {
-    if (c->alg_filter_groups_enable)
+    if (c->alg_filter_groups_enable && ps->rollout_ranks > 0)
         return error_set(why, whylen,
-                         "algorithm.filter_groups.enable (dynamic sampling) runs in one process for now; it is not "
-                         "available with separate rollout ranks or colocated ranks");
+                         "algorithm.filter_groups.enable (dynamic sampling) runs in one process and on colocated "
+                         "ranks for now; it is not available with separate rollout ranks");
     if (c->trainer_sft_warmup_steps > 0)
         return error_set(why, whylen,
                          "trainer.sft_warmup_steps %lld: the supervised warm-start runs in one process; warm-start "

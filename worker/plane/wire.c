@@ -92,6 +92,11 @@ static const char *check_sequence(const Grpo__Sequence *q, const struct wire_lim
                why;
     if (q->sample_index < 0 || q->sample_index >= lim->n)
         return snprintf(why, whylen, "sample_index %d is outside rollout.n %d", q->sample_index, lim->n), why;
+    if (q->n_response_ids == 0) /* generation always holds one (docs/operations.md, "What the data plane refuses") */
+        return snprintf(why, whylen,
+                        "an empty response (0 tokens): every response holds at least one token (one that stops at "
+                        "once, its end-of-sequence token)"),
+               why;
     if (q->n_response_ids > (size_t)lim->max_response_length)
         return snprintf(why, whylen, "response of %zu tokens is over data.max_response_length %d", q->n_response_ids,
                         lim->max_response_length),
@@ -211,9 +216,9 @@ int wire_unpack_batch(const uint8_t *buf, size_t len, const struct wire_limits *
         s->prompt = lim->prompts->items[q->uid].ids;
         s->prompt_len = lim->prompts->items[q->uid].len;
         s->resp_len = (int)q->n_response_ids;
-        s->resp = xmalloc((size_t)(s->resp_len ? s->resp_len : 1) * sizeof(int32_t));
+        s->resp = xmalloc((size_t)s->resp_len * sizeof(int32_t)); /* at least one token (check_sequence) */
         memcpy(s->resp, q->response_ids, (size_t)s->resp_len * sizeof(int32_t));
-        s->gen_logp = xmalloc((size_t)(s->resp_len ? s->resp_len : 1) * sizeof(float));
+        s->gen_logp = xmalloc((size_t)s->resp_len * sizeof(float));
         memcpy(s->gen_logp, q->old_log_probs, (size_t)s->resp_len * sizeof(float));
         s->stopped = q->stopped;
         s->score = q->reward;

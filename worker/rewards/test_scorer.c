@@ -3,6 +3,7 @@
  * tests/unit/test_rewards.c. Not part of the worker library. */
 #include <math.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -61,4 +62,42 @@ double byte_score(const char *data_source, const char *solution_str, const char 
     for (const unsigned char *p = (const unsigned char *)solution_str; *p; p++)
         sum += *p;
     return (double)(sum % 7) / 7.0;
+}
+
+double stall_score(const char *data_source, const char *solution_str, const char *ground_truth,
+                   const char *extra_info_json);
+
+/* 0, or, while the file GRPO_TEST_STALL_FILE names exists, a scorer that stalls: it creates FILE.stalled and
+ * sleeps (a step that cannot reach its end, for the signal tests). */
+double stall_score(const char *data_source, const char *solution_str, const char *ground_truth,
+                   const char *extra_info_json)
+{
+    (void)data_source;
+    (void)solution_str;
+    (void)ground_truth;
+    (void)extra_info_json;
+    const char *flag = getenv("GRPO_TEST_STALL_FILE");
+    if (!flag || access(flag, F_OK) != 0)
+        return 0.0;
+    char marker[4096];
+    snprintf(marker, sizeof marker, "%s.stalled", flag);
+    FILE *f = fopen(marker, "w");
+    if (f)
+        fclose(f);
+    sleep(30);
+    return 0.0;
+}
+
+double held_byte_score(const char *data_source, const char *solution_str, const char *ground_truth,
+                       const char *extra_info_json);
+
+/* byte_score, each sample held (up to 3 s) while the file GRPO_TEST_HOLD_FILE names exists: the same rewards,
+ * and a trainer that waits for the step meanwhile (for the data-plane tests' strangers). */
+double held_byte_score(const char *data_source, const char *solution_str, const char *ground_truth,
+                       const char *extra_info_json)
+{
+    const char *flag = getenv("GRPO_TEST_HOLD_FILE");
+    for (int i = 0; flag && i < 60 && access(flag, F_OK) == 0; i++)
+        usleep(50000);
+    return byte_score(data_source, solution_str, ground_truth, extra_info_json);
 }

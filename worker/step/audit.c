@@ -68,7 +68,8 @@ void rollout_audit_write(const char *dir, int64_t step, int dp_rank, int n, cons
         const struct prompt_item *p = b->group_prompt[s->group];
         json_t *o = json_object();
         json_object_set_new(o, "step", json_integer(step));
-        json_object_set_new(o, "uid", json_integer(s->gidx / n)); /* group in the step */
+        json_object_set_new(o, "uid", json_integer(b->group_uid[s->group])); /* the prompt's index in the set */
+        json_object_set_new(o, "group", json_integer(s->gidx / n));          /* its group's position in the step */
         json_object_set_new(o, "data_source", json_string(p->data_source));
         json_object_set_new(o, "prompt", json_text(p->text));
         json_object_set_new(o, "response", json_text(b->resp_text[i]));

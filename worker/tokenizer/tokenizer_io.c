@@ -180,9 +180,37 @@ static char *read_text_file(const char *path)
     return s;
 }
 
-/* tokenizer_config.json (and chat_template.jinja) beside a tokenizer.json: special ids, chat
- * template, add_bos. Missing files are fine; a malformed config only warns. */
-static void load_config_beside(struct tokenizer *t, const char *path)
+/* The chat template of a tokenizer_config.json: a string, or [{name, template}] (the "default" one, else the
+ * first). Absent: NULL with *bad false. Present and not one of those (a number, an object, a list without a
+ * template, an empty text): NULL with *bad true. */
+static const char *config_chat_template(const json_t *cfg, bool *bad)
+{
+    const json_t *ct = json_object_get(cfg, "chat_template");
+    *bad = false;
+    if (!ct || json_is_null(ct))
+        return NULL;
+    const char *pick = NULL;
+    if (json_is_string(ct)) {
+        pick = json_string_value(ct);
+    } else if (json_is_array(ct)) {
+        size_t i;
+        const json_t *it;
+        json_array_foreach(ct, i, it)
+        {
+            const char *nm = json_string_value(json_object_get(it, "name"));
+            const char *tp = json_string_value(json_object_get(it, "template"));
+            if (tp && (!pick || (nm && strcmp(nm, "default") == 0)))
+                pick = tp;
+        }
+    }
+    *bad = !pick || !*pick;
+    return *bad ? NULL : pick;
+}
+
+/* tokenizer_config.json (and chat_template.jinja) beside a tokenizer.json: special ids, chat template,
+ * add_bos. Missing files are fine; a config that is not JSON, or whose chat_template is neither a text nor a
+ * list of named ones, is an error naming the file (0, or -1 with err). */
+static int load_config_beside(struct tokenizer *t, const char *path, char *err, size_t errlen)
 {
     const char *slash = strrchr(path, '/');
     size_t dl = slash ? (size_t)(slash - path + 1) : 0;
@@ -192,40 +220,50 @@ static void load_config_beside(struct tokenizer *t, const char *path)
     if (access(cfgp, R_OK) == 0) {
         json_error_t je;
         json_t *cfg = json_load_file(cfgp, 0, &je);
-        if (!cfg)
-            log_warn("tokenizer", "%s: %s (line %d); ignored", cfgp, je.text, je.line);
-        else {
-            const char *s;
-            if ((s = cfg_token(cfg, "bos_token")))
-                t->bos_id = tokenizer_token_id(t, s);
-            if ((s = cfg_token(cfg, "eos_token")))
-                t->eos_id = tokenizer_token_id(t, s);
-            if ((s = cfg_token(cfg, "pad_token")))
-                t->pad_id = tokenizer_token_id(t, s);
-            if ((s = cfg_token(cfg, "unk_token")))
-                t->cfg_unk_id = tokenizer_token_id(t, s);
-            const json_t *ab = json_object_get(cfg, "add_bos_token");
-            if (json_is_boolean(ab))
-                t->add_bos = json_is_true(ab);
-            const json_t *ct = json_object_get(cfg, "chat_template");
-            if (json_is_string(ct))
-                tokenizer_set_chat_template(t, json_string_value(ct));
-            else if (json_is_array(ct)) { /* [{name, template}]: the "default" one, else the first */
-                const char *pick = NULL;
-                size_t i;
-                const json_t *it;
-                json_array_foreach(ct, i, it)
-                {
-                    const char *nm = json_string_value(json_object_get(it, "name"));
-                    const char *tp = json_string_value(json_object_get(it, "template"));
-                    if (tp && (!pick || (nm && strcmp(nm, "default") == 0)))
-                        pick = tp;
-                }
-                if (pick)
-                    tokenizer_set_chat_template(t, pick);
-            }
+        if (!cfg || !json_is_object(cfg)) {
+            if (cfg)
+                error_set(err, errlen, "%s: not a JSON object (it holds the chat template and special tokens)", cfgp);
+            else
+                error_set(err, errlen,
+                          "%s: %s (line %d): not valid JSON (it holds the chat template and special "
+                          "tokens)",
+                          cfgp, je.text, je.line);
             json_decref(cfg);
+            free(cfgp);
+            return -1;
         }
+        const char *s;
+        if ((s = cfg_token(cfg, "bos_token")))
+            t->bos_id = tokenizer_token_id(t, s);
+        if ((s = cfg_token(cfg, "eos_token")))
+            t->eos_id = tokenizer_token_id(t, s);
+        if ((s = cfg_token(cfg, "pad_token")))
+            t->pad_id = tokenizer_token_id(t, s);
+        if ((s = cfg_token(cfg, "unk_token")))
+            t->cfg_unk_id = tokenizer_token_id(t, s);
+        const json_t *ab = json_object_get(cfg, "add_bos_token");
+        if (json_is_boolean(ab))
+            t->add_bos = json_is_true(ab);
+        bool bad;
+        const char *tpl = config_chat_template(cfg, &bad);
+        if (bad) {
+            error_set(err, errlen,
+                      "%s: chat_template is not a template (a non-empty text, or a list of {\"name\", "
+                      "\"template\"}): fix or remove it",
+                      cfgp);
+            json_decref(cfg);
+            free(cfgp);
+            return -1;
+        }
+        if (tpl) {
+            tokenizer_set_chat_template(t, tpl);
+            if (!strstr(tpl, "<|im_start|>"))
+                log_warn("tokenizer",
+                         "%s: chat_template is not ChatML; prompts are rendered as ChatML, the one template this "
+                         "trainer renders",
+                         cfgp);
+        }
+        json_decref(cfg);
     }
     strcpy(cfgp + dl, "chat_template.jinja");
     if (!t->chat_template) {
@@ -236,6 +274,7 @@ static void load_config_beside(struct tokenizer *t, const char *path)
         }
     }
     free(cfgp);
+    return 0;
 }
 
 static struct tokenizer *from_json_root(const json_t *root, const char *name, char *err, size_t errlen)
@@ -437,8 +476,10 @@ struct tokenizer *tokenizer_from_json(const char *path, char *err, size_t errlen
     else
         t = from_json_root(root, path, err, errlen);
     json_decref(root);
-    if (t)
-        load_config_beside(t, path);
+    if (t && load_config_beside(t, path, err, errlen) != 0) {
+        tokenizer_free(t);
+        t = NULL;
+    }
     return t;
 }
 

@@ -108,13 +108,14 @@ out:
     return rc;
 }
 
-static int state_write(const char *path, const struct run_state *st, char *err, size_t errlen)
+static int state_write(const char *path, const struct run_state *st, int64_t optim_steps, char *err, size_t errlen)
 {
     char digest[32];
     snprintf(digest, sizeof digest, "%016llx", (unsigned long long)st->config_digest);
-    json_t *o = json_pack("{s:i, s:I, s:I, s:I, s:s, s:s, s:I}", "version", 1, "global_step",
-                          (json_int_t)st->global_step, "epoch", (json_int_t)st->epoch, "cursor", (json_int_t)st->cursor,
-                          "seed", "", "config_digest", digest, "total_steps", (json_int_t)st->total_steps);
+    json_t *o =
+        json_pack("{s:i, s:I, s:I, s:I, s:s, s:s, s:I, s:I}", "version", 1, "global_step", (json_int_t)st->global_step,
+                  "epoch", (json_int_t)st->epoch, "cursor", (json_int_t)st->cursor, "seed", "", "config_digest", digest,
+                  "total_steps", (json_int_t)st->total_steps, "optim_steps", (json_int_t)optim_steps);
     char seed[32];
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)st->seed); /* as text: JSON numbers lose 64-bit */
     json_object_set_new(o, "seed", json_string(seed));
@@ -131,16 +132,25 @@ static int state_read(const char *path, struct run_state *st, char *err, size_t 
     json_t *o = json_load_file(path, 0, &je);
     if (!o)
         return error_set(err, errlen, "%s:%d: %s", path, je.line, je.text);
-    json_int_t step = 0, epoch = 0, cursor = 0, total = 0;
+    json_int_t step = 0, epoch = 0, cursor = 0, total = 0, optim_steps = -1; /* -1: an older checkpoint's */
     const char *seed = "", *digest = "";
-    int rc = json_unpack_ex(o, &je, JSON_STRICT, "{s:i, s:I, s:I, s:I, s:s, s:s, s:I}", "version", &(int){0},
+    int rc = json_unpack_ex(o, &je, JSON_STRICT, "{s:i, s:I, s:I, s:I, s:s, s:s, s:I, s?:I}", "version", &(int){0},
                             "global_step", &step, "epoch", &epoch, "cursor", &cursor, "seed", &seed, "config_digest",
-                            &digest, "total_steps", &total);
+                            &digest, "total_steps", &total, "optim_steps", &optim_steps);
     if (rc != 0) {
         json_decref(o);
         return error_set(err, errlen, "%s: %s", path, je.text);
     }
+    if (step < 0 || epoch < 0 || cursor < 0 || total < 0 || optim_steps < -1) {
+        json_decref(o);
+        return error_set(err, errlen,
+                         "%s: global_step %lld, epoch %lld, cursor %lld, total_steps %lld, optim_steps %lld: a count "
+                         "is negative (a corrupt or edited file)",
+                         path, (long long)step, (long long)epoch, (long long)cursor, (long long)total,
+                         (long long)optim_steps);
+    }
     st->global_step = step, st->epoch = epoch, st->cursor = cursor, st->total_steps = total;
+    st->optim_steps = optim_steps;
     st->seed = strtoull(seed, NULL, 10);
     st->config_digest = strtoull(digest, NULL, 16);
     json_decref(o);
@@ -206,7 +216,7 @@ int checkpoint_save(const char *root, const struct model *m, const struct adamw 
     if (optim_state_write(path, opt, err, errlen) != 0)
         goto fail_tmp;
     snprintf(path, sizeof path, "%s/state.json", tmp);
-    if (state_write(path, st, err, errlen) != 0)
+    if (state_write(path, st, opt->t, err, errlen) != 0)
         goto fail_tmp;
     snprintf(path, sizeof path, "%s/actor", tmp);
     if (fs_fsync_path(path) != 0 || fs_fsync_path(tmp) != 0) {
@@ -285,12 +295,54 @@ int checkpoint_find_latest(const char *root, char *out, size_t outlen)
     return rc;
 }
 
+/* The step a checkpoint directory's name says (global_step_K), or -1 when its name is not of that form. */
+static long long dir_step(const char *dir)
+{
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        n--;
+    size_t b = n;
+    while (b > 0 && dir[b - 1] != '/')
+        b--;
+    static const char prefix[] = "global_step_";
+    const size_t pl = sizeof prefix - 1;
+    if (n - b <= pl || strncmp(dir + b, prefix, pl) != 0)
+        return -1;
+    long long k = 0;
+    for (size_t i = b + pl; i < n; i++) {
+        if (dir[i] < '0' || dir[i] > '9' || k > (INT64_MAX - 9) / 10)
+            return -1;
+        k = 10 * k + (dir[i] - '0');
+    }
+    return k;
+}
+
+/* The optimizer state just loaded agrees with state.json (checkpoints that record optim_steps). */
+static int optim_agrees(const char *dir, const struct adamw *opt, const struct run_state *st, char *err, size_t errlen)
+{
+    if (st->optim_steps < 0 || opt->t == st->optim_steps)
+        return 0;
+    return error_set(err, errlen,
+                     "%s/state.json says the optimizer took %lld steps, but %s/optim.bin holds %lld: the files come "
+                     "from different checkpoints",
+                     dir, (long long)st->optim_steps, dir, (long long)opt->t);
+}
+
 int checkpoint_load(const char *dir, struct model *m, struct adamw *opt, struct run_state *st, char *err, size_t errlen)
 {
     char path[4200];
     snprintf(path, sizeof path, "%s/state.json", dir);
     if (state_read(path, st, err, errlen) != 0)
         return -1;
+    const long long named = dir_step(dir);
+    if (named < 0)
+        return error_set(err, errlen, "%s: not a checkpoint directory (its name must be global_step_K, K the step)",
+                         dir);
+    if (named != st->global_step)
+        return error_set(err, errlen,
+                         "%s says global_step %lld, but the directory it sits in is global_step_%lld: a corrupt or "
+                         "edited state.json, or a checkpoint moved under another step's name",
+                         path, (long long)st->global_step, named);
     snprintf(path, sizeof path, "%s/actor/adapter_config.json", dir);
     const bool adapter = access(path, R_OK) == 0;
     if (adapter != (m->lora != NULL))
@@ -303,7 +355,9 @@ int checkpoint_load(const char *dir, struct model *m, struct adamw *opt, struct 
         if (lora_load(m, path, err, errlen) != 0)
             return -1;
         snprintf(path, sizeof path, "%s/optim.bin", dir);
-        return optim_state_read(path, opt, err, errlen);
+        if (optim_state_read(path, opt, err, errlen) != 0)
+            return -1;
+        return optim_agrees(dir, opt, st, err, errlen);
     }
     struct model *loaded = model_load_hf(path, err, errlen);
     if (!loaded)
@@ -316,5 +370,7 @@ int checkpoint_load(const char *dir, struct model *m, struct adamw *opt, struct 
     memcpy(m->w.mem, loaded->w.mem, m->w.n_floats * sizeof(float));
     model_free(loaded);
     snprintf(path, sizeof path, "%s/optim.bin", dir);
-    return optim_state_read(path, opt, err, errlen);
+    if (optim_state_read(path, opt, err, errlen) != 0)
+        return -1;
+    return optim_agrees(dir, opt, st, err, errlen);
 }

@@ -31,6 +31,7 @@ struct run_state {
     uint64_t seed;       /* base seed: every random draw of step k derives from (seed, k) */
     uint64_t config_digest;
     int64_t total_steps;
+    int64_t optim_steps; /* AdamW steps taken (optim.bin's count); -1 when an older checkpoint did not say */
 };
 
 /* Write checkpoint global_step_K (K = st->global_step) under ckpt_root (created if needed), then keep only the
@@ -44,8 +45,9 @@ int checkpoint_save(const char *ckpt_root, const struct model *m, const struct a
 int checkpoint_find_latest(const char *ckpt_root, char *out, size_t outlen);
 
 /* Load a checkpoint directory: weights into m (same architecture; with a LoRA adapter attached, the adapter of
- * the same rank and targets), optimizer state into opt (same size), run state into st. 0, or -1 with err naming
- * the file. */
+ * the same rank and targets), optimizer state into opt (same size), run state into st. The directory must be
+ * named global_step_K with K the state's global_step, and optim.bin's step count the one state.json records.
+ * 0, or -1 with err naming the file. */
 int checkpoint_load(const char *dir, struct model *m, struct adamw *opt, struct run_state *st, char *err,
                     size_t errlen);
 

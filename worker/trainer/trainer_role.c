@@ -100,6 +100,16 @@ static int receive_one(struct trainer_rank *r, int64_t k, int timeout_ms)
     }
     struct pending p = {0};
     int rc = wire_unpack_batch(buf, len, &r->lim, &p.h, &p.b, err, sizeof err);
+    /* only the steps the dispatcher can have granted: version k - 1 is published, which opens steps up to
+     * k + staleness (dispatch.h); anything later is not kept, whoever sent it */
+    const int64_t last = k + r->env->staleness;
+    if (rc == 0 && p.h.step > last) {
+        snprintf(err, sizeof err, "batch for step %lld, but the trainers take steps %lld..%lld now (step %lld and %s)",
+                 (long long)p.h.step, (long long)k, (long long)last, (long long)k,
+                 r->env->staleness ? "the next, one-step-off" : "no later, on-policy");
+        step_batch_free(&p.b);
+        rc = -1;
+    }
     if (rc == 0 && r->mp) {
         p.raw = xcalloc((len + 3) / 4 * 4, 1); /* share_step broadcasts it in whole 32-bit words */
         memcpy(p.raw, buf, len);
