@@ -39,6 +39,7 @@ static struct heard {
     uint64_t id;
     int64_t step;
     int unit;
+    bool old; /* a process of protocol 1.6, whose asks name no unit */
 } heard[64];
 static int n_heard;
 
@@ -123,9 +124,10 @@ static Grpo__Envelope *work_call(struct dispatch_core *d, const struct proc *p, 
     w.worker_id = p->id;
     w.rank = p->rank;
     w.ping = ping;
-    if (!ping) {
+    if (!ping && !heard_of(p->id)->old) {
         w.done_step = heard_of(p->id)->step;
         w.done_unit = heard_of(p->id)->unit;
+        w.names_done = true;
     }
     req.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST;
     req.work_request = &w;
@@ -538,6 +540,16 @@ static void test_lost_answer(void **state)
     expect_unit_at(d, &b, t, 1, 1, 0);
     expect_unit_at(d, &b, t, 2, 1, 0);
     assert_int_equal(cstats(d).granted, 4);
+    dispatch_core_free(d);
+
+    /* a process of protocol 1.6 names no unit: its asks are answered as they were (the next unit or a wait,
+     * never the one it holds again, which it would generate over and over) */
+    const struct proc old = {0x01D, 0, NULL};
+    d = core_open(NULL, 2, 0, 3, N, 10.0, t);
+    heard_of(old.id)->old = true;
+    publish(d, 0, w0);
+    expect_unit_at(d, &old, t, 1, 0, 0);
+    expect_wait_at(d, &old, t, "step 2", NULL);
     dispatch_core_free(d);
     free(w0), free(w1);
 }

@@ -197,7 +197,8 @@ static void give_unit(const struct dispatch_core *d, Grpo__WorkGrant *g, int j, 
 }
 
 /* The next unit for process p, or a wait / end with its reason. */
-static void grant(struct dispatch_core *d, int pi, Grpo__WorkGrant *g, char *reason, size_t rlen, double now)
+static void grant(struct dispatch_core *d, int pi, bool names_done, Grpo__WorkGrant *g, char *reason, size_t rlen,
+                  double now)
 {
     struct proc *p = &d->procs[pi];
     g->start_step = d->o.start;
@@ -220,7 +221,7 @@ static void grant(struct dispatch_core *d, int pi, Grpo__WorkGrant *g, char *rea
     }
     /* a unit it holds and has not delivered: the answer that granted it was lost (it asked again), so it is
      * granted again, the same unit */
-    for (int j = 0; j < d->window; j++)
+    for (int j = 0; j < d->window && names_done; j++)
         for (int u = 0; u < d->o.units; u++) {
             struct lease *l = &d->lease[j * d->o.units + u];
             if (l->holder != pi || l->done)
@@ -369,8 +370,9 @@ static uint8_t *answer(struct dispatch_core *d, const Grpo__Envelope *req, doubl
             p->told_end |= d->end_after >= 0;
             snprintf(reason, sizeof reason, "%s", d->end_after >= 0 ? d->end_why : "alive");
         } else {
-            delivered(d, (int)(p - d->procs), w->done_step, w->done_unit, now);
-            grant(d, (int)(p - d->procs), &g, reason, sizeof reason, now);
+            if (w->names_done)
+                delivered(d, (int)(p - d->procs), w->done_step, w->done_unit, now);
+            grant(d, (int)(p - d->procs), w->names_done, &g, reason, sizeof reason, now);
         }
         g.reason = reason;
         out.body_case = GRPO__ENVELOPE__BODY_WORK_GRANT;

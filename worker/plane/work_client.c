@@ -121,6 +121,7 @@ int work_client_next(struct work_client *c, struct work_grant *g, int timeout_ms
     w.rank = c->slot;
     w.done_step = c->last_step;
     w.done_unit = c->last_unit;
+    w.names_done = true;
     req.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST;
     req.work_request = &w;
     Grpo__Envelope *r = NULL;
