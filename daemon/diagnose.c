@@ -251,8 +251,14 @@ static void long_tail(const struct diag_rank *r, int n, const struct diag_run *r
                 run->gen_wait_peers_s, run->step_s, pct(wait_share), run->gen_imbalance, stolen);
         else
             say(d->text, "long tail: the slowest rank's generation took %.2fx the mean%s", run->gen_imbalance, stolen);
-        say(d->knob, "cap the tail: a shorter data.max_response_length, or reward_model.overlong_buffer.enable=true "
-                     "(long answers cost reward); a larger data.train_batch_size evens out the ranks' shares");
+        if (isfinite(run->units_stolen)) /* colocated ranks: the work units */
+            say(d->knob, "placement.colocated_steal=true (an idle rank takes the slowest one's unstarted units) with "
+                         "more placement.colocated_units; or cap the tail: a shorter data.max_response_length, or "
+                         "reward_model.overlong_buffer.enable=true (long answers cost reward)");
+        else
+            say(d->knob,
+                "cap the tail: a shorter data.max_response_length, or reward_model.overlong_buffer.enable=true "
+                "(long answers cost reward); a larger data.train_batch_size evens out the ranks' shares");
         return;
     }
     double max = 0, sum = 0;

@@ -39,7 +39,8 @@ says "$TMP/trainer.diag" "on-policy)"; expect "slow update: on-policy said" $?
 says "$TMP/trainer.diag" "turn: run colocated"; expect "slow update: run colocated is the first knob" $?
 has "$TMP/trainer.diag" "actor_rollout_ref.rollout.mode=async"; expect "slow update: async named" $?
 [ "$(jq -r '.[0].kind' "$TMP/trainer.json")" = trainer_bound ]; expect "slow update: the worst finding (JSON)" $?
-! kinds trainer | grep -q rollout_bound; expect "slow update: not rollout-bound ($(kinds trainer))" $?
+! kinds trainer | grep -q rollout_bound; rc=$?
+expect "slow update: not rollout-bound ($(kinds trainer))" $rc
 "$GRPOCTL" status >"$TMP/trainer.status"
 says "$TMP/trainer.status" "diagnosis   trainer-bound"; expect "grpoctl status shows the worst finding" $?
 url="$(status_field .http_url)"
@@ -51,19 +52,39 @@ stop_grpod
 run rollout 1 test.delay_phase=gen test.delay_s=0.4
 says "$TMP/rollout.diag" "rollout-bound: the 1 trainer rank(s) idle"; expect "slow generation: rollout-bound" $?
 says "$TMP/rollout.diag" "more rollout ranks"; expect "slow generation: more rollout ranks is a knob" $?
-! kinds rollout | grep -q trainer_bound; expect "slow generation: not trainer-bound ($(kinds rollout))" $?
+! kinds rollout | grep -q trainer_bound; rc=$?
+expect "slow generation: not trainer-bound ($(kinds rollout))" $rc
 stop_grpod
 
 # world rank 2 is the second rollout rank: it alone sleeps
 run straggler 2 test.delay_phase=gen "test.delay_s=[0,0,0.4]"
 says "$TMP/straggler.diag" "straggler: rank 2 (rollout on host"; expect "one slow rollout rank: a straggler, rank 2" $?
 ! has "$TMP/straggler.diag" "straggler: rank 1"; expect "one slow rollout rank: rank 1 is not named" $?
-! kinds straggler | grep -q long_tail; expect "one slow rollout rank: not a long tail ($(kinds straggler))" $?
+! kinds straggler | grep -q long_tail; rc=$?
+expect "one slow rollout rank: not a long tail ($(kinds straggler))" $rc
 stop_grpod
 # a finished run keeps its verdict when grpod restarts on its journal
 start_grpod straggler placement.trainer_ranks=1 placement.rollout_ranks=2
 "$GRPOCTL" diagnose >"$TMP/straggler2.diag" 2>&1
 says "$TMP/straggler2.diag" "straggler: rank 2 (rollout on host"; expect "after a restart of grpod: the same verdict" $?
+stop_grpod
+
+# colocated ranks (no split), work stealing off, rank 1 slow to start each step's generation: a straggler
+start_grpod colocated || fail "colocated: grpod starts"
+mpirun --oversubscribe --bind-to none -np 2 "$WORKER" actor_rollout_ref.model.path="$TMP/tiny" \
+    trainer.project_name=p trainer.experiment_name=e trainer.total_training_steps=5 trainer.val_before_train=false \
+    trainer.test_freq=-1 data.train_batch_size=2 actor_rollout_ref.rollout.n=2 \
+    actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=8 data.synthetic.num_train=16 \
+    data.synthetic.num_val=2 trainer.nnodes=1 trainer.n_gpus_per_node=2 placement.colocated_steal=false \
+    grpod.endpoint="$EP" grpod.connect_timeout_s=30 trainer.default_local_dir="$TMP/colocated.runs" \
+    test.delay_phase=gen "test.delay_s=[0,0.4]" >"$TMP/colocated.log" 2>&1
+expect "colocated: the run ends with 0" $?
+"$GRPOCTL" diagnose >"$TMP/colocated.diag" 2>&1
+"$GRPOCTL" diagnose --json >"$TMP/colocated.json" 2>&1
+sed 's/^/     | /' "$TMP/colocated.diag"
+says "$TMP/colocated.diag" "straggler: rank 1 (hybrid on host"; expect "colocated, rank 1 slow each step: a straggler, rank 1" $?
+! kinds colocated | grep -Eq "trainer_bound|rollout_bound"; rc=$?
+expect "colocated: neither trainer- nor rollout-bound ($(kinds colocated))" $rc
 stop_grpod
 
 run sync 1 test.delay_phase=weight_sync test.delay_s=0.4

@@ -211,6 +211,7 @@ static void test_long_tail_colocated(void **state)
     assert_int_equal(f[0].kind, DIAG_LONG_TAIL);
     assert_non_null(strstr(f[0].text, "0.50 s of a 2.00 s step (25%)"));
     assert_non_null(strstr(f[0].text, "3 unit(s)"));
+    assert_non_null(strstr(f[0].knob, "placement.colocated_steal=true")); /* colocated: the units are the knob */
     knob_keys_exist(f[0].knob);
     /* imbalance alone is enough */
     L->run.gen_wait_peers_s = NAN;

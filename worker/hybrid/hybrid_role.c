@@ -50,6 +50,12 @@ struct colocated {
     int64_t gen_at; /* the trainer's step whose weights the generation model holds (-1: none yet) */
 };
 
+/* Whether the update packs a group's prompt once (the trainer's rule: the key, on the CPU). */
+static bool shared_prompts(const struct grpo_config *c)
+{
+    return c->actor_shared_prompt_packing && strcmp(c->trainer_device, "cpu") == 0;
+}
+
 /* Units per step: placement.colocated_units, or four per engine (a group never splits: at most the groups). */
 static int units_per_step(const struct grpo_config *c, int engines)
 {
@@ -379,7 +385,7 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
         /* this DP rank's token-balanced share of whole groups (the same split on every rank) */
         int *dp_of = xmalloc((size_t)(all.n_groups ? all.n_groups : 1) * sizeof(int));
         bool *keep = xmalloc((size_t)(all.n_groups ? all.n_groups : 1) * sizeof(bool));
-        step_batch_balance(&all, c->env->at.dp_size, dp_of);
+        step_batch_balance(&all, c->env->at.dp_size, shared_prompts(cfg), dp_of);
         for (int g = 0; g < all.n_groups; g++)
             keep[g] = dp_of[g] == c->env->at.dp;
         step_batch_keep_groups(&all, keep);

@@ -325,7 +325,9 @@ static int send_unit(struct rollout_rank *r, const struct work_grant *g, const s
     int *dp_of = xmalloc((size_t)(b->n_groups ? b->n_groups : 1) * sizeof(int));
     int *sel = xmalloc((size_t)(b->n_groups ? b->n_groups : 1) * sizeof(int));
     if (n_dp > 0)
-        step_batch_balance(b, n_dp, dp_of);
+        step_batch_balance(b, n_dp,
+                           r->env->cfg->actor_shared_prompt_packing && strcmp(r->env->cfg->trainer_device, "cpu") == 0,
+                           dp_of);
     int rc = 0;
     for (int d = 0; d < n_dp && rc == 0; d++) {
         int ns = 0;

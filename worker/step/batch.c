@@ -69,11 +69,16 @@ void step_batch_filter_groups(struct step_batch *b)
     free(varied), free(first);
 }
 
-void step_batch_balance(const struct step_batch *b, int n_dp, int *dp_of_group)
+void step_batch_balance(const struct step_batch *b, int n_dp, bool shared_prompts, int *dp_of_group)
 {
     long long *tok = xcalloc((size_t)(b->n_groups ? b->n_groups : 1), sizeof *tok);
-    for (int i = 0; i < b->n_seq; i++)
-        tok[b->seqs[i].group] += b->seqs[i].prompt_len + b->seqs[i].resp_len;
+    bool *seen = xcalloc((size_t)(b->n_groups ? b->n_groups : 1), sizeof *seen);
+    for (int i = 0; i < b->n_seq; i++) { /* the rows the update forwards: a shared prompt once per group */
+        const int g = b->seqs[i].group;
+        tok[g] += b->seqs[i].resp_len + (shared_prompts && seen[g] ? 0 : b->seqs[i].prompt_len);
+        seen[g] = true;
+    }
+    free(seen);
     long long *load = xcalloc((size_t)n_dp, sizeof *load);
     bool *done = xcalloc((size_t)(b->n_groups ? b->n_groups : 1), sizeof *done);
     for (int k = 0; k < b->n_groups; k++) {

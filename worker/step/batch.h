@@ -26,9 +26,11 @@ void step_batch_reserve(struct step_batch *b, int more);
 /* Keep the groups g with keep[g] (in their order, renumbered from 0) and free the others. */
 void step_batch_keep_groups(struct step_batch *b, const bool *keep);
 /* Token balance over n_dp trainer DP ranks (verl's sequence balancing): each group, largest first, to the rank
- * with the fewest tokens so far; dp_of_group[g] gets its rank. Depends on the groups alone (ties: the lower
- * group, the lower rank), so every rank that holds the same batch computes the same. */
-void step_batch_balance(const struct step_batch *b, int n_dp, int *dp_of_group);
+ * with the fewest tokens so far; dp_of_group[g] gets its rank. A group weighs the rows the update forwards for it:
+ * with shared_prompts (actor_rollout_ref.actor.shared_prompt_packing in effect) its prompt once, else once per
+ * sequence. Depends on the groups alone (ties: the lower group, the lower rank), so every rank that holds the same
+ * batch computes the same. */
+void step_batch_balance(const struct step_batch *b, int n_dp, bool shared_prompts, int *dp_of_group);
 /* Drop groups whose scores are all equal (no learning signal): DAPO's dynamic sampling. */
 void step_batch_filter_groups(struct step_batch *b);
 /* Keep only the first `groups` groups. */
