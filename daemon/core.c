@@ -735,7 +735,8 @@ static void note_step(struct core *c, int64_t step)
     c->run.history[c->run.nhistory++] = pt;
 }
 
-static uint8_t *reply_ack(struct core *c, uint64_t id, bool reregister, const char *reason, size_t *len)
+static uint8_t *reply_ack(struct core *c, const struct core_worker *w, uint64_t id, bool reregister, const char *reason,
+                          size_t *len)
 {
     Grpo__Envelope env = GRPO__ENVELOPE__INIT;
     Grpo__HeartbeatAck ack = GRPO__HEARTBEAT_ACK__INIT;
@@ -746,7 +747,9 @@ static uint8_t *reply_ack(struct core *c, uint64_t id, bool reregister, const ch
     ack.checkpoint_seq = c->run.checkpoint_seq;
     ack.reregister = reregister;
     ack.reason = (char *)(reason ? reason : c->run.reason);
-    ack.abort = c->run.abort;
+    /* the word to end goes to the ranks of the job that lost one; a rank of its relaunch that registered after it
+     * (a rollout rank may come before the trainers that clear it) is not told to end */
+    ack.abort = !w || c->run.abort_at == 0 || w->registered_at <= c->run.abort_at ? c->run.abort : "";
     env.request_id = id;
     env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT_ACK;
     env.heartbeat_ack = &ack;
@@ -801,7 +804,7 @@ static uint8_t *handle_heartbeat(struct core *c, const Grpo__Envelope *env, doub
         snprintf(why, sizeof why, "grpod does not know this registration of rank %d in run %s: register again", h->rank,
                  c->run.id);
         log_debug("registry", "%s", why);
-        return reply_ack(c, env->request_id, true, why, len);
+        return reply_ack(c, NULL, env->request_id, true, why, len);
     }
     struct core_worker *w = c->workers[h->rank];
     Grpo__WorkerState old = w->state;
@@ -842,7 +845,7 @@ static uint8_t *handle_heartbeat(struct core *c, const Grpo__Envelope *env, doub
             break;
         }
     reevaluate(c);
-    return reply_ack(c, env->request_id, false, NULL, len);
+    return reply_ack(c, w, env->request_id, false, NULL, len);
 }
 
 /* ---- commands ---- */
@@ -1049,6 +1052,7 @@ void core_tick(struct core *c, double now)
          * one they cannot go on. Tell every other rank to end (their job is relaunched and resumes from the newest
          * checkpoint). */
         if (w->role != GRPO__ROLE__ROLE_ROLLOUT && c->run.world > 1 && !c->run.abort[0]) {
+            c->run.abort_at = clock_wall_s();
             snprintf(c->run.abort, sizeof c->run.abort, "%s rank %d on host %s lost (no heartbeat for %.1f s)",
                      w->role == GRPO__ROLE__ROLE_HYBRID ? "colocated" : "trainer", w->rank, w->host, silent);
             add_event(c, "%s: the other ranks are told to end", c->run.abort);

@@ -106,6 +106,7 @@ struct core_run {
     int64_t checkpoint_step;      /* newest checkpoint every worker has, -1: none */
     double started;               /* unix seconds */
     char abort[CORE_REASON_MAX];  /* a trainer of a split run is lost: the other ranks are told to end ("": no) */
+    double abort_at;              /* when (unix seconds): ranks that registered later are not told */
     struct core_history_point history[CORE_HISTORY];
     int nhistory; /* oldest first; shifts when full */
 };

@@ -91,6 +91,7 @@ char *core_save_json(const struct core *c)
     json_object_set_new(run, "state", json_integer(c->run.state));
     json_object_set_new(run, "reason", json_string(c->run.reason));
     json_object_set_new(run, "abort", json_string(c->run.abort));
+    json_object_set_new(run, "abort_at", json_real(c->run.abort_at));
     json_object_set_new(run, "step", json_integer(c->run.step));
     json_object_set_new(run, "total_steps", json_integer(c->run.total_steps));
     json_object_set_new(run, "config_digest", hex64(c->run.config_digest));
@@ -212,6 +213,7 @@ int core_load_json(struct core *c, const char *text, double now, char *err, size
     r->state = st >= 0 && st <= GRPO__RUN_STATE__RUN_PAUSING ? (Grpo__RunState)st : GRPO__RUN_STATE__RUN_WAITING;
     get_str(run, "reason", r->reason, sizeof r->reason);
     get_str(run, "abort", r->abort, sizeof r->abort);
+    r->abort_at = get_num(run, "abort_at", 0);
     r->step = get_int(run, "step", 0);
     r->total_steps = get_int(run, "total_steps", 0);
     r->config_digest = get_hex64(run, "config_digest");

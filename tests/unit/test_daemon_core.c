@@ -824,6 +824,19 @@ static void test_split_trainer_lost_aborts(void **state)
     core_tick(&c, T);
     beat_abort(&c, 3, inc[3], abort_text, sizeof abort_text);
     assert_non_null(strstr(abort_text, "trainer rank 1"));
+    /* the relaunched job's rollout rank may register before its trainers: it is not told to end (the old job's
+     * rank 3, silent since, is lost first) */
+    T += 3.0;
+    core_tick(&c, T);
+    Grpo__Envelope *r3 = send_register(&c, 3, 4, "node13", "rollout", 42);
+    assert_int_equal(r3->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
+    const uint64_t inc3 = r3->assignment->incarnation;
+    protocol_free(r3);
+    beat_abort(&c, 3, inc3, abort_text, sizeof abort_text);
+    assert_string_equal(abort_text, "");
+    beat_abort(&c, 0, inc[0], abort_text, sizeof abort_text); /* the old job's trainer still is */
+    assert_non_null(strstr(abort_text, "trainer rank 1"));
+    inc[3] = inc3;
     /* the relaunched job: a fresh registration of the trainer (no incarnation) ends the abort */
     Grpo__Envelope *e = send_register(&c, 1, 4, "node11", "trainer", 42);
     assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
