@@ -208,11 +208,11 @@ static void peek(void *ud, int64_t *v) { (void)ud, (void)v; }
 static void check_table(struct comm *w)
 {
     const int r = comm_rank(w), s = comm_size(w), times = 200;
-    struct comm_table *t = comm_table_create(w, (size_t)(1 + s));
+    struct comm_table *t = comm_table_create(w, (size_t)s + 1);
     EXPECT(t != NULL, "the MPI back-end has no comm_table");
     if (!t)
         return;
-    int64_t *v = xcalloc((size_t)(1 + s), sizeof *v);
+    int64_t *v = xcalloc((size_t)s + 1, sizeof *v);
     for (int i = 0; i < times; i++)
         comm_table_update(t, v, bump, (void *)&r);
     comm_barrier(w);

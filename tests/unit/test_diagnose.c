@@ -85,8 +85,12 @@ static void knob_keys_exist(const char *knob)
             tok[--l] = 0;
         if (!strchr(tok, '.') || strchr(tok, '/'))
             continue; /* not a dotted name */
-        if (strncmp(tok, "rollout.", 8) && strncmp(tok, "trainer.", 8) && strncmp(tok, "actor_rollout_ref.", 18) &&
-            strncmp(tok, "data.", 5) && strncmp(tok, "placement.", 10) && strncmp(tok, "reward_model.", 13))
+        static const char *const prefixes[] = {"rollout.", "trainer.",   "actor_rollout_ref.",
+                                               "data.",    "placement.", "reward_model."};
+        bool keyed = false;
+        for (size_t p = 0; p < sizeof prefixes / sizeof *prefixes; p++)
+            keyed |= strncmp(tok, prefixes[p], strlen(prefixes[p])) == 0;
+        if (!keyed)
             continue;
         if (strcmp(tok, "reward_model.overlong_buffer") == 0)
             tok = "reward_model.overlong_buffer.enable";

@@ -141,6 +141,8 @@ static int state_read(const char *path, struct run_state *st, char *err, size_t 
         json_decref(o);
         return error_set(err, errlen, "%s: %s", path, je.text);
     }
+    /* json_unpack_ex filled them (cppcheck sees only their zeros) */
+    // cppcheck-suppress knownConditionTrueFalse
     if (step < 0 || epoch < 0 || cursor < 0 || total < 0 || optim_steps < -1) {
         json_decref(o);
         return error_set(err, errlen,

@@ -55,9 +55,9 @@ struct step_resources {
     double optimizer_state_gb; /* AdamW's two moments on this rank */
     struct kmem_stats mem;     /* the policy's context: its step's peaks by kind */
     int64_t epoch;
-    double update_max_allocated_gb; /* the policy's context at its peak after generation (the update's part) */
-    double update_kv_gb;            /* of which KV caches (0 when generation gave them back) */
-    int ranks;                 /* trainer (or colocated) ranks the idle ratios are over (0: one process) */
+    double update_max_allocated_gb;         /* the policy's context at its peak after generation (the update's part) */
+    double update_kv_gb;                    /* of which KV caches (0 when generation gave them back) */
+    int ranks;                              /* trainer (or colocated) ranks the idle ratios are over (0: one process) */
     double idle_ratio_max, idle_ratio_mean; /* the step's idle share per rank (outside and inside collectives) */
 };
 
