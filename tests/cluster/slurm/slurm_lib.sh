@@ -41,7 +41,7 @@ SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$(free_port)
 SlurmdPort=$(free_port)
 AuthType=auth/munge
-AuthInfo=socket=$s/munge/munge.sock
+AuthInfo=socket=$s/munge/munge.sock,cred_expire=10
 CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
@@ -69,6 +69,7 @@ NodeName=$host NodeAddr=127.0.0.1 CPUs=$1 RealMemory=1000 State=UNKNOWN
 PartitionName=test Nodes=$host Default=YES MaxTime=INFINITE State=UP
 CONF
     export SLURM_CONF="$s/slurm.conf"
+    SLURM_STEPDS_BEFORE="$(pgrep -x slurmstepd)" # not this cluster's
     trap 'slurm_down; lib_cleanup' EXIT
     slurmctld -D -i >>"$s/slurmctld.out" 2>&1 &
     track $!
@@ -90,4 +91,9 @@ slurm_down() {
     [ -n "${SLURM_CONF:-}" ] || return 0
     scancel --full --quiet --user=root 2>/dev/null
     wait_for 30 bash -c '[ -z "$(squeue -h 2>/dev/null)" ]' || echo "jobs left: $(squeue -h 2>/dev/null)"
+    # a slurmstepd left over (its job did not end: the test was cut short) would outlive the cluster
+    local p
+    for p in $(pgrep -x slurmstepd); do
+        grep -qxw "$p" <<<"$SLURM_STEPDS_BEFORE" || kill -KILL "$p" 2>/dev/null
+    done
 }

@@ -114,15 +114,17 @@ stopped_with_checkpoint b; expect "the time limit's USR1: the workers stopped wi
 kb="$(cat "$TMP/b.stop_step" 2>/dev/null || echo 0)"
 
 # ---- the job that hit its time limit requeued: it resumes from its checkpoint; then scancel
-# a requeued job waits for a begin time some minutes away: start it now, and with an hour's time limit (no USR1)
-scontrol requeue "$jb" && scontrol update JobId="$jb" StartTime=now TimeLimit=60
+# a requeued job waits for a begin time minutes away; it may start once slurmd has forgotten the credential of its
+# first run (cred_expire, 10 s here: slurm_lib.sh): start it 12 s from now, with an hour's time limit (no USR1)
+scontrol requeue "$jb" && scontrol update JobId="$jb" StartTime=now+12 TimeLimit=60
 expect "scontrol requeue $jb" $?
 wait_for 180 grep -q "trainer: resumed from .* at step $kb" "$TMP/b.log"
 expect "the requeued job resumes from its checkpoint of step $kb" $?
 wait_for 60 reached b $((kb + 2))
 expect "and trains on (step $((kb + 2)))" $?
 scancel "$jb"
-wait_for 120 job_ended "$jb" 2
+# the job completion log has the job CANCELLED at once; it is over when squeue no longer lists it (completing)
+wait_for 120 job_ended "$jb" 2 && wait_for 120 bash -c "[ -z \"\$(squeue -h -j $jb -t PD,CF,R,S,CG 2>/dev/null)\" ]"
 expect "scancel ends it" $?
 [ "$(job_field "$jb" JobState)" = CANCELLED ]; expect "CANCELLED (scancel's state)" $?
 stopped_with_checkpoint b && [ "$(cat "$TMP/b.stop_step")" -gt "$kb" ]
