@@ -4,7 +4,7 @@
 # command line for 2 CPU tasks on one node (1 trainer + 1 rollout rank of a tiny model, tests/system/tiny_split.sh).
 #  - a clean job ends COMPLETED with exit code 0 (the job completion log), grpod and the workers on the ports the
 #    job printed, and no rank warns about mpirun's options (srun launched them);
-#  - two jobs run on the node at once, on different ports;
+#  - two jobs run on the node at once, on different ports, one moved past a port something else listens on;
 #  - the time limit: --time=2 --signal=B:USR1@100 (the script's own USR1 path, 100 s ahead): the workers write a
 #    checkpoint and the job ends COMPLETED, exit 0;
 #  - scancel --batch --signal=USR1: the same;
@@ -45,6 +45,7 @@ done
 slurm_up 4
 expect "a one-node Slurm cluster is up (munged, slurmctld, slurmd; the node idle)" $?
 host="$(hostname -s)"
+getent hosts "$host" >/dev/null; expect "this host's name ($host) resolves: the workers dial grpod by it" $?
 
 # submit NAME [sbatch options...]: grpo.sbatch with NAME.yaml, its run directory $TMP/NAME.run, its output
 # $TMP/NAME.log; prints the job id
@@ -91,7 +92,14 @@ expect "no rank warns about mpirun's orte_enable_recovery under srun" $?
 ! grep -q "Killed\|CANCELLED" "$TMP/a.log"
 expect "nothing of the job was killed or cancelled" $?
 
-# ---- two jobs at once: b with a time limit 2 minutes away and its USR1 100 s ahead, c stopped by scancel
+# ---- two jobs at once: b with a time limit 2 minutes away and its USR1 100 s ahead, c stopped by scancel.
+# The port block c's job id maps to is taken (something listens on its first port): c moves to the next one.
+taken=$((10000 + ((ja + 2) % ((32768 - 10000) / 64)) * 64))
+python3 -c 'import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen(); time.sleep(3600)' "$taken" &
+wait_for 10 bash -c "(exec 3<>/dev/tcp/127.0.0.1/$taken) 2>/dev/null"
+expect "port $taken is taken" $?
 jb="$(submit b --time=2 --signal=B:USR1@100)"
 jc="$(submit c)"
 wait_for 120 bash -c "$(declare -f reached); TMP='$TMP'; reached b 2 && reached c 2"
@@ -100,6 +108,8 @@ expect "jobs $jb and $jc both run and make steps" $?
 pb="$(port_of b)" pc="$(port_of c)"
 [ -n "$pb" ] && [ -n "$pc" ] && [ $((pb > pc ? pb - pc : pc - pb)) -ge 4 ]
 expect "they picked different port blocks ($pb, $pc)" $?
+[ "$jc" = $((ja + 2)) ] && [ "$pc" = $((taken + 64)) ]
+expect "job $jc moved past the taken port $taken to the next block ($pc)" $?
 scancel --batch --signal=USR1 "$jc"
 wait_for 120 job_ended "$jc" 1
 expect "scancel --batch --signal=USR1 ends job $jc" $?

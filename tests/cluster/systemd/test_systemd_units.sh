@@ -8,7 +8,7 @@
 #  - systemctl start grpo-workers: mpirun starts a trainer and a rollout rank as user grpo, the run makes steps;
 #  - systemctl stop grpo-workers: ExecStop's grpoctl stop --wait exits 0, the workers checkpoint the step they
 #    stopped at, and the unit ends inactive with result success.
-# Skipped (77) when not root, or when systemd, unshare or nsenter are missing.
+# Skipped (77) when not root, when systemd, unshare or nsenter are missing, or when namespaces cannot be made.
 # usage: test_systemd_units.sh SRC_DIR GRPOD GRPOCTL GRPO_WORKER GRPO_MODEL
 set -u
 if [ "$(id -u)" -ne 0 ]; then
@@ -18,6 +18,10 @@ fi
 for p in /lib/systemd/systemd systemd-sysusers unshare nsenter; do
     command -v "$p" >/dev/null || { echo "SKIP: $p is not installed (scripts/deps.sh installs systemd)"; exit 77; }
 done
+if ! err="$(unshare --pid --fork --mount --net --mount-proc true 2>&1)"; then
+    echo "SKIP: cannot make PID, mount and network namespaces here: $err"
+    exit 77
+fi
 here="$(cd "$(dirname "$0")" && pwd)"
 src="$(realpath "$1")" MODEL_TOOL="$5"
 . "$here/../../lib.sh" grpo-systemd
