@@ -7,7 +7,9 @@
 #  - systemctl start grpod: the Type=notify unit is active, grpod serves grpoctl on /run/grpo/ctl.sock;
 #  - systemctl start grpo-workers: mpirun starts a trainer and a rollout rank as user grpo, the run makes steps;
 #  - systemctl stop grpo-workers: ExecStop's grpoctl stop --wait exits 0, the workers checkpoint the step they
-#    stopped at, and the unit ends inactive with result success.
+#    stopped at, and the unit ends inactive with result success;
+#  - again with ranks that take 2 s to exit after the run: the relaunch resumes from the checkpoint, the stop
+#    waits for mpirun to end (no SIGTERM to it) and the unit ends with success.
 # Skipped (77) when not root, when systemd, unshare or nsenter are missing, or when namespaces cannot be made.
 # usage: test_systemd_units.sh SRC_DIR GRPOD GRPOCTL GRPO_WORKER GRPO_MODEL
 set -u
@@ -102,8 +104,33 @@ expect "the unit ended inactive with result success (it ended failed: SIGTERM to
 k="$(sed -n 's/.*worker: run stopped at step \([0-9]*\);.*/\1/p' "$TMP/workers.log" | tail -n 1)"
 [ -n "$k" ] && [ -f "$TMP/runs/p/e/checkpoints/global_step_$k/actor/model.safetensors" ]
 expect "the workers wrote the checkpoint of the step they stopped at (${k:-none})" $?
+
+# ---- again, each rank taking 2 s to exit after the run ended (a slow file system or MPI_Finalize: the window in
+# which the unit used to SIGTERM mpirun, which then ended its ranks and exited 1); the relaunch resumes
+printf '#!/bin/sh\n/usr/local/bin/grpo-worker "$@"\nrc=$?\nsleep 2\nexit $rc\n' >"$TMP/slow-exit-worker"
+chmod 755 "$TMP/slow-exit-worker"
+echo "GRPO_WORKER=/srv/t/slow-exit-worker" >>"$TMP/etc/grpo/workers.env"
+seen=$(wc -l <"$TMP/workers.log")
+in_host timeout 60 systemctl start grpo-workers
+expect "systemctl start grpo-workers again (ranks that exit slowly)" $?
+wait_for 120 bash -c "$(declare -f in_host); pid1=$pid1
+    in_host journalctl --no-pager -u grpo-workers | tail -n +$((seen + 1)) | grep -q 'step  *$((k + 2))/'"
+expect "the run resumes from step ${k:-none} and makes steps" $?
+in_host timeout 120 systemctl stop grpo-workers
+expect "systemctl stop grpo-workers" $?
+in_host systemctl show grpo-workers -p Result -p ActiveState >"$TMP/stopped2.txt"
+in_host journalctl --no-pager -u grpo-workers | tail -n +$((seen + 1)) >"$TMP/workers2.log"
+grep -q "resumed from .*global_step_$k at step $k" "$TMP/workers2.log"
+expect "the relaunch resumed from the stop's checkpoint" $?
+grep -qx "Result=success" "$TMP/stopped2.txt" && grep -qx "ActiveState=inactive" "$TMP/stopped2.txt" &&
+    ! grep -q "Control process exited\|SIGTERM received" "$TMP/workers2.log"
+expect "the unit waited for mpirun: no SIGTERM to the ranks, result success" $?
+k2="$(sed -n 's/.*worker: run stopped at step \([0-9]*\);.*/\1/p' "$TMP/workers2.log" | tail -n 1)"
+[ -n "$k2" ] && [ "$k2" -gt "$k" ] && [ -f "$TMP/runs/p/e/checkpoints/global_step_$k2/actor/model.safetensors" ]
+expect "and the workers checkpointed the step they stopped at (${k2:-none})" $?
+
 in_host timeout 30 systemctl stop grpod
 expect "systemctl stop grpod" $?
 in_host journalctl --no-pager -u grpod >"$TMP/grpod.log" 2>&1
 kill -KILL "$pid1" 2>/dev/null
-finish "$TMP/workers.log" "$TMP/grpod.log" "$TMP/boot.log"
+finish "$TMP/workers.log" "$TMP/workers2.log" "$TMP/grpod.log" "$TMP/boot.log"
