@@ -23,6 +23,8 @@ PKGS=(
     # control-plane tests: status page in headless Chromium, promtool, systemd-analyze,
     # JSON and HTTP from the shell, libFuzzer's runtime
     chromium prometheus systemd jq curl libclang-rt-14-dev
+    # cluster suite: a real one-node Slurm started by hand (tests/cluster/slurm)
+    slurm-wlm munge
     # tools the checks use
     clang clang-format clang-tidy cppcheck unzip
 )

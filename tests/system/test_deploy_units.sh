@@ -3,7 +3,8 @@
 # systemd-analyze is absent), and grpod.service's own command line starts grpod with the shipped
 # deploy/examples/grpod.yaml (its /run/grpo and port moved into a temporary directory, nothing else changed):
 # grpod listens on the endpoint the YAML names, and with the YAML's commented tcp endpoint and secret turned on,
-# on both (the unit must not override the YAML's endpoints). systemd itself is not run.
+# on both (the unit must not override the YAML's endpoints). systemd runs the units in the cluster suite's
+# systemd-units test.
 set -u
 . "$(dirname "$0")/../lib.sh" grpo-deploy-units
 need_bin grpod "$1"

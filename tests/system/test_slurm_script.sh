@@ -43,4 +43,6 @@ grep -q "role rollout" "$TMP/job.log"; expect "rank 1 registered as rollout" $?
 grep -q "pulling rollouts at tcp://\*:$((port + 1))" "$TMP/job.log"; expect "the data plane runs over tcp" $?
 [ -f "$TMP/runs/p/e/checkpoints/global_step_3/actor/model.safetensors" ]; expect "the trainer wrote the final checkpoint" $?
 grep -q "run finished at step 3" "$TMP/job.log"; expect "the run finished" $?
+# the stand-in srun is mpirun without orte_enable_recovery: rank 0 warns (a real srun does not: slurm-real)
+grep -q "mpirun ends the whole job when any rank dies" "$TMP/job.log"; expect "under mpirun, the recovery warning" $?
 finish "$TMP/job.log"

@@ -215,7 +215,10 @@ static int place(struct launch *l, int replace_rank)
     }
     if ((l->split || l->colocated) && rank == 0 && size > 1) {
         const bool outlives = comm_job_outlives_ranks();
-        if (!outlives && l->split)
+        /* mpirun (and its daemons) give their ranks OMPI_MCA_orte_hnp_uri; srun's direct launch (--mpi=pmix)
+         * does not, and mpirun's option means nothing there */
+        const bool under_mpirun = getenv("OMPI_MCA_orte_hnp_uri") != NULL;
+        if (!outlives && l->split && under_mpirun)
             log_warn("worker", "mpirun ends the whole job when any rank dies: launch with --mca orte_enable_recovery 1 "
                                "(and grpod) so that a lost rollout rank costs nothing");
         else if (outlives && (!cfg->grpod_endpoint || !cfg->grpod_endpoint[0])) {
