@@ -63,6 +63,14 @@ __attribute__((constructor)) static void blas_select(int argc, char **argv)
     unsetenv("GRPO_BLAS_PRETEND_CORE");
     setenv("OPENBLAS_CORETYPE", want, 1);
     setenv("GRPO_BLAS_REEXEC", "1", 1);
+    /* by its real path, not /proc/self/exe: the new image's name (ps, pgrep, /proc/PID/comm, what an operator's
+     * pkill grpo-worker matches) is the path's last part, so it stays grpo-worker rather than "exe" */
+    char self[4096];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+        self[n] = '\0';
+        execv(self, argv);
+    }
     execv("/proc/self/exe", argv);
     /* no /proc, or exec refused: go on with the slow kernels, and say so */
     fprintf(stderr,

@@ -73,4 +73,20 @@ has "$TMP/verl" "logger: \"['console','wandb']\""; expect "trainer.logger keeps 
 [ $? -eq 2 ] && has "$TMP/mt" "multi_turn.enable=true: multi-turn rollouts and tool calls (not available yet)"
 expect "a verl feature we lack is refused by name (exit 2)" $?
 
+# when OpenBLAS chose older kernels than the CPU runs, the worker runs itself again with better ones
+# (kernels/cpu/blas_select.c): the new image keeps its name, grpo-worker, which pgrep, pkill and the tests that
+# signal workers match (it was "exe" when re-run through /proc/self/exe). The worker waits on a FIFO for its
+# configuration, so it is caught alive after the re-run.
+if grep -qw avx2 /proc/cpuinfo; then
+    mkfifo "$TMP/cfg.fifo"
+    env -u OPENBLAS_CORETYPE GRPO_BLAS_PRETEND_CORE=Prescott "$worker" --config "$TMP/cfg.fifo" >"$TMP/reexec" 2>&1 &
+    pid=$!
+    rerun() { tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx GRPO_BLAS_REEXEC=1; }
+    wait_for 20 rerun; rc=$?
+    name="$(cat "/proc/$pid/comm" 2>/dev/null)"
+    [ $rc -eq 0 ] && [ "$name" = grpo-worker ]
+    expect "a worker re-run for better BLAS kernels is still named grpo-worker (got '$name')" $?
+    kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+fi
+
 finish
