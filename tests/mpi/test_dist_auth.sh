@@ -35,7 +35,8 @@ wait_for 20 test -S "$TMP/data-dp0.sock"; expect "trainer DP rank 0's data socke
 wait_for 20 test -S "$TMP/data-dispatch.sock"; expect "the dispatcher's socket appears" $?
 "$STRANGER" "ipc://$TMP/data-dp0.sock" 0 --cred "$TMP/spare.cred" --dispatch "ipc://$TMP/data-dispatch.sock" \
     "${COMMON[@]}" >"$TMP/stranger.log" 2>&1
-expect "every forgery, replay and unauthenticated request is refused ($(grep -c "^auth: " "$TMP/stranger.log") probes)" $?
+rc=$? # before the command substitution in the message, which would reset $?
+expect "every forgery, replay and unauthenticated request is refused ($(grep -c "^auth: " "$TMP/stranger.log") probes)" $rc
 check() { grep -q "^auth: $1: .*$2" "$TMP/stranger.log"; expect "$1: refused ($2)" $?; }
 check "an unauthenticated batch" "carries no authentication"
 check "a batch MAC'd with one process's key claiming another's rank" "authentication failed"
