@@ -201,8 +201,8 @@ static int hostile(int s, const char *dispatch_ep, Grpo__RolloutBatch *rb, struc
     q.worker_id = 0x5742, q.version = 0, q.offset = 0, q.count = 16;
     wenv.body_case = GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST;
     wenv.weights_request = &q;
-    bad += dispatch_refused(d, &wenv, NULL, "auth: a weights download without credentials",
-                            "carries no authentication");
+    bad +=
+        dispatch_refused(d, &wenv, NULL, "auth: a weights download without credentials", "carries no authentication");
     nn_close(d);
     return bad;
 }
@@ -270,8 +270,7 @@ static int knowing_stranger(int s, int dp_rank, const char *cred_file, const cha
     rb.n_sequences = 0, rb.sequences = NULL;
     for (int i = 0; i < 20; i++) { /* empty, and well formed: today's shape checks pass them */
         rb.step = 1000000 + i, rb.seq_no = 1000000 + (uint64_t)i;
-        bad += refused_for(s, &rb, cred,
-                           i == 0 ? "an empty batch for step 1000000" : "an empty batch for a later step",
+        bad += refused_for(s, &rb, cred, i == 0 ? "an empty batch for step 1000000" : "an empty batch for a later step",
                            "batch for step", i > 0);
     }
     rb.step = 1, rb.seq_no = 2000000, rb.n_sequences = (size_t)n, rb.sequences = qs;
