@@ -169,10 +169,16 @@ enum plane_verdict plane_verify_request(struct plane_verifier *v, const Grpo__En
         return PLANE_NO_KEY;
     }
     if (!env->auth) {
-        snprintf(why, whylen,
-                 "the message carries no authentication (protocol 1.8 authenticates every data-plane and dispatcher "
-                 "message with the process's key; the sender speaks 1.%u: upgrade the older side)",
-                 env->minor_version);
+        if (env->minor_version < 8)
+            snprintf(why, whylen,
+                     "the message carries no authentication (protocol 1.8 authenticates every data-plane and "
+                     "dispatcher message with the sending process's key; the sender speaks 1.%u: upgrade the older "
+                     "side)",
+                     env->minor_version);
+        else
+            snprintf(why, whylen,
+                     "the message carries no authentication (every data-plane and dispatcher message must carry a "
+                     "MAC under the sending process's key)");
         return PLANE_NONE;
     }
     const Grpo__PlaneAuth *a = env->auth;

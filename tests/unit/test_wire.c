@@ -247,6 +247,18 @@ static void test_auth(void **state)
     refused(f, buf, len, "carries no authentication");
     assert_false(auth.verified);
     free(buf);
+    /* a 1.7 peer's batch: the refusal names its version and the remedy */
+    Grpo__Envelope *old = protocol_unpack((buf = wire_pack_batch(&HDR, &f->b, groups, 2, NULL, &len)), len, NULL, 0);
+    free(buf);
+    assert_non_null(old);
+    old->minor_version = 7;
+    len = grpo__envelope__get_packed_size(old);
+    buf = malloc(len);
+    assert_non_null(buf);
+    grpo__envelope__pack(old, buf);
+    protocol_free(old);
+    refused(f, buf, len, "the sender speaks 1.7: upgrade the older side");
+    free(buf);
     /* rank 2's credentials (HDR's from_rank), and those of rank 3 of another run */
     struct plane_cred me, other_run, rank3;
     plane_cred_issue(&me, run_key, &(struct plane_id){.rank = 2, .pid = 100, .incarnation = 7});
