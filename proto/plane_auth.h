@@ -5,9 +5,9 @@
  * KDF(run key, identity) (keyed BLAKE2b, libsodium crypto_generichash). Only the issuer (grpod, or rank 0) and
  * the trainers hold the run key; a rollout process is handed its own key alone, so holding it lets it speak as
  * itself and nobody else. Every request carries a PlaneAuth: its identity, a counter (from 1, a new one per
- * message) and an HMAC-SHA-512-256 (crypto_auth) of the whole envelope packed with the MAC empty. The receiver
- * derives the claimed identity's key from the run key and checks the MAC, and refuses a counter it has seen
- * from that identity (a replay). An answer carries the asker's identity and counter, marked as a reply, under
+ * message) and a keyed BLAKE2b-256 MAC (crypto_generichash) of the whole envelope packed with the MAC empty.
+ * The receiver derives the claimed identity's key from the run key and checks the MAC, and refuses a counter it
+ * has seen from that identity (a replay). An answer carries the asker's identity and counter, marked as a reply, under
  * the asker's key: the asker knows it comes from a holder of the run key and answers its own request.
  *
  * No primitive is written here: libsodium does the MAC, the KDF, the comparison and the random bytes. */
