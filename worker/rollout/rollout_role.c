@@ -142,6 +142,11 @@ static void *watch_group(void *arg)
 static int setup(struct rollout_rank *r, char *err, size_t errlen)
 {
     const struct grpo_config *c = r->env->cfg;
+    if (r->head && !r->env->plane.set) /* the launch hands every rollout process its key */
+        return error_set(err, errlen,
+                         "rollout rank %d has no data-plane key (from grpod's Assignment.plane_key, or world rank 0 at "
+                         "launch): refusing to speak on the data plane unauthenticated",
+                         r->env->rank);
     /* connect (and start pinging) first, so the dispatcher knows this rank is coming while the model loads; a TP
      * group is one process to the dispatcher (its slot: the group's index) */
     if (r->head) {

@@ -493,7 +493,17 @@ int run_trainer(struct role_env *env)
                              .dp_rank = env->at.dp};
     plane_verifier_init(&r.verifier, env->have_run_key ? env->plane_run_key : NULL);
     r.auth.v = &r.verifier;
-    r.lim.auth = &r.auth; /* every batch from a rollout process: a good MAC of the rank it names */
+    r.lim.auth = &r.auth;     /* every batch from a rollout process: a good MAC of the rank it names */
+    if (!env->have_run_key) { /* the launch hands every trainer one: never a data plane that checks nothing */
+        snprintf(err, sizeof err,
+                 "trainer rank %d has no data-plane run key (from grpod's Assignment.plane_run_key, or world rank 0 "
+                 "at launch): refusing to open the data plane at %s unauthenticated",
+                 env->rank, env->endpoints[env->at.dp]);
+        log_error("trainer", "%s", err);
+        control_finish(env->ctl, CONTROL_END_FAILED, err);
+        plane_verifier_free(&r.verifier);
+        return 2;
+    }
     /* bind before anything slow, so the rollout ranks' first batches find the socket (TP rank 0 of each DP rank
      * pulls; it shares each batch with its TP peers) */
     if (env->at.tp == 0 && env->at.pp == 0) {
