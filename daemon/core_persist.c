@@ -225,9 +225,8 @@ int core_load_json(struct core *c, const char *text, double now, char *err, size
     const char *pk = json_string_value(json_object_get(run, "plane_key"));
     if (pk && strlen(pk) == 2 * sizeof r->plane_key && strspn(pk, "0123456789abcdef") == strlen(pk)) {
         for (size_t i = 0; i < sizeof r->plane_key; i++) {
-            unsigned x;
-            sscanf(pk + 2 * i, "%2x", &x);
-            r->plane_key[i] = (uint8_t)x;
+            const char two[3] = {pk[2 * i], pk[2 * i + 1], 0};
+            r->plane_key[i] = (uint8_t)strtoul(two, NULL, 16);
         }
     } else {
         memcpy(r->plane_key, saved_run.plane_key, sizeof r->plane_key);

@@ -207,9 +207,7 @@ enum plane_verdict plane_verify_request(struct plane_verifier *v, const Grpo__En
     const uint64_t c = a->counter;
     if (c > s->top) {
         const uint64_t d = c - s->top;
-        if (s->top == 0)
-            s->window = 0;
-        else if (d > 64)
+        if (s->top == 0 || d > 64) /* nothing seen yet, or every counter seen falls out of the window */
             s->window = 0;
         else
             s->window = (d == 64 ? 0 : s->window << d) | (1ull << (d - 1));
@@ -278,17 +276,23 @@ int plane_cred_format(const struct plane_cred *c, char *out, size_t len)
 
 int plane_cred_parse(const char *text, struct plane_cred *c)
 {
-    char hex[2 * PLANE_KEY_BYTES + 2];
-    int rank;
-    unsigned pid;
-    uint64_t inc;
     memset(c, 0, sizeof *c);
-    if (sscanf(text, "%d %u %" SCNx64 " %65s", &rank, &pid, &inc, hex) != 4)
+    char *end;
+    const long rank = strtol(text, &end, 10);
+    const unsigned long pid = strtoul(end, &end, 10);
+    const unsigned long long inc = strtoull(end, &end, 16);
+    while (*end == ' ')
+        end++;
+    char hex[2 * PLANE_KEY_BYTES + 2];
+    size_t n = strcspn(end, " \n");
+    if (rank < 0 || rank > INT32_MAX || pid > UINT32_MAX || n != 2 * PLANE_KEY_BYTES)
         return -1;
+    memcpy(hex, end, n);
+    hex[n] = 0;
     size_t got = 0;
     if (sodium_hex2bin(c->key, PLANE_KEY_BYTES, hex, strlen(hex), NULL, &got, NULL) != 0 || got != PLANE_KEY_BYTES)
         return -1;
-    c->id = (struct plane_id){.rank = rank, .pid = pid, .incarnation = inc};
+    c->id = (struct plane_id){.rank = (int32_t)rank, .pid = (uint32_t)pid, .incarnation = inc};
     c->set = true;
     return 0;
 }
