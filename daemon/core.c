@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "common/placement.h"
 #include "validate.h"
+#include "proto/plane_auth.h"
 #include "proto/transport.h"
 
 /* ---- small helpers ---- */
@@ -109,6 +110,7 @@ static void new_run(struct core *c)
     snprintf(c->run.reason, sizeof c->run.reason, "no worker has registered yet");
     c->run.checkpoint_step = -1;
     c->run.started = clock_wall_s();
+    plane_run_key_new(c->run.plane_key); /* a fresh data-plane key for each run */
     c->dirty = c->dirty_urgent = true;
 }
 
@@ -434,6 +436,18 @@ static uint8_t *reply_assignment(struct core *c, uint64_t id, const struct core_
     as->heartbeat_interval_s = c->set.heartbeat_interval_s;
     as->world_size = c->run.world;
     as->checkpoint_seq = c->run.checkpoint_seq;
+    /* the process's data-plane key, for its identity (rank, the pid it registered with, this incarnation); the run
+     * key to the trainers, which check every process's messages with it */
+    const struct plane_id pid_ = {.rank = w->rank, .pid = (uint32_t)w->pid, .incarnation = w->incarnation};
+    uint8_t *pk = arena_alloc(&a, PLANE_KEY_BYTES);
+    plane_key_derive(c->run.plane_key, &pid_, pk);
+    as->plane_key.data = pk;
+    as->plane_key.len = PLANE_KEY_BYTES;
+    if (w->role == GRPO__ROLE__ROLE_TRAINER) {
+        as->plane_run_key.data = arena_alloc(&a, PLANE_KEY_BYTES);
+        memcpy(as->plane_run_key.data, c->run.plane_key, PLANE_KEY_BYTES);
+        as->plane_run_key.len = PLANE_KEY_BYTES;
+    }
     char ep[300];
     if (w->role == GRPO__ROLE__ROLE_TRAINER && w->tp_rank == 0 && w->pp_rank == 0) {
         data_endpoint(c, w->dp_rank, NULL, ep, sizeof ep);

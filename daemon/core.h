@@ -98,8 +98,10 @@ struct core_run {
     int64_t step, total_steps;
     Grpo__Phase phase;
     uint64_t config_digest;
-    char *config; /* the run's configuration text, its first rank's (Register.run_config); NULL: none sent */
-    int world;    /* expected workers; 0 until the first registration says */
+    uint8_t plane_key[32]; /* the run's data-plane key (proto/plane_auth.h): trainers get it, every other process
+                              its own key derived from it; journaled (run.json is mode 0600) */
+    char *config;          /* the run's configuration text, its first rank's (Register.run_config); NULL: none sent */
+    int world;             /* expected workers; 0 until the first registration says */
     bool pause, stop;
     uint64_t checkpoint_seq;      /* checkpoint requests so far */
     uint64_t checkpoint_seq_done; /* requests every worker has written */

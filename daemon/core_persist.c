@@ -95,6 +95,10 @@ char *core_save_json(const struct core *c)
     json_object_set_new(run, "step", json_integer(c->run.step));
     json_object_set_new(run, "total_steps", json_integer(c->run.total_steps));
     json_object_set_new(run, "config_digest", hex64(c->run.config_digest));
+    char pk[2 * sizeof c->run.plane_key + 1];
+    for (size_t i = 0; i < sizeof c->run.plane_key; i++)
+        snprintf(pk + 2 * i, 3, "%02x", c->run.plane_key[i]);
+    json_object_set_new(run, "plane_key", json_string(pk));
     if (c->run.config)
         json_object_set_new(run, "config", json_string(c->run.config));
     json_object_set_new(run, "world", json_integer(c->run.world));
@@ -217,6 +221,16 @@ int core_load_json(struct core *c, const char *text, double now, char *err, size
     r->step = get_int(run, "step", 0);
     r->total_steps = get_int(run, "total_steps", 0);
     r->config_digest = get_hex64(run, "config_digest");
+    /* the run's data-plane key: a journal without one (an older grpod's) keeps the fresh key of this grpod */
+    const char *pk = json_string_value(json_object_get(run, "plane_key"));
+    if (pk && strlen(pk) == 2 * sizeof r->plane_key && strspn(pk, "0123456789abcdef") == strlen(pk)) {
+        for (size_t i = 0; i < sizeof r->plane_key; i++) {
+            const char two[3] = {pk[2 * i], pk[2 * i + 1], 0};
+            r->plane_key[i] = (uint8_t)strtoul(two, NULL, 16);
+        }
+    } else {
+        memcpy(r->plane_key, saved_run.plane_key, sizeof r->plane_key);
+    }
     long long world = get_int(run, "world", 0);
     r->pause = json_is_true(json_object_get(run, "pause"));
     r->stop = json_is_true(json_object_get(run, "stop"));

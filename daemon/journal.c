@@ -151,7 +151,8 @@ int journal_save(struct journal *j, const char *text, char *err, size_t errlen)
 {
     /* through state_path.tmp (tmp_path), which journal_open removes when a crash left it */
     struct text_body b = {text};
-    return fs_write_atomic_with(j->state_path, 0640, write_text, &b, err, errlen);
+    /* 0600: it holds the run's data-plane key */
+    return fs_write_atomic_with(j->state_path, 0600, write_text, &b, err, errlen);
 }
 
 void journal_event(struct journal *j, double time, const char *text)

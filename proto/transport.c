@@ -19,13 +19,17 @@
 
 #include "common/check.h"
 #include "common/clock.h"
+#include "proto/plane_auth.h"
 
 struct rpc_client {
     int sock;
     char endpoint[512];
     char *secret;
     uint64_t next_id;
+    struct plane_cred *plane; /* NULL: no data-plane authentication */
 };
+
+void rpc_set_plane(struct rpc_client *c, struct plane_cred *cred) { c->plane = cred; }
 
 /* strerror() text with a lower-case first letter, as it reads inside a sentence. */
 static void errno_text(int e, char *out, size_t len)
@@ -363,7 +367,8 @@ enum rpc_result rpc_call(struct rpc_client *c, Grpo__Envelope *req, int timeout_
     req->request_id = id;
     envelope_set_secret(req, c->secret);
     size_t len;
-    uint8_t *buf = CHECK_ALLOC(protocol_pack(req, &len));
+    uint64_t counter = 0;
+    uint8_t *buf = CHECK_ALLOC(plane_pack_request_n(req, c->plane, &counter, &len));
     double deadline = clock_now_s() + timeout_ms / 1000.0;
     int to = timeout_ms;
     nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_SNDTIMEO, &to, sizeof to);
@@ -413,6 +418,15 @@ enum rpc_result rpc_call(struct rpc_client *c, Grpo__Envelope *req, int timeout_
         if (env->request_id != id) { /* a late answer to an earlier try */
             protocol_free(env);
             continue;
+        }
+        char why_auth[300];
+        if (c->plane && plane_verify_answer(c->plane, counter, env, why_auth, sizeof why_auth) != 0) {
+            if (env->body_case == GRPO__ENVELOPE__BODY_REPLY && !env->reply->ok && env->reply->error)
+                snprintf(err, errlen, "refused: %s (%s)", env->reply->error, why_auth);
+            else
+                snprintf(err, errlen, "unusable answer: %s", why_auth);
+            protocol_free(env);
+            return RPC_BAD_REPLY;
         }
         *reply = env;
         return RPC_OK;

@@ -69,6 +69,10 @@ enum rpc_result rpc_call(struct rpc_client *c, Grpo__Envelope *req, int timeout_
  * 2 s) between tries; each try first probes the endpoint, so a refused connection fails fast. */
 enum rpc_result rpc_call_retry(struct rpc_client *c, Grpo__Envelope *req, int attempts, int timeout_ms,
                                Grpo__Envelope **reply, char *err, size_t errlen);
+struct plane_cred;
+/* From now on, authenticate each request with cred (kept by the caller; proto/plane_auth.h) and take only answers
+ * authenticated for it (the data plane's dispatcher). */
+void rpc_set_plane(struct rpc_client *c, struct plane_cred *cred);
 /* The endpoint the client talks to. */
 const char *rpc_endpoint(const struct rpc_client *c);
 

@@ -18,6 +18,8 @@ PKGS=(
     libdnnl-dev
     # control plane: grpod's HTTP side and sd_notify
     libmicrohttpd-dev libsystemd-dev
+    # data plane and dispatcher authentication (proto/plane_auth.c: MACs, key derivation, random keys)
+    libsodium-dev
     # tests
     libcmocka-dev
     # control-plane tests: status page in headless Chromium, promtool, systemd-analyze,

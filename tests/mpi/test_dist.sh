@@ -2,8 +2,9 @@
 # Distributed runs on a tiny model under mpirun (2 cores, oversubscribed):
 #  - 1 rollout + 2 trainer ranks, on-policy, reproduce the single-process run: per-step losses and grad norms,
 #    and the final weights, within 1e-5 relative; the audit files hold every uid exactly rollout.n times a step;
-#  - the same run with a stranger writing garbage to a trainer's data socket, then well-formed batches for steps
-#    1,000,000 on and a response of zero tokens: every bad message is refused (the answer says why) and counted,
+#  - the same run with a stranger writing garbage to a trainer's data socket (without credentials: refused before
+#    anything else is looked at), then well-formed, authenticated batches for steps 1,000,000 on and a response of
+#    zero tokens: every bad message is refused (the answer says why) and counted,
 #    none is kept, and the result is bit-identical to the undisturbed run;
 #  - one-step-off (rollout.mode=async, 1 rollout + 1 trainer): staleness 1 logged, the rollout-vs-trainer
 #    log-prob gap measured, the run finishes;
@@ -145,18 +146,20 @@ expect "one process's audit files: likewise, and a uid is the dataset's" $?
 # strangers on trainer DP rank 0's data socket while the run goes on (the rollout rank's scorer holds each
 # sample, with the same rewards, until they are done: the trainer waits for step 1 meanwhile)
 touch "$TMP/hold"
-"${MPIRUN[@]}" -x GRPO_TEST_HOLD_FILE="$TMP/hold" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/noisy" \
+"${MPIRUN[@]}" -x GRPO_TEST_HOLD_FILE="$TMP/hold" -x GRPO_TEST_SPARE_CREDENTIALS="$TMP/spare.cred" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/noisy" \
     placement.trainer_ranks=2 placement.rollout_ranks=1 grpod.data_endpoint="ipc://$TMP/data" \
     custom_reward_function.name=held_byte_score >"$TMP/noisy.log" 2>&1 &
 RUN=$!
 wait_for 10 test -S "$TMP/data-dp0.sock"; expect "trainer DP rank 0's data socket appears" $?
 "$STRANGER" "ipc://$TMP/data-dp0.sock" >"$TMP/stranger.log" 2>&1
 expect "each of the stranger's messages is answered with a refusal" $?
-grep -q "unknown prompt: batch of a 0 x 0 step, but this run has data.train_batch_size 4" "$TMP/stranger.log"
+grep -q "unknown prompt: the message carries no authentication" "$TMP/stranger.log"
 rc=$?
 expect "a refusal says what was wrong ($(sed -n 3p "$TMP/stranger.log"))" $rc
-# a stranger who knows the run: well-formed batches for far steps, and a response of zero tokens
-"$STRANGER" "ipc://$TMP/data-dp0.sock" 0 "${COMMON[@]}" placement.rollout_ranks=1 >"$TMP/stranger2.log" 2>&1
+# a stranger who knows the run and holds one rollout process's key (GRPO_TEST_SPARE_CREDENTIALS): well-formed,
+# authenticated batches for far steps, and a response of zero tokens
+"$STRANGER" "ipc://$TMP/data-dp0.sock" 0 --cred "$TMP/spare.cred" "${COMMON[@]}" placement.rollout_ranks=1 \
+    >"$TMP/stranger2.log" 2>&1
 rc=$?
 expect "far steps and a zero-token response are refused ($(grep -v "info  data" "$TMP/stranger2.log" | tr '\n' ';'))" $rc
 grep -q "step 1000000: batch for step 1000000, but the trainers take steps" "$TMP/stranger2.log"

@@ -184,6 +184,11 @@ rc=$?; expect "it rejoins and generates ($(grep -o '([0-9]* unit(s) generated he
 grep -q "rank 1's) granted to the process serving rank 0" "$TMP/rkilled.log"
 expect "meanwhile the lost rank's units went to the other rollout rank" $?
 grep -q "takes over rollout rank 1" "$TMP/rkilled.log"; expect "the dispatcher hands the place to the replacement" $?
+# its data-plane key came from grpod with its assignment (protocol 1.8): the trainers and the dispatcher took its
+# batches and requests, and refused nothing
+! grep -q "refused a batch on the data socket\|the dispatcher refused\|authentication failed" "$TMP/rkilled.log" \
+    "$TMP/replace.log"
+expect "the replacement's batches and requests are authenticated with the key grpod gave it: none refused" $?
 "$COMPARE" "$(final ref4)" "$(final rkilled)" 0 >"$TMP/cmp4.txt" 2>&1
 expect "rollout rank lost mid-run: weights bit-identical to the undisturbed run" $?
 python3 "$(dirname "$0")/check_audit.py" "$TMP/rkilled/audit" 4 4 "$STEPS"

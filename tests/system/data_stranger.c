@@ -4,10 +4,19 @@
  * every one with an answer that says why, and carry on. Exit 0 when each of the first five got a refusal (the
  * oversized one is dropped by the socket, unanswered).
  *
- * data_stranger ENDPOINT DP_RANK KEY=VALUE...: a stranger who knows the run (its configuration, so its shape
- * and its prompts) sends batches that are well formed and still must be refused: 20 empty batches for steps
- * 1,000,000 on (a trainer keeps no step the dispatcher cannot have granted), and a whole group of a real prompt
- * for step 1 with one response of zero tokens. Exit 0 when each was refused, the reasons printed. */
+ * data_stranger ENDPOINT DP_RANK [--cred FILE] [--dispatch EP] KEY=VALUE...: a stranger who knows the run (its
+ * configuration, so its shape and its prompts) sends batches that are well formed and still must be refused: 20
+ * empty batches for steps 1,000,000 on (a trainer keeps no step the dispatcher cannot have granted), and a whole
+ * group of a real prompt for step 1 with one response of zero tokens, each authenticated with the good credentials
+ * of one rollout process read from FILE (the run's GRPO_TEST_SPARE_CREDENTIALS; without FILE they go
+ * unauthenticated). Exit 0 when each was refused, the reasons printed.
+ *
+ * With --dispatch EP (the trainers' dispatcher), the stranger plays a hostile peer of the data plane's
+ * authentication (issue 27) before that: on the data socket, a whole group of a real prompt for step 1 without
+ * authentication, the same with FILE's key claiming another process's identity, with FILE's identity naming
+ * another rank as its sender, and a captured batch replayed; on the dispatcher, a ping without authentication, a
+ * ping for another rollout rank than FILE's, and a weights download without credentials. Each must be refused for
+ * its reason (a weights download must get no weights). */
 #include <nanomsg/nn.h>
 #include <nanomsg/reqrep.h>
 #include <stdio.h>
@@ -16,6 +25,7 @@
 #include <unistd.h>
 
 #include "common/config.h"
+#include "proto/plane_auth.h"
 #include "proto/protocol.h"
 #include "worker/step/prompts.h"
 #include "worker/tokenizer/tokenizer.h"
@@ -47,20 +57,14 @@ static int request(int s, const void *buf, size_t len, const char *what, int ans
     return bad;
 }
 
-/* Send a batch and require a refusal whose reason holds `reason`. */
-static int refused_for(int s, Grpo__RolloutBatch *rb, const char *what, const char *reason, int quiet)
+/* Send bytes and require a refusal whose reason holds `reason`. */
+static int refused_bytes(int s, const uint8_t *buf, size_t len, const char *what, const char *reason, int quiet)
 {
-    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
-    env.body_case = GRPO__ENVELOPE__BODY_ROLLOUT;
-    env.rollout = rb;
-    size_t len;
-    uint8_t *buf = protocol_pack(&env, &len);
     int timeout = 20000;
     nn_setsockopt(s, NN_SOL_SOCKET, NN_SNDTIMEO, &timeout, sizeof timeout);
     nn_setsockopt(s, NN_SOL_SOCKET, NN_RCVTIMEO, &timeout, sizeof timeout);
     void *msg;
     int n = nn_send(s, buf, len, 0) < 0 ? -1 : nn_recv(s, &msg, NN_MSG, 0);
-    free(buf);
     if (n < 0) {
         fprintf(stderr, "data_stranger: %s: %s\n", what, nn_strerror(nn_errno()));
         return 1;
@@ -77,9 +81,146 @@ static int refused_for(int s, Grpo__RolloutBatch *rb, const char *what, const ch
     return bad;
 }
 
-/* The stranger who knows the run: see the head of this file. */
-static int knowing_stranger(int s, int dp_rank, int argc, char **argv)
+/* Send a batch (authenticated with cred; NULL: not) and require a refusal whose reason holds `reason`. */
+static int refused_for(int s, Grpo__RolloutBatch *rb, struct plane_cred *cred, const char *what, const char *reason,
+                       int quiet)
 {
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    env.body_case = GRPO__ENVELOPE__BODY_ROLLOUT;
+    env.rollout = rb;
+    size_t len;
+    uint8_t *buf = plane_pack_request(&env, cred, &len);
+    int bad = refused_bytes(s, buf, len, what, reason, quiet);
+    free(buf);
+    return bad;
+}
+
+/* One request to the dispatcher (authenticated with cred; NULL: not); the answer. */
+static Grpo__Envelope *dispatch_call(int d, Grpo__Envelope *env, struct plane_cred *cred)
+{
+    size_t len;
+    uint8_t *buf = plane_pack_request(env, cred, &len);
+    int timeout = 20000;
+    nn_setsockopt(d, NN_SOL_SOCKET, NN_SNDTIMEO, &timeout, sizeof timeout);
+    nn_setsockopt(d, NN_SOL_SOCKET, NN_RCVTIMEO, &timeout, sizeof timeout);
+    void *msg;
+    int n = nn_send(d, buf, len, 0) < 0 ? -1 : nn_recv(d, &msg, NN_MSG, 0);
+    free(buf);
+    if (n < 0)
+        return NULL;
+    Grpo__Envelope *ans = protocol_unpack(msg, (size_t)n, NULL, 0);
+    nn_freemsg(msg);
+    return ans;
+}
+
+/* The dispatcher's answer must be a refusal holding `reason`. */
+static int dispatch_refused(int d, Grpo__Envelope *env, struct plane_cred *cred, const char *what, const char *reason)
+{
+    Grpo__Envelope *ans = dispatch_call(d, env, cred);
+    int refused = ans && ans->body_case == GRPO__ENVELOPE__BODY_REPLY && !ans->reply->ok;
+    int bad = !refused || !strstr(ans->reply->error, reason);
+    if (!ans)
+        printf("%s: NO ANSWER\n", what);
+    else if (ans->body_case == GRPO__ENVELOPE__BODY_WEIGHTS_CHUNK)
+        printf("%s: NOT REFUSED (%zu bytes of weights served)\n", what, ans->weights_chunk->data.len);
+    else
+        printf("%s: %s\n", what, refused ? ans->reply->error : "NOT REFUSED");
+    protocol_free(ans);
+    return bad;
+}
+
+/* The hostile peer of the authentication: see the head of this file. rb holds a whole group of a real prompt for
+ * step 1 (from_rank set here). */
+static int hostile(int s, const char *dispatch_ep, Grpo__RolloutBatch *rb, struct plane_cred *cred, int units)
+{
+    int bad = 0;
+    rb->from_rank = cred ? cred->id.rank : 0;
+    bad += refused_for(s, rb, NULL, "auth: an unauthenticated batch", "carries no authentication", 0);
+    if (cred) {
+        /* one process's key, another's identity: the rank before it, and the same rank with another pid */
+        struct plane_cred other = *cred;
+        other.id.rank = cred->id.rank - 1;
+        rb->from_rank = other.id.rank;
+        bad += refused_for(s, rb, &other, "auth: a batch MAC'd with one process's key claiming another's rank",
+                           "authentication failed", 0);
+        other = *cred;
+        other.id.pid += 1;
+        rb->from_rank = other.id.rank;
+        bad += refused_for(s, rb, &other, "auth: a batch claiming another process of the same rank",
+                           "authentication failed", 0);
+        /* its own identity, naming another rank as the sender */
+        rb->from_rank = cred->id.rank - 1;
+        bad += refused_for(s, rb, cred, "auth: a batch whose from_rank is another rank than its credentials'",
+                           "no process speaks for another", 0);
+        /* a captured batch replayed: m1 and m2 (each refused for its far step), then m1 again */
+        rb->from_rank = cred->id.rank;
+        const int64_t keep_step = rb->step;
+        rb->step = 3000000;
+        Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+        env.body_case = GRPO__ENVELOPE__BODY_ROLLOUT;
+        env.rollout = rb;
+        size_t l1, l2;
+        uint8_t *m1 = plane_pack_request(&env, cred, &l1);
+        uint8_t *m2 = plane_pack_request(&env, cred, &l2);
+        bad += refused_bytes(s, m1, l1, "auth: a batch to be captured", "batch for step", 0);
+        bad += refused_bytes(s, m2, l2, "auth: the next batch", "batch for step", 0);
+        bad += refused_bytes(s, m1, l1, "auth: the captured batch replayed", "replayed", 0);
+        free(m1);
+        free(m2);
+        rb->step = keep_step;
+    } else {
+        printf("auth: no spare credentials: the probes that need one process's key are NOT RUN\n");
+        bad++;
+    }
+    int d = nn_socket(AF_SP, NN_REQ);
+    if (d < 0 || nn_connect(d, dispatch_ep) < 0) {
+        fprintf(stderr, "data_stranger: %s: %s\n", dispatch_ep, nn_strerror(nn_errno()));
+        return bad + 1;
+    }
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__WorkRequest w = GRPO__WORK_REQUEST__INIT;
+    env.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST;
+    env.work_request = &w;
+    const int my_slot = units - 1; /* the spare credentials are the last rollout rank's */
+    w.worker_id = 0x5742, w.ping = true, w.rank = 0;
+    bad += dispatch_refused(d, &env, NULL, "auth: an unauthenticated ping for rollout rank 0",
+                            "carries no authentication");
+    if (cred && my_slot > 0) {
+        w.rank = 0;
+        bad += dispatch_refused(d, &env, cred, "auth: a ping for rollout rank 0 from rollout rank 1's process",
+                                "no process speaks for another");
+        w.ping = false;
+        bad += dispatch_refused(d, &env, cred, "auth: a claim of rollout rank 0's work from rollout rank 1's process",
+                                "no process speaks for another");
+    } else {
+        printf("auth: a ping for another rollout rank needs spare credentials and two rollout ranks: NOT RUN\n");
+        bad++;
+    }
+    Grpo__Envelope wenv = GRPO__ENVELOPE__INIT;
+    Grpo__WeightsRequest q = GRPO__WEIGHTS_REQUEST__INIT;
+    q.worker_id = 0x5742, q.version = 0, q.offset = 0, q.count = 16;
+    wenv.body_case = GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST;
+    wenv.weights_request = &q;
+    bad +=
+        dispatch_refused(d, &wenv, NULL, "auth: a weights download without credentials", "carries no authentication");
+    nn_close(d);
+    return bad;
+}
+
+/* The stranger who knows the run: see the head of this file. */
+static int knowing_stranger(int s, int dp_rank, const char *cred_file, const char *dispatch_ep, int argc, char **argv)
+{
+    struct plane_cred cred_buf, *cred = NULL;
+    if (cred_file) {
+        FILE *f = fopen(cred_file, "r");
+        char line[256] = "";
+        if (f && fgets(line, sizeof line, f) && plane_cred_parse(line, &cred_buf) == 0)
+            cred = &cred_buf;
+        else
+            fprintf(stderr, "data_stranger: no credentials in %s\n", cred_file);
+        if (f)
+            fclose(f);
+    }
     struct grpo_config c;
     struct cfg_error ce;
     config_init(&c);
@@ -98,14 +239,9 @@ static int knowing_stranger(int s, int dp_rank, int argc, char **argv)
     const int groups = (int)c.data_train_batch_size, n = (int)c.rollout_n;
     const int units = c.placement_rollout_ranks > 0 ? (int)c.placement_rollout_ranks : 1;
     Grpo__RolloutBatch rb = GRPO__ROLLOUT_BATCH__INIT;
-    rb.from_rank = 0, rb.to_dp_rank = dp_rank, rb.groups_in_step = groups, rb.samples_per_prompt = n;
-    rb.units = units, rb.unit = 0, rb.policy_version = 0;
+    rb.from_rank = cred ? cred->id.rank : 0, rb.to_dp_rank = dp_rank, rb.groups_in_step = groups;
+    rb.samples_per_prompt = n, rb.units = units, rb.unit = 0, rb.policy_version = 0;
     int bad = 0;
-    for (int i = 0; i < 20; i++) { /* empty, and well formed: today's shape checks pass them */
-        rb.step = 1000000 + i, rb.seq_no = 1000000 + (uint64_t)i;
-        bad += refused_for(s, &rb, i == 0 ? "an empty batch for step 1000000" : "an empty batch for a later step",
-                           "batch for step", i > 0);
-    }
     /* group 0 of step 1, a real prompt, every sample whole; sample 0 has no response token */
     const struct prompt_item *p = &train.items[0];
     Grpo__Sequence *q = calloc((size_t)n, sizeof *q);
@@ -125,7 +261,20 @@ static int knowing_stranger(int s, int dp_rank, int argc, char **argv)
         qs[j] = &q[j];
     }
     rb.step = 1, rb.seq_no = 2000000, rb.n_sequences = (size_t)n, rb.sequences = qs;
-    bad += refused_for(s, &rb, "a whole group with a response of zero tokens", "an empty response", 0);
+    if (dispatch_ep) { /* the group, whole and every response one token long */
+        q[0].n_response_ids = q[0].n_old_log_probs = 1, q[0].response_ids = one, q[0].old_log_probs = lp;
+        bad += hostile(s, dispatch_ep, &rb, cred, units);
+        q[0].n_response_ids = q[0].n_old_log_probs = 0, q[0].response_ids = NULL, q[0].old_log_probs = NULL;
+        rb.from_rank = cred ? cred->id.rank : 0;
+    }
+    rb.n_sequences = 0, rb.sequences = NULL;
+    for (int i = 0; i < 20; i++) { /* empty, and well formed: today's shape checks pass them */
+        rb.step = 1000000 + i, rb.seq_no = 1000000 + (uint64_t)i;
+        bad += refused_for(s, &rb, cred, i == 0 ? "an empty batch for step 1000000" : "an empty batch for a later step",
+                           "batch for step", i > 0);
+    }
+    rb.step = 1, rb.seq_no = 2000000, rb.n_sequences = (size_t)n, rb.sequences = qs;
+    bad += refused_for(s, &rb, cred, "a whole group with a response of zero tokens", "an empty response", 0);
     free(q);
     free(qs);
     prompt_set_free(&train);
@@ -138,7 +287,7 @@ static int knowing_stranger(int s, int dp_rank, int argc, char **argv)
 int main(int argc, char **argv)
 {
     if (argc < 2 || argc == 3) {
-        fprintf(stderr, "usage: data_stranger ENDPOINT [DP_RANK KEY=VALUE...]\n");
+        fprintf(stderr, "usage: data_stranger ENDPOINT [DP_RANK [--cred FILE] [--dispatch EP] KEY=VALUE...]\n");
         return 2;
     }
     int s = nn_socket(AF_SP, NN_REQ);
@@ -147,7 +296,19 @@ int main(int argc, char **argv)
         return 2;
     }
     if (argc > 3) {
-        int rc = knowing_stranger(s, atoi(argv[2]), argc - 3, argv + 3);
+        const char *cred = NULL, *dispatch = NULL;
+        int i = 3;
+        for (; i + 1 < argc && strncmp(argv[i], "--", 2) == 0; i += 2) {
+            if (strcmp(argv[i], "--cred") == 0)
+                cred = argv[i + 1];
+            else if (strcmp(argv[i], "--dispatch") == 0)
+                dispatch = argv[i + 1];
+            else {
+                fprintf(stderr, "data_stranger: unknown option %s\n", argv[i]);
+                return 2;
+            }
+        }
+        int rc = knowing_stranger(s, atoi(argv[2]), cred, dispatch, argc - i, argv + i);
         nn_close(s);
         return rc;
     }

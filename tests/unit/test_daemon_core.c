@@ -17,6 +17,7 @@
 #include "daemon/arena.h"
 #include "daemon/core.h"
 #include "daemon/validate.h"
+#include "proto/plane_auth.h"
 #include "proto/transport.h"
 
 static double T = 1000.0; /* the test's monotonic clock */
@@ -162,11 +163,22 @@ static void test_placement_trainer_rollout(void **state)
     assert_int_equal(e->assignment->n_trainer_endpoints, 2); /* 4 trainers / tp 2 = 2 DP ranks */
     assert_non_null(strstr(e->assignment->trainer_endpoints[1], "-dp1.sock"));
     assert_string_equal(e->assignment->data_push_endpoint, e->assignment->trainer_endpoints[1]);
+    /* issue 27: a rollout rank gets its own data-plane key, for its identity (rank, pid, incarnation), derived
+     * from the run's key, and never the run's key */
+    uint8_t want[PLANE_KEY_BYTES];
+    plane_key_derive(c.run.plane_key,
+                     &(struct plane_id){.rank = 5, .pid = 105, .incarnation = e->assignment->incarnation}, want);
+    assert_int_equal(e->assignment->plane_key.len, PLANE_KEY_BYTES);
+    assert_memory_equal(e->assignment->plane_key.data, want, PLANE_KEY_BYTES);
+    assert_int_equal(e->assignment->plane_run_key.len, 0);
     protocol_free(e);
     for (int r = 0; r < 4; r++) {
         e = send_register(&c, r, 6, "t", "trainer", 1);
         assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
         const Grpo__Assignment *a = e->assignment;
+        /* a trainer rank checks every process's messages: it gets the run's key */
+        assert_int_equal(a->plane_run_key.len, PLANE_KEY_BYTES);
+        assert_memory_equal(a->plane_run_key.data, c.run.plane_key, PLANE_KEY_BYTES);
         assert_int_equal(a->role, GRPO__ROLE__ROLE_TRAINER);
         assert_int_equal(a->tp_rank, r % 2);
         assert_int_equal(a->dp_rank, r / 2);
@@ -417,8 +429,11 @@ static void test_journal_round_trip(void **state)
     char *text = core_save_json(&c);
     core_init(&d, &s, T + 50);
     char err[256];
+    assert_false(memcmp(d.run.plane_key, c.run.plane_key, PLANE_KEY_BYTES) == 0); /* a fresh core's own key */
     assert_int_equal(core_load_json(&d, text, T + 50, err, sizeof err), 0);
     assert_string_equal(d.run.id, c.run.id);
+    /* the run's data-plane key comes back: a replacement issued after a restart is the trainers' key's */
+    assert_memory_equal(d.run.plane_key, c.run.plane_key, PLANE_KEY_BYTES);
     assert_int_equal(d.run.step, 9);
     assert_true(d.run.pause);
     assert_int_equal(d.run.checkpoint_seq, 1);

@@ -25,11 +25,15 @@
 #include <nanomsg/reqrep.h>
 
 #include "common/clock.h"
+#include "proto/plane_auth.h"
 #include "proto/protocol.h"
 #include "proto/transport.h"
 #include "worker/plane/dispatch.h"
 
 #define NEXT_TIMEOUT_MS 5000
+/* The test's run: trainer ranks 0..FIRST_ROLLOUT-1, then one rollout rank per unit; its data-plane key. */
+#define FIRST_ROLLOUT 2
+static uint8_t run_key[PLANE_KEY_BYTES];
 
 /* ---- the core, with a hand-moved clock ---- */
 
@@ -39,7 +43,8 @@ static struct heard {
     uint64_t id;
     int64_t step;
     int unit;
-    bool old; /* a process of protocol 1.6, whose asks name no unit */
+    bool old;         /* a process of protocol 1.6, whose asks name no unit */
+    uint64_t counter; /* its requests so far (the counter of its authentication) */
 } heard[64];
 static int n_heard;
 
@@ -65,7 +70,10 @@ static struct dispatch_core *core_open(const char *secret, int units, int stalen
                                        .start_epoch = 3,
                                        .start_cursor = 17,
                                        .n_floats = n_floats,
-                                       .lost_after_s = lost_after_s};
+                                       .lost_after_s = lost_after_s,
+                                       .run_key = run_key,
+                                       .first_rollout_rank = FIRST_ROLLOUT,
+                                       .rollout_tp = 1};
     char err[512] = "";
     n_heard = 0;
     struct dispatch_core *d = dispatch_core_create(&o, now, err, sizeof err);
@@ -83,8 +91,33 @@ static void publish(struct dispatch_core *d, int64_t v, const float *w)
     }
 }
 
-/* Pack env (with secret), hand it to the core at time now, and decode the reply. */
-static Grpo__Envelope *core_call(struct dispatch_core *d, Grpo__Envelope *env, const char *secret, double now)
+/* A rollout process as the core sees it: its id and rank, and the secret it sends. */
+struct proc {
+    uint64_t id;
+    int rank;
+    const char *secret;
+};
+
+/* Rollout ranks the tests' runs have at most: a process that names another rank holds rollout rank 0's
+ * credentials (it asks for a rank the run lacks in its request only). */
+#define TEST_UNITS_MAX 2
+
+/* The credentials of process p: world rank FIRST_ROLLOUT + its rollout rank (see TEST_UNITS_MAX), pid and
+ * incarnation its id, the counter its own. */
+static struct plane_cred cred_of(const struct proc *p)
+{
+    struct plane_cred c;
+    const int slot = p->rank >= 0 && p->rank < TEST_UNITS_MAX ? p->rank : 0;
+    plane_cred_issue(&c, run_key,
+                     &(struct plane_id){.rank = FIRST_ROLLOUT + slot, .pid = (uint32_t)p->id, .incarnation = p->id});
+    c.counter = heard_of(p->id)->counter;
+    return c;
+}
+
+/* Pack env (with secret, authenticated as process p; NULL: not at all), hand it to the core at time now, and
+ * decode the reply. */
+static Grpo__Envelope *core_call(struct dispatch_core *d, Grpo__Envelope *env, const struct proc *p, const char *secret,
+                                 double now)
 {
     static uint64_t next_id = 1;
     env->request_id = next_id++;
@@ -93,7 +126,12 @@ static Grpo__Envelope *core_call(struct dispatch_core *d, Grpo__Envelope *env, c
         env->secret.len = strlen(secret);
     }
     size_t len = 0, rlen = 0;
-    uint8_t *buf = protocol_pack(env, &len);
+    struct plane_cred c;
+    if (p)
+        c = cred_of(p);
+    uint8_t *buf = plane_pack_request(env, p ? &c : NULL, &len);
+    if (p)
+        heard_of(p->id)->counter = c.counter;
     assert_non_null(buf);
     uint8_t *out = dispatch_core_handle(d, buf, len, now, &rlen);
     free(buf);
@@ -110,13 +148,6 @@ static Grpo__Envelope *core_call(struct dispatch_core *d, Grpo__Envelope *env, c
     return r;
 }
 
-/* A rollout process as the core sees it: its id and rank, and the secret it sends. */
-struct proc {
-    uint64_t id;
-    int rank;
-    const char *secret;
-};
-
 static Grpo__Envelope *work_call(struct dispatch_core *d, const struct proc *p, bool ping, double now)
 {
     Grpo__Envelope req = GRPO__ENVELOPE__INIT;
@@ -131,7 +162,7 @@ static Grpo__Envelope *work_call(struct dispatch_core *d, const struct proc *p, 
     }
     req.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST;
     req.work_request = &w;
-    return core_call(d, &req, p->secret, now);
+    return core_call(d, &req, p, p->secret, now);
 }
 
 static void expect_refusal(Grpo__Envelope *r, const char *text)
@@ -205,7 +236,7 @@ static Grpo__Envelope *weights_call(struct dispatch_core *d, const struct proc *
     q.broadcast = broadcast;
     req.body_case = GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST;
     req.weights_request = &q;
-    Grpo__Envelope *r = core_call(d, &req, p->secret, now);
+    Grpo__Envelope *r = core_call(d, &req, p, p->secret, now);
     if (r->body_case != GRPO__ENVELOPE__BODY_WEIGHTS_CHUNK)
         fail_msg("expected a weights chunk, got body %d", (int)r->body_case);
     return r;
@@ -859,7 +890,7 @@ static void test_bad_input(void **state)
     Grpo__Envelope env = GRPO__ENVELOPE__INIT;
     env.body_case = GRPO__ENVELOPE__BODY_STATUS_REQUEST;
     env.status_request = 1;
-    expect_refusal(core_call(d, &env, NULL, t), "work and weights requests only");
+    expect_refusal(core_call(d, &env, &(struct proc){8, 0, NULL}, NULL, t), "work and weights requests only");
     assert_int_equal(cstats(d).refused, 6);
     /* issue 27: a work request, a ping and a weights request of major protocol version 2 are refused, naming the
      * version, and add no process and grant nothing */
@@ -971,7 +1002,10 @@ static struct dispatcher *open_dispatcher(const char *ep, const char *secret, in
                                        .start_epoch = 3,
                                        .start_cursor = 17,
                                        .n_floats = n_floats,
-                                       .lost_after_s = 60.0};
+                                       .lost_after_s = 60.0,
+                                       .run_key = run_key,
+                                       .first_rollout_rank = FIRST_ROLLOUT,
+                                       .rollout_tp = 1};
     char err[512] = "";
     struct dispatcher *d = dispatcher_open(&o, err, sizeof err);
     if (!d)
@@ -982,7 +1016,14 @@ static struct dispatcher *open_dispatcher(const char *ep, const char *secret, in
 static struct work_client *open_client(const char *ep, const char *secret, int rank, double ping_s)
 {
     char err[512] = "";
-    struct work_client *c = work_client_open(ep, secret, rank, ping_s, err, sizeof err);
+    static struct plane_cred creds[64]; /* each client's, for its lifetime */
+    static int ncreds;
+    struct plane_cred *cred = &creds[ncreds++ % 64];
+    plane_cred_issue(cred, run_key,
+                     &(struct plane_id){.rank = FIRST_ROLLOUT + (rank >= 0 && rank < TEST_UNITS_MAX ? rank : 0),
+                                        .pid = (uint32_t)getpid(),
+                                        .incarnation = plane_random64()});
+    struct work_client *c = work_client_open(ep, secret, cred, rank, ping_s, err, sizeof err);
     if (!c)
         fail_msg("work_client_open(%s, rank %d): %s", ep, rank, err);
     return c;
@@ -1203,8 +1244,98 @@ static void test_shell_bad_input(void **state)
     free(w0);
 }
 
+/* Pack env with credentials c (NULL: none), hand the bytes to the core n times, and return the last answer. */
+static Grpo__Envelope *signed_call(struct dispatch_core *d, Grpo__Envelope *env, struct plane_cred *c, int n,
+                                   double now)
+{
+    size_t len = 0, rlen = 0;
+    env->request_id = 4242;
+    uint8_t *buf = plane_pack_request(env, c, &len);
+    Grpo__Envelope *r = NULL;
+    for (int i = 0; i < n; i++) {
+        protocol_free(r);
+        uint8_t *out = dispatch_core_handle(d, buf, len, now, &rlen);
+        r = protocol_unpack(out, rlen, NULL, 0);
+        free(out);
+    }
+    free(buf);
+    return r;
+}
+
+/* issue 27: every request must carry a good MAC of a rollout process, which speaks for itself only: a request
+ * without one, one whose MAC is another identity's, a replayed one, a ping or a claim for another rollout rank or
+ * for another process's worker id, and weights for a process that is no rollout process are refused, counted, and
+ * change nothing. (Before protocol 1.8 every one of them was answered.) */
+static void test_identity(void **state)
+{
+    (void)state;
+    const size_t N = 8;
+    float *w0 = malloc(N * sizeof(float));
+    for (size_t i = 0; i < N; i++)
+        w0[i] = (float)i;
+    const double t = 0;
+    struct dispatch_core *d = core_open(NULL, 2, 0, 10, N, 10.0, t);
+    publish(d, 0, w0);
+    const struct proc a = {0xA, 0, NULL}, b = {0xB, 1, NULL};
+    expect_unit_at(d, &a, t, 1, 0, 0);
+    expect_unit_at(d, &b, t, 1, 1, 0);
+    assert_int_equal(cstats(d).live, 2);
+
+    Grpo__Envelope req = GRPO__ENVELOPE__INIT;
+    Grpo__WorkRequest w = GRPO__WORK_REQUEST__INIT;
+    req.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST;
+    req.work_request = &w;
+    /* no authentication: a ping in rank 1's name */
+    w.worker_id = 0xB, w.rank = 1, w.ping = true;
+    expect_refusal(signed_call(d, &req, NULL, 1, t), "carries no authentication");
+    /* rank 0's process (a's key) claiming to be rank 1's (b's identity): its MAC is not rank 1's */
+    struct plane_cred ca = cred_of(&a);
+    ca.counter = 1000;
+    struct plane_cred forged = ca;
+    forged.id = cred_of(&b).id;
+    expect_refusal(signed_call(d, &req, &forged, 1, t), "authentication failed");
+    /* a, as itself, pinging (and asking for work) for rollout rank 1 */
+    expect_refusal(signed_call(d, &req, &ca, 1, t), "no process speaks for another");
+    w.ping = false;
+    expect_refusal(signed_call(d, &req, &ca, 1, t), "work request for rollout rank 1");
+    /* another process of rank 0 (good credentials of its own) with a's worker id */
+    struct plane_cred other;
+    plane_cred_issue(&other, run_key, &(struct plane_id){.rank = FIRST_ROLLOUT, .pid = 77, .incarnation = 78});
+    w.worker_id = 0xA, w.rank = 0, w.ping = true;
+    expect_refusal(signed_call(d, &req, &other, 1, t), "is another process's");
+    /* a replayed request: the same bytes twice */
+    w.worker_id = 0xA, w.rank = 0, w.ping = true;
+    expect_refusal(signed_call(d, &req, &ca, 2, t), "replayed");
+    /* weights: without credentials, and for a trainer rank's identity */
+    Grpo__Envelope wreq = GRPO__ENVELOPE__INIT;
+    Grpo__WeightsRequest q = GRPO__WEIGHTS_REQUEST__INIT;
+    q.worker_id = 0xA, q.version = 0, q.count = N;
+    wreq.body_case = GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST;
+    wreq.weights_request = &q;
+    expect_refusal(signed_call(d, &wreq, NULL, 1, t), "carries no authentication");
+    struct plane_cred trainer;
+    plane_cred_issue(&trainer, run_key, &(struct plane_id){.rank = 0, .pid = 5, .incarnation = 6});
+    expect_refusal(signed_call(d, &wreq, &trainer, 1, t), "rollout processes only");
+    struct dispatch_stats st = cstats(d);
+    assert_int_equal(st.refused, 8);
+    assert_int_equal(st.live, 2);
+    assert_int_equal(st.granted, 2);
+    assert_int_equal(st.bytes, 0);
+    /* the real processes go on: b's lease is b's, and a's own ping is answered (a counts on from ca's counter:
+     * its identity's) */
+    heard_of(a.id)->counter = ca.counter;
+    expect_wait_at(d, &a, t, "waits for the trainers' policy version", NULL);
+    struct work_grant g;
+    grant_of(d, &b, true, t, &g);
+    assert_int_equal(g.kind, WORK_WAIT);
+    expect_weights_at(d, &a, t, 0, w0, N, N);
+    dispatch_core_free(d);
+    free(w0);
+}
+
 int main(void)
 {
+    plane_run_key_new(run_key);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_grants_and_versions),
         cmocka_unit_test(test_one_step_off),
@@ -1215,6 +1346,7 @@ int main(void)
         cmocka_unit_test(test_broadcast_rounds),
         cmocka_unit_test(test_end),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_identity),
         cmocka_unit_test_setup_teardown(test_shell_end_to_end, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shell_bad_input, setup, teardown),
     };

@@ -227,28 +227,132 @@ static void test_bad_fields(void **state)
     drop(f);
 }
 
-static void test_secret(void **state)
+/* Authentication (proto/plane_auth.h): a batch without a MAC, with another process's key, naming another rank
+ * than its credentials', or replayed is refused; a good one is taken; the answer is authenticated for its asker
+ * only. Each of these was taken before protocol 1.8. */
+static void test_auth(void **state)
 {
     (void)state;
     struct fx *f = make();
-    f->lim.secret = "s3cret";
+    uint8_t run_key[PLANE_KEY_BYTES];
+    plane_run_key_new(run_key);
+    struct plane_verifier v;
+    plane_verifier_init(&v, run_key);
+    struct wire_auth auth = {.v = &v};
+    f->lim.auth = &auth;
     const int groups[2] = {0, 1};
     size_t len;
+    /* no authentication */
     uint8_t *buf = wire_pack_batch(&HDR, &f->b, groups, 2, NULL, &len);
-    refused(f, buf, len, "shared secret");
+    refused(f, buf, len, "carries no authentication");
+    assert_false(auth.verified);
     free(buf);
-    buf = wire_pack_batch(&HDR, &f->b, groups, 2, "other", &len);
-    refused(f, buf, len, "shared secret");
+    /* a 1.7 peer's batch: the refusal names its version and the remedy */
+    Grpo__Envelope *old = protocol_unpack((buf = wire_pack_batch(&HDR, &f->b, groups, 2, NULL, &len)), len, NULL, 0);
     free(buf);
-    buf = wire_pack_batch(&HDR, &f->b, groups, 2, "s3cret", &len);
+    assert_non_null(old);
+    old->minor_version = 7;
+    len = grpo__envelope__get_packed_size(old);
+    buf = malloc(len);
+    assert_non_null(buf);
+    grpo__envelope__pack(old, buf);
+    protocol_free(old);
+    refused(f, buf, len, "the sender speaks 1.7: upgrade the older side");
+    free(buf);
+    /* rank 2's credentials (HDR's from_rank), and those of rank 3 of another run */
+    struct plane_cred me, other_run, rank3;
+    plane_cred_issue(&me, run_key, &(struct plane_id){.rank = 2, .pid = 100, .incarnation = 7});
+    plane_cred_issue(&rank3, run_key, &(struct plane_id){.rank = 3, .pid = 101, .incarnation = 8});
+    uint8_t k2[PLANE_KEY_BYTES];
+    plane_run_key_new(k2);
+    plane_cred_issue(&other_run, k2, &(struct plane_id){.rank = 2, .pid = 100, .incarnation = 7});
+    buf = wire_pack_batch(&HDR, &f->b, groups, 2, &other_run, &len);
+    refused(f, buf, len, "authentication failed");
+    free(buf);
+    /* rank 3's key, claiming to be rank 2: its MAC is not rank 2's */
+    struct plane_cred forged = rank3;
+    forged.id.rank = 2;
+    buf = wire_pack_batch(&HDR, &f->b, groups, 2, &forged, &len);
+    refused(f, buf, len, "authentication failed");
+    free(buf);
+    /* rank 3 as itself, with from_rank 2 */
+    buf = wire_pack_batch(&HDR, &f->b, groups, 2, &rank3, &len);
+    refused(f, buf, len, "authenticated as rank 3");
+    assert_true(auth.verified); /* its answer is authenticated for it */
+    free(buf);
+    /* good: taken; the same bytes again (a socket's resend of the last) pass the MAC check; an older one is a
+     * replay */
+    uint8_t *first = wire_pack_batch(&HDR, &f->b, groups, 2, &me, &len);
+    size_t first_len = len;
     struct step_batch out = {0};
     struct wire_header h;
     char why[512] = "";
+    assert_int_equal(wire_unpack_batch(first, first_len, &f->lim, &h, &out, why, sizeof why), 0);
+    assert_true(auth.verified);
+    assert_int_equal(auth.who.rank, 2);
+    assert_int_equal(auth.counter, 1);
+    step_batch_free(&out);
+    assert_int_equal(wire_unpack_batch(first, first_len, &f->lim, &h, &out, why, sizeof why), 0);
+    step_batch_free(&out);
+    buf = wire_pack_batch(&HDR, &f->b, groups, 2, &me, &len);
     assert_int_equal(wire_unpack_batch(buf, len, &f->lim, &h, &out, why, sizeof why), 0);
-    assert_int_equal(out.n_seq, 2 * N);
     step_batch_free(&out);
     free(buf);
+    refused(f, first, first_len, "replayed");
+    free(first);
+    /* the answer: authenticated for the asker and its counter, and for nobody else */
+    Grpo__Envelope ans = GRPO__ENVELOPE__INIT;
+    Grpo__Reply rep = GRPO__REPLY__INIT;
+    rep.ok = 1;
+    ans.body_case = GRPO__ENVELOPE__BODY_REPLY;
+    ans.reply = &rep;
+    buf = plane_pack_answer(&ans, &v, &me.id, 2, &len);
+    Grpo__Envelope *e = protocol_unpack(buf, len, why, sizeof why);
+    assert_non_null(e);
+    assert_int_equal(plane_verify_answer(&me, 2, e, why, sizeof why), 0);
+    assert_int_equal(plane_verify_answer(&me, 1, e, why, sizeof why), -1);    /* another request's */
+    assert_int_equal(plane_verify_answer(&rank3, 2, e, why, sizeof why), -1); /* another process's */
+    e->auth->mac.data[0] ^= 1;
+    assert_int_equal(plane_verify_answer(&me, 2, e, why, sizeof why), -1); /* altered */
+    protocol_free(e);
+    free(buf);
+    plane_verifier_free(&v);
     drop(f);
+}
+
+/* Counters of two threads of one process may cross: an older counter not seen yet is taken once. */
+static void test_auth_window(void **state)
+{
+    (void)state;
+    uint8_t run_key[PLANE_KEY_BYTES];
+    plane_run_key_new(run_key);
+    struct plane_verifier v;
+    plane_verifier_init(&v, run_key);
+    struct plane_cred me;
+    plane_cred_issue(&me, run_key, &(struct plane_id){.rank = 1, .pid = 5, .incarnation = 9});
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    env.body_case = GRPO__ENVELOPE__BODY_STATUS_REQUEST;
+    env.status_request = 1;
+    uint8_t *m[4];
+    size_t len[4];
+    for (int i = 0; i < 4; i++)
+        m[i] = plane_pack_request(&env, &me, &len[i]);
+    const int order[4] = {0, 2, 1, 3};
+    char why[256];
+    struct plane_id who;
+    uint64_t c;
+    for (int i = 0; i < 4; i++) {
+        Grpo__Envelope *e = protocol_unpack(m[order[i]], len[order[i]], why, sizeof why);
+        assert_int_equal(plane_verify_request(&v, e, &who, &c, why, sizeof why), PLANE_OK);
+        assert_int_equal(c, (uint64_t)order[i] + 1);
+        protocol_free(e);
+    }
+    Grpo__Envelope *e = protocol_unpack(m[1], len[1], why, sizeof why);
+    assert_int_equal(plane_verify_request(&v, e, &who, &c, why, sizeof why), PLANE_REPLAY);
+    protocol_free(e);
+    for (int i = 0; i < 4; i++)
+        free(m[i]);
+    plane_verifier_free(&v);
 }
 
 static void test_placement(void **state)
@@ -318,9 +422,9 @@ static void test_placement(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip), cmocka_unit_test(test_garbage_and_wrong_version),
-        cmocka_unit_test(test_bad_fields), cmocka_unit_test(test_secret),
-        cmocka_unit_test(test_placement),
+        cmocka_unit_test(test_round_trip),  cmocka_unit_test(test_garbage_and_wrong_version),
+        cmocka_unit_test(test_bad_fields),  cmocka_unit_test(test_auth),
+        cmocka_unit_test(test_auth_window), cmocka_unit_test(test_placement),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

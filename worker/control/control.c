@@ -524,6 +524,15 @@ static void copy_assignment(struct control_assignment *a, const Grpo__Assignment
                  as->trainer_endpoints[i]);
     snprintf(a->dispatch_endpoint, sizeof a->dispatch_endpoint, "%s", as->dispatch_endpoint);
     a->heartbeat_interval_s = as->heartbeat_interval_s;
+    a->incarnation = as->incarnation;
+    if (as->plane_key.len == sizeof a->plane_key) {
+        memcpy(a->plane_key, as->plane_key.data, sizeof a->plane_key);
+        a->has_plane_key = true;
+    }
+    if (as->plane_run_key.len == sizeof a->plane_run_key) {
+        memcpy(a->plane_run_key, as->plane_run_key.data, sizeof a->plane_run_key);
+        a->has_plane_run_key = true;
+    }
 }
 
 /* One registration attempt. 0: registered (a filled); 1: try again later (err says why); -1: refused. */

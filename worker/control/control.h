@@ -99,6 +99,11 @@ struct control_assignment {
     char trainer_endpoints[64][256];
     char dispatch_endpoint[256]; /* rollout: the trainers' dispatcher (work units and weights) */
     double heartbeat_interval_s;
+    uint64_t incarnation; /* this registration's: with the rank and the pid, the data-plane identity */
+    bool has_plane_key;   /* grpod handed out this process's data-plane key (1.8) */
+    uint8_t plane_key[32];
+    bool has_plane_run_key; /* trainer ranks: the run's data-plane key */
+    uint8_t plane_run_key[32];
 };
 
 /* Digest of the configuration every rank of a run must share: all keys but grpod.* (how a host

@@ -211,7 +211,7 @@ static void generate_share(struct colocated *c, int64_t k, int round, const int 
                                           .units = c->units};
             out->msg = xrealloc(out->msg, (size_t)(out->n + 1) * sizeof *out->msg);
             out->len = xrealloc(out->len, (size_t)(out->n + 1) * sizeof *out->len);
-            out->msg[out->n] = wire_pack_batch(&h, &b, sel, b.n_groups, c->env->secret, &out->len[out->n]);
+            out->msg[out->n] = wire_pack_batch(&h, &b, sel, b.n_groups, NULL, &out->len[out->n]); /* over MPI only */
             free(sel);
         }
         out->n++;
@@ -464,7 +464,7 @@ static int colocated_setup(struct colocated *c, char *err, size_t errlen)
                                   .units = c->units,
                                   .world_size = env->world_size,
                                   .dp_rank = 0,
-                                  .secret = env->secret};
+                                  .auth = NULL}; /* the colocated ranks' batches travel over MPI only */
     if (env->rank == 0)
         log_info("hybrid",
                  "%d colocated ranks: training DP %d x TP %d x PP %d; generating in %d engine(s) of %d rank(s), "

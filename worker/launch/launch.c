@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include "common/log.h"
 #include "common/placement.h"
 #include "kernels/kernels.h"
+#include "proto/plane_auth.h"
 #include "proto/transport.h"
 #include "worker/control/control.h"
 
@@ -113,6 +115,16 @@ static int join_control_plane(struct role_env *env)
         env->heartbeat_s = a.heartbeat_interval_s;
     if (a.dispatch_endpoint[0])
         snprintf(env->dispatch_endpoint, sizeof env->dispatch_endpoint, "%s", a.dispatch_endpoint);
+    if (a.has_plane_key) { /* this process's data-plane identity: its rank, its pid (Register.pid), this registration */
+        const struct plane_id id = {.rank = env->rank, .pid = (uint32_t)getpid(), .incarnation = a.incarnation};
+        env->plane = (struct plane_cred){.id = id, .set = true};
+        memcpy(env->plane.key, a.plane_key, sizeof env->plane.key);
+        env->plane_dp = env->plane;
+    }
+    if (a.role == CONTROL_ROLE_TRAINER && a.has_plane_run_key) {
+        memcpy(env->plane_run_key, a.plane_run_key, sizeof env->plane_run_key);
+        env->have_run_key = true;
+    }
     if (a.role == CONTROL_ROLE_TRAINER) {
         snprintf(env->endpoints[a.dp_rank], sizeof env->endpoints[0], "%s", a.data_pull_endpoint);
         env->n_endpoints = a.dp_size;
@@ -121,6 +133,90 @@ static int join_control_plane(struct role_env *env)
         for (int d = 0; d < a.n_trainer_endpoints && d < ROLE_MAX_ENDPOINTS; d++)
             snprintf(env->endpoints[d], sizeof env->endpoints[d], "%s", a.trainer_endpoints[d]);
     }
+    return 0;
+}
+
+/* For the tests only: GRPO_TEST_SPARE_CREDENTIALS=FILE makes the issuer write good credentials of one more process
+ * of the last rollout rank (pid 1, a fresh incarnation) into FILE (mode 0600), so that a hostile client in the
+ * tests can hold one process's key without disturbing the real processes' counters (tests/system/data_stranger.c). */
+static void write_spare_credentials(const uint8_t run_key[PLANE_KEY_BYTES], int rank)
+{
+    const char *path = getenv("GRPO_TEST_SPARE_CREDENTIALS");
+    if (!path || !path[0])
+        return;
+    struct plane_cred c;
+    const struct plane_id id = {.rank = rank, .pid = 1, .incarnation = plane_random64()};
+    plane_cred_issue(&c, run_key, &id);
+    char line[256];
+    FILE *f = fopen(path, "w");
+    if (f && plane_cred_format(&c, line, sizeof line) == 0) {
+        fchmod(fileno(f), 0600);
+        fputs(line, f);
+    }
+    if (f)
+        fclose(f);
+    log_warn("worker", "GRPO_TEST_SPARE_CREDENTIALS: spare data-plane credentials of rank %d written to %s", rank,
+             path);
+}
+
+/* A split run's data-plane credentials (proto/plane_auth.h). Under grpod they came with the assignment, and a rank
+ * without them is refused naming the key. Without grpod, world rank 0 makes the run key and hands each rank its
+ * part over MPI (point to point, so no rank sees another's): the key to the trainer ranks, each rollout rank its
+ * own key for its identity (its rank, its pid and a random incarnation, gathered from every rank first).
+ * Collective over the world without grpod. 0, or -1 (logged). */
+static int plane_credentials(struct role_env *env)
+{
+    const bool trainer = env->at.role == PLACE_TRAINER;
+    if (plane_init() != 0) {
+        log_error("worker", "libsodium cannot start: the data plane's authentication needs it");
+        return -1;
+    }
+    if (env->ctl) {
+        if (trainer ? !env->have_run_key : !env->plane.set) {
+            log_error("worker",
+                      "grpod handed this %s rank no data-plane key (Assignment.%s, protocol 1.8): the data plane "
+                      "never runs unauthenticated; upgrade grpod to this version",
+                      trainer ? "trainer" : "rollout", trainer ? "plane_run_key" : "plane_key");
+            return -1;
+        }
+        return 0;
+    }
+    struct comm *world = env->world;
+    const int size = comm_size(world), me = comm_rank(world);
+    struct {
+        uint32_t pid, pad;
+        uint64_t incarnation;
+    } mine = {.pid = (uint32_t)getpid(), .incarnation = plane_random64()}, *all = xcalloc((size_t)size, sizeof mine);
+    _Static_assert(sizeof mine == 16 && PLANE_KEY_BYTES % sizeof(int32_t) == 0, "whole int32 elements");
+    comm_allgather_bytes(world, &mine, all, sizeof mine);
+    uint8_t key[PLANE_KEY_BYTES];
+    if (me == 0) {
+        plane_run_key_new(env->plane_run_key);
+        env->have_run_key = true;
+        for (int r = 1; r < size; r++) {
+            if (r < env->spec.trainer_ranks) {
+                comm_send(world, env->plane_run_key, PLANE_KEY_BYTES / 4, COMM_I32, r);
+                continue;
+            }
+            const struct plane_id id = {.rank = r, .pid = all[r].pid, .incarnation = all[r].incarnation};
+            plane_key_derive(env->plane_run_key, &id, key);
+            comm_send(world, key, PLANE_KEY_BYTES / 4, COMM_I32, r);
+        }
+        write_spare_credentials(env->plane_run_key, size - 1);
+    } else {
+        comm_recv(world, key, PLANE_KEY_BYTES / 4, COMM_I32, 0);
+        if (trainer) {
+            memcpy(env->plane_run_key, key, sizeof key);
+            env->have_run_key = true;
+        } else {
+            env->plane = (struct plane_cred){
+                .id = {.rank = env->rank, .pid = mine.pid, .incarnation = mine.incarnation}, .set = true};
+            memcpy(env->plane.key, key, sizeof key);
+            env->plane_dp = env->plane;
+        }
+    }
+    memset(key, 0, sizeof key);
+    free(all);
     return 0;
 }
 
@@ -339,6 +435,10 @@ int launch(struct launch *l, const struct grpo_config *cfg, struct comm *world, 
     }
     if (join_control_plane(env) != 0)
         return 3;
+    if (l->split && plane_credentials(env) != 0) {
+        control_finish(env->ctl, CONTROL_END_FAILED, "no data-plane key");
+        return 3;
+    }
     l->launched = true;
     if (l->colocated) {
         build_colocated_groups(l);

@@ -10,7 +10,9 @@
 
 #include "common/check.h"
 #include "proto/protocol.h"
+#include "proto/plane_auth.h"
 #include "proto/transport.h"
+#include "worker/plane/wire.h"
 
 struct dataplane_pull {
     int sock;
@@ -19,7 +21,9 @@ struct dataplane_pull {
 struct dataplane_push {
     int n;
     int *socks;
-    bool *waiting; /* a batch sent on socket i awaits its answer */
+    bool *waiting;     /* a batch sent on socket i awaits its answer */
+    uint64_t *counter; /* ... the counter it was sent with */
+    const struct plane_cred *cred;
 };
 
 struct dataplane_pull *dataplane_pull_open(const char *endpoint, char *err, size_t errlen)
@@ -67,7 +71,7 @@ int dataplane_recv(struct dataplane_pull *p, int timeout_ms, void **buf, size_t 
     return 1;
 }
 
-void dataplane_answer(struct dataplane_pull *p, bool ok, const char *why)
+void dataplane_answer(struct dataplane_pull *p, bool ok, const char *why, const struct wire_auth *a)
 {
     Grpo__Envelope env = GRPO__ENVELOPE__INIT;
     Grpo__Reply reply = GRPO__REPLY__INIT;
@@ -76,7 +80,9 @@ void dataplane_answer(struct dataplane_pull *p, bool ok, const char *why)
     env.body_case = GRPO__ENVELOPE__BODY_REPLY;
     env.reply = &reply;
     size_t len;
-    uint8_t *buf = CHECK_ALLOC(protocol_pack(&env, &len));
+    const bool sealed = a && a->verified;
+    uint8_t *buf = CHECK_ALLOC(
+        plane_pack_answer(&env, sealed ? a->v : NULL, sealed ? &a->who : NULL, sealed ? a->counter : 0, &len));
     int timeout = 1000; /* an answer nobody waits for any more is dropped */
     nn_setsockopt(p->sock, NN_SOL_SOCKET, NN_SNDTIMEO, &timeout, sizeof timeout);
     nn_send(p->sock, buf, len, 0);
@@ -91,9 +97,12 @@ void dataplane_pull_close(struct dataplane_pull *p)
     free(p);
 }
 
-struct dataplane_push *dataplane_push_open(const char *const *endpoints, int n, char *err, size_t errlen)
+struct dataplane_push *dataplane_push_open(const char *const *endpoints, int n, const struct plane_cred *cred,
+                                           char *err, size_t errlen)
 {
     struct dataplane_push *p = xcalloc(1, sizeof *p);
+    p->cred = cred;
+    p->counter = xcalloc((size_t)(n ? n : 1), sizeof(uint64_t));
     p->socks = xmalloc((size_t)(n ? n : 1) * sizeof(int));
     p->waiting = xcalloc((size_t)(n ? n : 1), sizeof(bool));
     for (int i = 0; i < n; i++) {
@@ -138,7 +147,15 @@ static int await_answer(struct dataplane_push *p, int i, int timeout_ms, char *e
     Grpo__Envelope *env = protocol_unpack(msg, (size_t)n, why, sizeof why);
     nn_freemsg(msg);
     int rc = 0;
-    if (!env || env->body_case != GRPO__ENVELOPE__BODY_REPLY) {
+    char auth_why[300];
+    if (env && p->cred && p->cred->set && plane_verify_answer(p->cred, p->counter[i], env, auth_why, sizeof auth_why)) {
+        if (env->body_case == GRPO__ENVELOPE__BODY_REPLY && !env->reply->ok) /* our own batch refused unheard */
+            error_set(err, errlen, "data plane: trainer DP rank %d refused a batch: %s (%s)", i, env->reply->error,
+                      auth_why);
+        else
+            error_set(err, errlen, "data plane: an answer from trainer DP rank %d is refused: %s", i, auth_why);
+        rc = -2;
+    } else if (!env || env->body_case != GRPO__ENVELOPE__BODY_REPLY) {
         error_set(err, errlen, "data plane: trainer DP rank %d answered with something other than a reply%s%s", i,
                   env ? "" : ": ", env ? "" : why);
         rc = -2;
@@ -151,8 +168,8 @@ static int await_answer(struct dataplane_push *p, int i, int timeout_ms, char *e
     return rc;
 }
 
-int dataplane_send(struct dataplane_push *p, int i, const void *buf, size_t len, int timeout_ms, char *err,
-                   size_t errlen)
+int dataplane_send(struct dataplane_push *p, int i, const void *buf, size_t len, uint64_t counter, int timeout_ms,
+                   char *err, size_t errlen)
 {
     int rc = await_answer(p, i, timeout_ms, err, errlen);
     if (rc != 0)
@@ -168,6 +185,7 @@ int dataplane_send(struct dataplane_push *p, int i, const void *buf, size_t len,
                          e == ETIMEDOUT ? "timed out (the trainer takes no data)" : nn_strerror(e));
     }
     p->waiting[i] = true;
+    p->counter[i] = counter;
     return 0;
 }
 
@@ -188,6 +206,7 @@ void dataplane_push_close(struct dataplane_push *p)
         nn_close(p->socks[i]);
     free(p->socks);
     free(p->waiting);
+    free(p->counter);
     free(p);
 }
 

@@ -12,6 +12,10 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+
+struct wire_auth;
+struct plane_cred;
 
 struct dataplane_pull;
 struct dataplane_push;
@@ -22,17 +26,21 @@ struct dataplane_pull *dataplane_pull_open(const char *endpoint, char *err, size
 /* Wait up to timeout_ms for one batch: 1 with *buf (free with dataplane_msg_free) and *len, 0 on timeout, -1 with
  * err on a socket error. Answer it with dataplane_answer before the next receive. */
 int dataplane_recv(struct dataplane_pull *p, int timeout_ms, void **buf, size_t *len, char *err, size_t errlen);
-/* Answer the batch just received: accepted (ok) or refused with why. */
-void dataplane_answer(struct dataplane_pull *p, bool ok, const char *why);
+/* Answer the batch just received: accepted (ok) or refused with why; authenticated for its sender when its
+ * authentication was good (a->verified), else plain. */
+void dataplane_answer(struct dataplane_pull *p, bool ok, const char *why, const struct wire_auth *a);
 void dataplane_pull_close(struct dataplane_pull *p);
 
-/* Connect one REQ socket to each of the n endpoints. NULL with err. */
-struct dataplane_push *dataplane_push_open(const char *const *endpoints, int n, char *err, size_t errlen);
-/* Send one batch to endpoint i: first wait up to timeout_ms for the answer to the previous one (back-pressure).
+/* Connect one REQ socket to each of the n endpoints; answers must be authenticated for cred (this process's
+ * credentials, kept by the caller). NULL with err. */
+struct dataplane_push *dataplane_push_open(const char *const *endpoints, int n, const struct plane_cred *cred,
+                                           char *err, size_t errlen);
+/* Send one batch (packed with counter `counter` of the credentials) to endpoint i: first wait up to timeout_ms
+ * for the answer to the previous one (back-pressure); an answer not authenticated for its batch is refused.
  * 0; -1 with err when no answer came in time (the trainer takes no data: try again); -2 with err when the
  * previous batch was refused (err says why: a configuration that differs from the trainer's). */
-int dataplane_send(struct dataplane_push *p, int i, const void *buf, size_t len, int timeout_ms, char *err,
-                   size_t errlen);
+int dataplane_send(struct dataplane_push *p, int i, const void *buf, size_t len, uint64_t counter, int timeout_ms,
+                   char *err, size_t errlen);
 /* Wait up to timeout_ms for the answers to every batch sent: 0 when all were accepted, else -1 with err. */
 int dataplane_flush(struct dataplane_push *p, int timeout_ms, char *err, size_t errlen);
 void dataplane_push_close(struct dataplane_push *p);

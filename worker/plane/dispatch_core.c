@@ -7,6 +7,7 @@
 
 #include "common/check.h"
 #include "common/log.h"
+#include "proto/plane_auth.h"
 #include "proto/protocol.h"
 #include "proto/transport.h"
 
@@ -22,6 +23,7 @@ void dispatch_unit_range(int B, int U, int u, int *lo, int *hi)
 
 struct proc {
     uint64_t id;
+    struct plane_id who; /* the identity its requests are authenticated as: the id is its, nobody else's */
     int slot;
     double last_seen;
     bool alive, told_end;
@@ -45,6 +47,7 @@ static const struct lease pending_lease = {.holder = PENDING};
 struct dispatch_core {
     struct dispatch_options o; /* endpoint and secret not kept */
     char secret[1024];
+    struct plane_verifier auth; /* the run key and the counters seen */
     double opened_at;
     struct snapshot *snaps;
     int nsnap;
@@ -85,11 +88,23 @@ static bool orphaned(const struct dispatch_core *d, int slot, double now)
     return d->slot_seen[slot] || now - d->opened_at > grace;
 }
 
-static struct proc *proc_of(struct dispatch_core *d, uint64_t id, int slot, double now)
+static bool same_who(const struct plane_id *a, const struct plane_id *b)
 {
+    return a->rank == b->rank && a->pid == b->pid && a->incarnation == b->incarnation;
+}
+
+/* The process entry of worker id `id`, authenticated as who (*theirs: the id is another process's). */
+static struct proc *proc_of(struct dispatch_core *d, uint64_t id, const struct plane_id *who, int slot, double now,
+                            bool *theirs)
+{
+    *theirs = false;
     for (int i = 0; i < d->nprocs; i++)
         if (d->procs[i].id == id) {
             struct proc *p = &d->procs[i];
+            if (!same_who(&p->who, who)) {
+                *theirs = true;
+                return NULL;
+            }
             if (!p->alive)
                 log_info("dispatch", "rollout process %016" PRIx64 " (rank %d) is back", id, p->slot);
             p->alive = true;
@@ -108,7 +123,7 @@ static struct proc *proc_of(struct dispatch_core *d, uint64_t id, int slot, doub
         d->nprocs++;
     }
     bool replaces = d->slot_seen[slot] && !slot_alive(d, slot);
-    d->procs[i] = (struct proc){.id = id, .slot = slot, .last_seen = now, .alive = true};
+    d->procs[i] = (struct proc){.id = id, .who = *who, .slot = slot, .last_seen = now, .alive = true};
     d->slot_seen[slot] = true;
     log_info("dispatch", "rollout process %016" PRIx64 " %s rollout rank %d", id, replaces ? "takes over" : "serves",
              slot);
@@ -344,27 +359,72 @@ static int broadcast_answer(struct dispatch_core *d, int slot, int64_t v, double
     return WAIT;
 }
 
-/* The answer to a decoded request that carried the secret. */
-static uint8_t *answer(struct dispatch_core *d, const Grpo__Envelope *req, double now, size_t *len)
+/* The asker of the request being answered: its identity and counter (NULL who: it had no good MAC). */
+struct asker {
+    const struct plane_id *who;
+    uint64_t counter;
+};
+
+/* An error reply to request_id, authenticated for the asker when it was. */
+static uint8_t *refuse(struct dispatch_core *d, const struct asker *a, uint64_t request_id, const char *error,
+                       size_t *len)
+{
+    d->st.refused++;
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Reply reply = GRPO__REPLY__INIT;
+    reply.error = (char *)error;
+    env.request_id = request_id;
+    env.body_case = GRPO__ENVELOPE__BODY_REPLY;
+    env.reply = &reply;
+    return CHECK_ALLOC(plane_pack_answer(&env, &d->auth, a->who, a->counter, len));
+}
+
+/* The rollout slot of world rank `rank` (-1: not a rollout rank of this run). */
+static int slot_of_rank(const struct dispatch_core *d, int rank)
+{
+    const int tp = d->o.rollout_tp > 1 ? d->o.rollout_tp : 1;
+    const int off = rank - d->o.first_rollout_rank;
+    if (off < 0 || off >= d->o.units * tp)
+        return -1;
+    return off / tp;
+}
+
+/* The answer to a decoded request that carried the secret and a good MAC of a rollout process, of slot `slot`. */
+static uint8_t *answer(struct dispatch_core *d, const Grpo__Envelope *req, const struct asker *a, int slot, double now,
+                       size_t *len)
 {
     Grpo__Envelope out = GRPO__ENVELOPE__INIT;
     out.request_id = req->request_id;
     Grpo__WorkGrant g = GRPO__WORK_GRANT__INIT;
     Grpo__WeightsChunk ch = GRPO__WEIGHTS_CHUNK__INIT;
     char reason[512] = "";
-    uint8_t *buf = NULL;
     if (req->body_case == GRPO__ENVELOPE__BODY_WORK_REQUEST) {
         const Grpo__WorkRequest *w = req->work_request;
         if (w->rank < 0 || w->rank >= d->o.units) {
-            d->st.refused++;
             snprintf(reason, sizeof reason, "rollout rank %d: this run has rollout ranks 0..%d", (int)w->rank,
                      d->o.units - 1);
-            return CHECK_ALLOC(protocol_pack_error(req->request_id, reason, len));
+            return refuse(d, a, req->request_id, reason, len);
         }
-        struct proc *p = proc_of(d, w->worker_id, w->rank, now);
-        if (!p) {
-            return CHECK_ALLOC(protocol_pack_error(req->request_id, "too many rollout processes", len));
+        if (w->rank != slot) { /* a ping or a claim for another process's rank */
+            snprintf(reason, sizeof reason,
+                     "a %s for rollout rank %d from a process authenticated as world rank %d (rollout rank %d's): "
+                     "no process speaks for another",
+                     w->ping ? "ping" : "work request", (int)w->rank, a->who->rank, slot);
+            log_warn("dispatch", "refused %s", reason);
+            return refuse(d, a, req->request_id, reason, len);
         }
+        bool theirs;
+        struct proc *p = proc_of(d, w->worker_id, a->who, w->rank, now, &theirs);
+        if (theirs) {
+            snprintf(reason, sizeof reason,
+                     "worker id %016" PRIx64 " is another process's (this one is world rank %d, pid %u): "
+                     "no process speaks for another",
+                     w->worker_id, a->who->rank, a->who->pid);
+            log_warn("dispatch", "refused a %s: %s", w->ping ? "ping" : "work request", reason);
+            return refuse(d, a, req->request_id, reason, len);
+        }
+        if (!p)
+            return refuse(d, a, req->request_id, "too many rollout processes", len);
         if (w->ping) {
             g.kind = d->end_after >= 0 ? WORK_END : WORK_WAIT;
             p->told_end |= d->end_after >= 0;
@@ -377,21 +437,20 @@ static uint8_t *answer(struct dispatch_core *d, const Grpo__Envelope *req, doubl
         g.reason = reason;
         out.body_case = GRPO__ENVELOPE__BODY_WORK_GRANT;
         out.work_grant = &g;
-        buf = CHECK_ALLOC(protocol_pack(&out, len));
     } else if (req->body_case == GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST) {
         const Grpo__WeightsRequest *w = req->weights_request;
-        int slot = -1; /* the asker's rollout rank (-1: not a live process) */
+        int bslot = -1; /* the asker's rollout rank in the broadcast (-1: not a live process of its own id) */
         for (int i = 0; i < d->nprocs; i++)
-            if (d->procs[i].id == w->worker_id && d->procs[i].alive) {
+            if (d->procs[i].id == w->worker_id && d->procs[i].alive && same_who(&d->procs[i].who, a->who)) {
                 d->procs[i].last_seen = now;
-                slot = d->procs[i].slot;
+                bslot = d->procs[i].slot;
             }
         const struct snapshot *s = snapshot_of(d, w->version);
         ch.version = w->version;
         ch.offset = w->offset;
         ch.n_floats = d->o.n_floats;
         if (w->broadcast && s)
-            ch.broadcast = broadcast_answer(d, slot, w->version, now);
+            ch.broadcast = broadcast_answer(d, bslot, w->version, now);
         else if (!s)
             snprintf(reason, sizeof reason, "policy version %lld is not held (newest %lld)", (long long)w->version,
                      (long long)d->latest);
@@ -407,29 +466,46 @@ static uint8_t *answer(struct dispatch_core *d, const Grpo__Envelope *req, doubl
         ch.error = reason;
         out.body_case = GRPO__ENVELOPE__BODY_WEIGHTS_CHUNK;
         out.weights_chunk = &ch;
-        buf = CHECK_ALLOC(protocol_pack(&out, len)); /* copies the chunk (the shell holds its lock) */
     } else {
-        d->st.refused++;
-        return CHECK_ALLOC(
-            protocol_pack_error(req->request_id, "the dispatcher takes work and weights requests only", len));
+        return refuse(d, a, req->request_id, "the dispatcher takes work and weights requests only", len);
     }
-    return buf;
+    /* copies the chunk (the shell holds its lock) */
+    return CHECK_ALLOC(plane_pack_answer(&out, &d->auth, a->who, a->counter, len));
 }
 
 uint8_t *dispatch_core_handle(struct dispatch_core *d, const void *msg, size_t n, double now, size_t *len)
 {
     char why[512];
     Grpo__Envelope *req = protocol_unpack(msg, n, why, sizeof why);
-    if (!req) {
-        d->st.refused++;
-        return CHECK_ALLOC(protocol_pack_error(0, why, len));
-    }
+    const struct asker none = {0};
+    if (!req)
+        return refuse(d, &none, 0, why, len);
     uint8_t *out;
+    struct plane_id who;
+    uint64_t counter;
+    enum plane_verdict pv;
     if (d->secret[0] && !secret_matches(req->secret, d->secret)) {
-        d->st.refused++;
-        out = CHECK_ALLOC(protocol_pack_error(req->request_id, "wrong or missing secret", len));
+        out = refuse(d, &none, req->request_id, "wrong or missing secret", len);
+    } else if ((pv = plane_verify_request(&d->auth, req, &who, &counter, why, sizeof why)) != PLANE_OK) {
+        /* no good MAC (or a replay: a request is never resent by its REQ socket) */
+        const struct asker a = {.who = pv == PLANE_REPLAY || pv == PLANE_REPEAT ? &who : NULL, .counter = counter};
+        if (pv == PLANE_REPEAT)
+            snprintf(why, sizeof why, "a replayed message: rank %d (pid %u) used counter %" PRIu64 " already", who.rank,
+                     who.pid, counter);
+        out = refuse(d, &a, req->request_id, why, len);
     } else {
-        out = answer(d, req, now, len);
+        const struct asker a = {.who = &who, .counter = counter};
+        const int slot = slot_of_rank(d, who.rank);
+        if (slot < 0) {
+            snprintf(why, sizeof why,
+                     "world rank %d is not a rollout rank of this run (ranks %d..%d): work and weights go to "
+                     "rollout processes only",
+                     who.rank, d->o.first_rollout_rank,
+                     d->o.first_rollout_rank + d->o.units * (d->o.rollout_tp > 1 ? d->o.rollout_tp : 1) - 1);
+            out = refuse(d, &a, req->request_id, why, len);
+        } else {
+            out = answer(d, req, &a, slot, now, len);
+        }
     }
     protocol_free(req);
     return out;
@@ -447,6 +523,8 @@ struct dispatch_core *dispatch_core_create(const struct dispatch_options *o, dou
     d->o = *o;
     d->o.endpoint = NULL;
     d->o.secret = NULL;
+    d->o.run_key = NULL;
+    plane_verifier_init(&d->auth, o->run_key); /* NULL: not set, every request refused */
     snprintf(d->secret, sizeof d->secret, "%s", o->secret ? o->secret : "");
     d->latest = -1;
     d->end_after = -1;
@@ -476,6 +554,7 @@ void dispatch_core_free(struct dispatch_core *d)
     for (int i = 0; i < d->nsnap; i++)
         free(d->snaps[i].w);
     free(d->snaps), free(d->lease), free(d->slot_seen), free(d->bc_want), free(d->bc_asked);
+    plane_verifier_free(&d->auth);
     free(d);
 }
 

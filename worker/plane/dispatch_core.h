@@ -25,6 +25,11 @@ struct dispatch_options {
     int64_t start_cursor;
     size_t n_floats;     /* parameters of the policy */
     double lost_after_s; /* a rollout process silent this long is lost (two heartbeat intervals) */
+    /* authentication (proto/plane_auth.h): every request must carry a good MAC of a rollout process's identity;
+     * its world rank gives its slot, (rank - first_rollout_rank) / rollout_tp, and it speaks for that slot only */
+    const uint8_t *run_key; /* PLANE_KEY_BYTES, copied; NULL: a core that refuses every request */
+    int first_rollout_rank; /* the trainer ranks: rollout ranks come after them */
+    int rollout_tp;         /* rollout ranks per work unit (a rollout TP group; 1 without) */
 };
 
 /* What the dispatcher has done so far (for the metrics). */
@@ -33,7 +38,7 @@ struct dispatch_stats {
     int64_t regranted;  /* of those, units granted to another process than the first (holder lost, lease over) */
     int64_t expired;    /* of those, units granted again because their lease was over (the holder alive) */
     int64_t lost;       /* rollout processes declared lost */
-    int64_t refused;    /* requests refused (malformed, wrong secret) */
+    int64_t refused;    /* requests refused (malformed, wrong secret, unauthenticated, speaking for another) */
     int64_t bytes;      /* weight bytes served in chunks */
     int64_t broadcasts; /* versions broadcast whole (weight_sync=broadcast) */
     int live;           /* rollout processes alive now */
@@ -55,8 +60,9 @@ struct dispatch_core *dispatch_core_create(const struct dispatch_options *o, dou
 void dispatch_core_free(struct dispatch_core *d);
 /* Parameters of the policy (a version's floats). */
 size_t dispatch_core_floats(const struct dispatch_core *d);
-/* One request as received (n bytes) at time now: the packed reply (malloc'd, *len bytes). Garbage, a wrong
- * secret or a request of another kind get an error reply and count as refused. */
+/* One request as received (n bytes) at time now: the packed reply (malloc'd, *len bytes; authenticated for the
+ * asker when its request was). Garbage, a wrong secret, a request without a good MAC, a replayed one, one for
+ * another process's rank or worker id, or of another kind get an error reply and count as refused. */
 uint8_t *dispatch_core_handle(struct dispatch_core *d, const void *msg, size_t n, double now, size_t *len);
 /* The clock moved to now: processes silent past lost_after_s are lost and their units granted again. */
 void dispatch_core_tick(struct dispatch_core *d, double now);

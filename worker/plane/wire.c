@@ -12,7 +12,7 @@
 #include "proto/transport.h"
 
 uint8_t *wire_pack_batch(const struct wire_header *h, const struct step_batch *b, const int *groups, int n_groups,
-                         const char *secret, size_t *len)
+                         struct plane_cred *cred, size_t *len)
 {
     int n_seq = 0;
     for (int i = 0; i < b->n_seq; i++)
@@ -64,9 +64,7 @@ uint8_t *wire_pack_batch(const struct wire_header *h, const struct step_batch *b
     Grpo__Envelope env = GRPO__ENVELOPE__INIT;
     env.body_case = GRPO__ENVELOPE__BODY_ROLLOUT;
     env.rollout = &rb;
-    if (secret && *secret)
-        envelope_set_secret(&env, secret);
-    uint8_t *out = CHECK_ALLOC(protocol_pack(&env, len));
+    uint8_t *out = CHECK_ALLOC(plane_pack_request(&env, cred, len));
     free(seqs);
     free(ptrs);
     return out;
@@ -134,9 +132,15 @@ int wire_unpack_batch(const uint8_t *buf, size_t len, const struct wire_limits *
         return -1;
     }
     int rc = -1;
-    if (lim->secret && lim->secret[0] && !secret_matches(env->secret, lim->secret)) {
-        snprintf(why, whylen, "the batch does not carry the run's shared secret (grpod.secret_file)");
-        goto out;
+    if (lim->auth) { /* before anything else: nobody unauthenticated learns what the trainer checks */
+        lim->auth->verified = false;
+        enum plane_verdict pv =
+            plane_verify_request(lim->auth->v, env, &lim->auth->who, &lim->auth->counter, what, sizeof what);
+        if (pv < 0) {
+            snprintf(why, whylen, "%s", what);
+            goto out;
+        }
+        lim->auth->verified = true; /* a repeat of the last batch is taken again: the step's checks drop it */
     }
     if (env->body_case != GRPO__ENVELOPE__BODY_ROLLOUT) {
         snprintf(why, whylen, "a %s message on the data socket (only rollout batches belong here)",
@@ -146,6 +150,12 @@ int wire_unpack_batch(const uint8_t *buf, size_t len, const struct wire_limits *
     const Grpo__RolloutBatch *rb = env->rollout;
     if (rb->from_rank < 0 || rb->from_rank >= lim->world_size) {
         snprintf(why, whylen, "from_rank %d is not a rank of this run (world %d)", rb->from_rank, lim->world_size);
+        goto out;
+    }
+    if (lim->auth && rb->from_rank != lim->auth->who.rank) {
+        snprintf(why, whylen,
+                 "from_rank %d, but the batch is authenticated as rank %d's: no process speaks for another",
+                 rb->from_rank, lim->auth->who.rank);
         goto out;
     }
     if (rb->to_dp_rank != lim->dp_rank) {

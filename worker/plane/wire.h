@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "proto/plane_auth.h"
 #include "worker/step/batch.h"
 
 struct wire_header {
@@ -28,22 +29,34 @@ struct wire_header {
     int unit, units;        /* the step's work unit it carries, of units (worker/rollout/dispatch.h) */
 };
 
-/* Pack the groups groups[0..n_groups) of b (each with all its sequences) into an Envelope that carries the
- * run's shared secret (grpod.secret_file; NULL or "": none). Caller frees. */
+/* Pack the groups groups[0..n_groups) of b (each with all its sequences) into an Envelope authenticated with the
+ * sending process's credentials (proto/plane_auth.h; NULL: none, for messages that never leave MPI, as the
+ * colocated ranks' over their collective). Caller frees. */
 uint8_t *wire_pack_batch(const struct wire_header *h, const struct step_batch *b, const int *groups, int n_groups,
-                         const char *secret, size_t *len);
+                         struct plane_cred *cred, size_t *len);
+
+/* A batch's authentication as the receiver checks it: the verifier (the run key and the counters seen), and
+ * what wire_unpack_batch found: the sender's identity and counter once its MAC is good (verified, also when the
+ * batch is refused for its content), so that the answer is authenticated for it. */
+struct wire_auth {
+    struct plane_verifier *v;
+    struct plane_id who;
+    uint64_t counter;
+    bool verified;
+};
 
 /* What the receiving trainer accepts. */
 struct wire_limits {
     const struct prompt_set *prompts; /* the run's training prompts: uid indexes them */
     int vocab_size;
     int max_response_length;
-    int groups_in_step; /* data.train_batch_size */
-    int n;              /* rollout.n */
-    int units;          /* work units per step (the rollout ranks) */
-    int world_size;     /* from_rank must be below it */
-    int dp_rank;        /* to_dp must equal it */
-    const char *secret; /* the run's shared secret: a batch must carry it (NULL or "": not checked) */
+    int groups_in_step;     /* data.train_batch_size */
+    int n;                  /* rollout.n */
+    int units;              /* work units per step (the rollout ranks) */
+    int world_size;         /* from_rank must be below it */
+    int dp_rank;            /* to_dp must equal it */
+    struct wire_auth *auth; /* every batch must carry a good MAC of the rank it names (NULL: not checked, for
+                               batches that came over MPI only) */
 };
 
 /* Decode and check one message: 0 with *h filled and the batch's groups appended to b (sequences own their

@@ -73,8 +73,8 @@ static void *ping_loop(void *arg)
     }
 }
 
-struct work_client *work_client_open(const char *endpoint, const char *secret, int rank, double ping_s, char *err,
-                                     size_t errlen)
+struct work_client *work_client_open(const char *endpoint, const char *secret, struct plane_cred *cred, int rank,
+                                     double ping_s, char *err, size_t errlen)
 {
     struct work_client *c = xcalloc(1, sizeof *c);
     c->slot = rank;
@@ -89,6 +89,8 @@ struct work_client *work_client_open(const char *endpoint, const char *secret, i
         work_client_close(c);
         return NULL;
     }
+    rpc_set_plane(c->rpc, cred); /* both threads: one counter, atomic */
+    rpc_set_plane(c->ping_rpc, cred);
     if (pthread_create(&c->pinger, NULL, ping_loop, c) != 0) {
         error_set(err, errlen, "work client: cannot start the ping thread");
         work_client_close(c);

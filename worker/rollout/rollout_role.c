@@ -142,11 +142,16 @@ static void *watch_group(void *arg)
 static int setup(struct rollout_rank *r, char *err, size_t errlen)
 {
     const struct grpo_config *c = r->env->cfg;
+    if (r->head && !r->env->plane.set) /* the launch hands every rollout process its key */
+        return error_set(err, errlen,
+                         "rollout rank %d has no data-plane key (from grpod's Assignment.plane_key, or world rank 0 at "
+                         "launch): refusing to speak on the data plane unauthenticated",
+                         r->env->rank);
     /* connect (and start pinging) first, so the dispatcher knows this rank is coming while the model loads; a TP
      * group is one process to the dispatcher (its slot: the group's index) */
     if (r->head) {
-        r->work = work_client_open(r->env->dispatch_endpoint, r->env->secret, r->env->at.engine, r->env->heartbeat_s,
-                                   err, errlen);
+        r->work = work_client_open(r->env->dispatch_endpoint, r->env->secret, &r->env->plane, r->env->at.engine,
+                                   r->env->heartbeat_s, err, errlen);
         if (!r->work)
             return -1;
         work_client_on_chunk(r->work, eng_keepalive, r);
@@ -218,7 +223,7 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
     const char *eps[ROLE_MAX_ENDPOINTS];
     for (int i = 0; i < r->env->n_endpoints; i++)
         eps[i] = r->env->endpoints[i];
-    r->push = dataplane_push_open(eps, r->env->n_endpoints, err, errlen);
+    r->push = dataplane_push_open(eps, r->env->n_endpoints, &r->env->plane_dp, err, errlen);
     return r->push ? 0 : -1;
 }
 
@@ -336,11 +341,12 @@ static int send_unit(struct rollout_rank *r, const struct work_grant *g, const s
                 sel[ns++] = k;
         const struct wire_header h = unit_header(r, g, u, d);
         size_t len;
-        uint8_t *msg = wire_pack_batch(&h, b, sel, ns, r->env->secret, &len);
+        uint8_t *msg = wire_pack_batch(&h, b, sel, ns, &r->env->plane_dp, &len);
+        const uint64_t counter = plane_cred_last(&r->env->plane_dp); /* this thread alone uses it */
         /* a trainer busy with a long step takes its time: wait, but say so, and give up after an hour; the run
          * ending meanwhile ends the wait */
         for (int tries = 0;; tries++) {
-            rc = dataplane_send(r->push, d, msg, len, 60000, err, errlen);
+            rc = dataplane_send(r->push, d, msg, len, counter, 60000, err, errlen);
             if (rc != -1 || tries >= 60 || work_client_ended(r->work))
                 break;
             eng_keepalive(r); /* its peers wait for the next word meanwhile */

@@ -38,6 +38,8 @@ struct trainer_rank {
     struct trainer *t;
     struct dataplane_pull *pull;
     struct wire_limits lim;
+    struct plane_verifier verifier; /* the run key and the counters each rollout process has used */
+    struct wire_auth auth;          /* lim.auth: the last batch's sender, for its answer */
     struct pending *pend;
     int n_pend, cap_pend;
     struct dispatcher *disp; /* DP rank 0, TP rank 0 only */
@@ -116,7 +118,8 @@ static int receive_one(struct trainer_rank *r, int64_t k, int timeout_ms)
         p.raw_len = len;
     }
     dataplane_msg_free(buf);
-    dataplane_answer(r->pull, rc == 0, err); /* the acknowledgement, or the refusal with its reason */
+    /* the acknowledgement, or the refusal with its reason, authenticated for a sender whose MAC was good */
+    dataplane_answer(r->pull, rc == 0, err, &r->auth);
     if (rc != 0) {
         drop_refused(r, err);
         return 0;
@@ -431,6 +434,9 @@ static void trainer_ready(void *ud, struct trainer *t)
     trainer_cursor(t, &epoch, &cursor);
     struct dispatch_options o = {.endpoint = r->env->dispatch_endpoint,
                                  .secret = r->env->secret,
+                                 .run_key = r->env->have_run_key ? r->env->plane_run_key : NULL,
+                                 .first_rollout_rank = r->env->spec.trainer_ranks,
+                                 .rollout_tp = r->env->spec.rollout_tp > 1 ? r->env->spec.rollout_tp : 1,
                                  .units = r->lim.units,
                                  .groups_in_step = r->lim.groups_in_step,
                                  .staleness = r->env->staleness,
@@ -484,8 +490,20 @@ int run_trainer(struct role_env *env)
                              /* a work unit per rollout TP group (per rollout rank without rollout TP) */
                              .units = env->spec.rollout_ranks / (env->spec.rollout_tp > 1 ? env->spec.rollout_tp : 1),
                              .world_size = env->world_size,
-                             .dp_rank = env->at.dp,
-                             .secret = env->secret};
+                             .dp_rank = env->at.dp};
+    plane_verifier_init(&r.verifier, env->have_run_key ? env->plane_run_key : NULL);
+    r.auth.v = &r.verifier;
+    r.lim.auth = &r.auth;     /* every batch from a rollout process: a good MAC of the rank it names */
+    if (!env->have_run_key) { /* the launch hands every trainer one: never a data plane that checks nothing */
+        snprintf(err, sizeof err,
+                 "trainer rank %d has no data-plane run key (from grpod's Assignment.plane_run_key, or world rank 0 "
+                 "at launch): refusing to open the data plane at %s unauthenticated",
+                 env->rank, env->endpoints[env->at.dp]);
+        log_error("trainer", "%s", err);
+        control_finish(env->ctl, CONTROL_END_FAILED, err);
+        plane_verifier_free(&r.verifier);
+        return 2;
+    }
     /* bind before anything slow, so the rollout ranks' first batches find the socket (TP rank 0 of each DP rank
      * pulls; it shares each batch with its TP peers) */
     if (env->at.tp == 0 && env->at.pp == 0) {
@@ -528,6 +546,7 @@ int run_trainer(struct role_env *env)
     free(r.pend);
     if (r.pull)
         dataplane_pull_close(r.pull);
+    plane_verifier_free(&r.verifier);
     weight_sync_sender_release(&r.ws);
     return status;
 }

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The data plane's authentication against a hostile peer (issue 27), on a live split run of 2 trainer + 2 rollout
+# ranks without grpod (the run key made by world rank 0 and handed out over MPI):
+#  - an undisturbed run, for reference;
+#  - the same run held at step 1 (the rollout ranks' scorer holds each sample until a file goes) while the hostile
+#    client (data_stranger --dispatch), holding the good credentials of one extra process of rollout rank 1
+#    (GRPO_TEST_SPARE_CREDENTIALS), tries: an unauthenticated batch, a batch MAC'd with that key claiming another
+#    rank or another process, a batch naming another rank as its sender, a captured batch replayed; on the
+#    dispatcher an unauthenticated ping, a ping and a work claim for rollout rank 0, and a weights download without
+#    credentials. Each is refused for its reason; the run finishes with weights bit-identical to the undisturbed
+#    run's. Once on ipc sockets, once on tcp (grpod.data_endpoint=tcp://*:PORT, no grpod.secret_file).
+# usage: test_dist_auth.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS DATA_STRANGER SCORER_SO
+set -u
+WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" STRANGER="$4" SCORER="$5"
+. "$(dirname "$0")/dist_lib.sh" grpo-dist-auth
+STEPS=3
+COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e
+    trainer.total_training_steps=$STEPS trainer.val_before_train=false trainer.test_freq=-1
+    data.train_batch_size=4 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=2
+    data.max_response_length=12 actor_rollout_ref.actor.optim.lr=1e-3 data.synthetic.num_train=64
+    data.synthetic.num_val=4 custom_reward_function.path="$SCORER" placement.trainer_ranks=2
+    placement.rollout_ranks=2)
+weights() { echo "$TMP/$1/p/e/checkpoints/global_step_$STEPS/actor"; }
+
+timeout 300 "${MPIRUN[@]}" -np 4 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/quiet" \
+    custom_reward_function.name=byte_score >"$TMP/quiet.log" 2>&1
+expect "2 trainer + 2 rollout ranks finish, every message authenticated" $?
+
+# hostile NAME DATA_BASE DP0 DISPATCH READY...: the held run with the hostile peer, its data plane at DATA_BASE
+# (grpod.data_endpoint), trainer DP rank 0's socket at DP0 and the dispatcher's at DISPATCH; READY...: a command
+# that succeeds once both sockets listen
+hostile() {
+    local name="$1" base="$2" dp0="$3" disp="$4"; shift 4
+    touch "$TMP/hold"
+    rm -f "$TMP/spare.cred"
+    timeout 300 "${MPIRUN[@]}" -x GRPO_TEST_HOLD_FILE="$TMP/hold" -x GRPO_TEST_SPARE_CREDENTIALS="$TMP/spare.cred" \
+        -np 4 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/$name" grpod.data_endpoint="$base" \
+        custom_reward_function.name=held_byte_score >"$TMP/$name.log" 2>&1 &
+    local run=$!
+    wait_for 30 "$@"; expect "$name: trainer DP rank 0's data socket and the dispatcher's listen" $?
+    "$STRANGER" "$dp0" 0 --cred "$TMP/spare.cred" --dispatch "$disp" "${COMMON[@]}" >"$TMP/$name.stranger.log" 2>&1
+    local rc=$? # before the command substitution in the message, which would reset $?
+    expect "$name: every forgery, replay and unauthenticated request is refused ($(grep -c "^auth: " \
+        "$TMP/$name.stranger.log") probes)" $rc
+    check() { grep -q "^auth: $1: .*$2" "$TMP/$name.stranger.log"; expect "$name: $1: refused ($2)" $?; }
+    check "an unauthenticated batch" "carries no authentication"
+    check "a batch MAC'd with one process's key claiming another's rank" "authentication failed"
+    check "a batch claiming another process of the same rank" "authentication failed"
+    check "a batch whose from_rank is another rank than its credentials'" "no process speaks for another"
+    check "the captured batch replayed" "a replayed message"
+    check "an unauthenticated ping for rollout rank 0" "carries no authentication"
+    check "a ping for rollout rank 0 from rollout rank 1's process" "no process speaks for another"
+    check "a claim of rollout rank 0's work from rollout rank 1's process" "no process speaks for another"
+    check "a weights download without credentials" "carries no authentication"
+    rm -f "$TMP/hold"
+    wait $run
+    expect "$name: the run with the hostile peer finishes" $?
+    grep -q "refused a ping for rollout rank 0 from a process authenticated as world rank 3" "$TMP/$name.log"
+    expect "$name: the dispatcher logs the forged ping" $?
+    "$COMPARE" "$(weights quiet)" "$(weights "$name")" 0 >/dev/null 2>&1
+    expect "$name: the hostile peer changed nothing (weights bit-identical to the undisturbed run)" $?
+}
+
+# on ipc sockets
+hostile hostile "ipc://$TMP/data" "ipc://$TMP/data-dp0.sock" "ipc://$TMP/data-dispatch.sock" \
+    sh -c "test -S '$TMP/data-dp0.sock' && test -S '$TMP/data-dispatch.sock'"
+# on tcp, as across hosts (no grpod.secret_file: the data plane is authenticated all the same): trainer DP ranks
+# at PORT and PORT+1, the dispatcher at PORT+2 (below the ephemeral ports: no outgoing connection holds them)
+PORT=$(( 10000 + RANDOM % 20000 ))
+listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+hostile hostile_tcp "tcp://*:$PORT" "tcp://127.0.0.1:$PORT" "tcp://127.0.0.1:$((PORT + 2))" \
+    bash -c "$(declare -f listening); listening $PORT && listening $((PORT + 2))"
+
+finish "$TMP"/quiet.log "$TMP"/hostile*.log
