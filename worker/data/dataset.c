@@ -544,18 +544,34 @@ static int load_file(const char *key, const char *path, struct dataset *d, char 
     return load_jsonl(cached, path, NULL, d, err, errlen);
 }
 
-/* Load a comma-separated list of JSONL or parquet files (the setting key) into d. */
+/* Load a list of JSONL or parquet files (the setting key) into d, in order: comma-separated, or verl's list form
+ * ['a.parquet', "b.parquet"] / [a.parquet, b.parquet] (brackets and each entry's quotes are dropped). */
 static int load_files(const char *key, const char *list, struct dataset *d, char *err, size_t errlen)
 {
     char *copy = xstrdup(list);
+    char *body = copy;
+    while (*body == ' ')
+        body++;
+    size_t bl = strlen(body);
+    while (bl > 0 && body[bl - 1] == ' ')
+        body[--bl] = '\0';
+    if (bl >= 2 && body[0] == '[' && body[bl - 1] == ']') {
+        body[bl - 1] = '\0';
+        body++;
+    }
     int rc = 0;
     char *save = NULL;
-    for (char *p = strtok_r(copy, ",", &save); p && rc == 0; p = strtok_r(NULL, ",", &save)) {
+    for (char *p = strtok_r(body, ",", &save); p && rc == 0; p = strtok_r(NULL, ",", &save)) {
         while (*p == ' ')
             p++;
         size_t n = strlen(p);
         while (n > 0 && p[n - 1] == ' ')
             p[--n] = '\0';
+        if (n >= 2 && ((p[0] == '\'' && p[n - 1] == '\'') || (p[0] == '"' && p[n - 1] == '"'))) {
+            p[--n] = '\0';
+            p++;
+            n--;
+        }
         if (n)
             rc = load_file(key, p, d, err, errlen);
     }

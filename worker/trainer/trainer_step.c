@@ -281,7 +281,7 @@ int trainer_hybrid_batch(void *ctx, int64_t k, struct step_batch *b, struct step
     const struct prompt_item **prompts = xmalloc((size_t)B * sizeof *prompts);
     int *uids = xmalloc((size_t)B * sizeof(int));
     struct sampler_params sp = {(float)c->rollout_temperature, (float)c->rollout_top_p, (int)c->rollout_top_k};
-    int rounds = c->alg_filter_groups_enable ? (int)c->alg_filter_groups_max_num_gen_batches : 1;
+    const int rounds = config_filter_rounds(c);
     int drawn = 0;
     for (int r = 0; r < rounds; r++) {
         trainer_phase(t, GRPO__PHASE__PHASE_GEN);
@@ -291,7 +291,7 @@ int trainer_hybrid_batch(void *ctx, int64_t k, struct step_batch *b, struct step
                                    b, &tm->gen, &tm->reward);
         if (!c->alg_filter_groups_enable)
             break;
-        step_batch_filter_groups(b);
+        step_batch_filter_groups(b, step_filter_metric_from_name(c->alg_filter_groups_metric));
         if (b->n_groups >= B)
             break;
     }
