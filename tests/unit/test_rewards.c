@@ -560,6 +560,106 @@ static void test_custom_isolation(void **state)
     reward_free(r);
 }
 
+/* A Python scorer in verl's form (tests/fixtures/rewards/verl_reward.py): its scores agree with the built-in gsm8k
+ * scorer on plain answers; an exception, a non-number, NaN, an exit or a hang fails that sample alone, with the
+ * reason (the exception's last line) logged, and the samples after it are still scored. */
+static struct reward_fn *python_scorer(const char *path, const char *name, const char *python, char *err, size_t errlen)
+{
+    struct grpo_config c;
+    config_init(&c);
+    struct cfg_error ce;
+    assert_int_equal(config_set(&c, "custom_reward_function.path", path, "test", &ce), 0);
+    assert_int_equal(config_set(&c, "custom_reward_function.name", name, "test", &ce), 0);
+    assert_int_equal(config_set(&c, "custom_reward_function.python", python, "test", &ce), 0);
+    assert_int_equal(config_set(&c, "custom_reward_function.timeout_s", "1.5", "test", &ce), 0);
+    struct reward_fn *r = reward_create(&c, err, errlen);
+    config_free(&c);
+    return r;
+}
+
+#define PY_REWARD "tests/fixtures/rewards/verl_reward.py"
+
+static void test_python_scorer(void **state)
+{
+    (void)state;
+    char err[512] = "";
+    struct reward_fn *r = python_scorer(PY_REWARD, "compute_score", "python3", err, sizeof err);
+    if (!r)
+        fail_msg("%s", err);
+    assert_true(reward_is_custom(r));
+    static const char *const plain[][2] = {
+        {"She pays 3 * 24 = 72.\n#### 72", "72"},
+        {"#### 71", "72"},
+        {"#### 1,234", "1234"},
+        {"The answer is 72", "72"},
+        {"#### 72\n#### 71", "72"},
+        {"PRINT #### 5", "5"},
+        {"", "3"},
+    };
+    const int np = (int)(sizeof plain / sizeof *plain);
+    struct reward_item items[16];
+    for (int i = 0; i < np; i++)
+        items[i] = (struct reward_item){"openai/gsm8k", plain[i][0], plain[i][1], NULL};
+    int n = np;
+    items[n++] = (struct reward_item){"openai/gsm8k", "RAISE", "1", NULL};                /* np */
+    items[n++] = (struct reward_item){"openai/gsm8k", "STRING", "1", NULL};               /* np + 1 */
+    items[n++] = (struct reward_item){"openai/gsm8k", "DICT", "1", NULL};                 /* np + 2 */
+    items[n++] = (struct reward_item){"openai/gsm8k", "NAN", "1", NULL};                  /* np + 3 */
+    items[n++] = (struct reward_item){"openai/gsm8k", "EXIT", "1", NULL};                 /* np + 4 */
+    items[n++] = (struct reward_item){"openai/gsm8k", "#### 9", "9", NULL};               /* np + 5: after the exit */
+    items[n++] = (struct reward_item){"openai/gsm8k", "HANG", "1", NULL};                 /* np + 6 */
+    items[n++] = (struct reward_item){"x", "EXTRA", "{\"target\": 1}", "{\"index\": 7}"}; /* np + 7 */
+    double scores[16];
+    char *reasons[16];
+    const double t0 = clock_now_s();
+    reward_score_batch(r, items, n, scores, reasons);
+    const double took = clock_now_s() - t0;
+    for (int i = 0; i < np; i++) {
+        char why[128];
+        const double builtin = reward_score_gsm8k(plain[i][0], plain[i][1], why, sizeof why);
+        if (scores[i] != builtin || reasons[i])
+            fail_msg("sample %d (%s): Python %g, built-in %g (%s)", i, plain[i][0], scores[i], builtin,
+                     reasons[i] ? reasons[i] : "");
+    }
+    assert_true(scores[0] == 1.0 && scores[1] == 0.0 && scores[2] == 1.0 && scores[5] == 1.0);
+    assert_non_null(reasons[np]);
+    assert_non_null(strstr(reasons[np], "compute_score raised ValueError: no answer in 'RAISE'"));
+    assert_non_null(strstr(reasons[np + 1], "returned str, not a number"));
+    assert_null(reasons[np + 2]);
+    assert_true(scores[np + 2] == 0.25);
+    assert_non_null(strstr(reasons[np + 3], "returned nan"));
+    assert_non_null(strstr(reasons[np + 4], "exited (status 3)"));
+    assert_null(reasons[np + 5]);
+    assert_true(scores[np + 5] == 1.0);
+    assert_non_null(strstr(reasons[np + 6], "timed out after 1.5 s"));
+    assert_null(reasons[np + 7]);
+    assert_true(scores[np + 7] == 8.0); /* extra_info as a dict, a JSON ground truth as an object */
+    assert_int_equal(reward_num_failures(r), 5);
+    assert_true(took < 30.0);
+    for (int i = 0; i < n; i++)
+        free(reasons[i]);
+    /* the process lives on between batches */
+    assert_true(reward_score_one(r, &items[0], NULL, 0) == 1.0);
+    reward_free(r);
+
+    /* errors at start-up name the key and Python's reason */
+    assert_null(python_scorer(PY_REWARD, "nope", "python3", err, sizeof err));
+    assert_non_null(strstr(err, "custom_reward_function.name"));
+    assert_non_null(strstr(err, "no function 'nope'"));
+    assert_null(python_scorer("tests/fixtures/rewards/broken_reward.py", "compute_score", "python3", err, sizeof err));
+    assert_non_null(strstr(err, "custom_reward_function.path"));
+    assert_non_null(strstr(err, "ModuleNotFoundError"));
+    assert_null(python_scorer("tests/fixtures/rewards/missing.py", "compute_score", "python3", err, sizeof err));
+    assert_non_null(strstr(err, "cannot load"));
+    assert_null(python_scorer(PY_REWARD, "compute_score", "/nonexistent/python3", err, sizeof err));
+    assert_non_null(strstr(err, "exited (status 127)"));
+    /* another function of the file */
+    r = python_scorer(PY_REWARD, "other_name", "python3", err, sizeof err);
+    assert_non_null(r);
+    assert_true(reward_score_one(r, &items[0], NULL, 0) == 0.5);
+    reward_free(r);
+}
+
 int main(void)
 {
     log_set_level(LOG_ERROR);
@@ -577,6 +677,7 @@ int main(void)
         cmocka_unit_test(test_custom_errors),
         cmocka_unit_test(test_documented_example),
         cmocka_unit_test(test_custom_isolation),
+        cmocka_unit_test(test_python_scorer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
