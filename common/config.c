@@ -322,6 +322,17 @@ int config_set(struct grpo_config *c, const char *name, const char *value, const
         break;
     }
     case CFG_ENUM:
+        if (enum_has(k->choices, "bfloat16")) { /* a precision: verl's short spellings, and float16 named */
+            if (strcmp(value, "bf16") == 0)
+                value = "bfloat16";
+            else if (strcmp(value, "fp32") == 0)
+                value = "float32";
+            else if (strcmp(value, "float16") == 0 || strcmp(value, "fp16") == 0 || strcmp(value, "half") == 0) {
+                errf(err, "%s: %s=%s: float16 precision (not available yet: bfloat16 or float32)", origin, name,
+                     value);
+                return -1;
+            }
+        }
         if (!enum_has(k->choices, value)) {
             errf(err, "%s: %s must be one of %s, got '%s'", origin, name, k->choices, value);
             return -1;
@@ -606,8 +617,8 @@ static int validate_lora(const struct grpo_config *c, struct cfg_error *err)
         errf(err,
              "LoRA (actor_rollout_ref.model.lora_rank=%lld%s%s) with actor_rollout_ref.actor.megatron."
              "tensor_model_parallel_size=%lld, actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=%lld, "
-             "actor_rollout_ref.rollout.tensor_model_parallel_size=%lld: LoRA runs with whole models only (data "
-             "parallelism works); set those sizes to 1",
+             "actor_rollout_ref.rollout.tensor_model_parallel_size=%lld: LoRA with tensor or pipeline parallelism "
+             "(not available yet: LoRA runs with whole models; data parallelism works); set those sizes to 1",
              c->arr_model_lora_rank, c->arr_model_lora_adapter_path[0] ? ", lora_adapter_path=" : "",
              c->arr_model_lora_adapter_path, c->actor_megatron_tensor_model_parallel_size,
              c->actor_megatron_pipeline_model_parallel_size, c->rollout_tensor_model_parallel_size);
