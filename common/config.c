@@ -328,8 +328,7 @@ int config_set(struct grpo_config *c, const char *name, const char *value, const
             else if (strcmp(value, "fp32") == 0)
                 value = "float32";
             else if (strcmp(value, "float16") == 0 || strcmp(value, "fp16") == 0 || strcmp(value, "half") == 0) {
-                errf(err, "%s: %s=%s: float16 precision (not available yet: bfloat16 or float32)", origin, name,
-                     value);
+                errf(err, "%s: %s=%s: float16 precision (not available yet: bfloat16 or float32)", origin, name, value);
                 return -1;
             }
         }
@@ -453,6 +452,11 @@ static const char *origin_of(const struct grpo_config *c, const char *name)
 {
     const struct cfg_key_info *k = config_find(name);
     return k && c->origin && c->origin[key_index(k)] ? c->origin[key_index(k)] : "?";
+}
+
+const char *config_device(const struct grpo_config *c)
+{
+    return strcmp(c->trainer_device, "cuda") == 0 ? "cuda" : "cpu";
 }
 
 bool config_is_set(const struct grpo_config *c, const char *name)

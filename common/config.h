@@ -45,6 +45,9 @@ enum verl_class { VERL_UNKNOWN, VERL_NOTED, VERL_REFUSED };
 enum verl_class config_verl_class(const char *name, const char *value, const char **why);
 /* The table behind it (docs/verl.md; tests walk it): pattern (a name or a prefix ending in ".*"), the values
  * accepted (NULL: any), why they change nothing, and the feature other values ask for (either may be NULL). */
+/* trainer.device as the ranks use it: "cpu" or "cuda"; auto (grpo-worker resolves it at start-up) counts as cpu
+ * for code that builds a trainer or rollout from a configuration it did not resolve. */
+const char *config_device(const struct grpo_config *c);
 /* Whether key `name` was given (its value does not come from the built-in default). */
 bool config_is_set(const struct grpo_config *c, const char *name);
 /* The PPO clip bounds: clip_ratio_low/high, each falling back to actor_rollout_ref.actor.clip_ratio when it is

@@ -6,7 +6,7 @@
 # (run_qwen2-7b_math.sh) runs on a tiny model with its own arguments, only the model, the data (two parquet files in
 # verl's layout given in verl's list form), the sizes and the placement overridden, and a Python reward function:
 # trainer.total_epochs decides the steps, trainer.logger's console-only sinks mean no TensorBoard files and a
-# notice for wandb, and the Python scorer's scores are logged.
+# notice for wandb, trainer.device (not in the script) is auto and said, and the Python scorer scores.
 # Usage: test_verl_scripts.sh GRPO_WORKER GRPO_MODEL   (from the source root). The run part is skipped (the
 # --print-config part still runs) when the pyarrow venv of scripts/parquet_env.sh cannot be made.
 set -u
@@ -80,7 +80,7 @@ timeout 300 "$worker" "${args[@]}" \
     data.train_batch_size=2 actor_rollout_ref.actor.ppo_mini_batch_size=2 actor_rollout_ref.rollout.n=2 \
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 data.max_prompt_length=320 data.max_response_length=8 \
     actor_rollout_ref.rollout.tensor_model_parallel_size=1 trainer.n_gpus_per_node=1 trainer.total_epochs=1 \
-    trainer.test_freq=-1 trainer.val_before_train=false trainer.device=cpu \
+    trainer.test_freq=-1 trainer.val_before_train=false \
     custom_reward_function.path=tests/fixtures/rewards/verl_reward.py \
     trainer.default_local_dir="$TMP/runs" >"$TMP/run.out" 2>&1
 rc=$?
@@ -90,6 +90,10 @@ expect "both train files are read (4 prompts); total_epochs=1 x 4 prompts / batc
 says "$TMP/run.out" "run finished at step 2"; expect "it trains 2 steps" $?
 says "$TMP/run.out" "custom scorer compute_score from tests/fixtures/rewards/verl_reward.py (Python"
 expect "the Python reward function scores the responses" $?
+says "$TMP/run.out" "trainer.device=auto: "; expect "the device verl's script did not name is said (auto)" $?
+if grep -q "trainer.device=auto: cpu" "$TMP/run.out"; then
+    ! grep -q "cuda:0" "$TMP/run.out"; expect "on the CPU (no usable GPU here)" $?
+fi
 says "$TMP/run.out" "trainer.logger: wandb skipped"; expect "wandb gets a notice" $?
 run_dir="$(dirname "$(ls "$TMP"/runs/*/*/metrics.jsonl | head -1)")"
 [ -s "$run_dir/metrics.jsonl" ]; expect "metrics.jsonl is written" $?

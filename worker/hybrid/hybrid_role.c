@@ -53,7 +53,7 @@ struct colocated {
 /* Whether the update packs a group's prompt once (the trainer's rule: the key, on the CPU). */
 static bool shared_prompts(const struct grpo_config *c)
 {
-    return c->actor_shared_prompt_packing && strcmp(c->trainer_device, "cpu") == 0;
+    return c->actor_shared_prompt_packing && strcmp(config_device(c), "cpu") == 0;
 }
 
 /* Units per step: placement.colocated_units, or four per engine (a group never splits: at most the groups). */

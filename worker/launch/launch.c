@@ -328,7 +328,7 @@ int launch(struct launch *l, const struct grpo_config *cfg, struct comm *world, 
     struct role_env *env = &l->env;
     if (l->split && o->replace_rank < 0)
         local_endpoints(env);
-    if ((l->split || l->colocated) && strcmp(cfg->trainer_device, "cuda") == 0) {
+    if ((l->split || l->colocated) && strcmp(config_device(cfg), "cuda") == 0) {
         if (o->replace_rank < 0)
             assign_devices(env);
         else /* alone, in place of a lost rollout rank: the node's GPUs in turn by rank */

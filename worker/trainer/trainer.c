@@ -682,7 +682,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         shard_policy(t);
     /* the policy's precision (and the reference's: a clone shares the context) */
     char dev[32]; /* with other ranks, the GPU grpo_worker gave this one (trainer_layout.device) */
-    snprintf(dev, sizeof dev, "%s", cfg->trainer_device);
+    snprintf(dev, sizeof dev, "%s", config_device(cfg));
     if (lay && strcmp(dev, "cuda") == 0)
         snprintf(dev, sizeof dev, "cuda:%d", t->lay.device);
     struct kctx *K = model_context_for(dev, cfg->actor_dtype, "actor_rollout_ref.actor.dtype", err, errlen);
