@@ -481,7 +481,12 @@ long long config_total_steps(const struct grpo_config *c, long long n_train)
     const bool epochs_given = config_is_set(c, "trainer.total_epochs");
     if (c->trainer_total_training_steps > 0 && (steps_given || !epochs_given))
         return c->trainer_total_training_steps;
-    return n_train / c->data_train_batch_size * c->trainer_total_epochs;
+    return n_train / config_gen_batch_size(c) * c->trainer_total_epochs;
+}
+
+int config_gen_batch_size(const struct grpo_config *c)
+{
+    return (int)(c->data_gen_batch_size > 0 ? c->data_gen_batch_size : c->data_train_batch_size);
 }
 
 int config_filter_rounds(const struct grpo_config *c)
@@ -698,12 +703,16 @@ int config_validate(const struct grpo_config *c, struct cfg_error *err)
              config_clip_low(c));
         return -1;
     }
-    if (c->data_gen_batch_size && c->data_gen_batch_size != c->data_train_batch_size) {
+    if (c->data_gen_batch_size && c->data_gen_batch_size != c->data_train_batch_size &&
+        (!c->alg_filter_groups_enable || c->trainer_sft_warmup_steps > 0)) {
         errf(err,
-             "%s: data.gen_batch_size=%lld with data.train_batch_size=%lld: generation rounds of another size than "
-             "the step's batch (not available yet); each round here draws data.train_batch_size prompts, and "
-             "algorithm.filter_groups.max_num_gen_batches bounds the rounds",
-             origin_of(c, "data.gen_batch_size"), c->data_gen_batch_size, c->data_train_batch_size);
+             "%s: data.gen_batch_size=%lld with data.train_batch_size=%lld%s: generation rounds of another size "
+             "than the step's batch %s",
+             origin_of(c, "data.gen_batch_size"), c->data_gen_batch_size, c->data_train_batch_size,
+             c->alg_filter_groups_enable ? " and trainer.sft_warmup_steps" : "",
+             c->alg_filter_groups_enable ? "with a supervised warm-start (not available yet)"
+                                         : "without algorithm.filter_groups.enable (not available yet: verl's DAPO "
+                                           "trainer fills the step's batch from the rounds by dynamic sampling)");
         return -1;
     }
     if (c->data_synthetic_min_digits > c->data_synthetic_max_digits) {

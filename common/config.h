@@ -57,6 +57,8 @@ double config_clip_high(const struct grpo_config *c);
 /* Steps of the run: trainer.total_training_steps when given (or -1 not given with trainer.total_epochs given:
  * verl's null), else total_epochs x (n_train / data.train_batch_size), as verl derives them. */
 long long config_total_steps(const struct grpo_config *c, long long n_train);
+/* Prompts drawn per generation round: data.gen_batch_size when given (DAPO), else data.train_batch_size. */
+int config_gen_batch_size(const struct grpo_config *c);
 /* Generation rounds per step: 1 without algorithm.filter_groups.enable, else max_num_gen_batches (0: 1000). */
 int config_filter_rounds(const struct grpo_config *c);
 

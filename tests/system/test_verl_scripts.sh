@@ -69,6 +69,8 @@ def rows(source, start):
     return out
 pq.write_table(pa.Table.from_pylist(rows("openai/gsm8k", 3)), os.path.join(d, "gsm8k.parquet"))
 pq.write_table(pa.Table.from_pylist(rows("lighteval/MATH", 10)), os.path.join(d, "math.parquet"))
+pq.write_table(pa.Table.from_pylist(rows("parity", 20) + rows("parity", 30) + rows("parity", 40) + rows("parity", 50)),
+               os.path.join(d, "parity.parquet"))
 PY
 expect "pyarrow wrote two parquet files in verl's layout" $?
 tiny_model "$TMP/tiny"; expect "tiny model written" $?
@@ -99,4 +101,37 @@ run_dir="$(dirname "$(ls "$TMP"/runs/*/*/metrics.jsonl | head -1)")"
 [ -s "$run_dir/metrics.jsonl" ]; expect "metrics.jsonl is written" $?
 [ ! -e "$run_dir/tensorboard" ]; expect "no TensorBoard files: trainer.logger has no tensorboard" $?
 ! crashed "$TMP/run.out"; expect "no crash" $?
-finish "$TMP/run.out"
+
+# --- verl's DAPO recipe (recipe/dapo/test_dapo_7b.sh) runs in one process: rounds of data.gen_batch_size=4 prompts,
+# groups without reward variance dropped (filter_groups.metric=acc: the score, for a Python scorer), rounds repeated
+# until data.train_batch_size=2 groups are kept, at most max_num_gen_batches=3; the overlong buffer under its
+# current names. 8 prompts / 4 a round, total_epochs=1: 2 steps.
+mapfile -t args < <(overrides tests/fixtures/verl/scripts/dapo__test_dapo_7b.args)
+timeout 300 "$worker" "${args[@]}" \
+    actor_rollout_ref.model.path="$TMP/tiny" data.train_files="$TMP/parity.parquet" data.val_files="$TMP/parity.parquet" \
+    data.gen_batch_size=4 data.train_batch_size=2 actor_rollout_ref.actor.ppo_mini_batch_size=2 \
+    actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 data.max_prompt_length=320 \
+    data.max_response_length=8 algorithm.filter_groups.max_num_gen_batches=3 trainer.nnodes=1 trainer.n_gpus_per_node=1 \
+    +reward_model.reward_kwargs.overlong_buffer_cfg.len=4 reward_model.reward_kwargs.max_resp_len=8 \
+    trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=-1 \
+    custom_reward_function.path=tests/fixtures/rewards/verl_reward.py \
+    trainer.default_local_dir="$TMP/dapo" >"$TMP/dapo.out" 2>&1
+rc=$?
+expect "verl's DAPO recipe runs on a tiny model (rc $rc)" $rc
+says "$TMP/dapo.out" "8 train / 8 val prompts, 2 steps"; expect "total_epochs counts rounds of gen_batch_size: 2 steps" $?
+dapo_metrics="$(ls "$TMP"/dapo/*/*/metrics.jsonl | head -1)"
+"$py" - "$dapo_metrics" <<'PY'
+import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+steps = [s for s in steps if "train/num_gen_batches" in s]
+assert len(steps) == 2, steps
+for s in steps:
+    rounds, kept = s["train/num_gen_batches"], s["train/num_kept_groups"]
+    assert 1 <= rounds <= 3, rounds           # the bound is respected
+    assert kept <= 2, kept                    # the step's batch is at most train_batch_size groups
+    assert kept == 2 or rounds == 3, (kept, rounds)  # rounds go on until the batch is full, or the bound
+print("dapo steps:", [(s["train/num_gen_batches"], s["train/num_kept_groups"]) for s in steps])
+PY
+expect "each step's rounds stop when 2 groups with reward variance are kept, at most 3 rounds" $?
+! crashed "$TMP/dapo.out"; expect "no crash (DAPO)" $?
+finish "$TMP/run.out" "$TMP/dapo.out"

@@ -595,9 +595,11 @@ static void test_python_scorer(void **state)
         {"#### 72\n#### 71", "72"},
         {"PRINT #### 5", "5"},
         {"", "3"},
+        {"\xff\xfe bytes that are not UTF-8 #### 72", "72"}, /* sent as U+FFFD, as tokenizer.decode gives them */
+        {"#### 7\xc3", "7"},
     };
     const int np = (int)(sizeof plain / sizeof *plain);
-    struct reward_item items[16];
+    struct reward_item items[24];
     for (int i = 0; i < np; i++)
         items[i] = (struct reward_item){"openai/gsm8k", plain[i][0], plain[i][1], NULL};
     int n = np;
@@ -609,8 +611,8 @@ static void test_python_scorer(void **state)
     items[n++] = (struct reward_item){"openai/gsm8k", "#### 9", "9", NULL};               /* np + 5: after the exit */
     items[n++] = (struct reward_item){"openai/gsm8k", "HANG", "1", NULL};                 /* np + 6 */
     items[n++] = (struct reward_item){"x", "EXTRA", "{\"target\": 1}", "{\"index\": 7}"}; /* np + 7 */
-    double scores[16];
-    char *reasons[16];
+    double scores[24];
+    char *reasons[24];
     const double t0 = clock_now_s();
     reward_score_batch(r, items, n, scores, reasons);
     const double took = clock_now_s() - t0;

@@ -20,6 +20,7 @@
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -265,6 +266,40 @@ void pyscorer_free(struct pyscorer *p)
     free(p);
 }
 
+/* s as valid UTF-8 (malloc'd): each byte of an ill-formed sequence becomes U+FFFD, as Python's
+ * bytes.decode(errors="replace") and verl's tokenizer.decode give the text of tokens that split a character. */
+static char *valid_utf8(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)(s ? s : "");
+    const size_t n = strlen((const char *)p);
+    char *out = xmalloc(3 * n + 1), *o = out;
+    for (size_t i = 0; i < n;) {
+        const unsigned char c = p[i];
+        size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        bool ok = len > 0 && i + len <= n;
+        for (size_t k = 1; ok && k < len; k++)
+            ok = (p[i + k] & 0xc0) == 0x80;
+        if (ok && len > 1) { /* no overlong forms, surrogates or code points past U+10FFFF */
+            uint32_t cp = c & (0x7f >> len);
+            for (size_t k = 1; k < len; k++)
+                cp = cp << 6 | (p[i + k] & 0x3f);
+            static const uint32_t min_cp[] = {0, 0, 0x80, 0x800, 0x10000};
+            ok = cp >= min_cp[len] && cp <= 0x10ffff && !(cp >= 0xd800 && cp <= 0xdfff);
+        }
+        if (ok) {
+            memcpy(o, p + i, len);
+            o += len;
+            i += len;
+        } else {
+            memcpy(o, "\xef\xbf\xbd", 3);
+            o += 3;
+            i++;
+        }
+    }
+    *o = '\0';
+    return out;
+}
+
 /* Write the request for items[from..n) (one line). 0, or -1 when the process is gone. */
 static int send_batch(struct pyscorer *p, const struct reward_item *items, int from, int n)
 {
@@ -274,10 +309,15 @@ static int send_batch(struct pyscorer *p, const struct reward_item *items, int f
         json_t *extra = items[i].extra_info_json ? json_loads(items[i].extra_info_json, JSON_DECODE_ANY, &je) : NULL;
         if (!extra)
             extra = json_object();
-        json_array_append_new(list, json_pack("{s:s, s:s, s:s, s:o}", "data_source",
-                                              items[i].data_source ? items[i].data_source : "", "solution_str",
-                                              items[i].solution_str ? items[i].solution_str : "", "ground_truth",
-                                              items[i].ground_truth ? items[i].ground_truth : "", "extra_info", extra));
+        char *ds = valid_utf8(items[i].data_source), *sol = valid_utf8(items[i].solution_str);
+        char *gt = valid_utf8(items[i].ground_truth);
+        json_t *item = json_pack("{s:s, s:s, s:s, s:o}", "data_source", ds, "solution_str", sol, "ground_truth", gt,
+                                 "extra_info", extra);
+        free(ds), free(sol), free(gt);
+        if (!item) /* cannot happen with valid UTF-8; the request must still hold one entry per item */
+            item = json_pack("{s:s, s:s, s:s, s:{}}", "data_source", "", "solution_str", "", "ground_truth", "",
+                             "extra_info");
+        json_array_append_new(list, item);
     }
     json_t *req = json_pack("{s:o}", "items", list);
     char *text = json_dumps(req, JSON_COMPACT | JSON_ENSURE_ASCII);

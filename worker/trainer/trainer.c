@@ -731,7 +731,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
             goto fail;
         }
 
-    if (data_cursor_init(&t->cursor, t->train.n, (int)cfg->data_train_batch_size, cfg->data_shuffle,
+    if (data_cursor_init(&t->cursor, t->train.n, config_gen_batch_size(cfg), cfg->data_shuffle,
                          (uint64_t)cfg->data_seed, err, errlen) != 0)
         goto fail;
     t->cursor_open = true;
