@@ -92,6 +92,7 @@ expect "both train files are read (4 prompts); total_epochs=1 x 4 prompts / batc
 says "$TMP/run.out" "run finished at step 2"; expect "it trains 2 steps" $?
 says "$TMP/run.out" "custom scorer compute_score from tests/fixtures/rewards/verl_reward.py (Python"
 expect "the Python reward function scores the responses" $?
+! grep -q "warn .*reward: sample" "$TMP/run.out"; expect "every response scored (no sample failed)" $?
 says "$TMP/run.out" "trainer.device=auto: "; expect "the device verl's script did not name is said (auto)" $?
 if grep -q "trainer.device=auto: cpu" "$TMP/run.out"; then
     ! grep -q "cuda:0" "$TMP/run.out"; expect "on the CPU (no usable GPU here)" $?
@@ -133,5 +134,6 @@ for s in steps:
 print("dapo steps:", [(s["train/num_gen_batches"], s["train/num_kept_groups"]) for s in steps])
 PY
 expect "each step's rounds stop when 2 groups with reward variance are kept, at most 3 rounds" $?
+! grep -q "warn .*reward: sample" "$TMP/dapo.out"; expect "every response scored (DAPO)" $?
 ! crashed "$TMP/dapo.out"; expect "no crash (DAPO)" $?
 finish "$TMP/run.out" "$TMP/dapo.out"
