@@ -140,6 +140,62 @@ static void test_gsm8k(void **state)
     assert_true(why[0] != '\0');
 }
 
+/* The gsm8k scorer against verl's (verl/utils/reward_score/gsm8k.py, strict) on a shared table: the expected
+ * values are what verl's rule gives (worked by hand from its regex and comparison); the lenient forms differ only
+ * with reward_model.lenient_gsm8k. */
+static void test_gsm8k_verl_table(void **state)
+{
+    (void)state;
+    char pad[420];
+    memset(pad, 'x', sizeof pad - 1);
+    pad[sizeof pad - 1] = '\0';
+    char late[480];
+    snprintf(late, sizeof late, "#### 72%s", pad); /* the answer before the last 300 characters */
+    static const struct {
+        const char *response, *gt;
+        double verl, lenient;
+    } cases[] = {
+        {"She pays 3 * 24 = 72.\n#### 72", "72", 1, 1},
+        {"#### $72", "72", 0, 1},  /* '$' before the digits: verl's pattern does not match */
+        {"#### ,72", "72", 1, 0},  /* ",72" matches, its comma dropped */
+        {"####72", "72", 0, 1},    /* verl wants the space */
+        {"#### 72.0", "72", 0, 1}, /* equal as text, not as numbers */
+        {"#### 72.", "72", 0, 1},  /* the final period is part of the match */
+        {"#### 1,234", "1234", 1, 1},
+        {"#### -3", "-3", 1, 1},
+        {"#### 72\n#### 71", "72", 0, 0},
+        {"#### 71\n#### 72", "72", 1, 1},
+        {"The answer is 72", "72", 0, 0},
+        {"#### 7 2", "7", 1, 1},
+        {"", "3", 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const double v = reward_builtin_score("openai/gsm8k", cases[i].response, cases[i].gt, NULL, NULL, 0);
+        const double l =
+            reward_builtin_score_lenient("openai/gsm8k", cases[i].response, cases[i].gt, NULL, true, NULL, 0);
+        if (v != cases[i].verl || l != cases[i].lenient)
+            fail_msg("case %zu '%s' vs '%s': verl's rule %g (want %g), lenient %g (want %g)", i, cases[i].response,
+                     cases[i].gt, v, cases[i].verl, l, cases[i].lenient);
+        assert_true(reward_builtin_accuracy("openai/gsm8k", cases[i].response, cases[i].gt) == cases[i].verl);
+    }
+    assert_true(reward_builtin_score("openai/gsm8k", late, "72", NULL, NULL, 0) == 0.0);
+    assert_true(reward_builtin_score_lenient("openai/gsm8k", late, "72", NULL, true, NULL, 0) == 1.0);
+    /* the configuration key picks the rule */
+    struct grpo_config c;
+    config_init(&c);
+    char err[256];
+    struct reward_fn *r = reward_create(&c, err, sizeof err);
+    struct reward_item it = {"openai/gsm8k", "#### $72", "72", NULL};
+    assert_true(reward_score_one(r, &it, NULL, 0) == 0.0);
+    reward_free(r);
+    struct cfg_error ce;
+    assert_int_equal(config_set(&c, "reward_model.lenient_gsm8k", "true", "test", &ce), 0);
+    r = reward_create(&c, err, sizeof err);
+    assert_true(reward_score_one(r, &it, NULL, 0) == 1.0);
+    reward_free(r);
+    config_free(&c);
+}
+
 static void test_arithmetic(void **state)
 {
     (void)state;
@@ -618,7 +674,7 @@ static void test_python_scorer(void **state)
     const double took = clock_now_s() - t0;
     for (int i = 0; i < np; i++) {
         char why[128];
-        const double builtin = reward_score_gsm8k(plain[i][0], plain[i][1], why, sizeof why);
+        const double builtin = reward_score_gsm8k_verl(plain[i][0], plain[i][1], why, sizeof why);
         if (scores[i] != builtin || reasons[i])
             fail_msg("sample %d (%s): Python %g, built-in %g (%s)", i, plain[i][0], scores[i], builtin,
                      reasons[i] ? reasons[i] : "");
@@ -669,6 +725,7 @@ int main(void)
         cmocka_unit_test(test_number_normalisation),
         cmocka_unit_test(test_extraction),
         cmocka_unit_test(test_gsm8k),
+        cmocka_unit_test(test_gsm8k_verl_table),
         cmocka_unit_test(test_arithmetic),
         cmocka_unit_test(test_math),
         cmocka_unit_test(test_countdown_eval),

@@ -41,6 +41,7 @@ struct reward_fn {
     char *custom_path, *custom_name;
     double timeout_s;
     bool isolate_builtin;
+    bool lenient_gsm8k; /* reward_model.lenient_gsm8k */
     long failures;
 };
 
@@ -125,7 +126,10 @@ struct reward_fn *reward_create(const struct grpo_config *cfg, char *err, size_t
 {
     if (!cfg)
         return reward_create_custom(NULL, NULL, err, errlen);
-    return create(cfg->crf_path, cfg->crf_name, cfg->crf_python, cfg->crf_timeout_s, err, errlen);
+    struct reward_fn *r = create(cfg->crf_path, cfg->crf_name, cfg->crf_python, cfg->crf_timeout_s, err, errlen);
+    if (r)
+        r->lenient_gsm8k = cfg->rm_lenient_gsm8k;
+    return r;
 }
 
 void reward_free(struct reward_fn *r)
@@ -159,7 +163,7 @@ double reward_accuracy(const struct reward_fn *r, const struct reward_item *item
 {
     if (reward_is_custom(r) || !item)
         return NAN;
-    return reward_builtin_accuracy(item->data_source, item->solution_str, item->ground_truth);
+    return reward_builtin_accuracy_lenient(item->data_source, item->solution_str, item->ground_truth, r->lenient_gsm8k);
 }
 
 double reward_overlong_penalty(int response_length, int max_response_length, int buffer_len, double penalty_factor)
@@ -194,7 +198,7 @@ static double score_here(const struct reward_fn *r, const struct reward_item *it
         }
         return s;
     }
-    s = reward_builtin_score(ds, sol, gt, extra, reason, reasonlen);
+    s = reward_builtin_score_lenient(ds, sol, gt, extra, r->lenient_gsm8k, reason, reasonlen);
     if (reason[0])
         *failed = true;
     return s;

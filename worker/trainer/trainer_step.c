@@ -402,7 +402,8 @@ static double update_actor(struct trainer *t, int64_t k, struct step_batch *b, c
     struct update_params up = {
         .loss = t->loss,
         .agg = t->agg,
-        .max_response_length = (int)c->data_max_response_length,
+        .max_response_length =
+            (int)(c->actor_loss_scale_factor > 0 ? c->actor_loss_scale_factor : c->data_max_response_length),
         .mini_batch_seqs = (int)(c->actor_ppo_mini_batch_size * c->rollout_n), /* sequences per optimizer step */
         .old_from_current = on_policy,
         .ppo_epochs = (int)c->actor_ppo_epochs,
