@@ -286,6 +286,8 @@ static const struct verl_key g_verl[] = {
     NOTED("reward_model.rollout.*", "a generative reward model's engine (not available): the reward model here is a "
                                     "sequence classifier"),
     NOTED("reward_model.overlong_buffer.log", "the overlong penalty is part of each logged score"),
+    NOTED("reward_model.reward_kwargs.*", "a keyword argument of verl's reward manager; the ones read here are "
+                                          "overlong_buffer_cfg.* and max_resp_len"),
     OFF_ONLY("reward_manager.name", "naive|dapo|batch", "rule scores are per sample here",
              "reward managers other than naive, dapo and batch (not available)"),
     OFF_ONLY("reward_manager.source", "register", "the reward managers are built in",

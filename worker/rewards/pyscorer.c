@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -202,6 +203,10 @@ static int start(struct pyscorer *p, double timeout_s, char *err, size_t errlen)
         int devnull = open("/dev/null", O_RDONLY);
         if (devnull >= 0)
             dup2(devnull, 0);
+#ifdef SYS_close_range
+        /* none of the worker's sockets and files (MPI's, the data plane's) stay open in the scorer */
+        syscall(SYS_close_range, 5u, ~0u, 0u);
+#endif
         execlp(p->python, p->python, "-u", "-c", DRIVER, p->path, p->name, (char *)NULL);
         fprintf(stderr, "custom_reward_function.python: cannot run %s: %s\n", p->python, strerror(errno));
         _exit(127);
