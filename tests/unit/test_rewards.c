@@ -142,7 +142,7 @@ static void test_gsm8k(void **state)
 
 /* The gsm8k scorer against verl's (verl/utils/reward_score/gsm8k.py, strict) on a shared table: the expected
  * values are what verl's rule gives (worked by hand from its regex and comparison); the lenient forms differ only
- * with reward_model.lenient_gsm8k. */
+ * with reward_model.lenient_scorers. */
 static void test_gsm8k_verl_table(void **state)
 {
     (void)state;
@@ -189,11 +189,50 @@ static void test_gsm8k_verl_table(void **state)
     assert_true(reward_score_one(r, &it, NULL, 0) == 0.0);
     reward_free(r);
     struct cfg_error ce;
-    assert_int_equal(config_set(&c, "reward_model.lenient_gsm8k", "true", "test", &ce), 0);
+    assert_int_equal(config_set(&c, "reward_model.lenient_scorers", "true", "test", &ce), 0);
     r = reward_create(&c, err, sizeof err);
     assert_true(reward_score_one(r, &it, NULL, 0) == 1.0);
     reward_free(r);
     config_free(&c);
+}
+
+/* The math scorer against verl's (verl/utils/reward_score/math_reward.py) on a shared table: the expected values
+ * are what verl's last_boxed_only_string, remove_boxed and strip_string give (worked by hand); "lenient" is the
+ * scorer with reward_model.lenient_scorers. */
+static void test_math_verl_table(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *response, *gt;
+        double verl, lenient;
+    } cases[] = {
+        {"so \\boxed{\\frac{1}{2}}.", "\\frac{1}{2}", 1, -1},
+        {"\\boxed{\\dfrac{1}{2}}", "\\frac12", 1, -1},      /* dfrac, and fix_fracs on \frac12 */
+        {"\\boxed{0.5}", "\\frac{1}{2}", 1, -1},            /* 0.5 becomes \frac{1}{2} */
+        {"\\boxed{1/2}", "\\frac{1}{2}", 1, -1},            /* fix_a_slash_b */
+        {"\\boxed{.5}", "0.5", 1, -1},                      /* a leading '.' gets its 0 */
+        {"\\boxed{0.50}", "0.5", 0, 1},                     /* text: 0.50 is not 0.5 */
+        {"\\boxed{x = 3}", "3", 1, -1},                     /* a short left side of '=' goes */
+        {"\\boxed{\\left( 1, 2 \\right)}", "(1,2)", 1, -1}, /* \left, \right and spaces go */
+        {"\\boxed{90^\\circ}", "90", 1, -1},
+        {"\\boxed{\\sqrt2}", "\\sqrt{2}", 1, -1}, /* fix_sqrt */
+        {"\\boxed{5 \\text{ cm}}", "5", 1, -1},   /* remove_right_units */
+        {"\\boxed{10\\%}", "10", 1, -1},
+        {"\\boxed 7$ and more", "7", 1, -1}, /* "\boxed " up to '$' */
+        {"\\fbox{7}", "7", 0, 1},            /* remove_boxed rejects \fbox */
+        {"\\boxed{\\frac{3}{4}}", "0.75", 0, 1},
+        {"\\boxed{7} then \\boxed{8}", "8", 1, -1}, /* the last one */
+        {"\\boxed{7", "7", 0, -1},                  /* unterminated */
+        {"the answer is 7", "7", 0, -1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const double v = reward_builtin_score("lighteval/MATH", cases[i].response, cases[i].gt, NULL, NULL, 0);
+        const double l =
+            reward_builtin_score_lenient("lighteval/MATH", cases[i].response, cases[i].gt, NULL, true, NULL, 0);
+        if (v != cases[i].verl || (cases[i].lenient >= 0 && l != cases[i].lenient))
+            fail_msg("case %zu '%s' vs '%s': verl's rule %g (want %g), lenient %g (want %g)", i, cases[i].response,
+                     cases[i].gt, v, cases[i].verl, l, cases[i].lenient);
+    }
 }
 
 static void test_arithmetic(void **state)
@@ -447,7 +486,8 @@ static void test_accuracy_split(void **state)
         {"arithmetic", "", "85", false, false, 0.0, 0.0},
         {"gsm8k", "#### 85", "85", false, false, 1.0, 1.0},
         {"gsm8k", "85", "85", false, false, 0.0, 0.0},
-        {"math", "\\boxed{\\frac{3}{4}}", "0.75", false, false, 1.0, 1.0},
+        {"math", "\\boxed{\\frac{3}{4}}", "\\frac34", false, false, 1.0, 1.0},
+        {"math", "\\boxed{\\frac{3}{4}}", "0.75", false, false, 0.0, 0.0}, /* verl's rule: text, not numbers */
         {"countdown", "<answer>(6 - 3 + 1) * ...</answer>", CD24, false, false, 0.1, 0.0},   /* form only */
         {"countdown", "<answer>4 * 6 * (3 - 1 - 1)</answer>", CD24, false, false, 0.1, 0.0}, /* 1 used twice */
         {"countdown", "<answer>(6 / (1 - 3 / 4))</answer>", CD24, false, false, 1.0, 1.0},
@@ -726,6 +766,7 @@ int main(void)
         cmocka_unit_test(test_extraction),
         cmocka_unit_test(test_gsm8k),
         cmocka_unit_test(test_gsm8k_verl_table),
+        cmocka_unit_test(test_math_verl_table),
         cmocka_unit_test(test_arithmetic),
         cmocka_unit_test(test_math),
         cmocka_unit_test(test_countdown_eval),

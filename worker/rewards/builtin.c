@@ -172,10 +172,14 @@ const char *reward_builtin_scorer_name(const char *data_source)
     return r < 0 ? NULL : routes[r].scorer;
 }
 
-/* The scorer of route r: gsm8k's is verl's rule unless lenient. */
+/* The scorer of route r: gsm8k's and math's are verl's rules unless lenient. */
 static builtin_fn route_fn(int r, bool lenient)
 {
-    return routes[r].fn == reward_score_gsm8k && !lenient ? reward_score_gsm8k_verl : routes[r].fn;
+    if (!lenient && routes[r].fn == reward_score_gsm8k)
+        return reward_score_gsm8k_verl;
+    if (!lenient && routes[r].fn == reward_score_math)
+        return reward_score_math_verl;
+    return routes[r].fn;
 }
 
 double reward_builtin_score_lenient(const char *data_source, const char *solution, const char *ground_truth,

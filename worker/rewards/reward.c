@@ -41,7 +41,7 @@ struct reward_fn {
     char *custom_path, *custom_name;
     double timeout_s;
     bool isolate_builtin;
-    bool lenient_gsm8k; /* reward_model.lenient_gsm8k */
+    bool lenient_scorers; /* reward_model.lenient_scorers */
     long failures;
 };
 
@@ -128,7 +128,7 @@ struct reward_fn *reward_create(const struct grpo_config *cfg, char *err, size_t
         return reward_create_custom(NULL, NULL, err, errlen);
     struct reward_fn *r = create(cfg->crf_path, cfg->crf_name, cfg->crf_python, cfg->crf_timeout_s, err, errlen);
     if (r)
-        r->lenient_gsm8k = cfg->rm_lenient_gsm8k;
+        r->lenient_scorers = cfg->rm_lenient_scorers;
     return r;
 }
 
@@ -163,7 +163,8 @@ double reward_accuracy(const struct reward_fn *r, const struct reward_item *item
 {
     if (reward_is_custom(r) || !item)
         return NAN;
-    return reward_builtin_accuracy_lenient(item->data_source, item->solution_str, item->ground_truth, r->lenient_gsm8k);
+    return reward_builtin_accuracy_lenient(item->data_source, item->solution_str, item->ground_truth,
+                                           r->lenient_scorers);
 }
 
 double reward_overlong_penalty(int response_length, int max_response_length, int buffer_len, double penalty_factor)
@@ -198,7 +199,7 @@ static double score_here(const struct reward_fn *r, const struct reward_item *it
         }
         return s;
     }
-    s = reward_builtin_score_lenient(ds, sol, gt, extra, r->lenient_gsm8k, reason, reasonlen);
+    s = reward_builtin_score_lenient(ds, sol, gt, extra, r->lenient_scorers, reason, reasonlen);
     if (reason[0])
         *failed = true;
     return s;
