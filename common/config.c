@@ -28,6 +28,11 @@ const struct cfg_key_info *config_find(const char *name)
     for (int i = 0; i < NKEYS; i++)
         if (strcmp(g_keys[i].name, name) == 0)
             return &g_keys[i];
+    const char *alias = config_verl_alias(name);
+    if (alias)
+        for (int i = 0; i < NKEYS; i++)
+            if (strcmp(g_keys[i].name, alias) == 0)
+                return &g_keys[i];
     return NULL;
 }
 
@@ -60,22 +65,48 @@ static const char *last_component(const char *name)
     return dot ? dot + 1 : name;
 }
 
+/* The closest known key, from the same section only:
+ * - a known key that ends in ".name" (the section left out: rollout.n for actor_rollout_ref.rollout.n);
+ * - a key in the same section whose last component is within a quarter of its length (at least 1) of edits
+ *   (data.train_bach_size: data.train_batch_size);
+ * - a key under the same top-level section within 2 edits of the whole name (a typo in a section's name).
+ * Nothing else: a far-fetched suggestion (use_mbridge: entropy_coeff) misleads more than none. */
 const char *config_suggest(const char *name)
 {
+    const size_t nl = strlen(name);
+    for (int i = 0; i < NKEYS; i++) {
+        const size_t kl = strlen(g_keys[i].name);
+        if (kl > nl && g_keys[i].name[kl - nl - 1] == '.' && strcmp(g_keys[i].name + kl - nl, name) == 0)
+            return g_keys[i].name;
+    }
+    const char *leaf = last_component(name);
+    const size_t parent = (size_t)(leaf - name);
+    const char *dot = strchr(name, '.');
+    const size_t top = dot ? (size_t)(dot - name) + 1 : 0;
+    int leaf_limit = (int)strlen(leaf) / 4;
+    if (leaf_limit < 1)
+        leaf_limit = 1;
     const char *best = NULL;
     int best_d = 1 << 30;
     for (int i = 0; i < NKEYS; i++) {
-        int d = edit_distance(name, g_keys[i].name);
-        /* a right leaf under the wrong section (data.n for rollout.n) also counts as close */
-        if (strcmp(last_component(name), last_component(g_keys[i].name)) == 0 && d > 2)
-            d = 2 + d / 8;
+        const char *k = g_keys[i].name;
+        int d = 1 << 30;
+        if (parent && strncmp(k, name, parent) == 0 && !strchr(k + parent, '.')) {
+            const int dl = edit_distance(leaf, k + parent);
+            if (dl <= leaf_limit)
+                d = dl;
+        }
+        if (top && strncmp(k, name, top) == 0) {
+            const int dn = edit_distance(name, k);
+            if (dn <= 2 && dn < d)
+                d = dn;
+        }
         if (d < best_d) {
             best_d = d;
-            best = g_keys[i].name;
+            best = k;
         }
     }
-    int limit = (int)strlen(name) / 3 + 2;
-    return best_d <= limit ? best : NULL;
+    return best;
 }
 
 static void *field_ptr(struct grpo_config *c, const struct cfg_key_info *k) { return (char *)c + k->offset; }
@@ -291,6 +322,16 @@ int config_set(struct grpo_config *c, const char *name, const char *value, const
         break;
     }
     case CFG_ENUM:
+        if (enum_has(k->choices, "bfloat16")) { /* a precision: verl's short spellings, and float16 named */
+            if (strcmp(value, "bf16") == 0)
+                value = "bfloat16";
+            else if (strcmp(value, "fp32") == 0)
+                value = "float32";
+            else if (strcmp(value, "float16") == 0 || strcmp(value, "fp16") == 0 || strcmp(value, "half") == 0) {
+                errf(err, "%s: %s=%s: float16 precision (not available yet: bfloat16 or float32)", origin, name, value);
+                return -1;
+            }
+        }
         if (!enum_has(k->choices, value)) {
             errf(err, "%s: %s must be one of %s, got '%s'", origin, name, k->choices, value);
             return -1;
@@ -411,6 +452,48 @@ static const char *origin_of(const struct grpo_config *c, const char *name)
 {
     const struct cfg_key_info *k = config_find(name);
     return k && c->origin && c->origin[key_index(k)] ? c->origin[key_index(k)] : "?";
+}
+
+const char *config_device(const struct grpo_config *c)
+{
+    return strcmp(c->trainer_device, "cuda") == 0 ? "cuda" : "cpu";
+}
+
+bool config_is_set(const struct grpo_config *c, const char *name)
+{
+    const char *o = origin_of(c, name);
+    return strcmp(o, "default") != 0 && strcmp(o, "?") != 0;
+}
+
+double config_clip_low(const struct grpo_config *c)
+{
+    return config_is_set(c, "actor_rollout_ref.actor.clip_ratio_low") ? c->actor_clip_ratio_low : c->actor_clip_ratio;
+}
+
+double config_clip_high(const struct grpo_config *c)
+{
+    return config_is_set(c, "actor_rollout_ref.actor.clip_ratio_high") ? c->actor_clip_ratio_high : c->actor_clip_ratio;
+}
+
+long long config_total_steps(const struct grpo_config *c, long long n_train)
+{
+    const bool steps_given = config_is_set(c, "trainer.total_training_steps");
+    const bool epochs_given = config_is_set(c, "trainer.total_epochs");
+    if (c->trainer_total_training_steps > 0 && (steps_given || !epochs_given))
+        return c->trainer_total_training_steps;
+    return n_train / config_gen_batch_size(c) * c->trainer_total_epochs;
+}
+
+int config_gen_batch_size(const struct grpo_config *c)
+{
+    return (int)(c->data_gen_batch_size > 0 ? c->data_gen_batch_size : c->data_train_batch_size);
+}
+
+int config_filter_rounds(const struct grpo_config *c)
+{
+    if (!c->alg_filter_groups_enable)
+        return 1;
+    return c->alg_filter_groups_max_num_gen_batches > 0 ? (int)c->alg_filter_groups_max_num_gen_batches : 1000;
 }
 
 /* A run directory component (trainer.project_name, trainer.experiment_name) must stay one directory below
@@ -543,8 +626,8 @@ static int validate_lora(const struct grpo_config *c, struct cfg_error *err)
         errf(err,
              "LoRA (actor_rollout_ref.model.lora_rank=%lld%s%s) with actor_rollout_ref.actor.megatron."
              "tensor_model_parallel_size=%lld, actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=%lld, "
-             "actor_rollout_ref.rollout.tensor_model_parallel_size=%lld: LoRA runs with whole models only (data "
-             "parallelism works); set those sizes to 1",
+             "actor_rollout_ref.rollout.tensor_model_parallel_size=%lld: LoRA with tensor or pipeline parallelism "
+             "(not available yet: LoRA runs with whole models; data parallelism works); set those sizes to 1",
              c->arr_model_lora_rank, c->arr_model_lora_adapter_path[0] ? ", lora_adapter_path=" : "",
              c->arr_model_lora_adapter_path, c->actor_megatron_tensor_model_parallel_size,
              c->actor_megatron_pipeline_model_parallel_size, c->rollout_tensor_model_parallel_size);
@@ -615,8 +698,21 @@ int config_validate(const struct grpo_config *c, struct cfg_error *err)
              c->data_train_batch_size, c->actor_ppo_mini_batch_size);
         return -1;
     }
-    if (c->actor_clip_ratio_low >= 1.0) {
-        errf(err, "actor_rollout_ref.actor.clip_ratio_low (%g) must be below 1", c->actor_clip_ratio_low);
+    if (config_clip_low(c) >= 1.0) {
+        errf(err, "actor_rollout_ref.actor.clip_ratio_low (%g, or clip_ratio when it is not given) must be below 1",
+             config_clip_low(c));
+        return -1;
+    }
+    if (c->data_gen_batch_size && c->data_gen_batch_size != c->data_train_batch_size &&
+        (!c->alg_filter_groups_enable || c->trainer_sft_warmup_steps > 0)) {
+        errf(err,
+             "%s: data.gen_batch_size=%lld with data.train_batch_size=%lld%s: generation rounds of another size "
+             "than the step's batch %s",
+             origin_of(c, "data.gen_batch_size"), c->data_gen_batch_size, c->data_train_batch_size,
+             c->alg_filter_groups_enable ? " and trainer.sft_warmup_steps" : "",
+             c->alg_filter_groups_enable ? "with a supervised warm-start (not available yet)"
+                                         : "without algorithm.filter_groups.enable (not available yet: verl's DAPO "
+                                           "trainer fills the step's batch from the rounds by dynamic sampling)");
         return -1;
     }
     if (c->data_synthetic_min_digits > c->data_synthetic_max_digits) {
@@ -636,6 +732,33 @@ int config_validate(const struct grpo_config *c, struct cfg_error *err)
     return 0;
 }
 
+/* "[a, 'b',\"c\"]" as the YAML flow list ["a", "b", "c"]. */
+static void list_text(const char *s, char *buf, size_t len)
+{
+    size_t n = (size_t)snprintf(buf, len, "[");
+    const char *p = s + 1, *end = s + strlen(s) - 1;
+    int count = 0;
+    while (p < end && n < len) {
+        p += strspn(p, " ,");
+        if (p >= end)
+            break;
+        const char *q = p;
+        while (q < end && *q != ',')
+            q++;
+        const char *e = q;
+        while (e > p && e[-1] == ' ')
+            e--;
+        if (e - p >= 2 && (*p == '\'' || *p == '"') && e[-1] == *p) {
+            p++;
+            e--;
+        }
+        n += (size_t)snprintf(buf + n, len - n, "%s\"%.*s\"", count++ ? ", " : "", (int)(e - p), p);
+        p = q;
+    }
+    if (n < len)
+        snprintf(buf + n, len - n, "]");
+}
+
 void config_value_text(const struct grpo_config *c, const struct cfg_key_info *k, char *buf, size_t len)
 {
     const void *f = field_cptr(c, k);
@@ -646,6 +769,11 @@ void config_value_text(const struct grpo_config *c, const struct cfg_key_info *k
     case CFG_STR:
     case CFG_ENUM: {
         const char *s = *(char *const *)f;
+        const size_t sl = strlen(s);
+        if (sl >= 2 && s[0] == '[' && s[sl - 1] == ']') { /* a list value: YAML's flow form, each item quoted */
+            list_text(s, buf, len);
+            break;
+        }
         /* quote strings that YAML would read as something else */
         bool plain = s[0] && !strpbrk(s, ":#{}[],&*!|>'\"%@`") && !isspace((unsigned char)s[0]);
         if (plain)
@@ -676,10 +804,44 @@ static size_t common_sections(const char *a, const char *b)
     return keep;
 }
 
+/* Index of the first key (in config_keys.def's order) that lies under section `name[0..len)`. */
+static int section_first(const char *name, size_t len)
+{
+    for (int i = 0; i < NKEYS; i++)
+        if (strncmp(g_keys[i].name, name, len) == 0 && g_keys[i].name[len] == '.')
+            return i;
+    return NKEYS;
+}
+
+/* config_print's order: every section's keys together (a section printed once), sections and keys in the order
+ * config_keys.def first names them. Compares the sections' first appearances level by level. */
+static int print_order(const void *pa, const void *pb)
+{
+    const int a = *(const int *)pa, b = *(const int *)pb;
+    const char *na = g_keys[a].name, *nb = g_keys[b].name;
+    const char *da = na, *db = nb;
+    for (;;) {
+        const char *ea = strchr(da, '.'), *eb = strchr(db, '.');
+        const int fa = ea ? section_first(na, (size_t)(ea - na)) : a;
+        const int fb = eb ? section_first(nb, (size_t)(eb - nb)) : b;
+        if (fa != fb)
+            return fa < fb ? -1 : 1;
+        if (!ea || !eb)
+            return (a > b) - (a < b);
+        da = ea + 1;
+        db = eb + 1;
+    }
+}
+
 void config_print(const struct grpo_config *c, FILE *out)
 {
+    int order[NKEYS];
+    for (int i = 0; i < NKEYS; i++)
+        order[i] = i;
+    qsort(order, NKEYS, sizeof *order, print_order);
     const char *prev = "";
-    for (int i = 0; i < NKEYS; i++) {
+    for (int o = 0; o < NKEYS; o++) {
+        const int i = order[o];
         const char *name = g_keys[i].name;
         size_t shared = common_sections(prev, name);
         /* open every section below the shared prefix */

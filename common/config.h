@@ -45,6 +45,28 @@ enum verl_class { VERL_UNKNOWN, VERL_NOTED, VERL_REFUSED };
 enum verl_class config_verl_class(const char *name, const char *value, const char **why);
 /* The table behind it (docs/verl.md; tests walk it): pattern (a name or a prefix ending in ".*"), the values
  * accepted (NULL: any), why they change nothing, and the feature other values ask for (either may be NULL). */
+/* trainer.device as the ranks use it: "cpu" or "cuda"; auto (grpo-worker resolves it at start-up) counts as cpu
+ * for code that builds a trainer or rollout from a configuration it did not resolve. */
+const char *config_device(const struct grpo_config *c);
+/* Whether key `name` was given (its value does not come from the built-in default). */
+bool config_is_set(const struct grpo_config *c, const char *name);
+/* The PPO clip bounds: clip_ratio_low/high, each falling back to actor_rollout_ref.actor.clip_ratio when it is
+ * not given (verl's fallback). */
+double config_clip_low(const struct grpo_config *c);
+double config_clip_high(const struct grpo_config *c);
+/* Steps of the run: trainer.total_training_steps when given (or -1 not given with trainer.total_epochs given:
+ * verl's null), else total_epochs x (n_train / data.train_batch_size), as verl derives them. */
+long long config_total_steps(const struct grpo_config *c, long long n_train);
+/* Prompts drawn per generation round: data.gen_batch_size when given (DAPO), else data.train_batch_size. */
+int config_gen_batch_size(const struct grpo_config *c);
+/* Generation rounds per step: 1 without algorithm.filter_groups.enable, else max_num_gen_batches (0: 1000). */
+int config_filter_rounds(const struct grpo_config *c);
+
+/* Our key that verl's name `name` means (actor_rollout_ref.model.lora.rank: actor_rollout_ref.model.lora_rank), or
+ * NULL. config_find follows it. */
+const char *config_verl_alias(const char *name);
+int config_verl_alias_count(void);
+void config_verl_alias_entry(int i, const char **verl, const char **ours);
 int config_verl_count(void);
 void config_verl_entry(int i, const char **pattern, const char **ok, const char **noted, const char **refused);
 

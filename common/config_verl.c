@@ -38,6 +38,8 @@ static const char LP_BSZ[] = "the log-prob passes batch like the update (actor.u
                              "actor.ppo_max_token_len_per_gpu)";
 static const char NO_CRITIC[] = "GRPO trains no critic";
 static const char CKPT[] = "checkpoints always hold the weights, the optimizer state and the data cursor";
+static const char PROFILE[] = "profile with perf or nsys around the process";
+static const char HF_LOAD[] = "the trainers load the Hugging Face safetensors directly";
 static const char RM_HERE[] = "the reward model scores each response beside generation, on the rollout's ranks";
 
 static const struct verl_key g_verl[] = {
@@ -57,6 +59,10 @@ static const struct verl_key g_verl[] = {
     NOTED("data.custom_cls.*", "datasets are JSONL or parquet in verl's layout, or built-in tasks"),
     NOTED("data.sampler.*", "prompts are drawn in the seeded order of data.shuffle and data.seed"),
     NOTED("data.datagen.*", "dynamic datasets are not used"),
+    NOTED("data.image_patch_size", "text only: no images"),
+    OFF_ONLY("data.tool_config_path", "null", "no tools", "multi-turn rollouts and tool calls (not available yet)"),
+    REFUSED("data.apply_chat_template_kwargs.*",
+            "keyword arguments to the chat template, such as enable_thinking (not available yet)"),
     /* actor_rollout_ref */
     NOTED("actor_rollout_ref.hybrid_engine",
           "rollout and trainer share a process (hybrid) or take ranks (placement.*)"),
@@ -72,9 +78,88 @@ static const struct verl_key g_verl[] = {
             "a chat template other than the model's tokenizer_config.json (not available yet)"),
     OFF_ONLY("actor_rollout_ref.model.exclude_modules", "null", "no module is excluded from target_modules",
              "LoRA's exclude_modules (not available yet: list the target_modules instead)"),
+    NOTED("actor_rollout_ref.model.hf_config_path", "config.json comes from actor_rollout_ref.model.path"),
+    OFF_ONLY("actor_rollout_ref.model.tokenizer_path", "null", "the tokenizer comes with actor_rollout_ref.model.path",
+             "a tokenizer other than the model's (not available yet)"),
+    NOTED("actor_rollout_ref.model.tiled_mlp.*", TORCH),
+    OFF_ONLY("actor_rollout_ref.model.lora.exclude_modules", "null", "no module is excluded from target_modules",
+             "LoRA's exclude_modules (not available yet: list the target_modules instead)"),
+    OFF_ONLY("actor_rollout_ref.model.lora.type", "lora", "LoRA is the adapter type",
+             "adapter types other than LoRA (not available)"),
+    OFF_ONLY("actor_rollout_ref.model.lora.dropout", "0|0.0", "no dropout on the adapter's input",
+             "LoRA dropout (not available yet)"),
+    NOTED("actor_rollout_ref.model.lora.dropout_position", "used only with LoRA dropout"),
+    NOTED("actor_rollout_ref.model.lora.dtype", "the adapter is kept and trained in fp32"),
+    NOTED("actor_rollout_ref.model.lora.lora_A_init_method",
+          "A starts kaiming-uniform from data.seed, B zero (PEFT's)"),
+    NOTED("actor_rollout_ref.model.lora.lora_B_init_method",
+          "A starts kaiming-uniform from data.seed, B zero (PEFT's)"),
+    NOTED("actor_rollout_ref.model.lora.a2a_experimental", "a Megatron MoE option; no experts here"),
+    NOTED("actor_rollout_ref.model.lora.freeze_language_model", "text only: LoRA freezes the base weights"),
+    NOTED("actor_rollout_ref.model.lora.freeze_vision_model", "text only: no vision model"),
+    NOTED("actor_rollout_ref.model.lora.freeze_vision_projection", "text only: no vision model"),
+    NOTED("actor_rollout_ref.actor.freeze_vision_tower", "text only: no vision tower"),
+    OFF_ONLY("actor_rollout_ref.actor.load_weight", "true", "the weights come from actor_rollout_ref.model.path",
+             "training from random weights (not available)"),
+    NOTED("actor_rollout_ref.actor.rollout_n", "set from actor_rollout_ref.rollout.n"),
+    NOTED("actor_rollout_ref.actor.data_loader_seed", "every random draw derives from data.seed"),
+    NOTED("actor_rollout_ref.actor.calculate_entropy", "actor/entropy is computed every step"),
+    NOTED("actor_rollout_ref.actor.use_fused_kernels", TORCH),
+    NOTED("actor_rollout_ref.actor.use_remove_padding", PADDING),
+    NOTED("actor_rollout_ref.actor.tau_pos", "used only by policy loss modes other than vanilla"),
+    NOTED("actor_rollout_ref.actor.tau_neg", "used only by policy loss modes other than vanilla"),
+    NOTED("actor_rollout_ref.actor.policy_loss.clip_cov_ratio", "used only by loss_mode clip_cov"),
+    NOTED("actor_rollout_ref.actor.policy_loss.clip_cov_lb", "used only by loss_mode clip_cov"),
+    NOTED("actor_rollout_ref.actor.policy_loss.clip_cov_ub", "used only by loss_mode clip_cov"),
+    NOTED("actor_rollout_ref.actor.policy_loss.kl_cov_ratio", "used only by loss_mode kl_cov"),
+    NOTED("actor_rollout_ref.actor.policy_loss.ppo_kl_coef", "used only by loss modes other than vanilla"),
+    OFF_ONLY("actor_rollout_ref.actor.router_replay.mode", "disabled", "dense models have no router",
+             "MoE router replay (not available yet)"),
+    NOTED("actor_rollout_ref.actor.router_replay.*", "used only with MoE router replay"),
+    NOTED("actor_rollout_ref.ref.router_replay.*", "used only with MoE router replay"),
+    NOTED("actor_rollout_ref.actor.profiler.*", PROFILE),
+    NOTED("actor_rollout_ref.ref.profiler.*", PROFILE),
+    NOTED("actor_rollout_ref.ref.load_weight", "the reference is the initial policy (or the base under LoRA)"),
+    NOTED("actor_rollout_ref.ref.rollout_n", "set from actor_rollout_ref.rollout.n"),
+    /* optimizer: verl's FSDP and Megatron optimizer blocks */
+    OFF_ONLY("actor_rollout_ref.actor.optim.optimizer", "adamw|adam", "the optimizer is AdamW",
+             "optimizers other than AdamW (not available)"),
+    NOTED("actor_rollout_ref.actor.optim.optimizer_impl", "AdamW is implemented here, in C"),
+    OFF_ONLY("actor_rollout_ref.actor.optim.lr_decay_steps", "null", "the schedule spans the run's steps",
+             "a decay length other than the run's steps (not available yet)"),
+    OFF_ONLY("actor_rollout_ref.actor.optim.lr_warmup_init", "0|0.0", "warm-up starts from 0",
+             "a warm-up starting learning rate (not available yet)"),
+    OFF_ONLY("actor_rollout_ref.actor.optim.min_lr", "0|0.0", "the floor is min_lr_ratio x lr",
+             "an absolute minimum learning rate: give actor_rollout_ref.actor.optim.min_lr_ratio"),
+    OFF_ONLY("actor_rollout_ref.actor.optim.weight_decay_incr_style", "constant", "weight decay is constant",
+             "a changing weight decay (not available yet)"),
+    NOTED("actor_rollout_ref.actor.optim.lr_wsd_decay_style", "used only by the WSD schedule (not available)"),
+    NOTED("actor_rollout_ref.actor.optim.lr_wsd_decay_steps", "used only by the WSD schedule (not available)"),
+    NOTED("actor_rollout_ref.actor.optim.use_checkpoint_opt_param_scheduler", CKPT),
+    NOTED("actor_rollout_ref.actor.optim.override_optimizer_config.*",
+          "Megatron optimizer options (offload, precision); AdamW here keeps fp32 state in host or device memory"),
+    /* Megatron's trainer block beyond the parallel sizes */
+    NOTED("actor_rollout_ref.actor.megatron.dtype", "the trainer's precision is actor_rollout_ref.actor.dtype"),
+    OFF_ONLY("actor_rollout_ref.actor.megatron.expert_model_parallel_size", "1", "1 is no expert parallelism",
+             "MoE expert parallelism (not available yet)"),
+    OFF_ONLY("actor_rollout_ref.actor.megatron.expert_tensor_parallel_size", "1|null", "no experts are split",
+             "MoE expert parallelism (not available yet)"),
+    NOTED("actor_rollout_ref.actor.megatron.forward_only", "verl's internal flag"),
+    NOTED("actor_rollout_ref.actor.megatron.use_mbridge", HF_LOAD),
+    NOTED("actor_rollout_ref.actor.megatron.vanilla_mbridge", HF_LOAD),
+    NOTED("actor_rollout_ref.actor.megatron.use_remove_padding", PADDING),
+    OFF_ONLY("actor_rollout_ref.actor.megatron.use_dist_checkpointing", "false", HF_LOAD,
+             "loading Megatron distributed checkpoints (not available: give the Hugging Face model)"),
+    NOTED("actor_rollout_ref.actor.megatron.dist_checkpointing_path", "used only with use_dist_checkpointing"),
+    NOTED("actor_rollout_ref.actor.megatron.dist_checkpointing_prefix", "used only with use_dist_checkpointing"),
+    NOTED("actor_rollout_ref.actor.megatron.override_ddp_config.*",
+          "Megatron DDP options; overlap_grad_reduce and bucket_size are the ones that apply here"),
+    NOTED("actor_rollout_ref.actor.megatron.override_mcore_model_config.*", "the model's config.json is used as it is"),
+    NOTED("actor_rollout_ref.actor.megatron.override_transformer_config.*",
+          "Megatron's TransformerConfig; recomputation is actor_rollout_ref.model.enable_gradient_checkpointing here"),
     NOTED("actor_rollout_ref.actor.strategy", "the trainers' layout is the megatron.* keys here"),
-    REFUSED("actor_rollout_ref.actor.ppo_micro_batch_size",
-            "a global micro-batch size: give actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
+    OFF_ONLY("actor_rollout_ref.actor.ppo_micro_batch_size", "null", "the micro-batch is ppo_micro_batch_size_per_gpu",
+             "a global micro-batch size: give actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
     NOTED("actor_rollout_ref.actor.use_torch_compile", TORCH),
     OFF_ONLY("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "1", "1 is no sequence parallelism",
              "Ulysses sequence parallelism (not available yet)"),
@@ -101,8 +186,9 @@ static const struct verl_key g_verl[] = {
     NOTED("actor_rollout_ref.ref.fsdp_config.*", FSDP),
     NOTED("actor_rollout_ref.ref.megatron.*", "the reference runs in the trainer's layout"),
     NOTED("actor_rollout_ref.ref.use_torch_compile", TORCH),
-    REFUSED("actor_rollout_ref.ref.log_prob_micro_batch_size",
-            "a global micro-batch size: give actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"),
+    OFF_ONLY("actor_rollout_ref.ref.log_prob_micro_batch_size", "null",
+             "the micro-batch is log_prob_micro_batch_size_per_gpu",
+             "a global micro-batch size: give actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"),
     NOTED("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", LP_BSZ),
     NOTED("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", LP_BSZ),
     NOTED("actor_rollout_ref.ref.ulysses_sequence_parallel_size", "follows the actor's (no sequence parallelism)"),
@@ -121,15 +207,49 @@ static const struct verl_key g_verl[] = {
     NOTED("actor_rollout_ref.rollout.calculate_log_probs", "the sampler's log-probs are always kept"),
     NOTED("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", LP_BSZ),
     NOTED("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", LP_BSZ),
-    REFUSED("actor_rollout_ref.rollout.log_prob_micro_batch_size",
-            "a global micro-batch size: give actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"),
+    OFF_ONLY("actor_rollout_ref.rollout.log_prob_micro_batch_size", "null",
+             "the micro-batch is log_prob_micro_batch_size_per_gpu",
+             "a global micro-batch size: give actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"),
     OFF_ONLY("actor_rollout_ref.rollout.do_sample", "true", "rollouts sample",
              "greedy rollouts: set actor_rollout_ref.rollout.temperature=0 instead"),
     OFF_ONLY("actor_rollout_ref.rollout.ignore_eos", "false", "generation stops at the end-of-sequence token",
              "generating past the end-of-sequence token (not available yet)"),
-    REFUSED("actor_rollout_ref.rollout.multi_turn.*", "multi-turn rollouts and tool calls (not available yet)"),
-    REFUSED("actor_rollout_ref.rollout.agent.*", "agent loops (not available yet)"),
-    REFUSED("actor_rollout_ref.rollout.val_kwargs.top_k", "top-k sampling in validation (not available yet)"),
+    OFF_ONLY("actor_rollout_ref.rollout.multi_turn.enable", "false", "single-turn rollouts",
+             "multi-turn rollouts and tool calls (not available yet)"),
+    NOTED("actor_rollout_ref.rollout.multi_turn.*", "used only with multi_turn.enable (not available yet)"),
+    OFF_ONLY("actor_rollout_ref.rollout.agent.agent_loop_config_path", "null", "no agent loop is configured",
+             "agent loops (not available yet)"),
+    OFF_ONLY("actor_rollout_ref.rollout.agent.default_agent_loop", "single_turn_agent", "single-turn generation",
+             "agent loops (not available yet)"),
+    OFF_ONLY("actor_rollout_ref.rollout.agent.custom_async_server.path", "null", "generation runs in this engine",
+             "a custom async rollout server (not available)"),
+    NOTED("actor_rollout_ref.rollout.agent.*", "used only by agent loops (not available yet)"),
+    OFF_ONLY("actor_rollout_ref.rollout.val_kwargs.top_k", "-1|0",
+             "-1 (or 0) is no top-k: validation samples from "
+             "every token",
+             "top-k sampling in validation (not available yet)"),
+    NOTED("actor_rollout_ref.rollout.cudagraph_capture_sizes", ENGINE),
+    NOTED("actor_rollout_ref.rollout.enable_prefix_caching", ENGINE),
+    NOTED("actor_rollout_ref.rollout.multi_stage_wake_up", ENGINE),
+    NOTED("actor_rollout_ref.rollout.logprobs_mode", ENGINE),
+    NOTED("actor_rollout_ref.rollout.data_parallel_size", "rollout data parallelism follows the ranks (placement)"),
+    OFF_ONLY("actor_rollout_ref.rollout.pipeline_model_parallel_size", "1", "1 is no pipeline in generation",
+             "pipeline-parallel generation (not available yet)"),
+    OFF_ONLY("actor_rollout_ref.rollout.expert_parallel_size", "1", "1 is no expert parallelism",
+             "MoE expert parallelism (not available yet)"),
+    OFF_ONLY("actor_rollout_ref.rollout.enable_rollout_routing_replay", "false", "dense models have no router",
+             "MoE routing replay (not available yet)"),
+    NOTED("actor_rollout_ref.rollout.layer_name_map.*", "weights are resharded into the engine by name here"),
+    OFF_ONLY("actor_rollout_ref.rollout.over_sample_rate", "0|0.0", "every sampled response is kept",
+             "over-sampled rollouts cut short (not available yet)"),
+    NOTED("actor_rollout_ref.rollout.prometheus.*", "metrics are served by grpod's HTTP endpoint"),
+    OFF_ONLY("actor_rollout_ref.rollout.quantization", "null", "weights are not quantized",
+             "quantized rollouts (not available yet)"),
+    NOTED("actor_rollout_ref.rollout.quantization_config_file", "used only with rollout.quantization"),
+    OFF_ONLY("actor_rollout_ref.rollout.skip_rollout", "false", "every step generates",
+             "replaying dumped rollouts (not available yet)"),
+    NOTED("actor_rollout_ref.rollout.skip_dump_dir", "used only with rollout.skip_rollout"),
+    NOTED("actor_rollout_ref.rollout.profiler.*", PROFILE),
     NOTED("actor_rollout_ref.rollout.trace.*", "no tracing back-end"),
     /* critic, reward model */
     NOTED("critic.*", NO_CRITIC),
@@ -150,6 +270,31 @@ static const struct verl_key g_verl[] = {
              "reward managers other than naive, dapo and batch (not available)"),
     NOTED("reward_model.sandbox_fusion.*", "no code sandbox: scorers are built in or custom_reward_function.path"),
     NOTED("custom_reward_function.reward_kwargs.*", "a custom scorer takes no keyword arguments here"),
+    NOTED("reward_model.enable_resource_pool", RM_HERE),
+    NOTED("reward_model.nnodes", RM_HERE),
+    NOTED("reward_model.n_gpus_per_node", RM_HERE),
+    NOTED("reward_model.num_workers", "scoring runs on each rollout rank (one Python process per rank)"),
+    NOTED("reward_model.nccl_timeout", RM_HERE),
+    NOTED("reward_model.load_weight", "the reward model loads from reward_model.model.path"),
+    NOTED("reward_model.model.override_config.*", "the reward model's config.json is used as it is"),
+    NOTED("reward_model.model.use_fused_kernels", TORCH),
+    NOTED("reward_model.model.use_shm", "no shared-memory copy of the model is needed here"),
+    NOTED("reward_model.megatron.*", RM_HERE),
+    NOTED("reward_model.profiler.*", PROFILE),
+    NOTED("reward_model.use_reward_loop", "scoring already runs beside generation, as verl's reward loop does"),
+    NOTED("reward_model.reward_loop_source", "the reward loop is built in"),
+    NOTED("reward_model.reward_loop_module_path", "the reward loop is built in"),
+    NOTED("reward_model.reward_loop_class_name", "the reward loop is built in"),
+    NOTED("reward_model.rollout.*", "a generative reward model's engine (not available): the reward model here is a "
+                                    "sequence classifier"),
+    NOTED("reward_model.overlong_buffer.log", "the overlong penalty is part of each logged score"),
+    NOTED("reward_model.reward_kwargs.*", "a keyword argument of verl's reward manager; the ones read here are "
+                                          "overlong_buffer_cfg.* and max_resp_len"),
+    OFF_ONLY("reward_manager.name", "naive|dapo|batch", "rule scores are per sample here",
+             "reward managers other than naive, dapo and batch (not available)"),
+    OFF_ONLY("reward_manager.source", "register", "the reward managers are built in",
+             "a reward manager imported from a module (not available)"),
+    NOTED("reward_manager.module.*", "used only with reward_manager.source=importlib"),
     /* algorithm */
     NOTED("algorithm.gamma", "GRPO's outcome advantages use no discount"),
     NOTED("algorithm.lam", "GRPO's outcome advantages use no GAE"),
@@ -159,6 +304,13 @@ static const struct verl_key g_verl[] = {
     NOTED("algorithm.kl_ctrl.target_kl", "used only by the adaptive KL controller"),
     OFF_ONLY("algorithm.use_pf_ppo", "false", "preference feedback PPO is off", "PF-PPO resampling (not available)"),
     NOTED("algorithm.pf_ppo.*", "PF-PPO is off"),
+    OFF_ONLY("algorithm.rollout_correction.rollout_is", "null", "no importance-sampling correction",
+             "rollout importance-sampling correction (not available yet)"),
+    OFF_ONLY("algorithm.rollout_correction.rollout_rs", "null", "no rejection-sampling correction",
+             "rollout rejection sampling (not available yet)"),
+    OFF_ONLY("algorithm.rollout_correction.bypass_mode", "false", "the old-policy log-probs are recomputed",
+             "bypass mode of rollout correction (not available yet)"),
+    NOTED("algorithm.rollout_correction.*", "used only with rollout_is or rollout_rs"),
     /* trainer */
     OFF_ONLY("trainer.critic_warmup", "0", NO_CRITIC, "critic warm-up steps (GRPO trains no critic)"),
     OFF_ONLY("trainer.balance_batch", "true|false", "sequences are always balanced by tokens over the DP ranks",
@@ -174,7 +326,9 @@ static const struct verl_key g_verl[] = {
     REFUSED("trainer.validation_data_dir", "a separate dump of validation generations (not available yet)"),
     OFF_ONLY("trainer.val_only", "false", "training runs", "a validation-only run (not available yet)"),
     NOTED("ray_init.*", RAY),
-    NOTED("global_profiler.*", "profile with perf or nsys around the process"),
+    NOTED("ray_kwargs.*", RAY),
+    NOTED("transfer_queue.*", "data moves over this project's data plane"),
+    NOTED("global_profiler.*", PROFILE),
 };
 
 /* Whether value (as config_set gets it: the command line's quotes are gone, config_apply_override strips them)
@@ -198,13 +352,55 @@ static bool value_in(const char *list, const char *value)
 static bool matches(const char *pattern, const char *name)
 {
     const size_t n = strlen(pattern);
-    if (n >= 2 && strcmp(pattern + n - 2, ".*") == 0)
-        return strncmp(name, pattern, n - 1) == 0; /* the prefix with its dot */
+    if (n >= 2 && strcmp(pattern + n - 2, ".*") == 0) /* the prefix with its dot, or the section itself (=null) */
+        return strncmp(name, pattern, n - 1) == 0 || (strncmp(name, pattern, n - 2) == 0 && !name[n - 2]);
     return strcmp(pattern, name) == 0;
+}
+
+/* verl's names for keys of ours: current verl spellings (model.lora.*, optim.clip_grad, the scheduler's name) and
+ * the overlong buffer's place under reward_kwargs. Each means exactly our key. */
+static const struct {
+    const char *verl, *ours;
+} g_alias[] = {
+    {"actor_rollout_ref.model.lora.rank", "actor_rollout_ref.model.lora_rank"},
+    {"actor_rollout_ref.model.lora.alpha", "actor_rollout_ref.model.lora_alpha"},
+    {"actor_rollout_ref.model.lora.target_modules", "actor_rollout_ref.model.target_modules"},
+    {"actor_rollout_ref.model.lora.adapter_path", "actor_rollout_ref.model.lora_adapter_path"},
+    {"actor_rollout_ref.actor.optim.clip_grad", "actor_rollout_ref.actor.grad_clip"},
+    {"actor_rollout_ref.actor.optim.lr_scheduler_type", "actor_rollout_ref.actor.optim.warmup_style"},
+    {"actor_rollout_ref.actor.optim.lr_decay_style", "actor_rollout_ref.actor.optim.warmup_style"},
+    {"reward_model.reward_kwargs.overlong_buffer_cfg.enable", "reward_model.overlong_buffer.enable"},
+    {"reward_model.reward_kwargs.overlong_buffer_cfg.len", "reward_model.overlong_buffer.len"},
+    {"reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor", "reward_model.overlong_buffer.penalty_factor"},
+    {"reward_model.reward_kwargs.overlong_buffer_cfg.log", "reward_model.overlong_buffer.log"},
+};
+
+const char *config_verl_alias(const char *name)
+{
+    for (size_t i = 0; i < sizeof g_alias / sizeof *g_alias; i++)
+        if (strcmp(g_alias[i].verl, name) == 0)
+            return g_alias[i].ours;
+    return NULL;
+}
+
+int config_verl_alias_count(void) { return (int)(sizeof g_alias / sizeof *g_alias); }
+
+void config_verl_alias_entry(int i, const char **verl, const char **ours)
+{
+    *verl = g_alias[i].verl;
+    *ours = g_alias[i].ours;
 }
 
 enum verl_class config_verl_class(const char *name, const char *value, const char **why)
 {
+    const char *alias = config_verl_alias(name);
+    if (alias) /* an alias of a verl key we note (overlong_buffer_cfg.log) */
+        name = alias;
+    const char *last = strrchr(name, '.');
+    if (last && strcmp(last + 1, "_target_") == 0) {
+        *why = "the Python class verl builds the block into";
+        return VERL_NOTED;
+    }
     for (size_t i = 0; i < sizeof g_verl / sizeof *g_verl; i++) {
         const struct verl_key *k = &g_verl[i];
         if (!matches(k->pattern, name))

@@ -17,6 +17,7 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "common/placement.h"
+#include "kernels/kernels.h"
 #include "worker/comm/comm.h"
 #include "worker/comm/parallel.h"
 #include "worker/control/control.h"
@@ -129,6 +130,32 @@ static int selftest(struct parallel_groups *g)
     return bad ? 1 : 0;
 }
 
+/* trainer.device=auto (the default): cuda when this build has CUDA and the driver shows a device, else cpu, said in
+ * the first lines (verl's default is cuda: a verl script on a GPU node trains there, and on a CPU machine runs on
+ * the CPU, saying so). */
+static int resolve_device(struct grpo_config *c)
+{
+    if (strcmp(c->trainer_device, "auto") != 0)
+        return 0;
+    const int n = kctx_cuda_devices();
+    struct cfg_error e;
+    if (config_set(c, "trainer.device", n > 0 ? "cuda" : "cpu", "auto", &e) != 0) {
+        log_error("worker", "%s", e.msg);
+        return -1;
+    }
+    if (n > 0)
+        log_info("worker",
+                 "trainer.device=auto: cuda (%d CUDA device%s visible; trainer.device=cpu to train on the CPU)", n,
+                 n == 1 ? "" : "s");
+    else
+#ifdef GRPO_HAVE_CUDA
+        log_info("worker", "trainer.device=auto: cpu (no CUDA device visible)");
+#else
+        log_info("worker", "trainer.device=auto: cpu (this build has no CUDA back-end)");
+#endif
+    return 0;
+}
+
 /* The command line: the configuration and the options. */
 struct args {
     struct grpo_config cfg;
@@ -189,6 +216,10 @@ static int parse(int *argc, char **argv, struct args *a)
     }
     if (optind < *argc) {
         log_error("worker", "unexpected argument '%s' (overrides look like key.path=value)", argv[optind]);
+        config_free(&a->cfg);
+        return 2;
+    }
+    if (resolve_device(&a->cfg) != 0) {
         config_free(&a->cfg);
         return 2;
     }

@@ -397,6 +397,124 @@ static void test_verl_table(void **state)
     assert_true(rows >= 150 && same > 50 && noted > 50 && refused > 15);
 }
 
+/* Every key of verl's configuration tree at the pinned tag (tests/fixtures/verl/keys-v0.7.0.txt, made by
+ * scripts/verl_schema_keys.py) is known: ours, an alias of ours, noted, or refused with the feature named; never
+ * "unknown key". A NAME.* line (a map verl's scripts fill with +NAME.key=...) is probed with a key below it. */
+static void test_verl_schema_known(void **state)
+{
+    (void)state;
+    FILE *f = fopen("tests/fixtures/verl/keys-v0.7.0.txt", "r");
+    if (!f)
+        fail_msg("tests/fixtures/verl/keys-v0.7.0.txt missing (run from the source root)");
+    char line[512];
+    int keys = 0, ours = 0, noted = 0, refused = 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        if (!line[0] || line[0] == '#')
+            continue;
+        char name[560];
+        const size_t n = strlen(line);
+        if (n > 2 && strcmp(line + n - 2, ".*") == 0)
+            snprintf(name, sizeof name, "+%.*s.some_option=1", (int)(n - 2), line);
+        else
+            snprintf(name, sizeof name, "%s=null", line);
+        struct grpo_config c;
+        config_init(&c);
+        struct cfg_error err = {{0}};
+        const int rc = config_apply_override(&c, name, &err);
+        if (rc != 0 && strstr(err.msg, "unknown key"))
+            fail_msg("verl key %s: %s", line, err.msg);
+        if (rc != 0)
+            refused++;
+        else if (c.n_noted)
+            noted++;
+        else
+            ours++;
+        config_free(&c);
+        keys++;
+    }
+    fclose(f);
+    print_message("verl v0.7.0: %d keys: %d ours or aliases, %d noted, %d refused at null\n", keys, ours, noted,
+                  refused);
+    assert_true(keys > 650);
+}
+
+/* verl's current names mean our keys; its "off" values are accepted; a suggestion stays in the key's section. */
+static void test_verl_aliases_and_suggestions(void **state)
+{
+    (void)state;
+    struct grpo_config c;
+    config_init(&c);
+    struct cfg_error err = {{0}};
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.model.lora.rank=32", &err), 0);
+    assert_int_equal(c.arr_model_lora_rank, 32);
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.model.lora.alpha=64", &err), 0);
+    assert_true(c.arr_model_lora_alpha == 64);
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.actor.optim.clip_grad=0.5", &err), 0);
+    assert_true(c.actor_grad_clip == 0.5);
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine", &err), 0);
+    assert_string_equal(c.actor_optim_warmup_style, "cosine");
+    assert_int_equal(config_apply_override(&c, "reward_model.reward_kwargs.overlong_buffer_cfg.len=512", &err), 0);
+    assert_int_equal(c.rm_overlong_len, 512);
+    assert_int_equal(config_apply_override(&c, "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True", &err), 0);
+    assert_true(c.rm_overlong_enable);
+    assert_int_equal(config_apply_override(&c, "reward_model.reward_kwargs.max_resp_len=4096", &err), 0);
+    assert_int_equal(c.rm_reward_kwargs_max_resp_len, 4096);
+    assert_int_equal(c.n_noted, 0);
+    /* verl's "off" for validation top-k, and Hydra's _target_ markers */
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.rollout.val_kwargs.top_k=-1", &err), 0);
+    assert_int_equal(config_apply_override(&c, "algorithm.filter_groups._target_=x", &err), 0);
+    assert_int_equal(c.n_noted, 2);
+    assert_int_not_equal(config_apply_override(&c, "actor_rollout_ref.rollout.val_kwargs.top_k=20", &err), 0);
+    assert_non_null(strstr(err.msg, "top-k sampling in validation (not available yet)"));
+    assert_int_not_equal(
+        config_apply_override(&c, "actor_rollout_ref.actor.megatron.expert_model_parallel_size=8", &err), 0);
+    assert_non_null(strstr(err.msg, "MoE expert parallelism"));
+    config_free(&c);
+    /* suggestions: the same section, or none */
+    assert_string_equal(config_suggest("data.gen_batch_sise"), "data.gen_batch_size");
+    assert_string_equal(config_suggest("actor_rollout_ref.rolout.n"), "actor_rollout_ref.rollout.n");
+    assert_null(config_suggest("actor_rollout_ref.actor.megatron.use_mbridgee"));
+    assert_null(config_suggest("actor_rollout_ref.actor.optim.clip_gradd"));
+    assert_null(config_suggest("data.gen_size"));
+}
+
+/* clip_ratio is verl's fallback for clip_ratio_low/high; total_epochs decides the steps when total_training_steps
+ * is not given (verl's null); given both, total_training_steps wins, as in verl. */
+static void test_verl_fallbacks(void **state)
+{
+    (void)state;
+    struct grpo_config c;
+    config_init(&c);
+    struct cfg_error err = {{0}};
+    assert_true(config_clip_low(&c) == 0.2 && config_clip_high(&c) == 0.2);
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.actor.clip_ratio=0.3", &err), 0);
+    assert_true(config_clip_low(&c) == 0.3 && config_clip_high(&c) == 0.3);
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.actor.clip_ratio_high=0.28", &err), 0);
+    assert_true(config_clip_low(&c) == 0.3 && config_clip_high(&c) == 0.28);
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.actor.clip_ratio_high=null", &err), 0);
+    assert_true(config_clip_high(&c) == 0.3);
+    /* steps: the demo's 40 by default; total_epochs given: epochs x prompts / batch */
+    assert_int_equal(config_total_steps(&c, 100), 40);
+    assert_int_equal(config_apply_override(&c, "trainer.total_epochs=3", &err), 0);
+    assert_int_equal(config_apply_override(&c, "data.train_batch_size=8", &err), 0);
+    assert_int_equal(config_total_steps(&c, 100), 3 * (100 / 8));
+    assert_int_equal(config_apply_override(&c, "trainer.total_training_steps=null", &err), 0);
+    assert_int_equal(config_total_steps(&c, 100), 36);
+    assert_int_equal(config_apply_override(&c, "trainer.total_training_steps=5", &err), 0);
+    assert_int_equal(config_total_steps(&c, 100), 5);
+    assert_int_equal(config_apply_override(&c, "trainer.total_training_steps=-1", &err), 0);
+    assert_int_equal(config_total_steps(&c, 100), 36);
+    /* DAPO: gen_batch_size equal to the batch (or unset) runs; another size is refused by name */
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.actor.ppo_mini_batch_size=8", &err), 0);
+    assert_int_equal(config_apply_override(&c, "data.gen_batch_size=8", &err), 0);
+    assert_int_equal(config_validate(&c, &err), 0);
+    assert_int_equal(config_apply_override(&c, "data.gen_batch_size=24", &err), 0);
+    assert_int_not_equal(config_validate(&c, &err), 0);
+    assert_non_null(strstr(err.msg, "data.gen_batch_size=24"));
+    config_free(&c);
+}
+
 /* Hydra's override forms and the start-up list of noted keys. */
 static void test_hydra_forms(void **state)
 {
@@ -574,6 +692,9 @@ int main(void)
         cmocka_unit_test(test_suggest),
         cmocka_unit_test(test_reference_doc_is_current),
         cmocka_unit_test(test_verl_table),
+        cmocka_unit_test(test_verl_schema_known),
+        cmocka_unit_test(test_verl_aliases_and_suggestions),
+        cmocka_unit_test(test_verl_fallbacks),
         cmocka_unit_test(test_hydra_forms),
         cmocka_unit_test(test_run_text),
     };

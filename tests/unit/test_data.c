@@ -530,7 +530,41 @@ static void test_from_config(void **state)
     assert_int_equal(dataset_from_config(&c, &t, &v, err, sizeof err), 0);
     assert_int_equal(t.n, 12);
     assert_int_equal(v.n, 0);
+    char first[64], second[64];
+    snprintf(first, sizeof first, "%s", t.samples[0].ground_truth);
+    snprintf(second, sizeof second, "%s", t.samples[5].ground_truth);
     dataset_free(&t), dataset_free(&v);
+
+    /* verl's list forms: ['a','b'], [a, b] and "a" quoted; every file, in order */
+    static const char *const lists[] = {"['" FIXTURE "', '" FIXTURE "']", "[" FIXTURE "," FIXTURE "]",
+                                        "[\"" FIXTURE "\"]"};
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(config_set(&c, "data.train_files", lists[k], "test", &ce), 0);
+        if (dataset_from_config(&c, &t, &v, err, sizeof err) != 0)
+            fail_msg("%s: %s", lists[k], err);
+        assert_int_equal(t.n, k == 2 ? 6 : 12);
+        assert_string_equal(t.samples[0].ground_truth, first);
+        dataset_free(&t), dataset_free(&v);
+    }
+
+    /* data.train_max_samples: the first ones without shuffle; a seeded subset with it */
+    assert_int_equal(config_set(&c, "data.train_files", FIXTURE ", " FIXTURE, "test", &ce), 0);
+    assert_int_equal(config_set(&c, "data.train_max_samples", "7", "test", &ce), 0);
+    assert_int_equal(config_set(&c, "data.shuffle", "false", "test", &ce), 0);
+    assert_int_equal(dataset_from_config(&c, &t, &v, err, sizeof err), 0);
+    assert_int_equal(t.n, 7);
+    assert_string_equal(t.samples[0].ground_truth, first);
+    assert_string_equal(t.samples[5].ground_truth, second);
+    dataset_free(&t), dataset_free(&v);
+    assert_int_equal(config_set(&c, "data.shuffle", "true", "test", &ce), 0);
+    assert_int_equal(dataset_from_config(&c, &t, &v, err, sizeof err), 0);
+    assert_int_equal(t.n, 7);
+    struct dataset t2, v2;
+    assert_int_equal(dataset_from_config(&c, &t2, &v2, err, sizeof err), 0);
+    for (int i = 0; i < 7; i++) /* the same subset every time (data.seed) */
+        assert_string_equal(t.samples[i].ground_truth, t2.samples[i].ground_truth);
+    dataset_free(&t), dataset_free(&v), dataset_free(&t2), dataset_free(&v2);
+    assert_int_equal(config_set(&c, "data.train_max_samples", "-1", "test", &ce), 0);
 
     assert_int_equal(config_set(&c, "data.val_files", "/nonexistent.jsonl", "test", &ce), 0);
     assert_int_equal(dataset_from_config(&c, &t, &v, err, sizeof err), -1);

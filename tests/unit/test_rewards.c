@@ -140,6 +140,101 @@ static void test_gsm8k(void **state)
     assert_true(why[0] != '\0');
 }
 
+/* The gsm8k scorer against verl's (verl/utils/reward_score/gsm8k.py, strict) on a shared table: the expected
+ * values are what verl's rule gives (worked by hand from its regex and comparison); the lenient forms differ only
+ * with reward_model.lenient_scorers. */
+static void test_gsm8k_verl_table(void **state)
+{
+    (void)state;
+    char pad[420];
+    memset(pad, 'x', sizeof pad - 1);
+    pad[sizeof pad - 1] = '\0';
+    char late[480];
+    snprintf(late, sizeof late, "#### 72%s", pad); /* the answer before the last 300 characters */
+    static const struct {
+        const char *response, *gt;
+        double verl, lenient;
+    } cases[] = {
+        {"She pays 3 * 24 = 72.\n#### 72", "72", 1, 1},
+        {"#### $72", "72", 0, 1},  /* '$' before the digits: verl's pattern does not match */
+        {"#### ,72", "72", 1, 0},  /* ",72" matches, its comma dropped */
+        {"####72", "72", 0, 1},    /* verl wants the space */
+        {"#### 72.0", "72", 0, 1}, /* equal as text, not as numbers */
+        {"#### 72.", "72", 0, 1},  /* the final period is part of the match */
+        {"#### 1,234", "1234", 1, 1},
+        {"#### -3", "-3", 1, 1},
+        {"#### 72\n#### 71", "72", 0, 0},
+        {"#### 71\n#### 72", "72", 1, 1},
+        {"The answer is 72", "72", 0, 0},
+        {"#### 7 2", "7", 1, 1},
+        {"", "3", 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const double v = reward_builtin_score("openai/gsm8k", cases[i].response, cases[i].gt, NULL, NULL, 0);
+        const double l =
+            reward_builtin_score_lenient("openai/gsm8k", cases[i].response, cases[i].gt, NULL, true, NULL, 0);
+        if (v != cases[i].verl || l != cases[i].lenient)
+            fail_msg("case %zu '%s' vs '%s': verl's rule %g (want %g), lenient %g (want %g)", i, cases[i].response,
+                     cases[i].gt, v, cases[i].verl, l, cases[i].lenient);
+        assert_true(reward_builtin_accuracy("openai/gsm8k", cases[i].response, cases[i].gt) == cases[i].verl);
+    }
+    assert_true(reward_builtin_score("openai/gsm8k", late, "72", NULL, NULL, 0) == 0.0);
+    assert_true(reward_builtin_score_lenient("openai/gsm8k", late, "72", NULL, true, NULL, 0) == 1.0);
+    /* the configuration key picks the rule */
+    struct grpo_config c;
+    config_init(&c);
+    char err[256];
+    struct reward_fn *r = reward_create(&c, err, sizeof err);
+    struct reward_item it = {"openai/gsm8k", "#### $72", "72", NULL};
+    assert_true(reward_score_one(r, &it, NULL, 0) == 0.0);
+    reward_free(r);
+    struct cfg_error ce;
+    assert_int_equal(config_set(&c, "reward_model.lenient_scorers", "true", "test", &ce), 0);
+    r = reward_create(&c, err, sizeof err);
+    assert_true(reward_score_one(r, &it, NULL, 0) == 1.0);
+    reward_free(r);
+    config_free(&c);
+}
+
+/* The math scorer against verl's (verl/utils/reward_score/math_reward.py) on a shared table: the expected values
+ * are what verl's last_boxed_only_string, remove_boxed and strip_string give (worked by hand); "lenient" is the
+ * scorer with reward_model.lenient_scorers. */
+static void test_math_verl_table(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *response, *gt;
+        double verl, lenient;
+    } cases[] = {
+        {"so \\boxed{\\frac{1}{2}}.", "\\frac{1}{2}", 1, -1},
+        {"\\boxed{\\dfrac{1}{2}}", "\\frac12", 1, -1},      /* dfrac, and fix_fracs on \frac12 */
+        {"\\boxed{0.5}", "\\frac{1}{2}", 1, -1},            /* 0.5 becomes \frac{1}{2} */
+        {"\\boxed{1/2}", "\\frac{1}{2}", 1, -1},            /* fix_a_slash_b */
+        {"\\boxed{.5}", "0.5", 1, -1},                      /* a leading '.' gets its 0 */
+        {"\\boxed{0.50}", "0.5", 0, 1},                     /* text: 0.50 is not 0.5 */
+        {"\\boxed{x = 3}", "3", 1, -1},                     /* a short left side of '=' goes */
+        {"\\boxed{\\left( 1, 2 \\right)}", "(1,2)", 1, -1}, /* \left, \right and spaces go */
+        {"\\boxed{90^\\circ}", "90", 1, -1},
+        {"\\boxed{\\sqrt2}", "\\sqrt{2}", 1, -1}, /* fix_sqrt */
+        {"\\boxed{5 \\text{ cm}}", "5", 1, -1},   /* remove_right_units */
+        {"\\boxed{10\\%}", "10", 1, -1},
+        {"\\boxed 7$ and more", "7", 1, -1}, /* "\boxed " up to '$' */
+        {"\\fbox{7}", "7", 0, 1},            /* remove_boxed rejects \fbox */
+        {"\\boxed{\\frac{3}{4}}", "0.75", 0, 1},
+        {"\\boxed{7} then \\boxed{8}", "8", 1, -1}, /* the last one */
+        {"\\boxed{7", "7", 0, -1},                  /* unterminated */
+        {"the answer is 7", "7", 0, -1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const double v = reward_builtin_score("lighteval/MATH", cases[i].response, cases[i].gt, NULL, NULL, 0);
+        const double l =
+            reward_builtin_score_lenient("lighteval/MATH", cases[i].response, cases[i].gt, NULL, true, NULL, 0);
+        if (v != cases[i].verl || (cases[i].lenient >= 0 && l != cases[i].lenient))
+            fail_msg("case %zu '%s' vs '%s': verl's rule %g (want %g), lenient %g (want %g)", i, cases[i].response,
+                     cases[i].gt, v, cases[i].verl, l, cases[i].lenient);
+    }
+}
+
 static void test_arithmetic(void **state)
 {
     (void)state;
@@ -391,7 +486,8 @@ static void test_accuracy_split(void **state)
         {"arithmetic", "", "85", false, false, 0.0, 0.0},
         {"gsm8k", "#### 85", "85", false, false, 1.0, 1.0},
         {"gsm8k", "85", "85", false, false, 0.0, 0.0},
-        {"math", "\\boxed{\\frac{3}{4}}", "0.75", false, false, 1.0, 1.0},
+        {"math", "\\boxed{\\frac{3}{4}}", "\\frac34", false, false, 1.0, 1.0},
+        {"math", "\\boxed{\\frac{3}{4}}", "0.75", false, false, 0.0, 0.0}, /* verl's rule: text, not numbers */
         {"countdown", "<answer>(6 - 3 + 1) * ...</answer>", CD24, false, false, 0.1, 0.0},   /* form only */
         {"countdown", "<answer>4 * 6 * (3 - 1 - 1)</answer>", CD24, false, false, 0.1, 0.0}, /* 1 used twice */
         {"countdown", "<answer>(6 / (1 - 3 / 4))</answer>", CD24, false, false, 1.0, 1.0},
@@ -560,6 +656,108 @@ static void test_custom_isolation(void **state)
     reward_free(r);
 }
 
+/* A Python scorer in verl's form (tests/fixtures/rewards/verl_reward.py): its scores agree with the built-in gsm8k
+ * scorer on plain answers; an exception, a non-number, NaN, an exit or a hang fails that sample alone, with the
+ * reason (the exception's last line) logged, and the samples after it are still scored. */
+static struct reward_fn *python_scorer(const char *path, const char *name, const char *python, char *err, size_t errlen)
+{
+    struct grpo_config c;
+    config_init(&c);
+    struct cfg_error ce;
+    assert_int_equal(config_set(&c, "custom_reward_function.path", path, "test", &ce), 0);
+    assert_int_equal(config_set(&c, "custom_reward_function.name", name, "test", &ce), 0);
+    assert_int_equal(config_set(&c, "custom_reward_function.python", python, "test", &ce), 0);
+    assert_int_equal(config_set(&c, "custom_reward_function.timeout_s", "1.5", "test", &ce), 0);
+    struct reward_fn *r = reward_create(&c, err, errlen);
+    config_free(&c);
+    return r;
+}
+
+#define PY_REWARD "tests/fixtures/rewards/verl_reward.py"
+
+static void test_python_scorer(void **state)
+{
+    (void)state;
+    char err[512] = "";
+    struct reward_fn *r = python_scorer(PY_REWARD, "compute_score", "python3", err, sizeof err);
+    if (!r)
+        fail_msg("%s", err);
+    assert_true(reward_is_custom(r));
+    static const char *const plain[][2] = {
+        {"She pays 3 * 24 = 72.\n#### 72", "72"},
+        {"#### 71", "72"},
+        {"#### 1,234", "1234"},
+        {"The answer is 72", "72"},
+        {"#### 72\n#### 71", "72"},
+        {"PRINT #### 5", "5"},
+        {"", "3"},
+        {"\xff\xfe bytes that are not UTF-8 #### 72", "72"}, /* sent as U+FFFD, as tokenizer.decode gives them */
+        {"#### 7\xc3", "7"},
+    };
+    const int np = (int)(sizeof plain / sizeof *plain);
+    struct reward_item items[24];
+    for (int i = 0; i < np; i++)
+        items[i] = (struct reward_item){"openai/gsm8k", plain[i][0], plain[i][1], NULL};
+    int n = np;
+    items[n++] = (struct reward_item){"openai/gsm8k", "RAISE", "1", NULL};                /* np */
+    items[n++] = (struct reward_item){"openai/gsm8k", "STRING", "1", NULL};               /* np + 1 */
+    items[n++] = (struct reward_item){"openai/gsm8k", "DICT", "1", NULL};                 /* np + 2 */
+    items[n++] = (struct reward_item){"openai/gsm8k", "NAN", "1", NULL};                  /* np + 3 */
+    items[n++] = (struct reward_item){"openai/gsm8k", "EXIT", "1", NULL};                 /* np + 4 */
+    items[n++] = (struct reward_item){"openai/gsm8k", "#### 9", "9", NULL};               /* np + 5: after the exit */
+    items[n++] = (struct reward_item){"openai/gsm8k", "HANG", "1", NULL};                 /* np + 6 */
+    items[n++] = (struct reward_item){"x", "EXTRA", "{\"target\": 1}", "{\"index\": 7}"}; /* np + 7 */
+    double scores[24];
+    char *reasons[24];
+    const double t0 = clock_now_s();
+    reward_score_batch(r, items, n, scores, reasons);
+    const double took = clock_now_s() - t0;
+    for (int i = 0; i < np; i++) {
+        char why[128];
+        const double builtin = reward_score_gsm8k_verl(plain[i][0], plain[i][1], why, sizeof why);
+        if (scores[i] != builtin || reasons[i])
+            fail_msg("sample %d (%s): Python %g, built-in %g (%s)", i, plain[i][0], scores[i], builtin,
+                     reasons[i] ? reasons[i] : "");
+    }
+    assert_true(scores[0] == 1.0 && scores[1] == 0.0 && scores[2] == 1.0 && scores[5] == 1.0);
+    assert_non_null(reasons[np]);
+    assert_non_null(strstr(reasons[np], "compute_score raised ValueError: no answer in 'RAISE'"));
+    assert_non_null(strstr(reasons[np + 1], "returned str, not a number"));
+    assert_null(reasons[np + 2]);
+    assert_true(scores[np + 2] == 0.25);
+    assert_non_null(strstr(reasons[np + 3], "returned nan"));
+    assert_non_null(strstr(reasons[np + 4], "exited (status 3)"));
+    assert_null(reasons[np + 5]);
+    assert_true(scores[np + 5] == 1.0);
+    assert_non_null(strstr(reasons[np + 6], "timed out after 1.5 s"));
+    assert_null(reasons[np + 7]);
+    assert_true(scores[np + 7] == 8.0); /* extra_info as a dict, a JSON ground truth as an object */
+    assert_int_equal(reward_num_failures(r), 5);
+    assert_true(took < 30.0);
+    for (int i = 0; i < n; i++)
+        free(reasons[i]);
+    /* the process lives on between batches */
+    assert_true(reward_score_one(r, &items[0], NULL, 0) == 1.0);
+    reward_free(r);
+
+    /* errors at start-up name the key and Python's reason */
+    assert_null(python_scorer(PY_REWARD, "nope", "python3", err, sizeof err));
+    assert_non_null(strstr(err, "custom_reward_function.name"));
+    assert_non_null(strstr(err, "no function 'nope'"));
+    assert_null(python_scorer("tests/fixtures/rewards/broken_reward.py", "compute_score", "python3", err, sizeof err));
+    assert_non_null(strstr(err, "custom_reward_function.path"));
+    assert_non_null(strstr(err, "ModuleNotFoundError"));
+    assert_null(python_scorer("tests/fixtures/rewards/missing.py", "compute_score", "python3", err, sizeof err));
+    assert_non_null(strstr(err, "cannot load"));
+    assert_null(python_scorer(PY_REWARD, "compute_score", "/nonexistent/python3", err, sizeof err));
+    assert_non_null(strstr(err, "exited (status 127)"));
+    /* another function of the file */
+    r = python_scorer(PY_REWARD, "other_name", "python3", err, sizeof err);
+    assert_non_null(r);
+    assert_true(reward_score_one(r, &items[0], NULL, 0) == 0.5);
+    reward_free(r);
+}
+
 int main(void)
 {
     log_set_level(LOG_ERROR);
@@ -567,6 +765,8 @@ int main(void)
         cmocka_unit_test(test_number_normalisation),
         cmocka_unit_test(test_extraction),
         cmocka_unit_test(test_gsm8k),
+        cmocka_unit_test(test_gsm8k_verl_table),
+        cmocka_unit_test(test_math_verl_table),
         cmocka_unit_test(test_arithmetic),
         cmocka_unit_test(test_math),
         cmocka_unit_test(test_countdown_eval),
@@ -577,6 +777,7 @@ int main(void)
         cmocka_unit_test(test_custom_errors),
         cmocka_unit_test(test_documented_example),
         cmocka_unit_test(test_custom_isolation),
+        cmocka_unit_test(test_python_scorer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,6 +14,7 @@
 #include "common/placement.h"
 #include "proto/protocol.h"
 #include "worker/plane/wire.h"
+#include "worker/step/batch.h"
 
 #define B 3
 #define N 2
@@ -98,6 +99,46 @@ static uint8_t *pack(struct fx *f, const struct wire_header *h, size_t *len)
 {
     const int groups[2] = {0, 1};
     return wire_pack_batch(h, &f->b, groups, 2, NULL, len);
+}
+
+/* DAPO's filter by algorithm.filter_groups.metric, hand-worked: three groups of two responses.
+ * group 0: scores 1, 0 (varied); accuracy 1, 1 (the same)
+ * group 1: scores 0.5, 0.5 with the overlong penalty, raw 1, 0 (varied only before the penalty); accuracy NaN
+ *          (a scorer that does not know it: the score decides)
+ * group 2: scores 0, 0; raw 0, 0; accuracy 0, 1 */
+static void test_filter_metric(void **state)
+{
+    (void)state;
+    static const double score[6] = {1, 0, 0.5, 0.5, 0, 0}, raw[6] = {1, 0, 1, 0, 0, 0};
+    static const double acc[6] = {1, 1, NAN, NAN, 0, 1};
+    for (int metric = 0; metric < 3; metric++) {
+        struct step_batch b = {0};
+        step_batch_reserve(&b, 6);
+        b.n_groups = 3;
+        for (int i = 0; i < 6; i++) {
+            memset(&b.seqs[i], 0, sizeof b.seqs[i]);
+            b.seqs[i].group = i / 2;
+            b.seqs[i].score = score[i];
+            b.seqs[i].raw_score = raw[i];
+            b.seqs[i].acc = acc[i];
+            b.resp_text[i] = NULL;
+        }
+        b.n_seq = 6;
+        for (int g = 0; g < 3; g++) {
+            b.group_uid[g] = 10 + g;
+            b.group_prompt[g] = NULL;
+        }
+        static const char *const names[] = {"seq_final_reward", "score", "acc"};
+        step_batch_filter_groups(&b, step_filter_metric_from_name(names[metric]));
+        /* kept: seq_final_reward {10}; score (before the penalty) {10, 11}; acc {12} (group 1 falls back to its equal
+         * scores) */
+        static const int want_n[3] = {1, 2, 1};
+        static const int want_first[3] = {10, 10, 12};
+        assert_int_equal(b.n_groups, want_n[metric]);
+        assert_int_equal(b.group_uid[0], want_first[metric]);
+        assert_int_equal(b.n_seq, 2 * want_n[metric]);
+        step_batch_free(&b);
+    }
 }
 
 static void test_round_trip(void **state)
@@ -422,9 +463,10 @@ static void test_placement(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip),  cmocka_unit_test(test_garbage_and_wrong_version),
-        cmocka_unit_test(test_bad_fields),  cmocka_unit_test(test_auth),
-        cmocka_unit_test(test_auth_window), cmocka_unit_test(test_placement),
+        cmocka_unit_test(test_round_trip),    cmocka_unit_test(test_garbage_and_wrong_version),
+        cmocka_unit_test(test_bad_fields),    cmocka_unit_test(test_auth),
+        cmocka_unit_test(test_auth_window),   cmocka_unit_test(test_placement),
+        cmocka_unit_test(test_filter_metric),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -544,23 +544,77 @@ static int load_file(const char *key, const char *path, struct dataset *d, char 
     return load_jsonl(cached, path, NULL, d, err, errlen);
 }
 
-/* Load a comma-separated list of JSONL or parquet files (the setting key) into d. */
+/* Load a list of JSONL or parquet files (the setting key) into d, in order: comma-separated, or verl's list form
+ * ['a.parquet', "b.parquet"] / [a.parquet, b.parquet] (brackets and each entry's quotes are dropped). */
 static int load_files(const char *key, const char *list, struct dataset *d, char *err, size_t errlen)
 {
     char *copy = xstrdup(list);
+    char *body = copy;
+    while (*body == ' ')
+        body++;
+    size_t bl = strlen(body);
+    while (bl > 0 && body[bl - 1] == ' ')
+        body[--bl] = '\0';
+    if (bl >= 2 && body[0] == '[' && body[bl - 1] == ']') {
+        body[bl - 1] = '\0';
+        body++;
+    }
     int rc = 0;
     char *save = NULL;
-    for (char *p = strtok_r(copy, ",", &save); p && rc == 0; p = strtok_r(NULL, ",", &save)) {
+    for (char *p = strtok_r(body, ",", &save); p && rc == 0; p = strtok_r(NULL, ",", &save)) {
         while (*p == ' ')
             p++;
         size_t n = strlen(p);
         while (n > 0 && p[n - 1] == ' ')
             p[--n] = '\0';
+        if (n >= 2 && ((p[0] == '\'' && p[n - 1] == '\'') || (p[0] == '"' && p[n - 1] == '"'))) {
+            p[--n] = '\0';
+            p++;
+            n--;
+        }
         if (n)
             rc = load_file(key, p, d, err, errlen);
     }
     free(copy);
     return rc;
+}
+
+/* verl's data.{train,val}_max_samples: keep max of d's samples, the first ones, or with shuffle a subset drawn
+ * from seed (a partial Fisher-Yates shuffle; in file order after). */
+static void cap_samples(const char *key, struct dataset *d, long long max, bool shuffle, uint64_t seed)
+{
+    if (max < 0 || max >= d->n)
+        return;
+    bool *keep = xcalloc((size_t)(d->n ? d->n : 1), sizeof *keep);
+    if (shuffle) {
+        int *idx = xmalloc((size_t)d->n * sizeof *idx);
+        for (int i = 0; i < d->n; i++)
+            idx[i] = i;
+        uint64_t x = seed * 0x9e3779b97f4a7c15ull + 0x6a09e667f3bcc909ull;
+        for (long long i = 0; i < max; i++) {
+            x ^= x >> 33, x *= 0xff51afd7ed558ccdull, x ^= x >> 33, x *= 0xc4ceb9fe1a85ec53ull, x ^= x >> 33;
+            const long long j = i + (long long)(x % (uint64_t)(d->n - i));
+            const int t = idx[i];
+            idx[i] = idx[j];
+            idx[j] = t;
+            keep[idx[i]] = true;
+        }
+        free(idx);
+    } else {
+        for (long long i = 0; i < max; i++)
+            keep[i] = true;
+    }
+    int w = 0;
+    for (int i = 0; i < d->n; i++) {
+        if (keep[i])
+            d->samples[w++] = d->samples[i];
+        else
+            free_sample(&d->samples[i]);
+    }
+    log_info("data", "%s=%lld: %d of %d prompts kept (%s)", key, max, w, d->n,
+             shuffle ? "a subset drawn from data.seed" : "the first ones");
+    d->n = w;
+    free(keep);
 }
 
 int dataset_from_config(const struct grpo_config *cfg, struct dataset *train, struct dataset *val, char *err,
@@ -576,6 +630,12 @@ int dataset_from_config(const struct grpo_config *cfg, struct dataset *train, st
         goto fail;
     if (val_file && load_files("data.val_files", cfg->data_val_files, val, err, errlen) < 0)
         goto fail;
+    if (train_file)
+        cap_samples("data.train_max_samples", train, cfg->data_train_max_samples, cfg->data_shuffle,
+                    (uint64_t)cfg->data_seed);
+    if (val_file)
+        cap_samples("data.val_max_samples", val, cfg->data_val_max_samples, cfg->data_shuffle,
+                    (uint64_t)cfg->data_seed + 1);
     if (!train_file || !val_file) {
         int task = synth_task_from_name(cfg->data_synthetic_task);
         if (task < 0) {

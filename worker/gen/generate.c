@@ -135,8 +135,11 @@ void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt
         rs->raw_score = rs->score = s;
         rs->acc = reward_accuracy(r->reward, &items[k]);
         if (c->rm_overlong_enable)
-            rs->score += reward_overlong_penalty(rs->resp_len, (int)c->data_max_response_length,
-                                                 (int)c->rm_overlong_len, c->rm_overlong_penalty_factor);
+            rs->score +=
+                reward_overlong_penalty(rs->resp_len,
+                                        (int)(c->rm_reward_kwargs_max_resp_len ? c->rm_reward_kwargs_max_resp_len
+                                                                               : c->data_max_response_length),
+                                        (int)c->rm_overlong_len, c->rm_overlong_penalty_factor);
     }
     *t_reward += clock_now_s() - t0;
     free(items), free(scores), free(out), free(ids), free(lens);

@@ -53,7 +53,7 @@ struct colocated {
 /* Whether the update packs a group's prompt once (the trainer's rule: the key, on the CPU). */
 static bool shared_prompts(const struct grpo_config *c)
 {
-    return c->actor_shared_prompt_packing && strcmp(c->trainer_device, "cpu") == 0;
+    return c->actor_shared_prompt_packing && strcmp(config_device(c), "cpu") == 0;
 }
 
 /* Units per step: placement.colocated_units, or four per engine (a group never splits: at most the groups). */
@@ -357,7 +357,7 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     const struct grpo_config *cfg = c->env->cfg;
     const int B = (int)cfg->data_train_batch_size;
     const bool filter = cfg->alg_filter_groups_enable;
-    const int rounds = filter ? (int)cfg->alg_filter_groups_max_num_gen_batches : 1;
+    const int rounds = config_filter_rounds(cfg);
     int64_t wbytes;
     tm->update_weights_s = update_weights(c, &wbytes);
     tm->weight_bytes = wbytes;
@@ -368,7 +368,7 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
         rc = gen_round(c, k, r, &round_b, tm);
         drawn += B;
         if (filter)
-            step_batch_filter_groups(&round_b);
+            step_batch_filter_groups(&round_b, step_filter_metric_from_name(cfg->alg_filter_groups_metric));
         step_batch_append(&all, &round_b);
         if (!filter || all.n_groups >= B)
             break;

@@ -25,6 +25,11 @@ static int split_supported(const struct grpo_config *c, const struct placement_s
         return error_set(why, whylen,
                          "algorithm.filter_groups.enable (dynamic sampling) runs in one process and on colocated "
                          "ranks for now; it is not available with separate rollout ranks");
+    if (config_gen_batch_size(c) != c->data_train_batch_size)
+        return error_set(why, whylen,
+                         "data.gen_batch_size=%lld (other than data.train_batch_size=%lld) runs in one process for "
+                         "now; several ranks draw data.train_batch_size prompts a round (not available yet)",
+                         (long long)c->data_gen_batch_size, (long long)c->data_train_batch_size);
     if (c->trainer_sft_warmup_steps > 0)
         return error_set(why, whylen,
                          "trainer.sft_warmup_steps %lld: the supervised warm-start runs in one process; warm-start "
@@ -427,7 +432,7 @@ int launch(struct launch *l, const struct grpo_config *cfg, struct comm *world, 
     struct role_env *env = &l->env;
     if (l->split && o->replace_rank < 0)
         local_endpoints(env);
-    if ((l->split || l->colocated) && strcmp(cfg->trainer_device, "cuda") == 0) {
+    if ((l->split || l->colocated) && strcmp(config_device(cfg), "cuda") == 0) {
         if (o->replace_rank < 0)
             assign_devices(env);
         else /* alone, in place of a lost rollout rank: the node's GPUs in turn by rank */

@@ -102,6 +102,42 @@ double reward_score_math(const char *solution, const char *ground_truth, char *w
     return reward_answer_matches(a, n, ground_truth) ? 1.0 : 0.0;
 }
 
+double reward_score_gsm8k_verl(const char *solution, const char *ground_truth, char *why, size_t whylen)
+{
+    clear_why(why, whylen);
+    /* the last 300 characters (code points: UTF-8 continuation bytes are not counted) */
+    const char *s = solution + strlen(solution);
+    for (int chars = 0; s > solution && chars < 300;) {
+        s--;
+        if (((unsigned char)*s & 0xc0) != 0x80)
+            chars++;
+    }
+    const char *last = NULL;
+    size_t last_n = 0;
+    for (const char *p = strstr(s, "#### "); p; p = strstr(p, "#### ")) {
+        const char *a = p + 5;
+        size_t n = *a == '-' ? 1 : 0;
+        const size_t digits = strspn(a + n, "0123456789.,");
+        if (digits == 0) {
+            p += 1;
+            continue;
+        }
+        n += digits;
+        last = a;
+        last_n = n;
+        p = a + n; /* findall: the next match starts after this one */
+    }
+    if (!last)
+        return 0.0;
+    char ans[128];
+    size_t k = 0;
+    for (size_t i = 0; i < last_n && k + 1 < sizeof ans; i++)
+        if (last[i] != ',')
+            ans[k++] = last[i];
+    ans[k] = '\0';
+    return strcmp(ans, ground_truth) == 0 ? 1.0 : 0.0;
+}
+
 typedef double (*builtin_fn)(const char *solution, const char *ground_truth, char *why, size_t whylen);
 
 static const struct {
@@ -136,8 +172,18 @@ const char *reward_builtin_scorer_name(const char *data_source)
     return r < 0 ? NULL : routes[r].scorer;
 }
 
-double reward_builtin_score(const char *data_source, const char *solution, const char *ground_truth,
-                            const char *extra_info_json, char *why, size_t whylen)
+/* The scorer of route r: gsm8k's and math's are verl's rules unless lenient. */
+static builtin_fn route_fn(int r, bool lenient)
+{
+    if (!lenient && routes[r].fn == reward_score_gsm8k)
+        return reward_score_gsm8k_verl;
+    if (!lenient && routes[r].fn == reward_score_math)
+        return reward_score_math_verl;
+    return routes[r].fn;
+}
+
+double reward_builtin_score_lenient(const char *data_source, const char *solution, const char *ground_truth,
+                                    const char *extra_info_json, bool lenient, char *why, size_t whylen)
 {
     (void)extra_info_json;
     int r = route_of(data_source);
@@ -145,10 +191,22 @@ double reward_builtin_score(const char *data_source, const char *solution, const
         set_why(why, whylen, "no built-in scorer for data_source '%.80s'", data_source ? data_source : "(null)");
         return 0.0;
     }
-    return routes[r].fn(solution ? solution : "", ground_truth ? ground_truth : "", why, whylen);
+    return route_fn(r, lenient)(solution ? solution : "", ground_truth ? ground_truth : "", why, whylen);
+}
+
+double reward_builtin_score(const char *data_source, const char *solution, const char *ground_truth,
+                            const char *extra_info_json, char *why, size_t whylen)
+{
+    return reward_builtin_score_lenient(data_source, solution, ground_truth, extra_info_json, false, why, whylen);
 }
 
 double reward_builtin_accuracy(const char *data_source, const char *solution, const char *ground_truth)
+{
+    return reward_builtin_accuracy_lenient(data_source, solution, ground_truth, false);
+}
+
+double reward_builtin_accuracy_lenient(const char *data_source, const char *solution, const char *ground_truth,
+                                       bool lenient)
 {
     int r = route_of(data_source);
     if (r < 0)
@@ -162,5 +220,5 @@ double reward_builtin_accuracy(const char *data_source, const char *solution, co
         return correct && formatted ? 1.0 : 0.0;
     }
     /* gsm8k and math score 1 or 0 already; countdown gives 1 only for a right equation (0.1 for the form) */
-    return routes[r].fn(solution, ground_truth, NULL, 0) >= 1.0 ? 1.0 : 0.0;
+    return route_fn(r, lenient)(solution, ground_truth, NULL, 0) >= 1.0 ? 1.0 : 0.0;
 }

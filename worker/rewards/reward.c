@@ -31,14 +31,17 @@
 #include "common/clock.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "pyscorer.h"
 #include "scorers.h"
 
 struct reward_fn {
-    void *dl; /* dlopen handle of the custom scorer, or NULL */
+    void *dl;            /* dlopen handle of the custom scorer, or NULL */
+    struct pyscorer *py; /* a Python custom scorer's process, or NULL */
     reward_custom_fn custom;
     char *custom_path, *custom_name;
     double timeout_s;
     bool isolate_builtin;
+    bool lenient_scorers; /* reward_model.lenient_scorers */
     long failures;
 };
 
@@ -52,10 +55,11 @@ struct reward_record {
 
 _Static_assert(sizeof(struct reward_record) <= 512, "a record must be written atomically to a pipe");
 
-struct reward_fn *reward_create_custom(const char *path, const char *name, char *err, size_t errlen)
+static struct reward_fn *create(const char *path, const char *name, const char *python, double timeout_s, char *err,
+                                size_t errlen)
 {
     struct reward_fn *r = xcalloc(1, sizeof *r);
-    r->timeout_s = REWARD_DEFAULT_TIMEOUT_S;
+    r->timeout_s = timeout_s > 0 ? timeout_s : REWARD_DEFAULT_TIMEOUT_S;
     if (!path || !*path)
         return r;
     if (!name || !*name)
@@ -65,6 +69,18 @@ struct reward_fn *reward_create_custom(const char *path, const char *name, char 
         snprintf(err, errlen, "custom_reward_function.path: cannot load '%s': %s", path, strerror(errno));
         free(r);
         return NULL;
+    }
+    if (pyscorer_is_python(path)) {
+        r->py = pyscorer_start(python, path, name, r->timeout_s, err, errlen);
+        if (!r->py) {
+            free(r);
+            return NULL;
+        }
+        r->custom_path = xstrdup(path);
+        r->custom_name = xstrdup(name);
+        log_info("reward", "custom scorer %s from %s (Python, %s; %.3g s per sample)", name, path,
+                 python && *python ? python : "python3", r->timeout_s);
+        return r;
     }
     /* a bare file name is a file here, not a library to look up on the search path */
     char local[4096];
@@ -101,11 +117,19 @@ struct reward_fn *reward_create_custom(const char *path, const char *name, char 
     return r;
 }
 
+struct reward_fn *reward_create_custom(const char *path, const char *name, char *err, size_t errlen)
+{
+    return create(path, name, "python3", REWARD_DEFAULT_TIMEOUT_S, err, errlen);
+}
+
 struct reward_fn *reward_create(const struct grpo_config *cfg, char *err, size_t errlen)
 {
     if (!cfg)
         return reward_create_custom(NULL, NULL, err, errlen);
-    return reward_create_custom(cfg->crf_path, cfg->crf_name, err, errlen);
+    struct reward_fn *r = create(cfg->crf_path, cfg->crf_name, cfg->crf_python, cfg->crf_timeout_s, err, errlen);
+    if (r)
+        r->lenient_scorers = cfg->rm_lenient_scorers;
+    return r;
 }
 
 void reward_free(struct reward_fn *r)
@@ -114,6 +138,7 @@ void reward_free(struct reward_fn *r)
         return;
     if (r->dl)
         dlclose(r->dl);
+    pyscorer_free(r->py);
     free(r->custom_path);
     free(r->custom_name);
     free(r);
@@ -126,19 +151,20 @@ void reward_set_timeout(struct reward_fn *r, double seconds)
 }
 
 void reward_set_isolate_builtin(struct reward_fn *r, bool isolate) { r->isolate_builtin = isolate; }
-bool reward_is_custom(const struct reward_fn *r) { return r->custom != NULL; }
+bool reward_is_custom(const struct reward_fn *r) { return r->custom != NULL || r->py != NULL; }
 long reward_num_failures(const struct reward_fn *r) { return r->failures; }
 
 bool reward_supports(const struct reward_fn *r, const char *data_source)
 {
-    return r->custom != NULL || reward_builtin_scorer_name(data_source) != NULL;
+    return reward_is_custom(r) || reward_builtin_scorer_name(data_source) != NULL;
 }
 
 double reward_accuracy(const struct reward_fn *r, const struct reward_item *item)
 {
-    if (r->custom || !item)
+    if (reward_is_custom(r) || !item)
         return NAN;
-    return reward_builtin_accuracy(item->data_source, item->solution_str, item->ground_truth);
+    return reward_builtin_accuracy_lenient(item->data_source, item->solution_str, item->ground_truth,
+                                           r->lenient_scorers);
 }
 
 double reward_overlong_penalty(int response_length, int max_response_length, int buffer_len, double penalty_factor)
@@ -173,7 +199,7 @@ static double score_here(const struct reward_fn *r, const struct reward_item *it
         }
         return s;
     }
-    s = reward_builtin_score(ds, sol, gt, extra, reason, reasonlen);
+    s = reward_builtin_score_lenient(ds, sol, gt, extra, r->lenient_scorers, reason, reasonlen);
     if (reason[0])
         *failed = true;
     return s;
@@ -355,6 +381,16 @@ void reward_score_batch(struct reward_fn *r, const struct reward_item *items, in
     if (reasons)
         for (int i = 0; i < n; i++)
             reasons[i] = NULL;
+    if (r->py) {
+        bool *failed = xcalloc((size_t)n, sizeof *failed);
+        char(*why)[PYSCORER_REASON_MAX] = xcalloc((size_t)n, sizeof *why);
+        pyscorer_score(r->py, items, n, r->timeout_s, scores, failed, why);
+        for (int i = 0; i < n; i++)
+            if (failed[i])
+                report_failure(r, i, &items[i], why[i], scores, reasons);
+        free(failed), free(why);
+        return;
+    }
     if (r->custom || r->isolate_builtin) {
         score_isolated(r, items, n, scores, reasons);
         return;

@@ -77,8 +77,16 @@ int countdown_parse_ground_truth(const char *gt, int64_t *target, int64_t *numbe
 /* ---- scorers: score of one response; why receives a reason only when the
  * sample cannot be scored (malformed ground truth), else "" ---- */
 
-/* gsm8k (verl's strict rule): the last "#### N" equals the ground truth: 1, else 0. */
+/* gsm8k, lenient (reward_model.lenient_scorers): the last "#### N" (spaces, '$', commas and a trailing ".00"
+ * allowed) equals the ground truth as a number: 1, else 0. */
 double reward_score_gsm8k(const char *solution, const char *ground_truth, char *why, size_t whylen);
+/* gsm8k, verl's rule (verl/utils/reward_score/gsm8k.py, strict, the default): in the last 300 characters, the
+ * last match of "#### " followed by an optional '-' and digits, '.' and ','; its commas dropped, it must equal the
+ * ground truth as text: 1, else 0. */
+double reward_score_gsm8k_verl(const char *solution, const char *ground_truth, char *why, size_t whylen);
+/* math, verl's rule (verl/utils/reward_score/math_reward.py, the default; math_verl.c): the last \boxed answer
+ * and the ground truth equal after verl's strip_string: 1, else 0. */
+double reward_score_math_verl(const char *solution, const char *ground_truth, char *why, size_t whylen);
 /* arithmetic (lenient): the answer is the last "#### N", else the last \boxed{N}, else the last
  * "answer is N", else the last number; score 0.9 * correct + 0.1 * (a "#### N" form was used). */
 double reward_score_arithmetic(const char *solution, const char *ground_truth, char *why, size_t whylen);
@@ -99,6 +107,11 @@ bool reward_arithmetic_parts(const char *solution, const char *ground_truth, boo
  * 0, whatever partial score it earns); math: the last \boxed{} matches; countdown: a valid equation reaching
  * the target. NaN when no built-in scorer serves data_source. */
 double reward_builtin_accuracy(const char *data_source, const char *solution, const char *ground_truth);
+/* The same two with gsm8k's lenient forms (reward_model.lenient_scorers=true); the plain ones use verl's rule. */
+double reward_builtin_accuracy_lenient(const char *data_source, const char *solution, const char *ground_truth,
+                                       bool lenient);
+double reward_builtin_score_lenient(const char *data_source, const char *solution, const char *ground_truth,
+                                    const char *extra_info_json, bool lenient, char *why, size_t whylen);
 
 /* Name of the built-in scorer serving data_source ("gsm8k", "arithmetic", "math", "countdown"), or NULL. */
 const char *reward_builtin_scorer_name(const char *data_source);

@@ -187,7 +187,7 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
     }
     /* trainer.device=cuda: the rank's GPU (the launch's assign_devices), else the CPU */
     char dev[32] = "cpu";
-    if (strcmp(c->trainer_device, "cuda") == 0)
+    if (strcmp(config_device(c), "cuda") == 0)
         snprintf(dev, sizeof dev, "cuda:%d", r->env->device);
     struct kctx *K = model_context_for(dev, c->rollout_dtype, "actor_rollout_ref.rollout.dtype", err, errlen);
     if (!K)
@@ -330,9 +330,8 @@ static int send_unit(struct rollout_rank *r, const struct work_grant *g, const s
     int *dp_of = xmalloc((size_t)(b->n_groups ? b->n_groups : 1) * sizeof(int));
     int *sel = xmalloc((size_t)(b->n_groups ? b->n_groups : 1) * sizeof(int));
     if (n_dp > 0)
-        step_batch_balance(b, n_dp,
-                           r->env->cfg->actor_shared_prompt_packing && strcmp(r->env->cfg->trainer_device, "cpu") == 0,
-                           dp_of);
+        step_batch_balance(
+            b, n_dp, r->env->cfg->actor_shared_prompt_packing && strcmp(config_device(r->env->cfg), "cpu") == 0, dp_of);
     int rc = 0;
     for (int d = 0; d < n_dp && rc == 0; d++) {
         int ns = 0;

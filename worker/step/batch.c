@@ -1,5 +1,6 @@
 #include "batch.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,7 +54,23 @@ void step_batch_keep_groups(struct step_batch *b, const bool *keep)
     b->n_groups = gw;
 }
 
-void step_batch_filter_groups(struct step_batch *b)
+enum step_filter_metric step_filter_metric_from_name(const char *name)
+{
+    if (name && strcmp(name, "acc") == 0)
+        return STEP_FILTER_ACC;
+    if (name && strcmp(name, "score") == 0)
+        return STEP_FILTER_RAW_SCORE;
+    return STEP_FILTER_SCORE;
+}
+
+static double filter_value(const struct rollout_seq *s, enum step_filter_metric metric)
+{
+    if (metric == STEP_FILTER_ACC && isfinite(s->acc))
+        return s->acc;
+    return metric == STEP_FILTER_RAW_SCORE ? s->raw_score : s->score;
+}
+
+void step_batch_filter_groups(struct step_batch *b, enum step_filter_metric metric)
 {
     bool *varied = xcalloc((size_t)(b->n_groups ? b->n_groups : 1), sizeof *varied);
     int *first = xmalloc((size_t)(b->n_groups ? b->n_groups : 1) * sizeof(int));
@@ -63,7 +80,7 @@ void step_batch_filter_groups(struct step_batch *b)
         const int g = b->seqs[i].group;
         if (first[g] < 0)
             first[g] = i;
-        varied[g] |= b->seqs[i].score != b->seqs[first[g]].score;
+        varied[g] |= filter_value(&b->seqs[i], metric) != filter_value(&b->seqs[first[g]], metric);
     }
     step_batch_keep_groups(b, varied);
     free(varied), free(first);

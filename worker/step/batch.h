@@ -31,8 +31,15 @@ void step_batch_keep_groups(struct step_batch *b, const bool *keep);
  * sequence. Depends on the groups alone (ties: the lower group, the lower rank), so every rank that holds the same
  * batch computes the same. */
 void step_batch_balance(const struct step_batch *b, int n_dp, bool shared_prompts, int *dp_of_group);
-/* Drop groups whose scores are all equal (no learning signal): DAPO's dynamic sampling. */
-void step_batch_filter_groups(struct step_batch *b);
+/* Which per-response value decides a group's learning signal (algorithm.filter_groups.metric). */
+enum step_filter_metric {
+    STEP_FILTER_SCORE,     /* seq_final_reward, seq_reward: the score with the overlong penalty */
+    STEP_FILTER_RAW_SCORE, /* score: the scorer's value before the overlong penalty */
+    STEP_FILTER_ACC,       /* acc: exact-answer accuracy (the score where a scorer does not know it) */
+};
+enum step_filter_metric step_filter_metric_from_name(const char *name);
+/* Drop groups whose metric is the same for every response (no learning signal): DAPO's dynamic sampling. */
+void step_batch_filter_groups(struct step_batch *b, enum step_filter_metric metric);
 /* Keep only the first `groups` groups. */
 void step_batch_truncate_groups(struct step_batch *b, int groups);
 /* Move every group and sequence of src to the end of dst (src is left empty). */

@@ -74,10 +74,7 @@ static struct comm *all_group(const struct trainer *t)
 
 static int64_t compute_total_steps(const struct grpo_config *cfg, int n_train)
 {
-    if (cfg->trainer_total_training_steps > 0)
-        return cfg->trainer_total_training_steps;
-    int64_t per_epoch = n_train / cfg->data_train_batch_size;
-    return per_epoch * cfg->trainer_total_epochs;
+    return config_total_steps(cfg, n_train);
 }
 
 /* verl's MFU denominator on a GPU: the device's dense BF16 tensor-core peak, by name (the first name in the
@@ -640,8 +637,8 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     t->agg = (enum loss_agg)loss_agg_from_name(cfg->actor_loss_agg_mode);
     t->kl_reward_type = (enum kl_type)kl_type_from_name(cfg->alg_kl_penalty);
     t->loss = (struct policy_loss_params){
-        .clip_low = cfg->actor_clip_ratio_low,
-        .clip_high = cfg->actor_clip_ratio_high,
+        .clip_low = config_clip_low(cfg),
+        .clip_high = config_clip_high(cfg),
         .clip_c = cfg->actor_clip_ratio_c,
         .use_kl_loss = cfg->actor_use_kl_loss,
         .kl_type = (enum kl_type)kl_type_from_name(cfg->actor_kl_loss_type),
@@ -685,7 +682,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         shard_policy(t);
     /* the policy's precision (and the reference's: a clone shares the context) */
     char dev[32]; /* with other ranks, the GPU grpo_worker gave this one (trainer_layout.device) */
-    snprintf(dev, sizeof dev, "%s", cfg->trainer_device);
+    snprintf(dev, sizeof dev, "%s", config_device(cfg));
     if (lay && strcmp(dev, "cuda") == 0)
         snprintf(dev, sizeof dev, "cuda:%d", t->lay.device);
     struct kctx *K = model_context_for(dev, cfg->actor_dtype, "actor_rollout_ref.actor.dtype", err, errlen);
@@ -734,7 +731,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
             goto fail;
         }
 
-    if (data_cursor_init(&t->cursor, t->train.n, (int)cfg->data_train_batch_size, cfg->data_shuffle,
+    if (data_cursor_init(&t->cursor, t->train.n, config_gen_batch_size(cfg), cfg->data_shuffle,
                          (uint64_t)cfg->data_seed, err, errlen) != 0)
         goto fail;
     t->cursor_open = true;
@@ -815,7 +812,27 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     /* a failed write of an earlier run in this process (tests run several) is not this run's */
     metrics_output_failure_reset();
     /* steps logged after the checkpoint we resume from are forgotten: they are redone */
-    if (lead(t) && metrics_logger_open(&t->logger, t->run_dir, METRICS_SINK_ALL, (long)t->st.total_steps,
+    /* trainer.logger picks the console and TensorBoard; metrics.jsonl and the SVG chart are always written (grpoctl
+     * and resumption read them); a remote sink gets one notice */
+    unsigned want = 0;
+    char skipped[256];
+    struct cfg_error cerr;
+    if (config_logger_sinks(cfg, &want, skipped, sizeof skipped, &cerr) != 0) {
+        error_set(err, errlen, "%s", cerr.msg);
+        goto fail;
+    }
+    unsigned sinks = METRICS_SINK_JSONL | METRICS_SINK_SVG;
+    if (want & CFG_LOG_CONSOLE)
+        sinks |= METRICS_SINK_CONSOLE;
+    if (want & CFG_LOG_TENSORBOARD)
+        sinks |= METRICS_SINK_TENSORBOARD;
+    if (lead(t) && skipped[0]) {
+        char *save = NULL;
+        for (char *s = strtok_r(skipped, ", ", &save); s; s = strtok_r(NULL, ", ", &save))
+            log_info("trainer", "trainer.logger: %s skipped (no %s client here); metrics go to %s/metrics.jsonl", s, s,
+                     t->run_dir);
+    }
+    if (lead(t) && metrics_logger_open(&t->logger, t->run_dir, sinks, (long)t->st.total_steps,
                                        resume[0] ? (long)t->st.global_step : -1, cfg->trainer_experiment_name) != 0) {
         error_set(err, errlen, "%s: cannot open the metrics files", t->run_dir);
         goto fail;

@@ -278,20 +278,21 @@ int trainer_hybrid_batch(void *ctx, int64_t k, struct step_batch *b, struct step
     struct trainer *t = ctx;
     const struct grpo_config *c = t->cfg;
     const int B = (int)c->data_train_batch_size, n = (int)c->rollout_n;
-    const struct prompt_item **prompts = xmalloc((size_t)B * sizeof *prompts);
-    int *uids = xmalloc((size_t)B * sizeof(int));
+    const int G = config_gen_batch_size(c); /* prompts per generation round (DAPO's data.gen_batch_size) */
+    const struct prompt_item **prompts = xmalloc((size_t)G * sizeof *prompts);
+    int *uids = xmalloc((size_t)G * sizeof(int));
     struct sampler_params sp = {(float)c->rollout_temperature, (float)c->rollout_top_p, (int)c->rollout_top_k};
-    int rounds = c->alg_filter_groups_enable ? (int)c->alg_filter_groups_max_num_gen_batches : 1;
-    int drawn = 0;
-    for (int r = 0; r < rounds; r++) {
+    const int rounds = config_filter_rounds(c);
+    int drawn = 0, r = 0;
+    for (; r < rounds; r++) {
         trainer_phase(t, GRPO__PHASE__PHASE_GEN);
-        trainer_draw_prompts(t, prompts, uids, B);
-        drawn += B;
-        rollout_generate_and_score(&t->rc, prompts, uids, B, 0, &sp, n, trainer_step_seed(t->st.seed, k, (uint64_t)r),
+        trainer_draw_prompts(t, prompts, uids, G);
+        drawn += G;
+        rollout_generate_and_score(&t->rc, prompts, uids, G, 0, &sp, n, trainer_step_seed(t->st.seed, k, (uint64_t)r),
                                    b, &tm->gen, &tm->reward);
         if (!c->alg_filter_groups_enable)
             break;
-        step_batch_filter_groups(b);
+        step_batch_filter_groups(b, step_filter_metric_from_name(c->alg_filter_groups_metric));
         if (b->n_groups >= B)
             break;
     }
@@ -300,7 +301,7 @@ int trainer_hybrid_batch(void *ctx, int64_t k, struct step_batch *b, struct step
     if (c->alg_filter_groups_enable) {
         step_batch_truncate_groups(b, B);
         tm->filtered = true;
-        tm->gen_batches = (double)drawn / B;
+        tm->gen_batches = (double)drawn / G;
         tm->kept_groups = b->n_groups;
     }
     for (int i = 0; i < b->n_seq; i++) /* after filtering, positions in this batch are the step's order */
@@ -401,7 +402,8 @@ static double update_actor(struct trainer *t, int64_t k, struct step_batch *b, c
     struct update_params up = {
         .loss = t->loss,
         .agg = t->agg,
-        .max_response_length = (int)c->data_max_response_length,
+        .max_response_length =
+            (int)(c->actor_loss_scale_factor > 0 ? c->actor_loss_scale_factor : c->data_max_response_length),
         .mini_batch_seqs = (int)(c->actor_ppo_mini_batch_size * c->rollout_n), /* sequences per optimizer step */
         .old_from_current = on_policy,
         .ppo_epochs = (int)c->actor_ppo_epochs,

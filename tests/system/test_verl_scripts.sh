@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# verl's own GRPO launch scripts, unchanged: the argument vector of every script in verl v0.7.0's
+# examples/grpo_trainer and recipe/dapo, recorded as bash delivers it (tests/fixtures/verl/scripts/*.args, made by
+# scripts/record_verl_scripts.sh), goes to grpo-worker --print-config: each is accepted, or refused naming a
+# feature that is not available (never an unknown key, a wrong value or a crash). Then verl's GSM8K + MATH example
+# (run_qwen2-7b_math.sh) runs on a tiny model with its own arguments, only the model, the data (two parquet files in
+# verl's layout given in verl's list form), the sizes and the placement overridden, and a Python reward function:
+# trainer.total_epochs decides the steps, trainer.logger's console-only sinks mean no TensorBoard files and a
+# notice for wandb, trainer.device (not in the script) is auto and said, and the Python scorer scores.
+# Usage: test_verl_scripts.sh GRPO_WORKER GRPO_MODEL   (from the source root). The run part is skipped (the
+# --print-config part still runs) when the pyarrow venv of scripts/parquet_env.sh cannot be made.
+set -u
+. "$(dirname "$0")/../lib.sh" grpo-verl-scripts
+need_bin worker "$1"
+need_bin MODEL_TOOL "$2"
+test_env
+export GRPO_CACHE="$TMP/cache"
+crashed() { grep -qE "Segmentation|Aborted|core dumped|AddressSanitizer" "$1"; }
+
+# overrides FILE: the recorded arguments that are Hydra overrides (the module and --config-* flags left out)
+overrides() {
+    grep -v '^#' "$1" | grep -E '^[^-].*=' | grep -v '^--'
+}
+
+accepted=0 refused=0 total=0
+: >"$TMP/summary"
+for f in tests/fixtures/verl/scripts/*.args; do
+    name="$(basename "$f" .args)"
+    mapfile -t args < <(overrides "$f")
+    "$worker" --print-config "${args[@]}" >"$TMP/$name.out" 2>&1
+    rc=$?
+    total=$((total + 1))
+    if [ $rc -eq 0 ]; then
+        accepted=$((accepted + 1))
+        echo "accepted $name" >>"$TMP/summary"
+    elif [ $rc -eq 2 ] && grep -qE "error config: .*not available" "$TMP/$name.out" &&
+        ! grep -q "unknown key" "$TMP/$name.out"; then
+        refused=$((refused + 1))
+        echo "refused  $name: $(grep -o 'error config: .*' "$TMP/$name.out" | cut -c15-)" >>"$TMP/summary"
+    else
+        fail "$name: rc $rc, not accepted nor refused by a named feature: $(tail -1 "$TMP/$name.out")"
+    fi
+    ! crashed "$TMP/$name.out" || fail "$name: crashed"
+done
+cat "$TMP/summary"
+echo "verl v0.7.0 scripts: $total, accepted $accepted, refused for a named feature $refused"
+[ "$total" -ge 70 ]; expect "every recorded script was tried ($total)" $?
+[ $((accepted + refused)) -eq "$total" ]; expect "each accepted or refused for a named feature" $?
+
+# --- the GSM8K + MATH example runs
+if ! py="$(./scripts/parquet_env.sh 2>"$TMP/env.log")"; then
+    tail -3 "$TMP/env.log"
+    echo "SKIP the run: scripts/parquet_env.sh could not make the pyarrow venv (no network?)"
+    finish
+fi
+"$py" - "$TMP" <<'PY'
+import os, sys
+import pyarrow as pa, pyarrow.parquet as pq
+d = sys.argv[1]
+def rows(source, start):
+    out = []
+    for i in range(2):
+        a, b = start + i, 4 + 2 * i
+        q = f"Tom has {a} apples and buys {b} more. How many apples?"
+        out.append({"data_source": source,
+                    "prompt": [{"role": "user", "content": q + ' Output the final answer after "####".'}],
+                    "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+                    "extra_info": {"split": "train", "index": i}})
+    return out
+pq.write_table(pa.Table.from_pylist(rows("openai/gsm8k", 3)), os.path.join(d, "gsm8k.parquet"))
+pq.write_table(pa.Table.from_pylist(rows("lighteval/MATH", 10)), os.path.join(d, "math.parquet"))
+pq.write_table(pa.Table.from_pylist(rows("parity", 20) + rows("parity", 30) + rows("parity", 40) + rows("parity", 50)),
+               os.path.join(d, "parity.parquet"))
+PY
+expect "pyarrow wrote two parquet files in verl's layout" $?
+tiny_model "$TMP/tiny"; expect "tiny model written" $?
+mapfile -t args < <(overrides tests/fixtures/verl/scripts/grpo_trainer__run_qwen2-7b_math.args)
+timeout 300 "$worker" "${args[@]}" \
+    actor_rollout_ref.model.path="$TMP/tiny" \
+    "data.train_files=['$TMP/gsm8k.parquet', '$TMP/math.parquet']" \
+    "data.val_files=['$TMP/gsm8k.parquet']" \
+    data.train_batch_size=2 actor_rollout_ref.actor.ppo_mini_batch_size=2 actor_rollout_ref.rollout.n=2 \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 data.max_prompt_length=320 data.max_response_length=8 \
+    actor_rollout_ref.rollout.tensor_model_parallel_size=1 trainer.n_gpus_per_node=1 trainer.total_epochs=1 \
+    trainer.test_freq=-1 trainer.val_before_train=false \
+    custom_reward_function.path=tests/fixtures/rewards/verl_reward.py \
+    trainer.default_local_dir="$TMP/runs" >"$TMP/run.out" 2>&1
+rc=$?
+expect "verl's GSM8K + MATH example runs on a tiny model (rc $rc)" $rc
+says "$TMP/run.out" "4 train / 2 val prompts, 2 steps"
+expect "both train files are read (4 prompts); total_epochs=1 x 4 prompts / batch 2 = 2 steps" $?
+says "$TMP/run.out" "run finished at step 2"; expect "it trains 2 steps" $?
+says "$TMP/run.out" "custom scorer compute_score from tests/fixtures/rewards/verl_reward.py (Python"
+expect "the Python reward function scores the responses" $?
+! grep -q "warn .*reward: sample" "$TMP/run.out"; expect "every response scored (no sample failed)" $?
+says "$TMP/run.out" "trainer.device=auto: "; expect "the device verl's script did not name is said (auto)" $?
+if grep -q "trainer.device=auto: cpu" "$TMP/run.out"; then
+    ! grep -q "cuda:0" "$TMP/run.out"; expect "on the CPU (no usable GPU here)" $?
+fi
+says "$TMP/run.out" "trainer.logger: wandb skipped"; expect "wandb gets a notice" $?
+run_dir="$(dirname "$(ls "$TMP"/runs/*/*/metrics.jsonl | head -1)")"
+[ -s "$run_dir/metrics.jsonl" ]; expect "metrics.jsonl is written" $?
+[ ! -e "$run_dir/tensorboard" ]; expect "no TensorBoard files: trainer.logger has no tensorboard" $?
+! crashed "$TMP/run.out"; expect "no crash" $?
+
+# --- verl's DAPO recipe (recipe/dapo/test_dapo_7b.sh) runs in one process: rounds of data.gen_batch_size=4 prompts,
+# groups without reward variance dropped (filter_groups.metric=acc: the score, for a Python scorer), rounds repeated
+# until data.train_batch_size=2 groups are kept, at most max_num_gen_batches=3; the overlong buffer under its
+# current names. 8 prompts / 4 a round, total_epochs=1: 2 steps.
+mapfile -t args < <(overrides tests/fixtures/verl/scripts/dapo__test_dapo_7b.args)
+timeout 300 "$worker" "${args[@]}" \
+    actor_rollout_ref.model.path="$TMP/tiny" data.train_files="$TMP/parity.parquet" data.val_files="$TMP/parity.parquet" \
+    data.gen_batch_size=4 data.train_batch_size=2 actor_rollout_ref.actor.ppo_mini_batch_size=2 \
+    actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 data.max_prompt_length=320 \
+    data.max_response_length=8 algorithm.filter_groups.max_num_gen_batches=3 trainer.nnodes=1 trainer.n_gpus_per_node=1 \
+    +reward_model.reward_kwargs.overlong_buffer_cfg.len=4 reward_model.reward_kwargs.max_resp_len=8 \
+    trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=-1 \
+    custom_reward_function.path=tests/fixtures/rewards/verl_reward.py \
+    trainer.default_local_dir="$TMP/dapo" >"$TMP/dapo.out" 2>&1
+rc=$?
+expect "verl's DAPO recipe runs on a tiny model (rc $rc)" $rc
+says "$TMP/dapo.out" "8 train / 8 val prompts, 2 steps"; expect "total_epochs counts rounds of gen_batch_size: 2 steps" $?
+dapo_metrics="$(ls "$TMP"/dapo/*/*/metrics.jsonl | head -1)"
+"$py" - "$dapo_metrics" <<'PY'
+import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+steps = [s for s in steps if "train/num_gen_batches" in s]
+assert len(steps) == 2, steps
+for s in steps:
+    rounds, kept = s["train/num_gen_batches"], s["train/num_kept_groups"]
+    assert 1 <= rounds <= 3, rounds           # the bound is respected
+    assert kept <= 2, kept                    # the step's batch is at most train_batch_size groups
+    assert kept == 2 or rounds == 3, (kept, rounds)  # rounds go on until the batch is full, or the bound
+print("dapo steps:", [(s["train/num_gen_batches"], s["train/num_kept_groups"]) for s in steps])
+PY
+expect "each step's rounds stop when 2 groups with reward variance are kept, at most 3 rounds" $?
+! grep -q "warn .*reward: sample" "$TMP/dapo.out"; expect "every response scored (DAPO)" $?
+! crashed "$TMP/dapo.out"; expect "no crash (DAPO)" $?
+finish "$TMP/run.out" "$TMP/dapo.out"

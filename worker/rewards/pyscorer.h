@@ -1,0 +1,28 @@
+/* Python custom scorers: verl's compute_score(data_source, solution_str, ground_truth, extra_info) in a .py file,
+ * run by a long-lived CPython process (custom_reward_function.python) that gets a whole batch per request
+ * (pyscorer.c describes the protocol). An exception, a non-numeric result, a crash or a hang is that sample's
+ * failure, with a reason; the process is started again for the rest. */
+#ifndef GRPO_WORKER_PYSCORER_H
+#define GRPO_WORKER_PYSCORER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "reward.h"
+
+#define PYSCORER_REASON_MAX REWARD_REASON_MAX
+
+struct pyscorer;
+
+/* Start python on the driver with the file `path` and function `name`, and wait until the file is imported and
+ * the function found. NULL with err naming the key (custom_reward_function.path or .name) and Python's reason. */
+struct pyscorer *pyscorer_start(const char *python, const char *path, const char *name, double timeout_s, char *err,
+                                size_t errlen);
+void pyscorer_free(struct pyscorer *p);
+/* Score items[0..n): scores[i], failed[i] and, for a failed one, reasons[i]. At most timeout_s per result. */
+void pyscorer_score(struct pyscorer *p, const struct reward_item *items, int n, double timeout_s, double *scores,
+                    bool *failed, char (*reasons)[PYSCORER_REASON_MAX]);
+/* Whether path is a Python scorer: it ends in .py, or it is not an ELF shared library. */
+bool pyscorer_is_python(const char *path);
+
+#endif
