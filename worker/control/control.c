@@ -32,7 +32,7 @@ _Static_assert(CONTROL_CHECKPOINT == (int)GRPO__COMMAND__COMMAND_CHECKPOINT, "co
 struct control {
     /* fixed at open */
     char endpoint[512], host[256], caps[256], devices[1024];
-    int rank, world;
+    int rank, world, world_hosts;
     uint64_t digest;
     char *run_config;        /* Register.run_config: config_run_text of the run's configuration ("" when not given) */
     Grpo__Phase delay_phase; /* test only: see control_options */
@@ -535,6 +535,7 @@ static int register_once(struct control *c, const char *run_id, uint64_t incarna
     reg.rank = c->rank;
     reg.world_size = c->world;
     reg.host = c->host;
+    reg.world_hosts = c->world_hosts;
     reg.pid = (int32_t)getpid();
     reg.config_digest = c->digest;
     reg.run_config = c->run_config;
@@ -828,6 +829,7 @@ int control_open(const struct control_options *o, struct control **out, struct c
     snprintf(c->caps, sizeof c->caps, "%s", o->capabilities ? o->capabilities : "rollout,trainer");
     snprintf(c->devices, sizeof c->devices, "%s", o->devices ? o->devices : "cpu");
     c->rank = o->rank;
+    c->world_hosts = o->world_hosts;
     c->world = o->world_size;
     c->digest = o->config_digest;
     c->run_config = o->config ? config_run_text(o->config, 0) : xstrdup("");

@@ -78,7 +78,8 @@ struct control_options {
     /* grpod says a peer this worker depends on is lost (a trainer of the same DP group): called from the
      * heartbeat thread with the reason; it should end the process (NULL: the reason is only logged) */
     void (*on_abort)(const char *reason);
-    bool replaces; /* take the place of rank `rank`, lost, in the run grpod runs (grpo-worker --replace-rank) */
+    int world_hosts; /* how many hosts the MPI world spans (Register.world_hosts; 0: not counted) */
+    bool replaces;   /* take the place of rank `rank`, lost, in the run grpod runs (grpo-worker --replace-rank) */
     /* test only (test.delay_phase, test.delay_s): sleep this long each time the worker enters this phase
      * (GRPO__PHASE__PHASE_IDLE: never) */
     Grpo__Phase delay_phase;
