@@ -15,7 +15,7 @@
 #   partition A B, heal A B             drop traffic between hosts A and B (both ways: prohibit routes in each)
 #   $MPIRUN_NET         mpirun options that start remote ranks through $TMP/rsh.sh (which enters the host), on TCP
 #                       over the bridge's network
-#   grpod_up HOST [key=value...]        grpod on HOST on tcp://ADDR:7070 with a secret ($SECRET): $EP, GRPOD_PID,
+#   grpod_up HOST [key=value...]        grpod on HOST on tcp://ADDR:7070 (7071, ... for the next ones) with a secret ($SECRET): $EP, GRPOD_PID,
 #                       log $TMP/grpod.log; exported GRPOD_ENDPOINT/GRPOD_SECRET_FILE for grpoctl
 . "$(dirname "${BASH_SOURCE[0]}")/../../lib.sh" "$1"
 test_env
@@ -105,6 +105,14 @@ netem() {
     tc qdisc replace dev "$(veth_of "$h")" root netem "$@" &&
         ip netns exec "$NS_PREFIX-$h" tc qdisc replace dev eth0 root netem "$@"
 }
+# netem_available: this kernel has the netem qdisc (sch_netem); some container kernels lack it
+netem_available() {
+    local ok=1
+    ip link add "gnq$$" type veth peer name "gnr$$" 2>/dev/null || return 1
+    tc qdisc add dev "gnq$$" root netem delay 1ms 2>/dev/null && ok=0
+    ip link del "gnq$$" 2>/dev/null
+    return $ok
+}
 netem_off() {
     tc qdisc del dev "$(veth_of "$1")" root 2>/dev/null
     ip netns exec "$NS_PREFIX-$1" tc qdisc del dev eth0 root 2>/dev/null
@@ -119,14 +127,18 @@ heal() {
     ip -n "$NS_PREFIX-$2" route del prohibit "$(ip_of "$1")/32"
 }
 
-# grpod_up HOST [key=value...]: grpod on HOST, TCP with a secret; waits until grpoctl (from HOST) reaches it
+# grpod_up HOST [key=value...]: grpod on HOST, TCP with a secret, its state in $TMP/grpod.N.state (a fresh one
+# each call; the previous grpod is ended first); waits until grpoctl (from HOST) reaches it
+GRPOD_N=0
 grpod_up() {
     local h="$1"; shift
+    [ -n "${GRPOD_PID:-}" ] && { kill "$GRPOD_PID" 2>/dev/null; wait "$GRPOD_PID" 2>/dev/null; }
+    GRPOD_N=$((GRPOD_N + 1))
     SECRET="$TMP/secret"
     [ -f "$SECRET" ] || { head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$SECRET"; chmod 600 "$SECRET"; }
-    EP="tcp://$(ip_of "$h"):7070"
+    EP="tcp://$(ip_of "$h"):$((7069 + GRPOD_N))"
     export GRPOD_ENDPOINT="$EP" GRPOD_SECRET_FILE="$SECRET"
-    on "$h" "$GRPOD" grpod.endpoint="$EP" grpod.secret_file="$SECRET" grpod.state_dir="$TMP/grpod.state" \
+    on "$h" "$GRPOD" grpod.endpoint="$EP" grpod.secret_file="$SECRET" grpod.state_dir="$TMP/grpod.$GRPOD_N.state" \
         grpod.http_listen=127.0.0.1:0 "$@" >>"$TMP/grpod.log" 2>&1 &
     GRPOD_PID=$!
     track "$GRPOD_PID"

@@ -22,7 +22,7 @@ want() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
 
 tiny_model "$TMP/tiny"
 expect "tiny model initialised" $?
-STEPS=4
+STEPS=10
 N=4 B=4
 keys() {
     echo actor_rollout_ref.model.path="$TMP/tiny" trainer.default_local_dir="$TMP/$1" trainer.project_name=p \
@@ -33,6 +33,9 @@ keys() {
         custom_reward_function.name=byte_score trainer.rollout_data_dir="$TMP/$1/audit" trainer.log_level=info
 }
 final() { echo "$TMP/$1/p/e/checkpoints/global_step_$STEPS/actor"; }
+# pid_of RANK: the process of RANK of the run under way, as grpod knows it
+pid_of() { ctl status --json 2>/dev/null | jq -r ".workers[] | select(.rank == $1) | .pid"; }
+MPI_EXTRA=()
 SPLIT=(placement.trainer_ranks=2 placement.rollout_ranks=2)
 GRPOD_KEYS=(grpod.heartbeat_interval_s=0.5 grpod.heartbeat_timeout_s=4)
 
@@ -44,8 +47,9 @@ expect "reference run (one process) finishes" $?
 # mpi NAME HOSTS NP [key=value...]: mpirun on hosta, ranks over HOSTS, under grpod; log $TMP/NAME.log; pid MPI_PID
 mpi() {
     local name="$1" hosts="$2" np="$3"; shift 3
+    [ "${FRESH:-1}" = 1 ] && { grpod_up hostc "${GRPOD_KEYS[@]}" || fail "grpod restarted for $name"; }
     # shellcheck disable=SC2046
-    on hosta "${MPIRUN_NET[@]}" --mca orte_enable_recovery 1 --host "$hosts" -np "$np" "$WORKER" $(keys "$name") \
+    on hosta "${MPIRUN_NET[@]}" --mca orte_enable_recovery 1 "${MPI_EXTRA[@]}" --host "$hosts" -np "$np" "$WORKER" $(keys "$name") \
         grpod.endpoint="$EP" grpod.secret_file="$SECRET" grpod.connect_timeout_s=30 "$@" >>"$TMP/$name.log" 2>&1 &
     MPI_PID=$!
     track "$MPI_PID"
@@ -53,6 +57,10 @@ mpi() {
 # same NAME: weights within 1e-5 of the single-process run's, and the audit
 same() {
     local rc
+    if [ "$1" != split ] && [ -d "$(final split)" ] && [ "${2:-}" != colocated ]; then
+        "$COMPARE" "$(final split)" "$(final "$1")" 0 >"$TMP/cmp0-$1.txt" 2>&1
+        rc=$?; expect "$1: weights bit-identical to the undisturbed split run's" $rc
+    fi
     "$COMPARE" "$(final ref)" "$(final "$1")" 1e-5 >"$TMP/cmp-$1.txt" 2>&1
     rc=$?; expect "$1: weights match the single-process run's ($(tail -1 "$TMP/cmp-$1.txt"))" $rc
     python3 "$CHECK_AUDIT" "$TMP/$1/audit" $N $B $STEPS >"$TMP/audit-$1.txt" 2>&1
@@ -69,7 +77,8 @@ ended_within() {
 }
 step_at_least() { [ "$(ctl status --json 2>/dev/null | jq -r .step)" -ge "$1" ] 2>/dev/null; }
 
-grpod_up hostc "${SPLIT[@]}" "${GRPOD_KEYS[@]}"
+# grpod with none of the run's keys: each run's first rank lays it out (split or colocated); a fresh one per case
+grpod_up hostc "${GRPOD_KEYS[@]}"
 expect "grpod on hostc, TCP with its secret" $?
 
 if want split; then
@@ -78,5 +87,102 @@ if want split; then
     has "$TMP/grpod.log" "its data plane goes over TCP"; expect "grpod sees the run span hosts and hands out TCP" $?
     has "$TMP/split.log" "tcp://hosta:"; expect "the rollout ranks dial the trainers on hosta over TCP" $?
     same split
+fi
+
+if want colocated; then
+    # the colocated ranks share their work-unit table through an MPI window: over TCP between hosts, Open MPI's
+    # pt2pt one-sided component (the rdma one needs an RDMA network)
+    MPI_EXTRA=(--mca osc pt2pt)
+    mpi colocated hosta:2,hostb:2 4
+    MPI_EXTRA=()
+    ended_within 300; expect "colocated run across two hosts finishes (mpirun exit $MPI_RC)" "$MPI_RC"
+    same colocated colocated
+fi
+
+# fault NAME: a split run under way (step 2 reached) for the fault to hit
+under_way() {
+    mpi "$1" hosta:2,hostb:2 4 "${SPLIT[@]}"
+    wait_for 120 step_at_least 2; expect "$1: the run is under way (step $(ctl status --json | jq -r .step))" $?
+}
+if want linkdown; then
+    under_way linkdown
+    link_down hostb; expect "hostb's link down" $?
+    sleep 8 # the fault's length
+    link_up hostb; expect "hostb's link up after 8 s" $?
+    at=$(ctl status --json | jq -r .step)
+    [ "$at" -lt $STEPS ] 2>/dev/null; expect "the link came back mid-run (step $at of $STEPS)" $?
+    ended_within 300; expect "linkdown: the run finishes (mpirun exit $MPI_RC)" "$MPI_RC"
+    same linkdown
+fi
+
+if want netem && ! netem_available; then
+    echo "SKIP netem: this kernel has no netem qdisc (sch_netem): the 5% loss + 50 ms delay run is not made"
+elif want netem; then
+    netem hostb loss 5% delay 50ms; expect "5% loss and 50 ms delay on hostb's link" $?
+    mpi netem hosta:2,hostb:2 4 "${SPLIT[@]}"
+    ended_within 400; expect "netem: the run finishes (mpirun exit $MPI_RC)" "$MPI_RC"
+    netem_off hostb
+    same netem
+fi
+
+if want partition; then
+    under_way partition
+    partition hostb hosta; expect "hostb cut off from hosta (grpod on hostc still reachable from both)" $?
+    sleep 8 # the fault's length
+    heal hostb hosta
+    at=$(ctl status --json | jq -r .step)
+    [ "$at" -lt $STEPS ] 2>/dev/null; expect "the partition healed mid-run (step $at of $STEPS)" $?
+    ended_within 300; expect "partition: the run finishes (mpirun exit $MPI_RC)" "$MPI_RC"
+    same partition
+fi
+
+if want replace; then
+    under_way replace
+    victim=$(pid_of 3)
+    kill -9 "$victim"; expect "rollout rank 3 (pid $victim) killed" $?
+    lost_is() { [ "$(ctl status --json | jq -r ".workers[] | select(.rank == $1) | .state")" = lost ]; }
+    wait_for 60 lost_is 3; expect "grpod marks rank 3 lost" $?
+    # then the whole rollout host: every process in hostb's namespace (its Open MPI daemon too)
+    ip netns pids "$NS_PREFIX-hostb" | xargs -r kill -9
+    wait_for 60 lost_is 2; expect "the whole rollout host lost: grpod marks rank 2 lost" $?
+    for r in 2 3; do
+        on hostb "$WORKER" --replace-rank $r grpod.endpoint="$EP" grpod.secret_file="$SECRET" \
+            grpod.connect_timeout_s=30 trainer.rollout_data_dir="$TMP/replace/audit" >>"$TMP/replace-$r.log" 2>&1 &
+        eval "REPL_$r=$!"
+        track $!
+    done
+    t0=$(date +%s)
+    wait "$REPL_2"; expect "replacement of rank 2 finishes" $?
+    wait "$REPL_3"; expect "replacement of rank 3 finishes" $?
+    ended_within 60; rc=$?
+    expect "mpirun exits promptly after the run finished with ranks lost ($(($(date +%s) - t0)) s after the replacements, exit $MPI_RC)" $rc
+    [ "$MPI_RC" = 0 ]; expect "... with status 0" $?
+    same replace
+fi
+
+if want trainerlost; then
+    # mpirun on the rollout host this time: the trainer host goes, mpirun's host stays
+    # shellcheck disable=SC2046
+    grpod_up hostc "${GRPOD_KEYS[@]}"
+    on hostb "${MPIRUN_NET[@]}" --mca orte_enable_recovery 1 --host hosta:2,hostb:2 -np 4 "$WORKER" \
+        $(keys trainerlost) "${SPLIT[@]}" grpod.endpoint="$EP" grpod.secret_file="$SECRET" \
+        grpod.connect_timeout_s=30 >>"$TMP/trainerlost.log" 2>&1 &
+    MPI_PID=$!
+    track $MPI_PID
+    wait_for 120 step_at_least 3; expect "trainerlost: the run is under way" $?
+    ip netns pids "$NS_PREFIX-hosta" | xargs -r kill -9; expect "every process on the trainer host killed" $?
+    t0=$(date +%s)
+    ended_within 60; rc=$?
+    expect "the whole job ends within 60 s ($(($(date +%s) - t0)) s; heartbeat timeout 4 s)" $rc
+    left=$(ip netns pids "$NS_PREFIX-hostb" | wc -l)
+    [ "$left" = 0 ]; expect "no process left on the rollout host ($left)" $?
+    grep -q "ending the job: trainer rank" "$TMP/trainerlost.log"; expect "the rollout ranks end with the reason" $?
+    ctl status >"$TMP/lost.txt" 2>&1
+    grep -q "trainer rank .* lost.*relaunch the job" "$TMP/lost.txt"
+    expect "grpoctl status gives the reason and says to relaunch" $?
+    FRESH=0 mpi trainerlost hosta:2,hostb:2 4 "${SPLIT[@]}"
+    ended_within 300; expect "relaunched, the run resumes and finishes (mpirun exit $MPI_RC)" "$MPI_RC"
+    grep -q "resumed from .*global_step_" "$TMP/trainerlost.log"; expect "it resumed from a checkpoint" $?
+    same trainerlost
 fi
 finish
