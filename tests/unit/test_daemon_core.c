@@ -17,6 +17,7 @@
 #include "daemon/arena.h"
 #include "daemon/core.h"
 #include "daemon/validate.h"
+#include "common/placement.h"
 #include "proto/transport.h"
 
 static double T = 1000.0; /* the test's monotonic clock */
@@ -1039,6 +1040,62 @@ static void test_dispatch_endpoints(void **state)
     core_deinit(&c);
 }
 
+/* No grpod.data_endpoint and a run whose ranks span hosts (Register.world_hosts 2): TCP endpoints on a port chosen
+ * from the run id, a rollout rank registering first waits for the trainers' hosts; one host: ipc as before. */
+static void test_endpoints_across_hosts(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = split_settings();
+    core_init(&c, &s, T);
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Register reg = GRPO__REGISTER__INIT;
+    char *caps[] = {"rollout"}, *dev[] = {"cpu"};
+    reg.rank = 2;
+    reg.world_size = 4;
+    reg.host = "hostb";
+    reg.pid = 102;
+    reg.config_digest = 42;
+    reg.capabilities = caps;
+    reg.n_capabilities = 1;
+    reg.devices = dev;
+    reg.n_devices = 1;
+    reg.world_hosts = 2;
+    env.body_case = GRPO__ENVELOPE__BODY_REGISTER;
+    env.register_ = &reg;
+    Grpo__Envelope *e = roundtrip(&c, &env, NULL); /* the rollout rank first: it waits for the trainers' hosts */
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
+    assert_non_null(strstr(e->reply->error, "waits for the trainer ranks"));
+    protocol_free(e);
+    assert_true(c.run.across_hosts);
+    char base[64];
+    placement_data_base("", 2, c.run.id, base, sizeof base);
+    const long port = strtol(strrchr(base, ':') + 1, NULL, 10);
+    assert_true(port >= 20000 && port < 40000);
+    char want[64];
+    e = send_register(&c, 0, 4, "hosta", "trainer", 42);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
+    snprintf(want, sizeof want, "tcp://*:%ld", port);
+    assert_string_equal(e->assignment->data_pull_endpoint, want);
+    protocol_free(e);
+    protocol_free(send_register(&c, 1, 4, "hosta", "trainer", 42));
+    e = roundtrip(&c, &env, NULL);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
+    snprintf(want, sizeof want, "tcp://hosta:%ld", port + 1);
+    assert_string_equal(e->assignment->trainer_endpoints[1], want);
+    snprintf(want, sizeof want, "tcp://hosta:%ld", port + 2);
+    assert_string_equal(e->assignment->dispatch_endpoint, want);
+    protocol_free(e);
+    core_deinit(&c);
+    /* every rank on one host (world_hosts 1, or 0 from an older worker): ipc */
+    core_init(&c, &s, T);
+    e = send_register(&c, 0, 4, "hosta", "trainer", 42);
+    assert_non_null(strstr(e->assignment->data_pull_endpoint, "ipc:///tmp/grpo-"));
+    assert_false(c.run.across_hosts);
+    protocol_free(e);
+    core_deinit(&c);
+}
+
 /* xorshift for reproducible garbage */
 static uint64_t rnd(uint64_t *s)
 {
@@ -1356,6 +1413,7 @@ int main(void)
         cmocka_unit_test(test_split_trainer_lost_aborts),
         cmocka_unit_test(test_replace_rank),
         cmocka_unit_test(test_dispatch_endpoints),
+        cmocka_unit_test(test_endpoints_across_hosts),
         cmocka_unit_test(test_garbage_never_crashes),
         cmocka_unit_test(test_first_rank_defines_run),
         cmocka_unit_test(test_own_keys_checked),
