@@ -23,6 +23,8 @@ PKGS=(
     # control-plane tests: status page in headless Chromium, promtool, systemd-analyze,
     # JSON and HTTP from the shell, libFuzzer's runtime
     chromium prometheus systemd jq curl libclang-rt-14-dev
+    # cluster suite (tests/cluster/net): network namespaces, bridges and tc; unshare for a host's name and /tmp
+    iproute2 util-linux
     # tools the checks use
     clang clang-format clang-tidy cppcheck unzip
 )
