@@ -827,6 +827,15 @@ static uint8_t *handle_heartbeat(struct core *c, const Grpo__Envelope *env, doub
         if (st == GRPO__WORKER_STATE__WORKER_FAILED) {
             snprintf(w->error, sizeof w->error, "%s", h->error[0] ? h->error : "no reason given");
             add_event(c, "rank %d on host %s failed: %s", w->rank, w->host, w->error);
+            /* a trainer (or colocated rank) that failed leaves its peers waiting in a collective, on whatever host
+             * they are: the other ranks are told to end, as when one is lost (its own host's ranks end with it, but
+             * mpirun cannot end the others when it keeps the job after a lost rank) */
+            if (w->role != GRPO__ROLE__ROLE_ROLLOUT && c->run.world > 1 && !c->run.abort[0]) {
+                c->run.abort_at = clock_wall_s();
+                snprintf(c->run.abort, sizeof c->run.abort, "%s rank %d on host %.60s failed: %.200s",
+                         w->role == GRPO__ROLE__ROLE_HYBRID ? "colocated" : "trainer", w->rank, w->host, w->error);
+                add_event(c, "%s: the other ranks are told to end", c->run.abort);
+            }
         } else if (st == GRPO__WORKER_STATE__WORKER_FINISHED || st == GRPO__WORKER_STATE__WORKER_STOPPED) {
             add_event(c, "rank %d on host %s %s at step %" PRId64, w->rank, w->host,
                       st == GRPO__WORKER_STATE__WORKER_FINISHED ? "finished" : "stopped", w->step);

@@ -405,6 +405,50 @@ static void test_worker_failure(void **state)
     core_deinit(&c);
 }
 
+/* A trainer of a split run that fails (reports it) ends the job on every host: the other ranks' heartbeats are
+ * answered with the word to end, naming the failed rank and its reason (issue 26, item 4). */
+static void test_split_trainer_failure_aborts(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = settings(2, 1, 1, 1);
+    core_init(&c, &s, T);
+    uint64_t inc[3];
+    for (int r = 0; r < 3; r++)
+        inc[r] = reg_ok(&c, r, 3, r < 2 ? GRPO__ROLE__ROLE_TRAINER : GRPO__ROLE__ROLE_ROLLOUT);
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Heartbeat hb = GRPO__HEARTBEAT__INIT;
+    env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    hb.rank = 1;
+    hb.incarnation = inc[1];
+    hb.state = GRPO__WORKER_STATE__WORKER_FAILED;
+    hb.error = "CUDA out of memory";
+    protocol_free(roundtrip(&c, &env, NULL));
+    for (int r = 0; r < 3; r += 2) {
+        Grpo__Heartbeat other = GRPO__HEARTBEAT__INIT;
+        other.rank = r;
+        other.incarnation = inc[r];
+        other.state = GRPO__WORKER_STATE__WORKER_RUNNING;
+        env.heartbeat = &other;
+        Grpo__Envelope *e = roundtrip(&c, &env, NULL);
+        if (!strstr(e->heartbeat_ack->abort, "trainer rank 1 on host node01 failed: CUDA out of memory"))
+            fail_msg("rank %d told \"%s\" (body %d)", r, e->heartbeat_ack->abort, e->body_case);
+        protocol_free(e);
+    }
+    core_deinit(&c);
+    /* a rollout rank that fails ends nobody: its work goes to the others */
+    core_init(&c, &s, T);
+    for (int r = 0; r < 3; r++)
+        inc[r] = reg_ok(&c, r, 3, r < 2 ? GRPO__ROLE__ROLE_TRAINER : GRPO__ROLE__ROLE_ROLLOUT);
+    hb.rank = 2;
+    hb.incarnation = inc[2];
+    env.heartbeat = &hb;
+    protocol_free(roundtrip(&c, &env, NULL));
+    assert_string_equal(c.run.abort, "");
+    core_deinit(&c);
+}
+
 static void test_journal_round_trip(void **state)
 {
     (void)state;
@@ -1414,6 +1458,7 @@ int main(void)
         cmocka_unit_test(test_replace_rank),
         cmocka_unit_test(test_dispatch_endpoints),
         cmocka_unit_test(test_endpoints_across_hosts),
+        cmocka_unit_test(test_split_trainer_failure_aborts),
         cmocka_unit_test(test_garbage_never_crashes),
         cmocka_unit_test(test_first_rank_defines_run),
         cmocka_unit_test(test_own_keys_checked),
