@@ -4,7 +4,7 @@
 # itself because its ranks are on two hosts). Each run is checked against the undisturbed single-process run's
 # weights and its audit (every group exactly rollout.n times per step):
 #  - split run, undisturbed; colocated run across hosta and hostb;
-#  - hostb's link down for 8 s mid-run, then up;
+#  - hostb's link down for 8 s mid-run, then up; the same for 60 s;
 #  - 5% loss and 50 ms delay on hostb's link for the whole run;
 #  - hostb cut off from hosta but not from grpod for 8 s;
 #  - a rollout rank killed, then every worker of the rollout host; replaced with grpo-worker --replace-rank; the
@@ -18,7 +18,7 @@ GRPOD="$1" GRPOCTL="$2" WORKER="$3" MODEL_TOOL="$4" COMPARE="$5" SCORER="$6"
 . "$(dirname "$0")/hosts_lib.sh" grpo-net
 hosts_up || finish
 CHECK_AUDIT="$SRC_ROOT/tests/mpi/check_audit.py"
-PHASES="${PHASES:-split colocated linkdown netem partition replace trainerlost}"
+PHASES="${PHASES:-split colocated linkdown linkdown60 netem partition replace trainerlost}"
 want() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
 
 tiny_model "$TMP/tiny"
@@ -114,6 +114,18 @@ if want linkdown; then
     [ "$at" -lt $STEPS ] 2>/dev/null; expect "the link came back mid-run (step $at of $STEPS)" $?
     ended_within 300; expect "linkdown: the run finishes (mpirun exit $MPI_RC)" "$MPI_RC"
     same linkdown
+fi
+
+# the same for 60 s (about 75 s of the suite)
+if want linkdown60; then
+    under_way linkdown60
+    link_down hostb; expect "hostb's link down" $?
+    sleep 60 # the fault's length
+    link_up hostb; expect "hostb's link up after 60 s" $?
+    at=$(ctl status --json | jq -r .step)
+    [ "$at" -lt $STEPS ] 2>/dev/null; expect "the link came back mid-run (step $at of $STEPS)" $?
+    ended_within 300; expect "linkdown60: the run finishes (mpirun exit $MPI_RC)" "$MPI_RC"
+    same linkdown60
 fi
 
 if want netem && ! netem_available; then
