@@ -144,6 +144,9 @@ void control_hold_while_waiting(struct control *c, bool done);
 void control_wait_poll(void *ctl, bool done);
 /* True while grpod wants the run paused (any thread may ask; false without grpod). */
 bool control_pause_wanted(struct control *c);
+/* grpod said the run finished (a heartbeat's answer, or its refusal to take this rank back: the run is over).
+ * A rank that was away (frozen, cut off) while the run ended has nothing left to do. false without grpod. */
+bool control_run_finished(struct control *c);
 /* A checkpoint of `step` steps is on disk. */
 void control_checkpoint_done(struct control *c, int64_t step);
 /* A replica's word that the writer (its DP rank 0) wrote the checkpoint of `step` for it: every request this
