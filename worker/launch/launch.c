@@ -101,6 +101,12 @@ static int settle_endpoints(struct role_env *env, char *err, size_t errlen)
 {
     char ep[256], host[256];
     if (env->at.role == PLACE_TRAINER) {
+        /* the name this trainer is dialled at must resolve here too (the ranks of the other hosts check it as
+         * well): a trainer that fails at start makes grpod end the whole job, on every host */
+        if (env->advertise[0] && env->at.dp < env->n_endpoints &&
+            strncmp(env->endpoints[env->at.dp], "tcp://", 6) == 0 &&
+            net_check_resolves(env->advertise, "grpod.advertise_host", err, errlen) != 0)
+            return -1;
         if (env->at.dp < env->n_endpoints) {
             placement_bind_endpoint(env->endpoints[env->at.dp], env->advertise, ep, sizeof ep);
             snprintf(env->endpoints[env->at.dp], sizeof env->endpoints[0], "%s", ep);

@@ -3,7 +3,8 @@
 # trainers on hosta, rollout ranks on hostb, Open MPI across them, no grpod.data_endpoint (the run chooses TCP by
 # itself because its ranks are on two hosts). Each run is checked against the undisturbed single-process run's
 # weights and its audit (every group exactly rollout.n times per step):
-#  - split run, undisturbed; colocated run across hosta and hostb;
+#  - split run, undisturbed; the same with grpod.advertise_host=eth0 (an interface); a name that does not resolve
+#    (an error at start naming it and the key, the job ends); colocated run across hosta and hostb;
 #  - hostb's link down for 8 s mid-run, then up; the same for 60 s;
 #  - 5% loss and 50 ms delay on hostb's link for the whole run;
 #  - hostb cut off from hosta but not from grpod for 8 s;
@@ -19,7 +20,7 @@ GRPOD="$1" GRPOCTL="$2" WORKER="$3" MODEL_TOOL="$4" COMPARE="$5" SCORER="$6"
 . "$(dirname "$0")/hosts_lib.sh" grpo-net
 hosts_up || finish
 CHECK_AUDIT="$SRC_ROOT/tests/mpi/check_audit.py"
-PHASES="${PHASES:-split colocated linkdown linkdown60 netem partition replace frozen trainerlost}"
+PHASES="${PHASES:-split iface badname colocated linkdown linkdown60 netem partition replace frozen trainerlost}"
 want() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
 
 tiny_model "$TMP/tiny"
@@ -89,6 +90,24 @@ if want split; then
     has "$TMP/grpod.log" "its data plane goes over TCP"; expect "grpod sees the run span hosts and hands out TCP" $?
     has "$TMP/split.log" "tcp://hosta:"; expect "the rollout ranks dial the trainers on hosta over TCP" $?
     same split
+fi
+
+# grpod.advertise_host names an interface: each host's own address on it is dialled (and bound)
+if want iface; then
+    mpi iface hosta:2,hostb:2 4 "${SPLIT[@]}" grpod.advertise_host=eth0
+    ended_within 300; expect "iface: the run finishes (mpirun exit $MPI_RC)" "$MPI_RC"
+    has "$TMP/iface.log" "tcp://$(ip_of hosta):"; expect "the rollout ranks dial hosta's address on eth0" $?
+    same iface
+fi
+
+# a name the peers cannot resolve: an error at start naming it and the key, and the job ends, not a wait
+if want badname; then
+    mpi badname hosta:2,hostb:2 4 "${SPLIT[@]}" grpod.advertise_host=no-such-host.invalid
+    t0=$(date +%s)
+    ended_within 90; rc=$?
+    expect "badname: the job ends within 90 s ($(($(date +%s) - t0)) s, mpirun exit $MPI_RC)" $rc
+    grep -q "no-such-host.invalid.*grpod.advertise_host" "$TMP/badname.log"
+    expect "the error names the host and grpod.advertise_host" $?
 fi
 
 if want colocated; then
