@@ -2,6 +2,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "config.h"
@@ -158,6 +159,55 @@ void placement_data_endpoint(const char *base, int dp, const char *host, char *o
     } else {
         snprintf(out, len, "%s-dp%d.sock", base, dp);
     }
+}
+
+void placement_data_base(const char *configured, int hosts, const char *tag, char *out, size_t len)
+{
+    if (configured && configured[0]) {
+        snprintf(out, len, "%s", configured);
+        return;
+    }
+    if (hosts > 1) {
+        uint32_t h = 2166136261u; /* FNV-1a of the tag */
+        for (const char *p = tag; p && *p; p++)
+            h = (h ^ (uint8_t)*p) * 16777619u;
+        snprintf(out, len, "tcp://*:%u", 20000u + h % 20000u);
+        return;
+    }
+    snprintf(out, len, "ipc:///tmp/grpo-%s", tag ? tag : "");
+}
+
+void placement_bind_endpoint(const char *ep, const char *addr, char *out, size_t len)
+{
+    if (addr && addr[0] && strncmp(ep, "tcp://*:", 8) == 0)
+        snprintf(out, len, "tcp://%s:%s", addr, ep + 8);
+    else
+        snprintf(out, len, "%s", ep);
+}
+
+void placement_endpoint_host(const char *ep, char *out, size_t len)
+{
+    if (len)
+        out[0] = 0;
+    if (strncmp(ep, "tcp://", 6) != 0)
+        return;
+    const char *h = ep + 6, *colon = strrchr(h, ':');
+    size_t n = colon ? (size_t)(colon - h) : strlen(h);
+    if ((n == 1 && h[0] == '*') || (n == 7 && strncmp(h, "0.0.0.0", 7) == 0))
+        return;
+    snprintf(out, len, "%.*s", (int)n, h);
+}
+
+int placement_count_hosts(const char *hosts, int n, size_t stride)
+{
+    int distinct = 0;
+    for (int i = 0; i < n; i++) {
+        int seen = 0;
+        for (int j = 0; j < i && !seen; j++)
+            seen = strcmp(hosts + (size_t)i * stride, hosts + (size_t)j * stride) == 0;
+        distinct += !seen;
+    }
+    return distinct;
 }
 
 void placement_dispatch_endpoint(const char *base, int n_dp, const char *host, char *out, size_t len)

@@ -56,6 +56,19 @@ void placement_data_endpoint(const char *base, int dp, const char *host, char *o
  * ranks: PREFIX-dispatch.sock for ipc, tcp://HOST:PORT+n_dp for tcp (the port after the data ports). */
 void placement_dispatch_endpoint(const char *base, int n_dp, const char *host, char *out, size_t len);
 
+/* The run's data-plane base: `configured` (grpod.data_endpoint) when set; else, when the run's ranks span more
+ * than one host (hosts > 1), tcp:// "*" PORT, PORT in 20000..39999 chosen from `tag` (the run id, or a value
+ * rank 0 drew), so that runs on one host seldom share ports; else ipc:///tmp/grpo-TAG. */
+void placement_data_base(const char *configured, int hosts, const char *tag, char *out, size_t len);
+/* The endpoint a process binds for `ep` (a placement_data_endpoint or placement_dispatch_endpoint made with host
+ * NULL): the host "*" of tcp://HOST:PORT becomes ADDR when addr (the resolved grpod.advertise_host) is set; anything
+ * else is copied. */
+void placement_bind_endpoint(const char *ep, const char *addr, char *out, size_t len);
+/* The host part of a tcp:// endpoint ("" when it is not tcp://, or the host is "*" or 0.0.0.0). */
+void placement_endpoint_host(const char *ep, char *out, size_t len);
+/* How many distinct names `hosts` (n fixed-size entries of `stride` bytes, NUL-terminated) holds. */
+int placement_count_hosts(const char *hosts, int n, size_t stride);
+
 /* "hybrid", "trainer", "rollout". */
 const char *placement_role_name(enum placement_role r);
 

@@ -389,13 +389,11 @@ static bool has_capability(const Grpo__Register *r, const char *cap)
     return false;
 }
 
-/* The data-plane base: grpod.data_endpoint or ipc:///tmp/grpo-RUNID. */
+/* The data-plane base: grpod.data_endpoint; without it ipc:///tmp/grpo-RUNID when every rank is on one host,
+ * tcp:// on a port (a port chosen from the run id) when the run spans hosts. */
 static void data_base(const struct core *c, char *out, size_t len)
 {
-    if (c->set.data_endpoint && c->set.data_endpoint[0])
-        snprintf(out, len, "%s", c->set.data_endpoint);
-    else
-        snprintf(out, len, "ipc:///tmp/grpo-%s", c->run.id);
+    placement_data_base(c->set.data_endpoint, c->run.across_hosts ? 2 : 1, c->run.id, out, len);
 }
 
 /* Endpoint of trainer DP rank dp: for binding (the trainer) or connecting (rollout, host given). */
@@ -642,6 +640,12 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
         return refuse(c, id, false, len, "rank %d on host %s cannot take the %s role (capabilities lack '%s')", r->rank,
                       r->host, core_role_name(role),
                       role == GRPO__ROLE__ROLE_HYBRID && has_capability(r, "trainer") ? "rollout" : need);
+    if (r->world_hosts > 1 && !c->run.across_hosts) {
+        c->run.across_hosts = true;
+        if (!(c->set.data_endpoint && c->set.data_endpoint[0]))
+            add_event(c, "the run spans %d hosts (rank %d's world): its data plane goes over TCP", r->world_hosts,
+                      r->rank);
+    }
     if (role == GRPO__ROLE__ROLE_ROLLOUT && missing_trainer_heads(c, &spec) > 0)
         return refuse(c, id, true, len, "rank %d waits for the trainer ranks to register (%d data-plane hosts unknown)",
                       r->rank, missing_trainer_heads(c, &spec));
@@ -837,6 +841,15 @@ static uint8_t *handle_heartbeat(struct core *c, const Grpo__Envelope *env, doub
         if (st == GRPO__WORKER_STATE__WORKER_FAILED) {
             snprintf(w->error, sizeof w->error, "%s", h->error[0] ? h->error : "no reason given");
             add_event(c, "rank %d on host %s failed: %s", w->rank, w->host, w->error);
+            /* a trainer (or colocated rank) that failed leaves its peers waiting in a collective, on whatever host
+             * they are: the other ranks are told to end, as when one is lost (its own host's ranks end with it, but
+             * mpirun cannot end the others when it keeps the job after a lost rank) */
+            if (w->role != GRPO__ROLE__ROLE_ROLLOUT && c->run.world > 1 && !c->run.abort[0]) {
+                c->run.abort_at = clock_wall_s();
+                snprintf(c->run.abort, sizeof c->run.abort, "%s rank %d on host %.60s failed: %.200s",
+                         w->role == GRPO__ROLE__ROLE_HYBRID ? "colocated" : "trainer", w->rank, w->host, w->error);
+                add_event(c, "%s: the other ranks are told to end", c->run.abort);
+            }
         } else if (st == GRPO__WORKER_STATE__WORKER_FINISHED || st == GRPO__WORKER_STATE__WORKER_STOPPED) {
             add_event(c, "rank %d on host %s %s at step %" PRId64, w->rank, w->host,
                       st == GRPO__WORKER_STATE__WORKER_FINISHED ? "finished" : "stopped", w->step);

@@ -109,6 +109,8 @@ struct core_run {
     double started;               /* unix seconds */
     char abort[CORE_REASON_MAX];  /* a trainer of a split run is lost: the other ranks are told to end ("": no) */
     double abort_at;              /* when (unix seconds): ranks that registered later are not told */
+    bool across_hosts;            /* a rank said its MPI world spans hosts (Register.world_hosts > 1): with no
+                                     grpod.data_endpoint, the data plane goes over TCP */
     struct core_history_point history[CORE_HISTORY];
     int nhistory; /* oldest first; shifts when full */
 };

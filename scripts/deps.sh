@@ -27,6 +27,8 @@ PKGS=(
     chromium prometheus systemd jq curl libclang-rt-14-dev
     # cluster suite: a real one-node Slurm started by hand (tests/cluster/slurm)
     slurm-wlm munge
+    # cluster suite (tests/cluster/net): network namespaces, bridges and tc; unshare for a host's name and /tmp
+    iproute2 util-linux
     # tools the checks use
     clang clang-format clang-tidy cppcheck unzip
 )

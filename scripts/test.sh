@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build and run the test suites (unit, mpi, system, gpu; not slow).
+# Build and run the test suites (unit, mpi, system, gpu, cluster; not slow).
 #   ./scripts/test.sh                 everything but the slow suite
 #   ./scripts/test.sh --suite unit    meson test arguments pass through
 # Installs missing Debian packages (as root) and fetches the bundled model.

@@ -54,6 +54,9 @@ struct role_env {
     int n_endpoints; /* one data endpoint per trainer DP rank */
     char endpoints[ROLE_MAX_ENDPOINTS][256];
     char dispatch_endpoint[256]; /* the trainers' dispatcher: trainer DP rank 0 binds it, the rollout ranks connect */
+    char advertise[256];         /* grpod.advertise_host resolved: the address this rank's endpoints are dialled at
+                                    and bound to ("": the host name; binds take every interface) */
+    int world_hosts;             /* how many hosts the MPI world spans (0: not counted, a replacement) */
 };
 
 /* Each returns the process exit status (0: finished or stopped cleanly). */

@@ -18,6 +18,7 @@
 #include "daemon/core.h"
 #include "daemon/validate.h"
 #include "proto/plane_auth.h"
+#include "common/placement.h"
 #include "proto/transport.h"
 
 static double T = 1000.0; /* the test's monotonic clock */
@@ -413,6 +414,50 @@ static void test_worker_failure(void **state)
     protocol_free(e);
     assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_FAILED);
     assert_string_equal(c.run.reason, "rank 0 on host node00 failed: CUDA out of memory");
+    core_deinit(&c);
+}
+
+/* A trainer of a split run that fails (reports it) ends the job on every host: the other ranks' heartbeats are
+ * answered with the word to end, naming the failed rank and its reason (issue 26, item 4). */
+static void test_split_trainer_failure_aborts(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = settings(2, 1, 1, 1);
+    core_init(&c, &s, T);
+    uint64_t inc[3];
+    for (int r = 0; r < 3; r++)
+        inc[r] = reg_ok(&c, r, 3, r < 2 ? GRPO__ROLE__ROLE_TRAINER : GRPO__ROLE__ROLE_ROLLOUT);
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Heartbeat hb = GRPO__HEARTBEAT__INIT;
+    env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    hb.rank = 1;
+    hb.incarnation = inc[1];
+    hb.state = GRPO__WORKER_STATE__WORKER_FAILED;
+    hb.error = "CUDA out of memory";
+    protocol_free(roundtrip(&c, &env, NULL));
+    for (int r = 0; r < 3; r += 2) {
+        Grpo__Heartbeat other = GRPO__HEARTBEAT__INIT;
+        other.rank = r;
+        other.incarnation = inc[r];
+        other.state = GRPO__WORKER_STATE__WORKER_RUNNING;
+        env.heartbeat = &other;
+        Grpo__Envelope *e = roundtrip(&c, &env, NULL);
+        if (!strstr(e->heartbeat_ack->abort, "trainer rank 1 on host node01 failed: CUDA out of memory"))
+            fail_msg("rank %d told \"%s\" (body %d)", r, e->heartbeat_ack->abort, e->body_case);
+        protocol_free(e);
+    }
+    core_deinit(&c);
+    /* a rollout rank that fails ends nobody: its work goes to the others */
+    core_init(&c, &s, T);
+    for (int r = 0; r < 3; r++)
+        inc[r] = reg_ok(&c, r, 3, r < 2 ? GRPO__ROLE__ROLE_TRAINER : GRPO__ROLE__ROLE_ROLLOUT);
+    hb.rank = 2;
+    hb.incarnation = inc[2];
+    env.heartbeat = &hb;
+    protocol_free(roundtrip(&c, &env, NULL));
+    assert_string_equal(c.run.abort, "");
     core_deinit(&c);
 }
 
@@ -1054,6 +1099,62 @@ static void test_dispatch_endpoints(void **state)
     core_deinit(&c);
 }
 
+/* No grpod.data_endpoint and a run whose ranks span hosts (Register.world_hosts 2): TCP endpoints on a port chosen
+ * from the run id, a rollout rank registering first waits for the trainers' hosts; one host: ipc as before. */
+static void test_endpoints_across_hosts(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = split_settings();
+    core_init(&c, &s, T);
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Register reg = GRPO__REGISTER__INIT;
+    char *caps[] = {"rollout"}, *dev[] = {"cpu"};
+    reg.rank = 2;
+    reg.world_size = 4;
+    reg.host = "hostb";
+    reg.pid = 102;
+    reg.config_digest = 42;
+    reg.capabilities = caps;
+    reg.n_capabilities = 1;
+    reg.devices = dev;
+    reg.n_devices = 1;
+    reg.world_hosts = 2;
+    env.body_case = GRPO__ENVELOPE__BODY_REGISTER;
+    env.register_ = &reg;
+    Grpo__Envelope *e = roundtrip(&c, &env, NULL); /* the rollout rank first: it waits for the trainers' hosts */
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
+    assert_non_null(strstr(e->reply->error, "waits for the trainer ranks"));
+    protocol_free(e);
+    assert_true(c.run.across_hosts);
+    char base[64];
+    placement_data_base("", 2, c.run.id, base, sizeof base);
+    const long port = strtol(strrchr(base, ':') + 1, NULL, 10);
+    assert_true(port >= 20000 && port < 40000);
+    char want[64];
+    e = send_register(&c, 0, 4, "hosta", "trainer", 42);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
+    snprintf(want, sizeof want, "tcp://*:%ld", port);
+    assert_string_equal(e->assignment->data_pull_endpoint, want);
+    protocol_free(e);
+    protocol_free(send_register(&c, 1, 4, "hosta", "trainer", 42));
+    e = roundtrip(&c, &env, NULL);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
+    snprintf(want, sizeof want, "tcp://hosta:%ld", port + 1);
+    assert_string_equal(e->assignment->trainer_endpoints[1], want);
+    snprintf(want, sizeof want, "tcp://hosta:%ld", port + 2);
+    assert_string_equal(e->assignment->dispatch_endpoint, want);
+    protocol_free(e);
+    core_deinit(&c);
+    /* every rank on one host (world_hosts 1, or 0 from an older worker): ipc */
+    core_init(&c, &s, T);
+    e = send_register(&c, 0, 4, "hosta", "trainer", 42);
+    assert_non_null(strstr(e->assignment->data_pull_endpoint, "ipc:///tmp/grpo-"));
+    assert_false(c.run.across_hosts);
+    protocol_free(e);
+    core_deinit(&c);
+}
+
 /* xorshift for reproducible garbage */
 static uint64_t rnd(uint64_t *s)
 {
@@ -1371,6 +1472,8 @@ int main(void)
         cmocka_unit_test(test_split_trainer_lost_aborts),
         cmocka_unit_test(test_replace_rank),
         cmocka_unit_test(test_dispatch_endpoints),
+        cmocka_unit_test(test_endpoints_across_hosts),
+        cmocka_unit_test(test_split_trainer_failure_aborts),
         cmocka_unit_test(test_garbage_never_crashes),
         cmocka_unit_test(test_first_rank_defines_run),
         cmocka_unit_test(test_own_keys_checked),

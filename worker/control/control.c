@@ -32,7 +32,7 @@ _Static_assert(CONTROL_CHECKPOINT == (int)GRPO__COMMAND__COMMAND_CHECKPOINT, "co
 struct control {
     /* fixed at open */
     char endpoint[512], host[256], caps[256], devices[1024];
-    int rank, world;
+    int rank, world, world_hosts;
     uint64_t digest;
     char *run_config;        /* Register.run_config: config_run_text of the run's configuration ("" when not given) */
     Grpo__Phase delay_phase; /* test only: see control_options */
@@ -79,6 +79,7 @@ struct control {
 
     /* what grpod wants, as levels */
     bool want_pause, want_stop, run_over;
+    bool run_finished; /* grpod said the run finished (a heartbeat's answer, or a refusal: it is over) */
     uint64_t ckpt_seq, ckpt_taken;
     char reason[512];
     bool stop_sent; /* grpod has been asked to stop the run because of a signal (control_stop_signal) */
@@ -399,6 +400,16 @@ void control_hold_while_waiting(struct control *c, bool done)
 
 void control_wait_poll(void *ctl, bool done) { control_hold_while_waiting(ctl, done); }
 
+bool control_run_finished(struct control *c)
+{
+    if (!c)
+        return false;
+    pthread_mutex_lock(&c->mu);
+    bool done = c->run_finished;
+    pthread_mutex_unlock(&c->mu);
+    return done;
+}
+
 bool control_pause_wanted(struct control *c)
 {
     if (!c)
@@ -544,6 +555,7 @@ static int register_once(struct control *c, const char *run_id, uint64_t incarna
     reg.rank = c->rank;
     reg.world_size = c->world;
     reg.host = c->host;
+    reg.world_hosts = c->world_hosts;
     reg.pid = (int32_t)getpid();
     reg.config_digest = c->digest;
     reg.run_config = c->run_config;
@@ -597,6 +609,8 @@ static void apply_ack(struct control *c, const Grpo__HeartbeatAck *ack)
                  ack->stop ? ", stop" : "", (unsigned long long)ack->checkpoint_seq);
     c->want_pause = ack->pause;
     c->want_stop = ack->stop;
+    if (ack->run_state == GRPO__RUN_STATE__RUN_FINISHED)
+        c->run_finished = true;
     if (ack->checkpoint_seq > c->ckpt_seq)
         c->ckpt_seq = ack->checkpoint_seq;
     snprintf(c->reason, sizeof c->reason, "%s", ack->reason);
@@ -681,6 +695,8 @@ static int reregister(struct control *c)
                  control_role_name(a->role));
     } else if (rc < 0) {
         c->run_over = true;
+        if (strstr(err, "is over (finished"))
+            c->run_finished = true;
         snprintf(c->reason, sizeof c->reason, "%s", err);
         log_error("control", "grpod refused to take rank %d back: %s; ending", c->rank, err);
         pthread_cond_broadcast(&c->changed);
@@ -837,6 +853,7 @@ int control_open(const struct control_options *o, struct control **out, struct c
     snprintf(c->caps, sizeof c->caps, "%s", o->capabilities ? o->capabilities : "rollout,trainer");
     snprintf(c->devices, sizeof c->devices, "%s", o->devices ? o->devices : "cpu");
     c->rank = o->rank;
+    c->world_hosts = o->world_hosts;
     c->world = o->world_size;
     c->digest = o->config_digest;
     c->run_config = o->config ? config_run_text(o->config, 0) : xstrdup("");

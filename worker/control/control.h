@@ -78,7 +78,8 @@ struct control_options {
     /* grpod says a peer this worker depends on is lost (a trainer of the same DP group): called from the
      * heartbeat thread with the reason; it should end the process (NULL: the reason is only logged) */
     void (*on_abort)(const char *reason);
-    bool replaces; /* take the place of rank `rank`, lost, in the run grpod runs (grpo-worker --replace-rank) */
+    int world_hosts; /* how many hosts the MPI world spans (Register.world_hosts; 0: not counted) */
+    bool replaces;   /* take the place of rank `rank`, lost, in the run grpod runs (grpo-worker --replace-rank) */
     /* test only (test.delay_phase, test.delay_s): sleep this long each time the worker enters this phase
      * (GRPO__PHASE__PHASE_IDLE: never) */
     Grpo__Phase delay_phase;
@@ -148,6 +149,9 @@ void control_hold_while_waiting(struct control *c, bool done);
 void control_wait_poll(void *ctl, bool done);
 /* True while grpod wants the run paused (any thread may ask; false without grpod). */
 bool control_pause_wanted(struct control *c);
+/* grpod said the run finished (a heartbeat's answer, or its refusal to take this rank back: the run is over).
+ * A rank that was away (frozen, cut off) while the run ended has nothing left to do. false without grpod. */
+bool control_run_finished(struct control *c);
 /* A checkpoint of `step` steps is on disk. */
 void control_checkpoint_done(struct control *c, int64_t step);
 /* A replica's word that the writer (its DP rank 0) wrote the checkpoint of `step` for it: every request this

@@ -11,6 +11,7 @@
 #include "common/check.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "common/netaddr.h"
 #include "common/placement.h"
 #include "kernels/kernels.h"
 #include "proto/plane_auth.h"
@@ -40,29 +41,55 @@ static int split_supported(const struct grpo_config *c, const struct placement_s
     return 0;
 }
 
-/* Data endpoints of the trainer DP ranks when no grpod hands them out: grpod.data_endpoint, or a fresh
- * ipc:///tmp/grpo-PID-TIME prefix chosen by rank 0; tcp:// ports count up from the base on each trainer's host.
- * Collective over the world. */
+/* This rank's advertised address (grpod.advertise_host, else the host part of grpod.data_endpoint) into
+ * env->advertise, and how many hosts the world spans into env->world_hosts (its ranks' host names compared).
+ * Collective over the world. 0, or -1 (logged): an interface without an address. */
+static int advertise(struct role_env *env)
+{
+    const struct grpo_config *c = env->cfg;
+    char named[256] = "", err[512];
+    if (c->grpod_advertise_host && c->grpod_advertise_host[0])
+        snprintf(named, sizeof named, "%s", c->grpod_advertise_host);
+    else if (c->grpod_data_endpoint)
+        placement_endpoint_host(c->grpod_data_endpoint, named, sizeof named);
+    int rc = net_advertise_address(named, env->advertise, sizeof env->advertise, err, sizeof err);
+    if (rc != 0)
+        log_error("worker", "%s", err);
+    int world = comm_size(env->world);
+    char host[64] = "", *hosts = xcalloc((size_t)world, sizeof host);
+    gethostname(host, sizeof host - 1);
+    comm_allgather_bytes(env->world, host, hosts, sizeof host);
+    env->world_hosts = placement_count_hosts(hosts, world, sizeof host);
+    free(hosts);
+    return rc;
+}
+
+/* Data endpoints of the trainer DP ranks when no grpod hands them out: grpod.data_endpoint, or (placement_data_base)
+ * a fresh ipc:///tmp/grpo-PID-TIME prefix chosen by rank 0 when every rank is on one host, tcp:// with a port from
+ * it when not; tcp:// ports count up from the base, dialled at each trainer's advertised address (its host name
+ * when none is named). Collective over the world. */
 static void local_endpoints(struct role_env *env)
 {
     const struct grpo_config *c = env->cfg;
     char base[200] = "";
     _Static_assert(sizeof base % sizeof(int32_t) == 0, "the prefix travels as whole int32 elements");
     if (comm_rank(env->world) == 0) {
-        if (c->grpod_data_endpoint && c->grpod_data_endpoint[0])
-            snprintf(base, sizeof base, "%s", c->grpod_data_endpoint);
-        else
-            snprintf(base, sizeof base, "ipc:///tmp/grpo-%d-%ld", (int)getpid(), (long)time(NULL));
+        char tag[64];
+        snprintf(tag, sizeof tag, "%d-%ld", (int)getpid(), (long)time(NULL));
+        placement_data_base(c->grpod_data_endpoint, env->world_hosts, tag, base, sizeof base);
     }
     comm_broadcast(env->world, base, sizeof base / sizeof(int32_t), COMM_I32, 0);
     int world = comm_size(env->world);
-    char host[64] = "", *hosts = xcalloc((size_t)world, sizeof host);
-    gethostname(host, sizeof host - 1);
+    char host[256] = "", *hosts = xcalloc((size_t)world, sizeof host);
+    if (env->advertise[0])
+        snprintf(host, sizeof host, "%s", env->advertise);
+    else
+        gethostname(host, sizeof host - 1);
     comm_allgather_bytes(env->world, host, hosts, sizeof host);
     /* one endpoint per trainer DP rank, bound by its TP rank 0 (PP stage 0): trainer rank d x TP */
     const int tp = env->spec.tp_size;
     env->n_endpoints = env->spec.trainer_ranks / (tp * env->spec.pp_size);
-    for (int d = 0; d < env->n_endpoints; d++) /* the trainer binds every interface; the rollouts connect to it */
+    for (int d = 0; d < env->n_endpoints; d++) /* the trainer binds; the rollouts connect to it */
         placement_data_endpoint(base, d,
                                 env->at.role == PLACE_TRAINER && env->at.dp == d && env->at.tp == 0
                                     ? NULL
@@ -72,6 +99,39 @@ static void local_endpoints(struct role_env *env)
     placement_dispatch_endpoint(base, env->n_endpoints, env->rank == 0 ? NULL : hosts, env->dispatch_endpoint,
                                 sizeof env->dispatch_endpoint);
     free(hosts);
+}
+
+/* A trainer binds its endpoints at its advertised address (every interface, "*", otherwise); a rollout rank checks that
+ * the trainers' host names resolve here, so that a name peers cannot resolve is an error at start, not a wait.
+ * 0, or -1 with err. */
+static int settle_endpoints(struct role_env *env, char *err, size_t errlen)
+{
+    char ep[256], host[256];
+    if (env->at.role == PLACE_TRAINER) {
+        /* the name this trainer is dialled at must resolve here too (the ranks of the other hosts check it as
+         * well): a trainer that fails at start makes grpod end the whole job, on every host */
+        if (env->advertise[0] && env->at.dp < env->n_endpoints &&
+            strncmp(env->endpoints[env->at.dp], "tcp://", 6) == 0 &&
+            net_check_resolves(env->advertise, "grpod.advertise_host", err, errlen) != 0)
+            return -1;
+        if (env->at.dp < env->n_endpoints) {
+            placement_bind_endpoint(env->endpoints[env->at.dp], env->advertise, ep, sizeof ep);
+            snprintf(env->endpoints[env->at.dp], sizeof env->endpoints[0], "%s", ep);
+        }
+        if (env->rank == 0 || env->at.dp == 0) {
+            placement_bind_endpoint(env->dispatch_endpoint, env->advertise, ep, sizeof ep);
+            snprintf(env->dispatch_endpoint, sizeof env->dispatch_endpoint, "%s", ep);
+        }
+        return 0;
+    }
+    if (env->at.role != PLACE_ROLLOUT)
+        return 0;
+    for (int d = -1; d < env->n_endpoints && d < ROLE_MAX_ENDPOINTS; d++) {
+        placement_endpoint_host(d < 0 ? env->dispatch_endpoint : env->endpoints[d], host, sizeof host);
+        if (host[0] && net_check_resolves(host, "grpod.advertise_host on the trainers' hosts", err, errlen) != 0)
+            return -1;
+    }
+    return 0;
 }
 
 /* grpod says a trainer this rank's job depends on is lost: the trainers would wait for it in a collective for
@@ -92,6 +152,9 @@ static int join_control_plane(struct role_env *env)
     control_options_from_config(&o, env->cfg, env->rank, env->world_size);
     o.on_abort = abort_job;
     o.replaces = env->replacing;
+    o.world_hosts = env->world_hosts;
+    if (env->advertise[0]) /* grpod builds the data endpoints the other ranks dial from the registered host */
+        o.host = env->advertise;
     o.capabilities = env->at.role == PLACE_ROLLOUT   ? "rollout"
                      : env->at.role == PLACE_TRAINER ? "trainer"
                                                      : "rollout,trainer";
@@ -430,6 +493,16 @@ int launch(struct launch *l, const struct grpo_config *cfg, struct comm *world, 
     if ((status = place(l, o->replace_rank)) != 0)
         return status;
     struct role_env *env = &l->env;
+    if (o->replace_rank < 0 && advertise(env) != 0)
+        return 3;
+    if (o->replace_rank >= 0) { /* alone: its own address only */
+        char err[512];
+        const char *named = cfg->grpod_advertise_host;
+        if (net_advertise_address(named, env->advertise, sizeof env->advertise, err, sizeof err) != 0) {
+            log_error("worker", "%s", err);
+            return 3;
+        }
+    }
     if (l->split && o->replace_rank < 0)
         local_endpoints(env);
     if ((l->split || l->colocated) && strcmp(config_device(cfg), "cuda") == 0) {
@@ -442,6 +515,13 @@ int launch(struct launch *l, const struct grpo_config *cfg, struct comm *world, 
         return 3;
     if (l->split && plane_credentials(env) != 0) {
         control_finish(env->ctl, CONTROL_END_FAILED, "no data-plane key");
+        return 3;
+    }
+    char err[1024];
+    if (l->split && settle_endpoints(env, err, sizeof err) != 0) {
+        log_error("worker", "%s", err);
+        if (env->ctl)
+            control_finish(env->ctl, CONTROL_END_FAILED, err);
         return 3;
     }
     l->launched = true;

@@ -489,6 +489,12 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
              * means the trainers are gone (the run ended or failed) */
             if (unanswered_since == 0)
                 unanswered_since = clock_now_s();
+            if (control_run_finished(r->env->ctl)) { /* it ended while this rank was away: nothing is owed */
+                g->kind = WORK_END;
+                g->step = g->total_steps = 1;
+                snprintf(g->reason, sizeof g->reason, "the run finished while this rank was away (%.150s)", why);
+                break;
+            }
             if (clock_now_s() - unanswered_since > 60)
                 return error_set(err, errlen, "%s for 60 s: the trainers are gone", why);
             log_warn("rollout", "%s; asking again", why);

@@ -1,0 +1,252 @@
+#!/usr/bin/env bash
+# A cluster of three namespace hosts (tests/cluster/net/hosts_lib.sh): grpod on hostc on TCP with its secret,
+# trainers on hosta, rollout ranks on hostb, Open MPI across them, no grpod.data_endpoint (the run chooses TCP by
+# itself because its ranks are on two hosts). Each run is checked against the undisturbed single-process run's
+# weights and its audit (every group exactly rollout.n times per step):
+#  - split run, undisturbed; the same with grpod.advertise_host=eth0 (an interface); a name that does not resolve
+#    (an error at start naming it and the key, the job ends); colocated run across hosta and hostb;
+#  - hostb's link down for 8 s mid-run, then up; the same for 60 s;
+#  - 5% loss and 50 ms delay on hostb's link for the whole run;
+#  - hostb cut off from hosta but not from grpod for 8 s;
+#  - a rollout rank killed, then every worker of the rollout host; replaced with grpo-worker --replace-rank; the
+#    run finishes (mpirun staying up afterwards is measured and said, not checked: issue 26's Why 5 is open);
+#  - a rollout rank frozen (SIGSTOP) across the end of the run: woken, it ends as finished at once;
+#  - the trainer host lost (every process on it, its Open MPI daemon too; mpirun on the rollout host): every rank
+#    on every host ends within 60 s, mpirun too, grpoctl names the lost trainer; the relaunch resumes and ends
+#    bit-identical.
+# PHASES (a space-separated list, default all) runs some of them.
+# usage: test_net.sh GRPOD GRPOCTL GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
+GRPOD="$1" GRPOCTL="$2" WORKER="$3" MODEL_TOOL="$4" COMPARE="$5" SCORER="$6"
+. "$(dirname "$0")/hosts_lib.sh" grpo-net
+hosts_up || finish
+CHECK_AUDIT="$SRC_ROOT/tests/mpi/check_audit.py"
+PHASES="${PHASES:-split iface badname colocated linkdown linkdown60 netem partition replace frozen trainerlost}"
+want() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
+
+tiny_model "$TMP/tiny"
+expect "tiny model initialised" $?
+STEPS=10
+N=4 B=4
+keys() {
+    echo actor_rollout_ref.model.path="$TMP/tiny" trainer.default_local_dir="$TMP/$1" trainer.project_name=p \
+        trainer.experiment_name=e trainer.total_training_steps=$STEPS trainer.val_before_train=false \
+        trainer.test_freq=-1 trainer.save_freq=1 data.train_batch_size=$B actor_rollout_ref.rollout.n=$N \
+        actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=12 actor_rollout_ref.actor.optim.lr=1e-3 \
+        data.synthetic.num_train=64 data.synthetic.num_val=4 custom_reward_function.path="$SCORER" \
+        custom_reward_function.name=byte_score trainer.rollout_data_dir="$TMP/$1/audit" trainer.log_level=info
+}
+final() { echo "$TMP/$1/p/e/checkpoints/global_step_$STEPS/actor"; }
+# pid_of RANK: the process of RANK of the run under way, as grpod knows it
+pid_of() { ctl status --json 2>/dev/null | jq -r ".workers[] | select(.rank == $1) | .pid"; }
+MPI_EXTRA=()
+SPLIT=(placement.trainer_ranks=2 placement.rollout_ranks=2)
+GRPOD_KEYS=(grpod.heartbeat_interval_s=0.5 grpod.heartbeat_timeout_s=4)
+
+# the undisturbed single-process run (in the root namespace)
+# shellcheck disable=SC2046
+timeout 300 "$WORKER" $(keys ref) >"$TMP/ref.log" 2>&1
+expect "reference run (one process) finishes" $?
+
+# mpi NAME HOSTS NP [key=value...]: mpirun on hosta, ranks over HOSTS, under grpod; log $TMP/NAME.log; pid MPI_PID
+mpi() {
+    local name="$1" hosts="$2" np="$3"; shift 3
+    [ "${FRESH:-1}" = 1 ] && { grpod_up hostc "${GRPOD_KEYS[@]}" || fail "grpod restarted for $name"; }
+    # shellcheck disable=SC2046
+    on hosta "${MPIRUN_NET[@]}" --mca orte_enable_recovery 1 "${MPI_EXTRA[@]}" --host "$hosts" -np "$np" "$WORKER" $(keys "$name") \
+        grpod.endpoint="$EP" grpod.secret_file="$SECRET" grpod.connect_timeout_s=30 "$@" >>"$TMP/$name.log" 2>&1 &
+    MPI_PID=$!
+    track "$MPI_PID"
+}
+# same NAME: weights within 1e-5 of the single-process run's, and the audit
+same() {
+    local rc
+    if [ "$1" != split ] && [ -d "$(final split)" ] && [ "${2:-}" != colocated ]; then
+        "$COMPARE" "$(final split)" "$(final "$1")" 0 >"$TMP/cmp0-$1.txt" 2>&1
+        rc=$?; expect "$1: weights bit-identical to the undisturbed split run's" $rc
+    fi
+    "$COMPARE" "$(final ref)" "$(final "$1")" 1e-5 >"$TMP/cmp-$1.txt" 2>&1
+    rc=$?; expect "$1: weights match the single-process run's ($(tail -1 "$TMP/cmp-$1.txt"))" $rc
+    python3 "$CHECK_AUDIT" "$TMP/$1/audit" $N $B $STEPS >"$TMP/audit-$1.txt" 2>&1
+    rc=$?; expect "$1: every group exactly $N times in each step ($(tail -1 "$TMP/audit-$1.txt"))" $rc
+}
+# ended_within SECONDS: mpirun ($MPI_PID) exits within SECONDS; its status in MPI_RC
+ended_within() {
+    local s=$1 t0
+    t0=$(date +%s)
+    while kill -0 "$MPI_PID" 2>/dev/null && [ $(($(date +%s) - t0)) -lt "$s" ]; do sleep 0.2; done
+    kill -0 "$MPI_PID" 2>/dev/null && { MPI_RC=124; return 1; }
+    wait "$MPI_PID"; MPI_RC=$?
+    return 0
+}
+step_at_least() { [ "$(ctl status --json 2>/dev/null | jq -r .step)" -ge "$1" ] 2>/dev/null; }
+
+# grpod with none of the run's keys: each run's first rank lays it out (split or colocated); a fresh one per case
+grpod_up hostc "${GRPOD_KEYS[@]}"
+expect "grpod on hostc, TCP with its secret" $?
+
+if want split; then
+    mpi split hosta:2,hostb:2 4 "${SPLIT[@]}"
+    ended_within 300; expect "split run across two hosts finishes (mpirun exit $MPI_RC)" "$MPI_RC"
+    has "$TMP/grpod.log" "its data plane goes over TCP"; expect "grpod sees the run span hosts and hands out TCP" $?
+    has "$TMP/split.log" "tcp://hosta:"; expect "the rollout ranks dial the trainers on hosta over TCP" $?
+    same split
+fi
+
+# grpod.advertise_host names an interface: each host's own address on it is dialled (and bound)
+if want iface; then
+    mpi iface hosta:2,hostb:2 4 "${SPLIT[@]}" grpod.advertise_host=eth0
+    ended_within 300; expect "iface: the run finishes (mpirun exit $MPI_RC)" "$MPI_RC"
+    has "$TMP/iface.log" "tcp://$(ip_of hosta):"; expect "the rollout ranks dial hosta's address on eth0" $?
+    same iface
+fi
+
+# a name the peers cannot resolve: an error at start naming it and the key, and the job ends, not a wait
+if want badname; then
+    mpi badname hosta:2,hostb:2 4 "${SPLIT[@]}" grpod.advertise_host=no-such-host.invalid
+    t0=$(date +%s)
+    ended_within 90; rc=$?
+    expect "badname: the job ends within 90 s ($(($(date +%s) - t0)) s, mpirun exit $MPI_RC)" $rc
+    grep -q "no-such-host.invalid.*grpod.advertise_host" "$TMP/badname.log"
+    expect "the error names the host and grpod.advertise_host" $?
+fi
+
+if want colocated; then
+    # the colocated ranks share their work-unit table through an MPI window: over TCP between hosts, Open MPI's
+    # pt2pt one-sided component (the rdma one needs an RDMA network)
+    MPI_EXTRA=(--mca osc pt2pt)
+    mpi colocated hosta:2,hostb:2 4
+    MPI_EXTRA=()
+    ended_within 300; expect "colocated run across two hosts finishes (mpirun exit $MPI_RC)" "$MPI_RC"
+    same colocated colocated
+fi
+
+# fault NAME: a split run under way (step 2 reached) for the fault to hit
+under_way() {
+    mpi "$1" hosta:2,hostb:2 4 "${SPLIT[@]}"
+    wait_for 120 step_at_least 2; local rc=$?
+    expect "$1: the run is under way (step $(ctl status --json | jq -r .step))" $rc
+}
+if want linkdown; then
+    under_way linkdown
+    link_down hostb; expect "hostb's link down" $?
+    sleep 8 # the fault's length
+    link_up hostb; expect "hostb's link up after 8 s" $?
+    at=$(ctl status --json | jq -r .step)
+    [ "$at" -lt $STEPS ] 2>/dev/null; expect "the link came back mid-run (step $at of $STEPS)" $?
+    ended_within 300; expect "linkdown: the run finishes (mpirun exit $MPI_RC)" "$MPI_RC"
+    same linkdown
+fi
+
+# the same for 60 s (about 75 s of the suite)
+if want linkdown60; then
+    under_way linkdown60
+    link_down hostb; expect "hostb's link down" $?
+    sleep 60 # the fault's length
+    link_up hostb; expect "hostb's link up after 60 s" $?
+    at=$(ctl status --json | jq -r .step)
+    [ "$at" -lt $STEPS ] 2>/dev/null; expect "the link came back mid-run (step $at of $STEPS)" $?
+    ended_within 300; expect "linkdown60: the run finishes (mpirun exit $MPI_RC)" "$MPI_RC"
+    same linkdown60
+fi
+
+if want netem && ! netem_available; then
+    echo "SKIP netem: this kernel has no netem qdisc (sch_netem): the 5% loss + 50 ms delay run is not made"
+elif want netem; then
+    netem hostb loss 5% delay 50ms; expect "5% loss and 50 ms delay on hostb's link" $?
+    mpi netem hosta:2,hostb:2 4 "${SPLIT[@]}"
+    ended_within 400; expect "netem: the run finishes (mpirun exit $MPI_RC)" "$MPI_RC"
+    netem_off hostb
+    same netem
+fi
+
+if want partition; then
+    under_way partition
+    partition hostb hosta; expect "hostb cut off from hosta (grpod on hostc still reachable from both)" $?
+    sleep 8 # the fault's length
+    heal hostb hosta
+    at=$(ctl status --json | jq -r .step)
+    [ "$at" -lt $STEPS ] 2>/dev/null; expect "the partition healed mid-run (step $at of $STEPS)" $?
+    ended_within 300; expect "partition: the run finishes (mpirun exit $MPI_RC)" "$MPI_RC"
+    same partition
+fi
+
+if want replace; then
+    under_way replace
+    victim=$(pid_of 3)
+    kill -9 "$victim"; expect "rollout rank 3 (pid $victim) killed" $?
+    lost_is() { [ "$(ctl status --json | jq -r ".workers[] | select(.rank == $1) | .state")" = lost ]; }
+    wait_for 60 lost_is 3; expect "grpod marks rank 3 lost" $?
+    # then every worker of the rollout host (its Open MPI daemon stays: a lost daemon makes mpirun end the job)
+    pgrep -f grpo-worker | while read -r p; do
+        [ "$(ip netns identify "$p" 2>/dev/null)" = "$NS_PREFIX-hostb" ] && kill -9 "$p"
+    done
+    wait_for 60 lost_is 2; expect "the whole rollout host lost: grpod marks rank 2 lost" $?
+    for r in 2 3; do
+        on hostb "$WORKER" --replace-rank $r grpod.endpoint="$EP" grpod.secret_file="$SECRET" \
+            grpod.connect_timeout_s=30 trainer.rollout_data_dir="$TMP/replace/audit" >>"$TMP/replace-$r.log" 2>&1 &
+        eval "REPL_$r=$!"
+        track $!
+    done
+    t0=$(date +%s)
+    wait "$REPL_2"; expect "replacement of rank 2 finishes" $?
+    wait "$REPL_3"; expect "replacement of rank 3 finishes" $?
+    # Open MPI 4.1 under orte_enable_recovery keeps mpirun up after the job's ranks are done when one was lost
+    # (issue 26, Why 5: not solved yet): measured and said, not checked; the processes are ended at exit
+    state_done() { ctl status --json | jq -e '.state == "finished"' >/dev/null; }
+    wait_for 30 state_done; expect "grpod says the run finished" $?
+    if ended_within 20; then echo "note: mpirun exited $MPI_RC after the run with lost ranks"; else
+        echo "note: mpirun still up 20 s after the run with lost ranks finished (Open MPI keeps the job; known)"; fi
+    same replace
+fi
+
+# a rollout rank frozen (SIGSTOP) across the end of the run: the other takes its units, the run finishes; woken,
+# it hears from grpod that the run finished and ends as finished (not "the trainers are gone" after 60 s); mpirun
+# staying up afterwards (its peers left MPI_Finalize without it) is measured and said (issue 26, Why 5)
+if want frozen; then
+    under_way frozen
+    victim=$(pid_of 3) t0pid=$(pid_of 0) t1pid=$(pid_of 1)
+    kill -STOP "$victim"; expect "rollout rank 3 (pid $victim) frozen" $?
+    run_done() { ctl status --json | jq -e '.state == "finished"' >/dev/null; }
+    wait_for 240 run_done; expect "the run finishes without it" $?
+    trainers_gone() { ! kill -0 "$t0pid" 2>/dev/null && ! kill -0 "$t1pid" 2>/dev/null; }
+    wait_for 60 trainers_gone; expect "the trainers (and their dispatcher) have exited" $?
+    kill -CONT "$victim"
+    t0=$(date +%s)
+    said() { grep -q "\[rank 3\] rollout: finished: the run finished while this rank was away" "$TMP/frozen.log"; }
+    wait_for 30 said; rc=$?
+    expect "woken, rank 3 hears from grpod that the run finished and ends as finished ($(($(date +%s) - t0)) s)" $rc
+    # its peers, done 20 s before it woke, left MPI_Finalize without it: mpirun then stays (Why 5, measured)
+    if ended_within 30; then echo "note: mpirun exited $MPI_RC"; else
+        echo "note: mpirun still up 30 s after the frozen rank ended (its peers left MPI_Finalize without it; known)"; fi
+    same frozen
+fi
+
+if want trainerlost; then
+    # mpirun on the rollout host this time: the trainer host goes, mpirun's host stays
+    # shellcheck disable=SC2046
+    grpod_up hostc "${GRPOD_KEYS[@]}"
+    printf 'hosta\nhosta\nhostb\nhostb\n' >"$TMP/seq.hosts" # ranks 0-1 (trainers) on hosta, in this order
+    on hostb "${MPIRUN_NET[@]}" --mca orte_enable_recovery 1 --mca rmaps seq --hostfile "$TMP/seq.hosts" -np 4 "$WORKER" \
+        $(keys trainerlost) "${SPLIT[@]}" grpod.endpoint="$EP" grpod.secret_file="$SECRET" \
+        grpod.connect_timeout_s=30 >>"$TMP/trainerlost.log" 2>&1 &
+    MPI_PID=$!
+    track $MPI_PID
+    wait_for 120 step_at_least 3; expect "trainerlost: the run is under way" $?
+    ip netns pids "$NS_PREFIX-hosta" | xargs -r kill -9; expect "every process on the trainer host killed" $?
+    t0=$(date +%s)
+    ended_within 60; rc=$?
+    expect "the whole job ends within 60 s ($(($(date +%s) - t0)) s; heartbeat timeout 4 s)" $rc
+    left=$(ip netns pids "$NS_PREFIX-hostb" | wc -l)
+    [ "$left" = 0 ]; expect "no process left on the rollout host ($left)" $?
+    # mpirun ends the job when a host's Open MPI daemon is lost (SIGTERM to every rank: a checkpoint where one can
+    # be made), or grpod's word ends the rollout ranks when the trainers are lost
+    grep -Eq "ending the job: trainer rank|SIGTERM received" "$TMP/trainerlost.log"
+    expect "the rollout ranks say why they end" $?
+    lost_said() { ctl status 2>/dev/null | grep -q "trainer rank .* lost.*relaunch the job"; }
+    wait_for 30 lost_said; expect "grpoctl status names the lost trainer and says to relaunch" $?
+    FRESH=0 mpi trainerlost hosta:2,hostb:2 4 "${SPLIT[@]}"
+    ended_within 300; expect "relaunched, the run resumes and finishes (mpirun exit $MPI_RC)" "$MPI_RC"
+    grep -q "resumed from .*global_step_" "$TMP/trainerlost.log"; expect "it resumed from a checkpoint" $?
+    same trainerlost
+fi
+finish

@@ -1,0 +1,93 @@
+/* The data plane's address choice (issue 26): the base by host count, the bind address, the host of an endpoint,
+ * the host count, grpod.advertise_host resolved, and a name that does not resolve. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/netaddr.h"
+#include "common/placement.h"
+
+static void test_data_base(void **state)
+{
+    (void)state;
+    char b[128], b2[128];
+    placement_data_base("tcp://*:7000", 2, "run-a", b, sizeof b); /* the configured base wins */
+    assert_string_equal(b, "tcp://*:7000");
+    placement_data_base("", 1, "run-a", b, sizeof b); /* one host: ipc */
+    assert_string_equal(b, "ipc:///tmp/grpo-run-a");
+    placement_data_base(NULL, 3, "run-a", b, sizeof b); /* hosts: tcp on a port from the tag */
+    assert_true(strncmp(b, "tcp://*:", 8) == 0);
+    long port = strtol(b + 8, NULL, 10);
+    assert_true(port >= 20000 && port < 40000);
+    placement_data_base(NULL, 2, "run-a", b2, sizeof b2); /* the same tag gives the same port */
+    assert_string_equal(b, b2);
+    int differ = 0; /* and runs seldom share one */
+    for (int i = 0; i < 8; i++) {
+        char tag[16];
+        snprintf(tag, sizeof tag, "run-%d", i);
+        placement_data_base(NULL, 2, tag, b2, sizeof b2);
+        differ += strcmp(b, b2) != 0;
+    }
+    assert_true(differ >= 7);
+}
+
+static void test_bind_and_host(void **state)
+{
+    (void)state;
+    char b[128];
+    placement_bind_endpoint("tcp://*:7001", "10.0.0.1", b, sizeof b);
+    assert_string_equal(b, "tcp://10.0.0.1:7001");
+    placement_bind_endpoint("tcp://*:7001", "", b, sizeof b); /* no address named: every interface */
+    assert_string_equal(b, "tcp://*:7001");
+    placement_bind_endpoint("tcp://hosta:7001", "10.0.0.1", b, sizeof b); /* a dialled endpoint is left alone */
+    assert_string_equal(b, "tcp://hosta:7001");
+    placement_bind_endpoint("ipc:///tmp/x-dp0.sock", "10.0.0.1", b, sizeof b);
+    assert_string_equal(b, "ipc:///tmp/x-dp0.sock");
+    placement_endpoint_host("tcp://10.0.0.1:7000", b, sizeof b);
+    assert_string_equal(b, "10.0.0.1");
+    placement_endpoint_host("tcp://*:7000", b, sizeof b);
+    assert_string_equal(b, "");
+    placement_endpoint_host("tcp://0.0.0.0:7000", b, sizeof b);
+    assert_string_equal(b, "");
+    placement_endpoint_host("ipc:///tmp/a.sock", b, sizeof b);
+    assert_string_equal(b, "");
+    char hosts[4][16] = {"a", "b", "a", "c"};
+    assert_int_equal(placement_count_hosts(&hosts[0][0], 4, 16), 3);
+    assert_int_equal(placement_count_hosts(&hosts[0][0], 1, 16), 1);
+    char same[2][16] = {"a", "a"};
+    assert_int_equal(placement_count_hosts(&same[0][0], 2, 16), 1);
+}
+
+static void test_advertise(void **state)
+{
+    (void)state;
+    char a[64], err[512] = "";
+    assert_int_equal(net_advertise_address("", a, sizeof a, err, sizeof err), 0);
+    assert_string_equal(a, "");
+    assert_int_equal(net_advertise_address("lo", a, sizeof a, err, sizeof err), 0); /* an interface: its address */
+    assert_string_equal(a, "127.0.0.1");
+    assert_int_equal(net_advertise_address("10.1.2.3", a, sizeof a, err, sizeof err), 0);
+    assert_string_equal(a, "10.1.2.3");
+    assert_int_equal(net_advertise_address("node7.example", a, sizeof a, err, sizeof err), 0);
+    assert_string_equal(a, "node7.example");
+    assert_int_equal(net_check_resolves("localhost", "grpod.advertise_host", err, sizeof err), 0);
+    assert_int_equal(net_check_resolves("no-such-host.invalid", "grpod.advertise_host", err, sizeof err), -1);
+    assert_non_null(strstr(err, "'no-such-host.invalid' does not resolve"));
+    assert_non_null(strstr(err, "grpod.advertise_host"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_data_base),
+        cmocka_unit_test(test_bind_and_host),
+        cmocka_unit_test(test_advertise),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
