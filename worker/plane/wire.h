@@ -33,6 +33,9 @@ struct wire_header {
 uint8_t *wire_pack_batch(const struct wire_header *h, const struct step_batch *b, const int *groups, int n_groups,
                          const char *secret, size_t *len);
 
+/* The largest timing (seconds) or memory figure (GB) a batch may report: a year. */
+#define WIRE_MAX_FIGURE 3.2e7
+
 /* What the receiving trainer accepts. */
 struct wire_limits {
     const struct prompt_set *prompts; /* the run's training prompts: uid indexes them */

@@ -43,6 +43,12 @@ struct trainer_rank {
     struct dispatcher *disp; /* DP rank 0, TP rank 0 only */
     struct comm *mp;         /* the TP x PP ranks of this model copy (NULL: whole model): its rank 0 pulls and shares */
     uint64_t refused, duplicates, stale;
+    /* batches dropped, by reason: refused as malformed or out of range, for a step beyond the window, from a
+     * process the unit was not granted to, holding other prompts than their step draws (refused, or dropped at
+     * the step when they came ahead of it) */
+    uint64_t drop_invalid, drop_future, drop_not_granted, drop_prompt;
+    const int *cur_uids; /* the step next_batch waits for (cur_k): the prompts it draws at each group */
+    int64_t cur_k;
     int64_t start;
     double sync_s_pending;  /* publishing time to report with the next step */
     int64_t bytes_reported; /* weight bytes the dispatcher had served at the previous step */
@@ -65,14 +71,50 @@ static void hold(void *ud)
     control_hold_while_waiting(r->env->ctl, false);
 }
 
+/* A dropped batch, logged at a bounded rate (a flood of garbage must not flood the log). */
+static void log_dropped(struct trainer_rank *r, const char *what, const char *why)
+{
+    double now = clock_now_s();
+    if (now - r->refused_logged_at > 5.0) {
+        log_warn("dataplane",
+                 "%s (%" PRIu64 " refused so far: %" PRIu64 " malformed or out of range, %" PRIu64 " for a later step, "
+                 "%" PRIu64 " not granted to their sender, %" PRIu64 " with other prompts than their step's): %s",
+                 what, r->refused, r->drop_invalid, r->drop_future, r->drop_not_granted, r->drop_prompt, why);
+        r->refused_logged_at = now;
+    }
+}
+
 static void drop_refused(struct trainer_rank *r, const char *why)
 {
     r->refused++;
-    double now = clock_now_s();
-    if (now - r->refused_logged_at > 5.0) { /* a flood of garbage must not flood the log */
-        log_warn("dataplane", "refused a batch on the data socket (%" PRIu64 " so far): %s", r->refused, why);
-        r->refused_logged_at = now;
+    log_dropped(r, "refused a batch on the data socket", why);
+}
+
+/* The rollout rank (the dispatcher's slot) of world rank `from`, or -1 when it is no rollout rank's sender. */
+static int slot_of(const struct trainer_rank *r, int from)
+{
+    const int T = r->env->spec.trainer_ranks, rtp = r->env->spec.rollout_tp > 1 ? r->env->spec.rollout_tp : 1;
+    if (from < T || from >= T + r->env->spec.rollout_ranks || (from - T) % rtp != 0)
+        return -1;
+    return (from - T) / rtp;
+}
+
+/* 0 when every sequence of a batch for step k holds the prompt step k draws at its group (uids), else -1 with why. */
+static int prompts_agree(const struct trainer_rank *r, const struct pending *p, int64_t k, const int *uids, char *why,
+                         size_t whylen)
+{
+    for (int i = 0; i < p->b.n_seq; i++) {
+        const struct rollout_seq *q = &p->b.seqs[i];
+        const int g = q->gidx / r->lim.n, uid = p->b.group_uid[q->group];
+        if (uids[g] != uid) {
+            snprintf(why, whylen,
+                     "step %lld unit %d from rank %d: group %d holds prompt uid %d, but step %lld draws uid %d "
+                     "there (the sender is not of this run, or its data.* settings differ from the trainers')",
+                     (long long)p->h.step, p->h.unit, p->h.from_rank, g, uid, (long long)k, uids[g]);
+            return -1;
+        }
     }
+    return 0;
 }
 
 /* Append a batch to the pending list (it owns the batch from here on). */
@@ -103,12 +145,33 @@ static int receive_one(struct trainer_rank *r, int64_t k, int timeout_ms)
     /* only the steps the dispatcher can have granted: version k - 1 is published, which opens steps up to
      * k + staleness (dispatch.h); anything later is not kept, whoever sent it */
     const int64_t last = k + r->env->staleness;
+    uint64_t *reason = &r->drop_invalid;
     if (rc == 0 && p.h.step > last) {
         snprintf(err, sizeof err, "batch for step %lld, but the trainers take steps %lld..%lld now (step %lld and %s)",
                  (long long)p.h.step, (long long)k, (long long)last, (long long)k,
                  r->env->staleness ? "the next, one-step-off" : "no later, on-policy");
         step_batch_free(&p.b);
         rc = -1;
+        reason = &r->drop_future;
+    }
+    /* the step waited for: its prompts are known, so a batch that holds others is refused before it can take the
+     * unit's place (a later, right copy is then kept) */
+    if (rc == 0 && p.h.step == k && r->cur_uids && r->cur_k == k &&
+        prompts_agree(r, &p, k, r->cur_uids, err, sizeof err) != 0) {
+        step_batch_free(&p.b);
+        rc = -1;
+        reason = &r->drop_prompt;
+    }
+    /* only from a process the dispatcher granted the unit to (the dispatcher's rank knows the grants) */
+    if (rc == 0 && r->disp && p.h.step >= k) {
+        const int slot = slot_of(r, p.h.from_rank);
+        if (slot < 0 || !dispatcher_granted(r->disp, p.h.step, p.h.unit, slot)) {
+            snprintf(err, sizeof err, "step %lld unit %d was not granted to rank %d%s", (long long)p.h.step, p.h.unit,
+                     p.h.from_rank, slot < 0 ? " (not a rollout rank's sender)" : "'s process");
+            step_batch_free(&p.b);
+            rc = -1;
+            reason = &r->drop_not_granted;
+        }
     }
     if (rc == 0 && r->mp) {
         p.raw = xcalloc((len + 3) / 4 * 4, 1); /* share_step broadcasts it in whole 32-bit words */
@@ -118,6 +181,7 @@ static int receive_one(struct trainer_rank *r, int64_t k, int timeout_ms)
     dataplane_msg_free(buf);
     dataplane_answer(r->pull, rc == 0, err); /* the acknowledgement, or the refusal with its reason */
     if (rc != 0) {
+        (*reason)++;
         drop_refused(r, err);
         return 0;
     }
@@ -188,6 +252,28 @@ static int share_step(struct trainer_rank *r, int64_t k)
     return 0;
 }
 
+/* Batches of step k that came ahead of it (one-step-off) and hold other prompts than step k draws: dropped, and on
+ * the dispatcher's rank their unit is granted again (a right copy from another sender may be pending still). */
+static void drop_other_prompts(struct trainer_rank *r, int64_t k, const int *uids)
+{
+    int w = 0;
+    for (int i = 0; i < r->n_pend; i++) {
+        struct pending *p = &r->pend[i];
+        char why[512];
+        if (p->h.step != k || prompts_agree(r, p, k, uids, why, sizeof why) == 0) {
+            r->pend[w++] = *p;
+            continue;
+        }
+        r->drop_prompt++;
+        log_dropped(r, "dropped a batch that came ahead of its step", why);
+        if (r->disp)
+            dispatcher_regrant(r->disp, k, p->h.unit, "the trainers dropped its batch: other prompts than the step's");
+        step_batch_free(&p->b);
+        free(p->raw);
+    }
+    r->n_pend = w;
+}
+
 /* trainer_source.next_batch: step k's batches from every rollout rank, merged in the step's order. */
 static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm)
 {
@@ -198,7 +284,9 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
     const double t0 = clock_now_s();
     double last_note = t0;
+    r->cur_uids = uids, r->cur_k = k;
     for (; r->pull;) { /* the model copy's rank 0 pulls; the others get the batches from it */
+        drop_other_prompts(r, k, uids);
         int have = 0;
         for (int i = 0; i < r->n_pend; i++)
             have += r->pend[i].h.step == k;
@@ -257,9 +345,11 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     r->n_pend = w;
     /* the step's order, whatever order the batches came in; groups keep their indices */
     qsort(b->seqs, (size_t)b->n_seq, sizeof *b->seqs, by_gidx);
-    int bad = 0; /* each sequence's prompt is the one this step draws at its group's position */
+    int bad = 0; /* each sequence's prompt is the one this step draws at its group's position (checked as each
+                  * batch came: this holds unless the model copy's rank 0 shared another) */
     for (int i = 0; i < b->n_seq; i++)
         bad += uids[b->seqs[i].gidx / r->lim.n] != b->group_uid[b->seqs[i].group];
+    r->cur_uids = NULL;
     free(uids);
     if (bad) {
         log_error("trainer",
@@ -272,6 +362,10 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     tm->update_weights_s = r->sync_s_pending;
     tm->refused = r->refused;
     tm->duplicates = r->duplicates + r->stale;
+    tm->drop_invalid = r->drop_invalid;
+    tm->drop_future = r->drop_future;
+    tm->drop_not_granted = r->drop_not_granted;
+    tm->drop_prompt = r->drop_prompt;
     if (r->disp) {
         struct dispatch_stats ds;
         dispatcher_stats(r->disp, &ds);
