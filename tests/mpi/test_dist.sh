@@ -3,8 +3,10 @@
 #  - 1 rollout + 2 trainer ranks, on-policy, reproduce the single-process run: per-step losses and grad norms,
 #    and the final weights, within 1e-5 relative; the audit files hold every uid exactly rollout.n times a step;
 #  - the same run with a stranger writing garbage to a trainer's data socket, then well-formed batches for steps
-#    1,000,000 on and a response of zero tokens: every bad message is refused (the answer says why) and counted,
-#    none is kept, and the result is bit-identical to the undisturbed run;
+#    1,000,000 on, a response of zero tokens, and batches that would take the place of step 1's real one (a prompt
+#    not of its place in the step, an out-of-range policy_version, forged rewards from a rank the unit was not
+#    granted to): every bad message is refused (the answer says why) and counted by reason in the metrics, none is
+#    kept, and the result is bit-identical to the undisturbed run;
 #  - one-step-off (rollout.mode=async, 1 rollout + 1 trainer): staleness 1 logged, the rollout-vs-trainer
 #    log-prob gap measured, the run finishes;
 #  - impossible placements are errors that name the keys and the numbers, before any work starts.
@@ -156,18 +158,36 @@ grep -q "unknown prompt: batch of a 0 x 0 step, but this run has data.train_batc
 rc=$?
 expect "a refusal says what was wrong ($(sed -n 3p "$TMP/stranger.log"))" $rc
 # a stranger who knows the run: well-formed batches for far steps, and a response of zero tokens
-"$STRANGER" "ipc://$TMP/data-dp0.sock" 0 "${COMMON[@]}" placement.rollout_ranks=1 >"$TMP/stranger2.log" 2>&1
+"$STRANGER" "ipc://$TMP/data-dp0.sock" 0 "${COMMON[@]}" placement.trainer_ranks=2 placement.rollout_ranks=1 \
+    >"$TMP/stranger2.log" 2>&1
 rc=$?
 expect "far steps and a zero-token response are refused ($(grep -v "info  data" "$TMP/stranger2.log" | tr '\n' ';'))" $rc
 grep -q "step 1000000: batch for step 1000000, but the trainers take steps" "$TMP/stranger2.log"
 expect "the refusal of a far step says which steps are taken" $?
 grep -q "zero tokens: sequence 0: an empty response (0 tokens)" "$TMP/stranger2.log"
 expect "the refusal of a zero-token response says so" $?
+grep -q "not of its place in this step: step 1 unit 0 from rank 2: group 0 holds prompt uid" "$TMP/stranger2.log"
+expect "a batch holding a prompt not of its place in the step is refused, naming both prompts" $?
+grep -q "out-of-range policy_version: policy_version 7 for step 1" "$TMP/stranger2.log"
+expect "a batch with an out-of-range field is refused, naming it" $?
+grep -q "not granted the unit: step 1 unit 0 was not granted to rank 1" "$TMP/stranger2.log"
+expect "forged rewards from a rank not granted the unit are refused" $?
 rm -f "$TMP/hold"
 wait $RUN
 expect "the run with a stranger on the data socket finishes" $?
 grep -q "refused a batch on the data socket" "$TMP/noisy.log"; expect "bad messages are refused with a reason" $?
-grep -Eq "DP rank 0: 2[5-9] batch\(es\) refused" "$TMP/noisy.log"; expect "each bad message is counted" $?
+grep -Eq "DP rank 0: 29 batch\(es\) refused" "$TMP/noisy.log"; expect "each bad message is counted" $?
+python3 - "$TMP/noisy/p/e/metrics.jsonl" <<'PY'
+import json, sys
+last = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][-1]
+got = {k: last.get("dataplane/" + k) for k in
+       ("dropped_batches", "dropped/invalid", "dropped/future_step", "dropped/not_granted", "dropped/other_prompts")}
+want = {"dropped_batches": 29, "dropped/invalid": 7, "dropped/future_step": 20, "dropped/not_granted": 1,
+        "dropped/other_prompts": 1}
+assert got == want, got
+print("dropped batches counted by reason:", got)
+PY
+expect "the metrics count each dropped batch by its reason" $?
 "$COMPARE" "$(weights split)" "$(weights noisy)" 0 >/dev/null 2>&1
 expect "the stranger changed nothing (weights bit-identical to the undisturbed run)" $?
 

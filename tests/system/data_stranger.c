@@ -6,8 +6,13 @@
  *
  * data_stranger ENDPOINT DP_RANK KEY=VALUE...: a stranger who knows the run (its configuration, so its shape
  * and its prompts) sends batches that are well formed and still must be refused: 20 empty batches for steps
- * 1,000,000 on (a trainer keeps no step the dispatcher cannot have granted), and a whole group of a real prompt
- * for step 1 with one response of zero tokens. Exit 0 when each was refused, the reasons printed. */
+ * 1,000,000 on (a trainer keeps no step the dispatcher cannot have granted), a whole group of a real prompt
+ * for step 1 with one response of zero tokens, and (issue 27) three batches for step 1's unit 0 that would take
+ * the real batch's place (the trainer keeps the first copy of each unit): one whose group holds a prompt step 1
+ * does not draw there, one whose policy_version step 1 cannot be generated with, and one with step 1's real
+ * prompt and forged rewards of 1000 from a rank the unit was not granted to (trainer rank 1). Exit 0 when each
+ * was refused, the reasons printed. The run's step 1 must be waiting for its data meanwhile (the test holds the
+ * rollout rank's scorer). */
 #include <nanomsg/nn.h>
 #include <nanomsg/reqrep.h>
 #include <stdio.h>
@@ -16,6 +21,7 @@
 #include <unistd.h>
 
 #include "common/config.h"
+#include "worker/data/dataset.h"
 #include "proto/protocol.h"
 #include "worker/step/prompts.h"
 #include "worker/tokenizer/tokenizer.h"
@@ -126,6 +132,38 @@ static int knowing_stranger(int s, int dp_rank, int argc, char **argv)
     }
     rb.step = 1, rb.seq_no = 2000000, rb.n_sequences = (size_t)n, rb.sequences = qs;
     bad += refused_for(s, &rb, "a whole group with a response of zero tokens", "an empty response", 0);
+    /* step 1's prompts, as the trainers draw them */
+    struct data_cursor cur;
+    int *uids = calloc((size_t)groups, sizeof(int));
+    if (!uids || data_cursor_init(&cur, train.n, groups, c.data_shuffle, (uint64_t)c.data_seed, err, sizeof err) != 0)
+        return 2;
+    data_cursor_next(&cur, uids);
+    data_cursor_free(&cur);
+    /* group 0 of step 1, whole, with a prompt step 1 draws elsewhere (from the rank that holds the unit) */
+    const int other = uids[1 % groups] != uids[0] ? uids[1 % groups] : (uids[0] + 1) % train.n;
+    rb.from_rank = c.placement_trainer_ranks; /* the rollout rank: world rank T */
+    for (int j = 0; j < n; j++) {
+        const struct prompt_item *o = &train.items[other];
+        q[j].uid = other, q[j].n_prompt_ids = (size_t)o->len, q[j].prompt_ids = o->ids;
+        q[j].n_response_ids = q[j].n_old_log_probs = 1, q[j].response_ids = one, q[j].old_log_probs = lp;
+        q[j].data_source = (char *)o->data_source;
+    }
+    rb.seq_no = 2000001;
+    bad += refused_for(s, &rb, "a group holding a prompt not of its place in this step", "draws uid", 0);
+    /* an empty batch for step 1's unit with a policy version step 1 cannot be generated with */
+    rb.n_sequences = 0, rb.policy_version = 7, rb.seq_no = 2000002;
+    bad += refused_for(s, &rb, "a batch with an out-of-range policy_version", "policy_version 7 for step 1", 0);
+    rb.policy_version = 0;
+    /* step 1's real prompt at group 0, whole, with forged rewards, from trainer rank 1 (never granted a unit) */
+    const struct prompt_item *real = &train.items[uids[0]];
+    for (int j = 0; j < n; j++) {
+        q[j].uid = uids[0], q[j].n_prompt_ids = (size_t)real->len, q[j].prompt_ids = real->ids;
+        q[j].data_source = (char *)real->data_source;
+        q[j].reward = q[j].raw_reward = 1000.0f;
+    }
+    rb.from_rank = 1, rb.n_sequences = (size_t)n, rb.seq_no = 2000003;
+    bad += refused_for(s, &rb, "a forged reward for a real prompt from a rank not granted the unit", "not granted", 0);
+    free(uids);
     free(q);
     free(qs);
     prompt_set_free(&train);
