@@ -127,6 +127,13 @@ static void keep_pending(struct trainer_rank *r, const struct pending *p)
     r->pend[r->n_pend++] = *p;
 }
 
+/* Copies of one (step, unit) from different senders that a DP rank other than the dispatcher's keeps until DP rank 0
+ * says which sender's counts. */
+#define MAX_COPIES 4
+
+/* This rank pulls for a DP rank other than the dispatcher's: which copy of a unit counts is DP rank 0's word. */
+static bool decides_later(const struct trainer_rank *r) { return r->pull && r->env->at.dp != 0; }
+
 /* Take one message off the socket into pending (checked, de-duplicated). 1 if a batch was kept, 0 if none came
  * or it was dropped, -1 on a socket error. */
 static int receive_one(struct trainer_rank *r, int64_t k, int timeout_ms)
@@ -186,10 +193,17 @@ static int receive_one(struct trainer_rank *r, int64_t k, int timeout_ms)
         return 0;
     }
     /* the first copy of each (step, unit) counts: a unit granted again after its process was lost comes out the
-     * same, and a second copy of it is dropped */
-    bool dup = false;
-    for (int i = 0; i < r->n_pend && !dup; i++)
-        dup = r->pend[i].h.step == p.h.step && r->pend[i].h.unit == p.h.unit;
+     * same, and a second copy of it is dropped. The dispatcher's rank keeps only granted copies; the other DP ranks
+     * cannot tell, so they keep a few copies of each unit, one per sender, until DP rank 0 says whose counts
+     * (choose_senders) */
+    int copies = 0;
+    bool same_sender = false;
+    for (int i = 0; i < r->n_pend; i++)
+        if (r->pend[i].h.step == p.h.step && r->pend[i].h.unit == p.h.unit) {
+            copies++;
+            same_sender |= r->pend[i].h.from_rank == p.h.from_rank;
+        }
+    const bool dup = decides_later(r) ? same_sender || copies >= MAX_COPIES : copies > 0;
     if (dup || p.h.step < k) {
         if (p.h.step < k)
             r->stale++;
@@ -252,6 +266,112 @@ static int share_step(struct trainer_rank *r, int64_t k)
     return 0;
 }
 
+/* Distinct units of step k held. */
+static int units_held(const struct trainer_rank *r, int64_t k)
+{
+    int have = 0;
+    for (int i = 0; i < r->n_pend; i++) {
+        if (r->pend[i].h.step != k)
+            continue;
+        bool first = true;
+        for (int j = 0; j < i && first; j++)
+            first = !(r->pend[j].h.step == k && r->pend[j].h.unit == r->pend[i].h.unit);
+        have += first;
+    }
+    return have;
+}
+
+/* On a DP rank other than the dispatcher's: keep of step k only the first copy of each unit from the sender DP rank 0
+ * kept (pick[u]); drop the others (granted[u * R + slot]: whether that sender was granted the unit at all). The
+ * number of units still without that sender's copy. */
+static int keep_picked(struct trainer_rank *r, int64_t k, const int32_t *pick, const int32_t *granted)
+{
+    const int R = r->lim.units;
+    bool *have = xcalloc((size_t)R, sizeof *have);
+    int w = 0;
+    for (int i = 0; i < r->n_pend; i++) {
+        struct pending *p = &r->pend[i];
+        const int u = p->h.unit;
+        if (p->h.step != k || (p->h.from_rank == pick[u] && !have[u])) {
+            if (p->h.step == k)
+                have[u] = true;
+            r->pend[w++] = *p;
+            continue;
+        }
+        const int slot = slot_of(r, p->h.from_rank);
+        if (slot < 0 || !granted[u * R + slot]) {
+            char why[256];
+            snprintf(why, sizeof why, "step %lld unit %d was not granted to rank %d (DP rank 0 keeps rank %d's copy)",
+                     (long long)k, u, p->h.from_rank, pick[u]);
+            r->drop_not_granted++;
+            log_dropped(r, "dropped a batch at its step", why);
+        } else {
+            r->duplicates++;
+        }
+        step_batch_free(&p->b);
+        free(p->raw);
+    }
+    r->n_pend = w;
+    int missing = 0;
+    for (int u = 0; u < R; u++)
+        missing += !have[u];
+    free(have);
+    return missing;
+}
+
+struct pull_wait {
+    struct trainer_rank *r;
+    int64_t k;
+};
+
+/* While a DP rank waits for DP rank 0's word, it keeps taking batches off its socket (and holds for a pause). */
+static void pull_while_waiting(void *ud, bool done)
+{
+    struct pull_wait *pw = ud;
+    if (!done)
+        receive_one(pw->r, pw->k, 10);
+    control_hold_while_waiting(pw->r->env->ctl, false);
+}
+
+/* Every DP rank trains step k on the same senders' copies: DP rank 0 (the dispatcher's, which kept only copies from
+ * processes the unit was granted to) says whose copy of each unit it kept and to whom each unit was granted; the
+ * other DP ranks keep that sender's copy, drop the rest and wait for any still missing. 0, or -1 on a socket error. */
+static int choose_senders(struct trainer_rank *r, int64_t k)
+{
+    const int R = r->lim.units;
+    int32_t *pick = xcalloc((size_t)R * (size_t)(R + 1), sizeof *pick), *granted = pick + R;
+    if (r->env->at.dp == 0) {
+        for (int i = 0; i < r->n_pend; i++)
+            if (r->pend[i].h.step == k)
+                pick[r->pend[i].h.unit] = r->pend[i].h.from_rank;
+        for (int u = 0; u < R; u++)
+            for (int slot = 0; slot < R; slot++)
+                granted[u * R + slot] = r->disp && dispatcher_granted(r->disp, k, u, slot);
+    }
+    struct pull_wait pw = {.r = r, .k = k};
+    comm_broadcast_polled(r->env->dp, pick, (size_t)R * (size_t)(R + 1), COMM_I32, 0,
+                          r->env->at.dp == 0 ? NULL : pull_while_waiting, &pw);
+    int rc = 0;
+    if (r->env->at.dp != 0) {
+        const double t0 = clock_now_s();
+        double last_note = t0;
+        while (keep_picked(r, k, pick, granted) > 0) {
+            if (receive_one(r, k, 200) < 0) {
+                rc = -1;
+                break;
+            }
+            control_hold_while_waiting(r->env->ctl, false);
+            if (clock_now_s() - last_note > 60) {
+                log_warn("trainer", "step %lld: waiting %.0f s for the copies of DP rank 0's senders", (long long)k,
+                         clock_now_s() - t0);
+                last_note = clock_now_s();
+            }
+        }
+    }
+    free(pick);
+    return rc;
+}
+
 /* Batches of step k that came ahead of it (one-step-off) and hold other prompts than step k draws: dropped, and on
  * the dispatcher's rank their unit is granted again (a right copy from another sender may be pending still). */
 static void drop_other_prompts(struct trainer_rank *r, int64_t k, const int *uids)
@@ -287,10 +407,7 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     r->cur_uids = uids, r->cur_k = k;
     for (; r->pull;) { /* the model copy's rank 0 pulls; the others get the batches from it */
         drop_other_prompts(r, k, uids);
-        int have = 0;
-        for (int i = 0; i < r->n_pend; i++)
-            have += r->pend[i].h.step == k;
-        if (have >= R)
+        if (units_held(r, k) >= R)
             break;
         /* on-policy the rollout processes ask for the version of this step while it waits */
         r->sync_s_pending += weight_sync_serve_round(&r->ws);
@@ -301,8 +418,8 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
         /* the rollout ranks hold at their safe points while the run is to pause: so does this wait */
         control_hold_while_waiting(r->env->ctl, false);
         if (clock_now_s() - last_note > 60) {
-            log_warn("trainer", "step %lld: %d of %d work units after %.0fs; still waiting", (long long)k, have, R,
-                     clock_now_s() - t0);
+            log_warn("trainer", "step %lld: %d of %d work units after %.0fs; still waiting", (long long)k,
+                     units_held(r, k), R, clock_now_s() - t0);
             if (r->disp) {
                 struct dispatch_stats ds;
                 dispatcher_stats(r->disp, &ds);
@@ -314,6 +431,10 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
         }
     }
     r->sync_s_pending += weight_sync_finish_rounds(&r->ws, hold, r);
+    if (r->pull && r->env->at.dp_size > 1 && choose_senders(r, k) != 0) {
+        free(uids);
+        return -1;
+    }
     if (r->pull)
         control_hold_while_waiting(r->env->ctl, true);
     if (r->mp && share_step(r, k) != 0) {
@@ -608,9 +729,13 @@ int run_trainer(struct role_env *env)
                                  .gpus_shared = env->trainer_gpus_shared};
     struct trainer_source src = {.ctx = &r, .next_batch = next_batch, .between_steps = between_steps};
     int status = run_trainer_process(env, &lay, &src, trainer_ready, &r);
-    if (r.refused || r.duplicates || r.stale)
-        log_info("dataplane", "DP rank %d: %" PRIu64 " batch(es) refused, %" PRIu64 " duplicate(s), %" PRIu64 " stale",
-                 env->at.dp, r.refused, r.duplicates, r.stale);
+    if (r.refused || r.duplicates || r.stale || r.drop_not_granted || r.drop_prompt)
+        log_info("dataplane",
+                 "DP rank %d: %" PRIu64 " batch(es) refused, %" PRIu64 " duplicate(s), %" PRIu64
+                 " stale; dropped: %" PRIu64 " malformed or out of range, %" PRIu64 " for a later step, %" PRIu64
+                 " not granted to their sender, %" PRIu64 " with other prompts than their step's",
+                 env->at.dp, r.refused, r.duplicates, r.stale, r.drop_invalid, r.drop_future, r.drop_not_granted,
+                 r.drop_prompt);
     if (r.disp) { /* the rollout processes hear the end (their pings are answered "end") before it goes */
         dispatcher_end(r.disp, r.start, status == 0 ? "the trainers ended" : "the trainers failed");
         dispatcher_close(r.disp, 3 * env->heartbeat_s + 2);
