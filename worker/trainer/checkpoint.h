@@ -25,7 +25,6 @@
 
 struct tokenizer;
 
-
 /* Write checkpoint global_step_K (K = st->global_step) under ckpt_root (created if needed), then keep only the
  * newest `keep` checkpoints (keep <= 0: all). The tokenizer (may be NULL) is saved beside the weights.
  * 0, or -1 with err (the previous checkpoints are untouched). */
