@@ -105,7 +105,8 @@ static void put(FILE *f, uint8_t op, const uint8_t *buf, size_t len)
     fputc(op, f);
     fputc((int)(len & 0xff), f);
     fputc((int)(len >> 8), f);
-    fwrite(buf, 1, len, f);
+    if (len)
+        fwrite(buf, 1, len, f);
 }
 
 static void put_env(FILE *f, Grpo__Envelope *env, const char *secret)
