@@ -37,8 +37,8 @@ proto=("$src"/proto/{protocol,transport}.c "$out/gen/grpo.pb-c.c")
 base=("$src"/common/{log,check,clock}.c)
 sources() {
     case "$1" in
-    grpod) echo "$src"/daemon/{core,core_report,core_persist,validate,arena}.c "$src"/proto/{names,status_json}.c \
-        "${proto[@]}" "${base[@]}" "$src/common/placement.c" ;;
+    grpod) echo "$src"/daemon/{core,core_report,core_persist,diagnose,validate,arena}.c "$src"/proto/{names,status_json}.c \
+        "${proto[@]}" "${base[@]}" "$src"/common/{placement,config_text,config,config_yaml,config_cli,config_verl,fs}.c -lyaml ;;
     wire) echo "$src"/worker/plane/{wire,dispatch_core}.c "$src/worker/step/batch.c" "$src/worker/step/seq.c" \
         "${proto[@]}" "${base[@]}" ;;
     dispatch) echo "$src/worker/plane/dispatch_core.c" "${proto[@]}" "${base[@]}" ;;
