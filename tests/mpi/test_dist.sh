@@ -5,9 +5,8 @@
 #  - the same run with a stranger writing garbage to a trainer's data socket, then well-formed batches for steps
 #    1,000,000 on, a response of zero tokens, and batches that would take the place of step 1's real one (a prompt
 #    not of its place in the step, an out-of-range policy_version, forged rewards from a rank the unit was not
-#    granted to), on DP rank 0 (the dispatcher's) and DP rank 1 (which keeps a copy until DP rank 0 says whose
-#    counts): every bad message is refused (the answer says why) or dropped at its step, counted by reason, none is
-#    trained on, and the result is bit-identical to the undisturbed run;
+#    granted to), on DP rank 0 (the dispatcher's) and DP rank 1: every bad message is refused (the answer says
+#    why) and counted by reason, none is trained on, and the result is bit-identical to the undisturbed run;
 #  - one-step-off (rollout.mode=async, 1 rollout + 1 trainer): staleness 1 logged, the rollout-vs-trainer
 #    log-prob gap measured, the run finishes;
 #  - impossible placements are errors that name the keys and the numbers, before any work starts.
@@ -173,18 +172,22 @@ grep -q "out-of-range policy_version: policy_version 7 for step 1" "$TMP/strange
 expect "a batch with an out-of-range field is refused, naming it" $?
 grep -q "not granted the unit: step 1 unit 0 was not granted to rank 1" "$TMP/stranger2.log"
 expect "forged rewards from a rank not granted the unit are refused" $?
-# the same on DP rank 1, which has no dispatcher: it keeps the forged copy until DP rank 0 says whose counts
+# the same on DP rank 1, which has no dispatcher (it refuses a unit from a rank that is no rollout rank's sender;
+# one from a rollout rank it keeps until DP rank 0 says whose copy counts)
 "$STRANGER" "ipc://$TMP/data-dp1.sock" 1 "${COMMON[@]}" placement.trainer_ranks=2 placement.rollout_ranks=1 \
     >"$TMP/stranger3.log" 2>&1
-expect "DP rank 1: the stranger's batches are refused or answered ($(tr '\n' ';' <"$TMP/stranger3.log"))" $?
+expect "DP rank 1: each of the stranger's batches is refused ($(tr '\n' ';' <"$TMP/stranger3.log"))" $?
 rm -f "$TMP/hold"
 wait $RUN
 expect "the run with a stranger on the data socket finishes" $?
 grep -q "refused a batch on the data socket" "$TMP/noisy.log"; expect "bad messages are refused with a reason" $?
 grep -Eq "DP rank 0: 29 batch\(es\) refused" "$TMP/noisy.log"; expect "each bad message is counted" $?
-grep -q "DP rank 1: 23 batch(es) refused, .* 20 for a later step, 1 not granted to their sender, 1 with other" \
+grep -q "DP rank 1: 24 batch(es) refused, .* 20 for a later step, 1 not granted to their sender, 1 with other" \
     "$TMP/noisy.log"
-expect "DP rank 1 drops the forged copy at its step, counted as not granted" $?
+expect "DP rank 1 refuses the forged copy, counted as not granted" $?
+grep -q "a forged reward for a real prompt from a rank not granted the unit: step 1 unit 0 was not granted to rank 1" \
+    "$TMP/stranger3.log"
+expect "DP rank 1's refusal says the unit was not granted to that rank" $?
 python3 - "$TMP/noisy/p/e/metrics.jsonl" <<'PY'
 import json, sys
 last = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][-1]

@@ -11,9 +11,9 @@
  * the real batch's place (the trainer keeps the first copy of each unit): one whose group holds a prompt step 1
  * does not draw there, one whose policy_version step 1 cannot be generated with, and one with step 1's real
  * prompt and forged rewards of 1000 from a rank the unit was not granted to (trainer rank 1). Exit 0 when each
- * was refused, the reasons printed (on a DP rank other than 0 the last one is only answered: that rank drops it
- * at its step, once DP rank 0 has said whose copy of the unit counts). The run's step 1 must be waiting for its data
- * meanwhile (the test holds the rollout rank's scorer). */
+ * was refused, the reasons printed (every DP rank refuses a unit from a rank that is no rollout rank's sender; DP
+ * rank 0, the dispatcher's, also one from a rollout rank the unit was not granted to). The run's step 1 must be waiting
+ * for its data meanwhile (the test holds the rollout rank's scorer). */
 #include <nanomsg/nn.h>
 #include <nanomsg/reqrep.h>
 #include <stdio.h>
@@ -169,10 +169,7 @@ static int knowing_stranger(int s, int dp_rank, int argc, char **argv)
         q[j].reward = q[j].raw_reward = 1000.0f;
     }
     rb.from_rank = 1, rb.n_sequences = (size_t)n, rb.seq_no = 2000003;
-    /* DP rank 0 runs the dispatcher and refuses it at once; another DP rank keeps it until DP rank 0 says whose
-     * copy counts, and drops it then */
-    bad += refused_for(s, &rb, "a forged reward for a real prompt from a rank not granted the unit",
-                       dp_rank == 0 ? "not granted" : NULL, 0);
+    bad += refused_for(s, &rb, "a forged reward for a real prompt from a rank not granted the unit", "not granted", 0);
     free(uids);
     free(q);
     free(qs);

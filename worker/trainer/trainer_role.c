@@ -127,10 +127,6 @@ static void keep_pending(struct trainer_rank *r, const struct pending *p)
     r->pend[r->n_pend++] = *p;
 }
 
-/* Copies of one (step, unit) from different senders that a DP rank other than the dispatcher's keeps until DP rank 0
- * says which sender's counts. */
-#define MAX_COPIES 4
-
 /* This rank pulls for a DP rank other than the dispatcher's: which copy of a unit counts is DP rank 0's word. */
 static bool decides_later(const struct trainer_rank *r) { return r->pull && r->env->at.dp != 0; }
 
@@ -169,10 +165,11 @@ static int receive_one(struct trainer_rank *r, int64_t k, int timeout_ms)
         rc = -1;
         reason = &r->drop_prompt;
     }
-    /* only from a process the dispatcher granted the unit to (the dispatcher's rank knows the grants) */
-    if (rc == 0 && r->disp && p.h.step >= k) {
+    /* only from a process the dispatcher granted the unit to: the dispatcher's rank knows the grants; every rank
+     * knows that only a rollout rank's sender can have been granted one */
+    if (rc == 0 && p.h.step >= k) {
         const int slot = slot_of(r, p.h.from_rank);
-        if (slot < 0 || !dispatcher_granted(r->disp, p.h.step, p.h.unit, slot)) {
+        if (slot < 0 || (r->disp && !dispatcher_granted(r->disp, p.h.step, p.h.unit, slot))) {
             snprintf(err, sizeof err, "step %lld unit %d was not granted to rank %d%s", (long long)p.h.step, p.h.unit,
                      p.h.from_rank, slot < 0 ? " (not a rollout rank's sender)" : "'s process");
             step_batch_free(&p.b);
@@ -194,8 +191,8 @@ static int receive_one(struct trainer_rank *r, int64_t k, int timeout_ms)
     }
     /* the first copy of each (step, unit) counts: a unit granted again after its process was lost comes out the
      * same, and a second copy of it is dropped. The dispatcher's rank keeps only granted copies; the other DP ranks
-     * cannot tell, so they keep a few copies of each unit, one per sender, until DP rank 0 says whose counts
-     * (choose_senders) */
+     * cannot tell, so they keep one copy of each unit per rollout rank's sender (at most one per unit of a step:
+     * the real one always finds room) until DP rank 0 says whose counts (choose_senders) */
     int copies = 0;
     bool same_sender = false;
     for (int i = 0; i < r->n_pend; i++)
@@ -203,7 +200,7 @@ static int receive_one(struct trainer_rank *r, int64_t k, int timeout_ms)
             copies++;
             same_sender |= r->pend[i].h.from_rank == p.h.from_rank;
         }
-    const bool dup = decides_later(r) ? same_sender || copies >= MAX_COPIES : copies > 0;
+    const bool dup = decides_later(r) ? same_sender || copies >= r->lim.units : copies > 0;
     if (dup || p.h.step < k) {
         if (p.h.step < k)
             r->stale++;
