@@ -626,5 +626,5 @@ void dispatch_core_regrant(struct dispatch_core *d, int64_t step, int unit, cons
         return;
     log_warn("dispatch", "step %lld unit %d is granted again (%s)", (long long)step, unit, why);
     *l = pending_lease;
-    d->st.regranted_dropped++;
+    d->st.redone++;
 }

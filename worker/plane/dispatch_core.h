@@ -29,15 +29,15 @@ struct dispatch_options {
 
 /* What the dispatcher has done so far (for the metrics). */
 struct dispatch_stats {
-    int64_t granted;           /* units granted */
-    int64_t regranted;         /* of those, units granted to another process than the first (holder lost, lease over) */
-    int64_t expired;           /* of those, units granted again because their lease was over (the holder alive) */
-    int64_t lost;              /* rollout processes declared lost */
-    int64_t refused;           /* requests refused (malformed, wrong secret) */
-    int64_t regranted_dropped; /* units granted again because the trainers dropped what was delivered */
-    int64_t bytes;             /* weight bytes served in chunks */
-    int64_t broadcasts;        /* versions broadcast whole (weight_sync=broadcast) */
-    int live;                  /* rollout processes alive now */
+    int64_t granted;    /* units granted */
+    int64_t regranted;  /* of those, units granted to another process than the first (holder lost, lease over) */
+    int64_t expired;    /* of those, units granted again because their lease was over (the holder alive) */
+    int64_t lost;       /* rollout processes declared lost */
+    int64_t refused;    /* requests refused (malformed, wrong secret) */
+    int64_t redone;     /* units granted again because the trainers dropped what was delivered */
+    int64_t bytes;      /* weight bytes served in chunks */
+    int64_t broadcasts; /* versions broadcast whole (weight_sync=broadcast) */
+    int live;           /* rollout processes alive now */
 };
 
 /* A grant's lease: a unit not delivered this long after its grant may be granted again to a process with nothing
