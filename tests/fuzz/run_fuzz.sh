@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
-# Build the libFuzzer harness of grpod's parsers with clang and run it for a
-# bounded time (default 60 s). Exit 77 (skipped) without clang's libFuzzer.
+# Build libFuzzer harnesses with clang and run each for a bounded time (default 60 s each). Exit 77 (skipped)
+# without clang's libFuzzer; 1 when a harness crashes, leaks or trips UBSan, naming the reproducer.
 #
-#   tests/fuzz/run_fuzz.sh [SOURCE_ROOT] [SECONDS]
-# Crashes are kept in $GRPO_FUZZ_OUT (default: a temporary directory, printed).
+#   tests/fuzz/run_fuzz.sh [SOURCE_ROOT] [SECONDS] [TARGET...]
+# Targets (default: grpod):
+#   grpod      grpod's parsers: control requests, the journal, status replies (fuzz_grpod.c)
+#   wire       the trainer's data socket: wire_unpack_batch (fuzz_wire.c)
+#   dispatch   every dispatcher message, through the dispatcher's core (fuzz_dispatch.c)
+#   checkpoint a checkpoint's state.json (fuzz_checkpoint.c)
+# Each harness writes its seeds (real messages and files) at start. Crashes are kept in $GRPO_FUZZ_OUT (default:
+# a temporary directory, printed; kept when something was found). Reproduce one with
+#   $GRPO_FUZZ_OUT/fuzz_TARGET $GRPO_FUZZ_OUT/crash-...
 set -euo pipefail
 src="$(cd "${1:-$(dirname "$0")/../..}" && pwd)"
 secs="${2:-60}"
-out="${GRPO_FUZZ_OUT:-$(mktemp -d /tmp/grpod-fuzz.XXXXXX)}"
-mkdir -p "$out/corpus" "$out/gen"
+shift $(($# > 2 ? 2 : $#))
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(grpod)
+keep="${GRPO_FUZZ_OUT:-}"
+out="${GRPO_FUZZ_OUT:-$(mktemp -d /tmp/grpo-fuzz.XXXXXX)}"
+mkdir -p "$out/gen"
 CC="${CC_FUZZ:-clang}"
 command -v "$CC" >/dev/null || { echo "skip: $CC not found"; exit 77; }
 command -v protoc-c >/dev/null || { echo "skip: protoc-c not found"; exit 77; }
@@ -22,23 +33,41 @@ fi
 protoc-c --proto_path="$src/proto" --c_out="$out/gen" "$src/proto/grpo.proto"
 mkdir -p "$out/gen/daemon"
 printf '#define GRPO_VERSION_STRING "fuzz"\n' >"$out/gen/daemon/grpod_version.h"
-# shellcheck disable=SC2046
-"$CC" -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -D_GNU_SOURCE -std=c17 \
-    -I"$src" -I"$out/gen" \
-    "$src/tests/fuzz/fuzz_grpod.c" \
-    "$src"/daemon/{core,core_report,core_persist,validate,arena}.c "$src"/proto/{names,status_json}.c \
-    "$src/proto/protocol.c" "$out/gen/grpo.pb-c.c" \
-    "$src"/common/{log,check,clock,placement}.c "$src/proto/transport.c" \
-    $(pkg-config --cflags --libs libprotobuf-c jansson nanomsg) -lm \
-    -o "$out/fuzz_grpod"
-echo "fuzzing grpod's parsers for $secs s (work directory $out)"
-GRPO_FUZZ_SEEDS="$out/corpus" "$out/fuzz_grpod" "$out/corpus" -max_total_time="$secs" -max_len=4096 \
-    -artifact_prefix="$out/" -print_final_stats=1 -rss_limit_mb=2048 2>"$out/fuzz.log" || {
-    tail -n 60 "$out/fuzz.log"
-    echo "FAIL: the fuzzer found a crash; input kept in $out/crash-*"
-    exit 1
+proto=("$src"/proto/{protocol,transport}.c "$out/gen/grpo.pb-c.c")
+base=("$src"/common/{log,check,clock}.c)
+sources() {
+    case "$1" in
+    grpod) echo "$src"/daemon/{core,core_report,core_persist,diagnose,validate,arena}.c "$src"/proto/{names,status_json}.c \
+        "${proto[@]}" "${base[@]}" "$src"/common/{placement,config_text,config,config_yaml,config_cli,config_verl,fs}.c -lyaml ;;
+    wire) echo "$src"/worker/plane/{wire,dispatch_core}.c "$src/worker/step/batch.c" "$src/worker/step/seq.c" \
+        "${proto[@]}" "${base[@]}" ;;
+    dispatch) echo "$src/worker/plane/dispatch_core.c" "${proto[@]}" "${base[@]}" ;;
+    checkpoint) echo "$src/worker/trainer/checkpoint_state.c" "${base[@]}" ;;
+    *) return 1 ;;
+    esac
 }
-grep -E '^(stat::number_of_executed_units|stat::new_units_added|Done)' "$out/fuzz.log" || true
-tail -n 2 "$out/fuzz.log"
-[ -z "${GRPO_FUZZ_OUT:-}" ] && rm -rf "$out"
-echo "ok: no crash"
+rc=0
+for t in "${targets[@]}"; do
+    srcs=$(sources "$t") || { echo "unknown fuzz target $t (grpod, wire, dispatch, checkpoint)"; exit 2; }
+    # shellcheck disable=SC2046,SC2086
+    "$CC" -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -D_GNU_SOURCE -std=c17 \
+        -I"$src" -I"$out/gen" "$src/tests/fuzz/fuzz_$t.c" $srcs \
+        $(pkg-config --cflags --libs libprotobuf-c jansson nanomsg) -lm -o "$out/fuzz_$t"
+    mkdir -p "$out/corpus-$t"
+    echo "fuzzing $t for $secs s (work directory $out)"
+    if ! GRPO_FUZZ_SEEDS="$out/corpus-$t" ASAN_OPTIONS=detect_leaks=1 "$out/fuzz_$t" "$out/corpus-$t" \
+        -max_total_time="$secs" -max_len=8192 -artifact_prefix="$out/$t-" -print_final_stats=1 -rss_limit_mb=2048 \
+        2>"$out/fuzz-$t.log"; then
+        tail -n 60 "$out/fuzz-$t.log"
+        echo "FAIL: fuzz target $t found a crash, leak or undefined behaviour; reproducer:" \
+            "$out/fuzz_$t $(ls "$out/$t-"* 2>/dev/null | head -1)"
+        rc=1
+        keep=1
+        continue
+    fi
+    grep -E '^stat::(number_of_executed_units|new_units_added)' "$out/fuzz-$t.log" | tr '\n' ' ' || true
+    echo
+    echo "ok: $t, no crash"
+done
+[ -z "$keep" ] && rm -rf "$out"
+exit $rc

@@ -3,9 +3,11 @@
 #  - 1 rollout + 2 trainer ranks, on-policy, reproduce the single-process run: per-step losses and grad norms,
 #    and the final weights, within 1e-5 relative; the audit files hold every uid exactly rollout.n times a step;
 #  - the same run with a stranger writing garbage to a trainer's data socket (without credentials: refused before
-#    anything else is looked at), then well-formed, authenticated batches for steps 1,000,000 on and a response of
-#    zero tokens: every bad message is refused (the answer says why) and counted,
-#    none is kept, and the result is bit-identical to the undisturbed run;
+#    anything else is looked at), then well-formed, authenticated batches for steps 1,000,000 on, a response of
+#    zero tokens, and batches that would take the place of step 1's real one (a prompt not of its place in the
+#    step, an out-of-range policy_version, forged rewards naming a rank the unit was not granted to), on DP rank 0
+#    (the dispatcher's) and DP rank 1: every bad message is refused (the answer says why) and counted by reason,
+#    none is trained on, and the result is bit-identical to the undisturbed run;
 #  - one-step-off (rollout.mode=async, 1 rollout + 1 trainer): staleness 1 logged, the rollout-vs-trainer
 #    log-prob gap measured, the run finishes;
 #  - impossible placements are errors that name the keys and the numbers, before any work starts.
@@ -157,8 +159,8 @@ grep -q "unknown prompt: the message carries no authentication" "$TMP/stranger.l
 rc=$?
 expect "a refusal says what was wrong ($(sed -n 3p "$TMP/stranger.log"))" $rc
 # a stranger who knows the run and holds one rollout process's key (GRPO_TEST_SPARE_CREDENTIALS): well-formed,
-# authenticated batches for far steps, and a response of zero tokens
-"$STRANGER" "ipc://$TMP/data-dp0.sock" 0 --cred "$TMP/spare.cred" "${COMMON[@]}" placement.rollout_ranks=1 \
+# authenticated batches for far steps, a response of zero tokens, and batches that would take step 1's place
+"$STRANGER" "ipc://$TMP/data-dp0.sock" 0 --cred "$TMP/spare.cred" "${COMMON[@]}" placement.trainer_ranks=2 placement.rollout_ranks=1 \
     >"$TMP/stranger2.log" 2>&1
 rc=$?
 expect "far steps and a zero-token response are refused ($(grep -v "info  data" "$TMP/stranger2.log" | tr '\n' ';'))" $rc
@@ -166,11 +168,40 @@ grep -q "step 1000000: batch for step 1000000, but the trainers take steps" "$TM
 expect "the refusal of a far step says which steps are taken" $?
 grep -q "zero tokens: sequence 0: an empty response (0 tokens)" "$TMP/stranger2.log"
 expect "the refusal of a zero-token response says so" $?
+grep -q "not of its place in this step: step 1 unit 0 from rank 2: group 0 holds prompt uid" "$TMP/stranger2.log"
+expect "a batch holding a prompt not of its place in the step is refused, naming both prompts" $?
+grep -q "out-of-range policy_version: policy_version 7 for step 1" "$TMP/stranger2.log"
+expect "a batch with an out-of-range field is refused, naming it" $?
+grep -q "not granted the unit: from_rank 1, but the batch is authenticated as rank 2's: no process speaks for another" \
+    "$TMP/stranger2.log"
+expect "forged rewards naming a rank not granted the unit are refused: the key speaks for its own rank only" $?
+# the same on DP rank 1, which has no dispatcher (it refuses a unit from a rank that is no rollout rank's sender;
+# one from a rollout rank it keeps until DP rank 0 says whose copy counts)
+"$STRANGER" "ipc://$TMP/data-dp1.sock" 1 --cred "$TMP/spare.cred" "${COMMON[@]}" placement.trainer_ranks=2 placement.rollout_ranks=1 \
+    >"$TMP/stranger3.log" 2>&1
+expect "DP rank 1: each of the stranger's batches is refused ($(tr '\n' ';' <"$TMP/stranger3.log"))" $?
 rm -f "$TMP/hold"
 wait $RUN
 expect "the run with a stranger on the data socket finishes" $?
 grep -q "refused a batch on the data socket" "$TMP/noisy.log"; expect "bad messages are refused with a reason" $?
-grep -Eq "DP rank 0: 2[5-9] batch\(es\) refused" "$TMP/noisy.log"; expect "each bad message is counted" $?
+grep -Eq "DP rank 0: 29 batch\(es\) refused" "$TMP/noisy.log"; expect "each bad message is counted" $?
+grep -q "DP rank 1: 24 batch(es) refused, .* 3 malformed or out of range, 20 for a later step, 0 not granted to their sender, 1 with other" \
+    "$TMP/noisy.log"
+expect "DP rank 1 refuses the forged copy (counted with the malformed: its MAC speaks for another rank)" $?
+grep -q "a forged reward for a real prompt from a rank not granted the unit: from_rank 1, but the batch is authenticated as rank 2's" \
+    "$TMP/stranger3.log"
+expect "DP rank 1's refusal says the batch names another rank than its key's" $?
+python3 - "$TMP/noisy/p/e/metrics.jsonl" <<'PY'
+import json, sys
+last = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][-1]
+got = {k: last.get("dataplane/" + k) for k in
+       ("dropped_batches", "dropped/invalid", "dropped/future_step", "dropped/not_granted", "dropped/other_prompts")}
+want = {"dropped_batches": 29, "dropped/invalid": 8, "dropped/future_step": 20, "dropped/not_granted": 0,
+        "dropped/other_prompts": 1}
+assert got == want, got
+print("dropped batches counted by reason:", got)
+PY
+expect "the metrics count each dropped batch by its reason" $?
 "$COMPARE" "$(weights split)" "$(weights noisy)" 0 >/dev/null 2>&1
 expect "the stranger changed nothing (weights bit-identical to the undisturbed run)" $?
 

@@ -16,7 +16,14 @@
  * authentication, the same with FILE's key claiming another process's identity, with FILE's identity naming
  * another rank as its sender, and a captured batch replayed; on the dispatcher, a ping without authentication, a
  * ping for another rollout rank than FILE's, and a weights download without credentials. Each must be refused for
- * its reason (a weights download must get no weights). */
+ * its reason (a weights download must get no weights).
+ *
+ * Then (issue 27, what a step can hold) three batches for step 1's unit 0 that would take the real batch's place
+ * (the trainer keeps the first copy of each unit), authenticated with FILE's credentials: one whose group holds a
+ * prompt step 1 does not draw there, one whose policy_version step 1 cannot be generated with, and one with step
+ * 1's real prompt and forged rewards of 1000 naming a rank the unit was not granted to (trainer rank 1: refused,
+ * since FILE's key speaks for its own rank only). The run's step 1 must be waiting for its data meanwhile (the test
+ * holds the rollout rank's scorer). */
 #include <nanomsg/nn.h>
 #include <nanomsg/reqrep.h>
 #include <stdio.h>
@@ -26,6 +33,7 @@
 
 #include "common/config.h"
 #include "proto/plane_auth.h"
+#include "worker/data/dataset.h"
 #include "proto/protocol.h"
 #include "worker/step/prompts.h"
 #include "worker/tokenizer/tokenizer.h"
@@ -71,6 +79,12 @@ static int refused_bytes(int s, const uint8_t *buf, size_t len, const char *what
     }
     Grpo__Envelope *ans = protocol_unpack(msg, (size_t)n, NULL, 0);
     nn_freemsg(msg);
+    if (!reason) { /* any answer: the trainer may keep it until its step, and drop it there */
+        int none = !ans || ans->body_case != GRPO__ENVELOPE__BODY_REPLY;
+        printf("%s: %s\n", what, none ? "NO ANSWER" : ans->reply->ok ? "taken for now" : ans->reply->error);
+        protocol_free(ans);
+        return none;
+    }
     int bad =
         !ans || ans->body_case != GRPO__ENVELOPE__BODY_REPLY || ans->reply->ok || !strstr(ans->reply->error, reason);
     if (bad || !quiet)
@@ -275,6 +289,39 @@ static int knowing_stranger(int s, int dp_rank, const char *cred_file, const cha
     }
     rb.step = 1, rb.seq_no = 2000000, rb.n_sequences = (size_t)n, rb.sequences = qs;
     bad += refused_for(s, &rb, cred, "a whole group with a response of zero tokens", "an empty response", 0);
+    /* step 1's prompts, as the trainers draw them */
+    struct data_cursor cur;
+    int *uids = calloc((size_t)groups, sizeof(int));
+    if (!uids || data_cursor_init(&cur, train.n, groups, c.data_shuffle, (uint64_t)c.data_seed, err, sizeof err) != 0)
+        return 2;
+    data_cursor_next(&cur, uids);
+    data_cursor_free(&cur);
+    /* group 0 of step 1, whole, with a prompt step 1 draws elsewhere (from the rank that holds the unit) */
+    const int other = uids[1 % groups] != uids[0] ? uids[1 % groups] : (uids[0] + 1) % train.n;
+    rb.from_rank = cred ? cred->id.rank : c.placement_trainer_ranks; /* a rollout rank: world rank T on */
+    for (int j = 0; j < n; j++) {
+        const struct prompt_item *o = &train.items[other];
+        q[j].uid = other, q[j].n_prompt_ids = (size_t)o->len, q[j].prompt_ids = o->ids;
+        q[j].n_response_ids = q[j].n_old_log_probs = 1, q[j].response_ids = one, q[j].old_log_probs = lp;
+        q[j].data_source = (char *)o->data_source;
+    }
+    rb.seq_no = 2000001;
+    bad += refused_for(s, &rb, cred, "a group holding a prompt not of its place in this step", "draws uid", 0);
+    /* an empty batch for step 1's unit with a policy version step 1 cannot be generated with */
+    rb.n_sequences = 0, rb.policy_version = 7, rb.seq_no = 2000002;
+    bad += refused_for(s, &rb, cred, "a batch with an out-of-range policy_version", "policy_version 7 for step 1", 0);
+    rb.policy_version = 0;
+    /* step 1's real prompt at group 0, whole, with forged rewards, from trainer rank 1 (never granted a unit) */
+    const struct prompt_item *real = &train.items[uids[0]];
+    for (int j = 0; j < n; j++) {
+        q[j].uid = uids[0], q[j].n_prompt_ids = (size_t)real->len, q[j].prompt_ids = real->ids;
+        q[j].data_source = (char *)real->data_source;
+        q[j].reward = q[j].raw_reward = 1000.0f;
+    }
+    rb.from_rank = 1, rb.n_sequences = (size_t)n, rb.seq_no = 2000003;
+    bad += refused_for(s, &rb, cred, "a forged reward for a real prompt from a rank not granted the unit",
+                       cred ? "no process speaks for another" : "not granted", 0);
+    free(uids);
     free(q);
     free(qs);
     prompt_set_free(&train);

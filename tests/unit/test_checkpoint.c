@@ -4,6 +4,7 @@
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -262,13 +263,74 @@ static void test_state_disagrees(void **state)
     must_rm_rf(root);
 }
 
+/* issue 27: state.json must agree with the model files beside it (their sizes and checksums as written) */
+static void test_state_disagrees_with_files(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/grpo_ckpt_XXXXXX", err[1024], dir[1200], path[1300], model[1300];
+    assert_non_null(mkdtemp(root));
+    struct model *m = tiny();
+    struct adamw *o = opt_for(m), *o2 = adamw_create(m->w.n_floats, 0, 0, 0, 0);
+    struct run_state st = {.global_step = 3, .total_steps = 10}, st2;
+    assert_int_equal(checkpoint_save(root, m, o, NULL, &st, 0, err, sizeof err), 0);
+    snprintf(dir, sizeof dir, "%s/global_step_3", root);
+    snprintf(path, sizeof path, "%s/state.json", dir);
+    snprintf(model, sizeof model, "%s/actor/model.safetensors", dir);
+    if (checkpoint_load(dir, m, o2, &st2, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    bool listed = false;
+    for (int i = 0; i < st2.n_files; i++)
+        listed |= strcmp(st2.files[i].name, "actor/model.safetensors") == 0;
+    assert_true(listed);
+    /* a file state.json lists is not there */
+    edit_file(path, "\"files\": {", "\"files\": {\"actor/extra.bin\": {\"bytes\": 1, \"crc32c\": \"00000000\"},");
+    assert_int_equal(checkpoint_load(dir, m, o2, &st2, err, sizeof err), -1);
+    if (!strstr(err, "global_step_3/state.json lists actor/extra.bin") || !strstr(err, "cannot be read"))
+        fail_msg("error '%s'", err);
+    /* a listed name that leaves the checkpoint directory is refused before anything is read */
+    edit_file(path, "\"actor/extra.bin\"", "\"../../etc/passwd\"");
+    assert_int_equal(checkpoint_load(dir, m, o2, &st2, err, sizeof err), -1);
+    if (!strstr(err, "not a plain path inside the checkpoint"))
+        fail_msg("error '%s'", err);
+    edit_file(path, "\"../../etc/passwd\": {\"bytes\": 1, \"crc32c\": \"00000000\"},", "");
+    if (checkpoint_load(dir, m, o2, &st2, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    /* one byte of the weights changed (same size): refused, naming state.json and the model file */
+    struct stat sb;
+    assert_int_equal(stat(model, &sb), 0);
+    FILE *f = fopen(model, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, (long)sb.st_size - 3, SEEK_SET), 0);
+    int c = fgetc(f);
+    assert_int_equal(fseek(f, (long)sb.st_size - 3, SEEK_SET), 0);
+    fputc(c ^ 0x40, f);
+    fclose(f);
+    assert_int_equal(checkpoint_load(dir, m, o2, &st2, err, sizeof err), -1);
+    if (!strstr(err, "global_step_3/state.json records actor/model.safetensors") || !strstr(err, model) ||
+        !strstr(err, "CRC32C"))
+        fail_msg("error '%s' does not name both files", err);
+    /* bytes appended to the weights file (its tensors still read): the sizes differ */
+    f = fopen(model, "ab");
+    assert_non_null(f);
+    fputs("junk", f);
+    fclose(f);
+    assert_int_equal(checkpoint_load(dir, m, o2, &st2, err, sizeof err), -1);
+    char want[64];
+    snprintf(want, sizeof want, "has %lld bytes with", (long long)sb.st_size + 4);
+    if (!strstr(err, want))
+        fail_msg("error '%s' does not give the file's size", err);
+    adamw_free(o2);
+    adamw_free(o);
+    model_free(m);
+    must_rm_rf(root);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip_and_keep),
-        cmocka_unit_test(test_crash_leftovers_and_corruption),
-        cmocka_unit_test(test_non_finite_refused),
-        cmocka_unit_test(test_state_disagrees),
+        cmocka_unit_test(test_round_trip_and_keep),        cmocka_unit_test(test_crash_leftovers_and_corruption),
+        cmocka_unit_test(test_non_finite_refused),         cmocka_unit_test(test_state_disagrees),
+        cmocka_unit_test(test_state_disagrees_with_files),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -525,6 +525,47 @@ static void test_loss_and_regrant(void **state)
 /* A process asks, the dispatcher grants it a unit, and the answer never reaches it (its ask timed out first, or
  * the network cut it): asking again, it gets the same unit, counted once; nobody else gets it meanwhile. The same
  * one-step-off, where the unit lost is the next step's and the last one's is reported done. */
+/* issue 27: the dispatcher says to whom each unit of the window was granted (the trainers keep a batch only from
+ * such a process), and a unit whose batch the trainers dropped is granted again */
+static void test_granted_and_dropped(void **state)
+{
+    (void)state;
+    enum { N = 16 };
+    float *w0 = weights(N, 1, 0), *w1 = weights(N, 1, 1);
+    const struct proc a = {0xA, 0, NULL}, b = {0xB, 1, NULL};
+    double t = 0;
+    struct dispatch_core *d = core_open(NULL, 2, 0, 5, N, 5, t);
+    publish(d, 0, w0);
+    assert_false(dispatch_core_granted(d, 1, 0, 0)); /* nothing granted yet */
+    expect_unit_at(d, &a, t, 1, 0, 0);
+    assert_true(dispatch_core_granted(d, 1, 0, 0));
+    assert_false(dispatch_core_granted(d, 1, 0, 1)); /* not to rank 1 */
+    assert_false(dispatch_core_granted(d, 1, 1, 0)); /* rank 0 has not unit 1 */
+    assert_false(dispatch_core_granted(d, 2, 0, 0)); /* a step not granted yet */
+    assert_false(dispatch_core_granted(d, 1, 0, 7)); /* no such rank */
+    assert_false(dispatch_core_granted(d, 1000000, 0, 0));
+    expect_unit_at(d, &b, t, 1, 1, 0);
+    assert_true(dispatch_core_granted(d, 1, 1, 1));
+    /* a delivers, then the trainers drop its batch: unit 0 goes out again, to a (its own rank) */
+    expect_wait_at(d, &a, t + 1, "step 2", NULL);
+    dispatch_core_regrant(d, 1, 0, "test: dropped");
+    assert_int_equal(cstats(d).redone, 1);
+    expect_unit_at(d, &a, t + 2, 1, 0, 0);
+    assert_true(dispatch_core_granted(d, 1, 0, 0));
+    /* a step trained: its grants are forgotten, the next step's kept */
+    expect_wait_at(d, &a, t + 3, "step 2", NULL);
+    expect_wait_at(d, &b, t + 3, "step 2", NULL);
+    publish(d, 1, w1);
+    assert_false(dispatch_core_granted(d, 1, 0, 0));
+    expect_unit_at(d, &a, t + 4, 2, 0, 1);
+    assert_true(dispatch_core_granted(d, 2, 0, 0));
+    dispatch_core_regrant(d, 9, 0, "test: out of the window"); /* no such step: nothing happens */
+    assert_int_equal(cstats(d).redone, 1);
+    dispatch_core_free(d);
+    free(w0);
+    free(w1);
+}
+
 static void test_lost_answer(void **state)
 {
     (void)state;
@@ -1341,6 +1382,7 @@ int main(void)
         cmocka_unit_test(test_one_step_off),
         cmocka_unit_test(test_loss_and_regrant),
         cmocka_unit_test(test_lost_answer),
+        cmocka_unit_test(test_granted_and_dropped),
         cmocka_unit_test(test_lease_expiry),
         cmocka_unit_test(test_late_answers),
         cmocka_unit_test(test_broadcast_rounds),

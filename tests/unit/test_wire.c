@@ -242,6 +242,12 @@ static void test_bad_fields(void **state)
     EXPECT_REFUSED(h.to_dp = 0, "DP rank");
     EXPECT_REFUSED(h.step = 0, "step");
     EXPECT_REFUSED(h.groups_in_step = B + 1, "train_batch_size");
+    /* issue 27: header fields out of range (a version the step cannot be generated with, non-figures) */
+    EXPECT_REFUSED(h.policy_version = 5, "policy_version 5 for step 5");
+    EXPECT_REFUSED(h.policy_version = -1, "policy_version -1");
+    EXPECT_REFUSED(h.gen_s = NAN, "gen_seconds nan");
+    EXPECT_REFUSED(h.idle_s = -2, "idle_seconds -2");
+    EXPECT_REFUSED(h.peak_rss_gb = 1e300, "peak_rss_gb");
     EXPECT_REFUSED(g->b.seqs[0].resp[0] = 100, "vocabulary");
     EXPECT_REFUSED(g->b.seqs[1].gen_logp[0] = 0.5f, "log-prob");
     EXPECT_REFUSED(g->b.seqs[2].score = INFINITY, "not finite");

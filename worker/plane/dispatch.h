@@ -54,6 +54,9 @@ void dispatcher_close(struct dispatcher *d, double linger_s);
 
 /* What the dispatcher has done so far (for the metrics). */
 void dispatcher_stats(struct dispatcher *d, struct dispatch_stats *st);
+/* dispatch_core_granted and dispatch_core_regrant under the dispatcher's lock. */
+bool dispatcher_granted(struct dispatcher *d, int64_t step, int unit, int slot);
+void dispatcher_regrant(struct dispatcher *d, int64_t step, int unit, const char *why);
 
 /* ---- the weight broadcast (actor_rollout_ref.rollout.weight_sync=broadcast) ----
  * The launch's rollout processes (one per work unit) and this rank share a broadcast group on the collective

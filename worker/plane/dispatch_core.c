@@ -56,6 +56,7 @@ struct dispatch_core {
     int64_t win0;        /* first step of the window (latest + 1) */
     int window;          /* steps in the window: staleness + 1 */
     struct lease *lease; /* [window][units]: who holds each unit of the window's steps, since when */
+    bool *ever;          /* [window][units][units]: rollout rank s's process has been granted unit u of step j */
     double longest_s;    /* the longest a unit has taken from its grant to its holder's next ask (0: none yet) */
     bool *slot_seen;     /* [units]: some process has served this slot */
     struct proc procs[MAX_PROCS];
@@ -202,9 +203,10 @@ static void delivered(struct dispatch_core *d, int pi, int64_t k, int u, double 
         d->longest_s = now - l->since;
 }
 
-/* Grant unit u of the window's step j. */
-static void give_unit(const struct dispatch_core *d, Grpo__WorkGrant *g, int j, int u)
+/* Grant unit u of the window's step j (to the process serving rollout rank slot). */
+static void give_unit(struct dispatch_core *d, Grpo__WorkGrant *g, int j, int u, int slot)
 {
+    d->ever[((size_t)j * d->o.units + u) * d->o.units + slot] = true;
     g->kind = WORK_UNIT;
     g->step = d->win0 + j;
     g->unit = u;
@@ -246,7 +248,7 @@ static void grant(struct dispatch_core *d, int pi, bool names_done, Grpo__WorkGr
                      "step %lld unit %d granted again to the process serving rank %d, which holds it and asks "
                      "again (it never heard the answer)",
                      (long long)d->win0 + j, u, p->slot);
-            give_unit(d, g, j, u);
+            give_unit(d, g, j, u, p->slot);
             return;
         }
     for (int j = 0; j < d->window; j++) {
@@ -268,7 +270,7 @@ static void grant(struct dispatch_core *d, int pi, bool names_done, Grpo__WorkGr
             log_info("dispatch", "step %lld unit %d (rollout rank %d's) granted to the process serving rank %d",
                      (long long)k, pick, pick, p->slot);
         }
-        give_unit(d, g, j, pick);
+        give_unit(d, g, j, pick, p->slot);
         return;
     }
     /* nothing else to do: a lease past its deadline (its holder alive but silent about it) is granted to this
@@ -287,7 +289,7 @@ static void grant(struct dispatch_core *d, int pi, bool names_done, Grpo__WorkGr
             d->st.granted++;
             d->st.regranted++;
             d->st.expired++;
-            give_unit(d, g, j, u);
+            give_unit(d, g, j, u, p->slot);
             return;
         }
     g->kind = WORK_WAIT;
@@ -537,6 +539,7 @@ struct dispatch_core *dispatch_core_create(const struct dispatch_options *o, dou
     d->lease = xmalloc((size_t)d->window * (size_t)o->units * sizeof *d->lease);
     for (int i = 0; i < d->window * o->units; i++)
         d->lease[i] = pending_lease;
+    d->ever = xcalloc((size_t)d->window * (size_t)o->units * (size_t)o->units, sizeof *d->ever);
     d->slot_seen = xcalloc((size_t)o->units, sizeof *d->slot_seen);
     d->bc_want = xmalloc((size_t)o->units * sizeof *d->bc_want);
     d->bc_asked = xcalloc((size_t)o->units, sizeof *d->bc_asked);
@@ -553,7 +556,7 @@ void dispatch_core_free(struct dispatch_core *d)
         return;
     for (int i = 0; i < d->nsnap; i++)
         free(d->snaps[i].w);
-    free(d->snaps), free(d->lease), free(d->slot_seen), free(d->bc_want), free(d->bc_asked);
+    free(d->snaps), free(d->lease), free(d->ever), free(d->slot_seen), free(d->bc_want), free(d->bc_asked);
     plane_verifier_free(&d->auth);
     free(d);
 }
@@ -590,6 +593,15 @@ void dispatch_core_publish_end(struct dispatch_core *d, int64_t version)
                 int64_t k = nw0 + j, oj = k - d->win0;
                 h[j * d->o.units + u] = oj >= 0 && oj < d->window ? d->lease[oj * d->o.units + u] : pending_lease;
             }
+        const size_t uu = (size_t)d->o.units * (size_t)d->o.units;
+        bool *e = xcalloc((size_t)d->window * uu, sizeof *e);
+        for (int j = 0; j < d->window; j++) {
+            int64_t oj = nw0 + j - d->win0;
+            if (oj >= 0 && oj < d->window)
+                memcpy(e + (size_t)j * uu, d->ever + (size_t)oj * uu, uu * sizeof *e);
+        }
+        free(d->ever);
+        d->ever = e;
         free(d->lease);
         d->lease = h;
         d->win0 = nw0;
@@ -674,3 +686,24 @@ bool dispatch_core_round_due(struct dispatch_core *d, double waited_s)
 }
 
 size_t dispatch_core_floats(const struct dispatch_core *d) { return d->o.n_floats; }
+
+bool dispatch_core_granted(const struct dispatch_core *d, int64_t step, int unit, int slot)
+{
+    const int64_t j = step - d->win0;
+    if (j < 0 || j >= d->window || unit < 0 || unit >= d->o.units || slot < 0 || slot >= d->o.units)
+        return false;
+    return d->ever[((size_t)j * d->o.units + unit) * d->o.units + slot];
+}
+
+void dispatch_core_regrant(struct dispatch_core *d, int64_t step, int unit, const char *why)
+{
+    const int64_t j = step - d->win0;
+    if (j < 0 || j >= d->window || unit < 0 || unit >= d->o.units)
+        return;
+    struct lease *l = &d->lease[j * d->o.units + unit];
+    if (l->holder == PENDING)
+        return;
+    log_warn("dispatch", "step %lld unit %d is granted again (%s)", (long long)step, unit, why);
+    *l = pending_lease;
+    d->st.redone++;
+}

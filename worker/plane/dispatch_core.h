@@ -39,6 +39,7 @@ struct dispatch_stats {
     int64_t expired;    /* of those, units granted again because their lease was over (the holder alive) */
     int64_t lost;       /* rollout processes declared lost */
     int64_t refused;    /* requests refused (malformed, wrong secret, unauthenticated, speaking for another) */
+    int64_t redone;     /* units granted again because the trainers dropped what was delivered */
     int64_t bytes;      /* weight bytes served in chunks */
     int64_t broadcasts; /* versions broadcast whole (weight_sync=broadcast) */
     int live;           /* rollout processes alive now */
@@ -80,6 +81,12 @@ void dispatch_core_broadcast_on(struct dispatch_core *d, double rendezvous_s);
 bool dispatch_core_round_begin(struct dispatch_core *d, int64_t *v, const float **w);
 void dispatch_core_round_end(struct dispatch_core *d, bool ok);
 bool dispatch_core_round_due(struct dispatch_core *d, double waited_s);
+
+/* Whether the process serving rollout rank `slot` has been granted unit `unit` of `step` (a step of the window:
+ * not yet trained). The trainers keep a batch only from a process the unit was granted to. */
+bool dispatch_core_granted(const struct dispatch_core *d, int64_t step, int unit, int slot);
+/* The trainers dropped what was delivered for unit `unit` of `step` (why: for the log): it is granted again. */
+void dispatch_core_regrant(struct dispatch_core *d, int64_t step, int unit, const char *why);
 
 /* Groups [lo, hi) of unit u of U in a step of B groups. */
 void dispatch_unit_range(int B, int U, int u, int *lo, int *hi);

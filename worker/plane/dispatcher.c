@@ -135,6 +135,21 @@ void dispatcher_stats(struct dispatcher *d, struct dispatch_stats *st)
     pthread_mutex_unlock(&d->mu);
 }
 
+bool dispatcher_granted(struct dispatcher *d, int64_t step, int unit, int slot)
+{
+    pthread_mutex_lock(&d->mu);
+    bool g = dispatch_core_granted(d->core, step, unit, slot);
+    pthread_mutex_unlock(&d->mu);
+    return g;
+}
+
+void dispatcher_regrant(struct dispatcher *d, int64_t step, int unit, const char *why)
+{
+    pthread_mutex_lock(&d->mu);
+    dispatch_core_regrant(d->core, step, unit, why);
+    pthread_mutex_unlock(&d->mu);
+}
+
 void dispatcher_broadcast_on(struct dispatcher *d, double rendezvous_s)
 {
     pthread_mutex_lock(&d->mu);

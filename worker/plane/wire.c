@@ -167,6 +167,20 @@ int wire_unpack_batch(const uint8_t *buf, size_t len, const struct wire_limits *
                  (unsigned long long)rb->seq_no);
         goto out;
     }
+    if (rb->policy_version < 0 || rb->policy_version >= rb->step) {
+        snprintf(why, whylen, "policy_version %lld for step %lld: step k is generated with a version 0..k-1",
+                 (long long)rb->policy_version, (long long)rb->step);
+        goto out;
+    }
+    const double secs[] = {rb->gen_seconds, rb->reward_seconds, rb->idle_seconds, rb->wait_weights_seconds,
+                           rb->peak_rss_gb};
+    static const char *const sec_names[] = {"gen_seconds", "reward_seconds", "idle_seconds", "wait_weights_seconds",
+                                            "peak_rss_gb"};
+    for (int i = 0; i < 5; i++)
+        if (!(secs[i] >= 0 && secs[i] <= WIRE_MAX_FIGURE)) { /* NaN fails too */
+            snprintf(why, whylen, "%s %g is not a duration or size (0..%g)", sec_names[i], secs[i], WIRE_MAX_FIGURE);
+            goto out;
+        }
     if (rb->groups_in_step != lim->groups_in_step || rb->samples_per_prompt != lim->n) {
         snprintf(why, whylen,
                  "batch of a %d x %d step, but this run has data.train_batch_size %d x actor_rollout_ref.rollout.n %d",

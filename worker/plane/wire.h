@@ -3,7 +3,8 @@
  * checked decoding of it. A trainer never trusts what arrives on its data
  * socket: every field is checked against the run (step window, group and
  * sample indices, token ids against the vocabulary, lengths, prompt ids against
- * its own copy of the prompt, finite log-probs and rewards), and a batch that
+ * its own copy of the prompt, finite log-probs and rewards, a policy version its step can be generated with,
+ * finite non-negative timing and memory figures), and a batch that
  * fails any check is refused whole with a reason. */
 #ifndef GRPO_WORKER_PLANE_WIRE_H
 #define GRPO_WORKER_PLANE_WIRE_H
@@ -44,6 +45,9 @@ struct wire_auth {
     uint64_t counter;
     bool verified;
 };
+
+/* The largest timing (seconds) or memory figure (GB) a batch may report: a year. */
+#define WIRE_MAX_FIGURE 3.2e7
 
 /* What the receiving trainer accepts. */
 struct wire_limits {

@@ -110,17 +110,7 @@ out:
 
 static int state_write(const char *path, const struct run_state *st, int64_t optim_steps, char *err, size_t errlen)
 {
-    char digest[32];
-    snprintf(digest, sizeof digest, "%016llx", (unsigned long long)st->config_digest);
-    json_t *o =
-        json_pack("{s:i, s:I, s:I, s:I, s:s, s:s, s:I, s:I}", "version", 1, "global_step", (json_int_t)st->global_step,
-                  "epoch", (json_int_t)st->epoch, "cursor", (json_int_t)st->cursor, "seed", "", "config_digest", digest,
-                  "total_steps", (json_int_t)st->total_steps, "optim_steps", (json_int_t)optim_steps);
-    char seed[32];
-    snprintf(seed, sizeof seed, "%llu", (unsigned long long)st->seed); /* as text: JSON numbers lose 64-bit */
-    json_object_set_new(o, "seed", json_string(seed));
-    char *text = json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS);
-    json_decref(o);
+    char *text = checkpoint_state_text(st, optim_steps);
     int rc = fs_write_atomic(path, text, strlen(text), err, errlen);
     free(text);
     return rc;
@@ -128,34 +118,110 @@ static int state_write(const char *path, const struct run_state *st, int64_t opt
 
 static int state_read(const char *path, struct run_state *st, char *err, size_t errlen)
 {
-    json_error_t je;
-    json_t *o = json_load_file(path, 0, &je);
-    if (!o)
-        return error_set(err, errlen, "%s:%d: %s", path, je.line, je.text);
-    json_int_t step = 0, epoch = 0, cursor = 0, total = 0, optim_steps = -1; /* -1: an older checkpoint's */
-    const char *seed = "", *digest = "";
-    int rc = json_unpack_ex(o, &je, JSON_STRICT, "{s:i, s:I, s:I, s:I, s:s, s:s, s:I, s?:I}", "version", &(int){0},
-                            "global_step", &step, "epoch", &epoch, "cursor", &cursor, "seed", &seed, "config_digest",
-                            &digest, "total_steps", &total, "optim_steps", &optim_steps);
-    if (rc != 0) {
-        json_decref(o);
-        return error_set(err, errlen, "%s: %s", path, je.text);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return error_set(err, errlen, "%s: cannot read: %s", path, check_errno_text());
+    enum { MAX_STATE = 1 << 20 }; /* a few hundred bytes when written */
+    char *text = xmalloc(MAX_STATE);
+    size_t len = fread(text, 1, MAX_STATE, f);
+    const bool whole = feof(f) && !ferror(f);
+    fclose(f);
+    if (!whole) {
+        free(text);
+        return error_set(err, errlen, "%s: cannot read it whole (over %d bytes, or a read error)", path, MAX_STATE);
     }
-    /* json_unpack_ex filled them (cppcheck sees only their zeros) */
-    // cppcheck-suppress knownConditionTrueFalse
-    if (step < 0 || epoch < 0 || cursor < 0 || total < 0 || optim_steps < -1) {
-        json_decref(o);
-        return error_set(err, errlen,
-                         "%s: global_step %lld, epoch %lld, cursor %lld, total_steps %lld, optim_steps %lld: a count "
-                         "is negative (a corrupt or edited file)",
-                         path, (long long)step, (long long)epoch, (long long)cursor, (long long)total,
-                         (long long)optim_steps);
+    int rc = checkpoint_state_parse(text, len, path, st, err, errlen);
+    free(text);
+    return rc;
+}
+
+/* Size and CRC32C of a file: 0, or -1 when it cannot be read (errno set). */
+static int file_sum(const char *path, int64_t *bytes, uint32_t *crc)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return -1;
+    static char buf[1 << 16];
+    uint32_t c = 0;
+    int64_t n = 0;
+    size_t got;
+    while ((got = fread(buf, 1, sizeof buf, f)) > 0) {
+        c = crc32c_update(c, buf, got);
+        n += (int64_t)got;
     }
-    st->global_step = step, st->epoch = epoch, st->cursor = cursor, st->total_steps = total;
-    st->optim_steps = optim_steps;
-    st->seed = strtoull(seed, NULL, 10);
-    st->config_digest = strtoull(digest, NULL, 16);
-    json_decref(o);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad)
+        return -1;
+    *bytes = n, *crc = c;
+    return 0;
+}
+
+/* Record the size and checksum of every file under dir/sub (one level: the actor's files) and of dir/optim.bin. */
+static int record_files(const char *dir, struct run_state *st, char *err, size_t errlen)
+{
+    st->n_files = 0;
+    char path[4400];
+    snprintf(path, sizeof path, "%s/actor", dir);
+    DIR *dp = opendir(path);
+    if (!dp)
+        return error_set(err, errlen, "%s: cannot list: %s", path, check_errno_text());
+    const char *names[CKPT_MAX_FILES];
+    char store[CKPT_MAX_FILES][CKPT_FILE_NAME];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(dp)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        if (n == CKPT_MAX_FILES - 1) {
+            closedir(dp);
+            return error_set(err, errlen, "%s: more than %d files", path, CKPT_MAX_FILES - 1);
+        }
+        if (strlen(e->d_name) > CKPT_FILE_NAME - 8) {
+            closedir(dp);
+            return error_set(err, errlen, "%s/%s: a name too long to list in state.json", path, e->d_name);
+        }
+        snprintf(store[n], CKPT_FILE_NAME, "actor/%.*s", CKPT_FILE_NAME - 8, e->d_name);
+        names[n] = store[n];
+        n++;
+    }
+    closedir(dp);
+    snprintf(store[n], CKPT_FILE_NAME, "optim.bin");
+    names[n] = store[n];
+    n++;
+    for (int i = 0; i < n; i++) {
+        struct ckpt_file *f = &st->files[st->n_files];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        struct stat sb;
+        if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+            continue; /* a directory the model writer made: not listed */
+        if (file_sum(path, &f->bytes, &f->crc32c) != 0)
+            return error_set(err, errlen, "%s: cannot read back: %s", path, check_errno_text());
+        snprintf(f->name, sizeof f->name, "%s", names[i]);
+        st->n_files++;
+    }
+    return 0;
+}
+
+/* Every file state.json lists is there, of the size and checksum it records. */
+static int files_agree(const char *dir, const struct run_state *st, char *err, size_t errlen)
+{
+    for (int i = 0; i < st->n_files; i++) {
+        const struct ckpt_file *f = &st->files[i];
+        char path[4400];
+        snprintf(path, sizeof path, "%s/%s", dir, f->name);
+        int64_t bytes;
+        uint32_t crc;
+        if (file_sum(path, &bytes, &crc) != 0)
+            return error_set(err, errlen, "%s/state.json lists %s, but %s cannot be read: %s", dir, f->name, path,
+                             check_errno_text());
+        if (bytes != f->bytes || crc != f->crc32c)
+            return error_set(err, errlen,
+                             "%s/state.json records %s as %lld bytes with CRC32C %08x, but %s has %lld bytes with "
+                             "CRC32C %08x: the file was changed or comes from another checkpoint",
+                             dir, f->name, (long long)f->bytes, (unsigned)f->crc32c, path, (long long)bytes,
+                             (unsigned)crc);
+    }
     return 0;
 }
 
@@ -217,8 +283,16 @@ int checkpoint_save(const char *root, const struct model *m, const struct adamw 
     snprintf(path, sizeof path, "%s/optim.bin", tmp);
     if (optim_state_write(path, opt, err, errlen) != 0)
         goto fail_tmp;
+    struct run_state *rec = xmalloc(sizeof *rec);
+    *rec = *st;
+    if (record_files(tmp, rec, err, errlen) != 0) {
+        free(rec);
+        goto fail_tmp;
+    }
     snprintf(path, sizeof path, "%s/state.json", tmp);
-    if (state_write(path, st, opt->t, err, errlen) != 0)
+    int wrc = state_write(path, rec, opt->t, err, errlen);
+    free(rec);
+    if (wrc != 0)
         goto fail_tmp;
     snprintf(path, sizeof path, "%s/actor", tmp);
     if (fs_fsync_path(path) != 0 || fs_fsync_path(tmp) != 0) {
@@ -359,7 +433,9 @@ int checkpoint_load(const char *dir, struct model *m, struct adamw *opt, struct 
         snprintf(path, sizeof path, "%s/optim.bin", dir);
         if (optim_state_read(path, opt, err, errlen) != 0)
             return -1;
-        return optim_agrees(dir, opt, st, err, errlen);
+        if (optim_agrees(dir, opt, st, err, errlen) != 0)
+            return -1;
+        return files_agree(dir, st, err, errlen); /* after the readers' own checks, which say more */
     }
     struct model *loaded = model_load_hf(path, err, errlen);
     if (!loaded)
@@ -374,5 +450,7 @@ int checkpoint_load(const char *dir, struct model *m, struct adamw *opt, struct 
     snprintf(path, sizeof path, "%s/optim.bin", dir);
     if (optim_state_read(path, opt, err, errlen) != 0)
         return -1;
-    return optim_agrees(dir, opt, st, err, errlen);
+    if (optim_agrees(dir, opt, st, err, errlen) != 0)
+        return -1;
+    return files_agree(dir, st, err, errlen);
 }

@@ -5,7 +5,8 @@
  *                                                 adapter alone, PEFT's layout (adapter_config.json,
  *                                                 adapter_model.safetensors)
  *   RUN_DIR/checkpoints/global_step_K/optim.bin   AdamW moments and step (CRC32C-checked)
- *   RUN_DIR/checkpoints/global_step_K/state.json  step, epoch, data cursor, seed, config digest
+ *   RUN_DIR/checkpoints/global_step_K/state.json  step, epoch, data cursor, seed, config digest, and the size
+ *                                                 and CRC32C of every other file of the checkpoint
  *   RUN_DIR/checkpoints/latest_checkpointed_iteration.txt
  *
  * Everything is written under .global_step_K.tmp, fsync'd, then the directory
@@ -18,21 +19,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "checkpoint_state.h"
 #include "optim.h"
 #include "worker/model/model.h"
 
 struct tokenizer;
-
-/* Where the data pipeline and the run stand after step global_step. */
-struct run_state {
-    int64_t global_step; /* steps completed */
-    int64_t epoch;       /* data epoch of the next prompt */
-    int64_t cursor;      /* index of the next prompt within the epoch's order */
-    uint64_t seed;       /* base seed: every random draw of step k derives from (seed, k) */
-    uint64_t config_digest;
-    int64_t total_steps;
-    int64_t optim_steps; /* AdamW steps taken (optim.bin's count); -1 when an older checkpoint did not say */
-};
 
 /* Write checkpoint global_step_K (K = st->global_step) under ckpt_root (created if needed), then keep only the
  * newest `keep` checkpoints (keep <= 0: all). The tokenizer (may be NULL) is saved beside the weights.
@@ -46,7 +37,9 @@ int checkpoint_find_latest(const char *ckpt_root, char *out, size_t outlen);
 
 /* Load a checkpoint directory: weights into m (same architecture; with a LoRA adapter attached, the adapter of
  * the same rank and targets), optimizer state into opt (same size), run state into st. The directory must be
- * named global_step_K with K the state's global_step, and optim.bin's step count the one state.json records.
+ * named global_step_K with K the state's global_step, optim.bin's step count the one state.json records, and
+ * every file state.json lists of the size and CRC32C it records (a checkpoint written before state.json listed
+ * its files is loaded without that check).
  * 0, or -1 with err naming the file. */
 int checkpoint_load(const char *dir, struct model *m, struct adamw *opt, struct run_state *st, char *err,
                     size_t errlen);

@@ -153,6 +153,12 @@ static void source_metrics(struct metrics *m, const struct step_timing *tm)
     metrics_set(m, "timing_s/update_weights", tm->update_weights_s);
     metrics_set(m, "dataplane/refused", (double)(tm->refused + (uint64_t)tm->dispatch_refused));
     metrics_set(m, "dataplane/duplicates", (double)tm->duplicates);
+    metrics_set(m, "dataplane/dropped_batches",
+                (double)(tm->drop_invalid + tm->drop_future + tm->drop_not_granted + tm->drop_prompt));
+    metrics_set(m, "dataplane/dropped/invalid", (double)tm->drop_invalid);
+    metrics_set(m, "dataplane/dropped/future_step", (double)tm->drop_future);
+    metrics_set(m, "dataplane/dropped/not_granted", (double)tm->drop_not_granted);
+    metrics_set(m, "dataplane/dropped/other_prompts", (double)tm->drop_prompt);
     if (tm->dispatched) {
         metrics_set(m, "rollouter/live_processes", (double)tm->live_processes);
         metrics_set(m, "rollouter/lost_processes", (double)tm->lost_processes);

@@ -74,7 +74,10 @@ struct step_timing {
     int64_t staleness;            /* policy versions the step's rollouts lag behind (the largest) */
     double update_weights_s;      /* publishing and broadcasting the versions since the previous step */
     uint64_t refused, duplicates; /* batches refused on this rank's data socket; duplicate or stale ones */
-    bool dispatched;              /* this rank runs the dispatcher, which counted the figures below */
+    /* batches dropped so far, by reason: malformed or out of range, for a step beyond the window, not granted to
+     * their sender, holding other prompts than their step draws */
+    uint64_t drop_invalid, drop_future, drop_not_granted, drop_prompt;
+    bool dispatched; /* this rank runs the dispatcher, which counted the figures below */
     int64_t live_processes, lost_processes, units_regranted; /* rollout processes, as the dispatcher sees them */
     int64_t weight_bytes;                                    /* weight bytes it served since the previous step */
     int64_t dispatch_refused;                                /* requests it refused so far */

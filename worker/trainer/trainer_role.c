@@ -45,6 +45,12 @@ struct trainer_rank {
     struct dispatcher *disp; /* DP rank 0, TP rank 0 only */
     struct comm *mp;         /* the TP x PP ranks of this model copy (NULL: whole model): its rank 0 pulls and shares */
     uint64_t refused, duplicates, stale;
+    /* batches dropped, by reason: refused as malformed or out of range, for a step beyond the window, from a
+     * process the unit was not granted to, holding other prompts than their step draws (refused, or dropped at
+     * the step when they came ahead of it) */
+    uint64_t drop_invalid, drop_future, drop_not_granted, drop_prompt;
+    const int *cur_uids; /* the step next_batch waits for (cur_k): the prompts it draws at each group */
+    int64_t cur_k;
     int64_t start;
     double sync_s_pending;  /* publishing time to report with the next step */
     int64_t bytes_reported; /* weight bytes the dispatcher had served at the previous step */
@@ -67,14 +73,50 @@ static void hold(void *ud)
     control_hold_while_waiting(r->env->ctl, false);
 }
 
+/* A dropped batch, logged at a bounded rate (a flood of garbage must not flood the log). */
+static void log_dropped(struct trainer_rank *r, const char *what, const char *why)
+{
+    double now = clock_now_s();
+    if (now - r->refused_logged_at > 5.0) {
+        log_warn("dataplane",
+                 "%s (%" PRIu64 " refused so far: %" PRIu64 " malformed or out of range, %" PRIu64 " for a later step, "
+                 "%" PRIu64 " not granted to their sender, %" PRIu64 " with other prompts than their step's): %s",
+                 what, r->refused, r->drop_invalid, r->drop_future, r->drop_not_granted, r->drop_prompt, why);
+        r->refused_logged_at = now;
+    }
+}
+
 static void drop_refused(struct trainer_rank *r, const char *why)
 {
     r->refused++;
-    double now = clock_now_s();
-    if (now - r->refused_logged_at > 5.0) { /* a flood of garbage must not flood the log */
-        log_warn("dataplane", "refused a batch on the data socket (%" PRIu64 " so far): %s", r->refused, why);
-        r->refused_logged_at = now;
+    log_dropped(r, "refused a batch on the data socket", why);
+}
+
+/* The rollout rank (the dispatcher's slot) of world rank `from`, or -1 when it is no rollout rank's sender. */
+static int slot_of(const struct trainer_rank *r, int from)
+{
+    const int T = r->env->spec.trainer_ranks, rtp = r->env->spec.rollout_tp > 1 ? r->env->spec.rollout_tp : 1;
+    if (from < T || from >= T + r->env->spec.rollout_ranks || (from - T) % rtp != 0)
+        return -1;
+    return (from - T) / rtp;
+}
+
+/* 0 when every sequence of a batch for step k holds the prompt step k draws at its group (uids), else -1 with why. */
+static int prompts_agree(const struct trainer_rank *r, const struct pending *p, int64_t k, const int *uids, char *why,
+                         size_t whylen)
+{
+    for (int i = 0; i < p->b.n_seq; i++) {
+        const struct rollout_seq *q = &p->b.seqs[i];
+        const int g = q->gidx / r->lim.n, uid = p->b.group_uid[q->group];
+        if (uids[g] != uid) {
+            snprintf(why, whylen,
+                     "step %lld unit %d from rank %d: group %d holds prompt uid %d, but step %lld draws uid %d "
+                     "there (the sender is not of this run, or its data.* settings differ from the trainers')",
+                     (long long)p->h.step, p->h.unit, p->h.from_rank, g, uid, (long long)k, uids[g]);
+            return -1;
+        }
     }
+    return 0;
 }
 
 /* Append a batch to the pending list (it owns the batch from here on). */
@@ -86,6 +128,9 @@ static void keep_pending(struct trainer_rank *r, const struct pending *p)
     }
     r->pend[r->n_pend++] = *p;
 }
+
+/* This rank pulls for a DP rank other than the dispatcher's: which copy of a unit counts is DP rank 0's word. */
+static bool decides_later(const struct trainer_rank *r) { return r->pull && r->env->at.dp != 0; }
 
 /* Take one message off the socket into pending (checked, de-duplicated). 1 if a batch was kept, 0 if none came
  * or it was dropped, -1 on a socket error. */
@@ -105,12 +150,34 @@ static int receive_one(struct trainer_rank *r, int64_t k, int timeout_ms)
     /* only the steps the dispatcher can have granted: version k - 1 is published, which opens steps up to
      * k + staleness (dispatch.h); anything later is not kept, whoever sent it */
     const int64_t last = k + r->env->staleness;
+    uint64_t *reason = &r->drop_invalid;
     if (rc == 0 && p.h.step > last) {
         snprintf(err, sizeof err, "batch for step %lld, but the trainers take steps %lld..%lld now (step %lld and %s)",
                  (long long)p.h.step, (long long)k, (long long)last, (long long)k,
                  r->env->staleness ? "the next, one-step-off" : "no later, on-policy");
         step_batch_free(&p.b);
         rc = -1;
+        reason = &r->drop_future;
+    }
+    /* the step waited for: its prompts are known, so a batch that holds others is refused before it can take the
+     * unit's place (a later, right copy is then kept) */
+    if (rc == 0 && p.h.step == k && r->cur_uids && r->cur_k == k &&
+        prompts_agree(r, &p, k, r->cur_uids, err, sizeof err) != 0) {
+        step_batch_free(&p.b);
+        rc = -1;
+        reason = &r->drop_prompt;
+    }
+    /* only from a process the dispatcher granted the unit to: the dispatcher's rank knows the grants; every rank
+     * knows that only a rollout rank's sender can have been granted one */
+    if (rc == 0 && p.h.step >= k) {
+        const int slot = slot_of(r, p.h.from_rank);
+        if (slot < 0 || (r->disp && !dispatcher_granted(r->disp, p.h.step, p.h.unit, slot))) {
+            snprintf(err, sizeof err, "step %lld unit %d was not granted to rank %d%s", (long long)p.h.step, p.h.unit,
+                     p.h.from_rank, slot < 0 ? " (not a rollout rank's sender)" : "'s process");
+            step_batch_free(&p.b);
+            rc = -1;
+            reason = &r->drop_not_granted;
+        }
     }
     if (rc == 0 && r->mp) {
         p.raw = xcalloc((len + 3) / 4 * 4, 1); /* share_step broadcasts it in whole 32-bit words */
@@ -121,14 +188,22 @@ static int receive_one(struct trainer_rank *r, int64_t k, int timeout_ms)
     /* the acknowledgement, or the refusal with its reason, authenticated for a sender whose MAC was good */
     dataplane_answer(r->pull, rc == 0, err, &r->auth);
     if (rc != 0) {
+        (*reason)++;
         drop_refused(r, err);
         return 0;
     }
     /* the first copy of each (step, unit) counts: a unit granted again after its process was lost comes out the
-     * same, and a second copy of it is dropped */
-    bool dup = false;
-    for (int i = 0; i < r->n_pend && !dup; i++)
-        dup = r->pend[i].h.step == p.h.step && r->pend[i].h.unit == p.h.unit;
+     * same, and a second copy of it is dropped. The dispatcher's rank keeps only granted copies; the other DP ranks
+     * cannot tell, so they keep one copy of each unit per rollout rank's sender (at most one per unit of a step:
+     * the real one always finds room) until DP rank 0 says whose counts (choose_senders) */
+    int copies = 0;
+    bool same_sender = false;
+    for (int i = 0; i < r->n_pend; i++)
+        if (r->pend[i].h.step == p.h.step && r->pend[i].h.unit == p.h.unit) {
+            copies++;
+            same_sender |= r->pend[i].h.from_rank == p.h.from_rank;
+        }
+    const bool dup = decides_later(r) ? same_sender || copies >= r->lim.units : copies > 0;
     if (dup || p.h.step < k) {
         if (p.h.step < k)
             r->stale++;
@@ -191,6 +266,134 @@ static int share_step(struct trainer_rank *r, int64_t k)
     return 0;
 }
 
+/* Distinct units of step k held. */
+static int units_held(const struct trainer_rank *r, int64_t k)
+{
+    int have = 0;
+    for (int i = 0; i < r->n_pend; i++) {
+        if (r->pend[i].h.step != k)
+            continue;
+        bool first = true;
+        for (int j = 0; j < i && first; j++)
+            first = !(r->pend[j].h.step == k && r->pend[j].h.unit == r->pend[i].h.unit);
+        have += first;
+    }
+    return have;
+}
+
+/* On a DP rank other than the dispatcher's: keep of step k only the first copy of each unit from the sender DP rank 0
+ * kept (pick[u]); drop the others (granted[u * R + slot]: whether that sender was granted the unit at all). The
+ * number of units still without that sender's copy. */
+static int keep_picked(struct trainer_rank *r, int64_t k, const int32_t *pick, const int32_t *granted)
+{
+    const int R = r->lim.units;
+    bool *have = xcalloc((size_t)R, sizeof *have);
+    int w = 0;
+    for (int i = 0; i < r->n_pend; i++) {
+        struct pending *p = &r->pend[i];
+        const int u = p->h.unit;
+        if (p->h.step != k || (p->h.from_rank == pick[u] && !have[u])) {
+            if (p->h.step == k)
+                have[u] = true;
+            r->pend[w++] = *p;
+            continue;
+        }
+        const int slot = slot_of(r, p->h.from_rank);
+        if (slot < 0 || !granted[u * R + slot]) {
+            char why[256];
+            snprintf(why, sizeof why, "step %lld unit %d was not granted to rank %d (DP rank 0 keeps rank %d's copy)",
+                     (long long)k, u, p->h.from_rank, pick[u]);
+            r->drop_not_granted++;
+            log_dropped(r, "dropped a batch at its step", why);
+        } else {
+            r->duplicates++;
+        }
+        step_batch_free(&p->b);
+        free(p->raw);
+    }
+    r->n_pend = w;
+    int missing = 0;
+    for (int u = 0; u < R; u++)
+        missing += !have[u];
+    free(have);
+    return missing;
+}
+
+struct pull_wait {
+    struct trainer_rank *r;
+    int64_t k;
+};
+
+/* While a DP rank waits for DP rank 0's word, it keeps taking batches off its socket (and holds for a pause). */
+static void pull_while_waiting(void *ud, bool done)
+{
+    struct pull_wait *pw = ud;
+    if (!done)
+        receive_one(pw->r, pw->k, 10);
+    control_hold_while_waiting(pw->r->env->ctl, false);
+}
+
+/* Every DP rank trains step k on the same senders' copies: DP rank 0 (the dispatcher's, which kept only copies from
+ * processes the unit was granted to) says whose copy of each unit it kept and to whom each unit was granted; the
+ * other DP ranks keep that sender's copy, drop the rest and wait for any still missing. 0, or -1 on a socket error. */
+static int choose_senders(struct trainer_rank *r, int64_t k)
+{
+    const int R = r->lim.units;
+    int32_t *pick = xcalloc((size_t)R * (size_t)(R + 1), sizeof *pick), *granted = pick + R;
+    if (r->env->at.dp == 0) {
+        for (int i = 0; i < r->n_pend; i++)
+            if (r->pend[i].h.step == k)
+                pick[r->pend[i].h.unit] = r->pend[i].h.from_rank;
+        for (int u = 0; u < R; u++)
+            for (int slot = 0; slot < R; slot++)
+                granted[u * R + slot] = r->disp && dispatcher_granted(r->disp, k, u, slot);
+    }
+    struct pull_wait pw = {.r = r, .k = k};
+    comm_broadcast_polled(r->env->dp, pick, (size_t)R * (size_t)(R + 1), COMM_I32, 0,
+                          r->env->at.dp == 0 ? NULL : pull_while_waiting, &pw);
+    int rc = 0;
+    if (r->env->at.dp != 0) {
+        const double t0 = clock_now_s();
+        double last_note = t0;
+        while (keep_picked(r, k, pick, granted) > 0) {
+            if (receive_one(r, k, 200) < 0) {
+                rc = -1;
+                break;
+            }
+            control_hold_while_waiting(r->env->ctl, false);
+            if (clock_now_s() - last_note > 60) {
+                log_warn("trainer", "step %lld: waiting %.0f s for the copies of DP rank 0's senders", (long long)k,
+                         clock_now_s() - t0);
+                last_note = clock_now_s();
+            }
+        }
+    }
+    free(pick);
+    return rc;
+}
+
+/* Batches of step k that came ahead of it (one-step-off) and hold other prompts than step k draws: dropped, and on
+ * the dispatcher's rank their unit is granted again (a right copy from another sender may be pending still). */
+static void drop_other_prompts(struct trainer_rank *r, int64_t k, const int *uids)
+{
+    int w = 0;
+    for (int i = 0; i < r->n_pend; i++) {
+        struct pending *p = &r->pend[i];
+        char why[512];
+        if (p->h.step != k || prompts_agree(r, p, k, uids, why, sizeof why) == 0) {
+            r->pend[w++] = *p;
+            continue;
+        }
+        r->drop_prompt++;
+        log_dropped(r, "dropped a batch that came ahead of its step", why);
+        if (r->disp)
+            dispatcher_regrant(r->disp, k, p->h.unit, "the trainers dropped its batch: other prompts than the step's");
+        step_batch_free(&p->b);
+        free(p->raw);
+    }
+    r->n_pend = w;
+}
+
 /* trainer_source.next_batch: step k's batches from every rollout rank, merged in the step's order. */
 static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm)
 {
@@ -201,11 +404,10 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
     const double t0 = clock_now_s();
     double last_note = t0;
+    r->cur_uids = uids, r->cur_k = k;
     for (; r->pull;) { /* the model copy's rank 0 pulls; the others get the batches from it */
-        int have = 0;
-        for (int i = 0; i < r->n_pend; i++)
-            have += r->pend[i].h.step == k;
-        if (have >= R)
+        drop_other_prompts(r, k, uids);
+        if (units_held(r, k) >= R)
             break;
         /* on-policy the rollout processes ask for the version of this step while it waits */
         r->sync_s_pending += weight_sync_serve_round(&r->ws);
@@ -216,8 +418,8 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
         /* the rollout ranks hold at their safe points while the run is to pause: so does this wait */
         control_hold_while_waiting(r->env->ctl, false);
         if (clock_now_s() - last_note > 60) {
-            log_warn("trainer", "step %lld: %d of %d work units after %.0fs; still waiting", (long long)k, have, R,
-                     clock_now_s() - t0);
+            log_warn("trainer", "step %lld: %d of %d work units after %.0fs; still waiting", (long long)k,
+                     units_held(r, k), R, clock_now_s() - t0);
             if (r->disp) {
                 struct dispatch_stats ds;
                 dispatcher_stats(r->disp, &ds);
@@ -229,6 +431,10 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
         }
     }
     r->sync_s_pending += weight_sync_finish_rounds(&r->ws, hold, r);
+    if (r->pull && r->env->at.dp_size > 1 && choose_senders(r, k) != 0) {
+        free(uids);
+        return -1;
+    }
     if (r->pull)
         control_hold_while_waiting(r->env->ctl, true);
     if (r->mp && share_step(r, k) != 0) {
@@ -260,9 +466,11 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     r->n_pend = w;
     /* the step's order, whatever order the batches came in; groups keep their indices */
     qsort(b->seqs, (size_t)b->n_seq, sizeof *b->seqs, by_gidx);
-    int bad = 0; /* each sequence's prompt is the one this step draws at its group's position */
+    int bad = 0; /* each sequence's prompt is the one this step draws at its group's position (checked as each
+                  * batch came: this holds unless the model copy's rank 0 shared another) */
     for (int i = 0; i < b->n_seq; i++)
         bad += uids[b->seqs[i].gidx / r->lim.n] != b->group_uid[b->seqs[i].group];
+    r->cur_uids = NULL;
     free(uids);
     if (bad) {
         log_error("trainer",
@@ -275,6 +483,10 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     tm->update_weights_s = r->sync_s_pending;
     tm->refused = r->refused;
     tm->duplicates = r->duplicates + r->stale;
+    tm->drop_invalid = r->drop_invalid;
+    tm->drop_future = r->drop_future;
+    tm->drop_not_granted = r->drop_not_granted;
+    tm->drop_prompt = r->drop_prompt;
     if (r->disp) {
         struct dispatch_stats ds;
         dispatcher_stats(r->disp, &ds);
@@ -532,9 +744,13 @@ int run_trainer(struct role_env *env)
                                  .gpus_shared = env->trainer_gpus_shared};
     struct trainer_source src = {.ctx = &r, .next_batch = next_batch, .between_steps = between_steps};
     int status = run_trainer_process(env, &lay, &src, trainer_ready, &r);
-    if (r.refused || r.duplicates || r.stale)
-        log_info("dataplane", "DP rank %d: %" PRIu64 " batch(es) refused, %" PRIu64 " duplicate(s), %" PRIu64 " stale",
-                 env->at.dp, r.refused, r.duplicates, r.stale);
+    if (r.refused || r.duplicates || r.stale || r.drop_not_granted || r.drop_prompt)
+        log_info("dataplane",
+                 "DP rank %d: %" PRIu64 " batch(es) refused, %" PRIu64 " duplicate(s), %" PRIu64
+                 " stale; dropped: %" PRIu64 " malformed or out of range, %" PRIu64 " for a later step, %" PRIu64
+                 " not granted to their sender, %" PRIu64 " with other prompts than their step's",
+                 env->at.dp, r.refused, r.duplicates, r.stale, r.drop_invalid, r.drop_future, r.drop_not_granted,
+                 r.drop_prompt);
     if (r.disp) { /* the rollout processes hear the end (their pings are answered "end") before it goes */
         dispatcher_end(r.disp, r.start, status == 0 ? "the trainers ended" : "the trainers failed");
         dispatcher_close(r.disp, 3 * env->heartbeat_s + 2);
