@@ -1,8 +1,9 @@
 /* libFuzzer harness of the trainer's data socket: wire_unpack_batch, the checked decoding of a rollout batch,
  * against a small run (8 prompts, a vocabulary of 64, 4 groups of 2 per step in 2 work units). The first input
- * byte says whether the run has a shared secret; the rest is the message as it came off the socket. Each input
- * stands alone (no state between inputs), so a crash file reproduces by itself. A batch that is accepted must
- * keep what the decoder promises: whole groups, responses of 1..max tokens inside the vocabulary, finite
+ * byte says whether the trainer checks the data plane's authentication (a fixed run key; the seeds carry good
+ * MACs of the rollout ranks' processes under it); the rest is the message as it came off the socket. Each input
+ * stands alone (a fresh verifier, no state between inputs), so a crash file reproduces by itself. A batch that is
+ * accepted must keep what the decoder promises: whole groups, responses of 1..max tokens inside the vocabulary, finite
  * rewards and log-probabilities.
  *
  * Built and run by run_fuzz.sh (clang -fsanitize=fuzzer,address,undefined). */
@@ -28,7 +29,9 @@ static struct prompt_item items[PROMPTS];
 static int32_t ids[PROMPTS][8];
 static struct prompt_set prompts = {.name = "fuzz", .n = PROMPTS, .items = items};
 
-static struct wire_limits limits(const char *secret)
+static const uint8_t run_key[PLANE_KEY_BYTES] = {7, 1, 7, 2, 7, 3};
+
+static struct wire_limits limits(struct wire_auth *auth)
 {
     return (struct wire_limits){.prompts = &prompts,
                                 .vocab_size = VOCAB,
@@ -38,7 +41,7 @@ static struct wire_limits limits(const char *secret)
                                 .units = UNITS,
                                 .world_size = 4,
                                 .dp_rank = 0,
-                                .secret = secret};
+                                .auth = auth};
 }
 
 static void write_seed(const char *dir, const char *name, uint8_t first, const uint8_t *buf, size_t len)
@@ -54,7 +57,7 @@ static void write_seed(const char *dir, const char *name, uint8_t first, const u
 }
 
 /* A real batch: unit u's groups (uids of its groups given), each of N samples with responses of 1..4 tokens. */
-static void seed_batch(const char *dir, const char *name, int unit, const int *uids, const char *secret)
+static void seed_batch(const char *dir, const char *name, int unit, const int *uids, bool authenticated)
 {
     struct step_batch b = {0};
     int lo = GROUPS * unit / UNITS, hi = GROUPS * (unit + 1) / UNITS, ng = hi - lo;
@@ -95,8 +98,10 @@ static void seed_batch(const char *dir, const char *name, int unit, const int *u
                             .unit = unit,
                             .units = UNITS};
     size_t len;
-    uint8_t *buf = wire_pack_batch(&h, &b, groups, ng, secret, &len);
-    write_seed(dir, name, secret ? 1 : 0, buf, len);
+    struct plane_cred cred;
+    plane_cred_issue(&cred, run_key, &(struct plane_id){.rank = h.from_rank, .pid = 100 + (uint32_t)unit});
+    uint8_t *buf = wire_pack_batch(&h, &b, groups, ng, authenticated ? &cred : NULL, &len);
+    write_seed(dir, name, authenticated ? 1 : 0, buf, len);
     free(buf);
     step_batch_free(&b);
 }
@@ -106,6 +111,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argc;
     (void)argv;
     log_set_level(LOG_ERROR + (getenv("GRPO_FUZZ_VERBOSE") ? 3 : 0));
+    if (plane_init() != 0)
+        abort();
     for (int i = 0; i < PROMPTS; i++) {
         items[i].data_source = "fuzz";
         items[i].len = 1 + i % 5;
@@ -116,9 +123,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     const char *dir = getenv("GRPO_FUZZ_SEEDS");
     if (dir) {
         mkdir(dir, 0755);
-        seed_batch(dir, "unit0", 0, (const int[]){3, 5}, NULL);
-        seed_batch(dir, "unit1", 1, (const int[]){0, 7}, NULL);
-        seed_batch(dir, "unit0_secret", 0, (const int[]){1, 2}, "s3cret");
+        seed_batch(dir, "unit0", 0, (const int[]){3, 5}, false);
+        seed_batch(dir, "unit1", 1, (const int[]){0, 7}, false);
+        seed_batch(dir, "unit0_auth", 0, (const int[]){1, 2}, true);
+        seed_batch(dir, "unit1_auth", 1, (const int[]){4, 6}, true);
         struct step_batch empty = {0};
         struct wire_header h = {
             .step = 2, .from_rank = 3, .seq_no = 9, .groups_in_step = GROUPS, .n = N, .unit = 1, .units = UNITS};
@@ -134,7 +142,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
         return 0;
-    const struct wire_limits lim = limits(data[0] & 1 ? "s3cret" : NULL);
+    struct plane_verifier v;
+    plane_verifier_init(&v, run_key);
+    struct wire_auth auth = {.v = &v};
+    const struct wire_limits lim = limits(data[0] & 1 ? &auth : NULL);
     struct wire_header h;
     struct step_batch b = {0};
     char why[512];
@@ -156,5 +167,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort(); /* a refusal says why */
     }
     step_batch_free(&b);
+    plane_verifier_free(&v);
     return 0;
 }

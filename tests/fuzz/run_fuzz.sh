@@ -33,7 +33,7 @@ fi
 protoc-c --proto_path="$src/proto" --c_out="$out/gen" "$src/proto/grpo.proto"
 mkdir -p "$out/gen/daemon"
 printf '#define GRPO_VERSION_STRING "fuzz"\n' >"$out/gen/daemon/grpod_version.h"
-proto=("$src"/proto/{protocol,transport}.c "$out/gen/grpo.pb-c.c")
+proto=("$src"/proto/{protocol,transport,plane_auth}.c "$out/gen/grpo.pb-c.c")
 base=("$src"/common/{log,check,clock}.c)
 sources() {
     case "$1" in
@@ -52,7 +52,7 @@ for t in "${targets[@]}"; do
     # shellcheck disable=SC2046,SC2086
     "$CC" -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -D_GNU_SOURCE -std=c17 \
         -I"$src" -I"$out/gen" "$src/tests/fuzz/fuzz_$t.c" $srcs \
-        $(pkg-config --cflags --libs libprotobuf-c jansson nanomsg) -lm -o "$out/fuzz_$t"
+        $(pkg-config --cflags --libs libprotobuf-c jansson nanomsg libsodium) -lm -o "$out/fuzz_$t"
     mkdir -p "$out/corpus-$t"
     echo "fuzzing $t for $secs s (work directory $out)"
     if ! GRPO_FUZZ_SEEDS="$out/corpus-$t" ASAN_OPTIONS=detect_leaks=1 "$out/fuzz_$t" "$out/corpus-$t" \
