@@ -184,6 +184,14 @@ static void cpu_adamw(struct kctx *K, float *p, const float *g, float *m, float 
     }
 }
 
+void cpu_moe_route(struct kctx *K, struct kmoe *r, const float *logits);
+void cpu_moe_route_backward(struct kctx *K, float *dlogits, const struct kmoe *r, const float *dwt,
+                            const float *dp_col);
+void cpu_moe_experts_forward(struct kctx *K, float *y, const float *x, const float *Wg, const float *Wu,
+                             const float *Wd, struct kmoe *r);
+void cpu_moe_experts_backward(struct kctx *K, float *dx, float *dWg, float *dWu, float *dWd, float *dwt,
+                              const float *dy, const float *Wg, const float *Wu, const float *Wd, const struct kmoe *r);
+
 const struct kops kops_cpu = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -216,4 +224,8 @@ const struct kops kops_cpu = {
     .lmhead_backward = cpu_lmhead_backward,
     .sample = cpu_sample,
     .adamw = cpu_adamw,
+    .moe_route = cpu_moe_route,
+    .moe_route_backward = cpu_moe_route_backward,
+    .moe_experts_forward = cpu_moe_experts_forward,
+    .moe_experts_backward = cpu_moe_experts_backward,
 };
