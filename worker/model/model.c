@@ -538,7 +538,7 @@ int model_param_refs(const struct model *m, const struct model_params *p, struct
             const struct model_arch_info *fam = model_arch_info(c->arch);
             const int64_t E = c->n_experts, Fe = c->moe_intermediate;
             const struct part router = {0, 0, E, D, first}, ew = {0, 0, Fe, D, first}, dw = {0, 0, D, Fe, first};
-            char sfx[80];
+            char sfx[64];
             snprintf(sfx, sizeof sfx, "%s.%s.weight", fam->moe_block, fam->moe_router);
             REF(sfx, L->router, 2, E, D, router);
             for (int64_t e = 0; e < E; e++) {
