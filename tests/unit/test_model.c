@@ -24,7 +24,7 @@
 
 static const char *const tiny_models[] = {"tiny-llama-tied",   "tiny-llama-untied", "tiny-qwen2-bias",
                                           "tiny-qwen2-untied", "tiny-llama3-rope",  "tiny-llama3-rope-v4",
-                                          "tiny-qwen3"};
+                                          "tiny-qwen3",        "tiny-qwen3-moe",    "tiny-mixtral"};
 
 static void test_logits_match_transformers(void **state)
 {
@@ -211,6 +211,57 @@ static void test_whole_model_finite_differences(void **state)
     assert_true(checked > 40);
     free(w), free(g);
     model_free(m);
+}
+
+/* Mixture of experts: the gradients of every tensor (routers and experts included) against central differences,
+ * with the router's load-balancing loss (a large coefficient so that its part is visible) and without; the loss
+ * is 1 at a perfect balance and the coefficient scales it. */
+static void test_moe_finite_differences_with_aux_loss(void **state)
+{
+    (void)state;
+    const char *names[] = {"tiny-qwen3-moe", "tiny-mixtral"};
+    for (int k = 0; k < 2; k++) {
+        for (int with_aux = 0; with_aux < 2; with_aux++) {
+            struct model *m = load(names[k]);
+            assert_true(m->cfg.n_experts == 4 && m->cfg.n_experts_per_tok == 2);
+            m->moe_aux_coef = with_aux ? 0.5f : 0.0f;
+            m->moe_aux_scale = 0.75f;
+            struct fd_batch f;
+            fd_batch_init(&f);
+            const struct packed_batch b = f.b;
+            float logp[9], ent[9];
+            model_alloc_grads(m);
+            model_zero_grads(m);
+            model_moe_stats(m, NULL, NULL);
+            struct model_acts *acts = model_forward(m, &b, 0.7f, false, logp, ent);
+            double tokens[2 * 4], aux;
+            assert_int_equal(model_moe_stats(m, tokens, &aux), 2);
+            double sum = 0;
+            for (int i = 0; i < 8; i++)
+                sum += tokens[i];
+            assert_true(sum == 2.0 * 9 * 2); /* dropless: 2 layers x 9 tokens x 2 experts each */
+            assert_true(aux >= 1.0 - 1e-6);  /* Megatron's switch loss is at least 1 (balanced) */
+            model_backward(m, acts, f.a, f.c);
+            int nrefs = model_param_refs(m, &m->w, NULL, 0);
+            struct param_ref *w = calloc((size_t)nrefs, sizeof *w), *g = calloc((size_t)nrefs, sizeof *g);
+            model_param_refs(m, &m->w, w, nrefs);
+            model_param_refs(m, m->grad, g, nrefs);
+            /* the routers alone: their gradient holds the aux loss's part */
+            int routers = 0;
+            for (int i = 0; i < nrefs; i++)
+                if (strstr(w[i].name, ".gate.weight")) {
+                    w[routers] = w[i], g[routers] = g[i];
+                    routers++;
+                }
+            assert_int_equal(routers, 2);
+            assert_true(fd_check(m, &b, f.a, f.c, w, g, routers, 1e-3f, 3e-3, 2e-2) >= 6);
+            model_param_refs(m, &m->w, w, nrefs);
+            model_param_refs(m, m->grad, g, nrefs);
+            assert_true(fd_check(m, &b, f.a, f.c, w, g, nrefs, 2e-3f, 3e-3, 2e-2) > 40);
+            free(w), free(g);
+            model_free(m);
+        }
+    }
 }
 
 /* Per-layer recomputation gives bit-identical gradients. */
@@ -437,7 +488,7 @@ static void test_arch_table(void **state)
     assert_true(model_arch_info(ARCH_QWEN3)->qk_norm && !model_arch_info(ARCH_LLAMA)->qk_norm);
     assert_true(model_arch_info(ARCH_LLAMA)->gguf_qk_permuted && !model_arch_info(ARCH_QWEN2)->gguf_qk_permuted);
     char names[64];
-    assert_string_equal(model_arch_list(false, names, sizeof names), "llama, qwen2, qwen3");
+    assert_string_equal(model_arch_list(false, names, sizeof names), "llama, qwen2, qwen3, qwen3_moe, mixtral");
     assert_string_equal(model_arch_list(true, names, sizeof names), "llama, qwen2");
     assert_string_equal(model_arch_list(false, names, 8), "llama, "); /* cut short, still a string */
 }
@@ -447,8 +498,8 @@ static void test_arch_table(void **state)
 static void test_new_families_greedy(void **state)
 {
     (void)state;
-    const char *names[] = {"tiny-llama3-rope", "tiny-llama3-rope-v4", "tiny-qwen3"};
-    for (int k = 0; k < 3; k++) {
+    const char *names[] = {"tiny-llama3-rope", "tiny-llama3-rope-v4", "tiny-qwen3", "tiny-qwen3-moe", "tiny-mixtral"};
+    for (int k = 0; k < 5; k++) {
         struct model *m = load(names[k]);
         char path[512];
         snprintf(path, sizeof path, FIX "%s/greedy.json", names[k]);
@@ -895,6 +946,7 @@ int main(void)
         cmocka_unit_test(test_packed_sequences),
         cmocka_unit_test(test_kv_cache_incremental),
         cmocka_unit_test(test_whole_model_finite_differences),
+        cmocka_unit_test(test_moe_finite_differences_with_aux_loss),
         cmocka_unit_test(test_checkpointing_identical),
         cmocka_unit_test(test_logp_rows_subset),
         cmocka_unit_test(test_activation_offload_identical),

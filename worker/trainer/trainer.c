@@ -683,6 +683,14 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         goto fail;
     if (t->lay.mp)
         shard_policy(t);
+    if (t->policy->cfg.n_experts && strncmp(cfg->trainer_device, "cpu", 3) != 0) {
+        snprintf(err, errlen,
+                 "trainer.device=%s: a mixture-of-experts model (%d experts) trains on the CPU only for now (its "
+                 "kernels are not in the CUDA back-end yet)",
+                 cfg->trainer_device, t->policy->cfg.n_experts);
+        goto fail;
+    }
+    t->policy->moe_aux_coef = (float)cfg->actor_moe_aux_loss_coeff;
     /* the policy's precision (and the reference's: a clone shares the context) */
     char dev[32]; /* with other ranks, the GPU grpo_worker gave this one (trainer_layout.device) */
     snprintf(dev, sizeof dev, "%s", cfg->trainer_device);
