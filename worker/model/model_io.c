@@ -112,8 +112,9 @@ static int parse_rope_scaling(json_t *rs, const char *path, struct rope_scaling 
     return 0;
 }
 
-/* The mixture-of-experts keys of config.json: Qwen3-MoE's num_experts, moe_intermediate_size and norm_topk_prob
- * (every layer sparse), Mixtral's num_local_experts with intermediate_size per expert (always renormalised). */
+/* The mixture-of-experts keys of config.json: Qwen3-MoE's num_experts (or num_local_experts), moe_intermediate_size and
+ * norm_topk_prob (every layer sparse), Mixtral's num_local_experts with intermediate_size per expert (always
+ * renormalised). */
 static int parse_moe(json_t *root, const struct model_arch_info *fam, const char *path, struct model_config *c,
                      char *err, size_t errlen)
 {
@@ -129,7 +130,9 @@ static int parse_moe(json_t *root, const struct model_arch_info *fam, const char
         return json_int(root, "num_local_experts", -999, &c->n_experts, path, err, errlen);
     }
     int step = 1;
-    if (json_int(root, "num_experts", -999, &c->n_experts, path, err, errlen) ||
+    /* the Hub's Qwen3-MoE files say num_experts; transformers 5 writes num_local_experts */
+    const char *ne = json_object_get(root, "num_experts") ? "num_experts" : "num_local_experts";
+    if (json_int(root, ne, -999, &c->n_experts, path, err, errlen) ||
         json_int(root, "moe_intermediate_size", -999, &c->moe_intermediate, path, err, errlen) ||
         json_flag(root, "norm_topk_prob", 0, &c->norm_topk_prob, path, err, errlen) ||
         json_int(root, "decoder_sparse_step", 1, &step, path, err, errlen))
