@@ -81,4 +81,11 @@ for path, name in zip(sys.argv[1:], ("mlp.experts.3.down_proj.weight", "block_sp
     assert f"model.layers.1.{name}" in keys, (path, sorted(keys)[:8])
 PY
 expect "checkpoints keep the per-expert tensors of the Hugging Face layout" $?
+(cd "$TMP" && timeout 120 "$worker" actor_rollout_ref.model.path="$TMP/mixtral" trainer.default_local_dir="$TMP/lora" \
+    trainer.total_training_steps=1 actor_rollout_ref.model.lora_rank=4) >"$TMP/lora.out" 2>&1
+rc=$?
+[ "$rc" -eq 1 ] || [ "$rc" -eq 2 ]
+expect "LoRA on a MoE model is an error exit ($rc)" $?
+has "$TMP/lora.out" "LoRA on a mixture-of-experts model (4 experts) is not supported yet"
+expect "LoRA on a MoE model refused by name" $?
 finish "$TMP"/*.log

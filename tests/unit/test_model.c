@@ -266,6 +266,9 @@ static void test_moe_finite_differences_with_aux_loss(void **state)
         for (int with_aux = 0; with_aux < 2; with_aux++) {
             struct model *m = load(names[k]);
             assert_true(m->cfg.n_experts == 4 && m->cfg.n_experts_per_tok == 2);
+            char why[256];
+            assert_int_equal(model_shard_check(&m->cfg, 2, "tp_key", why, sizeof why), -1);
+            assert_non_null(strstr(why, "tp_key (2): a mixture-of-experts model (4 experts) runs without tensor"));
             m->moe_aux_coef = with_aux ? 0.5f : 0.0f;
             m->moe_aux_scale = 0.75f;
             struct fd_batch f;
