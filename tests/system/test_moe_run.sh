@@ -81,6 +81,22 @@ for path, name in zip(sys.argv[1:], ("mlp.experts.3.down_proj.weight", "block_sp
     assert f"model.layers.1.{name}" in keys, (path, sorted(keys)[:8])
 PY
 expect "checkpoints keep the per-expert tensors of the Hugging Face layout" $?
+# data parallelism: two colocated ranks (DP 2) give the one-process run's losses, gradient norms and routing
+(cd "$TMP" && timeout 300 mpirun --oversubscribe --bind-to none -np 2 "$worker" \
+    actor_rollout_ref.model.path="$TMP/qwen3_moe" trainer.default_local_dir="$TMP/dp2" trainer.total_training_steps=2 \
+    trainer.test_freq=-1 trainer.val_before_train=false data.synthetic.num_val=4 \
+    actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff=0.5) >"$TMP/dp2.log" 2>&1
+expect "qwen3_moe: two GRPO steps under DP 2" $?
+python3 - "$TMP/qwen3_moe-aux/grpo/demo/metrics.jsonl" "$TMP/dp2/grpo/demo/metrics.jsonl" <<'PY'
+import json, sys
+one, two = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
+assert len(one) == len(two) == 2
+for a, b in zip(one, two):
+    for k in ("actor/pg_loss", "actor/grad_norm", "actor/moe/aux_loss", "actor/moe/load_imbalance",
+              "actor/moe/tokens_per_expert/max", "actor/moe/tokens_per_expert/min"):
+        assert abs(a[k] - b[k]) <= 1e-6 * max(1.0, abs(a[k])), (a["step"], k, a[k], b[k])
+PY
+expect "qwen3_moe: DP 2 matches the one-process run (losses, grad norms, routing)" $?
 (cd "$TMP" && timeout 120 "$worker" actor_rollout_ref.model.path="$TMP/mixtral" trainer.default_local_dir="$TMP/lora" \
     trainer.total_training_steps=1 actor_rollout_ref.model.lora_rank=4) >"$TMP/lora.out" 2>&1
 rc=$?
