@@ -19,6 +19,7 @@
 #include "model_fixtures.h"
 #include "kernels/kernels.h"
 #include "worker/model/fit.h"
+#include "worker/plan/planner.h"
 #include "worker/model/generate.h"
 #include "worker/model/model_io.h"
 
@@ -269,6 +270,9 @@ static void test_moe_finite_differences_with_aux_loss(void **state)
             char why[256];
             assert_int_equal(model_shard_check(&m->cfg, 2, "tp_key", why, sizeof why), -1);
             assert_non_null(strstr(why, "tp_key (2): a mixture-of-experts model (4 experts) runs without tensor"));
+            /* the memory estimates count the router and every expert */
+            assert_true(model_weight_bytes(&m->cfg) == (double)model_num_params(m) * sizeof(float));
+            assert_true(plan_param_count(&m->cfg) == (double)model_num_params(m));
             m->moe_aux_coef = with_aux ? 0.5f : 0.0f;
             m->moe_aux_scale = 0.75f;
             struct fd_batch f;
