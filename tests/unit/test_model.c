@@ -319,23 +319,28 @@ static void test_moe_finite_differences_with_aux_loss(void **state)
 static void test_checkpointing_identical(void **state)
 {
     (void)state;
-    struct model *m = load("tiny-llama-untied");
-    int32_t ids[7] = {1, 2, 3, 4, 5, 6, 7}, tg[7] = {2, 3, 4, 5, 6, 7, 8}, pos[7] = {0, 1, 2, 0, 1, 2, 3};
-    int32_t cu[3] = {0, 3, 7};
-    struct packed_batch b = {7, 2, ids, tg, pos, cu, NULL, NULL};
-    float logp[7], ent[7], logp2[7], ent2[7], d[7] = {1, -1, 0.5f, 2, 0, 1, 1}, de[7] = {0.1f, 0, 0, 0.2f, 0, 0, 1};
-    model_alloc_grads(m);
-    model_zero_grads(m);
-    model_backward(m, model_forward(m, &b, 1.0f, false, logp, ent), d, de);
-    float *ref = malloc(m->grad->n_floats * sizeof(float));
-    memcpy(ref, m->grad->mem, m->grad->n_floats * sizeof(float));
-    model_zero_grads(m);
-    model_backward(m, model_forward(m, &b, 1.0f, true, logp2, ent2), d, de);
-    assert_memory_equal(logp, logp2, sizeof logp);
-    assert_memory_equal(ent, ent2, sizeof ent);
-    assert_memory_equal(ref, m->grad->mem, m->grad->n_floats * sizeof(float));
-    free(ref);
-    model_free(m);
+    /* a dense model, and the mixture-of-experts ones with their load-balancing loss */
+    const char *names[] = {"tiny-llama-untied", "tiny-qwen3-moe", "tiny-mixtral"};
+    for (int k = 0; k < 3; k++) {
+        struct model *m = load(names[k]);
+        m->moe_aux_coef = 0.1f;
+        int32_t ids[7] = {1, 2, 3, 4, 5, 6, 7}, tg[7] = {2, 3, 4, 5, 6, 7, 8}, pos[7] = {0, 1, 2, 0, 1, 2, 3};
+        int32_t cu[3] = {0, 3, 7};
+        struct packed_batch b = {7, 2, ids, tg, pos, cu, NULL, NULL};
+        float logp[7], ent[7], logp2[7], ent2[7], d[7] = {1, -1, 0.5f, 2, 0, 1, 1}, de[7] = {0.1f, 0, 0, 0.2f, 0, 0, 1};
+        model_alloc_grads(m);
+        model_zero_grads(m);
+        model_backward(m, model_forward(m, &b, 1.0f, false, logp, ent), d, de);
+        float *ref = malloc(m->grad->n_floats * sizeof(float));
+        memcpy(ref, m->grad->mem, m->grad->n_floats * sizeof(float));
+        model_zero_grads(m);
+        model_backward(m, model_forward(m, &b, 1.0f, true, logp2, ent2), d, de);
+        assert_memory_equal(logp, logp2, sizeof logp);
+        assert_memory_equal(ent, ent2, sizeof ent);
+        assert_memory_equal(ref, m->grad->mem, m->grad->n_floats * sizeof(float));
+        free(ref);
+        model_free(m);
+    }
 }
 
 /* The LM head on the rows a caller reads (packed_batch.logp_from, a response after its prompt) gives those rows'
