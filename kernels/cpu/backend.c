@@ -184,14 +184,6 @@ static void cpu_adamw(struct kctx *K, float *p, const float *g, float *m, float 
     }
 }
 
-void cpu_moe_route(struct kctx *K, struct kmoe *r, const float *logits);
-void cpu_moe_route_backward(struct kctx *K, float *dlogits, const struct kmoe *r, const float *dwt,
-                            const float *dp_col);
-void cpu_moe_experts_forward(struct kctx *K, float *y, const float *x, const float *Wg, const float *Wu,
-                             const float *Wd, struct kmoe *r);
-void cpu_moe_experts_backward(struct kctx *K, float *dx, float *dWg, float *dWu, float *dWd, float *dwt,
-                              const float *dy, const float *Wg, const float *Wu, const float *Wd, const struct kmoe *r);
-
 const struct kops kops_cpu = {
     .name = "cpu",
     .alloc = cpu_alloc,

@@ -685,8 +685,8 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         shard_policy(t);
     if (t->policy->cfg.n_experts && strncmp(cfg->trainer_device, "cpu", 3) != 0) {
         snprintf(err, errlen,
-                 "trainer.device=%s: a mixture-of-experts model (%d experts) trains on the CPU only for now (its "
-                 "kernels are not in the CUDA back-end yet)",
+                 "trainer.device=%s: a mixture-of-experts model (%d experts) trains on the CPU only for now (the "
+                 "CUDA back-end's MoE kernels have not run on a GPU yet)",
                  cfg->trainer_device, t->policy->cfg.n_experts);
         goto fail;
     }
