@@ -68,6 +68,8 @@ for kind in qwen3_moe mixtral; do
     ck="$TMP/$kind-aux/grpo/demo/checkpoints/global_step_2/actor"
     "$MODEL_TOOL" info "$ck" >"$TMP/$kind-info.log" 2>&1
     expect "$kind: the checkpoint loads again" $?
+    has "$TMP/$kind-info.log" "experts             4 of 32 rows each, 2 per token (chosen probabilities renormalised)"
+    expect "$kind: grpo-model info names the experts" $?
     grep -q "\"model_type\": \"$kind\"" "$ck/config.json"
     expect "$kind: the checkpoint's config.json names $kind" $?
 done
