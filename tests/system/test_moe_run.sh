@@ -83,6 +83,16 @@ for path, name in zip(sys.argv[1:], ("mlp.experts.3.down_proj.weight", "block_sp
     assert f"model.layers.1.{name}" in keys, (path, sorted(keys)[:8])
 PY
 expect "checkpoints keep the per-expert tensors of the Hugging Face layout" $?
+# BF16 GEMMs (the policy moved to a BF16 context keeps the load-balancing loss): the fp32 run's gradient norms
+(cd "$TMP" && timeout 300 "$worker" actor_rollout_ref.model.path="$TMP/mixtral" trainer.default_local_dir="$TMP/bf16" \
+    trainer.total_training_steps=2 trainer.test_freq=-1 trainer.val_before_train=false data.synthetic.num_val=4 \
+    actor_rollout_ref.actor.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16 \
+    actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff=0.5) >"$TMP/bf16.log" 2>&1
+expect "mixtral: two GRPO steps with BF16 GEMMs" $?
+a=$(metric "$TMP/mixtral-aux/grpo/demo/metrics.jsonl" 1 actor/grad_norm)
+b=$(metric "$TMP/bf16/grpo/demo/metrics.jsonl" 1 actor/grad_norm)
+python3 -c 'import sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if abs(a - b) <= 0.03 * a else 1)' "$a" "$b"
+expect "mixtral: BF16's first gradient norm within 3% of fp32's, load-balancing loss included ($b against $a)" $?
 # data parallelism: two colocated ranks (DP 2) give the one-process run's losses, gradient norms and routing
 (cd "$TMP" && timeout 300 mpirun --oversubscribe --bind-to none -np 2 "$worker" \
     actor_rollout_ref.model.path="$TMP/qwen3_moe" trainer.default_local_dir="$TMP/dp2" trainer.total_training_steps=2 \

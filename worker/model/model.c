@@ -356,6 +356,7 @@ struct model *model_clone(const struct model *m)
                                      m->sh.tp,      m->sh.pp,      m->sh.mp};
     struct model *r = model_create_on(&m->cfg, &lay, m->K);
     k_copy(m->K, r->w.mem, m->w.mem, m->w.n_floats * sizeof(float));
+    r->moe_aux_coef = m->moe_aux_coef, r->moe_aux_scale = m->moe_aux_scale;
     return r;
 }
 
@@ -380,6 +381,7 @@ struct model *model_copy_to(const struct model *m, struct kctx *K)
                                      m->sh.tp,      m->sh.pp,      m->sh.mp};
     struct model *r = model_create_on(&m->cfg, &lay, K);
     copy_between(r->K, r->w.mem, m->K, m->w.mem, m->w.n_floats * sizeof(float));
+    r->moe_aux_coef = m->moe_aux_coef, r->moe_aux_scale = m->moe_aux_scale;
     return r;
 }
 

@@ -178,7 +178,7 @@ int model_stage_check(const struct model_config *c, int pp_size, const char *key
 struct model *model_create_shard(const struct model_config *c, const struct model_layout *lay);
 /* The same on context K (kernels/kernels.h; NULL: the CPU). */
 struct model *model_create_on(const struct model_config *c, const struct model_layout *lay, struct kctx *K);
-/* A new shard like m (same rank and group) holding the same weights (no gradients). */
+/* A new shard like m (same rank and group) holding the same weights (no gradients) and load-balancing settings. */
 struct model *model_clone(const struct model *m);
 /* The same on context K: a model loaded on the CPU moved to a GPU, or back. */
 struct model *model_copy_to(const struct model *m, struct kctx *K);
