@@ -262,3 +262,23 @@ void karena_release(struct karena *a)
     a->base = NULL;
     a->cap = a->used = 0;
 }
+
+void kmoe_take(struct karena *ar, struct kmoe *r, bool bwd)
+{
+    const size_t N = (size_t)(r->N > 0 ? r->N : 1), E = (size_t)r->E, nk = N * (size_t)r->k;
+    const size_t D = (size_t)r->D, F = (size_t)r->F, f = sizeof(float), i = sizeof(int32_t);
+    r->probs = karena_take(ar, N * E * f);
+    r->pmean = karena_take(ar, E * f);
+    r->idx = karena_take(ar, nk * i);
+    r->wt = karena_take(ar, nk * f);
+    r->order = karena_take(ar, nk * i);
+    r->offs = karena_take(ar, (E + 1) * i);
+    r->pos = karena_take(ar, nk * i);
+    r->xs = karena_take(ar, nk * D * f);
+    r->ys = karena_take(ar, nk * D * f);
+    r->g = karena_take(ar, nk * F * f);
+    r->u = karena_take(ar, nk * F * f);
+    r->a = karena_take(ar, nk * F * f);
+    r->bwd_d = bwd ? karena_take(ar, 2 * nk * D * f) : NULL;
+    r->bwd_f = bwd ? karena_take(ar, 3 * nk * F * f) : NULL;
+}

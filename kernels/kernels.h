@@ -23,6 +23,24 @@ enum kmatmul { KMM_F32, KMM_BF16 };
 
 struct kctx;
 
+/* Mixture-of-experts routing and expert buffers of one layer for N tokens, E experts, k of them per token, hidden D,
+ * expert intermediate F. Every array is the context's memory (kmoe_take fills them from an arena) unless said. */
+struct kmoe {
+    int N, E, k, D, F;
+    bool norm_topk;   /* the k chosen probabilities renormalised to sum to 1 (Mixtral; Qwen3-MoE's norm_topk_prob) */
+    float *probs;     /* (N, E) softmax of the router's logits over every expert */
+    float *pmean;     /* (E) probs averaged over the tokens (the load-balancing loss reads it) */
+    int32_t *idx;     /* (N, k) each token's experts, the most probable first */
+    float *wt;        /* (N, k) their weights */
+    int32_t *order;   /* (N k) the slots t k + j sorted by expert, stably: expert e's are [offs[e], offs[e + 1]) */
+    int32_t *offs;    /* (E + 1) */
+    int32_t *pos;     /* (N k) slot -> its row in the permuted buffers */
+    float *xs, *ys;   /* (N k, D) the slots' inputs and their expert's outputs, in expert order */
+    float *g, *u, *a; /* (N k, F) gate, up and silu(gate) up of each slot, in expert order */
+    float *bwd_d;     /* (2 N k, D) backward scratch (kmoe_take with bwd) */
+    float *bwd_f;     /* (3 N k, F) */
+};
+
 /* One back-end: what a context runs. Every op gets the context first. */
 struct kops {
     const char *name; /* "cpu", "cuda" */
@@ -80,6 +98,19 @@ struct kops {
      * sample_row does */
     void (*sample)(struct kctx *K, int32_t *tokens, float *logps, const float *logits, int B, int V, float temperature,
                    float top_p, int top_k, const double *uniforms);
+    /* mixture of experts (NULL in a back-end without them): routing from the router's logits (N, E) into r; its
+     * backward: dlogits (N, E) = d/dlogits of the loss given dwt (N, k), plus dp_col (E, HOST, or NULL) added to
+     * every token's dL/dprobs (the load-balancing loss); the experts: y (N, D) = sum over each token's slots of
+     * wt x expert(x) with Wg, Wu (E, F, D) and Wd (E, D, F), every expert's tokens as one product; and their
+     * backward: dx (N, D) and dWg, dWu, dWd accumulated (the weight gradients may be NULL), dwt (N, k) written */
+    void (*moe_route)(struct kctx *K, struct kmoe *r, const float *logits);
+    void (*moe_route_backward)(struct kctx *K, float *dlogits, const struct kmoe *r, const float *dwt,
+                               const float *dp_col);
+    void (*moe_experts_forward)(struct kctx *K, float *y, const float *x, const float *Wg, const float *Wu,
+                                const float *Wd, struct kmoe *r);
+    void (*moe_experts_backward)(struct kctx *K, float *dx, float *dWg, float *dWu, float *dWd, float *dwt,
+                                 const float *dy, const float *Wg, const float *Wu, const float *Wd,
+                                 const struct kmoe *r);
     /* AdamW (torch semantics) at step t >= 1: p = p (1 - lr wd) - lr / (1 - b1^t) m / (sqrt(v / (1 - b2^t)) + eps) */
     void (*adamw)(struct kctx *K, float *p, const float *g, float *m, float *v, size_t n, double lr, double beta1,
                   double beta2, double eps, double weight_decay, int64_t t);
@@ -246,6 +277,27 @@ static inline void k_add(struct kctx *K, float *y, const float *x, size_t n) { K
 static inline void k_axpy(struct kctx *K, float *y, float a, const float *x, size_t n) { K->ops->axpy(K, y, a, x, n); }
 static inline void k_scale(struct kctx *K, float *x, double a, size_t n) { K->ops->scale(K, x, a, n); }
 static inline double k_sumsq(struct kctx *K, const float *x, size_t n) { return K->ops->sumsq(K, x, n); }
+/* Whether K's back-end runs mixture-of-experts layers. */
+static inline bool k_has_moe(const struct kctx *K) { return K->ops->moe_route != NULL; }
+/* r's buffers for r->N, E, k, D, F from ar (bwd: the backward's scratch too; a counting arena sizes them). */
+void kmoe_take(struct karena *ar, struct kmoe *r, bool bwd);
+static inline void k_moe_route(struct kctx *K, struct kmoe *r, const float *logits) { K->ops->moe_route(K, r, logits); }
+static inline void k_moe_route_backward(struct kctx *K, float *dlogits, const struct kmoe *r, const float *dwt,
+                                        const float *dp_col)
+{
+    K->ops->moe_route_backward(K, dlogits, r, dwt, dp_col);
+}
+static inline void k_moe_experts_forward(struct kctx *K, float *y, const float *x, const float *Wg, const float *Wu,
+                                         const float *Wd, struct kmoe *r)
+{
+    K->ops->moe_experts_forward(K, y, x, Wg, Wu, Wd, r);
+}
+static inline void k_moe_experts_backward(struct kctx *K, float *dx, float *dWg, float *dWu, float *dWd, float *dwt,
+                                          const float *dy, const float *Wg, const float *Wu, const float *Wd,
+                                          const struct kmoe *r)
+{
+    K->ops->moe_experts_backward(K, dx, dWg, dWu, dWd, dwt, dy, Wg, Wu, Wd, r);
+}
 static inline void k_lmhead_forward(struct kctx *K, float *logp, float *entropy, const float *h, const float *W,
                                     const int32_t *targets, int N, int D, const struct vocab_shard *vs,
                                     float temperature, int chunk)

@@ -198,6 +198,10 @@ static int cmd_info(const char *arg)
     else
         printf("rope scaling        none (default)\n");
     printf("q/k norms           %s\n", c->qk_norm ? "per head (Qwen3)" : "none");
+    if (c->n_experts)
+        printf("experts             %d of %d rows each, %d per token (%s), every layer\n", c->n_experts,
+               c->moe_intermediate, c->n_experts_per_tok,
+               c->norm_topk_prob ? "chosen probabilities renormalised" : "softmax probabilities as they are");
     printf("rms_norm_eps        %g\n", c->rms_norm_eps);
     printf("tie_word_embeddings %s\n", c->tie_word_embeddings ? "true" : "false");
     printf("q/k/v bias          %s\n", c->attention_bias ? "true" : "false");

@@ -216,4 +216,8 @@ const struct kops kops_cpu = {
     .lmhead_backward = cpu_lmhead_backward,
     .sample = cpu_sample,
     .adamw = cpu_adamw,
+    .moe_route = cpu_moe_route,
+    .moe_route_backward = cpu_moe_route_backward,
+    .moe_experts_forward = cpu_moe_experts_forward,
+    .moe_experts_backward = cpu_moe_experts_backward,
 };

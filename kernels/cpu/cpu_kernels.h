@@ -163,4 +163,17 @@ void lmhead_logprob_backward_shard_bf16(float *dh, float *dW, const float *dlogp
                                         const float *W, const int32_t *targets, int N, int D,
                                         const struct vocab_shard *vs, float temperature, int chunk);
 
+/* Mixture of experts on the CPU (kernels/cpu/moe.c): the kops entries moe_route, moe_route_backward,
+ * moe_experts_forward and moe_experts_backward (kernels.h). The routing pair touches only r's arrays (K unused): the
+ * CUDA back-end runs it on host copies. */
+struct kctx;
+struct kmoe;
+void cpu_moe_route(struct kctx *K, struct kmoe *r, const float *logits);
+void cpu_moe_route_backward(struct kctx *K, float *dlogits, const struct kmoe *r, const float *dwt,
+                            const float *dp_col);
+void cpu_moe_experts_forward(struct kctx *K, float *y, const float *x, const float *Wg, const float *Wu,
+                             const float *Wd, struct kmoe *r);
+void cpu_moe_experts_backward(struct kctx *K, float *dx, float *dWg, float *dWu, float *dWd, float *dwt,
+                              const float *dy, const float *Wg, const float *Wu, const float *Wd, const struct kmoe *r);
+
 #endif

@@ -681,6 +681,125 @@ static void cuda_sample(struct kctx *K, int32_t *tokens, float *logps, const flo
 
 /* ---- the table and the context ---- */
 
+/* ---- mixture of experts: the routing on host copies (kernels/cpu/moe.c's: a few floats per token), the row moves
+ * on the GPU (moe.cu), each expert's tokens through the linear op (one cuBLAS GEMM per expert and projection).
+ * NOT YET RUN on a GPU: compiled only. ---- */
+
+/* r's routing arrays on the host (freed with moe_host_free). */
+static struct kmoe moe_host(const struct kmoe *r)
+{
+    const size_t N = (size_t)r->N, E = (size_t)r->E, nk = N * (size_t)r->k;
+    struct kmoe h = *r;
+    h.probs = xmalloc((N * E + 1) * sizeof(float));
+    h.pmean = xmalloc((E + 1) * sizeof(float));
+    h.idx = xmalloc((nk + 1) * sizeof(int32_t));
+    h.wt = xmalloc((nk + 1) * sizeof(float));
+    h.order = xmalloc((nk + 1) * sizeof(int32_t));
+    h.offs = xmalloc((E + 1) * sizeof(int32_t));
+    h.pos = xmalloc((nk + 1) * sizeof(int32_t));
+    return h;
+}
+
+static void moe_host_free(struct kmoe *h)
+{
+    free(h->probs), free(h->pmean), free(h->idx), free(h->wt), free(h->order), free(h->offs), free(h->pos);
+}
+
+static void cuda_moe_route(struct kctx *K, struct kmoe *r, const float *logits)
+{
+    use(K);
+    const size_t N = (size_t)r->N, E = (size_t)r->E, nk = N * (size_t)r->k, f = sizeof(float), i = sizeof(int32_t);
+    struct kmoe h = moe_host(r);
+    float *lg = xmalloc((N * E + 1) * f);
+    cuda_to_host(K, lg, logits, N * E * f);
+    cpu_moe_route(K, &h, lg);
+    for (size_t j = 0; j < nk; j++)
+        h.pos[h.order[j]] = (int32_t)j;
+    cuda_to_device(K, r->probs, h.probs, N * E * f);
+    cuda_to_device(K, r->pmean, h.pmean, E * f);
+    cuda_to_device(K, r->idx, h.idx, nk * i);
+    cuda_to_device(K, r->wt, h.wt, nk * f);
+    cuda_to_device(K, r->order, h.order, nk * i);
+    cuda_to_device(K, r->offs, h.offs, (E + 1) * i);
+    cuda_to_device(K, r->pos, h.pos, nk * i);
+    free(lg);
+    moe_host_free(&h);
+}
+
+static void cuda_moe_route_backward(struct kctx *K, float *dlogits, const struct kmoe *r, const float *dwt,
+                                    const float *dp_col)
+{
+    use(K);
+    const size_t N = (size_t)r->N, E = (size_t)r->E, nk = N * (size_t)r->k, f = sizeof(float), i = sizeof(int32_t);
+    struct kmoe h = moe_host(r);
+    float *dw = xmalloc((nk + 1) * f), *dl = xmalloc((N * E + 1) * f);
+    cuda_to_host(K, h.probs, r->probs, N * E * f);
+    cuda_to_host(K, h.idx, r->idx, nk * i);
+    cuda_to_host(K, h.wt, r->wt, nk * f);
+    cuda_to_host(K, dw, dwt, nk * f);
+    cpu_moe_route_backward(K, dl, &h, dw, dp_col);
+    cuda_to_device(K, dlogits, dl, N * E * f);
+    free(dw), free(dl);
+    moe_host_free(&h);
+}
+
+static void cuda_moe_experts_forward(struct kctx *K, float *y, const float *x, const float *Wg, const float *Wu,
+                                     const float *Wd, struct kmoe *r)
+{
+    use(K);
+    const int N = r->N, E = r->E, k = r->k, D = r->D, F = r->F;
+    const size_t d = (size_t)D, fr = (size_t)F;
+    int32_t *offs = xmalloc((size_t)(E + 1) * sizeof *offs); /* each expert's rows, for the products' sizes */
+    cuda_to_host(K, offs, r->offs, (size_t)(E + 1) * sizeof *offs);
+    CHECK_CUDA(moe_gather_cuda(r->xs, x, r->order, N * k, k, D, stream(K)));
+    for (int e = 0; e < E; e++) {
+        const size_t lo = (size_t)offs[e];
+        const int n = offs[e + 1] - offs[e];
+        if (n == 0)
+            continue;
+        const size_t ew = (size_t)e * fr * d;
+        K->ops->linear_forward(K, r->g + lo * fr, r->xs + lo * d, Wg + ew, NULL, n, D, F);
+        K->ops->linear_forward(K, r->u + lo * fr, r->xs + lo * d, Wu + ew, NULL, n, D, F);
+        K->ops->swiglu_forward(K, r->a + lo * fr, r->g + lo * fr, r->u + lo * fr, (size_t)n * fr);
+        K->ops->linear_forward(K, r->ys + lo * d, r->a + lo * fr, Wd + ew, NULL, n, F, D);
+    }
+    CHECK_CUDA(moe_combine_cuda(y, r->ys, r->wt, r->pos, N, k, D, stream(K)));
+    free(offs);
+}
+
+static void cuda_moe_experts_backward(struct kctx *K, float *dx, float *dWg, float *dWu, float *dWd, float *dwt,
+                                      const float *dy, const float *Wg, const float *Wu, const float *Wd,
+                                      const struct kmoe *r)
+{
+    use(K);
+    const int N = r->N, E = r->E, k = r->k, D = r->D, F = r->F;
+    const size_t d = (size_t)D, fr = (size_t)F, nk = (size_t)N * k;
+    float *dys = r->bwd_d, *dxs = r->bwd_d + nk * d;
+    float *da = r->bwd_f, *dg = r->bwd_f + nk * fr, *du = r->bwd_f + 2 * nk * fr;
+    cuda_zero(K, dxs, nk * d * sizeof(float));
+    cuda_zero(K, r->bwd_f, 3 * nk * fr * sizeof(float));
+    int32_t *offs = xmalloc((size_t)(E + 1) * sizeof *offs);
+    cuda_to_host(K, offs, r->offs, (size_t)(E + 1) * sizeof *offs);
+    CHECK_CUDA(moe_slot_grad_cuda(dys, dwt, dy, r->ys, r->wt, r->order, (int)nk, k, D, stream(K)));
+    for (int e = 0; e < E; e++) {
+        const size_t lo = (size_t)offs[e];
+        const int n = offs[e + 1] - offs[e];
+        if (n == 0)
+            continue;
+        const size_t ew = (size_t)e * fr * d;
+        K->ops->linear_backward(K, da + lo * fr, dWd ? dWd + ew : NULL, NULL, dys + lo * d, r->a + lo * fr, Wd + ew, n,
+                                F, D);
+        K->ops->swiglu_backward(K, dg + lo * fr, du + lo * fr, da + lo * fr, r->g + lo * fr, r->u + lo * fr,
+                                (size_t)n * fr);
+        K->ops->linear_backward(K, dxs + lo * d, dWg ? dWg + ew : NULL, NULL, dg + lo * fr, r->xs + lo * d, Wg + ew, n,
+                                D, F);
+        K->ops->linear_backward(K, dxs + lo * d, dWu ? dWu + ew : NULL, NULL, du + lo * fr, r->xs + lo * d, Wu + ew, n,
+                                D, F);
+    }
+    CHECK_CUDA(moe_scatter_cuda(dx, dxs, r->pos, N, k, D, stream(K)));
+    free(offs);
+}
+
 const struct kops kops_cuda = {
     .name = "cuda",
     .alloc = cuda_alloc,
@@ -713,6 +832,10 @@ const struct kops kops_cuda = {
     .lmhead_backward = cuda_lmhead_backward,
     .sample = cuda_sample,
     .adamw = cuda_adamw,
+    .moe_route = cuda_moe_route,
+    .moe_route_backward = cuda_moe_route_backward,
+    .moe_experts_forward = cuda_moe_experts_forward,
+    .moe_experts_backward = cuda_moe_experts_backward,
 };
 
 int kops_cuda_devices(void)

@@ -8,7 +8,7 @@
  * of its paths, the LM head with a chunk smaller than N and over a vocabulary shard (lo > 0) with a reduce, AdamW
  * over 3 steps; the backward ops that must be deterministic run twice and must give the same bits; sampling (the
  * sample op and sample_rows_cuda): greedy equal to the CPU's argmax, sampled tokens equal to sample_row's for the
- * same uniforms.
+ * same uniforms; the mixture-of-experts ops (routing, experts forward and backward) against the CPU's.
  * GRPO_GPU_TEST_SMALL=1 runs small shapes only (for compute-sanitizer).
  *
  * Bounds by operation: element-wise kernels written to round as the CPU does (RoPE, SwiGLU) within a few float ulps
@@ -521,6 +521,65 @@ static int t_embedding(struct kctx *G, struct kctx *C, int N, int D, int V, int 
 }
 
 /* G's linear ops (fp32 or BF16 GEMMs) against the CPU's fp32. */
+/* Mixture of experts: routing, the experts' forward and backward and the routing's backward (with a load-balancing
+ * term) through the CUDA table against the CPU's. The CUDA ops route on host copies with the CPU code, so the
+ * routing is the same; the expert products are cuBLAS GEMMs (sums in another order). */
+static int t_moe(struct kctx *G, struct kctx *C, int N, int E, int k, int D, int F, bool norm, double bound)
+{
+    const size_t nl = (size_t)N * E, nx = (size_t)N * D, nw = (size_t)E * F * D, nk = (size_t)N * k;
+    float *lg = rand_vec(nl, -2, 2), *x = rand_vec(nx, -1, 1), *Wg = rand_vec(nw, -0.5f, 0.5f);
+    float *Wu = rand_vec(nw, -0.5f, 0.5f), *Wd = rand_vec(nw, -0.5f, 0.5f), *dy = rand_vec(nx, -1, 1);
+    float *dp = rand_vec((size_t)E, -1, 1), *zx = calloc(nx, 4), *zw = calloc(nw, 4);
+    float *y = xmalloc(nx * 4), *dx = calloc(nx, 4), *dWg = calloc(nw, 4), *dWu = calloc(nw, 4), *dWd = calloc(nw, 4);
+    float *dwt = xmalloc(nk * 4), *dl = xmalloc(nl * 4), *h = xmalloc((nw > nx ? nw : nx) * 4 + nl * 4 + nk * 4);
+    struct kmoe rc = {.N = N, .E = E, .k = k, .D = D, .F = F, .norm_topk = norm}, rg = rc;
+    struct karena plan, ac, ag;
+    karena_init_counter(&plan);
+    kmoe_take(&plan, &rc, true);
+    karena_init(&ac, C, KMEM_ACTS, "moe test (CPU)");
+    karena_reserve(&ac, plan.used, 0);
+    kmoe_take(&ac, &rc, true);
+    karena_init(&ag, G, KMEM_ACTS, "moe test (GPU)");
+    karena_reserve(&ag, plan.used, 0);
+    kmoe_take(&ag, &rg, true);
+    k_moe_route(C, &rc, lg);
+    k_moe_experts_forward(C, y, x, Wg, Wu, Wd, &rc);
+    k_moe_experts_backward(C, dx, dWg, dWu, dWd, dwt, dy, Wg, Wu, Wd, &rc);
+    k_moe_route_backward(C, dl, &rc, dwt, dp);
+    float *gl = kputf(G, lg, nl), *gx = kputf(G, x, nx), *gWg = kputf(G, Wg, nw), *gWu = kputf(G, Wu, nw);
+    float *gWd = kputf(G, Wd, nw), *gdy = kputf(G, dy, nx), *gy = kputf(G, zx, nx), *gdx = kputf(G, zx, nx);
+    float *gdWg = kputf(G, zw, nw), *gdWu = kputf(G, zw, nw), *gdWd = kputf(G, zw, nw);
+    float *gdwt = kputf(G, dwt, nk), *gdl = kputf(G, dl, nl);
+    k_moe_route(G, &rg, gl);
+    k_moe_experts_forward(G, gy, gx, gWg, gWu, gWd, &rg);
+    k_moe_experts_backward(G, gdx, gdWg, gdWu, gdWd, gdwt, gdy, gWg, gWu, gWd, &rg);
+    k_moe_route_backward(G, gdl, &rg, gdwt, dp);
+    char name[96];
+    snprintf(name, sizeof name, "moe N=%d E=%d k=%d D=%d F=%d%s: y", N, E, k, D, F, norm ? " renormalised" : "");
+    kget(G, h, gy, nx * 4);
+    int bad = report(name, err_of(h, y, NULL, nx), bound);
+    kget(G, h, gdx, nx * 4);
+    bad += report("  dx", err_of(h, dx, NULL, nx), bound);
+    kget(G, h, gdWg, nw * 4);
+    bad += report("  dW gate", err_of(h, dWg, NULL, nw), bound);
+    kget(G, h, gdWu, nw * 4);
+    bad += report("  dW up", err_of(h, dWu, NULL, nw), bound);
+    kget(G, h, gdWd, nw * 4);
+    bad += report("  dW down", err_of(h, dWd, NULL, nw), bound);
+    kget(G, h, gdwt, nk * 4);
+    bad += report("  d routing weights", err_of(h, dwt, NULL, nk), bound);
+    kget(G, h, gdl, nl * 4);
+    bad += report("  d router logits", err_of(h, dl, NULL, nl), bound);
+    kdrop(G, gl, nl * 4), kdrop(G, gx, nx * 4), kdrop(G, gWg, nw * 4), kdrop(G, gWu, nw * 4), kdrop(G, gWd, nw * 4);
+    kdrop(G, gdy, nx * 4), kdrop(G, gy, nx * 4), kdrop(G, gdx, nx * 4), kdrop(G, gdWg, nw * 4);
+    kdrop(G, gdWu, nw * 4), kdrop(G, gdWd, nw * 4), kdrop(G, gdwt, nk * 4), kdrop(G, gdl, nl * 4);
+    karena_release(&ac);
+    karena_release(&ag);
+    free(lg), free(x), free(Wg), free(Wu), free(Wd), free(dy), free(dp), free(zx), free(zw), free(y), free(dx);
+    free(dWg), free(dWu), free(dWd), free(dwt), free(dl), free(h);
+    return bad;
+}
+
 static int t_linear(struct kctx *G, struct kctx *C, int N, int Din, int Dout, double bound)
 {
     size_t nx = (size_t)N * Din, ny = (size_t)N * Dout, nw = (size_t)Dout * Din;
@@ -936,6 +995,9 @@ static int test_kops(void)
     bad += t_linear(G16, C, 37, 96, 80, 1e-2);
     if (!small)
         bad += t_linear(G, C, 300, 512, 384, 1e-5) + t_linear(G16, C, 300, 512, 384, 1e-2);
+    bad += t_moe(G, C, 37, 4, 2, 64, 48, false, 1e-5) + t_moe(G, C, 5, 8, 3, 16, 24, true, 1e-5);
+    if (!small)
+        bad += t_moe(G, C, 300, 8, 2, 256, 384, true, 1e-5);
     bad += t_rope(G, C, 17, 3, 64) + t_rope(G, C, 5, 2, 6);
     {
         static const int l1[] = {1, 70, 0, 130, 64}, l2[] = {37, 100}, l3[] = {200}, l4[] = {5, 3};

@@ -72,12 +72,16 @@ static inline void expect_close(const char *what, const float *got, const float 
             fail_msg("%s[%zu]: got %.7g, want %.7g", what, i, got[i], want[i]);
 }
 
-/* sum a[i] logp[i] + c[i] entropy[i] of a forward at temperature 0.7 (b->N <= 16) */
+/* sum a[i] logp[i] + c[i] entropy[i] of a forward at temperature 0.7 (b->N <= 16), plus a mixture of experts'
+ * load-balancing loss (model.h: moe_aux_coef) */
 static inline double model_loss(struct model *m, const struct packed_batch *b, const float *a, const float *c, int ckpt)
 {
     float logp[16], ent[16];
+    model_moe_stats(m, NULL, NULL); /* forget earlier forwards */
     model_acts_free(model_forward(m, b, 0.7f, ckpt, logp, ent));
-    double s = 0;
+    double aux = 0;
+    const int layers = model_moe_stats(m, NULL, &aux); /* a mixture of experts' load-balancing loss */
+    double s = (double)m->moe_aux_coef * m->moe_aux_scale * aux * layers;
     for (int i = 0; i < b->N; i++)
         s += (double)a[i] * logp[i] + (double)c[i] * ent[i];
     return s;

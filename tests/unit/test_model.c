@@ -19,12 +19,13 @@
 #include "model_fixtures.h"
 #include "kernels/kernels.h"
 #include "worker/model/fit.h"
+#include "worker/plan/planner.h"
 #include "worker/model/generate.h"
 #include "worker/model/model_io.h"
 
 static const char *const tiny_models[] = {"tiny-llama-tied",   "tiny-llama-untied", "tiny-qwen2-bias",
                                           "tiny-qwen2-untied", "tiny-llama3-rope",  "tiny-llama3-rope-v4",
-                                          "tiny-qwen3"};
+                                          "tiny-qwen3",        "tiny-qwen3-moe",    "tiny-mixtral"};
 
 static void test_logits_match_transformers(void **state)
 {
@@ -213,27 +214,133 @@ static void test_whole_model_finite_differences(void **state)
     model_free(m);
 }
 
+/* model_loss with the routing's signature (tokens per expert and layer, weighted by position) into sig (8). */
+static double moe_loss(struct model *m, const struct fd_batch *f, double *sig)
+{
+    model_moe_stats(m, NULL, NULL);
+    float logp[9], ent[9];
+    model_acts_free(model_forward(m, &f->b, 0.7f, false, logp, ent));
+    double aux = 0;
+    const int layers = model_moe_stats(m, sig, &aux);
+    double s = (double)m->moe_aux_coef * m->moe_aux_scale * aux * layers;
+    for (int i = 0; i < 9; i++)
+        s += (double)f->a[i] * logp[i] + (double)f->c[i] * ent[i];
+    return s;
+}
+
+/* Central differences of moe_loss against g for a few entries of each of n tensors; an entry whose step changes
+ * the routing (a top-k choice flips: the loss jumps there) is skipped. Returns the entries checked. */
+static int moe_fd_check(struct model *m, const struct fd_batch *f, const struct param_ref *w, const struct param_ref *g,
+                        int n, float h, int *skipped)
+{
+    int checked = 0;
+    for (int r = 0; r < n; r++)
+        for (size_t j = 0; j < w[r].numel; j += w[r].numel / 4 + 1) {
+            const float keep = w[r].data[j];
+            double s0[8], sp[8], sm[8];
+            moe_loss(m, f, s0);
+            w[r].data[j] = keep + h;
+            const double lp = moe_loss(m, f, sp);
+            w[r].data[j] = keep - h;
+            const double lm = moe_loss(m, f, sm);
+            w[r].data[j] = keep;
+            if (memcmp(sp, s0, sizeof s0) != 0 || memcmp(sm, s0, sizeof s0) != 0) {
+                (*skipped)++;
+                continue;
+            }
+            const double fd = (lp - lm) / (2 * h);
+            if (fabs(fd - g[r].data[j]) > 3e-3 + 2e-2 * fabs(fd))
+                fail_msg("%s[%zu]: analytic %g, finite difference %g", w[r].name, j, g[r].data[j], fd);
+            checked++;
+        }
+    return checked;
+}
+
+/* Mixture of experts: the gradients of every tensor (routers and experts included) against central differences,
+ * with the router's load-balancing loss (a large coefficient so that its part is visible) and without; the loss
+ * is 1 at a perfect balance and the coefficient scales it. */
+static void test_moe_finite_differences_with_aux_loss(void **state)
+{
+    (void)state;
+    const char *names[] = {"tiny-qwen3-moe", "tiny-mixtral"};
+    for (int k = 0; k < 2; k++) {
+        for (int with_aux = 0; with_aux < 2; with_aux++) {
+            struct model *m = load(names[k]);
+            assert_true(m->cfg.n_experts == 4 && m->cfg.n_experts_per_tok == 2);
+            char why[256];
+            assert_int_equal(model_shard_check(&m->cfg, 2, "tp_key", why, sizeof why), -1);
+            assert_non_null(strstr(why, "tp_key (2): a mixture-of-experts model (4 experts) runs without tensor"));
+            /* the memory estimates count the router and every expert */
+            assert_true(model_weight_bytes(&m->cfg) == (double)model_num_params(m) * sizeof(float));
+            assert_true(plan_param_count(&m->cfg) == (double)model_num_params(m));
+            m->moe_aux_coef = with_aux ? 0.5f : 0.0f;
+            m->moe_aux_scale = 0.75f;
+            struct fd_batch f;
+            fd_batch_init(&f);
+            const struct packed_batch b = f.b;
+            float logp[9], ent[9];
+            model_alloc_grads(m);
+            model_zero_grads(m);
+            model_moe_stats(m, NULL, NULL);
+            struct model_acts *acts = model_forward(m, &b, 0.7f, false, logp, ent);
+            double tokens[2 * 4], aux;
+            assert_int_equal(model_moe_stats(m, tokens, &aux), 2);
+            double sum = 0;
+            for (int i = 0; i < 8; i++)
+                sum += tokens[i];
+            assert_true(sum == 2.0 * 9 * 2); /* dropless: 2 layers x 9 tokens x 2 experts each */
+            assert_true(aux >= 1.0 - 1e-6);  /* Megatron's switch loss is at least 1 (balanced) */
+            model_backward(m, acts, f.a, f.c);
+            int nrefs = model_param_refs(m, &m->w, NULL, 0);
+            struct param_ref *w = calloc((size_t)nrefs, sizeof *w), *g = calloc((size_t)nrefs, sizeof *g);
+            model_param_refs(m, &m->w, w, nrefs);
+            model_param_refs(m, m->grad, g, nrefs);
+            /* the routers alone: their gradient holds the aux loss's part */
+            int routers = 0;
+            for (int i = 0; i < nrefs; i++)
+                if (strstr(w[i].name, ".gate.weight")) {
+                    w[routers] = w[i], g[routers] = g[i];
+                    routers++;
+                }
+            assert_int_equal(routers, 2);
+            int skipped = 0;
+            assert_true(moe_fd_check(m, &f, w, g, routers, 1e-3f, &skipped) >= 6);
+            model_param_refs(m, &m->w, w, nrefs);
+            model_param_refs(m, m->grad, g, nrefs);
+            const int checked = moe_fd_check(m, &f, w, g, nrefs, 2e-3f, &skipped);
+            assert_true(checked > 40 && skipped < checked / 10);
+            free(w), free(g);
+            model_free(m);
+        }
+    }
+}
+
 /* Per-layer recomputation gives bit-identical gradients. */
 static void test_checkpointing_identical(void **state)
 {
     (void)state;
-    struct model *m = load("tiny-llama-untied");
-    int32_t ids[7] = {1, 2, 3, 4, 5, 6, 7}, tg[7] = {2, 3, 4, 5, 6, 7, 8}, pos[7] = {0, 1, 2, 0, 1, 2, 3};
-    int32_t cu[3] = {0, 3, 7};
-    struct packed_batch b = {7, 2, ids, tg, pos, cu, NULL, NULL};
-    float logp[7], ent[7], logp2[7], ent2[7], d[7] = {1, -1, 0.5f, 2, 0, 1, 1}, de[7] = {0.1f, 0, 0, 0.2f, 0, 0, 1};
-    model_alloc_grads(m);
-    model_zero_grads(m);
-    model_backward(m, model_forward(m, &b, 1.0f, false, logp, ent), d, de);
-    float *ref = malloc(m->grad->n_floats * sizeof(float));
-    memcpy(ref, m->grad->mem, m->grad->n_floats * sizeof(float));
-    model_zero_grads(m);
-    model_backward(m, model_forward(m, &b, 1.0f, true, logp2, ent2), d, de);
-    assert_memory_equal(logp, logp2, sizeof logp);
-    assert_memory_equal(ent, ent2, sizeof ent);
-    assert_memory_equal(ref, m->grad->mem, m->grad->n_floats * sizeof(float));
-    free(ref);
-    model_free(m);
+    /* a dense model, and the mixture-of-experts ones with their load-balancing loss */
+    const char *names[] = {"tiny-llama-untied", "tiny-qwen3-moe", "tiny-mixtral"};
+    for (int k = 0; k < 3; k++) {
+        struct model *m = load(names[k]);
+        m->moe_aux_coef = 0.1f;
+        int32_t ids[7] = {1, 2, 3, 4, 5, 6, 7}, tg[7] = {2, 3, 4, 5, 6, 7, 8}, pos[7] = {0, 1, 2, 0, 1, 2, 3};
+        int32_t cu[3] = {0, 3, 7};
+        struct packed_batch b = {7, 2, ids, tg, pos, cu, NULL, NULL};
+        float logp[7], ent[7], logp2[7], ent2[7], d[7] = {1, -1, 0.5f, 2, 0, 1, 1}, de[7] = {0.1f, 0, 0, 0.2f, 0, 0, 1};
+        model_alloc_grads(m);
+        model_zero_grads(m);
+        model_backward(m, model_forward(m, &b, 1.0f, false, logp, ent), d, de);
+        float *ref = malloc(m->grad->n_floats * sizeof(float));
+        memcpy(ref, m->grad->mem, m->grad->n_floats * sizeof(float));
+        model_zero_grads(m);
+        model_backward(m, model_forward(m, &b, 1.0f, true, logp2, ent2), d, de);
+        assert_memory_equal(logp, logp2, sizeof logp);
+        assert_memory_equal(ent, ent2, sizeof ent);
+        assert_memory_equal(ref, m->grad->mem, m->grad->n_floats * sizeof(float));
+        free(ref);
+        model_free(m);
+    }
 }
 
 /* The LM head on the rows a caller reads (packed_batch.logp_from, a response after its prompt) gives those rows'
@@ -351,10 +458,10 @@ static void test_save_and_reload(void **state)
     assert_null(model_load(dir, err, sizeof err));
     assert_non_null(strstr(err, "rope_scaling llama3 needs factor > 0, 0 < low_freq_factor < high_freq_factor"));
     f = fopen(path, "w");
-    fputs("{\"model_type\": \"qwen3_moe\"}", f);
+    fputs("{\"model_type\": \"qwen2_moe\"}", f);
     fclose(f);
     assert_null(model_load(dir, err, sizeof err));
-    assert_non_null(strstr(err, "model_type 'qwen3_moe' is a mixture-of-experts model: not supported yet"));
+    assert_non_null(strstr(err, "model_type 'qwen2_moe' is a mixture-of-experts model: not supported yet"));
     f = fopen(path, "w");
     fputs("{\"model_type\": \"mistral\"}", f);
     fclose(f);
@@ -432,12 +539,12 @@ static void test_arch_table(void **state)
     assert_null(model_arch_by_gguf_name("qwen3")); /* no GGUF import of Qwen3 */
     assert_null(model_arch_by_model_type("mistral"));
     assert_null(model_arch_by_model_type(NULL));
-    assert_true(model_arch_is_moe("qwen3_moe") && !model_arch_is_moe("qwen3"));
+    assert_true(model_arch_is_moe("qwen2_moe") && !model_arch_is_moe("qwen3_moe") && !model_arch_is_moe("qwen3"));
     assert_true(model_arch_info(ARCH_QWEN2)->qkv_bias_always && !model_arch_info(ARCH_QWEN3)->qkv_bias_always);
     assert_true(model_arch_info(ARCH_QWEN3)->qk_norm && !model_arch_info(ARCH_LLAMA)->qk_norm);
     assert_true(model_arch_info(ARCH_LLAMA)->gguf_qk_permuted && !model_arch_info(ARCH_QWEN2)->gguf_qk_permuted);
     char names[64];
-    assert_string_equal(model_arch_list(false, names, sizeof names), "llama, qwen2, qwen3");
+    assert_string_equal(model_arch_list(false, names, sizeof names), "llama, qwen2, qwen3, qwen3_moe, mixtral");
     assert_string_equal(model_arch_list(true, names, sizeof names), "llama, qwen2");
     assert_string_equal(model_arch_list(false, names, 8), "llama, "); /* cut short, still a string */
 }
@@ -447,8 +554,8 @@ static void test_arch_table(void **state)
 static void test_new_families_greedy(void **state)
 {
     (void)state;
-    const char *names[] = {"tiny-llama3-rope", "tiny-llama3-rope-v4", "tiny-qwen3"};
-    for (int k = 0; k < 3; k++) {
+    const char *names[] = {"tiny-llama3-rope", "tiny-llama3-rope-v4", "tiny-qwen3", "tiny-qwen3-moe", "tiny-mixtral"};
+    for (int k = 0; k < 5; k++) {
         struct model *m = load(names[k]);
         char path[512];
         snprintf(path, sizeof path, FIX "%s/greedy.json", names[k]);
@@ -895,6 +1002,7 @@ int main(void)
         cmocka_unit_test(test_packed_sequences),
         cmocka_unit_test(test_kv_cache_incremental),
         cmocka_unit_test(test_whole_model_finite_differences),
+        cmocka_unit_test(test_moe_finite_differences_with_aux_loss),
         cmocka_unit_test(test_checkpointing_identical),
         cmocka_unit_test(test_logp_rows_subset),
         cmocka_unit_test(test_activation_offload_identical),

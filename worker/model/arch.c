@@ -22,11 +22,32 @@ static const struct model_arch_info families[] = {
      .gguf_name = NULL,
      .qk_norm = true,
      .has_sliding_window = true},
+    {.arch = ARCH_QWEN3_MOE,
+     .model_type = "qwen3_moe",
+     .hf_class = "Qwen3MoeForCausalLM",
+     .gguf_name = NULL,
+     .qk_norm = true,
+     .has_sliding_window = true,
+     .moe_block = "mlp",
+     .moe_router = "gate",
+     .moe_gate = "gate_proj",
+     .moe_up = "up_proj",
+     .moe_down = "down_proj"},
+    {.arch = ARCH_MIXTRAL,
+     .model_type = "mixtral",
+     .hf_class = "MixtralForCausalLM",
+     .gguf_name = NULL,
+     .moe_block = "block_sparse_moe",
+     .moe_router = "gate",
+     .moe_gate = "w1",
+     .moe_up = "w3",
+     .moe_down = "w2"},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 
-/* The mixture-of-experts relatives of the families above: recognised to be refused in plain words. */
-static const char *const moe_types[] = {"qwen2_moe", "qwen3_moe"};
+/* Mixture-of-experts families not implemented: recognised to be refused in plain words (Qwen2-MoE has shared
+ * experts). */
+static const char *const moe_types[] = {"qwen2_moe"};
 
 const struct model_arch_info *model_arch_info(enum model_arch a)
 {

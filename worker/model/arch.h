@@ -9,7 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-enum model_arch { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3 };
+enum model_arch { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_QWEN3_MOE, ARCH_MIXTRAL };
 
 struct model_arch_info {
     enum model_arch arch;
@@ -21,6 +21,9 @@ struct model_arch_info {
     bool has_sliding_window; /* its config.json has use_sliding_window (written false; true is refused) */
     bool has_mlp_bias;       /* its config.json has mlp_bias (written false) */
     bool gguf_qk_permuted;   /* llama.cpp stores q/k rows of each head interleaved, to be undone */
+    /* mixture of experts: the MLP's tensor names under model.layers.N. (NULL: a dense MLP): the block, its router,
+     * and each expert's gate, up and down projections */
+    const char *moe_block, *moe_router, *moe_gate, *moe_up, *moe_down;
 };
 
 /* The family a, which must be one of enum model_arch. */
@@ -29,7 +32,7 @@ const struct model_arch_info *model_arch_info(enum model_arch a);
 const struct model_arch_info *model_arch_by_model_type(const char *name);
 /* The family whose GGUF general.architecture is name, or NULL (also for a family with no GGUF import). */
 const struct model_arch_info *model_arch_by_gguf_name(const char *name);
-/* Whether a model_type names a mixture-of-experts family (known, not supported). */
+/* Whether a model_type names a mixture-of-experts family that is refused (known, not supported). */
 bool model_arch_is_moe(const char *model_type);
 /* The names a lookup accepts, ", "-separated, into out: config.json model_types (gguf false) or GGUF
  * architectures (gguf true). Returns out. */

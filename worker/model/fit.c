@@ -44,6 +44,8 @@ double model_weight_bytes(const struct model_config *c)
     const double D = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
     const double QD = (double)c->n_heads * c->head_dim, KD = (double)c->n_kv_heads * c->head_dim;
     double layer = 2 * D + QD * D + 2 * KD * D + D * QD + 3 * F * D;
+    if (c->n_experts) /* the router and every expert instead of the dense MLP */
+        layer += (double)c->n_experts * D * (1 + 3.0 * c->moe_intermediate) - 3 * F * D;
     if (c->attention_bias)
         layer += QD + 2 * KD;
     if (c->qk_norm)

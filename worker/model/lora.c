@@ -77,6 +77,8 @@ int lora_attach(struct model *m, const struct lora_config *c, char *err, size_t 
     if (m->sh.tp_size > 1 || m->sh.pp_size > 1)
         return ERR("LoRA runs on whole models only (this one is TP rank %d of %d, stage %d of %d)", m->sh.tp_rank,
                    m->sh.tp_size, m->sh.pp_rank, m->sh.pp_size);
+    if (m->cfg.n_experts)
+        return ERR("LoRA on a mixture-of-experts model (%d experts) is not supported yet", m->cfg.n_experts);
     if (c->rank < 1 || !(c->alpha > 0) || !(c->targets & LORA_ALL_LINEAR) || (c->targets & ~LORA_ALL_LINEAR))
         return ERR("LoRA needs a rank >= 1 (got %d), alpha > 0 (got %g) and at least one target projection", c->rank,
                    c->alpha);

@@ -50,6 +50,14 @@ int model_config_check(const struct model_config *c, char *why, size_t len)
         snprintf(why, len, "rope_theta (%g) and rms_norm_eps (%g) must be positive", c->rope_theta, c->rms_norm_eps);
         return -1;
     }
+    if (c->n_experts != 0 && (c->n_experts < 1 || c->n_experts_per_tok < 1 || c->n_experts_per_tok > c->n_experts ||
+                              c->moe_intermediate < 1)) {
+        snprintf(why, len,
+                 "mixture of experts: num_experts (%d) and moe_intermediate_size (%d) must be positive and "
+                 "num_experts_per_tok (%d) between 1 and num_experts",
+                 c->n_experts, c->moe_intermediate, c->n_experts_per_tok);
+        return -1;
+    }
     if (c->max_position_embeddings < 1) {
         snprintf(why, len, "max_position_embeddings (%d) must be positive: it bounds a prompt plus its response",
                  c->max_position_embeddings);
@@ -135,9 +143,17 @@ static size_t layout(const struct model_config *c, const struct model_shard *sh,
         }
         TAKE(L->wo, D * QD);
         TAKE(L->mlp_norm, D);
-        TAKE(L->w_gate, F * D);
-        TAKE(L->w_up, F * D);
-        TAKE(L->w_down, D * F);
+        if (c->n_experts) { /* the router, then every expert's gate, up and down, expert after expert */
+            const size_t E = (size_t)c->n_experts, Fe = (size_t)c->moe_intermediate;
+            TAKE(L->router, E * D);
+            TAKE(L->w_gate, E * Fe * D);
+            TAKE(L->w_up, E * Fe * D);
+            TAKE(L->w_down, E * D * Fe);
+        } else {
+            TAKE(L->w_gate, F * D);
+            TAKE(L->w_up, F * D);
+            TAKE(L->w_down, D * F);
+        }
     }
     if (sh->has_head) {
         TAKE(p->final_norm, D);
@@ -192,6 +208,11 @@ int model_shard_check(const struct model_config *c, int tp, const char *key, cha
                  "num_key_value_heads (%d) and %s (%d): one must divide the other (KV heads are split over the TP "
                  "ranks, or each is replicated on TP / KV heads of them)",
                  c->n_kv_heads, key, tp);
+        return -1;
+    }
+    if (c->n_experts && tp > 1) {
+        snprintf(why, len, "%s (%d): a mixture-of-experts model (%d experts) runs without tensor parallelism for now",
+                 key, tp, c->n_experts);
         return -1;
     }
     if (c->intermediate_size % tp != 0) {
@@ -311,6 +332,12 @@ struct model *model_create_on(const struct model_config *c, const struct model_l
     m->sh.pp = L->pp_size > 1 ? L->pp : NULL;
     m->sh.mp = L->pp_size > 1 ? L->mp : m->sh.tp;
     m->K = K ? K : kctx_cpu();
+    if (c->n_experts && !k_has_moe(m->K))
+        check_failf(__FILE__, __LINE__,
+                    "model_create: the %s back-end has no mixture-of-experts kernels yet (a %d-expert model runs on "
+                    "the CPU)",
+                    m->K->ops->name, c->n_experts);
+    m->moe_aux_scale = 1.0f;
     params_alloc(m->K, KMEM_WEIGHTS, c, &m->sh, &m->w);
     const size_t nf = (size_t)(c->head_dim / 2 > 0 ? c->head_dim / 2 : 1);
     double *freqs = xcalloc(nf, sizeof(double));
@@ -329,6 +356,7 @@ struct model *model_clone(const struct model *m)
                                      m->sh.tp,      m->sh.pp,      m->sh.mp};
     struct model *r = model_create_on(&m->cfg, &lay, m->K);
     k_copy(m->K, r->w.mem, m->w.mem, m->w.n_floats * sizeof(float));
+    r->moe_aux_coef = m->moe_aux_coef, r->moe_aux_scale = m->moe_aux_scale;
     return r;
 }
 
@@ -353,6 +381,7 @@ struct model *model_copy_to(const struct model *m, struct kctx *K)
                                      m->sh.tp,      m->sh.pp,      m->sh.mp};
     struct model *r = model_create_on(&m->cfg, &lay, K);
     copy_between(r->K, r->w.mem, m->K, m->w.mem, m->w.n_floats * sizeof(float));
+    r->moe_aux_coef = m->moe_aux_coef, r->moe_aux_scale = m->moe_aux_scale;
     return r;
 }
 
@@ -379,6 +408,7 @@ void model_free(struct model *m)
         return;
     work_free(m);
     lora_detach(m);
+    free(m->moe_tokens);
     k_free(m->K, m->rope_freqs, (size_t)(m->cfg.head_dim / 2 > 0 ? m->cfg.head_dim / 2 : 1) * sizeof(double),
            KMEM_WEIGHTS);
     params_free(m->K, KMEM_WEIGHTS, &m->w);
@@ -506,9 +536,27 @@ int model_param_refs(const struct model *m, const struct model_params *p, struct
         }
         REF("self_attn.o_proj.weight", L->wo, 2, D, QD, o_cols);
         REF("post_attention_layernorm.weight", L->mlp_norm, 1, D, 0, whole);
-        REF("mlp.gate_proj.weight", L->w_gate, 2, F, D, f_rows);
-        REF("mlp.up_proj.weight", L->w_up, 2, F, D, f_rows);
-        REF("mlp.down_proj.weight", L->w_down, 2, D, F, f_cols);
+        if (c->n_experts) { /* whole on every rank: no TP with experts */
+            const struct model_arch_info *fam = model_arch_info(c->arch);
+            const int64_t E = c->n_experts, Fe = c->moe_intermediate;
+            const struct part router = {0, 0, E, D, first}, ew = {0, 0, Fe, D, first}, dw = {0, 0, D, Fe, first};
+            char sfx[64];
+            snprintf(sfx, sizeof sfx, "%s.%s.weight", fam->moe_block, fam->moe_router);
+            REF(sfx, L->router, 2, E, D, router);
+            for (int64_t e = 0; e < E; e++) {
+                const size_t off = (size_t)(e * Fe * D);
+                snprintf(sfx, sizeof sfx, "%s.experts.%d.%s.weight", fam->moe_block, (int)e, fam->moe_gate);
+                REF(sfx, L->w_gate ? L->w_gate + off : NULL, 2, Fe, D, ew);
+                snprintf(sfx, sizeof sfx, "%s.experts.%d.%s.weight", fam->moe_block, (int)e, fam->moe_up);
+                REF(sfx, L->w_up ? L->w_up + off : NULL, 2, Fe, D, ew);
+                snprintf(sfx, sizeof sfx, "%s.experts.%d.%s.weight", fam->moe_block, (int)e, fam->moe_down);
+                REF(sfx, L->w_down ? L->w_down + off : NULL, 2, D, Fe, dw);
+            }
+        } else {
+            REF("mlp.gate_proj.weight", L->w_gate, 2, F, D, f_rows);
+            REF("mlp.up_proj.weight", L->w_up, 2, F, D, f_rows);
+            REF("mlp.down_proj.weight", L->w_down, 2, D, F, f_cols);
+        }
 #undef REF
     }
     if (sh->has_head) {
@@ -579,6 +627,8 @@ struct layer_acts {
     float *xmid;                            /* (N, D) after the attention residual */
     float *xn2, *rstd2;
     float *g, *u, *a; /* (N, F) gate, up, silu(gate)*up */
+    float *rlog;      /* mixture of experts: (N, E) the router's logits */
+    struct kmoe moe;  /* its routing and the experts' activations */
 };
 
 /* The saved activations of one forward: every buffer is taken from the object's arena, in the order of
@@ -620,6 +670,8 @@ struct bwd_bufs {
     float *dq_pre, *dk_pre;       /* Qwen3 */
     float *dlogp, *dentropy;      /* (N) */
     float *dhk;                   /* (nk, D) the kept rows' dL/dh (logp_from) */
+    float *drlog, *dwt;           /* mixture of experts: (N, E), (N, k) */
+    float *moe_d, *moe_f;         /* the experts' backward scratch (struct kmoe's bwd_d, bwd_f) */
 };
 
 /* What a model keeps from batch to batch: the pool of activation objects, the backward arena, the generation
@@ -701,6 +753,18 @@ int32_t *model_host_pos(struct model *m, size_t n)
 
 static float *take_f(struct karena *ar, size_t n) { return karena_take(ar, (n ? n : 1) * sizeof(float)); }
 
+/* The routing of N tokens through m's experts (no buffers yet). */
+static struct kmoe moe_shape(const struct model *m, int N)
+{
+    const struct model_config *c = &m->cfg;
+    return (struct kmoe){.N = N,
+                         .E = c->n_experts,
+                         .k = c->n_experts_per_tok,
+                         .D = c->hidden_size,
+                         .F = c->moe_intermediate,
+                         .norm_topk = c->norm_topk_prob};
+}
+
 /* One layer's activations from the arena: all of them, or only the input x. */
 static void layer_acts_take(const struct model *m, int N, struct layer_acts *a, bool full, struct karena *ar)
 {
@@ -727,6 +791,12 @@ static void layer_acts_take(const struct model *m, int N, struct layer_acts *a, 
     a->xmid = take_f(ar, n * D);
     a->xn2 = take_f(ar, n * D);
     a->rstd2 = take_f(ar, n);
+    if (c->n_experts) {
+        a->rlog = take_f(ar, n * (size_t)c->n_experts);
+        a->moe = moe_shape(m, N);
+        kmoe_take(ar, &a->moe, false);
+        return;
+    }
     a->g = take_f(ar, n * F);
     a->u = take_f(ar, n * F);
     a->a = take_f(ar, n * F);
@@ -816,9 +886,17 @@ static void bwd_take(const struct model *m, int N, int nk, struct bwd_bufs *d, b
     }
     if (ckpt)
         d->scratch_out = take_f(ar, n * D);
-    d->da = take_f(ar, n * F);
-    d->dg = take_f(ar, n * F);
-    d->du = take_f(ar, n * F);
+    if (c->n_experts) {
+        const size_t nk = n * (size_t)c->n_experts_per_tok;
+        d->drlog = take_f(ar, n * (size_t)c->n_experts);
+        d->dwt = take_f(ar, nk);
+        d->moe_d = take_f(ar, 2 * nk * D);
+        d->moe_f = take_f(ar, 3 * nk * (size_t)c->moe_intermediate);
+    } else {
+        d->da = take_f(ar, n * F);
+        d->dg = take_f(ar, n * F);
+        d->du = take_f(ar, n * F);
+    }
     d->dxn = take_f(ar, n * D);
     d->datt = take_f(ar, n * QD);
     d->dq = take_f(ar, n * QD);
@@ -880,12 +958,55 @@ static void layer_forward(const struct model *m, int l, const struct packed_batc
     model_tp_sum(m, a->xmid, (size_t)N * D);
     k_add(K, a->xmid, a->x, (size_t)N * D);
     k_rmsnorm_forward(K, a->xn2, a->rstd2, a->xmid, L->mlp_norm, N, D, c->rms_norm_eps);
+    if (L->router) { /* mixture of experts: route, then each expert's tokens through it */
+        k_linear_forward(K, a->rlog, a->xn2, L->router, NULL, N, D, c->n_experts);
+        k_moe_route(K, &a->moe, a->rlog);
+        k_moe_experts_forward(K, out, a->xn2, L->w_gate, L->w_up, L->w_down, &a->moe);
+        k_add(K, out, a->xmid, (size_t)N * D);
+        return;
+    }
     model_proj_forward(m, l, PROJ_GATE, a->g, a->xn2, N);
     model_proj_forward(m, l, PROJ_UP, a->u, a->xn2, N);
     k_swiglu_forward(K, a->a, a->g, a->u, (size_t)N * F);
     model_proj_forward(m, l, PROJ_DOWN, out, a->a, N);
     model_tp_sum(m, out, (size_t)N * D);
     k_add(K, out, a->xmid, (size_t)N * D);
+}
+
+/* A layer's routing, counted for model_moe_stats: its tokens per expert and its load-balancing loss. */
+static void moe_count(struct model *m, int l, const struct kmoe *r)
+{
+    const int E = r->E;
+    if (!m->moe_tokens)
+        m->moe_tokens = xcalloc((size_t)m->cfg.n_layers * E, sizeof *m->moe_tokens);
+    int32_t offs[E + 1];
+    float pmean[E];
+    k_to_host(m->K, offs, r->offs, sizeof offs);
+    k_to_host(m->K, pmean, r->pmean, sizeof pmean);
+    double aux = 0;
+    for (int e = 0; e < E; e++) {
+        const int cnt = offs[e + 1] - offs[e];
+        m->moe_tokens[(size_t)l * E + e] += cnt;
+        aux += (double)pmean[e] * cnt;
+    }
+    m->moe_aux_sum += r->N ? aux * E / ((double)r->k * r->N) : 0;
+    m->moe_aux_n++;
+}
+
+int model_moe_stats(struct model *m, double *tokens, double *aux_mean)
+{
+    const int n = m->moe_aux_n, E = m->cfg.n_experts;
+    if (tokens && E) {
+        for (size_t i = 0; i < (size_t)m->cfg.n_layers * E; i++)
+            tokens[i] = m->moe_tokens ? m->moe_tokens[i] : 0;
+    }
+    if (aux_mean)
+        *aux_mean = n ? m->moe_aux_sum / n : 0;
+    if (m->moe_tokens)
+        memset(m->moe_tokens, 0, (size_t)m->cfg.n_layers * E * sizeof *m->moe_tokens);
+    m->moe_aux_sum = 0;
+    m->moe_aux_n = 0;
+    return n;
 }
 
 /* Backward of one layer: d->dx (N, D) holds dL/d(output) on entry and dL/d(input) on exit. */
@@ -902,13 +1023,35 @@ static void layer_backward(struct model *m, int l, const struct packed_batch *b,
     const int Hkv = m->sh.n_kv_heads, QD = Hq * hd, KD = Hkv * hd;
     const size_t nD = (size_t)N * D, nF = (size_t)N * F, fs = sizeof(float);
     float *dx = d->dx;
-    k_zero(K, d->da, nF * fs), k_zero(K, d->dg, nF * fs), k_zero(K, d->du, nF * fs), k_zero(K, d->dxn, nD * fs);
-    /* MLP: out = xmid + down(silu(gate(xn2)) * up(xn2)) */
-    model_proj_backward(m, l, PROJ_DOWN, d->da, dx, a->a, N);
-    k_swiglu_backward(K, d->dg, d->du, d->da, a->g, a->u, nF);
-    model_proj_backward(m, l, PROJ_GATE, d->dxn, d->dg, a->xn2, N);
-    model_proj_backward(m, l, PROJ_UP, d->dxn, d->du, a->xn2, N);
-    model_tp_sum(m, d->dxn, nD);
+    if (L->router) { /* mixture of experts: out = xmid + sum over the chosen experts of wt x expert(xn2) */
+        struct kmoe r = a->moe;
+        r.bwd_d = d->moe_d, r.bwd_f = d->moe_f;
+        const int E = r.E;
+        k_zero(K, d->dxn, nD * fs);
+        k_moe_experts_backward(K, d->dxn, G ? G->w_gate : NULL, G ? G->w_up : NULL, G ? G->w_down : NULL, d->dwt, dx,
+                               L->w_gate, L->w_up, L->w_down, &r);
+        /* the load-balancing loss coef scale E / k sum_e pmean_e count_e / N: d/dp[t][e] = coef scale E count_e /
+         * (k N^2) for every token t */
+        float dp_col[E];
+        const bool aux = m->moe_aux_coef != 0 && N > 0;
+        if (aux) {
+            int32_t offs[E + 1];
+            k_to_host(K, offs, r.offs, sizeof offs);
+            for (int e = 0; e < E; e++)
+                dp_col[e] = (float)((double)m->moe_aux_coef * m->moe_aux_scale * E * (offs[e + 1] - offs[e]) /
+                                    ((double)r.k * N * N));
+        }
+        k_moe_route_backward(K, d->drlog, &r, d->dwt, aux ? dp_col : NULL);
+        k_linear_backward(K, d->dxn, G ? G->router : NULL, NULL, d->drlog, a->xn2, L->router, N, D, E);
+    } else {
+        k_zero(K, d->da, nF * fs), k_zero(K, d->dg, nF * fs), k_zero(K, d->du, nF * fs), k_zero(K, d->dxn, nD * fs);
+        /* MLP: out = xmid + down(silu(gate(xn2)) * up(xn2)) */
+        model_proj_backward(m, l, PROJ_DOWN, d->da, dx, a->a, N);
+        k_swiglu_backward(K, d->dg, d->du, d->da, a->g, a->u, nF);
+        model_proj_backward(m, l, PROJ_GATE, d->dxn, d->dg, a->xn2, N);
+        model_proj_backward(m, l, PROJ_UP, d->dxn, d->du, a->xn2, N);
+        model_tp_sum(m, d->dxn, nD);
+    }
     /* dx now dL/dxmid */
     k_rmsnorm_backward(K, dx, G ? G->mlp_norm : sink, d->dxn, a->xmid, L->mlp_norm, a->rstd2, N, D);
     /* attention: xmid = x + o(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))) */
@@ -1084,6 +1227,8 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
             k_to_host(K, a->x, in, nD * sizeof(float));
             A->scratch.x = in;
             layer_forward(m, l, &A->b, &A->scratch, out);
+            if (A->scratch.rlog)
+                moe_count(m, l, &A->scratch.moe);
             continue;
         }
         float *out = l + 1 < hi ? A->layers[l + 1].x : A->xf;
@@ -1093,6 +1238,9 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
         } else {
             layer_forward(m, l, &A->b, a, out);
         }
+        const struct layer_acts *ran = checkpointing ? &A->scratch : a;
+        if (ran->rlog)
+            moe_count(m, l, &ran->moe);
     }
     if (sh->has_head) {
         k_rmsnorm_forward(K, A->hn, A->rstdf, A->xf, m->w.final_norm, N, D, c->rms_norm_eps);

@@ -39,6 +39,10 @@ struct model_config {
     struct rope_scaling rope;
     int max_position_embeddings;
     int bos_token_id, eos_token_id; /* -1 if unknown */
+    /* mixture of experts (Qwen3-MoE, Mixtral): every layer's MLP is n_experts SwiGLU experts of moe_intermediate
+     * rows, n_experts_per_tok chosen per token by a softmax router (n_experts 0: a dense MLP of intermediate_size) */
+    int n_experts, n_experts_per_tok, moe_intermediate;
+    bool norm_topk_prob; /* the chosen experts' probabilities renormalised to sum to 1 (always for Mixtral) */
 };
 
 /* Weights of one decoder layer; pointers into the model's single buffer. */
@@ -51,6 +55,8 @@ struct layer_params {
     float *mlp_norm;        /* (D) post_attention_layernorm */
     float *w_gate, *w_up;   /* (F, D) */
     float *w_down;          /* (D, F) */
+    /* mixture of experts: w_gate and w_up hold (E, Fe, D), w_down (E, D, Fe), expert after expert */
+    float *router; /* (E, D) the router's weight, or NULL (dense) */
 };
 
 /* The linear projections of a decoder layer (LoRA's target_modules name them q_proj ... down_proj). */
@@ -128,7 +134,20 @@ struct model {
     /* model_set_layer_grads_hook: called after each layer's backward (NULL: none) */
     void (*layer_grads_hook)(void *ud, int layer);
     void *layer_grads_ud;
+    /* mixture of experts: the router's load-balancing loss, coef x the sum over layers of E / k x sum_e (mean
+     * router probability of e) x (tokens routed to e / tokens) (Megatron's switch loss, 1 when balanced), times
+     * moe_aux_scale (the trainer's share of a micro-batch), added to every training backward's loss; and what the
+     * training forwards routed since model_moe_stats last took it */
+    float moe_aux_coef, moe_aux_scale;
+    double *moe_tokens; /* (n_layers, E) tokens routed to each expert */
+    double moe_aux_sum; /* sum of the layers' aux (without coef) over forwards */
+    int moe_aux_n;      /* layer forwards counted in moe_aux_sum */
 };
+
+/* What the training forwards routed since the last call, then forgotten: per-layer tokens per expert into tokens
+ * (n_layers x E, may be NULL) and the mean load-balancing loss per layer and forward (without the coefficient).
+ * Returns the forwards' layer count (0: none, or a dense model). */
+int model_moe_stats(struct model *m, double *tokens, double *aux_mean);
 
 /* fn(ud, l) after the backward of layer l has queued its parameters' gradients (the top layer first, the
  * embedding's and the head's gradients still to come): what starts a bucket's all-reduce while the backward goes
@@ -159,7 +178,7 @@ int model_stage_check(const struct model_config *c, int pp_size, const char *key
 struct model *model_create_shard(const struct model_config *c, const struct model_layout *lay);
 /* The same on context K (kernels/kernels.h; NULL: the CPU). */
 struct model *model_create_on(const struct model_config *c, const struct model_layout *lay, struct kctx *K);
-/* A new shard like m (same rank and group) holding the same weights (no gradients). */
+/* A new shard like m (same rank and group) holding the same weights (no gradients) and load-balancing settings. */
 struct model *model_clone(const struct model *m);
 /* The same on context K: a model loaded on the CPU moved to a GPU, or back. */
 struct model *model_copy_to(const struct model *m, struct kctx *K);

@@ -112,6 +112,39 @@ static int parse_rope_scaling(json_t *rs, const char *path, struct rope_scaling 
     return 0;
 }
 
+/* The mixture-of-experts keys of config.json: Qwen3-MoE's num_experts (or num_local_experts), moe_intermediate_size and
+ * norm_topk_prob (every layer sparse), Mixtral's num_local_experts with intermediate_size per expert (always
+ * renormalised). */
+static int parse_moe(json_t *root, const struct model_arch_info *fam, const char *path, struct model_config *c,
+                     char *err, size_t errlen)
+{
+    if (json_int(root, "num_experts_per_tok", -999, &c->n_experts_per_tok, path, err, errlen))
+        return -1;
+    if (fam->arch == ARCH_MIXTRAL) {
+        c->moe_intermediate = c->intermediate_size;
+        c->norm_topk_prob = true;
+        json_t *sw = json_object_get(root, "sliding_window");
+        if (sw && !json_is_null(sw))
+            return ERR("%s: sliding_window=%lld is not supported (null: full attention)", path,
+                       (long long)json_integer_value(sw));
+        return json_int(root, "num_local_experts", -999, &c->n_experts, path, err, errlen);
+    }
+    int step = 1;
+    /* the Hub's Qwen3-MoE files say num_experts; transformers 5 writes num_local_experts */
+    const char *ne = json_object_get(root, "num_experts") ? "num_experts" : "num_local_experts";
+    if (json_int(root, ne, -999, &c->n_experts, path, err, errlen) ||
+        json_int(root, "moe_intermediate_size", -999, &c->moe_intermediate, path, err, errlen) ||
+        json_flag(root, "norm_topk_prob", 0, &c->norm_topk_prob, path, err, errlen) ||
+        json_int(root, "decoder_sparse_step", 1, &step, path, err, errlen))
+        return -1;
+    json_t *dense = json_object_get(root, "mlp_only_layers");
+    if (step != 1 || (json_is_array(dense) && json_array_size(dense) > 0))
+        return ERR("%s: decoder_sparse_step %d and mlp_only_layers of %zu layers: only models whose every layer is "
+                   "sparse (decoder_sparse_step 1, mlp_only_layers []) are supported",
+                   path, step, json_is_array(dense) ? json_array_size(dense) : (size_t)0);
+    return 0;
+}
+
 int model_config_from_hf_json(const char *path, struct model_config *c, char *err, size_t errlen)
 {
     json_error_t je;
@@ -182,6 +215,8 @@ int model_config_from_hf_json(const char *path, struct model_config *c, char *er
     else if (json_flag(root, "attention_bias", 0, &c->attention_bias, path, err, errlen))
         goto out;
     c->qk_norm = fam->qk_norm; /* Qwen3 norms each head's q and k */
+    if (fam->moe_block && parse_moe(root, fam, path, c, err, errlen) != 0)
+        goto out;
     c->bos_token_id = json_token_id(root, "bos_token_id");
     c->eos_token_id = json_token_id(root, "eos_token_id");
     char why[256];
@@ -237,6 +272,18 @@ int model_config_write_hf_json(const struct model_config *c, const char *path, c
         json_object_set_new(o, "bos_token_id", json_integer(c->bos_token_id));
     if (c->eos_token_id >= 0)
         json_object_set_new(o, "eos_token_id", json_integer(c->eos_token_id));
+    if (fam->arch == ARCH_MIXTRAL) {
+        json_object_set_new(o, "num_local_experts", json_integer(c->n_experts));
+        json_object_set_new(o, "num_experts_per_tok", json_integer(c->n_experts_per_tok));
+        json_object_set_new(o, "sliding_window", json_null());
+    } else if (fam->arch == ARCH_QWEN3_MOE) {
+        json_object_set_new(o, "num_experts", json_integer(c->n_experts));
+        json_object_set_new(o, "num_experts_per_tok", json_integer(c->n_experts_per_tok));
+        json_object_set_new(o, "moe_intermediate_size", json_integer(c->moe_intermediate));
+        json_object_set_new(o, "norm_topk_prob", json_boolean(c->norm_topk_prob));
+        json_object_set_new(o, "decoder_sparse_step", json_integer(1));
+        json_object_set_new(o, "mlp_only_layers", json_array());
+    }
     json_object_set_new(o, "torch_dtype", json_string("float32"));
     char *text = json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS);
     json_decref(o);

@@ -104,6 +104,8 @@ struct step_bufs {
     int32_t *pos, *ids;
     float *x, *xn, *q, *att, *k, *v, *g, *u, *tmp, *hid;
     float *lg, *part, *all, *mine; /* logits (rows, V); under TP this rank's columns and the gathered ones */
+    float *rlog;                   /* mixture of experts: (N, E) the router's logits */
+    struct kmoe moe;               /* and the routing */
 };
 
 static void step_take(const struct model *m, int N, int B, int rows, struct step_bufs *t, struct karena *ar)
@@ -122,8 +124,19 @@ static void step_take(const struct model *m, int N, int B, int rows, struct step
     t->att = karena_take(ar, n * QD * sizeof(float));
     t->k = karena_take(ar, n * KD * sizeof(float));
     t->v = karena_take(ar, n * KD * sizeof(float));
-    t->g = karena_take(ar, n * F * sizeof(float));
-    t->u = karena_take(ar, n * F * sizeof(float));
+    if (c->n_experts) {
+        t->rlog = karena_take(ar, n * (size_t)c->n_experts * sizeof(float));
+        t->moe = (struct kmoe){.N = N,
+                               .E = c->n_experts,
+                               .k = c->n_experts_per_tok,
+                               .D = c->hidden_size,
+                               .F = c->moe_intermediate,
+                               .norm_topk = c->norm_topk_prob};
+        kmoe_take(ar, &t->moe, false);
+    } else {
+        t->g = karena_take(ar, n * F * sizeof(float));
+        t->u = karena_take(ar, n * F * sizeof(float));
+    }
     t->tmp = karena_take(ar, n * D * sizeof(float));
     t->hid = karena_take(ar, (size_t)B * D * sizeof(float));
     if (rows == 0)
@@ -238,6 +251,13 @@ static const float *step(struct model *m, struct kv_cache **caches, int B, const
         model_tp_sum(m, t.tmp, nD);
         k_add(K, t.x, t.tmp, nD);
         k_rmsnorm_forward(K, t.xn, NULL, t.x, L->mlp_norm, N, D, c->rms_norm_eps);
+        if (L->router) { /* mixture of experts: the same routing and grouped products as the training forward */
+            k_linear_forward(K, t.rlog, t.xn, L->router, NULL, N, D, c->n_experts);
+            k_moe_route(K, &t.moe, t.rlog);
+            k_moe_experts_forward(K, t.tmp, t.xn, L->w_gate, L->w_up, L->w_down, &t.moe);
+            k_add(K, t.x, t.tmp, nD);
+            continue;
+        }
         model_proj_forward(m, l, PROJ_GATE, t.g, t.xn, N);
         model_proj_forward(m, l, PROJ_UP, t.u, t.xn, N);
         k_swiglu_forward(K, t.g, t.g, t.u, (size_t)N * F);

@@ -38,6 +38,8 @@ double plan_param_count(const struct model_config *m)
     const double h = m->hidden_size, f = m->intermediate_size, a = m->n_heads, g = m->n_kv_heads, d = m->head_dim,
                  V = m->vocab_size;
     double layer = 2 * h + h * a * d + 2 * h * g * d + a * d * h + 3 * h * f;
+    if (m->n_experts) /* the router and every expert instead of the dense MLP */
+        layer += (double)m->n_experts * h * (1 + 3.0 * m->moe_intermediate) - 3 * h * f;
     if (m->attention_bias)
         layer += a * d + 2 * g * d;
     if (m->qk_norm)
@@ -52,6 +54,8 @@ static double layer_params_tp(const struct model_config *m, int tp)
     const double h = m->hidden_size, f = m->intermediate_size, a = (double)m->n_heads / tp, d = m->head_dim;
     const double g = m->n_kv_heads >= tp ? (double)m->n_kv_heads / tp : 1;
     double layer = 2 * h + h * a * d + 2 * h * g * d + a * d * h + 3 * h * f / tp;
+    if (m->n_experts) /* whole experts on every rank (MoE runs without TP for now) */
+        layer += (double)m->n_experts * h * (1 + 3.0 * m->moe_intermediate) - 3 * h * f / tp;
     if (m->attention_bias)
         layer += a * d + 2 * g * d;
     if (m->qk_norm)

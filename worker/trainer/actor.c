@@ -246,6 +246,9 @@ void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int
     struct policy_loss_stats mine = {0};
     const struct loss_ctx L = {seqs, idx, w, woff, p, m->sh.pp ? &mine : ls};
     double wait = 0;
+    /* a mixture of experts' load-balancing loss: each micro-batch's divided by the micro-batches and the DP ranks
+     * (Megatron's scaling: the mean over the mini-batch of the per-micro-batch losses, averaged over DP) */
+    m->moe_aux_scale = (float)(1.0 / ((k > 0 ? k : 1) * (p->dp ? comm_size(p->dp) : 1)));
     run_1f1b(m, &L, mbs, k, &wait);
     if (pp_wait)
         *pp_wait += wait;

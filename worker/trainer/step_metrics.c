@@ -44,6 +44,14 @@ static void update_metrics(struct metrics *m, const struct step_update *u)
     metrics_set(m, "actor/ppo_kl", u->stats.ppo_kl);
     metrics_set(m, "actor/grad_norm", u->stats.grad_norm);
     metrics_set(m, "actor/lr", u->lr);
+    if (u->moe_experts) {
+        metrics_set(m, "actor/moe/aux_loss", u->moe_aux_loss);
+        metrics_set(m, "actor/moe/load_imbalance", u->moe_imbalance);
+        metrics_set(m, "actor/moe/load_imbalance_max", u->moe_imbalance_max);
+        metrics_set(m, "actor/moe/tokens_per_expert/max", u->moe_tokens_max);
+        metrics_set(m, "actor/moe/tokens_per_expert/min", u->moe_tokens_min);
+        metrics_set(m, "actor/moe/tokens_per_expert/mean", u->moe_tokens_mean);
+    }
 }
 
 /* timing_s/<phase> for the phases of the step, gen to update_actor (verl's names: core_phase_name's), and

@@ -40,6 +40,11 @@ struct step_update {
     double tp_bytes, pp_bytes; /* this rank's activation traffic over TP (every pass), sends to its PP neighbours */
     double pp_wait_s, pp_schedule_s; /* pipeline: stages waiting for their neighbours, of the schedule's time
                                       * (summed over the stages) */
+    /* a mixture of experts' routing in the update's forwards, over the DP ranks (moe_experts 0: a dense model):
+     * the load-balancing loss per layer and forward (without its coefficient), max over mean tokens per expert
+     * (the mean over layers and the worst layer), and tokens per expert per layer (the most, least and mean) */
+    int moe_experts;
+    double moe_aux_loss, moe_imbalance, moe_imbalance_max, moe_tokens_max, moe_tokens_min, moe_tokens_mean;
 };
 
 /* The rollout-vs-trainer log-prob gap: the sampler's log-probs against the trainer's old log-probs, over every

@@ -680,6 +680,14 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         goto fail;
     if (t->lay.mp)
         shard_policy(t);
+    if (t->policy->cfg.n_experts && strncmp(cfg->trainer_device, "cpu", 3) != 0) {
+        snprintf(err, errlen,
+                 "trainer.device=%s: a mixture-of-experts model (%d experts) trains on the CPU only for now (the "
+                 "CUDA back-end's MoE kernels have not run on a GPU yet)",
+                 cfg->trainer_device, t->policy->cfg.n_experts);
+        goto fail;
+    }
+    t->policy->moe_aux_coef = (float)cfg->actor_moe_aux_loss_coeff;
     /* the policy's precision (and the reference's: a clone shares the context) */
     char dev[32]; /* with other ranks, the GPU grpo_worker gave this one (trainer_layout.device) */
     snprintf(dev, sizeof dev, "%s", config_device(cfg));

@@ -388,6 +388,46 @@ static double ref_log_probs(struct trainer *t, struct step_batch *b, const int *
     return clock_now_s() - t0;
 }
 
+/* A mixture of experts' routing in the update's forwards, over the DP ranks: per layer the tokens each expert got,
+ * their imbalance (max over mean) and the load-balancing loss. */
+static void moe_measure(struct trainer *t, struct step_update *out)
+{
+    const int E = t->policy->cfg.n_experts, L = t->policy->cfg.n_layers;
+    out->moe_experts = 0;
+    if (!E)
+        return;
+    double *tok = xcalloc((size_t)L * E + 1, sizeof *tok), aux = 0;
+    const int n = model_moe_stats(t->policy, tok, &aux);
+    tok[(size_t)L * E] = aux;
+    sum_dist(t, tok, L * E + 1);
+    const int ranks = t->lay.dp_size > 0 ? t->lay.dp_size : 1;
+    double imb_sum = 0, imb_max = 0, tmax = 0, tmin = -1, tsum = 0;
+    int layers = 0;
+    for (int l = 0; l < L; l++) {
+        double mx = 0, sum = 0, mn = -1;
+        for (int e = 0; e < E; e++) {
+            const double v = tok[(size_t)l * E + e];
+            mx = v > mx ? v : mx, mn = mn < 0 || v < mn ? v : mn, sum += v;
+        }
+        if (sum <= 0)
+            continue; /* a layer of another stage */
+        const double imb = mx / (sum / E);
+        imb_sum += imb, imb_max = imb > imb_max ? imb : imb_max;
+        tmax = mx > tmax ? mx : tmax, tmin = tmin < 0 || mn < tmin ? mn : tmin, tsum += sum;
+        layers++;
+    }
+    if (n > 0 && layers > 0) {
+        out->moe_experts = E;
+        out->moe_aux_loss = tok[(size_t)L * E] / ranks;
+        out->moe_imbalance = imb_sum / layers;
+        out->moe_imbalance_max = imb_max;
+        out->moe_tokens_max = tmax;
+        out->moe_tokens_min = tmin;
+        out->moe_tokens_mean = tsum / ((double)layers * E);
+    }
+    free(tok);
+}
+
 /* Phase update_actor of step k: the PPO/GRPO update over the step's n_all sequences (gradients summed over the
  * DP group; on_policy: the update's own forward gives the old log-probs), and the traffic it made over DP. Its
  * seconds. */
@@ -427,8 +467,10 @@ static double update_actor(struct trainer *t, int64_t k, struct step_batch *b, c
         comm_traffic(up.dp, &before);
     if (up.dp_dev)
         comm_traffic(up.dp_dev, &dev_before);
+    model_moe_stats(t->policy, NULL, NULL); /* the routing of the update's forwards alone */
     if (n_all > 0)
         actor_update(t->policy, t->opt, b->seqs, idx, b->n_seq, &up, &out->stats);
+    moe_measure(t, out);
     if (up.dp)
         comm_traffic(up.dp, &after);
     if (up.dp_dev)

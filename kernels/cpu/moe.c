@@ -1,0 +1,166 @@
+/* Mixture-of-experts on the CPU: top-k softmax routing, and the experts' SwiGLU MLPs run dropless with the tokens
+ * permuted by expert, so that each expert's tokens go through its three projections as one GEMM each (the
+ * context's linear op: fp32 or BF16). Shapes and buffers: struct kmoe in kernels/kernels.h. */
+#include <math.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+void cpu_moe_route(struct kctx *K, struct kmoe *r, const float *logits)
+{
+    (void)K;
+    const int N = r->N, E = r->E, k = r->k;
+    int *cnt = (int *)r->offs; /* counts first, then prefix sums */
+    memset(r->offs, 0, (size_t)(E + 1) * sizeof *r->offs);
+    memset(r->pmean, 0, (size_t)E * sizeof *r->pmean);
+    for (int t = 0; t < N; t++) {
+        const float *z = logits + (size_t)t * E;
+        float *p = r->probs + (size_t)t * E;
+        float mx = z[0];
+        for (int e = 1; e < E; e++)
+            mx = z[e] > mx ? z[e] : mx;
+        double s = 0;
+        for (int e = 0; e < E; e++)
+            s += (p[e] = expf(z[e] - mx));
+        for (int e = 0; e < E; e++) {
+            p[e] = (float)(p[e] / s);
+            r->pmean[e] += p[e];
+        }
+        /* the k largest probabilities, best first; a tie goes to the lower expert index (as torch.topk on CPU) */
+        int32_t *id = r->idx + (size_t)t * k;
+        float *w = r->wt + (size_t)t * k;
+        double sum = 0;
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                bool taken = false;
+                for (int i = 0; i < j; i++)
+                    taken |= id[i] == e;
+                if (!taken && (best < 0 || p[e] > p[best]))
+                    best = e;
+            }
+            id[j] = best;
+            w[j] = p[best];
+            sum += p[best];
+            cnt[best + 1]++;
+        }
+        if (r->norm_topk)
+            for (int j = 0; j < k; j++)
+                w[j] = (float)(w[j] / sum);
+    }
+    for (int e = 0; e < E; e++)
+        r->pmean[e] = N ? r->pmean[e] / (float)N : 0.0f;
+    for (int e = 0; e < E; e++)
+        r->offs[e + 1] += r->offs[e];
+    /* a stable counting sort of the N k slots by expert */
+    int32_t fill[E > 0 ? E : 1];
+    for (int e = 0; e < E; e++)
+        fill[e] = r->offs[e];
+    for (int s = 0; s < N * k; s++)
+        r->order[fill[r->idx[s]]++] = s;
+}
+
+void cpu_moe_route_backward(struct kctx *K, float *dlogits, const struct kmoe *r, const float *dwt, const float *dp_col)
+{
+    (void)K;
+    const int N = r->N, E = r->E, k = r->k;
+    float dp[E > 0 ? E : 1];
+    for (int t = 0; t < N; t++) {
+        const float *p = r->probs + (size_t)t * E;
+        const int32_t *id = r->idx + (size_t)t * k;
+        const float *w = r->wt + (size_t)t * k, *dw = dwt + (size_t)t * k;
+        for (int e = 0; e < E; e++)
+            dp[e] = dp_col ? dp_col[e] : 0.0f;
+        if (r->norm_topk) { /* w_j = p_j / S, S = sum of the chosen p: dp_j = (dw_j - sum_i dw_i w_i) / S */
+            double S = 0, dot = 0;
+            for (int j = 0; j < k; j++)
+                S += p[id[j]], dot += (double)dw[j] * w[j];
+            for (int j = 0; j < k; j++)
+                dp[id[j]] += (float)((dw[j] - dot) / S);
+        } else {
+            for (int j = 0; j < k; j++)
+                dp[id[j]] += dw[j];
+        }
+        /* through the softmax: dz_e = p_e (dp_e - sum_i p_i dp_i) */
+        double dot = 0;
+        for (int e = 0; e < E; e++)
+            dot += (double)p[e] * dp[e];
+        float *dz = dlogits + (size_t)t * E;
+        for (int e = 0; e < E; e++)
+            dz[e] = (float)(p[e] * (dp[e] - dot));
+    }
+}
+
+void cpu_moe_experts_forward(struct kctx *K, float *y, const float *x, const float *Wg, const float *Wu,
+                             const float *Wd, struct kmoe *r)
+{
+    const int N = r->N, E = r->E, k = r->k, D = r->D, F = r->F;
+    const size_t d = (size_t)D, f = (size_t)F;
+    for (int j = 0; j < N * k; j++) /* gather: row j of xs is the input of slot order[j] */
+        memcpy(r->xs + j * d, x + (size_t)(r->order[j] / k) * d, d * sizeof(float));
+    for (int e = 0; e < E; e++) {
+        const int lo = r->offs[e], n = r->offs[e + 1] - lo;
+        if (n == 0)
+            continue;
+        const size_t ew = (size_t)e * f * d;
+        K->ops->linear_forward(K, r->g + lo * f, r->xs + lo * d, Wg + ew, NULL, n, D, F);
+        K->ops->linear_forward(K, r->u + lo * f, r->xs + lo * d, Wu + ew, NULL, n, D, F);
+        K->ops->swiglu_forward(K, r->a + lo * f, r->g + lo * f, r->u + lo * f, (size_t)n * f);
+        K->ops->linear_forward(K, r->ys + lo * d, r->a + lo * f, Wd + ew, NULL, n, F, D);
+    }
+    /* combine: each token's output is its slots' outputs weighted by the router, summed in slot order (the same
+     * order whatever the permutation) */
+    int32_t *pos = r->pos; /* slot -> row of the permuted buffers */
+    for (int j = 0; j < N * k; j++)
+        pos[r->order[j]] = j;
+    for (int t = 0; t < N; t++) {
+        float *yt = y + (size_t)t * d;
+        memset(yt, 0, d * sizeof(float));
+        for (int s = t * k; s < (t + 1) * k; s++) {
+            const float w = r->wt[s], *ys = r->ys + (size_t)pos[s] * d;
+            for (int i = 0; i < D; i++)
+                yt[i] += w * ys[i];
+        }
+    }
+}
+
+void cpu_moe_experts_backward(struct kctx *K, float *dx, float *dWg, float *dWu, float *dWd, float *dwt,
+                              const float *dy, const float *Wg, const float *Wu, const float *Wd, const struct kmoe *r)
+{
+    const int N = r->N, E = r->E, k = r->k, D = r->D, F = r->F;
+    const size_t d = (size_t)D, f = (size_t)F, nk = (size_t)N * k;
+    float *dys = r->bwd_d, *dxs = r->bwd_d + nk * d;
+    float *da = r->bwd_f, *dg = r->bwd_f + nk * f, *du = r->bwd_f + 2 * nk * f;
+    memset(dxs, 0, nk * d * sizeof(float));
+    memset(r->bwd_f, 0, 3 * nk * f * sizeof(float));
+    for (int j = 0; j < N * k; j++) { /* y_t = sum_s w_s ys_s: dys_s = w_s dy_t, dw_s = dy_t . ys_s */
+        const int s = r->order[j];
+        const float *dyt = dy + (size_t)(s / k) * d, *ys = r->ys + j * d;
+        float *o = dys + j * d;
+        double dot = 0;
+        for (int i = 0; i < D; i++) {
+            o[i] = r->wt[s] * dyt[i];
+            dot += (double)dyt[i] * ys[i];
+        }
+        dwt[s] = (float)dot;
+    }
+    for (int e = 0; e < E; e++) {
+        const int lo = r->offs[e], n = r->offs[e + 1] - lo;
+        if (n == 0)
+            continue;
+        const size_t ew = (size_t)e * f * d;
+        K->ops->linear_backward(K, da + lo * f, dWd ? dWd + ew : NULL, NULL, dys + lo * d, r->a + lo * f, Wd + ew, n, F,
+                                D);
+        K->ops->swiglu_backward(K, dg + lo * f, du + lo * f, da + lo * f, r->g + lo * f, r->u + lo * f, (size_t)n * f);
+        K->ops->linear_backward(K, dxs + lo * d, dWg ? dWg + ew : NULL, NULL, dg + lo * f, r->xs + lo * d, Wg + ew, n,
+                                D, F);
+        K->ops->linear_backward(K, dxs + lo * d, dWu ? dWu + ew : NULL, NULL, du + lo * f, r->xs + lo * d, Wu + ew, n,
+                                D, F);
+    }
+    for (int j = 0; j < N * k; j++) { /* scatter back to the tokens */
+        float *o = dx + (size_t)(r->order[j] / k) * d;
+        const float *g = dxs + j * d;
+        for (int i = 0; i < D; i++)
+            o[i] += g[i];
+    }
+}
