@@ -180,11 +180,12 @@ static int64_t version_for(const struct dispatch_core *d, int64_t k)
 }
 
 /* How long a grant lasts before the unit may be granted again: DISPATCH_LEASE_FACTOR times the longest a unit has
- * taken in this run, and never less than DISPATCH_LEASE_FLOOR_S. */
+ * taken in this run, and never less than the floor (DISPATCH_LEASE_FLOOR_S unless the options lower it). */
 static double lease_s(const struct dispatch_core *d)
 {
     const double l = DISPATCH_LEASE_FACTOR * d->longest_s;
-    return l > DISPATCH_LEASE_FLOOR_S ? l : DISPATCH_LEASE_FLOOR_S;
+    const double floor = d->o.lease_floor_s > 0 ? d->o.lease_floor_s : DISPATCH_LEASE_FLOOR_S;
+    return l > floor ? l : floor;
 }
 
 /* Process pi says it finished and delivered unit u of step k (the last unit granted to it): its lease is kept

@@ -30,6 +30,7 @@ struct dispatch_options {
     const uint8_t *run_key; /* PLANE_KEY_BYTES, copied; NULL: a core that refuses every request */
     int first_rollout_rank; /* the trainer ranks: rollout ranks come after them */
     int rollout_tp;         /* rollout ranks per work unit (a rollout TP group; 1 without) */
+    double lease_floor_s;   /* the leases' floor (0: DISPATCH_LEASE_FLOOR_S; lower only in tests) */
 };
 
 /* What the dispatcher has done so far (for the metrics). */

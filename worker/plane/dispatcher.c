@@ -2,7 +2,9 @@
  * with the time, and a mutex that serialises the trainer's calls with the thread's.
  *
  * For the tests only: with GRPO_TEST_SLOW_GRANT_S=S in the environment, the first answer that grants a unit is
- * sent S seconds late (the rollout process has given up on it by then: tests/system/test_slow_grant.sh). */
+ * sent S seconds late (the rollout process has given up on it by then: tests/system/test_slow_grant.sh); with
+ * GRPO_TEST_LEASE_FLOOR_S=S, the leases' floor is S seconds instead of DISPATCH_LEASE_FLOOR_S, so a unit held
+ * past its lease is granted again within a test's time (tests/system/test_lease.sh). */
 #include "dispatch.h"
 
 #include <nanomsg/nn.h>
@@ -66,7 +68,19 @@ static void *serve(void *arg)
 
 struct dispatcher *dispatcher_open(const struct dispatch_options *o, char *err, size_t errlen)
 {
-    struct dispatch_core *core = dispatch_core_create(o, clock_now_s(), err, errlen);
+    struct dispatch_options opt = *o;
+    const char *floor = getenv("GRPO_TEST_LEASE_FLOOR_S");
+    if (floor && *floor) {
+        char *end = NULL;
+        const double f = strtod(floor, &end);
+        if (*end || !(f > 0)) {
+            error_set(err, errlen, "dispatcher: GRPO_TEST_LEASE_FLOOR_S=%s is not a number of seconds > 0", floor);
+            return NULL;
+        }
+        opt.lease_floor_s = f;
+        log_warn("dispatch", "GRPO_TEST_LEASE_FLOOR_S: the leases' floor is %.1f s (a test's setting)", f);
+    }
+    struct dispatch_core *core = dispatch_core_create(&opt, clock_now_s(), err, errlen);
     if (!core)
         return NULL;
     int s = nn_socket(AF_SP, NN_REP);

@@ -15,6 +15,7 @@
  * other groups. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -358,6 +359,23 @@ static int send_unit(struct rollout_rank *r, const struct work_grant *g, const s
     return rc;
 }
 
+/* For the tests only: GRPO_TEST_HOLD_UNIT=E:S makes rollout TP group E's head hold the first unit it generates S
+ * seconds before sending it, alive (its ping thread goes on) but silent about the unit, so the unit outlives its
+ * lease and is granted again elsewhere (tests/system/test_lease.sh). */
+static void test_hold_unit(struct rollout_rank *r, const struct work_grant *g)
+{
+    static bool held;
+    const char *v = getenv("GRPO_TEST_HOLD_UNIT");
+    int engine;
+    double s;
+    if (held || !r->head || !v || sscanf(v, "%d:%lf", &engine, &s) != 2 || engine != r->env->at.engine || !(s > 0))
+        return;
+    held = true;
+    log_warn("rollout", "GRPO_TEST_HOLD_UNIT: holding step %lld unit %d for %.1f s before sending it",
+             (long long)g->step, g->unit, s);
+    clock_sleep_s(s);
+}
+
 /* Unit g: generate it, then send it. The batches report the waiting since the previous unit: for work and
  * weights (waited) and to send (*wait_send, which gets this unit's). 0, or -1 with err. */
 static int rollout_unit(struct rollout_rank *r, const struct work_grant *g, double waited, double *wait_send, char *err,
@@ -365,6 +383,7 @@ static int rollout_unit(struct rollout_rank *r, const struct work_grant *g, doub
 {
     struct unit_result u = {.wait_weights_s = waited, .wait_send_s = *wait_send};
     generate_unit(r, g, &u);
+    test_hold_unit(r, g);
     const double t0 = clock_now_s();
     const int rc = send_unit(r, g, &u, err, errlen);
     *wait_send = clock_now_s() - t0;

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# A lease has a deadline (issue 27): a rollout process that stays alive (its ping thread goes on) but holds its
+# first unit without delivering it (GRPO_TEST_HOLD_UNIT, a test-only hold in rollout_role.c) loses the unit to the
+# other rollout rank once the lease is past (its floor lowered to 2 s with GRPO_TEST_LEASE_FLOOR_S, a test-only
+# setting in dispatcher.c). The split run of a tiny model (1 trainer + 2 rollout ranks) finishes with weights
+# bit-identical to the undisturbed run's, every group exactly rollout.n times a step in the audit, and the late
+# copy, when it comes, dropped (dataplane/duplicates). Without the lease the held unit waits for its holder, and
+# no check of the dispatcher's regrant passes.
+# usage: test_lease.sh GRPO_WORKER GRPO_MODEL
+. "$(dirname "$0")/../lib.sh" grpo-lease
+test_env
+WORKER="$1" MODEL_TOOL="$2"
+. "$(dirname "$0")/tiny_split.sh"
+tiny_split "$TMP"
+expect "tiny model and split run configuration" $?
+MPIRUN=(mpirun --oversubscribe --bind-to none -np 3)
+STEPS=8
+# heartbeats every 2 s: the holding process is lost only after 4 s of silence, and it is never silent (its pings
+# go on while it holds the unit), so only the lease can take the unit from it
+KEYS=(rollout.n_gpus_per_node=2 trainer.total_training_steps=$STEPS grpod.heartbeat_interval_s=2
+    trainer.log_level=info)
+run() { # NAME ENV...: a split run writing $TMP/NAME and $TMP/NAME.log
+    local name="$1"
+    shift
+    timeout 240 "${MPIRUN[@]}" "$@" "$WORKER" --config "$TMP/split.yaml" "${KEYS[@]}" \
+        trainer.default_local_dir="$TMP/$name" trainer.rollout_data_dir="$TMP/$name/audit" >"$TMP/$name.log" 2>&1
+}
+run plain
+expect "the undisturbed split run finishes" $?
+# rollout rank 0 holds its first unit 12 s: past the 2 s lease, and (on a loaded machine) still within the run
+run held -x GRPO_TEST_LEASE_FLOOR_S=2 -x GRPO_TEST_HOLD_UNIT=0:12
+expect "the split run with a unit held past its lease finishes" $?
+says "$TMP/held.log" "GRPO_TEST_HOLD_UNIT: holding step"; expect "rollout rank 0 held its first unit" $?
+says "$TMP/held.log" "past its lease of 2 s; "; expect "the dispatcher saw the lease pass" $?
+says "$TMP/held.log" "granted again to the process serving rank 1"; expect "the unit went to rollout rank 1" $?
+! has "$TMP/held.log" " lost: silent"; expect "the holding process was never taken for lost (it pinged)" $?
+# the holder's late copy comes before it asks for its next unit, which the next step waits for: always in the run
+says "$TMP/held.log" "0 duplicate(s), 1 stale;"; expect "the late copy was dropped (its step was trained)" $?
+python3 - "$TMP/held/p/e/metrics.jsonl" <<'PY'
+import json, sys
+last = [json.loads(l) for l in open(sys.argv[1])][-1]
+sys.exit(0 if last.get("dataplane/duplicates") == 1 else f"dataplane/duplicates {last.get('dataplane/duplicates')}")
+PY
+expect "the metrics count one copy dropped (dataplane/duplicates)" $?
+ckpt() { echo "$TMP/$1/p/e/checkpoints/global_step_$STEPS/actor/model.safetensors"; }
+cmp -s "$(ckpt plain)" "$(ckpt held)"; expect "final weights bit-identical to the undisturbed run's" $?
+python3 "$(dirname "$0")/../mpi/check_audit.py" "$TMP/held/audit" 2 2 "$STEPS"
+expect "audit files: every group exactly rollout.n times per step" $?
+finish "$TMP/held.log"
