@@ -58,8 +58,9 @@ static struct heard *heard_of(uint64_t id)
     return &heard[n_heard++];
 }
 
-static struct dispatch_core *core_open(const char *secret, int units, int staleness, int64_t total, size_t n_floats,
-                                       double lost_after_s, double now)
+/* A core with the leases' floor at lease_floor_s (0: DISPATCH_LEASE_FLOOR_S). */
+static struct dispatch_core *core_open_floor(const char *secret, int units, int staleness, int64_t total,
+                                             size_t n_floats, double lost_after_s, double now, double lease_floor_s)
 {
     const struct dispatch_options o = {.secret = secret,
                                        .units = units,
@@ -73,13 +74,20 @@ static struct dispatch_core *core_open(const char *secret, int units, int stalen
                                        .lost_after_s = lost_after_s,
                                        .run_key = run_key,
                                        .first_rollout_rank = FIRST_ROLLOUT,
-                                       .rollout_tp = 1};
+                                       .rollout_tp = 1,
+                                       .lease_floor_s = lease_floor_s};
     char err[512] = "";
     n_heard = 0;
     struct dispatch_core *d = dispatch_core_create(&o, now, err, sizeof err);
     if (!d)
         fail_msg("dispatch_core_create: %s", err);
     return d;
+}
+
+static struct dispatch_core *core_open(const char *secret, int units, int staleness, int64_t total, size_t n_floats,
+                                       double lost_after_s, double now)
+{
+    return core_open_floor(secret, units, staleness, total, n_floats, lost_after_s, now, 0);
 }
 
 static void publish(struct dispatch_core *d, int64_t v, const float *w)
@@ -687,6 +695,33 @@ static void test_lease_expiry(void **state)
     expect_unit_at(d, &a, t, 2, 0, 1);
     dispatch_core_free(d);
     free(w0), free(w1);
+}
+
+/* The options' lease_floor_s (a test's setting: GRPO_TEST_LEASE_FLOOR_S) replaces DISPATCH_LEASE_FLOOR_S: a unit
+ * held past 2 s goes to an idle process, not before. */
+static void test_lease_floor_option(void **state)
+{
+    (void)state;
+    enum { N = 8 };
+    float *w0 = weights(N, 1, 0);
+    const struct proc a = {0xA, 0, NULL}, b = {0xB, 1, NULL};
+    double t = 0;
+    struct dispatch_core *d = core_open_floor(NULL, 2, 0, 3, N, 1e9, t, 2.0);
+    publish(d, 0, w0);
+    expect_unit_at(d, &a, t, 1, 0, 0);
+    expect_unit_at(d, &b, t, 1, 1, 0);
+    t = 0.1; /* b delivers at once: 4 x 0.1 s is under the floor */
+    expect_wait_at(d, &b, t, "step 2", NULL);
+    t = 2.0;
+    dispatch_core_tick(d, t);
+    expect_wait_at(d, &b, t, "step 2", NULL);
+    assert_int_equal(cstats(d).expired, 0);
+    t = 2.5;
+    dispatch_core_tick(d, t);
+    expect_unit_at(d, &b, t, 1, 0, 0);
+    assert_int_equal(cstats(d).expired, 1);
+    dispatch_core_free(d);
+    free(w0);
 }
 
 /* Late and repeated words are harmless: an ask that arrives twice (the second a late copy naming the unit before)
@@ -1384,6 +1419,7 @@ int main(void)
         cmocka_unit_test(test_lost_answer),
         cmocka_unit_test(test_granted_and_dropped),
         cmocka_unit_test(test_lease_expiry),
+        cmocka_unit_test(test_lease_floor_option),
         cmocka_unit_test(test_late_answers),
         cmocka_unit_test(test_broadcast_rounds),
         cmocka_unit_test(test_end),
