@@ -12,7 +12,8 @@
 #    layouts agree);
 #  - checkpoints move between layouts: colocated -> one process, one process -> colocated, colocated -> split,
 #    split -> colocated, each ending at the single-process weights;
-#  - DAPO's dynamic sampling (algorithm.filter_groups) draws the rounds one process draws, with its results;
+#  - DAPO's dynamic sampling (algorithm.filter_groups) draws the rounds one process draws, with its results, also
+#    with rounds of data.gen_batch_size prompts (verl's DAPO recipe); with rollout ranks that key is refused by name;
 #  - work stealing on and off train on the same batch (same weights), and the ranks' idle share is measured;
 #  - memory phases: generation holds no gradients or training buffers, the update no KV cache
 #    (actor_rollout_ref.rollout.free_cache_engine), each phase's peak logged;
@@ -186,6 +187,35 @@ assert [r["train/num_kept_groups"] for r in a] == [r["train/num_kept_groups"] fo
 print(rounds)
 PY
 expect "... with the same rounds of generation per step, more than one where groups scored alike" $?
+
+# DAPO as verl's recipe runs it: rounds of data.gen_batch_size prompts (6, the step keeps 4 groups), drawn and made
+# by the colocated engines as one process draws and makes them
+GEN=("${DAPO[@]}" data.gen_batch_size=6)
+# shellcheck disable=SC2046
+"$WORKER" $(common llama) trainer.default_local_dir="$TMP/one-dapo-gen" "${GEN[@]}" >"$TMP/one-dapo-gen.log" 2>&1
+expect "one process with data.gen_batch_size=6 finishes" $?
+colo dapo-gen-dp2 llama 2 1 1 "${GEN[@]}"
+expect "DAPO with data.gen_batch_size=6 on 2 colocated ranks (dp2) finishes" $?
+out=$(same_metrics one-dapo-gen dapo-gen-dp2 2>&1)
+expect "... per-step losses, grad norms and entropies match one process ($out)" $?
+out=$(same_weights one-dapo-gen dapo-gen-dp2)
+expect "... weights match one process within 1e-5 ($out)" $?
+python3 - "$TMP/one-dapo-gen/p/e/metrics.jsonl" "$TMP/dapo-gen-dp2/p/e/metrics.jsonl" <<'PY'
+import json, sys
+a, b = ([r for r in map(json.loads, open(p)) if r["step"] >= 1] for p in sys.argv[1:3])
+assert len(a) == 2, a
+for k in ("train/num_gen_batches", "train/num_kept_groups"):
+    assert [r[k] for r in a] == [r[k] for r in b], (k, a, b)
+assert all(r["train/num_kept_groups"] <= 4 for r in a), a
+print([r["train/num_gen_batches"] for r in a], [r["train/num_kept_groups"] for r in a])
+PY
+expect "... with the same rounds of 6 prompts and kept groups per step" $?
+# with separate rollout ranks the dispatcher draws one round a step: refused naming the key and the layout
+# shellcheck disable=SC2046
+"${MPIRUN[@]}" -np 2 "$WORKER" $(common llama) trainer.default_local_dir="$TMP/bad-gen" placement.trainer_ranks=1 \
+    placement.rollout_ranks=1 "${GEN[@]}" >"$TMP/bad-gen.log" 2>&1
+[ $? -ne 0 ] && says "$TMP/bad-gen.log" "data.gen_batch_size=6 (other than data.train_batch_size=4) runs in one process and on colocated ranks (placement.rollout_ranks=0); with 1 separate rollout ranks"
+expect "data.gen_batch_size with separate rollout ranks is refused naming the key and the layout" $?
 
 # -np against verl's keys
 # shellcheck disable=SC2046

@@ -56,10 +56,11 @@ static bool shared_prompts(const struct grpo_config *c)
     return c->actor_shared_prompt_packing && strcmp(config_device(c), "cpu") == 0;
 }
 
-/* Units per step: placement.colocated_units, or four per engine (a group never splits: at most the groups). */
+/* Units per generation round (a round draws config_gen_batch_size prompts): placement.colocated_units, or four per
+ * engine (a group never splits: at most the round's groups). */
 static int units_per_step(const struct grpo_config *c, int engines)
 {
-    const int B = (int)c->data_train_batch_size;
+    const int B = config_gen_batch_size(c);
     int u = c->placement_colocated_units > 0 ? (int)c->placement_colocated_units : 4 * engines;
     if (u > B)
         u = B;
@@ -169,7 +170,7 @@ struct made {
 static void generate_share(struct colocated *c, int64_t k, int round, const int *uids, struct made *out)
 {
     const struct grpo_config *cfg = c->env->cfg;
-    const int B = (int)cfg->data_train_batch_size, n = (int)cfg->rollout_n;
+    const int B = config_gen_batch_size(cfg), n = (int)cfg->rollout_n; /* the round's prompts */
     const struct prompt_set *ps = trainer_prompts(c->t);
     const struct prompt_item **prompts = xmalloc((size_t)B * sizeof *prompts);
     for (int i = 0; i < B; i++)
@@ -314,12 +315,12 @@ static int exchange(struct colocated *c, int64_t k, const struct made *mine, str
     return rc;
 }
 
-/* Round `round` of step k's generation: the step's next data.train_batch_size prompts drawn (every rank draws the
- * same), every engine's units made, all-gathered into `round_b` in the step's order and checked against the draw.
- * 0, or -1 (logged). */
+/* Round `round` of step k's generation: the next config_gen_batch_size prompts (data.gen_batch_size, else
+ * data.train_batch_size) drawn (every rank draws the same), every engine's units made, all-gathered into `round_b`
+ * in the round's order and checked against the draw. 0, or -1 (logged). */
 static int gen_round(struct colocated *c, int64_t k, int round, struct step_batch *round_b, struct step_timing *tm)
 {
-    const int B = (int)c->env->cfg->data_train_batch_size, n = (int)c->env->cfg->rollout_n;
+    const int B = config_gen_batch_size(c->env->cfg), n = (int)c->env->cfg->rollout_n;
     int *uids = xmalloc((size_t)B * sizeof(int));
     trainer_advance_cursor(c->t, uids);
     struct made mine = {0};
@@ -355,7 +356,7 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
 {
     struct colocated *c = ctx;
     const struct grpo_config *cfg = c->env->cfg;
-    const int B = (int)cfg->data_train_batch_size;
+    const int B = (int)cfg->data_train_batch_size, G = config_gen_batch_size(cfg); /* groups kept, drawn a round */
     const bool filter = cfg->alg_filter_groups_enable;
     const int rounds = config_filter_rounds(cfg);
     int64_t wbytes;
@@ -366,7 +367,7 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     for (int r = 0; r < rounds && rc == 0; r++) {
         struct step_batch round_b = {0};
         rc = gen_round(c, k, r, &round_b, tm);
-        drawn += B;
+        drawn += G;
         if (filter)
             step_batch_filter_groups(&round_b, step_filter_metric_from_name(cfg->alg_filter_groups_metric));
         step_batch_append(&all, &round_b);
@@ -376,7 +377,7 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     if (rc == 0 && filter) {
         step_batch_truncate_groups(&all, B);
         tm->filtered = true;
-        tm->gen_batches = (double)drawn / B;
+        tm->gen_batches = (double)drawn / G;
         tm->kept_groups = all.n_groups;
     }
     for (int i = 0; i < all.n_seq; i++) /* after filtering, positions in the batch are the step's order */
@@ -459,7 +460,7 @@ static int colocated_setup(struct colocated *c, char *err, size_t errlen)
     c->lim = (struct wire_limits){.prompts = trainer_prompts(c->t),
                                   .vocab_size = trainer_policy(c->t)->cfg.vocab_size,
                                   .max_response_length = (int)cfg->data_max_response_length,
-                                  .groups_in_step = (int)cfg->data_train_batch_size,
+                                  .groups_in_step = config_gen_batch_size(cfg), /* a round's */
                                   .n = (int)cfg->rollout_n,
                                   .units = c->units,
                                   .world_size = env->world_size,
@@ -468,7 +469,7 @@ static int colocated_setup(struct colocated *c, char *err, size_t errlen)
     if (env->rank == 0)
         log_info("hybrid",
                  "%d colocated ranks: training DP %d x TP %d x PP %d; generating in %d engine(s) of %d rank(s), "
-                 "%d work unit(s) per step%s; %s",
+                 "%d work unit(s) per generation round%s; %s",
                  env->world_size, env->at.dp_size, env->at.tp_size, env->at.pp_size, env->at.engines,
                  env->world_size / env->at.engines, c->units,
                  cfg->placement_colocated_steal ? ", an idle engine takes the slowest one's unstarted units" : "",

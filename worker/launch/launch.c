@@ -22,15 +22,17 @@
  * with why. */
 static int split_supported(const struct grpo_config *c, const struct placement_spec *ps, char *why, size_t whylen)
 {
+    if (config_gen_batch_size(c) != c->data_train_batch_size && ps->rollout_ranks > 0)
+        return error_set(why, whylen,
+                         "data.gen_batch_size=%lld (other than data.train_batch_size=%lld) runs in one process and on "
+                         "colocated ranks (placement.rollout_ranks=0); with %d separate rollout ranks "
+                         "(placement.rollout_ranks) the dispatcher draws one round of data.train_batch_size prompts a "
+                         "step (not available yet)",
+                         (long long)c->data_gen_batch_size, (long long)c->data_train_batch_size, ps->rollout_ranks);
     if (c->alg_filter_groups_enable && ps->rollout_ranks > 0)
         return error_set(why, whylen,
                          "algorithm.filter_groups.enable (dynamic sampling) runs in one process and on colocated "
                          "ranks for now; it is not available with separate rollout ranks");
-    if (config_gen_batch_size(c) != c->data_train_batch_size)
-        return error_set(why, whylen,
-                         "data.gen_batch_size=%lld (other than data.train_batch_size=%lld) runs in one process for "
-                         "now; several ranks draw data.train_batch_size prompts a round (not available yet)",
-                         (long long)c->data_gen_batch_size, (long long)c->data_train_batch_size);
     if (c->trainer_sft_warmup_steps > 0)
         return error_set(why, whylen,
                          "trainer.sft_warmup_steps %lld: the supervised warm-start runs in one process; warm-start "

@@ -905,7 +905,7 @@ void trainer_cursor(const struct trainer *t, int64_t *epoch, int64_t *index)
 
 void trainer_advance_cursor(struct trainer *t, int *uids)
 {
-    const int B = (int)t->cfg->data_train_batch_size;
+    const int B = config_gen_batch_size(t->cfg); /* the cursor's draw */
     const struct prompt_item **p = xmalloc((size_t)B * sizeof *p);
     trainer_draw_prompts(t, p, uids, B);
     free(p);

@@ -129,8 +129,8 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
                                     const struct trainer_layout *lay, const struct trainer_source *src, char *err,
                                     size_t errlen);
 /* Advance the data cursor by one step (as a step that draws its prompts does) and give the step's prompt
- * indices (data.train_batch_size of them) in uids: a trainer fed by rollout ranks keeps its cursor, which goes
- * into checkpoints, in step with theirs. */
+ * indices (config_gen_batch_size of them: data.gen_batch_size, else data.train_batch_size) in uids: a trainer fed by
+ * rollout ranks keeps its cursor, which goes into checkpoints, in step with theirs. */
 void trainer_advance_cursor(struct trainer *t, int *uids);
 /* The policy model (weight sync sends its parameters). */
 struct model *trainer_policy(struct trainer *t);
