@@ -6,7 +6,8 @@
 #  - ZeRO-1 over the 2 trainers splits the adapter's optimizer state and gives the same adapter;
 #  - one-step-off (rollout.mode=async) runs with the adapter;
 #  - rollout TP 2 (split: 1 trainer + 2 rollout ranks as one TP group; colocated: 2 ranks, DP 2 generating as one
-#    TP-2 engine) generates with the adapter merged into each TP shard and reproduces the single-process run too;
+#    TP-2 engine; split also with weight_sync=broadcast) generates with the adapter merged into each TP shard and
+#    reproduces the single-process run too;
 #  - LoRA with training tensor parallelism is refused naming the keys.
 # usage: test_dist_lora.sh GRPO_WORKER GRPO_MODEL SCORER_SO
 set -u
@@ -43,12 +44,16 @@ RTP=actor_rollout_ref.rollout.tensor_model_parallel_size
 timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/rtp-split" \
     placement.trainer_ranks=1 placement.rollout_ranks=2 $RTP=2 >"$TMP/rtp-split.log" 2>&1
 expect "LoRA with 1 trainer + 2 rollout ranks in one TP-2 group finishes" $?
+timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/rtp-bcast" \
+    placement.trainer_ranks=1 placement.rollout_ranks=2 $RTP=2 actor_rollout_ref.rollout.weight_sync=broadcast \
+    >"$TMP/rtp-bcast.log" 2>&1
+expect "the same with the adapter broadcast to the TP group's head (weight_sync=broadcast) finishes" $?
 timeout 300 "${MPIRUN[@]}" -np 2 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/rtp-colo" \
     trainer.nnodes=1 trainer.n_gpus_per_node=2 $RTP=2 >"$TMP/rtp-colo.log" 2>&1
 expect "LoRA on 2 colocated ranks (DP 2) generating with rollout TP 2 finishes" $?
-grep -q "resharded to 2 TP ranks" "$TMP/rtp-split.log" && grep -q "weights resharded into the generation layout (TP 2" \
-    "$TMP/rtp-colo.log"
-expect "both rollout-TP runs reshard the merged weights into 2 TP shards" $?
+grep -q "resharded to 2 TP ranks" "$TMP/rtp-split.log" && grep -q "bytes in the trainers' broadcast.*resharded to 2 TP" \
+    "$TMP/rtp-bcast.log" && grep -q "weights resharded into the generation layout (TP 2" "$TMP/rtp-colo.log"
+expect "the rollout-TP runs reshard the merged weights into 2 TP shards" $?
 
 # the adapter's floats: 2 layers x (q: 4x64 + 64x4, v: 4x64 + 32x4, o: 4x64 + 64x4, down: 4x128 + 64x4)
 python3 - "$TMP" "$STEPS" <<'PY'
@@ -68,7 +73,8 @@ def adapter(run):
         a, b = v["data_offsets"]
         out[k] = array.array("f", data[8 + n + a:8 + n + b])
     return out
-RUNS = (("split", "split"), ("zero", "ZeRO-1"), ("rtp-split", "split rollout TP 2"), ("rtp-colo", "colocated rollout TP 2"))
+RUNS = (("split", "split"), ("zero", "ZeRO-1"), ("rtp-split", "split rollout TP 2"),
+        ("rtp-bcast", "split rollout TP 2, broadcast"), ("rtp-colo", "colocated rollout TP 2"))
 one, split, zero = rows("one"), rows("split"), rows("zero")
 assert all(len(rows(run)) == steps for run, _ in RUNS) and len(one) == steps
 for run, name in RUNS:
@@ -116,4 +122,4 @@ expect "one-step-off LoRA: staleness 1 after the first step" $?
     ! grep "LoRA (actor_rollout_ref" "$TMP/bad.log" | grep -q "rollout.tensor_model_parallel_size"
 expect "LoRA with training tensor parallelism is refused, naming the training keys only" $?
 
-finish "$TMP"/one.log "$TMP"/split.log "$TMP"/zero.log "$TMP"/async.log "$TMP"/bad.log "$TMP"/rtp-split.log "$TMP"/rtp-colo.log
+finish "$TMP"/one.log "$TMP"/split.log "$TMP"/zero.log "$TMP"/async.log "$TMP"/bad.log "$TMP"/rtp-split.log "$TMP"/rtp-bcast.log "$TMP"/rtp-colo.log
