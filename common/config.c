@@ -610,7 +610,8 @@ int config_lora_targets(const char *list, unsigned *mask, char *why, size_t len)
     return 0;
 }
 
-/* LoRA's keys: the targets name projections, and the adapter is not split over TP or PP ranks. */
+/* LoRA's keys: the targets name projections, and the adapter is not split over training TP or PP ranks (the
+ * rollout's TP generates with the adapter merged into its shards). */
 static int validate_lora(const struct grpo_config *c, struct cfg_error *err)
 {
     if (c->arr_model_lora_rank == 0 && !c->arr_model_lora_adapter_path[0])
@@ -621,16 +622,15 @@ static int validate_lora(const struct grpo_config *c, struct cfg_error *err)
         errf(err, "%s: %s", origin_of(c, "actor_rollout_ref.model.target_modules"), why);
         return -1;
     }
-    if (c->actor_megatron_tensor_model_parallel_size > 1 || c->actor_megatron_pipeline_model_parallel_size > 1 ||
-        c->rollout_tensor_model_parallel_size > 1) {
+    if (c->actor_megatron_tensor_model_parallel_size > 1 || c->actor_megatron_pipeline_model_parallel_size > 1) {
         errf(err,
              "LoRA (actor_rollout_ref.model.lora_rank=%lld%s%s) with actor_rollout_ref.actor.megatron."
-             "tensor_model_parallel_size=%lld, actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=%lld, "
-             "actor_rollout_ref.rollout.tensor_model_parallel_size=%lld: LoRA with tensor or pipeline parallelism "
-             "(not available yet: LoRA runs with whole models; data parallelism works); set those sizes to 1",
+             "tensor_model_parallel_size=%lld, actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=%lld: "
+             "LoRA with training tensor or pipeline parallelism (not available yet: LoRA trains whole models; data "
+             "parallelism and the rollout's tensor_model_parallel_size work); set those sizes to 1",
              c->arr_model_lora_rank, c->arr_model_lora_adapter_path[0] ? ", lora_adapter_path=" : "",
              c->arr_model_lora_adapter_path, c->actor_megatron_tensor_model_parallel_size,
-             c->actor_megatron_pipeline_model_parallel_size, c->rollout_tensor_model_parallel_size);
+             c->actor_megatron_pipeline_model_parallel_size);
         return -1;
     }
     if (c->trainer_sft_warmup_steps > 0) {

@@ -5,7 +5,10 @@
 #  - weight sync sends the adapter alone (its bytes, not the model's), and the rollout rank loads the base itself;
 #  - ZeRO-1 over the 2 trainers splits the adapter's optimizer state and gives the same adapter;
 #  - one-step-off (rollout.mode=async) runs with the adapter;
-#  - LoRA with tensor parallelism is refused naming the keys.
+#  - rollout TP 2 (split: 1 trainer + 2 rollout ranks as one TP group; colocated: 2 ranks, DP 2 generating as one
+#    TP-2 engine; split also with weight_sync=broadcast) generates with the adapter merged into each TP shard and
+#    reproduces the single-process run too;
+#  - LoRA with training tensor parallelism is refused naming the keys.
 # usage: test_dist_lora.sh GRPO_WORKER GRPO_MODEL SCORER_SO
 set -u
 WORKER="$1" MODEL_TOOL="$2" SCORER="$3"
@@ -37,6 +40,21 @@ timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_
     actor_rollout_ref.actor.megatron.use_distributed_optimizer=true >"$TMP/zero.log" 2>&1
 expect "LoRA with ZeRO-1 over 2 trainer ranks finishes" $?
 
+RTP=actor_rollout_ref.rollout.tensor_model_parallel_size
+timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/rtp-split" \
+    placement.trainer_ranks=1 placement.rollout_ranks=2 $RTP=2 >"$TMP/rtp-split.log" 2>&1
+expect "LoRA with 1 trainer + 2 rollout ranks in one TP-2 group finishes" $?
+timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/rtp-bcast" \
+    placement.trainer_ranks=1 placement.rollout_ranks=2 $RTP=2 actor_rollout_ref.rollout.weight_sync=broadcast \
+    >"$TMP/rtp-bcast.log" 2>&1
+expect "the same with the adapter broadcast to the TP group's head (weight_sync=broadcast) finishes" $?
+timeout 300 "${MPIRUN[@]}" -np 2 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/rtp-colo" \
+    trainer.nnodes=1 trainer.n_gpus_per_node=2 $RTP=2 >"$TMP/rtp-colo.log" 2>&1
+expect "LoRA on 2 colocated ranks (DP 2) generating with rollout TP 2 finishes" $?
+grep -q "resharded to 2 TP ranks" "$TMP/rtp-split.log" && grep -q "bytes in the trainers' broadcast.*resharded to 2 TP" \
+    "$TMP/rtp-bcast.log" && grep -q "weights resharded into the generation layout (TP 2" "$TMP/rtp-colo.log"
+expect "the rollout-TP runs reshard the merged weights into 2 TP shards" $?
+
 # the adapter's floats: 2 layers x (q: 4x64 + 64x4, v: 4x64 + 32x4, o: 4x64 + 64x4, down: 4x128 + 64x4)
 python3 - "$TMP" "$STEPS" <<'PY'
 import json, struct, sys, array
@@ -55,11 +73,13 @@ def adapter(run):
         a, b = v["data_offsets"]
         out[k] = array.array("f", data[8 + n + a:8 + n + b])
     return out
+RUNS = (("split", "split"), ("zero", "ZeRO-1"), ("rtp-split", "split rollout TP 2"),
+        ("rtp-bcast", "split rollout TP 2, broadcast"), ("rtp-colo", "colocated rollout TP 2"))
 one, split, zero = rows("one"), rows("split"), rows("zero")
-assert len(one) == len(split) == len(zero) == steps
-for a, b, c in zip(one, split, zero):
-    for k in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean"):
-        for other, name in ((b, "split"), (c, "ZeRO-1")):
+assert all(len(rows(run)) == steps for run, _ in RUNS) and len(one) == steps
+for run, name in RUNS:
+    for a, other in zip(one, rows(run)):
+        for k in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean"):
             rel = abs(a[k] - other[k]) / max(abs(a[k]), 1e-3)
             assert rel <= 1e-5, f"step {a['step']} {k}: single process {a[k]}, {name} {other[k]}"
 floats = 2 * (4 * 64 + 64 * 4 + 4 * 64 + 32 * 4 + 4 * 64 + 64 * 4 + 4 * 128 + 64 * 4)
@@ -68,20 +88,23 @@ for b in split[1:]:
 # the optimizer state covers the adapter only (and half of it per rank with ZeRO-1)
 assert abs(split[0]["perf/optimizer_state_gb"] - 8 * floats / 1e9) < 1e-12, split[0]["perf/optimizer_state_gb"]
 assert abs(zero[0]["perf/optimizer_state_gb"] - 8 * floats / 2 / 1e9) < 1e-12, zero[0]["perf/optimizer_state_gb"]
-A, B, Z = adapter("one"), adapter("split"), adapter("zero")
-assert sorted(A) == sorted(B) == sorted(Z) and sum(len(v) for v in A.values()) == floats
+A = adapter("one")
+assert sum(len(v) for v in A.values()) == floats
 moved = sum(1 for k in A if ".lora_B." in k for x in A[k] if x != 0)
 assert moved > 0, "B is still zero: the adapter did not train"
-for other, name in ((B, "split"), (Z, "ZeRO-1")):
+for other, name in ((adapter(run), name) for run, name in RUNS):
+    assert sorted(A) == sorted(other), name
     worst = max(abs(x - y) for k in A for x, y in zip(A[k], other[k]))
     scale = max(abs(x) for k in A for x in A[k])
     assert worst <= 1e-5 * scale, f"{name}: adapter differs by {worst} (scale {scale})"
 print(f"LoRA across ranks agrees with one process; {floats} adapter floats per weight sync")
 PY
-expect "DP and ZeRO-1 LoRA runs reproduce the single-process one; sync and optimizer state are the adapter's" $?
-grep -q "policy version 1: $((4 * 2 * (4 * 64 + 64 * 4 + 4 * 64 + 32 * 4 + 4 * 64 + 64 * 4 + 4 * 128 + 64 * 4))) bytes" \
-    "$TMP/split.log"
-expect "the rollout rank receives the adapter's bytes" $?
+expect "DP, ZeRO-1 and rollout-TP LoRA runs reproduce the single-process one; sync and optimizer state are the adapter's" $?
+for run in split rtp-split; do
+    grep -q "policy version 1: $((4 * 2 * (4 * 64 + 64 * 4 + 4 * 64 + 32 * 4 + 4 * 64 + 64 * 4 + 4 * 128 + 64 * 4))) bytes" \
+        "$TMP/$run.log"
+    expect "$run: the rollout rank (the TP group's head) receives the adapter's bytes" $?
+done
 [ -f "$(adapter split)/adapter_config.json" ] && [ ! -f "$(adapter split)/model.safetensors" ]
 expect "the checkpoint holds the adapter alone (PEFT's layout)" $?
 
@@ -95,7 +118,8 @@ expect "one-step-off LoRA: staleness 1 after the first step" $?
 
 "${MPIRUN[@]}" -np 2 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/bad" placement.trainer_ranks=2 \
     actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 >"$TMP/bad.log" 2>&1
-[ $? -ne 0 ] && grep -q "LoRA (actor_rollout_ref.model.lora_rank=4) with .*tensor_model_parallel_size=2" "$TMP/bad.log"
-expect "LoRA with tensor parallelism is refused, naming the keys" $?
+[ $? -ne 0 ] && grep -q "LoRA (actor_rollout_ref.model.lora_rank=4) with .*tensor_model_parallel_size=2" "$TMP/bad.log" &&
+    ! grep "LoRA (actor_rollout_ref" "$TMP/bad.log" | grep -q "rollout.tensor_model_parallel_size"
+expect "LoRA with training tensor parallelism is refused, naming the training keys only" $?
 
-finish "$TMP"/one.log "$TMP"/split.log "$TMP"/zero.log "$TMP"/async.log "$TMP"/bad.log
+finish "$TMP"/one.log "$TMP"/split.log "$TMP"/zero.log "$TMP"/async.log "$TMP"/bad.log "$TMP"/rtp-split.log "$TMP"/rtp-bcast.log "$TMP"/rtp-colo.log

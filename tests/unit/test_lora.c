@@ -360,6 +360,28 @@ static void test_bypass_is_base(void **state)
 }
 
 /* target_modules: verl's spellings, and errors naming the entry; adapters we do not run are refused by name. */
+/* lora_merged_weights, what the rollout TP shards: the same floats as lora_merge's W + s B A, the model left as
+ * it was (its adapter attached, its base unchanged), and the base alone while bypassed. */
+static void test_merged_weights(void **state)
+{
+    (void)state;
+    struct model *m = load_with_adapter(1), *want = load_with_adapter(1), *base = load("tiny-qwen3");
+    const size_t n = m->w.n_floats;
+    assert_int_equal(n, base->w.n_floats);
+    float *got = malloc(n * sizeof *got);
+    lora_merged_weights(m, got);
+    lora_merge(want);
+    assert_memory_equal(got, want->w.mem, n * sizeof *got);
+    assert_true(memcmp(got, base->w.mem, n * sizeof *got) != 0); /* the adapter moved the targeted weights */
+    assert_non_null(m->lora);
+    assert_memory_equal(m->w.mem, base->w.mem, n * sizeof *got);
+    lora_set_bypass(m, true);
+    lora_merged_weights(m, got);
+    assert_memory_equal(got, base->w.mem, n * sizeof *got);
+    free(got);
+    model_free(m), model_free(want), model_free(base);
+}
+
 static void test_targets_and_refusals(void **state)
 {
     (void)state;
@@ -477,6 +499,7 @@ int main(void)
         cmocka_unit_test(test_peft_adapter_matches_peft),
         cmocka_unit_test(test_save_and_merge),
         cmocka_unit_test(test_bypass_is_base),
+        cmocka_unit_test(test_merged_weights),
         cmocka_unit_test(test_targets_and_refusals),
         cmocka_unit_test(test_checkpoint_roundtrip),
         cmocka_unit_test(test_config_keys),

@@ -22,6 +22,7 @@
 #include "worker/gen/validate.h"
 #include "worker/metrics/metrics.h"
 #include "worker/model/device.h"
+#include "worker/model/lora.h"
 #include "worker/model/model.h"
 #include "worker/plane/dispatch_core.h"
 #include "worker/plane/wire.h"
@@ -77,12 +78,12 @@ static int gen_model_setup(struct colocated *c, char *err, size_t errlen)
     const bool same = env->at.pp_size == 1 && env->at.tp_size == rtp;
     if (same)
         return 0;
-    if (p->lora)
+    if (p->lora && env->at.tp_size * env->at.pp_size > 1) /* config_validate refuses it first */
         return error_set(err, errlen,
-                         "LoRA with a generation layout other than the training one (training TP %d x PP %d, "
-                         "actor_rollout_ref.rollout.tensor_model_parallel_size %d): give the rollout the training "
-                         "TP, or train with PP 1",
-                         env->at.tp_size, env->at.pp_size, rtp);
+                         "LoRA with training TP %d x PP %d: LoRA trains whole models (the rollout's TP may be "
+                         "larger); set actor_rollout_ref.actor.megatron.tensor_model_parallel_size and "
+                         "pipeline_model_parallel_size to 1",
+                         env->at.tp_size, env->at.pp_size);
     if (rtp > 1 &&
         model_shard_check(&p->cfg, rtp, "actor_rollout_ref.rollout.tensor_model_parallel_size", err, errlen) != 0)
         return -1;
@@ -126,7 +127,9 @@ static double update_weights(struct colocated *c, int64_t *bytes)
     const float *local = trainer_params(c->t, &n); /* host memory (a copy on a GPU) */
     const size_t nw = model_whole_floats(&p->cfg);
     struct comm *mp = c->env->at.tp_size * c->env->at.pp_size > 1 ? c->env->mp : NULL;
-    if (!mp) {
+    if (p->lora) { /* a whole model (no TP or PP with LoRA): the base with the adapter merged, then sharded */
+        lora_merged_weights(p, c->whole);
+    } else if (!mp) {
         memcpy(c->whole, local, nw * sizeof(float));
     } else {
         struct comm_traffic before, after;

@@ -485,6 +485,18 @@ int lora_load(struct model *m, const char *dir, char *err, size_t errlen)
     return rc;
 }
 
+/* W (Dout, Din) += s B (Dout, r) A (r, Din), each entry summed in double (as fp32 as PEFT's merge). */
+static void add_scaled_product(float *W, const float *A, const float *B, int dout, int din, int r, float scale)
+{
+    for (int o = 0; o < dout; o++)
+        for (int i = 0; i < din; i++) {
+            double s = 0;
+            for (int k = 0; k < r; k++)
+                s += (double)B[(size_t)o * r + k] * A[(size_t)k * din + i];
+            W[(size_t)o * din + i] += (float)(scale * s);
+        }
+}
+
 void lora_merge(struct model *m)
 {
     struct lora *a = m->lora;
@@ -506,18 +518,37 @@ void lora_merge(struct model *m)
             const size_t nw = (size_t)dout * din;
             float *W = xmalloc(nw * sizeof(float));
             k_to_host(m->K, W, ws[p], nw * sizeof(float));
-            /* W (Dout, Din) += s B (Dout, r) A (r, Din), each entry summed in double (as fp32 as PEFT's merge) */
             const float *A = host + (a->w[l].A[p] - a->mem), *B = host + (a->w[l].B[p] - a->mem);
-            for (int o = 0; o < dout; o++)
-                for (int i = 0; i < din; i++) {
-                    double s = 0;
-                    for (int k = 0; k < r; k++)
-                        s += (double)B[(size_t)o * r + k] * A[(size_t)k * din + i];
-                    W[(size_t)o * din + i] += (float)(a->scale * s);
-                }
+            add_scaled_product(W, A, B, dout, din, r, a->scale);
             k_to_device(m->K, ws[p], W, nw * sizeof(float));
             free(W);
         }
     free(host);
     lora_detach(m);
+}
+
+void lora_merged_weights(const struct model *m, float *out)
+{
+    if (m->sh.tp_size > 1 || m->sh.pp_size > 1)
+        check_failf(__FILE__, __LINE__, "lora_merged_weights: whole models only");
+    k_to_host(m->K, out, m->w.mem, m->w.n_floats * sizeof(float));
+    const struct lora *a = m->lora;
+    if (!a || a->bypass)
+        return;
+    float *host;
+    struct param_ref *refs;
+    host_refs(m, &host, &refs);
+    free(refs);
+    for (int l = 0; l < a->n_layers; l++)
+        for (int p = 0; p < PROJ_KINDS; p++) {
+            if (!a->w[l].A[p])
+                continue;
+            int din, dout;
+            model_proj_dims(m, (enum proj_kind)p, &din, &dout);
+            const struct layer_params *L = &m->w.layers[l];
+            const float *const ws[PROJ_KINDS] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
+            const float *A = host + (a->w[l].A[p] - a->mem), *B = host + (a->w[l].B[p] - a->mem);
+            add_scaled_product(out + (ws[p] - m->w.mem), A, B, dout, din, a->cfg.rank, a->scale);
+        }
+    free(host);
 }

@@ -104,6 +104,10 @@ int lora_load(struct model *m, const char *dir, char *err, size_t errlen);
 /* Merge the adapter into the base weights (W += s B A) and detach it: m is then a plain model, saved with
  * model_save_hf as a merged export. */
 void lora_merge(struct model *m);
+/* m's weights (a whole model) with its adapter merged (W + s B A; the base alone while bypassed or without an
+ * adapter) into out, host memory of m's weights' layout (w.n_floats); m is unchanged. The rollout TP's engines
+ * generate with these, sharded like any weights. */
+void lora_merged_weights(const struct model *m, float *out);
 /* Free m's adapter (model_free calls it). */
 void lora_detach(struct model *m);
 

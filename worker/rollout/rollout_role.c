@@ -45,6 +45,7 @@
 struct rollout_rank {
     struct role_env *env;
     struct model *policy;
+    struct model *base; /* LoRA with TP, the head: the whole frozen base (host memory) holding the adapter */
     struct tokenizer *tok;
     struct reward_fn *reward;
     struct prompt_set train, val;
@@ -183,7 +184,15 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
         const struct model_layout lay = {r->env->at.tp, r->env->at.tp_size, 0, 1, r->eng, NULL, NULL};
         struct model *part = model_create_shard(&r->policy->cfg, &lay);
         model_shard_slice(part, r->policy->w.mem, part->w.mem);
-        model_free(r->policy);
+        /* LoRA: the head keeps the whole base and the adapter, merges each version's adapter into a copy of it
+         * and hands every TP rank its shard of the merged weights (as without LoRA); the peers hold no adapter */
+        if (r->head && (c->arr_model_lora_rank > 0 || c->arr_model_lora_adapter_path[0])) {
+            if (lora_attach_config(r->policy, c, path, err, errlen) != 0)
+                return -1;
+            r->base = r->policy;
+        } else {
+            model_free(r->policy);
+        }
         r->policy = part;
     }
     /* trainer.device=cuda: the rank's GPU (the launch's assign_devices), else the CPU */
@@ -207,8 +216,9 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
         comm_fail_alone(r->eng_dev); /* a lost peer ends this group only, as over MPI */
         model_set_groups(r->policy, r->eng_dev, NULL, r->eng_dev);
     }
-    /* LoRA: the same adapter as the trainers' (its values arrive with every policy version) on the frozen base */
-    if (lora_attach_config(r->policy, c, path, err, errlen) != 0)
+    /* LoRA: the same adapter as the trainers' (its values arrive with every policy version) on the frozen base;
+     * with TP the head's whole base holds it (above) */
+    if (!r->eng && lora_attach_config(r->policy, c, path, err, errlen) != 0)
         return -1;
     if (data_cursor_init(&r->cur, r->train.n, (int)c->data_train_batch_size, c->data_shuffle, (uint64_t)c->data_seed,
                          err, errlen) != 0)
@@ -249,6 +259,7 @@ static void teardown(struct rollout_rank *r)
     if (r->tok)
         tokenizer_free(r->tok);
     model_free(r->policy);
+    model_free(r->base);
     if (r->eng_dev) /* after the model that used it */
         comm_free(r->eng_dev);
     weight_sync_receiver_release(&r->ws);
@@ -532,16 +543,18 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
         int chunks;
         const double t1 = clock_now_s();
         control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_WEIGHT_SYNC);
-        /* with LoRA a version is the adapter alone (no TP then: the rank holds the whole model) */
-        const struct lora *ad = r->policy->lora;
+        /* with LoRA a version is the adapter alone: alone the rank's model holds it, with TP the head's base */
+        const struct lora *ad = r->base ? r->base->lora : r->policy->lora;
         const size_t n = ad ? ad->n : model_whole_floats(&r->policy->cfg);
         const bool gpu = r->policy->K->device != KDEV_CPU; /* the version arrives in host memory, then goes up */
         if ((r->eng || gpu) && !r->whole)
-            r->whole = xmalloc(n * sizeof(float));
-        float *dst = r->eng || gpu ? r->whole : ad ? ad->mem : r->policy->w.mem;
+            r->whole = xmalloc((r->base ? model_whole_floats(&r->policy->cfg) : n) * sizeof(float));
+        float *dst = r->base ? ad->mem : r->eng || gpu ? r->whole : ad ? ad->mem : r->policy->w.mem;
         bool took;
         if (weight_sync_receive(&r->ws, g->version, dst, n, chunk, &took, &bytes, &chunks, err, errlen) != 0)
             return -1;
+        if (r->base) /* the base with this adapter merged, whole, to reshard */
+            lora_merged_weights(r->base, r->whole);
         if (gpu && !r->eng) /* the weights, or with LoRA the adapter, up to the GPU */
             k_to_device(r->policy->K, ad ? ad->mem : r->policy->w.mem, r->whole, n * sizeof(float));
         const double t2 = clock_now_s();
