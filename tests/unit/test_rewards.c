@@ -823,6 +823,52 @@ static void test_python_pool_speedup(void **state)
                   took[1], took[0] / took[1]);
 }
 
+/* The pool's processes work at once, shown without timing: two samples that each wait until two processes have
+ * reached a shared folder both score on a pool of 2 (one process alone times out on the first); and a batch of
+ * 9 on a pool of 3 is scored by 3 processes. */
+static void test_python_pool_concurrent(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/grpo-meet-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char meet[64];
+    snprintf(meet, sizeof meet, "MEET %s 2", dir);
+    struct reward_item items[9];
+    for (int i = 0; i < 2; i++)
+        items[i] = (struct reward_item){"openai/gsm8k", meet, "1", NULL};
+    char err[512] = "";
+    struct reward_fn *r = python_scorer_pool(PY_REWARD, "compute_score", "python3", 2, err, sizeof err);
+    if (!r)
+        fail_msg("%s", err);
+    double scores[9];
+    char *reasons[9];
+    reward_score_batch(r, items, 2, scores, reasons);
+    for (int i = 0; i < 2; i++) {
+        if (reasons[i])
+            fail_msg("sample %d: %s", i, reasons[i]);
+        assert_true(scores[i] == 1.0);
+    }
+    reward_free(r);
+    char cmd[128]; /* the folder holds a file per process, named by its pid */
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+    r = python_scorer_pool(PY_REWARD, "compute_score", "python3", 3, err, sizeof err);
+    if (!r)
+        fail_msg("%s", err);
+    for (int i = 0; i < 9; i++)
+        items[i] = (struct reward_item){"openai/gsm8k", "PID", "1", NULL};
+    reward_score_batch(r, items, 9, scores, NULL);
+    int distinct = 0;
+    for (int i = 0; i < 9; i++) {
+        bool seen = false;
+        for (int j = 0; j < i; j++)
+            seen = seen || scores[j] == scores[i];
+        distinct += !seen && scores[i] > 0;
+    }
+    assert_int_equal(distinct, 3);
+    reward_free(r);
+}
+
 int main(void)
 {
     log_set_level(LOG_ERROR);
@@ -844,6 +890,7 @@ int main(void)
         cmocka_unit_test(test_custom_isolation),
         cmocka_unit_test(test_python_scorer),
         cmocka_unit_test(test_python_pool_speedup),
+        cmocka_unit_test(test_python_pool_concurrent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
