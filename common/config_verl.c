@@ -273,7 +273,6 @@ static const struct verl_key g_verl[] = {
     NOTED("reward_model.enable_resource_pool", RM_HERE),
     NOTED("reward_model.nnodes", RM_HERE),
     NOTED("reward_model.n_gpus_per_node", RM_HERE),
-    NOTED("reward_model.num_workers", "scoring runs on each rollout rank (one Python process per rank)"),
     NOTED("reward_model.nccl_timeout", RM_HERE),
     NOTED("reward_model.load_weight", "the reward model loads from reward_model.model.path"),
     NOTED("reward_model.model.override_config.*", "the reward model's config.json is used as it is"),

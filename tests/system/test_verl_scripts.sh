@@ -92,6 +92,8 @@ expect "both train files are read (4 prompts); total_epochs=1 x 4 prompts / batc
 says "$TMP/run.out" "run finished at step 2"; expect "it trains 2 steps" $?
 says "$TMP/run.out" "custom scorer compute_score from tests/fixtures/rewards/verl_reward.py (Python"
 expect "the Python reward function scores the responses" $?
+says "$TMP/run.out" "(Python, python3; 8 processes;"
+expect "a pool of verl's default reward_model.num_workers=8 processes per scoring rank" $?
 ! grep -q "warn .*reward: sample" "$TMP/run.out"; expect "every response scored (no sample failed)" $?
 says "$TMP/run.out" "trainer.device=auto: "; expect "the device verl's script did not name is said (auto)" $?
 if grep -q "trainer.device=auto: cpu" "$TMP/run.out"; then

@@ -658,28 +658,38 @@ static void test_custom_isolation(void **state)
 
 /* A Python scorer in verl's form (tests/fixtures/rewards/verl_reward.py): its scores agree with the built-in gsm8k
  * scorer on plain answers; an exception, a non-number, NaN, an exit or a hang fails that sample alone, with the
- * reason (the exception's last line) logged, and the samples after it are still scored. */
-static struct reward_fn *python_scorer(const char *path, const char *name, const char *python, char *err, size_t errlen)
+ * reason (the exception's last line) logged, and the samples after it are still scored. The same holds, with the
+ * same scores, for a pool of 1 and of 3 processes (reward_model.num_workers). */
+static struct reward_fn *python_scorer_pool(const char *path, const char *name, const char *python, int nproc,
+                                            char *err, size_t errlen)
 {
     struct grpo_config c;
     config_init(&c);
     struct cfg_error ce;
+    char procs[16];
+    snprintf(procs, sizeof procs, "%d", nproc);
     assert_int_equal(config_set(&c, "custom_reward_function.path", path, "test", &ce), 0);
     assert_int_equal(config_set(&c, "custom_reward_function.name", name, "test", &ce), 0);
     assert_int_equal(config_set(&c, "custom_reward_function.python", python, "test", &ce), 0);
     assert_int_equal(config_set(&c, "custom_reward_function.timeout_s", "1.5", "test", &ce), 0);
+    assert_int_equal(config_set(&c, "reward_model.num_workers", procs, "test", &ce), 0);
     struct reward_fn *r = reward_create(&c, err, errlen);
     config_free(&c);
     return r;
 }
 
+static struct reward_fn *python_scorer(const char *path, const char *name, const char *python, char *err, size_t errlen)
+{
+    return python_scorer_pool(path, name, python, 1, err, errlen);
+}
+
 #define PY_REWARD "tests/fixtures/rewards/verl_reward.py"
 
-static void test_python_scorer(void **state)
+/* One batch with every failure kind on a pool of nproc processes; its scores in out[0..*n). */
+static void python_batch(int nproc, double *out, int *n_out)
 {
-    (void)state;
     char err[512] = "";
-    struct reward_fn *r = python_scorer(PY_REWARD, "compute_score", "python3", err, sizeof err);
+    struct reward_fn *r = python_scorer_pool(PY_REWARD, "compute_score", "python3", nproc, err, sizeof err);
     if (!r)
         fail_msg("%s", err);
     assert_true(reward_is_custom(r));
@@ -695,7 +705,7 @@ static void test_python_scorer(void **state)
         {"#### 7\xc3", "7"},
     };
     const int np = (int)(sizeof plain / sizeof *plain);
-    struct reward_item items[24];
+    struct reward_item items[32];
     for (int i = 0; i < np; i++)
         items[i] = (struct reward_item){"openai/gsm8k", plain[i][0], plain[i][1], NULL};
     int n = np;
@@ -707,16 +717,19 @@ static void test_python_scorer(void **state)
     items[n++] = (struct reward_item){"openai/gsm8k", "#### 9", "9", NULL};               /* np + 5: after the exit */
     items[n++] = (struct reward_item){"openai/gsm8k", "HANG", "1", NULL};                 /* np + 6 */
     items[n++] = (struct reward_item){"x", "EXTRA", "{\"target\": 1}", "{\"index\": 7}"}; /* np + 7 */
-    double scores[24];
-    char *reasons[24];
+    items[n++] = (struct reward_item){"openai/gsm8k", "#### 4", "4", NULL};               /* np + 8: after the hang */
+    items[n++] = (struct reward_item){"openai/gsm8k", "#### 5", "4", NULL};               /* np + 9 */
+    double scores[32];
+    char *reasons[32];
     const double t0 = clock_now_s();
     reward_score_batch(r, items, n, scores, reasons);
     const double took = clock_now_s() - t0;
+    memcpy(out, scores, (size_t)n * sizeof *scores);
     for (int i = 0; i < np; i++) {
         char why[128];
         const double builtin = reward_score_gsm8k_verl(plain[i][0], plain[i][1], why, sizeof why);
         if (scores[i] != builtin || reasons[i])
-            fail_msg("sample %d (%s): Python %g, built-in %g (%s)", i, plain[i][0], scores[i], builtin,
+            fail_msg("pool %d, sample %d (%s): Python %g, built-in %g (%s)", nproc, i, plain[i][0], scores[i], builtin,
                      reasons[i] ? reasons[i] : "");
     }
     assert_true(scores[0] == 1.0 && scores[1] == 0.0 && scores[2] == 1.0 && scores[5] == 1.0);
@@ -724,7 +737,7 @@ static void test_python_scorer(void **state)
     assert_non_null(strstr(reasons[np], "compute_score raised ValueError: no answer in 'RAISE'"));
     assert_non_null(strstr(reasons[np + 1], "returned str, not a number"));
     assert_null(reasons[np + 2]);
-    assert_true(scores[np + 2] == 0.25);
+    assert_true(scores[np + 2] == 0.25); /* a dict's "score" (its "acc" is not read) */
     assert_non_null(strstr(reasons[np + 3], "returned nan"));
     assert_non_null(strstr(reasons[np + 4], "exited (status 3)"));
     assert_null(reasons[np + 5]);
@@ -732,14 +745,38 @@ static void test_python_scorer(void **state)
     assert_non_null(strstr(reasons[np + 6], "timed out after 1.5 s"));
     assert_null(reasons[np + 7]);
     assert_true(scores[np + 7] == 8.0); /* extra_info as a dict, a JSON ground truth as an object */
+    assert_null(reasons[np + 8]);
+    assert_true(scores[np + 8] == 1.0);
+    assert_null(reasons[np + 9]);
+    assert_true(scores[np + 9] == 0.0);
+    for (int i = 0; i < n; i++)
+        if (scores[i] != 0.0 && reasons[i])
+            fail_msg("pool %d, sample %d failed with score %g", nproc, i, scores[i]);
     assert_int_equal(reward_num_failures(r), 5);
     assert_true(took < 30.0);
     for (int i = 0; i < n; i++)
         free(reasons[i]);
-    /* the process lives on between batches */
+    /* the processes live on (or start again) between batches */
     assert_true(reward_score_one(r, &items[0], NULL, 0) == 1.0);
+    reward_score_batch(r, items, np, scores, NULL);
+    assert_true(scores[0] == 1.0 && scores[2] == 1.0);
     reward_free(r);
+    *n_out = n;
+}
 
+static void test_python_scorer(void **state)
+{
+    (void)state;
+    char err[512] = "";
+    double one[32], three[32];
+    int n1 = 0, n3 = 0;
+    python_batch(1, one, &n1);
+    python_batch(3, three, &n3);
+    assert_int_equal(n1, n3);
+    for (int i = 0; i < n1; i++)
+        if (one[i] != three[i])
+            fail_msg("sample %d: %g with one process, %g with three", i, one[i], three[i]);
+    struct reward_fn *r;
     /* errors at start-up name the key and Python's reason */
     assert_null(python_scorer(PY_REWARD, "nope", "python3", err, sizeof err));
     assert_non_null(strstr(err, "custom_reward_function.name"));
@@ -754,7 +791,81 @@ static void test_python_scorer(void **state)
     /* another function of the file */
     r = python_scorer(PY_REWARD, "other_name", "python3", err, sizeof err);
     assert_non_null(r);
-    assert_true(reward_score_one(r, &items[0], NULL, 0) == 0.5);
+    const struct reward_item item = {"openai/gsm8k", "#### 72", "72", NULL};
+    assert_true(reward_score_one(r, &item, NULL, 0) == 0.5);
+    reward_free(r);
+}
+
+/* A slow reward (0.25 s a sample) on a pool of 1 and of 2: the same scores; the times are printed, not asserted
+ * (the machine may be loaded). */
+static void test_python_pool_speedup(void **state)
+{
+    (void)state;
+    struct reward_item items[8];
+    for (int i = 0; i < 8; i++)
+        items[i] = (struct reward_item){"openai/gsm8k", "SLEEP 0.25", "1", NULL};
+    double took[2];
+    for (int k = 0; k < 2; k++) {
+        char err[512] = "";
+        struct reward_fn *r = python_scorer_pool(PY_REWARD, "compute_score", "python3", k + 1, err, sizeof err);
+        if (!r)
+            fail_msg("%s", err);
+        double scores[8];
+        const double t0 = clock_now_s();
+        reward_score_batch(r, items, 8, scores, NULL);
+        took[k] = clock_now_s() - t0;
+        for (int i = 0; i < 8; i++)
+            assert_true(scores[i] == 1.0);
+        assert_int_equal(reward_num_failures(r), 0);
+        reward_free(r);
+    }
+    print_message("python scorer, 8 samples of 0.25 s: 1 process %.2f s, 2 processes %.2f s (x%.2f)\n", took[0],
+                  took[1], took[0] / took[1]);
+}
+
+/* The pool's processes work at once, shown without timing: two samples that each wait until two processes have
+ * reached a shared folder both score on a pool of 2 (one process alone times out on the first); and a batch of
+ * 9 on a pool of 3 is scored by 3 processes. */
+static void test_python_pool_concurrent(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/grpo-meet-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char meet[64];
+    snprintf(meet, sizeof meet, "MEET %s 2", dir);
+    struct reward_item items[9];
+    for (int i = 0; i < 2; i++)
+        items[i] = (struct reward_item){"openai/gsm8k", meet, "1", NULL};
+    char err[512] = "";
+    struct reward_fn *r = python_scorer_pool(PY_REWARD, "compute_score", "python3", 2, err, sizeof err);
+    if (!r)
+        fail_msg("%s", err);
+    double scores[9];
+    char *reasons[9];
+    reward_score_batch(r, items, 2, scores, reasons);
+    for (int i = 0; i < 2; i++) {
+        if (reasons[i])
+            fail_msg("sample %d: %s", i, reasons[i]);
+        assert_true(scores[i] == 1.0);
+    }
+    reward_free(r);
+    char cmd[128]; /* the folder holds a file per process, named by its pid */
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+    r = python_scorer_pool(PY_REWARD, "compute_score", "python3", 3, err, sizeof err);
+    if (!r)
+        fail_msg("%s", err);
+    for (int i = 0; i < 9; i++)
+        items[i] = (struct reward_item){"openai/gsm8k", "PID", "1", NULL};
+    reward_score_batch(r, items, 9, scores, NULL);
+    int distinct = 0;
+    for (int i = 0; i < 9; i++) {
+        bool seen = false;
+        for (int j = 0; j < i; j++)
+            seen = seen || scores[j] == scores[i];
+        distinct += !seen && scores[i] > 0;
+    }
+    assert_int_equal(distinct, 3);
     reward_free(r);
 }
 
@@ -778,6 +889,8 @@ int main(void)
         cmocka_unit_test(test_documented_example),
         cmocka_unit_test(test_custom_isolation),
         cmocka_unit_test(test_python_scorer),
+        cmocka_unit_test(test_python_pool_speedup),
+        cmocka_unit_test(test_python_pool_concurrent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,5 +1,5 @@
 /* Python custom scorers (custom_reward_function.path=FILE.py): verl's compute_score(data_source, solution_str,
- * ground_truth, extra_info) run by a long-lived CPython process per scoring rank.
+ * ground_truth, extra_info) run by a pool of long-lived CPython processes per scoring rank.
  *
  * The process runs the driver below with the file and the function's name. Requests and results travel on two
  * pipes of their own (the child's fds 3 and 4), so what the user's code prints reaches our stderr (the log) and
@@ -9,9 +9,10 @@
  *   us -> driver, per batch: {"items": [{"data_source": .., "solution_str": .., "ground_truth": .., "extra_info":
  * {..}}]} driver -> us, per item:  {"i": k, "score": x}  or  {"i": k, "error": "the exception's last line"}
  *
- * Every response of a batch goes in one request; each result is awaited for at most the per-sample timeout. A
- * result past it, or the process ending, fails that sample alone: the process is killed (on a timeout), started
- * again, and given the rest of the batch. */
+ * There are reward_model.num_workers such processes (the pool). A batch is cut into runs of consecutive items,
+ * each run goes to a free process in one request, and the processes score their runs concurrently; each result is
+ * awaited for at most the per-sample timeout. A result past it, or the process ending, fails that sample alone:
+ * the process is killed (on a timeout), started again, and given the rest of its run. */
 #include "pyscorer.h"
 
 #include <errno.h>
@@ -87,82 +88,109 @@ static const char DRIVER[] =
     "        except Exception as e:\n"
     "            send({'i': i, 'error': last_line(e)})\n";
 
-struct pyscorer {
-    char *python, *path, *name;
+/* One process of the pool and the part of a batch it is working on. */
+struct pyproc {
     pid_t pid;
     int to_child, from_child; /* -1 when no process runs */
     char *buf;                /* bytes read from the child not yet consumed as lines */
-    char *line;               /* the line read_line handed out last */
+    char *line;               /* the line take_line handed out last */
     size_t len, cap;
+    bool starting;      /* spawned, its ready line not read yet */
+    int base, next, hi; /* its items [base, hi) were sent; the result for `next` is awaited */
+    double deadline;    /* for the ready line or the result awaited */
 };
 
-static void stop(struct pyscorer *p, bool kill_it)
+struct pyscorer {
+    char *python, *path, *name;
+    int nproc;
+    struct pyproc *w;
+};
+
+static void stop(struct pyproc *w, bool kill_it)
 {
-    if (p->to_child >= 0)
-        close(p->to_child);
-    if (p->from_child >= 0)
-        close(p->from_child);
-    p->to_child = p->from_child = -1;
-    if (p->pid > 0) {
+    if (w->to_child >= 0)
+        close(w->to_child);
+    if (w->from_child >= 0)
+        close(w->from_child);
+    w->to_child = w->from_child = -1;
+    if (w->pid > 0) {
         if (kill_it)
-            kill(p->pid, SIGKILL);
+            kill(w->pid, SIGKILL);
         int st;
-        while (waitpid(p->pid, &st, 0) < 0 && errno == EINTR)
+        while (waitpid(w->pid, &st, 0) < 0 && errno == EINTR)
             ;
     }
-    p->pid = 0;
-    p->len = 0;
+    w->pid = 0;
+    w->len = 0;
+    w->starting = false;
 }
 
-/* The next line from the child within `deadline` (clock_now_s): 1 with *line (valid until the next call), 0 on
- * the deadline, -1 when the process is gone. */
-static int read_line(struct pyscorer *p, double deadline, char **line)
+/* A whole line already read from the child: 1 with *line (valid until the next call), else 0. */
+static int take_line(struct pyproc *w, char **line)
+{
+    char *nl = w->len ? memchr(w->buf, '\n', w->len) : NULL;
+    if (!nl)
+        return 0;
+    free(w->line);
+    const size_t n = (size_t)(nl - w->buf);
+    w->line = xmalloc(n + 1);
+    memcpy(w->line, w->buf, n);
+    w->line[n] = '\0';
+    memmove(w->buf, nl + 1, w->len - n - 1);
+    w->len -= n + 1;
+    *line = w->line;
+    return 1;
+}
+
+/* Read what the child has written (poll said it is readable): 0, or -1 when the process is gone. */
+static int fill(struct pyproc *w)
 {
     for (;;) {
-        char *nl = p->len ? memchr(p->buf, '\n', p->len) : NULL;
-        if (nl) {
-            free(p->line);
-            const size_t n = (size_t)(nl - p->buf);
-            p->line = xmalloc(n + 1);
-            memcpy(p->line, p->buf, n);
-            p->line[n] = '\0';
-            memmove(p->buf, nl + 1, p->len - n - 1);
-            p->len -= n + 1;
-            *line = p->line;
-            return 1;
+        if (w->cap - w->len < 65536) {
+            w->cap = w->cap * 2 + 65536;
+            w->buf = xrealloc(w->buf, w->cap);
         }
+        const ssize_t k = read(w->from_child, w->buf + w->len, w->cap - w->len);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0 && errno == EAGAIN)
+            return 0;
+        if (k <= 0)
+            return -1;
+        w->len += (size_t)k;
+        return 0;
+    }
+}
+
+/* The next line from the child within `deadline` (clock_now_s): 1 with *line, 0 on the deadline, -1 when the
+ * process is gone. */
+static int read_line(struct pyproc *w, double deadline, char **line)
+{
+    for (;;) {
+        if (take_line(w, line))
+            return 1;
         const double left = deadline - clock_now_s();
         if (left <= 0)
             return 0;
-        struct pollfd pfd = {.fd = p->from_child, .events = POLLIN};
+        struct pollfd pfd = {.fd = w->from_child, .events = POLLIN};
         const int ms = (int)ceil(left * 1000.0);
         const int pr = poll(&pfd, 1, ms < 1 ? 1 : ms);
         if (pr < 0 && errno == EINTR)
             continue;
         if (pr < 0)
             return -1;
-        if (pr == 0)
-            continue;
-        if (p->cap - p->len < 65536) {
-            p->cap = p->cap * 2 + 65536;
-            p->buf = xrealloc(p->buf, p->cap);
-        }
-        const ssize_t k = read(p->from_child, p->buf + p->len, p->cap - p->len);
-        if (k < 0 && (errno == EINTR || errno == EAGAIN))
-            continue;
-        if (k <= 0)
+        if (pr > 0 && fill(w) != 0)
             return -1;
-        p->len += (size_t)k;
     }
 }
 
 /* How the process ended, for a reason text; reaps it. */
-static void ended(struct pyscorer *p, char *why, size_t len)
+static void ended(struct pyproc *w, char *why, size_t len)
 {
     int st = 0;
-    const pid_t pid = p->pid;
-    p->pid = 0;
-    stop(p, false);
+    const pid_t pid = w->pid;
+    w->pid = 0;
+    stop(w, false);
     if (pid > 0)
         while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
             ;
@@ -174,8 +202,8 @@ static void ended(struct pyscorer *p, char *why, size_t len)
     }
 }
 
-/* Start the process and wait for its ready line (at most timeout_s + 30 s for the import). */
-static int start(struct pyscorer *p, double timeout_s, char *err, size_t errlen)
+/* Fork and exec the driver; its ready line is read later (check_ready). */
+static int spawn(const struct pyscorer *p, struct pyproc *w, char *err, size_t errlen)
 {
     int req[2], res[2];
     if (pipe2(req, O_CLOEXEC) < 0)
@@ -204,7 +232,7 @@ static int start(struct pyscorer *p, double timeout_s, char *err, size_t errlen)
         if (devnull >= 0)
             dup2(devnull, 0);
 #ifdef SYS_close_range
-        /* none of the worker's sockets and files (MPI's, the data plane's) stay open in the scorer */
+        /* none of the worker's sockets and files (MPI's, the data plane's, the other scorers' pipes) stay open */
         syscall(SYS_close_range, 5u, ~0u, 0u);
 #endif
         execlp(p->python, p->python, "-u", "-c", DRIVER, p->path, p->name, (char *)NULL);
@@ -213,22 +241,17 @@ static int start(struct pyscorer *p, double timeout_s, char *err, size_t errlen)
     }
     close(req[0]);
     close(res[1]);
-    p->pid = pid;
-    p->to_child = req[1];
-    p->from_child = res[0];
-    p->len = 0;
-    char *line;
-    const int rc = read_line(p, clock_now_s() + timeout_s + 30.0, &line);
-    if (rc <= 0) {
-        char why[160];
-        if (rc == 0) {
-            stop(p, true);
-            snprintf(why, sizeof why, "it did not start within %.3g s", timeout_s + 30.0);
-        } else {
-            ended(p, why, sizeof why);
-        }
-        return error_set(err, errlen, "custom_reward_function.path: %s with %s: %s", p->path, p->python, why);
-    }
+    w->pid = pid;
+    w->to_child = req[1];
+    w->from_child = res[0];
+    w->len = 0;
+    w->starting = true;
+    return 0;
+}
+
+/* The ready line: 0, or -1 with err naming the key and Python's reason (the process is stopped). */
+static int check_ready(const struct pyscorer *p, struct pyproc *w, const char *line, char *err, size_t errlen)
+{
     json_error_t je;
     json_t *o = json_loads(line, 0, &je);
     const json_t *ready = o ? json_object_get(o, "ready") : NULL;
@@ -238,35 +261,89 @@ static int start(struct pyscorer *p, double timeout_s, char *err, size_t errlen)
         error_set(err, errlen, "%s: %s: %s", no_fn ? "custom_reward_function.name" : "custom_reward_function.path",
                   p->path, e && json_is_string(e) ? json_string_value(e) : "the driver did not start");
         json_decref(o);
-        stop(p, true);
+        stop(w, true);
         return -1;
     }
     json_decref(o);
+    w->starting = false;
     return 0;
 }
 
-struct pyscorer *pyscorer_start(const char *python, const char *path, const char *name, double timeout_s, char *err,
-                                size_t errlen)
+/* Start one process and wait for its ready line (at most timeout_s + 30 s for the import). */
+static int start(const struct pyscorer *p, struct pyproc *w, double timeout_s, char *err, size_t errlen)
+{
+    if (spawn(p, w, err, errlen) != 0)
+        return -1;
+    char *line;
+    const int rc = read_line(w, clock_now_s() + timeout_s + 30.0, &line);
+    if (rc <= 0) {
+        char why[160];
+        if (rc == 0) {
+            stop(w, true);
+            snprintf(why, sizeof why, "it did not start within %.3g s", timeout_s + 30.0);
+        } else {
+            ended(w, why, sizeof why);
+        }
+        return error_set(err, errlen, "custom_reward_function.path: %s with %s: %s", p->path, p->python, why);
+    }
+    return check_ready(p, w, line, err, errlen);
+}
+
+struct pyscorer *pyscorer_start(const char *python, const char *path, const char *name, int nproc, double timeout_s,
+                                char *err, size_t errlen)
 {
     struct pyscorer *p = xcalloc(1, sizeof *p);
     p->python = xstrdup(python && *python ? python : "python3");
     p->path = xstrdup(path);
     p->name = xstrdup(name && *name ? name : "compute_score");
-    p->to_child = p->from_child = -1;
-    if (start(p, timeout_s, err, errlen) != 0) {
+    p->nproc = nproc < 1 ? 1 : nproc > PYSCORER_MAX_PROCS ? PYSCORER_MAX_PROCS : nproc;
+    p->w = xcalloc((size_t)p->nproc, sizeof *p->w);
+    for (int k = 0; k < p->nproc; k++)
+        p->w[k].to_child = p->w[k].from_child = -1;
+    /* the first one alone, so that an error in the file is reported once, then the rest together */
+    if (start(p, &p->w[0], timeout_s, err, errlen) != 0) {
         pyscorer_free(p);
         return NULL;
     }
+    for (int k = 1; k < p->nproc; k++)
+        if (spawn(p, &p->w[k], err, errlen) != 0) {
+            pyscorer_free(p);
+            return NULL;
+        }
+    const double deadline = clock_now_s() + timeout_s + 30.0;
+    for (int k = 1; k < p->nproc; k++) {
+        char *line;
+        const int rc = read_line(&p->w[k], deadline, &line);
+        if (rc <= 0) {
+            char why[160];
+            if (rc == 0)
+                snprintf(why, sizeof why, "it did not start within %.3g s", timeout_s + 30.0);
+            else
+                ended(&p->w[k], why, sizeof why);
+            error_set(err, errlen, "custom_reward_function.path: %s with %s: %s", p->path, p->python, why);
+            pyscorer_free(p);
+            return NULL;
+        }
+        if (check_ready(p, &p->w[k], line, err, errlen) != 0) {
+            pyscorer_free(p);
+            return NULL;
+        }
+    }
     return p;
 }
+
+int pyscorer_num_procs(const struct pyscorer *p) { return p ? p->nproc : 0; }
 
 void pyscorer_free(struct pyscorer *p)
 {
     if (!p)
         return;
-    stop(p, true);
-    free(p->buf);
-    free(p->line);
+    for (int k = 0; k < p->nproc; k++) {
+        stop(&p->w[k], true);
+        free(p->w[k].buf);
+        free(p->w[k].line);
+    }
+    free(p->w);
     free(p->python), free(p->path), free(p->name);
     free(p);
 }
@@ -306,7 +383,7 @@ static char *valid_utf8(const char *s)
 }
 
 /* Write the request for items[from..n) (one line). 0, or -1 when the process is gone. */
-static int send_batch(struct pyscorer *p, const struct reward_item *items, int from, int n)
+static int send_batch(struct pyproc *p, const struct reward_item *items, int from, int n)
 {
     json_t *list = json_array();
     for (int i = from; i < n; i++) {
@@ -352,76 +429,160 @@ static int send_batch(struct pyscorer *p, const struct reward_item *items, int f
     return rc;
 }
 
+static void fail(int i, const char *why, double *scores, bool *failed, char (*reasons)[PYSCORER_REASON_MAX])
+{
+    scores[i] = 0;
+    failed[i] = true;
+    snprintf(reasons[i], PYSCORER_REASON_MAX, "%.*s", PYSCORER_REASON_MAX - 1, why);
+}
+
+/* Send w's items [w->next, w->hi) to its running process. */
+static void send_rest(struct pyproc *w, const struct reward_item *items, double timeout_s, double *scores, bool *failed,
+                      char (*reasons)[PYSCORER_REASON_MAX])
+{
+    w->base = w->next;
+    if (send_batch(w, items, w->base, w->hi) != 0) {
+        char why[PYSCORER_REASON_MAX];
+        ended(w, why, sizeof why);
+        fail(w->next++, why, scores, failed, reasons);
+        return;
+    }
+    w->deadline = clock_now_s() + timeout_s;
+}
+
+/* One line from w's process: the ready line of a fresh process, or the result for w->next. */
+static void on_line(const struct pyscorer *p, struct pyproc *w, const char *line, const struct reward_item *items,
+                    double timeout_s, double *scores, bool *failed, char (*reasons)[PYSCORER_REASON_MAX])
+{
+    if (w->starting) {
+        char err[PYSCORER_REASON_MAX];
+        if (check_ready(p, w, line, err, sizeof err) != 0) {
+            for (; w->next < w->hi; w->next++) /* no use starting it again for these */
+                fail(w->next, err, scores, failed, reasons);
+            return;
+        }
+        send_rest(w, items, timeout_s, scores, failed, reasons);
+        return;
+    }
+    json_error_t je;
+    json_t *o = json_loads(line, 0, &je);
+    const json_t *i = o ? json_object_get(o, "i") : NULL;
+    const json_t *s = o ? json_object_get(o, "score") : NULL;
+    const json_t *e = o ? json_object_get(o, "error") : NULL;
+    if (!json_is_integer(i) || json_integer_value(i) != w->next - w->base ||
+        (!json_is_number(s) && !json_is_string(e))) {
+        json_decref(o);
+        stop(w, true);
+        fail(w->next++, "lost the Python scorer's results (protocol error)", scores, failed, reasons);
+        return;
+    }
+    if (json_is_number(s)) {
+        scores[w->next] = json_number_value(s);
+        failed[w->next] = false;
+        reasons[w->next][0] = '\0';
+    } else {
+        char why[PYSCORER_REASON_MAX];
+        snprintf(why, sizeof why, "%s raised %s", p->name, json_string_value(e));
+        fail(w->next, why, scores, failed, reasons);
+    }
+    json_decref(o);
+    w->next++;
+    w->deadline = clock_now_s() + timeout_s;
+}
+
+/* The batch is cut into runs of consecutive items handed to whichever process is free; each process scores its run
+ * in order and each item's result lands at its own index, so the scores do not depend on the pool's size. A
+ * process that hangs (past timeout_s on one item) is killed; one that dies is reaped; either way that item alone
+ * fails and a fresh process takes the rest of the run. */
 void pyscorer_score(struct pyscorer *p, const struct reward_item *items, int n, double timeout_s, double *scores,
                     bool *failed, char (*reasons)[PYSCORER_REASON_MAX])
 {
-    int next = 0;
-    while (next < n) {
-        char why[PYSCORER_REASON_MAX];
-        if (p->pid <= 0) { /* started again after a sample that killed or hung it */
-            char err[PYSCORER_REASON_MAX];
-            if (start(p, timeout_s, err, sizeof err) != 0) {
-                for (; next < n; next++) {
-                    failed[next] = true;
-                    scores[next] = 0;
-                    snprintf(reasons[next], PYSCORER_REASON_MAX, "%s", err);
-                }
-                return;
+    const int run = (n + 4 * p->nproc - 1) / (4 * p->nproc); /* about four runs per process: load balance */
+    int queued = 0;
+    for (int k = 0; k < p->nproc; k++)
+        p->w[k].next = p->w[k].hi = 0;
+    struct pollfd *pfd = xcalloc((size_t)p->nproc, sizeof *pfd);
+    int *who = xcalloc((size_t)p->nproc, sizeof *who);
+    for (;;) {
+        /* hand out work; start a process again where one was lost */
+        for (int k = 0; k < p->nproc; k++) {
+            struct pyproc *w = &p->w[k];
+            if (w->next >= w->hi && queued < n) {
+                w->next = queued;
+                w->hi = queued + run < n ? queued + run : n;
+                queued = w->hi;
+                if (w->pid > 0)
+                    send_rest(w, items, timeout_s, scores, failed, reasons);
+            }
+            if (w->next < w->hi && w->pid <= 0) {
+                char err[PYSCORER_REASON_MAX];
+                if (spawn(p, w, err, sizeof err) != 0)
+                    for (; w->next < w->hi; w->next++)
+                        fail(w->next, err, scores, failed, reasons);
+                else
+                    w->deadline = clock_now_s() + timeout_s + 30.0;
             }
         }
-        const int base = next;
-        if (send_batch(p, items, base, n) != 0) {
-            ended(p, why, sizeof why);
-            failed[next] = true;
-            scores[next] = 0;
-            snprintf(reasons[next], PYSCORER_REASON_MAX, "%s", why);
-            next++;
-            continue;
-        }
-        while (next < n) {
+        int np = 0;
+        double first = INFINITY;
+        for (int k = 0; k < p->nproc; k++)
+            if (p->w[k].next < p->w[k].hi && p->w[k].pid > 0) {
+                pfd[np] = (struct pollfd){.fd = p->w[k].from_child, .events = POLLIN};
+                who[np++] = k;
+                first = fmin(first, p->w[k].deadline);
+            }
+        if (np == 0)
+            break; /* nothing queued, nothing awaited */
+        const double left = first - clock_now_s();
+        const int ms = left <= 0 ? 0 : (int)ceil(left * 1000.0);
+        const int pr = poll(pfd, (nfds_t)np, ms);
+        if (pr < 0 && errno != EINTR)
+            break; /* cannot happen with valid fds; the items not scored fail below */
+        for (int j = 0; j < np; j++) {
+            struct pyproc *w = &p->w[who[j]];
+            const bool gone = pr > 0 && pfd[j].revents && fill(w) != 0;
             char *line;
-            const int rc = read_line(p, clock_now_s() + timeout_s, &line);
-            if (rc <= 0) {
-                if (rc == 0) {
-                    stop(p, true);
-                    snprintf(why, sizeof why, "the Python scorer %s timed out after %.3g s", p->name, timeout_s);
+            while (w->pid > 0 && w->next < w->hi && take_line(w, &line))
+                on_line(p, w, line, items, timeout_s, scores, failed, reasons);
+            if (w->pid <= 0 || w->next >= w->hi)
+                continue;
+            char why[PYSCORER_REASON_MAX];
+            if (gone) {
+                const bool starting = w->starting;
+                ended(w, why, sizeof why);
+                if (starting) {                           /* it cannot start: no use trying again for this run */
+                    char err[PYSCORER_REASON_MAX + 4096]; /* cut to PYSCORER_REASON_MAX by fail */
+                    snprintf(err, sizeof err, "custom_reward_function.path: %s with %s: %s", p->path, p->python, why);
+                    for (; w->next < w->hi; w->next++)
+                        fail(w->next, err, scores, failed, reasons);
                 } else {
-                    ended(p, why, sizeof why);
+                    fail(w->next++, why, scores, failed, reasons);
                 }
-                failed[next] = true;
-                scores[next] = 0;
-                snprintf(reasons[next], PYSCORER_REASON_MAX, "%s", why);
-                next++;
-                break; /* the rest go to a fresh process */
+            } else if (clock_now_s() >= w->deadline) {
+                const bool starting = w->starting;
+                stop(w, true);
+                if (starting) {
+                    snprintf(why, sizeof why, "the Python scorer did not start within %.3g s", timeout_s + 30.0);
+                    for (; w->next < w->hi; w->next++)
+                        fail(w->next, why, scores, failed, reasons);
+                } else {
+                    snprintf(why, sizeof why, "the Python scorer %s timed out after %.3g s", p->name, timeout_s);
+                    fail(w->next++, why, scores, failed, reasons);
+                }
             }
-            json_error_t je;
-            json_t *o = json_loads(line, 0, &je);
-            const json_t *i = o ? json_object_get(o, "i") : NULL;
-            const json_t *s = o ? json_object_get(o, "score") : NULL;
-            const json_t *e = o ? json_object_get(o, "error") : NULL;
-            if (!json_is_integer(i) || json_integer_value(i) != next - base ||
-                (!json_is_number(s) && !json_is_string(e))) {
-                json_decref(o);
-                stop(p, true);
-                failed[next] = true;
-                scores[next] = 0;
-                snprintf(reasons[next], PYSCORER_REASON_MAX, "lost the Python scorer's results (protocol error)");
-                next++;
-                break;
-            }
-            if (json_is_number(s)) {
-                scores[next] = json_number_value(s);
-                failed[next] = false;
-                reasons[next][0] = '\0';
-            } else {
-                scores[next] = 0;
-                failed[next] = true;
-                snprintf(reasons[next], PYSCORER_REASON_MAX, "%s raised %s", p->name, json_string_value(e));
-            }
-            json_decref(o);
-            next++;
         }
     }
+    /* only after a failed poll: whatever is left fails, and its processes start afresh next time */
+    for (int k = 0; k < p->nproc; k++) {
+        struct pyproc *w = &p->w[k];
+        if (w->next < w->hi)
+            stop(w, true);
+        for (; w->next < w->hi; w->next++)
+            fail(w->next, "the Python scorer's pipe could not be polled", scores, failed, reasons);
+    }
+    for (int i = queued; i < n; i++)
+        fail(i, "the Python scorer's pipe could not be polled", scores, failed, reasons);
+    free(pfd), free(who);
 }
 
 bool pyscorer_is_python(const char *path)

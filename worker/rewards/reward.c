@@ -43,7 +43,10 @@ struct reward_fn {
     bool isolate_builtin;
     bool lenient_scorers; /* reward_model.lenient_scorers */
     long failures;
+    int batch_failures; /* in the batch being scored */
 };
+
+#define REWARD_LOG_PER_BATCH 5
 
 /* One result from the child. */
 struct reward_record {
@@ -55,8 +58,8 @@ struct reward_record {
 
 _Static_assert(sizeof(struct reward_record) <= 512, "a record must be written atomically to a pipe");
 
-static struct reward_fn *create(const char *path, const char *name, const char *python, double timeout_s, char *err,
-                                size_t errlen)
+static struct reward_fn *create(const char *path, const char *name, const char *python, int num_workers,
+                                double timeout_s, char *err, size_t errlen)
 {
     struct reward_fn *r = xcalloc(1, sizeof *r);
     r->timeout_s = timeout_s > 0 ? timeout_s : REWARD_DEFAULT_TIMEOUT_S;
@@ -71,15 +74,15 @@ static struct reward_fn *create(const char *path, const char *name, const char *
         return NULL;
     }
     if (pyscorer_is_python(path)) {
-        r->py = pyscorer_start(python, path, name, r->timeout_s, err, errlen);
+        r->py = pyscorer_start(python, path, name, num_workers, r->timeout_s, err, errlen);
         if (!r->py) {
             free(r);
             return NULL;
         }
         r->custom_path = xstrdup(path);
         r->custom_name = xstrdup(name);
-        log_info("reward", "custom scorer %s from %s (Python, %s; %.3g s per sample)", name, path,
-                 python && *python ? python : "python3", r->timeout_s);
+        log_info("reward", "custom scorer %s from %s (Python, %s; %d processes; %.3g s per sample)", name, path,
+                 python && *python ? python : "python3", pyscorer_num_procs(r->py), r->timeout_s);
         return r;
     }
     /* a bare file name is a file here, not a library to look up on the search path */
@@ -119,14 +122,15 @@ static struct reward_fn *create(const char *path, const char *name, const char *
 
 struct reward_fn *reward_create_custom(const char *path, const char *name, char *err, size_t errlen)
 {
-    return create(path, name, "python3", REWARD_DEFAULT_TIMEOUT_S, err, errlen);
+    return create(path, name, "python3", 1, REWARD_DEFAULT_TIMEOUT_S, err, errlen);
 }
 
 struct reward_fn *reward_create(const struct grpo_config *cfg, char *err, size_t errlen)
 {
     if (!cfg)
         return reward_create_custom(NULL, NULL, err, errlen);
-    struct reward_fn *r = create(cfg->crf_path, cfg->crf_name, cfg->crf_python, cfg->crf_timeout_s, err, errlen);
+    struct reward_fn *r = create(cfg->crf_path, cfg->crf_name, cfg->crf_python, (int)cfg->rm_num_workers,
+                                 cfg->crf_timeout_s, err, errlen);
     if (r)
         r->lenient_scorers = cfg->rm_lenient_scorers;
     return r;
@@ -210,7 +214,9 @@ static void report_failure(struct reward_fn *r, int i, const struct reward_item 
 {
     r->failures++;
     scores[i] = 0.0;
-    log_warn("reward", "sample %d (data_source %s): %s", i, it->data_source ? it->data_source : "(null)", reason);
+    /* at most REWARD_LOG_PER_BATCH lines a batch: a scorer that fails on every sample must not flood the log */
+    if (r->batch_failures++ < REWARD_LOG_PER_BATCH)
+        log_warn("reward", "sample %d (data_source %s): %s", i, it->data_source ? it->data_source : "(null)", reason);
     if (reasons)
         reasons[i] = xstrdup(reason);
 }
@@ -374,6 +380,8 @@ static void score_isolated(struct reward_fn *r, const struct reward_item *items,
     }
 }
 
+static void score_batch(struct reward_fn *r, const struct reward_item *items, int n, double *scores, char **reasons);
+
 void reward_score_batch(struct reward_fn *r, const struct reward_item *items, int n, double *scores, char **reasons)
 {
     if (n <= 0)
@@ -381,6 +389,15 @@ void reward_score_batch(struct reward_fn *r, const struct reward_item *items, in
     if (reasons)
         for (int i = 0; i < n; i++)
             reasons[i] = NULL;
+    r->batch_failures = 0;
+    score_batch(r, items, n, scores, reasons);
+    if (r->batch_failures > REWARD_LOG_PER_BATCH)
+        log_warn("reward", "%d more samples of this batch of %d failed (not logged one by one; %ld failed in all)",
+                 r->batch_failures - REWARD_LOG_PER_BATCH, n, r->failures);
+}
+
+static void score_batch(struct reward_fn *r, const struct reward_item *items, int n, double *scores, char **reasons)
+{
     if (r->py) {
         bool *failed = xcalloc((size_t)n, sizeof *failed);
         char(*why)[PYSCORER_REASON_MAX] = xcalloc((size_t)n, sizeof *why);
