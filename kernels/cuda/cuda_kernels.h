@@ -132,14 +132,12 @@ cudaError_t sample_rows_cuda(int32_t *tokens, float *logps, const float *logits,
 /* Mixture of experts' row moves (kernels/cuda/moe.cu; struct kmoe's buffers): xs[j] = x[order[j] / k]; y[t] = sum
  * of wt[s] ys[pos[s]] over t's k slots; dys[j] = wt[s] dy[t] and dwt[s] = dy[t] . ys[j] for s = order[j];
  * dx[t] += sum of dxs[pos[s]] over t's slots. NOT YET RUN on a GPU. */
-cudaError_t moe_gather_cuda(float *xs, const float *x, const int32_t *order, int nk, int k, int D,
-                            cudaStream_t stream);
+cudaError_t moe_gather_cuda(float *xs, const float *x, const int32_t *order, int nk, int k, int D, cudaStream_t stream);
 cudaError_t moe_combine_cuda(float *y, const float *ys, const float *wt, const int32_t *pos, int N, int k, int D,
                              cudaStream_t stream);
 cudaError_t moe_slot_grad_cuda(float *dys, float *dwt, const float *dy, const float *ys, const float *wt,
                                const int32_t *order, int nk, int k, int D, cudaStream_t stream);
-cudaError_t moe_scatter_cuda(float *dx, const float *dxs, const int32_t *pos, int N, int k, int D,
-                             cudaStream_t stream);
+cudaError_t moe_scatter_cuda(float *dx, const float *dxs, const int32_t *pos, int N, int k, int D, cudaStream_t stream);
 
 #ifdef __cplusplus
 }
