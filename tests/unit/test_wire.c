@@ -295,7 +295,8 @@ static void test_auth(void **state)
     assert_false(auth.verified);
     free(buf);
     /* a 1.7 peer's batch: the refusal names its version and the remedy */
-    Grpo__Envelope *old = protocol_unpack((buf = wire_pack_batch(&HDR, &f->b, groups, 2, NULL, &len)), len, NULL, 0);
+    buf = wire_pack_batch(&HDR, &f->b, groups, 2, NULL, &len);
+    Grpo__Envelope *old = protocol_unpack(buf, len, NULL, 0);
     free(buf);
     assert_non_null(old);
     old->minor_version = 7;

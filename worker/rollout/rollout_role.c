@@ -549,7 +549,7 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
         const bool gpu = r->policy->K->device != KDEV_CPU; /* the version arrives in host memory, then goes up */
         if ((r->eng || gpu) && !r->whole)
             r->whole = xmalloc((r->base ? model_whole_floats(&r->policy->cfg) : n) * sizeof(float));
-        float *dst = r->base ? ad->mem : r->eng || gpu ? r->whole : ad ? ad->mem : r->policy->w.mem;
+        float *dst = r->base && ad ? ad->mem : r->eng || gpu ? r->whole : ad ? ad->mem : r->policy->w.mem;
         bool took;
         if (weight_sync_receive(&r->ws, g->version, dst, n, chunk, &took, &bytes, &chunks, err, errlen) != 0)
             return -1;
