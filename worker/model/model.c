@@ -587,6 +587,10 @@ void model_proj_dims(const struct model *m, enum proj_kind p, int *din, int *dou
 /* The weight and bias of projection p in params P (weights or gradients). */
 static float *proj_weight(const struct layer_params *P, enum proj_kind p, float **bias)
 {
+    if (!P) { /* no such parameters (a model without gradients) */
+        *bias = NULL;
+        return NULL;
+    }
     float *const w[PROJ_KINDS] = {P->wq, P->wk, P->wv, P->wo, P->w_gate, P->w_up, P->w_down};
     float *const b[PROJ_KINDS] = {P->bq, P->bk, P->bv, NULL, NULL, NULL, NULL};
     *bias = b[p];

@@ -377,9 +377,15 @@ static void test_hold_unit(struct rollout_rank *r, const struct work_grant *g)
 {
     static bool held;
     const char *v = getenv("GRPO_TEST_HOLD_UNIT");
-    int engine;
-    double s;
-    if (held || !r->head || !v || sscanf(v, "%d:%lf", &engine, &s) != 2 || engine != r->env->at.engine || !(s > 0))
+    if (held || !r->head || !v)
+        return;
+    char *end;
+    const long engine = strtol(v, &end, 10);
+    if (end == v || *end != ':')
+        return;
+    const char *sv = end + 1;
+    const double s = strtod(sv, &end);
+    if (end == sv || *end || engine != r->env->at.engine || !(s > 0))
         return;
     held = true;
     log_warn("rollout", "GRPO_TEST_HOLD_UNIT: holding step %lld unit %d for %.1f s before sending it",
