@@ -57,7 +57,7 @@ void cpu_moe_route(struct kctx *K, struct kmoe *r, const float *logits)
     for (int e = 0; e < E; e++)
         fill[e] = r->offs[e];
     for (int s = 0; s < N * k; s++)
-        r->order[fill[r->idx[s]]++] = s;
+        r->order[fill[r->idx[s]]++] = s; // NOLINT: idx holds experts 0..E-1 (the top-k above), each fill[] set
 }
 
 void cpu_moe_route_backward(struct kctx *K, float *dlogits, const struct kmoe *r, const float *dwt, const float *dp_col)

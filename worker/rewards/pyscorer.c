@@ -257,9 +257,9 @@ static int check_ready(const struct pyscorer *p, struct pyproc *w, const char *l
     const json_t *ready = o ? json_object_get(o, "ready") : NULL;
     if (!json_is_true(ready)) {
         const json_t *e = o ? json_object_get(o, "error") : NULL;
-        const bool no_fn = e && json_is_string(e) && strncmp(json_string_value(e), "no function", 11) == 0;
+        const bool no_fn = json_is_string(e) && strncmp(json_string_value(e), "no function", 11) == 0;
         error_set(err, errlen, "%s: %s: %s", no_fn ? "custom_reward_function.name" : "custom_reward_function.path",
-                  p->path, e && json_is_string(e) ? json_string_value(e) : "the driver did not start");
+                  p->path, json_is_string(e) ? json_string_value(e) : "the driver did not start");
         json_decref(o);
         stop(w, true);
         return -1;
