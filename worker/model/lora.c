@@ -497,44 +497,11 @@ static void add_scaled_product(float *W, const float *A, const float *B, int dou
         }
 }
 
-void lora_merge(struct model *m)
+/* Add every adapted projection's scale * B A to its weight in w, a host copy of m's own parameters (m->w.mem's
+ * layout). */
+static void add_adapters(const struct model *m, float *w)
 {
-    struct lora *a = m->lora;
-    if (!a)
-        return;
-    const int r = a->cfg.rank;
-    float *host;
-    struct param_ref *refs;
-    host_refs(m, &host, &refs);
-    free(refs);
-    for (int l = 0; l < a->n_layers; l++)
-        for (int p = 0; p < PROJ_KINDS; p++) {
-            if (!a->w[l].A[p])
-                continue;
-            int din, dout;
-            model_proj_dims(m, (enum proj_kind)p, &din, &dout);
-            const struct layer_params *L = &m->w.layers[l];
-            float *const ws[PROJ_KINDS] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
-            const size_t nw = (size_t)dout * din;
-            float *W = xmalloc(nw * sizeof(float));
-            k_to_host(m->K, W, ws[p], nw * sizeof(float));
-            const float *A = host + (a->w[l].A[p] - a->mem), *B = host + (a->w[l].B[p] - a->mem);
-            add_scaled_product(W, A, B, dout, din, r, a->scale);
-            k_to_device(m->K, ws[p], W, nw * sizeof(float));
-            free(W);
-        }
-    free(host);
-    lora_detach(m);
-}
-
-void lora_merged_weights(const struct model *m, float *out)
-{
-    if (m->sh.tp_size > 1 || m->sh.pp_size > 1)
-        check_failf(__FILE__, __LINE__, "lora_merged_weights: whole models only");
-    k_to_host(m->K, out, m->w.mem, m->w.n_floats * sizeof(float));
     const struct lora *a = m->lora;
-    if (!a || a->bypass)
-        return;
     float *host;
     struct param_ref *refs;
     host_refs(m, &host, &refs);
@@ -548,7 +515,29 @@ void lora_merged_weights(const struct model *m, float *out)
             const struct layer_params *L = &m->w.layers[l];
             const float *const ws[PROJ_KINDS] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
             const float *A = host + (a->w[l].A[p] - a->mem), *B = host + (a->w[l].B[p] - a->mem);
-            add_scaled_product(out + (ws[p] - m->w.mem), A, B, dout, din, a->cfg.rank, a->scale);
+            add_scaled_product(w + (ws[p] - m->w.mem), A, B, dout, din, a->cfg.rank, a->scale);
         }
     free(host);
+}
+
+void lora_merge(struct model *m)
+{
+    if (!m->lora)
+        return;
+    const size_t bytes = m->w.n_floats * sizeof(float);
+    float *w = xmalloc(bytes);
+    k_to_host(m->K, w, m->w.mem, bytes);
+    add_adapters(m, w);
+    k_to_device(m->K, m->w.mem, w, bytes);
+    free(w);
+    lora_detach(m);
+}
+
+void lora_merged_weights(const struct model *m, float *out)
+{
+    if (m->sh.tp_size > 1 || m->sh.pp_size > 1)
+        check_failf(__FILE__, __LINE__, "lora_merged_weights: whole models only");
+    k_to_host(m->K, out, m->w.mem, m->w.n_floats * sizeof(float));
+    if (m->lora && !m->lora->bypass)
+        add_adapters(m, out);
 }
