@@ -58,7 +58,10 @@ const char *placement_role_name(enum placement_role r)
 int placement_of(const struct placement_spec *s, int rank, int world, struct placement *p, char *why, size_t whylen)
 {
     const int T = s->trainer_ranks, R = s->rollout_ranks, tp = s->tp_size, pp = s->pp_size;
+    const int cp = s->cp_size > 1 ? s->cp_size : 1, ep = s->ep_size > 1 ? s->ep_size : 1;
+    const char *cp_key = s->cp_key ? s->cp_key : "actor_rollout_ref.actor.megatron.context_parallel_size";
     memset(p, 0, sizeof *p);
+    p->cp_size = p->ep_size = 1;
     if (tp < 1 || pp < 1) {
         snprintf(why, whylen,
                  "actor_rollout_ref.actor.megatron.tensor_model_parallel_size (%d) and "
@@ -128,12 +131,32 @@ int placement_of(const struct placement_spec *s, int rank, int world, struct pla
                  n, p->role == PLACE_HYBRID ? "hybrid" : "trainer", tp, pp);
         return -1;
     }
+    if (n % (tp * pp * cp) != 0) {
+        snprintf(why, whylen,
+                 "placement does not fit: %d %s ranks are not a multiple of "
+                 "actor_rollout_ref.actor.megatron.tensor_model_parallel_size %d x "
+                 "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size %d x %s %d",
+                 n, p->role == PLACE_HYBRID ? "hybrid" : "trainer", tp, pp, cp_key, cp);
+        return -1;
+    }
     p->tp_size = tp;
     p->pp_size = pp;
-    p->dp_size = n / (tp * pp);
+    p->cp_size = cp;
+    p->dp_size = n / (tp * pp * cp);
+    if (p->dp_size % ep != 0) {
+        snprintf(why, whylen,
+                 "placement does not fit: the %d data-parallel ranks are not a multiple of "
+                 "actor_rollout_ref.actor.megatron.expert_model_parallel_size %d (expert groups are made of "
+                 "data-parallel ranks)",
+                 p->dp_size, ep);
+        return -1;
+    }
     p->tp = rank % tp;
-    p->dp = (rank / tp) % p->dp_size;
-    p->pp = rank / (tp * p->dp_size);
+    p->cp = (rank / tp) % cp;
+    p->dp = (rank / (tp * cp)) % p->dp_size;
+    p->pp = rank / (tp * cp * p->dp_size);
+    p->ep_size = ep;
+    p->ep = p->dp % ep;
     if (p->role == PLACE_HYBRID) { /* generation: rollout TP groups (engines) of neighbouring ranks */
         const int rtp = s->rollout_tp > 1 ? s->rollout_tp : 1;
         if (n % rtp != 0) {

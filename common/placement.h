@@ -4,11 +4,13 @@
  * assigned, and places itself when it runs without grpod).
  *
  * Ranks 0..T-1 train, ranks T..T+R-1 generate. Trainer ranks are laid out as
- * Megatron does, (PP, DP, TP) with TP fastest:
- *     rank = (pp * dp_size + dp) * tp_size + tp
- * so a TP group sits on neighbouring ranks (one node) and PP stages are the
- * farthest apart. Rollout rank r of R has dp = r, dp_size = R, and with a rollout TP of t it is TP rank r % t
- * of rollout TP group (engine) r / t.
+ * Megatron does, (PP, DP, CP, TP) with TP fastest:
+ *     rank = ((pp * dp_size + dp) * cp_size + cp) * tp_size + tp
+ * so a TP group sits on neighbouring ranks (one node), the ranks that share a sequence (CP: Megatron's context
+ * parallelism or verl's Ulysses sequence parallelism, one of the two) next, and PP stages are the farthest apart.
+ * Expert parallelism splits the DP ranks: EP rank dp % ep_size of EP group dp / ep_size (Megatron carves its
+ * expert groups out of the data-parallel ranks the same way). Rollout rank r of R has dp = r, dp_size = R, and with a
+ * rollout TP of t it is TP rank r % t of rollout TP group (engine) r / t.
  *
  * With no rollout ranks every rank is hybrid (verl's colocated layout): it trains at its trainer coordinates
  * and generates in engine rank / t, as TP rank rank % t of it (t: the rollout TP). */
@@ -23,12 +25,17 @@ enum placement_role { PLACE_HYBRID = 0, PLACE_TRAINER = 1, PLACE_ROLLOUT = 2 };
 struct placement_spec {
     int trainer_ranks, rollout_ranks; /* both 0: every rank is hybrid */
     int tp_size, pp_size;             /* of the trainer (or hybrid) ranks */
+    int cp_size;                      /* ranks that share each sequence (0 or 1: none) */
+    const char *cp_key;               /* the key cp_size came from, for messages (NULL: Megatron's CP key) */
+    int ep_size;                      /* expert-parallel ranks, out of the DP ranks (0 or 1: none) */
     int rollout_tp;                   /* rollout ranks per rollout TP group (0 or 1: each rank alone) */
 };
 
 struct placement {
     enum placement_role role;
     int dp, dp_size, tp, tp_size, pp, pp_size;
+    int cp, cp_size;     /* position in the group of ranks that share a sequence (1: alone) */
+    int ep, ep_size;     /* expert-parallel rank (dp % ep_size) and group size (1: every rank holds every expert) */
     int engine, engines; /* a rollout or hybrid rank's generation TP group (engine) and the number of them */
     int engine_tp;       /* a hybrid rank's TP rank in its engine (a rollout rank's is tp) */
 };

@@ -90,8 +90,11 @@ static void set_state(struct core *c, Grpo__RunState s, const char *reason)
 /* grpod's own placement numbers (all zero without keys: every rank hybrid, until a configuration says). */
 static struct placement_spec own_place(const struct core *c)
 {
-    return (struct placement_spec){c->set.trainer_ranks, c->set.rollout_ranks, c->set.tp_size, c->set.pp_size,
-                                   0 /* rollout TP groups: the workers check them */};
+    return (struct placement_spec){.trainer_ranks = c->set.trainer_ranks,
+                                   .rollout_ranks = c->set.rollout_ranks,
+                                   .tp_size = c->set.tp_size,
+                                   .pp_size = c->set.pp_size,
+                                   .rollout_tp = 0 /* rollout TP groups: the workers check them */};
 }
 
 static void new_run(struct core *c)

@@ -27,6 +27,41 @@ static int g_bad;
 /* value that rank r contributes at index i */
 static float val(int r, size_t i) { return (float)((r + 1) * 0.5 + (double)(i % 97)); }
 
+/* all-to-all with uneven blocks: rank r sends (r + p) % 3 + 1 values to rank p (a zero-length block when r = p = 0
+ * is tried too, by sending nothing to self on rank 0), each naming sender, receiver and position */
+static size_t a2a_count(int from, int to) { return from == 0 && to == 0 ? 0 : (size_t)((from + to) % 3 + 1); }
+static float a2a_val(int from, int to, size_t k) { return (float)(from * 1000 + to * 10 + (int)k); }
+static void check_alltoall(struct comm *c, const char *what)
+{
+    const int r = comm_rank(c), s = comm_size(c);
+    size_t sc[64], rc[64], ns = 0, nr = 0;
+    for (int p = 0; p < s && p < 64; p++) {
+        sc[p] = a2a_count(r, p);
+        rc[p] = a2a_count(p, r);
+        ns += sc[p];
+        nr += rc[p];
+    }
+    float *send = xmalloc((ns + 1) * sizeof *send), *recv = xmalloc((nr + 1) * sizeof *recv);
+    for (int p = 0, o = 0; p < s; p++)
+        for (size_t k = 0; k < sc[p]; k++)
+            send[o++] = a2a_val(r, p, k);
+    comm_traffic_reset(c);
+    comm_alltoallv(c, send, sc, recv, rc, COMM_F32);
+    for (int p = 0, o = 0; p < s; p++)
+        for (size_t k = 0; k < rc[p]; k++, o++)
+            EXPECT(recv[o] == a2a_val(p, r, k), "%s all-to-all: block from rank %d [%zu] = %g, want %g", what, p, k,
+                   recv[o], a2a_val(p, r, k));
+    struct comm_traffic tr;
+    comm_traffic(c, &tr);
+    const double want = (double)(ns - sc[r]) * sizeof(float);
+    EXPECT(tr.calls[COMM_OP_ALLTOALL] == 1 && tr.sent_f32[COMM_OP_ALLTOALL] == want &&
+               tr.payload[COMM_OP_ALLTOALL] == (double)ns * sizeof(float),
+           "%s all-to-all traffic: %llu calls, %g bytes sent, want 1 and %g", what, tr.calls[COMM_OP_ALLTOALL],
+           tr.sent_f32[COMM_OP_ALLTOALL], want);
+    free(send);
+    free(recv);
+}
+
 static void check_group(struct comm *c, const char *what, size_t n)
 {
     int r = comm_rank(c), s = comm_size(c);
@@ -226,9 +261,65 @@ static void check_table(struct comm *w)
     comm_table_free(t);
 }
 
+/* Within group c every member's coordinates agree on the fields `same` marks (tp, pp, dp, cp, ep, dp / ep) and
+ * differ by the group rank in `pos`: a group made of the wrong ranks fails. */
+enum { F_TP, F_PP, F_DP, F_CP, F_EP, F_EGROUP, F_N };
+static void coords_fields(const struct parallel_coords *a, int32_t *f)
+{
+    f[F_TP] = a->tp_rank;
+    f[F_PP] = a->pp_rank;
+    f[F_DP] = a->dp_rank;
+    f[F_CP] = a->cp_rank;
+    f[F_EP] = a->ep_rank;
+    f[F_EGROUP] = a->dp_rank / a->ep_size;
+}
+static void check_members(struct comm *c, const struct parallel_coords *at, const char *what, const int *same,
+                          int nsame, int pos)
+{
+    const int s = comm_size(c);
+    int32_t mine[F_N], *all = xmalloc((size_t)s * F_N * sizeof *all);
+    coords_fields(at, mine);
+    comm_allgather(c, mine, all, F_N, COMM_I32);
+    for (int m = 0; m < s; m++) {
+        for (int k = 0; k < nsame; k++)
+            EXPECT(all[m * F_N + same[k]] == mine[same[k]], "%s group: member %d has field %d = %d, this rank %d", what,
+                   m, same[k], all[m * F_N + same[k]], mine[same[k]]);
+        if (pos >= 0)
+            EXPECT(all[m * F_N + pos] == m, "%s group: member %d is at %d", what, m, all[m * F_N + pos]);
+    }
+    free(all);
+}
+
+static void check_sequence_groups(const struct parallel_groups *g, struct comm *world)
+{
+    const struct parallel_coords *a = &g->at;
+    const int w = comm_size(world), T = a->tp_size, P = a->pp_size, C = a->cp_size, E = a->ep_size;
+    EXPECT(C * T * P * a->dp_size == w && a->dp_size % E == 0, "sizes cp %d ep %d dp %d", C, E, a->dp_size);
+    EXPECT(parallel_grad_group(g) == (C > 1 ? g->dpcp : g->dp), "the gradients' group");
+    EXPECT((C > 1) == (g->cp != NULL) && (E > 1) == (g->ep != NULL), "cp/ep groups made only above size 1");
+    if (g->cp) {
+        EXPECT(comm_size(g->cp) == C && comm_size(g->dpcp) == C * a->dp_size, "cp %d dpcp %d", comm_size(g->cp),
+               comm_size(g->dpcp));
+        check_members(g->cp, a, "cp", (const int[]){F_TP, F_PP, F_DP}, 3, F_CP);
+        check_members(g->dpcp, a, "dpcp", (const int[]){F_TP, F_PP}, 2, -1);
+        /* the ranks sharing a sequence sit next to each other after TP: world rank differs by tp_size per CP rank */
+        int32_t wr = comm_rank(world), first = wr;
+        comm_broadcast(g->cp, &first, 1, COMM_I32, 0);
+        EXPECT(wr - first == a->cp_rank * T, "CP group not after TP: rank %d, group starts at %d", wr, first);
+        check_alltoall(g->cp, "cp");
+    }
+    if (g->ep) {
+        EXPECT(comm_size(g->ep) == E && comm_size(g->edp) == a->dp_size / E, "ep %d edp %d", comm_size(g->ep),
+               comm_size(g->edp));
+        check_members(g->ep, a, "ep", (const int[]){F_TP, F_PP, F_CP, F_EGROUP}, 4, F_EP);
+        check_members(g->edp, a, "edp", (const int[]){F_TP, F_PP, F_CP, F_EP}, 4, F_EGROUP);
+        check_alltoall(g->ep, "ep");
+    }
+}
+
 int main(int argc, char **argv)
 {
-    int tp = 1, pp = 1;
+    int tp = 1, pp = 1, cp = 1, ep = 1;
     size_t n = 1000;
     double deadline = 0;
     const char *stuck = NULL; /* --stuck-peer OP: the last rank sleeps while the others run OP */
@@ -237,6 +328,10 @@ int main(int argc, char **argv)
             tp = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--pp") == 0)
             pp = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--cp") == 0)
+            cp = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--ep") == 0)
+            ep = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--elements") == 0)
             n = (size_t)atol(argv[i + 1]);
         else if (strcmp(argv[i], "--deadline") == 0)
@@ -291,13 +386,15 @@ int main(int argc, char **argv)
         return 1;
     }
     struct parallel_groups g;
-    if (parallel_groups_init(&g, world, tp, pp) != 0) {
-        log_error("test", "bad layout tp=%d pp=%d for %d ranks", tp, pp, comm_size(world));
+    const struct parallel_sizes sz = {.tp = tp, .pp = pp, .cp = cp, .ep = ep};
+    if (parallel_groups_init_sized(&g, world, &sz) != 0) {
+        log_error("test", "bad layout tp=%d pp=%d cp=%d ep=%d for %d ranks", tp, pp, cp, ep, comm_size(world));
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
     /* group sizes and the coordinate <-> rank mapping */
-    EXPECT(comm_size(g.tp) == tp && comm_size(g.pp) == pp && comm_size(g.dp) == comm_size(world) / (tp * pp),
+    EXPECT(comm_size(g.tp) == tp && comm_size(g.pp) == pp && comm_size(g.dp) == comm_size(world) / (tp * pp * cp),
            "group sizes tp=%d pp=%d dp=%d", comm_size(g.tp), comm_size(g.pp), comm_size(g.dp));
+    check_sequence_groups(&g, world);
     EXPECT(comm_rank(g.tp) == g.at.tp_rank && comm_rank(g.dp) == g.at.dp_rank && comm_rank(g.pp) == g.at.pp_rank,
            "ranks inside groups disagree with coordinates");
     EXPECT(parallel_rank_of(&g.at) == comm_rank(world), "rank_of(coords_of(r)) != r");
@@ -310,6 +407,9 @@ int main(int argc, char **argv)
     check_group(g.dp, "dp", n);
     check_group(g.tp, "tp", n);
     check_group(g.pp, "pp", n);
+    check_alltoall(world, "world");
+    check_alltoall(g.dp, "dp");
+    check_alltoall(g.tp, "tp");
     check_launch_primitives(world);
     check_table(world);
 

@@ -465,6 +465,27 @@ static void test_placement(void **state)
         assert_int_equal(placement_of(&tp, r, 10, &p, why, sizeof why), 0);
         assert_int_equal((p.pp * p.dp_size + p.dp) * p.tp_size + p.tp, r);
     }
+    /* with CP between TP and DP, worked by hand for 16 ranks, TP 2, CP 2, PP 2 (DP 2), EP 2: rank 13 = 1101b is
+     * tp 1, cp 0, dp 1, pp 1, so EP rank 1 of expert group 0 */
+    const struct placement_spec cpl = {.tp_size = 2, .pp_size = 2, .cp_size = 2, .ep_size = 2};
+    assert_int_equal(placement_of(&cpl, 13, 16, &p, why, sizeof why), 0);
+    assert_int_equal(p.tp, 1);
+    assert_int_equal(p.cp, 0);
+    assert_int_equal(p.dp, 1);
+    assert_int_equal(p.pp, 1);
+    assert_int_equal(p.dp_size, 2);
+    assert_int_equal(p.ep, 1);
+    assert_int_equal(p.ep_size, 2);
+    assert_int_equal(placement_of(&cpl, 6, 16, &p, why, sizeof why), 0); /* 0110b: tp 0, cp 1, dp 1, pp 0 */
+    assert_true(p.tp == 0 && p.cp == 1 && p.dp == 1 && p.pp == 0);
+    /* a world that does not divide by TP x PP x CP names the CP key given; EP must divide DP */
+    const struct placement_spec sp3 = {
+        .tp_size = 1, .pp_size = 1, .cp_size = 3, .cp_key = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"};
+    assert_int_equal(placement_of(&sp3, 0, 8, &p, why, sizeof why), -1);
+    assert_non_null(strstr(why, "ulysses_sequence_parallel_size 3"));
+    const struct placement_spec ep3 = {.tp_size = 1, .pp_size = 1, .ep_size = 3};
+    assert_int_equal(placement_of(&ep3, 0, 4, &p, why, sizeof why), -1);
+    assert_non_null(strstr(why, "expert_model_parallel_size 3"));
 }
 
 int main(void)

@@ -29,6 +29,7 @@ double comm_ring_bytes(enum comm_op op, double bytes, int n, bool root)
     case COMM_OP_REDUCE_SCATTER: return (double)(n - 1) / n * bytes; /* of the whole (gathered or scattered) buffer */
     case COMM_OP_BROADCAST: return root ? bytes : 0;
     case COMM_OP_SEND: return bytes;
+    case COMM_OP_ALLTOALL: return (double)(n - 1) / n * bytes; /* equal blocks: all but this rank's own */
     case COMM_OPS: break;
     }
     return 0;
@@ -236,6 +237,25 @@ void comm_sendrecv(struct comm *c, const void *send, size_t send_count, int dest
 {
     WAITED(c->be->sendrecv(c, send, send_count, dest, recv, recv_count, src, t));
     tally(c, COMM_OP_SEND, (double)send_count * comm_dtype_size(t), 0, t, false);
+}
+
+void comm_alltoallv(struct comm *c, const void *send, const size_t *send_counts, void *recv, const size_t *recv_counts,
+                    enum comm_dtype t)
+{
+    WAITED(c->be->alltoallv(c, send, send_counts, recv, recv_counts, t));
+    size_t all = 0;
+    for (int p = 0; p < c->size; p++)
+        all += send_counts[p];
+    const double es = (double)comm_dtype_size(t), payload = (double)all * es;
+    struct comm_traffic *tr = &c->traffic;
+    c->completed++;
+    tr->calls[COMM_OP_ALLTOALL]++;
+    tr->payload[COMM_OP_ALLTOALL] += payload;
+    const double sent = payload - (double)send_counts[c->rank] * es;
+    if (t == COMM_F32)
+        tr->sent_f32[COMM_OP_ALLTOALL] += sent;
+    else
+        tr->sent_other[COMM_OP_ALLTOALL] += sent;
 }
 
 void comm_barrier(struct comm *c) { WAITED(c->be->barrier(c)); }

@@ -107,6 +107,12 @@ void comm_give_up(struct comm *c);
 /* Point-to-point within the group (pipeline stages). */
 void comm_send(struct comm *c, const void *buf, size_t count, enum comm_dtype t, int peer);
 void comm_recv(struct comm *c, void *buf, size_t count, enum comm_dtype t, int peer);
+/* All-to-all with a block per peer: send_counts[p] elements of send (in rank order, back to back) go to rank p,
+ * which receives them as block `this rank` of its recv; recv_counts[p] is what rank p sends here. Every rank's
+ * send_counts[q] must equal rank q's recv_counts[this rank] (expert dispatch and combine, Ulysses' sequence <->
+ * head swap). Bounded by the group's deadline. */
+void comm_alltoallv(struct comm *c, const void *send, const size_t *send_counts, void *recv, const size_t *recv_counts,
+                    enum comm_dtype t);
 /* Send to dest and receive from src at once (pipeline stages in the steady state of 1F1B: one stage's send
  * meets its neighbour's receive whichever starts first, so no two stages wait on each other's sends). */
 void comm_sendrecv(struct comm *c, const void *send, size_t send_count, int dest, void *recv, size_t recv_count,
@@ -135,13 +141,15 @@ double comm_wait_seconds(void);
 /* What a comm has moved since it was made (or since comm_traffic_reset): per kind of collective, the calls,
  * the payload (the caller's buffer) and the bytes this rank sends in the ring algorithms the planner assumes
  * (all-reduce 2(n-1)/n of the buffer, all-gather and reduce-scatter (n-1) blocks, broadcast the buffer from the
- * root, send the buffer), for float32 buffers (gradients, weights) apart from the rest (counts, statistics). */
+ * root, send the buffer, all-to-all the blocks for the other ranks), for float32 buffers (gradients, weights) apart
+ * from the rest (counts, statistics). */
 enum comm_op {
     COMM_OP_ALLREDUCE,
     COMM_OP_ALLGATHER,
     COMM_OP_REDUCE_SCATTER,
     COMM_OP_BROADCAST,
     COMM_OP_SEND,
+    COMM_OP_ALLTOALL, /* sent: the blocks this rank sends to the other ranks (not its own) */
     COMM_OPS
 };
 struct comm_traffic {
@@ -185,6 +193,7 @@ struct comm_backend {
     void (*send)(struct comm *, const void *, size_t, enum comm_dtype, int);
     void (*recv)(struct comm *, void *, size_t, enum comm_dtype, int);
     void (*sendrecv)(struct comm *, const void *, size_t, int, void *, size_t, int, enum comm_dtype);
+    void (*alltoallv)(struct comm *, const void *, const size_t *, void *, const size_t *, enum comm_dtype);
     void (*barrier)(struct comm *);
     void (*barrier_polled)(struct comm *, void (*)(void *, bool), void *); /* NULL: the barrier */
     struct comm *(*split)(struct comm *, int, int);

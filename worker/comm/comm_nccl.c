@@ -309,6 +309,29 @@ static void nccl_sendrecv(struct comm *c, const void *send, size_t sc, int dest,
     nccl_wait_for(c, "send-receive");
 }
 
+static void nccl_alltoallv(struct comm *c, const void *send, const size_t *sc, void *recv, const size_t *rc,
+                           enum comm_dtype t)
+{
+    if (!on_device(recv)) {
+        comm_alltoallv(ni(c)->mpi, send, sc, recv, rc, t);
+        return;
+    }
+    /* NCCL has no all-to-all: one send and one receive per peer in a group, as NCCL's documentation shows */
+    const size_t es = comm_dtype_size(t);
+    size_t so = 0, ro = 0;
+    CHECK_NCCL(ncclGroupStart());
+    for (int p = 0; p < c->size; p++) {
+        if (sc[p])
+            recorded(ncclSend((const char *)send + so * es, sc[p], nccl_type(t), p, ni(c)->comm, ni(c)->stream));
+        if (rc[p])
+            recorded(ncclRecv((char *)recv + ro * es, rc[p], nccl_type(t), p, ni(c)->comm, ni(c)->stream));
+        so += sc[p];
+        ro += rc[p];
+    }
+    nccl_issued(c, ncclGroupEnd(), "all-to-all", false);
+    nccl_wait_for(c, "all-to-all");
+}
+
 static void nccl_barrier(struct comm *c) { comm_barrier(ni(c)->mpi); }
 static void nccl_barrier_polled(struct comm *c, void (*poll)(void *, bool), void *ud)
 {
@@ -371,6 +394,7 @@ static const struct comm_backend nccl_backend = {
     .send = nccl_send,
     .recv = nccl_recv,
     .sendrecv = nccl_sendrecv,
+    .alltoallv = nccl_alltoallv,
     .barrier = nccl_barrier,
     .barrier_polled = nccl_barrier_polled,
     .split = nccl_split,
