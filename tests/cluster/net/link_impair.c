@@ -168,10 +168,11 @@ static void report(const Direction *d)
             (unsigned long long)d->over_limit, (unsigned long long)d->sent, (unsigned long long)d->send_errors);
 }
 
-// take_in: read every frame waiting on d's input; each is lost, refused over the limit, or held
+// take_in: read the frames waiting on d's input (at most 256, so that a flood does not hold back the frames due
+// out); each is lost, refused over the limit, or held
 static void take_in(Direction *d, const Impairment *im, uint64_t *rng, uint8_t *buf)
 {
-    for (;;) {
+    for (int taken = 0; taken < 256; taken++) {
         ssize_t n = read(d->in_fd, buf, FRAME_MAX);
         if (n < 0) {
             if (errno == EINTR)
