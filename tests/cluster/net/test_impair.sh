@@ -33,7 +33,7 @@ ping_stats() {
 # in_range VALUE LO HI (decimals)
 in_range() { awk -v v="$1" -v lo="$2" -v hi="$3" 'BEGIN { exit !(v >= lo && v <= hi) }'; }
 
-read -r loss0 min0 avg0 < <(ping_stats hosta "$(ip_of hostb)" 20)
+read -r loss0 _ avg0 < <(ping_stats hosta "$(ip_of hostb)" 20)
 expect "undisturbed: 20 pings hosta -> hostb, $loss0% lost, rtt avg $avg0 ms" "$([ "$loss0" = 0 ] && echo 0 || echo 1)"
 
 netem hostb loss 5% delay 50ms; expect "5% loss and 50 ms delay on hostb's link (link_impair)" $?
@@ -73,7 +73,7 @@ awk '/ -> .* lost/ { f += $5; l += $7 } END { if (f < 500) exit 1; p = 100 * l /
     "$TMP/impair-hostb.log" >"$TMP/pct.txt"
 rc=$?
 expect "link_impair's counters: $(cat "$TMP/pct.txt")% of the frames lost, both ways (5% asked)" $rc
-read -r loss1 min1 avg1 < <(ping_stats hosta "$(ip_of hostb)" 20)
+read -r loss1 _ avg1 < <(ping_stats hosta "$(ip_of hostb)" 20)
 [ "$loss1" = 0 ] && in_range "$avg1" 0 50
 expect "netem_off: the link is back (20 pings, $loss1% lost, rtt avg $avg1 ms)" $?
 finish
