@@ -6,6 +6,7 @@
 #    10% expected, between 1% and 30% accepted) and none comes back in under 100 ms (2 x 50 ms); link_impair's
 #    counters show each direction's own loss;
 #  - 300 KB over TCP through it arrive whole (frames of the MTU, segmented and checksummed by the kernel);
+#  - 500 numbered UDP datagrams 1 ms apart arrive in the order they were sent (as netem keeps it by default);
 #  - netem_off: the link is back, pings come back fast and none is lost.
 # usage: test_impair.sh LINK_IMPAIR
 LINK_IMPAIR="$1"
@@ -65,6 +66,26 @@ rc=$?
 expect "300 KB sent hosta -> hostb through it ($(($(date +%s) - t0)) s)" $rc
 want_line="300000 $(sha256sum "$TMP/blob" | cut -d' ' -f1)"
 wait_for 30 grep -qx "$want_line" "$TMP/recv.txt"; expect "they arrive whole (sha256)" $?
+
+# 500 numbered datagrams, hosta -> hostb, 1 ms apart: held 50 ms each, they arrive in the order they were sent
+on hostb python3 -c '
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", 9101)); s.settimeout(3)
+open(sys.argv[1], "w").write("listening\n"); got = []
+try:
+    while True: got.append(int(s.recv(64)))
+except socket.timeout: pass
+open(sys.argv[1], "a").write("%d %d\n" % (len(got), sum(1 for a, b in zip(got, got[1:]) if b < a)))' "$TMP/udp.txt" &
+track $!
+wait_for 20 has "$TMP/udp.txt" listening; expect "a UDP receiver on hostb" $?
+on hosta python3 -c '
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for i in range(500): s.sendto(b"%d" % i, (sys.argv[1], 9101)); time.sleep(0.001)' "$(ip_of hostb)"
+wait_for 60 awk 'NR == 2 { exit 0 } END { exit NR < 2 }' "$TMP/udp.txt"
+read -r got back < <(sed -n 2p "$TMP/udp.txt")
+[ "${got:-0}" -ge 400 ] && [ "${back:-1}" = 0 ]
+expect "500 datagrams: ${got:-?} arrive (5% lost), ${back:-?} of them before one sent earlier (0 wanted)" $?
 
 netem_off hostb
 cat "$TMP/impair-hostb.log"
