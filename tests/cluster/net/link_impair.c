@@ -12,7 +12,6 @@
 //   TAP_A and TAP_B exist already (ip tuntap add dev NAME mode tap); on SIGTERM or SIGINT the counters of each
 //   direction are printed and it exits 0; SIGUSR1 prints them and goes on. Exit 2 on bad arguments.
 // Test helper only: not installed.
-#define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/if_tun.h>
