@@ -29,6 +29,8 @@ PKGS=(
     slurm-wlm munge
     # cluster suite (tests/cluster/net): network namespaces, bridges and tc; unshare for a host's name and /tmp
     iproute2 util-linux
+    # cluster suite: pings measure the link impairment (tests/cluster/net/test_impair.sh, test_net.sh)
+    iputils-ping
     # tools the checks use
     clang clang-format clang-tidy cppcheck unzip
 )

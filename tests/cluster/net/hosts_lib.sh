@@ -11,7 +11,15 @@
 #   on HOST CMD...      CMD on HOST (its network, name and /tmp)
 #   ip_of HOST          HOST's address; VETH_hostb etc. are the root-namespace ends of the hosts' links
 #   link_down HOST, link_up HOST        the host's link (its root-namespace end)
-#   netem HOST ARGS...  `tc qdisc replace ... netem ARGS` on both ends of HOST's link; netem_off HOST
+#   netem HOST loss P% delay Dms        packet loss and delay on HOST's link, both ways (each frame that leaves
+#                       HOST and each that reaches it: a ping's round trip is delayed 2 x D and lost with
+#                       probability 1-(1-P)^2): the kernel's netem qdisc on both ends of the link where the kernel
+#                       has it (`tc qdisc replace ... netem ARGS`), else $LINK_IMPAIR (link_impair.c) on the link's
+#                       path: the host's root-namespace veth end moves from the bridge to a bridge of its own with a
+#                       TAP device, link_impair forwards every frame between that TAP and a second one on the main
+#                       bridge, dropping and delaying it. NETEM_WITH=tc|emulator forces one (default: auto). It says
+#                       which in the test's output; netem_off HOST undoes it (link_impair's counters in
+#                       $TMP/impair-HOST.log)
 #   partition A B, heal A B             drop traffic between hosts A and B (both ways: prohibit routes in each)
 #   $MPIRUN_NET         mpirun options that start remote ranks through $TMP/rsh.sh (which enters the host), on TCP
 #                       over the bridge's network
@@ -36,6 +44,7 @@ hosts_down() {
         h=${HOSTS[$i]}
         ip netns pids "$NS_PREFIX-$h" 2>/dev/null | xargs -r kill -9 2>/dev/null
         ip link del "gv$$$i" 2>/dev/null
+        ip link del "gta$$$i" 2>/dev/null; ip link del "gtb$$$i" 2>/dev/null; ip link del "gnx$$$i" 2>/dev/null
         ip netns del "$NS_PREFIX-$h" 2>/dev/null
         rm -rf "/etc/netns/$NS_PREFIX-$h"
     done
@@ -102,8 +111,20 @@ link_down() { ip link set "$(veth_of "$1")" down; }
 link_up() { ip link set "$(veth_of "$1")" up; }
 netem() {
     local h="$1"; shift
-    tc qdisc replace dev "$(veth_of "$h")" root netem "$@" &&
-        ip netns exec "$NS_PREFIX-$h" tc qdisc replace dev eth0 root netem "$@"
+    local with="${NETEM_WITH:-auto}"
+    if [ "$with" = auto ]; then if netem_available; then with=tc; else with=emulator; fi; fi
+    case "$with" in
+    tc)
+        echo "     netem $h: the kernel's netem qdisc on both ends of $h's link: $*"
+        tc qdisc replace dev "$(veth_of "$h")" root netem "$@" &&
+            ip netns exec "$NS_PREFIX-$h" tc qdisc replace dev eth0 root netem "$@"
+        ;;
+    emulator)
+        echo "     netem $h: no netem qdisc in this kernel: link_impair (user space, TAP devices) on $h's link: $*"
+        impair_on "$h" "$@"
+        ;;
+    *) echo "NETEM_WITH=$with: want auto, tc or emulator"; return 1 ;;
+    esac
 }
 # netem_available: this kernel has the netem qdisc (sch_netem); some container kernels lack it
 netem_available() {
@@ -113,7 +134,43 @@ netem_available() {
     ip link del "gnq$$" 2>/dev/null
     return $ok
 }
+# host_index HOST: 0, 1 or 2
+host_index() { local i; for i in 0 1 2; do [ "${HOSTS[$i]}" = "$1" ] && echo $i; done; }
+# impair_on HOST ARGS...: link_impair on HOST's link. Path of a frame from HOST: eth0 -> veth -> its root end on
+# bridge gnx$$I -> TAP gta$$I -> link_impair (drop or hold) -> TAP gtb$$I on the main bridge -> the other hosts;
+# the reverse path the same way back. A TAP device without offloads gets whole segmented, checksummed frames.
+impair_on() {
+    local h="$1" i; shift
+    i=$(host_index "$h")
+    [ -x "${LINK_IMPAIR:-}" ] || { echo "link_impair is not built (LINK_IMPAIR=${LINK_IMPAIR:-})"; return 1; }
+    ip link add "gnx$$$i" type bridge && ip link set "gnx$$$i" up &&
+        ip tuntap add dev "gta$$$i" mode tap && ip tuntap add dev "gtb$$$i" mode tap &&
+        ip link set "gta$$$i" master "gnx$$$i" up && ip link set "gtb$$$i" master "$BRIDGE" up || return 1
+    "$LINK_IMPAIR" "gta$$$i" "gtb$$$i" "$@" >"$TMP/impair-$h.log" 2>&1 &
+    printf -v "IMPAIR_PID_$h" '%s' $!
+    track $!
+    wait_for 10 has "$TMP/impair-$h.log" "link_impair: forwarding" ||
+        { echo "link_impair did not start: $(cat "$TMP/impair-$h.log")"; return 1; }
+    # only now, with the way through ready, the host's link leaves the main bridge
+    ip link set "$(veth_of "$h")" nomaster && ip link set "$(veth_of "$h")" master "gnx$$$i"
+}
+impair_off() {
+    local h="$1" i p
+    i=$(host_index "$h")
+    p="IMPAIR_PID_$h"
+    [ -n "${!p:-}" ] || return 0
+    ip link set "$(veth_of "$h")" nomaster 2>/dev/null
+    ip link set "$(veth_of "$h")" master "$BRIDGE" 2>/dev/null
+    kill -TERM "${!p}" 2>/dev/null
+    wait "${!p}" 2>/dev/null
+    printf -v "$p" '%s' ""
+    ip link del "gta$$$i" 2>/dev/null
+    ip link del "gtb$$$i" 2>/dev/null
+    ip link del "gnx$$$i" 2>/dev/null
+    return 0
+}
 netem_off() {
+    impair_off "$1"
     tc qdisc del dev "$(veth_of "$1")" root 2>/dev/null
     ip netns exec "$NS_PREFIX-$1" tc qdisc del dev eth0 root 2>/dev/null
     return 0
