@@ -1,0 +1,311 @@
+/* Ring attention for context parallelism: see ring_attn.h. Step s of the ring brings rank r the K/V of rank
+ * j = r - s (mod C), that is of the row's chunks j and 2C-1-j. Since every chunk is wholly before or after another,
+ * the visiting blocks need no causal cut inside, only the sequences of a packed row:
+ *   s = 0      own keys: causal over the two local chunks (the kernel's attention, with the local runs of one
+ *              sequence as its sequences: the local rows are in the order of their positions);
+ *   j < r      chunk j is before both local chunks and chunk 2C-1-j after both: all 2c local queries against the
+ *              visiting front chunk (c keys);
+ *   j > r      chunk j and chunk 2C-1-j are before the local back chunk and after the local front chunk: the c back
+ *              queries against both visiting chunks (2c keys).
+ * Each rank thus scores 2c^2 pairs per visiting step and 2c^2 + c at its own step: the same work on every rank. */
+#include "ring_attn.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/check.h"
+
+static int fail(char *why, size_t len, const char *msg)
+{
+    if (why && len)
+        snprintf(why, len, "%s", msg);
+    return -1;
+}
+
+/* The row's token at local row i of rank `owner` (the holder of chunks owner and 2C-1-owner). */
+static int row_of(const struct ring_attn *ra, int owner, int i)
+{
+    return i < ra->c ? owner * ra->c + i : (2 * ra->C - 1 - owner) * ra->c + (i - ra->c);
+}
+
+int ring_attn_row(const struct ring_attn *ra, int i) { return row_of(ra, ra->rank, i); }
+
+void ring_attn_take(const struct ring_attn *ra, float *dst, const float *src, int width)
+{
+    for (int i = 0; i < 2 * ra->c; i++)
+        memcpy(dst + (size_t)i * width, src + (size_t)ring_attn_row(ra, i) * width, sizeof(float) * (size_t)width);
+}
+
+double ring_attn_bytes(int C, int c, int Hkv, int hd, int backward)
+{
+    const double pair = 2.0 * (2.0 * c) * Hkv * hd * sizeof(float); /* K and V of two chunks */
+    return C <= 1 ? 0.0 : (backward ? 2.0 : 1.0) * (C - 1) * pair;
+}
+
+int ring_attn_plan(struct ring_attn *ra, struct kctx *K, struct comm *cp, int L, const int32_t *cu_seqlens, int B,
+                   int Hq, int Hkv, int hd, char *why, size_t len)
+{
+    char msg[256];
+    memset(ra, 0, sizeof *ra);
+    const int C = cp ? comm_size(cp) : 1;
+    if (K->device != KDEV_CPU)
+        return fail(why, len,
+                    "ring attention runs on the CPU back-end only (its visiting blocks have no CUDA kernel yet)");
+    if (cp && comm_caps(cp)->device_memory)
+        return fail(why, len, "ring attention needs an MPI (host memory) group for its K/V ring, not a device group");
+    if (Hq <= 0 || Hkv <= 0 || hd <= 0 || Hq % Hkv != 0) {
+        snprintf(msg, sizeof msg,
+                 "ring attention: %d query heads over %d KV heads of %d: the query heads must be a multiple of the KV "
+                 "heads",
+                 Hq, Hkv, hd);
+        return fail(why, len, msg);
+    }
+    if (L <= 0 || L % (2 * C) != 0) {
+        snprintf(msg, sizeof msg,
+                 "ring attention: a row of %d tokens cannot be cut into 2 x context parallel size = %d equal chunks "
+                 "(pad the row to a multiple of %d)",
+                 L, 2 * C, 2 * C);
+        return fail(why, len, msg);
+    }
+    if (B < 1 || !cu_seqlens || cu_seqlens[0] != 0 || cu_seqlens[B] != L) {
+        snprintf(msg, sizeof msg,
+                 "ring attention: the sequence offsets must run from 0 to the row length %d (got %d sequences, %d to "
+                 "%d)",
+                 L, B, cu_seqlens && B >= 0 ? (int)cu_seqlens[0] : -1, cu_seqlens && B >= 0 ? (int)cu_seqlens[B] : -1);
+        return fail(why, len, msg);
+    }
+    for (int b = 0; b < B; b++)
+        if (cu_seqlens[b + 1] < cu_seqlens[b]) {
+            snprintf(msg, sizeof msg, "ring attention: cu_seqlens[%d] = %d is below cu_seqlens[%d] = %d", b + 1,
+                     (int)cu_seqlens[b + 1], b, (int)cu_seqlens[b]);
+            return fail(why, len, msg);
+        }
+    ra->K = K, ra->cp = cp && C > 1 ? cp : NULL, ra->C = C, ra->rank = cp ? comm_rank(cp) : 0;
+    ra->L = L, ra->c = L / (2 * C), ra->Hq = Hq, ra->Hkv = Hkv, ra->hd = hd;
+    ra->seq = xmalloc(sizeof(int32_t) * (size_t)L);
+    for (int b = 0; b < B; b++)
+        for (int t = cu_seqlens[b]; t < cu_seqlens[b + 1]; t++)
+            ra->seq[t] = b;
+    /* the local rows' runs of one sequence: the sequences of the first step's causal kernel call */
+    const int n = 2 * ra->c;
+    ra->cu_diag = xmalloc(sizeof(int32_t) * (size_t)(n + 1));
+    ra->cu_diag[0] = 0;
+    for (int i = 1; i <= n; i++)
+        if (i == n || ra->seq[ring_attn_row(ra, i)] != ra->seq[ring_attn_row(ra, i - 1)])
+            ra->cu_diag[++ra->nb_diag] = i;
+    const size_t kv = (size_t)n * Hkv * hd;
+    for (int b = 0; b < 2; b++)
+        ra->ring[b] = xcalloc(4 * kv, sizeof(float));
+    ra->po = xmalloc(sizeof(float) * (size_t)n * Hq * hd);
+    ra->plse = xmalloc(sizeof(float) * (size_t)n * Hq);
+    ra->drow = xmalloc(sizeof(double) * (size_t)n * Hq);
+    return 0;
+}
+
+void ring_attn_free(struct ring_attn *ra)
+{
+    free(ra->seq);
+    free(ra->cu_diag);
+    free(ra->ring[0]);
+    free(ra->ring[1]);
+    free(ra->po);
+    free(ra->plse);
+    free(ra->drow);
+    memset(ra, 0, sizeof *ra);
+}
+
+/* Whether the token at row position gk is a key the query at gq sees. */
+static int visible(const struct ring_attn *ra, int gq, int gk) { return gk <= gq && ra->seq[gk] == ra->seq[gq]; }
+
+/* The visiting step's blocks: queries local rows [q0, 2c), keys visiting rows [k0, k0 + nk) (see the top). */
+struct block {
+    int j, q0, k0, nk;
+};
+static struct block step_block(const struct ring_attn *ra, int s)
+{
+    const int j = (ra->rank - s + ra->C) % ra->C;
+    return j < ra->rank ? (struct block){j, 0, 0, ra->c} : (struct block){j, ra->c, 0, 2 * ra->c};
+}
+
+/* Counts what step s scores (whatever the step, by the mask): unmasked pairs, and chunk blocks with one. */
+static void count_step(struct ring_attn *ra, int s)
+{
+    const int j = (ra->rank - s + ra->C) % ra->C, n = 2 * ra->c;
+    int hit[2][2] = {{0, 0}, {0, 0}};
+    for (int i = 0; i < n; i++)
+        for (int t = 0; t < n; t++)
+            if (visible(ra, ring_attn_row(ra, i), row_of(ra, j, t)))
+                ra->stats.scores++, hit[i >= ra->c][t >= ra->c] = 1;
+    ra->stats.blocks += (unsigned long long)(hit[0][0] + hit[0][1] + hit[1][0] + hit[1][1]);
+}
+
+static double dot(const float *a, const float *b, int n)
+{
+    double s = 0;
+    for (int d = 0; d < n; d++)
+        s += (double)a[d] * b[d];
+    return s;
+}
+
+/* Partial attention of step b's queries against the visiting keys kk, vv (rows of Hkv hd): po and plse of those
+ * query rows (plse -inf and po 0 where a query sees none of them). */
+static void block_forward(struct ring_attn *ra, struct block b, const float *q, const float *kk, const float *vv)
+{
+    const int Hq = ra->Hq, hd = ra->hd, group = Hq / ra->Hkv, ldq = Hq * hd, ldk = ra->Hkv * hd;
+    const double scale = 1.0 / sqrt((double)hd);
+    double *S = xmalloc(sizeof(double) * (size_t)b.nk), *acc = xmalloc(sizeof(double) * (size_t)hd);
+    for (int i = b.q0; i < 2 * ra->c; i++) {
+        const int gq = ring_attn_row(ra, i);
+        for (int h = 0; h < Hq; h++) {
+            const float *qi = q + (size_t)i * ldq + (size_t)h * hd;
+            const size_t ko = (size_t)(h / group) * hd;
+            double m = -INFINITY;
+            for (int t = 0; t < b.nk; t++) {
+                const int r = b.k0 + t;
+                S[t] = visible(ra, gq, row_of(ra, b.j, r)) ? scale * dot(qi, kk + (size_t)r * ldk + ko, hd) : -INFINITY;
+                m = S[t] > m ? S[t] : m;
+            }
+            float *oi = ra->po + (size_t)i * ldq + (size_t)h * hd;
+            if (m == -INFINITY) {
+                memset(oi, 0, sizeof(float) * (size_t)hd);
+                ra->plse[(size_t)i * Hq + h] = -INFINITY;
+                continue;
+            }
+            double sum = 0;
+            memset(acc, 0, sizeof(double) * (size_t)hd);
+            for (int t = 0; t < b.nk; t++) {
+                if (S[t] == -INFINITY)
+                    continue;
+                const double p = exp(S[t] - m);
+                const float *vt = vv + (size_t)(b.k0 + t) * ldk + ko;
+                sum += p;
+                for (int d = 0; d < hd; d++)
+                    acc[d] += p * vt[d];
+            }
+            for (int d = 0; d < hd; d++)
+                oi[d] = (float)(acc[d] / sum);
+            ra->plse[(size_t)i * Hq + h] = (float)(m + log(sum));
+        }
+    }
+    free(S);
+    free(acc);
+}
+
+/* out, lse of rows [q0, 2c) merged with the step's partial po, plse by log-sum-exp. */
+static void merge(struct ring_attn *ra, int q0, float *out, float *lse)
+{
+    const int Hq = ra->Hq, hd = ra->hd;
+    for (int i = q0; i < 2 * ra->c; i++)
+        for (int h = 0; h < Hq; h++) {
+            const size_t e = (size_t)i * Hq + h;
+            const double l1 = lse[e], l2 = ra->plse[e];
+            if (l2 == -INFINITY)
+                continue;
+            const double m = l1 > l2 ? l1 : l2, l = m + log(exp(l1 - m) + exp(l2 - m));
+            const double w1 = exp(l1 - l), w2 = exp(l2 - l);
+            float *o = out + e * hd;
+            const float *p = ra->po + e * hd;
+            for (int d = 0; d < hd; d++)
+                o[d] = (float)(w1 * o[d] + w2 * p[d]);
+            lse[e] = (float)l;
+        }
+}
+
+/* Send `count` floats from send to the next rank while receiving as many from the previous one into recv. */
+static void ring_pass(struct ring_attn *ra, const float *send, float *recv, size_t count)
+{
+    comm_sendrecv(ra->cp, send, count, (ra->rank + 1) % ra->C, recv, count, (ra->rank - 1 + ra->C) % ra->C, COMM_F32);
+    ra->stats.sent_bytes += (double)count * sizeof(float);
+}
+
+void ring_attn_forward(struct ring_attn *ra, float *out, float *lse, const float *q, const float *k, const float *v)
+{
+    const int n = 2 * ra->c;
+    const size_t kv = (size_t)n * ra->Hkv * ra->hd;
+    k_attention_forward(ra->K, out, lse, q, k, v, ra->cu_diag, NULL, ra->nb_diag, ra->Hq, ra->Hkv, ra->hd);
+    count_step(ra, 0);
+    int cur = 0;
+    if (ra->C > 1) {
+        memcpy(ra->ring[0], k, sizeof(float) * kv);
+        memcpy(ra->ring[0] + kv, v, sizeof(float) * kv);
+    }
+    for (int s = 1; s < ra->C; s++) {
+        ring_pass(ra, ra->ring[cur], ra->ring[cur ^ 1], 2 * kv);
+        cur ^= 1;
+        const struct block b = step_block(ra, s);
+        block_forward(ra, b, q, ra->ring[cur], ra->ring[cur] + kv);
+        merge(ra, b.q0, out, lse);
+        count_step(ra, s);
+    }
+}
+
+/* Gradients of step b's block (see head_backward in kernels/cpu/attention.c for the formulas): dq of the local
+ * queries, dkk and dvv of the visiting keys. P is recomputed from the whole attention's lse, and drow holds
+ * dout . out of the whole attention. */
+static void block_backward(struct ring_attn *ra, struct block b, float *dq, float *dkk, float *dvv, const float *dout,
+                           const float *lse, const float *q, const float *kk, const float *vv)
+{
+    const int Hq = ra->Hq, hd = ra->hd, group = Hq / ra->Hkv, ldq = Hq * hd, ldk = ra->Hkv * hd;
+    const double scale = 1.0 / sqrt((double)hd);
+    double *gq = xmalloc(sizeof(double) * (size_t)hd);
+    for (int i = b.q0; i < 2 * ra->c; i++) {
+        const int rq = ring_attn_row(ra, i);
+        for (int h = 0; h < Hq; h++) {
+            const size_t qo = (size_t)i * ldq + (size_t)h * hd, ko = (size_t)(h / group) * hd;
+            const float *qi = q + qo, *doi = dout + qo;
+            const double li = lse[(size_t)i * Hq + h], Di = ra->drow[(size_t)i * Hq + h];
+            memset(gq, 0, sizeof(double) * (size_t)hd);
+            for (int t = 0; t < b.nk; t++) {
+                const int r = b.k0 + t;
+                if (!visible(ra, rq, row_of(ra, b.j, r)))
+                    continue;
+                const float *kt = kk + (size_t)r * ldk + ko, *vt = vv + (size_t)r * ldk + ko;
+                float *dkt = dkk + (size_t)r * ldk + ko, *dvt = dvv + (size_t)r * ldk + ko;
+                const double p = exp(scale * dot(qi, kt, hd) - li), ds = p * (dot(doi, vt, hd) - Di);
+                for (int d = 0; d < hd; d++) {
+                    gq[d] += ds * kt[d];
+                    dkt[d] += (float)(scale * ds * qi[d]);
+                    dvt[d] += (float)(p * doi[d]);
+                }
+            }
+            for (int d = 0; d < hd; d++)
+                dq[qo + d] += (float)(scale * gq[d]);
+        }
+    }
+    free(gq);
+}
+
+void ring_attn_backward(struct ring_attn *ra, float *dq, float *dk, float *dv, const float *dout, const float *out,
+                        const float *lse, const float *q, const float *k, const float *v)
+{
+    const int n = 2 * ra->c, Hq = ra->Hq, hd = ra->hd;
+    const size_t kv = (size_t)n * ra->Hkv * hd;
+    k_attention_backward(ra->K, dq, dk, dv, dout, out, lse, q, k, v, ra->cu_diag, NULL, ra->nb_diag, Hq, ra->Hkv, hd);
+    if (ra->C == 1)
+        return;
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < Hq; h++) {
+            const size_t o = (size_t)i * Hq * hd + (size_t)h * hd;
+            ra->drow[(size_t)i * Hq + h] = dot(dout + o, out + o, hd);
+        }
+    /* the ring buffers: [K | V | dK | dV] of the visiting chunks; the gradients start at the first visit (s = 1)
+     * and go home after the last */
+    memcpy(ra->ring[0], k, sizeof(float) * kv);
+    memcpy(ra->ring[0] + kv, v, sizeof(float) * kv);
+    int cur = 0;
+    for (int s = 1; s < ra->C; s++) {
+        const int both = s > 1; /* the K/V and the gradients gathered so far */
+        ring_pass(ra, ra->ring[cur], ra->ring[cur ^ 1], (both ? 4 : 2) * kv);
+        cur ^= 1;
+        float *buf = ra->ring[cur];
+        if (!both)
+            memset(buf + 2 * kv, 0, sizeof(float) * 2 * kv);
+        block_backward(ra, step_block(ra, s), dq, buf + 2 * kv, buf + 3 * kv, dout, lse, q, buf, buf + kv);
+    }
+    /* the last visitor's gradients to their owner, the next rank; ours from the previous */
+    ring_pass(ra, ra->ring[cur] + 2 * kv, ra->ring[cur ^ 1] + 2 * kv, 2 * kv);
+    const float *home = ra->ring[cur ^ 1] + 2 * kv;
+    for (size_t e = 0; e < kv; e++)
+        dk[e] += home[e], dv[e] += home[kv + e];
+}
