@@ -10,11 +10,15 @@
  * Each rank thus scores 2c^2 pairs per visiting step and 2c^2 + c at its own step: the same work on every rank. */
 #include "ring_attn.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "common/check.h"
+
+/* query rows per block of the visiting steps' products (the scratch is two blocks of 2c floats per row) */
+enum { RING_BLOCK = 64 };
 
 static int fail(char *why, size_t len, const char *msg)
 {
@@ -100,6 +104,7 @@ int ring_attn_plan(struct ring_attn *ra, struct kctx *K, struct comm *cp, int L,
     ra->po = xmalloc(sizeof(float) * (size_t)n * Hq * hd);
     ra->plse = xmalloc(sizeof(float) * (size_t)n * Hq);
     ra->drow = xmalloc(sizeof(double) * (size_t)n * Hq);
+    ra->scratch = xmalloc(sizeof(float) * 2 * RING_BLOCK * (size_t)n);
     return 0;
 }
 
@@ -112,6 +117,7 @@ void ring_attn_free(struct ring_attn *ra)
     free(ra->po);
     free(ra->plse);
     free(ra->drow);
+    free(ra->scratch);
     memset(ra, 0, sizeof *ra);
 }
 
@@ -148,48 +154,52 @@ static double dot(const float *a, const float *b, int n)
     return s;
 }
 
-/* Partial attention of step b's queries against the visiting keys kk, vv (rows of Hkv hd): po and plse of those
- * query rows (plse -inf and po 0 where a query sees none of them). */
+static int imin(int a, int b) { return a < b ? a : b; }
+
+/* S (nb, nk) = scale q k^T for query rows [i0, i0 + nb) of head h against the visiting rows [k0, k0 + nk) */
+static void block_scores(const struct ring_attn *ra, struct block b, int i0, int nb, int h, const float *q,
+                         const float *kk, float *S)
+{
+    const int hd = ra->hd, ldq = ra->Hq * hd, ldk = ra->Hkv * hd, kh = h / (ra->Hq / ra->Hkv);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, b.nk, hd, (float)(1.0 / sqrt((double)hd)),
+                q + (size_t)i0 * ldq + (size_t)h * hd, ldq, kk + (size_t)b.k0 * ldk + (size_t)kh * hd, ldk, 0.0f, S,
+                b.nk);
+}
+
+/* Partial attention of step b's queries against the visiting keys kk, vv (rows of Hkv hd), per query head in
+ * blocks of RING_BLOCK rows: the scores as one product, the softmax over the keys each query sees (its own
+ * sequence's), the output as a second product. po and plse of those rows (plse -inf and po 0 where a query sees
+ * none of the keys). */
 static void block_forward(struct ring_attn *ra, struct block b, const float *q, const float *kk, const float *vv)
 {
-    const int Hq = ra->Hq, hd = ra->hd, group = Hq / ra->Hkv, ldq = Hq * hd, ldk = ra->Hkv * hd;
-    const double scale = 1.0 / sqrt((double)hd);
-    double *S = xmalloc(sizeof(double) * (size_t)b.nk), *acc = xmalloc(sizeof(double) * (size_t)hd);
-    for (int i = b.q0; i < 2 * ra->c; i++) {
-        const int gq = ring_attn_row(ra, i);
-        for (int h = 0; h < Hq; h++) {
-            const float *qi = q + (size_t)i * ldq + (size_t)h * hd;
-            const size_t ko = (size_t)(h / group) * hd;
-            double m = -INFINITY;
-            for (int t = 0; t < b.nk; t++) {
-                const int r = b.k0 + t;
-                S[t] = visible(ra, gq, row_of(ra, b.j, r)) ? scale * dot(qi, kk + (size_t)r * ldk + ko, hd) : -INFINITY;
-                m = S[t] > m ? S[t] : m;
+    const int Hq = ra->Hq, hd = ra->hd, ldq = Hq * hd, ldk = ra->Hkv * hd, n = 2 * ra->c;
+    float *S = ra->scratch;
+    for (int h = 0; h < Hq; h++) {
+        const size_t ko = (size_t)(h / (Hq / ra->Hkv)) * hd;
+        for (int i0 = b.q0; i0 < n; i0 += RING_BLOCK) {
+            const int nb = imin(RING_BLOCK, n - i0);
+            block_scores(ra, b, i0, nb, h, q, kk, S);
+            for (int i = 0; i < nb; i++) {
+                const int gq = ring_attn_row(ra, i0 + i);
+                float *si = S + (size_t)i * b.nk;
+                float m = -INFINITY;
+                for (int t = 0; t < b.nk; t++) {
+                    if (!visible(ra, gq, row_of(ra, b.j, b.k0 + t)))
+                        si[t] = -INFINITY;
+                    m = si[t] > m ? si[t] : m;
+                }
+                double sum = 0;
+                for (int t = 0; t < b.nk; t++)
+                    sum += (si[t] = si[t] == -INFINITY ? 0.0f : (float)exp((double)si[t] - m));
+                const float inv = sum > 0 ? (float)(1.0 / sum) : 0.0f;
+                for (int t = 0; t < b.nk; t++)
+                    si[t] *= inv;
+                ra->plse[(size_t)(i0 + i) * Hq + h] = sum > 0 ? (float)(m + log(sum)) : -INFINITY;
             }
-            float *oi = ra->po + (size_t)i * ldq + (size_t)h * hd;
-            if (m == -INFINITY) {
-                memset(oi, 0, sizeof(float) * (size_t)hd);
-                ra->plse[(size_t)i * Hq + h] = -INFINITY;
-                continue;
-            }
-            double sum = 0;
-            memset(acc, 0, sizeof(double) * (size_t)hd);
-            for (int t = 0; t < b.nk; t++) {
-                if (S[t] == -INFINITY)
-                    continue;
-                const double p = exp(S[t] - m);
-                const float *vt = vv + (size_t)(b.k0 + t) * ldk + ko;
-                sum += p;
-                for (int d = 0; d < hd; d++)
-                    acc[d] += p * vt[d];
-            }
-            for (int d = 0; d < hd; d++)
-                oi[d] = (float)(acc[d] / sum);
-            ra->plse[(size_t)i * Hq + h] = (float)(m + log(sum));
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, hd, b.nk, 1.0f, S, b.nk,
+                        vv + (size_t)b.k0 * ldk + ko, ldk, 0.0f, ra->po + (size_t)i0 * ldq + (size_t)h * hd, ldq);
         }
     }
-    free(S);
-    free(acc);
 }
 
 /* out, lse of rows [q0, 2c) merged with the step's partial po, plse by log-sum-exp. */
@@ -240,40 +250,44 @@ void ring_attn_forward(struct ring_attn *ra, float *out, float *lse, const float
     }
 }
 
-/* Gradients of step b's block (see head_backward in kernels/cpu/attention.c for the formulas): dq of the local
- * queries, dkk and dvv of the visiting keys. P is recomputed from the whole attention's lse, and drow holds
- * dout . out of the whole attention. */
+/* Gradients of step b's block, as head_backward in kernels/cpu/attention.c computes them: P recomputed from the
+ * whole attention's lse, drow holding dout . out of the whole attention; dS = P (dout v^T - drow); dq of the local
+ * queries += scale dS k, dkk of the visiting keys += scale dS^T q, dvv += P^T dout. */
 static void block_backward(struct ring_attn *ra, struct block b, float *dq, float *dkk, float *dvv, const float *dout,
                            const float *lse, const float *q, const float *kk, const float *vv)
 {
-    const int Hq = ra->Hq, hd = ra->hd, group = Hq / ra->Hkv, ldq = Hq * hd, ldk = ra->Hkv * hd;
-    const double scale = 1.0 / sqrt((double)hd);
-    double *gq = xmalloc(sizeof(double) * (size_t)hd);
-    for (int i = b.q0; i < 2 * ra->c; i++) {
-        const int rq = ring_attn_row(ra, i);
-        for (int h = 0; h < Hq; h++) {
-            const size_t qo = (size_t)i * ldq + (size_t)h * hd, ko = (size_t)(h / group) * hd;
-            const float *qi = q + qo, *doi = dout + qo;
-            const double li = lse[(size_t)i * Hq + h], Di = ra->drow[(size_t)i * Hq + h];
-            memset(gq, 0, sizeof(double) * (size_t)hd);
-            for (int t = 0; t < b.nk; t++) {
-                const int r = b.k0 + t;
-                if (!visible(ra, rq, row_of(ra, b.j, r)))
-                    continue;
-                const float *kt = kk + (size_t)r * ldk + ko, *vt = vv + (size_t)r * ldk + ko;
-                float *dkt = dkk + (size_t)r * ldk + ko, *dvt = dvv + (size_t)r * ldk + ko;
-                const double p = exp(scale * dot(qi, kt, hd) - li), ds = p * (dot(doi, vt, hd) - Di);
-                for (int d = 0; d < hd; d++) {
-                    gq[d] += ds * kt[d];
-                    dkt[d] += (float)(scale * ds * qi[d]);
-                    dvt[d] += (float)(p * doi[d]);
-                }
+    const int Hq = ra->Hq, hd = ra->hd, ldq = Hq * hd, ldk = ra->Hkv * hd, n = 2 * ra->c;
+    const float scale = (float)(1.0 / sqrt((double)hd));
+    float *P = ra->scratch, *dP = ra->scratch + (size_t)RING_BLOCK * n;
+    for (int h = 0; h < Hq; h++) {
+        const size_t ko = (size_t)b.k0 * ldk + (size_t)(h / (Hq / ra->Hkv)) * hd;
+        for (int i0 = b.q0; i0 < n; i0 += RING_BLOCK) {
+            const int nb = imin(RING_BLOCK, n - i0);
+            const size_t qo = (size_t)i0 * ldq + (size_t)h * hd;
+            block_scores(ra, b, i0, nb, h, q, kk, P);
+            for (int i = 0; i < nb; i++) {
+                const int gq = ring_attn_row(ra, i0 + i);
+                const double l = lse[(size_t)(i0 + i) * Hq + h];
+                float *pi = P + (size_t)i * b.nk;
+                for (int t = 0; t < b.nk; t++)
+                    pi[t] = visible(ra, gq, row_of(ra, b.j, b.k0 + t)) ? (float)exp((double)pi[t] - l) : 0.0f;
             }
-            for (int d = 0; d < hd; d++)
-                dq[qo + d] += (float)(scale * gq[d]);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, b.nk, hd, nb, 1.0f, P, b.nk, dout + qo, ldq, 1.0f,
+                        dvv + ko, ldk);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, b.nk, hd, 1.0f, dout + qo, ldq, vv + ko, ldk, 0.0f,
+                        dP, b.nk);
+            for (int i = 0; i < nb; i++) {
+                const float Di = (float)ra->drow[(size_t)(i0 + i) * Hq + h];
+                float *pi = P + (size_t)i * b.nk, *dpi = dP + (size_t)i * b.nk;
+                for (int t = 0; t < b.nk; t++)
+                    dpi[t] = pi[t] * (dpi[t] - Di);
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, hd, b.nk, scale, dP, b.nk, kk + ko, ldk, 1.0f,
+                        dq + qo, ldq);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, b.nk, hd, nb, scale, dP, b.nk, q + qo, ldq, 1.0f,
+                        dkk + ko, ldk);
         }
     }
-    free(gq);
 }
 
 void ring_attn_backward(struct ring_attn *ra, float *dq, float *dk, float *dv, const float *dout, const float *out,
