@@ -87,19 +87,19 @@ int ring_attn_plan(struct ring_attn *ra, struct kctx *K, struct comm *cp, int L,
         }
     ra->K = K, ra->cp = cp && C > 1 ? cp : NULL, ra->C = C, ra->rank = cp ? comm_rank(cp) : 0;
     ra->L = L, ra->c = L / (2 * C), ra->Hq = Hq, ra->Hkv = Hkv, ra->hd = hd;
-    ra->seq = xmalloc(sizeof(int32_t) * (size_t)L);
+    ra->first = xmalloc(sizeof(int32_t) * (size_t)L);
     for (int b = 0; b < B; b++)
         for (int t = cu_seqlens[b]; t < cu_seqlens[b + 1]; t++)
-            ra->seq[t] = b;
+            ra->first[t] = cu_seqlens[b];
     /* the local rows' runs of one sequence: the sequences of the first step's causal kernel call */
     const int n = 2 * ra->c;
     ra->cu_diag = xmalloc(sizeof(int32_t) * (size_t)(n + 1));
     ra->cu_diag[0] = 0;
     for (int i = 1; i <= n; i++)
-        if (i == n || ra->seq[ring_attn_row(ra, i)] != ra->seq[ring_attn_row(ra, i - 1)])
+        if (i == n || ra->first[ring_attn_row(ra, i)] != ra->first[ring_attn_row(ra, i - 1)])
             ra->cu_diag[++ra->nb_diag] = i;
     const size_t kv = (size_t)n * Hkv * hd;
-    for (int b = 0; b < 2; b++)
+    for (int b = 0; b < 2 && C > 1; b++) /* a group of one has no ring */
         ra->ring[b] = xcalloc(4 * kv, sizeof(float));
     ra->po = xmalloc(sizeof(float) * (size_t)n * Hq * hd);
     ra->plse = xmalloc(sizeof(float) * (size_t)n * Hq);
@@ -110,7 +110,7 @@ int ring_attn_plan(struct ring_attn *ra, struct kctx *K, struct comm *cp, int L,
 
 void ring_attn_free(struct ring_attn *ra)
 {
-    free(ra->seq);
+    free(ra->first);
     free(ra->cu_diag);
     free(ra->ring[0]);
     free(ra->ring[1]);
@@ -121,8 +121,8 @@ void ring_attn_free(struct ring_attn *ra)
     memset(ra, 0, sizeof *ra);
 }
 
-/* Whether the token at row position gk is a key the query at gq sees. */
-static int visible(const struct ring_attn *ra, int gq, int gk) { return gk <= gq && ra->seq[gk] == ra->seq[gq]; }
+/* Whether the token at row position gk is a key the query at gq sees: one of its sequence's up to itself. */
+static int visible(const struct ring_attn *ra, int gq, int gk) { return ra->first[gq] <= gk && gk <= gq; }
 
 /* The visiting step's blocks: queries local rows [q0, 2c), keys visiting rows [k0, k0 + nk) (see the top). */
 struct block {
@@ -134,15 +134,21 @@ static struct block step_block(const struct ring_attn *ra, int s)
     return j < ra->rank ? (struct block){j, 0, 0, ra->c} : (struct block){j, ra->c, 0, 2 * ra->c};
 }
 
-/* Counts what step s scores (whatever the step, by the mask): unmasked pairs, and chunk blocks with one. */
+/* Counts what step s scores (whatever the step, by the mask): unmasked pairs, and chunk blocks with one. A query
+ * at gq sees the keys [first[gq], gq] of the row, so of a visiting chunk [g0, g0 + c) it sees an interval. */
 static void count_step(struct ring_attn *ra, int s)
 {
-    const int j = (ra->rank - s + ra->C) % ra->C, n = 2 * ra->c;
+    const int j = (ra->rank - s + ra->C) % ra->C, c = ra->c;
+    const int g0[2] = {j * c, (2 * ra->C - 1 - j) * c};
     int hit[2][2] = {{0, 0}, {0, 0}};
-    for (int i = 0; i < n; i++)
-        for (int t = 0; t < n; t++)
-            if (visible(ra, ring_attn_row(ra, i), row_of(ra, j, t)))
-                ra->stats.scores++, hit[i >= ra->c][t >= ra->c] = 1;
+    for (int i = 0; i < 2 * c; i++) {
+        const int gq = ring_attn_row(ra, i), f = ra->first[gq];
+        for (int ch = 0; ch < 2; ch++) {
+            const int lo = f > g0[ch] ? f : g0[ch], hi = gq + 1 < g0[ch] + c ? gq + 1 : g0[ch] + c;
+            if (hi > lo)
+                ra->stats.scores += (unsigned long long)(hi - lo), hit[i >= c][ch] = 1;
+        }
+    }
     ra->stats.blocks += (unsigned long long)(hit[0][0] + hit[0][1] + hit[1][0] + hit[1][1]);
 }
 

@@ -39,10 +39,11 @@ struct ring_attn {
     int C, rank;     /* group size and this rank */
     int L, c;        /* row length and chunk length (L / 2C) */
     int Hq, Hkv, hd;
-    int32_t *seq;     /* (L) sequence of each token of the row */
+    int32_t *first;   /* (L) the first token of each token's sequence in the row */
     int32_t *cu_diag; /* (nb_diag + 1) the local rows' runs of one sequence: the first step's kernel call */
     int nb_diag;
-    float *ring[2]; /* (4, 2c, Hkv hd) each: K, V and their gradients, the visiting pair and the next one */
+    float *ring[2]; /* (4, 2c, Hkv hd) each: K, V and their gradients, the visiting pair and the next one
+                       (NULL in a group of one) */
     float *po;      /* (2c, Hq hd) a step's partial output */
     float *plse;    /* (2c, Hq) its log-sum-exp */
     double *drow;   /* (2c, Hq) the backward's dout . out */
