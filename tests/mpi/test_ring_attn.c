@@ -292,9 +292,12 @@ int main(int argc, char **argv)
     /* one sequence, GQA (2 query heads per KV head) */
     const int32_t one24[2] = {0, 24};
     check_case(w, 24, one24, 1, 4, 2, 8, 11);
-    /* packed: sequences across chunk borders, one of a single token; one KV head */
-    const int32_t packed24[5] = {0, 5, 6, 19, 24};
-    check_case(w, 24, packed24, 4, 2, 1, 8, 12);
+    /* packed: sequences across chunk borders, one of a single token, an empty one; one KV head */
+    const int32_t packed24[6] = {0, 5, 6, 6, 19, 24};
+    check_case(w, 24, packed24, 5, 2, 1, 8, 12);
+    /* the shortest row: one token per chunk (8 = 2C for C = 4) */
+    const int32_t packed8[3] = {0, 3, 8};
+    check_case(w, 8, packed8, 2, 2, 1, 4, 16);
     /* plain heads, an odd head size, two sequences */
     const int32_t two40[3] = {0, 17, 40};
     check_case(w, 40, two40, 2, 3, 3, 5, 13);
