@@ -194,13 +194,19 @@ static void block_forward(struct ring_attn *ra, struct block b, const float *q, 
                         si[t] = -INFINITY;
                     m = si[t] > m ? si[t] : m;
                 }
+                if (m == -INFINITY) { /* none of its sequence's keys here */
+                    memset(si, 0, sizeof(float) * (size_t)b.nk);
+                    ra->plse[(size_t)(i0 + i) * Hq + h] = -INFINITY;
+                    continue;
+                }
+                vec_exp_shifted(si, si, (size_t)b.nk, m); /* the masked -inf become 0 */
                 double sum = 0;
                 for (int t = 0; t < b.nk; t++)
-                    sum += (si[t] = si[t] == -INFINITY ? 0.0f : (float)exp((double)si[t] - m));
-                const float inv = sum > 0 ? (float)(1.0 / sum) : 0.0f;
+                    sum += si[t];
+                const float inv = (float)(1.0 / sum);
                 for (int t = 0; t < b.nk; t++)
                     si[t] *= inv;
-                ra->plse[(size_t)(i0 + i) * Hq + h] = sum > 0 ? (float)(m + log(sum)) : -INFINITY;
+                ra->plse[(size_t)(i0 + i) * Hq + h] = (float)(m + log(sum));
             }
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, hd, b.nk, 1.0f, S, b.nk,
                         vv + (size_t)b.k0 * ldk + ko, ldk, 0.0f, ra->po + (size_t)i0 * ldq + (size_t)h * hd, ldq);
@@ -273,10 +279,12 @@ static void block_backward(struct ring_attn *ra, struct block b, float *dq, floa
             block_scores(ra, b, i0, nb, h, q, kk, P);
             for (int i = 0; i < nb; i++) {
                 const int gq = ring_attn_row(ra, i0 + i);
-                const double l = lse[(size_t)(i0 + i) * Hq + h];
                 float *pi = P + (size_t)i * b.nk;
                 for (int t = 0; t < b.nk; t++)
-                    pi[t] = visible(ra, gq, row_of(ra, b.j, b.k0 + t)) ? (float)exp((double)pi[t] - l) : 0.0f;
+                    if (!visible(ra, gq, row_of(ra, b.j, b.k0 + t)))
+                        pi[t] = -INFINITY;
+                /* the scores are the forward's, so s - lse <= 0 up to rounding; the masked -inf become 0 */
+                vec_exp_shifted(pi, pi, (size_t)b.nk, lse[(size_t)(i0 + i) * Hq + h]);
             }
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, b.nk, hd, nb, 1.0f, P, b.nk, dout + qo, ldq, 1.0f,
                         dvv + ko, ldk);
