@@ -37,7 +37,7 @@ int main(int argc, char **argv)
     const int32_t cu[2] = {0, L};
     struct ring_attn ra;
     char why[256];
-    if (ring_attn_plan(&ra, kctx_cpu(), w, L, cu, 1, Hq, Hkv, hd, why, sizeof why) != 0) {
+    if (ring_attn_plan(&ra, kctx_cpu(), w, L, cu, 1, NULL, 0, Hq, Hkv, hd, why, sizeof why) != 0) {
         if (r == 0)
             fprintf(stderr, "ring_attn_bench: %s\n", why);
         MPI_Finalize();

@@ -137,12 +137,15 @@ static void expect_rows(const char *cs, const char *what, const char *against, c
     free(mine);
 }
 
-/* One case: a row of L tokens packed as B sequences (cu), Hq over Hkv heads of hd. */
-static void check_case(struct comm *cp, int L, const int32_t *cu, int B, int Hq, int Hkv, int hd, uint64_t seed)
+/* One case: a row of L tokens packed as B sequences (cu), cut into S segments (seg; NULL: one), Hq over Hkv heads
+ * of hd. */
+static void check_case(struct comm *cp, int L, const int32_t *cu, int B, const int32_t *seg, int S, int Hq, int Hkv,
+                       int hd, uint64_t seed)
 {
     const int C = comm_size(cp), r = comm_rank(cp), ldq = Hq * hd, ldk = Hkv * hd;
-    char cs[96];
-    snprintf(cs, sizeof cs, "C=%d L=%d B=%d Hq=%d Hkv=%d hd=%d", C, L, B, Hq, Hkv, hd);
+    const int32_t whole_row[2] = {0, L};
+    char cs[112];
+    snprintf(cs, sizeof cs, "C=%d L=%d B=%d S=%d Hq=%d Hkv=%d hd=%d", C, L, B, seg ? S : 1, Hq, Hkv, hd);
     g_rng = seed;
     float *q = random_floats((size_t)L * ldq, 2.0f), *k = random_floats((size_t)L * ldk, 1.0f);
     float *v = random_floats((size_t)L * ldk, 1.0f), *dout = random_floats((size_t)L * ldq, 1.0f);
@@ -169,16 +172,21 @@ static void check_case(struct comm *cp, int L, const int32_t *cu, int B, int Hq,
 
     struct ring_attn ra;
     char why[256];
-    if (ring_attn_plan(&ra, kctx_cpu(), cp, L, cu, B, Hq, Hkv, hd, why, sizeof why) != 0) {
+    if (ring_attn_plan(&ra, kctx_cpu(), cp, L, cu, B, seg, S, Hq, Hkv, hd, why, sizeof why) != 0) {
         EXPECT(0, "%s: ring_attn_plan refused: %s", cs, why);
         goto out;
     }
     const int n = 2 * ra.c;
-    EXPECT(ra.c * 2 * C == L, "%s: chunk of %d tokens", cs, ra.c);
-    for (int i = 0; i < n; i++) { /* rank r holds chunks r and 2C-1-r */
-        const int chunk = i < ra.c ? r : 2 * C - 1 - r;
-        EXPECT(ring_attn_row(&ra, i) == chunk * ra.c + i % ra.c, "%s: local row %d is token %d", cs, i,
-               ring_attn_row(&ra, i));
+    EXPECT(ra.c * 2 * C == L, "%s: %d local rows", cs, n);
+    if (!seg)
+        seg = whole_row, S = 1;
+    for (int g = 0, i = 0; g < S; g++) { /* rank r holds chunks r and 2C-1-r of each segment, in order */
+        const int cg = (seg[g + 1] - seg[g]) / (2 * C);
+        for (int t = 0; t < 2 * cg; t++, i++) {
+            const int chunk = t < cg ? r : 2 * C - 1 - r;
+            EXPECT(ring_attn_row(&ra, i) == seg[g] + chunk * cg + t % cg, "%s: local row %d is token %d", cs, i,
+                   ring_attn_row(&ra, i));
+        }
     }
     float *lq = xmalloc(sizeof(float) * (size_t)n * ldq), *lk = xmalloc(sizeof(float) * (size_t)n * ldk);
     float *lv = xmalloc(sizeof(float) * (size_t)n * ldk), *lg = xmalloc(sizeof(float) * (size_t)n * ldq);
@@ -224,8 +232,8 @@ static void check_case(struct comm *cp, int L, const int32_t *cu, int B, int Hq,
     EXPECT(tf.calls[COMM_OP_SEND] == (unsigned long long)(C - 1), "%s: %llu forward sendrecvs, want %d", cs,
            tf.calls[COMM_OP_SEND], C - 1);
 
-    /* balance: every rank's unmasked pairs; one sequence: the same on every rank, 2C c^2 + c and 2C + 1 chunk
-     * blocks; any row: they add up to the causal pairs of its sequences */
+    /* balance: every rank's unmasked pairs; one sequence per segment: the same on every rank, 2C c^2 + c and
+     * 2C + 1 chunk blocks per segment of chunk c; any row: they add up to the causal pairs of its sequences */
     long long mine[2] = {(long long)ra.stats.scores, (long long)ra.stats.blocks}, *all = xmalloc(sizeof mine * C);
     comm_allgather(cp, mine, all, 2, COMM_I64);
     long long total = 0, want = 0;
@@ -234,13 +242,18 @@ static void check_case(struct comm *cp, int L, const int32_t *cu, int B, int Hq,
     for (int b = 0; b < B; b++)
         want += (long long)(cu[b + 1] - cu[b]) * (cu[b + 1] - cu[b] + 1) / 2;
     EXPECT(total == want, "%s: the ranks scored %lld pairs in all, want %lld", cs, total, want);
-    if (B == 1)
-        for (int p = 0; p < C; p++) {
-            const long long c = ra.c;
-            EXPECT(all[2 * p] == 2LL * C * c * c + c && all[2 * p + 1] == 2LL * C + 1,
-                   "%s: rank %d scored %lld pairs in %lld blocks, want %lld in %d (every rank the same)", cs, p,
-                   all[2 * p], all[2 * p + 1], 2LL * C * c * c + c, 2 * C + 1);
-        }
+    int one_each = S == B; /* each segment one sequence (none empty) */
+    for (int b = 0; b < B && one_each; b++)
+        one_each = cu[b] == seg[b] && cu[b + 1] == seg[b + 1];
+    long long bal = 0;
+    for (int g = 0; g < S; g++) {
+        const long long c = (seg[g + 1] - seg[g]) / (2 * C);
+        bal += 2LL * C * c * c + c;
+    }
+    for (int p = 0; p < C && one_each; p++)
+        EXPECT(all[2 * p] == bal && all[2 * p + 1] == (2LL * C + 1) * S,
+               "%s: rank %d scored %lld pairs in %lld blocks, want %lld in %lld (every rank the same)", cs, p,
+               all[2 * p], all[2 * p + 1], bal, (2LL * C + 1) * S);
     if (r == 0)
         printf("%s: pairs per rank %lld (rank 0), %.0f + %.0f bytes sent per rank\n", cs, all[0], sent_f, sent_b);
     free(all);
@@ -260,20 +273,32 @@ static void check_refusals(struct comm *cp)
     const int L = 8 * C * 3 + 2; /* not a multiple of 2C for C >= 2 (C = 1: 2 divides it) */
     const int32_t cu[2] = {0, L}, cu_short[2] = {0, L - 3}, cu_down[4] = {0, 9, 5, 8 * C};
     if (C > 1) {
-        EXPECT(ring_attn_plan(&ra, kctx_cpu(), cp, L, cu, 1, 4, 2, 8, why, sizeof why) == -1, "row of %d accepted", L);
+        EXPECT(ring_attn_plan(&ra, kctx_cpu(), cp, L, cu, 1, NULL, 0, 4, 2, 8, why, sizeof why) == -1,
+               "row of %d accepted", L);
         snprintf(num, sizeof num, "%d", L);
         EXPECT(strstr(why, num) && strstr(why, "context parallel"), "row of %d refused as: %s", L, why);
     }
     const int32_t cu_ok[2] = {0, 8 * C};
-    EXPECT(ring_attn_plan(&ra, kctx_cpu(), cp, 8 * C, cu_ok, 1, 4, 3, 8, why, sizeof why) == -1 &&
+    EXPECT(ring_attn_plan(&ra, kctx_cpu(), cp, 8 * C, cu_ok, 1, NULL, 0, 4, 3, 8, why, sizeof why) == -1 &&
                strstr(why, "4 query heads over 3 KV heads"),
            "4 heads over 3 KV heads: %s", why);
-    EXPECT(ring_attn_plan(&ra, kctx_cpu(), cp, L - 2, cu_short, 1, 4, 2, 8, why, sizeof why) == -1 &&
+    EXPECT(ring_attn_plan(&ra, kctx_cpu(), cp, L - 2, cu_short, 1, NULL, 0, 4, 2, 8, why, sizeof why) == -1 &&
                strstr(why, "offsets"),
            "offsets short of the row: %s", why);
-    EXPECT(ring_attn_plan(&ra, kctx_cpu(), cp, 8 * C, cu_down, 3, 4, 2, 8, why, sizeof why) == -1 &&
+    EXPECT(ring_attn_plan(&ra, kctx_cpu(), cp, 8 * C, cu_down, 3, NULL, 0, 4, 2, 8, why, sizeof why) == -1 &&
                strstr(why, "cu_seqlens[2] = 5"),
            "decreasing offsets: %s", why);
+    /* segments: one not a multiple of 2C, one that starts inside a sequence */
+    const int32_t cu3[4] = {0, 4 * C, 6 * C, 8 * C}, seg_odd[3] = {0, 4 * C + 1, 8 * C}, seg_in[3] = {0, 2 * C, 8 * C};
+    if (C > 1) {
+        EXPECT(ring_attn_plan(&ra, kctx_cpu(), cp, 8 * C, cu3, 3, seg_odd, 2, 4, 2, 8, why, sizeof why) == -1 &&
+                   strstr(why, "segment 0 of ") && strstr(why, "context parallel"),
+               "a segment of %d tokens: %s", 4 * C + 1, why);
+    }
+    snprintf(num, sizeof num, "token %d", 2 * C);
+    EXPECT(ring_attn_plan(&ra, kctx_cpu(), cp, 8 * C, cu3, 3, seg_in, 2, 4, 2, 8, why, sizeof why) == -1 &&
+               strstr(why, num) && strstr(why, "inside a sequence"),
+           "a segment starting inside a sequence: %s", why);
 }
 
 int main(int argc, char **argv)
@@ -291,21 +316,27 @@ int main(int argc, char **argv)
     check_refusals(w);
     /* one sequence, GQA (2 query heads per KV head) */
     const int32_t one24[2] = {0, 24};
-    check_case(w, 24, one24, 1, 4, 2, 8, 11);
+    check_case(w, 24, one24, 1, NULL, 0, 4, 2, 8, 11);
     /* packed: sequences across chunk borders, one of a single token, an empty one; one KV head */
     const int32_t packed24[6] = {0, 5, 6, 6, 19, 24};
-    check_case(w, 24, packed24, 5, 2, 1, 8, 12);
+    check_case(w, 24, packed24, 5, NULL, 0, 2, 1, 8, 12);
     /* the shortest row: one token per chunk (8 = 2C for C = 4) */
     const int32_t packed8[3] = {0, 3, 8};
-    check_case(w, 8, packed8, 2, 2, 1, 4, 16);
+    check_case(w, 8, packed8, 2, NULL, 0, 2, 1, 4, 16);
     /* plain heads, an odd head size, two sequences */
     const int32_t two40[3] = {0, 17, 40};
-    check_case(w, 40, two40, 2, 3, 3, 5, 13);
+    check_case(w, 40, two40, 2, NULL, 0, 3, 3, 5, 13);
+    /* segments (Megatron's split of packed sequences): one per sequence, and one holding two sequences */
+    const int32_t three48[4] = {0, 16, 24, 48}, seg48[3] = {0, 16, 48};
+    check_case(w, 48, three48, 3, three48, 3, 4, 2, 8, 17);
+    check_case(w, 48, three48, 3, seg48, 2, 2, 2, 8, 18);
     if (long_rows) {
         /* a long response: 2,048 tokens in one sequence, and packed */
         const int32_t one2k[2] = {0, 2048}, packed2k[4] = {0, 700, 1500, 2048};
-        check_case(w, 2048, one2k, 1, 4, 2, 16, 14);
-        check_case(w, 2048, packed2k, 3, 2, 1, 16, 15);
+        check_case(w, 2048, one2k, 1, NULL, 0, 4, 2, 16, 14);
+        check_case(w, 2048, packed2k, 3, NULL, 0, 2, 1, 16, 15);
+        const int32_t seq2k[4] = {0, 1024, 1536, 2048};
+        check_case(w, 2048, seq2k, 3, seq2k, 3, 4, 1, 16, 19);
     }
 
     comm_allreduce_sum(w, &g_bad, 1, COMM_I32);

@@ -1,13 +1,14 @@
 /* Ring attention for context parallelism: see ring_attn.h. Step s of the ring brings rank r the K/V of rank
- * j = r - s (mod C), that is of the row's chunks j and 2C-1-j. Since every chunk is wholly before or after another,
- * the visiting blocks need no causal cut inside, only the sequences of a packed row:
- *   s = 0      own keys: causal over the two local chunks (the kernel's attention, with the local runs of one
- *              sequence as its sequences: the local rows are in the order of their positions);
- *   j < r      chunk j is before both local chunks and chunk 2C-1-j after both: all 2c local queries against the
- *              visiting front chunk (c keys);
+ * j = r - s (mod C), that is of each segment's chunks j and 2C-1-j. Since every chunk is wholly before or after
+ * another of its segment, the visiting blocks need no causal cut inside, only the sequences of a packed segment:
+ *   s = 0      own keys: causal over the local chunks (the kernel's attention, with the local runs of one sequence
+ *              as its sequences: the local rows are in the order of their positions);
+ *   j < r      per segment, chunk j is before both local chunks and chunk 2C-1-j after both: the segment's 2c local
+ *              queries against its visiting front chunk (c keys);
  *   j > r      chunk j and chunk 2C-1-j are before the local back chunk and after the local front chunk: the c back
  *              queries against both visiting chunks (2c keys).
- * Each rank thus scores 2c^2 pairs per visiting step and 2c^2 + c at its own step: the same work on every rank. */
+ * Each rank thus scores 2c^2 pairs of a segment per visiting step and 2c^2 + c at its own step: the same work on
+ * every rank. */
 #include "ring_attn.h"
 
 #include <cblas.h>
@@ -27,17 +28,17 @@ static int fail(char *why, size_t len, const char *msg)
     return -1;
 }
 
-/* The row's token at local row i of rank `owner` (the holder of chunks owner and 2C-1-owner). */
-static int row_of(const struct ring_attn *ra, int owner, int i)
-{
-    return i < ra->c ? owner * ra->c + i : (2 * ra->C - 1 - owner) * ra->c + (i - ra->c);
-}
+/* The row's token at local row i of rank `owner` (the holder of each segment's chunks owner and 2C-1-owner). */
+static int row_of(const struct ring_attn *ra, int owner, int i) { return ra->rows[(size_t)owner * ra->n + i]; }
 
 int ring_attn_row(const struct ring_attn *ra, int i) { return row_of(ra, ra->rank, i); }
 
+/* Segment g: its first token in the row, its chunk length and its first local row (the same on every rank). */
+static int seg_chunk(const struct ring_attn *ra, int g) { return (ra->seg_off[g + 1] - ra->seg_off[g]) / (2 * ra->C); }
+
 void ring_attn_take(const struct ring_attn *ra, float *dst, const float *src, int width)
 {
-    for (int i = 0; i < 2 * ra->c; i++)
+    for (int i = 0; i < ra->n; i++)
         memcpy(dst + (size_t)i * width, src + (size_t)ring_attn_row(ra, i) * width, sizeof(float) * (size_t)width);
 }
 
@@ -48,7 +49,7 @@ double ring_attn_bytes(int C, int c, int Hkv, int hd, int backward)
 }
 
 int ring_attn_plan(struct ring_attn *ra, struct kctx *K, struct comm *cp, int L, const int32_t *cu_seqlens, int B,
-                   int Hq, int Hkv, int hd, char *why, size_t len)
+                   const int32_t *segments, int S, int Hq, int Hkv, int hd, char *why, size_t len)
 {
     char msg[256];
     memset(ra, 0, sizeof *ra);
@@ -65,7 +66,7 @@ int ring_attn_plan(struct ring_attn *ra, struct kctx *K, struct comm *cp, int L,
                  Hq, Hkv, hd);
         return fail(why, len, msg);
     }
-    if (L <= 0 || L % (2 * C) != 0) {
+    if (!segments && (L <= 0 || L % (2 * C) != 0)) {
         snprintf(msg, sizeof msg,
                  "ring attention: a row of %d tokens cannot be cut into 2 x context parallel size = %d equal chunks "
                  "(pad the row to a multiple of %d)",
@@ -85,14 +86,58 @@ int ring_attn_plan(struct ring_attn *ra, struct kctx *K, struct comm *cp, int L,
                      (int)cu_seqlens[b + 1], b, (int)cu_seqlens[b]);
             return fail(why, len, msg);
         }
-    ra->K = K, ra->cp = cp && C > 1 ? cp : NULL, ra->C = C, ra->rank = cp ? comm_rank(cp) : 0;
-    ra->L = L, ra->c = L / (2 * C), ra->Hq = Hq, ra->Hkv = Hkv, ra->hd = hd;
-    ra->first = xmalloc(sizeof(int32_t) * (size_t)L);
+    const int32_t whole[2] = {0, L};
+    if (!segments)
+        segments = whole, S = 1;
+    if (S < 1 || segments[0] != 0 || segments[S] != L) {
+        snprintf(msg, sizeof msg, "ring attention: the %d segments must run from 0 to the row length %d (got %d to %d)",
+                 S, L, S >= 0 ? (int)segments[0] : -1, S >= 0 ? (int)segments[S] : -1);
+        return fail(why, len, msg);
+    }
+    for (int g = 0; g < S; g++) {
+        const int sl = segments[g + 1] - segments[g];
+        if (sl <= 0 || sl % (2 * C) != 0) {
+            snprintf(msg, sizeof msg,
+                     "ring attention: segment %d of %d tokens (from token %d) is not a positive multiple of 2 x "
+                     "context parallel size = %d (pad it)",
+                     g, sl, (int)segments[g], 2 * C);
+            return fail(why, len, msg);
+        }
+    }
+    int32_t *first = xmalloc(sizeof(int32_t) * (size_t)L);
     for (int b = 0; b < B; b++)
         for (int t = cu_seqlens[b]; t < cu_seqlens[b + 1]; t++)
-            ra->first[t] = cu_seqlens[b];
+            first[t] = cu_seqlens[b];
+    for (int g = 1; g < S; g++)
+        if (first[segments[g]] != segments[g]) {
+            snprintf(msg, sizeof msg,
+                     "ring attention: segment %d starts at token %d, inside a sequence (from token %d): segments "
+                     "must hold whole sequences",
+                     g, (int)segments[g], (int)first[segments[g]]);
+            free(first);
+            return fail(why, len, msg);
+        }
+    ra->K = K, ra->cp = cp && C > 1 ? cp : NULL, ra->C = C, ra->rank = cp ? comm_rank(cp) : 0;
+    ra->L = L, ra->n = L / C, ra->c = L / (2 * C), ra->Hq = Hq, ra->Hkv = Hkv, ra->hd = hd, ra->first = first;
+    ra->S = S;
+    ra->seg_off = xmalloc(sizeof(int32_t) * (size_t)(S + 1));
+    ra->seg_loc = xmalloc(sizeof(int32_t) * (size_t)(S + 1));
+    ra->seg_loc[0] = 0;
+    for (int g = 0; g <= S; g++)
+        ra->seg_off[g] = segments[g];
+    for (int g = 0; g < S; g++)
+        ra->seg_loc[g + 1] = ra->seg_loc[g] + 2 * seg_chunk(ra, g);
+    /* every rank's local rows: per segment, its front chunk then its back chunk */
+    ra->rows = xmalloc(sizeof(int32_t) * (size_t)L);
+    for (int o = 0; o < C; o++)
+        for (int g = 0; g < S; g++) {
+            const int cg = seg_chunk(ra, g), off = ra->seg_off[g];
+            int32_t *r = ra->rows + (size_t)o * ra->n + ra->seg_loc[g];
+            for (int t = 0; t < cg; t++)
+                r[t] = off + o * cg + t, r[cg + t] = off + (2 * C - 1 - o) * cg + t;
+        }
     /* the local rows' runs of one sequence: the sequences of the first step's causal kernel call */
-    const int n = 2 * ra->c;
+    const int n = ra->n;
     ra->cu_diag = xmalloc(sizeof(int32_t) * (size_t)(n + 1));
     ra->cu_diag[0] = 0;
     for (int i = 1; i <= n; i++)
@@ -111,6 +156,9 @@ int ring_attn_plan(struct ring_attn *ra, struct kctx *K, struct comm *cp, int L,
 void ring_attn_free(struct ring_attn *ra)
 {
     free(ra->first);
+    free(ra->rows);
+    free(ra->seg_off);
+    free(ra->seg_loc);
     free(ra->cu_diag);
     free(ra->ring[0]);
     free(ra->ring[1]);
@@ -124,32 +172,37 @@ void ring_attn_free(struct ring_attn *ra)
 /* Whether the token at row position gk is a key the query at gq sees: one of its sequence's up to itself. */
 static int visible(const struct ring_attn *ra, int gq, int gk) { return ra->first[gq] <= gk && gk <= gq; }
 
-/* The visiting step's blocks: queries local rows [q0, 2c), keys visiting rows [k0, k0 + nk) (see the top). */
+/* A visiting step's block of segment g: queries local rows [q0, q1), keys visiting rows [k0, k0 + nk) (see the
+ * top), the visitor the owner j of those keys. */
 struct block {
-    int j, q0, k0, nk;
+    int j, q0, q1, k0, nk;
 };
-static struct block step_block(const struct ring_attn *ra, int s)
+static struct block step_block(const struct ring_attn *ra, int s, int g)
 {
-    const int j = (ra->rank - s + ra->C) % ra->C;
-    return j < ra->rank ? (struct block){j, 0, 0, ra->c} : (struct block){j, ra->c, 0, 2 * ra->c};
+    const int j = (ra->rank - s + ra->C) % ra->C, cg = seg_chunk(ra, g), loc = ra->seg_loc[g];
+    return j < ra->rank ? (struct block){j, loc, loc + 2 * cg, loc, cg}
+                        : (struct block){j, loc + cg, loc + 2 * cg, loc, 2 * cg};
 }
 
 /* Counts what step s scores (whatever the step, by the mask): unmasked pairs, and chunk blocks with one. A query
  * at gq sees the keys [first[gq], gq] of the row, so of a visiting chunk [g0, g0 + c) it sees an interval. */
 static void count_step(struct ring_attn *ra, int s)
 {
-    const int j = (ra->rank - s + ra->C) % ra->C, c = ra->c;
-    const int g0[2] = {j * c, (2 * ra->C - 1 - j) * c};
-    int hit[2][2] = {{0, 0}, {0, 0}};
-    for (int i = 0; i < 2 * c; i++) {
-        const int gq = ring_attn_row(ra, i), f = ra->first[gq];
-        for (int ch = 0; ch < 2; ch++) {
-            const int lo = f > g0[ch] ? f : g0[ch], hi = gq + 1 < g0[ch] + c ? gq + 1 : g0[ch] + c;
-            if (hi > lo)
-                ra->stats.scores += (unsigned long long)(hi - lo), hit[i >= c][ch] = 1;
+    const int j = (ra->rank - s + ra->C) % ra->C;
+    for (int g = 0; g < ra->S; g++) { /* a sequence lies in one segment */
+        const int c = seg_chunk(ra, g), loc = ra->seg_loc[g];
+        const int g0[2] = {ra->seg_off[g] + j * c, ra->seg_off[g] + (2 * ra->C - 1 - j) * c};
+        int hit[2][2] = {{0, 0}, {0, 0}};
+        for (int i = 0; i < 2 * c; i++) {
+            const int gq = ring_attn_row(ra, loc + i), f = ra->first[gq];
+            for (int ch = 0; ch < 2; ch++) {
+                const int lo = f > g0[ch] ? f : g0[ch], hi = gq + 1 < g0[ch] + c ? gq + 1 : g0[ch] + c;
+                if (hi > lo)
+                    ra->stats.scores += (unsigned long long)(hi - lo), hit[i >= c][ch] = 1;
+            }
         }
+        ra->stats.blocks += (unsigned long long)(hit[0][0] + hit[0][1] + hit[1][0] + hit[1][1]);
     }
-    ra->stats.blocks += (unsigned long long)(hit[0][0] + hit[0][1] + hit[1][0] + hit[1][1]);
 }
 
 static double dot(const float *a, const float *b, int n)
@@ -178,12 +231,12 @@ static void block_scores(const struct ring_attn *ra, struct block b, int i0, int
  * none of the keys). */
 static void block_forward(struct ring_attn *ra, struct block b, const float *q, const float *kk, const float *vv)
 {
-    const int Hq = ra->Hq, hd = ra->hd, ldq = Hq * hd, ldk = ra->Hkv * hd, n = 2 * ra->c;
+    const int Hq = ra->Hq, hd = ra->hd, ldq = Hq * hd, ldk = ra->Hkv * hd;
     float *S = ra->scratch;
     for (int h = 0; h < Hq; h++) {
         const size_t ko = (size_t)(h / (Hq / ra->Hkv)) * hd;
-        for (int i0 = b.q0; i0 < n; i0 += RING_BLOCK) {
-            const int nb = imin(RING_BLOCK, n - i0);
+        for (int i0 = b.q0; i0 < b.q1; i0 += RING_BLOCK) {
+            const int nb = imin(RING_BLOCK, b.q1 - i0);
             block_scores(ra, b, i0, nb, h, q, kk, S);
             for (int i = 0; i < nb; i++) {
                 const int gq = ring_attn_row(ra, i0 + i);
@@ -214,11 +267,11 @@ static void block_forward(struct ring_attn *ra, struct block b, const float *q, 
     }
 }
 
-/* out, lse of rows [q0, 2c) merged with the step's partial po, plse by log-sum-exp. */
-static void merge(struct ring_attn *ra, int q0, float *out, float *lse)
+/* out, lse of rows [q0, q1) merged with the step's partial po, plse by log-sum-exp. */
+static void merge(struct ring_attn *ra, int q0, int q1, float *out, float *lse)
 {
     const int Hq = ra->Hq, hd = ra->hd;
-    for (int i = q0; i < 2 * ra->c; i++)
+    for (int i = q0; i < q1; i++)
         for (int h = 0; h < Hq; h++) {
             const size_t e = (size_t)i * Hq + h;
             const double l1 = lse[e], l2 = ra->plse[e];
@@ -243,8 +296,7 @@ static void ring_pass(struct ring_attn *ra, const float *send, float *recv, size
 
 void ring_attn_forward(struct ring_attn *ra, float *out, float *lse, const float *q, const float *k, const float *v)
 {
-    const int n = 2 * ra->c;
-    const size_t kv = (size_t)n * ra->Hkv * ra->hd;
+    const size_t kv = (size_t)ra->n * ra->Hkv * ra->hd;
     k_attention_forward(ra->K, out, lse, q, k, v, ra->cu_diag, NULL, ra->nb_diag, ra->Hq, ra->Hkv, ra->hd);
     count_step(ra, 0);
     int cur = 0;
@@ -255,9 +307,11 @@ void ring_attn_forward(struct ring_attn *ra, float *out, float *lse, const float
     for (int s = 1; s < ra->C; s++) {
         ring_pass(ra, ra->ring[cur], ra->ring[cur ^ 1], 2 * kv);
         cur ^= 1;
-        const struct block b = step_block(ra, s);
-        block_forward(ra, b, q, ra->ring[cur], ra->ring[cur] + kv);
-        merge(ra, b.q0, out, lse);
+        for (int g = 0; g < ra->S; g++) {
+            const struct block b = step_block(ra, s, g);
+            block_forward(ra, b, q, ra->ring[cur], ra->ring[cur] + kv);
+            merge(ra, b.q0, b.q1, out, lse);
+        }
         count_step(ra, s);
     }
 }
@@ -268,13 +322,13 @@ void ring_attn_forward(struct ring_attn *ra, float *out, float *lse, const float
 static void block_backward(struct ring_attn *ra, struct block b, float *dq, float *dkk, float *dvv, const float *dout,
                            const float *lse, const float *q, const float *kk, const float *vv)
 {
-    const int Hq = ra->Hq, hd = ra->hd, ldq = Hq * hd, ldk = ra->Hkv * hd, n = 2 * ra->c;
+    const int Hq = ra->Hq, hd = ra->hd, ldq = Hq * hd, ldk = ra->Hkv * hd, n = ra->n;
     const float scale = (float)(1.0 / sqrt((double)hd));
     float *P = ra->scratch, *dP = ra->scratch + (size_t)RING_BLOCK * n;
     for (int h = 0; h < Hq; h++) {
         const size_t ko = (size_t)b.k0 * ldk + (size_t)(h / (Hq / ra->Hkv)) * hd;
-        for (int i0 = b.q0; i0 < n; i0 += RING_BLOCK) {
-            const int nb = imin(RING_BLOCK, n - i0);
+        for (int i0 = b.q0; i0 < b.q1; i0 += RING_BLOCK) {
+            const int nb = imin(RING_BLOCK, b.q1 - i0);
             const size_t qo = (size_t)i0 * ldq + (size_t)h * hd;
             block_scores(ra, b, i0, nb, h, q, kk, P);
             for (int i = 0; i < nb; i++) {
@@ -307,7 +361,7 @@ static void block_backward(struct ring_attn *ra, struct block b, float *dq, floa
 void ring_attn_backward(struct ring_attn *ra, float *dq, float *dk, float *dv, const float *dout, const float *out,
                         const float *lse, const float *q, const float *k, const float *v)
 {
-    const int n = 2 * ra->c, Hq = ra->Hq, hd = ra->hd;
+    const int n = ra->n, Hq = ra->Hq, hd = ra->hd;
     const size_t kv = (size_t)n * ra->Hkv * hd;
     k_attention_backward(ra->K, dq, dk, dv, dout, out, lse, q, k, v, ra->cu_diag, NULL, ra->nb_diag, Hq, ra->Hkv, hd);
     if (ra->C == 1)
@@ -329,7 +383,8 @@ void ring_attn_backward(struct ring_attn *ra, float *dq, float *dk, float *dv, c
         float *buf = ra->ring[cur];
         if (!both)
             memset(buf + 2 * kv, 0, sizeof(float) * 2 * kv);
-        block_backward(ra, step_block(ra, s), dq, buf + 2 * kv, buf + 3 * kv, dout, lse, q, buf, buf + kv);
+        for (int g = 0; g < ra->S; g++)
+            block_backward(ra, step_block(ra, s, g), dq, buf + 2 * kv, buf + 3 * kv, dout, lse, q, buf, buf + kv);
     }
     /* the last visitor's gradients to their owner, the next rank; ours from the previous */
     ring_pass(ra, ra->ring[cur] + 2 * kv, ra->ring[cur ^ 1] + 2 * kv, 2 * kv);

@@ -4,6 +4,9 @@
  * A row of L tokens (L a multiple of 2C) is cut into 2C chunks of c = L / 2C tokens; rank r holds chunks r and
  * 2C-1-r, back to back: its local rows 0..c-1 are the row's tokens r c .. r c + c - 1 and its rows c..2c-1 are
  * tokens (2C-1-r) c .. (2C-r) c - 1 (ring_attn_row). The caller applies RoPE before, at those true positions.
+ * Segments: a row may instead be cut segment by segment (each a multiple of 2C tokens holding whole sequences,
+ * Megatron's split of packed sequences): rank r holds chunks r and 2C-1-r of every segment, segment after
+ * segment, so a row that packs sequences of different lengths stays balanced.
  * Forward: the K/V pair of local chunks travels around the ring (C-1 sendrecv steps); each step adds one partial
  * attention of the local queries against the visiting keys, merged into the running output by log-sum-exp. The
  * first step (own keys: causal over the two local chunks) is the kernel's attention (k_attention_forward); the
@@ -35,9 +38,13 @@ struct ring_attn_stats {
 
 struct ring_attn {
     struct kctx *K;
-    struct comm *cp; /* NULL: a group of one */
-    int C, rank;     /* group size and this rank */
-    int L, c;        /* row length and chunk length (L / 2C) */
+    struct comm *cp;  /* NULL: a group of one */
+    int C, rank;      /* group size and this rank */
+    int L, n, c;      /* row length, local rows (L / C) and half of them (L / 2C: the chunk of one segment) */
+    int S;            /* segments */
+    int32_t *seg_off; /* (S + 1) where each segment starts in the row */
+    int32_t *seg_loc; /* (S + 1) where each segment's local rows start (twice its chunk after the one before) */
+    int32_t *rows;    /* (C, n) the row's token at each local row of each rank */
     int Hq, Hkv, hd;
     int32_t *first;   /* (L) the first token of each token's sequence in the row */
     int32_t *cu_diag; /* (nb_diag + 1) the local rows' runs of one sequence: the first step's kernel call */
@@ -52,17 +59,19 @@ struct ring_attn {
 };
 
 /* Plan ring attention over cp (NULL or a group of one: plain attention) for rows of L tokens packed as B sequences
- * (cu_seqlens: B + 1 host offsets from 0 to L), Hq query heads over Hkv KV heads of hd. 0, or -1 with why naming
- * the value that does not fit (L not a multiple of 2C, heads, offsets, a CUDA context). */
+ * (cu_seqlens: B + 1 host offsets from 0 to L) cut into S segments (segments: S + 1 host offsets from 0 to L at
+ * sequence starts, each segment a multiple of 2C tokens; NULL: the whole row is one), Hq query heads over Hkv KV
+ * heads of hd. 0, or -1 with why naming the value that does not fit (a row or segment not a multiple of 2C, a
+ * segment boundary inside a sequence, heads, offsets, a CUDA context). */
 int ring_attn_plan(struct ring_attn *ra, struct kctx *K, struct comm *cp, int L, const int32_t *cu_seqlens, int B,
-                   int Hq, int Hkv, int hd, char *why, size_t len);
+                   const int32_t *segments, int S, int Hq, int Hkv, int hd, char *why, size_t len);
 void ring_attn_free(struct ring_attn *ra);
-/* The row's token held as local row i (0..2c-1) of this rank. */
+/* The row's token held as local row i (0..n-1) of this rank. */
 int ring_attn_row(const struct ring_attn *ra, int i);
-/* dst (2c, width) = this rank's rows of src (L, width): a whole row's tensor cut to what this rank holds. */
+/* dst (n, width) = this rank's rows of src (L, width): a whole row's tensor cut to what this rank holds. */
 void ring_attn_take(const struct ring_attn *ra, float *dst, const float *src, int width);
-/* Forward over the local rows: out (2c, Hq hd) and lse (2c, Hq) written from q (2c, Hq hd), k and v (2c, Hkv hd),
- * collective over the group. */
+/* Forward over the n = 2c local rows: out (n, Hq hd) and lse (n, Hq) written from q (n, Hq hd), k and v
+ * (n, Hkv hd), collective over the group. */
 void ring_attn_forward(struct ring_attn *ra, float *out, float *lse, const float *q, const float *k, const float *v);
 /* Backward: dq (2c, Hq hd), dk and dv (2c, Hkv hd) ACCUMULATED (+=), as the kernels' backward ops, from dout and
  * the forward's out and lse; collective over the group. */
