@@ -15,6 +15,14 @@
 #include "worker/comm/comm.h"
 #include "worker/model/ring_attn.h"
 
+/* A positive integer argument, or -1 (named on stderr by the caller's usage line). */
+static int arg_int(const char *s)
+{
+    char *end;
+    const long v = strtol(s, &end, 10);
+    return *s && !*end && v > 0 && v <= 1 << 30 ? (int)v : -1;
+}
+
 static double slowest(struct comm *w, double t)
 {
     comm_allreduce_max(w, &t, 1, COMM_F64);
@@ -32,8 +40,14 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return 2;
     }
-    const int L = atoi(argv[1]), Hq = atoi(argv[2]), Hkv = atoi(argv[3]), hd = atoi(argv[4]);
-    const int reps = argc > 5 ? atoi(argv[5]) : 3, C = comm_size(w), r = comm_rank(w);
+    const int L = arg_int(argv[1]), Hq = arg_int(argv[2]), Hkv = arg_int(argv[3]), hd = arg_int(argv[4]);
+    const int reps = argc > 5 ? arg_int(argv[5]) : 3, C = comm_size(w), r = comm_rank(w);
+    if (L < 0 || Hq < 0 || Hkv < 0 || hd < 0 || reps < 0) {
+        if (r == 0)
+            fprintf(stderr, "ring_attn_bench: L, HQ, HKV, HD and REPS must be positive integers\n");
+        MPI_Finalize();
+        return 2;
+    }
     const int32_t cu[2] = {0, L};
     struct ring_attn ra;
     char why[256];

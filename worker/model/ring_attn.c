@@ -259,7 +259,8 @@ static void block_forward(struct ring_attn *ra, struct block b, const float *q, 
                 const float inv = (float)(1.0 / sum);
                 for (int t = 0; t < b.nk; t++)
                     si[t] *= inv;
-                ra->plse[(size_t)(i0 + i) * Hq + h] = (float)(m + log(sum));
+                /* sum >= 1: the maximum contributes exp(0) */
+                ra->plse[(size_t)(i0 + i) * Hq + h] = (float)(m + log(sum)); // cppcheck-suppress invalidFunctionArg
             }
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, hd, b.nk, 1.0f, S, b.nk,
                         vv + (size_t)b.k0 * ldk + ko, ldk, 0.0f, ra->po + (size_t)i0 * ldq + (size_t)h * hd, ldq);
