@@ -288,6 +288,12 @@ static void check_refusals(struct comm *cp)
     EXPECT(ring_attn_plan(&ra, kctx_cpu(), cp, 8 * C, cu_down, 3, NULL, 0, 4, 2, 8, why, sizeof why) == -1 &&
                strstr(why, "cu_seqlens[2] = 5"),
            "decreasing offsets: %s", why);
+    /* a CUDA context (a copy of the CPU one that says CUDA: the visiting blocks have no CUDA kernel) */
+    struct kctx cuda_like = *kctx_cpu();
+    cuda_like.device = KDEV_CUDA;
+    EXPECT(ring_attn_plan(&ra, &cuda_like, cp, 8 * C, cu_ok, 1, NULL, 0, 4, 2, 8, why, sizeof why) == -1 &&
+               strstr(why, "CPU back-end only"),
+           "a CUDA context: %s", why);
     /* segments: one not a multiple of 2C, one that starts inside a sequence */
     const int32_t cu3[4] = {0, 4 * C, 6 * C, 8 * C}, seg_odd[3] = {0, 4 * C + 1, 8 * C}, seg_in[3] = {0, 2 * C, 8 * C};
     if (C > 1) {
