@@ -188,6 +188,14 @@ static void check_case(struct comm *cp, int L, const int32_t *cu, int B, const i
                    ring_attn_row(&ra, i));
         }
     }
+    int32_t *pos = xmalloc(sizeof(int32_t) * (size_t)L), *lpos = xmalloc(sizeof(int32_t) * (size_t)n);
+    for (int b = 0; b < B; b++) /* positions within each sequence, as a packed batch has them */
+        for (int t = cu[b]; t < cu[b + 1]; t++)
+            pos[t] = t - cu[b];
+    ring_attn_take_i32(&ra, lpos, pos);
+    for (int i = 0; i < n; i++)
+        EXPECT(lpos[i] == pos[ring_attn_row(&ra, i)], "%s: local row %d has position %d", cs, i, lpos[i]);
+    free(pos), free(lpos);
     float *lq = xmalloc(sizeof(float) * (size_t)n * ldq), *lk = xmalloc(sizeof(float) * (size_t)n * ldk);
     float *lv = xmalloc(sizeof(float) * (size_t)n * ldk), *lg = xmalloc(sizeof(float) * (size_t)n * ldq);
     ring_attn_take(&ra, lq, q, ldq);

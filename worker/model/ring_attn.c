@@ -42,6 +42,12 @@ void ring_attn_take(const struct ring_attn *ra, float *dst, const float *src, in
         memcpy(dst + (size_t)i * width, src + (size_t)ring_attn_row(ra, i) * width, sizeof(float) * (size_t)width);
 }
 
+void ring_attn_take_i32(const struct ring_attn *ra, int32_t *dst, const int32_t *src)
+{
+    for (int i = 0; i < ra->n; i++)
+        dst[i] = src[ring_attn_row(ra, i)];
+}
+
 double ring_attn_bytes(int C, int c, int Hkv, int hd, int backward)
 {
     const double pair = 2.0 * (2.0 * c) * Hkv * hd * sizeof(float); /* K and V of two chunks */

@@ -70,6 +70,9 @@ void ring_attn_free(struct ring_attn *ra);
 int ring_attn_row(const struct ring_attn *ra, int i);
 /* dst (n, width) = this rank's rows of src (L, width): a whole row's tensor cut to what this rank holds. */
 void ring_attn_take(const struct ring_attn *ra, float *dst, const float *src, int width);
+/* dst (n) = this rank's entries of src (L): a whole row's token ids, targets or positions (RoPE's, which the caller
+ * applies before the attention at the tokens' true positions) cut to what this rank holds. */
+void ring_attn_take_i32(const struct ring_attn *ra, int32_t *dst, const int32_t *src);
 /* Forward over the n = 2c local rows: out (n, Hq hd) and lse (n, Hq) written from q (n, Hq hd), k and v
  * (n, Hkv hd), collective over the group. */
 void ring_attn_forward(struct ring_attn *ra, float *out, float *lse, const float *q, const float *k, const float *v);
