@@ -326,6 +326,8 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--short") == 0)
             long_rows = false;
+        else if (strcmp(argv[i], "--deadline") == 0 && i + 1 < argc) /* the ring's sends under a deadline */
+            comm_set_deadline(w, strtod(argv[++i], NULL));
 
     check_refusals(w);
     /* one sequence, GQA (2 query heads per KV head) */
