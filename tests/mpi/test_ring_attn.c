@@ -264,6 +264,20 @@ static void check_case(struct comm *cp, int L, const int32_t *cu, int B, const i
                all[2 * p], all[2 * p + 1], bal, (2LL * C + 1) * S);
     if (r == 0)
         printf("%s: pairs per rank %lld (rank 0), %.0f + %.0f bytes sent per rank\n", cs, all[0], sent_f, sent_b);
+
+    /* the same bits on 3 threads (the visiting blocks split over the CPU kernels' threads) as on one */
+    float *out3 = xmalloc(sizeof(float) * (size_t)n * ldq), *lse3 = xmalloc(sizeof(float) * (size_t)n * Hq);
+    float *dq3 = xcalloc((size_t)n * ldq, sizeof(float)), *dk3 = xcalloc((size_t)n * ldk, sizeof(float));
+    float *dv3 = xcalloc((size_t)n * ldk, sizeof(float));
+    cpu_set_threads(3);
+    ring_attn_forward(&ra, out3, lse3, lq, lk, lv);
+    ring_attn_backward(&ra, dq3, dk3, dv3, lg, out3, lse3, lq, lk, lv);
+    cpu_set_threads(1);
+    EXPECT(!memcmp(out, out3, sizeof(float) * (size_t)n * ldq) && !memcmp(lse, lse3, sizeof(float) * (size_t)n * Hq) &&
+               !memcmp(dq, dq3, sizeof(float) * (size_t)n * ldq) && !memcmp(dk, dk3, sizeof(float) * (size_t)n * ldk) &&
+               !memcmp(dv, dv3, sizeof(float) * (size_t)n * ldk),
+           "%s: rank %d's results on 3 threads differ from those on one", cs, r);
+    free(out3), free(lse3), free(dq3), free(dk3), free(dv3);
     free(all);
     free(lq), free(lk), free(lv), free(lg), free(out), free(lse), free(dq), free(dk), free(dv);
     ring_attn_free(&ra);
@@ -329,6 +343,7 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--deadline") == 0 && i + 1 < argc) /* the ring's sends under a deadline */
             comm_set_deadline(w, strtod(argv[++i], NULL));
 
+    cpu_set_threads(1);
     check_refusals(w);
     /* one sequence, GQA (2 query heads per KV head) */
     const int32_t one24[2] = {0, 24};

@@ -17,8 +17,9 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "kernels/cpu/pool.h"
 
-/* query rows per block of the visiting steps' products (the scratch is two blocks of 2c floats per row) */
+/* query rows per block of the visiting steps' products (a thread's scratch: two blocks of 2c floats a row) */
 enum { RING_BLOCK = 64 };
 
 static int fail(char *why, size_t len, const char *msg)
@@ -155,7 +156,6 @@ int ring_attn_plan(struct ring_attn *ra, struct kctx *K, struct comm *cp, int L,
     ra->po = xmalloc(sizeof(float) * (size_t)n * Hq * hd);
     ra->plse = xmalloc(sizeof(float) * (size_t)n * Hq);
     ra->drow = xmalloc(sizeof(double) * (size_t)n * Hq);
-    ra->scratch = xmalloc(sizeof(float) * 2 * RING_BLOCK * (size_t)n);
     return 0;
 }
 
@@ -171,7 +171,6 @@ void ring_attn_free(struct ring_attn *ra)
     free(ra->po);
     free(ra->plse);
     free(ra->drow);
-    free(ra->scratch);
     memset(ra, 0, sizeof *ra);
 }
 
@@ -221,6 +220,15 @@ static double dot(const float *a, const float *b, int n)
 
 static int imin(int a, int b) { return a < b ? a : b; }
 
+/* multiply-adds of a visiting step's forward: 2c^2 pairs per segment of chunk c, two products of hd per head */
+static double step_macs(const struct ring_attn *ra)
+{
+    double pairs = 0;
+    for (int g = 0; g < ra->S; g++)
+        pairs += 2.0 * seg_chunk(ra, g) * seg_chunk(ra, g);
+    return 2.0 * pairs * ra->Hq * ra->hd;
+}
+
 /* S (nb, nk) = scale q k^T for query rows [i0, i0 + nb) of head h against the visiting rows [k0, k0 + nk) */
 static void block_scores(const struct ring_attn *ra, struct block b, int i0, int nb, int h, const float *q,
                          const float *kk, float *S)
@@ -231,15 +239,15 @@ static void block_scores(const struct ring_attn *ra, struct block b, int i0, int
                 b.nk);
 }
 
-/* Partial attention of step b's queries against the visiting keys kk, vv (rows of Hkv hd), per query head in
- * blocks of RING_BLOCK rows: the scores as one product, the softmax over the keys each query sees (its own
- * sequence's), the output as a second product. po and plse of those rows (plse -inf and po 0 where a query sees
- * none of the keys). */
-static void block_forward(struct ring_attn *ra, struct block b, const float *q, const float *kk, const float *vv)
+/* Partial attention of step b's queries of head h against the visiting keys kk, vv (rows of Hkv hd), in blocks of
+ * RING_BLOCK rows: the scores as one product, the softmax over the keys each query sees (its own sequence's), the
+ * output as a second product. po and plse of those rows (plse -inf and po 0 where a query sees none of the keys).
+ * S: RING_BLOCK x b.nk floats. */
+static void head_block_forward(struct ring_attn *ra, struct block b, int h, const float *q, const float *kk,
+                               const float *vv, float *S)
 {
     const int Hq = ra->Hq, hd = ra->hd, ldq = Hq * hd, ldk = ra->Hkv * hd;
-    float *S = ra->scratch;
-    for (int h = 0; h < Hq; h++) {
+    {
         const size_t ko = (size_t)(h / (Hq / ra->Hkv)) * hd;
         for (int i0 = b.q0; i0 < b.q1; i0 += RING_BLOCK) {
             const int nb = imin(RING_BLOCK, b.q1 - i0);
@@ -272,6 +280,90 @@ static void block_forward(struct ring_attn *ra, struct block b, const float *q, 
                         vv + (size_t)b.k0 * ldk + ko, ldk, 0.0f, ra->po + (size_t)i0 * ldq + (size_t)h * hd, ldq);
         }
     }
+}
+
+/* Gradients of step b's block for the query heads of KV head kh, as head_backward in kernels/cpu/attention.c
+ * computes them: P recomputed from the whole attention's lse, drow holding dout . out of the whole attention;
+ * dS = P (dout v^T - drow); dq of the local queries += scale dS k, dkk of the visiting keys += scale dS^T q,
+ * dvv += P^T dout. P, dP: RING_BLOCK x b.nk floats each. */
+static void kv_block_backward(struct ring_attn *ra, struct block b, int kh, float *dq, float *dkk, float *dvv,
+                              const float *dout, const float *lse, const float *q, const float *kk, const float *vv,
+                              float *P, float *dP)
+{
+    const int Hq = ra->Hq, hd = ra->hd, ldq = Hq * hd, ldk = ra->Hkv * hd, group = Hq / ra->Hkv;
+    const float scale = (float)(1.0 / sqrt((double)hd));
+    for (int h = kh * group; h < (kh + 1) * group; h++) {
+        const size_t ko = (size_t)b.k0 * ldk + (size_t)(h / (Hq / ra->Hkv)) * hd;
+        for (int i0 = b.q0; i0 < b.q1; i0 += RING_BLOCK) {
+            const int nb = imin(RING_BLOCK, b.q1 - i0);
+            const size_t qo = (size_t)i0 * ldq + (size_t)h * hd;
+            block_scores(ra, b, i0, nb, h, q, kk, P);
+            for (int i = 0; i < nb; i++) {
+                const int gq = ring_attn_row(ra, i0 + i);
+                float *pi = P + (size_t)i * b.nk;
+                for (int t = 0; t < b.nk; t++)
+                    if (!visible(ra, gq, row_of(ra, b.j, b.k0 + t)))
+                        pi[t] = -INFINITY;
+                /* the scores are the forward's, so s - lse <= 0 up to rounding; the masked -inf become 0 */
+                vec_exp_shifted(pi, pi, (size_t)b.nk, lse[(size_t)(i0 + i) * Hq + h]);
+            }
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, b.nk, hd, nb, 1.0f, P, b.nk, dout + qo, ldq, 1.0f,
+                        dvv + ko, ldk);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, b.nk, hd, 1.0f, dout + qo, ldq, vv + ko, ldk, 0.0f,
+                        dP, b.nk);
+            for (int i = 0; i < nb; i++) {
+                const float Di = (float)ra->drow[(size_t)(i0 + i) * Hq + h];
+                float *pi = P + (size_t)i * b.nk, *dpi = dP + (size_t)i * b.nk;
+                for (int t = 0; t < b.nk; t++)
+                    dpi[t] = pi[t] * (dpi[t] - Di);
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, hd, b.nk, scale, dP, b.nk, kk + ko, ldk, 1.0f,
+                        dq + qo, ldq);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, b.nk, hd, nb, scale, dP, b.nk, q + qo, ldq, 1.0f,
+                        dkk + ko, ldk);
+        }
+    }
+}
+
+/* A visiting step's blocks as units of work on the CPU kernels' threads (kernels/cpu/pool.h): forward a
+ * (segment, query head), backward a (segment, KV head), whose gradients of the visiting keys no other unit touches.
+ * Each part takes the next unit until none is left, with its own scratch; a unit is computed whole by one thread
+ * in a fixed order, so the bits do not depend on the number of threads. */
+struct ring_job {
+    struct ring_attn *ra;
+    int s, units, per_seg; /* the step; units = segments x per_seg */
+    const float *q, *kk, *vv, *dout, *lse;
+    float *dq, *dkk, *dvv;
+    _Atomic int next;
+};
+
+static void forward_part(void *arg, int part, int parts)
+{
+    (void)part, (void)parts;
+    struct ring_job *j = arg;
+    float *S = xmalloc(sizeof(float) * RING_BLOCK * (size_t)j->ra->n);
+    for (int u; (u = j->next++) < j->units;)
+        head_block_forward(j->ra, step_block(j->ra, j->s, u / j->per_seg), u % j->per_seg, j->q, j->kk, j->vv, S);
+    free(S);
+}
+
+static void backward_part(void *arg, int part, int parts)
+{
+    (void)part, (void)parts;
+    struct ring_job *j = arg;
+    float *P = xmalloc(sizeof(float) * 2 * RING_BLOCK * (size_t)j->ra->n);
+    for (int u; (u = j->next++) < j->units;)
+        kv_block_backward(j->ra, step_block(j->ra, j->s, u / j->per_seg), u % j->per_seg, j->dq, j->dkk, j->dvv,
+                          j->dout, j->lse, j->q, j->kk, j->vv, P, P + (size_t)RING_BLOCK * j->ra->n);
+    free(P);
+}
+
+/* Parts for a step of `macs` multiply-adds over `units` units: the CPU kernels' threads, one below 2^18 (waking a
+ * helper costs more), as the kernel's attention splits its work. */
+static int step_parts(double macs, int units)
+{
+    const int t = cpu_pool_threads(), p = t < units ? t : units;
+    return macs < (double)(1 << 18) || p < 1 ? 1 : p;
 }
 
 /* out, lse of rows [q0, q1) merged with the step's partial po, plse by log-sum-exp. */
@@ -314,54 +406,14 @@ void ring_attn_forward(struct ring_attn *ra, float *out, float *lse, const float
     for (int s = 1; s < ra->C; s++) {
         ring_pass(ra, ra->ring[cur], ra->ring[cur ^ 1], 2 * kv);
         cur ^= 1;
+        struct ring_job j = {.ra = ra, .s = s, .units = ra->S * ra->Hq, .per_seg = ra->Hq, .q = q};
+        j.kk = ra->ring[cur], j.vv = ra->ring[cur] + kv, j.next = 0;
+        cpu_run_parts(step_parts(step_macs(ra), j.units), forward_part, &j);
         for (int g = 0; g < ra->S; g++) {
             const struct block b = step_block(ra, s, g);
-            block_forward(ra, b, q, ra->ring[cur], ra->ring[cur] + kv);
             merge(ra, b.q0, b.q1, out, lse);
         }
         count_step(ra, s);
-    }
-}
-
-/* Gradients of step b's block, as head_backward in kernels/cpu/attention.c computes them: P recomputed from the
- * whole attention's lse, drow holding dout . out of the whole attention; dS = P (dout v^T - drow); dq of the local
- * queries += scale dS k, dkk of the visiting keys += scale dS^T q, dvv += P^T dout. */
-static void block_backward(struct ring_attn *ra, struct block b, float *dq, float *dkk, float *dvv, const float *dout,
-                           const float *lse, const float *q, const float *kk, const float *vv)
-{
-    const int Hq = ra->Hq, hd = ra->hd, ldq = Hq * hd, ldk = ra->Hkv * hd, n = ra->n;
-    const float scale = (float)(1.0 / sqrt((double)hd));
-    float *P = ra->scratch, *dP = ra->scratch + (size_t)RING_BLOCK * n;
-    for (int h = 0; h < Hq; h++) {
-        const size_t ko = (size_t)b.k0 * ldk + (size_t)(h / (Hq / ra->Hkv)) * hd;
-        for (int i0 = b.q0; i0 < b.q1; i0 += RING_BLOCK) {
-            const int nb = imin(RING_BLOCK, b.q1 - i0);
-            const size_t qo = (size_t)i0 * ldq + (size_t)h * hd;
-            block_scores(ra, b, i0, nb, h, q, kk, P);
-            for (int i = 0; i < nb; i++) {
-                const int gq = ring_attn_row(ra, i0 + i);
-                float *pi = P + (size_t)i * b.nk;
-                for (int t = 0; t < b.nk; t++)
-                    if (!visible(ra, gq, row_of(ra, b.j, b.k0 + t)))
-                        pi[t] = -INFINITY;
-                /* the scores are the forward's, so s - lse <= 0 up to rounding; the masked -inf become 0 */
-                vec_exp_shifted(pi, pi, (size_t)b.nk, lse[(size_t)(i0 + i) * Hq + h]);
-            }
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, b.nk, hd, nb, 1.0f, P, b.nk, dout + qo, ldq, 1.0f,
-                        dvv + ko, ldk);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, b.nk, hd, 1.0f, dout + qo, ldq, vv + ko, ldk, 0.0f,
-                        dP, b.nk);
-            for (int i = 0; i < nb; i++) {
-                const float Di = (float)ra->drow[(size_t)(i0 + i) * Hq + h];
-                float *pi = P + (size_t)i * b.nk, *dpi = dP + (size_t)i * b.nk;
-                for (int t = 0; t < b.nk; t++)
-                    dpi[t] = pi[t] * (dpi[t] - Di);
-            }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, hd, b.nk, scale, dP, b.nk, kk + ko, ldk, 1.0f,
-                        dq + qo, ldq);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, b.nk, hd, nb, scale, dP, b.nk, q + qo, ldq, 1.0f,
-                        dkk + ko, ldk);
-        }
     }
 }
 
@@ -390,8 +442,9 @@ void ring_attn_backward(struct ring_attn *ra, float *dq, float *dk, float *dv, c
         float *buf = ra->ring[cur];
         if (!both)
             memset(buf + 2 * kv, 0, sizeof(float) * 2 * kv);
-        for (int g = 0; g < ra->S; g++)
-            block_backward(ra, step_block(ra, s, g), dq, buf + 2 * kv, buf + 3 * kv, dout, lse, q, buf, buf + kv);
+        struct ring_job j = {.ra = ra, .s = s, .units = ra->S * ra->Hkv, .per_seg = ra->Hkv, .q = q, .dout = dout};
+        j.lse = lse, j.dq = dq, j.kk = buf, j.vv = buf + kv, j.dkk = buf + 2 * kv, j.dvv = buf + 3 * kv, j.next = 0;
+        cpu_run_parts(step_parts(2 * step_macs(ra), j.units), backward_part, &j);
     }
     /* the last visitor's gradients to their owner, the next rank; ours from the previous */
     ring_pass(ra, ra->ring[cur] + 2 * kv, ra->ring[cur ^ 1] + 2 * kv, 2 * kv);

@@ -54,7 +54,6 @@ struct ring_attn {
     float *po;      /* (2c, Hq hd) a step's partial output */
     float *plse;    /* (2c, Hq) its log-sum-exp */
     double *drow;   /* (2c, Hq) the backward's dout . out */
-    float *scratch; /* (2, 64, 2c) scores and their gradients of a block of query rows */
     struct ring_attn_stats stats;
 };
 
