@@ -86,10 +86,10 @@ int main(int argc, char **argv)
         /* what the backward keeps of the attention (q, k, v, out, lse) and what the ring adds while it runs */
         const double kept = (double)(2 * lq + 2 * lk + n * Hq) * 4,
                      whole = (double)(2 * nq + 2 * nk + (size_t)L * Hq) * 4;
-        const double ring = C > 1 ? 2.0 * 4 * lk * 4 : 0.0, scratch = (C > 1 ? 2.0 * 64 * n * 4 : 0.0) + 4.0 * L;
+        const double ring = C > 1 ? 2.0 * 4 * lk * 4 : 0.0, scratch = (C > 1 ? 2.0 * 64 * n * 4 : 0.0) + 8.0 * L;
         printf("C=%d L=%d Hq=%d Hkv=%d hd=%d: forward %.1f ms, backward %.1f ms (slowest rank); sent per rank %.0f + "
                "%.0f bytes; pairs per rank %lld..%lld; kept for the backward per rank %.2f MB (whole row %.2f MB), "
-               "ring buffers %.2f MB, scratch %.2f MB\n",
+               "ring buffers %.2f MB, scratch %.2f MB (a thread's, and the row's maps)\n",
                C, L, Hq, Hkv, hd, fwd * 1e3, bwd * 1e3, ring_attn_bytes(C, ra.c, Hkv, hd, 0),
                ring_attn_bytes(C, ra.c, Hkv, hd, 1), -pairs[1], pairs[0], kept / 1e6, whole / 1e6, ring / 1e6,
                scratch / 1e6);
