@@ -11,7 +11,7 @@
 #  - a rollout rank killed, then every worker of the rollout host; replaced with grpo-worker --replace-rank; the
 #    run finishes and mpirun exits 0 within 45 s (the ranks ask it to end the job: issue 26's Why 5);
 #  - a rollout rank frozen (SIGSTOP) across the end of the run: woken, it ends as finished at once, and mpirun
-#    exits 0;
+#    exits 0; the same rank left frozen: the job ends without it 20 s after the run, and mpirun exits 0;
 #  - the trainer host lost (every process on it, its Open MPI daemon too; mpirun on the rollout host): every rank
 #    on every host ends within 60 s, mpirun too, grpoctl names the lost trainer; the relaunch resumes and ends
 #    bit-identical.
@@ -21,7 +21,7 @@ GRPOD="$1" GRPOCTL="$2" WORKER="$3" MODEL_TOOL="$4" COMPARE="$5" SCORER="$6"
 . "$(dirname "$0")/hosts_lib.sh" grpo-net
 hosts_up || finish
 CHECK_AUDIT="$SRC_ROOT/tests/mpi/check_audit.py"
-PHASES="${PHASES:-split iface badname colocated linkdown linkdown60 netem partition replace frozen trainerlost}"
+PHASES="${PHASES:-split iface badname colocated linkdown linkdown60 netem partition replace frozen frozenlong trainerlost}"
 want() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
 
 tiny_model "$TMP/tiny"
@@ -80,6 +80,7 @@ ended_within() {
     return 0
 }
 step_at_least() { [ "$(ctl status --json 2>/dev/null | jq -r .step)" -ge "$1" ] 2>/dev/null; }
+run_done() { ctl status --json | jq -e '.state == "finished"' >/dev/null; }
 
 # grpod with none of the run's keys: each run's first rank lays it out (split or colocated); a fresh one per case
 grpod_up hostc "${GRPOD_KEYS[@]}"
@@ -194,11 +195,10 @@ if want replace; then
     # Open MPI 4.1 under orte_enable_recovery would keep mpirun up for ever once a host lost a rank (its daemon
     # reports one abnormal end per job, and never that host's part of the job as done): the trainers, stuck in
     # MPI_Finalize for their lost peers, ask mpirun to end the finished job after their 20 s grace
-    state_done() { ctl status --json | jq -e '.state == "finished"' >/dev/null; }
-    wait_for 30 state_done; expect "grpod says the run finished" $?
+    wait_for 30 run_done; expect "grpod says the run finished" $?
     t0=$(date +%s)
-    ended_within 45 && [ "$MPI_RC" = 0 ]
-    expect "replace: mpirun exits 0 within 45 s of the run's end ($(($(date +%s) - t0)) s, exit $MPI_RC)" $?
+    ended_within 45 && [ "$MPI_RC" = 0 ]; rc=$?
+    expect "replace: mpirun exits 0 within 45 s of the run's end ($(($(date +%s) - t0)) s, exit $MPI_RC)" $rc
     same replace
 fi
 
@@ -210,16 +210,36 @@ if want frozen; then
     under_way frozen
     victim=$(pid_of 3)
     kill -STOP "$victim"; expect "rollout rank 3 (pid $victim) frozen" $?
-    run_done() { ctl status --json | jq -e '.state == "finished"' >/dev/null; }
     wait_for 240 run_done; expect "the run finishes without it" $?
+    # woken once the trainers' dispatcher is closed (it lingers a few seconds for the rollout ranks to hear the end)
+    port=$(sed -n 's|.*\[rank 0\] trainer: dispatching .* at tcp://\*:\([0-9]*\).*|\1|p' "$TMP/frozen.log" | head -1)
+    disp_closed() { ! on hosta bash -c "exec 3<>/dev/tcp/127.0.0.1/$port" 2>/dev/null; }
+    wait_for 30 disp_closed; expect "the trainers' dispatcher (port $port) is closed" $?
     kill -CONT "$victim"
     t0=$(date +%s)
     said() { grep -q "\[rank 3\] rollout: finished: the run finished while this rank was away" "$TMP/frozen.log"; }
     wait_for 30 said; rc=$?
     expect "woken, rank 3 hears from grpod that the run finished and ends as finished ($(($(date +%s) - t0)) s)" $rc
-    ended_within 45 && [ "$MPI_RC" = 0 ]
-    expect "frozen: mpirun exits 0 within 45 s of rank 3's waking ($(($(date +%s) - t0)) s, exit $MPI_RC)" $?
+    ended_within 45 && [ "$MPI_RC" = 0 ]; rc=$?
+    expect "frozen: mpirun exits 0 within 45 s of rank 3's waking ($(($(date +%s) - t0)) s, exit $MPI_RC)" $rc
     same frozen
+fi
+
+# a rollout rank still frozen when its peers' 20 s grace in MPI_Finalize is over: they ask mpirun to end the
+# finished job, which ends the frozen rank too (SIGCONT, SIGTERM, then SIGKILL from its host's Open MPI daemon),
+# and mpirun exits 0 (it used to stay up while the rank slept, and for ever once it had woken: issue 26, Why 5)
+if want frozenlong; then
+    under_way frozenlong
+    victim=$(pid_of 3)
+    kill -STOP "$victim"; expect "rollout rank 3 (pid $victim) frozen" $?
+    wait_for 240 run_done; expect "the run finishes without it" $?
+    t0=$(date +%s)
+    ended_within 45 && [ "$MPI_RC" = 0 ]; rc=$?
+    expect "frozenlong: mpirun ends the job and exits 0 within 45 s of the run's end, rank 3 frozen ($(($(date +%s) - t0)) s, exit $MPI_RC)" $rc
+    # (a process that has ended may stay a zombie for a while: its parent, the daemon, is gone)
+    ended() { ! kill -0 "$victim" 2>/dev/null || [ "$(awk '{print $3}' "/proc/$victim/stat" 2>/dev/null)" = Z ]; }
+    wait_for 30 ended; expect "the frozen rank 3 has ended with the job" $?
+    same frozenlong
 fi
 
 if want trainerlost; then
