@@ -66,14 +66,19 @@ static void usage(FILE *out)
 }
 
 /* In recovery mode a job that lost a rank can hang in MPI_Finalize (comm_mpi_finalize; Open MPI 4.1 waits for the
- * dead rank in its closing exchange, now and then): the work is done and written, so after a grace the process ends
- * by itself. */
+ * dead rank in its closing exchange): the work is done and written, so after a grace the process ends by itself,
+ * and a rank whose run finished first asks mpirun to end the job (comm_end_finished_job: mpirun would not notice a
+ * lost rank's end by itself). The grace also covers the other ranks' last steps: a rollout rank hears of the end
+ * of the run a few seconds after the trainers, and the job's end stops every rank still there. */
 static int finalize_status;
 static void *finalize_guard(void *arg)
 {
     (void)arg;
     sleep(20);
-    log_warn("worker", "MPI_Finalize has not returned in 20 s (a rank of this job was lost): ending without it");
+    log_warn("worker", "MPI_Finalize has not returned in 20 s (a rank of this job was lost): ending without it%s",
+             finalize_status == 0 ? ", and asking mpirun to end the job" : "");
+    if (finalize_status == 0)
+        comm_end_finished_job();
     _exit(finalize_status);
     return NULL;
 }
@@ -272,9 +277,16 @@ static int finalize(struct launch *l, struct comm *world, struct args *a, int st
     }
     launch_close(l);
     comm_free(world);
-    if (comm_job_outlives_ranks() && size > 1)
+    const bool outlives = comm_job_outlives_ranks() && size > 1;
+    if (outlives && status == 0)
+        comm_arm_job_end();
+    if (outlives)
         finalize_watchdog(status);
     comm_mpi_finalize();
+    /* every rank still in the job has reached MPI_Finalize: its work is done; mpirun ends a job that lost a rank
+     * only when asked (a failed run's ranks end it through comm_end_job, with their status) */
+    if (outlives && status == 0)
+        comm_end_finished_job();
     config_free(&a->cfg);
     return status;
 }

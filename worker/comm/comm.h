@@ -28,6 +28,12 @@ void comm_mpi_finalize(void);
 void comm_end_job(int code);
 /* Whether mpirun keeps the job when one of its ranks dies (--mca orte_enable_recovery 1). */
 bool comm_job_outlives_ranks(void);
+/* Under mpirun in that mode: make ready (before comm_mpi_finalize) to ask mpirun to end the job; elsewhere nothing. */
+void comm_arm_job_end(void);
+/* After comm_arm_job_end, once this rank's part of a finished run is done (MPI_Finalize returned, or hangs for a
+ * lost rank): ask mpirun to end the job, ending any rank of it still there; mpirun then exits with the job's status.
+ * Nothing when not armed. Safe from another thread while comm_mpi_finalize runs. */
+void comm_end_finished_job(void);
 /* MPI_COMM_WORLD as a comm (MPI must be initialised). */
 struct comm *comm_mpi_world(void);
 /* A sub-group of parent: ranks with the same color, ordered by key (same back-end as parent). */

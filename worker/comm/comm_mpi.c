@@ -8,6 +8,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#ifdef GRPO_HAVE_PMIX
+#include <pmix.h>
+#endif
+
 #include "comm.h"
 #include "common/check_mpi.h"
 #include "common/clock.h"
@@ -497,6 +501,54 @@ void comm_mpi_finalize(void) { MPI_Finalize(); }
 void comm_end_job(int code) { check_mpi_end_job(code); }
 
 bool comm_job_outlives_ranks(void) { return check_mpi_recovery_mode() != 0; }
+
+/* Open MPI 4.1 under orte_enable_recovery never ends a job that lost a rank on a host where it had other ranks:
+ * that host's daemon tells mpirun of the first abnormal end of a rank of the job only (once per job, as mpirun
+ * would normally end the job there and then), and the rank that ended so never counts as terminated on the daemon,
+ * so the daemon never reports its host's part of the job as done; mpirun waits for ever. The ranks of a finished
+ * run therefore ask mpirun to end the job themselves, through the process manager (PMIx) they were started with:
+ * a "terminate" job control, which makes mpirun halt its daemons (they end what is left of their ranks) and exit
+ * with the job's status, 0 when nothing failed. PMIx is opened here before MPI_Finalize (which closes MPI's use
+ * of it), so that the request can still be made after it. */
+#ifdef GRPO_HAVE_PMIX
+static bool end_armed;
+#endif
+
+void comm_arm_job_end(void)
+{
+#ifdef GRPO_HAVE_PMIX
+    /* only ranks that mpirun (or its daemons) started: they have OMPI_MCA_orte_hnp_uri; srun's direct launch has
+     * its own process manager, where a terminate would cancel the step */
+    if (end_armed || !check_mpi_recovery_mode() || !getenv("OMPI_MCA_orte_hnp_uri"))
+        return;
+    pmix_proc_t me;
+    pmix_status_t rc = PMIx_Init(&me, NULL, 0);
+    if (rc == PMIX_SUCCESS)
+        end_armed = true;
+    else
+        log_warn("comm",
+                 "cannot reach mpirun's process manager (PMIx_Init: %s): if a rank of this job was lost, "
+                 "end mpirun yourself once the run has finished",
+                 PMIx_Error_string(rc));
+#endif
+}
+
+void comm_end_finished_job(void)
+{
+#ifdef GRPO_HAVE_PMIX
+    if (!end_armed)
+        return;
+    pmix_info_t info;
+    bool yes = true;
+    PMIX_INFO_CONSTRUCT(&info);
+    PMIX_INFO_LOAD(&info, PMIX_JOB_CTRL_TERMINATE, &yes, PMIX_BOOL);
+    pmix_status_t rc = PMIx_Job_control(NULL, 0, &info, 1, NULL, NULL);
+    PMIX_INFO_DESTRUCT(&info);
+    if (rc != PMIX_SUCCESS && rc != PMIX_OPERATION_SUCCEEDED)
+        log_warn("comm", "mpirun did not take the request to end the finished job (%s): end it yourself",
+                 PMIx_Error_string(rc));
+#endif
+}
 
 /* The NCCL back-end needs the MPI communicator under a comm to share its unique id. */
 MPI_Comm comm_mpi_handle(struct comm *c);

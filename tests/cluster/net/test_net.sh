@@ -11,8 +11,9 @@
 #    pings (some lost, none back in under 100 ms);
 #  - hostb cut off from hosta but not from grpod for 8 s;
 #  - a rollout rank killed, then every worker of the rollout host; replaced with grpo-worker --replace-rank; the
-#    run finishes (mpirun staying up afterwards is measured and said, not checked: issue 26's Why 5 is open);
-#  - a rollout rank frozen (SIGSTOP) across the end of the run: woken, it ends as finished at once;
+#    run finishes and mpirun exits 0 within 45 s (the ranks ask it to end the job: issue 26's Why 5);
+#  - a rollout rank frozen (SIGSTOP) across the end of the run: woken, it ends as finished at once, and mpirun
+#    exits 0; the same rank left frozen: the job ends without it 20 s after the run, and mpirun exits 0;
 #  - the trainer host lost (every process on it, its Open MPI daemon too; mpirun on the rollout host): every rank
 #    on every host ends within 60 s, mpirun too, grpoctl names the lost trainer; the relaunch resumes and ends
 #    bit-identical.
@@ -22,7 +23,7 @@ GRPOD="$1" GRPOCTL="$2" WORKER="$3" MODEL_TOOL="$4" COMPARE="$5" SCORER="$6" LIN
 . "$(dirname "$0")/hosts_lib.sh" grpo-net
 hosts_up || finish
 CHECK_AUDIT="$SRC_ROOT/tests/mpi/check_audit.py"
-PHASES="${PHASES:-split iface badname colocated linkdown linkdown60 netem partition replace frozen trainerlost}"
+PHASES="${PHASES:-split iface badname colocated linkdown linkdown60 netem partition replace frozen frozenlong trainerlost}"
 want() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
 
 tiny_model "$TMP/tiny"
@@ -81,6 +82,7 @@ ended_within() {
     return 0
 }
 step_at_least() { [ "$(ctl status --json 2>/dev/null | jq -r .step)" -ge "$1" ] 2>/dev/null; }
+run_done() { ctl status --json | jq -e '.state == "finished"' >/dev/null; }
 
 # grpod with none of the run's keys: each run's first rank lays it out (split or colocated); a fresh one per case
 grpod_up hostc "${GRPOD_KEYS[@]}"
@@ -205,35 +207,54 @@ if want replace; then
     t0=$(date +%s)
     wait "$REPL_2"; expect "replacement of rank 2 finishes" $?
     wait "$REPL_3"; expect "replacement of rank 3 finishes" $?
-    # Open MPI 4.1 under orte_enable_recovery keeps mpirun up after the job's ranks are done when one was lost
-    # (issue 26, Why 5: not solved yet): measured and said, not checked; the processes are ended at exit
-    state_done() { ctl status --json | jq -e '.state == "finished"' >/dev/null; }
-    wait_for 30 state_done; expect "grpod says the run finished" $?
-    if ended_within 20; then echo "note: mpirun exited $MPI_RC after the run with lost ranks"; else
-        echo "note: mpirun still up 20 s after the run with lost ranks finished (Open MPI keeps the job; known)"; fi
+    # Open MPI 4.1 under orte_enable_recovery would keep mpirun up for ever once a host lost a rank (its daemon
+    # reports one abnormal end per job, and never that host's part of the job as done): the trainers, stuck in
+    # MPI_Finalize for their lost peers, ask mpirun to end the finished job after their 20 s grace
+    wait_for 30 run_done; expect "grpod says the run finished" $?
+    t0=$(date +%s)
+    ended_within 45 && [ "$MPI_RC" = 0 ]; rc=$?
+    expect "replace: mpirun exits 0 within 45 s of the run's end ($(($(date +%s) - t0)) s, exit $MPI_RC)" $rc
     same replace
 fi
 
-# a rollout rank frozen (SIGSTOP) across the end of the run: the other takes its units, the run finishes; woken,
-# it hears from grpod that the run finished and ends as finished (not "the trainers are gone" after 60 s); mpirun
-# staying up afterwards (its peers left MPI_Finalize without it) is measured and said (issue 26, Why 5)
+# a rollout rank frozen (SIGSTOP) across the end of the run: the other takes its units, the run finishes; woken
+# while its peers wait for it in MPI_Finalize (they give it 20 s, then end the job), it hears from grpod that the
+# run finished and ends as finished (not "the trainers are gone" after 60 s: the trainers' dispatcher is closed);
+# mpirun then exits 0 (issue 26, Why 5)
 if want frozen; then
     under_way frozen
-    victim=$(pid_of 3) t0pid=$(pid_of 0) t1pid=$(pid_of 1)
+    victim=$(pid_of 3)
     kill -STOP "$victim"; expect "rollout rank 3 (pid $victim) frozen" $?
-    run_done() { ctl status --json | jq -e '.state == "finished"' >/dev/null; }
     wait_for 240 run_done; expect "the run finishes without it" $?
-    trainers_gone() { ! kill -0 "$t0pid" 2>/dev/null && ! kill -0 "$t1pid" 2>/dev/null; }
-    wait_for 60 trainers_gone; expect "the trainers (and their dispatcher) have exited" $?
+    # woken once the trainers' dispatcher is closed (it lingers a few seconds for the rollout ranks to hear the end)
+    port=$(sed -n 's|.*\[rank 0\] trainer: dispatching .* at tcp://\*:\([0-9]*\).*|\1|p' "$TMP/frozen.log" | head -1)
+    disp_closed() { ! on hosta bash -c "exec 3<>/dev/tcp/127.0.0.1/$port" 2>/dev/null; }
+    wait_for 30 disp_closed; expect "the trainers' dispatcher (port $port) is closed" $?
     kill -CONT "$victim"
     t0=$(date +%s)
     said() { grep -q "\[rank 3\] rollout: finished: the run finished while this rank was away" "$TMP/frozen.log"; }
     wait_for 30 said; rc=$?
     expect "woken, rank 3 hears from grpod that the run finished and ends as finished ($(($(date +%s) - t0)) s)" $rc
-    # its peers, done 20 s before it woke, left MPI_Finalize without it: mpirun then stays (Why 5, measured)
-    if ended_within 30; then echo "note: mpirun exited $MPI_RC"; else
-        echo "note: mpirun still up 30 s after the frozen rank ended (its peers left MPI_Finalize without it; known)"; fi
+    ended_within 45 && [ "$MPI_RC" = 0 ]; rc=$?
+    expect "frozen: mpirun exits 0 within 45 s of rank 3's waking ($(($(date +%s) - t0)) s, exit $MPI_RC)" $rc
     same frozen
+fi
+
+# a rollout rank still frozen when its peers' 20 s grace in MPI_Finalize is over: they ask mpirun to end the
+# finished job, which ends the frozen rank too (SIGCONT, SIGTERM, then SIGKILL from its host's Open MPI daemon),
+# and mpirun exits 0 (it used to stay up while the rank slept, and for ever once it had woken: issue 26, Why 5)
+if want frozenlong; then
+    under_way frozenlong
+    victim=$(pid_of 3)
+    kill -STOP "$victim"; expect "rollout rank 3 (pid $victim) frozen" $?
+    wait_for 240 run_done; expect "the run finishes without it" $?
+    t0=$(date +%s)
+    ended_within 45 && [ "$MPI_RC" = 0 ]; rc=$?
+    expect "frozenlong: mpirun ends the job and exits 0 within 45 s of the run's end, rank 3 frozen ($(($(date +%s) - t0)) s, exit $MPI_RC)" $rc
+    # (a process that has ended may stay a zombie for a while: its parent, the daemon, is gone)
+    ended() { ! kill -0 "$victim" 2>/dev/null || [ "$(awk '{print $3}' "/proc/$victim/stat" 2>/dev/null)" = Z ]; }
+    wait_for 30 ended; expect "the frozen rank 3 has ended with the job" $?
+    same frozenlong
 fi
 
 if want trainerlost; then
