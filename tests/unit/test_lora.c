@@ -64,7 +64,7 @@ static void one_seq_make(struct one_seq *s, const int32_t *ids, int T)
         s->pos[t] = t;
     }
     s->cu[0] = 0, s->cu[1] = T;
-    s->b = (struct packed_batch){T, 1, s->ids, s->targets, s->pos, s->cu, NULL, NULL};
+    s->b = (struct packed_batch){T, 1, s->ids, s->targets, s->pos, s->cu, NULL, NULL, NULL};
 }
 
 static void one_seq_free(struct one_seq *s) { free(s->ids), free(s->targets), free(s->pos); }
