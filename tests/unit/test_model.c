@@ -794,7 +794,6 @@ static void test_moe_routing_replay(void **state)
             printf("# %s, %s rollout router: %g of %g token-layers routed differently; largest |log-prob gap| %.3g "
                    "without replay, %.3g with\n",
                    names[mi], bf ? "BF16" : "fp32", n_differ[0], n_cmp, gap[0], gap[1]);
-            assert_true(n_differ[0] == n_differ[1]); /* counted against the trainer's own choice either way */
             if (!bf) { /* the recorded routes are the trainer's own: the same log-probs to float rounding */
                 assert_true(n_differ[0] == 0);
                 assert_true(gap[0] < 2e-5 && gap[1] < 2e-5);

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Routing replay (issue 30 item 5): generation records the experts of every token and the sequence carries them to
+# the trainer (one process, colocated ranks, and over the data plane of a split run); the trainer counts the
+# token-layers whose own routing differs (training/rollout_routing_mismatch) and with
+# actor_rollout_ref.actor.router_replay.mode=R3 routes by the rollout's. Same weights and precision: nothing
+# differs and replay changes nothing. One step off (rollout.mode=async) the rollout's router is one update old:
+# tokens route differently, and replay takes the routing part out of the rollout-vs-trainer log-prob gap.
+# Usage: test_moe_replay.sh GRPO_WORKER GRPO_MODEL   (from the source root)
+set -u
+. "$(dirname "$0")/../lib.sh" grpo-moe-replay
+need_bin worker "$1"
+need_bin MODEL_TOOL "$2"
+export OPENBLAS_NUM_THREADS=1
+MPIRUN=(mpirun --oversubscribe --bind-to none)
+COMMON=(trainer.test_freq=-1 trainer.val_before_train=false data.synthetic.num_val=4 data.train_batch_size=4
+    actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=4 data.max_response_length=12)
+
+# metrics FILE KEY...: per step, the values of KEY... (absent: None), as JSON lines
+metrics() {
+    python3 -c 'import json,sys
+for l in open(sys.argv[1]):
+    d = json.loads(l)
+    print(json.dumps([d.get(k) for k in sys.argv[2:]]))' "$@"
+}
+
+tiny_moe_model "$TMP/qwen3_moe" qwen3_moe
+expect "tiny Qwen3-MoE model written" $?
+tiny_model "$TMP/dense"
+expect "tiny dense model written" $?
+
+# one process, three steps: routes recorded only, then replayed
+for mode in record R3; do
+    extra=(actor_rollout_ref.rollout.enable_rollout_routing_replay=true)
+    [ $mode = R3 ] && extra=(actor_rollout_ref.actor.router_replay.mode=R3)
+    (cd "$TMP" && timeout 300 "$worker" "${COMMON[@]}" actor_rollout_ref.model.path="$TMP/qwen3_moe" \
+        trainer.default_local_dir="$TMP/one-$mode" trainer.total_training_steps=3 "${extra[@]}") \
+        >"$TMP/one-$mode.log" 2>&1
+    expect "one process, $mode: three steps" $?
+done
+python3 - "$TMP/one-record/grpo/demo/metrics.jsonl" "$TMP/one-R3/grpo/demo/metrics.jsonl" <<'PY'
+import json, sys
+rec, r3 = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
+assert len(rec) == len(r3) == 3
+for a, b in zip(rec, r3):
+    assert a["training/rollout_routing_mismatch"] == 0 and b["training/rollout_routing_mismatch"] == 0, (a, b)
+    assert a["training/rollout_routing_replay"] == 0 and b["training/rollout_routing_replay"] == 1, (a, b)
+    assert a["training/rollout_probs_diff_max"] < 1e-4, a
+    for k in ("actor/pg_loss", "actor/grad_norm", "actor/moe/load_imbalance"):
+        assert abs(a[k] - b[k]) <= 1e-6 * max(1.0, abs(a[k])), (a["step"], k, a[k], b[k])
+PY
+expect "one process: the recorded routes are the trainer's own (no mismatch), and R3 changes nothing" $?
+
+# colocated ranks (DP 2): the routes travel in the engines' all-gather
+(cd "$TMP" && timeout 300 "${MPIRUN[@]}" -np 2 "$worker" "${COMMON[@]}" actor_rollout_ref.model.path="$TMP/qwen3_moe" \
+    trainer.default_local_dir="$TMP/coloc" trainer.total_training_steps=2 \
+    actor_rollout_ref.actor.router_replay.mode=R3) >"$TMP/coloc.log" 2>&1
+expect "colocated DP 2 with R3: two steps" $?
+python3 - "$TMP/one-R3/grpo/demo/metrics.jsonl" "$TMP/coloc/grpo/demo/metrics.jsonl" <<'PY'
+import json, sys
+one, two = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
+for a, b in zip(one, two):
+    assert b["training/rollout_routing_mismatch"] == 0 and b["training/rollout_routing_replay"] == 1, b
+    for k in ("actor/pg_loss", "actor/grad_norm"):
+        assert abs(a[k] - b[k]) <= 1e-5 * max(1.0, abs(a[k])), (a["step"], k, a[k], b[k])
+PY
+expect "colocated DP 2 with R3 matches the one-process run, routes compared on every rank" $?
+
+# split, one step off: the rollout's weights are one update older than the trainer's
+for mode in record R3; do
+    extra=(actor_rollout_ref.rollout.enable_rollout_routing_replay=true)
+    [ $mode = R3 ] && extra+=(actor_rollout_ref.actor.router_replay.mode=R3)
+    (cd "$TMP" && timeout 300 "${MPIRUN[@]}" -np 2 "$worker" "${COMMON[@]}" \
+        actor_rollout_ref.model.path="$TMP/qwen3_moe" trainer.default_local_dir="$TMP/async-$mode" \
+        trainer.total_training_steps=3 placement.trainer_ranks=1 placement.rollout_ranks=1 \
+        actor_rollout_ref.rollout.mode=async actor_rollout_ref.actor.optim.lr=1e-3 "${extra[@]}") \
+        >"$TMP/async-$mode.log" 2>&1
+    expect "split one-step-off, $mode: three steps" $?
+done
+python3 - "$TMP/async-record/grpo/demo/metrics.jsonl" "$TMP/async-R3/grpo/demo/metrics.jsonl" <<'PY'
+import json, sys
+rec, r3 = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
+assert len(rec) == len(r3) == 3
+k = "training/rollout_routing_mismatch"
+assert rec[0][k] == 0 and r3[0][k] == 0, (rec[0], r3[0])
+# step 2: the same rollouts (made with the first weights) and the same trainer weights in both runs
+a, b = rec[1], r3[1]
+print("step 2: mismatch %g; gap mean %.3g max %.3g without replay, mean %.3g max %.3g with" % (
+    a[k], a["training/rollout_probs_diff_mean"], a["training/rollout_probs_diff_max"],
+    b["training/rollout_probs_diff_mean"], b["training/rollout_probs_diff_max"]))
+# (counted against the trainer's own top-k; with replay a later layer's own choice is made on the replayed input)
+assert a[k] > 0 and b[k] > 0, (a[k], b[k])
+assert b["training/rollout_probs_diff_mean"] < a["training/rollout_probs_diff_mean"], (a, b)
+PY
+expect "split one-step-off: routes differ over the data plane, and R3 shrinks the log-prob gap" $?
+
+# refusals
+(cd "$TMP" && timeout 120 "$worker" "${COMMON[@]}" actor_rollout_ref.model.path="$TMP/dense" \
+    trainer.default_local_dir="$TMP/dense-run" trainer.total_training_steps=1 \
+    actor_rollout_ref.actor.router_replay.mode=R3) >"$TMP/dense.out" 2>&1
+[ $? -ne 0 ] && has "$TMP/dense.out" "actor_rollout_ref.actor.router_replay.mode=R3: routing replay needs a mixture-of-experts model"
+expect "R3 on a dense model refused by name" $?
+(cd "$TMP" && timeout 60 "$worker" "${COMMON[@]}" actor_rollout_ref.model.path="$TMP/qwen3_moe" \
+    actor_rollout_ref.actor.router_replay.mode=R2 --print-config) >"$TMP/r2.out" 2>&1
+[ $? -ne 0 ] && has "$TMP/r2.out" "router_replay.mode"
+expect "R2 refused, naming the key" $?
+finish "$TMP"/*.log
