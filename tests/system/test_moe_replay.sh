@@ -100,6 +100,29 @@ assert b["training/rollout_probs_diff_mean"] < a["training/rollout_probs_diff_me
 PY
 expect "split one-step-off: routes differ over the data plane, and R3 shrinks the log-prob gap" $?
 
+# LoRA (all-linear: the attention projections of a MoE model) with R3: two steps, the checkpoint in PEFT's layout
+(cd "$TMP" && timeout 300 "$worker" "${COMMON[@]}" actor_rollout_ref.model.path="$TMP/qwen3_moe" \
+    trainer.default_local_dir="$TMP/lora" trainer.total_training_steps=2 actor_rollout_ref.model.lora_rank=4 \
+    actor_rollout_ref.model.lora_alpha=8 actor_rollout_ref.actor.optim.lr=1e-2 \
+    actor_rollout_ref.actor.router_replay.mode=R3) >"$TMP/lora.log" 2>&1
+expect "LoRA on the attention of a MoE model with R3: two steps" $?
+python3 - "$TMP/lora/grpo/demo" <<'PY'
+import json, struct, sys
+d = sys.argv[1] + "/checkpoints/global_step_2/actor"
+cfg = json.load(open(d + "/adapter_config.json"))
+assert cfg["peft_type"] == "LORA" and cfg["r"] == 4 and cfg["target_modules"] == ["q_proj", "k_proj", "v_proj", "o_proj"], cfg
+with open(d + "/adapter_model.safetensors", "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    keys = sorted(k for k in json.loads(f.read(n)) if k != "__metadata__")
+assert len(keys) == 2 * 4 * 2 and "base_model.model.model.layers.1.self_attn.o_proj.lora_B.weight" in keys, keys
+assert not any("expert" in k or "mlp" in k for k in keys), keys
+rows = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
+assert len(rows) == 2 and rows[0]["actor/grad_norm"] > 0 and rows[0]["training/rollout_routing_replay"] == 1, rows
+PY
+expect "LoRA on a MoE model: the adapter alone, the attention projections, in PEFT's layout" $?
+"$MODEL_TOOL" info "$TMP/lora/grpo/demo/checkpoints/global_step_2/actor" >"$TMP/lora-info.log" 2>&1
+expect "grpo-model reads the MoE adapter checkpoint" $?
+
 # refused by name (docs/training.md's model table)
 refused() { # NAME TEXT ARGS...: the run is an error exit whose message holds TEXT
     local name="$1" text="$2"

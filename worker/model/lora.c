@@ -70,6 +70,14 @@ static size_t sink_floats(const struct model *m)
     return (size_t)(m->cfg.hidden_size > m->cfg.head_dim ? m->cfg.hidden_size : m->cfg.head_dim);
 }
 
+/* The projections targets reach in m: on a mixture of experts, all-linear is the attention projections (PEFT's
+ * all-linear there: the experts and the router are no nn.Linear in transformers' MoE blocks). */
+static unsigned model_targets(const struct model *m, unsigned targets)
+{
+    const unsigned attn = 1u << PROJ_Q | 1u << PROJ_K | 1u << PROJ_V | 1u << PROJ_O;
+    return m->cfg.n_experts && (targets & LORA_ALL_LINEAR) == LORA_ALL_LINEAR ? attn : targets;
+}
+
 int lora_attach(struct model *m, const struct lora_config *c, char *err, size_t errlen)
 {
     if (m->lora)
@@ -77,20 +85,31 @@ int lora_attach(struct model *m, const struct lora_config *c, char *err, size_t 
     if (m->sh.tp_size > 1 || m->sh.pp_size > 1)
         return ERR("LoRA runs on whole models only (this one is TP rank %d of %d, stage %d of %d)", m->sh.tp_rank,
                    m->sh.tp_size, m->sh.pp_rank, m->sh.pp_size);
-    if (m->cfg.n_experts)
-        return ERR("LoRA on a mixture-of-experts model (%d experts) is not supported yet", m->cfg.n_experts);
     if (c->rank < 1 || !(c->alpha > 0) || !(c->targets & LORA_ALL_LINEAR) || (c->targets & ~LORA_ALL_LINEAR))
         return ERR("LoRA needs a rank >= 1 (got %d), alpha > 0 (got %g) and at least one target projection", c->rank,
                    c->alpha);
+    struct lora_config cc = *c;
+    if (m->cfg.n_experts) { /* a mixture of experts: the attention projections; its MLPs are experts */
+        const unsigned mlp = 1u << PROJ_GATE | 1u << PROJ_UP | 1u << PROJ_DOWN;
+        if ((cc.targets & LORA_ALL_LINEAR) == LORA_ALL_LINEAR) {
+            cc.targets = model_targets(m, cc.targets);
+        } else if (cc.targets & mlp) {
+            char t[128];
+            return ERR("LoRA target_modules %s on a mixture-of-experts model (%d experts): adapters on the experts "
+                       "are not supported yet; target the attention projections (q_proj, k_proj, v_proj, o_proj) "
+                       "or all-linear",
+                       lora_targets_text(cc.targets & mlp, t, sizeof t), m->cfg.n_experts);
+        }
+    }
     struct lora *a = xcalloc(1, sizeof *a);
-    a->cfg = *c;
+    a->cfg = cc;
     a->scale = (float)(c->alpha / c->rank);
     a->n_layers = m->cfg.n_layers;
     a->w = xcalloc((size_t)a->n_layers, sizeof *a->w);
     a->g = xcalloc((size_t)a->n_layers, sizeof *a->g);
-    a->n = lora_layout(m, c, NULL, NULL);
+    a->n = lora_layout(m, &a->cfg, NULL, NULL);
     a->mem = k_calloc(m->K, a->n * sizeof(float), KMEM_WEIGHTS, "the LoRA adapter");
-    lora_layout(m, c, a->mem, a->w);
+    lora_layout(m, &a->cfg, a->mem, a->w);
     a->sink = k_calloc(m->K, sink_floats(m) * sizeof(float), KMEM_GRADS, "the frozen norms' gradient sink");
     m->lora = a;
     return 0;
@@ -440,6 +459,7 @@ int lora_load(struct model *m, const char *dir, char *err, size_t errlen)
     if (!m->lora)
         return ERR("%s: no adapter attached", dir);
     const struct lora_config *have = &m->lora->cfg;
+    c.targets = model_targets(m, c.targets);
     if (have->rank != c.rank || have->targets != c.targets) {
         char a[128], b[128];
         return ERR("%s: rank %d on %s, but the model's adapter has rank %d on %s", dir, c.rank,
