@@ -100,9 +100,10 @@ assert b["training/rollout_probs_diff_mean"] < a["training/rollout_probs_diff_me
 PY
 expect "split one-step-off: routes differ over the data plane, and R3 shrinks the log-prob gap" $?
 
-# LoRA (all-linear: the attention projections of a MoE model) with R3: two steps, the checkpoint in PEFT's layout
+# LoRA on the attention projections of a MoE model with R3: two steps, the checkpoint in PEFT's layout
 (cd "$TMP" && timeout 300 "$worker" "${COMMON[@]}" actor_rollout_ref.model.path="$TMP/qwen3_moe" \
     trainer.default_local_dir="$TMP/lora" trainer.total_training_steps=2 actor_rollout_ref.model.lora_rank=4 \
+    actor_rollout_ref.model.target_modules=[q_proj,k_proj,v_proj,o_proj] \
     actor_rollout_ref.model.lora_alpha=8 actor_rollout_ref.actor.optim.lr=1e-2 \
     actor_rollout_ref.actor.router_replay.mode=R3) >"$TMP/lora.log" 2>&1
 expect "LoRA on the attention of a MoE model with R3: two steps" $?
@@ -136,6 +137,9 @@ m=actor_rollout_ref.model.path="$TMP/qwen3_moe"
 refused cuda "trainer.device=cuda: a mixture-of-experts model (4 experts) trains on the CPU only for now" "$m" \
     trainer.device=cuda
 expect "MoE on CUDA refused by name" $?
+refused lora-all "LoRA target_modules all-linear on a mixture-of-experts model (4 experts): adapters on the experts and the router" \
+    "$m" actor_rollout_ref.model.lora_rank=4
+expect "LoRA all-linear (PEFT's: the experts and router too) on a MoE model refused by name" $?
 # (until expert parallelism lands; then this check goes)
 refused ep "expert_model_parallel_size=2: MoE expert parallelism (not available yet)" "$m" \
     actor_rollout_ref.actor.megatron.expert_model_parallel_size=2

@@ -70,14 +70,6 @@ static size_t sink_floats(const struct model *m)
     return (size_t)(m->cfg.hidden_size > m->cfg.head_dim ? m->cfg.hidden_size : m->cfg.head_dim);
 }
 
-/* The projections targets reach in m: on a mixture of experts, all-linear is the attention projections (PEFT's
- * all-linear there: the experts and the router are no nn.Linear in transformers' MoE blocks). */
-static unsigned model_targets(const struct model *m, unsigned targets)
-{
-    const unsigned attn = 1u << PROJ_Q | 1u << PROJ_K | 1u << PROJ_V | 1u << PROJ_O;
-    return m->cfg.n_experts && (targets & LORA_ALL_LINEAR) == LORA_ALL_LINEAR ? attn : targets;
-}
-
 int lora_attach(struct model *m, const struct lora_config *c, char *err, size_t errlen)
 {
     if (m->lora)
@@ -88,21 +80,17 @@ int lora_attach(struct model *m, const struct lora_config *c, char *err, size_t 
     if (c->rank < 1 || !(c->alpha > 0) || !(c->targets & LORA_ALL_LINEAR) || (c->targets & ~LORA_ALL_LINEAR))
         return ERR("LoRA needs a rank >= 1 (got %d), alpha > 0 (got %g) and at least one target projection", c->rank,
                    c->alpha);
-    struct lora_config cc = *c;
-    if (m->cfg.n_experts) { /* a mixture of experts: the attention projections; its MLPs are experts */
-        const unsigned mlp = 1u << PROJ_GATE | 1u << PROJ_UP | 1u << PROJ_DOWN;
-        if ((cc.targets & LORA_ALL_LINEAR) == LORA_ALL_LINEAR) {
-            cc.targets = model_targets(m, cc.targets);
-        } else if (cc.targets & mlp) {
-            char t[128];
-            return ERR("LoRA target_modules %s on a mixture-of-experts model (%d experts): adapters on the experts "
-                       "are not supported yet; target the attention projections (q_proj, k_proj, v_proj, o_proj) "
-                       "or all-linear",
-                       lora_targets_text(cc.targets & mlp, t, sizeof t), m->cfg.n_experts);
-        }
+    const unsigned mlp = 1u << PROJ_GATE | 1u << PROJ_UP | 1u << PROJ_DOWN;
+    if (m->cfg.n_experts && (c->targets & mlp)) { /* a mixture of experts: its MLPs are the experts */
+        char t[128];
+        const bool all = (c->targets & LORA_ALL_LINEAR) == LORA_ALL_LINEAR;
+        return ERR("LoRA target_modules %s on a mixture-of-experts model (%d experts): adapters on the experts%s are "
+                   "not supported yet; list the attention projections: target_modules=[q_proj,k_proj,v_proj,o_proj]",
+                   lora_targets_text(all ? c->targets : c->targets & mlp, t, sizeof t), m->cfg.n_experts,
+                   all ? " and the router (PEFT's all-linear adapts them there, as target_parameters)" : "");
     }
     struct lora *a = xcalloc(1, sizeof *a);
-    a->cfg = cc;
+    a->cfg = *c;
     a->scale = (float)(c->alpha / c->rank);
     a->n_layers = m->cfg.n_layers;
     a->w = xcalloc((size_t)a->n_layers, sizeof *a->w);
@@ -459,7 +447,6 @@ int lora_load(struct model *m, const char *dir, char *err, size_t errlen)
     if (!m->lora)
         return ERR("%s: no adapter attached", dir);
     const struct lora_config *have = &m->lora->cfg;
-    c.targets = model_targets(m, c.targets);
     if (have->rank != c.rank || have->targets != c.targets) {
         char a[128], b[128];
         return ERR("%s: rank %d on %s, but the model's adapter has rank %d on %s", dir, c.rank,
