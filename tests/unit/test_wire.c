@@ -328,10 +328,10 @@ static void test_routes(void **state)
         drop(r);                                                                                                       \
     } while (0)
     ROUTES_REFUSED(r->b.seqs[1].routes[5] = 4, "layer 0: expert 4 is not one of the model's");
-    ROUTES_REFUSED(r->b.seqs[0].routes[3] = r->b.seqs[0].routes[2], "layer 1: expert 1 is chosen twice");
-    ROUTES_REFUSED(r->lim.routes_layers = 3, "not 60");                            /* another model's layers */
-    ROUTES_REFUSED(r->lim.routes_layers = 0, "records no routing");                /* the trainer expects none */
-    ROUTES_REFUSED(r->b.seqs[2].routes_w = 2, "sequence 2: routed_experts holds"); /* short */
+    ROUTES_REFUSED(r->b.seqs[0].routes[3] = 1, "layer 1: expert 1 is chosen twice"); /* routes[2] is 1 */
+    ROUTES_REFUSED(r->lim.routes_layers = 3, "not 60");                              /* another model's layers */
+    ROUTES_REFUSED(r->lim.routes_layers = 0, "records no routing");                  /* the trainer expects none */
+    ROUTES_REFUSED(r->b.seqs[2].routes_w = 2, "sequence 2: routed_experts holds");   /* short */
 #undef ROUTES_REFUSED
     drop(f);
 }
