@@ -100,6 +100,23 @@ assert b["training/rollout_probs_diff_mean"] < a["training/rollout_probs_diff_me
 PY
 expect "split one-step-off: routes differ over the data plane, and R3 shrinks the log-prob gap" $?
 
+# the same split run with two pipeline stages of trainers: each stage compares its own layers, summed
+(cd "$TMP" && timeout 300 "${MPIRUN[@]}" -np 3 "$worker" "${COMMON[@]}" \
+    actor_rollout_ref.model.path="$TMP/qwen3_moe" trainer.default_local_dir="$TMP/async-pp2" \
+    trainer.total_training_steps=2 placement.trainer_ranks=2 placement.rollout_ranks=1 \
+    actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2 actor_rollout_ref.rollout.mode=async \
+    actor_rollout_ref.actor.optim.lr=1e-3 actor_rollout_ref.rollout.enable_rollout_routing_replay=true) \
+    >"$TMP/async-pp2.log" 2>&1
+expect "split one-step-off, PP 2 trainers: two steps" $?
+python3 - "$TMP/async-record/grpo/demo/metrics.jsonl" "$TMP/async-pp2/grpo/demo/metrics.jsonl" <<'PY'
+import json, sys
+one, pp = ([json.loads(l) for l in open(p)][:2] for p in sys.argv[1:])
+for a, b in zip(one, pp):
+    for k in ("training/rollout_routing_mismatch", "training/rollout_probs_diff_mean"):
+        assert abs(a[k] - b[k]) <= 1e-5 * max(1.0, abs(a[k])), (a["step"], k, a[k], b[k])
+PY
+expect "PP 2: the routing mismatch over both stages' layers, and the gap, as without PP" $?
+
 # LoRA on the attention projections of a MoE model with R3: two steps, the checkpoint in PEFT's layout
 (cd "$TMP" && timeout 300 "$worker" "${COMMON[@]}" actor_rollout_ref.model.path="$TMP/qwen3_moe" \
     trainer.default_local_dir="$TMP/lora" trainer.total_training_steps=2 actor_rollout_ref.model.lora_rank=4 \

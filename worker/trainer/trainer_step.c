@@ -527,6 +527,8 @@ static void measure_gap(struct trainer *t, const struct step_batch *b, struct st
             gap_n++;
         }
     double sums[4] = {gap, gap_n, out->route_differ, out->route_compared};
+    if (t->lay.pp) /* each stage compared its own layers */
+        comm_allreduce_sum(t->lay.pp, sums + 2, 2, COMM_F64);
     sum_dist(t, sums, 4);
     out->sum = sums[0];
     out->n = sums[1];
