@@ -489,6 +489,11 @@ int config_gen_batch_size(const struct grpo_config *c)
     return (int)(c->data_gen_batch_size > 0 ? c->data_gen_batch_size : c->data_train_batch_size);
 }
 
+bool config_records_routes(const struct grpo_config *c)
+{
+    return c->rollout_enable_routing_replay || strcmp(c->actor_router_replay_mode, "R3") == 0;
+}
+
 int config_filter_rounds(const struct grpo_config *c)
 {
     if (!c->alg_filter_groups_enable)

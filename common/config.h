@@ -59,6 +59,9 @@ double config_clip_high(const struct grpo_config *c);
 long long config_total_steps(const struct grpo_config *c, long long n_train);
 /* Prompts drawn per generation round: data.gen_batch_size when given (DAPO), else data.train_batch_size. */
 int config_gen_batch_size(const struct grpo_config *c);
+/* Generation records a mixture of experts' routing and sends it with the sequences (rollout
+ * enable_rollout_routing_replay, or actor router_replay.mode R3, which needs it). */
+bool config_records_routes(const struct grpo_config *c);
 /* Generation rounds per step: 1 without algorithm.filter_groups.enable, else max_num_gen_batches (0: 1000). */
 int config_filter_rounds(const struct grpo_config *c);
 

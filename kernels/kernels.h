@@ -39,6 +39,12 @@ struct kmoe {
     float *g, *u, *a; /* (N k, F) gate, up and silu(gate) up of each slot, in expert order */
     float *bwd_d;     /* (2 N k, D) backward scratch (kmoe_take with bwd) */
     float *bwd_f;     /* (3 N k, F) */
+    /* routing replay: ref (host memory, (N, k), or NULL) holds experts chosen elsewhere for each token (the rollout's
+     * choice); the route counts the tokens whose own top-k set differs from ref's (n_differ, of n_compared), and with
+     * replay routes each token to ref's experts instead (their weights still the router's probabilities) */
+    const int32_t *ref;
+    bool replay;
+    int n_differ, n_compared;
 };
 
 /* One back-end: what a context runs. Every op gets the context first. */

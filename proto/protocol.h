@@ -12,7 +12,7 @@
 /* Major version of the schema in grpo.proto (see its changelog comment); peers must agree. */
 #define GRPO_PROTOCOL_VERSION 1u
 /* Minor version: compatible additions; logged, never refused. */
-#define GRPO_PROTOCOL_MINOR 8u
+#define GRPO_PROTOCOL_MINOR 9u
 /* Largest message accepted on any socket (data plane: rollout batches). */
 #define GRPO_MAX_MESSAGE_BYTES (64u << 20)
 /* Largest message accepted on a control socket (registration, heartbeat, command, status). */

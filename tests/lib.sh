@@ -113,6 +113,24 @@ tiny_model() {
         >>"$TMP/init.log" 2>&1
 }
 
+# tiny_moe_model DIR KIND [SEED]: tiny_model's model turned into a mixture of 4 experts, 2 per token, of KIND
+# qwen3_moe (renormalised, q/k norms) or mixtral; the tool's status
+tiny_moe_model() {
+    python3 - "$TOK/config.json" "$2" "$TMP/$2-moe-config.json" <<'PY' || return 1
+import json, sys
+d = json.load(open(sys.argv[1]))
+kind, out = sys.argv[2], sys.argv[3]
+if kind == "qwen3_moe":
+    d.update(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], num_experts=4, num_experts_per_tok=2,
+             moe_intermediate_size=32, norm_topk_prob=True, head_dim=16, use_sliding_window=False)
+else:
+    d.update(model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=4, num_experts_per_tok=2,
+             intermediate_size=32, sliding_window=None)
+json.dump(d, open(out, "w"), indent=1)
+PY
+    tiny_model "$1" "${3:-11}" "$TMP/$2-moe-config.json"
+}
+
 # paused_in_place LOG...: each worker (each rank) logging to LOG... paused once and resumed at the very step it
 # paused at: no step while paused. Read it after the "resumed at step" lines are there: they are the event that
 # ends the pause, so nothing the pause held back can come later.

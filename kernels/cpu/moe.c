@@ -11,6 +11,8 @@ void cpu_moe_route(struct kctx *K, struct kmoe *r, const float *logits)
     (void)K;
     const int N = r->N, E = r->E, k = r->k;
     int *cnt = (int *)r->offs; /* counts first, then prefix sums */
+    r->n_differ = 0;
+    r->n_compared = r->ref ? N : 0;
     memset(r->offs, 0, (size_t)(E + 1) * sizeof *r->offs);
     memset(r->pmean, 0, (size_t)E * sizeof *r->pmean);
     for (int t = 0; t < N; t++) {
@@ -40,9 +42,24 @@ void cpu_moe_route(struct kctx *K, struct kmoe *r, const float *logits)
                     best = e;
             }
             id[j] = best;
-            w[j] = p[best];
-            sum += p[best];
-            cnt[best + 1]++;
+        }
+        if (r->ref) { /* the token's own choice against ref's, as sets; with replay ref's experts are taken */
+            const int32_t *rf = r->ref + (size_t)t * k;
+            bool same = true;
+            for (int j = 0; j < k; j++) {
+                bool found = false;
+                for (int i = 0; i < k; i++)
+                    found |= rf[i] == id[j];
+                same &= found;
+            }
+            r->n_differ += !same;
+            if (r->replay)
+                memcpy(id, rf, (size_t)k * sizeof *id);
+        }
+        for (int j = 0; j < k; j++) {
+            w[j] = p[id[j]];
+            sum += p[id[j]];
+            cnt[id[j] + 1]++;
         }
         if (r->norm_topk)
             for (int j = 0; j < k; j++)

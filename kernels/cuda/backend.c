@@ -713,6 +713,7 @@ static void cuda_moe_route(struct kctx *K, struct kmoe *r, const float *logits)
     float *lg = xmalloc((N * E + 1) * f);
     cuda_to_host(K, lg, logits, N * E * f);
     cpu_moe_route(K, &h, lg);
+    r->n_differ = h.n_differ, r->n_compared = h.n_compared; /* ref is host memory: replay as on the CPU */
     for (size_t j = 0; j < nk; j++)
         h.pos[h.order[j]] = (int32_t)j;
     cuda_to_device(K, r->probs, h.probs, N * E * f);

@@ -99,7 +99,7 @@ static void check_config(const char *name, const struct model_config *c, const s
             dlogp[i] = (float)sin(1.0 + i);
             dent[i] = (float)(0.3 * cos(2.0 + i));
         }
-    struct packed_batch pb = {N, B, ids, tg, pos, cu, NULL, NULL};
+    struct packed_batch pb = {N, B, ids, tg, pos, cu, NULL, NULL, NULL};
     float *lw = xmalloc((size_t)N * sizeof(float)), *ew = xmalloc((size_t)N * sizeof(float));
     float *lp = xmalloc((size_t)N * sizeof(float)), *ep = xmalloc((size_t)N * sizeof(float));
     for (int ck = 0; ck < 2; ck++) {

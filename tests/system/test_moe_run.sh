@@ -110,10 +110,11 @@ for a, b in zip(one, two):
 PY
 expect "qwen3_moe: DP 2 matches the one-process run (losses, grad norms, routing)" $?
 (cd "$TMP" && timeout 120 "$worker" actor_rollout_ref.model.path="$TMP/mixtral" trainer.default_local_dir="$TMP/lora" \
-    trainer.total_training_steps=1 actor_rollout_ref.model.lora_rank=4) >"$TMP/lora.out" 2>&1
+    trainer.total_training_steps=1 actor_rollout_ref.model.lora_rank=4 \
+    actor_rollout_ref.model.target_modules=[q_proj,down_proj]) >"$TMP/lora.out" 2>&1
 rc=$?
 [ "$rc" -eq 1 ] || [ "$rc" -eq 2 ]
-expect "LoRA on a MoE model is an error exit ($rc)" $?
-has "$TMP/lora.out" "LoRA on a mixture-of-experts model (4 experts) is not supported yet"
-expect "LoRA on a MoE model refused by name" $?
+expect "LoRA on a MoE model's experts is an error exit ($rc)" $?
+has "$TMP/lora.out" "LoRA target_modules down_proj on a mixture-of-experts model (4 experts): adapters on the experts are not supported yet"
+expect "LoRA on a MoE model's experts refused by name" $?
 finish "$TMP"/*.log

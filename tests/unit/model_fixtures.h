@@ -105,7 +105,7 @@ static inline void fd_batch_init(struct fd_batch *f)
         f->a[i] = 0.3f + 0.1f * (float)i;
         f->c[i] = i % 2 ? -0.2f : 0.15f;
     }
-    f->b = (struct packed_batch){9, 2, f->ids, f->tg, f->pos, f->cu, NULL, NULL};
+    f->b = (struct packed_batch){9, 2, f->ids, f->tg, f->pos, f->cu, NULL, NULL, NULL};
 }
 
 /* Entries of every tensor w[r] (three of each) against their gradients g[r] by central differences of

@@ -134,7 +134,7 @@ static void train_step(struct model *m, bool ckpt, float *logp, float *grads)
         targets[i] = (i * 5 + 1) % tiny.vocab_size;
         pos[i] = i < 5 ? i : i - 5;
     }
-    const struct packed_batch b = {11, 2, ids, targets, pos, cu, NULL, NULL};
+    const struct packed_batch b = {11, 2, ids, targets, pos, cu, NULL, NULL, NULL};
     float dlogp[11], ent[11];
     for (int i = 0; i < 11; i++)
         dlogp[i] = 0.1f * (float)(i % 3) - 0.1f;

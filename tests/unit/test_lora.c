@@ -64,7 +64,7 @@ static void one_seq_make(struct one_seq *s, const int32_t *ids, int T)
         s->pos[t] = t;
     }
     s->cu[0] = 0, s->cu[1] = T;
-    s->b = (struct packed_batch){T, 1, s->ids, s->targets, s->pos, s->cu, NULL, NULL};
+    s->b = (struct packed_batch){T, 1, s->ids, s->targets, s->pos, s->cu, NULL, NULL, NULL};
 }
 
 static void one_seq_free(struct one_seq *s) { free(s->ids), free(s->targets), free(s->pos); }
@@ -183,7 +183,9 @@ static void test_proj_dx_finite_differences(void **state)
 }
 
 static const char *const peft_fixtures[][2] = {{"lora-llama-untied", "tiny-llama-untied"},
-                                               {"lora-qwen3", "tiny-qwen3"}};
+                                               {"lora-qwen3", "tiny-qwen3"},
+                                               {"lora-qwen3-moe", "tiny-qwen3-moe"},
+                                               {"lora-mixtral", "tiny-mixtral"}};
 
 static struct model *load_with_adapter(int k)
 {
@@ -200,7 +202,7 @@ static struct model *load_with_adapter(int k)
 static void test_peft_adapter_matches_peft(void **state)
 {
     (void)state;
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < (int)(sizeof peft_fixtures / sizeof *peft_fixtures); k++) {
         const char *name = peft_fixtures[k][0];
         struct model *m = load_with_adapter(k);
         int T;
@@ -261,7 +263,7 @@ static void test_save_and_merge(void **state)
     (void)state;
     char tmp[] = "/tmp/grpo-lora-XXXXXX";
     assert_non_null(mkdtemp(tmp));
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < (int)(sizeof peft_fixtures / sizeof *peft_fixtures); k++) {
         const char *name = peft_fixtures[k][0];
         struct model *m = load_with_adapter(k);
         char err[1024], dir[600], path[700];
@@ -465,6 +467,118 @@ static void test_checkpoint_roundtrip(void **state)
     must_rm_rf(tmp);
 }
 
+/* model_loss of a mixture of experts and the routing it took (tokens per expert per layer, into sig[8]). */
+static double routed_loss(struct model *m, const struct fd_batch *f, double *sig)
+{
+    float logp[16], ent[16];
+    model_moe_stats(m, NULL, NULL); /* forget earlier forwards */
+    model_acts_free(model_forward(m, &f->b, 0.7f, false, logp, ent));
+    model_moe_stats(m, sig, NULL);
+    double s = 0;
+    for (int i = 0; i < f->b.N; i++)
+        s += (double)f->a[i] * logp[i] + (double)f->c[i] * ent[i];
+    return s;
+}
+
+/* Central differences of the adapter's entries (four of each tensor) against g; an entry whose step flips a
+ * top-k choice (a kink of the loss) is skipped. Returns the entries checked. */
+static int routed_fd_check(struct model *m, const struct fd_batch *f, const struct param_ref *w,
+                           const struct param_ref *g, int n, float h, int *skipped)
+{
+    int checked = 0;
+    for (int r = 0; r < n; r++)
+        for (size_t j = 0; j < w[r].numel; j += w[r].numel / 4 + 1) {
+            const float keep = w[r].data[j];
+            double s0[8] = {0}, sp[8] = {0}, sm[8] = {0};
+            routed_loss(m, f, s0);
+            w[r].data[j] = keep + h;
+            const double lp = routed_loss(m, f, sp);
+            w[r].data[j] = keep - h;
+            const double lm = routed_loss(m, f, sm);
+            w[r].data[j] = keep;
+            if (memcmp(sp, s0, sizeof s0) != 0 || memcmp(sm, s0, sizeof s0) != 0) {
+                (*skipped)++;
+                continue;
+            }
+            const double fd = (lp - lm) / (2 * h);
+            if (fabs(fd - g[r].data[j]) > 2e-3 + 2e-2 * fabs(fd))
+                fail_msg("%s[%zu]: analytic %g, finite difference %g", w[r].name, j, g[r].data[j], fd);
+            checked++;
+        }
+    return checked;
+}
+
+/* LoRA on a mixture of experts (issue 30 item 6): on the attention projections (PEFT's own adapters on them:
+ * test_peft_adapter_matches_peft), the adapter's gradients through the routed layers (experts and routers frozen)
+ * against central differences, the files in PEFT's layout read back. The experts are refused by name, and so is
+ * all-linear: PEFT's all-linear there adapts the experts' and the router's parameters too (target_parameters). */
+static void test_moe_attention_adapter(void **state)
+{
+    (void)state;
+    const char *names[] = {"tiny-qwen3-moe", "tiny-mixtral"};
+    const unsigned attn = 1u << PROJ_Q | 1u << PROJ_K | 1u << PROJ_V | 1u << PROJ_O;
+    for (int k = 0; k < 2; k++) {
+        struct model *m = load(names[k]);
+        attach(m, 2, 5, attn);
+        randomise_adapter(m, 11 + (unsigned)k, 0.3);
+        struct fd_batch f;
+        fd_batch_init(&f);
+        float logp[9], ent[9];
+        model_trainable(m);
+        model_trainable_zero_grads(m);
+        model_backward(m, model_forward(m, &f.b, 0.7f, false, logp, ent), f.a, f.c);
+        assert_null(m->grad);
+        const int n = lora_refs(m, m->lora->mem, NULL, 0);
+        assert_int_equal(n, 2 * 4 * m->cfg.n_layers);
+        struct param_ref *w = calloc((size_t)n, sizeof *w), *g = calloc((size_t)n, sizeof *g);
+        lora_refs(m, m->lora->mem, w, n);
+        lora_refs(m, m->lora->grad, g, n);
+        int skipped = 0;
+        const int checked = routed_fd_check(m, &f, w, g, n, 2e-3f, &skipped);
+        assert_true(checked >= 3 * n && skipped * 10 <= checked + skipped);
+        free(w), free(g);
+        /* PEFT's files: target_modules lists the four projections; the adapter reads back into a fresh model */
+        char tmp[] = "/tmp/grpo-lora-moe-XXXXXX", err[512], path[300];
+        assert_non_null(mkdtemp(tmp));
+        if (lora_save(m, tmp, "base", err, sizeof err) != 0)
+            fail_msg("%s", err);
+        snprintf(path, sizeof path, "%s/adapter_config.json", tmp);
+        json_error_t je;
+        json_t *cfg = json_load_file(path, 0, &je);
+        assert_non_null(cfg);
+        assert_int_equal(json_array_size(json_object_get(cfg, "target_modules")), 4);
+        json_decref(cfg);
+        struct model *r = load(names[k]);
+        if (lora_load(r, tmp, err, sizeof err) != 0)
+            fail_msg("%s", err);
+        assert_memory_equal(r->lora->mem, m->lora->mem, m->lora->n * sizeof(float));
+        model_free(r);
+        /* an adapter of PEFT's all-linear on this model (the experts' and router's parameters too): refused */
+        FILE *fp = fopen(path, "w");
+        fputs("{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 5, \"target_modules\": [\"q_proj\"], "
+              "\"target_parameters\": [\"down_proj\", \"gate.weight\", \"gate_up_proj\"]}",
+              fp);
+        fclose(fp);
+        r = load(names[k]);
+        assert_int_equal(lora_load(r, tmp, err, sizeof err), -1);
+        assert_non_null(strstr(err, "target_parameters is set"));
+        model_free(r);
+        must_rm_rf(tmp);
+        /* the experts, and all-linear: refused by name */
+        r = load(names[k]);
+        const struct lora_config down = {2, 4, 1u << PROJ_Q | 1u << PROJ_DOWN}, all = {2, 4, LORA_ALL_LINEAR};
+        assert_int_equal(lora_attach(r, &down, err, sizeof err), -1);
+        assert_non_null(strstr(err, "LoRA target_modules down_proj on a mixture-of-experts model (4 experts): "
+                                    "adapters on the experts are not supported yet"));
+        assert_int_equal(lora_attach(r, &all, err, sizeof err), -1);
+        assert_non_null(strstr(err, "target_modules all-linear on a mixture-of-experts model (4 experts): adapters on "
+                                    "the experts and the router (PEFT's all-linear adapts them there"));
+        assert_null(r->lora);
+        model_free(r);
+        model_free(m);
+    }
+}
+
 /* The keys: rank 0 is off; TP or PP with LoRA are refused naming the keys. */
 static void test_config_keys(void **state)
 {
@@ -502,6 +616,7 @@ int main(void)
         cmocka_unit_test(test_merged_weights),
         cmocka_unit_test(test_targets_and_refusals),
         cmocka_unit_test(test_checkpoint_roundtrip),
+        cmocka_unit_test(test_moe_attention_adapter),
         cmocka_unit_test(test_config_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

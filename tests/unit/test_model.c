@@ -65,7 +65,7 @@ static void test_logprobs_and_grads_match_transformers(void **state)
             pos[t] = t;
         }
         int32_t cu[2] = {0, T};
-        struct packed_batch b = {T, 1, ids, targets, pos, cu, NULL, NULL};
+        struct packed_batch b = {T, 1, ids, targets, pos, cu, NULL, NULL, NULL};
         float *logp = calloc((size_t)T, sizeof *logp), *dlogp = calloc((size_t)T, sizeof *dlogp);
         model_alloc_grads(m);
         struct model_acts *acts = model_forward(m, &b, 1.0f, false, logp, NULL);
@@ -146,7 +146,7 @@ static void test_packed_sequences(void **state)
     expect_close("seq1 logits", logits + (size_t)T0 * V, w1, n1, 1e-4, 1e-4);
     /* training path: log-probs of arbitrary targets equal log_softmax of the reference logits */
     int32_t cu[3] = {0, T0, N};
-    struct packed_batch b = {N, 2, ids, tg, pos, cu, NULL, NULL};
+    struct packed_batch b = {N, 2, ids, tg, pos, cu, NULL, NULL, NULL};
     float *logp = malloc(sizeof(float) * (size_t)N);
     model_acts_free(model_forward(m, &b, 1.0f, false, logp, NULL));
     for (int i = 0; i < N; i++) {
@@ -326,7 +326,7 @@ static void test_checkpointing_identical(void **state)
         m->moe_aux_coef = 0.1f;
         int32_t ids[7] = {1, 2, 3, 4, 5, 6, 7}, tg[7] = {2, 3, 4, 5, 6, 7, 8}, pos[7] = {0, 1, 2, 0, 1, 2, 3};
         int32_t cu[3] = {0, 3, 7};
-        struct packed_batch b = {7, 2, ids, tg, pos, cu, NULL, NULL};
+        struct packed_batch b = {7, 2, ids, tg, pos, cu, NULL, NULL, NULL};
         float logp[7], ent[7], logp2[7], ent2[7], d[7] = {1, -1, 0.5f, 2, 0, 1, 1}, de[7] = {0.1f, 0, 0, 0.2f, 0, 0, 1};
         model_alloc_grads(m);
         model_zero_grads(m);
@@ -354,7 +354,7 @@ static void test_logp_rows_subset(void **state)
     int32_t pos[9] = {0, 1, 2, 3, 0, 1, 2, 3, 4}, cu[3] = {0, 4, 9}, from[2] = {2, 6};
     float d[9] = {0, 0, 1, -0.5f, 0, 0, 2, 0.25f, -1}, de[9] = {0, 0, 0.1f, 0, 0, 0, 0.3f, 0, 0.2f};
     float logp[9], ent[9], logp2[9], ent2[9];
-    struct packed_batch all = {9, 2, ids, tg, pos, cu, NULL, NULL}, kept = all;
+    struct packed_batch all = {9, 2, ids, tg, pos, cu, NULL, NULL, NULL}, kept = all;
     kept.logp_from = from;
     model_alloc_grads(m);
     model_zero_grads(m);
@@ -391,7 +391,7 @@ static void test_activation_offload_identical(void **state)
     struct model *m[2] = {model_create(&c), model_create(&c)};
     int32_t ids[7] = {1, 2, 3, 4, 5, 6, 7}, tg[7] = {2, 3, 4, 5, 6, 7, 8}, pos[7] = {0, 1, 2, 0, 1, 2, 3};
     int32_t cu[3] = {0, 3, 7};
-    struct packed_batch b = {7, 2, ids, tg, pos, cu, NULL, NULL};
+    struct packed_batch b = {7, 2, ids, tg, pos, cu, NULL, NULL, NULL};
     float logp[2][7], ent[2][7], d[7] = {1, -1, 0.5f, 2, 0, 1, 1}, de[7] = {0.1f, 0, 0, 0.2f, 0, 0, 1};
     size_t acts[2], host[2];
     for (int k = 0; k < 2; k++) {
@@ -698,7 +698,7 @@ static void test_generation_reproducible(void **state)
         pos[i] = i;
     }
     int32_t cu[2] = {0, N};
-    struct packed_batch pb = {N, 1, ids, tg, pos, cu, NULL, NULL};
+    struct packed_batch pb = {N, 1, ids, tg, pos, cu, NULL, NULL, NULL};
     float *logp = malloc(sizeof(float) * (size_t)N);
     model_acts_free(model_forward(m, &pb, 1.0f, false, logp, NULL));
     for (int t = 0; t < L; t++)
@@ -710,6 +710,105 @@ static void test_generation_reproducible(void **state)
         gen_output_free(&c[i]);
     }
     model_free(m);
+}
+
+/* ---- issue 30: routing replay ---- */
+
+/* One generated sequence (prompt ++ response) as a packed batch with its recorded experts: log-probs of the response
+ * under m into logp (len) from the training forward; *differ gets the token-layers whose own routing differed. */
+static void replay_logp(struct model *m, const int32_t *prompt, int plen, const struct gen_output *o, bool replay,
+                        float *logp, double *differ, double *compared)
+{
+    const int N = plen + o->len - 1;
+    int32_t *ids = malloc(sizeof *ids * (size_t)N), *tg = malloc(sizeof *tg * (size_t)N),
+            *pos = malloc(sizeof *pos * (size_t)N), cu[2] = {0, N};
+    for (int i = 0; i < N; i++) {
+        ids[i] = i < plen ? prompt[i] : o->tokens[i - plen];
+        tg[i] = i + 1 < plen ? 0 : o->tokens[i + 1 - plen];
+        pos[i] = i;
+    }
+    struct packed_batch pb = {N, 1, ids, tg, pos, cu, NULL, NULL, o->routes};
+    float *all = malloc(sizeof(float) * (size_t)N);
+    m->moe_replay = replay;
+    model_moe_route_stats(m, differ, compared);
+    model_acts_free(model_forward(m, &pb, 1.0f, false, all, NULL));
+    model_moe_route_stats(m, differ, compared);
+    memcpy(logp, all + plen - 1, sizeof(float) * (size_t)o->len);
+    free(all), free(ids), free(tg), free(pos);
+}
+
+/* x rounded to BF16 (round to nearest even), as a BF16 inference engine holds its weights. */
+static float bf16_round(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* Generation records each token's experts, and the training forward that replays them takes the same experts.
+ * Same weights and precision: the recorded routes are the trainer's own (nothing differs, the log-probs agree to
+ * float rounding, replayed or not). A rollout engine whose router weights are BF16 (verl's rollouts run in BF16;
+ * Megatron keeps its router in fp32, moe_router_dtype) routes some tokens to other experts: without replay the
+ * log-prob gap holds those flips, with replay only the routers' rounding is left, and it is smaller. (On this CPU
+ * engine a BF16 context decodes in fp32, its skinny products, so the rounding is put on the router's weights.) */
+static void test_moe_routing_replay(void **state)
+{
+    (void)state;
+    const char *names[] = {"tiny-qwen3-moe", "tiny-mixtral"};
+    double flips = 0;
+    for (int mi = 0; mi < 2; mi++) {
+        struct model *m = load(names[mi]);
+        int32_t p0[4] = {1, 2, 3, 4}, p1[6] = {9, 8, 7, 6, 5, 4};
+        const int32_t *prompts[2] = {p0, p1};
+        int lens[2] = {4, 6};
+        struct gen_params gp = {.sampling = {1.0f, 1.0f, 0},
+                                .max_new_tokens = 24,
+                                .n_samples = 8,
+                                .max_batch = 16,
+                                .seed = 7,
+                                .record_routes = true};
+        for (int bf = 0; bf < 2; bf++) {
+            struct model *gen = bf ? model_clone(m) : m;
+            for (int l = 0; bf && l < m->cfg.n_layers; l++)
+                for (size_t i = 0; i < (size_t)m->cfg.n_experts * m->cfg.hidden_size; i++)
+                    gen->w.layers[l].router[i] = bf16_round(gen->w.layers[l].router[i]);
+            struct gen_output out[16];
+            generate(gen, prompts, lens, 2, &gp, out);
+            double gap[2] = {0, 0}, n_differ[2] = {0, 0}, n_cmp = 0;
+            for (int i = 0; i < 16; i++) {
+                assert_non_null(out[i].routes);
+                float *lp = malloc(sizeof(float) * (size_t)out[i].len);
+                for (int r = 0; r < 2; r++) {
+                    double d, c;
+                    replay_logp(m, prompts[i / 8], lens[i / 8], &out[i], r == 1, lp, &d, &c);
+                    assert_int_equal((int)c, (lens[i / 8] + out[i].len - 1) * m->cfg.n_layers);
+                    n_differ[r] += d;
+                    n_cmp += r == 0 ? c : 0;
+                    for (int t = 0; t < out[i].len; t++)
+                        gap[r] = fmax(gap[r], fabs((double)lp[t] - out[i].logps[t]));
+                }
+                free(lp);
+            }
+            printf("# %s, %s rollout router: %g of %g token-layers routed differently; largest |log-prob gap| %.3g "
+                   "without replay, %.3g with\n",
+                   names[mi], bf ? "BF16" : "fp32", n_differ[0], n_cmp, gap[0], gap[1]);
+            if (!bf) { /* the recorded routes are the trainer's own: the same log-probs to float rounding */
+                assert_true(n_differ[0] == 0);
+                assert_true(gap[0] < 2e-5 && gap[1] < 2e-5);
+            } else if (n_differ[0] > 0) {
+                assert_true(gap[1] < gap[0]);
+            }
+            flips += bf ? n_differ[0] : 0;
+            for (int i = 0; i < 16; i++)
+                gen_output_free(&out[i]);
+            if (gen != m)
+                model_free(gen);
+        }
+        model_free(m);
+    }
+    assert_true(flips > 0);
 }
 
 /* ---- issue 12: bad weights and sizes are refused by name before anything large is allocated ---- */
@@ -1012,6 +1111,7 @@ int main(void)
         cmocka_unit_test(test_new_families_greedy),
         cmocka_unit_test(test_smollm2_matches_transformers),
         cmocka_unit_test(test_generation_reproducible),
+        cmocka_unit_test(test_moe_routing_replay),
         cmocka_unit_test(test_load_refuses_bad_hf),
         cmocka_unit_test(test_load_refuses_bad_gguf),
         cmocka_unit_test(test_run_fit),

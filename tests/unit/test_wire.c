@@ -274,6 +274,68 @@ static void test_bad_fields(void **state)
     drop(f);
 }
 
+/* Routing replay (protocol 1.9): each sequence's recorded experts (2 layers x 2 of 4 experts per input token) come
+ * back as sent; a batch whose routes do not fit the trainer's model, or that carries routes the trainer does not
+ * expect, is refused naming routed_experts. */
+static void with_routes(struct fx *f)
+{
+    const struct model_config mc = {.n_layers = 2, .n_experts = 4, .n_experts_per_tok = 2};
+    wire_limits_set_routes(&f->lim, &mc, true);
+    for (int i = 0; i < f->b.n_seq; i++) {
+        struct rollout_seq *q = &f->b.seqs[i];
+        const int n = rollout_seq_tokens(q) * 4;
+        q->routes_w = 4;
+        q->routes = malloc(sizeof *q->routes * (size_t)n);
+        for (int j = 0; j < n; j++) /* pairs (e, e + 1 mod 4): distinct within a layer */
+            q->routes[j] = (uint16_t)((j / 2 + i + (j % 2)) % 4);
+    }
+}
+
+static void test_routes(void **state)
+{
+    (void)state;
+    struct fx *f = make();
+    with_routes(f);
+    size_t len;
+    uint8_t *buf = pack(f, &HDR, &len);
+    struct step_batch out = {0};
+    struct wire_header h;
+    char why[512] = "";
+    assert_int_equal(wire_unpack_batch(buf, len, &f->lim, &h, &out, why, sizeof why), 0);
+    for (int i = 0; i < out.n_seq; i++) {
+        const struct rollout_seq *a = &f->b.seqs[i], *b = &out.seqs[i];
+        assert_int_equal(b->routes_w, 4);
+        assert_non_null(b->routes);
+        assert_memory_equal(b->routes, a->routes, sizeof *a->routes * (size_t)rollout_seq_tokens(a) * 4);
+    }
+    step_batch_free(&out);
+    free(buf);
+    /* a 1.8 sender, or routing replay off at the rollout rank: none carried where the trainer expects them */
+    struct fx *g = make();
+    g->lim.routes_layers = 2, g->lim.routes_k = 2, g->lim.routes_experts = 4;
+    buf = pack(g, &HDR, &len);
+    refused(g, buf, len, "routed_experts holds 0 bytes, not 40");
+    free(buf);
+    drop(g);
+#define ROUTES_REFUSED(mutate, text)                                                                                   \
+    do {                                                                                                               \
+        struct fx *r = make();                                                                                         \
+        with_routes(r);                                                                                                \
+        mutate;                                                                                                        \
+        buf = pack(r, &HDR, &len);                                                                                     \
+        refused(r, buf, len, text);                                                                                    \
+        free(buf);                                                                                                     \
+        drop(r);                                                                                                       \
+    } while (0)
+    ROUTES_REFUSED(r->b.seqs[1].routes[5] = 4, "layer 0: expert 4 is not one of the model's");
+    ROUTES_REFUSED(r->b.seqs[0].routes[3] = 1, "layer 1: expert 1 is chosen twice"); /* routes[2] is 1 */
+    ROUTES_REFUSED(r->lim.routes_layers = 3, "not 60");                              /* another model's layers */
+    ROUTES_REFUSED(r->lim.routes_layers = 0, "records no routing");                  /* the trainer expects none */
+    ROUTES_REFUSED(r->b.seqs[2].routes_w = 2, "sequence 2: routed_experts holds");   /* short */
+#undef ROUTES_REFUSED
+    drop(f);
+}
+
 /* Authentication (proto/plane_auth.h): a batch without a MAC, with another process's key, naming another rank
  * than its credentials', or replayed is refused; a good one is taken; the answer is authenticated for its asker
  * only. Each of these was taken before protocol 1.8. */
@@ -491,10 +553,10 @@ static void test_placement(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip),    cmocka_unit_test(test_garbage_and_wrong_version),
-        cmocka_unit_test(test_bad_fields),    cmocka_unit_test(test_auth),
-        cmocka_unit_test(test_auth_window),   cmocka_unit_test(test_placement),
-        cmocka_unit_test(test_filter_metric),
+        cmocka_unit_test(test_round_trip), cmocka_unit_test(test_garbage_and_wrong_version),
+        cmocka_unit_test(test_bad_fields), cmocka_unit_test(test_routes),
+        cmocka_unit_test(test_auth),       cmocka_unit_test(test_auth_window),
+        cmocka_unit_test(test_placement),  cmocka_unit_test(test_filter_metric),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -89,6 +89,7 @@ void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt
         .seed = seed,
         .first_stream = (uint64_t)first_group * (uint64_t)n,
         .kv_budget = rollout_kv_budget(r->policy, c->rollout_gpu_memory_utilization),
+        .record_routes = config_records_routes(c),
     };
     const int total = n_prompts * n;
     struct gen_output *out = xcalloc((size_t)(total ? total : 1), sizeof *out);
@@ -117,6 +118,8 @@ void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt
             rs->resp_len = o->len;
             rs->gen_logp = o->logps;
             rs->stopped = o->stopped;
+            rs->routes = o->routes; /* the batch owns it now */
+            rs->routes_w = o->routes ? r->policy->cfg.n_layers * r->policy->cfg.n_experts_per_tok : 0;
             b->resp_text[i] = tokenizer_decode(r->tok, o->tokens, (size_t)o->len, true);
             items[p * n + s] = (struct reward_item){prompts[p]->data_source, b->resp_text[i], prompts[p]->ground_truth,
                                                     prompts[p]->extra_info};

@@ -469,6 +469,7 @@ static int colocated_setup(struct colocated *c, char *err, size_t errlen)
                                   .world_size = env->world_size,
                                   .dp_rank = 0,
                                   .auth = NULL}; /* the colocated ranks' batches travel over MPI only */
+    wire_limits_set_routes(&c->lim, &trainer_policy(c->t)->cfg, config_records_routes(cfg));
     if (env->rank == 0)
         log_info("hybrid",
                  "%d colocated ranks: training DP %d x TP %d x PP %d; generating in %d engine(s) of %d rank(s), "

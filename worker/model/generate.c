@@ -46,6 +46,8 @@ void generate(struct model *m, const int32_t *const *prompts, const int *prompt_
     for (int p = 0; p < n_prompts; p++)
         max_prompt = prompt_lens[p] > max_prompt ? prompt_lens[p] : max_prompt;
     const int cap = max_prompt + gp->max_new_tokens;
+    /* recorded experts per token (0: none) */
+    const size_t rw = gp->record_routes ? (size_t)m->cfg.n_layers * m->cfg.n_experts_per_tok : 0;
     if (gp->kv_budget > 0) { /* the budget's sequences, whole groups at least */
         const size_t fit = gp->kv_budget / kv_slot_bytes(m, cap);
         max_batch = fit < (size_t)max_batch ? (fit > (size_t)n ? (int)fit : n) : max_batch;
@@ -55,6 +57,7 @@ void generate(struct model *m, const int32_t *const *prompts, const int *prompt_
         out[i].logps = xmalloc((size_t)(gp->max_new_tokens + 1) * sizeof(float));
         out[i].len = 0;
         out[i].stopped = false;
+        out[i].routes = rw ? xmalloc((size_t)(prompt_lens[i / n] + gp->max_new_tokens) * rw * sizeof(uint16_t)) : NULL;
     }
     if (gp->max_new_tokens <= 0)
         return;
@@ -76,6 +79,9 @@ void generate(struct model *m, const int32_t *const *prompts, const int *prompt_
     int *new_p = xmalloc((size_t)max_batch * sizeof(int)), *first_slot = xmalloc((size_t)max_batch * sizeof(int));
     /* the prompts admitted at once, end to end: at most max_batch of at most max_prompt tokens */
     int32_t *cat = xmalloc((size_t)max_batch * max_prompt * sizeof(int32_t));
+    uint16_t **rdst = xmalloc((size_t)max_batch * sizeof *rdst); /* where each step's new tokens' experts go */
+    if (rw)
+        model_step_record_routes(m, rdst);
     int next_prompt = 0, active = 0;
     for (;;) {
         /* admit whole prompt groups while n slots are free; all their prompts are prefilled in one step, each
@@ -96,7 +102,13 @@ void generate(struct model *m, const int32_t *const *prompts, const int *prompt_
         if (n_new > 0) {
             for (int g = 0, off = 0; g < n_new; off += prompt_lens[new_p[g]], g++)
                 memcpy(cat + off, prompts[new_p[g]], (size_t)prompt_lens[new_p[g]] * sizeof(int32_t));
+            for (int g = 0; g < n_new; g++) /* the prompt's experts, kept by the group's first sample */
+                rdst[g] = out[new_p[g] * n].routes;
             logits = model_step_logits(m, batch, n_new, ntok, cat);
+            for (int g = 0; rw && g < n_new; g++)
+                for (int s = 1; s < n; s++)
+                    memcpy(out[new_p[g] * n + s].routes, out[new_p[g] * n].routes,
+                           (size_t)prompt_lens[new_p[g]] * rw * sizeof(uint16_t));
         }
         for (int g = 0; g < n_new; g++) {
             const int p = new_p[g];
@@ -137,6 +149,8 @@ void generate(struct model *m, const int32_t *const *prompts, const int *prompt_
                 batch[B] = slots[i].kc;
                 ntok[B] = 1;
                 ids[B] = slots[i].next;
+                const struct gen_output *o = &out[slots[i].seq]; /* the fed token sits after the prompt, len - 1 on */
+                rdst[B] = rw ? o->routes + (size_t)(prompt_lens[slots[i].seq / n] + o->len - 1) * rw : NULL;
                 who[B++] = i;
             }
         logits = model_step_logits(m, batch, B, ntok, ids);
@@ -155,6 +169,9 @@ void generate(struct model *m, const int32_t *const *prompts, const int *prompt_
             }
         }
     }
+    if (rw)
+        model_step_record_routes(m, NULL);
+    free(rdst);
     kv_slab_free(slab);
     free(cat), free(slots), free(toks), free(lps), free(us), free(batch), free(ntok), free(ids), free(who), free(new_p),
         free(first_slot);
@@ -164,6 +181,8 @@ void gen_output_free(struct gen_output *o)
 {
     free(o->tokens);
     free(o->logps);
+    free(o->routes);
     o->tokens = NULL;
     o->logps = NULL;
+    o->routes = NULL;
 }

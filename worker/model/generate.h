@@ -21,6 +21,7 @@ struct gen_params {
     uint64_t first_stream; /* RNG stream of the first sample (a rollout rank's share of a step); 0 otherwise */
     size_t kv_budget;      /* bytes the KV cache may take (0: no bound): fewer concurrent sequences if need be, at
                               least one group's */
+    bool record_routes;    /* mixture of experts: keep the experts each token was routed to (gen_output.routes) */
 };
 
 /* One generated response. */
@@ -29,6 +30,9 @@ struct gen_output {
     float *logps;    /* (len) log-prob of each sampled token */
     int len;
     bool stopped; /* ended on a stop token (included in tokens) rather than the length limit */
+    /* with record_routes on a mixture of experts: (prompt_len + len - 1, n_layers x k) the experts of every token
+     * that went through the model (the prompt's, then each sampled token fed back), else NULL */
+    uint16_t *routes;
 };
 
 /* Generate n_samples responses for each of n_prompts prompts into out[p * n_samples + s] (caller frees with

@@ -77,20 +77,27 @@ int lora_attach(struct model *m, const struct lora_config *c, char *err, size_t 
     if (m->sh.tp_size > 1 || m->sh.pp_size > 1)
         return ERR("LoRA runs on whole models only (this one is TP rank %d of %d, stage %d of %d)", m->sh.tp_rank,
                    m->sh.tp_size, m->sh.pp_rank, m->sh.pp_size);
-    if (m->cfg.n_experts)
-        return ERR("LoRA on a mixture-of-experts model (%d experts) is not supported yet", m->cfg.n_experts);
     if (c->rank < 1 || !(c->alpha > 0) || !(c->targets & LORA_ALL_LINEAR) || (c->targets & ~LORA_ALL_LINEAR))
         return ERR("LoRA needs a rank >= 1 (got %d), alpha > 0 (got %g) and at least one target projection", c->rank,
                    c->alpha);
+    const unsigned mlp = 1u << PROJ_GATE | 1u << PROJ_UP | 1u << PROJ_DOWN;
+    if (m->cfg.n_experts && (c->targets & mlp)) { /* a mixture of experts: its MLPs are the experts */
+        char t[128];
+        const bool all = (c->targets & LORA_ALL_LINEAR) == LORA_ALL_LINEAR;
+        return ERR("LoRA target_modules %s on a mixture-of-experts model (%d experts): adapters on the experts%s are "
+                   "not supported yet; list the attention projections: target_modules=[q_proj,k_proj,v_proj,o_proj]",
+                   lora_targets_text(all ? c->targets : c->targets & mlp, t, sizeof t), m->cfg.n_experts,
+                   all ? " and the router (PEFT's all-linear adapts them there, as target_parameters)" : "");
+    }
     struct lora *a = xcalloc(1, sizeof *a);
     a->cfg = *c;
     a->scale = (float)(c->alpha / c->rank);
     a->n_layers = m->cfg.n_layers;
     a->w = xcalloc((size_t)a->n_layers, sizeof *a->w);
     a->g = xcalloc((size_t)a->n_layers, sizeof *a->g);
-    a->n = lora_layout(m, c, NULL, NULL);
+    a->n = lora_layout(m, &a->cfg, NULL, NULL);
     a->mem = k_calloc(m->K, a->n * sizeof(float), KMEM_WEIGHTS, "the LoRA adapter");
-    lora_layout(m, c, a->mem, a->w);
+    lora_layout(m, &a->cfg, a->mem, a->w);
     a->sink = k_calloc(m->K, sink_floats(m) * sizeof(float), KMEM_GRADS, "the frozen norms' gradient sink");
     m->lora = a;
     return 0;

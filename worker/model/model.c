@@ -357,6 +357,7 @@ struct model *model_clone(const struct model *m)
     struct model *r = model_create_on(&m->cfg, &lay, m->K);
     k_copy(m->K, r->w.mem, m->w.mem, m->w.n_floats * sizeof(float));
     r->moe_aux_coef = m->moe_aux_coef, r->moe_aux_scale = m->moe_aux_scale;
+    r->moe_replay = m->moe_replay;
     return r;
 }
 
@@ -382,6 +383,7 @@ struct model *model_copy_to(const struct model *m, struct kctx *K)
     struct model *r = model_create_on(&m->cfg, &lay, K);
     copy_between(r->K, r->w.mem, m->K, m->w.mem, m->w.n_floats * sizeof(float));
     r->moe_aux_coef = m->moe_aux_coef, r->moe_aux_scale = m->moe_aux_scale;
+    r->moe_replay = m->moe_replay;
     return r;
 }
 
@@ -656,6 +658,8 @@ struct model_acts {
     int krange_cap;  /* of krange, in sequences */
     int32_t *prefix; /* host (B): packed_batch.prefix_of's copy, NULL without one */
     int prefix_cap;
+    uint16_t *routes; /* host (N, n_layers x k): packed_batch.routes' copy, NULL without one */
+    size_t routes_cap;
     float *hk;    /* (nk, D) the kept rows' normed states */
     float *zkeep; /* (head rows, this shard's vocabulary): the head's logits for its backward (vocab_shard.keep) */
     int32_t *tk;  /* (nk) their targets */
@@ -703,6 +707,7 @@ static void acts_destroy(struct model_acts *A)
     karena_release(&A->host_arena);
     free(A->krange);
     free(A->prefix);
+    free(A->routes);
     free(A->hbuf);
     free(A->layers);
     free(A);
@@ -937,6 +942,17 @@ static struct vocab_shard vocab_of(const struct model *m)
                                 .ud = m->sh.tp};
 }
 
+/* Layer l's experts of every token of b (b->routes), as the route takes them: host (N, k). */
+static int32_t *moe_layer_routes(const struct model *m, int l, const struct packed_batch *b)
+{
+    const int k = m->cfg.n_experts_per_tok, L = m->cfg.n_layers;
+    int32_t *ref = xmalloc((size_t)(b->N > 0 ? b->N : 1) * k * sizeof *ref);
+    for (int t = 0; t < b->N; t++)
+        for (int j = 0; j < k; j++)
+            ref[(size_t)t * k + j] = b->routes[((size_t)t * L + l) * k + j];
+    return ref;
+}
+
 /* One decoder layer: a->x in, returns the output in out (N, D). */
 static void layer_forward(const struct model *m, int l, const struct packed_batch *b, struct layer_acts *a, float *out)
 {
@@ -964,7 +980,12 @@ static void layer_forward(const struct model *m, int l, const struct packed_batc
     k_rmsnorm_forward(K, a->xn2, a->rstd2, a->xmid, L->mlp_norm, N, D, c->rms_norm_eps);
     if (L->router) { /* mixture of experts: route, then each expert's tokens through it */
         k_linear_forward(K, a->rlog, a->xn2, L->router, NULL, N, D, c->n_experts);
+        int32_t *ref = b->routes ? moe_layer_routes(m, l, b) : NULL;
+        a->moe.ref = ref;
+        a->moe.replay = ref && m->moe_replay;
         k_moe_route(K, &a->moe, a->rlog);
+        a->moe.ref = NULL;
+        free(ref);
         k_moe_experts_forward(K, out, a->xn2, L->w_gate, L->w_up, L->w_down, &a->moe);
         k_add(K, out, a->xmid, (size_t)N * D);
         return;
@@ -995,6 +1016,15 @@ static void moe_count(struct model *m, int l, const struct kmoe *r)
     }
     m->moe_aux_sum += r->N ? aux * E / ((double)r->k * r->N) : 0;
     m->moe_aux_n++;
+    m->moe_route_differ += r->n_differ;
+    m->moe_route_compared += r->n_compared;
+}
+
+void model_moe_route_stats(struct model *m, double *differ, double *compared)
+{
+    *differ = m->moe_route_differ;
+    *compared = m->moe_route_compared;
+    m->moe_route_differ = m->moe_route_compared = 0;
 }
 
 int model_moe_stats(struct model *m, double *tokens, double *aux_mean)
@@ -1207,11 +1237,21 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
     k_to_device(K, A->targets, b->targets, (size_t)N * sizeof(int32_t));
     k_to_device(K, A->pos, b->pos, (size_t)N * sizeof(int32_t));
     k_to_device(K, A->cu, b->cu_seqlens, (size_t)(b->B + 1) * sizeof(int32_t));
-    A->b = (struct packed_batch){N, b->B, A->ids, A->targets, A->pos, A->cu, NULL, NULL};
+    A->b = (struct packed_batch){N, b->B, A->ids, A->targets, A->pos, A->cu, NULL, NULL, NULL};
     if (b->prefix_of) { /* read on the host by the attention (the rows it names are checked there) */
         grow_host_i32(&A->prefix, &A->prefix_cap, b->B, 1);
         memcpy(A->prefix, b->prefix_of, (size_t)b->B * sizeof(int32_t));
         A->b.prefix_of = A->prefix;
+    }
+    if (b->routes && c->n_experts) { /* the rollout's experts, kept for a recomputing backward */
+        const size_t n = (size_t)N * c->n_layers * c->n_experts_per_tok;
+        if (n > A->routes_cap) {
+            free(A->routes);
+            A->routes = xmalloc(n * sizeof *A->routes);
+            A->routes_cap = n;
+        }
+        memcpy(A->routes, b->routes, n * sizeof *A->routes);
+        A->b.routes = A->routes;
     }
     A->temperature = temperature;
 

@@ -142,7 +142,21 @@ struct model {
     double *moe_tokens; /* (n_layers, E) tokens routed to each expert */
     double moe_aux_sum; /* sum of the layers' aux (without coef) over forwards */
     int moe_aux_n;      /* layer forwards counted in moe_aux_sum */
+    /* routing replay (verl's router_replay R3): a training forward over a batch that carries the rollout's experts
+     * (packed_batch.routes) routes every token by them instead of its own top-k; the expert weights stay the
+     * router's probabilities, so the router still learns */
+    bool moe_replay;
+    double moe_route_differ, moe_route_compared; /* token-layers whose own top-k differed from the rollout's, of */
+    uint16_t *const *moe_record;                 /* model_step_record_routes' destinations, or NULL */
 };
+
+/* Token-layers of the training forwards since the last call whose own top-k experts differed from the batch's
+ * recorded ones (packed_batch.routes) into *differ, of *compared; then forgotten. */
+void model_moe_route_stats(struct model *m, double *differ, double *compared);
+/* From now on each model_step writes the experts it routes each new token to (n_layers x k uint16 per token, layer
+ * after layer, the most probable first) at dst[b] + j n_layers k for the j-th new token of sequence b; dst NULL
+ * stops. The layers of other pipeline stages are left as they are. */
+void model_step_record_routes(struct model *m, uint16_t *const *dst);
 
 /* What the training forwards routed since the last call, then forgotten: per-layer tokens per expert into tokens
  * (n_layers x E, may be NULL) and the mean load-balancing loss per layer and forward (without the coefficient).
@@ -246,6 +260,10 @@ struct packed_batch {
      * once for its group's responses); every row of b sees all of p's rows before its own, causally, and b's
      * positions go on from p's. p has no prefix itself. -1 or NULL: a whole sequence. CPU only for now. */
     const int32_t *prefix_of;
+    /* (N, n_layers x k) host memory, or NULL: mixture of experts: the experts each token was routed to when it was
+     * generated (the rollout's choice, model_step_record_routes), layer after layer. The forward counts the tokens
+     * whose own choice differs (model_moe_route_stats) and, when the model replays (moe_replay), routes by them. */
+    const uint16_t *routes;
 };
 
 /* Saved activations of one forward, reused by the backward. */

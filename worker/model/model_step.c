@@ -187,6 +187,21 @@ static void last_rows(struct kctx *K, float *out, const float *x, int B, const i
         k_copy(K, out + (size_t)b * D, x + (size_t)(off + ntok[b] - 1) * D, (size_t)D * sizeof(float));
 }
 
+void model_step_record_routes(struct model *m, uint16_t *const *dst) { m->moe_record = dst; }
+
+/* Layer l's experts of each new token into model_step_record_routes' destinations. */
+static void record_routes(const struct model *m, int l, const struct kmoe *r, int B, const int *ntok)
+{
+    const int k = r->k, L = m->cfg.n_layers;
+    int32_t *idx = xmalloc((size_t)r->N * k * sizeof *idx);
+    k_to_host(m->K, idx, r->idx, (size_t)r->N * k * sizeof *idx);
+    for (int b = 0, off = 0; b < B; off += ntok[b], b++)
+        for (int j = 0; j < ntok[b]; j++)
+            for (int i = 0; i < k; i++)
+                m->moe_record[b][((size_t)j * L + l) * k + i] = (uint16_t)idx[(size_t)(off + j) * k + i];
+    free(idx);
+}
+
 /* The step: logits wanted (rows of all_logits ? N : B) are left in the step arena, in the context's memory, on
  * every stage; returned (NULL when not wanted). */
 static const float *step(struct model *m, struct kv_cache **caches, int B, const int *ntok, const int32_t *ids,
@@ -254,6 +269,8 @@ static const float *step(struct model *m, struct kv_cache **caches, int B, const
         if (L->router) { /* mixture of experts: the same routing and grouped products as the training forward */
             k_linear_forward(K, t.rlog, t.xn, L->router, NULL, N, D, c->n_experts);
             k_moe_route(K, &t.moe, t.rlog);
+            if (m->moe_record)
+                record_routes(m, l, &t.moe, B, ntok);
             k_moe_experts_forward(K, t.tmp, t.xn, L->w_gate, L->w_up, L->w_down, &t.moe);
             k_add(K, t.x, t.tmp, nD);
             continue;

@@ -57,6 +57,13 @@ uint8_t *wire_pack_batch(const struct wire_header *h, const struct step_batch *b
             q->group_index = s->gidx / h->n;
             q->sample_index = s->gidx % h->n;
             q->stopped = s->stopped;
+            if (s->routes) { /* little-endian uint16 (rollout_seq_tokens, routes_w) */
+                const size_t n = (size_t)rollout_seq_tokens(s) * s->routes_w;
+                uint8_t *r = xmalloc(2 * (n ? n : 1));
+                for (size_t i = 0; i < n; i++)
+                    r[2 * i] = (uint8_t)(s->routes[i] & 0xff), r[2 * i + 1] = (uint8_t)(s->routes[i] >> 8);
+                q->routed_experts = (ProtobufCBinaryData){.len = 2 * n, .data = r};
+            }
             ptrs[k++] = q;
         }
     rb.n_sequences = (size_t)k;
@@ -65,9 +72,54 @@ uint8_t *wire_pack_batch(const struct wire_header *h, const struct step_batch *b
     env.body_case = GRPO__ENVELOPE__BODY_ROLLOUT;
     env.rollout = &rb;
     uint8_t *out = CHECK_ALLOC(plane_pack_request(&env, cred, len));
+    for (int i = 0; i < k; i++)
+        free(seqs[i].routed_experts.data);
     free(seqs);
     free(ptrs);
     return out;
+}
+
+void wire_limits_set_routes(struct wire_limits *lim, const struct model_config *c, bool recorded)
+{
+    const bool on = recorded && c->n_experts > 0;
+    lim->routes_layers = on ? c->n_layers : 0;
+    lim->routes_k = on ? c->n_experts_per_tok : 0;
+    lim->routes_experts = on ? c->n_experts : 0;
+}
+
+/* A sequence's recorded experts (routed_experts) against the run's model; NULL when fine, else why. */
+static const char *check_routes(const Grpo__Sequence *q, const struct wire_limits *lim, char *why, size_t whylen)
+{
+    const size_t len = q->routed_experts.len, L = (size_t)lim->routes_layers, k = (size_t)lim->routes_k;
+    if (!L) {
+        if (len)
+            return snprintf(why, whylen,
+                            "routed_experts carried (%zu bytes), but this trainer's model records no routing (a "
+                            "dense model, or routing replay off here but on at the rollout rank?)",
+                            len),
+                   why;
+        return NULL;
+    }
+    const size_t tokens = (size_t)lim->prompts->items[q->uid].len + q->n_response_ids - 1, want = 2 * tokens * L * k;
+    if (len != want)
+        return snprintf(why, whylen,
+                        "routed_experts holds %zu bytes, not %zu (%zu tokens x %zu layers x %zu experts x 2: routing "
+                        "replay off at the rollout rank, or another model?)",
+                        len, want, tokens, L, k),
+               why;
+    const uint8_t *d = q->routed_experts.data;
+    for (size_t s = 0; s < tokens * L; s++)
+        for (size_t j = 0; j < k; j++) {
+            const int e = d[2 * (s * k + j)] | d[2 * (s * k + j) + 1] << 8;
+            bool dup = false;
+            for (size_t i = 0; i < j; i++)
+                dup |= e == (d[2 * (s * k + i)] | d[2 * (s * k + i) + 1] << 8);
+            if (e >= lim->routes_experts || dup)
+                return snprintf(why, whylen, "routed_experts of token %zu, layer %zu: expert %d is %s", s / L, s % L, e,
+                                dup ? "chosen twice" : "not one of the model's"),
+                       why;
+        }
+    return NULL;
 }
 
 /* Check one sequence against the run; NULL when fine, else why. */
@@ -116,7 +168,7 @@ static const char *check_sequence(const Grpo__Sequence *q, const struct wire_lim
         return snprintf(why, whylen, "reward is not finite"), why;
     if (!isnan(q->acc) && !(q->acc >= 0 && q->acc <= 1))
         return snprintf(why, whylen, "accuracy %g is outside [0, 1]", (double)q->acc), why;
-    return NULL;
+    return check_routes(q, lim, why, whylen);
 }
 
 int wire_unpack_batch(const uint8_t *buf, size_t len, const struct wire_limits *lim, struct wire_header *h,
@@ -248,6 +300,13 @@ int wire_unpack_batch(const uint8_t *buf, size_t len, const struct wire_limits *
         s->score = q->reward;
         s->raw_score = q->raw_reward;
         s->acc = q->acc;
+        if (q->routed_experts.len) { /* checked: (rollout_seq_tokens, layers x k) */
+            const size_t n = q->routed_experts.len / 2;
+            s->routes = xmalloc(n * sizeof *s->routes);
+            for (size_t i = 0; i < n; i++)
+                s->routes[i] = (uint16_t)(q->routed_experts.data[2 * i] | q->routed_experts.data[2 * i + 1] << 8);
+            s->routes_w = lim->routes_layers * lim->routes_k;
+        }
         nb.resp_text[nb.n_seq++] = NULL;
     }
     for (int g = 0; g < lim->groups_in_step; g++)

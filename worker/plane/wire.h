@@ -61,7 +61,13 @@ struct wire_limits {
     int dp_rank;            /* to_dp must equal it */
     struct wire_auth *auth; /* every batch must carry a good MAC of the rank it names (NULL: not checked, for
                                batches that came over MPI only) */
+    /* a mixture of experts' recorded routing (Sequence.routed_experts): every sequence carries routes_layers x
+     * routes_k experts below routes_experts per input token, distinct within a layer; routes_layers 0: none may */
+    int routes_layers, routes_k, routes_experts;
 };
+
+/* The routing every sequence must carry for model c when generation records it (recorded), none otherwise. */
+void wire_limits_set_routes(struct wire_limits *lim, const struct model_config *c, bool recorded);
 
 /* Decode and check one message: 0 with *h filled and the batch's groups appended to b (sequences own their
  * arrays; resp_text entries are NULL), or -1 with why naming the field that was wrong (b unchanged). */

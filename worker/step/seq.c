@@ -13,6 +13,7 @@ void rollout_seqs_free(struct rollout_seq *s, int n)
         free(s[i].old_logp);
         free(s[i].ref_logp);
         free(s[i].adv);
+        free(s[i].routes);
     }
 }
 
@@ -48,6 +49,19 @@ static void put_rows(struct micro_batch *mb, const struct rollout_seq *s, int of
         mb->targets[off] = nt < s->prompt_len ? s->prompt[nt] : s->resp[nt - s->prompt_len];
         mb->pos[off] = t;
     }
+    if (mb->routes && t1 > t0)
+        memcpy(mb->routes + (size_t)(off - (t1 - t0)) * s->routes_w, s->routes + (size_t)t0 * s->routes_w,
+               (size_t)(t1 - t0) * s->routes_w * sizeof *mb->routes);
+}
+
+/* Every sequence of the list carries its rollout's experts, of one width: their width, else 0. */
+static int routes_width(const struct rollout_seq *seqs, const int *idx, int n)
+{
+    const int w = n > 0 && seqs[idx[0]].routes ? seqs[idx[0]].routes_w : 0;
+    for (int i = 1; i < n && w; i++)
+        if (!seqs[idx[i]].routes || seqs[idx[i]].routes_w != w)
+            return 0;
+    return w;
 }
 
 void micro_batch_build(struct micro_batch *mb, const struct rollout_seq *seqs, const int *idx, int n, bool share)
@@ -77,6 +91,8 @@ void micro_batch_build(struct micro_batch *mb, const struct rollout_seq *seqs, c
     mb->from = xmalloc((size_t)(nseg ? nseg : 1) * sizeof(int32_t));
     mb->prefix = xmalloc((size_t)(nseg ? nseg : 1) * sizeof(int32_t)); /* pb.prefix_of only when shared */
     mb->resp_at = xmalloc((size_t)(n ? n : 1) * sizeof(int32_t));
+    const int rw = routes_width(seqs, idx, n);
+    mb->routes = rw ? xmalloc((size_t)(N ? N : 1) * rw * sizeof *mb->routes) : NULL;
     int *prompt_seg = xmalloc((size_t)(n ? n : 1) * sizeof(int)); /* a shared prompt's segment, by its lead */
     int off = 0, g = 0;
     for (int i = 0; i < n; i++) {
@@ -101,8 +117,8 @@ void micro_batch_build(struct micro_batch *mb, const struct rollout_seq *seqs, c
     mb->cu[nseg] = off;
     free(lead), free(members), free(prompt_seg);
     /* only the responses' log-probs are read: the LM head skips the prompts' rows */
-    mb->pb = (struct packed_batch){off,     nseg,   mb->ids,  mb->targets,
-                                   mb->pos, mb->cu, mb->from, mb->n_shared ? mb->prefix : NULL};
+    mb->pb = (struct packed_batch){
+        off, nseg, mb->ids, mb->targets, mb->pos, mb->cu, mb->from, mb->n_shared ? mb->prefix : NULL, mb->routes};
 }
 
 void micro_batch_free(struct micro_batch *mb)
@@ -114,6 +130,7 @@ void micro_batch_free(struct micro_batch *mb)
     free(mb->from);
     free(mb->prefix);
     free(mb->resp_at);
+    free(mb->routes);
     memset(mb, 0, sizeof *mb);
 }
 

@@ -24,6 +24,10 @@ struct rollout_seq {
     double score;     /* reward (after any penalties) */
     double raw_score; /* reward from the scorer */
     double acc;       /* exact-answer accuracy, 1 or 0 (reward_accuracy); NaN when unknown */
+    /* mixture of experts, when the rollout records them: (rollout_seq_tokens, routes_w) the experts each input token
+     * was routed to in generation (routes_w = n_layers x k per token, layer after layer), or NULL */
+    uint16_t *routes;
+    int routes_w;
 };
 
 /* Free the per-sequence arrays of n sequences. */
@@ -35,6 +39,7 @@ struct micro_batch {
     const int *seq; /* indices into the step's sequences */
     struct packed_batch pb;
     int32_t *ids, *targets, *pos, *cu, *from, *prefix; /* owned storage of pb (per packed segment) */
+    uint16_t *routes; /* pb.routes when every sequence carries its routes (of one width), else NULL */
     int32_t *resp_at; /* (n_seq) packed index of each sequence's first response-token prediction */
     int n_shared;     /* prompts packed once for several of its sequences (share) */
 };
@@ -45,6 +50,7 @@ struct micro_batch {
  * segment that each of them continues (packed_batch.prefix_of) with the last prompt token and its response. The
  * log-probs and gradients are those of the whole sequences; the prompt's rows are forwarded once, not n times. */
 void micro_batch_build(struct micro_batch *mb, const struct rollout_seq *seqs, const int *idx, int n, bool share);
+/* (The rollout's experts travel with the rows, packed_batch.routes, when every sequence has them.) */
 void micro_batch_free(struct micro_batch *mb);
 
 /* Split sequence indices idx[0..n) into micro-batches: fixed count per micro-batch (max_seqs > 0), or packed to

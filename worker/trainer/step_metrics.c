@@ -182,6 +182,10 @@ void step_metrics(struct metrics *m, const struct step_result *r)
     advantage_metrics(m, &r->adv);
     metrics_set(m, "training/rollout_probs_diff_mean", r->gap.n ? r->gap.sum / r->gap.n : 0);
     metrics_set(m, "training/rollout_probs_diff_max", r->gap.max);
+    if (r->gap.route_compared > 0) {
+        metrics_set(m, "training/rollout_routing_mismatch", r->gap.route_differ / r->gap.route_compared);
+        metrics_set(m, "training/rollout_routing_replay", r->gap.replay ? 1 : 0);
+    }
     update_metrics(m, &r->update);
     timing_metrics(m, r);
     if (r->source.split)

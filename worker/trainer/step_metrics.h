@@ -51,6 +51,10 @@ struct step_update {
  * DP rank. */
 struct step_gap {
     double sum, n, max;
+    /* mixture of experts with the rollout's routes: token-layers of the old-log-prob forwards whose own top-k differed
+     * from the rollout's, of those compared (0: no routes), and whether they were replayed */
+    double route_differ, route_compared;
+    bool replay;
 };
 
 /* What the step held: memory, the data's epoch. */

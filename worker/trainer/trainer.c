@@ -688,6 +688,14 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         goto fail;
     }
     t->policy->moe_aux_coef = (float)cfg->actor_moe_aux_loss_coeff;
+    t->policy->moe_replay = strcmp(cfg->actor_router_replay_mode, "R3") == 0;
+    if (!t->policy->cfg.n_experts && (t->policy->moe_replay || cfg->rollout_enable_routing_replay)) {
+        snprintf(err, errlen, "%s: routing replay needs a mixture-of-experts model; %s is dense (no router)",
+                 t->policy->moe_replay ? "actor_rollout_ref.actor.router_replay.mode=R3"
+                                       : "actor_rollout_ref.rollout.enable_rollout_routing_replay=true",
+                 model_path);
+        goto fail;
+    }
     /* the policy's precision (and the reference's: a clone shares the context) */
     char dev[32]; /* with other ranks, the GPU grpo_worker gave this one (trainer_layout.device) */
     snprintf(dev, sizeof dev, "%s", config_device(cfg));

@@ -634,6 +634,7 @@ static void trainer_ready(void *ud, struct trainer *t)
     r->start = trainer_step(t);
     r->lim.prompts = trainer_prompts(t);
     r->lim.vocab_size = trainer_policy(t)->cfg.vocab_size;
+    wire_limits_set_routes(&r->lim, &trainer_policy(t)->cfg, config_records_routes(r->env->cfg));
     if (r->env->at.dp != 0)
         return;
     if (r->env->at.tp != 0 || r->env->at.pp != 0) { /* the dispatcher is the copy's rank 0's; this rank gives its

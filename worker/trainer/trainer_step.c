@@ -383,7 +383,16 @@ static double ref_log_probs(struct trainer *t, struct step_batch *b, const int *
     /* with LoRA the reference is the base model: the policy with its adapter bypassed (no second copy) */
     struct model *ref = t->ref ? t->ref : t->policy;
     lora_set_bypass(ref, !t->ref);
+    /* the reference routes by its own router, and its forwards count in no routing metric */
+    const bool replay = ref->moe_replay;
+    double differ, compared;
+    model_moe_route_stats(ref, &differ, &compared);
+    ref->moe_replay = false;
     actor_compute_logp(ref, b->seqs, idx, b->n_seq, &bt, logprob_temperature(c), 1);
+    ref->moe_replay = replay;
+    double d2, c2;
+    model_moe_route_stats(ref, &d2, &c2);
+    ref->moe_route_differ = differ, ref->moe_route_compared = compared;
     lora_set_bypass(ref, false);
     return clock_now_s() - t0;
 }
@@ -517,10 +526,14 @@ static void measure_gap(struct trainer *t, const struct step_batch *b, struct st
             gap_max = fmax(gap_max, d);
             gap_n++;
         }
-    double sums[2] = {gap, gap_n};
-    sum_dist(t, sums, 2);
+    double sums[4] = {gap, gap_n, out->route_differ, out->route_compared};
+    if (t->lay.pp) /* each stage compared its own layers */
+        comm_allreduce_sum(t->lay.pp, sums + 2, 2, COMM_F64);
+    sum_dist(t, sums, 4);
     out->sum = sums[0];
     out->n = sums[1];
+    out->route_differ = sums[2], out->route_compared = sums[3];
+    out->replay = t->policy->moe_replay;
     out->max = max_dist(t, gap_max);
 }
 
@@ -606,13 +619,20 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
 
     measure_rollouts(t, b, &r.rollouts);
     const bool on_policy = one_update(c, r.rollouts.n_seq);
-    if (!on_policy)
+    /* the rollout's routes against the policy's own routing where the old log-probs are taken (the old-log-prob
+     * pass, or on policy the update's forwards, all before its one optimizer step) */
+    model_moe_route_stats(t->policy, &r.gap.route_differ, &r.gap.route_compared);
+    if (!on_policy) {
         r.phase_s[GRPO__PHASE__PHASE_OLD_LOG_PROB] = old_log_probs(t, b, idx);
+        model_moe_route_stats(t->policy, &r.gap.route_differ, &r.gap.route_compared);
+    }
     if (c->actor_use_kl_loss || c->alg_use_kl_in_reward)
         r.phase_s[GRPO__PHASE__PHASE_REF] = ref_log_probs(t, b, idx);
     r.phase_s[GRPO__PHASE__PHASE_ADV] = advantages(t, b, &r.adv);
     r.phase_s[GRPO__PHASE__PHASE_UPDATE_ACTOR] = update_actor(t, k, b, idx, on_policy, r.rollouts.n_seq, &r.update);
     model_traffic_since(t, &tp0, &pp0, &r.update);
+    if (on_policy)
+        model_moe_route_stats(t->policy, &r.gap.route_differ, &r.gap.route_compared);
     measure_gap(t, b, &r.gap);
     audit(t, k, b);
     r.step_s = clock_now_s() - t_step;
