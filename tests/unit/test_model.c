@@ -752,7 +752,11 @@ static float bf16_round(float x)
  * float rounding, replayed or not). A rollout engine whose router weights are BF16 (verl's rollouts run in BF16;
  * Megatron keeps its router in fp32, moe_router_dtype) routes some tokens to other experts: without replay the
  * log-prob gap holds those flips, with replay only the routers' rounding is left, and it is smaller. (On this CPU
- * engine a BF16 context decodes in fp32, its skinny products, so the rounding is put on the router's weights.) */
+ * engine a BF16 context decodes in fp32, its skinny products, so the rounding is put on the router's weights.)
+ * Near ties: a router whose rows differ only at float rounding (an indifferent router, as at initialisation) picks
+ * its top-k by rounding, so generation (one token at a time, its own summation order) and the trainer's forward
+ * (the whole sequence in one product) route tokens differently although nothing else differs: without replay the
+ * gap holds whole experts' differences, with replay it falls to float rounding. */
 static void test_moe_routing_replay(void **state)
 {
     (void)state;
@@ -769,11 +773,18 @@ static void test_moe_routing_replay(void **state)
                                 .max_batch = 16,
                                 .seed = 7,
                                 .record_routes = true};
-        for (int bf = 0; bf < 2; bf++) {
-            struct model *gen = bf ? model_clone(m) : m;
-            for (int l = 0; bf && l < m->cfg.n_layers; l++)
-                for (size_t i = 0; i < (size_t)m->cfg.n_experts * m->cfg.hidden_size; i++)
+        for (int bf = 0; bf < 3; bf++) {
+            struct model *gen = bf ? model_clone(m) : m, *trainer = bf == 2 ? gen : m;
+            const size_t D = (size_t)m->cfg.hidden_size;
+            for (int l = 0; bf == 1 && l < m->cfg.n_layers; l++)
+                for (size_t i = 0; i < (size_t)m->cfg.n_experts * D; i++)
                     gen->w.layers[l].router[i] = bf16_round(gen->w.layers[l].router[i]);
+            for (int l = 0; bf == 2 && l < m->cfg.n_layers; l++) { /* every row expert 0's, a few ulps apart */
+                float *w = gen->w.layers[l].router;
+                for (size_t e = 1; e < (size_t)m->cfg.n_experts; e++)
+                    for (size_t i = 0; i < D; i++)
+                        w[e * D + i] = w[i] * (1.0f + 2.4e-7f * (float)((int)((e * 7 + i * 13) % 5) - 2));
+            }
             struct gen_output out[16];
             generate(gen, prompts, lens, 2, &gp, out);
             double gap[2] = {0, 0}, n_differ[2] = {0, 0}, n_cmp = 0;
@@ -782,7 +793,7 @@ static void test_moe_routing_replay(void **state)
                 float *lp = malloc(sizeof(float) * (size_t)out[i].len);
                 for (int r = 0; r < 2; r++) {
                     double d, c;
-                    replay_logp(m, prompts[i / 8], lens[i / 8], &out[i], r == 1, lp, &d, &c);
+                    replay_logp(trainer, prompts[i / 8], lens[i / 8], &out[i], r == 1, lp, &d, &c);
                     assert_int_equal((int)c, (lens[i / 8] + out[i].len - 1) * m->cfg.n_layers);
                     n_differ[r] += d;
                     n_cmp += r == 0 ? c : 0;
@@ -793,14 +804,21 @@ static void test_moe_routing_replay(void **state)
             }
             printf("# %s, %s rollout router: %g of %g token-layers routed differently; largest |log-prob gap| %.3g "
                    "without replay, %.3g with\n",
-                   names[mi], bf ? "BF16" : "fp32", n_differ[0], n_cmp, gap[0], gap[1]);
+                   names[mi],
+                   bf == 1   ? "BF16"
+                   : bf == 2 ? "near-tie"
+                             : "fp32",
+                   n_differ[0], n_cmp, gap[0], gap[1]);
             if (!bf) { /* the recorded routes are the trainer's own: the same log-probs to float rounding */
                 assert_true(n_differ[0] == 0);
                 assert_true(gap[0] < 2e-5 && gap[1] < 2e-5);
+            } else if (bf == 2) { /* flips from rounding alone; replayed, nothing but rounding is left */
+                if (!(n_differ[0] > 0 && gap[0] > 1e-3 && gap[1] < 2e-5))
+                    fail_msg("near-tie router: %g flips, gap %g without replay, %g with", n_differ[0], gap[0], gap[1]);
             } else if (n_differ[0] > 0) {
                 assert_true(gap[1] < gap[0]);
             }
-            flips += bf ? n_differ[0] : 0;
+            flips += bf == 1 ? n_differ[0] : 0;
             for (int i = 0; i < 16; i++)
                 gen_output_free(&out[i]);
             if (gen != m)
