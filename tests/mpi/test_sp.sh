@@ -106,7 +106,8 @@ refused() { # NAME RANKS SP TEXT [keys...]: the run ends with an error saying TE
     local rc=$?
     [ $rc -ne 0 ] && says "$TMP/$name.log" "$text"
 }
-refused bad-heads 3 3 "num_attention_heads (4) is not divisible by actor_rollout_ref.actor.ulysses_sequence_parallel_size (3)"
+refused bad-heads 3 3 "num_attention_heads (4) is not divisible by actor_rollout_ref.actor.ulysses_sequence_parallel_size (3)" \
+    data.train_batch_size=3
 expect "SP 3 over 4 heads is refused naming the key and the numbers" $?
 refused bad-ranks 3 2 "3 hybrid ranks are not a multiple of actor_rollout_ref.actor.megatron.tensor_model_parallel_size 1 x actor_rollout_ref.actor.megatron.pipeline_model_parallel_size 1 x actor_rollout_ref.actor.ulysses_sequence_parallel_size 2"
 expect "3 ranks under SP 2 are refused naming the key" $?
