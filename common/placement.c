@@ -24,10 +24,13 @@ static int verl_ranks(long long nodes, long long per_node, const char *prefix, i
 
 int placement_spec_from_config(const struct grpo_config *cfg, struct placement_spec *s, char *why, size_t whylen)
 {
+    *s = (struct placement_spec){0}; /* every number comes from cfg: none left from the caller's memory */
     s->trainer_ranks = (int)cfg->placement_trainer_ranks;
     s->rollout_ranks = (int)cfg->placement_rollout_ranks;
     s->tp_size = (int)cfg->actor_megatron_tensor_model_parallel_size;
     s->pp_size = (int)cfg->actor_megatron_pipeline_model_parallel_size;
+    s->cp_size = (int)cfg->actor_ulysses_sequence_parallel_size;
+    s->cp_key = "actor_rollout_ref.actor.ulysses_sequence_parallel_size";
     s->rollout_tp = (int)cfg->rollout_tensor_model_parallel_size;
     int vt, vr;
     if (verl_ranks(cfg->trainer_nnodes, cfg->trainer_n_gpus_per_node, "trainer", &vt, why, whylen) != 0 ||

@@ -230,6 +230,7 @@ void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int
     int **groups, *counts;
     int k =
         split_micro_batches(seqs, idx, n, p->bt.micro_seqs, p->bt.micro_tokens, p->bt.share_prompts, &groups, &counts);
+    log_debug("trainer", "update: %d sequence(s) of this rank's mini-batch in %d micro-batch(es)", n, k);
     struct mb_state *mbs = xcalloc((size_t)(k ? k : 1), sizeof *mbs);
     for (int b = 0; b < k; b++) {
         micro_batch_build(&mbs[b].mb, seqs, groups[b], counts[b], p->bt.share_prompts);
@@ -293,7 +294,9 @@ static double mp_clip(struct model *m, double max_norm)
  * for the device's queued work first) or the MPI group, or, on a GPU without a twin, through the host buffer. */
 static void dp_sum_grads(struct model *m, const struct update_params *p, float *g, size_t n)
 {
-    if (m->K->device != KDEV_CPU && !p->dp_dev) {
+    if (p->grads) { /* DP x SP, on the CPU (sequence parallelism runs there only) */
+        comm_allreduce_sum(p->grads, g, n, COMM_F32);
+    } else if (m->K->device != KDEV_CPU && !p->dp_dev) {
         k_to_host(m->K, p->dp_stage, g, n * sizeof(float));
         comm_allreduce_sum(p->dp, p->dp_stage, n, COMM_F32);
         k_to_device(m->K, g, p->dp_stage, n * sizeof(float));
@@ -314,7 +317,7 @@ static void update_mini_batch(struct model *m, struct adamw *opt, struct rollout
     st->pp_schedule_s += clock_now_s() - t0;
     if (!m->lora)
         model_shard_sync_grads(m); /* replicated KV heads, the tied embedding's copy: their gradients summed */
-    if (p->dp) {
+    if (p->dp || p->grads) {
         const double t0 = clock_now_s();
         if (p->zero)
             zero1_reduce_scatter(p->zero, tr.grads);
@@ -323,7 +326,8 @@ static void update_mini_batch(struct model *m, struct adamw *opt, struct rollout
         else
             dp_sum_grads(m, p, tr.grads, tr.n);
         st->allreduce_s += clock_now_s() - t0;
-        loss_stats_sum(p->dp, &ls);
+        if (p->dp) /* the SP ranks of a DP rank computed the same loss */
+            loss_stats_sum(p->dp, &ls);
     }
     double norm = p->zero ? zero1_clip(p->zero, p->grad_clip, m) : mp_clip(m, p->grad_clip);
     if (isfinite(norm) && p->zero) { /* every rank has the same norm: they step, or skip, together */
