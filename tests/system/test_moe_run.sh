@@ -10,22 +10,6 @@ need_bin worker "$1"
 need_bin MODEL_TOOL "$2"
 export OPENBLAS_NUM_THREADS=1
 
-# moe_config TYPE OUT: the byte tokenizer's model config turned into a 4-expert model of TYPE
-moe_config() {
-    python3 - "$TOK/config.json" "$1" "$2" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-kind, out = sys.argv[2], sys.argv[3]
-if kind == "qwen3_moe":
-    d.update(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], num_experts=4, num_experts_per_tok=2,
-             moe_intermediate_size=32, norm_topk_prob=True, head_dim=16, use_sliding_window=False)
-else:
-    d.update(model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=4, num_experts_per_tok=2,
-             intermediate_size=32, sliding_window=None)
-json.dump(d, open(out, "w"), indent=1)
-PY
-}
-
 # run MODEL NAME COEF: two steps, metrics in $TMP/NAME/grpo/demo/metrics.jsonl
 run() {
     (cd "$TMP" && timeout 300 "$worker" actor_rollout_ref.model.path="$1" trainer.default_local_dir="$TMP/$2" \
@@ -42,8 +26,7 @@ for l in open(sys.argv[1]):
 }
 
 for kind in qwen3_moe mixtral; do
-    moe_config $kind "$TMP/$kind.json"
-    tiny_model "$TMP/$kind" 11 "$TMP/$kind.json"
+    tiny_moe_model "$TMP/$kind" $kind 11
     expect "$kind: tiny model written" $?
     run "$TMP/$kind" "$kind-aux" 0.5
     expect "$kind: two GRPO steps with the load-balancing loss" $?
