@@ -49,7 +49,12 @@ struct trainer_layout {
     int tp_rank, tp_size;
     struct comm *pp; /* pipeline group (this TP rank's stages); NULL: every layer here */
     int pp_rank, pp_size;
-    struct comm *mp;  /* the TP x PP ranks of one model copy (ranked pp x TP + tp); NULL: TP and PP both 1 */
+    struct comm *mp; /* the TP x PP ranks of one model copy (ranked pp x TP + tp); NULL: TP and PP both 1 */
+    /* expert parallelism (actor_rollout_ref.actor.megatron.expert_model_parallel_size, out of the DP ranks): ep the
+     * DP ranks splitting the experts (EP rank dp % ep_size; it is then the model copy's group, mp), edp those holding
+     * the same experts, over which the experts' gradients add up; NULL when ep_size is 1 */
+    struct comm *ep, *edp;
+    int ep_rank, ep_size;
     struct comm *all; /* every trainer rank: stop and checkpoint decisions follow its rank 0 (DP 0, TP 0) */
     int devices;      /* ranks the run uses (perf/throughput divides by it); 0: 1 */
     int device;       /* trainer.device=cuda: this rank's GPU (its CUDA index on the node) */

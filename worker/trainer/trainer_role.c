@@ -703,6 +703,15 @@ int run_trainer(struct role_env *env)
                              .units = env->spec.rollout_ranks / (env->spec.rollout_tp > 1 ? env->spec.rollout_tp : 1),
                              .world_size = env->world_size,
                              .dp_rank = env->at.dp};
+    if (env->at.ep_size > 1) { /* the weights sent to the rollout ranks would need the experts gathered first */
+        snprintf(err, sizeof err,
+                 "actor_rollout_ref.actor.megatron.expert_model_parallel_size %d with rollout ranks "
+                 "(placement.rollout_ranks %d): expert parallelism runs in colocated runs for now (rollout ranks 0)",
+                 env->at.ep_size, env->spec.rollout_ranks);
+        log_error("trainer", "%s", err);
+        control_finish(env->ctl, CONTROL_END_FAILED, err);
+        return 2;
+    }
     plane_verifier_init(&r.verifier, env->have_run_key ? env->plane_run_key : NULL);
     r.auth.v = &r.verifier;
     r.lim.auth = &r.auth;     /* every batch from a rollout process: a good MAC of the rank it names */
@@ -738,6 +747,10 @@ int run_trainer(struct role_env *env)
                                  .pp_rank = env->at.pp,
                                  .pp_size = env->at.pp_size,
                                  .mp = r.mp,
+                                 .ep = env->ep,
+                                 .edp = env->edp,
+                                 .ep_rank = env->at.ep,
+                                 .ep_size = env->at.ep_size,
                                  .all = env->trainers,
                                  .devices = comm_size(env->world),
                                  .device = env->device,

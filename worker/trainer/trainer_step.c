@@ -455,6 +455,7 @@ static double update_actor(struct trainer *t, int64_t k, struct step_batch *b, c
                c->actor_use_dynamic_bsz ? (int)c->actor_ppo_max_token_len_per_gpu : 0, t->share_prompts},
         .dp = t->lay.dp_size > 1 ? t->lay.dp : NULL,
         .dp_dev = t->dp_dev,
+        .edp = t->lay.edp,
         .dp_stage = t->host_params,
         .overlap = t->overlap,
         .zero = t->zero,
