@@ -9,8 +9,10 @@
 #    EP2's hold the same), so DP4 itself differs from one process there, EP or not;
 #  - checkpoints are whole, in the Hugging Face layout, whatever EP wrote them: EP2's step-1 checkpoint resumes in
 #    one process, and one process's resumes under EP2, both ending at the single-process weights;
-#  - layouts that do not work are refused by name: E not divisible by EP, EP with TP, EP with rollout ranks, EP on a
-#    dense model, DP not divisible by EP.
+#  - a split run (2 trainer ranks with EP 2, a rollout rank generating with the whole model the EP group gathers
+#    each step) gives the same;
+#  - layouts that do not work are refused by name: E not divisible by EP, EP with PP, EP on a dense model, DP not
+#    divisible by EP.
 # usage: test_ep.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
 WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
@@ -95,6 +97,16 @@ for layout in "ep2 2 qwen3_moe one-qwen3_moe" "ep2 2 mixtral one-mixtral" "ep2dp
     expect "$name: weights after $STEPS steps (a whole checkpoint gathered over EP) match $ref ($out)" $?
 done
 
+# a split run: 2 EP trainer ranks and a rollout rank, which gets each version whole (the experts gathered over EP)
+# shellcheck disable=SC2046
+"${MPIRUN[@]}" -np 3 "$WORKER" $(common qwen3_moe) $AUX trainer.default_local_dir="$TMP/split-ep2" $EP=2 \
+    placement.trainer_ranks=2 placement.rollout_ranks=1 >"$TMP/split-ep2.log" 2>&1
+expect "split-ep2: 2 trainer ranks with EP 2 and a rollout rank finish" $?
+out=$(same_metrics one-qwen3_moe split-ep2 2>&1)
+expect "split-ep2: per-step losses, grad norms and entropies match one process ($out)" $?
+out=$(same_weights one-qwen3_moe split-ep2)
+expect "split-ep2: weights after $STEPS steps match one process ($out)" $?
+
 # checkpoints: whole, in the Hugging Face layout, whatever EP wrote them
 python3 - "$(ckpt ep2-qwen3_moe 2)/actor/model.safetensors" <<'PY'
 import json, struct, sys
@@ -131,8 +143,6 @@ refused ep4-of-3 "expert_model_parallel_size (3) does not divide the model's num
 refused ep-pp "expert_model_parallel_size (2) with tensor_model_parallel_size 1 and pipeline_model_parallel_size 2" \
     4 qwen3_moe $EP=2 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
 refused ep-dense "expert_model_parallel_size (2): the model is dense" 2 llama $EP=2
-refused ep-split "expert_model_parallel_size 2 with rollout ranks" 3 qwen3_moe $EP=2 placement.trainer_ranks=2 \
-    placement.rollout_ranks=1
 refused ep-dp3 "data-parallel ranks are not a multiple of actor_rollout_ref.actor.megatron.expert_model_parallel_size 2" \
     3 qwen3_moe $EP=2
 finish "$TMP"/*.log

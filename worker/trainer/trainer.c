@@ -469,7 +469,7 @@ int trainer_run(struct trainer *t)
     const bool writer = lead(t);
     /* validation generates with the policy: on every rank of DP rank 0's TP group (the leader logs it), or on
      * every rank where the source shares it out */
-    const bool validator = t->lay.dp_rank == 0 || t->src.validate;
+    const bool validator = t->lay.dp_rank / t->lay.ep_size == 0 || t->src.validate; /* EP: DP rank 0's EP group */
     struct metrics m;
     metrics_init(&m);
     int rc = 0;

@@ -502,8 +502,19 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     return 0;
 }
 
+/* Whether this rank holds a part of DP rank 0's model copy other than DP rank 0's own: its TP or PP peers, or the
+ * other ranks of its EP group (DP ranks 1 .. EP - 1), which give their parts of every version published. */
+static bool copy_peer(const struct trainer_rank *r)
+{
+    const struct placement *at = &r->env->at;
+    if (at->dp == 0)
+        return at->tp != 0 || at->pp != 0;
+    return at->ep_size > 1 && at->dp < at->ep_size;
+}
+
 /* DP rank 0's model copy: version `version` goes to the dispatcher, which serves it to the rollout processes
- * (the TP and PP parts assembled whole first: the rollout ranks generate with the whole model). */
+ * (the TP and PP parts, or the EP group's experts, assembled whole first: the rollout ranks generate with the
+ * whole model). */
 static void publish(struct trainer_rank *r, int64_t version)
 {
     const struct model *p = trainer_policy(r->t);
@@ -511,7 +522,8 @@ static void publish(struct trainer_rank *r, int64_t version)
     const double t0 = clock_now_s();
     float *whole = NULL;
     size_t n;
-    if (r->mp) { /* the parts to the dispatcher's rank, each from a host copy on GPUs (no LoRA with TP or PP) */
+    if (r->mp || p->sh.ep) { /* the parts to the dispatcher's rank, each from a host copy on GPUs (no LoRA with TP
+                              * or PP); under EP the experts of DP ranks 1 .. EP - 1 */
         if (r->disp)
             whole = xmalloc(model_whole_floats(&p->cfg) * sizeof(float));
         model_shard_gather(p, trainer_params(r->t, &n), whole, 0);
@@ -532,7 +544,7 @@ static void publish(struct trainer_rank *r, int64_t version)
 static int between_steps(void *ctx, int64_t j, bool stop)
 {
     struct trainer_rank *r = ctx;
-    if (r->env->at.dp != 0)
+    if (r->env->at.dp != 0 && !copy_peer(r))
         return 0;
     if (stop) {
         if (!r->disp)
@@ -634,10 +646,9 @@ static void trainer_ready(void *ud, struct trainer *t)
     r->start = trainer_step(t);
     r->lim.prompts = trainer_prompts(t);
     r->lim.vocab_size = trainer_policy(t)->cfg.vocab_size;
-    if (r->env->at.dp != 0)
+    if (r->env->at.dp != 0 && !copy_peer(r))
         return;
-    if (r->env->at.tp != 0 || r->env->at.pp != 0) { /* the dispatcher is the copy's rank 0's; this rank gives its
-                                                     * part of each version */
+    if (copy_peer(r)) { /* the dispatcher is the copy's rank 0's; this rank gives its part of each version */
         if (r->start < trainer_total_steps(t))
             publish(r, r->start);
         return;
@@ -703,15 +714,6 @@ int run_trainer(struct role_env *env)
                              .units = env->spec.rollout_ranks / (env->spec.rollout_tp > 1 ? env->spec.rollout_tp : 1),
                              .world_size = env->world_size,
                              .dp_rank = env->at.dp};
-    if (env->at.ep_size > 1) { /* the weights sent to the rollout ranks would need the experts gathered first */
-        snprintf(err, sizeof err,
-                 "actor_rollout_ref.actor.megatron.expert_model_parallel_size %d with rollout ranks "
-                 "(placement.rollout_ranks %d): expert parallelism runs in colocated runs for now (rollout ranks 0)",
-                 env->at.ep_size, env->spec.rollout_ranks);
-        log_error("trainer", "%s", err);
-        control_finish(env->ctl, CONTROL_END_FAILED, err);
-        return 2;
-    }
     plane_verifier_init(&r.verifier, env->have_run_key ? env->plane_run_key : NULL);
     r.auth.v = &r.verifier;
     r.lim.auth = &r.auth;     /* every batch from a rollout process: a good MAC of the rank it names */

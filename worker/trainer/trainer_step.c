@@ -265,10 +265,20 @@ void trainer_validate(struct trainer *t, struct metrics *m)
     }
     trainer_phase(t, GRPO__PHASE__PHASE_VALIDATE);
     const uint64_t seed = trainer_step_seed(t->st.seed, t->st.global_step, 0x7a1);
-    if (t->src.validate)
+    if (t->src.validate) {
         t->src.validate(t->src.ctx, seed, m);
-    else
+    } else if (t->policy->sh.ep) { /* EP: DP rank 0 validates with the whole model its EP group gathers */
+        struct model *whole = t->policy->sh.ep_rank == 0 ? model_create(&t->policy->cfg) : NULL;
+        model_shard_gather(t->policy, t->policy->w.mem, whole ? whole->w.mem : NULL, 0);
+        if (whole) {
+            struct rollout_ctx rc = t->rc;
+            rc.policy = whole;
+            rollout_validate(&rc, &t->val, seed, m);
+            model_free(whole);
+        }
+    } else {
         rollout_validate(&t->rc, &t->val, seed, m);
+    }
 }
 
 /* Step k's rollouts in this process (hybrid role): draw, generate, score, and with DAPO's dynamic sampling draw
