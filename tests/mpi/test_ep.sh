@@ -107,6 +107,14 @@ expect "split-ep2: per-step losses, grad norms and entropies match one process (
 out=$(same_weights one-qwen3_moe split-ep2)
 expect "split-ep2: weights after $STEPS steps match one process ($out)" $?
 
+python3 - "$TMP/ep2-qwen3_moe/p/e/metrics.jsonl" "$TMP/dp4/p/e/metrics.jsonl" <<'PY'
+import json, sys
+ep, dp = ([r for r in map(json.loads, open(p)) if r["step"] >= 1] for p in sys.argv[1:3])
+assert ep and all(r["perf/comm_bytes/ep"] > 0 and r["perf/comm_bytes/ep"] % (4 * 64) == 0 for r in ep), ep
+assert all("perf/comm_bytes/ep" not in r for r in dp)
+PY
+expect "perf/comm_bytes/ep: the all-to-all bytes of each EP step, whole hidden rows of 4 bytes; absent without EP" $?
+
 # checkpoints: whole, in the Hugging Face layout, whatever EP wrote them
 python3 - "$(ckpt ep2-qwen3_moe 2)/actor/model.safetensors" <<'PY'
 import json, struct, sys
