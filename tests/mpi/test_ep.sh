@@ -11,8 +11,8 @@
 #    one process, and one process's resumes under EP2, both ending at the single-process weights;
 #  - a split run (2 trainer ranks with EP 2, a rollout rank generating with the whole model the EP group gathers
 #    each step) gives the same;
-#  - layouts that do not work are refused by name: E not divisible by EP, EP with PP, EP on a dense model, DP not
-#    divisible by EP.
+#  - layouts that do not work are refused by name: E not divisible by EP, EP with PP, EP on a dense model, EP with
+#    ZeRO-1, DP not divisible by EP.
 # usage: test_ep.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
 WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
@@ -151,6 +151,8 @@ refused ep4-of-3 "expert_model_parallel_size (3) does not divide the model's num
 refused ep-pp "expert_model_parallel_size (2) with tensor_model_parallel_size 1 and pipeline_model_parallel_size 2" \
     4 qwen3_moe $EP=2 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
 refused ep-dense "expert_model_parallel_size (2): the model is dense" 2 llama $EP=2
+refused ep-zero1 "expert_model_parallel_size 2 with actor_rollout_ref.actor.megatron.use_distributed_optimizer=true" 2 \
+    qwen3_moe $EP=2 actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
 refused ep-dp3 "data-parallel ranks are not a multiple of actor_rollout_ref.actor.megatron.expert_model_parallel_size 2" \
     3 qwen3_moe $EP=2
 finish "$TMP"/*.log

@@ -578,6 +578,12 @@ static int ep_refusals(const struct trainer *t, char *err, size_t errlen)
                          "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true: ZeRO-1 with expert "
                          "parallelism is not available yet; set one of them off",
                          ep);
+    if (c->trainer_sft_warmup_steps > 0) /* its step sums no gradient over DP: every rank runs every answer */
+        return error_set(err, errlen,
+                         "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with "
+                         "trainer.sft_warmup_steps %lld: the supervised warm-start runs without expert parallelism "
+                         "for now; warm-start in a run of its own and resume from its checkpoint with EP",
+                         ep, (long long)c->trainer_sft_warmup_steps);
     if (c->arr_model_lora_rank > 0)
         return error_set(err, errlen,
                          "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with "
