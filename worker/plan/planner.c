@@ -168,7 +168,8 @@ void plan_evaluate(const struct model_config *m, const struct plan_cluster *c, c
         r->bytes_pp = 0;
     }
     /* the dense gradients over DP, the experts' over the DP / EP ranks holding the same experts */
-    const double gd = w.grads * dense, ge = w.grads * r->stage_experts, edp = dp / ep;
+    const double gd = w.grads * dense, ge = w.grads * r->stage_experts;
+    const int edp = dp / ep; /* ep divides dp (checked above) */
     r->bytes_dp = opt_steps * (l->zero1 ? ring_half(dp) * (gd + w.weights * dense) +
                                               ring_half(edp) * (ge + w.weights * r->stage_experts)
                                         : ring_allreduce(dp) * gd + ring_allreduce(edp) * ge);
