@@ -28,6 +28,8 @@ int placement_spec_from_config(const struct grpo_config *cfg, struct placement_s
     s->rollout_ranks = (int)cfg->placement_rollout_ranks;
     s->tp_size = (int)cfg->actor_megatron_tensor_model_parallel_size;
     s->pp_size = (int)cfg->actor_megatron_pipeline_model_parallel_size;
+    s->cp_size = 1; /* no key sets context parallelism yet (left unset, a caller's stack garbage divided the ranks) */
+    s->cp_key = NULL;
     s->ep_size = (int)cfg->actor_megatron_expert_model_parallel_size;
     s->rollout_tp = (int)cfg->rollout_tensor_model_parallel_size;
     int vt, vr;
