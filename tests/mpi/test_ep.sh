@@ -4,9 +4,8 @@
 # load-balancing loss on:
 #  - EP2 (2 ranks: one EP group, each rank its own data) and EP2 x DP2 (4 ranks: two EP groups of 2): per-step
 #    losses, grad norms, entropies and the router's metrics (actor/moe/...), and the weights after two GRPO steps,
-#    within 1e-5 relative. With the load-balancing loss on, EP2 x DP2 is held to DP4 without EP instead: that loss
-#    is Megatron's per micro-batch, and DP4's micro-batches hold other sequences than one process's (DP2's and
-#    EP2's hold the same), so DP4 itself differs from one process there, EP or not;
+#    within 1e-5 relative, with the load-balancing loss on and off; so does DP4 without EP with the loss on (a rank
+#    holding more of a mini-batch than another: each micro-batch's loss divided by the micro-batches of all ranks);
 #  - checkpoints are whole, in the Hugging Face layout, whatever EP wrote them: EP2's step-1 checkpoint resumes in
 #    one process, and one process's resumes under EP2, both ending at the single-process weights;
 #  - a split run (2 trainer ranks with EP 2, a rollout rank generating with the whole model the EP group gathers
@@ -79,10 +78,12 @@ one one-noaux qwen3_moe $NOAUX
 expect "qwen3_moe: single-process run without the load-balancing loss finishes" $?
 colo dp4 qwen3_moe 4
 expect "qwen3_moe: DP4 (no EP) finishes" $?
+out=$(same_metrics one-qwen3_moe dp4 2>&1) && out="$out; $(same_moe one-qwen3_moe dp4 2>&1)"
+expect "qwen3_moe: DP4 with the load-balancing loss matches one process ($out)" $?
 
 # LAYOUT RANKS MODEL REFERENCE [keys...]
 for layout in "ep2 2 qwen3_moe one-qwen3_moe" "ep2 2 mixtral one-mixtral" "ep2dp2-noaux 4 qwen3_moe one-noaux $NOAUX" \
-    "ep2dp2 4 qwen3_moe dp4"; do
+    "ep2dp2 4 qwen3_moe one-qwen3_moe"; do
     set -- $layout
     name=$1-$3 ref=$4
     colo "$name" "$3" "$2" $EP=2 "${@:5}"

@@ -240,14 +240,15 @@ void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int
         total += len[i];
     }
     double *w = xmalloc((size_t)(total ? total : 1) * sizeof(double));
-    int64_t counts_all[2] = {n, total}; /* sequences and response tokens of the mini-batch over all ranks */
-    if (p->dp)
-        comm_allreduce_sum(p->dp, counts_all, 2, COMM_I64);
-    loss_token_weights_dist(p->agg, len, n, counts_all[0], counts_all[1], p->max_response_length, w);
-    model_trainable(m);
     int **groups, *counts;
     const int k_own =
         split_micro_batches(seqs, idx, n, p->bt.micro_seqs, p->bt.micro_tokens, p->bt.share_prompts, &groups, &counts);
+    /* sequences, response tokens and micro-batches of the mini-batch over all ranks */
+    int64_t counts_all[3] = {n, total, k_own};
+    if (p->dp)
+        comm_allreduce_sum(p->dp, counts_all, 3, COMM_I64);
+    loss_token_weights_dist(p->agg, len, n, counts_all[0], counts_all[1], p->max_response_length, w);
+    model_trainable(m);
     const int k = ep_pad_micro_batches(m, &groups, &counts, k_own);
     struct mb_state *mbs = xcalloc((size_t)(k ? k : 1), sizeof *mbs);
     for (int b = 0; b < k; b++) {
@@ -265,9 +266,11 @@ void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int
     struct policy_loss_stats mine = {0};
     const struct loss_ctx L = {seqs, idx, w, woff, p, m->sh.pp ? &mine : ls};
     double wait = 0;
-    /* a mixture of experts' load-balancing loss: each micro-batch's divided by the micro-batches and the DP ranks
-     * (Megatron's scaling: the mean over the mini-batch of the per-micro-batch losses, averaged over DP) */
-    m->moe_aux_scale = (float)(1.0 / ((k_own > 0 ? k_own : 1) * (p->dp ? comm_size(p->dp) : 1)));
+    /* a mixture of experts' load-balancing loss: each micro-batch's divided by the mini-batch's micro-batches over
+     * every DP rank (Megatron's scaling, the mean of the per-micro-batch losses, where every rank runs as many; a
+     * rank may hold more of a mini-batch's sequences than another, and one process then weights each micro-batch
+     * the same way) */
+    m->moe_aux_scale = (float)(1.0 / (double)(counts_all[2] > 0 ? counts_all[2] : 1));
     run_1f1b(m, &L, mbs, k, &wait);
     if (pp_wait)
         *pp_wait += wait;
