@@ -14,8 +14,8 @@ struct moe_ep {
     int P, El, R;         /* EP ranks, experts per rank, slots received */
     size_t *sc, *rc;      /* (P) floats sent to and received from each peer in the dispatch */
     int32_t *recv_cnt;    /* (P, El) slots each peer sent for each of this rank's experts */
-    float *xr, *yr, *dyr; /* (R, D) received inputs, the experts' outputs, their gradients (dxr reuses xr's twin) */
-    float *dxr;           /* (R, D) */
+    float *xr, *yr, *dyr; /* (R, D) received inputs, the experts' outputs, and the outputs' gradients */
+    float *dxr;           /* (R, D) the inputs' gradients, sent back */
     float *wt1, *dwt1;    /* (R) unit weights, and the unused weight gradients of the local run */
     struct kmoe loc;      /* the local run: R slots, k 1, El experts */
     size_t cap;           /* R the buffers hold */
