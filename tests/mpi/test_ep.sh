@@ -8,6 +8,10 @@
 #    holding more of a mini-batch than another: each micro-batch's loss divided by the micro-batches of all ranks);
 #  - checkpoints are whole, in the Hugging Face layout, whatever EP wrote them: EP2's step-1 checkpoint resumes in
 #    one process, and one process's resumes under EP2, both ending at the single-process weights;
+#  - with dynamic batch sizes (micro-batches by a token budget) the EP ranks can run different numbers of
+#    micro-batches: the fewer are padded with empty ones (each layer's all-to-alls need every rank), and EP2 gives
+#    DP2's run (without EP; both differ from one process there, whose micro-batches hold other sequences and so
+#    another load-balancing loss);
 #  - a split run (2 trainer ranks with EP 2, a rollout rank generating with the whole model the EP group gathers
 #    each step) gives the same;
 #  - layouts that do not work are refused by name: E not divisible by EP, EP with PP, EP on a dense model, EP with
@@ -97,6 +101,17 @@ for layout in "ep2 2 qwen3_moe one-qwen3_moe" "ep2 2 mixtral one-mixtral" "ep2dp
     out=$(same_weights "$ref" "$name")
     expect "$name: weights after $STEPS steps (a whole checkpoint gathered over EP) match $ref ($out)" $?
 done
+
+# dynamic batch sizes: unequal micro-batch counts on the EP ranks, padded
+DYN="actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=60"
+colo dp2-dyn qwen3_moe 2 $DYN
+expect "dp2-dyn: DP2 (no EP) with dynamic batch sizes finishes" $?
+colo ep2-dyn qwen3_moe 2 $EP=2 $DYN trainer.log_level=debug
+expect "ep2-dyn: EP2 with dynamic batch sizes finishes" $?
+grep -Eq "EP rank [01]: [0-9]+ micro-batch\(es\), padded to the EP group's [0-9]+ with empty ones" "$TMP/ep2-dyn.log"
+expect "ep2-dyn: an EP rank with fewer micro-batches ran empty ones" $?
+out=$(same_metrics dp2-dyn ep2-dyn 2>&1) && out="$out; $(same_weights dp2-dyn ep2-dyn)"
+expect "ep2-dyn: losses, grad norms and weights match DP2's ($out)" $?
 
 # a split run: 2 EP trainer ranks and a rollout rank, which gets each version whole (the experts gathered over EP)
 # shellcheck disable=SC2046

@@ -74,6 +74,8 @@ static int ep_pad_micro_batches(const struct model *m, int ***groups, int **coun
     comm_allreduce_max(m->sh.ep, &most, 1, COMM_I32);
     if (most == k)
         return k;
+    log_debug("trainer", "EP rank %d: %d micro-batch(es), padded to the EP group's %d with empty ones", m->sh.ep_rank,
+              k, most);
     *groups = xrealloc(*groups, (size_t)most * sizeof **groups);
     *counts = xrealloc(*counts, (size_t)most * sizeof **counts);
     for (int b = k; b < most; b++)
