@@ -65,7 +65,7 @@ static void check_config(const char *name, const struct model_config *c, const s
     }
     struct model *whole = model_create(c);
     model_init_random(whole, 7, 0.2);
-    const struct model_layout lay = {r, T, g->at.pp_rank, P, tp, g->pp, mp};
+    const struct model_layout lay = {r, T, g->at.pp_rank, P, tp, g->pp, mp, 0, 1, NULL};
     struct model *part = model_create_shard(c, &lay);
     model_shard_slice(part, whole->w.mem, part->w.mem);
     /* slicing then assembling gives back the whole buffer bit for bit */

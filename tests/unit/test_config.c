@@ -468,8 +468,8 @@ static void test_verl_aliases_and_suggestions(void **state)
     assert_int_not_equal(config_apply_override(&c, "actor_rollout_ref.rollout.val_kwargs.top_k=20", &err), 0);
     assert_non_null(strstr(err.msg, "top-k sampling in validation (not available yet)"));
     assert_int_not_equal(
-        config_apply_override(&c, "actor_rollout_ref.actor.megatron.expert_model_parallel_size=8", &err), 0);
-    assert_non_null(strstr(err.msg, "MoE expert parallelism"));
+        config_apply_override(&c, "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=8", &err), 0);
+    assert_non_null(strstr(err.msg, "tensor parallelism inside each expert"));
     config_free(&c);
     /* suggestions: the same section, or none */
     assert_string_equal(config_suggest("data.gen_batch_sise"), "data.gen_batch_size");

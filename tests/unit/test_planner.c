@@ -80,7 +80,7 @@ static void test_memory_and_bytes(void **state)
     const double P = 7615616512.0, h = 3584, S = 1536, T_mb = 4 * S;
     struct plan_result r;
     /* TP1 PP1 DP8 without ZeRO: 2 + 4 + 12 bytes per parameter, and 2 for the reference */
-    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 1, 8, false}, &r);
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 1, 8, false, 1}, &r);
     assert_true(r.valid);
     near(r.mem_weights, 2 * P, 1e-12);
     near(r.mem_grads, 4 * P, 1e-12);
@@ -94,19 +94,19 @@ static void test_memory_and_bytes(void **state)
     assert_true(r.bytes_tp == 0 && r.bytes_pp == 0);
     /* ZeRO-1: the 12 bytes of master weights and moments are sharded: 6 + 12/8, and the all-reduce becomes a
      * reduce-scatter of FP32 gradients and an all-gather of BF16 weights */
-    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 1, 8, true}, &r);
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 1, 8, true, 1}, &r);
     near(r.mem_optim, 12 * P / 8, 1e-12);
     near(r.bytes_dp, 4 * (7.0 / 8 * 4 * P + 7.0 / 8 * 2 * P), 1e-12);
     assert_true(r.fits);
     /* TP2: per pass two all-reduces of s x h per layer and one for the embedding (forward) or the head's input
      * gradient (backward): 2 x 28 + 1 = 57; two forward-only passes, the update's forward and backward, and the
      * recompute's 2 x 28; 2(n-1)/n = 1 for n = 2; over this DP rank's 1/4 of the tokens; 4 KV heads split */
-    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){2, 1, 4, false}, &r);
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){2, 1, 4, false, 1}, &r);
     const double tokens_dp = 256.0 * 8 * S / 4;
     near(r.bytes_tp, 1.0 * h * 2 * tokens_dp * (2 * 57 + 2 * 57 + 56), 1e-12);
     /* PP2: stage 1 holds 14 layers, the head and the final norm; the stage boundary carries s x h forward
      * (3 passes) and backward (1) */
-    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 2, 4, false}, &r);
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 2, 4, false, 1}, &r);
     const double layer = 2 * h + 2 * h * 28 * 128 + 2 * h * 4 * 128 + 3 * h * 18944 + 28 * 128 + 2 * 4 * 128;
     near(r.stage_params, 14 * layer + 152064 * h + h, 1e-12);
     /* the first stage sends s x h forward in 3 passes (old, reference, update), the last back in 1; Qwen2.5-7B's
@@ -115,7 +115,7 @@ static void test_memory_and_bytes(void **state)
     /* 1F1B bubble (p-1)/(m+p-1): 512 sequences per optimizer step over DP 4 in micro-batches of 4 = 32 */
     near(r.bubble, 1.0 / 33, 1e-12);
     /* PP4: a middle stage sends forward in 3 passes and back in 1 */
-    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 4, 2, false}, &r);
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 4, 2, false, 1}, &r);
     near(r.bytes_pp, h * 2 * (256.0 * 8 * S / 2) * 4, 1e-12);
 }
 
@@ -124,25 +124,25 @@ static void test_invalid_and_recommended(void **state)
     (void)state;
     struct model_config q = qwen7b();
     struct plan_result r;
-    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){3, 1, 1, false}, &r);
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){3, 1, 1, false, 1}, &r);
     assert_false(r.valid);
     assert_non_null(strstr(r.why_invalid, "28 attention heads"));
-    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){8, 1, 1, false}, &r);
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){8, 1, 1, false, 1}, &r);
     assert_false(r.valid); /* 28 heads over TP 8 */
     struct model_config q2 = q;
     q2.n_kv_heads = 2;
-    plan_evaluate(&q2, &H200x8, &GSM8K, &(struct plan_layout){4, 1, 2, false}, &r);
+    plan_evaluate(&q2, &H200x8, &GSM8K, &(struct plan_layout){4, 1, 2, false, 1}, &r);
     assert_true(r.valid); /* 2 KV heads replicated over TP 4 */
     q2.n_kv_heads = 3;
-    plan_evaluate(&q2, &H200x8, &GSM8K, &(struct plan_layout){4, 1, 2, false}, &r);
+    plan_evaluate(&q2, &H200x8, &GSM8K, &(struct plan_layout){4, 1, 2, false, 1}, &r);
     assert_false(r.valid);
     assert_non_null(strstr(r.why_invalid, "3 KV heads"));
-    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 29, 1, false}, &r);
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 29, 1, false, 1}, &r);
     assert_false(r.valid);
     assert_non_null(strstr(r.why_invalid, "28 layers"));
     struct plan_cluster two = H200x8;
     two.nodes = 2;
-    plan_evaluate(&q, &two, &GSM8K, &(struct plan_layout){16, 1, 1, false}, &r);
+    plan_evaluate(&q, &two, &GSM8K, &(struct plan_layout){16, 1, 1, false, 1}, &r);
     assert_false(r.valid);
     static struct plan_result all[256];
     int best;
@@ -162,9 +162,68 @@ static void test_invalid_and_recommended(void **state)
     near(ro.mem_kv, 256 * 1536.0 * 2 * 28 * 4 * 128 * 2, 1e-12);
 }
 
+/* Qwen3-30B-A3B's config.json (the numbers that matter) */
+static struct model_config qwen3_30b_a3b(void)
+{
+    return (struct model_config){.vocab_size = 151936,
+                                 .hidden_size = 2048,
+                                 .intermediate_size = 6144,
+                                 .n_layers = 48,
+                                 .n_heads = 32,
+                                 .n_kv_heads = 4,
+                                 .head_dim = 128,
+                                 .qk_norm = true,
+                                 .n_experts = 128,
+                                 .n_experts_per_tok = 8,
+                                 .moe_intermediate = 768,
+                                 .norm_topk_prob = true};
+}
+
+static void test_moe_and_ep(void **state)
+{
+    (void)state;
+    struct model_config q = qwen3_30b_a3b();
+    const double h = 2048, L = 48, experts = L * 128 * 3 * h * 768, S = 1536;
+    /* the model card: 30.5B parameters, 3.3B activated */
+    near(plan_param_count(&q), 30.5e9, 0.005);
+    near(plan_active_params(&q), 3.3e9, 0.02);
+    near(plan_param_count(&q) - plan_active_params(&q), experts * 120 / 128, 1e-12);
+    struct plan_result one, r;
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 1, 8, true, 1}, &one);
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 1, 8, true, 8}, &r);
+    assert_true(one.valid && r.valid);
+    /* EP8: 16 of each layer's 128 experts per device, everything else whole */
+    near(r.stage_experts, experts / 8, 1e-12);
+    near(one.stage_params - r.stage_params, experts * 7 / 8, 1e-12);
+    near(r.mem_weights, 2 * r.stage_params, 1e-12);
+    /* ZeRO-1: the dense state over DP 8, the experts' over the 8 / 8 = 1 rank holding them */
+    near(r.mem_optim, 12 * ((r.stage_params - experts / 8) / 8 + experts / 8), 1e-12);
+    /* gradients: the dense over DP 8 (reduce-scatter of FP32, all-gather of BF16), the experts' nowhere */
+    const double dense = r.stage_params - experts / 8;
+    near(r.bytes_dp, 4 * 7.0 / 8 * (4 * dense + 2 * dense), 1e-12);
+    /* the all-to-alls: each of 48 layers, 8 slots a token, 7/8 of them off the device, BF16 hidden each way, in
+     * 2 forward-only passes and the update's forward, backward (both ways again) and recompute: 5 of 2 */
+    const double tok_dp = 256.0 * 8 * S / 8;
+    near(r.bytes_ep, tok_dp * L * 2 * 8 * h * 2 * 7.0 / 8 * 5, 1e-12);
+    assert_true(one.bytes_ep == 0);
+    /* the compute counts the active parameters */
+    near(r.time_compute, one.time_compute, 1e-12);
+    near(r.time_compute * 8 * 989e12 * 0.4, (2 * 2 + 6 + 2) * plan_active_params(&q) * 256 * 8 * S, 1e-12);
+    /* EP that divides neither the experts nor DP is named */
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 1, 6, false, 3}, &r);
+    assert_false(r.valid);
+    assert_non_null(strstr(r.why_invalid, "EP 3"));
+    static struct plan_result all[256];
+    int best, n = plan_candidates(&q, &H200x8, &GSM8K, all, 256, &best), eps = 0;
+    for (int i = 0; i < n; i++)
+        eps += all[i].lay.ep > 1;
+    assert_true(eps > 0 && best >= 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_param_counts), cmocka_unit_test(test_memory_and_bytes),
-                                       cmocka_unit_test(test_invalid_and_recommended)};
+                                       cmocka_unit_test(test_invalid_and_recommended),
+                                       cmocka_unit_test(test_moe_and_ep)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

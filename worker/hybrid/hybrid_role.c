@@ -75,7 +75,8 @@ static int gen_model_setup(struct colocated *c, char *err, size_t errlen)
     const struct role_env *env = c->env;
     const int rtp = env->spec.rollout_tp > 1 ? env->spec.rollout_tp : 1;
     const struct model *p = trainer_policy(c->t);
-    const bool same = env->at.pp_size == 1 && env->at.tp_size == rtp;
+    /* expert parallelism: each rank holds some experts, but generates its own sequences with all of them */
+    const bool same = env->at.pp_size == 1 && env->at.tp_size == rtp && env->at.ep_size <= 1;
     if (same)
         return 0;
     if (p->lora && env->at.tp_size * env->at.pp_size > 1) /* config_validate refuses it first */
@@ -87,7 +88,8 @@ static int gen_model_setup(struct colocated *c, char *err, size_t errlen)
     if (rtp > 1 &&
         model_shard_check(&p->cfg, rtp, "actor_rollout_ref.rollout.tensor_model_parallel_size", err, errlen) != 0)
         return -1;
-    const struct model_layout lay = {env->at.engine_tp, rtp, 0, 1, c->engine, NULL, c->engine};
+    const struct model_layout lay = {
+        .tp_rank = env->at.engine_tp, .tp_size = rtp, .pp_rank = 0, .pp_size = 1, .tp = c->engine, .mp = c->engine};
     struct model *g = rtp > 1 ? model_create_shard(&p->cfg, &lay) : model_create(&p->cfg);
     model_move(&g, p->K);
     if (c->engine && p->K->device != KDEV_CPU) { /* the engine's TP collectives over NCCL, in device memory */
@@ -126,7 +128,9 @@ static double update_weights(struct colocated *c, int64_t *bytes)
     size_t n;
     const float *local = trainer_params(c->t, &n); /* host memory (a copy on a GPU) */
     const size_t nw = model_whole_floats(&p->cfg);
-    struct comm *mp = c->env->at.tp_size * c->env->at.pp_size > 1 ? c->env->mp : NULL;
+    struct comm *mp = c->env->at.ep_size > 1                        ? c->env->ep
+                      : c->env->at.tp_size * c->env->at.pp_size > 1 ? c->env->mp
+                                                                    : NULL;
     if (p->lora) { /* a whole model (no TP or PP with LoRA): the base with the adapter merged, then sharded */
         lora_merged_weights(p, c->whole);
     } else if (!mp) {
@@ -514,6 +518,10 @@ static int run_colocated(struct role_env *env)
                                  .cp_rank = env->at.cp,
                                  .cp_size = env->at.cp_size,
                                  .grads = env->grads,
+                                 .ep = env->ep,
+                                 .edp = env->edp,
+                                 .ep_rank = env->at.ep,
+                                 .ep_size = env->at.ep_size,
                                  .all = env->trainers,
                                  .devices = comm_size(env->world),
                                  .device = env->device,

@@ -418,15 +418,17 @@ static void build_groups(struct launch *l, int replace_rank)
     if (env->at.role == PLACE_TRAINER) {
         struct parallel_groups *g = &l->trainer_groups;
         env->trainers = l->sides;
-        const struct parallel_sizes sz = {env->spec.tp_size, env->spec.pp_size, env->spec.cp_size, 1};
+        const struct parallel_sizes sz = {env->spec.tp_size, env->spec.pp_size, env->spec.cp_size, env->spec.ep_size};
         if (parallel_groups_init_sized(g, l->sides, &sz) != 0)
-            check_failf(__FILE__, __LINE__, "trainer groups: %d ranks do not fit TP %d x PP %d x CP %d",
-                        comm_size(l->sides), env->spec.tp_size, env->spec.pp_size, env->spec.cp_size);
+            check_failf(__FILE__, __LINE__, "trainer groups: %d ranks do not fit TP %d x PP %d x CP %d x EP %d",
+                        comm_size(l->sides), env->spec.tp_size, env->spec.pp_size, env->spec.cp_size, env->spec.ep_size);
         env->dp = g->dp;
         env->tp = g->tp;
         env->pp = g->pp;
         env->cp = g->cp;
         env->grads = g->dpcp;
+        env->ep = g->ep;
+        env->edp = g->edp;
         env->mp =
             comm_split(l->sides, env->at.dp * env->at.cp_size + env->at.cp, env->at.pp * env->at.tp_size + env->at.tp);
     } else if (env->at.tp_size > 1) { /* a rollout TP group: neighbouring rollout ranks */
@@ -456,15 +458,17 @@ static void build_colocated_groups(struct launch *l)
     comm_set_deadline(l->sides, (double)env->cfg->arr_nccl_timeout);
     env->trainers = l->sides;
     struct parallel_groups *g = &l->trainer_groups;
-    const struct parallel_sizes sz = {env->spec.tp_size, env->spec.pp_size, env->spec.cp_size, 1};
+    const struct parallel_sizes sz = {env->spec.tp_size, env->spec.pp_size, env->spec.cp_size, env->spec.ep_size};
     if (parallel_groups_init_sized(g, l->sides, &sz) != 0)
-        check_failf(__FILE__, __LINE__, "colocated groups: %d ranks do not fit TP %d x PP %d x CP %d",
-                    comm_size(l->sides), env->spec.tp_size, env->spec.pp_size, env->spec.cp_size);
+        check_failf(__FILE__, __LINE__, "colocated groups: %d ranks do not fit TP %d x PP %d x CP %d x EP %d",
+                    comm_size(l->sides), env->spec.tp_size, env->spec.pp_size, env->spec.cp_size, env->spec.ep_size);
     env->dp = g->dp;
     env->tp = g->tp;
     env->pp = g->pp;
     env->cp = g->cp;
     env->grads = g->dpcp;
+    env->ep = g->ep;
+    env->edp = g->edp;
     env->mp =
         comm_split(l->sides, env->at.dp * env->at.cp_size + env->at.cp, env->at.pp * env->at.tp_size + env->at.tp);
     if (env->spec.rollout_tp > 1) /* an engine: neighbouring ranks */

@@ -13,6 +13,7 @@
 #include "fit.h"
 #include "lora.h"
 #include "model_internal.h"
+#include "moe_ep.h"
 #include "sampler.h"
 
 /* Tokens per chunk of the LM head: bounds the live logits (and their exponentials) to 2 x chunk x V floats, at
@@ -144,11 +145,11 @@ static size_t layout(const struct model_config *c, const struct model_shard *sh,
         TAKE(L->wo, D * QD);
         TAKE(L->mlp_norm, D);
         if (c->n_experts) { /* the router, then every expert's gate, up and down, expert after expert */
-            const size_t E = (size_t)c->n_experts, Fe = (size_t)c->moe_intermediate;
+            const size_t E = (size_t)c->n_experts, El = (size_t)sh->n_experts, Fe = (size_t)c->moe_intermediate;
             TAKE(L->router, E * D);
-            TAKE(L->w_gate, E * Fe * D);
-            TAKE(L->w_up, E * Fe * D);
-            TAKE(L->w_down, E * D * Fe);
+            TAKE(L->w_gate, El * Fe * D); /* this rank's experts only under EP */
+            TAKE(L->w_up, El * Fe * D);
+            TAKE(L->w_down, El * D * Fe);
         } else {
             TAKE(L->w_gate, F * D);
             TAKE(L->w_up, F * D);
@@ -190,7 +191,51 @@ struct model_shard model_shard_of(const struct model_config *c, int r, int tp, i
     }
     sh.vocab_lo = (int)((int64_t)c->vocab_size * r / tp);
     sh.vocab_hi = (int)((int64_t)c->vocab_size * (r + 1) / tp);
+    sh.ep_size = 1;
+    sh.n_experts = c->n_experts;
     return sh;
+}
+
+void model_shard_set_ep(struct model_shard *sh, const struct model_config *c, int r, int ep)
+{
+    sh->ep_rank = r;
+    sh->ep_size = ep;
+    sh->n_experts = c->n_experts / ep;
+    sh->expert_lo = r * sh->n_experts;
+}
+
+struct model_shard model_shard_of_mp(const struct model *m, int r)
+{
+    const struct model_shard *sh = &m->sh;
+    if (sh->ep_size > 1) {
+        struct model_shard e = model_shard_of(&m->cfg, 0, 1, 0, 1);
+        model_shard_set_ep(&e, &m->cfg, r, sh->ep_size);
+        return e;
+    }
+    return model_shard_of(&m->cfg, r % sh->tp_size, sh->tp_size, r / sh->tp_size, sh->pp_size);
+}
+
+int model_ep_check(const struct model_config *c, int ep, int tp, int pp, const char *key, char *why, size_t len)
+{
+    if (ep <= 1)
+        return 0;
+    if (!c->n_experts) {
+        snprintf(why, len, "%s (%d): the model is dense (no experts to split); set it to 1", key, ep);
+        return -1;
+    }
+    if (c->n_experts % ep != 0) {
+        snprintf(why, len, "%s (%d) does not divide the model's num_experts (%d): each EP rank holds E / EP experts",
+                 key, ep, c->n_experts);
+        return -1;
+    }
+    if (tp > 1 || pp > 1) {
+        snprintf(why, len,
+                 "%s (%d) with tensor_model_parallel_size %d and pipeline_model_parallel_size %d: expert parallelism "
+                 "runs with whole layers for now; set both to 1",
+                 key, ep, tp, pp);
+        return -1;
+    }
+    return 0;
 }
 
 int model_shard_check(const struct model_config *c, int tp, const char *key, char *why, size_t len)
@@ -315,6 +360,16 @@ void model_set_layer_grads_hook(struct model *m, void (*fn)(void *ud, int layer)
     m->layer_grads_ud = ud;
 }
 
+void model_expert_span(const struct model *m, int l, size_t *lo, size_t *hi)
+{
+    const struct layer_params *L = &m->w.layers[l];
+    *lo = *hi = 0;
+    if (!L->router)
+        return;
+    *lo = (size_t)(L->w_gate - m->w.mem);
+    *hi = *lo + 3 * (size_t)m->sh.n_experts * (size_t)m->cfg.moe_intermediate * (size_t)m->cfg.hidden_size;
+}
+
 void model_layer_span(const struct model *m, int l, size_t *lo, size_t *hi)
 {
     const struct model_shard *sh = &m->sh;
@@ -351,12 +406,16 @@ struct model *model_create_shard(const struct model_config *c, const struct mode
 
 struct model *model_create_on(const struct model_config *c, const struct model_layout *lay, struct kctx *K)
 {
-    const struct model_layout whole = {0, 1, 0, 1, NULL, NULL, NULL};
+    const struct model_layout whole = {0, 1, 0, 1, NULL, NULL, NULL, 0, 1, NULL};
     const struct model_layout *L = lay ? lay : &whole;
+    const int ep = L->ep_size > 1 ? L->ep_size : 1;
     char why[256];
     if (model_shard_check(c, L->tp_size, "the TP size", why, sizeof why) != 0 ||
-        model_stage_check(c, L->pp_size, "the PP size", why, sizeof why) != 0)
+        model_stage_check(c, L->pp_size, "the PP size", why, sizeof why) != 0 ||
+        model_ep_check(c, ep, L->tp_size, L->pp_size, "the EP size", why, sizeof why) != 0)
         check_failf(__FILE__, __LINE__, "model_create_shard: %s", why);
+    if (ep > 1 && (L->ep_rank < 0 || L->ep_rank >= ep || !L->ep))
+        check_failf(__FILE__, __LINE__, "model_create_shard: EP rank %d of %d, or a missing group", L->ep_rank, ep);
     if (L->tp_rank < 0 || L->tp_rank >= L->tp_size || L->pp_rank < 0 || L->pp_rank >= L->pp_size ||
         (L->tp_size > 1 && !L->tp) || (L->pp_size > 1 && (!L->pp || !L->mp)))
         check_failf(__FILE__, __LINE__, "model_create_shard: TP rank %d of %d, stage %d of %d, or a missing group",
@@ -367,7 +426,14 @@ struct model *model_create_on(const struct model_config *c, const struct model_l
     m->sh.tp = L->tp_size > 1 ? L->tp : NULL;
     m->sh.pp = L->pp_size > 1 ? L->pp : NULL;
     m->sh.mp = L->pp_size > 1 ? L->mp : m->sh.tp;
+    if (ep > 1) { /* the EP group holds one model copy between its ranks */
+        model_shard_set_ep(&m->sh, c, L->ep_rank, ep);
+        m->sh.ep = L->ep;
+        m->sh.mp = L->ep;
+    }
     m->K = K ? K : kctx_cpu();
+    if (ep > 1 && m->K->device != KDEV_CPU)
+        check_failf(__FILE__, __LINE__, "model_create: expert parallelism runs on the CPU back-end for now");
     if (c->n_experts && !k_has_moe(m->K))
         check_failf(__FILE__, __LINE__,
                     "model_create: the %s back-end has no mixture-of-experts kernels yet (a %d-expert model runs on "
@@ -388,8 +454,8 @@ struct model *model_create(const struct model_config *c) { return model_create_s
 
 struct model *model_clone(const struct model *m)
 {
-    const struct model_layout lay = {m->sh.tp_rank, m->sh.tp_size, m->sh.pp_rank, m->sh.pp_size,
-                                     m->sh.tp,      m->sh.pp,      m->sh.mp};
+    const struct model_layout lay = {m->sh.tp_rank, m->sh.tp_size, m->sh.pp_rank, m->sh.pp_size, m->sh.tp,
+                                     m->sh.pp,      m->sh.mp,      m->sh.ep_rank, m->sh.ep_size, m->sh.ep};
     struct model *r = model_create_on(&m->cfg, &lay, m->K);
     k_copy(m->K, r->w.mem, m->w.mem, m->w.n_floats * sizeof(float));
     r->moe_aux_coef = m->moe_aux_coef, r->moe_aux_scale = m->moe_aux_scale;
@@ -415,8 +481,8 @@ static void copy_between(struct kctx *to, void *dst, struct kctx *from, const vo
 
 struct model *model_copy_to(const struct model *m, struct kctx *K)
 {
-    const struct model_layout lay = {m->sh.tp_rank, m->sh.tp_size, m->sh.pp_rank, m->sh.pp_size,
-                                     m->sh.tp,      m->sh.pp,      m->sh.mp};
+    const struct model_layout lay = {m->sh.tp_rank, m->sh.tp_size, m->sh.pp_rank, m->sh.pp_size, m->sh.tp,
+                                     m->sh.pp,      m->sh.mp,      m->sh.ep_rank, m->sh.ep_size, m->sh.ep};
     struct model *r = model_create_on(&m->cfg, &lay, K);
     copy_between(r->K, r->w.mem, m->K, m->w.mem, m->w.n_floats * sizeof(float));
     r->moe_aux_coef = m->moe_aux_coef, r->moe_aux_scale = m->moe_aux_scale;
@@ -543,12 +609,14 @@ int model_param_refs(const struct model *m, const struct model_params *p, struct
     const int64_t D = c->hidden_size, F = sh->inter, V = sh->vocab_hi - sh->vocab_lo, hd = c->head_dim;
     const int64_t QD = (int64_t)sh->n_heads * hd, KD = (int64_t)sh->n_kv_heads * hd;
     const int64_t FQ = (int64_t)c->n_heads * hd, FK = (int64_t)c->n_kv_heads * hd, FF = c->intermediate_size;
-    const bool first = sh->tp_rank == 0, kv_owner = sh->tp_rank % sh->kv_share == 0;
-    const struct part whole = {0, 0, D, 0, first}, vocab = {1, sh->vocab_lo, c->vocab_size, D, true};
+    /* under EP everything but the experts is whole on every EP rank: counted on the first */
+    const bool ep0 = sh->ep_rank == 0;
+    const bool first = sh->tp_rank == 0 && ep0, kv_owner = sh->tp_rank % sh->kv_share == 0 && ep0;
+    const struct part whole = {0, 0, D, 0, first}, vocab = {1, sh->vocab_lo, c->vocab_size, D, ep0};
     const struct part head_norm = {0, 0, hd, 0, first}; /* Qwen3's q/k norms: whole on every TP rank */
-    const struct part q_rows = {1, sh->head_lo * hd, FQ, D, true}, kv_rows = {1, sh->kv_lo * hd, FK, D, kv_owner};
-    const struct part o_cols = {2, sh->head_lo * hd, D, FQ, true};
-    const struct part f_rows = {1, sh->inter_lo, FF, D, true}, f_cols = {2, sh->inter_lo, D, FF, true};
+    const struct part q_rows = {1, sh->head_lo * hd, FQ, D, ep0}, kv_rows = {1, sh->kv_lo * hd, FK, D, kv_owner};
+    const struct part o_cols = {2, sh->head_lo * hd, D, FQ, ep0};
+    const struct part f_rows = {1, sh->inter_lo, FF, D, ep0}, f_cols = {2, sh->inter_lo, D, FF, ep0};
     int n = 0;
     char name[96];
     if (sh->has_embed)
@@ -575,20 +643,22 @@ int model_param_refs(const struct model *m, const struct model_params *p, struct
         }
         REF("self_attn.o_proj.weight", L->wo, 2, D, QD, o_cols);
         REF("post_attention_layernorm.weight", L->mlp_norm, 1, D, 0, whole);
-        if (c->n_experts) { /* whole on every rank: no TP with experts */
+        if (c->n_experts) { /* no TP with experts; under EP this rank's experts, named by their global index */
             const struct model_arch_info *fam = model_arch_info(c->arch);
-            const int64_t E = c->n_experts, Fe = c->moe_intermediate;
-            const struct part router = {0, 0, E, D, first}, ew = {0, 0, Fe, D, first}, dw = {0, 0, D, Fe, first};
+            const int64_t E = c->n_experts, El = sh->n_experts, Fe = c->moe_intermediate;
+            const bool own = sh->tp_rank == 0; /* each EP rank counts its own experts */
+            const struct part router = {0, 0, E, D, first}, ew = {0, 0, Fe, D, own}, dw = {0, 0, D, Fe, own};
             char sfx[64];
             snprintf(sfx, sizeof sfx, "%s.%s.weight", fam->moe_block, fam->moe_router);
             REF(sfx, L->router, 2, E, D, router);
-            for (int64_t e = 0; e < E; e++) {
+            for (int64_t e = 0; e < El; e++) {
                 const size_t off = (size_t)(e * Fe * D);
-                snprintf(sfx, sizeof sfx, "%s.experts.%d.%s.weight", fam->moe_block, (int)e, fam->moe_gate);
+                const int g = sh->expert_lo + (int)e;
+                snprintf(sfx, sizeof sfx, "%s.experts.%d.%s.weight", fam->moe_block, g, fam->moe_gate);
                 REF(sfx, L->w_gate ? L->w_gate + off : NULL, 2, Fe, D, ew);
-                snprintf(sfx, sizeof sfx, "%s.experts.%d.%s.weight", fam->moe_block, (int)e, fam->moe_up);
+                snprintf(sfx, sizeof sfx, "%s.experts.%d.%s.weight", fam->moe_block, g, fam->moe_up);
                 REF(sfx, L->w_up ? L->w_up + off : NULL, 2, Fe, D, ew);
-                snprintf(sfx, sizeof sfx, "%s.experts.%d.%s.weight", fam->moe_block, (int)e, fam->moe_down);
+                snprintf(sfx, sizeof sfx, "%s.experts.%d.%s.weight", fam->moe_block, g, fam->moe_down);
                 REF(sfx, L->w_down ? L->w_down + off : NULL, 2, D, Fe, dw);
             }
         } else {
@@ -675,6 +745,7 @@ struct layer_acts {
     /* sequence parallelism: every token's q, k, v and attention output for this rank's heads, (Nf, hq hd) and
      * (Nf, hk hd); lse is then (Nf, hq) */
     float *qf, *kf, *vf, *attf;
+    struct moe_ep *ep; /* expert parallelism: the slots this rank's experts ran (moe_ep.h); NULL without */
 };
 
 /* The saved activations of one forward: every buffer is taken from the object's arena, in the order of
@@ -688,6 +759,7 @@ struct model_acts {
     int t0, Nf; /* sequence parallelism: this rank's rows start at t0 of the whole batch's Nf (0, N without) */
     struct layer_acts *layers; /* n_layers; with ckpt only .x is filled */
     struct layer_acts scratch; /* ckpt: recomputation space */
+    struct moe_ep **ep;        /* expert parallelism: n_layers + 1 states (the last the scratch's); NULL without */
     bool offload;              /* ckpt with m->offload_acts: layers[l].x are host_arena's, xdev the device's */
     struct karena host_arena;  /* offloaded layer inputs */
     float *xdev[2];            /* offload: the device's layer input and output (N, D), in turn */
@@ -754,6 +826,9 @@ static void acts_destroy(struct model_acts *A)
     free(A->routes);
     free(A->hbuf);
     free(A->layers);
+    for (int l = 0; A->ep && l <= A->m->cfg.n_layers; l++)
+        moe_ep_free(A->ep[l]);
+    free(A->ep);
     free(A);
 }
 
@@ -917,6 +992,11 @@ static void acts_take(const struct model *m, struct model_acts *A, int N, int B,
     A->xdev[1] = A->offload ? take_f(ar, nD) : NULL;
     for (int l = sh->layer_lo; l < sh->layer_hi; l++)
         layer_acts_take(m, N, A->Nf, &A->layers[l], !A->ckpt, shared, har);
+    if (A->ep) { /* host state of its own, kept from batch to batch */
+        for (int l = sh->layer_lo; l < sh->layer_hi; l++)
+            A->layers[l].ep = A->ep[l];
+        A->scratch.ep = A->ep[m->cfg.n_layers];
+    }
     A->xf = take_f(ar, nD);
     A->hn = A->rstdf = A->logp = A->entropy = NULL;
     A->hk = NULL;
@@ -952,6 +1032,11 @@ static struct model_acts *acts_get(struct model *m, int N, int B, bool ckpt, int
         A->layers = xcalloc((size_t)(m->cfg.n_layers > 0 ? m->cfg.n_layers : 1), sizeof *A->layers);
         karena_init(&A->arena, m->K, KMEM_ACTS, "activations");
         karena_init_host(&A->host_arena, m->K, "offloaded activations");
+        if (m->sh.ep) {
+            A->ep = xcalloc((size_t)m->cfg.n_layers + 1, sizeof *A->ep);
+            for (int l = 0; l <= m->cfg.n_layers; l++)
+                A->ep[l] = moe_ep_create();
+        }
     }
     A->ckpt = ckpt;
     A->nk = nk;
@@ -1160,7 +1245,10 @@ static void layer_forward(const struct model *m, int l, const struct packed_batc
         k_moe_route(K, &a->moe, a->rlog);
         a->moe.ref = NULL;
         free(ref);
-        k_moe_experts_forward(K, out, a->xn2, L->w_gate, L->w_up, L->w_down, &a->moe);
+        if (m->sh.ep) /* the experts on the ranks holding them */
+            moe_ep_forward(a->ep, m, L, &a->moe, a->xn2, out);
+        else
+            k_moe_experts_forward(K, out, a->xn2, L->w_gate, L->w_up, L->w_down, &a->moe);
         k_add(K, out, a->xmid, (size_t)N * D);
         return;
     }
@@ -1236,8 +1324,11 @@ static void layer_backward(struct model *m, int l, const struct packed_batch *b,
         r.bwd_d = d->moe_d, r.bwd_f = d->moe_f;
         const int E = r.E;
         k_zero(K, d->dxn, nD * fs);
-        k_moe_experts_backward(K, d->dxn, G ? G->w_gate : NULL, G ? G->w_up : NULL, G ? G->w_down : NULL, d->dwt, dx,
-                               L->w_gate, L->w_up, L->w_down, &r);
+        if (m->sh.ep)
+            moe_ep_backward(a->ep, m, L, G, &r, dx, d->dxn, d->dwt, d->moe_d);
+        else
+            k_moe_experts_backward(K, d->dxn, G ? G->w_gate : NULL, G ? G->w_up : NULL, G ? G->w_down : NULL, d->dwt,
+                                   dx, L->w_gate, L->w_up, L->w_down, &r);
         /* the load-balancing loss coef scale E / k sum_e pmean_e count_e / N: d/dp[t][e] = coef scale E count_e /
          * (k N^2) for every token t */
         float dp_col[E];
@@ -1479,7 +1570,7 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
             k_to_host(K, a->x, in, nD * sizeof(float));
             A->scratch.x = in;
             layer_forward(m, l, &A->b, Nf, &A->scratch, out);
-            if (A->scratch.rlog)
+            if (A->scratch.rlog && N > 0) /* an empty micro-batch (expert parallelism's padding) routed nothing */
                 moe_count(m, l, &A->scratch.moe);
             continue;
         }
@@ -1491,7 +1582,7 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
             layer_forward(m, l, &A->b, Nf, a, out);
         }
         const struct layer_acts *ran = checkpointing ? &A->scratch : a;
-        if (ran->rlog)
+        if (ran->rlog && N > 0)
             moe_count(m, l, &ran->moe);
     }
     if (sh->has_head) {

@@ -112,6 +112,12 @@ struct model_shard {
      * around attention an all-to-all swaps its token slice for every token of its share of the heads */
     struct comm *sp; /* NULL: no sequence parallelism */
     int sp_rank, sp_size;
+    /* expert parallelism (whole layers only: TP and PP 1): this rank holds experts [expert_lo, expert_lo +
+     * n_experts) of every MoE layer, everything else whole; tokens reach their experts over ep (moe_ep.h). mp is
+     * then the EP group: the ranks whose parts make one model copy */
+    int ep_rank, ep_size; /* 0, 1: every expert here */
+    int expert_lo, n_experts;
+    struct comm *ep; /* NULL when ep_size is 1 */
 };
 
 /* Where a shard sits: its TP rank and size, its stage and stages, and the groups (NULL where the size is 1; mp
@@ -119,6 +125,8 @@ struct model_shard {
 struct model_layout {
     int tp_rank, tp_size, pp_rank, pp_size;
     struct comm *tp, *pp, *mp;
+    int ep_rank, ep_size; /* 0 and 0 or 1: no expert parallelism */
+    struct comm *ep;
 };
 
 struct kctx;
@@ -174,6 +182,9 @@ int model_moe_stats(struct model *m, double *tokens, double *aux_mean);
 void model_set_layer_grads_hook(struct model *m, void (*fn)(void *ud, int layer), void *ud);
 /* Layer l's parameters (and gradients) in the shard's memory: floats [*lo, *hi) of w.mem (grad->mem). */
 void model_layer_span(const struct model *m, int l, size_t *lo, size_t *hi);
+/* Layer l's experts (this rank's under EP: their gate, up and down weights, back to back): floats [*lo, *hi) of
+ * w.mem; an empty span for a dense layer. */
+void model_expert_span(const struct model *m, int l, size_t *lo, size_t *hi);
 
 /* The RoPE frequencies of c (head_dim / 2 of them) into inv_freq. */
 void model_rope_freqs(const struct model_config *c, double *inv_freq);
@@ -200,6 +211,10 @@ int model_sp_check(const struct model_config *c, int sp_size, const char *key, c
  * gradients are its tokens' part: their sum over sp is the whole batch's gradient. The whole model on every rank
  * (no TP or PP with it), on the CPU. */
 void model_set_sp(struct model *m, struct comm *sp);
+/* Whether the experts split over ep_size EP ranks: 0, or -1 with why naming key (the EP size's config key) and the
+ * numbers (a mixture-of-experts model whose expert count EP divides; TP and PP 1; the CPU back-end). */
+int model_ep_check(const struct model_config *c, int ep_size, int tp_size, int pp_size, const char *key, char *why,
+                   size_t len);
 /* Whether the layers split into pp_size stages (at least one layer each): 0, or -1 with why naming key. */
 int model_stage_check(const struct model_config *c, int pp_size, const char *key, char *why, size_t len);
 /* The shard of a model at lay (checked with model_shard_check and model_stage_check; lay NULL: the whole

@@ -211,6 +211,10 @@ static const float *step(struct model *m, struct kv_cache **caches, int B, const
     struct kctx *K = m->K;
     const int D = c->hidden_size, F = m->sh.inter, hd = c->head_dim, Hq = m->sh.n_heads, Hkv = m->sh.n_kv_heads;
     const int QD = Hq * hd, KD = Hkv * hd;
+    if (m->sh.ep_size > 1) /* each rank's own decode steps would need every other rank at each one */
+        check_failf(__FILE__, __LINE__,
+                    "model_step: an expert-parallel shard does not generate; generate with a whole "
+                    "copy of the model");
     int N = 0;
     for (int b = 0; b < B; b++) {
         if (caches[b]->len + ntok[b] > caches[b]->cap)

@@ -73,8 +73,7 @@ void model_shard_slice(const struct model *m, const float *whole, float *local)
  * places in the whole tensors w (nw of them): every element of the whole model has exactly one owner. */
 static void place_owned(const struct model *m, int r, const float *part, const struct param_ref *w, int nw)
 {
-    const int tp = m->sh.tp_size, pp = m->sh.pp_size;
-    struct model_shard sh = model_shard_of(&m->cfg, r % tp, tp, r / tp, pp);
+    struct model_shard sh = model_shard_of_mp(m, r);
     int n, hint = 0;
     struct param_ref *l = refs_of(&m->cfg, &sh, (float *)part, &n);
     for (int i = 0; i < n; i++)
@@ -85,14 +84,14 @@ static void place_owned(const struct model *m, int r, const float *part, const s
 
 void model_shard_assemble(const struct model *m, const float *local, float *whole)
 {
-    const int tp = m->sh.tp_size, pp = m->sh.pp_size, n_mp = tp * pp;
+    const int n_mp = m->sh.tp_size * m->sh.pp_size * m->sh.ep_size;
     if (n_mp == 1) {
         memcpy(whole, local, m->w.n_floats * sizeof(float));
         return;
     }
     size_t per = 0; /* the largest part: stages and vocabulary shards differ */
     for (int r = 0; r < n_mp; r++) {
-        struct model_shard sh = model_shard_of(&m->cfg, r % tp, tp, r / tp, pp);
+        struct model_shard sh = model_shard_of_mp(m, r);
         size_t n = model_shard_floats(&m->cfg, &sh);
         per = n > per ? n : per;
     }
@@ -112,7 +111,7 @@ void model_shard_assemble(const struct model *m, const float *local, float *whol
 
 void model_shard_gather(const struct model *m, const float *local, float *whole, int root)
 {
-    const int tp = m->sh.tp_size, pp = m->sh.pp_size, n_mp = tp * pp;
+    const int n_mp = m->sh.tp_size * m->sh.pp_size * m->sh.ep_size;
     if (n_mp == 1) {
         memcpy(whole, local, m->w.n_floats * sizeof(float));
         return;
@@ -127,7 +126,7 @@ void model_shard_gather(const struct model *m, const float *local, float *whole,
     struct param_ref *w = refs_of(&m->cfg, &one, whole, &nw);
     float *buf = NULL;
     for (int r = 0; r < n_mp; r++) { /* mp rank r is TP rank r % TP of stage r / TP */
-        struct model_shard sh = model_shard_of(&m->cfg, r % tp, tp, r / tp, pp);
+        struct model_shard sh = model_shard_of_mp(m, r);
         const size_t n = model_shard_floats(&m->cfg, &sh);
         const float *part = local;
         if (r != root) {

@@ -13,7 +13,8 @@ static void usage(FILE *out)
     fputs("usage: grpo-model plan CONFIG.json [options]\n"
           "\n"
           "Memory per device and communication per step of every trainer layout (TP x PP x DP, with and\n"
-          "without ZeRO-1) of the model in CONFIG.json (a Hugging Face config.json, or a model directory)\n"
+          "without ZeRO-1, and for a mixture of experts every expert-parallel size EP out of DP) of the model in "
+          "CONFIG.json (a Hugging Face config.json, or a model directory)\n"
           "on a cluster, the rollout's tensor-parallel size, and the recommended layout: the fastest\n"
           "estimated step that fits in 90% of a device's memory. The model: docs/scaling.md.\n"
           "\n"
@@ -132,6 +133,9 @@ int plan_main(int argc, char **argv)
     const int trainers = c.nodes * c.gpus_per_node - c.rollout_gpus;
     printf("model     %s: %.3fB parameters (%d layers, hidden %d, %d/%d heads, vocab %d)\n", path,
            plan_param_count(&m) / 1e9, m.n_layers, m.hidden_size, m.n_heads, m.n_kv_heads, m.vocab_size);
+    if (m.n_experts)
+        printf("experts   %d per layer of %d rows, %d per token: %.3fB parameters active per token\n", m.n_experts,
+               m.moe_intermediate, m.n_experts_per_tok, plan_active_params(&m) / 1e9);
     printf("cluster   %d node(s) x %d devices of %.0f GB, %d for the trainers; NVLink %.0f GB/s, network %.0f GB/s; "
            "%.0f TFLOP/s at %.0f%% MFU%s\n",
            c.nodes, c.gpus_per_node, c.gpu_mem_gib, trainers, c.nvlink_gbs, c.net_gbs, c.peak_tflops, c.mfu * 100,
@@ -139,24 +143,25 @@ int plan_main(int argc, char **argv)
     printf("batch     %d prompts x %d, %d+%d tokens, micro-batch %d, %d optimizer step(s) x %d epoch(s), %s, %s\n\n",
            b.prompts, b.n, b.prompt_len, b.response_len, b.micro_batch, b.mini_batches, b.ppo_epochs,
            b.recompute ? "recompute" : "no recompute", b.kl ? "reference policy" : "no reference");
-    printf("%-3s %-3s %-3s %-4s | %8s %8s %8s %8s %8s %8s | %8s %8s %8s | %7s %7s %6s %7s\n", "TP", "PP", "DP", "ZeRO",
-           "weights", "grads", "optim", "ref", "activ", "total", "TP GB", "PP GB", "DP GB", "comm s", "comp s",
-           "bubble", "step s");
+    printf("%-3s %-3s %-3s %-3s %-4s | %8s %8s %8s %8s %8s %8s | %8s %8s %8s %8s | %7s %7s %6s %7s\n", "TP", "PP", "DP",
+           "EP", "ZeRO", "weights", "grads", "optim", "ref", "activ", "total", "TP GB", "PP GB", "DP GB", "EP GB",
+           "comm s", "comp s", "bubble", "step s");
     for (int i = 0; i < n; i++) {
         const struct plan_result *r = &res[i];
         if (!r->fits && !all)
             continue;
-        printf("%-3d %-3d %-3d %-4s | %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f %8.1f | %7.1f %7.1f %5.0f%% "
-               "%7.1f%s%s\n",
-               r->lay.tp, r->lay.pp, r->lay.dp, r->lay.zero1 ? "yes" : "no", gb(r->mem_weights), gb(r->mem_grads),
-               gb(r->mem_optim), gb(r->mem_ref), gb(r->mem_act), gb(r->mem_total), gb(r->bytes_tp), gb(r->bytes_pp),
-               gb(r->bytes_dp), r->time_comm, r->time_compute, r->bubble * 100, r->time_step,
-               r->fits ? "" : "  (does not fit)", i == best ? "  <- recommended" : "");
+        printf("%-3d %-3d %-3d %-3d %-4s | %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f %8.1f %8.1f | %7.1f %7.1f "
+               "%5.0f%% %7.1f%s%s\n",
+               r->lay.tp, r->lay.pp, r->lay.dp, r->lay.ep > 1 ? r->lay.ep : 1, r->lay.zero1 ? "yes" : "no",
+               gb(r->mem_weights), gb(r->mem_grads), gb(r->mem_optim), gb(r->mem_ref), gb(r->mem_act), gb(r->mem_total),
+               gb(r->bytes_tp), gb(r->bytes_pp), gb(r->bytes_dp), gb(r->bytes_ep), r->time_comm, r->time_compute,
+               r->bubble * 100, r->time_step, r->fits ? "" : "  (does not fit)", i == best ? "  <- recommended" : "");
     }
     for (int i = 0; bytes && i < n; i++)
-        printf("bytes tp=%d pp=%d dp=%d zero1=%d: tp %.0f pp %.0f dp %.0f sync %.0f memory %.0f\n", res[i].lay.tp,
-               res[i].lay.pp, res[i].lay.dp, res[i].lay.zero1, res[i].bytes_tp, res[i].bytes_pp, res[i].bytes_dp,
-               res[i].bytes_sync, res[i].mem_total);
+        printf("bytes tp=%d pp=%d dp=%d zero1=%d: tp %.0f pp %.0f dp %.0f sync %.0f memory %.0f ep=%d alltoall %.0f\n",
+               res[i].lay.tp, res[i].lay.pp, res[i].lay.dp, res[i].lay.zero1, res[i].bytes_tp, res[i].bytes_pp,
+               res[i].bytes_dp, res[i].bytes_sync, res[i].mem_total, res[i].lay.ep > 1 ? res[i].lay.ep : 1,
+               res[i].bytes_ep);
     struct plan_rollout ro;
     plan_rollout(&m, &c, &b, &ro);
     printf("\n(memory in GB per trainer device; communication in GB sent per device per step; weight sync %.1f GB "
@@ -173,10 +178,12 @@ int plan_main(int argc, char **argv)
         return 1;
     }
     const struct plan_result *r = &res[best];
+    const int ep = r->lay.ep > 1 ? r->lay.ep : 1;
     printf(
-        "recommended: TP %d x PP %d x DP %d%s (verl's actor_rollout_ref.actor.megatron.tensor_model_parallel_size=%d "
-        "pipeline_model_parallel_size=%d), %.1f GB per device, about %.1f s of training per step\n",
-        r->lay.tp, r->lay.pp, r->lay.dp, r->lay.zero1 ? " with ZeRO-1" : "", r->lay.tp, r->lay.pp, gb(r->mem_total),
-        r->time_step);
+        "recommended: TP %d x PP %d x DP %d%s%s (verl's actor_rollout_ref.actor.megatron.tensor_model_parallel_size=%d "
+        "pipeline_model_parallel_size=%d expert_model_parallel_size=%d), %.1f GB per device, about %.1f s of "
+        "training per step\n",
+        r->lay.tp, r->lay.pp, r->lay.dp, ep > 1 ? " with EP" : "", r->lay.zero1 ? " with ZeRO-1" : "", r->lay.tp,
+        r->lay.pp, ep, gb(r->mem_total), r->time_step);
     return 0;
 }

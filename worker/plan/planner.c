@@ -55,8 +55,20 @@ double plan_param_count(const struct model_config *m)
     return V * h + m->n_layers * layer + h + (m->tie_word_embeddings ? 0 : V * h);
 }
 
-/* Parameters of one layer on one TP rank: q, o and the MLP split, KV heads split (or replicated when fewer
- * than TP), norms replicated. */
+/* One layer's experts: E x (gate, up, down) of moe_intermediate rows. */
+static double layer_experts(const struct model_config *m)
+{
+    return (double)m->n_experts * 3.0 * m->hidden_size * m->moe_intermediate;
+}
+
+double plan_active_params(const struct model_config *m)
+{
+    const double experts = m->n_layers * layer_experts(m);
+    return plan_param_count(m) - (m->n_experts ? experts * (1.0 - (double)m->n_experts_per_tok / m->n_experts) : 0);
+}
+
+/* Parameters of one layer on one TP rank (all its experts): q, o and the MLP split, KV heads split (or replicated
+ * when fewer than TP), norms replicated. */
 static double layer_params_tp(const struct model_config *m, int tp)
 {
     const double h = m->hidden_size, f = m->intermediate_size, a = (double)m->n_heads / tp, d = m->head_dim;
@@ -80,9 +92,14 @@ void plan_evaluate(const struct model_config *m, const struct plan_cluster *c, c
     memset(r, 0, sizeof *r);
     r->lay = *l;
     r->params = plan_param_count(m);
-    const int tp = l->tp, pp = l->pp, dp = l->dp;
+    const int tp = l->tp, pp = l->pp, dp = l->dp, ep = l->ep > 1 ? l->ep : 1;
     if (tp < 1 || pp < 1 || dp < 1)
         snprintf(r->why_invalid, sizeof r->why_invalid, "sizes must be at least 1");
+    else if (ep > 1 && !m->n_experts)
+        snprintf(r->why_invalid, sizeof r->why_invalid, "EP %d on a dense model", ep);
+    else if (ep > 1 && (m->n_experts % ep || dp % ep))
+        snprintf(r->why_invalid, sizeof r->why_invalid, "EP %d divides neither %d experts and DP %d", ep, m->n_experts,
+                 dp);
     else if (m->n_heads % tp)
         snprintf(r->why_invalid, sizeof r->why_invalid, "%d attention heads do not divide by TP %d", m->n_heads, tp);
     else if (m->n_kv_heads % tp && tp % m->n_kv_heads)
@@ -98,7 +115,10 @@ void plan_evaluate(const struct model_config *m, const struct plan_cluster *c, c
     const struct widths w = widths_of(c);
     const double h = m->hidden_size, V = m->vocab_size;
     const int layers_stage = (m->n_layers + pp - 1) / pp;
-    const double body = layers_stage * layer_params_tp(m, tp), vocab = V * h / tp;
+    /* under EP the stage's layers hold E / EP experts each */
+    r->stage_experts = layers_stage * layer_experts(m) / ep;
+    const double body = layers_stage * layer_params_tp(m, tp) - layers_stage * layer_experts(m) + r->stage_experts,
+                 vocab = V * h / tp;
     /* stage 0 holds the embedding; the last stage the head and the final norm (its own copy when tied) */
     const double first = body + vocab + (pp == 1 ? (m->tie_word_embeddings ? 0 : vocab) + h : 0);
     const double last = body + vocab + h;
@@ -106,7 +126,9 @@ void plan_evaluate(const struct model_config *m, const struct plan_cluster *c, c
     const double sp = r->stage_params;
     r->mem_weights = w.weights * sp;
     r->mem_grads = w.grads * sp;
-    r->mem_optim = (w.master + w.moments) * sp / (l->zero1 ? dp : 1);
+    /* ZeRO-1 shards the dense parameters' state over DP, the experts' over the ranks holding the same ones */
+    const double dense = sp - r->stage_experts;
+    r->mem_optim = (w.master + w.moments) * (dense / (l->zero1 ? dp : 1) + r->stage_experts / (l->zero1 ? dp / ep : 1));
     r->mem_ref = b->kl ? w.ref * sp : 0;
 
     const double S = (double)b->prompt_len + b->response_len, T_mb = (double)b->micro_batch * S;
@@ -116,7 +138,11 @@ void plan_evaluate(const struct model_config *m, const struct plan_cluster *c, c
     if (r->micro_batches < 1)
         r->micro_batches = 1;
     /* Korthikanti et al.: 34 s b h bytes per layer at 16-bit, divided by TP with sequence parallelism */
-    const double full_layer = 34.0 * T_mb * h / tp * (w.act / 2);
+    double full_layer = 34.0 * T_mb * h / tp * (w.act / 2);
+    if (m->n_experts) /* the MLP's 19 s b h become the routed slots' buffers and the router's probabilities */
+        full_layer += (-19.0 * T_mb * h / tp + m->n_experts_per_tok * T_mb * (2.0 * h + 3.0 * m->moe_intermediate) +
+                       2.0 * T_mb * m->n_experts) *
+                      (w.act / 2);
     const double per_layer = b->recompute ? 2.0 * T_mb * h / tp * (w.act / 2) : full_layer;
     const int in_flight = pp < r->micro_batches ? pp : r->micro_batches;
     r->mem_act = in_flight * layers_stage * per_layer + (b->recompute ? full_layer : 0);
@@ -149,14 +175,23 @@ void plan_evaluate(const struct model_config *m, const struct plan_cluster *c, c
     } else {
         r->bytes_pp = 0;
     }
-    const double grad_bytes = w.grads * sp;
-    r->bytes_dp = opt_steps * (l->zero1 ? ring_half(dp) * grad_bytes + ring_half(dp) * w.weights * sp
-                                        : ring_allreduce(dp) * grad_bytes);
+    /* the dense gradients over DP, the experts' over the DP / EP ranks holding the same experts */
+    const double gd = w.grads * dense, ge = w.grads * r->stage_experts;
+    const int edp = dp / ep; /* ep divides dp (checked above) */
+    r->bytes_dp = opt_steps * (l->zero1 ? ring_half(dp) * (gd + w.weights * dense) +
+                                              ring_half(edp) * (ge + w.weights * r->stage_experts)
+                                        : ring_allreduce(dp) * gd + ring_allreduce(edp) * ge);
+    /* EP: per MoE layer and pass, the slots off this device go out and their outputs come back (a forward), the
+     * outputs' and inputs' gradients the same way (a backward); a recompute is a forward */
+    const double passes = fwd_only + b->ppo_epochs * (2.0 + (b->recompute ? 1 : 0));
+    r->bytes_ep = ep > 1 ? tok_dp * layers_stage * 2.0 * m->n_experts_per_tok * h * w.act * ring_half(ep) * passes : 0;
     r->bytes_sync = w.weights * r->params;
     const bool pp_crosses = tp * pp > c->gpus_per_node, dp_crosses = tp * pp * dp > c->gpus_per_node;
     const double nv = c->nvlink_gbs * 1e9, net = c->net_gbs * 1e9;
-    r->time_comm = r->bytes_tp / nv + r->bytes_pp / (pp_crosses ? net : nv) + r->bytes_dp / (dp_crosses ? net : nv);
-    const double tokens = seqs * S, P = r->params;
+    const bool ep_crosses = tp * ep > c->gpus_per_node; /* an EP group: neighbouring DP ranks */
+    r->time_comm = r->bytes_tp / nv + r->bytes_pp / (pp_crosses ? net : nv) + r->bytes_dp / (dp_crosses ? net : nv) +
+                   r->bytes_ep / (ep_crosses ? net : nv);
+    const double tokens = seqs * S, P = plan_active_params(m);
     const double flops = 2 * P * tokens * fwd_only + 6 * P * tokens * b->ppo_epochs +
                          (b->recompute ? 2 * P * tokens * b->ppo_epochs : 0);
     r->time_compute = flops / ((double)tp * pp * dp * c->peak_tflops * 1e12 * c->mfu);
@@ -177,17 +212,20 @@ int plan_candidates(const struct model_config *m, const struct plan_cluster *c, 
             if (devices < 1 || devices % (tp * pp) || tp > c->gpus_per_node)
                 continue;
             const int dp = devices / (tp * pp);
-            for (int z = 0; z < (dp > 1 ? 2 : 1); z++) {
-                if (n == max)
-                    return n;
-                struct plan_layout l = {tp, pp, dp, z == 1};
-                plan_evaluate(m, c, b, &l, &out[n]);
-                if (!out[n].valid)
-                    continue; /* not a candidate */
-                if (out[n].fits && (*best < 0 || out[n].time_step < out[*best].time_step))
-                    *best = n;
-                n++;
-            }
+            for (int ep = 1; ep <= dp; ep *= 2)
+                for (int z = 0; z < (dp > 1 ? 2 : 1); z++) {
+                    if (ep > 1 && (!m->n_experts || m->n_experts % ep || dp % ep))
+                        break;
+                    if (n == max)
+                        return n;
+                    struct plan_layout l = {tp, pp, dp, z == 1, ep};
+                    plan_evaluate(m, c, b, &l, &out[n]);
+                    if (!out[n].valid)
+                        continue; /* not a candidate */
+                    if (out[n].fits && (*best < 0 || out[n].time_step < out[*best].time_step))
+                        *best = n;
+                    n++;
+                }
         }
     return n;
 }

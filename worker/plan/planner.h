@@ -16,7 +16,16 @@
  * all-gather. Times divide by the link's bandwidth: NVLink inside a node, the
  * network across nodes. The CPU mode (--cpu) counts FP32 weights without a
  * separate master copy (4 + 4 + 8 bytes, and 4 for the reference), as this
- * code's CPU trainer holds them. */
+ * code's CPU trainer holds them.
+ *
+ * Mixture of experts: each layer holds the router and n_experts SwiGLU experts; the compute counts the active
+ * parameters (the dense ones, and k of the E experts). Expert parallelism (EP, carved out of DP) holds E / EP
+ * experts per device (whole, not split by TP); the optimizer state of the experts is sharded by ZeRO-1 over the
+ * ranks holding the same experts (DP / EP), their gradients all-reduced over those; every MoE layer's forward
+ * sends its routed slots (tokens x k) to the experts' ranks and the outputs back, (EP - 1) / EP of them off the
+ * device with uniform routing, hidden activations each way, and its backward the same again. A MoE layer's working
+ * activations replace Korthikanti's MLP share (19 s b h) with the permuted slots (2 h in and out, 3 F of gate, up
+ * and product per slot) and the router's FP32 probabilities. */
 #ifndef GRPO_WORKER_PLAN_PLANNER_H
 #define GRPO_WORKER_PLAN_PLANNER_H
 
@@ -53,6 +62,7 @@ struct plan_batch {
 struct plan_layout {
     int tp, pp, dp;
     bool zero1;
+    int ep; /* expert parallelism out of DP (0 or 1: none) */
 };
 
 /* What a layout costs, per trainer device. Bytes are per step unless said. */
@@ -60,11 +70,13 @@ struct plan_result {
     struct plan_layout lay;
     bool valid; /* the layout divides the model (heads, KV heads, layers) */
     char why_invalid[160];
-    double params;       /* the model's parameters */
-    double stage_params; /* parameters on the largest stage's device */
+    double params;        /* the model's parameters */
+    double stage_params;  /* parameters on the largest stage's device */
+    double stage_experts; /* of them, the experts' (this device's E / EP of each layer) */
     double mem_weights, mem_grads, mem_optim, mem_ref, mem_act, mem_total; /* bytes */
     bool fits;                                                             /* mem_total <= 90% of the device's memory */
     double bytes_tp, bytes_pp, bytes_dp, bytes_sync;   /* sent per device per step (sync: weights to rollout) */
+    double bytes_ep;                                   /* expert parallelism's all-to-alls, sent per device per step */
     double time_comm, time_compute, bubble, time_step; /* seconds */
     int micro_batches;                                 /* per DP rank per optimizer step */
 };
@@ -91,11 +103,14 @@ double plan_param_count(const struct model_config *m);
  * x head_dim x 4 bytes x (2 hq + 2 hk) a forward, (3 hq + 2 hk) a backward, hq = Hq / sp, hk = max(Hkv / sp, 1).
  * Their sum over the group is exact for any split of the tokens. */
 double plan_sp_alltoall_bytes(const struct model_config *m, double N, int sp, double fwd, double bwd);
+/* Of them, those a token runs through: the dense ones and k of each layer's E experts (all of them when dense). */
+double plan_active_params(const struct model_config *m);
 /* Cost of one layout (r->valid false, with the reason, when it does not divide the model). */
 void plan_evaluate(const struct model_config *m, const struct plan_cluster *c, const struct plan_batch *b,
                    const struct plan_layout *l, struct plan_result *r);
 /* Every layout of the trainer devices: TP in {1,2,4,8} within a node, PP dividing the layers, with and without
- * ZeRO-1. Fills out[0..max) and returns how many; *best is the index of the fastest that fits (-1: none). */
+ * ZeRO-1, and for a mixture of experts every EP (a power of 2) dividing both DP and the experts. Fills out[0..max) and
+ * returns how many; *best is the index of the fastest that fits (-1: none). */
 int plan_candidates(const struct model_config *m, const struct plan_cluster *c, const struct plan_batch *b,
                     struct plan_result *out, int max, int *best);
 void plan_rollout(const struct model_config *m, const struct plan_cluster *c, const struct plan_batch *b,

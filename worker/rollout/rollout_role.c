@@ -181,7 +181,7 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
         if (model_shard_check(&r->policy->cfg, r->env->at.tp_size,
                               "actor_rollout_ref.rollout.tensor_model_parallel_size", err, errlen) != 0)
             return -1;
-        const struct model_layout lay = {r->env->at.tp, r->env->at.tp_size, 0, 1, r->eng, NULL, NULL};
+        const struct model_layout lay = {r->env->at.tp, r->env->at.tp_size, 0, 1, r->eng, NULL, NULL, 0, 1, NULL};
         struct model *part = model_create_shard(&r->policy->cfg, &lay);
         model_shard_slice(part, r->policy->w.mem, part->w.mem);
         /* LoRA: the head keeps the whole base and the adapter, merges each version's adapter into a copy of it
@@ -425,7 +425,7 @@ static size_t reshard_send(struct rollout_rank *r, int64_t version, size_t bucke
     const size_t per = bucket / sizeof(float) > 0 ? bucket / sizeof(float) : 1;
     size_t sent = 0;
     for (int p = 1; p < comm_size(r->eng); p++) {
-        const struct model_layout lay = {p, comm_size(r->eng), 0, 1, r->eng, NULL, NULL};
+        const struct model_layout lay = {p, comm_size(r->eng), 0, 1, r->eng, NULL, NULL, 0, 1, NULL};
         struct model *part = model_create_shard(&r->policy->cfg, &lay);
         model_shard_slice(part, r->whole, part->w.mem);
         for (size_t off = 0; off < part->w.n_floats; off += per) {

@@ -64,12 +64,32 @@ static void loss_stats_sum(struct comm *c, struct policy_loss_stats *s)
     *s = (struct policy_loss_stats){v[0], v[1], v[2], v[3], v[4], v[5], v[6], (long long)v[7]};
 }
 
+/* Expert parallelism: every rank of the EP group runs as many micro-batches as the one with the most (each layer's
+ * all-to-alls need them all), the others padded with empty ones. Returns the count, groups and counts grown. */
+static int ep_pad_micro_batches(const struct model *m, int ***groups, int **counts, int k)
+{
+    if (!m->sh.ep)
+        return k;
+    int most = k;
+    comm_allreduce_max(m->sh.ep, &most, 1, COMM_I32);
+    if (most == k)
+        return k;
+    log_debug("trainer", "EP rank %d: %d micro-batch(es), padded to the EP group's %d with empty ones", m->sh.ep_rank,
+              k, most);
+    *groups = xrealloc(*groups, (size_t)most * sizeof **groups);
+    *counts = xrealloc(*counts, (size_t)most * sizeof **counts);
+    for (int b = k; b < most; b++)
+        (*groups)[b] = NULL, (*counts)[b] = 0;
+    return most;
+}
+
 int actor_compute_logp(struct model *m, struct rollout_seq *seqs, const int *idx, int n, const struct batching *bt,
                        float temperature, int which)
 {
     const struct model_shard *sh = &m->sh;
     int **groups, *counts;
     int k = split_micro_batches(seqs, idx, n, bt->micro_seqs, bt->micro_tokens, bt->share_prompts, &groups, &counts);
+    k = ep_pad_micro_batches(m, &groups, &counts, k);
     struct micro_batch *mbs = xcalloc((size_t)(k ? k : 1), sizeof *mbs);
     float **logps = xcalloc((size_t)(k ? k : 1), sizeof *logps);
     double wait = 0;
@@ -222,14 +242,16 @@ void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int
         total += len[i];
     }
     double *w = xmalloc((size_t)(total ? total : 1) * sizeof(double));
-    int64_t counts_all[2] = {n, total}; /* sequences and response tokens of the mini-batch over all ranks */
+    int **groups, *counts;
+    const int k_own =
+        split_micro_batches(seqs, idx, n, p->bt.micro_seqs, p->bt.micro_tokens, p->bt.share_prompts, &groups, &counts);
+    /* sequences, response tokens and micro-batches of the mini-batch over all ranks */
+    int64_t counts_all[3] = {n, total, k_own};
     if (p->dp)
-        comm_allreduce_sum(p->dp, counts_all, 2, COMM_I64);
+        comm_allreduce_sum(p->dp, counts_all, 3, COMM_I64);
     loss_token_weights_dist(p->agg, len, n, counts_all[0], counts_all[1], p->max_response_length, w);
     model_trainable(m);
-    int **groups, *counts;
-    int k =
-        split_micro_batches(seqs, idx, n, p->bt.micro_seqs, p->bt.micro_tokens, p->bt.share_prompts, &groups, &counts);
+    const int k = ep_pad_micro_batches(m, &groups, &counts, k_own);
     log_debug("trainer", "update: %d sequence(s) of this rank's mini-batch in %d micro-batch(es)", n, k);
     struct mb_state *mbs = xcalloc((size_t)(k ? k : 1), sizeof *mbs);
     for (int b = 0; b < k; b++) {
@@ -247,9 +269,11 @@ void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int
     struct policy_loss_stats mine = {0};
     const struct loss_ctx L = {seqs, idx, w, woff, p, m->sh.pp ? &mine : ls};
     double wait = 0;
-    /* a mixture of experts' load-balancing loss: each micro-batch's divided by the micro-batches and the DP ranks
-     * (Megatron's scaling: the mean over the mini-batch of the per-micro-batch losses, averaged over DP) */
-    m->moe_aux_scale = (float)(1.0 / ((k > 0 ? k : 1) * (p->dp ? comm_size(p->dp) : 1)));
+    /* a mixture of experts' load-balancing loss: each micro-batch's divided by the mini-batch's micro-batches over
+     * every DP rank (Megatron's scaling, the mean of the per-micro-batch losses, where every rank runs as many; a
+     * rank may hold more of a mini-batch's sequences than another, and one process then weights each micro-batch
+     * the same way) */
+    m->moe_aux_scale = (float)(1.0 / (double)(counts_all[2] > 0 ? counts_all[2] : 1));
     run_1f1b(m, &L, mbs, k, &wait);
     if (pp_wait)
         *pp_wait += wait;
@@ -305,6 +329,25 @@ static void dp_sum_grads(struct model *m, const struct update_params *p, float *
     }
 }
 
+/* Expert parallelism: each layer's experts' gradients summed over the ranks holding the same experts (edp), the
+ * rest of the gradients over DP. */
+static void ep_sum_grads(struct model *m, const struct update_params *p)
+{
+    float *g = m->grad->mem;
+    size_t at = 0; /* the dense floats from here up to the next layer's experts */
+    for (int l = m->sh.layer_lo; l < m->sh.layer_hi; l++) {
+        size_t lo, hi;
+        model_expert_span(m, l, &lo, &hi);
+        if (hi == lo)
+            continue;
+        comm_allreduce_sum(p->dp, g + at, lo - at, COMM_F32);
+        if (p->edp)
+            comm_allreduce_sum(p->edp, g + lo, hi - lo, COMM_F32);
+        at = hi;
+    }
+    comm_allreduce_sum(p->dp, g + at, m->grad->n_floats - at, COMM_F32);
+}
+
 /* One optimizer step over the mini-batch idx[0..n). */
 static void update_mini_batch(struct model *m, struct adamw *opt, struct rollout_seq *seqs, const int *idx, int n,
                               const struct update_params *p, struct update_stats *st)
@@ -323,6 +366,8 @@ static void update_mini_batch(struct model *m, struct adamw *opt, struct rollout
             zero1_reduce_scatter(p->zero, tr.grads);
         else if (p->overlap) /* the buckets the backward started, and the rest */
             grad_reducer_finish(p->overlap);
+        else if (m->sh.ep)
+            ep_sum_grads(m, p);
         else
             dp_sum_grads(m, p, tr.grads, tr.n);
         st->allreduce_s += clock_now_s() - t0;

@@ -51,6 +51,9 @@ struct update_params {
      * summed over dp. Both NULL on the CPU. */
     struct comm *dp_dev;
     float *dp_stage;
+    /* expert parallelism (m->sh.ep): the experts' gradients are summed over edp, the ranks holding the same experts,
+     * the rest over dp; NULL: each expert is held once (or no EP) */
+    struct comm *edp;
     /* overlap_grad_reduce (grad_reduce.h): the DP sum started bucket by bucket during the last micro-batch's
      * backward, instead of one all-reduce after it; NULL: that one all-reduce */
     struct grad_reducer *overlap;

@@ -192,6 +192,8 @@ void step_metrics(struct metrics *m, const struct step_result *r)
         split_metrics(m, r);
     if (r->source.colocated)
         colocated_metrics(m, &r->source);
+    if (r->ep) /* the routed slots and their outputs (and gradients) sent to the other EP ranks (float32) */
+        metrics_set(m, "perf/comm_bytes/ep", r->update.ep_bytes);
     perf_metrics(m, r);
 }
 

@@ -38,6 +38,7 @@ struct step_update {
     double forward_rows;       /* rows the update's forward ran, over every DP rank */
     double dp_bytes;           /* the update's gradient (and ZeRO-1 weight) traffic over DP, ring-model bytes */
     double tp_bytes, pp_bytes; /* this rank's activation traffic over TP (every pass), sends to its PP neighbours */
+    double ep_bytes;           /* what its expert all-to-alls sent to the other EP ranks (every pass) */
     double pp_wait_s, pp_schedule_s; /* pipeline: stages waiting for their neighbours, of the schedule's time
                                       * (summed over the stages) */
     /* a mixture of experts' routing in the update's forwards, over the DP ranks (moe_experts 0: a dense model):
@@ -83,6 +84,7 @@ struct step_result {
     /* the run's shape */
     const struct model_config *model; /* the policy's (its FLOPs per token) */
     bool tp, pp;                      /* the trainer runs tensor-, pipeline-parallel */
+    bool ep;                          /* expert-parallel */
     int devices;                      /* ranks of the run (throughput per device) */
     double peak_flops;                /* the MFU denominator (0: not known, no MFU) */
 };

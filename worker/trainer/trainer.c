@@ -67,7 +67,10 @@ static bool lead(const struct trainer *t)
 }
 
 /* This rank's place in its model copy (ranks with the same place hold the same part of the weights). */
-static int mp_rank(const struct trainer *t) { return t->lay.pp_rank * t->lay.tp_size + t->lay.tp_rank; }
+static int mp_rank(const struct trainer *t)
+{
+    return (t->lay.pp_rank * t->lay.tp_size + t->lay.tp_rank) * t->lay.ep_size + t->lay.ep_rank;
+}
 
 /* The group the decisions are broadcast over (every trainer rank), NULL when alone. */
 static struct comm *all_group(const struct trainer *t)
@@ -230,7 +233,7 @@ static void gather_whole(struct trainer *t, struct model **wm, struct adamw **wo
     struct adamw *local = t->zero ? zero1_gather(t->zero, t->opt) : NULL; /* collective over DP */
     *wm = NULL;
     *wo = local;
-    if (!t->lay.mp || t->lay.dp_rank != 0)
+    if (!t->lay.mp || t->lay.dp_rank / t->lay.ep_size != 0) /* the first model copy gathers (EP: DP ranks 0..EP-1) */
         return;
     const struct adamw *opt = local ? local : t->opt;
     *wo = NULL;
@@ -469,7 +472,7 @@ int trainer_run(struct trainer *t)
     const bool writer = lead(t);
     /* validation generates with the policy: on every rank of DP rank 0's TP group (the leader logs it), or on
      * every rank where the source shares it out */
-    const bool validator = t->lay.dp_rank == 0 || t->src.validate;
+    const bool validator = t->lay.dp_rank / t->lay.ep_size == 0 || t->src.validate; /* EP: DP rank 0's EP group */
     struct metrics m;
     metrics_init(&m);
     int rc = 0;
@@ -562,20 +565,55 @@ struct trainer *trainer_create(const struct grpo_config *cfg, const struct train
     return trainer_create_dist(cfg, hooks, NULL, NULL, err, errlen);
 }
 
+/* What expert parallelism does not run with yet, refused by name. 0, or -1 with err. */
+static int ep_refusals(const struct trainer *t, char *err, size_t errlen)
+{
+    const struct grpo_config *c = t->cfg;
+    const long long ep = t->lay.ep_size;
+    if (strncmp(c->trainer_device, "cpu", 3) != 0)
+        return error_set(err, errlen,
+                         "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with trainer.device=%s: "
+                         "expert parallelism runs on CPU trainers for now",
+                         ep, c->trainer_device);
+    if (c->actor_megatron_use_distributed_optimizer)
+        return error_set(err, errlen,
+                         "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with "
+                         "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true: ZeRO-1 with expert "
+                         "parallelism is not available yet; set one of them off",
+                         ep);
+    if (c->trainer_sft_warmup_steps > 0) /* its step sums no gradient over DP: every rank runs every answer */
+        return error_set(err, errlen,
+                         "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with "
+                         "trainer.sft_warmup_steps %lld: the supervised warm-start runs without expert parallelism "
+                         "for now; warm-start in a run of its own and resume from its checkpoint with EP",
+                         ep, (long long)c->trainer_sft_warmup_steps);
+    if (c->arr_model_lora_rank > 0)
+        return error_set(err, errlen,
+                         "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with "
+                         "actor_rollout_ref.model.lora_rank %lld: LoRA runs on whole models; set the EP size to 1",
+                         ep, (long long)c->arr_model_lora_rank);
+    return 0;
+}
+
 /* Tensor and pipeline parallelism: the whole policy, as loaded, is cut into this rank's part (before the
  * reference, gradients and optimizer state exist, so that only the weights are ever held whole). */
 static void shard_policy(struct trainer *t)
 {
-    const struct model_layout ml = {t->lay.tp_rank, t->lay.tp_size, t->lay.pp_rank, t->lay.pp_size,
-                                    t->lay.tp,      t->lay.pp,      t->lay.mp};
+    const struct model_layout ml = {t->lay.tp_rank, t->lay.tp_size, t->lay.pp_rank, t->lay.pp_size, t->lay.tp,
+                                    t->lay.pp,      t->lay.mp,      t->lay.ep_rank, t->lay.ep_size, t->lay.ep};
     struct model *p = model_create_shard(&t->policy->cfg, &ml);
     model_shard_slice(p, t->policy->w.mem, p->w.mem);
-    log_info("trainer",
-             "TP rank %d of %d, stage %d of %d: %zu of the model's %zu parameters (layers %d..%d, heads %d..%d, "
-             "vocabulary %d..%d)",
-             t->lay.tp_rank, t->lay.tp_size, t->lay.pp_rank, t->lay.pp_size, p->w.n_floats, t->policy->w.n_floats,
-             p->sh.layer_lo, p->sh.layer_hi - 1, p->sh.head_lo, p->sh.head_lo + p->sh.n_heads - 1, p->sh.vocab_lo,
-             p->sh.vocab_hi - 1);
+    if (t->lay.ep)
+        log_info("trainer", "EP rank %d of %d: experts %d..%d of %d, %zu of the model's %zu parameters", t->lay.ep_rank,
+                 t->lay.ep_size, p->sh.expert_lo, p->sh.expert_lo + p->sh.n_experts - 1, p->cfg.n_experts,
+                 p->w.n_floats, t->policy->w.n_floats);
+    else
+        log_info("trainer",
+                 "TP rank %d of %d, stage %d of %d: %zu of the model's %zu parameters (layers %d..%d, heads %d..%d, "
+                 "vocabulary %d..%d)",
+                 t->lay.tp_rank, t->lay.tp_size, t->lay.pp_rank, t->lay.pp_size, p->w.n_floats, t->policy->w.n_floats,
+                 p->sh.layer_lo, p->sh.layer_hi - 1, p->sh.head_lo, p->sh.head_lo + p->sh.n_heads - 1, p->sh.vocab_lo,
+                 p->sh.vocab_hi - 1);
     model_free(t->policy);
     t->policy = p;
 }
@@ -629,6 +667,10 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         t->lay.tp_size = 1, t->lay.tp_rank = 0, t->lay.tp = NULL;
     if (t->lay.pp_size < 1 || !t->lay.pp)
         t->lay.pp_size = 1, t->lay.pp_rank = 0, t->lay.pp = NULL;
+    if (t->lay.ep_size < 1 || !t->lay.ep)
+        t->lay.ep_size = 1, t->lay.ep_rank = 0, t->lay.ep = t->lay.edp = NULL;
+    if (t->lay.ep) /* the experts of one model copy are spread over the EP group */
+        t->lay.mp = t->lay.ep;
     if (!t->lay.mp)
         t->lay.mp = t->lay.tp;
     if (t->lay.cp_size < 2 || !t->lay.cp)
@@ -681,7 +723,11 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     if (model_shard_check(&t->policy->cfg, t->lay.tp_size,
                           "actor_rollout_ref.actor.megatron.tensor_model_parallel_size", err, errlen) != 0 ||
         model_stage_check(&t->policy->cfg, t->lay.pp_size,
-                          "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size", err, errlen) != 0)
+                          "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size", err, errlen) != 0 ||
+        model_ep_check(&t->policy->cfg, t->lay.ep_size, t->lay.tp_size, t->lay.pp_size,
+                       "actor_rollout_ref.actor.megatron.expert_model_parallel_size", err, errlen) != 0)
+        goto fail;
+    if (t->lay.ep && ep_refusals(t, err, errlen) != 0)
         goto fail;
     if (t->lay.mp)
         shard_policy(t);

@@ -54,10 +54,15 @@ struct trainer_layout {
                         each runs a slice of its tokens); NULL: none */
     int cp_rank, cp_size;
     struct comm *grads; /* with cp: DP x CP, the ranks whose gradients add up (NULL: dp) */
-    struct comm *all;   /* every trainer rank: stop and checkpoint decisions follow its rank 0 (DP 0, TP 0) */
-    int devices;        /* ranks the run uses (perf/throughput divides by it); 0: 1 */
-    int device;         /* trainer.device=cuda: this rank's GPU (its CUDA index on the node) */
-    bool gpus_shared;   /* trainer.device=cuda: some DP ranks share a GPU, so NCCL cannot sum their gradients */
+    /* expert parallelism (actor_rollout_ref.actor.megatron.expert_model_parallel_size, out of the DP ranks): ep the
+     * DP ranks splitting the experts (EP rank dp % ep_size; it is then the model copy's group, mp), edp those holding
+     * the same experts, over which the experts' gradients add up; NULL when ep_size is 1 */
+    struct comm *ep, *edp;
+    int ep_rank, ep_size;
+    struct comm *all; /* every trainer rank: stop and checkpoint decisions follow its rank 0 (DP 0, TP 0) */
+    int devices;      /* ranks the run uses (perf/throughput divides by it); 0: 1 */
+    int device;       /* trainer.device=cuda: this rank's GPU (its CUDA index on the node) */
+    bool gpus_shared; /* trainer.device=cuda: some DP ranks share a GPU, so NCCL cannot sum their gradients */
 };
 
 /* What a step's source reports with its rollouts: the seconds they took where they were made (summed over

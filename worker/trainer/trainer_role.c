@@ -502,8 +502,19 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     return 0;
 }
 
+/* Whether this rank holds a part of DP rank 0's model copy other than DP rank 0's own: its TP or PP peers, or the
+ * other ranks of its EP group (DP ranks 1 .. EP - 1), which give their parts of every version published. */
+static bool copy_peer(const struct trainer_rank *r)
+{
+    const struct placement *at = &r->env->at;
+    if (at->dp == 0)
+        return at->tp != 0 || at->pp != 0;
+    return at->ep_size > 1 && at->dp < at->ep_size;
+}
+
 /* DP rank 0's model copy: version `version` goes to the dispatcher, which serves it to the rollout processes
- * (the TP and PP parts assembled whole first: the rollout ranks generate with the whole model). */
+ * (the TP and PP parts, or the EP group's experts, assembled whole first: the rollout ranks generate with the
+ * whole model). */
 static void publish(struct trainer_rank *r, int64_t version)
 {
     const struct model *p = trainer_policy(r->t);
@@ -511,8 +522,9 @@ static void publish(struct trainer_rank *r, int64_t version)
     const double t0 = clock_now_s();
     float *whole = NULL;
     size_t n;
-    if (r->mp && !r->env->cp) { /* the parts to the dispatcher's rank, each from a host copy on GPUs (no LoRA with TP
-                                   or PP); sequence-parallel ranks hold the whole model */
+    if ((r->mp && !r->env->cp) || p->sh.ep) { /* the parts to the dispatcher's rank, each from a host copy on GPUs
+                                             * (no LoRA with TP or PP); under EP the experts of DP ranks
+                                             * 1 .. EP - 1; sequence-parallel ranks hold the whole model */
         if (r->disp)
             whole = xmalloc(model_whole_floats(&p->cfg) * sizeof(float));
         model_shard_gather(p, trainer_params(r->t, &n), whole, 0);
@@ -533,7 +545,7 @@ static void publish(struct trainer_rank *r, int64_t version)
 static int between_steps(void *ctx, int64_t j, bool stop)
 {
     struct trainer_rank *r = ctx;
-    if (r->env->at.dp != 0 || r->env->at.cp != 0)
+    if (r->env->at.cp != 0 || (r->env->at.dp != 0 && !copy_peer(r))) /* SP ranks hold the whole model */
         return 0;
     if (stop) {
         if (!r->disp)
@@ -636,10 +648,9 @@ static void trainer_ready(void *ud, struct trainer *t)
     r->lim.prompts = trainer_prompts(t);
     r->lim.vocab_size = trainer_policy(t)->cfg.vocab_size;
     wire_limits_set_routes(&r->lim, &trainer_policy(t)->cfg, config_records_routes(r->env->cfg));
-    if (r->env->at.dp != 0 || r->env->at.cp != 0) /* SP ranks hold the whole model: SP rank 0 publishes it */
+    if (r->env->at.cp != 0 || (r->env->at.dp != 0 && !copy_peer(r))) /* SP: SP rank 0 publishes the model */
         return;
-    if (r->env->at.tp != 0 || r->env->at.pp != 0) { /* the dispatcher is the copy's rank 0's; this rank gives its
-                                                     * part of each version */
+    if (copy_peer(r)) { /* the dispatcher is the copy's rank 0's; this rank gives its part of each version */
         if (r->start < trainer_total_steps(t))
             publish(r, r->start);
         return;
@@ -745,6 +756,10 @@ int run_trainer(struct role_env *env)
                                  .cp_rank = env->at.cp,
                                  .cp_size = env->at.cp_size,
                                  .grads = env->grads,
+                                 .ep = env->ep,
+                                 .edp = env->edp,
+                                 .ep_rank = env->at.ep,
+                                 .ep_size = env->at.ep_size,
                                  .all = env->trainers,
                                  .devices = comm_size(env->world),
                                  .device = env->device,

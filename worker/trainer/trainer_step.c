@@ -265,10 +265,20 @@ void trainer_validate(struct trainer *t, struct metrics *m)
     }
     trainer_phase(t, GRPO__PHASE__PHASE_VALIDATE);
     const uint64_t seed = trainer_step_seed(t->st.seed, t->st.global_step, 0x7a1);
-    if (t->src.validate)
+    if (t->src.validate) {
         t->src.validate(t->src.ctx, seed, m);
-    else
+    } else if (t->policy->sh.ep) { /* EP: DP rank 0 validates with the whole model its EP group gathers */
+        struct model *whole = t->policy->sh.ep_rank == 0 ? model_create(&t->policy->cfg) : NULL;
+        model_shard_gather(t->policy, t->policy->w.mem, whole ? whole->w.mem : NULL, 0);
+        if (whole) {
+            struct rollout_ctx rc = t->rc;
+            rc.policy = whole;
+            rollout_validate(&rc, &t->val, seed, m);
+            model_free(whole);
+        }
+    } else {
         rollout_validate(&t->rc, &t->val, seed, m);
+    }
 }
 
 /* Step k's rollouts in this process (hybrid role): draw, generate, score, and with DAPO's dynamic sampling draw
@@ -468,6 +478,7 @@ static double update_actor(struct trainer *t, int64_t k, struct step_batch *b, c
         .dp = t->lay.dp_size > 1 ? t->lay.dp : NULL,
         .grads = t->lay.grads,
         .dp_dev = t->dp_dev,
+        .edp = t->lay.edp,
         .dp_stage = t->host_params,
         .overlap = t->overlap,
         .zero = t->zero,
@@ -497,10 +508,14 @@ static double update_actor(struct trainer *t, int64_t k, struct step_batch *b, c
 
 /* The traffic of the model's groups so far (on GPUs the NCCL twins of lay.tp and lay.pp, which count what they
  * carry; zero without them). */
-static void model_traffic_now(const struct trainer *t, struct comm_traffic *tp, struct comm_traffic *pp)
+static void model_traffic_now(const struct trainer *t, struct comm_traffic *tp, struct comm_traffic *pp,
+                              struct comm_traffic *ep)
 {
     *tp = (struct comm_traffic){0};
     *pp = (struct comm_traffic){0};
+    *ep = (struct comm_traffic){0};
+    if (t->policy->sh.ep)
+        comm_traffic(t->policy->sh.ep, ep);
     if (t->policy->sh.tp)
         comm_traffic(t->policy->sh.tp, tp);
     if (t->policy->sh.pp)
@@ -510,10 +525,12 @@ static void model_traffic_now(const struct trainer *t, struct comm_traffic *tp, 
 /* The activation traffic of the model's groups since model_traffic_now gave tp_before and pp_before: over TP
  * every pass (old and reference log-probs, the update), over PP this stage's sends. */
 static void model_traffic_since(const struct trainer *t, const struct comm_traffic *tp_before,
-                                const struct comm_traffic *pp_before, struct step_update *u)
+                                const struct comm_traffic *pp_before, const struct comm_traffic *ep_before,
+                                struct step_update *u)
 {
-    struct comm_traffic tp_after, pp_after;
-    model_traffic_now(t, &tp_after, &pp_after);
+    struct comm_traffic tp_after, pp_after, ep_after;
+    model_traffic_now(t, &tp_after, &pp_after, &ep_after);
+    u->ep_bytes = ep_after.sent_f32[COMM_OP_ALLTOALL] - ep_before->sent_f32[COMM_OP_ALLTOALL];
     u->tp_bytes = 0;
     for (int op = COMM_OP_ALLREDUCE; op <= COMM_OP_REDUCE_SCATTER; op++)
         u->tp_bytes += tp_after.sent_f32[op] - tp_before->sent_f32[op];
@@ -612,12 +629,13 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
                             .model = &t->policy->cfg,
                             .tp = t->lay.tp != NULL,
                             .pp = t->lay.pp != NULL,
+                            .ep = t->lay.ep != NULL,
                             .devices = t->lay.devices,
                             .peak_flops = t->peak_flops};
     r.phase_s[GRPO__PHASE__PHASE_GEN] = tm->gen;
     r.phase_s[GRPO__PHASE__PHASE_REWARD] = tm->reward;
-    struct comm_traffic tp0, pp0;
-    model_traffic_now(t, &tp0, &pp0);
+    struct comm_traffic tp0, pp0, ep0;
+    model_traffic_now(t, &tp0, &pp0, &ep0);
     int *idx = xmalloc((size_t)(b->n_seq ? b->n_seq : 1) * sizeof(int)); /* every sequence of b */
     for (int i = 0; i < b->n_seq; i++)
         idx[i] = i;
@@ -635,7 +653,7 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
         r.phase_s[GRPO__PHASE__PHASE_REF] = ref_log_probs(t, b, idx);
     r.phase_s[GRPO__PHASE__PHASE_ADV] = advantages(t, b, &r.adv);
     r.phase_s[GRPO__PHASE__PHASE_UPDATE_ACTOR] = update_actor(t, k, b, idx, on_policy, r.rollouts.n_seq, &r.update);
-    model_traffic_since(t, &tp0, &pp0, &r.update);
+    model_traffic_since(t, &tp0, &pp0, &ep0, &r.update);
     if (on_policy)
         model_moe_route_stats(t->policy, &r.gap.route_differ, &r.gap.route_compared);
     measure_gap(t, b, &r.gap);

@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# Expert parallelism (actor_rollout_ref.actor.megatron.expert_model_parallel_size) in colocated runs reproduces the
+# single-process run (mpirun --oversubscribe on 2 cores), on tiny random Qwen3-MoE and Mixtral models with the
+# load-balancing loss on:
+#  - EP2 (2 ranks: one EP group, each rank its own data) and EP2 x DP2 (4 ranks: two EP groups of 2): per-step
+#    losses, grad norms, entropies and the router's metrics (actor/moe/...), and the weights after two GRPO steps,
+#    within 1e-5 relative, with the load-balancing loss on and off; so does DP4 without EP with the loss on (a rank
+#    holding more of a mini-batch than another: each micro-batch's loss divided by the micro-batches of all ranks);
+#  - checkpoints are whole, in the Hugging Face layout, whatever EP wrote them: EP2's step-1 checkpoint resumes in
+#    one process, and one process's resumes under EP2, both ending at the single-process weights;
+#  - with dynamic batch sizes (micro-batches by a token budget) the EP ranks can run different numbers of
+#    micro-batches: the fewer are padded with empty ones (each layer's all-to-alls need every rank), and EP2 gives
+#    DP2's run (without EP; both differ from one process there, whose micro-batches hold other sequences and so
+#    another load-balancing loss);
+#  - a split run (2 trainer ranks with EP 2, a rollout rank generating with the whole model the EP group gathers
+#    each step) gives the same;
+#  - layouts that do not work are refused by name: E not divisible by EP, EP with PP, EP on a dense model, EP with
+#    ZeRO-1, DP not divisible by EP.
+# usage: test_ep.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
+set -u
+WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
+. "$(dirname "$0")/../lib.sh" grpo-ep
+test_env
+MPIRUN=(timeout 300 mpirun --oversubscribe --bind-to none)
+. "$(dirname "$0")/equiv_lib.sh"
+EP=actor_rollout_ref.actor.megatron.expert_model_parallel_size
+AUX=actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff=0.5
+NOAUX=actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff=0
+
+# moe_config TYPE OUT: the byte tokenizer's model config turned into a 4-expert model of TYPE
+moe_config() {
+    python3 - "$TOK/config.json" "$1" "$2" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+kind, out = sys.argv[2], sys.argv[3]
+if kind == "qwen3_moe":
+    d.update(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], num_experts=4, num_experts_per_tok=2,
+             moe_intermediate_size=32, norm_topk_prob=True, head_dim=16, use_sliding_window=False)
+else:
+    d.update(model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=4, num_experts_per_tok=2,
+             intermediate_size=32, sliding_window=None)
+json.dump(d, open(out, "w"), indent=1)
+PY
+}
+# colocated run: NAME MODEL RANKS [more keys...]
+colo() {
+    local name=$1 model=$2 ranks=$3
+    shift 3
+    # shellcheck disable=SC2046 # common's words are the keys
+    "${MPIRUN[@]}" -np "$ranks" "$WORKER" $(common "$model") $AUX trainer.default_local_dir="$TMP/$name" \
+        trainer.nnodes=1 trainer.n_gpus_per_node="$ranks" "$@" >"$TMP/$name.log" 2>&1
+}
+one() { # NAME MODEL [more keys...]: one process
+    local name=$1 model=$2
+    shift 2
+    # shellcheck disable=SC2046
+    "$WORKER" $(common "$model") $AUX trainer.default_local_dir="$TMP/$name" "$@" >"$TMP/$name.log" 2>&1
+}
+same_moe() { # A B: the router's metrics of run B against run A
+    python3 - "$TMP/$1/p/e/metrics.jsonl" "$TMP/$2/p/e/metrics.jsonl" <<'PY'
+import json, sys
+a, b = ({r["step"]: r for r in map(json.loads, open(p)) if r["step"] >= 1} for p in sys.argv[1:3])
+assert a.keys() == b.keys() and a, (sorted(a), sorted(b))
+for s in a:
+    for k in ("actor/moe/aux_loss", "actor/moe/load_imbalance", "actor/moe/tokens_per_expert/max",
+              "actor/moe/tokens_per_expert/min"):
+        x, y = a[s][k], b[s][k]
+        if abs(x - y) > 1e-5 * max(abs(x), 1e-3):
+            sys.exit(f"step {s} {k}: {x} against {y}")
+print("same routing")
+PY
+}
+
+for kind in qwen3_moe mixtral; do
+    moe_config $kind "$TMP/$kind.json"
+    tiny_model "$TMP/$kind" 11 "$TMP/$kind.json"
+    expect "$kind: tiny model written" $?
+    one "one-$kind" $kind
+    expect "$kind: single-process run finishes" $?
+done
+one one-noaux qwen3_moe $NOAUX
+expect "qwen3_moe: single-process run without the load-balancing loss finishes" $?
+colo dp4 qwen3_moe 4
+expect "qwen3_moe: DP4 (no EP) finishes" $?
+out=$(same_metrics one-qwen3_moe dp4 2>&1) && out="$out; $(same_moe one-qwen3_moe dp4 2>&1)"
+expect "qwen3_moe: DP4 with the load-balancing loss matches one process ($out)" $?
+
+# LAYOUT RANKS MODEL REFERENCE [keys...]
+for layout in "ep2 2 qwen3_moe one-qwen3_moe" "ep2 2 mixtral one-mixtral" "ep2dp2-noaux 4 qwen3_moe one-noaux $NOAUX" \
+    "ep2dp2 4 qwen3_moe one-qwen3_moe"; do
+    set -- $layout
+    name=$1-$3 ref=$4
+    colo "$name" "$3" "$2" $EP=2 "${@:5}"
+    expect "$name: $2 colocated ranks with EP 2 finish" $?
+    grep -q "EP rank 1 of 2: experts 2..3 of 4" "$TMP/$name.log"
+    expect "$name: EP rank 1 holds experts 2 and 3" $?
+    out=$(same_metrics "$ref" "$name" 2>&1)
+    expect "$name: per-step losses, grad norms and entropies match $ref ($out)" $?
+    out=$(same_moe "$ref" "$name" 2>&1)
+    expect "$name: the router's metrics match $ref ($out)" $?
+    out=$(same_weights "$ref" "$name")
+    expect "$name: weights after $STEPS steps (a whole checkpoint gathered over EP) match $ref ($out)" $?
+done
+
+# dynamic batch sizes: unequal micro-batch counts on the EP ranks, padded
+DYN="actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=60"
+colo dp2-dyn qwen3_moe 2 $DYN
+expect "dp2-dyn: DP2 (no EP) with dynamic batch sizes finishes" $?
+colo ep2-dyn qwen3_moe 2 $EP=2 $DYN trainer.log_level=debug
+expect "ep2-dyn: EP2 with dynamic batch sizes finishes" $?
+grep -Eq "EP rank [01]: [0-9]+ micro-batch\(es\), padded to the EP group's [0-9]+ with empty ones" "$TMP/ep2-dyn.log"
+expect "ep2-dyn: an EP rank with fewer micro-batches ran empty ones" $?
+out=$(same_metrics dp2-dyn ep2-dyn 2>&1) && out="$out; $(same_weights dp2-dyn ep2-dyn)"
+expect "ep2-dyn: losses, grad norms and weights match DP2's ($out)" $?
+
+# a split run: 2 EP trainer ranks and a rollout rank, which gets each version whole (the experts gathered over EP)
+# shellcheck disable=SC2046
+"${MPIRUN[@]}" -np 3 "$WORKER" $(common qwen3_moe) $AUX trainer.default_local_dir="$TMP/split-ep2" $EP=2 \
+    placement.trainer_ranks=2 placement.rollout_ranks=1 >"$TMP/split-ep2.log" 2>&1
+expect "split-ep2: 2 trainer ranks with EP 2 and a rollout rank finish" $?
+out=$(same_metrics one-qwen3_moe split-ep2 2>&1)
+expect "split-ep2: per-step losses, grad norms and entropies match one process ($out)" $?
+out=$(same_weights one-qwen3_moe split-ep2)
+expect "split-ep2: weights after $STEPS steps match one process ($out)" $?
+
+python3 - "$TMP/ep2-qwen3_moe/p/e/metrics.jsonl" "$TMP/dp4/p/e/metrics.jsonl" <<'PY'
+import json, sys
+ep, dp = ([r for r in map(json.loads, open(p)) if r["step"] >= 1] for p in sys.argv[1:3])
+assert ep and all(r["perf/comm_bytes/ep"] > 0 and r["perf/comm_bytes/ep"] % (4 * 64) == 0 for r in ep), ep
+assert all("perf/comm_bytes/ep" not in r for r in dp)
+PY
+expect "perf/comm_bytes/ep: the all-to-all bytes of each EP step, whole hidden rows of 4 bytes; absent without EP" $?
+
+# checkpoints: whole, in the Hugging Face layout, whatever EP wrote them
+python3 - "$(ckpt ep2-qwen3_moe 2)/actor/model.safetensors" <<'PY'
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    keys = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+for l in (0, 1):
+    for e in range(4):
+        for p in ("gate_proj", "up_proj", "down_proj"):
+            assert f"model.layers.{l}.mlp.experts.{e}.{p}.weight" in keys, (l, e, p)
+PY
+expect "EP2's checkpoint holds every expert in the Hugging Face layout" $?
+RESUME=trainer.resume_mode=resume_path
+one ep2-to-one qwen3_moe $RESUME trainer.resume_from_path="$(ckpt ep2-qwen3_moe 1)"
+expect "EP2's step-1 checkpoint resumes in one process" $?
+out=$(same_weights one-qwen3_moe ep2-to-one)
+expect "resumed in one process from EP2: the single-process weights ($out)" $?
+colo one-to-ep2 qwen3_moe 2 $EP=2 $RESUME trainer.resume_from_path="$(ckpt one-qwen3_moe 1)"
+expect "one process's step-1 checkpoint resumes under EP2" $?
+out=$(same_weights one-qwen3_moe one-to-ep2)
+expect "resumed under EP2 from one process: the single-process weights ($out)" $?
+
+# refusals, by name
+refused() { # NAME TEXT RANKS MODEL [keys...]
+    local name=$1 text=$2 ranks=$3 model=$4
+    shift 4
+    # shellcheck disable=SC2046
+    "${MPIRUN[@]}" -np "$ranks" "$WORKER" $(common "$model") trainer.default_local_dir="$TMP/$name" \
+        trainer.total_training_steps=1 "$@" >"$TMP/$name.out" 2>&1
+    local rc=$?
+    [ "$rc" -ne 0 ] && says "$TMP/$name.out" "$text"
+    expect "$name: refused ($rc), naming the key and numbers" $?
+}
+refused ep4-of-3 "expert_model_parallel_size (3) does not divide the model's num_experts (4)" 3 qwen3_moe $EP=3
+refused ep-pp "expert_model_parallel_size (2) with tensor_model_parallel_size 1 and pipeline_model_parallel_size 2" \
+    4 qwen3_moe $EP=2 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
+refused ep-dense "expert_model_parallel_size (2): the model is dense" 2 llama $EP=2
+refused ep-zero1 "expert_model_parallel_size 2 with actor_rollout_ref.actor.megatron.use_distributed_optimizer=true" 2 \
+    qwen3_moe $EP=2 actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
+refused ep-dp3 "data-parallel ranks are not a multiple of actor_rollout_ref.actor.megatron.expert_model_parallel_size 2" \
+    3 qwen3_moe $EP=2
+finish "$TMP"/*.log

@@ -1,0 +1,269 @@
+/* Expert-parallel model against data parallelism over whole models, under mpirun (every rank a DP rank, the DP
+ * ranks split into EP groups of --ep): each rank runs its own sequences; the EP shards' log-probs, entropies,
+ * routing statistics and gradients (the experts' summed over the ranks holding them, the rest over DP, assembled
+ * whole) agree with whole models' (their gradients summed over DP) within 1e-5 relative, with and without
+ * checkpointing and with the load-balancing loss on; the gradient norm counts every parameter once; slicing and
+ * assembling the weights is exact; an empty batch on one rank still serves the others' tokens; the all-to-all
+ * traffic is what the routing says (remote slots x hidden x 4 bytes, each way); bad EP sizes are refused by
+ * name. Exit 0 only if every rank saw every value right. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../test_util.h"
+#include "common/check.h"
+#include "common/check_mpi.h"
+#include "common/log.h"
+#include "worker/comm/comm.h"
+#include "worker/comm/parallel.h"
+#include "worker/model/model.h"
+
+static int g_bad;
+
+static void expect_close(const char *cfg, const char *what, const float *a, const float *b, size_t n, double tol)
+{
+    double e = test_rel_err_l2(a, b, n);
+    if (!(e <= tol)) {
+        g_bad++;
+        log_error("test", "%s: %s differs from data parallelism over whole models: relative %.3g > %.1g", cfg, what, e,
+                  tol);
+    }
+}
+
+/* This DP rank's sequences: n_seq of them (0: an empty batch), their lengths and tokens depending on the rank. */
+struct batch {
+    struct packed_batch pb;
+    int32_t *ids, *tg, *pos, *cu;
+    float *dlogp, *dent;
+};
+
+static void batch_make(struct batch *b, int dp, int n_seq, int V)
+{
+    memset(b, 0, sizeof *b);
+    b->cu = xcalloc((size_t)n_seq + 1, sizeof *b->cu);
+    int N = 0;
+    for (int s = 0; s < n_seq; s++)
+        b->cu[s + 1] = (N += 3 + (dp * 5 + s * 7) % 8);
+    const size_t n = (size_t)(N ? N : 1);
+    b->ids = xmalloc(n * sizeof *b->ids), b->tg = xmalloc(n * sizeof *b->tg), b->pos = xmalloc(n * sizeof *b->pos);
+    b->dlogp = xmalloc(n * sizeof(float)), b->dent = xmalloc(n * sizeof(float));
+    for (int s = 0, i = 0; s < n_seq; s++)
+        for (int j = 0; j < b->cu[s + 1] - b->cu[s]; j++, i++) {
+            b->ids[i] = (int32_t)((i * 37 + 11 + dp * 13) % V);
+            b->tg[i] = (int32_t)((i * 53 + 5 + dp * 7) % V);
+            b->pos[i] = j;
+            b->dlogp[i] = (float)sin(1.0 + i + dp);
+            b->dent[i] = (float)(0.3 * cos(2.0 + i - dp));
+        }
+    b->pb = (struct packed_batch){N, n_seq, b->ids, b->tg, b->pos, b->cu, NULL, NULL, NULL};
+}
+
+static void batch_free(struct batch *b)
+{
+    free(b->ids), free(b->tg), free(b->pos), free(b->cu), free(b->dlogp), free(b->dent);
+}
+
+/* The gradients of an EP shard summed as the trainer does: each layer's experts over edp, the rest over dp. */
+static void ep_sum(struct model *m, struct comm *dp, struct comm *edp)
+{
+    size_t at = 0;
+    float *g = m->grad->mem;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        size_t lo, hi;
+        model_expert_span(m, l, &lo, &hi);
+        comm_allreduce_sum(dp, g + at, lo - at, COMM_F32);
+        if (edp)
+            comm_allreduce_sum(edp, g + lo, hi - lo, COMM_F32);
+        at = hi;
+    }
+    comm_allreduce_sum(dp, g + at, m->grad->n_floats - at, COMM_F32);
+}
+
+static void check_config(const char *name, const struct model_config *c, const struct parallel_groups *g, int n_seq)
+{
+    const int dp = g->at.dp_rank, E = c->n_experts, D = c->hidden_size, L = c->n_layers;
+    struct model *whole = model_create(c);
+    model_init_random(whole, 7, 0.2);
+    const struct model_layout lay = {
+        .tp_size = 1, .pp_size = 1, .ep_rank = g->at.ep_rank, .ep_size = g->at.ep_size, .ep = g->ep};
+    struct model *part = model_create_shard(c, &lay);
+    model_shard_slice(part, whole->w.mem, part->w.mem);
+    float *back = xmalloc(whole->w.n_floats * sizeof(float));
+    model_shard_assemble(part, part->w.mem, back);
+    if (memcmp(back, whole->w.mem, whole->w.n_floats * sizeof(float)) != 0) {
+        g_bad++;
+        log_error("test", "%s: slice + assemble over EP does not give the whole weights back", name);
+    }
+    memset(back, 0, whole->w.n_floats * sizeof(float));
+    model_shard_gather(part, part->w.mem, comm_rank(g->ep) == 0 ? back : NULL, 0);
+    if (comm_rank(g->ep) == 0 && memcmp(back, whole->w.mem, whole->w.n_floats * sizeof(float)) != 0) {
+        g_bad++;
+        log_error("test", "%s: slice + gather over EP does not give the whole weights back", name);
+    }
+    if (part->w.n_floats != whole->w.n_floats - (size_t)L * 3 * (E - E / g->at.ep_size) * c->moe_intermediate * D) {
+        g_bad++;
+        log_error("test", "%s: the EP shard holds %zu floats, not the whole's less the other ranks' experts", name,
+                  part->w.n_floats);
+    }
+    struct batch b;
+    batch_make(&b, dp, n_seq, c->vocab_size);
+    const int N = b.pb.N;
+    const size_t n = (size_t)(N ? N : 1);
+    float *lw = xmalloc(n * sizeof(float)), *ew = xmalloc(n * sizeof(float));
+    float *lp = xmalloc(n * sizeof(float)), *ep = xmalloc(n * sizeof(float));
+    double *tw = xcalloc((size_t)L * E, sizeof(double)), *tp = xcalloc((size_t)L * E, sizeof(double));
+    for (int pass = 0; pass < 3; pass++) { /* plain, checkpointed, and with the load-balancing loss */
+        const bool ck = pass == 1;
+        whole->moe_aux_coef = part->moe_aux_coef = pass == 2 ? 0.05f : 0.0f;
+        model_alloc_grads(whole), model_zero_grads(whole);
+        model_alloc_grads(part), model_zero_grads(part);
+        model_backward(whole, model_forward(whole, &b.pb, 0.7f, ck, lw, ew), b.dlogp, b.dent);
+        struct comm_traffic t0, t1;
+        comm_traffic(g->ep, &t0);
+        model_backward(part, model_forward(part, &b.pb, 0.7f, ck, lp, ep), b.dlogp, b.dent);
+        comm_traffic(g->ep, &t1);
+        char what[160];
+        snprintf(what, sizeof what, "log-probs (pass %d)", pass);
+        expect_close(name, what, lp, lw, (size_t)N, 1e-5);
+        snprintf(what, sizeof what, "entropies (pass %d)", pass);
+        expect_close(name, what, ep, ew, (size_t)N, 1e-5);
+        double aw, ap;
+        const int fw = model_moe_stats(whole, tw, &aw), fp = model_moe_stats(part, tp, &ap);
+        if (fw != fp || memcmp(tw, tp, (size_t)L * E * sizeof(double)) != 0 ||
+            !(fabs(aw - ap) <= 1e-6 * fabs(aw))) { /* the same routing; the loss up to the experts' rounding */
+            g_bad++;
+            log_error("test", "%s: routing statistics differ (pass %d): %d/%d layer forwards, aux %.9g/%.9g", name,
+                      pass, fp, fw, ap, aw);
+        }
+        /* the bytes: a forward sends each layer's slots routed to another rank's experts (dispatch) and the
+         * outputs of the other ranks' slots for this rank's experts (combine), hidden floats each; the backward
+         * sends the same two again, and with checkpointing a third time (the recomputed forward) */
+        const int per = E / g->at.ep_size;
+        double sent_out = 0, mine_in = 0;
+        for (int l = 0; l < L; l++)
+            for (int e = 0; e < E; e++)
+                if (e / per != g->at.ep_rank)
+                    sent_out += tw[(size_t)l * E + e];
+        double *all = xmalloc((size_t)g->at.ep_size * L * E * sizeof(double));
+        comm_allgather(g->ep, tw, all, (size_t)L * E, COMM_F64);
+        for (int r = 0; r < g->at.ep_size; r++)
+            for (int l = 0; r != g->at.ep_rank && l < L; l++)
+                for (int e = g->at.ep_rank * per; e < (g->at.ep_rank + 1) * per; e++)
+                    mine_in += all[((size_t)r * L + l) * E + e];
+        free(all);
+        const double bytes = t1.sent_f32[COMM_OP_ALLTOALL] - t0.sent_f32[COMM_OP_ALLTOALL]; /* counted in bytes */
+        const double fwd = (sent_out + mine_in) * D * 4.0, expect = fwd * (ck ? 3 : 2);
+        if (fabs(bytes - expect) > 0.5) {
+            g_bad++;
+            log_error("test", "%s: all-to-all bytes %.0f, the routing says %.0f (pass %d)", name, bytes, expect, pass);
+        } else if (dp == 0 && pass == 0) {
+            log_info("test",
+                     "%s: EP rank 0 sent %.0f bytes in the all-to-alls of one forward and backward over %d "
+                     "tokens x top-%d x %d layers, as (remote slots out %.0f + in %.0f) x hidden %d x 4 B x 2 passes",
+                     name, bytes, N, c->n_experts_per_tok, L, sent_out, mine_in, D);
+        }
+        /* data parallelism's sum for the whole models, EP's for the shards */
+        comm_allreduce_sum(g->dp, whole->grad->mem, whole->grad->n_floats, COMM_F32);
+        ep_sum(part, g->dp, g->edp);
+        float *gw = xmalloc(whole->w.n_floats * sizeof(float));
+        model_shard_assemble(part, part->grad->mem, gw);
+        const int nr = model_param_refs(whole, whole->grad, NULL, 0);
+        struct param_ref *refs = xcalloc((size_t)nr, sizeof *refs);
+        model_param_refs(whole, whole->grad, refs, nr);
+        for (int i = 0; i < nr; i++) {
+            snprintf(what, sizeof what, "gradient of %s (pass %d)", refs[i].name, pass);
+            expect_close(name, what, gw + (refs[i].data - whole->grad->mem), refs[i].data, refs[i].numel, 1e-5);
+        }
+        free(refs);
+        double sq = model_owned_sq(part, part->grad->mem, 0, part->grad->n_floats), want_sq = 0;
+        comm_allreduce_sum(part->sh.mp, &sq, 1, COMM_F64);
+        for (size_t i = 0; i < whole->grad->n_floats; i++)
+            want_sq += (double)whole->grad->mem[i] * whole->grad->mem[i];
+        if (!(fabs(sq - want_sq) <= 1e-5 * want_sq)) {
+            g_bad++;
+            log_error("test", "%s: gradient norm^2 over the EP ranks %.9g, whole %.9g", name, sq, want_sq);
+        }
+        free(gw);
+    }
+    batch_free(&b);
+    free(lw), free(ew), free(lp), free(ep), free(tw), free(tp), free(back);
+    model_free(whole);
+    model_free(part);
+    if (comm_rank(g->world) == 0)
+        log_info("test", "%s: EP %d x DP %d checked", name, g->at.ep_size, g->at.dp_size / g->at.ep_size);
+}
+
+int main(int argc, char **argv)
+{
+    CHECK_MPI(MPI_Init(&argc, &argv));
+    struct comm *w = comm_mpi_world();
+    int ep = comm_size(w);
+    for (int i = 1; i + 1 < argc; i++)
+        if (strcmp(argv[i], "--ep") == 0)
+            ep = atoi(argv[i + 1]);
+    struct parallel_groups g;
+    const struct parallel_sizes sz = {1, 1, 1, ep};
+    if (ep < 2 || parallel_groups_init_sized(&g, w, &sz) != 0) {
+        fprintf(stderr, "usage: test_ep_model --ep EP on a multiple of EP ranks (EP >= 2)\n");
+        return 2;
+    }
+    /* Qwen3-MoE: q/k norms, 4 experts, top 2 renormalised; Mixtral: 8 experts, top 2, no q/k norm */
+    struct model_config qwen3moe = {.arch = ARCH_QWEN3_MOE,
+                                    .vocab_size = 61,
+                                    .hidden_size = 16,
+                                    .intermediate_size = 24,
+                                    .n_layers = 2,
+                                    .n_heads = 4,
+                                    .n_kv_heads = 2,
+                                    .head_dim = 4,
+                                    .rope_theta = 10000,
+                                    .rms_norm_eps = 1e-6f,
+                                    .qk_norm = true,
+                                    .max_position_embeddings = 64,
+                                    .bos_token_id = -1,
+                                    .eos_token_id = -1,
+                                    .n_experts = 4,
+                                    .n_experts_per_tok = 2,
+                                    .moe_intermediate = 8,
+                                    .norm_topk_prob = true};
+    struct model_config mixtral = qwen3moe;
+    mixtral.arch = ARCH_MIXTRAL;
+    mixtral.qk_norm = false;
+    mixtral.n_experts = 8;
+    mixtral.tie_word_embeddings = true;
+    struct model_config qwen3_unnormed = qwen3moe;
+    qwen3_unnormed.norm_topk_prob = false;
+    check_config("qwen3-moe", &qwen3moe, &g, 3);
+    check_config("mixtral", &mixtral, &g, 2);
+    check_config("qwen3-moe-unnormed", &qwen3_unnormed, &g, 1);
+    /* an empty batch on the last DP rank: it still runs the others' slots for its experts */
+    check_config("qwen3-moe-one-rank-idle", &qwen3moe, &g, g.at.dp_rank == g.at.dp_size - 1 ? 0 : 2);
+    /* layouts that cannot work are refused with the key and the numbers */
+    char why[256];
+    const char *key = "expert_model_parallel_size";
+    struct model_config dense = qwen3moe;
+    dense.n_experts = 0;
+    if (model_ep_check(&qwen3moe, 3, 1, 1, key, why, sizeof why) == 0 || !strstr(why, "num_experts (4)") ||
+        !strstr(why, "expert_model_parallel_size (3)")) {
+        g_bad++;
+        log_error("test", "4 experts over EP 3 not refused clearly: '%s'", why);
+    }
+    if (model_ep_check(&qwen3moe, 2, 2, 1, key, why, sizeof why) == 0 || !strstr(why, "tensor_model_parallel_size 2")) {
+        g_bad++;
+        log_error("test", "EP with TP not refused clearly: '%s'", why);
+    }
+    if (model_ep_check(&dense, 2, 1, 1, key, why, sizeof why) == 0 || !strstr(why, "dense")) {
+        g_bad++;
+        log_error("test", "EP on a dense model not refused clearly: '%s'", why);
+    }
+    int bad_all = g_bad;
+    comm_allreduce_sum(w, &bad_all, 1, COMM_I32);
+    if (comm_rank(w) == 0)
+        printf("%s: model over EP %d x DP %d ranks (%d problems)\n", bad_all ? "FAIL" : "ok", ep, comm_size(w) / ep,
+               bad_all);
+    parallel_groups_free(&g);
+    comm_free(w);
+    CHECK_MPI(MPI_Finalize());
+    return bad_all ? 1 : 0;
+}
