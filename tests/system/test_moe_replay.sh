@@ -157,10 +157,6 @@ expect "MoE on CUDA refused by name" $?
 refused lora-all "LoRA target_modules all-linear on a mixture-of-experts model (4 experts): adapters on the experts and the router" \
     "$m" actor_rollout_ref.model.lora_rank=4
 expect "LoRA all-linear (PEFT's: the experts and router too) on a MoE model refused by name" $?
-# (until expert parallelism lands; then this check goes)
-refused ep "expert_model_parallel_size=2: MoE expert parallelism (not available yet)" "$m" \
-    actor_rollout_ref.actor.megatron.expert_model_parallel_size=2
-expect "expert parallelism refused by name" $?
 (cd "$TMP" && timeout 120 "$worker" "${COMMON[@]}" actor_rollout_ref.model.path="$TMP/dense" \
     trainer.default_local_dir="$TMP/dense-run" trainer.total_training_steps=1 \
     actor_rollout_ref.actor.router_replay.mode=R3) >"$TMP/dense.out" 2>&1
