@@ -644,9 +644,45 @@ static int validate_lora(const struct grpo_config *c, struct cfg_error *err)
     return 0;
 }
 
+/* Ulysses sequence parallelism: the layouts it has run in (colocated, on the CPU, with DP); the others refused
+ * by name. */
+static int validate_sp(const struct grpo_config *c, struct cfg_error *err)
+{
+    const long long sp = c->actor_ulysses_sequence_parallel_size;
+    if (sp <= 1)
+        return 0;
+    const char *with = NULL;
+    char val[64] = "";
+    if (c->actor_megatron_tensor_model_parallel_size > 1)
+        with = "actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
+        snprintf(val, sizeof val, "%lld", c->actor_megatron_tensor_model_parallel_size);
+    else if (c->actor_megatron_pipeline_model_parallel_size > 1)
+        with = "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size",
+        snprintf(val, sizeof val, "%lld", c->actor_megatron_pipeline_model_parallel_size);
+    else if (c->actor_megatron_use_distributed_optimizer)
+        with = "actor_rollout_ref.actor.megatron.use_distributed_optimizer", snprintf(val, sizeof val, "true");
+    else if (c->arr_model_lora_rank > 0 || c->arr_model_lora_adapter_path[0])
+        with = "actor_rollout_ref.model.lora_rank", snprintf(val, sizeof val, "%lld", c->arr_model_lora_rank);
+    else if (c->arr_model_enable_activation_offload)
+        with = "actor_rollout_ref.model.enable_activation_offload", snprintf(val, sizeof val, "true");
+    else if (c->placement_rollout_ranks > 0)
+        with = "placement.rollout_ranks", snprintf(val, sizeof val, "%lld (a split run)", c->placement_rollout_ranks);
+    else if (c->split_rollout_nnodes > 0)
+        with = "rollout.nnodes", snprintf(val, sizeof val, "%lld (a split run)", c->split_rollout_nnodes);
+    else if (strcmp(c->trainer_device, "cuda") == 0)
+        with = "trainer.device", snprintf(val, sizeof val, "cuda");
+    if (!with)
+        return 0;
+    errf(err,
+         "%s: actor_rollout_ref.actor.ulysses_sequence_parallel_size=%lld with %s=%s is not available yet (sequence "
+         "parallelism runs colocated, on the CPU, with data parallelism only); set one of them back",
+         origin_of(c, "actor_rollout_ref.actor.ulysses_sequence_parallel_size"), sp, with, val);
+    return -1;
+}
+
 int config_validate(const struct grpo_config *c, struct cfg_error *err)
 {
-    if (validate_lora(c, err) != 0)
+    if (validate_lora(c, err) != 0 || validate_sp(c, err) != 0)
         return -1;
     unsigned sinks;
     if (config_logger_sinks(c, &sinks, NULL, 0, err) != 0)

@@ -33,6 +33,8 @@ struct role_env {
     struct comm *trainers;     /* every trainer rank (trainer ranks only; colocated: every rank) */
     struct comm *dp, *tp, *pp; /* a trainer's data-, tensor- and pipeline-parallel groups within them */
     struct comm *mp;           /* the TP x PP ranks of a trainer's model copy (ranked pp x TP + tp) */
+    struct comm *cp;           /* a trainer's sequence-parallel group (the ranks sharing its sequences), or NULL */
+    struct comm *grads;        /* with cp: DP x CP, the ranks whose gradients add up; NULL without */
     struct comm *rollout_tp;   /* a rollout rank's TP group (actor_rollout_ref.rollout.tensor_model_parallel_size);
                                   a colocated rank's generation engine */
     struct comm *weight_group; /* weight_sync=broadcast: trainer rank 0 (its rank 0) and the launch's rollout ranks

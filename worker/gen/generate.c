@@ -22,6 +22,8 @@ void rollout_ctx_init(struct rollout_ctx *r, const struct grpo_config *cfg, stru
     r->policy = policy;
     r->tok = tok;
     r->reward = reward;
+    if (cfg && cfg->rollout_ignore_eos) /* every response runs to data.max_response_length */
+        return;
     if (tokenizer_eos_id(tok) >= 0)
         r->stop_ids[r->n_stop++] = tokenizer_eos_id(tok);
     int im_end = tokenizer_token_id(tok, "<|im_end|>");

@@ -469,11 +469,14 @@ static int colocated_setup(struct colocated *c, char *err, size_t errlen)
                                   .world_size = env->world_size,
                                   .dp_rank = 0,
                                   .auth = NULL}; /* the colocated ranks' batches travel over MPI only */
+    char sp[32] = ""; /* sequence parallelism: the ranks of a DP rank that share its sequences */
+    if (env->at.cp_size > 1)
+        snprintf(sp, sizeof sp, " x SP %d", env->at.cp_size);
     if (env->rank == 0)
         log_info("hybrid",
-                 "%d colocated ranks: training DP %d x TP %d x PP %d; generating in %d engine(s) of %d rank(s), "
+                 "%d colocated ranks: training DP %d%s x TP %d x PP %d; generating in %d engine(s) of %d rank(s), "
                  "%d work unit(s) per generation round%s; %s",
-                 env->world_size, env->at.dp_size, env->at.tp_size, env->at.pp_size, env->at.engines,
+                 env->world_size, env->at.dp_size, sp, env->at.tp_size, env->at.pp_size, env->at.engines,
                  env->world_size / env->at.engines, c->units,
                  cfg->placement_colocated_steal ? ", an idle engine takes the slowest one's unstarted units" : "",
                  c->gen ? "the weights are resharded into the generation layout each step"
@@ -506,6 +509,10 @@ static int run_colocated(struct role_env *env)
                                  .pp_rank = env->at.pp,
                                  .pp_size = env->at.pp_size,
                                  .mp = env->at.tp_size * env->at.pp_size > 1 ? env->mp : NULL,
+                                 .cp = env->cp,
+                                 .cp_rank = env->at.cp,
+                                 .cp_size = env->at.cp_size,
+                                 .grads = env->grads,
                                  .all = env->trainers,
                                  .devices = comm_size(env->world),
                                  .device = env->device,

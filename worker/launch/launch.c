@@ -418,13 +418,17 @@ static void build_groups(struct launch *l, int replace_rank)
     if (env->at.role == PLACE_TRAINER) {
         struct parallel_groups *g = &l->trainer_groups;
         env->trainers = l->sides;
-        if (parallel_groups_init(g, l->sides, env->spec.tp_size, env->spec.pp_size) != 0)
-            check_failf(__FILE__, __LINE__, "trainer groups: %d ranks do not fit TP %d x PP %d", comm_size(l->sides),
-                        env->spec.tp_size, env->spec.pp_size);
+        const struct parallel_sizes sz = {env->spec.tp_size, env->spec.pp_size, env->spec.cp_size, 1};
+        if (parallel_groups_init_sized(g, l->sides, &sz) != 0)
+            check_failf(__FILE__, __LINE__, "trainer groups: %d ranks do not fit TP %d x PP %d x CP %d",
+                        comm_size(l->sides), env->spec.tp_size, env->spec.pp_size, env->spec.cp_size);
         env->dp = g->dp;
         env->tp = g->tp;
         env->pp = g->pp;
-        env->mp = comm_split(l->sides, env->at.dp, env->at.pp * env->at.tp_size + env->at.tp);
+        env->cp = g->cp;
+        env->grads = g->dpcp;
+        env->mp =
+            comm_split(l->sides, env->at.dp * env->at.cp_size + env->at.cp, env->at.pp * env->at.tp_size + env->at.tp);
     } else if (env->at.tp_size > 1) { /* a rollout TP group: neighbouring rollout ranks */
         env->rollout_tp = comm_split(l->sides, env->at.engine, env->at.tp);
         comm_fail_alone(env->rollout_tp); /* a lost peer ends the group, not the run */
@@ -452,13 +456,17 @@ static void build_colocated_groups(struct launch *l)
     comm_set_deadline(l->sides, (double)env->cfg->arr_nccl_timeout);
     env->trainers = l->sides;
     struct parallel_groups *g = &l->trainer_groups;
-    if (parallel_groups_init(g, l->sides, env->spec.tp_size, env->spec.pp_size) != 0)
-        check_failf(__FILE__, __LINE__, "colocated groups: %d ranks do not fit TP %d x PP %d", comm_size(l->sides),
-                    env->spec.tp_size, env->spec.pp_size);
+    const struct parallel_sizes sz = {env->spec.tp_size, env->spec.pp_size, env->spec.cp_size, 1};
+    if (parallel_groups_init_sized(g, l->sides, &sz) != 0)
+        check_failf(__FILE__, __LINE__, "colocated groups: %d ranks do not fit TP %d x PP %d x CP %d",
+                    comm_size(l->sides), env->spec.tp_size, env->spec.pp_size, env->spec.cp_size);
     env->dp = g->dp;
     env->tp = g->tp;
     env->pp = g->pp;
-    env->mp = comm_split(l->sides, env->at.dp, env->at.pp * env->at.tp_size + env->at.tp);
+    env->cp = g->cp;
+    env->grads = g->dpcp;
+    env->mp =
+        comm_split(l->sides, env->at.dp * env->at.cp_size + env->at.cp, env->at.pp * env->at.tp_size + env->at.tp);
     if (env->spec.rollout_tp > 1) /* an engine: neighbouring ranks */
         env->rollout_tp = comm_split(l->sides, env->at.engine, env->at.engine_tp);
 }
@@ -530,8 +538,9 @@ int launch(struct launch *l, const struct grpo_config *cfg, struct comm *world, 
     if (l->colocated) {
         build_colocated_groups(l);
         if (env->rank == 0)
-            log_info("worker", "%d colocated ranks (hybrid: each generates and trains), DP %d x TP %d x PP %d",
-                     env->world_size, env->at.dp_size, env->at.tp_size, env->at.pp_size);
+            log_info("worker", "%d colocated ranks (hybrid: each generates and trains), DP %d x TP %d x PP %d%s",
+                     env->world_size, env->at.dp_size, env->at.tp_size, env->at.pp_size,
+                     env->at.cp_size > 1 ? " (each DP rank's sequences shared by its SP ranks)" : "");
         return 0;
     }
     if (!l->split)
@@ -564,7 +573,7 @@ void launch_close_role(struct launch *l)
         comm_free(env->weight_group);
         comm_free(l->sides);
         env->mp = env->rollout_tp = env->weight_group = env->trainers = l->sides = NULL;
-        env->dp = env->tp = env->pp = NULL;
+        env->dp = env->tp = env->pp = env->cp = env->grads = NULL;
     }
     control_close(env->ctl);
     env->ctl = NULL;

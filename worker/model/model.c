@@ -236,6 +236,42 @@ int model_stage_check(const struct model_config *c, int pp, const char *key, cha
     return 0;
 }
 
+int model_sp_check(const struct model_config *c, int sp, const char *key, char *why, size_t len)
+{
+    if (sp < 1) {
+        snprintf(why, len, "%s (%d) must be at least 1", key, sp);
+        return -1;
+    }
+    if (sp == 1)
+        return 0;
+    if (c->n_heads % sp != 0) {
+        snprintf(why, len,
+                 "num_attention_heads (%d) is not divisible by %s (%d): each rank attends with a share of the heads",
+                 c->n_heads, key, sp);
+        return -1;
+    }
+    if (c->n_kv_heads % sp != 0 && sp % c->n_kv_heads != 0) {
+        snprintf(why, len,
+                 "num_key_value_heads (%d) and %s (%d) do not divide one another: KV heads are split over the ranks, "
+                 "or each replicated on %s / num_key_value_heads of them",
+                 c->n_kv_heads, key, sp, key);
+        return -1;
+    }
+    if (c->n_experts) {
+        snprintf(why, len, "%s (%d) with a mixture-of-experts model (%d experts) is not available yet", key, sp,
+                 c->n_experts);
+        return -1;
+    }
+    return 0;
+}
+
+void model_set_sp(struct model *m, struct comm *sp)
+{
+    m->sh.sp = sp && comm_size(sp) > 1 ? sp : NULL;
+    m->sh.sp_rank = m->sh.sp ? comm_rank(sp) : 0;
+    m->sh.sp_size = m->sh.sp ? comm_size(sp) : 1;
+}
+
 static void params_view(const struct model_config *c, const struct model_shard *sh, float *mem, struct model_params *p)
 {
     memset(p, 0, sizeof *p);
@@ -357,6 +393,7 @@ struct model *model_clone(const struct model *m)
     struct model *r = model_create_on(&m->cfg, &lay, m->K);
     k_copy(m->K, r->w.mem, m->w.mem, m->w.n_floats * sizeof(float));
     r->moe_aux_coef = m->moe_aux_coef, r->moe_aux_scale = m->moe_aux_scale;
+    model_set_sp(r, m->sh.sp);
     return r;
 }
 
@@ -633,6 +670,9 @@ struct layer_acts {
     float *g, *u, *a; /* (N, F) gate, up, silu(gate)*up */
     float *rlog;      /* mixture of experts: (N, E) the router's logits */
     struct kmoe moe;  /* its routing and the experts' activations */
+    /* sequence parallelism: every token's q, k, v and attention output for this rank's heads, (Nf, hq hd) and
+     * (Nf, hk hd); lse is then (Nf, hq) */
+    float *qf, *kf, *vf, *attf;
 };
 
 /* The saved activations of one forward: every buffer is taken from the object's arena, in the order of
@@ -643,6 +683,7 @@ struct model_acts {
     int32_t *ids, *targets, *pos, *cu; /* the batch, in the context's memory */
     float temperature;
     bool ckpt;
+    int t0, Nf; /* sequence parallelism: this rank's rows start at t0 of the whole batch's Nf (0, N without) */
     struct layer_acts *layers; /* n_layers; with ckpt only .x is filled */
     struct layer_acts scratch; /* ckpt: recomputation space */
     bool offload;              /* ckpt with m->offload_acts: layers[l].x are host_arena's, xdev the device's */
@@ -667,15 +708,16 @@ struct model_acts {
 
 /* Buffers of one backward (the model's backward arena, taken again for every batch). */
 struct bwd_bufs {
-    float *dx, *dh, *scratch_out; /* (N, D) */
-    float *da, *dg, *du;          /* (N, F) */
-    float *dxn;                   /* (N, D) */
-    float *datt, *dq, *dk, *dv;   /* (N, QD), (N, QD), (N, KD), (N, KD) */
-    float *dq_pre, *dk_pre;       /* Qwen3 */
-    float *dlogp, *dentropy;      /* (N) */
-    float *dhk;                   /* (nk, D) the kept rows' dL/dh (logp_from) */
-    float *drlog, *dwt;           /* mixture of experts: (N, E), (N, k) */
-    float *moe_d, *moe_f;         /* the experts' backward scratch (struct kmoe's bwd_d, bwd_f) */
+    float *dx, *dh, *scratch_out;   /* (N, D) */
+    float *da, *dg, *du;            /* (N, F) */
+    float *dxn;                     /* (N, D) */
+    float *datt, *dq, *dk, *dv;     /* (N, QD), (N, QD), (N, KD), (N, KD) */
+    float *dq_pre, *dk_pre;         /* Qwen3 */
+    float *dlogp, *dentropy;        /* (N) */
+    float *dhk;                     /* (nk, D) the kept rows' dL/dh (logp_from) */
+    float *drlog, *dwt;             /* mixture of experts: (N, E), (N, k) */
+    float *dattf, *dqf, *dkf, *dvf; /* sequence parallelism: as layer_acts' qf ... */
+    float *moe_d, *moe_f;           /* the experts' backward scratch (struct kmoe's bwd_d, bwd_f) */
 };
 
 /* What a model keeps from batch to batch: the pool of activation objects, the backward arena, the generation
@@ -683,6 +725,7 @@ struct bwd_bufs {
 struct model_work {
     struct model_acts *pool;
     struct karena bwd, step;
+    struct karena sp; /* sequence parallelism: the all-to-all's staging buffer */
     int32_t *hpos;
     size_t hpos_cap;
 };
@@ -693,6 +736,7 @@ static struct model_work *work_of(struct model *m)
         m->work = xcalloc(1, sizeof *m->work);
         karena_init(&m->work->bwd, m->K, KMEM_ACTS, "backward buffers");
         karena_init(&m->work->step, m->K, KMEM_ACTS, "generation step buffers");
+        karena_init(&m->work->sp, m->K, KMEM_ACTS, "sequence-parallel all-to-all buffer");
     }
     return m->work;
 }
@@ -720,6 +764,7 @@ static void work_free(struct model *m)
     }
     karena_release(&w->bwd);
     karena_release(&w->step);
+    karena_release(&w->sp);
     free(w->hpos);
     free(w);
     m->work = NULL;
@@ -737,6 +782,7 @@ void model_release_buffers(struct model *m, int which)
             acts_destroy(A);
         }
         karena_release(&w->bwd);
+        karena_release(&w->sp);
     }
     if (which & MODEL_BUF_GEN)
         karena_release(&w->step);
@@ -770,7 +816,22 @@ static struct kmoe moe_shape(const struct model *m, int N)
 }
 
 /* One layer's activations from the arena: all of them, or only the input x. */
-static void layer_acts_take(const struct model *m, int N, struct layer_acts *a, bool full, struct karena *ar)
+/* Sequence parallelism's split: rank r of S holds tokens [sp_lo(N, S, r), sp_lo(N, S, r + 1)) and attends with
+ * sp_hq query heads and sp_hk KV heads, peer j's KV heads starting at sp_kv_lo(m, j) (with fewer KV heads than
+ * ranks, the one its query heads read, replicated). */
+static int sp_lo(int N, int S, int r) { return (int)((int64_t)N * r / S); }
+static int sp_hq(const struct model *m) { return m->sh.n_heads / m->sh.sp_size; }
+static int sp_hk(const struct model *m)
+{
+    return m->sh.n_kv_heads >= m->sh.sp_size ? m->sh.n_kv_heads / m->sh.sp_size : 1;
+}
+static int sp_kv_lo(const struct model *m, int j)
+{
+    const int S = m->sh.sp_size, Hq = m->sh.n_heads, Hkv = m->sh.n_kv_heads;
+    return Hkv >= S ? j * (Hkv / S) : j * (Hq / S) / (Hq / Hkv);
+}
+
+static void layer_acts_take(const struct model *m, int N, int Nf, struct layer_acts *a, bool full, struct karena *ar)
 {
     const struct model_config *c = &m->cfg;
     const size_t n = (size_t)(N > 0 ? N : 1), D = (size_t)c->hidden_size, F = (size_t)m->sh.inter;
@@ -791,7 +852,17 @@ static void layer_acts_take(const struct model *m, int N, struct layer_acts *a, 
         a->rstd_q = take_f(ar, n * (size_t)m->sh.n_heads);
         a->rstd_k = take_f(ar, n * (size_t)m->sh.n_kv_heads);
     }
-    a->lse = take_f(ar, n * (size_t)m->sh.n_heads);
+    if (m->sh.sp) {
+        const size_t nf = (size_t)(Nf > 0 ? Nf : 1), hd = (size_t)c->head_dim;
+        const size_t hq = (size_t)sp_hq(m), hk = (size_t)sp_hk(m);
+        a->qf = take_f(ar, nf * hq * hd);
+        a->kf = take_f(ar, nf * hk * hd);
+        a->vf = take_f(ar, nf * hk * hd);
+        a->attf = take_f(ar, nf * hq * hd);
+        a->lse = take_f(ar, nf * hq);
+    } else {
+        a->lse = take_f(ar, n * (size_t)m->sh.n_heads);
+    }
     a->xmid = take_f(ar, n * D);
     a->xn2 = take_f(ar, n * D);
     a->rstd2 = take_f(ar, n);
@@ -817,13 +888,13 @@ static void acts_take(const struct model *m, struct model_acts *A, int N, int B,
     A->pos = karena_take(ar, n * sizeof(int32_t));
     A->cu = karena_take(ar, (size_t)(B + 1) * sizeof(int32_t));
     if (A->ckpt)
-        layer_acts_take(m, N, &A->scratch, true, ar);
+        layer_acts_take(m, N, A->Nf, &A->scratch, true, ar);
     else
         memset(&A->scratch, 0, sizeof A->scratch);
     A->xdev[0] = A->offload ? take_f(ar, nD) : NULL;
     A->xdev[1] = A->offload ? take_f(ar, nD) : NULL;
     for (int l = sh->layer_lo; l < sh->layer_hi; l++)
-        layer_acts_take(m, N, &A->layers[l], !A->ckpt, har);
+        layer_acts_take(m, N, A->Nf, &A->layers[l], !A->ckpt, har);
     A->xf = take_f(ar, nD);
     A->hn = A->rstdf = A->logp = A->entropy = NULL;
     A->hk = NULL;
@@ -847,7 +918,7 @@ static void acts_take(const struct model *m, struct model_acts *A, int N, int B,
 }
 
 /* An activation object for N tokens of B sequences: from the pool, its arena grown when the plan needs it. */
-static struct model_acts *acts_get(struct model *m, int N, int B, bool ckpt, int nk)
+static struct model_acts *acts_get(struct model *m, int N, int B, bool ckpt, int nk, int t0, int Nf)
 {
     struct model_work *w = work_of(m);
     struct model_acts *A = w->pool;
@@ -862,6 +933,7 @@ static struct model_acts *acts_get(struct model *m, int N, int B, bool ckpt, int
     }
     A->ckpt = ckpt;
     A->nk = nk;
+    A->t0 = t0, A->Nf = Nf;
     A->offload = ckpt && m->offload_acts;
     struct karena plan, hplan;
     karena_init_counter(&plan);
@@ -874,7 +946,7 @@ static struct model_acts *acts_get(struct model *m, int N, int B, bool ckpt, int
     return A;
 }
 
-static void bwd_take(const struct model *m, int N, int nk, struct bwd_bufs *d, bool ckpt, struct karena *ar)
+static void bwd_take(const struct model *m, int N, int Nf, int nk, struct bwd_bufs *d, bool ckpt, struct karena *ar)
 {
     const struct model_config *c = &m->cfg;
     const size_t n = (size_t)(N > 0 ? N : 1), D = (size_t)c->hidden_size, F = (size_t)m->sh.inter;
@@ -910,6 +982,14 @@ static void bwd_take(const struct model *m, int N, int nk, struct bwd_bufs *d, b
         d->dq_pre = take_f(ar, n * QD);
         d->dk_pre = take_f(ar, n * KD);
     }
+    if (m->sh.sp) {
+        const size_t nf = (size_t)(Nf > 0 ? Nf : 1), hd = (size_t)c->head_dim;
+        const size_t hq = (size_t)sp_hq(m), hk = (size_t)sp_hk(m);
+        d->dattf = take_f(ar, nf * hq * hd);
+        d->dqf = take_f(ar, nf * hq * hd);
+        d->dkf = take_f(ar, nf * hk * hd);
+        d->dvf = take_f(ar, nf * hk * hd);
+    }
 }
 
 void model_tp_sum(const struct model *m, float *buf, size_t n)
@@ -938,7 +1018,75 @@ static struct vocab_shard vocab_of(const struct model *m)
 }
 
 /* One decoder layer: a->x in, returns the output in out (N, D). */
-static void layer_forward(const struct model *m, int l, const struct packed_batch *b, struct layer_acts *a, float *out)
+/* Rows of a (rows, w) block at src (a row every ss floats) into dst (a row every ds floats), copied or added. */
+static void copy_rows(struct kctx *K, float *dst, size_t ds, const float *src, size_t ss, int rows, int w, bool add)
+{
+    if (K->device == KDEV_CPU) {
+        for (int r = 0; r < rows; r++) {
+            float *y = dst + (size_t)r * ds;
+            const float *x = src + (size_t)r * ss;
+            if (add)
+                for (int i = 0; i < w; i++)
+                    y[i] += x[i];
+            else
+                memcpy(y, x, (size_t)w * sizeof(float));
+        }
+        return;
+    }
+    for (int r = 0; r < rows; r++) {
+        if (add)
+            k_add(K, dst + (size_t)r * ds, src + (size_t)r * ss, (size_t)w);
+        else
+            k_copy(K, dst + (size_t)r * ds, src + (size_t)r * ss, (size_t)w * sizeof(float));
+    }
+}
+
+/* The all-to-all's staging buffer of n floats (the model's, reused). */
+static float *sp_stage(const struct model *m, size_t n)
+{
+    struct karena *ar = &((struct model *)m)->work->sp;
+    karena_reset(ar);
+    karena_reserve(ar, (n ? n : 1) * sizeof(float), 1);
+    return take_f(ar, n);
+}
+
+/* Sequence parallelism's swap before attention: this rank's n tokens of C columns (src, (n, C)) to every token
+ * (Nf) of its heads (dst, (Nf, w)): peer j receives columns [j w, (j + 1) w), or with kv those of its KV heads. */
+static void sp_to_heads(const struct model *m, float *dst, const float *src, int n, int Nf, int C, int w, bool kv)
+{
+    const int S = m->sh.sp_size, hd = m->cfg.head_dim;
+    float *stage = sp_stage(m, (size_t)n * w * S);
+    size_t sc[S], rc[S];
+    for (int j = 0; j < S; j++) {
+        const size_t col = kv ? (size_t)sp_kv_lo(m, j) * hd : (size_t)j * w;
+        copy_rows(m->K, stage + (size_t)j * n * w, (size_t)w, src + col, (size_t)C, n, w, false);
+        sc[j] = (size_t)n * w;
+        rc[j] = (size_t)(sp_lo(Nf, S, j + 1) - sp_lo(Nf, S, j)) * w;
+    }
+    comm_alltoallv(m->sh.sp, stage, sc, dst, rc, COMM_F32);
+}
+
+/* Its reverse after attention: every token of this rank's heads (src, (Nf, w)) back to the ranks holding the
+ * tokens, this rank's into its columns of dst (n, C); with kv, added (a replicated KV head's gradients sum over
+ * the ranks that read it; dst zeroed by the caller). */
+static void sp_to_tokens(const struct model *m, float *dst, const float *src, int n, int Nf, int C, int w, bool kv)
+{
+    const int S = m->sh.sp_size, hd = m->cfg.head_dim;
+    float *stage = sp_stage(m, (size_t)n * w * S);
+    size_t sc[S], rc[S];
+    for (int j = 0; j < S; j++) {
+        sc[j] = (size_t)(sp_lo(Nf, S, j + 1) - sp_lo(Nf, S, j)) * w;
+        rc[j] = (size_t)n * w;
+    }
+    comm_alltoallv(m->sh.sp, src, sc, stage, rc, COMM_F32);
+    for (int j = 0; j < S; j++) {
+        const size_t col = kv ? (size_t)sp_kv_lo(m, j) * hd : (size_t)j * w;
+        copy_rows(m->K, dst + col, (size_t)C, stage + (size_t)j * n * w, (size_t)w, n, w, kv);
+    }
+}
+
+static void layer_forward(const struct model *m, int l, const struct packed_batch *b, int Nf, struct layer_acts *a,
+                          float *out)
 {
     const struct model_config *c = &m->cfg;
     const struct layer_params *L = &m->w.layers[l];
@@ -957,7 +1105,16 @@ static void layer_forward(const struct model *m, int l, const struct packed_batc
     }
     k_rope_forward(K, a->q, b->pos, N, Hq, hd, m->rope_freqs);
     k_rope_forward(K, a->k, b->pos, N, Hkv, hd, m->rope_freqs);
-    k_attention_forward(K, a->att, a->lse, a->q, a->k, a->v, b->cu_seqlens, b->prefix_of, b->B, Hq, Hkv, hd);
+    if (m->sh.sp) { /* every token of this rank's heads, attention over the whole sequences, and back */
+        const int hq = sp_hq(m), hk = sp_hk(m);
+        sp_to_heads(m, a->qf, a->q, N, Nf, QD, hq * hd, false);
+        sp_to_heads(m, a->kf, a->k, N, Nf, KD, hk * hd, true);
+        sp_to_heads(m, a->vf, a->v, N, Nf, KD, hk * hd, true);
+        k_attention_forward(K, a->attf, a->lse, a->qf, a->kf, a->vf, b->cu_seqlens, b->prefix_of, b->B, hq, hk, hd);
+        sp_to_tokens(m, a->att, a->attf, N, Nf, QD, hq * hd, false);
+    } else {
+        k_attention_forward(K, a->att, a->lse, a->q, a->k, a->v, b->cu_seqlens, b->prefix_of, b->B, Hq, Hkv, hd);
+    }
     model_proj_forward(m, l, PROJ_O, a->xmid, a->att, N);
     model_tp_sum(m, a->xmid, (size_t)N * D);
     k_add(K, a->xmid, a->x, (size_t)N * D);
@@ -1014,7 +1171,7 @@ int model_moe_stats(struct model *m, double *tokens, double *aux_mean)
 }
 
 /* Backward of one layer: d->dx (N, D) holds dL/d(output) on entry and dL/d(input) on exit. */
-static void layer_backward(struct model *m, int l, const struct packed_batch *b, const struct layer_acts *a,
+static void layer_backward(struct model *m, int l, const struct packed_batch *b, int Nf, const struct layer_acts *a,
                            const struct bwd_bufs *d)
 {
     const struct model_config *c = &m->cfg;
@@ -1062,8 +1219,20 @@ static void layer_backward(struct model *m, int l, const struct packed_batch *b,
     k_zero(K, d->datt, (size_t)N * QD * fs), k_zero(K, d->dq, (size_t)N * QD * fs);
     k_zero(K, d->dk, (size_t)N * KD * fs), k_zero(K, d->dv, (size_t)N * KD * fs);
     model_proj_backward(m, l, PROJ_O, d->datt, dx, a->att, N);
-    k_attention_backward(K, d->dq, d->dk, d->dv, d->datt, a->att, a->lse, a->q, a->k, a->v, b->cu_seqlens, b->prefix_of,
-                         b->B, Hq, Hkv, hd);
+    if (m->sh.sp) { /* the output's gradient to every token of this rank's heads, and q's, k's, v's back */
+        const int hq = sp_hq(m), hk = sp_hk(m);
+        sp_to_heads(m, d->dattf, d->datt, N, Nf, QD, hq * hd, false);
+        k_zero(K, d->dqf, (size_t)Nf * hq * hd * fs), k_zero(K, d->dkf, (size_t)Nf * hk * hd * fs);
+        k_zero(K, d->dvf, (size_t)Nf * hk * hd * fs);
+        k_attention_backward(K, d->dqf, d->dkf, d->dvf, d->dattf, a->attf, a->lse, a->qf, a->kf, a->vf, b->cu_seqlens,
+                             b->prefix_of, b->B, hq, hk, hd);
+        sp_to_tokens(m, d->dq, d->dqf, N, Nf, QD, hq * hd, false);
+        sp_to_tokens(m, d->dk, d->dkf, N, Nf, KD, hk * hd, true);
+        sp_to_tokens(m, d->dv, d->dvf, N, Nf, KD, hk * hd, true);
+    } else {
+        k_attention_backward(K, d->dq, d->dk, d->dv, d->datt, a->att, a->lse, a->q, a->k, a->v, b->cu_seqlens,
+                             b->prefix_of, b->B, Hq, Hkv, hd);
+    }
     k_rope_backward(K, d->dq, b->pos, N, Hq, hd, m->rope_freqs);
     k_rope_backward(K, d->dk, b->pos, N, Hkv, hd, m->rope_freqs);
     float *dq = d->dq, *dk = d->dk;
@@ -1082,7 +1251,7 @@ static void layer_backward(struct model *m, int l, const struct packed_batch *b,
 }
 
 /* Rows of b whose log-probs are read (logp_from), checked against the sequences' bounds; -1: every row. */
-static int kept_rows(const struct packed_batch *b)
+static int kept_rows(const struct packed_batch *b, int t0, int t1)
 {
     if (!b->logp_from)
         return -1;
@@ -1092,7 +1261,8 @@ static int kept_rows(const struct packed_batch *b)
         if (lo < b->cu_seqlens[s] || lo > hi)
             check_failf(__FILE__, __LINE__, "packed batch: sequence %d keeps rows from %d, outside its rows %d..%d", s,
                         lo, b->cu_seqlens[s], hi);
-        nk += hi - lo;
+        const int a = lo > t0 ? lo : t0, z = hi < t1 ? hi : t1; /* within this rank's rows [t0, t1) */
+        nk += z > a ? z - a : 0;
     }
     return nk;
 }
@@ -1165,14 +1335,14 @@ static void copy_kept_states(struct kctx *K, const struct model_acts *A, float *
 }
 
 /* The LM head on the kept rows of the normed final states: their log-probs (and entropies) to the host rows. */
-static void head_forward_kept(struct model *m, struct model_acts *A, const struct packed_batch *b,
+static void head_forward_kept(struct model *m, struct model_acts *A, const int32_t *targets,
                               const struct vocab_shard *vs, float *logp, float *entropy)
 {
     struct kctx *K = m->K;
     const int D = m->cfg.hidden_size;
     const size_t nk = (size_t)A->nk;
     copy_kept_states(K, A, A->hn, A->hk, D, true);
-    k_to_device(K, A->tk, gather_kept(A, b->targets), nk * sizeof(int32_t));
+    k_to_device(K, A->tk, gather_kept(A, targets), nk * sizeof(int32_t));
     k_lmhead_forward(K, A->logp, entropy ? A->entropy : NULL, A->hk, m->w.lm_head, A->tk, A->nk, D, vs, A->temperature,
                      LMHEAD_CHUNK);
     float *h = acts_host_buf(A, nk ? nk : 1);
@@ -1184,28 +1354,47 @@ static void head_forward_kept(struct model *m, struct model_acts *A, const struc
     }
 }
 
+/* Sequence parallelism: host rows [t0, t0 + n) of v (Nf) from each rank, every row on every rank. */
+static void sp_share_rows(struct comm *sp, float *v, int Nf, int t0, int n)
+{
+    memset(v, 0, (size_t)t0 * sizeof(float));
+    memset(v + t0 + n, 0, (size_t)(Nf - t0 - n) * sizeof(float));
+    comm_allreduce_sum(sp, v, (size_t)Nf, COMM_F32);
+}
+
 struct model_acts *model_forward_stage(struct model *m, const struct packed_batch *b, float temperature,
                                        bool checkpointing, const float *x_in, float *y_out, float *logp, float *entropy)
 {
     const struct model_config *c = &m->cfg;
     const struct model_shard *sh = &m->sh;
     struct kctx *K = m->K;
-    const int N = b->N, D = c->hidden_size, lo = sh->layer_lo, hi = sh->layer_hi;
+    /* this rank's rows [t0, t0 + N) of the batch's Nf: all of them without sequence parallelism */
+    const int Nf = b->N, t0 = sh->sp ? sp_lo(Nf, sh->sp_size, sh->sp_rank) : 0;
+    const int N = sh->sp ? sp_lo(Nf, sh->sp_size, sh->sp_rank + 1) - t0 : Nf;
+    const int D = c->hidden_size, lo = sh->layer_lo, hi = sh->layer_hi;
     const size_t nD = (size_t)N * D;
+    if (sh->sp && (sh->pp_size > 1 || sh->tp_size > 1 || m->offload_acts))
+        check_failf(__FILE__, __LINE__,
+                    "model_forward_stage: sequence parallelism runs the whole model, without "
+                    "tensor or pipeline parallelism or activation offload");
     if (!sh->has_embed && !x_in)
         check_failf(__FILE__, __LINE__, "model_forward_stage: stage %d needs the previous stage's output", sh->pp_rank);
     if (!sh->has_head && !y_out)
         check_failf(__FILE__, __LINE__, "model_forward_stage: stage %d needs somewhere to put its output", sh->pp_rank);
-    const int nk = sh->has_head ? kept_rows(b) : -1;
-    struct model_acts *A = acts_get(m, N, b->B, checkpointing, nk);
-    if (nk >= 0) { /* the kept rows' ranges, on the host for the backward */
+    const int nk = sh->has_head ? kept_rows(b, t0, t0 + N) : -1;
+    struct model_acts *A = acts_get(m, N, b->B, checkpointing, nk, t0, Nf);
+    if (nk >= 0) { /* the kept rows' ranges (within this rank's rows, from its first), on the host for the backward */
         grow_host_i32(&A->krange, &A->krange_cap, b->B, 2);
-        for (int s = 0; s < b->B; s++)
-            A->krange[2 * s] = b->logp_from[s], A->krange[2 * s + 1] = b->cu_seqlens[s + 1];
+        for (int s = 0; s < b->B; s++) {
+            const int klo = b->logp_from[s] > t0 ? b->logp_from[s] : t0;
+            const int khi = b->cu_seqlens[s + 1] < t0 + N ? b->cu_seqlens[s + 1] : t0 + N;
+            A->krange[2 * s] = klo - t0;
+            A->krange[2 * s + 1] = khi > klo ? khi - t0 : klo - t0;
+        }
     }
-    k_to_device(K, A->ids, b->ids, (size_t)N * sizeof(int32_t));
-    k_to_device(K, A->targets, b->targets, (size_t)N * sizeof(int32_t));
-    k_to_device(K, A->pos, b->pos, (size_t)N * sizeof(int32_t));
+    k_to_device(K, A->ids, b->ids + t0, (size_t)N * sizeof(int32_t));
+    k_to_device(K, A->targets, b->targets + t0, (size_t)N * sizeof(int32_t));
+    k_to_device(K, A->pos, b->pos + t0, (size_t)N * sizeof(int32_t));
     k_to_device(K, A->cu, b->cu_seqlens, (size_t)(b->B + 1) * sizeof(int32_t));
     A->b = (struct packed_batch){N, b->B, A->ids, A->targets, A->pos, A->cu, NULL, NULL};
     if (b->prefix_of) { /* read on the host by the attention (the rows it names are checked there) */
@@ -1230,7 +1419,7 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
             float *in = A->xdev[(l - lo) & 1], *out = l + 1 < hi ? A->xdev[(l - lo + 1) & 1] : A->xf;
             k_to_host(K, a->x, in, nD * sizeof(float));
             A->scratch.x = in;
-            layer_forward(m, l, &A->b, &A->scratch, out);
+            layer_forward(m, l, &A->b, Nf, &A->scratch, out);
             if (A->scratch.rlog)
                 moe_count(m, l, &A->scratch.moe);
             continue;
@@ -1238,9 +1427,9 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
         float *out = l + 1 < hi ? A->layers[l + 1].x : A->xf;
         if (checkpointing) {
             A->scratch.x = a->x;
-            layer_forward(m, l, &A->b, &A->scratch, out);
+            layer_forward(m, l, &A->b, Nf, &A->scratch, out);
         } else {
-            layer_forward(m, l, &A->b, a, out);
+            layer_forward(m, l, &A->b, Nf, a, out);
         }
         const struct layer_acts *ran = checkpointing ? &A->scratch : a;
         if (ran->rlog)
@@ -1249,13 +1438,18 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
     if (sh->has_head) {
         k_rmsnorm_forward(K, A->hn, A->rstdf, A->xf, m->w.final_norm, N, D, c->rms_norm_eps);
         if (A->nk >= 0) {
-            head_forward_kept(m, A, b, &vs, logp, entropy);
+            head_forward_kept(m, A, b->targets + t0, &vs, logp + t0, entropy ? entropy + t0 : NULL);
         } else {
             k_lmhead_forward(K, A->logp, entropy ? A->entropy : NULL, A->hn, m->w.lm_head, A->targets, N, D, &vs,
                              temperature, LMHEAD_CHUNK);
-            k_to_host(K, logp, A->logp, (size_t)N * sizeof(float));
+            k_to_host(K, logp + t0, A->logp, (size_t)N * sizeof(float));
             if (entropy)
-                k_to_host(K, entropy, A->entropy, (size_t)N * sizeof(float));
+                k_to_host(K, entropy + t0, A->entropy, (size_t)N * sizeof(float));
+        }
+        if (sh->sp) { /* every rank's rows to every rank: zeros elsewhere, summed */
+            sp_share_rows(sh->sp, logp, Nf, t0, N);
+            if (entropy)
+                sp_share_rows(sh->sp, entropy, Nf, t0, N);
         }
     } else {
         k_to_host(K, y_out, A->xf, nD * sizeof(float));
@@ -1304,26 +1498,26 @@ void model_backward_stage(struct model *m, struct model_acts *A, const float *dl
     struct karena plan;
     struct bwd_bufs d;
     karena_init_counter(&plan);
-    bwd_take(m, N, sh->has_head ? A->nk : -1, &d, A->ckpt, &plan);
+    bwd_take(m, N, A->Nf, sh->has_head ? A->nk : -1, &d, A->ckpt, &plan);
     karena_reserve(ar, plan.used, 0);
-    bwd_take(m, N, sh->has_head ? A->nk : -1, &d, A->ckpt, ar);
+    bwd_take(m, N, A->Nf, sh->has_head ? A->nk : -1, &d, A->ckpt, ar);
     const struct vocab_shard vs = acts_vocab(m, A);
     k_zero(K, d.dx, nD * sizeof(float));
     if (sh->has_head) {
         k_zero(K, d.dh, nD * sizeof(float));
         if (A->nk >= 0) { /* the kept rows alone: the others' dlogp and dentropy are 0 */
             const size_t nk = (size_t)A->nk;
-            k_to_device(K, d.dlogp, gather_kept(A, dlogp), nk * sizeof(float));
+            k_to_device(K, d.dlogp, gather_kept(A, dlogp + A->t0), nk * sizeof(float));
             if (dentropy)
-                k_to_device(K, d.dentropy, gather_kept(A, dentropy), nk * sizeof(float));
+                k_to_device(K, d.dentropy, gather_kept(A, dentropy + A->t0), nk * sizeof(float));
             k_zero(K, d.dhk, nk * D * sizeof(float));
             k_lmhead_backward(K, d.dhk, G ? G->lm_head : NULL, d.dlogp, dentropy ? d.dentropy : NULL, A->hk,
                               m->w.lm_head, A->tk, A->nk, D, &vs, A->temperature, LMHEAD_CHUNK);
             copy_kept_states(K, A, d.dh, d.dhk, D, false);
         } else {
-            k_to_device(K, d.dlogp, dlogp, (size_t)N * sizeof(float));
+            k_to_device(K, d.dlogp, dlogp + A->t0, (size_t)N * sizeof(float));
             if (dentropy)
-                k_to_device(K, d.dentropy, dentropy, (size_t)N * sizeof(float));
+                k_to_device(K, d.dentropy, dentropy + A->t0, (size_t)N * sizeof(float));
             k_lmhead_backward(K, d.dh, G ? G->lm_head : NULL, d.dlogp, dentropy ? d.dentropy : NULL, A->hn,
                               m->w.lm_head, A->targets, N, D, &vs, A->temperature, LMHEAD_CHUNK);
         }
@@ -1339,10 +1533,10 @@ void model_backward_stage(struct model *m, struct model_acts *A, const float *dl
             if (A->offload)
                 k_to_device(K, A->xdev[0], a->x, nD * sizeof(float));
             A->scratch.x = A->offload ? A->xdev[0] : a->x;
-            layer_forward(m, l, &A->b, &A->scratch, d.scratch_out);
-            layer_backward(m, l, &A->b, &A->scratch, &d);
+            layer_forward(m, l, &A->b, A->Nf, &A->scratch, d.scratch_out);
+            layer_backward(m, l, &A->b, A->Nf, &A->scratch, &d);
         } else {
-            layer_backward(m, l, &A->b, a, &d);
+            layer_backward(m, l, &A->b, A->Nf, a, &d);
         }
         if (m->layer_grads_hook)
             m->layer_grads_hook(m->layer_grads_ud, l);

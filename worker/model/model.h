@@ -107,6 +107,11 @@ struct model_shard {
     int kv_share;                   /* TP ranks holding the same KV heads (1: split) */
     int layer_lo, layer_hi;         /* this stage's decoder layers [lo, hi) */
     bool has_embed, has_head;       /* first stage: the embedding; last stage: the final norm and the LM head */
+    /* Ulysses sequence parallelism (model_set_sp): the sp_size ranks of sp share each packed batch; this rank runs
+     * tokens [N sp_rank / sp_size, N (sp_rank + 1) / sp_size) through the embedding, norms, MLP and LM head, and
+     * around attention an all-to-all swaps its token slice for every token of its share of the heads */
+    struct comm *sp; /* NULL: no sequence parallelism */
+    int sp_rank, sp_size;
 };
 
 /* Where a shard sits: its TP rank and size, its stage and stages, and the groups (NULL where the size is 1; mp
@@ -171,6 +176,16 @@ struct model *model_create(const struct model_config *c);
  * the model's numbers and the rule (heads and intermediate size divisible by TP; KV heads divisible by TP, or
  * TP by KV heads; at least TP vocabulary rows). */
 int model_shard_check(const struct model_config *c, int tp_size, const char *key, char *why, size_t len);
+/* Whether attention's heads split over sp_size Ulysses ranks: query heads divisible by sp_size, and KV heads
+ * divisible by it or it by them (then each KV head is replicated on sp_size / Hkv ranks); a dense model (no
+ * experts). 0, or -1 with why naming key and the numbers. */
+int model_sp_check(const struct model_config *c, int sp_size, const char *key, char *why, size_t len);
+/* Run m's training forwards and backwards sequence-parallel over sp (checked with model_sp_check; NULL or a
+ * group of one: off). Every rank of sp passes the same whole packed batch to model_forward and gets every row's
+ * log-probs (summed over sp); the backward reads the rows of its slice from the whole dL/dlogp, and each rank's
+ * gradients are its tokens' part: their sum over sp is the whole batch's gradient. The whole model on every rank
+ * (no TP or PP with it), on the CPU. */
+void model_set_sp(struct model *m, struct comm *sp);
 /* Whether the layers split into pp_size stages (at least one layer each): 0, or -1 with why naming key. */
 int model_stage_check(const struct model_config *c, int pp_size, const char *key, char *why, size_t len);
 /* The shard of a model at lay (checked with model_shard_check and model_stage_check; lay NULL: the whole

@@ -293,7 +293,9 @@ static double mp_clip(struct model *m, double max_norm)
  * for the device's queued work first) or the MPI group, or, on a GPU without a twin, through the host buffer. */
 static void dp_sum_grads(struct model *m, const struct update_params *p, float *g, size_t n)
 {
-    if (m->K->device != KDEV_CPU && !p->dp_dev) {
+    if (p->grads) { /* DP x SP, on the CPU (sequence parallelism runs there only) */
+        comm_allreduce_sum(p->grads, g, n, COMM_F32);
+    } else if (m->K->device != KDEV_CPU && !p->dp_dev) {
         k_to_host(m->K, p->dp_stage, g, n * sizeof(float));
         comm_allreduce_sum(p->dp, p->dp_stage, n, COMM_F32);
         k_to_device(m->K, g, p->dp_stage, n * sizeof(float));
@@ -314,7 +316,7 @@ static void update_mini_batch(struct model *m, struct adamw *opt, struct rollout
     st->pp_schedule_s += clock_now_s() - t0;
     if (!m->lora)
         model_shard_sync_grads(m); /* replicated KV heads, the tied embedding's copy: their gradients summed */
-    if (p->dp) {
+    if (p->dp || p->grads) {
         const double t0 = clock_now_s();
         if (p->zero)
             zero1_reduce_scatter(p->zero, tr.grads);
@@ -323,7 +325,8 @@ static void update_mini_batch(struct model *m, struct adamw *opt, struct rollout
         else
             dp_sum_grads(m, p, tr.grads, tr.n);
         st->allreduce_s += clock_now_s() - t0;
-        loss_stats_sum(p->dp, &ls);
+        if (p->dp) /* the SP ranks of a DP rank computed the same loss */
+            loss_stats_sum(p->dp, &ls);
     }
     double norm = p->zero ? zero1_clip(p->zero, p->grad_clip, m) : mp_clip(m, p->grad_clip);
     if (isfinite(norm) && p->zero) { /* every rank has the same norm: they step, or skip, together */

@@ -61,7 +61,10 @@ static double measure_peak_flops(void)
 }
 
 /* The trainer rank that decides for all and writes the run's records: DP rank 0, TP rank 0, the first stage. */
-static bool lead(const struct trainer *t) { return t->lay.dp_rank == 0 && t->lay.tp_rank == 0 && t->lay.pp_rank == 0; }
+static bool lead(const struct trainer *t)
+{
+    return t->lay.dp_rank == 0 && t->lay.tp_rank == 0 && t->lay.pp_rank == 0 && t->lay.cp_rank == 0;
+}
 
 /* This rank's place in its model copy (ranks with the same place hold the same part of the weights). */
 static int mp_rank(const struct trainer *t) { return t->lay.pp_rank * t->lay.tp_size + t->lay.tp_rank; }
@@ -165,8 +168,8 @@ static int device_mp_setup(struct trainer *t, char *err, size_t errlen)
 static void overlap_setup(struct trainer *t)
 {
     const struct grpo_config *c = t->cfg;
-    if (t->lay.dp_size < 2 || !c->actor_ddp_overlap_grad_reduce || t->zero || t->lay.mp || t->policy->lora ||
-        (on_device(t) && !t->dp_dev))
+    if (t->lay.dp_size < 2 || !c->actor_ddp_overlap_grad_reduce || t->zero || t->lay.mp || t->lay.cp ||
+        t->policy->lora || (on_device(t) && !t->dp_dev))
         return;
     t->overlap = grad_reducer_create(t->policy, t->dp_dev ? t->dp_dev : t->lay.dp, (size_t)c->actor_ddp_bucket_size);
     if (lead(t))
@@ -628,6 +631,8 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         t->lay.pp_size = 1, t->lay.pp_rank = 0, t->lay.pp = NULL;
     if (!t->lay.mp)
         t->lay.mp = t->lay.tp;
+    if (t->lay.cp_size < 2 || !t->lay.cp)
+        t->lay.cp_size = 1, t->lay.cp_rank = 0, t->lay.cp = NULL, t->lay.grads = NULL;
     if (!t->lay.all)
         t->lay.all = t->lay.dp; /* data parallelism alone: the DP group is every trainer */
     t->src = src && src->next_batch
@@ -699,6 +704,24 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     model_move(&t->policy, K);
     if (device_mp_setup(t, err, errlen) != 0)
         goto fail;
+    if (t->lay.cp) { /* Ulysses: every rank of the group runs a slice of each micro-batch's tokens */
+        if (K->device != KDEV_CPU) {
+            error_set(err, errlen,
+                      "actor_rollout_ref.actor.ulysses_sequence_parallel_size=%d on trainer.device=%s: sequence "
+                      "parallelism has not run on a GPU yet; use trainer.device=cpu",
+                      t->lay.cp_size, cfg->trainer_device);
+            goto fail;
+        }
+        if (model_sp_check(&t->policy->cfg, t->lay.cp_size, "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+                           err, errlen) != 0)
+            goto fail;
+        model_set_sp(t->policy, t->lay.cp);
+        if (lead(t))
+            log_info("trainer",
+                     "sequence parallelism (Ulysses) over %d ranks: each runs 1/%d of every micro-batch's tokens and "
+                     "attends with %d of the %d query heads",
+                     t->lay.cp_size, t->lay.cp_size, t->policy->cfg.n_heads / t->lay.cp_size, t->policy->cfg.n_heads);
+    }
     model_set_activation_offload(t->policy, cfg->arr_model_enable_activation_offload);
     if (cfg->arr_model_enable_activation_offload && !cfg->arr_model_enable_gradient_checkpointing && lead(t))
         log_warn("trainer", "actor_rollout_ref.model.enable_activation_offload=true acts with "

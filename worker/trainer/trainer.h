@@ -49,11 +49,15 @@ struct trainer_layout {
     int tp_rank, tp_size;
     struct comm *pp; /* pipeline group (this TP rank's stages); NULL: every layer here */
     int pp_rank, pp_size;
-    struct comm *mp;  /* the TP x PP ranks of one model copy (ranked pp x TP + tp); NULL: TP and PP both 1 */
-    struct comm *all; /* every trainer rank: stop and checkpoint decisions follow its rank 0 (DP 0, TP 0) */
-    int devices;      /* ranks the run uses (perf/throughput divides by it); 0: 1 */
-    int device;       /* trainer.device=cuda: this rank's GPU (its CUDA index on the node) */
-    bool gpus_shared; /* trainer.device=cuda: some DP ranks share a GPU, so NCCL cannot sum their gradients */
+    struct comm *mp; /* the TP x PP ranks of one model copy (ranked pp x TP + tp); NULL: TP and PP both 1 */
+    struct comm *cp; /* Ulysses sequence parallelism: the ranks sharing each sequence (same DP rank, same batch;
+                        each runs a slice of its tokens); NULL: none */
+    int cp_rank, cp_size;
+    struct comm *grads; /* with cp: DP x CP, the ranks whose gradients add up (NULL: dp) */
+    struct comm *all;   /* every trainer rank: stop and checkpoint decisions follow its rank 0 (DP 0, TP 0) */
+    int devices;        /* ranks the run uses (perf/throughput divides by it); 0: 1 */
+    int device;         /* trainer.device=cuda: this rank's GPU (its CUDA index on the node) */
+    bool gpus_shared;   /* trainer.device=cuda: some DP ranks share a GPU, so NCCL cannot sum their gradients */
 };
 
 /* What a step's source reports with its rollouts: the seconds they took where they were made (summed over

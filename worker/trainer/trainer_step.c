@@ -358,13 +358,19 @@ static bool one_update(const struct grpo_config *c, double n_all)
     return c->actor_ppo_epochs == 1 && n_all <= mini_seqs && !c->alg_use_kl_in_reward;
 }
 
+/* use_dynamic_bsz: a micro-batch's tokens, ppo_max_token_len_per_gpu as verl means it: per GPU, so the SP ranks
+ * sharing a micro-batch (each running 1/SP of its tokens) take SP times as many; 0: batches by count */
+static int token_budget(const struct trainer *t)
+{
+    const struct grpo_config *c = t->cfg;
+    return c->actor_use_dynamic_bsz ? (int)(c->actor_ppo_max_token_len_per_gpu * t->lay.cp_size) : 0;
+}
+
 /* Phase old_log_prob: the policy's log-probs of the responses before the update. Its seconds. */
 static double old_log_probs(struct trainer *t, struct step_batch *b, const int *idx)
 {
     const struct grpo_config *c = t->cfg;
-    const struct batching bt = {(int)c->rollout_log_prob_micro_batch_size_per_gpu,
-                                c->actor_use_dynamic_bsz ? (int)c->actor_ppo_max_token_len_per_gpu : 0,
-                                t->share_prompts};
+    const struct batching bt = {(int)c->rollout_log_prob_micro_batch_size_per_gpu, token_budget(t), t->share_prompts};
     const double t0 = clock_now_s();
     trainer_phase(t, GRPO__PHASE__PHASE_OLD_LOG_PROB);
     actor_compute_logp(t->policy, b->seqs, idx, b->n_seq, &bt, logprob_temperature(c), 0);
@@ -375,9 +381,7 @@ static double old_log_probs(struct trainer *t, struct step_batch *b, const int *
 static double ref_log_probs(struct trainer *t, struct step_batch *b, const int *idx)
 {
     const struct grpo_config *c = t->cfg;
-    const struct batching bt = {(int)c->ref_log_prob_micro_batch_size_per_gpu,
-                                c->actor_use_dynamic_bsz ? (int)c->actor_ppo_max_token_len_per_gpu : 0,
-                                t->share_prompts};
+    const struct batching bt = {(int)c->ref_log_prob_micro_batch_size_per_gpu, token_budget(t), t->share_prompts};
     trainer_phase(t, GRPO__PHASE__PHASE_REF);
     const double t0 = clock_now_s();
     /* with LoRA the reference is the base model: the policy with its adapter bypassed (no second copy) */
@@ -451,9 +455,9 @@ static double update_actor(struct trainer *t, int64_t k, struct step_batch *b, c
         .lr = lr,
         .checkpointing = c->arr_model_enable_gradient_checkpointing,
         .temperature = logprob_temperature(c),
-        .bt = {(int)c->actor_ppo_micro_batch_size_per_gpu,
-               c->actor_use_dynamic_bsz ? (int)c->actor_ppo_max_token_len_per_gpu : 0, t->share_prompts},
+        .bt = {(int)c->actor_ppo_micro_batch_size_per_gpu, token_budget(t), t->share_prompts},
         .dp = t->lay.dp_size > 1 ? t->lay.dp : NULL,
+        .grads = t->lay.grads,
         .dp_dev = t->dp_dev,
         .dp_stage = t->host_params,
         .overlap = t->overlap,
@@ -463,16 +467,17 @@ static double update_actor(struct trainer *t, int64_t k, struct step_batch *b, c
     out->lr = lr;
     /* the gradient (and ZeRO-1 weight) traffic of the update over DP, in the planner's ring-model bytes */
     struct comm_traffic before = {0}, after = {0}, dev_before = {0}, dev_after = {0};
-    if (up.dp)
-        comm_traffic(up.dp, &before);
+    struct comm *gg = up.grads ? up.grads : up.dp; /* the group the gradients sum over */
+    if (gg)
+        comm_traffic(gg, &before);
     if (up.dp_dev)
         comm_traffic(up.dp_dev, &dev_before);
     model_moe_stats(t->policy, NULL, NULL); /* the routing of the update's forwards alone */
     if (n_all > 0)
         actor_update(t->policy, t->opt, b->seqs, idx, b->n_seq, &up, &out->stats);
     moe_measure(t, out);
-    if (up.dp)
-        comm_traffic(up.dp, &after);
+    if (gg)
+        comm_traffic(gg, &after);
     if (up.dp_dev)
         comm_traffic(up.dp_dev, &dev_after);
     out->dp_bytes = 0;
@@ -530,7 +535,7 @@ static void audit(struct trainer *t, int64_t k, struct step_batch *b)
     for (int i = 0; i < b->n_seq; i++)
         if (!b->resp_text[i])
             b->resp_text[i] = tokenizer_decode(t->tok, b->seqs[i].resp, (size_t)b->seqs[i].resp_len, true);
-    if (t->lay.tp_rank == 0) /* the TP ranks of a DP rank hold the same sequences */
+    if (t->lay.tp_rank == 0 && t->lay.cp_rank == 0) /* the TP and CP ranks of a DP rank hold the same sequences */
         rollout_audit_write(t->cfg->trainer_rollout_data_dir, k, t->lay.dp_rank, (int)t->cfg->rollout_n, b);
 }
 

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Ulysses sequence parallelism (actor_rollout_ref.actor.ulysses_sequence_parallel_size) on colocated ranks
+# reproduces the single-process run with long responses (mpirun --oversubscribe on 2 cores):
+#  - a tiny Llama (4 query heads over 2 KV heads: split at SP 2) and Qwen2 (one KV head: replicated on every SP
+#    rank) with a 4096-position window generate responses of 2,048 tokens (actor_rollout_ref.rollout.ignore_eos),
+#    packed two to a micro-batch, so every slice boundary cuts through a sequence;
+#  - SP2, SP2 x DP2 and SP4 give the single-process run's per-step losses, grad norms and entropies, and its
+#    weights after two GRPO steps, within 1e-5 relative; the same with the token-budget micro-batches
+#    (use_dynamic_bsz, ppo_max_token_len_per_gpu per GPU as verl means it: the SP group's budget is SP times it);
+#  - heads that do not divide, and layouts not available yet (TP, ZeRO-1, a split run), are refused naming the keys
+#    and the numbers; ranks that do not fit the SP size are refused naming the key.
+# usage: test_sp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
+set -u
+WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
+. "$(dirname "$0")/../lib.sh" grpo-sp
+test_env
+MPIRUN=(timeout 400 mpirun --oversubscribe --bind-to none)
+. "$(dirname "$0")/equiv_lib.sh"
+LEN=2048
+python3 - "$TOK/config.json" "$TMP/long-llama.json" "$TMP/long-qwen2.json" <<'PY'
+import json, sys
+c = dict(json.load(open(sys.argv[1])), max_position_embeddings=4096)
+json.dump(c, open(sys.argv[2], "w"), indent=1)
+json.dump(dict(c, model_type="qwen2", architectures=["Qwen2ForCausalLM"], num_key_value_heads=1,
+               tie_word_embeddings=False), open(sys.argv[3], "w"), indent=1)
+PY
+tiny_model "$TMP/long-llama" 11 "$TMP/long-llama.json"
+expect "tiny Llama with a 4096-position window initialised" $?
+tiny_model "$TMP/long-qwen2" 12 "$TMP/long-qwen2.json"
+expect "tiny Qwen2 (one KV head) with a 4096-position window initialised" $?
+
+# two steps of 2 prompts x 2 responses of LEN tokens, a mini-batch of 2 responses, micro-batches of 2
+long() {
+    echo actor_rollout_ref.model.path="$TMP/long-$1" trainer.project_name=p trainer.experiment_name=e \
+        trainer.total_training_steps=$STEPS trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=1 \
+        data.train_batch_size=2 actor_rollout_ref.rollout.n=2 actor_rollout_ref.actor.ppo_mini_batch_size=1 \
+        data.max_response_length=$LEN actor_rollout_ref.rollout.ignore_eos=true actor_rollout_ref.actor.optim.lr=1e-3 \
+        data.synthetic.num_train=64 data.synthetic.num_val=2 data.val_batch_size=2 custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score \
+        actor_rollout_ref.actor.optim.eps=1e-6 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 \
+        actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2 \
+        actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2
+}
+# NAME MODEL RANKS SP [more keys...]
+sp() {
+    local name=$1 model=$2 ranks=$3 size=$4
+    shift 4
+    # shellcheck disable=SC2046 # long's words are the keys
+    "${MPIRUN[@]}" -np "$ranks" "$WORKER" $(long "$model") trainer.default_local_dir="$TMP/$name" \
+        trainer.nnodes=1 trainer.n_gpus_per_node="$ranks" \
+        actor_rollout_ref.actor.ulysses_sequence_parallel_size="$size" "$@" >"$TMP/$name.log" 2>&1
+}
+equivalent() { # NAME ONE: the run against one process's
+    local out
+    out=$(same_metrics "$2" "$1" 2>&1)
+    expect "$1: per-step losses, grad norms and entropies match one process ($out)" $?
+    out=$(same_weights "$2" "$1")
+    expect "$1: weights after $STEPS steps match one process within 1e-5 ($out)" $?
+}
+
+BSZ="actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=2200"
+for model in llama qwen2; do
+    # shellcheck disable=SC2046
+    "$WORKER" $(long $model) trainer.default_local_dir="$TMP/one-$model" >"$TMP/one-$model.log" 2>&1
+    expect "$model: single-process run finishes" $?
+    python3 - "$TMP/one-$model/p/e/metrics.jsonl" $LEN <<'PY'
+import json, sys
+r = [r for r in map(json.loads, open(sys.argv[1]))]
+assert len(r) == 2 and all(x["response_length/min"] == int(sys.argv[2]) for x in r), r
+assert all(x["actor/grad_norm"] > 0 and x["actor/pg_loss"] != 0 for x in r), r
+PY
+    expect "$model: every response is $LEN tokens, and the policy loss and its gradient are not zero" $?
+done
+# one process with the token budget: 2200 tokens hold one response a micro-batch
+# shellcheck disable=SC2046
+"$WORKER" $(long llama) trainer.default_local_dir="$TMP/one-bsz" $BSZ >"$TMP/one-bsz.log" 2>&1
+expect "llama: single-process run with use_dynamic_bsz finishes" $?
+
+sp sp2-llama llama 2 2
+expect "sp2-llama: 2 colocated ranks, SP 2, finish" $?
+has "$TMP/sp2-llama.log" "sequence parallelism (Ulysses) over 2 ranks: each runs 1/2 of every micro-batch's tokens and attends with 2 of the 4 query heads"
+expect "sp2-llama: the split is logged" $?
+equivalent sp2-llama one-llama
+# four ranks generate as two engines of rollout TP 2 (a step's two prompts, one each)
+RTP2=actor_rollout_ref.rollout.tensor_model_parallel_size=2
+sp sp2dp2-llama llama 4 2 $RTP2
+expect "sp2dp2-llama: 4 colocated ranks, SP 2 x DP 2, finish" $?
+has "$TMP/sp2dp2-llama.log" "training DP 2 x SP 2 x TP 1 x PP 1"
+expect "sp2dp2-llama: DP 2 x SP 2 logged" $?
+equivalent sp2dp2-llama one-llama
+sp sp2-qwen2 qwen2 2 2
+expect "sp2-qwen2: SP 2 with the KV head replicated finishes" $?
+equivalent sp2-qwen2 one-qwen2
+sp sp4-qwen2 qwen2 4 4 $RTP2
+expect "sp4-qwen2: SP 4 (one query head a rank) finishes" $?
+equivalent sp4-qwen2 one-qwen2
+# shellcheck disable=SC2086 # BSZ's words are keys
+sp sp2-bsz llama 2 2 $BSZ
+expect "sp2-bsz: SP 2 with use_dynamic_bsz finishes" $?
+equivalent sp2-bsz one-bsz
+
+# refusals, each naming the keys and numbers
+refused() { # NAME RANKS SP TEXT [keys...]: the run ends with an error saying TEXT
+    local name=$1 ranks=$2 size=$3 text=$4
+    shift 4
+    sp "$name" llama "$ranks" "$size" "$@"
+    local rc=$?
+    [ $rc -ne 0 ] && says "$TMP/$name.log" "$text"
+}
+refused bad-heads 3 3 "num_attention_heads (4) is not divisible by actor_rollout_ref.actor.ulysses_sequence_parallel_size (3)"
+expect "SP 3 over 4 heads is refused naming the key and the numbers" $?
+refused bad-ranks 3 2 "3 hybrid ranks are not a multiple of actor_rollout_ref.actor.megatron.tensor_model_parallel_size 1 x actor_rollout_ref.actor.megatron.pipeline_model_parallel_size 1 x actor_rollout_ref.actor.ulysses_sequence_parallel_size 2"
+expect "3 ranks under SP 2 are refused naming the key" $?
+refused bad-tp 4 2 "ulysses_sequence_parallel_size=2 with actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 is not available yet" \
+    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2
+expect "SP with TP is refused naming both keys" $?
+refused bad-zero 4 2 "ulysses_sequence_parallel_size=2 with actor_rollout_ref.actor.megatron.use_distributed_optimizer=true is not available yet" \
+    actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
+expect "SP with ZeRO-1 is refused naming both keys" $?
+refused bad-split 4 2 "ulysses_sequence_parallel_size=2 with placement.rollout_ranks=2 (a split run) is not available yet" \
+    placement.trainer_ranks=2 placement.rollout_ranks=2 trainer.nnodes=0 trainer.n_gpus_per_node=0
+expect "SP in a split run is refused naming the keys" $?
+finish "$TMP"/*.log
