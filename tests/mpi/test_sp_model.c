@@ -5,6 +5,10 @@
  * shared-prompt packing and log-probs read on the responses only), with and without checkpointing: every row's
  * log-probs and entropies on every rank, and the gradients of every parameter summed over the ranks, agree with
  * one process's within 1e-5 (relative L2). Heads that do not divide are refused naming the key and the numbers.
+ * With --cp: the same checks for context parallelism (model_set_cp: each rank holds the load-balanced chunks r and
+ * 2C-1-r of the row, padded to a multiple of 2C, and attends over the ring with every head; no shared-prompt
+ * batch), and the bytes each rank sent around the ring (the group's traffic counters) equal ring_attn_bytes'
+ * formula for the layers' forwards, backwards and checkpointed recomputations.
  * Exit 0 only if every rank saw every value right. */
 #include <math.h>
 #include <stdio.h>
@@ -17,8 +21,10 @@
 #include "common/log.h"
 #include "worker/comm/comm.h"
 #include "worker/model/model.h"
+#include "worker/model/ring_attn.h"
 
 static int g_bad;
+static bool g_cp; /* --cp: context parallelism (ring attention) instead of Ulysses */
 
 static void expect_close(const char *cfg, const char *what, const float *a, const float *b, size_t n, double tol)
 {
@@ -91,8 +97,24 @@ static void check_batch(const char *name, struct model *whole, struct model *par
         model_backward(whole, model_forward(whole, &t->pb, 0.7f, ck, lw, ew), t->dlogp, t->dent);
         memset(lp, 0xff, (size_t)N * sizeof(float)); /* NaN: a row no rank wrote shows */
         memset(ep, 0xff, (size_t)N * sizeof(float));
+        struct comm_traffic before, after;
+        comm_traffic(sp, &before);
         model_backward(part, model_forward(part, &t->pb, 0.7f, ck, lp, ep), t->dlogp, t->dent);
+        comm_traffic(sp, &after);
         char what[200];
+        if (g_cp) { /* the ring's bytes: per layer a forward and a backward, and with checkpointing a second forward */
+            const int C = comm_size(sp), L = (N + 2 * C - 1) / (2 * C) * (2 * C);
+            const struct model_config *c = &whole->cfg;
+            const double want =
+                c->n_layers * ((ck ? 2 : 1) * ring_attn_bytes(C, L / (2 * C), c->n_kv_heads, c->head_dim, 0) +
+                               ring_attn_bytes(C, L / (2 * C), c->n_kv_heads, c->head_dim, 1));
+            const double got = after.sent_f32[COMM_OP_SEND] - before.sent_f32[COMM_OP_SEND];
+            if (got != want || want <= 0) {
+                g_bad++;
+                log_error("test", "%s: %.0f bytes sent around the ring%s, ring_attn_bytes says %.0f", name, got,
+                          ck ? " (checkpointed)" : "", want);
+            }
+        }
         snprintf(what, sizeof what, "log-probs%s", ck ? " (checkpointed)" : "");
         expect_close(name, what, lp, lw, (size_t)N, tol);
         snprintf(what, sizeof what, "entropies%s", ck ? " (checkpointed)" : "");
@@ -115,7 +137,8 @@ static void check_batch(const char *name, struct model *whole, struct model *par
 static void check_config(const char *name, const struct model_config *c, struct comm *sp)
 {
     char why[256];
-    if (model_sp_check(c, comm_size(sp), "ulysses_sequence_parallel_size", why, sizeof why) != 0) {
+    if ((g_cp ? model_cp_check(c, comm_size(sp), "context_parallel_size", why, sizeof why)
+              : model_sp_check(c, comm_size(sp), "ulysses_sequence_parallel_size", why, sizeof why)) != 0) {
         g_bad++;
         log_error("test", "%s: %s", name, why);
         return;
@@ -123,7 +146,10 @@ static void check_config(const char *name, const struct model_config *c, struct 
     struct model *whole = model_create(c);
     model_init_random(whole, 7, 0.2);
     struct model *part = model_clone(whole);
-    model_set_sp(part, sp);
+    if (g_cp)
+        model_set_cp(part, sp);
+    else
+        model_set_sp(part, sp);
     /* slices of 37 / S tokens cut through sequences; one sequence shorter than a slice */
     const int lens[4] = {11, 3, 17, 6};
     struct batch t;
@@ -136,10 +162,18 @@ static void check_config(const char *name, const struct model_config *c, struct 
     snprintf(what, sizeof what, "%s packed, responses' log-probs", name);
     check_batch(what, whole, part, &t, sp, 1e-5);
     batch_free(&t);
-    batch_make(&t, c, lens, 4, true, true);
-    snprintf(what, sizeof what, "%s shared prompt", name);
-    check_batch(what, whole, part, &t, sp, 1e-5);
-    batch_free(&t);
+    if (!g_cp) { /* context parallelism runs without shared-prompt packing */
+        batch_make(&t, c, lens, 4, true, true);
+        snprintf(what, sizeof what, "%s shared prompt", name);
+        check_batch(what, whole, part, &t, sp, 1e-5);
+        batch_free(&t);
+    } else { /* a row of whole chunks (no padding): 2 x 4 x C tokens, one sequence across the middle */
+        const int C = comm_size(sp), even[3] = {3 * C, 2 * C, 3 * C};
+        batch_make(&t, c, even, 3, false, true);
+        snprintf(what, sizeof what, "%s unpadded row", name);
+        check_batch(what, whole, part, &t, sp, 1e-5);
+        batch_free(&t);
+    }
     /* fewer tokens than ranks: some ranks hold none (a key that one query reads has a gradient of a few terms that
      * nearly cancel, which float32 sums in another order move by 1e-5 of its size: 1e-4 here) */
     const int tiny[1] = {2};
@@ -150,7 +184,7 @@ static void check_config(const char *name, const struct model_config *c, struct 
     model_free(whole);
     model_free(part);
     if (comm_rank(sp) == 0)
-        log_info("test", "%s: SP %d checked", name, comm_size(sp));
+        log_info("test", "%s: %s %d checked", name, g_cp ? "CP" : "SP", comm_size(sp));
 }
 
 int main(int argc, char **argv)
@@ -158,6 +192,7 @@ int main(int argc, char **argv)
     CHECK_MPI(MPI_Init(&argc, &argv));
     struct comm *w = comm_mpi_world();
     const int S = comm_size(w);
+    g_cp = argc > 1 && strcmp(argv[1], "--cp") == 0;
     /* Llama: tied head, 4 query heads over 2 KV heads (split at SP 2, replicated at SP 4) */
     struct model_config llama = {.arch = ARCH_LLAMA,
                                  .vocab_size = 67,
@@ -193,6 +228,17 @@ int main(int argc, char **argv)
     check_config("qwen3-qknorm-llama3-rope", &qwen3, w);
     /* heads that cannot split are refused with the key and the numbers */
     char why[256];
+    if (g_cp) {
+        struct model_config bad = llama;
+        bad.n_heads = 6;
+        bad.n_kv_heads = 4;
+        if (model_cp_check(&bad, S, "actor_rollout_ref.actor.megatron.context_parallel_size", why, sizeof why) == 0 ||
+            !strstr(why, "num_attention_heads (6)") || !strstr(why, "context_parallel_size")) {
+            g_bad++;
+            log_error("test", "6 query heads over 4 KV heads not refused clearly under CP: '%s'", why);
+        }
+        goto done;
+    }
     struct model_config bad = llama;
     bad.n_heads = 6;
     bad.n_kv_heads = 3;
@@ -208,10 +254,11 @@ int main(int argc, char **argv)
         g_bad++;
         log_error("test", "3 KV heads over SP 4 not refused clearly: '%s'", why);
     }
+done:;
     int bad_all = g_bad;
     comm_allreduce_sum(w, &bad_all, 1, COMM_I32);
     if (comm_rank(w) == 0)
-        printf("%s: model over SP %d ranks (%d problems)\n", bad_all ? "FAIL" : "ok", S, bad_all);
+        printf("%s: model over %s %d ranks (%d problems)\n", bad_all ? "FAIL" : "ok", g_cp ? "CP" : "SP", S, bad_all);
     comm_free(w);
     CHECK_MPI(MPI_Finalize());
     return bad_all ? 1 : 0;

@@ -112,6 +112,9 @@ struct model_shard {
      * around attention an all-to-all swaps its token slice for every token of its share of the heads */
     struct comm *sp; /* NULL: no sequence parallelism */
     int sp_rank, sp_size;
+    /* context parallelism (model_set_cp): sp is then a ring-attention group; this rank runs the load-balanced
+     * chunks r and 2 sp_size - 1 - r of each batch's row (ring_attn_row) and attends over the ring, every head */
+    bool ring;
 };
 
 /* Where a shard sits: its TP rank and size, its stage and stages, and the groups (NULL where the size is 1; mp
@@ -186,6 +189,15 @@ int model_sp_check(const struct model_config *c, int sp_size, const char *key, c
  * gradients are its tokens' part: their sum over sp is the whole batch's gradient. The whole model on every rank
  * (no TP or PP with it), on the CPU. */
 void model_set_sp(struct model *m, struct comm *sp);
+/* Whether m's training can run context-parallel over cp ranks (key names the setting in the error): a dense model
+ * whose query heads are a multiple of its KV heads. */
+int model_cp_check(const struct model_config *c, int cp, const char *key, char *why, size_t len);
+/* Run m's training forwards and backwards context-parallel over cp (Megatron's CP; NULL or a group of one: off):
+ * as model_set_sp (every rank of cp passes the same whole packed batch, gets every row's log-probs and computes its
+ * tokens' part of the gradients), but each rank holds the load-balanced chunks r and 2C - 1 - r of the batch's row
+ * (padded to a multiple of 2C with a sequence of its own) and each layer's attention runs over the ring
+ * (ring_attn_forward / backward) with every head. CPU only; no shared-prompt packing (packed_batch.prefix_of). */
+void model_set_cp(struct model *m, struct comm *cp);
 /* Whether the layers split into pp_size stages (at least one layer each): 0, or -1 with why naming key. */
 int model_stage_check(const struct model_config *c, int pp_size, const char *key, char *why, size_t len);
 /* The shard of a model at lay (checked with model_shard_check and model_stage_check; lay NULL: the whole
