@@ -5,11 +5,11 @@
  * shared-prompt packing and log-probs read on the responses only), with and without checkpointing: every row's
  * log-probs and entropies on every rank, and the gradients of every parameter summed over the ranks, agree with
  * one process's within 1e-5 (relative L2). Heads that do not divide are refused naming the key and the numbers.
- * With --cp: the same checks for context parallelism (model_set_cp: each rank holds the load-balanced chunks r and
- * 2C-1-r of the row, padded to a multiple of 2C, and attends over the ring with every head; no shared-prompt
- * batch), and the bytes each rank sent around the ring (the group's traffic counters) equal ring_attn_bytes'
- * formula for the layers' forwards, backwards and checkpointed recomputations.
- * Exit 0 only if every rank saw every value right. */
+ * With --cp: the same checks for context parallelism (model_set_cp: each sequence padded to a multiple of 2C is a
+ * segment of which each rank holds the load-balanced chunks r and 2C-1-r, and attends over the ring with every
+ * head; no shared-prompt batch), and the bytes each rank sent around the ring (the group's traffic counters) equal
+ * ring_attn_bytes' formula for the layers' forwards, backwards and checkpointed recomputations. Exit 0 only if every
+ * rank saw every value right. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,7 +103,10 @@ static void check_batch(const char *name, struct model *whole, struct model *par
         comm_traffic(sp, &after);
         char what[200];
         if (g_cp) { /* the ring's bytes: per layer a forward and a backward, and with checkpointing a second forward */
-            const int C = comm_size(sp), L = (N + 2 * C - 1) / (2 * C) * (2 * C);
+            const int C = comm_size(sp);
+            int L = 0; /* each sequence padded to a multiple of 2C */
+            for (int b = 0; b < t->pb.B; b++)
+                L += (t->pb.cu_seqlens[b + 1] - t->pb.cu_seqlens[b] + 2 * C - 1) / (2 * C) * (2 * C);
             const struct model_config *c = &whole->cfg;
             const double want =
                 c->n_layers * ((ck ? 2 : 1) * ring_attn_bytes(C, L / (2 * C), c->n_kv_heads, c->head_dim, 0) +
@@ -167,8 +170,8 @@ static void check_config(const char *name, const struct model_config *c, struct 
         snprintf(what, sizeof what, "%s shared prompt", name);
         check_batch(what, whole, part, &t, sp, 1e-5);
         batch_free(&t);
-    } else { /* a row of whole chunks (no padding): 2 x 4 x C tokens, one sequence across the middle */
-        const int C = comm_size(sp), even[3] = {3 * C, 2 * C, 3 * C};
+    } else { /* sequences of whole chunks (no padding) */
+        const int C = comm_size(sp), even[3] = {2 * C, 6 * C, 4 * C};
         batch_make(&t, c, even, 3, false, true);
         snprintf(what, sizeof what, "%s unpadded row", name);
         check_batch(what, whole, part, &t, sp, 1e-5);

@@ -714,7 +714,8 @@ struct model_acts {
     float temperature;
     bool ckpt;
     int t0, Nf; /* sequence parallelism: this rank's rows start at t0 of the whole batch's Nf (0, N without) */
-    struct ring_attn *ra;      /* context parallelism: this batch's ring (this rank's rows: ring_attn_row); else NULL */
+    struct ring_attn *ra;      /* context parallelism: this batch's ring; else NULL */
+    int32_t *cprow;            /* context parallelism: the batch row of each of this rank's rows (-1: padding) */
     struct layer_acts *layers; /* n_layers; with ckpt only .x is filled */
     struct layer_acts scratch; /* ckpt: recomputation space */
     bool offload;              /* ckpt with m->offload_acts: layers[l].x are host_arena's, xdev the device's */
@@ -778,6 +779,7 @@ static void acts_destroy(struct model_acts *A)
     if (A->ra)
         ring_attn_free(A->ra);
     free(A->ra);
+    free(A->cprow);
     karena_release(&A->arena);
     karena_release(&A->host_arena);
     free(A->krange);
@@ -1401,62 +1403,83 @@ static void sp_share_rows(struct comm *sp, float *v, int Nf, int t0, int n)
     comm_allreduce_sum(sp, v, (size_t)Nf, COMM_F32);
 }
 
-/* Context parallelism: the ring of the whole batch b over m's group, its row padded to a multiple of 2C with one
- * sequence of its own (token 0 at positions 0...; b's sequences untouched, the padding's rows read by no one);
- * this rank's ids, targets and positions (3 x n, host) into *local. */
-static struct ring_attn *cp_plan(const struct model *m, const struct packed_batch *b, int32_t **local)
+/* Context parallelism: the ring of the whole batch b over m's group, cut as Megatron cuts packed sequences: each
+ * sequence padded to a multiple of 2C by a sequence of its own (token 0 at positions 0...; read by no one) is one
+ * segment, of which rank r holds chunks r and 2C-1-r, so every rank has the same causal work. This rank's ids,
+ * targets and positions (3 x n, host) into *local, and the batch row of each of its n rows (-1: padding) into
+ * *rowof. */
+static struct ring_attn *cp_plan(const struct model *m, const struct packed_batch *b, int32_t **local, int32_t **rowof)
 {
     if (b->prefix_of)
         check_failf(__FILE__, __LINE__,
                     "model_forward_stage: context parallelism runs without shared-prompt packing (prefix_of)");
-    const int C2 = 2 * m->sh.sp_size, Nf = b->N, L = Nf > 0 ? (Nf + C2 - 1) / C2 * C2 : C2;
-    const int B = b->B + (L > Nf);
-    int32_t *cu = xmalloc((size_t)(B + 1) * sizeof *cu), *whole = xcalloc(3 * (size_t)L, sizeof *whole);
-    memcpy(cu, b->cu_seqlens, (size_t)(b->B + 1) * sizeof *cu);
-    cu[B] = L;
-    memcpy(whole, b->ids, (size_t)Nf * sizeof *whole);
-    memcpy(whole + L, b->targets, (size_t)Nf * sizeof *whole);
-    memcpy(whole + 2 * (size_t)L, b->pos, (size_t)Nf * sizeof *whole);
-    for (int i = Nf; i < L; i++)
-        whole[2 * (size_t)L + i] = i - Nf;
+    const int C2 = 2 * m->sh.sp_size;
+    int L = 0, B = 0, S = 0;
+    for (int s = 0; s < b->B; s++) {
+        const int ls = b->cu_seqlens[s + 1] - b->cu_seqlens[s], ps = (ls + C2 - 1) / C2 * C2;
+        L += ps, B += ls > 0 ? 1 + (ps > ls) : 0, S += ls > 0;
+    }
+    const int Lr = L > 0 ? L : C2; /* an empty batch: one padding sequence */
+    int32_t *cu = xmalloc((size_t)(B + 2) * sizeof *cu), *seg = xmalloc((size_t)(S + 2) * sizeof *seg);
+    int32_t *whole = xcalloc(3 * (size_t)Lr, sizeof *whole), *orig = xmalloc((size_t)Lr * sizeof *orig);
+    int off = 0, bi = 0, si = 0;
+    cu[0] = seg[0] = 0;
+    for (int s = 0; s < b->B; s++) {
+        const int lo = b->cu_seqlens[s], ls = b->cu_seqlens[s + 1] - lo, ps = (ls + C2 - 1) / C2 * C2;
+        if (ls <= 0)
+            continue;
+        for (int j = 0; j < ps; j++) {
+            const bool real = j < ls;
+            whole[off + j] = real ? b->ids[lo + j] : 0;
+            whole[(size_t)Lr + off + j] = real ? b->targets[lo + j] : 0;
+            whole[2 * (size_t)Lr + off + j] = real ? b->pos[lo + j] : j - ls;
+            orig[off + j] = real ? lo + j : -1;
+        }
+        cu[++bi] = off + ls;
+        if (ps > ls)
+            cu[++bi] = off + ps;
+        seg[++si] = off += ps;
+    }
+    if (L == 0) {
+        for (int j = 0; j < Lr; j++)
+            whole[2 * (size_t)Lr + j] = j, orig[j] = -1;
+        cu[++bi] = seg[++si] = Lr;
+    }
     struct ring_attn *ra = xcalloc(1, sizeof *ra);
     char why[256];
-    if (ring_attn_plan(ra, m->K, m->sh.sp, L, cu, B, NULL, 0, m->sh.n_heads, m->sh.n_kv_heads, m->cfg.head_dim, why,
+    if (ring_attn_plan(ra, m->K, m->sh.sp, Lr, cu, bi, seg, si, m->sh.n_heads, m->sh.n_kv_heads, m->cfg.head_dim, why,
                        sizeof why) != 0)
         check_failf(__FILE__, __LINE__, "model_forward_stage: context parallelism: %s", why);
     const int n = ra->n;
     *local = xmalloc(3 * (size_t)n * sizeof **local);
     for (int k = 0; k < 3; k++)
-        ring_attn_take_i32(ra, *local + (size_t)k * n, whole + (size_t)k * L);
-    free(cu), free(whole);
+        ring_attn_take_i32(ra, *local + (size_t)k * n, whole + (size_t)k * Lr);
+    *rowof = xmalloc((size_t)(n > 0 ? n : 1) * sizeof **rowof);
+    ring_attn_take_i32(ra, *rowof, orig);
+    free(cu), free(seg), free(whole), free(orig);
     return ra;
 }
 
-/* Context parallelism: this rank's host values (n) into their rows of v (the whole batch's Nf) on every rank
- * (summed over the group, zeros elsewhere); the rows a caller does not read (logp_from) stay 0. */
-static void cp_share_rows(const struct model *m, const struct ring_attn *ra, const struct packed_batch *b, float *v,
+/* Context parallelism: this rank's host values (n, at batch rows rowof) into their rows of v (the whole batch's)
+ * on every rank (summed over the group, zeros elsewhere); the rows a caller does not read (logp_from) stay 0. */
+static void cp_share_rows(const struct model *m, const int32_t *rowof, int n, const struct packed_batch *b, float *v,
                           const float *mine)
 {
-    const int Nf = b->N;
-    memset(v, 0, (size_t)Nf * sizeof *v);
-    for (int i = 0; i < ra->n; i++) {
-        const int r = ring_attn_row(ra, i);
-        if (r < Nf)
-            v[r] = mine[i];
-    }
-    comm_allreduce_sum(m->sh.sp, v, (size_t)Nf, COMM_F32);
+    memset(v, 0, (size_t)b->N * sizeof *v);
+    for (int i = 0; i < n; i++)
+        if (rowof[i] >= 0)
+            v[rowof[i]] = mine[i];
+    comm_allreduce_sum(m->sh.sp, v, (size_t)b->N, COMM_F32);
     if (b->logp_from)
         for (int s = 0; s < b->B; s++)
             memset(v + b->cu_seqlens[s], 0, (size_t)(b->logp_from[s] - b->cu_seqlens[s]) * sizeof *v);
 }
 
-/* Context parallelism: this rank's rows of a whole batch's host values (Nf; the padding's rows 0). */
-static void cp_take_rows(const struct ring_attn *ra, int Nf, float *dst, const float *src)
+/* Context parallelism: this rank's n rows (batch rows rowof; -1: padding, 0) of a whole batch's host values. */
+static void cp_take_rows(const int32_t *rowof, int n, float *dst, const float *src)
 {
-    for (int i = 0; i < ra->n; i++) {
-        const int r = ring_attn_row(ra, i);
-        dst[i] = r < Nf ? src[r] : 0.0f;
-    }
+    for (int i = 0; i < n; i++)
+        dst[i] = rowof[i] >= 0 ? src[rowof[i]] : 0.0f;
 }
 
 struct model_acts *model_forward_stage(struct model *m, const struct packed_batch *b, float temperature,
@@ -1467,8 +1490,8 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
     struct kctx *K = m->K;
     /* this rank's rows [t0, t0 + N) of the batch's Nf: all of them without sequence parallelism */
     /* (context parallelism: this rank's n rows of the ring instead, cpl their ids, targets and positions) */
-    int32_t *cpl = NULL;
-    struct ring_attn *ra = sh->ring ? cp_plan(m, b, &cpl) : NULL;
+    int32_t *cpl = NULL, *rowof = NULL;
+    struct ring_attn *ra = sh->ring ? cp_plan(m, b, &cpl, &rowof) : NULL;
     const int Nf = b->N, t0 = sh->sp && !ra ? sp_lo(Nf, sh->sp_size, sh->sp_rank) : 0;
     const int N = ra ? ra->n : sh->sp ? sp_lo(Nf, sh->sp_size, sh->sp_rank + 1) - t0 : Nf;
     const int D = c->hidden_size, lo = sh->layer_lo, hi = sh->layer_hi;
@@ -1486,7 +1509,8 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
     if (A->ra)
         ring_attn_free(A->ra);
     free(A->ra);
-    A->ra = ra;
+    free(A->cprow);
+    A->ra = ra, A->cprow = rowof;
     m->work->ring = ra;
     if (nk >= 0) { /* the kept rows' ranges (within this rank's rows, from its first), on the host for the backward */
         grow_host_i32(&A->krange, &A->krange_cap, b->B, 2);
@@ -1548,10 +1572,10 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
                              temperature, LMHEAD_CHUNK);
             float *h = acts_host_buf(A, (size_t)N);
             k_to_host(K, h, A->logp, (size_t)N * sizeof(float));
-            cp_share_rows(m, ra, b, logp, h);
+            cp_share_rows(m, rowof, N, b, logp, h);
             if (entropy) {
                 k_to_host(K, h, A->entropy, (size_t)N * sizeof(float));
-                cp_share_rows(m, ra, b, entropy, h);
+                cp_share_rows(m, rowof, N, b, entropy, h);
             }
         } else if (A->nk >= 0) {
             head_forward_kept(m, A, b->targets + t0, &vs, logp + t0, entropy ? entropy + t0 : NULL);
@@ -1633,10 +1657,10 @@ void model_backward_stage(struct model *m, struct model_acts *A, const float *dl
             copy_kept_states(K, A, d.dh, d.dhk, D, false);
         } else if (A->ra) { /* context parallelism: this rank's rows of the whole batch's */
             float *h = acts_host_buf(A, (size_t)N);
-            cp_take_rows(A->ra, A->Nf, h, dlogp);
+            cp_take_rows(A->cprow, N, h, dlogp);
             k_to_device(K, d.dlogp, h, (size_t)N * sizeof(float));
             if (dentropy) {
-                cp_take_rows(A->ra, A->Nf, h, dentropy);
+                cp_take_rows(A->cprow, N, h, dentropy);
                 k_to_device(K, d.dentropy, h, (size_t)N * sizeof(float));
             }
             k_lmhead_backward(K, d.dh, G ? G->lm_head : NULL, d.dlogp, dentropy ? d.dentropy : NULL, A->hn,
