@@ -24,6 +24,7 @@ static int verl_ranks(long long nodes, long long per_node, const char *prefix, i
 
 int placement_spec_from_config(const struct grpo_config *cfg, struct placement_spec *s, char *why, size_t whylen)
 {
+    *s = (struct placement_spec){0}; /* every number comes from cfg: none left from the caller's memory */
     s->trainer_ranks = (int)cfg->placement_trainer_ranks;
     s->rollout_ranks = (int)cfg->placement_rollout_ranks;
     s->tp_size = (int)cfg->actor_megatron_tensor_model_parallel_size;

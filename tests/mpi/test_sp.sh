@@ -70,10 +70,12 @@ assert all(x["actor/grad_norm"] > 0 and x["actor/pg_loss"] != 0 for x in r), r
 PY
     expect "$model: every response is $LEN tokens, and the policy loss and its gradient are not zero" $?
 done
-# one process with the token budget: 2200 tokens hold one response a micro-batch
+# one process with the token budget: 2200 tokens hold one response (and its prompt) a micro-batch
 # shellcheck disable=SC2046
-"$WORKER" $(long llama) trainer.default_local_dir="$TMP/one-bsz" $BSZ >"$TMP/one-bsz.log" 2>&1
+GRPO_LOG_LEVEL=debug "$WORKER" $(long llama) trainer.default_local_dir="$TMP/one-bsz" $BSZ >"$TMP/one-bsz.log" 2>&1
 expect "llama: single-process run with use_dynamic_bsz finishes" $?
+has "$TMP/one-bsz.log" "update: 2 sequence(s) of this rank's mini-batch in 2 micro-batch(es)"
+expect "one-bsz: ppo_max_token_len_per_gpu=2200 gives one response a micro-batch" $?
 
 sp sp2-llama llama 2 2
 expect "sp2-llama: 2 colocated ranks, SP 2, finish" $?
@@ -94,8 +96,10 @@ sp sp4-qwen2 qwen2 4 4 $RTP2
 expect "sp4-qwen2: SP 4 (one query head a rank) finishes" $?
 equivalent sp4-qwen2 one-qwen2
 # shellcheck disable=SC2086 # BSZ's words are keys
-sp sp2-bsz llama 2 2 $BSZ
+GRPO_LOG_LEVEL=debug sp sp2-bsz llama 2 2 $BSZ
 expect "sp2-bsz: SP 2 with use_dynamic_bsz finishes" $?
+has "$TMP/sp2-bsz.log" "update: 2 sequence(s) of this rank's mini-batch in 1 micro-batch(es)"
+expect "sp2-bsz: the SP group's budget is 2 x 2200 tokens, both responses in one micro-batch (verl's per-GPU meaning)" $?
 equivalent sp2-bsz one-bsz
 
 # refusals, each naming the keys and numbers
@@ -106,7 +110,8 @@ refused() { # NAME RANKS SP TEXT [keys...]: the run ends with an error saying TE
     local rc=$?
     [ $rc -ne 0 ] && says "$TMP/$name.log" "$text"
 }
-refused bad-heads 3 3 "num_attention_heads (4) is not divisible by actor_rollout_ref.actor.ulysses_sequence_parallel_size (3)"
+refused bad-heads 3 3 "num_attention_heads (4) is not divisible by actor_rollout_ref.actor.ulysses_sequence_parallel_size (3)" \
+    data.train_batch_size=3
 expect "SP 3 over 4 heads is refused naming the key and the numbers" $?
 refused bad-ranks 3 2 "3 hybrid ranks are not a multiple of actor_rollout_ref.actor.megatron.tensor_model_parallel_size 1 x actor_rollout_ref.actor.megatron.pipeline_model_parallel_size 1 x actor_rollout_ref.actor.ulysses_sequence_parallel_size 2"
 expect "3 ranks under SP 2 are refused naming the key" $?

@@ -8,8 +8,11 @@
  * With --cp: the same checks for context parallelism (model_set_cp: each sequence padded to a multiple of 2C is a
  * segment of which each rank holds the load-balanced chunks r and 2C-1-r, and attends over the ring with every
  * head; no shared-prompt batch), and the bytes each rank sent around the ring (the group's traffic counters) equal
- * ring_attn_bytes' formula for the layers' forwards, backwards and checkpointed recomputations. Exit 0 only if every
- * rank saw every value right. */
+ * ring_attn_bytes' formula for the layers' forwards, backwards and checkpointed recomputations.
+ * With --memory LEN (on a world of 4): one sequence of LEN tokens through a forward and a backward at SP 1, 2 and 4
+ * (groups of neighbouring ranks): each rank's activation high-water (its context's peak of activation memory)
+ * falls as 1/SP within 10%, and the bytes the all-to-alls send are the planner's (plan_sp_alltoall_bytes) exactly;
+ * rank 0 prints the figures. Exit 0 only if every rank saw every value right. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,8 +23,10 @@
 #include "common/check_mpi.h"
 #include "common/log.h"
 #include "worker/comm/comm.h"
+#include "kernels/kernels.h"
 #include "worker/model/model.h"
 #include "worker/model/ring_attn.h"
+#include "worker/plan/planner.h"
 
 static int g_bad;
 static bool g_cp; /* --cp: context parallelism (ring attention) instead of Ulysses */
@@ -190,12 +195,91 @@ static void check_config(const char *name, const struct model_config *c, struct 
         log_info("test", "%s: %s %d checked", name, g_cp ? "CP" : "SP", comm_size(sp));
 }
 
+/* Activation memory and all-to-all bytes of one LEN-token sequence at SP 1, 2, 4. */
+static void check_memory(struct comm *w, int len)
+{
+    /* 8 query heads over 4 KV heads (split at every SP here), hidden 256, eight layers: besides each layer's
+     * activations (1/SP of one process's) a sequence-parallel rank holds one set of buffers for all layers, this rank's
+     * tokens' q, k, v and attention output and the all-to-all's staging, and the backward's of every token of its
+     * heads, about a fifth of a layer's activations at any SP */
+    const struct model_config c = {.arch = ARCH_LLAMA,
+                                   .vocab_size = 512,
+                                   .hidden_size = 256,
+                                   .intermediate_size = 512,
+                                   .n_layers = 8,
+                                   .n_heads = 8,
+                                   .n_kv_heads = 4,
+                                   .head_dim = 32,
+                                   .rope_theta = 10000,
+                                   .rms_norm_eps = 1e-5f,
+                                   .tie_word_embeddings = true,
+                                   .max_position_embeddings = len,
+                                   .bos_token_id = -1,
+                                   .eos_token_id = -1};
+    const int lens[1] = {len};
+    struct batch t;
+    batch_make(&t, &c, lens, 1, false, false);
+    double act1 = 0;
+    for (int S = 1; S <= 4 && S <= comm_size(w); S *= 2) {
+        struct comm *sp = comm_split(w, comm_rank(w) / S, comm_rank(w));
+        struct model *m = model_create(&c);
+        model_init_random(m, 7, 0.05);
+        model_set_sp(m, sp);
+        model_alloc_grads(m);
+        struct comm_traffic before, after;
+        comm_traffic(sp, &before);
+        const size_t base = m->K->mem.in_use[KMEM_ACTS];
+        kmem_reset_peaks(m->K);
+        float *lp = xmalloc((size_t)len * sizeof(float)), *ep = xmalloc((size_t)len * sizeof(float));
+        model_backward(m, model_forward(m, &t.pb, 1.0f, false, lp, ep), t.dlogp, t.dent);
+        double act = (double)(m->K->mem.peak[KMEM_ACTS] - base), sent;
+        comm_traffic(sp, &after);
+        sent = after.sent_f32[COMM_OP_ALLTOALL] - before.sent_f32[COMM_OP_ALLTOALL];
+        comm_allreduce_max(w, &act, 1, COMM_F64);
+        comm_allreduce_sum(sp, &sent, 1, COMM_F64);
+        /* a forward and a backward of every layer */
+        const double want = S * plan_sp_alltoall_bytes(&c, len, S, c.n_layers, c.n_layers);
+        if (fabs(sent - want) > 1e-9 * (want > 1 ? want : 1)) {
+            g_bad++;
+            log_error("test", "SP %d: the all-to-alls sent %.0f bytes over the group, the planner says %.0f", S, sent,
+                      want);
+        }
+        if (S == 1)
+            act1 = act;
+        const double ratio = act / act1;
+        if (fabs(ratio * S - 1) > 0.10) {
+            g_bad++;
+            log_error("test", "SP %d: activation memory %.0f bytes per rank is %.3f of SP 1's, not 1/%d within 10%%", S,
+                      act, ratio, S);
+        }
+        if (comm_rank(w) == 0)
+            printf("SP %d, one sequence of %d tokens: activations %.2f MB per rank (%.3f of SP 1, 1/SP = %.3f); "
+                   "all-to-all %.2f MB sent per rank (planner %.2f MB)\n",
+                   S, len, act / 1e6, ratio, 1.0 / S, sent / S / 1e6, want / S / 1e6);
+        free(lp), free(ep);
+        model_free(m);
+        comm_free(sp);
+    }
+    batch_free(&t);
+}
+
 int main(int argc, char **argv)
 {
     CHECK_MPI(MPI_Init(&argc, &argv));
     struct comm *w = comm_mpi_world();
     const int S = comm_size(w);
     g_cp = argc > 1 && strcmp(argv[1], "--cp") == 0;
+    for (int i = 1; i + 1 < argc; i++)
+        if (strcmp(argv[i], "--memory") == 0) {
+            check_memory(w, atoi(argv[i + 1]));
+            int bad = g_bad;
+            comm_allreduce_sum(w, &bad, 1, COMM_I32);
+            if (comm_rank(w) == 0)
+                printf("%s: activation memory and all-to-all bytes over SP (%d problems)\n", bad ? "FAIL" : "ok", bad);
+            comm_free(w);
+            CHECK_MPI(MPI_Finalize());
+            return bad ? 1 : 0;
+        }
     /* Llama: tied head, 4 query heads over 2 KV heads (split at SP 2, replicated at SP 4) */
     struct model_config llama = {.arch = ARCH_LLAMA,
                                  .vocab_size = 67,

@@ -868,7 +868,8 @@ static int sp_kv_lo(const struct model *m, int j)
     return Hkv >= S ? j * (Hkv / S) : j * (Hq / S) / (Hq / Hkv);
 }
 
-static void layer_acts_take(const struct model *m, int N, int Nf, struct layer_acts *a, bool full, struct karena *ar)
+static void layer_acts_take(const struct model *m, int N, int Nf, struct layer_acts *a, bool full,
+                            const struct layer_acts *tok, struct karena *ar)
 {
     const struct model_config *c = &m->cfg;
     const size_t n = (size_t)(N > 0 ? N : 1), D = (size_t)c->hidden_size, F = (size_t)m->sh.inter;
@@ -879,10 +880,14 @@ static void layer_acts_take(const struct model *m, int N, int Nf, struct layer_a
         return;
     a->xn1 = take_f(ar, n * D);
     a->rstd1 = take_f(ar, n);
-    a->q = take_f(ar, n * QD);
-    a->k = take_f(ar, n * KD);
-    a->v = take_f(ar, n * KD);
-    a->att = take_f(ar, n * QD);
+    if (tok) { /* sequence parallelism: this rank's tokens' q, k, v and attention output, shared by the layers */
+        a->q = tok->q, a->k = tok->k, a->v = tok->v, a->att = tok->att;
+    } else {
+        a->q = take_f(ar, n * QD);
+        a->k = take_f(ar, n * KD);
+        a->v = take_f(ar, n * KD);
+        a->att = take_f(ar, n * QD);
+    }
     if (c->qk_norm) {
         a->q_pre = take_f(ar, n * QD);
         a->k_pre = take_f(ar, n * KD);
@@ -924,14 +929,26 @@ static void acts_take(const struct model *m, struct model_acts *A, int N, int B,
     A->targets = karena_take(ar, n * sizeof(int32_t));
     A->pos = karena_take(ar, n * sizeof(int32_t));
     A->cu = karena_take(ar, (size_t)(B + 1) * sizeof(int32_t));
+    /* sequence parallelism: a layer's backward reads attention's inputs and output for every token of its heads (qf,
+     * kf, vf, attf); this rank's tokens' q, k, v (all-to-all sources) and output (brought back again in the
+     * backward) are one set for every layer, so the layers keep 1/SP of what one process keeps */
+    struct layer_acts tok = {0};
+    if (sh->sp && !sh->ring) {
+        const size_t QD = (size_t)sh->n_heads * m->cfg.head_dim, KD = (size_t)sh->n_kv_heads * m->cfg.head_dim;
+        tok.q = take_f(ar, n * QD);
+        tok.k = take_f(ar, n * KD);
+        tok.v = take_f(ar, n * KD);
+        tok.att = take_f(ar, n * QD);
+    }
+    const struct layer_acts *shared = sh->sp && !sh->ring ? &tok : NULL;
     if (A->ckpt)
-        layer_acts_take(m, N, A->Nf, &A->scratch, true, ar);
+        layer_acts_take(m, N, A->Nf, &A->scratch, true, shared, ar);
     else
         memset(&A->scratch, 0, sizeof A->scratch);
     A->xdev[0] = A->offload ? take_f(ar, nD) : NULL;
     A->xdev[1] = A->offload ? take_f(ar, nD) : NULL;
     for (int l = sh->layer_lo; l < sh->layer_hi; l++)
-        layer_acts_take(m, N, A->Nf, &A->layers[l], !A->ckpt, har);
+        layer_acts_take(m, N, A->Nf, &A->layers[l], !A->ckpt, shared, har);
     A->xf = take_f(ar, nD);
     A->hn = A->rstdf = A->logp = A->entropy = NULL;
     A->hk = NULL;
@@ -1257,6 +1274,9 @@ static void layer_backward(struct model *m, int l, const struct packed_batch *b,
     /* attention: xmid = x + o(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))) */
     k_zero(K, d->datt, (size_t)N * QD * fs), k_zero(K, d->dq, (size_t)N * QD * fs);
     k_zero(K, d->dk, (size_t)N * KD * fs), k_zero(K, d->dv, (size_t)N * KD * fs);
+    if (m->sh.sp &&
+        !m->sh.ring) /* this layer's attention output of this rank's tokens again (the layers share its buffer) */
+        sp_to_tokens(m, a->att, a->attf, N, Nf, QD, sp_hq(m) * hd, false);
     model_proj_backward(m, l, PROJ_O, d->datt, dx, a->att, N);
     if (m->sh.ring) { /* context parallelism: the visiting keys' and values' gradients come home */
         ring_attn_backward(m->work->ring, d->dq, d->dk, d->dv, d->datt, a->att, a->lse, a->q, a->k, a->v);

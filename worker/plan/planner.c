@@ -33,6 +33,14 @@ static struct widths widths_of(const struct plan_cluster *c)
     return (struct widths){2, 4, 4, 8, 2, 2};
 }
 
+double plan_sp_alltoall_bytes(const struct model_config *m, double N, int sp, double fwd, double bwd)
+{
+    if (sp <= 1)
+        return 0;
+    const double hq = (double)m->n_heads / sp, hk = m->n_kv_heads >= sp ? (double)m->n_kv_heads / sp : 1.0;
+    return (sp - 1.0) / sp * N * m->head_dim * 4.0 * (fwd * (2 * hq + 2 * hk) + bwd * (3 * hq + 2 * hk));
+}
+
 double plan_param_count(const struct model_config *m)
 {
     const double h = m->hidden_size, f = m->intermediate_size, a = m->n_heads, g = m->n_kv_heads, d = m->head_dim,

@@ -84,6 +84,13 @@ extern const struct plan_batch plan_default_batch;
 
 /* Parameters of a model from its configuration (embedding, layers, final norm, an untied head). */
 double plan_param_count(const struct model_config *m);
+/* Ulysses sequence parallelism over sp ranks (the whole model on each): the bytes a rank sends, on average over the
+ * group, in the all-to-alls around attention over N packed tokens in fwd layer forwards (q, k and v to every token
+ * of a share of the heads, the output back) and bwd layer backwards (the output back again, its gradient to the
+ * heads, q's, k's and v's gradients back; gradient checkpointing adds a forward to each), fp32: (sp - 1) / sp x N
+ * x head_dim x 4 bytes x (2 hq + 2 hk) a forward, (3 hq + 2 hk) a backward, hq = Hq / sp, hk = max(Hkv / sp, 1).
+ * Their sum over the group is exact for any split of the tokens. */
+double plan_sp_alltoall_bytes(const struct model_config *m, double N, int sp, double fwd, double bwd);
 /* Cost of one layout (r->valid false, with the reason, when it does not divide the model). */
 void plan_evaluate(const struct model_config *m, const struct plan_cluster *c, const struct plan_batch *b,
                    const struct plan_layout *l, struct plan_result *r);

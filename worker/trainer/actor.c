@@ -230,6 +230,7 @@ void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int
     int **groups, *counts;
     int k =
         split_micro_batches(seqs, idx, n, p->bt.micro_seqs, p->bt.micro_tokens, p->bt.share_prompts, &groups, &counts);
+    log_debug("trainer", "update: %d sequence(s) of this rank's mini-batch in %d micro-batch(es)", n, k);
     struct mb_state *mbs = xcalloc((size_t)(k ? k : 1), sizeof *mbs);
     for (int b = 0; b < k; b++) {
         micro_batch_build(&mbs[b].mb, seqs, groups[b], counts[b], p->bt.share_prompts);
