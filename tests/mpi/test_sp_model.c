@@ -12,7 +12,8 @@
  * With --memory LEN (on a world of 4): one sequence of LEN tokens through a forward and a backward at SP 1, 2 and 4
  * (groups of neighbouring ranks): each rank's activation high-water (its context's peak of activation memory)
  * falls as 1/SP within 10%, and the bytes the all-to-alls send are the planner's (plan_sp_alltoall_bytes) exactly;
- * rank 0 prints the figures. Exit 0 only if every rank saw every value right. */
+ * rank 0 prints the figures; with --cp --memory LEN the same at CP 1, 2, 4 (the ring's own host buffers added to the
+ * context's peak), the ring's bytes against ring_attn_bytes. Exit 0 only if every rank saw every value right. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -224,7 +225,10 @@ static void check_memory(struct comm *w, int len)
         struct comm *sp = comm_split(w, comm_rank(w) / S, comm_rank(w));
         struct model *m = model_create(&c);
         model_init_random(m, 7, 0.05);
-        model_set_sp(m, sp);
+        if (g_cp)
+            model_set_cp(m, sp);
+        else
+            model_set_sp(m, sp);
         model_alloc_grads(m);
         struct comm_traffic before, after;
         comm_traffic(sp, &before);
@@ -234,28 +238,38 @@ static void check_memory(struct comm *w, int len)
         model_backward(m, model_forward(m, &t.pb, 1.0f, false, lp, ep), t.dlogp, t.dent);
         double act = (double)(m->K->mem.peak[KMEM_ACTS] - base), sent;
         comm_traffic(sp, &after);
-        sent = after.sent_f32[COMM_OP_ALLTOALL] - before.sent_f32[COMM_OP_ALLTOALL];
+        sent = after.sent_f32[g_cp ? COMM_OP_SEND : COMM_OP_ALLTOALL] -
+               before.sent_f32[g_cp ? COMM_OP_SEND : COMM_OP_ALLTOALL];
+        /* the ring's own buffers (host memory outside the context's count): the visiting K/V pair and its
+         * gradients, twice, and a step's partial output, log-sum-exp and dout . out, all of the rank's n rows */
+        const size_t n = (size_t)((len + 2 * S - 1) / (2 * S) * 2), hkv = (size_t)c.n_kv_heads * c.head_dim;
+        if (g_cp && S > 1)
+            act += (double)(2 * 4 * n * hkv * sizeof(float) + n * (size_t)c.n_heads * c.head_dim * sizeof(float) +
+                            n * (size_t)c.n_heads * (sizeof(float) + sizeof(double)));
         comm_allreduce_max(w, &act, 1, COMM_F64);
         comm_allreduce_sum(sp, &sent, 1, COMM_F64);
-        /* a forward and a backward of every layer */
-        const double want = S * plan_sp_alltoall_bytes(&c, len, S, c.n_layers, c.n_layers);
+        /* a forward and a backward of every layer: the all-to-alls, or the ring (chunks of n / 2 rows) */
+        const double want = S * (g_cp ? c.n_layers * (ring_attn_bytes(S, (int)n / 2, c.n_kv_heads, c.head_dim, 0) +
+                                                      ring_attn_bytes(S, (int)n / 2, c.n_kv_heads, c.head_dim, 1))
+                                      : plan_sp_alltoall_bytes(&c, len, S, c.n_layers, c.n_layers));
         if (fabs(sent - want) > 1e-9 * (want > 1 ? want : 1)) {
             g_bad++;
-            log_error("test", "SP %d: the all-to-alls sent %.0f bytes over the group, the planner says %.0f", S, sent,
-                      want);
+            log_error("test", "%s %d: %s sent %.0f bytes over the group, %s says %.0f", g_cp ? "CP" : "SP", S,
+                      g_cp ? "the ring" : "the all-to-alls", sent, g_cp ? "ring_attn_bytes" : "the planner", want);
         }
         if (S == 1)
             act1 = act;
         const double ratio = act / act1;
         if (fabs(ratio * S - 1) > 0.10) {
             g_bad++;
-            log_error("test", "SP %d: activation memory %.0f bytes per rank is %.3f of SP 1's, not 1/%d within 10%%", S,
-                      act, ratio, S);
+            log_error("test", "%s %d: activation memory %.0f bytes per rank is %.3f of 1 rank's, not 1/%d within 10%%",
+                      g_cp ? "CP" : "SP", S, act, ratio, S);
         }
         if (comm_rank(w) == 0)
-            printf("SP %d, one sequence of %d tokens: activations %.2f MB per rank (%.3f of SP 1, 1/SP = %.3f); "
-                   "all-to-all %.2f MB sent per rank (planner %.2f MB)\n",
-                   S, len, act / 1e6, ratio, 1.0 / S, sent / S / 1e6, want / S / 1e6);
+            printf("%s %d, one sequence of %d tokens: activations %.2f MB per rank (%.3f of 1 rank's, 1/%d = %.3f); "
+                   "%s %.2f MB sent per rank (%s %.2f MB)\n",
+                   g_cp ? "CP" : "SP", S, len, act / 1e6, ratio, S, 1.0 / S, g_cp ? "ring" : "all-to-all",
+                   sent / S / 1e6, g_cp ? "ring_attn_bytes" : "planner", want / S / 1e6);
         free(lp), free(ep);
         model_free(m);
         comm_free(sp);
@@ -275,7 +289,8 @@ int main(int argc, char **argv)
             int bad = g_bad;
             comm_allreduce_sum(w, &bad, 1, COMM_I32);
             if (comm_rank(w) == 0)
-                printf("%s: activation memory and all-to-all bytes over SP (%d problems)\n", bad ? "FAIL" : "ok", bad);
+                printf("%s: activation memory and %s bytes over %s (%d problems)\n", bad ? "FAIL" : "ok",
+                       g_cp ? "ring" : "all-to-all", g_cp ? "CP" : "SP", bad);
             comm_free(w);
             CHECK_MPI(MPI_Finalize());
             return bad ? 1 : 0;
