@@ -644,8 +644,8 @@ static int validate_lora(const struct grpo_config *c, struct cfg_error *err)
     return 0;
 }
 
-/* Ulysses sequence parallelism: the layouts it has run in (colocated, on the CPU, with DP); the others refused
- * by name. */
+/* Ulysses sequence parallelism: the layouts it has run in (colocated or split, on the CPU, with DP); the others
+ * refused by name. */
 static int validate_sp(const struct grpo_config *c, struct cfg_error *err)
 {
     static const char UKEY[] = "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
@@ -676,17 +676,13 @@ static int validate_sp(const struct grpo_config *c, struct cfg_error *err)
         with = "actor_rollout_ref.model.lora_rank", snprintf(val, sizeof val, "%lld", c->arr_model_lora_rank);
     else if (c->arr_model_enable_activation_offload)
         with = "actor_rollout_ref.model.enable_activation_offload", snprintf(val, sizeof val, "true");
-    else if (c->placement_rollout_ranks > 0)
-        with = "placement.rollout_ranks", snprintf(val, sizeof val, "%lld (a split run)", c->placement_rollout_ranks);
-    else if (c->split_rollout_nnodes > 0)
-        with = "rollout.nnodes", snprintf(val, sizeof val, "%lld (a split run)", c->split_rollout_nnodes);
     else if (strcmp(c->trainer_device, "cuda") == 0)
         with = "trainer.device", snprintf(val, sizeof val, "cuda");
     if (!with)
         return 0;
     errf(err,
-         "%s: %s=%lld with %s=%s is not available yet (sequence and context parallelism run colocated, on the CPU, "
-         "with data parallelism only); set one of them back",
+         "%s: %s=%lld with %s=%s is not available yet (sequence and context parallelism run on the CPU, with data "
+         "parallelism only); set one of them back",
          origin_of(c, key), key, sp, with, val);
     return -1;
 }

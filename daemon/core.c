@@ -407,6 +407,9 @@ static void data_endpoint(const struct core *c, int dp, const char *host, char *
     placement_data_endpoint(base, dp, host, out, len);
 }
 
+/* The ranks of a DP rank that share its sequences (Ulysses SP): 1 without. */
+static int cp_of(const struct core *c) { return c->place.cp_size > 1 ? c->place.cp_size : 1; }
+
 static const struct core_worker *trainer_head(const struct core *c, int dp)
 {
     for (int r = 0; r < c->nworkers; r++) {
@@ -456,13 +459,13 @@ static uint8_t *reply_assignment(struct core *c, uint64_t id, const struct core_
         if (w->dp_rank == 0 && c->place.trainer_ranks > 0) { /* the dispatcher binds here */
             char base[256];
             data_base(c, base, sizeof base);
-            placement_dispatch_endpoint(base, c->place.trainer_ranks / (c->place.tp_size * c->place.pp_size), NULL, ep,
-                                        sizeof ep);
+            placement_dispatch_endpoint(base, c->place.trainer_ranks / (c->place.tp_size * c->place.pp_size * cp_of(c)),
+                                        NULL, ep, sizeof ep);
             as->dispatch_endpoint = arena_strdup(&a, ep);
         }
     }
     if (w->role == GRPO__ROLE__ROLE_ROLLOUT && c->place.trainer_ranks > 0) {
-        int dps = c->place.trainer_ranks / (c->place.tp_size * c->place.pp_size);
+        int dps = c->place.trainer_ranks / (c->place.tp_size * c->place.pp_size * cp_of(c));
         as->n_trainer_endpoints = (size_t)dps;
         as->trainer_endpoints = arena_alloc(&a, (size_t)dps * sizeof(char *));
         for (int d = 0; d < dps; d++) {

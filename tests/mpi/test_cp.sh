@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Context parallelism (actor_rollout_ref.actor.megatron.context_parallel_size: ring attention over load-balanced
-# chunks) on colocated ranks reproduces the single-process run with long responses (mpirun --oversubscribe):
+# chunks) reproduces the single-process run with long responses (mpirun --oversubscribe):
 #  - a tiny Llama (4 query heads over 2 KV heads) with a 4096-position window generates responses of 2,048 tokens
-#    (actor_rollout_ref.rollout.ignore_eos), packed two to a micro-batch, so a rank's two chunks cut through
-#    sequences and the row is padded to a multiple of 2 x CP;
-#  - CP2 and CP2 x DP2 give the single-process run's per-step losses, grad norms and entropies, and its weights
-#    after two GRPO steps, within 1e-5 relative;
+#    (actor_rollout_ref.rollout.ignore_eos), packed two to a micro-batch; each sequence (prompt and response) is
+#    padded to a multiple of 2 x CP and cut into 2 x CP chunks, rank r holding chunks r and 2 x CP - 1 - r;
+#  - CP2 and CP2 x DP2, colocated and fed by a rollout rank (split), give the single-process run's per-step
+#    losses, grad norms and entropies, and its weights after two GRPO steps, within 1e-5 relative;
 #  - context_parallel_size with ulysses_sequence_parallel_size, TP or a GPU is refused naming the keys.
 # usage: test_cp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
@@ -72,6 +72,21 @@ expect "cp2dp2-llama: 4 colocated ranks, CP 2 x DP 2, finish" $?
 has "$TMP/cp2dp2-llama.log" "training DP 2 x CP 2 x TP 1 x PP 1"
 expect "cp2dp2-llama: DP 2 x CP 2 logged" $?
 equivalent cp2dp2-llama one-llama
+
+# split runs: a rollout rank generates, CP rank 0 of each DP rank pulls its batches and shares them with its CP peers
+split() { # NAME TRAINERS
+    # shellcheck disable=SC2046
+    "${MPIRUN[@]}" -np $(($2 + 1)) "$WORKER" $(long llama) trainer.default_local_dir="$TMP/$1" placement.trainer_ranks="$2" \
+        placement.rollout_ranks=1 actor_rollout_ref.actor.megatron.context_parallel_size=2 >"$TMP/$1.log" 2>&1
+}
+split split-cp2 2
+expect "split-cp2: 2 CP trainer ranks and a rollout rank finish" $?
+has "$TMP/split-cp2.log" "rollout rank 0 of 1 (on-policy), 1 trainer endpoint(s)"
+expect "split-cp2: one data endpoint for the CP group" $?
+equivalent split-cp2 one-llama
+split split-cp2dp2 4
+expect "split-cp2dp2: 4 trainer ranks (CP 2 x DP 2) and a rollout rank finish" $?
+equivalent split-cp2dp2 one-llama
 
 # refusals, each naming the keys
 refused() { # NAME RANKS CP TEXT [keys...]: the run ends with an error saying TEXT

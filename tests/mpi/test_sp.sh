@@ -7,8 +7,10 @@
 #  - SP2, SP2 x DP2 and SP4 give the single-process run's per-step losses, grad norms and entropies, and its
 #    weights after two GRPO steps, within 1e-5 relative; the same with the token-budget micro-batches
 #    (use_dynamic_bsz, ppo_max_token_len_per_gpu per GPU as verl means it: the SP group's budget is SP times it);
-#  - heads that do not divide, and layouts not available yet (TP, ZeRO-1, a split run), are refused naming the keys
-#    and the numbers; ranks that do not fit the SP size are refused naming the key.
+#  - split runs (a rollout rank feeding SP 2 and SP 2 x DP 2 trainers: one data endpoint per DP rank, its batches
+#    shared over the SP group) give the same;
+#  - heads that do not divide, and layouts not available yet (TP, ZeRO-1), are refused naming the keys and the
+#    numbers; ranks that do not fit the SP size are refused naming the key.
 # usage: test_sp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
 WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
@@ -102,6 +104,21 @@ has "$TMP/sp2-bsz.log" "update: 2 sequence(s) of this rank's mini-batch in 1 mic
 expect "sp2-bsz: the SP group's budget is 2 x 2200 tokens, both responses in one micro-batch (verl's per-GPU meaning)" $?
 equivalent sp2-bsz one-bsz
 
+# split runs: a rollout rank generates, SP rank 0 of each DP rank pulls its batches and shares them with its SP peers
+split() { # NAME TRAINERS
+    # shellcheck disable=SC2046
+    "${MPIRUN[@]}" -np $(($2 + 1)) "$WORKER" $(long llama) trainer.default_local_dir="$TMP/$1" placement.trainer_ranks="$2" \
+        placement.rollout_ranks=1 actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 >"$TMP/$1.log" 2>&1
+}
+split split-sp2 2
+expect "split-sp2: 2 SP trainer ranks and a rollout rank finish" $?
+has "$TMP/split-sp2.log" "rollout rank 0 of 1 (on-policy), 1 trainer endpoint(s)"
+expect "split-sp2: one data endpoint for the SP group" $?
+equivalent split-sp2 one-llama
+split split-sp2dp2 4
+expect "split-sp2dp2: 4 trainer ranks (SP 2 x DP 2) and a rollout rank finish" $?
+equivalent split-sp2dp2 one-llama
+
 # refusals, each naming the keys and numbers
 refused() { # NAME RANKS SP TEXT [keys...]: the run ends with an error saying TEXT
     local name=$1 ranks=$2 size=$3 text=$4
@@ -121,7 +138,4 @@ expect "SP with TP is refused naming both keys" $?
 refused bad-zero 4 2 "ulysses_sequence_parallel_size=2 with actor_rollout_ref.actor.megatron.use_distributed_optimizer=true is not available yet" \
     actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
 expect "SP with ZeRO-1 is refused naming both keys" $?
-refused bad-split 4 2 "ulysses_sequence_parallel_size=2 with placement.rollout_ranks=2 (a split run) is not available yet" \
-    placement.trainer_ranks=2 placement.rollout_ranks=2 trainer.nnodes=0 trainer.n_gpus_per_node=0
-expect "SP in a split run is refused naming the keys" $?
 finish "$TMP"/*.log

@@ -88,14 +88,14 @@ static void local_endpoints(struct role_env *env)
     else
         gethostname(host, sizeof host - 1);
     comm_allgather_bytes(env->world, host, hosts, sizeof host);
-    /* one endpoint per trainer DP rank, bound by its TP rank 0 (PP stage 0): trainer rank d x TP */
-    const int tp = env->spec.tp_size;
-    env->n_endpoints = env->spec.trainer_ranks / (tp * env->spec.pp_size);
+    /* one endpoint per trainer DP rank, bound by its TP and SP rank 0 (PP stage 0): trainer rank d x TP x SP */
+    const int tp = env->spec.tp_size, cp = env->spec.cp_size > 1 ? env->spec.cp_size : 1;
+    env->n_endpoints = env->spec.trainer_ranks / (tp * env->spec.pp_size * cp);
     for (int d = 0; d < env->n_endpoints; d++) /* the trainer binds; the rollouts connect to it */
         placement_data_endpoint(base, d,
-                                env->at.role == PLACE_TRAINER && env->at.dp == d && env->at.tp == 0
+                                env->at.role == PLACE_TRAINER && env->at.dp == d && env->at.tp == 0 && env->at.cp == 0
                                     ? NULL
-                                    : hosts + (size_t)d * tp * sizeof host,
+                                    : hosts + (size_t)d * tp * cp * sizeof host,
                                 env->endpoints[d], sizeof env->endpoints[d]);
     /* the dispatcher is trainer DP rank 0's, world rank 0 */
     placement_dispatch_endpoint(base, env->n_endpoints, env->rank == 0 ? NULL : hosts, env->dispatch_endpoint,

@@ -511,7 +511,8 @@ static void publish(struct trainer_rank *r, int64_t version)
     const double t0 = clock_now_s();
     float *whole = NULL;
     size_t n;
-    if (r->mp) { /* the parts to the dispatcher's rank, each from a host copy on GPUs (no LoRA with TP or PP) */
+    if (r->mp && !r->env->cp) { /* the parts to the dispatcher's rank, each from a host copy on GPUs (no LoRA with TP
+                                   or PP); sequence-parallel ranks hold the whole model */
         if (r->disp)
             whole = xmalloc(model_whole_floats(&p->cfg) * sizeof(float));
         model_shard_gather(p, trainer_params(r->t, &n), whole, 0);
@@ -532,7 +533,7 @@ static void publish(struct trainer_rank *r, int64_t version)
 static int between_steps(void *ctx, int64_t j, bool stop)
 {
     struct trainer_rank *r = ctx;
-    if (r->env->at.dp != 0)
+    if (r->env->at.dp != 0 || r->env->at.cp != 0)
         return 0;
     if (stop) {
         if (!r->disp)
@@ -634,7 +635,7 @@ static void trainer_ready(void *ud, struct trainer *t)
     r->start = trainer_step(t);
     r->lim.prompts = trainer_prompts(t);
     r->lim.vocab_size = trainer_policy(t)->cfg.vocab_size;
-    if (r->env->at.dp != 0)
+    if (r->env->at.dp != 0 || r->env->at.cp != 0) /* SP ranks hold the whole model: SP rank 0 publishes it */
         return;
     if (r->env->at.tp != 0 || r->env->at.pp != 0) { /* the dispatcher is the copy's rank 0's; this rank gives its
                                                      * part of each version */
@@ -694,7 +695,8 @@ int run_trainer(struct role_env *env)
     const struct grpo_config *c = env->cfg;
     char err[1024];
     const bool split_model = env->at.tp_size > 1 || env->at.pp_size > 1;
-    struct trainer_rank r = {.env = env, .mp = split_model ? env->mp : NULL};
+    /* the ranks that hold a DP rank's batches: its model copy (TP x PP), or its sequence-parallel group */
+    struct trainer_rank r = {.env = env, .mp = split_model ? env->mp : env->at.cp_size > 1 ? env->cp : NULL};
     r.lim =
         (struct wire_limits){.max_response_length = (int)c->data_max_response_length,
                              .groups_in_step = (int)c->data_train_batch_size,
@@ -716,9 +718,9 @@ int run_trainer(struct role_env *env)
         plane_verifier_free(&r.verifier);
         return 2;
     }
-    /* bind before anything slow, so the rollout ranks' first batches find the socket (TP rank 0 of each DP rank
-     * pulls; it shares each batch with its TP peers) */
-    if (env->at.tp == 0 && env->at.pp == 0) {
+    /* bind before anything slow, so the rollout ranks' first batches find the socket (TP, PP and SP rank 0 of each
+     * DP rank pulls; it shares each batch with its peers) */
+    if (env->at.tp == 0 && env->at.pp == 0 && env->at.cp == 0) {
         r.pull = dataplane_pull_open(env->endpoints[env->at.dp], err, sizeof err);
         if (!r.pull) {
             log_error("trainer", "%s", err);
@@ -737,7 +739,11 @@ int run_trainer(struct role_env *env)
                                  .pp = env->at.pp_size > 1 ? env->pp : NULL,
                                  .pp_rank = env->at.pp,
                                  .pp_size = env->at.pp_size,
-                                 .mp = r.mp,
+                                 .mp = split_model ? env->mp : NULL,
+                                 .cp = env->cp,
+                                 .cp_rank = env->at.cp,
+                                 .cp_size = env->at.cp_size,
+                                 .grads = env->grads,
                                  .all = env->trainers,
                                  .devices = comm_size(env->world),
                                  .device = env->device,
