@@ -5,7 +5,8 @@
 #    (actor_rollout_ref.rollout.ignore_eos), packed two to a micro-batch; each sequence (prompt and response) is
 #    padded to a multiple of 2 x CP and cut into 2 x CP chunks, rank r holding chunks r and 2 x CP - 1 - r;
 #  - CP2 and CP2 x DP2, colocated and fed by a rollout rank (split), give the single-process run's per-step
-#    losses, grad norms and entropies, and its weights after two GRPO steps, within 1e-5 relative;
+#    losses, grad norms and entropies, and its weights after two GRPO steps, within 1e-5 relative; the same with
+#    the token-budget micro-batches (use_dynamic_bsz: ppo_max_token_len_per_gpu per GPU, CP times it a group);
 #  - context_parallel_size with ulysses_sequence_parallel_size, TP or a GPU is refused naming the keys.
 # usage: test_cp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
@@ -72,6 +73,20 @@ expect "cp2dp2-llama: 4 colocated ranks, CP 2 x DP 2, finish" $?
 has "$TMP/cp2dp2-llama.log" "training DP 2 x CP 2 x TP 1 x PP 1"
 expect "cp2dp2-llama: DP 2 x CP 2 logged" $?
 equivalent cp2dp2-llama one-llama
+
+# the token budget: 2200 tokens a GPU hold one response a micro-batch in one process, both over a CP 2 group
+BSZ="actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=2200"
+# shellcheck disable=SC2046,SC2086 # long's and BSZ's words are keys
+GRPO_LOG_LEVEL=debug "$WORKER" $(long llama) trainer.default_local_dir="$TMP/one-bsz" $BSZ >"$TMP/one-bsz.log" 2>&1
+expect "llama: single-process run with use_dynamic_bsz finishes" $?
+has "$TMP/one-bsz.log" "update: 2 sequence(s) of this rank's mini-batch in 2 micro-batch(es)"
+expect "one-bsz: ppo_max_token_len_per_gpu=2200 gives one response a micro-batch" $?
+# shellcheck disable=SC2086 # BSZ's words are keys
+GRPO_LOG_LEVEL=debug cp cp2-bsz 2 2 $BSZ
+expect "cp2-bsz: CP 2 with use_dynamic_bsz finishes" $?
+has "$TMP/cp2-bsz.log" "update: 2 sequence(s) of this rank's mini-batch in 1 micro-batch(es)"
+expect "cp2-bsz: the CP group's budget is 2 x 2200 tokens, both responses in one micro-batch (per GPU, as verl means it)" $?
+equivalent cp2-bsz one-bsz
 
 # split runs: a rollout rank generates, CP rank 0 of each DP rank pulls its batches and shares them with its CP peers
 split() { # NAME TRAINERS
