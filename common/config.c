@@ -653,7 +653,18 @@ static int validate_lora(const struct grpo_config *c, struct cfg_error *err)
  * refused by name. */
 static int validate_sp(const struct grpo_config *c, struct cfg_error *err)
 {
-    const long long sp = c->actor_ulysses_sequence_parallel_size;
+    static const char UKEY[] = "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+                      CKEY[] = "actor_rollout_ref.actor.megatron.context_parallel_size";
+    const long long cp = c->actor_megatron_context_parallel_size;
+    if (cp > 1 && c->actor_ulysses_sequence_parallel_size > 1) {
+        errf(err,
+             "%s=%lld and %s=%lld: Ulysses sequence parallelism and context parallelism share one dimension; "
+             "set one of them back to 1",
+             UKEY, c->actor_ulysses_sequence_parallel_size, CKEY, cp);
+        return -1;
+    }
+    const char *key = cp > 1 ? CKEY : UKEY; /* context parallelism: the same layouts as Ulysses */
+    const long long sp = cp > 1 ? cp : c->actor_ulysses_sequence_parallel_size;
     if (sp <= 1)
         return 0;
     const char *with = NULL;
@@ -675,9 +686,9 @@ static int validate_sp(const struct grpo_config *c, struct cfg_error *err)
     if (!with)
         return 0;
     errf(err,
-         "%s: actor_rollout_ref.actor.ulysses_sequence_parallel_size=%lld with %s=%s is not available yet (sequence "
-         "parallelism runs on the CPU, with data parallelism only); set one of them back",
-         origin_of(c, "actor_rollout_ref.actor.ulysses_sequence_parallel_size"), sp, with, val);
+         "%s: %s=%lld with %s=%s is not available yet (sequence and context parallelism run on the CPU, with data "
+         "parallelism only); set one of them back",
+         origin_of(c, key), key, sp, with, val);
     return -1;
 }
 

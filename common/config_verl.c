@@ -173,8 +173,6 @@ static const struct verl_key g_verl[] = {
     NOTED("actor_rollout_ref.actor.megatron.optimizer_offload", "the optimizer lives in host memory on the CPU path"),
     OFF_ONLY("actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size", "null|1",
              "no interleaving: the non-interleaved 1F1B schedule", "interleaved pipeline stages (not available yet)"),
-    OFF_ONLY("actor_rollout_ref.actor.megatron.context_parallel_size", "1", "1 is no context parallelism",
-             "context parallelism (not available yet)"),
     NOTED("actor_rollout_ref.actor.megatron.sequence_parallel", "TP all-reduces the hidden states (no sequence split)"),
     NOTED("actor_rollout_ref.actor.megatron.seed", "every random draw derives from data.seed"),
     NOTED("actor_rollout_ref.ref.strategy", "the reference runs in the trainer's layout"),

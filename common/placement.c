@@ -32,6 +32,10 @@ int placement_spec_from_config(const struct grpo_config *cfg, struct placement_s
     s->cp_size = (int)cfg->actor_ulysses_sequence_parallel_size;
     s->cp_key = "actor_rollout_ref.actor.ulysses_sequence_parallel_size";
     s->ep_size = (int)cfg->actor_megatron_expert_model_parallel_size;
+    if (cfg->actor_megatron_context_parallel_size > 1) { /* context parallelism: the same dimension (not both) */
+        s->cp_size = (int)cfg->actor_megatron_context_parallel_size;
+        s->cp_key = "actor_rollout_ref.actor.megatron.context_parallel_size";
+    }
     s->rollout_tp = (int)cfg->rollout_tensor_model_parallel_size;
     int vt, vr;
     if (verl_ranks(cfg->trainer_nnodes, cfg->trainer_n_gpus_per_node, "trainer", &vt, why, whylen) != 0 ||

@@ -5,10 +5,15 @@
  * shared-prompt packing and log-probs read on the responses only), with and without checkpointing: every row's
  * log-probs and entropies on every rank, and the gradients of every parameter summed over the ranks, agree with
  * one process's within 1e-5 (relative L2). Heads that do not divide are refused naming the key and the numbers.
+ * With --cp: the same checks for context parallelism (model_set_cp: each sequence padded to a multiple of 2C is a
+ * segment of which each rank holds the load-balanced chunks r and 2C-1-r, and attends over the ring with every
+ * head; no shared-prompt batch), and the bytes each rank sent around the ring (the group's traffic counters) equal
+ * ring_attn_bytes' formula for the layers' forwards, backwards and checkpointed recomputations.
  * With --memory LEN (on a world of 4): one sequence of LEN tokens through a forward and a backward at SP 1, 2 and 4
  * (groups of neighbouring ranks): each rank's activation high-water (its context's peak of activation memory)
  * falls as 1/SP within 10%, and the bytes the all-to-alls send are the planner's (plan_sp_alltoall_bytes) exactly;
- * rank 0 prints the figures. Exit 0 only if every rank saw every value right. */
+ * rank 0 prints the figures; with --cp --memory LEN the same at CP 1, 2, 4 (the ring's own host buffers added to the
+ * context's peak), the ring's bytes against ring_attn_bytes. Exit 0 only if every rank saw every value right. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,9 +26,11 @@
 #include "worker/comm/comm.h"
 #include "kernels/kernels.h"
 #include "worker/model/model.h"
+#include "worker/model/ring_attn.h"
 #include "worker/plan/planner.h"
 
 static int g_bad;
+static bool g_cp; /* --cp: context parallelism (ring attention) instead of Ulysses */
 
 static void expect_close(const char *cfg, const char *what, const float *a, const float *b, size_t n, double tol)
 {
@@ -96,8 +103,27 @@ static void check_batch(const char *name, struct model *whole, struct model *par
         model_backward(whole, model_forward(whole, &t->pb, 0.7f, ck, lw, ew), t->dlogp, t->dent);
         memset(lp, 0xff, (size_t)N * sizeof(float)); /* NaN: a row no rank wrote shows */
         memset(ep, 0xff, (size_t)N * sizeof(float));
+        struct comm_traffic before, after;
+        comm_traffic(sp, &before);
         model_backward(part, model_forward(part, &t->pb, 0.7f, ck, lp, ep), t->dlogp, t->dent);
+        comm_traffic(sp, &after);
         char what[200];
+        if (g_cp) { /* the ring's bytes: per layer a forward and a backward, and with checkpointing a second forward */
+            const int C = comm_size(sp);
+            int L = 0; /* each sequence padded to a multiple of 2C */
+            for (int b = 0; b < t->pb.B; b++)
+                L += (t->pb.cu_seqlens[b + 1] - t->pb.cu_seqlens[b] + 2 * C - 1) / (2 * C) * (2 * C);
+            const struct model_config *c = &whole->cfg;
+            const double want =
+                c->n_layers * ((ck ? 2 : 1) * ring_attn_bytes(C, L / (2 * C), c->n_kv_heads, c->head_dim, 0) +
+                               ring_attn_bytes(C, L / (2 * C), c->n_kv_heads, c->head_dim, 1));
+            const double got = after.sent_f32[COMM_OP_SEND] - before.sent_f32[COMM_OP_SEND];
+            if (got != want || want <= 0) {
+                g_bad++;
+                log_error("test", "%s: %.0f bytes sent around the ring%s, ring_attn_bytes says %.0f", name, got,
+                          ck ? " (checkpointed)" : "", want);
+            }
+        }
         snprintf(what, sizeof what, "log-probs%s", ck ? " (checkpointed)" : "");
         expect_close(name, what, lp, lw, (size_t)N, tol);
         snprintf(what, sizeof what, "entropies%s", ck ? " (checkpointed)" : "");
@@ -120,7 +146,8 @@ static void check_batch(const char *name, struct model *whole, struct model *par
 static void check_config(const char *name, const struct model_config *c, struct comm *sp)
 {
     char why[256];
-    if (model_sp_check(c, comm_size(sp), "ulysses_sequence_parallel_size", why, sizeof why) != 0) {
+    if ((g_cp ? model_cp_check(c, comm_size(sp), "context_parallel_size", why, sizeof why)
+              : model_sp_check(c, comm_size(sp), "ulysses_sequence_parallel_size", why, sizeof why)) != 0) {
         g_bad++;
         log_error("test", "%s: %s", name, why);
         return;
@@ -128,7 +155,10 @@ static void check_config(const char *name, const struct model_config *c, struct 
     struct model *whole = model_create(c);
     model_init_random(whole, 7, 0.2);
     struct model *part = model_clone(whole);
-    model_set_sp(part, sp);
+    if (g_cp)
+        model_set_cp(part, sp);
+    else
+        model_set_sp(part, sp);
     /* slices of 37 / S tokens cut through sequences; one sequence shorter than a slice */
     const int lens[4] = {11, 3, 17, 6};
     struct batch t;
@@ -141,10 +171,18 @@ static void check_config(const char *name, const struct model_config *c, struct 
     snprintf(what, sizeof what, "%s packed, responses' log-probs", name);
     check_batch(what, whole, part, &t, sp, 1e-5);
     batch_free(&t);
-    batch_make(&t, c, lens, 4, true, true);
-    snprintf(what, sizeof what, "%s shared prompt", name);
-    check_batch(what, whole, part, &t, sp, 1e-5);
-    batch_free(&t);
+    if (!g_cp) { /* context parallelism runs without shared-prompt packing */
+        batch_make(&t, c, lens, 4, true, true);
+        snprintf(what, sizeof what, "%s shared prompt", name);
+        check_batch(what, whole, part, &t, sp, 1e-5);
+        batch_free(&t);
+    } else { /* sequences of whole chunks (no padding) */
+        const int C = comm_size(sp), even[3] = {2 * C, 6 * C, 4 * C};
+        batch_make(&t, c, even, 3, false, true);
+        snprintf(what, sizeof what, "%s unpadded row", name);
+        check_batch(what, whole, part, &t, sp, 1e-5);
+        batch_free(&t);
+    }
     /* fewer tokens than ranks: some ranks hold none (a key that one query reads has a gradient of a few terms that
      * nearly cancel, which float32 sums in another order move by 1e-5 of its size: 1e-4 here) */
     const int tiny[1] = {2};
@@ -155,7 +193,7 @@ static void check_config(const char *name, const struct model_config *c, struct 
     model_free(whole);
     model_free(part);
     if (comm_rank(sp) == 0)
-        log_info("test", "%s: SP %d checked", name, comm_size(sp));
+        log_info("test", "%s: %s %d checked", name, g_cp ? "CP" : "SP", comm_size(sp));
 }
 
 /* Activation memory and all-to-all bytes of one LEN-token sequence at SP 1, 2, 4. */
@@ -187,7 +225,10 @@ static void check_memory(struct comm *w, int len)
         struct comm *sp = comm_split(w, comm_rank(w) / S, comm_rank(w));
         struct model *m = model_create(&c);
         model_init_random(m, 7, 0.05);
-        model_set_sp(m, sp);
+        if (g_cp)
+            model_set_cp(m, sp);
+        else
+            model_set_sp(m, sp);
         model_alloc_grads(m);
         struct comm_traffic before, after;
         comm_traffic(sp, &before);
@@ -197,28 +238,38 @@ static void check_memory(struct comm *w, int len)
         model_backward(m, model_forward(m, &t.pb, 1.0f, false, lp, ep), t.dlogp, t.dent);
         double act = (double)(m->K->mem.peak[KMEM_ACTS] - base), sent;
         comm_traffic(sp, &after);
-        sent = after.sent_f32[COMM_OP_ALLTOALL] - before.sent_f32[COMM_OP_ALLTOALL];
+        sent = after.sent_f32[g_cp ? COMM_OP_SEND : COMM_OP_ALLTOALL] -
+               before.sent_f32[g_cp ? COMM_OP_SEND : COMM_OP_ALLTOALL];
+        /* the ring's own buffers (host memory outside the context's count): the visiting K/V pair and its
+         * gradients, twice, and a step's partial output, log-sum-exp and dout . out, all of the rank's n rows */
+        const size_t n = (size_t)((len + 2 * S - 1) / (2 * S) * 2), hkv = (size_t)c.n_kv_heads * c.head_dim;
+        if (g_cp && S > 1)
+            act += (double)(2 * 4 * n * hkv * sizeof(float) + n * (size_t)c.n_heads * c.head_dim * sizeof(float) +
+                            n * (size_t)c.n_heads * (sizeof(float) + sizeof(double)));
         comm_allreduce_max(w, &act, 1, COMM_F64);
         comm_allreduce_sum(sp, &sent, 1, COMM_F64);
-        /* a forward and a backward of every layer */
-        const double want = S * plan_sp_alltoall_bytes(&c, len, S, c.n_layers, c.n_layers);
+        /* a forward and a backward of every layer: the all-to-alls, or the ring (chunks of n / 2 rows) */
+        const double want = S * (g_cp ? c.n_layers * (ring_attn_bytes(S, (int)n / 2, c.n_kv_heads, c.head_dim, 0) +
+                                                      ring_attn_bytes(S, (int)n / 2, c.n_kv_heads, c.head_dim, 1))
+                                      : plan_sp_alltoall_bytes(&c, len, S, c.n_layers, c.n_layers));
         if (fabs(sent - want) > 1e-9 * (want > 1 ? want : 1)) {
             g_bad++;
-            log_error("test", "SP %d: the all-to-alls sent %.0f bytes over the group, the planner says %.0f", S, sent,
-                      want);
+            log_error("test", "%s %d: %s sent %.0f bytes over the group, %s says %.0f", g_cp ? "CP" : "SP", S,
+                      g_cp ? "the ring" : "the all-to-alls", sent, g_cp ? "ring_attn_bytes" : "the planner", want);
         }
         if (S == 1)
             act1 = act;
         const double ratio = act / act1;
         if (fabs(ratio * S - 1) > 0.10) {
             g_bad++;
-            log_error("test", "SP %d: activation memory %.0f bytes per rank is %.3f of SP 1's, not 1/%d within 10%%", S,
-                      act, ratio, S);
+            log_error("test", "%s %d: activation memory %.0f bytes per rank is %.3f of 1 rank's, not 1/%d within 10%%",
+                      g_cp ? "CP" : "SP", S, act, ratio, S);
         }
         if (comm_rank(w) == 0)
-            printf("SP %d, one sequence of %d tokens: activations %.2f MB per rank (%.3f of SP 1, 1/SP = %.3f); "
-                   "all-to-all %.2f MB sent per rank (planner %.2f MB)\n",
-                   S, len, act / 1e6, ratio, 1.0 / S, sent / S / 1e6, want / S / 1e6);
+            printf("%s %d, one sequence of %d tokens: activations %.2f MB per rank (%.3f of 1 rank's, 1/%d = %.3f); "
+                   "%s %.2f MB sent per rank (%s %.2f MB)\n",
+                   g_cp ? "CP" : "SP", S, len, act / 1e6, ratio, S, 1.0 / S, g_cp ? "ring" : "all-to-all",
+                   sent / S / 1e6, g_cp ? "ring_attn_bytes" : "planner", want / S / 1e6);
         free(lp), free(ep);
         model_free(m);
         comm_free(sp);
@@ -231,13 +282,15 @@ int main(int argc, char **argv)
     CHECK_MPI(MPI_Init(&argc, &argv));
     struct comm *w = comm_mpi_world();
     const int S = comm_size(w);
+    g_cp = argc > 1 && strcmp(argv[1], "--cp") == 0;
     for (int i = 1; i + 1 < argc; i++)
         if (strcmp(argv[i], "--memory") == 0) {
             check_memory(w, atoi(argv[i + 1]));
             int bad = g_bad;
             comm_allreduce_sum(w, &bad, 1, COMM_I32);
             if (comm_rank(w) == 0)
-                printf("%s: activation memory and all-to-all bytes over SP (%d problems)\n", bad ? "FAIL" : "ok", bad);
+                printf("%s: activation memory and %s bytes over %s (%d problems)\n", bad ? "FAIL" : "ok",
+                       g_cp ? "ring" : "all-to-all", g_cp ? "CP" : "SP", bad);
             comm_free(w);
             CHECK_MPI(MPI_Finalize());
             return bad ? 1 : 0;
@@ -277,6 +330,17 @@ int main(int argc, char **argv)
     check_config("qwen3-qknorm-llama3-rope", &qwen3, w);
     /* heads that cannot split are refused with the key and the numbers */
     char why[256];
+    if (g_cp) {
+        struct model_config bad = llama;
+        bad.n_heads = 6;
+        bad.n_kv_heads = 4;
+        if (model_cp_check(&bad, S, "actor_rollout_ref.actor.megatron.context_parallel_size", why, sizeof why) == 0 ||
+            !strstr(why, "num_attention_heads (6)") || !strstr(why, "context_parallel_size")) {
+            g_bad++;
+            log_error("test", "6 query heads over 4 KV heads not refused clearly under CP: '%s'", why);
+        }
+        goto done;
+    }
     struct model_config bad = llama;
     bad.n_heads = 6;
     bad.n_kv_heads = 3;
@@ -292,10 +356,11 @@ int main(int argc, char **argv)
         g_bad++;
         log_error("test", "3 KV heads over SP 4 not refused clearly: '%s'", why);
     }
+done:;
     int bad_all = g_bad;
     comm_allreduce_sum(w, &bad_all, 1, COMM_I32);
     if (comm_rank(w) == 0)
-        printf("%s: model over SP %d ranks (%d problems)\n", bad_all ? "FAIL" : "ok", S, bad_all);
+        printf("%s: model over %s %d ranks (%d problems)\n", bad_all ? "FAIL" : "ok", g_cp ? "CP" : "SP", S, bad_all);
     comm_free(w);
     CHECK_MPI(MPI_Finalize());
     return bad_all ? 1 : 0;

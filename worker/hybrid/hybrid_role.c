@@ -476,7 +476,8 @@ static int colocated_setup(struct colocated *c, char *err, size_t errlen)
     wire_limits_set_routes(&c->lim, &trainer_policy(c->t)->cfg, config_records_routes(cfg));
     char sp[32] = ""; /* sequence parallelism: the ranks of a DP rank that share its sequences */
     if (env->at.cp_size > 1)
-        snprintf(sp, sizeof sp, " x SP %d", env->at.cp_size);
+        snprintf(sp, sizeof sp, " x %s %d", cfg->actor_megatron_context_parallel_size > 1 ? "CP" : "SP",
+                 env->at.cp_size);
     if (env->rank == 0)
         log_info("hybrid",
                  "%d colocated ranks: training DP %d%s x TP %d x PP %d; generating in %d engine(s) of %d rank(s), "

@@ -12,6 +12,7 @@
 #include "kernels/kernels.h"
 #include "fit.h"
 #include "lora.h"
+#include "ring_attn.h"
 #include "model_internal.h"
 #include "moe_ep.h"
 #include "sampler.h"
@@ -315,6 +316,34 @@ void model_set_sp(struct model *m, struct comm *sp)
     m->sh.sp = sp && comm_size(sp) > 1 ? sp : NULL;
     m->sh.sp_rank = m->sh.sp ? comm_rank(sp) : 0;
     m->sh.sp_size = m->sh.sp ? comm_size(sp) : 1;
+    m->sh.ring = false;
+}
+
+int model_cp_check(const struct model_config *c, int cp, const char *key, char *why, size_t len)
+{
+    if (cp < 1) {
+        snprintf(why, len, "%s (%d) must be at least 1", key, cp);
+        return -1;
+    }
+    if (cp == 1)
+        return 0;
+    if (c->n_kv_heads < 1 || c->n_heads % c->n_kv_heads != 0) {
+        snprintf(why, len, "%s (%d): num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)", key, cp,
+                 c->n_heads, c->n_kv_heads);
+        return -1;
+    }
+    if (c->n_experts) {
+        snprintf(why, len, "%s (%d) with a mixture-of-experts model (%d experts) is not available yet", key, cp,
+                 c->n_experts);
+        return -1;
+    }
+    return 0;
+}
+
+void model_set_cp(struct model *m, struct comm *cp)
+{
+    model_set_sp(m, cp);
+    m->sh.ring = m->sh.sp != NULL;
 }
 
 static void params_view(const struct model_config *c, const struct model_shard *sh, float *mem, struct model_params *p)
@@ -461,6 +490,7 @@ struct model *model_clone(const struct model *m)
     r->moe_aux_coef = m->moe_aux_coef, r->moe_aux_scale = m->moe_aux_scale;
     r->moe_replay = m->moe_replay;
     model_set_sp(r, m->sh.sp);
+    r->sh.ring = m->sh.ring; /* context parallelism: the same ring */
     return r;
 }
 
@@ -757,6 +787,8 @@ struct model_acts {
     float temperature;
     bool ckpt;
     int t0, Nf; /* sequence parallelism: this rank's rows start at t0 of the whole batch's Nf (0, N without) */
+    struct ring_attn *ra;      /* context parallelism: this batch's ring; else NULL */
+    int32_t *cprow;            /* context parallelism: the batch row of each of this rank's rows (-1: padding) */
     struct layer_acts *layers; /* n_layers; with ckpt only .x is filled */
     struct layer_acts scratch; /* ckpt: recomputation space */
     struct moe_ep **ep;        /* expert parallelism: n_layers + 1 states (the last the scratch's); NULL without */
@@ -801,7 +833,8 @@ struct bwd_bufs {
 struct model_work {
     struct model_acts *pool;
     struct karena bwd, step;
-    struct karena sp; /* sequence parallelism: the all-to-all's staging buffer */
+    struct karena sp;       /* sequence parallelism: the all-to-all's staging buffer */
+    struct ring_attn *ring; /* context parallelism: the ring of the batch the layers run now */
     int32_t *hpos;
     size_t hpos_cap;
 };
@@ -819,6 +852,10 @@ static struct model_work *work_of(struct model *m)
 
 static void acts_destroy(struct model_acts *A)
 {
+    if (A->ra)
+        ring_attn_free(A->ra);
+    free(A->ra);
+    free(A->cprow);
     karena_release(&A->arena);
     karena_release(&A->host_arena);
     free(A->krange);
@@ -937,7 +974,7 @@ static void layer_acts_take(const struct model *m, int N, int Nf, struct layer_a
         a->rstd_q = take_f(ar, n * (size_t)m->sh.n_heads);
         a->rstd_k = take_f(ar, n * (size_t)m->sh.n_kv_heads);
     }
-    if (m->sh.sp) {
+    if (m->sh.sp && !m->sh.ring) {
         const size_t nf = (size_t)(Nf > 0 ? Nf : 1), hd = (size_t)c->head_dim;
         const size_t hq = (size_t)sp_hq(m), hk = (size_t)sp_hk(m);
         a->qf = take_f(ar, nf * hq * hd);
@@ -976,14 +1013,14 @@ static void acts_take(const struct model *m, struct model_acts *A, int N, int B,
      * kf, vf, attf); this rank's tokens' q, k, v (all-to-all sources) and output (brought back again in the
      * backward) are one set for every layer, so the layers keep 1/SP of what one process keeps */
     struct layer_acts tok = {0};
-    if (sh->sp) {
+    if (sh->sp && !sh->ring) {
         const size_t QD = (size_t)sh->n_heads * m->cfg.head_dim, KD = (size_t)sh->n_kv_heads * m->cfg.head_dim;
         tok.q = take_f(ar, n * QD);
         tok.k = take_f(ar, n * KD);
         tok.v = take_f(ar, n * KD);
         tok.att = take_f(ar, n * QD);
     }
-    const struct layer_acts *shared = sh->sp ? &tok : NULL;
+    const struct layer_acts *shared = sh->sp && !sh->ring ? &tok : NULL;
     if (A->ckpt)
         layer_acts_take(m, N, A->Nf, &A->scratch, true, shared, ar);
     else
@@ -1089,7 +1126,7 @@ static void bwd_take(const struct model *m, int N, int Nf, int nk, struct bwd_bu
         d->dq_pre = take_f(ar, n * QD);
         d->dk_pre = take_f(ar, n * KD);
     }
-    if (m->sh.sp) {
+    if (m->sh.sp && !m->sh.ring) {
         const size_t nf = (size_t)(Nf > 0 ? Nf : 1), hd = (size_t)c->head_dim;
         const size_t hq = (size_t)sp_hq(m), hk = (size_t)sp_hk(m);
         d->dattf = take_f(ar, nf * hq * hd);
@@ -1223,7 +1260,9 @@ static void layer_forward(const struct model *m, int l, const struct packed_batc
     }
     k_rope_forward(K, a->q, b->pos, N, Hq, hd, m->rope_freqs);
     k_rope_forward(K, a->k, b->pos, N, Hkv, hd, m->rope_freqs);
-    if (m->sh.sp) { /* every token of this rank's heads, attention over the whole sequences, and back */
+    if (m->sh.ring) { /* context parallelism: every head, the keys and values passed around the ring */
+        ring_attn_forward(m->work->ring, a->att, a->lse, a->q, a->k, a->v);
+    } else if (m->sh.sp) { /* every token of this rank's heads, attention over the whole sequences, and back */
         const int hq = sp_hq(m), hk = sp_hk(m);
         sp_to_heads(m, a->qf, a->q, N, Nf, QD, hq * hd, false);
         sp_to_heads(m, a->kf, a->k, N, Nf, KD, hk * hd, true);
@@ -1356,10 +1395,13 @@ static void layer_backward(struct model *m, int l, const struct packed_batch *b,
     /* attention: xmid = x + o(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))) */
     k_zero(K, d->datt, (size_t)N * QD * fs), k_zero(K, d->dq, (size_t)N * QD * fs);
     k_zero(K, d->dk, (size_t)N * KD * fs), k_zero(K, d->dv, (size_t)N * KD * fs);
-    if (m->sh.sp) /* this layer's attention output of this rank's tokens again (the layers share its buffer) */
+    if (m->sh.sp &&
+        !m->sh.ring) /* this layer's attention output of this rank's tokens again (the layers share its buffer) */
         sp_to_tokens(m, a->att, a->attf, N, Nf, QD, sp_hq(m) * hd, false);
     model_proj_backward(m, l, PROJ_O, d->datt, dx, a->att, N);
-    if (m->sh.sp) { /* the output's gradient to every token of this rank's heads, and q's, k's, v's back */
+    if (m->sh.ring) { /* context parallelism: the visiting keys' and values' gradients come home */
+        ring_attn_backward(m->work->ring, d->dq, d->dk, d->dv, d->datt, a->att, a->lse, a->q, a->k, a->v);
+    } else if (m->sh.sp) { /* the output's gradient to every token of this rank's heads, and q's, k's, v's back */
         const int hq = sp_hq(m), hk = sp_hk(m);
         sp_to_heads(m, d->dattf, d->datt, N, Nf, QD, hq * hd, false);
         k_zero(K, d->dqf, (size_t)Nf * hq * hd * fs), k_zero(K, d->dkf, (size_t)Nf * hk * hd * fs);
@@ -1502,6 +1544,85 @@ static void sp_share_rows(struct comm *sp, float *v, int Nf, int t0, int n)
     comm_allreduce_sum(sp, v, (size_t)Nf, COMM_F32);
 }
 
+/* Context parallelism: the ring of the whole batch b over m's group, cut as Megatron cuts packed sequences: each
+ * sequence padded to a multiple of 2C by a sequence of its own (token 0 at positions 0...; read by no one) is one
+ * segment, of which rank r holds chunks r and 2C-1-r, so every rank has the same causal work. This rank's ids,
+ * targets and positions (3 x n, host) into *local, and the batch row of each of its n rows (-1: padding) into
+ * *rowof. */
+static struct ring_attn *cp_plan(const struct model *m, const struct packed_batch *b, int32_t **local, int32_t **rowof)
+{
+    if (b->prefix_of)
+        check_failf(__FILE__, __LINE__,
+                    "model_forward_stage: context parallelism runs without shared-prompt packing (prefix_of)");
+    const int C2 = 2 * m->sh.sp_size;
+    int L = 0, B = 0, S = 0;
+    for (int s = 0; s < b->B; s++) {
+        const int ls = b->cu_seqlens[s + 1] - b->cu_seqlens[s], ps = (ls + C2 - 1) / C2 * C2;
+        L += ps, B += ls > 0 ? 1 + (ps > ls) : 0, S += ls > 0;
+    }
+    const int Lr = L > 0 ? L : C2; /* an empty batch: one padding sequence */
+    int32_t *cu = xmalloc((size_t)(B + 2) * sizeof *cu), *seg = xmalloc((size_t)(S + 2) * sizeof *seg);
+    int32_t *whole = xcalloc(3 * (size_t)Lr, sizeof *whole), *orig = xmalloc((size_t)Lr * sizeof *orig);
+    int off = 0, bi = 0, si = 0;
+    cu[0] = seg[0] = 0;
+    for (int s = 0; s < b->B; s++) {
+        const int lo = b->cu_seqlens[s], ls = b->cu_seqlens[s + 1] - lo, ps = (ls + C2 - 1) / C2 * C2;
+        if (ls <= 0)
+            continue;
+        for (int j = 0; j < ps; j++) {
+            const bool real = j < ls;
+            whole[off + j] = real ? b->ids[lo + j] : 0;
+            whole[(size_t)Lr + off + j] = real ? b->targets[lo + j] : 0;
+            whole[2 * (size_t)Lr + off + j] = real ? b->pos[lo + j] : j - ls;
+            orig[off + j] = real ? lo + j : -1;
+        }
+        cu[++bi] = off + ls;
+        if (ps > ls)
+            cu[++bi] = off + ps;
+        seg[++si] = off += ps;
+    }
+    if (L == 0) {
+        for (int j = 0; j < Lr; j++)
+            whole[2 * (size_t)Lr + j] = j, orig[j] = -1;
+        cu[++bi] = seg[++si] = Lr;
+    }
+    struct ring_attn *ra = xcalloc(1, sizeof *ra);
+    char why[256];
+    if (ring_attn_plan(ra, m->K, m->sh.sp, Lr, cu, bi, seg, si, m->sh.n_heads, m->sh.n_kv_heads, m->cfg.head_dim, why,
+                       sizeof why) != 0)
+        check_failf(__FILE__, __LINE__, "model_forward_stage: context parallelism: %s", why);
+    const int n = ra->n;
+    *local = xmalloc(3 * (size_t)n * sizeof **local);
+    for (int k = 0; k < 3; k++)
+        ring_attn_take_i32(ra, *local + (size_t)k * n, whole + (size_t)k * Lr);
+    *rowof = xmalloc((size_t)(n > 0 ? n : 1) * sizeof **rowof);
+    ring_attn_take_i32(ra, *rowof, orig);
+    free(cu), free(seg), free(whole), free(orig);
+    return ra;
+}
+
+/* Context parallelism: this rank's host values (n, at batch rows rowof) into their rows of v (the whole batch's)
+ * on every rank (summed over the group, zeros elsewhere); the rows a caller does not read (logp_from) stay 0. */
+static void cp_share_rows(const struct model *m, const int32_t *rowof, int n, const struct packed_batch *b, float *v,
+                          const float *mine)
+{
+    memset(v, 0, (size_t)b->N * sizeof *v);
+    for (int i = 0; i < n; i++)
+        if (rowof[i] >= 0)
+            v[rowof[i]] = mine[i];
+    comm_allreduce_sum(m->sh.sp, v, (size_t)b->N, COMM_F32);
+    if (b->logp_from)
+        for (int s = 0; s < b->B; s++)
+            memset(v + b->cu_seqlens[s], 0, (size_t)(b->logp_from[s] - b->cu_seqlens[s]) * sizeof *v);
+}
+
+/* Context parallelism: this rank's n rows (batch rows rowof; -1: padding, 0) of a whole batch's host values. */
+static void cp_take_rows(const int32_t *rowof, int n, float *dst, const float *src)
+{
+    for (int i = 0; i < n; i++)
+        dst[i] = rowof[i] >= 0 ? src[rowof[i]] : 0.0f;
+}
+
 struct model_acts *model_forward_stage(struct model *m, const struct packed_batch *b, float temperature,
                                        bool checkpointing, const float *x_in, float *y_out, float *logp, float *entropy)
 {
@@ -1509,8 +1630,11 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
     const struct model_shard *sh = &m->sh;
     struct kctx *K = m->K;
     /* this rank's rows [t0, t0 + N) of the batch's Nf: all of them without sequence parallelism */
-    const int Nf = b->N, t0 = sh->sp ? sp_lo(Nf, sh->sp_size, sh->sp_rank) : 0;
-    const int N = sh->sp ? sp_lo(Nf, sh->sp_size, sh->sp_rank + 1) - t0 : Nf;
+    /* (context parallelism: this rank's n rows of the ring instead, cpl their ids, targets and positions) */
+    int32_t *cpl = NULL, *rowof = NULL;
+    struct ring_attn *ra = sh->ring ? cp_plan(m, b, &cpl, &rowof) : NULL;
+    const int Nf = b->N, t0 = sh->sp && !ra ? sp_lo(Nf, sh->sp_size, sh->sp_rank) : 0;
+    const int N = ra ? ra->n : sh->sp ? sp_lo(Nf, sh->sp_size, sh->sp_rank + 1) - t0 : Nf;
     const int D = c->hidden_size, lo = sh->layer_lo, hi = sh->layer_hi;
     const size_t nD = (size_t)N * D;
     if (sh->sp && (sh->pp_size > 1 || sh->tp_size > 1 || m->offload_acts))
@@ -1521,8 +1645,14 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
         check_failf(__FILE__, __LINE__, "model_forward_stage: stage %d needs the previous stage's output", sh->pp_rank);
     if (!sh->has_head && !y_out)
         check_failf(__FILE__, __LINE__, "model_forward_stage: stage %d needs somewhere to put its output", sh->pp_rank);
-    const int nk = sh->has_head ? kept_rows(b, t0, t0 + N) : -1;
+    const int nk = sh->has_head && !ra ? kept_rows(b, t0, t0 + N) : -1;
     struct model_acts *A = acts_get(m, N, b->B, checkpointing, nk, t0, Nf);
+    if (A->ra)
+        ring_attn_free(A->ra);
+    free(A->ra);
+    free(A->cprow);
+    A->ra = ra, A->cprow = rowof;
+    m->work->ring = ra;
     if (nk >= 0) { /* the kept rows' ranges (within this rank's rows, from its first), on the host for the backward */
         grow_host_i32(&A->krange, &A->krange_cap, b->B, 2);
         for (int s = 0; s < b->B; s++) {
@@ -1532,9 +1662,10 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
             A->krange[2 * s + 1] = khi > klo ? khi - t0 : klo - t0;
         }
     }
-    k_to_device(K, A->ids, b->ids + t0, (size_t)N * sizeof(int32_t));
-    k_to_device(K, A->targets, b->targets + t0, (size_t)N * sizeof(int32_t));
-    k_to_device(K, A->pos, b->pos + t0, (size_t)N * sizeof(int32_t));
+    k_to_device(K, A->ids, ra ? cpl : b->ids + t0, (size_t)N * sizeof(int32_t));
+    k_to_device(K, A->targets, ra ? cpl + N : b->targets + t0, (size_t)N * sizeof(int32_t));
+    k_to_device(K, A->pos, ra ? cpl + 2 * (size_t)N : b->pos + t0, (size_t)N * sizeof(int32_t));
+    free(cpl);
     k_to_device(K, A->cu, b->cu_seqlens, (size_t)(b->B + 1) * sizeof(int32_t));
     A->b = (struct packed_batch){N, b->B, A->ids, A->targets, A->pos, A->cu, NULL, NULL, NULL};
     if (b->prefix_of) { /* read on the host by the attention (the rows it names are checked there) */
@@ -1587,7 +1718,17 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
     }
     if (sh->has_head) {
         k_rmsnorm_forward(K, A->hn, A->rstdf, A->xf, m->w.final_norm, N, D, c->rms_norm_eps);
-        if (A->nk >= 0) {
+        if (ra) { /* context parallelism: every row here, then every rank's rows to every rank */
+            k_lmhead_forward(K, A->logp, entropy ? A->entropy : NULL, A->hn, m->w.lm_head, A->targets, N, D, &vs,
+                             temperature, LMHEAD_CHUNK);
+            float *h = acts_host_buf(A, (size_t)N);
+            k_to_host(K, h, A->logp, (size_t)N * sizeof(float));
+            cp_share_rows(m, rowof, N, b, logp, h);
+            if (entropy) {
+                k_to_host(K, h, A->entropy, (size_t)N * sizeof(float));
+                cp_share_rows(m, rowof, N, b, entropy, h);
+            }
+        } else if (A->nk >= 0) {
             head_forward_kept(m, A, b->targets + t0, &vs, logp + t0, entropy ? entropy + t0 : NULL);
         } else {
             k_lmhead_forward(K, A->logp, entropy ? A->entropy : NULL, A->hn, m->w.lm_head, A->targets, N, D, &vs,
@@ -1596,7 +1737,7 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
             if (entropy)
                 k_to_host(K, entropy + t0, A->entropy, (size_t)N * sizeof(float));
         }
-        if (sh->sp) { /* every rank's rows to every rank: zeros elsewhere, summed */
+        if (sh->sp && !ra) { /* every rank's rows to every rank: zeros elsewhere, summed */
             sp_share_rows(sh->sp, logp, Nf, t0, N);
             if (entropy)
                 sp_share_rows(sh->sp, entropy, Nf, t0, N);
@@ -1647,6 +1788,7 @@ void model_backward_stage(struct model *m, struct model_acts *A, const float *dl
     struct karena *ar = &work_of(m)->bwd;
     struct karena plan;
     struct bwd_bufs d;
+    m->work->ring = A->ra; /* context parallelism: the batch's ring */
     karena_init_counter(&plan);
     bwd_take(m, N, A->Nf, sh->has_head ? A->nk : -1, &d, A->ckpt, &plan);
     karena_reserve(ar, plan.used, 0);
@@ -1664,6 +1806,16 @@ void model_backward_stage(struct model *m, struct model_acts *A, const float *dl
             k_lmhead_backward(K, d.dhk, G ? G->lm_head : NULL, d.dlogp, dentropy ? d.dentropy : NULL, A->hk,
                               m->w.lm_head, A->tk, A->nk, D, &vs, A->temperature, LMHEAD_CHUNK);
             copy_kept_states(K, A, d.dh, d.dhk, D, false);
+        } else if (A->ra) { /* context parallelism: this rank's rows of the whole batch's */
+            float *h = acts_host_buf(A, (size_t)N);
+            cp_take_rows(A->cprow, N, h, dlogp);
+            k_to_device(K, d.dlogp, h, (size_t)N * sizeof(float));
+            if (dentropy) {
+                cp_take_rows(A->cprow, N, h, dentropy);
+                k_to_device(K, d.dentropy, h, (size_t)N * sizeof(float));
+            }
+            k_lmhead_backward(K, d.dh, G ? G->lm_head : NULL, d.dlogp, dentropy ? d.dentropy : NULL, A->hn,
+                              m->w.lm_head, A->targets, N, D, &vs, A->temperature, LMHEAD_CHUNK);
         } else {
             k_to_device(K, d.dlogp, dlogp + A->t0, (size_t)N * sizeof(float));
             if (dentropy)

@@ -118,6 +118,9 @@ struct model_shard {
     int ep_rank, ep_size; /* 0, 1: every expert here */
     int expert_lo, n_experts;
     struct comm *ep; /* NULL when ep_size is 1 */
+    /* context parallelism (model_set_cp): sp is then a ring-attention group; this rank runs the load-balanced
+     * chunks r and 2 sp_size - 1 - r of each batch's row (ring_attn_row) and attends over the ring, every head */
+    bool ring;
 };
 
 /* Where a shard sits: its TP rank and size, its stage and stages, and the groups (NULL where the size is 1; mp
@@ -215,6 +218,15 @@ void model_set_sp(struct model *m, struct comm *sp);
  * numbers (a mixture-of-experts model whose expert count EP divides; TP and PP 1; the CPU back-end). */
 int model_ep_check(const struct model_config *c, int ep_size, int tp_size, int pp_size, const char *key, char *why,
                    size_t len);
+/* Whether m's training can run context-parallel over cp ranks (key names the setting in the error): a dense model
+ * whose query heads are a multiple of its KV heads. */
+int model_cp_check(const struct model_config *c, int cp, const char *key, char *why, size_t len);
+/* Run m's training forwards and backwards context-parallel over cp (Megatron's CP; NULL or a group of one: off):
+ * as model_set_sp (every rank of cp passes the same whole packed batch, gets every row's log-probs and computes its
+ * tokens' part of the gradients), but each rank holds the load-balanced chunks r and 2C - 1 - r of the batch's row
+ * (padded to a multiple of 2C with a sequence of its own) and each layer's attention runs over the ring
+ * (ring_attn_forward / backward) with every head. CPU only; no shared-prompt packing (packed_batch.prefix_of). */
+void model_set_cp(struct model *m, struct comm *cp);
 /* Whether the layers split into pp_size stages (at least one layer each): 0, or -1 with why naming key. */
 int model_stage_check(const struct model_config *c, int pp_size, const char *key, char *why, size_t len);
 /* The shard of a model at lay (checked with model_shard_check and model_stage_check; lay NULL: the whole

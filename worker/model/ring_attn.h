@@ -18,8 +18,7 @@
  * queries of its own sequence at or after its position. GQA: Hq a multiple of Hkv.
  *
  * Runs on the CPU back-end (the visiting blocks are computed here on host memory; a CUDA kernel for them is
- * planned) over an MPI group. Not wired into training yet (planned: the model's attention under
- * context_parallel_size). */
+ * planned) over an MPI group. The model's attention under context_parallel_size (model_set_cp in model.h). */
 #ifndef GRPO_WORKER_RING_ATTN_H
 #define GRPO_WORKER_RING_ATTN_H
 

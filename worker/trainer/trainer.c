@@ -758,19 +758,30 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     model_move(&t->policy, K);
     if (device_mp_setup(t, err, errlen) != 0)
         goto fail;
+    /* context parallelism (Megatron's): the same group, ring attention instead of the all-to-all */
+    const bool ring = t->lay.cp && cfg->actor_megatron_context_parallel_size > 1;
     if (t->lay.cp) { /* Ulysses: every rank of the group runs a slice of each micro-batch's tokens */
+        const char *key = ring ? "actor_rollout_ref.actor.megatron.context_parallel_size"
+                               : "actor_rollout_ref.actor.ulysses_sequence_parallel_size";
         if (K->device != KDEV_CPU) {
             error_set(err, errlen,
-                      "actor_rollout_ref.actor.ulysses_sequence_parallel_size=%d on trainer.device=%s: sequence "
-                      "parallelism has not run on a GPU yet; use trainer.device=cpu",
-                      t->lay.cp_size, cfg->trainer_device);
+                      "%s=%d on trainer.device=%s: sequence and context parallelism have not run on a GPU yet; use "
+                      "trainer.device=cpu",
+                      key, t->lay.cp_size, cfg->trainer_device);
             goto fail;
         }
-        if (model_sp_check(&t->policy->cfg, t->lay.cp_size, "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
-                           err, errlen) != 0)
+        if ((ring ? model_cp_check : model_sp_check)(&t->policy->cfg, t->lay.cp_size, key, err, errlen) != 0)
             goto fail;
-        model_set_sp(t->policy, t->lay.cp);
-        if (lead(t))
+        if (ring)
+            model_set_cp(t->policy, t->lay.cp);
+        else
+            model_set_sp(t->policy, t->lay.cp);
+        if (ring && lead(t))
+            log_info("trainer",
+                     "context parallelism over %d ranks: each holds chunks r and %d-r of every micro-batch's row cut "
+                     "into %d, and attends over the ring with all %d query heads",
+                     t->lay.cp_size, 2 * t->lay.cp_size - 1, 2 * t->lay.cp_size, t->policy->cfg.n_heads);
+        else if (lead(t))
             log_info("trainer",
                      "sequence parallelism (Ulysses) over %d ranks: each runs 1/%d of every micro-batch's tokens and "
                      "attends with %d of the %d query heads",
@@ -832,7 +843,10 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
                                                       : (int64_t)(cfg->actor_optim_lr_warmup_steps_ratio * grpo_steps);
     t->peak_flops = on_device(t) ? device_peak_flops(t->policy->K) : measure_peak_flops();
     device_dp_setup(t);
-    t->share_prompts = cfg->actor_shared_prompt_packing && !on_device(t);
+    t->share_prompts = cfg->actor_shared_prompt_packing && !on_device(t) && !t->policy->sh.ring;
+    if (cfg->actor_shared_prompt_packing && t->policy->sh.ring && lead(t))
+        log_info("trainer", "context parallelism packs every sequence whole (ring attention has no shared prompts; "
+                            "actor_rollout_ref.actor.shared_prompt_packing does not apply)");
     if (cfg->actor_shared_prompt_packing && on_device(t) && lead(t))
         log_info("trainer", "shared-prompt packing has no CUDA kernel yet: every sequence is packed whole on the "
                             "GPU (actor_rollout_ref.actor.shared_prompt_packing applies on the CPU)");

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Context parallelism (actor_rollout_ref.actor.megatron.context_parallel_size: ring attention over load-balanced
+# chunks) reproduces the single-process run with long responses (mpirun --oversubscribe):
+#  - a tiny Llama (4 query heads over 2 KV heads) with a 4096-position window generates responses of 2,048 tokens
+#    (actor_rollout_ref.rollout.ignore_eos), packed two to a micro-batch; each sequence (prompt and response) is
+#    padded to a multiple of 2 x CP and cut into 2 x CP chunks, rank r holding chunks r and 2 x CP - 1 - r;
+#  - CP2 and CP2 x DP2, colocated and fed by a rollout rank (split), give the single-process run's per-step
+#    losses, grad norms and entropies, and its weights after two GRPO steps, within 1e-5 relative; the same with
+#    the token-budget micro-batches (use_dynamic_bsz: ppo_max_token_len_per_gpu per GPU, CP times it a group);
+#  - context_parallel_size with ulysses_sequence_parallel_size, TP or a GPU is refused naming the keys.
+# usage: test_cp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
+set -u
+WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
+. "$(dirname "$0")/../lib.sh" grpo-cp
+test_env
+MPIRUN=(timeout 400 mpirun --oversubscribe --bind-to none)
+. "$(dirname "$0")/equiv_lib.sh"
+LEN=2048
+python3 - "$TOK/config.json" "$TMP/long-llama.json" <<'PY'
+import json, sys
+json.dump(dict(json.load(open(sys.argv[1])), max_position_embeddings=4096), open(sys.argv[2], "w"), indent=1)
+PY
+tiny_model "$TMP/long-llama" 11 "$TMP/long-llama.json"
+expect "tiny Llama with a 4096-position window initialised" $?
+
+# two steps of 2 prompts x 2 responses of LEN tokens, a mini-batch of 2 responses, micro-batches of 2
+long() {
+    echo actor_rollout_ref.model.path="$TMP/long-$1" trainer.project_name=p trainer.experiment_name=e \
+        trainer.total_training_steps=$STEPS trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=1 \
+        data.train_batch_size=2 actor_rollout_ref.rollout.n=2 actor_rollout_ref.actor.ppo_mini_batch_size=1 \
+        data.max_response_length=$LEN actor_rollout_ref.rollout.ignore_eos=true actor_rollout_ref.actor.optim.lr=1e-3 \
+        data.synthetic.num_train=64 data.synthetic.num_val=2 data.val_batch_size=2 custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score \
+        actor_rollout_ref.actor.optim.eps=1e-6 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 \
+        actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2 \
+        actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2
+}
+# NAME RANKS CP [more keys...]
+cp() {
+    local name=$1 ranks=$2 size=$3
+    shift 3
+    # shellcheck disable=SC2046 # long's words are the keys
+    "${MPIRUN[@]}" -np "$ranks" "$WORKER" $(long llama) trainer.default_local_dir="$TMP/$name" \
+        trainer.nnodes=1 trainer.n_gpus_per_node="$ranks" \
+        actor_rollout_ref.actor.megatron.context_parallel_size="$size" "$@" >"$TMP/$name.log" 2>&1
+}
+equivalent() { # NAME ONE: the run against one process's
+    local out
+    out=$(same_metrics "$2" "$1" 2>&1)
+    expect "$1: per-step losses, grad norms and entropies match one process ($out)" $?
+    out=$(same_weights "$2" "$1")
+    expect "$1: weights after $STEPS steps match one process within 1e-5 ($out)" $?
+}
+
+# shellcheck disable=SC2046
+"$WORKER" $(long llama) trainer.default_local_dir="$TMP/one-llama" >"$TMP/one-llama.log" 2>&1
+expect "llama: single-process run finishes" $?
+python3 - "$TMP/one-llama/p/e/metrics.jsonl" $LEN <<'PY'
+import json, sys
+r = [r for r in map(json.loads, open(sys.argv[1]))]
+assert len(r) == 2 and all(x["response_length/min"] == int(sys.argv[2]) for x in r), r
+assert all(x["actor/grad_norm"] > 0 and x["actor/pg_loss"] != 0 for x in r), r
+PY
+expect "llama: every response is $LEN tokens, and the policy loss and its gradient are not zero" $?
+
+cp cp2-llama 2 2
+expect "cp2-llama: 2 colocated ranks, CP 2, finish" $?
+has "$TMP/cp2-llama.log" "context parallelism over 2 ranks: each holds chunks r and 3-r of every micro-batch's row cut into 4, and attends over the ring with all 4 query heads"
+expect "cp2-llama: the ring's chunks are logged" $?
+equivalent cp2-llama one-llama
+# four ranks generate as two engines of rollout TP 2 (a step's two prompts, one each)
+cp cp2dp2-llama 4 2 actor_rollout_ref.rollout.tensor_model_parallel_size=2
+expect "cp2dp2-llama: 4 colocated ranks, CP 2 x DP 2, finish" $?
+has "$TMP/cp2dp2-llama.log" "training DP 2 x CP 2 x TP 1 x PP 1"
+expect "cp2dp2-llama: DP 2 x CP 2 logged" $?
+equivalent cp2dp2-llama one-llama
+
+# the token budget: 2200 tokens a GPU hold one response a micro-batch in one process, both over a CP 2 group
+BSZ="actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=2200"
+# shellcheck disable=SC2046,SC2086 # long's and BSZ's words are keys
+GRPO_LOG_LEVEL=debug "$WORKER" $(long llama) trainer.default_local_dir="$TMP/one-bsz" $BSZ >"$TMP/one-bsz.log" 2>&1
+expect "llama: single-process run with use_dynamic_bsz finishes" $?
+has "$TMP/one-bsz.log" "update: 2 sequence(s) of this rank's mini-batch in 2 micro-batch(es)"
+expect "one-bsz: ppo_max_token_len_per_gpu=2200 gives one response a micro-batch" $?
+# shellcheck disable=SC2086 # BSZ's words are keys
+GRPO_LOG_LEVEL=debug cp cp2-bsz 2 2 $BSZ
+expect "cp2-bsz: CP 2 with use_dynamic_bsz finishes" $?
+has "$TMP/cp2-bsz.log" "update: 2 sequence(s) of this rank's mini-batch in 1 micro-batch(es)"
+expect "cp2-bsz: the CP group's budget is 2 x 2200 tokens, both responses in one micro-batch (per GPU, as verl means it)" $?
+equivalent cp2-bsz one-bsz
+
+# split runs: a rollout rank generates, CP rank 0 of each DP rank pulls its batches and shares them with its CP peers
+split() { # NAME TRAINERS
+    # shellcheck disable=SC2046
+    "${MPIRUN[@]}" -np $(($2 + 1)) "$WORKER" $(long llama) trainer.default_local_dir="$TMP/$1" placement.trainer_ranks="$2" \
+        placement.rollout_ranks=1 actor_rollout_ref.actor.megatron.context_parallel_size=2 >"$TMP/$1.log" 2>&1
+}
+split split-cp2 2
+expect "split-cp2: 2 CP trainer ranks and a rollout rank finish" $?
+has "$TMP/split-cp2.log" "rollout rank 0 of 1 (on-policy), 1 trainer endpoint(s)"
+expect "split-cp2: one data endpoint for the CP group" $?
+equivalent split-cp2 one-llama
+split split-cp2dp2 4
+expect "split-cp2dp2: 4 trainer ranks (CP 2 x DP 2) and a rollout rank finish" $?
+equivalent split-cp2dp2 one-llama
+
+# refusals, each naming the keys
+refused() { # NAME RANKS CP TEXT [keys...]: the run ends with an error saying TEXT
+    local name=$1 ranks=$2 size=$3 text=$4
+    shift 4
+    cp "$name" "$ranks" "$size" "$@"
+    local rc=$?
+    [ $rc -ne 0 ] && says "$TMP/$name.log" "$text"
+}
+refused bad-both 4 2 "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 and actor_rollout_ref.actor.megatron.context_parallel_size=2: Ulysses sequence parallelism and context parallelism share one dimension" \
+    actor_rollout_ref.actor.ulysses_sequence_parallel_size=2
+expect "CP with Ulysses SP is refused naming both keys" $?
+refused bad-tp 4 2 "actor_rollout_ref.actor.megatron.context_parallel_size=2 with actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 is not available yet" \
+    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2
+expect "CP with TP is refused naming both keys" $?
+refused bad-cuda 2 2 "actor_rollout_ref.actor.megatron.context_parallel_size=2 with trainer.device=cuda is not available yet" \
+    trainer.device=cuda
+expect "CP on a GPU is refused naming the keys" $?
+refused bad-ranks 3 2 "3 hybrid ranks are not a multiple of actor_rollout_ref.actor.megatron.tensor_model_parallel_size 1 x actor_rollout_ref.actor.megatron.pipeline_model_parallel_size 1 x actor_rollout_ref.actor.megatron.context_parallel_size 2"
+expect "3 ranks under CP 2 are refused naming the key" $?
+finish "$TMP"/*.log
