@@ -60,7 +60,7 @@ static void make_batch(struct batch *b, int V, int scale)
 /* Forward and backward of b on m; logp, entropy and the gradients (host copies). */
 static void fwd_bwd(struct model *m, const struct batch *b, float *logp, float *ent, float *grads)
 {
-    const struct packed_batch pb = {b->N, b->B, b->ids, b->targets, b->pos, b->cu, NULL, NULL};
+    const struct packed_batch pb = {b->N, b->B, b->ids, b->targets, b->pos, b->cu, NULL, NULL, NULL};
     model_alloc_grads(m);
     model_zero_grads(m);
     struct model_acts *A = model_forward(m, &pb, 1.0f, false, logp, ent);
