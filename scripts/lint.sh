@@ -13,9 +13,17 @@ fi
 rc=0
 echo "clang-format: ${#files[@]} files"
 clang-format --dry-run -Werror "${files[@]}" || rc=1
-mapfile -t csrc < <(printf '%s\n' "${files[@]}" | grep '\.c$')
-echo "clang-tidy: ${#csrc[@]} files"
+# the libFuzzer harnesses are built by tests/fuzz/run_fuzz.sh with clang, not by meson: they are not in
+# build/compile_commands.json, so they get the include paths that script gives them
+mapfile -t csrc < <(printf '%s\n' "${files[@]}" | grep '\.c$' | grep -v '^tests/fuzz/')
+mapfile -t fuzz < <(printf '%s\n' "${files[@]}" | grep '^tests/fuzz/.*\.c$')
+echo "clang-tidy: ${#csrc[@]} files, and ${#fuzz[@]} fuzz harnesses"
+pb="$(dirname "$(find build/proto -name grpo.pb-c.h | head -1)")"
 tidy="$(clang-tidy -p build --quiet "${csrc[@]}" 2>/dev/null || true)"
+if [ ${#fuzz[@]} -gt 0 ]; then
+    tidy+="$(clang-tidy --quiet "${fuzz[@]}" -- -I. -Ibuild -I"$pb" -D_GNU_SOURCE -std=c17 \
+        $(pkg-config --cflags libprotobuf-c jansson) 2>/dev/null || true)"
+fi
 if grep -E "warning:|error:" <<<"$tidy"; then rc=1; fi
 echo "cppcheck"
 cppcheck --quiet --error-exitcode=1 --std=c11 --enable=warning,performance,portability \

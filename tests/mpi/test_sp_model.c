@@ -242,7 +242,7 @@ static void check_memory(struct comm *w, int len)
                before.sent_f32[g_cp ? COMM_OP_SEND : COMM_OP_ALLTOALL];
         /* the ring's own buffers (host memory outside the context's count): the visiting K/V pair and its
          * gradients, twice, and a step's partial output, log-sum-exp and dout . out, all of the rank's n rows */
-        const size_t n = (size_t)((len + 2 * S - 1) / (2 * S) * 2), hkv = (size_t)c.n_kv_heads * c.head_dim;
+        const size_t n = (size_t)((len + 2 * S - 1) / (2 * S)) * 2, hkv = (size_t)c.n_kv_heads * c.head_dim;
         if (g_cp && S > 1)
             act += (double)(2 * 4 * n * hkv * sizeof(float) + n * (size_t)c.n_heads * c.head_dim * sizeof(float) +
                             n * (size_t)c.n_heads * (sizeof(float) + sizeof(double)));

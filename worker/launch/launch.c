@@ -421,7 +421,8 @@ static void build_groups(struct launch *l, int replace_rank)
         const struct parallel_sizes sz = {env->spec.tp_size, env->spec.pp_size, env->spec.cp_size, env->spec.ep_size};
         if (parallel_groups_init_sized(g, l->sides, &sz) != 0)
             check_failf(__FILE__, __LINE__, "trainer groups: %d ranks do not fit TP %d x PP %d x CP %d x EP %d",
-                        comm_size(l->sides), env->spec.tp_size, env->spec.pp_size, env->spec.cp_size, env->spec.ep_size);
+                        comm_size(l->sides), env->spec.tp_size, env->spec.pp_size, env->spec.cp_size,
+                        env->spec.ep_size);
         env->dp = g->dp;
         env->tp = g->tp;
         env->pp = g->pp;

@@ -523,8 +523,8 @@ static void publish(struct trainer_rank *r, int64_t version)
     float *whole = NULL;
     size_t n;
     if ((r->mp && !r->env->cp) || p->sh.ep) { /* the parts to the dispatcher's rank, each from a host copy on GPUs
-                                             * (no LoRA with TP or PP); under EP the experts of DP ranks
-                                             * 1 .. EP - 1; sequence-parallel ranks hold the whole model */
+                                               * (no LoRA with TP or PP); under EP the experts of DP ranks
+                                               * 1 .. EP - 1; sequence-parallel ranks hold the whole model */
         if (r->disp)
             whole = xmalloc(model_whole_floats(&p->cfg) * sizeof(float));
         model_shard_gather(p, trainer_params(r->t, &n), whole, 0);
