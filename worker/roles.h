@@ -75,5 +75,7 @@ struct trainer_source;
  * it ended. The hybrid and trainer roles share it. */
 int run_trainer_process(struct role_env *env, const struct trainer_layout *lay, const struct trainer_source *src,
                         void (*on_created)(void *ud, struct trainer *t), void *ud);
+/* A trainer's layout from its role's groups and coordinates (the hybrid and trainer roles share it). */
+void trainer_layout_of(const struct role_env *env, struct trainer_layout *lay);
 
 #endif

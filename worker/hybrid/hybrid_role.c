@@ -505,28 +505,8 @@ static void colocated_ready(void *ud, struct trainer *t)
 static int run_colocated(struct role_env *env)
 {
     struct colocated c = {.env = env, .head = env->at.engine_tp == 0, .engine = env->rollout_tp, .gen_at = -1};
-    struct trainer_layout lay = {.dp = env->dp,
-                                 .dp_rank = env->at.dp,
-                                 .dp_size = env->at.dp_size,
-                                 .tp = env->at.tp_size > 1 ? env->tp : NULL,
-                                 .tp_rank = env->at.tp,
-                                 .tp_size = env->at.tp_size,
-                                 .pp = env->at.pp_size > 1 ? env->pp : NULL,
-                                 .pp_rank = env->at.pp,
-                                 .pp_size = env->at.pp_size,
-                                 .mp = env->at.tp_size * env->at.pp_size > 1 ? env->mp : NULL,
-                                 .cp = env->cp,
-                                 .cp_rank = env->at.cp,
-                                 .cp_size = env->at.cp_size,
-                                 .grads = env->grads,
-                                 .ep = env->ep,
-                                 .edp = env->edp,
-                                 .ep_rank = env->at.ep,
-                                 .ep_size = env->at.ep_size,
-                                 .all = env->trainers,
-                                 .devices = comm_size(env->world),
-                                 .device = env->device,
-                                 .gpus_shared = env->trainer_gpus_shared};
+    struct trainer_layout lay;
+    trainer_layout_of(env, &lay);
     struct trainer_source src = {.ctx = &c, .next_batch = next_batch, .generates = true, .validate = validate};
     int status = run_trainer_process(env, &lay, &src, colocated_ready, &c);
     if (env->rank == 0 && c.stolen_total)

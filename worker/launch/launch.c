@@ -404,6 +404,29 @@ static int place(struct launch *l, int replace_rank)
     return 0;
 }
 
+/* The training groups of l->sides (every trainer, or every colocated rank): DP, TP, PP, CP (and DP x CP) and EP
+ * (and its expert-data-parallel twin) from the run's sizes, and the model-copy group (the TP x PP ranks of one
+ * DP x CP position). what names the ranks in the error. Collective over l->sides. */
+static void train_groups(struct launch *l, const char *what)
+{
+    struct role_env *env = &l->env;
+    struct parallel_groups *g = &l->trainer_groups;
+    env->trainers = l->sides;
+    const struct parallel_sizes sz = {env->spec.tp_size, env->spec.pp_size, env->spec.cp_size, env->spec.ep_size};
+    if (parallel_groups_init_sized(g, l->sides, &sz) != 0)
+        check_failf(__FILE__, __LINE__, "%s groups: %d ranks do not fit TP %d x PP %d x CP %d x EP %d", what,
+                    comm_size(l->sides), env->spec.tp_size, env->spec.pp_size, env->spec.cp_size, env->spec.ep_size);
+    env->dp = g->dp;
+    env->tp = g->tp;
+    env->pp = g->pp;
+    env->cp = g->cp;
+    env->grads = g->dpcp;
+    env->ep = g->ep;
+    env->edp = g->edp;
+    env->mp =
+        comm_split(l->sides, env->at.dp * env->at.cp_size + env->at.cp, env->at.pp * env->at.tp_size + env->at.tp);
+}
+
 /* A split run's groups: the trainers and their DP, TP, PP and model-copy groups, a rollout TP group, and the
  * weight broadcast's group. Collective over the world. */
 static void build_groups(struct launch *l, int replace_rank)
@@ -416,22 +439,7 @@ static void build_groups(struct launch *l, int replace_rank)
      * of their waits is bounded, the same on every rank (actor_rollout_ref.nccl_timeout) */
     comm_set_deadline(l->sides, (double)env->cfg->arr_nccl_timeout);
     if (env->at.role == PLACE_TRAINER) {
-        struct parallel_groups *g = &l->trainer_groups;
-        env->trainers = l->sides;
-        const struct parallel_sizes sz = {env->spec.tp_size, env->spec.pp_size, env->spec.cp_size, env->spec.ep_size};
-        if (parallel_groups_init_sized(g, l->sides, &sz) != 0)
-            check_failf(__FILE__, __LINE__, "trainer groups: %d ranks do not fit TP %d x PP %d x CP %d x EP %d",
-                        comm_size(l->sides), env->spec.tp_size, env->spec.pp_size, env->spec.cp_size,
-                        env->spec.ep_size);
-        env->dp = g->dp;
-        env->tp = g->tp;
-        env->pp = g->pp;
-        env->cp = g->cp;
-        env->grads = g->dpcp;
-        env->ep = g->ep;
-        env->edp = g->edp;
-        env->mp =
-            comm_split(l->sides, env->at.dp * env->at.cp_size + env->at.cp, env->at.pp * env->at.tp_size + env->at.tp);
+        train_groups(l, "trainer");
     } else if (env->at.tp_size > 1) { /* a rollout TP group: neighbouring rollout ranks */
         env->rollout_tp = comm_split(l->sides, env->at.engine, env->at.tp);
         comm_fail_alone(env->rollout_tp); /* a lost peer ends the group, not the run */
@@ -457,21 +465,7 @@ static void build_colocated_groups(struct launch *l)
     struct role_env *env = &l->env;
     l->sides = comm_split(env->world, 0, env->rank);
     comm_set_deadline(l->sides, (double)env->cfg->arr_nccl_timeout);
-    env->trainers = l->sides;
-    struct parallel_groups *g = &l->trainer_groups;
-    const struct parallel_sizes sz = {env->spec.tp_size, env->spec.pp_size, env->spec.cp_size, env->spec.ep_size};
-    if (parallel_groups_init_sized(g, l->sides, &sz) != 0)
-        check_failf(__FILE__, __LINE__, "colocated groups: %d ranks do not fit TP %d x PP %d x CP %d x EP %d",
-                    comm_size(l->sides), env->spec.tp_size, env->spec.pp_size, env->spec.cp_size, env->spec.ep_size);
-    env->dp = g->dp;
-    env->tp = g->tp;
-    env->pp = g->pp;
-    env->cp = g->cp;
-    env->grads = g->dpcp;
-    env->ep = g->ep;
-    env->edp = g->edp;
-    env->mp =
-        comm_split(l->sides, env->at.dp * env->at.cp_size + env->at.cp, env->at.pp * env->at.tp_size + env->at.tp);
+    train_groups(l, "colocated");
     if (env->spec.rollout_tp > 1) /* an engine: neighbouring ranks */
         env->rollout_tp = comm_split(l->sides, env->at.engine, env->at.engine_tp);
 }

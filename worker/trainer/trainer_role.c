@@ -560,6 +560,33 @@ static int between_steps(void *ctx, int64_t j, bool stop)
     return 0;
 }
 
+void trainer_layout_of(const struct role_env *env, struct trainer_layout *lay)
+{
+    const bool split_model = env->at.tp_size > 1 || env->at.pp_size > 1;
+    *lay = (struct trainer_layout){.dp = env->dp,
+                                   .dp_rank = env->at.dp,
+                                   .dp_size = env->at.dp_size,
+                                   .tp = env->at.tp_size > 1 ? env->tp : NULL,
+                                   .tp_rank = env->at.tp,
+                                   .tp_size = env->at.tp_size,
+                                   .pp = env->at.pp_size > 1 ? env->pp : NULL,
+                                   .pp_rank = env->at.pp,
+                                   .pp_size = env->at.pp_size,
+                                   .mp = split_model ? env->mp : NULL,
+                                   .cp = env->cp,
+                                   .cp_rank = env->at.cp,
+                                   .cp_size = env->at.cp_size,
+                                   .grads = env->grads,
+                                   .ep = env->ep,
+                                   .edp = env->edp,
+                                   .ep_rank = env->at.ep,
+                                   .ep_size = env->at.ep_size,
+                                   .all = env->trainers,
+                                   .devices = comm_size(env->world),
+                                   .device = env->device,
+                                   .gpus_shared = env->trainer_gpus_shared};
+}
+
 /* Trainer hooks to the control plane (shared with the hybrid role in grpo_worker.c). */
 struct trainer_ctl {
     struct control *ctl;
@@ -742,28 +769,8 @@ int run_trainer(struct role_env *env)
         log_info("trainer", "DP rank %d of %d: pulling rollouts at %s", env->at.dp, env->at.dp_size,
                  env->endpoints[env->at.dp]);
     }
-    struct trainer_layout lay = {.dp = env->dp,
-                                 .dp_rank = env->at.dp,
-                                 .dp_size = env->at.dp_size,
-                                 .tp = env->at.tp_size > 1 ? env->tp : NULL,
-                                 .tp_rank = env->at.tp,
-                                 .tp_size = env->at.tp_size,
-                                 .pp = env->at.pp_size > 1 ? env->pp : NULL,
-                                 .pp_rank = env->at.pp,
-                                 .pp_size = env->at.pp_size,
-                                 .mp = split_model ? env->mp : NULL,
-                                 .cp = env->cp,
-                                 .cp_rank = env->at.cp,
-                                 .cp_size = env->at.cp_size,
-                                 .grads = env->grads,
-                                 .ep = env->ep,
-                                 .edp = env->edp,
-                                 .ep_rank = env->at.ep,
-                                 .ep_size = env->at.ep_size,
-                                 .all = env->trainers,
-                                 .devices = comm_size(env->world),
-                                 .device = env->device,
-                                 .gpus_shared = env->trainer_gpus_shared};
+    struct trainer_layout lay;
+    trainer_layout_of(env, &lay);
     struct trainer_source src = {.ctx = &r, .next_batch = next_batch, .between_steps = between_steps};
     int status = run_trainer_process(env, &lay, &src, trainer_ready, &r);
     if (r.refused || r.duplicates || r.stale || r.drop_not_granted || r.drop_prompt)
