@@ -13,7 +13,8 @@
  * (groups of neighbouring ranks): each rank's activation high-water (its context's peak of activation memory)
  * falls as 1/SP within 10%, and the bytes the all-to-alls send are the planner's (plan_sp_alltoall_bytes) exactly;
  * rank 0 prints the figures; with --cp --memory LEN the same at CP 1, 2, 4 (the ring's own host buffers added to the
- * context's peak), the ring's bytes against ring_attn_bytes. Exit 0 only if every rank saw every value right. */
+ * context's peak), the ring's bytes against the planner's (plan_cp_ring_bytes) and ring_attn_bytes. Exit 0 only if
+ * every rank saw every value right. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -249,13 +250,19 @@ static void check_memory(struct comm *w, int len)
         comm_allreduce_max(w, &act, 1, COMM_F64);
         comm_allreduce_sum(sp, &sent, 1, COMM_F64);
         /* a forward and a backward of every layer: the all-to-alls, or the ring (chunks of n / 2 rows) */
-        const double want = S * (g_cp ? c.n_layers * (ring_attn_bytes(S, (int)n / 2, c.n_kv_heads, c.head_dim, 0) +
-                                                      ring_attn_bytes(S, (int)n / 2, c.n_kv_heads, c.head_dim, 1))
+        const double want = S * (g_cp ? plan_cp_ring_bytes(&c, len, S, c.n_layers, c.n_layers)
                                       : plan_sp_alltoall_bytes(&c, len, S, c.n_layers, c.n_layers));
+        /* the component's own count agrees (ring_attn_bytes: chunks of n / 2 rows) */
+        if (g_cp && fabs(want - S * c.n_layers *
+                                    (ring_attn_bytes(S, (int)n / 2, c.n_kv_heads, c.head_dim, 0) +
+                                     ring_attn_bytes(S, (int)n / 2, c.n_kv_heads, c.head_dim, 1))) > 1e-6) {
+            g_bad++;
+            log_error("test", "CP %d: the planner's ring bytes differ from ring_attn_bytes", S);
+        }
         if (fabs(sent - want) > 1e-9 * (want > 1 ? want : 1)) {
             g_bad++;
             log_error("test", "%s %d: %s sent %.0f bytes over the group, %s says %.0f", g_cp ? "CP" : "SP", S,
-                      g_cp ? "the ring" : "the all-to-alls", sent, g_cp ? "ring_attn_bytes" : "the planner", want);
+                      g_cp ? "the ring" : "the all-to-alls", sent, "the planner", want);
         }
         if (S == 1)
             act1 = act;

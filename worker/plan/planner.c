@@ -41,6 +41,14 @@ double plan_sp_alltoall_bytes(const struct model_config *m, double N, int sp, do
     return (sp - 1.0) / sp * N * m->head_dim * 4.0 * (fwd * (2 * hq + 2 * hk) + bwd * (3 * hq + 2 * hk));
 }
 
+double plan_cp_ring_bytes(const struct model_config *m, double N, int cp, double fwd, double bwd)
+{
+    if (cp <= 1)
+        return 0;
+    const double c = ceil(N / (2.0 * cp)); /* tokens per chunk, the sequence padded to 2 cp chunks */
+    return (cp - 1.0) * 2.0 * (2.0 * c) * m->n_kv_heads * m->head_dim * 4.0 * (fwd + 2.0 * bwd);
+}
+
 double plan_param_count(const struct model_config *m)
 {
     const double h = m->hidden_size, f = m->intermediate_size, a = m->n_heads, g = m->n_kv_heads, d = m->head_dim,

@@ -103,6 +103,12 @@ double plan_param_count(const struct model_config *m);
  * x head_dim x 4 bytes x (2 hq + 2 hk) a forward, (3 hq + 2 hk) a backward, hq = Hq / sp, hk = max(Hkv / sp, 1).
  * Their sum over the group is exact for any split of the tokens. */
 double plan_sp_alltoall_bytes(const struct model_config *m, double N, int sp, double fwd, double bwd);
+/* Context parallelism over cp ranks (ring attention, every head on every rank): the bytes a rank sends around the
+ * ring for one sequence of N tokens, cut into 2 cp chunks of c = ceil(N / 2 cp) tokens (padded), rank r holding
+ * chunks r and 2 cp - 1 - r: a layer forward passes its K and V (2 c tokens x Hkv x head_dim, fp32) to the next rank
+ * cp - 1 times, a backward passes them again and sends their gradients home (twice the forward), so
+ * (cp - 1) x 2 x 2c x Hkv x head_dim x 4 bytes x (fwd + 2 bwd). The same on every rank (load-balanced chunks). */
+double plan_cp_ring_bytes(const struct model_config *m, double N, int cp, double fwd, double bwd);
 /* Of them, those a token runs through: the dense ones and k of each layer's E experts (all of them when dense). */
 double plan_active_params(const struct model_config *m);
 /* Cost of one layout (r->valid false, with the reason, when it does not divide the model). */
