@@ -73,6 +73,12 @@ expect "cp2dp2-llama: 4 colocated ranks, CP 2 x DP 2, finish" $?
 has "$TMP/cp2dp2-llama.log" "training DP 2 x CP 2 x TP 1 x PP 1"
 expect "cp2dp2-llama: DP 2 x CP 2 logged" $?
 equivalent cp2dp2-llama one-llama
+# ZeRO-1 over the two ranks of one CP group (DP 1): the optimizer state halved, the same run
+cp zero-cp2 2 2 actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
+expect "zero-cp2: CP 2 with ZeRO-1 finishes" $?
+has "$TMP/zero-cp2.log" "ZeRO-1: DP x CP rank 1 keeps the optimizer state of parameters"
+expect "zero-cp2: each CP rank keeps half of the optimizer state" $?
+equivalent zero-cp2 one-llama
 
 # the token budget: 2200 tokens a GPU hold one response a micro-batch in one process, both over a CP 2 group
 BSZ="actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=2200"

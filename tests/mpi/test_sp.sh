@@ -9,7 +9,8 @@
 #    (use_dynamic_bsz, ppo_max_token_len_per_gpu per GPU as verl means it: the SP group's budget is SP times it);
 #  - split runs (a rollout rank feeding SP 2 and SP 2 x DP 2 trainers: one data endpoint per DP rank, its batches
 #    shared over the SP group) give the same;
-#  - heads that do not divide, and layouts not available yet (TP, ZeRO-1), are refused naming the keys and the
+#  - SP 2 x DP 2 with ZeRO-1 (the optimizer state over DP x SP) reproduces it too;
+#  - heads that do not divide, and layouts not available yet (TP), are refused naming the keys and the
 #    numbers; ranks that do not fit the SP size are refused naming the key.
 # usage: test_sp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
@@ -119,6 +120,13 @@ split split-sp2dp2 4
 expect "split-sp2dp2: 4 trainer ranks (SP 2 x DP 2) and a rollout rank finish" $?
 equivalent split-sp2dp2 one-llama
 
+# ZeRO-1 shards the optimizer state over DP x SP (4 ranks here), whose gradients add up: the same run
+sp zero-sp2dp2 llama 4 2 $RTP2 actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
+expect "zero-sp2dp2: SP 2 x DP 2 with ZeRO-1 finishes" $?
+has "$TMP/zero-sp2dp2.log" "ZeRO-1: DP x CP rank 3 keeps the optimizer state of parameters"
+expect "zero-sp2dp2: each of the 4 ranks keeps a quarter of the optimizer state" $?
+equivalent zero-sp2dp2 one-llama
+
 # refusals, each naming the keys and numbers
 refused() { # NAME RANKS SP TEXT [keys...]: the run ends with an error saying TEXT
     local name=$1 ranks=$2 size=$3 text=$4
@@ -135,7 +143,4 @@ expect "3 ranks under SP 2 are refused naming the key" $?
 refused bad-tp 4 2 "ulysses_sequence_parallel_size=2 with actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 is not available yet" \
     actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2
 expect "SP with TP is refused naming both keys" $?
-refused bad-zero 4 2 "ulysses_sequence_parallel_size=2 with actor_rollout_ref.actor.megatron.use_distributed_optimizer=true is not available yet" \
-    actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
-expect "SP with ZeRO-1 is refused naming both keys" $?
 finish "$TMP"/*.log

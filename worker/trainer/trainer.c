@@ -889,7 +889,10 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         }
         log_info("trainer", "resumed from %s at step %lld", resume, (long long)st.global_step);
     }
-    if (cfg->actor_megatron_use_distributed_optimizer && t->lay.dp_size > 1) {
+    /* ZeRO-1 shards over the ranks whose gradients add up: DP, or DP x CP with sequence or context parallelism
+     * (every rank of a CP group holds the whole model and its part of each gradient) */
+    struct comm *zg = t->lay.grads ? t->lay.grads : t->lay.dp;
+    if (cfg->actor_megatron_use_distributed_optimizer && zg && comm_size(zg) > 1) {
         /* ZeRO-1: this rank keeps its block of the (whole, possibly just loaded) optimizer state */
         if (on_device(t) && !t->dp_dev) {
             error_set(err, errlen,
@@ -899,12 +902,12 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
                       t->lay.dp_size);
             goto fail;
         }
-        t->zero = zero1_create(t->opt->K, t->dp_dev ? t->dp_dev : t->lay.dp, model_trainable(t->policy).n);
+        t->zero = zero1_create(t->opt->K, t->dp_dev ? t->dp_dev : zg, model_trainable(t->policy).n);
         struct adamw *block = zero1_shard(t->zero, t->opt);
         adamw_free(t->opt);
         t->opt = block;
-        log_info("trainer", "ZeRO-1: DP rank %d keeps the optimizer state of parameters %zu..%zu (%.2f GB of %.2f)",
-                 t->lay.dp_rank, t->zero->lo, t->zero->hi, 8.0 * (double)block->n / 1e9,
+        log_info("trainer", "ZeRO-1: %s rank %d keeps the optimizer state of parameters %zu..%zu (%.2f GB of %.2f)",
+                 t->lay.grads ? "DP x CP" : "DP", comm_rank(zg), t->zero->lo, t->zero->hi, 8.0 * (double)block->n / 1e9,
                  8.0 * (double)t->zero->n / 1e9);
     }
     overlap_setup(t);
