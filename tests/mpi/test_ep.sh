@@ -27,21 +27,6 @@ EP=actor_rollout_ref.actor.megatron.expert_model_parallel_size
 AUX=actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff=0.5
 NOAUX=actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff=0
 
-# moe_config TYPE OUT: the byte tokenizer's model config turned into a 4-expert model of TYPE
-moe_config() {
-    python3 - "$TOK/config.json" "$1" "$2" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-kind, out = sys.argv[2], sys.argv[3]
-if kind == "qwen3_moe":
-    d.update(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], num_experts=4, num_experts_per_tok=2,
-             moe_intermediate_size=32, norm_topk_prob=True, head_dim=16, use_sliding_window=False)
-else:
-    d.update(model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=4, num_experts_per_tok=2,
-             intermediate_size=32, sliding_window=None)
-json.dump(d, open(out, "w"), indent=1)
-PY
-}
 # colocated run: NAME MODEL RANKS [more keys...]
 colo() {
     local name=$1 model=$2 ranks=$3
@@ -72,8 +57,7 @@ PY
 }
 
 for kind in qwen3_moe mixtral; do
-    moe_config $kind "$TMP/$kind.json"
-    tiny_model "$TMP/$kind" 11 "$TMP/$kind.json"
+    tiny_moe_model "$TMP/$kind" $kind 11
     expect "$kind: tiny model written" $?
     one "one-$kind" $kind
     expect "$kind: single-process run finishes" $?
