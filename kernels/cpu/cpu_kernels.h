@@ -173,6 +173,9 @@ void cpu_moe_route_backward(struct kctx *K, float *dlogits, const struct kmoe *r
                             const float *dp_col);
 void cpu_moe_experts_forward(struct kctx *K, float *y, const float *x, const float *Wg, const float *Wu,
                              const float *Wd, struct kmoe *r);
+/* The combine's backward, slot by slot in r's expert order: dys (N k, D) = each slot's weight x its token's dy, and
+ * dwt (N k, by slot) = dy . the slot's expert output (r->ys); the expert-parallel layer reuses it. */
+void cpu_moe_slot_grad(const struct kmoe *r, const float *dy, float *dys, float *dwt);
 void cpu_moe_experts_backward(struct kctx *K, float *dx, float *dWg, float *dWu, float *dWd, float *dwt,
                               const float *dy, const float *Wg, const float *Wu, const float *Wd, const struct kmoe *r);
 

@@ -141,15 +141,10 @@ void cpu_moe_experts_forward(struct kctx *K, float *y, const float *x, const flo
     }
 }
 
-void cpu_moe_experts_backward(struct kctx *K, float *dx, float *dWg, float *dWu, float *dWd, float *dwt,
-                              const float *dy, const float *Wg, const float *Wu, const float *Wd, const struct kmoe *r)
+void cpu_moe_slot_grad(const struct kmoe *r, const float *dy, float *dys, float *dwt)
 {
-    const int N = r->N, E = r->E, k = r->k, D = r->D, F = r->F;
-    const size_t d = (size_t)D, f = (size_t)F, nk = (size_t)N * k;
-    float *dys = r->bwd_d, *dxs = r->bwd_d + nk * d;
-    float *da = r->bwd_f, *dg = r->bwd_f + nk * f, *du = r->bwd_f + 2 * nk * f;
-    memset(dxs, 0, nk * d * sizeof(float));
-    memset(r->bwd_f, 0, 3 * nk * f * sizeof(float));
+    const int N = r->N, k = r->k, D = r->D;
+    const size_t d = (size_t)D;
     for (int j = 0; j < N * k; j++) { /* y_t = sum_s w_s ys_s: dys_s = w_s dy_t, dw_s = dy_t . ys_s */
         const int s = r->order[j];
         const float *dyt = dy + (size_t)(s / k) * d, *ys = r->ys + j * d;
@@ -161,6 +156,18 @@ void cpu_moe_experts_backward(struct kctx *K, float *dx, float *dWg, float *dWu,
         }
         dwt[s] = (float)dot;
     }
+}
+
+void cpu_moe_experts_backward(struct kctx *K, float *dx, float *dWg, float *dWu, float *dWd, float *dwt,
+                              const float *dy, const float *Wg, const float *Wu, const float *Wd, const struct kmoe *r)
+{
+    const int N = r->N, E = r->E, k = r->k, D = r->D, F = r->F;
+    const size_t d = (size_t)D, f = (size_t)F, nk = (size_t)N * k;
+    float *dys = r->bwd_d, *dxs = r->bwd_d + nk * d;
+    float *da = r->bwd_f, *dg = r->bwd_f + nk * f, *du = r->bwd_f + 2 * nk * f;
+    memset(dxs, 0, nk * d * sizeof(float));
+    memset(r->bwd_f, 0, 3 * nk * f * sizeof(float));
+    cpu_moe_slot_grad(r, dy, dys, dwt);
     for (int e = 0; e < E; e++) {
         const int lo = r->offs[e], n = r->offs[e + 1] - lo;
         if (n == 0)

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "worker/comm/comm.h"
 
 struct moe_ep {
@@ -167,17 +168,7 @@ void moe_ep_backward(struct moe_ep *s, const struct model *m, const struct layer
     const int N = r->N, k = r->k, D = r->D;
     const size_t d = (size_t)D, nk = (size_t)N * k;
     float *dys = scratch, *dxs = scratch + nk * d;
-    for (int j = 0; j < N * k; j++) { /* y_t = sum_s w_s ys_s: dys_s = w_s dy_t, dw_s = dy_t . ys_s */
-        const int sl = r->order[j];
-        const float *dyt = dy + (size_t)(sl / k) * d, *ys = r->ys + j * d;
-        float *o = dys + j * d;
-        double dot = 0;
-        for (int i = 0; i < D; i++) {
-            o[i] = r->wt[sl] * dyt[i];
-            dot += (double)dyt[i] * ys[i];
-        }
-        dwt[sl] = (float)dot;
-    }
+    cpu_moe_slot_grad(r, dy, dys, dwt); /* y_t = sum_s w_s ys_s: the slots' output gradients and weights' */
     comm_alltoallv(sh->ep, dys, s->sc, s->dyr, s->rc, COMM_F32); /* the outputs' gradients, like the dispatch */
     memset(s->dxr, 0, (size_t)(s->R > 0 ? s->R : 1) * d * sizeof(float));
     k_moe_experts_backward(m->K, s->dxr, G ? G->w_gate : NULL, G ? G->w_up : NULL, G ? G->w_down : NULL, s->dwt1,
