@@ -32,17 +32,6 @@ expect "tiny Llama with a 4096-position window initialised" $?
 tiny_model "$TMP/long-qwen2" 12 "$TMP/long-qwen2.json"
 expect "tiny Qwen2 (one KV head) with a 4096-position window initialised" $?
 
-# two steps of 2 prompts x 2 responses of LEN tokens, a mini-batch of 2 responses, micro-batches of 2
-long() {
-    echo actor_rollout_ref.model.path="$TMP/long-$1" trainer.project_name=p trainer.experiment_name=e \
-        trainer.total_training_steps=$STEPS trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=1 \
-        data.train_batch_size=2 actor_rollout_ref.rollout.n=2 actor_rollout_ref.actor.ppo_mini_batch_size=1 \
-        data.max_response_length=$LEN actor_rollout_ref.rollout.ignore_eos=true actor_rollout_ref.actor.optim.lr=1e-3 \
-        data.synthetic.num_train=64 data.synthetic.num_val=2 data.val_batch_size=2 custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score \
-        actor_rollout_ref.actor.optim.eps=1e-6 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 \
-        actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2 \
-        actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2
-}
 # NAME MODEL RANKS SP [more keys...]
 sp() {
     local name=$1 model=$2 ranks=$3 size=$4
@@ -51,13 +40,6 @@ sp() {
     "${MPIRUN[@]}" -np "$ranks" "$WORKER" $(long "$model") trainer.default_local_dir="$TMP/$name" \
         trainer.nnodes=1 trainer.n_gpus_per_node="$ranks" \
         actor_rollout_ref.actor.ulysses_sequence_parallel_size="$size" "$@" >"$TMP/$name.log" 2>&1
-}
-equivalent() { # NAME ONE: the run against one process's
-    local out
-    out=$(same_metrics "$2" "$1" 2>&1)
-    expect "$1: per-step losses, grad norms and entropies match one process ($out)" $?
-    out=$(same_weights "$2" "$1")
-    expect "$1: weights after $STEPS steps match one process within 1e-5 ($out)" $?
 }
 
 BSZ="actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=2200"
