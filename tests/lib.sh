@@ -21,6 +21,7 @@ SRC_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TOK="$SRC_ROOT/tests/fixtures/tokenizers/bytes-chatml"
 TMP="$(mktemp -d "/tmp/${1:-grpo-test}.XXXXXX")" || { echo "FAIL cannot make a temporary directory"; exit 1; }
 fails=0
+FAILED_CHECKS=() # their names, repeated after the log tails by finish (a CI log keeps only its end)
 PIDS=()
 
 # descendants PID: the process's children, their children, ... (deepest last)
@@ -53,7 +54,7 @@ track() { PIDS+=("$1"); }
 
 # expect NAME STATUS: one check, passed when STATUS is 0
 expect() {
-    if [ "$2" -eq 0 ]; then echo "ok   $1"; else echo "FAIL $1"; fails=$((fails + 1)); fi
+    if [ "$2" -eq 0 ]; then echo "ok   $1"; else echo "FAIL $1"; fails=$((fails + 1)); FAILED_CHECKS+=("$1"); fi
 }
 # fail NAME: a failed check
 fail() { expect "$1" 1; }
@@ -65,6 +66,8 @@ finish() {
     local f logs=("$@")
     [ $# -eq 0 ] && logs=("$TMP"/*.log)
     for f in "${logs[@]}"; do [ -f "$f" ] && { echo "---- $f (tail)"; tail -n 30 "$f"; }; done
+    echo "---- $fails failed check(s) of $(basename "$0"), above in full:"
+    printf 'FAIL %s\n' "${FAILED_CHECKS[@]}"
     exit 1
 }
 
