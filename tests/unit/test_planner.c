@@ -80,7 +80,7 @@ static void test_memory_and_bytes(void **state)
     const double P = 7615616512.0, h = 3584, S = 1536, T_mb = 4 * S;
     struct plan_result r;
     /* TP1 PP1 DP8 without ZeRO: 2 + 4 + 12 bytes per parameter, and 2 for the reference */
-    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 1, 8, false, 1}, &r);
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 1, 8, false, 1, 1, false}, &r);
     assert_true(r.valid);
     near(r.mem_weights, 2 * P, 1e-12);
     near(r.mem_grads, 4 * P, 1e-12);
@@ -94,19 +94,19 @@ static void test_memory_and_bytes(void **state)
     assert_true(r.bytes_tp == 0 && r.bytes_pp == 0);
     /* ZeRO-1: the 12 bytes of master weights and moments are sharded: 6 + 12/8, and the all-reduce becomes a
      * reduce-scatter of FP32 gradients and an all-gather of BF16 weights */
-    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 1, 8, true, 1}, &r);
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 1, 8, true, 1, 1, false}, &r);
     near(r.mem_optim, 12 * P / 8, 1e-12);
     near(r.bytes_dp, 4 * (7.0 / 8 * 4 * P + 7.0 / 8 * 2 * P), 1e-12);
     assert_true(r.fits);
     /* TP2: per pass two all-reduces of s x h per layer and one for the embedding (forward) or the head's input
      * gradient (backward): 2 x 28 + 1 = 57; two forward-only passes, the update's forward and backward, and the
      * recompute's 2 x 28; 2(n-1)/n = 1 for n = 2; over this DP rank's 1/4 of the tokens; 4 KV heads split */
-    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){2, 1, 4, false, 1}, &r);
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){2, 1, 4, false, 1, 1, false}, &r);
     const double tokens_dp = 256.0 * 8 * S / 4;
     near(r.bytes_tp, 1.0 * h * 2 * tokens_dp * (2 * 57 + 2 * 57 + 56), 1e-12);
     /* PP2: stage 1 holds 14 layers, the head and the final norm; the stage boundary carries s x h forward
      * (3 passes) and backward (1) */
-    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 2, 4, false, 1}, &r);
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 2, 4, false, 1, 1, false}, &r);
     const double layer = 2 * h + 2 * h * 28 * 128 + 2 * h * 4 * 128 + 3 * h * 18944 + 28 * 128 + 2 * 4 * 128;
     near(r.stage_params, 14 * layer + 152064 * h + h, 1e-12);
     /* the first stage sends s x h forward in 3 passes (old, reference, update), the last back in 1; Qwen2.5-7B's
@@ -115,7 +115,7 @@ static void test_memory_and_bytes(void **state)
     /* 1F1B bubble (p-1)/(m+p-1): 512 sequences per optimizer step over DP 4 in micro-batches of 4 = 32 */
     near(r.bubble, 1.0 / 33, 1e-12);
     /* PP4: a middle stage sends forward in 3 passes and back in 1 */
-    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 4, 2, false, 1}, &r);
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 4, 2, false, 1, 1, false}, &r);
     near(r.bytes_pp, h * 2 * (256.0 * 8 * S / 2) * 4, 1e-12);
 }
 
@@ -124,33 +124,33 @@ static void test_invalid_and_recommended(void **state)
     (void)state;
     struct model_config q = qwen7b();
     struct plan_result r;
-    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){3, 1, 1, false, 1}, &r);
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){3, 1, 1, false, 1, 1, false}, &r);
     assert_false(r.valid);
     assert_non_null(strstr(r.why_invalid, "28 attention heads"));
-    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){8, 1, 1, false, 1}, &r);
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){8, 1, 1, false, 1, 1, false}, &r);
     assert_false(r.valid); /* 28 heads over TP 8 */
     struct model_config q2 = q;
     q2.n_kv_heads = 2;
-    plan_evaluate(&q2, &H200x8, &GSM8K, &(struct plan_layout){4, 1, 2, false, 1}, &r);
+    plan_evaluate(&q2, &H200x8, &GSM8K, &(struct plan_layout){4, 1, 2, false, 1, 1, false}, &r);
     assert_true(r.valid); /* 2 KV heads replicated over TP 4 */
     q2.n_kv_heads = 3;
-    plan_evaluate(&q2, &H200x8, &GSM8K, &(struct plan_layout){4, 1, 2, false, 1}, &r);
+    plan_evaluate(&q2, &H200x8, &GSM8K, &(struct plan_layout){4, 1, 2, false, 1, 1, false}, &r);
     assert_false(r.valid);
     assert_non_null(strstr(r.why_invalid, "3 KV heads"));
-    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 29, 1, false, 1}, &r);
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 29, 1, false, 1, 1, false}, &r);
     assert_false(r.valid);
     assert_non_null(strstr(r.why_invalid, "28 layers"));
     struct plan_cluster two = H200x8;
     two.nodes = 2;
-    plan_evaluate(&q, &two, &GSM8K, &(struct plan_layout){16, 1, 1, false, 1}, &r);
+    plan_evaluate(&q, &two, &GSM8K, &(struct plan_layout){16, 1, 1, false, 1, 1, false}, &r);
     assert_false(r.valid);
-    static struct plan_result all[256];
+    static struct plan_result all[4096];
     int best;
-    int n = plan_candidates(&q, &H200x8, &GSM8K, all, 256, &best);
-    assert_true(n > 8);
+    int n = plan_candidates(&q, &H200x8, &GSM8K, all, 4096, &best);
+    assert_true(n > 8 && n < 4096);
     assert_true(best >= 0 && all[best].fits);
     for (int i = 0; i < n; i++) {
-        assert_true(all[i].valid && all[i].lay.tp * all[i].lay.pp * all[i].lay.dp == 8);
+        assert_true(all[i].valid && all[i].lay.tp * all[i].lay.pp * all[i].lay.cp * all[i].lay.dp == 8);
         if (all[i].fits)
             assert_true(all[best].time_step <= all[i].time_step);
     }
@@ -206,8 +206,8 @@ static void test_moe_and_ep(void **state)
     near(plan_active_params(&q), 3.3e9, 0.02);
     near(plan_param_count(&q) - plan_active_params(&q), experts * 120 / 128, 1e-12);
     struct plan_result one, r;
-    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 1, 8, true, 1}, &one);
-    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 1, 8, true, 8}, &r);
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 1, 8, true, 1, 1, false}, &one);
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 1, 8, true, 8, 1, false}, &r);
     assert_true(one.valid && r.valid);
     /* EP8: 16 of each layer's 128 experts per device, everything else whole */
     near(r.stage_experts, experts / 8, 1e-12);
@@ -227,21 +227,97 @@ static void test_moe_and_ep(void **state)
     near(r.time_compute, one.time_compute, 1e-12);
     near(r.time_compute * 8 * 989e12 * 0.4, (2 * 2 + 6 + 2) * plan_active_params(&q) * 256 * 8 * S, 1e-12);
     /* EP that divides neither the experts nor DP is named */
-    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 1, 6, false, 3}, &r);
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 1, 6, false, 3, 1, false}, &r);
     assert_false(r.valid);
     assert_non_null(strstr(r.why_invalid, "EP 3"));
-    static struct plan_result all[256];
-    int best, n = plan_candidates(&q, &H200x8, &GSM8K, all, 256, &best), eps = 0;
+    static struct plan_result all[4096];
+    int best, n = plan_candidates(&q, &H200x8, &GSM8K, all, 4096, &best), eps = 0;
     for (int i = 0; i < n; i++)
         eps += all[i].lay.ep > 1;
     assert_true(eps > 0 && best >= 0);
 }
 
+/* Sequences shared by SP or CP ranks, worked by hand for Qwen2.5-7B (28 query and 4 KV heads of 128, 28 layers) on
+ * 32k-token sequences: 256 of them a step, one a micro-batch, on the 8 devices of a node. */
+static void test_sequence_sharing(void **state)
+{
+    (void)state;
+    struct model_config q = qwen7b();
+    struct plan_batch b = GSM8K;
+    b.prompts = 32, b.prompt_len = 1024, b.response_len = 31744, b.micro_batch = 1;
+    const double S = 32768, seqs = 256;
+    struct plan_result one, sp2, cp2, tpsp;
+    plan_evaluate(&q, &H200x8, &b, &(struct plan_layout){1, 1, 8, false, 1, 1, false}, &one);
+    plan_evaluate(&q, &H200x8, &b, &(struct plan_layout){1, 1, 4, false, 1, 2, false}, &sp2);
+    plan_evaluate(&q, &H200x8, &b, &(struct plan_layout){1, 1, 4, false, 1, 2, true}, &cp2);
+    assert_true(one.valid && sp2.valid && cp2.valid);
+    /* a rank holds half of every micro-batch's tokens: half the activations, the same weights */
+    near(sp2.mem_act, one.mem_act / 2, 1e-12);
+    near(cp2.mem_act, one.mem_act / 2, 1e-12);
+    near(sp2.mem_weights, one.mem_weights, 1e-12);
+    /* the gradients add up over DP 4 x SP 2 = 8 ranks: the same ring all-reduce as DP 8 */
+    near(sp2.bytes_dp, one.bytes_dp, 1e-12);
+    near(sp2.time_compute, one.time_compute, 1e-12);
+    assert_true(one.bytes_cp == 0);
+    /* Ulysses: 14 query heads and 2 KV heads a rank; the layer forwards: old log-probs, reference, the update's and
+     * its recompute (4 x 28), backwards 28; N = a DP group's tokens, 256 x 32,768 / 4 */
+    const double N = seqs * S / 4;
+    near(sp2.bytes_cp, 0.5 * N * 128 * 4 * (112.0 * (2 * 14 + 2 * 2) + 28.0 * (3 * 14 + 2 * 2)), 1e-12);
+    /* ring: per sequence (64 of them a DP group), chunks of 32,768 / 4 = 8,192 tokens; 1 step of K and V (2 x 8,192
+     * rows x 4 KV heads x 128 x 4 bytes) per layer forward, twice that per backward */
+    near(cp2.bytes_cp, 64.0 * 1 * 2 * (2 * 8192.0) * 4 * 128 * 4 * (112 + 2 * 28), 1e-12);
+    /* TP 2 x SP 2: 7 query heads and 1 KV head a rank; TP's all-reduces act on the rank's half of the tokens */
+    plan_evaluate(&q, &H200x8, &b, &(struct plan_layout){2, 1, 2, false, 1, 2, false}, &tpsp);
+    assert_true(tpsp.valid);
+    near(tpsp.bytes_cp, 0.5 * (seqs * S / 2) * 128 * 4 * (112.0 * (2 * 7 + 2 * 1) + 28.0 * (3 * 7 + 2 * 1)), 1e-12);
+    struct plan_result tp2;
+    plan_evaluate(&q, &H200x8, &b, &(struct plan_layout){2, 1, 4, false, 1, 1, false}, &tp2);
+    near(tpsp.bytes_tp, tp2.bytes_tp, 1e-12); /* half the tokens a rank, twice the tokens a DP rank */
+    /* what does not split: SP 8 over 28 heads; SP 4 over TP 2's 14; TP 8 x SP 2 past the node */
+    struct plan_result r;
+    plan_evaluate(&q, &H200x8, &b, &(struct plan_layout){1, 1, 1, false, 1, 8, false}, &r);
+    assert_false(r.valid);
+    assert_non_null(strstr(r.why_invalid, "SP 8"));
+    plan_evaluate(&q, &H200x8, &b, &(struct plan_layout){2, 1, 1, false, 1, 4, false}, &r);
+    assert_false(r.valid);
+    assert_non_null(strstr(r.why_invalid, "14 query"));
+    plan_evaluate(&q, &H200x8, &b, &(struct plan_layout){1, 1, 1, false, 1, 8, true}, &r);
+    assert_true(r.valid); /* the ring keeps every head */
+    plan_evaluate(&q, &H200x8, &b, &(struct plan_layout){8, 1, 1, false, 1, 2, true}, &r);
+    assert_false(r.valid);
+    /* the candidates try both kinds and cover the devices; the recommendation is the fastest that fits among the
+     * layouts keeping sequences whole while one of them fits, else among all */
+    static struct plan_result all[4096];
+    int best, n;
+    for (int len = 0; len < 2; len++) {
+        b.response_len = len ? 130048 : 31744; /* 32k tokens with recompute, then 128k without */
+        b.recompute = !len;
+        n = plan_candidates(&q, &H200x8, &b, all, 4096, &best);
+        int kinds[3] = {0}, whole_fit = 0;
+        assert_true(n < 4096 && best >= 0);
+        for (int i = 0; i < n; i++) {
+            const struct plan_layout *l = &all[i].lay;
+            assert_true(l->tp * l->pp * l->cp * l->dp == 8);
+            kinds[l->cp == 1 ? 0 : l->ring ? 2 : 1]++;
+            whole_fit += l->cp == 1 && all[i].fits;
+        }
+        assert_true(kinds[0] > 0 && kinds[1] > 0 && kinds[2] > 0);
+        assert_int_equal(all[best].lay.cp > 1, whole_fit == 0);
+        for (int i = 0; i < n; i++)
+            if (all[i].fits && (all[i].lay.cp == 1 || !whole_fit))
+                assert_true(all[best].time_step <= all[i].time_step);
+        /* 32k tokens fit whole; 128k tokens without recompute only shared (whatever TP and PP) */
+        assert_int_equal(whole_fit > 0, len == 0);
+    }
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_param_counts), cmocka_unit_test(test_memory_and_bytes),
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_param_counts),
+                                       cmocka_unit_test(test_memory_and_bytes),
                                        cmocka_unit_test(test_invalid_and_recommended),
                                        cmocka_unit_test(test_moe_and_ep),
-                                       cmocka_unit_test(test_sequence_parallel_bytes)};
+                                       cmocka_unit_test(test_sequence_parallel_bytes),
+                                       cmocka_unit_test(test_sequence_sharing)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,8 +12,9 @@ static void usage(FILE *out)
 {
     fputs("usage: grpo-model plan CONFIG.json [options]\n"
           "\n"
-          "Memory per device and communication per step of every trainer layout (TP x PP x DP, with and\n"
-          "without ZeRO-1, and for a mixture of experts every expert-parallel size EP out of DP) of the model in "
+          "Memory per device and communication per step of every trainer layout (TP x PP x SP/CP x DP, with and\n"
+          "without ZeRO-1, each sequence shared by 1, 2, 4 or 8 ranks with Ulysses SP or ring CP, and for a mixture\n"
+          "of experts every expert-parallel size EP out of DP) of the model in "
           "CONFIG.json (a Hugging Face config.json, or a model directory)\n"
           "on a cluster, the rollout's tensor-parallel size, and the recommended layout: the fastest\n"
           "estimated step that fits in 90% of a device's memory. The model: docs/scaling.md.\n"
@@ -39,6 +40,15 @@ static void usage(FILE *out)
 }
 
 static double gb(double bytes) { return bytes / 1e9; }
+
+/* SEQ's column: "-" (each sequence on one rank), "SP2" (Ulysses over 2 ranks) or "CP2" (ring attention) */
+static void seq_name(const struct plan_layout *l, char *out, size_t len)
+{
+    if (l->cp > 1)
+        snprintf(out, len, "%s%d", l->ring ? "CP" : "SP", l->cp);
+    else
+        snprintf(out, len, "-");
+}
 
 int plan_main(int argc, char **argv)
 {
@@ -126,7 +136,7 @@ int plan_main(int argc, char **argv)
         log_error("plan", "%s", err);
         return 1;
     }
-    enum { MAXC = 256 };
+    enum { MAXC = 4096 };
     static struct plan_result res[MAXC];
     int best;
     int n = plan_candidates(&m, &c, &b, res, MAXC, &best);
@@ -143,25 +153,29 @@ int plan_main(int argc, char **argv)
     printf("batch     %d prompts x %d, %d+%d tokens, micro-batch %d, %d optimizer step(s) x %d epoch(s), %s, %s\n\n",
            b.prompts, b.n, b.prompt_len, b.response_len, b.micro_batch, b.mini_batches, b.ppo_epochs,
            b.recompute ? "recompute" : "no recompute", b.kl ? "reference policy" : "no reference");
-    printf("%-3s %-3s %-3s %-3s %-4s | %8s %8s %8s %8s %8s %8s | %8s %8s %8s %8s | %7s %7s %6s %7s\n", "TP", "PP", "DP",
-           "EP", "ZeRO", "weights", "grads", "optim", "ref", "activ", "total", "TP GB", "PP GB", "DP GB", "EP GB",
-           "comm s", "comp s", "bubble", "step s");
+    printf("%-3s %-3s %-4s %-3s %-3s %-4s | %8s %8s %8s %8s %8s %8s | %8s %8s %8s %8s %8s | %7s %7s %6s %7s\n", "TP",
+           "PP", "SEQ", "DP", "EP", "ZeRO", "weights", "grads", "optim", "ref", "activ", "total", "TP GB", "PP GB",
+           "DP GB", "EP GB", "SEQ GB", "comm s", "comp s", "bubble", "step s");
     for (int i = 0; i < n; i++) {
         const struct plan_result *r = &res[i];
         if (!r->fits && !all)
             continue;
-        printf("%-3d %-3d %-3d %-3d %-4s | %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f %8.1f %8.1f | %7.1f %7.1f "
-               "%5.0f%% %7.1f%s%s\n",
-               r->lay.tp, r->lay.pp, r->lay.dp, r->lay.ep > 1 ? r->lay.ep : 1, r->lay.zero1 ? "yes" : "no",
+        char seq[16];
+        seq_name(&r->lay, seq, sizeof seq);
+        printf("%-3d %-3d %-4s %-3d %-3d %-4s | %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f %8.1f %8.1f %8.1f | "
+               "%7.1f %7.1f %5.0f%% %7.1f%s%s\n",
+               r->lay.tp, r->lay.pp, seq, r->lay.dp, r->lay.ep > 1 ? r->lay.ep : 1, r->lay.zero1 ? "yes" : "no",
                gb(r->mem_weights), gb(r->mem_grads), gb(r->mem_optim), gb(r->mem_ref), gb(r->mem_act), gb(r->mem_total),
-               gb(r->bytes_tp), gb(r->bytes_pp), gb(r->bytes_dp), gb(r->bytes_ep), r->time_comm, r->time_compute,
-               r->bubble * 100, r->time_step, r->fits ? "" : "  (does not fit)", i == best ? "  <- recommended" : "");
+               gb(r->bytes_tp), gb(r->bytes_pp), gb(r->bytes_dp), gb(r->bytes_ep), gb(r->bytes_cp), r->time_comm,
+               r->time_compute, r->bubble * 100, r->time_step, r->fits ? "" : "  (does not fit)",
+               i == best ? "  <- recommended" : "");
     }
     for (int i = 0; bytes && i < n; i++)
-        printf("bytes tp=%d pp=%d dp=%d zero1=%d: tp %.0f pp %.0f dp %.0f sync %.0f memory %.0f ep=%d alltoall %.0f\n",
+        printf("bytes tp=%d pp=%d dp=%d zero1=%d: tp %.0f pp %.0f dp %.0f sync %.0f memory %.0f ep=%d alltoall %.0f "
+               "%s=%d seq %.0f\n",
                res[i].lay.tp, res[i].lay.pp, res[i].lay.dp, res[i].lay.zero1, res[i].bytes_tp, res[i].bytes_pp,
                res[i].bytes_dp, res[i].bytes_sync, res[i].mem_total, res[i].lay.ep > 1 ? res[i].lay.ep : 1,
-               res[i].bytes_ep);
+               res[i].bytes_ep, res[i].lay.ring ? "cp" : "sp", res[i].lay.cp > 1 ? res[i].lay.cp : 1, res[i].bytes_cp);
     struct plan_rollout ro;
     plan_rollout(&m, &c, &b, &ro);
     printf("\n(memory in GB per trainer device; communication in GB sent per device per step; weight sync %.1f GB "
@@ -178,12 +192,23 @@ int plan_main(int argc, char **argv)
         return 1;
     }
     const struct plan_result *r = &res[best];
-    const int ep = r->lay.ep > 1 ? r->lay.ep : 1;
-    printf(
-        "recommended: TP %d x PP %d x DP %d%s%s (verl's actor_rollout_ref.actor.megatron.tensor_model_parallel_size=%d "
-        "pipeline_model_parallel_size=%d expert_model_parallel_size=%d), %.1f GB per device, about %.1f s of "
-        "training per step\n",
-        r->lay.tp, r->lay.pp, r->lay.dp, ep > 1 ? " with EP" : "", r->lay.zero1 ? " with ZeRO-1" : "", r->lay.tp,
-        r->lay.pp, ep, gb(r->mem_total), r->time_step);
+    const int ep = r->lay.ep > 1 ? r->lay.ep : 1, cp = r->lay.cp > 1 ? r->lay.cp : 1;
+    char seq[16], seqkey[96] = "";
+    seq_name(&r->lay, seq, sizeof seq);
+    if (cp > 1)
+        snprintf(seqkey, sizeof seqkey, " %s=%d",
+                 r->lay.ring ? "megatron.context_parallel_size" : "ulysses_sequence_parallel_size", cp);
+    printf("recommended: TP %d x PP %d%s%s x DP %d%s%s (verl's actor_rollout_ref.actor.megatron.tensor_model_parallel_"
+           "size=%d pipeline_model_parallel_size=%d expert_model_parallel_size=%d%s), %.1f GB per device, about %.1f "
+           "s of training per step\n",
+           r->lay.tp, r->lay.pp, cp > 1 ? " x " : "", cp > 1 ? seq : "", r->lay.dp, ep > 1 ? " with EP" : "",
+           r->lay.zero1 ? " with ZeRO-1" : "", r->lay.tp, r->lay.pp, ep, seqkey, gb(r->mem_total), r->time_step);
+    if ((ep > 1 || cp > 1) && !c.cpu)
+        printf("note: %s on GPUs is planned (written, not yet run on a device); today it runs on CPU trainers "
+               "(docs/training.md)\n",
+               ep > 1 && cp > 1 ? "expert parallelism with sequence sharing"
+               : ep > 1         ? "expert parallelism"
+               : r->lay.ring    ? "context parallelism"
+                                : "Ulysses sequence parallelism");
     return 0;
 }

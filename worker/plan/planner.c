@@ -100,9 +100,16 @@ void plan_evaluate(const struct model_config *m, const struct plan_cluster *c, c
     memset(r, 0, sizeof *r);
     r->lay = *l;
     r->params = plan_param_count(m);
-    const int tp = l->tp, pp = l->pp, dp = l->dp, ep = l->ep > 1 ? l->ep : 1;
+    const int tp = l->tp, pp = l->pp, dp = l->dp, ep = l->ep > 1 ? l->ep : 1, cp = l->cp > 1 ? l->cp : 1;
+    const int kv_tp = tp >= 1 && m->n_kv_heads >= tp ? m->n_kv_heads / tp : 1; /* KV heads on a TP rank */
     if (tp < 1 || pp < 1 || dp < 1)
         snprintf(r->why_invalid, sizeof r->why_invalid, "sizes must be at least 1");
+    else if (cp > 1 && !l->ring && (m->n_heads % tp == 0) && ((m->n_heads / tp) % cp || (kv_tp % cp && cp % kv_tp)))
+        snprintf(r->why_invalid, sizeof r->why_invalid, "SP %d: %d query and %d KV heads a TP rank do not split", cp,
+                 m->n_heads / tp, kv_tp);
+    else if (tp * cp > c->gpus_per_node)
+        snprintf(r->why_invalid, sizeof r->why_invalid, "TP %d x %s %d spans nodes of %d devices", tp,
+                 l->ring ? "CP" : "SP", cp, c->gpus_per_node);
     else if (ep > 1 && !m->n_experts)
         snprintf(r->why_invalid, sizeof r->why_invalid, "EP %d on a dense model", ep);
     else if (ep > 1 && (m->n_experts % ep || dp % ep))
@@ -136,10 +143,12 @@ void plan_evaluate(const struct model_config *m, const struct plan_cluster *c, c
     r->mem_grads = w.grads * sp;
     /* ZeRO-1 shards the dense parameters' state over DP, the experts' over the ranks holding the same ones */
     const double dense = sp - r->stage_experts;
-    r->mem_optim = (w.master + w.moments) * (dense / (l->zero1 ? dp : 1) + r->stage_experts / (l->zero1 ? dp / ep : 1));
+    r->mem_optim =
+        (w.master + w.moments) * (dense / (l->zero1 ? dp * cp : 1) + r->stage_experts / (l->zero1 ? dp * cp / ep : 1));
     r->mem_ref = b->kl ? w.ref * sp : 0;
 
-    const double S = (double)b->prompt_len + b->response_len, T_mb = (double)b->micro_batch * S;
+    /* T_mb: a micro-batch's tokens on this rank (1 / CP of them when CP ranks share it) */
+    const double S = (double)b->prompt_len + b->response_len, T_mb = (double)b->micro_batch * S / cp;
     const double seqs = (double)b->prompts * b->n;
     const double per_opt = seqs / (b->mini_batches > 0 ? b->mini_batches : 1) / dp;
     r->micro_batches = (int)ceil(per_opt / (b->micro_batch > 0 ? b->micro_batch : 1));
@@ -159,7 +168,7 @@ void plan_evaluate(const struct model_config *m, const struct plan_cluster *c, c
 
     /* forward-only passes over every sequence: old log-probs, and the reference's */
     const double fwd_only = 1 + (b->kl ? 1 : 0);
-    const double tok_dp = (b->step_tokens > 0 ? b->step_tokens : seqs * S) / dp;
+    const double tok_dp = (b->step_tokens > 0 ? b->step_tokens : seqs * S) / dp / cp; /* on this rank */
     /* TP: two all-reduces of s x h per layer per forward (attention and MLP outputs), two per backward (their
      * inputs' gradients), two more per recomputed forward; one more per forward (the vocab-parallel embedding) and
      * per backward (the LM head's input gradient). With fewer KV heads than TP ranks, the k/v gradients of the
@@ -185,24 +194,36 @@ void plan_evaluate(const struct model_config *m, const struct plan_cluster *c, c
     }
     /* the dense gradients over DP, the experts' over the DP / EP ranks holding the same experts */
     const double gd = w.grads * dense, ge = w.grads * r->stage_experts;
-    const int edp = dp / ep; /* ep divides dp (checked above) */
-    r->bytes_dp = opt_steps * (l->zero1 ? ring_half(dp) * (gd + w.weights * dense) +
-                                              ring_half(edp) * (ge + w.weights * r->stage_experts)
-                                        : ring_allreduce(dp) * gd + ring_allreduce(edp) * ge);
+    const int edp = dp / ep;                    /* ep divides dp (checked above) */
+    const int dpcp = dp * cp, edpcp = edp * cp; /* the sequence-sharing ranks' gradients add up too */
+    r->bytes_dp = opt_steps * (l->zero1 ? ring_half(dpcp) * (gd + w.weights * dense) +
+                                              ring_half(edpcp) * (ge + w.weights * r->stage_experts)
+                                        : ring_allreduce(dpcp) * gd + ring_allreduce(edpcp) * ge);
     /* EP: per MoE layer and pass, the slots off this device go out and their outputs come back (a forward), the
      * outputs' and inputs' gradients the same way (a backward); a recompute is a forward */
     const double passes = fwd_only + b->ppo_epochs * (2.0 + (b->recompute ? 1 : 0));
     r->bytes_ep = ep > 1 ? tok_dp * layers_stage * 2.0 * m->n_experts_per_tok * h * w.act * ring_half(ep) * passes : 0;
+    /* SP / CP: the heads a TP rank holds; every layer's forward passes (the recompute's too) and backwards */
+    if (cp > 1) {
+        struct model_config mt = *m;
+        mt.n_heads = m->n_heads / tp;
+        mt.n_kv_heads = kv_tp;
+        const double fwd = layers_stage * (fwd_only + b->ppo_epochs * (1.0 + (b->recompute ? 1 : 0))),
+                     bwd = layers_stage * (double)b->ppo_epochs;
+        r->bytes_cp = l->ring ? seqs / dp * plan_cp_ring_bytes(&mt, S, cp, fwd, bwd)
+                              : plan_sp_alltoall_bytes(&mt, tok_dp * cp, cp, fwd, bwd);
+    }
     r->bytes_sync = w.weights * r->params;
-    const bool pp_crosses = tp * pp > c->gpus_per_node, dp_crosses = tp * pp * dp > c->gpus_per_node;
+    /* (PP, DP, CP, TP), TP fastest: whether a group's ranks reach past one node */
+    const bool pp_crosses = tp * cp * pp > c->gpus_per_node, dp_crosses = tp * cp * pp * dp > c->gpus_per_node;
     const double nv = c->nvlink_gbs * 1e9, net = c->net_gbs * 1e9;
-    const bool ep_crosses = tp * ep > c->gpus_per_node; /* an EP group: neighbouring DP ranks */
+    const bool ep_crosses = tp * cp * ep > c->gpus_per_node; /* an EP group: neighbouring DP ranks */
     r->time_comm = r->bytes_tp / nv + r->bytes_pp / (pp_crosses ? net : nv) + r->bytes_dp / (dp_crosses ? net : nv) +
-                   r->bytes_ep / (ep_crosses ? net : nv);
+                   r->bytes_ep / (ep_crosses ? net : nv) + r->bytes_cp / nv; /* TP x CP within a node (checked) */
     const double tokens = seqs * S, P = plan_active_params(m);
     const double flops = 2 * P * tokens * fwd_only + 6 * P * tokens * b->ppo_epochs +
                          (b->recompute ? 2 * P * tokens * b->ppo_epochs : 0);
-    r->time_compute = flops / ((double)tp * pp * dp * c->peak_tflops * 1e12 * c->mfu);
+    r->time_compute = flops / ((double)tp * pp * cp * dp * c->peak_tflops * 1e12 * c->mfu);
     r->bubble = (double)(pp - 1) / (r->micro_batches + pp - 1);
     r->time_step = r->time_compute / (1 - r->bubble) + r->time_comm;
 }
@@ -213,28 +234,38 @@ int plan_candidates(const struct model_config *m, const struct plan_cluster *c, 
     const int devices = c->nodes * c->gpus_per_node - c->rollout_gpus;
     int n = 0;
     *best = -1;
-    static const int tps[] = {1, 2, 4, 8};
-    for (size_t i = 0; i < sizeof tps / sizeof *tps; i++)
-        for (int pp = 1; pp <= m->n_layers && pp <= 16; pp++) {
-            const int tp = tps[i];
-            if (devices < 1 || devices % (tp * pp) || tp > c->gpus_per_node)
-                continue;
-            const int dp = devices / (tp * pp);
-            for (int ep = 1; ep <= dp; ep *= 2)
-                for (int z = 0; z < (dp > 1 ? 2 : 1); z++) {
-                    if (ep > 1 && (!m->n_experts || m->n_experts % ep || dp % ep))
-                        break;
-                    if (n == max)
-                        return n;
-                    struct plan_layout l = {tp, pp, dp, z == 1, ep};
-                    plan_evaluate(m, c, b, &l, &out[n]);
-                    if (!out[n].valid)
-                        continue; /* not a candidate */
-                    if (out[n].fits && (*best < 0 || out[n].time_step < out[*best].time_step))
-                        *best = n;
-                    n++;
-                }
-        }
+    static const int sizes[] = {1, 2, 4, 8};
+    enum { NS = sizeof sizes / sizeof *sizes };
+    /* kind 0: no sequence sharing (cp 1); 1: Ulysses SP; 2: CP (ring) */
+    for (int i = 0; i < NS; i++)
+        for (int k = 0; k < NS * 2 - 1; k++)
+            for (int pp = 1; pp <= m->n_layers && pp <= 16; pp++) {
+                const int tp = sizes[i], cp = sizes[(k + 1) / 2];
+                const bool ring = k > 0 && k % 2 == 0;
+                if (devices < 1 || devices % (tp * pp * cp) || tp * cp > c->gpus_per_node)
+                    continue;
+                const int dp = devices / (tp * pp * cp);
+                for (int ep = 1; ep <= dp; ep *= 2)
+                    for (int z = 0; z < (dp * cp > 1 ? 2 : 1); z++) {
+                        if (ep > 1 && (!m->n_experts || m->n_experts % ep || dp % ep))
+                            break;
+                        if (n == max)
+                            return n;
+                        struct plan_layout l = {tp, pp, dp, z == 1, ep, cp, ring};
+                        plan_evaluate(m, c, b, &l, &out[n]);
+                        if (!out[n].valid)
+                            continue; /* not a candidate */
+                        n++;
+                    }
+            }
+    /* the fastest that fits, keeping sequences whole where any such layout fits: the model prices neither the
+     * smaller GEMMs and attention blocks of a slice nor the ring's overlap, so sharing sequences is the remedy
+     * for memory it is, not a speed-up the estimate could promise */
+    for (int pass = 0; pass < 2 && *best < 0; pass++)
+        for (int i = 0; i < n; i++)
+            if (out[i].fits && (pass == 1 || out[i].lay.cp <= 1) &&
+                (*best < 0 || out[i].time_step < out[*best].time_step))
+                *best = i;
     return n;
 }
 

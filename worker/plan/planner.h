@@ -25,7 +25,14 @@
  * sends its routed slots (tokens x k) to the experts' ranks and the outputs back, (EP - 1) / EP of them off the
  * device with uniform routing, hidden activations each way, and its backward the same again. A MoE layer's working
  * activations replace Korthikanti's MLP share (19 s b h) with the permuted slots (2 h in and out, 3 F of gate, up
- * and product per slot) and the router's FP32 probabilities. */
+ * and product per slot) and the router's FP32 probabilities.
+ *
+ * Long sequences: a layout may share each sequence over CP ranks (DP is what is left: devices = TP x PP x CP x
+ * DP), either Ulysses sequence parallelism (all-to-alls around attention, heads split: H / TP must divide by CP)
+ * or context parallelism (ring attention, every head on every rank). Each rank holds 1 / CP of every micro-batch's
+ * tokens: activations, and the TP, PP and EP traffic, fall by CP; the dense gradients add up over DP x CP (and
+ * ZeRO-1 shards over DP x CP); the sequence traffic is plan_sp_alltoall_bytes / plan_cp_ring_bytes with the heads
+ * a TP rank holds. Candidates try CP in {1, 2, 4, 8} within a node (TP x CP devices), both kinds. */
 #ifndef GRPO_WORKER_PLAN_PLANNER_H
 #define GRPO_WORKER_PLAN_PLANNER_H
 
@@ -62,7 +69,9 @@ struct plan_batch {
 struct plan_layout {
     int tp, pp, dp;
     bool zero1;
-    int ep; /* expert parallelism out of DP (0 or 1: none) */
+    int ep;    /* expert parallelism out of DP (0 or 1: none) */
+    int cp;    /* the ranks that share each sequence (0 or 1: none): Ulysses SP, or CP when ring */
+    bool ring; /* cp is context parallelism (ring attention) rather than Ulysses sequence parallelism */
 };
 
 /* What a layout costs, per trainer device. Bytes are per step unless said. */
@@ -75,8 +84,9 @@ struct plan_result {
     double stage_experts; /* of them, the experts' (this device's E / EP of each layer) */
     double mem_weights, mem_grads, mem_optim, mem_ref, mem_act, mem_total; /* bytes */
     bool fits;                                                             /* mem_total <= 90% of the device's memory */
-    double bytes_tp, bytes_pp, bytes_dp, bytes_sync;   /* sent per device per step (sync: weights to rollout) */
-    double bytes_ep;                                   /* expert parallelism's all-to-alls, sent per device per step */
+    double bytes_tp, bytes_pp, bytes_dp, bytes_sync; /* sent per device per step (sync: weights to rollout) */
+    double bytes_ep;                                 /* expert parallelism's all-to-alls, sent per device per step */
+    double bytes_cp; /* sequence parallelism's all-to-alls (Ulysses) or ring passes (CP), per device per step */
     double time_comm, time_compute, bubble, time_step; /* seconds */
     int micro_batches;                                 /* per DP rank per optimizer step */
 };
@@ -114,9 +124,10 @@ double plan_active_params(const struct model_config *m);
 /* Cost of one layout (r->valid false, with the reason, when it does not divide the model). */
 void plan_evaluate(const struct model_config *m, const struct plan_cluster *c, const struct plan_batch *b,
                    const struct plan_layout *l, struct plan_result *r);
-/* Every layout of the trainer devices: TP in {1,2,4,8} within a node, PP dividing the layers, with and without
- * ZeRO-1, and for a mixture of experts every EP (a power of 2) dividing both DP and the experts. Fills out[0..max) and
- * returns how many; *best is the index of the fastest that fits (-1: none). */
+/* Every layout of the trainer devices: TP in {1,2,4,8} and SP or CP in {1,2,4,8} within a node (TP x CP devices), PP
+ * dividing the layers, with and without ZeRO-1, and for a mixture of experts every EP (a power of 2) dividing both DP
+ * and the experts. Fills out[0..max) and returns how many; *best is the index of the fastest that fits (-1: none),
+ * one keeping each sequence on one rank where any such layout fits (sharing sequences is a remedy for memory). */
 int plan_candidates(const struct model_config *m, const struct plan_cluster *c, const struct plan_batch *b,
                     struct plan_result *out, int max, int *best);
 void plan_rollout(const struct model_config *m, const struct plan_cluster *c, const struct plan_batch *b,
