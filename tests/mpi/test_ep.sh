@@ -14,6 +14,8 @@
 #    another load-balancing loss);
 #  - a split run (2 trainer ranks with EP 2, a rollout rank generating with the whole model the EP group gathers
 #    each step) gives the same;
+#  - tensor parallelism with experts (each expert split over TP by intermediate rows, the router whole on every TP
+#    rank): TP2 (2 ranks) and EP2 x TP2 (4 ranks) colocated match one process, with the load-balancing loss on;
 #  - layouts that do not work are refused by name: E not divisible by EP, EP with PP, EP on a dense model, EP with
 #    ZeRO-1, DP not divisible by EP.
 # usage: test_ep.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
@@ -86,6 +88,23 @@ for layout in "ep2 2 qwen3_moe one-qwen3_moe" "ep2 2 mixtral one-mixtral" "ep2dp
     expect "$name: weights after $STEPS steps (a whole checkpoint gathered over EP) match $ref ($out)" $?
 done
 
+# tensor parallelism with experts: TP2, and EP2 x TP2 (the EP groups of each TP rank dispatching among themselves)
+TP=actor_rollout_ref.actor.megatron.tensor_model_parallel_size
+for layout in "tp2 2 $TP=2" "ep2tp2 4 $EP=2 $TP=2"; do
+    set -- $layout
+    name=$1-qwen3_moe
+    colo "$name" qwen3_moe "$2" "${@:3}"
+    expect "$name: $2 colocated ranks finish" $?
+    out=$(same_metrics one-qwen3_moe "$name" 2>&1)
+    expect "$name: per-step losses, grad norms and entropies match one process ($out)" $?
+    out=$(same_moe one-qwen3_moe "$name" 2>&1)
+    expect "$name: the router's metrics match one process ($out)" $?
+    out=$(same_weights one-qwen3_moe "$name")
+    expect "$name: weights after $STEPS steps (a whole checkpoint gathered over TP and EP) match one process ($out)" $?
+done
+grep -q "EP rank 1 of 2: experts 2..3 of 4 (TP rank 1 of 2: their rows 16..31)" "$TMP/ep2tp2-qwen3_moe.log"
+expect "ep2tp2: EP rank 1, TP rank 1 holds rows 16..31 of experts 2 and 3" $?
+
 # dynamic batch sizes: unequal micro-batch counts on the EP ranks, padded
 DYN="actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=60"
 colo dp2-dyn qwen3_moe 2 $DYN
@@ -148,7 +167,7 @@ refused() { # NAME TEXT RANKS MODEL [keys...]
     expect "$name: refused ($rc), naming the key and numbers" $?
 }
 refused ep4-of-3 "expert_model_parallel_size (3) does not divide the model's num_experts (4)" 3 qwen3_moe $EP=3
-refused ep-pp "expert_model_parallel_size (2) with tensor_model_parallel_size 1 and pipeline_model_parallel_size 2" \
+refused ep-pp "expert_model_parallel_size (2) with pipeline_model_parallel_size 2" \
     4 qwen3_moe $EP=2 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
 refused ep-dense "expert_model_parallel_size (2): the model is dense" 2 llama $EP=2
 refused ep-zero1 "expert_model_parallel_size 2 with actor_rollout_ref.actor.megatron.use_distributed_optimizer=true" 2 \
