@@ -15,7 +15,9 @@
 #  - a split run (2 trainer ranks with EP 2, a rollout rank generating with the whole model the EP group gathers
 #    each step) gives the same;
 #  - tensor parallelism with experts (each expert split over TP by intermediate rows, the router whole on every TP
-#    rank): TP2 (2 ranks) and EP2 x TP2 (4 ranks) colocated match one process, with the load-balancing loss on;
+#    rank): TP2 (2 ranks; Qwen3-MoE and Mixtral, and Qwen3-MoE generating with the TP-split model as a rollout TP
+#    group) and EP2 x TP2 (4 ranks) colocated, and a split run of 2 TP2 trainer ranks, match one process, with the
+#    load-balancing loss on;
 #  - layouts that do not work are refused by name: E not divisible by EP, EP with PP, EP on a dense model, EP with
 #    ZeRO-1, DP not divisible by EP.
 # usage: test_ep.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
@@ -90,20 +92,33 @@ done
 
 # tensor parallelism with experts: TP2, and EP2 x TP2 (the EP groups of each TP rank dispatching among themselves)
 TP=actor_rollout_ref.actor.megatron.tensor_model_parallel_size
-for layout in "tp2 2 $TP=2" "ep2tp2 4 $EP=2 $TP=2"; do
+RTP=actor_rollout_ref.rollout.tensor_model_parallel_size
+for layout in "tp2 qwen3_moe 2 $TP=2" "tp2 mixtral 2 $TP=2" "tp2rtp2 qwen3_moe 2 $TP=2 $RTP=2" \
+    "ep2tp2 qwen3_moe 4 $EP=2 $TP=2"; do
     set -- $layout
-    name=$1-qwen3_moe
-    colo "$name" qwen3_moe "$2" "${@:3}"
-    expect "$name: $2 colocated ranks finish" $?
-    out=$(same_metrics one-qwen3_moe "$name" 2>&1)
+    name=$1-$2
+    colo "$name" "$2" "$3" "${@:4}"
+    expect "$name: $3 colocated ranks finish" $?
+    out=$(same_metrics "one-$2" "$name" 2>&1)
     expect "$name: per-step losses, grad norms and entropies match one process ($out)" $?
-    out=$(same_moe one-qwen3_moe "$name" 2>&1)
+    out=$(same_moe "one-$2" "$name" 2>&1)
     expect "$name: the router's metrics match one process ($out)" $?
-    out=$(same_weights one-qwen3_moe "$name")
+    out=$(same_weights "one-$2" "$name")
     expect "$name: weights after $STEPS steps (a whole checkpoint gathered over TP and EP) match one process ($out)" $?
 done
+grep -q "TP rank 1 of 2, stage 0 of 1: " "$TMP/tp2-qwen3_moe.log"
+expect "tp2: the trainer ranks hold TP shards" $?
+grep -q "weights resharded into the generation layout" "$TMP/tp2-qwen3_moe.log" &&
+    ! grep -q "weights resharded into the generation layout" "$TMP/tp2rtp2-qwen3_moe.log"
+expect "tp2rtp2: the TP-split policy generates itself (no resharding), tp2 reshards to whole copies" $?
 grep -q "EP rank 1 of 2: experts 2..3 of 4 (TP rank 1 of 2: their rows 16..31)" "$TMP/ep2tp2-qwen3_moe.log"
 expect "ep2tp2: EP rank 1, TP rank 1 holds rows 16..31 of experts 2 and 3" $?
+# shellcheck disable=SC2046
+"${MPIRUN[@]}" -np 3 "$WORKER" $(common qwen3_moe) $AUX trainer.default_local_dir="$TMP/split-tp2" $TP=2 \
+    placement.trainer_ranks=2 placement.rollout_ranks=1 >"$TMP/split-tp2.log" 2>&1
+expect "split-tp2: 2 TP2 trainer ranks and a rollout rank finish" $?
+out=$(same_metrics one-qwen3_moe split-tp2 2>&1) && out="$out; $(same_weights one-qwen3_moe split-tp2)"
+expect "split-tp2: losses, grad norms and weights match one process ($out)" $?
 
 # dynamic batch sizes: unequal micro-batch counts on the EP ranks, padded
 DYN="actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=60"
