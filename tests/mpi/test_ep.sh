@@ -16,8 +16,8 @@
 #    each step) gives the same;
 #  - tensor parallelism with experts (each expert split over TP by intermediate rows, the router whole on every TP
 #    rank): TP2 (2 ranks; Qwen3-MoE and Mixtral, and Qwen3-MoE generating with the TP-split model as a rollout TP
-#    group) and EP2 x TP2 (4 ranks) colocated, and a split run of 2 TP2 trainer ranks, match one process, with the
-#    load-balancing loss on;
+#    group), TP2 x PP2 and EP2 x TP2 (4 ranks) colocated, and a split run of 2 TP2 trainer ranks, match one
+#    process, with the load-balancing loss on;
 #  - layouts that do not work are refused by name: E not divisible by EP, EP with PP, EP on a dense model, EP with
 #    ZeRO-1, DP not divisible by EP.
 # usage: test_ep.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
@@ -94,6 +94,7 @@ done
 TP=actor_rollout_ref.actor.megatron.tensor_model_parallel_size
 RTP=actor_rollout_ref.rollout.tensor_model_parallel_size
 for layout in "tp2 qwen3_moe 2 $TP=2" "tp2 mixtral 2 $TP=2" "tp2rtp2 qwen3_moe 2 $TP=2 $RTP=2" \
+    "tp2pp2 qwen3_moe 4 $TP=2 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2" \
     "ep2tp2 qwen3_moe 4 $EP=2 $TP=2"; do
     set -- $layout
     name=$1-$2
