@@ -173,6 +173,10 @@ void plan_evaluate(const struct model_config *m, const struct plan_cluster *c, c
     const double tp_pass = ring_allreduce(tp) * h * w.act * (2.0 * layers_stage + 1);
     const double tp_recompute = ring_allreduce(tp) * h * w.act * 2.0 * layers_stage;
     r->bytes_tp = tok_dp * (tp_pass * fwd_only + b->ppo_epochs * (2 * tp_pass + (b->recompute ? tp_recompute : 0)));
+    /* Qwen3's q/k norms: whole on every TP rank, each saw its heads: their gradients summed once per optimizer step */
+    if (tp > 1 && m->qk_norm)
+        r->bytes_tp += (double)(b->mini_batches > 0 ? b->mini_batches : 1) * b->ppo_epochs * ring_allreduce(tp) *
+                       w.grads * layers_stage * 2.0 * m->head_dim;
     /* MoE layers: in each backward also the routing weights' gradients (k floats a token), each TP rank's part */
     if (m->n_experts)
         r->bytes_tp += tok_dp * b->ppo_epochs * ring_allreduce(tp) * m->n_experts_per_tok * w.act * layers_stage;
