@@ -16,8 +16,8 @@
 #    each step) gives the same;
 #  - tensor parallelism with experts (each expert split over TP by intermediate rows, the router whole on every TP
 #    rank): TP2 (2 ranks; Qwen3-MoE and Mixtral, and Qwen3-MoE generating with the TP-split model as a rollout TP
-#    group), TP2 x PP2 and EP2 x TP2 (4 ranks) colocated, and a split run of 2 TP2 trainer ranks, match one
-#    process, with the load-balancing loss on;
+#    group), TP2 x PP2 and EP2 x TP2 (4 ranks) colocated, and split runs of 2 TP2 and of 4 EP2 x TP2 trainer
+#    ranks, match one process, with the load-balancing loss on; the TP bytes equal the planner's;
 #  - layouts that do not work are refused by name: E not divisible by EP, EP with PP, EP on a dense model, EP with
 #    ZeRO-1, DP not divisible by EP.
 # usage: test_ep.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
@@ -120,6 +120,12 @@ expect "ep2tp2: EP rank 1, TP rank 1 holds rows 16..31 of experts 2 and 3" $?
 "${MPIRUN[@]}" -np 3 "$WORKER" $(common qwen3_moe) $AUX trainer.default_local_dir="$TMP/split-tp2" $TP=2 \
     placement.trainer_ranks=2 placement.rollout_ranks=1 >"$TMP/split-tp2.log" 2>&1
 expect "split-tp2: 2 TP2 trainer ranks and a rollout rank finish" $?
+# shellcheck disable=SC2046
+"${MPIRUN[@]}" -np 5 "$WORKER" $(common qwen3_moe) $AUX trainer.default_local_dir="$TMP/split-ep2tp2" $EP=2 $TP=2 \
+    placement.trainer_ranks=4 placement.rollout_ranks=1 >"$TMP/split-ep2tp2.log" 2>&1
+expect "split-ep2tp2: 4 EP2 x TP2 trainer ranks (the EP x TP group gathers each version) and a rollout rank finish" $?
+out=$(same_metrics one-qwen3_moe split-ep2tp2 2>&1) && out="$out; $(same_weights one-qwen3_moe split-ep2tp2)"
+expect "split-ep2tp2: losses, grad norms and weights match one process ($out)" $?
 out=$(same_metrics one-qwen3_moe split-tp2 2>&1) && out="$out; $(same_weights one-qwen3_moe split-tp2)"
 expect "split-tp2: losses, grad norms and weights match one process ($out)" $?
 # its TP bytes (perf/comm_bytes/tp, split runs) against the planner's, given the step's tokens: with experts each
