@@ -139,8 +139,9 @@ static const struct verl_key g_verl[] = {
           "Megatron optimizer options (offload, precision); AdamW here keeps fp32 state in host or device memory"),
     /* Megatron's trainer block beyond the parallel sizes */
     NOTED("actor_rollout_ref.actor.megatron.dtype", "the trainer's precision is actor_rollout_ref.actor.dtype"),
-    OFF_ONLY("actor_rollout_ref.actor.megatron.expert_tensor_parallel_size", "1|null", "no experts are split",
-             "tensor parallelism inside each expert (not available yet)"),
+    OFF_ONLY("actor_rollout_ref.actor.megatron.expert_tensor_parallel_size", "1|null",
+             "each expert splits over the training TP (null, Megatron's default); 1 does the same sums",
+             "tensor parallelism inside each expert other than the training TP's (not available yet)"),
     NOTED("actor_rollout_ref.actor.megatron.forward_only", "verl's internal flag"),
     NOTED("actor_rollout_ref.actor.megatron.use_mbridge", HF_LOAD),
     NOTED("actor_rollout_ref.actor.megatron.vanilla_mbridge", HF_LOAD),

@@ -261,9 +261,9 @@ static void check_table(struct comm *w)
     comm_table_free(t);
 }
 
-/* Within group c every member's coordinates agree on the fields `same` marks (tp, pp, dp, cp, ep, dp / ep) and
- * differ by the group rank in `pos`: a group made of the wrong ranks fails. */
-enum { F_TP, F_PP, F_DP, F_CP, F_EP, F_EGROUP, F_N };
+/* Within group c every member's coordinates agree on the fields `same` marks (tp, pp, dp, cp, ep, dp / ep, and
+ * ep x TP + tp) and differ by the group rank in `pos`: a group made of the wrong ranks fails. */
+enum { F_TP, F_PP, F_DP, F_CP, F_EP, F_EGROUP, F_ETP, F_N };
 static void coords_fields(const struct parallel_coords *a, int32_t *f)
 {
     f[F_TP] = a->tp_rank;
@@ -272,6 +272,7 @@ static void coords_fields(const struct parallel_coords *a, int32_t *f)
     f[F_CP] = a->cp_rank;
     f[F_EP] = a->ep_rank;
     f[F_EGROUP] = a->dp_rank / a->ep_size;
+    f[F_ETP] = a->ep_rank * a->tp_size + a->tp_rank;
 }
 static void check_members(struct comm *c, const struct parallel_coords *at, const char *what, const int *same,
                           int nsame, int pos)
@@ -314,6 +315,12 @@ static void check_sequence_groups(const struct parallel_groups *g, struct comm *
         check_members(g->ep, a, "ep", (const int[]){F_TP, F_PP, F_CP, F_EGROUP}, 4, F_EP);
         check_members(g->edp, a, "edp", (const int[]){F_TP, F_PP, F_CP, F_EP}, 4, F_EGROUP);
         check_alltoall(g->ep, "ep");
+    }
+    /* EP x TP: one model copy's ranks, ranked ep x TP + tp */
+    EXPECT((E > 1 && T > 1) == (g->etp != NULL), "the etp group made only with EP and TP above 1");
+    if (g->etp) {
+        EXPECT(comm_size(g->etp) == E * T, "etp %d", comm_size(g->etp));
+        check_members(g->etp, a, "etp", (const int[]){F_PP, F_CP, F_EGROUP}, 3, F_ETP);
     }
 }
 

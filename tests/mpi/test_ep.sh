@@ -14,6 +14,10 @@
 #    another load-balancing loss);
 #  - a split run (2 trainer ranks with EP 2, a rollout rank generating with the whole model the EP group gathers
 #    each step) gives the same;
+#  - tensor parallelism with experts (each expert split over TP by intermediate rows, the router whole on every TP
+#    rank): TP2 (2 ranks; Qwen3-MoE and Mixtral, and Qwen3-MoE generating with the TP-split model as a rollout TP
+#    group), TP2 x PP2 and EP2 x TP2 (4 ranks) colocated, and split runs of 2 TP2 and of 4 EP2 x TP2 trainer
+#    ranks, match one process, with the load-balancing loss on; the TP bytes equal the planner's;
 #  - layouts that do not work are refused by name: E not divisible by EP, EP with PP, EP on a dense model, EP with
 #    ZeRO-1, DP not divisible by EP.
 # usage: test_ep.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
@@ -86,6 +90,61 @@ for layout in "ep2 2 qwen3_moe one-qwen3_moe" "ep2 2 mixtral one-mixtral" "ep2dp
     expect "$name: weights after $STEPS steps (a whole checkpoint gathered over EP) match $ref ($out)" $?
 done
 
+# tensor parallelism with experts: TP2, and EP2 x TP2 (the EP groups of each TP rank dispatching among themselves)
+TP=actor_rollout_ref.actor.megatron.tensor_model_parallel_size
+RTP=actor_rollout_ref.rollout.tensor_model_parallel_size
+for layout in "tp2 qwen3_moe 2 $TP=2" "tp2 mixtral 2 $TP=2" "tp2rtp2 qwen3_moe 2 $TP=2 $RTP=2" \
+    "tp2pp2 qwen3_moe 4 $TP=2 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2" \
+    "ep2tp2 qwen3_moe 4 $EP=2 $TP=2"; do
+    set -- $layout
+    name=$1-$2
+    colo "$name" "$2" "$3" "${@:4}"
+    expect "$name: $3 colocated ranks finish" $?
+    out=$(same_metrics "one-$2" "$name" 2>&1)
+    expect "$name: per-step losses, grad norms and entropies match one process ($out)" $?
+    if [ "$1" != tp2pp2 ]; then # under PP the first rank's actor/moe/* count its own stage's layers only
+        out=$(same_moe "one-$2" "$name" 2>&1)
+        expect "$name: the router's metrics match one process ($out)" $?
+    fi
+    out=$(same_weights "one-$2" "$name")
+    expect "$name: weights after $STEPS steps (a whole checkpoint gathered over TP and EP) match one process ($out)" $?
+done
+grep -q "TP rank 1 of 2, stage 0 of 1: " "$TMP/tp2-qwen3_moe.log"
+expect "tp2: the trainer ranks hold TP shards" $?
+grep -q "weights resharded into the generation layout" "$TMP/tp2-qwen3_moe.log" &&
+    ! grep -q "weights resharded into the generation layout" "$TMP/tp2rtp2-qwen3_moe.log"
+expect "tp2rtp2: the TP-split policy generates itself (no resharding), tp2 reshards to whole copies" $?
+grep -q "EP rank 1 of 2: experts 2..3 of 4 (TP rank 1 of 2: their rows 16..31)" "$TMP/ep2tp2-qwen3_moe.log"
+expect "ep2tp2: EP rank 1, TP rank 1 holds rows 16..31 of experts 2 and 3" $?
+# shellcheck disable=SC2046
+"${MPIRUN[@]}" -np 3 "$WORKER" $(common qwen3_moe) $AUX trainer.default_local_dir="$TMP/split-tp2" $TP=2 \
+    placement.trainer_ranks=2 placement.rollout_ranks=1 >"$TMP/split-tp2.log" 2>&1
+expect "split-tp2: 2 TP2 trainer ranks and a rollout rank finish" $?
+# shellcheck disable=SC2046
+"${MPIRUN[@]}" -np 5 "$WORKER" $(common qwen3_moe) $AUX trainer.default_local_dir="$TMP/split-ep2tp2" $EP=2 $TP=2 \
+    placement.trainer_ranks=4 placement.rollout_ranks=1 >"$TMP/split-ep2tp2.log" 2>&1
+expect "split-ep2tp2: 4 EP2 x TP2 trainer ranks (the EP x TP group gathers each version) and a rollout rank finish" $?
+out=$(same_metrics one-qwen3_moe split-ep2tp2 2>&1) && out="$out; $(same_weights one-qwen3_moe split-ep2tp2)"
+expect "split-ep2tp2: losses, grad norms and weights match one process ($out)" $?
+out=$(same_metrics one-qwen3_moe split-tp2 2>&1) && out="$out; $(same_weights one-qwen3_moe split-tp2)"
+expect "split-tp2: losses, grad norms and weights match one process ($out)" $?
+# its TP bytes (perf/comm_bytes/tp, split runs) against the planner's, given the step's tokens: with experts each
+# backward also sums the routing weights' gradients (k floats a token and layer), and each optimizer step the q/k
+# norms' gradients
+tokens=$(python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])][-1]; print(int(r['perf/forward_tokens/update']))" \
+    "$TMP/split-tp2/p/e/metrics.jsonl")
+"$MODEL_TOOL" plan "$TMP/qwen3_moe" --cpu --nodes 1 --gpus-per-node 2 --prompts 4 --n 4 --micro-batch 2 \
+    --mini-batches 2 --no-recompute --step-tokens "$tokens" --all --bytes >"$TMP/plan-tp2.txt" 2>&1
+python3 - "$TMP/plan-tp2.txt" "$TMP/split-tp2/p/e/metrics.jsonl" <<'PY'
+import json, re, sys
+m = re.search(r"bytes tp=2 pp=1 dp=1 zero1=0: tp (\d+) pp", open(sys.argv[1]).read())
+assert m, "no TP2 line in the plan"
+got, want = [json.loads(l) for l in open(sys.argv[2])][-1]["perf/comm_bytes/tp"], float(m.group(1))
+assert got == want, (got, want)
+print("planned", want, "= measured")
+PY
+expect "split-tp2: grpo-model plan's TP bytes per step equal the measured ones" $?
+
 # dynamic batch sizes: unequal micro-batch counts on the EP ranks, padded
 DYN="actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=60"
 colo dp2-dyn qwen3_moe 2 $DYN
@@ -148,7 +207,7 @@ refused() { # NAME TEXT RANKS MODEL [keys...]
     expect "$name: refused ($rc), naming the key and numbers" $?
 }
 refused ep4-of-3 "expert_model_parallel_size (3) does not divide the model's num_experts (4)" 3 qwen3_moe $EP=3
-refused ep-pp "expert_model_parallel_size (2) with tensor_model_parallel_size 1 and pipeline_model_parallel_size 2" \
+refused ep-pp "expert_model_parallel_size (2) with pipeline_model_parallel_size 2" \
     4 qwen3_moe $EP=2 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
 refused ep-dense "expert_model_parallel_size (2): the model is dense" 2 llama $EP=2
 refused ep-zero1 "expert_model_parallel_size 2 with actor_rollout_ref.actor.megatron.use_distributed_optimizer=true" 2 \

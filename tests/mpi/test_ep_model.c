@@ -5,7 +5,9 @@
  * checkpointing and with the load-balancing loss on; the gradient norm counts every parameter once; slicing and
  * assembling the weights is exact; an empty batch on one rank still serves the others' tokens; the all-to-all
  * traffic is what the routing says (remote slots x hidden x 4 bytes, each way); bad EP sizes are refused by
- * name. Exit 0 only if every rank saw every value right. */
+ * name. With --tp T every DP rank is a TP group of T ranks (EP x TP): each expert split over TP by intermediate
+ * rows, tokens dispatched among the EP ranks of the same TP rank, the same checks. Exit 0 only if every rank saw every
+ * value right. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,8 +87,15 @@ static void check_config(const char *name, const struct model_config *c, const s
     const int dp = g->at.dp_rank, E = c->n_experts, D = c->hidden_size, L = c->n_layers;
     struct model *whole = model_create(c);
     model_init_random(whole, 7, 0.2);
-    const struct model_layout lay = {
-        .tp_size = 1, .pp_size = 1, .ep_rank = g->at.ep_rank, .ep_size = g->at.ep_size, .ep = g->ep};
+    const int T = g->at.tp_size;
+    const struct model_layout lay = {.tp_rank = g->at.tp_rank,
+                                     .tp_size = T,
+                                     .pp_size = 1,
+                                     .tp = g->tp,
+                                     .mp = g->etp,
+                                     .ep_rank = g->at.ep_rank,
+                                     .ep_size = g->at.ep_size,
+                                     .ep = g->ep};
     struct model *part = model_create_shard(c, &lay);
     model_shard_slice(part, whole->w.mem, part->w.mem);
     float *back = xmalloc(whole->w.n_floats * sizeof(float));
@@ -96,12 +105,13 @@ static void check_config(const char *name, const struct model_config *c, const s
         log_error("test", "%s: slice + assemble over EP does not give the whole weights back", name);
     }
     memset(back, 0, whole->w.n_floats * sizeof(float));
-    model_shard_gather(part, part->w.mem, comm_rank(g->ep) == 0 ? back : NULL, 0);
-    if (comm_rank(g->ep) == 0 && memcmp(back, whole->w.mem, whole->w.n_floats * sizeof(float)) != 0) {
+    model_shard_gather(part, part->w.mem, comm_rank(part->sh.mp) == 0 ? back : NULL, 0);
+    if (comm_rank(part->sh.mp) == 0 && memcmp(back, whole->w.mem, whole->w.n_floats * sizeof(float)) != 0) {
         g_bad++;
         log_error("test", "%s: slice + gather over EP does not give the whole weights back", name);
     }
-    if (part->w.n_floats != whole->w.n_floats - (size_t)L * 3 * (E - E / g->at.ep_size) * c->moe_intermediate * D) {
+    if (T == 1 &&
+        part->w.n_floats != whole->w.n_floats - (size_t)L * 3 * (E - E / g->at.ep_size) * c->moe_intermediate * D) {
         g_bad++;
         log_error("test", "%s: the EP shard holds %zu floats, not the whole's less the other ranks' experts", name,
                   part->w.n_floats);
@@ -157,7 +167,7 @@ static void check_config(const char *name, const struct model_config *c, const s
         if (fabs(bytes - expect) > 0.5) {
             g_bad++;
             log_error("test", "%s: all-to-all bytes %.0f, the routing says %.0f (pass %d)", name, bytes, expect, pass);
-        } else if (dp == 0 && pass == 0) {
+        } else if (dp == 0 && g->at.tp_rank == 0 && pass == 0) {
             log_info("test",
                      "%s: EP rank 0 sent %.0f bytes in the all-to-alls of one forward and backward over %d "
                      "tokens x top-%d x %d layers, as (remote slots out %.0f + in %.0f) x hidden %d x 4 B x 2 passes",
@@ -165,6 +175,7 @@ static void check_config(const char *name, const struct model_config *c, const s
         }
         /* data parallelism's sum for the whole models, EP's for the shards */
         comm_allreduce_sum(g->dp, whole->grad->mem, whole->grad->n_floats, COMM_F32);
+        model_shard_sync_grads(part); /* under TP: the q/k norms' parts over TP */
         ep_sum(part, g->dp, g->edp);
         float *gw = xmalloc(whole->w.n_floats * sizeof(float));
         model_shard_assemble(part, part->grad->mem, gw);
@@ -191,21 +202,24 @@ static void check_config(const char *name, const struct model_config *c, const s
     model_free(whole);
     model_free(part);
     if (comm_rank(g->world) == 0)
-        log_info("test", "%s: EP %d x DP %d checked", name, g->at.ep_size, g->at.dp_size / g->at.ep_size);
+        log_info("test", "%s: EP %d x DP %d x TP %d checked", name, g->at.ep_size, g->at.dp_size / g->at.ep_size, T);
 }
 
 int main(int argc, char **argv)
 {
     CHECK_MPI(MPI_Init(&argc, &argv));
     struct comm *w = comm_mpi_world();
-    int ep = comm_size(w);
-    for (int i = 1; i + 1 < argc; i++)
+    int ep = comm_size(w), tp = 1;
+    for (int i = 1; i + 1 < argc; i++) {
         if (strcmp(argv[i], "--ep") == 0)
             ep = atoi(argv[i + 1]);
+        if (strcmp(argv[i], "--tp") == 0)
+            tp = atoi(argv[i + 1]);
+    }
     struct parallel_groups g;
-    const struct parallel_sizes sz = {1, 1, 1, ep};
-    if (ep < 2 || parallel_groups_init_sized(&g, w, &sz) != 0) {
-        fprintf(stderr, "usage: test_ep_model --ep EP on a multiple of EP ranks (EP >= 2)\n");
+    const struct parallel_sizes sz = {tp, 1, 1, ep};
+    if (ep < 2 || tp < 1 || parallel_groups_init_sized(&g, w, &sz) != 0 || (tp > 1) != (g.etp != NULL)) {
+        fprintf(stderr, "usage: test_ep_model --ep EP [--tp T] on a multiple of EP x T ranks (EP >= 2)\n");
         return 2;
     }
     /* Qwen3-MoE: q/k norms, 4 experts, top 2 renormalised; Mixtral: 8 experts, top 2, no q/k norm */
@@ -249,9 +263,14 @@ int main(int argc, char **argv)
         g_bad++;
         log_error("test", "4 experts over EP 3 not refused clearly: '%s'", why);
     }
-    if (model_ep_check(&qwen3moe, 2, 2, 1, key, why, sizeof why) == 0 || !strstr(why, "tensor_model_parallel_size 2")) {
+    if (model_ep_check(&qwen3moe, 2, 2, 1, key, why, sizeof why) != 0) {
         g_bad++;
-        log_error("test", "EP with TP not refused clearly: '%s'", why);
+        log_error("test", "EP 2 with TP 2 refused: '%s'", why);
+    }
+    if (model_ep_check(&qwen3moe, 2, 1, 2, key, why, sizeof why) == 0 ||
+        !strstr(why, "pipeline_model_parallel_size 2")) {
+        g_bad++;
+        log_error("test", "EP with PP not refused clearly: '%s'", why);
     }
     if (model_ep_check(&dense, 2, 1, 1, key, why, sizeof why) == 0 || !strstr(why, "dense")) {
         g_bad++;
@@ -260,8 +279,8 @@ int main(int argc, char **argv)
     int bad_all = g_bad;
     comm_allreduce_sum(w, &bad_all, 1, COMM_I32);
     if (comm_rank(w) == 0)
-        printf("%s: model over EP %d x DP %d ranks (%d problems)\n", bad_all ? "FAIL" : "ok", ep, comm_size(w) / ep,
-               bad_all);
+        printf("%s: model over EP %d x DP %d x TP %d ranks (%d problems)\n", bad_all ? "FAIL" : "ok", ep,
+               comm_size(w) / ep / tp, tp, bad_all);
     parallel_groups_free(&g);
     comm_free(w);
     CHECK_MPI(MPI_Finalize());

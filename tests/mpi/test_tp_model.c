@@ -2,7 +2,10 @@
  * for Llama and Qwen2 shapes (split and replicated KV heads, tied and untied heads, q/k/v biases), the
  * vocab-parallel log-probs and entropies, the gradients of every parameter (assembled whole), the gradient norm
  * counted once per parameter, and the generation logits agree with one process's within 1e-5 (relative L2); slicing
- * and assembling the whole buffer is exact. Exit 0 only if every rank saw every value right. */
+ * and assembling the whole buffer is exact. Mixture-of-experts models (Qwen3-MoE, Mixtral) too, with the
+ * load-balancing loss on: every expert split over TP by intermediate rows like the dense MLP, the router whole and
+ * the same on every TP rank (its gradient the same on each, counted once). Exit 0 only if every rank saw every value
+ * right. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,7 +56,7 @@ static void pipeline_pass(struct model *m, const struct packed_batch *pb, bool c
 }
 
 static void check_config(const char *name, const struct model_config *c, const struct parallel_groups *g,
-                         struct comm *mp)
+                         struct comm *mp, float aux_coef)
 {
     const int r = g->at.tp_rank, T = g->at.tp_size, P = g->at.pp_size;
     struct comm *tp = g->tp;
@@ -67,6 +70,7 @@ static void check_config(const char *name, const struct model_config *c, const s
     model_init_random(whole, 7, 0.2);
     const struct model_layout lay = {r, T, g->at.pp_rank, P, tp, g->pp, mp, 0, 1, NULL};
     struct model *part = model_create_shard(c, &lay);
+    whole->moe_aux_coef = part->moe_aux_coef = aux_coef;
     model_shard_slice(part, whole->w.mem, part->w.mem);
     /* slicing then assembling gives back the whole buffer bit for bit */
     float *back = xmalloc(whole->w.n_floats * sizeof(float));
@@ -123,6 +127,18 @@ static void check_config(const char *name, const struct model_config *c, const s
             expect_close(name, what, g + (refs[i].data - whole->grad->mem), refs[i].data, refs[i].numel, 1e-5);
         }
         free(refs);
+        if (c->n_experts && T > 1) { /* the router's gradient: the same on every TP rank, not a part of a sum */
+            const float *router = part->grad->layers[part->sh.layer_lo].router;
+            const size_t nr = (size_t)c->n_experts * c->hidden_size;
+            float *r0 = xmalloc(nr * sizeof(float));
+            memcpy(r0, router, nr * sizeof(float));
+            comm_broadcast(tp, r0, nr, COMM_F32, 0);
+            if (memcmp(r0, router, nr * sizeof(float)) != 0) {
+                g_bad++;
+                log_error("test", "%s: the router's gradient on TP rank %d differs from TP rank 0's", name, r);
+            }
+            free(r0);
+        }
         double sq = model_owned_sq(part, part->grad->mem, 0, part->grad->n_floats), want = 0;
         comm_allreduce_sum(mp, &sq, 1, COMM_F64);
         for (size_t i = 0; i < whole->grad->n_floats; i++)
@@ -202,9 +218,26 @@ int main(int argc, char **argv)
     qwen3.qk_norm = true;
     qwen3.head_dim = 6;
     qwen3.rope = (struct rope_scaling){ROPE_LLAMA3, 4.0, 1.0, 4.0, 4};
-    check_config("llama-tied-gqa", &llama, &g, w); /* one model copy: the world is its TP x PP group */
-    check_config("qwen2-bias-untied-mqa", &qwen, &g, w);
-    check_config("qwen3-qknorm-llama3-rope", &qwen3, &g, w);
+    /* Qwen3-MoE: 4 experts of 8 rows, top 2 renormalised, q/k norms; Mixtral: 8 experts, top 2, tied head */
+    struct model_config qwen3moe = qwen3;
+    qwen3moe.arch = ARCH_QWEN3_MOE;
+    qwen3moe.head_dim = 4;
+    qwen3moe.rope = (struct rope_scaling){0};
+    qwen3moe.n_experts = 4;
+    qwen3moe.n_experts_per_tok = 2;
+    qwen3moe.moe_intermediate = 8;
+    qwen3moe.norm_topk_prob = true;
+    struct model_config mixtral = qwen3moe;
+    mixtral.arch = ARCH_MIXTRAL;
+    mixtral.qk_norm = false;
+    mixtral.n_experts = 8;
+    mixtral.norm_topk_prob = false;
+    check_config("llama-tied-gqa", &llama, &g, w, 0); /* one model copy: the world is its TP x PP group */
+    check_config("qwen2-bias-untied-mqa", &qwen, &g, w, 0);
+    check_config("qwen3-qknorm-llama3-rope", &qwen3, &g, w, 0);
+    check_config("qwen3-moe", &qwen3moe, &g, w, 0);
+    check_config("qwen3-moe-aux", &qwen3moe, &g, w, 0.05f);
+    check_config("mixtral-aux", &mixtral, &g, w, 0.05f);
     /* layouts that cannot work are refused with the key and the numbers */
     char why[256];
     struct model_config bad = llama;
@@ -214,6 +247,13 @@ int main(int argc, char **argv)
         !strstr(why, "num_attention_heads (6)") || !strstr(why, "tensor_model_parallel_size (4)")) {
         g_bad++;
         log_error("test", "6 heads over TP 4 not refused clearly: '%s'", why);
+    }
+    struct model_config odd = qwen3moe; /* each expert splits over TP by its intermediate rows */
+    odd.moe_intermediate = 6;
+    if (model_shard_check(&odd, 4, "tensor_model_parallel_size", why, sizeof why) == 0 ||
+        !strstr(why, "moe_intermediate_size (6)") || !strstr(why, "tensor_model_parallel_size (4)")) {
+        g_bad++;
+        log_error("test", "experts of 6 rows over TP 4 not refused clearly: '%s'", why);
     }
     int bad_all = g_bad;
     comm_allreduce_sum(w, &bad_all, 1, COMM_I32);

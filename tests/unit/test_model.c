@@ -268,8 +268,12 @@ static void test_moe_finite_differences_with_aux_loss(void **state)
             struct model *m = load(names[k]);
             assert_true(m->cfg.n_experts == 4 && m->cfg.n_experts_per_tok == 2);
             char why[256];
-            assert_int_equal(model_shard_check(&m->cfg, 2, "tp_key", why, sizeof why), -1);
-            assert_non_null(strstr(why, "tp_key (2): a mixture-of-experts model (4 experts) runs without tensor"));
+            /* TP splits each expert by its intermediate rows: they must divide */
+            assert_int_equal(model_shard_check(&m->cfg, 2, "tp_key", why, sizeof why), 0);
+            struct model_config odd = m->cfg;
+            odd.moe_intermediate = 7;
+            assert_int_equal(model_shard_check(&odd, 2, "tp_key", why, sizeof why), -1);
+            assert_non_null(strstr(why, "moe_intermediate_size (7) is not divisible by tp_key (2)"));
             /* the memory estimates count the router and every expert */
             assert_true(model_weight_bytes(&m->cfg) == (double)model_num_params(m) * sizeof(float));
             assert_true(plan_param_count(&m->cfg) == (double)model_num_params(m));

@@ -311,12 +311,51 @@ static void test_sequence_sharing(void **state)
     }
 }
 
+/* Experts under TP (each expert's 768 rows split like the dense MLP, the router whole), and EP x TP, by hand. */
+static void test_moe_tp(void **state)
+{
+    (void)state;
+    struct model_config q = qwen3_30b_a3b();
+    const double h = 2048, L = 48, E = 128, Fe = 768, experts = L * E * 3 * h * Fe, S = 1536;
+    struct plan_result one, tp2, ep4tp2;
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){1, 1, 8, false, 1, 1, false}, &one);
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){2, 1, 4, false, 1, 1, false}, &tp2);
+    plan_evaluate(&q, &H200x8, &GSM8K, &(struct plan_layout){2, 1, 4, false, 4, 1, false}, &ep4tp2);
+    assert_true(one.valid && tp2.valid && ep4tp2.valid);
+    /* TP2: half of every expert (384 rows of gate, up and down) per device */
+    near(tp2.stage_experts, experts / 2, 1e-12);
+    /* what TP2 takes off one device: half the attention (q, k, v, o: 32 + 4 + 4 + 32 heads of 128 x 2,048), half
+     * the experts and half the vocabulary (embedding and head); the router (128 x 2,048), the norms stay whole */
+    const double attn = L * h * 128 * (32 + 4 + 4 + 32), vocab = 2 * 151936 * h;
+    near(one.stage_params - tp2.stage_params, (attn + experts + vocab) / 2, 1e-12);
+    /* EP4 x TP2: 32 experts of a layer, 384 rows of each, per device */
+    near(ep4tp2.stage_experts, experts / 8, 1e-12);
+    near(tp2.stage_params - ep4tp2.stage_params, experts / 2 * 3 / 4, 1e-12);
+    /* the all-to-alls: tokens per DP rank (4 of them), 3/4 of 8 slots off the device, whole BF16 hidden rows,
+     * 5 passes: TP leaves a device's bytes as they are */
+    const double tok_dp = 256.0 * 8 * S / 4;
+    near(ep4tp2.bytes_ep, tok_dp * L * 2 * 8 * h * 2 * 3.0 / 4 * 5, 1e-12);
+    /* TP's all-reduces: 2L + 1 of s x h per pass (forward-only x 2, update forward + backward x 2, recompute 2L),
+     * and each backward the 8 routing weights a token, BF16, ring 2 (2 - 1) / 2 = 1; per optimizer step (4) the
+     * q/k norms' FP32 gradients (2 x 128 a layer) */
+    const double pass = h * 2 * (2 * L + 1);
+    near(tp2.bytes_tp, tok_dp * (pass * 2 + 2 * pass + h * 2 * 2 * L + 8 * 2 * L) + 4 * 4 * L * 2 * 128, 1e-12);
+    /* experts whose rows TP does not divide are named */
+    struct model_config odd = q;
+    odd.moe_intermediate = 770;
+    struct plan_result r;
+    plan_evaluate(&odd, &H200x8, &GSM8K, &(struct plan_layout){4, 1, 2, false, 1, 1, false}, &r);
+    assert_false(r.valid);
+    assert_non_null(strstr(r.why_invalid, "770 rows"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_param_counts),
                                        cmocka_unit_test(test_memory_and_bytes),
                                        cmocka_unit_test(test_invalid_and_recommended),
                                        cmocka_unit_test(test_moe_and_ep),
+                                       cmocka_unit_test(test_moe_tp),
                                        cmocka_unit_test(test_sequence_parallel_bytes),
                                        cmocka_unit_test(test_sequence_sharing)};
     return cmocka_run_group_tests(tests, NULL, NULL);

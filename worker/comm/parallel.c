@@ -63,6 +63,8 @@ int parallel_groups_init_sized(struct parallel_groups *g, struct comm *world, co
         const int egroup = a->dp_rank / E;
         g->ep = comm_split(world, ((a->pp_rank * (D / E) + egroup) * C + a->cp_rank) * T + a->tp_rank, a->ep_rank);
         g->edp = comm_split(world, ((a->pp_rank * E + a->ep_rank) * C + a->cp_rank) * T + a->tp_rank, egroup);
+        if (T > 1)
+            g->etp = comm_split(world, (a->pp_rank * (D / E) + egroup) * C + a->cp_rank, a->ep_rank * T + a->tp_rank);
     }
     return 0;
 }
@@ -77,7 +79,7 @@ struct comm *parallel_grad_group(const struct parallel_groups *g) { return g->dp
 
 void parallel_groups_free(struct parallel_groups *g)
 {
-    struct comm **all[] = {&g->tp, &g->dp, &g->pp, &g->cp, &g->dpcp, &g->ep, &g->edp};
+    struct comm **all[] = {&g->tp, &g->dp, &g->pp, &g->cp, &g->dpcp, &g->ep, &g->edp, &g->etp};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         if (*all[i])
             comm_free(*all[i]);

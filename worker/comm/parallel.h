@@ -27,8 +27,10 @@ struct parallel_groups {
      * cp:   the ranks that share this rank's sequences (same PP, DP, TP);
      * dpcp: DP x CP, the ranks whose dense gradients add up (same PP, TP);
      * ep:   the expert-parallel group (same PP, CP, TP, dp / ep_size);
-     * edp:  the ranks that hold the same experts (same PP, CP, TP, ep_rank), whose expert gradients add up */
-    struct comm *cp, *dpcp, *ep, *edp;
+     * edp:  the ranks that hold the same experts (same PP, CP, TP, ep_rank), whose expert gradients add up;
+     * etp:  EP x TP, the ranks of one model copy under EP with TP (same PP, CP, dp / ep_size), ranked
+     *       ep_rank x TP + tp_rank; NULL unless both sizes are above 1 */
+    struct comm *cp, *dpcp, *ep, *edp, *etp;
 };
 
 /* Coordinates of world rank `rank` for the given sizes; -1 if world_size != dp*tp*pp. */

@@ -423,6 +423,7 @@ static void train_groups(struct launch *l, const char *what)
     env->grads = g->dpcp;
     env->ep = g->ep;
     env->edp = g->edp;
+    env->etp = g->etp;
     env->mp =
         comm_split(l->sides, env->at.dp * env->at.cp_size + env->at.cp, env->at.pp * env->at.tp_size + env->at.tp);
 }

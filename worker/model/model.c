@@ -146,9 +146,9 @@ static size_t layout(const struct model_config *c, const struct model_shard *sh,
         TAKE(L->wo, D * QD);
         TAKE(L->mlp_norm, D);
         if (c->n_experts) { /* the router, then every expert's gate, up and down, expert after expert */
-            const size_t E = (size_t)c->n_experts, El = (size_t)sh->n_experts, Fe = (size_t)c->moe_intermediate;
+            const size_t E = (size_t)c->n_experts, El = (size_t)sh->n_experts, Fe = (size_t)sh->moe_inter;
             TAKE(L->router, E * D);
-            TAKE(L->w_gate, El * Fe * D); /* this rank's experts only under EP */
+            TAKE(L->w_gate, El * Fe * D); /* this rank's experts only under EP, its rows of them under TP */
             TAKE(L->w_up, El * Fe * D);
             TAKE(L->w_down, El * D * Fe);
         } else {
@@ -194,6 +194,8 @@ struct model_shard model_shard_of(const struct model_config *c, int r, int tp, i
     sh.vocab_hi = (int)((int64_t)c->vocab_size * (r + 1) / tp);
     sh.ep_size = 1;
     sh.n_experts = c->n_experts;
+    sh.moe_inter = c->moe_intermediate / tp;
+    sh.moe_inter_lo = r * sh.moe_inter;
     return sh;
 }
 
@@ -208,9 +210,9 @@ void model_shard_set_ep(struct model_shard *sh, const struct model_config *c, in
 struct model_shard model_shard_of_mp(const struct model *m, int r)
 {
     const struct model_shard *sh = &m->sh;
-    if (sh->ep_size > 1) {
-        struct model_shard e = model_shard_of(&m->cfg, 0, 1, 0, 1);
-        model_shard_set_ep(&e, &m->cfg, r, sh->ep_size);
+    if (sh->ep_size > 1) { /* the EP x TP ranks of one model copy, ranked ep x TP + tp (TP fastest, as the world) */
+        struct model_shard e = model_shard_of(&m->cfg, r % sh->tp_size, sh->tp_size, 0, 1);
+        model_shard_set_ep(&e, &m->cfg, r / sh->tp_size, sh->ep_size);
         return e;
     }
     return model_shard_of(&m->cfg, r % sh->tp_size, sh->tp_size, r / sh->tp_size, sh->pp_size);
@@ -229,11 +231,12 @@ int model_ep_check(const struct model_config *c, int ep, int tp, int pp, const c
                  key, ep, c->n_experts);
         return -1;
     }
-    if (tp > 1 || pp > 1) {
+    (void)tp; /* EP x TP: each EP rank's experts split over its TP group, tokens dispatched within a TP rank */
+    if (pp > 1) {
         snprintf(why, len,
-                 "%s (%d) with tensor_model_parallel_size %d and pipeline_model_parallel_size %d: expert parallelism "
-                 "runs with whole layers for now; set both to 1",
-                 key, ep, tp, pp);
+                 "%s (%d) with pipeline_model_parallel_size %d: expert parallelism runs without pipeline stages for "
+                 "now; set it to 1",
+                 key, ep, pp);
         return -1;
     }
     return 0;
@@ -256,9 +259,9 @@ int model_shard_check(const struct model_config *c, int tp, const char *key, cha
                  c->n_kv_heads, key, tp);
         return -1;
     }
-    if (c->n_experts && tp > 1) {
-        snprintf(why, len, "%s (%d): a mixture-of-experts model (%d experts) runs without tensor parallelism for now",
-                 key, tp, c->n_experts);
+    if (c->n_experts && c->moe_intermediate % tp != 0) { /* each expert split by rows like the dense MLP */
+        snprintf(why, len, "moe_intermediate_size (%d) is not divisible by %s (%d): each expert splits over TP",
+                 c->moe_intermediate, key, tp);
         return -1;
     }
     if (c->intermediate_size % tp != 0) {
@@ -396,7 +399,7 @@ void model_expert_span(const struct model *m, int l, size_t *lo, size_t *hi)
     if (!L->router)
         return;
     *lo = (size_t)(L->w_gate - m->w.mem);
-    *hi = *lo + 3 * (size_t)m->sh.n_experts * (size_t)m->cfg.moe_intermediate * (size_t)m->cfg.hidden_size;
+    *hi = *lo + 3 * (size_t)m->sh.n_experts * (size_t)m->sh.moe_inter * (size_t)m->cfg.hidden_size;
 }
 
 void model_layer_span(const struct model *m, int l, size_t *lo, size_t *hi)
@@ -443,7 +446,7 @@ struct model *model_create_on(const struct model_config *c, const struct model_l
         model_stage_check(c, L->pp_size, "the PP size", why, sizeof why) != 0 ||
         model_ep_check(c, ep, L->tp_size, L->pp_size, "the EP size", why, sizeof why) != 0)
         check_failf(__FILE__, __LINE__, "model_create_shard: %s", why);
-    if (ep > 1 && (L->ep_rank < 0 || L->ep_rank >= ep || !L->ep))
+    if (ep > 1 && (L->ep_rank < 0 || L->ep_rank >= ep || !L->ep || (L->tp_size > 1 && !L->mp)))
         check_failf(__FILE__, __LINE__, "model_create_shard: EP rank %d of %d, or a missing group", L->ep_rank, ep);
     if (L->tp_rank < 0 || L->tp_rank >= L->tp_size || L->pp_rank < 0 || L->pp_rank >= L->pp_size ||
         (L->tp_size > 1 && !L->tp) || (L->pp_size > 1 && (!L->pp || !L->mp)))
@@ -458,7 +461,7 @@ struct model *model_create_on(const struct model_config *c, const struct model_l
     if (ep > 1) { /* the EP group holds one model copy between its ranks */
         model_shard_set_ep(&m->sh, c, L->ep_rank, ep);
         m->sh.ep = L->ep;
-        m->sh.mp = L->ep;
+        m->sh.mp = L->tp_size > 1 ? L->mp : L->ep; /* with TP the EP x TP ranks of the copy */
     }
     m->K = K ? K : kctx_cpu();
     if (ep > 1 && m->K->device != KDEV_CPU)
@@ -673,11 +676,13 @@ int model_param_refs(const struct model *m, const struct model_params *p, struct
         }
         REF("self_attn.o_proj.weight", L->wo, 2, D, QD, o_cols);
         REF("post_attention_layernorm.weight", L->mlp_norm, 1, D, 0, whole);
-        if (c->n_experts) { /* no TP with experts; under EP this rank's experts, named by their global index */
+        if (c->n_experts) { /* under EP this rank's experts, named by their global index; under TP its rows of each */
             const struct model_arch_info *fam = model_arch_info(c->arch);
-            const int64_t E = c->n_experts, El = sh->n_experts, Fe = c->moe_intermediate;
-            const bool own = sh->tp_rank == 0; /* each EP rank counts its own experts */
-            const struct part router = {0, 0, E, D, first}, ew = {0, 0, Fe, D, own}, dw = {0, 0, D, Fe, own};
+            const int64_t E = c->n_experts, El = sh->n_experts, Fe = sh->moe_inter, FE = c->moe_intermediate;
+            /* the router: whole and the same on every TP rank, counted on the first; each EP rank owns its experts'
+             * parts */
+            const struct part router = {0, 0, E, D, first};
+            const struct part ew = {1, sh->moe_inter_lo, FE, D, true}, dw = {2, sh->moe_inter_lo, D, FE, true};
             char sfx[64];
             snprintf(sfx, sizeof sfx, "%s.%s.weight", fam->moe_block, fam->moe_router);
             REF(sfx, L->router, 2, E, D, router);
@@ -928,7 +933,7 @@ static struct kmoe moe_shape(const struct model *m, int N)
                          .E = c->n_experts,
                          .k = c->n_experts_per_tok,
                          .D = c->hidden_size,
-                         .F = c->moe_intermediate,
+                         .F = m->sh.moe_inter,
                          .norm_topk = c->norm_topk_prob};
 }
 
@@ -1288,6 +1293,7 @@ static void layer_forward(const struct model *m, int l, const struct packed_batc
             moe_ep_forward(a->ep, m, L, &a->moe, a->xn2, out);
         else
             k_moe_experts_forward(K, out, a->xn2, L->w_gate, L->w_up, L->w_down, &a->moe);
+        model_tp_sum(m, out, (size_t)N * D); /* under TP each rank's rows of every expert gave a part */
         k_add(K, out, a->xmid, (size_t)N * D);
         return;
     }
@@ -1368,6 +1374,11 @@ static void layer_backward(struct model *m, int l, const struct packed_batch *b,
         else
             k_moe_experts_backward(K, d->dxn, G ? G->w_gate : NULL, G ? G->w_up : NULL, G ? G->w_down : NULL, d->dwt,
                                    dx, L->w_gate, L->w_up, L->w_down, &r);
+        /* under TP the experts' input gradient and the routing weights' (dy . the expert's output) are each rank's
+         * part: summed, the router's backward below runs the same on every TP rank (its weight gradient the same
+         * on each, counted once), and its part of dxn is added after the sum, not TP times */
+        model_tp_sum(m, d->dxn, nD);
+        model_tp_sum(m, d->dwt, (size_t)N * r.k);
         /* the load-balancing loss coef scale E / k sum_e pmean_e count_e / N: d/dp[t][e] = coef scale E count_e /
          * (k N^2) for every token t */
         float dp_col[E];

@@ -112,11 +112,15 @@ struct model_shard {
      * around attention an all-to-all swaps its token slice for every token of its share of the heads */
     struct comm *sp; /* NULL: no sequence parallelism */
     int sp_rank, sp_size;
-    /* expert parallelism (whole layers only: TP and PP 1): this rank holds experts [expert_lo, expert_lo +
-     * n_experts) of every MoE layer, everything else whole; tokens reach their experts over ep (moe_ep.h). mp is
-     * then the EP group: the ranks whose parts make one model copy */
+    /* expert parallelism (PP 1): this rank holds experts [expert_lo, expert_lo + n_experts) of every MoE layer,
+     * everything else as TP cuts it; tokens reach their experts over ep, the EP ranks of this TP rank (moe_ep.h).
+     * mp is then the ranks whose parts make one model copy: the EP group, or with TP the EP x TP ranks (ranked
+     * ep x TP + tp) */
     int ep_rank, ep_size; /* 0, 1: every expert here */
     int expert_lo, n_experts;
+    /* under TP each expert is split like the dense MLP (Megatron's expert TP = TP): this rank holds intermediate
+     * rows [moe_inter_lo, moe_inter_lo + moe_inter) of every expert's gate and up, the same columns of its down */
+    int moe_inter, moe_inter_lo;
     struct comm *ep; /* NULL when ep_size is 1 */
     /* context parallelism (model_set_cp): sp is then a ring-attention group; this rank runs the load-balanced
      * chunks r and 2 sp_size - 1 - r of each batch's row (ring_attn_row) and attends over the ring, every head */
@@ -201,8 +205,8 @@ int model_config_check_fits(const struct model_config *c, char *why, size_t len)
 /* Allocate parameters (zeroed) for a checked config. */
 struct model *model_create(const struct model_config *c);
 /* Whether the model splits over tp_size TP ranks: 0, or -1 with why naming `key` (the TP size's config key),
- * the model's numbers and the rule (heads and intermediate size divisible by TP; KV heads divisible by TP, or
- * TP by KV heads; at least TP vocabulary rows). */
+ * the model's numbers and the rule (heads, intermediate size and the experts' moe_intermediate_size divisible by
+ * TP; KV heads divisible by TP, or TP by KV heads; at least TP vocabulary rows). */
 int model_shard_check(const struct model_config *c, int tp_size, const char *key, char *why, size_t len);
 /* Whether attention's heads split over sp_size Ulysses ranks: query heads divisible by sp_size, and KV heads
  * divisible by it or it by them (then each KV head is replicated on sp_size / Hkv ranks); a dense model (no
@@ -215,7 +219,7 @@ int model_sp_check(const struct model_config *c, int sp_size, const char *key, c
  * (no TP or PP with it), on the CPU. */
 void model_set_sp(struct model *m, struct comm *sp);
 /* Whether the experts split over ep_size EP ranks: 0, or -1 with why naming key (the EP size's config key) and the
- * numbers (a mixture-of-experts model whose expert count EP divides; TP and PP 1; the CPU back-end). */
+ * numbers (a mixture-of-experts model whose expert count EP divides; PP 1; the CPU back-end). */
 int model_ep_check(const struct model_config *c, int ep_size, int tp_size, int pp_size, const char *key, char *why,
                    size_t len);
 /* Whether m's training can run context-parallel over cp ranks (key names the setting in the error): a dense model

@@ -130,7 +130,7 @@ static void step_take(const struct model *m, int N, int B, int rows, struct step
                                .E = c->n_experts,
                                .k = c->n_experts_per_tok,
                                .D = c->hidden_size,
-                               .F = c->moe_intermediate,
+                               .F = m->sh.moe_inter,
                                .norm_topk = c->norm_topk_prob};
         kmoe_take(ar, &t->moe, false);
     } else {
@@ -276,6 +276,7 @@ static const float *step(struct model *m, struct kv_cache **caches, int B, const
             if (m->moe_record)
                 record_routes(m, l, &t.moe, B, ntok);
             k_moe_experts_forward(K, t.tmp, t.xn, L->w_gate, L->w_up, L->w_down, &t.moe);
+            model_tp_sum(m, t.tmp, nD); /* under TP each rank's rows of every expert gave a part */
             k_add(K, t.x, t.tmp, nD);
             continue;
         }

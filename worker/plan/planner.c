@@ -76,14 +76,15 @@ double plan_active_params(const struct model_config *m)
 }
 
 /* Parameters of one layer on one TP rank (all its experts): q, o and the MLP split, KV heads split (or replicated
- * when fewer than TP), norms replicated. */
+ * when fewer than TP), norms replicated; each expert split over TP by its intermediate rows like the dense MLP, the
+ * router whole on every TP rank. */
 static double layer_params_tp(const struct model_config *m, int tp)
 {
     const double h = m->hidden_size, f = m->intermediate_size, a = (double)m->n_heads / tp, d = m->head_dim;
     const double g = m->n_kv_heads >= tp ? (double)m->n_kv_heads / tp : 1;
     double layer = 2 * h + h * a * d + 2 * h * g * d + a * d * h + 3 * h * f / tp;
-    if (m->n_experts) /* whole experts on every rank (MoE runs without TP for now) */
-        layer += (double)m->n_experts * h * (1 + 3.0 * m->moe_intermediate) - 3 * h * f / tp;
+    if (m->n_experts) /* the router, and every expert's rows of this TP rank, instead of the dense MLP */
+        layer += (double)m->n_experts * h * (1 + 3.0 * m->moe_intermediate / tp) - 3 * h * f / tp;
     if (m->attention_bias)
         layer += a * d + 2 * g * d;
     if (m->qk_norm)
@@ -115,6 +116,9 @@ void plan_evaluate(const struct model_config *m, const struct plan_cluster *c, c
     else if (ep > 1 && (m->n_experts % ep || dp % ep))
         snprintf(r->why_invalid, sizeof r->why_invalid, "EP %d divides neither %d experts and DP %d", ep, m->n_experts,
                  dp);
+    else if (m->n_experts && m->moe_intermediate % tp)
+        snprintf(r->why_invalid, sizeof r->why_invalid, "experts of %d rows do not divide by TP %d",
+                 m->moe_intermediate, tp);
     else if (m->n_heads % tp)
         snprintf(r->why_invalid, sizeof r->why_invalid, "%d attention heads do not divide by TP %d", m->n_heads, tp);
     else if (m->n_kv_heads % tp && tp % m->n_kv_heads)
@@ -130,9 +134,9 @@ void plan_evaluate(const struct model_config *m, const struct plan_cluster *c, c
     const struct widths w = widths_of(c);
     const double h = m->hidden_size, V = m->vocab_size;
     const int layers_stage = (m->n_layers + pp - 1) / pp;
-    /* under EP the stage's layers hold E / EP experts each */
-    r->stage_experts = layers_stage * layer_experts(m) / ep;
-    const double body = layers_stage * layer_params_tp(m, tp) - layers_stage * layer_experts(m) + r->stage_experts,
+    /* under EP the stage's layers hold E / EP experts each, under TP 1 / TP of each expert's rows */
+    r->stage_experts = layers_stage * layer_experts(m) / ((double)ep * tp);
+    const double body = layers_stage * layer_params_tp(m, tp) - layers_stage * layer_experts(m) / tp + r->stage_experts,
                  vocab = V * h / tp;
     /* stage 0 holds the embedding; the last stage the head and the final norm (its own copy when tied) */
     const double first = body + vocab + (pp == 1 ? (m->tie_word_embeddings ? 0 : vocab) + h : 0);
@@ -156,10 +160,12 @@ void plan_evaluate(const struct model_config *m, const struct plan_cluster *c, c
         r->micro_batches = 1;
     /* Korthikanti et al.: 34 s b h bytes per layer at 16-bit, divided by TP with sequence parallelism */
     double full_layer = 34.0 * T_mb * h / tp * (w.act / 2);
-    if (m->n_experts) /* the MLP's 19 s b h become the routed slots' buffers and the router's probabilities */
-        full_layer += (-19.0 * T_mb * h / tp + m->n_experts_per_tok * T_mb * (2.0 * h + 3.0 * m->moe_intermediate) +
-                       2.0 * T_mb * m->n_experts) *
-                      (w.act / 2);
+    if (m->n_experts) /* the MLP's 19 s b h become the routed slots' buffers (their hidden rows on every TP rank,
+                       * their intermediate rows split over TP) and the router's probabilities */
+        full_layer +=
+            (-19.0 * T_mb * h / tp + m->n_experts_per_tok * T_mb * (2.0 * h + 3.0 * m->moe_intermediate / tp) +
+             2.0 * T_mb * m->n_experts) *
+            (w.act / 2);
     const double per_layer = b->recompute ? 2.0 * T_mb * h / tp * (w.act / 2) : full_layer;
     const int in_flight = pp < r->micro_batches ? pp : r->micro_batches;
     r->mem_act = in_flight * layers_stage * per_layer + (b->recompute ? full_layer : 0);
@@ -176,6 +182,13 @@ void plan_evaluate(const struct model_config *m, const struct plan_cluster *c, c
     const double tp_pass = ring_allreduce(tp) * h * w.act * (2.0 * layers_stage + 1);
     const double tp_recompute = ring_allreduce(tp) * h * w.act * 2.0 * layers_stage;
     r->bytes_tp = tok_dp * (tp_pass * fwd_only + b->ppo_epochs * (2 * tp_pass + (b->recompute ? tp_recompute : 0)));
+    /* Qwen3's q/k norms: whole on every TP rank, each saw its heads: their gradients summed once per optimizer step */
+    if (tp > 1 && m->qk_norm)
+        r->bytes_tp += (double)(b->mini_batches > 0 ? b->mini_batches : 1) * b->ppo_epochs * ring_allreduce(tp) *
+                       w.grads * layers_stage * 2.0 * m->head_dim;
+    /* MoE layers: in each backward also the routing weights' gradients (k floats a token), each TP rank's part */
+    if (m->n_experts)
+        r->bytes_tp += tok_dp * b->ppo_epochs * ring_allreduce(tp) * m->n_experts_per_tok * w.act * layers_stage;
     if (tp > 1 && m->n_kv_heads < tp)
         r->bytes_tp += (double)(b->mini_batches > 0 ? b->mini_batches : 1) * b->ppo_epochs * ring_allreduce(tp) *
                        w.grads * layers_stage * 2.0 * m->n_kv_heads * m->head_dim * (h + (m->attention_bias ? 1 : 0));
@@ -200,7 +213,9 @@ void plan_evaluate(const struct model_config *m, const struct plan_cluster *c, c
                                               ring_half(edpcp) * (ge + w.weights * r->stage_experts)
                                         : ring_allreduce(dpcp) * gd + ring_allreduce(edpcp) * ge);
     /* EP: per MoE layer and pass, the slots off this device go out and their outputs come back (a forward), the
-     * outputs' and inputs' gradients the same way (a backward); a recompute is a forward */
+     * outputs' and inputs' gradients the same way (a backward); a recompute is a forward. Under TP every TP rank
+     * sends the same whole hidden rows within its own EP group (each expert's rows are split, its inputs and
+     * outputs are not): TP does not shrink a device's bytes */
     const double passes = fwd_only + b->ppo_epochs * (2.0 + (b->recompute ? 1 : 0));
     r->bytes_ep = ep > 1 ? tok_dp * layers_stage * 2.0 * m->n_experts_per_tok * h * w.act * ring_half(ep) * passes : 0;
     /* SP / CP: the heads a TP rank holds; every layer's forward passes (the recompute's too) and backwards */

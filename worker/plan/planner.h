@@ -20,12 +20,14 @@
  *
  * Mixture of experts: each layer holds the router and n_experts SwiGLU experts; the compute counts the active
  * parameters (the dense ones, and k of the E experts). Expert parallelism (EP, carved out of DP) holds E / EP
- * experts per device (whole, not split by TP); the optimizer state of the experts is sharded by ZeRO-1 over the
- * ranks holding the same experts (DP / EP), their gradients all-reduced over those; every MoE layer's forward
- * sends its routed slots (tokens x k) to the experts' ranks and the outputs back, (EP - 1) / EP of them off the
- * device with uniform routing, hidden activations each way, and its backward the same again. A MoE layer's working
- * activations replace Korthikanti's MLP share (19 s b h) with the permuted slots (2 h in and out, 3 F of gate, up
- * and product per slot) and the router's FP32 probabilities.
+ * experts per device, and TP splits each expert by its intermediate rows (Megatron's expert TP = TP; the router
+ * whole on every TP rank); the optimizer state of the experts is sharded by ZeRO-1 over the ranks holding the same
+ * experts (DP / EP), their gradients all-reduced over those; every MoE layer's forward sends its routed slots
+ * (tokens x k) to the experts' ranks and the outputs back, (EP - 1) / EP of them off the device with uniform
+ * routing, hidden activations each way (each TP rank the same rows within its own EP group, so TP does not shrink
+ * them), and its backward the same again; under TP each backward also sums the routing weights' gradients (k a
+ * token). A MoE layer's working activations replace Korthikanti's MLP share (19 s b h) with the permuted slots
+ * (2 h in and out, 3 F / TP of gate, up and product per slot) and the router's FP32 probabilities.
  *
  * Long sequences: a layout may share each sequence over CP ranks (DP is what is left: devices = TP x PP x CP x
  * DP), either Ulysses sequence parallelism (all-to-alls around attention, heads split: H / TP must divide by CP)

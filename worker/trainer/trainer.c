@@ -604,9 +604,12 @@ static void shard_policy(struct trainer *t)
     struct model *p = model_create_shard(&t->policy->cfg, &ml);
     model_shard_slice(p, t->policy->w.mem, p->w.mem);
     if (t->lay.ep)
-        log_info("trainer", "EP rank %d of %d: experts %d..%d of %d, %zu of the model's %zu parameters", t->lay.ep_rank,
-                 t->lay.ep_size, p->sh.expert_lo, p->sh.expert_lo + p->sh.n_experts - 1, p->cfg.n_experts,
-                 p->w.n_floats, t->policy->w.n_floats);
+        log_info("trainer",
+                 "EP rank %d of %d: experts %d..%d of %d (TP rank %d of %d: their rows %d..%d), %zu of the "
+                 "model's %zu parameters",
+                 t->lay.ep_rank, t->lay.ep_size, p->sh.expert_lo, p->sh.expert_lo + p->sh.n_experts - 1,
+                 p->cfg.n_experts, t->lay.tp_rank, t->lay.tp_size, p->sh.moe_inter_lo,
+                 p->sh.moe_inter_lo + p->sh.moe_inter - 1, p->w.n_floats, t->policy->w.n_floats);
     else
         log_info("trainer",
                  "TP rank %d of %d, stage %d of %d: %zu of the model's %zu parameters (layers %d..%d, heads %d..%d, "
@@ -668,9 +671,11 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     if (t->lay.pp_size < 1 || !t->lay.pp)
         t->lay.pp_size = 1, t->lay.pp_rank = 0, t->lay.pp = NULL;
     if (t->lay.ep_size < 1 || !t->lay.ep)
-        t->lay.ep_size = 1, t->lay.ep_rank = 0, t->lay.ep = t->lay.edp = NULL;
-    if (t->lay.ep) /* the experts of one model copy are spread over the EP group */
-        t->lay.mp = t->lay.ep;
+        t->lay.ep_size = 1, t->lay.ep_rank = 0, t->lay.ep = t->lay.edp = t->lay.etp = NULL;
+    if (!t->lay.tp)
+        t->lay.etp = NULL;
+    if (t->lay.ep) /* the experts of one model copy are spread over the EP group (and each over TP: EP x TP) */
+        t->lay.mp = t->lay.etp ? t->lay.etp : t->lay.ep;
     if (!t->lay.mp)
         t->lay.mp = t->lay.tp;
     if (t->lay.cp_size < 2 || !t->lay.cp)

@@ -59,6 +59,8 @@ struct trainer_layout {
      * the same experts, over which the experts' gradients add up; NULL when ep_size is 1 */
     struct comm *ep, *edp;
     int ep_rank, ep_size;
+    struct comm *etp; /* EP with TP: the EP x TP ranks of one model copy (ranked ep x TP + tp), the model copy's group
+                         (mp) then; NULL otherwise */
     struct comm *all; /* every trainer rank: stop and checkpoint decisions follow its rank 0 (DP 0, TP 0) */
     int devices;      /* ranks the run uses (perf/throughput divides by it); 0: 1 */
     int device;       /* trainer.device=cuda: this rank's GPU (its CUDA index on the node) */

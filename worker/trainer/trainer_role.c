@@ -579,6 +579,7 @@ void trainer_layout_of(const struct role_env *env, struct trainer_layout *lay)
                                    .grads = env->grads,
                                    .ep = env->ep,
                                    .edp = env->edp,
+                                   .etp = env->etp,
                                    .ep_rank = env->at.ep,
                                    .ep_size = env->at.ep_size,
                                    .all = env->trainers,
