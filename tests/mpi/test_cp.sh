@@ -70,7 +70,7 @@ equivalent zero-cp2 one-llama
 "$WORKER" $(long llama) trainer.default_local_dir="$TMP/one-lora" $LORA >"$TMP/one-lora.log" 2>&1
 expect "llama: single-process LoRA run finishes" $?
 # shellcheck disable=SC2086
-GRPO_LOG_LEVEL=debug cp cp2-lora 2 2 $LORA actor_rollout_ref.model.enable_gradient_checkpointing=true \
+cp cp2-lora 2 2 $LORA actor_rollout_ref.model.enable_gradient_checkpointing=true \
     actor_rollout_ref.model.enable_activation_offload=true
 expect "cp2-lora: CP 2 with LoRA, checkpointing and activation offload, finishes" $?
 equivalent_lora cp2-lora one-lora

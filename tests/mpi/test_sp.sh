@@ -80,7 +80,7 @@ equivalent sp2dp2-llama one-llama
 # with gradient checkpointing and the layer inputs (each rank's token slice) offloaded to host memory
 OFFLOAD="actor_rollout_ref.model.enable_gradient_checkpointing=true actor_rollout_ref.model.enable_activation_offload=true"
 # shellcheck disable=SC2086 # OFFLOAD's words are keys
-GRPO_LOG_LEVEL=debug sp sp2-qwen2 qwen2 2 2 $OFFLOAD
+sp sp2-qwen2 qwen2 2 2 $OFFLOAD
 expect "sp2-qwen2: SP 2 with the KV head replicated, checkpointing and activation offload, finishes" $?
 equivalent sp2-qwen2 one-qwen2
 sp sp4-qwen2 qwen2 4 4 $RTP2

@@ -197,7 +197,8 @@ static void check_lora(const char *name, struct model *whole, struct model *part
             comm_allreduce_sum(sp, &host, 1, COMM_F64);
             if (host != want || !(mine < want)) {
                 g_bad++;
-                log_error("test", "%s: the offloaded layer inputs take %.0f bytes of host memory on this rank, %.0f over "
+                log_error("test",
+                          "%s: the offloaded layer inputs take %.0f bytes of host memory on this rank, %.0f over "
                           "the group; the batch's rows are %.0f bytes",
                           name, mine, host, want);
             }
