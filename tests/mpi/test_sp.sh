@@ -11,8 +11,8 @@
 #    shared over the SP group) give the same;
 #  - SP 2 x DP 2 with ZeRO-1 (the optimizer state over DP x SP) reproduces it too, and SP 2 with gradient
 #    checkpointing and activation offload (each rank's slice of the layer inputs in host memory);
-#  - SP 2 with LoRA (rank 8, all-linear) gives the single-process LoRA run's metrics and saves the same PEFT adapter
-#    (config byte for byte, every float within 1e-5);
+#  - SP 2 with LoRA (rank 8, all-linear), and SP 2 x DP 2 with LoRA and ZeRO-1, give the single-process LoRA run's
+#    metrics and save the same PEFT adapter (config byte for byte, every float within 1e-5);
 #  - heads that do not divide, and layouts not available yet (TP), are refused naming the keys and the
 #    numbers; ranks that do not fit the SP size are refused naming the key.
 # usage: test_sp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
@@ -104,6 +104,14 @@ expect "sp2-lora: SP 2 with LoRA finishes" $?
 has "$TMP/sp2-lora.log" "LoRA: rank 8, alpha 16 (scale 2) on all-linear"
 expect "sp2-lora: the adapter is logged" $?
 equivalent_lora sp2-lora one-lora
+# the adapter's gradients summed over DP x SP (4 ranks), its optimizer state sharded over them by ZeRO-1
+# shellcheck disable=SC2086
+sp zero-sp2dp2-lora llama 4 2 $RTP2 $LORA actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
+expect "zero-sp2dp2-lora: SP 2 x DP 2 with LoRA and ZeRO-1 finishes" $?
+# the adapter: 2 layers x (q, o: 8 x 64 + 64 x 8; k, v: 8 x 64 + 32 x 8; gate, up, down: 8 x 64 + 128 x 8) floats
+has "$TMP/zero-sp2dp2-lora.log" "ZeRO-1: DP x CP rank 3 keeps the optimizer state of parameters 12288..16384"
+expect "zero-sp2dp2-lora: each of the 4 ranks keeps a quarter of the adapter's optimizer state (16384 floats)" $?
+equivalent_lora zero-sp2dp2-lora one-lora
 
 # split runs: a rollout rank generates, SP rank 0 of each DP rank pulls its batches and shares them with its SP peers
 split() { # NAME TRAINERS
