@@ -675,10 +675,6 @@ static int validate_sp(const struct grpo_config *c, struct cfg_error *err)
     else if (c->actor_megatron_pipeline_model_parallel_size > 1)
         with = "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size",
         snprintf(val, sizeof val, "%lld", c->actor_megatron_pipeline_model_parallel_size);
-    else if (c->arr_model_lora_rank > 0 || c->arr_model_lora_adapter_path[0])
-        with = "actor_rollout_ref.model.lora_rank", snprintf(val, sizeof val, "%lld", c->arr_model_lora_rank);
-    else if (c->arr_model_enable_activation_offload)
-        with = "actor_rollout_ref.model.enable_activation_offload", snprintf(val, sizeof val, "true");
     else if (strcmp(c->trainer_device, "cuda") == 0)
         with = "trainer.device", snprintf(val, sizeof val, "cuda");
     if (!with)

@@ -90,3 +90,44 @@ equivalent() { # NAME ONE: the run against one process's
     out=$(same_weights "$2" "$1")
     expect "$1: weights after $STEPS steps match one process within 1e-5 ($out)" $?
 }
+
+# LoRA runs: `LORA` the keys of a rank-8 adapter on every projection (all-linear); `same_adapter A B` the saved
+# adapter of run B (PEFT's adapter_config.json and adapter_model.safetensors) against run A's after $STEPS steps:
+# the same config file byte for byte, the same tensors (names, shapes) and every float within 1e-5 of the largest;
+# `equivalent_lora NAME ONE` the per-step metrics and the adapter against the one-process LoRA run ONE.
+LORA="actor_rollout_ref.model.lora_rank=8 actor_rollout_ref.model.lora_alpha=16 actor_rollout_ref.model.target_modules=all-linear"
+same_adapter() {
+    python3 - "$(ckpt "$1" $STEPS)/actor" "$(ckpt "$2" $STEPS)/actor" <<'PY'
+import array, json, struct, sys
+def read(d):
+    data = open(f"{d}/adapter_model.safetensors", "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    head = json.loads(data[8:8 + n])
+    out = {}
+    for k, v in head.items():
+        if k != "__metadata__":
+            a, b = v["data_offsets"]
+            assert v["dtype"] == "F32", (k, v["dtype"])
+            out[k] = (tuple(v["shape"]), array.array("f", data[8 + n + a:8 + n + b]))
+    return out, open(f"{d}/adapter_config.json", "rb").read()
+(a, ca), (b, cb) = read(sys.argv[1]), read(sys.argv[2])
+if ca != cb:
+    sys.exit("adapter_config.json differs")
+if {k: v[0] for k, v in a.items()} != {k: v[0] for k, v in b.items()}:
+    sys.exit(f"tensors differ: {sorted(set(a) ^ set(b))[:4]} or their shapes")
+if not any(x != 0 for k in a if ".lora_B." in k for x in a[k][1]):
+    sys.exit("every lora_B is still zero: the adapter did not train")
+scale = max(abs(x) for v in a.values() for x in v[1])
+worst, at = max((abs(x - y), k) for k in a for x, y in zip(a[k][1], b[k][1]))
+if not worst <= 1e-5 * scale:
+    sys.exit(f"{at}: differs by {worst:.3g} (largest value {scale:.3g})")
+print(f"{len(a)} tensors, {sum(len(v[1]) for v in a.values())} floats; worst difference {worst / scale:.1e} relative")
+PY
+}
+equivalent_lora() { # NAME ONE: the LoRA run against one process's
+    local out
+    out=$(same_metrics "$2" "$1" 2>&1)
+    expect "$1: per-step losses, grad norms and entropies match one process ($out)" $?
+    out=$(same_adapter "$2" "$1" 2>&1)
+    expect "$1: the saved adapter after $STEPS steps is one process's PEFT files within 1e-5 ($out)" $?
+}

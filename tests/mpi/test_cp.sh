@@ -7,6 +7,8 @@
 #  - CP2 and CP2 x DP2, colocated and fed by a rollout rank (split), give the single-process run's per-step
 #    losses, grad norms and entropies, and its weights after two GRPO steps, within 1e-5 relative; the same with
 #    the token-budget micro-batches (use_dynamic_bsz: ppo_max_token_len_per_gpu per GPU, CP times it a group);
+#  - CP2 with LoRA (rank 8, all-linear), gradient checkpointing and activation offload gives the single-process LoRA
+#    run's metrics and saves the same PEFT adapter (config byte for byte, every float within 1e-5);
 #  - context_parallel_size with ulysses_sequence_parallel_size, TP or a GPU is refused naming the keys.
 # usage: test_cp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
@@ -61,6 +63,17 @@ expect "zero-cp2: CP 2 with ZeRO-1 finishes" $?
 has "$TMP/zero-cp2.log" "ZeRO-1: DP x CP rank 1 keeps the optimizer state of parameters"
 expect "zero-cp2: each CP rank keeps half of the optimizer state" $?
 equivalent zero-cp2 one-llama
+
+# LoRA (rank 8 on every projection) with gradient checkpointing and the layer inputs (each rank's chunks)
+# offloaded to host memory: the adapters' gradients summed over the CP group; the one process's PEFT adapter
+# shellcheck disable=SC2046,SC2086 # long's and LORA's words are keys
+"$WORKER" $(long llama) trainer.default_local_dir="$TMP/one-lora" $LORA >"$TMP/one-lora.log" 2>&1
+expect "llama: single-process LoRA run finishes" $?
+# shellcheck disable=SC2086
+cp cp2-lora 2 2 $LORA actor_rollout_ref.model.enable_gradient_checkpointing=true \
+    actor_rollout_ref.model.enable_activation_offload=true
+expect "cp2-lora: CP 2 with LoRA, checkpointing and activation offload, finishes" $?
+equivalent_lora cp2-lora one-lora
 
 # the token budget: 2200 tokens a GPU hold one response a micro-batch in one process, both over a CP 2 group
 BSZ="actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=2200"

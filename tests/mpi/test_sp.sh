@@ -9,7 +9,10 @@
 #    (use_dynamic_bsz, ppo_max_token_len_per_gpu per GPU as verl means it: the SP group's budget is SP times it);
 #  - split runs (a rollout rank feeding SP 2 and SP 2 x DP 2 trainers: one data endpoint per DP rank, its batches
 #    shared over the SP group) give the same;
-#  - SP 2 x DP 2 with ZeRO-1 (the optimizer state over DP x SP) reproduces it too;
+#  - SP 2 x DP 2 with ZeRO-1 (the optimizer state over DP x SP) reproduces it too, and SP 2 with gradient
+#    checkpointing and activation offload (each rank's slice of the layer inputs in host memory);
+#  - SP 2 with LoRA (rank 8, all-linear), and SP 2 x DP 2 with LoRA and ZeRO-1, give the single-process LoRA run's
+#    metrics and save the same PEFT adapter (config byte for byte, every float within 1e-5);
 #  - heads that do not divide, and layouts not available yet (TP), are refused naming the keys and the
 #    numbers; ranks that do not fit the SP size are refused naming the key.
 # usage: test_sp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
@@ -74,8 +77,11 @@ expect "sp2dp2-llama: 4 colocated ranks, SP 2 x DP 2, finish" $?
 has "$TMP/sp2dp2-llama.log" "training DP 2 x SP 2 x TP 1 x PP 1"
 expect "sp2dp2-llama: DP 2 x SP 2 logged" $?
 equivalent sp2dp2-llama one-llama
-sp sp2-qwen2 qwen2 2 2
-expect "sp2-qwen2: SP 2 with the KV head replicated finishes" $?
+# with gradient checkpointing and the layer inputs (each rank's token slice) offloaded to host memory
+OFFLOAD="actor_rollout_ref.model.enable_gradient_checkpointing=true actor_rollout_ref.model.enable_activation_offload=true"
+# shellcheck disable=SC2086 # OFFLOAD's words are keys
+sp sp2-qwen2 qwen2 2 2 $OFFLOAD
+expect "sp2-qwen2: SP 2 with the KV head replicated, checkpointing and activation offload, finishes" $?
 equivalent sp2-qwen2 one-qwen2
 sp sp4-qwen2 qwen2 4 4 $RTP2
 expect "sp4-qwen2: SP 4 (one query head a rank) finishes" $?
@@ -86,6 +92,26 @@ expect "sp2-bsz: SP 2 with use_dynamic_bsz finishes" $?
 has "$TMP/sp2-bsz.log" "update: 2 sequence(s) of this rank's mini-batch in 1 micro-batch(es)"
 expect "sp2-bsz: the SP group's budget is 2 x 2200 tokens, both responses in one micro-batch (verl's per-GPU meaning)" $?
 equivalent sp2-bsz one-bsz
+
+# LoRA (rank 8 on every projection): each rank's adapters run on its token slice, their gradients summed over the
+# SP group (and DP); the saved adapter is the one process's PEFT files
+# shellcheck disable=SC2046,SC2086 # long's and LORA's words are keys
+"$WORKER" $(long llama) trainer.default_local_dir="$TMP/one-lora" $LORA >"$TMP/one-lora.log" 2>&1
+expect "llama: single-process LoRA run finishes" $?
+# shellcheck disable=SC2086
+sp sp2-lora llama 2 2 $LORA
+expect "sp2-lora: SP 2 with LoRA finishes" $?
+has "$TMP/sp2-lora.log" "LoRA: rank 8, alpha 16 (scale 2) on all-linear"
+expect "sp2-lora: the adapter is logged" $?
+equivalent_lora sp2-lora one-lora
+# the adapter's gradients summed over DP x SP (4 ranks), its optimizer state sharded over them by ZeRO-1
+# shellcheck disable=SC2086
+sp zero-sp2dp2-lora llama 4 2 $RTP2 $LORA actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
+expect "zero-sp2dp2-lora: SP 2 x DP 2 with LoRA and ZeRO-1 finishes" $?
+# the adapter: 2 layers x (q, o: 8 x 64 + 64 x 8; k, v: 8 x 64 + 32 x 8; gate, up, down: 8 x 64 + 128 x 8) floats
+has "$TMP/zero-sp2dp2-lora.log" "ZeRO-1: DP x CP rank 3 keeps the optimizer state of parameters 12288..16384"
+expect "zero-sp2dp2-lora: each of the 4 ranks keeps a quarter of the adapter's optimizer state (16384 floats)" $?
+equivalent_lora zero-sp2dp2-lora one-lora
 
 # split runs: a rollout rank generates, SP rank 0 of each DP rank pulls its batches and shares them with its SP peers
 split() { # NAME TRAINERS

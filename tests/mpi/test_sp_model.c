@@ -26,6 +26,7 @@
 #include "common/log.h"
 #include "worker/comm/comm.h"
 #include "kernels/kernels.h"
+#include "worker/model/lora.h"
 #include "worker/model/model.h"
 #include "worker/model/ring_attn.h"
 #include "worker/plan/planner.h"
@@ -144,6 +145,88 @@ static void check_batch(const char *name, struct model *whole, struct model *par
     free(lw), free(ew), free(lp), free(ep), free(g);
 }
 
+/* A LoRA adapter (rank 3 on every projection, B not zero so that every A has a gradient) on a whole model and on the
+ * same model over the group: the log-probs and entropies, and the adapter's gradients summed over the ranks, agree
+ * with the whole model's, with and without checkpointing, and checkpointed with the layer inputs offloaded (each
+ * rank's token slice in host memory). */
+static void check_lora(const char *name, struct model *whole, struct model *part, const struct batch *t,
+                       struct comm *sp)
+{
+    const struct lora_config lc = {.rank = 3, .alpha = 6, .targets = LORA_ALL_LINEAR};
+    char err[256];
+    struct model *ms[2] = {whole, part};
+    for (int i = 0; i < 2; i++) {
+        if (lora_attach(ms[i], &lc, err, sizeof err) != 0) {
+            g_bad++;
+            log_error("test", "%s: %s", name, err);
+            return;
+        }
+        struct lora *a = ms[i]->lora;
+        for (size_t k = 0; k < a->n; k++) /* CPU context: the adapter is host memory */
+            a->mem[k] = (float)(0.2 * sin(0.37 * (double)k + 1.0));
+    }
+    const int N = t->pb.N;
+    float *lw = xmalloc((size_t)N * sizeof(float)), *ew = xmalloc((size_t)N * sizeof(float));
+    float *lp = xmalloc((size_t)N * sizeof(float)), *ep = xmalloc((size_t)N * sizeof(float));
+    const size_t n = whole->lora->n;
+    float *g = xmalloc(n * sizeof(float));
+    for (int mode = 0; mode < 3; mode++) { /* plain, checkpointed, checkpointed with offload */
+        const bool ck = mode > 0;
+        model_set_activation_offload(part, mode == 2);
+        const struct trainable tw = model_trainable(whole), tp = model_trainable(part);
+        model_trainable_zero_grads(whole);
+        model_trainable_zero_grads(part);
+        model_backward(whole, model_forward(whole, &t->pb, 0.7f, ck, lw, ew), t->dlogp, t->dent);
+        memset(lp, 0xff, (size_t)N * sizeof(float));
+        memset(ep, 0xff, (size_t)N * sizeof(float));
+        const size_t h0 = part->K->mem.host;
+        struct model_acts *A = model_forward(part, &t->pb, 0.7f, ck, lp, ep);
+        double host = (double)(part->K->mem.host - h0);
+        model_backward(part, A, t->dlogp, t->dent);
+        /* offloaded: every layer's input for this rank's rows only (a row of D floats is a whole arena piece here),
+         * so the group's host bytes are one copy of the batch's rows (CP: each sequence padded to 2C chunks) */
+        const struct model_config *c = &whole->cfg;
+        if (mode == 2 && c->hidden_size * sizeof(float) % 64 == 0) {
+            const int C = comm_size(sp);
+            double rows = 0;
+            for (int b = 0; b < t->pb.B; b++) {
+                const int len = t->pb.cu_seqlens[b + 1] - t->pb.cu_seqlens[b];
+                rows += g_cp ? (len + 2 * C - 1) / (2 * C) * (2 * C) : len;
+            }
+            const double want = rows * c->n_layers * c->hidden_size * sizeof(float), mine = host;
+            comm_allreduce_sum(sp, &host, 1, COMM_F64);
+            if (host != want || !(mine < want)) {
+                g_bad++;
+                log_error("test",
+                          "%s: the offloaded layer inputs take %.0f bytes of host memory on this rank, %.0f over "
+                          "the group; the batch's rows are %.0f bytes",
+                          name, mine, host, want);
+            }
+        }
+        static const char *const how[3] = {"", " (checkpointed)", " (checkpointed, offloaded)"};
+        char what[200];
+        snprintf(what, sizeof what, "LoRA log-probs%s", how[mode]);
+        expect_close(name, what, lp, lw, (size_t)N, 1e-5);
+        snprintf(what, sizeof what, "LoRA entropies%s", how[mode]);
+        expect_close(name, what, ep, ew, (size_t)N, 1e-5);
+        memcpy(g, tp.grads, n * sizeof(float));
+        comm_allreduce_sum(sp, g, n, COMM_F32);
+        snprintf(what, sizeof what, "LoRA adapter's gradients%s", how[mode]);
+        expect_close(name, what, g, tw.grads, n, 1e-5);
+        double sq = 0;
+        for (size_t k = 0; k < n; k++)
+            sq += (double)tw.grads[k] * tw.grads[k];
+        if (!(sq > 0)) {
+            g_bad++;
+            log_error("test", "%s: the adapter's gradients are zero%s", name, how[mode]);
+        }
+    }
+    model_set_activation_offload(part, false);
+    lora_detach(whole);
+    lora_detach(part);
+    free(lw), free(ew), free(lp), free(ep), free(g);
+}
+
 static void check_config(const char *name, const struct model_config *c, struct comm *sp)
 {
     char why[256];
@@ -171,6 +254,8 @@ static void check_config(const char *name, const struct model_config *c, struct 
     batch_make(&t, c, lens, 4, false, true);
     snprintf(what, sizeof what, "%s packed, responses' log-probs", name);
     check_batch(what, whole, part, &t, sp, 1e-5);
+    snprintf(what, sizeof what, "%s packed, responses' log-probs, LoRA", name);
+    check_lora(what, whole, part, &t, sp);
     batch_free(&t);
     if (!g_cp) { /* context parallelism runs without shared-prompt packing */
         batch_make(&t, c, lens, 4, true, true);

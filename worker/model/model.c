@@ -1648,10 +1648,10 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
     const int N = ra ? ra->n : sh->sp ? sp_lo(Nf, sh->sp_size, sh->sp_rank + 1) - t0 : Nf;
     const int D = c->hidden_size, lo = sh->layer_lo, hi = sh->layer_hi;
     const size_t nD = (size_t)N * D;
-    if (sh->sp && (sh->pp_size > 1 || sh->tp_size > 1 || m->offload_acts))
+    if (sh->sp && (sh->pp_size > 1 || sh->tp_size > 1))
         check_failf(__FILE__, __LINE__,
                     "model_forward_stage: sequence parallelism runs the whole model, without "
-                    "tensor or pipeline parallelism or activation offload");
+                    "tensor or pipeline parallelism");
     if (!sh->has_embed && !x_in)
         check_failf(__FILE__, __LINE__, "model_forward_stage: stage %d needs the previous stage's output", sh->pp_rank);
     if (!sh->has_head && !y_out)

@@ -215,8 +215,10 @@ int model_sp_check(const struct model_config *c, int sp_size, const char *key, c
 /* Run m's training forwards and backwards sequence-parallel over sp (checked with model_sp_check; NULL or a
  * group of one: off). Every rank of sp passes the same whole packed batch to model_forward and gets every row's
  * log-probs (summed over sp); the backward reads the rows of its slice from the whole dL/dlogp, and each rank's
- * gradients are its tokens' part: their sum over sp is the whole batch's gradient. The whole model on every rank
- * (no TP or PP with it), on the CPU. */
+ * gradients are its tokens' part: their sum over sp is the whole batch's gradient (with a LoRA adapter, the
+ * adapter's: its low-rank products run on the rank's tokens like the base projections). With activation offload
+ * the layer inputs kept in host memory are the rank's slice. The whole model on every rank (no TP or PP with it),
+ * on the CPU. */
 void model_set_sp(struct model *m, struct comm *sp);
 /* Whether the experts split over ep_size EP ranks: 0, or -1 with why naming key (the EP size's config key) and the
  * numbers (a mixture-of-experts model whose expert count EP divides; PP 1; the CPU back-end). */
