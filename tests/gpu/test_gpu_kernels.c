@@ -31,6 +31,7 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/kernels.h"
 #include "worker/comm/comm.h"
+#include "worker/model/ring_attn.h"
 #include "worker/model/sampler.h"
 #include "worker/trainer/optim.h"
 
@@ -1227,8 +1228,121 @@ static int test_nccl(int argc, char **argv)
     comm_allreduce_sum(world, &bad, 1, COMM_I32);
     if (r == 0)
         printf("nccl allreduce over %d ranks: %s\n", s, bad ? "MISMATCH" : "equal to MPI");
+    /* what Ulysses (all-to-all of uneven slices) and the ring (send-receive) move on device memory */
+    size_t *sc = xmalloc((size_t)s * sizeof *sc), *rcn = xmalloc((size_t)s * sizeof *rcn), tot_s = 0, tot_r = 0;
+    for (int p = 0; p < s; p++) {
+        sc[p] = (size_t)(100 + 7 * r + 3 * p); /* rank r sends 100 + 7r + 3p to p */
+        rcn[p] = (size_t)(100 + 7 * p + 3 * r);
+        tot_s += sc[p], tot_r += rcn[p];
+    }
+    float *hs = xmalloc(tot_s * 4), *hr = xmalloc(tot_r * 4), *hw = xmalloc(tot_r * 4);
+    for (size_t i = 0; i < tot_s; i++)
+        hs[i] = (float)(r * 100000 + (int)i);
+    comm_alltoallv(world, hs, sc, hw, rcn, COMM_F32);
+    float *ds = to_dev(hs, tot_s), *dr;
+    CHECK_CUDA(cudaMalloc((void **)&dr, tot_r * 4));
+    comm_alltoallv(nc, ds, sc, dr, rcn, COMM_F32);
+    from_dev(hr, dr, tot_r * 4);
+    int bad2 = memcmp(hr, hw, tot_r * 4) != 0;
+    const int next = (r + 1) % s, prev = (r - 1 + s) % s;
+    comm_sendrecv(world, hs, 1000, next, hw, 1000, prev, COMM_F32);
+    comm_sendrecv(nc, ds, 1000, next, dr, 1000, prev, COMM_F32);
+    from_dev(hr, dr, 1000 * 4);
+    bad2 += memcmp(hr, hw, 1000 * 4) != 0;
+    comm_allreduce_sum(world, &bad2, 1, COMM_I32);
+    if (r == 0)
+        printf("nccl all-to-all (uneven) and send-receive on device memory over %d ranks: %s\n", s,
+               bad2 ? "MISMATCH" : "equal to MPI");
+    bad += bad2;
+    cudaFree(ds), cudaFree(dr);
+    free(sc), free(rcn), free(hs), free(hr), free(hw);
     cudaFree(d);
     comm_free(nc);
+    comm_free(world);
+    MPI_Finalize();
+    return bad ? 1 : 0;
+}
+
+/* One ring-attention case of the --ring mode: a row of L tokens (cu: B sequences) over the world, on the CUDA
+ * context G against the CPU path; 0 when every rank's output, lse, dq, dk, dv agree within 1e-5. */
+static int ring_case(struct comm *world, struct kctx *G, int L, const int32_t *cu, int B, int Hq, int Hkv, int hd)
+{
+    struct kctx *C = kctx_cpu();
+    struct ring_attn rc, rg;
+    char why[256];
+    if (ring_attn_plan(&rc, C, world, L, cu, B, NULL, 0, Hq, Hkv, hd, why, sizeof why) != 0 ||
+        ring_attn_plan(&rg, G, world, L, cu, B, NULL, 0, Hq, Hkv, hd, why, sizeof why) != 0) {
+        printf("ring attention L=%d: not planned: %s  FAIL\n", L, why);
+        return 1;
+    }
+    const int n = rc.n, ldq = Hq * hd, ldk = Hkv * hd, r = comm_rank(world);
+    const size_t qn = (size_t)n * ldq, kn = (size_t)n * ldk, ln = (size_t)n * Hq;
+    rng = 0x1234567u + (uint64_t)L; /* the same whole row on every rank */
+    float *q = rand_vec((size_t)L * ldq, -2, 2), *k = rand_vec((size_t)L * ldk, -1, 1);
+    float *v = rand_vec((size_t)L * ldk, -1, 1), *dout = rand_vec((size_t)L * ldq, -1, 1);
+    float *lq = xmalloc(qn * 4), *lk = xmalloc(kn * 4), *lv = xmalloc(kn * 4), *lg = xmalloc(qn * 4);
+    ring_attn_take(&rc, lq, q, ldq), ring_attn_take(&rc, lk, k, ldk), ring_attn_take(&rc, lv, v, ldk);
+    ring_attn_take(&rc, lg, dout, ldq);
+    float *out = xmalloc(qn * 4), *lse = xmalloc(ln * 4), *dq = calloc(qn, 4), *dk = calloc(kn, 4);
+    float *dv = calloc(kn, 4);
+    ring_attn_forward(&rc, out, lse, lq, lk, lv);
+    ring_attn_backward(&rc, dq, dk, dv, lg, out, lse, lq, lk, lv);
+    float *gq = kputf(G, lq, qn), *gk = kputf(G, lk, kn), *gv = kputf(G, lv, kn), *gg = kputf(G, lg, qn);
+    float *gout = kputf(G, out, qn), *glse = kputf(G, lse, ln), *gdq = kputf(G, dq, qn);
+    float *gdk = kputf(G, dk, kn), *gdv = kputf(G, dv, kn);
+    k_zero(G, gdq, qn * 4), k_zero(G, gdk, kn * 4), k_zero(G, gdv, kn * 4);
+    ring_attn_forward(&rg, gout, glse, gq, gk, gv);
+    ring_attn_backward(&rg, gdq, gdk, gdv, gg, gout, glse, gq, gk, gv);
+    float *h = xmalloc((qn > kn ? qn : kn) * 4);
+    double e[5];
+    kget(G, h, gout, qn * 4), e[0] = err_of(h, out, NULL, qn);
+    kget(G, h, glse, ln * 4), e[1] = err_of(h, lse, NULL, ln);
+    kget(G, h, gdq, qn * 4), e[2] = err_of(h, dq, NULL, qn);
+    kget(G, h, gdk, kn * 4), e[3] = err_of(h, dk, NULL, kn);
+    kget(G, h, gdv, kn * 4), e[4] = err_of(h, dv, NULL, kn);
+    int bad = 0;
+    for (int i = 0; i < 5; i++)
+        bad |= !(e[i] <= 1e-5);
+    bad |= rg.stats.sent_bytes != rc.stats.sent_bytes;
+    printf("  rank %d: ring attention C=%d L=%d B=%d Hq=%d Hkv=%d hd=%d on CUDA against the CPU path: out %.1e lse "
+           "%.1e dq %.1e dk %.1e dv %.1e (bound 1e-5), %.0f bytes sent (CPU %.0f)%s\n",
+           r, comm_size(world), L, B, Hq, Hkv, hd, e[0], e[1], e[2], e[3], e[4], rg.stats.sent_bytes,
+           rc.stats.sent_bytes, bad ? "  FAIL" : "");
+    kdrop(G, gq, qn * 4), kdrop(G, gk, kn * 4), kdrop(G, gv, kn * 4), kdrop(G, gg, qn * 4), kdrop(G, gout, qn * 4);
+    kdrop(G, glse, ln * 4), kdrop(G, gdq, qn * 4), kdrop(G, gdk, kn * 4), kdrop(G, gdv, kn * 4);
+    ring_attn_free(&rc), ring_attn_free(&rg);
+    free(q), free(k), free(v), free(dout), free(lq), free(lk), free(lv), free(lg), free(out), free(lse), free(dq);
+    free(dk), free(dv), free(h);
+    return bad;
+}
+
+/* --ring (under mpirun, np >= 1): ring attention for context parallelism with its device path (ring_attn.h: the
+ * CUDA back-end's block ops, the ring staged through host buffers over the MPI world) against the CPU path, every
+ * rank on a CUDA context (ranks may share one GPU). Long packed rows of at least 2,048 tokens. */
+static int test_ring(int argc, char **argv)
+{
+    CHECK_MPI(MPI_Init(&argc, &argv));
+    check_set_fatal_hook(check_mpi_abort_hook);
+    struct comm *world = comm_mpi_world();
+    int ndev = 0;
+    CHECK_CUDA(cudaGetDeviceCount(&ndev));
+    char dev[32], why[256];
+    snprintf(dev, sizeof dev, "cuda:%d", comm_rank(world) % ndev);
+    struct kctx *G = kctx_create(dev, KMM_F32, why, sizeof why);
+    int bad = !G;
+    if (G) {
+        const int C2 = 2 * comm_size(world), L1 = 2048 / C2 * C2, L2 = 64 * C2;
+        const int32_t one[2] = {0, L1}, packed[4] = {0, L1 / 3, L1 / 3 + 1, L1}, small[3] = {0, 5, L2};
+        bad += ring_case(world, G, L1, one, 1, 4, 2, 64);
+        bad += ring_case(world, G, L1, packed, 3, 2, 1, 128);
+        bad += ring_case(world, G, L2, small, 2, 3, 3, 40);
+        kctx_free(G);
+    } else {
+        printf("rank %d: %s: %s  FAIL\n", comm_rank(world), dev, why);
+    }
+    comm_allreduce_sum(world, &bad, 1, COMM_I32);
+    if (comm_rank(world) == 0)
+        printf("ring attention on CUDA over %d ranks: %d failure(s)\n", comm_size(world), bad);
     comm_free(world);
     MPI_Finalize();
     return bad ? 1 : 0;
@@ -1270,6 +1384,8 @@ int main(int argc, char **argv)
     }
     if (argc > 1 && strcmp(argv[1], "--nccl") == 0)
         return test_nccl(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "--ring") == 0)
+        return test_ring(argc, argv);
     if (argc > 1 && strcmp(argv[1], "--nccl-deadline") == 0)
         return test_nccl_deadline(argc, argv);
     if (argc > 1 && strcmp(argv[1], "--probe") == 0) { /* a device is visible (--probe N: N of them) */
