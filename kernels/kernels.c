@@ -282,3 +282,46 @@ void kmoe_take(struct karena *ar, struct kmoe *r, bool bwd)
     r->bwd_d = bwd ? karena_take(ar, 2 * nk * D * f) : NULL;
     r->bwd_f = bwd ? karena_take(ar, 3 * nk * F * f) : NULL;
 }
+
+void kmoe_products_forward(struct kctx *K, const int32_t *offs, const float *Wg, const float *Wu, const float *Wd,
+                           struct kmoe *r)
+{
+    const int E = r->E, D = r->D, F = r->F;
+    const size_t d = (size_t)D, f = (size_t)F;
+    for (int e = 0; e < E; e++) {
+        const size_t lo = (size_t)offs[e];
+        const int n = offs[e + 1] - offs[e];
+        if (n <= 0)
+            continue;
+        const size_t ew = (size_t)e * f * d;
+        K->ops->linear_forward(K, r->g + lo * f, r->xs + lo * d, Wg + ew, NULL, n, D, F);
+        K->ops->linear_forward(K, r->u + lo * f, r->xs + lo * d, Wu + ew, NULL, n, D, F);
+        K->ops->swiglu_forward(K, r->a + lo * f, r->g + lo * f, r->u + lo * f, (size_t)n * f);
+        K->ops->linear_forward(K, r->ys + lo * d, r->a + lo * f, Wd + ew, NULL, n, F, D);
+    }
+}
+
+void kmoe_products_backward(struct kctx *K, const int32_t *offs, float *dWg, float *dWu, float *dWd, const float *Wg,
+                            const float *Wu, const float *Wd, const struct kmoe *r)
+{
+    const int E = r->E, D = r->D, F = r->F;
+    const size_t d = (size_t)D, f = (size_t)F, nk = (size_t)r->N * (size_t)r->k;
+    const float *dys = r->bwd_d;
+    float *dxs = r->bwd_d + nk * d, *da = r->bwd_f, *dg = r->bwd_f + nk * f, *du = r->bwd_f + 2 * nk * f;
+    k_zero(K, dxs, nk * d * sizeof(float));
+    k_zero(K, r->bwd_f, 3 * nk * f * sizeof(float));
+    for (int e = 0; e < E; e++) {
+        const size_t lo = (size_t)offs[e];
+        const int n = offs[e + 1] - offs[e];
+        if (n <= 0)
+            continue;
+        const size_t ew = (size_t)e * f * d;
+        K->ops->linear_backward(K, da + lo * f, dWd ? dWd + ew : NULL, NULL, dys + lo * d, r->a + lo * f, Wd + ew, n, F,
+                                D);
+        K->ops->swiglu_backward(K, dg + lo * f, du + lo * f, da + lo * f, r->g + lo * f, r->u + lo * f, (size_t)n * f);
+        K->ops->linear_backward(K, dxs + lo * d, dWg ? dWg + ew : NULL, NULL, dg + lo * f, r->xs + lo * d, Wg + ew, n,
+                                D, F);
+        K->ops->linear_backward(K, dxs + lo * d, dWu ? dWu + ew : NULL, NULL, du + lo * f, r->xs + lo * d, Wu + ew, n,
+                                D, F);
+    }
+}

@@ -85,6 +85,18 @@ struct kops {
                                const int32_t *cu_seqlens, const int32_t *prefix_of, int B, int Hq, int Hkv, int hd);
     void (*attention_cached)(struct kctx *K, float *out, const float *q, const float *kcache, const float *vcache,
                              int Tq, int Tk, int Hq, int Hkv, int hd);
+    /* ring attention's blocks (context parallelism), NULL in a back-end without them: see attention_block_forward in
+     * kernels/cpu/cpu_kernels.h; qseq (nq) and kseq (nk) are int32 context memory, drow (nq, Hq) floats */
+    void (*attention_block_forward)(struct kctx *K, float *po, float *plse, const float *q, const float *k,
+                                    const float *v, const int32_t *qseq, const int32_t *kseq, int nq, int nk, int Hq,
+                                    int Hkv, int hd);
+    void (*attention_block_backward)(struct kctx *K, float *dq, float *dk, float *dv, const float *dout,
+                                     const float *lse, const float *drow, const float *q, const float *k,
+                                     const float *v, const int32_t *qseq, const int32_t *kseq, int nq, int nk, int Hq,
+                                     int Hkv, int hd);
+    void (*attention_merge)(struct kctx *K, float *out, float *lse, const float *po, const float *plse, int n, int Hq,
+                            int hd);
+    void (*attention_drow)(struct kctx *K, float *drow, const float *dout, const float *out, int n, int Hq, int hd);
     void (*swiglu_forward)(struct kctx *K, float *out, const float *gate, const float *up, size_t n);
     void (*swiglu_backward)(struct kctx *K, float *dgate, float *dup, const float *dout, const float *gate,
                             const float *up, size_t n);
@@ -270,6 +282,31 @@ static inline void k_attention_cached(struct kctx *K, float *out, const float *q
 {
     K->ops->attention_cached(K, out, q, kcache, vcache, Tq, Tk, Hq, Hkv, hd);
 }
+/* Whether K's back-end has ring attention's blocks. */
+static inline bool k_has_attention_block(const struct kctx *K) { return K->ops->attention_block_forward != NULL; }
+static inline void k_attention_block_forward(struct kctx *K, float *po, float *plse, const float *q, const float *k,
+                                             const float *v, const int32_t *qseq, const int32_t *kseq, int nq, int nk,
+                                             int Hq, int Hkv, int hd)
+{
+    K->ops->attention_block_forward(K, po, plse, q, k, v, qseq, kseq, nq, nk, Hq, Hkv, hd);
+}
+static inline void k_attention_block_backward(struct kctx *K, float *dq, float *dk, float *dv, const float *dout,
+                                              const float *lse, const float *drow, const float *q, const float *k,
+                                              const float *v, const int32_t *qseq, const int32_t *kseq, int nq, int nk,
+                                              int Hq, int Hkv, int hd)
+{
+    K->ops->attention_block_backward(K, dq, dk, dv, dout, lse, drow, q, k, v, qseq, kseq, nq, nk, Hq, Hkv, hd);
+}
+static inline void k_attention_merge(struct kctx *K, float *out, float *lse, const float *po, const float *plse, int n,
+                                     int Hq, int hd)
+{
+    K->ops->attention_merge(K, out, lse, po, plse, n, Hq, hd);
+}
+static inline void k_attention_drow(struct kctx *K, float *drow, const float *dout, const float *out, int n, int Hq,
+                                    int hd)
+{
+    K->ops->attention_drow(K, drow, dout, out, n, Hq, hd);
+}
 static inline void k_swiglu_forward(struct kctx *K, float *out, const float *gate, const float *up, size_t n)
 {
     K->ops->swiglu_forward(K, out, gate, up, n);
@@ -287,6 +324,16 @@ static inline double k_sumsq(struct kctx *K, const float *x, size_t n) { return 
 static inline bool k_has_moe(const struct kctx *K) { return K->ops->moe_route != NULL; }
 /* r's buffers for r->N, E, k, D, F from ar (bwd: the backward's scratch too; a counting arena sizes them). */
 void kmoe_take(struct karena *ar, struct kmoe *r, bool bwd);
+/* The experts' products of a routed layer, the part every back-end shares: for each expert e, its rows
+ * [offs[e], offs[e + 1]) of r->xs through gate and up (linear), SwiGLU and down, one product per expert and
+ * projection (K's linear op: fp32 or BF16 GEMMs), into r->g, u, a and ys. offs: HOST memory (E + 1), r->offs or its
+ * copy. The gather before and the combine after are the back-end's. */
+void kmoe_products_forward(struct kctx *K, const int32_t *offs, const float *Wg, const float *Wu, const float *Wd,
+                           struct kmoe *r);
+/* Their backward from the slots' output gradients dys (r->bwd_d's first N k rows, the back-end's slot_grad):
+ * dxs (r->bwd_d's second half) written, dWg, dWu, dWd accumulated (each may be NULL); r->bwd_f is scratch. */
+void kmoe_products_backward(struct kctx *K, const int32_t *offs, float *dWg, float *dWu, float *dWd, const float *Wg,
+                            const float *Wu, const float *Wd, const struct kmoe *r);
 static inline void k_moe_route(struct kctx *K, struct kmoe *r, const float *logits) { K->ops->moe_route(K, r, logits); }
 static inline void k_moe_route_backward(struct kctx *K, float *dlogits, const struct kmoe *r, const float *dwt,
                                         const float *dp_col)

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # One command for a GPU session (sized for at most 8 minutes on one H200): build the CUDA back-end, run the GPU
 # tests (full shapes, then small shapes under compute-sanitizer memcheck and racecheck), then benchmark it and
-# print one table.
+# print one table. The gpu suite includes the checks of the paths written but not yet run on a device: MoE routing
+# and experts (gpu-kernels' moe lines, fp32 and BF16), ring attention's blocks (ring block lines) and its device
+# path over 2 ranks sharing the GPU (gpu-ring-np2), Ulysses' head-slice attention, and NCCL's all-to-all and
+# send-receive on device memory (gpu-nccl-np2, 2 GPUs).
 #
 #   scripts/gpu_check.sh            everything
 #   GPU_CHECK_SKIP_SANITIZER=1      skip the compute-sanitizer runs
@@ -51,6 +54,11 @@ bundled="${GRPO_CACHE:-$HOME/.cache/grpo}/SmolLM2-135M-Instruct.Q4_1.gguf"
 meson test -C "$bdir" --suite gpu --no-rebuild --print-errorlogs >"$log/test.txt" 2>&1 || rc=1
 grep -E "^ *[0-9]+/[0-9]+ |^Ok:|^Fail:|^Skipped:|FAIL|failed" "$log/test.txt" | head -60
 sed -n '/kops_cuda against/,/kops: /p' "$bdir/meson-logs/testlog.txt" | head -200
+# the paths that have not run on a device before (MoE routing and experts, ring attention's blocks and its device
+# path, Ulysses' head slices and all-to-all): their lines, so a failure among them is seen first
+stamp "MoE / ring attention / Ulysses lines (first device check of these paths)"
+grep -E "^ *(moe |ring block|ring attention|  rank [0-9]+: ring attention)|attention B=[0-9]+ N=204[89] |nccl all-to-all|FAIL" \
+    "$bdir/meson-logs/testlog.txt" | head -60
 
 sanitizer="$(command -v compute-sanitizer || true)"
 if [ -z "$sanitizer" ] && command -v nvcc >/dev/null; then

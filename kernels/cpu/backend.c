@@ -184,6 +184,36 @@ static void cpu_adamw(struct kctx *K, float *p, const float *g, float *m, float 
     }
 }
 
+static void cpu_attention_block_forward(struct kctx *K, float *po, float *plse, const float *q, const float *k,
+                                        const float *v, const int32_t *qseq, const int32_t *kseq, int nq, int nk,
+                                        int Hq, int Hkv, int hd)
+{
+    (void)K;
+    attention_block_forward(po, plse, q, k, v, qseq, kseq, nq, nk, Hq, Hkv, hd);
+}
+
+static void cpu_attention_block_backward(struct kctx *K, float *dq, float *dk, float *dv, const float *dout,
+                                         const float *lse, const float *drow, const float *q, const float *k,
+                                         const float *v, const int32_t *qseq, const int32_t *kseq, int nq, int nk,
+                                         int Hq, int Hkv, int hd)
+{
+    (void)K;
+    attention_block_backward(dq, dk, dv, dout, lse, drow, q, k, v, qseq, kseq, nq, nk, Hq, Hkv, hd);
+}
+
+static void cpu_attention_merge(struct kctx *K, float *out, float *lse, const float *po, const float *plse, int n,
+                                int Hq, int hd)
+{
+    (void)K;
+    attention_merge(out, lse, po, plse, n, Hq, hd);
+}
+
+static void cpu_attention_drow(struct kctx *K, float *drow, const float *dout, const float *out, int n, int Hq, int hd)
+{
+    (void)K;
+    attention_drow(drow, dout, out, n, Hq, hd);
+}
+
 const struct kops kops_cpu = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -206,6 +236,10 @@ const struct kops kops_cpu = {
     .attention_forward = cpu_attention_forward,
     .attention_backward = cpu_attention_backward,
     .attention_cached = cpu_attention_cached,
+    .attention_block_forward = cpu_attention_block_forward,
+    .attention_block_backward = cpu_attention_block_backward,
+    .attention_merge = cpu_attention_merge,
+    .attention_drow = cpu_attention_drow,
     .swiglu_forward = cpu_swiglu_forward,
     .swiglu_backward = cpu_swiglu_backward,
     .add = cpu_add,

@@ -96,6 +96,23 @@ void attention_backward(float *dq, float *dk, float *dv, const float *dout, cons
 void attention_cached(float *out, const float *q, const float *kcache, const float *vcache, int Tq, int Tk, int Hq,
                       int Hkv, int hd);
 
+/* Ring attention's blocks (context parallelism, kernels/cpu/attention_block.c): nq query rows q (nq, Hq, hd)
+ * against nk key rows k, v (nk, Hkv, hd) with NO causal cut, a query seeing exactly the keys of its own sequence
+ * (qseq[i] == kseq[t]); scale 1/sqrt(hd), query head h on KV head h / (Hq / Hkv).
+ * attention_block_forward: po (nq, Hq, hd) and plse (nq, Hq), the partial attention and its log-sum-exp (-inf,
+ * and po 0, for a query that sees none of the keys).
+ * attention_block_backward: dq (nq, Hq, hd), dk, dv (nk, Hkv, hd) += the block's gradients, its probabilities
+ * recomputed from lse (nq, Hq) of the WHOLE attention (all blocks merged) and drow (nq, Hq) = dout . out of it.
+ * attention_merge: out (n, Hq, hd), lse (n, Hq) merged in place with a partial po, plse by log-sum-exp (an entry
+ * whose plse is -inf unchanged). attention_drow: drow (n, Hq) = dout . out per row and head (summed in double). */
+void attention_block_forward(float *po, float *plse, const float *q, const float *k, const float *v,
+                             const int32_t *qseq, const int32_t *kseq, int nq, int nk, int Hq, int Hkv, int hd);
+void attention_block_backward(float *dq, float *dk, float *dv, const float *dout, const float *lse, const float *drow,
+                              const float *q, const float *k, const float *v, const int32_t *qseq, const int32_t *kseq,
+                              int nq, int nk, int Hq, int Hkv, int hd);
+void attention_merge(float *out, float *lse, const float *po, const float *plse, int n, int Hq, int hd);
+void attention_drow(float *drow, const float *dout, const float *out, int n, int Hq, int hd);
+
 /* SwiGLU: out = silu(gate) * up, elementwise over n; silu(g) = g * sigmoid(g). out may alias gate or up. */
 void swiglu_forward(float *out, const float *gate, const float *up, size_t n);
 /* dgate += dout * up * silu'(gate); dup += dout * silu(gate). All (n). */
@@ -164,8 +181,8 @@ void lmhead_logprob_backward_shard_bf16(float *dh, float *dW, const float *dlogp
                                         const struct vocab_shard *vs, float temperature, int chunk);
 
 /* Mixture of experts on the CPU (kernels/cpu/moe.c): the kops entries moe_route, moe_route_backward,
- * moe_experts_forward and moe_experts_backward (kernels.h). The routing pair touches only r's arrays (K unused): the
- * CUDA back-end runs it on host copies. */
+ * moe_experts_forward and moe_experts_backward (kernels.h). The routing pair touches only r's arrays (K unused); the
+ * CUDA back-end has its own kernels for it (kernels/cuda/moe.cu). */
 struct kctx;
 struct kmoe;
 void cpu_moe_route(struct kctx *K, struct kmoe *r, const float *logits);

@@ -1,6 +1,7 @@
 /* Mixture-of-experts on the CPU: top-k softmax routing, and the experts' SwiGLU MLPs run dropless with the tokens
  * permuted by expert, so that each expert's tokens go through its three projections as one GEMM each (the
- * context's linear op: fp32 or BF16). Shapes and buffers: struct kmoe in kernels/kernels.h. */
+ * context's linear op: fp32 or BF16; the per-expert loop is kernels.c's kmoe_products_*, which the CUDA back-end
+ * runs too). Shapes and buffers: struct kmoe in kernels/kernels.h. */
 #include <math.h>
 #include <string.h>
 
@@ -111,20 +112,11 @@ void cpu_moe_route_backward(struct kctx *K, float *dlogits, const struct kmoe *r
 void cpu_moe_experts_forward(struct kctx *K, float *y, const float *x, const float *Wg, const float *Wu,
                              const float *Wd, struct kmoe *r)
 {
-    const int N = r->N, E = r->E, k = r->k, D = r->D, F = r->F;
-    const size_t d = (size_t)D, f = (size_t)F;
+    const int N = r->N, k = r->k, D = r->D;
+    const size_t d = (size_t)D;
     for (int j = 0; j < N * k; j++) /* gather: row j of xs is the input of slot order[j] */
         memcpy(r->xs + j * d, x + (size_t)(r->order[j] / k) * d, d * sizeof(float));
-    for (int e = 0; e < E; e++) {
-        const int lo = r->offs[e], n = r->offs[e + 1] - lo;
-        if (n == 0)
-            continue;
-        const size_t ew = (size_t)e * f * d;
-        K->ops->linear_forward(K, r->g + lo * f, r->xs + lo * d, Wg + ew, NULL, n, D, F);
-        K->ops->linear_forward(K, r->u + lo * f, r->xs + lo * d, Wu + ew, NULL, n, D, F);
-        K->ops->swiglu_forward(K, r->a + lo * f, r->g + lo * f, r->u + lo * f, (size_t)n * f);
-        K->ops->linear_forward(K, r->ys + lo * d, r->a + lo * f, Wd + ew, NULL, n, F, D);
-    }
+    kmoe_products_forward(K, r->offs, Wg, Wu, Wd, r);
     /* combine: each token's output is its slots' outputs weighted by the router, summed in slot order (the same
      * order whatever the permutation) */
     int32_t *pos = r->pos; /* slot -> row of the permuted buffers */
@@ -161,26 +153,12 @@ void cpu_moe_slot_grad(const struct kmoe *r, const float *dy, float *dys, float 
 void cpu_moe_experts_backward(struct kctx *K, float *dx, float *dWg, float *dWu, float *dWd, float *dwt,
                               const float *dy, const float *Wg, const float *Wu, const float *Wd, const struct kmoe *r)
 {
-    const int N = r->N, E = r->E, k = r->k, D = r->D, F = r->F;
-    const size_t d = (size_t)D, f = (size_t)F, nk = (size_t)N * k;
-    float *dys = r->bwd_d, *dxs = r->bwd_d + nk * d;
-    float *da = r->bwd_f, *dg = r->bwd_f + nk * f, *du = r->bwd_f + 2 * nk * f;
-    memset(dxs, 0, nk * d * sizeof(float));
-    memset(r->bwd_f, 0, 3 * nk * f * sizeof(float));
+    const int N = r->N, k = r->k, D = r->D;
+    const size_t d = (size_t)D, nk = (size_t)N * k;
+    float *dys = r->bwd_d;
+    const float *dxs = r->bwd_d + nk * d;
     cpu_moe_slot_grad(r, dy, dys, dwt);
-    for (int e = 0; e < E; e++) {
-        const int lo = r->offs[e], n = r->offs[e + 1] - lo;
-        if (n == 0)
-            continue;
-        const size_t ew = (size_t)e * f * d;
-        K->ops->linear_backward(K, da + lo * f, dWd ? dWd + ew : NULL, NULL, dys + lo * d, r->a + lo * f, Wd + ew, n, F,
-                                D);
-        K->ops->swiglu_backward(K, dg + lo * f, du + lo * f, da + lo * f, r->g + lo * f, r->u + lo * f, (size_t)n * f);
-        K->ops->linear_backward(K, dxs + lo * d, dWg ? dWg + ew : NULL, NULL, dg + lo * f, r->xs + lo * d, Wg + ew, n,
-                                D, F);
-        K->ops->linear_backward(K, dxs + lo * d, dWu ? dWu + ew : NULL, NULL, du + lo * f, r->xs + lo * d, Wu + ew, n,
-                                D, F);
-    }
+    kmoe_products_backward(K, r->offs, dWg, dWu, dWd, Wg, Wu, Wd, r);
     for (int j = 0; j < N * k; j++) { /* scatter back to the tokens */
         float *o = dx + (size_t)(r->order[j] / k) * d;
         const float *g = dxs + j * d;

@@ -48,6 +48,7 @@ struct cuda_impl {
     struct dbuf attn;                          /* attention backward's D, decode partials */
     struct dbuf lm_z, lm_st;                   /* LM head: a chunk's logits (c, Vl) and its statistics (4c doubles) */
     struct dbuf sample, sample_tok, sample_lp; /* sampling: its scratch; tokens and logps before the host */
+    struct dbuf moe, moe_dp;                   /* routing replay's ref and flags; the routing backward's dp_col */
     double *sumsq_result;                      /* one device double */
     double *host_st;                           /* host copy of the statistics for vocab_shard reduce */
     size_t host_st_cap;
@@ -681,89 +682,108 @@ static void cuda_sample(struct kctx *K, int32_t *tokens, float *logps, const flo
 
 /* ---- the table and the context ---- */
 
-/* ---- mixture of experts: the routing on host copies (kernels/cpu/moe.c's: a few floats per token), the row moves
- * on the GPU (moe.cu), each expert's tokens through the linear op (one cuBLAS GEMM per expert and projection).
- * NOT YET RUN on a GPU: compiled only. ---- */
+/* ---- ring attention's blocks (attention_block.cu): every pointer device memory, only enqueued. NOT YET RUN on a
+ * GPU: compiled only (scripts/gpu_check.sh checks them against the CPU's). ---- */
 
-/* r's routing arrays on the host (freed with moe_host_free). */
-static struct kmoe moe_host(const struct kmoe *r)
+static void check_block(const char *op, int Hq, int Hkv, int hd)
 {
-    const size_t N = (size_t)r->N, E = (size_t)r->E, nk = N * (size_t)r->k;
-    struct kmoe h = *r;
-    h.probs = xmalloc((N * E + 1) * sizeof(float));
-    h.pmean = xmalloc((E + 1) * sizeof(float));
-    h.idx = xmalloc((nk + 1) * sizeof(int32_t));
-    h.wt = xmalloc((nk + 1) * sizeof(float));
-    h.order = xmalloc((nk + 1) * sizeof(int32_t));
-    h.offs = xmalloc((E + 1) * sizeof(int32_t));
-    h.pos = xmalloc((nk + 1) * sizeof(int32_t));
-    return h;
+    if (Hq <= 0 || Hkv <= 0 || Hq % Hkv != 0 || hd <= 0 || hd > 256)
+        check_failf(__FILE__, __LINE__,
+                    "%s: %d query heads over %d KV heads of %d (the query heads a multiple of the KV heads, the head "
+                    "size 1..256 on CUDA)",
+                    op, Hq, Hkv, hd);
 }
 
-static void moe_host_free(struct kmoe *h)
+static void cuda_attention_block_forward(struct kctx *K, float *po, float *plse, const float *q, const float *k,
+                                         const float *v, const int32_t *qseq, const int32_t *kseq, int nq, int nk,
+                                         int Hq, int Hkv, int hd)
 {
-    free(h->probs), free(h->pmean), free(h->idx), free(h->wt), free(h->order), free(h->offs), free(h->pos);
+    check_block("attention_block_forward", Hq, Hkv, hd);
+    use(K);
+    CHECK_CUDA(attention_block_forward_cuda(po, plse, q, k, v, qseq, kseq, nq, nk, Hq, Hkv, hd, stream(K)));
 }
+
+static void cuda_attention_block_backward(struct kctx *K, float *dq, float *dk, float *dv, const float *dout,
+                                          const float *lse, const float *drow, const float *q, const float *k,
+                                          const float *v, const int32_t *qseq, const int32_t *kseq, int nq, int nk,
+                                          int Hq, int Hkv, int hd)
+{
+    check_block("attention_block_backward", Hq, Hkv, hd);
+    use(K);
+    CHECK_CUDA(attention_block_backward_cuda(dq, dk, dv, dout, lse, drow, q, k, v, qseq, kseq, nq, nk, Hq, Hkv, hd,
+                                             stream(K)));
+}
+
+static void cuda_attention_merge(struct kctx *K, float *out, float *lse, const float *po, const float *plse, int n,
+                                 int Hq, int hd)
+{
+    use(K);
+    CHECK_CUDA(attention_merge_cuda(out, lse, po, plse, n, Hq, hd, stream(K)));
+}
+
+static void cuda_attention_drow(struct kctx *K, float *drow, const float *dout, const float *out, int n, int Hq, int hd)
+{
+    use(K);
+    CHECK_CUDA(attention_drow_cuda(drow, dout, out, n, Hq, hd, stream(K)));
+}
+
+/* ---- mixture of experts: the routing and its backward on the GPU (moe.cu: a thread per token, the stable sort of
+ * the slots by expert in one block per expert), the row moves on the GPU, and each expert's tokens through
+ * kernels.c's shared per-expert loop (one cuBLAS GEMM per expert and projection; the E + 1 offsets are the only
+ * values that come to the host). NOT YET RUN on a GPU: compiled only (scripts/gpu_check.sh checks it). ---- */
 
 static void cuda_moe_route(struct kctx *K, struct kmoe *r, const float *logits)
 {
     use(K);
-    const size_t N = (size_t)r->N, E = (size_t)r->E, nk = N * (size_t)r->k, f = sizeof(float), i = sizeof(int32_t);
-    struct kmoe h = moe_host(r);
-    float *lg = xmalloc((N * E + 1) * f);
-    cuda_to_host(K, lg, logits, N * E * f);
-    cpu_moe_route(K, &h, lg);
-    r->n_differ = h.n_differ, r->n_compared = h.n_compared; /* ref is host memory: replay as on the CPU */
-    for (size_t j = 0; j < nk; j++)
-        h.pos[h.order[j]] = (int32_t)j;
-    cuda_to_device(K, r->probs, h.probs, N * E * f);
-    cuda_to_device(K, r->pmean, h.pmean, E * f);
-    cuda_to_device(K, r->idx, h.idx, nk * i);
-    cuda_to_device(K, r->wt, h.wt, nk * f);
-    cuda_to_device(K, r->order, h.order, nk * i);
-    cuda_to_device(K, r->offs, h.offs, (E + 1) * i);
-    cuda_to_device(K, r->pos, h.pos, nk * i);
-    free(lg);
-    moe_host_free(&h);
+    const int N = r->N, E = r->E, k = r->k;
+    const size_t nk = (size_t)N * (size_t)k;
+    struct cuda_impl *I = impl(K);
+    int32_t *ref = NULL, *differ = NULL, *n_differ = NULL;
+    r->n_differ = 0;
+    r->n_compared = r->ref ? N : 0;
+    if (r->ref) { /* host memory (the rollout's choice): [ref (N k) | differ (N) | count] on the device */
+        ref = ws(K, &I->moe, (nk + (size_t)N + 1) * sizeof(int32_t));
+        differ = ref + nk, n_differ = differ + N;
+        cuda_to_device(K, ref, r->ref, nk * sizeof(int32_t));
+    }
+    CHECK_CUDA(moe_route_cuda(r->probs, r->pmean, r->idx, r->wt, r->order, r->offs, r->pos, differ, n_differ, logits,
+                              ref, r->replay, N, E, k, r->norm_topk, stream(K)));
+    if (r->ref) {
+        int32_t n = 0;
+        cuda_to_host(K, &n, n_differ, sizeof n);
+        r->n_differ = n;
+    }
 }
 
 static void cuda_moe_route_backward(struct kctx *K, float *dlogits, const struct kmoe *r, const float *dwt,
                                     const float *dp_col)
 {
     use(K);
-    const size_t N = (size_t)r->N, E = (size_t)r->E, nk = N * (size_t)r->k, f = sizeof(float), i = sizeof(int32_t);
-    struct kmoe h = moe_host(r);
-    float *dw = xmalloc((nk + 1) * f), *dl = xmalloc((N * E + 1) * f);
-    cuda_to_host(K, h.probs, r->probs, N * E * f);
-    cuda_to_host(K, h.idx, r->idx, nk * i);
-    cuda_to_host(K, h.wt, r->wt, nk * f);
-    cuda_to_host(K, dw, dwt, nk * f);
-    cpu_moe_route_backward(K, dl, &h, dw, dp_col);
-    cuda_to_device(K, dlogits, dl, N * E * f);
-    free(dw), free(dl);
-    moe_host_free(&h);
+    float *dp = NULL;
+    if (dp_col) { /* host (E): the load-balancing loss's column */
+        dp = ws(K, &impl(K)->moe_dp, (size_t)r->E * sizeof(float));
+        cuda_to_device(K, dp, dp_col, (size_t)r->E * sizeof(float));
+    }
+    CHECK_CUDA(
+        moe_route_backward_cuda(dlogits, r->probs, r->idx, r->wt, dwt, dp, r->N, r->E, r->k, r->norm_topk, stream(K)));
+}
+
+/* The E + 1 offsets of r on the host (the products' sizes): the caller frees them. */
+static int32_t *moe_offs_host(struct kctx *K, const struct kmoe *r)
+{
+    int32_t *offs = xmalloc((size_t)(r->E + 1) * sizeof *offs);
+    cuda_to_host(K, offs, r->offs, (size_t)(r->E + 1) * sizeof *offs);
+    return offs;
 }
 
 static void cuda_moe_experts_forward(struct kctx *K, float *y, const float *x, const float *Wg, const float *Wu,
                                      const float *Wd, struct kmoe *r)
 {
     use(K);
-    const int N = r->N, E = r->E, k = r->k, D = r->D, F = r->F;
-    const size_t d = (size_t)D, fr = (size_t)F;
-    int32_t *offs = xmalloc((size_t)(E + 1) * sizeof *offs); /* each expert's rows, for the products' sizes */
-    cuda_to_host(K, offs, r->offs, (size_t)(E + 1) * sizeof *offs);
+    const int N = r->N, k = r->k, D = r->D;
+    int32_t *offs = moe_offs_host(K, r);
     CHECK_CUDA(moe_gather_cuda(r->xs, x, r->order, N * k, k, D, stream(K)));
-    for (int e = 0; e < E; e++) {
-        const size_t lo = (size_t)offs[e];
-        const int n = offs[e + 1] - offs[e];
-        if (n == 0)
-            continue;
-        const size_t ew = (size_t)e * fr * d;
-        K->ops->linear_forward(K, r->g + lo * fr, r->xs + lo * d, Wg + ew, NULL, n, D, F);
-        K->ops->linear_forward(K, r->u + lo * fr, r->xs + lo * d, Wu + ew, NULL, n, D, F);
-        K->ops->swiglu_forward(K, r->a + lo * fr, r->g + lo * fr, r->u + lo * fr, (size_t)n * fr);
-        K->ops->linear_forward(K, r->ys + lo * d, r->a + lo * fr, Wd + ew, NULL, n, F, D);
-    }
+    kmoe_products_forward(K, offs, Wg, Wu, Wd, r);
     CHECK_CUDA(moe_combine_cuda(y, r->ys, r->wt, r->pos, N, k, D, stream(K)));
     free(offs);
 }
@@ -773,30 +793,13 @@ static void cuda_moe_experts_backward(struct kctx *K, float *dx, float *dWg, flo
                                       const struct kmoe *r)
 {
     use(K);
-    const int N = r->N, E = r->E, k = r->k, D = r->D, F = r->F;
-    const size_t d = (size_t)D, fr = (size_t)F, nk = (size_t)N * k;
-    float *dys = r->bwd_d, *dxs = r->bwd_d + nk * d;
-    float *da = r->bwd_f, *dg = r->bwd_f + nk * fr, *du = r->bwd_f + 2 * nk * fr;
-    cuda_zero(K, dxs, nk * d * sizeof(float));
-    cuda_zero(K, r->bwd_f, 3 * nk * fr * sizeof(float));
-    int32_t *offs = xmalloc((size_t)(E + 1) * sizeof *offs);
-    cuda_to_host(K, offs, r->offs, (size_t)(E + 1) * sizeof *offs);
+    const int N = r->N, k = r->k, D = r->D;
+    const size_t nk = (size_t)N * k;
+    float *dys = r->bwd_d;
+    const float *dxs = r->bwd_d + nk * (size_t)D;
+    int32_t *offs = moe_offs_host(K, r);
     CHECK_CUDA(moe_slot_grad_cuda(dys, dwt, dy, r->ys, r->wt, r->order, (int)nk, k, D, stream(K)));
-    for (int e = 0; e < E; e++) {
-        const size_t lo = (size_t)offs[e];
-        const int n = offs[e + 1] - offs[e];
-        if (n == 0)
-            continue;
-        const size_t ew = (size_t)e * fr * d;
-        K->ops->linear_backward(K, da + lo * fr, dWd ? dWd + ew : NULL, NULL, dys + lo * d, r->a + lo * fr, Wd + ew, n,
-                                F, D);
-        K->ops->swiglu_backward(K, dg + lo * fr, du + lo * fr, da + lo * fr, r->g + lo * fr, r->u + lo * fr,
-                                (size_t)n * fr);
-        K->ops->linear_backward(K, dxs + lo * d, dWg ? dWg + ew : NULL, NULL, dg + lo * fr, r->xs + lo * d, Wg + ew, n,
-                                D, F);
-        K->ops->linear_backward(K, dxs + lo * d, dWu ? dWu + ew : NULL, NULL, du + lo * fr, r->xs + lo * d, Wu + ew, n,
-                                D, F);
-    }
+    kmoe_products_backward(K, offs, dWg, dWu, dWd, Wg, Wu, Wd, r);
     CHECK_CUDA(moe_scatter_cuda(dx, dxs, r->pos, N, k, D, stream(K)));
     free(offs);
 }
@@ -823,6 +826,10 @@ const struct kops kops_cuda = {
     .attention_forward = cuda_attention_forward,
     .attention_backward = cuda_attention_backward,
     .attention_cached = cuda_attention_cached,
+    .attention_block_forward = cuda_attention_block_forward,
+    .attention_block_backward = cuda_attention_block_backward,
+    .attention_merge = cuda_attention_merge,
+    .attention_drow = cuda_attention_drow,
     .swiglu_forward = cuda_swiglu_forward,
     .swiglu_backward = cuda_swiglu_backward,
     .add = cuda_add,
@@ -920,6 +927,8 @@ void kops_cuda_close(struct kctx *K)
     dbuf_free(&I->sample);
     dbuf_free(&I->sample_tok);
     dbuf_free(&I->sample_lp);
+    dbuf_free(&I->moe);
+    dbuf_free(&I->moe_dp);
     cudaFree(I->sumsq_result);
     cublasDestroy(blas(K));
     cudaStreamDestroy(stream(K));

@@ -101,6 +101,21 @@ size_t attention_cached_cuda_scratch_bytes(int Tq, int Tk, int Hq, int hd);
 cudaError_t attention_cached_cuda(float *out, const float *q, const float *kcache, const float *vcache, int Tq, int Tk,
                                   int Hq, int Hkv, int hd, void *scratch, cudaStream_t stream);
 
+/* Ring attention's blocks (kernels/cuda/attention_block.cu), as attention_block_forward, attention_block_backward,
+ * attention_merge and attention_drow of kernels/cpu/cpu_kernels.h; qseq, kseq device int32. hd <= 256 (else
+ * cudaErrorInvalidValue). Deterministic without atomics. NOT YET RUN on a GPU. */
+cudaError_t attention_block_forward_cuda(float *po, float *plse, const float *q, const float *k, const float *v,
+                                         const int32_t *qseq, const int32_t *kseq, int nq, int nk, int Hq, int Hkv,
+                                         int hd, cudaStream_t stream);
+cudaError_t attention_block_backward_cuda(float *dq, float *dk, float *dv, const float *dout, const float *lse,
+                                          const float *drow, const float *q, const float *k, const float *v,
+                                          const int32_t *qseq, const int32_t *kseq, int nq, int nk, int Hq, int Hkv,
+                                          int hd, cudaStream_t stream);
+cudaError_t attention_merge_cuda(float *out, float *lse, const float *po, const float *plse, int n, int Hq, int hd,
+                                 cudaStream_t stream);
+cudaError_t attention_drow_cuda(float *drow, const float *dout, const float *out, int n, int Hq, int hd,
+                                cudaStream_t stream);
+
 /* LM head per-row statistics of a chunk of c logit rows z (c, Vl), into st (4c device doubles, the layout of
  * kernels/cpu/logprob.c's chunk_stats): st[i] the row maximum. */
 cudaError_t lmhead_rowmax_cuda(double *st, const float *z, int c, int Vl, cudaStream_t stream);
@@ -129,6 +144,19 @@ cudaError_t sample_rows_cuda(int32_t *tokens, float *logps, const float *logits,
                              float top_p, int top_k, const double *uniforms, void *scratch, size_t scratch_bytes,
                              cudaStream_t s);
 
+/* Mixture of experts' routing on the GPU, as cpu_moe_route (kernels/cpu/moe.c) computes it from logits (N, E):
+ * probs, pmean, idx, wt, the stable sort of the N k slots by expert (order, offs) and its inverse pos (struct
+ * kmoe's arrays, all device memory). ref (N, k device ints, or NULL): the experts chosen elsewhere; then
+ * differ (N device ints) gets whether each token's own top-k set differs from ref's, and *n_differ (one device int)
+ * their count; with replay each token takes ref's experts. Deterministic (no atomics). NOT YET RUN on a GPU. */
+cudaError_t moe_route_cuda(float *probs, float *pmean, int32_t *idx, float *wt, int32_t *order, int32_t *offs,
+                           int32_t *pos, int32_t *differ, int32_t *n_differ, const float *logits, const int32_t *ref,
+                           int replay, int N, int E, int k, int norm, cudaStream_t stream);
+/* The routing's backward as cpu_moe_route_backward: dlogits (N, E) written from dwt (N, k) and dp_col (E device
+ * floats added to every token's dL/dprobs, or NULL). NOT YET RUN on a GPU. */
+cudaError_t moe_route_backward_cuda(float *dlogits, const float *probs, const int32_t *idx, const float *wt,
+                                    const float *dwt, const float *dp_col, int N, int E, int k, int norm,
+                                    cudaStream_t stream);
 /* Mixture of experts' row moves (kernels/cuda/moe.cu; struct kmoe's buffers): xs[j] = x[order[j] / k]; y[t] = sum
  * of wt[s] ys[pos[s]] over t's k slots; dys[j] = wt[s] dy[t] and dwt[s] = dy[t] . ys[j] for s = order[j];
  * dx[t] += sum of dxs[pos[s]] over t's slots. NOT YET RUN on a GPU. */

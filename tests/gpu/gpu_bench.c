@@ -2,6 +2,7 @@
  *   gpu_bench            GEMMs (linear forward + backward, fp32 and BF16) and attention (forward + backward) in
  *                        TFLOP/s and MFU against the H200's BF16 dense peak; KV-cache decode attention in bytes/s
  *                        against the H200's HBM bandwidth
+ *                        MoE layer (routing and experts, BF16) and ring attention's block in TFLOP/s
  *   gpu_bench --nccl     (under mpirun, one rank per GPU) NCCL all-reduce bus bandwidth
  *   gpu_bench --small    small shapes (a smoke run)
  * Each row: "ROW|what|shape|ms per call|value unit|% of peak". Exit 77 without a GPU. */
@@ -137,6 +138,98 @@ static void bench_attention(int B, int L, int Hq, int Hkv, int hd, int iters)
     kctx_free(K);
 }
 
+/* A mixture-of-experts layer's experts (routing, gather, the per-expert GEMMs, combine) forward and backward on
+ * random logits: TFLOP/s of the expert products (3 of 2 N k D F flops forward, twice that backward). */
+static void bench_moe(enum kmatmul mm, int N, int E, int k, int D, int F, int iters)
+{
+    char why[256];
+    struct kctx *K = kctx_create("cuda", mm, why, sizeof why);
+    if (!K)
+        check_failf(__FILE__, __LINE__, "%s", why);
+    const size_t nw = (size_t)E * F * D, nx = (size_t)N * D, nk = (size_t)N * k;
+    float *lg = dev_rand(K, (size_t)N * E, 2), *x = dev_rand(K, nx, 1), *dy = dev_rand(K, nx, 1);
+    float *Wg = dev_rand(K, nw, 0.05f), *Wu = dev_rand(K, nw, 0.05f), *Wd = dev_rand(K, nw, 0.05f);
+    float *dWg = dev_rand(K, nw, 0), *dWu = dev_rand(K, nw, 0), *dWd = dev_rand(K, nw, 0);
+    float *y = dev_rand(K, nx, 0), *dx = dev_rand(K, nx, 0), *dwt = dev_rand(K, nk, 0);
+    struct kmoe r = {.N = N, .E = E, .k = k, .D = D, .F = F, .norm_topk = true};
+    struct karena plan, ar;
+    karena_init_counter(&plan);
+    kmoe_take(&plan, &r, true);
+    karena_init(&ar, K, KMEM_ACTS, "moe bench");
+    karena_reserve(&ar, plan.used, 0);
+    kmoe_take(&ar, &r, true);
+    k_moe_route(K, &r, lg); /* warm-up */
+    k_moe_experts_forward(K, y, x, Wg, Wu, Wd, &r);
+    k_moe_experts_backward(K, dx, dWg, dWu, dWd, dwt, dy, Wg, Wu, Wd, &r);
+    k_sync(K);
+    double t0 = clock_now_s();
+    for (int i = 0; i < iters; i++) {
+        k_moe_route(K, &r, lg);
+        k_moe_experts_forward(K, y, x, Wg, Wu, Wd, &r);
+    }
+    k_sync(K);
+    const double sf = (clock_now_s() - t0) / iters;
+    t0 = clock_now_s();
+    for (int i = 0; i < iters; i++)
+        k_moe_experts_backward(K, dx, dWg, dWu, dWd, dwt, dy, Wg, Wu, Wd, &r);
+    k_sync(K);
+    const double sb = (clock_now_s() - t0) / iters, ff = 6.0 * nk * D * F, fb = 2.0 * ff;
+    char shape[96], what[64];
+    snprintf(shape, sizeof shape, "N=%d E=%d k=%d D=%d F=%d", N, E, k, D, F);
+    snprintf(what, sizeof what, "MoE route+experts fwd (%s)", mm == KMM_BF16 ? "BF16" : "fp32");
+    row(what, shape, sf * 1e3, ff / sf / 1e12, "TFLOP/s", 100.0 * ff / sf / 1e12 / PEAK_BF16_TFLOPS);
+    snprintf(what, sizeof what, "MoE experts bwd (%s)", mm == KMM_BF16 ? "BF16" : "fp32");
+    row(what, shape, sb * 1e3, fb / sb / 1e12, "TFLOP/s", 100.0 * fb / sb / 1e12 / PEAK_BF16_TFLOPS);
+    karena_release(&ar);
+    k_free(K, lg, (size_t)N * E * 4, KMEM_OTHER), k_free(K, x, nx * 4, KMEM_OTHER), k_free(K, dy, nx * 4, KMEM_OTHER);
+    k_free(K, Wg, nw * 4, KMEM_OTHER), k_free(K, Wu, nw * 4, KMEM_OTHER), k_free(K, Wd, nw * 4, KMEM_OTHER);
+    k_free(K, dWg, nw * 4, KMEM_OTHER), k_free(K, dWu, nw * 4, KMEM_OTHER), k_free(K, dWd, nw * 4, KMEM_OTHER);
+    k_free(K, y, nx * 4, KMEM_OTHER), k_free(K, dx, nx * 4, KMEM_OTHER), k_free(K, dwt, nk * 4, KMEM_OTHER);
+    kctx_free(K);
+}
+
+/* Ring attention's visiting block (context parallelism): nq queries against nk keys of one sequence, no causal
+ * cut, forward and backward (the simple first kernels: one warp per row and head). */
+static void bench_block(int nq, int nk, int Hq, int Hkv, int hd, int iters)
+{
+    char why[256];
+    struct kctx *K = kctx_create("cuda", KMM_F32, why, sizeof why);
+    if (!K)
+        check_failf(__FILE__, __LINE__, "%s", why);
+    const size_t qn = (size_t)nq * Hq * hd, kn = (size_t)nk * Hkv * hd, ln = (size_t)nq * Hq;
+    float *q = dev_rand(K, qn, 1), *k = dev_rand(K, kn, 1), *v = dev_rand(K, kn, 1), *dout = dev_rand(K, qn, 1);
+    float *po = dev_rand(K, qn, 0), *plse = dev_rand(K, ln, 0), *drow = dev_rand(K, ln, 0);
+    float *dq = dev_rand(K, qn, 0), *dk = dev_rand(K, kn, 0), *dv = dev_rand(K, kn, 0);
+    const size_t ns = (size_t)(nq > nk ? nq : nk);
+    int32_t *seq = k_calloc(K, ns * 4, KMEM_OTHER, "sequence ids"); /* one sequence: every id 0 */
+    k_attention_block_forward(K, po, plse, q, k, v, seq, seq, nq, nk, Hq, Hkv, hd);
+    k_attention_drow(K, drow, dout, po, nq, Hq, hd);
+    k_attention_block_backward(K, dq, dk, dv, dout, plse, drow, q, k, v, seq, seq, nq, nk, Hq, Hkv, hd);
+    k_sync(K);
+    const double pairs = (double)nq * nk * Hq, ff = 4.0 * hd * pairs, fb = 10.0 * hd * pairs;
+    double t0 = clock_now_s();
+    for (int i = 0; i < iters; i++)
+        k_attention_block_forward(K, po, plse, q, k, v, seq, seq, nq, nk, Hq, Hkv, hd);
+    k_sync(K);
+    const double sf = (clock_now_s() - t0) / iters;
+    t0 = clock_now_s();
+    for (int i = 0; i < iters; i++)
+        k_attention_block_backward(K, dq, dk, dv, dout, plse, drow, q, k, v, seq, seq, nq, nk, Hq, Hkv, hd);
+    k_sync(K);
+    const double sb = (clock_now_s() - t0) / iters;
+    char shape[96];
+    snprintf(shape, sizeof shape, "nq=%d nk=%d Hq=%d Hkv=%d hd=%d", nq, nk, Hq, Hkv, hd);
+    row("ring block fwd (fp32, first version)", shape, sf * 1e3, ff / sf / 1e12, "TFLOP/s",
+        100.0 * ff / sf / 1e12 / PEAK_BF16_TFLOPS);
+    row("ring block bwd (fp32, first version)", shape, sb * 1e3, fb / sb / 1e12, "TFLOP/s",
+        100.0 * fb / sb / 1e12 / PEAK_BF16_TFLOPS);
+    k_free(K, q, qn * 4, KMEM_OTHER), k_free(K, k, kn * 4, KMEM_OTHER), k_free(K, v, kn * 4, KMEM_OTHER);
+    k_free(K, dout, qn * 4, KMEM_OTHER), k_free(K, po, qn * 4, KMEM_OTHER), k_free(K, plse, ln * 4, KMEM_OTHER);
+    k_free(K, drow, ln * 4, KMEM_OTHER), k_free(K, dq, qn * 4, KMEM_OTHER), k_free(K, dk, kn * 4, KMEM_OTHER);
+    k_free(K, dv, kn * 4, KMEM_OTHER), k_free(K, seq, ns * 4, KMEM_OTHER);
+    kctx_free(K);
+}
+
 static void bench_decode(int Tk, int Hq, int Hkv, int hd, int iters)
 {
     char why[256];
@@ -220,6 +313,8 @@ int main(int argc, char **argv)
         bench_linear(KMM_BF16, 512, 512, 512, 3);
         bench_attention(2, 256, 4, 2, 64, 2);
         bench_decode(1024, 8, 2, 128, 5);
+        bench_moe(KMM_BF16, 256, 8, 2, 256, 128, 2);
+        bench_block(256, 256, 4, 2, 64, 2);
         return 0;
     }
     bench_linear(KMM_F32, 8192, 4096, 4096, 5);
@@ -228,5 +323,8 @@ int main(int argc, char **argv)
     bench_attention(4, 2048, 32, 8, 128, 3);
     bench_decode(8192, 32, 8, 128, 50);
     bench_decode(32768, 32, 8, 128, 20);
+    /* a Qwen3-30B-A3B MoE layer (128 experts, 8 per token, hidden 2048, expert intermediate 768), 4,096 tokens */
+    bench_moe(KMM_BF16, 4096, 128, 8, 2048, 768, 3);
+    bench_block(2048, 2048, 32, 8, 128, 2); /* 2,048 queries against 2,048 keys, an 8B model's heads */
     return 0;
 }

@@ -31,6 +31,7 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/kernels.h"
 #include "worker/comm/comm.h"
+#include "worker/model/ring_attn.h"
 #include "worker/model/sampler.h"
 #include "worker/trainer/optim.h"
 
@@ -75,7 +76,7 @@ static float *rand_vec(size_t n, float lo, float hi)
 
 static float *copy_vec(const float *src, size_t n)
 {
-    float *v = xmalloc(n * sizeof *v);
+    float *v = xmalloc((n ? n : 1) * sizeof *v); // NOLINT(clang-analyzer-optin.portability.UnixAPI): no wrap
     memcpy(v, src, n * sizeof *v);
     return v;
 }
@@ -521,10 +522,34 @@ static int t_embedding(struct kctx *G, struct kctx *C, int N, int D, int V, int 
 }
 
 /* G's linear ops (fp32 or BF16 GEMMs) against the CPU's fp32. */
-/* Mixture of experts: routing, the experts' forward and backward and the routing's backward (with a load-balancing
- * term) through the CUDA table against the CPU's. The CUDA ops route on host copies with the CPU code, so the
- * routing is the same; the expert products are cuBLAS GEMMs (sums in another order). */
-static int t_moe(struct kctx *G, struct kctx *C, int N, int E, int k, int D, int F, bool norm, double bound)
+/* Whether the int arrays got (device, n) and want (host) agree exactly; prints what differs. */
+static int same_ints(struct kctx *G, const char *what, const int32_t *got, const int32_t *want, size_t n)
+{
+    int32_t *h = xmalloc((n + 1) * sizeof *h);
+    kget(G, h, got, n * sizeof *h);
+    size_t diff = 0, first = n;
+    for (size_t i = 0; i < n; i++)
+        if (h[i] != want[i]) {
+            diff++;
+            first = first < n ? first : i;
+        }
+    if (diff)
+        printf("  %-44s %zu of %zu differ (first at %zu: %d, CPU %d)  FAIL\n", what, diff, n, first, (int)h[first],
+               (int)want[first]);
+    else
+        printf("  %-44s all %zu equal\n", what, n);
+    free(h);
+    return diff != 0;
+}
+
+/* Mixture of experts: routing (its arrays: the experts and the sort exactly, the probabilities and weights to the
+ * bound), the experts' forward and backward and the routing's backward (with a load-balancing term) through the
+ * CUDA table against the CPU's fp32, on random logits, inputs and weights. ref_mode 1: a reference choice of the
+ * experts (t + j) mod E for token t, unlike most tokens' own: the count of tokens that differ must match the
+ * CPU's (and not be 0); ref_mode 2: the reference replayed, so the routes must match with it.
+ * G's GEMMs are fp32 (bound 1e-5: sums in another order) or BF16 (bound 2e-2: operands rounded to 8 bits). */
+static int t_moe(struct kctx *G, struct kctx *C, int N, int E, int k, int D, int F, bool norm, int ref_mode,
+                 double bound)
 {
     const size_t nl = (size_t)N * E, nx = (size_t)N * D, nw = (size_t)E * F * D, nk = (size_t)N * k;
     float *lg = rand_vec(nl, -2, 2), *x = rand_vec(nx, -1, 1), *Wg = rand_vec(nw, -0.5f, 0.5f);
@@ -532,7 +557,16 @@ static int t_moe(struct kctx *G, struct kctx *C, int N, int E, int k, int D, int
     float *dp = rand_vec((size_t)E, -1, 1), *zx = calloc(nx, 4), *zw = calloc(nw, 4);
     float *y = xmalloc(nx * 4), *dx = calloc(nx, 4), *dWg = calloc(nw, 4), *dWu = calloc(nw, 4), *dWd = calloc(nw, 4);
     float *dwt = xmalloc(nk * 4), *dl = xmalloc(nl * 4), *h = xmalloc((nw > nx ? nw : nx) * 4 + nl * 4 + nk * 4);
-    struct kmoe rc = {.N = N, .E = E, .k = k, .D = D, .F = F, .norm_topk = norm}, rg = rc;
+    int32_t *ref = NULL;
+    if (ref_mode) { /* experts (t + j) mod E: a valid set of k distinct experts, often not the router's */
+        ref = xmalloc(nk * sizeof *ref);
+        for (int t = 0; t < N; t++)
+            for (int j = 0; j < k; j++)
+                ref[(size_t)t * k + j] = (t + j) % E;
+    }
+    struct kmoe rc = {.N = N, .E = E, .k = k, .D = D, .F = F, .norm_topk = norm}, rg;
+    rc.ref = ref, rc.replay = ref_mode == 2;
+    rg = rc;
     struct karena plan, ac, ag;
     karena_init_counter(&plan);
     kmoe_take(&plan, &rc, true);
@@ -554,10 +588,31 @@ static int t_moe(struct kctx *G, struct kctx *C, int N, int E, int k, int D, int
     k_moe_experts_forward(G, gy, gx, gWg, gWu, gWd, &rg);
     k_moe_experts_backward(G, gdx, gdWg, gdWu, gdWd, gdwt, gdy, gWg, gWu, gWd, &rg);
     k_moe_route_backward(G, gdl, &rg, gdwt, dp);
-    char name[96];
-    snprintf(name, sizeof name, "moe N=%d E=%d k=%d D=%d F=%d%s: y", N, E, k, D, F, norm ? " renormalised" : "");
+    char name[128];
+    snprintf(name, sizeof name, "moe %s N=%d E=%d k=%d D=%d F=%d%s%s: probs", G->matmul == KMM_BF16 ? "BF16" : "fp32",
+             N, E, k, D, F, norm ? " renormalised" : "",
+             ref_mode == 2 ? " replayed"
+             : ref_mode    ? " against a reference"
+                           : "");
+    /* the routing: exact experts and sort (a flip would be a near-tie within an ulp of expf: none in these draws) */
+    kget(G, h, rg.probs, nl * 4);
+    int bad = report(name, err_of(h, rc.probs, NULL, nl), 1e-6);
+    kget(G, h, rg.pmean, (size_t)E * 4);
+    bad += report("  mean probs", err_of(h, rc.pmean, NULL, (size_t)E), 1e-5);
+    kget(G, h, rg.wt, nk * 4);
+    bad += report("  routing weights", err_of(h, rc.wt, NULL, nk), 1e-6);
+    bad += same_ints(G, "  experts (idx)", rg.idx, rc.idx, nk);
+    bad += same_ints(G, "  offsets", rg.offs, rc.offs, (size_t)E + 1);
+    bad += same_ints(G, "  slot order", rg.order, rc.order, nk);
+    bad += same_ints(G, "  slot rows (pos)", rg.pos, rc.pos, nk);
+    if (ref_mode) {
+        const int b = rg.n_differ != rc.n_differ || rg.n_compared != rc.n_compared || rc.n_differ == 0;
+        printf("  %-44s %d of %d (CPU %d of %d)%s\n", "  tokens routed unlike the reference", rg.n_differ,
+               rg.n_compared, rc.n_differ, rc.n_compared, b ? "  FAIL" : "");
+        bad += b;
+    }
     kget(G, h, gy, nx * 4);
-    int bad = report(name, err_of(h, y, NULL, nx), bound);
+    bad += report("  y", err_of(h, y, NULL, nx), bound);
     kget(G, h, gdx, nx * 4);
     bad += report("  dx", err_of(h, dx, NULL, nx), bound);
     kget(G, h, gdWg, nw * 4);
@@ -576,7 +631,80 @@ static int t_moe(struct kctx *G, struct kctx *C, int N, int E, int k, int D, int
     karena_release(&ac);
     karena_release(&ag);
     free(lg), free(x), free(Wg), free(Wu), free(Wd), free(dy), free(dp), free(zx), free(zw), free(y), free(dx);
-    free(dWg), free(dWu), free(dWd), free(dwt), free(dl), free(h);
+    free(dWg), free(dWu), free(dWd), free(dwt), free(dl), free(h), free(ref);
+    return bad;
+}
+
+/* dst = src with -inf entries as 0, and how many entries are -inf in exactly one of a and b. */
+static size_t finite_part(float *fa, float *fb, const float *a, const float *b, size_t n)
+{
+    size_t odd = 0;
+    for (size_t i = 0; i < n; i++) {
+        const bool ia = isinf(a[i]) && a[i] < 0, ib = isinf(b[i]) && b[i] < 0;
+        odd += ia != ib;
+        fa[i] = ia ? 0.0f : a[i];
+        fb[i] = ib ? 0.0f : b[i];
+    }
+    return odd;
+}
+
+/* Ring attention's blocks (context parallelism) through the CUDA table against the CPU's, on random inputs: nq
+ * queries against nk keys of nseq sequences (random ids, some queries of a sequence no key holds: -inf), the
+ * merge into a random running output, dout . out, and the block's backward accumulated onto random gradients with
+ * the merged lse. fp32 throughout (bound 1e-5: sums in another order). */
+static int t_block(struct kctx *G, struct kctx *C, int nq, int nk, int Hq, int Hkv, int hd, int nseq)
+{
+    const size_t qn = (size_t)nq * Hq * hd, kn = (size_t)nk * Hkv * hd, ln = (size_t)nq * Hq;
+    int32_t *qs = xmalloc((size_t)nq * 4), *ks = xmalloc((size_t)nk * 4);
+    for (int i = 0; i < nq; i++)
+        qs[i] = (int32_t)(urand(0, (float)nseq + 1) * 0.999f); /* id nseq: no key of it */
+    for (int t = 0; t < nk; t++)
+        ks[t] = (int32_t)(urand(0, (float)nseq) * 0.999f);
+    float *q = rand_vec(qn, -1, 1), *k = rand_vec(kn, -1, 1), *v = rand_vec(kn, -1, 1), *dout = rand_vec(qn, -1, 1);
+    float *out = rand_vec(qn, -1, 1), *lse = rand_vec(ln, 0, 2), *dq = rand_vec(qn, -0.1f, 0.1f);
+    float *dk = rand_vec(kn, -0.1f, 0.1f), *dv = rand_vec(kn, -0.1f, 0.1f);
+    float *po = xmalloc(qn * 4), *plse = xmalloc(ln * 4), *drow = xmalloc(ln * 4);
+    float *gq = kputf(G, q, qn), *gk = kputf(G, k, kn), *gv = kputf(G, v, kn), *gdout = kputf(G, dout, qn);
+    float *gout = kputf(G, out, qn), *glse = kputf(G, lse, ln), *gdq = kputf(G, dq, qn), *gdk = kputf(G, dk, kn);
+    float *gdv = kputf(G, dv, kn), *gpo = kputf(G, po, qn), *gplse = kputf(G, plse, ln), *gdrow = kputf(G, drow, ln);
+    int32_t *gqs = kput(G, qs, (size_t)nq * 4), *gks = kput(G, ks, (size_t)nk * 4);
+    float *dq0 = copy_vec(dq, qn), *dk0 = copy_vec(dk, kn), *dv0 = copy_vec(dv, kn);
+    k_attention_block_forward(C, po, plse, q, k, v, qs, ks, nq, nk, Hq, Hkv, hd);
+    k_attention_merge(C, out, lse, po, plse, nq, Hq, hd);
+    k_attention_drow(C, drow, dout, out, nq, Hq, hd);
+    k_attention_block_backward(C, dq, dk, dv, dout, lse, drow, q, k, v, qs, ks, nq, nk, Hq, Hkv, hd);
+    k_attention_block_forward(G, gpo, gplse, gq, gk, gv, gqs, gks, nq, nk, Hq, Hkv, hd);
+    k_attention_merge(G, gout, glse, gpo, gplse, nq, Hq, hd);
+    k_attention_drow(G, gdrow, gdout, gout, nq, Hq, hd);
+    k_attention_block_backward(G, gdq, gdk, gdv, gdout, glse, gdrow, gq, gk, gv, gqs, gks, nq, nk, Hq, Hkv, hd);
+    float *h = xmalloc((qn > kn ? qn : kn) * 4), *fa = xmalloc(ln * 4), *fb = xmalloc(ln * 4);
+    char name[128];
+    snprintf(name, sizeof name, "ring block nq=%d nk=%d Hq=%d Hkv=%d hd=%d seqs=%d: po", nq, nk, Hq, Hkv, hd, nseq);
+    kget(G, h, gpo, qn * 4);
+    int bad = report(name, err_of(h, po, NULL, qn), 1e-5);
+    kget(G, h, gplse, ln * 4);
+    size_t odd = finite_part(fa, fb, h, plse, ln);
+    bad += report("  plse (finite entries)", err_of(fa, fb, NULL, ln), 1e-5);
+    printf("  %-44s %zu differ%s\n", "  plse -inf (queries that see no key)", odd, odd ? "  FAIL" : "");
+    bad += odd != 0;
+    kget(G, h, gout, qn * 4);
+    bad += report("  merged out", err_of(h, out, NULL, qn), 1e-5);
+    kget(G, h, glse, ln * 4);
+    bad += report("  merged lse", err_of(h, lse, NULL, ln), 1e-5);
+    kget(G, h, gdrow, ln * 4);
+    bad += report("  dout . out", err_of(h, drow, NULL, ln), 1e-5);
+    kget(G, h, gdq, qn * 4);
+    bad += report("  dq", err_of(h, dq, dq0, qn), 1e-5);
+    kget(G, h, gdk, kn * 4);
+    bad += report("  dk", err_of(h, dk, dk0, kn), 1e-5);
+    kget(G, h, gdv, kn * 4);
+    bad += report("  dv", err_of(h, dv, dv0, kn), 1e-5);
+    kdrop(G, gq, qn * 4), kdrop(G, gk, kn * 4), kdrop(G, gv, kn * 4), kdrop(G, gdout, qn * 4), kdrop(G, gout, qn * 4);
+    kdrop(G, glse, ln * 4), kdrop(G, gdq, qn * 4), kdrop(G, gdk, kn * 4), kdrop(G, gdv, kn * 4);
+    kdrop(G, gpo, qn * 4), kdrop(G, gplse, ln * 4), kdrop(G, gdrow, ln * 4), kdrop(G, gqs, (size_t)nq * 4);
+    kdrop(G, gks, (size_t)nk * 4);
+    free(qs), free(ks), free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv);
+    free(po), free(plse), free(drow), free(dq0), free(dk0), free(dv0), free(h), free(fa), free(fb);
     return bad;
 }
 
@@ -837,6 +965,7 @@ static int t_lmhead(struct kctx *G, struct kctx *C, int N, int D, int V, int lo,
     for (int run = 0; run < 2; run++) {
         float *gdh = kputf(G, dh0, nh), *gdW = kputf(G, dW0, nw);
         k_lmhead_backward(G, gdh, gdW, gdlp, with_entropy ? gdent : NULL, gh, gW, gtg, N, D, &vg, temp, chunk);
+        // NOLINTNEXTLINE(clang-analyzer-optin.portability.UnixAPI): the analyzer's wrapped size; nh, nw are small
         res[run][0] = xmalloc(nh * 4), res[run][1] = xmalloc(nw * 4);
         kget(G, res[run][0], gdh, nh * 4);
         kget(G, res[run][1], gdW, nw * 4);
@@ -995,9 +1124,12 @@ static int test_kops(void)
     bad += t_linear(G16, C, 37, 96, 80, 1e-2);
     if (!small)
         bad += t_linear(G, C, 300, 512, 384, 1e-5) + t_linear(G16, C, 300, 512, 384, 1e-2);
-    bad += t_moe(G, C, 37, 4, 2, 64, 48, false, 1e-5) + t_moe(G, C, 5, 8, 3, 16, 24, true, 1e-5);
-    if (!small)
-        bad += t_moe(G, C, 300, 8, 2, 256, 384, true, 1e-5);
+    bad += t_moe(G, C, 37, 4, 2, 64, 48, false, 0, 1e-5) + t_moe(G, C, 5, 8, 3, 16, 24, true, 0, 1e-5);
+    bad += t_moe(G, C, 40, 8, 2, 32, 24, true, 1, 1e-5) + t_moe(G, C, 40, 8, 2, 32, 24, false, 2, 1e-5);
+    bad += t_moe(G16, C, 37, 4, 2, 64, 48, true, 0, 2e-2);
+    if (!small) /* more slots than a block of the sort walks at once, 64 experts (Qwen3-MoE's count per layer) */
+        bad += t_moe(G, C, 300, 8, 2, 256, 384, true, 0, 1e-5) + t_moe(G, C, 700, 64, 8, 64, 32, true, 0, 1e-5) +
+               t_moe(G16, C, 300, 8, 2, 256, 384, true, 0, 2e-2);
     bad += t_rope(G, C, 17, 3, 64) + t_rope(G, C, 5, 2, 6);
     {
         static const int l1[] = {1, 70, 0, 130, 64}, l2[] = {37, 100}, l3[] = {200}, l4[] = {5, 3};
@@ -1010,6 +1142,16 @@ static int test_kops(void)
             bad += t_attention(G, C, 3, l5, 8, 2, 128, 1.5f);
             bad += t_attention(G, C, 1, l1 + 1, 2, 1, 256, 1.0f);
         }
+    }
+    /* ring attention's blocks: GQA, a head size not a multiple of 32, the largest (256), one sequence */
+    bad += t_block(G, C, 40, 56, 4, 2, 64, 3) + t_block(G, C, 17, 9, 2, 1, 40, 2) + t_block(G, C, 8, 12, 2, 2, 256, 1);
+    if (!small)
+        bad += t_block(G, C, 512, 1024, 8, 2, 128, 4);
+    /* Ulysses: after the all-to-all a rank runs the kernel's attention over its slice of the heads for the whole
+     * sequence: a slice's shapes (SP 4 of 8 query and 4 KV heads; SP 2 of 4 over 2) on long packed rows */
+    if (!small) {
+        static const int u1[] = {2048}, u2[] = {1500, 548, 1};
+        bad += t_attention(G, C, 1, u1, 2, 1, 64, 1.0f) + t_attention(G, C, 3, u2, 2, 1, 128, 1.0f);
     }
     bad += t_cached(G, C, 1, 1, 2, 1, 64) + t_cached(G, C, 1, 300, 4, 2, 64) + t_cached(G, C, 4, 600, 4, 1, 128);
     bad += t_cached(G, C, 70, 150, 4, 2, 32);
@@ -1087,8 +1229,121 @@ static int test_nccl(int argc, char **argv)
     comm_allreduce_sum(world, &bad, 1, COMM_I32);
     if (r == 0)
         printf("nccl allreduce over %d ranks: %s\n", s, bad ? "MISMATCH" : "equal to MPI");
+    /* what Ulysses (all-to-all of uneven slices) and the ring (send-receive) move on device memory */
+    size_t *sc = xmalloc((size_t)s * sizeof *sc), *rcn = xmalloc((size_t)s * sizeof *rcn), tot_s = 0, tot_r = 0;
+    for (int p = 0; p < s; p++) {
+        sc[p] = 100 + 7 * (size_t)r + 3 * (size_t)p; /* rank r sends 100 + 7r + 3p to p */
+        rcn[p] = 100 + 7 * (size_t)p + 3 * (size_t)r;
+        tot_s += sc[p], tot_r += rcn[p];
+    }
+    float *hs = xmalloc(tot_s * 4), *hr = xmalloc(tot_r * 4), *hw = xmalloc(tot_r * 4);
+    for (size_t i = 0; i < tot_s; i++)
+        hs[i] = (float)(r * 100000 + (int)i);
+    comm_alltoallv(world, hs, sc, hw, rcn, COMM_F32);
+    float *ds = to_dev(hs, tot_s), *dr;
+    CHECK_CUDA(cudaMalloc((void **)&dr, tot_r * 4));
+    comm_alltoallv(nc, ds, sc, dr, rcn, COMM_F32);
+    from_dev(hr, dr, tot_r * 4);
+    int bad2 = memcmp(hr, hw, tot_r * 4) != 0;
+    const int next = (r + 1) % s, prev = (r - 1 + s) % s;
+    comm_sendrecv(world, hs, 1000, next, hw, 1000, prev, COMM_F32);
+    comm_sendrecv(nc, ds, 1000, next, dr, 1000, prev, COMM_F32);
+    from_dev(hr, dr, 1000 * 4);
+    bad2 += memcmp(hr, hw, 1000 * 4) != 0;
+    comm_allreduce_sum(world, &bad2, 1, COMM_I32);
+    if (r == 0)
+        printf("nccl all-to-all (uneven) and send-receive on device memory over %d ranks: %s\n", s,
+               bad2 ? "MISMATCH" : "equal to MPI");
+    bad += bad2;
+    cudaFree(ds), cudaFree(dr);
+    free(sc), free(rcn), free(hs), free(hr), free(hw);
     cudaFree(d);
     comm_free(nc);
+    comm_free(world);
+    MPI_Finalize();
+    return bad ? 1 : 0;
+}
+
+/* One ring-attention case of the --ring mode: a row of L tokens (cu: B sequences) over the world, on the CUDA
+ * context G against the CPU path; 0 when every rank's output, lse, dq, dk, dv agree within 1e-5. */
+static int ring_case(struct comm *world, struct kctx *G, int L, const int32_t *cu, int B, int Hq, int Hkv, int hd)
+{
+    struct kctx *C = kctx_cpu();
+    struct ring_attn rc, rg;
+    char why[256];
+    if (ring_attn_plan(&rc, C, world, L, cu, B, NULL, 0, Hq, Hkv, hd, why, sizeof why) != 0 ||
+        ring_attn_plan(&rg, G, world, L, cu, B, NULL, 0, Hq, Hkv, hd, why, sizeof why) != 0) {
+        printf("ring attention L=%d: not planned: %s  FAIL\n", L, why);
+        return 1;
+    }
+    const int n = rc.n, ldq = Hq * hd, ldk = Hkv * hd, r = comm_rank(world);
+    const size_t qn = (size_t)n * ldq, kn = (size_t)n * ldk, ln = (size_t)n * Hq;
+    rng = 0x1234567u + (uint64_t)L; /* the same whole row on every rank */
+    float *q = rand_vec((size_t)L * ldq, -2, 2), *k = rand_vec((size_t)L * ldk, -1, 1);
+    float *v = rand_vec((size_t)L * ldk, -1, 1), *dout = rand_vec((size_t)L * ldq, -1, 1);
+    float *lq = xmalloc(qn * 4), *lk = xmalloc(kn * 4), *lv = xmalloc(kn * 4), *lg = xmalloc(qn * 4);
+    ring_attn_take(&rc, lq, q, ldq), ring_attn_take(&rc, lk, k, ldk), ring_attn_take(&rc, lv, v, ldk);
+    ring_attn_take(&rc, lg, dout, ldq);
+    float *out = xmalloc(qn * 4), *lse = xmalloc(ln * 4), *dq = calloc(qn, 4), *dk = calloc(kn, 4);
+    float *dv = calloc(kn, 4);
+    ring_attn_forward(&rc, out, lse, lq, lk, lv);
+    ring_attn_backward(&rc, dq, dk, dv, lg, out, lse, lq, lk, lv);
+    float *gq = kputf(G, lq, qn), *gk = kputf(G, lk, kn), *gv = kputf(G, lv, kn), *gg = kputf(G, lg, qn);
+    float *gout = kputf(G, out, qn), *glse = kputf(G, lse, ln), *gdq = kputf(G, dq, qn);
+    float *gdk = kputf(G, dk, kn), *gdv = kputf(G, dv, kn);
+    k_zero(G, gdq, qn * 4), k_zero(G, gdk, kn * 4), k_zero(G, gdv, kn * 4);
+    ring_attn_forward(&rg, gout, glse, gq, gk, gv);
+    ring_attn_backward(&rg, gdq, gdk, gdv, gg, gout, glse, gq, gk, gv);
+    float *h = xmalloc((qn > kn ? qn : kn) * 4);
+    double e[5];
+    kget(G, h, gout, qn * 4), e[0] = err_of(h, out, NULL, qn);
+    kget(G, h, glse, ln * 4), e[1] = err_of(h, lse, NULL, ln);
+    kget(G, h, gdq, qn * 4), e[2] = err_of(h, dq, NULL, qn);
+    kget(G, h, gdk, kn * 4), e[3] = err_of(h, dk, NULL, kn);
+    kget(G, h, gdv, kn * 4), e[4] = err_of(h, dv, NULL, kn);
+    int bad = 0;
+    for (int i = 0; i < 5; i++)
+        bad |= !(e[i] <= 1e-5);
+    bad |= rg.stats.sent_bytes != rc.stats.sent_bytes;
+    printf("  rank %d: ring attention C=%d L=%d B=%d Hq=%d Hkv=%d hd=%d on CUDA against the CPU path: out %.1e lse "
+           "%.1e dq %.1e dk %.1e dv %.1e (bound 1e-5), %.0f bytes sent (CPU %.0f)%s\n",
+           r, comm_size(world), L, B, Hq, Hkv, hd, e[0], e[1], e[2], e[3], e[4], rg.stats.sent_bytes,
+           rc.stats.sent_bytes, bad ? "  FAIL" : "");
+    kdrop(G, gq, qn * 4), kdrop(G, gk, kn * 4), kdrop(G, gv, kn * 4), kdrop(G, gg, qn * 4), kdrop(G, gout, qn * 4);
+    kdrop(G, glse, ln * 4), kdrop(G, gdq, qn * 4), kdrop(G, gdk, kn * 4), kdrop(G, gdv, kn * 4);
+    ring_attn_free(&rc), ring_attn_free(&rg);
+    free(q), free(k), free(v), free(dout), free(lq), free(lk), free(lv), free(lg), free(out), free(lse), free(dq);
+    free(dk), free(dv), free(h);
+    return bad;
+}
+
+/* --ring (under mpirun, np >= 1): ring attention for context parallelism with its device path (ring_attn.h: the
+ * CUDA back-end's block ops, the ring staged through host buffers over the MPI world) against the CPU path, every
+ * rank on a CUDA context (ranks may share one GPU). Long packed rows of at least 2,048 tokens. */
+static int test_ring(int argc, char **argv)
+{
+    CHECK_MPI(MPI_Init(&argc, &argv));
+    check_set_fatal_hook(check_mpi_abort_hook);
+    struct comm *world = comm_mpi_world();
+    int ndev = 0;
+    CHECK_CUDA(cudaGetDeviceCount(&ndev));
+    char dev[32], why[256];
+    snprintf(dev, sizeof dev, "cuda:%d", comm_rank(world) % ndev);
+    struct kctx *G = kctx_create(dev, KMM_F32, why, sizeof why);
+    int bad = !G;
+    if (G) {
+        const int C2 = 2 * comm_size(world), L1 = 2048 / C2 * C2, L2 = 64 * C2;
+        const int32_t one[2] = {0, L1}, packed[4] = {0, L1 / 3, L1 / 3 + 1, L1}, small[3] = {0, 5, L2};
+        bad += ring_case(world, G, L1, one, 1, 4, 2, 64);
+        bad += ring_case(world, G, L1, packed, 3, 2, 1, 128);
+        bad += ring_case(world, G, L2, small, 2, 3, 3, 40);
+        kctx_free(G);
+    } else {
+        printf("rank %d: %s: %s  FAIL\n", comm_rank(world), dev, why);
+    }
+    comm_allreduce_sum(world, &bad, 1, COMM_I32);
+    if (comm_rank(world) == 0)
+        printf("ring attention on CUDA over %d ranks: %d failure(s)\n", comm_size(world), bad);
     comm_free(world);
     MPI_Finalize();
     return bad ? 1 : 0;
@@ -1130,6 +1385,8 @@ int main(int argc, char **argv)
     }
     if (argc > 1 && strcmp(argv[1], "--nccl") == 0)
         return test_nccl(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "--ring") == 0)
+        return test_ring(argc, argv);
     if (argc > 1 && strcmp(argv[1], "--nccl-deadline") == 0)
         return test_nccl_deadline(argc, argv);
     if (argc > 1 && strcmp(argv[1], "--probe") == 0) { /* a device is visible (--probe N: N of them) */

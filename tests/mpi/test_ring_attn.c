@@ -137,6 +137,54 @@ static void expect_rows(const char *cs, const char *what, const char *against, c
     free(mine);
 }
 
+/* The device path of ring attention (ring_attn.h: the blocks and merges as kernel-interface ops on the context's
+ * memory, the ring staged through host buffers over an MPI group) run on a context that says CUDA but has the
+ * CPU's table, so its memory is the host's: the same results as the CPU path and the whole attention within
+ * 1e-5, the same bytes sent. What the CUDA back-end's ops add is checked against the CPU's by the gpu suite. */
+static void check_device_path(struct comm *cp, const char *cs, int L, const int32_t *cu, int B, const int32_t *seg,
+                              int S, int Hq, int Hkv, int hd, const struct ring_attn *host, const float *lq,
+                              const float *lk, const float *lv, const float *lg, const struct whole *kern,
+                              const struct whole *ref, double bytes)
+{
+    struct kctx dev = *kctx_cpu();
+    dev.device = KDEV_CUDA;
+    memset(&dev.mem, 0, sizeof dev.mem);
+    struct ring_attn ra;
+    char why[256], what[160];
+    if (ring_attn_plan(&ra, &dev, cp, L, cu, B, seg, S, Hq, Hkv, hd, why, sizeof why) != 0) {
+        EXPECT(0, "%s: ring_attn_plan refused the device path: %s", cs, why);
+        return;
+    }
+    EXPECT(ra.dev && (comm_size(cp) == 1 || ra.stage[0]), "%s: the device path was not planned (staged)", cs);
+    const int n = 2 * ra.c, ldq = Hq * hd, ldk = Hkv * hd;
+    float *out = xmalloc(sizeof(float) * (size_t)n * ldq), *lse = xmalloc(sizeof(float) * (size_t)n * Hq);
+    float *dq = xcalloc((size_t)n * ldq, sizeof(float)), *dk = xcalloc((size_t)n * ldk, sizeof(float));
+    float *dv = xcalloc((size_t)n * ldk, sizeof(float));
+    ring_attn_forward(&ra, out, lse, lq, lk, lv);
+    ring_attn_backward(&ra, dq, dk, dv, lg, out, lse, lq, lk, lv);
+    const struct {
+        const char *what;
+        const float *mine, *kw, *rw;
+        int width;
+    } t[5] = {{"output", out, kern->out, ref->out, ldq},
+              {"log-sum-exp", lse, kern->lse, ref->lse, Hq},
+              {"dQ", dq, kern->dq, ref->dq, ldq},
+              {"dK", dk, kern->dk, ref->dk, ldk},
+              {"dV", dv, kern->dv, ref->dv, ldk}};
+    for (int i = 0; i < 5; i++) {
+        snprintf(what, sizeof what, "device path's %s", t[i].what);
+        expect_rows(cs, what, "single-rank kernel attention", host, t[i].mine, t[i].kw, t[i].width);
+        expect_rows(cs, what, "direct attention", host, t[i].mine, t[i].rw, t[i].width);
+    }
+    EXPECT(ra.stats.sent_bytes == bytes && ra.stats.scores == host->stats.scores / 2,
+           "%s: the device path sent %.0f bytes (want %.0f) and scored %llu pairs (the CPU path %llu)", cs,
+           ra.stats.sent_bytes, bytes, ra.stats.scores, host->stats.scores / 2);
+    free(out), free(lse), free(dq), free(dk), free(dv);
+    ring_attn_free(&ra);
+    EXPECT(dev.mem.allocated == 0, "%s: the device path left %zu bytes of its context allocated", cs,
+           dev.mem.allocated);
+}
+
 /* One case: a row of L tokens packed as B sequences (cu), cut into S segments (seg; NULL: one), Hq over Hkv heads
  * of hd. */
 static void check_case(struct comm *cp, int L, const int32_t *cu, int B, const int32_t *seg, int S, int Hq, int Hkv,
@@ -278,6 +326,7 @@ static void check_case(struct comm *cp, int L, const int32_t *cu, int B, const i
                !memcmp(dv, dv3, sizeof(float) * (size_t)n * ldk),
            "%s: rank %d's results on 3 threads differ from those on one", cs, r);
     free(out3), free(lse3), free(dq3), free(dk3), free(dv3);
+    check_device_path(cp, cs, L, cu, B, seg, S, Hq, Hkv, hd, &ra, lq, lk, lv, lg, &kern, &ref, fwd + bwd);
     free(all);
     free(lq), free(lk), free(lv), free(lg), free(out), free(lse), free(dq), free(dk), free(dv);
     ring_attn_free(&ra);
@@ -310,12 +359,14 @@ static void check_refusals(struct comm *cp)
     EXPECT(ring_attn_plan(&ra, kctx_cpu(), cp, 8 * C, cu_down, 3, NULL, 0, 4, 2, 8, why, sizeof why) == -1 &&
                strstr(why, "cu_seqlens[2] = 5"),
            "decreasing offsets: %s", why);
-    /* a CUDA context (a copy of the CPU one that says CUDA: the visiting blocks have no CUDA kernel) */
+    /* a device context whose back-end has no ring attention blocks (the CPU's table without them, saying CUDA) */
+    struct kops no_blocks = kops_cpu;
+    no_blocks.attention_block_forward = NULL;
     struct kctx cuda_like = *kctx_cpu();
-    cuda_like.device = KDEV_CUDA;
+    cuda_like.device = KDEV_CUDA, cuda_like.ops = &no_blocks;
     EXPECT(ring_attn_plan(&ra, &cuda_like, cp, 8 * C, cu_ok, 1, NULL, 0, 4, 2, 8, why, sizeof why) == -1 &&
-               strstr(why, "CPU back-end only"),
-           "a CUDA context: %s", why);
+               strstr(why, "attention_block"),
+           "a device context without the block ops: %s", why);
     /* segments: one not a multiple of 2C, one that starts inside a sequence */
     const int32_t cu3[4] = {0, 4 * C, 6 * C, 8 * C}, seg_odd[3] = {0, 4 * C + 1, 8 * C}, seg_in[3] = {0, 2 * C, 8 * C};
     if (C > 1) {

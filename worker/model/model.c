@@ -465,7 +465,10 @@ struct model *model_create_on(const struct model_config *c, const struct model_l
     }
     m->K = K ? K : kctx_cpu();
     if (ep > 1 && m->K->device != KDEV_CPU)
-        check_failf(__FILE__, __LINE__, "model_create: expert parallelism runs on the CPU back-end for now");
+        check_failf(
+            __FILE__, __LINE__,
+            "model_create: expert parallelism runs on the CPU back-end for now (its dispatch and combine have no "
+            "device path yet; the CUDA back-end's MoE kernels await a device check: scripts/gpu_check.sh)");
     if (c->n_experts && !k_has_moe(m->K))
         check_failf(__FILE__, __LINE__,
                     "model_create: the %s back-end has no mixture-of-experts kernels yet (a %d-expert model runs on "

@@ -78,7 +78,9 @@ void moe_ep_forward(struct moe_ep *s, const struct model *m, const struct layer_
     const int P = sh->ep_size, El = sh->n_experts, N = r->N, k = r->k, D = r->D, F = r->F;
     const size_t d = (size_t)D;
     if (m->K->device != KDEV_CPU)
-        check_failf(__FILE__, __LINE__, "expert parallelism runs on the CPU back-end for now");
+        check_failf(__FILE__, __LINE__,
+                    "expert parallelism runs on the CPU back-end for now (its dispatch and combine have no device "
+                    "path yet; the CUDA back-end's MoE kernels await a device check: scripts/gpu_check.sh)");
     if (s->P != P || s->El != El) {
         free(s->sc), free(s->rc), free(s->recv_cnt), free(s->loc.offs);
         s->P = P, s->El = El;

@@ -55,16 +55,66 @@ double ring_attn_bytes(int C, int c, int Hkv, int hd, int backward)
     return C <= 1 ? 0.0 : (backward ? 2.0 : 1.0) * (C - 1) * pair;
 }
 
+/* The device path's buffers in ra->K's memory (ring_attn.h): the ring, a step's partial output and its lse, the
+ * backward's dout . out, the local runs of one sequence and every rank's rows' sequences; host staging for a ring
+ * over an MPI group. */
+static void plan_device(struct ring_attn *ra)
+{
+    struct kctx *K = ra->K;
+    const int n = ra->n, C = ra->C;
+    const size_t kv = (size_t)n * ra->Hkv * ra->hd, f = sizeof(float), i4 = sizeof(int32_t);
+    ra->dev = true;
+    for (int b = 0; b < 2 && C > 1; b++) {
+        ra->ring[b] = k_calloc(K, 4 * kv * f, KMEM_ACTS, "ring attention's K/V ring");
+        if (ra->cp && !comm_caps(ra->cp)->device_memory)
+            ra->stage[b] = xcalloc(4 * kv, f);
+    }
+    ra->po = k_alloc(K, (size_t)n * ra->Hq * ra->hd * f, KMEM_ACTS, "ring attention's partial output");
+    ra->plse = k_alloc(K, (size_t)n * ra->Hq * f, KMEM_ACTS, "ring attention's partial log-sum-exp");
+    ra->d_drow = k_alloc(K, (size_t)n * ra->Hq * f, KMEM_ACTS, "ring attention's dout . out");
+    ra->d_cu_diag = k_alloc(K, (size_t)(ra->nb_diag + 1) * i4, KMEM_ACTS, "ring attention's sequence offsets");
+    k_to_device(K, ra->d_cu_diag, ra->cu_diag, (size_t)(ra->nb_diag + 1) * i4);
+    int32_t *seq = xmalloc((size_t)C * n * i4);
+    for (int o = 0; o < C; o++)
+        for (int r = 0; r < n; r++)
+            seq[(size_t)o * n + r] = ra->first[row_of(ra, o, r)];
+    ra->d_seq = k_alloc(K, (size_t)C * n * i4, KMEM_ACTS, "ring attention's row sequences");
+    k_to_device(K, ra->d_seq, seq, (size_t)C * n * i4);
+    k_sync(K); /* seq is freed: the copy must have left it */
+    free(seq);
+}
+
+static void free_device(struct ring_attn *ra)
+{
+    struct kctx *K = ra->K;
+    const size_t kv = (size_t)ra->n * ra->Hkv * ra->hd, f = sizeof(float), i4 = sizeof(int32_t);
+    for (int b = 0; b < 2; b++) {
+        if (ra->ring[b])
+            k_free(K, ra->ring[b], 4 * kv * f, KMEM_ACTS);
+        free(ra->stage[b]);
+        ra->ring[b] = NULL;
+    }
+    k_free(K, ra->po, (size_t)ra->n * ra->Hq * ra->hd * f, KMEM_ACTS);
+    k_free(K, ra->plse, (size_t)ra->n * ra->Hq * f, KMEM_ACTS);
+    k_free(K, ra->d_drow, (size_t)ra->n * ra->Hq * f, KMEM_ACTS);
+    k_free(K, ra->d_cu_diag, (size_t)(ra->nb_diag + 1) * i4, KMEM_ACTS);
+    k_free(K, ra->d_seq, (size_t)ra->C * ra->n * i4, KMEM_ACTS);
+    ra->po = ra->plse = NULL;
+}
+
 int ring_attn_plan(struct ring_attn *ra, struct kctx *K, struct comm *cp, int L, const int32_t *cu_seqlens, int B,
                    const int32_t *segments, int S, int Hq, int Hkv, int hd, char *why, size_t len)
 {
     char msg[256];
     memset(ra, 0, sizeof *ra);
     const int C = cp ? comm_size(cp) : 1;
-    if (K->device != KDEV_CPU)
-        return fail(why, len,
-                    "ring attention runs on the CPU back-end only (its visiting blocks have no CUDA kernel yet)");
-    if (cp && comm_caps(cp)->device_memory)
+    const bool dev = K->device != KDEV_CPU;
+    if (dev && !k_has_attention_block(K)) {
+        snprintf(msg, sizeof msg, "ring attention: the %s back-end has no attention_block ops for its visiting blocks",
+                 K->ops->name);
+        return fail(why, len, msg);
+    }
+    if (!dev && cp && comm_caps(cp)->device_memory)
         return fail(why, len, "ring attention needs an MPI (host memory) group for its K/V ring, not a device group");
     if (Hq <= 0 || Hkv <= 0 || hd <= 0 || Hq % Hkv != 0) {
         snprintf(msg, sizeof msg,
@@ -153,6 +203,10 @@ int ring_attn_plan(struct ring_attn *ra, struct kctx *K, struct comm *cp, int L,
     const size_t kv = (size_t)n * Hkv * hd;
     for (int b = 0; b < 2 && C > 1; b++) /* a group of one has no ring */
         ra->ring[b] = xcalloc(4 * kv, sizeof(float));
+    if (dev) {
+        plan_device(ra);
+        return 0;
+    }
     ra->po = xmalloc(sizeof(float) * (size_t)n * Hq * hd);
     ra->plse = xmalloc(sizeof(float) * (size_t)n * Hq);
     ra->drow = xmalloc(sizeof(double) * (size_t)n * Hq);
@@ -161,6 +215,8 @@ int ring_attn_plan(struct ring_attn *ra, struct kctx *K, struct comm *cp, int L,
 
 void ring_attn_free(struct ring_attn *ra)
 {
+    if (ra->dev)
+        free_device(ra);
     free(ra->first);
     free(ra->rows);
     free(ra->seg_off);
@@ -389,12 +445,89 @@ static void merge(struct ring_attn *ra, int q0, int q1, float *out, float *lse)
 /* Send `count` floats from send to the next rank while receiving as many from the previous one into recv. */
 static void ring_pass(struct ring_attn *ra, const float *send, float *recv, size_t count)
 {
-    comm_sendrecv(ra->cp, send, count, (ra->rank + 1) % ra->C, recv, count, (ra->rank - 1 + ra->C) % ra->C, COMM_F32);
+    const int next = (ra->rank + 1) % ra->C, prev = (ra->rank - 1 + ra->C) % ra->C;
+    if (ra->stage[0]) { /* device memory over an MPI group: through the host */
+        k_to_host(ra->K, ra->stage[0], send, count * sizeof(float));
+        comm_sendrecv(ra->cp, ra->stage[0], count, next, ra->stage[1], count, prev, COMM_F32);
+        k_to_device(ra->K, recv, ra->stage[1], count * sizeof(float));
+    } else {
+        comm_sendrecv(ra->cp, send, count, next, recv, count, prev, COMM_F32);
+    }
     ra->stats.sent_bytes += (double)count * sizeof(float);
+}
+
+/* The device path's forward and backward (ring_attn.h): the same steps and blocks as the CPU's below, each block
+ * and merge one op of the kernel interface on K's memory. */
+static void forward_device(struct ring_attn *ra, float *out, float *lse, const float *q, const float *k, const float *v)
+{
+    struct kctx *K = ra->K;
+    const int Hq = ra->Hq, hd = ra->hd, n = ra->n;
+    const size_t kv = (size_t)n * ra->Hkv * hd, ldq = (size_t)Hq * hd, ldk = (size_t)ra->Hkv * hd;
+    k_attention_forward(K, out, lse, q, k, v, ra->d_cu_diag, NULL, ra->nb_diag, Hq, ra->Hkv, hd);
+    count_step(ra, 0);
+    int cur = 0;
+    if (ra->C > 1) {
+        k_copy(K, ra->ring[0], k, sizeof(float) * kv);
+        k_copy(K, ra->ring[0] + kv, v, sizeof(float) * kv);
+    }
+    for (int s = 1; s < ra->C; s++) {
+        ring_pass(ra, ra->ring[cur], ra->ring[cur ^ 1], 2 * kv);
+        cur ^= 1;
+        const float *kk = ra->ring[cur], *vv = ra->ring[cur] + kv;
+        for (int g = 0; g < ra->S; g++) {
+            const struct block b = step_block(ra, s, g);
+            const int nq = b.q1 - b.q0;
+            k_attention_block_forward(K, ra->po + b.q0 * ldq, ra->plse + (size_t)b.q0 * Hq, q + b.q0 * ldq,
+                                      kk + b.k0 * ldk, vv + b.k0 * ldk, ra->d_seq + (size_t)ra->rank * n + b.q0,
+                                      ra->d_seq + (size_t)b.j * n + b.k0, nq, b.nk, Hq, ra->Hkv, hd);
+            k_attention_merge(K, out + b.q0 * ldq, lse + (size_t)b.q0 * Hq, ra->po + b.q0 * ldq,
+                              ra->plse + (size_t)b.q0 * Hq, nq, Hq, hd);
+        }
+        count_step(ra, s);
+    }
+}
+
+static void backward_device(struct ring_attn *ra, float *dq, float *dk, float *dv, const float *dout, const float *out,
+                            const float *lse, const float *q, const float *k, const float *v)
+{
+    struct kctx *K = ra->K;
+    const int n = ra->n, Hq = ra->Hq, hd = ra->hd;
+    const size_t kv = (size_t)n * ra->Hkv * hd, ldq = (size_t)Hq * hd, ldk = (size_t)ra->Hkv * hd;
+    k_attention_backward(K, dq, dk, dv, dout, out, lse, q, k, v, ra->d_cu_diag, NULL, ra->nb_diag, Hq, ra->Hkv, hd);
+    if (ra->C == 1)
+        return;
+    k_attention_drow(K, ra->d_drow, dout, out, n, Hq, hd);
+    k_copy(K, ra->ring[0], k, sizeof(float) * kv);
+    k_copy(K, ra->ring[0] + kv, v, sizeof(float) * kv);
+    int cur = 0;
+    for (int s = 1; s < ra->C; s++) {
+        const int both = s > 1;
+        ring_pass(ra, ra->ring[cur], ra->ring[cur ^ 1], (both ? 4 : 2) * kv);
+        cur ^= 1;
+        float *buf = ra->ring[cur];
+        if (!both)
+            k_zero(K, buf + 2 * kv, sizeof(float) * 2 * kv);
+        for (int g = 0; g < ra->S; g++) {
+            const struct block b = step_block(ra, s, g);
+            k_attention_block_backward(K, dq + b.q0 * ldq, buf + 2 * kv + b.k0 * ldk, buf + 3 * kv + b.k0 * ldk,
+                                       dout + b.q0 * ldq, lse + (size_t)b.q0 * Hq, ra->d_drow + (size_t)b.q0 * Hq,
+                                       q + b.q0 * ldq, buf + b.k0 * ldk, buf + kv + b.k0 * ldk,
+                                       ra->d_seq + (size_t)ra->rank * n + b.q0, ra->d_seq + (size_t)b.j * n + b.k0,
+                                       b.q1 - b.q0, b.nk, Hq, ra->Hkv, hd);
+        }
+    }
+    ring_pass(ra, ra->ring[cur] + 2 * kv, ra->ring[cur ^ 1] + 2 * kv, 2 * kv);
+    const float *home = ra->ring[cur ^ 1] + 2 * kv;
+    k_add(K, dk, home, kv);
+    k_add(K, dv, home + kv, kv);
 }
 
 void ring_attn_forward(struct ring_attn *ra, float *out, float *lse, const float *q, const float *k, const float *v)
 {
+    if (ra->dev) {
+        forward_device(ra, out, lse, q, k, v);
+        return;
+    }
     const size_t kv = (size_t)ra->n * ra->Hkv * ra->hd;
     k_attention_forward(ra->K, out, lse, q, k, v, ra->cu_diag, NULL, ra->nb_diag, ra->Hq, ra->Hkv, ra->hd);
     count_step(ra, 0);
@@ -420,6 +553,10 @@ void ring_attn_forward(struct ring_attn *ra, float *out, float *lse, const float
 void ring_attn_backward(struct ring_attn *ra, float *dq, float *dk, float *dv, const float *dout, const float *out,
                         const float *lse, const float *q, const float *k, const float *v)
 {
+    if (ra->dev) {
+        backward_device(ra, dq, dk, dv, dout, out, lse, q, k, v);
+        return;
+    }
     const int n = ra->n, Hq = ra->Hq, hd = ra->hd;
     const size_t kv = (size_t)n * ra->Hkv * hd;
     k_attention_backward(ra->K, dq, dk, dv, dout, out, lse, q, k, v, ra->cu_diag, NULL, ra->nb_diag, Hq, ra->Hkv, hd);

@@ -17,8 +17,12 @@
  * Packed rows: several sequences in one row (cu_seqlens over the whole row, covering it); a key is seen only by the
  * queries of its own sequence at or after its position. GQA: Hq a multiple of Hkv.
  *
- * Runs on the CPU back-end (the visiting blocks are computed here on host memory; a CUDA kernel for them is
- * planned) over an MPI group. The model's attention under context_parallel_size (model_set_cp in model.h). */
+ * On the CPU back-end the visiting blocks are computed here (threaded, on host memory) over an MPI group. On a
+ * device (a context whose back-end has the attention_block ops: kernels/cuda/attention_block.cu) every buffer is
+ * the context's memory and the blocks and merges are the kernel interface's ops; the ring travels over a device
+ * group (NCCL) directly, or over an MPI group through host staging buffers. That device path is compiled but has
+ * NOT RUN on a GPU yet (the trainer refuses context parallelism on cuda until scripts/gpu_check.sh has checked
+ * it). The model's attention under context_parallel_size (model_set_cp in model.h). */
 #ifndef GRPO_WORKER_RING_ATTN_H
 #define GRPO_WORKER_RING_ATTN_H
 
@@ -53,6 +57,12 @@ struct ring_attn {
     float *po;      /* (2c, Hq hd) a step's partial output */
     float *plse;    /* (2c, Hq) its log-sum-exp */
     double *drow;   /* (2c, Hq) the backward's dout . out */
+    /* on a device (dev): ring, po and plse are the context's memory, and these */
+    bool dev;
+    int32_t *d_cu_diag; /* (nb_diag + 1) cu_diag in the context's memory */
+    int32_t *d_seq;     /* (C, n) the sequence (its first token in the row) of every rank's local rows */
+    float *d_drow;      /* (2c, Hq) the backward's dout . out */
+    float *stage[2];    /* host buffers (4, 2c, Hkv hd) for the ring over an MPI group; NULL over a device group */
     struct ring_attn_stats stats;
 };
 
@@ -60,7 +70,8 @@ struct ring_attn {
  * (cu_seqlens: B + 1 host offsets from 0 to L) cut into S segments (segments: S + 1 host offsets from 0 to L at
  * sequence starts, each segment a multiple of 2C tokens; NULL: the whole row is one), Hq query heads over Hkv KV
  * heads of hd. 0, or -1 with why naming the value that does not fit (a row or segment not a multiple of 2C, a
- * segment boundary inside a sequence, heads, offsets, a CUDA context). */
+ * segment boundary inside a sequence, heads, offsets, a device context whose back-end has no attention_block ops).
+ * q, k, v, out, lse and the gradients of forward and backward are K's memory. */
 int ring_attn_plan(struct ring_attn *ra, struct kctx *K, struct comm *cp, int L, const int32_t *cu_seqlens, int B,
                    const int32_t *segments, int S, int Hq, int Hkv, int hd, char *why, size_t len);
 void ring_attn_free(struct ring_attn *ra);

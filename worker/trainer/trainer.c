@@ -739,7 +739,8 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     if (t->policy->cfg.n_experts && strncmp(cfg->trainer_device, "cpu", 3) != 0) {
         snprintf(err, errlen,
                  "trainer.device=%s: a mixture-of-experts model (%d experts) trains on the CPU only for now (the "
-                 "CUDA back-end's MoE kernels have not run on a GPU yet)",
+                 "CUDA back-end's MoE kernels are written and compiled but await a device check: "
+                 "scripts/gpu_check.sh on a GPU machine)",
                  cfg->trainer_device, t->policy->cfg.n_experts);
         goto fail;
     }
@@ -770,8 +771,9 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
                                : "actor_rollout_ref.actor.ulysses_sequence_parallel_size";
         if (K->device != KDEV_CPU) {
             error_set(err, errlen,
-                      "%s=%d on trainer.device=%s: sequence and context parallelism have not run on a GPU yet; use "
-                      "trainer.device=cpu",
+                      "%s=%d on trainer.device=%s: sequence and context parallelism have not run on a GPU yet (the "
+                      "CUDA kernels they need are written and compiled but await a device check: "
+                      "scripts/gpu_check.sh on a GPU machine); use trainer.device=cpu",
                       key, t->lay.cp_size, cfg->trainer_device);
             goto fail;
         }
