@@ -672,9 +672,6 @@ static int validate_sp(const struct grpo_config *c, struct cfg_error *err)
     if (c->actor_megatron_tensor_model_parallel_size > 1)
         with = "actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
         snprintf(val, sizeof val, "%lld", c->actor_megatron_tensor_model_parallel_size);
-    else if (c->actor_megatron_pipeline_model_parallel_size > 1)
-        with = "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size",
-        snprintf(val, sizeof val, "%lld", c->actor_megatron_pipeline_model_parallel_size);
     else if (c->arr_model_lora_rank > 0 || c->arr_model_lora_adapter_path[0])
         with = "actor_rollout_ref.model.lora_rank", snprintf(val, sizeof val, "%lld", c->arr_model_lora_rank);
     else if (c->arr_model_enable_activation_offload)
@@ -685,7 +682,7 @@ static int validate_sp(const struct grpo_config *c, struct cfg_error *err)
         return 0;
     errf(err,
          "%s: %s=%lld with %s=%s is not available yet (sequence and context parallelism run on the CPU, with data "
-         "parallelism and ZeRO-1 only); set one of them back",
+         "and pipeline parallelism and ZeRO-1 only); set one of them back",
          origin_of(c, key), key, sp, with, val);
     return -1;
 }

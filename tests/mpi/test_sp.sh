@@ -9,7 +9,8 @@
 #    (use_dynamic_bsz, ppo_max_token_len_per_gpu per GPU as verl means it: the SP group's budget is SP times it);
 #  - split runs (a rollout rank feeding SP 2 and SP 2 x DP 2 trainers: one data endpoint per DP rank, its batches
 #    shared over the SP group) give the same;
-#  - SP 2 x DP 2 with ZeRO-1 (the optimizer state over DP x SP) reproduces it too;
+#  - SP 2 x DP 2 with ZeRO-1 (the optimizer state over DP x SP) reproduces it too, and so does SP 2 x PP 2 (two
+#    pipeline stages, each rank's token slice of the activation passed between the stages' same SP ranks);
 #  - heads that do not divide, and layouts not available yet (TP), are refused naming the keys and the
 #    numbers; ranks that do not fit the SP size are refused naming the key.
 # usage: test_sp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
@@ -74,6 +75,14 @@ expect "sp2dp2-llama: 4 colocated ranks, SP 2 x DP 2, finish" $?
 has "$TMP/sp2dp2-llama.log" "training DP 2 x SP 2 x TP 1 x PP 1"
 expect "sp2dp2-llama: DP 2 x SP 2 logged" $?
 equivalent sp2dp2-llama one-llama
+# SP 2 x PP 2: both stages' SP pairs hold the same token slices; each rank's slice of the activation (and of its
+# gradient) passes to the same SP rank of the other stage, the loss on the last stage's slices
+PP2=actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
+sp sp2pp2-llama llama 4 2 $PP2 $RTP2
+expect "sp2pp2-llama: 4 colocated ranks, SP 2 x PP 2, finish" $?
+has "$TMP/sp2pp2-llama.log" "training DP 1 x SP 2 x TP 1 x PP 2"
+expect "sp2pp2-llama: SP 2 x PP 2 logged" $?
+equivalent sp2pp2-llama one-llama
 sp sp2-qwen2 qwen2 2 2
 expect "sp2-qwen2: SP 2 with the KV head replicated finishes" $?
 equivalent sp2-qwen2 one-qwen2
