@@ -7,8 +7,8 @@
 #  - SP2, SP2 x DP2 and SP4 give the single-process run's per-step losses, grad norms and entropies, and its
 #    weights after two GRPO steps, within 1e-5 relative; the same with the token-budget micro-batches
 #    (use_dynamic_bsz, ppo_max_token_len_per_gpu per GPU as verl means it: the SP group's budget is SP times it);
-#  - split runs (a rollout rank feeding SP 2 and SP 2 x DP 2 trainers: one data endpoint per DP rank, its batches
-#    shared over the SP group) give the same;
+#  - split runs (a rollout rank feeding SP 2, SP 2 x DP 2 and SP 2 x PP 2 trainers: one data endpoint per DP rank,
+#    its batches shared over the SP group and the pipeline stages) give the same;
 #  - SP 2 x DP 2 with ZeRO-1 (the optimizer state over DP x SP) reproduces it too, and so does SP 2 x PP 2 (two
 #    pipeline stages, each rank's token slice of the activation passed between the stages' same SP ranks);
 #  - heads that do not divide, and layouts not available yet (TP), are refused naming the keys and the
@@ -97,10 +97,13 @@ expect "sp2-bsz: the SP group's budget is 2 x 2200 tokens, both responses in one
 equivalent sp2-bsz one-bsz
 
 # split runs: a rollout rank generates, SP rank 0 of each DP rank pulls its batches and shares them with its SP peers
-split() { # NAME TRAINERS
+split() { # NAME TRAINERS [more keys...]
+    local name=$1 trainers=$2
+    shift 2
     # shellcheck disable=SC2046
-    "${MPIRUN[@]}" -np $(($2 + 1)) "$WORKER" $(long llama) trainer.default_local_dir="$TMP/$1" placement.trainer_ranks="$2" \
-        placement.rollout_ranks=1 actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 >"$TMP/$1.log" 2>&1
+    "${MPIRUN[@]}" -np $((trainers + 1)) "$WORKER" $(long llama) trainer.default_local_dir="$TMP/$name" \
+        placement.trainer_ranks="$trainers" placement.rollout_ranks=1 \
+        actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 "$@" >"$TMP/$name.log" 2>&1
 }
 split split-sp2 2
 expect "split-sp2: 2 SP trainer ranks and a rollout rank finish" $?
@@ -110,6 +113,11 @@ equivalent split-sp2 one-llama
 split split-sp2dp2 4
 expect "split-sp2dp2: 4 trainer ranks (SP 2 x DP 2) and a rollout rank finish" $?
 equivalent split-sp2dp2 one-llama
+# SP 2 x PP 2 split: the first stage's SP rank 0 pulls and shares the batches with the three other ranks; the stages
+# of SP rank 0 assemble the weights the rollout rank generates with
+split split-sp2pp2 4 $PP2
+expect "split-sp2pp2: 4 trainer ranks (SP 2 x PP 2) and a rollout rank finish" $?
+equivalent split-sp2pp2 one-llama
 
 # ZeRO-1 shards the optimizer state over DP x SP (4 ranks here), whose gradients add up: the same run
 sp zero-sp2dp2 llama 4 2 $RTP2 actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
