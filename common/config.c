@@ -672,16 +672,13 @@ static int validate_sp(const struct grpo_config *c, struct cfg_error *err)
     if (c->actor_megatron_tensor_model_parallel_size > 1)
         with = "actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
         snprintf(val, sizeof val, "%lld", c->actor_megatron_tensor_model_parallel_size);
-    else if (c->actor_megatron_pipeline_model_parallel_size > 1)
-        with = "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size",
-        snprintf(val, sizeof val, "%lld", c->actor_megatron_pipeline_model_parallel_size);
     else if (strcmp(c->trainer_device, "cuda") == 0)
         with = "trainer.device", snprintf(val, sizeof val, "cuda");
     if (!with)
         return 0;
     errf(err,
          "%s: %s=%lld with %s=%s is not available yet (sequence and context parallelism run on the CPU, with data "
-         "parallelism and ZeRO-1 only); set one of them back",
+         "and pipeline parallelism and ZeRO-1 only); set one of them back",
          origin_of(c, key), key, sp, with, val);
     return -1;
 }

@@ -34,6 +34,8 @@ struct role_env {
     struct comm *dp, *tp, *pp; /* a trainer's data-, tensor- and pipeline-parallel groups within them */
     struct comm *mp;           /* the TP x PP ranks of a trainer's model copy (ranked pp x TP + tp) */
     struct comm *cp;           /* a trainer's sequence-parallel group (the ranks sharing its sequences), or NULL */
+    struct comm *replica;      /* with cp and TP or PP: every rank holding a DP rank's batches (TP x PP x CP, ranked
+                                  (pp x CP + cp) x TP + tp); NULL otherwise (mp or cp alone is that group) */
     struct comm *grads;        /* with cp: DP x CP, the ranks whose gradients add up; NULL without */
     struct comm *ep, *edp;     /* expert parallelism: the DP ranks splitting the experts, and those holding the same
                                   experts (NULL when actor_rollout_ref.actor.megatron.expert_model_parallel_size is 1) */

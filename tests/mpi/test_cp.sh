@@ -4,7 +4,8 @@
 #  - a tiny Llama (4 query heads over 2 KV heads) with a 4096-position window generates responses of 2,048 tokens
 #    (actor_rollout_ref.rollout.ignore_eos), packed two to a micro-batch; each sequence (prompt and response) is
 #    padded to a multiple of 2 x CP and cut into 2 x CP chunks, rank r holding chunks r and 2 x CP - 1 - r;
-#  - CP2 and CP2 x DP2, colocated and fed by a rollout rank (split), give the single-process run's per-step
+#  - CP2, CP2 x DP2 and CP2 x PP2 (two pipeline stages, each rank's ring chunks of the activation passed between
+#    the stages' same CP ranks) colocated, and CP2 and CP2 x DP2 fed by a rollout rank (split), give the single-process run's per-step
 #    losses, grad norms and entropies, and its weights after two GRPO steps, within 1e-5 relative; the same with
 #    the token-budget micro-batches (use_dynamic_bsz: ppo_max_token_len_per_gpu per GPU, CP times it a group);
 #  - CP2 with LoRA (rank 8, all-linear), gradient checkpointing and activation offload gives the single-process LoRA
@@ -57,6 +58,14 @@ expect "cp2dp2-llama: 4 colocated ranks, CP 2 x DP 2, finish" $?
 has "$TMP/cp2dp2-llama.log" "training DP 2 x CP 2 x TP 1 x PP 1"
 expect "cp2dp2-llama: DP 2 x CP 2 logged" $?
 equivalent cp2dp2-llama one-llama
+# CP 2 x PP 2: both stages cut each micro-batch into the same ring chunks; each rank's chunks of the activation (and
+# of its gradient) pass to the same CP rank of the other stage
+cp cp2pp2-llama 4 2 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2 \
+    actor_rollout_ref.rollout.tensor_model_parallel_size=2
+expect "cp2pp2-llama: 4 colocated ranks, CP 2 x PP 2, finish" $?
+has "$TMP/cp2pp2-llama.log" "training DP 1 x CP 2 x TP 1 x PP 2"
+expect "cp2pp2-llama: CP 2 x PP 2 logged" $?
+equivalent cp2pp2-llama one-llama
 # ZeRO-1 over the two ranks of one CP group (DP 1): the optimizer state halved, the same run
 cp zero-cp2 2 2 actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
 expect "zero-cp2: CP 2 with ZeRO-1 finishes" $?

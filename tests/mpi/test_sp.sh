@@ -7,10 +7,11 @@
 #  - SP2, SP2 x DP2 and SP4 give the single-process run's per-step losses, grad norms and entropies, and its
 #    weights after two GRPO steps, within 1e-5 relative; the same with the token-budget micro-batches
 #    (use_dynamic_bsz, ppo_max_token_len_per_gpu per GPU as verl means it: the SP group's budget is SP times it);
-#  - split runs (a rollout rank feeding SP 2 and SP 2 x DP 2 trainers: one data endpoint per DP rank, its batches
-#    shared over the SP group) give the same;
-#  - SP 2 x DP 2 with ZeRO-1 (the optimizer state over DP x SP) reproduces it too, and SP 2 with gradient
-#    checkpointing and activation offload (each rank's slice of the layer inputs in host memory);
+#  - split runs (a rollout rank feeding SP 2, SP 2 x DP 2 and SP 2 x PP 2 trainers: one data endpoint per DP rank,
+#    its batches shared over the SP group and the pipeline stages) give the same;
+#  - SP 2 x DP 2 with ZeRO-1 (the optimizer state over DP x SP) reproduces it too, and so does SP 2 x PP 2 (two
+#    pipeline stages, each rank's token slice of the activation passed between the stages' same SP ranks), and SP 2
+#    with gradient checkpointing and activation offload (each rank's slice of the layer inputs in host memory);
 #  - SP 2 with LoRA (rank 8, all-linear), and SP 2 x DP 2 with LoRA and ZeRO-1, give the single-process LoRA run's
 #    metrics and save the same PEFT adapter (config byte for byte, every float within 1e-5);
 #  - heads that do not divide, and layouts not available yet (TP), are refused naming the keys and the
@@ -77,6 +78,14 @@ expect "sp2dp2-llama: 4 colocated ranks, SP 2 x DP 2, finish" $?
 has "$TMP/sp2dp2-llama.log" "training DP 2 x SP 2 x TP 1 x PP 1"
 expect "sp2dp2-llama: DP 2 x SP 2 logged" $?
 equivalent sp2dp2-llama one-llama
+# SP 2 x PP 2: both stages' SP pairs hold the same token slices; each rank's slice of the activation (and of its
+# gradient) passes to the same SP rank of the other stage, the loss on the last stage's slices
+PP2=actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
+sp sp2pp2-llama llama 4 2 $PP2 $RTP2
+expect "sp2pp2-llama: 4 colocated ranks, SP 2 x PP 2, finish" $?
+has "$TMP/sp2pp2-llama.log" "training DP 1 x SP 2 x TP 1 x PP 2"
+expect "sp2pp2-llama: SP 2 x PP 2 logged" $?
+equivalent sp2pp2-llama one-llama
 # with gradient checkpointing and the layer inputs (each rank's token slice) offloaded to host memory
 OFFLOAD="actor_rollout_ref.model.enable_gradient_checkpointing=true actor_rollout_ref.model.enable_activation_offload=true"
 # shellcheck disable=SC2086 # OFFLOAD's words are keys
@@ -114,10 +123,13 @@ expect "zero-sp2dp2-lora: each of the 4 ranks keeps a quarter of the adapter's o
 equivalent_lora zero-sp2dp2-lora one-lora
 
 # split runs: a rollout rank generates, SP rank 0 of each DP rank pulls its batches and shares them with its SP peers
-split() { # NAME TRAINERS
+split() { # NAME TRAINERS [more keys...]
+    local name=$1 trainers=$2
+    shift 2
     # shellcheck disable=SC2046
-    "${MPIRUN[@]}" -np $(($2 + 1)) "$WORKER" $(long llama) trainer.default_local_dir="$TMP/$1" placement.trainer_ranks="$2" \
-        placement.rollout_ranks=1 actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 >"$TMP/$1.log" 2>&1
+    "${MPIRUN[@]}" -np $((trainers + 1)) "$WORKER" $(long llama) trainer.default_local_dir="$TMP/$name" \
+        placement.trainer_ranks="$trainers" placement.rollout_ranks=1 \
+        actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 "$@" >"$TMP/$name.log" 2>&1
 }
 split split-sp2 2
 expect "split-sp2: 2 SP trainer ranks and a rollout rank finish" $?
@@ -127,6 +139,11 @@ equivalent split-sp2 one-llama
 split split-sp2dp2 4
 expect "split-sp2dp2: 4 trainer ranks (SP 2 x DP 2) and a rollout rank finish" $?
 equivalent split-sp2dp2 one-llama
+# SP 2 x PP 2 split: the first stage's SP rank 0 pulls and shares the batches with the three other ranks; the stages
+# of SP rank 0 assemble the weights the rollout rank generates with
+split split-sp2pp2 4 $PP2
+expect "split-sp2pp2: 4 trainer ranks (SP 2 x PP 2) and a rollout rank finish" $?
+equivalent split-sp2pp2 one-llama
 
 # ZeRO-1 shards the optimizer state over DP x SP (4 ranks here), whose gradients add up: the same run
 sp zero-sp2dp2 llama 4 2 $RTP2 actor_rollout_ref.actor.megatron.use_distributed_optimizer=true

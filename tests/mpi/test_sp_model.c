@@ -13,8 +13,11 @@
  * (groups of neighbouring ranks): each rank's activation high-water (its context's peak of activation memory)
  * falls as 1/SP within 10%, and the bytes the all-to-alls send are the planner's (plan_sp_alltoall_bytes) exactly;
  * rank 0 prints the figures; with --cp --memory LEN the same at CP 1, 2, 4 (the ring's own host buffers added to the
- * context's peak), the ring's bytes against the planner's (plan_cp_ring_bytes) and ring_attn_bytes. Exit 0 only if
- * every rank saw every value right. */
+ * context's peak), the ring's bytes against the planner's (plan_cp_ring_bytes) and ring_attn_bytes.
+ * With --pp P: the world is P pipeline stages of an SP (or CP) group each (rank = stage x SP + SP rank); each stage
+ * runs its layers on its rows (model_stage_rows), passing the activation slice and its gradient to the same SP rank of
+ * the next and previous stage; the same checks on every stage's parameters. Exit 0 only if every rank saw every value
+ * right. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,7 +35,36 @@
 #include "worker/plan/planner.h"
 
 static int g_bad;
-static bool g_cp; /* --cp: context parallelism (ring attention) instead of Ulysses */
+static bool g_cp;         /* --cp: context parallelism (ring attention) instead of Ulysses */
+static struct comm *g_pp; /* --pp P: this rank's pipeline group (the same SP rank of every stage), else NULL */
+
+/* A forward and a backward of b through part's stages (one stage without --pp): between stages this rank's rows
+ * (its slice, or its ring chunks) of the activation and of its gradient; the last stage's log-probs and entropies
+ * to every stage. */
+static void part_pass(struct model *part, const struct packed_batch *b, bool ck, float *logp, float *ent,
+                      const float *dlogp, const float *dent)
+{
+    const struct model_shard *sh = &part->sh;
+    if (!g_pp) {
+        model_backward(part, model_forward(part, b, 0.7f, ck, logp, ent), dlogp, dent);
+        return;
+    }
+    const size_t nD = (size_t)model_stage_rows(part, b) * part->cfg.hidden_size;
+    float *x = xmalloc((nD ? nD : 1) * sizeof(float)), *y = xmalloc((nD ? nD : 1) * sizeof(float));
+    if (!sh->has_embed)
+        comm_recv(g_pp, x, nD, COMM_F32, sh->pp_rank - 1);
+    struct model_acts *a = model_forward_stage(part, b, 0.7f, ck, x, y, logp, ent);
+    if (!sh->has_head) {
+        comm_send(g_pp, y, nD, COMM_F32, sh->pp_rank + 1);
+        comm_recv(g_pp, y, nD, COMM_F32, sh->pp_rank + 1);
+    }
+    model_backward_stage(part, a, dlogp, dent, y, x);
+    if (!sh->has_embed)
+        comm_send(g_pp, x, nD, COMM_F32, sh->pp_rank - 1);
+    comm_broadcast(g_pp, logp, (size_t)b->N, COMM_F32, sh->pp_size - 1);
+    comm_broadcast(g_pp, ent, (size_t)b->N, COMM_F32, sh->pp_size - 1);
+    free(x), free(y);
+}
 
 static void expect_close(const char *cfg, const char *what, const float *a, const float *b, size_t n, double tol)
 {
@@ -107,7 +139,7 @@ static void check_batch(const char *name, struct model *whole, struct model *par
         memset(ep, 0xff, (size_t)N * sizeof(float));
         struct comm_traffic before, after;
         comm_traffic(sp, &before);
-        model_backward(part, model_forward(part, &t->pb, 0.7f, ck, lp, ep), t->dlogp, t->dent);
+        part_pass(part, &t->pb, ck, lp, ep, t->dlogp, t->dent);
         comm_traffic(sp, &after);
         char what[200];
         if (g_cp) { /* the ring's bytes: per layer a forward and a backward, and with checkpointing a second forward */
@@ -116,9 +148,9 @@ static void check_batch(const char *name, struct model *whole, struct model *par
             for (int b = 0; b < t->pb.B; b++)
                 L += (t->pb.cu_seqlens[b + 1] - t->pb.cu_seqlens[b] + 2 * C - 1) / (2 * C) * (2 * C);
             const struct model_config *c = &whole->cfg;
-            const double want =
-                c->n_layers * ((ck ? 2 : 1) * ring_attn_bytes(C, L / (2 * C), c->n_kv_heads, c->head_dim, 0) +
-                               ring_attn_bytes(C, L / (2 * C), c->n_kv_heads, c->head_dim, 1));
+            const double want = (part->sh.layer_hi - part->sh.layer_lo) *
+                                ((ck ? 2 : 1) * ring_attn_bytes(C, L / (2 * C), c->n_kv_heads, c->head_dim, 0) +
+                                 ring_attn_bytes(C, L / (2 * C), c->n_kv_heads, c->head_dim, 1));
             const double got = after.sent_f32[COMM_OP_SEND] - before.sent_f32[COMM_OP_SEND];
             if (got != want || want <= 0) {
                 g_bad++;
@@ -130,8 +162,14 @@ static void check_batch(const char *name, struct model *whole, struct model *par
         expect_close(name, what, lp, lw, (size_t)N, tol);
         snprintf(what, sizeof what, "entropies%s", ck ? " (checkpointed)" : "");
         expect_close(name, what, ep, ew, (size_t)N, tol);
-        /* each rank's gradients are its tokens' part: summed over the group, the whole batch's */
-        memcpy(g, part->grad->mem, whole->w.n_floats * sizeof(float));
+        /* each rank's gradients are its tokens' part: summed over the group, the whole batch's (under --pp each
+         * stage's, the tied embedding's two copies summed, assembled over the stages) */
+        if (g_pp) {
+            model_shard_sync_grads(part);
+            model_shard_assemble(part, part->grad->mem, g);
+        } else {
+            memcpy(g, part->grad->mem, whole->w.n_floats * sizeof(float));
+        }
         comm_allreduce_sum(sp, g, whole->w.n_floats, COMM_F32);
         int n = model_param_refs(whole, whole->grad, NULL, 0);
         struct param_ref *refs = xcalloc((size_t)n, sizeof *refs);
@@ -238,7 +276,20 @@ static void check_config(const char *name, const struct model_config *c, struct 
     }
     struct model *whole = model_create(c);
     model_init_random(whole, 7, 0.2);
-    struct model *part = model_clone(whole);
+    struct model *part;
+    if (g_pp) { /* this rank's stage of the whole model's layers */
+        const struct model_layout lay = {0, 1, comm_rank(g_pp), comm_size(g_pp), NULL, g_pp, g_pp, 0, 1, NULL};
+        if (model_stage_check(c, comm_size(g_pp), "PP", why, sizeof why) != 0) {
+            g_bad++;
+            log_error("test", "%s: %s", name, why);
+            model_free(whole);
+            return;
+        }
+        part = model_create_shard(c, &lay);
+        model_shard_slice(part, whole->w.mem, part->w.mem);
+    } else {
+        part = model_clone(whole);
+    }
     if (g_cp)
         model_set_cp(part, sp);
     else
@@ -279,7 +330,8 @@ static void check_config(const char *name, const struct model_config *c, struct 
     model_free(whole);
     model_free(part);
     if (comm_rank(sp) == 0)
-        log_info("test", "%s: %s %d checked", name, g_cp ? "CP" : "SP", comm_size(sp));
+        log_info("test", "%s: %s %d x PP %d checked", name, g_cp ? "CP" : "SP", comm_size(sp),
+                 g_pp ? comm_size(g_pp) : 1);
 }
 
 /* Activation memory and all-to-all bytes of one LEN-token sequence at SP 1, 2, 4. */
@@ -372,9 +424,20 @@ static void check_memory(struct comm *w, int len)
 int main(int argc, char **argv)
 {
     CHECK_MPI(MPI_Init(&argc, &argv));
-    struct comm *w = comm_mpi_world();
-    const int S = comm_size(w);
+    struct comm *world = comm_mpi_world(), *w = world;
     g_cp = argc > 1 && strcmp(argv[1], "--cp") == 0;
+    for (int i = 1; i + 1 < argc; i++)
+        if (strcmp(argv[i], "--pp") == 0) { /* stage x SP + SP rank: an SP group per stage, a pipeline per SP rank */
+            const int P = atoi(argv[i + 1]), R = comm_size(world);
+            if (P < 2 || R % P != 0) {
+                fprintf(stderr, "test_sp_model: --pp %d does not divide the %d ranks\n", P, R);
+                CHECK_MPI(MPI_Finalize());
+                return 2;
+            }
+            w = comm_split(world, comm_rank(world) / (R / P), comm_rank(world));
+            g_pp = comm_split(world, comm_rank(world) % (R / P), comm_rank(world));
+        }
+    const int S = comm_size(w);
     for (int i = 1; i + 1 < argc; i++)
         if (strcmp(argv[i], "--memory") == 0) {
             check_memory(w, atoi(argv[i + 1]));
@@ -450,10 +513,13 @@ int main(int argc, char **argv)
     }
 done:;
     int bad_all = g_bad;
-    comm_allreduce_sum(w, &bad_all, 1, COMM_I32);
-    if (comm_rank(w) == 0)
-        printf("%s: model over %s %d ranks (%d problems)\n", bad_all ? "FAIL" : "ok", g_cp ? "CP" : "SP", S, bad_all);
-    comm_free(w);
+    comm_allreduce_sum(world, &bad_all, 1, COMM_I32);
+    if (comm_rank(world) == 0)
+        printf("%s: model over %s %d ranks x PP %d (%d problems)\n", bad_all ? "FAIL" : "ok", g_cp ? "CP" : "SP", S,
+               g_pp ? comm_size(g_pp) : 1, bad_all);
+    if (g_pp)
+        comm_free(g_pp), comm_free(w);
+    comm_free(world);
     CHECK_MPI(MPI_Finalize());
     return bad_all ? 1 : 0;
 }

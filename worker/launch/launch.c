@@ -426,6 +426,12 @@ static void train_groups(struct launch *l, const char *what)
     env->etp = g->etp;
     env->mp =
         comm_split(l->sides, env->at.dp * env->at.cp_size + env->at.cp, env->at.pp * env->at.tp_size + env->at.tp);
+    /* sequence or context parallelism with a split model: the batches of a DP rank go to its CP ranks' copies too
+     * (every rank takes the same branch: the sizes are the launch's) */
+    env->replica = NULL;
+    if (env->at.cp_size > 1 && env->at.tp_size * env->at.pp_size > 1)
+        env->replica = comm_split(l->sides, env->at.dp,
+                                  (env->at.pp * env->at.cp_size + env->at.cp) * env->at.tp_size + env->at.tp);
 }
 
 /* A split run's groups: the trainers and their DP, TP, PP and model-copy groups, a rollout TP group, and the
@@ -567,6 +573,8 @@ void launch_close_role(struct launch *l)
     if (l->split || l->colocated) {
         if (env->at.role != PLACE_ROLLOUT) {
             comm_free(env->mp);
+            comm_free(env->replica);
+            env->replica = NULL;
             parallel_groups_free(&l->trainer_groups);
         }
         comm_free(env->rollout_tp);

@@ -1615,6 +1615,22 @@ static struct ring_attn *cp_plan(const struct model *m, const struct packed_batc
     return ra;
 }
 
+int model_stage_rows(const struct model *m, const struct packed_batch *b)
+{
+    const struct model_shard *sh = &m->sh;
+    if (!sh->sp)
+        return b->N;
+    if (!sh->ring)
+        return sp_lo(b->N, sh->sp_size, sh->sp_rank + 1) - sp_lo(b->N, sh->sp_size, sh->sp_rank);
+    const int C2 = 2 * sh->sp_size; /* cp_plan's padded ring: each sequence to a multiple of 2C, C2 when empty */
+    int L = 0;
+    for (int s = 0; s < b->B; s++) {
+        const int ls = b->cu_seqlens[s + 1] - b->cu_seqlens[s];
+        L += (ls + C2 - 1) / C2 * C2;
+    }
+    return (L > 0 ? L : C2) / sh->sp_size;
+}
+
 /* Context parallelism: this rank's host values (n, at batch rows rowof) into their rows of v (the whole batch's)
  * on every rank (summed over the group, zeros elsewhere); the rows a caller does not read (logp_from) stay 0. */
 static void cp_share_rows(const struct model *m, const int32_t *rowof, int n, const struct packed_batch *b, float *v,
@@ -1651,10 +1667,8 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
     const int N = ra ? ra->n : sh->sp ? sp_lo(Nf, sh->sp_size, sh->sp_rank + 1) - t0 : Nf;
     const int D = c->hidden_size, lo = sh->layer_lo, hi = sh->layer_hi;
     const size_t nD = (size_t)N * D;
-    if (sh->sp && (sh->pp_size > 1 || sh->tp_size > 1))
-        check_failf(__FILE__, __LINE__,
-                    "model_forward_stage: sequence parallelism runs the whole model, without "
-                    "tensor or pipeline parallelism");
+    if (sh->sp && sh->tp_size > 1)
+        check_failf(__FILE__, __LINE__, "model_forward_stage: sequence parallelism runs without tensor parallelism");
     if (!sh->has_embed && !x_in)
         check_failf(__FILE__, __LINE__, "model_forward_stage: stage %d needs the previous stage's output", sh->pp_rank);
     if (!sh->has_head && !y_out)

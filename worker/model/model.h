@@ -329,6 +329,10 @@ void model_backward(struct model *m, struct model_acts *acts, const float *dlogp
 struct model_acts *model_forward_stage(struct model *m, const struct packed_batch *b, float temperature,
                                        bool checkpointing, const float *x_in, float *y_out, float *logp,
                                        float *entropy);
+/* The rows of batch b this rank runs in model_forward_stage (its x_in, y_out, dy and dx are this many rows of D):
+ * b->N, or under sequence parallelism this rank's slice of them, under context parallelism its two chunks of the
+ * padded ring. The same on every pipeline stage of a CP (and TP) coordinate. */
+int model_stage_rows(const struct model *m, const struct packed_batch *b);
 /* Its backward: the last stage from dlogp and dentropy, the others from dy (N, D), the next stage's input
  * gradient; every stage but the first writes its input gradient to dx (N, D). Frees acts. */
 void model_backward_stage(struct model *m, struct model_acts *acts, const float *dlogp, const float *dentropy,

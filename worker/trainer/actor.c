@@ -97,18 +97,20 @@ int actor_compute_logp(struct model *m, struct rollout_seq *seqs, const int *idx
         /* pipelined: each stage passes a micro-batch on and starts the next; no backward follows */
         struct micro_batch *mb = &mbs[b];
         micro_batch_build(mb, seqs, groups[b], counts[b], bt->share_prompts);
-        const size_t N = (size_t)(mb->pb.N ? mb->pb.N : 1), nD = N * (size_t)m->cfg.hidden_size;
+        const size_t N = (size_t)(mb->pb.N ? mb->pb.N : 1);
+        /* between stages: this rank's rows (its SP slice or CP chunks), to the same CP rank of the next stage */
+        const size_t nD = (size_t)model_stage_rows(m, &mb->pb) * (size_t)m->cfg.hidden_size;
         logps[b] = xcalloc(N, sizeof(float));
-        float *x = sh->has_embed ? NULL : xmalloc(nD * sizeof(float));
-        float *y = sh->has_head ? NULL : xmalloc(nD * sizeof(float));
+        float *x = sh->has_embed ? NULL : xmalloc((nD ? nD : 1) * sizeof(float));
+        float *y = sh->has_head ? NULL : xmalloc((nD ? nD : 1) * sizeof(float));
         if (x)
-            pp_recv(m, x, (size_t)mb->pb.N * m->cfg.hidden_size, sh->pp_rank - 1, &wait);
+            pp_recv(m, x, nD, sh->pp_rank - 1, &wait);
         /* keep only layer inputs (checkpointing) to bound memory, on the device: no backward needs them offloaded */
         const bool offload = model_set_activation_offload(m, false);
         model_acts_free(model_forward_stage(m, &mb->pb, temperature, true, x, y, logps[b], NULL));
         model_set_activation_offload(m, offload);
         if (y)
-            pp_send(m, y, (size_t)mb->pb.N * m->cfg.hidden_size, sh->pp_rank + 1, &wait);
+            pp_send(m, y, nD, sh->pp_rank + 1, &wait);
         free(x), free(y);
     }
     for (int b = 0; b < k; b++) {
@@ -129,6 +131,7 @@ int actor_compute_logp(struct model *m, struct rollout_seq *seqs, const int *idx
 /* One micro-batch's state through the pipeline schedule. */
 struct mb_state {
     struct micro_batch mb;
+    int rows; /* this rank's rows of it (model_stage_rows): what passes between stages, times D */
     struct model_acts *acts;
     float *logp, *ent, *dlogp, *dent; /* (N); the loss's inputs and gradients on the last stage */
     struct grad_reducer *overlap;     /* the mini-batch's last micro-batch: its backward starts the DP buckets */
@@ -187,11 +190,11 @@ static void run_1f1b(struct model *m, const struct loss_ctx *L, struct mb_state 
     const bool first = sh->has_embed, last = sh->has_head;
     int maxN = 1;
     for (int i = 0; i < M; i++)
-        maxN = mbs[i].mb.pb.N > maxN ? mbs[i].mb.pb.N : maxN;
+        maxN = mbs[i].rows > maxN ? mbs[i].rows : maxN;
     const size_t cap = (size_t)maxN * D;
     float *x = xmalloc(cap * sizeof(float)), *y = xmalloc(cap * sizeof(float));
     float *g = xmalloc(cap * sizeof(float)), *dx = xmalloc(cap * sizeof(float));
-#define ND(i) ((size_t)mbs[i].mb.pb.N * D)
+#define ND(i) ((size_t)mbs[i].rows * D)
     int W = P - st - 1;
     W = W < M ? W : M;
     const int R = M - W;
@@ -256,6 +259,7 @@ void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int
     struct mb_state *mbs = xcalloc((size_t)(k ? k : 1), sizeof *mbs);
     for (int b = 0; b < k; b++) {
         micro_batch_build(&mbs[b].mb, seqs, groups[b], counts[b], p->bt.share_prompts);
+        mbs[b].rows = model_stage_rows(m, &mbs[b].mb.pb);
         const size_t N = (size_t)(mbs[b].mb.pb.N ? mbs[b].mb.pb.N : 1);
         mbs[b].logp = xcalloc(N, sizeof(float));
         mbs[b].ent = xcalloc(N, sizeof(float));

@@ -43,7 +43,8 @@ struct trainer_rank {
     struct pending *pend;
     int n_pend, cap_pend;
     struct dispatcher *disp; /* DP rank 0, TP rank 0 only */
-    struct comm *mp;         /* the TP x PP ranks of this model copy (NULL: whole model): its rank 0 pulls and shares */
+    struct comm *mp;         /* the ranks holding this DP rank's batches (model copy, SP group, or both; NULL: this rank
+                              * alone): its rank 0 pulls and shares */
     uint64_t refused, duplicates, stale;
     /* batches dropped, by reason: refused as malformed or out of range, for a step beyond the window, from a
      * process the unit was not granted to, holding other prompts than their step draws (refused, or dropped at
@@ -522,9 +523,9 @@ static void publish(struct trainer_rank *r, int64_t version)
     const double t0 = clock_now_s();
     float *whole = NULL;
     size_t n;
-    if ((r->mp && !r->env->cp) || p->sh.ep) { /* the parts to the dispatcher's rank, each from a host copy on GPUs
-                                               * (no LoRA with TP or PP); under EP the experts of DP ranks
-                                               * 1 .. EP - 1; sequence-parallel ranks hold the whole model */
+    if (p->sh.tp_size * p->sh.pp_size > 1 || p->sh.ep) { /* the parts to the dispatcher's rank, each from a host
+                                                          * copy on GPUs (no LoRA with TP or PP); under EP the
+                                                          * experts of DP ranks 1 .. EP - 1; SP rank 0's copy */
         if (r->disp)
             whole = xmalloc(model_whole_floats(&p->cfg) * sizeof(float));
         model_shard_gather(p, trainer_params(r->t, &n), whole, 0);
@@ -735,8 +736,12 @@ int run_trainer(struct role_env *env)
     const struct grpo_config *c = env->cfg;
     char err[1024];
     const bool split_model = env->at.tp_size > 1 || env->at.pp_size > 1;
-    /* the ranks that hold a DP rank's batches: its model copy (TP x PP), or its sequence-parallel group */
-    struct trainer_rank r = {.env = env, .mp = split_model ? env->mp : env->at.cp_size > 1 ? env->cp : NULL};
+    /* the ranks that hold a DP rank's batches: its model copy (TP x PP), its sequence-parallel group, or both */
+    struct trainer_rank r = {.env = env,
+                             .mp = env->replica          ? env->replica
+                                   : split_model         ? env->mp
+                                   : env->at.cp_size > 1 ? env->cp
+                                                         : NULL};
     r.lim =
         (struct wire_limits){.max_response_length = (int)c->data_max_response_length,
                              .groups_in_step = (int)c->data_train_batch_size,
