@@ -14,8 +14,13 @@
 #    another load-balancing loss);
 #  - a split run (2 trainer ranks with EP 2, a rollout rank generating with the whole model the EP group gathers
 #    each step) gives the same;
-#  - layouts that do not work are refused by name: E not divisible by EP, EP with PP, EP on a dense model, EP with
-#    ZeRO-1, DP not divisible by EP.
+#  - ZeRO-1 (use_distributed_optimizer) with EP: EP2 over 2 DP ranks (the dense parameters' optimizer state halved
+#    over DP, each rank its experts' whole) and EP2 x DP2 (the experts' state halved too, over the 2 ranks holding the
+#    same experts) give the same; EP2 x DP2's step-1 checkpoint (its moments gathered whole) resumes in one process,
+#    and one process's resumes under it, both ending at the single-process weights;
+#  - plain MoE (no EP) with PP 2 (one layer a stage, the load-balancing loss summed over the stages) gives the same;
+#  - layouts that do not work are refused by name: E not divisible by EP, EP with PP, EP on a dense model, DP not
+#    divisible by EP.
 # usage: test_ep.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
 WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
@@ -86,6 +91,25 @@ for layout in "ep2 2 qwen3_moe one-qwen3_moe" "ep2 2 mixtral one-mixtral" "ep2dp
     expect "$name: weights after $STEPS steps (a whole checkpoint gathered over EP) match $ref ($out)" $?
 done
 
+# ZeRO-1 with EP (dense state over DP, expert state over the ranks holding the same experts); MoE with PP, no EP
+ZERO=actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
+PP=actor_rollout_ref.actor.megatron.pipeline_model_parallel_size
+for layout in "ep2-zero1 2 $EP=2 $ZERO" "ep2dp2-zero1 4 $EP=2 $ZERO" "pp2-moe 2 $PP=2"; do
+    set -- $layout
+    name=$1
+    colo "$name" qwen3_moe "$2" "${@:3}"
+    expect "$name: $2 colocated ranks finish" $?
+    out=$(same_metrics one-qwen3_moe "$name" 2>&1)
+    expect "$name: per-step losses, grad norms and entropies match one process ($out)" $?
+    out=$(same_moe one-qwen3_moe "$name" 2>&1)
+    expect "$name: the router's metrics match one process ($out)" $?
+    out=$(same_weights one-qwen3_moe "$name")
+    expect "$name: weights after $STEPS steps match one process ($out)" $?
+done
+grep -Eq "ZeRO-1 with EP: DP rank 1 keeps the optimizer state of [0-9]+ of this EP rank's [0-9]+ parameters \(dense ones over DP, experts over the 2 DP ranks" \
+    "$TMP/ep2dp2-zero1.log"
+expect "ep2dp2-zero1: a rank keeps a block of the dense and of its experts' optimizer state" $?
+
 # dynamic batch sizes: unequal micro-batch counts on the EP ranks, padded
 DYN="actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=60"
 colo dp2-dyn qwen3_moe 2 $DYN
@@ -135,6 +159,14 @@ colo one-to-ep2 qwen3_moe 2 $EP=2 $RESUME trainer.resume_from_path="$(ckpt one-q
 expect "one process's step-1 checkpoint resumes under EP2" $?
 out=$(same_weights one-qwen3_moe one-to-ep2)
 expect "resumed under EP2 from one process: the single-process weights ($out)" $?
+one zero1-to-one qwen3_moe $RESUME trainer.resume_from_path="$(ckpt ep2dp2-zero1 1)"
+expect "EP2 x DP2 with ZeRO-1: its step-1 checkpoint resumes in one process" $?
+out=$(same_weights one-qwen3_moe zero1-to-one)
+expect "resumed in one process from EP2 x DP2 with ZeRO-1 (the moments gathered whole): the single-process weights ($out)" $?
+colo one-to-zero1 qwen3_moe 4 $EP=2 $ZERO $RESUME trainer.resume_from_path="$(ckpt one-qwen3_moe 1)"
+expect "one process's step-1 checkpoint resumes under EP2 x DP2 with ZeRO-1" $?
+out=$(same_weights one-qwen3_moe one-to-zero1)
+expect "resumed under EP2 x DP2 with ZeRO-1 from one process: the single-process weights ($out)" $?
 
 # refusals, by name
 refused() { # NAME TEXT RANKS MODEL [keys...]
@@ -151,8 +183,6 @@ refused ep4-of-3 "expert_model_parallel_size (3) does not divide the model's num
 refused ep-pp "expert_model_parallel_size (2) with tensor_model_parallel_size 1 and pipeline_model_parallel_size 2" \
     4 qwen3_moe $EP=2 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
 refused ep-dense "expert_model_parallel_size (2): the model is dense" 2 llama $EP=2
-refused ep-zero1 "expert_model_parallel_size 2 with actor_rollout_ref.actor.megatron.use_distributed_optimizer=true" 2 \
-    qwen3_moe $EP=2 actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
 refused ep-dp3 "data-parallel ranks are not a multiple of actor_rollout_ref.actor.megatron.expert_model_parallel_size 2" \
     3 qwen3_moe $EP=2
 finish "$TMP"/*.log

@@ -575,12 +575,6 @@ static int ep_refusals(const struct trainer *t, char *err, size_t errlen)
                          "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with trainer.device=%s: "
                          "expert parallelism runs on CPU trainers for now",
                          ep, c->trainer_device);
-    if (c->actor_megatron_use_distributed_optimizer)
-        return error_set(err, errlen,
-                         "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with "
-                         "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true: ZeRO-1 with expert "
-                         "parallelism is not available yet; set one of them off",
-                         ep);
     if (c->trainer_sft_warmup_steps > 0) /* its step sums no gradient over DP: every rank runs every answer */
         return error_set(err, errlen,
                          "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with "
@@ -902,13 +896,21 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
                       t->lay.dp_size);
             goto fail;
         }
-        t->zero = zero1_create(t->opt->K, t->dp_dev ? t->dp_dev : zg, model_trainable(t->policy).n);
+        /* expert parallelism: the dense parameters over DP, the experts over the ranks holding the same ones */
+        t->zero = t->lay.ep ? zero1_create_ep(t->opt->K, zg, t->lay.edp, t->policy)
+                            : zero1_create(t->opt->K, t->dp_dev ? t->dp_dev : zg, model_trainable(t->policy).n);
         struct adamw *block = zero1_shard(t->zero, t->opt);
         adamw_free(t->opt);
         t->opt = block;
-        log_info("trainer", "ZeRO-1: %s rank %d keeps the optimizer state of parameters %zu..%zu (%.2f GB of %.2f)",
-                 t->lay.grads ? "DP x CP" : "DP", comm_rank(zg), t->zero->lo, t->zero->hi, 8.0 * (double)block->n / 1e9,
-                 8.0 * (double)t->zero->n / 1e9);
+        if (t->zero->ep)
+            log_info("trainer",
+                     "ZeRO-1 with EP: DP rank %d keeps the optimizer state of %zu of this EP rank's %zu parameters "
+                     "(dense ones over DP, experts over the %d DP ranks holding the same experts)",
+                     comm_rank(zg), block->n, t->zero->n, t->lay.edp ? comm_size(t->lay.edp) : 1);
+        else
+            log_info("trainer", "ZeRO-1: %s rank %d keeps the optimizer state of parameters %zu..%zu (%.2f GB of %.2f)",
+                     t->lay.grads ? "DP x CP" : "DP", comm_rank(zg), t->zero->lo, t->zero->hi,
+                     8.0 * (double)block->n / 1e9, 8.0 * (double)t->zero->n / 1e9);
     }
     overlap_setup(t);
     /* a failed write of an earlier run in this process (tests run several) is not this run's */
