@@ -18,9 +18,10 @@
 #    over DP, each rank its experts' whole) and EP2 x DP2 (the experts' state halved too, over the 2 ranks holding the
 #    same experts) give the same; EP2 x DP2's step-1 checkpoint (its moments gathered whole) resumes in one process,
 #    and one process's resumes under it, both ending at the single-process weights;
-#  - plain MoE (no EP) with PP 2 (one layer a stage, the load-balancing loss summed over the stages) gives the same;
-#  - layouts that do not work are refused by name: E not divisible by EP, EP with PP, EP on a dense model, DP not
-#    divisible by EP.
+#  - plain MoE (no EP) with PP 2 (one layer a stage, the load-balancing loss summed over the stages) gives the same,
+#    so does EP2 x PP2 (4 ranks: each stage's MoE layer dispatches over the EP group of its stage);
+#  - layouts that do not work are refused by name: E not divisible by EP, EP x PP with ZeRO-1, EP on a dense model,
+#    DP not divisible by EP.
 # usage: test_ep.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
 WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
@@ -94,7 +95,7 @@ done
 # ZeRO-1 with EP (dense state over DP, expert state over the ranks holding the same experts); MoE with PP, no EP
 ZERO=actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
 PP=actor_rollout_ref.actor.megatron.pipeline_model_parallel_size
-for layout in "ep2-zero1 2 $EP=2 $ZERO" "ep2dp2-zero1 4 $EP=2 $ZERO" "pp2-moe 2 $PP=2"; do
+for layout in "ep2-zero1 2 $EP=2 $ZERO" "ep2dp2-zero1 4 $EP=2 $ZERO" "pp2-moe 2 $PP=2" "ep2pp2 4 $EP=2 $PP=2"; do
     set -- $layout
     name=$1
     colo "$name" qwen3_moe "$2" "${@:3}"
@@ -109,6 +110,14 @@ done
 grep -Eq "ZeRO-1 with EP: DP rank 1 keeps the optimizer state of [0-9]+ of this EP rank's [0-9]+ parameters \(dense ones over DP, experts over the 2 DP ranks" \
     "$TMP/ep2dp2-zero1.log"
 expect "ep2dp2-zero1: a rank keeps a block of the dense and of its experts' optimizer state" $?
+grep -q "EP rank 1 of 2: experts 2..3 of 4, stage 1 of 2 (layers 1..1)" "$TMP/ep2pp2.log"
+expect "ep2pp2: EP rank 1 of the second stage holds experts 2 and 3 of layer 1" $?
+python3 - "$TMP/ep2pp2/p/e/metrics.jsonl" <<'PY'
+import json, sys
+rows = [r for r in map(json.loads, open(sys.argv[1])) if r["step"] >= 1]
+assert rows and all(r["perf/comm_bytes/ep"] > 0 for r in rows), rows
+PY
+expect "ep2pp2: the stages' MoE layers sent their tokens over EP (perf/comm_bytes/ep)" $?
 
 # dynamic batch sizes: unequal micro-batch counts on the EP ranks, padded
 DYN="actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=60"
@@ -180,8 +189,8 @@ refused() { # NAME TEXT RANKS MODEL [keys...]
     expect "$name: refused ($rc), naming the key and numbers" $?
 }
 refused ep4-of-3 "expert_model_parallel_size (3) does not divide the model's num_experts (4)" 3 qwen3_moe $EP=3
-refused ep-pp "expert_model_parallel_size (2) with tensor_model_parallel_size 1 and pipeline_model_parallel_size 2" \
-    4 qwen3_moe $EP=2 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
+refused ep-pp-zero1 "expert_model_parallel_size 2 with actor_rollout_ref.actor.megatron.pipeline_model_parallel_size 2 and actor_rollout_ref.actor.megatron.use_distributed_optimizer=true" \
+    4 qwen3_moe $EP=2 $PP=2 $ZERO
 refused ep-dense "expert_model_parallel_size (2): the model is dense" 2 llama $EP=2
 refused ep-dp3 "data-parallel ranks are not a multiple of actor_rollout_ref.actor.megatron.expert_model_parallel_size 2" \
     3 qwen3_moe $EP=2

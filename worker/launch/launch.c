@@ -423,8 +423,10 @@ static void train_groups(struct launch *l, const char *what)
     env->grads = g->dpcp;
     env->ep = g->ep;
     env->edp = g->edp;
-    env->mp =
-        comm_split(l->sides, env->at.dp * env->at.cp_size + env->at.cp, env->at.pp * env->at.tp_size + env->at.tp);
+    /* under EP a model copy is the stages' EP groups: ranked (stage x EP + EP rank) x TP + TP rank */
+    const int E = env->at.ep_size > 1 ? env->at.ep_size : 1;
+    env->mp = comm_split(l->sides, env->at.dp / E * env->at.cp_size + env->at.cp,
+                         (env->at.pp * E + (E > 1 ? env->at.ep : 0)) * env->at.tp_size + env->at.tp);
 }
 
 /* A split run's groups: the trainers and their DP, TP, PP and model-copy groups, a rollout TP group, and the

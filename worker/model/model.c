@@ -208,12 +208,11 @@ void model_shard_set_ep(struct model_shard *sh, const struct model_config *c, in
 struct model_shard model_shard_of_mp(const struct model *m, int r)
 {
     const struct model_shard *sh = &m->sh;
-    if (sh->ep_size > 1) {
-        struct model_shard e = model_shard_of(&m->cfg, 0, 1, 0, 1);
-        model_shard_set_ep(&e, &m->cfg, r, sh->ep_size);
-        return e;
-    }
-    return model_shard_of(&m->cfg, r % sh->tp_size, sh->tp_size, r / sh->tp_size, sh->pp_size);
+    const int T = sh->tp_size, E = sh->ep_size > 1 ? sh->ep_size : 1; /* r = (stage x EP + EP rank) x TP + TP rank */
+    struct model_shard s = model_shard_of(&m->cfg, r % T, T, r / (T * E), sh->pp_size);
+    if (E > 1)
+        model_shard_set_ep(&s, &m->cfg, (r / T) % E, E);
+    return s;
 }
 
 int model_ep_check(const struct model_config *c, int ep, int tp, int pp, const char *key, char *why, size_t len)
@@ -229,11 +228,12 @@ int model_ep_check(const struct model_config *c, int ep, int tp, int pp, const c
                  key, ep, c->n_experts);
         return -1;
     }
-    if (tp > 1 || pp > 1) {
+    (void)pp; /* each pipeline stage's MoE layers dispatch over the EP group of its stage */
+    if (tp > 1) {
         snprintf(why, len,
-                 "%s (%d) with tensor_model_parallel_size %d and pipeline_model_parallel_size %d: expert parallelism "
-                 "runs with whole layers for now; set both to 1",
-                 key, ep, tp, pp);
+                 "%s (%d) with tensor_model_parallel_size %d: expert parallelism runs with whole attention and "
+                 "experts for now; set it to 1",
+                 key, ep, tp);
         return -1;
     }
     return 0;
@@ -458,7 +458,8 @@ struct model *model_create_on(const struct model_config *c, const struct model_l
     if (ep > 1) { /* the EP group holds one model copy between its ranks */
         model_shard_set_ep(&m->sh, c, L->ep_rank, ep);
         m->sh.ep = L->ep;
-        m->sh.mp = L->ep;
+        if (L->pp_size <= 1) /* with PP the model copy is the stages' EP groups (L->mp) */
+            m->sh.mp = L->ep;
     }
     m->K = K ? K : kctx_cpu();
     if (ep > 1 && m->K->device != KDEV_CPU)

@@ -575,6 +575,13 @@ static int ep_refusals(const struct trainer *t, char *err, size_t errlen)
                          "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with trainer.device=%s: "
                          "expert parallelism runs on CPU trainers for now",
                          ep, c->trainer_device);
+    if (c->actor_megatron_use_distributed_optimizer && t->lay.pp_size > 1)
+        return error_set(err, errlen,
+                         "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with "
+                         "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size %d and "
+                         "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true: ZeRO-1 with expert "
+                         "parallelism runs with PP 1 for now; set one of them off",
+                         ep, t->lay.pp_size);
     if (c->trainer_sft_warmup_steps > 0) /* its step sums no gradient over DP: every rank runs every answer */
         return error_set(err, errlen,
                          "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with "
@@ -598,9 +605,11 @@ static void shard_policy(struct trainer *t)
     struct model *p = model_create_shard(&t->policy->cfg, &ml);
     model_shard_slice(p, t->policy->w.mem, p->w.mem);
     if (t->lay.ep)
-        log_info("trainer", "EP rank %d of %d: experts %d..%d of %d, %zu of the model's %zu parameters", t->lay.ep_rank,
-                 t->lay.ep_size, p->sh.expert_lo, p->sh.expert_lo + p->sh.n_experts - 1, p->cfg.n_experts,
-                 p->w.n_floats, t->policy->w.n_floats);
+        log_info(
+            "trainer",
+            "EP rank %d of %d: experts %d..%d of %d, stage %d of %d (layers %d..%d), %zu of the model's %zu parameters",
+            t->lay.ep_rank, t->lay.ep_size, p->sh.expert_lo, p->sh.expert_lo + p->sh.n_experts - 1, p->cfg.n_experts,
+            t->lay.pp_rank, t->lay.pp_size, p->sh.layer_lo, p->sh.layer_hi - 1, p->w.n_floats, t->policy->w.n_floats);
     else
         log_info("trainer",
                  "TP rank %d of %d, stage %d of %d: %zu of the model's %zu parameters (layers %d..%d, heads %d..%d, "
@@ -663,7 +672,8 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         t->lay.pp_size = 1, t->lay.pp_rank = 0, t->lay.pp = NULL;
     if (t->lay.ep_size < 1 || !t->lay.ep)
         t->lay.ep_size = 1, t->lay.ep_rank = 0, t->lay.ep = t->lay.edp = NULL;
-    if (t->lay.ep) /* the experts of one model copy are spread over the EP group */
+    if (t->lay.ep && !t->lay.pp) /* the experts of one model copy are spread over the EP group (with PP: over the
+                                  * stages' EP groups, the layout's mp) */
         t->lay.mp = t->lay.ep;
     if (!t->lay.mp)
         t->lay.mp = t->lay.tp;
