@@ -253,6 +253,10 @@ int main(int argc, char **argv)
         g_bad++;
         log_error("test", "EP with TP not refused clearly: '%s'", why);
     }
+    if (model_ep_check(&qwen3moe, 2, 1, 2, key, why, sizeof why) != 0) { /* each stage's layers over its EP group */
+        g_bad++;
+        log_error("test", "EP with PP refused: '%s'", why);
+    }
     if (model_ep_check(&dense, 2, 1, 1, key, why, sizeof why) == 0 || !strstr(why, "dense")) {
         g_bad++;
         log_error("test", "EP on a dense model not refused clearly: '%s'", why);
