@@ -13,7 +13,7 @@
 #    DP2's run (without EP; both differ from one process there, whose micro-batches hold other sequences and so
 #    another load-balancing loss);
 #  - a split run (2 trainer ranks with EP 2, a rollout rank generating with the whole model the EP group gathers
-#    each step) gives the same;
+#    each step) gives the same, so does one with 4 trainer ranks at EP 2 x PP 2;
 #  - ZeRO-1 (use_distributed_optimizer) with EP: EP2 over 2 DP ranks (the dense parameters' optimizer state halved
 #    over DP, each rank its experts' whole) and EP2 x DP2 (the experts' state halved too, over the 2 ranks holding the
 #    same experts) give the same; EP2 x DP2's step-1 checkpoint (its moments gathered whole) resumes in one process,
@@ -139,6 +139,13 @@ out=$(same_metrics one-qwen3_moe split-ep2 2>&1)
 expect "split-ep2: per-step losses, grad norms and entropies match one process ($out)" $?
 out=$(same_weights one-qwen3_moe split-ep2)
 expect "split-ep2: weights after $STEPS steps match one process ($out)" $?
+# shellcheck disable=SC2046
+"${MPIRUN[@]}" -np 5 "$WORKER" $(common qwen3_moe) $AUX trainer.default_local_dir="$TMP/split-ep2pp2" $EP=2 \
+    actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2 placement.trainer_ranks=4 \
+    placement.rollout_ranks=1 >"$TMP/split-ep2pp2.log" 2>&1
+expect "split-ep2pp2: 4 trainer ranks with EP 2 x PP 2 and a rollout rank finish" $?
+out=$(same_metrics one-qwen3_moe split-ep2pp2 2>&1) && out="$out; $(same_weights one-qwen3_moe split-ep2pp2)"
+expect "split-ep2pp2: losses, grad norms and weights (each version gathered over the stages' EP groups) match one process ($out)" $?
 
 python3 - "$TMP/ep2-qwen3_moe/p/e/metrics.jsonl" "$TMP/dp4/p/e/metrics.jsonl" <<'PY'
 import json, sys
