@@ -19,9 +19,10 @@
 #    same experts) give the same; EP2 x DP2's step-1 checkpoint (its moments gathered whole) resumes in one process,
 #    and one process's resumes under it, both ending at the single-process weights;
 #  - plain MoE (no EP) with PP 2 (one layer a stage, the load-balancing loss summed over the stages) gives the same,
-#    so does EP2 x PP2 (4 ranks: each stage's MoE layer dispatches over the EP group of its stage);
-#  - layouts that do not work are refused by name: E not divisible by EP, EP x PP with ZeRO-1, EP on a dense model,
-#    DP not divisible by EP.
+#    so does EP2 x PP2 (4 ranks: each stage's MoE layer dispatches over the EP group of its stage), with and without
+#    ZeRO-1 (each stage shards its own optimizer state; the tied embedding's last-stage copy counted once in the norm);
+#  - layouts that do not work are refused by name: E not divisible by EP, EP on a dense model, DP not divisible by
+#    EP.
 # usage: test_ep.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
 WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
@@ -95,7 +96,8 @@ done
 # ZeRO-1 with EP (dense state over DP, expert state over the ranks holding the same experts); MoE with PP, no EP
 ZERO=actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
 PP=actor_rollout_ref.actor.megatron.pipeline_model_parallel_size
-for layout in "ep2-zero1 2 $EP=2 $ZERO" "ep2dp2-zero1 4 $EP=2 $ZERO" "pp2-moe 2 $PP=2" "ep2pp2 4 $EP=2 $PP=2"; do
+for layout in "ep2-zero1 2 $EP=2 $ZERO" "ep2dp2-zero1 4 $EP=2 $ZERO" "pp2-moe 2 $PP=2" "ep2pp2 4 $EP=2 $PP=2" \
+    "ep2pp2-zero1 4 $EP=2 $PP=2 $ZERO"; do
     set -- $layout
     name=$1
     colo "$name" qwen3_moe "$2" "${@:3}"
@@ -196,8 +198,6 @@ refused() { # NAME TEXT RANKS MODEL [keys...]
     expect "$name: refused ($rc), naming the key and numbers" $?
 }
 refused ep4-of-3 "expert_model_parallel_size (3) does not divide the model's num_experts (4)" 3 qwen3_moe $EP=3
-refused ep-pp-zero1 "expert_model_parallel_size 2 with actor_rollout_ref.actor.megatron.pipeline_model_parallel_size 2 and actor_rollout_ref.actor.megatron.use_distributed_optimizer=true" \
-    4 qwen3_moe $EP=2 $PP=2 $ZERO
 refused ep-dense "expert_model_parallel_size (2): the model is dense" 2 llama $EP=2
 refused ep-dp3 "data-parallel ranks are not a multiple of actor_rollout_ref.actor.megatron.expert_model_parallel_size 2" \
     3 qwen3_moe $EP=2

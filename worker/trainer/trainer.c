@@ -575,13 +575,6 @@ static int ep_refusals(const struct trainer *t, char *err, size_t errlen)
                          "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with trainer.device=%s: "
                          "expert parallelism runs on CPU trainers for now",
                          ep, c->trainer_device);
-    if (c->actor_megatron_use_distributed_optimizer && t->lay.pp_size > 1)
-        return error_set(err, errlen,
-                         "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with "
-                         "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size %d and "
-                         "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true: ZeRO-1 with expert "
-                         "parallelism runs with PP 1 for now; set one of them off",
-                         ep, t->lay.pp_size);
     if (c->trainer_sft_warmup_steps > 0) /* its step sums no gradient over DP: every rank runs every answer */
         return error_set(err, errlen,
                          "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with "

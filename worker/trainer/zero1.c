@@ -12,12 +12,13 @@
 struct zero1_ep {
     struct comm *group[2]; /* dp, edp (NULL: a group of one) */
     int n_span[2];
-    size_t *at[2], *len[2]; /* the spans: floats [at, at + len) of the parameter buffer */
-    size_t tot[2];          /* the class's floats */
-    size_t per[2];          /* block per rank: ceil(tot / group size) */
-    size_t lo[2], hi[2];    /* this rank's block of the packed class */
-    float *pack[2];         /* per x group size floats: the packed class */
-    float *pblock;          /* the two blocks' parameters, back to back (what AdamW steps) */
+    size_t *at[2], *len[2];  /* the spans: floats [at, at + len) of the parameter buffer */
+    size_t tot[2];           /* the class's floats */
+    size_t per[2];           /* block per rank: ceil(tot / group size) */
+    size_t lo[2], hi[2];     /* this rank's block of the packed class */
+    float *pack[2];          /* per x group size floats: the packed class */
+    float *pblock;           /* the two blocks' parameters, back to back (what AdamW steps) */
+    size_t skip_lo, skip_hi; /* parameters not counted in the norm: the last stage's copy of a tied embedding */
 };
 
 static size_t ep_k(const struct zero1_ep *e, int c) { return e->hi[c] - e->lo[c]; }
@@ -70,6 +71,26 @@ static void ep_gather(struct kctx *K, struct zero1_ep *e, int c, const float *mi
     ep_unpack(K, e, c, e->pack[c], dst);
 }
 
+/* The squares of this rank's dense block that fall in [skip_lo, skip_hi) (counted on another stage). */
+static double ep_skipped_sq(const struct zero1 *z)
+{
+    const struct zero1_ep *e = z->ep;
+    double s = 0;
+    size_t off = 0; /* the span's place in the packed dense class */
+    for (int i = 0; e->skip_hi > e->skip_lo && i < e->n_span[0]; off += e->len[0][i], i++) {
+        /* the span's floats in this rank's block, then in the skipped range, as parameter indices */
+        size_t a = off > e->lo[0] ? off : e->lo[0], b = off + e->len[0][i] < e->hi[0] ? off + e->len[0][i] : e->hi[0];
+        if (a >= b)
+            continue;
+        size_t fa = e->at[0][i] + (a - off), fb = e->at[0][i] + (b - off);
+        fa = fa > e->skip_lo ? fa : e->skip_lo;
+        fb = fb < e->skip_hi ? fb : e->skip_hi;
+        if (fa < fb) /* back to the block's index: packed (fa - at + off) - lo */
+            s += k_sumsq(z->K, z->grad + (fa - e->at[0][i] + off - e->lo[0]), fb - fa);
+    }
+    return s;
+}
+
 struct zero1 *zero1_create_ep(struct kctx *K, struct comm *dp, struct comm *edp, const struct model *m)
 {
     if (K->device != KDEV_CPU)
@@ -93,6 +114,10 @@ struct zero1 *zero1_create_ep(struct kctx *K, struct comm *dp, struct comm *edp,
         at = hi;
     }
     ep_add_span(e, 0, at, z->n - at);
+    if (m->cfg.tie_word_embeddings && m->sh.pp_size > 1 && m->sh.has_head && !m->sh.has_embed) {
+        e->skip_lo = (size_t)(m->w.lm_head - m->w.mem);
+        e->skip_hi = e->skip_lo + (size_t)(m->sh.vocab_hi - m->sh.vocab_lo) * (size_t)m->cfg.hidden_size;
+    }
     for (int c = 0; c < 2; c++) {
         const size_t G = e->group[c] ? (size_t)comm_size(e->group[c]) : 1,
                      r = e->group[c] ? (size_t)comm_rank(e->group[c]) : 0;
@@ -170,8 +195,10 @@ double zero1_clip(struct zero1 *z, double max_norm, const struct model *m)
 {
     if (z->ep) { /* the dense blocks are disjoint over DP, the experts' over edp and EP: DP holds each once */
         const size_t k = zero1_block_floats(z);
-        double s = k_sumsq(z->K, z->grad, k);
+        double s = k_sumsq(z->K, z->grad, k) - ep_skipped_sq(z);
         comm_allreduce_sum(z->dp, &s, 1, COMM_F64);
+        if (m->sh.pp) /* the other stages' layers */
+            comm_allreduce_sum(m->sh.pp, &s, 1, COMM_F64);
         const double norm = sqrt(s);
         grad_scale_to_on(z->K, z->grad, k, norm, max_norm);
         return norm;
