@@ -11,7 +11,7 @@
 #  - with dynamic batch sizes (micro-batches by a token budget) the EP ranks can run different numbers of
 #    micro-batches: the fewer are padded with empty ones (each layer's all-to-alls need every rank), and EP2 gives
 #    DP2's run (without EP; both differ from one process there, whose micro-batches hold other sequences and so
-#    another load-balancing loss);
+#    another load-balancing loss); so does EP2 x PP2 against DP2 x PP2;
 #  - a split run (2 trainer ranks with EP 2, a rollout rank generating with the whole model the EP group gathers
 #    each step) gives the same, so does one with 4 trainer ranks at EP 2 x PP 2;
 #  - ZeRO-1 (use_distributed_optimizer) with EP: EP2 over 2 DP ranks (the dense parameters' optimizer state halved
@@ -131,6 +131,14 @@ grep -Eq "EP rank [01]: [0-9]+ micro-batch\(es\), padded to the EP group's [0-9]
 expect "ep2-dyn: an EP rank with fewer micro-batches ran empty ones" $?
 out=$(same_metrics dp2-dyn ep2-dyn 2>&1) && out="$out; $(same_weights dp2-dyn ep2-dyn)"
 expect "ep2-dyn: losses, grad norms and weights match DP2's ($out)" $?
+colo dp2pp2-dyn qwen3_moe 4 $PP=2 $DYN
+expect "dp2pp2-dyn: DP2 x PP2 (no EP) with dynamic batch sizes finishes" $?
+colo ep2pp2-dyn qwen3_moe 4 $EP=2 $PP=2 $DYN trainer.log_level=debug
+expect "ep2pp2-dyn: EP2 x PP2 with dynamic batch sizes finishes" $?
+grep -Eq "EP rank [01]: [0-9]+ micro-batch\(es\), padded to the EP group's [0-9]+ with empty ones" "$TMP/ep2pp2-dyn.log"
+expect "ep2pp2-dyn: an EP rank with fewer micro-batches ran empty ones through its pipeline" $?
+out=$(same_metrics dp2pp2-dyn ep2pp2-dyn 2>&1) && out="$out; $(same_weights dp2pp2-dyn ep2pp2-dyn)"
+expect "ep2pp2-dyn: losses, grad norms and weights match DP2 x PP2's ($out)" $?
 
 # a split run: 2 EP trainer ranks and a rollout rank, which gets each version whole (the experts gathered over EP)
 # shellcheck disable=SC2046
@@ -181,6 +189,10 @@ one zero1-to-one qwen3_moe $RESUME trainer.resume_from_path="$(ckpt ep2dp2-zero1
 expect "EP2 x DP2 with ZeRO-1: its step-1 checkpoint resumes in one process" $?
 out=$(same_weights one-qwen3_moe zero1-to-one)
 expect "resumed in one process from EP2 x DP2 with ZeRO-1 (the moments gathered whole): the single-process weights ($out)" $?
+one pp-zero1-to-one qwen3_moe $RESUME trainer.resume_from_path="$(ckpt ep2pp2-zero1 1)"
+expect "EP2 x PP2 with ZeRO-1: its step-1 checkpoint resumes in one process" $?
+out=$(same_weights one-qwen3_moe pp-zero1-to-one)
+expect "resumed in one process from EP2 x PP2 with ZeRO-1 (the stages' moments gathered whole): the single-process weights ($out)" $?
 colo one-to-zero1 qwen3_moe 4 $EP=2 $ZERO $RESUME trainer.resume_from_path="$(ckpt one-qwen3_moe 1)"
 expect "one process's step-1 checkpoint resumes under EP2 x DP2 with ZeRO-1" $?
 out=$(same_weights one-qwen3_moe one-to-zero1)
