@@ -40,6 +40,8 @@ struct role_env {
     struct comm *ep, *edp;     /* expert parallelism: the DP ranks splitting the experts, and those holding the same
                                   experts (NULL when actor_rollout_ref.actor.megatron.expert_model_parallel_size is 1) */
     struct comm *etp;          /* EP with TP: the EP x TP ranks of one model copy (ranked ep x TP + tp), else NULL */
+    struct comm *emp; /* EP with PP: the model copy, the stages' EP groups (ranked pp x EP + ep; mp is then one DP
+                         rank's stages, which share its batches); NULL otherwise */
     struct comm *rollout_tp;   /* a rollout rank's TP group (actor_rollout_ref.rollout.tensor_model_parallel_size);
                                   a colocated rank's generation engine */
     struct comm *weight_group; /* weight_sync=broadcast: trainer rank 0 (its rank 0) and the launch's rollout ranks

@@ -11,15 +11,22 @@
 #  - with dynamic batch sizes (micro-batches by a token budget) the EP ranks can run different numbers of
 #    micro-batches: the fewer are padded with empty ones (each layer's all-to-alls need every rank), and EP2 gives
 #    DP2's run (without EP; both differ from one process there, whose micro-batches hold other sequences and so
-#    another load-balancing loss);
+#    another load-balancing loss); so does EP2 x PP2 against DP2 x PP2;
 #  - a split run (2 trainer ranks with EP 2, a rollout rank generating with the whole model the EP group gathers
-#    each step) gives the same;
+#    each step) gives the same, so does one with 4 trainer ranks at EP 2 x PP 2;
 #  - tensor parallelism with experts (each expert split over TP by intermediate rows, the router whole on every TP
 #    rank): TP2 (2 ranks; Qwen3-MoE and Mixtral, and Qwen3-MoE generating with the TP-split model as a rollout TP
 #    group), TP2 x PP2 and EP2 x TP2 (4 ranks) colocated, and split runs of 2 TP2 and of 4 EP2 x TP2 trainer
 #    ranks, match one process, with the load-balancing loss on; the TP bytes equal the planner's;
-#  - layouts that do not work are refused by name: E not divisible by EP, EP with PP, EP on a dense model, EP with
-#    ZeRO-1, DP not divisible by EP.
+#  - ZeRO-1 (use_distributed_optimizer) with EP: EP2 over 2 DP ranks (the dense parameters' optimizer state halved
+#    over DP, each rank its experts' whole) and EP2 x DP2 (the experts' state halved too, over the 2 ranks holding the
+#    same experts) give the same; EP2 x DP2's step-1 checkpoint (its moments gathered whole) resumes in one process,
+#    and one process's resumes under it, both ending at the single-process weights;
+#  - plain MoE (no EP) with PP 2 (one layer a stage, the load-balancing loss summed over the stages) gives the same,
+#    so does EP2 x PP2 (4 ranks: each stage's MoE layer dispatches over the EP group of its stage), with and without
+#    ZeRO-1 (each stage shards its own optimizer state; the tied embedding's last-stage copy counted once in the norm);
+#  - layouts that do not work are refused by name: E not divisible by EP, EP on a dense model, DP not divisible by
+#    EP.
 # usage: test_ep.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
 WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
@@ -102,10 +109,8 @@ for layout in "tp2 qwen3_moe 2 $TP=2" "tp2 mixtral 2 $TP=2" "tp2rtp2 qwen3_moe 2
     expect "$name: $3 colocated ranks finish" $?
     out=$(same_metrics "one-$2" "$name" 2>&1)
     expect "$name: per-step losses, grad norms and entropies match one process ($out)" $?
-    if [ "$1" != tp2pp2 ]; then # under PP the first rank's actor/moe/* count its own stage's layers only
-        out=$(same_moe "one-$2" "$name" 2>&1)
-        expect "$name: the router's metrics match one process ($out)" $?
-    fi
+    out=$(same_moe "one-$2" "$name" 2>&1) # under PP summed over the stages
+    expect "$name: the router's metrics match one process ($out)" $?
     out=$(same_weights "one-$2" "$name")
     expect "$name: weights after $STEPS steps (a whole checkpoint gathered over TP and EP) match one process ($out)" $?
 done
@@ -144,6 +149,33 @@ assert got == want, (got, want)
 print("planned", want, "= measured")
 PY
 expect "split-tp2: grpo-model plan's TP bytes per step equal the measured ones" $?
+# ZeRO-1 with EP (dense state over DP, expert state over the ranks holding the same experts); MoE with PP, no EP
+ZERO=actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
+PP=actor_rollout_ref.actor.megatron.pipeline_model_parallel_size
+for layout in "ep2-zero1 2 $EP=2 $ZERO" "ep2dp2-zero1 4 $EP=2 $ZERO" "pp2-moe 2 $PP=2" "ep2pp2 4 $EP=2 $PP=2" \
+    "ep2pp2-zero1 4 $EP=2 $PP=2 $ZERO"; do
+    set -- $layout
+    name=$1
+    colo "$name" qwen3_moe "$2" "${@:3}"
+    expect "$name: $2 colocated ranks finish" $?
+    out=$(same_metrics one-qwen3_moe "$name" 2>&1)
+    expect "$name: per-step losses, grad norms and entropies match one process ($out)" $?
+    out=$(same_moe one-qwen3_moe "$name" 2>&1)
+    expect "$name: the router's metrics match one process ($out)" $?
+    out=$(same_weights one-qwen3_moe "$name")
+    expect "$name: weights after $STEPS steps match one process ($out)" $?
+done
+grep -Eq "ZeRO-1 with EP: DP rank 1 keeps the optimizer state of [0-9]+ of this EP rank's [0-9]+ parameters \(dense ones over DP, experts over the 2 DP ranks" \
+    "$TMP/ep2dp2-zero1.log"
+expect "ep2dp2-zero1: a rank keeps a block of the dense and of its experts' optimizer state" $?
+grep -Eq "EP rank 1 of 2: experts 2\.\.3 of 4 \(TP rank 0 of 1: their rows [0-9.]+\), stage 1 of 2 \(layers 1\.\.1\)" "$TMP/ep2pp2.log"
+expect "ep2pp2: EP rank 1 of the second stage holds experts 2 and 3 of layer 1" $?
+python3 - "$TMP/ep2pp2/p/e/metrics.jsonl" <<'PY'
+import json, sys
+rows = [r for r in map(json.loads, open(sys.argv[1])) if r["step"] >= 1]
+assert rows and all(r["perf/comm_bytes/ep"] > 0 for r in rows), rows
+PY
+expect "ep2pp2: the stages' MoE layers sent their tokens over EP (perf/comm_bytes/ep)" $?
 
 # dynamic batch sizes: unequal micro-batch counts on the EP ranks, padded
 DYN="actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=60"
@@ -155,6 +187,14 @@ grep -Eq "EP rank [01]: [0-9]+ micro-batch\(es\), padded to the EP group's [0-9]
 expect "ep2-dyn: an EP rank with fewer micro-batches ran empty ones" $?
 out=$(same_metrics dp2-dyn ep2-dyn 2>&1) && out="$out; $(same_weights dp2-dyn ep2-dyn)"
 expect "ep2-dyn: losses, grad norms and weights match DP2's ($out)" $?
+colo dp2pp2-dyn qwen3_moe 4 $PP=2 $DYN
+expect "dp2pp2-dyn: DP2 x PP2 (no EP) with dynamic batch sizes finishes" $?
+colo ep2pp2-dyn qwen3_moe 4 $EP=2 $PP=2 $DYN trainer.log_level=debug
+expect "ep2pp2-dyn: EP2 x PP2 with dynamic batch sizes finishes" $?
+grep -Eq "EP rank [01]: [0-9]+ micro-batch\(es\), padded to the EP group's [0-9]+ with empty ones" "$TMP/ep2pp2-dyn.log"
+expect "ep2pp2-dyn: an EP rank with fewer micro-batches ran empty ones through its pipeline" $?
+out=$(same_metrics dp2pp2-dyn ep2pp2-dyn 2>&1) && out="$out; $(same_weights dp2pp2-dyn ep2pp2-dyn)"
+expect "ep2pp2-dyn: losses, grad norms and weights match DP2 x PP2's ($out)" $?
 
 # a split run: 2 EP trainer ranks and a rollout rank, which gets each version whole (the experts gathered over EP)
 # shellcheck disable=SC2046
@@ -165,6 +205,13 @@ out=$(same_metrics one-qwen3_moe split-ep2 2>&1)
 expect "split-ep2: per-step losses, grad norms and entropies match one process ($out)" $?
 out=$(same_weights one-qwen3_moe split-ep2)
 expect "split-ep2: weights after $STEPS steps match one process ($out)" $?
+# shellcheck disable=SC2046
+"${MPIRUN[@]}" -np 5 "$WORKER" $(common qwen3_moe) $AUX trainer.default_local_dir="$TMP/split-ep2pp2" $EP=2 \
+    actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2 placement.trainer_ranks=4 \
+    placement.rollout_ranks=1 >"$TMP/split-ep2pp2.log" 2>&1
+expect "split-ep2pp2: 4 trainer ranks with EP 2 x PP 2 and a rollout rank finish" $?
+out=$(same_metrics one-qwen3_moe split-ep2pp2 2>&1) && out="$out; $(same_weights one-qwen3_moe split-ep2pp2)"
+expect "split-ep2pp2: losses, grad norms and weights (each version gathered over the stages' EP groups) match one process ($out)" $?
 
 python3 - "$TMP/ep2-qwen3_moe/p/e/metrics.jsonl" "$TMP/dp4/p/e/metrics.jsonl" <<'PY'
 import json, sys
@@ -194,6 +241,18 @@ colo one-to-ep2 qwen3_moe 2 $EP=2 $RESUME trainer.resume_from_path="$(ckpt one-q
 expect "one process's step-1 checkpoint resumes under EP2" $?
 out=$(same_weights one-qwen3_moe one-to-ep2)
 expect "resumed under EP2 from one process: the single-process weights ($out)" $?
+one zero1-to-one qwen3_moe $RESUME trainer.resume_from_path="$(ckpt ep2dp2-zero1 1)"
+expect "EP2 x DP2 with ZeRO-1: its step-1 checkpoint resumes in one process" $?
+out=$(same_weights one-qwen3_moe zero1-to-one)
+expect "resumed in one process from EP2 x DP2 with ZeRO-1 (the moments gathered whole): the single-process weights ($out)" $?
+one pp-zero1-to-one qwen3_moe $RESUME trainer.resume_from_path="$(ckpt ep2pp2-zero1 1)"
+expect "EP2 x PP2 with ZeRO-1: its step-1 checkpoint resumes in one process" $?
+out=$(same_weights one-qwen3_moe pp-zero1-to-one)
+expect "resumed in one process from EP2 x PP2 with ZeRO-1 (the stages' moments gathered whole): the single-process weights ($out)" $?
+colo one-to-zero1 qwen3_moe 4 $EP=2 $ZERO $RESUME trainer.resume_from_path="$(ckpt one-qwen3_moe 1)"
+expect "one process's step-1 checkpoint resumes under EP2 x DP2 with ZeRO-1" $?
+out=$(same_weights one-qwen3_moe one-to-zero1)
+expect "resumed under EP2 x DP2 with ZeRO-1 from one process: the single-process weights ($out)" $?
 
 # refusals, by name
 refused() { # NAME TEXT RANKS MODEL [keys...]
@@ -207,11 +266,7 @@ refused() { # NAME TEXT RANKS MODEL [keys...]
     expect "$name: refused ($rc), naming the key and numbers" $?
 }
 refused ep4-of-3 "expert_model_parallel_size (3) does not divide the model's num_experts (4)" 3 qwen3_moe $EP=3
-refused ep-pp "expert_model_parallel_size (2) with pipeline_model_parallel_size 2" \
-    4 qwen3_moe $EP=2 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
 refused ep-dense "expert_model_parallel_size (2): the model is dense" 2 llama $EP=2
-refused ep-zero1 "expert_model_parallel_size 2 with actor_rollout_ref.actor.megatron.use_distributed_optimizer=true" 2 \
-    qwen3_moe $EP=2 actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
 refused ep-dp3 "data-parallel ranks are not a multiple of actor_rollout_ref.actor.megatron.expert_model_parallel_size 2" \
     3 qwen3_moe $EP=2
 finish "$TMP"/*.log

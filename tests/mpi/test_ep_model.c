@@ -267,10 +267,13 @@ int main(int argc, char **argv)
         g_bad++;
         log_error("test", "EP 2 with TP 2 refused: '%s'", why);
     }
-    if (model_ep_check(&qwen3moe, 2, 1, 2, key, why, sizeof why) == 0 ||
-        !strstr(why, "pipeline_model_parallel_size 2")) {
+    if (model_ep_check(&qwen3moe, 2, 2, 2, key, why, sizeof why) != 0) { /* EP x TP x PP */
         g_bad++;
-        log_error("test", "EP with PP not refused clearly: '%s'", why);
+        log_error("test", "EP 2 with TP 2 and PP 2 refused: '%s'", why);
+    }
+    if (model_ep_check(&qwen3moe, 2, 1, 2, key, why, sizeof why) != 0) { /* each stage's layers over its EP group */
+        g_bad++;
+        log_error("test", "EP with PP refused: '%s'", why);
     }
     if (model_ep_check(&dense, 2, 1, 1, key, why, sizeof why) == 0 || !strstr(why, "dense")) {
         g_bad++;

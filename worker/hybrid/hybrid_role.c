@@ -128,7 +128,8 @@ static double update_weights(struct colocated *c, int64_t *bytes)
     size_t n;
     const float *local = trainer_params(c->t, &n); /* host memory (a copy on a GPU) */
     const size_t nw = model_whole_floats(&p->cfg);
-    struct comm *mp = c->env->at.ep_size > 1                        ? (c->env->etp ? c->env->etp : c->env->ep)
+    struct comm *mp = c->env->emp                                   ? c->env->emp /* EP with PP (and TP) */
+                      : c->env->at.ep_size > 1                      ? (c->env->etp ? c->env->etp : c->env->ep)
                       : c->env->at.tp_size * c->env->at.pp_size > 1 ? c->env->mp
                                                                     : NULL;
     if (p->lora) { /* a whole model (no TP or PP with LoRA): the base with the adapter merged, then sharded */

@@ -432,6 +432,11 @@ static void train_groups(struct launch *l, const char *what)
     if (env->at.cp_size > 1 && env->at.tp_size * env->at.pp_size > 1)
         env->replica = comm_split(l->sides, env->at.dp,
                                   (env->at.pp * env->at.cp_size + env->at.cp) * env->at.tp_size + env->at.tp);
+    /* EP with PP: a model copy is the stages' EP groups, ranked (stage x EP + EP rank) x TP + TP rank */
+    const int E = env->at.ep_size;
+    env->emp = E > 1 && env->at.pp_size > 1 ? comm_split(l->sides, env->at.dp / E * env->at.cp_size + env->at.cp,
+                                                         (env->at.pp * E + env->at.ep) * env->at.tp_size + env->at.tp)
+                                            : NULL;
 }
 
 /* A split run's groups: the trainers and their DP, TP, PP and model-copy groups, a rollout TP group, and the
@@ -575,12 +580,13 @@ void launch_close_role(struct launch *l)
             comm_free(env->mp);
             comm_free(env->replica);
             env->replica = NULL;
+            comm_free(env->emp);
             parallel_groups_free(&l->trainer_groups);
         }
         comm_free(env->rollout_tp);
         comm_free(env->weight_group);
         comm_free(l->sides);
-        env->mp = env->rollout_tp = env->weight_group = env->trainers = l->sides = NULL;
+        env->mp = env->emp = env->rollout_tp = env->weight_group = env->trainers = l->sides = NULL;
         env->dp = env->tp = env->pp = env->cp = env->grads = NULL;
     }
     control_close(env->ctl);

@@ -210,12 +210,11 @@ void model_shard_set_ep(struct model_shard *sh, const struct model_config *c, in
 struct model_shard model_shard_of_mp(const struct model *m, int r)
 {
     const struct model_shard *sh = &m->sh;
-    if (sh->ep_size > 1) { /* the EP x TP ranks of one model copy, ranked ep x TP + tp (TP fastest, as the world) */
-        struct model_shard e = model_shard_of(&m->cfg, r % sh->tp_size, sh->tp_size, 0, 1);
-        model_shard_set_ep(&e, &m->cfg, r / sh->tp_size, sh->ep_size);
-        return e;
-    }
-    return model_shard_of(&m->cfg, r % sh->tp_size, sh->tp_size, r / sh->tp_size, sh->pp_size);
+    const int T = sh->tp_size, E = sh->ep_size > 1 ? sh->ep_size : 1; /* r = (stage x EP + EP rank) x TP + TP rank */
+    struct model_shard s = model_shard_of(&m->cfg, r % T, T, r / (T * E), sh->pp_size);
+    if (E > 1)
+        model_shard_set_ep(&s, &m->cfg, (r / T) % E, E);
+    return s;
 }
 
 int model_ep_check(const struct model_config *c, int ep, int tp, int pp, const char *key, char *why, size_t len)
@@ -232,13 +231,7 @@ int model_ep_check(const struct model_config *c, int ep, int tp, int pp, const c
         return -1;
     }
     (void)tp; /* EP x TP: each EP rank's experts split over its TP group, tokens dispatched within a TP rank */
-    if (pp > 1) {
-        snprintf(why, len,
-                 "%s (%d) with pipeline_model_parallel_size %d: expert parallelism runs without pipeline stages for "
-                 "now; set it to 1",
-                 key, ep, pp);
-        return -1;
-    }
+    (void)pp; /* each pipeline stage's MoE layers dispatch over the EP group of its stage */
     return 0;
 }
 
@@ -461,7 +454,8 @@ struct model *model_create_on(const struct model_config *c, const struct model_l
     if (ep > 1) { /* the EP group holds one model copy between its ranks */
         model_shard_set_ep(&m->sh, c, L->ep_rank, ep);
         m->sh.ep = L->ep;
-        m->sh.mp = L->tp_size > 1 ? L->mp : L->ep; /* with TP the EP x TP ranks of the copy */
+        /* the model copy: the EP group, or with TP or PP the EP x TP ranks of every stage (L->mp) */
+        m->sh.mp = L->tp_size > 1 || L->pp_size > 1 ? L->mp : L->ep;
     }
     m->K = K ? K : kctx_cpu();
     if (ep > 1 && m->K->device != KDEV_CPU)

@@ -221,7 +221,9 @@ int model_sp_check(const struct model_config *c, int sp_size, const char *key, c
  * on the CPU. */
 void model_set_sp(struct model *m, struct comm *sp);
 /* Whether the experts split over ep_size EP ranks: 0, or -1 with why naming key (the EP size's config key) and the
- * numbers (a mixture-of-experts model whose expert count EP divides; PP 1; the CPU back-end). */
+ * numbers (a mixture-of-experts model whose expert count EP divides; each EP rank's experts split over its TP
+ * group by their intermediate rows; with PP each stage's layers split over the EP group of its stage; the CPU
+ * back-end). */
 int model_ep_check(const struct model_config *c, int ep_size, int tp_size, int pp_size, const char *key, char *why,
                    size_t len);
 /* Whether m's training can run context-parallel over cp ranks (key names the setting in the error): a dense model

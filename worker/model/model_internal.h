@@ -8,7 +8,7 @@
 struct model_shard model_shard_of(const struct model_config *c, int r, int tp, int s, int pp);
 /* Shard sh (whole layers) as EP rank r of ep: its experts. */
 void model_shard_set_ep(struct model_shard *sh, const struct model_config *c, int r, int ep);
-/* The shard of rank r of m's model-copy group (mp): TP rank r % TP of stage r / TP, or EP rank r. */
+/* The shard of rank r of m's model-copy group (mp): TP rank r % TP, EP rank (r / TP) % EP of stage r / (TP x EP). */
 struct model_shard model_shard_of_mp(const struct model *m, int r);
 /* model_param_refs of shard sh laid out over mem (NULL: only count; mem holds the shard's n_floats). */
 int model_refs_over(const struct model_config *c, const struct model_shard *sh, float *mem, struct param_ref *refs,

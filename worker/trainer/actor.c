@@ -380,8 +380,7 @@ static void update_mini_batch(struct model *m, struct adamw *opt, struct rollout
     }
     double norm = p->zero ? zero1_clip(p->zero, p->grad_clip, m) : mp_clip(m, p->grad_clip);
     if (isfinite(norm) && p->zero) { /* every rank has the same norm: they step, or skip, together */
-        adamw_step(opt, tr.params + p->zero->lo, p->zero->grad, p->lr);
-        zero1_allgather(p->zero, tr.params);
+        zero1_step(p->zero, opt, tr.params, p->lr);
     } else if (isfinite(norm)) {
         adamw_step(opt, tr.params, tr.grads, p->lr);
     } else {

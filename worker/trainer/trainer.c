@@ -577,12 +577,6 @@ static int ep_refusals(const struct trainer *t, char *err, size_t errlen)
                          "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with trainer.device=%s: "
                          "expert parallelism runs on CPU trainers for now",
                          ep, c->trainer_device);
-    if (c->actor_megatron_use_distributed_optimizer)
-        return error_set(err, errlen,
-                         "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with "
-                         "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true: ZeRO-1 with expert "
-                         "parallelism is not available yet; set one of them off",
-                         ep);
     if (c->trainer_sft_warmup_steps > 0) /* its step sums no gradient over DP: every rank runs every answer */
         return error_set(err, errlen,
                          "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with "
@@ -607,11 +601,12 @@ static void shard_policy(struct trainer *t)
     model_shard_slice(p, t->policy->w.mem, p->w.mem);
     if (t->lay.ep)
         log_info("trainer",
-                 "EP rank %d of %d: experts %d..%d of %d (TP rank %d of %d: their rows %d..%d), %zu of the "
-                 "model's %zu parameters",
+                 "EP rank %d of %d: experts %d..%d of %d (TP rank %d of %d: their rows %d..%d), stage %d of %d "
+                 "(layers %d..%d), %zu of the model's %zu parameters",
                  t->lay.ep_rank, t->lay.ep_size, p->sh.expert_lo, p->sh.expert_lo + p->sh.n_experts - 1,
                  p->cfg.n_experts, t->lay.tp_rank, t->lay.tp_size, p->sh.moe_inter_lo,
-                 p->sh.moe_inter_lo + p->sh.moe_inter - 1, p->w.n_floats, t->policy->w.n_floats);
+                 p->sh.moe_inter_lo + p->sh.moe_inter - 1, t->lay.pp_rank, t->lay.pp_size, p->sh.layer_lo,
+                 p->sh.layer_hi - 1, p->w.n_floats, t->policy->w.n_floats);
     else
         log_info("trainer",
                  "TP rank %d of %d, stage %d of %d: %zu of the model's %zu parameters (layers %d..%d, heads %d..%d, "
@@ -676,7 +671,9 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         t->lay.ep_size = 1, t->lay.ep_rank = 0, t->lay.ep = t->lay.edp = t->lay.etp = NULL;
     if (!t->lay.tp)
         t->lay.etp = NULL;
-    if (t->lay.ep) /* the experts of one model copy are spread over the EP group (and each over TP: EP x TP) */
+    /* the experts of one model copy are spread over the EP group (and each over TP: EP x TP); with PP over the
+     * stages' EP groups (and their TP ranks), the layout's mp */
+    if (t->lay.ep && !t->lay.pp)
         t->lay.mp = t->lay.etp ? t->lay.etp : t->lay.ep;
     if (!t->lay.mp)
         t->lay.mp = t->lay.tp;
@@ -911,13 +908,21 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
                       t->lay.dp_size);
             goto fail;
         }
-        t->zero = zero1_create(t->opt->K, t->dp_dev ? t->dp_dev : zg, model_trainable(t->policy).n);
+        /* expert parallelism: the dense parameters over DP, the experts over the ranks holding the same ones */
+        t->zero = t->lay.ep ? zero1_create_ep(t->opt->K, zg, t->lay.edp, t->policy)
+                            : zero1_create(t->opt->K, t->dp_dev ? t->dp_dev : zg, model_trainable(t->policy).n);
         struct adamw *block = zero1_shard(t->zero, t->opt);
         adamw_free(t->opt);
         t->opt = block;
-        log_info("trainer", "ZeRO-1: %s rank %d keeps the optimizer state of parameters %zu..%zu (%.2f GB of %.2f)",
-                 t->lay.grads ? "DP x CP" : "DP", comm_rank(zg), t->zero->lo, t->zero->hi, 8.0 * (double)block->n / 1e9,
-                 8.0 * (double)t->zero->n / 1e9);
+        if (t->zero->ep)
+            log_info("trainer",
+                     "ZeRO-1 with EP: DP rank %d keeps the optimizer state of %zu of this EP rank's %zu parameters "
+                     "(dense ones over DP, experts over the %d DP ranks holding the same experts)",
+                     comm_rank(zg), block->n, t->zero->n, t->lay.edp ? comm_size(t->lay.edp) : 1);
+        else
+            log_info("trainer", "ZeRO-1: %s rank %d keeps the optimizer state of parameters %zu..%zu (%.2f GB of %.2f)",
+                     t->lay.grads ? "DP x CP" : "DP", comm_rank(zg), t->zero->lo, t->zero->hi,
+                     8.0 * (double)block->n / 1e9, 8.0 * (double)t->zero->n / 1e9);
     }
     overlap_setup(t);
     /* a failed write of an earlier run in this process (tests run several) is not this run's */

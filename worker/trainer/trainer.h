@@ -49,13 +49,15 @@ struct trainer_layout {
     int tp_rank, tp_size;
     struct comm *pp; /* pipeline group (this TP rank's stages); NULL: every layer here */
     int pp_rank, pp_size;
-    struct comm *mp; /* the TP x PP ranks of one model copy (ranked pp x TP + tp); NULL: TP and PP both 1 */
+    struct comm *mp; /* the TP x PP ranks of one model copy (ranked pp x TP + tp; with EP and PP the stages' EP groups,
+                      * ranked pp x EP + ep); NULL: TP and PP both 1 */
     struct comm *cp; /* Ulysses sequence parallelism: the ranks sharing each sequence (same DP rank, same batch;
                         each runs a slice of its tokens); NULL: none */
     int cp_rank, cp_size;
     struct comm *grads; /* with cp: DP x CP, the ranks whose gradients add up (NULL: dp) */
     /* expert parallelism (actor_rollout_ref.actor.megatron.expert_model_parallel_size, out of the DP ranks): ep the
-     * DP ranks splitting the experts (EP rank dp % ep_size; it is then the model copy's group, mp), edp those holding
+     * DP ranks splitting the experts (EP rank dp % ep_size; it is then the model copy's group, mp; with PP mp is the
+     * stages' EP groups, role_env.emp), edp those holding
      * the same experts, over which the experts' gradients add up; NULL when ep_size is 1 */
     struct comm *ep, *edp;
     int ep_rank, ep_size;

@@ -573,7 +573,9 @@ void trainer_layout_of(const struct role_env *env, struct trainer_layout *lay)
                                    .pp = env->at.pp_size > 1 ? env->pp : NULL,
                                    .pp_rank = env->at.pp,
                                    .pp_size = env->at.pp_size,
-                                   .mp = split_model ? env->mp : NULL,
+                                   .mp = env->emp      ? env->emp
+                                         : split_model ? env->mp
+                                                       : NULL,
                                    .cp = env->cp,
                                    .cp_rank = env->at.cp,
                                    .cp_size = env->at.cp_size,

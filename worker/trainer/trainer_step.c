@@ -419,8 +419,15 @@ static void moe_measure(struct trainer *t, struct step_update *out)
     out->moe_experts = 0;
     if (!E)
         return;
-    double *tok = xcalloc((size_t)L * E + 1, sizeof *tok), aux = 0;
-    const int n = model_moe_stats(t->policy, tok, &aux);
+    double *tok = xcalloc((size_t)L * E + 2, sizeof *tok), aux = 0;
+    int n = model_moe_stats(t->policy, tok, &aux);
+    if (t->lay.pp) { /* each stage routed its own layers: their counts, and the mean over every stage's layers */
+        tok[(size_t)L * E] = aux * n;
+        tok[(size_t)L * E + 1] = n;
+        comm_allreduce_sum(t->lay.pp, tok, (size_t)L * E + 2, COMM_F64);
+        n = (int)tok[(size_t)L * E + 1];
+        aux = n ? tok[(size_t)L * E] / n : 0;
+    }
     tok[(size_t)L * E] = aux;
     sum_dist(t, tok, L * E + 1);
     const int ranks = t->lay.dp_size > 0 ? t->lay.dp_size : 1;

@@ -7,6 +7,134 @@
 #include "common/check.h"
 #include "kernels/kernels.h"
 
+/* ZeRO-1 under expert parallelism: class 0 the dense parameters (sharded over DP), class 1 this rank's experts
+ * (over edp). Each class is a list of spans of the parameter buffer, packed back to back in its order. */
+struct zero1_ep {
+    struct comm *group[2]; /* dp, edp (NULL: a group of one) */
+    int n_span[2];
+    size_t *at[2], *len[2];  /* the spans: floats [at, at + len) of the parameter buffer */
+    size_t tot[2];           /* the class's floats */
+    size_t per[2];           /* block per rank: ceil(tot / group size) */
+    size_t lo[2], hi[2];     /* this rank's block of the packed class */
+    float *pack[2];          /* per x group size floats: the packed class */
+    float *pblock;           /* the two blocks' parameters, back to back (what AdamW steps) */
+    size_t skip_lo, skip_hi; /* parameters not counted in the norm: the last stage's copy of a tied embedding */
+};
+
+static size_t ep_k(const struct zero1_ep *e, int c) { return e->hi[c] - e->lo[c]; }
+
+static void ep_add_span(struct zero1_ep *e, int c, size_t at, size_t len)
+{
+    if (!len)
+        return;
+    e->at[c] = xrealloc(e->at[c], (size_t)(e->n_span[c] + 1) * sizeof(size_t));
+    e->len[c] = xrealloc(e->len[c], (size_t)(e->n_span[c] + 1) * sizeof(size_t));
+    e->at[c][e->n_span[c]] = at;
+    e->len[c][e->n_span[c]] = len;
+    e->n_span[c]++;
+    e->tot[c] += len;
+}
+
+/* src's spans of class c into e->pack[c], zeros past them */
+static void ep_pack(struct kctx *K, struct zero1_ep *e, int c, const float *src)
+{
+    size_t off = 0;
+    for (int i = 0; i < e->n_span[c]; i++) {
+        k_copy(K, e->pack[c] + off, src + e->at[c][i], e->len[c][i] * sizeof(float));
+        off += e->len[c][i];
+    }
+    const size_t G = e->group[c] ? (size_t)comm_size(e->group[c]) : 1;
+    k_zero(K, e->pack[c] + off, (e->per[c] * G - off) * sizeof(float));
+}
+
+/* packed class c (from) back into dst's spans */
+static void ep_unpack(struct kctx *K, const struct zero1_ep *e, int c, const float *from, float *dst)
+{
+    size_t off = 0;
+    for (int i = 0; i < e->n_span[c]; i++) {
+        k_copy(K, dst + e->at[c][i], from + off, e->len[c][i] * sizeof(float));
+        off += e->len[c][i];
+    }
+}
+
+/* Every rank's block of class c into dst's spans, from this rank's block (k floats at mine); stage holds per[c]. */
+static void ep_gather(struct kctx *K, struct zero1_ep *e, int c, const float *mine, float *stage, float *dst)
+{
+    if (!e->group[c]) { /* the block is the whole class */
+        ep_unpack(K, e, c, mine, dst);
+        return;
+    }
+    const size_t k = ep_k(e, c);
+    k_copy(K, stage, mine, k * sizeof(float));
+    k_zero(K, stage + k, (e->per[c] - k) * sizeof(float));
+    comm_allgather(e->group[c], stage, e->pack[c], e->per[c], COMM_F32);
+    ep_unpack(K, e, c, e->pack[c], dst);
+}
+
+/* The squares of this rank's dense block that fall in [skip_lo, skip_hi) (counted on another stage). */
+static double ep_skipped_sq(const struct zero1 *z)
+{
+    const struct zero1_ep *e = z->ep;
+    double s = 0;
+    size_t off = 0; /* the span's place in the packed dense class */
+    for (int i = 0; e->skip_hi > e->skip_lo && i < e->n_span[0]; off += e->len[0][i], i++) {
+        /* the span's floats in this rank's block, then in the skipped range, as parameter indices */
+        size_t a = off > e->lo[0] ? off : e->lo[0], b = off + e->len[0][i] < e->hi[0] ? off + e->len[0][i] : e->hi[0];
+        if (a >= b)
+            continue;
+        size_t fa = e->at[0][i] + (a - off), fb = e->at[0][i] + (b - off);
+        fa = fa > e->skip_lo ? fa : e->skip_lo;
+        fb = fb < e->skip_hi ? fb : e->skip_hi;
+        if (fa < fb) /* back to the block's index: packed (fa - at + off) - lo */
+            s += k_sumsq(z->K, z->grad + (fa - e->at[0][i] + off - e->lo[0]), fb - fa);
+    }
+    return s;
+}
+
+struct zero1 *zero1_create_ep(struct kctx *K, struct comm *dp, struct comm *edp, const struct model *m)
+{
+    if (K->device != KDEV_CPU)
+        check_failf(__FILE__, __LINE__, "ZeRO-1 with expert parallelism runs on the CPU back-end");
+    struct zero1 *z = xcalloc(1, sizeof *z);
+    struct zero1_ep *e = xcalloc(1, sizeof *e);
+    z->K = K;
+    z->dp = dp;
+    z->n = m->w.n_floats;
+    z->ep = e;
+    e->group[0] = dp;
+    e->group[1] = edp && comm_size(edp) > 1 ? edp : NULL;
+    size_t at = 0; /* the dense floats from here up to the next layer's experts */
+    for (int l = m->sh.layer_lo; l < m->sh.layer_hi; l++) {
+        size_t lo, hi;
+        model_expert_span(m, l, &lo, &hi);
+        if (hi == lo)
+            continue;
+        ep_add_span(e, 0, at, lo - at);
+        ep_add_span(e, 1, lo, hi - lo);
+        at = hi;
+    }
+    ep_add_span(e, 0, at, z->n - at);
+    if (m->cfg.tie_word_embeddings && m->sh.pp_size > 1 && m->sh.has_head && !m->sh.has_embed) {
+        e->skip_lo = (size_t)(m->w.lm_head - m->w.mem);
+        e->skip_hi = e->skip_lo + (size_t)(m->sh.vocab_hi - m->sh.vocab_lo) * (size_t)m->cfg.hidden_size;
+    }
+    for (int c = 0; c < 2; c++) {
+        const size_t G = e->group[c] ? (size_t)comm_size(e->group[c]) : 1,
+                     r = e->group[c] ? (size_t)comm_rank(e->group[c]) : 0;
+        e->per[c] = (e->tot[c] + G - 1) / G;
+        e->lo[c] = r * e->per[c] < e->tot[c] ? r * e->per[c] : e->tot[c];
+        e->hi[c] = e->lo[c] + e->per[c] < e->tot[c] ? e->lo[c] + e->per[c] : e->tot[c];
+        e->pack[c] = xcalloc(e->per[c] * G + 1, sizeof(float));
+    }
+    /* the dense block's reduce-scatter writes per[0] floats, the experts' per[1] after the dense block's k */
+    z->per = e->per[0] + e->per[1];
+    z->grad = k_calloc(K, (z->per + 1) * sizeof(float), KMEM_GRADS, "ZeRO-1's blocks of the summed gradients");
+    e->pblock = xcalloc(ep_k(e, 0) + ep_k(e, 1) + 1, sizeof(float));
+    return z;
+}
+
+size_t zero1_block_floats(const struct zero1 *z) { return z->ep ? ep_k(z->ep, 0) + ep_k(z->ep, 1) : z->hi - z->lo; }
+
 struct zero1 *zero1_create(struct kctx *K, struct comm *dp, size_t n)
 {
     struct zero1 *z = xcalloc(1, sizeof *z);
@@ -29,6 +157,12 @@ void zero1_free(struct zero1 *z)
     if (!z)
         return;
     k_free(z->K, z->grad, (z->per + 1) * sizeof(float), KMEM_GRADS);
+    if (z->ep) {
+        for (int c = 0; c < 2; c++)
+            free(z->ep->at[c]), free(z->ep->len[c]), free(z->ep->pack[c]);
+        free(z->ep->pblock);
+        free(z->ep);
+    }
     if (z->pad)
         k_free(z->K, z->pad, z->per * (size_t)comm_size(z->dp) * sizeof(float), KMEM_GRADS);
     free(z);
@@ -36,6 +170,18 @@ void zero1_free(struct zero1 *z)
 
 void zero1_reduce_scatter(struct zero1 *z, const float *grads)
 {
+    if (z->ep) {
+        struct zero1_ep *e = z->ep;
+        float *dst[2] = {z->grad, z->grad + ep_k(e, 0)};
+        for (int c = 0; c < 2; c++) {
+            ep_pack(z->K, e, c, grads);
+            if (e->group[c])
+                comm_reduce_scatter_sum(e->group[c], e->pack[c], dst[c], e->per[c], COMM_F32);
+            else
+                k_copy(z->K, dst[c], e->pack[c], e->tot[c] * sizeof(float));
+        }
+        return;
+    }
     const float *send = grads;
     if (z->pad) { /* the blocks must be equal: zeros past the end */
         k_copy(z->K, z->pad, grads, z->n * sizeof(float));
@@ -47,6 +193,16 @@ void zero1_reduce_scatter(struct zero1 *z, const float *grads)
 
 double zero1_clip(struct zero1 *z, double max_norm, const struct model *m)
 {
+    if (z->ep) { /* the dense blocks are disjoint over DP, the experts' over edp and EP: DP holds each once */
+        const size_t k = zero1_block_floats(z);
+        double s = k_sumsq(z->K, z->grad, k) - ep_skipped_sq(z);
+        comm_allreduce_sum(z->dp, &s, 1, COMM_F64);
+        if (m->sh.pp) /* the other stages' layers */
+            comm_allreduce_sum(m->sh.pp, &s, 1, COMM_F64);
+        const double norm = sqrt(s);
+        grad_scale_to_on(z->K, z->grad, k, norm, max_norm);
+        return norm;
+    }
     /* a LoRA adapter (whole models only) is all owned; a shard counts each parameter on one rank */
     double s = m->lora ? k_sumsq(z->K, z->grad, z->hi - z->lo) : model_owned_sq(m, z->grad, z->lo, z->hi);
     comm_allreduce_sum(z->dp, &s, 1, COMM_F64);
@@ -70,7 +226,31 @@ static void gather_blocks(struct zero1 *z, struct kctx *K, float *stage, float *
         k_copy(K, dst, pad, z->n * sizeof(float));
 }
 
-void zero1_allgather(struct zero1 *z, float *params) { gather_blocks(z, z->K, z->grad, z->pad, params, params); }
+void zero1_allgather(struct zero1 *z, float *params)
+{
+    if (z->ep) { /* the blocks' parameters are in pblock (zero1_step) */
+        ep_gather(z->K, z->ep, 0, z->ep->pblock, z->grad, params);
+        ep_gather(z->K, z->ep, 1, z->ep->pblock + ep_k(z->ep, 0), z->grad, params);
+        return;
+    }
+    gather_blocks(z, z->K, z->grad, z->pad, params, params);
+}
+
+void zero1_step(struct zero1 *z, struct adamw *opt, float *params, double lr)
+{
+    if (!z->ep) {
+        adamw_step(opt, params + z->lo, z->grad, lr);
+        zero1_allgather(z, params);
+        return;
+    }
+    struct zero1_ep *e = z->ep;
+    for (int c = 0, off = 0; c < 2; off += (int)ep_k(e, c), c++) {
+        ep_pack(z->K, e, c, params);
+        k_copy(z->K, e->pblock + off, e->pack[c] + e->lo[c], ep_k(e, c) * sizeof(float));
+    }
+    adamw_step(opt, e->pblock, z->grad, lr);
+    zero1_allgather(z, params);
+}
 
 /* bytes from src (of srcK's memory) to dst (of dstK's): the same context, or host and device either way */
 static void copy_across(struct kctx *dstK, void *dst, struct kctx *srcK, const void *src, size_t bytes)
@@ -89,7 +269,20 @@ static void copy_across(struct kctx *dstK, void *dst, struct kctx *srcK, const v
 
 struct adamw *zero1_shard(const struct zero1 *z, const struct adamw *whole)
 {
-    struct adamw *o = adamw_create_on(z->K, z->hi - z->lo, whole->beta1, whole->beta2, whole->eps, whole->weight_decay);
+    struct adamw *o =
+        adamw_create_on(z->K, zero1_block_floats(z), whole->beta1, whole->beta2, whole->eps, whole->weight_decay);
+    if (z->ep) { /* both CPU memory (zero1_create_ep) */
+        struct zero1_ep *e = z->ep;
+        const float *src[2] = {whole->m, whole->v};
+        float *dst[2] = {o->m, o->v};
+        for (int i = 0; i < 2; i++)
+            for (int c = 0, off = 0; c < 2; off += (int)ep_k(e, c), c++) {
+                ep_pack(z->K, e, c, src[i]);
+                memcpy(dst[i] + off, e->pack[c] + e->lo[c], ep_k(e, c) * sizeof(float));
+            }
+        o->t = whole->t;
+        return o;
+    }
     copy_across(z->K, o->m, whole->K, whole->m + z->lo, o->n * sizeof(float));
     copy_across(z->K, o->v, whole->K, whole->v + z->lo, o->n * sizeof(float));
     o->t = whole->t;
@@ -101,6 +294,18 @@ struct adamw *zero1_gather(struct zero1 *z, const struct adamw *block)
     struct adamw *o = adamw_create(z->n, block->beta1, block->beta2, block->eps, block->weight_decay);
     o->t = block->t;
     struct kctx *H = o->K; /* host memory: what a checkpoint is written from */
+    if (z->ep) {
+        struct zero1_ep *e = z->ep;
+        float *stage = xcalloc(z->per + 1, sizeof(float));
+        const float *src[2] = {block->m, block->v};
+        float *dst[2] = {o->m, o->v};
+        for (int i = 0; i < 2; i++) {
+            ep_gather(H, e, 0, src[i], stage, dst[i]);
+            ep_gather(H, e, 1, src[i] + ep_k(e, 0), stage, dst[i]);
+        }
+        free(stage);
+        return o;
+    }
     /* the block sits at [lo, hi) of a whole buffer for gather_blocks */
     copy_across(H, o->m + z->lo, block->K, block->m, block->n * sizeof(float));
     copy_across(H, o->v + z->lo, block->K, block->v, block->n * sizeof(float));
