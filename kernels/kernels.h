@@ -45,7 +45,32 @@ struct kmoe {
     const int32_t *ref;
     bool replay;
     int n_differ, n_compared;
+    /* LoRA on the experts (NULL: none; the CPU back-end only): each expert's token group also runs its own
+     * low-rank path, struct kmoe_lora */
+    const struct kmoe_lora *lora;
 };
+
+/* The experts' LoRA adapters of one layer over r's E experts, in PEFT's layout of transformers' fused experts (its
+ * target_parameters): A (E R, Din), expert e's rows e R .. e R + R - 1; B (Dout, R E), expert e's (o, j) at column
+ * j E + e. Gate and up share one adapter (gate_up_proj: Dout 2F, gate rows first): t = xs Agu_e^T (n, Rgu), then
+ * gate += s t Bgu_e[:F]^T and up += s t Bgu_e[F:]^T; down: ys += s (a Ad_e^T) Bd_e^T. NULL: that projection has none.
+ * The g* gradients (same layouts; NULL: none wanted) accumulate. */
+struct kmoe_lora {
+    const float *Agu, *Bgu; /* (E Rgu, D), (2F, Rgu E) */
+    const float *Ad, *Bd;   /* (E Rd, F), (D, Rd E) */
+    float *gAgu, *gBgu, *gAd, *gBd;
+    int Rgu, Rd;
+    float scale;
+    float *tmp; /* scratch of kmoe_lora_scratch floats */
+};
+
+/* The floats of struct kmoe_lora's scratch for N k slots. */
+static inline size_t kmoe_lora_scratch(size_t nk, int D, int F, int Rgu, int Rd)
+{
+    const size_t R = (size_t)(Rgu > Rd ? Rgu : Rd), W = (size_t)(F > D ? F : D);
+    const size_t bgu = 2 * (size_t)F * (size_t)Rgu, bd = (size_t)D * (size_t)Rd;
+    return nk * (2 * R + W) + 2 * (bgu > bd ? bgu : bd);
+}
 
 /* One back-end: what a context runs. Every op gets the context first. */
 struct kops {

@@ -29,12 +29,18 @@ struct lora_config {
     int rank;         /* r >= 1 */
     double alpha;     /* scale = alpha / r */
     unsigned targets; /* bit 1 << p for each enum proj_kind that gets an adapter */
+    bool router;      /* a mixture of experts: the router (mlp.gate) too, as PEFT's all-linear does */
 };
 
-/* One layer's adapter matrices (NULL where the projection is not a target). */
+/* One layer's adapter matrices (NULL where the projection is not a target). On a mixture of experts the MLP
+ * targets are the experts' (PEFT's target_parameters on transformers' fused experts, struct kmoe_lora's layout):
+ * gate_proj and up_proj together one adapter of rank 2r on gate_up_proj, down_proj one of rank r. */
 struct lora_layer {
     float *A[PROJ_KINDS]; /* (r, Din) */
     float *B[PROJ_KINDS]; /* (Dout, r) */
+    float *Agu, *Bgu;     /* experts: (El 2r, D), (2F, 2r El) */
+    float *Ad, *Bd;       /* experts: (El r, F), (D, r El) */
+    float *Ar, *Br;       /* the router: (r, D), (E, r) */
 };
 
 struct lora {
@@ -49,6 +55,7 @@ struct lora {
     float *scratch;           /* per-projection products: (N, r) x 2 and (N, Dout) */
     size_t scratch_cap;       /* floats */
     float *sink;              /* frozen norm weights' gradients land here, unread (max(D, head_dim) floats) */
+    struct kmoe_lora *moe;    /* (n_layers) the experts' adapters as the MoE kernels take them; NULL without */
     char base[4096];          /* the base model's path or name (adapter_config.json's base_model_name_or_path) */
 };
 
@@ -77,6 +84,14 @@ void lora_set_bypass(struct model *m, bool bypass);
 void lora_proj_forward(const struct model *m, int l, enum proj_kind p, float *y, const float *x, int N);
 void lora_proj_backward(const struct model *m, int l, enum proj_kind p, float *dx, const float *dy, const float *x,
                         int N);
+
+/* The experts' adapters of layer l for a run of nk slots (scratch sized), or NULL (none, or bypassed). */
+const struct kmoe_lora *lora_moe(const struct model *m, int l, size_t nk);
+/* The router's adapter of layer l: logits y += s (x A^T) B^T, and its backward (dx +=, gradients +=). */
+void lora_router_forward(const struct model *m, int l, float *y, const float *x, int N);
+void lora_router_backward(const struct model *m, int l, float *dx, const float *dy, const float *x, int N);
+/* Whether a target_modules list says all-linear (on a mixture of experts the router is adapted then too). */
+bool lora_names_all_linear(const char *list);
 
 /* What the optimizer trains: the adapter when one is attached, else every parameter of the shard. The gradients
  * are allocated (zeroed) on first use. */
