@@ -330,6 +330,23 @@ const struct kmoe_lora *lora_moe(const struct model *m, int l, size_t nk)
     return L;
 }
 
+const char *lora_moe_text(const struct model *m, char *buf, size_t len)
+{
+    const struct lora *a = m->lora;
+    if (len)
+        buf[0] = 0;
+    if (!a || !m->cfg.n_experts || !(a->cfg.targets & g_mlp || a->cfg.router))
+        return buf;
+    const bool gu = a->cfg.targets & (1u << PROJ_GATE), dn = a->cfg.targets & (1u << PROJ_DOWN);
+    if (gu || dn)
+        snprintf(buf, len, " (the MLP's on each of the %d experts%s%s)", m->cfg.n_experts,
+                 gu ? ", gate and up as one gate_up_proj adapter of rank 2r" : "",
+                 a->cfg.router ? "; and the router" : "");
+    else
+        snprintf(buf, len, " (and the router)");
+    return buf;
+}
+
 bool lora_names_all_linear(const char *list) { return list && strstr(list, "all-linear") != NULL; }
 
 /* ------------------------------------------------------------------ the trainable buffer */

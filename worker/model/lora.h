@@ -90,6 +90,9 @@ const struct kmoe_lora *lora_moe(const struct model *m, int l, size_t nk);
 /* The router's adapter of layer l: logits y += s (x A^T) B^T, and its backward (dx +=, gradients +=). */
 void lora_router_forward(const struct model *m, int l, float *y, const float *x, int N);
 void lora_router_backward(const struct model *m, int l, float *dx, const float *dy, const float *x, int N);
+/* On a mixture of experts, where the adapter sits: " (the MLP's on each of the 4 experts, gate and up as one
+ * gate_up_proj adapter of rank 2r; and the router)"; "" otherwise. Returns buf. */
+const char *lora_moe_text(const struct model *m, char *buf, size_t len);
 /* Whether a target_modules list says all-linear (on a mixture of experts the router is adapted then too). */
 bool lora_names_all_linear(const char *list);
 

@@ -794,14 +794,14 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
                             "without it every activation stays on the device");
     if (lora_attach_config(t->policy, cfg, model_path, err, errlen) != 0)
         goto fail;
-    char targets[128];
+    char targets[128], moe[192];
     if (t->policy->lora && lead(t))
         log_info("trainer",
-                 "LoRA: rank %d, alpha %g (scale %g) on %s: %zu trainable parameters, the %zu of the base frozen; the "
-                 "reference policy is the base model",
+                 "LoRA: rank %d, alpha %g (scale %g) on %s%s: %zu trainable parameters, the %zu of the base frozen; "
+                 "the reference policy is the base model",
                  t->policy->lora->cfg.rank, t->policy->lora->cfg.alpha, (double)t->policy->lora->scale,
-                 lora_targets_text(t->policy->lora->cfg.targets, targets, sizeof targets), t->policy->lora->n,
-                 t->policy->w.n_floats);
+                 lora_targets_text(t->policy->lora->cfg.targets, targets, sizeof targets),
+                 lora_moe_text(t->policy, moe, sizeof moe), t->policy->lora->n, t->policy->w.n_floats);
     if ((cfg->actor_use_kl_loss || cfg->alg_use_kl_in_reward) && !t->policy->lora) {
         t->ref = model_clone(t->policy); /* with LoRA the reference is the base: the policy, adapter bypassed */
     }
