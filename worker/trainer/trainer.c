@@ -588,10 +588,12 @@ static int ep_refusals(const struct trainer *t, char *err, size_t errlen)
                          "for now; warm-start in a run of its own and resume from its checkpoint with EP",
                          ep, (long long)c->trainer_sft_warmup_steps);
     if (c->arr_model_lora_rank > 0)
-        return error_set(err, errlen,
-                         "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with "
-                         "actor_rollout_ref.model.lora_rank %lld: LoRA runs on whole models; set the EP size to 1",
-                         ep, (long long)c->arr_model_lora_rank);
+        return error_set(
+            err, errlen,
+            "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with "
+            "actor_rollout_ref.model.lora_rank %lld: LoRA with expert parallelism is not available yet (LoRA on "
+            "a mixture of experts, its experts included, runs without it); set the EP size to 1",
+            ep, (long long)c->arr_model_lora_rank);
     return 0;
 }
 
