@@ -15,6 +15,7 @@
 #include "common/fs.h"
 #include "kernels/kernels.h"
 #include "sampler.h"
+#include "worker/comm/comm.h"
 #include "worker/formats/safetensors.h"
 
 #define ERR(...) error_set(err, errlen, __VA_ARGS__)
@@ -56,12 +57,14 @@ static float *take(float *base, size_t *off, size_t n)
     return p;
 }
 
-static size_t lora_layout(const struct model *m, const struct lora_config *c, float *base, struct lora_layer *lay)
+/* The layout for experts_here experts per MoE layer (m's own: m->sh.n_experts; the whole adapter under EP: E). */
+static size_t lora_layout_n(const struct model *m, const struct lora_config *c, float *base, struct lora_layer *lay,
+                            int experts_here)
 {
     size_t off = 0;
     const size_t r = (size_t)c->rank;
     const bool moe = m->cfg.n_experts > 0;
-    const size_t El = (size_t)m->sh.n_experts, E = (size_t)m->cfg.n_experts, D = (size_t)m->cfg.hidden_size;
+    const size_t El = (size_t)experts_here, E = (size_t)m->cfg.n_experts, D = (size_t)m->cfg.hidden_size;
     const size_t F = (size_t)m->cfg.moe_intermediate;
     for (int l = 0; l < m->cfg.n_layers; l++) {
         struct lora_layer z = {0}, *L = lay ? &lay[l] : &z;
@@ -90,6 +93,11 @@ static size_t lora_layout(const struct model *m, const struct lora_config *c, fl
         }
     }
     return off;
+}
+
+static size_t lora_layout(const struct model *m, const struct lora_config *c, float *base, struct lora_layer *lay)
+{
+    return lora_layout_n(m, c, base, lay, m->sh.n_experts);
 }
 
 static size_t sink_floats(const struct model *m)
@@ -198,21 +206,32 @@ void lora_init(struct model *m, uint64_t seed)
                 A[i] = (float)((2.0 * rng_uniform(&r) - 1.0) * bound);
         }
     /* the experts' and the router's A: PEFT's one Linear of (rows, Din) each, the same bound */
-    const size_t rk = (size_t)a->cfg.rank, El = (size_t)m->sh.n_experts, D = (size_t)m->cfg.hidden_size;
-    const size_t F = (size_t)m->cfg.moe_intermediate;
+    /* (under EP every expert's values are drawn, in the whole adapter's order, and this rank keeps its own: the
+     * same adapter whatever the EP layout) */
+    const size_t rk = (size_t)a->cfg.rank, D = (size_t)m->cfg.hidden_size, F = (size_t)m->cfg.moe_intermediate;
+    const int E = m->cfg.n_experts, lo = m->sh.expert_lo, El = m->sh.n_experts;
     for (int l = 0; l < a->n_layers; l++) {
         const struct lora_layer *L = &a->w[l];
         const struct {
             float *A;
+            int blocks; /* experts (1: the router) */
             size_t rows, din;
-        } as[] = {{L->Agu, El * 2 * rk, D}, {L->Ad, El * rk, F}, {L->Ar, rk, D}};
+        } as[] = {{L->Agu, E, 2 * rk, D}, {L->Ad, E, rk, F}, {L->Ar, 1, rk, D}};
         for (size_t k = 0; k < sizeof as / sizeof *as; k++) {
             if (!as[k].A)
                 continue;
             const double bound = 1.0 / sqrt((double)as[k].din);
+            const size_t per = as[k].rows * as[k].din;
             float *A = host + (as[k].A - a->mem);
-            for (size_t i = 0; i < as[k].rows * as[k].din; i++)
-                A[i] = (float)((2.0 * rng_uniform(&r) - 1.0) * bound);
+            for (int g = 0; g < as[k].blocks; g++) {
+                const bool mine = as[k].blocks == 1 || (g >= lo && g < lo + El);
+                float *dst = mine ? A + (size_t)(as[k].blocks == 1 ? 0 : g - lo) * per : NULL;
+                for (size_t i = 0; i < per; i++) {
+                    const float v = (float)((2.0 * rng_uniform(&r) - 1.0) * bound);
+                    if (dst)
+                        dst[i] = v;
+                }
+            }
         }
     }
     k_to_device(m->K, a->mem, host, a->n * sizeof(float));
@@ -825,4 +844,126 @@ void lora_merged_weights(const struct model *m, float *out)
     k_to_host(m->K, out, m->w.mem, m->w.n_floats * sizeof(float));
     if (m->lora && !m->lora->bypass)
         add_adapters(m, out);
+}
+
+/* ------------------------------------------------------------------ expert parallelism */
+
+void lora_expert_span(const struct model *m, int l, size_t *lo, size_t *hi)
+{
+    const struct lora *a = m->lora;
+    *lo = *hi = 0;
+    if (!a || !a->moe)
+        return;
+    const struct lora_layer *L = &a->w[l];
+    const size_t r = (size_t)a->cfg.rank, El = (size_t)m->sh.n_experts, D = (size_t)m->cfg.hidden_size;
+    const size_t F = (size_t)m->cfg.moe_intermediate;
+    *lo = (size_t)((L->Agu ? L->Agu : L->Ad) - a->mem);
+    *hi = L->Ad ? (size_t)(L->Bd - a->mem) + D * r * El : (size_t)(L->Bgu - a->mem) + 2 * F * 2 * r * El;
+}
+
+double lora_owned_sq(const struct model *m, const float *g)
+{
+    const struct lora *a = m->lora;
+    double s = 0;
+    size_t at = 0;
+    for (int l = 0; l <= a->n_layers; l++) {
+        size_t lo = a->n, hi = a->n; /* past the last layer: the rest */
+        if (l < a->n_layers)
+            lora_expert_span(m, l, &lo, &hi);
+        if (hi == lo && l < a->n_layers)
+            continue;
+        if (m->sh.ep_rank == 0) /* the dense parts are the same on every EP rank: counted once */
+            for (size_t i = at; i < lo; i++)
+                s += (double)g[i] * g[i];
+        for (size_t i = lo; i < hi; i++)
+            s += (double)g[i] * g[i];
+        at = hi;
+    }
+    return s;
+}
+
+/* Copy between an EP rank's adapter buffer (local, its layout; its experts from lo) and the whole adapter's (E
+ * experts): its experts' rows of A and interleaved columns of B, and with dense the rest (the attention's and the
+ * router's adapters). to_whole: local into whole; else whole into local. */
+static void ep_copy(const struct model *m, float *local, float *whole, int lo, bool to_whole, bool dense)
+{
+    const struct lora *a = m->lora;
+    const int n_layers = m->cfg.n_layers, El = m->sh.n_experts, E = m->cfg.n_experts, r = a->cfg.rank;
+    const int D = m->cfg.hidden_size, F = m->cfg.moe_intermediate;
+    struct lora_layer *ll = xcalloc((size_t)n_layers, sizeof *ll), *wl = xcalloc((size_t)n_layers, sizeof *wl);
+    lora_layout_n(m, &a->cfg, local, ll, El);
+    lora_layout_n(m, &a->cfg, whole, wl, E);
+#define CP(dst_w, src_l, n)                                                                                            \
+    do {                                                                                                               \
+        if (to_whole)                                                                                                  \
+            memcpy(dst_w, src_l, (size_t)(n) * sizeof(float));                                                         \
+        else                                                                                                           \
+            memcpy(src_l, dst_w, (size_t)(n) * sizeof(float));                                                         \
+    } while (0)
+    for (int l = 0; l < n_layers; l++) {
+        const struct lora_layer *L = &ll[l], *W = &wl[l];
+        if (dense) {
+            for (int p = 0; p < PROJ_KINDS; p++) {
+                if (!L->A[p])
+                    continue;
+                int din, dout;
+                model_proj_dims(m, (enum proj_kind)p, &din, &dout);
+                CP(W->A[p], L->A[p], (size_t)r * din);
+                CP(W->B[p], L->B[p], (size_t)dout * r);
+            }
+            if (L->Ar) {
+                CP(W->Ar, L->Ar, (size_t)r * D);
+                CP(W->Br, L->Br, (size_t)E * r);
+            }
+        }
+        const struct {
+            float *Al, *Bl, *Aw, *Bw;
+            int R, din, dout;
+        } xs[] = {{L->Agu, L->Bgu, W->Agu, W->Bgu, 2 * r, D, 2 * F}, {L->Ad, L->Bd, W->Ad, W->Bd, r, F, D}};
+        for (int k = 0; k < 2; k++) {
+            if (!xs[k].Al)
+                continue;
+            const size_t R = (size_t)xs[k].R;
+            CP(xs[k].Aw + (size_t)lo * R * xs[k].din, xs[k].Al, (size_t)El * R * xs[k].din);
+            for (int o = 0; o < xs[k].dout; o++)
+                for (size_t j = 0; j < R; j++)
+                    for (int e = 0; e < El; e++) {
+                        float *w = xs[k].Bw + ((size_t)o * R + j) * E + lo + e;
+                        float *x = xs[k].Bl + ((size_t)o * R + j) * El + e;
+                        if (to_whole)
+                            *w = *x;
+                        else
+                            *x = *w;
+                    }
+        }
+    }
+#undef CP
+    free(ll);
+    free(wl);
+}
+
+size_t lora_whole_floats(const struct model *m)
+{
+    return m->lora ? lora_layout_n(m, &m->lora->cfg, NULL, NULL, m->cfg.n_experts) : 0;
+}
+
+void lora_ep_gather(const struct model *m, const float *local, float *whole)
+{
+    const struct lora *a = m->lora;
+    if (!m->sh.ep) {
+        if (whole)
+            memcpy(whole, local, a->n * sizeof(float));
+        return;
+    }
+    const int P = m->sh.ep_size;
+    float *all = xmalloc((a->n ? a->n : 1) * (size_t)P * sizeof(float));
+    comm_allgather(m->sh.ep, local, all, a->n, COMM_F32);
+    for (int p = 0; p < P && whole; p++)
+        ep_copy(m, all + (size_t)p * a->n, whole, p * m->sh.n_experts, true, p == 0);
+    free(all);
+}
+
+void lora_ep_slice(const struct model *m, const float *whole, float *local)
+{
+    ep_copy(m, local, (float *)whole, m->sh.expert_lo, false, true);
 }

@@ -126,6 +126,21 @@ void lora_merge(struct model *m);
  * adapter) into out, host memory of m's weights' layout (w.n_floats); m is unchanged. The rollout TP's engines
  * generate with these, sharded like any weights. */
 void lora_merged_weights(const struct model *m, float *out);
+/* Expert parallelism (m holds experts [expert_lo, expert_lo + n_experts) of each layer, so its adapter holds
+ * theirs; everything else is whole on every EP rank):
+ * lora_expert_span: layer l's experts' adapter floats [lo, hi) in the adapter's buffer (lo == hi: none);
+ * lora_owned_sq: the sum of squares of g (the adapter's layout, host memory) counting the dense parts on EP rank 0
+ * only (summed over the EP group it is the whole adapter's);
+ * lora_whole_floats: the floats of the whole adapter (every expert);
+ * lora_ep_gather: collective over the EP group: every rank's local (its adapter's layout, host memory) into whole
+ * (the whole adapter's layout; NULL: this rank only sends); without EP a copy;
+ * lora_ep_slice: this rank's part of a whole adapter into local. */
+void lora_expert_span(const struct model *m, int l, size_t *lo, size_t *hi);
+double lora_owned_sq(const struct model *m, const float *g);
+size_t lora_whole_floats(const struct model *m);
+void lora_ep_gather(const struct model *m, const float *local, float *whole);
+void lora_ep_slice(const struct model *m, const float *whole, float *local);
+
 /* Free m's adapter (model_free calls it). */
 void lora_detach(struct model *m);
 
