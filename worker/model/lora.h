@@ -12,8 +12,10 @@
  * On disk an adapter is PEFT's: adapter_config.json (peft_type LORA, task_type CAUSAL_LM, r, lora_alpha,
  * target_modules, ...) and adapter_model.safetensors holding
  * base_model.model.model.layers.{l}.self_attn.q_proj.lora_A.weight (r, Din) and ...lora_B.weight (Dout, r) for
- * each targeted projection (q/k/v/o_proj under self_attn, gate/up/down_proj under mlp). Whole models only (no
- * TP or PP shard). */
+ * each targeted projection (q/k/v/o_proj under self_attn, gate/up/down_proj under mlp). On a mixture of experts
+ * the MLP targets are the experts' (struct lora_layer) and all-linear adds the router's, named as PEFT names its
+ * target_parameters on transformers' fused experts (lora_refs). Whole models, or EP ranks (each holding its
+ * experts' adapters: lora_ep_gather, lora_ep_slice); no TP or PP shard. */
 #ifndef GRPO_WORKER_LORA_H
 #define GRPO_WORKER_LORA_H
 
