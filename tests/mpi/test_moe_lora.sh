@@ -95,13 +95,16 @@ scale = max(abs(x) for k in A for x in A[k][1])
 for run in ("split", "ep2", "resumed"):
     if run == "ep2":  # the same metrics as one process (the split run's were checked above)
         assert len(rows("ep2")) == len(one)
+        vals = 0
         for a, b in zip(one, rows("ep2")):
             for k in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean",
                       "response_length/mean", "val-core/arithmetic/reward/mean@1"):
                 if k not in a:
                     continue
+                vals += k.startswith("val-")
                 rel = abs(a[k] - b[k]) / max(abs(a[k]), 1e-2 if k == "actor/pg_loss" else 1e-3)
                 assert rel <= 1e-5, f"step {a['step']} {k}: one process {a[k]}, EP 2 {b[k]}"
+        assert vals == 2, vals  # the validation before training and after the last step
     c, S = adapter(run)
     assert sorted(S) == sorted(A) and all(S[k][0] == A[k][0] for k in A), run
     assert c["target_parameters"] == cfg["target_parameters"], (run, c["target_parameters"])
