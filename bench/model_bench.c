@@ -389,7 +389,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "model_bench: %s\n", kctx_describe(K, desc, sizeof desc));
     }
     if (g_lora > 0) {
-        const struct lora_config lc = {g_lora, 2.0 * g_lora, LORA_ALL_LINEAR};
+        const struct lora_config lc = {.rank = g_lora, .alpha = 2.0 * g_lora, .targets = LORA_ALL_LINEAR};
         if (lora_attach(m, &lc, err, sizeof err) != 0) {
             fprintf(stderr, "model_bench: --lora: %s\n", err);
             return 2;

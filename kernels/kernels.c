@@ -284,7 +284,7 @@ void kmoe_take(struct karena *ar, struct kmoe *r, bool bwd)
 }
 
 void kmoe_products_forward(struct kctx *K, const int32_t *offs, const float *Wg, const float *Wu, const float *Wd,
-                           struct kmoe *r)
+                           struct kmoe *r, const struct kmoe_expert_hooks *hooks)
 {
     const int E = r->E, D = r->D, F = r->F;
     const size_t d = (size_t)D, f = (size_t)F;
@@ -296,13 +296,17 @@ void kmoe_products_forward(struct kctx *K, const int32_t *offs, const float *Wg,
         const size_t ew = (size_t)e * f * d;
         K->ops->linear_forward(K, r->g + lo * f, r->xs + lo * d, Wg + ew, NULL, n, D, F);
         K->ops->linear_forward(K, r->u + lo * f, r->xs + lo * d, Wu + ew, NULL, n, D, F);
+        if (hooks && hooks->gate_up_forward)
+            hooks->gate_up_forward(K, r, e, (int)lo, n);
         K->ops->swiglu_forward(K, r->a + lo * f, r->g + lo * f, r->u + lo * f, (size_t)n * f);
         K->ops->linear_forward(K, r->ys + lo * d, r->a + lo * f, Wd + ew, NULL, n, F, D);
+        if (hooks && hooks->down_forward)
+            hooks->down_forward(K, r, e, (int)lo, n);
     }
 }
 
 void kmoe_products_backward(struct kctx *K, const int32_t *offs, float *dWg, float *dWu, float *dWd, const float *Wg,
-                            const float *Wu, const float *Wd, const struct kmoe *r)
+                            const float *Wu, const float *Wd, const struct kmoe *r, const struct kmoe_expert_hooks *hooks)
 {
     const int E = r->E, D = r->D, F = r->F;
     const size_t d = (size_t)D, f = (size_t)F, nk = (size_t)r->N * (size_t)r->k;
@@ -318,7 +322,11 @@ void kmoe_products_backward(struct kctx *K, const int32_t *offs, float *dWg, flo
         const size_t ew = (size_t)e * f * d;
         K->ops->linear_backward(K, da + lo * f, dWd ? dWd + ew : NULL, NULL, dys + lo * d, r->a + lo * f, Wd + ew, n, F,
                                 D);
+        if (hooks && hooks->down_backward)
+            hooks->down_backward(K, r, e, (int)lo, n, da, dys);
         K->ops->swiglu_backward(K, dg + lo * f, du + lo * f, da + lo * f, r->g + lo * f, r->u + lo * f, (size_t)n * f);
+        if (hooks && hooks->gate_up_backward)
+            hooks->gate_up_backward(K, r, e, (int)lo, n, dxs, dg, du);
         K->ops->linear_backward(K, dxs + lo * d, dWg ? dWg + ew : NULL, NULL, dg + lo * f, r->xs + lo * d, Wg + ew, n,
                                 D, F);
         K->ops->linear_backward(K, dxs + lo * d, dWu ? dWu + ew : NULL, NULL, du + lo * f, r->xs + lo * d, Wu + ew, n,

@@ -45,7 +45,32 @@ struct kmoe {
     const int32_t *ref;
     bool replay;
     int n_differ, n_compared;
+    /* LoRA on the experts (NULL: none; the CPU back-end only): each expert's token group also runs its own
+     * low-rank path, struct kmoe_lora */
+    const struct kmoe_lora *lora;
 };
+
+/* The experts' LoRA adapters of one layer over r's E experts, in PEFT's layout of transformers' fused experts (its
+ * target_parameters): A (E R, Din), expert e's rows e R .. e R + R - 1; B (Dout, R E), expert e's (o, j) at column
+ * j E + e. Gate and up share one adapter (gate_up_proj: Dout 2F, gate rows first): t = xs Agu_e^T (n, Rgu), then
+ * gate += s t Bgu_e[:F]^T and up += s t Bgu_e[F:]^T; down: ys += s (a Ad_e^T) Bd_e^T. NULL: that projection has none.
+ * The g* gradients (same layouts; NULL: none wanted) accumulate. */
+struct kmoe_lora {
+    const float *Agu, *Bgu; /* (E Rgu, D), (2F, Rgu E) */
+    const float *Ad, *Bd;   /* (E Rd, F), (D, Rd E) */
+    float *gAgu, *gBgu, *gAd, *gBd;
+    int Rgu, Rd;
+    float scale;
+    float *tmp; /* scratch of kmoe_lora_scratch floats */
+};
+
+/* The floats of struct kmoe_lora's scratch for N k slots. */
+static inline size_t kmoe_lora_scratch(size_t nk, int D, int F, int Rgu, int Rd)
+{
+    const size_t R = (size_t)(Rgu > Rd ? Rgu : Rd), W = (size_t)(F > D ? F : D);
+    const size_t bgu = 2 * (size_t)F * (size_t)Rgu, bd = (size_t)D * (size_t)Rd;
+    return nk * (2 * R + W) + 2 * (bgu > bd ? bgu : bd);
+}
 
 /* One back-end: what a context runs. Every op gets the context first. */
 struct kops {
@@ -324,16 +349,27 @@ static inline double k_sumsq(struct kctx *K, const float *x, size_t n) { return 
 static inline bool k_has_moe(const struct kctx *K) { return K->ops->moe_route != NULL; }
 /* r's buffers for r->N, E, k, D, F from ar (bwd: the backward's scratch too; a counting arena sizes them). */
 void kmoe_take(struct karena *ar, struct kmoe *r, bool bwd);
+/* A back-end's additions to one expert's products (NULL, or a NULL member: none), called on expert e's rows
+ * [lo, lo + n) at their place in the products: after gate and up (gate_up: before SwiGLU), after down; in the
+ * backward after down's backward (da written, before SwiGLU's), and after SwiGLU's (dg, du written, before gate's and
+ * up's backward add into dxs). The CPU back-end's LoRA on the experts (struct kmoe_lora) is one. */
+struct kmoe_expert_hooks {
+    void (*gate_up_forward)(struct kctx *K, const struct kmoe *r, int e, int lo, int n);
+    void (*down_forward)(struct kctx *K, const struct kmoe *r, int e, int lo, int n);
+    void (*down_backward)(struct kctx *K, const struct kmoe *r, int e, int lo, int n, float *da, const float *dys);
+    void (*gate_up_backward)(struct kctx *K, const struct kmoe *r, int e, int lo, int n, float *dxs, const float *dg,
+                             const float *du);
+};
 /* The experts' products of a routed layer, the part every back-end shares: for each expert e, its rows
  * [offs[e], offs[e + 1]) of r->xs through gate and up (linear), SwiGLU and down, one product per expert and
  * projection (K's linear op: fp32 or BF16 GEMMs), into r->g, u, a and ys. offs: HOST memory (E + 1), r->offs or its
  * copy. The gather before and the combine after are the back-end's. */
 void kmoe_products_forward(struct kctx *K, const int32_t *offs, const float *Wg, const float *Wu, const float *Wd,
-                           struct kmoe *r);
+                           struct kmoe *r, const struct kmoe_expert_hooks *hooks);
 /* Their backward from the slots' output gradients dys (r->bwd_d's first N k rows, the back-end's slot_grad):
  * dxs (r->bwd_d's second half) written, dWg, dWu, dWd accumulated (each may be NULL); r->bwd_f is scratch. */
 void kmoe_products_backward(struct kctx *K, const int32_t *offs, float *dWg, float *dWu, float *dWd, const float *Wg,
-                            const float *Wu, const float *Wd, const struct kmoe *r);
+                            const float *Wu, const float *Wd, const struct kmoe *r, const struct kmoe_expert_hooks *hooks);
 static inline void k_moe_route(struct kctx *K, struct kmoe *r, const float *logits) { K->ops->moe_route(K, r, logits); }
 static inline void k_moe_route_backward(struct kctx *K, float *dlogits, const struct kmoe *r, const float *dwt,
                                         const float *dp_col)

@@ -149,8 +149,8 @@ static int print_adapter(const char *dir, char *base, size_t len)
         log_error("model", "%s", err);
         return -1;
     }
-    printf("LoRA adapter        rank %d, alpha %g (scale %g), on %s\n", c.rank, c.alpha, c.alpha / c.rank,
-           lora_targets_text(c.targets, targets, sizeof targets));
+    printf("LoRA adapter        rank %d, alpha %g (scale %g), on %s%s\n", c.rank, c.alpha, c.alpha / c.rank,
+           lora_targets_text(c.targets, targets, sizeof targets), c.router ? " and the router" : "");
     printf("adapter base model  %s\n", name[0] ? name : "(not named)");
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (access(path, R_OK) == 0)

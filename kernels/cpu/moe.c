@@ -109,6 +109,153 @@ void cpu_moe_route_backward(struct kctx *K, float *dlogits, const struct kmoe *r
     }
 }
 
+/* LoRA on expert e's token group [lo, lo + n) (struct kmoe_lora). Expert e's B (Dout, R) is gathered from PEFT's
+ * interleaved columns into scratch (and its gradient added back the same way). */
+static void gather_b(float *dst, const float *B, int O, int R, int E, int e)
+{
+    for (int o = 0; o < O; o++)
+        for (int j = 0; j < R; j++)
+            dst[(size_t)o * R + j] = B[((size_t)o * R + j) * E + e];
+}
+
+static void scatter_add_b(float *gB, const float *src, int O, int R, int E, int e)
+{
+    for (int o = 0; o < O; o++)
+        for (int j = 0; j < R; j++)
+            gB[((size_t)o * R + j) * E + e] += src[(size_t)o * R + j];
+}
+
+/* The scratch: (n, R) products t and dt, (n, max(F, D)) w, then expert e's B and its gradient. */
+struct lscratch {
+    float *t, *dt, *w, *B, *gB;
+};
+
+static struct lscratch lscratch(const struct kmoe *r, int n)
+{
+    const struct kmoe_lora *L = r->lora;
+    const size_t R = (size_t)(L->Rgu > L->Rd ? L->Rgu : L->Rd), W = (size_t)(r->F > r->D ? r->F : r->D);
+    const size_t bgu = 2 * (size_t)r->F * (size_t)L->Rgu, bd = (size_t)r->D * (size_t)L->Rd;
+    struct lscratch s;
+    s.t = L->tmp;
+    s.dt = s.t + (size_t)n * R;
+    s.w = s.dt + (size_t)n * R;
+    s.B = s.w + (size_t)n * W;
+    s.gB = s.B + (bgu > bd ? bgu : bd);
+    return s;
+}
+
+/* gate and up += s (xs Agu_e^T) Bgu_e^T, the two halves of Bgu_e's rows. */
+static void lora_gate_up_forward(struct kctx *K, const struct kmoe *r, int e, int lo, int n)
+{
+    const struct kmoe_lora *L = r->lora;
+    const int R = L->Rgu, D = r->D, F = r->F;
+    const size_t d = (size_t)D, f = (size_t)F, rk = (size_t)R;
+    struct lscratch s = lscratch(r, n);
+    gather_b(s.B, L->Bgu, 2 * F, R, r->E, e);
+    K->ops->linear_forward(K, s.t, r->xs + lo * d, L->Agu + (size_t)e * rk * d, NULL, n, D, R);
+    for (int half = 0; half < 2; half++) {
+        K->ops->linear_forward(K, s.w, s.t, s.B + (size_t)half * f * rk, NULL, n, R, F);
+        float *dst = (half ? r->u : r->g) + lo * f;
+        for (size_t i = 0; i < (size_t)n * f; i++)
+            dst[i] += L->scale * s.w[i];
+    }
+}
+
+/* ys += s (a Ad_e^T) Bd_e^T. */
+static void lora_down_forward(struct kctx *K, const struct kmoe *r, int e, int lo, int n)
+{
+    const struct kmoe_lora *L = r->lora;
+    const int R = L->Rd, D = r->D, F = r->F;
+    const size_t d = (size_t)D, f = (size_t)F, rk = (size_t)R;
+    struct lscratch s = lscratch(r, n);
+    gather_b(s.B, L->Bd, D, R, r->E, e);
+    K->ops->linear_forward(K, s.t, r->a + lo * f, L->Ad + (size_t)e * rk * f, NULL, n, F, R);
+    K->ops->linear_forward(K, s.w, s.t, s.B, NULL, n, R, D);
+    float *ys = r->ys + lo * d;
+    for (size_t i = 0; i < (size_t)n * d; i++)
+        ys[i] += L->scale * s.w[i];
+}
+
+/* The down adapter's backward: da += s (dys Bd_e) Ad_e; gBd_e += s dys^T (a Ad_e^T); gAd_e += s (dys Bd_e)^T a. */
+static void lora_down_backward(struct kctx *K, const struct kmoe *r, int e, int lo, int n, float *da, const float *dys)
+{
+    const struct kmoe_lora *L = r->lora;
+    const int R = L->Rd, D = r->D, F = r->F;
+    const size_t d = (size_t)D, f = (size_t)F, rk = (size_t)R, nr = (size_t)n * rk;
+    struct lscratch s = lscratch(r, n);
+    const float *A = L->Ad + (size_t)e * rk * f;
+    gather_b(s.B, L->Bd, D, R, r->E, e);
+    memset(s.gB, 0, d * rk * sizeof(float));
+    K->ops->linear_forward(K, s.t, r->a + lo * f, A, NULL, n, F, R);
+    for (size_t i = 0; i < nr; i++)
+        s.t[i] *= L->scale;
+    memset(s.dt, 0, nr * sizeof(float));
+    K->ops->linear_backward(K, s.dt, L->gBd ? s.gB : NULL, NULL, dys + lo * d, s.t, s.B, n, R, D);
+    if (L->gBd)
+        scatter_add_b(L->gBd, s.gB, D, R, r->E, e);
+    for (size_t i = 0; i < nr; i++)
+        s.dt[i] *= L->scale;
+    K->ops->linear_backward(K, da + lo * f, L->gAd ? L->gAd + (size_t)e * rk * f : NULL, NULL, s.dt, r->a + lo * f, A,
+                            n, F, R);
+}
+
+/* The gate/up adapter's backward: dt = s (dg Bgu_e[:F] + du Bgu_e[F:]); dxs += dt Agu_e; the gradients of Bgu_e
+ * (both halves) and Agu_e. */
+static void lora_gate_up_backward(struct kctx *K, const struct kmoe *r, int e, int lo, int n, float *dxs,
+                                  const float *dg, const float *du)
+{
+    const struct kmoe_lora *L = r->lora;
+    const int R = L->Rgu, D = r->D, F = r->F;
+    const size_t d = (size_t)D, f = (size_t)F, rk = (size_t)R, nr = (size_t)n * rk;
+    struct lscratch s = lscratch(r, n);
+    const float *A = L->Agu + (size_t)e * rk * d;
+    gather_b(s.B, L->Bgu, 2 * F, R, r->E, e);
+    memset(s.gB, 0, 2 * f * rk * sizeof(float));
+    float *gB = L->gBgu ? s.gB : NULL;
+    K->ops->linear_forward(K, s.t, r->xs + lo * d, A, NULL, n, D, R);
+    for (size_t i = 0; i < nr; i++)
+        s.t[i] *= L->scale;
+    memset(s.dt, 0, nr * sizeof(float));
+    K->ops->linear_backward(K, s.dt, gB, NULL, dg + lo * f, s.t, s.B, n, R, F);
+    K->ops->linear_backward(K, s.dt, gB ? gB + f * rk : NULL, NULL, du + lo * f, s.t, s.B + f * rk, n, R, F);
+    if (gB)
+        scatter_add_b(L->gBgu, s.gB, 2 * F, R, r->E, e);
+    for (size_t i = 0; i < nr; i++)
+        s.dt[i] *= L->scale;
+    K->ops->linear_backward(K, dxs + lo * d, L->gAgu ? L->gAgu + (size_t)e * rk * d : NULL, NULL, s.dt, r->xs + lo * d,
+                            A, n, D, R);
+}
+
+/* The hooks check which adapters a layer has (an absent projection's pointers are NULL). */
+static void hook_gate_up_forward(struct kctx *K, const struct kmoe *r, int e, int lo, int n)
+{
+    if (r->lora->Agu)
+        lora_gate_up_forward(K, r, e, lo, n);
+}
+
+static void hook_down_forward(struct kctx *K, const struct kmoe *r, int e, int lo, int n)
+{
+    if (r->lora->Ad)
+        lora_down_forward(K, r, e, lo, n);
+}
+
+static void hook_down_backward(struct kctx *K, const struct kmoe *r, int e, int lo, int n, float *da, const float *dys)
+{
+    if (r->lora->Ad)
+        lora_down_backward(K, r, e, lo, n, da, dys);
+}
+
+static void hook_gate_up_backward(struct kctx *K, const struct kmoe *r, int e, int lo, int n, float *dxs,
+                                  const float *dg, const float *du)
+{
+    if (r->lora->Agu)
+        lora_gate_up_backward(K, r, e, lo, n, dxs, dg, du);
+}
+
+/* LoRA on the experts, inside the products every back-end shares */
+static const struct kmoe_expert_hooks lora_hooks = {hook_gate_up_forward, hook_down_forward, hook_down_backward,
+                                                    hook_gate_up_backward};
+
 void cpu_moe_experts_forward(struct kctx *K, float *y, const float *x, const float *Wg, const float *Wu,
                              const float *Wd, struct kmoe *r)
 {
@@ -116,7 +263,7 @@ void cpu_moe_experts_forward(struct kctx *K, float *y, const float *x, const flo
     const size_t d = (size_t)D;
     for (int j = 0; j < N * k; j++) /* gather: row j of xs is the input of slot order[j] */
         memcpy(r->xs + j * d, x + (size_t)(r->order[j] / k) * d, d * sizeof(float));
-    kmoe_products_forward(K, r->offs, Wg, Wu, Wd, r);
+    kmoe_products_forward(K, r->offs, Wg, Wu, Wd, r, r->lora ? &lora_hooks : NULL);
     /* combine: each token's output is its slots' outputs weighted by the router, summed in slot order (the same
      * order whatever the permutation) */
     int32_t *pos = r->pos; /* slot -> row of the permuted buffers */
@@ -158,7 +305,7 @@ void cpu_moe_experts_backward(struct kctx *K, float *dx, float *dWg, float *dWu,
     float *dys = r->bwd_d;
     const float *dxs = r->bwd_d + nk * d;
     cpu_moe_slot_grad(r, dy, dys, dwt);
-    kmoe_products_backward(K, r->offs, dWg, dWu, dWd, Wg, Wu, Wd, r);
+    kmoe_products_backward(K, r->offs, dWg, dWu, dWd, Wg, Wu, Wd, r, r->lora ? &lora_hooks : NULL);
     for (int j = 0; j < N * k; j++) { /* scatter back to the tokens */
         float *o = dx + (size_t)(r->order[j] / k) * d;
         const float *g = dxs + j * d;

@@ -783,7 +783,7 @@ static void cuda_moe_experts_forward(struct kctx *K, float *y, const float *x, c
     const int N = r->N, k = r->k, D = r->D;
     int32_t *offs = moe_offs_host(K, r);
     CHECK_CUDA(moe_gather_cuda(r->xs, x, r->order, N * k, k, D, stream(K)));
-    kmoe_products_forward(K, offs, Wg, Wu, Wd, r);
+    kmoe_products_forward(K, offs, Wg, Wu, Wd, r, NULL); /* no LoRA on the experts here */
     CHECK_CUDA(moe_combine_cuda(y, r->ys, r->wt, r->pos, N, k, D, stream(K)));
     free(offs);
 }
@@ -799,7 +799,7 @@ static void cuda_moe_experts_backward(struct kctx *K, float *dx, float *dWg, flo
     const float *dxs = r->bwd_d + nk * (size_t)D;
     int32_t *offs = moe_offs_host(K, r);
     CHECK_CUDA(moe_slot_grad_cuda(dys, dwt, dy, r->ys, r->wt, r->order, (int)nk, k, D, stream(K)));
-    kmoe_products_backward(K, offs, dWg, dWu, dWd, Wg, Wu, Wd, r);
+    kmoe_products_backward(K, offs, dWg, dWu, dWd, Wg, Wu, Wd, r, NULL);
     CHECK_CUDA(moe_scatter_cuda(dx, dxs, r->pos, N, k, D, stream(K)));
     free(offs);
 }

@@ -154,9 +154,9 @@ m=actor_rollout_ref.model.path="$TMP/qwen3_moe"
 refused cuda "trainer.device=cuda: a mixture-of-experts model (4 experts) trains on the CPU only for now" "$m" \
     trainer.device=cuda
 expect "MoE on CUDA refused by name" $?
-refused lora-all "LoRA target_modules all-linear on a mixture-of-experts model (4 experts): adapters on the experts and the router" \
-    "$m" actor_rollout_ref.model.lora_rank=4
-expect "LoRA all-linear (PEFT's: the experts and router too) on a MoE model refused by name" $?
+refused lora-up "LoRA target_modules: up_proj without gate_proj on a mixture-of-experts model (4 experts)" \
+    "$m" actor_rollout_ref.model.lora_rank=4 "actor_rollout_ref.model.target_modules=[q_proj,up_proj]"
+expect "LoRA on the experts' up_proj alone (PEFT fuses gate_up_proj) on a MoE model refused by name" $?
 (cd "$TMP" && timeout 120 "$worker" "${COMMON[@]}" actor_rollout_ref.model.path="$TMP/dense" \
     trainer.default_local_dir="$TMP/dense-run" trainer.total_training_steps=1 \
     actor_rollout_ref.actor.router_replay.mode=R3) >"$TMP/dense.out" 2>&1

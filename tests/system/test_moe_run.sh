@@ -94,10 +94,10 @@ PY
 expect "qwen3_moe: DP 2 matches the one-process run (losses, grad norms, routing)" $?
 (cd "$TMP" && timeout 120 "$worker" actor_rollout_ref.model.path="$TMP/mixtral" trainer.default_local_dir="$TMP/lora" \
     trainer.total_training_steps=1 actor_rollout_ref.model.lora_rank=4 \
-    actor_rollout_ref.model.target_modules=[q_proj,down_proj]) >"$TMP/lora.out" 2>&1
+    actor_rollout_ref.model.target_modules=[q_proj,gate_proj]) >"$TMP/lora.out" 2>&1
 rc=$?
 [ "$rc" -eq 1 ] || [ "$rc" -eq 2 ]
-expect "LoRA on a MoE model's experts is an error exit ($rc)" $?
-has "$TMP/lora.out" "LoRA target_modules down_proj on a mixture-of-experts model (4 experts): adapters on the experts are not supported yet"
-expect "LoRA on a MoE model's experts refused by name" $?
+expect "LoRA on a MoE model's expert gate_proj without up_proj is an error exit ($rc)" $?
+has "$TMP/lora.out" "LoRA target_modules: gate_proj without up_proj on a mixture-of-experts model (4 experts): the experts' gate and up projections are one fused parameter"
+expect "LoRA on a MoE model's gate_proj alone refused by name (PEFT fuses gate_up_proj)" $?
 finish "$TMP"/*.log

@@ -42,7 +42,7 @@ static float *fixture_npy(const char *name, const char *file, size_t *count)
 static void attach(struct model *m, int rank, double alpha, unsigned targets)
 {
     char err[512];
-    const struct lora_config c = {rank, alpha, targets};
+    const struct lora_config c = {.rank = rank, .alpha = alpha, .targets = targets};
     if (lora_attach(m, &c, err, sizeof err) != 0)
         fail_msg("%s", err);
 }
@@ -182,16 +182,24 @@ static void test_proj_dx_finite_differences(void **state)
     model_free(m);
 }
 
-static const char *const peft_fixtures[][2] = {{"lora-llama-untied", "tiny-llama-untied"},
-                                               {"lora-qwen3", "tiny-qwen3"},
-                                               {"lora-qwen3-moe", "tiny-qwen3-moe"},
-                                               {"lora-mixtral", "tiny-mixtral"}};
+/* adapter fixture, its base, and how many of its tensors' gradients peft wrote (grads.json) */
+static const struct {
+    const char *name, *base;
+    int grads;
+} peft_fixtures[] = {{"lora-llama-untied", "tiny-llama-untied", 4},
+                     {"lora-qwen3", "tiny-qwen3", 4},
+                     {"lora-qwen3-moe", "tiny-qwen3-moe", 4},
+                     {"lora-mixtral", "tiny-mixtral", 4},
+                     /* the experts (PEFT's target_parameters on fused experts) and the router (all-linear) */
+                     {"lora-qwen3-moe-experts", "tiny-qwen3-moe", 10},
+                     {"lora-qwen3-moe-down", "tiny-qwen3-moe", 2},
+                     {"lora-mixtral-experts", "tiny-mixtral", 10}};
 
 static struct model *load_with_adapter(int k)
 {
-    struct model *m = load(peft_fixtures[k][1]);
+    struct model *m = load(peft_fixtures[k].base);
     char dir[512], err[1024];
-    snprintf(dir, sizeof dir, FIX "%s/adapter", peft_fixtures[k][0]);
+    snprintf(dir, sizeof dir, FIX "%s/adapter", peft_fixtures[k].name);
     if (lora_load(m, dir, err, sizeof err) != 0)
         fail_msg("%s", err);
     return m;
@@ -203,7 +211,7 @@ static void test_peft_adapter_matches_peft(void **state)
 {
     (void)state;
     for (int k = 0; k < (int)(sizeof peft_fixtures / sizeof *peft_fixtures); k++) {
-        const char *name = peft_fixtures[k][0];
+        const char *name = peft_fixtures[k].name;
         struct model *m = load_with_adapter(k);
         int T;
         int32_t *ids = fixture_ids(name, &T);
@@ -249,7 +257,7 @@ static void test_peft_adapter_matches_peft(void **state)
             free(gw);
             checked++;
         }
-        assert_int_equal(checked, 4);
+        assert_int_equal(checked, peft_fixtures[k].grads);
         free(g), free(logp), free(dlogp), free(got), free(ids);
         one_seq_free(&s);
         model_free(m);
@@ -264,7 +272,7 @@ static void test_save_and_merge(void **state)
     char tmp[] = "/tmp/grpo-lora-XXXXXX";
     assert_non_null(mkdtemp(tmp));
     for (int k = 0; k < (int)(sizeof peft_fixtures / sizeof *peft_fixtures); k++) {
-        const char *name = peft_fixtures[k][0];
+        const char *name = peft_fixtures[k].name;
         struct model *m = load_with_adapter(k);
         char err[1024], dir[600], path[700];
         snprintf(dir, sizeof dir, "%s/%s", tmp, name);
@@ -307,6 +315,7 @@ static void test_save_and_merge(void **state)
         assert_int_equal(lora_read_config(dir, &c, base, sizeof base, err, sizeof err), 0);
         assert_int_equal(c.rank, m->lora->cfg.rank);
         assert_int_equal(c.targets, m->lora->cfg.targets);
+        assert_int_equal(c.router, m->lora->cfg.router);
         assert_true(c.alpha == m->lora->cfg.alpha);
         /* merged export: W + s B A, saved and reloaded as a plain checkpoint */
         int T;
@@ -553,7 +562,8 @@ static void test_moe_attention_adapter(void **state)
             fail_msg("%s", err);
         assert_memory_equal(r->lora->mem, m->lora->mem, m->lora->n * sizeof(float));
         model_free(r);
-        /* an adapter of PEFT's all-linear on this model (the experts' and router's parameters too): refused */
+        /* target_parameters of the fused experts without PEFT's doubled rank for gate_up_proj, or naming a
+         * parameter that is not the experts' or the router's: refused by name */
         FILE *fp = fopen(path, "w");
         fputs("{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 5, \"target_modules\": [\"q_proj\"], "
               "\"target_parameters\": [\"down_proj\", \"gate.weight\", \"gate_up_proj\"]}",
@@ -561,20 +571,84 @@ static void test_moe_attention_adapter(void **state)
         fclose(fp);
         r = load(names[k]);
         assert_int_equal(lora_load(r, tmp, err, sizeof err), -1);
-        assert_non_null(strstr(err, "target_parameters is set"));
-        model_free(r);
-        must_rm_rf(tmp);
-        /* the experts, and all-linear: refused by name */
-        r = load(names[k]);
-        const struct lora_config down = {2, 4, 1u << PROJ_Q | 1u << PROJ_DOWN}, all = {2, 4, LORA_ALL_LINEAR};
-        assert_int_equal(lora_attach(r, &down, err, sizeof err), -1);
-        assert_non_null(strstr(err, "LoRA target_modules down_proj on a mixture-of-experts model (4 experts): "
-                                    "adapters on the experts are not supported yet"));
-        assert_int_equal(lora_attach(r, &all, err, sizeof err), -1);
-        assert_non_null(strstr(err, "target_modules all-linear on a mixture-of-experts model (4 experts): adapters on "
-                                    "the experts and the router (PEFT's all-linear adapts them there"));
+        assert_non_null(strstr(err, "target_parameters names gate_up_proj but rank_pattern has no entry for it"));
+        fp = fopen(path, "w");
+        fputs("{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 5, \"target_modules\": [\"q_proj\"], "
+              "\"target_parameters\": [\"experts.w9\"]}",
+              fp);
+        fclose(fp);
+        assert_int_equal(lora_load(r, tmp, err, sizeof err), -1);
+        assert_non_null(strstr(err, "target_parameters names experts.w9"));
         assert_null(r->lora);
         model_free(r);
+        must_rm_rf(tmp);
+        /* gate_proj without up_proj: one fused parameter, refused by name (as PEFT does) */
+        r = load(names[k]);
+        const struct lora_config gate = {.rank = 2, .alpha = 4, .targets = 1u << PROJ_Q | 1u << PROJ_GATE};
+        assert_int_equal(lora_attach(r, &gate, err, sizeof err), -1);
+        assert_non_null(strstr(err, "gate_proj without up_proj on a mixture-of-experts model (4 experts)"));
+        assert_null(r->lora);
+        model_free(r);
+        model_free(m);
+    }
+}
+
+/* LoRA on the experts and the router (all-linear, as PEFT's): the adapter's gradients through the grouped expert
+ * products against central differences (the entropy term too), and PEFT's files (target_parameters, the doubled
+ * rank and alpha of gate_up_proj) read back into a fresh model bit for bit. */
+static void test_moe_expert_adapter(void **state)
+{
+    (void)state;
+    const char *names[] = {"tiny-qwen3-moe", "tiny-mixtral"};
+    for (int k = 0; k < 2; k++) {
+        struct model *m = load(names[k]);
+        char err[512];
+        const struct lora_config all = {.rank = 2, .alpha = 5, .targets = LORA_ALL_LINEAR, .router = true};
+        if (lora_attach(m, &all, err, sizeof err) != 0)
+            fail_msg("%s", err);
+        randomise_adapter(m, 21 + (unsigned)k, 0.3);
+        struct fd_batch f;
+        fd_batch_init(&f);
+        float logp[9], ent[9];
+        model_trainable(m);
+        model_trainable_zero_grads(m);
+        model_backward(m, model_forward(m, &f.b, 0.7f, false, logp, ent), f.a, f.c);
+        const int n = lora_refs(m, m->lora->mem, NULL, 0);
+        assert_int_equal(n, (2 * 4 + 2 * 3) * m->cfg.n_layers); /* q k v o, gate_up and down, the router */
+        struct param_ref *w = calloc((size_t)n, sizeof *w), *g = calloc((size_t)n, sizeof *g);
+        lora_refs(m, m->lora->mem, w, n);
+        lora_refs(m, m->lora->grad, g, n);
+        int skipped = 0, experts = 0;
+        for (int r = 0; r < n; r++)
+            experts += strstr(w[r].name, "mlp.experts") != NULL;
+        assert_int_equal(experts, 4 * m->cfg.n_layers);
+        const int checked = routed_fd_check(m, &f, w, g, n, 2e-3f, &skipped);
+        assert_true(checked >= 3 * n && skipped * 10 <= checked + skipped);
+        free(w), free(g);
+        char tmp[] = "/tmp/grpo-lora-moex-XXXXXX", path[300];
+        assert_non_null(mkdtemp(tmp));
+        if (lora_save(m, tmp, "base", err, sizeof err) != 0)
+            fail_msg("%s", err);
+        snprintf(path, sizeof path, "%s/adapter_config.json", tmp);
+        json_error_t je;
+        json_t *cfg = json_load_file(path, 0, &je);
+        assert_non_null(cfg);
+        assert_int_equal(json_array_size(json_object_get(cfg, "target_modules")), 4);
+        assert_int_equal(json_array_size(json_object_get(cfg, "target_parameters")), 3);
+        assert_int_equal(json_integer_value(json_object_get(json_object_get(cfg, "rank_pattern"), ".*\\.gate_up_proj")),
+                         4);
+        assert_int_equal(
+            json_integer_value(json_object_get(json_object_get(cfg, "alpha_pattern"), ".*\\.gate_up_proj")), 10);
+        json_decref(cfg);
+        struct model *r = load(names[k]);
+        if (lora_load(r, tmp, err, sizeof err) != 0)
+            fail_msg("%s", err);
+        assert_true(r->lora->cfg.router);
+        assert_int_equal(r->lora->cfg.targets, LORA_ALL_LINEAR);
+        assert_int_equal(r->lora->n, m->lora->n);
+        assert_memory_equal(r->lora->mem, m->lora->mem, m->lora->n * sizeof(float));
+        model_free(r);
+        must_rm_rf(tmp);
         model_free(m);
     }
 }
@@ -617,6 +691,7 @@ int main(void)
         cmocka_unit_test(test_targets_and_refusals),
         cmocka_unit_test(test_checkpoint_roundtrip),
         cmocka_unit_test(test_moe_attention_adapter),
+        cmocka_unit_test(test_moe_expert_adapter),
         cmocka_unit_test(test_config_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

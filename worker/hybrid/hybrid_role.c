@@ -132,7 +132,13 @@ static double update_weights(struct colocated *c, int64_t *bytes)
                       : c->env->at.ep_size > 1                      ? (c->env->etp ? c->env->etp : c->env->ep)
                       : c->env->at.tp_size * c->env->at.pp_size > 1 ? c->env->mp
                                                                     : NULL;
-    if (p->lora) { /* a whole model (no TP or PP with LoRA): the base with the adapter merged, then sharded */
+    float *merged = NULL;
+    if (p->lora && mp) { /* LoRA under EP: each rank's part merged (its experts' adapters), then gathered below */
+        merged = xmalloc(p->w.n_floats * sizeof(float));
+        lora_merged_weights(p, merged);
+        local = merged;
+    }
+    if (p->lora && !mp) { /* a whole model (no TP or PP with LoRA): the base with the adapter merged, then sharded */
         lora_merged_weights(p, c->whole);
     } else if (!mp) {
         memcpy(c->whole, local, nw * sizeof(float));
@@ -147,6 +153,7 @@ static double update_weights(struct colocated *c, int64_t *bytes)
         *bytes = (int64_t)(after.sent_f32[COMM_OP_SEND] - before.sent_f32[COMM_OP_SEND] +
                            after.sent_f32[COMM_OP_BROADCAST] - before.sent_f32[COMM_OP_BROADCAST]);
     }
+    free(merged);
     float *dst = c->gen->K->device == KDEV_CPU ? c->gen->w.mem : xmalloc(c->gen->w.n_floats * sizeof(float));
     model_shard_slice(c->gen, c->whole, dst);
     if (dst != c->gen->w.mem) {

@@ -15,6 +15,7 @@
 #include "common/fs.h"
 #include "kernels/kernels.h"
 #include "sampler.h"
+#include "worker/comm/comm.h"
 #include "worker/formats/safetensors.h"
 
 #define ERR(...) error_set(err, errlen, __VA_ARGS__)
@@ -46,13 +47,41 @@ const char *lora_targets_text(unsigned targets, char *buf, size_t len)
 /* ------------------------------------------------------------------ layout */
 
 /* Point lay's matrices into base (NULL: only count); returns the floats. */
-static size_t lora_layout(const struct model *m, const struct lora_config *c, float *base, struct lora_layer *lay)
+static const unsigned g_mlp = 1u << PROJ_GATE | 1u << PROJ_UP | 1u << PROJ_DOWN;
+
+/* A matrix of n floats at base + *off (NULL when only counting). */
+static float *take(float *base, size_t *off, size_t n)
+{
+    float *p = base ? base + *off : NULL;
+    *off += n;
+    return p;
+}
+
+/* The layout for experts_here experts per MoE layer (m's own: m->sh.n_experts; the whole adapter under EP: E). */
+static size_t lora_layout_n(const struct model *m, const struct lora_config *c, float *base, struct lora_layer *lay,
+                            int experts_here)
 {
     size_t off = 0;
     const size_t r = (size_t)c->rank;
-    for (int l = 0; l < m->cfg.n_layers; l++)
+    const bool moe = m->cfg.n_experts > 0;
+    const size_t El = (size_t)experts_here, E = (size_t)m->cfg.n_experts, D = (size_t)m->cfg.hidden_size;
+    const size_t F = (size_t)m->cfg.moe_intermediate;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        struct lora_layer z = {0}, *L = lay ? &lay[l] : &z;
+        if (moe && (c->targets & (1u << PROJ_GATE))) { /* gate and up: one adapter of rank 2r (gate_up_proj) */
+            L->Agu = take(base, &off, El * 2 * r * D);
+            L->Bgu = take(base, &off, 2 * F * 2 * r * El);
+        }
+        if (moe && (c->targets & (1u << PROJ_DOWN))) {
+            L->Ad = take(base, &off, El * r * F);
+            L->Bd = take(base, &off, D * r * El);
+        }
+        if (moe && c->router) {
+            L->Ar = take(base, &off, r * D);
+            L->Br = take(base, &off, E * r);
+        }
         for (int p = 0; p < PROJ_KINDS; p++) {
-            if (!(c->targets & (1u << p)))
+            if (!(c->targets & (1u << p)) || (moe && (g_mlp & (1u << p))))
                 continue;
             int din, dout;
             model_proj_dims(m, (enum proj_kind)p, &din, &dout);
@@ -62,7 +91,13 @@ static size_t lora_layout(const struct model *m, const struct lora_config *c, fl
             }
             off += r * (size_t)din + (size_t)dout * r;
         }
+    }
     return off;
+}
+
+static size_t lora_layout(const struct model *m, const struct lora_config *c, float *base, struct lora_layer *lay)
+{
+    return lora_layout_n(m, c, base, lay, m->sh.n_experts);
 }
 
 static size_t sink_floats(const struct model *m)
@@ -77,17 +112,21 @@ int lora_attach(struct model *m, const struct lora_config *c, char *err, size_t 
     if (m->sh.tp_size > 1 || m->sh.pp_size > 1)
         return ERR("LoRA runs on whole models only (this one is TP rank %d of %d, stage %d of %d)", m->sh.tp_rank,
                    m->sh.tp_size, m->sh.pp_rank, m->sh.pp_size);
-    if (c->rank < 1 || !(c->alpha > 0) || !(c->targets & LORA_ALL_LINEAR) || (c->targets & ~LORA_ALL_LINEAR))
+    if (c->rank < 1 || !(c->alpha > 0) || !(c->targets & LORA_ALL_LINEAR || (c->router && m->cfg.n_experts)) ||
+        (c->targets & ~LORA_ALL_LINEAR))
         return ERR("LoRA needs a rank >= 1 (got %d), alpha > 0 (got %g) and at least one target projection", c->rank,
                    c->alpha);
-    const unsigned mlp = 1u << PROJ_GATE | 1u << PROJ_UP | 1u << PROJ_DOWN;
-    if (m->cfg.n_experts && (c->targets & mlp)) { /* a mixture of experts: its MLPs are the experts */
-        char t[128];
-        const bool all = (c->targets & LORA_ALL_LINEAR) == LORA_ALL_LINEAR;
-        return ERR("LoRA target_modules %s on a mixture-of-experts model (%d experts): adapters on the experts%s are "
-                   "not supported yet; list the attention projections: target_modules=[q_proj,k_proj,v_proj,o_proj]",
-                   lora_targets_text(all ? c->targets : c->targets & mlp, t, sizeof t), m->cfg.n_experts,
-                   all ? " and the router (PEFT's all-linear adapts them there, as target_parameters)" : "");
+    if (m->cfg.n_experts && (c->targets & g_mlp || c->router)) { /* a mixture of experts: its MLPs are the experts */
+        const bool gate = c->targets & (1u << PROJ_GATE), up = c->targets & (1u << PROJ_UP);
+        if (gate != up)
+            return ERR("LoRA target_modules: %s without %s on a mixture-of-experts model (%d experts): the experts' "
+                       "gate and up projections are one fused parameter (gate_up_proj, as in transformers and PEFT); "
+                       "target both or neither",
+                       gate ? "gate_proj" : "up_proj", gate ? "up_proj" : "gate_proj", m->cfg.n_experts);
+        if (m->K->device != KDEV_CPU)
+            return ERR("LoRA on the experts or the router of a mixture-of-experts model runs on the CPU back-end for "
+                       "now (this is %s); list the attention projections: target_modules=[q_proj,k_proj,v_proj,o_proj]",
+                       m->K->ops->name);
     }
     struct lora *a = xcalloc(1, sizeof *a);
     a->cfg = *c;
@@ -99,6 +138,10 @@ int lora_attach(struct model *m, const struct lora_config *c, char *err, size_t 
     a->mem = k_calloc(m->K, a->n * sizeof(float), KMEM_WEIGHTS, "the LoRA adapter");
     lora_layout(m, &a->cfg, a->mem, a->w);
     a->sink = k_calloc(m->K, sink_floats(m) * sizeof(float), KMEM_GRADS, "the frozen norms' gradient sink");
+    if (!m->cfg.n_experts)
+        a->cfg.router = false;
+    if (m->cfg.n_experts && (a->cfg.targets & g_mlp))
+        a->moe = xcalloc((size_t)a->n_layers, sizeof *a->moe);
     m->lora = a;
     return 0;
 }
@@ -113,6 +156,7 @@ int lora_attach_config(struct model *m, const struct grpo_config *cfg, const cha
         char why[256];
         if (config_lora_targets(cfg->arr_model_target_modules, &c.targets, why, sizeof why) != 0)
             return ERR("%s", why);
+        c.router = lora_names_all_linear(cfg->arr_model_target_modules);
         if (lora_attach(m, &c, err, errlen) != 0)
             return -1;
         lora_init(m, (uint64_t)cfg->data_seed);
@@ -134,6 +178,7 @@ void lora_detach(struct model *m)
     if (a->scratch)
         k_free(m->K, a->scratch, a->scratch_cap * sizeof(float), KMEM_ACTS);
     k_free(m->K, a->sink, sink_floats(m) * sizeof(float), KMEM_GRADS);
+    free(a->moe);
     free(a->w);
     free(a->g);
     free(a);
@@ -160,6 +205,35 @@ void lora_init(struct model *m, uint64_t seed)
             for (size_t i = 0; i < (size_t)a->cfg.rank * (size_t)din; i++)
                 A[i] = (float)((2.0 * rng_uniform(&r) - 1.0) * bound);
         }
+    /* the experts' and the router's A: PEFT's one Linear of (rows, Din) each, the same bound */
+    /* (under EP every expert's values are drawn, in the whole adapter's order, and this rank keeps its own: the
+     * same adapter whatever the EP layout) */
+    const size_t rk = (size_t)a->cfg.rank, D = (size_t)m->cfg.hidden_size, F = (size_t)m->cfg.moe_intermediate;
+    const int E = m->cfg.n_experts, lo = m->sh.expert_lo, El = m->sh.n_experts;
+    for (int l = 0; l < a->n_layers; l++) {
+        const struct lora_layer *L = &a->w[l];
+        const struct {
+            float *A;
+            int blocks; /* experts (1: the router) */
+            size_t rows, din;
+        } as[] = {{L->Agu, E, 2 * rk, D}, {L->Ad, E, rk, F}, {L->Ar, 1, rk, D}};
+        for (size_t k = 0; k < sizeof as / sizeof *as; k++) {
+            if (!as[k].A)
+                continue;
+            const double bound = 1.0 / sqrt((double)as[k].din);
+            const size_t per = as[k].rows * as[k].din;
+            float *A = host + (as[k].A - a->mem);
+            for (int g = 0; g < as[k].blocks; g++) {
+                const bool mine = as[k].blocks == 1 || (g >= lo && g < lo + El);
+                float *dst = mine ? A + (size_t)(as[k].blocks == 1 ? 0 : g - lo) * per : NULL;
+                for (size_t i = 0; i < per; i++) {
+                    const float v = (float)((2.0 * rng_uniform(&r) - 1.0) * bound);
+                    if (dst)
+                        dst[i] = v;
+                }
+            }
+        }
+    }
     k_to_device(m->K, a->mem, host, a->n * sizeof(float));
     free(host);
 }
@@ -185,6 +259,34 @@ static float *scratch(const struct model *m, size_t n)
     return a->scratch;
 }
 
+/* y += s (x A^T) B^T with A (r, din), B (dout, r). */
+static void lowrank_forward(const struct model *m, const float *A, const float *B, float *y, const float *x, int N,
+                            int din, int dout)
+{
+    const struct lora *a = m->lora;
+    const int r = a->cfg.rank;
+    float *t = scratch(m, (size_t)N * ((size_t)r + (size_t)dout)), *u = t + (size_t)N * r;
+    k_linear_forward(m->K, t, x, A, NULL, N, din, r);  /* t (N, r) = x A^T */
+    k_linear_forward(m->K, u, t, B, NULL, N, r, dout); /* u (N, Dout) = t B^T */
+    k_axpy(m->K, y, a->scale, u, (size_t)N * dout);
+}
+
+/* Its backward: dx += s (dy B) A; gB += s dy^T (x A^T), gA += s (dy B)^T x (when gA and gB are not NULL). */
+static void lowrank_backward(const struct model *m, const float *A, const float *B, float *gA, float *gB, float *dx,
+                             const float *dy, const float *x, int N, int din, int dout)
+{
+    const struct lora *a = m->lora;
+    const int r = a->cfg.rank;
+    const size_t nr = (size_t)N * r;
+    float *t = scratch(m, 2 * nr), *dt = t + nr;
+    k_linear_forward(m->K, t, x, A, NULL, N, din, r); /* recomputed: t = x A^T */
+    k_scale(m->K, t, a->scale, nr);                   /* s t */
+    k_zero(m->K, dt, nr * sizeof(float));
+    k_linear_backward(m->K, dt, gB, NULL, dy, t, B, N, r, dout); /* dt = dy B; dB += dy^T s t */
+    k_scale(m->K, dt, a->scale, nr);                             /* d(x A^T) = s dy B */
+    k_linear_backward(m->K, dx, gA, NULL, dt, x, A, N, din, r);  /* dx += dt A; dA += dt^T x */
+}
+
 void lora_proj_forward(const struct model *m, int l, enum proj_kind p, float *y, const float *x, int N)
 {
     const struct lora *a = m->lora;
@@ -192,11 +294,7 @@ void lora_proj_forward(const struct model *m, int l, enum proj_kind p, float *y,
         return;
     int din, dout;
     model_proj_dims(m, p, &din, &dout);
-    const int r = a->cfg.rank;
-    float *t = scratch(m, (size_t)N * ((size_t)r + (size_t)dout)), *u = t + (size_t)N * r;
-    k_linear_forward(m->K, t, x, a->w[l].A[p], NULL, N, din, r);  /* t (N, r) = x A^T */
-    k_linear_forward(m->K, u, t, a->w[l].B[p], NULL, N, r, dout); /* u (N, Dout) = t B^T */
-    k_axpy(m->K, y, a->scale, u, (size_t)N * dout);
+    lowrank_forward(m, a->w[l].A[p], a->w[l].B[p], y, x, N, din, dout);
 }
 
 void lora_proj_backward(const struct model *m, int l, enum proj_kind p, float *dx, const float *dy, const float *x,
@@ -207,17 +305,68 @@ void lora_proj_backward(const struct model *m, int l, enum proj_kind p, float *d
         return;
     int din, dout;
     model_proj_dims(m, p, &din, &dout);
-    const int r = a->cfg.rank;
-    const size_t nr = (size_t)N * r;
-    float *t = scratch(m, 2 * nr), *dt = t + nr;
-    float *gA = a->grad ? a->g[l].A[p] : NULL, *gB = a->grad ? a->g[l].B[p] : NULL;
-    k_linear_forward(m->K, t, x, a->w[l].A[p], NULL, N, din, r); /* recomputed: t = x A^T */
-    k_scale(m->K, t, a->scale, nr);                              /* s t */
-    k_zero(m->K, dt, nr * sizeof(float));
-    k_linear_backward(m->K, dt, gB, NULL, dy, t, a->w[l].B[p], N, r, dout); /* dt = dy B; dB += dy^T s t */
-    k_scale(m->K, dt, a->scale, nr);                                        /* d(x A^T) = s dy B */
-    k_linear_backward(m->K, dx, gA, NULL, dt, x, a->w[l].A[p], N, din, r);  /* dx += dt A; dA += dt^T x */
+    lowrank_backward(m, a->w[l].A[p], a->w[l].B[p], a->grad ? a->g[l].A[p] : NULL, a->grad ? a->g[l].B[p] : NULL, dx,
+                     dy, x, N, din, dout);
 }
+
+void lora_router_forward(const struct model *m, int l, float *y, const float *x, int N)
+{
+    const struct lora *a = m->lora;
+    if (!a || a->bypass || N <= 0 || !a->w[l].Ar)
+        return;
+    lowrank_forward(m, a->w[l].Ar, a->w[l].Br, y, x, N, m->cfg.hidden_size, m->cfg.n_experts);
+}
+
+void lora_router_backward(const struct model *m, int l, float *dx, const float *dy, const float *x, int N)
+{
+    const struct lora *a = m->lora;
+    if (!a || a->bypass || N <= 0 || !a->w[l].Ar)
+        return;
+    lowrank_backward(m, a->w[l].Ar, a->w[l].Br, a->grad ? a->g[l].Ar : NULL, a->grad ? a->g[l].Br : NULL, dx, dy, x, N,
+                     m->cfg.hidden_size, m->cfg.n_experts);
+}
+
+const struct kmoe_lora *lora_moe(const struct model *m, int l, size_t nk)
+{
+    struct lora *a = m->lora;
+    if (!a || a->bypass || !a->moe)
+        return NULL;
+    const struct lora_layer *w = &a->w[l], *g = a->grad ? &a->g[l] : NULL;
+    const int r = a->cfg.rank;
+    struct kmoe_lora *L = &a->moe[l];
+    *L = (struct kmoe_lora){.Agu = w->Agu,
+                            .Bgu = w->Bgu,
+                            .Ad = w->Ad,
+                            .Bd = w->Bd,
+                            .gAgu = g ? g->Agu : NULL,
+                            .gBgu = g ? g->Bgu : NULL,
+                            .gAd = g ? g->Ad : NULL,
+                            .gBd = g ? g->Bd : NULL,
+                            .Rgu = w->Agu ? 2 * r : 0,
+                            .Rd = w->Ad ? r : 0,
+                            .scale = a->scale};
+    L->tmp = scratch(m, kmoe_lora_scratch(nk ? nk : 1, m->cfg.hidden_size, m->cfg.moe_intermediate, L->Rgu, L->Rd));
+    return L;
+}
+
+const char *lora_moe_text(const struct model *m, char *buf, size_t len)
+{
+    const struct lora *a = m->lora;
+    if (len)
+        buf[0] = 0;
+    if (!a || !m->cfg.n_experts || !(a->cfg.targets & g_mlp || a->cfg.router))
+        return buf;
+    const bool gu = a->cfg.targets & (1u << PROJ_GATE), dn = a->cfg.targets & (1u << PROJ_DOWN);
+    if (gu || dn)
+        snprintf(buf, len, " (the MLP's on each of the %d experts%s%s)", m->cfg.n_experts,
+                 gu ? ", gate and up as one gate_up_proj adapter of rank 2r" : "",
+                 a->cfg.router ? "; and the router" : "");
+    else
+        snprintf(buf, len, " (and the router)");
+    return buf;
+}
+
+bool lora_names_all_linear(const char *list) { return list && strstr(list, "all-linear") != NULL; }
 
 /* ------------------------------------------------------------------ the trainable buffer */
 
@@ -272,6 +421,38 @@ int lora_refs(const struct model *m, const float *buf, struct param_ref *refs, i
                 f->owner = true;
             }
         }
+    /* a mixture of experts: the experts' adapters (PEFT's ParamWrapper on transformers' fused parameters: with both,
+     * gate_up_proj's is the inner one, under base_layer) and the router's */
+    const int64_t El = m->sh.n_experts, E = m->cfg.n_experts, D = m->cfg.hidden_size, F = m->cfg.moe_intermediate;
+    for (int l = 0; l < a->n_layers && E; l++) {
+        const struct lora_layer *L = &a->w[l];
+        const bool both = L->Agu && L->Ad;
+        const struct {
+            const float *A, *B;
+            const char *module;
+            int64_t ra, din, dout, rb;
+        } ms[] = {{L->Agu, L->Bgu, both ? "mlp.experts.base_layer" : "mlp.experts", El * 2 * r, D, 2 * F, 2 * r * El},
+                  {L->Ad, L->Bd, "mlp.experts", El * r, F, D, r * El},
+                  {L->Ar, L->Br, "mlp.gate", r, D, E, r}};
+        for (size_t k = 0; k < sizeof ms / sizeof *ms; k++) {
+            if (!ms[k].A)
+                continue;
+            for (int ab = 0; ab < 2; ab++, n++) {
+                if (!refs || n >= max)
+                    continue;
+                struct param_ref *f = &refs[n];
+                memset(f, 0, sizeof *f);
+                snprintf(f->name, sizeof f->name, "base_model.model.model.layers.%d.%s.lora_%c.weight", l, ms[k].module,
+                         ab ? 'B' : 'A');
+                f->data = (float *)buf + ((ab ? ms[k].B : ms[k].A) - a->mem);
+                f->n_dims = 2;
+                f->shape[0] = f->full[0] = ab ? ms[k].dout : ms[k].ra;
+                f->shape[1] = f->full[1] = ab ? ms[k].rb : ms[k].din;
+                f->numel = (size_t)f->shape[0] * (size_t)f->shape[1];
+                f->owner = true;
+            }
+        }
+    }
     return n;
 }
 
@@ -286,6 +467,64 @@ static int off_or_absent(json_t *root, const char *key, const char *off, const c
     return ERR("%s: %s is set; only plain LoRA adapters load here (no rsLoRA, DoRA, biases, per-layer patterns or "
                "extra trained modules)",
                path, key);
+}
+
+/* A pattern object (rank_pattern, alpha_pattern): empty, or PEFT's one entry for the fused gate_up_proj of
+ * transformers' experts with the value want (twice r or alpha: the two projections' adapters side by side). */
+static int fused_pattern(json_t *root, const char *key, double want, bool gate_up, const char *path, char *err,
+                         size_t errlen)
+{
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v) || (json_is_object(v) && json_object_size(v) == 0))
+        return gate_up ? ERR("%s: target_parameters names gate_up_proj but %s has no entry for it (PEFT writes "
+                             "twice the rank and alpha there)",
+                             path, key)
+                       : 0;
+    const char *k;
+    json_t *e;
+    if (gate_up && json_is_object(v) && json_object_size(v) == 1)
+        json_object_foreach(v, k, e) if (strstr(k, "gate_up_proj") && json_is_number(e) &&
+                                         json_number_value(e) == want) return 0;
+    return ERR("%s: %s is set; only PEFT's own entry for the experts' fused gate_up_proj (%g) loads here (no per-layer "
+               "ranks or alphas)",
+               path, key, want);
+}
+
+/* target_parameters: PEFT's names for the parameters of transformers' fused experts and router (gate_up_proj,
+ * down_proj, gate.weight), into c's targets. */
+static int read_target_parameters(json_t *root, const char *path, struct lora_config *c, char *err, size_t errlen)
+{
+    json_t *tp = json_object_get(root, "target_parameters");
+    bool gate_up = false;
+    if (tp && !json_is_null(tp)) {
+        if (!json_is_array(tp))
+            return ERR("%s: target_parameters must be a list", path);
+        size_t i;
+        json_t *e;
+        json_array_foreach(tp, i, e)
+        {
+            const char *name = json_is_string(e) ? json_string_value(e) : "?";
+            const size_t n = strlen(name);
+#define ENDS(s) (n >= strlen(s) && strcmp(name + n - strlen(s), s) == 0)
+            if (ENDS("gate_up_proj"))
+                c->targets |= 1u << PROJ_GATE | 1u << PROJ_UP, gate_up = true;
+            else if (ENDS("down_proj"))
+                c->targets |= 1u << PROJ_DOWN;
+            else if (ENDS("gate.weight"))
+                c->router = true;
+            else
+                return ERR("%s: target_parameters names %s; only the experts' gate_up_proj and down_proj and the "
+                           "router's gate.weight load here",
+                           path, name);
+#undef ENDS
+        }
+    }
+    if (!c->targets && !c->router)
+        return ERR("%s: target_modules and target_parameters name nothing to adapt", path);
+    if (fused_pattern(root, "rank_pattern", 2.0 * c->rank, gate_up, path, err, errlen) != 0 ||
+        fused_pattern(root, "alpha_pattern", 2.0 * c->alpha, gate_up, path, err, errlen) != 0)
+        return -1;
+    return 0;
 }
 
 int lora_read_config(const char *dir, struct lora_config *c, char *base, size_t base_len, char *err, size_t errlen)
@@ -311,25 +550,21 @@ int lora_read_config(const char *dir, struct lora_config *c, char *base, size_t 
         ERR("%s: lora_alpha must be a positive number", path);
         goto out;
     }
-    static const char *const off_keys[] = {"use_rslora",
-                                           "use_dora",
-                                           "fan_in_fan_out",
-                                           "modules_to_save",
-                                           "rank_pattern",
-                                           "alpha_pattern",
-                                           "lora_bias",
-                                           "exclude_modules",
-                                           "layers_to_transform",
-                                           "target_parameters",
-                                           "trainable_token_indices",
-                                           "layer_replication"};
+    static const char *const off_keys[] = {
+        "use_rslora",       "use_dora",        "fan_in_fan_out",      "modules_to_save",
+        "lora_bias",        "exclude_modules", "layers_to_transform", "trainable_token_indices",
+        "layer_replication"};
     for (size_t i = 0; i < sizeof off_keys / sizeof *off_keys; i++)
         if (off_or_absent(root, off_keys[i], NULL, path, err, errlen) != 0)
             goto out;
     if (off_or_absent(root, "bias", "none", path, err, errlen) != 0)
         goto out;
     char list[512] = "";
-    if (json_is_string(tm)) {
+    json_t *tp = json_object_get(root, "target_parameters");
+    if ((json_is_array(tm) && json_array_size(tm) == 0) && json_is_array(tp) && json_array_size(tp) > 0) {
+        /* only the experts (target_parameters, read below): the mask is filled there */
+        snprintf(list, sizeof list, "q_proj");
+    } else if (json_is_string(tm)) {
         snprintf(list, sizeof list, "%s", json_string_value(tm));
     } else if (json_is_array(tm)) {
         size_t i;
@@ -348,8 +583,13 @@ int lora_read_config(const char *dir, struct lora_config *c, char *base, size_t 
         ERR("%s: %s", path, why);
         goto out;
     }
+    if (json_is_array(tm) && json_array_size(tm) == 0)
+        c->targets = 0;
     c->rank = (int)json_integer_value(r);
     c->alpha = json_number_value(alpha);
+    c->router = false;
+    if (read_target_parameters(root, path, c, err, errlen) != 0)
+        goto out;
     json_t *bm = json_object_get(root, "base_model_name_or_path");
     if (base && base_len)
         snprintf(base, base_len, "%s", json_is_string(bm) ? json_string_value(bm) : "");
@@ -359,15 +599,35 @@ out:
     return rc;
 }
 
-static int write_config(const struct lora *a, const char *path, const char *base, char *err, size_t errlen)
+/* A number as PEFT writes it: an integer when it is one. */
+static json_t *json_num(double v)
+{
+    return v == floor(v) && fabs(v) < 1e9 ? json_integer((json_int_t)v) : json_real(v);
+}
+
+static int write_config(const struct lora *a, bool moe, const char *path, const char *base, char *err, size_t errlen)
 {
     json_t *o = json_object();
-    json_t *tm = json_array();
+    json_t *tm = json_array(), *tp = json_array();
     for (int p = 0; p < PROJ_KINDS; p++)
-        if (a->cfg.targets & (1u << p))
+        if (a->cfg.targets & (1u << p) && !(moe && (g_mlp & (1u << p))))
             json_array_append_new(tm, json_string(g_proj_names[p]));
+    /* a mixture of experts: PEFT's target_parameters on transformers' fused experts, gate_up_proj's rank and alpha
+     * twice r and alpha (the same scale) */
+    const bool gate_up = moe && (a->cfg.targets & (1u << PROJ_GATE));
+    if (moe && (a->cfg.targets & (1u << PROJ_DOWN)))
+        json_array_append_new(tp, json_string("down_proj"));
+    if (gate_up)
+        json_array_append_new(tp, json_string("gate_up_proj"));
+    if (moe && a->cfg.router)
+        json_array_append_new(tp, json_string("gate.weight"));
+    json_t *rp = json_object(), *ap = json_object();
+    if (gate_up) {
+        json_object_set_new(rp, ".*\\.gate_up_proj", json_integer(2 * a->cfg.rank));
+        json_object_set_new(ap, ".*\\.gate_up_proj", json_num(2 * a->cfg.alpha));
+    }
     const double al = a->cfg.alpha;
-    json_object_set_new(o, "alpha_pattern", json_object());
+    json_object_set_new(o, "alpha_pattern", ap);
     json_object_set_new(o, "base_model_name_or_path", json_string(base ? base : ""));
     json_object_set_new(o, "bias", json_string("none"));
     json_object_set_new(o, "fan_in_fan_out", json_false());
@@ -375,14 +635,15 @@ static int write_config(const struct lora *a, const char *path, const char *base
     json_object_set_new(o, "init_lora_weights", json_true());
     json_object_set_new(o, "layers_pattern", json_null());
     json_object_set_new(o, "layers_to_transform", json_null());
-    json_object_set_new(o, "lora_alpha", al == floor(al) && al < 1e9 ? json_integer((json_int_t)al) : json_real(al));
+    json_object_set_new(o, "lora_alpha", json_num(al));
     json_object_set_new(o, "lora_dropout", json_real(0.0));
     json_object_set_new(o, "modules_to_save", json_null());
     json_object_set_new(o, "peft_type", json_string("LORA"));
     json_object_set_new(o, "r", json_integer(a->cfg.rank));
-    json_object_set_new(o, "rank_pattern", json_object());
+    json_object_set_new(o, "rank_pattern", rp);
     json_object_set_new(o, "revision", json_null());
     json_object_set_new(o, "target_modules", tm);
+    json_object_set_new(o, "target_parameters", tp);
     json_object_set_new(o, "task_type", json_string("CAUSAL_LM"));
     json_object_set_new(o, "use_dora", json_false());
     json_object_set_new(o, "use_rslora", json_false());
@@ -416,7 +677,7 @@ int lora_save(const struct model *m, const char *dir, const char *base, char *er
         return ERR("%s: cannot create directory: %s", dir, check_errno_text());
     char path[4096];
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    if (write_config(m->lora, path, base ? base : m->lora->base, err, errlen) != 0)
+    if (write_config(m->lora, m->cfg.n_experts > 0, path, base ? base : m->lora->base, err, errlen) != 0)
         return -1;
     float *host;
     struct param_ref *refs;
@@ -447,7 +708,7 @@ int lora_load(struct model *m, const char *dir, char *err, size_t errlen)
     if (!m->lora)
         return ERR("%s: no adapter attached", dir);
     const struct lora_config *have = &m->lora->cfg;
-    if (have->rank != c.rank || have->targets != c.targets) {
+    if (have->rank != c.rank || have->targets != c.targets || have->router != (c.router && m->cfg.n_experts)) {
         char a[128], b[128];
         return ERR("%s: rank %d on %s, but the model's adapter has rank %d on %s", dir, c.rank,
                    lora_targets_text(c.targets, a, sizeof a), have->rank,
@@ -504,6 +765,16 @@ static void add_scaled_product(float *W, const float *A, const float *B, int dou
         }
 }
 
+/* Expert e's B (O, R) out of PEFT's (O, R E) with its columns interleaved (j E + e); the caller frees it. */
+static float *de_interleave(const float *B, int O, int R, int E, int e)
+{
+    float *out = xmalloc((size_t)O * (size_t)R * sizeof(float));
+    for (int o = 0; o < O; o++)
+        for (int j = 0; j < R; j++)
+            out[(size_t)o * R + j] = B[((size_t)o * R + j) * E + e];
+    return out;
+}
+
 /* Add every adapted projection's scale * B A to its weight in w, a host copy of m's own parameters (m->w.mem's
  * layout). */
 static void add_adapters(const struct model *m, float *w)
@@ -522,8 +793,34 @@ static void add_adapters(const struct model *m, float *w)
             const struct layer_params *L = &m->w.layers[l];
             const float *const ws[PROJ_KINDS] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
             const float *A = host + (a->w[l].A[p] - a->mem), *B = host + (a->w[l].B[p] - a->mem);
-            add_scaled_product(w + (ws[p] - m->w.mem), A, B, dout, din, a->cfg.rank, a->scale);
+            if (!(m->cfg.n_experts && (g_mlp & (1u << p))))
+                add_scaled_product(w + (ws[p] - m->w.mem), A, B, dout, din, a->cfg.rank, a->scale);
         }
+    const int El = m->sh.n_experts, D = m->cfg.hidden_size, F = m->cfg.moe_intermediate, r = a->cfg.rank;
+    const size_t fd = (size_t)F * (size_t)D;
+    for (int l = 0; l < a->n_layers && m->cfg.n_experts; l++) {
+        const struct lora_layer *Lw = &a->w[l];
+        const struct layer_params *L = &m->w.layers[l];
+        if (Lw->Ar)
+            add_scaled_product(w + (L->router - m->w.mem), host + (Lw->Ar - a->mem), host + (Lw->Br - a->mem),
+                               m->cfg.n_experts, D, r, a->scale);
+        for (int e = 0; e < El; e++) {
+            if (Lw->Agu) { /* gate rows of expert e's B first, then up's */
+                const int R = 2 * r;
+                float *Be = de_interleave(host + (Lw->Bgu - a->mem), 2 * F, R, El, e);
+                const float *A = host + (Lw->Agu - a->mem) + (size_t)e * R * D;
+                add_scaled_product(w + (L->w_gate - m->w.mem) + e * fd, A, Be, F, D, R, a->scale);
+                add_scaled_product(w + (L->w_up - m->w.mem) + e * fd, A, Be + (size_t)F * R, F, D, R, a->scale);
+                free(Be);
+            }
+            if (Lw->Ad) {
+                float *Be = de_interleave(host + (Lw->Bd - a->mem), D, r, El, e);
+                const float *A = host + (Lw->Ad - a->mem) + (size_t)e * r * F;
+                add_scaled_product(w + (L->w_down - m->w.mem) + e * fd, A, Be, D, F, r, a->scale);
+                free(Be);
+            }
+        }
+    }
     free(host);
 }
 
@@ -547,4 +844,126 @@ void lora_merged_weights(const struct model *m, float *out)
     k_to_host(m->K, out, m->w.mem, m->w.n_floats * sizeof(float));
     if (m->lora && !m->lora->bypass)
         add_adapters(m, out);
+}
+
+/* ------------------------------------------------------------------ expert parallelism */
+
+void lora_expert_span(const struct model *m, int l, size_t *lo, size_t *hi)
+{
+    const struct lora *a = m->lora;
+    *lo = *hi = 0;
+    if (!a || !a->moe)
+        return;
+    const struct lora_layer *L = &a->w[l];
+    const size_t r = (size_t)a->cfg.rank, El = (size_t)m->sh.n_experts, D = (size_t)m->cfg.hidden_size;
+    const size_t F = (size_t)m->cfg.moe_intermediate;
+    *lo = (size_t)((L->Agu ? L->Agu : L->Ad) - a->mem);
+    *hi = L->Ad ? (size_t)(L->Bd - a->mem) + D * r * El : (size_t)(L->Bgu - a->mem) + 2 * F * 2 * r * El;
+}
+
+double lora_owned_sq(const struct model *m, const float *g)
+{
+    const struct lora *a = m->lora;
+    double s = 0;
+    size_t at = 0;
+    for (int l = 0; l <= a->n_layers; l++) {
+        size_t lo = a->n, hi = a->n; /* past the last layer: the rest */
+        if (l < a->n_layers)
+            lora_expert_span(m, l, &lo, &hi);
+        if (hi == lo && l < a->n_layers)
+            continue;
+        if (m->sh.ep_rank == 0) /* the dense parts are the same on every EP rank: counted once */
+            for (size_t i = at; i < lo; i++)
+                s += (double)g[i] * g[i];
+        for (size_t i = lo; i < hi; i++)
+            s += (double)g[i] * g[i];
+        at = hi;
+    }
+    return s;
+}
+
+/* Copy between an EP rank's adapter buffer (local, its layout; its experts from lo) and the whole adapter's (E
+ * experts): its experts' rows of A and interleaved columns of B, and with dense the rest (the attention's and the
+ * router's adapters). to_whole: local into whole; else whole into local. */
+static void ep_copy(const struct model *m, float *local, float *whole, int lo, bool to_whole, bool dense)
+{
+    const struct lora *a = m->lora;
+    const int n_layers = m->cfg.n_layers, El = m->sh.n_experts, E = m->cfg.n_experts, r = a->cfg.rank;
+    const int D = m->cfg.hidden_size, F = m->cfg.moe_intermediate;
+    struct lora_layer *ll = xcalloc((size_t)n_layers, sizeof *ll), *wl = xcalloc((size_t)n_layers, sizeof *wl);
+    lora_layout_n(m, &a->cfg, local, ll, El);
+    lora_layout_n(m, &a->cfg, whole, wl, E);
+#define CP(dst_w, src_l, n)                                                                                            \
+    do {                                                                                                               \
+        if (to_whole)                                                                                                  \
+            memcpy(dst_w, src_l, (size_t)(n) * sizeof(float));                                                         \
+        else                                                                                                           \
+            memcpy(src_l, dst_w, (size_t)(n) * sizeof(float));                                                         \
+    } while (0)
+    for (int l = 0; l < n_layers; l++) {
+        const struct lora_layer *L = &ll[l], *W = &wl[l];
+        if (dense) {
+            for (int p = 0; p < PROJ_KINDS; p++) {
+                if (!L->A[p])
+                    continue;
+                int din, dout;
+                model_proj_dims(m, (enum proj_kind)p, &din, &dout);
+                CP(W->A[p], L->A[p], (size_t)r * din);
+                CP(W->B[p], L->B[p], (size_t)dout * r);
+            }
+            if (L->Ar) {
+                CP(W->Ar, L->Ar, (size_t)r * D);
+                CP(W->Br, L->Br, (size_t)E * r);
+            }
+        }
+        const struct {
+            float *Al, *Bl, *Aw, *Bw;
+            int R, din, dout;
+        } xs[] = {{L->Agu, L->Bgu, W->Agu, W->Bgu, 2 * r, D, 2 * F}, {L->Ad, L->Bd, W->Ad, W->Bd, r, F, D}};
+        for (int k = 0; k < 2; k++) {
+            if (!xs[k].Al)
+                continue;
+            const size_t R = (size_t)xs[k].R;
+            CP(xs[k].Aw + (size_t)lo * R * xs[k].din, xs[k].Al, (size_t)El * R * xs[k].din);
+            for (int o = 0; o < xs[k].dout; o++)
+                for (size_t j = 0; j < R; j++)
+                    for (int e = 0; e < El; e++) {
+                        float *w = xs[k].Bw + ((size_t)o * R + j) * E + lo + e;
+                        float *x = xs[k].Bl + ((size_t)o * R + j) * El + e;
+                        if (to_whole)
+                            *w = *x;
+                        else
+                            *x = *w;
+                    }
+        }
+    }
+#undef CP
+    free(ll);
+    free(wl);
+}
+
+size_t lora_whole_floats(const struct model *m)
+{
+    return m->lora ? lora_layout_n(m, &m->lora->cfg, NULL, NULL, m->cfg.n_experts) : 0;
+}
+
+void lora_ep_gather(const struct model *m, const float *local, float *whole)
+{
+    const struct lora *a = m->lora;
+    if (!m->sh.ep) {
+        if (whole)
+            memcpy(whole, local, a->n * sizeof(float));
+        return;
+    }
+    const int P = m->sh.ep_size;
+    float *all = xmalloc((a->n ? a->n : 1) * (size_t)P * sizeof(float));
+    comm_allgather(m->sh.ep, local, all, a->n, COMM_F32);
+    for (int p = 0; p < P && whole; p++)
+        ep_copy(m, all + (size_t)p * a->n, whole, p * m->sh.n_experts, true, p == 0);
+    free(all);
+}
+
+void lora_ep_slice(const struct model *m, const float *whole, float *local)
+{
+    ep_copy(m, local, (float *)whole, m->sh.expert_lo, false, true);
 }

@@ -12,8 +12,10 @@
  * On disk an adapter is PEFT's: adapter_config.json (peft_type LORA, task_type CAUSAL_LM, r, lora_alpha,
  * target_modules, ...) and adapter_model.safetensors holding
  * base_model.model.model.layers.{l}.self_attn.q_proj.lora_A.weight (r, Din) and ...lora_B.weight (Dout, r) for
- * each targeted projection (q/k/v/o_proj under self_attn, gate/up/down_proj under mlp). Whole models only (no
- * TP or PP shard). */
+ * each targeted projection (q/k/v/o_proj under self_attn, gate/up/down_proj under mlp). On a mixture of experts
+ * the MLP targets are the experts' (struct lora_layer) and all-linear adds the router's, named as PEFT names its
+ * target_parameters on transformers' fused experts (lora_refs). Whole models, or EP ranks (each holding its
+ * experts' adapters: lora_ep_gather, lora_ep_slice); no TP or PP shard. */
 #ifndef GRPO_WORKER_LORA_H
 #define GRPO_WORKER_LORA_H
 
@@ -29,12 +31,18 @@ struct lora_config {
     int rank;         /* r >= 1 */
     double alpha;     /* scale = alpha / r */
     unsigned targets; /* bit 1 << p for each enum proj_kind that gets an adapter */
+    bool router;      /* a mixture of experts: the router (mlp.gate) too, as PEFT's all-linear does */
 };
 
-/* One layer's adapter matrices (NULL where the projection is not a target). */
+/* One layer's adapter matrices (NULL where the projection is not a target). On a mixture of experts the MLP
+ * targets are the experts' (PEFT's target_parameters on transformers' fused experts, struct kmoe_lora's layout):
+ * gate_proj and up_proj together one adapter of rank 2r on gate_up_proj, down_proj one of rank r. */
 struct lora_layer {
     float *A[PROJ_KINDS]; /* (r, Din) */
     float *B[PROJ_KINDS]; /* (Dout, r) */
+    float *Agu, *Bgu;     /* experts: (El 2r, D), (2F, 2r El) */
+    float *Ad, *Bd;       /* experts: (El r, F), (D, r El) */
+    float *Ar, *Br;       /* the router: (r, D), (E, r) */
 };
 
 struct lora {
@@ -49,6 +57,7 @@ struct lora {
     float *scratch;           /* per-projection products: (N, r) x 2 and (N, Dout) */
     size_t scratch_cap;       /* floats */
     float *sink;              /* frozen norm weights' gradients land here, unread (max(D, head_dim) floats) */
+    struct kmoe_lora *moe;    /* (n_layers) the experts' adapters as the MoE kernels take them; NULL without */
     char base[4096];          /* the base model's path or name (adapter_config.json's base_model_name_or_path) */
 };
 
@@ -77,6 +86,17 @@ void lora_set_bypass(struct model *m, bool bypass);
 void lora_proj_forward(const struct model *m, int l, enum proj_kind p, float *y, const float *x, int N);
 void lora_proj_backward(const struct model *m, int l, enum proj_kind p, float *dx, const float *dy, const float *x,
                         int N);
+
+/* The experts' adapters of layer l for a run of nk slots (scratch sized), or NULL (none, or bypassed). */
+const struct kmoe_lora *lora_moe(const struct model *m, int l, size_t nk);
+/* The router's adapter of layer l: logits y += s (x A^T) B^T, and its backward (dx +=, gradients +=). */
+void lora_router_forward(const struct model *m, int l, float *y, const float *x, int N);
+void lora_router_backward(const struct model *m, int l, float *dx, const float *dy, const float *x, int N);
+/* On a mixture of experts, where the adapter sits: " (the MLP's on each of the 4 experts, gate and up as one
+ * gate_up_proj adapter of rank 2r; and the router)"; "" otherwise. Returns buf. */
+const char *lora_moe_text(const struct model *m, char *buf, size_t len);
+/* Whether a target_modules list says all-linear (on a mixture of experts the router is adapted then too). */
+bool lora_names_all_linear(const char *list);
 
 /* What the optimizer trains: the adapter when one is attached, else every parameter of the shard. The gradients
  * are allocated (zeroed) on first use. */
@@ -108,6 +128,21 @@ void lora_merge(struct model *m);
  * adapter) into out, host memory of m's weights' layout (w.n_floats); m is unchanged. The rollout TP's engines
  * generate with these, sharded like any weights. */
 void lora_merged_weights(const struct model *m, float *out);
+/* Expert parallelism (m holds experts [expert_lo, expert_lo + n_experts) of each layer, so its adapter holds
+ * theirs; everything else is whole on every EP rank):
+ * lora_expert_span: layer l's experts' adapter floats [lo, hi) in the adapter's buffer (lo == hi: none);
+ * lora_owned_sq: the sum of squares of g (the adapter's layout, host memory) counting the dense parts on EP rank 0
+ * only (summed over the EP group it is the whole adapter's);
+ * lora_whole_floats: the floats of the whole adapter (every expert);
+ * lora_ep_gather: collective over the EP group: every rank's local (its adapter's layout, host memory) into whole
+ * (the whole adapter's layout; NULL: this rank only sends); without EP a copy;
+ * lora_ep_slice: this rank's part of a whole adapter into local. */
+void lora_expert_span(const struct model *m, int l, size_t *lo, size_t *hi);
+double lora_owned_sq(const struct model *m, const float *g);
+size_t lora_whole_floats(const struct model *m);
+void lora_ep_gather(const struct model *m, const float *local, float *whole);
+void lora_ep_slice(const struct model *m, const float *whole, float *local);
+
 /* Free m's adapter (model_free calls it). */
 void lora_detach(struct model *m);
 

@@ -1280,13 +1280,15 @@ static void layer_forward(const struct model *m, int l, const struct packed_batc
     k_rmsnorm_forward(K, a->xn2, a->rstd2, a->xmid, L->mlp_norm, N, D, c->rms_norm_eps);
     if (L->router) { /* mixture of experts: route, then each expert's tokens through it */
         k_linear_forward(K, a->rlog, a->xn2, L->router, NULL, N, D, c->n_experts);
+        lora_router_forward(m, l, a->rlog, a->xn2, N);
         int32_t *ref = b->routes ? moe_layer_routes(m, l, b) : NULL;
         a->moe.ref = ref;
         a->moe.replay = ref && m->moe_replay;
         k_moe_route(K, &a->moe, a->rlog);
         a->moe.ref = NULL;
         free(ref);
-        if (m->sh.ep) /* the experts on the ranks holding them */
+        a->moe.lora = lora_moe(m, l, (size_t)N * c->n_experts_per_tok); /* LoRA on the experts, or NULL */
+        if (m->sh.ep)                                                   /* the experts on the ranks holding them */
             moe_ep_forward(a->ep, m, L, &a->moe, a->xn2, out);
         else
             k_moe_experts_forward(K, out, a->xn2, L->w_gate, L->w_up, L->w_down, &a->moe);
@@ -1364,6 +1366,7 @@ static void layer_backward(struct model *m, int l, const struct packed_batch *b,
     if (L->router) { /* mixture of experts: out = xmid + sum over the chosen experts of wt x expert(xn2) */
         struct kmoe r = a->moe;
         r.bwd_d = d->moe_d, r.bwd_f = d->moe_f;
+        r.lora = lora_moe(m, l, (size_t)N * r.k);
         const int E = r.E;
         k_zero(K, d->dxn, nD * fs);
         if (m->sh.ep)
@@ -1389,6 +1392,7 @@ static void layer_backward(struct model *m, int l, const struct packed_batch *b,
         }
         k_moe_route_backward(K, d->drlog, &r, d->dwt, aux ? dp_col : NULL);
         k_linear_backward(K, d->dxn, G ? G->router : NULL, NULL, d->drlog, a->xn2, L->router, N, D, E);
+        lora_router_backward(m, l, d->dxn, d->drlog, a->xn2, N);
     } else {
         k_zero(K, d->da, nF * fs), k_zero(K, d->dg, nF * fs), k_zero(K, d->du, nF * fs), k_zero(K, d->dxn, nD * fs);
         /* MLP: out = xmid + down(silu(gate(xn2)) * up(xn2)) */

@@ -4,6 +4,8 @@
  * grouped-expert kernel, with unit weights (the weighting stays where the token lives). */
 #include "moe_ep.h"
 
+#include "lora.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -147,6 +149,8 @@ void moe_ep_forward(struct moe_ep *s, const struct model *m, const struct layer_
             for (int i = 0; i < s->recv_cnt[p * El + e]; i++)
                 q->order[fill[e]++] = row++;
     free(fill);
+    /* LoRA on the experts: this rank's experts' adapters, on the slots it received */
+    q->lora = r->lora ? lora_moe(m, (int)(L - m->w.layers), (size_t)R) : NULL;
     k_moe_experts_forward(m->K, s->yr, s->xr, L->w_gate, L->w_up, L->w_down, q); /* unit weights: yr = ys */
     /* combine: the outputs back into this rank's slots, in the order they left */
     comm_alltoallv(sh->ep, s->yr, s->rc, r->ys, s->sc, COMM_F32);
@@ -173,6 +177,7 @@ void moe_ep_backward(struct moe_ep *s, const struct model *m, const struct layer
     cpu_moe_slot_grad(r, dy, dys, dwt); /* y_t = sum_s w_s ys_s: the slots' output gradients and weights' */
     comm_alltoallv(sh->ep, dys, s->sc, s->dyr, s->rc, COMM_F32); /* the outputs' gradients, like the dispatch */
     memset(s->dxr, 0, (size_t)(s->R > 0 ? s->R : 1) * d * sizeof(float));
+    s->loc.lora = r->lora ? lora_moe(m, (int)(L - m->w.layers), (size_t)s->R) : NULL;
     k_moe_experts_backward(m->K, s->dxr, G ? G->w_gate : NULL, G ? G->w_up : NULL, G ? G->w_down : NULL, s->dwt1,
                            s->dyr, L->w_gate, L->w_up, L->w_down, &s->loc);
     comm_alltoallv(sh->ep, s->dxr, s->rc, dxs, s->sc, COMM_F32); /* the inputs' gradients, like the combine */

@@ -307,7 +307,15 @@ void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int
  * once); returns it. */
 static double mp_clip(struct model *m, double max_norm)
 {
-    if (!m->sh.mp) { /* whole models, and LoRA (whole models only) */
+    if (m->lora && m->sh.ep) { /* LoRA under EP: each rank's experts' adapters, the rest counted once */
+        const struct trainable tr = model_trainable(m);
+        double s = lora_owned_sq(m, tr.grads);
+        comm_allreduce_sum(m->sh.ep, &s, 1, COMM_F64);
+        const double norm = sqrt(s);
+        grad_scale_to_on(m->K, tr.grads, tr.n, norm, max_norm);
+        return norm;
+    }
+    if (!m->sh.mp) { /* whole models, and LoRA (whole models, or EP above) */
         const struct trainable tr = model_trainable(m);
         return grad_clip_on(m->K, tr.grads, tr.n, max_norm);
     }
@@ -337,11 +345,15 @@ static void dp_sum_grads(struct model *m, const struct update_params *p, float *
  * rest of the gradients over DP. */
 static void ep_sum_grads(struct model *m, const struct update_params *p)
 {
-    float *g = m->grad->mem;
+    const struct trainable tr = model_trainable(m); /* with LoRA the adapter: its experts' spans the same way */
+    float *g = tr.grads;
     size_t at = 0; /* the dense floats from here up to the next layer's experts */
     for (int l = m->sh.layer_lo; l < m->sh.layer_hi; l++) {
         size_t lo, hi;
-        model_expert_span(m, l, &lo, &hi);
+        if (m->lora)
+            lora_expert_span(m, l, &lo, &hi);
+        else
+            model_expert_span(m, l, &lo, &hi);
         if (hi == lo)
             continue;
         comm_allreduce_sum(p->dp, g + at, lo - at, COMM_F32);
@@ -349,7 +361,7 @@ static void ep_sum_grads(struct model *m, const struct update_params *p)
             comm_allreduce_sum(p->edp, g + lo, hi - lo, COMM_F32);
         at = hi;
     }
-    comm_allreduce_sum(p->dp, g + at, m->grad->n_floats - at, COMM_F32);
+    comm_allreduce_sum(p->dp, g + at, tr.n - at, COMM_F32);
 }
 
 /* One optimizer step over the mini-batch idx[0..n). */

@@ -239,6 +239,23 @@ static void gather_whole(struct trainer *t, struct model **wm, struct adamw **wo
         return;
     const struct adamw *opt = local ? local : t->opt;
     *wo = NULL;
+    if (t->policy->lora) { /* LoRA under EP (CPU): the whole adapter and its moments, every expert's */
+        const struct model *p = t->policy;
+        if (lead(t)) {
+            char err[256];
+            *wm = model_create(&p->cfg);
+            if (lora_attach(*wm, &p->lora->cfg, err, sizeof err) != 0)
+                check_failf(__FILE__, __LINE__, "gather_whole: %s", err);
+            snprintf((*wm)->lora->base, sizeof(*wm)->lora->base, "%s", p->lora->base);
+            *wo = adamw_create((*wm)->lora->n, opt->beta1, opt->beta2, opt->eps, opt->weight_decay);
+            (*wo)->t = opt->t;
+        }
+        lora_ep_gather(p, p->lora->mem, *wm ? (*wm)->lora->mem : NULL);
+        lora_ep_gather(p, opt->m, *wo ? (*wo)->m : NULL);
+        lora_ep_gather(p, opt->v, *wo ? (*wo)->v : NULL);
+        adamw_free(local);
+        return;
+    }
     if (lead(t)) {
         *wm = model_create(&t->policy->cfg);
         *wo = adamw_create((*wm)->w.n_floats, opt->beta1, opt->beta2, opt->eps, opt->weight_decay);
@@ -583,11 +600,13 @@ static int ep_refusals(const struct trainer *t, char *err, size_t errlen)
                          "trainer.sft_warmup_steps %lld: the supervised warm-start runs without expert parallelism "
                          "for now; warm-start in a run of its own and resume from its checkpoint with EP",
                          ep, (long long)c->trainer_sft_warmup_steps);
-    if (c->arr_model_lora_rank > 0)
+    if ((c->arr_model_lora_rank > 0 || c->arr_model_lora_adapter_path[0]) && c->placement_rollout_ranks > 0)
         return error_set(err, errlen,
                          "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with "
-                         "actor_rollout_ref.model.lora_rank %lld: LoRA runs on whole models; set the EP size to 1",
-                         ep, (long long)c->arr_model_lora_rank);
+                         "actor_rollout_ref.model.lora_rank %lld and placement.rollout_ranks %lld: LoRA with expert "
+                         "parallelism runs colocated for now (the rollout ranks of a split run would need the whole "
+                         "adapter each version); set placement.rollout_ranks to 0 or the EP size to 1",
+                         ep, (long long)c->arr_model_lora_rank, (long long)c->placement_rollout_ranks);
     return 0;
 }
 
@@ -624,6 +643,27 @@ static int load_checkpoint(struct trainer *t, const char *dir, struct run_state 
 {
     if (!t->lay.mp && !on_device(t))
         return checkpoint_load(dir, t->policy, t->opt, st, err, errlen);
+    if (t->policy->lora && t->policy->sh.ep) { /* LoRA under EP (CPU): the whole adapter, then this rank's part */
+        const struct model *p = t->policy;
+        struct model *wm = model_create(&p->cfg);
+        if (lora_attach(wm, &p->lora->cfg, err, errlen) != 0) {
+            model_free(wm);
+            return -1;
+        }
+        struct adamw *wo = adamw_create(wm->lora->n, t->opt->beta1, t->opt->beta2, t->opt->eps, t->opt->weight_decay);
+        int rc = checkpoint_load(dir, wm, wo, st, err, errlen);
+        if (rc == 0) {
+            p->lora->cfg.alpha = wm->lora->cfg.alpha;
+            p->lora->scale = wm->lora->scale;
+            lora_ep_slice(p, wm->lora->mem, p->lora->mem);
+            lora_ep_slice(p, wo->m, t->opt->m);
+            lora_ep_slice(p, wo->v, t->opt->v);
+            t->opt->t = wo->t;
+        }
+        adamw_free(wo);
+        model_free(wm);
+        return rc;
+    }
     if (t->policy->lora) { /* on a GPU (no TP or PP with LoRA): lora_load fills the device's adapter itself */
         struct adamw *ho = adamw_create(t->opt->n, t->opt->beta1, t->opt->beta2, t->opt->eps, t->opt->weight_decay);
         int rc = checkpoint_load(dir, t->policy, ho, st, err, errlen);
@@ -800,14 +840,14 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
                             "without it every activation stays on the device");
     if (lora_attach_config(t->policy, cfg, model_path, err, errlen) != 0)
         goto fail;
-    char targets[128];
+    char targets[128], moe[192];
     if (t->policy->lora && lead(t))
         log_info("trainer",
-                 "LoRA: rank %d, alpha %g (scale %g) on %s: %zu trainable parameters, the %zu of the base frozen; the "
-                 "reference policy is the base model",
+                 "LoRA: rank %d, alpha %g (scale %g) on %s%s: %zu trainable parameters, the %zu of the base frozen; "
+                 "the reference policy is the base model",
                  t->policy->lora->cfg.rank, t->policy->lora->cfg.alpha, (double)t->policy->lora->scale,
-                 lora_targets_text(t->policy->lora->cfg.targets, targets, sizeof targets), t->policy->lora->n,
-                 t->policy->w.n_floats);
+                 lora_targets_text(t->policy->lora->cfg.targets, targets, sizeof targets),
+                 lora_moe_text(t->policy, moe, sizeof moe), t->policy->lora->n, t->policy->w.n_floats);
     if ((cfg->actor_use_kl_loss || cfg->alg_use_kl_in_reward) && !t->policy->lora) {
         t->ref = model_clone(t->policy); /* with LoRA the reference is the base: the policy, adapter bypassed */
     }

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# LoRA on the experts of a mixture of experts (target_modules=all-linear: the attention, each expert's gate_up_proj
+# and down_proj, and the router, as PEFT's all-linear on transformers' fused experts) in GRPO runs on tiny random
+# Qwen3-MoE and Mixtral models (mpirun --oversubscribe on 2 cores):
+#  - a single-process run finishes, logs where the adapter sits, trains the experts' B (they leave zero) and saves the
+#    adapter in PEFT's layout (target_parameters, gate_up_proj's doubled rank and alpha, the fused tensors' shapes);
+#  - 1 rollout + 2 trainer ranks (the rollout rank gets the adapter alone and generates with it; the trainers
+#    all-reduce the experts' adapter gradients with the rest) reproduce it: per-step losses, grad norms, entropies
+#    and the final adapter within 1e-5;
+#  - expert parallelism (EP 2, 2 colocated ranks: each holds the adapters of its own 2 experts; their gradients
+#    stay on it, the attention's and router's are summed over DP) reproduces it too, and its checkpoint holds the
+#    whole adapter in PEFT's layout (every expert's, gathered over EP), with the optimizer state to resume: EP 2's
+#    step-1 checkpoint resumed in one process ends at the single-process adapter;
+#  - LoRA with EP in a split run (rollout ranks) is refused by name.
+# usage: test_moe_lora.sh GRPO_WORKER GRPO_MODEL SCORER_SO
+set -u
+WORKER="$1" MODEL_TOOL="$2" SCORER="$3"
+. "$(dirname "$0")/../lib.sh" grpo-moe-lora
+test_env
+MPIRUN=(timeout 300 mpirun --oversubscribe --bind-to none)
+STEPS=3
+common() {
+    echo actor_rollout_ref.model.path="$TMP/$1" trainer.project_name=p trainer.experiment_name=e \
+        trainer.total_training_steps=$STEPS trainer.val_before_train=true trainer.test_freq=-1 trainer.save_freq=1 \
+        data.train_batch_size=4 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=2 \
+        data.max_response_length=12 actor_rollout_ref.actor.optim.lr=1e-3 data.synthetic.num_train=64 \
+        data.synthetic.num_val=4 actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.optim.eps=1e-6 \
+        actor_rollout_ref.model.lora_rank=2 actor_rollout_ref.model.lora_alpha=4 \
+        actor_rollout_ref.model.target_modules=all-linear \
+        custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score
+}
+adapter() { echo "$TMP/$1/p/e/checkpoints/global_step_$STEPS/actor"; }
+
+for kind in qwen3_moe mixtral; do
+    tiny_moe_model "$TMP/$kind" $kind 11
+    expect "$kind: tiny model written" $?
+    # shellcheck disable=SC2046 # common's words are the keys
+    "$WORKER" $(common $kind) trainer.default_local_dir="$TMP/one-$kind" >"$TMP/one-$kind.log" 2>&1
+    expect "$kind: single-process GRPO run with LoRA on the experts finishes" $?
+    grep -q "LoRA: rank 2, alpha 4 (scale 2) on all-linear (the MLP's on each of the 4 experts, gate and up as one \
+gate_up_proj adapter of rank 2r; and the router)" "$TMP/one-$kind.log"
+    expect "$kind: the adapter is logged with the experts and the router" $?
+    # shellcheck disable=SC2046
+    "${MPIRUN[@]}" -np 3 "$WORKER" $(common $kind) trainer.default_local_dir="$TMP/split-$kind" \
+        placement.trainer_ranks=2 placement.rollout_ranks=1 >"$TMP/split-$kind.log" 2>&1
+    expect "$kind: 1 rollout + 2 trainer ranks finish" $?
+    # shellcheck disable=SC2046
+    "${MPIRUN[@]}" -np 2 "$WORKER" $(common $kind) trainer.default_local_dir="$TMP/ep2-$kind" trainer.nnodes=1 \
+        trainer.n_gpus_per_node=2 actor_rollout_ref.actor.megatron.expert_model_parallel_size=2 >"$TMP/ep2-$kind.log" 2>&1
+    expect "$kind: EP 2 on 2 colocated ranks finishes" $?
+    grep -q "EP rank 1 of 2: experts 2..3 of 4" "$TMP/ep2-$kind.log"
+    expect "$kind: EP rank 1 holds experts 2 and 3" $?
+    # shellcheck disable=SC2046
+    "$WORKER" $(common $kind) trainer.default_local_dir="$TMP/resumed-$kind" trainer.resume_mode=resume_path \
+        trainer.resume_from_path="$TMP/ep2-$kind/p/e/checkpoints/global_step_1" >"$TMP/resumed-$kind.log" 2>&1
+    expect "$kind: EP 2's step-1 checkpoint resumes in one process" $?
+    python3 - "$TMP" "$kind" "$STEPS" <<'PY'
+import array, json, struct, sys
+tmp, kind, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def rows(run):
+    return [json.loads(l) for l in open(f"{tmp}/{run}-{kind}/p/e/metrics.jsonl") if l.strip()]
+def adapter(run):
+    d = f"{tmp}/{run}-{kind}/p/e/checkpoints/global_step_{steps}/actor"
+    data = open(f"{d}/adapter_model.safetensors", "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    head = json.loads(data[8:8 + n])
+    out = {k: (v["shape"], array.array("f", data[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]))
+           for k, v in head.items() if k != "__metadata__"}
+    return json.load(open(f"{d}/adapter_config.json")), out
+cfg, A = adapter("one")
+assert sorted(cfg["target_modules"]) == ["k_proj", "o_proj", "q_proj", "v_proj"], cfg["target_modules"]
+assert sorted(cfg["target_parameters"]) == ["down_proj", "gate.weight", "gate_up_proj"], cfg["target_parameters"]
+assert cfg["rank_pattern"] == {r".*\.gate_up_proj": 4} and cfg["alpha_pattern"] == {r".*\.gate_up_proj": 8}, cfg
+E, D = 4, 64
+F = 32
+p = "base_model.model.model.layers.1.mlp."
+want = {p + "experts.base_layer.lora_A.weight": [E * 4, D], p + "experts.base_layer.lora_B.weight": [2 * F, 4 * E],
+        p + "experts.lora_A.weight": [E * 2, F], p + "experts.lora_B.weight": [D, 2 * E],
+        p + "gate.lora_A.weight": [2, D], p + "gate.lora_B.weight": [E, 2]}
+for k, shape in want.items():
+    assert k in A and A[k][0] == shape, (k, A.get(k, [None])[0], shape)
+for k in want:
+    if ".lora_B." in k:
+        assert any(x != 0 for x in A[k][1]), f"{k} is still zero: the experts' adapter did not train"
+one, split = rows("one"), rows("split")
+assert len(one) == len(split) == steps + 1, (len(one), len(split))  # step 0: the validation before training
+for a, b in zip(one, split):
+    for k in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean",
+              "response_length/mean"):
+        if k not in a:
+            continue
+        rel = abs(a[k] - b[k]) / max(abs(a[k]), 1e-2 if k == "actor/pg_loss" else 1e-3)
+        assert rel <= 1e-5, f"step {a['step']} {k}: one process {a[k]}, split {b[k]}"
+scale = max(abs(x) for k in A for x in A[k][1])
+for run in ("split", "ep2", "resumed"):
+    if run == "ep2":  # the same metrics as one process (the split run's were checked above)
+        assert len(rows("ep2")) == len(one)
+        vals = 0
+        for a, b in zip(one, rows("ep2")):
+            for k in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean",
+                      "response_length/mean", "val-core/arithmetic/reward/mean@1"):
+                if k not in a:
+                    continue
+                vals += k.startswith("val-")
+                rel = abs(a[k] - b[k]) / max(abs(a[k]), 1e-2 if k == "actor/pg_loss" else 1e-3)
+                assert rel <= 1e-5, f"step {a['step']} {k}: one process {a[k]}, EP 2 {b[k]}"
+        assert vals == 2, vals  # the validation before training and after the last step
+    c, S = adapter(run)
+    assert sorted(S) == sorted(A) and all(S[k][0] == A[k][0] for k in A), run
+    assert c["target_parameters"] == cfg["target_parameters"], (run, c["target_parameters"])
+    worst = max(abs(x - y) for k in A for x, y in zip(A[k][1], S[k][1]))
+    assert worst <= 1e-5 * scale, f"{run}: adapter differs by {worst} (scale {scale})"
+    print(f"{kind}: {run} agrees with one process (worst {worst:.1e} of {scale:.2f})")
+print(f"{kind}: {len(A)} adapter tensors in PEFT's layout")
+PY
+    expect "$kind: PEFT's layout with the experts trained; 1 rollout + 2 trainers, EP 2 and the resume from EP 2 reproduce one process" $?
+done
+# shellcheck disable=SC2046
+"${MPIRUN[@]}" -np 3 "$WORKER" $(common qwen3_moe) trainer.default_local_dir="$TMP/ep-split" trainer.total_training_steps=1 \
+    placement.trainer_ranks=2 placement.rollout_ranks=1 actor_rollout_ref.actor.megatron.expert_model_parallel_size=2 \
+    >"$TMP/ep-split.out" 2>&1
+[ $? -ne 0 ] && grep -q "LoRA with expert parallelism runs colocated for now" "$TMP/ep-split.out"
+expect "LoRA with EP in a split run is refused by name" $?
+finish "$TMP"/*.log
