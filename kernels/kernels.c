@@ -306,7 +306,8 @@ void kmoe_products_forward(struct kctx *K, const int32_t *offs, const float *Wg,
 }
 
 void kmoe_products_backward(struct kctx *K, const int32_t *offs, float *dWg, float *dWu, float *dWd, const float *Wg,
-                            const float *Wu, const float *Wd, const struct kmoe *r, const struct kmoe_expert_hooks *hooks)
+                            const float *Wu, const float *Wd, const struct kmoe *r,
+                            const struct kmoe_expert_hooks *hooks)
 {
     const int E = r->E, D = r->D, F = r->F;
     const size_t d = (size_t)D, f = (size_t)F, nk = (size_t)r->N * (size_t)r->k;

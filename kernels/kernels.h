@@ -369,7 +369,8 @@ void kmoe_products_forward(struct kctx *K, const int32_t *offs, const float *Wg,
 /* Their backward from the slots' output gradients dys (r->bwd_d's first N k rows, the back-end's slot_grad):
  * dxs (r->bwd_d's second half) written, dWg, dWu, dWd accumulated (each may be NULL); r->bwd_f is scratch. */
 void kmoe_products_backward(struct kctx *K, const int32_t *offs, float *dWg, float *dWu, float *dWd, const float *Wg,
-                            const float *Wu, const float *Wd, const struct kmoe *r, const struct kmoe_expert_hooks *hooks);
+                            const float *Wu, const float *Wd, const struct kmoe *r,
+                            const struct kmoe_expert_hooks *hooks);
 static inline void k_moe_route(struct kctx *K, struct kmoe *r, const float *logits) { K->ops->moe_route(K, r, logits); }
 static inline void k_moe_route_backward(struct kctx *K, float *dlogits, const struct kmoe *r, const float *dwt,
                                         const float *dp_col)

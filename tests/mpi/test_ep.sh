@@ -25,9 +25,9 @@
 #  - plain MoE (no EP) with PP 2 (one layer a stage, the load-balancing loss summed over the stages) gives the same,
 #    so does EP2 x PP2 (4 ranks: each stage's MoE layer dispatches over the EP group of its stage), with and without
 #    ZeRO-1 (each stage shards its own optimizer state; the tied embedding's last-stage copy counted once in the norm);
-#    so do EP2 x TP2 with ZeRO-1 (4 ranks) and EP2 x TP2 x PP2 (8 ranks: a model copy is the stages' EP x TP ranks);
+#    so does EP2 x TP2 x PP2 (8 ranks: a model copy is the stages' EP x TP ranks); EP x TP with ZeRO-1 is refused;
 #  - layouts that do not work are refused by name: E not divisible by EP, EP on a dense model, DP not divisible by
-#    EP.
+#    EP, EP x TP with ZeRO-1.
 # usage: test_ep.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
 WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
@@ -154,7 +154,7 @@ expect "split-tp2: grpo-model plan's TP bytes per step equal the measured ones" 
 ZERO=actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
 PP=actor_rollout_ref.actor.megatron.pipeline_model_parallel_size
 for layout in "ep2-zero1 2 $EP=2 $ZERO" "ep2dp2-zero1 4 $EP=2 $ZERO" "pp2-moe 2 $PP=2" "ep2pp2 4 $EP=2 $PP=2" \
-    "ep2pp2-zero1 4 $EP=2 $PP=2 $ZERO" "ep2tp2-zero1 4 $EP=2 $TP=2 $ZERO" "ep2tp2pp2 8 $EP=2 $TP=2 $PP=2"; do
+    "ep2pp2-zero1 4 $EP=2 $PP=2 $ZERO" "ep2tp2pp2 8 $EP=2 $TP=2 $PP=2 $RTP=2"; do
     set -- $layout
     name=$1
     colo "$name" qwen3_moe "$2" "${@:3}"
@@ -270,4 +270,5 @@ refused ep4-of-3 "expert_model_parallel_size (3) does not divide the model's num
 refused ep-dense "expert_model_parallel_size (2): the model is dense" 2 llama $EP=2
 refused ep-dp3 "data-parallel ranks are not a multiple of actor_rollout_ref.actor.megatron.expert_model_parallel_size 2" \
     3 qwen3_moe $EP=2
+refused ep-tp-zero1 "ZeRO-1 under expert and tensor parallelism together is not available yet" 4 qwen3_moe $EP=2 $TP=2 $ZERO
 finish "$TMP"/*.log

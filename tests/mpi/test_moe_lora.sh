@@ -11,7 +11,7 @@
 #    stay on it, the attention's and router's are summed over DP) reproduces it too, and its checkpoint holds the
 #    whole adapter in PEFT's layout (every expert's, gathered over EP), with the optimizer state to resume: EP 2's
 #    step-1 checkpoint resumed in one process ends at the single-process adapter;
-#  - LoRA with EP in a split run (rollout ranks) is refused by name.
+#  - LoRA with EP in a split run (rollout ranks), and with EP and ZeRO-1, is refused by name.
 # usage: test_moe_lora.sh GRPO_WORKER GRPO_MODEL SCORER_SO
 set -u
 WORKER="$1" MODEL_TOOL="$2" SCORER="$3"
@@ -121,4 +121,10 @@ done
     >"$TMP/ep-split.out" 2>&1
 [ $? -ne 0 ] && grep -q "LoRA with expert parallelism runs colocated for now" "$TMP/ep-split.out"
 expect "LoRA with EP in a split run is refused by name" $?
+# shellcheck disable=SC2046
+"${MPIRUN[@]}" -np 2 "$WORKER" $(common qwen3_moe) trainer.default_local_dir="$TMP/ep-zero1" trainer.total_training_steps=1 \
+    actor_rollout_ref.actor.megatron.expert_model_parallel_size=2 \
+    actor_rollout_ref.actor.megatron.use_distributed_optimizer=true >"$TMP/ep-zero1.out" 2>&1
+[ $? -ne 0 ] && grep -q "ZeRO-1 of a LoRA adapter under expert parallelism is not available yet" "$TMP/ep-zero1.out"
+expect "LoRA with EP and ZeRO-1 is refused by name" $?
 finish "$TMP"/*.log
