@@ -14,7 +14,13 @@
  * falls as 1/SP within 10%, and the bytes the all-to-alls send are the planner's (plan_sp_alltoall_bytes) exactly;
  * rank 0 prints the figures; with --cp --memory LEN the same at CP 1, 2, 4 (the ring's own host buffers added to the
  * context's peak), the ring's bytes against the planner's (plan_cp_ring_bytes) and ring_attn_bytes. Exit 0 only if
- * every rank saw every value right. */
+ * every rank saw every value right.
+ * With --tp T (a world of S x T ranks, TP fastest as the trainer lays them out): each rank holds its TP rank's shard
+ * (heads / T query heads and its KV heads, a slice of the intermediate rows and the vocabulary) and the S ranks of
+ * one TP rank share the batch as above, swapping slices of that TP rank's heads (Ulysses) or passing its KV heads
+ * around the ring (--cp, whose bytes then count the TP rank's KV heads); the log-probs, entropies and gradients
+ * (summed over the S ranks, assembled over the T) agree with one process's the same way, and heads that do not
+ * split over TP x SP are refused naming both keys and the numbers. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +37,8 @@
 #include "worker/plan/planner.h"
 
 static int g_bad;
-static bool g_cp; /* --cp: context parallelism (ring attention) instead of Ulysses */
+static bool g_cp;    /* --cp: context parallelism (ring attention) instead of Ulysses */
+static int g_tp = 1; /* --tp T: each rank a TP shard, the sequence shared by the ranks of one TP rank */
 
 static void expect_close(const char *cfg, const char *what, const float *a, const float *b, size_t n, double tol)
 {
@@ -95,7 +102,7 @@ static void check_batch(const char *name, struct model *whole, struct model *par
     const int N = t->pb.N;
     float *lw = xmalloc((size_t)N * sizeof(float)), *ew = xmalloc((size_t)N * sizeof(float));
     float *lp = xmalloc((size_t)N * sizeof(float)), *ep = xmalloc((size_t)N * sizeof(float));
-    float *g = xmalloc(whole->w.n_floats * sizeof(float));
+    float *g = xmalloc(whole->w.n_floats * sizeof(float)), *gp = xmalloc(part->w.n_floats * sizeof(float));
     for (int ck = 0; ck < 2; ck++) {
         model_alloc_grads(whole);
         model_zero_grads(whole);
@@ -116,8 +123,8 @@ static void check_batch(const char *name, struct model *whole, struct model *par
                 L += (t->pb.cu_seqlens[b + 1] - t->pb.cu_seqlens[b] + 2 * C - 1) / (2 * C) * (2 * C);
             const struct model_config *c = &whole->cfg;
             const double want =
-                c->n_layers * ((ck ? 2 : 1) * ring_attn_bytes(C, L / (2 * C), c->n_kv_heads, c->head_dim, 0) +
-                               ring_attn_bytes(C, L / (2 * C), c->n_kv_heads, c->head_dim, 1));
+                c->n_layers * ((ck ? 2 : 1) * ring_attn_bytes(C, L / (2 * C), part->sh.n_kv_heads, c->head_dim, 0) +
+                               ring_attn_bytes(C, L / (2 * C), part->sh.n_kv_heads, c->head_dim, 1));
             const double got = after.sent_f32[COMM_OP_SEND] - before.sent_f32[COMM_OP_SEND];
             if (got != want || want <= 0) {
                 g_bad++;
@@ -129,9 +136,16 @@ static void check_batch(const char *name, struct model *whole, struct model *par
         expect_close(name, what, lp, lw, (size_t)N, tol);
         snprintf(what, sizeof what, "entropies%s", ck ? " (checkpointed)" : "");
         expect_close(name, what, ep, ew, (size_t)N, tol);
-        /* each rank's gradients are its tokens' part: summed over the group, the whole batch's */
-        memcpy(g, part->grad->mem, whole->w.n_floats * sizeof(float));
-        comm_allreduce_sum(sp, g, whole->w.n_floats, COMM_F32);
+        /* each rank's gradients are its tokens' part: summed over the group, the whole batch's (with TP: the TP
+         * ranks' shared parts summed first, then the shards assembled whole) */
+        if (g_tp > 1)
+            model_shard_sync_grads(part);
+        memcpy(gp, part->grad->mem, part->w.n_floats * sizeof(float));
+        comm_allreduce_sum(sp, gp, part->w.n_floats, COMM_F32);
+        if (g_tp > 1)
+            model_shard_assemble(part, gp, g);
+        else
+            memcpy(g, gp, whole->w.n_floats * sizeof(float));
         int n = model_param_refs(whole, whole->grad, NULL, 0);
         struct param_ref *refs = xcalloc((size_t)n, sizeof *refs);
         model_param_refs(whole, whole->grad, refs, n);
@@ -141,21 +155,30 @@ static void check_batch(const char *name, struct model *whole, struct model *par
         }
         free(refs);
     }
-    free(lw), free(ew), free(lp), free(ep), free(g);
+    free(lw), free(ew), free(lp), free(ep), free(g), free(gp);
 }
 
-static void check_config(const char *name, const struct model_config *c, struct comm *sp)
+static void check_config(const char *name, const struct model_config *c, struct comm *sp, struct comm *tp)
 {
     char why[256];
     if ((g_cp ? model_cp_check(c, comm_size(sp), "context_parallel_size", why, sizeof why)
-              : model_sp_check(c, comm_size(sp), "ulysses_sequence_parallel_size", why, sizeof why)) != 0) {
+              : model_sp_check(c, comm_size(sp), g_tp, "ulysses_sequence_parallel_size", "tensor_model_parallel_size",
+                               why, sizeof why)) != 0 ||
+        model_shard_check(c, g_tp, "tensor_model_parallel_size", why, sizeof why) != 0) {
         g_bad++;
         log_error("test", "%s: %s", name, why);
         return;
     }
     struct model *whole = model_create(c);
     model_init_random(whole, 7, 0.2);
-    struct model *part = model_clone(whole);
+    struct model *part;
+    if (g_tp > 1) { /* this rank's TP shard of the same weights */
+        const struct model_layout lay = {comm_rank(tp), g_tp, 0, 1, tp, NULL, NULL, 0, 1, NULL};
+        part = model_create_shard(c, &lay);
+        model_shard_slice(part, whole->w.mem, part->w.mem);
+    } else {
+        part = model_clone(whole);
+    }
     if (g_cp)
         model_set_cp(part, sp);
     else
@@ -194,7 +217,7 @@ static void check_config(const char *name, const struct model_config *c, struct 
     model_free(whole);
     model_free(part);
     if (comm_rank(sp) == 0)
-        log_info("test", "%s: %s %d checked", name, g_cp ? "CP" : "SP", comm_size(sp));
+        log_info("test", "%s: %s %d x TP %d checked", name, g_cp ? "CP" : "SP", comm_size(sp), g_tp);
 }
 
 /* Activation memory and all-to-all bytes of one LEN-token sequence at SP 1, 2, 4. */
@@ -288,8 +311,21 @@ int main(int argc, char **argv)
 {
     CHECK_MPI(MPI_Init(&argc, &argv));
     struct comm *w = comm_mpi_world();
-    const int S = comm_size(w);
     g_cp = argc > 1 && strcmp(argv[1], "--cp") == 0;
+    for (int i = 1; i + 1 < argc; i++)
+        if (strcmp(argv[i], "--tp") == 0)
+            g_tp = atoi(argv[i + 1]);
+    if (g_tp < 1 || comm_size(w) % g_tp != 0) {
+        if (comm_rank(w) == 0)
+            printf("FAIL: --tp %d does not divide a world of %d ranks\n", g_tp, comm_size(w));
+        comm_free(w);
+        CHECK_MPI(MPI_Finalize());
+        return 1;
+    }
+    /* TP fastest: the TP group of neighbouring ranks, the sequence shared by the ranks of one TP rank */
+    const int S = comm_size(w) / g_tp;
+    struct comm *tp = g_tp > 1 ? comm_split(w, comm_rank(w) / g_tp, comm_rank(w)) : NULL;
+    struct comm *sp = g_tp > 1 ? comm_split(w, comm_rank(w) % g_tp, comm_rank(w)) : w;
     for (int i = 1; i + 1 < argc; i++)
         if (strcmp(argv[i], "--memory") == 0) {
             check_memory(w, atoi(argv[i + 1]));
@@ -317,8 +353,8 @@ int main(int argc, char **argv)
                                  .max_position_embeddings = 64,
                                  .bos_token_id = -1,
                                  .eos_token_id = -1};
-    if (llama.n_heads % S != 0) /* an odd group: 2 query heads a rank, KV heads split */
-        llama.n_heads = 2 * S, llama.n_kv_heads = S;
+    if (llama.n_heads % (S * g_tp) != 0) /* an odd group: 2 query heads a rank, KV heads split */
+        llama.n_heads = 2 * S * g_tp, llama.n_kv_heads = S * g_tp;
     /* Qwen2: untied head, q/k/v biases, one KV head (replicated on every rank) */
     struct model_config qwen = llama;
     qwen.arch = ARCH_QWEN2;
@@ -332,11 +368,38 @@ int main(int argc, char **argv)
     qwen3.qk_norm = true;
     qwen3.head_dim = 6;
     qwen3.rope = (struct rope_scaling){ROPE_LLAMA3, 4.0, 1.0, 4.0, 4};
-    check_config("llama-tied-gqa", &llama, w);
-    check_config("qwen2-bias-untied-mqa", &qwen, w);
-    check_config("qwen3-qknorm-llama3-rope", &qwen3, w);
+    check_config("llama-tied-gqa", &llama, sp, tp);
+    check_config("qwen2-bias-untied-mqa", &qwen, sp, tp);
+    check_config("qwen3-qknorm-llama3-rope", &qwen3, sp, tp);
     /* heads that cannot split are refused with the key and the numbers */
     char why[256];
+    if (g_tp > 1 && !g_cp) { /* under TP, the TP rank's heads split over SP: 4 heads over TP 2 leave 2, not 4 */
+        struct model_config bad = llama;
+        bad.n_heads = 4;
+        bad.n_kv_heads = 2;
+        if (model_sp_check(&bad, 4, 2, "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+                           "actor_rollout_ref.actor.megatron.tensor_model_parallel_size", why, sizeof why) == 0 ||
+            !strstr(why, "num_attention_heads (4)") || !strstr(why, "tensor_model_parallel_size (2)") ||
+            !strstr(why, "ulysses_sequence_parallel_size (4)") || !strstr(why, "2 query heads a TP rank")) {
+            g_bad++;
+            log_error("test", "4 heads over TP 2 x SP 4 not refused clearly: '%s'", why);
+        }
+        bad.n_heads = 12; /* 6 query heads a TP rank split at SP 2, but 3 KV heads a TP rank do not */
+        bad.n_kv_heads = 6;
+        if (model_sp_check(&bad, 2, 2, "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+                           "actor_rollout_ref.actor.megatron.tensor_model_parallel_size", why, sizeof why) == 0 ||
+            !strstr(why, "num_key_value_heads (6)") || !strstr(why, "3 KV heads a TP rank") ||
+            !strstr(why, "ulysses_sequence_parallel_size (2)")) {
+            g_bad++;
+            log_error("test", "6 KV heads over TP 2 x SP 2 not refused clearly: '%s'", why);
+        }
+        bad.n_kv_heads = 2; /* one KV head a TP rank: replicated on both SP ranks */
+        if (model_sp_check(&bad, 2, 2, "ulysses_sequence_parallel_size", "tensor_model_parallel_size", why,
+                           sizeof why) != 0) {
+            g_bad++;
+            log_error("test", "12 heads over 2 KV heads at TP 2 x SP 2 refused: '%s'", why);
+        }
+    }
     if (g_cp) {
         struct model_config bad = llama;
         bad.n_heads = 6;
@@ -351,14 +414,16 @@ int main(int argc, char **argv)
     struct model_config bad = llama;
     bad.n_heads = 6;
     bad.n_kv_heads = 3;
-    if (model_sp_check(&bad, 4, "actor_rollout_ref.actor.ulysses_sequence_parallel_size", why, sizeof why) == 0 ||
+    if (model_sp_check(&bad, 4, 1, "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "", why, sizeof why) ==
+            0 ||
         !strstr(why, "num_attention_heads (6)") || !strstr(why, "ulysses_sequence_parallel_size (4)")) {
         g_bad++;
         log_error("test", "6 heads over SP 4 not refused clearly: '%s'", why);
     }
     bad.n_heads = 12;
     bad.n_kv_heads = 3;
-    if (model_sp_check(&bad, 4, "actor_rollout_ref.actor.ulysses_sequence_parallel_size", why, sizeof why) == 0 ||
+    if (model_sp_check(&bad, 4, 1, "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "", why, sizeof why) ==
+            0 ||
         !strstr(why, "num_key_value_heads (3)") || !strstr(why, "ulysses_sequence_parallel_size (4)")) {
         g_bad++;
         log_error("test", "3 KV heads over SP 4 not refused clearly: '%s'", why);
@@ -367,7 +432,12 @@ done:;
     int bad_all = g_bad;
     comm_allreduce_sum(w, &bad_all, 1, COMM_I32);
     if (comm_rank(w) == 0)
-        printf("%s: model over %s %d ranks (%d problems)\n", bad_all ? "FAIL" : "ok", g_cp ? "CP" : "SP", S, bad_all);
+        printf("%s: model over %s %d ranks x TP %d (%d problems)\n", bad_all ? "FAIL" : "ok", g_cp ? "CP" : "SP", S,
+               g_tp, bad_all);
+    if (tp) {
+        comm_free(tp);
+        comm_free(sp);
+    }
     comm_free(w);
     CHECK_MPI(MPI_Finalize());
     return bad_all ? 1 : 0;
