@@ -132,6 +132,26 @@ static void check_batch(const char *name, struct model *whole, struct model *par
                           ck ? " (checkpointed)" : "", want);
             }
         }
+        { /* the planner's figure (with TP: the TP rank's heads): Ulysses' all-to-alls summed over the group for
+           * any batch; the ring's per rank for one sequence */
+            const struct model_config *c = &whole->cfg;
+            const int S = comm_size(sp), nl = c->n_layers;
+            double got = after.sent_f32[g_cp ? COMM_OP_SEND : COMM_OP_ALLTOALL] -
+                         before.sent_f32[g_cp ? COMM_OP_SEND : COMM_OP_ALLTOALL];
+            double want = -1;
+            if (!g_cp) {
+                comm_allreduce_sum(sp, &got, 1, COMM_F64);
+                want = S * plan_sp_alltoall_bytes(c, N, S, g_tp, (ck ? 2 : 1) * nl, nl);
+            } else if (t->pb.B == 1) {
+                want = plan_cp_ring_bytes(c, N, S, g_tp, (ck ? 2 : 1) * nl, nl);
+            }
+            if (want >= 0 && fabs(got - want) > 1e-9 * (want > 1 ? want : 1)) {
+                g_bad++;
+                log_error("test", "%s: %.0f bytes sent %s%s, the planner says %.0f", name, got,
+                          g_cp ? "around the ring by this rank" : "in the all-to-alls over the group",
+                          ck ? " (checkpointed)" : "", want);
+            }
+        }
         snprintf(what, sizeof what, "log-probs%s", ck ? " (checkpointed)" : "");
         expect_close(name, what, lp, lw, (size_t)N, tol);
         snprintf(what, sizeof what, "entropies%s", ck ? " (checkpointed)" : "");
@@ -273,8 +293,8 @@ static void check_memory(struct comm *w, int len)
         comm_allreduce_max(w, &act, 1, COMM_F64);
         comm_allreduce_sum(sp, &sent, 1, COMM_F64);
         /* a forward and a backward of every layer: the all-to-alls, or the ring (chunks of n / 2 rows) */
-        const double want = S * (g_cp ? plan_cp_ring_bytes(&c, len, S, c.n_layers, c.n_layers)
-                                      : plan_sp_alltoall_bytes(&c, len, S, c.n_layers, c.n_layers));
+        const double want = S * (g_cp ? plan_cp_ring_bytes(&c, len, S, 1, c.n_layers, c.n_layers)
+                                      : plan_sp_alltoall_bytes(&c, len, S, 1, c.n_layers, c.n_layers));
         /* the component's own count agrees (ring_attn_bytes: chunks of n / 2 rows) */
         if (g_cp && fabs(want - S * c.n_layers *
                                     (ring_attn_bytes(S, (int)n / 2, c.n_kv_heads, c.head_dim, 0) +
