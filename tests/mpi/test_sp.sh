@@ -10,8 +10,11 @@
 #  - split runs (a rollout rank feeding SP 2 and SP 2 x DP 2 trainers: one data endpoint per DP rank, its batches
 #    shared over the SP group) give the same;
 #  - SP 2 x DP 2 with ZeRO-1 (the optimizer state over DP x SP) reproduces it too;
-#  - heads that do not divide, and layouts not available yet (TP), are refused naming the keys and the
-#    numbers; ranks that do not fit the SP size are refused naming the key.
+#  - SP 2 x TP 2 (4 colocated ranks, TP fastest): each TP rank's 2 query heads (and its KV head, or with Qwen2's
+#    one KV head the copy the two TP ranks share) swapped over its 2 SP ranks, one query head a rank, the
+#    vocab-parallel head on each rank's token slice: the same run;
+#  - heads that do not divide, and layouts not available yet (TP with rollout ranks of their own), are refused
+#    naming the keys and the numbers; ranks that do not fit the SP size are refused naming the key.
 # usage: test_sp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
 WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
@@ -80,6 +83,18 @@ equivalent sp2-qwen2 one-qwen2
 sp sp4-qwen2 qwen2 4 4 $RTP2
 expect "sp4-qwen2: SP 4 (one query head a rank) finishes" $?
 equivalent sp4-qwen2 one-qwen2
+# SP 2 x TP 2: each TP rank's heads split over its SP ranks
+TP2=actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2
+sp sp2tp2-llama llama 4 2 $TP2 $RTP2
+expect "sp2tp2-llama: 4 colocated ranks, SP 2 x TP 2, finish" $?
+has "$TMP/sp2tp2-llama.log" "training DP 1 x SP 2 x TP 2 x PP 1"
+expect "sp2tp2-llama: SP 2 x TP 2 logged" $?
+has "$TMP/sp2tp2-llama.log" "attends with 1 of the 2 query heads (its TP rank's, of 4 over TP 2)"
+expect "sp2tp2-llama: each rank attends with one of its TP rank's 2 heads" $?
+equivalent sp2tp2-llama one-llama
+sp sp2tp2-qwen2 qwen2 4 2 $TP2 $RTP2
+expect "sp2tp2-qwen2: SP 2 x TP 2 with the one KV head shared by the TP ranks and replicated over SP finishes" $?
+equivalent sp2tp2-qwen2 one-qwen2
 # shellcheck disable=SC2086 # BSZ's words are keys
 GRPO_LOG_LEVEL=debug sp sp2-bsz llama 2 2 $BSZ
 expect "sp2-bsz: SP 2 with use_dynamic_bsz finishes" $?
@@ -122,7 +137,10 @@ refused bad-heads 3 3 "num_attention_heads (4) is not divisible by actor_rollout
 expect "SP 3 over 4 heads is refused naming the key and the numbers" $?
 refused bad-ranks 3 2 "3 hybrid ranks are not a multiple of actor_rollout_ref.actor.megatron.tensor_model_parallel_size 1 x actor_rollout_ref.actor.megatron.pipeline_model_parallel_size 1 x actor_rollout_ref.actor.ulysses_sequence_parallel_size 2"
 expect "3 ranks under SP 2 are refused naming the key" $?
-refused bad-tp 4 2 "ulysses_sequence_parallel_size=2 with actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 is not available yet" \
-    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2
-expect "SP with TP is refused naming both keys" $?
+# TP with rollout ranks of their own: the batches and weights of a DP rank would go over its TP group alone
+# shellcheck disable=SC2046
+"${MPIRUN[@]}" -np 5 "$WORKER" $(long llama) trainer.default_local_dir="$TMP/bad-tp-split" placement.trainer_ranks=4 \
+    placement.rollout_ranks=1 actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 $TP2 >"$TMP/bad-tp-split.log" 2>&1
+[ $? -ne 0 ] && says "$TMP/bad-tp-split.log" "ulysses_sequence_parallel_size=2 with actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 and rollout ranks of their own"
+expect "SP with TP and rollout ranks of their own is refused naming both keys" $?
 finish "$TMP"/*.log

@@ -233,7 +233,9 @@ static void gather_whole(struct trainer *t, struct model **wm, struct adamw **wo
     struct adamw *local = t->zero ? zero1_gather(t->zero, t->opt) : NULL; /* collective over DP */
     *wm = NULL;
     *wo = local;
-    if (!t->lay.mp || t->lay.dp_rank / t->lay.ep_size != 0) /* the first model copy gathers (EP: DP ranks 0..EP-1) */
+    /* the first model copy gathers (EP: DP ranks 0..EP-1; with SP or CP, that of CP rank 0: the others hold the
+     * same weights) */
+    if (!t->lay.mp || t->lay.dp_rank / t->lay.ep_size != 0 || t->lay.cp_rank != 0)
         return;
     const struct adamw *opt = local ? local : t->opt;
     *wo = NULL;
