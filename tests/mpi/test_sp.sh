@@ -12,7 +12,8 @@
 #  - SP 2 x DP 2 with ZeRO-1 (the optimizer state over DP x SP) reproduces it too;
 #  - SP 2 x TP 2 (4 colocated ranks, TP fastest): each TP rank's 2 query heads (and its KV head, or with Qwen2's
 #    one KV head the copy the two TP ranks share) swapped over its 2 SP ranks, one query head a rank, the
-#    vocab-parallel head on each rank's token slice: the same run;
+#    vocab-parallel head on each rank's token slice: the same run, and the group's all-to-all bytes a step (the
+#    traffic counters, perf/comm_bytes/cp) are the planner's for a TP rank's heads;
 #  - heads that do not divide, and layouts not available yet (TP with rollout ranks of their own), are refused
 #    naming the keys and the numbers; ranks that do not fit the SP size are refused naming the key.
 # usage: test_sp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
@@ -92,6 +93,21 @@ expect "sp2tp2-llama: SP 2 x TP 2 logged" $?
 has "$TMP/sp2tp2-llama.log" "attends with 1 of the 2 query heads (its TP rank's, of 4 over TP 2)"
 expect "sp2tp2-llama: each rank attends with one of its TP rank's 2 heads" $?
 equivalent sp2tp2-llama one-llama
+# the group's all-to-all bytes a step (perf/comm_bytes/cp, from the traffic counters) are the planner's
+# (plan_sp_alltoall_bytes with the TP size): 2 layers; a TP rank's 2 query heads and 1 KV head of 16 make 1 query
+# head and the (replicated) KV head a rank at SP 2, so per row and layer the group sends SP x (SP - 1) / SP x 16 x 4
+# bytes x (2 + 2) in each of the 3 forwards (old and reference log-probs, the update's) and x (3 + 2) in the backward
+out=$(python3 - "$TMP/sp2tp2-llama/p/e/metrics.jsonl" 2>&1 <<'PY'
+import json, sys
+rows = [r for r in map(json.loads, open(sys.argv[1]))]
+assert len(rows) == 2, rows
+for r in rows:
+    want = 2 * 1 * 16 * 4 * (3 * (2 + 2) + (3 + 2)) * r["perf/forward_tokens/update"]
+    assert r["perf/comm_bytes/cp"] == want, (r["step"], r["perf/comm_bytes/cp"], want)
+    print(f"step {r['step']}: {r['perf/comm_bytes/cp']:.0f} bytes over {r['perf/forward_tokens/update']:.0f} rows")
+PY
+)
+expect "sp2tp2-llama: the all-to-all bytes a step are the planner's with the TP factor ($(echo $out))" $?
 sp sp2tp2-qwen2 qwen2 4 2 $TP2 $RTP2
 expect "sp2tp2-qwen2: SP 2 x TP 2 with the one KV head shared by the TP ranks and replicated over SP finishes" $?
 equivalent sp2tp2-qwen2 one-qwen2
