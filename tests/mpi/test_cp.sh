@@ -117,7 +117,8 @@ expect "CP with Ulysses SP is refused naming both keys" $?
 # shellcheck disable=SC2046
 "${MPIRUN[@]}" -np 5 "$WORKER" $(long llama) trainer.default_local_dir="$TMP/bad-tp-split" placement.trainer_ranks=4 \
     placement.rollout_ranks=1 actor_rollout_ref.actor.megatron.context_parallel_size=2 $TP2 >"$TMP/bad-tp-split.log" 2>&1
-[ $? -ne 0 ] && says "$TMP/bad-tp-split.log" "context_parallel_size=2 with actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 and rollout ranks of their own"
+rc=$?
+[ $rc -ne 0 ] && says "$TMP/bad-tp-split.log" "context_parallel_size=2 with actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 and rollout ranks of their own"
 expect "CP with TP and rollout ranks of their own is refused naming both keys" $?
 refused bad-cuda 2 2 "actor_rollout_ref.actor.megatron.context_parallel_size=2 with trainer.device=cuda is not available yet" \
     trainer.device=cuda

@@ -107,7 +107,7 @@ for r in rows:
     print(f"step {r['step']}: {r['perf/comm_bytes/cp']:.0f} bytes over {r['perf/forward_tokens/update']:.0f} rows")
 PY
 )
-expect "sp2tp2-llama: the all-to-all bytes a step are the planner's with the TP factor ($(echo $out))" $?
+expect "sp2tp2-llama: the all-to-all bytes a step are the planner's with the TP factor (${out//$'\n'/; })" $?
 sp sp2tp2-qwen2 qwen2 4 2 $TP2 $RTP2
 expect "sp2tp2-qwen2: SP 2 x TP 2 with the one KV head shared by the TP ranks and replicated over SP finishes" $?
 equivalent sp2tp2-qwen2 one-qwen2
@@ -153,10 +153,16 @@ refused bad-heads 3 3 "num_attention_heads (4) is not divisible by actor_rollout
 expect "SP 3 over 4 heads is refused naming the key and the numbers" $?
 refused bad-ranks 3 2 "3 hybrid ranks are not a multiple of actor_rollout_ref.actor.megatron.tensor_model_parallel_size 1 x actor_rollout_ref.actor.megatron.pipeline_model_parallel_size 1 x actor_rollout_ref.actor.ulysses_sequence_parallel_size 2"
 expect "3 ranks under SP 2 are refused naming the key" $?
+# under TP the TP rank's heads split over SP: 4 heads over TP 2 leave 2 a TP rank, not divisible by SP 4 (8 ranks
+# generate as two engines of rollout TP 4; the trainer refuses before any)
+refused bad-tp-heads 8 4 "num_attention_heads (4) over actor_rollout_ref.actor.megatron.tensor_model_parallel_size (2) leaves 2 query heads a TP rank, not divisible by actor_rollout_ref.actor.ulysses_sequence_parallel_size (4)" \
+    $TP2 actor_rollout_ref.rollout.tensor_model_parallel_size=4
+expect "SP 4 x TP 2 over 4 heads is refused naming both keys and the numbers" $?
 # TP with rollout ranks of their own: the batches and weights of a DP rank would go over its TP group alone
 # shellcheck disable=SC2046
 "${MPIRUN[@]}" -np 5 "$WORKER" $(long llama) trainer.default_local_dir="$TMP/bad-tp-split" placement.trainer_ranks=4 \
     placement.rollout_ranks=1 actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 $TP2 >"$TMP/bad-tp-split.log" 2>&1
-[ $? -ne 0 ] && says "$TMP/bad-tp-split.log" "ulysses_sequence_parallel_size=2 with actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 and rollout ranks of their own"
+rc=$?
+[ $rc -ne 0 ] && says "$TMP/bad-tp-split.log" "ulysses_sequence_parallel_size=2 with actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 and rollout ranks of their own"
 expect "SP with TP and rollout ranks of their own is refused naming both keys" $?
 finish "$TMP"/*.log
