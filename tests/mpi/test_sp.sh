@@ -14,8 +14,9 @@
 #    one KV head the copy the two TP ranks share) swapped over its 2 SP ranks, one query head a rank, the
 #    vocab-parallel head on each rank's token slice: the same run, and the group's all-to-all bytes a step (the
 #    traffic counters, perf/comm_bytes/cp) are the planner's for a TP rank's heads;
-#  - heads that do not divide, and layouts not available yet (TP with rollout ranks of their own), are refused
-#    naming the keys and the numbers; ranks that do not fit the SP size are refused naming the key.
+#  - heads that do not divide (under TP, a TP rank's heads), and layouts not available yet (TP with rollout ranks
+#    of their own), are refused naming the keys and the numbers; ranks that do not fit the SP size are refused
+#    naming the key.
 # usage: test_sp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
 WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
