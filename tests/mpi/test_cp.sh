@@ -10,7 +10,10 @@
 #    the token-budget micro-batches (use_dynamic_bsz: ppo_max_token_len_per_gpu per GPU, CP times it a group);
 #  - CP2 with LoRA (rank 8, all-linear), gradient checkpointing and activation offload gives the single-process LoRA
 #    run's metrics and saves the same PEFT adapter (config byte for byte, every float within 1e-5);
-#  - context_parallel_size with ulysses_sequence_parallel_size, TP or a GPU is refused naming the keys.
+#  - CP 2 x TP 2 (4 colocated ranks, TP fastest): the ring over each TP rank's 2 query heads and its KV head, the
+#    vocab-parallel head on each rank's chunks: the same run;
+#  - context_parallel_size with ulysses_sequence_parallel_size, with TP and rollout ranks of their own, or a GPU is
+#    refused naming the keys.
 # usage: test_cp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
 WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
@@ -66,6 +69,15 @@ expect "cp2pp2-llama: 4 colocated ranks, CP 2 x PP 2, finish" $?
 has "$TMP/cp2pp2-llama.log" "training DP 1 x CP 2 x TP 1 x PP 2"
 expect "cp2pp2-llama: CP 2 x PP 2 logged" $?
 equivalent cp2pp2-llama one-llama
+# CP 2 x TP 2: the ring runs over each TP rank's heads
+TP2=actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2
+cp cp2tp2-llama 4 2 $TP2 actor_rollout_ref.rollout.tensor_model_parallel_size=2
+expect "cp2tp2-llama: 4 colocated ranks, CP 2 x TP 2, finish" $?
+has "$TMP/cp2tp2-llama.log" "training DP 1 x CP 2 x TP 2 x PP 1"
+expect "cp2tp2-llama: CP 2 x TP 2 logged" $?
+has "$TMP/cp2tp2-llama.log" "attends over the ring with all 2 query heads (its TP rank's, of 4 over TP 2)"
+expect "cp2tp2-llama: each rank attends over the ring with its TP rank's 2 heads" $?
+equivalent cp2tp2-llama one-llama
 # ZeRO-1 over the two ranks of one CP group (DP 1): the optimizer state halved, the same run
 cp zero-cp2 2 2 actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
 expect "zero-cp2: CP 2 with ZeRO-1 finishes" $?
@@ -124,9 +136,12 @@ refused() { # NAME RANKS CP TEXT [keys...]: the run ends with an error saying TE
 refused bad-both 4 2 "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 and actor_rollout_ref.actor.megatron.context_parallel_size=2: Ulysses sequence parallelism and context parallelism share one dimension" \
     actor_rollout_ref.actor.ulysses_sequence_parallel_size=2
 expect "CP with Ulysses SP is refused naming both keys" $?
-refused bad-tp 4 2 "actor_rollout_ref.actor.megatron.context_parallel_size=2 with actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 is not available yet" \
-    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2
-expect "CP with TP is refused naming both keys" $?
+# shellcheck disable=SC2046
+"${MPIRUN[@]}" -np 5 "$WORKER" $(long llama) trainer.default_local_dir="$TMP/bad-tp-split" placement.trainer_ranks=4 \
+    placement.rollout_ranks=1 actor_rollout_ref.actor.megatron.context_parallel_size=2 $TP2 >"$TMP/bad-tp-split.log" 2>&1
+rc=$?
+[ $rc -ne 0 ] && says "$TMP/bad-tp-split.log" "context_parallel_size=2 with actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 and rollout ranks of their own"
+expect "CP with TP and rollout ranks of their own is refused naming both keys" $?
 refused bad-cuda 2 2 "actor_rollout_ref.actor.megatron.context_parallel_size=2 with trainer.device=cuda is not available yet" \
     trainer.device=cuda
 expect "CP on a GPU is refused naming the keys" $?

@@ -14,8 +14,13 @@
 #    with gradient checkpointing and activation offload (each rank's slice of the layer inputs in host memory);
 #  - SP 2 with LoRA (rank 8, all-linear), and SP 2 x DP 2 with LoRA and ZeRO-1, give the single-process LoRA run's
 #    metrics and save the same PEFT adapter (config byte for byte, every float within 1e-5);
-#  - heads that do not divide, and layouts not available yet (TP), are refused naming the keys and the
-#    numbers; ranks that do not fit the SP size are refused naming the key.
+#  - SP 2 x TP 2 (4 colocated ranks, TP fastest): each TP rank's 2 query heads (and its KV head, or with Qwen2's
+#    one KV head the copy the two TP ranks share) swapped over its 2 SP ranks, one query head a rank, the
+#    vocab-parallel head on each rank's token slice: the same run, and the group's all-to-all bytes a step (the
+#    traffic counters, perf/comm_bytes/cp) are the planner's for a TP rank's heads;
+#  - heads that do not divide (under TP, a TP rank's heads), and layouts not available yet (TP with rollout ranks
+#    of their own), are refused naming the keys and the numbers; ranks that do not fit the SP size are refused
+#    naming the key.
 # usage: test_sp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
 WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
@@ -95,6 +100,33 @@ equivalent sp2-qwen2 one-qwen2
 sp sp4-qwen2 qwen2 4 4 $RTP2
 expect "sp4-qwen2: SP 4 (one query head a rank) finishes" $?
 equivalent sp4-qwen2 one-qwen2
+# SP 2 x TP 2: each TP rank's heads split over its SP ranks
+TP2=actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2
+sp sp2tp2-llama llama 4 2 $TP2 $RTP2
+expect "sp2tp2-llama: 4 colocated ranks, SP 2 x TP 2, finish" $?
+has "$TMP/sp2tp2-llama.log" "training DP 1 x SP 2 x TP 2 x PP 1"
+expect "sp2tp2-llama: SP 2 x TP 2 logged" $?
+has "$TMP/sp2tp2-llama.log" "attends with 1 of the 2 query heads (its TP rank's, of 4 over TP 2)"
+expect "sp2tp2-llama: each rank attends with one of its TP rank's 2 heads" $?
+equivalent sp2tp2-llama one-llama
+# the group's all-to-all bytes a step (perf/comm_bytes/cp, from the traffic counters) are the planner's
+# (plan_sp_alltoall_bytes with the TP size): 2 layers; a TP rank's 2 query heads and 1 KV head of 16 make 1 query
+# head and the (replicated) KV head a rank at SP 2, so per row and layer the group sends SP x (SP - 1) / SP x 16 x 4
+# bytes x (2 + 2) in each of the 3 forwards (old and reference log-probs, the update's) and x (3 + 2) in the backward
+out=$(python3 - "$TMP/sp2tp2-llama/p/e/metrics.jsonl" 2>&1 <<'PY'
+import json, sys
+rows = [r for r in map(json.loads, open(sys.argv[1]))]
+assert len(rows) == 2, rows
+for r in rows:
+    want = 2 * 1 * 16 * 4 * (3 * (2 + 2) + (3 + 2)) * r["perf/forward_tokens/update"]
+    assert r["perf/comm_bytes/cp"] == want, (r["step"], r["perf/comm_bytes/cp"], want)
+    print(f"step {r['step']}: {r['perf/comm_bytes/cp']:.0f} bytes over {r['perf/forward_tokens/update']:.0f} rows")
+PY
+)
+expect "sp2tp2-llama: the all-to-all bytes a step are the planner's with the TP factor (${out//$'\n'/; })" $?
+sp sp2tp2-qwen2 qwen2 4 2 $TP2 $RTP2
+expect "sp2tp2-qwen2: SP 2 x TP 2 with the one KV head shared by the TP ranks and replicated over SP finishes" $?
+equivalent sp2tp2-qwen2 one-qwen2
 # shellcheck disable=SC2086 # BSZ's words are keys
 GRPO_LOG_LEVEL=debug sp sp2-bsz llama 2 2 $BSZ
 expect "sp2-bsz: SP 2 with use_dynamic_bsz finishes" $?
@@ -165,7 +197,16 @@ refused bad-heads 3 3 "num_attention_heads (4) is not divisible by actor_rollout
 expect "SP 3 over 4 heads is refused naming the key and the numbers" $?
 refused bad-ranks 3 2 "3 hybrid ranks are not a multiple of actor_rollout_ref.actor.megatron.tensor_model_parallel_size 1 x actor_rollout_ref.actor.megatron.pipeline_model_parallel_size 1 x actor_rollout_ref.actor.ulysses_sequence_parallel_size 2"
 expect "3 ranks under SP 2 are refused naming the key" $?
-refused bad-tp 4 2 "ulysses_sequence_parallel_size=2 with actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 is not available yet" \
-    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2
-expect "SP with TP is refused naming both keys" $?
+# under TP the TP rank's heads split over SP: 4 heads over TP 2 leave 2 a TP rank, not divisible by SP 4 (8 ranks
+# generate as two engines of rollout TP 4; the trainer refuses before any)
+refused bad-tp-heads 8 4 "num_attention_heads (4) over actor_rollout_ref.actor.megatron.tensor_model_parallel_size (2) leaves 2 query heads a TP rank, not divisible by actor_rollout_ref.actor.ulysses_sequence_parallel_size (4)" \
+    $TP2 actor_rollout_ref.rollout.tensor_model_parallel_size=4
+expect "SP 4 x TP 2 over 4 heads is refused naming both keys and the numbers" $?
+# TP with rollout ranks of their own: the batches and weights of a DP rank would go over its TP group alone
+# shellcheck disable=SC2046
+"${MPIRUN[@]}" -np 5 "$WORKER" $(long llama) trainer.default_local_dir="$TMP/bad-tp-split" placement.trainer_ranks=4 \
+    placement.rollout_ranks=1 actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 $TP2 >"$TMP/bad-tp-split.log" 2>&1
+rc=$?
+[ $rc -ne 0 ] && says "$TMP/bad-tp-split.log" "ulysses_sequence_parallel_size=2 with actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 and rollout ranks of their own"
+expect "SP with TP and rollout ranks of their own is refused naming both keys" $?
 finish "$TMP"/*.log

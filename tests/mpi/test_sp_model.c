@@ -269,7 +269,8 @@ static void check_config(const char *name, const struct model_config *c, struct 
 {
     char why[256];
     if ((g_cp ? model_cp_check(c, comm_size(sp), "context_parallel_size", why, sizeof why)
-              : model_sp_check(c, comm_size(sp), "ulysses_sequence_parallel_size", why, sizeof why)) != 0) {
+              : model_sp_check(c, comm_size(sp), 1, "ulysses_sequence_parallel_size", "tensor_model_parallel_size", why,
+                               sizeof why)) != 0) {
         g_bad++;
         log_error("test", "%s: %s", name, why);
         return;
@@ -306,7 +307,8 @@ static void check_config(const char *name, const struct model_config *c, struct 
     snprintf(what, sizeof what, "%s packed, responses' log-probs", name);
     check_batch(what, whole, part, &t, sp, 1e-5);
     snprintf(what, sizeof what, "%s packed, responses' log-probs, LoRA", name);
-    check_lora(what, whole, part, &t, sp);
+    if (!g_pp) /* LoRA runs on whole models (no pipeline stages) */
+        check_lora(what, whole, part, &t, sp);
     batch_free(&t);
     if (!g_cp) { /* context parallelism runs without shared-prompt packing */
         batch_make(&t, c, lens, 4, true, true);
@@ -387,8 +389,8 @@ static void check_memory(struct comm *w, int len)
         comm_allreduce_max(w, &act, 1, COMM_F64);
         comm_allreduce_sum(sp, &sent, 1, COMM_F64);
         /* a forward and a backward of every layer: the all-to-alls, or the ring (chunks of n / 2 rows) */
-        const double want = S * (g_cp ? plan_cp_ring_bytes(&c, len, S, c.n_layers, c.n_layers)
-                                      : plan_sp_alltoall_bytes(&c, len, S, c.n_layers, c.n_layers));
+        const double want = S * (g_cp ? plan_cp_ring_bytes(&c, len, S, 1, c.n_layers, c.n_layers)
+                                      : plan_sp_alltoall_bytes(&c, len, S, 1, c.n_layers, c.n_layers));
         /* the component's own count agrees (ring_attn_bytes: chunks of n / 2 rows) */
         if (g_cp && fabs(want - S * c.n_layers *
                                     (ring_attn_bytes(S, (int)n / 2, c.n_kv_heads, c.head_dim, 0) +
@@ -499,17 +501,44 @@ int main(int argc, char **argv)
     struct model_config bad = llama;
     bad.n_heads = 6;
     bad.n_kv_heads = 3;
-    if (model_sp_check(&bad, 4, "actor_rollout_ref.actor.ulysses_sequence_parallel_size", why, sizeof why) == 0 ||
+    if (model_sp_check(&bad, 4, 1, "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "", why, sizeof why) ==
+            0 ||
         !strstr(why, "num_attention_heads (6)") || !strstr(why, "ulysses_sequence_parallel_size (4)")) {
         g_bad++;
         log_error("test", "6 heads over SP 4 not refused clearly: '%s'", why);
     }
     bad.n_heads = 12;
     bad.n_kv_heads = 3;
-    if (model_sp_check(&bad, 4, "actor_rollout_ref.actor.ulysses_sequence_parallel_size", why, sizeof why) == 0 ||
+    if (model_sp_check(&bad, 4, 1, "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "", why, sizeof why) ==
+            0 ||
         !strstr(why, "num_key_value_heads (3)") || !strstr(why, "ulysses_sequence_parallel_size (4)")) {
         g_bad++;
         log_error("test", "3 KV heads over SP 4 not refused clearly: '%s'", why);
+    }
+    /* under TP a TP rank's heads split over SP: 4 heads over TP 2 leave 2, not 4 */
+    bad.n_heads = 4;
+    bad.n_kv_heads = 2;
+    if (model_sp_check(&bad, 4, 2, "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+                       "actor_rollout_ref.actor.megatron.tensor_model_parallel_size", why, sizeof why) == 0 ||
+        !strstr(why, "num_attention_heads (4)") || !strstr(why, "tensor_model_parallel_size (2)") ||
+        !strstr(why, "ulysses_sequence_parallel_size (4)") || !strstr(why, "2 query heads a TP rank")) {
+        g_bad++;
+        log_error("test", "4 heads over TP 2 x SP 4 not refused clearly: '%s'", why);
+    }
+    bad.n_heads = 12; /* 6 query heads a TP rank split at SP 2, but 3 KV heads a TP rank do not */
+    bad.n_kv_heads = 6;
+    if (model_sp_check(&bad, 2, 2, "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+                       "actor_rollout_ref.actor.megatron.tensor_model_parallel_size", why, sizeof why) == 0 ||
+        !strstr(why, "num_key_value_heads (6)") || !strstr(why, "3 KV heads a TP rank") ||
+        !strstr(why, "ulysses_sequence_parallel_size (2)")) {
+        g_bad++;
+        log_error("test", "6 KV heads over TP 2 x SP 2 not refused clearly: '%s'", why);
+    }
+    bad.n_kv_heads = 2; /* one KV head a TP rank: replicated on both SP ranks */
+    if (model_sp_check(&bad, 2, 2, "ulysses_sequence_parallel_size", "tensor_model_parallel_size", why, sizeof why) !=
+        0) {
+        g_bad++;
+        log_error("test", "12 heads over 2 KV heads at TP 2 x SP 2 refused: '%s'", why);
     }
 done:;
     int bad_all = g_bad;

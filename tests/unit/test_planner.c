@@ -186,14 +186,22 @@ static void test_sequence_parallel_bytes(void **state)
     struct model_config m = {.n_heads = 8, .n_kv_heads = 2, .head_dim = 64, .n_layers = 1};
     /* CP 2: chunks of 1,024 tokens; forward 1 x 2 (K, V) x 2,048 rows x 2 x 64 x 4 = 2,097,152 bytes, backward
      * twice that */
-    near(plan_cp_ring_bytes(&m, 4096, 2, 1, 0), 2097152, 1e-15);
-    near(plan_cp_ring_bytes(&m, 4096, 2, 1, 1), 3 * 2097152, 1e-15);
+    near(plan_cp_ring_bytes(&m, 4096, 2, 1, 1, 0), 2097152, 1e-15);
+    near(plan_cp_ring_bytes(&m, 4096, 2, 1, 1, 1), 3 * 2097152, 1e-15);
     /* CP 4: chunks of 512, 3 steps of 1,024 rows: 3,145,728 forward; 4,097 tokens pad to chunks of 513 */
-    near(plan_cp_ring_bytes(&m, 4096, 4, 1, 0), 3145728, 1e-15);
-    near(plan_cp_ring_bytes(&m, 4097, 4, 1, 0), 3.0 * 2 * 1026 * 2 * 64 * 4, 1e-15);
-    assert_true(plan_cp_ring_bytes(&m, 4096, 1, 1, 1) == 0);
+    near(plan_cp_ring_bytes(&m, 4096, 4, 1, 1, 0), 3145728, 1e-15);
+    near(plan_cp_ring_bytes(&m, 4097, 4, 1, 1, 0), 3.0 * 2 * 1026 * 2 * 64 * 4, 1e-15);
+    assert_true(plan_cp_ring_bytes(&m, 4096, 1, 1, 1, 1) == 0);
+    /* CP 2 x TP 2: the ring carries the TP rank's one KV head: half of CP 2's 2,097,152; at TP 4 the two KV heads
+     * are shared by pairs of TP ranks, still one a rank: the same */
+    near(plan_cp_ring_bytes(&m, 4096, 2, 2, 1, 0), 1048576, 1e-15);
+    near(plan_cp_ring_bytes(&m, 4096, 2, 4, 1, 0), 1048576, 1e-15);
     /* Ulysses SP 2: 4 query heads and 1 KV head a rank; forward 1/2 x 4,096 x 64 x 4 x (8 + 2) = 5,242,880 */
-    near(plan_sp_alltoall_bytes(&m, 4096, 2, 1, 0), 5242880, 1e-15);
+    near(plan_sp_alltoall_bytes(&m, 4096, 2, 1, 1, 0), 5242880, 1e-15);
+    /* SP 2 x TP 2: a TP rank's 4 query heads and 1 KV head, 2 query heads and the (replicated) KV head a rank:
+     * 1/2 x 4,096 x 64 x 4 x (4 + 2) = 3,145,728 a forward; a backward 1/2 x 4,096 x 64 x 4 x (6 + 2) = 4,194,304 */
+    near(plan_sp_alltoall_bytes(&m, 4096, 2, 2, 1, 0), 3145728, 1e-15);
+    near(plan_sp_alltoall_bytes(&m, 4096, 2, 2, 0, 1), 4194304, 1e-15);
 }
 
 static void test_moe_and_ep(void **state)

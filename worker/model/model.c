@@ -278,7 +278,8 @@ int model_stage_check(const struct model_config *c, int pp, const char *key, cha
     return 0;
 }
 
-int model_sp_check(const struct model_config *c, int sp, const char *key, char *why, size_t len)
+int model_sp_check(const struct model_config *c, int sp, int tp, const char *key, const char *tp_key, char *why,
+                   size_t len)
 {
     if (sp < 1) {
         snprintf(why, len, "%s (%d) must be at least 1", key, sp);
@@ -286,22 +287,46 @@ int model_sp_check(const struct model_config *c, int sp, const char *key, char *
     }
     if (sp == 1)
         return 0;
-    if (c->n_heads % sp != 0) {
-        snprintf(why, len,
-                 "num_attention_heads (%d) is not divisible by %s (%d): each rank attends with a share of the heads",
-                 c->n_heads, key, sp);
-        return -1;
-    }
-    if (c->n_kv_heads % sp != 0 && sp % c->n_kv_heads != 0) {
-        snprintf(why, len,
-                 "num_key_value_heads (%d) and %s (%d) do not divide one another: KV heads are split over the ranks, "
-                 "or each replicated on %s / num_key_value_heads of them",
-                 c->n_kv_heads, key, sp, key);
-        return -1;
-    }
+    if (tp < 1)
+        tp = 1;
     if (c->n_experts) {
         snprintf(why, len, "%s (%d) with a mixture-of-experts model (%d experts) is not available yet", key, sp,
                  c->n_experts);
+        return -1;
+    }
+    if (tp == 1) {
+        if (c->n_heads % sp != 0) {
+            snprintf(why, len,
+                     "num_attention_heads (%d) is not divisible by %s (%d): each rank attends with a share of the "
+                     "heads",
+                     c->n_heads, key, sp);
+            return -1;
+        }
+        if (c->n_kv_heads % sp != 0 && sp % c->n_kv_heads != 0) {
+            snprintf(why, len,
+                     "num_key_value_heads (%d) and %s (%d) do not divide one another: KV heads are split over the "
+                     "ranks, or each replicated on %s / num_key_value_heads of them",
+                     c->n_kv_heads, key, sp, key);
+            return -1;
+        }
+        return 0;
+    }
+    /* with TP each rank holds heads / TP query heads and its KV heads (one, shared, when there are fewer KV heads
+     * than TP ranks): the all-to-all swaps those, so it is they that split over the SP ranks */
+    const int hq = c->n_heads / tp, hkv = c->n_kv_heads >= tp ? c->n_kv_heads / tp : 1;
+    if (c->n_heads % tp != 0 || hq % sp != 0) {
+        snprintf(why, len,
+                 "num_attention_heads (%d) over %s (%d) leaves %d query heads a TP rank, not divisible by %s (%d): "
+                 "each SP rank attends with a share of its TP rank's heads",
+                 c->n_heads, tp_key, tp, hq, key, sp);
+        return -1;
+    }
+    if (hkv % sp != 0 && sp % hkv != 0) {
+        snprintf(why, len,
+                 "num_key_value_heads (%d) over %s (%d) leaves %d KV heads a TP rank, which %s (%d) does not divide "
+                 "nor is divided by: a TP rank's KV heads are split over the SP ranks, or each replicated on "
+                 "several of them",
+                 c->n_kv_heads, tp_key, tp, hkv, key, sp);
         return -1;
     }
     return 0;
@@ -1665,8 +1690,6 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
     const int N = ra ? ra->n : sh->sp ? sp_lo(Nf, sh->sp_size, sh->sp_rank + 1) - t0 : Nf;
     const int D = c->hidden_size, lo = sh->layer_lo, hi = sh->layer_hi;
     const size_t nD = (size_t)N * D;
-    if (sh->sp && sh->tp_size > 1)
-        check_failf(__FILE__, __LINE__, "model_forward_stage: sequence parallelism runs without tensor parallelism");
     if (!sh->has_embed && !x_in)
         check_failf(__FILE__, __LINE__, "model_forward_stage: stage %d needs the previous stage's output", sh->pp_rank);
     if (!sh->has_head && !y_out)

@@ -208,17 +208,19 @@ struct model *model_create(const struct model_config *c);
  * the model's numbers and the rule (heads, intermediate size and the experts' moe_intermediate_size divisible by
  * TP; KV heads divisible by TP, or TP by KV heads; at least TP vocabulary rows). */
 int model_shard_check(const struct model_config *c, int tp_size, const char *key, char *why, size_t len);
-/* Whether attention's heads split over sp_size Ulysses ranks: query heads divisible by sp_size, and KV heads
- * divisible by it or it by them (then each KV head is replicated on sp_size / Hkv ranks); a dense model (no
- * experts). 0, or -1 with why naming key and the numbers. */
-int model_sp_check(const struct model_config *c, int sp_size, const char *key, char *why, size_t len);
+/* Whether attention's heads split over sp_size Ulysses ranks under tp_size TP ranks (1: none): the query heads
+ * of a TP rank (heads / tp_size) divisible by sp_size, and its KV heads divisible by it or it by them (then each
+ * KV head is replicated on sp_size / its KV heads ranks); a dense model (no experts). 0, or -1 with why naming key
+ * (and tp_key, the TP size's key, where TP is above 1) and the numbers. */
+int model_sp_check(const struct model_config *c, int sp_size, int tp_size, const char *key, const char *tp_key,
+                   char *why, size_t len);
 /* Run m's training forwards and backwards sequence-parallel over sp (checked with model_sp_check; NULL or a
  * group of one: off). Every rank of sp passes the same whole packed batch to model_forward and gets every row's
  * log-probs (summed over sp); the backward reads the rows of its slice from the whole dL/dlogp, and each rank's
  * gradients are its tokens' part: their sum over sp is the whole batch's gradient (with a LoRA adapter, the
  * adapter's: its low-rank products run on the rank's tokens like the base projections). With activation offload
- * the layer inputs kept in host memory are the rank's slice. The whole model on every rank (no TP or PP with it),
- * on the CPU. */
+ * the layer inputs kept in host memory are the rank's slice. With TP, sp holds ranks of one TP rank, which swap
+ * slices of that rank's heads; with PP each stage's group holds the same slices. On the CPU. */
 void model_set_sp(struct model *m, struct comm *sp);
 /* Whether the experts split over ep_size EP ranks: 0, or -1 with why naming key (the EP size's config key) and the
  * numbers (a mixture-of-experts model whose expert count EP divides; each EP rank's experts split over its TP
@@ -233,7 +235,8 @@ int model_cp_check(const struct model_config *c, int cp, const char *key, char *
  * as model_set_sp (every rank of cp passes the same whole packed batch, gets every row's log-probs and computes its
  * tokens' part of the gradients), but each rank holds the load-balanced chunks r and 2C - 1 - r of the batch's row
  * (padded to a multiple of 2C with a sequence of its own) and each layer's attention runs over the ring
- * (ring_attn_forward / backward) with every head. CPU only; no shared-prompt packing (packed_batch.prefix_of). */
+ * (ring_attn_forward / backward) with every head (of its TP rank: with TP, cp holds ranks of one TP rank). CPU
+ * only; no shared-prompt packing (packed_batch.prefix_of). */
 void model_set_cp(struct model *m, struct comm *cp);
 /* Whether the layers split into pp_size stages (at least one layer each): 0, or -1 with why naming key. */
 int model_stage_check(const struct model_config *c, int pp_size, const char *key, char *why, size_t len);

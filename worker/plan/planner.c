@@ -33,20 +33,32 @@ static struct widths widths_of(const struct plan_cluster *c)
     return (struct widths){2, 4, 4, 8, 2, 2};
 }
 
-double plan_sp_alltoall_bytes(const struct model_config *m, double N, int sp, double fwd, double bwd)
+/* A TP rank's query and KV heads (Megatron's split; one shared KV head when there are fewer than TP ranks). */
+static void tp_heads(const struct model_config *m, int tp, double *hq, double *hkv)
+{
+    tp = tp > 1 ? tp : 1;
+    *hq = (double)m->n_heads / tp;
+    *hkv = m->n_kv_heads >= tp ? (double)m->n_kv_heads / tp : 1.0;
+}
+
+double plan_sp_alltoall_bytes(const struct model_config *m, double N, int sp, int tp, double fwd, double bwd)
 {
     if (sp <= 1)
         return 0;
-    const double hq = (double)m->n_heads / sp, hk = m->n_kv_heads >= sp ? (double)m->n_kv_heads / sp : 1.0;
+    double Hq, Hkv;
+    tp_heads(m, tp, &Hq, &Hkv);
+    const double hq = Hq / sp, hk = Hkv >= sp ? Hkv / sp : 1.0;
     return (sp - 1.0) / sp * N * m->head_dim * 4.0 * (fwd * (2 * hq + 2 * hk) + bwd * (3 * hq + 2 * hk));
 }
 
-double plan_cp_ring_bytes(const struct model_config *m, double N, int cp, double fwd, double bwd)
+double plan_cp_ring_bytes(const struct model_config *m, double N, int cp, int tp, double fwd, double bwd)
 {
     if (cp <= 1)
         return 0;
+    double Hq, Hkv;
+    tp_heads(m, tp, &Hq, &Hkv);
     const double c = ceil(N / (2.0 * cp)); /* tokens per chunk, the sequence padded to 2 cp chunks */
-    return (cp - 1.0) * 2.0 * (2.0 * c) * m->n_kv_heads * m->head_dim * 4.0 * (fwd + 2.0 * bwd);
+    return (cp - 1.0) * 2.0 * (2.0 * c) * Hkv * m->head_dim * 4.0 * (fwd + 2.0 * bwd);
 }
 
 double plan_param_count(const struct model_config *m)
@@ -220,13 +232,10 @@ void plan_evaluate(const struct model_config *m, const struct plan_cluster *c, c
     r->bytes_ep = ep > 1 ? tok_dp * layers_stage * 2.0 * m->n_experts_per_tok * h * w.act * ring_half(ep) * passes : 0;
     /* SP / CP: the heads a TP rank holds; every layer's forward passes (the recompute's too) and backwards */
     if (cp > 1) {
-        struct model_config mt = *m;
-        mt.n_heads = m->n_heads / tp;
-        mt.n_kv_heads = kv_tp;
         const double fwd = layers_stage * (fwd_only + b->ppo_epochs * (1.0 + (b->recompute ? 1 : 0))),
                      bwd = layers_stage * (double)b->ppo_epochs;
-        r->bytes_cp = l->ring ? seqs / dp * plan_cp_ring_bytes(&mt, S, cp, fwd, bwd)
-                              : plan_sp_alltoall_bytes(&mt, tok_dp * cp, cp, fwd, bwd);
+        r->bytes_cp = l->ring ? seqs / dp * plan_cp_ring_bytes(m, S, cp, tp, fwd, bwd)
+                              : plan_sp_alltoall_bytes(m, tok_dp * cp, cp, tp, fwd, bwd);
     }
     r->bytes_sync = w.weights * r->params;
     /* (PP, DP, CP, TP), TP fastest: whether a group's ranks reach past one node */

@@ -108,19 +108,21 @@ extern const struct plan_batch plan_default_batch;
 
 /* Parameters of a model from its configuration (embedding, layers, final norm, an untied head). */
 double plan_param_count(const struct model_config *m);
-/* Ulysses sequence parallelism over sp ranks (the whole model on each): the bytes a rank sends, on average over the
- * group, in the all-to-alls around attention over N packed tokens in fwd layer forwards (q, k and v to every token
- * of a share of the heads, the output back) and bwd layer backwards (the output back again, its gradient to the
- * heads, q's, k's and v's gradients back; gradient checkpointing adds a forward to each), fp32: (sp - 1) / sp x N
- * x head_dim x 4 bytes x (2 hq + 2 hk) a forward, (3 hq + 2 hk) a backward, hq = Hq / sp, hk = max(Hkv / sp, 1).
- * Their sum over the group is exact for any split of the tokens. */
-double plan_sp_alltoall_bytes(const struct model_config *m, double N, int sp, double fwd, double bwd);
-/* Context parallelism over cp ranks (ring attention, every head on every rank): the bytes a rank sends around the
- * ring for one sequence of N tokens, cut into 2 cp chunks of c = ceil(N / 2 cp) tokens (padded), rank r holding
- * chunks r and 2 cp - 1 - r: a layer forward passes its K and V (2 c tokens x Hkv x head_dim, fp32) to the next rank
- * cp - 1 times, a backward passes them again and sends their gradients home (twice the forward), so
- * (cp - 1) x 2 x 2c x Hkv x head_dim x 4 bytes x (fwd + 2 bwd). The same on every rank (load-balanced chunks). */
-double plan_cp_ring_bytes(const struct model_config *m, double N, int cp, double fwd, double bwd);
+/* Ulysses sequence parallelism over sp ranks of one TP rank (tp: the TP size, 1 none; with TP a rank's heads are
+ * its TP rank's, Hq / tp query heads and max(Hkv / tp, 1) KV heads, written Hq' and Hkv' here): the bytes a rank
+ * sends, on average over the group, in the all-to-alls around attention over N packed tokens in fwd layer forwards
+ * (q, k and v to every token of a share of the heads, the output back) and bwd layer backwards (the output back
+ * again, its gradient to the heads, q's, k's and v's gradients back; gradient checkpointing adds a forward to
+ * each), fp32: (sp - 1) / sp x N x head_dim x 4 bytes x (2 hq + 2 hk) a forward, (3 hq + 2 hk) a backward,
+ * hq = Hq' / sp, hk = max(Hkv' / sp, 1). Their sum over the group is exact for any split of the tokens. */
+double plan_sp_alltoall_bytes(const struct model_config *m, double N, int sp, int tp, double fwd, double bwd);
+/* Context parallelism over cp ranks of one TP rank (ring attention, every head of the TP rank on every rank; tp as
+ * above): the bytes a rank sends around the ring for one sequence of N tokens, cut into 2 cp chunks of
+ * c = ceil(N / 2 cp) tokens (padded), rank r holding chunks r and 2 cp - 1 - r: a layer forward passes its K and V
+ * (2 c tokens x Hkv' x head_dim, fp32) to the next rank cp - 1 times, a backward passes them again and sends their
+ * gradients home (twice the forward), so (cp - 1) x 2 x 2c x Hkv' x head_dim x 4 bytes x (fwd + 2 bwd). The same on
+ * every rank (load-balanced chunks). */
+double plan_cp_ring_bytes(const struct model_config *m, double N, int cp, int tp, double fwd, double bwd);
 /* Of them, those a token runs through: the dense ones and k of each layer's E experts (all of them when dense). */
 double plan_active_params(const struct model_config *m);
 /* Cost of one layout (r->valid false, with the reason, when it does not divide the model). */

@@ -194,6 +194,8 @@ void step_metrics(struct metrics *m, const struct step_result *r)
         colocated_metrics(m, &r->source);
     if (r->ep) /* the routed slots and their outputs (and gradients) sent to the other EP ranks (float32) */
         metrics_set(m, "perf/comm_bytes/ep", r->update.ep_bytes);
+    if (r->cp) /* Ulysses' all-to-alls or the ring's K/V (and their gradients), float32, over the whole group */
+        metrics_set(m, "perf/comm_bytes/cp", r->update.cp_bytes);
     perf_metrics(m, r);
 }
 

@@ -39,6 +39,8 @@ struct step_update {
     double dp_bytes;           /* the update's gradient (and ZeRO-1 weight) traffic over DP, ring-model bytes */
     double tp_bytes, pp_bytes; /* this rank's activation traffic over TP (every pass), sends to its PP neighbours */
     double ep_bytes;           /* what its expert all-to-alls sent to the other EP ranks (every pass) */
+    double cp_bytes; /* what its SP or CP group sent in Ulysses' all-to-alls or around the ring (every pass), summed
+                      * over the group */
     double pp_wait_s, pp_schedule_s; /* pipeline: stages waiting for their neighbours, of the schedule's time
                                       * (summed over the stages) */
     /* a mixture of experts' routing in the update's forwards, over the DP ranks (moe_experts 0: a dense model):
@@ -85,6 +87,7 @@ struct step_result {
     const struct model_config *model; /* the policy's (its FLOPs per token) */
     bool tp, pp;                      /* the trainer runs tensor-, pipeline-parallel */
     bool ep;                          /* expert-parallel */
+    bool cp;                          /* sequences shared over an SP or CP group */
     int devices;                      /* ranks of the run (throughput per device) */
     double peak_flops;                /* the MFU denominator (0: not known, no MFU) */
 };

@@ -831,22 +831,29 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
                       key, t->lay.cp_size, cfg->trainer_device);
             goto fail;
         }
-        if ((ring ? model_cp_check : model_sp_check)(&t->policy->cfg, t->lay.cp_size, key, err, errlen) != 0)
+        if ((ring ? model_cp_check(&t->policy->cfg, t->lay.cp_size, key, err, errlen)
+                  : model_sp_check(&t->policy->cfg, t->lay.cp_size, t->lay.tp_size, key,
+                                   "actor_rollout_ref.actor.megatron.tensor_model_parallel_size", err, errlen)) != 0)
             goto fail;
         if (ring)
             model_set_cp(t->policy, t->lay.cp);
         else
             model_set_sp(t->policy, t->lay.cp);
+        /* with TP, a rank's heads are its TP rank's (heads / TP of them) */
+        const int heads = t->policy->sh.n_heads, all = t->policy->cfg.n_heads;
+        char of[96] = "";
+        if (t->lay.tp_size > 1)
+            snprintf(of, sizeof of, " (its TP rank's, of %d over TP %d)", all, t->lay.tp_size);
         if (ring && lead(t))
             log_info("trainer",
                      "context parallelism over %d ranks: each holds chunks r and %d-r of every micro-batch's row cut "
-                     "into %d, and attends over the ring with all %d query heads",
-                     t->lay.cp_size, 2 * t->lay.cp_size - 1, 2 * t->lay.cp_size, t->policy->cfg.n_heads);
+                     "into %d, and attends over the ring with all %d query heads%s",
+                     t->lay.cp_size, 2 * t->lay.cp_size - 1, 2 * t->lay.cp_size, heads, of);
         else if (lead(t))
             log_info("trainer",
                      "sequence parallelism (Ulysses) over %d ranks: each runs 1/%d of every micro-batch's tokens and "
-                     "attends with %d of the %d query heads",
-                     t->lay.cp_size, t->lay.cp_size, t->policy->cfg.n_heads / t->lay.cp_size, t->policy->cfg.n_heads);
+                     "attends with %d of the %d query heads%s",
+                     t->lay.cp_size, t->lay.cp_size, heads / t->lay.cp_size, heads, of);
     }
     model_set_activation_offload(t->policy, cfg->arr_model_enable_activation_offload);
     if (cfg->arr_model_enable_activation_offload && !cfg->arr_model_enable_gradient_checkpointing && lead(t))

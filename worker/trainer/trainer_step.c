@@ -516,13 +516,16 @@ static double update_actor(struct trainer *t, int64_t k, struct step_batch *b, c
 /* The traffic of the model's groups so far (on GPUs the NCCL twins of lay.tp and lay.pp, which count what they
  * carry; zero without them). */
 static void model_traffic_now(const struct trainer *t, struct comm_traffic *tp, struct comm_traffic *pp,
-                              struct comm_traffic *ep)
+                              struct comm_traffic *ep, struct comm_traffic *cp)
 {
     *tp = (struct comm_traffic){0};
     *pp = (struct comm_traffic){0};
     *ep = (struct comm_traffic){0};
+    *cp = (struct comm_traffic){0};
     if (t->policy->sh.ep)
         comm_traffic(t->policy->sh.ep, ep);
+    if (t->policy->sh.sp) /* Ulysses' all-to-alls, or the ring's sends (the reference runs over the same group) */
+        comm_traffic(t->policy->sh.sp, cp);
     if (t->policy->sh.tp)
         comm_traffic(t->policy->sh.tp, tp);
     if (t->policy->sh.pp)
@@ -533,11 +536,17 @@ static void model_traffic_now(const struct trainer *t, struct comm_traffic *tp, 
  * every pass (old and reference log-probs, the update), over PP this stage's sends. */
 static void model_traffic_since(const struct trainer *t, const struct comm_traffic *tp_before,
                                 const struct comm_traffic *pp_before, const struct comm_traffic *ep_before,
-                                struct step_update *u)
+                                const struct comm_traffic *cp_before, struct step_update *u)
 {
-    struct comm_traffic tp_after, pp_after, ep_after;
-    model_traffic_now(t, &tp_after, &pp_after, &ep_after);
+    struct comm_traffic tp_after, pp_after, ep_after, cp_after;
+    model_traffic_now(t, &tp_after, &pp_after, &ep_after, &cp_after);
     u->ep_bytes = ep_after.sent_f32[COMM_OP_ALLTOALL] - ep_before->sent_f32[COMM_OP_ALLTOALL];
+    u->cp_bytes = 0;
+    if (t->policy->sh.sp) { /* summed over the group: a Ulysses rank's share depends on where its slice falls */
+        const int op = t->policy->sh.ring ? COMM_OP_SEND : COMM_OP_ALLTOALL;
+        u->cp_bytes = cp_after.sent_f32[op] - cp_before->sent_f32[op];
+        comm_allreduce_sum(t->policy->sh.sp, &u->cp_bytes, 1, COMM_F64);
+    }
     u->tp_bytes = 0;
     for (int op = COMM_OP_ALLREDUCE; op <= COMM_OP_REDUCE_SCATTER; op++)
         u->tp_bytes += tp_after.sent_f32[op] - tp_before->sent_f32[op];
@@ -637,12 +646,13 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
                             .tp = t->lay.tp != NULL,
                             .pp = t->lay.pp != NULL,
                             .ep = t->lay.ep != NULL,
+                            .cp = t->policy->sh.sp != NULL,
                             .devices = t->lay.devices,
                             .peak_flops = t->peak_flops};
     r.phase_s[GRPO__PHASE__PHASE_GEN] = tm->gen;
     r.phase_s[GRPO__PHASE__PHASE_REWARD] = tm->reward;
-    struct comm_traffic tp0, pp0, ep0;
-    model_traffic_now(t, &tp0, &pp0, &ep0);
+    struct comm_traffic tp0, pp0, ep0, cp0;
+    model_traffic_now(t, &tp0, &pp0, &ep0, &cp0);
     int *idx = xmalloc((size_t)(b->n_seq ? b->n_seq : 1) * sizeof(int)); /* every sequence of b */
     for (int i = 0; i < b->n_seq; i++)
         idx[i] = i;
@@ -660,7 +670,7 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
         r.phase_s[GRPO__PHASE__PHASE_REF] = ref_log_probs(t, b, idx);
     r.phase_s[GRPO__PHASE__PHASE_ADV] = advantages(t, b, &r.adv);
     r.phase_s[GRPO__PHASE__PHASE_UPDATE_ACTOR] = update_actor(t, k, b, idx, on_policy, r.rollouts.n_seq, &r.update);
-    model_traffic_since(t, &tp0, &pp0, &ep0, &r.update);
+    model_traffic_since(t, &tp0, &pp0, &ep0, &cp0, &r.update);
     if (on_policy)
         model_moe_route_stats(t->policy, &r.gap.route_differ, &r.gap.route_compared);
     measure_gap(t, b, &r.gap);
