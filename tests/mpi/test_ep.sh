@@ -21,13 +21,16 @@
 #  - ZeRO-1 (use_distributed_optimizer) with EP: EP2 over 2 DP ranks (the dense parameters' optimizer state halved
 #    over DP, each rank its experts' whole) and EP2 x DP2 (the experts' state halved too, over the 2 ranks holding the
 #    same experts) give the same; EP2 x DP2's step-1 checkpoint (its moments gathered whole) resumes in one process,
-#    and one process's resumes under it, both ending at the single-process weights;
+#    and one process's resumes under it, both ending at the single-process weights; so do EP2 x TP2 (4 ranks: the
+#    dense state halved over DP) and EP2 x TP2 x DP2 (8 ranks: the experts' state halved too), whose norm sums the
+#    TP ranks' parts and counts what every TP rank holds whole (norms, the router) once, and the checkpoints move
+#    between EP2 x TP2 x DP2 with ZeRO-1 and one process both ways;
 #  - plain MoE (no EP) with PP 2 (one layer a stage, the load-balancing loss summed over the stages) gives the same,
 #    so does EP2 x PP2 (4 ranks: each stage's MoE layer dispatches over the EP group of its stage), with and without
 #    ZeRO-1 (each stage shards its own optimizer state; the tied embedding's last-stage copy counted once in the norm);
-#    so does EP2 x TP2 x PP2 (8 ranks: a model copy is the stages' EP x TP ranks); EP x TP with ZeRO-1 is refused;
+#    so does EP2 x TP2 x PP2 (8 ranks: a model copy is the stages' EP x TP ranks);
 #  - layouts that do not work are refused by name: E not divisible by EP, EP on a dense model, DP not divisible by
-#    EP, EP x TP with ZeRO-1.
+#    EP.
 # usage: test_ep.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
 WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
@@ -154,7 +157,8 @@ expect "split-tp2: grpo-model plan's TP bytes per step equal the measured ones" 
 ZERO=actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
 PP=actor_rollout_ref.actor.megatron.pipeline_model_parallel_size
 for layout in "ep2-zero1 2 $EP=2 $ZERO" "ep2dp2-zero1 4 $EP=2 $ZERO" "pp2-moe 2 $PP=2" "ep2pp2 4 $EP=2 $PP=2" \
-    "ep2pp2-zero1 4 $EP=2 $PP=2 $ZERO" "ep2tp2pp2 8 $EP=2 $TP=2 $PP=2 $RTP=2"; do
+    "ep2pp2-zero1 4 $EP=2 $PP=2 $ZERO" "ep2tp2pp2 8 $EP=2 $TP=2 $PP=2 $RTP=2" "ep2tp2-zero1 4 $EP=2 $TP=2 $ZERO" \
+    "ep2tp2dp2-zero1 8 $EP=2 $TP=2 $ZERO $RTP=2"; do
     set -- $layout
     name=$1
     colo "$name" qwen3_moe "$2" "${@:3}"
@@ -169,6 +173,9 @@ done
 grep -Eq "ZeRO-1 with EP: DP rank 1 keeps the optimizer state of [0-9]+ of this EP rank's [0-9]+ parameters \(dense ones over DP, experts over the 2 DP ranks" \
     "$TMP/ep2dp2-zero1.log"
 expect "ep2dp2-zero1: a rank keeps a block of the dense and of its experts' optimizer state" $?
+grep -Eq "ZeRO-1 with EP: DP rank 3 keeps the optimizer state of [0-9]+ of this EP rank's [0-9]+ parameters \(dense ones over DP, experts over the 2 DP ranks" \
+    "$TMP/ep2tp2dp2-zero1.log"
+expect "ep2tp2dp2-zero1: each TP rank's 4 DP ranks keep blocks of its dense and of its experts' optimizer state" $?
 grep -Eq "EP rank 1 of 2: experts 2\.\.3 of 4 \(TP rank 0 of 1: their rows [0-9.]+\), stage 1 of 2 \(layers 1\.\.1\)" "$TMP/ep2pp2.log"
 expect "ep2pp2: EP rank 1 of the second stage holds experts 2 and 3 of layer 1" $?
 python3 - "$TMP/ep2pp2/p/e/metrics.jsonl" <<'PY'
@@ -250,6 +257,14 @@ one pp-zero1-to-one qwen3_moe $RESUME trainer.resume_from_path="$(ckpt ep2pp2-ze
 expect "EP2 x PP2 with ZeRO-1: its step-1 checkpoint resumes in one process" $?
 out=$(same_weights one-qwen3_moe pp-zero1-to-one)
 expect "resumed in one process from EP2 x PP2 with ZeRO-1 (the stages' moments gathered whole): the single-process weights ($out)" $?
+one tp-zero1-to-one qwen3_moe $RESUME trainer.resume_from_path="$(ckpt ep2tp2dp2-zero1 1)"
+expect "EP2 x TP2 x DP2 with ZeRO-1: its step-1 checkpoint resumes in one process" $?
+out=$(same_weights one-qwen3_moe tp-zero1-to-one)
+expect "resumed in one process from EP2 x TP2 x DP2 with ZeRO-1 (the moments gathered over DP, then TP and EP): the single-process weights ($out)" $?
+colo one-to-tp-zero1 qwen3_moe 8 $EP=2 $TP=2 $ZERO $RTP=2 $RESUME trainer.resume_from_path="$(ckpt one-qwen3_moe 1)"
+expect "one process's step-1 checkpoint resumes under EP2 x TP2 x DP2 with ZeRO-1" $?
+out=$(same_weights one-qwen3_moe one-to-tp-zero1)
+expect "resumed under EP2 x TP2 x DP2 with ZeRO-1 from one process: the single-process weights ($out)" $?
 colo one-to-zero1 qwen3_moe 4 $EP=2 $ZERO $RESUME trainer.resume_from_path="$(ckpt one-qwen3_moe 1)"
 expect "one process's step-1 checkpoint resumes under EP2 x DP2 with ZeRO-1" $?
 out=$(same_weights one-qwen3_moe one-to-zero1)
@@ -270,5 +285,4 @@ refused ep4-of-3 "expert_model_parallel_size (3) does not divide the model's num
 refused ep-dense "expert_model_parallel_size (2): the model is dense" 2 llama $EP=2
 refused ep-dp3 "data-parallel ranks are not a multiple of actor_rollout_ref.actor.megatron.expert_model_parallel_size 2" \
     3 qwen3_moe $EP=2
-refused ep-tp-zero1 "ZeRO-1 under expert and tensor parallelism together is not available yet" 4 qwen3_moe $EP=2 $TP=2 $ZERO
 finish "$TMP"/*.log

@@ -273,6 +273,11 @@ void model_shard_sync_grads(struct model *m);
 /* Sum of squares of buf[i - lo] for parameters i in [lo, hi) of this shard's buffer that this rank owns (a
  * replicated part counts on one rank), in double: summed over m->sh.mp, a whole-model norm. */
 double model_owned_sq(const struct model *m, const float *buf, size_t lo, size_t hi);
+/* The spans of this shard's parameters (float offsets of w.mem, in order; *at and *len allocated, the count
+ * returned) that a norm summed over its TP and PP ranks skips on this rank with expert parallelism left aside (each
+ * EP rank counting its own experts and, ZeRO-1 having split them over DP, its block of the rest): the parts
+ * replicated over TP on every TP rank but their owner, and the last stage's copy of a tied embedding. */
+int model_tp_unowned_spans(const struct model *m, size_t **at, size_t **len);
 void model_free(struct model *m);
 /* Set m->offload_acts (it acts on forwards with checkpointing that a backward follows); returns the old value. */
 bool model_set_activation_offload(struct model *m, bool on);

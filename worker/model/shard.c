@@ -217,6 +217,37 @@ double model_owned_sq(const struct model *m, const float *buf, size_t lo, size_t
     return s;
 }
 
+static int span_cmp(const void *a, const void *b)
+{
+    const size_t x = ((const size_t *)a)[0], y = ((const size_t *)b)[0];
+    return (x > y) - (x < y);
+}
+
+int model_tp_unowned_spans(const struct model *m, size_t **at, size_t **len)
+{
+    struct model c = *m; /* a view whose ownership ignores EP: each EP rank counts what its TP and PP ranks own */
+    c.sh.ep_rank = 0;
+    const int n = model_param_refs(&c, &c.w, NULL, 0);
+    struct param_ref *r = xcalloc((size_t)(n ? n : 1), sizeof *r);
+    model_param_refs(&c, &c.w, r, n);
+    size_t *sp = xcalloc(2 * (size_t)(n ? n : 1), sizeof *sp); /* (at, len) pairs */
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (!r[i].owner && r[i].numel) {
+            sp[2 * k] = (size_t)(r[i].data - m->w.mem);
+            sp[2 * k + 1] = r[i].numel;
+            k++;
+        }
+    qsort(sp, (size_t)k, 2 * sizeof *sp, span_cmp);
+    *at = xcalloc((size_t)(k ? k : 1), sizeof **at);
+    *len = xcalloc((size_t)(k ? k : 1), sizeof **len);
+    for (int i = 0; i < k; i++)
+        (*at)[i] = sp[2 * i], (*len)[i] = sp[2 * i + 1];
+    free(sp);
+    free(r);
+    return k;
+}
+
 void model_set_groups(struct model *m, struct comm *tp, struct comm *pp, struct comm *mp)
 {
     if (m->sh.tp)

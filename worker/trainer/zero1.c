@@ -6,19 +6,23 @@
 
 #include "common/check.h"
 #include "kernels/kernels.h"
+#include "worker/model/lora.h"
 
 /* ZeRO-1 under expert parallelism: class 0 the dense parameters (sharded over DP), class 1 this rank's experts
  * (over edp). Each class is a list of spans of the parameter buffer, packed back to back in its order. */
 struct zero1_ep {
     struct comm *group[2]; /* dp, edp (NULL: a group of one) */
     int n_span[2];
-    size_t *at[2], *len[2];  /* the spans: floats [at, at + len) of the parameter buffer */
-    size_t tot[2];           /* the class's floats */
-    size_t per[2];           /* block per rank: ceil(tot / group size) */
-    size_t lo[2], hi[2];     /* this rank's block of the packed class */
-    float *pack[2];          /* per x group size floats: the packed class */
-    float *pblock;           /* the two blocks' parameters, back to back (what AdamW steps) */
-    size_t skip_lo, skip_hi; /* parameters not counted in the norm: the last stage's copy of a tied embedding */
+    size_t *at[2], *len[2]; /* the spans: floats [at, at + len) of the parameter buffer */
+    size_t tot[2];          /* the class's floats */
+    size_t per[2];          /* block per rank: ceil(tot / group size) */
+    size_t lo[2], hi[2];    /* this rank's block of the packed class */
+    float *pack[2];         /* per x group size floats: the packed class */
+    float *pblock;          /* the two blocks' parameters, back to back (what AdamW steps) */
+    /* parameters not counted in the norm (in order): the last stage's copy of a tied embedding, and under TP the
+     * parts every TP rank holds whole (norms, the router, shared KV heads) on all TP ranks but their owner */
+    int n_skip;
+    size_t *skip_at, *skip_len;
 };
 
 static size_t ep_k(const struct zero1_ep *e, int c) { return e->hi[c] - e->lo[c]; }
@@ -71,22 +75,25 @@ static void ep_gather(struct kctx *K, struct zero1_ep *e, int c, const float *mi
     ep_unpack(K, e, c, e->pack[c], dst);
 }
 
-/* The squares of this rank's dense block that fall in [skip_lo, skip_hi) (counted on another stage). */
+/* The squares of this rank's dense block that fall in the skipped spans (counted on another TP rank or stage). */
 static double ep_skipped_sq(const struct zero1 *z)
 {
     const struct zero1_ep *e = z->ep;
     double s = 0;
     size_t off = 0; /* the span's place in the packed dense class */
-    for (int i = 0; e->skip_hi > e->skip_lo && i < e->n_span[0]; off += e->len[0][i], i++) {
-        /* the span's floats in this rank's block, then in the skipped range, as parameter indices */
-        size_t a = off > e->lo[0] ? off : e->lo[0], b = off + e->len[0][i] < e->hi[0] ? off + e->len[0][i] : e->hi[0];
+    for (int i = 0; e->n_skip && i < e->n_span[0]; off += e->len[0][i], i++) {
+        /* the span's floats in this rank's block, then in each skipped span, as parameter indices */
+        const size_t a = off > e->lo[0] ? off : e->lo[0],
+                     b = off + e->len[0][i] < e->hi[0] ? off + e->len[0][i] : e->hi[0];
         if (a >= b)
             continue;
-        size_t fa = e->at[0][i] + (a - off), fb = e->at[0][i] + (b - off);
-        fa = fa > e->skip_lo ? fa : e->skip_lo;
-        fb = fb < e->skip_hi ? fb : e->skip_hi;
-        if (fa < fb) /* back to the block's index: packed (fa - at + off) - lo */
-            s += k_sumsq(z->K, z->grad + (fa - e->at[0][i] + off - e->lo[0]), fb - fa);
+        const size_t pa = e->at[0][i] + (a - off), pb = e->at[0][i] + (b - off);
+        for (int j = 0; j < e->n_skip; j++) {
+            const size_t fa = pa > e->skip_at[j] ? pa : e->skip_at[j],
+                         fb = pb < e->skip_at[j] + e->skip_len[j] ? pb : e->skip_at[j] + e->skip_len[j];
+            if (fa < fb) /* back to the block's index: packed (fa - at + off) - lo */
+                s += k_sumsq(z->K, z->grad + (fa - e->at[0][i] + off - e->lo[0]), fb - fa);
+        }
     }
     return s;
 }
@@ -99,14 +106,18 @@ struct zero1 *zero1_create_ep(struct kctx *K, struct comm *dp, struct comm *edp,
     struct zero1_ep *e = xcalloc(1, sizeof *e);
     z->K = K;
     z->dp = dp;
-    z->n = m->w.n_floats;
+    /* a LoRA adapter (whole models: no TP or PP) is sharded the same way, its experts' adapters the second class */
+    z->n = m->lora ? m->lora->n : m->w.n_floats;
     z->ep = e;
     e->group[0] = dp;
     e->group[1] = edp && comm_size(edp) > 1 ? edp : NULL;
     size_t at = 0; /* the dense floats from here up to the next layer's experts */
     for (int l = m->sh.layer_lo; l < m->sh.layer_hi; l++) {
         size_t lo, hi;
-        model_expert_span(m, l, &lo, &hi);
+        if (m->lora)
+            lora_expert_span(m, l, &lo, &hi);
+        else
+            model_expert_span(m, l, &lo, &hi);
         if (hi == lo)
             continue;
         ep_add_span(e, 0, at, lo - at);
@@ -114,10 +125,8 @@ struct zero1 *zero1_create_ep(struct kctx *K, struct comm *dp, struct comm *edp,
         at = hi;
     }
     ep_add_span(e, 0, at, z->n - at);
-    if (m->cfg.tie_word_embeddings && m->sh.pp_size > 1 && m->sh.has_head && !m->sh.has_embed) {
-        e->skip_lo = (size_t)(m->w.lm_head - m->w.mem);
-        e->skip_hi = e->skip_lo + (size_t)(m->sh.vocab_hi - m->sh.vocab_lo) * (size_t)m->cfg.hidden_size;
-    }
+    if (!m->lora) /* an adapter's every float counts: each EP rank's experts, the rest disjoint over DP */
+        e->n_skip = model_tp_unowned_spans(m, &e->skip_at, &e->skip_len);
     for (int c = 0; c < 2; c++) {
         const size_t G = e->group[c] ? (size_t)comm_size(e->group[c]) : 1,
                      r = e->group[c] ? (size_t)comm_rank(e->group[c]) : 0;
@@ -161,6 +170,7 @@ void zero1_free(struct zero1 *z)
         for (int c = 0; c < 2; c++)
             free(z->ep->at[c]), free(z->ep->len[c]), free(z->ep->pack[c]);
         free(z->ep->pblock);
+        free(z->ep->skip_at), free(z->ep->skip_len);
         free(z->ep);
     }
     if (z->pad)
@@ -197,6 +207,8 @@ double zero1_clip(struct zero1 *z, double max_norm, const struct model *m)
         const size_t k = zero1_block_floats(z);
         double s = k_sumsq(z->K, z->grad, k) - ep_skipped_sq(z);
         comm_allreduce_sum(z->dp, &s, 1, COMM_F64);
+        if (m->sh.tp) /* the other TP ranks' rows and columns (what all of them hold whole skipped but on one) */
+            comm_allreduce_sum(m->sh.tp, &s, 1, COMM_F64);
         if (m->sh.pp) /* the other stages' layers */
             comm_allreduce_sum(m->sh.pp, &s, 1, COMM_F64);
         const double norm = sqrt(s);

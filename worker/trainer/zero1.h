@@ -15,7 +15,8 @@
  * them, their gradients sum over DP) and this rank's experts (their gradients sum over edp, the ranks holding the
  * same experts). Each class is packed (its spans of the parameter buffer back to back) and sharded over its own
  * group: a rank keeps a block of the dense parameters (1/DP of them) and a block of its experts (1/EDP), its AdamW
- * state the two blocks back to back; the norm counts every parameter once. */
+ * state the two blocks back to back; the norm counts every parameter once (with TP, what every TP rank holds whole
+ * on one of them). A LoRA adapter under EP is split the same way: its experts' adapters the second class. */
 #ifndef GRPO_WORKER_TRAINER_ZERO1_H
 #define GRPO_WORKER_TRAINER_ZERO1_H
 
