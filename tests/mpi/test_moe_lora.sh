@@ -11,7 +11,11 @@
 #    stay on it, the attention's and router's are summed over DP) reproduces it too, and its checkpoint holds the
 #    whole adapter in PEFT's layout (every expert's, gathered over EP), with the optimizer state to resume: EP 2's
 #    step-1 checkpoint resumed in one process ends at the single-process adapter;
-#  - LoRA with EP in a split run (rollout ranks), and with EP and ZeRO-1, is refused by name.
+#  - on Qwen3-MoE, ZeRO-1 of the adapter under EP (EP 2 on 2 ranks: the attention's and router's adapter state
+#    halved over DP, each rank its experts' whole; EP 2 x DP 2 on 4 ranks: the experts' halved too, over the 2 ranks
+#    holding the same experts) reproduces one process, and EP 2 x DP 2's step-1 checkpoint (its moments gathered
+#    whole) resumes in one process at the single-process adapter; so does a split run of 2 EP 2 trainer ranks and a
+#    rollout rank, which gets the whole adapter (every expert's, gathered over EP) each version.
 # usage: test_moe_lora.sh GRPO_WORKER GRPO_MODEL SCORER_SO
 set -u
 WORKER="$1" MODEL_TOOL="$2" SCORER="$3"
@@ -54,7 +58,33 @@ gate_up_proj adapter of rank 2r; and the router)" "$TMP/one-$kind.log"
     "$WORKER" $(common $kind) trainer.default_local_dir="$TMP/resumed-$kind" trainer.resume_mode=resume_path \
         trainer.resume_from_path="$TMP/ep2-$kind/p/e/checkpoints/global_step_1" >"$TMP/resumed-$kind.log" 2>&1
     expect "$kind: EP 2's step-1 checkpoint resumes in one process" $?
-    python3 - "$TMP" "$kind" "$STEPS" <<'PY'
+    runs=(split ep2 resumed)
+    if [ "$kind" = qwen3_moe ]; then # ZeRO-1 of the adapter under EP; EP in a split run
+        runs+=(ep2-zero1 ep2dp2-zero1 resumed-zero1 ep2split)
+        for layout in "ep2-zero1 2" "ep2dp2-zero1 4"; do
+            # shellcheck disable=SC2086 # the layout's words
+            set -- $layout
+            # shellcheck disable=SC2046
+            "${MPIRUN[@]}" -np "$2" "$WORKER" $(common $kind) trainer.default_local_dir="$TMP/$1-$kind" \
+                trainer.nnodes=1 trainer.n_gpus_per_node="$2" actor_rollout_ref.actor.megatron.expert_model_parallel_size=2 \
+                actor_rollout_ref.actor.megatron.use_distributed_optimizer=true >"$TMP/$1-$kind.log" 2>&1
+            expect "$kind: EP 2 with ZeRO-1 on $2 colocated ranks finishes" $?
+        done
+        grep -Eq "ZeRO-1 with EP: DP rank 3 keeps the optimizer state of [0-9]+ of this EP rank's [0-9]+ parameters \(dense ones over DP, experts over the 2 DP ranks" \
+            "$TMP/ep2dp2-zero1-$kind.log"
+        expect "$kind: EP 2 x DP 2 with ZeRO-1: a rank keeps a block of the adapter's dense and experts' state" $?
+        # shellcheck disable=SC2046
+        "$WORKER" $(common $kind) trainer.default_local_dir="$TMP/resumed-zero1-$kind" trainer.resume_mode=resume_path \
+            trainer.resume_from_path="$TMP/ep2dp2-zero1-$kind/p/e/checkpoints/global_step_1" \
+            >"$TMP/resumed-zero1-$kind.log" 2>&1
+        expect "$kind: EP 2 x DP 2 with ZeRO-1: its step-1 checkpoint resumes in one process" $?
+        # shellcheck disable=SC2046
+        "${MPIRUN[@]}" -np 3 "$WORKER" $(common $kind) trainer.default_local_dir="$TMP/ep2split-$kind" \
+            placement.trainer_ranks=2 placement.rollout_ranks=1 \
+            actor_rollout_ref.actor.megatron.expert_model_parallel_size=2 >"$TMP/ep2split-$kind.log" 2>&1
+        expect "$kind: 2 EP 2 trainer ranks and a rollout rank finish" $?
+    fi
+    python3 - "$TMP" "$kind" "$STEPS" "${runs[@]}" <<'PY'
 import array, json, struct, sys
 tmp, kind, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 def rows(run):
@@ -92,18 +122,18 @@ for a, b in zip(one, split):
         rel = abs(a[k] - b[k]) / max(abs(a[k]), 1e-2 if k == "actor/pg_loss" else 1e-3)
         assert rel <= 1e-5, f"step {a['step']} {k}: one process {a[k]}, split {b[k]}"
 scale = max(abs(x) for k in A for x in A[k][1])
-for run in ("split", "ep2", "resumed"):
-    if run == "ep2":  # the same metrics as one process (the split run's were checked above)
-        assert len(rows("ep2")) == len(one)
+for run in sys.argv[4:]:
+    if run != "split" and not run.startswith("resumed"):  # the same metrics as one process (split's: above)
+        assert len(rows(run)) == len(one), (run, len(rows(run)))
         vals = 0
-        for a, b in zip(one, rows("ep2")):
+        for a, b in zip(one, rows(run)):
             for k in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean",
                       "response_length/mean", "val-core/arithmetic/reward/mean@1"):
                 if k not in a:
                     continue
                 vals += k.startswith("val-")
                 rel = abs(a[k] - b[k]) / max(abs(a[k]), 1e-2 if k == "actor/pg_loss" else 1e-3)
-                assert rel <= 1e-5, f"step {a['step']} {k}: one process {a[k]}, EP 2 {b[k]}"
+                assert rel <= 1e-5, f"step {a['step']} {k}: one process {a[k]}, {run} {b[k]}"
         assert vals == 2, vals  # the validation before training and after the last step
     c, S = adapter(run)
     assert sorted(S) == sorted(A) and all(S[k][0] == A[k][0] for k in A), run
@@ -113,18 +143,6 @@ for run in ("split", "ep2", "resumed"):
     print(f"{kind}: {run} agrees with one process (worst {worst:.1e} of {scale:.2f})")
 print(f"{kind}: {len(A)} adapter tensors in PEFT's layout")
 PY
-    expect "$kind: PEFT's layout with the experts trained; 1 rollout + 2 trainers, EP 2 and the resume from EP 2 reproduce one process" $?
+    expect "$kind: PEFT's layout with the experts trained; ${runs[*]} reproduce one process" $?
 done
-# shellcheck disable=SC2046
-"${MPIRUN[@]}" -np 3 "$WORKER" $(common qwen3_moe) trainer.default_local_dir="$TMP/ep-split" trainer.total_training_steps=1 \
-    placement.trainer_ranks=2 placement.rollout_ranks=1 actor_rollout_ref.actor.megatron.expert_model_parallel_size=2 \
-    >"$TMP/ep-split.out" 2>&1
-[ $? -ne 0 ] && grep -q "LoRA with expert parallelism runs colocated for now" "$TMP/ep-split.out"
-expect "LoRA with EP in a split run is refused by name" $?
-# shellcheck disable=SC2046
-"${MPIRUN[@]}" -np 2 "$WORKER" $(common qwen3_moe) trainer.default_local_dir="$TMP/ep-zero1" trainer.total_training_steps=1 \
-    actor_rollout_ref.actor.megatron.expert_model_parallel_size=2 \
-    actor_rollout_ref.actor.megatron.use_distributed_optimizer=true >"$TMP/ep-zero1.out" 2>&1
-[ $? -ne 0 ] && grep -q "ZeRO-1 of a LoRA adapter under expert parallelism is not available yet" "$TMP/ep-zero1.out"
-expect "LoRA with EP and ZeRO-1 is refused by name" $?
 finish "$TMP"/*.log

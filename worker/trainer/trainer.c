@@ -600,28 +600,6 @@ static int ep_refusals(const struct trainer *t, char *err, size_t errlen)
                          "trainer.sft_warmup_steps %lld: the supervised warm-start runs without expert parallelism "
                          "for now; warm-start in a run of its own and resume from its checkpoint with EP",
                          ep, (long long)c->trainer_sft_warmup_steps);
-    if ((c->arr_model_lora_rank > 0 || c->arr_model_lora_adapter_path[0]) && c->placement_rollout_ranks > 0)
-        return error_set(err, errlen,
-                         "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with "
-                         "actor_rollout_ref.model.lora_rank %lld and placement.rollout_ranks %lld: LoRA with expert "
-                         "parallelism runs colocated for now (the rollout ranks of a split run would need the whole "
-                         "adapter each version); set placement.rollout_ranks to 0 or the EP size to 1",
-                         ep, (long long)c->arr_model_lora_rank, (long long)c->placement_rollout_ranks);
-    if (t->lay.tp_size > 1 && c->actor_megatron_use_distributed_optimizer) /* its grad norm misses the TP sum */
-        return error_set(err, errlen,
-                         "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with "
-                         "actor_rollout_ref.actor.megatron.tensor_model_parallel_size %d and "
-                         "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true: ZeRO-1 under expert and "
-                         "tensor parallelism together is not available yet; set one of them off",
-                         ep, t->lay.tp_size);
-    if ((c->arr_model_lora_rank > 0 || c->arr_model_lora_adapter_path[0]) &&
-        c->actor_megatron_use_distributed_optimizer) /* ZeRO-1 under EP shards the model's blocks, not an adapter's */
-        return error_set(err, errlen,
-                         "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with "
-                         "actor_rollout_ref.model.lora_rank %lld and "
-                         "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true: ZeRO-1 of a LoRA adapter "
-                         "under expert parallelism is not available yet; set one of them off",
-                         ep, (long long)c->arr_model_lora_rank);
     return 0;
 }
 

@@ -523,9 +523,13 @@ static void publish(struct trainer_rank *r, int64_t version)
     const double t0 = clock_now_s();
     float *whole = NULL;
     size_t n;
-    if (p->sh.tp_size * p->sh.pp_size > 1 || p->sh.ep) { /* the parts to the dispatcher's rank, each from a host
-                                                          * copy on GPUs (no LoRA with TP or PP); under EP the
-                                                          * experts of DP ranks 1 .. EP - 1; SP rank 0's copy */
+    if (p->lora && p->sh.ep) { /* LoRA under EP (CPU): the whole adapter, every EP rank's experts' adapters */
+        if (r->disp)
+            whole = xmalloc(lora_whole_floats(p) * sizeof(float));
+        lora_ep_gather(p, p->lora->mem, whole);
+    } else if (p->sh.tp_size * p->sh.pp_size > 1 || p->sh.ep) { /* the parts to the dispatcher's rank, each from a host
+                                                                 * copy on GPUs (no LoRA with TP or PP); under EP the
+                                                                 * experts of DP ranks 1 .. EP - 1; SP rank 0's copy */
         if (r->disp)
             whole = xmalloc(model_whole_floats(&p->cfg) * sizeof(float));
         model_shard_gather(p, trainer_params(r->t, &n), whole, 0);
@@ -538,7 +542,7 @@ static void publish(struct trainer_rank *r, int64_t version)
     r->sync_s_pending += clock_now_s() - t0;
     control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
     log_debug("trainer", "policy version %lld published (%zu bytes)", (long long)version,
-              (p->lora ? p->lora->n : model_whole_floats(&p->cfg)) * sizeof(float));
+              (p->lora ? lora_whole_floats(p) : model_whole_floats(&p->cfg)) * sizeof(float));
 }
 
 /* trainer_source.between_steps: after step j the rollout processes need version j for their step j + 1 +
@@ -700,7 +704,8 @@ static void trainer_ready(void *ud, struct trainer *t)
                                  .total_steps = trainer_total_steps(t),
                                  .start_epoch = epoch,
                                  .start_cursor = cursor,
-                                 .n_floats = trainer_policy(t)->lora ? trainer_policy(t)->lora->n
+                                 /* with LoRA the whole adapter (under EP every expert's) */
+                                 .n_floats = trainer_policy(t)->lora ? lora_whole_floats(trainer_policy(t))
                                                                      : model_whole_floats(&trainer_policy(t)->cfg),
                                  .lost_after_s = 2 * r->env->heartbeat_s};
     char err[1024];
