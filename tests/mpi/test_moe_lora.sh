@@ -14,8 +14,9 @@
 #  - on Qwen3-MoE, ZeRO-1 of the adapter under EP (EP 2 on 2 ranks: the attention's and router's adapter state
 #    halved over DP, each rank its experts' whole; EP 2 x DP 2 on 4 ranks: the experts' halved too, over the 2 ranks
 #    holding the same experts) reproduces one process, and EP 2 x DP 2's step-1 checkpoint (its moments gathered
-#    whole) resumes in one process at the single-process adapter; so does a split run of 2 EP 2 trainer ranks and a
-#    rollout rank, which gets the whole adapter (every expert's, gathered over EP) each version.
+#    whole) resumes in one process at the single-process adapter; so do split runs of 2 EP 2 trainer ranks and of 4
+#    EP 2 x DP 2 trainer ranks with ZeRO-1, each with a rollout rank, which gets the whole adapter (every expert's,
+#    gathered over EP) each version.
 # usage: test_moe_lora.sh GRPO_WORKER GRPO_MODEL SCORER_SO
 set -u
 WORKER="$1" MODEL_TOOL="$2" SCORER="$3"
@@ -60,7 +61,7 @@ gate_up_proj adapter of rank 2r; and the router)" "$TMP/one-$kind.log"
     expect "$kind: EP 2's step-1 checkpoint resumes in one process" $?
     runs=(split ep2 resumed)
     if [ "$kind" = qwen3_moe ]; then # ZeRO-1 of the adapter under EP; EP in a split run
-        runs+=(ep2-zero1 ep2dp2-zero1 resumed-zero1 ep2split)
+        runs+=(ep2-zero1 ep2dp2-zero1 resumed-zero1 ep2split ep2dp2-zero1-split)
         for layout in "ep2-zero1 2" "ep2dp2-zero1 4"; do
             # shellcheck disable=SC2086 # the layout's words
             set -- $layout
@@ -83,6 +84,12 @@ gate_up_proj adapter of rank 2r; and the router)" "$TMP/one-$kind.log"
             placement.trainer_ranks=2 placement.rollout_ranks=1 \
             actor_rollout_ref.actor.megatron.expert_model_parallel_size=2 >"$TMP/ep2split-$kind.log" 2>&1
         expect "$kind: 2 EP 2 trainer ranks and a rollout rank finish" $?
+        # shellcheck disable=SC2046
+        "${MPIRUN[@]}" -np 5 "$WORKER" $(common $kind) trainer.default_local_dir="$TMP/ep2dp2-zero1-split-$kind" \
+            placement.trainer_ranks=4 placement.rollout_ranks=1 \
+            actor_rollout_ref.actor.megatron.expert_model_parallel_size=2 \
+            actor_rollout_ref.actor.megatron.use_distributed_optimizer=true >"$TMP/ep2dp2-zero1-split-$kind.log" 2>&1
+        expect "$kind: 4 EP 2 x DP 2 trainer ranks with ZeRO-1 and a rollout rank finish" $?
     fi
     python3 - "$TMP" "$kind" "$STEPS" "${runs[@]}" <<'PY'
 import array, json, struct, sys
