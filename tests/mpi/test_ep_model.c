@@ -2,7 +2,8 @@
  * ranks split into EP groups of --ep): each rank runs its own sequences; the EP shards' log-probs, entropies,
  * routing statistics and gradients (the experts' summed over the ranks holding them, the rest over DP, assembled
  * whole) agree with whole models' (their gradients summed over DP) within 1e-5 relative, with and without
- * checkpointing and with the load-balancing loss on; the gradient norm counts every parameter once; slicing and
+ * checkpointing and with the load-balancing loss on; the gradient norm counts every parameter once (and ZeRO-1's,
+ * each EP rank less model_tp_unowned_spans, every expert once and the dense parameters once an EP rank); slicing and
  * assembling the weights is exact; an empty batch on one rank still serves the others' tokens; the all-to-all
  * traffic is what the routing says (remote slots x hidden x 4 bytes, each way); bad EP sizes are refused by
  * name. With --tp T every DP rank is a TP group of T ranks (EP x TP): each expert split over TP by intermediate
@@ -194,6 +195,33 @@ static void check_config(const char *name, const struct model_config *c, const s
         if (!(fabs(sq - want_sq) <= 1e-5 * want_sq)) {
             g_bad++;
             log_error("test", "%s: gradient norm^2 over the EP ranks %.9g, whole %.9g", name, sq, want_sq);
+        }
+        /* ZeRO-1's count under EP (each EP rank its own experts and a block of the dense parameters, all of them
+         * over DP): an EP rank's parts less model_tp_unowned_spans, summed over its TP ranks, are its experts and the
+         * dense parameters once; over EP, every expert once and the dense ones EP times */
+        size_t *sa, *sl;
+        const int ns = model_tp_unowned_spans(part, &sa, &sl);
+        double ep_sq = 0, dense_sq = want_sq;
+        for (size_t i = 0; i < part->grad->n_floats; i++)
+            ep_sq += (double)part->grad->mem[i] * part->grad->mem[i];
+        for (int j = 0; j < ns; j++)
+            for (size_t i = sa[j]; i < sa[j] + sl[j]; i++)
+                ep_sq -= (double)part->grad->mem[i] * part->grad->mem[i];
+        free(sa), free(sl);
+        if (part->sh.tp)
+            comm_allreduce_sum(part->sh.tp, &ep_sq, 1, COMM_F64);
+        comm_allreduce_sum(g->ep, &ep_sq, 1, COMM_F64);
+        for (int l = 0; l < L; l++) {
+            size_t lo, hi;
+            model_expert_span(whole, l, &lo, &hi);
+            for (size_t i = lo; i < hi; i++)
+                dense_sq -= (double)whole->grad->mem[i] * whole->grad->mem[i];
+        }
+        const double want_ep = want_sq + (g->at.ep_size - 1) * dense_sq;
+        if (!(fabs(ep_sq - want_ep) <= 1e-5 * want_ep)) {
+            g_bad++;
+            log_error("test", "%s: ZeRO-1's count under EP %.9g, the whole model's with the dense part %d times %.9g",
+                      name, ep_sq, g->at.ep_size, want_ep);
         }
         free(gw);
     }
