@@ -12,8 +12,8 @@
 #    run's metrics and saves the same PEFT adapter (config byte for byte, every float within 1e-5);
 #  - CP 2 x TP 2 (4 colocated ranks, TP fastest): the ring over each TP rank's 2 query heads and its KV head, the
 #    vocab-parallel head on each rank's chunks: the same run; and so do CP 2 x TP 2 x PP 2 (8 colocated ranks, TP
-#    fastest, then CP, then PP) and CP 2 x TP 2 fed by a rollout rank (split: the DP rank's batches shared over its
-#    TP x CP ranks);
+#    fastest, then CP, then PP; also with the token budget) and CP 2 x TP 2 fed by a rollout rank (split: the DP
+#    rank's batches shared over its TP x CP ranks);
 #  - context_parallel_size with ulysses_sequence_parallel_size, or a GPU, is refused naming the keys.
 # usage: test_cp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
@@ -119,6 +119,14 @@ expect "cp2-bsz: CP 2 with use_dynamic_bsz finishes" $?
 has "$TMP/cp2-bsz.log" "update: 2 sequence(s) of this rank's mini-batch in 1 micro-batch(es)"
 expect "cp2-bsz: the CP group's budget is 2 x 2200 tokens, both responses in one micro-batch (per GPU, as verl means it)" $?
 equivalent cp2-bsz one-bsz
+# the token budget with CP 2 x TP 2 x PP 2 (8 ranks): the same micro-batches on every stage and TP rank
+# shellcheck disable=SC2086 # BSZ's words are keys
+GRPO_LOG_LEVEL=debug cp cp2tp2pp2-bsz 8 2 $TP2 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2 \
+    actor_rollout_ref.rollout.tensor_model_parallel_size=4 $BSZ
+expect "cp2tp2pp2-bsz: CP 2 x TP 2 x PP 2 with use_dynamic_bsz finishes" $?
+has "$TMP/cp2tp2pp2-bsz.log" "update: 2 sequence(s) of this rank's mini-batch in 1 micro-batch(es)"
+expect "cp2tp2pp2-bsz: both responses in one micro-batch of the CP group's budget" $?
+equivalent cp2tp2pp2-bsz one-bsz
 
 # split runs: a rollout rank generates, CP rank 0 of each DP rank pulls its batches and shares them with its CP peers
 split() { # NAME TRAINERS [more keys...]

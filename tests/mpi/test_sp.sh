@@ -19,7 +19,7 @@
 #    vocab-parallel head on each rank's token slice: the same run, and the group's all-to-all bytes a step (the
 #    traffic counters, perf/comm_bytes/cp) are the planner's for a TP rank's heads;
 #  - SP 2 x TP 2 x PP 2 (8 colocated ranks, TP fastest, then SP, then PP) and SP 2 x TP 2 fed by a rollout rank
-#    (split: the DP rank's batches shared over its TP x SP ranks) give the same;
+#    (split: the DP rank's batches shared over its TP x SP ranks; also with the token budget) give the same;
 #  - heads that do not divide (under TP, a TP rank's heads) are refused naming the keys and the numbers; ranks that
 #    do not fit the SP size are refused naming the key.
 # usage: test_sp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
@@ -192,6 +192,13 @@ expect "split-sp2tp2: 4 trainer ranks (SP 2 x TP 2) and a rollout rank finish" $
 has "$TMP/split-sp2tp2.log" "attends with 1 of the 2 query heads (its TP rank's, of 4 over TP 2)"
 expect "split-sp2tp2: each trainer rank attends with one of its TP rank's 2 heads" $?
 equivalent split-sp2tp2 one-llama
+# the same with the token budget: the SP group's 2 x 2200 tokens hold both responses (the TP ranks share them)
+# shellcheck disable=SC2086 # BSZ's words are keys
+GRPO_LOG_LEVEL=debug split split-sp2tp2-bsz 4 $TP2 $BSZ
+expect "split-sp2tp2-bsz: SP 2 x TP 2 split with use_dynamic_bsz finishes" $?
+has "$TMP/split-sp2tp2-bsz.log" "update: 2 sequence(s) of this rank's mini-batch in 1 micro-batch(es)"
+expect "split-sp2tp2-bsz: both responses in one micro-batch of the SP group's budget" $?
+equivalent split-sp2tp2-bsz one-bsz
 
 # ZeRO-1 shards the optimizer state over DP x SP (4 ranks here), whose gradients add up: the same run
 sp zero-sp2dp2 llama 4 2 $RTP2 actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
