@@ -39,7 +39,10 @@ json.dump(dict(c, model_type="qwen2", architectures=["Qwen2ForCausalLM"], num_ke
 PY
 tiny_model "$TMP/long-llama" 11 "$TMP/long-llama.json"
 expect "tiny Llama with a 4096-position window initialised" $?
-tiny_model "$TMP/long-qwen2" 12 "$TMP/long-qwen2.json"
+# seed 14: with seed 12 one token's probability ratio at step 2 sits on the clip bound to float32 rounding, so a
+# sum in another order (SP 4, SP 2 x TP 2) clipped it where one process did not (pg_clipfrac one token apart, the
+# grad norm 1e-3 off): a tie the comparison cannot see past, not a difference of the layouts
+tiny_model "$TMP/long-qwen2" 14 "$TMP/long-qwen2.json"
 expect "tiny Qwen2 (one KV head) with a 4096-position window initialised" $?
 
 # NAME MODEL RANKS SP [more keys...]
