@@ -12,8 +12,8 @@
 #    run's metrics and saves the same PEFT adapter (config byte for byte, every float within 1e-5);
 #  - CP 2 x TP 2 (4 colocated ranks, TP fastest): the ring over each TP rank's 2 query heads and its KV head, the
 #    vocab-parallel head on each rank's chunks: the same run; and so do CP 2 x TP 2 x PP 2 (8 colocated ranks, TP
-#    fastest, then CP, then PP; also with the token budget) and CP 2 x TP 2 fed by a rollout rank (split: the DP
-#    rank's batches shared over its TP x CP ranks);
+#    fastest, then CP, then PP; also with the token budget), and CP 2 x TP 2 and CP 2 x TP 2 x PP 2 fed by a rollout
+#    rank (split: the DP rank's batches shared over its TP x CP x PP ranks);
 #  - context_parallel_size with ulysses_sequence_parallel_size, or a GPU, is refused naming the keys.
 # usage: test_cp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
@@ -152,6 +152,10 @@ expect "split-cp2tp2: 4 trainer ranks (CP 2 x TP 2) and a rollout rank finish" $
 has "$TMP/split-cp2tp2.log" "attends over the ring with all 2 query heads (its TP rank's, of 4 over TP 2)"
 expect "split-cp2tp2: each trainer rank attends over the ring with its TP rank's 2 heads" $?
 equivalent split-cp2tp2 one-llama
+# CP 2 x TP 2 x PP 2 split (8 trainer ranks): the batches shared over the DP rank's TP x CP x PP ranks
+split split-cp2tp2pp2 8 $TP2 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
+expect "split-cp2tp2pp2: 8 trainer ranks (CP 2 x TP 2 x PP 2) and a rollout rank finish" $?
+equivalent split-cp2tp2pp2 one-llama
 
 # refusals, each naming the keys
 refused() { # NAME RANKS CP TEXT [keys...]: the run ends with an error saying TEXT

@@ -19,7 +19,8 @@
 #    vocab-parallel head on each rank's token slice: the same run, and the group's all-to-all bytes a step (the
 #    traffic counters, perf/comm_bytes/cp) are the planner's for a TP rank's heads;
 #  - SP 2 x TP 2 x PP 2 (8 colocated ranks, TP fastest, then SP, then PP) and SP 2 x TP 2 fed by a rollout rank
-#    (split: the DP rank's batches shared over its TP x SP ranks; also with the token budget) give the same;
+#    (split: the DP rank's batches shared over its TP x SP ranks; also with the token budget, and SP 2 x TP 2 x PP 2
+#    split) give the same;
 #  - heads that do not divide (under TP, a TP rank's heads) are refused naming the keys and the numbers; ranks that
 #    do not fit the SP size are refused naming the key.
 # usage: test_sp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
@@ -202,6 +203,11 @@ expect "split-sp2tp2-bsz: SP 2 x TP 2 split with use_dynamic_bsz finishes" $?
 has "$TMP/split-sp2tp2-bsz.log" "update: 2 sequence(s) of this rank's mini-batch in 1 micro-batch(es)"
 expect "split-sp2tp2-bsz: both responses in one micro-batch of the SP group's budget" $?
 equivalent split-sp2tp2-bsz one-bsz
+# SP 2 x TP 2 x PP 2 split (8 trainer ranks): the first stage's TP rank 0 of SP rank 0 shares the batches with the
+# seven other ranks; the first stage's and the last's TP ranks of SP rank 0 assemble the weights
+split split-sp2tp2pp2 8 $TP2 $PP2
+expect "split-sp2tp2pp2: 8 trainer ranks (SP 2 x TP 2 x PP 2) and a rollout rank finish" $?
+equivalent split-sp2tp2pp2 one-llama
 
 # ZeRO-1 shards the optimizer state over DP x SP (4 ranks here), whose gradients add up: the same run
 sp zero-sp2dp2 llama 4 2 $RTP2 actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
