@@ -669,32 +669,15 @@ static int validate_sp(const struct grpo_config *c, struct cfg_error *err)
         return 0;
     const char *with = NULL;
     char val[64] = "";
-    const bool split =
-        c->placement_rollout_ranks > 0 || (c->split_rollout_nnodes > 0 && c->split_rollout_n_gpus_per_node > 0);
-    if (c->actor_megatron_tensor_model_parallel_size > 1 && split) { /* a DP rank's batches go over its TP group */
-        errf(err,
-             "%s: %s=%lld with actor_rollout_ref.actor.megatron.tensor_model_parallel_size=%lld and rollout ranks of "
-             "their own (placement.rollout_ranks or rollout.nnodes x rollout.n_gpus_per_node) is not available yet: "
-             "with TP, sequence and context parallelism run colocated (every rank generates and trains); set one of "
-             "them back",
-             origin_of(c, key), key, sp, c->actor_megatron_tensor_model_parallel_size);
-        return -1;
-    }
-    if (c->actor_megatron_tensor_model_parallel_size > 1 && c->actor_megatron_pipeline_model_parallel_size > 1)
-        with = "actor_rollout_ref.actor.megatron.tensor_model_parallel_size and pipeline_model_parallel_size",
-        snprintf(
-            val, sizeof val, "%lld and %lld", c->actor_megatron_tensor_model_parallel_size,
-            c->actor_megatron_pipeline_model_parallel_size); /* each runs with SP/CP; the three together: not yet */
-    else if (strcmp(c->trainer_device, "cuda") == 0)
+    if (strcmp(c->trainer_device, "cuda") == 0)
         with = "trainer.device", snprintf(val, sizeof val, "cuda");
     if (!with)
         return 0;
     errf(err,
-         "%s: %s=%lld with %s=%s is not available yet (sequence and context parallelism run on the CPU, with data "
-         "and pipeline parallelism, ZeRO-1, LoRA and activation offload, colocated or split, and with tensor "
-         "parallelism colocated (TP or PP, not both yet); their CUDA paths are written and compiled but await a device "
-         "check, "
-         "scripts/gpu_check.sh); set one of them back",
+         "%s: %s=%lld with %s=%s is not available yet (sequence and context parallelism run on the CPU, with data, "
+         "tensor and pipeline parallelism (together too), ZeRO-1, LoRA and activation offload, colocated or split; "
+         "their CUDA paths are written and compiled but await a device check, scripts/gpu_check.sh); set one of "
+         "them back",
          origin_of(c, key), key, sp, with, val);
     return -1;
 }

@@ -18,9 +18,11 @@
 #    one KV head the copy the two TP ranks share) swapped over its 2 SP ranks, one query head a rank, the
 #    vocab-parallel head on each rank's token slice: the same run, and the group's all-to-all bytes a step (the
 #    traffic counters, perf/comm_bytes/cp) are the planner's for a TP rank's heads;
-#  - heads that do not divide (under TP, a TP rank's heads), and layouts not available yet (TP with rollout ranks
-#    of their own), are refused naming the keys and the numbers; ranks that do not fit the SP size are refused
-#    naming the key.
+#  - SP 2 x TP 2 x PP 2 (8 colocated ranks, TP fastest, then SP, then PP) and SP 2 x TP 2 fed by a rollout rank
+#    (split: the DP rank's batches shared over its TP x SP ranks; also with the token budget, and SP 2 x TP 2 x PP 2
+#    split) give the same;
+#  - heads that do not divide (under TP, a TP rank's heads) are refused naming the keys and the numbers; ranks that
+#    do not fit the SP size are refused naming the key.
 # usage: test_sp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
 WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
@@ -38,7 +40,10 @@ json.dump(dict(c, model_type="qwen2", architectures=["Qwen2ForCausalLM"], num_ke
 PY
 tiny_model "$TMP/long-llama" 11 "$TMP/long-llama.json"
 expect "tiny Llama with a 4096-position window initialised" $?
-tiny_model "$TMP/long-qwen2" 12 "$TMP/long-qwen2.json"
+# seed 14: with seed 12 one token's probability ratio at step 2 sits on the clip bound to float32 rounding, so a
+# sum in another order (SP 4, SP 2 x TP 2) clipped it where one process did not (pg_clipfrac one token apart, the
+# grad norm 1e-3 off): a tie the comparison cannot see past, not a difference of the layouts
+tiny_model "$TMP/long-qwen2" 14 "$TMP/long-qwen2.json"
 expect "tiny Qwen2 (one KV head) with a 4096-position window initialised" $?
 
 # NAME MODEL RANKS SP [more keys...]
@@ -127,6 +132,14 @@ expect "sp2tp2-llama: the all-to-all bytes a step are the planner's with the TP 
 sp sp2tp2-qwen2 qwen2 4 2 $TP2 $RTP2
 expect "sp2tp2-qwen2: SP 2 x TP 2 with the one KV head shared by the TP ranks and replicated over SP finishes" $?
 equivalent sp2tp2-qwen2 one-qwen2
+# SP 2 x TP 2 x PP 2 (8 colocated ranks, Megatron's order: TP fastest, then SP, then PP): each stage's SP x TP
+# group as above, each rank's token slice of its TP rank's activation passed to the same (SP, TP) rank of the other
+# stage; the 8 ranks generate as two engines of rollout TP 4
+sp sp2tp2pp2-llama llama 8 2 $TP2 $PP2 actor_rollout_ref.rollout.tensor_model_parallel_size=4
+expect "sp2tp2pp2-llama: 8 colocated ranks, SP 2 x TP 2 x PP 2, finish" $?
+has "$TMP/sp2tp2pp2-llama.log" "training DP 1 x SP 2 x TP 2 x PP 2"
+expect "sp2tp2pp2-llama: SP 2 x TP 2 x PP 2 logged" $?
+equivalent sp2tp2pp2-llama one-llama
 # shellcheck disable=SC2086 # BSZ's words are keys
 GRPO_LOG_LEVEL=debug sp sp2-bsz llama 2 2 $BSZ
 expect "sp2-bsz: SP 2 with use_dynamic_bsz finishes" $?
@@ -176,6 +189,25 @@ equivalent split-sp2dp2 one-llama
 split split-sp2pp2 4 $PP2
 expect "split-sp2pp2: 4 trainer ranks (SP 2 x PP 2) and a rollout rank finish" $?
 equivalent split-sp2pp2 one-llama
+# SP 2 x TP 2 split: TP rank 0 of SP rank 0 pulls and shares the batches with the three other ranks of its DP rank
+# (TP x SP); the TP ranks of SP rank 0 assemble the weights the rollout rank generates with
+split split-sp2tp2 4 $TP2
+expect "split-sp2tp2: 4 trainer ranks (SP 2 x TP 2) and a rollout rank finish" $?
+has "$TMP/split-sp2tp2.log" "attends with 1 of the 2 query heads (its TP rank's, of 4 over TP 2)"
+expect "split-sp2tp2: each trainer rank attends with one of its TP rank's 2 heads" $?
+equivalent split-sp2tp2 one-llama
+# the same with the token budget: the SP group's 2 x 2200 tokens hold both responses (the TP ranks share them)
+# shellcheck disable=SC2086 # BSZ's words are keys
+GRPO_LOG_LEVEL=debug split split-sp2tp2-bsz 4 $TP2 $BSZ
+expect "split-sp2tp2-bsz: SP 2 x TP 2 split with use_dynamic_bsz finishes" $?
+has "$TMP/split-sp2tp2-bsz.log" "update: 2 sequence(s) of this rank's mini-batch in 1 micro-batch(es)"
+expect "split-sp2tp2-bsz: both responses in one micro-batch of the SP group's budget" $?
+equivalent split-sp2tp2-bsz one-bsz
+# SP 2 x TP 2 x PP 2 split (8 trainer ranks): the first stage's TP rank 0 of SP rank 0 shares the batches with the
+# seven other ranks; the first stage's and the last's TP ranks of SP rank 0 assemble the weights
+split split-sp2tp2pp2 8 $TP2 $PP2
+expect "split-sp2tp2pp2: 8 trainer ranks (SP 2 x TP 2 x PP 2) and a rollout rank finish" $?
+equivalent split-sp2tp2pp2 one-llama
 
 # ZeRO-1 shards the optimizer state over DP x SP (4 ranks here), whose gradients add up: the same run
 sp zero-sp2dp2 llama 4 2 $RTP2 actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
@@ -202,11 +234,4 @@ expect "3 ranks under SP 2 are refused naming the key" $?
 refused bad-tp-heads 8 4 "num_attention_heads (4) over actor_rollout_ref.actor.megatron.tensor_model_parallel_size (2) leaves 2 query heads a TP rank, not divisible by actor_rollout_ref.actor.ulysses_sequence_parallel_size (4)" \
     $TP2 actor_rollout_ref.rollout.tensor_model_parallel_size=4
 expect "SP 4 x TP 2 over 4 heads is refused naming both keys and the numbers" $?
-# TP with rollout ranks of their own: the batches and weights of a DP rank would go over its TP group alone
-# shellcheck disable=SC2046
-"${MPIRUN[@]}" -np 5 "$WORKER" $(long llama) trainer.default_local_dir="$TMP/bad-tp-split" placement.trainer_ranks=4 \
-    placement.rollout_ranks=1 actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 $TP2 >"$TMP/bad-tp-split.log" 2>&1
-rc=$?
-[ $rc -ne 0 ] && says "$TMP/bad-tp-split.log" "ulysses_sequence_parallel_size=2 with actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 and rollout ranks of their own"
-expect "SP with TP and rollout ranks of their own is refused naming both keys" $?
 finish "$TMP"/*.log

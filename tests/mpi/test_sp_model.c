@@ -16,7 +16,14 @@
  * context's peak), the ring's bytes against the planner's (plan_cp_ring_bytes) and ring_attn_bytes.
  * With --pp P: the world is P pipeline stages of an SP (or CP) group each (rank = stage x SP + SP rank); each stage
  * runs its layers on its rows (model_stage_rows), passing the activation slice and its gradient to the same SP rank of
- * the next and previous stage; the same checks on every stage's parameters. Exit 0 only if every rank saw every value
+ * the next and previous stage; the same checks on every stage's parameters.
+ * With --tp T (composes with --cp and --pp; a world of P x S x T ranks in Megatron's order, TP fastest, then SP or
+ * CP, then PP: rank = (stage x S + SP rank) x T + TP rank): each rank holds its TP rank's shard (heads / T query heads
+ * and its KV heads, a slice of the intermediate rows and of the vocabulary; under --pp its stage's layers of it), and
+ * the S ranks of one TP rank share the batch as above, swapping slices of that TP rank's heads (Ulysses) or passing
+ * its KV heads around the ring (--cp); the log-probs, entropies and gradients (the TP ranks' replicated parts summed,
+ * then summed over the S ranks and assembled over TP x PP) agree with one process's the same way, and the bytes the
+ * all-to-alls or the ring send are the planner's for the TP rank's heads. Exit 0 only if every rank saw every value
  * right. */
 #include <math.h>
 #include <stdio.h>
@@ -35,8 +42,11 @@
 #include "worker/plan/planner.h"
 
 static int g_bad;
-static bool g_cp;         /* --cp: context parallelism (ring attention) instead of Ulysses */
-static struct comm *g_pp; /* --pp P: this rank's pipeline group (the same SP rank of every stage), else NULL */
+static bool g_cp;          /* --cp: context parallelism (ring attention) instead of Ulysses */
+static struct comm *g_pp;  /* --pp P: this rank's pipeline group (the same SP rank of every stage), else NULL */
+static int g_tp = 1;       /* --tp T: each rank a TP shard, the sequence shared by the ranks of one TP rank */
+static struct comm *g_tpc; /* --tp T: this rank's TP group (the same stage and SP rank), else NULL */
+static struct comm *g_mp;  /* --tp or --pp: the TP x PP ranks of one model copy (ranked stage x T + TP rank) */
 
 /* A forward and a backward of b through part's stages (one stage without --pp): between stages this rank's rows
  * (its slice, or its ring chunks) of the activation and of its gradient; the last stage's log-probs and entropies
@@ -149,8 +159,8 @@ static void check_batch(const char *name, struct model *whole, struct model *par
                 L += (t->pb.cu_seqlens[b + 1] - t->pb.cu_seqlens[b] + 2 * C - 1) / (2 * C) * (2 * C);
             const struct model_config *c = &whole->cfg;
             const double want = (part->sh.layer_hi - part->sh.layer_lo) *
-                                ((ck ? 2 : 1) * ring_attn_bytes(C, L / (2 * C), c->n_kv_heads, c->head_dim, 0) +
-                                 ring_attn_bytes(C, L / (2 * C), c->n_kv_heads, c->head_dim, 1));
+                                ((ck ? 2 : 1) * ring_attn_bytes(C, L / (2 * C), part->sh.n_kv_heads, c->head_dim, 0) +
+                                 ring_attn_bytes(C, L / (2 * C), part->sh.n_kv_heads, c->head_dim, 1));
             const double got = after.sent_f32[COMM_OP_SEND] - before.sent_f32[COMM_OP_SEND];
             if (got != want || want <= 0) {
                 g_bad++;
@@ -158,13 +168,34 @@ static void check_batch(const char *name, struct model *whole, struct model *par
                           ck ? " (checkpointed)" : "", want);
             }
         }
+        { /* the planner's figure (with TP: the TP rank's heads; under PP: the stage's layers): Ulysses' all-to-alls
+           * summed over the group for any batch; the ring's per rank for one sequence */
+            const struct model_config *c = &whole->cfg;
+            const int S = comm_size(sp), nl = part->sh.layer_hi - part->sh.layer_lo;
+            double got = after.sent_f32[g_cp ? COMM_OP_SEND : COMM_OP_ALLTOALL] -
+                         before.sent_f32[g_cp ? COMM_OP_SEND : COMM_OP_ALLTOALL];
+            double want = -1;
+            if (!g_cp) {
+                comm_allreduce_sum(sp, &got, 1, COMM_F64);
+                want = S * plan_sp_alltoall_bytes(c, N, S, g_tp, (ck ? 2 : 1) * nl, nl);
+            } else if (t->pb.B == 1) {
+                want = plan_cp_ring_bytes(c, N, S, g_tp, (ck ? 2 : 1) * nl, nl);
+            }
+            if (want >= 0 && fabs(got - want) > 1e-9 * (want > 1 ? want : 1)) {
+                g_bad++;
+                log_error("test", "%s: %.0f bytes sent %s%s, the planner says %.0f", name, got,
+                          g_cp ? "around the ring by this rank" : "in the all-to-alls over the group",
+                          ck ? " (checkpointed)" : "", want);
+            }
+        }
         snprintf(what, sizeof what, "log-probs%s", ck ? " (checkpointed)" : "");
         expect_close(name, what, lp, lw, (size_t)N, tol);
         snprintf(what, sizeof what, "entropies%s", ck ? " (checkpointed)" : "");
         expect_close(name, what, ep, ew, (size_t)N, tol);
-        /* each rank's gradients are its tokens' part: summed over the group, the whole batch's (under --pp each
-         * stage's, the tied embedding's two copies summed, assembled over the stages) */
-        if (g_pp) {
+        /* each rank's gradients are its tokens' part: summed over the group, the whole batch's (under --tp or --pp
+         * each shard's, the TP ranks' replicated parts and the tied embedding's two copies summed, assembled over
+         * TP x PP) */
+        if (g_mp) {
             model_shard_sync_grads(part);
             model_shard_assemble(part, part->grad->mem, g);
         } else {
@@ -271,8 +302,10 @@ static void check_config(const char *name, const struct model_config *c, struct 
 {
     char why[256];
     if ((g_cp ? model_cp_check(c, comm_size(sp), "context_parallel_size", why, sizeof why)
-              : model_sp_check(c, comm_size(sp), 1, "ulysses_sequence_parallel_size", "tensor_model_parallel_size", why,
-                               sizeof why)) != 0) {
+              : model_sp_check(c, comm_size(sp), g_tp, "ulysses_sequence_parallel_size", "tensor_model_parallel_size",
+                               why, sizeof why)) != 0 ||
+        model_shard_check(c, g_tp, "tensor_model_parallel_size", why, sizeof why) != 0 ||
+        (g_pp && model_stage_check(c, comm_size(g_pp), "pipeline_model_parallel_size", why, sizeof why) != 0)) {
         g_bad++;
         log_error("test", "%s: %s", name, why);
         return;
@@ -280,14 +313,17 @@ static void check_config(const char *name, const struct model_config *c, struct 
     struct model *whole = model_create(c);
     model_init_random(whole, 7, 0.2);
     struct model *part;
-    if (g_pp) { /* this rank's stage of the whole model's layers */
-        const struct model_layout lay = {0, 1, comm_rank(g_pp), comm_size(g_pp), NULL, g_pp, g_pp, 0, 1, NULL};
-        if (model_stage_check(c, comm_size(g_pp), "PP", why, sizeof why) != 0) {
-            g_bad++;
-            log_error("test", "%s: %s", name, why);
-            model_free(whole);
-            return;
-        }
+    if (g_mp) { /* this rank's TP shard of its stage's layers of the same weights */
+        const struct model_layout lay = {g_tpc ? comm_rank(g_tpc) : 0,
+                                         g_tp,
+                                         g_pp ? comm_rank(g_pp) : 0,
+                                         g_pp ? comm_size(g_pp) : 1,
+                                         g_tpc,
+                                         g_pp,
+                                         g_mp,
+                                         0,
+                                         1,
+                                         NULL};
         part = model_create_shard(c, &lay);
         model_shard_slice(part, whole->w.mem, part->w.mem);
     } else {
@@ -309,7 +345,7 @@ static void check_config(const char *name, const struct model_config *c, struct 
     snprintf(what, sizeof what, "%s packed, responses' log-probs", name);
     check_batch(what, whole, part, &t, sp, 1e-5);
     snprintf(what, sizeof what, "%s packed, responses' log-probs, LoRA", name);
-    if (!g_pp) /* LoRA runs on whole models (no pipeline stages) */
+    if (!g_mp) /* LoRA runs on whole models (no TP shards, no pipeline stages) */
         check_lora(what, whole, part, &t, sp);
     batch_free(&t);
     if (!g_cp) { /* context parallelism runs without shared-prompt packing */
@@ -334,7 +370,7 @@ static void check_config(const char *name, const struct model_config *c, struct 
     model_free(whole);
     model_free(part);
     if (comm_rank(sp) == 0)
-        log_info("test", "%s: %s %d x PP %d checked", name, g_cp ? "CP" : "SP", comm_size(sp),
+        log_info("test", "%s: %s %d x TP %d x PP %d checked", name, g_cp ? "CP" : "SP", comm_size(sp), g_tp,
                  g_pp ? comm_size(g_pp) : 1);
 }
 
@@ -430,18 +466,31 @@ int main(int argc, char **argv)
     CHECK_MPI(MPI_Init(&argc, &argv));
     struct comm *world = comm_mpi_world(), *w = world;
     g_cp = argc > 1 && strcmp(argv[1], "--cp") == 0;
-    for (int i = 1; i + 1 < argc; i++)
-        if (strcmp(argv[i], "--pp") == 0) { /* stage x SP + SP rank: an SP group per stage, a pipeline per SP rank */
-            const int P = atoi(argv[i + 1]), R = comm_size(world);
-            if (P < 2 || R % P != 0) {
-                fprintf(stderr, "test_sp_model: --pp %d does not divide the %d ranks\n", P, R);
-                CHECK_MPI(MPI_Finalize());
-                return 2;
-            }
-            w = comm_split(world, comm_rank(world) / (R / P), comm_rank(world));
-            g_pp = comm_split(world, comm_rank(world) % (R / P), comm_rank(world));
-        }
-    const int S = comm_size(w);
+    int P = 1;
+    for (int i = 1; i + 1 < argc; i++) {
+        if (strcmp(argv[i], "--pp") == 0)
+            P = atoi(argv[i + 1]);
+        if (strcmp(argv[i], "--tp") == 0)
+            g_tp = atoi(argv[i + 1]);
+    }
+    const int R = comm_size(world), me = comm_rank(world);
+    if (P < 1 || g_tp < 1 || R % (P * g_tp) != 0) {
+        if (me == 0)
+            fprintf(stderr, "test_sp_model: --pp %d x --tp %d does not divide the %d ranks\n", P, g_tp, R);
+        CHECK_MPI(MPI_Finalize());
+        return 2;
+    }
+    /* Megatron's order: rank = (stage x S + SP rank) x T + TP rank; the SP group shares stage and TP rank, a
+     * pipeline SP and TP rank, a TP group stage and SP rank, a model copy (TP x PP) the SP rank */
+    const int S = R / (P * g_tp), stage = me / (S * g_tp), sp_rank = me / g_tp % S, tp_rank = me % g_tp;
+    if (P > 1 || g_tp > 1) {
+        w = comm_split(world, stage * g_tp + tp_rank, sp_rank);
+        g_mp = comm_split(world, sp_rank, stage * g_tp + tp_rank);
+    }
+    if (P > 1)
+        g_pp = comm_split(world, sp_rank * g_tp + tp_rank, stage);
+    if (g_tp > 1)
+        g_tpc = comm_split(world, stage * S + sp_rank, tp_rank);
     for (int i = 1; i + 1 < argc; i++)
         if (strcmp(argv[i], "--memory") == 0) {
             check_memory(w, atoi(argv[i + 1]));
@@ -450,7 +499,9 @@ int main(int argc, char **argv)
             if (comm_rank(w) == 0)
                 printf("%s: activation memory and %s bytes over %s (%d problems)\n", bad ? "FAIL" : "ok",
                        g_cp ? "ring" : "all-to-all", g_cp ? "CP" : "SP", bad);
-            comm_free(w);
+            if (w != world)
+                comm_free(w);
+            comm_free(world);
             CHECK_MPI(MPI_Finalize());
             return bad ? 1 : 0;
         }
@@ -469,8 +520,8 @@ int main(int argc, char **argv)
                                  .max_position_embeddings = 64,
                                  .bos_token_id = -1,
                                  .eos_token_id = -1};
-    if (llama.n_heads % S != 0) /* an odd group: 2 query heads a rank, KV heads split */
-        llama.n_heads = 2 * S, llama.n_kv_heads = S;
+    if (llama.n_heads % (S * g_tp) != 0) /* an odd group: 2 query heads a rank, KV heads split */
+        llama.n_heads = 2 * S * g_tp, llama.n_kv_heads = S * g_tp;
     /* Qwen2: untied head, q/k/v biases, one KV head (replicated on every rank) */
     struct model_config qwen = llama;
     qwen.arch = ARCH_QWEN2;
@@ -546,10 +597,14 @@ done:;
     int bad_all = g_bad;
     comm_allreduce_sum(world, &bad_all, 1, COMM_I32);
     if (comm_rank(world) == 0)
-        printf("%s: model over %s %d ranks x PP %d (%d problems)\n", bad_all ? "FAIL" : "ok", g_cp ? "CP" : "SP", S,
-               g_pp ? comm_size(g_pp) : 1, bad_all);
+        printf("%s: model over %s %d ranks x TP %d x PP %d (%d problems)\n", bad_all ? "FAIL" : "ok",
+               g_cp ? "CP" : "SP", S, g_tp, P, bad_all);
     if (g_pp)
-        comm_free(g_pp), comm_free(w);
+        comm_free(g_pp);
+    if (g_tpc)
+        comm_free(g_tpc);
+    if (g_mp)
+        comm_free(g_mp), comm_free(w);
     comm_free(world);
     CHECK_MPI(MPI_Finalize());
     return bad_all ? 1 : 0;
