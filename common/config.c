@@ -699,9 +699,27 @@ static int validate_sp(const struct grpo_config *c, struct cfg_error *err)
     return -1;
 }
 
+/* Sequence or context parallelism with expert parallelism: not yet (each runs on a mixture-of-experts model alone). */
+static int validate_sp_ep(const struct grpo_config *c, struct cfg_error *err)
+{
+    const long long ep = c->actor_megatron_expert_model_parallel_size;
+    const bool ring = c->actor_megatron_context_parallel_size > 1;
+    const char *key = ring ? "actor_rollout_ref.actor.megatron.context_parallel_size"
+                           : "actor_rollout_ref.actor.ulysses_sequence_parallel_size";
+    const long long sp = ring ? c->actor_megatron_context_parallel_size : c->actor_ulysses_sequence_parallel_size;
+    if (sp <= 1 || ep <= 1)
+        return 0;
+    errf(err,
+         "%s: %s=%lld with actor_rollout_ref.actor.megatron.expert_model_parallel_size=%lld is not available yet "
+         "(a mixture-of-experts model runs with sequence or context parallelism, or with expert parallelism, not "
+         "both); set one of them back to 1",
+         origin_of(c, key), key, sp, ep);
+    return -1;
+}
+
 int config_validate(const struct grpo_config *c, struct cfg_error *err)
 {
-    if (validate_lora(c, err) != 0 || validate_sp(c, err) != 0)
+    if (validate_lora(c, err) != 0 || validate_sp(c, err) != 0 || validate_sp_ep(c, err) != 0)
         return -1;
     unsigned sinks;
     if (config_logger_sinks(c, &sinks, NULL, 0, err) != 0)
