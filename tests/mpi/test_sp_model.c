@@ -5,6 +5,9 @@
  * shared-prompt packing and log-probs read on the responses only), with and without checkpointing: every row's
  * log-probs and entropies on every rank, and the gradients of every parameter summed over the ranks, agree with
  * one process's within 1e-5 (relative L2). Heads that do not divide are refused naming the key and the numbers.
+ * Mixture-of-experts models (Qwen3-MoE, Mixtral; without --pp): the same, with the load-balancing loss on and off
+ * and with the rollout's experts given and replayed, and the routing statistics (tokens per expert, the
+ * load-balancing loss, the tokens routed unlike the rollout) equal to the whole model's on every rank.
  * With --cp: the same checks for context parallelism (model_set_cp: each sequence padded to a multiple of 2C is a
  * segment of which each rank holds the load-balanced chunks r and 2C-1-r, and attends over the ring with every
  * head; no shared-prompt batch), and the bytes each rank sent around the ring (the group's traffic counters) equal

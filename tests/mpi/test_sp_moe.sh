@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Sequence and context parallelism on a mixture-of-experts model (issues 30 and 31) reproduce the single-process
+# run (mpirun --oversubscribe on 2 cores), on tiny random Qwen3-MoE and Mixtral models with the load-balancing loss
+# on and the rollout's experts replayed (actor_rollout_ref.actor.router_replay.mode=R3):
+#  - Ulysses SP2 and CP2 (2 colocated ranks), SP2 x DP2 and CP2 x DP2 (4 ranks), and split runs (2 SP2 or CP2
+#    trainer ranks and a rollout rank) give one process's per-step losses, grad norms and entropies, the router's
+#    metrics (actor/moe/...: the load-balancing loss and the tokens per expert counted over the whole micro-batch,
+#    every rank of the group holding a slice of its tokens), the routing-replay metrics
+#    (training/rollout_routing_mismatch, training/rollout_routing_replay) and the weights after two GRPO steps,
+#    within 1e-5 relative; CP packs whole sequences (no shared-prompt packing), and the load-balancing loss counts
+#    the tokens of a micro-batch as packed (a shared prompt once, a whole sequence's every time), so CP runs are
+#    compared with one process packing whole sequences too (actor_rollout_ref.actor.shared_prompt_packing=false);
+#  - SP or CP with expert parallelism is refused naming both keys and their values.
+# usage: test_sp_moe.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
+set -u
+WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
+. "$(dirname "$0")/../lib.sh" grpo-sp-moe
+test_env
+MPIRUN=(timeout 300 mpirun --oversubscribe --bind-to none)
+. "$(dirname "$0")/equiv_lib.sh"
+SP=actor_rollout_ref.actor.ulysses_sequence_parallel_size
+CP=actor_rollout_ref.actor.megatron.context_parallel_size
+EP=actor_rollout_ref.actor.megatron.expert_model_parallel_size
+NOSHARE=actor_rollout_ref.actor.shared_prompt_packing=false
+MOE="actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff=0.5 actor_rollout_ref.actor.router_replay.mode=R3"
+
+# NAME MODEL RANKS [more keys...]: colocated ranks
+colo() {
+    local name=$1 model=$2 ranks=$3
+    shift 3
+    # shellcheck disable=SC2046 # common's words are the keys
+    "${MPIRUN[@]}" -np "$ranks" "$WORKER" $(common "$model") $MOE trainer.default_local_dir="$TMP/$name" \
+        trainer.nnodes=1 trainer.n_gpus_per_node="$ranks" "$@" >"$TMP/$name.log" 2>&1
+}
+# the router's and the routing replay's metrics of run B against run A
+same_moe() {
+    python3 - "$TMP/$1/p/e/metrics.jsonl" "$TMP/$2/p/e/metrics.jsonl" <<'PY'
+import json, sys
+a, b = ({r["step"]: r for r in map(json.loads, open(p)) if r["step"] >= 1} for p in sys.argv[1:3])
+assert a.keys() == b.keys() and a, (sorted(a), sorted(b))
+for s in a:
+    for k in ("actor/moe/aux_loss", "actor/moe/load_imbalance", "actor/moe/tokens_per_expert/max",
+              "actor/moe/tokens_per_expert/min", "training/rollout_routing_mismatch",
+              "training/rollout_routing_replay"):
+        x, y = a[s][k], b[s][k]
+        if abs(x - y) > 1e-5 * max(abs(x), 1e-3):
+            sys.exit(f"step {s} {k}: {x} against {y}")
+    assert a[s]["actor/moe/aux_loss"] > 0 and a[s]["training/rollout_routing_replay"] == 1, a[s]
+print("same routing")
+PY
+}
+
+for kind in qwen3_moe mixtral; do
+    tiny_moe_model "$TMP/$kind" $kind 11
+    expect "$kind: tiny model written" $?
+    # shellcheck disable=SC2046
+    "$WORKER" $(common $kind) $MOE trainer.default_local_dir="$TMP/one-$kind" >"$TMP/one-$kind.log" 2>&1
+    expect "$kind: single-process run finishes" $?
+    # shellcheck disable=SC2046
+    "$WORKER" $(common $kind) $MOE $NOSHARE trainer.default_local_dir="$TMP/whole-$kind" >"$TMP/whole-$kind.log" 2>&1
+    expect "$kind: single-process run packing whole sequences finishes" $?
+done
+
+# NAME MODEL RANKS REFERENCE [keys...]
+for layout in "sp2 qwen3_moe 2 one $SP=2" "cp2 qwen3_moe 2 whole $CP=2" "sp2 mixtral 2 one $SP=2" \
+    "cp2 mixtral 2 whole $CP=2" "sp2dp2 qwen3_moe 4 one $SP=2" "cp2dp2 qwen3_moe 4 whole $CP=2"; do
+    set -- $layout
+    name=$1-$2 ref=$4-$2
+    colo "$name" "$2" "$3" "${@:5}"
+    expect "$name: $3 colocated ranks finish" $?
+    out=$(same_metrics "$ref" "$name" 2>&1)
+    expect "$name: per-step losses, grad norms and entropies match one process ($out)" $?
+    out=$(same_moe "$ref" "$name" 2>&1)
+    expect "$name: the router's and the routing replay's metrics match one process ($out)" $?
+    out=$(same_weights "$ref" "$name")
+    expect "$name: weights after $STEPS steps match one process ($out)" $?
+done
+
+# split: 2 trainer ranks in one SP (CP) group and a rollout rank recording the experts
+for layout in "split-sp2 $SP=2 one" "split-cp2 $CP=2 whole"; do
+    set -- $layout
+    ref=$3-qwen3_moe
+    # shellcheck disable=SC2046
+    "${MPIRUN[@]}" -np 3 "$WORKER" $(common qwen3_moe) $MOE trainer.default_local_dir="$TMP/$1" "$2" \
+        placement.trainer_ranks=2 placement.rollout_ranks=1 >"$TMP/$1.log" 2>&1
+    expect "$1: 2 trainer ranks and a rollout rank finish" $?
+    out=$(same_metrics "$ref" "$1" 2>&1) && out="$out; $(same_moe "$ref" "$1" 2>&1)" &&
+        out="$out; $(same_weights "$ref" "$1")"
+    expect "$1: losses, grad norms, the router's metrics and weights match one process ($out)" $?
+done
+
+# with expert parallelism: refused by name
+refused() { # NAME TEXT RANKS [keys...]
+    local name=$1 text=$2 ranks=$3
+    shift 3
+    # shellcheck disable=SC2046
+    "${MPIRUN[@]}" -np "$ranks" "$WORKER" $(common qwen3_moe) trainer.default_local_dir="$TMP/$name" \
+        trainer.total_training_steps=1 "$@" >"$TMP/$name.out" 2>&1
+    local rc=$?
+    [ "$rc" -ne 0 ] && says "$TMP/$name.out" "$text"
+    expect "$name: refused ($rc), naming the keys and numbers" $?
+}
+refused sp2ep2 "$SP=2 with $EP=2 is not available yet" 4 $SP=2 $EP=2
+refused cp2ep2 "$CP=2 with $EP=2 is not available yet" 4 $CP=2 $EP=2
+finish "$TMP"/*.log
