@@ -392,6 +392,12 @@ static void check_moe(const char *name, const struct model_config *c, struct com
                      : pass == 3 ? ", replayed"
                                  : "");
             check_batch(what, whole, part, &t, sp, shape ? 1e-4 : 1e-5);
+            if (!shape &&
+                pass == 3) { /* LoRA on the attention, every expert and the router (once: the offload arena) */
+                char lw[240];
+                snprintf(lw, sizeof lw, "%s, LoRA", what);
+                check_lora(lw, whole, part, &t, sp);
+            }
             double *tw = xcalloc((size_t)L * E, sizeof *tw), *tp = xcalloc((size_t)L * E, sizeof *tp), aw, ap;
             const int fw = model_moe_stats(whole, tw, &aw), fp = model_moe_stats(part, tp, &ap);
             double dw, cw, dp, cpd;

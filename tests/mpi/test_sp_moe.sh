@@ -2,14 +2,15 @@
 # Sequence and context parallelism on a mixture-of-experts model (issues 30 and 31) reproduce the single-process
 # run (mpirun --oversubscribe on 2 cores), on tiny random Qwen3-MoE and Mixtral models with the load-balancing loss
 # on and the rollout's experts replayed (actor_rollout_ref.actor.router_replay.mode=R3):
-#  - Ulysses SP2 and CP2 (2 colocated ranks), SP2 x DP2 and CP2 x DP2 (4 ranks), and split runs (2 SP2 or CP2
-#    trainer ranks and a rollout rank) give one process's per-step losses, grad norms and entropies, the router's
+#  - Ulysses SP2 and CP2 (2 colocated ranks), SP2 x DP2, SP2 x DP2 with ZeRO-1, CP2 x DP2, SP2 x PP2 and CP2 x PP2
+#    (4 ranks), and split runs (2 SP2 or CP2 trainer ranks and a rollout rank) give one process's per-step losses, grad norms and entropies, the router's
 #    metrics (actor/moe/...: the load-balancing loss and the tokens per expert counted over the whole micro-batch,
 #    every rank of the group holding a slice of its tokens), the routing-replay metrics
 #    (training/rollout_routing_mismatch, training/rollout_routing_replay) and the weights after two GRPO steps,
 #    within 1e-5 relative; CP packs whole sequences (no shared-prompt packing), and the load-balancing loss counts
 #    the tokens of a micro-batch as packed (a shared prompt once, a whole sequence's every time), so CP runs are
 #    compared with one process packing whole sequences too (actor_rollout_ref.actor.shared_prompt_packing=false);
+#  - SP2 and CP2 with LoRA on the attention, the experts and the router give one process's metrics and adapter;
 #  - SP or CP with expert parallelism is refused naming both keys and their values.
 # usage: test_sp_moe.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
@@ -21,6 +22,8 @@ MPIRUN=(timeout 300 mpirun --oversubscribe --bind-to none)
 SP=actor_rollout_ref.actor.ulysses_sequence_parallel_size
 CP=actor_rollout_ref.actor.megatron.context_parallel_size
 EP=actor_rollout_ref.actor.megatron.expert_model_parallel_size
+ZERO=actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
+PP=actor_rollout_ref.actor.megatron.pipeline_model_parallel_size
 NOSHARE=actor_rollout_ref.actor.shared_prompt_packing=false
 MOE="actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff=0.5 actor_rollout_ref.actor.router_replay.mode=R3"
 
@@ -28,7 +31,7 @@ MOE="actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_c
 colo() {
     local name=$1 model=$2 ranks=$3
     shift 3
-    # shellcheck disable=SC2046 # common's words are the keys
+    # shellcheck disable=SC2046,SC2086 # the words of common and MOE are keys
     "${MPIRUN[@]}" -np "$ranks" "$WORKER" $(common "$model") $MOE trainer.default_local_dir="$TMP/$name" \
         trainer.nnodes=1 trainer.n_gpus_per_node="$ranks" "$@" >"$TMP/$name.log" 2>&1
 }
@@ -53,17 +56,19 @@ PY
 for kind in qwen3_moe mixtral; do
     tiny_moe_model "$TMP/$kind" $kind 11
     expect "$kind: tiny model written" $?
-    # shellcheck disable=SC2046
+    # shellcheck disable=SC2046,SC2086
     "$WORKER" $(common $kind) $MOE trainer.default_local_dir="$TMP/one-$kind" >"$TMP/one-$kind.log" 2>&1
     expect "$kind: single-process run finishes" $?
-    # shellcheck disable=SC2046
+    # shellcheck disable=SC2046,SC2086
     "$WORKER" $(common $kind) $MOE $NOSHARE trainer.default_local_dir="$TMP/whole-$kind" >"$TMP/whole-$kind.log" 2>&1
     expect "$kind: single-process run packing whole sequences finishes" $?
 done
 
 # NAME MODEL RANKS REFERENCE [keys...]
 for layout in "sp2 qwen3_moe 2 one $SP=2" "cp2 qwen3_moe 2 whole $CP=2" "sp2 mixtral 2 one $SP=2" \
-    "cp2 mixtral 2 whole $CP=2" "sp2dp2 qwen3_moe 4 one $SP=2" "cp2dp2 qwen3_moe 4 whole $CP=2"; do
+    "cp2 mixtral 2 whole $CP=2" "sp2dp2 qwen3_moe 4 one $SP=2" "cp2dp2 qwen3_moe 4 whole $CP=2" \
+    "sp2dp2-zero1 qwen3_moe 4 one $SP=2 $ZERO" "sp2pp2 qwen3_moe 4 one $SP=2 $PP=2" \
+    "cp2pp2 qwen3_moe 4 whole $CP=2 $PP=2"; do
     set -- $layout
     name=$1-$2 ref=$4-$2
     colo "$name" "$2" "$3" "${@:5}"
@@ -76,11 +81,33 @@ for layout in "sp2 qwen3_moe 2 one $SP=2" "cp2 qwen3_moe 2 whole $CP=2" "sp2 mix
     expect "$name: weights after $STEPS steps match one process ($out)" $?
 done
 
+# LoRA (rank 8, all-linear: the attention, each expert's MLP and the router) under SP 2 and CP 2. Adam's eps 1e-5
+# here: the adapters' B start at zero, so after the first update the experts' lora_A gradients are about lr times
+# the usual, near eps 1e-6, where a float32 sum taken in another order (the ranks' parts) moves a weight by a
+# percent of lr (CP 2 measured 1e-4 of the largest weight at eps 1e-6, 3e-6 at 1e-5; the gradients themselves match
+# the whole model's within 1e-5 in model-cp*, check_moe)
+EPS=actor_rollout_ref.actor.optim.eps=1e-5
+# shellcheck disable=SC2046,SC2086
+"$WORKER" $(common qwen3_moe) $MOE $LORA $EPS trainer.default_local_dir="$TMP/one-lora" >"$TMP/one-lora.log" 2>&1
+expect "qwen3_moe: single-process LoRA run finishes" $?
+# shellcheck disable=SC2046,SC2086
+"$WORKER" $(common qwen3_moe) $MOE $LORA $EPS $NOSHARE trainer.default_local_dir="$TMP/whole-lora" >"$TMP/whole-lora.log" 2>&1
+expect "qwen3_moe: single-process LoRA run packing whole sequences finishes" $?
+for layout in "sp2-lora one-lora $SP=2" "cp2-lora whole-lora $CP=2"; do
+    set -- $layout
+    # shellcheck disable=SC2046,SC2086
+    colo "$1" qwen3_moe 2 $LORA $EPS "$3"
+    expect "$1: 2 colocated ranks with LoRA finish" $?
+    equivalent_lora "$1" "$2"
+    out=$(same_moe "$2" "$1" 2>&1)
+    expect "$1: the router's and the routing replay's metrics match one process ($out)" $?
+done
+
 # split: 2 trainer ranks in one SP (CP) group and a rollout rank recording the experts
 for layout in "split-sp2 $SP=2 one" "split-cp2 $CP=2 whole"; do
     set -- $layout
     ref=$3-qwen3_moe
-    # shellcheck disable=SC2046
+    # shellcheck disable=SC2046,SC2086
     "${MPIRUN[@]}" -np 3 "$WORKER" $(common qwen3_moe) $MOE trainer.default_local_dir="$TMP/$1" "$2" \
         placement.trainer_ranks=2 placement.rollout_ranks=1 >"$TMP/$1.log" 2>&1
     expect "$1: 2 trainer ranks and a rollout rank finish" $?
@@ -93,7 +120,7 @@ done
 refused() { # NAME TEXT RANKS [keys...]
     local name=$1 text=$2 ranks=$3
     shift 3
-    # shellcheck disable=SC2046
+    # shellcheck disable=SC2046,SC2086
     "${MPIRUN[@]}" -np "$ranks" "$WORKER" $(common qwen3_moe) trainer.default_local_dir="$TMP/$name" \
         trainer.total_training_steps=1 "$@" >"$TMP/$name.out" 2>&1
     local rc=$?
