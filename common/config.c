@@ -699,7 +699,8 @@ static int validate_sp(const struct grpo_config *c, struct cfg_error *err)
     return -1;
 }
 
-/* Sequence or context parallelism with expert parallelism: not yet (each runs on a mixture-of-experts model alone). */
+/* Sequence or context parallelism with expert parallelism: not yet with ZeRO-1 (the experts' optimizer state is
+ * sharded over the ranks holding the same experts, the SP group's parts not summed there). */
 static int validate_sp_ep(const struct grpo_config *c, struct cfg_error *err)
 {
     const long long ep = c->actor_megatron_expert_model_parallel_size;
@@ -707,12 +708,13 @@ static int validate_sp_ep(const struct grpo_config *c, struct cfg_error *err)
     const char *key = ring ? "actor_rollout_ref.actor.megatron.context_parallel_size"
                            : "actor_rollout_ref.actor.ulysses_sequence_parallel_size";
     const long long sp = ring ? c->actor_megatron_context_parallel_size : c->actor_ulysses_sequence_parallel_size;
-    if (sp <= 1 || ep <= 1)
+    if (sp <= 1 || ep <= 1 || !c->actor_megatron_use_distributed_optimizer)
         return 0;
     errf(err,
-         "%s: %s=%lld with actor_rollout_ref.actor.megatron.expert_model_parallel_size=%lld is not available yet "
-         "(a mixture-of-experts model runs with sequence or context parallelism, or with expert parallelism, not "
-         "both); set one of them back to 1",
+         "%s: %s=%lld with actor_rollout_ref.actor.megatron.expert_model_parallel_size=%lld and "
+         "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true (ZeRO-1) is not available yet (sequence or "
+         "context parallelism runs with expert parallelism without ZeRO-1, and with ZeRO-1 without expert "
+         "parallelism); set one of them back",
          origin_of(c, key), key, sp, ep);
     return -1;
 }

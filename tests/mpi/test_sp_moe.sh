@@ -68,7 +68,8 @@ done
 for layout in "sp2 qwen3_moe 2 one $SP=2" "cp2 qwen3_moe 2 whole $CP=2" "sp2 mixtral 2 one $SP=2" \
     "cp2 mixtral 2 whole $CP=2" "sp2dp2 qwen3_moe 4 one $SP=2" "cp2dp2 qwen3_moe 4 whole $CP=2" \
     "sp2dp2-zero1 qwen3_moe 4 one $SP=2 $ZERO" "sp2pp2 qwen3_moe 4 one $SP=2 $PP=2" \
-    "cp2pp2 qwen3_moe 4 whole $CP=2 $PP=2"; do
+    "cp2pp2 qwen3_moe 4 whole $CP=2 $PP=2" "sp2ep2 qwen3_moe 4 one $SP=2 $EP=2" "cp2ep2 qwen3_moe 4 whole $CP=2 $EP=2" \
+    "sp2ep2 mixtral 4 one $SP=2 $EP=2"; do
     set -- $layout
     name=$1-$2 ref=$4-$2
     colo "$name" "$2" "$3" "${@:5}"
@@ -116,7 +117,7 @@ for layout in "split-sp2 $SP=2 one" "split-cp2 $CP=2 whole"; do
     expect "$1: losses, grad norms, the router's metrics and weights match one process ($out)" $?
 done
 
-# with expert parallelism: refused by name
+# with expert parallelism and ZeRO-1: refused by name
 refused() { # NAME TEXT RANKS [keys...]
     local name=$1 text=$2 ranks=$3
     shift 3
@@ -127,6 +128,6 @@ refused() { # NAME TEXT RANKS [keys...]
     [ "$rc" -ne 0 ] && says "$TMP/$name.out" "$text"
     expect "$name: refused ($rc), naming the keys and numbers" $?
 }
-refused sp2ep2 "$SP=2 with $EP=2 is not available yet" 4 $SP=2 $EP=2
-refused cp2ep2 "$CP=2 with $EP=2 is not available yet" 4 $CP=2 $EP=2
+refused sp2ep2-zero1 "$SP=2 with $EP=2 and $ZERO (ZeRO-1) is not available yet" 4 $SP=2 $EP=2 $ZERO
+refused cp2ep2-zero1 "$CP=2 with $EP=2 and $ZERO (ZeRO-1) is not available yet" 4 $CP=2 $EP=2 $ZERO
 finish "$TMP"/*.log
