@@ -3,15 +3,18 @@
 # run (mpirun --oversubscribe on 2 cores), on tiny random Qwen3-MoE and Mixtral models with the load-balancing loss
 # on and the rollout's experts replayed (actor_rollout_ref.actor.router_replay.mode=R3):
 #  - Ulysses SP2 and CP2 (2 colocated ranks), SP2 x DP2, SP2 x DP2 with ZeRO-1, CP2 x DP2, SP2 x PP2 and CP2 x PP2
-#    (4 ranks), and split runs (2 SP2 or CP2 trainer ranks and a rollout rank) give one process's per-step losses, grad norms and entropies, the router's
-#    metrics (actor/moe/...: the load-balancing loss and the tokens per expert counted over the whole micro-batch,
-#    every rank of the group holding a slice of its tokens), the routing-replay metrics
+#    (4 ranks), with expert parallelism SP2 x EP2 and CP2 x EP2 (4 ranks: the experts' gradients summed over the
+#    ranks holding them and over the SP group), SP2 x EP2 x TP2, CP2 x EP2 x TP2 and SP2 x EP2 x PP2 (8 ranks), and
+#    split runs (2 SP2 or CP2 trainer ranks, or 4 of SP2 x EP2 or CP2 x EP2, and a rollout rank) give one
+#    process's per-step losses, grad norms and entropies, the router's metrics (actor/moe/...: the load-balancing
+#    loss and the tokens per expert counted over the whole micro-batch, every rank of the group holding a slice of
+#    its tokens), the routing-replay metrics
 #    (training/rollout_routing_mismatch, training/rollout_routing_replay) and the weights after two GRPO steps,
 #    within 1e-5 relative; CP packs whole sequences (no shared-prompt packing), and the load-balancing loss counts
 #    the tokens of a micro-batch as packed (a shared prompt once, a whole sequence's every time), so CP runs are
 #    compared with one process packing whole sequences too (actor_rollout_ref.actor.shared_prompt_packing=false);
 #  - SP2 and CP2 with LoRA on the attention, the experts and the router give one process's metrics and adapter;
-#  - SP or CP with expert parallelism is refused naming both keys and their values.
+#  - SP or CP with expert parallelism and ZeRO-1 is refused naming the keys and their values.
 # usage: test_sp_moe.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
 WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
@@ -22,6 +25,8 @@ MPIRUN=(timeout 300 mpirun --oversubscribe --bind-to none)
 SP=actor_rollout_ref.actor.ulysses_sequence_parallel_size
 CP=actor_rollout_ref.actor.megatron.context_parallel_size
 EP=actor_rollout_ref.actor.megatron.expert_model_parallel_size
+TP=actor_rollout_ref.actor.megatron.tensor_model_parallel_size
+RTP=actor_rollout_ref.rollout.tensor_model_parallel_size
 ZERO=actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
 PP=actor_rollout_ref.actor.megatron.pipeline_model_parallel_size
 NOSHARE=actor_rollout_ref.actor.shared_prompt_packing=false
@@ -69,7 +74,8 @@ for layout in "sp2 qwen3_moe 2 one $SP=2" "cp2 qwen3_moe 2 whole $CP=2" "sp2 mix
     "cp2 mixtral 2 whole $CP=2" "sp2dp2 qwen3_moe 4 one $SP=2" "cp2dp2 qwen3_moe 4 whole $CP=2" \
     "sp2dp2-zero1 qwen3_moe 4 one $SP=2 $ZERO" "sp2pp2 qwen3_moe 4 one $SP=2 $PP=2" \
     "cp2pp2 qwen3_moe 4 whole $CP=2 $PP=2" "sp2ep2 qwen3_moe 4 one $SP=2 $EP=2" "cp2ep2 qwen3_moe 4 whole $CP=2 $EP=2" \
-    "sp2ep2 mixtral 4 one $SP=2 $EP=2"; do
+    "sp2ep2 mixtral 4 one $SP=2 $EP=2" "sp2ep2tp2 qwen3_moe 8 one $SP=2 $EP=2 $TP=2 $RTP=2" \
+    "cp2ep2tp2 qwen3_moe 8 whole $CP=2 $EP=2 $TP=2 $RTP=2" "sp2ep2pp2 qwen3_moe 8 one $SP=2 $EP=2 $PP=2 $RTP=2"; do
     set -- $layout
     name=$1-$2 ref=$4-$2
     colo "$name" "$2" "$3" "${@:5}"
@@ -104,14 +110,16 @@ for layout in "sp2-lora one-lora $SP=2" "cp2-lora whole-lora $CP=2"; do
     expect "$1: the router's and the routing replay's metrics match one process ($out)" $?
 done
 
-# split: 2 trainer ranks in one SP (CP) group and a rollout rank recording the experts
-for layout in "split-sp2 $SP=2 one" "split-cp2 $CP=2 whole"; do
+# split: 2 trainer ranks in one SP (CP) group, or 4 (2 DP ranks, an EP group, of SP 2), and a rollout rank
+# recording the experts (it gets each version whole, the experts gathered over EP)
+for layout in "split-sp2 one 2 $SP=2" "split-cp2 whole 2 $CP=2" "split-sp2ep2 one 4 $SP=2 $EP=2" \
+    "split-cp2ep2 whole 4 $CP=2 $EP=2"; do
     set -- $layout
-    ref=$3-qwen3_moe
+    ref=$2-qwen3_moe
     # shellcheck disable=SC2046,SC2086
-    "${MPIRUN[@]}" -np 3 "$WORKER" $(common qwen3_moe) $MOE trainer.default_local_dir="$TMP/$1" "$2" \
-        placement.trainer_ranks=2 placement.rollout_ranks=1 >"$TMP/$1.log" 2>&1
-    expect "$1: 2 trainer ranks and a rollout rank finish" $?
+    "${MPIRUN[@]}" -np $(($3 + 1)) "$WORKER" $(common qwen3_moe) $MOE trainer.default_local_dir="$TMP/$1" "${@:4}" \
+        placement.trainer_ranks="$3" placement.rollout_ranks=1 >"$TMP/$1.log" 2>&1
+    expect "$1: $3 trainer ranks and a rollout rank finish" $?
     out=$(same_metrics "$ref" "$1" 2>&1) && out="$out; $(same_moe "$ref" "$1" 2>&1)" &&
         out="$out; $(same_weights "$ref" "$1")"
     expect "$1: losses, grad norms, the router's metrics and weights match one process ($out)" $?
