@@ -14,6 +14,8 @@
 #    the tokens of a micro-batch as packed (a shared prompt once, a whole sequence's every time), so CP runs are
 #    compared with one process packing whole sequences too (actor_rollout_ref.actor.shared_prompt_packing=false);
 #  - SP2 and CP2 with LoRA on the attention, the experts and the router give one process's metrics and adapter;
+#  - split one step off (rollout.mode=async), where the rollout's experts differ from the trainer's own choice at
+#    step 2, SP2 and CP2 trainers give one trainer rank's run (the replayed experts sliced like the tokens);
 #  - SP or CP with expert parallelism and ZeRO-1 is refused naming the keys and their values.
 # usage: test_sp_moe.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
@@ -124,6 +126,30 @@ for layout in "split-sp2 one 2 $SP=2" "split-cp2 whole 2 $CP=2" "split-sp2ep2 on
         out="$out; $(same_weights "$ref" "$1")"
     expect "$1: losses, grad norms, the router's metrics and weights match one process ($out)" $?
 done
+
+# split one step off (rollout.mode=async): the rollout's router is an update behind, so at step 2 tokens route
+# otherwise than the trainer's would, and the rollout's experts (sliced like the tokens) change what it computes:
+# SP2 and CP2 trainers against one trainer rank
+ASYNC="actor_rollout_ref.rollout.mode=async placement.rollout_ranks=1"
+for layout in "async-one 1 async-one" "async-whole 1 async-whole $NOSHARE" "async-sp2 2 async-one $SP=2" \
+    "async-cp2 2 async-whole $CP=2"; do
+    set -- $layout
+    # shellcheck disable=SC2046,SC2086
+    "${MPIRUN[@]}" -np $(($2 + 1)) "$WORKER" $(common qwen3_moe) $MOE $ASYNC trainer.default_local_dir="$TMP/$1" \
+        placement.trainer_ranks="$2" "${@:4}" >"$TMP/$1.log" 2>&1
+    expect "$1: $2 trainer rank(s) and a rollout rank one step off finish" $?
+    [ "$1" = "$3" ] && continue
+    out=$(same_metrics "$3" "$1" 2>&1) && out="$out; $(same_moe "$3" "$1" 2>&1)" &&
+        out="$out; $(same_weights "$3" "$1")"
+    expect "$1: losses, grad norms, the router's and replay's metrics and weights match one trainer's ($out)" $?
+done
+python3 - "$TMP/async-sp2/p/e/metrics.jsonl" "$TMP/async-cp2/p/e/metrics.jsonl" <<'PY'
+import json, sys
+for p in sys.argv[1:]:
+    r = [json.loads(l) for l in open(p) if json.loads(l)["step"] == 2][0]
+    assert r["training/rollout_routing_mismatch"] > 0, (p, r["training/rollout_routing_mismatch"])
+PY
+expect "async-sp2, async-cp2: at step 2 the rollout's experts differ from the trainer's own choice" $?
 
 # with expert parallelism and ZeRO-1: refused by name
 refused() { # NAME TEXT RANKS [keys...]
