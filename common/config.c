@@ -699,29 +699,9 @@ static int validate_sp(const struct grpo_config *c, struct cfg_error *err)
     return -1;
 }
 
-/* Sequence or context parallelism with expert parallelism: not yet with ZeRO-1 (the experts' optimizer state is
- * sharded over the ranks holding the same experts, the SP group's parts not summed there). */
-static int validate_sp_ep(const struct grpo_config *c, struct cfg_error *err)
-{
-    const long long ep = c->actor_megatron_expert_model_parallel_size;
-    const bool ring = c->actor_megatron_context_parallel_size > 1;
-    const char *key = ring ? "actor_rollout_ref.actor.megatron.context_parallel_size"
-                           : "actor_rollout_ref.actor.ulysses_sequence_parallel_size";
-    const long long sp = ring ? c->actor_megatron_context_parallel_size : c->actor_ulysses_sequence_parallel_size;
-    if (sp <= 1 || ep <= 1 || !c->actor_megatron_use_distributed_optimizer)
-        return 0;
-    errf(err,
-         "%s: %s=%lld with actor_rollout_ref.actor.megatron.expert_model_parallel_size=%lld and "
-         "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true (ZeRO-1) is not available yet (sequence or "
-         "context parallelism runs with expert parallelism without ZeRO-1, and with ZeRO-1 without expert "
-         "parallelism); set one of them back",
-         origin_of(c, key), key, sp, ep);
-    return -1;
-}
-
 int config_validate(const struct grpo_config *c, struct cfg_error *err)
 {
-    if (validate_lora(c, err) != 0 || validate_sp(c, err) != 0 || validate_sp_ep(c, err) != 0)
+    if (validate_lora(c, err) != 0 || validate_sp(c, err) != 0)
         return -1;
     unsigned sinks;
     if (config_logger_sinks(c, &sinks, NULL, 0, err) != 0)

@@ -16,7 +16,9 @@
 #  - SP2 and CP2 with LoRA on the attention, the experts and the router give one process's metrics and adapter;
 #  - split one step off (rollout.mode=async), where the rollout's experts differ from the trainer's own choice at
 #    step 2, SP2 and CP2 trainers give one trainer rank's run (the replayed experts sliced like the tokens);
-#  - SP or CP with expert parallelism and ZeRO-1 is refused naming the keys and their values.
+#  - with ZeRO-1 too (SP2 x EP2, CP2 x EP2, and SP2 x EP2 x DP2: 8 ranks, the experts' optimizer state over the 2
+#    ranks holding the same experts, the dense one over DP x SP), and SP2 x EP2 x DP2's checkpoint resumes in one
+#    process at the one-process weights.
 # usage: test_sp_moe.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
 WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
@@ -77,7 +79,9 @@ for layout in "sp2 qwen3_moe 2 one $SP=2" "cp2 qwen3_moe 2 whole $CP=2" "sp2 mix
     "sp2dp2-zero1 qwen3_moe 4 one $SP=2 $ZERO" "sp2pp2 qwen3_moe 4 one $SP=2 $PP=2" \
     "cp2pp2 qwen3_moe 4 whole $CP=2 $PP=2" "sp2ep2 qwen3_moe 4 one $SP=2 $EP=2" "cp2ep2 qwen3_moe 4 whole $CP=2 $EP=2" \
     "sp2ep2 mixtral 4 one $SP=2 $EP=2" "sp2ep2tp2 qwen3_moe 8 one $SP=2 $EP=2 $TP=2 $RTP=2" \
-    "cp2ep2tp2 qwen3_moe 8 whole $CP=2 $EP=2 $TP=2 $RTP=2" "sp2ep2pp2 qwen3_moe 8 one $SP=2 $EP=2 $PP=2 $RTP=2"; do
+    "cp2ep2tp2 qwen3_moe 8 whole $CP=2 $EP=2 $TP=2 $RTP=2" "sp2ep2pp2 qwen3_moe 8 one $SP=2 $EP=2 $PP=2 $RTP=2" \
+    "sp2ep2-zero1 qwen3_moe 4 one $SP=2 $EP=2 $ZERO" "cp2ep2-zero1 qwen3_moe 4 whole $CP=2 $EP=2 $ZERO" \
+    "sp2ep2dp2-zero1 qwen3_moe 8 one $SP=2 $EP=2 $ZERO $RTP=2"; do
     set -- $layout
     name=$1-$2 ref=$4-$2
     colo "$name" "$2" "$3" "${@:5}"
@@ -151,17 +155,14 @@ for p in sys.argv[1:]:
 PY
 expect "async-sp2, async-cp2: at step 2 the rollout's experts differ from the trainer's own choice" $?
 
-# with expert parallelism and ZeRO-1: refused by name
-refused() { # NAME TEXT RANKS [keys...]
-    local name=$1 text=$2 ranks=$3
-    shift 3
-    # shellcheck disable=SC2046,SC2086
-    "${MPIRUN[@]}" -np "$ranks" "$WORKER" $(common qwen3_moe) trainer.default_local_dir="$TMP/$name" \
-        trainer.total_training_steps=1 "$@" >"$TMP/$name.out" 2>&1
-    local rc=$?
-    [ "$rc" -ne 0 ] && says "$TMP/$name.out" "$text"
-    expect "$name: refused ($rc), naming the keys and numbers" $?
-}
-refused sp2ep2-zero1 "$SP=2 with $EP=2 and $ZERO (ZeRO-1) is not available yet" 4 $SP=2 $EP=2 $ZERO
-refused cp2ep2-zero1 "$CP=2 with $EP=2 and $ZERO (ZeRO-1) is not available yet" 4 $CP=2 $EP=2 $ZERO
+grep -Eq "ZeRO-1 with EP: DP rank [0-9]+ keeps the optimizer state of [0-9]+ of this EP rank's [0-9]+ parameters \(dense ones over DP, experts over the 2 DP ranks" \
+    "$TMP/sp2ep2dp2-zero1-qwen3_moe.log"
+expect "sp2ep2dp2-zero1: the experts' optimizer state is sharded over the 2 ranks holding the same experts" $?
+# its step-1 checkpoint (the moments gathered whole) resumes in one process, ending at the one-process weights
+# shellcheck disable=SC2046,SC2086
+"$WORKER" $(common qwen3_moe) $MOE trainer.default_local_dir="$TMP/zero1-to-one" trainer.resume_mode=resume_path \
+    trainer.resume_from_path="$(ckpt sp2ep2dp2-zero1-qwen3_moe 1)" >"$TMP/zero1-to-one.log" 2>&1
+expect "sp2ep2dp2-zero1's step-1 checkpoint resumes in one process" $?
+out=$(same_weights one-qwen3_moe zero1-to-one)
+expect "resumed in one process from SP2 x EP2 x DP2 with ZeRO-1: the one-process weights ($out)" $?
 finish "$TMP"/*.log
