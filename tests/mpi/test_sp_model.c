@@ -5,6 +5,9 @@
  * shared-prompt packing and log-probs read on the responses only), with and without checkpointing: every row's
  * log-probs and entropies on every rank, and the gradients of every parameter summed over the ranks, agree with
  * one process's within 1e-5 (relative L2). Heads that do not divide are refused naming the key and the numbers.
+ * Mixture-of-experts models (Qwen3-MoE, Mixtral; without --pp): the same, with the load-balancing loss on and off
+ * and with the rollout's experts given and replayed, and the routing statistics (tokens per expert, the
+ * load-balancing loss, the tokens routed unlike the rollout) equal to the whole model's on every rank.
  * With --cp: the same checks for context parallelism (model_set_cp: each sequence padded to a multiple of 2C is a
  * segment of which each rank holds the load-balanced chunks r and 2C-1-r, and attends over the ring with every
  * head; no shared-prompt batch), and the bytes each rank sent around the ring (the group's traffic counters) equal
@@ -374,6 +377,86 @@ static void check_config(const char *name, const struct model_config *c, struct 
                  g_pp ? comm_size(g_pp) : 1);
 }
 
+/* A mixture-of-experts model (routing and experts per token, on each rank's own tokens) over the group against the
+ * whole model: check_batch's log-probs, entropies and gradients (the router's and the experts' summed over the
+ * ranks), with the load-balancing loss off and on (its count per expert and token count the whole micro-batch's,
+ * summed over the group; the ring's padding rows left out), with and without the rollout's experts replayed
+ * (routes sliced like the tokens); and the routing statistics (tokens per expert, the load-balancing loss, the
+ * tokens whose own choice differs from the rollout's) equal to the whole model's on every rank. */
+static void check_moe(const char *name, const struct model_config *c, struct comm *sp)
+{
+    char why[256];
+    if ((g_cp ? model_cp_check(c, comm_size(sp), "context_parallel_size", why, sizeof why)
+              : model_sp_check(c, comm_size(sp), 1, "ulysses_sequence_parallel_size", "tensor_model_parallel_size", why,
+                               sizeof why)) != 0) {
+        g_bad++;
+        log_error("test", "%s: %s", name, why);
+        return;
+    }
+    struct model *whole = model_create(c);
+    model_init_random(whole, 11, 0.3);
+    struct model *part = model_clone(whole);
+    if (g_cp)
+        model_set_cp(part, sp);
+    else
+        model_set_sp(part, sp);
+    const int L = c->n_layers, E = c->n_experts, k = c->n_experts_per_tok;
+    const int lens[4] = {11, 3, 17, 6}, tiny[1] = {2};
+    for (int shape = 0; shape < 2; shape++)
+        for (int pass = 0; pass < 4; pass++) { /* aux loss off / on, x routes none / replayed; then the stats */
+            struct batch t;
+            batch_make(&t, c, shape ? tiny : lens, shape ? 1 : 4, false, pass & 1);
+            const int N = t.pb.N;
+            uint16_t *routes = NULL;
+            if (pass >= 2) { /* the rollout's experts: k distinct a token and layer, not the router's own choice */
+                routes = xmalloc((size_t)N * L * k * sizeof *routes);
+                for (int i = 0; i < N; i++)
+                    for (int l = 0; l < L; l++)
+                        for (int j = 0; j < k; j++)
+                            routes[((size_t)i * L + l) * k + j] = (uint16_t)((i * 3 + l + j) % E);
+                t.pb.routes = routes;
+            }
+            whole->moe_aux_coef = part->moe_aux_coef = pass & 1 ? 0.05f : 0.0f;
+            whole->moe_replay = part->moe_replay = pass == 3;
+            model_moe_stats(whole, NULL, NULL), model_moe_stats(part, NULL, NULL);
+            double d, n;
+            model_moe_route_stats(whole, &d, &n), model_moe_route_stats(part, &d, &n);
+            char what[200];
+            snprintf(what, sizeof what, "%s%s%s%s", name, shape ? " two tokens" : " packed",
+                     pass & 1 ? ", load-balancing loss" : "",
+                     pass == 2   ? ", routes"
+                     : pass == 3 ? ", replayed"
+                                 : "");
+            check_batch(what, whole, part, &t, sp, shape ? 1e-4 : 1e-5);
+            if (!shape &&
+                pass == 3) { /* LoRA on the attention, every expert and the router (once: the offload arena) */
+                char lw[240];
+                snprintf(lw, sizeof lw, "%s, LoRA", what);
+                check_lora(lw, whole, part, &t, sp);
+            }
+            double *tw = xcalloc((size_t)L * E, sizeof *tw), *tp = xcalloc((size_t)L * E, sizeof *tp), aw, ap;
+            const int fw = model_moe_stats(whole, tw, &aw), fp = model_moe_stats(part, tp, &ap);
+            double dw, cw, dp, cpd;
+            model_moe_route_stats(whole, &dw, &cw), model_moe_route_stats(part, &dp, &cpd);
+            if (fw != fp || fw <= 0 || memcmp(tw, tp, (size_t)L * E * sizeof *tw) != 0 ||
+                !(fabs(aw - ap) <= 1e-6 * fabs(aw)) || !(aw > 0) || dw != dp || cw != cpd ||
+                (pass >= 2 && (cw <= 0 || dw <= 0))) {
+                g_bad++;
+                log_error("test",
+                          "%s: routing statistics differ from the whole model's: %d/%d layer forwards, aux %.9g/%.9g, "
+                          "differing tokens %.0f of %.0f / %.0f of %.0f, tokens of layer 0 expert 0 %.0f/%.0f",
+                          what, fp, fw, ap, aw, dp, cpd, dw, cw, tp[0], tw[0]);
+            }
+            free(tw), free(tp), free(routes);
+            batch_free(&t);
+        }
+    whole->moe_replay = part->moe_replay = false;
+    model_free(whole);
+    model_free(part);
+    if (comm_rank(sp) == 0)
+        log_info("test", "%s: %s %d checked", name, g_cp ? "CP" : "SP", comm_size(sp));
+}
+
 /* Activation memory and all-to-all bytes of one LEN-token sequence at SP 1, 2, 4. */
 static void check_memory(struct comm *w, int len)
 {
@@ -538,6 +621,17 @@ int main(int argc, char **argv)
     check_config("llama-tied-gqa", &llama, w);
     check_config("qwen2-bias-untied-mqa", &qwen, w);
     check_config("qwen3-qknorm-llama3-rope", &qwen3, w);
+    if (!g_pp) { /* mixture of experts: Qwen3-MoE (4 experts, top 2 renormalised), Mixtral (8, top 2, tied) */
+        struct model_config qmoe = qwen3;
+        qmoe.arch = ARCH_QWEN3_MOE;
+        qmoe.rope = (struct rope_scaling){0};
+        qmoe.n_experts = 4, qmoe.n_experts_per_tok = 2, qmoe.moe_intermediate = 8, qmoe.norm_topk_prob = true;
+        struct model_config mixtral = llama;
+        mixtral.arch = ARCH_MIXTRAL;
+        mixtral.n_experts = 8, mixtral.n_experts_per_tok = 2, mixtral.moe_intermediate = 6;
+        check_moe("qwen3-moe", &qmoe, w);
+        check_moe("mixtral", &mixtral, w);
+    }
     /* heads that cannot split are refused with the key and the numbers */
     char why[256];
     if (g_cp) {

@@ -289,11 +289,6 @@ int model_sp_check(const struct model_config *c, int sp, int tp, const char *key
         return 0;
     if (tp < 1)
         tp = 1;
-    if (c->n_experts) {
-        snprintf(why, len, "%s (%d) with a mixture-of-experts model (%d experts) is not available yet", key, sp,
-                 c->n_experts);
-        return -1;
-    }
     if (tp == 1) {
         if (c->n_heads % sp != 0) {
             snprintf(why, len,
@@ -351,11 +346,6 @@ int model_cp_check(const struct model_config *c, int cp, const char *key, char *
     if (c->n_kv_heads < 1 || c->n_heads % c->n_kv_heads != 0) {
         snprintf(why, len, "%s (%d): num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)", key, cp,
                  c->n_heads, c->n_kv_heads);
-        return -1;
-    }
-    if (c->n_experts) {
-        snprintf(why, len, "%s (%d) with a mixture-of-experts model (%d experts) is not available yet", key, cp,
-                 c->n_experts);
         return -1;
     }
     return 0;
@@ -862,6 +852,7 @@ struct model_work {
     struct karena bwd, step;
     struct karena sp;       /* sequence parallelism: the all-to-all's staging buffer */
     struct ring_attn *ring; /* context parallelism: the ring of the batch the layers run now */
+    const int32_t *cprow;   /* and the batch row of each of its rows (-1: the ring's padding) */
     int32_t *hpos;
     size_t hpos_cap;
 };
@@ -1329,26 +1320,88 @@ static void layer_forward(const struct model *m, int l, const struct packed_batc
     k_add(K, out, a->xmid, (size_t)N * D);
 }
 
-/* A layer's routing, counted for model_moe_stats: its tokens per expert and its load-balancing loss. */
+/* A layer's routing r over the whole micro-batch into g (2 E + 3): per expert the slots routed to it (g[e]) and
+ * the sum of every token's router probability for it (g[E + e]), then the tokens (g[2 E]) and those whose own
+ * top-k differed from the rollout's (g[2 E + 1], of g[2 E + 2]). Under sequence or context parallelism each rank
+ * of the group holds a slice of the tokens: summed over the group (every rank calls it), the ring's padding rows
+ * (context parallelism, model_work.cprow -1) left out, so that every rank has the whole model's figures. */
+static void moe_group_routing(const struct model *m, const struct kmoe *r, double *g)
+{
+    const int E = r->E, k = r->k, N = r->N;
+    const int32_t *rowof = m->sh.ring ? m->work->cprow : NULL;
+    if (!rowof) {
+        int32_t offs[E + 1];
+        float pmean[E];
+        k_to_host(m->K, offs, r->offs, sizeof offs);
+        k_to_host(m->K, pmean, r->pmean, sizeof pmean);
+        for (int e = 0; e < E; e++)
+            g[e] = offs[e + 1] - offs[e], g[E + e] = (double)pmean[e] * N;
+        g[2 * E] = N, g[2 * E + 1] = r->n_differ, g[2 * E + 2] = r->n_compared;
+    } else { /* the real rows' routing (idx, replayed or not) and probabilities; the padding's top-k against the
+              * first k experts it was given to replay (model_forward_stage) taken back out of the differing */
+        int32_t *idx = xmalloc((size_t)(N > 0 ? N : 1) * k * sizeof *idx);
+        float *p = xmalloc((size_t)(N > 0 ? N : 1) * E * sizeof *p);
+        k_to_host(m->K, idx, r->idx, (size_t)N * k * sizeof *idx);
+        k_to_host(m->K, p, r->probs, (size_t)N * E * sizeof *p);
+        memset(g, 0, (2 * (size_t)E + 3) * sizeof *g);
+        int pad = 0, pad_differ = 0;
+        for (int t = 0; t < N; t++) {
+            const float *pt = p + (size_t)t * E;
+            if (rowof[t] < 0) {
+                pad++;
+                if (r->n_compared > 0) { /* compared with the rollout's: the kernel's top-k: the larger first, a tie to
+                                            the lower expert */
+                    int id[k];
+                    bool same = true;
+                    for (int j = 0; j < k; j++) {
+                        int best = -1;
+                        for (int e = 0; e < E; e++) {
+                            bool taken = false;
+                            for (int i = 0; i < j; i++)
+                                taken |= id[i] == e;
+                            if (!taken && (best < 0 || pt[e] > pt[best]))
+                                best = e;
+                        }
+                        id[j] = best;
+                        same &= best < k;
+                    }
+                    pad_differ += !same;
+                }
+                continue;
+            }
+            for (int j = 0; j < k; j++)
+                g[idx[(size_t)t * k + j]]++;
+            for (int e = 0; e < E; e++)
+                g[E + e] += pt[e];
+            g[2 * E]++;
+        }
+        g[2 * E + 1] = r->n_differ - pad_differ;
+        g[2 * E + 2] = r->n_compared > 0 ? r->n_compared - pad : 0;
+        free(idx), free(p);
+    }
+    if (m->sh.sp)
+        comm_allreduce_sum(m->sh.sp, g, 2 * (size_t)E + 3, COMM_F64);
+}
+
+/* A layer's routing, counted for model_moe_stats: its tokens per expert and its load-balancing loss, over the whole
+ * micro-batch (under sequence or context parallelism every rank of the group counts the same, the group's). */
 static void moe_count(struct model *m, int l, const struct kmoe *r)
 {
     const int E = r->E;
     if (!m->moe_tokens)
         m->moe_tokens = xcalloc((size_t)m->cfg.n_layers * E, sizeof *m->moe_tokens);
-    int32_t offs[E + 1];
-    float pmean[E];
-    k_to_host(m->K, offs, r->offs, sizeof offs);
-    k_to_host(m->K, pmean, r->pmean, sizeof pmean);
+    double g[2 * E + 3];
+    moe_group_routing(m, r, g);
+    const double n = g[2 * E];
     double aux = 0;
     for (int e = 0; e < E; e++) {
-        const int cnt = offs[e + 1] - offs[e];
-        m->moe_tokens[(size_t)l * E + e] += cnt;
-        aux += (double)pmean[e] * cnt;
+        m->moe_tokens[(size_t)l * E + e] += g[e];
+        aux += (n ? g[E + e] / n : 0) * g[e];
     }
-    m->moe_aux_sum += r->N ? aux * E / ((double)r->k * r->N) : 0;
+    m->moe_aux_sum += n ? aux * E / ((double)r->k * n) : 0;
     m->moe_aux_n++;
-    m->moe_route_differ += r->n_differ;
-    m->moe_route_compared += r->n_compared;
+    m->moe_route_differ += g[2 * E + 1];
+    m->moe_route_compared += g[2 * E + 2];
 }
 
 void model_moe_route_stats(struct model *m, double *differ, double *compared)
@@ -1405,17 +1458,24 @@ static void layer_backward(struct model *m, int l, const struct packed_batch *b,
         model_tp_sum(m, d->dxn, nD);
         model_tp_sum(m, d->dwt, (size_t)N * r.k);
         /* the load-balancing loss coef scale E / k sum_e pmean_e count_e / N: d/dp[t][e] = coef scale E count_e /
-         * (k N^2) for every token t */
+         * (k N^2) for every token t; under sequence or context parallelism count_e and N the whole micro-batch's
+         * (summed over the group: every rank of it takes part, one with no token too) */
         float dp_col[E];
-        const bool aux = m->moe_aux_coef != 0 && N > 0;
+        const bool aux = m->moe_aux_coef != 0 && (m->sh.sp ? Nf > 0 : N > 0);
         if (aux) {
-            int32_t offs[E + 1];
-            k_to_host(K, offs, r.offs, sizeof offs);
+            double g[2 * E + 3];
+            moe_group_routing(m, &r, g);
+            const double n = g[2 * E];
             for (int e = 0; e < E; e++)
-                dp_col[e] = (float)((double)m->moe_aux_coef * m->moe_aux_scale * E * (offs[e + 1] - offs[e]) /
-                                    ((double)r.k * N * N));
+                dp_col[e] = n > 0
+                                ? (float)((double)m->moe_aux_coef * m->moe_aux_scale * E * g[e] / ((double)r.k * n * n))
+                                : 0.0f;
         }
         k_moe_route_backward(K, d->drlog, &r, d->dwt, aux ? dp_col : NULL);
+        if (m->sh.ring) /* context parallelism: the ring's padding rows feed no loss, the load-balancing one either */
+            for (int t = 0; t < N; t++)
+                if (m->work->cprow[t] < 0)
+                    k_zero(K, d->drlog + (size_t)t * E, (size_t)E * sizeof(float));
         k_linear_backward(K, d->dxn, G ? G->router : NULL, NULL, d->drlog, a->xn2, L->router, N, D, E);
         lora_router_backward(m, l, d->dxn, d->drlog, a->xn2, N);
     } else {
@@ -1702,6 +1762,7 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
     free(A->cprow);
     A->ra = ra, A->cprow = rowof;
     m->work->ring = ra;
+    m->work->cprow = rowof;
     if (nk >= 0) { /* the kept rows' ranges (within this rank's rows, from its first), on the host for the backward */
         grow_host_i32(&A->krange, &A->krange_cap, b->B, 2);
         for (int s = 0; s < b->B; s++) {
@@ -1729,7 +1790,16 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
             A->routes = xmalloc(n * sizeof *A->routes);
             A->routes_cap = n;
         }
-        memcpy(A->routes, b->routes, n * sizeof *A->routes);
+        const size_t w = (size_t)c->n_layers * c->n_experts_per_tok;
+        if (ra) { /* context parallelism: each row's own; the ring's padding rows the first k experts (counted in
+                   * no metric, moe_group_routing) */
+            for (int i = 0; i < N; i++)
+                for (size_t j = 0; j < w; j++)
+                    A->routes[(size_t)i * w + j] =
+                        rowof[i] >= 0 ? b->routes[(size_t)rowof[i] * w + j] : (uint16_t)(j % c->n_experts_per_tok);
+        } else { /* this rank's rows [t0, t0 + N) (all of them without sequence parallelism) */
+            memcpy(A->routes, b->routes + (size_t)t0 * w, n * sizeof *A->routes);
+        }
         A->b.routes = A->routes;
     }
     A->temperature = temperature;
@@ -1743,6 +1813,8 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
     } else {
         k_to_device(K, x0, x_in, nD * sizeof(float));
     }
+    /* the routing counted on every rank of a sequence- or context-parallel group (it sums over it), or none */
+    const bool count = sh->sp ? Nf > 0 : N > 0;
     for (int l = lo; l < hi; l++) {
         struct layer_acts *a = &A->layers[l];
         if (A->offload) { /* keep the input in host memory; compute from and into the device's pair */
@@ -1750,7 +1822,7 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
             k_to_host(K, a->x, in, nD * sizeof(float));
             A->scratch.x = in;
             layer_forward(m, l, &A->b, Nf, &A->scratch, out);
-            if (A->scratch.rlog && N > 0) /* an empty micro-batch (expert parallelism's padding) routed nothing */
+            if (A->scratch.rlog && count) /* an empty micro-batch (expert parallelism's padding) routed nothing */
                 moe_count(m, l, &A->scratch.moe);
             continue;
         }
@@ -1762,7 +1834,7 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
             layer_forward(m, l, &A->b, Nf, a, out);
         }
         const struct layer_acts *ran = checkpointing ? &A->scratch : a;
-        if (ran->rlog && N > 0)
+        if (ran->rlog && count)
             moe_count(m, l, &ran->moe);
     }
     if (sh->has_head) {
@@ -1838,6 +1910,7 @@ void model_backward_stage(struct model *m, struct model_acts *A, const float *dl
     struct karena plan;
     struct bwd_bufs d;
     m->work->ring = A->ra; /* context parallelism: the batch's ring */
+    m->work->cprow = A->cprow;
     karena_init_counter(&plan);
     bwd_take(m, N, A->Nf, sh->has_head ? A->nk : -1, &d, A->ckpt, &plan);
     karena_reserve(ar, plan.used, 0);

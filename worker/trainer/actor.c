@@ -342,9 +342,11 @@ static void dp_sum_grads(struct model *m, const struct update_params *p, float *
 }
 
 /* Expert parallelism: each layer's experts' gradients summed over the ranks holding the same experts (edp), the
- * rest of the gradients over DP. */
+ * rest of the gradients over DP; with sequence or context parallelism each rank's tokens gave a part, summed over
+ * the group too (the rest over DP x SP at once). */
 static void ep_sum_grads(struct model *m, const struct update_params *p)
 {
+    struct comm *dense = p->grads ? p->grads : p->dp;
     const struct trainable tr = model_trainable(m); /* with LoRA the adapter: its experts' spans the same way */
     float *g = tr.grads;
     size_t at = 0; /* the dense floats from here up to the next layer's experts */
@@ -356,12 +358,14 @@ static void ep_sum_grads(struct model *m, const struct update_params *p)
             model_expert_span(m, l, &lo, &hi);
         if (hi == lo)
             continue;
-        comm_allreduce_sum(p->dp, g + at, lo - at, COMM_F32);
+        comm_allreduce_sum(dense, g + at, lo - at, COMM_F32);
         if (p->edp)
             comm_allreduce_sum(p->edp, g + lo, hi - lo, COMM_F32);
+        if (m->sh.sp)
+            comm_allreduce_sum(m->sh.sp, g + lo, hi - lo, COMM_F32);
         at = hi;
     }
-    comm_allreduce_sum(p->dp, g + at, tr.n - at, COMM_F32);
+    comm_allreduce_sum(dense, g + at, tr.n - at, COMM_F32);
 }
 
 /* One optimizer step over the mini-batch idx[0..n). */

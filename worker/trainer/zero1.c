@@ -12,6 +12,10 @@
  * (over edp). Each class is a list of spans of the parameter buffer, packed back to back in its order. */
 struct zero1_ep {
     struct comm *group[2]; /* dp, edp (NULL: a group of one) */
+    /* sequence or context parallelism: the dense class is sharded over DP x SP (group[0]); the experts' gradients are
+     * first summed over the SP group (sp, else NULL), and every SP rank keeps the same expert block */
+    struct comm *sp;
+    bool sp_lead; /* SP rank 0: the one whose expert block counts in the norm */
     int n_span[2];
     size_t *at[2], *len[2]; /* the spans: floats [at, at + len) of the parameter buffer */
     size_t tot[2];          /* the class's floats */
@@ -111,6 +115,8 @@ struct zero1 *zero1_create_ep(struct kctx *K, struct comm *dp, struct comm *edp,
     z->ep = e;
     e->group[0] = dp;
     e->group[1] = edp && comm_size(edp) > 1 ? edp : NULL;
+    e->sp = m->sh.sp;
+    e->sp_lead = !m->sh.sp || m->sh.sp_rank == 0;
     size_t at = 0; /* the dense floats from here up to the next layer's experts */
     for (int l = m->sh.layer_lo; l < m->sh.layer_hi; l++) {
         size_t lo, hi;
@@ -185,6 +191,8 @@ void zero1_reduce_scatter(struct zero1 *z, const float *grads)
         float *dst[2] = {z->grad, z->grad + ep_k(e, 0)};
         for (int c = 0; c < 2; c++) {
             ep_pack(z->K, e, c, grads);
+            if (c == 1 && e->sp) /* each SP rank's tokens gave a part of the experts' gradients */
+                comm_allreduce_sum(e->sp, e->pack[1], e->tot[1], COMM_F32);
             if (e->group[c])
                 comm_reduce_scatter_sum(e->group[c], e->pack[c], dst[c], e->per[c], COMM_F32);
             else
@@ -203,9 +211,12 @@ void zero1_reduce_scatter(struct zero1 *z, const float *grads)
 
 double zero1_clip(struct zero1 *z, double max_norm, const struct model *m)
 {
-    if (z->ep) { /* the dense blocks are disjoint over DP, the experts' over edp and EP: DP holds each once */
-        const size_t k = zero1_block_floats(z);
-        double s = k_sumsq(z->K, z->grad, k) - ep_skipped_sq(z);
+    if (z->ep) { /* the dense blocks are disjoint over DP, the experts' over edp and EP: DP holds each once (with SP
+                  * the dense blocks disjoint over DP x SP, the experts' counted on SP rank 0) */
+        const size_t k = zero1_block_floats(z), k0 = ep_k(z->ep, 0);
+        double s = k_sumsq(z->K, z->grad, k0) - ep_skipped_sq(z);
+        if (z->ep->sp_lead)
+            s += k_sumsq(z->K, z->grad + k0, k - k0);
         comm_allreduce_sum(z->dp, &s, 1, COMM_F64);
         if (m->sh.tp) /* the other TP ranks' rows and columns (what all of them hold whole skipped but on one) */
             comm_allreduce_sum(m->sh.tp, &s, 1, COMM_F64);
