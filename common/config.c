@@ -685,16 +685,12 @@ static int validate_sp(const struct grpo_config *c, struct cfg_error *err)
         snprintf(
             val, sizeof val, "%lld and %lld", c->actor_megatron_tensor_model_parallel_size,
             c->actor_megatron_pipeline_model_parallel_size); /* each runs with SP/CP; the three together: not yet */
-    else if (strcmp(c->trainer_device, "cuda") == 0)
-        with = "trainer.device", snprintf(val, sizeof val, "cuda");
     if (!with)
         return 0;
     errf(err,
-         "%s: %s=%lld with %s=%s is not available yet (sequence and context parallelism run on the CPU, with data "
-         "and pipeline parallelism, ZeRO-1, LoRA and activation offload, colocated or split, and with tensor "
-         "parallelism colocated (TP or PP, not both yet); their CUDA paths are written and compiled but await a device "
-         "check, "
-         "scripts/gpu_check.sh); set one of them back",
+         "%s: %s=%lld with %s=%s is not available yet (sequence and context parallelism run with data and "
+         "pipeline parallelism, ZeRO-1, LoRA and activation offload, colocated or split, and with tensor "
+         "parallelism colocated (TP or PP, not both yet)); set one of them back",
          origin_of(c, key), key, sp, with, val);
     return -1;
 }

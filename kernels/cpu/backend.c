@@ -254,4 +254,8 @@ const struct kops kops_cpu = {
     .moe_route_backward = cpu_moe_route_backward,
     .moe_experts_forward = cpu_moe_experts_forward,
     .moe_experts_backward = cpu_moe_experts_backward,
+    .moe_gather = cpu_moe_gather,
+    .moe_combine = cpu_moe_combine,
+    .moe_slot_grad = cpu_moe_slot_grad_op,
+    .moe_scatter = cpu_moe_scatter,
 };

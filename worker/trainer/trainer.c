@@ -589,10 +589,11 @@ static int ep_refusals(const struct trainer *t, char *err, size_t errlen)
 {
     const struct grpo_config *c = t->cfg;
     const long long ep = t->lay.ep_size;
-    if (strncmp(c->trainer_device, "cpu", 3) != 0)
+    if (strncmp(c->trainer_device, "cpu", 3) != 0 && c->actor_megatron_use_distributed_optimizer)
         return error_set(err, errlen,
-                         "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with trainer.device=%s: "
-                         "expert parallelism runs on CPU trainers for now",
+                         "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with trainer.device=%s and "
+                         "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true: ZeRO-1 under expert "
+                         "parallelism has no GPU path yet; set it to false or trainer.device=cpu",
                          ep, c->trainer_device);
     if (c->trainer_sft_warmup_steps > 0) /* its step sums no gradient over DP: every rank runs every answer */
         return error_set(err, errlen,
@@ -790,14 +791,6 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         goto fail;
     if (t->lay.mp)
         shard_policy(t);
-    if (t->policy->cfg.n_experts && strncmp(cfg->trainer_device, "cpu", 3) != 0) {
-        snprintf(err, errlen,
-                 "trainer.device=%s: a mixture-of-experts model (%d experts) trains on the CPU only for now (the "
-                 "CUDA back-end's MoE kernels are written and compiled but await a device check: "
-                 "scripts/gpu_check.sh on a GPU machine)",
-                 cfg->trainer_device, t->policy->cfg.n_experts);
-        goto fail;
-    }
     t->policy->moe_aux_coef = (float)cfg->actor_moe_aux_loss_coeff;
     t->policy->moe_replay = strcmp(cfg->actor_router_replay_mode, "R3") == 0;
     if (!t->policy->cfg.n_experts && (t->policy->moe_replay || cfg->rollout_enable_routing_replay)) {
@@ -823,12 +816,12 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     if (t->lay.cp) { /* Ulysses: every rank of the group runs a slice of each micro-batch's tokens */
         const char *key = ring ? "actor_rollout_ref.actor.megatron.context_parallel_size"
                                : "actor_rollout_ref.actor.ulysses_sequence_parallel_size";
-        if (K->device != KDEV_CPU) {
-            error_set(err, errlen,
-                      "%s=%d on trainer.device=%s: sequence and context parallelism have not run on a GPU yet (the "
-                      "CUDA kernels they need are written and compiled but await a device check: "
-                      "scripts/gpu_check.sh on a GPU machine); use trainer.device=cpu",
-                      key, t->lay.cp_size, cfg->trainer_device);
+        if (K->device != KDEV_CPU && cfg->actor_megatron_use_distributed_optimizer) {
+            error_set(
+                err, errlen,
+                "%s=%d on trainer.device=%s with actor_rollout_ref.actor.megatron.use_distributed_optimizer=true: "
+                "ZeRO-1 over DP x CP has no GPU path yet; set it to false or trainer.device=cpu",
+                key, t->lay.cp_size, cfg->trainer_device);
             goto fail;
         }
         if ((ring ? model_cp_check(&t->policy->cfg, t->lay.cp_size, key, err, errlen)
@@ -911,6 +904,8 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
                                                       : (int64_t)(cfg->actor_optim_lr_warmup_steps_ratio * grpo_steps);
     t->peak_flops = on_device(t) ? device_peak_flops(t->policy->K) : measure_peak_flops();
     device_dp_setup(t);
+    if (on_device(t) && (t->lay.ep || t->lay.cp)) /* EP's expert sums, DP x CP's: MPI groups, through the host */
+        trainer_host_buffer(t);
     t->share_prompts = cfg->actor_shared_prompt_packing && !on_device(t) && !t->policy->sh.ring;
     if (cfg->actor_shared_prompt_packing && t->policy->sh.ring && lead(t))
         log_info("trainer", "context parallelism packs every sequence whole (ring attention has no shared prompts; "
