@@ -4,7 +4,8 @@
  *         data-parallel ranks): the permuted token rows in device memory, dispatched and combined over the EP group;
  *         each rank's log-probs and entropies against a whole model's on the device, and the gradients (the dense
  *         ones summed over the ranks, the experts' held once, assembled whole) against the whole models' summed
- *         over the ranks; plain, checkpointed, and with the load-balancing loss;
+ *         over the ranks; plain, checkpointed, and with the load-balancing loss; and the whole model on the device
+ *         against the CPU back-end's (a MoE model on CUDA);
  *   --sp  Ulysses: each rank a slice of a packed batch's tokens, the all-to-all around attention in device memory;
  *   --cp  ring attention: each rank the load-balanced chunks of every sequence, K/V passed around the ring;
  *         for both, every row's log-probs and entropies, and the gradients summed over the ranks, against the whole
@@ -155,6 +156,19 @@ static void ep_case(const char *name, const struct model_config *c, struct kctx 
         comm_allreduce_sum(world, gp + at, part->grad->n_floats - at, COMM_F32);
         model_shard_assemble(part, gp, assembled);
         expect_grads(name, tag, whole, assembled, gw);
+        if (pass == 0) { /* the one-process run on the device against the CPU back-end's (a MoE model on CUDA) */
+            float *lc = xmalloc(n * 4), *ec = xmalloc(n * 4);
+            model_alloc_grads(cpu), model_zero_grads(cpu);
+            cpu->moe_aux_coef = 0.0f;
+            model_backward(cpu, model_forward(cpu, &t.pb, 0.7f, false, lc, ec), t.dlogp, t.dent);
+            comm_allreduce_sum(world, cpu->grad->mem, nw, COMM_F32);
+            char cname[96];
+            snprintf(cname, sizeof cname, "%s (one process on the device against the CPU back-end)", name);
+            expect_close(cname, "log-probs", lw, lc, (size_t)N, TOL);
+            expect_close(cname, "entropies", ew, ec, (size_t)N, TOL);
+            expect_grads(cname, "", whole, gw, cpu->grad->mem);
+            free(lc), free(ec);
+        }
         free(gw), free(gp);
     }
     if (rank == 0)

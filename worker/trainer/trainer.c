@@ -595,6 +595,12 @@ static int ep_refusals(const struct trainer *t, char *err, size_t errlen)
                          "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true: ZeRO-1 under expert "
                          "parallelism has no GPU path yet; set it to false or trainer.device=cpu",
                          ep, c->trainer_device);
+    if (strncmp(c->trainer_device, "cpu", 3) != 0 && (c->arr_model_lora_rank > 0 || c->arr_model_lora_adapter_path[0]))
+        return error_set(err, errlen,
+                         "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with trainer.device=%s and "
+                         "actor_rollout_ref.model.lora_rank %lld: LoRA under expert parallelism has no GPU path yet; "
+                         "set trainer.device=cpu or the EP size to 1",
+                         ep, c->trainer_device, (long long)c->arr_model_lora_rank);
     if (c->trainer_sft_warmup_steps > 0) /* its step sums no gradient over DP: every rank runs every answer */
         return error_set(err, errlen,
                          "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with "
