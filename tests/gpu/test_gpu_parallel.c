@@ -19,8 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cuda_runtime.h>
-
 #include "../test_util.h"
 #include "common/check.h"
 #include "common/check_mpi.h"
@@ -295,8 +293,8 @@ int main(int argc, char **argv)
     CHECK_MPI(MPI_Init(&argc, &argv));
     check_set_fatal_hook(check_mpi_abort_hook);
     struct comm *world = comm_mpi_world();
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1)
+    int ndev = kctx_cuda_devices();
+    if (ndev < 1)
         ndev = 1;
     char dev[32], why[256];
     snprintf(dev, sizeof dev, "cuda:%d", comm_rank(world) % ndev);
