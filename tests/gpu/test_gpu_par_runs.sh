@@ -7,8 +7,9 @@
 #  - Ulysses SP 2 and ring CP 2 on a dense shape: each rank a slice (or the load-balanced chunks) of every
 #    micro-batch's tokens, the all-to-all or the K/V ring from device memory;
 #  each: per-step losses, grad norms and entropies, and the final weights, agree with the one-process run (fp32
-#  bounds of cuBLAS: 1e-3 relative; 1e-5 on the CPU); the ranks say which group carried the rows (NCCL where each
-#  has a GPU of its own, else MPI through pinned host memory).
+#  bounds of cuBLAS: 1e-3 relative; 1e-5 on the CPU); under EP the ranks say which group carries the rows (NCCL
+#  where each has a GPU of its own, else MPI through pinned host memory; SP's and CP's groups are MPI ones, their
+#  rows staged through host memory).
 # Skipped (77) without a CUDA device.
 # GRPO_TEST_DEVICE=cpu runs the same script with trainer.device=cpu (its own plumbing, on a machine without a GPU).
 # usage: test_gpu_par_runs.sh TEST_GPU_KERNELS GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
@@ -75,7 +76,12 @@ colo ep2 "$TMP/moe" $AUX actor_rollout_ref.actor.megatron.expert_model_parallel_
 expect "EP 2 on $DEV finishes" $?
 grep -q "EP rank 1 of 2: experts 2..3 of 4" "$TMP/ep2.log"
 expect "EP 2: each rank holds half of the experts" $?
-[ "$DEV" = cuda ] && { grep -q "kernels: cuda" "$TMP/ep2.log"; expect "EP 2: the ranks run on cuda" $?; }
+if [ "$DEV" = cuda ]; then
+    grep -q "kernels: cuda" "$TMP/ep2.log"
+    expect "EP 2: the ranks run on cuda" $?
+    grep -Eq "EP 2 on GPUs(: the experts' dispatch and combine over NCCL| that trainer ranks share: the experts' all-to-alls over MPI)" "$TMP/ep2.log"
+    expect "EP 2: the ranks say which group carries the rows ($(grep -o 'EP 2 on GPUs[^(]*' "$TMP/ep2.log" | head -1))" $?
+fi
 matches ep2 one-moe "EP 2: "
 
 colo sp2 "$TMP/tiny" actor_rollout_ref.actor.ulysses_sequence_parallel_size=2

@@ -142,6 +142,14 @@ static int device_mp_setup(struct trainer *t, char *err, size_t errlen)
 {
     if (!on_device(t) || !t->lay.mp)
         return 0;
+    if (t->lay.gpus_shared && !t->lay.tp && !t->lay.pp) { /* EP alone: its groups carry host values, but the rows */
+        if (lead(t))
+            log_info("trainer",
+                     "EP %d on GPUs that trainer ranks share: the experts' all-to-alls over MPI through pinned host "
+                     "memory (NCCL needs a GPU per rank)",
+                     t->lay.ep_size);
+        return 0;
+    }
     if (t->lay.gpus_shared)
         return error_set(err, errlen,
                          "trainer.device=cuda with tensor_model_parallel_size %d and pipeline_model_parallel_size %d: "
@@ -157,7 +165,16 @@ static int device_mp_setup(struct trainer *t, char *err, size_t errlen)
     if ((t->lay.tp && !t->tp_dev) || (t->lay.pp && !t->pp_dev) || !t->mp_dev)
         return error_set(err, errlen, "trainer.device=cuda with TP or PP: this build has no NCCL");
     model_set_groups(t->policy, t->tp_dev, t->pp_dev, t->mp_dev);
-    if (lead(t))
+    if (t->lay.ep) { /* the experts' all-to-alls from device memory (the counts, host values, go over MPI) */
+        t->ep_dev = t->lay.ep == t->lay.mp ? t->mp_dev : comm_device_group(t->lay.ep, dev);
+        if (!t->ep_dev)
+            return error_set(err, errlen, "trainer.device=cuda with expert parallelism: this build has no NCCL");
+        t->policy->sh.ep = t->ep_dev;
+        if (lead(t))
+            log_info("trainer", "EP %d on GPUs: the experts' dispatch and combine over NCCL, in device memory",
+                     t->lay.ep_size);
+    }
+    if (lead(t) && (t->lay.tp || t->lay.pp))
         log_info("trainer",
                  "TP %d x PP %d on GPUs: activations, gradients and stage hand-offs over NCCL, in device "
                  "memory",
@@ -1043,6 +1060,8 @@ void trainer_free(struct trainer *t)
     grad_reducer_free(t->overlap);
     if (t->dp_dev)
         comm_free(t->dp_dev);
+    if (t->ep_dev && t->ep_dev != t->mp_dev)
+        comm_free(t->ep_dev);
     if (t->mp_dev && t->mp_dev != t->tp_dev)
         comm_free(t->mp_dev);
     if (t->tp_dev)
