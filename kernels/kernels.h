@@ -82,6 +82,10 @@ struct kops {
     void (*to_host)(struct kctx *K, void *dst, const void *src, size_t bytes);
     void (*copy)(struct kctx *K, void *dst, const void *src, size_t bytes);
     void (*zero)(struct kctx *K, void *p, size_t bytes);
+    /* rows blocks of `bytes` each, the rows dpitch and spitch bytes apart, within the context's memory (NULL: a
+     * copy per row) */
+    void (*copy_rows)(struct kctx *K, void *dst, size_t dpitch, const void *src, size_t spitch, size_t bytes,
+                      size_t rows);
     void (*sync)(struct kctx *K);
     /* host memory the context copies to and from at full speed: pinned (page-locked) on a GPU, plain on the CPU;
      * host_alloc returns NULL when it cannot (activation offload's arena) */
@@ -225,6 +229,17 @@ static inline void k_copy(struct kctx *K, void *dst, const void *src, size_t byt
     K->ops->copy(K, dst, src, bytes);
 }
 static inline void k_zero(struct kctx *K, void *p, size_t bytes) { K->ops->zero(K, p, bytes); }
+/* rows blocks of bytes, dpitch and spitch bytes apart, copied within K's memory: one call where the back-end can */
+static inline void k_copy_rows(struct kctx *K, void *dst, size_t dpitch, const void *src, size_t spitch, size_t bytes,
+                               size_t rows)
+{
+    if (K->ops->copy_rows) {
+        K->ops->copy_rows(K, dst, dpitch, src, spitch, bytes, rows);
+        return;
+    }
+    for (size_t r = 0; r < rows; r++)
+        K->ops->copy(K, (char *)dst + r * dpitch, (const char *)src + r * spitch, bytes);
+}
 static inline void k_sync(struct kctx *K) { K->ops->sync(K); }
 /* Zero the peaks (a new step's maxima). */
 void kmem_reset_peaks(struct kctx *K);

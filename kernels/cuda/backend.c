@@ -251,6 +251,16 @@ static void cuda_copy(struct kctx *K, void *dst, const void *src, size_t bytes)
     CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream(K)));
 }
 
+/* one strided copy (cudaMemcpy2DAsync) for rows blocks of bytes (Ulysses' column slices, say) */
+static void cuda_copy_rows(struct kctx *K, void *dst, size_t dpitch, const void *src, size_t spitch, size_t bytes,
+                           size_t rows)
+{
+    if (!bytes || !rows)
+        return;
+    use(K);
+    CHECK_CUDA(cudaMemcpy2DAsync(dst, dpitch, src, spitch, bytes, rows, cudaMemcpyDeviceToDevice, stream(K)));
+}
+
 static void cuda_zero(struct kctx *K, void *p, size_t bytes)
 {
     if (!bytes)
@@ -841,6 +851,7 @@ const struct kops kops_cuda = {
     .to_host = cuda_to_host,
     .copy = cuda_copy,
     .zero = cuda_zero,
+    .copy_rows = cuda_copy_rows,
     .sync = cuda_sync,
     .rmsnorm_forward = cuda_rmsnorm_forward,
     .rmsnorm_backward = cuda_rmsnorm_backward,

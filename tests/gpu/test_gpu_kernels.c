@@ -439,12 +439,18 @@ static int t_memory(struct kctx *G)
     int bad = 0;
     for (int i = 0; i < n; i++)
         bad |= back[i] != (i >= 100 && i < 150 ? 0 : h[i]);
+    /* copy_rows (Ulysses' column slices): 9 rows of 7 bytes, 40 bytes apart in a, 11 apart in b from byte 500 */
+    k_copy_rows(G, b + 500, 11, a + 3, 40, 7, 9);
+    kget(G, back, b, n);
+    for (int r = 0; r < 9; r++)
+        for (int i = 0; i < 11; i++)
+            bad |= back[500 + r * 11 + i] != (i < 7 ? h[3 + r * 40 + i] : h[500 + r * 11 + i]);
     void *huge = G->ops->alloc(G, (size_t)1 << 50); /* 1 PiB: NULL, not a crash */
     bad |= huge != NULL;
     bad |= G->mem.reserved < G->mem.allocated || G->mem.max_reserved < G->mem.reserved;
     kdrop(G, a, n);
     kdrop(G, b, n);
-    printf("  memory: alloc, to_device, copy, zero, to_host, sync; 1 PiB alloc gives NULL; reserved %zu >= "
+    printf("  memory: alloc, to_device, copy, zero, copy_rows, to_host, sync; 1 PiB alloc gives NULL; reserved %zu >= "
            "allocated %zu%s\n",
            G->mem.reserved, G->mem.allocated, bad ? "  FAIL" : "");
     return bad;

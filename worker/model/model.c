@@ -1218,12 +1218,12 @@ static void copy_rows(struct kctx *K, float *dst, size_t ds, const float *src, s
         }
         return;
     }
-    for (int r = 0; r < rows; r++) {
-        if (add)
-            k_add(K, dst + (size_t)r * ds, src + (size_t)r * ss, (size_t)w);
-        else
-            k_copy(K, dst + (size_t)r * ds, src + (size_t)r * ss, (size_t)w * sizeof(float));
+    if (!add) { /* one strided copy where the back-end has one */
+        k_copy_rows(K, dst, ds * sizeof(float), src, ss * sizeof(float), (size_t)w * sizeof(float), (size_t)rows);
+        return;
     }
+    for (int r = 0; r < rows; r++)
+        k_add(K, dst + (size_t)r * ds, src + (size_t)r * ss, (size_t)w);
 }
 
 /* The all-to-all's staging buffer of n floats (the model's, reused). */
