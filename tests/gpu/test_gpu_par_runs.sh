@@ -7,9 +7,8 @@
 #  - Ulysses SP 2 and ring CP 2 on a dense shape: each rank a slice (or the load-balanced chunks) of every
 #    micro-batch's tokens, the all-to-all or the K/V ring from device memory;
 #  each: per-step losses, grad norms and entropies, and the final weights, agree with the one-process run (fp32
-#  bounds of cuBLAS: 1e-3 relative; 1e-5 on the CPU); under EP the ranks say which group carries the rows (NCCL
-#  where each has a GPU of its own, else MPI through pinned host memory; SP's and CP's groups are MPI ones, their
-#  rows staged through host memory).
+#  bounds of cuBLAS: 1e-3 relative; 1e-5 on the CPU); the ranks say which group carries the rows (NCCL where each
+#  has a GPU of its own, else MPI through pinned host memory).
 # Skipped (77) without a CUDA device.
 # GRPO_TEST_DEVICE=cpu runs the same script with trainer.device=cpu (its own plumbing, on a machine without a GPU).
 # usage: test_gpu_par_runs.sh TEST_GPU_KERNELS GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
@@ -88,12 +87,20 @@ colo sp2 "$TMP/tiny" actor_rollout_ref.actor.ulysses_sequence_parallel_size=2
 expect "Ulysses SP 2 on $DEV finishes" $?
 grep -q "sequence parallelism (Ulysses) over 2 ranks" "$TMP/sp2.log"
 expect "SP 2: each rank runs half of every micro-batch's tokens" $?
+if [ "$DEV" = cuda ]; then
+    grep -Eq "ulysses_sequence_parallel_size=2 on GPUs: its all-to-all over (NCCL|MPI)" "$TMP/sp2.log"
+    expect "SP 2: the ranks say which group carries the rows" $?
+fi
 matches sp2 one "SP 2: "
 
 colo cp2 "$TMP/tiny" actor_rollout_ref.actor.megatron.context_parallel_size=2
 expect "ring CP 2 on $DEV finishes" $?
 grep -q "context parallelism over 2 ranks" "$TMP/cp2.log"
 expect "CP 2: each rank holds chunks r and 3-r of every row" $?
+if [ "$DEV" = cuda ]; then
+    grep -Eq "context_parallel_size=2 on GPUs: its K/V ring over (NCCL|MPI)" "$TMP/cp2.log"
+    expect "CP 2: the ranks say which group carries the ring" $?
+fi
 matches cp2 one "CP 2: "
 
 finish

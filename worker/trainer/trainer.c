@@ -855,6 +855,19 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
             model_set_cp(t->policy, t->lay.cp);
         else
             model_set_sp(t->policy, t->lay.cp);
+        /* on GPUs of their own, the all-to-all or the ring from device memory over the group's NCCL twin; where
+         * ranks share a GPU, over MPI through pinned host memory (the model's paths stage it) */
+        if (K->device != KDEV_CPU && !t->lay.gpus_shared &&
+            (t->cp_dev = comm_device_group(t->lay.cp, K->device_index)) != NULL) {
+            if (ring)
+                model_set_cp(t->policy, t->cp_dev);
+            else
+                model_set_sp(t->policy, t->cp_dev);
+        }
+        if (K->device != KDEV_CPU && lead(t))
+            log_info("trainer", "%s=%d on GPUs: its %s over %s", key, t->lay.cp_size, ring ? "K/V ring" : "all-to-all",
+                     t->cp_dev ? "NCCL, in device memory"
+                               : "MPI through pinned host memory (NCCL needs a GPU per rank)");
         /* with TP, a rank's heads are its TP rank's (heads / TP of them) */
         const int heads = t->policy->sh.n_heads, all = t->policy->cfg.n_heads;
         char of[96] = "";
@@ -1062,6 +1075,8 @@ void trainer_free(struct trainer *t)
         comm_free(t->dp_dev);
     if (t->ep_dev && t->ep_dev != t->mp_dev)
         comm_free(t->ep_dev);
+    if (t->cp_dev)
+        comm_free(t->cp_dev);
     if (t->mp_dev && t->mp_dev != t->tp_dev)
         comm_free(t->mp_dev);
     if (t->tp_dev)
