@@ -649,8 +649,8 @@ static int validate_lora(const struct grpo_config *c, struct cfg_error *err)
     return 0;
 }
 
-/* Ulysses sequence parallelism and context parallelism: the layouts they have run in (colocated or split, on the
- * CPU, with DP and ZeRO-1; with TP colocated); the others refused by name. */
+/* Ulysses sequence parallelism and context parallelism share one dimension of the layout: one or the other. (The
+ * device checks of trainer.device=cuda with them, ZeRO-1 among them, are the worker's: see ep_refusals.) */
 static int validate_sp(const struct grpo_config *c, struct cfg_error *err)
 {
     static const char UKEY[] = "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
@@ -663,23 +663,7 @@ static int validate_sp(const struct grpo_config *c, struct cfg_error *err)
              UKEY, c->actor_ulysses_sequence_parallel_size, CKEY, cp);
         return -1;
     }
-    const char *key = cp > 1 ? CKEY : UKEY; /* context parallelism: the same layouts as Ulysses */
-    const long long sp = cp > 1 ? cp : c->actor_ulysses_sequence_parallel_size;
-    if (sp <= 1)
-        return 0;
-    const char *with = NULL;
-    char val[64] = "";
-    if (strcmp(c->trainer_device, "cuda") == 0)
-        with = "trainer.device", snprintf(val, sizeof val, "cuda");
-    if (!with)
-        return 0;
-    errf(err,
-         "%s: %s=%lld with %s=%s is not available yet (sequence and context parallelism run on the CPU, with data, "
-         "tensor and pipeline parallelism (together too), ZeRO-1, LoRA and activation offload, colocated or split; "
-         "their CUDA paths are written and compiled but await a device check, scripts/gpu_check.sh); set one of "
-         "them back",
-         origin_of(c, key), key, sp, with, val);
-    return -1;
+    return 0; /* either runs in every layout: with DP, TP, PP, ZeRO-1, LoRA, colocated or split, on EP */
 }
 
 int config_validate(const struct grpo_config *c, struct cfg_error *err)

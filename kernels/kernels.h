@@ -82,6 +82,10 @@ struct kops {
     void (*to_host)(struct kctx *K, void *dst, const void *src, size_t bytes);
     void (*copy)(struct kctx *K, void *dst, const void *src, size_t bytes);
     void (*zero)(struct kctx *K, void *p, size_t bytes);
+    /* rows blocks of `bytes` each, the rows dpitch and spitch bytes apart, within the context's memory (NULL: a
+     * copy per row) */
+    void (*copy_rows)(struct kctx *K, void *dst, size_t dpitch, const void *src, size_t spitch, size_t bytes,
+                      size_t rows);
     void (*sync)(struct kctx *K);
     /* host memory the context copies to and from at full speed: pinned (page-locked) on a GPU, plain on the CPU;
      * host_alloc returns NULL when it cannot (activation offload's arena) */
@@ -154,6 +158,15 @@ struct kops {
     void (*moe_experts_backward)(struct kctx *K, float *dx, float *dWg, float *dWu, float *dWd, float *dwt,
                                  const float *dy, const float *Wg, const float *Wu, const float *Wd,
                                  const struct kmoe *r);
+    /* expert parallelism's row moves around its all-to-alls (worker/model/moe_ep.c), the same as the experts' ops
+     * make inside (NULL in a back-end without them): gather xs[j] = x[order[j] / k] and pos[order[j]] = j; combine
+     * y[t] = sum over t's slots s, in order, of wt[s] ys[pos[s]]; slot_grad dys[j] = wt[s] dy[s / k] and dwt[s] =
+     * dy[s / k] . r->ys[j] (s = order[j]); scatter dx[t] += dxs[pos[s]] over t's slots. r's N, k, D, order, pos and
+     * wt; every pointer K's memory. */
+    void (*moe_gather)(struct kctx *K, float *xs, const float *x, struct kmoe *r);
+    void (*moe_combine)(struct kctx *K, float *y, const float *ys, const struct kmoe *r);
+    void (*moe_slot_grad)(struct kctx *K, float *dys, float *dwt, const float *dy, const struct kmoe *r);
+    void (*moe_scatter)(struct kctx *K, float *dx, const float *dxs, const struct kmoe *r);
     /* AdamW (torch semantics) at step t >= 1: p = p (1 - lr wd) - lr / (1 - b1^t) m / (sqrt(v / (1 - b2^t)) + eps) */
     void (*adamw)(struct kctx *K, float *p, const float *g, float *m, float *v, size_t n, double lr, double beta1,
                   double beta2, double eps, double weight_decay, int64_t t);
@@ -216,6 +229,17 @@ static inline void k_copy(struct kctx *K, void *dst, const void *src, size_t byt
     K->ops->copy(K, dst, src, bytes);
 }
 static inline void k_zero(struct kctx *K, void *p, size_t bytes) { K->ops->zero(K, p, bytes); }
+/* rows blocks of bytes, dpitch and spitch bytes apart, copied within K's memory: one call where the back-end can */
+static inline void k_copy_rows(struct kctx *K, void *dst, size_t dpitch, const void *src, size_t spitch, size_t bytes,
+                               size_t rows)
+{
+    if (K->ops->copy_rows) {
+        K->ops->copy_rows(K, dst, dpitch, src, spitch, bytes, rows);
+        return;
+    }
+    for (size_t r = 0; r < rows; r++)
+        K->ops->copy(K, (char *)dst + r * dpitch, (const char *)src + r * spitch, bytes);
+}
 static inline void k_sync(struct kctx *K) { K->ops->sync(K); }
 /* Zero the peaks (a new step's maxima). */
 void kmem_reset_peaks(struct kctx *K);
@@ -345,8 +369,25 @@ static inline void k_add(struct kctx *K, float *y, const float *x, size_t n) { K
 static inline void k_axpy(struct kctx *K, float *y, float a, const float *x, size_t n) { K->ops->axpy(K, y, a, x, n); }
 static inline void k_scale(struct kctx *K, float *x, double a, size_t n) { K->ops->scale(K, x, a, n); }
 static inline double k_sumsq(struct kctx *K, const float *x, size_t n) { return K->ops->sumsq(K, x, n); }
-/* Whether K's back-end runs mixture-of-experts layers. */
+/* Whether K's back-end runs mixture-of-experts layers; with k_has_moe_ep, split over expert-parallel ranks too. */
 static inline bool k_has_moe(const struct kctx *K) { return K->ops->moe_route != NULL; }
+static inline bool k_has_moe_ep(const struct kctx *K) { return K->ops->moe_gather != NULL; }
+static inline void k_moe_gather(struct kctx *K, float *xs, const float *x, struct kmoe *r)
+{
+    K->ops->moe_gather(K, xs, x, r);
+}
+static inline void k_moe_combine(struct kctx *K, float *y, const float *ys, const struct kmoe *r)
+{
+    K->ops->moe_combine(K, y, ys, r);
+}
+static inline void k_moe_slot_grad(struct kctx *K, float *dys, float *dwt, const float *dy, const struct kmoe *r)
+{
+    K->ops->moe_slot_grad(K, dys, dwt, dy, r);
+}
+static inline void k_moe_scatter(struct kctx *K, float *dx, const float *dxs, const struct kmoe *r)
+{
+    K->ops->moe_scatter(K, dx, dxs, r);
+}
 /* r's buffers for r->N, E, k, D, F from ar (bwd: the backward's scratch too; a counting arena sizes them). */
 void kmoe_take(struct karena *ar, struct kmoe *r, bool bwd);
 /* A back-end's additions to one expert's products (NULL, or a NULL member: none), called on expert e's rows

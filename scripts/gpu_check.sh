@@ -2,9 +2,12 @@
 # One command for a GPU session (sized for at most 8 minutes on one H200): build the CUDA back-end, run the GPU
 # tests (full shapes, then small shapes under compute-sanitizer memcheck and racecheck), then benchmark it and
 # print one table. The gpu suite includes the checks of the paths written but not yet run on a device: MoE routing
-# and experts (gpu-kernels' moe lines, fp32 and BF16), ring attention's blocks (ring block lines) and its device
-# path over 2 ranks sharing the GPU (gpu-ring-np2), Ulysses' head-slice attention, and NCCL's all-to-all and
-# send-receive on device memory (gpu-nccl-np2, 2 GPUs).
+# and experts (gpu-kernels' moe lines, fp32 and BF16, against the CPU and a direct per-token reference, and expert
+# parallelism's row moves), ring attention's blocks (ring block lines) and its device path over 2 ranks sharing the
+# GPU (gpu-ring-np2), Ulysses' head-slice attention, NCCL's all-to-all and send-receive on device memory
+# (gpu-nccl-np2, 2 GPUs), expert parallelism's dispatch and combine, Ulysses' all-to-all and ring attention in the
+# model against one process on the device (gpu-ep2-np2, gpu-sp2-np2, gpu-cp2-np2: over MPI through host memory, and
+# over NCCL with 2 GPUs), and whole GRPO runs with EP 2, SP 2 and CP 2 on the device (gpu-par-runs).
 #
 #   scripts/gpu_check.sh            everything
 #   GPU_CHECK_SKIP_SANITIZER=1      skip the compute-sanitizer runs
@@ -40,7 +43,8 @@ else
     meson setup "$bdir" -Dcuda=enabled >"$log/setup.txt" 2>&1
 fi || { cat "$log/setup.txt"; echo "meson setup failed"; exit 1; }
 stamp "build (ninja: the GPU tests, the bench, the worker)"
-targets=(tests/gpu/test_gpu_kernels tests/gpu/test_gpu_model tests/gpu/gpu_bench worker/grpo-worker worker/grpo-model
+targets=(tests/gpu/test_gpu_kernels tests/gpu/test_gpu_model tests/gpu/test_gpu_parallel tests/gpu/gpu_bench
+    worker/grpo-worker worker/grpo-model
     tests/mpi/compare_weights worker/rewards/reward_test_scorer.so) # gpu-run's whole runs need the last four
 ninja -C "$bdir" "${targets[@]}" >"$log/build.txt" 2>&1 ||
     { tail -60 "$log/build.txt"; echo "build failed"; exit 1; }
@@ -55,9 +59,12 @@ meson test -C "$bdir" --suite gpu --no-rebuild --print-errorlogs >"$log/test.txt
 grep -E "^ *[0-9]+/[0-9]+ |^Ok:|^Fail:|^Skipped:|FAIL|failed" "$log/test.txt" | head -60
 sed -n '/kops_cuda against/,/kops: /p' "$bdir/meson-logs/testlog.txt" | head -200
 # the paths that have not run on a device before (MoE routing and experts, ring attention's blocks and its device
-# path, Ulysses' head slices and all-to-all): their lines, so a failure among them is seen first
-stamp "MoE / ring attention / Ulysses lines (first device check of these paths)"
-grep -E "^ *(moe |ring block|ring attention|  rank [0-9]+: ring attention)|attention B=[0-9]+ N=204[89] |nccl all-to-all|FAIL" \
+# path, Ulysses' head slices and all-to-all, expert parallelism's dispatch and combine, the parallel runs): their
+# lines, so a failure among them is seen first
+stamp "MoE / EP / ring attention / Ulysses lines (first device check of these paths)"
+grep -E "^ *(moe |ring block|ring attention|  rank [0-9]+: ring attention)|attention B=[0-9]+ N=204[89] |nccl all-to-all|EP rows|per-token reference|FAIL" \
+    "$bdir/meson-logs/testlog.txt" | head -80
+grep -E "(EP|SP|CP) 2 on cuda, the group over|differs from the one-process run|(ok|FAIL) +(EP|SP|CP) 2|on CUDA over 2 ranks" \
     "$bdir/meson-logs/testlog.txt" | head -60
 
 sanitizer="$(command -v compute-sanitizer || true)"

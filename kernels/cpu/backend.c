@@ -26,6 +26,14 @@ static void cpu_copy(struct kctx *K, void *dst, const void *src, size_t bytes)
     if (bytes && dst != src)
         memmove(dst, src, bytes);
 }
+
+static void cpu_copy_rows(struct kctx *K, void *dst, size_t dpitch, const void *src, size_t spitch, size_t bytes,
+                          size_t rows)
+{
+    (void)K;
+    for (size_t r = 0; r < rows; r++)
+        memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, bytes);
+}
 static void cpu_zero(struct kctx *K, void *p, size_t bytes)
 {
     (void)K;
@@ -224,6 +232,7 @@ const struct kops kops_cpu = {
     .to_host = cpu_copy,
     .copy = cpu_copy,
     .zero = cpu_zero,
+    .copy_rows = cpu_copy_rows,
     .sync = cpu_sync,
     .rmsnorm_forward = cpu_rmsnorm_forward,
     .rmsnorm_backward = cpu_rmsnorm_backward,
@@ -254,4 +263,8 @@ const struct kops kops_cpu = {
     .moe_route_backward = cpu_moe_route_backward,
     .moe_experts_forward = cpu_moe_experts_forward,
     .moe_experts_backward = cpu_moe_experts_backward,
+    .moe_gather = cpu_moe_gather,
+    .moe_combine = cpu_moe_combine,
+    .moe_slot_grad = cpu_moe_slot_grad_op,
+    .moe_scatter = cpu_moe_scatter,
 };

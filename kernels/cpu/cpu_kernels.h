@@ -195,5 +195,10 @@ void cpu_moe_experts_forward(struct kctx *K, float *y, const float *x, const flo
 void cpu_moe_slot_grad(const struct kmoe *r, const float *dy, float *dys, float *dwt);
 void cpu_moe_experts_backward(struct kctx *K, float *dx, float *dWg, float *dWu, float *dWd, float *dwt,
                               const float *dy, const float *Wg, const float *Wu, const float *Wd, const struct kmoe *r);
+/* expert parallelism's row moves: the kops entries moe_gather, moe_combine, moe_slot_grad, moe_scatter */
+void cpu_moe_gather(struct kctx *K, float *xs, const float *x, struct kmoe *r);
+void cpu_moe_combine(struct kctx *K, float *y, const float *ys, const struct kmoe *r);
+void cpu_moe_slot_grad_op(struct kctx *K, float *dys, float *dwt, const float *dy, const struct kmoe *r);
+void cpu_moe_scatter(struct kctx *K, float *dx, const float *dxs, const struct kmoe *r);
 
 #endif

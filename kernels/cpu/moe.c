@@ -313,3 +313,50 @@ void cpu_moe_experts_backward(struct kctx *K, float *dx, float *dWg, float *dWu,
             o[i] += g[i];
     }
 }
+
+/* Expert parallelism's row moves (kernels.h), the loops of the experts' ops above */
+void cpu_moe_gather(struct kctx *K, float *xs, const float *x, struct kmoe *r)
+{
+    (void)K;
+    const int nk = r->N * r->k, k = r->k;
+    const size_t d = (size_t)r->D;
+    for (int j = 0; j < nk; j++)
+        memcpy(xs + j * d, x + (size_t)(r->order[j] / k) * d, d * sizeof(float));
+    for (int j = 0; j < nk; j++)
+        r->pos[r->order[j]] = j;
+}
+
+void cpu_moe_combine(struct kctx *K, float *y, const float *ys, const struct kmoe *r)
+{
+    (void)K;
+    const int N = r->N, k = r->k, D = r->D;
+    const size_t d = (size_t)D;
+    for (int t = 0; t < N; t++) { /* weighted in slot order */
+        float *yt = y + (size_t)t * d;
+        memset(yt, 0, d * sizeof(float));
+        for (int s = t * k; s < (t + 1) * k; s++) {
+            const float w = r->wt[s], *yr = ys + (size_t)r->pos[s] * d;
+            for (int i = 0; i < D; i++)
+                yt[i] += w * yr[i];
+        }
+    }
+}
+
+void cpu_moe_slot_grad_op(struct kctx *K, float *dys, float *dwt, const float *dy, const struct kmoe *r)
+{
+    (void)K;
+    cpu_moe_slot_grad(r, dy, dys, dwt);
+}
+
+void cpu_moe_scatter(struct kctx *K, float *dx, const float *dxs, const struct kmoe *r)
+{
+    (void)K;
+    const int nk = r->N * r->k, k = r->k, D = r->D;
+    const size_t d = (size_t)D;
+    for (int j = 0; j < nk; j++) { /* in expert order, as cpu_moe_experts_backward */
+        float *o = dx + (size_t)(r->order[j] / k) * d;
+        const float *g = dxs + j * d;
+        for (int i = 0; i < D; i++)
+            o[i] += g[i];
+    }
+}

@@ -251,6 +251,16 @@ static void cuda_copy(struct kctx *K, void *dst, const void *src, size_t bytes)
     CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream(K)));
 }
 
+/* one strided copy (cudaMemcpy2DAsync) for rows blocks of bytes (Ulysses' column slices, say) */
+static void cuda_copy_rows(struct kctx *K, void *dst, size_t dpitch, const void *src, size_t spitch, size_t bytes,
+                           size_t rows)
+{
+    if (!bytes || !rows)
+        return;
+    use(K);
+    CHECK_CUDA(cudaMemcpy2DAsync(dst, dpitch, src, spitch, bytes, rows, cudaMemcpyDeviceToDevice, stream(K)));
+}
+
 static void cuda_zero(struct kctx *K, void *p, size_t bytes)
 {
     if (!bytes)
@@ -804,6 +814,33 @@ static void cuda_moe_experts_backward(struct kctx *K, float *dx, float *dWg, flo
     free(offs);
 }
 
+/* Expert parallelism's row moves around its all-to-alls (worker/model/moe_ep.c): the same kernels as above.
+ * NOT YET RUN on a GPU. */
+static void cuda_moe_gather(struct kctx *K, float *xs, const float *x, struct kmoe *r)
+{
+    use(K);
+    CHECK_CUDA(moe_gather_cuda(xs, x, r->order, r->N * r->k, r->k, r->D, stream(K)));
+    CHECK_CUDA(moe_pos_cuda(r->pos, r->order, r->N * r->k, stream(K)));
+}
+
+static void cuda_moe_combine(struct kctx *K, float *y, const float *ys, const struct kmoe *r)
+{
+    use(K);
+    CHECK_CUDA(moe_combine_cuda(y, ys, r->wt, r->pos, r->N, r->k, r->D, stream(K)));
+}
+
+static void cuda_moe_slot_grad(struct kctx *K, float *dys, float *dwt, const float *dy, const struct kmoe *r)
+{
+    use(K);
+    CHECK_CUDA(moe_slot_grad_cuda(dys, dwt, dy, r->ys, r->wt, r->order, r->N * r->k, r->k, r->D, stream(K)));
+}
+
+static void cuda_moe_scatter(struct kctx *K, float *dx, const float *dxs, const struct kmoe *r)
+{
+    use(K);
+    CHECK_CUDA(moe_scatter_cuda(dx, dxs, r->pos, r->N, r->k, r->D, stream(K)));
+}
+
 const struct kops kops_cuda = {
     .name = "cuda",
     .alloc = cuda_alloc,
@@ -814,6 +851,7 @@ const struct kops kops_cuda = {
     .to_host = cuda_to_host,
     .copy = cuda_copy,
     .zero = cuda_zero,
+    .copy_rows = cuda_copy_rows,
     .sync = cuda_sync,
     .rmsnorm_forward = cuda_rmsnorm_forward,
     .rmsnorm_backward = cuda_rmsnorm_backward,
@@ -844,6 +882,10 @@ const struct kops kops_cuda = {
     .moe_route_backward = cuda_moe_route_backward,
     .moe_experts_forward = cuda_moe_experts_forward,
     .moe_experts_backward = cuda_moe_experts_backward,
+    .moe_gather = cuda_moe_gather,
+    .moe_combine = cuda_moe_combine,
+    .moe_slot_grad = cuda_moe_slot_grad,
+    .moe_scatter = cuda_moe_scatter,
 };
 
 int kops_cuda_devices(void)

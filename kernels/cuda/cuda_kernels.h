@@ -161,6 +161,8 @@ cudaError_t moe_route_backward_cuda(float *dlogits, const float *probs, const in
  * of wt[s] ys[pos[s]] over t's k slots; dys[j] = wt[s] dy[t] and dwt[s] = dy[t] . ys[j] for s = order[j];
  * dx[t] += sum of dxs[pos[s]] over t's slots. NOT YET RUN on a GPU. */
 cudaError_t moe_gather_cuda(float *xs, const float *x, const int32_t *order, int nk, int k, int D, cudaStream_t stream);
+/* pos[order[j]] = j for the nk slots */
+cudaError_t moe_pos_cuda(int32_t *pos, const int32_t *order, int nk, cudaStream_t stream);
 cudaError_t moe_combine_cuda(float *y, const float *ys, const float *wt, const int32_t *pos, int N, int k, int D,
                              cudaStream_t stream);
 cudaError_t moe_slot_grad_cuda(float *dys, float *dwt, const float *dy, const float *ys, const float *wt,

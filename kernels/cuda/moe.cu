@@ -299,6 +299,14 @@ extern "C" cudaError_t moe_gather_cuda(float *xs, const float *x, const int32_t 
     return cudaGetLastError();
 }
 
+extern "C" cudaError_t moe_pos_cuda(int32_t *pos, const int32_t *order, int nk, cudaStream_t stream)
+{
+    if (nk == 0)
+        return cudaSuccess;
+    pos_kernel<<<(nk + kThreads - 1) / kThreads, kThreads, 0, stream>>>(pos, order, nk);
+    return cudaGetLastError();
+}
+
 extern "C" cudaError_t moe_combine_cuda(float *y, const float *ys, const float *wt, const int32_t *pos, int N, int k,
                                         int D, cudaStream_t stream)
 {

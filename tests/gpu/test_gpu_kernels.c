@@ -439,12 +439,18 @@ static int t_memory(struct kctx *G)
     int bad = 0;
     for (int i = 0; i < n; i++)
         bad |= back[i] != (i >= 100 && i < 150 ? 0 : h[i]);
+    /* copy_rows (Ulysses' column slices): 9 rows of 7 bytes, 40 bytes apart in a, 11 apart in b from byte 500 */
+    k_copy_rows(G, b + 500, 11, a + 3, 40, 7, 9);
+    kget(G, back, b, n);
+    for (int r = 0; r < 9; r++)
+        for (int i = 0; i < 11; i++)
+            bad |= back[500 + r * 11 + i] != (i < 7 ? h[3 + r * 40 + i] : h[500 + r * 11 + i]);
     void *huge = G->ops->alloc(G, (size_t)1 << 50); /* 1 PiB: NULL, not a crash */
     bad |= huge != NULL;
     bad |= G->mem.reserved < G->mem.allocated || G->mem.max_reserved < G->mem.reserved;
     kdrop(G, a, n);
     kdrop(G, b, n);
-    printf("  memory: alloc, to_device, copy, zero, to_host, sync; 1 PiB alloc gives NULL; reserved %zu >= "
+    printf("  memory: alloc, to_device, copy, zero, copy_rows, to_host, sync; 1 PiB alloc gives NULL; reserved %zu >= "
            "allocated %zu%s\n",
            G->mem.reserved, G->mem.allocated, bad ? "  FAIL" : "");
     return bad;
@@ -542,6 +548,102 @@ static int same_ints(struct kctx *G, const char *what, const int32_t *got, const
     return diff != 0;
 }
 
+/* The direct per-token reference of a routed layer, in double on the host: each token t through each of its k
+ * experts e = idx[t k + j] with weight w = wt[t k + j], y_t = sum_j w Wd_e (silu(Wg_e x_t) * (Wu_e x_t)), with no
+ * permutation and no grouping by expert; its backward from dy: dx, dWg, dWu, dWd accumulated (from 0 here) and
+ * dwt[t k + j] = dy_t . expert_e(x_t). Wg, Wu (E, F, D), Wd (E, D, F). */
+static void moe_direct(const float *x, const float *Wg, const float *Wu, const float *Wd, const int32_t *idx,
+                       const float *wt, const float *dy, int N, int k, int D, int F, float *y, float *dx, float *dWg,
+                       float *dWu, float *dWd, float *dwt)
+{
+    double *g = xmalloc((size_t)F * sizeof *g), *u = xmalloc((size_t)F * sizeof *u), *a = xmalloc((size_t)F * 8);
+    double *da = xmalloc((size_t)F * sizeof *da), *yt = xmalloc((size_t)D * 8), *dxt = xmalloc((size_t)D * 8);
+    for (int t = 0; t < N; t++) {
+        const float *xt = x + (size_t)t * D, *dyt = dy + (size_t)t * D;
+        for (int i = 0; i < D; i++)
+            yt[i] = 0, dxt[i] = 0;
+        for (int j = 0; j < k; j++) {
+            const int e = idx[(size_t)t * k + j];
+            const double w = wt[(size_t)t * k + j];
+            const float *wg = Wg + (size_t)e * F * D, *wu = Wu + (size_t)e * F * D, *wd = Wd + (size_t)e * D * F;
+            for (int f = 0; f < F; f++) {
+                double sg = 0, su = 0;
+                for (int i = 0; i < D; i++)
+                    sg += (double)wg[(size_t)f * D + i] * xt[i], su += (double)wu[(size_t)f * D + i] * xt[i];
+                g[f] = sg, u[f] = su, a[f] = sg / (1.0 + exp(-sg)) * su;
+            }
+            double dot = 0; /* dy_t . the expert's output */
+            for (int i = 0; i < D; i++) {
+                double o = 0;
+                for (int f = 0; f < F; f++)
+                    o += (double)wd[(size_t)i * F + f] * a[f];
+                yt[i] += w * o;
+                dot += (double)dyt[i] * o;
+            }
+            dwt[(size_t)t * k + j] = (float)dot;
+            for (int f = 0; f < F; f++) { /* da = Wd^T (w dy); through SwiGLU; dx += Wg^T dg + Wu^T du */
+                double s = 0;
+                for (int i = 0; i < D; i++) {
+                    s += (double)wd[(size_t)i * F + f] * w * dyt[i];
+                    dWd[(size_t)e * D * F + (size_t)i * F + f] += (float)(w * dyt[i] * a[f]);
+                }
+                da[f] = s;
+                const double sig = 1.0 / (1.0 + exp(-g[f])), silu = g[f] * sig;
+                const double dg = s * u[f] * sig * (1.0 + g[f] * (1.0 - sig)), du = s * silu;
+                for (int i = 0; i < D; i++) {
+                    dxt[i] += (double)wg[(size_t)f * D + i] * dg + (double)wu[(size_t)f * D + i] * du;
+                    dWg[(size_t)e * F * D + (size_t)f * D + i] += (float)(dg * xt[i]);
+                    dWu[(size_t)e * F * D + (size_t)f * D + i] += (float)(du * xt[i]);
+                }
+            }
+        }
+        for (int i = 0; i < D; i++)
+            y[(size_t)t * D + i] = (float)yt[i], dx[(size_t)t * D + i] = (float)dxt[i];
+    }
+    free(g), free(u), free(a), free(da), free(yt), free(dxt);
+}
+
+/* Expert parallelism's row moves (kops moe_gather, moe_combine, moe_slot_grad, moe_scatter: the moves around its
+ * all-to-alls) through G against C, on r's routing (rc on C, rg on G: the same slots): gather exactly (rows and pos),
+ * the others to 1e-6 (the same sums in the same order). */
+static int t_moe_moves(struct kctx *G, struct kctx *C, struct kmoe *rc, struct kmoe *rg, const float *x,
+                       const float *gx)
+{
+    const int N = rc->N, k = rc->k, D = rc->D;
+    const size_t nk = (size_t)N * k, nx = (size_t)N * D, ns = nk * D;
+    float *ys = rand_vec(ns, -1, 1), *dy = rand_vec(nx, -1, 1), *dxs = rand_vec(ns, -1, 1), *dx0 = rand_vec(nx, -1, 1);
+    float *xs = xmalloc(ns * 4), *y = xmalloc(nx * 4), *dys = xmalloc(ns * 4), *dwt = xmalloc(nk * 4);
+    float *dx = xmalloc(nx * 4), *h = xmalloc((ns > nx ? ns : nx) * 4);
+    memcpy(dx, dx0, nx * 4);
+    memcpy(rc->ys, ys, ns * 4); /* slot_grad reads r->ys */
+    k_to_device(G, rg->ys, ys, ns * 4);
+    float *gxs = kputf(G, ys, ns), *gy = kputf(G, dy, nx), *gdy = kputf(G, dy, nx), *gys = kputf(G, ys, ns);
+    float *gdys = kputf(G, ys, ns), *gdwt = kputf(G, dwt, nk), *gdxs = kputf(G, dxs, ns), *gdx = kputf(G, dx0, nx);
+    k_moe_gather(C, xs, x, rc);
+    k_moe_gather(G, gxs, gx, rg);
+    k_moe_combine(C, y, ys, rc);
+    k_moe_combine(G, gy, gys, rg);
+    k_moe_slot_grad(C, dys, dwt, dy, rc);
+    k_moe_slot_grad(G, gdys, gdwt, gdy, rg);
+    k_moe_scatter(C, dx, dxs, rc);
+    k_moe_scatter(G, gdx, gdxs, rg);
+    kget(G, h, gxs, ns * 4);
+    int bad = report("  EP rows: gather (xs)", err_of(h, xs, NULL, ns), 0);
+    bad += same_ints(G, "  EP rows: gather's slot rows (pos)", rg->pos, rc->pos, nk);
+    kget(G, h, gy, nx * 4);
+    bad += report("  EP rows: combine (y)", err_of(h, y, NULL, nx), 1e-6);
+    kget(G, h, gdys, ns * 4);
+    bad += report("  EP rows: slot gradients (dys)", err_of(h, dys, NULL, ns), 1e-6);
+    kget(G, h, gdwt, nk * 4);
+    bad += report("  EP rows: routing weights' gradients", err_of(h, dwt, NULL, nk), 1e-6);
+    kget(G, h, gdx, nx * 4);
+    bad += report("  EP rows: scatter (dx +=)", err_of(h, dx, dx0, nx), 1e-6);
+    kdrop(G, gxs, ns * 4), kdrop(G, gy, nx * 4), kdrop(G, gdy, nx * 4), kdrop(G, gys, ns * 4);
+    kdrop(G, gdys, ns * 4), kdrop(G, gdwt, nk * 4), kdrop(G, gdxs, ns * 4), kdrop(G, gdx, nx * 4);
+    free(ys), free(dy), free(dxs), free(dx0), free(xs), free(y), free(dys), free(dwt), free(dx), free(h);
+    return bad;
+}
+
 /* Mixture of experts: routing (its arrays: the experts and the sort exactly, the probabilities and weights to the
  * bound), the experts' forward and backward and the routing's backward (with a load-balancing term) through the
  * CUDA table against the CPU's fp32, on random logits, inputs and weights. ref_mode 1: a reference choice of the
@@ -625,6 +727,30 @@ static int t_moe(struct kctx *G, struct kctx *C, int N, int E, int k, int D, int
     bad += report("  d routing weights", err_of(h, dwt, NULL, nk), bound);
     kget(G, h, gdl, nl * 4);
     bad += report("  d router logits", err_of(h, dl, NULL, nl), bound);
+    /* the direct per-token reference (no permutation, no grouping): the GPU's and the CPU's y, dx, dwt and weight
+     * gradients against it (fp32: 1e-5 of the scale, sums of D and F terms in float against double) */
+    {
+        float *ry = xmalloc(nx * 4), *rdx = xmalloc(nx * 4), *rdwt = xmalloc(nk * 4);
+        float *rdWg = calloc(nw, 4), *rdWu = calloc(nw, 4), *rdWd = calloc(nw, 4);
+        moe_direct(x, Wg, Wu, Wd, rc.idx, rc.wt, dy, N, k, D, F, ry, rdx, rdWg, rdWu, rdWd, rdwt);
+        const double db = bound > 1e-5 ? bound : 1e-5;
+        bad += report("  y: CPU against the per-token reference", err_of(y, ry, NULL, nx), db);
+        bad += report("  dx: CPU against the per-token reference", err_of(dx, rdx, NULL, nx), db);
+        kget(G, h, gy, nx * 4);
+        bad += report("  y against the per-token reference", err_of(h, ry, NULL, nx), db);
+        kget(G, h, gdx, nx * 4);
+        bad += report("  dx against the per-token reference", err_of(h, rdx, NULL, nx), db);
+        kget(G, h, gdwt, nk * 4);
+        bad += report("  d routing weights against the reference", err_of(h, rdwt, NULL, nk), db);
+        kget(G, h, gdWg, nw * 4);
+        bad += report("  dW gate against the per-token reference", err_of(h, rdWg, NULL, nw), db);
+        kget(G, h, gdWu, nw * 4);
+        bad += report("  dW up against the per-token reference", err_of(h, rdWu, NULL, nw), db);
+        kget(G, h, gdWd, nw * 4);
+        bad += report("  dW down against the per-token reference", err_of(h, rdWd, NULL, nw), db);
+        free(ry), free(rdx), free(rdwt), free(rdWg), free(rdWu), free(rdWd);
+    }
+    bad += t_moe_moves(G, C, &rc, &rg, x, gx);
     kdrop(G, gl, nl * 4), kdrop(G, gx, nx * 4), kdrop(G, gWg, nw * 4), kdrop(G, gWu, nw * 4), kdrop(G, gWd, nw * 4);
     kdrop(G, gdy, nx * 4), kdrop(G, gy, nx * 4), kdrop(G, gdx, nx * 4), kdrop(G, gdWg, nw * 4);
     kdrop(G, gdWu, nw * 4), kdrop(G, gdWd, nw * 4), kdrop(G, gdwt, nk * 4), kdrop(G, gdl, nl * 4);

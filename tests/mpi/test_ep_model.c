@@ -6,9 +6,10 @@
  * each EP rank less model_tp_unowned_spans, every expert once and the dense parameters once an EP rank); slicing and
  * assembling the weights is exact; an empty batch on one rank still serves the others' tokens; the all-to-all
  * traffic is what the routing says (remote slots x hidden x 4 bytes, each way); bad EP sizes are refused by
- * name. With --tp T every DP rank is a TP group of T ranks (EP x TP): each expert split over TP by intermediate
- * rows, tokens dispatched among the EP ranks of the same TP rank, the same checks. Exit 0 only if every rank saw every
- * value right. */
+ * name; the device path of the dispatch and combine (rows moved by kernel ops, all-to-alls staged through host
+ * memory) on a CPU-backed context that says it is a GPU gives the CPU path's values. With --tp T every DP rank is a TP
+ * group of T ranks (EP x TP): each expert split over TP by intermediate rows, tokens dispatched among the EP ranks of
+ * the same TP rank, the same checks. Exit 0 only if every rank saw every value right. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,7 @@
 #include "common/check.h"
 #include "common/check_mpi.h"
 #include "common/log.h"
+#include "kernels/kernels.h"
 #include "worker/comm/comm.h"
 #include "worker/comm/parallel.h"
 #include "worker/model/model.h"
@@ -99,6 +101,13 @@ static void check_config(const char *name, const struct model_config *c, const s
                                      .ep = g->ep};
     struct model *part = model_create_shard(c, &lay);
     model_shard_slice(part, whole->w.mem, part->w.mem);
+    /* the device path (moe_ep.c: the rows in the context's memory, moved by its kernel ops, the local run's order,
+     * offsets and positions uploaded, the all-to-alls staged through host memory over this MPI group) on a context
+     * that says it is a GPU but runs the CPU's ops in host memory: the same values as the CPU path */
+    struct kctx dev = *kctx_cpu();
+    dev.device = KDEV_CUDA;
+    memset(&dev.mem, 0, sizeof dev.mem);
+    struct model *dpart = model_copy_to(part, &dev);
     float *back = xmalloc(whole->w.n_floats * sizeof(float));
     model_shard_assemble(part, part->w.mem, back);
     if (memcmp(back, whole->w.mem, whole->w.n_floats * sizeof(float)) != 0) {
@@ -135,6 +144,19 @@ static void check_config(const char *name, const struct model_config *c, const s
         model_backward(part, model_forward(part, &b.pb, 0.7f, ck, lp, ep), b.dlogp, b.dent);
         comm_traffic(g->ep, &t1);
         char what[160];
+        {
+            float *dl = xmalloc(n * sizeof(float)), *de = xmalloc(n * sizeof(float));
+            dpart->moe_aux_coef = part->moe_aux_coef;
+            model_alloc_grads(dpart), model_zero_grads(dpart);
+            model_backward(dpart, model_forward(dpart, &b.pb, 0.7f, ck, dl, de), b.dlogp, b.dent);
+            snprintf(what, sizeof what, "the device path's log-probs (pass %d)", pass);
+            expect_close(name, what, dl, lp, (size_t)N, 1e-6);
+            snprintf(what, sizeof what, "the device path's entropies (pass %d)", pass);
+            expect_close(name, what, de, ep, (size_t)N, 1e-6);
+            snprintf(what, sizeof what, "the device path's gradients (pass %d)", pass);
+            expect_close(name, what, dpart->grad->mem, part->grad->mem, part->grad->n_floats, 1e-6);
+            free(dl), free(de);
+        }
         snprintf(what, sizeof what, "log-probs (pass %d)", pass);
         expect_close(name, what, lp, lw, (size_t)N, 1e-5);
         snprintf(what, sizeof what, "entropies (pass %d)", pass);
@@ -229,6 +251,11 @@ static void check_config(const char *name, const struct model_config *c, const s
     free(lw), free(ew), free(lp), free(ep), free(tw), free(tp), free(back);
     model_free(whole);
     model_free(part);
+    model_free(dpart);
+    if (dev.mem.allocated != 0) {
+        g_bad++;
+        log_error("test", "%s: the device path left %zu bytes of its context allocated", name, dev.mem.allocated);
+    }
     if (comm_rank(g->world) == 0)
         log_info("test", "%s: EP %d x DP %d x TP %d checked", name, g->at.ep_size, g->at.dp_size / g->at.ep_size, T);
 }

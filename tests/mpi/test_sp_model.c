@@ -8,6 +8,8 @@
  * Mixture-of-experts models (Qwen3-MoE, Mixtral; without --pp): the same, with the load-balancing loss on and off
  * and with the rollout's experts given and replayed, and the routing statistics (tokens per expert, the
  * load-balancing loss, the tokens routed unlike the rollout) equal to the whole model's on every rank.
+ * The device path (on a CPU-backed context that says it is a GPU: rows moved by kernel ops, the all-to-all or the
+ * ring staged through host memory) gives the same on the packed batch.
  * With --cp: the same checks for context parallelism (model_set_cp: each sequence padded to a multiple of 2C is a
  * segment of which each rank holds the load-balanced chunks r and 2C-1-r, and attends over the ring with every
  * head; no shared-prompt batch), and the bytes each rank sent around the ring (the group's traffic counters) equal
@@ -343,6 +345,25 @@ static void check_config(const char *name, const struct model_config *c, struct 
     batch_make(&t, c, lens, 4, false, false);
     snprintf(what, sizeof what, "%s packed", name);
     check_batch(what, whole, part, &t, sp, 1e-5);
+    if (!g_pp) { /* the device path (the all-to-all's rows moved by kernel ops and staged through host memory over
+                  * this MPI group; the ring's blocks as kernel ops) on a context that says it is a GPU but runs the
+                  * CPU's ops in host memory */
+        struct kctx dev = *kctx_cpu();
+        dev.device = KDEV_CUDA;
+        memset(&dev.mem, 0, sizeof dev.mem);
+        struct model *dpart = model_copy_to(whole, &dev);
+        if (g_cp)
+            model_set_cp(dpart, sp);
+        else
+            model_set_sp(dpart, sp);
+        snprintf(what, sizeof what, "%s packed, device path", name);
+        check_batch(what, whole, dpart, &t, sp, 1e-5);
+        model_free(dpart);
+        if (dev.mem.allocated != 0) {
+            g_bad++;
+            log_error("test", "%s: the device path left %zu bytes of its context allocated", what, dev.mem.allocated);
+        }
+    }
     batch_free(&t);
     batch_make(&t, c, lens, 4, false, true);
     snprintf(what, sizeof what, "%s packed, responses' log-probs", name);

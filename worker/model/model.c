@@ -473,11 +473,10 @@ struct model *model_create_on(const struct model_config *c, const struct model_l
         m->sh.mp = L->tp_size > 1 || L->pp_size > 1 ? L->mp : L->ep;
     }
     m->K = K ? K : kctx_cpu();
-    if (ep > 1 && m->K->device != KDEV_CPU)
-        check_failf(
-            __FILE__, __LINE__,
-            "model_create: expert parallelism runs on the CPU back-end for now (its dispatch and combine have no "
-            "device path yet; the CUDA back-end's MoE kernels await a device check: scripts/gpu_check.sh)");
+    if (ep > 1 && !k_has_moe_ep(m->K))
+        check_failf(__FILE__, __LINE__,
+                    "model_create: expert parallelism: the %s back-end has no row moves for its dispatch and combine",
+                    m->K->ops->name);
     if (c->n_experts && !k_has_moe(m->K))
         check_failf(__FILE__, __LINE__,
                     "model_create: the %s back-end has no mixture-of-experts kernels yet (a %d-expert model runs on "
@@ -851,6 +850,7 @@ struct model_work {
     struct model_acts *pool;
     struct karena bwd, step;
     struct karena sp;       /* sequence parallelism: the all-to-all's staging buffer */
+    struct karena sph;      /* its host staging, on a GPU whose SP group has no device memory (MPI) */
     struct ring_attn *ring; /* context parallelism: the ring of the batch the layers run now */
     const int32_t *cprow;   /* and the batch row of each of its rows (-1: the ring's padding) */
     int32_t *hpos;
@@ -864,6 +864,7 @@ static struct model_work *work_of(struct model *m)
         karena_init(&m->work->bwd, m->K, KMEM_ACTS, "backward buffers");
         karena_init(&m->work->step, m->K, KMEM_ACTS, "generation step buffers");
         karena_init(&m->work->sp, m->K, KMEM_ACTS, "sequence-parallel all-to-all buffer");
+        karena_init_host(&m->work->sph, m->K, "sequence-parallel all-to-all host staging");
     }
     return m->work;
 }
@@ -900,6 +901,7 @@ static void work_free(struct model *m)
     karena_release(&w->bwd);
     karena_release(&w->step);
     karena_release(&w->sp);
+    karena_release(&w->sph);
     free(w->hpos);
     free(w);
     m->work = NULL;
@@ -918,6 +920,7 @@ void model_release_buffers(struct model *m, int which)
         }
         karena_release(&w->bwd);
         karena_release(&w->sp);
+        karena_release(&w->sph);
     }
     if (which & MODEL_BUF_GEN)
         karena_release(&w->step);
@@ -1206,12 +1209,12 @@ static void copy_rows(struct kctx *K, float *dst, size_t ds, const float *src, s
         }
         return;
     }
-    for (int r = 0; r < rows; r++) {
-        if (add)
-            k_add(K, dst + (size_t)r * ds, src + (size_t)r * ss, (size_t)w);
-        else
-            k_copy(K, dst + (size_t)r * ds, src + (size_t)r * ss, (size_t)w * sizeof(float));
+    if (!add) { /* one strided copy where the back-end has one */
+        k_copy_rows(K, dst, ds * sizeof(float), src, ss * sizeof(float), (size_t)w * sizeof(float), (size_t)rows);
+        return;
     }
+    for (int r = 0; r < rows; r++)
+        k_add(K, dst + (size_t)r * ds, src + (size_t)r * ss, (size_t)w);
 }
 
 /* The all-to-all's staging buffer of n floats (the model's, reused). */
@@ -1221,6 +1224,29 @@ static float *sp_stage(const struct model *m, size_t n)
     karena_reset(ar);
     karena_reserve(ar, (n ? n : 1) * sizeof(float), 1);
     return take_f(ar, n);
+}
+
+/* The swap's all-to-all over the SP group: as it is where the group carries the context's memory (the CPU's, or a
+ * GPU's over NCCL); from a GPU over MPI through pinned host memory (down, across, up, the upload finished before
+ * the staging is reused), as ring attention's ring goes. */
+static void sp_alltoallv(const struct model *m, const float *send, const size_t *sc, float *recv, const size_t *rc)
+{
+    struct kctx *K = m->K;
+    if (K->device == KDEV_CPU || comm_caps(m->sh.sp)->device_memory) {
+        comm_alltoallv(m->sh.sp, send, sc, recv, rc, COMM_F32);
+        return;
+    }
+    size_t ns = 0, nr = 0;
+    for (int j = 0; j < m->sh.sp_size; j++)
+        ns += sc[j], nr += rc[j];
+    struct karena *ar = &m->work->sph;
+    karena_reset(ar);
+    karena_reserve(ar, ((ns ? ns : 1) + (nr ? nr : 1)) * sizeof(float), 2);
+    float *hs = karena_take(ar, (ns ? ns : 1) * sizeof(float)), *hr = karena_take(ar, (nr ? nr : 1) * sizeof(float));
+    k_to_host(K, hs, send, ns * sizeof(float));
+    comm_alltoallv(m->sh.sp, hs, sc, hr, rc, COMM_F32);
+    k_to_device(K, recv, hr, nr * sizeof(float));
+    k_sync(K);
 }
 
 /* Sequence parallelism's swap before attention: this rank's n tokens of C columns (src, (n, C)) to every token
@@ -1236,7 +1262,7 @@ static void sp_to_heads(const struct model *m, float *dst, const float *src, int
         sc[j] = (size_t)n * w;
         rc[j] = (size_t)(sp_lo(Nf, S, j + 1) - sp_lo(Nf, S, j)) * w;
     }
-    comm_alltoallv(m->sh.sp, stage, sc, dst, rc, COMM_F32);
+    sp_alltoallv(m, stage, sc, dst, rc);
 }
 
 /* Its reverse after attention: every token of this rank's heads (src, (Nf, w)) back to the ranks holding the
@@ -1251,7 +1277,7 @@ static void sp_to_tokens(const struct model *m, float *dst, const float *src, in
         sc[j] = (size_t)(sp_lo(Nf, S, j + 1) - sp_lo(Nf, S, j)) * w;
         rc[j] = (size_t)n * w;
     }
-    comm_alltoallv(m->sh.sp, src, sc, stage, rc, COMM_F32);
+    sp_alltoallv(m, src, sc, stage, rc);
     for (int j = 0; j < S; j++) {
         const size_t col = kv ? (size_t)sp_kv_lo(m, j) * hd : (size_t)j * w;
         copy_rows(m->K, dst + col, (size_t)C, stage + (size_t)j * n * w, (size_t)w, n, w, kv);

@@ -1,7 +1,12 @@
 /* Expert-parallel dispatch and combine: see moe_ep.h. Slots leave in the routing's expert order, so the slots for
  * EP rank p (experts [p El, (p + 1) El)) are one block; a rank receives from each peer its slots expert by expert,
  * and runs each of its experts over all the slots it got (from every peer) as one GEMM through the back-end's
- * grouped-expert kernel, with unit weights (the weighting stays where the token lives). */
+ * grouped-expert kernel, with unit weights (the weighting stays where the token lives).
+ *
+ * The permuted rows live in the model's context memory (K): host memory on the CPU, device memory on a GPU, where
+ * the row moves around the all-to-alls are the back-end's (k_moe_gather and the like) and only the counts come to
+ * the host. A GPU's rows go over the EP group as they are where its back-end carries device memory (NCCL), and
+ * through pinned host memory where it does not (MPI), as ring attention's K/V ring does. */
 #include "moe_ep.h"
 
 #include "lora.h"
@@ -10,37 +15,79 @@
 #include <string.h>
 
 #include "common/check.h"
-#include "kernels/cpu/cpu_kernels.h"
 #include "worker/comm/comm.h"
 
 struct moe_ep {
-    int P, El, R;         /* EP ranks, experts per rank, slots received */
-    size_t *sc, *rc;      /* (P) floats sent to and received from each peer in the dispatch */
-    int32_t *recv_cnt;    /* (P, El) slots each peer sent for each of this rank's experts */
+    int P, El, R;      /* EP ranks, experts per rank, slots received */
+    struct kctx *K;    /* the context whose memory the buffers below are (the first forward's model's) */
+    bool dev;          /* K's memory is a device's: the local run's order, offs and pos are uploaded */
+    size_t *sc, *rc;   /* (P) floats sent to and received from each peer in the dispatch */
+    int32_t *recv_cnt; /* (P, El) slots each peer sent for each of this rank's experts */
+    int32_t *offs_h;   /* (P El + 1) the routing's offsets on the host (device path) */
+    int32_t *h_order;  /* (R) and (El + 1), (R): the local run's order, offs and pos made on the host (device) */
+    int32_t *h_offs, *h_pos;
     float *xr, *yr, *dyr; /* (R, D) received inputs, the experts' outputs, and the outputs' gradients */
     float *dxr;           /* (R, D) the inputs' gradients, sent back */
     float *wt1, *dwt1;    /* (R) unit weights, and the unused weight gradients of the local run */
     struct kmoe loc;      /* the local run: R slots, k 1, El experts */
     size_t cap;           /* R the buffers hold */
+    float *hs, *hr;       /* host staging of a device path over a group without device memory (MPI) */
+    size_t hcap;          /* floats each of hs, hr holds */
+    bool pinned;          /* hs, hr from the context's host_alloc (page-locked), else malloc */
 };
 
 struct moe_ep *moe_ep_create(void) { return xcalloc(1, sizeof(struct moe_ep)); }
 
-static void local_free(struct moe_ep *s)
+/* Memory of the state's context: plain host memory on the CPU (as before the device path), K's otherwise. */
+static void *ep_alloc(struct moe_ep *s, size_t bytes, const char *what)
+{
+    return s->dev ? k_alloc(s->K, bytes, KMEM_ACTS, what) : xmalloc(bytes);
+}
+
+static void ep_free(struct moe_ep *s, void *p, size_t bytes)
+{
+    if (s->dev && p)
+        k_free(s->K, p, bytes, KMEM_ACTS);
+    else if (!s->dev)
+        free(p);
+}
+
+static void local_free(struct moe_ep *s, int D, int F)
 {
     struct kmoe *q = &s->loc;
-    free(s->xr), free(s->yr), free(s->dyr), free(s->dxr), free(s->wt1), free(s->dwt1);
-    free(q->order), free(q->pos), free(q->xs), free(q->ys), free(q->g), free(q->u), free(q->a);
-    free(q->bwd_d), free(q->bwd_f);
+    const size_t n = s->cap, d = (size_t)D, f = (size_t)F, fl = sizeof(float), i4 = sizeof(int32_t);
+    if (!n)
+        return;
+    ep_free(s, s->xr, n * d * fl), ep_free(s, s->yr, n * d * fl), ep_free(s, s->dyr, n * d * fl);
+    ep_free(s, s->dxr, n * d * fl), ep_free(s, s->wt1, n * fl), ep_free(s, s->dwt1, n * fl);
+    ep_free(s, q->order, n * i4), ep_free(s, q->pos, n * i4), ep_free(s, q->xs, n * d * fl);
+    ep_free(s, q->ys, n * d * fl), ep_free(s, q->g, n * f * fl), ep_free(s, q->u, n * f * fl);
+    ep_free(s, q->a, n * f * fl), ep_free(s, q->bwd_d, 2 * n * d * fl), ep_free(s, q->bwd_f, 3 * n * f * fl);
+    free(s->h_order), free(s->h_pos);
+    s->h_order = s->h_pos = NULL;
+    s->cap = 0;
+}
+
+static void stage_free(struct moe_ep *s)
+{
+    if (s->pinned) {
+        s->K->ops->host_free(s->K, s->hs);
+        s->K->ops->host_free(s->K, s->hr);
+    } else {
+        free(s->hs), free(s->hr);
+    }
+    s->hs = s->hr = NULL;
+    s->hcap = 0;
 }
 
 void moe_ep_free(struct moe_ep *s)
 {
     if (!s)
         return;
-    local_free(s);
-    free(s->loc.offs);
-    free(s->sc), free(s->rc), free(s->recv_cnt);
+    local_free(s, s->loc.D, s->loc.F);
+    stage_free(s);
+    ep_free(s, s->loc.offs, (size_t)(s->El + 1) * sizeof(int32_t));
+    free(s->sc), free(s->rc), free(s->recv_cnt), free(s->offs_h), free(s->h_offs);
     free(s);
 }
 
@@ -48,59 +95,125 @@ void moe_ep_free(struct moe_ep *s)
 static void local_reserve(struct moe_ep *s, int R, int D, int F)
 {
     const size_t n = (size_t)(R > 0 ? R : 1);
-    if (n <= s->cap)
+    if (n <= s->cap && s->loc.D == D && s->loc.F == F)
         return;
-    local_free(s);
-    const size_t d = (size_t)D, f = (size_t)F;
+    local_free(s, s->loc.D, s->loc.F);
+    const size_t d = (size_t)D, f = (size_t)F, fl = sizeof(float), i4 = sizeof(int32_t);
+    const char *what = "expert parallelism's received slots";
     struct kmoe *q = &s->loc;
-    s->xr = xmalloc(n * d * sizeof(float));
-    s->yr = xmalloc(n * d * sizeof(float));
-    s->dyr = xmalloc(n * d * sizeof(float));
-    s->dxr = xmalloc(n * d * sizeof(float));
-    s->wt1 = xmalloc(n * sizeof(float));
-    s->dwt1 = xmalloc(n * sizeof(float));
+    s->xr = ep_alloc(s, n * d * fl, what);
+    s->yr = ep_alloc(s, n * d * fl, what);
+    s->dyr = ep_alloc(s, n * d * fl, what);
+    s->dxr = ep_alloc(s, n * d * fl, what);
+    s->wt1 = ep_alloc(s, n * fl, what);
+    s->dwt1 = ep_alloc(s, n * fl, what);
+    float *one = s->dev ? xmalloc(n * fl) : s->wt1;
     for (size_t i = 0; i < n; i++)
-        s->wt1[i] = 1.0f;
-    q->order = xmalloc(n * sizeof(int32_t));
-    q->pos = xmalloc(n * sizeof(int32_t));
-    q->xs = xmalloc(n * d * sizeof(float));
-    q->ys = xmalloc(n * d * sizeof(float));
-    q->g = xmalloc(n * f * sizeof(float));
-    q->u = xmalloc(n * f * sizeof(float));
-    q->a = xmalloc(n * f * sizeof(float));
-    q->bwd_d = xmalloc(2 * n * d * sizeof(float));
-    q->bwd_f = xmalloc(3 * n * f * sizeof(float));
+        one[i] = 1.0f;
+    if (s->dev) {
+        k_to_device(s->K, s->wt1, one, n * fl);
+        k_sync(s->K);
+        free(one);
+        s->h_order = xmalloc(n * i4);
+        s->h_pos = xmalloc(n * i4);
+    }
+    q->order = ep_alloc(s, n * i4, what);
+    q->pos = ep_alloc(s, n * i4, what);
+    q->xs = ep_alloc(s, n * d * fl, what);
+    q->ys = ep_alloc(s, n * d * fl, what);
+    q->g = ep_alloc(s, n * f * fl, what);
+    q->u = ep_alloc(s, n * f * fl, what);
+    q->a = ep_alloc(s, n * f * fl, what);
+    q->bwd_d = ep_alloc(s, 2 * n * d * fl, what);
+    q->bwd_f = ep_alloc(s, 3 * n * f * fl, what);
+    q->D = D, q->F = F;
     s->cap = n;
+}
+
+/* The host staging for n floats each way (a device path over a group without device memory). */
+static void stage_reserve(struct moe_ep *s, size_t n)
+{
+    if (n <= s->hcap)
+        return;
+    stage_free(s);
+    const size_t bytes = n * sizeof(float);
+    s->hs = s->K->ops->host_alloc(s->K, bytes);
+    s->hr = s->hs ? s->K->ops->host_alloc(s->K, bytes) : NULL;
+    s->pinned = s->hs && s->hr;
+    if (!s->pinned) { /* no page-locked memory: plain host memory, slower copies */
+        if (s->hs)
+            s->K->ops->host_free(s->K, s->hs);
+        s->hs = xmalloc(bytes), s->hr = xmalloc(bytes);
+    }
+    s->hcap = n;
+}
+
+static size_t sum_counts(const size_t *c, int P)
+{
+    size_t n = 0;
+    for (int p = 0; p < P; p++)
+        n += c[p];
+    return n;
+}
+
+/* One all-to-all of rows in the context's memory: as they are on the CPU or over a group that carries device
+ * memory; else through the host staging (down, across, up; the upload finished before the staging is reused). */
+static void ep_alltoallv(struct moe_ep *s, struct comm *ep, const float *send, const size_t *sc, float *recv,
+                         const size_t *rc)
+{
+    if (!s->dev || comm_caps(ep)->device_memory) {
+        comm_alltoallv(ep, send, sc, recv, rc, COMM_F32);
+        return;
+    }
+    const size_t ns = sum_counts(sc, s->P), nr = sum_counts(rc, s->P);
+    stage_reserve(s, ns > nr ? ns : nr);
+    k_to_host(s->K, s->hs, send, ns * sizeof(float));
+    comm_alltoallv(ep, s->hs, sc, s->hr, rc, COMM_F32);
+    k_to_device(s->K, recv, s->hr, nr * sizeof(float));
+    k_sync(s->K);
 }
 
 void moe_ep_forward(struct moe_ep *s, const struct model *m, const struct layer_params *L, struct kmoe *r,
                     const float *x, float *out)
 {
     const struct model_shard *sh = &m->sh;
-    const int P = sh->ep_size, El = sh->n_experts, N = r->N, k = r->k, D = r->D, F = r->F;
-    const size_t d = (size_t)D;
-    if (m->K->device != KDEV_CPU)
-        check_failf(__FILE__, __LINE__,
-                    "expert parallelism runs on the CPU back-end for now (its dispatch and combine have no device "
-                    "path yet; the CUDA back-end's MoE kernels await a device check: scripts/gpu_check.sh)");
+    const int P = sh->ep_size, El = sh->n_experts, D = r->D, F = r->F;
+    const size_t d = (size_t)D, i4 = sizeof(int32_t);
+    if (!k_has_moe_ep(m->K))
+        check_failf(__FILE__, __LINE__, "expert parallelism: the %s back-end has no row moves for its dispatch",
+                    m->K->ops->name);
+    if (m->K->device != KDEV_CPU && r->lora) /* lora.c refuses it first: LoRA on the experts is the CPU's */
+        check_failf(__FILE__, __LINE__, "expert parallelism: LoRA on the experts runs on the CPU back-end only");
+    if (!s->K) {
+        s->K = m->K;
+        s->dev = m->K->device != KDEV_CPU;
+    } else if (s->K != m->K) {
+        check_failf(__FILE__, __LINE__, "expert parallelism: a layer's state moved between contexts");
+    }
     if (s->P != P || s->El != El) {
-        free(s->sc), free(s->rc), free(s->recv_cnt), free(s->loc.offs);
+        ep_free(s, s->loc.offs, (size_t)(s->El + 1) * i4);
+        free(s->sc), free(s->rc), free(s->recv_cnt), free(s->offs_h), free(s->h_offs);
         s->P = P, s->El = El;
         s->sc = xmalloc((size_t)P * sizeof(size_t));
         s->rc = xmalloc((size_t)P * sizeof(size_t));
-        s->recv_cnt = xmalloc((size_t)P * El * sizeof(int32_t));
-        s->loc.offs = xmalloc((size_t)(El + 1) * sizeof(int32_t));
+        s->recv_cnt = xmalloc((size_t)P * El * i4);
+        s->offs_h = xmalloc(((size_t)P * El + 1) * i4);
+        s->h_offs = xmalloc((size_t)(El + 1) * i4);
+        s->loc.offs = ep_alloc(s, (size_t)(El + 1) * i4, "expert parallelism's offsets");
+    }
+    /* the routing's offsets where the host reads them */
+    const int32_t *offs = r->offs;
+    if (s->dev) {
+        k_to_host(m->K, s->offs_h, r->offs, ((size_t)P * El + 1) * i4);
+        offs = s->offs_h;
     }
     /* the slots' inputs in expert order: the block for peer p is experts [p El, (p + 1) El) */
-    for (int j = 0; j < N * k; j++)
-        memcpy(r->xs + j * d, x + (size_t)(r->order[j] / k) * d, d * sizeof(float));
-    for (int j = 0; j < N * k; j++)
-        r->pos[r->order[j]] = j;
-    /* how many slots go to each of the peer's experts: El counts to each peer */
-    int32_t *cnt = xmalloc((size_t)P * El * sizeof(int32_t));
+    k_moe_gather(m->K, r->xs, x, r);
+    /* how many slots go to each of the peer's experts: El counts to each peer (host memory: over MPI) */
+    int32_t *cnt = xmalloc((size_t)P * El * i4);
     size_t *ce = xmalloc((size_t)P * sizeof(size_t));
     for (int e = 0; e < P * El; e++)
-        cnt[e] = r->offs[e + 1] - r->offs[e];
+        cnt[e] = offs[e + 1] - offs[e];
     for (int p = 0; p < P; p++)
         ce[p] = (size_t)El;
     comm_alltoallv(sh->ep, cnt, ce, s->recv_cnt, ce, COMM_I32);
@@ -109,13 +222,13 @@ void moe_ep_forward(struct moe_ep *s, const struct model *m, const struct layer_
         size_t in = 0;
         for (int e = 0; e < El; e++)
             in += (size_t)s->recv_cnt[p * El + e];
-        s->sc[p] = (size_t)(r->offs[(p + 1) * El] - r->offs[p * El]) * d;
+        s->sc[p] = (size_t)(offs[(p + 1) * El] - offs[p * El]) * d;
         s->rc[p] = in * d;
         R += (int)in;
     }
     local_reserve(s, R, D, F);
     s->R = R;
-    comm_alltoallv(sh->ep, r->xs, s->sc, s->xr, s->rc, COMM_F32); /* dispatch */
+    ep_alltoallv(s, sh->ep, r->xs, s->sc, s->xr, s->rc); /* dispatch */
     /* the received slots sorted by this rank's expert (then by peer, then in the sender's order) */
     struct kmoe *q = &s->loc;
     *q = (struct kmoe){.N = R,
@@ -134,35 +247,35 @@ void moe_ep_forward(struct moe_ep *s, const struct model *m, const struct layer_
                        .a = q->a,
                        .bwd_d = q->bwd_d,
                        .bwd_f = q->bwd_f};
-    q->offs[0] = 0;
+    int32_t *lo = s->dev ? s->h_offs : q->offs, *ord = s->dev ? s->h_order : q->order;
+    lo[0] = 0;
     for (int e = 0; e < El; e++) {
         int n = 0;
         for (int p = 0; p < P; p++)
             n += s->recv_cnt[p * El + e];
-        q->offs[e + 1] = q->offs[e] + n;
+        lo[e + 1] = lo[e] + n;
     }
-    int32_t *fill = xmalloc((size_t)(El > 0 ? El : 1) * sizeof(int32_t));
-    memcpy(fill, q->offs, (size_t)El * sizeof(int32_t));
+    int32_t *fill = xmalloc((size_t)(El > 0 ? El : 1) * i4);
+    memcpy(fill, lo, (size_t)El * i4);
     int row = 0;
     for (int p = 0; p < P; p++)
         for (int e = 0; e < El; e++)
             for (int i = 0; i < s->recv_cnt[p * El + e]; i++)
-                q->order[fill[e]++] = row++;
+                ord[fill[e]++] = row++;
     free(fill);
+    if (s->dev) { /* the CPU's experts op makes pos itself; the device's reads it, and order and offs, from K */
+        for (int j = 0; j < R; j++)
+            s->h_pos[ord[j]] = j;
+        k_to_device(m->K, q->offs, lo, (size_t)(El + 1) * i4);
+        k_to_device(m->K, q->order, ord, (size_t)R * i4);
+        k_to_device(m->K, q->pos, s->h_pos, (size_t)R * i4);
+    }
     /* LoRA on the experts: this rank's experts' adapters, on the slots it received */
     q->lora = r->lora ? lora_moe(m, (int)(L - m->w.layers), (size_t)R) : NULL;
     k_moe_experts_forward(m->K, s->yr, s->xr, L->w_gate, L->w_up, L->w_down, q); /* unit weights: yr = ys */
     /* combine: the outputs back into this rank's slots, in the order they left */
-    comm_alltoallv(sh->ep, s->yr, s->rc, r->ys, s->sc, COMM_F32);
-    for (int t = 0; t < N; t++) { /* weighted in slot order, as one process sums them */
-        float *yt = out + (size_t)t * d;
-        memset(yt, 0, d * sizeof(float));
-        for (int sl = t * k; sl < (t + 1) * k; sl++) {
-            const float w = r->wt[sl], *ys = r->ys + (size_t)r->pos[sl] * d;
-            for (int i = 0; i < D; i++)
-                yt[i] += w * ys[i];
-        }
-    }
+    ep_alltoallv(s, sh->ep, s->yr, s->rc, r->ys, s->sc);
+    k_moe_combine(m->K, out, r->ys, r); /* weighted in slot order, as one process sums them */
     free(cnt), free(ce);
 }
 
@@ -174,17 +287,13 @@ void moe_ep_backward(struct moe_ep *s, const struct model *m, const struct layer
     const int N = r->N, k = r->k, D = r->D;
     const size_t d = (size_t)D, nk = (size_t)N * k;
     float *dys = scratch, *dxs = scratch + nk * d;
-    cpu_moe_slot_grad(r, dy, dys, dwt); /* y_t = sum_s w_s ys_s: the slots' output gradients and weights' */
-    comm_alltoallv(sh->ep, dys, s->sc, s->dyr, s->rc, COMM_F32); /* the outputs' gradients, like the dispatch */
-    memset(s->dxr, 0, (size_t)(s->R > 0 ? s->R : 1) * d * sizeof(float));
+    /* y_t = sum_s w_s ys_s: the slots' output gradients and weights' */
+    k_moe_slot_grad(m->K, dys, dwt, dy, r);
+    ep_alltoallv(s, sh->ep, dys, s->sc, s->dyr, s->rc); /* the outputs' gradients, like the dispatch */
+    k_zero(m->K, s->dxr, (size_t)(s->R > 0 ? s->R : 1) * d * sizeof(float));
     s->loc.lora = r->lora ? lora_moe(m, (int)(L - m->w.layers), (size_t)s->R) : NULL;
     k_moe_experts_backward(m->K, s->dxr, G ? G->w_gate : NULL, G ? G->w_up : NULL, G ? G->w_down : NULL, s->dwt1,
                            s->dyr, L->w_gate, L->w_up, L->w_down, &s->loc);
-    comm_alltoallv(sh->ep, s->dxr, s->rc, dxs, s->sc, COMM_F32); /* the inputs' gradients, like the combine */
-    for (int j = 0; j < N * k; j++) {
-        float *o = dx + (size_t)(r->order[j] / k) * d;
-        const float *g = dxs + j * d;
-        for (int i = 0; i < D; i++)
-            o[i] += g[i];
-    }
+    ep_alltoallv(s, sh->ep, s->dxr, s->rc, dxs, s->sc); /* the inputs' gradients, like the combine */
+    k_moe_scatter(m->K, dx, dxs, r);
 }

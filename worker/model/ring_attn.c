@@ -201,12 +201,12 @@ int ring_attn_plan(struct ring_attn *ra, struct kctx *K, struct comm *cp, int L,
         if (i == n || ra->first[ring_attn_row(ra, i)] != ra->first[ring_attn_row(ra, i - 1)])
             ra->cu_diag[++ra->nb_diag] = i;
     const size_t kv = (size_t)n * Hkv * hd;
-    for (int b = 0; b < 2 && C > 1; b++) /* a group of one has no ring */
-        ra->ring[b] = xcalloc(4 * kv, sizeof(float));
-    if (dev) {
+    if (dev) { /* the ring in the device's memory (plan_device) */
         plan_device(ra);
         return 0;
     }
+    for (int b = 0; b < 2 && C > 1; b++) /* a group of one has no ring */
+        ra->ring[b] = xcalloc(4 * kv, sizeof(float));
     ra->po = xmalloc(sizeof(float) * (size_t)n * Hq * hd);
     ra->plse = xmalloc(sizeof(float) * (size_t)n * Hq);
     ra->drow = xmalloc(sizeof(double) * (size_t)n * Hq);

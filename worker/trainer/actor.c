@@ -326,12 +326,25 @@ static double mp_clip(struct model *m, double max_norm)
     return norm;
 }
 
+/* n gradients at g (m's context) summed over group in place: as they are on the CPU or over a group that carries
+ * device memory (NCCL); from a GPU over MPI through stage (host, n floats). */
+static void group_sum(struct model *m, struct comm *group, float *g, size_t n, float *stage)
+{
+    if (m->K->device == KDEV_CPU || comm_caps(group)->device_memory) {
+        comm_allreduce_sum(group, g, n, COMM_F32);
+        return;
+    }
+    k_to_host(m->K, stage, g, n * sizeof(float));
+    comm_allreduce_sum(group, stage, n, COMM_F32);
+    k_to_device(m->K, g, stage, n * sizeof(float));
+}
+
 /* The gradients g (n floats of m's context) summed over the DP group, in place: over the NCCL twin (which waits
  * for the device's queued work first) or the MPI group, or, on a GPU without a twin, through the host buffer. */
 static void dp_sum_grads(struct model *m, const struct update_params *p, float *g, size_t n)
 {
-    if (p->grads) { /* DP x SP, on the CPU (sequence parallelism runs there only) */
-        comm_allreduce_sum(p->grads, g, n, COMM_F32);
+    if (p->grads) { /* DP x SP (on a GPU, the MPI group through the host buffer) */
+        group_sum(m, p->grads, g, n, p->dp_stage);
     } else if (m->K->device != KDEV_CPU && !p->dp_dev) {
         k_to_host(m->K, p->dp_stage, g, n * sizeof(float));
         comm_allreduce_sum(p->dp, p->dp_stage, n, COMM_F32);
@@ -346,9 +359,9 @@ static void dp_sum_grads(struct model *m, const struct update_params *p, float *
  * the group too (the rest over DP x SP at once). */
 static void ep_sum_grads(struct model *m, const struct update_params *p)
 {
-    struct comm *dense = p->grads ? p->grads : p->dp;
     const struct trainable tr = model_trainable(m); /* with LoRA the adapter: its experts' spans the same way */
-    float *g = tr.grads;
+    float *g = tr.grads, *stage = p->dp_stage;      /* on a GPU: the host buffer for the groups without device memory */
+    struct comm *dense = p->grads ? p->grads : p->dp_dev ? p->dp_dev : p->dp; /* DP x SP, or DP */
     size_t at = 0; /* the dense floats from here up to the next layer's experts */
     for (int l = m->sh.layer_lo; l < m->sh.layer_hi; l++) {
         size_t lo, hi;
@@ -358,14 +371,14 @@ static void ep_sum_grads(struct model *m, const struct update_params *p)
             model_expert_span(m, l, &lo, &hi);
         if (hi == lo)
             continue;
-        comm_allreduce_sum(dense, g + at, lo - at, COMM_F32);
+        group_sum(m, dense, g + at, lo - at, stage ? stage + at : NULL);
         if (p->edp)
-            comm_allreduce_sum(p->edp, g + lo, hi - lo, COMM_F32);
+            group_sum(m, p->edp, g + lo, hi - lo, stage ? stage + lo : NULL);
         if (m->sh.sp)
-            comm_allreduce_sum(m->sh.sp, g + lo, hi - lo, COMM_F32);
+            group_sum(m, m->sh.sp, g + lo, hi - lo, stage ? stage + lo : NULL);
         at = hi;
     }
-    comm_allreduce_sum(dense, g + at, tr.n - at, COMM_F32);
+    group_sum(m, dense, g + at, tr.n - at, stage ? stage + at : NULL);
 }
 
 /* One optimizer step over the mini-batch idx[0..n). */

@@ -142,6 +142,14 @@ static int device_mp_setup(struct trainer *t, char *err, size_t errlen)
 {
     if (!on_device(t) || !t->lay.mp)
         return 0;
+    if (t->lay.gpus_shared && !t->lay.tp && !t->lay.pp) { /* EP alone: its groups carry host values, but the rows */
+        if (lead(t))
+            log_info("trainer",
+                     "EP %d on GPUs that trainer ranks share: the experts' all-to-alls over MPI through pinned host "
+                     "memory (NCCL needs a GPU per rank)",
+                     t->lay.ep_size);
+        return 0;
+    }
     if (t->lay.gpus_shared)
         return error_set(err, errlen,
                          "trainer.device=cuda with tensor_model_parallel_size %d and pipeline_model_parallel_size %d: "
@@ -157,7 +165,16 @@ static int device_mp_setup(struct trainer *t, char *err, size_t errlen)
     if ((t->lay.tp && !t->tp_dev) || (t->lay.pp && !t->pp_dev) || !t->mp_dev)
         return error_set(err, errlen, "trainer.device=cuda with TP or PP: this build has no NCCL");
     model_set_groups(t->policy, t->tp_dev, t->pp_dev, t->mp_dev);
-    if (lead(t))
+    if (t->lay.ep) { /* the experts' all-to-alls from device memory (the counts, host values, go over MPI) */
+        t->ep_dev = t->lay.ep == t->lay.mp ? t->mp_dev : comm_device_group(t->lay.ep, dev);
+        if (!t->ep_dev)
+            return error_set(err, errlen, "trainer.device=cuda with expert parallelism: this build has no NCCL");
+        t->policy->sh.ep = t->ep_dev;
+        if (lead(t))
+            log_info("trainer", "EP %d on GPUs: the experts' dispatch and combine over NCCL, in device memory",
+                     t->lay.ep_size);
+    }
+    if (lead(t) && (t->lay.tp || t->lay.pp))
         log_info("trainer",
                  "TP %d x PP %d on GPUs: activations, gradients and stage hand-offs over NCCL, in device "
                  "memory",
@@ -589,11 +606,18 @@ static int ep_refusals(const struct trainer *t, char *err, size_t errlen)
 {
     const struct grpo_config *c = t->cfg;
     const long long ep = t->lay.ep_size;
-    if (strncmp(c->trainer_device, "cpu", 3) != 0)
+    if (strncmp(c->trainer_device, "cpu", 3) != 0 && c->actor_megatron_use_distributed_optimizer)
         return error_set(err, errlen,
-                         "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with trainer.device=%s: "
-                         "expert parallelism runs on CPU trainers for now",
+                         "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with trainer.device=%s and "
+                         "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true: ZeRO-1 under expert "
+                         "parallelism has no GPU path yet; set it to false or trainer.device=cpu",
                          ep, c->trainer_device);
+    if (strncmp(c->trainer_device, "cpu", 3) != 0 && (c->arr_model_lora_rank > 0 || c->arr_model_lora_adapter_path[0]))
+        return error_set(err, errlen,
+                         "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with trainer.device=%s and "
+                         "actor_rollout_ref.model.lora_rank %lld: LoRA under expert parallelism has no GPU path yet; "
+                         "set trainer.device=cpu or the EP size to 1",
+                         ep, c->trainer_device, (long long)c->arr_model_lora_rank);
     if (c->trainer_sft_warmup_steps > 0) /* its step sums no gradient over DP: every rank runs every answer */
         return error_set(err, errlen,
                          "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with "
@@ -768,14 +792,6 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         goto fail;
     if (t->lay.mp)
         shard_policy(t);
-    if (t->policy->cfg.n_experts && strncmp(cfg->trainer_device, "cpu", 3) != 0) {
-        snprintf(err, errlen,
-                 "trainer.device=%s: a mixture-of-experts model (%d experts) trains on the CPU only for now (the "
-                 "CUDA back-end's MoE kernels are written and compiled but await a device check: "
-                 "scripts/gpu_check.sh on a GPU machine)",
-                 cfg->trainer_device, t->policy->cfg.n_experts);
-        goto fail;
-    }
     t->policy->moe_aux_coef = (float)cfg->actor_moe_aux_loss_coeff;
     t->policy->moe_replay = strcmp(cfg->actor_router_replay_mode, "R3") == 0;
     if (!t->policy->cfg.n_experts && (t->policy->moe_replay || cfg->rollout_enable_routing_replay)) {
@@ -801,12 +817,12 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     if (t->lay.cp) { /* Ulysses: every rank of the group runs a slice of each micro-batch's tokens */
         const char *key = ring ? "actor_rollout_ref.actor.megatron.context_parallel_size"
                                : "actor_rollout_ref.actor.ulysses_sequence_parallel_size";
-        if (K->device != KDEV_CPU) {
-            error_set(err, errlen,
-                      "%s=%d on trainer.device=%s: sequence and context parallelism have not run on a GPU yet (the "
-                      "CUDA kernels they need are written and compiled but await a device check: "
-                      "scripts/gpu_check.sh on a GPU machine); use trainer.device=cpu",
-                      key, t->lay.cp_size, cfg->trainer_device);
+        if (K->device != KDEV_CPU && cfg->actor_megatron_use_distributed_optimizer) {
+            error_set(
+                err, errlen,
+                "%s=%d on trainer.device=%s with actor_rollout_ref.actor.megatron.use_distributed_optimizer=true: "
+                "ZeRO-1 over DP x CP has no GPU path yet; set it to false or trainer.device=cpu",
+                key, t->lay.cp_size, cfg->trainer_device);
             goto fail;
         }
         if ((ring ? model_cp_check(&t->policy->cfg, t->lay.cp_size, key, err, errlen)
@@ -817,6 +833,19 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
             model_set_cp(t->policy, t->lay.cp);
         else
             model_set_sp(t->policy, t->lay.cp);
+        /* on GPUs of their own, the all-to-all or the ring from device memory over the group's NCCL twin; where
+         * ranks share a GPU, over MPI through pinned host memory (the model's paths stage it) */
+        if (K->device != KDEV_CPU && !t->lay.gpus_shared &&
+            (t->cp_dev = comm_device_group(t->lay.cp, K->device_index)) != NULL) {
+            if (ring)
+                model_set_cp(t->policy, t->cp_dev);
+            else
+                model_set_sp(t->policy, t->cp_dev);
+        }
+        if (K->device != KDEV_CPU && lead(t))
+            log_info("trainer", "%s=%d on GPUs: its %s over %s", key, t->lay.cp_size, ring ? "K/V ring" : "all-to-all",
+                     t->cp_dev ? "NCCL, in device memory"
+                               : "MPI through pinned host memory (NCCL needs a GPU per rank)");
         /* with TP, a rank's heads are its TP rank's (heads / TP of them) */
         const int heads = t->policy->sh.n_heads, all = t->policy->cfg.n_heads;
         char of[96] = "";
@@ -889,6 +918,8 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
                                                       : (int64_t)(cfg->actor_optim_lr_warmup_steps_ratio * grpo_steps);
     t->peak_flops = on_device(t) ? device_peak_flops(t->policy->K) : measure_peak_flops();
     device_dp_setup(t);
+    if (on_device(t) && (t->lay.ep || t->lay.cp)) /* EP's expert sums, DP x CP's: MPI groups, through the host */
+        trainer_host_buffer(t);
     t->share_prompts = cfg->actor_shared_prompt_packing && !on_device(t) && !t->policy->sh.ring;
     if (cfg->actor_shared_prompt_packing && t->policy->sh.ring && lead(t))
         log_info("trainer", "context parallelism packs every sequence whole (ring attention has no shared prompts; "
@@ -1020,6 +1051,10 @@ void trainer_free(struct trainer *t)
     grad_reducer_free(t->overlap);
     if (t->dp_dev)
         comm_free(t->dp_dev);
+    if (t->ep_dev && t->ep_dev != t->mp_dev)
+        comm_free(t->ep_dev);
+    if (t->cp_dev)
+        comm_free(t->cp_dev);
     if (t->mp_dev && t->mp_dev != t->tp_dev)
         comm_free(t->mp_dev);
     if (t->tp_dev)

@@ -43,6 +43,11 @@ struct trainer {
     struct comm *dp_dev;
     /* the same for the policy's TP, PP and TP x PP groups (a GPU per rank; NULL without TP or PP, or on the CPU) */
     struct comm *tp_dev, *pp_dev, *mp_dev;
+    /* the EP group's NCCL twin for expert parallelism's all-to-alls from device memory (mp_dev itself where the
+     * model copy is the EP group); NULL on the CPU or where ranks share GPUs (MPI through pinned host memory) */
+    struct comm *ep_dev;
+    /* the same for sequence or context parallelism's group (lay.cp): the all-to-all or the K/V ring */
+    struct comm *cp_dev;
     struct grad_reducer *overlap; /* overlap_grad_reduce's buckets (NULL: one all-reduce after the backward) */
     struct karena host_stage;
     float *host_params;

@@ -269,7 +269,14 @@ void trainer_validate(struct trainer *t, struct metrics *m)
         t->src.validate(t->src.ctx, seed, m);
     } else if (t->policy->sh.ep) { /* EP: DP rank 0 validates with the whole model its EP group gathers */
         struct model *whole = t->policy->sh.ep_rank == 0 ? model_create(&t->policy->cfg) : NULL;
-        model_shard_gather(t->policy, t->policy->w.mem, whole ? whole->w.mem : NULL, 0);
+        const struct model *p = t->policy;
+        float *host = NULL; /* the weights, from a GPU through the host */
+        if (p->K->device != KDEV_CPU) {
+            host = xmalloc(p->w.n_floats * sizeof(float));
+            k_to_host(p->K, host, p->w.mem, p->w.n_floats * sizeof(float));
+        }
+        model_shard_gather(p, host ? host : p->w.mem, whole ? whole->w.mem : NULL, 0);
+        free(host);
         if (whole) {
             struct rollout_ctx rc = t->rc;
             rc.policy = whole;

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Whole GRPO runs with expert, sequence and context parallelism on trainer.device=cuda (2 colocated ranks under
+# mpirun, every rank on a GPU of the node, or both on one) against the one-process run on the same device, on tiny
+# random models:
+#  - EP 2 on a Qwen3-MoE shape (4 experts, top 2, the load-balancing loss on): the experts split over the 2 ranks,
+#    the permuted token rows dispatched and combined from device memory (worker/model/moe_ep.c);
+#  - Ulysses SP 2 and ring CP 2 on a dense shape: each rank a slice (or the load-balanced chunks) of every
+#    micro-batch's tokens, the all-to-all or the K/V ring from device memory;
+#  each: per-step losses, grad norms and entropies, and the final weights, agree with the one-process run (fp32
+#  bounds of cuBLAS: 1e-3 relative; 1e-5 on the CPU); the ranks say which group carries the rows (NCCL where each
+#  has a GPU of its own, else MPI through pinned host memory).
+# Skipped (77) without a CUDA device.
+# GRPO_TEST_DEVICE=cpu runs the same script with trainer.device=cpu (its own plumbing, on a machine without a GPU).
+# usage: test_gpu_par_runs.sh TEST_GPU_KERNELS GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
+set -u
+PROBE="$1" WORKER="$2" MODEL_TOOL="$3" COMPARE="$4" SCORER="$5"
+. "$(dirname "$0")/gpu_lib.sh" grpo-gpu-par
+. "$(dirname "$0")/../mpi/dist_lib.sh" grpo-gpu-par
+STEPS=3
+TOL=1e-3
+[ "$DEV" = cuda ] || TOL=1e-5
+tiny_moe_model "$TMP/moe" qwen3_moe
+expect "tiny Qwen3-MoE model initialised" $?
+COMMON=(trainer.project_name=p trainer.experiment_name=e
+    trainer.total_training_steps=$STEPS trainer.val_before_train=false trainer.test_freq=-1
+    data.train_batch_size=4 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=2
+    data.max_response_length=12 actor_rollout_ref.actor.optim.lr=1e-3 data.synthetic.num_train=64
+    data.synthetic.num_val=4 actor_rollout_ref.actor.use_kl_loss=true trainer.device=$DEV
+    custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score)
+AUX=actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff=0.5
+weights() { echo "$TMP/$1/p/e/checkpoints/global_step_$STEPS/actor"; }
+# same_metrics DIR BASE: DIR's per-step metrics against BASE's (the one-process run's), within $TOL
+same_metrics() {
+    python3 - "$TMP/$2/p/e/metrics.jsonl" "$TMP/$1/p/e/metrics.jsonl" "$TOL" <<'PY'
+import json, sys
+one = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+two = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
+tol = float(sys.argv[3])
+assert len(one) == len(two) == 3, (len(one), len(two))
+worst = 0
+for a, b in zip(one, two):
+    for k in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean",
+              "response_length/mean", "perf/total_num_tokens"):
+        rel = abs(a[k] - b[k]) / max(abs(a[k]), 1e-2)
+        worst = max(worst, rel)
+        if rel > tol:
+            sys.exit(f"step {a['step']} {k}: one process {a[k]}, parallel {b[k]} (relative {rel:.2e}, bound {tol:g})")
+print(f"per-step metrics agree: worst relative difference {worst:.2e} (bound {tol:g})")
+PY
+}
+# matches DIR BASE LABEL: DIR's run against BASE's, per step and in its final weights
+matches() {
+    same_metrics "$1" "$2"
+    expect "$3per-step losses, grad norms and entropies match the one-process run within $TOL" $?
+    "$COMPARE" "$(weights "$2")" "$(weights "$1")" "$TOL" >"$TMP/cmp-$1.txt" 2>&1
+    local rc=$?
+    expect "$3the final weights match the one-process run within $TOL ($(cat "$TMP/cmp-$1.txt"))" $rc
+}
+# colo NAME MODEL [keys...]: 2 colocated ranks
+colo() {
+    local name=$1 model=$2
+    shift 2
+    timeout 300 "${MPIRUN[@]}" -np 2 "$WORKER" "${COMMON[@]}" actor_rollout_ref.model.path="$model" \
+        trainer.nnodes=1 trainer.n_gpus_per_node=2 trainer.default_local_dir="$TMP/$name" "$@" >"$TMP/$name.log" 2>&1
+}
+
+timeout 300 "$WORKER" "${COMMON[@]}" actor_rollout_ref.model.path="$TMP/tiny" trainer.default_local_dir="$TMP/one" \
+    >"$TMP/one.log" 2>&1
+expect "the one-process $DEV run (dense) finishes" $?
+timeout 300 "$WORKER" "${COMMON[@]}" actor_rollout_ref.model.path="$TMP/moe" $AUX \
+    trainer.default_local_dir="$TMP/one-moe" >"$TMP/one-moe.log" 2>&1
+expect "the one-process $DEV run (Qwen3-MoE) finishes" $?
+
+colo ep2 "$TMP/moe" $AUX actor_rollout_ref.actor.megatron.expert_model_parallel_size=2
+expect "EP 2 on $DEV finishes" $?
+grep -q "EP rank 1 of 2: experts 2..3 of 4" "$TMP/ep2.log"
+expect "EP 2: each rank holds half of the experts" $?
+if [ "$DEV" = cuda ]; then
+    grep -q "kernels: cuda" "$TMP/ep2.log"
+    expect "EP 2: the ranks run on cuda" $?
+    grep -Eq "EP 2 on GPUs(: the experts' dispatch and combine over NCCL| that trainer ranks share: the experts' all-to-alls over MPI)" "$TMP/ep2.log"
+    expect "EP 2: the ranks say which group carries the rows ($(grep -o 'EP 2 on GPUs[^(]*' "$TMP/ep2.log" | head -1))" $?
+fi
+matches ep2 one-moe "EP 2: "
+
+colo sp2 "$TMP/tiny" actor_rollout_ref.actor.ulysses_sequence_parallel_size=2
+expect "Ulysses SP 2 on $DEV finishes" $?
+grep -q "sequence parallelism (Ulysses) over 2 ranks" "$TMP/sp2.log"
+expect "SP 2: each rank runs half of every micro-batch's tokens" $?
+if [ "$DEV" = cuda ]; then
+    grep -Eq "ulysses_sequence_parallel_size=2 on GPUs: its all-to-all over (NCCL|MPI)" "$TMP/sp2.log"
+    expect "SP 2: the ranks say which group carries the rows" $?
+fi
+matches sp2 one "SP 2: "
+
+colo cp2 "$TMP/tiny" actor_rollout_ref.actor.megatron.context_parallel_size=2
+expect "ring CP 2 on $DEV finishes" $?
+grep -q "context parallelism over 2 ranks" "$TMP/cp2.log"
+expect "CP 2: each rank holds chunks r and 3-r of every row" $?
+if [ "$DEV" = cuda ]; then
+    grep -Eq "context_parallel_size=2 on GPUs: its K/V ring over (NCCL|MPI)" "$TMP/cp2.log"
+    expect "CP 2: the ranks say which group carries the ring" $?
+fi
+matches cp2 one "CP 2: "
+
+finish
