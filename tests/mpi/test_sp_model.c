@@ -177,14 +177,15 @@ static void check_batch(const char *name, struct model *whole, struct model *par
            * summed over the group for any batch; the ring's per rank for one sequence */
             const struct model_config *c = &whole->cfg;
             const int S = comm_size(sp), nl = part->sh.layer_hi - part->sh.layer_lo;
+            const int T = part->sh.tp_size; /* the MoE checks run whole models over the SP group even under --tp */
             double got = after.sent_f32[g_cp ? COMM_OP_SEND : COMM_OP_ALLTOALL] -
                          before.sent_f32[g_cp ? COMM_OP_SEND : COMM_OP_ALLTOALL];
             double want = -1;
             if (!g_cp) {
                 comm_allreduce_sum(sp, &got, 1, COMM_F64);
-                want = S * plan_sp_alltoall_bytes(c, N, S, g_tp, (ck ? 2 : 1) * nl, nl);
+                want = S * plan_sp_alltoall_bytes(c, N, S, T, (ck ? 2 : 1) * nl, nl);
             } else if (t->pb.B == 1) {
-                want = plan_cp_ring_bytes(c, N, S, g_tp, (ck ? 2 : 1) * nl, nl);
+                want = plan_cp_ring_bytes(c, N, S, T, (ck ? 2 : 1) * nl, nl);
             }
             if (want >= 0 && fabs(got - want) > 1e-9 * (want > 1 ? want : 1)) {
                 g_bad++;
