@@ -6,6 +6,7 @@
 #    the permuted token rows dispatched and combined from device memory (worker/model/moe_ep.c);
 #  - Ulysses SP 2 and ring CP 2 on a dense shape: each rank a slice (or the load-balanced chunks) of every
 #    micro-batch's tokens, the all-to-all or the K/V ring from device memory;
+#  - CP 2 with ZeRO-1 over DP x CP's NCCL twin (where the ranks share one GPU: refused naming the key);
 #  each: per-step losses, grad norms and entropies, and the final weights, agree with the one-process run (fp32
 #  bounds of cuBLAS: 1e-3 relative; 1e-5 on the CPU); the ranks say which group carries the rows (NCCL where each
 #  has a GPU of its own, else MPI through pinned host memory).
@@ -102,5 +103,22 @@ if [ "$DEV" = cuda ]; then
     expect "CP 2: the ranks say which group carries the ring" $?
 fi
 matches cp2 one "CP 2: "
+
+# ZeRO-1 over DP x CP: on GPUs of their own over the group's NCCL twin (the same run as without it); where the two
+# ranks share one GPU, NCCL cannot, and the run is refused naming the key
+colo cp2-zero1 "$TMP/tiny" actor_rollout_ref.actor.megatron.context_parallel_size=2 \
+    actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
+rc=$?
+GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+if [ "$DEV" = cuda ] && [ "${GPUS:-0}" -lt 2 ]; then
+    [ $rc -ne 0 ] && says "$TMP/cp2-zero1.log" "use_distributed_optimizer=true with trainer.device=cuda: ZeRO-1 on GPUs runs over NCCL" &&
+        grep -q "2 DP x CP ranks share fewer GPUs" "$TMP/cp2-zero1.log"
+    expect "CP 2 with ZeRO-1 on one shared GPU is refused naming the key and DP x CP" $?
+else
+    expect "CP 2 with ZeRO-1 on $DEV finishes" $rc
+    grep -q "ZeRO-1: DP x CP rank 1 keeps the optimizer state" "$TMP/cp2-zero1.log"
+    expect "CP 2 with ZeRO-1: each rank keeps its block of the optimizer state" $?
+    matches cp2-zero1 one "CP 2 with ZeRO-1: "
+fi
 
 finish

@@ -343,7 +343,7 @@ static void group_sum(struct model *m, struct comm *group, float *g, size_t n, f
  * for the device's queued work first) or the MPI group, or, on a GPU without a twin, through the host buffer. */
 static void dp_sum_grads(struct model *m, const struct update_params *p, float *g, size_t n)
 {
-    if (p->grads) { /* DP x SP (on a GPU, the MPI group through the host buffer) */
+    if (p->grads) { /* DP x SP (on a GPU: its NCCL twin, or the MPI group through the host buffer) */
         group_sum(m, p->grads, g, n, p->dp_stage);
     } else if (m->K->device != KDEV_CPU && !p->dp_dev) {
         k_to_host(m->K, p->dp_stage, g, n * sizeof(float));

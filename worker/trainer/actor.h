@@ -43,8 +43,8 @@ struct update_params {
      * counts that weight the loss are summed over dp, and mini-batch j holds the sequences whose gidx falls in
      * [j * mini_batch_seqs, (j + 1) * mini_batch_seqs) on every rank, as in one process. NULL: one rank. */
     struct comm *dp;
-    /* sequence parallelism: the group the gradients sum over, DP x SP (each SP rank's are its tokens' part); NULL:
-     * dp */
+    /* sequence parallelism: the group the gradients sum over, DP x SP (each SP rank's are its tokens' part; on GPUs
+     * of their own its NCCL twin); NULL: dp */
     struct comm *grads;
     /* gradients in GPU memory (trainer.device=cuda): dp_dev, dp's NCCL twin, sums them in place; without one (DP
      * ranks sharing a GPU) they are staged through dp_stage (host memory, the trainable parameters' size) and

@@ -817,14 +817,6 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     if (t->lay.cp) { /* Ulysses: every rank of the group runs a slice of each micro-batch's tokens */
         const char *key = ring ? "actor_rollout_ref.actor.megatron.context_parallel_size"
                                : "actor_rollout_ref.actor.ulysses_sequence_parallel_size";
-        if (K->device != KDEV_CPU && cfg->actor_megatron_use_distributed_optimizer) {
-            error_set(
-                err, errlen,
-                "%s=%d on trainer.device=%s with actor_rollout_ref.actor.megatron.use_distributed_optimizer=true: "
-                "ZeRO-1 over DP x CP has no GPU path yet; set it to false or trainer.device=cpu",
-                key, t->lay.cp_size, cfg->trainer_device);
-            goto fail;
-        }
         if ((ring ? model_cp_check(&t->policy->cfg, t->lay.cp_size, key, err, errlen)
                   : model_sp_check(&t->policy->cfg, t->lay.cp_size, t->lay.tp_size, key,
                                    "actor_rollout_ref.actor.megatron.tensor_model_parallel_size", err, errlen)) != 0)
@@ -920,6 +912,8 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     device_dp_setup(t);
     if (on_device(t) && (t->lay.ep || t->lay.cp)) /* EP's expert sums, DP x CP's: MPI groups, through the host */
         trainer_host_buffer(t);
+    if (on_device(t) && t->lay.grads && !t->lay.gpus_shared) /* DP x CP's sums over NCCL, in device memory */
+        t->grads_dev = comm_device_group(t->lay.grads, t->policy->K->device_index);
     t->share_prompts = cfg->actor_shared_prompt_packing && !on_device(t) && !t->policy->sh.ring;
     if (cfg->actor_shared_prompt_packing && t->policy->sh.ring && lead(t))
         log_info("trainer", "context parallelism packs every sequence whole (ring attention has no shared prompts; "
@@ -971,17 +965,18 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     struct comm *zg = t->lay.grads ? t->lay.grads : t->lay.dp;
     if (cfg->actor_megatron_use_distributed_optimizer && zg && comm_size(zg) > 1) {
         /* ZeRO-1: this rank keeps its block of the (whole, possibly just loaded) optimizer state */
-        if (on_device(t) && !t->dp_dev) {
+        struct comm *zg_dev = t->lay.grads ? t->grads_dev : t->dp_dev; /* its NCCL twin on GPUs */
+        if (on_device(t) && !zg_dev) {
             error_set(err, errlen,
                       "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true with trainer.device=cuda: "
-                      "ZeRO-1 on GPUs runs over NCCL, which needs a GPU per trainer rank, and %d DP ranks share "
+                      "ZeRO-1 on GPUs runs over NCCL, which needs a GPU per trainer rank, and %d %s ranks share "
                       "fewer GPUs here; give each trainer rank a GPU of its own or set it to false",
-                      t->lay.dp_size);
+                      comm_size(zg), t->lay.grads ? "DP x CP" : "DP");
             goto fail;
         }
         /* expert parallelism: the dense parameters over DP, the experts over the ranks holding the same ones */
         t->zero = t->lay.ep ? zero1_create_ep(t->opt->K, zg, t->lay.edp, t->policy)
-                            : zero1_create(t->opt->K, t->dp_dev ? t->dp_dev : zg, model_trainable(t->policy).n);
+                            : zero1_create(t->opt->K, on_device(t) ? zg_dev : zg, model_trainable(t->policy).n);
         struct adamw *block = zero1_shard(t->zero, t->opt);
         adamw_free(t->opt);
         t->opt = block;
@@ -1055,6 +1050,8 @@ void trainer_free(struct trainer *t)
         comm_free(t->ep_dev);
     if (t->cp_dev)
         comm_free(t->cp_dev);
+    if (t->grads_dev)
+        comm_free(t->grads_dev);
     if (t->mp_dev && t->mp_dev != t->tp_dev)
         comm_free(t->mp_dev);
     if (t->tp_dev)

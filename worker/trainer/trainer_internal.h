@@ -48,6 +48,9 @@ struct trainer {
     struct comm *ep_dev;
     /* the same for sequence or context parallelism's group (lay.cp): the all-to-all or the K/V ring */
     struct comm *cp_dev;
+    /* and for the ranks whose gradients add up under it (lay.grads, DP x CP): their sum and ZeRO-1's
+     * reduce-scatter and all-gather in device memory (NULL on the CPU, without CP, or where ranks share GPUs) */
+    struct comm *grads_dev;
     struct grad_reducer *overlap; /* overlap_grad_reduce's buckets (NULL: one all-reduce after the backward) */
     struct karena host_stage;
     float *host_params;

@@ -490,7 +490,7 @@ static double update_actor(struct trainer *t, int64_t k, struct step_batch *b, c
         .temperature = logprob_temperature(c),
         .bt = {(int)c->actor_ppo_micro_batch_size_per_gpu, token_budget(t), t->share_prompts},
         .dp = t->lay.dp_size > 1 ? t->lay.dp : NULL,
-        .grads = t->lay.grads,
+        .grads = t->grads_dev ? t->grads_dev : t->lay.grads, /* on GPUs of their own: the NCCL twin */
         .dp_dev = t->dp_dev,
         .edp = t->lay.edp,
         .dp_stage = t->host_params,
