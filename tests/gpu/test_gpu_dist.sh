@@ -32,26 +32,7 @@ COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.
 SPLIT=(placement.trainer_ranks=2 placement.rollout_ranks=1)
 weights() { echo "$TMP/$1/p/e/checkpoints/global_step_$STEPS/actor"; }
 # same_metrics DIR [BASE]: DIR's per-step metrics against BASE's (the one-process run's), within $TOL
-same_metrics() {
-    python3 - "$TMP/${2:-one}/p/e/metrics.jsonl" "$TMP/$1/p/e/metrics.jsonl" "$TOL" <<'PY'
-import json, sys
-one = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-two = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
-tol = float(sys.argv[3])
-assert len(one) == len(two) == 3, (len(one), len(two))
-worst = 0
-for a, b in zip(one, two):
-    for k in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean",
-              "response_length/mean", "perf/total_num_tokens"):
-        rel = abs(a[k] - b[k]) / max(abs(a[k]), 1e-2)
-        worst = max(worst, rel)
-        if rel > tol:
-            sys.exit(f"step {a['step']} {k}: one process {a[k]}, split {b[k]} (relative {rel:.2e}, bound {tol:g})")
-    # a split run's weights reach the rollout rank every step; colocated DP ranks generate with them in place
-    assert "training/staleness" not in b or b["perf/update_weights_bytes"] > 0 or b["step"] == 1, b
-print(f"per-step metrics agree: worst relative difference {worst:.2e} (bound {tol:g})")
-PY
-}
+same_metrics() { gpu_same_metrics "$TMP/${2:-one}/p/e/metrics.jsonl" "$TMP/$1/p/e/metrics.jsonl" "$TOL" split; }
 # shared_gpu: on cuda, whether the trainers share a GPU (the split run summed over MPI: no NCCL there)
 shared_gpu() {
     [ "$DEV" = cuda ] && grep -q "gradients summed over MPI through pinned host memory" "$TMP/split.log"

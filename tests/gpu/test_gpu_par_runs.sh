@@ -31,24 +31,7 @@ COMMON=(trainer.project_name=p trainer.experiment_name=e
 AUX=actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff=0.5
 weights() { echo "$TMP/$1/p/e/checkpoints/global_step_$STEPS/actor"; }
 # same_metrics DIR BASE: DIR's per-step metrics against BASE's (the one-process run's), within $TOL
-same_metrics() {
-    python3 - "$TMP/$2/p/e/metrics.jsonl" "$TMP/$1/p/e/metrics.jsonl" "$TOL" <<'PY'
-import json, sys
-one = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-two = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
-tol = float(sys.argv[3])
-assert len(one) == len(two) == 3, (len(one), len(two))
-worst = 0
-for a, b in zip(one, two):
-    for k in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean",
-              "response_length/mean", "perf/total_num_tokens"):
-        rel = abs(a[k] - b[k]) / max(abs(a[k]), 1e-2)
-        worst = max(worst, rel)
-        if rel > tol:
-            sys.exit(f"step {a['step']} {k}: one process {a[k]}, parallel {b[k]} (relative {rel:.2e}, bound {tol:g})")
-print(f"per-step metrics agree: worst relative difference {worst:.2e} (bound {tol:g})")
-PY
-}
+same_metrics() { gpu_same_metrics "$TMP/$2/p/e/metrics.jsonl" "$TMP/$1/p/e/metrics.jsonl" "$TOL"; }
 # matches DIR BASE LABEL: DIR's run against BASE's, per step and in its final weights
 matches() {
     same_metrics "$1" "$2"
