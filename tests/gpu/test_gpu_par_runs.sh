@@ -6,7 +6,7 @@
 #    the permuted token rows dispatched and combined from device memory (worker/model/moe_ep.c);
 #  - Ulysses SP 2 and ring CP 2 on a dense shape: each rank a slice (or the load-balanced chunks) of every
 #    micro-batch's tokens, the all-to-all or the K/V ring from device memory;
-#  - CP 2 with ZeRO-1 over DP x CP's NCCL twin (where the ranks share one GPU: refused naming the key);
+#  - CP 2 and EP 2 with ZeRO-1 over the groups' NCCL twins (where the ranks share one GPU: refused naming the key);
 #  each: per-step losses, grad norms and entropies, and the final weights, agree with the one-process run (fp32
 #  bounds of cuBLAS: 1e-3 relative; 1e-5 on the CPU); the ranks say which group carries the rows (NCCL where each
 #  has a GPU of its own, else MPI through pinned host memory).
@@ -87,21 +87,28 @@ if [ "$DEV" = cuda ]; then
 fi
 matches cp2 one "CP 2: "
 
-# ZeRO-1 over DP x CP: on GPUs of their own over the group's NCCL twin (the same run as without it); where the two
-# ranks share one GPU, NCCL cannot, and the run is refused naming the key
-colo cp2-zero1 "$TMP/tiny" actor_rollout_ref.actor.megatron.context_parallel_size=2 \
-    actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
-rc=$?
+# ZeRO-1 over DP x CP, and under EP (the dense parameters' state over DP, the experts' over the ranks holding the
+# same ones): on GPUs of their own over the groups' NCCL twins (the same run as without it); where the two ranks
+# share one GPU, NCCL cannot, and the run is refused naming the key
 GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-if [ "$DEV" = cuda ] && [ "${GPUS:-0}" -lt 2 ]; then
-    [ $rc -ne 0 ] && says "$TMP/cp2-zero1.log" "use_distributed_optimizer=true with trainer.device=cuda: ZeRO-1 on GPUs runs over NCCL" &&
-        grep -q "2 DP x CP ranks share fewer GPUs" "$TMP/cp2-zero1.log"
-    expect "CP 2 with ZeRO-1 on one shared GPU is refused naming the key and DP x CP" $?
-else
-    expect "CP 2 with ZeRO-1 on $DEV finishes" $rc
-    grep -q "ZeRO-1: DP x CP rank 1 keeps the optimizer state" "$TMP/cp2-zero1.log"
-    expect "CP 2 with ZeRO-1: each rank keeps its block of the optimizer state" $?
-    matches cp2-zero1 one "CP 2 with ZeRO-1: "
-fi
+# zero1 NAME BASE LABEL GROUP MODEL [keys...]: NAME with ZeRO-1 against BASE, each rank saying it keeps its block
+zero1() {
+    local name=$1 base=$2 label=$3 group=$4 model=$5
+    shift 5
+    colo "$name" "$model" actor_rollout_ref.actor.megatron.use_distributed_optimizer=true "$@"
+    local rc=$?
+    if [ "$DEV" = cuda ] && [ "${GPUS:-0}" -lt 2 ]; then
+        [ $rc -ne 0 ] && says "$TMP/$name.log" "use_distributed_optimizer=true with trainer.device=cuda: ZeRO-1 on GPUs runs over NCCL" &&
+            grep -q "2 $group ranks share fewer GPUs" "$TMP/$name.log"
+        expect "$label with ZeRO-1 on one shared GPU is refused naming the key and $group" $?
+        return
+    fi
+    expect "$label with ZeRO-1 on $DEV finishes" $rc
+    grep -q "rank 1 keeps the optimizer state" "$TMP/$name.log"
+    expect "$label with ZeRO-1: each rank keeps its block of the optimizer state" $?
+    matches "$name" "$base" "$label with ZeRO-1: "
+}
+zero1 cp2-zero1 one "CP 2" "DP x CP" "$TMP/tiny" actor_rollout_ref.actor.megatron.context_parallel_size=2
+zero1 ep2-zero1 one-moe "EP 2" "DP" "$TMP/moe" $AUX actor_rollout_ref.actor.megatron.expert_model_parallel_size=2
 
 finish

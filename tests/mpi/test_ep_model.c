@@ -23,6 +23,8 @@
 #include "worker/comm/comm.h"
 #include "worker/comm/parallel.h"
 #include "worker/model/model.h"
+#include "worker/trainer/optim.h"
+#include "worker/trainer/zero1.h"
 
 static int g_bad;
 
@@ -83,6 +85,58 @@ static void ep_sum(struct model *m, struct comm *dp, struct comm *edp)
         at = hi;
     }
     comm_allreduce_sum(dp, g + at, m->grad->n_floats - at, COMM_F32);
+}
+
+/* ZeRO-1 under EP on a context that says it is a GPU (its packed classes, parameter block and AdamW block in the
+ * context's memory; the state sharded from and gathered to host memory) against the CPU's: from the same summed
+ * gradients, one clipped step gives the same norm, parameters and gathered AdamW state, and the step moved them. */
+static void check_zero1_device(const char *name, struct model *part, struct model *dpart, struct kctx *dev,
+                               const struct parallel_groups *g)
+{
+    struct kctx *H = kctx_cpu();
+    const size_t n = part->w.n_floats, bytes = n * sizeof(float);
+    float *ph = xmalloc(bytes), *gh = xmalloc(bytes), *back = xmalloc(bytes);
+    float *pd = k_calloc(dev, bytes, KMEM_WEIGHTS, "test params"), *gd = k_calloc(dev, bytes, KMEM_GRADS, "test grads");
+    memcpy(ph, part->w.mem, bytes);
+    memcpy(gh, part->grad->mem, bytes);
+    k_to_device(dev, pd, ph, bytes);
+    k_to_device(dev, gd, gh, bytes);
+    struct adamw *whole = adamw_create(n, 0.9, 0.999, 1e-8, 0.01);
+    for (size_t i = 0; i < n; i++) /* a state several steps in */
+        whole->m[i] = (float)(1e-3 * sin(0.3 * (double)i)), whole->v[i] = (float)(1e-6 * (1.5 + cos(0.7 * (double)i)));
+    whole->t = 4;
+    struct zero1 *zh = zero1_create_ep(H, g->dp, g->edp, part), *zd = zero1_create_ep(dev, g->dp, g->edp, dpart);
+    struct adamw *bh = zero1_shard(zh, whole), *bd = zero1_shard(zd, whole);
+    zero1_reduce_scatter(zh, gh);
+    zero1_reduce_scatter(zd, gd);
+    const double nh = zero1_clip(zh, 0.05, part), nd = zero1_clip(zd, 0.05, dpart);
+    zero1_step(zh, bh, ph, 1e-2);
+    zero1_step(zd, bd, pd, 1e-2);
+    if (!(fabs(nh - nd) <= 1e-9 * nh) || !(nh > 0)) {
+        g_bad++;
+        log_error("test", "%s: ZeRO-1 under EP: the device path's norm %.9g, the CPU's %.9g", name, nd, nh);
+    }
+    k_to_host(dev, back, pd, bytes);
+    expect_close(name, "ZeRO-1 under EP: the device path's stepped parameters", back, ph, n, 1e-7);
+    size_t moved = 0;
+    for (size_t i = 0; i < n; i++)
+        moved += ph[i] != part->w.mem[i];
+    if (moved < n / 2) {
+        g_bad++;
+        log_error("test", "%s: ZeRO-1 under EP: the step moved %zu of %zu parameters", name, moved, n);
+    }
+    struct adamw *sh = zero1_gather(zh, bh), *sd = zero1_gather(zd, bd);
+    expect_close(name, "ZeRO-1 under EP: the device path's gathered first moments", sd->m, sh->m, n, 1e-7);
+    expect_close(name, "ZeRO-1 under EP: the device path's gathered second moments", sd->v, sh->v, n, 1e-7);
+    if (sd->t != sh->t || sh->t != 5) {
+        g_bad++;
+        log_error("test", "%s: ZeRO-1 under EP: steps %lld (device) and %lld (CPU), not 5", name, (long long)sd->t,
+                  (long long)sh->t);
+    }
+    adamw_free(sh), adamw_free(sd), adamw_free(bh), adamw_free(bd), adamw_free(whole);
+    zero1_free(zh), zero1_free(zd);
+    k_free(dev, pd, bytes, KMEM_WEIGHTS), k_free(dev, gd, bytes, KMEM_GRADS);
+    free(ph), free(gh), free(back);
 }
 
 static void check_config(const char *name, const struct model_config *c, const struct parallel_groups *g, int n_seq)
@@ -246,6 +300,8 @@ static void check_config(const char *name, const struct model_config *c, const s
                       name, ep_sq, g->at.ep_size, want_ep);
         }
         free(gw);
+        if (pass == 2)
+            check_zero1_device(name, part, dpart, &dev, g);
     }
     batch_free(&b);
     free(lw), free(ew), free(lp), free(ep), free(tw), free(tp), free(back);

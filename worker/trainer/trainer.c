@@ -606,12 +606,6 @@ static int ep_refusals(const struct trainer *t, char *err, size_t errlen)
 {
     const struct grpo_config *c = t->cfg;
     const long long ep = t->lay.ep_size;
-    if (strncmp(c->trainer_device, "cpu", 3) != 0 && c->actor_megatron_use_distributed_optimizer)
-        return error_set(err, errlen,
-                         "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with trainer.device=%s and "
-                         "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true: ZeRO-1 under expert "
-                         "parallelism has no GPU path yet; set it to false or trainer.device=cpu",
-                         ep, c->trainer_device);
     if (strncmp(c->trainer_device, "cpu", 3) != 0 && (c->arr_model_lora_rank > 0 || c->arr_model_lora_adapter_path[0]))
         return error_set(err, errlen,
                          "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with trainer.device=%s and "
@@ -914,6 +908,8 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         trainer_host_buffer(t);
     if (on_device(t) && t->lay.grads && !t->lay.gpus_shared) /* DP x CP's sums over NCCL, in device memory */
         t->grads_dev = comm_device_group(t->lay.grads, t->policy->K->device_index);
+    if (on_device(t) && t->lay.edp && comm_size(t->lay.edp) > 1 && !t->lay.gpus_shared) /* the experts' the same */
+        t->edp_dev = comm_device_group(t->lay.edp, t->policy->K->device_index);
     t->share_prompts = cfg->actor_shared_prompt_packing && !on_device(t) && !t->policy->sh.ring;
     if (cfg->actor_shared_prompt_packing && t->policy->sh.ring && lead(t))
         log_info("trainer", "context parallelism packs every sequence whole (ring attention has no shared prompts; "
@@ -966,7 +962,8 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     if (cfg->actor_megatron_use_distributed_optimizer && zg && comm_size(zg) > 1) {
         /* ZeRO-1: this rank keeps its block of the (whole, possibly just loaded) optimizer state */
         struct comm *zg_dev = t->lay.grads ? t->grads_dev : t->dp_dev; /* its NCCL twin on GPUs */
-        if (on_device(t) && !zg_dev) {
+        struct comm *edp = t->edp_dev ? t->edp_dev : t->lay.edp;
+        if (on_device(t) && (!zg_dev || (t->lay.edp && comm_size(t->lay.edp) > 1 && !t->edp_dev))) {
             error_set(err, errlen,
                       "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true with trainer.device=cuda: "
                       "ZeRO-1 on GPUs runs over NCCL, which needs a GPU per trainer rank, and %d %s ranks share "
@@ -975,8 +972,9 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
             goto fail;
         }
         /* expert parallelism: the dense parameters over DP, the experts over the ranks holding the same ones */
-        t->zero = t->lay.ep ? zero1_create_ep(t->opt->K, zg, t->lay.edp, t->policy)
-                            : zero1_create(t->opt->K, on_device(t) ? zg_dev : zg, model_trainable(t->policy).n);
+        struct comm *zz = on_device(t) ? zg_dev : zg;
+        t->zero = t->lay.ep ? zero1_create_ep(t->opt->K, zz, edp, t->policy)
+                            : zero1_create(t->opt->K, zz, model_trainable(t->policy).n);
         struct adamw *block = zero1_shard(t->zero, t->opt);
         adamw_free(t->opt);
         t->opt = block;
@@ -1052,6 +1050,8 @@ void trainer_free(struct trainer *t)
         comm_free(t->cp_dev);
     if (t->grads_dev)
         comm_free(t->grads_dev);
+    if (t->edp_dev)
+        comm_free(t->edp_dev);
     if (t->mp_dev && t->mp_dev != t->tp_dev)
         comm_free(t->mp_dev);
     if (t->tp_dev)

@@ -51,6 +51,8 @@ struct trainer {
     /* and for the ranks whose gradients add up under it (lay.grads, DP x CP): their sum and ZeRO-1's
      * reduce-scatter and all-gather in device memory (NULL on the CPU, without CP, or where ranks share GPUs) */
     struct comm *grads_dev;
+    /* and for the ranks holding the same experts under EP (lay.edp): the experts' gradient sums and ZeRO-1 */
+    struct comm *edp_dev;
     struct grad_reducer *overlap; /* overlap_grad_reduce's buckets (NULL: one all-reduce after the backward) */
     struct karena host_stage;
     float *host_params;

@@ -492,7 +492,7 @@ static double update_actor(struct trainer *t, int64_t k, struct step_batch *b, c
         .dp = t->lay.dp_size > 1 ? t->lay.dp : NULL,
         .grads = t->grads_dev ? t->grads_dev : t->lay.grads, /* on GPUs of their own: the NCCL twin */
         .dp_dev = t->dp_dev,
-        .edp = t->lay.edp,
+        .edp = t->edp_dev ? t->edp_dev : t->lay.edp,
         .dp_stage = t->host_params,
         .overlap = t->overlap,
         .zero = t->zero,

@@ -21,8 +21,8 @@ struct zero1_ep {
     size_t tot[2];          /* the class's floats */
     size_t per[2];          /* block per rank: ceil(tot / group size) */
     size_t lo[2], hi[2];    /* this rank's block of the packed class */
-    float *pack[2];         /* per x group size floats: the packed class */
-    float *pblock;          /* the two blocks' parameters, back to back (what AdamW steps) */
+    float *pack[2];         /* per x group size floats: the packed class (the context's memory) */
+    float *pblock;          /* the two blocks' parameters, back to back (what AdamW steps; the context's memory) */
     /* parameters not counted in the norm (in order): the last stage's copy of a tied embedding, and under TP the
      * parts every TP rank holds whole (norms, the router, shared KV heads) on all TP ranks but their owner */
     int n_skip;
@@ -43,16 +43,20 @@ static void ep_add_span(struct zero1_ep *e, int c, size_t at, size_t len)
     e->tot[c] += len;
 }
 
-/* src's spans of class c into e->pack[c], zeros past them */
-static void ep_pack(struct kctx *K, struct zero1_ep *e, int c, const float *src)
+static size_t ep_group_size(const struct zero1_ep *e, int c)
+{
+    return e->group[c] ? (size_t)comm_size(e->group[c]) : 1;
+}
+
+/* src's spans of class c into pack (per[c] x the group's size floats of K's memory, like src), zeros past them */
+static void ep_pack(struct kctx *K, const struct zero1_ep *e, int c, const float *src, float *pack)
 {
     size_t off = 0;
     for (int i = 0; i < e->n_span[c]; i++) {
-        k_copy(K, e->pack[c] + off, src + e->at[c][i], e->len[c][i] * sizeof(float));
+        k_copy(K, pack + off, src + e->at[c][i], e->len[c][i] * sizeof(float));
         off += e->len[c][i];
     }
-    const size_t G = e->group[c] ? (size_t)comm_size(e->group[c]) : 1;
-    k_zero(K, e->pack[c] + off, (e->per[c] * G - off) * sizeof(float));
+    k_zero(K, pack + off, (e->per[c] * ep_group_size(e, c) - off) * sizeof(float));
 }
 
 /* packed class c (from) back into dst's spans */
@@ -65,8 +69,10 @@ static void ep_unpack(struct kctx *K, const struct zero1_ep *e, int c, const flo
     }
 }
 
-/* Every rank's block of class c into dst's spans, from this rank's block (k floats at mine); stage holds per[c]. */
-static void ep_gather(struct kctx *K, struct zero1_ep *e, int c, const float *mine, float *stage, float *dst)
+/* Every rank's block of class c into dst's spans, from this rank's block (k floats at mine); stage holds per[c]
+ * and pack the packed class, all of K's memory. */
+static void ep_gather(struct kctx *K, const struct zero1_ep *e, int c, const float *mine, float *stage, float *pack,
+                      float *dst)
 {
     if (!e->group[c]) { /* the block is the whole class */
         ep_unpack(K, e, c, mine, dst);
@@ -75,8 +81,8 @@ static void ep_gather(struct kctx *K, struct zero1_ep *e, int c, const float *mi
     const size_t k = ep_k(e, c);
     k_copy(K, stage, mine, k * sizeof(float));
     k_zero(K, stage + k, (e->per[c] - k) * sizeof(float));
-    comm_allgather(e->group[c], stage, e->pack[c], e->per[c], COMM_F32);
-    ep_unpack(K, e, c, e->pack[c], dst);
+    comm_allgather(e->group[c], stage, pack, e->per[c], COMM_F32);
+    ep_unpack(K, e, c, pack, dst);
 }
 
 /* The squares of this rank's dense block that fall in the skipped spans (counted on another TP rank or stage). */
@@ -104,8 +110,6 @@ static double ep_skipped_sq(const struct zero1 *z)
 
 struct zero1 *zero1_create_ep(struct kctx *K, struct comm *dp, struct comm *edp, const struct model *m)
 {
-    if (K->device != KDEV_CPU)
-        check_failf(__FILE__, __LINE__, "ZeRO-1 with expert parallelism runs on the CPU back-end");
     struct zero1 *z = xcalloc(1, sizeof *z);
     struct zero1_ep *e = xcalloc(1, sizeof *e);
     z->K = K;
@@ -139,12 +143,13 @@ struct zero1 *zero1_create_ep(struct kctx *K, struct comm *dp, struct comm *edp,
         e->per[c] = (e->tot[c] + G - 1) / G;
         e->lo[c] = r * e->per[c] < e->tot[c] ? r * e->per[c] : e->tot[c];
         e->hi[c] = e->lo[c] + e->per[c] < e->tot[c] ? e->lo[c] + e->per[c] : e->tot[c];
-        e->pack[c] = xcalloc(e->per[c] * G + 1, sizeof(float));
+        e->pack[c] = k_calloc(K, (e->per[c] * G + 1) * sizeof(float), KMEM_GRADS, "ZeRO-1's packed class (EP)");
     }
     /* the dense block's reduce-scatter writes per[0] floats, the experts' per[1] after the dense block's k */
     z->per = e->per[0] + e->per[1];
     z->grad = k_calloc(K, (z->per + 1) * sizeof(float), KMEM_GRADS, "ZeRO-1's blocks of the summed gradients");
-    e->pblock = xcalloc(ep_k(e, 0) + ep_k(e, 1) + 1, sizeof(float));
+    e->pblock = k_calloc(K, (ep_k(e, 0) + ep_k(e, 1) + 1) * sizeof(float), KMEM_WEIGHTS,
+                         "ZeRO-1's block of the parameters (EP)");
     return z;
 }
 
@@ -173,9 +178,12 @@ void zero1_free(struct zero1 *z)
         return;
     k_free(z->K, z->grad, (z->per + 1) * sizeof(float), KMEM_GRADS);
     if (z->ep) {
-        for (int c = 0; c < 2; c++)
-            free(z->ep->at[c]), free(z->ep->len[c]), free(z->ep->pack[c]);
-        free(z->ep->pblock);
+        struct zero1_ep *e = z->ep;
+        for (int c = 0; c < 2; c++) {
+            k_free(z->K, e->pack[c], (e->per[c] * ep_group_size(e, c) + 1) * sizeof(float), KMEM_GRADS);
+            free(e->at[c]), free(e->len[c]);
+        }
+        k_free(z->K, e->pblock, (ep_k(e, 0) + ep_k(e, 1) + 1) * sizeof(float), KMEM_WEIGHTS);
         free(z->ep->skip_at), free(z->ep->skip_len);
         free(z->ep);
     }
@@ -190,7 +198,7 @@ void zero1_reduce_scatter(struct zero1 *z, const float *grads)
         struct zero1_ep *e = z->ep;
         float *dst[2] = {z->grad, z->grad + ep_k(e, 0)};
         for (int c = 0; c < 2; c++) {
-            ep_pack(z->K, e, c, grads);
+            ep_pack(z->K, e, c, grads, e->pack[c]);
             if (c == 1 && e->sp) /* each SP rank's tokens gave a part of the experts' gradients */
                 comm_allreduce_sum(e->sp, e->pack[1], e->tot[1], COMM_F32);
             if (e->group[c])
@@ -252,8 +260,9 @@ static void gather_blocks(struct zero1 *z, struct kctx *K, float *stage, float *
 void zero1_allgather(struct zero1 *z, float *params)
 {
     if (z->ep) { /* the blocks' parameters are in pblock (zero1_step) */
-        ep_gather(z->K, z->ep, 0, z->ep->pblock, z->grad, params);
-        ep_gather(z->K, z->ep, 1, z->ep->pblock + ep_k(z->ep, 0), z->grad, params);
+        struct zero1_ep *e = z->ep;
+        ep_gather(z->K, e, 0, e->pblock, z->grad, e->pack[0], params);
+        ep_gather(z->K, e, 1, e->pblock + ep_k(e, 0), z->grad, e->pack[1], params);
         return;
     }
     gather_blocks(z, z->K, z->grad, z->pad, params, params);
@@ -268,7 +277,7 @@ void zero1_step(struct zero1 *z, struct adamw *opt, float *params, double lr)
     }
     struct zero1_ep *e = z->ep;
     for (int c = 0, off = 0; c < 2; off += (int)ep_k(e, c), c++) {
-        ep_pack(z->K, e, c, params);
+        ep_pack(z->K, e, c, params, e->pack[c]);
         k_copy(z->K, e->pblock + off, e->pack[c] + e->lo[c], ep_k(e, c) * sizeof(float));
     }
     adamw_step(opt, e->pblock, z->grad, lr);
@@ -294,15 +303,23 @@ struct adamw *zero1_shard(const struct zero1 *z, const struct adamw *whole)
 {
     struct adamw *o =
         adamw_create_on(z->K, zero1_block_floats(z), whole->beta1, whole->beta2, whole->eps, whole->weight_decay);
-    if (z->ep) { /* both CPU memory (zero1_create_ep) */
-        struct zero1_ep *e = z->ep;
+    if (z->ep) { /* the whole state packed in host memory, each class's block copied into the context's */
+        const struct zero1_ep *e = z->ep;
+        struct kctx *H = kctx_cpu();
+        const size_t cap = e->per[0] * ep_group_size(e, 0) > e->per[1] * ep_group_size(e, 1)
+                               ? e->per[0] * ep_group_size(e, 0)
+                               : e->per[1] * ep_group_size(e, 1);
+        float *host = xmalloc(z->n * sizeof(float) + 1), *pack = xmalloc((cap + 1) * sizeof(float));
         const float *src[2] = {whole->m, whole->v};
         float *dst[2] = {o->m, o->v};
-        for (int i = 0; i < 2; i++)
+        for (int i = 0; i < 2; i++) {
+            copy_across(H, host, whole->K, src[i], z->n * sizeof(float));
             for (int c = 0, off = 0; c < 2; off += (int)ep_k(e, c), c++) {
-                ep_pack(z->K, e, c, src[i]);
-                memcpy(dst[i] + off, e->pack[c] + e->lo[c], ep_k(e, c) * sizeof(float));
+                ep_pack(H, e, c, host, pack);
+                copy_across(z->K, dst[i] + off, H, pack + e->lo[c], ep_k(e, c) * sizeof(float));
             }
+        }
+        free(host), free(pack);
         o->t = whole->t;
         return o;
     }
@@ -317,16 +334,20 @@ struct adamw *zero1_gather(struct zero1 *z, const struct adamw *block)
     struct adamw *o = adamw_create(z->n, block->beta1, block->beta2, block->eps, block->weight_decay);
     o->t = block->t;
     struct kctx *H = o->K; /* host memory: what a checkpoint is written from */
-    if (z->ep) {
-        struct zero1_ep *e = z->ep;
-        float *stage = xcalloc(z->per + 1, sizeof(float));
+    if (z->ep) {           /* over host memory: the block copied out of the context's, each class gathered */
+        const struct zero1_ep *e = z->ep;
+        const size_t k = zero1_block_floats(z);
+        float *stage = xcalloc(z->per + 1, sizeof(float)), *mine = xcalloc(k + 1, sizeof(float));
+        float *pack[2] = {xcalloc(e->per[0] * ep_group_size(e, 0) + 1, sizeof(float)),
+                          xcalloc(e->per[1] * ep_group_size(e, 1) + 1, sizeof(float))};
         const float *src[2] = {block->m, block->v};
         float *dst[2] = {o->m, o->v};
         for (int i = 0; i < 2; i++) {
-            ep_gather(H, e, 0, src[i], stage, dst[i]);
-            ep_gather(H, e, 1, src[i] + ep_k(e, 0), stage, dst[i]);
+            copy_across(H, mine, block->K, src[i], k * sizeof(float));
+            ep_gather(H, e, 0, mine, stage, pack[0], dst[i]);
+            ep_gather(H, e, 1, mine + ep_k(e, 0), stage, pack[1], dst[i]);
         }
-        free(stage);
+        free(stage), free(mine), free(pack[0]), free(pack[1]);
         return o;
     }
     /* the block sits at [lo, hi) of a whole buffer for gather_blocks */

@@ -40,8 +40,9 @@ struct zero1 {
 
 struct zero1 *zero1_create(struct kctx *K, struct comm *dp, size_t n);
 /* ZeRO-1 under expert parallelism: m's dense parameters sharded over dp, its experts (model_expert_span) over edp
- * (NULL: a group of one, each rank keeps all of its experts' state); the CPU back-end. With PP each stage shards its
- * own parameters (the norm summed over the stages, a tied embedding's copy counted once). */
+ * (NULL: a group of one, each rank keeps all of its experts' state), in K's memory (on a GPU, dp and edp NCCL twins:
+ * the packed classes are device memory; the state is sharded from and gathered to host memory). With PP each stage
+ * shards its own parameters (the norm summed over the stages, a tied embedding's copy counted once). */
 struct zero1 *zero1_create_ep(struct kctx *K, struct comm *dp, struct comm *edp, const struct model *m);
 /* The floats of this rank's block(s): its AdamW state's size. */
 size_t zero1_block_floats(const struct zero1 *z);
