@@ -72,6 +72,23 @@ static inline size_t kmoe_lora_scratch(size_t nk, int D, int F, int Rgu, int Rd)
     return nk * (2 * R + W) + 2 * (bgu > bd ? bgu : bd);
 }
 
+/* The router's top k of one token's E probabilities p into id[0..k), the largest first, a tie to the lower expert
+ * (torch.topk's order on the CPU): what the host's routing chooses, and what its checks recompute. */
+static inline void kmoe_topk(const float *p, int E, int k, int32_t *id)
+{
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            bool taken = false;
+            for (int i = 0; i < j; i++)
+                taken |= id[i] == e;
+            if (!taken && (best < 0 || p[e] > p[best]))
+                best = e;
+        }
+        id[j] = best;
+    }
+}
+
 /* One back-end: what a context runs. Every op gets the context first. */
 struct kops {
     const char *name; /* "cpu", "cuda" */

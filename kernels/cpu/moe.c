@@ -33,17 +33,7 @@ void cpu_moe_route(struct kctx *K, struct kmoe *r, const float *logits)
         int32_t *id = r->idx + (size_t)t * k;
         float *w = r->wt + (size_t)t * k;
         double sum = 0;
-        for (int j = 0; j < k; j++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                bool taken = false;
-                for (int i = 0; i < j; i++)
-                    taken |= id[i] == e;
-                if (!taken && (best < 0 || p[e] > p[best]))
-                    best = e;
-            }
-            id[j] = best;
-        }
+        kmoe_topk(p, E, k, id);
         if (r->ref) { /* the token's own choice against ref's, as sets; with replay ref's experts are taken */
             const int32_t *rf = r->ref + (size_t)t * k;
             bool same = true;

@@ -861,6 +861,14 @@ void lora_expert_span(const struct model *m, int l, size_t *lo, size_t *hi)
     *hi = L->Ad ? (size_t)(L->Bd - a->mem) + D * r * El : (size_t)(L->Bgu - a->mem) + 2 * F * 2 * r * El;
 }
 
+void trainable_expert_span(const struct model *m, int l, size_t *lo, size_t *hi)
+{
+    if (m->lora)
+        lora_expert_span(m, l, lo, hi);
+    else
+        model_expert_span(m, l, lo, hi);
+}
+
 double lora_owned_sq(const struct model *m, const float *g)
 {
     const struct lora *a = m->lora;

@@ -138,6 +138,8 @@ void lora_merged_weights(const struct model *m, float *out);
  * (the whole adapter's layout; NULL: this rank only sends); without EP a copy;
  * lora_ep_slice: this rank's part of a whole adapter into local. */
 void lora_expert_span(const struct model *m, int l, size_t *lo, size_t *hi);
+/* Layer l's experts' floats [lo, hi) in model_trainable's buffer: the adapter's with LoRA, else the weights'. */
+void trainable_expert_span(const struct model *m, int l, size_t *lo, size_t *hi);
 double lora_owned_sq(const struct model *m, const float *g);
 size_t lora_whole_floats(const struct model *m);
 void lora_ep_gather(const struct model *m, const float *local, float *whole);

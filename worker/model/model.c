@@ -1377,20 +1377,11 @@ static void moe_group_routing(const struct model *m, const struct kmoe *r, doubl
                 pad++;
                 if (r->n_compared > 0) { /* compared with the rollout's: the kernel's top-k: the larger first, a tie to
                                             the lower expert */
-                    int id[k];
+                    int32_t id[k];
+                    kmoe_topk(pt, E, k, id);
                     bool same = true;
-                    for (int j = 0; j < k; j++) {
-                        int best = -1;
-                        for (int e = 0; e < E; e++) {
-                            bool taken = false;
-                            for (int i = 0; i < j; i++)
-                                taken |= id[i] == e;
-                            if (!taken && (best < 0 || pt[e] > pt[best]))
-                                best = e;
-                        }
-                        id[j] = best;
-                        same &= best < k;
-                    }
+                    for (int j = 0; j < k; j++)
+                        same &= id[j] < k;
                     pad_differ += !same;
                 }
                 continue;

@@ -365,10 +365,7 @@ static void ep_sum_grads(struct model *m, const struct update_params *p)
     size_t at = 0; /* the dense floats from here up to the next layer's experts */
     for (int l = m->sh.layer_lo; l < m->sh.layer_hi; l++) {
         size_t lo, hi;
-        if (m->lora)
-            lora_expert_span(m, l, &lo, &hi);
-        else
-            model_expert_span(m, l, &lo, &hi);
+        trainable_expert_span(m, l, &lo, &hi);
         if (hi == lo)
             continue;
         group_sum(m, dense, g + at, lo - at, stage ? stage + at : NULL);

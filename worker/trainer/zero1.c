@@ -124,10 +124,7 @@ struct zero1 *zero1_create_ep(struct kctx *K, struct comm *dp, struct comm *edp,
     size_t at = 0; /* the dense floats from here up to the next layer's experts */
     for (int l = m->sh.layer_lo; l < m->sh.layer_hi; l++) {
         size_t lo, hi;
-        if (m->lora)
-            lora_expert_span(m, l, &lo, &hi);
-        else
-            model_expert_span(m, l, &lo, &hi);
+        trainable_expert_span(m, l, &lo, &hi);
         if (hi == lo)
             continue;
         ep_add_span(e, 0, at, lo - at);
