@@ -7,6 +7,7 @@
 #  - Ulysses SP 2 and ring CP 2 on a dense shape: each rank a slice (or the load-balanced chunks) of every
 #    micro-batch's tokens, the all-to-all or the K/V ring from device memory;
 #  - CP 2 and EP 2 with ZeRO-1 over the groups' NCCL twins (where the ranks share one GPU: refused naming the key);
+#  - EP 2 with LoRA on the attention projections, the adapter gathered over EP into the checkpoint;
 #  each: per-step losses, grad norms and entropies, and the final weights, agree with the one-process run (fp32
 #  bounds of cuBLAS: 1e-3 relative; 1e-5 on the CPU); the ranks say which group carries the rows (NCCL where each
 #  has a GPU of its own, else MPI through pinned host memory).
@@ -110,5 +111,33 @@ zero1() {
 }
 zero1 cp2-zero1 one "CP 2" "DP x CP" "$TMP/tiny" actor_rollout_ref.actor.megatron.context_parallel_size=2
 zero1 ep2-zero1 one-moe "EP 2" "DP" "$TMP/moe" $AUX actor_rollout_ref.actor.megatron.expert_model_parallel_size=2
+
+# EP 2 with LoRA on the attention projections (LoRA on the experts and the router is the CPU back-end's): each rank
+# trains the same attention adapter, the checkpoint holds the whole adapter; against one process with the same LoRA
+LORA=(actor_rollout_ref.model.lora_rank=2 actor_rollout_ref.model.lora_alpha=4
+    "actor_rollout_ref.model.target_modules=[q_proj,k_proj,v_proj,o_proj]" actor_rollout_ref.actor.optim.eps=1e-6)
+timeout 300 "$WORKER" "${COMMON[@]}" actor_rollout_ref.model.path="$TMP/moe" $AUX "${LORA[@]}" \
+    trainer.default_local_dir="$TMP/one-moe-lora" >"$TMP/one-moe-lora.log" 2>&1
+expect "the one-process $DEV run with LoRA (Qwen3-MoE) finishes" $?
+colo ep2-lora "$TMP/moe" $AUX "${LORA[@]}" actor_rollout_ref.actor.megatron.expert_model_parallel_size=2
+expect "EP 2 with LoRA on $DEV finishes" $?
+same_metrics ep2-lora one-moe-lora
+expect "EP 2 with LoRA: per-step losses, grad norms and entropies match the one-process run within $TOL" $?
+python3 - "$(weights one-moe-lora)" "$(weights ep2-lora)" "$TOL" <<'PY'
+import array, json, struct, sys
+def adapter(d):
+    data = open(f"{d}/adapter_model.safetensors", "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    head = json.loads(data[8:8 + n])
+    return {k: array.array("f", data[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+            for k, v in head.items() if k != "__metadata__"}
+one, two, tol = adapter(sys.argv[1]), adapter(sys.argv[2]), float(sys.argv[3])
+assert sorted(one) == sorted(two) and one, (sorted(one), sorted(two))
+top = max(max(abs(x) for x in v) for v in one.values())
+worst = max(max(abs(a - b) for a, b in zip(one[k], two[k])) for k in one)
+assert worst <= tol * top, f"the adapters differ by {worst:.3g} (bound {tol:g} x {top:.3g})"
+print(f"{len(one)} adapter tensors, max |a-b| {worst:.3g} of max |a| {top:.3g}")
+PY
+expect "EP 2 with LoRA: the final adapter matches the one-process run within $TOL" $?
 
 finish

@@ -881,10 +881,8 @@ double lora_owned_sq(const struct model *m, const float *g)
         if (hi == lo && l < a->n_layers)
             continue;
         if (m->sh.ep_rank == 0) /* the dense parts are the same on every EP rank: counted once */
-            for (size_t i = at; i < lo; i++)
-                s += (double)g[i] * g[i];
-        for (size_t i = lo; i < hi; i++)
-            s += (double)g[i] * g[i];
+            s += k_sumsq(m->K, g + at, lo - at);
+        s += k_sumsq(m->K, g + lo, hi - lo);
         at = hi;
     }
     return s;

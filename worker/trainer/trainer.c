@@ -241,6 +241,30 @@ static void shard_slice(struct trainer *t, struct kctx *K, const float *whole, f
     k_to_device(K, local, stage, t->policy->w.n_floats * sizeof(float));
 }
 
+/* LoRA under EP: this rank's buffer in the adapter's layout (in K's memory) to the whole adapter's (host; NULL: this
+ * rank only sends), and a whole one's part back into local; from a GPU through the host. */
+static void lora_gather(struct trainer *t, struct kctx *K, const float *local, float *whole)
+{
+    const float *part = local;
+    if (K->device != KDEV_CPU) {
+        float *stage = trainer_host_buffer(t);
+        k_to_host(K, stage, local, t->policy->lora->n * sizeof(float));
+        part = stage;
+    }
+    lora_ep_gather(t->policy, part, whole);
+}
+
+static void lora_slice(struct trainer *t, struct kctx *K, const float *whole, float *local)
+{
+    if (K->device == KDEV_CPU) {
+        lora_ep_slice(t->policy, whole, local);
+        return;
+    }
+    float *stage = trainer_host_buffer(t);
+    lora_ep_slice(t->policy, whole, stage);
+    k_to_device(K, local, stage, t->policy->lora->n * sizeof(float));
+}
+
 /* The whole model and optimizer state from every rank's part (ZeRO-1 blocks over DP, then the TP and PP parts
  * to trainer rank 0, which writes). *wm: the whole policy (NULL: t->policy is whole, or this rank does not
  * write); *wo: the whole optimizer state (NULL: t->opt is, or this rank does not write). The caller frees
@@ -256,7 +280,7 @@ static void gather_whole(struct trainer *t, struct model **wm, struct adamw **wo
         return;
     const struct adamw *opt = local ? local : t->opt;
     *wo = NULL;
-    if (t->policy->lora) { /* LoRA under EP (CPU): the whole adapter and its moments, every expert's */
+    if (t->policy->lora) { /* LoRA under EP: the whole adapter and its moments, every expert's */
         const struct model *p = t->policy;
         if (lead(t)) {
             char err[256];
@@ -267,9 +291,9 @@ static void gather_whole(struct trainer *t, struct model **wm, struct adamw **wo
             *wo = adamw_create((*wm)->lora->n, opt->beta1, opt->beta2, opt->eps, opt->weight_decay);
             (*wo)->t = opt->t;
         }
-        lora_ep_gather(p, p->lora->mem, *wm ? (*wm)->lora->mem : NULL);
-        lora_ep_gather(p, opt->m, *wo ? (*wo)->m : NULL);
-        lora_ep_gather(p, opt->v, *wo ? (*wo)->v : NULL);
+        lora_gather(t, p->K, p->lora->mem, *wm ? (*wm)->lora->mem : NULL);
+        lora_gather(t, opt->K, opt->m, *wo ? (*wo)->m : NULL);
+        lora_gather(t, opt->K, opt->v, *wo ? (*wo)->v : NULL);
         adamw_free(local);
         return;
     }
@@ -606,12 +630,6 @@ static int ep_refusals(const struct trainer *t, char *err, size_t errlen)
 {
     const struct grpo_config *c = t->cfg;
     const long long ep = t->lay.ep_size;
-    if (strncmp(c->trainer_device, "cpu", 3) != 0 && (c->arr_model_lora_rank > 0 || c->arr_model_lora_adapter_path[0]))
-        return error_set(err, errlen,
-                         "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with trainer.device=%s and "
-                         "actor_rollout_ref.model.lora_rank %lld: LoRA under expert parallelism has no GPU path yet; "
-                         "set trainer.device=cpu or the EP size to 1",
-                         ep, c->trainer_device, (long long)c->arr_model_lora_rank);
     if (c->trainer_sft_warmup_steps > 0) /* its step sums no gradient over DP: every rank runs every answer */
         return error_set(err, errlen,
                          "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with "
@@ -654,7 +672,7 @@ static int load_checkpoint(struct trainer *t, const char *dir, struct run_state 
 {
     if (!t->lay.mp && !on_device(t))
         return checkpoint_load(dir, t->policy, t->opt, st, err, errlen);
-    if (t->policy->lora && t->policy->sh.ep) { /* LoRA under EP (CPU): the whole adapter, then this rank's part */
+    if (t->policy->lora && t->policy->sh.ep) { /* LoRA under EP: the whole adapter, then this rank's part */
         const struct model *p = t->policy;
         struct model *wm = model_create(&p->cfg);
         if (lora_attach(wm, &p->lora->cfg, err, errlen) != 0) {
@@ -666,9 +684,9 @@ static int load_checkpoint(struct trainer *t, const char *dir, struct run_state 
         if (rc == 0) {
             p->lora->cfg.alpha = wm->lora->cfg.alpha;
             p->lora->scale = wm->lora->scale;
-            lora_ep_slice(p, wm->lora->mem, p->lora->mem);
-            lora_ep_slice(p, wo->m, t->opt->m);
-            lora_ep_slice(p, wo->v, t->opt->v);
+            lora_slice(t, p->K, wm->lora->mem, p->lora->mem);
+            lora_slice(t, t->opt->K, wo->m, t->opt->m);
+            lora_slice(t, t->opt->K, wo->v, t->opt->v);
             t->opt->t = wo->t;
         }
         adamw_free(wo);
