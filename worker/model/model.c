@@ -1369,6 +1369,7 @@ static void moe_group_routing(const struct model *m, const struct kmoe *r, doubl
         float *p = xmalloc((size_t)(N > 0 ? N : 1) * E * sizeof *p);
         k_to_host(m->K, idx, r->idx, (size_t)N * k * sizeof *idx);
         k_to_host(m->K, p, r->probs, (size_t)N * E * sizeof *p);
+        int32_t *id = xmalloc((size_t)(k > 0 ? k : 1) * sizeof *id); /* a padding row's top k */
         memset(g, 0, (2 * (size_t)E + 3) * sizeof *g);
         int pad = 0, pad_differ = 0;
         for (int t = 0; t < N; t++) {
@@ -1377,7 +1378,6 @@ static void moe_group_routing(const struct model *m, const struct kmoe *r, doubl
                 pad++;
                 if (r->n_compared > 0) { /* compared with the rollout's: the kernel's top-k: the larger first, a tie to
                                             the lower expert */
-                    int32_t id[k];
                     kmoe_topk(pt, E, k, id);
                     bool same = true;
                     for (int j = 0; j < k; j++)
@@ -1394,7 +1394,7 @@ static void moe_group_routing(const struct model *m, const struct kmoe *r, doubl
         }
         g[2 * E + 1] = r->n_differ - pad_differ;
         g[2 * E + 2] = r->n_compared > 0 ? r->n_compared - pad : 0;
-        free(idx), free(p);
+        free(idx), free(p), free(id);
     }
     if (m->sh.sp)
         comm_allreduce_sum(m->sh.sp, g, 2 * (size_t)E + 3, COMM_F64);
