@@ -234,6 +234,7 @@ static void reevaluate(struct core *c)
         return;
     char reason[CORE_REASON_MAX];
     int present = 0, ended = 0, finished = 0, paused = 0, rollouts = 0, rollouts_lost = 0;
+    int trainers = 0, trainers_finished = 0; /* trainer and colocated (hybrid) ranks: the ones that train */
     const struct core_worker *lost = NULL, *failed = NULL, *lost_rollout = NULL;
     for (int r = 0; r < c->nworkers; r++) {
         const struct core_worker *w = c->workers[r];
@@ -248,6 +249,9 @@ static void reevaluate(struct core *c)
             lost_rollout = w;
         rollouts += w->role == GRPO__ROLE__ROLE_ROLLOUT;
         rollouts_lost += spare;
+        const bool trains = w->role == GRPO__ROLE__ROLE_TRAINER || w->role == GRPO__ROLE__ROLE_HYBRID;
+        trainers += trains;
+        trainers_finished += trains && w->state == GRPO__WORKER_STATE__WORKER_FINISHED;
         if (w->state == GRPO__WORKER_STATE__WORKER_LOST && !spare && !lost)
             lost = w;
         ended += worker_ended(w->state) || w->state == GRPO__WORKER_STATE__WORKER_LOST;
@@ -275,7 +279,10 @@ static void reevaluate(struct core *c)
         }
         return;
     }
-    if (c->run.world > 0 && present == c->run.world && finished == present) {
+    /* every rank finished; or every rank that trains did, which is the end of training: a rollout rank still on
+     * its way out (it missed the trainers' last word, stalled as they closed) hears the run is over from here */
+    if (c->run.world > 0 && present == c->run.world &&
+        (finished == present || (trainers > 0 && trainers_finished == trainers))) {
         snprintf(reason, sizeof reason, "training finished at step %" PRId64, c->run.step);
         set_state(c, GRPO__RUN_STATE__RUN_FINISHED, reason);
         return;

@@ -792,6 +792,39 @@ static void test_split_rollout_rank_lost(void **state)
     core_deinit(&c);
 }
 
+/* The trainers finished while a rollout rank is still on its way out (it missed their last word): training is over,
+ * the run is finished, and that rank's next heartbeat says so (it ends on it); a rollout rank finishing first ends
+ * nothing. */
+static void test_split_trainers_finished_end_run(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = split_settings();
+    core_init(&c, &s, T);
+    uint64_t inc[4];
+    start_split_run(&c, inc);
+    beat_ok(&c, 2, inc[2], GRPO__WORKER_STATE__WORKER_FINISHED, 5); /* a rollout rank first: training goes on */
+    core_tick(&c, T);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING);
+    beat_ok(&c, 0, inc[0], GRPO__WORKER_STATE__WORKER_FINISHED, 5);
+    core_tick(&c, T);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING); /* one trainer of two */
+    beat_ok(&c, 1, inc[1], GRPO__WORKER_STATE__WORKER_FINISHED, 5);
+    core_tick(&c, T);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_FINISHED);
+    assert_string_equal(c.run.reason, "training finished at step 5");
+    assert_int_equal(c.workers[3]->state, GRPO__WORKER_STATE__WORKER_RUNNING);
+    Grpo__Envelope *e = beat(&c, 3, inc[3], GRPO__WORKER_STATE__WORKER_RUNNING, 5);
+    assert_int_equal(e->heartbeat_ack->run_state, GRPO__RUN_STATE__RUN_FINISHED);
+    assert_false(e->heartbeat_ack->reregister);
+    assert_string_equal(e->heartbeat_ack->abort, "");
+    protocol_free(e);
+    beat_ok(&c, 3, inc[3], GRPO__WORKER_STATE__WORKER_FINISHED, 5); /* it ends; the run stays finished */
+    core_tick(&c, T);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_FINISHED);
+    core_deinit(&c);
+}
+
 /* Every rollout rank lost: the run goes on for the trainers, but status says that no rollout rank is left and that
  * the run waits for replacements (not that the work goes to the others); one replacement, and the text is the
  * usual one for the rank still lost. */
@@ -1468,6 +1501,7 @@ int main(void)
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_status_and_metrics),
         cmocka_unit_test(test_split_rollout_rank_lost),
+        cmocka_unit_test(test_split_trainers_finished_end_run),
         cmocka_unit_test(test_split_every_rollout_rank_lost),
         cmocka_unit_test(test_split_trainer_lost_aborts),
         cmocka_unit_test(test_replace_rank),

@@ -295,6 +295,7 @@ static void grant(struct dispatch_core *d, int pi, bool names_done, Grpo__WorkGr
         }
     g->kind = WORK_WAIT;
     int64_t next = d->win0 + d->window;
+    g->step = next; /* the next step to grant: past total_steps, every step is granted */
     if (next > d->o.total_steps)
         snprintf(reason, rlen, "every step is granted; the trainers finish step %lld", (long long)d->o.total_steps);
     else

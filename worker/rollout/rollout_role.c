@@ -52,6 +52,11 @@ struct rollout_rank {
     struct data_cursor cur;
     bool cur_open;
     int64_t cur_step; /* the step whose prompts the cursor drew last */
+    /* the run's steps (0: not heard yet), and whether the dispatcher has granted every step's units (this rank
+     * had one of the final step, or was told every step is granted): then a dispatcher gone is the trainers' end,
+     * not a loss */
+    int64_t total_steps;
+    bool all_granted, said_all_granted;
     int64_t version;  /* policy version in the model (-1: none yet) */
     struct rollout_ctx rc;
     struct dataplane_push *push;
@@ -531,12 +536,31 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
                 snprintf(g->reason, sizeof g->reason, "the run finished while this rank was away (%.150s)", why);
                 break;
             }
+            /* the trainers close the dispatcher once every rollout process has been told the end, and an end told
+             * as the socket closed can be lost: once every step is granted nothing more is owed here, and an
+             * endpoint that is gone (no socket file, a refused connection: not a network cut, which only times
+             * out) is the trainers' end */
+            if (r->all_granted && (strstr(why, "no such file or directory") || strstr(why, "connection refused"))) {
+                g->kind = WORK_END;
+                g->step = g->total_steps = r->total_steps;
+                snprintf(g->reason, sizeof g->reason,
+                         "the trainers' dispatcher closed after every step to %lld was granted (%.150s)",
+                         (long long)r->total_steps, why);
+                break;
+            }
             if (clock_now_s() - unanswered_since > 60)
                 return error_set(err, errlen, "%s for 60 s: the trainers are gone", why);
             log_warn("rollout", "%s; asking again", why);
             continue;
         }
         unanswered_since = 0;
+        if (g->total_steps > 0 && g->kind != WORK_END && g->step >= g->total_steps + (g->kind == WORK_WAIT)) {
+            if (g->kind == WORK_WAIT && !r->said_all_granted) /* a unit of the last step, or every one is out */
+                log_info("rollout", "every step to %lld is granted, none of it here: waiting for the trainers' end",
+                         (long long)g->total_steps);
+            r->said_all_granted |= g->kind == WORK_WAIT;
+            r->total_steps = g->total_steps, r->all_granted = true;
+        }
         if (g->kind != WORK_WAIT)
             break;
         eng_keepalive(r);
