@@ -57,7 +57,7 @@ struct rollout_rank {
      * not a loss */
     int64_t total_steps;
     bool all_granted, said_all_granted;
-    int64_t version;  /* policy version in the model (-1: none yet) */
+    int64_t version; /* policy version in the model (-1: none yet) */
     struct rollout_ctx rc;
     struct dataplane_push *push;
     struct work_client *work;
