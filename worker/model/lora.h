@@ -131,12 +131,11 @@ void lora_merged_weights(const struct model *m, float *out);
 /* Expert parallelism (m holds experts [expert_lo, expert_lo + n_experts) of each layer, so its adapter holds
  * theirs; everything else is whole on every EP rank):
  * lora_expert_span: layer l's experts' adapter floats [lo, hi) in the adapter's buffer (lo == hi: none);
- * lora_owned_sq: the sum of squares of g (the adapter's layout, m's context's memory) counting the dense parts on EP rank 0
- * only (summed over the EP group it is the whole adapter's);
- * lora_whole_floats: the floats of the whole adapter (every expert);
- * lora_ep_gather: collective over the EP group: every rank's local (its adapter's layout, host memory) into whole
- * (the whole adapter's layout; NULL: this rank only sends); without EP a copy;
- * lora_ep_slice: this rank's part of a whole adapter into local. */
+ * lora_owned_sq: the sum of squares of g (the adapter's layout, m's context's memory) counting the dense parts on EP
+ * rank 0 only (summed over the EP group it is the whole adapter's); lora_whole_floats: the floats of the whole adapter
+ * (every expert); lora_ep_gather: collective over the EP group: every rank's local (its adapter's layout, host memory)
+ * into whole (the whole adapter's layout; NULL: this rank only sends); without EP a copy; lora_ep_slice: this rank's
+ * part of a whole adapter into local. */
 void lora_expert_span(const struct model *m, int l, size_t *lo, size_t *hi);
 /* Layer l's experts' floats [lo, hi) in model_trainable's buffer: the adapter's with LoRA, else the weights'. */
 void trainable_expert_span(const struct model *m, int l, size_t *lo, size_t *hi);
