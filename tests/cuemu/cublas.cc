@@ -1,0 +1,126 @@
+// cuemu: cublasGemmEx on the CPU, from the definition (tests/cuemu/README.md). Column-major, as cuBLAS:
+// C (m, n) = alpha op(A) op(B) + beta C with op(A) (m, k) and op(B) (k, n); every product summed in double in
+// index order, then rounded once to float. The arguments are checked as cuBLAS's documentation states them, and a
+// refusal is printed ("cuemu: cublasGemmEx: ...") before its status is returned.
+#include <stdio.h>
+#include <string.h>
+
+#include <vector>
+
+#include "cublas_v2.h"
+#include "cuda_bf16.h"
+
+struct cuemu_cublas {
+    cudaStream_t stream;
+    cublasMath_t math;
+};
+
+namespace
+{
+
+cublasStatus_t refuse(const char *why)
+{
+    fprintf(stderr, "cuemu: cublasGemmEx: %s\n", why);
+    return CUBLAS_STATUS_INVALID_VALUE;
+}
+
+double load(const void *p, cudaDataType_t t, size_t i)
+{
+    if (t == CUDA_R_32F)
+        return ((const float *)p)[i];
+    return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+}
+
+} // namespace
+
+extern "C" {
+
+cublasStatus_t cublasCreate(cublasHandle_t *handle)
+{
+    *handle = new cuemu_cublas{NULL, CUBLAS_DEFAULT_MATH};
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasDestroy(cublasHandle_t handle)
+{
+    delete handle;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream)
+{
+    if (!handle)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    handle->stream = stream;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode)
+{
+    if (!handle)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    handle->math = mode;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetAtomicsMode(cublasHandle_t handle, cublasAtomicsMode_t mode)
+{
+    (void)mode;
+    return handle ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                            int k, const void *alpha, const void *A, cudaDataType_t Atype, int lda, const void *B,
+                            cudaDataType_t Btype, int ldb, const void *beta, void *C, cudaDataType_t Ctype, int ldc,
+                            cublasComputeType_t computeType, cublasGemmAlgo_t algo)
+{
+    (void)algo;
+    char why[256];
+    if (!handle)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (transa == CUBLAS_OP_C || transb == CUBLAS_OP_C)
+        return refuse("CUBLAS_OP_C is not emulated");
+    if (m < 0 || n < 0 || k < 0) {
+        snprintf(why, sizeof why, "negative size m %d n %d k %d", m, n, k);
+        return refuse(why);
+    }
+    // A is stored (m, k) untransposed or (k, m) transposed, column-major: lda >= its rows; likewise B and C
+    int arows = transa == CUBLAS_OP_N ? m : k, brows = transb == CUBLAS_OP_N ? k : n;
+    if (lda < (arows > 1 ? arows : 1) || ldb < (brows > 1 ? brows : 1) || ldc < (m > 1 ? m : 1)) {
+        snprintf(why, sizeof why, "leading dimensions lda %d ldb %d ldc %d below the rows %d, %d, %d", lda, ldb, ldc,
+                 arows, brows, m);
+        return refuse(why);
+    }
+    if (Ctype != CUDA_R_32F || computeType != CUBLAS_COMPUTE_32F || Atype != Btype ||
+        (Atype != CUDA_R_32F && Atype != CUDA_R_16BF))
+        return refuse("only A, B in CUDA_R_32F or CUDA_R_16BF with C in CUDA_R_32F and CUBLAS_COMPUTE_32F are emulated");
+    if (m == 0 || n == 0)
+        return CUBLAS_STATUS_SUCCESS;
+    if (cuemu_pointer_kind(C) != 1 || (k > 0 && (cuemu_pointer_kind(A) != 1 || cuemu_pointer_kind(B) != 1)))
+        return refuse("A, B and C must be device memory");
+    if (cuemu_pointer_kind(alpha) == 1 || cuemu_pointer_kind(beta) == 1)
+        return refuse("alpha and beta are host scalars (CUBLAS_POINTER_MODE_HOST)");
+    float al = *(const float *)alpha, be = *(const float *)beta;
+    // op(A) as rows of k (m of them) and op(B) as columns of k (n of them), each contiguous
+    std::vector<double> a((size_t)m * k), b((size_t)n * k);
+    for (int i = 0; i < m; i++)
+        for (int p = 0; p < k; p++)
+            a[(size_t)i * k + p] = load(A, Atype, transa == CUBLAS_OP_N ? (size_t)p * lda + i : (size_t)i * lda + p);
+    for (int j = 0; j < n; j++)
+        for (int p = 0; p < k; p++)
+            b[(size_t)j * k + p] = load(B, Btype, transb == CUBLAS_OP_N ? (size_t)j * ldb + p : (size_t)p * ldb + j);
+    float *c = (float *)C;
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) {
+            const double *ai = &a[(size_t)i * k], *bj = &b[(size_t)j * k];
+            double s = 0.0;
+            for (int p = 0; p < k; p++)
+                s += ai[p] * bj[p];
+            float *cij = &c[(size_t)j * ldc + i];
+            // beta 0: C is not read (it may hold NaNs), as cuBLAS documents
+            *cij = be == 0.0f ? (float)(al * s) : (float)(al * s + (double)be * *cij);
+        }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+} // extern "C"

@@ -1,0 +1,935 @@
+// cuemu: the CUDA runtime on the CPU (tests/cuemu/README.md). Memory, streams and events, and the kernel executor:
+// every thread of a block is a fiber on its own stack, switched by cuemu_switch (x86-64, below); barriers
+// (__syncthreads, the warp operations) park a fiber until every thread the barrier names has arrived.
+//
+// What it checks, as a GPU or compute-sanitizer would and more loudly (each finding is printed, "cuemu: ..."):
+// launch limits (block and grid sizes, dynamic shared memory over 48 KiB without the opt-in attribute), kernel
+// arguments that point at host memory, copies whose direction or length is wrong, reads and writes past either
+// end of device memory or of dynamic shared memory (guard pages: the process stops at the faulting access and the
+// kernel, block and thread are named), barriers that can never open, and warp operations on lanes that left.
+//
+// CUEMU_DEVICES (default 1) sets the device count, CUEMU_DEVICE_MEMORY the bytes per device (default 16 GiB),
+// CUEMU_ORDER the order in which a block's threads run between barriers: forward (default), reverse or
+// random (a seeded shuffle per block): a result that changes with the order is a race.
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "cuda_runtime.h"
+
+extern "C" void cuemu_switch(void **save_sp, void *to_sp);
+// Saves the callee-saved registers, MXCSR and the x87 control word on the current stack, stores the stack pointer
+// in *save_sp, and resumes the context whose stack pointer is to_sp (saved by an earlier switch or laid out by
+// fiber_start).
+asm(R"(
+    .text
+    .globl cuemu_switch
+    .hidden cuemu_switch
+    .type cuemu_switch, @function
+cuemu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size cuemu_switch, .-cuemu_switch
+)");
+
+namespace cuemu
+{
+uint3 *tid;
+uint3 block;
+dim3 bdim, gdim;
+} // namespace cuemu
+
+namespace
+{
+
+const size_t kPage = 4096;
+const size_t kStack = 256 * 1024; // per fiber, below it a guard page
+const int kMaxThreads = 1024;
+const size_t kDefaultSmem = 48 * 1024, kOptinSmem = 227 * 1024;
+
+// ---- diagnostics and the sticky error ----
+
+cudaError_t last_error = cudaSuccess; // cudaGetLastError's
+cudaError_t sticky = cudaSuccess;     // a fault in a kernel: every later call returns it, as on a GPU
+
+cudaError_t fail(cudaError_t e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+cudaError_t fail(cudaError_t e, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "cuemu: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    last_error = e;
+    return e;
+}
+
+// ---- memory: every allocation its own mapping, guard pages on both sides ----
+
+struct alloc {
+    char *map;       // the mapping: [guard][data pages][guard]
+    size_t map_len;
+    size_t size;     // bytes asked for
+    int kind;        // 1 device, 2 pinned host
+    int device;
+};
+std::map<uintptr_t, alloc> allocs; // by user pointer
+std::mutex mem_lock;
+size_t used_bytes[64];
+int current_device = 0;
+
+int env_int(const char *name, int dflt)
+{
+    const char *s = getenv(name);
+    return s && *s ? atoi(s) : dflt;
+}
+
+int device_count() { return env_int("CUEMU_DEVICES", 1); }
+
+size_t device_memory()
+{
+    const char *s = getenv("CUEMU_DEVICE_MEMORY");
+    return s && *s ? (size_t)strtoull(s, NULL, 10) : (size_t)16 << 30;
+}
+
+// the allocation holding [p, p + len) (len 0: p itself, or its end), or NULL
+const alloc *find(const void *p, size_t len, uintptr_t *base)
+{
+    uintptr_t u = (uintptr_t)p;
+    auto it = allocs.upper_bound(u);
+    if (it == allocs.begin())
+        return NULL;
+    --it;
+    if (u + len > it->first + it->second.size)
+        return NULL;
+    if (base)
+        *base = it->first;
+    return &it->second;
+}
+
+// the allocation whose mapping holds p (for a fault's report)
+const alloc *find_near(const void *p, uintptr_t *base)
+{
+    uintptr_t u = (uintptr_t)p;
+    for (auto &kv : allocs)
+        if (u >= (uintptr_t)kv.second.map && u < (uintptr_t)kv.second.map + kv.second.map_len) {
+            *base = kv.first;
+            return &kv.second;
+        }
+    return NULL;
+}
+
+void install_fault_handler();
+
+void *map_guarded(size_t size, size_t *map_len, char **map)
+{
+    size_t rounded = (size + 255) & ~(size_t)255, data = (rounded + kPage - 1) & ~(kPage - 1);
+    if (data == 0)
+        data = kPage;
+    *map_len = data + 2 * kPage;
+    void *m = mmap(NULL, *map_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED)
+        return NULL;
+    *map = (char *)m;
+    if (mprotect(*map + kPage, data, PROT_READ | PROT_WRITE) != 0) {
+        munmap(m, *map_len);
+        return NULL;
+    }
+    // the data end at the upper guard, 256-aligned: an overrun of the rounded size faults at once
+    return *map + kPage + data - (rounded ? rounded : 256);
+}
+
+cudaError_t do_alloc(void **ptr, size_t bytes, int kind, const char *what)
+{
+    if (!ptr)
+        return fail(cudaErrorInvalidValue, "%s: a NULL result pointer", what);
+    install_fault_handler();
+    std::lock_guard<std::mutex> g(mem_lock);
+    if (kind == 1 && used_bytes[current_device] + bytes > device_memory()) {
+        *ptr = NULL;
+        return fail(cudaErrorMemoryAllocation, "%s(%zu bytes): device %d is out of memory (%zu of %zu bytes in use)",
+                    what, bytes, current_device, used_bytes[current_device], device_memory());
+    }
+    alloc a;
+    a.size = bytes;
+    a.kind = kind;
+    a.device = current_device;
+    void *p = map_guarded(bytes, &a.map_len, &a.map);
+    if (!p) {
+        *ptr = NULL;
+        return fail(cudaErrorMemoryAllocation, "%s(%zu bytes): mmap: %s", what, bytes, strerror(errno));
+    }
+    allocs[(uintptr_t)p] = a;
+    if (kind == 1)
+        used_bytes[current_device] += bytes;
+    *ptr = p;
+    return cudaSuccess;
+}
+
+cudaError_t do_free(void *p, int kind, const char *what)
+{
+    if (!p)
+        return cudaSuccess;
+    std::lock_guard<std::mutex> g(mem_lock);
+    auto it = allocs.find((uintptr_t)p);
+    if (it == allocs.end() || it->second.kind != kind)
+        return fail(cudaErrorInvalidValue, "%s(%p): not a pointer that %s returned", what, p,
+                    kind == 1 ? "cudaMalloc" : "cudaMallocHost");
+    if (kind == 1)
+        used_bytes[it->second.device] -= it->second.size;
+    munmap(it->second.map, it->second.map_len);
+    allocs.erase(it);
+    return cudaSuccess;
+}
+
+// ---- the kernel executor ----
+
+enum { RUN, AT_BLOCK, AT_WARP, DONE };
+
+struct fiber {
+    void *sp;
+    char *stack; // its mapping: a guard page, then kStack bytes
+    uint3 idx;
+    int state;
+    unsigned mask;     // AT_WARP: the lanes the operation names
+    uint64_t value;    // AT_WARP: this lane's value; AT_BLOCK: its predicate
+    const uint64_t *x; // after a warp operation: every lane's value
+    int result;        // after __syncthreads_or/and/count
+    int pred_op;
+};
+
+fiber fibers[kMaxThreads];
+uint64_t warp_buf[kMaxThreads / 32][2][32];
+unsigned warp_gen[kMaxThreads / 32];
+fiber *running;
+void *sched_sp;
+const std::function<void()> *body;
+int nthreads;
+const char *kernel_name;
+char *smem;
+size_t smem_len, smem_map_len;
+char *smem_map;
+std::mutex launch_lock;
+std::map<const void *, int> smem_optin; // cudaFuncSetAttribute(MaxDynamicSharedMemorySize)
+
+[[noreturn]] void fiber_main()
+{
+    (*body)();
+    running->state = DONE;
+    cuemu_switch(&running->sp, sched_sp);
+    abort(); // a finished fiber is never resumed
+}
+
+void fiber_start(fiber *f)
+{
+    if (!f->stack) {
+        void *m = mmap(NULL, kStack + kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                       -1, 0);
+        if (m == MAP_FAILED) {
+            fprintf(stderr, "cuemu: no memory for a thread's stack: %s\n", strerror(errno));
+            abort();
+        }
+        mprotect(m, kPage, PROT_NONE);
+        f->stack = (char *)m;
+    }
+    uint64_t *sp = (uint64_t *)(((uintptr_t)(f->stack + kPage + kStack)) & ~(uintptr_t)15);
+    *--sp = 0;                          // fiber_main's return address: it never returns
+    *--sp = (uint64_t)(void *)fiber_main; // where cuemu_switch's ret goes
+    for (int i = 0; i < 6; i++)
+        *--sp = 0; // rbp, rbx, r12..r15
+    --sp;
+    unsigned mxcsr = __builtin_ia32_stmxcsr();
+    unsigned short cw;
+    __asm__ volatile("fnstcw %0" : "=m"(cw));
+    memcpy(sp, &mxcsr, 4);
+    memcpy((char *)sp + 4, &cw, 2);
+    f->sp = sp;
+}
+
+void yield_to_scheduler() { cuemu_switch(&running->sp, sched_sp); }
+
+char where_buf[256];
+
+const char *where()
+{
+    if (!kernel_name)
+        return "host code";
+    snprintf(where_buf, sizeof where_buf, "kernel %s, block (%u,%u,%u), thread (%u,%u,%u)", kernel_name,
+             cuemu::block.x, cuemu::block.y, cuemu::block.z, running ? running->idx.x : 0,
+             running ? running->idx.y : 0, running ? running->idx.z : 0);
+    return where_buf;
+}
+
+void on_segv(int sig, siginfo_t *si, void *)
+{
+    uintptr_t base = 0;
+    const alloc *a = find_near(si->si_addr, &base);
+    if (a)
+        fprintf(stderr, "cuemu: %s: invalid access at %p, %s the %s allocation of %zu bytes at %p\n", where(),
+                si->si_addr, (uintptr_t)si->si_addr < base ? "before" : "past the end of",
+                a->kind == 1 ? "device" : "pinned host", a->size, (void *)base);
+    else if (smem_map && (char *)si->si_addr >= smem_map && (char *)si->si_addr < smem_map + smem_map_len)
+        fprintf(stderr, "cuemu: %s: invalid access at %p, outside the launch's %zu bytes of dynamic shared memory\n",
+                where(), si->si_addr, smem_len);
+    else
+        fprintf(stderr, "cuemu: %s: invalid access at %p\n", where(), si->si_addr);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+void install_fault_handler()
+{
+    static bool done;
+    if (done)
+        return;
+    done = true;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_segv;
+    sa.sa_flags = SA_SIGINFO;
+    sigaction(SIGSEGV, &sa, NULL);
+    sigaction(SIGBUS, &sa, NULL);
+}
+
+const char *state_name(int s) { return s == AT_BLOCK ? "__syncthreads" : s == AT_WARP ? "a warp operation" : "exited"; }
+
+[[noreturn]] void stuck(const char *why)
+{
+    fprintf(stderr, "cuemu: kernel %s, block (%u,%u,%u): %s; the threads:\n", kernel_name, cuemu::block.x,
+            cuemu::block.y, cuemu::block.z, why);
+    int shown = 0;
+    for (int i = 0; i < nthreads && shown < 16; i++) {
+        fiber *f = &fibers[i];
+        if (f->state == DONE)
+            continue;
+        fprintf(stderr, "  thread %d (warp %d, lane %d): at %s", i, i / 32, i % 32, state_name(f->state));
+        if (f->state == AT_WARP)
+            fprintf(stderr, " with mask 0x%08x", f->mask);
+        fprintf(stderr, "\n");
+        shown++;
+    }
+    int done = 0;
+    for (int i = 0; i < nthreads; i++)
+        done += fibers[i].state == DONE;
+    fprintf(stderr, "  (%d of %d threads exited)\n", done, nthreads);
+    fflush(stderr);
+    abort(); // a GPU would hang here, or run on with undefined results
+}
+
+// Open the warp operations whose lanes have all arrived. True when one opened.
+bool open_warp_barriers()
+{
+    bool opened = false;
+    for (int w = 0; w * 32 < nthreads; w++) {
+        fiber *lanes = &fibers[w * 32];
+        int nl = nthreads - w * 32 < 32 ? nthreads - w * 32 : 32;
+        for (int l = 0; l < nl; l++) {
+            if (lanes[l].state != AT_WARP)
+                continue;
+            unsigned m = lanes[l].mask;
+            bool ready = true;
+            for (int j = 0; j < 32; j++) {
+                if (!(m >> j & 1u))
+                    continue;
+                if (j >= nl) {
+                    char why[160];
+                    snprintf(why, sizeof why, "a warp operation's mask 0x%08x names lane %d, past the block's %d threads",
+                             m, j, nthreads);
+                    stuck(why);
+                }
+                if (lanes[j].state == DONE) {
+                    char why[160];
+                    snprintf(why, sizeof why, "a warp operation's mask 0x%08x names lane %d of warp %d, which has exited",
+                             m, j, w);
+                    stuck(why);
+                }
+                if (lanes[j].state != AT_WARP || lanes[j].mask != m)
+                    ready = false;
+            }
+            if (!ready)
+                continue;
+            uint64_t *buf = warp_buf[w][warp_gen[w]++ & 1];
+            for (int j = 0; j < 32; j++)
+                buf[j] = (m >> j & 1u) ? lanes[j].value : 0;
+            for (int j = 0; j < 32; j++)
+                if (m >> j & 1u) {
+                    lanes[j].x = buf;
+                    lanes[j].state = RUN;
+                }
+            opened = true;
+        }
+    }
+    return opened;
+}
+
+bool open_block_barrier()
+{
+    int waiting = 0, live = 0, orv = 0, andv = 1, count = 0;
+    for (int i = 0; i < nthreads; i++) {
+        if (fibers[i].state == DONE)
+            continue;
+        live++;
+        if (fibers[i].state == AT_BLOCK) {
+            waiting++;
+            orv |= fibers[i].value != 0;
+            andv &= fibers[i].value != 0;
+            count += fibers[i].value != 0;
+        }
+    }
+    if (!live || waiting != live)
+        return false;
+    for (int i = 0; i < nthreads; i++)
+        if (fibers[i].state == AT_BLOCK) {
+            int op = fibers[i].pred_op;
+            fibers[i].result = op == 0 ? orv : op == 1 ? andv : count;
+            fibers[i].state = RUN;
+        }
+    return true;
+}
+
+unsigned long long order_seed = 0x9e3779b97f4a7c15ull;
+
+void run_block(int order_mode, std::vector<int> &order)
+{
+    for (int i = 0; i < nthreads; i++) {
+        fiber *f = &fibers[i];
+        f->idx.x = (unsigned)i % cuemu::bdim.x;
+        f->idx.y = ((unsigned)i / cuemu::bdim.x) % cuemu::bdim.y;
+        f->idx.z = (unsigned)i / (cuemu::bdim.x * cuemu::bdim.y);
+        f->state = RUN;
+        fiber_start(f);
+    }
+    if (smem_len)
+        memset(smem, 0xff, smem_len); // NaNs: a read before any write shows
+    for (;;) {
+        if (order_mode == 2) // random: a fresh shuffle per round
+            for (int i = nthreads - 1; i > 0; i--) {
+                order_seed = order_seed * 6364136223846793005ull + 1442695040888963407ull;
+                int j = (int)((order_seed >> 33) % (unsigned long long)(i + 1));
+                int t = order[i];
+                order[i] = order[j];
+                order[j] = t;
+            }
+        bool any_live = false;
+        for (int k = 0; k < nthreads; k++) {
+            fiber *f = &fibers[order[k]];
+            if (f->state != RUN)
+                continue;
+            running = f;
+            cuemu::tid = &f->idx;
+            cuemu_switch(&sched_sp, f->sp);
+        }
+        running = NULL;
+        for (int i = 0; i < nthreads; i++)
+            any_live |= fibers[i].state != DONE;
+        if (!any_live)
+            return;
+        if (open_warp_barriers())
+            continue;
+        if (open_block_barrier())
+            continue;
+        stuck("no barrier can open (a __syncthreads not reached by every live thread, or a warp operation not "
+              "reached by every lane its mask names)");
+    }
+}
+
+} // namespace
+
+namespace cuemu
+{
+
+void *dyn_smem() { return smem; }
+
+unsigned lane() { return (unsigned)(running - fibers) % 32; }
+
+void sync_block()
+{
+    running->state = AT_BLOCK;
+    running->value = 0;
+    running->pred_op = 0;
+    yield_to_scheduler();
+}
+
+int sync_block_pred(int pred, int op)
+{
+    running->state = AT_BLOCK;
+    running->value = pred != 0;
+    running->pred_op = op;
+    yield_to_scheduler();
+    return running->result;
+}
+
+const uint64_t *warp_exchange(unsigned mask, uint64_t value)
+{
+    if (!running)
+        fault("a warp operation outside a kernel");
+    if (!(mask >> lane() & 1u))
+        fault("a warp operation with mask 0x%08x, which does not name the calling lane %u", mask, lane());
+    running->state = AT_WARP;
+    running->mask = mask;
+    running->value = value;
+    yield_to_scheduler();
+    return running->x;
+}
+
+void fault(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "cuemu: %s: ", where());
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    fflush(stderr);
+    abort();
+}
+
+cudaError_t func_set_attribute(const void *fn, enum cudaFuncAttribute attr, int value)
+{
+    if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize)
+        return fail(cudaErrorInvalidValue, "cudaFuncSetAttribute: attribute %d is not emulated", (int)attr);
+    if (value < 0 || (size_t)value > kOptinSmem)
+        return fail(cudaErrorInvalidValue,
+                    "cudaFuncSetAttribute: %d bytes of dynamic shared memory is past the device's %zu", value,
+                    kOptinSmem);
+    std::lock_guard<std::mutex> g(launch_lock);
+    smem_optin[fn] = value;
+    return cudaSuccess;
+}
+
+cudaError_t launch(const void *fn, const char *name, dim3 grid, dim3 blk, size_t smem_bytes, cudaStream_t stream,
+                   const std::function<void()> &kernel_body, const void *const *ptrs, int nptrs)
+{
+    (void)stream;
+    if (sticky)
+        return last_error = sticky;
+    unsigned long long nt = (unsigned long long)blk.x * blk.y * blk.z;
+    if (!blk.x || !blk.y || !blk.z || nt > (unsigned long long)kMaxThreads || blk.z > 64)
+        return fail(cudaErrorInvalidConfiguration, "kernel %s: block (%u,%u,%u) is not a valid block", name, blk.x,
+                    blk.y, blk.z);
+    if (!grid.x || !grid.y || !grid.z || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535)
+        return fail(cudaErrorInvalidConfiguration,
+                    "kernel %s: grid (%u,%u,%u) is not a valid grid (x up to 2^31 - 1, y and z up to 65535)", name,
+                    grid.x, grid.y, grid.z);
+    std::lock_guard<std::mutex> g(launch_lock);
+    if (smem_bytes > kDefaultSmem) {
+        auto it = smem_optin.find(fn);
+        if (it == smem_optin.end() || (size_t)it->second < smem_bytes)
+            return fail(cudaErrorInvalidValue,
+                        "kernel %s: %zu bytes of dynamic shared memory, past 48 KiB without cudaFuncSetAttribute("
+                        "cudaFuncAttributeMaxDynamicSharedMemorySize) raising it (set: %d)",
+                        name, smem_bytes, it == smem_optin.end() ? 0 : it->second);
+    }
+    {
+        std::lock_guard<std::mutex> m(mem_lock);
+        for (int i = 0; i < nptrs; i++)
+            if (ptrs[i] && !find(ptrs[i], 0, NULL))
+                return fail(cudaErrorInvalidValue,
+                            "kernel %s: pointer argument %d (%p) is not in device memory (nor pinned host memory)",
+                            name, i + 1, ptrs[i]);
+    }
+    // dynamic shared memory: a guarded mapping per launch
+    smem_len = smem_bytes;
+    smem = NULL;
+    smem_map = NULL;
+    if (smem_bytes) {
+        smem = (char *)map_guarded(smem_bytes, &smem_map_len, &smem_map);
+        if (!smem)
+            return fail(cudaErrorMemoryAllocation, "kernel %s: no memory for its shared memory", name);
+        smem += (((smem_bytes + 255) & ~(size_t)255) - smem_bytes) & ~(size_t)15; // within 15 bytes of the guard
+    }
+    const char *ord = getenv("CUEMU_ORDER");
+    int mode = !ord || !strcmp(ord, "forward") ? 0 : !strcmp(ord, "reverse") ? 1 : 2;
+    nthreads = (int)nt;
+    std::vector<int> order((size_t)nthreads);
+    for (int i = 0; i < nthreads; i++)
+        order[(size_t)i] = mode == 1 ? nthreads - 1 - i : i;
+    body = &kernel_body;
+    kernel_name = name;
+    cuemu::gdim = grid;
+    cuemu::bdim = blk;
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++) {
+                cuemu::block = uint3{x, y, z};
+                run_block(mode, order);
+            }
+    kernel_name = NULL;
+    body = NULL;
+    if (smem_map)
+        munmap(smem_map, smem_map_len);
+    smem = smem_map = NULL;
+    smem_len = 0;
+    return cudaSuccess;
+}
+
+} // namespace cuemu
+
+// ---- the runtime API ----
+
+struct cuemu_stream {
+    unsigned flags;
+};
+struct cuemu_event {
+    unsigned flags;
+};
+
+namespace
+{
+
+// every call after a kernel fault returns it
+#define STICKY()                                                                                                        \
+    do {                                                                                                                \
+        if (sticky)                                                                                                     \
+            return last_error = sticky;                                                                                 \
+    } while (0)
+
+const char *kind_name(int k) { return k == 1 ? "device memory" : k == 2 ? "pinned host memory" : "host memory"; }
+
+int pointer_kind(const void *p, size_t len, bool *inside)
+{
+    uintptr_t base;
+    const alloc *a = find(p, 0, &base);
+    if (!a) {
+        *inside = true;
+        return 0;
+    }
+    *inside = (uintptr_t)p + len <= base + a->size;
+    return a->kind;
+}
+
+cudaError_t check_copy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind, const char *what)
+{
+    std::lock_guard<std::mutex> g(mem_lock);
+    bool din, sin;
+    int dk = pointer_kind(dst, bytes, &din), sk = pointer_kind(src, bytes, &sin);
+    if (!din)
+        return fail(cudaErrorInvalidValue, "%s: %zu bytes to %p run past the end of its allocation", what, bytes, dst);
+    if (!sin)
+        return fail(cudaErrorInvalidValue, "%s: %zu bytes from %p run past the end of its allocation", what, bytes,
+                    src);
+    bool dd = dk == 1, sd = sk == 1;
+    const char *bad = NULL;
+    switch (kind) {
+    case cudaMemcpyHostToDevice: bad = !dd ? "the destination is not device memory" : sd ? "the source is device memory" : NULL; break;
+    case cudaMemcpyDeviceToHost: bad = !sd ? "the source is not device memory" : dd ? "the destination is device memory" : NULL; break;
+    case cudaMemcpyDeviceToDevice: bad = !dd || !sd ? "one side is not device memory" : NULL; break;
+    case cudaMemcpyHostToHost: bad = dd || sd ? "one side is device memory" : NULL; break;
+    case cudaMemcpyDefault: break;
+    default: bad = "an unknown copy kind";
+    }
+    if (bad)
+        return fail(cudaErrorInvalidValue, "%s(kind %d, %zu bytes, %s to %s): %s", what, (int)kind, bytes,
+                    kind_name(sk), kind_name(dk), bad);
+    return cudaSuccess;
+}
+
+} // namespace
+
+extern "C" {
+
+int cuemu_pointer_kind(const void *p)
+{
+    std::lock_guard<std::mutex> g(mem_lock);
+    const alloc *a = find(p, 0, NULL);
+    return a ? a->kind : 0;
+}
+
+cudaError_t cudaGetDeviceCount(int *count)
+{
+    *count = device_count();
+    return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device)
+{
+    STICKY();
+    if (device < 0 || device >= device_count() || device >= 64)
+        return fail(cudaErrorInvalidDevice, "cudaSetDevice(%d): %d device(s) (CUEMU_DEVICES)", device,
+                    device_count());
+    current_device = device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *device)
+{
+    *device = current_device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
+{
+    if (device < 0 || device >= device_count())
+        return fail(cudaErrorInvalidDevice, "cudaGetDeviceProperties(%d): no such device", device);
+    memset(prop, 0, sizeof *prop);
+    snprintf(prop->name, sizeof prop->name, "cuemu (CUDA emulated on the CPU)");
+    prop->totalGlobalMem = device_memory();
+    prop->major = 9;
+    prop->minor = 0;
+    prop->multiProcessorCount = 132;
+    prop->sharedMemPerBlockOptin = kOptinSmem;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device)
+{
+    if (device < 0 || device >= device_count())
+        return fail(cudaErrorInvalidDevice, "cudaDeviceGetAttribute: no device %d", device);
+    switch (attr) {
+    case cudaDevAttrMaxThreadsPerBlock: *value = kMaxThreads; break;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *value = (int)kDefaultSmem; break;
+    case cudaDevAttrMultiProcessorCount: *value = 132; break;
+    case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = (int)kOptinSmem; break;
+    default: return fail(cudaErrorInvalidValue, "cudaDeviceGetAttribute: attribute %d is not emulated", (int)attr);
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void)
+{
+    STICKY();
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
+{
+    STICKY();
+    std::lock_guard<std::mutex> g(mem_lock);
+    *total_bytes = device_memory();
+    *free_bytes = device_memory() - used_bytes[current_device];
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetLastError(void)
+{
+    cudaError_t e = last_error;
+    last_error = sticky;
+    return e;
+}
+
+cudaError_t cudaPeekAtLastError(void) { return last_error; }
+
+const char *cudaGetErrorName(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    default: return "cudaErrorUnknown";
+    }
+}
+
+const char *cudaGetErrorString(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
+    default: return "unknown error";
+    }
+}
+
+cudaError_t cudaMalloc(void **ptr, size_t bytes)
+{
+    STICKY();
+    return do_alloc(ptr, bytes, 1, "cudaMalloc");
+}
+
+cudaError_t cudaFree(void *ptr)
+{
+    STICKY();
+    return do_free(ptr, 1, "cudaFree");
+}
+
+cudaError_t cudaMallocHost(void **ptr, size_t bytes) { return do_alloc(ptr, bytes, 2, "cudaMallocHost"); }
+
+cudaError_t cudaFreeHost(void *ptr) { return do_free(ptr, 2, "cudaFreeHost"); }
+
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const void *ptr)
+{
+    std::lock_guard<std::mutex> g(mem_lock);
+    memset(attr, 0, sizeof *attr);
+    const alloc *a = find(ptr, 0, NULL);
+    attr->type = !a ? cudaMemoryTypeUnregistered : a->kind == 1 ? cudaMemoryTypeDevice : cudaMemoryTypeHost;
+    attr->device = a ? a->device : -1;
+    attr->devicePointer = a ? (void *)ptr : NULL;
+    attr->hostPointer = a && a->kind == 2 ? (void *)ptr : NULL;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind, cudaStream_t stream)
+{
+    (void)stream;
+    STICKY();
+    if (!bytes)
+        return cudaSuccess;
+    cudaError_t e = check_copy(dst, src, bytes, kind, "cudaMemcpy");
+    if (e)
+        return e;
+    memmove(dst, src, bytes);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind)
+{
+    return cudaMemcpyAsync(dst, src, bytes, kind, NULL);
+}
+
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                              enum cudaMemcpyKind kind, cudaStream_t stream)
+{
+    (void)stream;
+    STICKY();
+    if (!width || !height)
+        return cudaSuccess;
+    if (width > dpitch || width > spitch)
+        return fail(cudaErrorInvalidValue, "cudaMemcpy2D: rows of %zu bytes wider than the pitches %zu, %zu", width,
+                    dpitch, spitch);
+    // the whole span of each side, first row to the end of the last
+    cudaError_t e = check_copy(dst, src, 0, kind, "cudaMemcpy2D");
+    if (!e)
+        e = check_copy((char *)dst + dpitch * (height - 1), (const char *)src + spitch * (height - 1), width, kind,
+                       "cudaMemcpy2D (last row)");
+    if (e)
+        return e;
+    for (size_t r = 0; r < height; r++)
+        memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void *ptr, int value, size_t bytes, cudaStream_t stream)
+{
+    (void)stream;
+    STICKY();
+    if (!bytes)
+        return cudaSuccess;
+    {
+        std::lock_guard<std::mutex> g(mem_lock);
+        const alloc *a = find(ptr, bytes, NULL);
+        if (!a || a->kind != 1)
+            return fail(cudaErrorInvalidValue, "cudaMemset(%p, %zu bytes): not inside one device allocation", ptr,
+                        bytes);
+    }
+    memset(ptr, value, bytes);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void *ptr, int value, size_t bytes) { return cudaMemsetAsync(ptr, value, bytes, NULL); }
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags)
+{
+    STICKY();
+    *stream = new cuemu_stream{flags};
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t *stream) { return cudaStreamCreateWithFlags(stream, 0); }
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream)
+{
+    delete stream;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream)
+{
+    (void)stream;
+    STICKY();
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t stream)
+{
+    (void)stream;
+    STICKY();
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags)
+{
+    (void)stream;
+    (void)flags;
+    STICKY();
+    if (!event)
+        return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: a NULL event");
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned flags)
+{
+    *event = new cuemu_event{flags};
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t *event) { return cudaEventCreateWithFlags(event, 0); }
+
+cudaError_t cudaEventDestroy(cudaEvent_t event)
+{
+    delete event;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
+{
+    (void)stream;
+    STICKY();
+    if (!event)
+        return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: a NULL event");
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event)
+{
+    (void)event;
+    STICKY();
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event)
+{
+    (void)event;
+    STICKY();
+    return cudaSuccess;
+}
+
+} // extern "C"
