@@ -407,6 +407,22 @@ bool open_block_barrier()
     }
     if (!live || waiting != live)
         return false;
+    // threads that returned count as arrived only by whole warps (what GPUs are relied on for): a warp that is
+    // part gone and part waiting is a barrier in divergent code
+    for (int w = 0; w * 32 < nthreads; w++) {
+        int gone = 0, at = 0;
+        for (int i = w * 32; i < nthreads && i < w * 32 + 32; i++) {
+            gone += fibers[i].state == DONE;
+            at += fibers[i].state == AT_BLOCK;
+        }
+        if (gone && at) {
+            char why[200];
+            snprintf(why, sizeof why,
+                     "no barrier can open: in warp %d, %d threads wait at __syncthreads and %d have returned (a "
+                     "__syncthreads in code that not every thread of the warp runs)", w, at, gone);
+            stuck(why);
+        }
+    }
     for (int i = 0; i < nthreads; i++)
         if (fibers[i].state == AT_BLOCK) {
             int op = fibers[i].pred_op;
