@@ -26,6 +26,10 @@
 
 #include "cuda_runtime.h"
 
+#if !defined(__x86_64__)
+#error "cuemu switches fibers with x86-64 assembly: build it on x86-64"
+#endif
+
 extern "C" void cuemu_switch(void **save_sp, void *to_sp);
 // Saves the callee-saved registers, MXCSR and the x87 control word on the current stack, stores the stack pointer
 // in *save_sp, and resumes the context whose stack pointer is to_sp (saved by an earlier switch or laid out by
@@ -62,6 +66,7 @@ cuemu_switch:
 
 namespace cuemu
 {
+extern unsigned cur_lane;
 uint3 *tid;
 uint3 block;
 dim3 bdim, gdim;
@@ -219,18 +224,30 @@ struct fiber {
     void *sp;
     char *stack; // its mapping: a guard page, then kStack bytes
     uint3 idx;
+    unsigned lane;
     int state;
-    unsigned mask;     // AT_WARP: the lanes the operation names
-    uint64_t value;    // AT_WARP: this lane's value; AT_BLOCK: its predicate
-    const uint64_t *x; // after a warp operation: every lane's value
-    int result;        // after __syncthreads_or/and/count
+    unsigned mask;  // AT_WARP: the lanes the operation names
+    uint64_t value; // AT_WARP: this lane's value; AT_BLOCK: its predicate
+    int snap;       // after a warp operation: the snapshot of the lanes' values it reads
+    int result;     // after __syncthreads_or/and/count
     int pred_op;
 };
 
+// A warp operation's values, one snapshot per opening: every lane of the mask reads it once (refs), so that
+// groups of one warp with different masks never overwrite values a lane has still to read.
+struct snapshot {
+    uint64_t v[32];
+    int refs;
+};
+const int kSnaps = 33; // at most 32 groups of one lane each are open at once, plus one being opened
+
 fiber fibers[kMaxThreads];
-uint64_t warp_buf[kMaxThreads / 32][2][32];
-unsigned warp_gen[kMaxThreads / 32];
+snapshot snaps[kMaxThreads / 32][kSnaps];
 fiber *running;
+int run_pos; // running's position in order
+std::vector<int> order;
+int n_done, n_at_block;
+int n_at_warp[kMaxThreads / 32];
 void *sched_sp;
 const std::function<void()> *body;
 int nthreads;
@@ -238,14 +255,42 @@ const char *kernel_name;
 char *smem;
 size_t smem_len, smem_map_len;
 char *smem_map;
+unsigned start_mxcsr;
+unsigned short start_cw;
 std::mutex launch_lock;
 std::map<const void *, int> smem_optin; // cudaFuncSetAttribute(MaxDynamicSharedMemorySize)
+
+void resume(fiber *f)
+{
+    running = f;
+    cuemu::tid = &f->idx;
+    cuemu::cur_lane = f->lane;
+}
+
+// me has blocked or finished: run the next runnable thread after it in the order, or go back to run_block when
+// none is (it opens __syncthreads or reports that nothing can open)
+void switch_from(fiber *me)
+{
+    for (int k = 1; k <= nthreads; k++) {
+        int p = run_pos + k < nthreads ? run_pos + k : run_pos + k - nthreads;
+        fiber *f = &fibers[order[(size_t)p]];
+        if (f->state == RUN) {
+            run_pos = p;
+            resume(f);
+            cuemu_switch(&me->sp, f->sp);
+            return;
+        }
+    }
+    running = NULL;
+    cuemu_switch(&me->sp, sched_sp);
+}
 
 [[noreturn]] void fiber_main()
 {
     (*body)();
     running->state = DONE;
-    cuemu_switch(&running->sp, sched_sp);
+    n_done++;
+    switch_from(running);
     abort(); // a finished fiber is never resumed
 }
 
@@ -262,20 +307,15 @@ void fiber_start(fiber *f)
         f->stack = (char *)m;
     }
     uint64_t *sp = (uint64_t *)(((uintptr_t)(f->stack + kPage + kStack)) & ~(uintptr_t)15);
-    *--sp = 0;                          // fiber_main's return address: it never returns
+    *--sp = 0;                            // fiber_main's return address: it never returns
     *--sp = (uint64_t)(void *)fiber_main; // where cuemu_switch's ret goes
     for (int i = 0; i < 6; i++)
         *--sp = 0; // rbp, rbx, r12..r15
     --sp;
-    unsigned mxcsr = __builtin_ia32_stmxcsr();
-    unsigned short cw;
-    __asm__ volatile("fnstcw %0" : "=m"(cw));
-    memcpy(sp, &mxcsr, 4);
-    memcpy((char *)sp + 4, &cw, 2);
+    memcpy(sp, &start_mxcsr, 4);
+    memcpy((char *)sp + 4, &start_cw, 2);
     f->sp = sp;
 }
-
-void yield_to_scheduler() { cuemu_switch(&running->sp, sched_sp); }
 
 char where_buf[256];
 
@@ -320,7 +360,10 @@ void install_fault_handler()
     sigaction(SIGBUS, &sa, NULL);
 }
 
-const char *state_name(int s) { return s == AT_BLOCK ? "__syncthreads" : s == AT_WARP ? "a warp operation" : "exited"; }
+const char *state_name(int s)
+{
+    return s == AT_BLOCK ? "__syncthreads" : s == AT_WARP ? "a warp operation" : s == RUN ? "running" : "exited";
+}
 
 [[noreturn]] void stuck(const char *why)
 {
@@ -337,145 +380,157 @@ const char *state_name(int s) { return s == AT_BLOCK ? "__syncthreads" : s == AT
         fprintf(stderr, "\n");
         shown++;
     }
-    int done = 0;
-    for (int i = 0; i < nthreads; i++)
-        done += fibers[i].state == DONE;
-    fprintf(stderr, "  (%d of %d threads exited)\n", done, nthreads);
+    fprintf(stderr, "  (%d of %d threads exited)\n", n_done, nthreads);
     fflush(stderr);
     abort(); // a GPU would hang here, or run on with undefined results
 }
 
-// Open the warp operations whose lanes have all arrived. True when one opened.
-bool open_warp_barriers()
+// A lane of the mask m that can never arrive (exited, or past the block): report it (a fault).
+void check_mask(int w, unsigned m)
 {
-    bool opened = false;
-    for (int w = 0; w * 32 < nthreads; w++) {
-        fiber *lanes = &fibers[w * 32];
-        int nl = nthreads - w * 32 < 32 ? nthreads - w * 32 : 32;
-        for (int l = 0; l < nl; l++) {
-            if (lanes[l].state != AT_WARP)
-                continue;
-            unsigned m = lanes[l].mask;
-            bool ready = true;
-            for (int j = 0; j < 32; j++) {
-                if (!(m >> j & 1u))
-                    continue;
-                if (j >= nl) {
-                    char why[160];
-                    snprintf(why, sizeof why, "a warp operation's mask 0x%08x names lane %d, past the block's %d threads",
-                             m, j, nthreads);
-                    stuck(why);
-                }
-                if (lanes[j].state == DONE) {
-                    char why[160];
-                    snprintf(why, sizeof why, "a warp operation's mask 0x%08x names lane %d of warp %d, which has exited",
-                             m, j, w);
-                    stuck(why);
-                }
-                if (lanes[j].state != AT_WARP || lanes[j].mask != m)
-                    ready = false;
-            }
-            if (!ready)
-                continue;
-            uint64_t *buf = warp_buf[w][warp_gen[w]++ & 1];
-            for (int j = 0; j < 32; j++)
-                buf[j] = (m >> j & 1u) ? lanes[j].value : 0;
-            for (int j = 0; j < 32; j++)
-                if (m >> j & 1u) {
-                    lanes[j].x = buf;
-                    lanes[j].state = RUN;
-                }
-            opened = true;
+    fiber *lanes = &fibers[w * 32];
+    int nl = nthreads - w * 32 < 32 ? nthreads - w * 32 : 32;
+    for (int j = 0; j < 32; j++) {
+        if (!(m >> j & 1u))
+            continue;
+        char why[200];
+        if (j >= nl) {
+            snprintf(why, sizeof why, "a warp operation's mask 0x%08x names lane %d, past the block's %d threads", m,
+                     j, nthreads);
+            stuck(why);
+        }
+        if (lanes[j].state == DONE) {
+            snprintf(why, sizeof why, "a warp operation's mask 0x%08x names lane %d of warp %d, which has exited", m,
+                     j, w);
+            stuck(why);
         }
     }
-    return opened;
 }
 
-bool open_block_barrier()
+// The warp operation of lane me (mask m) has one more lane arrived: open it when every lane it names is there
+// with the same mask (counted first: only the arrival that can complete it looks at the lanes).
+bool try_open_warp(fiber *me, unsigned m)
 {
-    int waiting = 0, live = 0, orv = 0, andv = 1, count = 0;
-    for (int i = 0; i < nthreads; i++) {
-        if (fibers[i].state == DONE)
-            continue;
-        live++;
+    int w = (int)(me - fibers) / 32, need = __builtin_popcount(m);
+    if (++n_at_warp[w] < need)
+        return false;
+    fiber *lanes = &fibers[w * 32];
+    check_mask(w, m);
+    for (int j = 0; j < 32; j++)
+        if ((m >> j & 1u) && (lanes[j].state != AT_WARP || lanes[j].mask != m))
+            return false;
+    int s = 0;
+    while (snaps[w][s].refs)
+        s++; // fewer than kSnaps are ever in use
+    snapshot *sn = &snaps[w][s];
+    sn->refs = need;
+    for (int j = 0; j < 32; j++)
+        if (m >> j & 1u) {
+            sn->v[j] = lanes[j].value;
+            lanes[j].snap = s;
+            lanes[j].state = RUN;
+        }
+    n_at_warp[w] -= need;
+    return true;
+}
+
+// every live thread is at __syncthreads: open it (its _or/_and/_count over the live threads)
+void open_block_barrier()
+{
+    // threads that returned count as arrived only by whole warps (what GPUs are relied on for): a warp that is
+    // part gone and part waiting is a barrier in divergent code
+    if (n_done)
+        for (int w = 0; w * 32 < nthreads; w++) {
+            int gone = 0, at = 0;
+            for (int i = w * 32; i < nthreads && i < w * 32 + 32; i++) {
+                gone += fibers[i].state == DONE;
+                at += fibers[i].state == AT_BLOCK;
+            }
+            if (gone && at) {
+                char why[200];
+                snprintf(why, sizeof why,
+                         "no barrier can open: in warp %d, %d threads wait at __syncthreads and %d have returned (a "
+                         "__syncthreads in code that not every thread of the warp runs)",
+                         w, at, gone);
+                stuck(why);
+            }
+        }
+    int orv = 0, andv = 1, count = 0;
+    for (int i = 0; i < nthreads; i++)
         if (fibers[i].state == AT_BLOCK) {
-            waiting++;
             orv |= fibers[i].value != 0;
             andv &= fibers[i].value != 0;
             count += fibers[i].value != 0;
         }
-    }
-    if (!live || waiting != live)
-        return false;
-    // threads that returned count as arrived only by whole warps (what GPUs are relied on for): a warp that is
-    // part gone and part waiting is a barrier in divergent code
-    for (int w = 0; w * 32 < nthreads; w++) {
-        int gone = 0, at = 0;
-        for (int i = w * 32; i < nthreads && i < w * 32 + 32; i++) {
-            gone += fibers[i].state == DONE;
-            at += fibers[i].state == AT_BLOCK;
-        }
-        if (gone && at) {
-            char why[200];
-            snprintf(why, sizeof why,
-                     "no barrier can open: in warp %d, %d threads wait at __syncthreads and %d have returned (a "
-                     "__syncthreads in code that not every thread of the warp runs)", w, at, gone);
-            stuck(why);
-        }
-    }
     for (int i = 0; i < nthreads; i++)
         if (fibers[i].state == AT_BLOCK) {
             int op = fibers[i].pred_op;
             fibers[i].result = op == 0 ? orv : op == 1 ? andv : count;
             fibers[i].state = RUN;
         }
-    return true;
+    n_at_block = 0;
 }
 
-unsigned long long order_seed = 0x9e3779b97f4a7c15ull;
-
-void run_block(int order_mode, std::vector<int> &order)
+void run_block()
 {
     for (int i = 0; i < nthreads; i++) {
         fiber *f = &fibers[i];
         f->idx.x = (unsigned)i % cuemu::bdim.x;
         f->idx.y = ((unsigned)i / cuemu::bdim.x) % cuemu::bdim.y;
         f->idx.z = (unsigned)i / (cuemu::bdim.x * cuemu::bdim.y);
+        f->lane = (unsigned)i % 32;
         f->state = RUN;
         fiber_start(f);
     }
+    for (int w = 0; w * 32 < nthreads; w++) {
+        n_at_warp[w] = 0;
+        for (int s = 0; s < kSnaps; s++)
+            snaps[w][s].refs = 0;
+    }
+    n_done = n_at_block = 0;
     if (smem_len)
         memset(smem, 0xff, smem_len); // NaNs: a read before any write shows
     for (;;) {
-        if (order_mode == 2) // random: a fresh shuffle per round
-            for (int i = nthreads - 1; i > 0; i--) {
-                order_seed = order_seed * 6364136223846793005ull + 1442695040888963407ull;
-                int j = (int)((order_seed >> 33) % (unsigned long long)(i + 1));
-                int t = order[i];
-                order[i] = order[j];
-                order[j] = t;
-            }
-        bool any_live = false;
-        for (int k = 0; k < nthreads; k++) {
-            fiber *f = &fibers[order[k]];
-            if (f->state != RUN)
-                continue;
-            running = f;
-            cuemu::tid = &f->idx;
-            cuemu_switch(&sched_sp, f->sp);
+        // run the first runnable thread in the order; the threads pass control among themselves until none is
+        // runnable, then come back here
+        int p = 0;
+        while (p < nthreads && fibers[order[(size_t)p]].state != RUN)
+            p++;
+        if (p < nthreads) {
+            run_pos = p;
+            resume(&fibers[order[(size_t)p]]);
+            cuemu_switch(&sched_sp, running->sp);
         }
-        running = NULL;
-        for (int i = 0; i < nthreads; i++)
-            any_live |= fibers[i].state != DONE;
-        if (!any_live)
+        if (n_done == nthreads)
             return;
-        if (open_warp_barriers())
+        if (n_at_block + n_done == nthreads) {
+            open_block_barrier();
             continue;
-        if (open_block_barrier())
-            continue;
+        }
+        for (int i = 0; i < nthreads; i++) // name a lane that left, if that is why
+            if (fibers[i].state == AT_WARP)
+                check_mask(i / 32, fibers[i].mask);
         stuck("no barrier can open (a __syncthreads not reached by every live thread, or a warp operation not "
               "reached by every lane its mask names)");
     }
+}
+
+unsigned long long order_seed = 0x9e3779b97f4a7c15ull;
+
+// a warp operation: wait for the lanes of mask; returns the snapshot this lane reads (release it after reading)
+snapshot *warp_wait(unsigned mask, uint64_t value)
+{
+    if (!running)
+        cuemu::fault("a warp operation outside a kernel");
+    fiber *me = running;
+    if (!(mask >> me->lane & 1u))
+        cuemu::fault("a warp operation with mask 0x%08x, which does not name the calling lane %u", mask, me->lane);
+    me->state = AT_WARP;
+    me->mask = mask;
+    me->value = value;
+    if (!try_open_warp(me, mask)) // the last lane to arrive opens it and runs on
+        switch_from(me);
+    return &snaps[(me - fibers) / 32][me->snap];
 }
 
 } // namespace
@@ -483,38 +538,48 @@ void run_block(int order_mode, std::vector<int> &order)
 namespace cuemu
 {
 
-void *dyn_smem() { return smem; }
+unsigned cur_lane;
 
-unsigned lane() { return (unsigned)(running - fibers) % 32; }
+void *dyn_smem() { return smem; }
 
 void sync_block()
 {
-    running->state = AT_BLOCK;
-    running->value = 0;
-    running->pred_op = 0;
-    yield_to_scheduler();
+    (void)sync_block_pred(0, 0);
 }
 
 int sync_block_pred(int pred, int op)
 {
-    running->state = AT_BLOCK;
-    running->value = pred != 0;
-    running->pred_op = op;
-    yield_to_scheduler();
-    return running->result;
+    fiber *me = running;
+    me->state = AT_BLOCK;
+    me->value = pred != 0;
+    me->pred_op = op;
+    n_at_block++;
+    switch_from(me);
+    return me->result;
 }
 
-const uint64_t *warp_exchange(unsigned mask, uint64_t value)
+uint64_t warp_shfl(unsigned mask, uint64_t value, int src, const char *op)
 {
-    if (!running)
-        fault("a warp operation outside a kernel");
-    if (!(mask >> lane() & 1u))
-        fault("a warp operation with mask 0x%08x, which does not name the calling lane %u", mask, lane());
-    running->state = AT_WARP;
-    running->mask = mask;
-    running->value = value;
-    yield_to_scheduler();
-    return running->x;
+    snapshot *sn = warp_wait(mask, value);
+    uint64_t r = value;
+    if (src >= 0) {
+        if (src > 31 || !(mask >> src & 1u))
+            fault("%s reads lane %d, which its mask 0x%08x does not name", op, src, mask);
+        r = sn->v[src];
+    }
+    sn->refs--;
+    return r;
+}
+
+unsigned warp_ballot(unsigned mask, int pred)
+{
+    snapshot *sn = warp_wait(mask, pred != 0);
+    unsigned r = 0;
+    for (unsigned i = 0; i < 32; i++)
+        if ((mask >> i & 1u) && sn->v[i])
+            r |= 1u << i;
+    sn->refs--;
+    return r;
 }
 
 void fault(const char *fmt, ...)
@@ -586,9 +651,11 @@ cudaError_t launch(const void *fn, const char *name, dim3 grid, dim3 blk, size_t
     const char *ord = getenv("CUEMU_ORDER");
     int mode = !ord || !strcmp(ord, "forward") ? 0 : !strcmp(ord, "reverse") ? 1 : 2;
     nthreads = (int)nt;
-    std::vector<int> order((size_t)nthreads);
+    order.resize((size_t)nthreads);
     for (int i = 0; i < nthreads; i++)
         order[(size_t)i] = mode == 1 ? nthreads - 1 - i : i;
+    start_mxcsr = __builtin_ia32_stmxcsr();
+    __asm__ volatile("fnstcw %0" : "=m"(start_cw));
     body = &kernel_body;
     kernel_name = name;
     cuemu::gdim = grid;
@@ -597,7 +664,13 @@ cudaError_t launch(const void *fn, const char *name, dim3 grid, dim3 blk, size_t
         for (unsigned y = 0; y < grid.y; y++)
             for (unsigned x = 0; x < grid.x; x++) {
                 cuemu::block = uint3{x, y, z};
-                run_block(mode, order);
+                if (mode == 2) // random: a fresh shuffle per block
+                    for (int i = nthreads - 1; i > 0; i--) {
+                        order_seed = order_seed * 6364136223846793005ull + 1442695040888963407ull;
+                        int j = (int)((order_seed >> 33) % (unsigned long long)(i + 1));
+                        std::swap(order[(size_t)i], order[(size_t)j]);
+                    }
+                run_block();
             }
     kernel_name = NULL;
     body = NULL;

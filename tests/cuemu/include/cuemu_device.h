@@ -45,8 +45,11 @@ extern dim3 bdim, gdim; // blockDim, gridDim
 void *dyn_smem();      // the launch's dynamic shared memory
 void sync_block();     // __syncthreads
 int sync_block_pred(int pred, int op); // __syncthreads_or (0), _and (1), _count (2)
-const uint64_t *warp_exchange(unsigned mask, uint64_t value); // a warp barrier; then every lane's value
-unsigned lane();       // the running thread's lane in its warp
+// a warp barrier over mask's lanes; then lane src's value (src < 0: this lane's own), or the ballot of the preds
+uint64_t warp_shfl(unsigned mask, uint64_t value, int src, const char *op);
+unsigned warp_ballot(unsigned mask, int pred);
+extern unsigned cur_lane; // the running thread's lane in its warp
+inline unsigned lane() { return cur_lane; }
 [[noreturn]] void fault(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 cudaError_t launch(const void *fn, const char *name, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                    const std::function<void()> &body, const void *const *ptrs, int nptrs);
@@ -102,12 +105,6 @@ template <class T> inline T from_bits(uint64_t b)
     return v;
 }
 
-inline unsigned shfl_src(unsigned mask, unsigned src, const char *op)
-{
-    if (src > 31 || !(mask >> src & 1u))
-        fault("%s reads lane %u, which its mask 0x%08x does not name", op, src, mask);
-    return src;
-}
 } // namespace cuemu
 
 #define threadIdx (*cuemu::tid)
@@ -125,51 +122,37 @@ inline void __syncthreads() { cuemu::sync_block(); }
 inline int __syncthreads_or(int p) { return cuemu::sync_block_pred(p, 0); }
 inline int __syncthreads_and(int p) { return cuemu::sync_block_pred(p, 1); }
 inline int __syncthreads_count(int p) { return cuemu::sync_block_pred(p, 2); }
-inline void __syncwarp(unsigned mask = 0xffffffffu) { (void)cuemu::warp_exchange(mask, 0); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) { (void)cuemu::warp_ballot(mask, 0); }
 
 template <class T> inline T __shfl_sync(unsigned mask, T v, int src, int width = 32)
 {
-    const uint64_t *x = cuemu::warp_exchange(mask, cuemu::to_bits(v));
     unsigned l = cuemu::lane(), base = l & ~(unsigned)(width - 1);
-    return cuemu::from_bits<T>(x[cuemu::shfl_src(mask, base + ((unsigned)src & (unsigned)(width - 1)), "__shfl_sync")]);
+    int from = (int)(base + ((unsigned)src & (unsigned)(width - 1)));
+    return cuemu::from_bits<T>(cuemu::warp_shfl(mask, cuemu::to_bits(v), from, "__shfl_sync"));
 }
 
 template <class T> inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32)
 {
-    const uint64_t *x = cuemu::warp_exchange(mask, cuemu::to_bits(v));
     unsigned l = cuemu::lane(), src = l ^ (unsigned)lane_mask;
-    if ((src & ~(unsigned)(width - 1)) > (l & ~(unsigned)(width - 1))) // a later group: its own value
-        return v;
-    return cuemu::from_bits<T>(x[cuemu::shfl_src(mask, src, "__shfl_xor_sync")]);
+    int from = (src & ~(unsigned)(width - 1)) > (l & ~(unsigned)(width - 1)) ? -1 : (int)src; // a later group: own
+    return cuemu::from_bits<T>(cuemu::warp_shfl(mask, cuemu::to_bits(v), from, "__shfl_xor_sync"));
 }
 
 template <class T> inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32)
 {
-    const uint64_t *x = cuemu::warp_exchange(mask, cuemu::to_bits(v));
     unsigned l = cuemu::lane(), src = l + delta;
-    if ((src & ~(unsigned)(width - 1)) != (l & ~(unsigned)(width - 1)))
-        return v;
-    return cuemu::from_bits<T>(x[cuemu::shfl_src(mask, src, "__shfl_down_sync")]);
+    int from = (src & ~(unsigned)(width - 1)) != (l & ~(unsigned)(width - 1)) ? -1 : (int)src;
+    return cuemu::from_bits<T>(cuemu::warp_shfl(mask, cuemu::to_bits(v), from, "__shfl_down_sync"));
 }
 
 template <class T> inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32)
 {
-    const uint64_t *x = cuemu::warp_exchange(mask, cuemu::to_bits(v));
     unsigned l = cuemu::lane();
-    if ((l & (unsigned)(width - 1)) < delta)
-        return v;
-    return cuemu::from_bits<T>(x[cuemu::shfl_src(mask, l - delta, "__shfl_up_sync")]);
+    int from = (l & (unsigned)(width - 1)) < delta ? -1 : (int)(l - delta);
+    return cuemu::from_bits<T>(cuemu::warp_shfl(mask, cuemu::to_bits(v), from, "__shfl_up_sync"));
 }
 
-inline unsigned __ballot_sync(unsigned mask, int pred)
-{
-    const uint64_t *x = cuemu::warp_exchange(mask, pred != 0);
-    unsigned r = 0;
-    for (unsigned i = 0; i < 32; i++)
-        if ((mask >> i & 1u) && x[i])
-            r |= 1u << i;
-    return r;
-}
+inline unsigned __ballot_sync(unsigned mask, int pred) { return cuemu::warp_ballot(mask, pred); }
 inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0; }
 inline int __all_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) == mask; }
 
