@@ -93,7 +93,8 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
     }
     if (Ctype != CUDA_R_32F || computeType != CUBLAS_COMPUTE_32F || Atype != Btype ||
         (Atype != CUDA_R_32F && Atype != CUDA_R_16BF))
-        return refuse("only A, B in CUDA_R_32F or CUDA_R_16BF with C in CUDA_R_32F and CUBLAS_COMPUTE_32F are emulated");
+        return refuse(
+            "only A, B in CUDA_R_32F or CUDA_R_16BF with C in CUDA_R_32F and CUBLAS_COMPUTE_32F are emulated");
     if (m == 0 || n == 0)
         return CUBLAS_STATUS_SUCCESS;
     if (cuemu_pointer_kind(C) != 1 || (k > 0 && (cuemu_pointer_kind(A) != 1 || cuemu_pointer_kind(B) != 1)))

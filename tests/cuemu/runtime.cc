@@ -96,10 +96,10 @@ cudaError_t fail(cudaError_t e, const char *fmt, ...)
 // ---- memory: every allocation its own mapping, guard pages on both sides ----
 
 struct alloc {
-    char *map;       // the mapping: [guard][data pages][guard]
+    char *map; // the mapping: [guard][data pages][guard]
     size_t map_len;
-    size_t size;     // bytes asked for
-    int kind;        // 1 device, 2 pinned host
+    size_t size; // bytes asked for
+    int kind;    // 1 device, 2 pinned host
     int device;
 };
 std::map<uintptr_t, alloc> allocs; // by user pointer
@@ -252,8 +252,8 @@ std::map<const void *, int> smem_optin; // cudaFuncSetAttribute(MaxDynamicShared
 void fiber_start(fiber *f)
 {
     if (!f->stack) {
-        void *m = mmap(NULL, kStack + kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                       -1, 0);
+        void *m =
+            mmap(NULL, kStack + kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (m == MAP_FAILED) {
             fprintf(stderr, "cuemu: no memory for a thread's stack: %s\n", strerror(errno));
             abort();
@@ -262,7 +262,7 @@ void fiber_start(fiber *f)
         f->stack = (char *)m;
     }
     uint64_t *sp = (uint64_t *)(((uintptr_t)(f->stack + kPage + kStack)) & ~(uintptr_t)15);
-    *--sp = 0;                          // fiber_main's return address: it never returns
+    *--sp = 0;                            // fiber_main's return address: it never returns
     *--sp = (uint64_t)(void *)fiber_main; // where cuemu_switch's ret goes
     for (int i = 0; i < 6; i++)
         *--sp = 0; // rbp, rbx, r12..r15
@@ -283,9 +283,9 @@ const char *where()
 {
     if (!kernel_name)
         return "host code";
-    snprintf(where_buf, sizeof where_buf, "kernel %s, block (%u,%u,%u), thread (%u,%u,%u)", kernel_name,
-             cuemu::block.x, cuemu::block.y, cuemu::block.z, running ? running->idx.x : 0,
-             running ? running->idx.y : 0, running ? running->idx.z : 0);
+    snprintf(where_buf, sizeof where_buf, "kernel %s, block (%u,%u,%u), thread (%u,%u,%u)", kernel_name, cuemu::block.x,
+             cuemu::block.y, cuemu::block.z, running ? running->idx.x : 0, running ? running->idx.y : 0,
+             running ? running->idx.z : 0);
     return where_buf;
 }
 
@@ -362,14 +362,15 @@ bool open_warp_barriers()
                     continue;
                 if (j >= nl) {
                     char why[160];
-                    snprintf(why, sizeof why, "a warp operation's mask 0x%08x names lane %d, past the block's %d threads",
-                             m, j, nthreads);
+                    snprintf(why, sizeof why,
+                             "a warp operation's mask 0x%08x names lane %d, past the block's %d threads", m, j,
+                             nthreads);
                     stuck(why);
                 }
                 if (lanes[j].state == DONE) {
                     char why[160];
-                    snprintf(why, sizeof why, "a warp operation's mask 0x%08x names lane %d of warp %d, which has exited",
-                             m, j, w);
+                    snprintf(why, sizeof why,
+                             "a warp operation's mask 0x%08x names lane %d of warp %d, which has exited", m, j, w);
                     stuck(why);
                 }
                 if (lanes[j].state != AT_WARP || lanes[j].mask != m)
@@ -419,7 +420,8 @@ bool open_block_barrier()
             char why[200];
             snprintf(why, sizeof why,
                      "no barrier can open: in warp %d, %d threads wait at __syncthreads and %d have returned (a "
-                     "__syncthreads in code that not every thread of the warp runs)", w, at, gone);
+                     "__syncthreads in code that not every thread of the warp runs)",
+                     w, at, gone);
             stuck(why);
         }
     }
@@ -623,10 +625,10 @@ namespace
 {
 
 // every call after a kernel fault returns it
-#define STICKY()                                                                                                        \
-    do {                                                                                                                \
-        if (sticky)                                                                                                     \
-            return last_error = sticky;                                                                                 \
+#define STICKY()                                                                                                       \
+    do {                                                                                                               \
+        if (sticky)                                                                                                    \
+            return last_error = sticky;                                                                                \
     } while (0)
 
 const char *kind_name(int k) { return k == 1 ? "device memory" : k == 2 ? "pinned host memory" : "host memory"; }
@@ -656,8 +658,12 @@ cudaError_t check_copy(void *dst, const void *src, size_t bytes, enum cudaMemcpy
     bool dd = dk == 1, sd = sk == 1;
     const char *bad = NULL;
     switch (kind) {
-    case cudaMemcpyHostToDevice: bad = !dd ? "the destination is not device memory" : sd ? "the source is device memory" : NULL; break;
-    case cudaMemcpyDeviceToHost: bad = !sd ? "the source is not device memory" : dd ? "the destination is device memory" : NULL; break;
+    case cudaMemcpyHostToDevice:
+        bad = !dd ? "the destination is not device memory" : sd ? "the source is device memory" : NULL;
+        break;
+    case cudaMemcpyDeviceToHost:
+        bad = !sd ? "the source is not device memory" : dd ? "the destination is device memory" : NULL;
+        break;
     case cudaMemcpyDeviceToDevice: bad = !dd || !sd ? "one side is not device memory" : NULL; break;
     case cudaMemcpyHostToHost: bad = dd || sd ? "one side is device memory" : NULL; break;
     case cudaMemcpyDefault: break;
@@ -690,8 +696,7 @@ cudaError_t cudaSetDevice(int device)
 {
     STICKY();
     if (device < 0 || device >= device_count() || device >= 64)
-        return fail(cudaErrorInvalidDevice, "cudaSetDevice(%d): %d device(s) (CUEMU_DEVICES)", device,
-                    device_count());
+        return fail(cudaErrorInvalidDevice, "cudaSetDevice(%d): %d device(s) (CUEMU_DEVICES)", device, device_count());
     current_device = device;
     return cudaSuccess;
 }
