@@ -9,6 +9,7 @@
 
 #include "cublas_v2.h"
 #include "cuda_bf16.h"
+#include "nccl_hooks.h"
 
 struct cuemu_cublas {
     cudaStream_t stream;
@@ -101,6 +102,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
         return refuse("A, B and C must be device memory");
     if (cuemu_pointer_kind(alpha) == 1 || cuemu_pointer_kind(beta) == 1)
         return refuse("alpha and beta are host scalars (CUBLAS_POINTER_MODE_HOST)");
+    cuemu_nccl_progress(true, handle->stream, UINT64_MAX); // behind the stream's pending NCCL work
     float al = *(const float *)alpha, be = *(const float *)beta;
     // op(A) as rows of k (m of them) and op(B) as columns of k (n of them), each contiguous
     std::vector<double> a((size_t)m * k), b((size_t)n * k);

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "cuda_runtime.h"
+#include "nccl_hooks.h"
 
 extern "C" void cuemu_switch(void **save_sp, void *to_sp);
 // Saves the callee-saved registers, MXCSR and the x87 control word on the current stack, stores the stack pointer
@@ -547,9 +548,9 @@ cudaError_t func_set_attribute(const void *fn, enum cudaFuncAttribute attr, int 
 cudaError_t launch(const void *fn, const char *name, dim3 grid, dim3 blk, size_t smem_bytes, cudaStream_t stream,
                    const std::function<void()> &kernel_body, const void *const *ptrs, int nptrs)
 {
-    (void)stream;
     if (sticky)
         return last_error = sticky;
+    cuemu_nccl_progress(true, stream, UINT64_MAX); // behind the stream's pending NCCL work
     unsigned long long nt = (unsigned long long)blk.x * blk.y * blk.z;
     if (!blk.x || !blk.y || !blk.z || nt > (unsigned long long)kMaxThreads || blk.z > 64)
         return fail(cudaErrorInvalidConfiguration, "kernel %s: block (%u,%u,%u) is not a valid block", name, blk.x,
@@ -619,7 +620,26 @@ struct cuemu_stream {
 };
 struct cuemu_event {
     unsigned flags;
+    bool recorded;
+    cudaStream_t stream; // where it was last recorded
+    uint64_t mark;       // the NCCL operations issued by then (cuemu_nccl_mark)
 };
+
+// ---- NCCL's pending work (nccl_hooks.h, nccl.cc) ----
+// Kernels, copies and sets run at once, in the calling thread; only NCCL operations stay pending on a stream (until
+// every peer has published its part). So before the runtime runs work on a stream, or says that a stream or an
+// event is done, it asks the NCCL emulation about the operations that work orders behind. Nothing pending: one
+// atomic load, the behaviour without NCCL.
+
+extern "C" unsigned cuemu_stream_flags(cudaStream_t stream) { return stream ? stream->flags : 0; }
+
+namespace
+{
+// work on `stream` (NULL: the legacy default stream; CUEMU_ALL_STREAMS: the device) waits for what it orders behind
+void nccl_order(cudaStream_t stream) { cuemu_nccl_progress(true, stream, UINT64_MAX); }
+// cudaStreamQuery, cudaEventQuery: done, or progress made without waiting
+bool nccl_done(cudaStream_t stream, uint64_t mark) { return cuemu_nccl_progress(false, stream, mark); }
+} // namespace
 
 namespace
 {
@@ -740,6 +760,7 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
 cudaError_t cudaDeviceSynchronize(void)
 {
     STICKY();
+    nccl_order(CUEMU_ALL_STREAMS);
     return cudaSuccess;
 }
 
@@ -799,6 +820,7 @@ cudaError_t cudaMalloc(void **ptr, size_t bytes)
 cudaError_t cudaFree(void *ptr)
 {
     STICKY();
+    nccl_order(CUEMU_ALL_STREAMS); // as on a GPU, a free waits for the device
     return do_free(ptr, 1, "cudaFree");
 }
 
@@ -820,8 +842,8 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const v
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind, cudaStream_t stream)
 {
-    (void)stream;
     STICKY();
+    nccl_order(stream);
     if (!bytes)
         return cudaSuccess;
     cudaError_t e = check_copy(dst, src, bytes, kind, "cudaMemcpy");
@@ -839,8 +861,8 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpy
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
                               enum cudaMemcpyKind kind, cudaStream_t stream)
 {
-    (void)stream;
     STICKY();
+    nccl_order(stream);
     if (!width || !height)
         return cudaSuccess;
     if (width > dpitch || width > spitch)
@@ -860,8 +882,8 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
 
 cudaError_t cudaMemsetAsync(void *ptr, int value, size_t bytes, cudaStream_t stream)
 {
-    (void)stream;
     STICKY();
+    nccl_order(stream);
     if (!bytes)
         return cudaSuccess;
     {
@@ -888,22 +910,23 @@ cudaError_t cudaStreamCreate(cudaStream_t *stream) { return cudaStreamCreateWith
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream)
 {
+    if (stream)
+        nccl_order(stream); // its pending NCCL work first (the emulation tells streams apart by address)
     delete stream;
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
-    (void)stream;
     STICKY();
+    nccl_order(stream);
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t stream)
 {
-    (void)stream;
     STICKY();
-    return cudaSuccess;
+    return nccl_done(stream, UINT64_MAX) ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags)
@@ -913,12 +936,14 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
     STICKY();
     if (!event)
         return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: a NULL event");
+    if (event->recorded) // the stream's later work runs at once: what the event marks must be done first
+        cuemu_nccl_progress(true, event->stream, event->mark);
     return cudaSuccess;
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned flags)
 {
-    *event = new cuemu_event{flags};
+    *event = new cuemu_event{flags, false, NULL, 0};
     return cudaSuccess;
 }
 
@@ -932,24 +957,30 @@ cudaError_t cudaEventDestroy(cudaEvent_t event)
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
 {
-    (void)stream;
     STICKY();
     if (!event)
         return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: a NULL event");
+    event->recorded = true;
+    event->stream = stream;
+    event->mark = cuemu_nccl_mark();
     return cudaSuccess;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t event)
 {
-    (void)event;
     STICKY();
-    return cudaSuccess;
+    if (!event)
+        return fail(cudaErrorInvalidResourceHandle, "cudaEventQuery: a NULL event");
+    return !event->recorded || nccl_done(event->stream, event->mark) ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event)
 {
-    (void)event;
     STICKY();
+    if (!event)
+        return fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: a NULL event");
+    if (event->recorded)
+        cuemu_nccl_progress(true, event->stream, event->mark);
     return cudaSuccess;
 }
 
