@@ -548,24 +548,26 @@ bool try_complete(cuemu_nccl_comm *c, cuemu_op *o)
     return true;
 }
 
-// A rank waited for that has aborted or exited fails the communicator (ncclRemoteError).
-void check_peer(cuemu_nccl_comm *c, int r)
+// A rank that has aborted the communicator, or the rank waited for when it has exited (a rank that finished its
+// part may exit), fails the communicator (ncclRemoteError).
+void check_peer(cuemu_nccl_comm *c, int waited)
 {
-    if (r < 0 || r == c->rank)
+    for (int r = 0; r < c->nranks; r++)
+        if (r != c->rank && ld(&c->h->r[r].aborted)) {
+            say(ncclRemoteError, "NCCL rank %d of %d: rank %d has aborted the communicator", c->rank, c->nranks, r);
+            fail_comm(c, ncclRemoteError);
+            return;
+        }
+    if (waited < 0 || waited == c->rank)
         return;
-    const shm_rank *pr = &c->h->r[r];
-    if (ld(&pr->aborted)) {
-        say(ncclRemoteError, "NCCL rank %d of %d: rank %d has aborted the communicator", c->rank, c->nranks, r);
-        fail_comm(c, ncclRemoteError);
-        return;
-    }
+    const shm_rank *pr = &c->h->r[waited];
     double t = now();
     if (t - c->last_alive_check < 0.5)
         return;
     c->last_alive_check = t;
     int pid = ld(&pr->pid);
     if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) {
-        say(ncclRemoteError, "NCCL rank %d of %d: rank %d (pid %d) has exited", c->rank, c->nranks, r, pid);
+        say(ncclRemoteError, "NCCL rank %d of %d: rank %d (pid %d) has exited", c->rank, c->nranks, waited, pid);
         fail_comm(c, ncclRemoteError);
     }
 }
@@ -600,8 +602,11 @@ void check_joined(cuemu_nccl_comm *c)
 
 void progress_comm(cuemu_nccl_comm *c)
 {
-    if (c->state == INIT)
+    if (c->state == INIT) {
         check_joined(c);
+        if (c->state == INIT)
+            check_peer(c, -1); // a rank that joined and aborted
+    }
     if (c->state != READY)
         return;
     c->waiting_for = -1;
