@@ -673,6 +673,8 @@ void start_thread()
     std::thread(progress_thread).detach();
 }
 
+void unlink_names();
+
 // Waits (the lock held between looks) until done(c) holds; past hang_s the process stops.
 template <class F> void wait_for(cuemu_nccl_comm *c, std::unique_lock<std::mutex> &l, const char *what, F done)
 {
@@ -682,6 +684,7 @@ template <class F> void wait_for(cuemu_nccl_comm *c, std::unique_lock<std::mutex
             fprintf(stderr, "cuemu: %s (NCCL rank %d of %d) has waited %.0f s for rank %d\n", what, c->rank, c->nranks,
                     limit, c->waiting_for);
             fflush(stderr);
+            unlink_names();
             abort();
         }
         l.unlock();
@@ -720,7 +723,19 @@ void release(cuemu_nccl_comm *c)
         }
 }
 
-// At exit, this process's names go (a rank that has exited is waited for no more: its peers see it gone).
+// This process's names (its data objects; the headers of set-ups not completed), before it exits or stops: a rank
+// that is gone is waited for no more (its peers see it gone). The lock is held.
+void unlink_names()
+{
+    for (cuemu_nccl_comm *c : G()->comms) {
+        if (c->data_gen && !c->data_unlinked)
+            shm_unlink(data_name(c, c->rank, c->data_gen, getpid()).c_str());
+        c->data_unlinked = true;
+        if (!c->h_unlinked && c->state == INIT)
+            shm_unlink(header_name(c).c_str());
+    }
+}
+
 void at_exit()
 {
     global *g = G();
@@ -729,12 +744,7 @@ void at_exit()
             return;
         usleep(1000);
     }
-    for (cuemu_nccl_comm *c : g->comms) {
-        if (c->data_gen && !c->data_unlinked)
-            shm_unlink(data_name(c, c->rank, c->data_gen, getpid()).c_str());
-        if (!c->h_unlinked && c->state == INIT)
-            shm_unlink(header_name(c).c_str());
-    }
+    unlink_names();
     g->m.unlock();
 }
 
@@ -910,6 +920,7 @@ extern "C" bool cuemu_nccl_progress(bool block, cudaStream_t only, uint64_t mark
                 fprintf(stderr, "cuemu: an NCCL operation has waited %.0f s for rank %d (NCCL rank %d of %d)\n", limit,
                         held->waiting_for, held->rank, held->nranks);
                 fflush(stderr);
+                unlink_names();
                 abort();
             }
         }
