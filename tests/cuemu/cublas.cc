@@ -9,6 +9,7 @@
 
 #include "cublas_v2.h"
 #include "cuda_bf16.h"
+#include "nccl_hooks.h"
 
 struct cuemu_cublas {
     cudaStream_t stream;
@@ -93,13 +94,15 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
     }
     if (Ctype != CUDA_R_32F || computeType != CUBLAS_COMPUTE_32F || Atype != Btype ||
         (Atype != CUDA_R_32F && Atype != CUDA_R_16BF))
-        return refuse("only A, B in CUDA_R_32F or CUDA_R_16BF with C in CUDA_R_32F and CUBLAS_COMPUTE_32F are emulated");
+        return refuse(
+            "only A, B in CUDA_R_32F or CUDA_R_16BF with C in CUDA_R_32F and CUBLAS_COMPUTE_32F are emulated");
     if (m == 0 || n == 0)
         return CUBLAS_STATUS_SUCCESS;
     if (cuemu_pointer_kind(C) != 1 || (k > 0 && (cuemu_pointer_kind(A) != 1 || cuemu_pointer_kind(B) != 1)))
         return refuse("A, B and C must be device memory");
     if (cuemu_pointer_kind(alpha) == 1 || cuemu_pointer_kind(beta) == 1)
         return refuse("alpha and beta are host scalars (CUBLAS_POINTER_MODE_HOST)");
+    cuemu_nccl_progress(true, handle->stream, UINT64_MAX); // behind the stream's pending NCCL work
     float al = *(const float *)alpha, be = *(const float *)beta;
     // op(A) as rows of k (m of them) and op(B) as columns of k (n of them), each contiguous
     std::vector<double> a((size_t)m * k), b((size_t)n * k);

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "cuda_runtime.h"
+#include "nccl_hooks.h"
 
 #if !defined(__x86_64__)
 #error "cuemu switches fibers with x86-64 assembly: build it on x86-64"
@@ -101,10 +102,10 @@ cudaError_t fail(cudaError_t e, const char *fmt, ...)
 // ---- memory: every allocation its own mapping, guard pages on both sides ----
 
 struct alloc {
-    char *map;       // the mapping: [guard][data pages][guard]
+    char *map; // the mapping: [guard][data pages][guard]
     size_t map_len;
-    size_t size;     // bytes asked for
-    int kind;        // 1 device, 2 pinned host
+    size_t size; // bytes asked for
+    int kind;    // 1 device, 2 pinned host
     int device;
 };
 std::map<uintptr_t, alloc> allocs; // by user pointer
@@ -297,8 +298,8 @@ void switch_from(fiber *me)
 void fiber_start(fiber *f)
 {
     if (!f->stack) {
-        void *m = mmap(NULL, kStack + kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                       -1, 0);
+        void *m =
+            mmap(NULL, kStack + kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (m == MAP_FAILED) {
             fprintf(stderr, "cuemu: no memory for a thread's stack: %s\n", strerror(errno));
             abort();
@@ -323,9 +324,9 @@ const char *where()
 {
     if (!kernel_name)
         return "host code";
-    snprintf(where_buf, sizeof where_buf, "kernel %s, block (%u,%u,%u), thread (%u,%u,%u)", kernel_name,
-             cuemu::block.x, cuemu::block.y, cuemu::block.z, running ? running->idx.x : 0,
-             running ? running->idx.y : 0, running ? running->idx.z : 0);
+    snprintf(where_buf, sizeof where_buf, "kernel %s, block (%u,%u,%u), thread (%u,%u,%u)", kernel_name, cuemu::block.x,
+             cuemu::block.y, cuemu::block.z, running ? running->idx.x : 0, running ? running->idx.y : 0,
+             running ? running->idx.z : 0);
     return where_buf;
 }
 
@@ -395,13 +396,13 @@ void check_mask(int w, unsigned m)
             continue;
         char why[200];
         if (j >= nl) {
-            snprintf(why, sizeof why, "a warp operation's mask 0x%08x names lane %d, past the block's %d threads", m,
-                     j, nthreads);
+            snprintf(why, sizeof why, "a warp operation's mask 0x%08x names lane %d, past the block's %d threads", m, j,
+                     nthreads);
             stuck(why);
         }
         if (lanes[j].state == DONE) {
-            snprintf(why, sizeof why, "a warp operation's mask 0x%08x names lane %d of warp %d, which has exited", m,
-                     j, w);
+            snprintf(why, sizeof why, "a warp operation's mask 0x%08x names lane %d of warp %d, which has exited", m, j,
+                     w);
             stuck(why);
         }
     }
@@ -542,10 +543,7 @@ unsigned cur_lane;
 
 void *dyn_smem() { return smem; }
 
-void sync_block()
-{
-    (void)sync_block_pred(0, 0);
-}
+void sync_block() { (void)sync_block_pred(0, 0); }
 
 int sync_block_pred(int pred, int op)
 {
@@ -610,9 +608,9 @@ cudaError_t func_set_attribute(const void *fn, enum cudaFuncAttribute attr, int 
 cudaError_t launch(const void *fn, const char *name, dim3 grid, dim3 blk, size_t smem_bytes, cudaStream_t stream,
                    const std::function<void()> &kernel_body, const void *const *ptrs, int nptrs)
 {
-    (void)stream;
     if (sticky)
         return last_error = sticky;
+    cuemu_nccl_progress(true, stream, UINT64_MAX); // behind the stream's pending NCCL work
     unsigned long long nt = (unsigned long long)blk.x * blk.y * blk.z;
     if (!blk.x || !blk.y || !blk.z || nt > (unsigned long long)kMaxThreads || blk.z > 64)
         return fail(cudaErrorInvalidConfiguration, "kernel %s: block (%u,%u,%u) is not a valid block", name, blk.x,
@@ -690,16 +688,35 @@ struct cuemu_stream {
 };
 struct cuemu_event {
     unsigned flags;
+    bool recorded;
+    cudaStream_t stream; // where it was last recorded
+    uint64_t mark;       // the NCCL operations issued by then (cuemu_nccl_mark)
 };
+
+// ---- NCCL's pending work (nccl_hooks.h, nccl.cc) ----
+// Kernels, copies and sets run at once, in the calling thread; only NCCL operations stay pending on a stream (until
+// every peer has published its part). So before the runtime runs work on a stream, or says that a stream or an
+// event is done, it asks the NCCL emulation about the operations that work orders behind. Nothing pending: one
+// atomic load, the behaviour without NCCL.
+
+extern "C" unsigned cuemu_stream_flags(cudaStream_t stream) { return stream ? stream->flags : 0; }
+
+namespace
+{
+// work on `stream` (NULL: the legacy default stream; CUEMU_ALL_STREAMS: the device) waits for what it orders behind
+void nccl_order(cudaStream_t stream) { cuemu_nccl_progress(true, stream, UINT64_MAX); }
+// cudaStreamQuery, cudaEventQuery: done, or progress made without waiting
+bool nccl_done(cudaStream_t stream, uint64_t mark) { return cuemu_nccl_progress(false, stream, mark); }
+} // namespace
 
 namespace
 {
 
 // every call after a kernel fault returns it
-#define STICKY()                                                                                                        \
-    do {                                                                                                                \
-        if (sticky)                                                                                                     \
-            return last_error = sticky;                                                                                 \
+#define STICKY()                                                                                                       \
+    do {                                                                                                               \
+        if (sticky)                                                                                                    \
+            return last_error = sticky;                                                                                \
     } while (0)
 
 const char *kind_name(int k) { return k == 1 ? "device memory" : k == 2 ? "pinned host memory" : "host memory"; }
@@ -729,8 +746,12 @@ cudaError_t check_copy(void *dst, const void *src, size_t bytes, enum cudaMemcpy
     bool dd = dk == 1, sd = sk == 1;
     const char *bad = NULL;
     switch (kind) {
-    case cudaMemcpyHostToDevice: bad = !dd ? "the destination is not device memory" : sd ? "the source is device memory" : NULL; break;
-    case cudaMemcpyDeviceToHost: bad = !sd ? "the source is not device memory" : dd ? "the destination is device memory" : NULL; break;
+    case cudaMemcpyHostToDevice:
+        bad = !dd ? "the destination is not device memory" : sd ? "the source is device memory" : NULL;
+        break;
+    case cudaMemcpyDeviceToHost:
+        bad = !sd ? "the source is not device memory" : dd ? "the destination is device memory" : NULL;
+        break;
     case cudaMemcpyDeviceToDevice: bad = !dd || !sd ? "one side is not device memory" : NULL; break;
     case cudaMemcpyHostToHost: bad = dd || sd ? "one side is device memory" : NULL; break;
     case cudaMemcpyDefault: break;
@@ -763,8 +784,7 @@ cudaError_t cudaSetDevice(int device)
 {
     STICKY();
     if (device < 0 || device >= device_count() || device >= 64)
-        return fail(cudaErrorInvalidDevice, "cudaSetDevice(%d): %d device(s) (CUEMU_DEVICES)", device,
-                    device_count());
+        return fail(cudaErrorInvalidDevice, "cudaSetDevice(%d): %d device(s) (CUEMU_DEVICES)", device, device_count());
     current_device = device;
     return cudaSuccess;
 }
@@ -808,6 +828,7 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
 cudaError_t cudaDeviceSynchronize(void)
 {
     STICKY();
+    nccl_order(CUEMU_ALL_STREAMS);
     return cudaSuccess;
 }
 
@@ -867,6 +888,7 @@ cudaError_t cudaMalloc(void **ptr, size_t bytes)
 cudaError_t cudaFree(void *ptr)
 {
     STICKY();
+    nccl_order(CUEMU_ALL_STREAMS); // as on a GPU, a free waits for the device
     return do_free(ptr, 1, "cudaFree");
 }
 
@@ -888,8 +910,8 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const v
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind, cudaStream_t stream)
 {
-    (void)stream;
     STICKY();
+    nccl_order(stream);
     if (!bytes)
         return cudaSuccess;
     cudaError_t e = check_copy(dst, src, bytes, kind, "cudaMemcpy");
@@ -907,8 +929,8 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpy
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
                               enum cudaMemcpyKind kind, cudaStream_t stream)
 {
-    (void)stream;
     STICKY();
+    nccl_order(stream);
     if (!width || !height)
         return cudaSuccess;
     if (width > dpitch || width > spitch)
@@ -928,8 +950,8 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
 
 cudaError_t cudaMemsetAsync(void *ptr, int value, size_t bytes, cudaStream_t stream)
 {
-    (void)stream;
     STICKY();
+    nccl_order(stream);
     if (!bytes)
         return cudaSuccess;
     {
@@ -956,22 +978,23 @@ cudaError_t cudaStreamCreate(cudaStream_t *stream) { return cudaStreamCreateWith
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream)
 {
+    if (stream)
+        nccl_order(stream); // its pending NCCL work first (the emulation tells streams apart by address)
     delete stream;
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
-    (void)stream;
     STICKY();
+    nccl_order(stream);
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t stream)
 {
-    (void)stream;
     STICKY();
-    return cudaSuccess;
+    return nccl_done(stream, UINT64_MAX) ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags)
@@ -981,12 +1004,14 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
     STICKY();
     if (!event)
         return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: a NULL event");
+    if (event->recorded) // the stream's later work runs at once: what the event marks must be done first
+        cuemu_nccl_progress(true, event->stream, event->mark);
     return cudaSuccess;
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned flags)
 {
-    *event = new cuemu_event{flags};
+    *event = new cuemu_event{flags, false, NULL, 0};
     return cudaSuccess;
 }
 
@@ -1000,24 +1025,30 @@ cudaError_t cudaEventDestroy(cudaEvent_t event)
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
 {
-    (void)stream;
     STICKY();
     if (!event)
         return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: a NULL event");
+    event->recorded = true;
+    event->stream = stream;
+    event->mark = cuemu_nccl_mark();
     return cudaSuccess;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t event)
 {
-    (void)event;
     STICKY();
-    return cudaSuccess;
+    if (!event)
+        return fail(cudaErrorInvalidResourceHandle, "cudaEventQuery: a NULL event");
+    return !event->recorded || nccl_done(event->stream, event->mark) ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event)
 {
-    (void)event;
     STICKY();
+    if (!event)
+        return fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: a NULL event");
+    if (event->recorded)
+        cuemu_nccl_progress(true, event->stream, event->mark);
     return cudaSuccess;
 }
 

@@ -419,9 +419,9 @@ void test_cublas()
                         s += (ta ? A[i * lda + p] : A[p * lda + i]) * (tb ? B[p * ldb + j] : B[j * ldb + p]);
                     ref[j * ldc + i] = alpha * s + beta * C[j * ldc + i];
                 }
-            cublasStatus_t st = cublasGemmEx(h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n,
-                                             k, &alpha, dA, CUDA_R_32F, lda, dB, CUDA_R_32F, ldb, &beta, dC,
-                                             CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            cublasStatus_t st = cublasGemmEx(h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k,
+                                             &alpha, dA, CUDA_R_32F, lda, dB, CUDA_R_32F, ldb, &beta, dC, CUDA_R_32F,
+                                             ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
             float got[40];
             down(got, dC, 40);
             ok &= st == CUBLAS_STATUS_SUCCESS;
@@ -434,8 +434,8 @@ void test_cublas()
         }
     expect(ok, "cublasGemmEx in all four transposes matches a host loop, padding untouched");
     float one = 1.0f, zero = 0.0f;
-    expect(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dA, CUDA_R_32F, m - 1, dB, CUDA_R_32F, k, &zero,
-                        dC, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE,
+    expect(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dA, CUDA_R_32F, m - 1, dB, CUDA_R_32F, k, &zero, dC,
+                        CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE,
            "cublasGemmEx refuses lda below the rows of A");
     expect(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, A, CUDA_R_32F, m, dB, CUDA_R_32F, k, &zero, dC,
                         CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE,
@@ -451,8 +451,7 @@ void test_bf16_and_sort()
     // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: to even (1); 1 + 3 * 2^-8 rounds up to 1 + 2^-6
     float a = 1.0f + 1.0f / 256, b = 1.0f + 3.0f / 256;
     expect(__bfloat162float(__float2bfloat16_rn(a)) == 1.0f &&
-               __bfloat162float(__float2bfloat16_rn(b)) == 1.0f + 1.0f / 64 &&
-               __float2bfloat16_rn(-2.0f).__x == 0xc000,
+               __bfloat162float(__float2bfloat16_rn(b)) == 1.0f + 1.0f / 64 && __float2bfloat16_rn(-2.0f).__x == 0xc000,
            "BF16 rounds to nearest even");
     float nan = NAN;
     expect(__bfloat162float(__float2bfloat16_rn(nan)) != __bfloat162float(__float2bfloat16_rn(nan)),

@@ -1371,11 +1371,13 @@ static int test_nccl(int argc, char **argv)
     comm_alltoallv(nc, ds, sc, dr, rcn, COMM_F32);
     from_dev(hr, dr, tot_r * 4);
     int bad2 = memcmp(hr, hw, tot_r * 4) != 0;
+    /* the ring's step: as many elements on every rank, within every rank's buffers (tot_s, tot_r >= 100 s) */
     const int next = (r + 1) % s, prev = (r - 1 + s) % s;
-    comm_sendrecv(world, hs, 1000, next, hw, 1000, prev, COMM_F32);
-    comm_sendrecv(nc, ds, 1000, next, dr, 1000, prev, COMM_F32);
-    from_dev(hr, dr, 1000 * 4);
-    bad2 += memcmp(hr, hw, 1000 * 4) != 0;
+    const size_t ring_n = 100 * (size_t)s;
+    comm_sendrecv(world, hs, ring_n, next, hw, ring_n, prev, COMM_F32);
+    comm_sendrecv(nc, ds, ring_n, next, dr, ring_n, prev, COMM_F32);
+    from_dev(hr, dr, ring_n * 4);
+    bad2 += memcmp(hr, hw, ring_n * 4) != 0;
     comm_allreduce_sum(world, &bad2, 1, COMM_I32);
     if (r == 0)
         printf("nccl all-to-all (uneven) and send-receive on device memory over %d ranks: %s\n", s,

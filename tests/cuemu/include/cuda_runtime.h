@@ -2,9 +2,10 @@
  *
  * Device memory is host memory that the emulator allocates and tracks (so that it can say which pointers are
  * device pointers, refuse copies whose direction is wrong and fault on overruns); streams run their work at once,
- * in order; kernels run block by block, every thread a fiber, with __syncthreads and the warp operations as real
- * barriers (tests/cuemu/runtime.cc). Only what this project calls is here: a call this header lacks fails the
- * emulated build, it does not silently do nothing. */
+ * in order, but for NCCL's operations, pending until every rank has joined (tests/cuemu/NCCL.md); kernels run block by
+ * block, every thread a fiber, with __syncthreads and the warp operations as real barriers (tests/cuemu/runtime.cc).
+ * Only what this project calls is here: a call this header lacks fails the emulated build, it does not silently do
+ * nothing. */
 #ifndef CUEMU_CUDA_RUNTIME_H
 #define CUEMU_CUDA_RUNTIME_H
 

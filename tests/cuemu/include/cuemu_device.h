@@ -1,5 +1,5 @@
-/* cuemu: the device side of CUDA C++ on the CPU, for the kernels/cuda .cu files after tests/cuemu/translate.py has turned
- * their launches (k<<<grid, block, smem, stream>>>(args)) into cuemu::make_launch(k, "k", grid, block, smem,
+/* cuemu: the device side of CUDA C++ on the CPU, for the kernels/cuda .cu files after tests/cuemu/translate.py has
+ * turned their launches (k<<<grid, block, smem, stream>>>(args)) into cuemu::make_launch(k, "k", grid, block, smem,
  * stream)(args) and their extern __shared__ arrays into the launch's dynamic shared memory.
  *
  * A kernel runs block by block; each thread of a block is a fiber with its own threadIdx. __syncthreads() and the
@@ -39,11 +39,11 @@ struct dim3 {
 
 namespace cuemu
 {
-extern uint3 *tid;     // threadIdx of the running thread (its fiber)
-extern uint3 block;    // blockIdx
-extern dim3 bdim, gdim; // blockDim, gridDim
-void *dyn_smem();      // the launch's dynamic shared memory
-void sync_block();     // __syncthreads
+extern uint3 *tid;                     // threadIdx of the running thread (its fiber)
+extern uint3 block;                    // blockIdx
+extern dim3 bdim, gdim;                // blockDim, gridDim
+void *dyn_smem();                      // the launch's dynamic shared memory
+void sync_block();                     // __syncthreads
 int sync_block_pred(int pred, int op); // __syncthreads_or (0), _and (1), _count (2)
 // a warp barrier over mask's lanes; then lane src's value (src < 0: this lane's own), or the ballot of the preds
 uint64_t warp_shfl(unsigned mask, uint64_t value, int src, const char *op);
@@ -78,8 +78,9 @@ template <class... P> struct launcher {
             },
             args);
         auto f = fn;
-        launch(reinterpret_cast<const void *>(fn), name, grid, blk, smem, stream, [&]() { std::apply(f, args); },
-               ptrs, np);
+        launch(
+            reinterpret_cast<const void *>(fn), name, grid, blk, smem, stream, [&]() { std::apply(f, args); }, ptrs,
+            np);
     }
 };
 
@@ -188,13 +189,15 @@ inline float min(float a, float b) { return fminf(a, b); }
 inline float max(float a, float b) { return fmaxf(a, b); }
 inline double min(double a, double b) { return fmin(a, b); }
 inline double max(double a, double b) { return fmax(a, b); }
-template <class A, class B, class = typename std::enable_if<std::is_integral<A>::value && std::is_integral<B>::value>::type>
+template <class A, class B,
+          class = typename std::enable_if<std::is_integral<A>::value && std::is_integral<B>::value>::type>
 inline typename std::common_type<A, B>::type min(A a, B b)
 {
     typedef typename std::common_type<A, B>::type C;
     return (C)b < (C)a ? (C)b : (C)a;
 }
-template <class A, class B, class = typename std::enable_if<std::is_integral<A>::value && std::is_integral<B>::value>::type>
+template <class A, class B,
+          class = typename std::enable_if<std::is_integral<A>::value && std::is_integral<B>::value>::type>
 inline typename std::common_type<A, B>::type max(A a, B b)
 {
     typedef typename std::common_type<A, B>::type C;

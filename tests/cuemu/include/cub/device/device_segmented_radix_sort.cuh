@@ -26,10 +26,12 @@ struct DeviceSegmentedRadixSort {
             temp_bytes = need;
             return cudaSuccess;
         }
-        if (temp_bytes < need || cuemu_pointer_kind(temp) != 1 || (num_items && (cuemu_pointer_kind(in) != 1 ||
-                                                                                  cuemu_pointer_kind(out) != 1))) {
-            fprintf(stderr, "cuemu: cub::DeviceSegmentedRadixSort::SortKeysDescending: the scratch (%zu of %zu bytes) "
-                            "or the keys are not device memory of the size asked for\n", temp_bytes, need);
+        if (temp_bytes < need || cuemu_pointer_kind(temp) != 1 ||
+            (num_items && (cuemu_pointer_kind(in) != 1 || cuemu_pointer_kind(out) != 1))) {
+            fprintf(stderr,
+                    "cuemu: cub::DeviceSegmentedRadixSort::SortKeysDescending: the scratch (%zu of %zu bytes) "
+                    "or the keys are not device memory of the size asked for\n",
+                    temp_bytes, need);
             return cudaErrorInvalidValue;
         }
         if (begin_bit < 0 || end_bit > (int)sizeof(K) * 8 || begin_bit >= end_bit)
