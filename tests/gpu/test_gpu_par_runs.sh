@@ -91,7 +91,9 @@ matches cp2 one "CP 2: "
 # ZeRO-1 over DP x CP, and under EP (the dense parameters' state over DP, the experts' over the ranks holding the
 # same ones): on GPUs of their own over the groups' NCCL twins (the same run as without it); where the two ranks
 # share one GPU, NCCL cannot, and the run is refused naming the key
-GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+# the devices CUDA sees (CUDA_VISIBLE_DEVICES applies; nvidia-smi lists every GPU of the node)
+GPUS=1
+[ "$DEV" = cuda ] && "$PROBE" --probe 2 >/dev/null 2>&1 && GPUS=2
 # zero1 NAME BASE LABEL GROUP MODEL [keys...]: NAME with ZeRO-1 against BASE, each rank saying it keeps its block
 zero1() {
     local name=$1 base=$2 label=$3 group=$4 model=$5
