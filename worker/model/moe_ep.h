@@ -4,8 +4,8 @@
  * per expert, and sends the outputs back (combine, a second all-to-all), where they are weighted and summed as in
  * one process. The backward mirrors it: the outputs' gradients go out like the dispatch, the inputs' gradients
  * come back like the combine. The rows live in the model's context memory: host memory on the CPU, device memory
- * on a GPU (moved by the back-end's kernel ops, sent over NCCL, or through pinned host memory over MPI; written and
- * compiled, not yet run on a device). */
+ * on a GPU (moved by the back-end's kernel ops, sent over NCCL, or through pinned host memory over MPI; tested
+ * under the CUDA emulator, tests/cuemu, not yet run on a device). */
 #ifndef GRPO_WORKER_MOE_EP_H
 #define GRPO_WORKER_MOE_EP_H
 

@@ -204,8 +204,8 @@ int plan_main(int argc, char **argv)
            r->lay.tp, r->lay.pp, cp > 1 ? " x " : "", cp > 1 ? seq : "", r->lay.dp, ep > 1 ? " with EP" : "",
            r->lay.zero1 ? " with ZeRO-1" : "", r->lay.tp, r->lay.pp, ep, seqkey, gb(r->mem_total), r->time_step);
     if ((ep > 1 || cp > 1) && !c.cpu)
-        printf("note: %s on GPUs is planned (written, not yet run on a device); today it runs on CPU trainers "
-               "(docs/training.md)\n",
+        printf("note: %s on GPUs is not yet run on a device (its tests pass under the CUDA emulator, tests/cuemu); "
+               "it runs on CPU trainers (docs/training.md)\n",
                ep > 1 && cp > 1 ? "expert parallelism with sequence sharing"
                : ep > 1         ? "expert parallelism"
                : r->lay.ring    ? "context parallelism"
