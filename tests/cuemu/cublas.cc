@@ -104,6 +104,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
         return refuse("alpha and beta are host scalars (CUBLAS_POINTER_MODE_HOST)");
     cuemu_nccl_progress(true, handle->stream, UINT64_MAX); // behind the stream's pending NCCL work
     float al = *(const float *)alpha, be = *(const float *)beta;
+    cuemu::device_scope device; // A, B and C are device memory
     // op(A) as rows of k (m of them) and op(B) as columns of k (n of them), each contiguous
     std::vector<double> a((size_t)m * k), b((size_t)n * k);
     for (int i = 0; i < m; i++)

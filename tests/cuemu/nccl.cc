@@ -348,6 +348,7 @@ size_t task_bytes(const cuemu_nccl_comm *c, const task &t)
 // Publishes this rank's part of the head operation, once every rank has completed the one before.
 bool try_publish(cuemu_nccl_comm *c, cuemu_op *o)
 {
+    cuemu::device_scope device; // the send buffers are device memory
     int behind = first_behind(c, o->seq);
     if (behind >= 0) {
         c->waiting_for = behind;
@@ -428,6 +429,7 @@ bool mismatch(cuemu_nccl_comm *c, const cuemu_op *o, const char *fmt, ...)
 // then writes this rank's receive buffers.
 bool try_complete(cuemu_nccl_comm *c, cuemu_op *o)
 {
+    cuemu::device_scope device; // the receive buffers are device memory
     const int n = c->nranks, me = c->rank;
     for (int r = 0; r < n; r++)
         if (ld(&c->h->r[r].pub_seq) < o->seq) {

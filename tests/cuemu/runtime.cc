@@ -32,9 +32,10 @@
 #endif
 
 extern "C" void cuemu_switch(void **save_sp, void *to_sp);
-// Saves the callee-saved registers, MXCSR and the x87 control word on the current stack, stores the stack pointer
-// in *save_sp, and resumes the context whose stack pointer is to_sp (saved by an earlier switch or laid out by
-// fiber_start).
+// Saves the callee-saved registers on the current stack, stores the stack pointer in *save_sp, and resumes the
+// context whose stack pointer is to_sp (saved by an earlier switch or laid out by fiber_start). MXCSR and the x87
+// control word are not switched: nothing in a kernel or the executor changes them, so every fiber runs with the
+// launching thread's.
 asm(R"(
     .text
     .globl cuemu_switch
@@ -47,14 +48,8 @@ cuemu_switch:
     pushq %r13
     pushq %r14
     pushq %r15
-    subq $8, %rsp
-    stmxcsr (%rsp)
-    fnstcw 4(%rsp)
     movq %rsp, (%rdi)
     movq %rsi, %rsp
-    ldmxcsr (%rsp)
-    fldcw 4(%rsp)
-    addq $8, %rsp
     popq %r15
     popq %r14
     popq %r13
@@ -110,6 +105,27 @@ struct alloc {
 };
 std::map<uintptr_t, alloc> allocs; // by user pointer
 std::mutex mem_lock;
+// Device memory is PROT_NONE outside the emulated device's work (device_depth 0), so that host code touching it
+// faults as on a GPU. Lock order: prot_lock, then mem_lock.
+std::mutex prot_lock;
+int device_depth;
+
+bool host_guard()
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *s = getenv("CUEMU_HOST_GUARD");
+        on = !(s && !strcmp(s, "0"));
+    }
+    return on;
+}
+
+void protect_all(int prot)
+{
+    for (auto &kv : allocs)
+        if (kv.second.kind == 1)
+            mprotect(kv.second.map + kPage, kv.second.map_len - 2 * kPage, prot);
+}
 size_t used_bytes[64];
 int current_device = 0;
 
@@ -179,6 +195,7 @@ cudaError_t do_alloc(void **ptr, size_t bytes, int kind, const char *what)
     if (!ptr)
         return fail(cudaErrorInvalidValue, "%s: a NULL result pointer", what);
     install_fault_handler();
+    std::lock_guard<std::mutex> pg(prot_lock);
     std::lock_guard<std::mutex> g(mem_lock);
     if (kind == 1 && used_bytes[current_device] + bytes > device_memory()) {
         *ptr = NULL;
@@ -195,8 +212,11 @@ cudaError_t do_alloc(void **ptr, size_t bytes, int kind, const char *what)
         return fail(cudaErrorMemoryAllocation, "%s(%zu bytes): mmap: %s", what, bytes, strerror(errno));
     }
     allocs[(uintptr_t)p] = a;
-    if (kind == 1)
+    if (kind == 1) {
         used_bytes[current_device] += bytes;
+        if (device_depth == 0 && host_guard())
+            mprotect(a.map + kPage, a.map_len - 2 * kPage, PROT_NONE);
+    }
     *ptr = p;
     return cudaSuccess;
 }
@@ -256,8 +276,6 @@ const char *kernel_name;
 char *smem;
 size_t smem_len, smem_map_len;
 char *smem_map;
-unsigned start_mxcsr;
-unsigned short start_cw;
 std::mutex launch_lock;
 std::map<const void *, int> smem_optin; // cudaFuncSetAttribute(MaxDynamicSharedMemorySize)
 
@@ -312,9 +330,6 @@ void fiber_start(fiber *f)
     *--sp = (uint64_t)(void *)fiber_main; // where cuemu_switch's ret goes
     for (int i = 0; i < 6; i++)
         *--sp = 0; // rbp, rbx, r12..r15
-    --sp;
-    memcpy(sp, &start_mxcsr, 4);
-    memcpy((char *)sp + 4, &start_cw, 2);
     f->sp = sp;
 }
 
@@ -334,7 +349,13 @@ void on_segv(int sig, siginfo_t *si, void *)
 {
     uintptr_t base = 0;
     const alloc *a = find_near(si->si_addr, &base);
-    if (a)
+    bool in_data = a && (char *)si->si_addr >= a->map + kPage && (char *)si->si_addr < a->map + a->map_len - kPage;
+    if (a && a->kind == 1 && in_data && !kernel_name)
+        fprintf(stderr,
+                "cuemu: host code touched device memory at %p (the device allocation of %zu bytes at %p): on a GPU "
+                "this is a fault too; copy it to the host first (cudaMemcpy)\n",
+                si->si_addr, a->size, (void *)base);
+    else if (a)
         fprintf(stderr, "cuemu: %s: invalid access at %p, %s the %s allocation of %zu bytes at %p\n", where(),
                 si->si_addr, (uintptr_t)si->si_addr < base ? "before" : "past the end of",
                 a->kind == 1 ? "device" : "pinned host", a->size, (void *)base);
@@ -652,12 +673,11 @@ cudaError_t launch(const void *fn, const char *name, dim3 grid, dim3 blk, size_t
     order.resize((size_t)nthreads);
     for (int i = 0; i < nthreads; i++)
         order[(size_t)i] = mode == 1 ? nthreads - 1 - i : i;
-    start_mxcsr = __builtin_ia32_stmxcsr();
-    __asm__ volatile("fnstcw %0" : "=m"(start_cw));
     body = &kernel_body;
     kernel_name = name;
     cuemu::gdim = grid;
     cuemu::bdim = blk;
+    cuemu::device_scope device;
     for (unsigned z = 0; z < grid.z; z++)
         for (unsigned y = 0; y < grid.y; y++)
             for (unsigned x = 0; x < grid.x; x++) {
@@ -766,6 +786,24 @@ cudaError_t check_copy(void *dst, const void *src, size_t bytes, enum cudaMemcpy
 } // namespace
 
 extern "C" {
+
+void cuemu_device_enter(void)
+{
+    std::lock_guard<std::mutex> pg(prot_lock);
+    if (device_depth++ == 0 && host_guard()) {
+        std::lock_guard<std::mutex> g(mem_lock);
+        protect_all(PROT_READ | PROT_WRITE);
+    }
+}
+
+void cuemu_device_leave(void)
+{
+    std::lock_guard<std::mutex> pg(prot_lock);
+    if (--device_depth == 0 && host_guard()) {
+        std::lock_guard<std::mutex> g(mem_lock);
+        protect_all(PROT_NONE);
+    }
+}
 
 int cuemu_pointer_kind(const void *p)
 {
@@ -917,6 +955,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
     cudaError_t e = check_copy(dst, src, bytes, kind, "cudaMemcpy");
     if (e)
         return e;
+    cuemu::device_scope device;
     memmove(dst, src, bytes);
     return cudaSuccess;
 }
@@ -943,6 +982,7 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
                        "cudaMemcpy2D (last row)");
     if (e)
         return e;
+    cuemu::device_scope device;
     for (size_t r = 0; r < height; r++)
         memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
     return cudaSuccess;
@@ -961,6 +1001,7 @@ cudaError_t cudaMemsetAsync(void *ptr, int value, size_t bytes, cudaStream_t str
             return fail(cudaErrorInvalidValue, "cudaMemset(%p, %zu bytes): not inside one device allocation", ptr,
                         bytes);
     }
+    cuemu::device_scope device;
     memset(ptr, value, bytes);
     return cudaSuccess;
 }

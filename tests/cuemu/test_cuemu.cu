@@ -7,7 +7,8 @@
 //    shared memory past 48 KiB without the attribute, copies in the wrong direction or past an allocation, memory
 //    past CUEMU_DEVICE_MEMORY;
 //  - faults that stop the process, each in a child that must die with the right message: divergent __syncthreads,
-//    a write past the end of device memory and of dynamic shared memory, a shuffle naming a lane that left;
+//    a write past the end of device memory and of dynamic shared memory, a shuffle naming a lane that left, host
+//    code reading device memory;
 //  - cublasGemmEx in every transpose against a host loop, and its argument checks; BF16 rounding; CUB's sort.
 #include <errno.h>
 #include <signal.h>
@@ -379,6 +380,14 @@ void test_faults()
                },
                "past the end of the device allocation of 400 bytes"),
            "a write past the end of device memory stops the process at the access, naming the allocation");
+    expect(dies_saying(
+               [] {
+                   float *y = dev<float>(8);
+                   cudaMemset(y, 0, 8 * sizeof(float));
+                   printf("%g\n", (double)y[3]); // host code reading device memory
+               },
+               "host code touched device memory"),
+           "host code reading device memory stops the process, as on a GPU");
     expect(dies_saying([] { smem_overrun_kernel<<<1, 1, 4096>>>(1024); }, "dynamic shared memory"),
            "a write past dynamic shared memory stops the process");
     expect(dies_saying(

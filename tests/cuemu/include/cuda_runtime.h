@@ -125,6 +125,11 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event);
 
 /* emulator-only: is p inside memory from cudaMalloc (1), cudaMallocHost (2), or neither (0) */
 int cuemu_pointer_kind(const void *p);
+/* emulator-only: device memory is readable and writable only between these (nested; any thread): the emulated
+ * device's own work (kernels, copies, cuBLAS, NCCL) brackets itself with them, so that host code reading or
+ * writing device memory faults, as it does with a GPU */
+void cuemu_device_enter(void);
+void cuemu_device_leave(void);
 
 #ifdef __cplusplus
 }

@@ -91,6 +91,14 @@ launcher<P...> make_launch(void (*fn)(P...), const char *name, dim3 grid, dim3 b
     return launcher<P...>{fn, name, grid, blk, smem, stream};
 }
 
+// device memory accessible for the scope's life (cuemu_device_enter / _leave)
+struct device_scope {
+    device_scope() { cuemu_device_enter(); }
+    ~device_scope() { cuemu_device_leave(); }
+    device_scope(const device_scope &) = delete;
+    device_scope &operator=(const device_scope &) = delete;
+};
+
 template <class T> inline uint64_t to_bits(T v)
 {
     static_assert(sizeof(T) <= 8, "a warp operation on a value wider than 8 bytes");

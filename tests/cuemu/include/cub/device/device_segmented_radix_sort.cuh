@@ -38,6 +38,7 @@ struct DeviceSegmentedRadixSort {
             return cudaErrorInvalidValue;
         const K mask = (K)((end_bit - begin_bit == (int)sizeof(K) * 8 ? ~(K)0 : (((K)1 << (end_bit - begin_bit)) - 1))
                            << begin_bit);
+        cuemu::device_scope device; // the keys and offsets are device memory
         if (in != out)
             std::copy(in, in + num_items, out);
         for (int s = 0; s < num_segments; s++) {
