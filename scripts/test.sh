@@ -21,16 +21,17 @@ meson test -C build --print-errorlogs --num-processes 2 "$@" || rc=$?
 logs=(build/meson-logs/testlog.json)
 # The CUDA back-end through tests/cuemu (CUDA emulated on the CPU, tests/cuemu/README.md): the gpu suite, which
 # skips above without a GPU, runs here on any machine; then gpu-kernels with each block's threads in reverse order
-# (a race shows as a difference), and the NCCL paths with a device per rank. On a full run only (no arguments).
+# (a race shows as a difference), and the NCCL paths with a device per rank (gpu-per-rank, and EP, SP and CP in the
+# model again). On a full run only (no arguments).
 if [ $# -eq 0 ]; then
     rm -f build-emu/meson-logs/testlog-emu*.json
     ./scripts/build.sh build-emu -Dcuemu=true -Dcuda=disabled -Dtests=enabled || rc=1
-    meson test -C build-emu --suite cuemu --suite gpu --no-rebuild --print-errorlogs \
+    meson test -C build-emu --suite cuemu --suite gpu --no-suite gpu-per-rank --no-rebuild --print-errorlogs \
         --num-processes 2 --logbase testlog-emu || rc=1
     CUEMU_ORDER=reverse meson test -C build-emu gpu-kernels --no-rebuild --print-errorlogs \
         --logbase testlog-emu-reverse || rc=1
     CUEMU_DEVICES=2 meson test -C build-emu gpu-nccl-np2 gpu-nccl-deadline gpu-ep2-np2 gpu-sp2-np2 gpu-cp2-np2 \
-        --no-rebuild --print-errorlogs --logbase testlog-emu-nccl || rc=1
+        gpu-par-runs --no-rebuild --print-errorlogs --num-processes 2 --logbase testlog-emu-nccl || rc=1
     logs+=(build-emu/meson-logs/testlog-emu*.json)
 fi
 python3 scripts/count_tests.py "${logs[@]}" || rc=1
