@@ -184,9 +184,7 @@ ncclResult_t say(ncclResult_t r, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "cuemu: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
+    cuemu_vsay(fmt, ap);
     va_end(ap);
     return r;
 }

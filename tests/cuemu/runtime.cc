@@ -86,9 +86,7 @@ cudaError_t fail(cudaError_t e, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "cuemu: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
+    cuemu_vsay(fmt, ap);
     va_end(ap);
     last_error = e;
     return e;
@@ -803,6 +801,13 @@ void cuemu_device_leave(void)
         std::lock_guard<std::mutex> g(mem_lock);
         protect_all(PROT_NONE);
     }
+}
+
+void cuemu_vsay(const char *fmt, va_list ap)
+{
+    char line[1024];
+    vsnprintf(line, sizeof line, fmt, ap);
+    fprintf(stderr, "cuemu: %s\n", line); // one write: ranks' lines do not interleave mid-line
 }
 
 int cuemu_pointer_kind(const void *p)

@@ -9,6 +9,7 @@
 #ifndef CUEMU_CUDA_RUNTIME_H
 #define CUEMU_CUDA_RUNTIME_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -122,6 +123,9 @@ cudaError_t cudaEventDestroy(cudaEvent_t event);
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
 cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
+
+/* emulator-only: print "cuemu: " and the message, a line on stderr (every finding of the emulator) */
+void cuemu_vsay(const char *fmt, va_list ap);
 
 /* emulator-only: is p inside memory from cudaMalloc (1), cudaMallocHost (2), or neither (0) */
 int cuemu_pointer_kind(const void *p);
