@@ -12,6 +12,9 @@
 #   scripts/gpu_check.sh            everything
 #   GPU_CHECK_SKIP_SANITIZER=1      skip the compute-sanitizer runs
 #   GPU_CHECK_BENCH_SMALL=1         small benchmark shapes (a smoke run)
+#   GPU_CHECK_EMULATE=1             a rehearsal without a GPU: the same steps on tests/cuemu (CUDA emulated on the
+#                                   CPU; build-gpu-emu, no compute-sanitizer, small benchmark shapes whose times
+#                                   mean nothing), so that a device session does not spend its minutes on this script
 #
 # Peaks the table compares against (H200 SXM): BF16 dense tensor-core 989 TFLOP/s (MFU column of the TFLOP/s
 # rows, fp32 rows included, so they read as a fraction of what the chip's BF16 tensor cores could do), HBM3e
@@ -26,21 +29,31 @@ stamp() { echo "== [$(( $(date +%s) - start )) s] $*"; }
 rc=0
 bdir=build-gpu
 log="$(mktemp -d /tmp/gpu_check.XXXXXX)"
+emulate="${GPU_CHECK_EMULATE:-0}"
+setup_args=(-Dcuda=enabled)
 
-ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
-stamp "GPUs: $ngpu"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/   /'
+if [ "$emulate" = 1 ]; then
+    bdir=build-gpu-emu
+    setup_args=(-Dcuemu=true -Dcuda=disabled)
+    ngpu="${CUEMU_DEVICES:-1}"
+    export GPU_CHECK_SKIP_SANITIZER=1 GPU_CHECK_BENCH_SMALL=1
+    stamp "REHEARSAL on tests/cuemu (CUDA emulated on the CPU): $ngpu emulated device(s); no time here means anything"
+else
+    ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+    stamp "GPUs: $ngpu"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/   /'
+fi
 if [ "$ngpu" -eq 0 ]; then
     echo "no GPU visible: nothing to check here"
     exit 77
 fi
 
 # ---- build: a fresh directory; meson.build compiles sm_80 and sm_90 SASS plus compute_90 PTX ----
-stamp "configure $bdir (-Dcuda=enabled)"
+stamp "configure $bdir (${setup_args[*]})"
 if [ -d "$bdir" ]; then
-    meson setup --wipe "$bdir" -Dcuda=enabled >"$log/setup.txt" 2>&1
+    meson setup --wipe "$bdir" "${setup_args[@]}" >"$log/setup.txt" 2>&1
 else
-    meson setup "$bdir" -Dcuda=enabled >"$log/setup.txt" 2>&1
+    meson setup "$bdir" "${setup_args[@]}" >"$log/setup.txt" 2>&1
 fi || { cat "$log/setup.txt"; echo "meson setup failed"; exit 1; }
 stamp "build (ninja: the GPU tests, the bench, the worker)"
 targets=(tests/gpu/test_gpu_kernels tests/gpu/test_gpu_model tests/gpu/test_gpu_parallel tests/gpu/gpu_bench
@@ -127,8 +140,12 @@ if [ -x "$worker" ]; then
     if [ -f "$gguf" ]; then
         stamp "one GRPO step on the GPU (bundled SmolLM2-135M)"
         out_dir="$log/grpo"
-        timeout 180 mpirun -np 1 "$worker" actor_rollout_ref.model.path="$gguf" trainer.device=cuda \
-            trainer.total_training_steps=1 trainer.default_local_dir="$out_dir" >"$log/grpo.txt" 2>&1
+        small=() # the rehearsal: a step small enough for the emulator (the command and its parsing are the point)
+        [ "$emulate" = 1 ] && small=(data.train_batch_size=2 actor_rollout_ref.rollout.n=2 data.max_response_length=8
+            actor_rollout_ref.actor.ppo_mini_batch_size=2 trainer.val_before_train=false trainer.test_freq=-1)
+        timeout "$([ "$emulate" = 1 ] && echo 900 || echo 180)" mpirun -np 1 "$worker" \
+            actor_rollout_ref.model.path="$gguf" trainer.device=cuda trainer.total_training_steps=1 \
+            trainer.default_local_dir="$out_dir" "${small[@]}" >"$log/grpo.txt" 2>&1
         step_line="GRPO step on GPU (exit $?): $(grep -oE '"?timing_s/[a-z_]+"?[:=] ?[0-9.]+' "$log/grpo.txt" \
             "$out_dir"/*/*/metrics.jsonl 2>/dev/null | sed 's/.*timing_s\///; s/"//g' | tr '\n' ' ')"
     else
@@ -137,7 +154,9 @@ if [ -x "$worker" ]; then
 fi
 
 echo
-echo "== GPU check: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $ngpu GPU(s)," \
+gpu_name="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+[ "$emulate" = 1 ] && gpu_name="REHEARSAL on tests/cuemu, not a GPU"
+echo "== GPU check: $gpu_name, $ngpu GPU(s)," \
     "$(( $(date +%s) - start )) s"
 {
     echo "op|shape|ms/call|throughput|of peak"
