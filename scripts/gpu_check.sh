@@ -139,8 +139,13 @@ step_line="GRPO step on GPU: the worker was not built"
 worker="$bdir/worker/grpo-worker"
 if [ -x "$worker" ]; then
     gguf="${GRPO_CACHE:-$HOME/.cache/grpo}/SmolLM2-135M-Instruct.Q4_1.gguf"
-    if [ -f "$gguf" ]; then
-        stamp "one GRPO step on the GPU (bundled SmolLM2-135M)"
+    if [ "$emulate" = 1 ]; then # the rehearsal: a tiny random model (the 135M one takes the emulator too long)
+        tok=tests/fixtures/tokenizers/bytes-chatml
+        "$bdir/worker/grpo-model" init "$tok/config.json" "$log/tiny" --tokenizer-from "$tok" --seed 11 --std 0.1 \
+            >"$log/tiny.txt" 2>&1 && gguf="$log/tiny"
+    fi
+    if [ -e "$gguf" ]; then
+        stamp "one GRPO step on the GPU ($gguf)"
         out_dir="$log/grpo"
         small=() # the rehearsal: a step small enough for the emulator (the command and its parsing are the point)
         [ "$emulate" = 1 ] && small=(data.train_batch_size=2 actor_rollout_ref.rollout.n=2 data.max_response_length=8
