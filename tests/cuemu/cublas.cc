@@ -21,7 +21,7 @@ namespace
 
 cublasStatus_t refuse(const char *why)
 {
-    fprintf(stderr, "cuemu: cublasGemmEx: %s\n", why);
+    cuemu_say("cublasGemmEx: %s", why);
     return CUBLAS_STATUS_INVALID_VALUE;
 }
 

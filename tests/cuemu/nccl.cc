@@ -274,8 +274,8 @@ void fail_comm(cuemu_nccl_comm *c, ncclResult_t why)
         c->error = why;
     }
     if (!c->q.empty())
-        fprintf(stderr, "cuemu: NCCL rank %d of %d: %zu pending operation(s) dropped (%s)\n", c->rank, c->nranks,
-                c->q.size(), ncclGetErrorString(why));
+        cuemu_say("NCCL rank %d of %d: %zu pending operation(s) dropped (%s)", c->rank, c->nranks, c->q.size(),
+                  ncclGetErrorString(why));
     drop_ops(c);
 }
 
@@ -681,8 +681,8 @@ template <class F> void wait_for(cuemu_nccl_comm *c, std::unique_lock<std::mutex
     const double t0 = now(), limit = hang_s();
     for (long spins = 0; !done(); spins++) {
         if (now() - t0 > limit) {
-            fprintf(stderr, "cuemu: %s (NCCL rank %d of %d) has waited %.0f s for rank %d\n", what, c->rank, c->nranks,
-                    limit, c->waiting_for);
+            cuemu_say("%s (NCCL rank %d of %d) has waited %.0f s for rank %d", what, c->rank, c->nranks, limit,
+                      c->waiting_for);
             fflush(stderr);
             unlink_names();
             abort();
@@ -773,6 +773,15 @@ void sweep_orphans()
     closedir(d);
 }
 
+// a communicator already aborted or destroyed: refused, naming the call (ncclSuccess when it is live)
+ncclResult_t refuse_ended(const cuemu_nccl_comm *c, const char *call)
+{
+    if (c->state != ABORTED && c->state != DESTROYED)
+        return ncclSuccess;
+    return say(ncclInvalidUsage, "%s: the communicator was %s", call,
+               c->state == ABORTED ? "aborted (ncclCommAbort)" : "destroyed");
+}
+
 cuemu_nccl_comm *usable(cuemu_nccl_comm *c, const char *call, ncclResult_t *rc)
 {
     *rc = ncclSuccess;
@@ -780,11 +789,8 @@ cuemu_nccl_comm *usable(cuemu_nccl_comm *c, const char *call, ncclResult_t *rc)
         *rc = say(ncclInvalidArgument, "%s: a NULL communicator", call);
         return NULL;
     }
-    if (c->state == ABORTED || c->state == DESTROYED) {
-        *rc = say(ncclInvalidUsage, "%s: the communicator was %s", call,
-                  c->state == ABORTED ? "aborted (ncclCommAbort)" : "destroyed");
+    if ((*rc = refuse_ended(c, call)) != ncclSuccess)
         return NULL;
-    }
     if (c->finalizing) {
         *rc = say(ncclInvalidUsage, "%s: the communicator is finalized", call);
         return NULL;
@@ -917,8 +923,8 @@ extern "C" bool cuemu_nccl_progress(bool block, cudaStream_t only, uint64_t mark
             if (!block)
                 return false;
             if (now() - t0 > limit) {
-                fprintf(stderr, "cuemu: an NCCL operation has waited %.0f s for rank %d (NCCL rank %d of %d)\n", limit,
-                        held->waiting_for, held->rank, held->nranks);
+                cuemu_say("an NCCL operation has waited %.0f s for rank %d (NCCL rank %d of %d)", limit,
+                          held->waiting_for, held->rank, held->nranks);
                 fflush(stderr);
                 unlink_names();
                 abort();
@@ -1077,9 +1083,8 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm)
     if (!comm)
         return ncclSuccess;
     std::unique_lock<std::mutex> l(G()->m);
-    if (comm->state == ABORTED || comm->state == DESTROYED)
-        return say(ncclInvalidUsage, "ncclCommDestroy: the communicator was %s already",
-                   comm->state == ABORTED ? "aborted" : "destroyed");
+    if (ncclResult_t r = refuse_ended(comm, "ncclCommDestroy"))
+        return r;
     // its operations are finished first, as ncclCommFinalize would
     wait_for(comm, l, "ncclCommDestroy", [comm] { return finalized(comm); });
     release(comm);
@@ -1092,9 +1097,8 @@ ncclResult_t ncclCommAbort(ncclComm_t comm)
     if (!comm)
         return ncclSuccess;
     std::lock_guard<std::mutex> l(G()->m);
-    if (comm->state == ABORTED || comm->state == DESTROYED)
-        return say(ncclInvalidUsage, "ncclCommAbort: the communicator was %s already",
-                   comm->state == ABORTED ? "aborted" : "destroyed");
+    if (ncclResult_t r = refuse_ended(comm, "ncclCommAbort"))
+        return r;
     if (comm->h)
         st(&comm->h->r[comm->rank].aborted, (int32_t)1);
     release(comm); // its pending operations are dropped: their streams are free at once

@@ -810,6 +810,14 @@ void cuemu_vsay(const char *fmt, va_list ap)
     fprintf(stderr, "cuemu: %s\n", line); // one write: ranks' lines do not interleave mid-line
 }
 
+void cuemu_say(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    cuemu_vsay(fmt, ap);
+    va_end(ap);
+}
+
 int cuemu_pointer_kind(const void *p)
 {
     std::lock_guard<std::mutex> g(mem_lock);

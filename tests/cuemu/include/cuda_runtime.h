@@ -126,6 +126,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event);
 
 /* emulator-only: print "cuemu: " and the message, a line on stderr (every finding of the emulator) */
 void cuemu_vsay(const char *fmt, va_list ap);
+void cuemu_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* emulator-only: is p inside memory from cudaMalloc (1), cudaMallocHost (2), or neither (0) */
 int cuemu_pointer_kind(const void *p);

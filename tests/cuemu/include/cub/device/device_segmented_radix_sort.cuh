@@ -30,7 +30,7 @@ struct DeviceSegmentedRadixSort {
             (num_items && (cuemu_pointer_kind(in) != 1 || cuemu_pointer_kind(out) != 1))) {
             fprintf(stderr,
                     "cuemu: cub::DeviceSegmentedRadixSort::SortKeysDescending: the scratch (%zu of %zu bytes) "
-                    "or the keys are not device memory of the size asked for\n",
+                    "or the keys are not device memory of the size asked for",
                     temp_bytes, need);
             return cudaErrorInvalidValue;
         }
@@ -44,8 +44,7 @@ struct DeviceSegmentedRadixSort {
         for (int s = 0; s < num_segments; s++) {
             int b = begin[s], e = end[s];
             if (b < 0 || e > num_items || b > e) {
-                fprintf(stderr, "cuemu: cub::DeviceSegmentedRadixSort: segment %d is [%d, %d) of %d keys\n", s, b, e,
-                        num_items);
+                cuemu_say("cub::DeviceSegmentedRadixSort: segment %d is [%d, %d) of %d keys", s, b, e, num_items);
                 return cudaErrorInvalidValue;
             }
             std::stable_sort(out + b, out + e, [mask](K x, K y) { return (x & mask) > (y & mask); });
