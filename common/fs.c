@@ -1,5 +1,6 @@
 #include "fs.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -148,4 +149,70 @@ int fs_write_atomic(const char *path, const void *data, size_t len, char *err, s
 {
     struct bytes b = {data, len};
     return fs_write_atomic_with(path, 0644, write_bytes, &b, err, errlen);
+}
+
+enum { FS_TREE_MAX_DEPTH = 256 };
+
+static int tree_fail(char *err, size_t errlen, const char *path, const char *name, const char *why)
+{
+    snprintf(err, errlen, "%s: cannot remove %s: %s", path, name, why);
+    return -1;
+}
+
+/* Remove name inside the directory dirfd (path is the tree's root, for messages); dev is the root's device. */
+static int remove_at(int dirfd, const char *name, dev_t dev, int depth, const char *path, char *err, size_t errlen)
+{
+    struct stat st;
+    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+        return errno == ENOENT ? 0 : tree_fail(err, errlen, path, name, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) /* files, links (not followed), sockets, FIFOs */
+        return unlinkat(dirfd, name, 0) == 0 || errno == ENOENT ? 0
+                                                                : tree_fail(err, errlen, path, name, strerror(errno));
+    if (st.st_dev != dev)
+        return tree_fail(err, errlen, path, name, "a mount point (another file system); not entered");
+    if (depth >= FS_TREE_MAX_DEPTH)
+        return tree_fail(err, errlen, path, name, "nested more than 256 directories deep; not entered");
+    int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return tree_fail(err, errlen, path, name, strerror(errno));
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        int e = errno;
+        close(fd);
+        return tree_fail(err, errlen, path, name, strerror(e));
+    }
+    int rc = 0;
+    for (struct dirent *e; rc == 0 && (errno = 0, e = readdir(d));) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        rc = remove_at(fd, e->d_name, dev, depth + 1, path, err, errlen);
+    }
+    if (rc == 0 && errno != 0)
+        rc = tree_fail(err, errlen, path, name, strerror(errno));
+    closedir(d);
+    if (rc == 0 && unlinkat(dirfd, name, AT_REMOVEDIR) != 0 && errno != ENOENT)
+        rc = tree_fail(err, errlen, path, name, strerror(errno));
+    return rc;
+}
+
+int fs_remove_tree(const char *path, char *err, size_t errlen)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return errno == ENOENT ? 0 : tree_fail(err, errlen, path, "it", strerror(errno));
+    char *dir = fs_dir_of(path);
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    int rc;
+    if (!base[0] || strcmp(base, ".") == 0 || strcmp(base, "..") == 0) {
+        rc = tree_fail(err, errlen, path, "it", "the path must end in a name, not '/', '.' or '..'");
+    } else {
+        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        rc = dfd < 0 ? tree_fail(err, errlen, path, "its directory", strerror(errno))
+                     : remove_at(dfd, base, st.st_dev, 0, path, err, errlen);
+        if (dfd >= 0)
+            close(dfd);
+    }
+    free(dir);
+    return rc;
 }

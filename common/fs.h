@@ -22,6 +22,11 @@ int fs_fsync_path(const char *path);
 /* fsync the directory that holds path (the record of a rename or an unlink there); EINVAL (a file system
  * that cannot) counts as done. 0, or -1 with err naming path and the directory. */
 int fs_fsync_dir_of(const char *path, char *err, size_t errlen);
+/* rm -r without a shell: remove path and, when it is a directory, everything below it, each entry by unlinkat
+ * relative to its opened parent. Symbolic links are removed, never followed; a directory on another file system
+ * (a mount point) or nested deeper than 256 levels is refused, not entered. A path that does not exist is done.
+ * 0, or -1 with err naming the entry that could not be removed and why (what could be removed is gone). */
+int fs_remove_tree(const char *path, char *err, size_t errlen);
 /* The directory part of path (".", or "/", when it has none), malloc'd. */
 char *fs_dir_of(const char *path);
 

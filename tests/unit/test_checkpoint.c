@@ -91,6 +91,43 @@ static void test_round_trip_and_keep(void **state)
     must_rm_rf(root);
 }
 
+/* Keep-last-K under a run directory whose name would break a shell command ("O'Brien runs", a quote, $(),
+ * a leading dash): the older checkpoints go, the newest K stay, and nothing the name spells is run. */
+static void test_keep_under_hostile_names(void **state)
+{
+    (void)state;
+    char base[] = "/tmp/grpo_ckpt_XXXXXX", err[1024], root[1200], path[1400], cwd[4096];
+    assert_non_null(mkdtemp(base));
+    struct model *m = tiny();
+    struct adamw *o = opt_for(m);
+    const char *names[] = {"O'Brien runs", "e'$(touch INJECTED)'", "-e' victim '", NULL};
+    snprintf(path, sizeof path, "%s/victim", base);
+    assert_int_equal(mkdir(path, 0755), 0);
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    for (int i = 0; names[i]; i++) {
+        snprintf(root, sizeof root, "%s/%s", base, names[i]);
+        assert_int_equal(chdir(base), 0); /* where an injected command would act */
+        for (int k = 1; k <= 4; k++) {
+            struct run_state st = {.global_step = k, .epoch = 1, .cursor = k, .seed = 1, .total_steps = 4};
+            if (checkpoint_save(root, m, o, NULL, &st, 1, err, sizeof err) != 0)
+                fail_msg("%s", err);
+        }
+        assert_int_equal(chdir(cwd), 0);
+        for (int k = 1; k <= 4; k++) {
+            snprintf(path, sizeof path, "%s/global_step_%d", root, k);
+            if ((access(path, F_OK) == 0) != (k == 4))
+                fail_msg("%s: %s after keeping 1 of 4", path, k == 4 ? "missing" : "still there");
+        }
+    }
+    snprintf(path, sizeof path, "%s/INJECTED", base);
+    assert_int_not_equal(access(path, F_OK), 0);
+    snprintf(path, sizeof path, "%s/victim", base);
+    assert_int_equal(access(path, F_OK), 0);
+    adamw_free(o);
+    model_free(m);
+    must_rm_rf(base);
+}
+
 static void test_crash_leftovers_and_corruption(void **state)
 {
     (void)state;
@@ -328,8 +365,11 @@ static void test_state_disagrees_with_files(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip_and_keep),        cmocka_unit_test(test_crash_leftovers_and_corruption),
-        cmocka_unit_test(test_non_finite_refused),         cmocka_unit_test(test_state_disagrees),
+        cmocka_unit_test(test_round_trip_and_keep),
+        cmocka_unit_test(test_keep_under_hostile_names),
+        cmocka_unit_test(test_crash_leftovers_and_corruption),
+        cmocka_unit_test(test_non_finite_refused),
+        cmocka_unit_test(test_state_disagrees),
         cmocka_unit_test(test_state_disagrees_with_files),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

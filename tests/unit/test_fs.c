@@ -182,6 +182,94 @@ static void test_fsync_dir_of(void **state)
     assert_non_null(strstr(err, path));
 }
 
+/* d/name as a file holding text, or as a directory (name ending in '/'). */
+static void make(const char *d, const char *name, const char *text)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", d, name);
+    size_t n = strlen(path);
+    if (path[n - 1] == '/') {
+        path[n - 1] = '\0';
+        assert_int_equal(mkdir(path, 0755), 0);
+        return;
+    }
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* fs_remove_tree runs no shell: names made to break one (quotes, $(), backticks, newlines, leading dashes, dots)
+ * are removed like any other and nothing they spell runs; a symbolic link to a directory outside the tree is
+ * removed and what it points at stays; a path that does not exist is done; "/" "." and ".." ends are refused. */
+static void test_remove_tree_hostile_names(void **state)
+{
+    (void)state;
+    char victim[600], tree[600], err[2048] = "", cwd[4096];
+    snprintf(victim, sizeof victim, "%s/victim", dir);
+    make(dir, "victim/", NULL);
+    make(dir, "victim/keep.txt", "precious");
+    /* the tree, named as a hostile run would be */
+    snprintf(tree, sizeof tree, "%s/e'$(touch INJECTED)' victim '`touch INJECTED2`", dir);
+    assert_int_equal(mkdir(tree, 0755), 0);
+    const char *names[] = {"O'Brien runs/",
+                           "O'Brien runs/global_step_1/",
+                           "O'Brien runs/global_step_1/a b\nc",
+                           "-rf",
+                           "--",
+                           "..x",
+                           "...",
+                           "$(touch INJECTED3)",
+                           "x;touch INJECTED4",
+                           "\"",
+                           "line\nbreak/",
+                           "line\nbreak/'",
+                           NULL};
+    for (int i = 0; names[i]; i++)
+        make(tree, names[i], "x");
+    char link[1200];
+    snprintf(link, sizeof link, "%s/to-victim", tree); /* a link out of the tree */
+    assert_int_equal(symlink(victim, link), 0);
+    snprintf(link, sizeof link, "%s/line\nbreak/up", tree);
+    assert_int_equal(symlink("../../victim", link), 0);
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    assert_int_equal(chdir(dir), 0); /* where a shell would have touched INJECTED* */
+    int rc = fs_remove_tree(tree, err, sizeof err);
+    assert_int_equal(chdir(cwd), 0);
+    if (rc != 0)
+        fail_msg("%s", err);
+    struct stat st;
+    assert_int_not_equal(lstat(tree, &st), 0);
+    char keep[700];
+    snprintf(keep, sizeof keep, "%s/keep.txt", victim);
+    assert_file(keep, "precious");
+    assert_int_equal(entries(dir), 1); /* victim alone: no INJECTED* was made */
+    /* done already; and ends that name no entry are refused with the path */
+    assert_int_equal(fs_remove_tree(tree, err, sizeof err), 0);
+    char bad[700];
+    snprintf(bad, sizeof bad, "%s/victim/..", dir);
+    assert_int_equal(fs_remove_tree(bad, err, sizeof err), -1);
+    assert_non_null(strstr(err, bad));
+    assert_file(keep, "precious");
+}
+
+/* A link given as the tree itself is removed, not followed. */
+static void test_remove_tree_link_root(void **state)
+{
+    (void)state;
+    char target[600], link[600], err[1024] = "";
+    snprintf(target, sizeof target, "%s/target", dir);
+    make(dir, "target/", NULL);
+    make(dir, "target/f", "kept");
+    snprintf(link, sizeof link, "%s/link", dir);
+    assert_int_equal(symlink(target, link), 0);
+    assert_int_equal(fs_remove_tree(link, err, sizeof err), 0);
+    char f[700];
+    snprintf(f, sizeof f, "%s/f", target);
+    assert_file(f, "kept");
+    assert_int_equal(entries(dir), 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -191,6 +279,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_failed_writer_leaves_old_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rename_failure_cleans_up, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fsync_dir_of, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_remove_tree_hostile_names, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_remove_tree_link_root, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

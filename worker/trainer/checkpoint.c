@@ -21,12 +21,14 @@
 #include "worker/model/model_io.h"
 #include "worker/tokenizer/tokenizer.h"
 
+/* A checkpoint directory removed without a shell (fs_remove_tree: links not followed); a failure is logged. */
 static int remove_tree(const char *path)
 {
-    char cmd[8192];
-    /* paths are ours (RUN_DIR/checkpoints/...); quote for spaces */
-    snprintf(cmd, sizeof cmd, "rm -rf -- '%s'", path);
-    return system(cmd) == 0 ? 0 : -1;
+    char err[4400];
+    if (fs_remove_tree(path, err, sizeof err) == 0)
+        return 0;
+    log_warn("checkpoint", "%s", err);
+    return -1;
 }
 
 #define OPT_MAGIC "GRPOADAM"
