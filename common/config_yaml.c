@@ -7,6 +7,7 @@
 #include <yaml.h>
 
 #include "check.h"
+#include "fs.h"
 #include "config.h"
 
 #define MAX_DEPTH 16
@@ -193,9 +194,10 @@ static int walk_mapping(struct yaml_walk *w)
 
 int config_load_yaml(struct grpo_config *c, const char *path, struct cfg_error *err)
 {
-    FILE *f = fopen(path, "rb");
+    char why[256];
+    FILE *f = fs_fopen_read(path, why, sizeof why);
     if (!f) {
-        snprintf(err->msg, sizeof err->msg, "cannot open config file '%s': %s", path, check_errno_text());
+        snprintf(err->msg, sizeof err->msg, "cannot open config file '%s': %s", path, why);
         return -1;
     }
     struct yaml_walk w = {.cfg = c, .path = path, .err = err};

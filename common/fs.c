@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -215,4 +216,110 @@ int fs_remove_tree(const char *path, char *err, size_t errlen)
     }
     free(dir);
     return rc;
+}
+
+const char *fs_kind(unsigned mode)
+{
+    switch (mode & S_IFMT) {
+    case S_IFREG: return "a regular file";
+    case S_IFDIR: return "a directory";
+    case S_IFIFO: return "a FIFO";
+    case S_IFSOCK: return "a socket";
+    case S_IFCHR: return "a character device";
+    case S_IFBLK: return "a block device";
+    case S_IFLNK: return "a symbolic link";
+    default: return "not a file";
+    }
+}
+
+int fs_open_read(const char *path, char *why, size_t whylen)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        snprintf(why, whylen, "%s", strerror(e));
+        errno = e;
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        snprintf(why, whylen, "cannot stat: %s", strerror(e));
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        snprintf(why, whylen, "%s, not a regular file; refused (a read could block or never end)", fs_kind(st.st_mode));
+        close(fd);
+        errno = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
+        return -1;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        int e = errno;
+        snprintf(why, whylen, "cannot make it blocking: %s", strerror(e));
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
+FILE *fs_fopen_read(const char *path, char *why, size_t whylen)
+{
+    int fd = fs_open_read(path, why, whylen);
+    if (fd < 0)
+        return NULL;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        int e = errno;
+        snprintf(why, whylen, "%s", strerror(e));
+        close(fd);
+        errno = e;
+    }
+    return f;
+}
+
+char *fs_read_all(const char *path, size_t max, size_t *len, char *why, size_t whylen)
+{
+    int fd = fs_open_read(path, why, whylen);
+    if (fd < 0)
+        return NULL;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size > (uint64_t)max) {
+        snprintf(why, whylen, "%lld bytes, over the %zu-byte limit", (long long)st.st_size, max);
+        close(fd);
+        errno = EFBIG;
+        return NULL;
+    }
+    size_t cap = (size_t)st.st_size, got = 0;
+    char *buf = xmalloc(cap + 1);
+    for (;;) {
+        if (got == cap) { /* the file grew since fstat: read on, up to max */
+            if (cap >= max)
+                break;
+            cap = cap * 2 + 4096 < max ? cap * 2 + 4096 : max;
+            buf = xrealloc(buf, cap + 1);
+        }
+        ssize_t n = read(fd, buf + got, cap - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            int e = errno;
+            snprintf(why, whylen, "read failed: %s", strerror(e));
+            free(buf);
+            close(fd);
+            errno = e;
+            return NULL;
+        }
+        if (n == 0)
+            break;
+        got += (size_t)n;
+    }
+    close(fd);
+    buf[got] = 0;
+    if (len)
+        *len = got;
+    return buf;
 }

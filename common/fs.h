@@ -27,6 +27,18 @@ int fs_fsync_dir_of(const char *path, char *err, size_t errlen);
  * (a mount point) or nested deeper than 256 levels is refused, not entered. A path that does not exist is done.
  * 0, or -1 with err naming the entry that could not be removed and why (what could be removed is gone). */
 int fs_remove_tree(const char *path, char *err, size_t errlen);
+/* Open path for reading, only if it is a regular file. It is opened without blocking (a FIFO would wait for a
+ * writer forever), checked with fstat, then made blocking. The descriptor, or -1 with errno set (ENOENT when
+ * nothing is there; EINVAL for a FIFO, socket or device; EISDIR for a directory) and why filled with the reason
+ * ("No such file or directory", "a FIFO, not a regular file", ...), for a message "PATH: cannot open: WHY". */
+int fs_open_read(const char *path, char *why, size_t whylen);
+/* fs_open_read as a stdio stream ("rb"); NULL with errno and why as there. */
+FILE *fs_fopen_read(const char *path, char *why, size_t whylen);
+/* The whole of a regular file (fs_open_read) of at most max bytes, NUL-terminated, malloc'd; *len (if not NULL)
+ * its length. NULL with errno and why as fs_open_read's, or EFBIG and "N bytes, over the M-byte limit". */
+char *fs_read_all(const char *path, size_t max, size_t *len, char *why, size_t whylen);
+/* What kind of file st_mode is, in words ("a FIFO", "a directory", "a socket", ...). */
+const char *fs_kind(unsigned mode);
 /* The directory part of path (".", or "/", when it has none), malloc'd. */
 char *fs_dir_of(const char *path);
 

@@ -51,9 +51,10 @@ int npy_write_f32(const char *path, const float *data, const int64_t *shape, int
 
 int npy_read_f32(const char *path, float **data, int64_t *shape, int *n_dims, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
+    char why[256];
+    FILE *f = fs_fopen_read(path, why, sizeof why);
     if (!f) {
-        snprintf(err, errlen, "%s: cannot open: %s", path, check_errno_text());
+        snprintf(err, errlen, "%s: cannot open: %s", path, why);
         return -1;
     }
     unsigned char pre[10];

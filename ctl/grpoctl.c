@@ -555,7 +555,7 @@ int main(int argc, char **argv)
                     o.endpoint);
             goto usage_error;
         }
-        if (secret_read(o.secret_file, 0, secret, sizeof secret, err, sizeof err) != 0) {
+        if (secret_read(o.secret_file, secret, sizeof secret, err, sizeof err) != 0) {
             fprintf(stderr, "grpoctl: %s\n", err);
             goto usage_error;
         }

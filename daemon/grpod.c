@@ -499,7 +499,7 @@ static int check_config(struct grpod *d, char endpoints[][512], int *n, mode_t *
                      "text (e.g. head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE)");
             return -1;
         }
-        if (secret_read(c->grpod_secret_file, 1, d->secret, sizeof d->secret, err, errlen) != 0)
+        if (secret_read(c->grpod_secret_file, d->secret, sizeof d->secret, err, errlen) != 0)
             return -1;
     }
     struct placement_spec ps;
@@ -516,25 +516,39 @@ static int check_config(struct grpod *d, char endpoints[][512], int *n, mode_t *
     return 0;
 }
 
+/* A journal that is no journal of ours: renamed STATE.unreadable-TIME, kept for the operator. */
+static void set_aside(struct grpod *d, const char *why)
+{
+    char aside[PATH_MAX + 64];
+    snprintf(aside, sizeof aside, "%s.unreadable-%ld", d->journal.state_path, (long)time(NULL));
+    log_error("journal", "%s; kept as %s, starting a new run", why, aside);
+    if (rename(d->journal.state_path, aside) != 0)
+        log_error("journal", "cannot rename it: %s", strerror(errno));
+}
+
 /* Bring back the journaled run. A state file that cannot be read stops grpod (starting over would
- * overwrite it); one that reads but does not parse is kept aside and a new run begins. */
+ * overwrite it); one that is not a regular file, is over the size limit, or reads but does not parse is kept
+ * aside and a new run begins. */
 static int restore(struct grpod *d)
 {
     char *text = NULL, err[512];
-    if (journal_load(&d->journal, &text, err, sizeof err) != 0) {
+    int lrc = journal_load(&d->journal, &text, err, sizeof err);
+    if (lrc < 0) {
         log_error("journal", "%s", err);
         return -1;
+    }
+    if (lrc > 0) {
+        set_aside(d, err);
+        return 0;
     }
     if (!text) {
         log_info("journal", "no journaled run in %s: starting run %s", d->journal.dir, d->core.run.id);
         return 0;
     }
     if (core_load_json(&d->core, text, clock_now_s(), err, sizeof err) != 0) {
-        char aside[PATH_MAX + 64];
-        snprintf(aside, sizeof aside, "%s.unreadable-%ld", d->journal.state_path, (long)time(NULL));
-        log_error("journal", "%s: %s; kept as %s, starting a new run", d->journal.state_path, err, aside);
-        if (rename(d->journal.state_path, aside) != 0)
-            log_error("journal", "cannot rename it: %s", strerror(errno));
+        char why[PATH_MAX + 600];
+        snprintf(why, sizeof why, "%s: %s", d->journal.state_path, err);
+        set_aside(d, why);
     } else {
         int present = 0;
         for (int r = 0; r < d->core.nworkers; r++)

@@ -98,40 +98,20 @@ fail:
     return -1;
 }
 
+enum { JOURNAL_MAX = 64 << 20 }; /* run.json of 10,000 workers is a few MiB */
+
 int journal_load(struct journal *j, char **text, char *err, size_t errlen)
 {
     *text = NULL;
-    int fd = open(j->state_path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno == ENOENT)
-            return 0;
-        snprintf(err, errlen, "cannot open %s: %s", j->state_path, strerror(errno));
-        return -1;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || st.st_size > (64 << 20)) {
-        snprintf(err, errlen, "%s is not a readable file of at most 64 MiB", j->state_path);
-        close(fd);
-        return -1;
-    }
-    char *buf = xmalloc((size_t)st.st_size + 1);
-    size_t got = 0;
-    while (got < (size_t)st.st_size) {
-        ssize_t n = read(fd, buf + got, (size_t)st.st_size - got);
-        if (n <= 0) {
-            if (n < 0 && errno == EINTR)
-                continue;
-            snprintf(err, errlen, "cannot read %s: %s", j->state_path, n < 0 ? strerror(errno) : "file shrank");
-            free(buf);
-            close(fd);
-            return -1;
-        }
-        got += (size_t)n;
-    }
-    close(fd);
-    buf[got] = 0;
-    *text = buf;
-    return 0;
+    char why[256];
+    *text = fs_read_all(j->state_path, JOURNAL_MAX, NULL, why, sizeof why);
+    if (*text)
+        return 0;
+    if (errno == ENOENT)
+        return 0;
+    snprintf(err, errlen, "%s: cannot read: %s", j->state_path, why);
+    /* not a regular file (a FIFO would hang the read), or too large: not a journal of ours, set aside */
+    return errno == EINVAL || errno == EISDIR || errno == EFBIG ? 1 : -1;
 }
 
 /* The journal's text (fs_write_fn's ctx). */

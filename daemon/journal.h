@@ -18,7 +18,9 @@ struct journal {
 
 /* Create the directory if needed (mode 0750), take its lock, drop a stale temporary. 0, or -1 with err. */
 int journal_open(struct journal *j, const char *dir, char *err, size_t errlen);
-/* Read the state file: 0 with *text (caller frees) or NULL when there is none; -1 with err. */
+/* Read the state file: 0 with *text (caller frees) or NULL when there is none; 1 with err when what is there
+ * is no journal to read (not a regular file: a FIFO is never waited on; over 64 MiB), to be set aside; -1 with
+ * err when it cannot be read (permissions, I/O). */
 int journal_load(struct journal *j, char **text, char *err, size_t errlen);
 /* Replace the state file with text, durably. 0, or -1 with err. */
 int journal_save(struct journal *j, const char *text, char *err, size_t errlen);

@@ -19,6 +19,7 @@
 
 #include "common/check.h"
 #include "common/clock.h"
+#include "common/fs.h"
 #include "proto/plane_auth.h"
 
 struct rpc_client {
@@ -211,22 +212,16 @@ int endpoint_prepare_bind(const char *endpoint, char *err, size_t errlen)
     return 0;
 }
 
-int secret_read(const char *path, int strict, char *out, size_t outlen, char *err, size_t errlen)
+int secret_read(const char *path, char *out, size_t outlen, char *err, size_t errlen)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    char why[256];
+    int fd = fs_open_read(path, why, sizeof why); /* a FIFO or a device is refused, not waited on */
     if (fd < 0) {
-        char e[128];
-        errno_text(errno, e, sizeof e);
-        snprintf(err, errlen, "cannot open secret file %s: %s", path, e);
+        snprintf(err, errlen, "cannot open secret file %s: %s", path, why);
         return -1;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        snprintf(err, errlen, "secret file %s is not a regular file", path);
-        close(fd);
-        return -1;
-    }
-    if (strict && (st.st_mode & 077)) {
+    if (fstat(fd, &st) != 0 || (st.st_mode & 077)) {
         snprintf(err, errlen, "secret file %s may be read by group or others (mode %04o); run: chmod 600 %s", path,
                  (unsigned)(st.st_mode & 07777), path);
         close(fd);
@@ -259,6 +254,13 @@ int secret_read(const char *path, int strict, char *out, size_t outlen, char *er
         s[--l] = 0;
     if (!l) {
         snprintf(err, errlen, "secret file %s is empty (put one line of random text in it)", path);
+        return -1;
+    }
+    if (l < GRPO_SECRET_MIN) {
+        snprintf(err, errlen,
+                 "secret in %s is %zu characters; at least %d are needed (128 bits of randomness); make one with: "
+                 "head -c 32 /dev/urandom | base64 > %s; chmod 600 %s",
+                 path, l, GRPO_SECRET_MIN, path, path);
         return -1;
     }
     if (l + 1 > outlen) {

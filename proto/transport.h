@@ -18,6 +18,8 @@
 #define GRPOD_DEFAULT_ENDPOINT "ipc:///run/grpo/ctl.sock"
 /* Longest shared secret accepted (bytes). */
 #define GRPO_SECRET_MAX 1024
+/* 22 characters: the base64 text of 16 random bytes (128 bits) */
+#define GRPO_SECRET_MIN 22
 
 enum endpoint_kind { ENDPOINT_IPC, ENDPOINT_TCP };
 
@@ -34,9 +36,11 @@ int endpoint_probe(const char *endpoint, char *why, size_t whylen);
  * file and abort on a directory. tcp:// needs nothing. 0, or -1 with err naming the path and what is there. */
 int endpoint_prepare_bind(const char *endpoint, char *err, size_t errlen);
 
-/* Read a shared secret (first line, surrounding white space trimmed). With strict, a file that
- * group or others may read is refused. 0, or -1 with err naming the file and the fix. */
-int secret_read(const char *path, int strict, char *out, size_t outlen, char *err, size_t errlen);
+/* Read a shared secret (first line, surrounding white space trimmed), as every reader of one does (grpod,
+ * grpoctl, grpo-worker): refused when the file is not a regular file (a FIFO is not waited on), when group or
+ * others may read it, and when the secret is shorter than GRPO_SECRET_MIN characters. 0, or -1 with err naming
+ * the file and the fix. */
+int secret_read(const char *path, char *out, size_t outlen, char *err, size_t errlen);
 /* Compare two byte strings, every byte of both lengths, in time independent of where they differ
  * (it depends on la only: the received side's length); 1 when equal. */
 int secret_bytes_equal(const uint8_t *a, size_t la, const uint8_t *b, size_t lb);

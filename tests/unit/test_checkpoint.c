@@ -162,6 +162,18 @@ static void test_crash_leftovers_and_corruption(void **state)
     assert_int_equal(truncate(path, 50), 0);
     assert_int_equal(optim_state_read(path, o2, err, sizeof err), -1);
     assert_non_null(strstr(err, "truncated or corrupt"));
+    /* a FIFO in place of state.json, and of optim.bin: refused at once, named; never a read that waits */
+    const char *fifos[] = {"state.json", "optim.bin"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, fifos[i]);
+        assert_int_equal(unlink(path), 0);
+        assert_int_equal(mkfifo(path, 0600), 0);
+        assert_int_equal(checkpoint_load(dir, m, o2, &st2, err, sizeof err), -1);
+        if (!strstr(err, "a FIFO, not a regular file"))
+            fail_msg("%s as a FIFO: error '%s' does not say so", fifos[i], err);
+    }
+    assert_int_equal(optim_state_read(path, o2, err, sizeof err), -1);
+    assert_non_null(strstr(err, "a FIFO, not a regular file"));
     /* no checkpoint at all */
     char empty[] = "/tmp/grpo_ckpt_empty_XXXXXX";
     assert_non_null(mkdtemp(empty));

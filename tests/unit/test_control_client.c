@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -370,17 +371,35 @@ static void test_transport(void **state)
     char file[] = "/tmp/grpo-secret-XXXXXX", out[64];
     int fd = mkstemp(file);
     assert_true(fd >= 0);
-    assert_int_equal(write(fd, "  s3cret \nsecond line\n", 22), 22);
+    assert_int_equal(write(fd, "  s3cret-s3cret-s3cret-s3cret \nsecond line\n", 42), 42);
     close(fd);
-    chmod(file, 0640);
-    assert_int_equal(secret_read(file, 1, out, sizeof out, err, sizeof err), -1);
+    chmod(file, 0640); /* every reader refuses it: grpod, grpoctl and the workers alike */
+    assert_int_equal(secret_read(file, out, sizeof out, err, sizeof err), -1);
     assert_non_null(strstr(err, "chmod 600"));
-    assert_int_equal(secret_read(file, 0, out, sizeof out, err, sizeof err), 0);
-    assert_string_equal(out, "s3cret");
     chmod(file, 0600);
-    assert_int_equal(secret_read(file, 1, out, sizeof out, err, sizeof err), 0);
+    assert_int_equal(secret_read(file, out, sizeof out, err, sizeof err), 0);
+    assert_string_equal(out, "s3cret-s3cret-s3cret-s3cret");
+    /* short secrets are refused naming their size; 22 characters (16 random bytes in base64) is the least */
+    fd = open(file, O_WRONLY | O_TRUNC);
+    assert_int_equal(write(fd, "x\n", 2), 2);
+    close(fd);
+    assert_int_equal(secret_read(file, out, sizeof out, err, sizeof err), -1);
+    assert_non_null(strstr(err, "is 1 characters; at least 22"));
+    fd = open(file, O_WRONLY | O_TRUNC);
+    assert_int_equal(write(fd, "abcdefghijklmnopqrstu\n", 22), 22); /* 21 */
+    close(fd);
+    assert_int_equal(secret_read(file, out, sizeof out, err, sizeof err), -1);
+    fd = open(file, O_WRONLY | O_TRUNC);
+    assert_int_equal(write(fd, "abcdefghijklmnopqrstuv\n", 23), 23); /* 22 */
+    close(fd);
+    assert_int_equal(secret_read(file, out, sizeof out, err, sizeof err), 0);
     unlink(file);
-    assert_int_equal(secret_read(file, 1, out, sizeof out, err, sizeof err), -1);
+    /* a FIFO is refused at once, not waited on for a writer that never comes */
+    assert_int_equal(mkfifo(file, 0600), 0);
+    assert_int_equal(secret_read(file, out, sizeof out, err, sizeof err), -1);
+    assert_non_null(strstr(err, "a FIFO, not a regular file"));
+    unlink(file);
+    assert_int_equal(secret_read(file, out, sizeof out, err, sizeof err), -1);
     assert_true(secret_equal("abc", "abc"));
     assert_false(secret_equal("abc", "abd"));
     assert_false(secret_equal("abc", "ab"));

@@ -136,15 +136,15 @@ static void test_secret_bytes(void **state)
     char path[] = "/tmp/grpo-secret-nul-XXXXXX", out[64], err[256];
     int fd = mkstemp(path);
     assert_true(fd >= 0);
-    assert_int_equal(write(fd, "abc\0def\n", 8), 8);
+    assert_int_equal(write(fd, "abcdefghijklmnopqrstuvwxyz\0def\n", 31), 31);
     close(fd);
-    assert_int_equal(secret_read(path, 1, out, sizeof out, err, sizeof err), -1);
+    assert_int_equal(secret_read(path, out, sizeof out, err, sizeof err), -1);
     assert_non_null(strstr(err, "NUL"));
     fd = open(path, O_WRONLY | O_TRUNC);
-    assert_int_equal(write(fd, "abcdef\n\0junk", 12), 12); /* after the line: not part of the secret */
+    assert_int_equal(write(fd, "abcdefghijklmnopqrstuvwxyz\n\0junk", 32), 32); /* after the line: not the secret */
     close(fd);
-    assert_int_equal(secret_read(path, 1, out, sizeof out, err, sizeof err), 0);
-    assert_string_equal(out, "abcdef");
+    assert_int_equal(secret_read(path, out, sizeof out, err, sizeof err), 0);
+    assert_string_equal(out, "abcdefghijklmnopqrstuvwxyz");
     unlink(path);
 }
 

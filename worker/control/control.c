@@ -840,7 +840,7 @@ int control_open(const struct control_options *o, struct control **out, struct c
                      o->endpoint);
             return -1;
         }
-        if (secret_read(o->secret_file, 0, secret, sizeof secret, err, errlen) != 0)
+        if (secret_read(o->secret_file, secret, sizeof secret, err, errlen) != 0)
             return -1;
     }
     struct control *c = xcalloc(1, sizeof *c);

@@ -22,7 +22,7 @@ static int endpoint_secret(const struct grpo_config *cfg, char *secret, size_t l
     if (!cfg->grpod_secret_file || !cfg->grpod_secret_file[0])
         return error_set(err, errlen, "grpod endpoint %s is tcp://: grpod.secret_file must name the shared secret",
                          cfg->grpod_endpoint);
-    return secret_read(cfg->grpod_secret_file, 0, secret, len, err, errlen);
+    return secret_read(cfg->grpod_secret_file, secret, len, err, errlen);
 }
 
 /* The run's configuration text from grpod (caller frees) and the run's id. NULL with err. */

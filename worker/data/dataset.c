@@ -235,12 +235,13 @@ static int parse_sample(const json_t *obj, const char *default_data_source, cons
 static int load_jsonl(const char *path, const char *shown, const char *default_data_source, struct dataset *d,
                       char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
+    char why[256];
+    FILE *f = fs_fopen_read(path, why, sizeof why);
     if (!f) {
         if (strcmp(path, shown) != 0)
-            snprintf(err, errlen, "%s: cannot open its converted copy %s: %s", shown, path, strerror(errno));
+            snprintf(err, errlen, "%s: cannot open its converted copy %s: %s", shown, path, why);
         else
-            snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+            snprintf(err, errlen, "%s: cannot open: %s", path, why);
         return -1;
     }
     int cap = d->n; /* the array holds exactly n: grow from there */

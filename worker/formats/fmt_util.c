@@ -6,14 +6,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "common/check.h"
 
 int fmt_map_file(const char *path, size_t min_size, const char *kind, const uint8_t **map, size_t *size, char *err,
                  size_t errlen)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    char why[256];
+    int fd = fs_open_read(path, why, sizeof why); /* a FIFO is refused, not waited on */
     if (fd < 0) {
-        error_set(err, errlen, "%s: cannot open: %s", path, check_errno_text());
+        error_set(err, errlen, "%s: cannot open: %s", path, why);
         return -1;
     }
     struct stat st;

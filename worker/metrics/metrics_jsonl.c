@@ -11,6 +11,7 @@
 
 #include <jansson.h>
 
+#include "common/fs.h"
 #include "common/check.h"
 #include "common/log.h"
 #include "worker/metrics/metrics_internal.h"
@@ -172,9 +173,10 @@ long metrics_jsonl_read(const char *path, metrics_jsonl_cb cb, void *ctx)
         log_warn(SUBSYS, "%s is not a regular file: nothing read back from it", path);
         return 0;
     }
-    FILE *f = fopen(path, "rb");
+    char why[256];
+    FILE *f = fs_fopen_read(path, why, sizeof why);
     if (!f) {
-        log_error(SUBSYS, "cannot open %s: %s", path, check_errno_text());
+        log_error(SUBSYS, "cannot open %s: %s", path, why);
         return -1;
     }
     char *line = NULL;
@@ -208,11 +210,12 @@ long metrics_jsonl_truncate_after(const char *path, long step)
 {
     if (special_file(path))
         return 0; /* nothing to read or rewrite */
-    FILE *f = fopen(path, "rb");
+    char why[256];
+    FILE *f = fs_fopen_read(path, why, sizeof why);
     if (!f) {
         if (errno == ENOENT)
             return 0;
-        log_error(SUBSYS, "cannot open %s: %s", path, check_errno_text());
+        log_error(SUBSYS, "cannot open %s: %s", path, why);
         return -1;
     }
     struct mbuf keep = {0};

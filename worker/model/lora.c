@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/json_file.h"
 #include "common/check.h"
 #include "common/config.h"
 #include "common/fs.h"
@@ -532,7 +533,7 @@ int lora_read_config(const char *dir, struct lora_config *c, char *base, size_t 
     char path[4096];
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
+    json_t *root = json_file_load(path, &je);
     if (!root)
         return ERR("%s: %s (line %d)", path, je.text, je.line);
     int rc = -1;

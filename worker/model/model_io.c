@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/json_file.h"
 #include "common/check.h"
 #include "common/fs.h"
 #include "common/log.h"
@@ -148,7 +149,7 @@ static int parse_moe(json_t *root, const struct model_arch_info *fam, const char
 int model_config_from_hf_json(const char *path, struct model_config *c, char *err, size_t errlen)
 {
     json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
+    json_t *root = json_file_load(path, &je);
     if (!root)
         return ERR("%s:%d: cannot read config.json: %s", path, je.line, je.text);
     int rc = -1;

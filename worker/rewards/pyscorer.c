@@ -30,6 +30,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "common/check.h"
 #include "common/clock.h"
 #include "common/log.h"
@@ -591,7 +592,8 @@ bool pyscorer_is_python(const char *path)
     if (n >= 3 && strcmp(path + n - 3, ".py") == 0)
         return true;
     /* no .py ending: a shared library starts with ELF's magic, anything else is taken for Python source */
-    FILE *f = fopen(path, "rb");
+    char why[256];
+    FILE *f = fs_fopen_read(path, why, sizeof why);
     if (!f)
         return false;
     unsigned char m[4] = {0};

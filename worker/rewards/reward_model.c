@@ -2,10 +2,13 @@
 #include "reward_model.h"
 
 #include <jansson.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/json_file.h"
+#include "common/fs.h"
 #include "common/check.h"
 #include "worker/formats/safetensors.h"
 #include "worker/model/model.h"
@@ -36,7 +39,7 @@ struct reward_model *reward_model_load(const char *dir, char *err, size_t errlen
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
+    json_t *root = json_file_load(path, &je);
     if (!root) {
         error_set(err, errlen, "reward_model.model.path: %s:%d: cannot read config.json: %s", path, je.line, je.text);
         return NULL;
@@ -82,7 +85,12 @@ struct reward_model *reward_model_load(const char *dir, char *err, size_t errlen
     if (rc != 0)
         goto fail;
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    FILE *tf = fopen(path, "rb"); /* optional: only scoring text needs it */
+    char why[256];
+    FILE *tf = fs_fopen_read(path, why, sizeof why); /* optional: only scoring text needs it */
+    if (!tf && errno != ENOENT) {
+        error_set(err, errlen, "reward_model.model.path: %s: cannot open: %s", path, why);
+        goto fail;
+    }
     if (!tf)
         return rm;
     fclose(tf);

@@ -58,9 +58,10 @@ int optim_state_write(const char *path, const struct adamw *o, char *err, size_t
 
 int optim_state_read(const char *path, struct adamw *o, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
+    char why[256];
+    FILE *f = fs_fopen_read(path, why, sizeof why);
     if (!f)
-        return error_set(err, errlen, "%s: cannot open: %s", path, check_errno_text());
+        return error_set(err, errlen, "%s: cannot open: %s", path, why);
     const size_t want = 8 + 8 + 8 + 8 + 4 * 8 + 2 * o->n * sizeof(float) + 4;
     unsigned char *buf = xmalloc(want + 1);
     size_t got = fread(buf, 1, want + 1, f);
@@ -120,9 +121,10 @@ static int state_write(const char *path, const struct run_state *st, int64_t opt
 
 static int state_read(const char *path, struct run_state *st, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
+    char why[256];
+    FILE *f = fs_fopen_read(path, why, sizeof why); /* a FIFO as state.json is refused, not waited on */
     if (!f)
-        return error_set(err, errlen, "%s: cannot read: %s", path, check_errno_text());
+        return error_set(err, errlen, "%s: cannot read: %s", path, why);
     enum { MAX_STATE = 1 << 20 }; /* a few hundred bytes when written */
     char *text = xmalloc(MAX_STATE);
     size_t len = fread(text, 1, MAX_STATE, f);
@@ -140,7 +142,8 @@ static int state_read(const char *path, struct run_state *st, char *err, size_t 
 /* Size and CRC32C of a file: 0, or -1 when it cannot be read (errno set). */
 static int file_sum(const char *path, int64_t *bytes, uint32_t *crc)
 {
-    FILE *f = fopen(path, "rb");
+    char why[256];
+    FILE *f = fs_fopen_read(path, why, sizeof why);
     if (!f)
         return -1;
     static char buf[1 << 16];
@@ -340,7 +343,8 @@ int checkpoint_find_latest(const char *root, char *out, size_t outlen)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/latest_checkpointed_iteration.txt", root);
-    FILE *f = fopen(path, "r");
+    char why[256];
+    FILE *f = fs_fopen_read(path, why, sizeof why);
     long long k = -1;
     char line[64];
     if (f) {
