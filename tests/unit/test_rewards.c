@@ -9,9 +9,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
+
+#include "../test_util.h"
 
 #include "common/clock.h"
 #include "common/config.h"
@@ -796,6 +801,58 @@ static void test_python_scorer(void **state)
     reward_free(r);
 }
 
+/* Wait for process pid (not our child) to end, as an event: its pidfd turns readable when it exits (a zombie
+ * waiting for its new parent counts as ended). true when it ended within timeout_s, or was gone already. */
+static bool wait_process_end(long pid, double timeout_s)
+{
+    const int fd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0u);
+    if (fd < 0)
+        return true; /* ESRCH: gone (and reaped) already */
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    const int rc = poll(&p, 1, (int)(timeout_s * 1000));
+    close(fd);
+    return rc == 1;
+}
+
+/* A Python reward that forks (a child, and the child's child) leaves nothing behind: the scorer process leads a
+ * process group of its own, ended whole when the pool is freed, and when a call times out and the process is
+ * killed. Each pid is awaited as an event (its end), bounded by 30 s. */
+static void test_python_children_ended(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/grpo_pykids_XXXXXX", err[512] = "", extra[600], pids[560];
+    assert_non_null(mkdtemp(dir));
+    snprintf(pids, sizeof pids, "%s/pids", dir);
+    snprintf(extra, sizeof extra, "{\"pids\": \"%s\"}", pids);
+    struct reward_fn *r =
+        python_scorer("tests/fixtures/rewards/forking_reward.py", "compute_score", "python3", err, sizeof err);
+    if (!r)
+        fail_msg("%s", err);
+    const struct reward_item ok = {"x", "fine", "1", extra}, hang = {"x", "HANG", "1", extra};
+    assert_true(reward_score_one(r, &ok, NULL, 0) == 1.0);
+    char *why = NULL;
+    double score = 1.0;
+    reward_score_batch(r, &hang, 1, &score, &why); /* timed out: that process is killed, with its group */
+    assert_non_null(why);
+    assert_non_null(strstr(why, "timed out"));
+    free(why);
+    assert_true(reward_score_one(r, &ok, NULL, 0) == 1.0); /* a new process, which forks again */
+    reward_free(r);
+    FILE *f = fopen(pids, "r");
+    assert_non_null(f);
+    long pid[16];
+    int n = 0;
+    while (n < 16 && fscanf(f, "%ld", &pid[n]) == 1)
+        n++;
+    fclose(f);
+    assert_int_equal(n, 6); /* three calls, a child and a grandchild each */
+    for (int i = 0; i < n; i++) {
+        if (!wait_process_end(pid[i], 30.0))
+            fail_msg("process %ld, started by the reward (call %d), outlived the scorer", pid[i], i / 2 + 1);
+    }
+    must_rm_rf(dir);
+}
+
 /* A slow reward (0.25 s a sample) on a pool of 1 and of 2: the same scores; the times are printed, not asserted
  * (the machine may be loaded). */
 static void test_python_pool_speedup(void **state)
@@ -891,6 +948,7 @@ int main(void)
         cmocka_unit_test(test_python_scorer),
         cmocka_unit_test(test_python_pool_speedup),
         cmocka_unit_test(test_python_pool_concurrent),
+        cmocka_unit_test(test_python_children_ended),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
