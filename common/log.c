@@ -1,5 +1,8 @@
 #include "log.h"
 
+#include "clock.h"
+
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,4 +78,41 @@ void log_write(enum log_level level, const char *subsys, const char *fmt, ...)
     va_start(ap, fmt);
     log_vwrite(level, subsys, fmt, ap);
     va_end(ap);
+}
+
+static pthread_mutex_t limit_mu = PTHREAD_MUTEX_INITIALIZER;
+
+int log_limit_pass(struct log_limit *l, double now, double interval_s, unsigned *held)
+{
+    pthread_mutex_lock(&limit_mu);
+    int pass = !l->used || now - l->last >= interval_s;
+    if (pass) {
+        *held = l->held;
+        l->held = 0;
+        l->last = now;
+        l->used = 1;
+    } else {
+        l->held++;
+    }
+    pthread_mutex_unlock(&limit_mu);
+    return pass;
+}
+
+void log_write_limited(struct log_limit *l, double interval_s, enum log_level level, const char *subsys,
+                       const char *fmt, ...)
+{
+    if (level > g_level)
+        return;
+    unsigned held;
+    if (!log_limit_pass(l, clock_now_s(), interval_s, &held))
+        return;
+    char msg[3500];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (held)
+        log_write(level, subsys, "%s (%u more like this in the last %.0f s)", msg, held, interval_s);
+    else
+        log_write(level, subsys, "%s", msg);
 }

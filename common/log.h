@@ -28,6 +28,33 @@ int log_init_from_env(void);
 void log_write(enum log_level level, const char *subsys, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void log_vwrite(enum log_level level, const char *subsys, const char *fmt, va_list ap);
 
+/* Rate limiting: at most one line per interval from one call site (one reason); the lines held back in between
+ * are counted and the next line printed says how many. log_limit_pass is the decision, with the time given
+ * (monotonic seconds): true to print, with *held the number held back since the last printed line. */
+struct log_limit {
+    double last;
+    unsigned held;
+    int used;
+};
+int log_limit_pass(struct log_limit *l, double now, double interval_s, unsigned *held);
+/* log_write at most once per interval_s from the call site that owns l; a line after held ones ends with
+ * " (N more like this in the last S s)". */
+void log_write_limited(struct log_limit *l, double interval_s, enum log_level level, const char *subsys,
+                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+#define LOG_EVERY_S 5.0
+/* log_warn / log_info, at most one line per 5 s from this call site */
+#define log_warn_every(subsys, ...)                                                                                    \
+    do {                                                                                                               \
+        static struct log_limit log_limit_here_;                                                                       \
+        log_write_limited(&log_limit_here_, LOG_EVERY_S, LOG_WARN, (subsys), __VA_ARGS__);                             \
+    } while (0)
+#define log_info_every(subsys, ...)                                                                                    \
+    do {                                                                                                               \
+        static struct log_limit log_limit_here_;                                                                       \
+        log_write_limited(&log_limit_here_, LOG_EVERY_S, LOG_INFO, (subsys), __VA_ARGS__);                             \
+    } while (0)
+
 #define log_error(subsys, ...) log_write(LOG_ERROR, (subsys), __VA_ARGS__)
 #define log_warn(subsys, ...) log_write(LOG_WARN, (subsys), __VA_ARGS__)
 #define log_info(subsys, ...) log_write(LOG_INFO, (subsys), __VA_ARGS__)

@@ -17,6 +17,7 @@
 #include <nanomsg/nn.h>
 #include <nanomsg/reqrep.h>
 
+#include "common/backoff.h"
 #include "common/check.h"
 #include "common/clock.h"
 #include "common/fs.h"
@@ -438,13 +439,12 @@ enum rpc_result rpc_call(struct rpc_client *c, Grpo__Envelope *req, int timeout_
 enum rpc_result rpc_call_retry(struct rpc_client *c, Grpo__Envelope *req, int attempts, int timeout_ms,
                                Grpo__Envelope **reply, char *err, size_t errlen)
 {
-    double backoff = 0.1;
+    struct backoff b;
+    backoff_init(&b, 0.1, 2.0);
     enum rpc_result r = RPC_UNREACHABLE;
     for (int i = 0; i < (attempts < 1 ? 1 : attempts); i++) {
-        if (i > 0) {
-            clock_sleep_s(backoff);
-            backoff = backoff * 2 > 2.0 ? 2.0 : backoff * 2;
-        }
+        if (i > 0)
+            clock_sleep_s(backoff_next(&b));
         /* a plain connect fails at once where nothing listens: no need to wait out the timeout */
         if (endpoint_probe(c->endpoint, err, errlen) != 0)
             continue;

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/backoff.h"
 #include "common/check.h"
 #include "common/clock.h"
 #include "common/config.h"
@@ -740,7 +741,9 @@ static bool send_stop(struct control *c, int sig)
 static void *heartbeat_thread(void *arg)
 {
     struct control *c = arg;
-    double backoff = 0;
+    double backoff = 0; /* 0 while grpod answers; else the wait before the next try */
+    struct backoff bo;
+    backoff_init(&bo, 0.25, 5.0);
     pthread_mutex_lock(&c->mu);
     while (!c->quit) {
         if (c->run_over) { /* grpod will not take this worker back: nothing more to say */
@@ -785,6 +788,7 @@ static void *heartbeat_thread(void *arg)
                 log_info("control", "in contact with grpod at %s", c->endpoint);
             c->connected = true;
             backoff = 0;
+            backoff_reset(&bo);
             need_reregister = reply->heartbeat_ack->reregister;
             if (!need_reregister) {
                 apply_ack(c, reply->heartbeat_ack);
@@ -799,7 +803,7 @@ static void *heartbeat_thread(void *arg)
                 log_warn("control", "no heartbeat answer from grpod at %s: %s; retrying with backoff", c->endpoint,
                          err);
             c->connected = false;
-            backoff = backoff ? (backoff * 2 > 5.0 ? 5.0 : backoff * 2) : 0.25;
+            backoff = backoff_next(&bo);
         }
         protocol_free(reply);
         pthread_cond_broadcast(&c->changed);
@@ -810,7 +814,7 @@ static void *heartbeat_thread(void *arg)
             pthread_mutex_lock(&c->mu);
             if (rc == 0)
                 continue; /* heartbeat at once under the new registration */
-            backoff = backoff ? (backoff * 2 > 5.0 ? 5.0 : backoff * 2) : 0.25;
+            backoff = backoff_next(&bo);
             wait = backoff;
         }
         struct timespec until = deadline_in(wait);
@@ -879,7 +883,10 @@ int control_open(const struct control_options *o, struct control **out, struct c
         control_close(c);
         return -1;
     }
-    double start = clock_now_s(), backoff = 0.1;
+    const double start = clock_now_s();
+    struct backoff b;
+    backoff_init(&b, 0.1, 2.0);
+    double backoff = backoff_next(&b);
     bool told = false;
     uint64_t token = 0, seq = 0;
     for (;;) {
@@ -909,7 +916,7 @@ int control_open(const struct control_options *o, struct control **out, struct c
             log_warn("control", "waiting for grpod at %s: %s; retrying with backoff", o->endpoint, why);
         told = true;
         clock_sleep_s(backoff);
-        backoff = backoff * 2 > 2.0 ? 2.0 : backoff * 2;
+        backoff = backoff_next(&b);
     }
     adopt(c, a, token, seq);
     c->connected = true;

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "worker/gen/generate.h"
+#include "common/backoff.h"
 #include "common/check.h"
 #include "common/clock.h"
 #include "common/config.h"
@@ -520,6 +521,8 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
     const size_t chunk = (size_t)r->env->cfg->rollout_update_weights_bucket_megabytes << 20;
     const double t0 = clock_now_s();
     double unanswered_since = 0;
+    struct backoff refused;
+    backoff_init(&refused, 0.05, 2.0);
     control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
     for (;;) {
         /* pause holds here; stop is the trainers' to decide (the dispatcher says it) */
@@ -550,10 +553,15 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
             }
             if (clock_now_s() - unanswered_since > 60)
                 return error_set(err, errlen, "%s for 60 s: the trainers are gone", why);
-            log_warn("rollout", "%s; asking again", why);
+            /* refused at once (a full table, a key of an older launch) or timed out: ask again after a delay that
+             * grows, with jitter, and say so once per 5 s */
+            const double wait = backoff_next(&refused);
+            log_warn_every("rollout", "%s; asking again in %.2f s", why, wait);
+            clock_sleep_s(wait);
             continue;
         }
         unanswered_since = 0;
+        backoff_reset(&refused);
         if (g->total_steps > 0 && g->kind != WORK_END && g->step >= g->total_steps + (g->kind == WORK_WAIT)) {
             if (g->kind == WORK_WAIT && !r->said_all_granted) /* a unit of the last step, or every one is out */
                 log_info("rollout", "every step to %lld is granted, none of it here: waiting for the trainers' end",
