@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "common/check.h"
+#include "common/dirlock.h"
 #include "common/fs.h"
 #include "common/log.h"
 
@@ -68,25 +69,9 @@ int journal_open(struct journal *j, const char *dir, char *err, size_t errlen)
         snprintf(err, errlen, "cannot open state directory %s: %s", dir, strerror(errno));
         return -1;
     }
-    char lock_path[PATH_MAX + 16];
-    snprintf(lock_path, sizeof lock_path, "%s/grpod.lock", dir);
-    j->lock_fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
-    if (j->lock_fd < 0) {
-        snprintf(err, errlen, "cannot open %s: %s", lock_path, strerror(errno));
+    j->lock_fd = dirlock_take(dir, "grpod.lock", "another grpod", err, errlen);
+    if (j->lock_fd < 0)
         goto fail;
-    }
-    if (flock(j->lock_fd, LOCK_EX | LOCK_NB) != 0) {
-        char pid[32] = "";
-        ssize_t n = pread(j->lock_fd, pid, sizeof pid - 1, 0);
-        pid[n > 0 ? n : 0] = 0;
-        pid[strcspn(pid, "\n")] = 0;
-        snprintf(err, errlen, "another grpod (pid %s) uses state directory %s", pid[0] ? pid : "?", dir);
-        goto fail;
-    }
-    char pid[32];
-    int pl = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
-    if (ftruncate(j->lock_fd, 0) != 0 || pwrite(j->lock_fd, pid, (size_t)pl, 0) != pl)
-        log_warn("journal", "cannot write the pid into %s", lock_path);
     if (unlink(j->tmp_path) == 0)
         log_info("journal", "removed %s, left by an interrupted write", j->tmp_path);
     j->events_fd = open(j->events_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);

@@ -70,7 +70,7 @@ static void test_one_grpod_per_directory(void **state)
     assert_int_equal(journal_open(&a, dir, err, sizeof err), 0);
     assert_int_equal(journal_open(&b, dir, err, sizeof err), -1);
     char want[64];
-    snprintf(want, sizeof want, "another grpod (pid %d)", (int)getpid());
+    snprintf(want, sizeof want, "in use by another grpod (pid %d on host", (int)getpid());
     assert_non_null(strstr(err, want));
     journal_close(&a);
     assert_int_equal(journal_open(&b, dir, err, sizeof err), 0); /* the lock went with the first */

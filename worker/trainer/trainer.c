@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "trainer_internal.h"
+#include "common/dirlock.h"
 #include "common/check.h"
 #include "common/clock.h"
 #include "kernels/kernels.h"
@@ -76,6 +77,33 @@ static int mp_rank(const struct trainer *t)
 static struct comm *all_group(const struct trainer *t)
 {
     return t->lay.all && comm_size(t->lay.all) > 1 ? t->lay.all : NULL;
+}
+
+/* One job at a time in a run directory (two submissions of one run.yaml would checkpoint into the same place):
+ * the lead rank locks RUN_DIR/run.lock for the run's life (common/dirlock; the kernel drops it when the process
+ * ends) and tells every trainer rank the outcome, so that all of them stop at start, naming the other job's
+ * host and pid, or none does. */
+static int lock_run_dir(struct trainer *t, char *err, size_t errlen)
+{
+    union {
+        int64_t words[80];
+        char text[640];
+    } msg = {{0}};
+    if (lead(t)) {
+        char why[600];
+        t->run_lock_fd = dirlock_take(t->run_dir, "run.lock", "another job", why, sizeof why);
+        if (t->run_lock_fd < 0)
+            snprintf(msg.text, sizeof msg.text, "%s", why);
+    }
+    if (all_group(t))
+        comm_broadcast(all_group(t), msg.words, sizeof msg.words / sizeof *msg.words, COMM_I64, 0);
+    if (!msg.text[0])
+        return 0;
+    msg.text[sizeof msg.text - 1] = 0;
+    return error_set(err, errlen,
+                     "the run directory %s; start this job with another trainer.experiment_name (or "
+                     "trainer.default_local_dir), or end the other",
+                     msg.text);
 }
 
 static int64_t compute_total_steps(const struct grpo_config *cfg, int n_train)
@@ -724,6 +752,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
                                     size_t errlen)
 {
     struct trainer *t = xcalloc(1, sizeof *t);
+    t->run_lock_fd = -1;
     t->cfg = cfg;
     t->saved_step = -1;
     t->peer_failed_rank = -1;
@@ -944,6 +973,8 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         error_set(err, errlen, "%s: cannot create run directory: %s", t->run_dir, check_errno_text());
         goto fail;
     }
+    if (lock_run_dir(t, err, errlen) != 0)
+        goto fail;
     char resume[4096] = "";
     if (strcmp(cfg->trainer_resume_mode, "resume_path") == 0)
         snprintf(resume, sizeof resume, "%s", cfg->trainer_resume_from_path);
@@ -1051,6 +1082,8 @@ void trainer_free(struct trainer *t)
 {
     if (!t)
         return;
+    if (t->run_lock_fd >= 0)
+        close(t->run_lock_fd); /* releases run.lock */
     if (t->logger_open)
         metrics_logger_close(&t->logger);
     model_free(t->policy);
