@@ -1,6 +1,7 @@
-"""check_audit.py DIR N B STEPS: every step's audit files (STEP.jsonl and STEP.dpR.jsonl) hold each of the step's
-B groups ("group") exactly N times, each group one prompt, and a "uid" names a prompt: the same uid is the same
-prompt in every step. Exit 1 naming the first step that does not."""
+"""check_audit.py DIR N B STEPS: every step has one audit file, STEP.jsonl (as verl writes: whatever the number of
+DP ranks, no STEP.dpR.jsonl beside it), holding each of the step's B groups ("group") exactly N times, each group
+one prompt, and a "uid" names a prompt: the same uid is the same prompt in every step. Exit 1 naming the first
+step that does not."""
 import collections
 import glob
 import json
@@ -11,7 +12,10 @@ prompt_of = {}
 for k in range(1, steps + 1):
     count = collections.Counter()
     uid_of = {}
-    for f in glob.glob(f"{d}/{k}.jsonl") + glob.glob(f"{d}/{k}.dp*.jsonl"):
+    split = glob.glob(f"{d}/{k}.dp*.jsonl")
+    if split:
+        sys.exit(f"step {k}: the step's rollouts are split over {len(split) + 1} files ({split[0]}); want one")
+    for f in [f"{d}/{k}.jsonl"]:
         for line in open(f):
             r = json.loads(line)
             count[r["group"]] += 1

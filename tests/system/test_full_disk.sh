@@ -47,17 +47,18 @@ expect "the run stops at step 1 naming the dump file" $?
 [ "$(reports "$TMP/a.log" audit 1.jsonl)" -eq 1 ]; expect "the dump's failure is reported once" $?
 [ ! -e "$TMP/a/dumps/2.jsonl" ]; expect "no step 2 is dumped" $?
 
-# ---- split run: trainer DP rank 1's dump of step 1 fails; DP rank 0 stops every rank
+# ---- split run with two trainers: the step's one dump (DP rank 0 writes every rank's lines) fails; DP rank 0
+# stops every rank
 mkdir -p "$TMP/s/dumps"
-ln -s /dev/full "$TMP/s/dumps/1.dp1.jsonl"
+ln -s /dev/full "$TMP/s/dumps/1.jsonl"
 timeout 180 mpirun --oversubscribe --bind-to none -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/s" \
     trainer.rollout_data_dir="$TMP/s/dumps" placement.trainer_ranks=2 placement.rollout_ranks=1 \
     >"$TMP/s.log" 2>&1
 rc=$?
 [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ]; expect "split run ends with an error (exit $rc)" $?
-grep -q "\[rank 1\] audit: writing $TMP/s/dumps/1.dp1.jsonl: No space left on device" "$TMP/s.log"
-expect "trainer DP rank 1 names its dump file" $?
-grep -q "\[rank 0\] trainer: stopped at step 1: DP rank 1 could not write" "$TMP/s.log"
+grep -q "\[rank 0\] audit: writing $TMP/s/dumps/1.jsonl: No space left on device" "$TMP/s.log"
+expect "trainer DP rank 0 names the step's dump file" $?
+grep -q "\[rank 0\] trainer: stopped at step 1: writing $TMP/s/dumps/1.jsonl" "$TMP/s.log"
 expect "DP rank 0 stops the run at step 1 for it" $?
 [ "$(cat "$TMP/s/p/e/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null)" = 1 ]
 expect "the split run checkpoints step 1 first" $?

@@ -46,16 +46,68 @@ static json_t *json_text(const char *text)
     return j ? j : json_string("");
 }
 
-void rollout_audit_write(const char *dir, int64_t step, int dp_rank, int n, const struct step_batch *b)
+/* One sequence's line (no newline), malloc'd; NULL when out of memory. */
+static char *seq_line(int64_t step, int n, const struct step_batch *b, int i)
+{
+    const struct rollout_seq *s = &b->seqs[i];
+    const struct prompt_item *p = b->group_prompt[s->group];
+    json_t *o = json_object();
+    json_object_set_new(o, "step", json_integer(step));
+    json_object_set_new(o, "uid", json_integer(b->group_uid[s->group])); /* the prompt's index in the set */
+    json_object_set_new(o, "group", json_integer(s->gidx / n));          /* its group's position in the step */
+    json_object_set_new(o, "data_source", json_string(p->data_source));
+    json_object_set_new(o, "prompt", json_text(p->text));
+    json_object_set_new(o, "response", json_text(b->resp_text[i]));
+    json_object_set_new(o, "ground_truth", json_text(p->ground_truth ? p->ground_truth : ""));
+    json_object_set_new(o, "score", json_real(s->raw_score));
+    json_object_set_new(o, "reward", json_real(s->score));
+    json_object_set_new(o, "advantage", json_real(s->resp_len ? s->adv[0] : 0.0));
+    json_t *pid = json_array(), *rid = json_array(), *olp = json_array(), *rlp = json_array(), *glp = json_array();
+    for (int k = 0; k < s->prompt_len; k++)
+        json_array_append_new(pid, json_integer(s->prompt[k]));
+    for (int k = 0; k < s->resp_len; k++) {
+        json_array_append_new(rid, json_integer(s->resp[k]));
+        json_array_append_new(olp, json_real(s->old_logp[k]));
+        json_array_append_new(glp, json_real(s->gen_logp[k]));
+        json_array_append_new(rlp, s->ref_logp ? json_real(s->ref_logp[k]) : json_null());
+    }
+    json_object_set_new(o, "prompt_ids", pid);
+    json_object_set_new(o, "response_ids", rid);
+    json_object_set_new(o, "old_log_probs", olp);
+    json_object_set_new(o, "ref_log_probs", rlp);
+    json_object_set_new(o, "rollout_log_probs", glp);
+    char *line = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return line;
+}
+
+char *rollout_audit_text(int64_t step, int n, const struct step_batch *b, size_t *len)
+{
+    size_t cap = 4096, used = 0;
+    char *text = xmalloc(cap);
+    for (int i = 0; i < b->n_seq; i++) {
+        char *line = seq_line(step, n, b, i);
+        CHECK_ALLOC(line);
+        const size_t l = strlen(line);
+        while (used + l + 2 > cap)
+            text = xrealloc(text, cap *= 2);
+        memcpy(text + used, line, l);
+        used += l;
+        text[used++] = '\n';
+        free(line);
+    }
+    text[used] = 0;
+    *len = used;
+    return text;
+}
+
+void rollout_audit_save(const char *dir, int64_t step, char *const *parts, const size_t *lens, int nparts)
 {
     if (!dir || !*dir)
         return;
     mkdir(dir, 0755);
     char path[4096];
-    if (dp_rank > 0) /* each DP rank writes its share: STEP.jsonl (DP rank 0), STEP.dpR.jsonl */
-        snprintf(path, sizeof path, "%s/%lld.dp%d.jsonl", dir, (long long)step, dp_rank);
-    else
-        snprintf(path, sizeof path, "%s/%lld.jsonl", dir, (long long)step);
+    snprintf(path, sizeof path, "%s/%lld.jsonl", dir, (long long)step);
     /* a failed write (a full disk) is reported to metrics_output_failed: the trainer stops the run with it */
     FILE *f = fopen(path, "w");
     if (!f) {
@@ -63,42 +115,11 @@ void rollout_audit_write(const char *dir, int64_t step, int dp_rank, int n, cons
         return;
     }
     bool failed = false;
-    for (int i = 0; i < b->n_seq && !failed; i++) {
-        const struct rollout_seq *s = &b->seqs[i];
-        const struct prompt_item *p = b->group_prompt[s->group];
-        json_t *o = json_object();
-        json_object_set_new(o, "step", json_integer(step));
-        json_object_set_new(o, "uid", json_integer(b->group_uid[s->group])); /* the prompt's index in the set */
-        json_object_set_new(o, "group", json_integer(s->gidx / n));          /* its group's position in the step */
-        json_object_set_new(o, "data_source", json_string(p->data_source));
-        json_object_set_new(o, "prompt", json_text(p->text));
-        json_object_set_new(o, "response", json_text(b->resp_text[i]));
-        json_object_set_new(o, "ground_truth", json_text(p->ground_truth ? p->ground_truth : ""));
-        json_object_set_new(o, "score", json_real(s->raw_score));
-        json_object_set_new(o, "reward", json_real(s->score));
-        json_object_set_new(o, "advantage", json_real(s->resp_len ? s->adv[0] : 0.0));
-        json_t *pid = json_array(), *rid = json_array(), *olp = json_array(), *rlp = json_array(), *glp = json_array();
-        for (int k = 0; k < s->prompt_len; k++)
-            json_array_append_new(pid, json_integer(s->prompt[k]));
-        for (int k = 0; k < s->resp_len; k++) {
-            json_array_append_new(rid, json_integer(s->resp[k]));
-            json_array_append_new(olp, json_real(s->old_logp[k]));
-            json_array_append_new(glp, json_real(s->gen_logp[k]));
-            json_array_append_new(rlp, s->ref_logp ? json_real(s->ref_logp[k]) : json_null());
-        }
-        json_object_set_new(o, "prompt_ids", pid);
-        json_object_set_new(o, "response_ids", rid);
-        json_object_set_new(o, "old_log_probs", olp);
-        json_object_set_new(o, "ref_log_probs", rlp);
-        json_object_set_new(o, "rollout_log_probs", glp);
-        char *line = json_dumps(o, JSON_COMPACT);
-        if (!line || fprintf(f, "%s\n", line) < 0) {
-            metrics_output_failed("audit", path, "writing %s: %s", path, line ? check_errno_text() : "out of memory");
+    for (int p = 0; p < nparts && !failed; p++)
+        if (lens[p] && fwrite(parts[p], 1, lens[p], f) != lens[p]) {
+            metrics_output_failed("audit", path, "writing %s: %s", path, check_errno_text());
             failed = true;
         }
-        free(line);
-        json_decref(o);
-    }
     if (fclose(f) != 0 && !failed)
         metrics_output_failed("audit", path, "writing %s: %s", path, check_errno_text());
 }

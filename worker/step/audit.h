@@ -1,7 +1,8 @@
 /* Rollout audit files (trainer.rollout_data_dir): one JSON line per sequence of a step, with the prompt and
- * response (text and ids), scores, advantage, and the rollout, old and reference log-probs. DP rank 0 writes
- * STEP.jsonl, DP rank r > 0 its own share in STEP.dpR.jsonl; "uid" is the group's position in the step, so a
- * step's files together hold every uid exactly rollout.n times. */
+ * response (text and ids), scores, advantage, and the rollout, old and reference log-probs. One file a step,
+ * STEP.jsonl, as verl writes: with several DP ranks each makes its lines (rollout_audit_text) and DP rank 0
+ * writes them all, in DP rank order (rollout_audit_save); "group" is the group's position in the step, so a
+ * step's file holds every group exactly rollout.n times, and "uid" the prompt's index in the dataset. */
 #ifndef GRPO_WORKER_STEP_AUDIT_H
 #define GRPO_WORKER_STEP_AUDIT_H
 
@@ -9,8 +10,12 @@
 
 #include "worker/step/batch.h"
 
-/* Write b (n responses per prompt) as step's file under dir; nothing when dir is NULL or empty. A failed write
- * is logged once and reported to metrics_output_failed(): the trainer then stops the run with the reason. */
-void rollout_audit_write(const char *dir, int64_t step, int dp_rank, int n, const struct step_batch *b);
+#include <stddef.h>
+
+/* b's lines (n responses per prompt), each ending in a newline, malloc'd; *len their bytes. */
+char *rollout_audit_text(int64_t step, int n, const struct step_batch *b, size_t *len);
+/* DIR/STEP.jsonl made of parts[0..nparts) (lens[p] bytes each), in order; nothing when dir is NULL or empty. A
+ * failed write is logged once and reported to metrics_output_failed(): the trainer then stops the run with it. */
+void rollout_audit_save(const char *dir, int64_t step, char *const *parts, const size_t *lens, int nparts);
 
 #endif

@@ -582,14 +582,56 @@ static void measure_gap(struct trainer *t, const struct step_batch *b, struct st
     out->max = max_dist(t, gap_max);
 }
 
-/* The step's rollouts, decoded, to trainer.rollout_data_dir (one file per DP rank). */
+/* The step's rollouts, decoded, to trainer.rollout_data_dir: one file a step, as verl writes. Each DP rank
+ * makes its lines; DP rank 0 gathers them (their lengths all-gathered, then each rank's bytes sent to it in
+ * 8-byte words) and writes the file in DP rank order. */
 static void audit(struct trainer *t, int64_t k, struct step_batch *b)
 {
+    const char *dir = t->cfg->trainer_rollout_data_dir;
+    if (!dir || !*dir)
+        return;
     for (int i = 0; i < b->n_seq; i++)
         if (!b->resp_text[i])
             b->resp_text[i] = tokenizer_decode(t->tok, b->seqs[i].resp, (size_t)b->seqs[i].resp_len, true);
-    if (t->lay.tp_rank == 0 && t->lay.cp_rank == 0) /* the TP and CP ranks of a DP rank hold the same sequences */
-        rollout_audit_write(t->cfg->trainer_rollout_data_dir, k, t->lay.dp_rank, (int)t->cfg->rollout_n, b);
+    if (t->lay.tp_rank != 0 || t->lay.cp_rank != 0) /* the TP and CP ranks of a DP rank hold the same sequences */
+        return;
+    size_t len;
+    char *mine = rollout_audit_text(k, (int)t->cfg->rollout_n, b, &len);
+    struct comm *dp = t->lay.dp && comm_size(t->lay.dp) > 1 ? t->lay.dp : NULL;
+    if (!dp) {
+        rollout_audit_save(dir, k, &mine, &len, 1);
+        free(mine);
+        return;
+    }
+    const int size = comm_size(dp), me = comm_rank(dp);
+    int64_t *lens = xcalloc((size_t)size, sizeof *lens), l = (int64_t)len;
+    comm_allgather(dp, &l, lens, 1, COMM_I64);
+    if (me != 0) {
+        const size_t words = (len + 7) / 8;
+        if (words) {
+            int64_t *buf = xcalloc(words, sizeof *buf);
+            memcpy(buf, mine, len);
+            comm_send(dp, buf, words, COMM_I64, 0);
+            free(buf);
+        }
+    } else {
+        char **parts = xcalloc((size_t)size, sizeof *parts);
+        size_t *plen = xcalloc((size_t)size, sizeof *plen);
+        parts[0] = mine, plen[0] = len;
+        for (int r = 1; r < size; r++) {
+            const size_t words = ((size_t)lens[r] + 7) / 8;
+            parts[r] = xcalloc(words ? words : 1, sizeof(int64_t));
+            plen[r] = (size_t)lens[r];
+            if (words)
+                comm_recv(dp, parts[r], words, COMM_I64, r);
+        }
+        rollout_audit_save(dir, k, parts, plen, size);
+        for (int r = 1; r < size; r++)
+            free(parts[r]);
+        free(parts), free(plen);
+    }
+    free(lens);
+    free(mine);
 }
 
 /* After the step's clock stops: the figures of the update summed over the ranks (the pipeline's waiting with
