@@ -643,7 +643,8 @@ int main(int argc, char **argv)
         if (strcmp(cmd, cmd_help[i][0]) == 0)
             help = cmd_help[i][1];
     if (!help) {
-        log_error("model", "unknown command '%s' (info, init, convert, merge-lora, tokenize, chat, logits, generate, plan)",
+        log_error("model",
+                  "unknown command '%s' (info, init, convert, merge-lora, tokenize, chat, logits, generate, plan)",
                   cmd);
         return 2;
     }

@@ -89,7 +89,7 @@ static void test_fixtures(void **state)
             bad++;
         } else if (strlen(got) != wlen || memcmp(got, want, wlen) != 0) {
             size_t k = 0;
-            while (got[k] && k < wlen && got[k] == want[k])
+            while (k < wlen && got[k] && got[k] == want[k])
                 k++;
             print_error("%s: differs from transformers' rendering at byte %zu:\n--- got\n%s\n--- want\n%s\n", name, k,
                         got, want);

@@ -672,8 +672,8 @@ static void test_model_chat(void **state)
             m[i].content = json_string_value(json_object_get(json_array_get(msgs, i), "content"));
         }
         char err[1024];
-        char *s = tokenizer_apply_chat_template(t, m, (int)nm, json_is_true(json_object_get(c, "add_generation_prompt")),
-                                                err, sizeof err);
+        char *s = tokenizer_apply_chat_template(
+            t, m, (int)nm, json_is_true(json_object_get(c, "add_generation_prompt")), err, sizeof err);
         if (!s)
             fail_msg("%s", err);
         assert_string_equal(s, json_string_value(json_object_get(c, "text")));

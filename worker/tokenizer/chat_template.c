@@ -151,11 +151,11 @@ static const char DRIVER[] =
 
 struct chat_renderer {
     pthread_mutex_t lock;
-    pid_t pid;     /* 0 when no helper runs */
-    int fd;        /* our end of the socket, -1 when none */
-    char *buf;     /* bytes read and not yet taken as a line */
+    pid_t pid; /* 0 when no helper runs */
+    int fd;    /* our end of the socket, -1 when none */
+    char *buf; /* bytes read and not yet taken as a line */
     size_t len, cap;
-    char *line;    /* the last line taken */
+    char *line; /* the last line taken */
 };
 
 struct chat_renderer *chat_renderer_new(void)
@@ -397,8 +397,8 @@ static json_t *special_tokens(const struct tokenizer *t)
     const struct {
         const char *name;
         int32_t id;
-    } named[] = {{"bos_token", t->bos_id}, {"eos_token", t->eos_id}, {"unk_token", t->cfg_unk_id},
-                 {"pad_token", t->pad_id}};
+    } named[] = {
+        {"bos_token", t->bos_id}, {"eos_token", t->eos_id}, {"unk_token", t->cfg_unk_id}, {"pad_token", t->pad_id}};
     for (size_t i = 0; i < sizeof named / sizeof *named; i++) {
         const char *s = named[i].id >= 0 ? tokenizer_token_text(t, named[i].id) : NULL;
         json_t *v = s ? json_string(s) : NULL;
