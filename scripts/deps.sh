@@ -10,6 +10,8 @@ set -euo pipefail
 PKGS=(
     # build
     meson ninja-build pkg-config gcc g++ python3 python3-pip python3-venv
+    # prompts: the model's chat template is rendered by Python's jinja2 (worker/tokenizer/chat_template.c)
+    python3-jinja2
     libopenmpi-dev openmpi-bin
     libnanomsg-dev nanomsg-utils
     libprotobuf-c-dev protobuf-c-compiler

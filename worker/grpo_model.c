@@ -1,5 +1,6 @@
-/* grpo-model: model utilities. info, convert, tokenize, logits, generate. */
+/* grpo-model: model utilities. info, convert, tokenize, chat, logits, generate. */
 #include <cblas.h>
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@
 #include "worker/model/lora.h"
 #include "worker/model/model_io.h"
 #include "worker/plan/planner.h"
+#include "worker/tokenizer/chat_template.h"
 #include "worker/tokenizer/tokenizer.h"
 
 static void usage(FILE *out)
@@ -34,6 +36,8 @@ static void usage(FILE *out)
           "                                     tokenizer.json, tokenizer_config.json)\n"
           "  merge-lora MODEL ADAPTER OUTDIR    a PEFT LoRA adapter merged into MODEL's weights (W + alpha/r B A)\n"
           "  tokenize MODEL TEXT [--chat]       token ids of TEXT, comma-separated on one line\n"
+          "  chat MODEL --messages FILE.json [--tools FILE.json] [--no-generation-prompt] [--kwargs JSON] [--ids]\n"
+          "                                     the messages rendered by the model's chat template, exactly\n"
           "  logits MODEL --ids 1,2,3 --out F.npy [--adapter LORA_DIR]\n"
           "                                     float32 [T, vocab] logits of every position, NumPy format\n"
           "  generate MODEL --prompt TEXT [--chat] [--max-new-tokens N] [--temperature T] [--top-p P]\n"
@@ -47,6 +51,15 @@ static void usage(FILE *out)
           "Common options: --threads N (OpenBLAS threads, default 1).\n",
           out);
 }
+
+static const char CHAT_HELP[] =
+    "usage: grpo-model chat MODEL --messages FILE.json [--tools FILE.json] [--no-generation-prompt]\n"
+    "                        [--kwargs JSON] [--ids]\n"
+    "  Render the messages (a JSON array of {\"role\", \"content\", ...}) with MODEL's chat template, as\n"
+    "  transformers' apply_chat_template does, and print the text exactly (no newline added); --ids prints\n"
+    "  its token ids instead, comma-separated. --tools: a JSON array of tool schemas. --kwargs: a JSON object\n"
+    "  of extra template variables, e.g. '{\"enable_thinking\": false}' or '{\"date_string\": \"26 Jul 2024\"}'.\n"
+    "  The generation prompt is added unless --no-generation-prompt. The template runs in python3's jinja2.\n";
 
 static const char *const cmd_help[][2] = {
     {"info", "usage: grpo-model info MODEL\n  Print architecture, hyper-parameters, parameter count and the dtypes of "
@@ -122,13 +135,18 @@ static struct tokenizer *load_tokenizer(const char *model)
     return t;
 }
 
-/* The prompt as ids: raw text, or a user turn in the chat template. */
+/* The prompt as ids: raw text, or a user turn in the chat template. NULL (logged) when the template fails. */
 static int32_t *prompt_ids(const struct tokenizer *t, const char *text, int chat, size_t *n)
 {
     if (!chat)
         return tokenizer_encode(t, text, strlen(text), 0, n);
     struct chat_message msg = {"user", text};
-    char *s = tokenizer_apply_chat_template(t, &msg, 1, true);
+    char err[1024];
+    char *s = tokenizer_apply_chat_template(t, &msg, 1, true, err, sizeof err);
+    if (!s) {
+        log_error("model", "%s", err);
+        return NULL;
+    }
     int32_t *ids = tokenizer_encode(t, s, strlen(s), 0, n);
     free(s);
     return ids;
@@ -383,12 +401,102 @@ static int cmd_tokenize(const char *model, const char *text, int chat)
         return 1;
     size_t n;
     int32_t *ids = prompt_ids(t, text, chat, &n);
+    if (!ids) {
+        tokenizer_free(t);
+        return 1;
+    }
     for (size_t i = 0; i < n; i++)
         printf("%s%d", i ? "," : "", ids[i]);
     printf("\n");
     free(ids);
     tokenizer_free(t);
     return 0;
+}
+
+/* A whole file as a string (malloc'd), or NULL (logged). */
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        log_error("chat", "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 4096, n = 0;
+    char *s = xmalloc(cap);
+    for (size_t k; (k = fread(s + n, 1, cap - n - 1, f)) > 0;) {
+        n += k;
+        if (cap - n < 2)
+            s = xrealloc(s, cap *= 2);
+    }
+    const int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        log_error("chat", "%s: cannot read", path);
+        free(s);
+        return NULL;
+    }
+    s[n] = '\0';
+    return s;
+}
+
+/* grpo-model chat MODEL --messages FILE [--tools FILE] [--no-generation-prompt] [--kwargs JSON] [--ids] */
+static int chat_main(int argc, char **argv)
+{
+    const char *messages = NULL, *tools = NULL, *kwargs = NULL;
+    int no_gen = 0, ids = 0, c;
+    static const struct option lopts[] = {{"messages", required_argument, 0, 'm'},
+                                          {"tools", required_argument, 0, 't'},
+                                          {"kwargs", required_argument, 0, 'k'},
+                                          {"no-generation-prompt", no_argument, 0, 'G'},
+                                          {"ids", no_argument, 0, 'i'},
+                                          {"help", no_argument, 0, 'h'},
+                                          {0, 0, 0, 0}};
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", lopts, NULL)) != -1) {
+        switch (c) {
+        case 'm': messages = optarg; break;
+        case 't': tools = optarg; break;
+        case 'k': kwargs = optarg; break;
+        case 'G': no_gen = 1; break;
+        case 'i': ids = 1; break;
+        case 'h': fputs(CHAT_HELP, stdout); return 0;
+        default: fputs(CHAT_HELP, stderr); return 2;
+        }
+    }
+    if (argc - optind != 1 || !messages) {
+        log_error("chat", argc - optind != 1 ? "chat takes one MODEL" : "chat needs --messages FILE.json");
+        fputs(CHAT_HELP, stderr);
+        return 2;
+    }
+    char *mtext = slurp(messages), *ttext = tools ? slurp(tools) : NULL;
+    if (!mtext || (tools && !ttext)) {
+        free(mtext), free(ttext);
+        return 1;
+    }
+    int rc = 1;
+    struct tokenizer *t = load_tokenizer(argv[optind]);
+    if (t) {
+        char err[2048];
+        char *text = tokenizer_render_chat(t, mtext, ttext, !no_gen, kwargs, err, sizeof err);
+        if (!text) {
+            log_error("chat", "%s", err);
+        } else if (ids) {
+            size_t n;
+            int32_t *v = tokenizer_encode(t, text, strlen(text), 0, &n);
+            for (size_t i = 0; i < n; i++)
+                printf("%s%d", i ? "," : "", v[i]);
+            printf("\n");
+            free(v);
+            rc = 0;
+        } else {
+            fwrite(text, 1, strlen(text), stdout);
+            rc = fflush(stdout) == 0 ? 0 : 1;
+        }
+        free(text);
+        tokenizer_free(t);
+    }
+    free(mtext), free(ttext);
+    return rc;
 }
 
 /* "1,2,3" -> ids; -1 on a malformed list */
@@ -473,6 +581,11 @@ static int cmd_generate(const char *model, const struct opts *o)
     }
     size_t n;
     int32_t *ids = prompt_ids(t, o->prompt, o->chat, &n);
+    if (!ids) {
+        model_free(m);
+        tokenizer_free(t);
+        return 1;
+    }
     int plen = (int)n;
     int32_t stops[2];
     int n_stop = 0;
@@ -523,12 +636,15 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (strcmp(cmd, "plan") == 0) /* the layout planner has options of its own */
         return plan_main(argc - 1, argv + 1);
+    if (strcmp(cmd, "chat") == 0) /* so does chat (its --ids is a flag) */
+        return chat_main(argc - 1, argv + 1);
     const char *help = NULL;
     for (size_t i = 0; i < sizeof cmd_help / sizeof *cmd_help; i++)
         if (strcmp(cmd, cmd_help[i][0]) == 0)
             help = cmd_help[i][1];
     if (!help) {
-        log_error("model", "unknown command '%s' (info, init, convert, merge-lora, tokenize, logits, generate, plan)",
+        log_error("model",
+                  "unknown command '%s' (info, init, convert, merge-lora, tokenize, chat, logits, generate, plan)",
                   cmd);
         return 2;
     }

@@ -8,10 +8,38 @@ tool="$1"
 tiny=tests/fixtures/models/tiny-qwen2-bias
 
 "$tool" --help >"$TMP/help" 2>&1; expect "--help exits 0" $?
-for c in info init convert tokenize logits generate; do
+for c in info init convert tokenize chat logits generate; do
     "$tool" "$c" --help >"$TMP/h" 2>&1 && has "$TMP/h" "usage: grpo-model $c"
     expect "$c --help" $?
 done
+# chat: fixture cases printed exactly as transformers' apply_chat_template rendered them
+# (tests/fixtures/chat_templates), their token ids, and a template error naming its line
+ct=tests/fixtures/chat_templates
+chat_case() { # NAME: its messages, tools and kwargs as files under $TMP
+    jq -c --arg n "$1" '.cases[] | select(.name == $n)' "$ct/cases.json" >"$TMP/case.json"
+    jq '.messages' "$TMP/case.json" >"$TMP/m.json"
+    jq '.tools' "$TMP/case.json" >"$TMP/t.json"
+    jq -c '.kwargs // {}' "$TMP/case.json" | tr -d '\n' >"$TMP/kw"
+}
+chat_case qwen3_tools
+"$tool" chat "$ct/qwen3-0.6b" --messages "$TMP/m.json" --tools "$TMP/t.json" --kwargs "$(cat "$TMP/kw")" \
+    >"$TMP/chat.txt" 2>"$TMP/chat.log"; expect "chat renders Qwen3 with tools" $?
+cmp -s "$TMP/chat.txt" "$ct/expected/qwen3_tools.txt"; expect "chat prints transformers' text exactly" $?
+"$tool" chat "$ct/qwen3-0.6b" --messages "$TMP/m.json" --tools "$TMP/t.json" --kwargs "$(cat "$TMP/kw")" --ids \
+    >"$TMP/chat.ids" 2>"$TMP/chat.log"
+[ "$(cat "$TMP/chat.ids")" = "$(jq -r .ids "$TMP/case.json")" ]; expect "chat --ids prints transformers' ids" $?
+chat_case smollm2_convo_nogen
+"$tool" chat "$ct/smollm2-135m-instruct" --messages "$TMP/m.json" --no-generation-prompt >"$TMP/chat.txt" \
+    2>"$TMP/chat.log" && cmp -s "$TMP/chat.txt" "$ct/expected/smollm2_convo_nogen.txt"
+expect "chat --no-generation-prompt" $?
+mkdir -p "$TMP/badtpl"
+cp "$ct/qwen3-0.6b/tokenizer.json" "$ct/qwen3-0.6b/tokenizer_config.json" "$TMP/badtpl/"
+printf '{%%- for m in messages %%}\n{{ m.content + }}\n{%%- endfor %%}\n' >"$TMP/badtpl/chat_template.jinja"
+"$tool" chat "$TMP/badtpl" --messages "$TMP/m.json" >"$TMP/chat.txt" 2>"$TMP/chat.log"
+[ $? -eq 1 ] && says "$TMP/chat.log" "chat template line 2: syntax error"; expect "chat: a template error names its line" $?
+"$tool" chat "$ct/qwen3-0.6b" >"$TMP/chat.txt" 2>"$TMP/chat.log"
+[ $? -eq 2 ] && says "$TMP/chat.log" "--messages"; expect "chat without --messages is a usage error" $?
+
 "$tool" info "$tiny" >"$TMP/info" 2>&1; expect "info on a HF directory" $?
 has "$TMP/info" "Qwen2ForCausalLM"; expect "info names the architecture" $?
 grep -Eq "q/k/v bias +true" "$TMP/info"; expect "info shows the q/k/v bias" $?

@@ -586,7 +586,9 @@ static void test_render_prompt(void **state)
         fail_msg("%s", err);
     struct dataset d = {0};
     assert_int_equal(dataset_load_jsonl(FIXTURE, NULL, &d, err, sizeof err), 0);
-    char *text = dataset_render_prompt(tok, &d.samples[1]);
+    char *text = dataset_render_prompt(tok, &d.samples[1], err, sizeof err);
+    if (!text)
+        fail_msg("%s", err);
     assert_string_equal(text, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
                               "Tom has 3 apples and buys 4 more. How many? Let's think step by step and output "
                               "the final answer after \"####\".<|im_end|>\n<|im_start|>assistant\n");

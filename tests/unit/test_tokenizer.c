@@ -409,7 +409,10 @@ static void test_chat_template_plain(void **state)
     snprintf(json, sizeof json, "%s\"merges\":[\"a b\"]}}", TINY_HEAD);
     struct tokenizer *t = from_str(json);
     struct chat_message m[] = {{"user", "Hi"}, {"assistant", "Hello"}};
-    char *s = tokenizer_apply_chat_template(t, m, 2, true);
+    char err[1024];
+    char *s = tokenizer_apply_chat_template(t, m, 2, true, err, sizeof err);
+    if (!s)
+        fail_msg("%s", err);
     assert_string_equal(s, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello<|im_end|>\n"
                            "<|im_start|>assistant\n");
     free(s);
@@ -419,12 +422,16 @@ static void test_chat_template_plain(void **state)
                                    "{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
                                    "'<|im_end|>' + '\\n'}}{% endfor %}");
     assert_string_equal(tokenizer_default_system_prompt(t), "You are a helpful assistant.");
-    s = tokenizer_apply_chat_template(t, m, 1, false);
+    s = tokenizer_apply_chat_template(t, m, 1, false, err, sizeof err);
+    if (!s)
+        fail_msg("%s", err);
     assert_string_equal(s,
                         "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
     free(s);
     struct chat_message sys[] = {{"system", "Be brief."}, {"user", "Hi"}};
-    s = tokenizer_apply_chat_template(t, sys, 2, false);
+    s = tokenizer_apply_chat_template(t, sys, 2, false, err, sizeof err);
+    if (!s)
+        fail_msg("%s", err);
     assert_string_equal(s, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
     free(s);
     tokenizer_free(t);
@@ -664,8 +671,11 @@ static void test_model_chat(void **state)
             m[i].role = json_string_value(json_object_get(json_array_get(msgs, i), "role"));
             m[i].content = json_string_value(json_object_get(json_array_get(msgs, i), "content"));
         }
-        char *s =
-            tokenizer_apply_chat_template(t, m, (int)nm, json_is_true(json_object_get(c, "add_generation_prompt")));
+        char err[1024];
+        char *s = tokenizer_apply_chat_template(
+            t, m, (int)nm, json_is_true(json_object_get(c, "add_generation_prompt")), err, sizeof err);
+        if (!s)
+            fail_msg("%s", err);
         assert_string_equal(s, json_string_value(json_object_get(c, "text")));
         size_t n;
         int32_t *ids = tokenizer_encode(t, s, strlen(s), 0, &n);

@@ -664,7 +664,7 @@ fail:
     return -1;
 }
 
-char *dataset_render_prompt(const struct tokenizer *t, const struct prompt_sample *s)
+char *dataset_render_prompt(const struct tokenizer *t, const struct prompt_sample *s, char *err, size_t errlen)
 {
     struct chat_message stack[8] = {{0}}, *msgs = stack;
     if (s->n_messages > 8)
@@ -673,7 +673,7 @@ char *dataset_render_prompt(const struct tokenizer *t, const struct prompt_sampl
         msgs[m].role = s->messages[m].role;
         msgs[m].content = s->messages[m].content;
     }
-    char *text = tokenizer_apply_chat_template(t, msgs, s->n_messages, true);
+    char *text = tokenizer_apply_chat_template(t, msgs, s->n_messages, true, err, errlen);
     if (msgs != stack)
         free(msgs);
     return text;

@@ -155,7 +155,7 @@ long data_cursor_next(struct data_cursor *c, int *out);
 /* ---- rendering ---- */
 
 /* The prompt as text for the model: the sample's messages through the tokenizer's chat template
- * with the generation prompt appended (malloc'd; encode with tokenizer_encode). */
-char *dataset_render_prompt(const struct tokenizer *t, const struct prompt_sample *s);
+ * with the generation prompt appended (malloc'd; encode with tokenizer_encode), or NULL with err. */
+char *dataset_render_prompt(const struct tokenizer *t, const struct prompt_sample *s, char *err, size_t errlen);
 
 #endif

@@ -74,8 +74,16 @@ static int encode_set(const struct grpo_config *cfg, const struct tokenizer *tok
         struct chat_message *msgs = xcalloc((size_t)(ps->n_messages ? ps->n_messages : 1), sizeof *msgs);
         for (int k = 0; k < ps->n_messages; k++)
             msgs[k] = (struct chat_message){ps->messages[k].role, ps->messages[k].content};
-        it->text = tokenizer_apply_chat_template(tok, msgs, ps->n_messages, true);
+        char why[1024];
+        it->text = tokenizer_apply_chat_template(tok, msgs, ps->n_messages, true, why, sizeof why);
         free(msgs);
+        if (!it->text) {
+            if (ps->line)
+                snprintf(err, errlen, "%s:%d: %s", name, ps->line, why);
+            else
+                snprintf(err, errlen, "%s: prompt %d: %s", name, i, why);
+            return -1;
+        }
         size_t n;
         it->ids = tokenizer_encode(tok, it->text, strlen(it->text), 0, &n);
         it->len = (int)n;

@@ -1,4 +1,5 @@
 /* Byte-level BPE: vocabulary and merge maps, pre-tokenizer steps, encode and decode. */
+#include <jansson.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -6,6 +7,7 @@
 
 #include "common/check.h"
 #include "common/log.h"
+#include "worker/tokenizer/chat_template.h"
 #include "worker/tokenizer/tokenizer_internal.h"
 
 /* GPT-2's split (also ByteLevel's use_regex split in tokenizers) */
@@ -249,6 +251,7 @@ struct tokenizer *tok_new(int32_t n_ids)
 {
     struct tokenizer *t = xcalloc(1, sizeof *t);
     t->unk_id = t->bos_id = t->eos_id = t->pad_id = t->cfg_unk_id = -1;
+    t->chat = chat_renderer_new();
     tok_grow(t, n_ids);
     return t;
 }
@@ -659,6 +662,8 @@ void tokenizer_free(struct tokenizer *t)
         free(t->added_by_byte[b]);
     free(t->chat_template);
     free(t->default_system);
+    json_decref(t->chat_kwargs);
+    chat_renderer_free(t->chat);
     free(t);
 }
 
@@ -1117,47 +1122,4 @@ char *tokenizer_decode(const struct tokenizer *t, const int32_t *ids, size_t n, 
     }
     o[k] = 0;
     return o;
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* chat                                                                                       */
-
-struct sbuf {
-    char *p;
-    size_t n, cap;
-};
-
-static void sb_add(struct sbuf *b, const char *s)
-{
-    size_t l = strlen(s);
-    if (b->n + l + 1 > b->cap) {
-        while (b->n + l + 1 > b->cap)
-            b->cap = b->cap ? 2 * b->cap : 256;
-        b->p = xrealloc(b->p, b->cap);
-    }
-    memcpy(b->p + b->n, s, l);
-    b->n += l;
-    b->p[b->n] = 0;
-}
-
-char *tokenizer_apply_chat_template(const struct tokenizer *t, const struct chat_message *msgs, int n,
-                                    bool add_generation_prompt)
-{
-    struct sbuf b = {0};
-    sb_add(&b, "");
-    if (n > 0 && t->default_system && strcmp(msgs[0].role ? msgs[0].role : "", "system") != 0) {
-        sb_add(&b, "<|im_start|>system\n");
-        sb_add(&b, t->default_system);
-        sb_add(&b, "<|im_end|>\n");
-    }
-    for (int i = 0; i < n; i++) {
-        sb_add(&b, "<|im_start|>");
-        sb_add(&b, msgs[i].role ? msgs[i].role : "");
-        sb_add(&b, "\n");
-        sb_add(&b, msgs[i].content ? msgs[i].content : "");
-        sb_add(&b, "<|im_end|>\n");
-    }
-    if (add_generation_prompt)
-        sb_add(&b, "<|im_start|>assistant\n");
-    return b.p;
 }

@@ -92,15 +92,18 @@ int32_t *tokenizer_encode(const struct tokenizer *t, const char *text, size_t le
 char *tokenizer_decode(const struct tokenizer *t, const int32_t *ids, size_t n, bool skip_special);
 
 /* ---- chat ---- */
-/* ChatML, as the SmolLM2 and Qwen2 templates render it:
+/* The chat template applied to msgs (role and content each), rendered as transformers' apply_chat_template does
+ * (chat_template.c; tokenizer_render_chat there takes messages, tools and keyword arguments as JSON), with the
+ * keyword arguments set by tokenizer_set_chat_kwargs. A tokenizer without a chat template gives ChatML:
  *   <|im_start|>ROLE\nCONTENT<|im_end|>\n  for each message, then
  *   <|im_start|>assistant\n                 when add_generation_prompt.
- * When the tokenizer's chat template carries a default system prompt (SmolLM2's: "You are a
- * helpful AI assistant named SmolLM, trained by Hugging Face") and msgs[0] is not a system
- * message, that system turn comes first, as transformers' apply_chat_template does.
- * Returns a malloc'd string; encode it with tokenizer_encode to get the ids. */
+ * Returns a malloc'd string (encode it with tokenizer_encode to get the ids), or NULL with err: a template that
+ * does not parse or that raises (err names its line), python3 or jinja2 missing, no messages. */
 char *tokenizer_apply_chat_template(const struct tokenizer *t, const struct chat_message *msgs, int n,
-                                    bool add_generation_prompt);
+                                    bool add_generation_prompt, char *err, size_t errlen);
+/* Extra variables for every render of the template (verl's data.apply_chat_template_kwargs, such as
+ * {"enable_thinking": false}): a JSON object, or NULL for none. 0, or -1 with err when it is not a JSON object. */
+int tokenizer_set_chat_kwargs(struct tokenizer *t, const char *kwargs_json, char *err, size_t errlen);
 /* The default system prompt found in the chat template, or NULL. */
 const char *tokenizer_default_system_prompt(const struct tokenizer *t);
 

@@ -103,6 +103,8 @@ struct tokenizer {
     bool add_bos;
     char *chat_template;
     char *default_system;
+    struct json_t *chat_kwargs; /* extra template variables (tokenizer_set_chat_kwargs), or NULL */
+    struct chat_renderer *chat; /* the template's renderer (chat_template.c) */
 };
 
 /* ---- byte-level alphabet ---- */

@@ -255,14 +255,8 @@ static int load_config_beside(struct tokenizer *t, const char *path, char *err, 
             free(cfgp);
             return -1;
         }
-        if (tpl) {
+        if (tpl)
             tokenizer_set_chat_template(t, tpl);
-            if (!strstr(tpl, "<|im_start|>"))
-                log_warn("tokenizer",
-                         "%s: chat_template is not ChatML; prompts are rendered as ChatML, the one template this "
-                         "trainer renders",
-                         cfgp);
-        }
         json_decref(cfg);
     }
     strcpy(cfgp + dl, "chat_template.jinja");
