@@ -1,6 +1,7 @@
 #include "config.h"
 
 #include <ctype.h>
+#include <jansson.h>
 #include <errno.h>
 #include <math.h>
 #include <stddef.h>
@@ -267,8 +268,73 @@ static void unnote_verl(struct grpo_config *c, const char *name)
     }
 }
 
+/* data.apply_chat_template_kwargs: a JSON object of the chat template's extra variables, set whole (a JSON
+ * object) or one variable at a time (data.apply_chat_template_kwargs.NAME=VALUE, as YAML's nested map gives it):
+ * true/false, null and numbers are read as such, anything else as text. 0, or -1 with err naming the key. */
+static const char CHAT_KWARGS[] = "data.apply_chat_template_kwargs";
+
+static int set_chat_kwargs(struct grpo_config *c, const char *name, const char *value, const char *origin,
+                           struct cfg_error *err)
+{
+    const char *sub = name[sizeof CHAT_KWARGS - 1] == '.' ? name + sizeof CHAT_KWARGS : NULL;
+    json_error_t je;
+    json_t *obj = json_loads(sub ? c->data_apply_chat_template_kwargs : (value ? value : "{}"), 0, &je);
+    if (!json_is_object(obj)) {
+        json_decref(obj);
+        errf(err,
+             "%s: %s=%s: expects a JSON object such as {\"enable_thinking\": false}, or one variable at a time "
+             "(%s.enable_thinking=false)",
+             origin, name, value ? value : "null", CHAT_KWARGS);
+        return -1;
+    }
+    if (sub) {
+        if (!sub[0] || strchr(sub, '.')) {
+            json_decref(obj);
+            errf(err,
+                 "%s: %s: a chat template variable is one name (%s.NAME=VALUE); nested values are set as a "
+                 "JSON object: %s={\"NAME\": {...}}",
+                 origin, name, CHAT_KWARGS, CHAT_KWARGS);
+            return -1;
+        }
+        json_t *v;
+        long long i;
+        double d;
+        bool b;
+        if (!value || strcmp(value, "null") == 0 || strcmp(value, "~") == 0)
+            v = json_null();
+        else if (parse_bool(value, &b) == 0)
+            v = json_boolean(b);
+        else if (parse_int(value, &i) == 0)
+            v = json_integer(i);
+        else if (parse_float(value, &d) == 0)
+            v = json_real(d);
+        else
+            v = json_string(value);
+        if (!v) {
+            json_decref(obj);
+            errf(err, "%s: %s: the value is not UTF-8 text", origin, name);
+            return -1;
+        }
+        json_object_set_new(obj, sub, v);
+    }
+    char *text = json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(obj);
+    free(c->data_apply_chat_template_kwargs);
+    c->data_apply_chat_template_kwargs = text;
+    set_origin(c, config_find(CHAT_KWARGS), origin);
+    return 0;
+}
+
+bool config_is_map_key(const char *name)
+{
+    return strncmp(name, CHAT_KWARGS, sizeof CHAT_KWARGS - 1) == 0 &&
+           (name[sizeof CHAT_KWARGS - 1] == '.' || name[sizeof CHAT_KWARGS - 1] == 0);
+}
+
 int config_set(struct grpo_config *c, const char *name, const char *value, const char *origin, struct cfg_error *err)
 {
+    if (config_is_map_key(name))
+        return set_chat_kwargs(c, name, value, origin, err);
     const struct cfg_key_info *k = config_find(name);
     const char *why = NULL;
     const enum verl_class vc = k ? VERL_UNKNOWN : config_verl_class(name, value, &why);
@@ -798,10 +864,23 @@ void config_value_text(const struct grpo_config *c, const struct cfg_key_info *k
         }
         /* quote strings that YAML would read as something else */
         bool plain = s[0] && !strpbrk(s, ":#{}[],&*!|>'\"%@`") && !isspace((unsigned char)s[0]);
-        if (plain)
+        if (plain) {
             snprintf(buf, len, "%s", s);
-        else
+        } else if (!strpbrk(s, "\"\\")) {
             snprintf(buf, len, "\"%s\"", s);
+        } else { /* YAML's single-quoted form: nothing is an escape but '' for a quote */
+            size_t n = 0;
+            if (len)
+                buf[n++] = '\'';
+            for (const char *p = s; *p && n + 3 < len; p++) {
+                if (*p == '\'')
+                    buf[n++] = '\'';
+                buf[n++] = *p;
+            }
+            if (n + 1 < len)
+                buf[n++] = '\'';
+            buf[n < len ? n : len - 1] = 0;
+        }
         break;
     }
     case CFG_FLIST: {

@@ -103,6 +103,9 @@ void config_init(struct grpo_config *c);
 void config_free(struct grpo_config *c);
 /* Set one key from text; origin is recorded for --print-config. Returns 0 or -1 with err. */
 int config_set(struct grpo_config *c, const char *name, const char *value, const char *origin, struct cfg_error *err);
+/* Whether name is a key whose value is a map of free names (data.apply_chat_template_kwargs), or one of its
+ * entries (data.apply_chat_template_kwargs.NAME): config_set takes both. */
+bool config_is_map_key(const char *name);
 /* Load a YAML file of nested mappings (verl layout). Returns 0 or -1 with err. */
 int config_load_yaml(struct grpo_config *c, const char *path, struct cfg_error *err);
 /* Apply one command-line override in Hydra's forms: `a.b.c=value`, `+a.b.c=value`, `++a.b.c=value`, and `~a.b.c`

@@ -61,8 +61,6 @@ static const struct verl_key g_verl[] = {
     NOTED("data.datagen.*", "dynamic datasets are not used"),
     NOTED("data.image_patch_size", "text only: no images"),
     OFF_ONLY("data.tool_config_path", "null", "no tools", "multi-turn rollouts and tool calls (not available yet)"),
-    REFUSED("data.apply_chat_template_kwargs.*",
-            "keyword arguments to the chat template, such as enable_thinking (not available yet)"),
     /* actor_rollout_ref */
     NOTED("actor_rollout_ref.hybrid_engine",
           "rollout and trainer share a process (hybrid) or take ranks (placement.*)"),

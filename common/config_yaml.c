@@ -110,6 +110,11 @@ static int read_sequence(struct yaml_walk *w, const char *name, char *out, size_
 
 static int set_value(struct yaml_walk *w, const char *name, size_t line, const char *value)
 {
+    if (config_is_map_key(name) && strchr(name + strlen("data.apply_chat_template_kwargs"), '.')) {
+        char origin[600]; /* a variable of a map key (its own name is free): set one at a time */
+        snprintf(origin, sizeof origin, "%s:%zu", w->path, line + 1);
+        return config_set(w->cfg, name, value ? value : "null", origin, w->err);
+    }
     const struct cfg_key_info *k = config_find(name);
     if (!k) {
         const char *why;
@@ -170,7 +175,7 @@ static int walk_mapping(struct yaml_walk *w)
             if (rc == 0)
                 rc = set_value(w, name, line, list);
         } else if (val.type == YAML_MAPPING_START_EVENT) {
-            if (!is_section(name)) {
+            if (!is_section(name) && !config_is_map_key(name)) {
                 rc = config_find(name) ? (walk_err(w, line, "'%s' takes a value, not a mapping%s", name, ""), -1)
                                        : unknown_key(w, line, name);
             } else if (w->depth + 1 >= MAX_DEPTH || strlen(name) + 2 >= sizeof w->prefix) {

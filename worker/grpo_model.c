@@ -21,6 +21,7 @@
 #include "worker/model/model_io.h"
 #include "worker/plan/planner.h"
 #include "worker/tokenizer/chat_template.h"
+#include "worker/step/prompts.h"
 #include "worker/tokenizer/tokenizer.h"
 
 static void usage(FILE *out)
@@ -102,34 +103,11 @@ static int model_is_gguf(const char *path)
     return n > 5 && strcmp(path + n - 5, ".gguf") == 0;
 }
 
+/* The model's tokenizer, as a run loads it (with tokenizer_config.json's or chat_template.jinja's template). */
 static struct tokenizer *load_tokenizer(const char *model)
 {
     char err[1024];
-    struct tokenizer *t = NULL;
-    if (model_is_gguf(model)) {
-        struct gguf_file *g = gguf_open(model, err, sizeof err);
-        if (g) {
-            t = tokenizer_from_gguf(g, err, sizeof err);
-            gguf_close(g);
-        }
-    } else {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/tokenizer.json", model);
-        t = tokenizer_from_json(path, err, sizeof err);
-        if (t) { /* the chat template lives in tokenizer_config.json */
-            snprintf(path, sizeof path, "%s/tokenizer_config.json", model);
-            FILE *f = fopen(path, "rb");
-            if (f) {
-                fclose(f);
-                json_error_t je;
-                json_t *root = json_load_file(path, 0, &je);
-                const char *tpl = json_string_value(json_object_get(root, "chat_template"));
-                if (tpl)
-                    tokenizer_set_chat_template(t, tpl);
-                json_decref(root);
-            }
-        }
-    }
+    struct tokenizer *t = prompt_load_tokenizer(model, NULL, err, sizeof err);
     if (!t)
         log_error("model", "%s", err);
     return t;

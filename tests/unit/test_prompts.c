@@ -69,7 +69,7 @@ static void test_truncation_modes(void **state)
 {
     (void)state;
     char err[1024];
-    struct tokenizer *tok = prompt_load_tokenizer(TOK_DIR, err, sizeof err);
+    struct tokenizer *tok = prompt_load_tokenizer(TOK_DIR, NULL, err, sizeof err);
     assert_non_null(tok);
     /* the whole encodings, with a limit they fit */
     struct prompt_set full, fv;
@@ -131,7 +131,7 @@ static void test_column_keys(void **state)
           "\"src\": \"openai/gsm8k\"}\n",
           f);
     fclose(f);
-    struct tokenizer *tok = prompt_load_tokenizer(TOK_DIR, err, sizeof err);
+    struct tokenizer *tok = prompt_load_tokenizer(TOK_DIR, NULL, err, sizeof err);
     assert_non_null(tok);
     struct grpo_config c;
     config_init(&c);
@@ -159,11 +159,54 @@ static void test_column_keys(void **state)
     unlink(path);
 }
 
+/* data.apply_chat_template_kwargs reaches the model's template: a tokenizer directory whose chat_template.jinja
+ * reads two extra variables renders them as given, and without them as the template's defaults; a value that is
+ * not a JSON object is refused naming the key. */
+static void test_chat_kwargs_reach_template(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/grpo_chatkw_XXXXXX", path[600], src[600], err[1024];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    assert_non_null(realpath(TOK_DIR "/tokenizer.json", src));
+    assert_int_equal(symlink(src, path), 0);
+    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+          "{% if enable_thinking is defined and not enable_thinking %}(no thinking){% endif %}"
+          "{{ date_string | default('no date') }}",
+          f);
+    fclose(f);
+    const struct chat_message msgs[] = {{"user", "What is 2 + 2?"}};
+    struct tokenizer *tok =
+        prompt_load_tokenizer(dir, "{\"enable_thinking\":false,\"date_string\":\"26 Jul 2024\"}", err, sizeof err);
+    if (!tok)
+        fail_msg("%s", err);
+    char *text = tokenizer_apply_chat_template(tok, msgs, 1, true, err, sizeof err);
+    if (!text)
+        fail_msg("%s", err);
+    assert_string_equal(text, "[user] What is 2 + 2?\n(no thinking)26 Jul 2024");
+    free(text);
+    tokenizer_free(tok);
+    tok = prompt_load_tokenizer(dir, "{}", err, sizeof err);
+    assert_non_null(tok);
+    text = tokenizer_apply_chat_template(tok, msgs, 1, true, err, sizeof err);
+    assert_non_null(text);
+    assert_string_equal(text, "[user] What is 2 + 2?\nno date");
+    free(text);
+    tokenizer_free(tok);
+    assert_null(prompt_load_tokenizer(dir, "[1]", err, sizeof err));
+    assert_non_null(strstr(err, "data.apply_chat_template_kwargs"));
+    must_rm_rf(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_truncation_modes, setup, teardown),
         cmocka_unit_test(test_column_keys),
+        cmocka_unit_test(test_chat_kwargs_reach_template),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -179,7 +179,8 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
                              bundled);
         path = bundled;
     }
-    if (!(r->policy = model_load(path, err, errlen)) || !(r->tok = prompt_load_tokenizer(path, err, errlen)) ||
+    if (!(r->policy = model_load(path, err, errlen)) ||
+        !(r->tok = prompt_load_tokenizer(path, r->env->cfg->data_apply_chat_template_kwargs, err, errlen)) ||
         prompt_sets_load(c, r->tok, &r->train, &r->val, err, errlen) != 0 ||
         !(r->reward = reward_create(c, err, errlen)))
         return -1;

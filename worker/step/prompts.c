@@ -19,28 +19,28 @@ static bool is_gguf(const char *path)
     return n > 5 && strcmp(path + n - 5, ".gguf") == 0;
 }
 
-struct tokenizer *prompt_load_tokenizer(const char *model_path, char *err, size_t errlen)
+struct tokenizer *prompt_load_tokenizer(const char *model_path, const char *chat_kwargs, char *err, size_t errlen)
 {
+    struct tokenizer *t = NULL;
     if (is_gguf(model_path)) {
         struct gguf_file *g = gguf_open(model_path, err, errlen);
         if (!g)
             return NULL;
-        struct tokenizer *t = tokenizer_from_gguf(g, err, errlen);
+        t = tokenizer_from_gguf(g, err, errlen);
         gguf_close(g);
-        return t;
+    } else { /* with tokenizer_config.json and chat_template.jinja beside it: the chat template */
+        char path[4096];
+        snprintf(path, sizeof path, "%s/tokenizer.json", model_path);
+        t = tokenizer_from_json(path, err, errlen);
     }
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.json", model_path);
-    struct tokenizer *t = tokenizer_from_json(path, err, errlen);
-    if (!t)
-        return NULL;
-    snprintf(path, sizeof path, "%s/tokenizer_config.json", model_path);
-    json_error_t je;
-    json_t *root = json_load_file(path, 0, &je); /* optional: holds the chat template */
-    const char *tpl = json_string_value(json_object_get(root, "chat_template"));
-    if (tpl)
-        tokenizer_set_chat_template(t, tpl);
-    json_decref(root);
+    if (t && chat_kwargs && chat_kwargs[0] && strcmp(chat_kwargs, "{}") != 0) {
+        char why[512];
+        if (tokenizer_set_chat_kwargs(t, chat_kwargs, why, sizeof why) != 0) {
+            error_set(err, errlen, "data.apply_chat_template_kwargs: %s", why);
+            tokenizer_free(t);
+            return NULL;
+        }
+    }
     return t;
 }
 

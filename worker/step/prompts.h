@@ -26,9 +26,10 @@ struct prompt_set {
     void *dataset; /* struct dataset * */
 };
 
-/* The tokenizer of a model path: DIR/tokenizer.json (+ tokenizer_config.json's chat template) or a .gguf's
- * metadata. NULL with err. */
-struct tokenizer *prompt_load_tokenizer(const char *model_path, char *err, size_t errlen);
+/* The tokenizer of a model path: DIR/tokenizer.json (+ tokenizer_config.json's or chat_template.jinja's chat
+ * template) or a .gguf's metadata, with chat_kwargs (a JSON object: data.apply_chat_template_kwargs; NULL or
+ * "{}": none) as its template's extra variables. NULL with err. */
+struct tokenizer *prompt_load_tokenizer(const char *model_path, const char *chat_kwargs, char *err, size_t errlen);
 /* Load the training and validation prompts the configuration names and encode them. A prompt longer than
  * data.max_prompt_length is an error naming it. 0, or -1 with err. */
 int prompt_sets_load(const struct grpo_config *cfg, const struct tokenizer *tok, struct prompt_set *train,

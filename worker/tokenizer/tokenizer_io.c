@@ -9,6 +9,7 @@
 
 #include "common/check.h"
 #include "common/fs.h"
+#include "common/json_file.h"
 #include "common/log.h"
 #include "worker/formats/gguf.h"
 #include "worker/tokenizer/tokenizer_internal.h"
@@ -162,7 +163,8 @@ static const char *cfg_token(const json_t *cfg, const char *key)
 
 static char *read_text_file(const char *path)
 {
-    FILE *f = fopen(path, "rb");
+    char why[256];
+    FILE *f = fs_fopen_read(path, why, sizeof why); /* a FIFO is refused, not waited on */
     if (!f)
         return NULL;
     size_t cap = 4096, n = 0;
@@ -219,7 +221,7 @@ static int load_config_beside(struct tokenizer *t, const char *path, char *err, 
     strcpy(cfgp + dl, "tokenizer_config.json");
     if (access(cfgp, R_OK) == 0) {
         json_error_t je;
-        json_t *cfg = json_load_file(cfgp, 0, &je);
+        json_t *cfg = json_file_load(cfgp, &je);
         if (!cfg || !json_is_object(cfg)) {
             if (cfg)
                 error_set(err, errlen, "%s: not a JSON object (it holds the chat template and special tokens)", cfgp);

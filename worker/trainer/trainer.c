@@ -913,7 +913,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     if ((cfg->actor_use_kl_loss || cfg->alg_use_kl_in_reward) && !t->policy->lora) {
         t->ref = model_clone(t->policy); /* with LoRA the reference is the base: the policy, adapter bypassed */
     }
-    t->tok = prompt_load_tokenizer(model_path, err, errlen);
+    t->tok = prompt_load_tokenizer(model_path, cfg->data_apply_chat_template_kwargs, err, errlen);
     if (!t->tok)
         goto fail;
 
