@@ -241,7 +241,12 @@ hosts_can_start() {
             done' can_start "${#HOST_PROGRAMS[@]}" "${HOST_PROGRAMS[@]}" "${HOST_FILES[@]}" 2>&1)" || ok=1
         [ -z "$out" ] || ok=1
         while read -r line; do
-            [ -n "$line" ] && fail "$h cannot start or read $line (the host's /tmp is its own)"
+            [ -n "$line" ] || continue
+            if [ -e "${line%: *}" ]; then
+                fail "$h cannot start or read $line (the machine has it: the host does not see it)"
+            else
+                fail "$h cannot start or read $line (not on the machine either)"
+            fi
         done <<<"$out"
     done
     return $ok
