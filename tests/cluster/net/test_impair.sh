@@ -56,7 +56,8 @@ while True:
     h.update(b); n += len(b)
 open(sys.argv[1], "a").write("%d %s\n" % (n, h.hexdigest()))' "$TMP/recv.txt" &
 track $!
-wait_for 20 has "$TMP/recv.txt" listening; expect "a TCP receiver on hostb" $?
+wait_alive 20 $! has "$TMP/recv.txt" listening; rc=$?
+expect "a TCP receiver on hostb" $rc; [ $rc = 0 ] || finish
 t0=$(date +%s)
 timeout 120 "$TMP/on.sh" hosta python3 -c '
 import socket, sys
@@ -77,7 +78,8 @@ try:
 except socket.timeout: pass
 open(sys.argv[1], "a").write("%d %d\n" % (len(got), sum(1 for a, b in zip(got, got[1:]) if b < a)))' "$TMP/udp.txt" &
 track $!
-wait_for 20 has "$TMP/udp.txt" listening; expect "a UDP receiver on hostb" $?
+wait_alive 20 $! has "$TMP/udp.txt" listening; rc=$?
+expect "a UDP receiver on hostb" $rc; [ $rc = 0 ] || finish
 on hosta python3 -c '
 import socket, sys, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

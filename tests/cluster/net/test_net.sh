@@ -21,6 +21,7 @@
 # usage: test_net.sh GRPOD GRPOCTL GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO LINK_IMPAIR
 GRPOD="$1" GRPOCTL="$2" WORKER="$3" MODEL_TOOL="$4" COMPARE="$5" SCORER="$6" LINK_IMPAIR="$7"
 . "$(dirname "$0")/hosts_lib.sh" grpo-net
+HOST_PROGRAMS=("$GRPOD" "$GRPOCTL" "$WORKER") HOST_FILES=("$SCORER") # run on the hosts, wherever the build is
 hosts_up || finish
 CHECK_AUDIT="$SRC_ROOT/tests/mpi/check_audit.py"
 PHASES="${PHASES:-split iface badname colocated linkdown linkdown60 netem partition replace frozen frozenlong trainerlost}"
@@ -127,8 +128,8 @@ fi
 # fault NAME: a split run under way (step 2 reached) for the fault to hit
 under_way() {
     mpi "$1" hosta:2,hostb:2 4 "${SPLIT[@]}"
-    wait_for 120 step_at_least 2; local rc=$?
-    expect "$1: the run is under way (step $(ctl status --json | jq -r .step))" $rc
+    wait_alive 120 "$MPI_PID" step_at_least 2; local rc=$?
+    expect "$1: the run is under way (step $(ctl status --json | jq -r .step)$([ $rc = 2 ] && echo "; mpirun ended"))" $rc
 }
 if want linkdown; then
     under_way linkdown
@@ -267,7 +268,7 @@ if want trainerlost; then
         grpod.connect_timeout_s=30 >>"$TMP/trainerlost.log" 2>&1 &
     MPI_PID=$!
     track $MPI_PID
-    wait_for 120 step_at_least 3; expect "trainerlost: the run is under way" $?
+    wait_alive 120 "$MPI_PID" step_at_least 3; expect "trainerlost: the run is under way" $?
     ip netns pids "$NS_PREFIX-hosta" | xargs -r kill -9; expect "every process on the trainer host killed" $?
     t0=$(date +%s)
     ended_within 60; rc=$?
