@@ -15,6 +15,9 @@ else
 fi
 # pyarrow, for verl's parquet datasets (tests/system/test_parquet.sh skips without it)
 ./scripts/parquet_env.sh >/dev/null || echo "warning: could not install pyarrow; the parquet test will be skipped" >&2
+# TensorBoard, whose own reader checks the event files (tests/system/test_tensorboard.sh skips without it)
+./scripts/tensorboard_env.sh >/dev/null ||
+    echo "warning: could not install tensorboard; the tensorboard-reader test will be skipped" >&2
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 rc=0
 meson test -C build --print-errorlogs --num-processes 2 "$@" || rc=$?

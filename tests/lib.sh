@@ -84,7 +84,7 @@ wait_for() {
     while :; do
         "$@" 2>/dev/null && return 0
         [ $(( $(date +%s%N) / 1000000 )) -ge "$until" ] && return 1
-        sleep 0.1
+        sleep 0.1 # sleep-ok: the poll interval of a bounded wait
     done
 }
 

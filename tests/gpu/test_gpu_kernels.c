@@ -1496,7 +1496,7 @@ static int test_nccl_deadline(int argc, char **argv)
         comm_allreduce_sum(nc, d, 1024, COMM_F32); /* never completes: rank 1 is not there */
         printf("the all-reduce returned without its peer\n");
     } else {
-        sleep(30); /* rank 0 must have ended the job long before */
+        sleep(30); /* sleep-ok: a peer that never comes; rank 0 must have ended the job long before */
     }
     cudaFree(d);
     comm_free(nc);

@@ -358,7 +358,7 @@ int main(int argc, char **argv)
         const int root = comm_size(world) - 1;
         double x = comm_rank(world) == root ? 42 : 0;
         if (comm_rank(world) == root) {
-            sleep(8);
+            sleep(8); /* sleep-ok: a late peer, on purpose */
             int rc = comm_try_broadcast(world, &x, 1, COMM_F64, root);
             printf("late root: rc %d\n", rc);
             MPI_Finalize();
@@ -377,7 +377,7 @@ int main(int argc, char **argv)
     }
     if (stuck) { /* a stuck peer: the others' operation must end the job at the deadline, naming itself */
         if (comm_rank(world) == comm_size(world) - 1) {
-            sleep(60);
+            sleep(60); /* sleep-ok: a stuck peer, on purpose */
             MPI_Finalize();
             return 0;
         }

@@ -44,7 +44,7 @@ static uint64_t xorshift(uint64_t *s)
 static void sleep_ms(double ms)
 {
     struct timespec ts = {(time_t)(ms / 1000), (long)(fmod(ms, 1000.0) * 1e6)};
-    nanosleep(&ts, NULL);
+    nanosleep(&ts, NULL); /* sleep-ok: a simulated step takes --step-ms */
 }
 
 /* The state to write (fs_write_fn's ctx). */

@@ -32,7 +32,8 @@ COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.
     actor_rollout_ref.actor.ppo_epochs=1000)
 
 # stall NAME LINGER [keys...]: a 1-trainer, 2-rollout run; rank 1 stopped once it has been told every step is
-# granted, continued LINGER + 2 s later (past the dispatcher's wait for it); the job's exit status
+# granted, continued once the trainers' dispatcher has closed without it (after its wait of LINGER s); the job's
+# exit status
 stall() {
     local name=$1 linger=$2
     shift 2
@@ -49,8 +50,8 @@ stall() {
     expect "$name: rank 1 ($r1) stopped before the trainers end" $?
     wait_for 60 grep -q "\[rank 0\] worker: run finished at step $STEPS" "$TMP/$name.log"
     expect "$name: the trainer finishes every step while rank 1 is stopped" $?
-    sleep "$linger"
-    sleep 2
+    wait_for 60 grep -q "\[rank 0\] dispatch: closed: some rollout processes were not heard from" "$TMP/$name.log"
+    expect "$name: the trainers' dispatcher closes without rank 1's last word" $?
     [ -z "${BEFORE_CONT:-}" ] || "$BEFORE_CONT"
     kill -CONT "$r1"
     local t0=$SECONDS

@@ -34,7 +34,6 @@ before="$(step)"
 stop_grpod KILL
 # killed at any moment, the state file is the old one or the new one, whole
 jq -e '.run.id' "$TMP/g1.state/run.json" >/dev/null; expect "state file whole after kill -9" $?
-sleep 1
 start_grpod g1
 expect "grpod restarts on the same state directory" $?
 [ "$(status_field .run_id)" = "$run_id" ]; expect "same run after restart" $?

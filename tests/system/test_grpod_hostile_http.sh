@@ -45,7 +45,7 @@ while time.time() < end:
                 pass
             except OSError:
                 c[3] = time.time() - c[2]
-    time.sleep(1)
+    time.sleep(1)  # sleep-ok: a slow client holds its connections, on purpose
 for src in ("127.0.0.1", "127.0.0.2"):
     mine = [c for c in conns if c[1] == src]
     early = [c for c in mine if c[3] is not None and c[3] < 1.5]  # refused when they came

@@ -40,14 +40,14 @@ for i in range(250):
     except OSError:
         refused += 1
 print("flood: %d connected, %d refused" % (len(socks), refused), flush=True)
-time.sleep(hold)
+time.sleep(hold)  # sleep-ok: a flood holds its connections, on purpose
 PY
 python3 "$TMP/flood.py" "$port" 9 >"$TMP/flood.log" 2>&1 &
 FLOOD=$!
 track "$FLOOD"
 wait_for 30 has "$TMP/flood.log" "flood:"; expect "the flood's connections are open" $?
 peak=$(fds)
-c0=$(cpu); sleep 2; c1=$(cpu)
+c0=$(cpu); sleep 2; c1=$(cpu) # sleep-ok: a measurement window (CPU over 2 s)
 busy=$(( c1 - c0 ))  # clock ticks (1/100 s) of CPU in 2 s: 200 is a whole core
 [ "$busy" -lt 40 ]; expect "grpod does not spin under the flood ($busy ticks of CPU in 2 s)" $?
 [ "$peak" -lt 110 ]; expect "grpod keeps descriptors free ($peak of 128 open)" $?

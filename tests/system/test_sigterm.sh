@@ -96,7 +96,7 @@ stalled() {
 }
 stalled late; expect "the stalling run's scorer stalls" $?
 kill -TERM "$WPID"
-sleep 2
+sleep 2 # sleep-ok: a second signal 2 s after the first is what is tested
 kill -0 "$WPID"; expect "one SIGTERM: the run waits for its step" $?
 kill -TERM "$WPID"
 wait_for 5 sh -c "! kill -0 $WPID"; expect "a second SIGTERM 2 s later ends the process at once" $?
@@ -105,9 +105,9 @@ wait "$WPID"; rc=$?
 has "$TMP/late.log" "SIGTERM received after SIGTERM: ending now, without a checkpoint"; expect "the log says so" $?
 stalled third; expect "the stalling run's scorer stalls again" $?
 kill -TERM "$WPID"
-sleep 0.3
+sleep 0.3 # sleep-ok: signals within a second of each other are what is tested
 kill -TERM "$WPID"
-sleep 0.3
+sleep 0.3 # sleep-ok: signals within a second of each other are what is tested
 kill -0 "$WPID"; expect "two SIGTERMs within a second: the run waits for its step" $?
 kill -TERM "$WPID"
 wait_for 5 sh -c "! kill -0 $WPID"; expect "a third SIGTERM ends the process at once" $?

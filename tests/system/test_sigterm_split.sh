@@ -63,7 +63,7 @@ wait_for 10 grep -q "\[rank 0\] worker: SIGTERM received" "$TMP/t.log"; expect "
 sw=$(switches "$r0")
 wait_for 30 ran_since "$r0" 20 "$sw"; r=$?
 kill -0 "$r0" 2>/dev/null && [ "$r" -eq 0 ]; expect "rank 0 still waits for its safe point" $?
-sleep 1.2 # the same signal within a second of the first is the same request (coreutils timeout sends two)
+sleep 1.2 # sleep-ok: a signal over a second after the first is what is tested (the same signal within a second of the first is the same request (coreutils timeout sends two))
 kill -TERM "$r0"
 wait_for 20 sh -c "! kill -0 $MP"; expect "the second SIGTERM ends the job at once" $?
 wait "$MP"; rc=$?

@@ -6,31 +6,16 @@
 #
 #   test_tensorboard.sh WRITER BUILD_DIR
 #
-# TensorBoard is installed with pip into BUILD_DIR/.venv-tb (created once, then
-# reused; reading scalars needs no TensorFlow). Exit 77 (skipped) when that
-# virtualenv cannot be made or pip cannot install (no network).
+# TensorBoard comes from the venv scripts/tensorboard_env.sh makes (scripts/test.sh runs it before the tests);
+# this test installs nothing. Exit 77 (skipped) when that venv is not there.
 set -u
 writer="$1"
 build="$2"
-venv="$build/.venv-tb"
-py="$venv/bin/python"
-
-have_tb() { [ -x "$py" ] && "$py" -c 'import tensorboard.backend.event_processing.event_accumulator' >/dev/null 2>&1; }
-
-if ! have_tb; then
-    echo "setting up $venv with tensorboard (once)"
-    log="$build/.venv-tb.log"
-    if ! { python3 -m venv "$venv" && "$py" -m pip --version; } >"$log" 2>&1; then
-        tail -5 "$log"
-        echo "SKIP: cannot create a Python virtualenv with pip (Debian: apt-get install python3-venv)"
-        exit 77
-    fi
-    if ! "$py" -m pip install --disable-pip-version-check -q tensorboard >>"$log" 2>&1 || ! have_tb; then
-        tail -5 "$log"
-        echo "SKIP: pip could not install tensorboard (no network?); see $log"
-        exit 77
-    fi
+if ! py="$("$(dirname "$0")/../../scripts/tensorboard_env.sh" --no-install)"; then
+    echo "SKIP: no TensorBoard venv (run scripts/tensorboard_env.sh, as scripts/test.sh does)"
+    exit 77
 fi
+: "$build"
 
 . "$(dirname "$0")/../lib.sh" grpo-tensorboard
 run="$TMP/runs/grpo/demo"

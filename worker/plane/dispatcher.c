@@ -199,9 +199,11 @@ void dispatcher_close(struct dispatcher *d, double linger_s)
     if (!d)
         return;
     const double until = clock_now_s() + linger_s;
+    bool all_told = false;
     for (;;) {
         pthread_mutex_lock(&d->mu);
-        bool done = dispatch_core_all_told(d->core) || clock_now_s() > until;
+        all_told = dispatch_core_all_told(d->core);
+        bool done = all_told || clock_now_s() > until;
         if (done)
             d->quit = true;
         pthread_mutex_unlock(&d->mu);
@@ -209,6 +211,8 @@ void dispatcher_close(struct dispatcher *d, double linger_s)
             break;
         clock_sleep_s(0.05);
     }
+    log_info("dispatch", "closed: %s", all_told ? "every rollout process was told the end"
+                                                : "some rollout processes were not heard from before it closed");
     pthread_join(d->thread, NULL);
     nn_close(d->sock);
     dispatch_core_free(d->core);

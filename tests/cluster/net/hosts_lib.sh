@@ -261,7 +261,7 @@ wait_alive() {
         "$@" 2>/dev/null && return 0
         kill -0 "$pid" 2>/dev/null || { "$@" 2>/dev/null && return 0; return 2; }
         [ $(($(date +%s%N) / 1000000)) -ge "$until" ] && return 1
-        sleep 0.1
+        sleep 0.1 # sleep-ok: the poll interval of a bounded wait
     done
 }
 

@@ -38,7 +38,7 @@ echo "run \$RUN_ID"
 HOST_PROGRAMS=("\${@:2}")
 hosts_up || finish
 echo up >"\$1"
-exec sleep 600
+exec sleep 600 # sleep-ok: a stand-in process that must stay alive
 EOF
 chmod +x "$TMP/child.sh"
 # gone ID: nothing of run ID is left: namespaces, /etc/netns entries, links, mounts, its record and stage

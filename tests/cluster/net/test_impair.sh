@@ -83,7 +83,7 @@ expect "a UDP receiver on hostb" $rc; [ $rc = 0 ] || finish
 on hosta python3 -c '
 import socket, sys, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-for i in range(500): s.sendto(b"%d" % i, (sys.argv[1], 9101)); time.sleep(0.001)' "$(ip_of hostb)"
+for i in range(500): s.sendto(b"%d" % i, (sys.argv[1], 9101)); time.sleep(0.001)' "$(ip_of hostb)" # sleep-ok: pacing the packets
 wait_for 60 awk 'NR == 2 { exit 0 } END { exit NR < 2 }' "$TMP/udp.txt"
 read -r got back < <(sed -n 2p "$TMP/udp.txt")
 [ "${got:-0}" -ge 400 ] && [ "${back:-1}" = 0 ]

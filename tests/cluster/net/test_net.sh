@@ -77,7 +77,7 @@ same() {
 ended_within() {
     local s=$1 t0
     t0=$(date +%s)
-    while kill -0 "$MPI_PID" 2>/dev/null && [ $(($(date +%s) - t0)) -lt "$s" ]; do sleep 0.2; done
+    while kill -0 "$MPI_PID" 2>/dev/null && [ $(($(date +%s) - t0)) -lt "$s" ]; do sleep 0.2; done # sleep-ok: the poll interval of a bounded wait
     kill -0 "$MPI_PID" 2>/dev/null && { MPI_RC=124; return 1; }
     wait "$MPI_PID"; MPI_RC=$?
     return 0
@@ -134,7 +134,7 @@ under_way() {
 if want linkdown; then
     under_way linkdown
     link_down hostb; expect "hostb's link down" $?
-    sleep 8 # the fault's length
+    sleep 8 # the fault's length # sleep-ok: the length of the fault is what is tested
     link_up hostb; expect "hostb's link up after 8 s" $?
     at=$(ctl status --json | jq -r .step)
     [ "$at" -lt $STEPS ] 2>/dev/null; expect "the link came back mid-run (step $at of $STEPS)" $?
@@ -146,7 +146,7 @@ fi
 if want linkdown60; then
     under_way linkdown60
     link_down hostb; expect "hostb's link down" $?
-    sleep 60 # the fault's length
+    sleep 60 # the fault's length # sleep-ok: the length of the fault is what is tested
     link_up hostb; expect "hostb's link up after 60 s" $?
     at=$(ctl status --json | jq -r .step)
     [ "$at" -lt $STEPS ] 2>/dev/null; expect "the link came back mid-run (step $at of $STEPS)" $?
@@ -180,7 +180,7 @@ fi
 if want partition; then
     under_way partition
     partition hostb hosta; expect "hostb cut off from hosta (grpod on hostc still reachable from both)" $?
-    sleep 8 # the fault's length
+    sleep 8 # the fault's length # sleep-ok: the length of the fault is what is tested
     heal hostb hosta
     at=$(ctl status --json | jq -r .step)
     [ "$at" -lt $STEPS ] 2>/dev/null; expect "the partition healed mid-run (step $at of $STEPS)" $?

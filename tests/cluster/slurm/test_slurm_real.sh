@@ -97,7 +97,7 @@ expect "nothing of the job was killed or cancelled" $?
 taken=$((10000 + ((ja + 2) % ((32768 - 10000) / 64)) * 64))
 python3 -c 'import socket, sys, time
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", int(sys.argv[1])))
-s.listen(); time.sleep(3600)' "$taken" &
+s.listen(); time.sleep(3600)' "$taken" & # sleep-ok: a process holding the port, on purpose
 wait_for 10 bash -c "(exec 3<>/dev/tcp/127.0.0.1/$taken) 2>/dev/null"
 expect "port $taken is taken" $?
 jb="$(submit b --time=2 --signal=B:USR1@100)"
