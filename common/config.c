@@ -732,9 +732,72 @@ static int validate_sp(const struct grpo_config *c, struct cfg_error *err)
     return 0; /* either runs in every layout: with DP, TP, PP, ZeRO-1, LoRA, colocated or split, on EP */
 }
 
+struct micro_keys {
+    const char *global, *per_gpu;
+};
+static const struct micro_keys MICRO_KEYS[] = {
+    [CFG_MICRO_ACTOR] = {"actor_rollout_ref.actor.ppo_micro_batch_size",
+                         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"},
+    [CFG_MICRO_OLD_LOGP] = {"actor_rollout_ref.rollout.log_prob_micro_batch_size",
+                            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"},
+    [CFG_MICRO_REF] = {"actor_rollout_ref.ref.log_prob_micro_batch_size",
+                       "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"},
+};
+
+static void micro_values(const struct grpo_config *c, enum cfg_micro which, long long *global, long long *per_gpu)
+{
+    switch (which) {
+    case CFG_MICRO_ACTOR:
+        *global = c->actor_ppo_micro_batch_size, *per_gpu = c->actor_ppo_micro_batch_size_per_gpu;
+        break;
+    case CFG_MICRO_OLD_LOGP:
+        *global = c->rollout_log_prob_micro_batch_size, *per_gpu = c->rollout_log_prob_micro_batch_size_per_gpu;
+        break;
+    default:
+        *global = c->ref_log_prob_micro_batch_size, *per_gpu = c->ref_log_prob_micro_batch_size_per_gpu;
+        break;
+    }
+}
+
+int config_micro_batch(const struct grpo_config *c, enum cfg_micro which, int dp_size, const char **global_key,
+                       char *why, size_t whylen)
+{
+    long long global, per_gpu;
+    micro_values(c, which, &global, &per_gpu);
+    *global_key = NULL;
+    if (global <= 0)
+        return (int)per_gpu;
+    *global_key = MICRO_KEYS[which].global;
+    const long long per = global / (dp_size > 0 ? dp_size : 1);
+    if (per < 1) {
+        snprintf(why, whylen,
+                 "%s=%lld is a micro-batch over all %d data-parallel ranks, fewer sequences than ranks: give at "
+                 "least %d, or %s",
+                 MICRO_KEYS[which].global, global, dp_size, dp_size, MICRO_KEYS[which].per_gpu);
+        return -1;
+    }
+    return (int)per;
+}
+
+/* verl's rule: a micro-batch is given by one of its two keys, not both. */
+static int validate_micro(const struct grpo_config *c, struct cfg_error *err)
+{
+    for (int w = 0; w < 3; w++) {
+        long long global, per_gpu;
+        micro_values(c, (enum cfg_micro)w, &global, &per_gpu);
+        const char *o = origin_of(c, MICRO_KEYS[w].per_gpu);
+        if (global > 0 && strcmp(o, "default") != 0) {
+            errf(err, "%s and %s (%s) are both set: give one (the first is verl's deprecated global form)",
+                 MICRO_KEYS[w].global, MICRO_KEYS[w].per_gpu, o);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int config_validate(const struct grpo_config *c, struct cfg_error *err)
 {
-    if (validate_lora(c, err) != 0 || validate_sp(c, err) != 0)
+    if (validate_lora(c, err) != 0 || validate_sp(c, err) != 0 || validate_micro(c, err) != 0)
         return -1;
     unsigned sinks;
     if (config_logger_sinks(c, &sinks, NULL, 0, err) != 0)

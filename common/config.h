@@ -125,6 +125,16 @@ int config_lora_targets(const char *list, unsigned *mask, char *why, size_t len)
 int config_reset(struct grpo_config *c, const char *name, struct cfg_error *err);
 /* Check relations between keys (for example clip bounds, batch divisibility). 0 or -1 with err. */
 int config_validate(const struct grpo_config *c, struct cfg_error *err);
+
+/* The micro-batches whose size verl also takes as a global, deprecated key (actor.ppo_micro_batch_size,
+ * rollout.log_prob_micro_batch_size, ref.log_prob_micro_batch_size). */
+enum cfg_micro { CFG_MICRO_ACTOR, CFG_MICRO_OLD_LOGP, CFG_MICRO_REF };
+/* A trainer rank's micro-batch (sequences) of kind `which` with dp_size data-parallel ranks: the _per_gpu key, or
+ * the global key divided by dp_size (rounded down, as verl divides it). *global_key is set to the global key's
+ * name when that one was used (else NULL), for the deprecation notice. > 0, or -1 with why when the global one
+ * is smaller than the DP size. */
+int config_micro_batch(const struct grpo_config *c, enum cfg_micro which, int dp_size, const char **global_key,
+                       char *why, size_t whylen);
 /* Print the effective configuration as nested YAML, each value followed by its origin. */
 void config_print(const struct grpo_config *c, FILE *out);
 /* Print the reference table of every key as Markdown (docs/configuration.md). */

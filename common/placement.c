@@ -1,9 +1,12 @@
 #include "placement.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "config.h"
 
@@ -205,7 +208,56 @@ void placement_data_base(const char *configured, int hosts, const char *tag, cha
         snprintf(out, len, "tcp://*:%u", 20000u + h % 20000u);
         return;
     }
-    snprintf(out, len, "ipc:///tmp/grpo-%s", tag ? tag : "");
+    snprintf(out, len, PLACEMENT_RUNTIME_PREFIX "grpo-%s", tag ? tag : "");
+}
+
+int placement_runtime_dir(char *out, size_t len, char *why, size_t whylen)
+{
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    if (xdg && xdg[0] == '/')
+        snprintf(out, len, "%s/grpo", xdg);
+    else
+        snprintf(out, len, "/tmp/grpo-%u", (unsigned)getuid());
+    if (mkdir(out, 0700) != 0 && errno != EEXIST) {
+        snprintf(why, whylen, "cannot create the runtime directory %s: %s", out, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    const char *wrong = NULL;
+    if (lstat(out, &st) != 0)
+        wrong = strerror(errno);
+    else if (S_ISLNK(st.st_mode))
+        wrong = "a symbolic link";
+    else if (!S_ISDIR(st.st_mode))
+        wrong = "not a directory";
+    else if (st.st_uid != getuid())
+        wrong = "owned by another user";
+    else if (st.st_mode & 077)
+        wrong = "open to other users (its mode lets group or others in)";
+    if (!wrong)
+        return 0;
+    snprintf(why, whylen,
+             "the runtime directory for this run's sockets, %s, is %s: someone may have taken the name first; "
+             "remove it (or set XDG_RUNTIME_DIR to a directory of your own, mode 0700)",
+             out, wrong);
+    return -1;
+}
+
+int placement_resolve_endpoint(char *ep, size_t len, char *why, size_t whylen)
+{
+    const size_t pl = strlen(PLACEMENT_RUNTIME_PREFIX);
+    if (strncmp(ep, PLACEMENT_RUNTIME_PREFIX, pl) != 0)
+        return 0;
+    char dir[4096];
+    if (placement_runtime_dir(dir, sizeof dir, why, whylen) != 0)
+        return -1;
+    char rest[512];
+    snprintf(rest, sizeof rest, "%s", ep + pl);
+    if ((size_t)snprintf(ep, len, "ipc://%s/%s", dir, rest) >= len || strlen(dir) + strlen(rest) + 2 > 107) {
+        snprintf(why, whylen, "the socket path %s/%s is too long for a unix socket (107 bytes)", dir, rest);
+        return -1;
+    }
+    return 0;
 }
 
 void placement_bind_endpoint(const char *ep, const char *addr, char *out, size_t len)

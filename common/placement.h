@@ -65,8 +65,20 @@ void placement_dispatch_endpoint(const char *base, int n_dp, const char *host, c
 
 /* The run's data-plane base: `configured` (grpod.data_endpoint) when set; else, when the run's ranks span more
  * than one host (hosts > 1), tcp:// "*" PORT, PORT in 20000..39999 chosen from `tag` (the run id, or a value
- * rank 0 drew), so that runs on one host seldom share ports; else ipc:///tmp/grpo-TAG. */
+ * rank 0 drew), so that runs on one host seldom share ports; else ipc://~run/grpo-TAG, where "~run" stands for
+ * the private runtime directory of the user the workers run as (placement_resolve_endpoint): never a name in a
+ * shared /tmp that another user could take first. */
 void placement_data_base(const char *configured, int hosts, const char *tag, char *out, size_t len);
+/* The prefix of an ipc endpoint in the runtime directory, resolved where the endpoint is used. */
+#define PLACEMENT_RUNTIME_PREFIX "ipc://~run/"
+/* This user's private directory for sockets: $XDG_RUNTIME_DIR/grpo when XDG_RUNTIME_DIR is set, else
+ * /tmp/grpo-UID; created 0700 when missing, and then checked whoever made it: a directory (not a link) owned by
+ * this user that no one else may enter. 0 with the path, or -1 with why naming the directory and what is wrong
+ * (another user's, a link, a mode that lets others in: someone may have taken the name first). */
+int placement_runtime_dir(char *out, size_t len, char *why, size_t whylen);
+/* ep with PLACEMENT_RUNTIME_PREFIX replaced by ipc:// and the runtime directory, in place (other endpoints are
+ * left as they are). 0, or -1 with why. */
+int placement_resolve_endpoint(char *ep, size_t len, char *why, size_t whylen);
 /* The endpoint a process binds for `ep` (a placement_data_endpoint or placement_dispatch_endpoint made with host
  * NULL): the host "*" of tcp://HOST:PORT becomes ADDR when addr (the resolved grpod.advertise_host) is set; anything
  * else is copied. */

@@ -461,12 +461,12 @@ static void test_verl_aliases_and_suggestions(void **state)
     assert_int_equal(config_apply_override(&c, "reward_model.reward_kwargs.max_resp_len=4096", &err), 0);
     assert_int_equal(c.rm_reward_kwargs_max_resp_len, 4096);
     assert_int_equal(c.n_noted, 0);
-    /* verl's "off" for validation top-k, and Hydra's _target_ markers */
+    /* validation's top-k is a key of its own (its "off", -1, included), and Hydra's _target_ markers are noted */
     assert_int_equal(config_apply_override(&c, "actor_rollout_ref.rollout.val_kwargs.top_k=-1", &err), 0);
     assert_int_equal(config_apply_override(&c, "algorithm.filter_groups._target_=x", &err), 0);
-    assert_int_equal(c.n_noted, 2);
-    assert_int_not_equal(config_apply_override(&c, "actor_rollout_ref.rollout.val_kwargs.top_k=20", &err), 0);
-    assert_non_null(strstr(err.msg, "top-k sampling in validation (not available yet)"));
+    assert_int_equal(c.n_noted, 1);
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.rollout.val_kwargs.top_k=20", &err), 0);
+    assert_int_equal(c.rollout_val_top_k, 20);
     assert_int_not_equal(
         config_apply_override(&c, "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=8", &err), 0);
     assert_non_null(strstr(err.msg, "tensor parallelism inside each expert"));

@@ -1086,9 +1086,9 @@ static void test_dispatch_endpoints(void **state)
     Grpo__Envelope *e = send_register(&c, 0, 4, "t0", "trainer", 42);
     assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
     char want[CORE_REASON_MAX];
-    snprintf(want, sizeof want, "ipc:///tmp/grpo-%s-dispatch.sock", e->assignment->run_id);
+    snprintf(want, sizeof want, "ipc://~run/grpo-%s-dispatch.sock", e->assignment->run_id);
     assert_string_equal(e->assignment->dispatch_endpoint, want);
-    snprintf(want, sizeof want, "ipc:///tmp/grpo-%s-dp0.sock", e->assignment->run_id);
+    snprintf(want, sizeof want, "ipc://~run/grpo-%s-dp0.sock", e->assignment->run_id);
     assert_string_equal(e->assignment->data_pull_endpoint, want);
     protocol_free(e);
     e = send_register(&c, 1, 4, "t1", "trainer", 42);
@@ -1097,7 +1097,7 @@ static void test_dispatch_endpoints(void **state)
     assert_string_equal(e->assignment->dispatch_endpoint, ""); /* only DP rank 0 runs the dispatcher */
     assert_non_null(strstr(e->assignment->data_pull_endpoint, "-dp1.sock"));
     protocol_free(e);
-    snprintf(want, sizeof want, "ipc:///tmp/grpo-%s-dispatch.sock", c.run.id);
+    snprintf(want, sizeof want, "ipc://~run/grpo-%s-dispatch.sock", c.run.id);
     for (int r = 2; r < 4; r++) {
         e = send_register(&c, r, 4, "r", "rollout", 42);
         assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
@@ -1182,7 +1182,7 @@ static void test_endpoints_across_hosts(void **state)
     /* every rank on one host (world_hosts 1, or 0 from an older worker): ipc */
     core_init(&c, &s, T);
     e = send_register(&c, 0, 4, "hosta", "trainer", 42);
-    assert_non_null(strstr(e->assignment->data_pull_endpoint, "ipc:///tmp/grpo-"));
+    assert_non_null(strstr(e->assignment->data_pull_endpoint, "ipc://~run/grpo-"));
     assert_false(c.run.across_hosts);
     protocol_free(e);
     core_deinit(&c);

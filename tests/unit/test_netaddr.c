@@ -7,11 +7,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "common/netaddr.h"
 #include "common/placement.h"
+
+#include "../test_util.h"
 
 static void test_data_base(void **state)
 {
@@ -20,7 +24,7 @@ static void test_data_base(void **state)
     placement_data_base("tcp://*:7000", 2, "run-a", b, sizeof b); /* the configured base wins */
     assert_string_equal(b, "tcp://*:7000");
     placement_data_base("", 1, "run-a", b, sizeof b); /* one host: ipc */
-    assert_string_equal(b, "ipc:///tmp/grpo-run-a");
+    assert_string_equal(b, "ipc://~run/grpo-run-a"); /* in the user's private runtime directory */
     placement_data_base(NULL, 3, "run-a", b, sizeof b); /* hosts: tcp on a port from the tag */
     assert_true(strncmp(b, "tcp://*:", 8) == 0);
     long port = strtol(b + 8, NULL, 10);
@@ -82,10 +86,59 @@ static void test_advertise(void **state)
     assert_non_null(strstr(err, "grpod.advertise_host"));
 }
 
+/* The sockets' runtime directory ($XDG_RUNTIME_DIR/grpo here, in a temporary directory): made 0700 when missing and
+ * used; taken first by someone else (a link, a directory open to others, another user's) it is refused, naming
+ * it, and nothing is bound there; ipc://~run/ endpoints resolve into it, others are left alone. */
+static void test_runtime_dir(void **state)
+{
+    (void)state;
+    char base[] = "/tmp/grpo_rt_XXXXXX", dir[4096], why[1024], want[4200], ep[256];
+    assert_non_null(mkdtemp(base));
+    setenv("XDG_RUNTIME_DIR", base, 1);
+    assert_int_equal(placement_runtime_dir(dir, sizeof dir, why, sizeof why), 0);
+    snprintf(want, sizeof want, "%s/grpo", base);
+    assert_string_equal(dir, want);
+    struct stat st;
+    assert_int_equal(lstat(dir, &st), 0);
+    assert_true(S_ISDIR(st.st_mode) && (st.st_mode & 0777) == 0700);
+    snprintf(ep, sizeof ep, "ipc://~run/grpo-r1-dp0.sock");
+    assert_int_equal(placement_resolve_endpoint(ep, sizeof ep, why, sizeof why), 0);
+    snprintf(want, sizeof want, "ipc://%s/grpo/grpo-r1-dp0.sock", base);
+    assert_string_equal(ep, want);
+    snprintf(ep, sizeof ep, "tcp://host:7000");
+    assert_int_equal(placement_resolve_endpoint(ep, sizeof ep, why, sizeof why), 0);
+    assert_string_equal(ep, "tcp://host:7000");
+    /* open to others */
+    assert_int_equal(chmod(dir, 0755), 0);
+    assert_int_equal(placement_runtime_dir(dir, sizeof dir, why, sizeof why), -1);
+    assert_non_null(strstr(why, "open to other users"));
+    snprintf(ep, sizeof ep, "ipc://~run/grpo-r1-dp0.sock");
+    assert_int_equal(placement_resolve_endpoint(ep, sizeof ep, why, sizeof why), -1);
+    assert_non_null(strstr(why, base));
+    /* a link to a directory elsewhere */
+    assert_int_equal(rmdir(dir), 0);
+    snprintf(want, sizeof want, "%s/elsewhere", base);
+    assert_int_equal(mkdir(want, 0700), 0);
+    assert_int_equal(symlink(want, dir), 0);
+    assert_int_equal(placement_runtime_dir(dir, sizeof dir, why, sizeof why), -1);
+    assert_non_null(strstr(why, "a symbolic link"));
+    /* another user's (as root: given to nobody) */
+    assert_int_equal(unlink(dir), 0);
+    if (getuid() == 0) {
+        assert_int_equal(mkdir(dir, 0700), 0);
+        assert_int_equal(chown(dir, 65534, 65534), 0);
+        assert_int_equal(placement_runtime_dir(dir, sizeof dir, why, sizeof why), -1);
+        assert_non_null(strstr(why, "owned by another user"));
+    }
+    unsetenv("XDG_RUNTIME_DIR");
+    must_rm_rf(base);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_data_base),
+        cmocka_unit_test(test_runtime_dir),
         cmocka_unit_test(test_bind_and_host),
         cmocka_unit_test(test_advertise),
     };

@@ -18,8 +18,8 @@ static int val_sampling(const struct grpo_config *c, struct sampler_params *sp)
     *sp = (struct sampler_params){0.0f, 1.0f, 0};
     if (!c->rollout_val_do_sample)
         return 1;
-    *sp =
-        (struct sampler_params){(float)c->rollout_val_temperature, (float)c->rollout_val_top_p, (int)c->rollout_top_k};
+    *sp = (struct sampler_params){(float)c->rollout_val_temperature, (float)c->rollout_val_top_p,
+                                  (int)c->rollout_val_top_k};
     return (int)c->rollout_val_n;
 }
 

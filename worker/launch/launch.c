@@ -67,7 +67,8 @@ static int advertise(struct role_env *env)
 }
 
 /* Data endpoints of the trainer DP ranks when no grpod hands them out: grpod.data_endpoint, or (placement_data_base)
- * a fresh ipc:///tmp/grpo-PID-TIME prefix chosen by rank 0 when every rank is on one host, tcp:// with a port from
+ * a fresh ipc://~run/grpo-PID-TIME prefix (in the user's private runtime directory) chosen by rank 0 when every
+ * rank is on one host, tcp:// with a port from
  * it when not; tcp:// ports count up from the base, dialled at each trainer's advertised address (its host name
  * when none is named). Collective over the world. */
 static void local_endpoints(struct role_env *env)
@@ -109,6 +110,12 @@ static void local_endpoints(struct role_env *env)
 static int settle_endpoints(struct role_env *env, char *err, size_t errlen)
 {
     char ep[256], host[256];
+    /* ipc endpoints live in this user's private runtime directory (placement_resolve_endpoint) */
+    for (int d = 0; d < env->n_endpoints && d < ROLE_MAX_ENDPOINTS; d++)
+        if (placement_resolve_endpoint(env->endpoints[d], sizeof env->endpoints[d], err, errlen) != 0)
+            return -1;
+    if (placement_resolve_endpoint(env->dispatch_endpoint, sizeof env->dispatch_endpoint, err, errlen) != 0)
+        return -1;
     if (env->at.role == PLACE_TRAINER) {
         /* the name this trainer is dialled at must resolve here too (the ranks of the other hosts check it as
          * well): a trainer that fails at start makes grpod end the whole job, on every host */

@@ -106,6 +106,27 @@ static int lock_run_dir(struct trainer *t, char *err, size_t errlen)
                      msg.text);
 }
 
+/* This rank's micro-batch sizes: the _per_gpu keys, or verl's deprecated global keys divided by the DP size,
+ * with verl's deprecation notice (once, from the lead rank). */
+static int resolve_micro_batches(struct trainer *t, char *err, size_t errlen)
+{
+    int *out[3] = {[CFG_MICRO_ACTOR] = &t->micro_actor, [CFG_MICRO_OLD_LOGP] = &t->micro_old,
+                   [CFG_MICRO_REF] = &t->micro_ref};
+    for (int w = 0; w < 3; w++) {
+        const char *global = NULL;
+        char why[512];
+        *out[w] = config_micro_batch(t->cfg, (enum cfg_micro)w, t->lay.dp_size, &global, why, sizeof why);
+        if (*out[w] < 1)
+            return error_set(err, errlen, "%s", why);
+        if (global && lead(t))
+            log_warn("config",
+                     "%s is deprecated (as in verl): it is divided by the %d data-parallel trainer rank%s, %d "
+                     "sequences each; give %s_per_gpu=%d instead",
+                     global, t->lay.dp_size, t->lay.dp_size == 1 ? "" : "s", *out[w], global, *out[w]);
+    }
+    return 0;
+}
+
 static int64_t compute_total_steps(const struct grpo_config *cfg, int n_train)
 {
     return config_total_steps(cfg, n_train);
@@ -796,6 +817,8 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     };
     if (cfg->trainer_num_threads > 0)
         cpu_set_threads((int)cfg->trainer_num_threads);
+    if (resolve_micro_batches(t, err, errlen) != 0)
+        goto fail;
 
     /* model, reference, tokenizer */
     char bundled[4096];

@@ -224,7 +224,7 @@ int trainer_sft_step(struct trainer *t, int64_t k, struct metrics *m)
     for (int i = 0; i < n; i++)
         T += seqs[i].resp_len;
     int **groups, *counts;
-    int nb = split_micro_batches(seqs, idx, n, (int)c->actor_ppo_micro_batch_size_per_gpu, 0, false, &groups, &counts);
+    int nb = split_micro_batches(seqs, idx, n, t->micro_actor, 0, false, &groups, &counts);
     for (int g = 0; g < nb; g++) {
         struct micro_batch mb;
         micro_batch_build(&mb, seqs, groups[g], counts[g], false); /* one answer per prompt: nothing shared */
@@ -387,7 +387,7 @@ static int token_budget(const struct trainer *t)
 static double old_log_probs(struct trainer *t, struct step_batch *b, const int *idx)
 {
     const struct grpo_config *c = t->cfg;
-    const struct batching bt = {(int)c->rollout_log_prob_micro_batch_size_per_gpu, token_budget(t), t->share_prompts};
+    const struct batching bt = {t->micro_old, token_budget(t), t->share_prompts};
     const double t0 = clock_now_s();
     trainer_phase(t, GRPO__PHASE__PHASE_OLD_LOG_PROB);
     actor_compute_logp(t->policy, b->seqs, idx, b->n_seq, &bt, logprob_temperature(c), 0);
@@ -398,7 +398,7 @@ static double old_log_probs(struct trainer *t, struct step_batch *b, const int *
 static double ref_log_probs(struct trainer *t, struct step_batch *b, const int *idx)
 {
     const struct grpo_config *c = t->cfg;
-    const struct batching bt = {(int)c->ref_log_prob_micro_batch_size_per_gpu, token_budget(t), t->share_prompts};
+    const struct batching bt = {t->micro_ref, token_budget(t), t->share_prompts};
     trainer_phase(t, GRPO__PHASE__PHASE_REF);
     const double t0 = clock_now_s();
     /* with LoRA the reference is the base model: the policy with its adapter bypassed (no second copy) */
@@ -488,7 +488,7 @@ static double update_actor(struct trainer *t, int64_t k, struct step_batch *b, c
         .lr = lr,
         .checkpointing = c->arr_model_enable_gradient_checkpointing,
         .temperature = logprob_temperature(c),
-        .bt = {(int)c->actor_ppo_micro_batch_size_per_gpu, token_budget(t), t->share_prompts},
+        .bt = {t->micro_actor, token_budget(t), t->share_prompts},
         .dp = t->lay.dp_size > 1 ? t->lay.dp : NULL,
         .grads = t->grads_dev ? t->grads_dev : t->lay.grads, /* on GPUs of their own: the NCCL twin */
         .dp_dev = t->dp_dev,
