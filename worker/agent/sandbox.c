@@ -289,7 +289,10 @@ int sandbox_run_python(const struct sandbox_limits *l, const char *code, struct 
     root_dirs(&a, links);
     arg(&a, "--ro-bind-try"), arg(&a, "/etc/ld.so.cache"), arg(&a, "/etc/ld.so.cache");
     arg(&a, "--proc"), arg(&a, "/proc"), arg(&a, "--dev"), arg(&a, "/dev");
-    arg(&a, "--size"), arg(&a, num(&a, l->tmpfs_bytes)), arg(&a, "--tmpfs"), arg(&a, "/tmp");
+    const char *size = num(&a, l->tmpfs_bytes);
+    arg(&a, "--size"), arg(&a, size), arg(&a, "--tmpfs"), arg(&a, "/dev/shm"); /* POSIX semaphores, shm_open */
+    arg(&a, "--remount-ro"), arg(&a, "/dev");
+    arg(&a, "--size"), arg(&a, size), arg(&a, "--tmpfs"), arg(&a, "/tmp");
     if (code_as_file)
         arg(&a, "--ro-bind-data"), arg(&a, "5"), arg(&a, "/code.py");
     arg(&a, "--remount-ro"), arg(&a, "/");
