@@ -318,6 +318,21 @@ void tool_set_add(struct tool_set *s, struct tool *t)
     s->tools[s->n++] = t;
 }
 
+const char *tool_builtin_names(void)
+{
+    return "code_interpreter, calculator";
+}
+
+struct tool *tool_builtin_new(const char *name, char *err, size_t errlen)
+{
+    if (strcmp(name, "code_interpreter") == 0)
+        return code_interpreter_new(NULL, NULL, err, errlen);
+    if (strcmp(name, "calculator") == 0)
+        return calculator_new(NULL, err, errlen);
+    error_set(err, errlen, "unknown tool '%s' (known: %s)", name, tool_builtin_names());
+    return NULL;
+}
+
 int tool_set_builtins(struct tool_set *s, char *err, size_t errlen)
 {
     memset(s, 0, sizeof *s);

@@ -85,6 +85,10 @@ struct tool_set {
     struct tool **tools;
     size_t n;
 };
+/* One built-in by its name, with its default schema and limits; NULL (err) for an unknown name. */
+struct tool *tool_builtin_new(const char *name, char *err, size_t errlen);
+/* "code_interpreter, calculator" */
+const char *tool_builtin_names(void);
 /* The built-ins with their default schemas and limits. */
 int tool_set_builtins(struct tool_set *s, char *err, size_t errlen);
 /* Read verl's tool-config YAML (tools: [{class_name, config, tool_schema}]); errors name FILE:LINE. */
