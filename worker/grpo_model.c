@@ -732,9 +732,10 @@ int main(int argc, char **argv)
         if (strcmp(cmd, cmd_help[i][0]) == 0)
             help = cmd_help[i][1];
     if (!help) {
-        log_error("model",
-                  "unknown command '%s' (info, init, convert, merge-lora, tokenize, chat, logits, generate, plan, tool)",
-                  cmd);
+        log_error(
+            "model",
+            "unknown command '%s' (info, init, convert, merge-lora, tokenize, chat, logits, generate, plan, tool)",
+            cmd);
         return 2;
     }
     struct opts o = {.max_new = 64, .top_p = 1.0f, .n = 1, .seed = 1, .threads = 1, .std = 0.02};

@@ -202,14 +202,10 @@ static void test_calculator(void **state)
         free(v);
     }
     static const char *const bad[][2] = {
-        {"1/0", "division by zero"},
-        {"5 % 0", "integer modulo by zero"},
-        {"2**100000", "digits"},
-        {"(1+2", "missing ')'"},
-        {"1+2)", "unmatched ')'"},
-        {"__import__('os')", "unexpected character '_'"},
-        {"(-8.0)**0.5", "complex"},
-        {"10**400 * 1.0", "too large to convert to a float"},
+        {"1/0", "division by zero"}, {"5 % 0", "integer modulo by zero"},
+        {"2**100000", "digits"},     {"(1+2", "missing ')'"},
+        {"1+2)", "unmatched ')'"},   {"__import__('os')", "unexpected character '_'"},
+        {"(-8.0)**0.5", "complex"},  {"10**400 * 1.0", "too large to convert to a float"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         char err[256] = "";
@@ -364,8 +360,8 @@ static void test_network(void **state)
              ntohs(sa.sin_port), name);
     char *out = run_code(t, code);
     LACKS(out, "CONNECTED");
-    CONTAINS(out, "tcp PermissionError");           /* seccomp: no AF_INET socket */
-    CONTAINS(out, "unix ConnectionRefusedError");   /* network namespace: the host's abstract name is not there */
+    CONTAINS(out, "tcp PermissionError");         /* seccomp: no AF_INET socket */
+    CONTAINS(out, "unix ConnectionRefusedError"); /* network namespace: the host's abstract name is not there */
     /* the call has returned: any connection would be queued by now */
     assert_int_equal(accept(tcp, NULL, NULL), -1);
     assert_int_equal(errno, EAGAIN);
@@ -386,13 +382,13 @@ static void test_syscalls(void **state)
     char *out = run_code(t, "import ctypes\n"
                             "libc = ctypes.CDLL(None, use_errno=True)\n"
                             "def show(name, rc): print(name, rc, ctypes.get_errno())\n"
-                            "show('ptrace', libc.ptrace(0, 0, 0, 0))\n"                   /* PTRACE_TRACEME */
-                            "show('unshare', libc.unshare(0x10000000))\n"                /* CLONE_NEWUSER */
-                            "show('unshare-net', libc.unshare(0x40000000))\n"            /* CLONE_NEWNET */
+                            "show('ptrace', libc.ptrace(0, 0, 0, 0))\n"       /* PTRACE_TRACEME */
+                            "show('unshare', libc.unshare(0x10000000))\n"     /* CLONE_NEWUSER */
+                            "show('unshare-net', libc.unshare(0x40000000))\n" /* CLONE_NEWNET */
                             "show('mount', libc.mount(b'none', b'/tmp', b'tmpfs', 0, None))\n"
-                            "show('keyctl', libc.syscall(250, 0, 0, 0, 0))\n"            /* keyctl on x86_64 */
-                            "show('bpf', libc.syscall(321, 0, 0, 0))\n"                  /* bpf on x86_64 */
-                            "show('perf', libc.syscall(298, 0, 0, 0, 0, 0))\n");         /* perf_event_open */
+                            "show('keyctl', libc.syscall(250, 0, 0, 0, 0))\n"    /* keyctl on x86_64 */
+                            "show('bpf', libc.syscall(321, 0, 0, 0))\n"          /* bpf on x86_64 */
+                            "show('perf', libc.syscall(298, 0, 0, 0, 0, 0))\n"); /* perf_event_open */
     CONTAINS(out, "ptrace -1 1\n"); /* EPERM from the filter (TRACEME itself is allowed to anyone) */
     CONTAINS(out, "unshare -1 1\n");
     CONTAINS(out, "unshare-net -1 1\n");
@@ -463,9 +459,9 @@ static void test_memory_and_output(void **state)
     tool_free(t);
     struct sandbox_result r;
     char err[256];
-    assert_int_equal(sandbox_run_python(&l, "import sys\nsys.stdout.write('x' * 100_000_000)\nprint('END')", &r,
-                                        err, sizeof err),
-                     0);
+    assert_int_equal(
+        sandbox_run_python(&l, "import sys\nsys.stdout.write('x' * 100_000_000)\nprint('END')", &r, err, sizeof err),
+        0);
     assert_true(r.output_cut);
     assert_int_equal(r.len, l.max_output);
     assert_false(r.wall_killed);

@@ -16,9 +16,9 @@
 #include "common/check.h"
 #include "worker/agent/tool.h"
 
-#define CALC_MAX_EXPR 10000  /* characters of an expression */
+#define CALC_MAX_EXPR 10000   /* characters of an expression */
 #define CALC_MAX_DIGITS 10000 /* decimal digits of any integer, given or computed */
-#define CALC_MAX_DEPTH 200   /* nesting of parentheses and unary signs */
+#define CALC_MAX_DEPTH 200    /* nesting of parentheses and unary signs */
 #define BASE 1000000000u
 #define BASE_DIGITS 9
 
@@ -26,7 +26,7 @@
 
 struct big {
     int neg;
-    size_t n; /* limbs in use; 0 is n == 0 */
+    size_t n;    /* limbs in use; 0 is n == 0 */
     uint32_t *d; /* little-endian limbs < BASE */
 };
 
@@ -310,10 +310,7 @@ static int calc_fail(struct calc *c, const char *fmt, ...)
     return -1;
 }
 
-static void val_free(struct val *v)
-{
-    big_free(&v->i);
-}
+static void val_free(struct val *v) { big_free(&v->i); }
 
 static int check_digits(struct calc *c, const struct big *b)
 {
@@ -353,8 +350,8 @@ static int parse_number(struct calc *c, struct val *out)
     int is_float = 0, ndig = 0;
     /* digits with single underscores between them, as Python writes them */
 #define TAKE_DIGITS()                                                                                                  \
-    while (isdigit((unsigned char)s[p]) || (s[p] == '_' && n && isdigit((unsigned char)s[p + 1]) &&                    \
-                                            isdigit((unsigned char)s[p - 1]))) {                                      \
+    while (isdigit((unsigned char)s[p]) ||                                                                             \
+           (s[p] == '_' && n && isdigit((unsigned char)s[p + 1]) && isdigit((unsigned char)s[p - 1]))) {               \
         if (s[p] != '_')                                                                                               \
             buf[n++] = s[p], ndig++;                                                                                   \
         p++;                                                                                                           \
@@ -369,8 +366,8 @@ static int parse_number(struct calc *c, struct val *out)
         free(buf);
         return calc_fail(c, "expected a number at position %zu", start + 1);
     }
-    if ((s[p] == 'e' || s[p] == 'E') &&
-        (isdigit((unsigned char)s[p + 1]) || ((s[p + 1] == '+' || s[p + 1] == '-') && isdigit((unsigned char)s[p + 2])))) {
+    if ((s[p] == 'e' || s[p] == 'E') && (isdigit((unsigned char)s[p + 1]) ||
+                                         ((s[p + 1] == '+' || s[p + 1] == '-') && isdigit((unsigned char)s[p + 2])))) {
         is_float = 1;
         buf[n++] = s[p++];
         if (s[p] == '+' || s[p] == '-')
@@ -664,7 +661,7 @@ static int parse_term(struct calc *c, struct val *out)
     for (;;) {
         skip_space(c);
         const char *s = c->s + c->pos;
-        const char *op = s[0] == '/' && s[1] == '/' ? "//"
+        const char *op = s[0] == '/' && s[1] == '/'   ? "//"
                          : s[0] == '*' && s[1] != '*' ? "*"
                          : s[0] == '/'                ? "/"
                          : s[0] == '%'                ? "%"
@@ -780,8 +777,8 @@ char *calculator_eval(const char *expr, char *err, size_t errlen)
         if (expr[c.pos] == ')')
             error_set(err, errlen, "unmatched ')' at position %zu", c.pos + 1);
         else
-            error_set(err, errlen, "unexpected '%c' at position %zu", isprint((unsigned char)expr[c.pos]) ?
-                      expr[c.pos] : '?', c.pos + 1);
+            error_set(err, errlen, "unexpected '%c' at position %zu",
+                      isprint((unsigned char)expr[c.pos]) ? expr[c.pos] : '?', c.pos + 1);
         return NULL;
     }
     if (v.is_float) {
@@ -827,14 +824,14 @@ struct tool *calculator_new(json_t *schema, char *err, size_t errlen)
         error_set(err, errlen, "calculator: bad default schema");
         return NULL;
     }
-    const json_t *e =
-        json_object_get(json_object_get(json_object_get(json_object_get(schema, "function"), "parameters"),
-                                        "properties"),
-                        "expression");
+    const json_t *e = json_object_get(
+        json_object_get(json_object_get(json_object_get(schema, "function"), "parameters"), "properties"),
+        "expression");
     struct tool *t = NULL;
     if (!e || strcmp(json_string_value(json_object_get(e, "type")) ?: "", "string") != 0)
-        error_set(err, errlen, "the calculator takes a string argument 'expression' "
-                               "(function.parameters.properties.expression)");
+        error_set(err, errlen,
+                  "the calculator takes a string argument 'expression' "
+                  "(function.parameters.properties.expression)");
     else
         t = tool_new(schema, &CALC_OPS, NULL, err, errlen);
     json_decref(own);

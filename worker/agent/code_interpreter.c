@@ -78,8 +78,8 @@ static char *ci_execute(struct tool *t, const json_t *args)
     r.output = NULL;
     const char *sep = len && out[len - 1] != '\n' ? "\n" : "";
     if (r.output_cut)
-        out = appendf(out, &len, "%s[output cut at %zu bytes: the program was stopped]", sep,
-                      ci->limits.max_output), sep = "\n";
+        out = appendf(out, &len, "%s[output cut at %zu bytes: the program was stopped]", sep, ci->limits.max_output),
+        sep = "\n";
     if (r.wall_killed)
         out = appendf(out, &len, "%s[stopped: the wall-time limit of %g s was reached]", sep, ci->limits.wall_s);
     else if (!r.output_cut && r.exit_code != 0) {
@@ -97,10 +97,7 @@ static char *ci_execute(struct tool *t, const json_t *args)
     return out;
 }
 
-static void ci_destroy(struct tool *t)
-{
-    free(t->impl);
-}
+static void ci_destroy(struct tool *t) { free(t->impl); }
 
 static const struct tool_ops CI_OPS = {ci_execute, ci_destroy};
 
@@ -114,13 +111,14 @@ struct tool *code_interpreter_new(json_t *schema, const struct sandbox_limits *l
             return NULL;
         }
     }
-    const json_t *props = json_object_get(json_object_get(json_object_get(schema, "function"), "parameters"),
-                                          "properties");
+    const json_t *props =
+        json_object_get(json_object_get(json_object_get(schema, "function"), "parameters"), "properties");
     const json_t *code = json_object_get(props, "code");
     if (!code || strcmp(json_string_value(json_object_get(code, "type")) ?: "", "string") != 0) {
         json_decref(own);
-        error_set(err, errlen, "the code interpreter takes its source in a string argument 'code' "
-                               "(function.parameters.properties.code)");
+        error_set(err, errlen,
+                  "the code interpreter takes its source in a string argument 'code' "
+                  "(function.parameters.properties.code)");
         return NULL;
     }
     struct code_interp *ci = xcalloc(1, sizeof *ci);
@@ -136,11 +134,13 @@ struct tool *code_interpreter_new(json_t *schema, const struct sandbox_limits *l
     }
     ci->available = sandbox_available(&ci->limits, ci->why, sizeof ci->why);
     if (ci->available)
-        log_debug("agent", "%s: sandbox ready (%s, %s; wall %g s, CPU %g s, memory %zu MiB, %d processes, "
-                           "output %zu bytes)", t->name, ci->limits.bwrap, ci->limits.python, ci->limits.wall_s,
-                  ci->limits.cpu_s, ci->limits.memory_bytes >> 20, ci->limits.max_procs, ci->limits.max_output);
+        log_debug("agent",
+                  "%s: sandbox ready (%s, %s; wall %g s, CPU %g s, memory %zu MiB, %d processes, "
+                  "output %zu bytes)",
+                  t->name, ci->limits.bwrap, ci->limits.python, ci->limits.wall_s, ci->limits.cpu_s,
+                  ci->limits.memory_bytes >> 20, ci->limits.max_procs, ci->limits.max_output);
     else
-        log_error("agent", "%s: no sandbox can be made on this machine (%s): the tool will refuse to run code",
-                  t->name, ci->why);
+        log_error("agent", "%s: no sandbox can be made on this machine (%s): the tool will refuse to run code", t->name,
+                  ci->why);
     return t;
 }

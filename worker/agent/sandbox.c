@@ -59,14 +59,60 @@ void sandbox_result_free(struct sandbox_result *r)
 /* answered EPERM: debugging other processes, the kernel's mount/namespace/keyring/module/BPF/perf/time
  * interfaces, and io_uring (a second path around this filter) */
 static const char *const DENIED_SYSCALLS[] = {
-    "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "process_madvise", "kcmp",
-    "mount", "umount2", "pivot_root", "chroot", "fsopen", "fsconfig", "fsmount", "fspick", "move_mount",
-    "open_tree", "mount_setattr", "unshare", "setns", "kexec_load", "kexec_file_load", "bpf",
-    "perf_event_open", "keyctl", "add_key", "request_key", "init_module", "finit_module", "delete_module",
-    "reboot", "swapon", "swapoff", "acct", "syslog", "userfaultfd", "open_by_handle_at", "name_to_handle_at",
-    "quotactl", "quotactl_fd", "iopl", "ioperm", "lookup_dcookie", "settimeofday", "clock_settime",
-    "clock_adjtime", "adjtimex", "sethostname", "setdomainname", "vhangup", "uselib", "fanotify_init",
-    "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "pidfd_getfd",
+    "process_madvise",
+    "kcmp",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "move_mount",
+    "open_tree",
+    "mount_setattr",
+    "unshare",
+    "setns",
+    "kexec_load",
+    "kexec_file_load",
+    "bpf",
+    "perf_event_open",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "acct",
+    "syslog",
+    "userfaultfd",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "quotactl",
+    "quotactl_fd",
+    "iopl",
+    "ioperm",
+    "lookup_dcookie",
+    "settimeofday",
+    "clock_settime",
+    "clock_adjtime",
+    "adjtimex",
+    "sethostname",
+    "setdomainname",
+    "vhangup",
+    "uselib",
+    "fanotify_init",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
 };
 
 static pthread_once_t bpf_once = PTHREAD_ONCE_INIT;
@@ -130,10 +176,7 @@ static void build_bpf(void)
 
 /* ---- one run ---- */
 
-static int pidfd_open_(pid_t pid)
-{
-    return (int)syscall(SYS_pidfd_open, pid, 0);
-}
+static int pidfd_open_(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
 
 static int memfd_with(const char *name, const void *data, size_t len)
 {
@@ -276,8 +319,8 @@ int sandbox_run_python(const struct sandbox_limits *l, const char *code, struct 
 
     /* the argument vector and environment, built before fork (the child only makes system calls) */
     static atomic_uint call_counter;
-    const uid_t host_uid = SANDBOX_UID_BASE + (((unsigned)getpid() & 0xffffu) << 8) +
-                           (atomic_fetch_add(&call_counter, 1) & 0xffu);
+    const uid_t host_uid =
+        SANDBOX_UID_BASE + (((unsigned)getpid() & 0xffffu) << 8) + (atomic_fetch_add(&call_counter, 1) & 0xffu);
     struct argv_buf a = {0};
     char links[6][128];
     arg(&a, l->bwrap);
@@ -322,9 +365,8 @@ int sandbox_run_python(const struct sandbox_limits *l, const char *code, struct 
         sigaction(SIGPIPE, &dfl, NULL);
         sigaction(SIGCHLD, &dfl, NULL);
         /* the sources out of the way of their targets 0..5, then into place */
-        const int hn = fcntl(nullfd, F_DUPFD, 32), ho = fcntl(outp[1], F_DUPFD, 32),
-                  hs = fcntl(sfd, F_DUPFD, 32), hi = fcntl(infop[1], F_DUPFD, 32),
-                  hc = cfd >= 0 ? fcntl(cfd, F_DUPFD, 32) : -2;
+        const int hn = fcntl(nullfd, F_DUPFD, 32), ho = fcntl(outp[1], F_DUPFD, 32), hs = fcntl(sfd, F_DUPFD, 32),
+                  hi = fcntl(infop[1], F_DUPFD, 32), hc = cfd >= 0 ? fcntl(cfd, F_DUPFD, 32) : -2;
         if (hn < 0 || ho < 0 || hs < 0 || hi < 0 || hc == -1)
             child_fail("fcntl");
         if (dup2(hn, 0) < 0 || dup2(ho, 1) < 0 || dup2(ho, 2) < 0 || dup2(hs, 3) < 0 || dup2(hi, 4) < 0 ||

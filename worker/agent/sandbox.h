@@ -16,23 +16,23 @@
 #include <stddef.h>
 
 struct sandbox_limits {
-    double wall_s;         /* wall time of the whole call; past it the process tree is killed (default 10) */
-    double cpu_s;          /* CPU seconds per process, RLIMIT_CPU (SIGXCPU, then SIGKILL a second later) (5) */
-    size_t memory_bytes;   /* address space per process, RLIMIT_AS (512 MiB) */
-    int max_procs;         /* processes and threads of the sandbox's uid, RLIMIT_NPROC (64) */
-    size_t max_output;     /* stdout+stderr bytes read; past it the process tree is killed (64 KiB) */
-    size_t tmpfs_bytes;    /* size of the writable tmpfs (cwd and /tmp) (64 MiB) */
-    char python[256];      /* the interpreter inside the sandbox, an absolute path under /usr (/usr/bin/python3) */
-    char bwrap[256];       /* bubblewrap's path (/usr/bin/bwrap) */
+    double wall_s;       /* wall time of the whole call; past it the process tree is killed (default 10) */
+    double cpu_s;        /* CPU seconds per process, RLIMIT_CPU (SIGXCPU, then SIGKILL a second later) (5) */
+    size_t memory_bytes; /* address space per process, RLIMIT_AS (512 MiB) */
+    int max_procs;       /* processes and threads of the sandbox's uid, RLIMIT_NPROC (64) */
+    size_t max_output;   /* stdout+stderr bytes read; past it the process tree is killed (64 KiB) */
+    size_t tmpfs_bytes;  /* size of the writable tmpfs (cwd and /tmp) (64 MiB) */
+    char python[256];    /* the interpreter inside the sandbox, an absolute path under /usr (/usr/bin/python3) */
+    char bwrap[256];     /* bubblewrap's path (/usr/bin/bwrap) */
 };
 void sandbox_limits_default(struct sandbox_limits *l);
 
 struct sandbox_result {
-    char *output;     /* stdout and stderr, interleaved as written, NUL-terminated (malloc'd) */
+    char *output; /* stdout and stderr, interleaved as written, NUL-terminated (malloc'd) */
     size_t len;
-    int exit_code;    /* the program's exit status; 128+N when it was killed by signal N */
-    int wall_killed;  /* the wall-time limit was hit and the tree killed */
-    int output_cut;   /* more than max_output bytes came and the tree was killed */
+    int exit_code;   /* the program's exit status; 128+N when it was killed by signal N */
+    int wall_killed; /* the wall-time limit was hit and the tree killed */
+    int output_cut;  /* more than max_output bytes came and the tree was killed */
 };
 void sandbox_result_free(struct sandbox_result *r);
 

@@ -68,7 +68,8 @@ int tool_schema_check(const json_t *schema, char *err, size_t errlen, char *wher
     const char *key;
     const json_t *p;
     char path[512];
-    json_object_foreach((json_t *)props, key, p) {
+    json_object_foreach((json_t *)props, key, p)
+    {
         snprintf(path, sizeof path, "function.parameters.properties.%s", key);
         if (!json_is_object(p))
             return fail_at(err, errlen, where, wherelen, path, "not a mapping%s", NULL);
@@ -94,10 +95,11 @@ int tool_schema_check(const json_t *schema, char *err, size_t errlen, char *wher
             return fail_at(err, errlen, where, wherelen, "function.parameters.required", "not a list%s", NULL);
         size_t i;
         const json_t *r;
-        json_array_foreach(req, i, r) {
+        json_array_foreach(req, i, r)
+        {
             if (!json_is_string(r))
-                return fail_at(err, errlen, where, wherelen, "function.parameters.required",
-                               "holds a non-string%s", NULL);
+                return fail_at(err, errlen, where, wherelen, "function.parameters.required", "holds a non-string%s",
+                               NULL);
             if (!json_object_get(props, json_string_value(r)))
                 return fail_at(err, errlen, where, wherelen, "function.parameters.required",
                                "'%s' is not one of the properties", json_string_value(r));
@@ -143,7 +145,8 @@ int tool_validate_args(const json_t *schema, const json_t *args, char *err, size
     const json_t *req = json_object_get(params, "required");
     size_t i;
     const json_t *r;
-    json_array_foreach(req, i, r) {
+    json_array_foreach(req, i, r)
+    {
         if (json_is_string(r) && !json_object_get(args, json_string_value(r)))
             return error_set(err, errlen, "missing required argument '%s'", json_string_value(r));
     }
@@ -151,7 +154,8 @@ int tool_validate_args(const json_t *schema, const json_t *args, char *err, size
     const int closed = json_is_false(ap);
     const char *key;
     const json_t *v;
-    json_object_foreach((json_t *)args, key, v) {
+    json_object_foreach((json_t *)args, key, v)
+    {
         const json_t *p = json_object_get(props, key);
         if (!p) {
             if (!closed)
@@ -160,10 +164,10 @@ int tool_validate_args(const json_t *schema, const json_t *args, char *err, size
             size_t n = 0;
             const char *k2;
             const json_t *p2;
-            json_object_foreach((json_t *)props, k2, p2) {
+            json_object_foreach((json_t *)props, k2, p2)
+            {
                 (void)p2;
-                n += (size_t)snprintf(names + n, n < sizeof names ? sizeof names - n : 0, "%s%s", n ? ", " : "",
-                                      k2);
+                n += (size_t)snprintf(names + n, n < sizeof names ? sizeof names - n : 0, "%s%s", n ? ", " : "", k2);
                 if (n >= sizeof names)
                     break;
             }
@@ -178,7 +182,8 @@ int tool_validate_args(const json_t *schema, const json_t *args, char *err, size
             int found = 0;
             size_t j;
             const json_t *e;
-            json_array_foreach(en, j, e) {
+            json_array_foreach(en, j, e)
+            {
                 if (json_equal((json_t *)e, (json_t *)v))
                     found = 1;
             }
@@ -318,10 +323,7 @@ void tool_set_add(struct tool_set *s, struct tool *t)
     s->tools[s->n++] = t;
 }
 
-const char *tool_builtin_names(void)
-{
-    return "code_interpreter, calculator";
-}
+const char *tool_builtin_names(void) { return "code_interpreter, calculator"; }
 
 struct tool *tool_builtin_new(const char *name, char *err, size_t errlen)
 {
@@ -348,7 +350,6 @@ int tool_set_builtins(struct tool_set *s, char *err, size_t errlen)
     tool_set_add(s, calc);
     return 0;
 }
-
 
 struct tool *tool_set_find(const struct tool_set *s, const char *name)
 {

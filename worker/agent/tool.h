@@ -33,8 +33,8 @@ struct tool_ops {
 };
 
 struct tool {
-    char *name;     /* tool_schema.function.name */
-    json_t *schema; /* the whole tool_schema (owned) */
+    char *name;                 /* tool_schema.function.name */
+    json_t *schema;             /* the whole tool_schema (owned) */
     size_t max_response_length; /* characters (UTF-8 code points); 0: no limit */
     enum tool_truncate_side truncate_side;
     const struct tool_ops *ops;

@@ -30,10 +30,7 @@ struct ycfg {
     size_t errlen;
 };
 
-static size_t line_of(const yaml_node_t *n)
-{
-    return n ? n->start_mark.line + 1 : 0;
-}
+static size_t line_of(const yaml_node_t *n) { return n ? n->start_mark.line + 1 : 0; }
 
 static int yfail(struct ycfg *y, const yaml_node_t *at, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int yfail(struct ycfg *y, const yaml_node_t *at, const char *fmt, ...)
@@ -154,8 +151,8 @@ static int str_value(struct ycfg *y, const yaml_node_t *v, const char *key, char
 }
 
 /* one tool's config mapping; code: the code interpreter's keys are allowed (and fill lim) */
-static int read_config(struct ycfg *y, const char *cls, const yaml_node_t *cfg, int code,
-                       struct sandbox_limits *lim, size_t *max_resp, int *side)
+static int read_config(struct ycfg *y, const char *cls, const yaml_node_t *cfg, int code, struct sandbox_limits *lim,
+                       size_t *max_resp, int *side)
 {
     if (!cfg)
         return 0;
@@ -184,13 +181,16 @@ static int read_config(struct ycfg *y, const char *cls, const yaml_node_t *cfg, 
             if (!scalar(v) || (*side = tool_truncate_side_from_name(scalar(v))) < 0)
                 return yfail(y, v, "config.%s: left, right or middle", k);
         } else if (!code) {
-            return yfail(y, kn, "config: unknown key '%s' for %s (type, max_response_length, "
-                                "tool_response_truncate_side)", k, cls);
+            return yfail(y, kn,
+                         "config: unknown key '%s' for %s (type, max_response_length, "
+                         "tool_response_truncate_side)",
+                         k, cls);
         } else if (strcmp(k, "sandbox_fusion_url") == 0) {
             if (scalar(v) && *scalar(v))
-                return yfail(y, v, "config.sandbox_fusion_url: a remote sandbox is not supported yet (the HTTP "
-                                   "sandbox client does not exist); remove the URL to run code in the built-in "
-                                   "local sandbox");
+                return yfail(y, v,
+                             "config.sandbox_fusion_url: a remote sandbox is not supported yet (the HTTP "
+                             "sandbox client does not exist); remove the URL to run code in the built-in "
+                             "local sandbox");
         } else if (strcmp(k, "default_timeout") == 0 || strcmp(k, "wall_time_limit_s") == 0) {
             if (num_value(y, v, k, 0.1, 3600, &lim->wall_s) != 0)
                 return -1;
@@ -315,8 +315,7 @@ int tool_set_load_yaml(struct tool_set *s, const char *path, char *err, size_t e
             if (!scalar(kn) || strcmp(scalar(kn), "tools") != 0)
                 rc = yfail(&y, kn, "unknown key '%s' (a tool config holds 'tools' only)", scalar(kn) ?: "?");
         }
-        for (yaml_node_item_t *it = tools->data.sequence.items.start; it < tools->data.sequence.items.top && !rc;
-             it++)
+        for (yaml_node_item_t *it = tools->data.sequence.items.start; it < tools->data.sequence.items.top && !rc; it++)
             rc = load_tool(&y, s, yaml_document_get_node(&doc, *it));
     }
     yaml_document_delete(&doc);
