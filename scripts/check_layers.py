@@ -7,7 +7,8 @@ The rules keep the architecture that docs/ARCHITECTURE.md draws: the daemon, the
 the protocol and the shared base never include the worker; the trainer and the rollout role never include each
 other (both build on worker/step, the neutral home of a step's data, and on worker/gen and worker/plane); a
 step's data, the scorers, generation and the split-run protocol depend on no role; the launch depends on no role
-and reaches MPI only through worker/comm.
+and reaches MPI only through worker/comm; agents and tools (worker/agent) use the tokenizer and common/ only, and
+generation, the trainer and the model never include them.
 """
 import os
 import re
@@ -20,7 +21,7 @@ RULES = [
     ("kernels/", ("worker/", "daemon/", "ctl/"), "kernels know no worker"),
     ("daemon/", ("worker/", "ctl/"), "grpod depends on proto/ and common/ only"),
     ("ctl/", ("worker/", "daemon/"), "grpoctl depends on proto/ and common/ only"),
-    ("worker/trainer/", ("worker/rollout/", "worker/hybrid/"),
+    ("worker/trainer/", ("worker/rollout/", "worker/hybrid/", "worker/agent/"),
      "the trainer includes no role built on it, and never the rollout role"),
     ("worker/rollout/", ("worker/trainer/", "worker/hybrid/"), "the rollout role includes no other role"),
     ("worker/hybrid/", ("worker/rollout/",), "the colocated role builds on the trainer, never on the rollout role"),
@@ -28,9 +29,16 @@ RULES = [
      "a step's data depends on no role, no generation and no protocol"),
     ("worker/rewards/", ("worker/trainer/", "worker/rollout/", "worker/gen/", "worker/plane/"),
      "the scorers depend on no role"),
-    ("worker/gen/", ("worker/trainer/", "worker/rollout/", "worker/plane/"), "generation depends on no role"),
+    ("worker/gen/", ("worker/trainer/", "worker/rollout/", "worker/plane/", "worker/agent/"),
+     "generation depends on no role and knows nothing of tools"),
     ("worker/plane/", ("worker/trainer/", "worker/rollout/", "worker/gen/"),
      "the split-run protocol depends on no role"),
+    ("worker/agent/", ("worker/trainer/", "worker/rollout/", "worker/hybrid/", "worker/plane/", "worker/gen/",
+                       "worker/model/", "worker/step/", "worker/launch/", "worker/comm/", "worker/data/",
+                       "worker/rewards/", "worker/metrics/", "worker/control/", "worker/plan/", "worker/formats/",
+                       "kernels/"),
+     "agents and tools build on the tokenizer and common/ only"),
+    ("worker/model/", ("worker/agent/",), "the model knows nothing of tools"),
     ("worker/launch/", ("worker/trainer/", "worker/rollout/", "worker/hybrid/", "worker/gen/", "worker/plane/",
                         "worker/step/",
                         "common/check_mpi.h"),

@@ -18,6 +18,8 @@ PKGS=(
     libuv1-dev libopenblas-dev libyaml-dev libpcre2-dev libjansson-dev
     # BF16 GEMMs on the CPU (kernels/cpu/linear_bf16.c; optional: without it BF16 contexts are refused)
     libdnnl-dev
+    # the code interpreter's sandbox (worker/agent/sandbox.c): bubblewrap's namespaces, libseccomp's filter
+    bubblewrap libseccomp-dev
     # control plane: grpod's HTTP side and sd_notify
     libmicrohttpd-dev libsystemd-dev
     # data plane and dispatcher authentication (proto/plane_auth.c: MACs, key derivation, random keys)

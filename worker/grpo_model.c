@@ -1,4 +1,4 @@
-/* grpo-model: model utilities. info, convert, tokenize, chat, logits, generate. */
+/* grpo-model: model utilities. info, convert, tokenize, chat, logits, generate, plan; tool (one tool call). */
 #include <cblas.h>
 #include <errno.h>
 #include <getopt.h>
@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "kernels/kernels.h"
 #include "common/npy.h"
+#include "worker/agent/tool.h"
 #include "worker/formats/gguf.h"
 #include "worker/formats/safetensors.h"
 #include "worker/model/generate.h"
@@ -47,6 +48,9 @@ static void usage(FILE *out)
           "  plan CONFIG.json [cluster and batch options]\n"
           "                                     memory and communication of every parallel layout, and the\n"
           "                                     recommended one (grpo-model plan --help)\n"
+          "  tool [--tool-config FILE] NAME --args JSON [--max-response-length N] [--truncate-side S]\n"
+          "                                     one tool call as a rollout makes it (built-ins: code_interpreter,\n"
+          "                                     calculator); prints the text the model would see\n"
           "\n"
           "MODEL is a Hugging Face model directory or a .gguf file. `grpo-model COMMAND --help` for details.\n"
           "Common options: --threads N (OpenBLAS threads, default 1).\n",
@@ -477,6 +481,111 @@ static int chat_main(int argc, char **argv)
     return rc;
 }
 
+static const char TOOL_HELP[] =
+    "usage: grpo-model tool [--tool-config FILE] NAME --args JSON [--max-response-length N]\n"
+    "                       [--truncate-side left|right|middle]\n"
+    "  Run one call of the tool NAME exactly as a rollout would (the arguments checked against the tool's\n"
+    "  schema, the tool run, a long answer truncated) and print the text the model would see, with no newline\n"
+    "  added. Built-in tools: code_interpreter (argument code: Python source, run in a sandbox with no network,\n"
+    "  a private empty directory and time, memory, process and output limits) and calculator (argument\n"
+    "  expression: exact integer and decimal arithmetic). --tool-config: verl's tool-config YAML\n"
+    "  (tools: [{class_name, config, tool_schema}]) instead of the built-ins; docs/tools.md lists the classes\n"
+    "  and config keys. --max-response-length (characters; 0: no limit; default 256 or the config's) and\n"
+    "  --truncate-side (default middle) are verl's max_tool_response_length and tool_response_truncate_side.\n"
+    "  Exit status: 0 when the tool answered, an error message included; 1 when the tool config cannot be\n"
+    "  read; 2 for a usage error (an unknown tool, arguments that are not JSON).\n";
+
+/* grpo-model tool [--tool-config FILE] NAME --args JSON [--max-response-length N] [--truncate-side S] */
+static int tool_main(int argc, char **argv)
+{
+    const char *config = NULL, *args = NULL, *side = NULL, *maxlen = NULL;
+    int c;
+    static const struct option lopts[] = {{"tool-config", required_argument, 0, 'c'},
+                                          {"args", required_argument, 0, 'a'},
+                                          {"max-response-length", required_argument, 0, 'm'},
+                                          {"truncate-side", required_argument, 0, 's'},
+                                          {"help", no_argument, 0, 'h'},
+                                          {0, 0, 0, 0}};
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", lopts, NULL)) != -1) {
+        switch (c) {
+        case 'c': config = optarg; break;
+        case 'a': args = optarg; break;
+        case 'm': maxlen = optarg; break;
+        case 's': side = optarg; break;
+        case 'h': fputs(TOOL_HELP, stdout); return 0;
+        default: fputs(TOOL_HELP, stderr); return 2;
+        }
+    }
+    if (argc - optind != 1 || !args) {
+        log_error("tool", argc - optind != 1 ? "tool takes one NAME" : "tool needs --args JSON");
+        fputs(TOOL_HELP, stderr);
+        return 2;
+    }
+    const char *name = argv[optind];
+    json_error_t je;
+    json_t *a = json_loads(args, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &je);
+    if (!a) {
+        log_error("tool", "--args is not JSON: %s (column %d)", je.text, je.column);
+        return 2;
+    }
+    long long max = -1;
+    int sd = -1;
+    char *end = NULL;
+    if (maxlen && ((max = strtoll(maxlen, &end, 10)) < 0 || *end || end == maxlen)) {
+        log_error("tool", "--max-response-length '%s': a number of characters >= 0", maxlen);
+        json_decref(a);
+        return 2;
+    }
+    if (side && (sd = tool_truncate_side_from_name(side)) < 0) {
+        log_error("tool", "--truncate-side '%s': left, right or middle", side);
+        json_decref(a);
+        return 2;
+    }
+    struct tool_set set = {0};
+    char err[1024];
+    struct tool *t = NULL;
+    if (config) {
+        if (tool_set_load_yaml(&set, config, err, sizeof err) != 0) {
+            log_error("tool", "%s", err);
+            json_decref(a);
+            return 1;
+        }
+        t = tool_set_find(&set, name);
+    } else { /* only the built-in asked for: a calculator call starts no sandbox probe */
+        const char *names = tool_builtin_names();
+        const size_t n = strlen(name);
+        for (const char *p = strstr(names, name); p && !t; p = strstr(p + 1, name))
+            if ((p == names || p[-1] == ' ') && (p[n] == ',' || p[n] == '\0')) {
+                if (!(t = tool_builtin_new(name, err, sizeof err))) {
+                    log_error("tool", "%s", err);
+                    json_decref(a);
+                    return 1;
+                }
+                tool_set_add(&set, t);
+            }
+    }
+    if (!t) {
+        char *names = config ? tool_set_names(&set) : xstrdup(tool_builtin_names());
+        log_error("tool", "unknown tool '%s' (known: %s)", name, names[0] ? names : "none");
+        free(names);
+        tool_set_free(&set);
+        json_decref(a);
+        return 2;
+    }
+    if (max >= 0)
+        t->max_response_length = (size_t)max;
+    if (sd >= 0)
+        t->truncate_side = (enum tool_truncate_side)sd;
+    char *text = tool_call_json(t, a);
+    fwrite(text, 1, strlen(text), stdout);
+    const int rc = fflush(stdout) == 0 ? 0 : 1;
+    free(text);
+    tool_set_free(&set);
+    json_decref(a);
+    return rc;
+}
+
 /* "1,2,3" -> ids; -1 on a malformed list */
 static int parse_ids(const char *s, int32_t **ids, int *n)
 {
@@ -616,14 +725,17 @@ int main(int argc, char **argv)
         return plan_main(argc - 1, argv + 1);
     if (strcmp(cmd, "chat") == 0) /* so does chat (its --ids is a flag) */
         return chat_main(argc - 1, argv + 1);
+    if (strcmp(cmd, "tool") == 0) /* so does tool */
+        return tool_main(argc - 1, argv + 1);
     const char *help = NULL;
     for (size_t i = 0; i < sizeof cmd_help / sizeof *cmd_help; i++)
         if (strcmp(cmd, cmd_help[i][0]) == 0)
             help = cmd_help[i][1];
     if (!help) {
-        log_error("model",
-                  "unknown command '%s' (info, init, convert, merge-lora, tokenize, chat, logits, generate, plan)",
-                  cmd);
+        log_error(
+            "model",
+            "unknown command '%s' (info, init, convert, merge-lora, tokenize, chat, logits, generate, plan, tool)",
+            cmd);
         return 2;
     }
     struct opts o = {.max_new = 64, .top_p = 1.0f, .n = 1, .seed = 1, .threads = 1, .std = 0.02};

@@ -34,11 +34,21 @@ expect_fail ctl-worker ctl/x.h worker/plane/wire.h
 expect_fail kernels-worker kernels/cpu/x.c worker/model/model.h
 expect_fail step-plane worker/step/x.c worker/plane/dispatch.h
 expect_fail rewards-trainer worker/rewards/x.c worker/trainer/trainer.h
+expect_fail gen-agent worker/gen/x.c worker/agent/tool.h
+expect_fail trainer-agent worker/trainer/x.c worker/agent/tool.h
+expect_fail model-agent worker/model/x.c worker/agent/tool.h
+expect_fail agent-gen worker/agent/x.c worker/gen/engine.h
 # an allowed include passes
 mkdir -p "$tmp/allowed/worker/trainer"
 printf '#include "worker/step/batch.h"\n' >"$tmp/allowed/worker/trainer/x.c"
 if python3 "$check" "$tmp/allowed" >/dev/null 2>&1; then echo "ok: trainer -> step allowed"; else
     echo "FAIL: trainer including worker/step was refused"
+    fails=$((fails + 1))
+fi
+mkdir -p "$tmp/allowed2/worker/agent"
+printf '#include "worker/tokenizer/tokenizer.h"\n#include "common/log.h"\n' >"$tmp/allowed2/worker/agent/x.c"
+if python3 "$check" "$tmp/allowed2" >/dev/null 2>&1; then echo "ok: agent -> tokenizer, common allowed"; else
+    echo "FAIL: agent including worker/tokenizer or common was refused"
     fails=$((fails + 1))
 fi
 finish

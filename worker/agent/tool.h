@@ -1,0 +1,103 @@
+/* The tool interface of the agent room: a tool is a name, an OpenAI-style JSON schema (verl's tool_schema:
+ * {"type":"function","function":{"name","description","parameters":{...}}}) and an execute function that turns
+ * the call's arguments into the text the model sees next. Owns: the tool object, argument validation against
+ * the schema's "parameters", the truncation of long answers (verl's max_tool_response_length and
+ * tool_response_truncate_side), the registry of a rollout's tools, and the built-in tools' constructors.
+ *
+ * tool_call() never fails: a call whose arguments do not parse or do not match the schema, or whose tool
+ * reports an error, answers with an error message ("Error: ...") for the model, never a crash of the caller.
+ * Generation (worker/gen) knows nothing of this room. */
+#ifndef GRPO_AGENT_TOOL_H
+#define GRPO_AGENT_TOOL_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+#include "worker/agent/sandbox.h"
+
+enum tool_truncate_side {
+    TOOL_TRUNCATE_LEFT,   /* keep the first N characters (the cut is at the end), verl's "left" */
+    TOOL_TRUNCATE_RIGHT,  /* keep the last N characters (the cut is at the start), verl's "right" */
+    TOOL_TRUNCATE_MIDDLE, /* keep the first N/2 and the last N - N/2 characters, verl's "middle" (default) */
+};
+
+/* verl's defaults: multi_turn.max_tool_response_length 256, tool_response_truncate_side middle */
+#define TOOL_DEFAULT_MAX_RESPONSE 256
+
+struct tool;
+struct tool_ops {
+    /* args: a JSON object already validated against the schema. Returns a malloc'd text for the model (an
+     * error message is text too); NULL is answered as "Error: the tool failed". */
+    char *(*execute)(struct tool *t, const json_t *args);
+    void (*destroy)(struct tool *t);
+};
+
+struct tool {
+    char *name;                 /* tool_schema.function.name */
+    json_t *schema;             /* the whole tool_schema (owned) */
+    size_t max_response_length; /* characters (UTF-8 code points); 0: no limit */
+    enum tool_truncate_side truncate_side;
+    const struct tool_ops *ops;
+    void *impl;
+};
+
+/* A tool with this schema (a reference is taken); NULL with err when the schema is malformed. */
+struct tool *tool_new(json_t *schema, const struct tool_ops *ops, void *impl, char *err, size_t errlen);
+void tool_free(struct tool *t);
+
+/* Check a tool_schema: type "function", function.name (letters, digits, _ and -, at most 64), an optional
+ * description string, parameters an object schema whose properties have known types and whose required names
+ * are properties. 0, or -1 with err and *where, the dotted path of the offending node ("function.parameters
+ * .properties.code.type") so a config reader can name its line. */
+int tool_schema_check(const json_t *schema, char *err, size_t errlen, char *where, size_t wherelen);
+
+/* Validate args (a JSON value) against the schema's parameters: an object, required keys present, the types
+ * of string/integer/number/boolean/object/array/null properties match, enum values allowed, no unknown keys
+ * when additionalProperties is false. 0, or -1 with a message naming the argument. */
+int tool_validate_args(const json_t *schema, const json_t *args, char *err, size_t errlen);
+
+/* text cut to max characters at side, with a marker "...(truncated K characters)..." saying how much was cut;
+ * a malloc'd copy (text unchanged when it fits or max is 0). Cuts fall between UTF-8 characters. */
+char *tool_truncate(const char *text, size_t max, enum tool_truncate_side side);
+/* "left" / "right" / "middle" -> side; -1 when unknown */
+int tool_truncate_side_from_name(const char *name);
+
+/* One call as a rollout makes it: parse args_json, validate, execute, truncate. Always a malloc'd text. */
+char *tool_call(struct tool *t, const char *args_json);
+/* the same with parsed arguments (no reference taken) */
+char *tool_call_json(struct tool *t, const json_t *args);
+
+/* ---- built-in tools ---- */
+
+/* code_interpreter: runs the argument "code" (Python source) in the sandbox (worker/agent/sandbox.h) and
+ * answers stdout+stderr, with the exit status when non-zero. schema NULL: the default schema. When no sandbox
+ * can be made on this machine, every call answers an error and runs nothing. */
+struct tool *code_interpreter_new(json_t *schema, const struct sandbox_limits *limits, char *err, size_t errlen);
+/* calculator: exact arithmetic on integers of any length and on decimal floats (argument "expression").
+ * schema NULL: the default schema. */
+struct tool *calculator_new(json_t *schema, char *err, size_t errlen);
+/* The calculator itself: the value of expr as Python prints it, or NULL with err. */
+char *calculator_eval(const char *expr, char *err, size_t errlen);
+
+/* ---- a rollout's tools ---- */
+
+struct tool_set {
+    struct tool **tools;
+    size_t n;
+};
+/* One built-in by its name, with its default schema and limits; NULL (err) for an unknown name. */
+struct tool *tool_builtin_new(const char *name, char *err, size_t errlen);
+/* "code_interpreter, calculator" */
+const char *tool_builtin_names(void);
+/* The built-ins with their default schemas and limits. */
+int tool_set_builtins(struct tool_set *s, char *err, size_t errlen);
+/* Read verl's tool-config YAML (tools: [{class_name, config, tool_schema}]); errors name FILE:LINE. */
+int tool_set_load_yaml(struct tool_set *s, const char *path, char *err, size_t errlen);
+/* t joins the set (which owns it from now on) */
+void tool_set_add(struct tool_set *s, struct tool *t);
+struct tool *tool_set_find(const struct tool_set *s, const char *name);
+/* "a, b, c": the tools' names, for a usage message (malloc'd) */
+char *tool_set_names(const struct tool_set *s);
+void tool_set_free(struct tool_set *s);
+
+#endif
