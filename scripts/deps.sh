@@ -51,7 +51,19 @@ for p in "${PKGS[@]}"; do
         missing+=("$p")
     fi
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+# The python3 first on PATH renders chat templates (worker/tokenizer/chat_template.c runs "python3"): where it
+# is not Debian's (a pyenv or venv interpreter), Debian's python3-jinja2 is not on its path; give it jinja2
+# from PyPI then.
+py_jinja() {
+    python3 -c 'import jinja2' 2>/dev/null && return 0
+    echo "installing jinja2 for $(command -v python3) (it renders the models' chat templates)" >&2
+    python3 -m pip install --disable-pip-version-check -q 'jinja2>=3.1' >&2 ||
+        { echo "cannot install jinja2 for $(command -v python3): python3 -m pip install jinja2" >&2; return 1; }
+}
+if [ ${#missing[@]} -eq 0 ]; then
+    py_jinja
+    exit $?
+fi
 
 line="apt-get install -y --no-install-recommends ${missing[*]}"
 if [ "$(id -u)" -ne 0 ]; then
@@ -64,3 +76,4 @@ echo "installing missing Debian packages: ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq >&2
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+py_jinja

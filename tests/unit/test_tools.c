@@ -530,6 +530,7 @@ static void test_background_process_killed(void **state)
              "if os.fork() == 0:\n"
              "    os.setsid(); os.close(r)\n"
              "    os.execv(sys.executable, [sys.executable, '-c',\n"
+             /* sleep-ok: sandboxed processes that must outlive the call, on purpose */
              "             'import os,time; os.write(%%d, b\"1\"); time.sleep(1000)' %% w, '%s'])\n"
              "os.close(w); os.read(r, 1)\n"
              "print('parent leaves a child behind')\n",
@@ -547,7 +548,9 @@ static void test_background_process_killed(void **state)
              "import os, time\n"
              "for i in range(4):\n"
              "    if os.fork() == 0:\n"
+             /* sleep-ok: sandboxed processes that must outlive the call, on purpose */
              "        os.execv('/usr/bin/python3', ['python3', '-c', 'import time; time.sleep(1000)', '%s'])\n"
+             /* sleep-ok: sandboxed processes that must outlive the call, on purpose */
              "time.sleep(1000)\n",
              marker);
     out = run_code(t2, code);
