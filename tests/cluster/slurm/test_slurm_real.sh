@@ -132,6 +132,8 @@ wait_for 180 grep -q "trainer: resumed from .* at step $kb" "$TMP/b.log"
 expect "the requeued job resumes from its checkpoint of step $kb" $?
 wait_for 60 reached b $((kb + 2))
 expect "and trains on (step $((kb + 2)))" $?
+[ "$(grep -c "^grpod on $host:" "$TMP/b.log")" -ge 2 ]
+expect "the requeued run's log follows the first run's in the same file (--open-mode=append)" $?
 scancel "$jb"
 # the job completion log has the job CANCELLED at once; it is over when squeue no longer lists it (completing)
 wait_for 120 job_ended "$jb" 2 && wait_for 120 bash -c "[ -z \"\$(squeue -h -j $jb -t PD,CF,R,S,CG 2>/dev/null)\" ]"
