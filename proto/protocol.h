@@ -15,6 +15,9 @@
 #define GRPO_PROTOCOL_MINOR 9u
 /* Largest message accepted on any socket (data plane: rollout batches). */
 #define GRPO_MAX_MESSAGE_BYTES (64u << 20)
+/* The largest request the trainers' dispatcher takes (work and weights requests are a few hundred bytes): a
+ * bigger one is refused by its size before it is decoded or its MAC computed, and its socket drops it unread. */
+#define GRPO_MAX_DISPATCH_REQUEST_BYTES (64u << 10)
 /* Largest message accepted on a control socket (registration, heartbeat, command, status). */
 #define GRPO_MAX_CONTROL_BYTES (1u << 20)
 

@@ -921,6 +921,49 @@ static void test_end(void **state)
     free(w0);
 }
 
+/* One worker id per process (issue 39: one rollout key filled the dispatcher's process table with 254 phantom ids,
+ * and a real process was then refused): the same authenticated process asking under other ids is refused each
+ * time, naming it, the table stays as it was, and the other rank's real process still gets in. A request over
+ * the dispatcher's size bound is refused by its size, before any decoding. */
+static void test_one_id_per_process(void **state)
+{
+    (void)state;
+    enum { N = 8 };
+    float *w0 = weights(N, 1, 0);
+    const double t = 0;
+    struct dispatch_core *d = core_open(NULL, 2, 0, 10, N, 10.0, t);
+    publish(d, 0, w0);
+    const struct proc p0 = {600, 0, NULL}, p1 = {601, 1, NULL};
+    struct work_grant g;
+    grant_of(d, &p0, true, t, &g);
+    for (int k = 0; k < 300; k++) { /* p0's own key, phantom ids */
+        Grpo__Envelope req = GRPO__ENVELOPE__INIT;
+        Grpo__WorkRequest w = GRPO__WORK_REQUEST__INIT;
+        w.worker_id = 100000 + (uint64_t)k;
+        w.rank = 0;
+        w.ping = true;
+        req.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST;
+        req.work_request = &w;
+        expect_refusal(core_call(d, &req, &p0, NULL, t), "a process has one worker id");
+    }
+    assert_int_equal(cstats(d).live, 1);
+    grant_of(d, &p1, true, t, &g); /* the other rank's real process */
+    assert_int_equal(cstats(d).live, 2);
+    grant_of(d, &p0, true, t, &g); /* and p0 under its own id, as before */
+    /* too big to be a dispatcher request: refused by its size */
+    const size_t big = (size_t)GRPO_MAX_DISPATCH_REQUEST_BYTES + 1;
+    uint8_t *junk = calloc(1, big);
+    size_t len = 0;
+    uint8_t *out = dispatch_core_handle(d, junk, big, t, &len);
+    char why[256] = "";
+    Grpo__Envelope *r = protocol_unpack(out, len, why, sizeof why);
+    free(out);
+    free(junk);
+    expect_refusal(r, "the dispatcher takes at most 65536");
+    dispatch_core_free(d);
+    free(w0);
+}
+
 static void test_bad_input(void **state)
 {
     (void)state;
@@ -1424,6 +1467,7 @@ int main(void)
         cmocka_unit_test(test_broadcast_rounds),
         cmocka_unit_test(test_end),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_one_id_per_process),
         cmocka_unit_test(test_identity),
         cmocka_unit_test_setup_teardown(test_shell_end_to_end, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shell_bad_input, setup, teardown),

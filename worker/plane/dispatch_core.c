@@ -96,9 +96,16 @@ static bool same_who(const struct plane_id *a, const struct plane_id *b)
 
 /* The process entry of worker id `id`, authenticated as who (*theirs: the id is another process's). */
 static struct proc *proc_of(struct dispatch_core *d, uint64_t id, const struct plane_id *who, int slot, double now,
-                            bool *theirs)
+                            bool *theirs, bool *second)
 {
-    *theirs = false;
+    *theirs = *second = false;
+    /* one worker id per process: an authenticated process that asks under a second id (its own key, phantom
+     * ids) would fill the table and keep real processes out */
+    for (int i = 0; i < d->nprocs; i++)
+        if (d->procs[i].alive && d->procs[i].id != id && same_who(&d->procs[i].who, who)) {
+            *second = true;
+            return NULL;
+        }
     for (int i = 0; i < d->nprocs; i++)
         if (d->procs[i].id == id) {
             struct proc *p = &d->procs[i];
@@ -417,8 +424,16 @@ static uint8_t *answer(struct dispatch_core *d, const Grpo__Envelope *req, const
             log_warn("dispatch", "refused %s", reason);
             return refuse(d, a, req->request_id, reason, len);
         }
-        bool theirs;
-        struct proc *p = proc_of(d, w->worker_id, a->who, w->rank, now, &theirs);
+        bool theirs, second;
+        struct proc *p = proc_of(d, w->worker_id, a->who, w->rank, now, &theirs, &second);
+        if (second) {
+            snprintf(reason, sizeof reason,
+                     "worker id %016" PRIx64 " is a second id of world rank %d's process (pid %u): a process has "
+                     "one worker id",
+                     w->worker_id, a->who->rank, a->who->pid);
+            log_warn_every("dispatch", "refused a %s: %s", w->ping ? "ping" : "work request", reason);
+            return refuse(d, a, req->request_id, reason, len);
+        }
         if (theirs) {
             snprintf(reason, sizeof reason,
                      "worker id %016" PRIx64 " is another process's (this one is world rank %d, pid %u): "
@@ -480,8 +495,13 @@ static uint8_t *answer(struct dispatch_core *d, const Grpo__Envelope *req, const
 uint8_t *dispatch_core_handle(struct dispatch_core *d, const void *msg, size_t n, double now, size_t *len)
 {
     char why[512];
-    Grpo__Envelope *req = protocol_unpack(msg, n, why, sizeof why);
     const struct asker none = {0};
+    if (n > GRPO_MAX_DISPATCH_REQUEST_BYTES) { /* refused by its size alone: no decoding, no MAC over it */
+        snprintf(why, sizeof why, "a request of %zu bytes; the dispatcher takes at most %u", n,
+                 (unsigned)GRPO_MAX_DISPATCH_REQUEST_BYTES);
+        return refuse(d, &none, 0, why, len);
+    }
+    Grpo__Envelope *req = protocol_unpack(msg, n, why, sizeof why);
     if (!req)
         return refuse(d, &none, 0, why, len);
     uint8_t *out;

@@ -89,7 +89,7 @@ struct dispatcher *dispatcher_open(const struct dispatch_options *o, char *err, 
         dispatch_core_free(core);
         return NULL;
     }
-    int max = (int)GRPO_MAX_MESSAGE_BYTES;
+    int max = (int)GRPO_MAX_DISPATCH_REQUEST_BYTES; /* a flood of big frames is dropped unread */
     nn_setsockopt(s, NN_SOL_SOCKET, NN_RCVMAXSIZE, &max, sizeof max);
     char why[600];
     if (endpoint_prepare_bind(o->endpoint, why, sizeof why) != 0) { /* never a file that is not a stale socket */
@@ -211,8 +211,9 @@ void dispatcher_close(struct dispatcher *d, double linger_s)
             break;
         clock_sleep_s(0.05);
     }
-    log_info("dispatch", "closed: %s", all_told ? "every rollout process was told the end"
-                                                : "some rollout processes were not heard from before it closed");
+    log_info("dispatch", "closed: %s",
+             all_told ? "every rollout process was told the end"
+                      : "some rollout processes were not heard from before it closed");
     pthread_join(d->thread, NULL);
     nn_close(d->sock);
     dispatch_core_free(d->core);
