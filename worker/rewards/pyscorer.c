@@ -33,6 +33,7 @@
 #include "common/fs.h"
 #include "common/check.h"
 #include "common/clock.h"
+#include "common/linebuf.h"
 #include "common/log.h"
 
 /* The driver. argv: the file, the function's name. */
@@ -93,12 +94,10 @@ static const char DRIVER[] =
 struct pyproc {
     pid_t pid;
     int to_child, from_child; /* -1 when no process runs */
-    char *buf;                /* bytes read from the child not yet consumed as lines */
-    char *line;               /* the line take_line handed out last */
-    size_t len, cap;
-    bool starting;      /* spawned, its ready line not read yet */
-    int base, next, hi; /* its items [base, hi) were sent; the result for `next` is awaited */
-    double deadline;    /* for the ready line or the result awaited */
+    struct linebuf lb;        /* what the child wrote, taken as lines */
+    bool starting;            /* spawned, its ready line not read yet */
+    int base, next, hi;       /* its items [base, hi) were sent; the result for `next` is awaited */
+    double deadline;          /* for the ready line or the result awaited */
 };
 
 struct pyscorer {
@@ -137,67 +136,19 @@ static void stop(struct pyproc *w, bool kill_it)
     if (w->pid > 0)
         end_group(w->pid, kill_it);
     w->pid = 0;
-    w->len = 0;
+    linebuf_reset(&w->lb);
     w->starting = false;
 }
 
-/* A whole line already read from the child: 1 with *line (valid until the next call), else 0. */
-static int take_line(struct pyproc *w, char **line)
-{
-    char *nl = w->len ? memchr(w->buf, '\n', w->len) : NULL;
-    if (!nl)
-        return 0;
-    free(w->line);
-    const size_t n = (size_t)(nl - w->buf);
-    w->line = xmalloc(n + 1);
-    memcpy(w->line, w->buf, n);
-    w->line[n] = '\0';
-    memmove(w->buf, nl + 1, w->len - n - 1);
-    w->len -= n + 1;
-    *line = w->line;
-    return 1;
-}
+static int take_line(struct pyproc *w, char **line) { return linebuf_take(&w->lb, line); }
 
-/* Read what the child has written (poll said it is readable): 0, or -1 when the process is gone. */
-static int fill(struct pyproc *w)
-{
-    for (;;) {
-        if (w->cap - w->len < 65536) {
-            w->cap = w->cap * 2 + 65536;
-            w->buf = xrealloc(w->buf, w->cap);
-        }
-        const ssize_t k = read(w->from_child, w->buf + w->len, w->cap - w->len);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0 && errno == EAGAIN)
-            return 0;
-        if (k <= 0)
-            return -1;
-        w->len += (size_t)k;
-        return 0;
-    }
-}
+static int fill(struct pyproc *w) { return linebuf_fill(&w->lb, w->from_child); }
 
 /* The next line from the child within `deadline` (clock_now_s): 1 with *line, 0 on the deadline, -1 when the
  * process is gone. */
 static int read_line(struct pyproc *w, double deadline, char **line)
 {
-    for (;;) {
-        if (take_line(w, line))
-            return 1;
-        const double left = deadline - clock_now_s();
-        if (left <= 0)
-            return 0;
-        struct pollfd pfd = {.fd = w->from_child, .events = POLLIN};
-        const int ms = (int)ceil(left * 1000.0);
-        const int pr = poll(&pfd, 1, ms < 1 ? 1 : ms);
-        if (pr < 0 && errno == EINTR)
-            continue;
-        if (pr < 0)
-            return -1;
-        if (pr > 0 && fill(w) != 0)
-            return -1;
-    }
+    return linebuf_read(&w->lb, w->from_child, deadline, line);
 }
 
 /* How the process ended, for a reason text; reaps it. */
@@ -261,7 +212,7 @@ static int spawn(const struct pyscorer *p, struct pyproc *w, char *err, size_t e
     w->pid = pid;
     w->to_child = req[1];
     w->from_child = res[0];
-    w->len = 0;
+    linebuf_reset(&w->lb);
     w->starting = true;
     return 0;
 }
@@ -357,8 +308,7 @@ void pyscorer_free(struct pyscorer *p)
         return;
     for (int k = 0; k < p->nproc; k++) {
         stop(&p->w[k], true);
-        free(p->w[k].buf);
-        free(p->w[k].line);
+        linebuf_free(&p->w[k].lb);
     }
     free(p->w);
     free(p->python), free(p->path), free(p->name);

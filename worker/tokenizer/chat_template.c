@@ -26,6 +26,7 @@
 
 #include "common/check.h"
 #include "common/clock.h"
+#include "common/linebuf.h"
 #include "worker/tokenizer/tokenizer_internal.h"
 
 #define CHAT_PYTHON "python3"
@@ -151,11 +152,9 @@ static const char DRIVER[] =
 
 struct chat_renderer {
     pthread_mutex_t lock;
-    pid_t pid; /* 0 when no helper runs */
-    int fd;    /* our end of the socket, -1 when none */
-    char *buf; /* bytes read and not yet taken as a line */
-    size_t len, cap;
-    char *line; /* the last line taken */
+    pid_t pid;         /* 0 when no helper runs */
+    int fd;            /* our end of the socket, -1 when none */
+    struct linebuf lb; /* what the helper wrote, taken as lines */
 };
 
 struct chat_renderer *chat_renderer_new(void)
@@ -191,7 +190,7 @@ static void stop(struct chat_renderer *r, bool kill_now)
     if (r->fd >= 0)
         close(r->fd);
     r->fd = -1;
-    r->len = 0;
+    linebuf_reset(&r->lb);
     if (r->pid > 0)
         reap(r->pid, kill_now ? 0 : 2000);
     r->pid = 0;
@@ -202,8 +201,7 @@ void chat_renderer_free(struct chat_renderer *r)
     if (!r)
         return;
     stop(r, false);
-    free(r->buf);
-    free(r->line);
+    linebuf_free(&r->lb);
     pthread_mutex_destroy(&r->lock);
     free(r);
 }
@@ -215,7 +213,7 @@ static int ended(struct chat_renderer *r, char *err, size_t errlen)
     if (r->fd >= 0)
         close(r->fd);
     r->fd = -1;
-    r->len = 0;
+    linebuf_reset(&r->lb);
     r->pid = 0;
     const int st = pid > 0 ? reap(pid, 2000) : 0; /* it closed its end: it is exiting */
     if (WIFEXITED(st) && WEXITSTATUS(st) == 127)
@@ -236,42 +234,7 @@ static int ended(struct chat_renderer *r, char *err, size_t errlen)
  * the helper is gone. */
 static int read_line(struct chat_renderer *r, double deadline, char **line)
 {
-    for (;;) {
-        char *nl = r->len ? memchr(r->buf, '\n', r->len) : NULL;
-        if (nl) {
-            const size_t n = (size_t)(nl - r->buf);
-            free(r->line);
-            r->line = xmalloc(n + 1);
-            memcpy(r->line, r->buf, n);
-            r->line[n] = '\0';
-            memmove(r->buf, nl + 1, r->len - n - 1);
-            r->len -= n + 1;
-            *line = r->line;
-            return 1;
-        }
-        const double left = deadline - clock_now_s();
-        if (left <= 0)
-            return 0;
-        struct pollfd pfd = {.fd = r->fd, .events = POLLIN};
-        const int ms = (int)ceil(left * 1000.0);
-        const int pr = poll(&pfd, 1, ms < 1 ? 1 : ms);
-        if (pr < 0 && errno == EINTR)
-            continue;
-        if (pr < 0)
-            return -1;
-        if (pr == 0)
-            continue;
-        if (r->cap - r->len < 65536) {
-            r->cap = r->cap * 2 + 65536;
-            r->buf = xrealloc(r->buf, r->cap);
-        }
-        const ssize_t k = read(r->fd, r->buf + r->len, r->cap - r->len);
-        if (k < 0 && (errno == EINTR || errno == EAGAIN))
-            continue;
-        if (k <= 0)
-            return -1;
-        r->len += (size_t)k;
-    }
+    return linebuf_read(&r->lb, r->fd, deadline, line);
 }
 
 /* Start the helper and read its ready line. 0, or -1 with err. */
@@ -313,7 +276,7 @@ static int start(struct chat_renderer *r, char *err, size_t errlen)
     close(sv[1]);
     r->pid = pid;
     r->fd = sv[0];
-    r->len = 0;
+    linebuf_reset(&r->lb);
     char *line;
     const int rc = read_line(r, clock_now_s() + CHAT_START_S, &line);
     if (rc == 0) {
