@@ -753,9 +753,7 @@ static void micro_values(const struct grpo_config *c, enum cfg_micro which, long
     case CFG_MICRO_OLD_LOGP:
         *global = c->rollout_log_prob_micro_batch_size, *per_gpu = c->rollout_log_prob_micro_batch_size_per_gpu;
         break;
-    default:
-        *global = c->ref_log_prob_micro_batch_size, *per_gpu = c->ref_log_prob_micro_batch_size_per_gpu;
-        break;
+    default: *global = c->ref_log_prob_micro_batch_size, *per_gpu = c->ref_log_prob_micro_batch_size_per_gpu; break;
     }
 }
 

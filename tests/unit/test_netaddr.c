@@ -23,8 +23,8 @@ static void test_data_base(void **state)
     char b[128], b2[128];
     placement_data_base("tcp://*:7000", 2, "run-a", b, sizeof b); /* the configured base wins */
     assert_string_equal(b, "tcp://*:7000");
-    placement_data_base("", 1, "run-a", b, sizeof b); /* one host: ipc */
-    assert_string_equal(b, "ipc://~run/grpo-run-a"); /* in the user's private runtime directory */
+    placement_data_base("", 1, "run-a", b, sizeof b);   /* one host: ipc */
+    assert_string_equal(b, "ipc://~run/grpo-run-a");    /* in the user's private runtime directory */
     placement_data_base(NULL, 3, "run-a", b, sizeof b); /* hosts: tcp on a port from the tag */
     assert_true(strncmp(b, "tcp://*:", 8) == 0);
     long port = strtol(b + 8, NULL, 10);

@@ -110,8 +110,8 @@ static int lock_run_dir(struct trainer *t, char *err, size_t errlen)
  * with verl's deprecation notice (once, from the lead rank). */
 static int resolve_micro_batches(struct trainer *t, char *err, size_t errlen)
 {
-    int *out[3] = {[CFG_MICRO_ACTOR] = &t->micro_actor, [CFG_MICRO_OLD_LOGP] = &t->micro_old,
-                   [CFG_MICRO_REF] = &t->micro_ref};
+    int *out[3] = {
+        [CFG_MICRO_ACTOR] = &t->micro_actor, [CFG_MICRO_OLD_LOGP] = &t->micro_old, [CFG_MICRO_REF] = &t->micro_ref};
     for (int w = 0; w < 3; w++) {
         const char *global = NULL;
         char why[512];

@@ -33,7 +33,7 @@ struct trainer {
     bool cursor_open;
     int64_t saved_step; /* step of the newest checkpoint written by this process (-1: none) */
     char run_dir[2048], ckpt_root[2100];
-    int run_lock_fd;              /* the lead rank's lock on run_dir (run.lock; -1: none held here) */
+    int run_lock_fd; /* the lead rank's lock on run_dir (run.lock; -1: none held here) */
     /* this rank's micro-batches (sequences): the _per_gpu keys, or verl's deprecated global ones over the DP size */
     int micro_actor, micro_old, micro_ref;
     struct metrics_logger logger; /* JSONL, TensorBoard, console, SVG chart (with the run's history) */
