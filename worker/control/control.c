@@ -39,7 +39,7 @@ struct control {
     Grpo__Phase delay_phase; /* test only: see control_options */
     double delay_s;
     double host_memory_gb;
-    double end_wait_s;      /* grpod.connect_timeout_s: how long an end grpod cannot hear is kept and retried; 0: forever */
+    double end_wait_s; /* grpod.connect_timeout_s: how long an end grpod cannot hear is kept and retried; 0: forever */
     struct rpc_client *rpc; /* the heartbeat thread's alone after open */
     void (*on_abort)(const char *reason);
     bool replaces;
@@ -498,11 +498,15 @@ void control_finish(struct control *c, enum control_end end, const char *error)
         }
         if (keep && waited >= FINISH_WAIT_S && !told) {
             if (isinf(limit))
-                log_warn("control", "grpod has not acknowledged that this worker ended (unreachable at %s); retrying "
-                         "until it does (grpod.connect_timeout_s = 0)", c->endpoint);
+                log_warn("control",
+                         "grpod has not acknowledged that this worker ended (unreachable at %s); retrying "
+                         "until it does (grpod.connect_timeout_s = 0)",
+                         c->endpoint);
             else
-                log_warn("control", "grpod has not acknowledged that this worker ended (unreachable at %s); retrying "
-                         "for up to %.0f s (grpod.connect_timeout_s)", c->endpoint, limit);
+                log_warn("control",
+                         "grpod has not acknowledged that this worker ended (unreachable at %s); retrying "
+                         "for up to %.0f s (grpod.connect_timeout_s)",
+                         c->endpoint, limit);
             told = true;
         }
         struct timespec until = deadline_in(fmin(0.5, limit - waited));
