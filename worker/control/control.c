@@ -39,6 +39,7 @@ struct control {
     Grpo__Phase delay_phase; /* test only: see control_options */
     double delay_s;
     double host_memory_gb;
+    double end_wait_s; /* grpod.connect_timeout_s: how long an end grpod cannot hear is kept and retried; 0: forever */
     struct rpc_client *rpc; /* the heartbeat thread's alone after open */
     void (*on_abort)(const char *reason);
     bool replaces;
@@ -479,12 +480,40 @@ void control_finish(struct control *c, enum control_end end, const char *error)
     snprintf(c->error, sizeof c->error, "%s", error ? error : "");
     changed_locked(c);
     uint64_t want = c->generation;
-    struct timespec until = deadline_in(FINISH_WAIT_S);
-    while (c->acked_generation < want && !c->run_over)
-        if (pthread_cond_timedwait(&c->changed, &c->mu, &until) == ETIMEDOUT) {
+    /* The end message is kept until grpod acknowledges it: the heartbeat thread sends it, and while grpod does
+     * not answer it retries with backoff. A grpod that answers hears it at once, so FINISH_WAIT_S is plenty. A
+     * grpod that is unreachable (down, restarting) is waited for up to grpod.connect_timeout_s (0: for ever):
+     * a grpod restarted meanwhile on its state directory recovers the run as running with this worker
+     * reconnecting, and only this message tells it the run ended (issue 40 item 6; docs/operations.md). A stop
+     * signal (the job is being ended) cuts the wait back to FINISH_WAIT_S. */
+    const double start = clock_now_s();
+    bool told = false;
+    while (c->acked_generation < want && !c->run_over) {
+        const double waited = clock_now_s() - start;
+        const bool keep = !c->connected && control_stop_signal() == 0;
+        const double limit = !keep ? FINISH_WAIT_S : c->end_wait_s <= 0 ? INFINITY : fmax(c->end_wait_s, FINISH_WAIT_S);
+        if (waited >= limit) {
             log_warn("control", "grpod has not acknowledged that this worker ended; leaving anyway");
             break;
         }
+        if (keep && waited >= FINISH_WAIT_S && !told) {
+            if (isinf(limit))
+                log_warn("control",
+                         "grpod has not acknowledged that this worker ended (unreachable at %s); retrying "
+                         "until it does (grpod.connect_timeout_s = 0)",
+                         c->endpoint);
+            else
+                log_warn("control",
+                         "grpod has not acknowledged that this worker ended (unreachable at %s); retrying "
+                         "for up to %.0f s (grpod.connect_timeout_s)",
+                         c->endpoint, limit);
+            told = true;
+        }
+        struct timespec until = deadline_in(fmin(0.5, limit - waited));
+        pthread_cond_timedwait(&c->changed, &c->mu, &until);
+    }
+    if (told && c->acked_generation >= want)
+        log_info("control", "grpod acknowledged that this worker ended");
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -863,6 +892,7 @@ int control_open(const struct control_options *o, struct control **out, struct c
     c->run_config = o->config ? config_run_text(o->config, 0) : xstrdup("");
     c->delay_phase = o->delay_phase;
     c->delay_s = o->delay_s;
+    c->end_wait_s = o->connect_timeout_s;
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
     c->host_memory_gb = pages > 0 && page > 0 ? (double)pages * (double)page / (1024.0 * 1024.0 * 1024.0) : 0;
     c->on_abort = o->on_abort;

@@ -74,7 +74,8 @@ struct control_options {
                                          agree (0: not checked) */
     const struct grpo_config *config; /* sent to grpod as text (the first rank's defines the run); NULL: not sent */
     int64_t start_step;               /* steps already done (a resumed run); 0 for a fresh one */
-    double connect_timeout_s;         /* how long to retry the first registration; 0: forever */
+    double connect_timeout_s;         /* how long to retry the first registration, and to keep retrying the end
+                                         message while grpod is unreachable (control_finish); 0: forever */
     /* grpod says a peer this worker depends on is lost (a trainer of the same DP group): called from the
      * heartbeat thread with the reason; it should end the process (NULL: the reason is only logged) */
     void (*on_abort)(const char *reason);
@@ -162,7 +163,9 @@ void control_checkpoint_held(struct control *c, int64_t step);
  * (returns 0 on success). Returns true to go on training, false to end (stopped: the final
  * checkpoint is written and reported; call control_finish(c, CONTROL_END_STOPPED, NULL)). */
 bool control_safe_point(struct control *c, int64_t step, int (*save)(void *ud, int64_t step), void *ud);
-/* Tell grpod how this worker ends and wait (at most a few seconds) until it has heard. */
+/* Tell grpod how this worker ends and wait until it has heard: a few seconds while grpod answers; while it is
+ * unreachable the message is kept and retried with backoff for up to connect_timeout_s (a grpod restarted meanwhile
+ * learns the run ended), or a few seconds when a stop signal came. */
 void control_finish(struct control *c, enum control_end end, const char *error);
 /* Stop the heartbeat thread, close the socket, free. */
 void control_close(struct control *c);
