@@ -117,6 +117,30 @@ static void new_run(struct core *c)
     c->dirty = c->dirty_urgent = true;
 }
 
+int core_settings_place(struct core_settings *set, const struct grpo_config *cfg, char *why, size_t whylen)
+{
+    struct placement_spec ps;
+    int rc = placement_spec_from_config(cfg, &ps, why, whylen);
+    /* keys of the run grpod was given are checked against every rank; without them the first rank's
+     * configuration defines the run */
+    static const char *const placement_keys[] = {"placement.trainer_ranks",
+                                                 "placement.rollout_ranks",
+                                                 "trainer.nnodes",
+                                                 "trainer.n_gpus_per_node",
+                                                 "rollout.nnodes",
+                                                 "rollout.n_gpus_per_node",
+                                                 "actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
+                                                 "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size"};
+    set->own_placement = false;
+    for (size_t i = 0; i < sizeof placement_keys / sizeof placement_keys[0]; i++)
+        set->own_placement |= config_given(cfg, placement_keys[i]);
+    set->rollout_ranks = ps.rollout_ranks;
+    set->trainer_ranks = ps.trainer_ranks;
+    set->tp_size = ps.tp_size;
+    set->pp_size = ps.pp_size;
+    return rc;
+}
+
 void core_init(struct core *c, const struct core_settings *set, double now)
 {
     memset(c, 0, sizeof *c);

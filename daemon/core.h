@@ -147,6 +147,11 @@ struct core {
  * grpod has placement keys of its own, the run's layout follows it. 0, or -1 with why (text that does not
  * read; the run is then left as it was). */
 int core_set_run_config(struct core *c, const char *text, char *why, size_t whylen);
+/* The layout part of grpod's settings from its configuration (the run's keys it was given), read by
+ * placement_spec_from_config as grpo-worker reads it: set->own_placement when any layout key was given.
+ * 0, or -1 with why. */
+struct grpo_config;
+int core_settings_place(struct core_settings *set, const struct grpo_config *cfg, char *why, size_t whylen);
 /* Set up an empty core with a fresh run in WAITING. now is the monotonic clock. */
 void core_init(struct core *c, const struct core_settings *set, double now);
 /* Free what the core holds. */
