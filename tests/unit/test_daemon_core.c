@@ -1602,6 +1602,38 @@ static void test_placement_follows_every_layout_key(void **state)
     }
 }
 
+
+/* A grpod given the rank counts but not the ranks' SP size refuses them naming both layouts (it used to assign
+ * them a DP size the ranks do not compute). */
+static void test_own_layout_differs_in_sp(void **state)
+{
+    (void)state;
+    const char *const counts[] = {"placement.trainer_ranks=2", "placement.rollout_ranks=1", NULL};
+    struct grpo_config cfg;
+    struct cfg_error cerr;
+    char why[512];
+    config_init(&cfg);
+    for (int i = 0; counts[i]; i++)
+        assert_int_equal(config_apply_override(&cfg, counts[i], &cerr), 0);
+    struct core_settings s = settings(0, 0, 1, 1);
+    assert_int_equal(core_settings_place(&s, &cfg, why, sizeof why), 0);
+    assert_true(s.own_placement);
+    config_free(&cfg);
+    struct core c;
+    core_init(&c, &s, T);
+    const char *const sp[] = {"placement.trainer_ranks=2", "placement.rollout_ranks=1",
+                              "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "data.train_batch_size=4",
+                              "actor_rollout_ref.actor.ppo_mini_batch_size=4", NULL};
+    uint64_t d;
+    char *text = config_text_of(sp, &d);
+    reg_config_refused(&c, 0, 3, text, d,
+                       (const char *const[]){"places 2 trainer + 1 rollout ranks (TP 1, PP 1, SP/CP 2",
+                                             "grpod's keys 2 trainer + 1 rollout ranks (TP 1, PP 1, SP/CP 1", NULL});
+    free(text);
+    assert_int_equal(c.run.world, 0);
+    core_deinit(&c);
+}
+
 int main(void)
 {
     log_set_level(LOG_WARN);
@@ -1633,6 +1665,7 @@ int main(void)
         cmocka_unit_test(test_garbled_config_refused),
         cmocka_unit_test(test_run_config_journaled),
         cmocka_unit_test(test_placement_follows_every_layout_key),
+        cmocka_unit_test(test_own_layout_differs_in_sp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
