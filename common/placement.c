@@ -61,6 +61,43 @@ int placement_spec_from_config(const struct grpo_config *cfg, struct placement_s
     return 0;
 }
 
+bool placement_keys_given(const struct grpo_config *cfg)
+{
+    static const char *const keys[] = {"placement.trainer_ranks",
+                                       "placement.rollout_ranks",
+                                       "trainer.nnodes",
+                                       "trainer.n_gpus_per_node",
+                                       "rollout.nnodes",
+                                       "rollout.n_gpus_per_node",
+                                       "actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
+                                       "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size",
+                                       "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+                                       "actor_rollout_ref.actor.megatron.context_parallel_size",
+                                       "actor_rollout_ref.actor.megatron.expert_model_parallel_size",
+                                       "actor_rollout_ref.rollout.tensor_model_parallel_size"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (config_given(cfg, keys[i]))
+            return true;
+    return false;
+}
+
+static int at_least_1(int v) { return v > 1 ? v : 1; }
+
+bool placement_spec_same(const struct placement_spec *a, const struct placement_spec *b)
+{
+    return a->trainer_ranks == b->trainer_ranks && a->rollout_ranks == b->rollout_ranks &&
+           at_least_1(a->tp_size) == at_least_1(b->tp_size) && at_least_1(a->pp_size) == at_least_1(b->pp_size) &&
+           at_least_1(a->cp_size) == at_least_1(b->cp_size) && at_least_1(a->ep_size) == at_least_1(b->ep_size) &&
+           at_least_1(a->rollout_tp) == at_least_1(b->rollout_tp);
+}
+
+void placement_spec_describe(const struct placement_spec *s, char *out, size_t len)
+{
+    snprintf(out, len, "%d trainer + %d rollout ranks (TP %d, PP %d, SP/CP %d, EP %d, rollout TP %d)", s->trainer_ranks,
+             s->rollout_ranks, at_least_1(s->tp_size), at_least_1(s->pp_size), at_least_1(s->cp_size),
+             at_least_1(s->ep_size), at_least_1(s->rollout_tp));
+}
+
 const char *placement_role_name(enum placement_role r)
 {
     return r == PLACE_TRAINER ? "trainer" : r == PLACE_ROLLOUT ? "rollout" : "hybrid";

@@ -17,6 +17,7 @@
 #ifndef GRPO_COMMON_PLACEMENT_H
 #define GRPO_COMMON_PLACEMENT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 enum placement_role { PLACE_HYBRID = 0, PLACE_TRAINER = 1, PLACE_ROLLOUT = 2 };
@@ -45,6 +46,14 @@ struct grpo_config;
  * rollout.nnodes x rollout.n_gpus_per_node (which must agree with placement.* when both are set). 0, or -1
  * with why naming the keys. */
 int placement_spec_from_config(const struct grpo_config *cfg, struct placement_spec *s, char *why, size_t whylen);
+
+/* Whether cfg was given any key placement_spec_from_config reads (rank counts, TP, PP, SP, CP, EP, rollout TP):
+ * grpod given one lays the run out itself and checks every rank against it. */
+bool placement_keys_given(const struct grpo_config *cfg);
+/* Whether two specs lay a world out the same way (sizes of 0 and 1 alike). */
+bool placement_spec_same(const struct placement_spec *a, const struct placement_spec *b);
+/* The spec in words for messages: "T trainer + R rollout ranks (TP t, PP p, SP/CP c, EP e, rollout TP r)". */
+void placement_spec_describe(const struct placement_spec *s, char *out, size_t len);
 
 /* Role and coordinates of `rank` in a world of `world` ranks. 0, or -1 with why naming the keys and the
  * numbers when the layout cannot work (ranks that do not add up, no trainers, a trainer count that is not a

@@ -87,15 +87,8 @@ static void set_state(struct core *c, Grpo__RunState s, const char *reason)
     }
 }
 
-/* grpod's own placement numbers (all zero without keys: every rank hybrid, until a configuration says). */
-static struct placement_spec own_place(const struct core *c)
-{
-    return (struct placement_spec){.trainer_ranks = c->set.trainer_ranks,
-                                   .rollout_ranks = c->set.rollout_ranks,
-                                   .tp_size = c->set.tp_size,
-                                   .pp_size = c->set.pp_size,
-                                   .rollout_tp = 0 /* rollout TP groups: the workers check them */};
-}
+/* grpod's own placement (all zero without keys: every rank hybrid, until a configuration says). */
+static struct placement_spec own_place(const struct core *c) { return c->set.place; }
 
 static void new_run(struct core *c)
 {
@@ -117,16 +110,29 @@ static void new_run(struct core *c)
     c->dirty = c->dirty_urgent = true;
 }
 
+int core_settings_place(struct core_settings *set, const struct grpo_config *cfg, char *why, size_t whylen)
+{
+    struct placement_spec ps;
+    int rc = placement_spec_from_config(cfg, &ps, why, whylen);
+    /* keys of the run grpod was given are checked against every rank; without them the first rank's
+     * configuration defines the run */
+    set->own_placement = placement_keys_given(cfg);
+    set->place = ps;
+    return rc;
+}
+
 void core_init(struct core *c, const struct core_settings *set, double now)
 {
     memset(c, 0, sizeof *c);
     c->set = *set;
-    if (set->trainer_ranks || set->rollout_ranks || set->tp_size > 1 || set->pp_size > 1)
+    const struct placement_spec *ps = &set->place;
+    if (ps->trainer_ranks || ps->rollout_ranks || ps->tp_size > 1 || ps->pp_size > 1 || ps->cp_size > 1 ||
+        ps->ep_size > 1 || ps->rollout_tp > 1)
         c->set.own_placement = true;
-    if (c->set.tp_size < 1)
-        c->set.tp_size = 1;
-    if (c->set.pp_size < 1)
-        c->set.pp_size = 1;
+    if (c->set.place.tp_size < 1)
+        c->set.place.tp_size = 1;
+    if (c->set.place.pp_size < 1)
+        c->set.place.pp_size = 1;
     if (getrandom(&c->rng, sizeof c->rng, GRND_NONBLOCK) != (ssize_t)sizeof c->rng)
         c->rng = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull;
     c->rng |= 1;
@@ -415,13 +421,27 @@ static void data_endpoint(const struct core *c, int dp, const char *host, char *
 }
 
 /* The ranks of a DP rank that share its sequences (Ulysses SP): 1 without. */
-static int cp_of(const struct core *c) { return c->place.cp_size > 1 ? c->place.cp_size : 1; }
+/* The trainers' DP size in layout s (placement_of's, as every worker computes it; 0 without trainer ranks). */
+static int trainer_dps(const struct placement_spec *s)
+{
+    struct placement p;
+    char why[256];
+    if (s->trainer_ranks < 1 || placement_of(s, 0, s->trainer_ranks + s->rollout_ranks, &p, why, sizeof why) != 0)
+        return 0;
+    return p.dp_size;
+}
 
+/* The trainer that binds DP rank dp's data endpoint: its TP, PP and SP/CP rank 0 (the worker's own rule). */
 static const struct core_worker *trainer_head(const struct core *c, int dp)
 {
     for (int r = 0; r < c->nworkers; r++) {
         const struct core_worker *w = c->workers[r];
-        if (w && w->role == GRPO__ROLE__ROLE_TRAINER && w->dp_rank == dp && w->tp_rank == 0 && w->pp_rank == 0)
+        struct placement p;
+        char why[256];
+        if (w && w->role == GRPO__ROLE__ROLE_TRAINER && w->dp_rank == dp && w->tp_rank == 0 && w->pp_rank == 0 &&
+            placement_of(&c->place, w->rank, c->place.trainer_ranks + c->place.rollout_ranks, &p, why, sizeof why) ==
+                0 &&
+            p.cp == 0)
             return w;
     }
     return NULL;
@@ -466,13 +486,12 @@ static uint8_t *reply_assignment(struct core *c, uint64_t id, const struct core_
         if (w->dp_rank == 0 && c->place.trainer_ranks > 0) { /* the dispatcher binds here */
             char base[256];
             data_base(c, base, sizeof base);
-            placement_dispatch_endpoint(base, c->place.trainer_ranks / (c->place.tp_size * c->place.pp_size * cp_of(c)),
-                                        NULL, ep, sizeof ep);
+            placement_dispatch_endpoint(base, trainer_dps(&c->place), NULL, ep, sizeof ep);
             as->dispatch_endpoint = arena_strdup(&a, ep);
         }
     }
     if (w->role == GRPO__ROLE__ROLE_ROLLOUT && c->place.trainer_ranks > 0) {
-        int dps = c->place.trainer_ranks / (c->place.tp_size * c->place.pp_size * cp_of(c));
+        int dps = trainer_dps(&c->place);
         as->n_trainer_endpoints = (size_t)dps;
         as->trainer_endpoints = arena_alloc(&a, (size_t)dps * sizeof(char *));
         for (int d = 0; d < dps; d++) {
@@ -502,7 +521,7 @@ static int missing_trainer_heads(const struct core *c, const struct placement_sp
     data_base(c, base, sizeof base);
     if (strncmp(base, "tcp://", 6) != 0 || s->trainer_ranks == 0)
         return 0;
-    int dps = s->trainer_ranks / (s->tp_size * s->pp_size), missing = 0;
+    int dps = trainer_dps(s), missing = 0;
     for (int d = 0; d < dps; d++)
         missing += trainer_head(c, d) == NULL;
     return missing;
@@ -551,14 +570,13 @@ static int check_rank_config(const struct core *c, const Grpo__Register *r, int 
         goto out;
     }
     /* a rank that gives no rank counts takes grpod's (a grpo-worker checks its assignment against its own) */
-    if (c->set.own_placement && (rs.trainer_ranks || rs.rollout_ranks) &&
-        (rs.trainer_ranks != spec->trainer_ranks || rs.rollout_ranks != spec->rollout_ranks ||
-         rs.tp_size != spec->tp_size || rs.pp_size != spec->pp_size)) {
+    if (c->set.own_placement && (rs.trainer_ranks || rs.rollout_ranks) && !placement_spec_same(&rs, spec)) {
+        char theirs[160], ours[160];
+        placement_spec_describe(&rs, theirs, sizeof theirs);
+        placement_spec_describe(spec, ours, sizeof ours);
         snprintf(why, whylen,
-                 "rank %d's configuration places %d trainer + %d rollout ranks (TP %d, PP %d), grpod's keys %d + %d "
-                 "(TP %d, PP %d): give grpod the job's placement keys or none",
-                 r->rank, rs.trainer_ranks, rs.rollout_ranks, rs.tp_size, rs.pp_size, spec->trainer_ranks,
-                 spec->rollout_ranks, spec->tp_size, spec->pp_size);
+                 "rank %d's configuration places %s, grpod's keys %s: give grpod the job's placement keys or none",
+                 r->rank, theirs, ours);
         goto out;
     }
     if (c->run.config) {
@@ -678,10 +696,11 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
     if (!present && !c->run.config && r->run_config[0]) { /* the first rank's configuration defines the run */
         if (core_set_run_config(c, r->run_config, why, sizeof why) != 0) /* read once already: cannot fail */
             return refuse(c, id, false, len, "%s", why);
-        if (!c->set.own_placement)
-            add_event(c, "run %s follows rank %d's configuration: %d trainer + %d rollout ranks (TP %d, PP %d)",
-                      c->run.id, r->rank, c->place.trainer_ranks, c->place.rollout_ranks, c->place.tp_size,
-                      c->place.pp_size);
+        if (!c->set.own_placement) {
+            char lay[160];
+            placement_spec_describe(&c->place, lay, sizeof lay);
+            add_event(c, "run %s follows rank %d's configuration: %s", c->run.id, r->rank, lay);
+        }
     }
     if (!w) /* one allocation per registered rank: a large world costs nothing until it shows up */
         w = c->workers[r->rank] = xcalloc(1, sizeof *w);

@@ -30,10 +30,10 @@
 
 /* How the run is laid out and how health is judged (from the placement.* and grpod.* keys). */
 struct core_settings {
-    int rollout_ranks, trainer_ranks; /* both 0: every rank is hybrid */
-    int tp_size, pp_size;             /* of the trainer ranks */
-    /* the four numbers above are grpod's own (it was given placement keys; also when any of them is set):
-     * the ranks must agree with them. Else the first rank's configuration (Register.run_config) lays the run out */
+    /* the layout (placement_spec_from_config of grpod's keys, as every grpo-worker reads its own; rank counts both
+     * 0: every rank is hybrid). grpod's own when it was given a layout key (also when a count or size is set): the
+     * ranks must agree with it. Else the first rank's configuration (Register.run_config) lays the run out */
+    struct placement_spec place;
     bool own_placement;
     /* the other keys that shape the run grpod was given (config_run_text with CONFIG_TEXT_GIVEN |
      * CONFIG_TEXT_NO_COUNTS): every rank's configuration must have these values. NULL or "": none */
@@ -147,6 +147,12 @@ struct core {
  * grpod has placement keys of its own, the run's layout follows it. 0, or -1 with why (text that does not
  * read; the run is then left as it was). */
 int core_set_run_config(struct core *c, const char *text, char *why, size_t whylen);
+/* The layout part of grpod's settings from its configuration (the run's keys it was given), read by
+ * placement_spec_from_config as grpo-worker reads it: set->own_placement when any layout key was given
+ * (placement_keys_given).
+ * 0, or -1 with why. */
+struct grpo_config;
+int core_settings_place(struct core_settings *set, const struct grpo_config *cfg, char *why, size_t whylen);
 /* Set up an empty core with a fresh run in WAITING. now is the monotonic clock. */
 void core_init(struct core *c, const struct core_settings *set, double now);
 /* Free what the core holds. */

@@ -620,40 +620,21 @@ int main(int argc, char **argv)
         goto cleanup;
     }
     /* 2. the run, recovered from the journal when there is one */
-    struct placement_spec ps;
-    placement_spec_from_config(&cfg, &ps, err, sizeof err); /* checked in settings_check */
-    /* keys of the run grpod was given are checked against every rank; without them the first rank's
-     * configuration defines the run */
-    static const char *const placement_keys[] = {"placement.trainer_ranks",
-                                                 "placement.rollout_ranks",
-                                                 "trainer.nnodes",
-                                                 "trainer.n_gpus_per_node",
-                                                 "rollout.nnodes",
-                                                 "rollout.n_gpus_per_node",
-                                                 "actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
-                                                 "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size"};
-    bool own_placement = false;
-    for (size_t i = 0; i < sizeof placement_keys / sizeof placement_keys[0]; i++)
-        own_placement |= config_given(&cfg, placement_keys[i]);
     own_config = config_run_text(&cfg, CONFIG_TEXT_GIVEN | CONFIG_TEXT_NO_COUNTS);
-    if (own_placement || own_config[0])
-        log_info("grpod", "checking every rank against grpod's own keys%s",
-                 own_placement ? ", placement included" : "");
-    else
-        log_info("grpod", "no run keys given: the first rank's configuration defines the run");
     struct core_settings set = {
-        .own_placement = own_placement,
         .own_config = own_config,
-        .rollout_ranks = ps.rollout_ranks,
-        .trainer_ranks = ps.trainer_ranks,
-        .tp_size = ps.tp_size,
-        .pp_size = ps.pp_size,
         .heartbeat_interval_s = cfg.grpod_heartbeat_interval_s,
         .heartbeat_timeout_s = cfg.grpod_heartbeat_timeout_s,
         .fail_on_lost = strcmp(cfg.grpod_on_worker_lost, "fail") == 0,
         .data_endpoint = cfg.grpod_data_endpoint,
         .http_url = d.http_url,
     };
+    core_settings_place(&set, &cfg, err, sizeof err); /* checked in settings_check */
+    if (set.own_placement || own_config[0])
+        log_info("grpod", "checking every rank against grpod's own keys%s",
+                 set.own_placement ? ", placement included" : "");
+    else
+        log_info("grpod", "no run keys given: the first rank's configuration defines the run");
     core_init(&d.core, &set, clock_now_s());
     core_ready = true;
     if (restore(&d) != 0)

@@ -104,8 +104,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     log_set_level(LOG_ERROR + (getenv("GRPO_FUZZ_VERBOSE") ? 3 : 0));
     struct core_settings set = {.heartbeat_interval_s = 1,
                                 .heartbeat_timeout_s = 5,
-                                .tp_size = 1,
-                                .pp_size = 1,
+                                .place = {.tp_size = 1, .pp_size = 1},
                                 .data_endpoint = "",
                                 .http_url = ""};
     core_init(&core, &set, now);

@@ -77,8 +77,7 @@ static void server_start(struct server *s, int wrong_version)
     snprintf(s->endpoint, sizeof s->endpoint, "ipc://%s/ctl.sock", s->dir);
     struct core_settings set = {.heartbeat_interval_s = 0.1,
                                 .heartbeat_timeout_s = 5,
-                                .tp_size = 1,
-                                .pp_size = 1,
+                                .place = {.tp_size = 1, .pp_size = 1},
                                 .data_endpoint = "",
                                 .http_url = ""};
     core_init(&s->core, &set, clock_now_s());

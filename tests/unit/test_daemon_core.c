@@ -25,10 +25,7 @@ static double T = 1000.0; /* the test's monotonic clock */
 
 static struct core_settings settings(int trainer, int rollout, int tp, int pp)
 {
-    struct core_settings s = {.rollout_ranks = rollout,
-                              .trainer_ranks = trainer,
-                              .tp_size = tp,
-                              .pp_size = pp,
+    struct core_settings s = {.place = {.rollout_ranks = rollout, .trainer_ranks = trainer, .tp_size = tp, .pp_size = pp},
                               .heartbeat_interval_s = 1.0,
                               .heartbeat_timeout_s = 5.0,
                               .data_endpoint = "",
@@ -1396,7 +1393,7 @@ static void test_own_keys_checked(void **state)
                                    "actor_rollout_ref.actor.ppo_mini_batch_size=4", NULL};
     text = config_text_of(one_two, &d);
     reg_config_refused(&c, 0, 3, text, d,
-                       (const char *const[]){"places 1 trainer + 2 rollout ranks", "grpod's keys 2 + 1", NULL});
+                       (const char *const[]){"places 1 trainer + 2 rollout ranks", "grpod's keys 2 trainer + 1 rollout ranks", NULL});
     free(text);
     assert_int_equal(c.run.world, 0);
     const char *const verl[] = {"trainer.nnodes=1",
@@ -1483,6 +1480,160 @@ static void test_run_config_journaled(void **state)
     core_deinit(&d);
 }
 
+
+/* One layout of the parallel keys: the overrides and the world mpirun starts. */
+struct layout {
+    const char *name;
+    int world;
+    const char *keys[12];
+};
+
+/* Every layout key (TP, PP, EP, SP, CP, rollout TP), split (placement.* or verl's node counts) and colocated: a
+ * grpod configured from the job's keys (core_settings_place, as grpod's main does) and a bare grpod (the first
+ * rank's configuration lays the run out) give every rank the assignment placement_of gives that rank from the
+ * same configuration, the one grpo-worker checks, and hand a rollout rank one data endpoint per trainer DP rank. */
+static void test_placement_follows_every_layout_key(void **state)
+{
+    (void)state;
+#define BATCH "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"
+    static const struct layout layouts[] = {
+        {"split SP", 3,
+         {"placement.trainer_ranks=2", "placement.rollout_ranks=1", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+          BATCH}},
+        {"split CP", 3,
+         {"placement.trainer_ranks=2", "placement.rollout_ranks=1",
+          "actor_rollout_ref.actor.megatron.context_parallel_size=2", BATCH}},
+        {"split TP", 6,
+         {"placement.trainer_ranks=4", "placement.rollout_ranks=2",
+          "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2", BATCH}},
+        {"split PP", 5,
+         {"placement.trainer_ranks=4", "placement.rollout_ranks=1",
+          "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2", BATCH}},
+        {"split EP", 5,
+         {"placement.trainer_ranks=4", "placement.rollout_ranks=1",
+          "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2", BATCH}},
+        {"split rollout TP", 4,
+         {"placement.trainer_ranks=2", "placement.rollout_ranks=2",
+          "actor_rollout_ref.rollout.tensor_model_parallel_size=2", BATCH}},
+        {"split TP PP SP rollout TP", 10,
+         {"placement.trainer_ranks=8", "placement.rollout_ranks=2",
+          "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+          "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+          "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+          "actor_rollout_ref.rollout.tensor_model_parallel_size=2", BATCH}},
+        {"split verl node counts SP", 3,
+         {"trainer.nnodes=1", "trainer.n_gpus_per_node=2", "rollout.nnodes=1", "rollout.n_gpus_per_node=1",
+          "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", BATCH}},
+        {"split CP EP", 9,
+         {"placement.trainer_ranks=8", "placement.rollout_ranks=1",
+          "actor_rollout_ref.actor.megatron.context_parallel_size=2",
+          "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2", BATCH}},
+        {"colocated SP", 4,
+         {"placement.trainer_ranks=4", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", BATCH}},
+        {"colocated CP rollout TP", 4,
+         {"placement.trainer_ranks=4", "actor_rollout_ref.actor.megatron.context_parallel_size=2",
+          "actor_rollout_ref.rollout.tensor_model_parallel_size=2", BATCH}},
+        {"colocated TP PP", 8,
+         {"placement.trainer_ranks=8", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+          "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2", BATCH}},
+        {"colocated EP", 4,
+         {"placement.trainer_ranks=4", "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2", BATCH}},
+        {"no rank counts, SP", 4, {"actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", BATCH}},
+        {"no rank counts, CP", 4, {"actor_rollout_ref.actor.megatron.context_parallel_size=2", BATCH}},
+    };
+#undef BATCH
+    for (size_t l = 0; l < sizeof layouts / sizeof layouts[0]; l++) {
+        const struct layout *lay = &layouts[l];
+        struct grpo_config cfg;
+        struct cfg_error cerr;
+        char why[1024];
+        config_init(&cfg);
+        for (int i = 0; lay->keys[i]; i++)
+            if (config_apply_override(&cfg, lay->keys[i], &cerr) != 0)
+                fail_msg("%s: %s", lay->name, cerr.msg);
+        struct placement_spec spec; /* the worker's */
+        if (placement_spec_from_config(&cfg, &spec, why, sizeof why) != 0)
+            fail_msg("%s: %s", lay->name, why);
+        uint64_t digest;
+        char *text = config_text_of(lay->keys, &digest);
+        for (int own = 0; own < 2; own++) { /* grpod given the job's keys, and a bare grpod */
+            struct core c;
+            struct core_settings s = settings(0, 0, 1, 1);
+            char *own_config = NULL;
+            if (own) {
+                own_config = config_run_text(&cfg, CONFIG_TEXT_GIVEN | CONFIG_TEXT_NO_COUNTS);
+                s.own_config = own_config;
+                if (core_settings_place(&s, &cfg, why, sizeof why) != 0)
+                    fail_msg("%s: %s", lay->name, why);
+            }
+            core_init(&c, &s, T);
+            for (int r = 0; r < lay->world; r++) {
+                struct placement p;
+                if (placement_of(&spec, r, lay->world, &p, why, sizeof why) != 0)
+                    fail_msg("%s: rank %d: %s", lay->name, r, why);
+                const Grpo__Role want = p.role == PLACE_TRAINER   ? GRPO__ROLE__ROLE_TRAINER
+                                        : p.role == PLACE_ROLLOUT ? GRPO__ROLE__ROLE_ROLLOUT
+                                                                  : GRPO__ROLE__ROLE_HYBRID;
+                Grpo__Envelope *e = send_register_config(&c, r, lay->world, text, digest, false);
+                if (e->body_case != GRPO__ENVELOPE__BODY_ASSIGNMENT)
+                    fail_msg("%s (%s grpod): rank %d refused: %s", lay->name, own ? "keyed" : "bare", r,
+                             e->body_case == GRPO__ENVELOPE__BODY_REPLY ? e->reply->error : "?");
+                const Grpo__Assignment *a = e->assignment;
+                if (a->role != want || a->dp_rank != p.dp || a->dp_size != p.dp_size || a->tp_rank != p.tp ||
+                    a->tp_size != p.tp_size || a->pp_rank != p.pp || a->pp_size != p.pp_size)
+                    fail_msg("%s (%s grpod): rank %d assigned role %d dp %d/%d tp %d/%d pp %d/%d, the worker computes "
+                             "role %d dp %d/%d tp %d/%d pp %d/%d",
+                             lay->name, own ? "keyed" : "bare", r, a->role, a->dp_rank, a->dp_size, a->tp_rank,
+                             a->tp_size, a->pp_rank, a->pp_size, want, p.dp, p.dp_size, p.tp, p.tp_size, p.pp,
+                             p.pp_size);
+                if (p.role == PLACE_ROLLOUT) { /* one data endpoint per trainer DP rank */
+                    struct placement t;
+                    assert_int_equal(placement_of(&spec, 0, lay->world, &t, why, sizeof why), 0);
+                    assert_int_equal((int)a->n_trainer_endpoints, t.dp_size);
+                }
+                protocol_free(e);
+            }
+            assert_int_equal(c.run.world, lay->world);
+            core_deinit(&c);
+            free(own_config);
+        }
+        free(text);
+        config_free(&cfg);
+    }
+}
+
+
+/* A grpod given the rank counts but not the ranks' SP size refuses them naming both layouts (it used to assign
+ * them a DP size the ranks do not compute). */
+static void test_own_layout_differs_in_sp(void **state)
+{
+    (void)state;
+    const char *const counts[] = {"placement.trainer_ranks=2", "placement.rollout_ranks=1", NULL};
+    struct grpo_config cfg;
+    struct cfg_error cerr;
+    char why[512];
+    config_init(&cfg);
+    for (int i = 0; counts[i]; i++)
+        assert_int_equal(config_apply_override(&cfg, counts[i], &cerr), 0);
+    struct core_settings s = settings(0, 0, 1, 1);
+    assert_int_equal(core_settings_place(&s, &cfg, why, sizeof why), 0);
+    assert_true(s.own_placement);
+    config_free(&cfg);
+    struct core c;
+    core_init(&c, &s, T);
+    const char *const sp[] = {"placement.trainer_ranks=2", "placement.rollout_ranks=1",
+                              "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "data.train_batch_size=4",
+                              "actor_rollout_ref.actor.ppo_mini_batch_size=4", NULL};
+    uint64_t d;
+    char *text = config_text_of(sp, &d);
+    reg_config_refused(&c, 0, 3, text, d,
+                       (const char *const[]){"places 2 trainer + 1 rollout ranks (TP 1, PP 1, SP/CP 2",
+                                             "grpod's keys 2 trainer + 1 rollout ranks (TP 1, PP 1, SP/CP 1", NULL});
+    free(text);
+    assert_int_equal(c.run.world, 0);
+    core_deinit(&c);
+}
+
 int main(void)
 {
     log_set_level(LOG_WARN);
@@ -1513,6 +1664,8 @@ int main(void)
         cmocka_unit_test(test_own_keys_checked),
         cmocka_unit_test(test_garbled_config_refused),
         cmocka_unit_test(test_run_config_journaled),
+        cmocka_unit_test(test_placement_follows_every_layout_key),
+        cmocka_unit_test(test_own_layout_differs_in_sp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
