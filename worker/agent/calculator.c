@@ -342,6 +342,7 @@ static int parse_expr(struct calc *c, struct val *out);
 
 static int parse_number(struct calc *c, struct val *out)
 {
+    memset(out, 0, sizeof *out);
     const char *s = c->s;
     const size_t start = c->pos;
     size_t p = start;
@@ -397,6 +398,7 @@ static int parse_number(struct calc *c, struct val *out)
 
 static int parse_atom(struct calc *c, struct val *out)
 {
+    memset(out, 0, sizeof *out);
     skip_space(c);
     const char ch = c->s[c->pos];
     if (ch == '(') {
@@ -624,7 +626,7 @@ static int parse_power(struct calc *c, struct val *out)
     skip_space(c);
     if (c->s[c->pos] == '*' && c->s[c->pos + 1] == '*') {
         c->pos += 2;
-        struct val e, r;
+        struct val e = {0}, r = {0};
         if (parse_unary(c, &e) != 0) {
             val_free(out);
             return -1;
@@ -639,6 +641,7 @@ static int parse_power(struct calc *c, struct val *out)
 /* unary := ('-' | '+') unary | power */
 static int parse_unary(struct calc *c, struct val *out)
 {
+    memset(out, 0, sizeof *out);
     skip_space(c);
     const char ch = c->s[c->pos];
     if (ch == '-' || ch == '+') {
@@ -656,6 +659,7 @@ static int parse_unary(struct calc *c, struct val *out)
 /* term := unary (('*' | '/' | '//' | '%') unary)* */
 static int parse_term(struct calc *c, struct val *out)
 {
+    memset(out, 0, sizeof *out);
     if (parse_unary(c, out) != 0)
         return -1;
     for (;;) {
@@ -669,7 +673,7 @@ static int parse_term(struct calc *c, struct val *out)
         if (!op)
             return 0;
         c->pos += strlen(op);
-        struct val b, r;
+        struct val b = {0}, r = {0};
         if (parse_unary(c, &b) != 0) {
             val_free(out);
             return -1;
@@ -683,6 +687,7 @@ static int parse_term(struct calc *c, struct val *out)
 /* expr := term (('+' | '-') term)* */
 static int parse_expr(struct calc *c, struct val *out)
 {
+    memset(out, 0, sizeof *out);
     if (parse_term(c, out) != 0)
         return -1;
     for (;;) {
@@ -691,7 +696,7 @@ static int parse_expr(struct calc *c, struct val *out)
         if (ch != '+' && ch != '-')
             return 0;
         c->pos++;
-        struct val b, r;
+        struct val b = {0}, r = {0};
         if (parse_term(c, &b) != 0) {
             val_free(out);
             return -1;
@@ -733,7 +738,7 @@ static void float_repr(double x, char *out, size_t len)
     for (; *q && *q != 'e'; q++)
         if (isdigit((unsigned char)*q))
             digits[nd++] = *q;
-    const int exp10 = atoi(q + 1);
+    const int exp10 = (int)strtol(q + 1, NULL, 10);
     while (nd > 1 && digits[nd - 1] == '0')
         nd--;
     digits[nd] = '\0';

@@ -393,9 +393,8 @@ int sandbox_run_python(const struct sandbox_limits *l, const char *code, struct 
         child_fail("exec bwrap");
     }
     close(outp[1]), close(infop[1]), close(sfd), close(nullfd);
-    outp[1] = infop[1] = sfd = nullfd = -1;
     if (cfd >= 0)
-        close(cfd), cfd = -1;
+        close(cfd);
 
     const int pfd = pidfd_open_(pid);
     if (pfd < 0) { /* no pidfd (a kernel before 5.3): nothing to wait on safely; stop it */
@@ -474,7 +473,6 @@ int sandbox_run_python(const struct sandbox_limits *l, const char *code, struct 
     if (!exited) {
         while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
         }
-        exited = 1;
     }
     /* the sandbox is gone when its first process is: the kernel kills and reaps the rest of the namespace
      * before that process's exit is seen */

@@ -167,7 +167,7 @@ static int read_config(struct ycfg *y, const char *cls, const yaml_node_t *cfg, 
         const yaml_node_t *kn = yaml_document_get_node(y->doc, p->key);
         const yaml_node_t *v = yaml_document_get_node(y->doc, p->value);
         const char *k = scalar(kn);
-        double d;
+        double d = 0;
         if (!k)
             return yfail(y, kn, "config: a key must be a name");
         if (strcmp(k, "type") == 0) { /* verl's tool type: only native tools here */
