@@ -64,7 +64,7 @@ if [ "$DEV" = cuda ]; then
     grep -q "kernels: cuda" "$TMP/ep2.log"
     expect "EP 2: the ranks run on cuda" $?
     grep -Eq "EP 2 on GPUs(: the experts' dispatch and combine over NCCL| that trainer ranks share: the experts' all-to-alls over MPI)" "$TMP/ep2.log"
-    expect "EP 2: the ranks say which group carries the rows ($(grep -o 'EP 2 on GPUs[^(]*' "$TMP/ep2.log" | head -1))" $?
+    chk=$?; expect "EP 2: the ranks say which group carries the rows ($(grep -o 'EP 2 on GPUs[^(]*' "$TMP/ep2.log" | head -1))" $chk
 fi
 matches ep2 one-moe "EP 2: "
 

@@ -179,7 +179,7 @@ expect "forged rewards naming a rank not granted the unit are refused: the key s
 # one from a rollout rank it keeps until DP rank 0 says whose copy counts)
 "$STRANGER" "ipc://$TMP/data-dp1.sock" 1 --cred "$TMP/spare.cred" "${COMMON[@]}" placement.trainer_ranks=2 placement.rollout_ranks=1 \
     >"$TMP/stranger3.log" 2>&1
-expect "DP rank 1: each of the stranger's batches is refused ($(tr '\n' ';' <"$TMP/stranger3.log"))" $?
+chk=$?; expect "DP rank 1: each of the stranger's batches is refused ($(tr '\n' ';' <"$TMP/stranger3.log"))" $chk
 rm -f "$TMP/hold"
 wait $RUN
 expect "the run with a stranger on the data socket finishes" $?

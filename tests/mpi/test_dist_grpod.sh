@@ -212,7 +212,7 @@ expect "the broadcast run finishes without the lost rank (mpirun exit $mpi_rc)" 
 grep -q "policy version [0-9]* broadcast to 2 rollout process(es) over mpi" "$TMP/bkilled.log"
 expect "before the loss the versions were broadcast" $?
 grep -q "weight broadcast off for the rest of the run" "$TMP/bkilled.log"
-expect "the loss turns the broadcast off ($(grep -o "weight broadcast off[^(]*" "$TMP/bkilled.log" | head -1))" $?
+chk=$?; expect "the loss turns the broadcast off ($(grep -o "weight broadcast off[^(]*" "$TMP/bkilled.log" | head -1))" $chk
 "$COMPARE" "$(final ref4)" "$(final bkilled)" 0 >"$TMP/cmp6.txt" 2>&1
 expect "broadcast run with a rollout rank lost: weights bit-identical to the undisturbed run" $?
 stop_grpod

@@ -30,7 +30,7 @@ expect "2 colocated ranks with the _per_gpu keys" $?
     >"$TMP/global.log" 2>&1
 expect "2 colocated ranks with verl's global keys" $?
 "$COMPARE" "$(weights per)" "$(weights global)" 0 >"$TMP/cmp.txt" 2>&1
-expect "... the same weights, bit for bit ($(tail -1 "$TMP/cmp.txt"))" $?
+chk=$?; expect "... the same weights, bit for bit ($(tail -1 "$TMP/cmp.txt"))" $chk
 says "$TMP/global.log" "actor_rollout_ref.actor.ppo_micro_batch_size is deprecated (as in verl): it is divided by the 2 data-parallel trainer ranks, 2 sequences each"
 expect "... saying the deprecation and the per-rank size" $?
 [ "$(grep -c "ppo_micro_batch_size is deprecated" "$TMP/global.log")" -eq 1 ]; expect "... once" $?

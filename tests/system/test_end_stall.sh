@@ -74,7 +74,7 @@ expect "alone: rank 1 ends as finished, saying the dispatcher closed after every
 # while rank 1 is still stopped, grpod already says the run is finished (its trainer is)
 finished_while_stopped() {
     state_is finished
-    expect "grpod: the run is finished while rank 1 is stopped ($(status_field .state): $(status_field .reason))" $?
+    chk=$?; expect "grpod: the run is finished while rank 1 is stopped ($(status_field .state): $(status_field .reason))" $chk
     [ "$(status_field .reason)" = "training finished at step $STEPS" ]; expect "grpod: its reason names the last step" $?
 }
 start_grpod g placement.trainer_ranks=1 placement.rollout_ranks=2 || fail "grpod starts"

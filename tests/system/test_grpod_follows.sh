@@ -33,13 +33,13 @@ expect "grpod's log says whose configuration the run follows" $?
 "$WORKER" --replace-rank 2 grpod.endpoint="$EP" actor_rollout_ref.rollout.n=4 >"$TMP/wrong.log" 2>&1
 rc=$?
 [ "$rc" -eq 2 ] && grep -q "actor_rollout_ref.rollout.n (given here: 4, run: 2)" "$TMP/wrong.log"
-expect "a replacement with another rollout.n is refused naming it (exit $rc: $(grep -o 'differ.*' "$TMP/wrong.log" | head -1))" $?
+chk=$?; expect "a replacement with another rollout.n is refused naming it (exit $rc: $(grep -o 'differ.*' "$TMP/wrong.log" | head -1))" $chk
 
 # a rank the run does not have: refused with the reason on the process itself (it is alone: nobody else says it)
 "$WORKER" --replace-rank 7 grpod.endpoint="$EP" >"$TMP/rank7.log" 2>&1
 rc=$?
 [ "$rc" -eq 2 ] && grep -q "error .*--replace-rank 7: .*rank 7" "$TMP/rank7.log"
-expect "--replace-rank 7 of a 3-rank run exits 2 saying why (exit $rc: $(grep -o 'replace-rank 7:.*' "$TMP/rank7.log"))" $?
+chk=$?; expect "--replace-rank 7 of a 3-rank run exits 2 saying why (exit $rc: $(grep -o 'replace-rank 7:.*' "$TMP/rank7.log"))" $chk
 
 victim="$(status_field '.workers[] | select(.rank == 2) | .pid')"
 at="$(status_field .step)"
@@ -67,7 +67,7 @@ expect "the replacement logs as rank 2, the rank it replaces" $?
 grep -Eq "finished: .*\(([1-9][0-9]*) unit\(s\) generated here\)" "$TMP/replace.log"
 rc=$?; expect "it generated the rest of the run ($(grep -o '([0-9]* unit(s) generated here)' "$TMP/replace.log"))" $rc
 state_is finished && [ "$(status_field .step)" = "$STEPS" ]
-expect "the run finished all $STEPS steps ($(status_field .state), step $(status_field .step))" $?
+chk=$?; expect "the run finished all $STEPS steps ($(status_field .state), step $(status_field .step))" $chk
 [ -f "$TMP/runs/p/e/checkpoints/global_step_$STEPS/actor/model.safetensors" ]
 expect "the trainer wrote the final checkpoint" $?
 finish

@@ -82,7 +82,7 @@ kill -TERM "$TPID"
 ended "$TPID"; expect "timeout's two SIGTERMs end the run within seconds" $?
 wait "$TPID"; rc=$?
 [ "$rc" -eq 0 ]; expect "under timeout: exit status 0 (got $rc)" $?
-[ -n "$(ckpt_step tmo)" ]; expect "under timeout: a checkpoint at the step it stopped at ($(ckpt_step tmo))" $?
+[ -n "$(ckpt_step tmo)" ]; chk=$?; expect "under timeout: a checkpoint at the step it stopped at ($(ckpt_step tmo))" $chk
 ! has "$TMP/tmo.log" "ending now"; expect "under timeout: nothing ends without a checkpoint" $?
 
 # ---- a step that cannot end (a scorer that stalls while $TMP/stall exists): a second SIGTERM 2 s after the

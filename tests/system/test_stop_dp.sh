@@ -28,7 +28,7 @@ sstep="$(cat "$TMP/runs/p/e/checkpoints/latest_checkpointed_iteration.txt" 2>/de
 [ -n "$sstep" ] && [ "$sstep" -lt 400 ] && [ -f "$TMP/runs/p/e/checkpoints/global_step_$sstep/actor/model.safetensors" ]
 expect "the stop wrote its checkpoint mid-run (step $sstep)" $?
 [ -n "$sstep" ] && [ "$(status_field '[.workers[] | select(.role == "trainer") | .checkpoint_step] | join(",")')" = "$sstep,$sstep" ]
-expect "both trainers report the stop's checkpoint, step $sstep ($(status_field '[.workers[].checkpoint_step]|join(",")'))" $?
+chk=$?; expect "both trainers report the stop's checkpoint, step $sstep ($(status_field '[.workers[].checkpoint_step]|join(",")'))" $chk
 ! grep -q "without writing its checkpoint" "$TMP/stop.out"; expect "grpoctl names no trainer that did not checkpoint" $?
 stop_grpod
 finish

@@ -98,7 +98,7 @@ t0=$(date +%s%N)
 on hosta "$CLONE/build/no-such-program" >"$TMP/on-missing.txt" 2>&1; rc=$?
 ms=$((($(date +%s%N) - t0) / 1000000))
 [ $rc = 127 ] && has "$TMP/on-missing.txt" "on hosta: cannot start $CLONE/build/no-such-program: no such file or directory"
-expect "on: a missing program: exit $rc in $ms ms, named ($(head -c 200 "$TMP/on-missing.txt"))" $?
+chk=$?; expect "on: a missing program: exit $rc in $ms ms, named ($(head -c 200 "$TMP/on-missing.txt"))" $chk
 t0=$(date +%s)
 timeout 60 bash "$TMP/child.sh" "$TMP/b.up" "$CLONE/build/no-such-program" >"$TMP/b.log" 2>&1; rc=$?
 s=$(($(date +%s) - t0))
