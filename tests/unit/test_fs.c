@@ -207,7 +207,7 @@ static void test_remove_tree_hostile_names(void **state)
     (void)state;
     char victim[600], tree[600], err[2048] = "", cwd[4096];
     snprintf(victim, sizeof victim, "%s/victim", dir);
-    make(dir, "victim/", NULL);
+    make(dir, "victim/", "");
     make(dir, "victim/keep.txt", "precious");
     /* the tree, named as a hostile run would be */
     snprintf(tree, sizeof tree, "%s/e'$(touch INJECTED)' victim '`touch INJECTED2`", dir);
@@ -259,7 +259,7 @@ static void test_remove_tree_link_root(void **state)
     (void)state;
     char target[600], link[600], err[1024] = "";
     snprintf(target, sizeof target, "%s/target", dir);
-    make(dir, "target/", NULL);
+    make(dir, "target/", "");
     make(dir, "target/f", "kept");
     snprintf(link, sizeof link, "%s/link", dir);
     assert_int_equal(symlink(target, link), 0);
