@@ -34,11 +34,11 @@ protoc-c --proto_path="$src/proto" --c_out="$out/gen" "$src/proto/grpo.proto"
 mkdir -p "$out/gen/daemon"
 printf '#define GRPO_VERSION_STRING "fuzz"\n' >"$out/gen/daemon/grpod_version.h"
 proto=("$src"/proto/{protocol,transport,plane_auth}.c "$out/gen/grpo.pb-c.c")
-base=("$src"/common/{log,check,clock}.c)
+base=("$src"/common/{log,check,clock,fs,backoff}.c)
 sources() {
     case "$1" in
     grpod) echo "$src"/daemon/{core,core_report,core_persist,diagnose,validate,arena}.c "$src"/proto/{names,status_json}.c \
-        "${proto[@]}" "${base[@]}" "$src"/common/{placement,config_text,config,config_yaml,config_cli,config_verl,fs}.c -lyaml ;;
+        "${proto[@]}" "${base[@]}" "$src"/common/{placement,config_text,config,config_yaml,config_cli,config_verl,json_file}.c -lyaml ;;
     wire) echo "$src"/worker/plane/{wire,dispatch_core}.c "$src/worker/step/batch.c" "$src/worker/step/seq.c" \
         "${proto[@]}" "${base[@]}" ;;
     dispatch) echo "$src/worker/plane/dispatch_core.c" "${proto[@]}" "${base[@]}" ;;
