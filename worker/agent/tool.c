@@ -323,34 +323,6 @@ void tool_set_add(struct tool_set *s, struct tool *t)
     s->tools[s->n++] = t;
 }
 
-const char *tool_builtin_names(void) { return "code_interpreter, calculator"; }
-
-struct tool *tool_builtin_new(const char *name, char *err, size_t errlen)
-{
-    if (strcmp(name, "code_interpreter") == 0)
-        return code_interpreter_new(NULL, NULL, err, errlen);
-    if (strcmp(name, "calculator") == 0)
-        return calculator_new(NULL, err, errlen);
-    error_set(err, errlen, "unknown tool '%s' (known: %s)", name, tool_builtin_names());
-    return NULL;
-}
-
-int tool_set_builtins(struct tool_set *s, char *err, size_t errlen)
-{
-    memset(s, 0, sizeof *s);
-    struct tool *ci = code_interpreter_new(NULL, NULL, err, errlen);
-    if (!ci)
-        return -1;
-    tool_set_add(s, ci);
-    struct tool *calc = calculator_new(NULL, err, errlen);
-    if (!calc) {
-        tool_set_free(s);
-        return -1;
-    }
-    tool_set_add(s, calc);
-    return 0;
-}
-
 struct tool *tool_set_find(const struct tool_set *s, const char *name)
 {
     for (size_t i = 0; i < s->n; i++)

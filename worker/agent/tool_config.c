@@ -1,6 +1,7 @@
 /* verl's tool-config YAML (data.tool_config_path, `tools: [{class_name, config, tool_schema}]`) read into a
  * tool set. Owns: the map from class names to the built-in tools, the config keys each accepts, and errors that
- * name the file and line (an unknown class, a malformed schema, a bad config value).
+ * name the file and line (an unknown class, a malformed schema, a bad config value); and the built-ins by name
+ * (tool_builtin_new, tool_set_builtins), so that the tool interface (tool.c) depends on no tool.
  *
  * Class names:
  *   verl.tools.sandbox_fusion_tools.SandboxFusionTool  the built-in code interpreter, when config has no
@@ -324,4 +325,34 @@ int tool_set_load_yaml(struct tool_set *s, const char *path, char *err, size_t e
     if (rc)
         tool_set_free(s);
     return rc;
+}
+
+/* ---- the built-ins by name (here, not in tool.c: the interface knows no tool) ---- */
+
+const char *tool_builtin_names(void) { return "code_interpreter, calculator"; }
+
+struct tool *tool_builtin_new(const char *name, char *err, size_t errlen)
+{
+    if (strcmp(name, "code_interpreter") == 0)
+        return code_interpreter_new(NULL, NULL, err, errlen);
+    if (strcmp(name, "calculator") == 0)
+        return calculator_new(NULL, err, errlen);
+    error_set(err, errlen, "unknown tool '%s' (known: %s)", name, tool_builtin_names());
+    return NULL;
+}
+
+int tool_set_builtins(struct tool_set *s, char *err, size_t errlen)
+{
+    memset(s, 0, sizeof *s);
+    struct tool *ci = code_interpreter_new(NULL, NULL, err, errlen);
+    if (!ci)
+        return -1;
+    tool_set_add(s, ci);
+    struct tool *calc = calculator_new(NULL, err, errlen);
+    if (!calc) {
+        tool_set_free(s);
+        return -1;
+    }
+    tool_set_add(s, calc);
+    return 0;
 }
