@@ -492,6 +492,12 @@ struct comm *comm_mpi_world(void) { return mpi_wrap(MPI_COMM_WORLD, false); }
 
 void comm_mpi_init(int *argc, char ***argv)
 {
+    /* Colocated ranks share their work-unit table through an MPI window. Among Open MPI 4.1's one-sided
+     * components, rdma (and ucx) make a window across hosts on a plain TCP network that then fails
+     * (MPI_ERR_WIN: the ranks abort); sm (one host) and pt2pt (any network) always work. Unless the launch chose
+     * (mpirun --mca osc ... sets OMPI_MCA_osc), take those two. Read by Open MPI in MPI_Init; others ignore it. */
+    if (!getenv("OMPI_MCA_osc"))
+        setenv("OMPI_MCA_osc", "sm,pt2pt", 0);
     CHECK_MPI(MPI_Init(argc, argv));
     check_set_fatal_hook(check_mpi_abort_hook);
 }
