@@ -25,11 +25,12 @@ static double T = 1000.0; /* the test's monotonic clock */
 
 static struct core_settings settings(int trainer, int rollout, int tp, int pp)
 {
-    struct core_settings s = {.place = {.rollout_ranks = rollout, .trainer_ranks = trainer, .tp_size = tp, .pp_size = pp},
-                              .heartbeat_interval_s = 1.0,
-                              .heartbeat_timeout_s = 5.0,
-                              .data_endpoint = "",
-                              .http_url = ""};
+    struct core_settings s = {
+        .place = {.rollout_ranks = rollout, .trainer_ranks = trainer, .tp_size = tp, .pp_size = pp},
+        .heartbeat_interval_s = 1.0,
+        .heartbeat_timeout_s = 5.0,
+        .data_endpoint = "",
+        .http_url = ""};
     return s;
 }
 
@@ -1392,8 +1393,9 @@ static void test_own_keys_checked(void **state)
     const char *const one_two[] = {"placement.trainer_ranks=1", "placement.rollout_ranks=2", "data.train_batch_size=4",
                                    "actor_rollout_ref.actor.ppo_mini_batch_size=4", NULL};
     text = config_text_of(one_two, &d);
-    reg_config_refused(&c, 0, 3, text, d,
-                       (const char *const[]){"places 1 trainer + 2 rollout ranks", "grpod's keys 2 trainer + 1 rollout ranks", NULL});
+    reg_config_refused(
+        &c, 0, 3, text, d,
+        (const char *const[]){"places 1 trainer + 2 rollout ranks", "grpod's keys 2 trainer + 1 rollout ranks", NULL});
     free(text);
     assert_int_equal(c.run.world, 0);
     const char *const verl[] = {"trainer.nnodes=1",
@@ -1480,7 +1482,6 @@ static void test_run_config_journaled(void **state)
     core_deinit(&d);
 }
 
-
 /* One layout of the parallel keys: the overrides and the world mpirun starts. */
 struct layout {
     const char *name;
@@ -1497,46 +1498,59 @@ static void test_placement_follows_every_layout_key(void **state)
     (void)state;
 #define BATCH "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"
     static const struct layout layouts[] = {
-        {"split SP", 3,
-         {"placement.trainer_ranks=2", "placement.rollout_ranks=1", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-          BATCH}},
-        {"split CP", 3,
+        {"split SP",
+         3,
+         {"placement.trainer_ranks=2", "placement.rollout_ranks=1",
+          "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", BATCH}},
+        {"split CP",
+         3,
          {"placement.trainer_ranks=2", "placement.rollout_ranks=1",
           "actor_rollout_ref.actor.megatron.context_parallel_size=2", BATCH}},
-        {"split TP", 6,
+        {"split TP",
+         6,
          {"placement.trainer_ranks=4", "placement.rollout_ranks=2",
           "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2", BATCH}},
-        {"split PP", 5,
+        {"split PP",
+         5,
          {"placement.trainer_ranks=4", "placement.rollout_ranks=1",
           "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2", BATCH}},
-        {"split EP", 5,
+        {"split EP",
+         5,
          {"placement.trainer_ranks=4", "placement.rollout_ranks=1",
           "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2", BATCH}},
-        {"split rollout TP", 4,
+        {"split rollout TP",
+         4,
          {"placement.trainer_ranks=2", "placement.rollout_ranks=2",
           "actor_rollout_ref.rollout.tensor_model_parallel_size=2", BATCH}},
-        {"split TP PP SP rollout TP", 10,
+        {"split TP PP SP rollout TP",
+         10,
          {"placement.trainer_ranks=8", "placement.rollout_ranks=2",
           "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
           "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
           "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
           "actor_rollout_ref.rollout.tensor_model_parallel_size=2", BATCH}},
-        {"split verl node counts SP", 3,
+        {"split verl node counts SP",
+         3,
          {"trainer.nnodes=1", "trainer.n_gpus_per_node=2", "rollout.nnodes=1", "rollout.n_gpus_per_node=1",
           "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", BATCH}},
-        {"split CP EP", 9,
+        {"split CP EP",
+         9,
          {"placement.trainer_ranks=8", "placement.rollout_ranks=1",
           "actor_rollout_ref.actor.megatron.context_parallel_size=2",
           "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2", BATCH}},
-        {"colocated SP", 4,
+        {"colocated SP",
+         4,
          {"placement.trainer_ranks=4", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", BATCH}},
-        {"colocated CP rollout TP", 4,
+        {"colocated CP rollout TP",
+         4,
          {"placement.trainer_ranks=4", "actor_rollout_ref.actor.megatron.context_parallel_size=2",
           "actor_rollout_ref.rollout.tensor_model_parallel_size=2", BATCH}},
-        {"colocated TP PP", 8,
+        {"colocated TP PP",
+         8,
          {"placement.trainer_ranks=8", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
           "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2", BATCH}},
-        {"colocated EP", 4,
+        {"colocated EP",
+         4,
          {"placement.trainer_ranks=4", "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2", BATCH}},
         {"no rank counts, SP", 4, {"actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", BATCH}},
         {"no rank counts, CP", 4, {"actor_rollout_ref.actor.megatron.context_parallel_size=2", BATCH}},
@@ -1602,7 +1616,6 @@ static void test_placement_follows_every_layout_key(void **state)
     }
 }
 
-
 /* A grpod given the rank counts but not the ranks' SP size refuses them naming both layouts (it used to assign
  * them a DP size the ranks do not compute). */
 static void test_own_layout_differs_in_sp(void **state)
@@ -1621,9 +1634,12 @@ static void test_own_layout_differs_in_sp(void **state)
     config_free(&cfg);
     struct core c;
     core_init(&c, &s, T);
-    const char *const sp[] = {"placement.trainer_ranks=2", "placement.rollout_ranks=1",
-                              "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "data.train_batch_size=4",
-                              "actor_rollout_ref.actor.ppo_mini_batch_size=4", NULL};
+    const char *const sp[] = {"placement.trainer_ranks=2",
+                              "placement.rollout_ranks=1",
+                              "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                              "data.train_batch_size=4",
+                              "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                              NULL};
     uint64_t d;
     char *text = config_text_of(sp, &d);
     reg_config_refused(&c, 0, 3, text, d,
