@@ -142,7 +142,7 @@ static int poll_until(struct control *c, enum control_command cmd)
         enum control_command got = control_poll(c);
         if (got == cmd)
             return 1;
-        clock_sleep_s(0.01);
+        clock_sleep_s(0.01); /* sleep-ok: the poll interval of a bounded wait */
     }
     return 0;
 }
@@ -223,7 +223,7 @@ static void test_heartbeats_while_busy(void **state)
     control_set_phase(c, GRPO__PHASE__PHASE_UPDATE_ACTOR);
     control_set_metric(c, "critic/score/mean", 0.25);
     control_set_step(c, 3, 10);
-    clock_sleep_s(1.0); /* the trainer is busy: no calls at all */
+    clock_sleep_s(1.0); /* sleep-ok: the trainer busy for 1 s (no calls) is what is tested */
     Grpo__Envelope *keep;
     Grpo__Status *st = status(s.endpoint, &keep);
     assert_int_equal(st->n_workers, 1);
@@ -256,9 +256,8 @@ static void *resume_later(void *arg)
         Grpo__Status *st = status(r->endpoint, &keep);
         r->saw_paused = st->state == GRPO__RUN_STATE__RUN_PAUSED;
         protocol_free(keep);
-        clock_sleep_s(0.02);
+        clock_sleep_s(0.02); /* sleep-ok: the poll interval of a bounded wait */
     }
-    clock_sleep_s(0.3);
     send_command(r->endpoint, GRPO__COMMAND__COMMAND_RESUME);
     return NULL;
 }
@@ -294,7 +293,7 @@ static void test_commands(void **state)
         protocol_free(keep);
         if (status(s.endpoint, &keep)->checkpoint_seq_done == 1)
             break;
-        clock_sleep_s(0.02);
+        clock_sleep_s(0.02); /* sleep-ok: the poll interval of a bounded wait */
     }
     assert_int_equal(keep->status->checkpoint_seq_done, 1);
     assert_int_equal(keep->status->checkpoint_step, 5);
@@ -335,14 +334,14 @@ static void test_safe_point(void **state)
     send_command(s.endpoint, GRPO__COMMAND__COMMAND_CHECKPOINT);
     for (int i = 0; i < 500 && saves == 0; i++) {
         assert_true(control_safe_point(c, 2, save_cb, NULL));
-        clock_sleep_s(0.01);
+        clock_sleep_s(0.01); /* sleep-ok: the poll interval of a bounded wait */
     }
     assert_int_equal(saves, 1);
     send_command(s.endpoint, GRPO__COMMAND__COMMAND_STOP);
     bool go_on = true;
     for (int i = 0; i < 500 && go_on; i++) {
         go_on = control_safe_point(c, 3, save_cb, NULL);
-        clock_sleep_s(0.01);
+        clock_sleep_s(0.01); /* sleep-ok: the poll interval of a bounded wait */
     }
     assert_false(go_on);
     assert_int_equal(saves, 2);
