@@ -76,11 +76,11 @@ expect "a verl feature we lack is refused by name (exit 2)" $?
 
 # when OpenBLAS chose older kernels than the CPU runs, the worker runs itself again with better ones
 # (kernels/cpu/blas_select.c): the new image keeps its name, grpo-worker, which pgrep, pkill and the tests that
-# signal workers match (it was "exe" when re-run through /proc/self/exe). The worker waits on a FIFO for its
-# configuration, so it is caught alive after the re-run.
+# signal workers match (it was "exe" when re-run through /proc/self/exe). The worker then waits for a grpod that
+# is not there (it retries for grpod.connect_timeout_s), so it is caught alive after the re-run.
 if grep -qw avx2 /proc/cpuinfo; then
-    mkfifo "$TMP/cfg.fifo"
-    env -u OPENBLAS_CORETYPE GRPO_BLAS_PRETEND_CORE=Prescott "$worker" --config "$TMP/cfg.fifo" >"$TMP/reexec" 2>&1 &
+    env -u OPENBLAS_CORETYPE GRPO_BLAS_PRETEND_CORE=Prescott "$worker" grpod.endpoint="ipc://$TMP/no-grpod.sock" \
+        grpod.connect_timeout_s=120 >"$TMP/reexec" 2>&1 &
     pid=$!
     rerun() { tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx GRPO_BLAS_REEXEC=1; }
     wait_for 20 rerun; rc=$?
