@@ -34,6 +34,7 @@
 #include "common/check.h"
 #include "common/clock.h"
 #include "common/linebuf.h"
+#include "common/procgroup.h"
 #include "common/log.h"
 
 /* The driver. argv: the file, the function's name. */
@@ -106,26 +107,6 @@ struct pyscorer {
     struct pyproc *w;
 };
 
-/* End a driver and everything it started: the driver leads a process group of its own (spawn), so what the
- * user's code forked (and did not move out of the group with setsid) is killed with it. The driver is waited
- * for without being reaped, so its pid, and with it the group's id, cannot be reused while the group is
- * killed; then it is reaped. Its wait status. */
-static int end_group(pid_t pid, bool kill_first)
-{
-    if (kill_first) {
-        kill(-pid, SIGKILL);
-        kill(pid, SIGKILL);
-    }
-    siginfo_t si;
-    while (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOWAIT) < 0 && errno == EINTR)
-        ;
-    kill(-pid, SIGKILL); /* what it left behind in its group */
-    int st = 0;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-        ;
-    return st;
-}
-
 static void stop(struct pyproc *w, bool kill_it)
 {
     if (w->to_child >= 0)
@@ -133,8 +114,8 @@ static void stop(struct pyproc *w, bool kill_it)
     if (w->from_child >= 0)
         close(w->from_child);
     w->to_child = w->from_child = -1;
-    if (w->pid > 0)
-        end_group(w->pid, kill_it);
+    if (w->pid > 0) /* the driver leads a group of its own (spawn): what the user's code forked goes with it */
+        procgroup_end(w->pid, kill_it ? 0 : -1);
     w->pid = 0;
     linebuf_reset(&w->lb);
     w->starting = false;
@@ -159,7 +140,7 @@ static void ended(struct pyproc *w, char *why, size_t len)
     w->pid = 0;
     stop(w, false);
     if (pid > 0)
-        st = end_group(pid, false);
+        st = procgroup_end(pid, -1);
     if (pid > 0 && WIFSIGNALED(st)) {
         const char *abbrev = sigabbrev_np(WTERMSIG(st));
         snprintf(why, len, "the Python scorer process was killed by SIG%s", abbrev ? abbrev : "?");
@@ -189,7 +170,7 @@ static int spawn(const struct pyscorer *p, struct pyproc *w, char *err, size_t e
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent)
             _exit(111);
-        setpgid(0, 0); /* a group of its own, ended whole (end_group) */
+        setpgid(0, 0); /* a group of its own, ended whole (procgroup_end) */
         signal(SIGPIPE, SIG_DFL);
         /* fds 3 and 4 are the protocol's; dup2 clears close-on-exec */
         const int rq = fcntl(req[0], F_DUPFD_CLOEXEC, 10), wr = fcntl(res[1], F_DUPFD_CLOEXEC, 10);

@@ -27,6 +27,7 @@
 #include "common/check.h"
 #include "common/clock.h"
 #include "common/linebuf.h"
+#include "common/procgroup.h"
 #include "worker/tokenizer/tokenizer_internal.h"
 
 #define CHAT_PYTHON "python3"
@@ -165,25 +166,6 @@ struct chat_renderer *chat_renderer_new(void)
     return r;
 }
 
-/* Wait up to ms for the helper to exit without reaping it (while unreaped, its pid and process group stay ours),
- * kill whatever is left of its group, reap it. Its wait status. */
-static int reap(pid_t pid, int ms)
-{
-    for (int i = 0; i < ms / 10; i++) {
-        siginfo_t si;
-        memset(&si, 0, sizeof si);
-        const int rc = waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT);
-        if ((rc == 0 && si.si_pid == pid) || (rc < 0 && errno == ECHILD))
-            break;
-        usleep(10000);
-    }
-    kill(-pid, SIGKILL);
-    int st = 0;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-        ;
-    return st;
-}
-
 /* End the helper: close the socket (the driver's loop ends), give it a moment, then end its process group. */
 static void stop(struct chat_renderer *r, bool kill_now)
 {
@@ -192,7 +174,7 @@ static void stop(struct chat_renderer *r, bool kill_now)
     r->fd = -1;
     linebuf_reset(&r->lb);
     if (r->pid > 0)
-        reap(r->pid, kill_now ? 0 : 2000);
+        procgroup_end(r->pid, kill_now ? 0 : 2.0);
     r->pid = 0;
 }
 
@@ -215,7 +197,7 @@ static int ended(struct chat_renderer *r, char *err, size_t errlen)
     r->fd = -1;
     linebuf_reset(&r->lb);
     r->pid = 0;
-    const int st = pid > 0 ? reap(pid, 2000) : 0; /* it closed its end: it is exiting */
+    const int st = pid > 0 ? procgroup_end(pid, 2.0) : 0; /* it closed its end: it is exiting */
     if (WIFEXITED(st) && WEXITSTATUS(st) == 127)
         return error_set(err, errlen,
                          "chat template: cannot run %s (see the log): prompts are rendered by Python's jinja2; "
