@@ -165,17 +165,6 @@ int endpoint_probe(const char *endpoint, char *why, size_t whylen)
     return kind == ENDPOINT_IPC ? probe_ipc(path, why, whylen) : probe_tcp(endpoint, why, whylen);
 }
 
-static const char *file_kind(mode_t m)
-{
-    return S_ISREG(m)    ? "a regular file"
-           : S_ISDIR(m)  ? "a directory"
-           : S_ISLNK(m)  ? "a symbolic link"
-           : S_ISFIFO(m) ? "a named pipe"
-           : S_ISCHR(m)  ? "a character device"
-           : S_ISBLK(m)  ? "a block device"
-                         : "not a socket";
-}
-
 int endpoint_prepare_bind(const char *endpoint, char *err, size_t errlen)
 {
     enum endpoint_kind kind;
@@ -194,7 +183,7 @@ int endpoint_prepare_bind(const char *endpoint, char *err, size_t errlen)
     }
     if (!S_ISSOCK(st.st_mode)) {
         snprintf(err, errlen, "%s exists and is %s, not a socket: left alone (move it away or choose another path)",
-                 path, file_kind(st.st_mode));
+                 path, fs_kind(st.st_mode));
         return -1;
     }
     if (probe_ipc(path, why, sizeof why) == 0) {
