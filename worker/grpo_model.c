@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "worker/agent/agent_loop.h"
 #include "common/check.h"
 #include "common/fs.h"
 #include "common/log.h"
@@ -716,6 +717,7 @@ static int cmd_generate(const char *model, const struct opts *o)
 int main(int argc, char **argv)
 {
     log_init_from_env();
+    turn_env_register(&agent_env_factory);
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

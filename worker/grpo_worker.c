@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "worker/agent/agent_loop.h"
 #include "common/check.h"
 #include "common/config.h"
 #include "common/log.h"
@@ -293,6 +294,7 @@ static int finalize(struct launch *l, struct comm *world, struct args *a, int st
 
 int main(int argc, char **argv)
 {
+    turn_env_register(&agent_env_factory); /* multi-turn rollouts: the tool agent answers generation's turns */
     struct args a;
     int status = parse(&argc, argv, &a);
     if (status >= 0)

@@ -583,11 +583,11 @@ static void test_hydra_forms(void **state)
     assert_string_equal(c.data_truncation, "left");
     config_free(&c);
     y = fopen(path, "w");
-    fputs("actor_rollout_ref:\n  rollout:\n    multi_turn:\n      enable: true\n", y);
+    fputs("actor_rollout_ref:\n  rollout:\n    agent:\n      agent_loop_config_path: /tmp/loops.yaml\n", y);
     fclose(y);
     config_init(&c);
     assert_int_not_equal(config_load_yaml(&c, path, &err), 0);
-    assert_non_null(strstr(err.msg, ":4: actor_rollout_ref.rollout.multi_turn.enable=true: multi-turn rollouts"));
+    assert_non_null(strstr(err.msg, ":4: actor_rollout_ref.rollout.agent.agent_loop_config_path=/tmp/loops.yaml: agent loops"));
     config_free(&c);
     unlink(path);
 }

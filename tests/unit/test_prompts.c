@@ -60,7 +60,7 @@ static int load(struct tokenizer *tok, int max, const char *truncation, bool fil
     config_set(&c, "data.max_prompt_length", v, "test", &e);
     config_set(&c, "data.truncation", truncation, "test", &e);
     config_set(&c, "data.filter_overlong_prompts", filter ? "true" : "false", "test", &e);
-    int rc = prompt_sets_load(&c, tok, tr, va, err, errlen);
+    int rc = prompt_sets_load(&c, tok, NULL, tr, va, err, errlen);
     config_free(&c);
     return rc;
 }
@@ -141,7 +141,7 @@ static void test_column_keys(void **state)
     config_set(&c, "data.prompt_key", "question", "test", &e);
     config_set(&c, "data.reward_fn_key", "src", "test", &e);
     struct prompt_set t, v;
-    if (prompt_sets_load(&c, tok, &t, &v, err, sizeof err) != 0)
+    if (prompt_sets_load(&c, tok, NULL, &t, &v, err, sizeof err) != 0)
         fail_msg("%s", err);
     assert_int_equal(t.n, 2);
     assert_string_equal(t.items[0].data_source, "arithmetic");
@@ -151,7 +151,7 @@ static void test_column_keys(void **state)
     prompt_set_free(&t), prompt_set_free(&v);
     /* the default column is not there: the error names data.prompt_key's column */
     config_set(&c, "data.prompt_key", "query", "test", &e);
-    assert_int_not_equal(prompt_sets_load(&c, tok, &t, &v, err, sizeof err), 0);
+    assert_int_not_equal(prompt_sets_load(&c, tok, NULL, &t, &v, err, sizeof err), 0);
     assert_non_null(strstr(err, ":1: missing 'query' (data.prompt_key"));
     prompt_set_free(&t), prompt_set_free(&v);
     config_free(&c);

@@ -353,3 +353,29 @@ void tool_set_free(struct tool_set *s)
     free(s->tools);
     memset(s, 0, sizeof *s);
 }
+
+/* TEMPORARY (replaced by the per-trajectory tool API) */
+int tool_create(struct tool *t, const char *instance_id, const json_t *create_kwargs, char *err, size_t errlen)
+{
+    (void)t, (void)instance_id, (void)create_kwargs, (void)err, (void)errlen;
+    return 0;
+}
+char *tool_call_in(struct tool *t, const char *instance_id, const char *args_json, double *step_reward, int *is_error)
+{
+    (void)instance_id;
+    *step_reward = 0;
+    char *out = tool_call(t, args_json);
+    *is_error = strncmp(out, "Error", 5) == 0;
+    return out;
+}
+double tool_calc_reward(struct tool *t, const char *instance_id)
+{
+    (void)t, (void)instance_id;
+    return 0;
+}
+void tool_release(struct tool *t, const char *instance_id) { (void)t, (void)instance_id; }
+int tool_set_load_function_tools(struct tool_set *s, const char *py_path, char *err, size_t errlen)
+{
+    (void)s;
+    return error_set(err, errlen, "%s: function tools are not available yet", py_path);
+}

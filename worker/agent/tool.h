@@ -67,6 +67,16 @@ char *tool_call(struct tool *t, const char *args_json);
 /* the same with parsed arguments (no reference taken) */
 char *tool_call_json(struct tool *t, const json_t *args);
 
+/* verl's BaseTool life cycle, per trajectory (instance_id unique per trajectory and tool). Built-ins ignore it. */
+int tool_create(struct tool *t, const char *instance_id, const json_t *create_kwargs, char *err, size_t errlen);
+/* One call in a trajectory: tool_call plus *step_reward (0 when the tool gives none) and *is_error. */
+char *tool_call_in(struct tool *t, const char *instance_id, const char *args_json, double *step_reward, int *is_error);
+double tool_calc_reward(struct tool *t, const char *instance_id);
+void tool_release(struct tool *t, const char *instance_id);
+/* A Python file of @function_tool functions (not yet: an error). */
+struct tool_set;
+int tool_set_load_function_tools(struct tool_set *s, const char *py_path, char *err, size_t errlen);
+
 /* ---- built-in tools ---- */
 
 /* code_interpreter: runs the argument "code" (Python source) in the sandbox (worker/agent/sandbox.h) and

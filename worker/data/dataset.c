@@ -36,6 +36,7 @@ static void free_sample(struct prompt_sample *s)
     }
     free(s->messages);
     free(s->extra_info_json);
+    free(s->agent_name);
     memset(s, 0, sizeof *s);
 }
 
@@ -225,6 +226,16 @@ static int parse_sample(const json_t *obj, const char *default_data_source, cons
         if (!json_is_object(extra))
             return bad(l, "extra_info: expected an object, got %s", json_type_name(extra));
         s->extra_info_json = CHECK_ALLOC(json_dumps(extra, JSON_COMPACT));
+    }
+    /* verl's agent loop of the sample */
+    json_t *agent = json_object_get(obj, "agent_name");
+    if (agent && !json_is_null(agent)) {
+        if (!json_is_string(agent))
+            return bad(l, "agent_name: expected a string, got %s", json_type_name(agent));
+        const char *an = json_string_value(agent);
+        if (strcmp(an, "single_turn_agent") != 0 && strcmp(an, "tool_agent") != 0)
+            return bad(l, "agent_name: unknown agent loop '%s' (single_turn_agent, tool_agent)", an);
+        s->agent_name = xstrdup(an);
     }
     s->line = (int)l->line;
     return 0;

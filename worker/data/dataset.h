@@ -35,6 +35,7 @@ struct prompt_sample {
     int n_messages;
     struct prompt_message *messages;
     char *extra_info_json; /* compact JSON object text, or NULL */
+    char *agent_name;      /* verl's agent_name column (single_turn_agent, tool_agent), or NULL: the default */
     int line;              /* 1-based line of the JSONL file; 0 for generated samples */
 };
 

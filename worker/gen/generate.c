@@ -54,8 +54,53 @@ int rollout_ctx_load_reward_model(struct rollout_ctx *r, char *err, size_t errle
     return 0;
 }
 
+bool rollout_multi_turn(const struct grpo_config *c)
+{
+    return c->rollout_multi_turn_enable || strcmp(c->rollout_agent_default_agent_loop, "tool_agent") == 0;
+}
+
+int rollout_tools_json(const struct grpo_config *c, char **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!rollout_multi_turn(c))
+        return 0;
+    const struct turn_env_factory *f = turn_env_factory();
+    if (!f)
+        return error_set(err, errlen,
+                         "multi-turn rollouts (actor_rollout_ref.rollout.multi_turn.enable) are not "
+                         "available in this program");
+    *out = f->tools_json(c, err, errlen);
+    return *out ? 0 : -1;
+}
+
+int rollout_ctx_load_env(struct rollout_ctx *r, char *err, size_t errlen)
+{
+    if (!rollout_multi_turn(r->cfg) || r->env)
+        return 0;
+    const struct turn_env_factory *f = turn_env_factory();
+    if (!f)
+        return error_set(err, errlen,
+                         "multi-turn rollouts (actor_rollout_ref.rollout.multi_turn.enable) are not "
+                         "available in this program");
+    if (r->policy->sh.tp || r->policy->sh.pp)
+        return error_set(err, errlen,
+                         "multi-turn rollouts generate on an unsplit model: a tensor- or pipeline-"
+                         "parallel generator is planned (set the rollout's and a colocated trainer's "
+                         "tensor/pipeline sizes to 1)");
+    r->env = f->create(r->cfg, r->tok, err, errlen);
+    if (!r->env)
+        return -1;
+    r->mt = xcalloc(1, sizeof *r->mt);
+    return 0;
+}
+
 void rollout_ctx_release(struct rollout_ctx *r)
 {
+    if (r->env)
+        turn_env_factory()->destroy(r->env);
+    r->env = NULL;
+    free(r->mt);
+    r->mt = NULL;
     reward_model_free(r->rm);
     r->rm = NULL;
 }
@@ -95,8 +140,25 @@ void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt
     };
     const int total = n_prompts * n;
     struct gen_output *out = xcalloc((size_t)(total ? total : 1), sizeof *out);
-    if (n_prompts > 0)
+    struct turn_summary *sums = NULL;
+    bool multi = false;
+    for (int p = 0; r->env && p < n_prompts; p++)
+        multi |= prompts[p]->tool_agent;
+    if (multi) { /* multi-turn: every prompt of the call, its single-turn ones ending at their first turn */
+        const char **msgs = xmalloc((size_t)n_prompts * sizeof *msgs),
+                   **extra = xmalloc((size_t)n_prompts * sizeof *extra);
+        const char **agent = xmalloc((size_t)n_prompts * sizeof *agent);
+        for (int p = 0; p < n_prompts; p++) {
+            msgs[p] = prompts[p]->messages_json;
+            extra[p] = prompts[p]->extra_info;
+            agent[p] = prompts[p]->tool_agent ? "tool_agent" : "single_turn_agent";
+        }
+        sums = xcalloc((size_t)total, sizeof *sums);
+        generate_multi_turn(r->policy, r->env, ids, lens, msgs, extra, agent, n_prompts, &gp, out, sums, r->mt);
+        free(msgs), free(extra), free(agent);
+    } else if (n_prompts > 0) {
         generate(r->policy, ids, lens, n_prompts, &gp, out);
+    }
     *t_gen += clock_now_s() - t0;
     t0 = clock_now_s();
     step_batch_reserve(b, total);
@@ -125,6 +187,24 @@ void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt
             b->resp_text[i] = tokenizer_decode(r->tok, o->tokens, (size_t)o->len, true);
             items[p * n + s] = (struct reward_item){prompts[p]->data_source, b->resp_text[i], prompts[p]->ground_truth,
                                                     prompts[p]->extra_info};
+            if (sums) {
+                const struct turn_summary *ts = &sums[p * n + s];
+                bool model_only = true;
+                for (int k = 0; k < o->len; k++)
+                    model_only &= o->mask[k] != 0;
+                rs->mask = model_only ? NULL : o->mask; /* the batch owns it now */
+                if (model_only)
+                    free(o->mask);
+                o->mask = NULL;
+                rs->num_turns = ts->turns;
+                rs->tool_calls = ts->tool_calls;
+                rs->tool_errors = ts->tool_errors;
+                rs->tool_seconds = (float)ts->tool_seconds;
+                rs->tokens_mismatch = ts->mismatch;
+                rs->messages_json = ts->messages_json;
+                if (ts->reward_json) /* the scorer sees num_turns and the tools' rewards (verl's extra_info) */
+                    items[p * n + s].extra_info_json = ts->reward_json;
+            }
         }
     }
     /* the rule scorers; with a reward model, their scores weighted by rule_reward_weight (0: not run) */
@@ -147,5 +227,8 @@ void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt
                                         (int)c->rm_overlong_len, c->rm_overlong_penalty_factor);
     }
     *t_reward += clock_now_s() - t0;
+    for (int k = 0; sums && k < total; k++)
+        free(sums[k].reward_json); /* messages_json went to the sequence */
+    free(sums);
     free(items), free(scores), free(out), free(ids), free(lens);
 }

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "worker/gen/multi_turn.h"
 #include "worker/model/sampler.h"
 #include "worker/step/batch.h"
 
@@ -24,12 +25,22 @@ struct rollout_ctx {
     struct reward_model *rm; /* reward_model.enable: scores each response (rollout_ctx_load_reward_model) */
     int32_t stop_ids[4];
     int n_stop;
+    struct turn_env *env;        /* multi-turn rollouts: the tool agent (rollout_ctx_load_env), else NULL */
+    struct multi_turn_stats *mt; /* what multi-turn generation measured, summed over calls (with env) */
 };
 
 struct reward_model;
 /* Load the reward model reward_model.enable asks for (nothing when it is off). 0, or -1 with err. */
 int rollout_ctx_load_reward_model(struct rollout_ctx *r, char *err, size_t errlen);
-/* Free what the context owns (the reward model). */
+/* Make the turn environment multi-turn rollouts need (multi_turn.enable or agent.default_agent_loop=tool_agent;
+ * nothing otherwise), with the program's registered factory. 0, or -1 with err. */
+int rollout_ctx_load_env(struct rollout_ctx *r, char *err, size_t errlen);
+/* The tool schemas prompts are rendered with (a JSON array text, malloc'd) when rollouts are multi-turn; NULL
+ * otherwise. -1 with err when the tools do not load (the error names FILE:LINE) or the program has no agent. */
+int rollout_tools_json(const struct grpo_config *cfg, char **out, char *err, size_t errlen);
+/* Whether a configuration asks for multi-turn rollouts. */
+bool rollout_multi_turn(const struct grpo_config *cfg);
+/* Free what the context owns (the reward model, the turn environment). */
 void rollout_ctx_release(struct rollout_ctx *r);
 
 /* Stop ids of a tokenizer: its EOS and ChatML's <|im_end|>. */

@@ -467,6 +467,10 @@ static int colocated_setup(struct colocated *c, char *err, size_t errlen)
         return -1;
     c->rc = *trainer_rollout_ctx(c->t);
     c->rc.policy = c->gen ? c->gen : trainer_policy(c->t);
+    if (c->rc.env && (c->rc.policy->sh.tp || c->rc.policy->sh.pp))
+        return error_set(err, errlen,
+                         "multi-turn rollouts generate on an unsplit model: a tensor-parallel "
+                         "generation engine is planned (actor_rollout_ref.rollout.tensor_model_parallel_size=1)");
     if (!c->rc.rm && cfg->rm_enable) { /* the trainer loads it on DP rank 0 only; every engine scores */
         if (rollout_ctx_load_reward_model(&c->rc, err, errlen) != 0)
             return -1;
@@ -519,8 +523,11 @@ static int run_colocated(struct role_env *env)
     int status = run_trainer_process(env, &lay, &src, colocated_ready, &c);
     if (env->rank == 0 && c.stolen_total)
         log_info("hybrid", "%lld work unit(s) were made by another engine than their own", (long long)c.stolen_total);
-    if (c.own_rm)
+    if (c.own_rm) {
+        c.rc.env = NULL; /* the trainer's */
+        c.rc.mt = NULL;
         rollout_ctx_release(&c.rc);
+    }
     model_free(c.gen);
     if (c.engine_dev)
         comm_free(c.engine_dev);

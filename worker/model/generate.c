@@ -57,6 +57,7 @@ void generate(struct model *m, const int32_t *const *prompts, const int *prompt_
         out[i].logps = xmalloc((size_t)(gp->max_new_tokens + 1) * sizeof(float));
         out[i].len = 0;
         out[i].stopped = false;
+        out[i].mask = NULL;
         out[i].routes = rw ? xmalloc((size_t)(prompt_lens[i / n] + gp->max_new_tokens) * rw * sizeof(uint16_t)) : NULL;
     }
     if (gp->max_new_tokens <= 0)
@@ -182,6 +183,8 @@ void gen_output_free(struct gen_output *o)
     free(o->tokens);
     free(o->logps);
     free(o->routes);
+    free(o->mask);
+    o->mask = NULL;
     o->tokens = NULL;
     o->logps = NULL;
     o->routes = NULL;

@@ -33,6 +33,9 @@ struct gen_output {
     /* with record_routes on a mixture of experts: (prompt_len + len - 1, n_layers x k) the experts of every token
      * that went through the model (the prompt's, then each sampled token fed back), else NULL */
     uint16_t *routes;
+    /* multi-turn generation (worker/gen/multi_turn.h): (len) 1 for a token the model sampled, 0 for one an
+     * environment put in (its log-prob is 0); NULL from generate() (every token sampled) */
+    uint8_t *mask;
 };
 
 /* Generate n_samples responses for each of n_prompts prompts into out[p * n_samples + s] (caller frees with

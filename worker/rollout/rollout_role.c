@@ -179,10 +179,14 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
                              bundled);
         path = bundled;
     }
+    char *tools = NULL; /* multi-turn rollouts: the tools' schemas, rendered into the tool agents' prompts */
     if (!(r->policy = model_load(path, err, errlen)) ||
         !(r->tok = prompt_load_tokenizer(path, r->env->cfg->data_apply_chat_template_kwargs, err, errlen)) ||
-        prompt_sets_load(c, r->tok, &r->train, &r->val, err, errlen) != 0 ||
-        !(r->reward = reward_create(c, err, errlen)))
+        rollout_tools_json(c, &tools, err, errlen) != 0)
+        return -1;
+    const int loaded = prompt_sets_load(c, r->tok, tools, &r->train, &r->val, err, errlen);
+    free(tools);
+    if (loaded != 0 || !(r->reward = reward_create(c, err, errlen)))
         return -1;
     if (r->eng) { /* this rank's shard of the group's model */
         if (model_shard_check(&r->policy->cfg, r->env->at.tp_size,
@@ -234,7 +238,7 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
     r->cur_step = -1;
     r->version = -1;
     rollout_ctx_init(&r->rc, c, r->policy, r->tok, r->reward);
-    if (rollout_ctx_load_reward_model(&r->rc, err, errlen) != 0)
+    if (rollout_ctx_load_reward_model(&r->rc, err, errlen) != 0 || rollout_ctx_load_env(&r->rc, err, errlen) != 0)
         return -1;
     if (!r->head)
         return 0;

@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/config.h"
 #include "worker/data/dataset.h"
+#include "worker/tokenizer/chat_template.h"
 #include "worker/formats/gguf.h"
 #include "worker/tokenizer/tokenizer.h"
 
@@ -57,8 +58,20 @@ static void truncate_ids(int32_t *ids, int *n, int max, const char *how)
     *n = max; /* right: the start is already in place */
 }
 
-static int encode_set(const struct grpo_config *cfg, const struct tokenizer *tok, struct dataset *d, const char *name,
-                      struct prompt_set *s, char *err, size_t errlen)
+/* The sample's messages as a JSON array text. */
+static char *messages_json(const struct prompt_sample *ps)
+{
+    json_t *a = json_array();
+    for (int k = 0; k < ps->n_messages; k++)
+        json_array_append_new(a, json_pack("{s:s, s:s}", "role", ps->messages[k].role, "content",
+                                           ps->messages[k].content ? ps->messages[k].content : ""));
+    char *text = CHECK_ALLOC(json_dumps(a, JSON_COMPACT | JSON_ENSURE_ASCII));
+    json_decref(a);
+    return text;
+}
+
+static int encode_set(const struct grpo_config *cfg, const struct tokenizer *tok, const char *tools_json,
+                      struct dataset *d, const char *name, struct prompt_set *s, char *err, size_t errlen)
 {
     s->name = name;
     s->n = 0;
@@ -71,12 +84,22 @@ static int encode_set(const struct grpo_config *cfg, const struct tokenizer *tok
         it->data_source = ps->data_source;
         it->ground_truth = ps->ground_truth;
         it->extra_info = ps->extra_info_json;
-        struct chat_message *msgs = xcalloc((size_t)(ps->n_messages ? ps->n_messages : 1), sizeof *msgs);
-        for (int k = 0; k < ps->n_messages; k++)
-            msgs[k] = (struct chat_message){ps->messages[k].role, ps->messages[k].content};
+        it->agent_name = ps->agent_name;
+        it->messages_json = messages_json(ps);
+        it->tool_agent =
+            tools_json && (ps->agent_name ? strcmp(ps->agent_name, "tool_agent") == 0
+                                          : cfg->rollout_multi_turn_enable ||
+                                                strcmp(cfg->rollout_agent_default_agent_loop, "tool_agent") == 0);
         char why[1024];
-        it->text = tokenizer_apply_chat_template(tok, msgs, ps->n_messages, true, why, sizeof why);
-        free(msgs);
+        if (it->tool_agent) { /* the tools' schemas go in the prompt, as the template places them */
+            it->text = tokenizer_render_chat(tok, it->messages_json, tools_json, true, NULL, why, sizeof why);
+        } else {
+            struct chat_message *msgs = xcalloc((size_t)(ps->n_messages ? ps->n_messages : 1), sizeof *msgs);
+            for (int k = 0; k < ps->n_messages; k++)
+                msgs[k] = (struct chat_message){ps->messages[k].role, ps->messages[k].content};
+            it->text = tokenizer_apply_chat_template(tok, msgs, ps->n_messages, true, why, sizeof why);
+            free(msgs);
+        }
         if (!it->text) {
             if (ps->line)
                 snprintf(err, errlen, "%s:%d: %s", name, ps->line, why);
@@ -88,7 +111,7 @@ static int encode_set(const struct grpo_config *cfg, const struct tokenizer *tok
         it->ids = tokenizer_encode(tok, it->text, strlen(it->text), 0, &n);
         it->len = (int)n;
         if (it->len > max && cfg->data_filter_overlong_prompts) { /* verl's filter_overlong_prompts */
-            free(it->text), free(it->ids);
+            free(it->text), free(it->ids), free(it->messages_json);
             memset(it, 0, sizeof *it);
             dropped++;
             continue;
@@ -140,8 +163,8 @@ static int encode_set(const struct grpo_config *cfg, const struct tokenizer *tok
     return 0;
 }
 
-int prompt_sets_load(const struct grpo_config *cfg, const struct tokenizer *tok, struct prompt_set *train,
-                     struct prompt_set *val, char *err, size_t errlen)
+int prompt_sets_load(const struct grpo_config *cfg, const struct tokenizer *tok, const char *tools_json,
+                     struct prompt_set *train, struct prompt_set *val, char *err, size_t errlen)
 {
     memset(train, 0, sizeof *train);
     memset(val, 0, sizeof *val);
@@ -156,7 +179,8 @@ int prompt_sets_load(const struct grpo_config *cfg, const struct tokenizer *tok,
     val->dataset = dv;
     const char *tn = cfg->data_train_files[0] ? cfg->data_train_files : cfg->data_synthetic_task;
     const char *vn = cfg->data_val_files[0] ? cfg->data_val_files : cfg->data_synthetic_task;
-    if (encode_set(cfg, tok, dt, tn, train, err, errlen) != 0 || encode_set(cfg, tok, dv, vn, val, err, errlen) != 0)
+    if (encode_set(cfg, tok, tools_json, dt, tn, train, err, errlen) != 0 ||
+        encode_set(cfg, tok, tools_json, dv, vn, val, err, errlen) != 0)
         return -1;
     return 0;
 }
@@ -167,6 +191,7 @@ void prompt_set_free(struct prompt_set *s)
         free(s->items[i].text);
         free(s->items[i].ids);
         free(s->items[i].answer_ids);
+        free(s->items[i].messages_json);
     }
     free(s->items);
     if (s->dataset) {

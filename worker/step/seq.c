@@ -14,6 +14,8 @@ void rollout_seqs_free(struct rollout_seq *s, int n)
         free(s[i].ref_logp);
         free(s[i].adv);
         free(s[i].routes);
+        free(s[i].mask);
+        free(s[i].messages_json);
     }
 }
 

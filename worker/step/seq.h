@@ -28,6 +28,16 @@ struct rollout_seq {
      * was routed to in generation (routes_w = n_layers x k per token, layer after layer), or NULL */
     uint16_t *routes;
     int routes_w;
+    /* multi-turn rollouts (worker/gen/multi_turn.h), else 0 and NULL */
+    uint8_t *mask; /* (resp_len) 1 where the model generated the token (loss, KL, entropy, advantage), 0 for a token put
+                      in the response from outside (a tool's answer, a template's turn markers); NULL: every token is
+                      the model's (single-turn) */
+    int num_turns; /* verl's num_turns: tool turns + model turns + 1 */
+    int tool_calls;       /* tool calls run */
+    int tool_errors;      /* of them, answered with an error */
+    float tool_seconds;   /* wall time of its tool calls */
+    bool tokens_mismatch; /* its tokens differ from the template's rendering of its messages (sanity check) */
+    char *messages_json;  /* the conversation, for the audit files (NULL: not kept) */
 };
 
 /* Free the per-sequence arrays of n sequences. */

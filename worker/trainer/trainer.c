@@ -941,7 +941,12 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         goto fail;
 
     /* data and scorers */
-    if (prompt_sets_load(cfg, t->tok, &t->train, &t->val, err, errlen) != 0)
+    char *tools = NULL; /* multi-turn rollouts: the tools' schemas, rendered into the tool agents' prompts */
+    if (rollout_tools_json(cfg, &tools, err, errlen) != 0)
+        goto fail;
+    const int loaded = prompt_sets_load(cfg, t->tok, tools, &t->train, &t->val, err, errlen);
+    free(tools);
+    if (loaded != 0)
         goto fail;
     t->reward = reward_create(cfg, err, errlen);
     if (!t->reward)
@@ -949,6 +954,8 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     rollout_ctx_init(&t->rc, cfg, t->policy, t->tok, t->reward);
     /* the reward model, where this process generates: one process, or the trainers that validate */
     if (t->lay.dp_rank == 0 && rollout_ctx_load_reward_model(&t->rc, err, errlen) != 0)
+        goto fail;
+    if (rollout_ctx_load_env(&t->rc, err, errlen) != 0)
         goto fail;
     const bool rules = !cfg->rm_enable || cfg->rm_rule_reward_weight != 0; /* a reward model alone needs none */
     for (int i = 0; rules && i < t->train.n; i++)
