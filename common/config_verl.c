@@ -203,8 +203,6 @@ static const struct verl_key g_verl[] = {
              "agent loops (not available yet)"),
     OFF_ONLY("actor_rollout_ref.rollout.agent.custom_async_server.path", "null", "generation runs in this engine",
              "a custom async rollout server (not available)"),
-    OFF_ONLY("actor_rollout_ref.rollout.multi_turn.interaction_config_path", "null", "no interaction (simulated user)",
-             "interactions (planned)"),
     NOTED("actor_rollout_ref.rollout.multi_turn.use_inference_chat_template",
           "the model's chat template renders every turn as it was generated"),
     NOTED("actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts", "rollout.n responses per prompt"),

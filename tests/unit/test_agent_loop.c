@@ -14,12 +14,14 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <jansson.h>
 
 #include "common/config.h"
 #include "worker/agent/agent_loop.h"
+#include "worker/agent/interaction.h"
 #include "worker/agent/tool_parser.h"
 #include "worker/gen/multi_turn.h"
 #include "worker/tokenizer/tokenizer.h"
@@ -89,7 +91,8 @@ static char *turn(struct fixture *f, int traj, const char *text, const char *sto
 }
 
 static const char *USER = "[{\"role\":\"user\",\"content\":\"What is 2**70?\"}]";
-#define CALL(expr) "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"" expr "\"}}\n</tool_call>"
+#define CALL(expr)                                                                                                     \
+    "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"" expr "\"}}\n</tool_call>"
 
 static void test_qwen_hermes_round_trip(void **state)
 {
@@ -113,10 +116,8 @@ static void test_qwen_hermes_round_trip(void **state)
     assert_int_equal(json_array_size(m), 4); /* user, assistant (with its call), tool, assistant */
     json_t *call = json_array_get(json_object_get(json_array_get(m, 1), "tool_calls"), 0);
     assert_string_equal(json_string_value(json_object_get(call, "name")), "calculator");
-    assert_string_equal(json_string_value(json_object_get(json_object_get(call, "arguments"), "expression")),
-                        "2**70");
-    assert_string_equal(json_string_value(json_object_get(json_array_get(m, 2), "content")),
-                        "1180591620717411303424");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(call, "arguments"), "expression")), "2**70");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(m, 2), "content")), "1180591620717411303424");
     assert_int_equal(json_integer_value(json_object_get(x, "num_turns")), 4);
     assert_int_equal(json_integer_value(json_object_get(x, "index")), 7); /* the sample's extra_info is kept */
     assert_true(json_is_number(json_object_get(json_object_get(x, "rollout_reward_scores"), "calculator")));
@@ -212,6 +213,47 @@ static void test_llama3_json(void **state)
     teardown(&f);
 }
 
+static void test_interaction(void **state)
+{
+    (void)state;
+    struct fixture f;
+    const char *ov[] = {"actor_rollout_ref.rollout.multi_turn.interaction_config_path",
+                        "tests/fixtures/tools/retry_interaction.yaml",
+                        "actor_rollout_ref.rollout.multi_turn.max_user_turns", "2", NULL};
+    setup(&f, "qwen2.5-instruct", ov);
+    assert_int_equal(f.env->ops->begin(f.env, 0, USER, NULL, NULL), 0);
+    for (int k = 0; k < 2; k++) { /* a turn without a call: the simulated user answers, up to max_user_turns */
+        char *a = turn(&f, 0, "#### 12", "<|im_end|>", 500);
+        assert_non_null(a);
+        assert_string_equal(a, "\n<|im_start|>user\nCheck your work and answer again.<|im_end|>\n"
+                               "<|im_start|>assistant\n");
+        free(a);
+    }
+    assert_null(turn(&f, 0, "#### 12", "<|im_end|>", 400));
+    struct turn_summary s;
+    f.env->ops->finish(f.env, 0, &s);
+    assert_int_equal(s.turns, 2 + 3 + 1);
+    assert_int_equal(s.tool_calls, 0);
+    assert_false(s.mismatch);
+    turn_summary_free(&s);
+    teardown(&f);
+    /* a config naming an unknown class or key is refused with its line */
+    const char *bad = "tmp-interaction-bad.yaml";
+    FILE *y = fopen(bad, "w");
+    fputs("interaction:\n  - name: a\n    class_name: my.Interaction\n", y);
+    fclose(y);
+    struct interaction_set is;
+    char err[512];
+    assert_int_equal(interaction_set_load_yaml(&is, bad, err, sizeof err), -1);
+    assert_non_null(strstr(err, "tmp-interaction-bad.yaml:3: unknown interaction class 'my.Interaction'"));
+    y = fopen(bad, "w");
+    fputs("interaction:\n  - name: a\n    class_name: grpo.interactions.Retry\n    config:\n      msg: x\n", y);
+    fclose(y);
+    assert_int_equal(interaction_set_load_yaml(&is, bad, err, sizeof err), -1);
+    assert_non_null(strstr(err, ":5: unknown key 'msg' in config (message)"));
+    unlink(bad);
+}
+
 static void test_parsers(void **state)
 {
     (void)state;
@@ -257,8 +299,11 @@ static void test_parsers(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_qwen_hermes_round_trip), cmocka_unit_test(test_bad_calls_are_answers),
-        cmocka_unit_test(test_limits_end_trajectories), cmocka_unit_test(test_llama3_json),
+        cmocka_unit_test(test_qwen_hermes_round_trip),
+        cmocka_unit_test(test_bad_calls_are_answers),
+        cmocka_unit_test(test_limits_end_trajectories),
+        cmocka_unit_test(test_llama3_json),
+        cmocka_unit_test(test_interaction),
         cmocka_unit_test(test_parsers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

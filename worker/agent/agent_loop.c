@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "worker/agent/interaction.h"
 #include "worker/agent/tool.h"
 #include "worker/agent/tool_parser.h"
 #include "worker/tokenizer/chat_template.h"
@@ -28,6 +29,7 @@ struct atraj {
     json_t *audit;     /* the same with the parsed tool calls and each answer's tool name and error flag */
     json_t *extra;     /* the sample's extra_info (an object), or NULL */
     json_t *instances; /* {tool name: instance id} of the tools this trajectory created */
+    const struct interaction *interaction; /* its simulated user, or NULL */
     int assistant_turns, user_turns, tool_calls, tool_errors;
     double tool_s;
     int32_t *resp; /* every response token so far (the model's and the answers') */
@@ -47,6 +49,7 @@ struct agent_env {
     const struct grpo_config *cfg;
     const struct tokenizer *tok;
     struct tool_set tools;
+    struct interaction_set interactions;
     char *tools_json;
     enum tool_format format;
     enum sanity_mode sanity;
@@ -247,6 +250,8 @@ static void keep_tokens(struct atraj *a, const int32_t *ids, int n)
     a->resp_n += n;
 }
 
+static int32_t *append_answers(struct agent_env *e, struct atraj *a, const struct job *j, json_t *answers, int *n);
+
 /* A model turn: the tokens to append after it (*n), or NULL when the trajectory ends. */
 static int32_t *take_turn(struct agent_env *e, struct atraj *a, const struct job *j, int *n)
 {
@@ -267,9 +272,23 @@ static int32_t *take_turn(struct agent_env *e, struct atraj *a, const struct job
                 (c->rollout_multi_turn_max_user_turns > 0 && a->user_turns >= c->rollout_multi_turn_max_user_turns);
     if (!over) {
         tool_parse_turn(e->format, text, &pt);
-        over = pt.n_calls == 0;
+        over = pt.n_calls == 0 && !a->interaction;
     }
     free(text);
+    if (!over && pt.n_calls == 0) { /* no call: the simulated user answers */
+        int terminate = 0;
+        char *said = interaction_respond(a->interaction, &terminate);
+        parsed_turn_free(&pt);
+        if (terminate) {
+            free(said);
+            return NULL;
+        }
+        json_t *answers = json_array();
+        json_array_append_new(answers, json_pack("{s:s, s:s}", "role", "user", "content", said));
+        json_array_append_new(a->audit, json_pack("{s:s, s:s}", "role", "user", "content", said));
+        free(said);
+        return append_answers(e, a, j, answers, n);
+    }
     if (over) {
         if (pt.n_calls > 0) { /* calls the turn limits left unanswered are still shown */
             json_t *calls = json_array();
@@ -307,6 +326,13 @@ static int32_t *take_turn(struct agent_env *e, struct atraj *a, const struct job
     }
     json_object_set_new(amsg, "tool_calls", calls);
     parsed_turn_free(&pt);
+    return append_answers(e, a, j, answers, n);
+}
+
+/* The tokens of the answers (their reference is taken) after the turn j, or NULL when they do not render or
+ * would reach the response budget. */
+static int32_t *append_answers(struct agent_env *e, struct atraj *a, const struct job *j, json_t *answers, int *n)
+{
     char err[1024];
     const char *stop_text = j->stopped && j->n > 0 ? tokenizer_token_text(e->tok, j->ids[j->n - 1]) : NULL;
     char *delta = answer_text(e, a->msgs, answers, stop_text, err, sizeof err);
@@ -394,6 +420,14 @@ static int env_begin(struct turn_env *te, int traj, const char *messages_json, c
         a->extra = NULL;
     }
     a->instances = json_object();
+    if (e->interactions.n > 0) { /* extra_info.interaction_kwargs.name (verl's), or the first */
+        json_t *kw = a->extra ? json_object_get(a->extra, "interaction_kwargs") : NULL;
+        const char *name = json_string_value(json_object_get(kw, "name"));
+        a->interaction = interaction_find(&e->interactions, name);
+        if (!a->interaction)
+            log_warn_every("agent", "a sample asks for interaction '%s', which %s does not define: it has none", name,
+                           e->cfg->rollout_multi_turn_interaction_config_path);
+    }
     pthread_mutex_lock(&e->mu);
     if (traj >= e->n_trajs) {
         const int want = traj + 1 > 2 * e->n_trajs ? traj + 1 : 2 * e->n_trajs;
@@ -538,6 +572,12 @@ static struct turn_env *agent_env_create(const struct grpo_config *c, const stru
         free(e);
         return NULL;
     }
+    const char *ip = c->rollout_multi_turn_interaction_config_path;
+    if (ip && *ip && interaction_set_load_yaml(&e->interactions, ip, err, errlen) != 0) {
+        tool_set_free(&e->tools);
+        free(e);
+        return NULL;
+    }
     e->base.ops = &agent_ops;
     e->cfg = c;
     e->tok = tok;
@@ -579,6 +619,7 @@ static void agent_env_destroy(struct turn_env *te)
         free(e->replies[i].ids);
     free(e->replies);
     tool_set_free(&e->tools);
+    interaction_set_free(&e->interactions);
     free(e->tools_json);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->job_cv);

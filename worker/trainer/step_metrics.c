@@ -24,6 +24,17 @@ static void rollout_metrics(struct metrics *m, const struct step_rollouts *ro)
     metrics_set_summary(m, "response_length", &ro->response_length);
     metrics_set(m, "response_length/clip_ratio", ro->n_seq ? ro->clipped / ro->n_seq : 0);
     metrics_set(m, "prompt_length/mean", ro->n_seq ? ro->prompt_tokens / ro->n_seq : 0);
+    if (!ro->multi_turn)
+        return;
+    const double n = ro->n_seq ? ro->n_seq : 1;
+    metrics_set_summary(m, "num_turns", &ro->num_turns);
+    metrics_set(m, "multi_turn/tool_calls/mean", ro->tool_calls / n);
+    metrics_set(m, "multi_turn/tool_errors/mean", ro->tool_errors / n);
+    metrics_set(m, "multi_turn/tool_call_rate", ro->with_calls / n);
+    metrics_set(m, "multi_turn/tokenization_mismatch", ro->mismatch);
+    metrics_set(m, "response_length/model_tokens/mean", ro->model_tokens / n);
+    metrics_set(m, "response_length/tool_tokens/mean", ro->tool_tokens / n);
+    metrics_set(m, "timing_s/tool", ro->tool_s);
 }
 
 static void advantage_metrics(struct metrics *m, const struct step_advantages *a)

@@ -22,6 +22,13 @@ struct step_rollouts {
     double n_seq;          /* sequences */
     double clipped;        /* sequences cut at data.max_response_length */
     double prompt_tokens, tokens; /* prompt tokens; prompt and response tokens */
+    /* multi-turn rollouts (sums over the step's sequences) */
+    bool multi_turn;
+    struct metrics_summary num_turns;
+    double tool_calls, tool_errors, with_calls; /* calls; of them errors; trajectories with a call */
+    double tool_s;                              /* wall time of the calls, summed */
+    double model_tokens, tool_tokens;           /* response tokens the model sampled; put in by tools/template */
+    double mismatch;                            /* trajectories whose tokens failed the sanity check */
 };
 
 /* The advantages (and the in-reward KL, when on) of the step's response tokens. */

@@ -364,6 +364,22 @@ static void measure_rollouts(struct trainer *t, const struct step_batch *b, stru
     out->clipped = all[1];
     out->prompt_tokens = all[2];
     out->tokens = (double)(long long)all[3];
+    out->multi_turn = rollout_multi_turn(c);
+    if (out->multi_turn) {
+        double mt[7] = {0};
+        for (int i = 0; i < b->n_seq; i++) {
+            const struct rollout_seq *s = &b->seqs[i];
+            v[i] = s->num_turns;
+            mt[0] += s->tool_calls, mt[1] += s->tool_errors, mt[2] += s->tool_calls > 0, mt[3] += s->tool_seconds;
+            mt[6] += s->tokens_mismatch;
+            for (int k = 0; k < s->resp_len; k++)
+                mt[s->mask && !s->mask[k] ? 5 : 4] += 1;
+        }
+        out->num_turns = summarize_dist(t, v, (size_t)b->n_seq);
+        sum_dist(t, mt, 7);
+        out->tool_calls = mt[0], out->tool_errors = mt[1], out->with_calls = mt[2], out->tool_s = mt[3];
+        out->model_tokens = mt[4], out->tool_tokens = mt[5], out->mismatch = mt[6];
+    }
     free(v);
 }
 

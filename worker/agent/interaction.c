@@ -1,0 +1,152 @@
+#include "interaction.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+#include "common/check.h"
+
+#define RETRY "grpo.interactions.Retry"
+#define RETRY_MESSAGE "Your answer is not right yet. Check your work and give your final answer again."
+
+struct icfg {
+    const char *path;
+    yaml_document_t *doc;
+    char *err;
+    size_t errlen;
+};
+
+static int ifail(struct icfg *y, const yaml_node_t *at, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int ifail(struct icfg *y, const yaml_node_t *at, const char *fmt, ...)
+{
+    char m[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m, sizeof m, fmt, ap);
+    va_end(ap);
+    return error_set(y->err, y->errlen, "%s:%zu: %s", y->path, at ? at->start_mark.line + 1 : 1, m);
+}
+
+static const char *text_of(const yaml_node_t *n)
+{
+    return n && n->type == YAML_SCALAR_NODE ? (const char *)n->data.scalar.value : NULL;
+}
+
+/* Each key of mapping n against the allowed ones; the value of each allowed key into vals (NULL if absent). */
+static int keys_of(struct icfg *y, const yaml_node_t *n, const char *what, const char *const *allowed,
+                   const yaml_node_t **vals)
+{
+    if (!n || n->type != YAML_MAPPING_NODE)
+        return ifail(y, n, "%s must be a mapping", what);
+    for (int i = 0; allowed[i]; i++)
+        vals[i] = NULL;
+    for (yaml_node_pair_t *p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; p++) {
+        const yaml_node_t *kn = yaml_document_get_node(y->doc, p->key);
+        const char *k = text_of(kn);
+        int i = 0;
+        while (allowed[i] && (!k || strcmp(k, allowed[i]) != 0))
+            i++;
+        if (!allowed[i])
+            return ifail(y, kn, "unknown key '%s' in %s", k ? k : "?", what);
+        vals[i] = yaml_document_get_node(y->doc, p->value);
+    }
+    return 0;
+}
+
+static int load_one(struct icfg *y, struct interaction_set *s, const yaml_node_t *item)
+{
+    static const char *const keys[] = {"name", "class_name", "config", NULL};
+    const yaml_node_t *v[3];
+    if (keys_of(y, item, "an interaction (name, class_name, config)", keys, v) != 0)
+        return -1;
+    const char *cls = text_of(v[1]), *name = text_of(v[0]);
+    if (!cls)
+        return ifail(y, v[1] ? v[1] : item, "class_name: missing or not a string");
+    if (strcmp(cls, RETRY) != 0)
+        return ifail(y, v[1], "unknown interaction class '%s' (known: %s; Python interactions are planned)", cls,
+                     RETRY);
+    if (!name || !*name)
+        return ifail(y, v[0] ? v[0] : item, "name: missing or not a string");
+    if (interaction_find(s, name))
+        return ifail(y, v[0], "a second interaction named '%s'", name);
+    const char *message = RETRY_MESSAGE;
+    if (v[2] && !(v[2]->type == YAML_SCALAR_NODE && !*text_of(v[2]))) { /* config: (empty) is no config */
+        static const char *const ckeys[] = {"message", NULL};
+        const yaml_node_t *cv[1];
+        if (keys_of(y, v[2], "config (message)", ckeys, cv) != 0)
+            return -1;
+        if (cv[0] && !text_of(cv[0]))
+            return ifail(y, cv[0], "config.message: expected a text");
+        if (cv[0])
+            message = text_of(cv[0]);
+    }
+    s->items = xrealloc(s->items, (size_t)(s->n + 1) * sizeof *s->items);
+    s->items[s->n++] = (struct interaction){xstrdup(name), xstrdup(message)};
+    return 0;
+}
+
+int interaction_set_load_yaml(struct interaction_set *s, const char *path, char *err, size_t errlen)
+{
+    memset(s, 0, sizeof *s);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return error_set(err, errlen, "%s: %s", path, strerror(errno));
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    yaml_parser_initialize(&parser);
+    yaml_parser_set_input_file(&parser, f);
+    if (!yaml_parser_load(&parser, &doc)) {
+        error_set(err, errlen, "%s:%zu: %s", path, parser.problem_mark.line + 1,
+                  parser.problem ? parser.problem : "not YAML");
+        yaml_parser_delete(&parser);
+        fclose(f);
+        return -1;
+    }
+    struct icfg y = {path, &doc, err, errlen};
+    static const char *const keys[] = {"interaction", NULL};
+    const yaml_node_t *list[1];
+    const yaml_node_t *root = yaml_document_get_root_node(&doc);
+    int rc = keys_of(&y, root, "an interaction config (interaction)", keys, list);
+    if (rc == 0 && (!list[0] || list[0]->type != YAML_SEQUENCE_NODE))
+        rc = ifail(&y, list[0] ? list[0] : root, "interaction: missing or not a list");
+    for (yaml_node_item_t *it = rc ? NULL : list[0]->data.sequence.items.start;
+         it && it < list[0]->data.sequence.items.top && !rc; it++)
+        rc = load_one(&y, s, yaml_document_get_node(&doc, *it));
+    if (rc == 0 && s->n == 0)
+        rc = ifail(&y, list[0], "interaction: the list is empty");
+    yaml_document_delete(&doc);
+    yaml_parser_delete(&parser);
+    fclose(f);
+    if (rc)
+        interaction_set_free(s);
+    return rc;
+}
+
+const struct interaction *interaction_find(const struct interaction_set *s, const char *name)
+{
+    if (!name)
+        return s->n > 0 ? &s->items[0] : NULL;
+    for (int i = 0; i < s->n; i++)
+        if (strcmp(s->items[i].name, name) == 0)
+            return &s->items[i];
+    return NULL;
+}
+
+char *interaction_respond(const struct interaction *it, int *terminate)
+{
+    *terminate = 0;
+    return xstrdup(it->message);
+}
+
+void interaction_set_free(struct interaction_set *s)
+{
+    for (int i = 0; i < s->n; i++) {
+        free(s->items[i].name);
+        free(s->items[i].message);
+    }
+    free(s->items);
+    memset(s, 0, sizeof *s);
+}
