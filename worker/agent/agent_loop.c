@@ -31,6 +31,7 @@ struct atraj {
     json_t *instances; /* {tool name: instance id} of the tools this trajectory created */
     const struct interaction *interaction; /* its simulated user, or NULL */
     int assistant_turns, user_turns, tool_calls, tool_errors;
+    bool cut; /* its last model turn ran out of the response budget (no stop token: the template closes it) */
     double tool_s;
     int32_t *resp; /* every response token so far (the model's and the answers') */
     int resp_n, resp_cap;
@@ -257,8 +258,9 @@ static int32_t *take_turn(struct agent_env *e, struct atraj *a, const struct job
 {
     const struct grpo_config *c = e->cfg;
     keep_tokens(a, j->ids, j->n);
+    a->cut = !j->stopped;
     const int body = j->stopped && j->n > 0 ? j->n - 1 : j->n; /* the stop token is the template's, not content */
-    char *text = tokenizer_decode(e->tok, j->ids, (size_t)body, false);
+    char *text = tokenizer_decode_utf8(e->tok, j->ids, (size_t)body, false);
     json_t *msg = json_pack("{s:s, s:s}", "role", "assistant", "content", text);
     json_array_append(a->msgs, msg);
     json_t *amsg = json_copy(msg);
@@ -495,23 +497,31 @@ static bool tokens_match_messages(struct agent_env *e, struct atraj *a)
     char err[512];
     char *prompt = render(e, a->prompt, true, err, sizeof err);
     char *full = prompt ? render(e, a->msgs, false, err, sizeof err) : NULL;
-    char *resp = tokenizer_decode(e->tok, a->resp, (size_t)a->resp_n, false);
+    char *resp = tokenizer_decode_utf8(e->tok, a->resp, (size_t)a->resp_n, false);
     bool ok = false;
     if (full && strncmp(full, prompt, strlen(prompt)) == 0) {
         const char *want = full + strlen(prompt);
         if (e->sanity == SANITY_STRICT) {
-            ok = strncmp(want, resp, strlen(resp)) == 0 && all_space(want + strlen(resp));
+            ok = strncmp(want, resp, strlen(resp)) == 0 && (a->cut || all_space(want + strlen(resp)));
         } else {
             char *x = squeeze(want), *y = squeeze(resp);
-            ok = strcmp(x, y) == 0;
+            ok = a->cut ? strncmp(x, y, strlen(y)) == 0 : strcmp(x, y) == 0;
             free(x), free(y);
         }
     }
-    if (!ok)
+    if (!ok && full) { /* where they part: a few characters of each from there */
+        const char *want = strncmp(full, prompt, strlen(prompt)) == 0 ? full + strlen(prompt) : full;
+        size_t at = 0;
+        while (want[at] && want[at] == resp[at])
+            at++;
+        const size_t from = at > 12 ? at - 12 : 0;
         log_warn_every("agent",
-                       "a trajectory's tokens differ from the chat template's rendering of its messages%s%s "
-                       "(multi_turn.tokenization_sanity_check_mode=%s)",
-                       full ? "" : ": ", full ? "" : err, e->cfg->rollout_multi_turn_tokenization_sanity_check_mode);
+                       "a trajectory's tokens differ from the chat template's rendering of its messages at response "
+                       "byte %zu: template '%.40s', tokens '%.40s' (multi_turn.tokenization_sanity_check_mode=%s)",
+                       at, want + from, resp + from, e->cfg->rollout_multi_turn_tokenization_sanity_check_mode);
+    } else if (!ok) {
+        log_warn_every("agent", "the tokenization sanity check cannot render the trajectory's messages: %s", err);
+    }
     free(prompt), free(full), free(resp);
     return ok;
 }

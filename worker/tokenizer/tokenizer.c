@@ -1103,6 +1103,29 @@ int32_t *tokenizer_encode(const struct tokenizer *t, const char *text, size_t le
     return e.out;
 }
 
+char *tokenizer_decode_utf8(const struct tokenizer *t, const int32_t *ids, size_t n, bool skip_special)
+{
+    char *raw = tokenizer_decode(t, ids, n, skip_special);
+    const size_t len = strlen(raw);
+    char *o = xmalloc(3 * len + 1); /* one bad byte becomes 3 */
+    size_t k = 0;
+    for (size_t i = 0; i < len;) {
+        uint32_t cp;
+        const size_t step = tok_utf8_next(raw + i, len - i, &cp);
+        if (cp == 0xFFFFFFFFu) {
+            memcpy(o + k, "\xEF\xBF\xBD", 3);
+            k += 3;
+        } else {
+            memcpy(o + k, raw + i, step);
+            k += step;
+        }
+        i += step;
+    }
+    o[k] = '\0';
+    free(raw);
+    return o;
+}
+
 char *tokenizer_decode(const struct tokenizer *t, const int32_t *ids, size_t n, bool skip_special)
 {
     size_t total = 0;

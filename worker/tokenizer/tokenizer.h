@@ -90,6 +90,9 @@ int32_t *tokenizer_encode(const struct tokenizer *t, const char *text, size_t le
 /* Decode ids to a malloc'd NUL-terminated string (raw bytes joined; ids out of range are
  * skipped). With skip_special, added tokens marked special are left out. */
 char *tokenizer_decode(const struct tokenizer *t, const int32_t *ids, size_t n, bool skip_special);
+/* tokenizer_decode as valid UTF-8: each byte that does not start a valid sequence becomes U+FFFD (the text a
+ * chat message or a JSON string can hold; transformers' decode replaces them too). */
+char *tokenizer_decode_utf8(const struct tokenizer *t, const int32_t *ids, size_t n, bool skip_special);
 
 /* ---- chat ---- */
 /* The chat template applied to msgs (role and content each), rendered as transformers' apply_chat_template does
