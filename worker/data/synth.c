@@ -17,7 +17,10 @@
 /* streams of a seed */
 enum { STREAM_TRAIN = 0x7472, STREAM_VAL = 0x76616c };
 
-const char *synth_task_name(enum synth_task task) { return task == SYNTH_COUNTDOWN ? "countdown" : "arithmetic"; }
+const char *synth_task_name(enum synth_task task)
+{
+    return task == SYNTH_COUNTDOWN ? "countdown" : task == SYNTH_TOOL_ARITHMETIC ? "tool_arithmetic" : "arithmetic";
+}
 
 int synth_task_from_name(const char *name)
 {
@@ -25,6 +28,8 @@ int synth_task_from_name(const char *name)
         return SYNTH_ARITHMETIC;
     if (name && strcmp(name, "countdown") == 0)
         return SYNTH_COUNTDOWN;
+    if (name && strcmp(name, "tool_arithmetic") == 0)
+        return SYNTH_TOOL_ARITHMETIC;
     return -1;
 }
 
@@ -174,9 +179,13 @@ static bool make_arithmetic(const struct synth_opts *o, struct data_rng *g, stru
     }
     if (r < 0 && !o->allow_negative)
         return false;
-    char *prompt = synth_arithmetic_prompt(expr);
-    snprintf(p->prompt, sizeof p->prompt, "%s", prompt);
-    free(prompt);
+    if (o->task == SYNTH_TOOL_ARITHMETIC) { /* the question alone: the system message and the example say the rest */
+        snprintf(p->prompt, sizeof p->prompt, "What is %s?", expr);
+    } else {
+        char *prompt = synth_arithmetic_prompt(expr);
+        snprintf(p->prompt, sizeof p->prompt, "%s", prompt);
+        free(prompt);
+    }
     snprintf(p->ground_truth, sizeof p->ground_truth, "%lld", (long long)r);
     p->solution[0] = '\0';
     return true;
@@ -265,16 +274,34 @@ static bool make_countdown(const struct synth_opts *o, struct data_rng *g, struc
     return false;
 }
 
+/* The tool task's conversation before its question: what the calculator is for, and one worked example. */
+static const char *const TOOL_SHOT[][2] = {
+    {"system", "You have a calculator. Call it for arithmetic, then give the final number after ####."},
+    {"user", "What is 4821 * 7390?"},
+    {"assistant", "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"4821 * 7390\"}}\n"
+                  "</tool_call>"},
+    {"tool", "35627190"},
+    {"assistant", "#### 35627190"},
+};
+
 static void emit(struct dataset *d, const struct synth_opts *o, const struct problem *p, const char *split, int index)
 {
     struct prompt_sample *s = &d->samples[d->n++];
     memset(s, 0, sizeof *s);
-    s->data_source = xstrdup(synth_task_name(o->task));
+    const bool tool = o->task == SYNTH_TOOL_ARITHMETIC;
+    s->data_source = xstrdup(tool ? "arithmetic" : synth_task_name(o->task)); /* the tool task is scored as one */
     s->ground_truth = xstrdup(p->ground_truth);
-    s->n_messages = 1;
-    s->messages = xcalloc(1, sizeof *s->messages);
-    s->messages[0].role = xstrdup("user");
-    s->messages[0].content = xstrdup(p->prompt);
+    const int shot = tool ? (int)(sizeof TOOL_SHOT / sizeof TOOL_SHOT[0]) : 0;
+    s->n_messages = shot + 1;
+    s->messages = xcalloc((size_t)s->n_messages, sizeof *s->messages);
+    for (int k = 0; k < shot; k++) {
+        s->messages[k].role = xstrdup(TOOL_SHOT[k][0]);
+        s->messages[k].content = xstrdup(TOOL_SHOT[k][1]);
+    }
+    s->messages[shot].role = xstrdup("user");
+    s->messages[shot].content = xstrdup(p->prompt);
+    if (tool)
+        s->agent_name = xstrdup("tool_agent");
     char extra[512];
     if (p->solution[0])
         snprintf(extra, sizeof extra, "{\"split\":\"%s\",\"index\":%d,\"solution\":\"%s\"}", split, index, p->solution);
@@ -285,7 +312,7 @@ static void emit(struct dataset *d, const struct synth_opts *o, const struct pro
 
 static int check_opts(const struct synth_opts *o, char *err, size_t errlen)
 {
-    if (o->task == SYNTH_ARITHMETIC) {
+    if (o->task == SYNTH_ARITHMETIC || o->task == SYNTH_TOOL_ARITHMETIC) {
         if (o->min_digits < 1 || o->max_digits < o->min_digits || o->max_digits > 9) {
             snprintf(err, errlen, "synthetic arithmetic: digits must satisfy 1 <= min <= max <= 9 (got %d..%d)",
                      o->min_digits, o->max_digits);
