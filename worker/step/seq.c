@@ -14,7 +14,18 @@ void rollout_seqs_free(struct rollout_seq *s, int n)
         free(s[i].ref_logp);
         free(s[i].adv);
         free(s[i].routes);
+        free(s[i].mask);
     }
+}
+
+int rollout_seq_model_tokens(const struct rollout_seq *s)
+{
+    if (!s->mask)
+        return s->resp_len;
+    int n = 0;
+    for (int t = 0; t < s->resp_len; t++)
+        n += s->mask[t] != 0;
+    return n;
 }
 
 int rollout_seq_tokens(const struct rollout_seq *s) { return s->prompt_len + s->resp_len - 1; }

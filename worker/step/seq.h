@@ -28,10 +28,18 @@ struct rollout_seq {
      * was routed to in generation (routes_w = n_layers x k per token, layer after layer), or NULL */
     uint16_t *routes;
     int routes_w;
+    uint8_t *mask; /* (resp_len) 1 where the model generated the token (loss, KL, entropy, advantage), 0 for a token put
+                      in the response from outside (a tool's answer, a template's turn markers); NULL: every token is
+                      the model's (single-turn) */
 };
 
 /* Free the per-sequence arrays of n sequences. */
 void rollout_seqs_free(struct rollout_seq *s, int n);
+
+/* Whether response token t of s is the model's own (trained on): its mask's 1, or every token without a mask. */
+static inline bool rollout_seq_model_token(const struct rollout_seq *s, int t) { return !s->mask || s->mask[t]; }
+/* The model's own tokens of s's response (resp_len without a mask). */
+int rollout_seq_model_tokens(const struct rollout_seq *s);
 
 /* Packed micro-batch of whole sequences (prompt + response, no padding). */
 struct micro_batch {
