@@ -58,7 +58,7 @@ static void test_reinforce_pp(void **state)
     const double r[3] = {0, 1, 0.5};
     const int off[2] = {0, 2}, len[2] = {2, 1};
     double a[3];
-    reinforce_pp_advantages(r, off, len, 2, a);
+    reinforce_pp_advantages(r, NULL, off, len, 2, a);
     const double sd = sqrt(1.0 / 12 + 1e-8);
     assert_float_equal(a[0], (1 - 5.0 / 6) / sd, 1e-9);
     assert_float_equal(a[1], (1 - 5.0 / 6) / sd, 1e-9);
@@ -94,16 +94,16 @@ static void test_token_weights(void **state)
     (void)state;
     const int len[2] = {2, 3};
     double w[5];
-    loss_token_weights(AGG_TOKEN_MEAN, len, 2, 4, w);
+    loss_token_weights(AGG_TOKEN_MEAN, len, NULL, 2, 4, w);
     for (int i = 0; i < 5; i++)
         assert_float_equal(w[i], 0.2, 1e-15);
-    loss_token_weights(AGG_SEQ_MEAN_TOKEN_SUM, len, 2, 4, w);
+    loss_token_weights(AGG_SEQ_MEAN_TOKEN_SUM, len, NULL, 2, 4, w);
     assert_float_equal(w[0], 0.5, 1e-15);
     assert_float_equal(w[4], 0.5, 1e-15);
-    loss_token_weights(AGG_SEQ_MEAN_TOKEN_MEAN, len, 2, 4, w);
+    loss_token_weights(AGG_SEQ_MEAN_TOKEN_MEAN, len, NULL, 2, 4, w);
     assert_float_equal(w[1], 0.25, 1e-15);
     assert_float_equal(w[2], 1.0 / 6, 1e-15);
-    loss_token_weights(AGG_SEQ_MEAN_TOKEN_SUM_NORM, len, 2, 4, w);
+    loss_token_weights(AGG_SEQ_MEAN_TOKEN_SUM_NORM, len, NULL, 2, 4, w);
     assert_float_equal(w[3], 1.0 / 8, 1e-15);
 }
 
@@ -116,7 +116,7 @@ static double one(const struct policy_loss_params *p, float logp, float old, dou
     const float ref = -1.0f, ent = 0.0f;
     const double w = 1.0;
     *st = (struct policy_loss_stats){0};
-    policy_loss_tokens(p, 1, &logp, &old, &ref, &ent, &A, &w, st, d, NULL);
+    policy_loss_tokens(p, 1, &logp, &old, &ref, &ent, &A, &w, NULL, st, d, NULL);
     return st->loss;
 }
 
@@ -155,7 +155,7 @@ static void test_policy_loss_hand_worked(void **state)
     float logp = -1.5f, old = -1.5f, ref = -1.0f, ent = 2.0f, dl, de;
     double A = 0.5, w = 0.5;
     st = (struct policy_loss_stats){0};
-    policy_loss_tokens(&q, 1, &logp, &old, &ref, &ent, &A, &w, &st, &dl, &de);
+    policy_loss_tokens(&q, 1, &logp, &old, &ref, &ent, &A, &w, NULL, &st, &dl, &de);
     /* pg = -0.5 * 1 = -0.5; k2 = 0.5 * 0.25 = 0.125; loss = 0.5 * (-0.5 + 0.1*0.125 - 0.01*2) */
     assert_float_equal(st.loss, 0.5 * (-0.5 + 0.0125 - 0.02), 1e-7);
     assert_float_equal(st.kl_loss, 0.5 * 0.125, 1e-7);
@@ -182,13 +182,13 @@ static void test_policy_loss_finite_differences(void **state)
                 continue; /* kinks: no derivative */
             struct policy_loss_stats st = {0};
             float d;
-            policy_loss_tokens(&q, 1, &logp, &old, &ref, &ent, &A, &w, &st, &d, NULL);
+            policy_loss_tokens(&q, 1, &logp, &old, &ref, &ent, &A, &w, NULL, &st, &d, NULL);
             const float h = 1e-3f;
             float lp = logp + h, lm = logp - h;
             struct policy_loss_stats sp = {0}, sm = {0};
             float dd;
-            policy_loss_tokens(&q, 1, &lp, &old, &ref, &ent, &A, &w, &sp, &dd, NULL);
-            policy_loss_tokens(&q, 1, &lm, &old, &ref, &ent, &A, &w, &sm, &dd, NULL);
+            policy_loss_tokens(&q, 1, &lp, &old, &ref, &ent, &A, &w, NULL, &sp, &dd, NULL);
+            policy_loss_tokens(&q, 1, &lm, &old, &ref, &ent, &A, &w, NULL, &sm, &dd, NULL);
             double fd = (sp.loss - sm.loss) / (double)(lp - lm);
             if (fabs(fd - d) > 1e-3 * (1 + fabs(fd)))
                 fail_msg("kl %d trial %d: analytic %g, fd %g (ratio %g, A %g)", kt, trial, d, fd, ratio, A);

@@ -336,6 +336,88 @@ static void test_routes(void **state)
     drop(f);
 }
 
+/* Response masks (protocol 1.10): a mask with 0s comes back as sent; none, and an all-ones one, come back as none
+ * (every token the model's); a mask of another length, with a byte other than 0 or 1, or with no 1 is refused
+ * naming response_mask. */
+static void with_masks(struct fx *f)
+{
+    static const uint8_t m1[3] = {1, 0, 1}, m2[2] = {1, 1}, m3[3] = {0, 1, 1}; /* sequence 0: none */
+    const uint8_t *m[4] = {NULL, m1, m2, m3};
+    assert_int_equal(f->b.n_seq, 4);
+    for (int i = 1; i < 4; i++) {
+        struct rollout_seq *q = &f->b.seqs[i];
+        q->mask = malloc((size_t)q->resp_len);
+        memcpy(q->mask, m[i], (size_t)q->resp_len);
+        for (int t = 0; t < q->resp_len; t++)
+            if (!q->mask[t])
+                q->gen_logp[t] = 0; /* a token put in from outside has no sampler's log-prob */
+    }
+}
+
+/* The packed batch buf (replaced) with its sequence 1's response_mask cut to keep bytes. */
+static uint8_t *cut_mask(uint8_t *buf, size_t *len, size_t keep)
+{
+    Grpo__Envelope *e = protocol_unpack(buf, *len, NULL, 0);
+    assert_non_null(e);
+    free(buf);
+    Grpo__Sequence *q = e->rollout->sequences[1]; /* sequence 1: mask {1, 0, 1} */
+    assert_int_equal(q->response_mask.len, 3);
+    q->response_mask.len = keep;
+    *len = grpo__envelope__get_packed_size(e);
+    buf = malloc(*len);
+    grpo__envelope__pack(e, buf);
+    protocol_free(e);
+    return buf;
+}
+
+static void test_response_mask(void **state)
+{
+    (void)state;
+    struct fx *f = make();
+    with_masks(f);
+    size_t len;
+    uint8_t *buf = pack(f, &HDR, &len);
+    struct step_batch out = {0};
+    struct wire_header h;
+    char why[512] = "";
+    assert_int_equal(wire_unpack_batch(buf, len, &f->lim, &h, &out, why, sizeof why), 0);
+    assert_int_equal(out.n_seq, 4);
+    assert_null(out.seqs[0].mask);
+    assert_non_null(out.seqs[1].mask);
+    assert_memory_equal(out.seqs[1].mask, ((const uint8_t[]){1, 0, 1}), 3);
+    assert_null(out.seqs[2].mask); /* all ones */
+    assert_memory_equal(out.seqs[3].mask, ((const uint8_t[]){0, 1, 1}), 3);
+    assert_int_equal(rollout_seq_model_tokens(&out.seqs[1]), 2);
+    assert_int_equal(rollout_seq_model_tokens(&out.seqs[2]), 2);
+    assert_float_equal(out.seqs[1].gen_logp[1], 0.0, 0);
+    /* the batch operations move a sequence's mask with it */
+    bool keep[2] = {false, true};
+    step_batch_keep_groups(&out, keep); /* group 1: sequences 2 and 3 */
+    assert_int_equal(out.n_seq, 2);
+    assert_null(out.seqs[0].mask);
+    assert_memory_equal(out.seqs[1].mask, ((const uint8_t[]){0, 1, 1}), 3);
+    step_batch_free(&out);
+    free(buf);
+#define MASK_REFUSED(mutate, text)                                                                                     \
+    do {                                                                                                               \
+        struct fx *r = make();                                                                                         \
+        with_masks(r);                                                                                                 \
+        mutate;                                                                                                        \
+        buf = pack(r, &HDR, &len);                                                                                     \
+        refused(r, buf, len, text);                                                                                    \
+        free(buf);                                                                                                     \
+        drop(r);                                                                                                       \
+    } while (0)
+    MASK_REFUSED(r->b.seqs[1].mask[1] = 2, "sequence 1: response_mask byte 1 is 2, not 0");
+    MASK_REFUSED(r->b.seqs[3].mask[1] = r->b.seqs[3].mask[2] = 0,
+                 "sequence 3: response_mask marks none of the 3 response tokens as the model's");
+#undef MASK_REFUSED
+    buf = cut_mask(pack(f, &HDR, &len), &len, 2);
+    refused(f, buf, len, "sequence 1: response_mask holds 2 bytes for 3 response tokens");
+    free(buf);
+    drop(f);
+}
+
 /* Authentication (proto/plane_auth.h): a batch without a MAC, with another process's key, naming another rank
  * than its credentials', or replayed is refused; a good one is taken; the answer is authenticated for its asker
  * only. Each of these was taken before protocol 1.8. */
@@ -553,10 +635,11 @@ static void test_placement(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip), cmocka_unit_test(test_garbage_and_wrong_version),
-        cmocka_unit_test(test_bad_fields), cmocka_unit_test(test_routes),
-        cmocka_unit_test(test_auth),       cmocka_unit_test(test_auth_window),
-        cmocka_unit_test(test_placement),  cmocka_unit_test(test_filter_metric),
+        cmocka_unit_test(test_round_trip),    cmocka_unit_test(test_garbage_and_wrong_version),
+        cmocka_unit_test(test_bad_fields),    cmocka_unit_test(test_routes),
+        cmocka_unit_test(test_response_mask), cmocka_unit_test(test_auth),
+        cmocka_unit_test(test_auth_window),   cmocka_unit_test(test_placement),
+        cmocka_unit_test(test_filter_metric),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,6 +11,15 @@
 #include "proto/protocol.h"
 #include "proto/transport.h"
 
+/* A response mask that says nothing: none, or every byte 1. */
+static bool all_ones(const uint8_t *mask, int n)
+{
+    for (int t = 0; mask && t < n; t++)
+        if (mask[t] != 1)
+            return false;
+    return true;
+}
+
 uint8_t *wire_pack_batch(const struct wire_header *h, const struct step_batch *b, const int *groups, int n_groups,
                          struct plane_cred *cred, size_t *len)
 {
@@ -64,6 +73,8 @@ uint8_t *wire_pack_batch(const struct wire_header *h, const struct step_batch *b
                     r[2 * i] = (uint8_t)(s->routes[i] & 0xff), r[2 * i + 1] = (uint8_t)(s->routes[i] >> 8);
                 q->routed_experts = (ProtobufCBinaryData){.len = 2 * n, .data = r};
             }
+            if (!all_ones(s->mask, s->resp_len)) /* all ones travels as none */
+                q->response_mask = (ProtobufCBinaryData){.len = (size_t)s->resp_len, .data = s->mask};
             ptrs[k++] = q;
         }
     rb.n_sequences = (size_t)k;
@@ -122,6 +133,32 @@ static const char *check_routes(const Grpo__Sequence *q, const struct wire_limit
     return NULL;
 }
 
+/* A sequence's response_mask: none, or one byte (0 or 1) per response token with at least one 1; NULL when fine,
+ * else why. */
+static const char *check_mask(const Grpo__Sequence *q, char *why, size_t whylen)
+{
+    const size_t len = q->response_mask.len;
+    if (!len)
+        return NULL;
+    if (len != q->n_response_ids)
+        return snprintf(why, whylen, "response_mask holds %zu bytes for %zu response tokens (one per token)", len,
+                        q->n_response_ids),
+               why;
+    size_t ones = 0;
+    for (size_t t = 0; t < len; t++) {
+        if (q->response_mask.data[t] > 1)
+            return snprintf(why, whylen, "response_mask byte %zu is %u, not 0 (put in from outside) or 1 (the model's)",
+                            t, (unsigned)q->response_mask.data[t]),
+                   why;
+        ones += q->response_mask.data[t];
+    }
+    if (!ones)
+        return snprintf(why, whylen,
+                        "response_mask marks none of the %zu response tokens as the model's: nothing to train on", len),
+               why;
+    return NULL;
+}
+
 /* Check one sequence against the run; NULL when fine, else why. */
 static const char *check_sequence(const Grpo__Sequence *q, const struct wire_limits *lim, char *why, size_t whylen)
 {
@@ -168,6 +205,8 @@ static const char *check_sequence(const Grpo__Sequence *q, const struct wire_lim
         return snprintf(why, whylen, "reward is not finite"), why;
     if (!isnan(q->acc) && !(q->acc >= 0 && q->acc <= 1))
         return snprintf(why, whylen, "accuracy %g is outside [0, 1]", (double)q->acc), why;
+    if (check_mask(q, why, whylen))
+        return why;
     return check_routes(q, lim, why, whylen);
 }
 
@@ -300,6 +339,10 @@ int wire_unpack_batch(const uint8_t *buf, size_t len, const struct wire_limits *
         s->score = q->reward;
         s->raw_score = q->raw_reward;
         s->acc = q->acc;
+        if (!all_ones(q->response_mask.data, (int)q->response_mask.len)) { /* checked; all ones is no mask */
+            s->mask = xmalloc(q->response_mask.len);
+            memcpy(s->mask, q->response_mask.data, q->response_mask.len);
+        }
         if (q->routed_experts.len) { /* checked: (rollout_seq_tokens, layers x k) */
             const size_t n = q->routed_experts.len / 2;
             s->routes = xmalloc(n * sizeof *s->routes);

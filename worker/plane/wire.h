@@ -3,7 +3,8 @@
  * checked decoding of it. A trainer never trusts what arrives on its data
  * socket: every field is checked against the run (step window, group and
  * sample indices, token ids against the vocabulary, lengths, prompt ids against
- * its own copy of the prompt, finite log-probs and rewards, a policy version its step can be generated with,
+ * its own copy of the prompt, finite log-probs and rewards, a response mask of the response's length holding only 0
+ * and 1 and at least one 1, a policy version its step can be generated with,
  * finite non-negative timing and memory figures), and a batch that
  * fails any check is refused whole with a reason. */
 #ifndef GRPO_WORKER_PLANE_WIRE_H

@@ -61,7 +61,10 @@ static char *seq_line(int64_t step, int n, const struct step_batch *b, int i)
     json_object_set_new(o, "ground_truth", json_text(p->ground_truth ? p->ground_truth : ""));
     json_object_set_new(o, "score", json_real(s->raw_score));
     json_object_set_new(o, "reward", json_real(s->score));
-    json_object_set_new(o, "advantage", json_real(s->resp_len ? s->adv[0] : 0.0));
+    int first = 0; /* the first of the model's tokens: a response's advantage is its (the others' is 0) */
+    while (first < s->resp_len - 1 && !rollout_seq_model_token(s, first))
+        first++;
+    json_object_set_new(o, "advantage", json_real(s->resp_len ? s->adv[first] : 0.0));
     json_t *pid = json_array(), *rid = json_array(), *olp = json_array(), *rlp = json_array(), *glp = json_array();
     for (int k = 0; k < s->prompt_len; k++)
         json_array_append_new(pid, json_integer(s->prompt[k]));
@@ -76,6 +79,12 @@ static char *seq_line(int64_t step, int n, const struct step_batch *b, int i)
     json_object_set_new(o, "old_log_probs", olp);
     json_object_set_new(o, "ref_log_probs", rlp);
     json_object_set_new(o, "rollout_log_probs", glp);
+    if (s->mask) { /* which response tokens are the model's (1) and which were put in from outside (0) */
+        json_t *mk = json_array();
+        for (int k = 0; k < s->resp_len; k++)
+            json_array_append_new(mk, json_integer(s->mask[k]));
+        json_object_set_new(o, "response_mask", mk);
+    }
     char *line = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     return line;

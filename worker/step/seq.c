@@ -19,6 +19,16 @@ void rollout_seqs_free(struct rollout_seq *s, int n)
     }
 }
 
+int rollout_seq_model_tokens(const struct rollout_seq *s)
+{
+    if (!s->mask)
+        return s->resp_len;
+    int n = 0;
+    for (int t = 0; t < s->resp_len; t++)
+        n += s->mask[t] != 0;
+    return n;
+}
+
 int rollout_seq_tokens(const struct rollout_seq *s) { return s->prompt_len + s->resp_len - 1; }
 
 /* Same group and the same prompt: a shared prefix is worth packing once (at least 2 prompt tokens). */

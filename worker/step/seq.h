@@ -43,6 +43,11 @@ struct rollout_seq {
 /* Free the per-sequence arrays of n sequences. */
 void rollout_seqs_free(struct rollout_seq *s, int n);
 
+/* Whether response token t of s is the model's own (trained on): its mask's 1, or every token without a mask. */
+static inline bool rollout_seq_model_token(const struct rollout_seq *s, int t) { return !s->mask || s->mask[t]; }
+/* The model's own tokens of s's response (resp_len without a mask). */
+int rollout_seq_model_tokens(const struct rollout_seq *s);
+
 /* Packed micro-batch of whole sequences (prompt + response, no padding). */
 struct micro_batch {
     int n_seq;

@@ -160,7 +160,7 @@ static void mb_loss(const struct loss_ctx *L, struct mb_state *s)
         if (p->old_from_current)
             keep_logp(q, s->logp + at, 0);
         policy_loss_tokens(&p->loss, q->resp_len, s->logp + at, q->old_logp, q->ref_logp ? q->ref_logp : q->old_logp,
-                           s->ent + at, q->adv, L->w + L->woff[j], L->ls, s->dlogp + at, s->dent + at);
+                           s->ent + at, q->adv, L->w + L->woff[j], q->mask, L->ls, s->dlogp + at, s->dent + at);
     }
 }
 
@@ -235,24 +235,33 @@ void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int
                             const struct update_params *p, struct policy_loss_stats *ls, long long *tokens_forward,
                             double *pp_wait)
 {
-    /* weights of every response token in this mini-batch's loss */
+    /* weights of every response token in this mini-batch's loss: 0 on the tokens that are not the model's (their
+     * masks, packed, where a sequence has one), which no denominator counts */
     int *len = xmalloc((size_t)(n ? n : 1) * sizeof(int));
     int *woff = xmalloc((size_t)(n ? n : 1) * sizeof(int));
-    int total = 0;
+    int total = 0, own = 0;
+    bool masked = false;
     for (int i = 0; i < n; i++) {
         len[i] = seqs[idx[i]].resp_len;
         woff[i] = total;
         total += len[i];
+        own += rollout_seq_model_tokens(&seqs[idx[i]]);
+        masked |= seqs[idx[i]].mask != NULL;
     }
+    uint8_t *mask = masked ? xmalloc((size_t)(total ? total : 1)) : NULL;
+    for (int i = 0; masked && i < n; i++)
+        for (int t = 0; t < len[i]; t++)
+            mask[woff[i] + t] = rollout_seq_model_token(&seqs[idx[i]], t);
     double *w = xmalloc((size_t)(total ? total : 1) * sizeof(double));
     int **groups, *counts;
     const int k_own =
         split_micro_batches(seqs, idx, n, p->bt.micro_seqs, p->bt.micro_tokens, p->bt.share_prompts, &groups, &counts);
-    /* sequences, response tokens and micro-batches of the mini-batch over all ranks */
-    int64_t counts_all[3] = {n, total, k_own};
+    /* sequences, the model's response tokens and micro-batches of the mini-batch over all ranks */
+    int64_t counts_all[3] = {n, own, k_own};
     if (p->dp)
         comm_allreduce_sum(p->dp, counts_all, 3, COMM_I64);
-    loss_token_weights_dist(p->agg, len, n, counts_all[0], counts_all[1], p->max_response_length, w);
+    loss_token_weights_dist(p->agg, len, mask, n, counts_all[0], counts_all[1], p->max_response_length, w);
+    free(mask);
     model_trainable(m);
     const int k = ep_pad_micro_batches(m, &groups, &counts, k_own);
     log_debug("trainer", "update: %d sequence(s) of this rank's mini-batch in %d micro-batch(es)", n, k);

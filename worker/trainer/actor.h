@@ -67,7 +67,7 @@ struct update_params {
 struct update_stats {
     double pg_loss, kl_loss, entropy, pg_clipfrac, pg_clipfrac_lower, ppo_kl, grad_norm;
     int optimizer_steps, skipped_steps; /* skipped: non-finite gradient norm */
-    long long tokens_trained;           /* response tokens x epochs */
+    long long tokens_trained;           /* the model's response tokens (mask 1) x epochs */
     long long tokens_forward;           /* all tokens through forward+backward */
     double allreduce_s;                 /* waiting in the DP gradient all-reduce (0 on one rank) */
     double pp_wait_s, pp_schedule_s;    /* pipeline: this stage waiting for its neighbours, of its schedule's time */
@@ -82,7 +82,8 @@ void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int
                             double *pp_wait);
 
 /* Run ppo_epochs passes over the sequences idx[0..n), each split into mini-batches (one optimizer step each)
- * and micro-batches (gradient accumulation). seqs must carry old_logp, ref_logp (when the KL loss is on) and adv. */
+ * and micro-batches (gradient accumulation). seqs must carry old_logp, ref_logp (when the KL loss is on) and adv;
+ * a sequence's mask keeps the tokens that are not the model's out of the loss, its statistics and its gradient. */
 void actor_update(struct model *m, struct adamw *opt, struct rollout_seq *seqs, const int *idx, int n,
                   const struct update_params *p, struct update_stats *st);
 

@@ -70,7 +70,11 @@ void outcome_advantages(enum adv_estimator est, bool norm_by_std, const double *
     }
 }
 
-void reinforce_pp_advantages(const double *token_rewards, const int *off, const int *len, int n, double *adv)
+/* Whether packed token k is the model's (mask NULL: every token). */
+static bool model_token(const uint8_t *mask, int k) { return !mask || mask[k]; }
+
+void reinforce_pp_advantages(const double *token_rewards, const uint8_t *mask, const int *off, const int *len, int n,
+                             double *adv)
 {
     long long count = 0;
     double sum = 0;
@@ -79,22 +83,53 @@ void reinforce_pp_advantages(const double *token_rewards, const int *off, const 
         for (int t = len[i] - 1; t >= 0; t--) {
             ret += token_rewards[off[i] + t];
             adv[off[i] + t] = ret;
+            if (!model_token(mask, off[i] + t)) /* verl: running_return * response_mask */
+                ret = 0;
         }
         for (int t = 0; t < len[i]; t++)
-            sum += adv[off[i] + t];
-        count += len[i];
+            if (model_token(mask, off[i] + t)) {
+                sum += adv[off[i] + t];
+                count++;
+            }
     }
+    for (int i = 0; i < n; i++) /* the tokens put in from outside: advantage 0 */
+        for (int t = 0; t < len[i]; t++)
+            if (!model_token(mask, off[i] + t))
+                adv[off[i] + t] = 0;
     if (count == 0)
         return;
     double mean = sum / (double)count, var = 0;
     for (int i = 0; i < n; i++)
         for (int t = 0; t < len[i]; t++)
-            var += (adv[off[i] + t] - mean) * (adv[off[i] + t] - mean);
+            if (model_token(mask, off[i] + t))
+                var += (adv[off[i] + t] - mean) * (adv[off[i] + t] - mean);
     var = count > 1 ? var / (double)(count - 1) : 0; /* unbiased, as masked_var */
     double inv = 1.0 / sqrt(var + 1e-8);
     for (int i = 0; i < n; i++)
         for (int t = 0; t < len[i]; t++)
-            adv[off[i] + t] = (adv[off[i] + t] - mean) * inv;
+            if (model_token(mask, off[i] + t))
+                adv[off[i] + t] = (adv[off[i] + t] - mean) * inv;
+}
+
+void token_advantages(enum adv_estimator est, bool norm_by_std, const double *token_rewards, const uint8_t *mask,
+                      const int *off, const int *len, const int *group, int n, double *scores, double *adv)
+{
+    for (int i = 0; i < n; i++) {
+        double sum = 0;
+        for (int t = 0; t < len[i]; t++)
+            sum += token_rewards[off[i] + t];
+        scores[i] = sum;
+    }
+    if (est == ADV_REINFORCE_PP) {
+        reinforce_pp_advantages(token_rewards, mask, off, len, n, adv);
+        return;
+    }
+    double *a = xmalloc((size_t)(n ? n : 1) * sizeof(double));
+    outcome_advantages(est, norm_by_std, scores, group, n, a);
+    for (int i = 0; i < n; i++)
+        for (int t = 0; t < len[i]; t++)
+            adv[off[i] + t] = model_token(mask, off[i] + t) ? a[i] : 0.0;
+    free(a);
 }
 
 double kl_estimate(enum kl_type t, double logp, double ref_logp, double *dkl_dlogp)
@@ -124,38 +159,57 @@ double kl_estimate(enum kl_type t, double logp, double ref_logp, double *dkl_dlo
     return 0;
 }
 
-void loss_token_weights(enum loss_agg mode, const int *len, int n, int max_response_length, double *w)
+/* The model's tokens among the len tokens of mask (all of them without one). */
+static int model_tokens(const uint8_t *mask, int len)
 {
-    long long total = 0;
-    for (int i = 0; i < n; i++)
-        total += len[i];
-    loss_token_weights_dist(mode, len, n, n, total, max_response_length, w);
+    if (!mask)
+        return len;
+    int k = 0;
+    for (int t = 0; t < len; t++)
+        k += mask[t] != 0;
+    return k;
 }
 
-void loss_token_weights_dist(enum loss_agg mode, const int *len, int n, long long n_all, long long tokens_all,
-                             int max_response_length, double *w)
+void loss_token_weights(enum loss_agg mode, const int *len, const uint8_t *mask, int n, int max_response_length,
+                        double *w)
+{
+    long long total = 0;
+    for (int i = 0, off = 0; i < n; off += len[i++])
+        total += model_tokens(mask ? mask + off : NULL, len[i]);
+    loss_token_weights_dist(mode, len, mask, n, n, total, max_response_length, w);
+}
+
+void loss_token_weights_dist(enum loss_agg mode, const int *len, const uint8_t *mask, int n, long long n_all,
+                             long long tokens_all, int max_response_length, double *w)
 {
     const double N = (double)n_all;
     int off = 0;
     for (int i = 0; i < n; i++) {
+        const int own = model_tokens(mask ? mask + off : NULL, len[i]);
         double wi = 0;
         switch (mode) {
         case AGG_TOKEN_MEAN: wi = tokens_all ? 1.0 / (double)tokens_all : 0; break;
         case AGG_SEQ_MEAN_TOKEN_SUM: wi = 1.0 / N; break;
-        case AGG_SEQ_MEAN_TOKEN_MEAN: wi = len[i] ? 1.0 / (N * len[i]) : 0; break;
+        case AGG_SEQ_MEAN_TOKEN_MEAN: wi = own ? 1.0 / (N * own) : 0; break;
         case AGG_SEQ_MEAN_TOKEN_SUM_NORM: wi = 1.0 / (N * max_response_length); break;
         }
         for (int t = 0; t < len[i]; t++)
-            w[off + t] = wi;
+            w[off + t] = !mask || mask[off + t] ? wi : 0.0;
         off += len[i];
     }
 }
 
 void policy_loss_tokens(const struct policy_loss_params *p, int n, const float *logp, const float *old_logp,
                         const float *ref_logp, const float *entropy, const double *adv, const double *w,
-                        struct policy_loss_stats *st, float *dlogp, float *dentropy)
+                        const uint8_t *mask, struct policy_loss_stats *st, float *dlogp, float *dentropy)
 {
     for (int i = 0; i < n; i++) {
+        if (mask && !mask[i]) { /* not the model's token: no loss, no statistic, no gradient */
+            dlogp[i] = 0.0f;
+            if (dentropy)
+                dentropy[i] = 0.0f;
+            continue;
+        }
         const double A = adv[i];
         double nkl = (double)logp[i] - old_logp[i], dnkl = 1.0;
         if (nkl > 20 || nkl < -20) { /* torch.clamp: no gradient outside */

@@ -127,7 +127,9 @@ static double max_dist(struct trainer *t, double v)
     return v;
 }
 
-/* Phase adv: the advantages of every response token (and the in-reward KL, when on). Its seconds. */
+/* Phase adv: the advantages of every response token (and the in-reward KL, when on). A sequence's outcome reward sits
+ * at its last token; the tokens that are not the model's (its mask's 0) get advantage 0 and no in-reward KL, and
+ * the advantages' and KL's figures are over the model's tokens, as verl's with its response_mask. Its seconds. */
 static double advantages(struct trainer *t, struct step_batch *b, struct step_advantages *out)
 {
     trainer_phase(t, GRPO__PHASE__PHASE_ADV);
@@ -137,50 +139,51 @@ static double advantages(struct trainer *t, struct step_batch *b, struct step_ad
     double *scalar = xmalloc((size_t)(n ? n : 1) * sizeof(double));
     int *group = xmalloc((size_t)(n ? n : 1) * sizeof(int));
     int *off = xmalloc((size_t)(n ? n : 1) * sizeof(int)), *len = xmalloc((size_t)(n ? n : 1) * sizeof(int));
-    int total = 0;
+    int total = 0, own = 0; /* response tokens, and the model's among them */
+    bool masked = false;
     for (int i = 0; i < n; i++) {
         off[i] = total;
         len[i] = b->seqs[i].resp_len;
         total += len[i];
+        own += rollout_seq_model_tokens(&b->seqs[i]);
+        masked |= b->seqs[i].mask != NULL;
         group[i] = b->seqs[i].group;
     }
+    uint8_t *mask = masked ? xmalloc((size_t)(total ? total : 1)) : NULL; /* packed; NULL: every token the model's */
+    for (int i = 0; masked && i < n; i++)
+        for (int k = 0; k < len[i]; k++)
+            mask[off[i] + k] = rollout_seq_model_token(&b->seqs[i], k);
     double *tok_r = xcalloc((size_t)(total ? total : 1), sizeof(double));
     double kl_sum = 0;
     for (int i = 0; i < n; i++) {
         const struct rollout_seq *s = &b->seqs[i];
-        double sum = 0;
         for (int k = 0; k < s->resp_len; k++) {
             double r = k == s->resp_len - 1 ? s->score : 0.0;
-            if (c->alg_use_kl_in_reward) {
+            if (c->alg_use_kl_in_reward && rollout_seq_model_token(s, k)) {
                 double d, kl = kl_estimate(t->kl_reward_type, s->old_logp[k], s->ref_logp[k], &d);
                 r -= c->alg_kl_ctrl_kl_coef * kl;
                 kl_sum += kl;
             }
             tok_r[off[i] + k] = r;
-            sum += r;
         }
-        scalar[i] = sum;
     }
-    out->kl_penalty_measured = c->alg_use_kl_in_reward && total;
-    out->kl_penalty = total ? kl_sum / total : 0;
+    out->kl_penalty_measured = c->alg_use_kl_in_reward && own;
+    out->kl_penalty = own ? kl_sum / own : 0;
     double *tok_adv = xcalloc((size_t)(total ? total : 1), sizeof(double));
-    if (t->est == ADV_REINFORCE_PP) {
-        reinforce_pp_advantages(tok_r, off, len, n, tok_adv);
-    } else {
-        double *adv = xmalloc((size_t)(n ? n : 1) * sizeof(double));
-        outcome_advantages(t->est, c->alg_norm_adv_by_std_in_grpo, scalar, group, n, adv);
-        for (int i = 0; i < n; i++)
-            for (int k = 0; k < len[i]; k++)
-                tok_adv[off[i] + k] = adv[i];
-        free(adv);
-    }
+    token_advantages(t->est, c->alg_norm_adv_by_std_in_grpo, tok_r, mask, off, len, group, n, scalar, tok_adv);
     for (int i = 0; i < n; i++) {
         b->seqs[i].adv = xmalloc((size_t)(len[i] ? len[i] : 1) * sizeof(double));
         memcpy(b->seqs[i].adv, tok_adv + off[i], (size_t)len[i] * sizeof(double));
     }
-    out->advantages = summarize_dist(t, tok_adv, (size_t)total);
+    if (mask) { /* the model's tokens' advantages, in order (verl's masked_select) */
+        int w = 0;
+        for (int k = 0; k < total; k++)
+            if (mask[k])
+                tok_adv[w++] = tok_adv[k];
+    }
+    out->advantages = summarize_dist(t, tok_adv, (size_t)own);
     out->rewards = summarize_dist(t, scalar, (size_t)n);
-    free(scalar), free(group), free(off), free(len), free(tok_r), free(tok_adv);
+    free(scalar), free(group), free(off), free(len), free(tok_r), free(tok_adv), free(mask);
     return clock_now_s() - t0;
 }
 
@@ -576,12 +579,15 @@ static void model_traffic_since(const struct trainer *t, const struct comm_traff
     u->pp_bytes = pp_after.sent_f32[COMM_OP_SEND] - pp_before->sent_f32[COMM_OP_SEND];
 }
 
-/* The rollout-vs-trainer log-prob gap: the sampler's log-probs against the trainer's old log-probs. */
+/* The rollout-vs-trainer log-prob gap: the sampler's log-probs against the trainer's old log-probs, over the model's
+ * tokens (a token put in the response from outside has no sampler's log-prob). */
 static void measure_gap(struct trainer *t, const struct step_batch *b, struct step_gap *out)
 {
     double gap = 0, gap_max = 0, gap_n = 0;
     for (int i = 0; i < b->n_seq; i++)
         for (int q = 0; b->seqs[i].old_logp && b->seqs[i].gen_logp && q < b->seqs[i].resp_len; q++) {
+            if (!rollout_seq_model_token(&b->seqs[i], q))
+                continue;
             double d = fabs((double)b->seqs[i].gen_logp[q] - b->seqs[i].old_logp[q]);
             gap += d;
             gap_max = fmax(gap_max, d);
