@@ -418,6 +418,56 @@ static void test_response_mask(void **state)
     drop(f);
 }
 
+/* Multi-turn figures and the conversation travel with their sequence; impossible ones are refused by name. */
+static void with_turns(struct fx *f)
+{
+    with_masks(f);
+    struct rollout_seq *s = &f->b.seqs[1];
+    s->num_turns = 3, s->tool_calls = 1, s->tool_errors = 1, s->tool_seconds = 0.25f, s->tokens_mismatch = true;
+    s->messages_json = strdup("[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"tool\",\"content\":\"4\"}]");
+}
+
+static void test_turns(void **state)
+{
+    (void)state;
+    struct fx *f = make();
+    with_turns(f);
+    size_t len;
+    uint8_t *buf = pack(f, &HDR, &len);
+    struct step_batch out = {0};
+    struct wire_header h;
+    char why[512] = "";
+    assert_int_equal(wire_unpack_batch(buf, len, &f->lim, &h, &out, why, sizeof why), 0);
+    const struct rollout_seq *s = &out.seqs[1];
+    assert_int_equal(s->num_turns, 3);
+    assert_int_equal(s->tool_calls, 1);
+    assert_int_equal(s->tool_errors, 1);
+    assert_float_equal(s->tool_seconds, 0.25, 0);
+    assert_true(s->tokens_mismatch);
+    assert_string_equal(s->messages_json, f->b.seqs[1].messages_json);
+    assert_int_equal(out.seqs[0].num_turns, 0);
+    assert_null(out.seqs[0].messages_json);
+    step_batch_free(&out);
+    free(buf);
+    drop(f);
+#define TURNS_REFUSED(mutate, text)                                                                                    \
+    do {                                                                                                               \
+        struct fx *r = make();                                                                                         \
+        with_turns(r);                                                                                                 \
+        mutate;                                                                                                        \
+        buf = pack(r, &HDR, &len);                                                                                     \
+        refused(r, buf, len, text);                                                                                    \
+        free(buf);                                                                                                     \
+        drop(r);                                                                                                       \
+    } while (0)
+    TURNS_REFUSED(r->b.seqs[1].num_turns = 9, "sequence 1: num_turns 9 for 3 response tokens");
+    TURNS_REFUSED(r->b.seqs[1].tool_errors = 2, "sequence 1: tool_calls 1 with tool_errors 2");
+    TURNS_REFUSED(r->b.seqs[1].tool_seconds = -1, "sequence 1: tool_seconds -1 is not a duration");
+    TURNS_REFUSED((free(r->b.seqs[1].messages_json), r->b.seqs[1].messages_json = strdup("{\"role\":1}")),
+                  "sequence 1: messages is not a JSON array of messages");
+#undef TURNS_REFUSED
+}
+
 /* Authentication (proto/plane_auth.h): a batch without a MAC, with another process's key, naming another rank
  * than its credentials', or replayed is refused; a good one is taken; the answer is authenticated for its asker
  * only. Each of these was taken before protocol 1.8. */
@@ -637,7 +687,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),    cmocka_unit_test(test_garbage_and_wrong_version),
         cmocka_unit_test(test_bad_fields),    cmocka_unit_test(test_routes),
-        cmocka_unit_test(test_response_mask), cmocka_unit_test(test_auth),
+        cmocka_unit_test(test_response_mask),
+        cmocka_unit_test(test_turns), cmocka_unit_test(test_auth),
         cmocka_unit_test(test_auth_window),   cmocka_unit_test(test_placement),
         cmocka_unit_test(test_filter_metric),
     };

@@ -1,5 +1,6 @@
 #include "wire.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -75,6 +76,13 @@ uint8_t *wire_pack_batch(const struct wire_header *h, const struct step_batch *b
             }
             if (!all_ones(s->mask, s->resp_len)) /* all ones travels as none */
                 q->response_mask = (ProtobufCBinaryData){.len = (size_t)s->resp_len, .data = s->mask};
+            q->num_turns = s->num_turns;
+            q->tool_calls = s->tool_calls;
+            q->tool_errors = s->tool_errors;
+            q->tool_seconds = s->tool_seconds;
+            q->tokens_mismatch = s->tokens_mismatch;
+            if (s->messages_json)
+                q->messages = s->messages_json;
             ptrs[k++] = q;
         }
     rb.n_sequences = (size_t)k;
@@ -159,6 +167,36 @@ static const char *check_mask(const Grpo__Sequence *q, char *why, size_t whylen)
     return NULL;
 }
 
+/* the longest conversation a sequence carries for the audit files */
+#define WIRE_MAX_MESSAGES_BYTES (1 << 20)
+
+/* A sequence's multi-turn figures and conversation; NULL when fine, else why. */
+static const char *check_turns(const Grpo__Sequence *q, char *why, size_t whylen)
+{
+    if (q->num_turns < 0 || (size_t)q->num_turns > q->n_response_ids + 1)
+        return snprintf(why, whylen, "num_turns %d for %zu response tokens (every turn holds a token)", q->num_turns,
+                        q->n_response_ids),
+               why;
+    if (q->tool_calls < 0 || q->tool_errors < 0 || q->tool_errors > q->tool_calls)
+        return snprintf(why, whylen, "tool_calls %d with tool_errors %d", q->tool_calls, q->tool_errors), why;
+    if (!isfinite(q->tool_seconds) || q->tool_seconds < 0)
+        return snprintf(why, whylen, "tool_seconds %g is not a duration", (double)q->tool_seconds), why;
+    const size_t len = q->messages ? strlen(q->messages) : 0;
+    if (len > WIRE_MAX_MESSAGES_BYTES)
+        return snprintf(why, whylen, "messages of %zu bytes (at most %d)", len, WIRE_MAX_MESSAGES_BYTES), why;
+    if (len) {
+        json_error_t e;
+        json_t *m = json_loadb(q->messages, len, 0, &e);
+        const bool array = json_is_array(m);
+        json_decref(m);
+        if (!array)
+            return snprintf(why, whylen, "messages is not a JSON array of messages%s%s", m ? "" : ": ",
+                            m ? "" : e.text),
+                   why;
+    }
+    return NULL;
+}
+
 /* Check one sequence against the run; NULL when fine, else why. */
 static const char *check_sequence(const Grpo__Sequence *q, const struct wire_limits *lim, char *why, size_t whylen)
 {
@@ -205,6 +243,8 @@ static const char *check_sequence(const Grpo__Sequence *q, const struct wire_lim
         return snprintf(why, whylen, "reward is not finite"), why;
     if (!isnan(q->acc) && !(q->acc >= 0 && q->acc <= 1))
         return snprintf(why, whylen, "accuracy %g is outside [0, 1]", (double)q->acc), why;
+    if (check_turns(q, why, whylen))
+        return why;
     if (check_mask(q, why, whylen))
         return why;
     return check_routes(q, lim, why, whylen);
@@ -343,6 +383,13 @@ int wire_unpack_batch(const uint8_t *buf, size_t len, const struct wire_limits *
             s->mask = xmalloc(q->response_mask.len);
             memcpy(s->mask, q->response_mask.data, q->response_mask.len);
         }
+        s->num_turns = q->num_turns;
+        s->tool_calls = q->tool_calls;
+        s->tool_errors = q->tool_errors;
+        s->tool_seconds = q->tool_seconds;
+        s->tokens_mismatch = q->tokens_mismatch;
+        if (q->messages && q->messages[0])
+            s->messages_json = xstrdup(q->messages);
         if (q->routed_experts.len) { /* checked: (rollout_seq_tokens, layers x k) */
             const size_t n = q->routed_experts.len / 2;
             s->routes = xmalloc(n * sizeof *s->routes);

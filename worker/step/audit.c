@@ -85,6 +85,14 @@ static char *seq_line(int64_t step, int n, const struct step_batch *b, int i)
             json_array_append_new(mk, json_integer(s->mask[k]));
         json_object_set_new(o, "response_mask", mk);
     }
+    if (s->num_turns > 0) { /* a multi-turn trajectory: its turns and its conversation (docs/agents.md) */
+        json_object_set_new(o, "num_turns", json_integer(s->num_turns));
+        json_object_set_new(o, "tool_calls", json_integer(s->tool_calls));
+        json_object_set_new(o, "tool_errors", json_integer(s->tool_errors));
+        json_t *m = s->messages_json ? json_loads(s->messages_json, 0, NULL) : NULL;
+        if (m)
+            json_object_set_new(o, "messages", m);
+    }
     char *line = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     return line;
