@@ -182,6 +182,7 @@ static void test_limits_end_trajectories(void **state)
     assert_null(turn(&f, 1, CALL("2**70"), "<|im_end|>", 10));
     f.env->ops->finish(f.env, 1, &s);
     assert_int_equal(s.turns, 2);
+    assert_non_null(strstr(s.messages_json, "\"shown\":false")); /* the call ran; its answer did not fit */
     turn_summary_free(&s);
     /* a single-turn sample */
     assert_int_equal(f.env->ops->begin(f.env, 2, USER, NULL, "single_turn_agent"), -1);

@@ -251,7 +251,9 @@ static void keep_tokens(struct atraj *a, const int32_t *ids, int n)
     a->resp_n += n;
 }
 
-static int32_t *append_answers(struct agent_env *e, struct atraj *a, const struct job *j, json_t *answers, int *n);
+static int32_t *append_answers(struct agent_env *e, struct atraj *a, const struct job *j, json_t *answers,
+                               json_t *shown, int *n);
+static int32_t *answer_tokens(struct agent_env *e, struct atraj *a, const struct job *j, json_t *answers, int *n);
 
 /* A model turn: the tokens to append after it (*n), or NULL when the trajectory ends. */
 static int32_t *take_turn(struct agent_env *e, struct atraj *a, const struct job *j, int *n)
@@ -285,11 +287,11 @@ static int32_t *take_turn(struct agent_env *e, struct atraj *a, const struct job
             free(said);
             return NULL;
         }
-        json_t *answers = json_array();
+        json_t *answers = json_array(), *shown = json_array();
         json_array_append_new(answers, json_pack("{s:s, s:s}", "role", "user", "content", said));
-        json_array_append_new(a->audit, json_pack("{s:s, s:s}", "role", "user", "content", said));
+        json_array_append_new(shown, json_pack("{s:s, s:s}", "role", "user", "content", said));
         free(said);
-        return append_answers(e, a, j, answers, n);
+        return append_answers(e, a, j, answers, shown, n);
     }
     if (over) {
         if (pt.n_calls > 0) { /* calls the turn limits left unanswered are still shown */
@@ -301,7 +303,7 @@ static int32_t *take_turn(struct agent_env *e, struct atraj *a, const struct job
         parsed_turn_free(&pt);
         return NULL;
     }
-    json_t *calls = json_array(), *answers = json_array();
+    json_t *calls = json_array(), *answers = json_array(), *shown = json_array();
     const int run = pt.n_calls < c->rollout_multi_turn_max_parallel_calls
                         ? pt.n_calls
                         : (int)c->rollout_multi_turn_max_parallel_calls;
@@ -324,16 +326,29 @@ static int32_t *take_turn(struct agent_env *e, struct atraj *a, const struct job
             json_object_set_new(audit_answer, "name", json_string(pt.calls[k].name));
         json_array_append_new(calls, cj);
         free(out);
-        json_array_append_new(a->audit, audit_answer);
+        json_array_append_new(shown, audit_answer);
     }
     json_object_set_new(amsg, "tool_calls", calls);
     parsed_turn_free(&pt);
-    return append_answers(e, a, j, answers, n);
+    return append_answers(e, a, j, answers, shown, n);
 }
 
 /* The tokens of the answers (their reference is taken) after the turn j, or NULL when they do not render or
- * would reach the response budget. */
-static int32_t *append_answers(struct agent_env *e, struct atraj *a, const struct job *j, json_t *answers, int *n)
+ * would reach the response budget. shown (taken): the answers as the audit keeps them; marked "shown": false
+ * when the model does not get them. */
+static int32_t *append_answers(struct agent_env *e, struct atraj *a, const struct job *j, json_t *answers,
+                               json_t *shown, int *n)
+{
+    int32_t *ids = answer_tokens(e, a, j, answers, n);
+    size_t k;
+    json_t *x;
+    json_array_foreach(shown, k, x) if (!ids) json_object_set_new(x, "shown", json_false());
+    json_array_extend(a->audit, shown);
+    json_decref(shown);
+    return ids;
+}
+
+static int32_t *answer_tokens(struct agent_env *e, struct atraj *a, const struct job *j, json_t *answers, int *n)
 {
     char err[1024];
     const char *stop_text = j->stopped && j->n > 0 ? tokenizer_token_text(e->tok, j->ids[j->n - 1]) : NULL;

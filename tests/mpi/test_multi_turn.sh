@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Multi-turn rollouts (docs/agents.md) reproduce the single-process run in every layout (mpirun --oversubscribe on
+# 2 cores): tiny Llama, a simulated user that answers every model turn without a tool call
+# (grpo.interactions.Retry, a deterministic other side: the tiny model writes no tool calls) within
+# multi_turn.max_user_turns, two GRPO steps:
+#  - colocated DP2 and split 2 trainers + 1 rollout rank give the single-process per-step losses, grad norms,
+#    entropies and scores, and its weights, within 1e-5 relative;
+#  - the run is really multi-turn: trajectories with answers (num_turns/max above 2, tool tokens in the responses),
+#    and the split run's audit lines carry the response mask (0 on the answers' tokens) and the conversation
+#    (the user's answer in messages) across the data plane;
+#  - a tool config that does not load stops the run at start naming FILE:LINE.
+# usage: test_multi_turn.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
+set -u
+WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
+. "$(dirname "$0")/../lib.sh" grpo-mt
+test_env
+MPIRUN=(timeout 300 mpirun --oversubscribe --bind-to none)
+. "$(dirname "$0")/equiv_lib.sh"
+
+cat >"$TMP/again.yaml" <<'EOF'
+interaction:
+  - name: again
+    class_name: grpo.interactions.Retry
+    config:
+      message: Again.
+EOF
+# byte-level tokens: a budget in which a turn that stops (1 in 260 tokens) leaves room for the answer's ~30
+MT=(data.max_response_length=96 actor_rollout_ref.rollout.multi_turn.enable=true
+    actor_rollout_ref.rollout.multi_turn.interaction_config_path="$TMP/again.yaml"
+    actor_rollout_ref.rollout.multi_turn.max_user_turns=2 trainer.val_before_train=false)
+# shellcheck disable=SC2046 # common's words are the keys
+"$WORKER" $(common llama) "${MT[@]}" trainer.default_local_dir="$TMP/one" >"$TMP/one.log" 2>&1
+expect "single-process multi-turn run finishes" $?
+out=$(python3 - "$TMP/one/p/e/metrics.jsonl" <<'PY'
+import json, sys
+rows = [r for r in map(json.loads, open(sys.argv[1])) if "num_turns/max" in r]
+turns = max(r["num_turns/max"] for r in rows)
+tool = sum(r["response_length/tool_tokens/mean"] for r in rows)
+print(f"num_turns/max {turns}, tool tokens {tool:.1f}")
+sys.exit(0 if rows and turns > 2 and tool > 0 else 1)
+PY
+)
+expect "the run has trajectories with answers ($out)" $?
+
+# shellcheck disable=SC2046
+"${MPIRUN[@]}" -np 2 "$WORKER" $(common llama) "${MT[@]}" trainer.default_local_dir="$TMP/colo" \
+    trainer.nnodes=1 trainer.n_gpus_per_node=2 >"$TMP/colo.log" 2>&1
+expect "colocated DP2 multi-turn run finishes" $?
+# shellcheck disable=SC2046
+"${MPIRUN[@]}" -np 3 "$WORKER" $(common llama) "${MT[@]}" trainer.default_local_dir="$TMP/split" \
+    placement.trainer_ranks=2 placement.rollout_ranks=1 trainer.rollout_data_dir="$TMP/split/audit" \
+    >"$TMP/split.log" 2>&1
+expect "split 2+1 multi-turn run finishes" $?
+for run in colo split; do
+    out=$(same_metrics one $run 2>&1)
+    expect "$run: per-step losses, grad norms, entropies and scores match one process ($out)" $?
+    out=$(same_weights one $run)
+    expect "$run: weights after $STEPS steps match one process within 1e-5 ($out)" $?
+done
+
+out=$(python3 - "$TMP/split/audit" <<'PY'
+import glob, json, sys
+lines = [json.loads(l) for f in glob.glob(sys.argv[1] + "/*.jsonl") for l in open(f)]
+multi = [r for r in lines if r.get("num_turns", 0) > 2]
+if not multi:
+    sys.exit("no multi-turn trajectory in the audit")
+for r in multi:
+    m = r.get("response_mask")
+    if not m or len(m) != len(r["response_ids"]) or 0 not in m or m[-1] != 1:
+        sys.exit(f"uid {r['uid']}: response_mask {m}")
+    users = [x for x in r.get("messages", []) if x["role"] == "user" and x["content"] == "Again."
+             and x.get("shown", True)]
+    # num_turns = answers + model turns + 1, and every answer follows a model turn: answers = (num_turns - 2) / 2
+    if len(users) != (r["num_turns"] - 2) // 2:
+        sys.exit(f"uid {r['uid']}: {len(users)} answers in messages for num_turns {r['num_turns']}")
+print(f"{len(multi)} multi-turn trajectories of {len(lines)}")
+PY
+)
+expect "the split run's audit carries masks and conversations ($out)" $?
+
+printf 'tools:\n  - class_name: my.Unknown\n' >"$TMP/bad-tools.yaml"
+# shellcheck disable=SC2046
+"$WORKER" $(common llama) "${MT[@]}" actor_rollout_ref.rollout.multi_turn.tool_config_path="$TMP/bad-tools.yaml" \
+    trainer.default_local_dir="$TMP/bad" >"$TMP/bad.log" 2>&1
+chk=$?
+[ $chk -ne 0 ] && grep -q "bad-tools.yaml:2:" "$TMP/bad.log"
+expect "a tool config that does not load stops the run naming FILE:LINE" $?
+finish
