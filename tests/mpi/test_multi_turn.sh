@@ -8,6 +8,7 @@
 #  - the run is really multi-turn: trajectories with answers (num_turns/max above 2, tool tokens in the responses),
 #    and the split run's audit lines carry the response mask (0 on the answers' tokens) and the conversation
 #    (the user's answer in messages) across the data plane;
+#  - one-step-off (rollout.mode=async) runs multi-turn too;
 #  - a tool config that does not load stops the run at start naming FILE:LINE.
 # usage: test_multi_turn.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
@@ -77,6 +78,17 @@ print(f"{len(multi)} multi-turn trajectories of {len(lines)}")
 PY
 )
 expect "the split run's audit carries masks and conversations ($out)" $?
+
+# one-step-off (rollout.mode=async): the rollout of step k+1 overlaps training of step k; it is not the same run,
+# but it is a multi-turn one and it finishes
+# shellcheck disable=SC2046
+"${MPIRUN[@]}" -np 2 "$WORKER" $(common llama) "${MT[@]}" trainer.default_local_dir="$TMP/async" \
+    placement.trainer_ranks=1 placement.rollout_ranks=1 actor_rollout_ref.rollout.mode=async >"$TMP/async.log" 2>&1
+expect "one-step-off multi-turn run finishes" $?
+out=$(python3 -c "import json,sys; print(max(r.get('num_turns/max', 0) for r in map(json.loads, open(sys.argv[1]))))" \
+    "$TMP/async/p/e/metrics.jsonl")
+[ "${out%.*}" -gt 2 ] 2>/dev/null
+expect "one-step-off trajectories have answers (num_turns/max $out)" $?
 
 printf 'tools:\n  - class_name: my.Unknown\n' >"$TMP/bad-tools.yaml"
 # shellcheck disable=SC2046
