@@ -255,6 +255,27 @@ static void test_interaction(void **state)
     unlink(bad);
 }
 
+/* A template that raises on a tool answer: the trajectory ends there, counted; nothing crashes. */
+static void test_template_raises(void **state)
+{
+    (void)state;
+    struct fixture f;
+    setup(&f, "qwen2.5-instruct", NULL);
+    tokenizer_set_chat_template(f.tok, "{% for m in messages %}{% if m.role == 'tool' %}"
+                                       "{{ raise_exception('no tool turns in this template') }}{% endif %}"
+                                       "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                                       "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}");
+    assert_int_equal(f.env->ops->begin(f.env, 0, USER, NULL, NULL), 0);
+    assert_null(turn(&f, 0, CALL("1+1"), "<|im_end|>", 500));
+    struct turn_summary s;
+    f.env->ops->finish(f.env, 0, &s);
+    assert_int_equal(s.template_errors, 1);
+    assert_int_equal(s.tool_calls, 1);
+    assert_non_null(strstr(s.messages_json, "\"shown\":false"));
+    turn_summary_free(&s);
+    teardown(&f);
+}
+
 static void test_parsers(void **state)
 {
     (void)state;
@@ -305,6 +326,7 @@ int main(void)
         cmocka_unit_test(test_limits_end_trajectories),
         cmocka_unit_test(test_llama3_json),
         cmocka_unit_test(test_interaction),
+        cmocka_unit_test(test_template_raises),
         cmocka_unit_test(test_parsers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -154,10 +154,16 @@ static void run_and_check(struct model *m, struct script *s, int max_batch, int 
         assert_int_equal(sums[i].turns, 2 * s->answered[i] + 2);
         free(ref);
     }
-    int given = 0;
-    for (int i = 0; i < total; i++)
+    int given = 0, resumed = 0;
+    long long prefilled = 0;
+    for (int i = 0; i < total; i++) {
         given += s->answered[i];
+        resumed += sums[i].resumed_turns;
+        prefilled += sums[i].prefill_tokens;
+    }
     assert_int_equal(answers, given);
+    assert_int_equal(resumed, given); /* each trajectory's own counts add up to the call's */
+    assert_int_equal(prefilled, st->resume_tokens + st->recompute_tokens);
     assert_true(given > 0);
     for (int i = 0; i < total; i++)
         gen_output_free(&out[i]);

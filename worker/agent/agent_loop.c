@@ -30,7 +30,7 @@ struct atraj {
     json_t *extra;     /* the sample's extra_info (an object), or NULL */
     json_t *instances; /* {tool name: instance id} of the tools this trajectory created */
     const struct interaction *interaction; /* its simulated user, or NULL */
-    int assistant_turns, user_turns, tool_calls, tool_errors;
+    int assistant_turns, user_turns, tool_calls, tool_errors, template_errors;
     bool cut; /* its last model turn ran out of the response budget (no stop token: the template closes it) */
     double tool_s;
     int32_t *resp; /* every response token so far (the model's and the answers') */
@@ -355,6 +355,7 @@ static int32_t *answer_tokens(struct agent_env *e, struct atraj *a, const struct
     char *delta = answer_text(e, a->msgs, answers, stop_text, err, sizeof err);
     if (!delta) {
         log_warn_every("agent", "a trajectory ends: %s", err);
+        a->template_errors++;
         json_decref(answers);
         return NULL;
     }
@@ -552,6 +553,7 @@ static void env_finish(struct turn_env *te, int traj, struct turn_summary *out)
     out->tool_calls = a->tool_calls;
     out->tool_errors = a->tool_errors;
     out->tool_seconds = a->tool_s;
+    out->template_errors = a->template_errors;
     if (a->tool_agent && a->user_turns > 0 && e->sanity != SANITY_DISABLE)
         out->mismatch = !tokens_match_messages(e, a);
     json_t *scores = json_object();

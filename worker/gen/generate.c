@@ -201,6 +201,10 @@ void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt
                 rs->tool_errors = ts->tool_errors;
                 rs->tool_seconds = (float)ts->tool_seconds;
                 rs->tokens_mismatch = ts->mismatch;
+                rs->template_errors = ts->template_errors;
+                rs->resumed_turns = ts->resumed_turns;
+                rs->prefill_tokens = ts->prefill_tokens;
+                rs->evictions = ts->evictions;
                 rs->messages_json = ts->messages_json;
                 if (ts->reward_json) /* the scorer sees num_turns and the tools' rewards (verl's extra_info) */
                     items[p * n + s].extra_info_json = ts->reward_json;

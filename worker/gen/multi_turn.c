@@ -62,7 +62,11 @@ static void finish(struct mt *g, int i)
     struct traj *t = &g->tr[i];
     t->state = T_DONE;
     free_slot(g, t);
+    const struct turn_summary mine = g->sums[i]; /* the generation's fields survive the environment's */
     g->env->ops->finish(g->env, i, &g->sums[i]);
+    g->sums[i].resumed_turns = mine.resumed_turns;
+    g->sums[i].prefill_tokens = mine.prefill_tokens;
+    g->sums[i].evictions = mine.evictions;
     g->done++;
 }
 
@@ -115,9 +119,12 @@ static void answer(struct mt *g, const struct turn_reply *r)
     t->turn_start = o->len;
     t->state = T_RUN;
     free(r->ids);
+    g->sums[r->traj].resumed_turns++;
     if (t->slot >= 0) {
+        const int fed = g->prompt_lens[r->traj / g->n] + o->len - g->slots[t->slot].kc->len;
         g->st->resumed_turns++;
-        g->st->resume_tokens += g->prompt_lens[r->traj / g->n] + o->len - g->slots[t->slot].kc->len;
+        g->st->resume_tokens += fed;
+        g->sums[r->traj].prefill_tokens += fed;
     }
 }
 
@@ -159,6 +166,7 @@ static void evict(struct mt *g, int k)
         if (i >= 0 && g->tr[i].state == T_WAIT) {
             free_slot(g, &g->tr[i]);
             g->st->evictions++;
+            g->sums[i].evictions++;
             k--;
         }
     }
@@ -233,6 +241,7 @@ void generate_multi_turn(struct model *m, struct turn_env *env, const int32_t *c
             if (g.tr[i].state == T_RUN && g.tr[i].slot < 0 && free_slots(&g) > 0) {
                 take_slot(&g, i);
                 g.st->recompute_tokens += prompt_lens[i / n] + out[i].len;
+                sums[i].prefill_tokens += prompt_lens[i / n] + out[i].len;
             }
         int B = 0;
         size_t cat_len = 0;

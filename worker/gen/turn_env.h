@@ -33,6 +33,11 @@ struct turn_summary {
     int tool_errors;     /* calls answered with an error (malformed, unknown tool, bad arguments, failures) */
     double tool_seconds; /* wall time of its tool calls */
     bool mismatch;       /* tokenization sanity check failed (multi_turn.tokenization_sanity_check_mode) */
+    int template_errors; /* answers the chat template could not render (the trajectory ended there) */
+    /* filled by generation (worker/gen/multi_turn.c), not by the environment */
+    int resumed_turns;   /* turns resumed after an answer */
+    int prefill_tokens;  /* tokens prefilled for them: the stop token and the answer, or everything after an eviction */
+    int evictions;       /* times its cache was given up while it waited */
     char *messages_json; /* the conversation (prompt messages, the model's turns, tool calls and answers), or NULL */
     char *reward_json;   /* extra_info for the scorer: the sample's extra_info plus num_turns and the tools'
                             rollout_reward_scores (verl's), or NULL to keep the sample's own */

@@ -81,6 +81,10 @@ uint8_t *wire_pack_batch(const struct wire_header *h, const struct step_batch *b
             q->tool_errors = s->tool_errors;
             q->tool_seconds = s->tool_seconds;
             q->tokens_mismatch = s->tokens_mismatch;
+            q->template_errors = s->template_errors;
+            q->resumed_turns = s->resumed_turns;
+            q->prefill_tokens = s->prefill_tokens;
+            q->evictions = s->evictions;
             if (s->messages_json)
                 q->messages = s->messages_json;
             ptrs[k++] = q;
@@ -179,6 +183,11 @@ static const char *check_turns(const Grpo__Sequence *q, char *why, size_t whylen
                why;
     if (q->tool_calls < 0 || q->tool_errors < 0 || q->tool_errors > q->tool_calls)
         return snprintf(why, whylen, "tool_calls %d with tool_errors %d", q->tool_calls, q->tool_errors), why;
+    if (q->template_errors < 0 || q->resumed_turns < 0 || q->evictions < 0 || q->prefill_tokens < 0 ||
+        (size_t)q->resumed_turns > q->n_response_ids)
+        return snprintf(why, whylen, "template_errors %d, resumed_turns %d, prefill_tokens %d, evictions %d",
+                        q->template_errors, q->resumed_turns, q->prefill_tokens, q->evictions),
+               why;
     if (!isfinite(q->tool_seconds) || q->tool_seconds < 0)
         return snprintf(why, whylen, "tool_seconds %g is not a duration", (double)q->tool_seconds), why;
     const size_t len = q->messages ? strlen(q->messages) : 0;
@@ -388,6 +397,10 @@ int wire_unpack_batch(const uint8_t *buf, size_t len, const struct wire_limits *
         s->tool_errors = q->tool_errors;
         s->tool_seconds = q->tool_seconds;
         s->tokens_mismatch = q->tokens_mismatch;
+        s->template_errors = q->template_errors;
+        s->resumed_turns = q->resumed_turns;
+        s->prefill_tokens = q->prefill_tokens;
+        s->evictions = q->evictions;
         if (q->messages && q->messages[0])
             s->messages_json = xstrdup(q->messages);
         if (q->routed_experts.len) { /* checked: (rollout_seq_tokens, layers x k) */

@@ -37,6 +37,10 @@ struct rollout_seq {
     int tool_errors;      /* of them, answered with an error */
     float tool_seconds;   /* wall time of its tool calls */
     bool tokens_mismatch; /* its tokens differ from the template's rendering of its messages (sanity check) */
+    int template_errors;  /* answers the chat template could not render */
+    int resumed_turns;    /* turns generation resumed after an answer */
+    int prefill_tokens;   /* tokens prefilled for them (the KV cache kept: the stop token and the answer) */
+    int evictions;        /* times its KV cache was given up while it waited */
     char *messages_json;  /* the conversation, for the audit files (NULL: not kept) */
 };
 

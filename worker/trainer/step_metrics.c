@@ -35,6 +35,10 @@ static void rollout_metrics(struct metrics *m, const struct step_rollouts *ro)
     metrics_set(m, "response_length/model_tokens/mean", ro->model_tokens / n);
     metrics_set(m, "response_length/tool_tokens/mean", ro->tool_tokens / n);
     metrics_set(m, "timing_s/tool", ro->tool_s);
+    metrics_set(m, "multi_turn/template_errors", ro->template_errors);
+    metrics_set(m, "multi_turn/prefill_tokens_per_turn",
+                ro->resumed_turns ? ro->prefill_tokens / ro->resumed_turns : 0);
+    metrics_set(m, "multi_turn/evictions", ro->evictions);
 }
 
 static void advantage_metrics(struct metrics *m, const struct step_advantages *a)

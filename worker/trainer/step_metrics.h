@@ -29,6 +29,9 @@ struct step_rollouts {
     double tool_s;                              /* wall time of the calls, summed */
     double model_tokens, tool_tokens;           /* response tokens the model sampled; put in by tools/template */
     double mismatch;                            /* trajectories whose tokens failed the sanity check */
+    double template_errors;                     /* answers the template could not render */
+    double resumed_turns, prefill_tokens;       /* turns resumed after an answer; tokens prefilled for them */
+    double evictions;                           /* KV caches given up while waiting */
 };
 
 /* The advantages (and the in-reward KL, when on) of the step's response tokens. */

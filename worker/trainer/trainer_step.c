@@ -369,19 +369,21 @@ static void measure_rollouts(struct trainer *t, const struct step_batch *b, stru
     out->tokens = (double)(long long)all[3];
     out->multi_turn = rollout_multi_turn(c);
     if (out->multi_turn) {
-        double mt[7] = {0};
+        double mt[11] = {0};
         for (int i = 0; i < b->n_seq; i++) {
             const struct rollout_seq *s = &b->seqs[i];
             v[i] = s->num_turns;
             mt[0] += s->tool_calls, mt[1] += s->tool_errors, mt[2] += s->tool_calls > 0, mt[3] += s->tool_seconds;
             mt[6] += s->tokens_mismatch;
+            mt[7] += s->template_errors, mt[8] += s->resumed_turns, mt[9] += s->prefill_tokens, mt[10] += s->evictions;
             for (int k = 0; k < s->resp_len; k++)
                 mt[s->mask && !s->mask[k] ? 5 : 4] += 1;
         }
         out->num_turns = summarize_dist(t, v, (size_t)b->n_seq);
-        sum_dist(t, mt, 7);
+        sum_dist(t, mt, 11);
         out->tool_calls = mt[0], out->tool_errors = mt[1], out->with_calls = mt[2], out->tool_s = mt[3];
         out->model_tokens = mt[4], out->tool_tokens = mt[5], out->mismatch = mt[6];
+        out->template_errors = mt[7], out->resumed_turns = mt[8], out->prefill_tokens = mt[9], out->evictions = mt[10];
     }
     free(v);
 }
