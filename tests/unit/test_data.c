@@ -344,7 +344,7 @@ static void test_synth_arithmetic_answers(void **state)
     assert_true(negative > 0 && products > 0);
     dataset_free(&t), dataset_free(&v);
 
-    /* the tool agent's arithmetic: a system message and one worked example with a calculator call, then the
+    /* the tool agent's arithmetic: a system message and two worked examples with a calculator call, then the
      * question, whose answer the arithmetic scorer checks */
     synth_default_opts(SYNTH_TOOL_ARITHMETIC, &o);
     o.min_digits = 4, o.max_digits = 5;
@@ -352,15 +352,15 @@ static void test_synth_arithmetic_answers(void **state)
     assert_int_equal(synth_generate(&o, 3, 20, 4, &t, &v, err, sizeof err), 0);
     for (int i = 0; i < t.n; i++) {
         const struct prompt_sample *s = &t.samples[i];
-        assert_int_equal(s->n_messages, 6);
+        assert_int_equal(s->n_messages, 10);
         assert_string_equal(s->messages[0].role, "system");
         assert_string_equal(s->messages[3].role, "tool");
         assert_non_null(strstr(s->messages[2].content, "<tool_call>"));
-        assert_string_equal(s->messages[5].role, "user");
+        assert_string_equal(s->messages[9].role, "user");
         assert_string_equal(s->agent_name, "tool_agent");
         assert_string_equal(s->data_source, "arithmetic");
         long long a, b;
-        assert_int_equal(sscanf(s->messages[5].content, "What is %lld * %lld?", &a, &b), 2);
+        assert_int_equal(sscanf(s->messages[9].content, "What is %lld * %lld?", &a, &b), 2);
         assert_true(a >= 1000 && a <= 99999 && b >= 1000 && b <= 99999);
         char want[32];
         snprintf(want, sizeof want, "%lld", a * b);

@@ -66,8 +66,8 @@ int dataset_load_jsonl(const char *path, const char *default_data_source, struct
 
 /* ---- synthetic tasks ---- */
 
-/* SYNTH_TOOL_ARITHMETIC: arithmetic for a tool agent (agent_name tool_agent): a system message, one worked
- * example that calls the calculator in the hermes format, then the question; scored as arithmetic */
+/* SYNTH_TOOL_ARITHMETIC: arithmetic for a tool agent (agent_name tool_agent): a system message, two worked
+ * examples that call the calculator in the hermes format, then the question; scored as arithmetic */
 enum synth_task { SYNTH_ARITHMETIC = 0, SYNTH_COUNTDOWN = 1, SYNTH_TOOL_ARITHMETIC = 2 };
 
 /* The difficulty knobs. */

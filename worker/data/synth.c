@@ -274,14 +274,21 @@ static bool make_countdown(const struct synth_opts *o, struct data_rng *g, struc
     return false;
 }
 
-/* The tool task's conversation before its question: what the calculator is for, and one worked example. */
+/* The tool task's conversation before its question: what the calculator is for, and two worked examples (with one,
+ * the bundled 135M model calls the tool in about a third of its answers and mostly malformed; with two, in nearly
+ * all, and GRPO then has correct and wrong calls to tell apart) */
 static const char *const TOOL_SHOT[][2] = {
-    {"system", "You have a calculator. Call it for arithmetic, then give the final number after ####."},
+    {"system", "Use the calculator for arithmetic. Answer with #### and the number."},
     {"user", "What is 4821 * 7390?"},
     {"assistant", "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"4821 * 7390\"}}\n"
                   "</tool_call>"},
     {"tool", "35627190"},
     {"assistant", "#### 35627190"},
+    {"user", "What is 65123 * 20917?"},
+    {"assistant", "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"65123 * 20917\"}}\n"
+                  "</tool_call>"},
+    {"tool", "1362177791"},
+    {"assistant", "#### 1362177791"},
 };
 
 static void emit(struct dataset *d, const struct synth_opts *o, const struct problem *p, const char *split, int index)
