@@ -14,8 +14,35 @@
 #
 # Results: runs/grpo/demo/ (metrics.jsonl, metrics.svg, tensorboard/, checkpoints/); the status page
 # of grpod while it runs at the URL printed below. A previous demo run is kept as runs/grpo/demo.prev.
+#
+# --task tools: the agent demo instead (docs/agents.md): multiplications of 4-5 digit numbers that the model
+# answers with the calculator tool over several turns (data.synthetic.task=tool_arithmetic, multi-turn
+# rollouts), results in runs/grpo/demo-tools/; the tool-call rate and accuracy are shown at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+TASK=arithmetic
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --task) TASK="${2:-}"; shift 2 || { echo "demo: --task needs arithmetic or tools" >&2; exit 2; } ;;
+    --task=*) TASK="${1#--task=}"; shift ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "demo: unknown argument '$1' (--task arithmetic|tools)" >&2; exit 2 ;;
+    esac
+done
+case "$TASK" in
+arithmetic) TASK_KEYS=(); run_dir=runs/grpo/demo ;;
+tools)
+    # the multi-turn agent demo: 2 worked examples then the question; a response holds the call, the calculator's
+    # answer and the final answer (docs/agents.md). Greedy validation is right from the start on this task: it
+    # samples (2 answers per held-out prompt, temperature 1), as training does
+    TASK_KEYS=(trainer.experiment_name=demo-tools data.synthetic.task=tool_arithmetic data.synthetic.min_digits=4
+        data.synthetic.max_digits=5 'data.synthetic.ops=*' data.synthetic.num_val=32
+        actor_rollout_ref.rollout.multi_turn.enable=true data.max_response_length=96 data.max_prompt_length=384
+        trainer.total_training_steps=16 trainer.test_freq=8 actor_rollout_ref.rollout.val_kwargs.do_sample=true
+        actor_rollout_ref.rollout.val_kwargs.n=2)
+    run_dir=runs/grpo/demo-tools ;;
+*) echo "demo: --task $TASK: expected arithmetic or tools" >&2; exit 2 ;;
+esac
 ./scripts/deps.sh
 ./scripts/build.sh build
 . scripts/blas_env.sh
@@ -43,7 +70,6 @@ fi
 echo "== model: $hf"
 build/worker/grpo-model info "$hf" | sed -n '1,4p;13p'
 
-run_dir=runs/grpo/demo
 if [ -d "$run_dir" ]; then
     rm -rf "$run_dir.prev"
     mv "$run_dir" "$run_dir.prev"
@@ -72,11 +98,12 @@ for _ in $(seq 50); do build/ctl/grpoctl --retries 1 status >/dev/null 2>&1 && b
 echo "== layout: $WHY"
 echo "== training: mpirun --mca orte_enable_recovery 1 -np $NP build/worker/grpo-worker actor_rollout_ref.model.path=$hf"
 echo "     ${LAYOUT[*]} grpod.endpoint=$endpoint"
+[ ${#TASK_KEYS[@]} -eq 0 ] || echo "     ${TASK_KEYS[*]}"
 echo "   (every other setting is the embedded default: build/worker/grpo-worker --print-config)"
 # --mca orte_enable_recovery 1: in a split layout a lost rollout rank costs nothing (docs/operations.md,
 # "When a rank dies")
 mpirun --oversubscribe --bind-to none --mca orte_enable_recovery 1 -np "$NP" build/worker/grpo-worker \
-    actor_rollout_ref.model.path="$hf" "${LAYOUT[@]}" grpod.endpoint="$endpoint" &
+    actor_rollout_ref.model.path="$hf" "${LAYOUT[@]}" "${TASK_KEYS[@]}" grpod.endpoint="$endpoint" &
 worker_pid=$!
 
 # grpoctl status while it runs: every 2 minutes, and once early
@@ -102,7 +129,7 @@ if [ $rc -ne 0 ]; then
     exit $rc
 fi
 
-nval="$(build/worker/grpo-worker --print-config 2>/dev/null | awk '$1 == "num_val:" { print $2; exit }')"
+nval="$(build/worker/grpo-worker --print-config "${TASK_KEYS[@]}" 2>/dev/null | awk '$1 == "num_val:" { print $2; exit }')"
 echo "== validation (greedy, ${nval:-?} held-out prompts): reward, and exact-answer accuracy with its standard error"
 python3 - "$run_dir/metrics.jsonl" "${nval:-0}" <<'PY'
 import json, math, sys
@@ -120,6 +147,14 @@ if len(val) >= 2 and val[0][2] is not None and val[-1][2] is not None:
     sd = math.hypot(se(a0), se(a1))
     print(f"  accuracy {a0:.3f} -> {a1:.3f} ({a1 - a0:+.3f}"
           + (f"; {(a1 - a0) / sd:.1f} standard errors of the difference" if sd > 0 else "") + ")")
+tools = [r for r in rows if "multi_turn/tool_call_rate" in r]
+if len(tools) >= 6:  # the agent demo: how often the model called the tool, and how often it then answered right
+    k = len(tools) // 3
+    mean = lambda rs, key: sum(r.get(key) or 0 for r in rs) / len(rs)
+    for name, rs in (("first", tools[:k]), ("last", tools[-k:])):
+        print(f"  tools, steps {rs[0]['step']}-{rs[-1]['step']}: tool-call rate {mean(rs, 'multi_turn/tool_call_rate'):.2f}, "
+              f"tool errors per answer {mean(rs, 'multi_turn/tool_errors/mean'):.2f}, "
+              f"accuracy {mean(rs, 'critic/acc/mean'):.2f}, turns {mean(rs, 'num_turns/mean'):.2f}")
 train = [r for r in rows if "critic/score/mean" in r]
 if len(train) >= 6:
     k = len(train) // 3
