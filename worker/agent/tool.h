@@ -2,11 +2,13 @@
  * {"type":"function","function":{"name","description","parameters":{...}}}) and an execute function that turns
  * the call's arguments into the text the model sees next. Owns: the tool object, argument validation against
  * the schema's "parameters", the truncation of long answers (verl's max_tool_response_length and
- * tool_response_truncate_side), the registry of a rollout's tools, and the built-in tools' constructors.
+ * tool_response_truncate_side), verl's per-trajectory life cycle (create, execute, calc_reward, release), the
+ * registry of a rollout's tools, and the built-in tools' constructors.
  *
  * tool_call() never fails: a call whose arguments do not parse or do not match the schema, or whose tool
  * reports an error, answers with an error message ("Error: ...") for the model, never a crash of the caller.
- * Generation (worker/gen) knows nothing of this room. */
+ * Every call is safe from several threads at once, also on the same tool. Generation (worker/gen) knows nothing
+ * of this room. */
 #ifndef GRPO_AGENT_TOOL_H
 #define GRPO_AGENT_TOOL_H
 
@@ -27,9 +29,18 @@ enum tool_truncate_side {
 struct tool;
 struct tool_ops {
     /* args: a JSON object already validated against the schema. Returns a malloc'd text for the model (an
-     * error message is text too); NULL is answered as "Error: the tool failed". */
+     * error message is text too); NULL is answered as "Error: the tool failed". A tool with only this op: its
+     * answer is an error (is_error) when it begins with "Error:". */
     char *(*execute)(struct tool *t, const json_t *args);
     void (*destroy)(struct tool *t);
+    /* The per-trajectory ops (verl's BaseTool), each optional. instance_id NULL: a call outside any trajectory
+     * (the tool makes a fresh instance for it alone). */
+    int (*create)(struct tool *t, const char *instance_id, const json_t *create_kwargs, char *err, size_t errlen);
+    /* as execute, with the step reward and whether the answer is an error; used instead of execute when set */
+    char *(*execute_in)(struct tool *t, const char *instance_id, const json_t *args, double *step_reward,
+                        int *is_error);
+    double (*calc_reward)(struct tool *t, const char *instance_id);
+    void (*release)(struct tool *t, const char *instance_id);
 };
 
 struct tool {
@@ -66,6 +77,23 @@ int tool_truncate_side_from_name(const char *name);
 char *tool_call(struct tool *t, const char *args_json);
 /* the same with parsed arguments (no reference taken) */
 char *tool_call_json(struct tool *t, const json_t *args);
+
+/* verl's BaseTool life cycle, per trajectory (instance_id unique per trajectory and tool). Built-ins ignore it.
+ * create_kwargs: a JSON object or NULL. 0, or -1 with err (the trajectory cannot use the tool). */
+int tool_create(struct tool *t, const char *instance_id, const json_t *create_kwargs, char *err, size_t errlen);
+/* One call in a trajectory: like tool_call (parse, validate, execute, truncate; always a malloc'd text), plus
+ * *step_reward (the reward verl's execute returns; 0 when the tool gives none) and *is_error (1 when the answer
+ * is an error: malformed args, schema mismatch, exception, timeout, a program that exited non-zero or was
+ * stopped). Either pointer may be NULL. Thread-safe: the agent loop calls tools from several threads at once,
+ * also the same tool concurrently. instance_id NULL: a call outside any trajectory. */
+char *tool_call_in(struct tool *t, const char *instance_id, const char *args_json, double *step_reward, int *is_error);
+/* the same with parsed arguments (no reference taken) */
+char *tool_call_json_in(struct tool *t, const char *instance_id, const json_t *args, double *step_reward,
+                        int *is_error);
+/* verl's calc_reward: the instance's reward (0 for built-ins, and when the tool's answer is not a number) */
+double tool_calc_reward(struct tool *t, const char *instance_id);
+/* the instance ends; its state is freed */
+void tool_release(struct tool *t, const char *instance_id);
 
 /* ---- built-in tools ---- */
 
