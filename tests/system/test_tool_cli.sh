@@ -219,6 +219,7 @@ out="$("$M" tool --tool-config "$FIX/counter.yaml" --function-tool-path "$FIX/fu
 expect "a function without its parameter described: exit 1" $?
 
 # ---- SandboxFusion ----
+export no_proxy=127.0.0.1 NO_PROXY=127.0.0.1 # the stand-in is local whatever proxy the environment names
 python3 "$FIX/sandbox_fusion_standin.py" "$TMP/port" 2>"$TMP/standin.log" &
 STANDIN=$!
 wait_for 30 test -s "$TMP/port"; expect "the stand-in SandboxFusion server starts" $?
