@@ -147,13 +147,18 @@ static void test_sync_class_and_return_forms(void **state)
     tool_set_free(&s);
 }
 
-/* bytes, lone surrogates and a 2 MB answer come back as text, cut to max_tool_response_length (100) */
+/* bytes, a NUL and a lone surrogate (each byte of its encoding one U+FFFD) and a 2 MB answer come back as
+ * text, cut to max_tool_response_length (100) */
 static void test_odd_answers(void **state)
 {
     (void)state;
     struct tool_set s = load_yaml(FIX "counter.yaml");
     struct tool *t = find(&s, "counter");
     expect_answer(t, NULL, "{\"what\": \"bytes\"}", "b'\\xff\\xfe raw'", 0);
+    expect_answer(t, NULL, "{\"what\": \"odd\"}",
+                  "a\xef\xbf\xbd"
+                  "b \xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd ok",
+                  0);
     int e = -1;
     char *out = call(t, NULL, "{\"what\": \"huge\"}", NULL, &e);
     assert_int_equal(e, 0);
