@@ -20,6 +20,8 @@ PKGS=(
     libdnnl-dev
     # the code interpreter's sandbox (worker/agent/sandbox.c): bubblewrap's namespaces, libseccomp's filter
     bubblewrap libseccomp-dev
+    # the SandboxFusion client (worker/agent/sandbox_fusion.c): HTTP(S) to a remote code sandbox
+    libcurl4-openssl-dev
     # control plane: grpod's HTTP side and sd_notify
     libmicrohttpd-dev libsystemd-dev
     # data plane and dispatcher authentication (proto/plane_auth.c: MACs, key derivation, random keys)

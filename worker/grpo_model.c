@@ -49,7 +49,8 @@ static void usage(FILE *out)
           "  plan CONFIG.json [cluster and batch options]\n"
           "                                     memory and communication of every parallel layout, and the\n"
           "                                     recommended one (grpo-model plan --help)\n"
-          "  tool [--tool-config FILE] NAME --args JSON [--max-response-length N] [--truncate-side S]\n"
+          "  tool [--tool-config FILE] [--function-tool-path FILE] NAME --args JSON [--max-response-length N]\n"
+          "       [--truncate-side S]\n"
           "                                     one tool call as a rollout makes it (built-ins: code_interpreter,\n"
           "                                     calculator); prints the text the model would see\n"
           "\n"
@@ -483,37 +484,50 @@ static int chat_main(int argc, char **argv)
 }
 
 static const char TOOL_HELP[] =
-    "usage: grpo-model tool [--tool-config FILE] NAME --args JSON [--max-response-length N]\n"
-    "                       [--truncate-side left|right|middle]\n"
+    "usage: grpo-model tool [--tool-config FILE] [--function-tool-path FILE.py] NAME --args JSON\n"
+    "                       [--max-response-length N] [--truncate-side left|right|middle] [--create-kwargs JSON]\n"
+    "                       [--show-reward]\n"
     "  Run one call of the tool NAME exactly as a rollout would (the arguments checked against the tool's\n"
     "  schema, the tool run, a long answer truncated) and print the text the model would see, with no newline\n"
     "  added. Built-in tools: code_interpreter (argument code: Python source, run in a sandbox with no network,\n"
     "  a private empty directory and time, memory, process and output limits) and calculator (argument\n"
     "  expression: exact integer and decimal arithmetic). --tool-config: verl's tool-config YAML\n"
-    "  (tools: [{class_name, config, tool_schema}]) instead of the built-ins; docs/tools.md lists the classes\n"
-    "  and config keys. --max-response-length (characters; 0: no limit; default 256 or the config's) and\n"
-    "  --truncate-side (default middle) are verl's max_tool_response_length and tool_response_truncate_side.\n"
-    "  Exit status: 0 when the tool answered, an error message included; 1 when the tool config cannot be\n"
-    "  read; 2 for a usage error (an unknown tool, arguments that are not JSON).\n";
+    "  (tools: [{class_name, config, tool_schema}]; a class that is not built in is a Python class\n"
+    "  package.module.Class) and --function-tool-path: a Python file of verl @function_tool functions; either or\n"
+    "  both replace the built-ins; docs/tools.md lists the classes and config keys. The call runs in a trajectory\n"
+    "  of its own: the tool's instance is created (with --create-kwargs, a JSON object), called, and released;\n"
+    "  --show-reward writes the step reward and calc_reward's to stderr. --max-response-length (characters; 0:\n"
+    "  no limit; default 256 or the config's) and --truncate-side (default middle) are verl's\n"
+    "  max_tool_response_length and tool_response_truncate_side.\n"
+    "  Exit status: 0 when the tool answered, an error message included; 1 when the tool config or the function\n"
+    "  file cannot be read, or the instance cannot be created; 2 for a usage error (an unknown tool, arguments\n"
+    "  that are not JSON).\n";
 
-/* grpo-model tool [--tool-config FILE] NAME --args JSON [--max-response-length N] [--truncate-side S] */
+/* grpo-model tool [--tool-config FILE] [--function-tool-path FILE] NAME --args JSON [--max-response-length N]
+ * [--truncate-side S] [--create-kwargs JSON] [--show-reward] */
 static int tool_main(int argc, char **argv)
 {
-    const char *config = NULL, *args = NULL, *side = NULL, *maxlen = NULL;
-    int c;
+    const char *config = NULL, *fpath = NULL, *args = NULL, *side = NULL, *maxlen = NULL, *ckw = NULL;
+    int c, show_reward = 0;
     static const struct option lopts[] = {{"tool-config", required_argument, 0, 'c'},
+                                          {"function-tool-path", required_argument, 0, 'f'},
                                           {"args", required_argument, 0, 'a'},
                                           {"max-response-length", required_argument, 0, 'm'},
                                           {"truncate-side", required_argument, 0, 's'},
+                                          {"create-kwargs", required_argument, 0, 'k'},
+                                          {"show-reward", no_argument, 0, 'r'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", lopts, NULL)) != -1) {
         switch (c) {
         case 'c': config = optarg; break;
+        case 'f': fpath = optarg; break;
         case 'a': args = optarg; break;
         case 'm': maxlen = optarg; break;
         case 's': side = optarg; break;
+        case 'k': ckw = optarg; break;
+        case 'r': show_reward = 1; break;
         case 'h': fputs(TOOL_HELP, stdout); return 0;
         default: fputs(TOOL_HELP, stderr); return 2;
         }
@@ -530,26 +544,35 @@ static int tool_main(int argc, char **argv)
         log_error("tool", "--args is not JSON: %s (column %d)", je.text, je.column);
         return 2;
     }
+    json_t *kw = ckw ? json_loads(ckw, JSON_REJECT_DUPLICATES, &je) : NULL;
+    if (ckw && !json_is_object(kw)) {
+        log_error("tool", "--create-kwargs is not a JSON object%s%s", kw ? "" : ": ", kw ? "" : je.text);
+        json_decref(kw);
+        json_decref(a);
+        return 2;
+    }
     long long max = -1;
     int sd = -1;
     char *end = NULL;
     if (maxlen && ((max = strtoll(maxlen, &end, 10)) < 0 || *end || end == maxlen)) {
         log_error("tool", "--max-response-length '%s': a number of characters >= 0", maxlen);
-        json_decref(a);
+        json_decref(a), json_decref(kw);
         return 2;
     }
     if (side && (sd = tool_truncate_side_from_name(side)) < 0) {
         log_error("tool", "--truncate-side '%s': left, right or middle", side);
-        json_decref(a);
+        json_decref(a), json_decref(kw);
         return 2;
     }
     struct tool_set set = {0};
-    char err[1024];
+    char err[2048];
     struct tool *t = NULL;
-    if (config) {
-        if (tool_set_load_yaml(&set, config, err, sizeof err) != 0) {
+    if (config || fpath) {
+        if ((config && tool_set_load_yaml(&set, config, err, sizeof err) != 0) ||
+            (fpath && tool_set_load_function_tools(&set, fpath, err, sizeof err) != 0)) {
             log_error("tool", "%s", err);
-            json_decref(a);
+            tool_set_free(&set);
+            json_decref(a), json_decref(kw);
             return 1;
         }
         t = tool_set_find(&set, name);
@@ -560,30 +583,45 @@ static int tool_main(int argc, char **argv)
             if ((p == names || p[-1] == ' ') && (p[n] == ',' || p[n] == '\0')) {
                 if (!(t = tool_builtin_new(name, err, sizeof err))) {
                     log_error("tool", "%s", err);
-                    json_decref(a);
+                    json_decref(a), json_decref(kw);
                     return 1;
                 }
                 tool_set_add(&set, t);
             }
     }
     if (!t) {
-        char *names = config ? tool_set_names(&set) : xstrdup(tool_builtin_names());
+        char *names = config || fpath ? tool_set_names(&set) : xstrdup(tool_builtin_names());
         log_error("tool", "unknown tool '%s' (known: %s)", name, names[0] ? names : "none");
         free(names);
         tool_set_free(&set);
-        json_decref(a);
+        json_decref(a), json_decref(kw);
         return 2;
     }
     if (max >= 0)
         t->max_response_length = (size_t)max;
     if (sd >= 0)
         t->truncate_side = (enum tool_truncate_side)sd;
-    char *text = tool_call_json(t, a);
+    /* a trajectory of its own, as the agent loop makes one */
+    const char *instance = "grpo-model-tool";
+    if (tool_create(t, instance, kw, err, sizeof err) != 0) {
+        log_error("tool", "%s", err);
+        tool_set_free(&set);
+        json_decref(a), json_decref(kw);
+        return 1;
+    }
+    double step_reward = 0;
+    int is_error = 0;
+    char *text = tool_call_json_in(t, instance, a, &step_reward, &is_error);
+    const double reward = tool_calc_reward(t, instance);
+    tool_release(t, instance);
     fwrite(text, 1, strlen(text), stdout);
     const int rc = fflush(stdout) == 0 ? 0 : 1;
+    if (show_reward)
+        fprintf(stderr, "step reward %.17g, calc_reward %.17g%s\n", step_reward, reward,
+                is_error ? " (an error answer)" : "");
     free(text);
     tool_set_free(&set);
-    json_decref(a);
+    json_decref(a), json_decref(kw);
     return rc;
 }
 

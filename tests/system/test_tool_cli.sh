@@ -4,8 +4,11 @@
 # the errors), the code interpreter's answer, the exit statuses (0 whenever the tool answered, errors included;
 # 2 for an unknown tool, naming the known ones, and for arguments that are not JSON; 1 for a tool config that
 # cannot be read), truncation from the command line, and verl's tool-config YAML: SandboxFusionTool without a
-# URL is the built-in code interpreter with its limits, and an unknown class, a schema error or a sandbox URL is
-# refused naming FILE:LINE.
+# URL is the built-in code interpreter with its limits; with a URL, the SandboxFusion client against the stand-in
+# server (tests/fixtures/tools/sandbox_fusion_standin.py), and a failing or stopped server is an answer; a Python
+# class (tests/fixtures/tools/counter.yaml) with its create kwargs, step reward and calc_reward, an exception and
+# a timeout as answers; --function-tool-path's @function_tool functions, alone and beside a tool config; and a
+# name that is no class, a module that cannot be imported, a schema error are refused naming FILE:LINE.
 # Usage: test_tool_cli.sh GRPO_MODEL
 set -u
 M="$1"
@@ -13,7 +16,8 @@ M="$1"
 json() { python3 -c 'import json,sys; print(json.dumps({sys.argv[1]: sys.argv[2]}))' "$1" "$2"; }
 
 "$M" tool --help >"$TMP/h" 2>&1 && says "$TMP/h" "usage: grpo-model tool"; expect "tool --help" $?
-"$M" --help >"$TMP/h" 2>&1 && says "$TMP/h" "tool [--tool-config FILE] NAME --args JSON"; expect "--help lists tool" $?
+"$M" --help >"$TMP/h" 2>&1 && says "$TMP/h" "tool [--tool-config FILE] [--function-tool-path FILE] NAME --args JSON"
+expect "--help lists tool" $?
 
 # ---- the calculator against Python ----
 python3 - >"$TMP/cases" <<'EOF'
@@ -139,12 +143,18 @@ bad_config() { # NAME EXPECTED-TEXT: the YAML on stdin is refused with exit 1 an
     [ $rc -eq 1 ] && says "$TMP/e" "$2"
     expect "tool config refused: $1" $?
 }
-bad_config "unknown class" "$TMP/bad.yaml:5: unknown tool class 'my.tools.Search'" <<'EOF'
+bad_config "a module that cannot be imported" \
+    "$TMP/bad.yaml:5: cannot load class 'my.tools.Search': ModuleNotFoundError: No module named 'my'" <<'EOF'
 tools:
   - class_name: grpo.tools.Calculator
     config: {}
     tool_schema: {type: function, function: {name: c, parameters: {type: object, properties: {expression: {type: string}}}}}
   - class_name: my.tools.Search
+    tool_schema: {type: function, function: {name: s}}
+EOF
+bad_config "a class name that is no class path" "$TMP/bad.yaml:2: unknown tool class 'Search Tool'" <<'EOF'
+tools:
+  - class_name: Search Tool
     tool_schema: {type: function, function: {name: s}}
 EOF
 bad_config "a schema type" "$TMP/bad.yaml:10: tool_schema.function.parameters.properties.code.type: unknown type 'str'" <<'EOF'
@@ -159,13 +169,6 @@ tools:
           properties:
             code: {type: str}
 EOF
-bad_config "a sandbox URL" "$TMP/bad.yaml:4: config.sandbox_fusion_url: a remote sandbox is not supported yet" <<'EOF'
-tools:
-  - class_name: verl.tools.sandbox_fusion_tools.SandboxFusionTool
-    config:
-      sandbox_fusion_url: "http://localhost:8080/run_code"
-    tool_schema: {type: function, function: {name: code_interpreter, parameters: {type: object, properties: {code: {type: string}}}}}
-EOF
 bad_config "an unknown config key" "$TMP/bad.yaml:3: config: unknown key 'colour'" <<'EOF'
 tools:
   - class_name: grpo.tools.CodeInterpreter
@@ -174,4 +177,76 @@ tools:
 EOF
 "$M" tool --tool-config "$TMP/nonexistent.yaml" calc --args '{}' >/dev/null 2>"$TMP/e"
 [ $? -eq 1 ] && says "$TMP/e" "nonexistent.yaml: No such file or directory"; expect "a missing tool config: exit 1" $?
+
+# ---- Python tools ----
+FIX="$SRC_ROOT/tests/fixtures/tools"
+out="$("$M" tool --tool-config "$FIX/counter.yaml" counter --args '{}' --show-reward 2>"$TMP/e")"
+[ $? -eq 0 ] && [ "$out" = "call 1 of grpo-model-tool!" ] && says "$TMP/e" "step reward 0.5, calc_reward 1"
+expect "a Python class: its answer, step reward and calc_reward" $?
+out="$("$M" tool --tool-config "$FIX/counter.yaml" counter --args '{}' --create-kwargs '{"start": 41}' --show-reward \
+    2>"$TMP/e")"
+[ "$out" = "call 42 of grpo-model-tool!" ] && says "$TMP/e" "calc_reward 42"; expect "--create-kwargs reach create" $?
+out="$("$M" tool --tool-config "$FIX/counter.yaml" counter --args '{"what": "raise"}' --show-reward 2>"$TMP/e")"
+[ $? -eq 0 ] && [ "$out" = "Error: ValueError: the counter was asked to fail" ] && says "$TMP/e" "(an error answer)"
+expect "a Python exception is an error answer (exit 0)" $?
+out="$("$M" tool --tool-config "$FIX/counter.yaml" counter --args '{"what": "hang"}' 2>"$TMP/e")"
+[ $? -eq 0 ] && [ "$out" = "Error: the tool timed out after 2 s" ] && says "$TMP/e" "a call timed out after 2 s"
+expect "a hanging Python tool: answered after its timeout (exit 0)" $?
+out="$("$M" tool --tool-config "$FIX/counter.yaml" sync --args '{"what": "int"}' 2>"$TMP/e")"
+[ "$out" = 42 ]; expect "a sync class's int answer, as text" $?
+"$M" tool --tool-config "$FIX/counter.yaml" counter --args '{}' --create-kwargs '[1]' >/dev/null 2>"$TMP/e"
+[ $? -eq 2 ] && says "$TMP/e" "--create-kwargs is not a JSON object"; expect "--create-kwargs not an object: exit 2" $?
+"$M" tool --tool-config "$FIX/counter.yaml" counter --args '{}' --create-kwargs '{"start": "x"}' >/dev/null 2>"$TMP/e"
+[ $? -eq 1 ] && says "$TMP/e" "counter: create: ValueError: invalid literal for int()"
+expect "create raising: exit 1, the exception named" $?
+
+# ---- @function_tool files ----
+out="$("$M" tool --function-tool-path "$FIX/function_tools.py" add --args '{"a": 2, "b": 0.5}' 2>"$TMP/e")"
+[ $? -eq 0 ] && [ "$out" = 2.5 ]; expect "--function-tool-path: a function's answer" $?
+out="$("$M" tool --function-tool-path "$FIX/function_tools.py" slow_echo --args '{"text": "ab", "tags": []}' \
+    --show-reward 2>"$TMP/e")"
+[ "$out" = AB ] && says "$TMP/e" "step reward 0.25"; expect "--function-tool-path: an async function with a reward" $?
+out="$("$M" tool --function-tool-path "$FIX/function_tools.py" add --args '{"a": "2", "b": 1}' 2>"$TMP/e")"
+[ $? -eq 0 ] && [ "$out" = "Error: argument 'a' must be of type integer, not string" ]
+expect "--function-tool-path: the derived schema checks the arguments" $?
+out="$("$M" tool --tool-config "$FIX/counter.yaml" --function-tool-path "$FIX/function_tools.py" sync --args '{}' \
+    2>"$TMP/e")"
+[ "$out" = "plain sync" ]; expect "--tool-config and --function-tool-path together" $?
+"$M" tool --function-tool-path "$FIX/function_tools.py" nosuch --args '{}' >/dev/null 2>"$TMP/e"
+[ $? -eq 2 ] && says "$TMP/e" "(known: add, fail, get_weather, slow_echo)"; expect "an unknown function tool: exit 2" $?
+"$M" tool --function-tool-path "$FIX/broken_function_tools.py" x --args '{}' >/dev/null 2>"$TMP/e"
+[ $? -eq 1 ] && says "$TMP/e" "the docstring has no description for the argument 'y'"
+expect "a function without its parameter described: exit 1" $?
+
+# ---- SandboxFusion ----
+export no_proxy=127.0.0.1 NO_PROXY=127.0.0.1 # the stand-in is local whatever proxy the environment names
+python3 "$FIX/sandbox_fusion_standin.py" "$TMP/port" 2>"$TMP/standin.log" &
+STANDIN=$!
+wait_for 30 test -s "$TMP/port"; expect "the stand-in SandboxFusion server starts" $?
+PORT="$(cat "$TMP/port")"
+sf_config() { # URL: a tool config with the SandboxFusion client at URL
+    cat >"$TMP/sf.yaml" <<EOF
+tools:
+  - class_name: verl.tools.sandbox_fusion_tools.SandboxFusionTool
+    config: {sandbox_fusion_url: "$1", default_timeout: 2, memory_limit_mb: 128, num_workers: 2, rate_limit: 2}
+    tool_schema:
+      type: function
+      function: {name: code_interpreter, parameters: {type: object, properties: {code: {type: string}}, required: [code]}}
+EOF
+}
+sf_config "http://127.0.0.1:$PORT/run_code"
+out="$("$M" tool --tool-config "$TMP/sf.yaml" code_interpreter --args "$(json code $'print(6*7)\nimport sys; sys.exit(3)')" \
+    2>"$TMP/e")"
+[ $? -eq 0 ] && [ "$out" = $'42\n[exit status 3]' ]; expect "SandboxFusionTool with a URL: run by the server" $?
+out="$("$M" tool --tool-config "$TMP/sf.yaml" code_interpreter --args "$(json code 'x = bytearray(300 << 20)')" 2>"$TMP/e")"
+[[ "$out" == *MemoryError* ]]; expect "SandboxFusionTool: memory_limit_mb reaches the server" $?
+sf_config "http://127.0.0.1:$PORT/status500/run_code"
+out="$("$M" tool --tool-config "$TMP/sf.yaml" code_interpreter --args '{"code": "1"}' 2>"$TMP/e")"
+[ $? -eq 0 ] && [ "$out" = "Error: the code sandbox failed: HTTP 500 (3 attempts)" ]
+expect "a failing server: an error answer after 3 attempts (exit 0)" $?
+kill "$STANDIN" && wait "$STANDIN" 2>/dev/null
+sf_config "http://127.0.0.1:$PORT/run_code"
+out="$("$M" tool --tool-config "$TMP/sf.yaml" code_interpreter --args '{"code": "1"}' 2>"$TMP/e")"
+[ $? -eq 0 ] && [ "$out" = "Error: the code sandbox cannot be reached (Couldn't connect to server; 3 attempts)" ]
+expect "a server that is gone: an error answer without the URL (exit 0)" $?
 finish

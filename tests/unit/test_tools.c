@@ -66,7 +66,7 @@ static char *echo_execute(struct tool *t, const json_t *args)
     (void)t;
     return json_dumps(args, JSON_COMPACT | JSON_SORT_KEYS);
 }
-static const struct tool_ops ECHO_OPS = {echo_execute, NULL};
+static const struct tool_ops ECHO_OPS = {.execute = echo_execute};
 
 static void test_validation(void **state)
 {

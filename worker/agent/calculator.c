@@ -820,7 +820,7 @@ static char *calc_execute(struct tool *t, const json_t *args)
     return xstrdup(msg);
 }
 
-static const struct tool_ops CALC_OPS = {calc_execute, NULL};
+static const struct tool_ops CALC_OPS = {.execute = calc_execute};
 
 struct tool *calculator_new(json_t *schema, char *err, size_t errlen)
 {

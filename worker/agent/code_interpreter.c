@@ -1,7 +1,9 @@
 /* The built-in code_interpreter tool: the argument "code" (Python source) run by worker/agent/sandbox.c, the
  * program's stdout+stderr answered as text with a note for a non-zero exit status or a limit that stopped it.
  * Owns: the default schema, the probe at construction (a machine where no sandbox can be made gets a tool that
- * refuses every call, and one log line saying so), and the wording of what the model sees. */
+ * refuses every call, and one log line saying so), and the wording of what the model sees. An answer is an error
+ * (is_error) when no sandbox could run the code, the program exited non-zero (an uncaught exception included), or
+ * a limit stopped it. */
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -53,10 +55,12 @@ static const char *signal_name(int sig)
     }
 }
 
-static char *ci_execute(struct tool *t, const json_t *args)
+/* The answer; *is_error when the code could not run, or exited non-zero, or a limit stopped it. */
+static char *ci_run(struct tool *t, const json_t *args, int *is_error)
 {
     struct code_interp *ci = t->impl;
     char msg[512];
+    *is_error = 1;
     if (!ci->available) {
         snprintf(msg, sizeof msg, "Error: code execution is unavailable: no sandbox can be made on this machine (%s)",
                  ci->why);
@@ -76,6 +80,7 @@ static char *ci_execute(struct tool *t, const json_t *args)
     size_t len = r.len;
     char *out = r.output;
     r.output = NULL;
+    *is_error = r.output_cut || r.wall_killed || r.exit_code != 0;
     const char *sep = len && out[len - 1] != '\n' ? "\n" : "";
     if (r.output_cut)
         out = appendf(out, &len, "%s[output cut at %zu bytes: the program was stopped]", sep, ci->limits.max_output),
@@ -97,9 +102,23 @@ static char *ci_execute(struct tool *t, const json_t *args)
     return out;
 }
 
+static char *ci_execute(struct tool *t, const json_t *args)
+{
+    int is_error;
+    return ci_run(t, args, &is_error);
+}
+
+static char *ci_execute_in(struct tool *t, const char *instance_id, const json_t *args, double *step_reward,
+                           int *is_error)
+{
+    (void)instance_id; /* no state between calls: each runs in a fresh sandbox */
+    *step_reward = 0;
+    return ci_run(t, args, is_error);
+}
+
 static void ci_destroy(struct tool *t) { free(t->impl); }
 
-static const struct tool_ops CI_OPS = {ci_execute, ci_destroy};
+static const struct tool_ops CI_OPS = {.execute = ci_execute, .destroy = ci_destroy, .execute_in = ci_execute_in};
 
 struct tool *code_interpreter_new(json_t *schema, const struct sandbox_limits *limits, char *err, size_t errlen)
 {

@@ -1,7 +1,9 @@
 /* The tool object and what every tool call goes through whatever the tool: the schema check, the validation
- * of the model's arguments against the schema's parameters, the truncation of a long answer, and the registry
- * of a rollout's tools (the built-ins). The YAML tool config is read in tool_config.c. */
+ * of the model's arguments against the schema's parameters, the truncation of a long answer, the per-trajectory
+ * life cycle's dispatch (create, execute, calc_reward, release), and the registry of a rollout's tools. The YAML
+ * tool config is read in tool_config.c. */
 #include <ctype.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,14 +76,27 @@ int tool_schema_check(const json_t *schema, char *err, size_t errlen, char *wher
         if (!json_is_object(p))
             return fail_at(err, errlen, where, wherelen, path, "not a mapping%s", NULL);
         const json_t *t = json_object_get(p, "type");
-        if (t) {
+        if (t) { /* a type, or a list of them (a Python union: ["integer", "number"]) */
             snprintf(path, sizeof path, "function.parameters.properties.%s.type", key);
-            if (!json_is_string(t))
-                return fail_at(err, errlen, where, wherelen, path, "not a string%s", NULL);
-            if (!known_type(json_string_value(t)))
+            if (json_is_array(t) && json_array_size(t) > 0) {
+                size_t i;
+                const json_t *ti;
+                json_array_foreach(t, i, ti)
+                {
+                    if (!json_is_string(ti))
+                        return fail_at(err, errlen, where, wherelen, path, "a list holding a non-string%s", NULL);
+                    if (!known_type(json_string_value(ti)))
+                        return fail_at(err, errlen, where, wherelen, path,
+                                       "unknown type '%s' (string, integer, number, boolean, object, array, null)",
+                                       json_string_value(ti));
+                }
+            } else if (!json_is_string(t)) {
+                return fail_at(err, errlen, where, wherelen, path, "not a string or a list of them%s", NULL);
+            } else if (!known_type(json_string_value(t))) {
                 return fail_at(err, errlen, where, wherelen, path,
                                "unknown type '%s' (string, integer, number, boolean, object, array, null)",
                                json_string_value(t));
+            }
         }
         const json_t *e = json_object_get(p, "enum");
         if (e && !json_is_array(e)) {
@@ -174,9 +189,26 @@ int tool_validate_args(const json_t *schema, const json_t *args, char *err, size
             return error_set(err, errlen, "unknown argument '%s' (this tool takes: %s)", key,
                              names[0] ? names : "no arguments");
         }
-        const char *want = json_string_value(json_object_get(p, "type"));
-        if (want && !type_matches(want, v))
-            return error_set(err, errlen, "argument '%s' must be of type %s, not %s", key, want, json_type_name(v));
+        const json_t *want = json_object_get(p, "type");
+        if (json_is_string(want) && !type_matches(json_string_value(want), v))
+            return error_set(err, errlen, "argument '%s' must be of type %s, not %s", key, json_string_value(want),
+                             json_type_name(v));
+        if (json_is_array(want)) { /* any of the types */
+            int any = 0;
+            char names[256] = "";
+            size_t n = 0, j;
+            const json_t *w;
+            json_array_foreach(want, j, w)
+            {
+                const char *name = json_string_value(w);
+                any |= name && type_matches(name, v);
+                if (n < sizeof names)
+                    n += (size_t)snprintf(names + n, sizeof names - n, "%s%s", j ? " or " : "", name ? name : "?");
+            }
+            if (!any)
+                return error_set(err, errlen, "argument '%s' must be of type %s, not %s", key, names,
+                                 json_type_name(v));
+        }
         const json_t *en = json_object_get(p, "enum");
         if (json_is_array(en)) {
             int found = 0;
@@ -291,28 +323,74 @@ static char *error_text(const char *fmt, const char *a)
     return xstrdup(m);
 }
 
-char *tool_call_json(struct tool *t, const json_t *args)
+char *tool_call_json_in(struct tool *t, const char *instance_id, const json_t *args, double *step_reward, int *is_error)
 {
     char err[512];
-    if (tool_validate_args(t->schema, args, err, sizeof err) != 0)
+    double reward = 0;
+    int error = 0;
+    char *out;
+    if (step_reward)
+        *step_reward = 0;
+    if (is_error)
+        *is_error = 1;
+    if (tool_validate_args(t->schema, args, err, sizeof err) != 0) /* the interface's own message, not cut */
         return error_text("Error: %s", err);
-    char *out = t->ops->execute(t, args);
-    if (!out)
-        return xstrdup("Error: the tool failed");
+    if (t->ops->execute_in) {
+        out = t->ops->execute_in(t, instance_id, args, &reward, &error);
+    } else {
+        out = t->ops->execute(t, args);
+        error = out && strncmp(out, "Error:", 6) == 0;
+    }
+    if (!out) {
+        out = xstrdup("Error: the tool failed");
+        error = 1;
+    }
     char *cut = tool_truncate(out, t->max_response_length, t->truncate_side);
     free(out);
+    if (step_reward)
+        *step_reward = isfinite(reward) ? reward : 0;
+    if (is_error)
+        *is_error = error != 0;
     return cut;
 }
 
-char *tool_call(struct tool *t, const char *args_json)
+char *tool_call_in(struct tool *t, const char *instance_id, const char *args_json, double *step_reward, int *is_error)
 {
     json_error_t je;
     json_t *args = json_loads(args_json ? args_json : "", JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &je);
-    if (!args)
+    if (!args) { /* the interface's own message, not cut */
+        if (step_reward)
+            *step_reward = 0;
+        if (is_error)
+            *is_error = 1;
         return error_text("Error: the arguments are not valid JSON: %s", je.text);
-    char *out = tool_call_json(t, args);
+    }
+    char *out = tool_call_json_in(t, instance_id, args, step_reward, is_error);
     json_decref(args);
     return out;
+}
+
+char *tool_call_json(struct tool *t, const json_t *args) { return tool_call_json_in(t, NULL, args, NULL, NULL); }
+
+char *tool_call(struct tool *t, const char *args_json) { return tool_call_in(t, NULL, args_json, NULL, NULL); }
+
+int tool_create(struct tool *t, const char *instance_id, const json_t *create_kwargs, char *err, size_t errlen)
+{
+    if (create_kwargs && !json_is_object(create_kwargs))
+        return error_set(err, errlen, "%s: create_kwargs must be a JSON object", t->name);
+    return t->ops->create ? t->ops->create(t, instance_id, create_kwargs, err, errlen) : 0;
+}
+
+double tool_calc_reward(struct tool *t, const char *instance_id)
+{
+    const double r = t->ops->calc_reward ? t->ops->calc_reward(t, instance_id) : 0;
+    return isfinite(r) ? r : 0;
+}
+
+void tool_release(struct tool *t, const char *instance_id)
+{
+    if (t->ops->release)
+        t->ops->release(t, instance_id);
 }
 
 /* ---- the registry ---- */
@@ -354,28 +432,3 @@ void tool_set_free(struct tool_set *s)
     memset(s, 0, sizeof *s);
 }
 
-/* TEMPORARY (replaced by the per-trajectory tool API) */
-int tool_create(struct tool *t, const char *instance_id, const json_t *create_kwargs, char *err, size_t errlen)
-{
-    (void)t, (void)instance_id, (void)create_kwargs, (void)err, (void)errlen;
-    return 0;
-}
-char *tool_call_in(struct tool *t, const char *instance_id, const char *args_json, double *step_reward, int *is_error)
-{
-    (void)instance_id;
-    *step_reward = 0;
-    char *out = tool_call(t, args_json);
-    *is_error = strncmp(out, "Error", 5) == 0;
-    return out;
-}
-double tool_calc_reward(struct tool *t, const char *instance_id)
-{
-    (void)t, (void)instance_id;
-    return 0;
-}
-void tool_release(struct tool *t, const char *instance_id) { (void)t, (void)instance_id; }
-int tool_set_load_function_tools(struct tool_set *s, const char *py_path, char *err, size_t errlen)
-{
-    (void)s;
-    return error_set(err, errlen, "%s: function tools are not available yet", py_path);
-}

@@ -2,11 +2,13 @@
  * {"type":"function","function":{"name","description","parameters":{...}}}) and an execute function that turns
  * the call's arguments into the text the model sees next. Owns: the tool object, argument validation against
  * the schema's "parameters", the truncation of long answers (verl's max_tool_response_length and
- * tool_response_truncate_side), the registry of a rollout's tools, and the built-in tools' constructors.
+ * tool_response_truncate_side), verl's per-trajectory life cycle (create, execute, calc_reward, release), the
+ * registry of a rollout's tools, and the tools' constructors (built-ins, Python tools, the SandboxFusion client).
  *
  * tool_call() never fails: a call whose arguments do not parse or do not match the schema, or whose tool
  * reports an error, answers with an error message ("Error: ...") for the model, never a crash of the caller.
- * Generation (worker/gen) knows nothing of this room. */
+ * Every call is safe from several threads at once, also on the same tool. Generation (worker/gen) knows nothing
+ * of this room. */
 #ifndef GRPO_AGENT_TOOL_H
 #define GRPO_AGENT_TOOL_H
 
@@ -27,9 +29,18 @@ enum tool_truncate_side {
 struct tool;
 struct tool_ops {
     /* args: a JSON object already validated against the schema. Returns a malloc'd text for the model (an
-     * error message is text too); NULL is answered as "Error: the tool failed". */
+     * error message is text too); NULL is answered as "Error: the tool failed". A tool with only this op: its
+     * answer is an error (is_error) when it begins with "Error:". */
     char *(*execute)(struct tool *t, const json_t *args);
     void (*destroy)(struct tool *t);
+    /* The per-trajectory ops (verl's BaseTool), each optional. instance_id NULL: a call outside any trajectory
+     * (the tool makes a fresh instance for it alone). */
+    int (*create)(struct tool *t, const char *instance_id, const json_t *create_kwargs, char *err, size_t errlen);
+    /* as execute, with the step reward and whether the answer is an error; used instead of execute when set */
+    char *(*execute_in)(struct tool *t, const char *instance_id, const json_t *args, double *step_reward,
+                        int *is_error);
+    double (*calc_reward)(struct tool *t, const char *instance_id);
+    void (*release)(struct tool *t, const char *instance_id);
 };
 
 struct tool {
@@ -67,15 +78,22 @@ char *tool_call(struct tool *t, const char *args_json);
 /* the same with parsed arguments (no reference taken) */
 char *tool_call_json(struct tool *t, const json_t *args);
 
-/* verl's BaseTool life cycle, per trajectory (instance_id unique per trajectory and tool). Built-ins ignore it. */
+/* verl's BaseTool life cycle, per trajectory (instance_id unique per trajectory and tool). Built-ins ignore it.
+ * create_kwargs: a JSON object or NULL. 0, or -1 with err (the trajectory cannot use the tool). */
 int tool_create(struct tool *t, const char *instance_id, const json_t *create_kwargs, char *err, size_t errlen);
-/* One call in a trajectory: tool_call plus *step_reward (0 when the tool gives none) and *is_error. */
+/* One call in a trajectory: like tool_call (parse, validate, execute, truncate; always a malloc'd text), plus
+ * *step_reward (the reward verl's execute returns; 0 when the tool gives none) and *is_error (1 when the answer
+ * is an error: malformed args, schema mismatch, exception, timeout, a program that exited non-zero or was
+ * stopped). Either pointer may be NULL. Thread-safe: the agent loop calls tools from several threads at once,
+ * also the same tool concurrently. instance_id NULL: a call outside any trajectory. */
 char *tool_call_in(struct tool *t, const char *instance_id, const char *args_json, double *step_reward, int *is_error);
+/* the same with parsed arguments (no reference taken) */
+char *tool_call_json_in(struct tool *t, const char *instance_id, const json_t *args, double *step_reward,
+                        int *is_error);
+/* verl's calc_reward: the instance's reward (0 for built-ins, and when the tool's answer is not a number) */
 double tool_calc_reward(struct tool *t, const char *instance_id);
+/* the instance ends; its state is freed */
 void tool_release(struct tool *t, const char *instance_id);
-/* A Python file of @function_tool functions (not yet: an error). */
-struct tool_set;
-int tool_set_load_function_tools(struct tool_set *s, const char *py_path, char *err, size_t errlen);
 
 /* ---- built-in tools ---- */
 
@@ -88,6 +106,50 @@ struct tool *code_interpreter_new(json_t *schema, const struct sandbox_limits *l
 struct tool *calculator_new(json_t *schema, char *err, size_t errlen);
 /* The calculator itself: the value of expr as Python prints it, or NULL with err. */
 char *calculator_eval(const char *expr, char *err, size_t errlen);
+
+/* ---- Python tools (worker/agent/pytool.c) ---- */
+
+struct pytool_options {
+    char python[256]; /* the interpreter of the helper processes ("python3", the one the project runs) */
+    double timeout_s; /* per call: past it the answer is a timeout and the helper is replaced (default 30) */
+    int num_procs;    /* helper processes, calls running at once (default 2, at most 64) */
+    char dir[4096];   /* added to the helpers' sys.path after the working directory ("" for none) */
+};
+#define PYTOOL_DEFAULT_TIMEOUT_S 30.0
+#define PYTOOL_DEFAULT_PROCS 2
+#define PYTOOL_MAX_PROCS 64
+void pytool_options_default(struct pytool_options *o);
+
+/* verl's BaseTool-shaped class class_path ("pkg.module.Class") built as cls(config, tool_schema) in each helper
+ * (config: a JSON object or NULL, schema: the tool_schema). NULL with err (Python's reason: the import
+ * error, an exception in __init__). */
+struct tool *pytool_class_new(const char *class_path, json_t *config, json_t *schema, const struct pytool_options *o,
+                              char *err, size_t errlen);
+/* The @function_tool functions of the Python file py_path, one tool each, sharing one pool of helpers: *tools
+ * (malloc'd array) and *n. 0, or -1 with err (the file cannot be loaded, a schema cannot be derived). */
+int pytool_load_function_file(const char *py_path, const struct pytool_options *o, struct tool ***tools, size_t *n,
+                              char *err, size_t errlen);
+
+/* ---- the SandboxFusion client (worker/agent/sandbox_fusion.c) ---- */
+
+struct sandbox_fusion_config {
+    char url[2048];           /* sandbox_fusion_url: the run_code endpoint */
+    double timeout_s;         /* default_timeout: compile and run timeout of the code (default 30) */
+    char language[32];        /* default_language (default "python") */
+    int memory_limit_mb;      /* memory_limit_mb (default 1024) */
+    int num_workers;          /* requests of this tool in flight at once (default 10) */
+    int rate_limit;           /* requests in flight at once across the process (default 10) ... */
+    int global_rate_limit;    /* ... when enable_global_rate_limit (default true) */
+    double api_timeout_s;     /* added to the code's timeouts for the whole HTTP exchange (default 10) */
+    double connect_timeout_s; /* connecting (default 5) */
+    int max_attempts;         /* tries on a connection error or an HTTP 5xx, with backoff (default 3) */
+};
+void sandbox_fusion_config_default(struct sandbox_fusion_config *c);
+/* Whether SandboxFusion runs this language (verl's list: python, cpp, nodejs, go, java, bash, ...). */
+int sandbox_fusion_language_known(const char *lang);
+/* The code interpreter run by a SandboxFusion server (POST {code, language, run_timeout, memory_limit_MB, ...}
+ * to url). schema: needs a string property "code". NULL with err. */
+struct tool *sandbox_fusion_new(json_t *schema, const struct sandbox_fusion_config *c, char *err, size_t errlen);
 
 /* ---- a rollout's tools ---- */
 
@@ -103,6 +165,10 @@ const char *tool_builtin_names(void);
 int tool_set_builtins(struct tool_set *s, char *err, size_t errlen);
 /* Read verl's tool-config YAML (tools: [{class_name, config, tool_schema}]); errors name FILE:LINE. */
 int tool_set_load_yaml(struct tool_set *s, const char *path, char *err, size_t errlen);
+/* Add the @function_tool functions of the Python file py_path (verl's multi_turn.function_tool_path) to s (which
+ * may hold tools already, e.g. from tool_set_load_yaml); a name already in s is refused. 0, or -1 with err and s
+ * unchanged. */
+int tool_set_load_function_tools(struct tool_set *s, const char *py_path, char *err, size_t errlen);
 /* t joins the set (which owns it from now on) */
 void tool_set_add(struct tool_set *s, struct tool *t);
 struct tool *tool_set_find(const struct tool_set *s, const char *name);

@@ -1,20 +1,24 @@
 /* verl's tool-config YAML (data.tool_config_path, `tools: [{class_name, config, tool_schema}]`) read into a
- * tool set. Owns: the map from class names to the built-in tools, the config keys each accepts, and errors that
- * name the file and line (an unknown class, a malformed schema, a bad config value); and the built-ins by name
+ * tool set, and verl's function_tool_path (a file of @function_tool functions) added to one. Owns: the map from
+ * class names to tools, the config keys each accepts, and errors that name the file and line (an unknown class,
+ * a class Python cannot import, a malformed schema, a bad config value); and the built-ins by name
  * (tool_builtin_new, tool_set_builtins), so that the tool interface (tool.c) depends on no tool.
  *
  * Class names:
- *   verl.tools.sandbox_fusion_tools.SandboxFusionTool  the built-in code interpreter, when config has no
- *                                                      sandbox_fusion_url (or an empty one); with a URL it is
- *                                                      refused (the HTTP sandbox client does not exist yet)
+ *   verl.tools.sandbox_fusion_tools.SandboxFusionTool  with config.sandbox_fusion_url: the SandboxFusion client
+ *                                                      (sandbox_fusion.c); without one (or an empty one): the
+ *                                                      built-in code interpreter
  *   grpo.tools.CodeInterpreter                         the built-in code interpreter
- *   grpo.tools.Calculator                              the built-in calculator */
+ *   grpo.tools.Calculator                              the built-in calculator
+ *   any other package.module.Class                     a Python tool (pytool.c): verl's BaseTool interface */
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <yaml.h>
 
 #include "common/check.h"
@@ -151,9 +155,140 @@ static int str_value(struct ycfg *y, const yaml_node_t *v, const char *key, char
     return 0;
 }
 
-/* one tool's config mapping; code: the code interpreter's keys are allowed (and fill lim) */
-static int read_config(struct ycfg *y, const char *cls, const yaml_node_t *cfg, int code, struct sandbox_limits *lim,
-                       size_t *max_resp, int *side)
+enum tool_kind {
+    KIND_CALCULATOR,
+    KIND_LOCAL_CODE,  /* the built-in code interpreter */
+    KIND_REMOTE_CODE, /* SandboxFusionTool with a URL */
+    KIND_PYTHON,      /* a Python class */
+};
+
+/* what a tool's config says */
+struct tool_cfg {
+    size_t max_resp;
+    int side;
+    struct sandbox_limits lim;       /* KIND_LOCAL_CODE */
+    struct sandbox_fusion_config sf; /* KIND_REMOTE_CODE */
+    struct pytool_options py;        /* KIND_PYTHON */
+};
+
+static int is_key(const char *k, const char *a) { return strcmp(k, a) == 0; }
+
+/* a key the local sandbox takes and a SandboxFusion server does not */
+static int local_only_key(const char *k)
+{
+    return is_key(k, "wall_time_limit_s") || is_key(k, "cpu_time_limit_s") || is_key(k, "max_processes") ||
+           is_key(k, "max_output_bytes") || is_key(k, "tmpfs_size_mb") || is_key(k, "python") || is_key(k, "bwrap");
+}
+
+static int bool_value(struct ycfg *y, const yaml_node_t *v, const char *key, int *out)
+{
+    json_t *j = v && v->type == YAML_SCALAR_NODE ? scalar_json(v) : NULL;
+    const int ok = json_is_boolean(j);
+    if (ok)
+        *out = json_is_true(j);
+    json_decref(j);
+    return ok ? 0 : yfail(y, v, "config.%s: expected true or false", key);
+}
+
+/* one key of the code tools' configs (lim for the local sandbox, sf for a SandboxFusion server): 1 when taken,
+ * 0 when not one of theirs, -1 on a bad value */
+static int code_key(struct ycfg *y, enum tool_kind kind, const char *k, const yaml_node_t *kn, const yaml_node_t *v,
+                    struct tool_cfg *c)
+{
+    struct sandbox_limits *lim = &c->lim;
+    double d = 0;
+    if (kind == KIND_REMOTE_CODE && local_only_key(k))
+        return yfail(y, kn, "config.%s: applies to the built-in local sandbox, not to a SandboxFusion server", k);
+    if (is_key(k, "sandbox_fusion_url")) {
+        if (kind == KIND_REMOTE_CODE && str_value(y, v, k, c->sf.url, sizeof c->sf.url) != 0)
+            return -1;
+        if (kind == KIND_REMOTE_CODE && strncmp(c->sf.url, "http://", 7) != 0 && strncmp(c->sf.url, "https://", 8) != 0)
+            return yfail(y, v, "config.sandbox_fusion_url: an http:// or https:// URL of SandboxFusion's run_code");
+    } else if (is_key(k, "default_timeout") || is_key(k, "wall_time_limit_s")) {
+        if (num_value(y, v, k, 0.1, 3600, &d) != 0)
+            return -1;
+        lim->wall_s = c->sf.timeout_s = d;
+    } else if (is_key(k, "memory_limit_mb")) {
+        if (num_value(y, v, k, 16, 1 << 20, &d) != 0)
+            return -1;
+        lim->memory_bytes = (size_t)d << 20;
+        c->sf.memory_limit_mb = (int)d;
+    } else if (is_key(k, "default_language")) {
+        const char *lang = scalar(v);
+        if (kind == KIND_LOCAL_CODE && (!lang || strcmp(lang, "python") != 0))
+            return yfail(y, v, "config.default_language: only python runs in the built-in sandbox");
+        if (!lang || !sandbox_fusion_language_known(lang) || strlen(lang) >= sizeof c->sf.language)
+            return yfail(y, v, "config.default_language: '%s' is not a language SandboxFusion runs", lang ?: "?");
+        snprintf(c->sf.language, sizeof c->sf.language, "%s", lang);
+    } else if (is_key(k, "num_workers") || is_key(k, "rate_limit")) {
+        if (num_value(y, v, k, 1, 100000, &d) != 0)
+            return -1;
+        if (is_key(k, "num_workers"))
+            c->sf.num_workers = (int)d;
+        else
+            c->sf.rate_limit = (int)d;
+    } else if (is_key(k, "enable_global_rate_limit")) {
+        if (bool_value(y, v, k, &c->sf.global_rate_limit) != 0)
+            return -1;
+    } else if (kind == KIND_REMOTE_CODE && is_key(k, "api_timeout")) {
+        if (num_value(y, v, k, 0, 3600, &c->sf.api_timeout_s) != 0)
+            return -1;
+    } else if (kind == KIND_REMOTE_CODE && is_key(k, "connect_timeout")) {
+        if (num_value(y, v, k, 0.1, 600, &c->sf.connect_timeout_s) != 0)
+            return -1;
+    } else if (kind == KIND_REMOTE_CODE && is_key(k, "max_attempts")) {
+        if (num_value(y, v, k, 1, 100, &d) != 0)
+            return -1;
+        c->sf.max_attempts = (int)d;
+    } else if (is_key(k, "cpu_time_limit_s")) {
+        if (num_value(y, v, k, 1, 3600, &lim->cpu_s) != 0)
+            return -1;
+    } else if (is_key(k, "max_processes")) {
+        if (num_value(y, v, k, 4, 100000, &d) != 0)
+            return -1;
+        lim->max_procs = (int)d;
+    } else if (is_key(k, "max_output_bytes")) {
+        if (num_value(y, v, k, 1, 1 << 30, &d) != 0)
+            return -1;
+        lim->max_output = (size_t)d;
+    } else if (is_key(k, "tmpfs_size_mb")) {
+        if (num_value(y, v, k, 1, 1 << 20, &d) != 0)
+            return -1;
+        lim->tmpfs_bytes = (size_t)d << 20;
+    } else if (is_key(k, "python")) {
+        if (str_value(y, v, k, lim->python, sizeof lim->python) != 0)
+            return -1;
+    } else if (is_key(k, "bwrap")) {
+        if (str_value(y, v, k, lim->bwrap, sizeof lim->bwrap) != 0)
+            return -1;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+/* one Python tool's key: 1 when it is ours (it reaches the class too), 0 when the class's alone, -1 bad */
+static int python_key(struct ycfg *y, const char *k, const yaml_node_t *v, struct tool_cfg *c)
+{
+    double d = 0;
+    if (is_key(k, "timeout")) {
+        if (num_value(y, v, k, 0.01, 86400, &c->py.timeout_s) != 0)
+            return -1;
+    } else if (is_key(k, "num_processes")) {
+        if (num_value(y, v, k, 1, PYTOOL_MAX_PROCS, &d) != 0)
+            return -1;
+        c->py.num_procs = (int)d;
+    } else if (is_key(k, "python")) {
+        if (str_value(y, v, k, c->py.python, sizeof c->py.python) != 0)
+            return -1;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+/* one tool's config mapping */
+static int read_config(struct ycfg *y, const char *cls, const yaml_node_t *cfg, enum tool_kind kind, struct tool_cfg *c)
 {
     if (!cfg)
         return 0;
@@ -177,60 +312,59 @@ static int read_config(struct ycfg *y, const char *cls, const yaml_node_t *cfg, 
         } else if (strcmp(k, "max_response_length") == 0 || strcmp(k, "max_tool_response_length") == 0) {
             if (num_value(y, v, k, 0, 1e9, &d) != 0)
                 return -1;
-            *max_resp = (size_t)d;
+            c->max_resp = (size_t)d;
         } else if (strcmp(k, "tool_response_truncate_side") == 0) {
-            if (!scalar(v) || (*side = tool_truncate_side_from_name(scalar(v))) < 0)
+            if (!scalar(v) || (c->side = tool_truncate_side_from_name(scalar(v))) < 0)
                 return yfail(y, v, "config.%s: left, right or middle", k);
-        } else if (!code) {
+        } else if (kind == KIND_PYTHON) {
+            if (python_key(y, k, v, c) < 0)
+                return -1; /* any other key is the class's own: verl hands it the whole config */
+        } else if (kind == KIND_CALCULATOR) {
             return yfail(y, kn,
                          "config: unknown key '%s' for %s (type, max_response_length, "
                          "tool_response_truncate_side)",
                          k, cls);
-        } else if (strcmp(k, "sandbox_fusion_url") == 0) {
-            if (scalar(v) && *scalar(v))
-                return yfail(y, v,
-                             "config.sandbox_fusion_url: a remote sandbox is not supported yet (the HTTP "
-                             "sandbox client does not exist); remove the URL to run code in the built-in "
-                             "local sandbox");
-        } else if (strcmp(k, "default_timeout") == 0 || strcmp(k, "wall_time_limit_s") == 0) {
-            if (num_value(y, v, k, 0.1, 3600, &lim->wall_s) != 0)
-                return -1;
-        } else if (strcmp(k, "cpu_time_limit_s") == 0) {
-            if (num_value(y, v, k, 1, 3600, &lim->cpu_s) != 0)
-                return -1;
-        } else if (strcmp(k, "memory_limit_mb") == 0) {
-            if (num_value(y, v, k, 16, 1 << 20, &d) != 0)
-                return -1;
-            lim->memory_bytes = (size_t)d << 20;
-        } else if (strcmp(k, "max_processes") == 0) {
-            if (num_value(y, v, k, 4, 100000, &d) != 0)
-                return -1;
-            lim->max_procs = (int)d;
-        } else if (strcmp(k, "max_output_bytes") == 0) {
-            if (num_value(y, v, k, 1, 1 << 30, &d) != 0)
-                return -1;
-            lim->max_output = (size_t)d;
-        } else if (strcmp(k, "tmpfs_size_mb") == 0) {
-            if (num_value(y, v, k, 1, 1 << 20, &d) != 0)
-                return -1;
-            lim->tmpfs_bytes = (size_t)d << 20;
-        } else if (strcmp(k, "python") == 0) {
-            if (str_value(y, v, k, lim->python, sizeof lim->python) != 0)
-                return -1;
-        } else if (strcmp(k, "bwrap") == 0) {
-            if (str_value(y, v, k, lim->bwrap, sizeof lim->bwrap) != 0)
-                return -1;
-        } else if (strcmp(k, "default_language") == 0) {
-            if (!scalar(v) || strcmp(scalar(v), "python") != 0)
-                return yfail(y, v, "config.default_language: only python runs here");
-        } else if (strcmp(k, "num_workers") == 0 || strcmp(k, "rate_limit") == 0 ||
-                   strcmp(k, "enable_global_rate_limit") == 0) {
-            /* verl's Ray pool sizing: read, not used (one call runs at a time per caller) */
         } else {
-            return yfail(y, kn, "config: unknown key '%s' for %s (see docs/tools.md)", k, cls);
+            const int rc = code_key(y, kind, k, kn, v, c);
+            if (rc < 0)
+                return -1;
+            if (rc == 0)
+                return yfail(y, kn, "config: unknown key '%s' for %s (see docs/tools.md)", k, cls);
         }
     }
     return 0;
+}
+
+/* "pkg.module.Class": identifiers joined by dots, at least two */
+static int class_path(const char *s)
+{
+    int parts = 0, start = 1;
+    for (; *s; s++) {
+        if (*s == '.') {
+            if (start)
+                return 0;
+            start = 1;
+        } else if (isalpha((unsigned char)*s) || *s == '_' || (!start && isdigit((unsigned char)*s))) {
+            parts += start;
+            start = 0;
+        } else {
+            return 0;
+        }
+    }
+    return !start && parts >= 2;
+}
+
+/* the directory of the YAML file (its classes' modules may sit beside it) */
+static void dir_of(const char *path, char *out, size_t len)
+{
+    char *abs = realpath(path, NULL);
+    snprintf(out, len, "%s", abs ? abs : path);
+    free(abs);
+    char *slash = strrchr(out, '/');
+    if (slash)
+        *slash = '\0';
+    else
+        snprintf(out, len, ".");
 }
 
 static int load_tool(struct ycfg *y, struct tool_set *s, const yaml_node_t *item)
@@ -247,40 +381,69 @@ static int load_tool(struct ycfg *y, struct tool_set *s, const yaml_node_t *item
     const char *cls = scalar(cn);
     if (!cls)
         return yfail(y, cn ? cn : item, "class_name: missing or not a string");
-    const int code = strcmp(cls, SANDBOX_FUSION) == 0 || strcmp(cls, CODE_INTERPRETER) == 0;
-    if (!code && strcmp(cls, CALCULATOR) != 0)
-        return yfail(y, cn, "unknown tool class '%s' (known: %s, %s, %s)", cls, SANDBOX_FUSION, CODE_INTERPRETER,
-                     CALCULATOR);
+    const yaml_node_t *cfgn = map_get(y->doc, item, "config");
+    enum tool_kind kind;
+    if (strcmp(cls, SANDBOX_FUSION) == 0) {
+        const char *url = scalar(map_get(y->doc, cfgn, "sandbox_fusion_url"));
+        kind = url && *url ? KIND_REMOTE_CODE : KIND_LOCAL_CODE;
+    } else if (strcmp(cls, CODE_INTERPRETER) == 0) {
+        kind = KIND_LOCAL_CODE;
+    } else if (strcmp(cls, CALCULATOR) == 0) {
+        kind = KIND_CALCULATOR;
+    } else if (class_path(cls)) {
+        kind = KIND_PYTHON;
+    } else {
+        return yfail(y, cn,
+                     "unknown tool class '%s' (built-in: %s, %s, %s; any other is a Python class "
+                     "path, package.module.Class)",
+                     cls, SANDBOX_FUSION, CODE_INTERPRETER, CALCULATOR);
+    }
     const yaml_node_t *sn = map_get(y->doc, item, "tool_schema");
     if (!sn)
         return yfail(y, item, "tool_schema: missing");
     json_t *schema = node_json(y->doc, sn, 0);
-    char e[512], where[256];
+    char e[2048], where[256];
     if (!schema)
         return yfail(y, sn, "tool_schema: cannot be read (too deep, or a key that is not a name)");
     if (tool_schema_check(schema, e, sizeof e, where, sizeof where) != 0) {
         json_decref(schema);
         return yfail(y, where[0] ? node_at(y->doc, sn, where) : sn, "%s", e);
     }
-    struct sandbox_limits lim;
-    sandbox_limits_default(&lim);
-    size_t max_resp = TOOL_DEFAULT_MAX_RESPONSE;
-    int side = TOOL_TRUNCATE_MIDDLE;
-    if (read_config(y, cls, map_get(y->doc, item, "config"), code, &lim, &max_resp, &side) != 0) {
+    struct tool_cfg c = {.max_resp = TOOL_DEFAULT_MAX_RESPONSE, .side = TOOL_TRUNCATE_MIDDLE};
+    sandbox_limits_default(&c.lim);
+    sandbox_fusion_config_default(&c.sf);
+    pytool_options_default(&c.py);
+    dir_of(y->path, c.py.dir, sizeof c.py.dir);
+    if (read_config(y, cls, cfgn, kind, &c) != 0) {
         json_decref(schema);
         return -1;
     }
-    struct tool *t = code ? code_interpreter_new(schema, &lim, e, sizeof e) : calculator_new(schema, e, sizeof e);
+    struct tool *t = NULL;
+    const yaml_node_t *at = sn;
+    if (kind == KIND_PYTHON) {
+        json_t *config = cfgn && cfgn->type == YAML_MAPPING_NODE ? node_json(y->doc, cfgn, 0) : json_object();
+        t = config ? pytool_class_new(cls, config, schema, &c.py, e, sizeof e) : NULL;
+        if (!config)
+            snprintf(e, sizeof e, "config: cannot be read (too deep, or a key that is not a name)");
+        json_decref(config);
+        at = cn;
+    } else if (kind == KIND_REMOTE_CODE) {
+        t = sandbox_fusion_new(schema, &c.sf, e, sizeof e);
+    } else if (kind == KIND_LOCAL_CODE) {
+        t = code_interpreter_new(schema, &c.lim, e, sizeof e);
+    } else {
+        t = calculator_new(schema, e, sizeof e);
+    }
     json_decref(schema);
     if (!t)
-        return yfail(y, sn, "%s", e);
+        return yfail(y, at, "%s", e);
     if (tool_set_find(s, t->name)) {
         const int rc = yfail(y, sn, "a second tool named '%s'", t->name);
         tool_free(t);
         return rc;
     }
-    t->max_response_length = max_resp;
-    t->truncate_side = (enum tool_truncate_side)side;
+    t->max_response_length = c.max_resp;
+    t->truncate_side = (enum tool_truncate_side)c.side;
     tool_set_add(s, t);
     return 0;
 }
@@ -324,6 +487,33 @@ int tool_set_load_yaml(struct tool_set *s, const char *path, char *err, size_t e
     fclose(f);
     if (rc)
         tool_set_free(s);
+    return rc;
+}
+
+int tool_set_load_function_tools(struct tool_set *s, const char *py_path, char *err, size_t errlen)
+{
+    struct pytool_options o;
+    pytool_options_default(&o);
+    struct tool **tools;
+    size_t n;
+    if (pytool_load_function_file(py_path, &o, &tools, &n, err, errlen) != 0)
+        return -1;
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        if (tool_set_find(s, tools[i]->name))
+            rc = error_set(err, errlen, "%s: @function_tool '%s': a tool of that name exists already", py_path,
+                           tools[i]->name);
+        for (size_t j = 0; j < i && rc == 0; j++)
+            if (strcmp(tools[j]->name, tools[i]->name) == 0)
+                rc = error_set(err, errlen, "%s: two @function_tool functions named '%s'", py_path, tools[i]->name);
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (rc == 0)
+            tool_set_add(s, tools[i]);
+        else
+            tool_free(tools[i]);
+    }
+    free(tools);
     return rc;
 }
 
