@@ -255,6 +255,52 @@ static void test_interaction(void **state)
     unlink(bad);
 }
 
+/* Python tools in a trajectory: verl's BaseTool class from a tool config, with the sample's create_kwargs; its
+ * calc_reward reaches the scorer's extra_info as rollout_reward_scores; an exception is an answer, counted; a
+ * function_tool_path file's functions are tools too. */
+static void test_python_tools(void **state)
+{
+    (void)state;
+    struct fixture f;
+    const char *ov[] = {"actor_rollout_ref.rollout.multi_turn.tool_config_path",
+                        "tests/fixtures/tools/counter.yaml",
+                        "actor_rollout_ref.rollout.multi_turn.function_tool_path",
+                        "tests/fixtures/tools/function_tools.py",
+                        "actor_rollout_ref.rollout.multi_turn.max_parallel_calls",
+                        "2",
+                        NULL};
+    setup(&f, "qwen2.5-instruct", ov);
+    assert_int_equal(
+        f.env->ops->begin(f.env, 0, USER, "{\"tools_kwargs\":{\"counter\":{\"create_kwargs\":{\"start\":10}}}}", NULL),
+        0);
+    char *a = turn(&f, 0, "<tool_call>{\"name\": \"counter\", \"arguments\": {}}</tool_call>", "<|im_end|>", 900);
+    assert_non_null(strstr(a, "call 11 of "));
+    free(a);
+    a = turn(&f, 0,
+             "<tool_call>{\"name\": \"counter\", \"arguments\": {\"what\": \"raise\"}}</tool_call>"
+             "<tool_call>{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 0.5}}</tool_call>",
+             "<|im_end|>", 800);
+    assert_non_null(strstr(a, "the counter was asked to fail"));
+    assert_non_null(strstr(a, "2.5"));
+    free(a);
+    a = turn(&f, 0, "<tool_call>{\"name\": \"counter\", \"arguments\": {}}</tool_call>", "<|im_end|>", 700);
+    assert_non_null(strstr(a, "call 12 of "));
+    free(a);
+    assert_null(turn(&f, 0, "#### 12", "<|im_end|>", 600));
+    struct turn_summary s;
+    f.env->ops->finish(f.env, 0, &s);
+    assert_int_equal(s.tool_calls, 4);
+    assert_int_equal(s.tool_errors, 1);
+    json_t *x = json_loads(s.reward_json, 0, NULL);
+    json_t *scores = json_object_get(x, "rollout_reward_scores");
+    assert_float_equal(json_number_value(json_object_get(scores, "counter")), 12.0, 0); /* its calc_reward */
+    assert_float_equal(json_number_value(json_object_get(scores, "add")), 0.0, 0);
+    assert_int_equal(json_integer_value(json_object_get(x, "num_turns")), 3 + 4 + 1);
+    json_decref(x);
+    turn_summary_free(&s);
+    teardown(&f);
+}
+
 /* A template that raises on a tool answer: the trajectory ends there, counted; nothing crashes. */
 static void test_template_raises(void **state)
 {
@@ -327,6 +373,7 @@ int main(void)
         cmocka_unit_test(test_llama3_json),
         cmocka_unit_test(test_interaction),
         cmocka_unit_test(test_template_raises),
+        cmocka_unit_test(test_python_tools),
         cmocka_unit_test(test_parsers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
