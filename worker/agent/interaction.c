@@ -8,6 +8,7 @@
 #include <yaml.h>
 
 #include "common/check.h"
+#include "worker/agent/tool.h"
 
 #define RETRY "grpo.interactions.Retry"
 #define RETRY_MESSAGE "Your answer is not right yet. Check your work and give your final answer again."
@@ -91,20 +92,9 @@ static int load_one(struct icfg *y, struct interaction_set *s, const yaml_node_t
 int interaction_set_load_yaml(struct interaction_set *s, const char *path, char *err, size_t errlen)
 {
     memset(s, 0, sizeof *s);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return error_set(err, errlen, "%s: %s", path, strerror(errno));
-    yaml_parser_t parser;
     yaml_document_t doc;
-    yaml_parser_initialize(&parser);
-    yaml_parser_set_input_file(&parser, f);
-    if (!yaml_parser_load(&parser, &doc)) {
-        error_set(err, errlen, "%s:%zu: %s", path, parser.problem_mark.line + 1,
-                  parser.problem ? parser.problem : "not YAML");
-        yaml_parser_delete(&parser);
-        fclose(f);
+    if (agent_yaml_load(path, &doc, err, errlen) != 0)
         return -1;
-    }
     struct icfg y = {path, &doc, err, errlen};
     static const char *const keys[] = {"interaction", NULL};
     const yaml_node_t *list[1];
@@ -118,8 +108,6 @@ int interaction_set_load_yaml(struct interaction_set *s, const char *path, char 
     if (rc == 0 && s->n == 0)
         rc = ifail(&y, list[0], "interaction: the list is empty");
     yaml_document_delete(&doc);
-    yaml_parser_delete(&parser);
-    fclose(f);
     if (rc)
         interaction_set_free(s);
     return rc;

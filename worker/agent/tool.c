@@ -431,4 +431,3 @@ void tool_set_free(struct tool_set *s)
     free(s->tools);
     memset(s, 0, sizeof *s);
 }
-

@@ -13,6 +13,7 @@
 #define GRPO_AGENT_TOOL_H
 
 #include <jansson.h>
+#include <yaml.h>
 #include <stddef.h>
 
 #include "worker/agent/sandbox.h"
@@ -94,6 +95,11 @@ char *tool_call_json_in(struct tool *t, const char *instance_id, const json_t *a
 double tool_calc_reward(struct tool *t, const char *instance_id);
 /* the instance ends; its state is freed */
 void tool_release(struct tool *t, const char *instance_id);
+
+/* ---- verl's YAML files (tool_config.c; interaction.c reads its file with it too) ---- */
+/* Parse the YAML file at path into doc (delete it with yaml_document_delete). 0, or -1 with err naming
+ * FILE:LINE of a syntax error, or the file's open error. */
+int agent_yaml_load(const char *path, yaml_document_t *doc, char *err, size_t errlen);
 
 /* ---- built-in tools ---- */
 

@@ -448,23 +448,29 @@ static int load_tool(struct ycfg *y, struct tool_set *s, const yaml_node_t *item
     return 0;
 }
 
-int tool_set_load_yaml(struct tool_set *s, const char *path, char *err, size_t errlen)
+int agent_yaml_load(const char *path, yaml_document_t *doc, char *err, size_t errlen)
 {
-    memset(s, 0, sizeof *s);
     FILE *f = fopen(path, "rb");
     if (!f)
         return error_set(err, errlen, "%s: %s", path, strerror(errno));
     yaml_parser_t parser;
-    yaml_document_t doc;
     yaml_parser_initialize(&parser);
     yaml_parser_set_input_file(&parser, f);
-    if (!yaml_parser_load(&parser, &doc)) {
-        error_set(err, errlen, "%s:%zu: %s", path, parser.problem_mark.line + 1,
-                  parser.problem ? parser.problem : "not YAML");
-        yaml_parser_delete(&parser);
-        fclose(f);
+    int rc = 0;
+    if (!yaml_parser_load(&parser, doc))
+        rc = error_set(err, errlen, "%s:%zu: %s", path, parser.problem_mark.line + 1,
+                       parser.problem ? parser.problem : "not YAML");
+    yaml_parser_delete(&parser);
+    fclose(f);
+    return rc;
+}
+
+int tool_set_load_yaml(struct tool_set *s, const char *path, char *err, size_t errlen)
+{
+    memset(s, 0, sizeof *s);
+    yaml_document_t doc;
+    if (agent_yaml_load(path, &doc, err, errlen) != 0)
         return -1;
-    }
     struct ycfg y = {path, &doc, err, errlen};
     int rc = 0;
     const yaml_node_t *root = yaml_document_get_root_node(&doc);
@@ -483,8 +489,6 @@ int tool_set_load_yaml(struct tool_set *s, const char *path, char *err, size_t e
             rc = load_tool(&y, s, yaml_document_get_node(&doc, *it));
     }
     yaml_document_delete(&doc);
-    yaml_parser_delete(&parser);
-    fclose(f);
     if (rc)
         tool_set_free(s);
     return rc;

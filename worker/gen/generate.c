@@ -59,16 +59,25 @@ bool rollout_multi_turn(const struct grpo_config *c)
     return c->rollout_multi_turn_enable || strcmp(c->rollout_agent_default_agent_loop, "tool_agent") == 0;
 }
 
+/* The program's turn environment factory, or NULL with err. */
+static const struct turn_env_factory *factory(char *err, size_t errlen)
+{
+    const struct turn_env_factory *f = turn_env_factory();
+    if (!f)
+        error_set(err, errlen,
+                  "multi-turn rollouts (actor_rollout_ref.rollout.multi_turn.enable) are not available "
+                  "in this program");
+    return f;
+}
+
 int rollout_tools_json(const struct grpo_config *c, char **out, char *err, size_t errlen)
 {
     *out = NULL;
     if (!rollout_multi_turn(c))
         return 0;
-    const struct turn_env_factory *f = turn_env_factory();
+    const struct turn_env_factory *f = factory(err, errlen);
     if (!f)
-        return error_set(err, errlen,
-                         "multi-turn rollouts (actor_rollout_ref.rollout.multi_turn.enable) are not "
-                         "available in this program");
+        return -1;
     *out = f->tools_json(c, err, errlen);
     return *out ? 0 : -1;
 }
@@ -77,11 +86,9 @@ int rollout_ctx_load_env(struct rollout_ctx *r, char *err, size_t errlen)
 {
     if (!rollout_multi_turn(r->cfg) || r->env)
         return 0;
-    const struct turn_env_factory *f = turn_env_factory();
+    const struct turn_env_factory *f = factory(err, errlen);
     if (!f)
-        return error_set(err, errlen,
-                         "multi-turn rollouts (actor_rollout_ref.rollout.multi_turn.enable) are not "
-                         "available in this program");
+        return -1;
     if (r->policy->sh.tp || r->policy->sh.pp)
         return error_set(err, errlen,
                          "multi-turn rollouts generate on an unsplit model: a tensor- or pipeline-"
