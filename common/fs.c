@@ -3,10 +3,12 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -322,4 +324,23 @@ char *fs_read_all(const char *path, size_t max, size_t *len, char *why, size_t w
     if (len)
         *len = got;
     return buf;
+}
+
+int fs_write_full(int fd, const void *buf, size_t n)
+{
+    const char *p = buf;
+    bool sock = true;
+    for (size_t off = 0; off < n;) {
+        ssize_t w = sock ? send(fd, p + off, n - off, MSG_NOSIGNAL) : write(fd, p + off, n - off);
+        if (w < 0 && sock && errno == ENOTSOCK) {
+            sock = false;
+            continue;
+        }
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        off += (size_t)w;
+    }
+    return 0;
 }

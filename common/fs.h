@@ -17,6 +17,9 @@ typedef int (*fs_write_fn)(FILE *f, void *ctx, char *err, size_t errlen);
 int fs_write_atomic_with(const char *path, unsigned mode, fs_write_fn fill, void *ctx, char *err, size_t errlen);
 /* fs_write_atomic_with of len bytes of data, mode 0644. */
 int fs_write_atomic(const char *path, const void *data, size_t len, char *err, size_t errlen);
+/* Write all n bytes to fd, again after an interruption; a socket is written without SIGPIPE (MSG_NOSIGNAL).
+ * 0, or -1 when the peer is gone or the write fails (errno set). */
+int fs_write_full(int fd, const void *buf, size_t n);
 /* fsync a file or directory by path; 0 or -1 with errno. */
 int fs_fsync_path(const char *path);
 /* fsync the directory that holds path (the record of a rename or an unlink there); EINVAL (a file system

@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "common/check.h"
+#include "common/fs.h"
 #include "common/clock.h"
 #include "common/linebuf.h"
 #include "common/log.h"
@@ -169,17 +170,7 @@ static int send_line(struct pyhelper *h, const char *text)
     memcpy(buf, text, len);
     buf[len] = '\n';
     buf[len + 1] = '\0';
-    int rc = 0;
-    for (size_t off = 0; off < len + 1;) {
-        const ssize_t w = send(h->fd, buf + off, len + 1 - off, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            rc = -1;
-            break;
-        }
-        off += (size_t)w;
-    }
+    const int rc = fs_write_full(h->fd, buf, len + 1);
     free(buf);
     return rc;
 }

@@ -361,17 +361,7 @@ static int send_batch(struct pyproc *p, const struct reward_item *items, int fro
     /* a write to a process that is gone must not end ours with SIGPIPE */
     struct sigaction ign = {.sa_handler = SIG_IGN}, old;
     sigaction(SIGPIPE, &ign, &old);
-    int rc = 0;
-    for (size_t off = 0; off < len + 1;) {
-        const ssize_t w = write(p->to_child, text + off, len + 1 - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            rc = -1;
-            break;
-        }
-        off += (size_t)w;
-    }
+    const int rc = fs_write_full(p->to_child, text, len + 1);
     sigaction(SIGPIPE, &old, NULL);
     free(text);
     return rc;
