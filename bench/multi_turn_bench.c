@@ -144,7 +144,7 @@ int main(int argc, char **argv)
     }
     int prompts = 8, n = 4, turns = 2, tool_ms = 50, max_new = 96, reps = 3;
     for (int i = 2; i + 1 < argc; i += 2) {
-        const int v = atoi(argv[i + 1]);
+        const int v = (int)strtol(argv[i + 1], NULL, 10);
         if (!strcmp(argv[i], "--prompts"))
             prompts = v;
         else if (!strcmp(argv[i], "--n"))
@@ -241,5 +241,10 @@ int main(int argc, char **argv)
            "\"overlap_s\":%.3f,\"sync_extra_s\":%.3f,\"overlap_extra_s\":%.3f,\"hidden\":%.3f}\n",
            reps, wall[NONE], wall[SYNC], wall[OVERLAP], sync_extra, overlap_extra,
            sync_extra > 0 ? 1.0 - overlap_extra / sync_extra : 0.0);
+    for (int p = 0; p < prompts; p++)
+        free(pids[p]);
+    free(pids), free(plen), free(out), free(sums), free(answer);
+    tokenizer_free(tok);
+    model_free(m);
     return 0;
 }

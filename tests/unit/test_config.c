@@ -587,7 +587,8 @@ static void test_hydra_forms(void **state)
     fclose(y);
     config_init(&c);
     assert_int_not_equal(config_load_yaml(&c, path, &err), 0);
-    assert_non_null(strstr(err.msg, ":4: actor_rollout_ref.rollout.agent.agent_loop_config_path=/tmp/loops.yaml: agent loops"));
+    assert_non_null(
+        strstr(err.msg, ":4: actor_rollout_ref.rollout.agent.agent_loop_config_path=/tmp/loops.yaml: agent loops"));
     config_free(&c);
     unlink(path);
 }

@@ -687,10 +687,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),    cmocka_unit_test(test_garbage_and_wrong_version),
         cmocka_unit_test(test_bad_fields),    cmocka_unit_test(test_routes),
-        cmocka_unit_test(test_response_mask),
-        cmocka_unit_test(test_turns), cmocka_unit_test(test_auth),
-        cmocka_unit_test(test_auth_window),   cmocka_unit_test(test_placement),
-        cmocka_unit_test(test_filter_metric),
+        cmocka_unit_test(test_response_mask), cmocka_unit_test(test_turns),
+        cmocka_unit_test(test_auth),          cmocka_unit_test(test_auth_window),
+        cmocka_unit_test(test_placement),     cmocka_unit_test(test_filter_metric),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

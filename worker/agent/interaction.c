@@ -40,10 +40,10 @@ static const char *text_of(const yaml_node_t *n)
 static int keys_of(struct icfg *y, const yaml_node_t *n, const char *what, const char *const *allowed,
                    const yaml_node_t **vals)
 {
-    if (!n || n->type != YAML_MAPPING_NODE)
-        return ifail(y, n, "%s must be a mapping", what);
     for (int i = 0; allowed[i]; i++)
         vals[i] = NULL;
+    if (!n || n->type != YAML_MAPPING_NODE)
+        return ifail(y, n, "%s must be a mapping", what);
     for (yaml_node_pair_t *p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; p++) {
         const yaml_node_t *kn = yaml_document_get_node(y->doc, p->key);
         const char *k = text_of(kn);
@@ -60,7 +60,7 @@ static int keys_of(struct icfg *y, const yaml_node_t *n, const char *what, const
 static int load_one(struct icfg *y, struct interaction_set *s, const yaml_node_t *item)
 {
     static const char *const keys[] = {"name", "class_name", "config", NULL};
-    const yaml_node_t *v[3];
+    const yaml_node_t *v[3] = {NULL, NULL, NULL};
     if (keys_of(y, item, "an interaction (name, class_name, config)", keys, v) != 0)
         return -1;
     const char *cls = text_of(v[1]), *name = text_of(v[0]);
@@ -76,7 +76,7 @@ static int load_one(struct icfg *y, struct interaction_set *s, const yaml_node_t
     const char *message = RETRY_MESSAGE;
     if (v[2] && !(v[2]->type == YAML_SCALAR_NODE && !*text_of(v[2]))) { /* config: (empty) is no config */
         static const char *const ckeys[] = {"message", NULL};
-        const yaml_node_t *cv[1];
+        const yaml_node_t *cv[1] = {NULL};
         if (keys_of(y, v[2], "config (message)", ckeys, cv) != 0)
             return -1;
         if (cv[0] && !text_of(cv[0]))
@@ -97,13 +97,14 @@ int interaction_set_load_yaml(struct interaction_set *s, const char *path, char 
         return -1;
     struct icfg y = {path, &doc, err, errlen};
     static const char *const keys[] = {"interaction", NULL};
-    const yaml_node_t *list[1];
+    const yaml_node_t *list[1] = {NULL};
     const yaml_node_t *root = yaml_document_get_root_node(&doc);
     int rc = keys_of(&y, root, "an interaction config (interaction)", keys, list);
     if (rc == 0 && (!list[0] || list[0]->type != YAML_SEQUENCE_NODE))
         rc = ifail(&y, list[0] ? list[0] : root, "interaction: missing or not a list");
-    for (yaml_node_item_t *it = rc ? NULL : list[0]->data.sequence.items.start;
-         it && it < list[0]->data.sequence.items.top && !rc; it++)
+    const yaml_node_t *l = rc ? NULL : list[0];
+    for (yaml_node_item_t *it = l ? l->data.sequence.items.start : NULL; l && it < l->data.sequence.items.top && !rc;
+         it++)
         rc = load_one(&y, s, yaml_document_get_node(&doc, *it));
     if (rc == 0 && s->n == 0)
         rc = ifail(&y, list[0], "interaction: the list is empty");

@@ -160,7 +160,7 @@ void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt
             extra[p] = prompts[p]->extra_info;
             agent[p] = prompts[p]->tool_agent ? "tool_agent" : "single_turn_agent";
         }
-        sums = xcalloc((size_t)total, sizeof *sums);
+        sums = xcalloc((size_t)(total ? total : 1), sizeof *sums);
         generate_multi_turn(r->policy, r->env, ids, lens, msgs, extra, agent, n_prompts, &gp, out, sums, r->mt);
         free(msgs), free(extra), free(agent);
     } else if (n_prompts > 0) {
