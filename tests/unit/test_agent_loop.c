@@ -72,7 +72,9 @@ static char *turn(struct fixture *f, int traj, const char *text, const char *sto
 {
     size_t n;
     int32_t *ids = tokenizer_encode(f->tok, text, strlen(text), 0, &n);
-    ids = realloc(ids, (n + 1) * sizeof *ids);
+    int32_t *more = realloc(ids, (n + 1) * sizeof *ids);
+    assert_non_null(more);
+    ids = more;
     int id = tokenizer_token_id(f->tok, stop);
     assert_true(id >= 0);
     ids[n++] = id;
