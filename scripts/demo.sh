@@ -129,7 +129,7 @@ if [ $rc -ne 0 ]; then
     exit $rc
 fi
 
-nval="$(build/worker/grpo-worker --print-config "${TASK_KEYS[@]}" 2>/dev/null | awk '$1 == "num_val:" { print $2; exit }')"
+nval="$(build/worker/grpo-worker --print-config "${TASK_KEYS[@]}" 2>/dev/null | awk '$1 == "num_val:" && !n { print $2; n = 1 }')"
 echo "== validation (greedy, ${nval:-?} held-out prompts): reward, and exact-answer accuracy with its standard error"
 python3 - "$run_dir/metrics.jsonl" "${nval:-0}" <<'PY'
 import json, math, sys
