@@ -201,12 +201,82 @@ static void test_chat_kwargs_reach_template(void **state)
     must_rm_rf(dir);
 }
 
+/* verl's multi-turn columns: agent_name picks the sample's agent loop (a tool agent's prompt is rendered with the
+ * tools, a single-turn one's without), its messages are kept as JSON for the agent; an unknown agent loop is
+ * refused naming the line. */
+static void test_agent_columns(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/grpo_agentcol_XXXXXX", path[600], src[600], err[1024];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    assert_non_null(realpath(TOK_DIR "/tokenizer.json", src));
+    assert_int_equal(symlink(src, path), 0);
+    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{% if tools %}[tools: {{ tools | length }}]{% endif %}{% for m in messages %}[{{ m.role }}] "
+          "{{ m.content }}\n{% endfor %}",
+          f);
+    fclose(f);
+    char data[640];
+    snprintf(data, sizeof data, "%s/train.jsonl", dir);
+    f = fopen(data, "w");
+    assert_non_null(f);
+    fputs("{\"prompt\": [{\"role\": \"user\", \"content\": \"2*3?\"}], \"ground_truth\": \"6\", "
+          "\"data_source\": \"arithmetic\", \"agent_name\": \"tool_agent\", "
+          "\"extra_info\": {\"tools_kwargs\": {\"calculator\": {\"create_kwargs\": {}}}}}\n"
+          "{\"prompt\": [{\"role\": \"user\", \"content\": \"4*5?\"}], \"ground_truth\": \"20\", "
+          "\"data_source\": \"arithmetic\", \"agent_name\": \"single_turn_agent\"}\n"
+          "{\"prompt\": [{\"role\": \"user\", \"content\": \"1*1?\"}], \"ground_truth\": \"1\", "
+          "\"data_source\": \"arithmetic\"}\n",
+          f);
+    fclose(f);
+    struct tokenizer *tok = prompt_load_tokenizer(dir, NULL, err, sizeof err);
+    assert_non_null(tok);
+    struct grpo_config c;
+    config_init(&c);
+    struct cfg_error e;
+    config_set(&c, "data.train_files", data, "test", &e);
+    config_set(&c, "data.val_files", data, "test", &e);
+    config_set(&c, "actor_rollout_ref.rollout.multi_turn.enable", "true", "test", &e);
+    struct prompt_set t, v;
+    const char *tools = "[{\"type\":\"function\",\"function\":{\"name\":\"calculator\"}}]";
+    if (prompt_sets_load(&c, tok, tools, &t, &v, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_true(t.items[0].tool_agent);
+    assert_string_equal(t.items[0].text, "[tools: 1][user] 2*3?\n");
+    assert_false(t.items[1].tool_agent); /* single_turn_agent: no tools in its prompt */
+    assert_string_equal(t.items[1].text, "[user] 4*5?\n");
+    assert_true(t.items[2].tool_agent); /* no agent_name: multi_turn.enable makes it a tool agent */
+    assert_string_equal(t.items[0].messages_json, "[{\"role\":\"user\",\"content\":\"2*3?\"}]");
+    assert_non_null(strstr(t.items[0].extra_info, "tools_kwargs"));
+    prompt_set_free(&t), prompt_set_free(&v);
+    /* without tools (multi-turn off) every prompt is rendered as before */
+    if (prompt_sets_load(&c, tok, NULL, &t, &v, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_false(t.items[0].tool_agent);
+    assert_string_equal(t.items[0].text, "[user] 2*3?\n");
+    prompt_set_free(&t), prompt_set_free(&v);
+    f = fopen(data, "w");
+    fputs("{\"prompt\": \"hi\", \"ground_truth\": \"1\", \"data_source\": \"arithmetic\", \"agent_name\": \"react\"}\n",
+          f);
+    fclose(f);
+    assert_int_not_equal(prompt_sets_load(&c, tok, tools, &t, &v, err, sizeof err), 0);
+    assert_non_null(strstr(err, ":1: agent_name: unknown agent loop 'react' (single_turn_agent, tool_agent)"));
+    prompt_set_free(&t), prompt_set_free(&v);
+    config_free(&c);
+    tokenizer_free(tok);
+    must_rm_rf(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_truncation_modes, setup, teardown),
         cmocka_unit_test(test_column_keys),
         cmocka_unit_test(test_chat_kwargs_reach_template),
+        cmocka_unit_test(test_agent_columns),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
