@@ -119,9 +119,11 @@ static int b_poll(struct turn_env *te, struct turn_reply *out, int max, bool wai
     while (wait && e->n_ready == 0)
         pthread_cond_wait(&e->cv, &e->mu);
     const int k = e->n_ready < max ? e->n_ready : max;
-    memcpy(out, e->ready, (size_t)k * sizeof *out);
-    memmove(e->ready, e->ready + k, (size_t)(e->n_ready - k) * sizeof *e->ready);
-    e->n_ready -= k;
+    if (k > 0) {
+        memcpy(out, e->ready, (size_t)k * sizeof *out);
+        memmove(e->ready, e->ready + k, (size_t)(e->n_ready - k) * sizeof *e->ready);
+        e->n_ready -= k;
+    }
     pthread_mutex_unlock(&e->mu);
     return k;
 }

@@ -490,9 +490,11 @@ static int env_poll(struct turn_env *te, struct turn_reply *out, int max, bool w
     while (wait && e->n_replies == 0)
         pthread_cond_wait(&e->reply_cv, &e->mu);
     const int k = e->n_replies < max ? e->n_replies : max;
-    memcpy(out, e->replies, (size_t)k * sizeof *out);
-    memmove(e->replies, e->replies + k, (size_t)(e->n_replies - k) * sizeof *e->replies);
-    e->n_replies -= k;
+    if (k > 0) { /* no reply yet: replies may still be NULL */
+        memcpy(out, e->replies, (size_t)k * sizeof *out);
+        memmove(e->replies, e->replies + k, (size_t)(e->n_replies - k) * sizeof *e->replies);
+        e->n_replies -= k;
+    }
     pthread_mutex_unlock(&e->mu);
     return k;
 }
