@@ -114,8 +114,8 @@ static int check_heartbeat(const Grpo__Heartbeat *h, char *why, size_t whylen)
         FAIL("heartbeat.step or total_steps is out of range");
     if ((unsigned)h->phase >= GRPO_NUM_PHASES)
         FAIL("heartbeat.phase %d is not a phase", (int)h->phase);
-    if ((unsigned)h->state > GRPO__WORKER_STATE__WORKER_RECONNECTING || h->state == GRPO__WORKER_STATE__WORKER_LOST ||
-        h->state == GRPO__WORKER_STATE__WORKER_RECONNECTING)
+    if ((unsigned)h->state > GRPO__WORKER_STATE__WORKER_SUSPECT || h->state == GRPO__WORKER_STATE__WORKER_LOST ||
+        h->state == GRPO__WORKER_STATE__WORKER_RECONNECTING || h->state == GRPO__WORKER_STATE__WORKER_SUSPECT)
         FAIL("heartbeat.state %d is not a state a worker reports", (int)h->state);
     if (h->n_timings > GRPO_NUM_PHASES * 2)
         FAIL("heartbeat.timings has %zu entries (at most %d)", h->n_timings, GRPO_NUM_PHASES * 2);
@@ -134,6 +134,8 @@ static int check_heartbeat(const Grpo__Heartbeat *h, char *why, size_t whylen)
     if (!isfinite(h->peak_rss_gb) || h->peak_rss_gb < 0 || h->peak_rss_gb > 1e9 || !isfinite(h->host_memory_gb) ||
         h->host_memory_gb < 0 || h->host_memory_gb > 1e9)
         FAIL("heartbeat.peak_rss_gb/host_memory_gb must be finite, non-negative and below 1e9");
+    if (!isfinite(h->sent_s) || h->sent_s < 0)
+        FAIL("heartbeat.sent_s must be finite and non-negative");
     if (h->checkpoint_step < -1)
         FAIL("heartbeat.checkpoint_step %lld is out of range", (long long)h->checkpoint_step);
     if (!validate_text(h->error, CORE_REASON_MAX - 1))

@@ -25,6 +25,7 @@ const char *core_worker_state_name(Grpo__WorkerState s)
     case GRPO__WORKER_STATE__WORKER_FAILED: return "failed";
     case GRPO__WORKER_STATE__WORKER_LOST: return "lost";
     case GRPO__WORKER_STATE__WORKER_RECONNECTING: return "reconnecting";
+    case GRPO__WORKER_STATE__WORKER_SUSPECT: return "suspect";
     default: return "unknown";
     }
 }

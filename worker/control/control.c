@@ -41,6 +41,7 @@ struct control {
     double host_memory_gb;
     double end_wait_s; /* grpod.connect_timeout_s: how long an end grpod cannot hear is kept and retried; 0: forever */
     struct rpc_client *rpc; /* the heartbeat thread's alone after open */
+    uint64_t hb_seq;        /* heartbeats sent (tries included): Heartbeat.seq; the heartbeat thread's alone */
     void (*on_abort)(const char *reason);
     bool replaces;
     pthread_t thread;
@@ -770,7 +771,8 @@ static bool send_stop(struct control *c, int sig)
 static void *heartbeat_thread(void *arg)
 {
     struct control *c = arg;
-    double backoff = 0; /* 0 while grpod answers; else the wait before the next try */
+    double backoff = 0;      /* 0 while grpod answers; else the wait before the next try */
+    uint32_t unanswered = 0; /* tries in a row with no answer: Heartbeat.unanswered */
     struct backoff bo;
     backoff_init(&bo, 0.25, 5.0);
     pthread_mutex_lock(&c->mu);
@@ -804,12 +806,18 @@ static void *heartbeat_thread(void *arg)
         }
         pthread_mutex_unlock(&c->mu);
 
+        /* the worker's own count and clock of its heartbeats: after a silence grpod tells a worker that stalled
+         * (nothing sent) from heartbeats held up on the way (sent, never heard) */
+        hb.seq = ++c->hb_seq;
+        hb.sent_s = clock_now_s();
+        hb.unanswered = unanswered;
         Grpo__Envelope env = GRPO__ENVELOPE__INIT, *reply = NULL;
         env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT;
         env.heartbeat = &hb;
         char err[512];
         enum rpc_result r = rpc_call(c->rpc, &env, timeout_ms, &reply, err, sizeof err);
         bool need_reregister = false;
+        unanswered = r == RPC_OK ? 0 : unanswered + 1;
 
         pthread_mutex_lock(&c->mu);
         if (r == RPC_OK && reply->body_case == GRPO__ENVELOPE__BODY_HEARTBEAT_ACK) {
