@@ -45,19 +45,76 @@ static bool worker_ended(Grpo__WorkerState s)
 
 static bool worker_watched(Grpo__WorkerState s) { return !worker_ended(s) && s != GRPO__WORKER_STATE__WORKER_LOST; }
 
-static void add_event(struct core *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void add_event(struct core *c, const char *fmt, ...)
+Grpo__WorkerState core_worker_shown_state(const struct core_worker *w)
+{
+    return w->suspect && worker_watched(w->state) ? GRPO__WORKER_STATE__WORKER_SUSPECT : w->state;
+}
+
+/* How long w has been silent in grpod's own running time: the pauses of grpod's loop since it was last heard from
+ * (core.stalled_s) are not its silence. */
+static double silence(const struct core *c, const struct core_worker *w, double now)
+{
+    double s = now - w->last_seen - (c->stalled_s - w->stall_seen);
+    return s > 0 ? s : 0;
+}
+
+/* "6.2 s", or "6.2 s (4.0 s of it grpod itself did not run)": the silence as a clock on the wall saw it. */
+static void silence_text(const struct core *c, const struct core_worker *w, double now, char *out, size_t len)
+{
+    double wall = now - w->last_seen, own = wall - silence(c, w, now);
+    if (own >= 0.05)
+        snprintf(out, len, "%.1f s (%.1f s of it grpod itself did not run)", wall, own);
+    else
+        snprintf(out, len, "%.1f s", wall);
+}
+
+/* Silence after which a worker is suspect: two heartbeat intervals (missed heartbeats; the trainers' dispatcher
+ * grants a silent rollout process's work to the others after as long), never past the loss bound. */
+static double suspect_after(const struct core *c)
+{
+    double s = 2 * c->set.heartbeat_interval_s;
+    return s < c->set.heartbeat_timeout_s ? s : c->set.heartbeat_timeout_s;
+}
+
+/* A worker heard from (a heartbeat or a registration): its silence starts again. */
+static void heard(struct core *c, struct core_worker *w, double now)
+{
+    w->last_seen = now;
+    w->stall_seen = c->stalled_s;
+    w->suspect = false;
+}
+
+static void vadd_event(struct core *c, bool urgent, const char *fmt, va_list ap)
 {
     char text[CORE_REASON_MAX];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
     core_add_event_record(c, clock_wall_s(), text);
     log_info("registry", "%s", text);
     if (c->on_event)
         c->on_event(c->event_ud, c->events[c->nevents - 1].time, text);
-    c->dirty = c->dirty_urgent = true;
+    c->dirty = true;
+    c->dirty_urgent |= urgent;
+}
+
+/* An event a restart must know: journaled before the next reply goes out. */
+static void add_event(struct core *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void add_event(struct core *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vadd_event(c, true, fmt, ap);
+    va_end(ap);
+}
+
+/* An event that changes nothing a restart needs (a worker suspect, heard again; grpod's own pause): in events.log
+ * at once, in the journal's ring at the next periodic write (no fsync on a loaded host for it). */
+static void add_note(struct core *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void add_note(struct core *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vadd_event(c, false, fmt, ap);
+    va_end(ap);
 }
 
 void core_add_event_record(struct core *c, double time, const char *text)
@@ -625,7 +682,7 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
                           core_worker_state_name(old->state));
         if (old->state != GRPO__WORKER_STATE__WORKER_LOST)
             return refuse(c, id, true, len, "rank %d is not lost (pid %d on host %s, %s): nothing to replace yet",
-                          r->rank, old->pid, old->host, core_worker_state_name(old->state));
+                          r->rank, old->pid, old->host, core_worker_state_name(core_worker_shown_state(old)));
     }
     if (run_terminal(c->run.state)) {
         if (r->run_id[0] && strcmp(r->run_id, c->run.id) == 0)
@@ -688,7 +745,7 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
     struct core_worker *w = c->workers[r->rank];
     bool same = w && r->incarnation && r->incarnation == w->incarnation;
     if (w && !same && worker_watched(w->state) && w->state != GRPO__WORKER_STATE__WORKER_RECONNECTING &&
-        now - w->last_seen < 2.0 * c->set.heartbeat_interval_s + 0.5)
+        silence(c, w, now) < 2.0 * c->set.heartbeat_interval_s + 0.5)
         return refuse(c, id, true, len, "rank %d is held by pid %d on host %s (heard from %.1f s ago)", r->rank, w->pid,
                       w->host, now - w->last_seen);
     if (!c->run.config_digest)
@@ -730,7 +787,7 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
     w->pp_rank = p.pp;
     w->pp_size = p.pp_size;
     w->state = GRPO__WORKER_STATE__WORKER_STARTING;
-    w->last_seen = now;
+    heard(c, w, now);
     if (role != GRPO__ROLE__ROLE_ROLLOUT && !same)
         c->run.abort[0] = 0; /* a fresh trainer: the job was relaunched */
     if (r->step > w->step)
@@ -846,6 +903,41 @@ static void copy_heartbeat(struct core_worker *w, const Grpo__Heartbeat *h)
     }
 }
 
+/* What a heartbeat after a silence tells of it, by the worker's own count and clock (Heartbeat.seq, sent_s,
+ * unanswered) against the heartbeat grpod heard before: heartbeats it sent that grpod never heard (held up or dropped
+ * on the way), tries it made without an answer (it backs off between them), or nothing sent for as long (the worker
+ * itself stalled). ": ..." into out, or "" when the worker does not count (an older one) or this is the first
+ * heartbeat of its registration. silent: grpod's measure of the gap (its own pauses left out). */
+static void explain_gap(const struct core_worker *w, const Grpo__Heartbeat *h, double silent, char *out, size_t len)
+{
+    out[0] = 0;
+    if (!h->seq || !w->hb_seq || h->seq <= w->hb_seq || h->sent_s <= 0 || w->hb_sent <= 0)
+        return;
+    const uint64_t missed = h->seq - w->hb_seq - 1; /* sent, never handled by grpod */
+    const double own = h->sent_s - w->hb_sent;      /* the worker's own time between the two grpod heard */
+    if (missed > 0)
+        snprintf(out, len,
+                 ": %" PRIu64 " heartbeat(s) it sent in that time never reached grpod (it sent this one %.1f s after "
+                 "the one before, by its own clock): they were held up or dropped on the way (the network, grpod's "
+                 "socket)",
+                 missed, own);
+    else if (h->unanswered > 0)
+        snprintf(out, len,
+                 ": its last %u heartbeat(s) had no answer in time and it waited to try again (it sent this one %.1f s "
+                 "after the one before, by its own clock): grpod, or the way to it, was slow",
+                 h->unanswered, own);
+    else if (own >= 0.5 * silent)
+        snprintf(out, len,
+                 ": by its own clock it sent nothing for %.1f s and none was lost on the way: the worker itself was "
+                 "stalled (a loaded host, a stopped process)",
+                 own);
+    else
+        snprintf(out, len,
+                 ": it sent this heartbeat %.1f s after the one before, by its own clock, and none was lost: it was "
+                 "held up on the way (the network, grpod's socket)",
+                 own);
+}
+
 static uint8_t *handle_heartbeat(struct core *c, const Grpo__Envelope *env, double now, size_t *len)
 {
     const Grpo__Heartbeat *h = env->heartbeat;
@@ -858,13 +950,25 @@ static uint8_t *handle_heartbeat(struct core *c, const Grpo__Envelope *env, doub
     }
     struct core_worker *w = c->workers[h->rank];
     Grpo__WorkerState old = w->state;
-    double silent = now - w->last_seen;
-    w->last_seen = now;
+    const bool was_suspect = w->suspect;
+    char silent[96] = "", gap[CORE_REASON_MAX] = "";
+    if (old == GRPO__WORKER_STATE__WORKER_LOST || was_suspect) {
+        silence_text(c, w, now, silent, sizeof silent);
+        explain_gap(w, h, silence(c, w, now), gap, sizeof gap);
+    }
+    heard(c, w, now);
+    if (h->seq) {
+        w->hb_seq = h->seq;
+        w->hb_sent = h->sent_s;
+    }
     copy_heartbeat(w, h);
     Grpo__WorkerState st =
         h->state == GRPO__WORKER_STATE__WORKER_UNKNOWN ? GRPO__WORKER_STATE__WORKER_RUNNING : h->state;
     if (old == GRPO__WORKER_STATE__WORKER_LOST)
-        add_event(c, "rank %d on host %s is back after %.1f s of silence", w->rank, w->host, silent);
+        add_event(c, "rank %d on host %s is back after %s of silence%s", w->rank, w->host, silent, gap);
+    else if (was_suspect)
+        add_note(c, "rank %d on host %s heard again after %s of silence (was suspect, not lost)%s", w->rank, w->host,
+                 silent, gap);
     else if (old == GRPO__WORKER_STATE__WORKER_RECONNECTING)
         add_event(c, "rank %d on host %s reconnected", w->rank, w->host);
     if (st != old) {
@@ -1091,35 +1195,65 @@ uint8_t *core_handle_auth(struct core *c, const uint8_t *buf, size_t len, const 
     return out;
 }
 
+/* grpod's own pauses: a tick later than four tick periods says grpod's loop did not run meanwhile (a loaded host, a
+ * stopped process). Heartbeats sent in that time wait in its sockets, read only after this tick (libuv runs timers
+ * before it polls): that time is nobody's silence. */
+static void note_own_pause(struct core *c, double now)
+{
+    const double gap = now - c->last_tick;
+    const bool first = !c->ticked; /* the time before the first tick is grpod starting, not a pause */
+    c->last_tick = now;
+    c->ticked = true;
+    if (first || c->set.tick_s <= 0 || gap <= 4 * c->set.tick_s)
+        return;
+    const double paused = gap - c->set.tick_s;
+    c->stalled_s += paused;
+    add_note(c,
+             "grpod's own loop did not run for %.1f s (a loaded or stopped host): that time is not counted as any "
+             "worker's silence",
+             paused);
+}
+
 void core_tick(struct core *c, double now)
 {
+    note_own_pause(c, now);
     for (int r = 0; r < c->nworkers; r++) {
         struct core_worker *w = c->workers[r];
         if (!w || !worker_watched(w->state))
             continue;
-        double silent = now - w->last_seen;
-        /* a rollout rank is lost after two heartbeat intervals: its work units are granted again, and should it
-         * come back, a second copy of a unit costs only time */
-        double limit = c->set.heartbeat_timeout_s;
-        if (w->role == GRPO__ROLE__ROLE_ROLLOUT && 2 * c->set.heartbeat_interval_s < limit)
-            limit = 2 * c->set.heartbeat_interval_s;
-        if (silent <= limit)
+        /* suspect after two intervals of silence, lost after grpod.heartbeat_timeout_s, every role alike: a rollout
+         * rank's work goes to the other rollout ranks after two intervals anyway (the trainers' dispatcher), so its
+         * loss need not be called before a stalled but live rank can speak again */
+        const double silent = silence(c, w, now);
+        char said[96];
+        if (silent <= c->set.heartbeat_timeout_s) {
+            if (silent > suspect_after(c) && !w->suspect && w->state != GRPO__WORKER_STATE__WORKER_RECONNECTING) {
+                w->suspect = true;
+                c->counters.suspects++;
+                silence_text(c, w, now, said, sizeof said);
+                add_note(c, "rank %d on host %s (pid %d) suspect: no heartbeat for %s (lost after %.1f s)", w->rank,
+                         w->host, w->pid, said, c->set.heartbeat_timeout_s);
+            }
             continue;
+        }
+        silence_text(c, w, now, said, sizeof said);
         w->state = GRPO__WORKER_STATE__WORKER_LOST;
-        add_event(c, "rank %d on host %s (pid %d) lost: no heartbeat for %.1f s", w->rank, w->host, w->pid, silent);
+        w->suspect = false;
+        c->counters.losses++;
+        add_event(c, "rank %d on host %s (pid %d) lost: no heartbeat for %s", w->rank, w->host, w->pid, said);
         /* the trainers of a split run, and colocated ranks, wait for each other in collectives: without the lost
          * one they cannot go on. Tell every other rank to end (their job is relaunched and resumes from the newest
          * checkpoint). */
         if (w->role != GRPO__ROLE__ROLE_ROLLOUT && c->run.world > 1 && !c->run.abort[0]) {
             c->run.abort_at = clock_wall_s();
             snprintf(c->run.abort, sizeof c->run.abort, "%s rank %d on host %s lost (no heartbeat for %.1f s)",
-                     w->role == GRPO__ROLE__ROLE_HYBRID ? "colocated" : "trainer", w->rank, w->host, silent);
+                     w->role == GRPO__ROLE__ROLE_HYBRID ? "colocated" : "trainer", w->rank, w->host,
+                     now - w->last_seen);
             add_event(c, "%s: the other ranks are told to end", c->run.abort);
         }
         if (c->set.fail_on_lost && !run_terminal(c->run.state)) {
             char reason[CORE_REASON_MAX];
-            snprintf(reason, sizeof reason, "rank %d on host %s lost: no heartbeat for %.1f s", w->rank, w->host,
-                     silent);
+            snprintf(reason, sizeof reason, "rank %d on host %s lost: no heartbeat for %s", w->rank, w->host, said);
             set_state(c, GRPO__RUN_STATE__RUN_FAILED, reason);
         }
     }

@@ -5,7 +5,11 @@
  *
  * Run states: WAITING (for workers) -> RUNNING -> PAUSING -> PAUSED ->
  * RUNNING ... -> STOPPING -> FINISHED, or FAILED, each with a reason. A lost
- * worker sends the run to WAITING (grpod.on_worker_lost=wait) or FAILED. */
+ * worker sends the run to WAITING (grpod.on_worker_lost=wait) or FAILED.
+ *
+ * Health: a worker silent for two heartbeat intervals is suspect (shown, no consequence); silent for
+ * grpod.heartbeat_timeout_s it is lost. Silence is counted in grpod's own running time: a pause of grpod's
+ * loop (core_tick called late, settings.tick_s) is not held against the workers. */
 #ifndef GRPO_DAEMON_CORE_H
 #define GRPO_DAEMON_CORE_H
 
@@ -40,6 +44,10 @@ struct core_settings {
     const char *own_config;
     double heartbeat_interval_s;
     double heartbeat_timeout_s;
+    /* how often the shell calls core_tick (grpod: 0.25 s). A call later than 4 ticks says grpod's loop did not run
+     * (a loaded host, a stopped process): that time is not counted as any worker's silence. 0: the core does not
+     * judge its own pauses (every gap between calls counts) */
+    double tick_s;
     bool fail_on_lost;         /* grpod.on_worker_lost=fail */
     const char *data_endpoint; /* grpod.data_endpoint; "" for the default */
     const char *http_url;      /* shown in status; may be NULL */
@@ -60,7 +68,11 @@ struct core_worker {
     int dp_rank, dp_size, tp_rank, tp_size, pp_rank, pp_size;
     uint64_t incarnation;
     Grpo__WorkerState state;
-    double last_seen;     /* monotonic seconds */
+    double last_seen;  /* monotonic seconds */
+    double stall_seen; /* core.stalled_s when last heard: grpod's pauses since do not count as silence */
+    bool suspect;      /* silent for two heartbeat intervals, not lost yet (shown as WORKER_SUSPECT) */
+    uint64_t hb_seq;   /* the newest heartbeat's Heartbeat.seq and sent_s (0: none, or an older worker) */
+    double hb_sent;
     double registered_at; /* unix seconds */
     int64_t step, total_steps;
     Grpo__Phase phase;
@@ -119,6 +131,8 @@ struct core_run {
 struct core_counters {
     uint64_t requests[32]; /* by Envelope body case */
     uint64_t malformed, bad_version, auth_failed, invalid, refused, unexpected;
+    uint64_t suspects; /* times a worker became suspect */
+    uint64_t losses;   /* times a worker was marked lost */
 };
 
 typedef void (*core_event_fn)(void *ud, double time, const char *text);
@@ -133,6 +147,9 @@ struct core {
     int nevents;
     struct core_counters counters;
     double start_mono, start_wall;
+    double last_tick; /* monotonic seconds of the last core_tick (ticked: there was one) */
+    bool ticked;
+    double stalled_s;  /* seconds grpod's loop did not run, in all (settings.tick_s) */
     bool dirty;        /* something worth journaling changed */
     bool dirty_urgent; /* ... that must be durable before the reply goes out */
     core_event_fn on_event;
@@ -169,8 +186,12 @@ uint8_t *core_handle(struct core *c, const uint8_t *buf, size_t len, const char 
  * of a well-formed one when secret is NULL): grpod's tcp endpoints keep only connections that authenticate. */
 uint8_t *core_handle_auth(struct core *c, const uint8_t *buf, size_t len, const char *secret, double now,
                           size_t *reply_len, bool *authenticated);
-/* Health check: mark silent workers lost and re-evaluate the run. Call every fraction of a second. */
+/* Health check: mark workers suspect (two heartbeat intervals of silence) or lost (grpod.heartbeat_timeout_s), and
+ * re-evaluate the run. Call every settings.tick_s: a call much later says grpod's loop did not run, and that time is
+ * not counted as silence. */
 void core_tick(struct core *c, double now);
+/* The state grpod shows for a worker: WORKER_SUSPECT while it is suspect, else its state. */
+Grpo__WorkerState core_worker_shown_state(const struct core_worker *w);
 
 /* Build the Status message of the run (allocations in arena, see arena.h). */
 struct arena;

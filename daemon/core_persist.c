@@ -164,7 +164,8 @@ static int load_worker(struct core *c, const json_t *o, double now, char *err, s
     if (w->state != GRPO__WORKER_STATE__WORKER_STOPPED && w->state != GRPO__WORKER_STATE__WORKER_FINISHED &&
         w->state != GRPO__WORKER_STATE__WORKER_FAILED && w->state != GRPO__WORKER_STATE__WORKER_LOST)
         w->state = GRPO__WORKER_STATE__WORKER_RECONNECTING;
-    w->last_seen = now;
+    w->last_seen = now; /* a fresh grace period */
+    w->stall_seen = c->stalled_s;
     w->registered_at = get_num(o, "registered_at", 0);
     w->step = get_int(o, "step", 0);
     w->total_steps = get_int(o, "total_steps", 0);

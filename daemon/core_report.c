@@ -34,8 +34,8 @@ static void worker_status(Grpo__WorkerStatus *ws, const struct core_worker *w, d
     ws->host = TEXT(w->host);
     ws->pid = w->pid;
     ws->role = w->role;
-    ws->worker_state = w->state;
-    ws->state = TEXT(core_worker_state_name(w->state));
+    ws->worker_state = core_worker_shown_state(w);
+    ws->state = TEXT(core_worker_state_name(ws->worker_state));
     ws->last_heartbeat_age_s = now - w->last_seen;
     ws->idle_fraction = w->idle_fraction;
     ws->phase = w->phase;
@@ -306,14 +306,16 @@ static void family(struct text *t, const char *name, const char *type, const cha
 static void worker_metrics(const struct core *c, struct text *t, double now)
 {
     char host[600];
-    family(t, "grpod_worker_up", "gauge", "1 while the worker is heard from (not lost, not ended).");
+    family(t, "grpod_worker_up", "gauge",
+           "1 while the worker is at work (starting, running, paused; suspect ones too): not lost, not ended.");
     for (int r = 0; r < c->nworkers; r++) {
         const struct core_worker *w = c->workers[r];
         if (w) {
             bool up = w->state == GRPO__WORKER_STATE__WORKER_STARTING ||
                       w->state == GRPO__WORKER_STATE__WORKER_RUNNING || w->state == GRPO__WORKER_STATE__WORKER_PAUSED;
             put(t, "grpod_worker_up{rank=\"%d\",host=\"%s\",role=\"%s\",state=\"%s\"} %d\n", w->rank,
-                label(w->host, host, sizeof host), core_role_name(w->role), core_worker_state_name(w->state), up);
+                label(w->host, host, sizeof host), core_role_name(w->role),
+                core_worker_state_name(core_worker_shown_state(w)), up);
         }
     }
     family(t, "grpod_worker_heartbeat_age_seconds", "gauge", "Seconds since the worker's last heartbeat.");
@@ -359,13 +361,22 @@ char *core_metrics_text(const struct core *c, double now)
     put(&t, "grpod_run_checkpoint_step %" PRId64 "\n", c->run.checkpoint_step);
     family(&t, "grpod_workers_expected", "gauge", "Workers the run's placement expects.");
     put(&t, "grpod_workers_expected %d\n", c->run.world);
-    family(&t, "grpod_workers", "gauge", "Registered workers by state.");
-    for (int s = GRPO__WORKER_STATE__WORKER_STARTING; s <= GRPO__WORKER_STATE__WORKER_RECONNECTING; s++) {
+    family(&t, "grpod_workers", "gauge",
+           "Registered workers by state (suspect: no heartbeat for two intervals; lost: none for "
+           "grpod.heartbeat_timeout_s).");
+    for (int s = GRPO__WORKER_STATE__WORKER_STARTING; s <= GRPO__WORKER_STATE__WORKER_SUSPECT; s++) {
         int n = 0;
         for (int r = 0; r < c->nworkers; r++)
-            n += c->workers[r] && (int)c->workers[r]->state == s;
+            n += c->workers[r] && (int)core_worker_shown_state(c->workers[r]) == s;
         put(&t, "grpod_workers{state=\"%s\"} %d\n", core_worker_state_name((Grpo__WorkerState)s), n);
     }
+    family(&t, "grpod_worker_suspects_total", "counter", "Times a worker became suspect (missed heartbeats).");
+    put(&t, "grpod_worker_suspects_total %" PRIu64 "\n", c->counters.suspects);
+    family(&t, "grpod_worker_losses_total", "counter", "Times a worker was marked lost.");
+    put(&t, "grpod_worker_losses_total %" PRIu64 "\n", c->counters.losses);
+    family(&t, "grpod_loop_stall_seconds_total", "counter",
+           "Seconds grpod's own loop did not run (a loaded or stopped host), not counted as any worker's silence.");
+    put(&t, "grpod_loop_stall_seconds_total %.3f\n", c->stalled_s);
     worker_metrics(c, &t, now);
     /* the trainer's own numbers, under their verl names */
     family(&t, "grpo_run_metric", "gauge", "The run's newest metrics under their verl names (critic/score/mean, ...).");

@@ -43,6 +43,8 @@
 #include "sp_tcp.h"
 
 #define MAX_LISTENERS 4
+/* the health tick (core_tick): grpod judges its own pauses against it */
+#define TICK_MS 250
 
 struct grpod;
 
@@ -625,6 +627,7 @@ int main(int argc, char **argv)
         .own_config = own_config,
         .heartbeat_interval_s = cfg.grpod_heartbeat_interval_s,
         .heartbeat_timeout_s = cfg.grpod_heartbeat_timeout_s,
+        .tick_s = TICK_MS / 1000.0,
         .fail_on_lost = strcmp(cfg.grpod_on_worker_lost, "fail") == 0,
         .data_endpoint = cfg.grpod_data_endpoint,
         .http_url = d.http_url,
@@ -673,7 +676,7 @@ int main(int argc, char **argv)
     uv_timer_init(&d.loop, &d.tick);
     uv_timer_init(&d.loop, &d.flush);
     d.tick.data = d.flush.data = &d;
-    uv_timer_start(&d.tick, on_tick, 250, 250);
+    uv_timer_start(&d.tick, on_tick, TICK_MS, TICK_MS);
     uv_timer_start(&d.flush, on_flush, 1000, 1000);
     handles_ready = true;
     persist(&d);

@@ -17,7 +17,7 @@ const char grpod_page_html[] =
     ".badge{display:inline-block;padding:.1em .6em;border-radius:.8em;color:#fff;background:#777;font-weight:600}\n"
     ".running{background:#2a7d2a}.paused,.pausing{background:#b07d00}.waiting,.reconnecting,.starting{background:#"
     "2a5d9f}\n"
-    ".failed,.lost{background:#b02a2a}.finished,.stopped,.stopping{background:#555}\n"
+    ".failed,.lost{background:#b02a2a}.suspect{background:#c4620a}.finished,.stopped,.stopping{background:#555}\n"
     "table{border-collapse:collapse;background:#fff}td,th{padding:.25em .7em;border-bottom:1px solid "
     "#ddd;text-align:left}\n"
     "th{background:#eee}.num{text-align:right;font-variant-numeric:tabular-nums}\n"

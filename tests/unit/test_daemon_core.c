@@ -743,6 +743,27 @@ static Grpo__Envelope *send_replace(struct core *c, int rank)
     return send_register_as(c, rank, 4, host, "rollout,trainer", 42, true);
 }
 
+/* Move the clock to t, 0.5 s (the split run's interval) at a time: every rank of live[] heartbeats at each step and the
+ * core ticks. */
+static void run_until(struct core *c, const uint64_t inc[4], const bool live[4], double t)
+{
+    while (T < t - 1e-9) {
+        T = T + 0.5 < t ? T + 0.5 : t;
+        for (int r = 0; r < 4; r++)
+            if (live[r])
+                beat_ok(c, r, inc[r], GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+        core_tick(c, T);
+    }
+}
+
+static bool has_event(const struct core *c, const char *text)
+{
+    for (int i = 0; i < c->nevents; i++)
+        if (strstr(c->events[i].text, text))
+            return true;
+    return false;
+}
+
 static void test_split_rollout_rank_lost(void **state)
 {
     (void)state;
@@ -752,23 +773,45 @@ static void test_split_rollout_rank_lost(void **state)
     uint64_t inc[4];
     start_split_run(&c, inc);
     const double t0 = T;
-    /* 0.9 s of silence: under 2 x 0.5 s, nobody is lost */
+    /* 0.9 s of silence: under 2 x 0.5 s, nobody is suspect */
     T = t0 + 0.9;
     beat_ok(&c, 0, inc[0], GRPO__WORKER_STATE__WORKER_RUNNING, 1);
     beat_ok(&c, 2, inc[2], GRPO__WORKER_STATE__WORKER_RUNNING, 1);
     core_tick(&c, T);
     assert_int_equal(c.workers[3]->state, GRPO__WORKER_STATE__WORKER_RUNNING);
+    assert_int_equal(core_worker_shown_state(c.workers[3]), GRPO__WORKER_STATE__WORKER_RUNNING);
     assert_int_equal(c.workers[1]->state, GRPO__WORKER_STATE__WORKER_RUNNING);
     assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING);
     assert_string_equal(c.run.reason, "");
-    /* 1.1 s: the rollout rank is lost, the trainer rank (timeout 10 s) is not */
+    /* 1.1 s: two intervals missed: the rollout rank and the silent trainer rank are suspect, nothing more (the
+     * trainers' dispatcher has granted the rollout rank's work to the other one by now) */
     T = t0 + 1.1;
     beat_ok(&c, 0, inc[0], GRPO__WORKER_STATE__WORKER_RUNNING, 1);
     beat_ok(&c, 2, inc[2], GRPO__WORKER_STATE__WORKER_RUNNING, 1);
     core_tick(&c, T);
+    assert_int_equal(core_worker_shown_state(c.workers[3]), GRPO__WORKER_STATE__WORKER_SUSPECT);
+    assert_int_equal(c.workers[3]->state, GRPO__WORKER_STATE__WORKER_RUNNING);
+    assert_int_equal(core_worker_shown_state(c.workers[1]), GRPO__WORKER_STATE__WORKER_SUSPECT);
+    assert_true(has_event(&c, "rank 3 on host node03 (pid 103) suspect: no heartbeat for 1.1 s (lost after 10.0 s)"));
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING);
+    assert_string_equal(c.run.reason, "");
+    assert_int_equal(c.counters.suspects, 2);
+    /* rank 1 speaks again: no longer suspect, and the journal says it was not lost */
+    beat_ok(&c, 1, inc[1], GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+    assert_int_equal(core_worker_shown_state(c.workers[1]), GRPO__WORKER_STATE__WORKER_RUNNING);
+    assert_true(has_event(&c, "rank 1 on host node01 heard again after 1.1 s of silence (was suspect, not lost)"));
+    /* rank 3 stays silent: suspect up to grpod.heartbeat_timeout_s (10 s), lost past it */
+    const bool live[4] = {true, true, true, false};
+    run_until(&c, inc, live, t0 + 10.0);
+    assert_int_equal(core_worker_shown_state(c.workers[3]), GRPO__WORKER_STATE__WORKER_SUSPECT);
+    assert_int_equal(c.counters.suspects, 2); /* said once */
+    run_until(&c, inc, live, t0 + 10.1);
     assert_int_equal(c.workers[3]->state, GRPO__WORKER_STATE__WORKER_LOST);
+    assert_int_equal(core_worker_shown_state(c.workers[3]), GRPO__WORKER_STATE__WORKER_LOST);
     assert_int_equal(c.workers[1]->state, GRPO__WORKER_STATE__WORKER_RUNNING);
-    assert_non_null(strstr(c.events[c.nevents - 1].text, "rank 3 on host node03 (pid 103) lost"));
+    assert_non_null(
+        strstr(c.events[c.nevents - 1].text, "rank 3 on host node03 (pid 103) lost: no heartbeat for 10.1 s"));
+    assert_int_equal(c.counters.losses, 1);
     /* the others heartbeat: the run goes on without rank 3, and says how to replace it */
     for (int r = 0; r < 3; r++) {
         Grpo__Envelope *e = beat(&c, r, inc[r], GRPO__WORKER_STATE__WORKER_RUNNING, 2);
@@ -787,6 +830,234 @@ static void test_split_rollout_rank_lost(void **state)
     core_tick(&c, T);
     assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING);
     assert_int_equal(c.workers[3]->state, GRPO__WORKER_STATE__WORKER_LOST);
+    core_deinit(&c);
+}
+
+/* Issue 40 item 9: with other work on the cores a rollout rank's heartbeats stop for 6 s, then come again. It was
+ * lost after two intervals (2 s) and back 4 s later, tripping the grpod_workers{state="lost"} > 0 alert with no
+ * fault. Loss now needs grpod.heartbeat_timeout_s of silence (10 s here, the default): a rank that speaks again
+ * before that was never lost. grpod ticks every 0.25 s, as it does; the others heartbeat every second. */
+static void test_stalled_rollout_rank_not_lost(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = settings(2, 2, 1, 1);
+    s.heartbeat_interval_s = 1.0;
+    s.heartbeat_timeout_s = 10.0;
+    core_init(&c, &s, T);
+    uint64_t inc[4];
+    start_split_run(&c, inc);
+    const double t0 = T;
+    for (int k = 1; k <= 24; k++) { /* 6 s, rank 3 silent */
+        T = t0 + 0.25 * k;
+        if (k % 4 == 0)
+            for (int r = 0; r < 3; r++)
+                beat_ok(&c, r, inc[r], GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+        core_tick(&c, T);
+        if (c.workers[3]->state == GRPO__WORKER_STATE__WORKER_LOST)
+            fail_msg("rank 3 taken for lost after %.2f s of silence (grpod.heartbeat_timeout_s 10 s)", T - t0);
+        char *m = core_metrics_text(&c, T);
+        assert_non_null(strstr(m, "grpod_workers{state=\"lost\"} 0\n"));
+        free(m);
+        assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING);
+        assert_string_equal(c.run.reason, "");
+    }
+    beat_ok(&c, 3, inc[3], GRPO__WORKER_STATE__WORKER_RUNNING, 1); /* its reports come again */
+    assert_int_equal(c.workers[3]->state, GRPO__WORKER_STATE__WORKER_RUNNING);
+    core_tick(&c, T);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING);
+    assert_string_equal(c.run.reason, "");
+    for (int i = 0; i < c.nevents; i++)
+        if (strstr(c.events[i].text, ") lost: "))
+            fail_msg("a loss in the journal: %s", c.events[i].text);
+    core_deinit(&c);
+}
+
+/* A heartbeat with the worker's own count and clock (Heartbeat.seq, sent_s). */
+static void beat_seq(struct core *c, int rank, uint64_t inc, uint64_t seq, double sent_s, uint32_t unanswered)
+{
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Heartbeat hb = GRPO__HEARTBEAT__INIT;
+    hb.rank = rank;
+    hb.incarnation = inc;
+    hb.state = GRPO__WORKER_STATE__WORKER_RUNNING;
+    hb.step = 1;
+    hb.checkpoint_step = -1;
+    hb.seq = seq;
+    hb.sent_s = sent_s;
+    hb.unanswered = unanswered;
+    env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    Grpo__Envelope *e = roundtrip(c, &env, NULL);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_HEARTBEAT_ACK);
+    assert_false(e->heartbeat_ack->reregister);
+    protocol_free(e);
+}
+
+/* The heartbeat after a silence says, by the worker's own count and clock, whether the worker stalled (it sent
+ * nothing) or its heartbeats were held up on the way (sent, never heard); suspect is shown in status and metrics
+ * and ends with the heartbeat. */
+static void test_suspect_and_the_workers_own_account(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = settings(0, 0, 1, 1); /* interval 1 s, timeout 5 s */
+    core_init(&c, &s, T);
+    uint64_t i0 = reg_ok(&c, 0, 2, GRPO__ROLE__ROLE_HYBRID), i1 = reg_ok(&c, 1, 2, GRPO__ROLE__ROLE_HYBRID);
+    const double w0 = 500.0; /* rank 1's own clock */
+    beat_seq(&c, 1, i1, 5, w0, 0);
+    const double t0 = T;
+    /* 3 s of silence, by grpod's ticks: suspect after 2 s, shown as such */
+    for (int k = 1; k <= 12; k++) {
+        T = t0 + 0.25 * k;
+        beat_ok(&c, 0, i0, GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+        core_tick(&c, T);
+        assert_int_equal(core_worker_shown_state(c.workers[1]),
+                         T - t0 > 2.0 ? GRPO__WORKER_STATE__WORKER_SUSPECT : GRPO__WORKER_STATE__WORKER_RUNNING);
+    }
+    struct arena a = {0};
+    Grpo__Status *st = core_status(&c, T, &a);
+    assert_int_equal(st->workers[1]->worker_state, GRPO__WORKER_STATE__WORKER_SUSPECT);
+    assert_string_equal(st->workers[1]->state, "suspect");
+    assert_int_equal(st->workers[0]->worker_state, GRPO__WORKER_STATE__WORKER_RUNNING);
+    arena_free(&a);
+    char *m = core_metrics_text(&c, T);
+    assert_non_null(strstr(m, "grpod_workers{state=\"suspect\"} 1\n"));
+    assert_non_null(strstr(m, "grpod_workers{state=\"lost\"} 0\n"));
+    assert_non_null(strstr(m, "grpod_workers{state=\"running\"} 1\n"));
+    assert_non_null(strstr(m, "grpod_worker_up{rank=\"1\",host=\"node01\",role=\"hybrid\",state=\"suspect\"} 1\n"));
+    assert_non_null(strstr(m, "grpod_worker_suspects_total 1\n"));
+    free(m);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING);
+    /* (a) its next heartbeat follows the one before (seq 6 after 5), sent 3 s later by its own clock: it stalled */
+    beat_seq(&c, 1, i1, 6, w0 + 3.0, 0);
+    assert_int_equal(core_worker_shown_state(c.workers[1]), GRPO__WORKER_STATE__WORKER_RUNNING);
+    assert_non_null(strstr(c.events[c.nevents - 1].text,
+                           "rank 1 on host node01 heard again after 3.0 s of silence (was suspect, not lost): by its "
+                           "own clock it sent nothing for 3.0 s and none was lost on the way: the worker itself was "
+                           "stalled"));
+    /* (b) silent 3.5 s again, then seq 10: three heartbeats it sent never reached grpod */
+    const double t1 = T;
+    for (int k = 1; k <= 14; k++) {
+        T = t1 + 0.25 * k;
+        beat_ok(&c, 0, i0, GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+        core_tick(&c, T);
+    }
+    assert_int_equal(core_worker_shown_state(c.workers[1]), GRPO__WORKER_STATE__WORKER_SUSPECT);
+    beat_seq(&c, 1, i1, 10, w0 + 6.4, 0);
+    assert_non_null(strstr(c.events[c.nevents - 1].text,
+                           "heard again after 3.5 s of silence (was suspect, not lost): 3 heartbeat(s) it sent in that "
+                           "time never reached grpod (it sent this one 3.4 s after the one before, by its own clock): "
+                           "they were held up or dropped on the way"));
+    /* (c) and one sent right after the one before but heard 3 s later: held up on the way */
+    const double t2 = T;
+    for (int k = 1; k <= 12; k++) {
+        T = t2 + 0.25 * k;
+        beat_ok(&c, 0, i0, GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+        core_tick(&c, T);
+    }
+    beat_seq(&c, 1, i1, 11, w0 + 6.6, 0);
+    assert_non_null(strstr(c.events[c.nevents - 1].text,
+                           "it sent this heartbeat 0.2 s after the one before, by its own "
+                           "clock, and none was lost: it was held up on the way"));
+    /* (d) seq 12 after 11, 3 s later, after two tries that had no answer in time: it was backing off */
+    const double t4 = T;
+    for (int k = 1; k <= 12; k++) {
+        T = t4 + 0.25 * k;
+        beat_ok(&c, 0, i0, GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+        core_tick(&c, T);
+    }
+    beat_seq(&c, 1, i1, 12, w0 + 9.6, 2);
+    assert_non_null(strstr(c.events[c.nevents - 1].text,
+                           "its last 2 heartbeat(s) had no answer in time and it waited to try again (it sent this one "
+                           "3.0 s after the one before, by its own clock): grpod, or the way to it, was slow"));
+    /* (e) silent past the timeout: lost, and the heartbeat after it says the same of the gap */
+    const double t3 = T;
+    for (int k = 1; k <= 24; k++) {
+        T = t3 + 0.25 * k;
+        beat_ok(&c, 0, i0, GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+        core_tick(&c, T);
+    }
+    assert_int_equal(c.workers[1]->state, GRPO__WORKER_STATE__WORKER_LOST);
+    assert_int_equal(core_worker_shown_state(c.workers[1]), GRPO__WORKER_STATE__WORKER_LOST);
+    beat_seq(&c, 1, i1, 13, w0 + 15.6, 0);
+    assert_true(has_event(&c, "rank 1 on host node01 is back after 6.0 s of silence: by its own clock it sent nothing "
+                              "for 6.0 s"));
+    /* an older worker's heartbeats carry no count: the journal says only the silence */
+    const double t5 = T;
+    for (int k = 1; k <= 12; k++) {
+        T = t5 + 0.25 * k;
+        beat_ok(&c, 0, i0, GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+        core_tick(&c, T);
+    }
+    beat_ok(&c, 1, i1, GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+    assert_true(has_event(&c, "rank 1 on host node01 heard again after 3.0 s of silence (was suspect, not lost)"));
+    assert_null(strstr(c.events[c.nevents - 1].text, "own clock"));
+    core_deinit(&c);
+}
+
+/* grpod's own loop did not run for 8 s (a loaded host: the tick comes late), with heartbeats waiting in its socket:
+ * the first tick after it finds every worker silent for 8 s, past the 5 s timeout. That time is grpod's, not the
+ * workers': nobody is lost, and the heartbeats read after the tick find them running. A worker that really died is
+ * still lost, once it has been silent for the timeout in grpod's running time. */
+static void test_grpod_own_pause_is_not_silence(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = settings(0, 0, 1, 1); /* interval 1 s, timeout 5 s */
+    s.tick_s = 0.25;
+    core_init(&c, &s, T);
+    uint64_t i0 = reg_ok(&c, 0, 2, GRPO__ROLE__ROLE_HYBRID), i1 = reg_ok(&c, 1, 2, GRPO__ROLE__ROLE_HYBRID);
+    const double t0 = T;
+    for (int k = 1; k <= 8; k++) { /* 2 s of ordinary ticks */
+        T = t0 + 0.25 * k;
+        if (k % 4 == 0) {
+            beat_ok(&c, 0, i0, GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+            beat_ok(&c, 1, i1, GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+        }
+        core_tick(&c, T);
+    }
+    assert_true(c.stalled_s == 0);
+    const double t1 = T;
+    T = t1 + 8.0; /* grpod did not run */
+    core_tick(&c, T);
+    assert_int_equal(c.workers[0]->state, GRPO__WORKER_STATE__WORKER_RUNNING);
+    assert_int_equal(c.workers[1]->state, GRPO__WORKER_STATE__WORKER_RUNNING);
+    assert_int_equal(core_worker_shown_state(c.workers[0]), GRPO__WORKER_STATE__WORKER_RUNNING);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING);
+    assert_true(fabs(c.stalled_s - 7.75) < 1e-9);
+    assert_true(has_event(&c, "grpod's own loop did not run for 7.8 s (a loaded or stopped host): that time is not "
+                              "counted as any worker's silence"));
+    char *m = core_metrics_text(&c, T);
+    assert_non_null(strstr(m, "grpod_loop_stall_seconds_total 7.750\n"));
+    assert_non_null(strstr(m, "grpod_workers{state=\"lost\"} 0\n"));
+    free(m);
+    /* rank 0's heartbeat, read after the tick; rank 1 has died meanwhile and says nothing more */
+    beat_ok(&c, 0, i0, GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+    const double t2 = T;
+    double lost_at = 0;
+    for (int k = 1; k <= 40 && !lost_at; k++) {
+        T = t2 + 0.25 * k;
+        if (k % 4 == 0)
+            beat_ok(&c, 0, i0, GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+        core_tick(&c, T);
+        if (c.workers[1]->state == GRPO__WORKER_STATE__WORKER_LOST)
+            lost_at = T;
+    }
+    /* silent since t1 in grpod's time: 0.25 s counted at the late tick, so lost once 4.75 s more have passed */
+    if (!(lost_at > t2 + 4.75 - 1e-9 && lost_at <= t2 + 5.0 + 1e-9))
+        fail_msg("rank 1 lost %.2f s after grpod ran again (4.75 to 5 expected)", lost_at - t2);
+    assert_int_equal(c.workers[0]->state, GRPO__WORKER_STATE__WORKER_RUNNING);
+    assert_true(has_event(&c, "rank 1 on host node01 (pid 101) lost: no heartbeat for 13.0 s (7.8 s of it grpod "
+                              "itself did not run)"));
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_WAITING);
+    /* ticks that are only late (a busy loop, 0.9 s apart: under four ticks) count in full */
+    const double t3 = T;
+    for (int k = 1; k <= 4; k++) {
+        T = t3 + 0.9 * k;
+        core_tick(&c, T);
+    }
+    assert_true(fabs(c.stalled_s - 7.75) < 1e-9);
     core_deinit(&c);
 }
 
@@ -835,17 +1106,13 @@ static void test_split_every_rollout_rank_lost(void **state)
     uint64_t inc[4];
     start_split_run(&c, inc);
     const double t0 = T;
-    /* rank 3 is lost first: the other rollout rank takes its work */
-    T = t0 + 1.1;
-    for (int r = 0; r < 3; r++)
-        beat_ok(&c, r, inc[r], GRPO__WORKER_STATE__WORKER_RUNNING, 1);
-    core_tick(&c, T);
+    /* rank 3 is lost first (10 s of silence): the other rollout rank takes its work */
+    const bool live3[4] = {true, true, true, false}, live2[4] = {true, true, false, false};
+    run_until(&c, inc, live3, t0 + 10.1);
+    assert_int_equal(c.workers[3]->state, GRPO__WORKER_STATE__WORKER_LOST);
     assert_non_null(strstr(c.run.reason, "its work goes to the other rollout ranks"));
     /* then rank 2: nobody is left to generate */
-    T = t0 + 2.3;
-    for (int r = 0; r < 2; r++)
-        beat_ok(&c, r, inc[r], GRPO__WORKER_STATE__WORKER_RUNNING, 1);
-    core_tick(&c, T);
+    run_until(&c, inc, live2, t0 + 20.2);
     assert_int_equal(c.workers[2]->state, GRPO__WORKER_STATE__WORKER_LOST);
     assert_int_equal(c.workers[3]->state, GRPO__WORKER_STATE__WORKER_LOST);
     if (strstr(c.run.reason, "goes to the other rollout ranks") || !strstr(c.run.reason, "no rollout rank is left") ||
@@ -916,7 +1183,7 @@ static void test_split_trainer_lost_aborts(void **state)
     beat_abort(&c, 3, inc[3], abort_text, sizeof abort_text);
     assert_non_null(strstr(abort_text, "trainer rank 1"));
     /* the relaunched job's rollout rank may register before its trainers: it is not told to end (the old job's
-     * rank 3, silent since, is lost first) */
+     * rank 3, silent since, no longer holds the rank: silent past two intervals and half a second) */
     T += 3.0;
     core_tick(&c, T);
     Grpo__Envelope *r3 = send_register(&c, 3, 4, "node13", "rollout", 42);
@@ -979,12 +1246,18 @@ static void test_replace_rank(void **state)
     assert_int_equal(c.workers[3]->pid, 103);
     beat_ok(&c, 3, inc[3], GRPO__WORKER_STATE__WORKER_RUNNING, 1); /* the holder carries on */
 
-    /* (b) rank 3 falls silent and is lost: the replacement takes its place */
+    /* (b) rank 3 falls silent: suspect, it may be only stalled, and is not replaced; lost, the replacement takes its
+     * place */
     const double t0 = T;
-    T = t0 + 1.2;
-    for (int r = 0; r < 3; r++)
-        beat_ok(&c, r, inc[r], GRPO__WORKER_STATE__WORKER_RUNNING, 1);
-    core_tick(&c, T);
+    const bool live[4] = {true, true, true, false};
+    run_until(&c, inc, live, t0 + 1.2);
+    assert_int_equal(core_worker_shown_state(c.workers[3]), GRPO__WORKER_STATE__WORKER_SUSPECT);
+    e = send_replace(&c, 3);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
+    assert_true(e->reply->retry);
+    assert_non_null(strstr(e->reply->error, "rank 3 is not lost (pid 103 on host node03, suspect)"));
+    protocol_free(e);
+    run_until(&c, inc, live, t0 + 10.2);
     assert_int_equal(c.workers[3]->state, GRPO__WORKER_STATE__WORKER_LOST);
     e = send_replace(&c, 3);
     if (e->body_case != GRPO__ENVELOPE__BODY_ASSIGNMENT)
@@ -1049,11 +1322,7 @@ static void test_replace_rank(void **state)
     /* (d) the run is finished: no replacement, and no new run begun by one */
     core_init(&c, &s, T);
     start_split_run(&c, inc);
-    const double t2 = T;
-    T = t2 + 1.2; /* rank 3 lost, the others finish */
-    for (int r = 0; r < 3; r++)
-        beat_ok(&c, r, inc[r], GRPO__WORKER_STATE__WORKER_RUNNING, 1);
-    core_tick(&c, T);
+    run_until(&c, inc, live, T + 10.2); /* rank 3 lost, the others finish */
     assert_int_equal(c.workers[3]->state, GRPO__WORKER_STATE__WORKER_LOST);
     for (int r = 0; r < 3; r++)
         beat_ok(&c, r, inc[r], GRPO__WORKER_STATE__WORKER_FINISHED, 100);
@@ -1670,6 +1939,9 @@ int main(void)
         cmocka_unit_test(test_split_rollout_rank_lost),
         cmocka_unit_test(test_split_trainers_finished_end_run),
         cmocka_unit_test(test_split_every_rollout_rank_lost),
+        cmocka_unit_test(test_stalled_rollout_rank_not_lost),
+        cmocka_unit_test(test_suspect_and_the_workers_own_account),
+        cmocka_unit_test(test_grpod_own_pause_is_not_silence),
         cmocka_unit_test(test_split_trainer_lost_aborts),
         cmocka_unit_test(test_replace_rank),
         cmocka_unit_test(test_dispatch_endpoints),
