@@ -3,7 +3,8 @@
 # systemd-analyze is absent), and grpod.service's own command line starts grpod with the shipped
 # deploy/examples/grpod.yaml (its /run/grpo and port moved into a temporary directory, nothing else changed):
 # grpod listens on the endpoint the YAML names, and with the YAML's commented tcp endpoint and secret turned on,
-# on both (the unit must not override the YAML's endpoints). systemd runs the units in the cluster suite's
+# on both (the unit must not override the YAML's endpoints). deploy/examples/grpod-alerts.yaml passes promtool's
+# check and its own rule tests (skipped where promtool is absent). systemd runs the units in the cluster suite's
 # systemd-units test.
 set -u
 . "$(dirname "$0")/../lib.sh" grpo-deploy-units
@@ -77,4 +78,16 @@ expect "grpod listens on the YAML's tcp endpoint (port $port)" $?
 "$grpoctl" --endpoint "ipc://$TMP/run/ctl.sock" --retries 1 status >/dev/null
 expect "and on its ipc endpoint" $?
 kill -TERM "$UNIT_PID"; wait "$UNIT_PID"; expect "grpod ends cleanly on SIGTERM" $?
+
+# the alerting rules: valid, and they fire on a lost worker, not on a suspect one (their own promtool tests; the
+# names they use are checked against grpod's metrics by the grpod-stall test)
+if command -v promtool >/dev/null; then
+    promtool check rules "$src/deploy/examples/grpod-alerts.yaml" >"$TMP/rules.out" 2>&1
+    expect "promtool check rules deploy/examples/grpod-alerts.yaml" $?
+    (cd "$src/deploy/examples" && promtool test rules grpod-alerts.test.yaml) >>"$TMP/rules.out" 2>&1
+    expect "promtool test rules: lost fires, suspect does not" $?
+    cat "$TMP/rules.out"
+else
+    echo "promtool not installed: the alerting rules are not checked"
+fi
 finish
