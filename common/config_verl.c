@@ -272,9 +272,11 @@ static const struct verl_key g_verl[] = {
     NOTED("algorithm.pf_ppo.*", "PF-PPO is off"),
     /* verl v0.7's rollout-correction keys that v0.9 dropped: their "off" value is accepted */
     OFF_ONLY("algorithm.rollout_correction.rollout_rs_threshold_lower", "null", "verl v0.9 has no separate lower bound",
-             "verl v0.7's separate lower rejection bound (v0.9, here: give rollout_rs_threshold as 'lower_upper')"),
+             "verl v0.7's separate lower rejection bound (not available: verl v0.9 dropped it; give "
+             "rollout_rs_threshold as 'lower_upper')"),
     OFF_ONLY("algorithm.rollout_correction.rollout_token_veto_threshold", "null", "verl v0.9 has no token veto",
-             "verl v0.7's catastrophic-token veto (dropped in v0.9; a token_k1 rejection bound does its work)"),
+             "verl v0.7's catastrophic-token veto (not available: verl v0.9 dropped it; a token_k1 rejection bound "
+             "does its work)"),
     /* trainer */
     OFF_ONLY("trainer.critic_warmup", "0", NO_CRITIC, "critic warm-up steps (GRPO trains no critic)"),
     OFF_ONLY("trainer.balance_batch", "true|false", "sequences are always balanced by tokens over the DP ranks",
