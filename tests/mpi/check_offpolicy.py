@@ -14,6 +14,8 @@ defaults) and compare with what the run wrote:
     weights; clip_cov's share of cut tokens when every candidate is cut (clip_cov_ratio large); bypass mode's loss
     against the rollout log-probs.
 
+check_pg_loss=0 skips the loss; require_mixed=1 fails unless the rejection both rejected and kept tokens.
+
 Exit 1 naming the first difference. Written from verl's code, not from this project's C."""
 import json
 import math
@@ -449,6 +451,6 @@ for k in range(1, steps + 1):
 print(f"{steps} step(s) agree with the float64 recomputation: {checked}")
 if IS is not None and not BYPASS and checked["weights"] == 0:
     fail("no IS weight was checked")
-if RS is not None and not BYPASS and (checked["rejected"] == 0 or checked["kept"] == 0):
+if kv.get("require_mixed") == "1" and RS is not None and not BYPASS and (checked["rejected"] == 0 or checked["kept"] == 0):
     fail(f"the rejection is vacuous here (rejected {checked['rejected']}, kept {checked['kept']}): pick thresholds "
          "that reject some tokens and keep others")

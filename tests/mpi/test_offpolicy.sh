@@ -17,6 +17,7 @@
 #    verl v0.7's rollout_rs=geometric and its token veto, a malformed threshold.
 # usage: test_offpolicy.sh GRPO_WORKER GRPO_MODEL SCORER_SO
 set -u
+# shellcheck disable=SC2034 # MODEL_TOOL: dist_lib.sh's tiny_model makes the model with it
 WORKER="$1" MODEL_TOOL="$2" SCORER="$3"
 . "$(dirname "$0")/dist_lib.sh" grpo-offpol
 CHECK="$(dirname "$0")/check_offpolicy.py"
@@ -26,7 +27,8 @@ COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.
     data.synthetic.num_train=64 data.synthetic.num_val=4
     custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score)
 
-# run NAME STEPS LAUNCH... -- OVERRIDES...: a run writing its audit files, then the float64 check of its steps
+# run NAME STEPS LAUNCH... -- OVERRIDES...: a run writing its audit files, then the float64 check of its steps (with
+# $CHECK_ARGS, the checker's own options, when set)
 run() {
     local name=$1 steps=$2 launch=()
     shift 2
@@ -35,7 +37,8 @@ run() {
     timeout 300 "${launch[@]}" "$WORKER" "${COMMON[@]}" trainer.total_training_steps="$steps" \
         trainer.default_local_dir="$TMP/$name" trainer.rollout_data_dir="$TMP/$name/audit" "$@" \
         >"$TMP/$name.log" 2>&1 || { echo "     the run failed:"; tail -3 "$TMP/$name.log" | sed 's/^/     | /'; return 1; }
-    python3 "$CHECK" "$TMP/$name/p/e" "$TMP/$name/audit" "$steps" data.max_response_length=12 "$@" \
+    # shellcheck disable=SC2086 # CHECK_ARGS: words
+    python3 "$CHECK" "$TMP/$name/p/e" "$TMP/$name/audit" "$steps" data.max_response_length=12 "$@" ${CHECK_ARGS:-} \
         >"$TMP/$name.check" 2>&1 || { sed 's/^/     | /' "$TMP/$name.check"; return 1; }
 }
 one() { local name=$1; shift; run "$name" 2 -- "$@"; }
@@ -72,17 +75,19 @@ expect "token TIS and rejection: weights, masks, metrics, advantages and loss ag
 one rc-geo actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean algorithm.rollout_correction.rollout_is=token \
     algorithm.rollout_correction.rollout_is_threshold=1.0
 expect "geo_mean takes the geometric mean of a sequence's IS weights" $?
+# shellcheck disable=SC2054 # the commas separate rollout_rs's options within one value
 RC=(algorithm.adv_estimator=reinforce_plus_plus algorithm.rollout_correction.rollout_is=sequence
     algorithm.rollout_correction.rollout_is_threshold=0.9999995_1.0000005
     algorithm.rollout_correction.rollout_is_batch_normalize=true algorithm.rollout_correction.rollout_rs=token_k1,seq_sum_k2
     algorithm.rollout_correction.rollout_rs_threshold=0.9999995_1.0000005,1e-12)
 run rc-colocated 2 "${MPIRUN[@]}" -np 2 -- trainer.nnodes=1 trainer.n_gpus_per_node=2 "${RC[@]}"
 expect "2 colocated DP ranks: IcePop, batch normalisation, rejection and REINFORCE++ over the whole step" $?
+# shellcheck disable=SC2054
 ASYNC=(algorithm.rollout_correction.rollout_is=token algorithm.rollout_correction.rollout_is_threshold=1.05
     algorithm.rollout_correction.rollout_rs=seq_mean_k3,token_k1
     algorithm.rollout_correction.rollout_rs_threshold=0.1,0.5_2.0 actor_rollout_ref.actor.optim.lr=1e-3)
-run rc-async 3 "${MPIRUN[@]}" -np 2 -- placement.trainer_ranks=1 placement.rollout_ranks=1 \
-    actor_rollout_ref.rollout.mode=async "${ASYNC[@]}"
+CHECK_ARGS=require_mixed=1 run rc-async 3 "${MPIRUN[@]}" -np 2 -- placement.trainer_ranks=1 \
+    placement.rollout_ranks=1 actor_rollout_ref.rollout.mode=async "${ASYNC[@]}"
 expect "one step off (real gaps): weights, masks, metrics, advantages and loss agree" $?
 python3 - "$TMP/rc-async/p/e/metrics.jsonl" <<'PY'
 import json, sys
