@@ -1,4 +1,5 @@
 #include "config.h"
+#include "rollout_corr_spec.h"
 
 #include <ctype.h>
 #include <jansson.h>
@@ -398,6 +399,11 @@ int config_set(struct grpo_config *c, const char *name, const char *value, const
                 return -1;
             }
         }
+        if (!enum_has(k->choices, value) && config_verl_value_refused(name, value)) {
+            errf(err, "%s: %s=%s: %s (the values here: %s)", origin, name, value,
+                 config_verl_value_refused(name, value), k->choices);
+            return -1;
+        }
         if (!enum_has(k->choices, value)) {
             errf(err, "%s: %s must be one of %s, got '%s'", origin, name, k->choices, value);
             return -1;
@@ -793,6 +799,55 @@ static int validate_micro(const struct grpo_config *c, struct cfg_error *err)
     return 0;
 }
 
+/* The policy loss's parameters and algorithm.rollout_correction, as verl's loss functions and parsers check them. */
+static int validate_losses(const struct grpo_config *c, struct cfg_error *err)
+{
+    const char *mode = c->actor_policy_loss_mode;
+    if (strcmp(mode, "dro") == 0 && !(c->actor_policy_loss_dro_beta > 0)) {
+        errf(err,
+             "%s: actor_rollout_ref.actor.policy_loss.dro_beta must be a positive value when using DRO (loss_mode "
+             "dro), got %g",
+             origin_of(c, "actor_rollout_ref.actor.policy_loss.dro_beta"), c->actor_policy_loss_dro_beta);
+        return -1;
+    }
+    if (strcmp(mode, "clip_cov") == 0 && !(c->actor_policy_loss_clip_cov_ratio > 0)) {
+        errf(err, "%s: actor_rollout_ref.actor.policy_loss.clip_cov_ratio should be larger than 0 (loss_mode clip_cov)",
+             origin_of(c, "actor_rollout_ref.actor.policy_loss.clip_cov_ratio"));
+        return -1;
+    }
+    if (strcmp(mode, "kl_cov") == 0 && !(c->actor_policy_loss_kl_cov_ratio > 0)) {
+        errf(err, "%s: actor_rollout_ref.actor.policy_loss.kl_cov_ratio should be larger than 0 (loss_mode kl_cov)",
+             origin_of(c, "actor_rollout_ref.actor.policy_loss.kl_cov_ratio"));
+        return -1;
+    }
+    struct rollout_corr rc;
+    char why[512];
+    if (rollout_corr_parse(c->alg_rc_rollout_is, c->alg_rc_rollout_is_threshold, c->alg_rc_rollout_is_batch_normalize,
+                           c->alg_rc_rollout_rs, c->alg_rc_rollout_rs_threshold, c->alg_rc_bypass_mode,
+                           c->alg_rc_loss_type, &rc, why, sizeof why) != 0) {
+        errf(err, "%s", why);
+        return -1;
+    }
+    if (rc.bypass && strcmp(mode, "vanilla") != 0) {
+        errf(
+            err,
+            "%s: algorithm.rollout_correction.bypass_mode=true with actor_rollout_ref.actor.policy_loss.loss_mode=%s: "
+            "bypass mode's loss is algorithm.rollout_correction.loss_type's (verl's trainer replaces loss_mode by it); "
+            "leave loss_mode at vanilla",
+            origin_of(c, "actor_rollout_ref.actor.policy_loss.loss_mode"), mode);
+        return -1;
+    }
+    if (rc.bypass && rc.batch_normalize && rc.is != RC_OFF) {
+        errf(err,
+             "%s: algorithm.rollout_correction.rollout_is_batch_normalize=true with bypass_mode=true: verl normalises "
+             "bypass mode's IS weights over each micro-batch inside the loss, with a collective over every rank, so "
+             "the update depends on the micro-batching; not available here (normalising needs decoupled mode)",
+             origin_of(c, "algorithm.rollout_correction.rollout_is_batch_normalize"));
+        return -1;
+    }
+    return 0;
+}
+
 int config_validate(const struct grpo_config *c, struct cfg_error *err)
 {
     if (validate_lora(c, err) != 0 || validate_sp(c, err) != 0 || validate_micro(c, err) != 0)
@@ -831,6 +886,8 @@ int config_validate(const struct grpo_config *c, struct cfg_error *err)
              origin_of(c, "actor_rollout_ref.actor.clip_ratio_c"), c->actor_clip_ratio_c);
         return -1;
     }
+    if (validate_losses(c, err) != 0)
+        return -1;
     if (c->actor_optim_betas.n != 2) {
         errf(err, "actor_rollout_ref.actor.optim.betas needs exactly two values, got %d (from %s)",
              c->actor_optim_betas.n, c->origin[key_index(config_find("actor_rollout_ref.actor.optim.betas"))]);

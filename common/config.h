@@ -43,6 +43,8 @@ struct grpo_config {
  * know of (an unknown key, with a suggestion). */
 enum verl_class { VERL_UNKNOWN, VERL_NOTED, VERL_REFUSED };
 enum verl_class config_verl_class(const char *name, const char *value, const char **why);
+/* Why value of our key name is refused where verl knows it (algorithm.adv_estimator=gae, ...); NULL otherwise. */
+const char *config_verl_value_refused(const char *name, const char *value);
 /* The table behind it (docs/verl.md; tests walk it): pattern (a name or a prefix ending in ".*"), the values
  * accepted (NULL: any), why they change nothing, and the feature other values ask for (either may be NULL). */
 /* trainer.device as the ranks use it: "cpu" or "cuda"; auto (grpo-worker resolves it at start-up) counts as cpu

@@ -105,13 +105,6 @@ static const struct verl_key g_verl[] = {
     NOTED("actor_rollout_ref.actor.calculate_entropy", "actor/entropy is computed every step"),
     NOTED("actor_rollout_ref.actor.use_fused_kernels", TORCH),
     NOTED("actor_rollout_ref.actor.use_remove_padding", PADDING),
-    NOTED("actor_rollout_ref.actor.tau_pos", "used only by policy loss modes other than vanilla"),
-    NOTED("actor_rollout_ref.actor.tau_neg", "used only by policy loss modes other than vanilla"),
-    NOTED("actor_rollout_ref.actor.policy_loss.clip_cov_ratio", "used only by loss_mode clip_cov"),
-    NOTED("actor_rollout_ref.actor.policy_loss.clip_cov_lb", "used only by loss_mode clip_cov"),
-    NOTED("actor_rollout_ref.actor.policy_loss.clip_cov_ub", "used only by loss_mode clip_cov"),
-    NOTED("actor_rollout_ref.actor.policy_loss.kl_cov_ratio", "used only by loss_mode kl_cov"),
-    NOTED("actor_rollout_ref.actor.policy_loss.ppo_kl_coef", "used only by loss modes other than vanilla"),
     NOTED("actor_rollout_ref.actor.router_replay.*",
           "R2's record and replay files; R3 carries the routes in the batch"),
     NOTED("actor_rollout_ref.ref.router_replay.*", "the reference routes by its own router"),
@@ -160,8 +153,6 @@ static const struct verl_key g_verl[] = {
     NOTED("actor_rollout_ref.actor.entropy_checkpointing", "the LM head's chunks are always recomputed"),
     OFF_ONLY("actor_rollout_ref.actor.shuffle", "false", "mini-batches follow the step's order, as verl's default",
              "shuffled mini-batches (not available yet)"),
-    OFF_ONLY("actor_rollout_ref.actor.policy_loss.loss_mode", "vanilla", "the PPO/GRPO clipped loss is this one",
-             "policy loss modes other than vanilla (not available yet)"),
     NOTED("actor_rollout_ref.actor.checkpoint.*", CKPT),
     NOTED("actor_rollout_ref.actor.optim.total_training_steps", "set from trainer.total_training_steps"),
     NOTED("actor_rollout_ref.actor.optim.num_cycles", "the cosine schedule decays once, as verl's default 0.5"),
@@ -272,7 +263,6 @@ static const struct verl_key g_verl[] = {
              "a reward manager imported from a module (not available)"),
     NOTED("reward_manager.module.*", "used only with reward_manager.source=importlib"),
     /* algorithm */
-    NOTED("algorithm.gamma", "GRPO's outcome advantages use no discount"),
     NOTED("algorithm.lam", "GRPO's outcome advantages use no GAE"),
     OFF_ONLY("algorithm.kl_ctrl.type", "fixed", "the KL coefficient is fixed (algorithm.kl_ctrl.kl_coef)",
              "an adaptive KL controller (not available yet)"),
@@ -280,13 +270,13 @@ static const struct verl_key g_verl[] = {
     NOTED("algorithm.kl_ctrl.target_kl", "used only by the adaptive KL controller"),
     OFF_ONLY("algorithm.use_pf_ppo", "false", "preference feedback PPO is off", "PF-PPO resampling (not available)"),
     NOTED("algorithm.pf_ppo.*", "PF-PPO is off"),
-    OFF_ONLY("algorithm.rollout_correction.rollout_is", "null", "no importance-sampling correction",
-             "rollout importance-sampling correction (not available yet)"),
-    OFF_ONLY("algorithm.rollout_correction.rollout_rs", "null", "no rejection-sampling correction",
-             "rollout rejection sampling (not available yet)"),
-    OFF_ONLY("algorithm.rollout_correction.bypass_mode", "false", "the old-policy log-probs are recomputed",
-             "bypass mode of rollout correction (not available yet)"),
-    NOTED("algorithm.rollout_correction.*", "used only with rollout_is or rollout_rs"),
+    /* verl v0.7's rollout-correction keys that v0.9 dropped: their "off" value is accepted */
+    OFF_ONLY("algorithm.rollout_correction.rollout_rs_threshold_lower", "null", "verl v0.9 has no separate lower bound",
+             "verl v0.7's separate lower rejection bound (not available: verl v0.9 dropped it; give "
+             "rollout_rs_threshold as 'lower_upper')"),
+    OFF_ONLY("algorithm.rollout_correction.rollout_token_veto_threshold", "null", "verl v0.9 has no token veto",
+             "verl v0.7's catastrophic-token veto (not available: verl v0.9 dropped it; a token_k1 rejection bound "
+             "does its work)"),
     /* trainer */
     OFF_ONLY("trainer.critic_warmup", "0", NO_CRITIC, "critic warm-up steps (GRPO trains no critic)"),
     OFF_ONLY("trainer.balance_batch", "true|false", "sequences are always balanced by tokens over the DP ranks",
@@ -306,6 +296,38 @@ static const struct verl_key g_verl[] = {
     NOTED("transfer_queue.*", "data moves over this project's data plane"),
     NOTED("global_profiler.*", PROFILE),
 };
+
+/* Values of our keys that verl knows and that do not run here, each with why. */
+static const struct {
+    const char *key, *value, *why;
+} g_refused_values[] = {
+    {"algorithm.adv_estimator", "gae", "GAE needs a critic's values (training here has no critic)"},
+    {"algorithm.adv_estimator", "remax",
+     "ReMax's baseline is a greedy rollout of every prompt scored beside the sampled ones (reward_baselines), "
+     "which generation here does not make (not available yet)"},
+    {"algorithm.adv_estimator", "optimal_token_baseline",
+     "the optimal token baseline needs each token's sum of squared probabilities over the vocabulary from the "
+     "old-log-prob forward (verl's actor.calculate_sum_pi_squared), which the LM head here does not compute (not "
+     "available yet)"},
+    {"algorithm.adv_estimator", "tir_optimal_token_baseline",
+     "the optimal token baseline needs each token's sum of squared probabilities over the vocabulary from the "
+     "old-log-prob forward (verl's actor.calculate_sum_pi_squared), which the LM head here does not compute (not "
+     "available yet)"},
+    {"algorithm.adv_estimator", "gdpo",
+     "GDPO normalises each reward component apart (algorithm.gdpo_reward_keys, entries of the reward function's "
+     "dict), and a response's reward here is one score (not available yet)"},
+    {"actor_rollout_ref.actor.policy_loss.loss_mode", "bypass_mode",
+     "verl's trainer sets that loss itself in bypass mode: set algorithm.rollout_correction.bypass_mode=true (and "
+     "its loss_type)"},
+};
+
+const char *config_verl_value_refused(const char *name, const char *value)
+{
+    for (size_t i = 0; value && i < sizeof g_refused_values / sizeof *g_refused_values; i++)
+        if (strcmp(g_refused_values[i].key, name) == 0 && strcmp(g_refused_values[i].value, value) == 0)
+            return g_refused_values[i].why;
+    return NULL;
+}
 
 /* Whether value (as config_set gets it: the command line's quotes are gone, config_apply_override strips them)
  * is one of list's '|'-separated values, any case; null counts as the default, the "off" value. */

@@ -30,8 +30,11 @@ expect "unknown key error names file, line and suggestion" $?
 
 "$worker" algorithm.adv_estimator=ppo >"$TMP/err" 2>&1
 [ $? -eq 2 ]; expect "bad enum exits 2" $?
-has "$TMP/err" "command line: algorithm.adv_estimator must be one of grpo|rloo|reinforce_plus_plus, got 'ppo'"
+has "$TMP/err" "command line: algorithm.adv_estimator must be one of grpo|grpo_vectorized|rloo|rloo_vectorized|"
 expect "bad enum error lists the choices" $?
+"$worker" algorithm.adv_estimator=gae >"$TMP/err" 2>&1
+[ $? -eq 2 ] && has "$TMP/err" "command line: algorithm.adv_estimator=gae: GAE needs a critic"
+expect "a verl value that does not run here says why (exit 2)" $?
 
 "$worker" --config "$TMP/missing.yaml" >"$TMP/err" 2>&1
 [ $? -eq 2 ]; expect "missing config file exits 2" $?
@@ -70,8 +73,8 @@ expect "verl's GSM8K example runs unchanged" $?
 [ "$(grep -c '^#   ' "$TMP/verl")" -eq 6 ]; expect "its 6 keys for verl's machinery are listed with the reason" $?
 [ -z "$(grep -E '^[a-z_]+:' "$TMP/verl" | sort | uniq -d)" ]; expect "--print-config prints each top-level block once" $?
 has "$TMP/verl" 'logger: ["console", "wandb"]'; expect "trainer.logger keeps verl's list, printed as a YAML list" $?
-"$worker" --print-config actor_rollout_ref.rollout.multi_turn.enable=true >"$TMP/mt" 2>&1
-[ $? -eq 2 ] && has "$TMP/mt" "multi_turn.enable=true: multi-turn rollouts and tool calls (not available yet)"
+"$worker" --print-config "actor_rollout_ref.model.custom_chat_template={{x}}" >"$TMP/mt" 2>&1
+[ $? -eq 2 ] && has "$TMP/mt" "custom_chat_template={{x}}: a chat template other than the model's"
 expect "a verl feature we lack is refused by name (exit 2)" $?
 
 # when OpenBLAS chose older kernels than the CPU runs, the worker runs itself again with better ones

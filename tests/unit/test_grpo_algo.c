@@ -53,16 +53,24 @@ static void test_grpo_advantages(void **state)
 static void test_reinforce_pp(void **state)
 {
     (void)state;
-    /* token rewards: seq0 [0, 1], seq1 [0.5] -> returns [1, 1], [0.5]; mean 5/6; unbiased var
-     * ((1/6)^2 * 2 + (1/3)^2) / 2 = 1/12 -> whitened 0.57735, -1.1547 */
+    /* token rewards: seq0 [0, 1], seq1 [0.5] -> returns [1, 1], [0.5]; mean 5/6 and unbiased var
+     * ((1/6)^2 * 2 + (1/3)^2) / 2 = 1/12, verl's masked means dividing by the count + 1e-8 -> whitened 0.57735,
+     * -1.1547 */
     const double r[3] = {0, 1, 0.5};
     const int off[2] = {0, 2}, len[2] = {2, 1};
     double a[3];
-    reinforce_pp_advantages(r, NULL, off, len, 2, a);
-    const double sd = sqrt(1.0 / 12 + 1e-8);
-    assert_float_equal(a[0], (1 - 5.0 / 6) / sd, 1e-9);
-    assert_float_equal(a[1], (1 - 5.0 / 6) / sd, 1e-9);
-    assert_float_equal(a[2], (0.5 - 5.0 / 6) / sd, 1e-9);
+    reinforce_pp_advantages(r, NULL, off, len, 2, 1.0, NULL, a);
+    const double mean = 2.5 / (3 + 1e-8);
+    const double var = ((1 - mean) * (1 - mean) * 2 + (0.5 - mean) * (0.5 - mean)) / (3 + 1e-8) * 3 / 2;
+    const double sd = sqrt(var + 1e-8);
+    assert_float_equal(a[0], (1 - mean) / sd, 1e-12);
+    assert_float_equal(a[1], (1 - mean) / sd, 1e-12);
+    assert_float_equal(a[2], (0.5 - mean) / sd, 1e-12);
+    assert_float_equal(a[0], (1 - 5.0 / 6) / sqrt(1.0 / 12 + 1e-8), 1e-7);
+    /* gamma 0.5: returns [0.5, 1], [0.5]: mean 2/3, var ((1/6)^2 * 2 + (1/3)^2) / 2 = 1/12 again */
+    reinforce_pp_advantages(r, NULL, off, len, 2, 0.5, NULL, a);
+    assert_float_equal(a[0], (0.5 - 2.0 / 3) / sqrt(1.0 / 12 + 1e-8), 1e-7);
+    assert_float_equal(a[1], (1 - 2.0 / 3) / sqrt(1.0 / 12 + 1e-8), 1e-7);
 }
 
 static void test_kl_estimators(void **state)
@@ -107,7 +115,8 @@ static void test_token_weights(void **state)
     assert_float_equal(w[3], 1.0 / 8, 1e-15);
 }
 
-static const struct policy_loss_params P = {0.2, 0.28, 3.0, false, KL_K3, 0.0, 0.0};
+static const struct policy_loss_params P = {
+    .clip_low = 0.2, .clip_high = 0.28, .clip_c = 3.0, .use_kl_loss = false, .kl_type = KL_K3};
 
 /* One token: returns its loss and writes dL/dlogp. */
 static double one(const struct policy_loss_params *p, float logp, float old, double A, struct policy_loss_stats *st,
@@ -171,7 +180,13 @@ static void test_policy_loss_finite_differences(void **state)
     (void)state;
     srand(11);
     for (int kt = KL_K1; kt <= KL_K3; kt++) {
-        struct policy_loss_params q = {0.2, 0.28, 3.0, true, (enum kl_type)kt, 0.05, 0.01};
+        struct policy_loss_params q = {.clip_low = 0.2,
+                                       .clip_high = 0.28,
+                                       .clip_c = 3.0,
+                                       .use_kl_loss = true,
+                                       .kl_type = (enum kl_type)kt,
+                                       .kl_coef = 0.05,
+                                       .entropy_coeff = 0.01};
         for (int trial = 0; trial < 200; trial++) {
             float logp = -3.0f * (float)rand() / RAND_MAX, old = logp + 0.6f * ((float)rand() / RAND_MAX - 0.5f);
             float ref = logp + ((float)rand() / RAND_MAX - 0.5f), ent = 1.0f;

@@ -47,6 +47,10 @@ static void outcome_rewards(double *r)
         r[OFF[i] + LEN[i] - 1] = SCORE[i];
 }
 
+static const struct adv_params GRPO_STD = {.est = ADV_GRPO, .norm_by_std = true, .gamma = 1};
+static const struct adv_params GRPO_DR = {.est = ADV_GRPO, .norm_by_std = false, .gamma = 1};
+static const struct adv_params RLOO = {.est = ADV_RLOO, .norm_by_std = true, .gamma = 1};
+
 static void test_outcome_advantages(void **state)
 {
     (void)state;
@@ -57,7 +61,7 @@ static void test_outcome_advantages(void **state)
      * tokens, 0 on the others */
     const double a = 0.5 / (0.5 + 1e-6), d = 0.7 / (1 + 1e-6);
     const double want[15] = {a, a, 0, 0, a, 0, -a, -a, 0, 0, 0, 0, d, 0, d};
-    token_advantages(ADV_GRPO, true, r, MASK, OFF, LEN, GROUP, 4, scores, adv);
+    token_advantages(&GRPO_STD, r, MASK, OFF, LEN, GROUP, 4, scores, adv);
     for (int k = 0; k < 15; k++)
         assert_float_equal(adv[k], want[k], 1e-12);
     for (int i = 0; i < 4; i++)
@@ -67,24 +71,24 @@ static void test_outcome_advantages(void **state)
             assert_true(adv[k] == 0.0);
     /* Dr.GRPO (no std): 0.5, -0.5, 0, 0.7 */
     const double want_dr[15] = {0.5, 0.5, 0, 0, 0.5, 0, -0.5, -0.5, 0, 0, 0, 0, 0.7, 0, 0.7};
-    token_advantages(ADV_GRPO, false, r, MASK, OFF, LEN, GROUP, 4, scores, adv);
+    token_advantages(&GRPO_DR, r, MASK, OFF, LEN, GROUP, 4, scores, adv);
     for (int k = 0; k < 15; k++)
         assert_float_equal(adv[k], want_dr[k], 1e-12);
     /* RLOO: A 1 - (0 + 0.5) / 2 = 0.75, B 0 - 0.75 = -0.75, C 0.5 - 0.5 = 0, D alone 0.7 */
     const double want_rloo[15] = {0.75, 0.75, 0, 0, 0.75, 0, -0.75, -0.75, 0, 0, 0, 0, 0.7, 0, 0.7};
-    token_advantages(ADV_RLOO, true, r, MASK, OFF, LEN, GROUP, 4, scores, adv);
+    token_advantages(&RLOO, r, MASK, OFF, LEN, GROUP, 4, scores, adv);
     for (int k = 0; k < 15; k++)
         assert_float_equal(adv[k], want_rloo[k], 1e-12);
     /* no mask: every token holds its response's advantage */
-    token_advantages(ADV_GRPO, true, r, NULL, OFF, LEN, GROUP, 4, scores, adv);
+    token_advantages(&GRPO_STD, r, NULL, OFF, LEN, GROUP, 4, scores, adv);
     const double per_seq[4] = {a, -a, 0, d};
     for (int i = 0; i < 4; i++)
         for (int t = 0; t < LEN[i]; t++)
             assert_float_equal(adv[OFF[i] + t], per_seq[i], 1e-12);
 }
 
-/* REINFORCE++ with a mask, against verl's compute_reinforce_plus_plus_outcome_advantage (gamma 1) and masked_whiten
- * transcribed on padded rows in plain Python (numbers below to 12 places):
+/* REINFORCE++ with a mask, against verl v0.9's compute_reinforce_plus_plus_outcome_advantage (gamma 1) and
+ * masked_whiten transcribed on padded rows in plain Python (numbers below to 12 places):
  *
  *   rows = [  # (token rewards, response_mask), padded with mask 0 to 5
  *       ([-0.1, -0.2, 0.0, 0.0, 1.0], [1, 1, 0, 0, 1]),
@@ -96,18 +100,20 @@ static void test_outcome_advantages(void **state)
  *   for b, (r, m) in enumerate(rows):
  *       run = 0.0
  *       for t in reversed(range(5)):
- *           run = r[t] + run
- *           ret[b][t] = run
- *           run = run * m[t]
+ *           new = r[t] + run
+ *           ret[b][t] = new * m[t]
+ *           run = new * m[t] + run * (1 - m[t])
  *   vals = [ret[b][t] for b, (r, m) in enumerate(rows) for t in range(5) if m[t]]
- *   mean = sum(vals) / len(vals)
- *   var = sum((v - mean) ** 2 for v in vals) / len(vals) * len(vals) / (len(vals) - 1)
+ *   n = len(vals)
+ *   mean = sum(vals) / (n + 1e-8)
+ *   var = sum((v - mean) ** 2 for v in vals) / (n + 1e-8) * n / (n - 1)
  *   for b, (r, m) in enumerate(rows):
  *       print([round((ret[b][t] - mean) / (var + 1e-8) ** 0.5 * m[t], 12) for t in range(5)])
  *
- * By hand: the returns of the model's tokens are -0.3 -0.2 | 1.0 (A: the masked run resets the return, so its first
- * two tokens do not see the outcome), 0.4 0.5 (B), -0.4 -0.5 (C), 0 (D: its reward sits on a masked last token and
- * reaches no model token); mean 0.5 / 8 = 0.0625, unbiased variance 1.91875 / 7. */
+ * By hand: a masked token is skipped, its reward dropped and the running return carried past it, so the returns of
+ * the model's tokens are 0.7 0.8 | 1.0 (A: its first two tokens see the outcome past the masked ones), 0.4 0.5
+ * (B), -0.4 -0.5 (C), 0 (D: its reward sits on a masked last token and is dropped); mean 2.5 / 8, unbiased
+ * variance of the eight about it. (verl v0.7 and v0.8 reset the return at a masked token instead.) */
 static void test_reinforce_pp_masked(void **state)
 {
     (void)state;
@@ -115,22 +121,28 @@ static void test_reinforce_pp_masked(void **state)
     const double r[12] = {-0.1, -0.2, 0, 0, 1.0, 0, -0.1, 0.5, 0.1, -0.5, 0, 0.8};
     const uint8_t mask[12] = {1, 1, 0, 0, 1, 0, 1, 1, 1, 1, 1, 0};
     const double want[12] = {
-        -0.692385280496, -0.501382444497, 0, 0, 1.790651587489, 0, 0.644634571496, 0.835637407495, -0.883388116495,
-        -1.074390952494, -0.119376772499, 0};
+        0.696171074244,  0.875828125481,  0, 0, 1.235142227954, 0, 0.157199920534, 0.336856971771, -1.28005648936,
+        -1.459713540597, -0.561428284413, 0};
     double adv[12];
-    reinforce_pp_advantages(r, mask, off, len, 4, adv);
+    reinforce_pp_advantages(r, mask, off, len, 4, 1.0, NULL, adv);
     for (int k = 0; k < 12; k++)
         assert_float_equal(adv[k], want[k], 1e-11);
     for (int k = 0; k < 12; k++)
         if (!mask[k])
             assert_true(adv[k] == 0.0);
     /* the whitening's figures by hand */
-    const double sd = sqrt(1.91875 / 7 + 1e-8);
-    assert_float_equal(adv[4], (1.0 - 0.0625) / sd, 1e-12);
+    const double vals[8] = {0.7, 0.8, 1.0, 0.4, 0.5, -0.4, -0.5, 0.0};
+    const double mean = 2.5 / (8 + 1e-8);
+    double ss = 0;
+    for (int k = 0; k < 8; k++)
+        ss += (vals[k] - mean) * (vals[k] - mean);
+    const double sd = sqrt(ss / (8 + 1e-8) * 8 / 7 + 1e-8);
+    assert_float_equal(adv[4], (1.0 - mean) / sd, 1e-12);
     /* token_advantages for REINFORCE++ is this, and sums the rewards */
     double adv2[12], scores[4];
     const int group[4] = {0, 0, 1, 1};
-    token_advantages(ADV_REINFORCE_PP, true, r, mask, off, len, group, 4, scores, adv2);
+    const struct adv_params rpp = {.est = ADV_REINFORCE_PP, .norm_by_std = true, .gamma = 1};
+    token_advantages(&rpp, r, mask, off, len, group, 4, scores, adv2);
     assert_memory_equal(adv, adv2, sizeof adv);
     assert_float_equal(scores[0], 0.7, 1e-15);
     assert_float_equal(scores[3], 0.8, 1e-15);
@@ -152,7 +164,7 @@ static const float ENT[7] = {1.5f, 9.0f, 9.0f, 0.5f, 2.0f, 1.0f, 0.25f};
 static void test_loss_aggregation_masked(void **state)
 {
     (void)state;
-    const struct policy_loss_params P = {0.2, 0.28, 3.0, false, KL_K3, 0.0, 0.0};
+    const struct policy_loss_params P = {.clip_low = 0.2, .clip_high = 0.28, .clip_c = 3.0, .kl_type = KL_K3};
     /* by hand, per mode (max_response_length 8): the model tokens' weights w1 (S1) and w2 (S2), the loss
      * sum w (-A) = w1 * (-4) + w2 * 3, and dL/dlogp = -A w: -2 w1 on S1's model tokens, w2 on S2's
      *   token-mean:              w = 1/5 (5 model tokens, not 7)      loss -0.2
@@ -189,7 +201,13 @@ static void test_loss_aggregation_masked(void **state)
     }
     /* with the KL loss and the entropy bonus: the masked tokens add nothing to any term, the same sums as the model's
      * five tokens alone, in order, with their weights */
-    const struct policy_loss_params Q = {0.2, 0.28, 3.0, true, KL_K3, 0.1, 0.05};
+    const struct policy_loss_params Q = {.clip_low = 0.2,
+                                         .clip_high = 0.28,
+                                         .clip_c = 3.0,
+                                         .use_kl_loss = true,
+                                         .kl_type = KL_K3,
+                                         .kl_coef = 0.1,
+                                         .entropy_coeff = 0.05};
     double w[7];
     loss_token_weights(AGG_SEQ_MEAN_TOKEN_MEAN, LLEN, LMASK, 2, 8, w);
     struct policy_loss_stats st = {0}, alone = {0};
@@ -236,8 +254,10 @@ static struct fixture *setup(void)
     struct fixture *f = calloc(1, sizeof *f);
     char err[512];
     f->m = model_load(TEST_MODELS_FIXTURE "tiny-qwen2-untied", err, sizeof err);
-    if (!f->m)
+    if (!f->m) {
         fail_msg("%s", err);
+        abort(); /* not reached: fail_msg ends the test (the analyzer does not know it) */
+    }
     srand(5);
     const int V = f->m->cfg.vocab_size;
     for (int i = 0; i < NSEQ; i++) {

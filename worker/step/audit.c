@@ -85,6 +85,22 @@ static char *seq_line(int64_t step, int n, const struct step_batch *b, int i)
             json_array_append_new(mk, json_integer(s->mask[k]));
         json_object_set_new(o, "response_mask", mk);
     }
+    json_t *adv = json_array(); /* every token's (0 where the loss does not train) */
+    for (int k = 0; k < s->resp_len; k++)
+        json_array_append_new(adv, json_real(s->adv ? s->adv[k] : 0.0));
+    json_object_set_new(o, "advantages", adv);
+    if (s->is_w) { /* rollout correction's importance-sampling weights (decoupled mode) */
+        json_t *w = json_array();
+        for (int k = 0; k < s->resp_len; k++)
+            json_array_append_new(w, json_real(s->is_w[k]));
+        json_object_set_new(o, "rollout_is_weights", w);
+    }
+    if (s->loss_mask) { /* the tokens rollout rejection sampling kept in the loss (1), of the model's */
+        json_t *mk = json_array();
+        for (int k = 0; k < s->resp_len; k++)
+            json_array_append_new(mk, json_integer(s->loss_mask[k]));
+        json_object_set_new(o, "rollout_rs_mask", mk);
+    }
     if (s->num_turns > 0) { /* a multi-turn trajectory: its turns and its conversation (docs/agents.md) */
         json_object_set_new(o, "num_turns", json_integer(s->num_turns));
         json_object_set_new(o, "tool_calls", json_integer(s->tool_calls));

@@ -1,7 +1,8 @@
 /* Rollout audit files (trainer.rollout_data_dir): one JSON line per sequence of a step, with the prompt and
  * response (text and ids), scores, advantage (its first model token's), the rollout, old and reference log-probs,
  * and, where some of the response was put in from outside (a tool's answer), "response_mask": 1 for each of the
- * model's tokens, 0 for the others, one per response id. One file a step,
+ * model's tokens, 0 for the others, one per response id; "advantages" (every token's), and with rollout correction
+ * "rollout_is_weights" and "rollout_rs_mask" (1: the loss trains on the token). One file a step,
  * STEP.jsonl, as verl writes: with several DP ranks each makes its lines (rollout_audit_text) and DP rank 0
  * writes them all, in DP rank order (rollout_audit_save); "group" is the group's position in the step, so a
  * step's file holds every group exactly rollout.n times, and "uid" the prompt's index in the dataset. */

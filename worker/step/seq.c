@@ -15,6 +15,8 @@ void rollout_seqs_free(struct rollout_seq *s, int n)
         free(s[i].adv);
         free(s[i].routes);
         free(s[i].mask);
+        free(s[i].loss_mask);
+        free(s[i].is_w);
         free(s[i].messages_json);
     }
 }
@@ -26,6 +28,17 @@ int rollout_seq_model_tokens(const struct rollout_seq *s)
     int n = 0;
     for (int t = 0; t < s->resp_len; t++)
         n += s->mask[t] != 0;
+    return n;
+}
+
+int rollout_seq_loss_tokens(const struct rollout_seq *s)
+{
+    const uint8_t *m = rollout_seq_loss_mask(s);
+    if (!m)
+        return s->resp_len;
+    int n = 0;
+    for (int t = 0; t < s->resp_len; t++)
+        n += m[t] != 0;
     return n;
 }
 

@@ -32,10 +32,14 @@ struct rollout_seq {
     uint8_t *mask; /* (resp_len) 1 where the model generated the token (loss, KL, entropy, advantage), 0 for a token put
                       in the response from outside (a tool's answer, a template's turn markers); NULL: every token is
                       the model's (single-turn) */
-    int num_turns; /* verl's num_turns: tool turns + model turns + 1 */
-    int tool_calls;       /* tool calls run */
-    int tool_errors;      /* of them, answered with an error */
-    float tool_seconds;   /* wall time of its tool calls */
+    /* rollout correction (algorithm.rollout_correction, decoupled mode), set by the trainer after the old log-probs,
+     * else NULL: */
+    uint8_t *loss_mask; /* (resp_len) the tokens the loss trains on: the model's (mask) that rejection sampling kept */
+    float *is_w;        /* (resp_len) the importance-sampling weight of each token (0 on the others) */
+    int num_turns;      /* verl's num_turns: tool turns + model turns + 1 */
+    int tool_calls;     /* tool calls run */
+    int tool_errors;    /* of them, answered with an error */
+    float tool_seconds; /* wall time of its tool calls */
     bool tokens_mismatch; /* its tokens differ from the template's rendering of its messages (sanity check) */
     int template_errors;  /* answers the chat template could not render */
     int resumed_turns;    /* turns generation resumed after an answer */
@@ -51,6 +55,18 @@ void rollout_seqs_free(struct rollout_seq *s, int n);
 static inline bool rollout_seq_model_token(const struct rollout_seq *s, int t) { return !s->mask || s->mask[t]; }
 /* The model's own tokens of s's response (resp_len without a mask). */
 int rollout_seq_model_tokens(const struct rollout_seq *s);
+/* The tokens the loss and the advantages take (verl's response_mask after rollout rejection sampling): loss_mask
+ * where rejection ran, else mask (NULL: every token). */
+static inline const uint8_t *rollout_seq_loss_mask(const struct rollout_seq *s)
+{
+    return s->loss_mask ? s->loss_mask : s->mask;
+}
+static inline bool rollout_seq_loss_token(const struct rollout_seq *s, int t)
+{
+    const uint8_t *m = rollout_seq_loss_mask(s);
+    return !m || m[t];
+}
+int rollout_seq_loss_tokens(const struct rollout_seq *s);
 
 /* Packed micro-batch of whole sequences (prompt + response, no padding). */
 struct micro_batch {

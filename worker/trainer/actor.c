@@ -142,16 +142,46 @@ struct loss_ctx {
     struct rollout_seq *seqs;
     const int *idx;
     const double *w;
+    const double *w_pg; /* the policy-gradient term's weights where the loss mode aggregates it its own way */
     const int *woff;
     const struct update_params *p;
     struct policy_loss_stats *ls;
 };
 
+/* A micro-batch's seed for clip_cov's draw: the step's, the update's pass, its first sequence's place in the step. */
+static uint64_t mb_seed(const struct update_params *p, const struct rollout_seq *first)
+{
+    uint64_t z = p->seed ^ (0x9e3779b97f4a7c15ULL * (uint64_t)(p->epoch + 1)) ^
+                 (0xbf58476d1ce4e5b9ULL * (uint64_t)(first ? first->gidx + 1 : 0));
+    z = (z ^ (z >> 31)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 29);
+}
+
+/* Add m's values into the accumulator (by name: the names are the configuration's). */
+static void rc_accumulate(struct rc_accum *acc, const struct rc_metrics *m)
+{
+    for (int k = 0; k < m->n; k++) {
+        int j = 0;
+        while (j < acc->m.n && strcmp(acc->m.name[j], m->name[k]) != 0)
+            j++;
+        if (j == acc->m.n) {
+            if (acc->m.n == RC_METRICS_MAX)
+                continue;
+            memcpy(acc->m.name[acc->m.n], m->name[k], sizeof acc->m.name[0]);
+            acc->m.v[acc->m.n++] = 0;
+        }
+        acc->m.v[j] += m->v[k];
+    }
+    acc->count += 1;
+}
+
 /* The last stage: the policy loss of micro-batch s's sequences, its gradient into dlogp and dent. */
 static void mb_loss(const struct loss_ctx *L, struct mb_state *s)
 {
     const struct update_params *p = L->p;
-    for (int i = 0; i < s->mb.n_seq; i++) {
+    const int n = s->mb.n_seq;
+    struct pl_seq *ps = xcalloc((size_t)(n ? n : 1), sizeof *ps);
+    for (int i = 0; i < n; i++) {
         struct rollout_seq *q = &L->seqs[s->mb.seq[i]];
         int j = 0; /* position of this sequence in the mini-batch (its token weights) */
         while (L->idx[j] != s->mb.seq[i])
@@ -159,9 +189,26 @@ static void mb_loss(const struct loss_ctx *L, struct mb_state *s)
         const int at = s->mb.resp_at[i];
         if (p->old_from_current)
             keep_logp(q, s->logp + at, 0);
-        policy_loss_tokens(&p->loss, q->resp_len, s->logp + at, q->old_logp, q->ref_logp ? q->ref_logp : q->old_logp,
-                           s->ent + at, q->adv, L->w + L->woff[j], q->mask, L->ls, s->dlogp + at, s->dent + at);
+        ps[i] = (struct pl_seq){.len = q->resp_len,
+                                .logp = s->logp + at,
+                                .old_logp = q->old_logp,
+                                .ref_logp = q->ref_logp ? q->ref_logp : q->old_logp,
+                                .entropy = s->ent + at,
+                                .rollout_logp = q->gen_logp ? q->gen_logp : q->old_logp,
+                                .adv = q->adv,
+                                .w = L->w + L->woff[j],
+                                .w_pg = L->w_pg ? L->w_pg + L->woff[j] : NULL,
+                                .mask = rollout_seq_loss_mask(q),
+                                .is_w = q->is_w,
+                                .dlogp = s->dlogp + at,
+                                .dentropy = s->dent + at};
     }
+    struct rc_metrics *m = p->rc_acc && n ? xcalloc(1, sizeof *m) : NULL;
+    policy_loss_seqs(&p->loss, ps, n, mb_seed(p, n ? &L->seqs[s->mb.seq[0]] : NULL), L->ls, m);
+    if (m)
+        rc_accumulate(p->rc_acc, m);
+    free(m);
+    free(ps);
 }
 
 static void mb_forward(struct model *m, const struct loss_ctx *L, struct mb_state *s, const float *x, float *y)
@@ -245,14 +292,16 @@ void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int
         len[i] = seqs[idx[i]].resp_len;
         woff[i] = total;
         total += len[i];
-        own += rollout_seq_model_tokens(&seqs[idx[i]]);
-        masked |= seqs[idx[i]].mask != NULL;
+        own += rollout_seq_loss_tokens(&seqs[idx[i]]);
+        masked |= rollout_seq_loss_mask(&seqs[idx[i]]) != NULL;
     }
     uint8_t *mask = masked ? xmalloc((size_t)(total ? total : 1)) : NULL;
     for (int i = 0; masked && i < n; i++)
         for (int t = 0; t < len[i]; t++)
-            mask[woff[i] + t] = rollout_seq_model_token(&seqs[idx[i]], t);
+            mask[woff[i] + t] = rollout_seq_loss_token(&seqs[idx[i]], t);
     double *w = xmalloc((size_t)(total ? total : 1) * sizeof(double));
+    const int agg_pg = loss_mode_agg(p->loss.mode); /* gspo, sapo, geo_mean: their own aggregation of the pg term */
+    double *w_pg = agg_pg >= 0 && !p->loss.bypass ? xmalloc((size_t)(total ? total : 1) * sizeof(double)) : NULL;
     int **groups, *counts;
     const int k_own =
         split_micro_batches(seqs, idx, n, p->bt.micro_seqs, p->bt.micro_tokens, p->bt.share_prompts, &groups, &counts);
@@ -261,6 +310,9 @@ void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int
     if (p->dp)
         comm_allreduce_sum(p->dp, counts_all, 3, COMM_I64);
     loss_token_weights_dist(p->agg, len, mask, n, counts_all[0], counts_all[1], p->max_response_length, w);
+    if (w_pg)
+        loss_token_weights_dist((enum loss_agg)agg_pg, len, mask, n, counts_all[0], counts_all[1],
+                                p->max_response_length, w_pg);
     free(mask);
     model_trainable(m);
     const int k = ep_pad_micro_batches(m, &groups, &counts, k_own);
@@ -280,7 +332,7 @@ void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int
     if (k > 0)
         mbs[k - 1].overlap = p->overlap;
     struct policy_loss_stats mine = {0};
-    const struct loss_ctx L = {seqs, idx, w, woff, p, m->sh.pp ? &mine : ls};
+    const struct loss_ctx L = {seqs, idx, w, w_pg, woff, p, m->sh.pp ? &mine : ls};
     double wait = 0;
     /* a mixture of experts' load-balancing loss: each micro-batch's divided by the mini-batch's micro-batches over
      * every DP rank (Megatron's scaling, the mean of the per-micro-batch losses, where every rank runs as many; a
@@ -309,7 +361,7 @@ void actor_accumulate_grads(struct model *m, struct rollout_seq *seqs, const int
     }
     free(mbs);
     free_groups(groups, counts, k);
-    free(w), free(len), free(woff);
+    free(w), free(w_pg), free(len), free(woff);
 }
 
 /* Clip the gradients to max_norm by the global norm over the model copy's TP x PP ranks (each parameter counted
@@ -442,13 +494,15 @@ void actor_update(struct model *m, struct adamw *opt, struct rollout_seq *seqs, 
     const int total = p->n_total > 0 ? p->n_total : n;
     const int per = p->mini_batch_seqs > 0 ? p->mini_batch_seqs : total;
     int *sel = xmalloc((size_t)(n ? n : 1) * sizeof(int));
+    struct update_params q = *p;
     for (int e = 0; e < p->ppo_epochs; e++)
         for (int start = 0; start < total; start += per) {
             int k = 0; /* this rank's members of the mini-batch, in idx order */
             for (int i = 0; i < n; i++)
                 if (seqs[idx[i]].gidx >= start && seqs[idx[i]].gidx < start + per)
                     sel[k++] = idx[i];
-            update_mini_batch(m, opt, seqs, sel, k, p, st);
+            q.epoch = e;
+            update_mini_batch(m, opt, seqs, sel, k, &q, st);
         }
     free(sel);
     if (st->optimizer_steps) {

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 
 #include "grpo_algo.h"
+#include "rollout_corr.h"
 #include "worker/comm/comm.h"
 #include "optim.h"
 #include "worker/step/seq.h"
@@ -61,6 +62,18 @@ struct update_params {
     /* ZeRO-1 over dp (NULL: the gradients are all-reduced and every rank steps the whole optimizer): the
      * gradients are reduce-scattered, opt covers this rank's block, and the parameters are all-gathered */
     struct zero1 *zero;
+    /* the step's seed and the update's pass (ppo_epochs): clip_cov's random choice in a micro-batch is drawn from
+     * them and the micro-batch's first sequence */
+    uint64_t seed;
+    int epoch;
+    /* bypass mode: each micro-batch's rollout_corr/ metrics summed here (count: the micro-batches; on the pipeline's
+     * last stage), NULL: not wanted */
+    struct rc_accum *rc_acc;
+};
+
+struct rc_accum {
+    struct rc_metrics m;
+    double count;
 };
 
 /* Averages over the optimizer steps of one update (verl's actor/ metrics). */

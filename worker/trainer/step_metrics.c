@@ -201,6 +201,11 @@ void step_metrics(struct metrics *m, const struct step_result *r)
         metrics_set(m, "training/rollout_routing_mismatch", r->gap.route_differ / r->gap.route_compared);
         metrics_set(m, "training/rollout_routing_replay", r->gap.replay ? 1 : 0);
     }
+    for (int i = 0; r->rc && i < r->rc->n; i++) { /* verl's rollout_corr/ names */
+        char name[64];
+        snprintf(name, sizeof name, "rollout_corr/%s", r->rc->name[i]);
+        metrics_set(m, name, r->rc->v[i]);
+    }
     update_metrics(m, &r->update);
     timing_metrics(m, r);
     if (r->source.split)

@@ -93,6 +93,7 @@ struct step_result {
     struct step_update update;
     struct step_gap gap;
     struct step_resources res;
+    struct rc_metrics *rc; /* rollout_corr/: rollout correction's metrics, over every DP rank (n 0: none) */
     /* the run's shape */
     const struct model_config *model; /* the policy's (its FLOPs per token) */
     bool tp, pp;                      /* the trainer runs tensor-, pipeline-parallel */

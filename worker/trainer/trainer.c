@@ -814,7 +814,24 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         .kl_type = (enum kl_type)kl_type_from_name(cfg->actor_kl_loss_type),
         .kl_coef = cfg->actor_kl_loss_coef,
         .entropy_coeff = cfg->actor_entropy_coeff,
+        .mode = (enum loss_mode)loss_mode_from_name(cfg->actor_policy_loss_mode),
+        .tau_pos = cfg->actor_tau_pos,
+        .tau_neg = cfg->actor_tau_neg,
+        .clip_cov_ratio = cfg->actor_policy_loss_clip_cov_ratio,
+        .clip_cov_lb = cfg->actor_policy_loss_clip_cov_lb,
+        .clip_cov_ub = cfg->actor_policy_loss_clip_cov_ub,
+        .kl_cov_ratio = cfg->actor_policy_loss_kl_cov_ratio,
+        .ppo_kl_coef = cfg->actor_policy_loss_ppo_kl_coef,
+        .dro_beta = cfg->actor_policy_loss_dro_beta,
+        .agg = t->agg,
     };
+    if (rollout_corr_parse(cfg->alg_rc_rollout_is, cfg->alg_rc_rollout_is_threshold,
+                           cfg->alg_rc_rollout_is_batch_normalize, cfg->alg_rc_rollout_rs,
+                           cfg->alg_rc_rollout_rs_threshold, cfg->alg_rc_bypass_mode, cfg->alg_rc_loss_type, &t->corr,
+                           err, errlen) != 0)
+        goto fail;
+    if (t->corr.bypass)
+        t->loss.bypass = &t->corr;
     if (cfg->trainer_num_threads > 0)
         cpu_set_threads((int)cfg->trainer_num_threads);
     if (resolve_micro_batches(t, err, errlen) != 0)

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "actor.h"
+#include "rollout_corr.h"
 #include "checkpoint.h"
 #include "common/log.h"
 #include "worker/step/prompts.h"
@@ -74,6 +75,7 @@ struct trainer {
     enum loss_agg agg;
     enum adv_estimator est;
     enum kl_type kl_reward_type;
+    struct rollout_corr corr; /* algorithm.rollout_correction */
 };
 
 /* Enter phase p of the coming step: the log (debug) and the hook hear of it. */

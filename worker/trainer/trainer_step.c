@@ -127,6 +127,51 @@ static double max_dist(struct trainer *t, double v)
     return v;
 }
 
+/* sum_dist for the batch-wide statistics of the advantages and rollout correction (struct batch_reduce's form). */
+static void dist_sum(void *ctx, double *v, int n) { sum_dist(ctx, v, n); }
+
+/* The largest of each of n values over the DP ranks, in place. */
+static void dist_max(void *ctx, double *v, int n)
+{
+    struct trainer *t = ctx;
+    if (t->lay.dp && t->lay.dp_size > 1)
+        comm_allreduce_max(t->lay.dp, v, (size_t)n, COMM_F64);
+}
+
+/* Rollout correction in decoupled mode (verl's compute_rollout_correction_and_add_to_batch), after the old log-probs:
+ * each sequence's IS weights (seqs' is_w) and rejection (loss_mask: the model's tokens every rollout_rs option
+ * keeps) when they apply (apply), and the rollout_corr/ metrics over the step's batch, every DP rank's, into m. The
+ * sequences must all carry the sampler's and the trainer's log-probs (else nothing is measured). */
+static void rollout_correction(struct trainer *t, struct step_batch *b, bool apply, struct rc_metrics *m)
+{
+    const int n = b->n_seq;
+    int missing = 0;
+    for (int i = 0; i < n; i++)
+        missing |= !b->seqs[i].gen_logp || !b->seqs[i].old_logp;
+    if (t->lay.dp && t->lay.dp_size > 1)
+        comm_allreduce_max(t->lay.dp, &missing, 1, COMM_I32);
+    if (missing)
+        return;
+    int *len = xmalloc((size_t)(n ? n : 1) * sizeof(int));
+    const float **lp = xmalloc((size_t)(n ? n : 1) * sizeof *lp), **ro = xmalloc((size_t)(n ? n : 1) * sizeof *ro);
+    const uint8_t **mk = xmalloc((size_t)(n ? n : 1) * sizeof *mk);
+    float **w = xcalloc((size_t)(n ? n : 1), sizeof *w);
+    uint8_t **keep = xcalloc((size_t)(n ? n : 1), sizeof *keep);
+    for (int i = 0; i < n; i++) {
+        struct rollout_seq *q = &b->seqs[i];
+        len[i] = q->resp_len, lp[i] = q->old_logp, ro[i] = q->gen_logp, mk[i] = q->mask;
+        const size_t L = (size_t)(q->resp_len ? q->resp_len : 1);
+        if (apply && t->corr.is != RC_OFF)
+            w[i] = q->is_w = xrealloc(q->is_w, L * sizeof(float));
+        if (apply && t->corr.n_rs)
+            keep[i] = q->loss_mask = xrealloc(q->loss_mask, L);
+    }
+    const struct rc_reduce red = {dist_sum, dist_max, t};
+    m->n = 0;
+    rollout_corr_compute(&t->corr, n, len, lp, ro, mk, &red, true, w, keep, m);
+    free(len), free(lp), free(ro), free(mk), free(w), free(keep);
+}
+
 /* Phase adv: the advantages of every response token (and the in-reward KL, when on). A sequence's outcome reward sits
  * at its last token; the tokens that are not the model's (its mask's 0) get advantage 0 and no in-reward KL, and
  * the advantages' and KL's figures are over the model's tokens, as verl's with its response_mask. Its seconds. */
@@ -139,20 +184,23 @@ static double advantages(struct trainer *t, struct step_batch *b, struct step_ad
     double *scalar = xmalloc((size_t)(n ? n : 1) * sizeof(double));
     int *group = xmalloc((size_t)(n ? n : 1) * sizeof(int));
     int *off = xmalloc((size_t)(n ? n : 1) * sizeof(int)), *len = xmalloc((size_t)(n ? n : 1) * sizeof(int));
-    int total = 0, own = 0; /* response tokens, and the model's among them */
+    /* response tokens; the model's among them (the in-reward KL's); those the loss takes (the model's that rollout
+     * rejection sampling kept: the advantages' and their figures') */
+    int total = 0, own = 0, trained = 0;
     bool masked = false;
     for (int i = 0; i < n; i++) {
         off[i] = total;
         len[i] = b->seqs[i].resp_len;
         total += len[i];
         own += rollout_seq_model_tokens(&b->seqs[i]);
-        masked |= b->seqs[i].mask != NULL;
+        trained += rollout_seq_loss_tokens(&b->seqs[i]);
+        masked |= rollout_seq_loss_mask(&b->seqs[i]) != NULL;
         group[i] = b->seqs[i].group;
     }
-    uint8_t *mask = masked ? xmalloc((size_t)(total ? total : 1)) : NULL; /* packed; NULL: every token the model's */
+    uint8_t *mask = masked ? xmalloc((size_t)(total ? total : 1)) : NULL; /* packed; NULL: every token trained */
     for (int i = 0; masked && i < n; i++)
         for (int k = 0; k < len[i]; k++)
-            mask[off[i] + k] = rollout_seq_model_token(&b->seqs[i], k);
+            mask[off[i] + k] = rollout_seq_loss_token(&b->seqs[i], k);
     double *tok_r = xcalloc((size_t)(total ? total : 1), sizeof(double));
     double kl_sum = 0;
     for (int i = 0; i < n; i++) {
@@ -170,7 +218,12 @@ static double advantages(struct trainer *t, struct step_batch *b, struct step_ad
     out->kl_penalty_measured = c->alg_use_kl_in_reward && own;
     out->kl_penalty = own ? kl_sum / own : 0;
     double *tok_adv = xcalloc((size_t)(total ? total : 1), sizeof(double));
-    token_advantages(t->est, c->alg_norm_adv_by_std_in_grpo, tok_r, mask, off, len, group, n, scalar, tok_adv);
+    const struct batch_reduce red = {dist_sum, t};
+    const struct adv_params ap = {.est = t->est,
+                                  .norm_by_std = c->alg_norm_adv_by_std_in_grpo,
+                                  .gamma = c->alg_gamma,
+                                  .red = t->lay.dp && t->lay.dp_size > 1 ? &red : NULL};
+    token_advantages(&ap, tok_r, mask, off, len, group, n, scalar, tok_adv);
     for (int i = 0; i < n; i++) {
         b->seqs[i].adv = xmalloc((size_t)(len[i] ? len[i] : 1) * sizeof(double));
         memcpy(b->seqs[i].adv, tok_adv + off[i], (size_t)len[i] * sizeof(double));
@@ -181,7 +234,7 @@ static double advantages(struct trainer *t, struct step_batch *b, struct step_ad
             if (mask[k])
                 tok_adv[w++] = tok_adv[k];
     }
-    out->advantages = summarize_dist(t, tok_adv, (size_t)own);
+    out->advantages = summarize_dist(t, tok_adv, (size_t)trained);
     out->rewards = summarize_dist(t, scalar, (size_t)n);
     free(scalar), free(group), free(off), free(len), free(tok_r), free(tok_adv), free(mask);
     return clock_now_s() - t0;
@@ -404,10 +457,26 @@ static int token_budget(const struct trainer *t)
     return c->actor_use_dynamic_bsz ? (int)(c->actor_ppo_max_token_len_per_gpu * t->lay.cp_size) : 0;
 }
 
-/* Phase old_log_prob: the policy's log-probs of the responses before the update. Its seconds. */
+/* Phase old_log_prob: the policy's log-probs of the responses before the update (in rollout correction's bypass mode
+ * the sampler's, as verl's apply_bypass_mode: no pass). Its seconds. */
 static double old_log_probs(struct trainer *t, struct step_batch *b, const int *idx)
 {
     const struct grpo_config *c = t->cfg;
+    if (t->corr.bypass) {
+        int missing = 0;
+        for (int i = 0; i < b->n_seq; i++) {
+            struct rollout_seq *q = &b->seqs[i];
+            if (!q->gen_logp) {
+                missing = 1;
+                continue;
+            }
+            q->old_logp = xrealloc(q->old_logp, (size_t)(q->resp_len ? q->resp_len : 1) * sizeof(float));
+            memcpy(q->old_logp, q->gen_logp, (size_t)q->resp_len * sizeof(float));
+        }
+        if (!missing)
+            return 0;
+        log_warn("trainer", "bypass mode: a response came without the sampler's log-probs; recomputing the old ones");
+    }
     const struct batching bt = {t->micro_old, token_budget(t), t->share_prompts};
     const double t0 = clock_now_s();
     trainer_phase(t, GRPO__PHASE__PHASE_OLD_LOG_PROB);
@@ -486,11 +555,37 @@ static void moe_measure(struct trainer *t, struct step_update *out)
     free(tok);
 }
 
+/* Bypass mode's rollout_corr/ metrics: each micro-batch's (summed on the pipeline's last stage, in acc) averaged over
+ * the update's micro-batches on every DP rank, as verl averages the loss's metrics, into m. The names are the
+ * configuration's, the same on every rank (an empty micro-batch adds none). */
+static void bypass_metrics(struct trainer *t, const struct rc_accum *acc, struct rc_metrics *m)
+{
+    struct rc_metrics names = {0};
+    const int nseq = 0;
+    rollout_corr_compute(&t->corr, nseq, NULL, NULL, NULL, NULL, NULL, false, NULL, NULL, &names);
+    double *v = xcalloc((size_t)names.n + 1, sizeof(double));
+    for (int j = 0; j < names.n; j++)
+        for (int k = 0; k < acc->m.n; k++)
+            if (strcmp(acc->m.name[k], names.name[j]) == 0)
+                v[j] = acc->m.v[k];
+    v[names.n] = acc->count;
+    if (t->lay.pp)
+        comm_allreduce_sum(t->lay.pp, v, (size_t)names.n + 1, COMM_F64);
+    sum_dist(t, v, names.n + 1);
+    m->n = 0;
+    if (v[names.n] > 0)
+        for (int j = 0; j < names.n; j++) {
+            memcpy(m->name[m->n], names.name[j], sizeof m->name[0]);
+            m->v[m->n++] = v[j] / v[names.n];
+        }
+    free(v);
+}
+
 /* Phase update_actor of step k: the PPO/GRPO update over the step's n_all sequences (gradients summed over the
  * DP group; on_policy: the update's own forward gives the old log-probs), and the traffic it made over DP. Its
  * seconds. */
 static double update_actor(struct trainer *t, int64_t k, struct step_batch *b, const int *idx, bool on_policy,
-                           double n_all, struct step_update *out)
+                           double n_all, struct step_update *out, struct rc_metrics *rc)
 {
     trainer_phase(t, GRPO__PHASE__PHASE_UPDATE_ACTOR);
     const double t0 = clock_now_s();
@@ -518,6 +613,8 @@ static double update_actor(struct trainer *t, int64_t k, struct step_batch *b, c
         .overlap = t->overlap,
         .zero = t->zero,
         .n_total = (int)n_all,
+        .seed = trainer_step_seed(t->st.seed, k, 0xc1c0),
+        .rc_acc = rc ? xcalloc(1, sizeof(struct rc_accum)) : NULL,
     };
     out->lr = lr;
     /* the gradient (and ZeRO-1 weight) traffic of the update over DP, in the planner's ring-model bytes */
@@ -530,6 +627,9 @@ static double update_actor(struct trainer *t, int64_t k, struct step_batch *b, c
     model_moe_stats(t->policy, NULL, NULL); /* the routing of the update's forwards alone */
     if (n_all > 0)
         actor_update(t->policy, t->opt, b->seqs, idx, b->n_seq, &up, &out->stats);
+    if (rc)
+        bypass_metrics(t, up.rc_acc, rc);
+    free(up.rc_acc);
     moe_measure(t, out);
     if (gg)
         comm_traffic(gg, &after);
@@ -731,7 +831,10 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
         idx[i] = i;
 
     measure_rollouts(t, b, &r.rollouts);
-    const bool on_policy = one_update(c, r.rollouts.n_seq);
+    /* the update's forward is the old policy unless the old log-probs are needed before it (rollout correction's
+     * weights and rejection) or are the sampler's (bypass mode) */
+    const bool on_policy = one_update(c, r.rollouts.n_seq) && !t->corr.bypass && !rollout_corr_active(&t->corr);
+    r.rc = xcalloc(1, sizeof *r.rc);
     /* the rollout's routes against the policy's own routing where the old log-probs are taken (the old-log-prob
      * pass, or on policy the update's forwards, all before its one optimizer step) */
     model_moe_route_stats(t->policy, &r.gap.route_differ, &r.gap.route_compared);
@@ -741,18 +844,26 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     }
     if (c->actor_use_kl_loss || c->alg_use_kl_in_reward)
         r.phase_s[GRPO__PHASE__PHASE_REF] = ref_log_probs(t, b, idx);
-    r.phase_s[GRPO__PHASE__PHASE_ADV] = advantages(t, b, &r.adv);
-    r.phase_s[GRPO__PHASE__PHASE_UPDATE_ACTOR] = update_actor(t, k, b, idx, on_policy, r.rollouts.n_seq, &r.update);
+    const double t_adv = clock_now_s();
+    if (!t->corr.bypass && rollout_corr_active(&t->corr)) /* before the advantages: rejection narrows their mask */
+        rollout_correction(t, b, true, r.rc);
+    advantages(t, b, &r.adv);
+    r.phase_s[GRPO__PHASE__PHASE_ADV] = clock_now_s() - t_adv;
+    r.phase_s[GRPO__PHASE__PHASE_UPDATE_ACTOR] =
+        update_actor(t, k, b, idx, on_policy, r.rollouts.n_seq, &r.update, t->corr.bypass ? r.rc : NULL);
     model_traffic_since(t, &tp0, &pp0, &ep0, &cp0, &r.update);
     if (on_policy)
         model_moe_route_stats(t->policy, &r.gap.route_differ, &r.gap.route_compared);
     measure_gap(t, b, &r.gap);
+    if (!t->corr.bypass && !rollout_corr_active(&t->corr)) /* metrics alone (verl's whenever rollout log-probs exist) */
+        rollout_correction(t, b, false, r.rc);
     audit(t, k, b);
     r.step_s = clock_now_s() - t_step;
     measure_end(t, &r);
     free(idx);
 
     step_metrics(m, &r);
+    free(r.rc);
     if (r.update.stats.optimizer_steps == 0) /* nothing to train on: neither a skip nor an update */
         return 0;
     return count_skipped(t, k, r.update.stats.skipped_steps == r.update.stats.optimizer_steps,
