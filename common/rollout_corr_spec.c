@@ -16,6 +16,19 @@ static bool is_null(const char *s)
            strcmp(s, "none") == 0;
 }
 
+/* The next comma-separated item at *p, spaces trimmed: its start, its length in *n; *p moves past it. */
+static const char *next_item(const char **p, size_t *n)
+{
+    const char *c = strchr(*p, ','), *q = *p;
+    *n = c ? (size_t)(c - *p) : strlen(*p);
+    *p += c ? *n + 1 : *n;
+    while (*n && *q == ' ')
+        q++, (*n)--;
+    while (*n && q[*n - 1] == ' ')
+        (*n)--;
+    return q;
+}
+
 /* s[0..n) without surrounding blanks, as a number (Python's float()); -1 if it is not one. */
 static int parse_num(const char *s, size_t n, double *v)
 {
@@ -108,14 +121,8 @@ int rollout_corr_parse(const char *rollout_is, const char *is_threshold, bool ba
         return 0;
     /* comma-separated options, every one must pass */
     for (const char *p = rollout_rs; *p;) {
-        const char *c = strchr(p, ',');
-        size_t n = c ? (size_t)(c - p) : strlen(p);
-        const char *q = p;
-        while (n && *q == ' ')
-            q++, n--;
-        while (n && q[n - 1] == ' ')
-            n--;
-        p += (c ? (size_t)(c - p) + 1 : strlen(p));
+        size_t n;
+        const char *q = next_item(&p, &n);
         if (!n)
             continue;
         int k = -1;
@@ -153,14 +160,8 @@ int rollout_corr_parse(const char *rollout_is, const char *is_threshold, bool ba
     size_t slen[RS_NSTATS];
     int ns = 0;
     for (const char *p = rs_threshold; *p;) {
-        const char *c = strchr(p, ',');
-        size_t n = c ? (size_t)(c - p) : strlen(p);
-        const char *q = p;
-        while (n && *q == ' ')
-            q++, n--;
-        while (n && q[n - 1] == ' ')
-            n--;
-        p += (c ? (size_t)(c - p) + 1 : strlen(p));
+        size_t n;
+        const char *q = next_item(&p, &n);
         if (!n)
             continue;
         if (ns == RS_NSTATS || ns == rc->n_rs)

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "common/check.h"
+#include "common/fs.h"
 #include "common/clock.h"
 #include "common/linebuf.h"
 #include "common/procgroup.h"
@@ -281,18 +282,7 @@ static int start(struct chat_renderer *r, char *err, size_t errlen)
 }
 
 /* Write all of text. 0, or -1 when the helper is gone. */
-static int send_all(int fd, const char *text, size_t len)
-{
-    for (size_t off = 0; off < len;) {
-        const ssize_t w = send(fd, text + off, len - off, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return -1;
-        off += (size_t)w;
-    }
-    return 0;
-}
+static int send_all(int fd, const char *text, size_t len) { return fs_write_full(fd, text, len); }
 
 /* One request line, one result line. NULL with err. */
 static char *render_locked(struct chat_renderer *r, const char *request, size_t len, char *err, size_t errlen)
