@@ -277,6 +277,19 @@ static void test_bad_fields(void **state)
 /* Routing replay (protocol 1.9): each sequence's recorded experts (2 layers x 2 of 4 experts per input token) come
  * back as sent; a batch whose routes do not fit the trainer's model, or that carries routes the trainer does not
  * expect, is refused naming routed_experts. */
+/* A fixture made by setup, changed by mutate, packed: refused with text. */
+#define REFUSED_AFTER(setup, mutate, text)                                                                             \
+    do {                                                                                                               \
+        struct fx *r = make();                                                                                         \
+        setup(r);                                                                                                      \
+        mutate;                                                                                                        \
+        size_t rlen;                                                                                                   \
+        uint8_t *rbuf = pack(r, &HDR, &rlen);                                                                          \
+        refused(r, rbuf, rlen, text);                                                                                  \
+        free(rbuf);                                                                                                    \
+        drop(r);                                                                                                       \
+    } while (0)
+
 static void with_routes(struct fx *f)
 {
     const struct model_config mc = {.n_layers = 2, .n_experts = 4, .n_experts_per_tok = 2};
@@ -317,22 +330,11 @@ static void test_routes(void **state)
     refused(g, buf, len, "routed_experts holds 0 bytes, not 40");
     free(buf);
     drop(g);
-#define ROUTES_REFUSED(mutate, text)                                                                                   \
-    do {                                                                                                               \
-        struct fx *r = make();                                                                                         \
-        with_routes(r);                                                                                                \
-        mutate;                                                                                                        \
-        buf = pack(r, &HDR, &len);                                                                                     \
-        refused(r, buf, len, text);                                                                                    \
-        free(buf);                                                                                                     \
-        drop(r);                                                                                                       \
-    } while (0)
-    ROUTES_REFUSED(r->b.seqs[1].routes[5] = 4, "layer 0: expert 4 is not one of the model's");
-    ROUTES_REFUSED(r->b.seqs[0].routes[3] = 1, "layer 1: expert 1 is chosen twice"); /* routes[2] is 1 */
-    ROUTES_REFUSED(r->lim.routes_layers = 3, "not 60");                              /* another model's layers */
-    ROUTES_REFUSED(r->lim.routes_layers = 0, "records no routing");                  /* the trainer expects none */
-    ROUTES_REFUSED(r->b.seqs[2].routes_w = 2, "sequence 2: routed_experts holds");   /* short */
-#undef ROUTES_REFUSED
+    REFUSED_AFTER(with_routes, r->b.seqs[1].routes[5] = 4, "layer 0: expert 4 is not one of the model's");
+    REFUSED_AFTER(with_routes, r->b.seqs[0].routes[3] = 1, "layer 1: expert 1 is chosen twice"); /* routes[2] is 1 */
+    REFUSED_AFTER(with_routes, r->lim.routes_layers = 3, "not 60");             /* another model's layers */
+    REFUSED_AFTER(with_routes, r->lim.routes_layers = 0, "records no routing"); /* the trainer expects none */
+    REFUSED_AFTER(with_routes, r->b.seqs[2].routes_w = 2, "sequence 2: routed_experts holds"); /* short */
     drop(f);
 }
 
@@ -398,20 +400,9 @@ static void test_response_mask(void **state)
     assert_memory_equal(out.seqs[1].mask, ((const uint8_t[]){0, 1, 1}), 3);
     step_batch_free(&out);
     free(buf);
-#define MASK_REFUSED(mutate, text)                                                                                     \
-    do {                                                                                                               \
-        struct fx *r = make();                                                                                         \
-        with_masks(r);                                                                                                 \
-        mutate;                                                                                                        \
-        buf = pack(r, &HDR, &len);                                                                                     \
-        refused(r, buf, len, text);                                                                                    \
-        free(buf);                                                                                                     \
-        drop(r);                                                                                                       \
-    } while (0)
-    MASK_REFUSED(r->b.seqs[1].mask[1] = 2, "sequence 1: response_mask byte 1 is 2, not 0");
-    MASK_REFUSED(r->b.seqs[3].mask[1] = r->b.seqs[3].mask[2] = 0,
-                 "sequence 3: response_mask marks none of the 3 response tokens as the model's");
-#undef MASK_REFUSED
+    REFUSED_AFTER(with_masks, r->b.seqs[1].mask[1] = 2, "sequence 1: response_mask byte 1 is 2, not 0");
+    REFUSED_AFTER(with_masks, r->b.seqs[3].mask[1] = r->b.seqs[3].mask[2] = 0,
+                  "sequence 3: response_mask marks none of the 3 response tokens as the model's");
     buf = cut_mask(pack(f, &HDR, &len), &len, 2);
     refused(f, buf, len, "sequence 1: response_mask holds 2 bytes for 3 response tokens");
     free(buf);
@@ -450,22 +441,11 @@ static void test_turns(void **state)
     step_batch_free(&out);
     free(buf);
     drop(f);
-#define TURNS_REFUSED(mutate, text)                                                                                    \
-    do {                                                                                                               \
-        struct fx *r = make();                                                                                         \
-        with_turns(r);                                                                                                 \
-        mutate;                                                                                                        \
-        buf = pack(r, &HDR, &len);                                                                                     \
-        refused(r, buf, len, text);                                                                                    \
-        free(buf);                                                                                                     \
-        drop(r);                                                                                                       \
-    } while (0)
-    TURNS_REFUSED(r->b.seqs[1].num_turns = 9, "sequence 1: num_turns 9 for 3 response tokens");
-    TURNS_REFUSED(r->b.seqs[1].tool_errors = 2, "sequence 1: tool_calls 1 with tool_errors 2");
-    TURNS_REFUSED(r->b.seqs[1].tool_seconds = -1, "sequence 1: tool_seconds -1 is not a duration");
-    TURNS_REFUSED((free(r->b.seqs[1].messages_json), r->b.seqs[1].messages_json = strdup("{\"role\":1}")),
+    REFUSED_AFTER(with_turns, r->b.seqs[1].num_turns = 9, "sequence 1: num_turns 9 for 3 response tokens");
+    REFUSED_AFTER(with_turns, r->b.seqs[1].tool_errors = 2, "sequence 1: tool_calls 1 with tool_errors 2");
+    REFUSED_AFTER(with_turns, r->b.seqs[1].tool_seconds = -1, "sequence 1: tool_seconds -1 is not a duration");
+    REFUSED_AFTER(with_turns, (free(r->b.seqs[1].messages_json), r->b.seqs[1].messages_json = strdup("{\"role\":1}")),
                   "sequence 1: messages is not a JSON array of messages");
-#undef TURNS_REFUSED
 }
 
 /* Authentication (proto/plane_auth.h): a batch without a MAC, with another process's key, naming another rank
