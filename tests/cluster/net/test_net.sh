@@ -10,7 +10,7 @@
 #    one, else link_impair (user space, TAP devices; hosts_lib.sh's netem says which), measured first with 100
 #    pings (some lost, none back in under 100 ms);
 #  - hostb cut off from hosta but not from grpod for 8 s;
-#  - a rollout rank killed, then every worker of the rollout host; replaced with grpo-worker --replace-rank; the
+#  - every worker of the rollout host killed; replaced with grpo-worker --replace-rank; the
 #    run finishes and mpirun exits 0 within 45 s (the ranks ask it to end the job: issue 26's Why 5);
 #  - a rollout rank frozen (SIGSTOP) across the end of the run: woken, it ends as finished at once, and mpirun
 #    exits 0; the same rank left frozen: the job ends without it 20 s after the run, and mpirun exits 0;
@@ -190,13 +190,16 @@ fi
 if want replace; then
     under_way replace
     victim=$(pid_of 3)
-    kill -9 "$victim"; expect "rollout rank 3 (pid $victim) killed" $?
-    lost_is() { [ "$(ctl status --json | jq -r ".workers[] | select(.rank == $1) | .state")" = lost ]; }
-    wait_for 60 lost_is 3; expect "grpod marks rank 3 lost" $?
-    # then every worker of the rollout host (its Open MPI daemon stays: a lost daemon makes mpirun end the job)
+    # every worker of the rollout host at once, rank 3 among them (its Open MPI daemon stays: a lost daemon makes
+    # mpirun end the job). Not rank 3 first and the rest once it is lost: a rollout rank is lost only after
+    # grpod.heartbeat_timeout_s (4 s here), and in that time rank 2 takes rank 3's units and finishes the run.
     pgrep -f grpo-worker | while read -r p; do
         [ "$(ip netns identify "$p" 2>/dev/null)" = "$NS_PREFIX-hostb" ] && kill -9 "$p"
     done
+    gone() { [ ! -d "/proc/$1" ] || grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null; }
+    wait_for 10 gone "$victim"; expect "every worker of the rollout host killed, rollout rank 3 (pid $victim) among them" $?
+    lost_is() { [ "$(ctl status --json | jq -r ".workers[] | select(.rank == $1) | .state")" = lost ]; }
+    wait_for 60 lost_is 3; expect "grpod marks rank 3 lost" $?
     wait_for 60 lost_is 2; expect "the whole rollout host lost: grpod marks rank 2 lost" $?
     for r in 2 3; do
         on hostb "$WORKER" --replace-rank $r grpod.endpoint="$EP" grpod.secret_file="$SECRET" \
