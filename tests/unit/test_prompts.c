@@ -159,13 +159,11 @@ static void test_column_keys(void **state)
     unlink(path);
 }
 
-/* data.apply_chat_template_kwargs reaches the model's template: a tokenizer directory whose chat_template.jinja
- * reads two extra variables renders them as given, and without them as the template's defaults; a value that is
- * not a JSON object is refused naming the key. */
-static void test_chat_kwargs_reach_template(void **state)
+/* A tokenizer directory in dir (a mkdtemp template, filled in): the test tokenizer and chat_template.jinja
+ * holding jinja. */
+static void template_dir(char *dir, const char *jinja)
 {
-    (void)state;
-    char dir[] = "/tmp/grpo_chatkw_XXXXXX", path[600], src[600], err[1024];
+    char path[600], src[600];
     assert_non_null(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     assert_non_null(realpath(TOK_DIR "/tokenizer.json", src));
@@ -173,11 +171,20 @@ static void test_chat_kwargs_reach_template(void **state)
     snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
-    fputs("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
-          "{% if enable_thinking is defined and not enable_thinking %}(no thinking){% endif %}"
-          "{{ date_string | default('no date') }}",
-          f);
+    fputs(jinja, f);
     fclose(f);
+}
+
+/* data.apply_chat_template_kwargs reaches the model's template: a tokenizer directory whose chat_template.jinja
+ * reads two extra variables renders them as given, and without them as the template's defaults; a value that is
+ * not a JSON object is refused naming the key. */
+static void test_chat_kwargs_reach_template(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/grpo_chatkw_XXXXXX", err[1024];
+    template_dir(dir, "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+                      "{% if enable_thinking is defined and not enable_thinking %}(no thinking){% endif %}"
+                      "{{ date_string | default('no date') }}");
     const struct chat_message msgs[] = {{"user", "What is 2 + 2?"}};
     struct tokenizer *tok =
         prompt_load_tokenizer(dir, "{\"enable_thinking\":false,\"date_string\":\"26 Jul 2024\"}", err, sizeof err);
@@ -207,21 +214,12 @@ static void test_chat_kwargs_reach_template(void **state)
 static void test_agent_columns(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/grpo_agentcol_XXXXXX", path[600], src[600], err[1024];
-    assert_non_null(mkdtemp(dir));
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    assert_non_null(realpath(TOK_DIR "/tokenizer.json", src));
-    assert_int_equal(symlink(src, path), 0);
-    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs("{% if tools %}[tools: {{ tools | length }}]{% endif %}{% for m in messages %}[{{ m.role }}] "
-          "{{ m.content }}\n{% endfor %}",
-          f);
-    fclose(f);
+    char dir[] = "/tmp/grpo_agentcol_XXXXXX", err[1024];
+    template_dir(dir, "{% if tools %}[tools: {{ tools | length }}]{% endif %}{% for m in messages %}[{{ m.role }}] "
+                      "{{ m.content }}\n{% endfor %}");
     char data[640];
     snprintf(data, sizeof data, "%s/train.jsonl", dir);
-    f = fopen(data, "w");
+    FILE *f = fopen(data, "w");
     assert_non_null(f);
     fputs("{\"prompt\": [{\"role\": \"user\", \"content\": \"2*3?\"}], \"ground_truth\": \"6\", "
           "\"data_source\": \"arithmetic\", \"agent_name\": \"tool_agent\", "
