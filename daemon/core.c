@@ -373,7 +373,13 @@ static void reevaluate(struct core *c)
         return;
     }
     if (c->run.pause) {
-        if (paused == present)
+        if (paused == present && lost_rollout) { /* the operator sees the loss while the run is held too */
+            snprintf(reason, sizeof reason,
+                     "paused by operator; rollout rank %d on host %s lost: its work goes to the other rollout ranks "
+                     "(relaunch it with grpo-worker --replace-rank %d)",
+                     lost_rollout->rank, lost_rollout->host, lost_rollout->rank);
+            set_state(c, GRPO__RUN_STATE__RUN_PAUSED, reason);
+        } else if (paused == present)
             set_state(c, GRPO__RUN_STATE__RUN_PAUSED, "paused by operator");
         else {
             snprintf(reason, sizeof reason, "pausing: %d of %d workers at a safe point", paused, present);
