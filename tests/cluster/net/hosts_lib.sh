@@ -252,11 +252,12 @@ hosts_can_start() {
     return $ok
 }
 
-# wait_alive SECONDS PID CMD...: wait_for, but over at once (status 2) when PID has ended before CMD succeeds
+# wait_alive SECONDS PID CMD...: wait_for (SECONDS scaled as its), but over at once (status 2) when PID has ended
+# before CMD succeeds
 wait_alive() {
     local s="$1" pid="$2" until
     shift 2
-    until=$(($(date +%s%N) / 1000000 + ${s%.*} * 1000))
+    until=$(($(date +%s%N) / 1000000 + $(scaled "$s") * 1000))
     while :; do
         "$@" 2>/dev/null && return 0
         kill -0 "$pid" 2>/dev/null || { "$@" 2>/dev/null && return 0; return 2; }

@@ -73,9 +73,10 @@ same() {
     python3 "$CHECK_AUDIT" "$TMP/$1/audit" $N $B $STEPS >"$TMP/audit-$1.txt" 2>&1
     rc=$?; expect "$1: every group exactly $N times in each step ($(tail -1 "$TMP/audit-$1.txt"))" $rc
 }
-# ended_within SECONDS: mpirun ($MPI_PID) exits within SECONDS; its status in MPI_RC
+# ended_within SECONDS: mpirun ($MPI_PID) exits within SECONDS (x GRPO_TEST_TIME_SCALE); its status in MPI_RC
 ended_within() {
-    local s=$1 t0
+    local s t0
+    s=$(scaled "$1")
     t0=$(date +%s)
     while kill -0 "$MPI_PID" 2>/dev/null && [ $(($(date +%s) - t0)) -lt "$s" ]; do sleep 0.2; done # sleep-ok: the poll interval of a bounded wait
     kill -0 "$MPI_PID" 2>/dev/null && { MPI_RC=124; return 1; }
