@@ -14,6 +14,8 @@
 #    run finishes and mpirun exits 0 within 45 s (the ranks ask it to end the job: issue 26's Why 5);
 #  - a rollout rank frozen (SIGSTOP) across the end of the run: woken, it ends as finished at once, and mpirun
 #    exits 0; the same rank left frozen: the job ends without it 20 s after the run, and mpirun exits 0;
+#  - mpirun on grpod's host, which holds no rank (a head node's grpo-workers.service), and the trainer host lost
+#    (every process on it): mpirun exits, no process is left on the rollout host, grpoctl names the lost trainer;
 #  - the trainer host lost (every process on it, its Open MPI daemon too; mpirun on the rollout host): every rank
 #    on every host ends within 60 s, mpirun too, grpoctl names the lost trainer; the relaunch resumes and ends
 #    bit-identical.
@@ -24,7 +26,7 @@ GRPOD="$1" GRPOCTL="$2" WORKER="$3" MODEL_TOOL="$4" COMPARE="$5" SCORER="$6" LIN
 HOST_PROGRAMS=("$GRPOD" "$GRPOCTL" "$WORKER") HOST_FILES=("$SCORER") # run on the hosts, wherever the build is
 hosts_up || finish
 CHECK_AUDIT="$SRC_ROOT/tests/mpi/check_audit.py"
-PHASES="${PHASES:-split iface badname colocated linkdown linkdown60 netem partition replace frozen frozenlong trainerlost}"
+PHASES="${PHASES:-split iface badname colocated linkdown linkdown60 netem partition replace frozen frozenlong headless trainerlost}"
 want() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
 
 tiny_model "$TMP/tiny"
@@ -56,7 +58,7 @@ mpi() {
     local name="$1" hosts="$2" np="$3"; shift 3
     [ "${FRESH:-1}" = 1 ] && { grpod_up hostc "${GRPOD_KEYS[@]}" || fail "grpod restarted for $name"; }
     # shellcheck disable=SC2046
-    on hosta "${MPIRUN_NET[@]}" --mca orte_enable_recovery 1 "${MPI_EXTRA[@]}" --host "$hosts" -np "$np" "$WORKER" $(keys "$name") \
+    on "${MPI_HOST:-hosta}" "${MPIRUN_NET[@]}" --mca orte_enable_recovery 1 "${MPI_EXTRA[@]}" --host "$hosts" -np "$np" "$WORKER" $(keys "$name") \
         grpod.endpoint="$EP" grpod.secret_file="$SECRET" grpod.connect_timeout_s=30 "$@" >>"$TMP/$name.log" 2>&1 &
     MPI_PID=$!
     track "$MPI_PID"
@@ -259,6 +261,21 @@ if want frozenlong; then
     ended() { ! kill -0 "$victim" 2>/dev/null || [ "$(awk '{print $3}' "/proc/$victim/stat" 2>/dev/null)" = Z ]; }
     wait_for 30 ended; expect "the frozen rank 3 has ended with the job" $?
     same frozenlong
+fi
+
+# mpirun on a head node that holds no rank (grpod's host, as grpo-workers.service runs it there), the trainer host
+# lost: the ranks on the rollout host end, and so does mpirun (it stayed up for ever: issue 40 item 4)
+if want headless; then
+    MPI_HOST=hostc mpi headless hosta:2,hostb:2 4 "${SPLIT[@]}"
+    wait_alive 120 "$MPI_PID" step_at_least 3; expect "headless: the run is under way, mpirun on hostc" $?
+    ip netns pids "$NS_PREFIX-hosta" | xargs -r kill -9; expect "headless: every process on the trainer host killed" $?
+    t0=$(date +%s)
+    ended_within 60; rc=$?
+    expect "headless: mpirun on the rank-less head node exits within 60 s ($(($(date +%s) - t0)) s, exit $MPI_RC)" $rc
+    left=$(ip netns pids "$NS_PREFIX-hostb" | wc -l)
+    [ "$left" = 0 ]; expect "headless: no process left on the rollout host ($left)" $?
+    lost_said() { ctl status 2>/dev/null | grep -q "trainer rank .* lost.*relaunch the job"; }
+    wait_for 30 lost_said; expect "headless: grpoctl status names the lost trainer and says to relaunch" $?
 fi
 
 if want trainerlost; then
