@@ -347,6 +347,10 @@ int config_set(struct grpo_config *c, const char *name, const char *value, const
         errf(err, "%s: %s=%s: %s", origin, name, value ? value : "null", why);
         return -1;
     }
+    if (k && k->type != CFG_ENUM && config_verl_value_refused(name, value)) {
+        errf(err, "%s: %s=%s: %s", origin, name, value, config_verl_value_refused(name, value));
+        return -1;
+    }
     if (!k) {
         const char *s = config_suggest(name);
         if (s)

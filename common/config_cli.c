@@ -13,8 +13,8 @@ static void drop_args(int *argc, char **argv, int at, int count)
     *argc -= count;
 }
 
-/* An override looks like a.b=value: a key name (letters, digits, '_', '.', '-', leading '+') then '='; or Hydra's
- * ~a.b (delete: back to the default), with or without a value. */
+/* An override looks like a.b=value: a key name (letters, digits, '_', '.', '-', leading '+', and the '@' of Hydra's
+ * group@package=choice) then '='; or Hydra's ~a.b (delete: back to the default), with or without a value. */
 static bool looks_like_override(const char *a)
 {
     if (a[0] == '~' && a[1] && a[1] != '/')
@@ -23,7 +23,7 @@ static bool looks_like_override(const char *a)
     if (!eq || eq == a || a[0] == '-')
         return false;
     for (const char *p = a; p < eq; p++)
-        if (!(*p == '.' || *p == '_' || *p == '-' || *p == '+' || (*p >= '0' && *p <= '9') ||
+        if (!(*p == '.' || *p == '_' || *p == '-' || *p == '+' || *p == '@' || (*p >= '0' && *p <= '9') ||
               ((*p | 32) >= 'a' && (*p | 32) <= 'z')))
             return false;
     return true;

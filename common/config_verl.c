@@ -10,7 +10,7 @@
 #include "config.h"
 
 struct verl_key {
-    const char *pattern; /* a dotted name, or a prefix ending in ".*" */
+    const char *pattern; /* a dotted name, a prefix ending in ".*", or a name prefix ending in "*" (optim.muon_*) */
     const char *ok;      /* '|'-separated values accepted (and noted); NULL: any value */
     const char *noted;   /* why an accepted value changes nothing here (NULL: never accepted) */
     const char *refused; /* the feature other values ask for (NULL: never refused) */
@@ -41,6 +41,15 @@ static const char CKPT[] = "checkpoints always hold the weights, the optimizer s
 static const char PROFILE[] = "profile with perf or nsys around the process";
 static const char HF_LOAD[] = "the trainers load the Hugging Face safetensors directly";
 static const char RM_HERE[] = "the reward model scores each response beside generation, on the rollout's ranks";
+static const char QAT[] = "quantization-aware training (not available yet)";
+static const char PAD_BUCKET[] = "packed micro-batches are not padded up to a bucket length here";
+static const char CHUNKS[] = "the LM head is always computed in chunks of its own size";
+static const char VEOMNI[] = "VeOmni's engine options (FSDP sharding, offload, kernels, attention): the trainer here "
+                             "is its own engine, laid out by the megatron.* keys";
+static const char TITAN[] = "TorchTitan's engine options (FSDP sharding, compile, attention type): the trainer here is "
+                            "its own engine, laid out by the megatron.* keys";
+static const char FULLY_ASYNC[] = "fully-async training (planned; not available yet)";
+static const char V1_ASYNC[] = "used only by verl v1's asynchronous trainer modes (trainer.v1.trainer_mode)";
 
 static const struct verl_key g_verl[] = {
     /* data */
@@ -121,7 +130,7 @@ static const struct verl_key g_verl[] = {
     OFF_ONLY("actor_rollout_ref.actor.optim.lr_warmup_init", "0|0.0", "warm-up starts from 0",
              "a warm-up starting learning rate (not available yet)"),
     OFF_ONLY("actor_rollout_ref.actor.optim.min_lr", "0|0.0", "the floor is min_lr_ratio x lr",
-             "an absolute minimum learning rate: give actor_rollout_ref.actor.optim.min_lr_ratio"),
+             "an absolute minimum learning rate (not available: give actor_rollout_ref.actor.optim.min_lr_ratio)"),
     OFF_ONLY("actor_rollout_ref.actor.optim.weight_decay_incr_style", "constant", "weight decay is constant",
              "a changing weight decay (not available yet)"),
     NOTED("actor_rollout_ref.actor.optim.lr_wsd_decay_style", "used only by the WSD schedule (not available)"),
@@ -156,6 +165,13 @@ static const struct verl_key g_verl[] = {
     NOTED("actor_rollout_ref.actor.checkpoint.*", CKPT),
     NOTED("actor_rollout_ref.actor.optim.total_training_steps", "set from trainer.total_training_steps"),
     NOTED("actor_rollout_ref.actor.optim.num_cycles", "the cosine schedule decays once, as verl's default 0.5"),
+    /* verl v0.9's quantization-aware training, in each engine block (before fsdp_config.* below) */
+    OFF_ONLY("actor_rollout_ref.actor.qat.enable", "false", "no quantization-aware training", QAT),
+    NOTED("actor_rollout_ref.actor.qat.*", "used only with quantization-aware training (qat.enable)"),
+    OFF_ONLY("actor_rollout_ref.actor.fsdp_config.qat.enable", "false", "no quantization-aware training", QAT),
+    NOTED("actor_rollout_ref.actor.fsdp_config.qat.*", "used only with quantization-aware training (qat.enable)"),
+    OFF_ONLY("actor_rollout_ref.actor.megatron.qat.enable", "false", "no quantization-aware training", QAT),
+    NOTED("actor_rollout_ref.actor.megatron.qat.*", "used only with quantization-aware training (qat.enable)"),
     NOTED("actor_rollout_ref.actor.fsdp_config.*", FSDP),
     NOTED("actor_rollout_ref.actor.megatron.param_offload", "parameters live in host memory on the CPU path"),
     NOTED("actor_rollout_ref.actor.megatron.grad_offload", "gradients live in host memory on the CPU path"),
@@ -295,9 +311,168 @@ static const struct verl_key g_verl[] = {
     NOTED("ray_kwargs.*", RAY),
     NOTED("transfer_queue.*", "data moves over this project's data plane"),
     NOTED("global_profiler.*", PROFILE),
+    /* verl v0.9: the actor and the reference */
+    OFF_ONLY("actor_rollout_ref.actor.calculate_sum_pi_squared", "false", "no sum of squared probabilities is needed",
+             "each token's sum of squared probabilities over the vocabulary (the optimal token baseline's; not "
+             "available yet)"),
+    NOTED("actor_rollout_ref.actor.entropy_from_logits_chunk_size", CHUNKS),
+    NOTED("actor_rollout_ref.actor.pad_to_length", PAD_BUCKET),
+    NOTED("actor_rollout_ref.actor.use_rollout_log_probs",
+          "verl v0.9 reads no such switch: the sampler's log-probs are the old policy's with "
+          "algorithm.rollout_correction.bypass_mode=true"),
+    NOTED("actor_rollout_ref.actor.megatron.dist_ckpt_optim_fully_reshardable", CKPT),
+    NOTED("actor_rollout_ref.actor.megatron.distrib_optim_fully_reshardable_mem_efficient", CKPT),
+    OFF_ONLY("actor_rollout_ref.actor.megatron.dynamic_context_parallel", "false",
+             "context parallelism is the fixed context_parallel_size",
+             "dynamic context parallelism (not available yet)"),
+    NOTED("actor_rollout_ref.actor.megatron.max_seqlen_per_dp_cp_rank", "used only with dynamic_context_parallel"),
+    NOTED("actor_rollout_ref.actor.megatron.entropy_from_logits_with_chunking",
+          "the LM head is always computed in chunks"),
+    NOTED("actor_rollout_ref.actor.megatron.entropy_from_logits_chunk_size", CHUNKS),
+    NOTED("actor_rollout_ref.actor.megatron.pad_bshd_to_minibatch_max", PADDING),
+    NOTED("actor_rollout_ref.actor.megatron.pad_to_length", PAD_BUCKET),
+    NOTED("actor_rollout_ref.actor.megatron.pad_to_length_bucket", PAD_BUCKET),
+    NOTED("actor_rollout_ref.actor.megatron.use_megatron_fsdp",
+          "Megatron-FSDP's ZeRO-3 sharding: the trainers here shard the optimizer state at most (ZeRO-1, "
+          "megatron.use_distributed_optimizer)"),
+    NOTED("actor_rollout_ref.actor.megatron.router_replay.*",
+          "R2's record and replay files; R3 carries the routes in the batch"),
+    NOTED("actor_rollout_ref.actor.veomni.router_replay.*",
+          "R2's record and replay files; R3 carries the routes in the batch"),
+    NOTED("actor_rollout_ref.actor.veomni.*", VEOMNI),
+    NOTED("actor_rollout_ref.actor.torchtitan.*", TITAN),
+    NOTED("actor_rollout_ref.ref.veomni.*", "the reference runs in the trainer's layout"),
+    NOTED("actor_rollout_ref.ref.torchtitan.*", "the reference runs in the trainer's layout"),
+    NOTED("actor_rollout_ref.ref.optim.*", "the reference is never trained (verl's engine block carries an optimizer)"),
+    NOTED("actor_rollout_ref.ref.entropy_from_logits_chunk_size", CHUNKS),
+    NOTED("actor_rollout_ref.ref.pad_to_length", PAD_BUCKET),
+    NOTED("model_engine", "verl's choice of training-engine configs (dp, megatron, veomni, torchtitan...): the trainer "
+                          "here is its own engine, laid out by the megatron.* keys"),
+    NOTED("hydra.*", "Hydra's own settings (config search path, output directory): there is no Hydra here"),
+    OFF_ONLY("actor@actor_rollout_ref.actor", "dp_actor|megatron_actor|veomni_actor|torchtitan_actor|mindspeed_actor",
+             "verl's choice of actor engine config: the trainer here is its own engine, laid out by the megatron.* "
+             "keys",
+             "an actor config group outside verl's own (mlite_actor is Megatron-Lite's, an external plugin; not "
+             "available)"),
+    /* verl v0.9's optimizer blocks of the Megatron, VeOmni and TorchTitan engines */
+    OFF_ONLY("actor_rollout_ref.actor.optim.name", "adamw|adam", "the optimizer is AdamW",
+             "optimizers other than AdamW (not available)"),
+    OFF_ONLY("actor_rollout_ref.actor.optim.decay_type", "null",
+             "the schedule after warm-up is actor_rollout_ref.actor.optim.lr_scheduler_type's",
+             "TorchTitan's learning-rate decay (not available: give actor_rollout_ref.actor.optim.lr_scheduler_type "
+             "constant or cosine)"),
+    OFF_ONLY("actor_rollout_ref.actor.optim.lr_min", "0|0.0", "the floor is min_lr_ratio x lr",
+             "an absolute minimum learning rate (not available: give actor_rollout_ref.actor.optim.min_lr_ratio)"),
+    OFF_ONLY("actor_rollout_ref.actor.optim.lr_start", "0|0.0", "warm-up starts from 0",
+             "a warm-up starting learning rate (not available yet)"),
+    OFF_ONLY("actor_rollout_ref.actor.optim.lr_decay_ratio", "1|1.0", "the schedule spans the run's steps",
+             "a decay over part of the run (not available yet)"),
+    OFF_ONLY("actor_rollout_ref.actor.optim.zero_indexed_step", "true",
+             "the schedule counts the first update as step 0, as verl's default",
+             "a schedule counting the first update as step 1 (not available yet)"),
+    OFF_ONLY("actor_rollout_ref.actor.optim.use_precision_aware_optimizer", "false",
+             "AdamW keeps fp32 gradients and moments",
+             "Megatron's precision-aware optimizer with bf16 moments (not available yet)"),
+    NOTED("actor_rollout_ref.actor.optim.main_grads_dtype", "used only with use_precision_aware_optimizer"),
+    NOTED("actor_rollout_ref.actor.optim.exp_avg_dtype", "used only with use_precision_aware_optimizer"),
+    NOTED("actor_rollout_ref.actor.optim.exp_avg_sq_dtype", "used only with use_precision_aware_optimizer"),
+    NOTED("actor_rollout_ref.actor.optim.use_layer_wise_distributed_optimizer",
+          "used only by Muon (optim.optimizer=muon, not available)"),
+    NOTED("actor_rollout_ref.actor.optim.muon_*", "used only by Muon (optim.optimizer=muon, not available)"),
+    /* verl v0.9: the model */
+    NOTED("actor_rollout_ref.model.lora.merge",
+          "how the adapter reaches vLLM; generation here runs with the trained adapter either way"),
+    OFF_ONLY("actor_rollout_ref.model.mtp.enable", "false", "no multi-token prediction layers",
+             "multi-token prediction (MTP) layers (not available yet)"),
+    NOTED("actor_rollout_ref.model.mtp.*", "used only with multi-token prediction (model.mtp.enable)"),
+    /* verl v0.9: the rollout */
+    NOTED("actor_rollout_ref.rollout.seed", "sampling draws from seeds derived from data.seed and the step"),
+    NOTED("actor_rollout_ref.rollout.full_determinism",
+          "a PyTorch and vLLM determinism switch; sampling here draws from seeds derived from data.seed and the step"),
+    NOTED("actor_rollout_ref.rollout.scheduling_policy", ENGINE),
+    NOTED("actor_rollout_ref.rollout.enable_sleep_mode", ENGINE),
+    NOTED("actor_rollout_ref.rollout.standalone_gpu_memory_utilization",
+          "fully-async's standalone replicas' memory; the rollout ranks' KV cache follows "
+          "actor_rollout_ref.rollout.gpu_memory_utilization"),
+    OFF_ONLY("actor_rollout_ref.rollout.moe_load_balance_metrics_interval", "0", "no rollout load-balance metrics",
+             "mixture-of-experts load-balance metrics of the rollout's routes (not available yet)"),
+    OFF_ONLY("actor_rollout_ref.rollout.moe_tensor_parallel_size", "1", "1 is no tensor parallelism inside experts",
+             "TensorRT-LLM's tensor parallelism inside the experts in generation (not available)"),
+    OFF_ONLY("actor_rollout_ref.rollout.mtp", "null", "no speculative decoding",
+             "multi-token prediction (MTP) speculative decoding in generation (not available yet)"),
+    OFF_ONLY("actor_rollout_ref.rollout.qat", "null", "no quantization-aware training", QAT),
+    NOTED("actor_rollout_ref.rollout.checkpoint_engine.backend",
+          "weights reach the rollout ranks as actor_rollout_ref.rollout.weight_sync says"),
+    OFF_ONLY("actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module", "null",
+             "weights reach the rollout ranks as actor_rollout_ref.rollout.weight_sync says",
+             "a custom checkpoint-engine back-end (not available)"),
+    NOTED("actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.*",
+          "weights reach the rollout ranks as actor_rollout_ref.rollout.weight_sync says"),
+    OFF_ONLY("actor_rollout_ref.rollout.disaggregation.enabled", "false", "prefill and decode run together",
+             "prefill-decode disaggregated generation (not available)"),
+    NOTED("actor_rollout_ref.rollout.disaggregation.*", "used only with disaggregation.enabled"),
+    REFUSED("actor_rollout_ref.rollout.single_turn_response_length",
+            "a per-turn response budget in multi-turn rollouts (not available; no verl v0.9 config or code has this "
+            "key either)"),
+    /* verl v0.9: data */
+    NOTED("data.audio_key", "text only: no audio column is read"),
+    NOTED("data.mm_processor_kwargs.*", "text only: no multi-modal processor"),
+    NOTED("data.function_tool_path",
+          "the tools in the prompt are those of actor_rollout_ref.rollout.multi_turn.function_tool_path"),
+    NOTED("data.continuous_token.*",
+          "multi-turn trajectories here keep each model turn's tokens as generated (docs/agents.md)"),
+    NOTED("data.min_response_length", "no verl v0.9 code reads it (a key scripts add with +)"),
+    /* verl v0.9: the reward block (reward.*) beside the legacy reward_model.* */
+    OFF_ONLY("reward.reward_manager.name", "naive|dapo|batch", "rule scores are per sample here",
+             "reward managers other than naive, dapo and batch (not available)"),
+    OFF_ONLY("reward.reward_manager.source", "register", "the reward managers are built in",
+             "a reward manager imported from a module (not available)"),
+    NOTED("reward.reward_manager.module.*", "used only with reward.reward_manager.source=importlib"),
+    NOTED("reward.reward_kwargs.*", "a keyword argument of verl's reward manager; the ones read here are "
+                                    "overlong_buffer_cfg.* and max_resp_len"),
+    NOTED("reward.reward_model.enable_resource_pool", RM_HERE),
+    NOTED("reward.reward_model.nnodes", RM_HERE),
+    NOTED("reward.reward_model.n_gpus_per_node", RM_HERE),
+    NOTED("reward.reward_model.rollout.*", "a generative reward model's engine (not available): the reward model here "
+                                           "is a sequence classifier"),
+    NOTED("reward.sandbox_fusion.*", "no code sandbox: scorers are built in or custom_reward_function.path"),
+    NOTED("sandbox_fusion.*", "no code sandbox: scorers are built in or custom_reward_function.path"),
+    /* verl v0.9: the algorithm */
+    OFF_ONLY("algorithm.filter_groups.max_inflight_gen_batches", "1", "one generation round is in flight at a time",
+             "overlapped DAPO generation rounds (not available yet)"),
+    /* verl v0.9: the v1 trainer, fully-async training, rollout replay, distillation */
+    NOTED("trainer.use_v1", "which of verl's trainer implementations runs (v0 or v1)"),
+    OFF_ONLY("trainer.v1.trainer_mode", "sync", "the synchronous trainer",
+             "verl v1's asynchronous trainer modes, colocate_async and separate_async (not available yet; "
+             "separate_async's staleness-bounded training is the planned fully-async training)"),
+    NOTED("trainer.v1.sync.*", "the synchronous trainer's options"),
+    NOTED("trainer.v1.colocate_async.*", V1_ASYNC),
+    NOTED("trainer.v1.separate_async.*", V1_ASYNC),
+    OFF_ONLY("trainer.v1.sampler.sync_refill_failed_groups", "false", "no group is refilled",
+             "refilling groups whose trajectories all failed (not available yet)"),
+    OFF_ONLY("trainer.v1.sampler.custom_sampler.path", "null", "the step's groups are trained as generated",
+             "a custom replay-buffer sampler (not available)"),
+    NOTED("trainer.v1.sampler.custom_sampler.name", "used only with trainer.v1.sampler.custom_sampler.path"),
+    NOTED("trainer.v1.sampler.sampler_kwargs.*", "used only with trainer.v1.sampler.custom_sampler.path"),
+    NOTED("trainer.v1.sampler.max_off_policy_threshold", V1_ASYNC),
+    NOTED("trainer.v1.sampler.max_off_policy_strategy", V1_ASYNC),
+    REFUSED("async_training.*", FULLY_ASYNC),
+    REFUSED("rollout.total_rollout_steps", FULLY_ASYNC),
+    REFUSED("rollout.n", "responses per prompt are actor_rollout_ref.rollout.n (verl's fully-async config declares "
+                         "rollout.n, but no verl v0.9 code reads it)"),
+    OFF_ONLY("skip.rollout.enable", "false", "every step generates", "replaying dumped rollouts (not available yet)"),
+    OFF_ONLY("skip.rollout_tq.enable", "false", "every step generates",
+             "replaying dumped rollouts (not available yet)"),
+    OFF_ONLY("skip.async_rollout.enable", "false", "every step generates",
+             "replaying dumped rollouts (not available yet)"),
+    NOTED("skip.*", "used only with replayed rollouts (skip.*.enable)"),
+    OFF_ONLY("distillation.enabled", "false", "no teacher model",
+             "on-policy distillation from a teacher model (not available yet)"),
+    NOTED("distillation.*", "used only with distillation.enabled"),
 };
 
-/* Values of our keys that verl knows and that do not run here, each with why. */
+/* Values of our keys that verl knows and that do not run here, each with why (an enum's value outside its choices,
+ * or any other key's value as written). */
 static const struct {
     const char *key, *value, *why;
 } g_refused_values[] = {
@@ -316,6 +491,10 @@ static const struct {
     {"algorithm.adv_estimator", "gdpo",
      "GDPO normalises each reward component apart (algorithm.gdpo_reward_keys, entries of the reward function's "
      "dict), and a response's reward here is one score (not available yet)"},
+    {"trainer.device", "npu", "Ascend NPUs (not available: cuda or cpu)"},
+    {"data.train_batch_size", "0",
+     "fully-async training (planned; not available yet): verl's fully-async trainer takes "
+     "async_training.require_batches mini-batches a step instead of data.train_batch_size prompts"},
     {"actor_rollout_ref.actor.policy_loss.loss_mode", "bypass_mode",
      "verl's trainer sets that loss itself in bypass mode: set algorithm.rollout_correction.bypass_mode=true (and "
      "its loss_type)"},
@@ -352,6 +531,8 @@ static bool matches(const char *pattern, const char *name)
     const size_t n = strlen(pattern);
     if (n >= 2 && strcmp(pattern + n - 2, ".*") == 0) /* the prefix with its dot, or the section itself (=null) */
         return strncmp(name, pattern, n - 1) == 0 || (strncmp(name, pattern, n - 2) == 0 && !name[n - 2]);
+    if (n >= 1 && pattern[n - 1] == '*') /* a name prefix (optim.muon_*) */
+        return strncmp(name, pattern, n - 1) == 0;
     return strcmp(pattern, name) == 0;
 }
 
@@ -371,6 +552,36 @@ static const struct {
     {"reward_model.reward_kwargs.overlong_buffer_cfg.len", "reward_model.overlong_buffer.len"},
     {"reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor", "reward_model.overlong_buffer.penalty_factor"},
     {"reward_model.reward_kwargs.overlong_buffer_cfg.log", "reward_model.overlong_buffer.log"},
+    /* verl v0.9's names */
+    {"reward.num_workers", "reward_model.num_workers"},
+    {"reward.custom_reward_function.path", "custom_reward_function.path"},
+    {"reward.custom_reward_function.name", "custom_reward_function.name"},
+    {"reward.reward_kwargs.max_resp_len", "reward_model.reward_kwargs.max_resp_len"},
+    {"reward.reward_kwargs.overlong_buffer_cfg.enable", "reward_model.overlong_buffer.enable"},
+    {"reward.reward_kwargs.overlong_buffer_cfg.len", "reward_model.overlong_buffer.len"},
+    {"reward.reward_kwargs.overlong_buffer_cfg.penalty_factor", "reward_model.overlong_buffer.penalty_factor"},
+    {"reward.reward_kwargs.overlong_buffer_cfg.log", "reward_model.overlong_buffer.log"},
+    {"reward.reward_model.enable", "reward_model.enable"},
+    {"reward.reward_model.model_path", "reward_model.model.path"},
+    {"actor_rollout_ref.rollout.nnodes", "rollout.nnodes"},
+    {"actor_rollout_ref.rollout.n_gpus_per_node", "rollout.n_gpus_per_node"},
+    {"actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes",
+     "actor_rollout_ref.rollout.update_weights_bucket_megabytes"},
+    {"actor_rollout_ref.actor.use_prefix_grouper", "actor_rollout_ref.actor.shared_prompt_packing"},
+    {"actor_rollout_ref.actor.optim.min_lr_factor", "actor_rollout_ref.actor.optim.min_lr_ratio"},
+    {"actor_rollout_ref.actor.megatron.router_replay.mode", "actor_rollout_ref.actor.router_replay.mode"},
+    {"actor_rollout_ref.actor.veomni.router_replay.mode", "actor_rollout_ref.actor.router_replay.mode"},
+    {"actor_rollout_ref.actor.veomni.ulysses_parallel_size", "actor_rollout_ref.actor.ulysses_sequence_parallel_size"},
+    {"actor_rollout_ref.actor.veomni.expert_parallel_size",
+     "actor_rollout_ref.actor.megatron.expert_model_parallel_size"},
+    {"actor_rollout_ref.actor.torchtitan.tensor_parallel_size",
+     "actor_rollout_ref.actor.megatron.tensor_model_parallel_size"},
+    {"actor_rollout_ref.actor.torchtitan.pipeline_parallel_size",
+     "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size"},
+    {"actor_rollout_ref.actor.torchtitan.context_parallel_size",
+     "actor_rollout_ref.actor.megatron.context_parallel_size"},
+    {"actor_rollout_ref.actor.torchtitan.expert_parallel_size",
+     "actor_rollout_ref.actor.megatron.expert_model_parallel_size"},
 };
 
 const char *config_verl_alias(const char *name)

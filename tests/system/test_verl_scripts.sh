@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # verl's own GRPO launch scripts, unchanged: the argument vector of every script in verl v0.7.0's
-# examples/grpo_trainer and recipe/dapo, recorded as bash delivers it (tests/fixtures/verl/scripts/*.args, made by
-# scripts/record_verl_scripts.sh), goes to grpo-worker --print-config: each is accepted, or refused naming a
-# feature that is not available (never an unknown key, a wrong value or a crash). Then verl's GSM8K + MATH example
-# (run_qwen2-7b_math.sh) runs on a tiny model with its own arguments, only the model, the data (two parquet files in
-# verl's layout given in verl's list form), the sizes and the placement overridden, and a Python reward function:
+# examples/grpo_trainer and recipe/dapo, and in verl v0.9.0's examples/grpo_trainer, recipe/dapo and
+# verl/experimental/fully_async_policy/shell, recorded as bash delivers it (tests/fixtures/verl/scripts/*.args and
+# tests/fixtures/verl/scripts/v0.9.0/*.args, made by scripts/record_verl_scripts.sh), goes to grpo-worker
+# --print-config: each is accepted, or refused naming a feature that is not available (never an unknown key, a
+# wrong value or a crash). Then verl's GSM8K + MATH example (v0.7.0's run_qwen2-7b_math.sh) runs on a tiny model
+# with its own arguments, only the model, the data (two parquet files in verl's layout given in verl's list form),
+# the sizes and the placement overridden, and a Python reward function:
 # trainer.total_epochs decides the steps, trainer.logger's console-only sinks mean no TensorBoard files and a
 # notice for wandb, trainer.device (not in the script) is auto and said, and the Python scorer scores.
 # Usage: test_verl_scripts.sh GRPO_WORKER GRPO_MODEL   (from the source root). The run part is skipped (the
@@ -22,30 +24,38 @@ overrides() {
     grep -v '^#' "$1" | grep -E '^[^-].*=' | grep -v '^--'
 }
 
-accepted=0 refused=0 total=0
-: >"$TMP/summary"
-for f in tests/fixtures/verl/scripts/*.args; do
-    name="$(basename "$f" .args)"
-    mapfile -t args < <(overrides "$f")
-    "$worker" --print-config "${args[@]}" >"$TMP/$name.out" 2>&1
-    rc=$?
-    total=$((total + 1))
-    if [ $rc -eq 0 ]; then
-        accepted=$((accepted + 1))
-        echo "accepted $name" >>"$TMP/summary"
-    elif [ $rc -eq 2 ] && grep -qE "error config: .*not available" "$TMP/$name.out" &&
-        ! grep -q "unknown key" "$TMP/$name.out"; then
-        refused=$((refused + 1))
-        echo "refused  $name: $(grep -o 'error config: .*' "$TMP/$name.out" | cut -c15-)" >>"$TMP/summary"
-    else
-        fail "$name: rc $rc, not accepted nor refused by a named feature: $(tail -1 "$TMP/$name.out")"
-    fi
-    ! crashed "$TMP/$name.out" || fail "$name: crashed"
-done
-cat "$TMP/summary"
-echo "verl v0.7.0 scripts: $total, accepted $accepted, refused for a named feature $refused"
-[ "$total" -ge 70 ]; expect "every recorded script was tried ($total)" $?
-[ $((accepted + refused)) -eq "$total" ]; expect "each accepted or refused for a named feature" $?
+# replay VERSION DIR MIN: every recorded script of DIR through --print-config; MIN: at least this many recorded
+replay() {
+    local version="$1" dir="$2" min="$3" accepted=0 refused=0 total=0 f name rc
+    : >"$TMP/summary-$version"
+    for f in "$dir"/*.args; do
+        name="$(basename "$f" .args)"
+        mapfile -t args < <(overrides "$f")
+        "$worker" --print-config "${args[@]}" >"$TMP/$version-$name.out" 2>&1
+        rc=$?
+        total=$((total + 1))
+        if [ $rc -eq 0 ]; then
+            accepted=$((accepted + 1))
+            echo "accepted $name" >>"$TMP/summary-$version"
+        elif [ $rc -eq 2 ] && grep -qE "error config: .*not available" "$TMP/$version-$name.out" &&
+            ! grep -q "unknown key" "$TMP/$version-$name.out"; then
+            refused=$((refused + 1))
+            echo "refused  $name: $(grep -o 'error config: .*' "$TMP/$version-$name.out" | cut -c15-)" \
+                >>"$TMP/summary-$version"
+        else
+            fail "verl $version $name: rc $rc, not accepted nor refused by a named feature: $(tail -1 "$TMP/$version-$name.out")"
+        fi
+        ! crashed "$TMP/$version-$name.out" || fail "verl $version $name: crashed"
+    done
+    cat "$TMP/summary-$version"
+    echo "verl $version scripts: $total, accepted $accepted, refused for a named feature $refused"
+    [ "$total" -ge "$min" ]; expect "every recorded verl $version script was tried ($total)" $?
+    [ $((accepted + refused)) -eq "$total" ]; expect "each verl $version script accepted or refused for a named feature" $?
+}
+# verl v0.7.0's examples/grpo_trainer and recipe/dapo; v0.9.0's, with the fully-async trainer's scripts
+# (verl/experimental/fully_async_policy/shell) and recipe/dapo from the verl-recipe submodule
+replay v0.7.0 tests/fixtures/verl/scripts 70
+replay v0.9.0 tests/fixtures/verl/scripts/v0.9.0 85
 
 # --- the GSM8K + MATH example runs
 if ! py="$(./scripts/parquet_env.sh 2>"$TMP/env.log")"; then
