@@ -691,8 +691,9 @@ int config_lora_targets(const char *list, unsigned *mask, char *why, size_t len)
     return 0;
 }
 
-/* LoRA's keys: the targets name projections, and the adapter is not split over training TP or PP ranks (the
- * rollout's TP generates with the adapter merged into its shards). */
+/* LoRA's keys: the targets name projections; under training TP or PP the adapter is sharded like the projections
+ * it wraps, but not yet together with expert parallelism (the worker refuses the experts' and the router's adapters
+ * under TP or PP, which need the model to know). */
 static int validate_lora(const struct grpo_config *c, struct cfg_error *err)
 {
     if (c->arr_model_lora_rank == 0 && !c->arr_model_lora_adapter_path[0])
@@ -703,15 +704,17 @@ static int validate_lora(const struct grpo_config *c, struct cfg_error *err)
         errf(err, "%s: %s", origin_of(c, "actor_rollout_ref.model.target_modules"), why);
         return -1;
     }
-    if (c->actor_megatron_tensor_model_parallel_size > 1 || c->actor_megatron_pipeline_model_parallel_size > 1) {
+    if ((c->actor_megatron_tensor_model_parallel_size > 1 || c->actor_megatron_pipeline_model_parallel_size > 1) &&
+        c->actor_megatron_expert_model_parallel_size > 1) {
         errf(err,
              "LoRA (actor_rollout_ref.model.lora_rank=%lld%s%s) with actor_rollout_ref.actor.megatron."
-             "tensor_model_parallel_size=%lld, actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=%lld: "
-             "LoRA with training tensor or pipeline parallelism (not available yet: LoRA trains whole models; data "
-             "parallelism and the rollout's tensor_model_parallel_size work); set those sizes to 1",
+             "expert_model_parallel_size=%lld and actor_rollout_ref.actor.megatron.tensor_model_parallel_size=%lld, "
+             "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=%lld: LoRA with expert parallelism and "
+             "training tensor or pipeline parallelism together (not available yet: LoRA runs with EP alone, or with "
+             "TP and PP alone); set expert_model_parallel_size to 1, or tensor and pipeline_model_parallel_size to 1",
              c->arr_model_lora_rank, c->arr_model_lora_adapter_path[0] ? ", lora_adapter_path=" : "",
-             c->arr_model_lora_adapter_path, c->actor_megatron_tensor_model_parallel_size,
-             c->actor_megatron_pipeline_model_parallel_size);
+             c->arr_model_lora_adapter_path, c->actor_megatron_expert_model_parallel_size,
+             c->actor_megatron_tensor_model_parallel_size, c->actor_megatron_pipeline_model_parallel_size);
         return -1;
     }
     if (c->trainer_sft_warmup_steps > 0) {

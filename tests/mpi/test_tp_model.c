@@ -4,7 +4,11 @@
  * counted once per parameter, and the generation logits agree with one process's within 1e-5 (relative L2); slicing
  * and assembling the whole buffer is exact. Mixture-of-experts models (Qwen3-MoE, Mixtral) too, with the
  * load-balancing loss on: every expert split over TP by intermediate rows like the dense MLP, the router whole and
- * the same on every TP rank (its gradient the same on each, counted once). Exit 0 only if every rank saw every value
+ * the same on every TP rank (its gradient the same on each, counted once). LoRA adapters sharded like the
+ * projections they wrap (Llama, Qwen2 with its one KV head replicated, and the attention's adapters of a Qwen3-MoE):
+ * a new adapter is the whole one's part bit for bit, slicing and gathering it is exact, and the log-probs, every
+ * rank's adapter gradients (summed over TP: the parts every TP rank holds whole included), their norm counted once,
+ * the merged weights and the generation logits agree with one process's. Exit 0 only if every rank saw every value
  * right. */
 #include <math.h>
 #include <stdio.h>
@@ -17,6 +21,7 @@
 #include "common/log.h"
 #include "worker/comm/comm.h"
 #include "worker/comm/parallel.h"
+#include "worker/model/lora.h"
 #include "worker/model/model.h"
 
 static int g_bad;
@@ -172,6 +177,119 @@ static void check_config(const char *name, const struct model_config *c, const s
         log_info("test", "%s: TP %d x PP %d checked", name, T, P);
 }
 
+/* LoRA (rank 3, alpha 6, on targets) on shards of c against the whole model's adapter. */
+static void check_lora(const char *name, const struct model_config *c, const struct parallel_groups *g, struct comm *mp,
+                       unsigned targets)
+{
+    const int T = g->at.tp_size, P = g->at.pp_size;
+    const struct model_layout lay = {g->at.tp_rank, T, g->at.pp_rank, P, g->tp, g->pp, mp, 0, 1, NULL};
+    const struct lora_config lc = {.rank = 3, .alpha = 6, .targets = targets};
+    char err[512];
+    struct model *whole = model_create(c), *part = model_create_shard(c, &lay);
+    model_init_random(whole, 7, 0.2);
+    model_shard_slice(part, whole->w.mem, part->w.mem);
+    if (lora_attach(whole, &lc, err, sizeof err) != 0 || lora_attach(part, &lc, err, sizeof err) != 0) {
+        g_bad++;
+        log_error("test", "%s: LoRA: %s", name, err);
+        model_free(whole), model_free(part);
+        return;
+    }
+    const size_t nw = lora_whole_floats(part), n = part->lora->n;
+    if (nw != whole->lora->n) {
+        g_bad++;
+        log_error("test", "%s: LoRA: the whole adapter has %zu floats, a whole model's %zu", name, nw, whole->lora->n);
+    }
+    /* a new adapter: this rank's part of the whole one, drawn from the same seed */
+    lora_init(whole, 11);
+    lora_init(part, 11);
+    float *back = xcalloc(nw, sizeof(float)), *mine = xcalloc(n ? n : 1, sizeof(float));
+    lora_mp_gather(part, part->lora->mem, back);
+    if (memcmp(back, whole->lora->mem, nw * sizeof(float)) != 0) {
+        g_bad++;
+        log_error("test", "%s: LoRA: the shards' new adapter gathered is not the whole model's", name);
+    }
+    /* B not zero (a new adapter's is): every float of the adapter its own value, sliced, and gathered back exact */
+    for (size_t i = 0; i < nw; i++)
+        whole->lora->mem[i] = (float)(0.3 * sin(0.7 * (double)i + 0.1));
+    lora_mp_slice(part, whole->lora->mem, part->lora->mem);
+    memset(back, 0, nw * sizeof(float));
+    lora_mp_gather(part, part->lora->mem, comm_rank(mp) == 0 ? back : NULL);
+    if (comm_rank(mp) == 0 && memcmp(back, whole->lora->mem, nw * sizeof(float)) != 0) {
+        g_bad++;
+        log_error("test", "%s: LoRA: slice + gather does not give the whole adapter back", name);
+    }
+    const int lens[2] = {7, 4}, B = 2;
+    int N = 0, cu[3] = {0};
+    for (int b = 0; b < B; b++)
+        cu[b + 1] = (N += lens[b]);
+    int32_t ids[11], tg[11], pos[11];
+    float dlogp[11], dent[11], lw[11], ew[11], lp[11], ep[11];
+    for (int b = 0, i = 0; b < B; b++)
+        for (int j = 0; j < lens[b]; j++, i++) {
+            ids[i] = (int32_t)((i * 29 + 3) % c->vocab_size);
+            tg[i] = (int32_t)((i * 41 + 7) % c->vocab_size);
+            pos[i] = j;
+            dlogp[i] = (float)cos(0.5 + i);
+            dent[i] = (float)(0.2 * sin(1.5 + i));
+        }
+    const struct packed_batch pb = {N, B, ids, tg, pos, cu, NULL, NULL, NULL};
+    const struct trainable tw = model_trainable(whole), tr = model_trainable(part);
+    model_trainable_zero_grads(whole);
+    model_trainable_zero_grads(part);
+    model_backward(whole, model_forward(whole, &pb, 0.7f, false, lw, ew), dlogp, dent);
+    pipeline_pass(part, &pb, false, lp, ep, dlogp, dent);
+    expect_close(name, "LoRA log-probs", lp, lw, (size_t)N, 1e-5);
+    lora_sync_grads(part);
+    /* every rank's parts (those every TP rank holds whole too) against the whole gradient's */
+    lora_mp_slice(part, tw.grads, mine);
+    int nr = lora_refs(part, tr.grads, NULL, 0);
+    struct param_ref *refs = xcalloc((size_t)nr, sizeof *refs);
+    lora_refs(part, tr.grads, refs, nr);
+    for (int i = 0; i < nr; i++) {
+        char what[160];
+        snprintf(what, sizeof what, "LoRA gradient of %s", refs[i].name);
+        expect_close(name, what, refs[i].data, mine + (refs[i].data - tr.grads), refs[i].numel, 1e-5);
+    }
+    free(refs);
+    double sq = lora_owned_sq_range(part, tr.grads, 0, tr.n), want = 0;
+    comm_allreduce_sum(mp, &sq, 1, COMM_F64);
+    for (size_t i = 0; i < tw.n; i++)
+        want += (double)tw.grads[i] * tw.grads[i];
+    if (!(want > 0) || !(fabs(sq - want) <= 1e-5 * want)) {
+        g_bad++;
+        log_error("test", "%s: LoRA gradient norm^2 over the ranks %.9g, whole %.9g", name, sq, want);
+    }
+    /* the merged weights: each shard's part, gathered, are the whole model's bit for bit */
+    float *mw = xmalloc(whole->w.n_floats * sizeof(float)), *mp_w = xmalloc(part->w.n_floats * sizeof(float));
+    float *mg = xcalloc(whole->w.n_floats, sizeof(float));
+    lora_merged_weights(whole, mw);
+    lora_merged_weights(part, mp_w);
+    model_shard_assemble(part, mp_w, mg);
+    if (memcmp(mg, mw, whole->w.n_floats * sizeof(float)) != 0) {
+        g_bad++;
+        log_error("test", "%s: LoRA: the shards' merged weights are not the whole model's", name);
+    }
+    /* generation with the adapter (unmerged: the low-rank products on each shard) */
+    if (P == 1) {
+        const int V = c->vocab_size;
+        struct kv_cache *kw[2] = {kv_cache_create(whole, 16), kv_cache_create(whole, 16)};
+        struct kv_cache *kp[2] = {kv_cache_create(part, 16), kv_cache_create(part, 16)};
+        int ntok[2] = {4, 6};
+        float *gw = xmalloc((size_t)10 * V * sizeof(float)), *gp = xmalloc((size_t)10 * V * sizeof(float));
+        model_step(whole, kw, 2, ntok, ids, gw, true);
+        model_step(part, kp, 2, ntok, ids, gp, true);
+        expect_close(name, "LoRA prefill logits", gp, gw, (size_t)10 * V, 1e-5);
+        for (int i = 0; i < 2; i++)
+            kv_cache_free(kw[i]), kv_cache_free(kp[i]);
+        free(gw), free(gp);
+    }
+    free(mw), free(mp_w), free(mg), free(back), free(mine);
+    model_free(whole);
+    model_free(part);
+    if (comm_rank(mp) == 0)
+        log_info("test", "%s: LoRA under TP %d x PP %d checked", name, T, P);
+}
+
 int main(int argc, char **argv)
 {
     CHECK_MPI(MPI_Init(&argc, &argv));
@@ -238,6 +356,22 @@ int main(int argc, char **argv)
     check_config("qwen3-moe", &qwen3moe, &g, w, 0);
     check_config("qwen3-moe-aux", &qwen3moe, &g, w, 0.05f);
     check_config("mixtral-aux", &mixtral, &g, w, 0.05f);
+    const unsigned attn = 1u << PROJ_Q | 1u << PROJ_K | 1u << PROJ_V | 1u << PROJ_O;
+    check_lora("llama-lora-all-linear", &llama, &g, w, LORA_ALL_LINEAR);
+    check_lora("qwen2-lora-all-linear", &qwen, &g, w, LORA_ALL_LINEAR);
+    check_lora("qwen3-moe-lora-attention", &qwen3moe, &g, w, attn);
+    if (T * P > 1) { /* the experts' adapters under TP or PP: refused naming the way out */
+        const struct model_layout lay = {g.at.tp_rank, T, g.at.pp_rank, P, g.tp, g.pp, w, 0, 1, NULL};
+        struct model *m = model_create_shard(&qwen3moe, &lay);
+        const struct lora_config all = {.rank = 2, .alpha = 4, .targets = LORA_ALL_LINEAR, .router = true};
+        char why[512] = "";
+        if (lora_attach(m, &all, why, sizeof why) == 0 || !strstr(why, "mixture-of-experts") ||
+            !strstr(why, "target_modules=[q_proj,k_proj,v_proj,o_proj]")) {
+            g_bad++;
+            log_error("test", "LoRA on the experts under TP %d x PP %d not refused clearly: '%s'", T, P, why);
+        }
+        model_free(m);
+    }
     /* layouts that cannot work are refused with the key and the numbers */
     char why[256];
     struct model_config bad = llama;

@@ -653,7 +653,7 @@ static void test_moe_expert_adapter(void **state)
     }
 }
 
-/* The keys: rank 0 is off; TP or PP with LoRA are refused naming the keys. */
+/* The keys: rank 0 is off; TP or PP with LoRA run, but not together with EP: refused naming the keys. */
 static void test_config_keys(void **state)
 {
     (void)state;
@@ -672,9 +672,16 @@ static void test_config_keys(void **state)
     assert_int_equal(config_validate(&c, &err), 0);
     assert_int_equal(config_apply_override(&c, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2", &err),
                      0);
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2", &err),
+                     0);
+    assert_int_equal(config_validate(&c, &err), 0);
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2", &err),
+                     0);
     assert_int_equal(config_validate(&c, &err), -1);
     assert_non_null(strstr(err.msg, "actor_rollout_ref.model.lora_rank"));
-    assert_non_null(strstr(err.msg, "tensor_model_parallel_size"));
+    assert_non_null(strstr(err.msg, "expert_model_parallel_size=2"));
+    assert_non_null(strstr(err.msg, "tensor_model_parallel_size=2"));
+    assert_non_null(strstr(err.msg, "LoRA with expert parallelism and training tensor or pipeline parallelism"));
     config_free(&c);
 }
 

@@ -79,12 +79,6 @@ static int gen_model_setup(struct colocated *c, char *err, size_t errlen)
     const bool same = env->at.pp_size == 1 && env->at.tp_size == rtp && env->at.ep_size <= 1;
     if (same)
         return 0;
-    if (p->lora && env->at.tp_size * env->at.pp_size > 1) /* config_validate refuses it first */
-        return error_set(err, errlen,
-                         "LoRA with training TP %d x PP %d: LoRA trains whole models (the rollout's TP may be "
-                         "larger); set actor_rollout_ref.actor.megatron.tensor_model_parallel_size and "
-                         "pipeline_model_parallel_size to 1",
-                         env->at.tp_size, env->at.pp_size);
     if (rtp > 1 &&
         model_shard_check(&p->cfg, rtp, "actor_rollout_ref.rollout.tensor_model_parallel_size", err, errlen) != 0)
         return -1;
@@ -133,12 +127,13 @@ static double update_weights(struct colocated *c, int64_t *bytes)
                       : c->env->at.tp_size * c->env->at.pp_size > 1 ? c->env->mp
                                                                     : NULL;
     float *merged = NULL;
-    if (p->lora && mp) { /* LoRA under EP: each rank's part merged (its experts' adapters), then gathered below */
+    if (p->lora && mp) { /* LoRA under EP, TP or PP: each rank's part merged (its experts', rows', columns' or
+                          * layers' adapters into its weights' parts), then gathered below */
         merged = xmalloc(p->w.n_floats * sizeof(float));
         lora_merged_weights(p, merged);
         local = merged;
     }
-    if (p->lora && !mp) { /* a whole model (no TP or PP with LoRA): the base with the adapter merged, then sharded */
+    if (p->lora && !mp) { /* a whole model: the base with the adapter merged, then sharded */
         lora_merged_weights(p, c->whole);
     } else if (!mp) {
         memcpy(c->whole, local, nw * sizeof(float));

@@ -15,6 +15,7 @@
 #include "common/config.h"
 #include "common/fs.h"
 #include "kernels/kernels.h"
+#include "model_internal.h"
 #include "sampler.h"
 #include "worker/comm/comm.h"
 #include "worker/formats/safetensors.h"
@@ -47,7 +48,6 @@ const char *lora_targets_text(unsigned targets, char *buf, size_t len)
 
 /* ------------------------------------------------------------------ layout */
 
-/* Point lay's matrices into base (NULL: only count); returns the floats. */
 static const unsigned g_mlp = 1u << PROJ_GATE | 1u << PROJ_UP | 1u << PROJ_DOWN;
 
 /* A matrix of n floats at base + *off (NULL when only counting). */
@@ -58,16 +58,19 @@ static float *take(float *base, size_t *off, size_t n)
     return p;
 }
 
-/* The layout for experts_here experts per MoE layer (m's own: m->sh.n_experts; the whole adapter under EP: E). */
-static size_t lora_layout_n(const struct model *m, const struct lora_config *c, float *base, struct lora_layer *lay,
-                            int experts_here)
+/* The adapter's layout on shard sh of a model of mc: the layers of its stage, each projection's A (r, Din) and B
+ * (Dout, r) with the shard's Din and Dout (model_shard_proj_dims: a column-parallel projection's rows of B, a
+ * row-parallel one's columns of A; the other matrix whole), the experts' adapters of its experts. lay's matrices
+ * are pointed into base (lay NULL: only count); returns the floats. */
+static size_t layout_over(const struct model_config *mc, const struct model_shard *sh, const struct lora_config *c,
+                          float *base, struct lora_layer *lay)
 {
     size_t off = 0;
     const size_t r = (size_t)c->rank;
-    const bool moe = m->cfg.n_experts > 0;
-    const size_t El = (size_t)experts_here, E = (size_t)m->cfg.n_experts, D = (size_t)m->cfg.hidden_size;
-    const size_t F = (size_t)m->cfg.moe_intermediate;
-    for (int l = 0; l < m->cfg.n_layers; l++) {
+    const bool moe = mc->n_experts > 0;
+    const size_t El = (size_t)sh->n_experts, E = (size_t)mc->n_experts, D = (size_t)mc->hidden_size;
+    const size_t F = (size_t)mc->moe_intermediate;
+    for (int l = sh->layer_lo; l < sh->layer_hi; l++) {
         struct lora_layer z = {0}, *L = lay ? &lay[l] : &z;
         if (moe && (c->targets & (1u << PROJ_GATE))) { /* gate and up: one adapter of rank 2r (gate_up_proj) */
             L->Agu = take(base, &off, El * 2 * r * D);
@@ -85,7 +88,7 @@ static size_t lora_layout_n(const struct model *m, const struct lora_config *c, 
             if (!(c->targets & (1u << p)) || (moe && (g_mlp & (1u << p))))
                 continue;
             int din, dout;
-            model_proj_dims(m, (enum proj_kind)p, &din, &dout);
+            model_shard_proj_dims(mc, sh, (enum proj_kind)p, &din, &dout);
             if (lay) {
                 lay[l].A[p] = base + off;
                 lay[l].B[p] = base + off + r * (size_t)din;
@@ -98,8 +101,11 @@ static size_t lora_layout_n(const struct model *m, const struct lora_config *c, 
 
 static size_t lora_layout(const struct model *m, const struct lora_config *c, float *base, struct lora_layer *lay)
 {
-    return lora_layout_n(m, c, base, lay, m->sh.n_experts);
+    return layout_over(&m->cfg, &m->sh, c, base, lay);
 }
+
+/* The whole model's shard: every layer, row, column and expert (the whole adapter's layout, PEFT's). */
+static struct model_shard whole_shard(const struct model_config *mc) { return model_shard_of(mc, 0, 1, 0, 1); }
 
 static size_t sink_floats(const struct model *m)
 {
@@ -110,9 +116,17 @@ int lora_attach(struct model *m, const struct lora_config *c, char *err, size_t 
 {
     if (m->lora)
         return ERR("the model has a LoRA adapter already");
-    if (m->sh.tp_size > 1 || m->sh.pp_size > 1)
-        return ERR("LoRA runs on whole models only (this one is TP rank %d of %d, stage %d of %d)", m->sh.tp_rank,
-                   m->sh.tp_size, m->sh.pp_rank, m->sh.pp_size);
+    const bool split = m->sh.tp_size > 1 || m->sh.pp_size > 1;
+    if (split && m->sh.ep)
+        return ERR("LoRA with expert parallelism (EP rank %d of %d) and training tensor or pipeline parallelism (TP "
+                   "rank %d of %d, stage %d of %d): not available yet; LoRA runs under EP with TP and PP 1, or under "
+                   "TP and PP without EP",
+                   m->sh.ep_rank, m->sh.ep_size, m->sh.tp_rank, m->sh.tp_size, m->sh.pp_rank, m->sh.pp_size);
+    if (split && m->cfg.n_experts && (c->targets & g_mlp || c->router))
+        return ERR("LoRA on the experts or the router of a mixture-of-experts model (%d experts) with training tensor "
+                   "or pipeline parallelism (TP %d, PP %d): not available yet; list the attention projections "
+                   "(target_modules=[q_proj,k_proj,v_proj,o_proj]), or set TP and PP to 1",
+                   m->cfg.n_experts, m->sh.tp_size, m->sh.pp_size);
     if (c->rank < 1 || !(c->alpha > 0) || !(c->targets & LORA_ALL_LINEAR || (c->router && m->cfg.n_experts)) ||
         (c->targets & ~LORA_ALL_LINEAR))
         return ERR("LoRA needs a rank >= 1 (got %d), alpha > 0 (got %g) and at least one target projection", c->rank,
@@ -191,28 +205,33 @@ void lora_init(struct model *m, uint64_t seed)
     struct lora *a = m->lora;
     if (!a)
         return;
-    float *host = xcalloc(a->n ? a->n : 1, sizeof(float));
+    /* the whole adapter is drawn, in its own order, and this rank keeps its part (its stage's layers, its rows or
+     * columns under TP, its experts under EP): the same adapter whatever the layout */
+    const struct model_config *mc = &m->cfg;
+    const struct model_shard one = whole_shard(mc);
+    const size_t nw = layout_over(mc, &one, &a->cfg, NULL, NULL);
+    float *whole = xcalloc(nw ? nw : 1, sizeof(float));
+    struct lora_layer *wl = xcalloc((size_t)mc->n_layers, sizeof *wl);
+    layout_over(mc, &one, &a->cfg, whole, wl);
     struct rng r;
     rng_seed(&r, seed, 0x10a);
-    for (int l = 0; l < a->n_layers; l++)
+    for (int l = 0; l < mc->n_layers; l++)
         for (int p = 0; p < PROJ_KINDS; p++) {
-            if (!a->w[l].A[p])
+            if (!wl[l].A[p])
                 continue;
             int din, dout;
-            model_proj_dims(m, (enum proj_kind)p, &din, &dout);
+            model_shard_proj_dims(mc, &one, (enum proj_kind)p, &din, &dout);
             /* torch's kaiming_uniform_(a = sqrt(5)): gain sqrt(2 / 6), bound gain sqrt(3 / fan_in) = 1/sqrt(Din) */
             const double bound = 1.0 / sqrt((double)din);
-            float *A = host + (a->w[l].A[p] - a->mem);
+            float *A = wl[l].A[p];
             for (size_t i = 0; i < (size_t)a->cfg.rank * (size_t)din; i++)
                 A[i] = (float)((2.0 * rng_uniform(&r) - 1.0) * bound);
         }
-    /* the experts' and the router's A: PEFT's one Linear of (rows, Din) each, the same bound */
-    /* (under EP every expert's values are drawn, in the whole adapter's order, and this rank keeps its own: the
-     * same adapter whatever the EP layout) */
-    const size_t rk = (size_t)a->cfg.rank, D = (size_t)m->cfg.hidden_size, F = (size_t)m->cfg.moe_intermediate;
-    const int E = m->cfg.n_experts, lo = m->sh.expert_lo, El = m->sh.n_experts;
-    for (int l = 0; l < a->n_layers; l++) {
-        const struct lora_layer *L = &a->w[l];
+    /* the experts' and the router's A: PEFT's one Linear of (rows, Din) each, the same bound, expert after expert */
+    const size_t rk = (size_t)a->cfg.rank, D = (size_t)mc->hidden_size, F = (size_t)mc->moe_intermediate;
+    const int E = mc->n_experts;
+    for (int l = 0; l < mc->n_layers; l++) {
+        const struct lora_layer *L = &wl[l];
         const struct {
             float *A;
             int blocks; /* experts (1: the router) */
@@ -222,21 +241,17 @@ void lora_init(struct model *m, uint64_t seed)
             if (!as[k].A)
                 continue;
             const double bound = 1.0 / sqrt((double)as[k].din);
-            const size_t per = as[k].rows * as[k].din;
-            float *A = host + (as[k].A - a->mem);
-            for (int g = 0; g < as[k].blocks; g++) {
-                const bool mine = as[k].blocks == 1 || (g >= lo && g < lo + El);
-                float *dst = mine ? A + (size_t)(as[k].blocks == 1 ? 0 : g - lo) * per : NULL;
-                for (size_t i = 0; i < per; i++) {
-                    const float v = (float)((2.0 * rng_uniform(&r) - 1.0) * bound);
-                    if (dst)
-                        dst[i] = v;
-                }
-            }
+            const size_t n = (size_t)as[k].blocks * as[k].rows * as[k].din;
+            for (size_t i = 0; i < n; i++)
+                as[k].A[i] = (float)((2.0 * rng_uniform(&r) - 1.0) * bound);
         }
     }
+    float *host = xcalloc(a->n ? a->n : 1, sizeof(float));
+    lora_mp_slice(m, whole, host);
     k_to_device(m->K, a->mem, host, a->n * sizeof(float));
     free(host);
+    free(wl);
+    free(whole);
 }
 
 void lora_set_bypass(struct model *m, bool bypass)
@@ -393,19 +408,31 @@ void model_trainable_zero_grads(struct model *m)
 
 /* ------------------------------------------------------------------ PEFT's files */
 
-int lora_refs(const struct model *m, const float *buf, struct param_ref *refs, int max)
+/* The named tensors of an adapter laid out for shard sh over buf (never NULL), each with its place in the whole
+ * adapter's tensor: a column-parallel projection's B split by rows as its weight is (its A whole on every TP rank),
+ * a row-parallel one's A by columns (its B whole); a part whole on several ranks is owned by the first of them
+ * (TP rank 0; with replicated KV heads, the first rank holding them; the dense parts under EP: EP rank 0). */
+static int refs_over(const struct model_config *mc, const struct model_shard *sh, const struct lora_config *c,
+                     const float *buf, struct param_ref *refs, int max)
 {
-    const struct lora *a = m->lora;
-    if (!a)
-        return 0;
+    struct lora_layer *lay = xcalloc((size_t)mc->n_layers, sizeof *lay);
+    layout_over(mc, sh, c, (float *)buf, lay);
+    const struct model_shard one = whole_shard(mc);
+    const int64_t r = c->rank, hd = mc->head_dim;
+    const bool ep0 = sh->ep_rank == 0, first = sh->tp_rank == 0 && ep0;
+    const bool kv_owner = sh->tp_rank % (sh->kv_share > 0 ? sh->kv_share : 1) == 0 && ep0;
     int n = 0;
-    const int64_t r = a->cfg.rank;
-    for (int l = 0; l < a->n_layers; l++)
+    for (int l = sh->layer_lo; l < sh->layer_hi; l++)
         for (int p = 0; p < PROJ_KINDS; p++) {
-            if (!a->w[l].A[p])
+            if (!lay[l].A[p])
                 continue;
-            int din, dout;
-            model_proj_dims(m, (enum proj_kind)p, &din, &dout);
+            int din, dout, fin, fout;
+            model_shard_proj_dims(mc, sh, (enum proj_kind)p, &din, &dout);
+            model_shard_proj_dims(mc, &one, (enum proj_kind)p, &fin, &fout);
+            const bool row = p == PROJ_O || p == PROJ_DOWN, kv = p == PROJ_K || p == PROJ_V;
+            const int64_t at = p == PROJ_Q || p == PROJ_O ? (int64_t)sh->head_lo * hd
+                               : kv                       ? (int64_t)sh->kv_lo * hd
+                                                          : (int64_t)sh->inter_lo;
             for (int ab = 0; ab < 2; ab++, n++) {
                 if (!refs || n >= max)
                     continue;
@@ -413,28 +440,34 @@ int lora_refs(const struct model *m, const float *buf, struct param_ref *refs, i
                 memset(f, 0, sizeof *f);
                 snprintf(f->name, sizeof f->name, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", l,
                          lora_proj_module((enum proj_kind)p), g_proj_names[p], ab ? 'B' : 'A');
-                const float *at = ab ? a->w[l].B[p] : a->w[l].A[p];
-                f->data = (float *)buf + (at - a->mem);
+                f->data = ab ? lay[l].B[p] : lay[l].A[p];
                 f->n_dims = 2;
-                f->shape[0] = f->full[0] = ab ? dout : r;
-                f->shape[1] = f->full[1] = ab ? r : din;
+                f->shape[0] = ab ? dout : r;
+                f->shape[1] = ab ? r : din;
+                f->full[0] = ab ? fout : r;
+                f->full[1] = ab ? r : fin;
                 f->numel = (size_t)f->shape[0] * (size_t)f->shape[1];
-                f->owner = true;
+                const bool whole = row ? ab == 1 : ab == 0; /* the matrix on the unsplit side */
+                f->split = whole ? 0 : row ? 2 : 1;
+                f->at = whole ? 0 : at;
+                f->owner = whole ? first : kv ? kv_owner : ep0;
             }
         }
     /* a mixture of experts: the experts' adapters (PEFT's ParamWrapper on transformers' fused parameters: with both,
      * gate_up_proj's is the inner one, under base_layer) and the router's */
-    const int64_t El = m->sh.n_experts, E = m->cfg.n_experts, D = m->cfg.hidden_size, F = m->cfg.moe_intermediate;
-    for (int l = 0; l < a->n_layers && E; l++) {
-        const struct lora_layer *L = &a->w[l];
+    const int64_t El = sh->n_experts, E = mc->n_experts, D = mc->hidden_size, F = mc->moe_intermediate;
+    for (int l = sh->layer_lo; l < sh->layer_hi && E; l++) {
+        const struct lora_layer *L = &lay[l];
         const bool both = L->Agu && L->Ad;
         const struct {
             const float *A, *B;
             const char *module;
             int64_t ra, din, dout, rb;
-        } ms[] = {{L->Agu, L->Bgu, both ? "mlp.experts.base_layer" : "mlp.experts", El * 2 * r, D, 2 * F, 2 * r * El},
-                  {L->Ad, L->Bd, "mlp.experts", El * r, F, D, r * El},
-                  {L->Ar, L->Br, "mlp.gate", r, D, E, r}};
+            bool owner;
+        } ms[] = {
+            {L->Agu, L->Bgu, both ? "mlp.experts.base_layer" : "mlp.experts", El * 2 * r, D, 2 * F, 2 * r * El, true},
+            {L->Ad, L->Bd, "mlp.experts", El * r, F, D, r * El, true},
+            {L->Ar, L->Br, "mlp.gate", r, D, E, r, first}};
         for (size_t k = 0; k < sizeof ms / sizeof *ms; k++) {
             if (!ms[k].A)
                 continue;
@@ -445,16 +478,33 @@ int lora_refs(const struct model *m, const float *buf, struct param_ref *refs, i
                 memset(f, 0, sizeof *f);
                 snprintf(f->name, sizeof f->name, "base_model.model.model.layers.%d.%s.lora_%c.weight", l, ms[k].module,
                          ab ? 'B' : 'A');
-                f->data = (float *)buf + ((ab ? ms[k].B : ms[k].A) - a->mem);
+                f->data = (float *)(ab ? ms[k].B : ms[k].A);
                 f->n_dims = 2;
                 f->shape[0] = f->full[0] = ab ? ms[k].dout : ms[k].ra;
                 f->shape[1] = f->full[1] = ab ? ms[k].rb : ms[k].din;
                 f->numel = (size_t)f->shape[0] * (size_t)f->shape[1];
-                f->owner = true;
+                f->owner = ms[k].owner;
             }
         }
     }
+    free(lay);
     return n;
+}
+
+int lora_refs(const struct model *m, const float *buf, struct param_ref *refs, int max)
+{
+    const struct lora *a = m->lora;
+    return a ? refs_over(&m->cfg, &m->sh, &a->cfg, buf, refs, max) : 0;
+}
+
+/* The named tensors of a buffer laid out as shard sh's adapter (refs_over), allocated; the count in *n. */
+static struct param_ref *refs_alloc(const struct model_config *mc, const struct model_shard *sh,
+                                    const struct lora_config *c, const float *buf, int *n)
+{
+    *n = refs_over(mc, sh, c, buf, NULL, 0);
+    struct param_ref *r = xcalloc((size_t)(*n ? *n : 1), sizeof *r);
+    refs_over(mc, sh, c, buf, r, *n);
+    return r;
 }
 
 /* A key that must be absent, null, false, empty or equal to `off` (a string) for a plain LoRA. */
@@ -674,6 +724,10 @@ int lora_save(const struct model *m, const char *dir, const char *base, char *er
 {
     if (!m->lora)
         return ERR("the model has no LoRA adapter to save");
+    if (m->sh.mp || m->sh.ep)
+        return ERR("lora_save: the model is a shard (TP %d, PP %d, EP %d): gather its whole adapter first "
+                   "(lora_mp_gather)",
+                   m->sh.tp_size, m->sh.pp_size, m->sh.ep_size);
     if (fs_mkdir_p(dir) != 0)
         return ERR("%s: cannot create directory: %s", dir, check_errno_text());
     char path[4096];
@@ -720,9 +774,13 @@ int lora_load(struct model *m, const char *dir, char *err, size_t errlen)
     struct st_file *f = st_open(path, err, errlen);
     if (!f)
         return -1;
-    float *host;
-    struct param_ref *refs;
-    const int n = host_refs(m, &host, &refs);
+    /* the file holds the whole adapter: read whole, then this rank's part of it (a shard's rows, columns, layers or
+     * experts) */
+    const struct model_shard one = whole_shard(&m->cfg);
+    const size_t nw = layout_over(&m->cfg, &one, have, NULL, NULL);
+    float *whole = xcalloc(nw ? nw : 1, sizeof(float));
+    int n;
+    struct param_ref *refs = refs_alloc(&m->cfg, &one, have, whole, &n);
     int rc = 0;
     for (int i = 0; i < n && rc == 0; i++) {
         const struct st_tensor_info *t = st_find(f, refs[i].name);
@@ -746,11 +804,14 @@ int lora_load(struct model *m, const char *dir, char *err, size_t errlen)
     if (rc == 0) {
         m->lora->cfg.alpha = c.alpha;
         m->lora->scale = (float)(c.alpha / c.rank);
+        float *host = xmalloc((m->lora->n ? m->lora->n : 1) * sizeof(float));
+        lora_mp_slice(m, whole, host);
         k_to_device(m->K, m->lora->mem, host, m->lora->n * sizeof(float));
+        free(host);
     }
     st_close(f);
     free(refs);
-    free(host);
+    free(whole);
     return rc;
 }
 
@@ -840,8 +901,6 @@ void lora_merge(struct model *m)
 
 void lora_merged_weights(const struct model *m, float *out)
 {
-    if (m->sh.tp_size > 1 || m->sh.pp_size > 1)
-        check_failf(__FILE__, __LINE__, "lora_merged_weights: whole models only");
     k_to_host(m->K, out, m->w.mem, m->w.n_floats * sizeof(float));
     if (m->lora && !m->lora->bypass)
         add_adapters(m, out);
@@ -898,8 +957,9 @@ static void ep_copy(const struct model *m, float *local, float *whole, int lo, b
     const int n_layers = m->cfg.n_layers, El = m->sh.n_experts, E = m->cfg.n_experts, r = a->cfg.rank;
     const int D = m->cfg.hidden_size, F = m->cfg.moe_intermediate;
     struct lora_layer *ll = xcalloc((size_t)n_layers, sizeof *ll), *wl = xcalloc((size_t)n_layers, sizeof *wl);
-    lora_layout_n(m, &a->cfg, local, ll, El);
-    lora_layout_n(m, &a->cfg, whole, wl, E);
+    const struct model_shard one = whole_shard(&m->cfg);
+    layout_over(&m->cfg, &m->sh, &a->cfg, local, ll);
+    layout_over(&m->cfg, &one, &a->cfg, whole, wl);
 #define CP(dst_w, src_l, n)                                                                                            \
     do {                                                                                                               \
         if (to_whole)                                                                                                  \
@@ -951,26 +1011,154 @@ static void ep_copy(const struct model *m, float *local, float *whole, int lo, b
 
 size_t lora_whole_floats(const struct model *m)
 {
-    return m->lora ? lora_layout_n(m, &m->lora->cfg, NULL, NULL, m->cfg.n_experts) : 0;
+    const struct model_shard one = whole_shard(&m->cfg);
+    return m->lora ? layout_over(&m->cfg, &one, &m->lora->cfg, NULL, NULL) : 0;
 }
 
-void lora_ep_gather(const struct model *m, const float *local, float *whole)
+/* Tensor and pipeline parallelism: every rank's part (its layout, at all + r per for mp rank r) placed into the
+ * whole adapter, each part by the rank that owns it. */
+static void mp_place(const struct model *m, const float *all, size_t per, float *whole)
 {
     const struct lora *a = m->lora;
-    if (!m->sh.ep) {
+    const struct model_shard one = whole_shard(&m->cfg);
+    int nw;
+    struct param_ref *w = refs_alloc(&m->cfg, &one, &a->cfg, whole, &nw);
+    for (int r = 0; r < m->sh.tp_size * m->sh.pp_size; r++) { /* mp rank r: TP rank r % TP of stage r / TP */
+        const struct model_shard sh = model_shard_of_mp(m, r);
+        int n, hint = 0;
+        struct param_ref *l = refs_alloc(&m->cfg, &sh, &a->cfg, all + (size_t)r * per, &n);
+        for (int i = 0; i < n; i++)
+            if (l[i].owner)
+                model_part_copy(kctx_cpu(), &l[i], l[i].data, model_whole_ref(w, nw, &l[i], &hint)->data, true);
+        free(l);
+    }
+    free(w);
+}
+
+void lora_mp_gather(const struct model *m, const float *local, float *whole)
+{
+    const struct lora *a = m->lora;
+    if (!m->sh.mp && !m->sh.ep) {
         if (whole)
             memcpy(whole, local, a->n * sizeof(float));
         return;
     }
-    const int P = m->sh.ep_size;
-    float *all = xmalloc((a->n ? a->n : 1) * (size_t)P * sizeof(float));
-    comm_allgather(m->sh.ep, local, all, a->n, COMM_F32);
-    for (int p = 0; p < P && whole; p++)
-        ep_copy(m, all + (size_t)p * a->n, whole, p * m->sh.n_experts, true, p == 0);
+    if (m->sh.ep) { /* every EP rank's experts (TP and PP are 1: lora_attach) */
+        const int P = m->sh.ep_size;
+        float *all = xmalloc((a->n ? a->n : 1) * (size_t)P * sizeof(float));
+        comm_allgather(m->sh.ep, local, all, a->n, COMM_F32);
+        for (int p = 0; p < P && whole; p++)
+            ep_copy(m, all + (size_t)p * a->n, whole, p * m->sh.n_experts, true, p == 0);
+        free(all);
+        return;
+    }
+    const int n_mp = m->sh.tp_size * m->sh.pp_size;
+    size_t per = 1; /* the largest part: stages differ */
+    for (int r = 0; r < n_mp; r++) {
+        const struct model_shard sh = model_shard_of_mp(m, r);
+        const size_t k = layout_over(&m->cfg, &sh, &a->cfg, NULL, NULL);
+        per = k > per ? k : per;
+    }
+    float *send = xcalloc(per, sizeof(float)), *all = xmalloc((size_t)n_mp * per * sizeof(float));
+    memcpy(send, local, a->n * sizeof(float));
+    comm_allgather(m->sh.mp, send, all, per, COMM_F32);
+    if (whole)
+        mp_place(m, all, per, whole);
+    free(send);
     free(all);
 }
 
-void lora_ep_slice(const struct model *m, const float *whole, float *local)
+void lora_mp_slice(const struct model *m, const float *whole, float *local)
 {
-    ep_copy(m, local, (float *)whole, m->sh.expert_lo, false, true);
+    const struct lora *a = m->lora;
+    if (m->sh.ep) {
+        ep_copy(m, local, (float *)whole, m->sh.expert_lo, false, true);
+        return;
+    }
+    if (!m->sh.mp) {
+        memcpy(local, whole, a->n * sizeof(float));
+        return;
+    }
+    const struct model_shard one = whole_shard(&m->cfg);
+    int nw, n, hint = 0;
+    struct param_ref *w = refs_alloc(&m->cfg, &one, &a->cfg, whole, &nw);
+    struct param_ref *l = refs_alloc(&m->cfg, &m->sh, &a->cfg, local, &n);
+    for (int i = 0; i < n; i++)
+        model_part_copy(kctx_cpu(), &l[i], l[i].data, model_whole_ref(w, nw, &l[i], &hint)->data, false);
+    free(l);
+    free(w);
+}
+
+/* ------------------------------------------------------------------ tensor and pipeline parallelism */
+
+void lora_sync_grads(struct model *m)
+{
+    struct lora *a = m->lora;
+    if (!a || !a->grad || !m->sh.tp)
+        return;
+    const int r = a->cfg.rank;
+    const bool kv_shared = m->sh.kv_share > 1;
+    /* per adapted projection of this stage: the matrix every TP rank holds whole (a column-parallel projection's
+     * A, a row-parallel one's B), a partial sum on each; and with replicated KV heads, k's and v's B rows placed at
+     * their rows of the whole B, so that the sum gives each KV head the sum over the ranks that share it */
+    struct span {
+        float *g;
+        size_t n, at; /* floats of g, and where they go in the block */
+        size_t block; /* the block's floats in the sum */
+    };
+    struct span *sp = xcalloc(2 * (size_t)(m->sh.layer_hi - m->sh.layer_lo) * PROJ_KINDS + 1, sizeof *sp);
+    int ns = 0;
+    size_t total = 0;
+    for (int l = m->sh.layer_lo; l < m->sh.layer_hi; l++)
+        for (int p = 0; p < PROJ_KINDS; p++) {
+            if (!a->g[l].A[p])
+                continue;
+            int din, dout;
+            model_proj_dims(m, (enum proj_kind)p, &din, &dout);
+            const bool row = p == PROJ_O || p == PROJ_DOWN, kv = p == PROJ_K || p == PROJ_V;
+            if (row)
+                sp[ns++] = (struct span){a->g[l].B[p], (size_t)dout * r, 0, (size_t)dout * r};
+            else
+                sp[ns++] = (struct span){a->g[l].A[p], (size_t)r * din, 0, (size_t)r * din};
+            if (kv && kv_shared) {
+                const size_t full = (size_t)m->cfg.n_kv_heads * m->cfg.head_dim;
+                const size_t at = (size_t)m->sh.kv_lo * m->cfg.head_dim * r;
+                sp[ns++] = (struct span){a->g[l].B[p], (size_t)dout * r, at, full * r};
+            }
+        }
+    for (int i = 0; i < ns; i++)
+        total += sp[i].block;
+    const size_t bytes = (total ? total : 1) * sizeof(float);
+    float *buf = k_calloc(m->K, bytes, KMEM_OTHER, "the LoRA gradients summed over TP");
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1)
+            comm_allreduce_sum(m->sh.tp, buf, total, COMM_F32);
+        size_t off = 0;
+        for (int i = 0; i < ns; i++) {
+            float *b = buf + off + sp[i].at;
+            k_copy(m->K, pass ? sp[i].g : b, pass ? b : sp[i].g, sp[i].n * sizeof(float));
+            off += sp[i].block;
+        }
+    }
+    k_free(m->K, buf, bytes, KMEM_OTHER);
+    free(sp);
+}
+
+double lora_owned_sq_range(const struct model *m, const float *buf, size_t lo, size_t hi)
+{
+    const struct lora *a = m->lora;
+    int n;
+    struct param_ref *r = refs_alloc(&m->cfg, &m->sh, &a->cfg, a->mem, &n);
+    double s = 0;
+    for (int i = 0; i < n; i++) {
+        if (!r[i].owner)
+            continue;
+        size_t x = (size_t)(r[i].data - a->mem), y = x + r[i].numel;
+        x = x > lo ? x : lo;
+        y = y < hi ? y : hi;
+        if (x < y)
+            s += k_sumsq(m->K, buf + (x - lo), y - x);
+    }
+    free(r);
+    return s;
 }

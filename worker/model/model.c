@@ -729,14 +729,19 @@ int model_param_refs(const struct model *m, const struct model_params *p, struct
 
 /* ---------------------------------------------------------------- projections */
 
-void model_proj_dims(const struct model *m, enum proj_kind p, int *din, int *dout)
+void model_shard_proj_dims(const struct model_config *c, const struct model_shard *sh, enum proj_kind p, int *din,
+                           int *dout)
 {
-    const int D = m->cfg.hidden_size, F = m->sh.inter, QD = m->sh.n_heads * m->cfg.head_dim;
-    const int KD = m->sh.n_kv_heads * m->cfg.head_dim;
+    const int D = c->hidden_size, F = sh->inter, QD = sh->n_heads * c->head_dim, KD = sh->n_kv_heads * c->head_dim;
     static const int in_is[PROJ_KINDS] = {0, 0, 0, 1, 0, 0, 2}, out_is[PROJ_KINDS] = {1, 3, 3, 0, 2, 2, 0};
     const int dims[4] = {D, QD, F, KD};
     *din = dims[in_is[p]];
     *dout = dims[out_is[p]];
+}
+
+void model_proj_dims(const struct model *m, enum proj_kind p, int *din, int *dout)
+{
+    model_shard_proj_dims(&m->cfg, &m->sh, p, din, dout);
 }
 
 /* The weight and bias of projection p in params P (weights or gradients). */

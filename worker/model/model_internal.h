@@ -14,6 +14,17 @@ struct model_shard model_shard_of_mp(const struct model *m, int r);
 int model_refs_over(const struct model_config *c, const struct model_shard *sh, float *mem, struct param_ref *refs,
                     int max);
 
+/* The input and output sizes of projection p on shard sh (its rows of column-parallel q/k/v/gate/up, its columns
+ * of row-parallel o/down). */
+void model_shard_proj_dims(const struct model_config *c, const struct model_shard *sh, enum proj_kind p, int *din,
+                           int *dout);
+/* The whole tensor named like part among w[0..nw) (refs in layout order: the search starts at *hint, which moves
+ * past the match); a missing one is a failed check. */
+const struct param_ref *model_whole_ref(const struct param_ref *w, int nw, const struct param_ref *part, int *hint);
+/* Copy between a part p (its data at part) and its place in the whole tensor at whole (laid out full[0] x
+ * full[1]), both in K's memory: into the whole when to_whole, else out of it. */
+void model_part_copy(struct kctx *K, const struct param_ref *p, float *part, float *whole, bool to_whole);
+
 /* Parameter floats of shard sh. */
 size_t model_shard_floats(const struct model_config *c, const struct model_shard *sh);
 

@@ -20,8 +20,7 @@ static struct param_ref *refs_of(const struct model_config *c, const struct mode
     return r;
 }
 
-/* The whole tensor named like part (refs in layout order: the search starts at *hint). */
-static const struct param_ref *whole_of(const struct param_ref *w, int nw, const struct param_ref *part, int *hint)
+const struct param_ref *model_whole_ref(const struct param_ref *w, int nw, const struct param_ref *part, int *hint)
 {
     for (int k = 0; k < nw; k++) {
         int i = (*hint + k) % nw;
@@ -34,9 +33,7 @@ static const struct param_ref *whole_of(const struct param_ref *w, int nw, const
     return NULL;
 }
 
-/* Copy between a part (p) and its place in the whole tensor (w, laid out full[0] x full[1]), both in K's
- * memory. */
-static void copy_part_on(struct kctx *K, const struct param_ref *p, float *part, float *whole, bool to_whole)
+void model_part_copy(struct kctx *K, const struct param_ref *p, float *part, float *whole, bool to_whole)
 {
     const int64_t rows = p->shape[0], cols = p->shape[1], fcols = p->full[1];
     if (p->split != 2) { /* whole rows: one block */
@@ -54,7 +51,7 @@ static void copy_part_on(struct kctx *K, const struct param_ref *p, float *part,
 /* The same in host memory. */
 static void copy_part(const struct param_ref *p, float *part, float *whole, bool to_whole)
 {
-    copy_part_on(kctx_cpu(), p, part, whole, to_whole);
+    model_part_copy(kctx_cpu(), p, part, whole, to_whole);
 }
 
 void model_shard_slice(const struct model *m, const float *whole, float *local)
@@ -64,7 +61,7 @@ void model_shard_slice(const struct model *m, const float *whole, float *local)
     struct param_ref *w = refs_of(&m->cfg, &one, (float *)whole, &nw);
     struct param_ref *l = refs_of(&m->cfg, &m->sh, local, &nl);
     for (int i = 0; i < nl; i++)
-        copy_part(&l[i], l[i].data, whole_of(w, nw, &l[i], &hint)->data, false);
+        copy_part(&l[i], l[i].data, model_whole_ref(w, nw, &l[i], &hint)->data, false);
     free(w);
     free(l);
 }
@@ -78,7 +75,7 @@ static void place_owned(const struct model *m, int r, const float *part, const s
     struct param_ref *l = refs_of(&m->cfg, &sh, (float *)part, &n);
     for (int i = 0; i < n; i++)
         if (l[i].owner)
-            copy_part(&l[i], l[i].data, whole_of(w, nw, &l[i], &hint)->data, true);
+            copy_part(&l[i], l[i].data, model_whole_ref(w, nw, &l[i], &hint)->data, true);
     free(l);
 }
 
@@ -161,7 +158,7 @@ static void sync_kv(struct model *m, const struct param_ref *g, int n)
         size_t off = 0;
         for (int i = 0; i < n; i++)
             if (is_kv(&g[i])) {
-                copy_part_on(m->K, &g[i], g[i].data, buf + off, pass == 0);
+                model_part_copy(m->K, &g[i], g[i].data, buf + off, pass == 0);
                 off += (size_t)g[i].full[0] * (size_t)g[i].full[1];
             }
     }

@@ -376,7 +376,15 @@ static double mp_clip(struct model *m, double max_norm)
         grad_scale_to_on(m->K, tr.grads, tr.n, norm, max_norm);
         return norm;
     }
-    if (!m->sh.mp) { /* whole models, and LoRA (whole models, or EP above) */
+    if (m->lora && m->sh.mp) { /* LoRA under TP or PP: each rank's parts of the adapter, the whole ones once */
+        const struct trainable tr = model_trainable(m);
+        double s = lora_owned_sq_range(m, tr.grads, 0, tr.n);
+        comm_allreduce_sum(m->sh.mp, &s, 1, COMM_F64);
+        const double norm = sqrt(s);
+        grad_scale_to_on(m->K, tr.grads, tr.n, norm, max_norm);
+        return norm;
+    }
+    if (!m->sh.mp) { /* whole models, and LoRA on them */
         const struct trainable tr = model_trainable(m);
         return grad_clip_on(m->K, tr.grads, tr.n, max_norm);
     }
@@ -451,6 +459,8 @@ static void update_mini_batch(struct model *m, struct adamw *opt, struct rollout
     st->pp_schedule_s += clock_now_s() - t0;
     if (!m->lora)
         model_shard_sync_grads(m); /* replicated KV heads, the tied embedding's copy: their gradients summed */
+    else
+        lora_sync_grads(m); /* under TP: the adapter's matrices every TP rank holds whole, their partial sums */
     if (p->dp || p->grads) {
         const double t0 = clock_now_s();
         if (p->zero)

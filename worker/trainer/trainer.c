@@ -290,8 +290,9 @@ static void shard_slice(struct trainer *t, struct kctx *K, const float *whole, f
     k_to_device(K, local, stage, t->policy->w.n_floats * sizeof(float));
 }
 
-/* LoRA under EP: this rank's buffer in the adapter's layout (in K's memory) to the whole adapter's (host; NULL: this
- * rank only sends), and a whole one's part back into local; from a GPU through the host. */
+/* LoRA on a model copy split over ranks (EP, TP, PP): this rank's buffer in the adapter's layout (in K's memory) to
+ * the whole adapter's (host; NULL: this rank only sends), and a whole one's part back into local; from a GPU
+ * through the host. */
 static void lora_gather(struct trainer *t, struct kctx *K, const float *local, float *whole)
 {
     const float *part = local;
@@ -300,17 +301,17 @@ static void lora_gather(struct trainer *t, struct kctx *K, const float *local, f
         k_to_host(K, stage, local, t->policy->lora->n * sizeof(float));
         part = stage;
     }
-    lora_ep_gather(t->policy, part, whole);
+    lora_mp_gather(t->policy, part, whole);
 }
 
 static void lora_slice(struct trainer *t, struct kctx *K, const float *whole, float *local)
 {
     if (K->device == KDEV_CPU) {
-        lora_ep_slice(t->policy, whole, local);
+        lora_mp_slice(t->policy, whole, local);
         return;
     }
     float *stage = trainer_host_buffer(t);
-    lora_ep_slice(t->policy, whole, stage);
+    lora_mp_slice(t->policy, whole, stage);
     k_to_device(K, local, stage, t->policy->lora->n * sizeof(float));
 }
 
@@ -329,7 +330,8 @@ static void gather_whole(struct trainer *t, struct model **wm, struct adamw **wo
         return;
     const struct adamw *opt = local ? local : t->opt;
     *wo = NULL;
-    if (t->policy->lora) { /* LoRA under EP: the whole adapter and its moments, every expert's */
+    if (t->policy->lora) { /* LoRA under EP, TP or PP: the whole adapter and its moments (every expert's, row,
+                            * column and layer) */
         const struct model *p = t->policy;
         if (lead(t)) {
             char err[256];
@@ -721,7 +723,7 @@ static int load_checkpoint(struct trainer *t, const char *dir, struct run_state 
 {
     if (!t->lay.mp && !on_device(t))
         return checkpoint_load(dir, t->policy, t->opt, st, err, errlen);
-    if (t->policy->lora && t->policy->sh.ep) { /* LoRA under EP: the whole adapter, then this rank's part */
+    if (t->policy->lora && t->lay.mp) { /* LoRA under EP, TP or PP: the whole adapter, then this rank's part */
         const struct model *p = t->policy;
         struct model *wm = model_create(&p->cfg);
         if (lora_attach(wm, &p->lora->cfg, err, errlen) != 0) {
@@ -742,7 +744,7 @@ static int load_checkpoint(struct trainer *t, const char *dir, struct run_state 
         model_free(wm);
         return rc;
     }
-    if (t->policy->lora) { /* on a GPU (no TP or PP with LoRA): lora_load fills the device's adapter itself */
+    if (t->policy->lora) { /* a whole model on a GPU: lora_load fills the device's adapter itself */
         struct adamw *ho = adamw_create(t->opt->n, t->opt->beta1, t->opt->beta2, t->opt->eps, t->opt->weight_decay);
         int rc = checkpoint_load(dir, t->policy, ho, st, err, errlen);
         if (rc == 0)

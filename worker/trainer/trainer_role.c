@@ -523,13 +523,14 @@ static void publish(struct trainer_rank *r, int64_t version)
     const double t0 = clock_now_s();
     float *whole = NULL;
     size_t n;
-    if (p->lora && p->sh.ep) { /* LoRA under EP: the whole adapter, every EP rank's experts' adapters (a host copy) */
+    if (p->lora && (p->sh.ep || p->sh.mp)) { /* LoRA under EP, TP or PP: the whole adapter, every rank's parts of
+                                              * it (from a host copy) */
         if (r->disp)
             whole = xmalloc(lora_whole_floats(p) * sizeof(float));
-        lora_ep_gather(p, trainer_params(r->t, &n), whole);
+        lora_mp_gather(p, trainer_params(r->t, &n), whole);
     } else if (p->sh.tp_size * p->sh.pp_size > 1 || p->sh.ep) { /* the parts to the dispatcher's rank, each from a host
-                                                                 * copy on GPUs (no LoRA with TP or PP); under EP the
-                                                                 * experts of DP ranks 1 .. EP - 1; SP rank 0's copy */
+                                                                 * copy on GPUs; under EP the experts of DP ranks
+                                                                 * 1 .. EP - 1; SP rank 0's copy */
         if (r->disp)
             whole = xmalloc(model_whole_floats(&p->cfg) * sizeof(float));
         model_shard_gather(p, trainer_params(r->t, &n), whole, 0);

@@ -231,8 +231,11 @@ double zero1_clip(struct zero1 *z, double max_norm, const struct model *m)
         grad_scale_to_on(z->K, z->grad, k, norm, max_norm);
         return norm;
     }
-    /* a LoRA adapter (whole models only) is all owned; a shard counts each parameter on one rank */
-    double s = m->lora ? k_sumsq(z->K, z->grad, z->hi - z->lo) : model_owned_sq(m, z->grad, z->lo, z->hi);
+    /* a shard counts each parameter (or with LoRA each part of the adapter) on one rank; a whole adapter is all
+     * owned */
+    double s = m->lora
+                   ? (m->sh.mp ? lora_owned_sq_range(m, z->grad, z->lo, z->hi) : k_sumsq(z->K, z->grad, z->hi - z->lo))
+                   : model_owned_sq(m, z->grad, z->lo, z->hi);
     comm_allreduce_sum(z->dp, &s, 1, COMM_F64);
     if (m->sh.mp) /* the other TP and PP ranks' parts of the parameters */
         comm_allreduce_sum(m->sh.mp, &s, 1, COMM_F64);
