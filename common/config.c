@@ -691,6 +691,128 @@ int config_lora_targets(const char *list, unsigned *mask, char *why, size_t len)
     return 0;
 }
 
+int config_list_items(const char *list, char **items, int max)
+{
+    char *copy = xstrdup(list ? list : ""), *body = copy;
+    body += strspn(body, " \t");
+    size_t bl = strlen(body);
+    while (bl > 0 && isspace((unsigned char)body[bl - 1]))
+        body[--bl] = '\0';
+    if (bl >= 2 && body[0] == '[' && body[bl - 1] == ']') {
+        body[bl - 1] = '\0';
+        body++;
+    }
+    int n = 0;
+    char *save = NULL;
+    for (char *p = strtok_r(body, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
+        p += strspn(p, " \t");
+        size_t l = strlen(p);
+        while (l > 0 && isspace((unsigned char)p[l - 1]))
+            p[--l] = '\0';
+        if (l >= 2 && (p[0] == '\'' || p[0] == '"') && p[l - 1] == p[0]) {
+            p[--l] = '\0';
+            p++;
+            l--;
+        }
+        if (!l)
+            continue;
+        if (n == max) {
+            for (int k = 0; k < n; k++)
+                free(items[k]);
+            free(copy);
+            return -1;
+        }
+        items[n++] = xstrdup(p);
+    }
+    free(copy);
+    return n;
+}
+
+int config_gdpo_keys(const struct grpo_config *c, char **keys, double *weights, char *why, size_t whylen)
+{
+    const int n = config_list_items(c->alg_gdpo_reward_keys, keys, CFG_GDPO_MAX_KEYS);
+    if (n < 0) {
+        snprintf(why, whylen, "algorithm.gdpo_reward_keys: more than %d keys", CFG_GDPO_MAX_KEYS);
+        return -1;
+    }
+    for (int k = 0; k < n; k++)
+        weights[k] = 1.0;
+    char *w[CFG_GDPO_MAX_KEYS + 1];
+    const int nw = config_list_items(c->alg_gdpo_reward_weights, w, CFG_GDPO_MAX_KEYS + 1);
+    int rc = n;
+    if (nw > 0 && nw != n) {
+        snprintf(why, whylen, "algorithm.gdpo_reward_weights has %d weights for %d algorithm.gdpo_reward_keys", nw, n);
+        rc = -1;
+    }
+    for (int k = 0; k < nw; k++) {
+        char *end;
+        const double v = strtod(w[k], &end);
+        if (rc >= 0 && (end == w[k] || *end || !isfinite(v))) {
+            snprintf(why, whylen, "algorithm.gdpo_reward_weights: '%s' is not a number", w[k]);
+            rc = -1;
+        }
+        if (rc >= 0)
+            weights[k] = v;
+        free(w[k]);
+    }
+    if (rc < 0)
+        for (int k = 0; k < n; k++)
+            free(keys[k]);
+    return rc;
+}
+
+int config_gdpo_parts(const struct grpo_config *c)
+{
+    if (strcmp(c->alg_adv_estimator, "gdpo") != 0)
+        return 0;
+    char *keys[CFG_GDPO_MAX_KEYS];
+    double w[CFG_GDPO_MAX_KEYS];
+    char why[256];
+    const int n = config_gdpo_keys(c, keys, w, why, sizeof why);
+    for (int k = 0; k < n; k++)
+        free(keys[k]);
+    return n > 0 ? n : 0;
+}
+
+/* The advantage estimator's inputs, as verl's compute_advantage asserts them. */
+static int validate_estimator(const struct grpo_config *c, struct cfg_error *err)
+{
+    const char *est = c->alg_adv_estimator;
+    const bool otb = strcmp(est, "optimal_token_baseline") == 0 || strcmp(est, "tir_optimal_token_baseline") == 0;
+    if (otb && !c->actor_calculate_sum_pi_squared) {
+        errf(err,
+             "%s: algorithm.adv_estimator=%s: step-dependent optimal baseline requires sum_pi_squared from actor: set "
+             "actor_rollout_ref.actor.calculate_sum_pi_squared=true (verl's requirement)",
+             origin_of(c, "algorithm.adv_estimator"), est);
+        return -1;
+    }
+    if (otb && c->alg_rc_bypass_mode) {
+        errf(err,
+             "%s: algorithm.adv_estimator=%s with algorithm.rollout_correction.bypass_mode=true: bypass mode takes "
+             "no old-log-prob pass, where sum_pi_squared is computed (verl fails there too)",
+             origin_of(c, "algorithm.adv_estimator"), est);
+        return -1;
+    }
+    char *keys[CFG_GDPO_MAX_KEYS];
+    double w[CFG_GDPO_MAX_KEYS];
+    char why[256];
+    const int n = config_gdpo_keys(c, keys, w, why, sizeof why);
+    if (n < 0) {
+        errf(err, "%s: %s", origin_of(c, "algorithm.gdpo_reward_keys"), why);
+        return -1;
+    }
+    for (int k = 0; k < n; k++)
+        free(keys[k]);
+    if (strcmp(est, "gdpo") == 0 && n == 0) {
+        errf(err,
+             "%s: algorithm.adv_estimator=gdpo requires algorithm.gdpo_reward_keys listing the individual reward "
+             "component keys returned by compute_score (e.g. ['format_reward', 'accuracy_reward'])",
+             origin_of(c, "algorithm.adv_estimator"));
+        return -1;
+    }
+    return 0;
+}
+
 /* LoRA's keys: the targets name projections; under training TP or PP the adapter is sharded like the projections
  * it wraps, but not yet together with expert parallelism (the worker refuses the experts' and the router's adapters
  * under TP or PP, which need the model to know). */
@@ -893,7 +1015,7 @@ int config_validate(const struct grpo_config *c, struct cfg_error *err)
              origin_of(c, "actor_rollout_ref.actor.clip_ratio_c"), c->actor_clip_ratio_c);
         return -1;
     }
-    if (validate_losses(c, err) != 0)
+    if (validate_losses(c, err) != 0 || validate_estimator(c, err) != 0)
         return -1;
     if (c->actor_optim_betas.n != 2) {
         errf(err, "actor_rollout_ref.actor.optim.betas needs exactly two values, got %d (from %s)",

@@ -123,6 +123,16 @@ int config_logger_sinks(const struct grpo_config *c, unsigned *sinks, char *skip
  * q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (the model's enum proj_kind). 0, or -1 with why
  * naming the entry that is none of them. */
 int config_lora_targets(const char *list, unsigned *mask, char *why, size_t len);
+/* The items of a list value: verl's list form ['a', "b"] or [a, b], or comma-separated, each item's quotes and
+ * spaces dropped (an empty item skipped). The count, with up to max items copied into items (malloc'd, the caller
+ * frees them); more than max: -1, nothing kept. */
+#define CFG_GDPO_MAX_KEYS 8
+int config_list_items(const char *list, char **items, int max);
+/* algorithm.gdpo_reward_keys (into keys, up to CFG_GDPO_MAX_KEYS, malloc'd) and gdpo_reward_weights (weights, 1 each
+ * when not given): the number of keys, or -1 with why (too many, weights that are not numbers or not one per key). */
+int config_gdpo_keys(const struct grpo_config *c, char **keys, double *weights, char *why, size_t whylen);
+/* The reward components each response carries: with algorithm.adv_estimator=gdpo its keys' count, else 0. */
+int config_gdpo_parts(const struct grpo_config *c);
 /* Put a key back to its default (Hydra's ~key); a noted verl key is forgotten. 0, or -1 with err (unknown). */
 int config_reset(struct grpo_config *c, const char *name, struct cfg_error *err);
 /* Check relations between keys (for example clip bounds, batch divisibility). 0 or -1 with err. */

@@ -477,20 +477,6 @@ static const struct {
     const char *key, *value, *why;
 } g_refused_values[] = {
     {"algorithm.adv_estimator", "gae", "GAE needs a critic's values (training here has no critic)"},
-    {"algorithm.adv_estimator", "remax",
-     "ReMax's baseline is a greedy rollout of every prompt scored beside the sampled ones (reward_baselines), "
-     "which generation here does not make (not available yet)"},
-    {"algorithm.adv_estimator", "optimal_token_baseline",
-     "the optimal token baseline needs each token's sum of squared probabilities over the vocabulary from the "
-     "old-log-prob forward (verl's actor.calculate_sum_pi_squared), which the LM head here does not compute (not "
-     "available yet)"},
-    {"algorithm.adv_estimator", "tir_optimal_token_baseline",
-     "the optimal token baseline needs each token's sum of squared probabilities over the vocabulary from the "
-     "old-log-prob forward (verl's actor.calculate_sum_pi_squared), which the LM head here does not compute (not "
-     "available yet)"},
-    {"algorithm.adv_estimator", "gdpo",
-     "GDPO normalises each reward component apart (algorithm.gdpo_reward_keys, entries of the reward function's "
-     "dict), and a response's reward here is one score (not available yet)"},
     {"trainer.device", "npu", "Ascend NPUs (not available: cuda or cpu)"},
     {"data.train_batch_size", "0",
      "fully-async training (planned; not available yet): verl's fully-async trainer takes "

@@ -31,6 +31,9 @@ struct vocab_shard {
      * over the same rows turns them into its logit gradients in place instead of recomputing the product (one
      * GEMM of four); one backward per forward */
     float *keep;
+    /* the forward's entropy output gets sum_j p_j^2 (the sum of the squared probabilities over the vocabulary,
+     * verl's sum_pi_squared) instead of the entropy; the backward takes no dentropy then */
+    bool sum_pi_sq;
 };
 
 /* Embedding rows of this shard: out[i] = table[ids[i] - lo] for ids in [lo, hi), zero rows for the others

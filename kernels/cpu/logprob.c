@@ -124,7 +124,8 @@ static void chunk_grads(float *dh, float *dW, const float *dz, const float *hc, 
 
 /* Per-token softmax statistics of a chunk of c rows of this shard's logits z (c, Vl), combined over the shards:
  * st[i] the row maximum M, st[c + i] sum_j exp(z_ij - M), st[2c + i] sum_j exp(z_ij - M) (z_ij - M), st[3c + i]
- * the target's logit. e gets exp(z - M) of every element (c, Vl). */
+ * the target's logit, and with vs->sum_pi_sq st[4c + i] sum_j exp(z_ij - M)^2. e gets exp(z - M) of every element
+ * (c, Vl). */
 static void chunk_stats(const float *z, float *e, const int32_t *targets, int c, const struct vocab_shard *vs,
                         double *st)
 {
@@ -158,9 +159,17 @@ static void chunk_stats(const float *z, float *e, const int32_t *targets, int c,
         st[c + i] = sum;
         st[2 * c + i] = sz;
         st[3 * c + i] = t >= 0 && t < Vl ? zi[t] : 0.0;
+        if (vs->sum_pi_sq) {
+            double a2[8] = {0, 0, 0, 0, 0, 0, 0, 0}, s2 = 0.0;
+            for (j = 0; j < Vl; j++)
+                a2[j & 7] += (double)ei[j] * ei[j];
+            for (int l = 0; l < 8; l++)
+                s2 += a2[l];
+            st[4 * c + i] = s2;
+        }
     }
     if (vs->reduce)
-        vs->reduce(vs->ud, st + c, 3 * c, false);
+        vs->reduce(vs->ud, st + c, (vs->sum_pi_sq ? 4 : 3) * c, false);
 }
 
 static void forward_shard(float *logp, float *entropy, const float *h, const float *W, const int32_t *targets, int N,
@@ -172,7 +181,7 @@ static void forward_shard(float *logp, float *entropy, const float *h, const flo
     const int Vl = vs->hi - vs->lo, cmax = chunk < N ? chunk : N;
     const struct head hd = head_of(W, D, Vl, bf16);
     float *z = scratch_floats(2 * (size_t)cmax * Vl), *e = z + (size_t)cmax * Vl;
-    double *st = xmalloc(sizeof(double) * 4 * (size_t)cmax);
+    double *st = xmalloc(sizeof(double) * 5 * (size_t)cmax);
     for (int t0 = 0; t0 < N; t0 += cmax) {
         int c = N - t0 < cmax ? N - t0 : cmax;
         float *zc = vs->keep ? vs->keep + (size_t)t0 * Vl : z; /* the same product, kept for the backward */
@@ -182,7 +191,9 @@ static void forward_shard(float *logp, float *entropy, const float *h, const flo
             /* sum >= 1: the maximum contributes exp(0) */
             double logsum = log(st[c + i]); // cppcheck-suppress invalidFunctionArg
             logp[t0 + i] = (float)(st[3 * c + i] - (st[i] + logsum));
-            if (entropy) /* H = -sum p (z - lse) = log(sum) - sum p (z - M) */
+            if (entropy && vs->sum_pi_sq) /* sum p^2 = sum exp(z - M)^2 / (sum exp(z - M))^2 */
+                entropy[t0 + i] = (float)(st[4 * c + i] / (st[c + i] * st[c + i]));
+            else if (entropy) /* H = -sum p (z - lse) = log(sum) - sum p (z - M) */
                 entropy[t0 + i] = (float)(logsum - st[2 * c + i] / st[c + i]);
         }
     }
@@ -199,7 +210,7 @@ static void backward_shard(float *dh, float *dW, const float *dlogp, const float
     const int Vl = vs->hi - vs->lo, cmax = chunk < N ? chunk : N;
     const struct head hd = head_of(W, D, Vl, bf16);
     float *z = scratch_floats(2 * (size_t)cmax * Vl), *e = z + (size_t)cmax * Vl;
-    double *st = xmalloc(sizeof(double) * 4 * (size_t)cmax);
+    double *st = xmalloc(sizeof(double) * 5 * (size_t)cmax);
     double inv_t = 1.0 / temperature;
     for (int t0 = 0; t0 < N; t0 += cmax) {
         int c = N - t0 < cmax ? N - t0 : cmax;

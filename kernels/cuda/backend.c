@@ -596,7 +596,7 @@ static void reduce_on_host(struct kctx *K, const struct vocab_shard *vs, double 
  * statistics st (4c device doubles), as chunk_logits and chunk_stats of logprob.c: the row maxima reduced (max)
  * first, then the sums, entropy terms and target logits (sum). */
 static void lm_chunk(struct kctx *K, float *z, double *st, const void *hc, const void *W, const int32_t *targets, int c,
-                     int D, const struct vocab_shard *vs, float temperature)
+                     int D, const struct vocab_shard *vs, float temperature, bool sq)
 {
     const int Vl = vs->hi - vs->lo;
     gemm_rm(K, false, true, c, Vl, D, 1.0f / temperature, hc, D, W, D, 0.0f, z, Vl);
@@ -604,8 +604,10 @@ static void lm_chunk(struct kctx *K, float *z, double *st, const void *hc, const
     if (vs->reduce)
         reduce_on_host(K, vs, st, c, true);
     CHECK_CUDA(lmhead_rowsums_cuda(st, z, targets, c, Vl, vs->lo, stream(K)));
+    if (sq) /* the sum of squared exponentials too (st holds 5c then) */
+        CHECK_CUDA(lmhead_rowsq_cuda(st, z, c, Vl, stream(K)));
     if (vs->reduce)
-        reduce_on_host(K, vs, st + c, 3 * c, false);
+        reduce_on_host(K, vs, st + c, (sq ? 4 : 3) * c, false);
 }
 
 /* h (N, D) in the GEMM's precision: rows t0.. of it start at elem offset t0 * D. */
@@ -627,12 +629,13 @@ static void cuda_lmhead_forward(struct kctx *K, float *logp, float *entropy, con
     struct cuda_impl *I = impl(K);
     const int Vl = vs->hi - vs->lo, cmax = chunk < N ? chunk : N;
     float *z = ws(K, &I->lm_z, sizeof(float) * (size_t)cmax * Vl);
-    double *st = ws(K, &I->lm_st, sizeof(double) * 4 * (size_t)cmax);
+    double *st = ws(K, &I->lm_st, sizeof(double) * 5 * (size_t)cmax);
     const void *ha = gemm_operand(K, 0, h, (size_t)N * D), *wa = gemm_operand(K, 1, W, (size_t)Vl * D);
+    const bool sq = entropy && vs->sum_pi_sq; /* the entropy output gets sum_j p_j^2 */
     for (int t0 = 0; t0 < N; t0 += cmax) {
         int c = N - t0 < cmax ? N - t0 : cmax;
-        lm_chunk(K, z, st, rows_at(K, ha, t0, D), wa, targets + t0, c, D, vs, temperature);
-        CHECK_CUDA(lmhead_finalize_cuda(logp + t0, entropy ? entropy + t0 : NULL, st, c, stream(K)));
+        lm_chunk(K, z, st, rows_at(K, ha, t0, D), wa, targets + t0, c, D, vs, temperature, sq);
+        CHECK_CUDA(lmhead_finalize_cuda(logp + t0, entropy ? entropy + t0 : NULL, st, c, sq, stream(K)));
     }
 }
 
@@ -648,12 +651,12 @@ static void cuda_lmhead_backward(struct kctx *K, float *dh, float *dW, const flo
     struct cuda_impl *I = impl(K);
     const int Vl = vs->hi - vs->lo, cmax = chunk < N ? chunk : N;
     float *z = ws(K, &I->lm_z, sizeof(float) * (size_t)cmax * Vl);
-    double *st = ws(K, &I->lm_st, sizeof(double) * 4 * (size_t)cmax);
+    double *st = ws(K, &I->lm_st, sizeof(double) * 5 * (size_t)cmax);
     const void *ha = gemm_operand(K, 0, h, (size_t)N * D), *wa = gemm_operand(K, 1, W, (size_t)Vl * D);
     for (int t0 = 0; t0 < N; t0 += cmax) {
         int c = N - t0 < cmax ? N - t0 : cmax;
         const void *hc = rows_at(K, ha, t0, D);
-        lm_chunk(K, z, st, hc, wa, targets + t0, c, D, vs, temperature);
+        lm_chunk(K, z, st, hc, wa, targets + t0, c, D, vs, temperature, false);
         CHECK_CUDA(lmhead_dlogits_cuda(z, st, dlogp + t0, dentropy ? dentropy + t0 : NULL, targets + t0, c, Vl, vs->lo,
                                        temperature, stream(K)));
         const void *dz = gemm_operand(K, 2, z, (size_t)c * Vl);

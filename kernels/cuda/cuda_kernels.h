@@ -10,6 +10,7 @@
 #ifndef GRPO_KERNELS_CUDA_CUDA_KERNELS_H
 #define GRPO_KERNELS_CUDA_CUDA_KERNELS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -123,8 +124,12 @@ cudaError_t lmhead_rowmax_cuda(double *st, const float *z, int c, int Vl, cudaSt
  * (0 when the target is outside [lo, lo + Vl)), with M_i = (float)st[i] (the combined maximum). */
 cudaError_t lmhead_rowsums_cuda(double *st, const float *z, const int32_t *targets, int c, int Vl, int lo,
                                 cudaStream_t stream);
-/* logp[i], entropy[i] (entropy may be NULL) from the combined statistics st of c rows. */
-cudaError_t lmhead_finalize_cuda(float *logp, float *entropy, const double *st, int c, cudaStream_t stream);
+/* st[4c + i] sum_j exp(z_ij - M_i)^2 (st then holds 5c doubles). */
+cudaError_t lmhead_rowsq_cuda(double *st, const float *z, int c, int Vl, cudaStream_t stream);
+/* logp[i], entropy[i] (entropy may be NULL) from the combined statistics st of c rows; with sum_pi_sq entropy[i]
+ * gets sum_j p_ij^2 instead (st[4c + i] / st[c + i]^2). */
+cudaError_t lmhead_finalize_cuda(float *logp, float *entropy, const double *st, int c, bool sum_pi_sq,
+                                 cudaStream_t stream);
 /* Turns each logit row of z (c, Vl) in place into dL/d(h W^T) from dlogp (c) and dentropy (c, or NULL). */
 cudaError_t lmhead_dlogits_cuda(float *z, const double *st, const float *dlogp, const float *dentropy,
                                 const int32_t *targets, int c, int Vl, int lo, float temperature, cudaStream_t stream);

@@ -74,14 +74,33 @@ __global__ void rowsums_kernel(double *st, const float *z, const int32_t *target
     }
 }
 
-__global__ void finalize_kernel(float *logp, float *entropy, const double *st, int c)
+// st[4c + i] = sum_j exp(z_ij - M_i)^2 (verl's sum_pi_squared, before dividing by the squared sum)
+__global__ void rowsq_kernel(double *st, const float *z, int c, int Vl)
+{
+    __shared__ double sa[kThreads], sb[kThreads];
+    const int i = blockIdx.x;
+    const float *zi = z + (size_t)i * Vl;
+    const float m = (float)st[i];
+    double s2 = 0.0, unused = 0.0;
+    for (int j = threadIdx.x; j < Vl; j += blockDim.x) {
+        const float e = expf(zi[j] - m);
+        s2 += (double)e * e;
+    }
+    block_sum2(s2, unused, sa, sb);
+    if (threadIdx.x == 0)
+        st[4 * c + i] = s2;
+}
+
+__global__ void finalize_kernel(float *logp, float *entropy, const double *st, int c, int sq)
 {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= c)
         return;
     const double logsum = log(st[c + i]); // >= 1 element is exp(0): the sum is >= 1 (without a shard's reduce)
     logp[i] = (float)(st[3 * c + i] - (st[i] + logsum));
-    if (entropy) // H = -sum p (z - lse) = log(sum) - sum p (z - M)
+    if (entropy && sq) // sum p^2 = sum exp(z - M)^2 / (sum exp(z - M))^2
+        entropy[i] = (float)(st[4 * c + i] / (st[c + i] * st[c + i]));
+    else if (entropy) // H = -sum p (z - lse) = log(sum) - sum p (z - M)
         entropy[i] = (float)(logsum - st[2 * c + i] / st[c + i]);
 }
 
@@ -126,11 +145,20 @@ extern "C" cudaError_t lmhead_rowsums_cuda(double *st, const float *z, const int
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t lmhead_finalize_cuda(float *logp, float *entropy, const double *st, int c, cudaStream_t stream)
+extern "C" cudaError_t lmhead_rowsq_cuda(double *st, const float *z, int c, int Vl, cudaStream_t stream)
 {
     if (c <= 0)
         return cudaSuccess;
-    finalize_kernel<<<(c + kThreads - 1) / kThreads, kThreads, 0, stream>>>(logp, entropy, st, c);
+    rowsq_kernel<<<c, kThreads, 0, stream>>>(st, z, c, Vl);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t lmhead_finalize_cuda(float *logp, float *entropy, const double *st, int c, bool sum_pi_sq,
+                                            cudaStream_t stream)
+{
+    if (c <= 0)
+        return cudaSuccess;
+    finalize_kernel<<<(c + kThreads - 1) / kThreads, kThreads, 0, stream>>>(logp, entropy, st, c, sum_pi_sq ? 1 : 0);
     return cudaGetLastError();
 }
 

@@ -1117,6 +1117,44 @@ static int t_lmhead(struct kctx *G, struct kctx *C, int N, int D, int V, int lo,
     return bad;
 }
 
+/* The forward with vocab_shard.sum_pi_sq: the entropy output gets sum_j p_j^2 (verl's sum_pi_squared), on the GPU as
+ * on the CPU; the log-probs as without it, the shards' statistics reduced in the same calls. */
+static int t_lmhead_sum_pi_sq(struct kctx *G, struct kctx *C, int N, int D, int V, int lo, int hi, int chunk,
+                              float temp, bool reduce, double bound)
+{
+    struct fake_shards fc = {0}, fg = {0};
+    struct vocab_shard vc = {.lo = lo, .hi = hi, .V = V, .sum_pi_sq = true}, vg = vc;
+    if (reduce) {
+        vc.reduce = vg.reduce = fake_reduce;
+        vc.ud = &fc;
+        vg.ud = &fg;
+    }
+    const size_t nh = (size_t)N * D, nw = (size_t)(hi - lo) * D;
+    int32_t *tg = xmalloc(N * sizeof *tg);
+    for (int i = 0; i < N; i++)
+        tg[i] = (int32_t)urand(0.0f, (float)V) % V;
+    float *h = rand_vec(nh, -0.5f, 0.5f), *W = rand_vec(nw, -0.5f, 0.5f);
+    float *lp = xmalloc(N * 4), *sq = xmalloc(N * 4), *hlp = xmalloc(N * 4), *hsq = xmalloc(N * 4);
+    k_lmhead_forward(C, lp, sq, h, W, tg, N, D, &vc, temp, chunk);
+    int32_t *gtg = kput(G, tg, N * sizeof *tg);
+    float *gh = kputf(G, h, nh), *gW = kputf(G, W, nw), *glp = kputf(G, lp, N), *gsq = kputf(G, sq, N);
+    k_lmhead_forward(G, glp, gsq, gh, gW, gtg, N, D, &vg, temp, chunk);
+    kget(G, hlp, glp, N * 4);
+    kget(G, hsq, gsq, N * 4);
+    char name[128];
+    snprintf(name, sizeof name, "lmhead sum_pi_sq N=%d V=%d [%d, %d) chunk=%d T=%.2f%s: logp", N, V, lo, hi, chunk,
+             (double)temp, reduce ? " reduce" : "");
+    int bad = report(name, err_of(hlp, lp, NULL, N), bound);
+    bad += report("  sum_pi_sq", err_of(hsq, sq, NULL, N), bound);
+    if (reduce && fg.calls != fc.calls) {
+        printf("  reduce calls: %d on the CPU, %d on the GPU  FAIL\n", fc.calls, fg.calls);
+        bad++;
+    }
+    kdrop(G, gtg, N * 4), kdrop(G, gh, nh * 4), kdrop(G, gW, nw * 4), kdrop(G, glp, N * 4), kdrop(G, gsq, N * 4);
+    free(tg), free(h), free(W), free(lp), free(sq), free(hlp), free(hsq);
+    return bad;
+}
+
 static int t_adamw_kops(struct kctx *G, struct kctx *C, size_t n)
 {
     float *p = rand_vec(n, -1, 1), *m = xcalloc(n, 4), *v = xcalloc(n, 4), *got = xmalloc(n * 4);
@@ -1290,6 +1328,8 @@ static int test_kops(void)
     bad += t_lmhead(G, C, 37, 64, 1000, 300, 1000, 10, 1.0f, true, true, 1e-5);
     bad += t_lmhead(G, C, 20, 32, 500, 0, 500, 64, 1.3f, false, false, 1e-5);
     bad += t_lmhead(G16, C, 37, 64, 1000, 0, 1000, 16, 0.7f, false, true, 2e-2);
+    bad += t_lmhead_sum_pi_sq(G, C, 37, 64, 1000, 0, 1000, 16, 0.7f, false, 1e-5);
+    bad += t_lmhead_sum_pi_sq(G, C, 37, 64, 1000, 300, 1000, 10, 1.0f, true, 1e-5);
     {
         /* the BF16 head against the CPU's BF16 head (the same rounded inputs, fp32 sums in another order), where
          * this CPU has BF16 instructions */

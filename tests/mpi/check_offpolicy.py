@@ -7,14 +7,19 @@ defaults) and compare with what the run wrote:
     rollout_corr/ metric of metrics.jsonl, from the audit's old and rollout log-probs (rollout_corr_helper.py's
     formulas, transcribed here on per-sequence lists);
   - the advantages of algorithm.adv_estimator on every token (core_algos.py's estimators), from the rewards, the
-    groups and the response masks narrowed by the rejection;
+    groups and the response masks narrowed by the rejection; remax's from each line's reward_baseline, the optimal
+    token baselines' from its old log-probs, sum_pi_squared and IS weights, gdpo's from its reward components (the
+    fields algorithm.gdpo_reward_keys names), and gdpo's gdpo/<key>/ metrics;
   - actor/pg_loss of a step that makes one optimizer step (one mini-batch, ppo_epochs 1), for
     actor_rollout_ref.actor.policy_loss.loss_mode: the loss at the old policy (ratio 1, the current log-probs equal
     to the old ones within the trainer's rounding), aggregated by loss_agg_mode (or the mode's own), with the IS
     weights; clip_cov's share of cut tokens when every candidate is cut (clip_cov_ratio large); bypass mode's loss
     against the rollout log-probs.
 
-check_pg_loss=0 skips the loss; require_mixed=1 fails unless the rejection both rejected and kept tokens.
+check_pg_loss=0 skips the loss; require_mixed=1 fails unless the rejection both rejected and kept tokens;
+require_holes=1 fails unless a response of a group of several has a token out of the loss before one in it (where
+the optimal token baseline's two forms differ) and a group's single longest response lost its baseline past the
+second-longest's length (handle_zero_tail).
 
 Exit 1 naming the first difference. Written from verl's code, not from this project's C."""
 import json
@@ -22,7 +27,7 @@ import math
 import sys
 
 run_dir, audit_dir, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-kv = dict(a.split("=", 1) for a in sys.argv[4:])
+kv = dict(a.lstrip("+").split("=", 1) for a in sys.argv[4:])
 
 
 def get(key, default):
@@ -51,6 +56,9 @@ IS_NORM = get(RC + "rollout_is_batch_normalize", "false") == "true"
 RS = get(RC + "rollout_rs", None)
 RS_T = get(RC + "rollout_rs_threshold", None)
 BYPASS = get(RC + "bypass_mode", "false") == "true"
+GDPO_KEYS = [k.strip().strip("'\"") for k in (get("algorithm.gdpo_reward_keys", "") or "").strip("[]").split(",")
+             if k.strip()]
+GDPO_W = [float(w) for w in (get("algorithm.gdpo_reward_weights", "") or "").strip("[]").split(",") if w.strip()]
 LOSS_TYPE = get(RC + "loss_type", "ppo_clip")
 SAFETY = 20.0
 
@@ -264,8 +272,103 @@ def std(xs):
     return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
 
 
-def advantages(rewards, groups, mask):
+def returns_to_go(rewards, mask):  # (token_level_rewards * response_mask) flipped, cumsum, flipped
+    out = []
+    for r, m in zip(rewards, mask):
+        run, row = 0.0, [0.0] * len(r)
+        for t in reversed(range(len(r))):
+            run += r[t] * m[t]
+            row[t] = run
+        out.append(row)
+    return out
+
+
+def optimal_token_baseline(rewards, groups, mask, old, spp, isw, tir):
+    """compute_optimal_token_baseline_advantage (tir: its multi-turn form), handle_zero_tail True."""
     n = len(rewards)
+    G = returns_to_go(rewards, mask)
+    W = []
+    for i in range(n):
+        w = [1 - 2 * math.exp(old[i][t]) + spp[i][t] for t in range(len(old[i]))]
+        if isw is not None:
+            w = [x * isw[i][t] ** 2 for t, x in enumerate(w)]
+        cum, row = 0.0, []
+        for t, x in enumerate(w):
+            cum += x * mask[i][t]
+            row.append(cum)
+        W.append(row)
+    L = [sum(m) for m in mask]
+    if tir:  # each response's masked tokens, compacted
+        Gc = [[G[i][t] for t in range(len(G[i])) if mask[i][t]] for i in range(n)]
+        Wc = [[W[i][t] for t in range(len(W[i])) if mask[i][t]] for i in range(n)]
+    by = {}
+    for i, g in enumerate(groups):
+        if not tir or L[i] > 0:
+            by.setdefault(g, []).append(i)
+    base = [[0.0] * (L[i] if tir else len(G[i])) for i in range(n)]
+    for idx in by.values():
+        if len(idx) == 1:
+            continue
+        P = max(len(base[i]) for i in idx)
+        num, den = [0.0] * P, [0.0] * P
+        for i in idx:
+            for t in range(len(base[i])):
+                if tir:
+                    num[t] += Gc[i][t] * Wc[i][t]
+                    den[t] += Wc[i][t]
+                elif mask[i][t]:
+                    num[t] += G[i][t] * W[i][t]
+                    den[t] += W[i][t]
+        for i in idx:
+            base[i] = [num[t] / (den[t] + 1e-8) for t in range(len(base[i]))]
+        lens = sorted(L[i] for i in idx)
+        top = [i for i in idx if L[i] == lens[-1]]
+        if len(top) == 1 and lens[-1] > lens[-2]:
+            base[top[0]] = [0.0 if t >= lens[-2] else b for t, b in enumerate(base[top[0]])]
+            checked["zero_tails"] += 1
+        for i in idx:
+            first_in = [t for t in range(len(mask[i])) if mask[i][t]]
+            checked["holes"] += bool(first_in) and 0 in mask[i][:first_in[-1]]
+    out = []
+    for i in range(n):
+        if tir:
+            vals = iter(Gc[i][k] - base[i][k] for k in range(L[i]))
+            out.append([next(vals) if m else 0.0 for m in mask[i]])
+        else:
+            out.append([(G[i][t] - base[i][t]) * mask[i][t] for t in range(len(G[i]))])
+    return out
+
+
+def grpo_scalar(scores, groups):
+    by = {}
+    for i, g in enumerate(groups):
+        by.setdefault(g, []).append(i)
+    a = [0.0] * len(scores)
+    for idx in by.values():
+        s = [scores[i] for i in idx]
+        mean, sd = (0.0, 1.0) if len(idx) == 1 else (sum(s) / len(s), std(s))
+        for i in idx:
+            a[i] = (scores[i] - mean) / (sd + 1e-6) if NORM else scores[i] - mean
+    return a
+
+
+def advantages(rewards, groups, mask, rows=None, isw=None):
+    n = len(rewards)
+    if EST == "remax":
+        G = returns_to_go(rewards, mask)
+        return [[(g - r["reward_baseline"]) * m for g, m in zip(G[i], mask[i])] for i, r in enumerate(rows)]
+    if EST in ("optimal_token_baseline", "tir_optimal_token_baseline"):
+        return optimal_token_baseline(rewards, groups, mask, [r["old_log_probs"] for r in rows],
+                                      [r["sum_pi_squared"] for r in rows], isw, EST.startswith("tir"))
+    if EST == "gdpo":
+        if not GDPO_KEYS:
+            fail("gdpo needs algorithm.gdpo_reward_keys")
+        total = [0.0] * n
+        for k, key in enumerate(GDPO_KEYS):
+            a = grpo_scalar([r[key] for r in rows], groups)
+            w = GDPO_W[k] if GDPO_W else 1.0
+            total = [x + w * y for x, y in zip(total, a)]
+        return masked_whiten([[total[i] * m for m in mask[i]] for i in range(n)], mask)
     scores = [sum(r) for r in rewards]
     by = {}
     for i, g in enumerate(groups):
@@ -383,7 +486,7 @@ for line in open(f"{run_dir}/metrics.jsonl"):
     if line.strip():
         r = json.loads(line)
         metrics[r["step"]] = r
-checked = {"weights": 0, "rejected": 0, "kept": 0, "metrics": 0, "advantages": 0}
+checked = {"weights": 0, "rejected": 0, "kept": 0, "metrics": 0, "advantages": 0, "zero_tails": 0, "holes": 0}
 for k in range(1, steps + 1):
     rows = [json.loads(l) for l in open(f"{audit_dir}/{k}.jsonl") if l.strip()]
     m = metrics.get(k)
@@ -428,7 +531,23 @@ for k in range(1, steps + 1):
         row = [0.0] * len(r["response_ids"])
         row[-1] = r["reward"]
         rewards.append(row)
-    adv = advantages(rewards, [r["group"] for r in rows], loss_mask)
+    # the optimal token baseline takes the IS weights as the trainer keeps them (float32, checked above against the
+    # float64 recomputation), as verl's batch holds them
+    aw = [r["rollout_is_weights"] for r in rows] if w is not None else None
+    adv = advantages(rewards, [r["group"] for r in rows], loss_mask, rows, aw)
+    for i, r in enumerate(rows):  # the old policy's sum of squared probabilities: between pi_t^2 and 1
+        for t, (x, o) in enumerate(zip(r.get("sum_pi_squared", []), old[i])):
+            if not (math.exp(o) ** 2 * (1 - 1e-5) <= x <= 1 + 1e-6):
+                fail(f"step {k} line {i} token {t}: sum_pi_squared {x} outside [pi^2 = {math.exp(o) ** 2}, 1]")
+    for key in GDPO_KEYS if EST == "gdpo" else []:  # gdpo/<key>/: mean, numpy's std, max, min over the step
+        vals = [r[key] for r in rows]
+        mean = sum(vals) / n
+        want = {"mean": mean, "std": math.sqrt(sum((v - mean) ** 2 for v in vals) / n), "max": max(vals),
+                "min": min(vals)}
+        for stat, v in want.items():
+            if not close(m[f"gdpo/{key}/{stat}"], v, 1e-9, 1e-12):
+                fail(f"step {k}: gdpo/{key}/{stat} {m[f'gdpo/{key}/{stat}']}, recomputed {v}")
+            checked["metrics"] += 1
     for i, r in enumerate(rows):
         for t, (x, y) in enumerate(zip(r["advantages"], adv[i])):
             if not close(x, y, 1e-9, 1e-11):
@@ -451,6 +570,9 @@ for k in range(1, steps + 1):
 print(f"{steps} step(s) agree with the float64 recomputation: {checked}")
 if IS is not None and not BYPASS and checked["weights"] == 0:
     fail("no IS weight was checked")
+if kv.get("require_holes") == "1" and (checked["holes"] == 0 or checked["zero_tails"] == 0):
+    fail(f"the optimal token baseline's masks are too plain here ({checked['holes']} responses with a hole, "
+         f"{checked['zero_tails']} zero tails)")
 if kv.get("require_mixed") == "1" and RS is not None and not BYPASS and (checked["rejected"] == 0 or checked["kept"] == 0):
     fail(f"the rejection is vacuous here (rejected {checked['rejected']}, kept {checked['kept']}): pick thresholds "
          "that reject some tokens and keep others")

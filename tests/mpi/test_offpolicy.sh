@@ -3,8 +3,14 @@
 # and metrics recomputed in float64 by check_offpolicy.py (verl's formulas, transcribed there):
 #  - every loss mode (vanilla, gspo, sapo, gpg, clip_cov, kl_cov, geo_mean, dro, cispo, dppo_tv, dppo_kl) and every
 #    estimator (grpo, grpo_vectorized, rloo, rloo_vectorized, reinforce_plus_plus with and without a discount,
-#    reinforce_plus_plus_baseline, opo, grpo_passk, gpg) in one process: the advantages of every token, the step's
-#    pg_loss at the old policy, the rollout_corr/ diagnostics;
+#    reinforce_plus_plus_baseline, opo, grpo_passk, gpg, remax, optimal_token_baseline, tir_optimal_token_baseline,
+#    gdpo) in one process: the advantages of every token, the step's pg_loss at the old policy, the rollout_corr/
+#    diagnostics;
+#  - remax's baseline: at temperature 0 (every sampled response the greedy one) it is each response's own reward;
+#    with a rollout rank (1 + 1) it travels with the sequences;
+#  - the optimal token baselines one step off (1 rollout + 1 trainer rank) with token rejection and IS weights:
+#    masks with holes (where the two forms differ), zero tails, the IS weights in the path variance;
+#  - gdpo on 2 colocated DP ranks: a Python scorer's dict components, the whitening and gdpo/ metrics over the step;
 #  - decoupled rollout correction in one process (token TIS with rejection by token_k2 and seq_mean_k1, whose gaps
 #    are the trainer's rounding: thresholds at that scale), on 2 colocated DP ranks (sequence-level IcePop,
 #    batch-normalised, token_k1 and seq_sum_k2 rejection, REINFORCE++'s whitening: every figure over the whole step,
@@ -12,8 +18,9 @@
 #    weights, the rejection masks, every rollout_corr/ metric, the advantages on the tokens kept and the loss;
 #  - bypass mode (ppo_clip, and reinforce with sequence IS and rejection): the loss against the rollout's log-probs,
 #    its rollout_corr/ metrics averaged over the micro-batches;
-#  - what is refused, before any work, naming the key and the reason: remax, gae, optimal_token_baseline, gdpo,
-#    loss_mode bypass_mode, dro without dro_beta, bypass mode with another loss mode or batch normalisation,
+#  - what is refused, before any work, naming the key and the reason: gae, optimal_token_baseline without
+#    calculate_sum_pi_squared or in bypass mode, gdpo without its keys, with weights that do not match them or with a
+#    scorer of one score, loss_mode bypass_mode, dro without dro_beta, bypass mode with another loss mode or batch normalisation,
 #    verl v0.7's rollout_rs=geometric and its token veto, a malformed threshold.
 # usage: test_offpolicy.sh GRPO_WORKER GRPO_MODEL SCORER_SO
 set -u
@@ -67,6 +74,36 @@ expect "reinforce_plus_plus discounts by algorithm.gamma" $?
 one est-passk-dr algorithm.adv_estimator=grpo_passk algorithm.norm_adv_by_std_in_grpo=false
 expect "grpo_passk without the std" $?
 
+one est-remax algorithm.adv_estimator=remax
+expect "adv_estimator=remax: the reward-to-go less the greedy response's reward agrees on every token" $?
+# at temperature 0 every sampled response is the greedy one: the baseline is each response's own reward
+one est-remax-greedy algorithm.adv_estimator=remax actor_rollout_ref.rollout.temperature=0
+python3 - "$TMP/est-remax-greedy/audit" <<'PY'
+import glob, json, sys
+rows = [json.loads(l) for f in sorted(glob.glob(sys.argv[1] + "/*.jsonl")) for l in open(f) if l.strip()]
+assert rows and all(r["reward_baseline"] == r["reward"] for r in rows), [(r["reward"], r["reward_baseline"]) for r in rows]
+assert all(a == 0 for r in rows for a in r["advantages"])
+print(len(rows), "greedy responses: each one's baseline is its own reward")
+PY
+expect "remax at temperature 0: the baseline is the greedy response's reward, scored as the sampled ones" $?
+run remax-split 2 "${MPIRUN[@]}" -np 2 -- placement.trainer_ranks=1 placement.rollout_ranks=1 \
+    algorithm.adv_estimator=remax
+expect "remax with a rollout rank: the greedy baselines travel with the sequences" $?
+
+for est in optimal_token_baseline tir_optimal_token_baseline; do
+    one "est-$est" algorithm.adv_estimator=$est actor_rollout_ref.actor.calculate_sum_pi_squared=true
+    expect "adv_estimator=$est: every token's advantage agrees, from the audit's sum_pi_squared" $?
+done
+python3 - "$TMP/est-optimal_token_baseline/audit/1.jsonl" <<'PY'
+import json, math, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+for r in rows:  # the old policy's: between its token's pi^2 and 1, and not the entropy (that lies above 0.1 here)
+    assert len(r["sum_pi_squared"]) == len(r["response_ids"]), r
+    assert all(math.exp(o) ** 2 <= s * (1 + 1e-5) and s < 0.1 for o, s in zip(r["old_log_probs"], r["sum_pi_squared"]))
+print("sum_pi_squared in the audit: one per token, within [pi^2, 1]")
+PY
+expect "calculate_sum_pi_squared writes each token's sum of squared probabilities to the audit files" $?
+
 # decoupled rollout correction in one process: the gaps are the trainer's rounding (1e-7), so are the thresholds
 one rc-one algorithm.rollout_correction.rollout_is=token algorithm.rollout_correction.rollout_is_threshold=1.0 \
     algorithm.rollout_correction.rollout_rs=token_k2,seq_mean_k1 \
@@ -99,6 +136,26 @@ for r in rows[1:]:  # one version stale: the gap is real, some tokens truncated 
 print("the stale steps' gap is measured and corrected")
 PY
 expect "one step off: a real gap, truncated and rejected in part" $?
+# the optimal token baselines one step off: token rejection leaves holes in the masks (the two forms differ there)
+# and unequal lengths (zero tails); the IS weights scale the path variance
+for est in optimal_token_baseline tir_optimal_token_baseline; do
+    CHECK_ARGS="require_mixed=1 require_holes=1" run "otb-async-$est" 3 "${MPIRUN[@]}" -np 2 -- \
+        placement.trainer_ranks=1 placement.rollout_ranks=1 actor_rollout_ref.rollout.mode=async "${ASYNC[@]}" \
+        algorithm.adv_estimator=$est actor_rollout_ref.actor.calculate_sum_pi_squared=true
+    expect "$est one step off: token rejection's holes, zero tails and the IS weights in W agree" $?
+done
+
+# gdpo on 2 colocated DP ranks: each component of the Python scorer's dict normalised apart, the whitening and the
+# gdpo/ metrics over the whole step
+GDPO=(algorithm.adv_estimator=gdpo custom_reward_function.path="$(dirname "$0")/../fixtures/rewards/gdpo_reward.py"
+    custom_reward_function.name=compute_score "+algorithm.gdpo_reward_keys=['byte_reward', 'len_reward']"
+    "algorithm.gdpo_reward_weights=[1.0, 0.5]")
+one est-gdpo "${GDPO[@]}"
+expect "adv_estimator=gdpo: every token's advantage and the gdpo/ metrics agree" $?
+one est-gdpo-dr "${GDPO[@]}" algorithm.norm_adv_by_std_in_grpo=false
+expect "gdpo without the std (each component's r - mean)" $?
+run gdpo-colocated 2 "${MPIRUN[@]}" -np 2 -- trainer.nnodes=1 trainer.n_gpus_per_node=2 "${GDPO[@]}"
+expect "gdpo on 2 colocated DP ranks: the components travel, the whitening and metrics are the whole step's" $?
 
 # bypass mode: the sampler's log-probs are the old policy (no old-log-prob pass)
 one bypass-ppo algorithm.rollout_correction.bypass_mode=true
@@ -127,14 +184,23 @@ refused() {
     local rc=$?
     [ $rc -ne 0 ] && says "$TMP/refused.out" "$want"
 }
-refused "algorithm.adv_estimator=remax: ReMax's baseline is a greedy rollout" algorithm.adv_estimator=remax
-expect "remax is refused with its reason" $?
 refused "algorithm.adv_estimator=gae: GAE needs a critic" algorithm.adv_estimator=gae
 expect "gae is refused" $?
-refused "actor.calculate_sum_pi_squared" algorithm.adv_estimator=optimal_token_baseline
-expect "optimal_token_baseline is refused with its reason" $?
-refused "algorithm.gdpo_reward_keys" algorithm.adv_estimator=gdpo
-expect "gdpo is refused with its reason" $?
+refused "requires sum_pi_squared from actor: set actor_rollout_ref.actor.calculate_sum_pi_squared=true" \
+    algorithm.adv_estimator=optimal_token_baseline
+expect "optimal_token_baseline without calculate_sum_pi_squared is refused (verl's requirement)" $?
+refused "bypass mode takes no old-log-prob pass" algorithm.adv_estimator=tir_optimal_token_baseline \
+    actor_rollout_ref.actor.calculate_sum_pi_squared=true algorithm.rollout_correction.bypass_mode=true
+expect "an optimal token baseline in bypass mode is refused" $?
+refused "adv_estimator=gdpo requires algorithm.gdpo_reward_keys" algorithm.adv_estimator=gdpo
+expect "gdpo without its keys is refused (verl's message)" $?
+refused "algorithm.gdpo_reward_weights has 1 weights for 2 algorithm.gdpo_reward_keys" "${GDPO[@]}" \
+    algorithm.gdpo_reward_weights=[2]
+expect "gdpo with weights that do not match its keys is refused" $?
+timeout 60 "$WORKER" "${COMMON[@]}" algorithm.adv_estimator=gdpo algorithm.gdpo_reward_keys=[a] \
+    trainer.default_local_dir="$TMP/gdpo-c" >"$TMP/gdpo-c.log" 2>&1
+[ $? -ne 0 ] && says "$TMP/gdpo-c.log" "a C custom scorer returns one score"
+expect "gdpo with a scorer of one score is refused when the run starts" $?
 refused "must be one of grpo|grpo_vectorized" algorithm.adv_estimator=nonsense
 expect "an unknown estimator lists the known ones" $?
 refused "set algorithm.rollout_correction.bypass_mode=true" actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode

@@ -1,7 +1,7 @@
 /* Chunked LM-head log-probabilities and entropies: forward against a naive full log_softmax in
  * double, results independent of the chunk size, backward (logp and entropy terms, temperature != 1)
- * against central finite differences, backward independent of the chunk size, and the backward from the
- * forward's kept logits equal to recomputing them. */
+ * against central finite differences, backward independent of the chunk size, the backward from the
+ * forward's kept logits equal to recomputing them, and the sum of squared probabilities (verl's sum_pi_squared). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -181,6 +181,51 @@ static void test_backward_from_kept_logits(void **state)
         }
 }
 
+/* vocab_shard.sum_pi_sq: the entropy output gets sum_j p_j^2 at the temperature, as verl's
+ * calculate_sum_pi_squared_from_logits computes it (exp(logsumexp(2z) - 2 logsumexp(z))) in double, for every chunk
+ * size; the log-probs are the same bits as without it; BF16 products agree to their rounding. */
+static void test_forward_sum_pi_squared(void **state)
+{
+    (void)state;
+    float h[N * D], W[V * D], gl[N];
+    struct ctx c;
+    for (int t = 0; t < 2; t++) {
+        const float temperature = t ? 0.6f : 1.0f;
+        init(&c, h, W, gl, NULL, temperature, 500 + (uint64_t)t);
+        double want[N];
+        for (int i = 0; i < N; i++) {
+            double z[V], m = -INFINITY, m2 = -INFINITY, s = 0, s2 = 0;
+            for (int j = 0; j < V; j++) {
+                z[j] = 0;
+                for (int e = 0; e < D; e++)
+                    z[j] += (double)h[i * D + e] * W[j * D + e];
+                z[j] /= temperature;
+                m = z[j] > m ? z[j] : m;
+                m2 = 2 * z[j] > m2 ? 2 * z[j] : m2;
+            }
+            for (int j = 0; j < V; j++)
+                s += exp(z[j] - m), s2 += exp(2 * z[j] - m2);
+            want[i] = exp((m2 + log(s2)) - 2 * (m + log(s)));
+        }
+        const struct vocab_shard whole = {.lo = 0, .hi = V, .V = V}, sq = {.lo = 0, .hi = V, .V = V, .sum_pi_sq = true};
+        const int chunks[4] = {1, 2, N, 64};
+        for (int k = 0; k < 4; k++) {
+            float lp[N], ent[N], lp2[N], spp[N], lpb[N], sppb[N];
+            lmhead_logprob_forward_shard(lp, ent, h, W, targets, N, D, &whole, temperature, chunks[k]);
+            lmhead_logprob_forward_shard(lp2, spp, h, W, targets, N, D, &sq, temperature, chunks[k]);
+            lmhead_logprob_forward_shard_bf16(lpb, sppb, h, W, targets, N, D, &sq, temperature, chunks[k]);
+            assert_memory_equal(lp, lp2, sizeof lp);
+            for (int i = 0; i < N; i++) {
+                if (fabs(spp[i] - want[i]) > 1e-6 * want[i])
+                    fail_msg("T=%g chunk %d: sum_pi_sq[%d] = %.9g, reference %.9g", temperature, chunks[k], i, spp[i],
+                             want[i]);
+                assert_true(spp[i] > 1.0 / V && spp[i] <= 1.0f && spp[i] >= expf(lp[i]) * expf(lp[i]));
+                assert_true(fabs(sppb[i] - want[i]) < 0.05 * want[i]);
+            }
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -190,6 +235,7 @@ int main(void)
         cmocka_unit_test(test_backward_fd_logp_and_entropy_temperature),
         cmocka_unit_test(test_backward_independent_of_chunk),
         cmocka_unit_test(test_backward_from_kept_logits),
+        cmocka_unit_test(test_forward_sum_pi_squared),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -94,6 +94,112 @@ static void test_estimators(void **state)
     assert_int_equal(adv_estimator_from_name("gae"), -1);
 }
 
+/* The optimal token baseline on the same four responses: each token's pi = exp(old_logp) and sum_pi_sq give its
+ * w = 1 - 2 pi + sum_pi_sq: 0.5 and 1 on the first response's two tokens, 0.75 on the second's, 0.25 on the third's
+ * (the lone fourth: 0.5 each). */
+static const double PI[6] = {0.5, 0.25, 0.5, 0.75, 0.5, 0.5}, SPP[6] = {0.5, 0.5, 0.75, 0.75, 0.5, 0.5};
+
+static void run_otb(enum adv_estimator est, const uint8_t *mask, const double *is_w, double *adv)
+{
+    double old[6], scores[4];
+    for (int k = 0; k < 6; k++)
+        old[k] = log(PI[k]);
+    const struct adv_params p = {.est = est, .old_logp = old, .sum_pi_sq = SPP, .is_w = is_w};
+    token_advantages(&p, R, mask, OFF, LEN, GROUP, 4, scores, adv);
+    assert_float_equal(scores[0], 1.0, 0);
+}
+
+static void test_optimal_token_baseline(void **state)
+{
+    (void)state;
+    double a[6];
+    /* group 0's returns G: 1 1 | 0 | 0.5, cumulative W: 0.5 1.5 | 0.75 | 0.25. Position 0: B = (1 x 0.5 + 0 x 0.75 +
+     * 0.5 x 0.25) / (1.5 + 1e-8) = 0.625 / 1.5; position 1 the first response's alone, but it is the single longest
+     * (2 tokens, the others 1): handle_zero_tail gives it no baseline from position 1. The lone response: B = 0. */
+    for (int tir = 0; tir < 2; tir++) {
+        run_otb(tir ? ADV_TIR_OPTIMAL_TOKEN_BASELINE : ADV_OPTIMAL_TOKEN_BASELINE, NULL, NULL, a);
+        const double b0 = 0.625 / (1.5 + 1e-8);
+        assert_float_equal(a[0], 1 - b0, 1e-15);
+        assert_float_equal(a[1], 1.0, 0);
+        assert_float_equal(a[2], -b0, 1e-15);
+        assert_float_equal(a[3], 0.5 - b0, 1e-15);
+        assert_float_equal(a[4], 0.7, 1e-15);
+        assert_float_equal(a[5], 0.7, 1e-15);
+    }
+    /* an IS weight of 2 on the second response's token scales its w by 4: 3; position 0's B = 0.625 / 3.75 */
+    const double isw[6] = {1, 1, 2, 1, 1, 1};
+    run_otb(ADV_OPTIMAL_TOKEN_BASELINE, NULL, isw, a);
+    assert_float_equal(a[2], -0.625 / (3.75 + 1e-8), 1e-15);
+    assert_float_equal(a[0], 1 - 0.625 / (3.75 + 1e-8), 1e-15);
+    /* the first response's first token masked out: its W is 0 there, 1 on its second token, and every response has
+     * one masked token (no zero tail). By position: position 0 holds the second and third responses, B = (0 x 0.75
+     * + 0.5 x 0.25) / 1; position 1 the first's second token alone, B = 1 x 1 / (1 + 1e-8). The multi-turn form
+     * counts masked tokens: the first's second token is its position 0, with the other two: B = (1 x 1 + 0 + 0.5 x
+     * 0.25) / (2 + 1e-8). The masked-out token gets 0. */
+    const uint8_t mask[6] = {0, 1, 1, 1, 1, 1};
+    run_otb(ADV_OPTIMAL_TOKEN_BASELINE, mask, NULL, a);
+    assert_float_equal(a[0], 0.0, 0);
+    assert_float_equal(a[1], 1 - 1 / (1 + 1e-8), 1e-15);
+    assert_float_equal(a[2], -0.125 / (1 + 1e-8), 1e-15);
+    assert_float_equal(a[3], 0.5 - 0.125 / (1 + 1e-8), 1e-15);
+    run_otb(ADV_TIR_OPTIMAL_TOKEN_BASELINE, mask, NULL, a);
+    const double bt = 1.125 / (2 + 1e-8);
+    assert_float_equal(a[0], 0.0, 0);
+    assert_float_equal(a[1], 1 - bt, 1e-15);
+    assert_float_equal(a[2], -bt, 1e-15);
+    assert_float_equal(a[3], 0.5 - bt, 1e-15);
+    assert_float_equal(a[4], 0.7, 1e-15);
+    /* a response of the group with no masked token: the multi-turn form leaves it out of the group (the other two
+     * then share position 0), the other counts it nowhere either (its W is 0 where it is masked) */
+    const uint8_t none[6] = {1, 1, 0, 1, 1, 1};
+    run_otb(ADV_TIR_OPTIMAL_TOKEN_BASELINE, none, NULL, a);
+    assert_float_equal(a[2], 0.0, 0);
+    assert_float_equal(a[0], 1 - (0.5 + 0.125) / (0.75 + 1e-8), 1e-15);
+    assert_float_equal(a[1], 1.0, 0); /* the single longest, past the second-longest's 1 token */
+    assert_int_equal(adv_estimator_from_name("optimal_token_baseline"), ADV_OPTIMAL_TOKEN_BASELINE);
+    assert_int_equal(adv_estimator_from_name("tir_optimal_token_baseline"), ADV_TIR_OPTIMAL_TOKEN_BASELINE);
+}
+
+/* GDPO: two components, A = the scores 1, 0, 0.5 | 0.7 and B = 0, 1, 1 | 0, weights 1 and 0.5: each component's
+ * GRPO advantage apart (group 0: A's mean 0.5 and std 0.5, B's mean 2/3 and std sqrt(1/3); the lone response: mean 0,
+ * std 1), summed with the weights on every token, whitened over the six tokens. */
+static void test_gdpo(void **state)
+{
+    (void)state;
+    const double parts[8] = {1, 0, 0, 1, 0.5, 1, 0.7, 0}, wts[2] = {1, 0.5};
+    double a[6], scores[4];
+    const struct adv_params p = {
+        .est = ADV_GDPO, .norm_by_std = true, .n_parts = 2, .parts = parts, .part_weights = wts};
+    token_advantages(&p, R, NULL, OFF, LEN, GROUP, 4, scores, a);
+    const double sa = 0.5 + 1e-6, sb = sqrt(1.0 / 3) + 1e-6;
+    const double r[4] = {0.5 / sa + 0.5 * (-2.0 / 3) / sb, -0.5 / sa + 0.5 * (1.0 / 3) / sb, 0.5 * (1.0 / 3) / sb,
+                         0.7 / (1 + 1e-6)};
+    const double v[6] = {r[0], r[0], r[1], r[2], r[3], r[3]};
+    double sum = 0, ss = 0;
+    for (int k = 0; k < 6; k++)
+        sum += v[k];
+    const double mean = sum / (6 + 1e-8);
+    for (int k = 0; k < 6; k++)
+        ss += (v[k] - mean) * (v[k] - mean);
+    const double sd = sqrt(ss / (6 + 1e-8) * 6 / 5 + 1e-8);
+    for (int k = 0; k < 6; k++)
+        assert_float_equal(a[k], (v[k] - mean) / sd, 1e-12);
+    /* without the std (norm_adv_by_std_in_grpo false) and without weights: r - mean per component, summed */
+    const struct adv_params q = {.est = ADV_GDPO, .n_parts = 2, .parts = parts};
+    token_advantages(&q, R, NULL, OFF, LEN, GROUP, 4, scores, a);
+    const double u[6] = {0.5 - 2.0 / 3, 0.5 - 2.0 / 3, -0.5 + 1.0 / 3, 1.0 / 3, 0.7, 0.7};
+    sum = ss = 0;
+    for (int k = 0; k < 6; k++)
+        sum += u[k];
+    const double m2 = sum / (6 + 1e-8);
+    for (int k = 0; k < 6; k++)
+        ss += (u[k] - m2) * (u[k] - m2);
+    const double sd2 = sqrt(ss / (6 + 1e-8) * 6 / 5 + 1e-8);
+    for (int k = 0; k < 6; k++)
+        assert_float_equal(a[k], (u[k] - m2) / sd2, 1e-12);
+    assert_int_equal(adv_estimator_from_name("gdpo"), ADV_GDPO);
+}
+
 /* ------------------------------------------------------------------ loss modes: one token */
 
 static struct policy_loss_params base_params(enum loss_mode m)
@@ -559,6 +665,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_estimators),
+        cmocka_unit_test(test_optimal_token_baseline),
+        cmocka_unit_test(test_gdpo),
         cmocka_unit_test(test_token_modes),
         cmocka_unit_test(test_sequence_modes),
         cmocka_unit_test(test_covariance_modes),

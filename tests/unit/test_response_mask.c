@@ -533,7 +533,7 @@ static void test_audit_line(void **state)
     }
     b.n_seq = 2; /* the first group only */
     size_t len;
-    char *text = rollout_audit_text(7, 2, &b, &len);
+    char *text = rollout_audit_text(7, 2, &b, NULL, &len);
     b.n_seq = 6;
     char *nl = strchr(text, '\n');
     assert_non_null(nl);

@@ -801,6 +801,74 @@ static void test_python_scorer(void **state)
     reward_free(r);
 }
 
+/* GDPO's reward components (algorithm.gdpo_reward_keys): the entries of the dict a Python scorer returns, in the
+ * keys' order; an entry that is not a number is left out, a dict without a key fails that sample (its score and
+ * components 0, the reason naming the key), and a scorer that returns one score has no components. Only a Python
+ * scorer has them: gdpo with a C or built-in scorer is refused when the reward function is made. */
+static void test_reward_parts(void **state)
+{
+    (void)state;
+    struct grpo_config c;
+    config_init(&c);
+    struct cfg_error ce;
+    char err[512] = "";
+    assert_int_equal(config_set(&c, "algorithm.adv_estimator", "gdpo", "test", &ce), 0);
+    assert_int_equal(config_set(&c, "algorithm.gdpo_reward_keys", "[len_reward, 'byte_reward']", "test", &ce), 0);
+    assert_null(reward_create(&c, err, sizeof err)); /* built-in scorers: one score */
+    assert_non_null(strstr(err, "algorithm.gdpo_reward_keys"));
+    assert_non_null(strstr(err, "a built-in scorer returns one score"));
+    assert_int_equal(
+        config_set(&c, "custom_reward_function.path", "tests/fixtures/rewards/gdpo_reward.py", "test", &ce), 0);
+    struct reward_fn *r = reward_create(&c, err, sizeof err);
+    if (!r)
+        fail_msg("%s", err);
+    assert_int_equal(reward_num_parts(r), 2);
+    assert_string_equal(reward_part_name(r, 0), "len_reward");
+    assert_string_equal(reward_part_name(r, 1), "byte_reward");
+    const struct reward_item items[3] = {
+        {"x", "ab", "", NULL},    /* bytes 97 + 98 = 195 = 6 mod 7: 6/7; length 2: 1 */
+        {"x", "NOKEY", "", NULL}, /* no len_reward */
+        {"x", "abc", "", NULL},   /* 294 = 0 mod 7: 0; length 3: 0 */
+    };
+    double scores[3], parts[6];
+    char *reasons[3];
+    reward_score_batch_parts(r, items, 3, scores, reasons, parts);
+    assert_null(reasons[0]);
+    assert_float_equal(scores[0], 6.0 / 7 + 1.0, 1e-15);
+    assert_float_equal(parts[0], 1.0, 0);
+    assert_float_equal(parts[1], 6.0 / 7, 1e-15);
+    assert_non_null(reasons[1]);
+    assert_non_null(
+        strstr(reasons[1], "compute_score returned a dict without 'len_reward' (algorithm.gdpo_reward_keys)"));
+    assert_true(scores[1] == 0.0 && parts[2] == 0.0 && parts[3] == 0.0);
+    assert_null(reasons[2]);
+    assert_true(scores[2] == 0.0 && parts[4] == 0.0 && parts[5] == 0.0);
+    for (int i = 0; i < 3; i++)
+        free(reasons[i]);
+    reward_score_batch(r, items, 1, scores, NULL); /* no components wanted */
+    assert_float_equal(scores[0], 6.0 / 7 + 1.0, 1e-15);
+    reward_free(r);
+    /* a scorer of one score: no dict, so no components */
+    assert_int_equal(config_set(&c, "custom_reward_function.path", PY_REWARD, "test", &ce), 0);
+    assert_int_equal(config_set(&c, "algorithm.gdpo_reward_keys", "score_part", "test", &ce), 0);
+    r = reward_create(&c, err, sizeof err);
+    if (!r)
+        fail_msg("%s", err);
+    const struct reward_item plain = {"openai/gsm8k", "#### 72", "72", NULL};
+    reward_score_batch_parts(r, &plain, 1, scores, reasons, parts);
+    assert_non_null(reasons[0]);
+    assert_non_null(strstr(reasons[0], "returned no dict, so no 'score_part'"));
+    free(reasons[0]);
+    reward_free(r);
+    /* without gdpo the keys are not read */
+    assert_int_equal(config_set(&c, "algorithm.adv_estimator", "grpo", "test", &ce), 0);
+    r = reward_create(&c, err, sizeof err);
+    assert_non_null(r);
+    assert_int_equal(reward_num_parts(r), 0);
+    reward_free(r);
+    config_free(&c);
+}
+
 /* Wait for process pid (not our child) to end, as an event: its pidfd turns readable when it exits (a zombie
  * waiting for its new parent counts as ended). true when it ended within timeout_s, or was gone already. */
 static bool wait_process_end(long pid, double timeout_s)
@@ -946,6 +1014,7 @@ int main(void)
         cmocka_unit_test(test_documented_example),
         cmocka_unit_test(test_custom_isolation),
         cmocka_unit_test(test_python_scorer),
+        cmocka_unit_test(test_reward_parts),
         cmocka_unit_test(test_python_pool_speedup),
         cmocka_unit_test(test_python_pool_concurrent),
         cmocka_unit_test(test_python_children_ended),

@@ -13,6 +13,7 @@
 
 #include "common/placement.h"
 #include "proto/protocol.h"
+#include "common/config.h"
 #include "worker/plane/wire.h"
 #include "worker/step/batch.h"
 
@@ -409,6 +410,57 @@ static void test_response_mask(void **state)
     drop(f);
 }
 
+/* remax's baseline and gdpo's reward components travel with their sequence: as many components as the trainer's keys
+ * (wire_limits.reward_parts), each finite; a sender of none to a gdpo trainer, or of some to another, is refused. */
+static void with_parts(struct fx *f)
+{
+    f->lim.reward_parts = 2;
+    for (int i = 0; i < f->b.n_seq; i++) {
+        struct rollout_seq *q = &f->b.seqs[i];
+        q->reward_baseline = 0.5 + i;
+        q->n_parts = 2;
+        q->reward_parts = malloc(2 * sizeof(double));
+        q->reward_parts[0] = 0.1 * i;
+        q->reward_parts[1] = 1.0 / 3.0;
+    }
+}
+
+static void test_reward_parts(void **state)
+{
+    (void)state;
+    struct fx *f = make();
+    with_parts(f);
+    size_t len;
+    uint8_t *buf = pack(f, &HDR, &len);
+    struct step_batch out = {0};
+    struct wire_header h;
+    char why[512] = "";
+    assert_int_equal(wire_unpack_batch(buf, len, &f->lim, &h, &out, why, sizeof why), 0);
+    for (int i = 0; i < 4; i++) {
+        assert_true(out.seqs[i].reward_baseline == 0.5 + i);
+        assert_int_equal(out.seqs[i].n_parts, 2);
+        assert_true(out.seqs[i].reward_parts[0] == 0.1 * i && out.seqs[i].reward_parts[1] == 1.0 / 3.0);
+    }
+    step_batch_free(&out);
+    f->lim.reward_parts = 3;
+    refused(f, buf, len, "2 reward components (reward_parts), but this trainer takes 3");
+    f->lim.reward_parts = 0;
+    refused(f, buf, len, "2 reward components (reward_parts), but this trainer takes 0");
+    free(buf);
+    drop(f);
+    REFUSED_AFTER(with_parts, r->b.seqs[2].reward_parts[1] = NAN, "reward component 1 is not finite");
+    REFUSED_AFTER(with_parts, r->b.seqs[0].reward_baseline = INFINITY, "reward_baseline is not finite");
+    /* a trainer of gdpo takes its keys' count from the configuration */
+    struct grpo_config c;
+    config_init(&c);
+    struct cfg_error ce;
+    assert_int_equal(config_set(&c, "algorithm.gdpo_reward_keys", "[a, b, c]", "test", &ce), 0);
+    assert_int_equal(config_gdpo_parts(&c), 0); /* not gdpo */
+    assert_int_equal(config_set(&c, "algorithm.adv_estimator", "gdpo", "test", &ce), 0);
+    assert_int_equal(config_gdpo_parts(&c), 3);
+    config_free(&c);
+}
+
 /* Multi-turn figures and the conversation travel with their sequence; impossible ones are refused by name. */
 static void with_turns(struct fx *f)
 {
@@ -670,6 +722,7 @@ int main(void)
         cmocka_unit_test(test_response_mask), cmocka_unit_test(test_turns),
         cmocka_unit_test(test_auth),          cmocka_unit_test(test_auth_window),
         cmocka_unit_test(test_placement),     cmocka_unit_test(test_filter_metric),
+        cmocka_unit_test(test_reward_parts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -22,6 +22,8 @@ void rollout_ctx_init(struct rollout_ctx *r, const struct grpo_config *cfg, stru
     r->policy = policy;
     r->tok = tok;
     r->reward = reward;
+    r->greedy_baseline = cfg && strcmp(cfg->alg_adv_estimator, "remax") == 0;
+    r->reward_parts = cfg && strcmp(cfg->alg_adv_estimator, "gdpo") == 0;
     if (cfg && cfg->rollout_ignore_eos) /* every response runs to data.max_response_length */
         return;
     if (tokenizer_eos_id(tok) >= 0)
@@ -121,18 +123,105 @@ size_t rollout_kv_budget(struct model *policy, double utilization)
     return want > used ? (size_t)(want - used) : 1; /* 1: nothing left, one group at a time */
 }
 
-void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt_item *const *prompts, const int *uids,
-                                int n_prompts, int first_group, const struct sampler_params *sp, int n, uint64_t seed,
-                                struct step_batch *b, double *t_gen, double *t_reward)
+/* Generate gp->n_samples responses for each prompt into out (n_prompts x n_samples): multi-turn through the
+ * environment when one of the prompts is a tool agent's (every prompt of the call then, its single-turn ones ending
+ * at their first turn; the summaries returned, malloc'd, what was measured added to mt), else NULL. */
+static struct turn_summary *gen_responses(const struct rollout_ctx *r, const struct prompt_item *const *prompts,
+                                          int n_prompts, const struct gen_params *gp, struct gen_output *out,
+                                          struct multi_turn_stats *mt)
 {
-    const struct grpo_config *c = r->cfg;
-    double t0 = clock_now_s();
+    const int total = n_prompts * gp->n_samples;
     const int32_t **ids = xmalloc((size_t)(n_prompts ? n_prompts : 1) * sizeof *ids);
     int *lens = xmalloc((size_t)(n_prompts ? n_prompts : 1) * sizeof *lens);
     for (int p = 0; p < n_prompts; p++) {
         ids[p] = prompts[p]->ids;
         lens[p] = prompts[p]->len;
     }
+    struct turn_summary *sums = NULL;
+    bool multi = false;
+    for (int p = 0; r->env && p < n_prompts; p++)
+        multi |= prompts[p]->tool_agent;
+    if (multi) {
+        const char **msgs = xmalloc((size_t)n_prompts * sizeof *msgs),
+                   **extra = xmalloc((size_t)n_prompts * sizeof *extra);
+        const char **agent = xmalloc((size_t)n_prompts * sizeof *agent);
+        for (int p = 0; p < n_prompts; p++) {
+            msgs[p] = prompts[p]->messages_json;
+            extra[p] = prompts[p]->extra_info;
+            agent[p] = prompts[p]->tool_agent ? "tool_agent" : "single_turn_agent";
+        }
+        sums = xcalloc((size_t)(total ? total : 1), sizeof *sums);
+        generate_multi_turn(r->policy, r->env, ids, lens, msgs, extra, agent, n_prompts, gp, out, sums, mt);
+        free(msgs), free(extra), free(agent);
+    } else if (n_prompts > 0) {
+        generate(r->policy, ids, lens, n_prompts, gp, out);
+    }
+    free(ids), free(lens);
+    return sums;
+}
+
+/* A response's reward from its rule score: the rule scorers' weighted by reward_model.rule_reward_weight (with a
+ * reward model) plus the reward model's, into *raw; returned with DAPO's overlong penalty added. */
+static double final_score(const struct rollout_ctx *r, const struct prompt_item *p, const char *text, int resp_len,
+                          double rule, double *raw)
+{
+    const struct grpo_config *c = r->cfg;
+    double s = (r->rm ? c->rm_rule_reward_weight : 1.0) * rule;
+    if (r->rm)
+        s += reward_model_score_text(r->rm, p->text, text, (int)c->rm_max_length);
+    *raw = s;
+    if (c->rm_overlong_enable)
+        s += reward_overlong_penalty(
+            resp_len,
+            (int)(c->rm_reward_kwargs_max_resp_len ? c->rm_reward_kwargs_max_resp_len : c->data_max_response_length),
+            (int)c->rm_overlong_len, c->rm_overlong_penalty_factor);
+    return s;
+}
+
+/* ReMax's baseline (verl's reward_baselines): one greedy response to each prompt (temperature 0, top_p 1, no top_k:
+ * verl's apply_greedy_sampling_params), scored as the sampled ones are; base[p] gets its reward. */
+static void greedy_baselines(const struct rollout_ctx *r, const struct prompt_item *const *prompts, int n_prompts,
+                             const struct gen_params *sampled, double *base, double *t_gen, double *t_reward)
+{
+    double t0 = clock_now_s();
+    struct gen_params gp = *sampled;
+    gp.sampling = (struct sampler_params){0.0f, 1.0f, -1};
+    gp.n_samples = 1;
+    gp.first_stream = 0; /* greedy: no draw */
+    gp.record_routes = false;
+    struct gen_output *out = xcalloc((size_t)(n_prompts ? n_prompts : 1), sizeof *out);
+    struct multi_turn_stats scratch = {0}; /* the baseline's turns count in no rollout metric */
+    struct turn_summary *sums = gen_responses(r, prompts, n_prompts, &gp, out, &scratch);
+    *t_gen += clock_now_s() - t0;
+    t0 = clock_now_s();
+    struct reward_item *items = xcalloc((size_t)(n_prompts ? n_prompts : 1), sizeof *items);
+    double *rule = xcalloc((size_t)(n_prompts ? n_prompts : 1), sizeof *rule);
+    char **text = xcalloc((size_t)(n_prompts ? n_prompts : 1), sizeof *text);
+    for (int p = 0; p < n_prompts; p++) {
+        text[p] = tokenizer_decode(r->tok, out[p].tokens, (size_t)out[p].len, true);
+        items[p] = (struct reward_item){prompts[p]->data_source, text[p], prompts[p]->ground_truth,
+                                        sums && sums[p].reward_json ? sums[p].reward_json : prompts[p]->extra_info};
+    }
+    if (n_prompts > 0 && (!r->rm || r->cfg->rm_rule_reward_weight != 0))
+        reward_score_batch(r->reward, items, n_prompts, rule, NULL);
+    for (int p = 0; p < n_prompts; p++) {
+        double raw;
+        base[p] = final_score(r, prompts[p], text[p], out[p].len, rule[p], &raw);
+        free(text[p]);
+        gen_output_free(&out[p]);
+        if (sums)
+            turn_summary_free(&sums[p]);
+    }
+    *t_reward += clock_now_s() - t0;
+    free(items), free(rule), free(text), free(out), free(sums);
+}
+
+void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt_item *const *prompts, const int *uids,
+                                int n_prompts, int first_group, const struct sampler_params *sp, int n, uint64_t seed,
+                                struct step_batch *b, double *t_gen, double *t_reward)
+{
+    const struct grpo_config *c = r->cfg;
+    double t0 = clock_now_s();
     struct gen_params gp = {
         .sampling = *sp,
         .max_new_tokens = (int)c->data_max_response_length,
@@ -147,30 +236,19 @@ void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt
     };
     const int total = n_prompts * n;
     struct gen_output *out = xcalloc((size_t)(total ? total : 1), sizeof *out);
-    struct turn_summary *sums = NULL;
-    bool multi = false;
-    for (int p = 0; r->env && p < n_prompts; p++)
-        multi |= prompts[p]->tool_agent;
-    if (multi) { /* multi-turn: every prompt of the call, its single-turn ones ending at their first turn */
-        const char **msgs = xmalloc((size_t)n_prompts * sizeof *msgs),
-                   **extra = xmalloc((size_t)n_prompts * sizeof *extra);
-        const char **agent = xmalloc((size_t)n_prompts * sizeof *agent);
-        for (int p = 0; p < n_prompts; p++) {
-            msgs[p] = prompts[p]->messages_json;
-            extra[p] = prompts[p]->extra_info;
-            agent[p] = prompts[p]->tool_agent ? "tool_agent" : "single_turn_agent";
-        }
-        sums = xcalloc((size_t)(total ? total : 1), sizeof *sums);
-        generate_multi_turn(r->policy, r->env, ids, lens, msgs, extra, agent, n_prompts, &gp, out, sums, r->mt);
-        free(msgs), free(extra), free(agent);
-    } else if (n_prompts > 0) {
-        generate(r->policy, ids, lens, n_prompts, &gp, out);
-    }
+    struct turn_summary *sums = gen_responses(r, prompts, n_prompts, &gp, out, r->mt);
     *t_gen += clock_now_s() - t0;
+    double *base = NULL;
+    if (r->greedy_baseline) {
+        base = xcalloc((size_t)(n_prompts ? n_prompts : 1), sizeof *base);
+        greedy_baselines(r, prompts, n_prompts, &gp, base, t_gen, t_reward);
+    }
     t0 = clock_now_s();
     step_batch_reserve(b, total);
     struct reward_item *items = xcalloc((size_t)(total ? total : 1), sizeof *items);
     double *scores = xcalloc((size_t)(total ? total : 1), sizeof *scores);
+    const int np = r->reward_parts ? reward_num_parts(r->reward) : 0; /* gdpo's reward components */
+    double *parts = np ? xcalloc((size_t)(total ? total : 1) * (size_t)np, sizeof *parts) : NULL;
     const int first_seq = b->n_seq;
     for (int p = 0; p < n_prompts; p++) {
         int g = b->n_groups++;
@@ -191,6 +269,7 @@ void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt
             rs->stopped = o->stopped;
             rs->routes = o->routes; /* the batch owns it now */
             rs->routes_w = o->routes ? r->policy->cfg.n_layers * r->policy->cfg.n_experts_per_tok : 0;
+            rs->reward_baseline = base ? base[p] : 0.0;
             b->resp_text[i] = tokenizer_decode(r->tok, o->tokens, (size_t)o->len, true);
             items[p * n + s] = (struct reward_item){prompts[p]->data_source, b->resp_text[i], prompts[p]->ground_truth,
                                                     prompts[p]->extra_info};
@@ -218,28 +297,24 @@ void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt
             }
         }
     }
-    /* the rule scorers; with a reward model, their scores weighted by rule_reward_weight (0: not run) */
-    const double rule_w = r->rm ? c->rm_rule_reward_weight : 1.0;
-    if (total > 0 && rule_w != 0)
-        reward_score_batch(r->reward, items, total, scores, NULL);
+    /* the rule scorers; with a reward model, their scores weighted by rule_reward_weight (0: not run, unless gdpo needs
+     * the scorer's components) */
+    if (total > 0 && (!r->rm || c->rm_rule_reward_weight != 0 || parts))
+        reward_score_batch_parts(r->reward, items, total, scores, NULL, parts);
     for (int k = 0; k < total; k++) {
         struct rollout_seq *rs = &b->seqs[first_seq + k];
-        double s = rule_w * scores[k];
-        if (r->rm)
-            s += reward_model_score_text(r->rm, prompts[k / n]->text, b->resp_text[first_seq + k],
-                                         (int)c->rm_max_length);
-        rs->raw_score = rs->score = s;
+        rs->score =
+            final_score(r, prompts[k / n], b->resp_text[first_seq + k], rs->resp_len, scores[k], &rs->raw_score);
         rs->acc = reward_accuracy(r->reward, &items[k]);
-        if (c->rm_overlong_enable)
-            rs->score +=
-                reward_overlong_penalty(rs->resp_len,
-                                        (int)(c->rm_reward_kwargs_max_resp_len ? c->rm_reward_kwargs_max_resp_len
-                                                                               : c->data_max_response_length),
-                                        (int)c->rm_overlong_len, c->rm_overlong_penalty_factor);
+        if (parts) {
+            rs->n_parts = np;
+            rs->reward_parts = xmalloc((size_t)np * sizeof(double));
+            memcpy(rs->reward_parts, parts + (size_t)k * np, (size_t)np * sizeof(double));
+        }
     }
     *t_reward += clock_now_s() - t0;
     for (int k = 0; sums && k < total; k++)
         free(sums[k].reward_json); /* messages_json went to the sequence */
     free(sums);
-    free(items), free(scores), free(out), free(ids), free(lens);
+    free(items), free(scores), free(out), free(base), free(parts);
 }

@@ -29,9 +29,12 @@ int rollout_validate_n(const struct grpo_config *c)
     return val_sampling(c, &sp);
 }
 
-int rollout_validate_part(const struct rollout_ctx *rc, const struct prompt_set *val, uint64_t seed, int part,
+int rollout_validate_part(const struct rollout_ctx *train_rc, const struct prompt_set *val, uint64_t seed, int part,
                           int parts, struct val_score **out)
 {
+    struct rollout_ctx vrc = *train_rc; /* validation scores the responses alone: no baseline, no components */
+    vrc.greedy_baseline = vrc.reward_parts = false;
+    const struct rollout_ctx *rc = &vrc;
     const struct grpo_config *c = rc->cfg;
     struct sampler_params sp;
     const int n = val_sampling(c, &sp);

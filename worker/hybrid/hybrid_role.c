@@ -481,6 +481,7 @@ static int colocated_setup(struct colocated *c, char *err, size_t errlen)
                                   .dp_rank = 0,
                                   .auth = NULL}; /* the colocated ranks' batches travel over MPI only */
     wire_limits_set_routes(&c->lim, &trainer_policy(c->t)->cfg, config_records_routes(cfg));
+    c->lim.reward_parts = config_gdpo_parts(cfg);
     char sp[32] = ""; /* sequence parallelism: the ranks of a DP rank that share its sequences */
     if (env->at.cp_size > 1)
         snprintf(sp, sizeof sp, " x %s %d", cfg->actor_megatron_context_parallel_size > 1 ? "CP" : "SP",

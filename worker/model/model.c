@@ -1583,6 +1583,7 @@ static struct vocab_shard acts_vocab(const struct model *m, const struct model_a
 {
     struct vocab_shard vs = vocab_of(m);
     vs.keep = A->zkeep;
+    vs.sum_pi_sq = m->head_sum_pi_sq;
     return vs;
 }
 

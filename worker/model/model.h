@@ -166,6 +166,9 @@ struct model {
      * (packed_batch.routes) routes every token by them instead of its own top-k; the expert weights stay the
      * router's probabilities, so the router still learns */
     bool moe_replay;
+    /* a training forward's entropy output gets each row's sum of squared probabilities over the vocabulary instead
+     * (verl's sum_pi_squared, at the forward's temperature): for a forward no backward follows */
+    bool head_sum_pi_sq;
     double moe_route_differ, moe_route_compared; /* token-layers whose own top-k differed from the rollout's, of */
     uint16_t *const *moe_record;                 /* model_step_record_routes' destinations, or NULL */
 };

@@ -87,6 +87,11 @@ uint8_t *wire_pack_batch(const struct wire_header *h, const struct step_batch *b
             q->evictions = s->evictions;
             if (s->messages_json)
                 q->messages = s->messages_json;
+            q->reward_baseline = s->reward_baseline;
+            if (s->reward_parts) {
+                q->n_reward_parts = (size_t)s->n_parts;
+                q->reward_parts = s->reward_parts;
+            }
             ptrs[k++] = q;
         }
     rb.n_sequences = (size_t)k;
@@ -252,6 +257,17 @@ static const char *check_sequence(const Grpo__Sequence *q, const struct wire_lim
         return snprintf(why, whylen, "reward is not finite"), why;
     if (!isnan(q->acc) && !(q->acc >= 0 && q->acc <= 1))
         return snprintf(why, whylen, "accuracy %g is outside [0, 1]", (double)q->acc), why;
+    if (!isfinite(q->reward_baseline))
+        return snprintf(why, whylen, "reward_baseline is not finite"), why;
+    if (q->n_reward_parts != (size_t)lim->reward_parts)
+        return snprintf(why, whylen,
+                        "%zu reward components (reward_parts), but this trainer takes %d (algorithm.gdpo_reward_keys "
+                        "with adv_estimator gdpo; a sender older than protocol 1.12 sends none)",
+                        q->n_reward_parts, lim->reward_parts),
+               why;
+    for (size_t k = 0; k < q->n_reward_parts; k++)
+        if (!isfinite(q->reward_parts[k]))
+            return snprintf(why, whylen, "reward component %zu is not finite", k), why;
     if (check_turns(q, why, whylen))
         return why;
     if (check_mask(q, why, whylen))
@@ -388,6 +404,12 @@ int wire_unpack_batch(const uint8_t *buf, size_t len, const struct wire_limits *
         s->score = q->reward;
         s->raw_score = q->raw_reward;
         s->acc = q->acc;
+        s->reward_baseline = q->reward_baseline;
+        if (q->n_reward_parts) { /* checked: as many as the run's keys */
+            s->n_parts = (int)q->n_reward_parts;
+            s->reward_parts = xmalloc(q->n_reward_parts * sizeof(double));
+            memcpy(s->reward_parts, q->reward_parts, q->n_reward_parts * sizeof(double));
+        }
         if (!all_ones(q->response_mask.data, (int)q->response_mask.len)) { /* checked; all ones is no mask */
             s->mask = xmalloc(q->response_mask.len);
             memcpy(s->mask, q->response_mask.data, q->response_mask.len);

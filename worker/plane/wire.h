@@ -65,6 +65,9 @@ struct wire_limits {
     /* a mixture of experts' recorded routing (Sequence.routed_experts): every sequence carries routes_layers x
      * routes_k experts below routes_experts per input token, distinct within a layer; routes_layers 0: none may */
     int routes_layers, routes_k, routes_experts;
+    /* algorithm.adv_estimator=gdpo: every sequence carries this many reward components (reward_parts, the
+     * configuration's config_gdpo_parts); 0: none may */
+    int reward_parts;
 };
 
 /* The routing every sequence must carry for model c when generation records it (recorded), none otherwise. */

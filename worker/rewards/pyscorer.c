@@ -7,7 +7,9 @@
  *
  *   driver -> us, once:      {"ready": true}  or  {"ready": false, "error": "why"}
  *   us -> driver, per batch: {"items": [{"data_source": .., "solution_str": .., "ground_truth": .., "extra_info":
- * {..}}]} driver -> us, per item:  {"i": k, "score": x}  or  {"i": k, "error": "the exception's last line"}
+ * {..}}]} driver -> us, per item:  {"i": k, "score": x}  or  {"i": k, "error": "the exception's last line"}; a
+ * function that returns a dict adds its other numeric entries (verl's reward_extra_info: GDPO's reward components),
+ * {"i": k, "score": x, "extra": {"name": v or null when not finite, ..}}
  *
  * There are reward_model.num_workers such processes (the pool). A batch is cut into runs of consecutive items,
  * each run goes to a free process in one request, and the processes score their runs concurrently; each result is
@@ -75,9 +77,17 @@ static const char DRIVER[] =
     "    for i, it in enumerate(json.loads(line)['items']):\n"
     "        try:\n"
     "            r = fn(it['data_source'], it['solution_str'], gt_value(it['ground_truth']), it['extra_info'])\n"
+    "            extra = None\n"
     "            if isinstance(r, dict):\n"
     "                if 'score' not in r:\n"
     "                    raise TypeError('%s returned a dict without \"score\"' % name)\n"
+    "                extra = {}\n"
+    "                for k, v in r.items():\n"
+    "                    t = type(v)\n"
+    "                    if k != 'score' and isinstance(k, str) and (isinstance(v, (bool, int, float)) or (\n"
+    "                            t.__module__ == 'numpy' and getattr(v, 'ndim', 1) == 0 and v.dtype.kind in 'biuf')):\n"
+    "                        v = float(v)\n"
+    "                        extra[k] = v if math.isfinite(v) else None\n"
     "                r = r['score']\n"
     "            if not isinstance(r, (int, float)):\n"
     "                t = type(r)\n"
@@ -87,7 +97,7 @@ static const char DRIVER[] =
     "            r = float(r)\n"
     "            if not math.isfinite(r):\n"
     "                raise ValueError('%s returned %r' % (name, r))\n"
-    "            send({'i': i, 'score': r})\n"
+    "            send({'i': i, 'score': r} if extra is None else {'i': i, 'score': r, 'extra': extra})\n"
     "        except Exception as e:\n"
     "            send({'i': i, 'error': last_line(e)})\n";
 
@@ -390,7 +400,8 @@ static void send_rest(struct pyproc *w, const struct reward_item *items, double 
 
 /* One line from w's process: the ready line of a fresh process, or the result for w->next. */
 static void on_line(const struct pyscorer *p, struct pyproc *w, const char *line, const struct reward_item *items,
-                    double timeout_s, double *scores, bool *failed, char (*reasons)[PYSCORER_REASON_MAX])
+                    double timeout_s, double *scores, bool *failed, char (*reasons)[PYSCORER_REASON_MAX],
+                    const struct pyscorer_parts *pp)
 {
     if (w->starting) {
         char err[PYSCORER_REASON_MAX];
@@ -418,6 +429,22 @@ static void on_line(const struct pyscorer *p, struct pyproc *w, const char *line
         scores[w->next] = json_number_value(s);
         failed[w->next] = false;
         reasons[w->next][0] = '\0';
+        const json_t *ex = json_object_get(o, "extra");
+        for (int k = 0; pp && k < pp->n; k++) { /* the components asked for, each a finite number */
+            const json_t *v = json_is_object(ex) ? json_object_get(ex, pp->keys[k]) : NULL;
+            if (json_is_number(v)) {
+                pp->v[(size_t)w->next * pp->n + k] = json_number_value(v);
+                continue;
+            }
+            char why[PYSCORER_REASON_MAX];
+            snprintf(why, sizeof why, "%s returned %s '%s'%s", p->name,
+                     !json_is_object(ex) ? "no dict, so no"
+                     : v                 ? "a non-finite"
+                                         : "a dict without",
+                     pp->keys[k], pp->what ? pp->what : "");
+            fail(w->next, why, scores, failed, reasons);
+            break;
+        }
     } else {
         char why[PYSCORER_REASON_MAX];
         snprintf(why, sizeof why, "%s raised %s", p->name, json_string_value(e));
@@ -433,7 +460,7 @@ static void on_line(const struct pyscorer *p, struct pyproc *w, const char *line
  * process that hangs (past timeout_s on one item) is killed; one that dies is reaped; either way that item alone
  * fails and a fresh process takes the rest of the run. */
 void pyscorer_score(struct pyscorer *p, const struct reward_item *items, int n, double timeout_s, double *scores,
-                    bool *failed, char (*reasons)[PYSCORER_REASON_MAX])
+                    bool *failed, char (*reasons)[PYSCORER_REASON_MAX], const struct pyscorer_parts *pp)
 {
     const int run = (n + 4 * p->nproc - 1) / (4 * p->nproc); /* about four runs per process: load balance */
     int queued = 0;
@@ -481,7 +508,7 @@ void pyscorer_score(struct pyscorer *p, const struct reward_item *items, int n, 
             const bool gone = pr > 0 && pfd[j].revents && fill(w) != 0;
             char *line;
             while (w->pid > 0 && w->next < w->hi && take_line(w, &line))
-                on_line(p, w, line, items, timeout_s, scores, failed, reasons);
+                on_line(p, w, line, items, timeout_s, scores, failed, reasons, pp);
             if (w->pid <= 0 || w->next >= w->hi)
                 continue;
             char why[PYSCORER_REASON_MAX];

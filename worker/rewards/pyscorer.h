@@ -23,10 +23,20 @@ struct pyscorer *pyscorer_start(const char *python, const char *path, const char
                                 char *err, size_t errlen);
 int pyscorer_num_procs(const struct pyscorer *p);
 void pyscorer_free(struct pyscorer *p);
+/* Named components of the results (entries of the dict the function returns, other than "score"): v[i x n + k]
+ * gets entry keys[k] of item i. An item whose result lacks one (or holds one that is not a finite number) fails,
+ * its reason ending with what (may be NULL). */
+struct pyscorer_parts {
+    const char *const *keys;
+    int n;
+    double *v;
+    const char *what;
+};
 /* Score items[0..n) on the pool: scores[i], failed[i] and, for a failed one, reasons[i], the same whatever the
- * pool's size. At most timeout_s per result; a hang or a crash fails that sample alone. */
+ * pool's size; with pp (may be NULL) each item's components too. At most timeout_s per result; a hang or a crash
+ * fails that sample alone. */
 void pyscorer_score(struct pyscorer *p, const struct reward_item *items, int n, double timeout_s, double *scores,
-                    bool *failed, char (*reasons)[PYSCORER_REASON_MAX]);
+                    bool *failed, char (*reasons)[PYSCORER_REASON_MAX], const struct pyscorer_parts *pp);
 /* Whether path is a Python scorer: it ends in .py, or it is not an ELF shared library. */
 bool pyscorer_is_python(const char *path);
 

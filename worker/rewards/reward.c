@@ -44,6 +44,9 @@ struct reward_fn {
     bool lenient_scorers; /* reward_model.lenient_scorers */
     long failures;
     int batch_failures; /* in the batch being scored */
+    /* GDPO's reward components (algorithm.gdpo_reward_keys): entries of the Python scorer's dict */
+    char *parts[CFG_GDPO_MAX_KEYS];
+    int n_parts;
 };
 
 #define REWARD_LOG_PER_BATCH 5
@@ -131,10 +134,30 @@ struct reward_fn *reward_create(const struct grpo_config *cfg, char *err, size_t
         return reward_create_custom(NULL, NULL, err, errlen);
     struct reward_fn *r = create(cfg->crf_path, cfg->crf_name, cfg->crf_python, (int)cfg->rm_num_workers,
                                  cfg->crf_timeout_s, err, errlen);
-    if (r)
-        r->lenient_scorers = cfg->rm_lenient_scorers;
+    if (!r)
+        return NULL;
+    r->lenient_scorers = cfg->rm_lenient_scorers;
+    if (strcmp(cfg->alg_adv_estimator, "gdpo") == 0) {
+        double w[CFG_GDPO_MAX_KEYS];
+        r->n_parts = config_gdpo_keys(cfg, r->parts, w, err, errlen);
+        if (r->n_parts < 0 || !r->py) {
+            if (r->n_parts >= 0)
+                snprintf(err, errlen,
+                         "algorithm.adv_estimator=gdpo: its reward components (algorithm.gdpo_reward_keys) are entries "
+                         "of the dict a Python custom_reward_function returns, and %s returns one score",
+                         r->custom ? "a C custom scorer" : "a built-in scorer");
+            else
+                r->n_parts = 0;
+            reward_free(r);
+            return NULL;
+        }
+    }
     return r;
 }
+
+int reward_num_parts(const struct reward_fn *r) { return r ? r->n_parts : 0; }
+
+const char *reward_part_name(const struct reward_fn *r, int k) { return r->parts[k]; }
 
 void reward_free(struct reward_fn *r)
 {
@@ -145,6 +168,8 @@ void reward_free(struct reward_fn *r)
     pyscorer_free(r->py);
     free(r->custom_path);
     free(r->custom_name);
+    for (int k = 0; k < r->n_parts; k++)
+        free(r->parts[k]);
     free(r);
 }
 
@@ -380,9 +405,16 @@ static void score_isolated(struct reward_fn *r, const struct reward_item *items,
     }
 }
 
-static void score_batch(struct reward_fn *r, const struct reward_item *items, int n, double *scores, char **reasons);
+static void score_batch_parts(struct reward_fn *r, const struct reward_item *items, int n, double *scores,
+                              char **reasons, double *parts);
 
 void reward_score_batch(struct reward_fn *r, const struct reward_item *items, int n, double *scores, char **reasons)
+{
+    reward_score_batch_parts(r, items, n, scores, reasons, NULL);
+}
+
+void reward_score_batch_parts(struct reward_fn *r, const struct reward_item *items, int n, double *scores,
+                              char **reasons, double *parts)
 {
     if (n <= 0)
         return;
@@ -390,21 +422,27 @@ void reward_score_batch(struct reward_fn *r, const struct reward_item *items, in
         for (int i = 0; i < n; i++)
             reasons[i] = NULL;
     r->batch_failures = 0;
-    score_batch(r, items, n, scores, reasons);
+    score_batch_parts(r, items, n, scores, reasons, parts);
     if (r->batch_failures > REWARD_LOG_PER_BATCH)
         log_warn("reward", "%d more samples of this batch of %d failed (not logged one by one; %ld failed in all)",
                  r->batch_failures - REWARD_LOG_PER_BATCH, n, r->failures);
 }
 
-static void score_batch(struct reward_fn *r, const struct reward_item *items, int n, double *scores, char **reasons)
+static void score_batch_parts(struct reward_fn *r, const struct reward_item *items, int n, double *scores,
+                              char **reasons, double *parts)
 {
     if (r->py) {
         bool *failed = xcalloc((size_t)n, sizeof *failed);
         char(*why)[PYSCORER_REASON_MAX] = xcalloc((size_t)n, sizeof *why);
-        pyscorer_score(r->py, items, n, r->timeout_s, scores, failed, why);
+        const struct pyscorer_parts pp = {(const char *const *)r->parts, r->n_parts, parts,
+                                          " (algorithm.gdpo_reward_keys)"};
+        pyscorer_score(r->py, items, n, r->timeout_s, scores, failed, why, parts && r->n_parts ? &pp : NULL);
         for (int i = 0; i < n; i++)
-            if (failed[i])
+            if (failed[i]) {
                 report_failure(r, i, &items[i], why[i], scores, reasons);
+                for (int k = 0; parts && k < r->n_parts; k++) /* a failed sample's components are 0, as its score */
+                    parts[(size_t)i * r->n_parts + k] = 0.0;
+            }
         free(failed), free(why);
         return;
     }

@@ -52,7 +52,8 @@ typedef double (*reward_custom_fn)(const char *data_source, const char *solution
  * or, when custom_reward_function.path is set, the custom scorer (dlopen +
  * dlsym, checked here so a wrong path or symbol fails before training).
  * Returns NULL with err ("custom_reward_function.path: cannot load '...': ...")
- * on failure. cfg may be NULL: built-in scorers only. */
+ * on failure; with algorithm.adv_estimator=gdpo also when the scorer is not a Python one (its reward components are
+ * entries of the dict it returns). cfg may be NULL: built-in scorers only. */
 struct reward_fn *reward_create(const struct grpo_config *cfg, char *err, size_t errlen);
 /* Same without a configuration: path NULL or "" means built-ins only; name NULL means "compute_score". */
 struct reward_fn *reward_create_custom(const char *path, const char *name, char *err, size_t errlen);
@@ -75,6 +76,14 @@ bool reward_supports(const struct reward_fn *r, const char *data_source);
  * not NULL, reasons[i] = a malloc'd text the caller frees; reasons[i] is NULL
  * for every sample scored normally (a wrong answer is not a failure). */
 void reward_score_batch(struct reward_fn *r, const struct reward_item *items, int n, double *scores, char **reasons);
+/* The same, and with algorithm.adv_estimator=gdpo each item's reward components (algorithm.gdpo_reward_keys: entries
+ * of the dict a Python scorer returns) into parts (n x reward_num_parts, row-major; NULL: not wanted). An item whose
+ * dict lacks one fails (reward 0, every component 0). */
+void reward_score_batch_parts(struct reward_fn *r, const struct reward_item *items, int n, double *scores,
+                              char **reasons, double *parts);
+/* The components reward_score_batch_parts gives (0 but with gdpo; a NULL r: 0) and the name of component k. */
+int reward_num_parts(const struct reward_fn *r);
+const char *reward_part_name(const struct reward_fn *r, int k);
 /* One item; why (may be NULL) receives the failure reason or "". */
 double reward_score_one(struct reward_fn *r, const struct reward_item *item, char *why, size_t whylen);
 

@@ -47,7 +47,7 @@ static json_t *json_text(const char *text)
 }
 
 /* One sequence's line (no newline), malloc'd; NULL when out of memory. */
-static char *seq_line(int64_t step, int n, const struct step_batch *b, int i)
+static char *seq_line(int64_t step, int n, const struct step_batch *b, int i, const struct audit_extras *x)
 {
     const struct rollout_seq *s = &b->seqs[i];
     const struct prompt_item *p = b->group_prompt[s->group];
@@ -101,6 +101,17 @@ static char *seq_line(int64_t step, int n, const struct step_batch *b, int i)
             json_array_append_new(mk, json_integer(s->loss_mask[k]));
         json_object_set_new(o, "rollout_rs_mask", mk);
     }
+    if (s->sum_pi_sq) { /* the old policy's sum of squared probabilities (calculate_sum_pi_squared) */
+        json_t *q = json_array();
+        for (int k = 0; k < s->resp_len; k++)
+            json_array_append_new(q, json_real(s->sum_pi_sq[k]));
+        json_object_set_new(o, "sum_pi_squared", q);
+    }
+    if (x && x->reward_baseline) /* remax: the greedy response's reward */
+        json_object_set_new(o, "reward_baseline", json_real(s->reward_baseline));
+    for (int k = 0; x && x->part_names && s->reward_parts && k < s->n_parts; k++) /* gdpo: reward_extra_info */
+        if (!json_object_get(o, x->part_names[k]))
+            json_object_set_new(o, x->part_names[k], json_real(s->reward_parts[k]));
     if (s->num_turns > 0) { /* a multi-turn trajectory: its turns and its conversation (docs/agents.md) */
         json_object_set_new(o, "num_turns", json_integer(s->num_turns));
         json_object_set_new(o, "tool_calls", json_integer(s->tool_calls));
@@ -114,12 +125,12 @@ static char *seq_line(int64_t step, int n, const struct step_batch *b, int i)
     return line;
 }
 
-char *rollout_audit_text(int64_t step, int n, const struct step_batch *b, size_t *len)
+char *rollout_audit_text(int64_t step, int n, const struct step_batch *b, const struct audit_extras *x, size_t *len)
 {
     size_t cap = 4096, used = 0;
     char *text = xmalloc(cap);
     for (int i = 0; i < b->n_seq; i++) {
-        char *line = seq_line(step, n, b, i);
+        char *line = seq_line(step, n, b, i, x);
         CHECK_ALLOC(line);
         const size_t l = strlen(line);
         while (used + l + 2 > cap)

@@ -24,6 +24,16 @@ struct rollout_seq {
     double score;     /* reward (after any penalties) */
     double raw_score; /* reward from the scorer */
     double acc;       /* exact-answer accuracy, 1 or 0 (reward_accuracy); NaN when unknown */
+    /* algorithm.adv_estimator=remax: the reward of the greedy response to the same prompt (verl's reward_baselines),
+     * scored as the sampled ones (the score with its penalties) */
+    double reward_baseline;
+    /* algorithm.adv_estimator=gdpo: the scorer's reward components (algorithm.gdpo_reward_keys' order, the reward
+     * function's reward_num_parts of them: n_parts), else NULL and 0 */
+    double *reward_parts;
+    int n_parts;
+    /* actor_rollout_ref.actor.calculate_sum_pi_squared: (resp_len) each token's sum of squared probabilities over the
+     * vocabulary under the old policy (the old-log-prob pass), else NULL */
+    float *sum_pi_sq;
     /* mixture of experts, when the rollout records them: (rollout_seq_tokens, routes_w) the experts each input token
      * was routed to in generation (routes_w = n_layers x k per token, layer after layer), or NULL */
     uint16_t *routes;

@@ -49,7 +49,7 @@ static void pp_sendrecv(const struct model *m, const float *out, size_t n_out, f
  * log-probs, allocated on first use. */
 static void keep_logp(struct rollout_seq *q, const float *logp, int which)
 {
-    float **dst = which == 0 ? &q->old_logp : &q->ref_logp;
+    float **dst = which == ACTOR_LOGP_REF ? &q->ref_logp : which == ACTOR_LOGP_OLD ? &q->old_logp : &q->sum_pi_sq;
     if (!*dst)
         *dst = xmalloc((size_t)(q->resp_len ? q->resp_len : 1) * sizeof(float));
     memcpy(*dst, logp, (size_t)q->resp_len * sizeof(float));
@@ -92,6 +92,10 @@ int actor_compute_logp(struct model *m, struct rollout_seq *seqs, const int *idx
     k = ep_pad_micro_batches(m, &groups, &counts, k);
     struct micro_batch *mbs = xcalloc((size_t)(k ? k : 1), sizeof *mbs);
     float **logps = xcalloc((size_t)(k ? k : 1), sizeof *logps);
+    const bool spp = which == ACTOR_LOGP_OLD_SUM_PI_SQ; /* the head's entropy output gives sum_pi_sq */
+    float **sq = xcalloc((size_t)(k ? k : 1), sizeof *sq);
+    const bool head_was = m->head_sum_pi_sq;
+    m->head_sum_pi_sq = spp;
     double wait = 0;
     for (int b = 0; b < k; b++) {
         /* pipelined: each stage passes a micro-batch on and starts the next; no backward follows */
@@ -101,13 +105,14 @@ int actor_compute_logp(struct model *m, struct rollout_seq *seqs, const int *idx
         /* between stages: this rank's rows (its SP slice or CP chunks), to the same CP rank of the next stage */
         const size_t nD = (size_t)model_stage_rows(m, &mb->pb) * (size_t)m->cfg.hidden_size;
         logps[b] = xcalloc(N, sizeof(float));
+        sq[b] = spp ? xcalloc(N, sizeof(float)) : NULL;
         float *x = sh->has_embed ? NULL : xmalloc((nD ? nD : 1) * sizeof(float));
         float *y = sh->has_head ? NULL : xmalloc((nD ? nD : 1) * sizeof(float));
         if (x)
             pp_recv(m, x, nD, sh->pp_rank - 1, &wait);
         /* keep only layer inputs (checkpointing) to bound memory, on the device: no backward needs them offloaded */
         const bool offload = model_set_activation_offload(m, false);
-        model_acts_free(model_forward_stage(m, &mb->pb, temperature, true, x, y, logps[b], NULL));
+        model_acts_free(model_forward_stage(m, &mb->pb, temperature, true, x, y, logps[b], sq[b]));
         model_set_activation_offload(m, offload);
         if (y)
             pp_send(m, y, nD, sh->pp_rank + 1, &wait);
@@ -117,13 +122,19 @@ int actor_compute_logp(struct model *m, struct rollout_seq *seqs, const int *idx
         struct micro_batch *mb = &mbs[b];
         if (sh->pp) /* the last stage's log-probs to every stage */
             comm_broadcast(sh->pp, logps[b], (size_t)mb->pb.N, COMM_F32, sh->pp_size - 1);
-        for (int i = 0; i < mb->n_seq; i++)
-            keep_logp(&seqs[mb->seq[i]], logps[b] + mb->resp_at[i], which);
-        free(logps[b]);
+        if (sh->pp && sq[b])
+            comm_broadcast(sh->pp, sq[b], (size_t)mb->pb.N, COMM_F32, sh->pp_size - 1);
+        for (int i = 0; i < mb->n_seq; i++) {
+            keep_logp(&seqs[mb->seq[i]], logps[b] + mb->resp_at[i], spp ? ACTOR_LOGP_OLD : which);
+            if (sq[b])
+                keep_logp(&seqs[mb->seq[i]], sq[b] + mb->resp_at[i], ACTOR_LOGP_OLD_SUM_PI_SQ);
+        }
+        free(logps[b]), free(sq[b]);
         micro_batch_free(mb);
     }
-    free(logps);
+    free(logps), free(sq);
     free(mbs);
+    m->head_sum_pi_sq = head_was;
     free_groups(groups, counts, k);
     return k;
 }

@@ -21,8 +21,11 @@ struct batching {
     bool share_prompts; /* a group's prompt packed once per micro-batch (micro_batch_build's share) */
 };
 
-/* Log-probs of every response token of the sequences idx[0..n) under m, written to seqs[i].old_logp (which = 0)
- * or seqs[i].ref_logp (which = 1). Returns the number of micro-batches run. */
+/* Log-probs of every response token of the sequences idx[0..n) under m, written to seqs[i].old_logp (which =
+ * ACTOR_LOGP_OLD) or seqs[i].ref_logp (ACTOR_LOGP_REF); ACTOR_LOGP_OLD_SUM_PI_SQ: the old ones and each token's sum
+ * of squared probabilities over the vocabulary, seqs[i].sum_pi_sq (verl's sum_pi_squared). Returns the number of
+ * micro-batches run. */
+enum { ACTOR_LOGP_OLD = 0, ACTOR_LOGP_REF = 1, ACTOR_LOGP_OLD_SUM_PI_SQ = 2 };
 int actor_compute_logp(struct model *m, struct rollout_seq *seqs, const int *idx, int n, const struct batching *bt,
                        float temperature, int which);
 

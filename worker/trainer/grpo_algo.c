@@ -21,6 +21,9 @@ static const struct {
     {"opo", ADV_OPO},
     {"grpo_passk", ADV_GRPO_PASSK},
     {"gpg", ADV_GPG},
+    {"optimal_token_baseline", ADV_OPTIMAL_TOKEN_BASELINE},
+    {"tir_optimal_token_baseline", ADV_TIR_OPTIMAL_TOKEN_BASELINE},
+    {"gdpo", ADV_GDPO},
 };
 
 int adv_estimator_from_name(const char *s)
@@ -153,6 +156,101 @@ void reinforce_pp_advantages(const double *token_rewards, const uint8_t *mask, c
     masked_whiten(adv, mask, off, len, n, red);
 }
 
+/* Whether response i is the first of its group (the group's statistics are taken once, from it). */
+static bool group_leader(const int *group, int i)
+{
+    for (int j = 0; j < i; j++)
+        if (group[j] == group[i])
+            return false;
+    return true;
+}
+
+/* The optimal token baseline (verl v0.9's compute_optimal_token_baseline_advantage, or with tir its multi-turn
+ * form compute_multi_turn_optimal_token_baseline_advantage), handle_zero_tail on as verl calls them. */
+static void otb_advantages(const struct adv_params *p, bool tir, const double *token_rewards, const uint8_t *mask,
+                           const int *off, const int *len, const int *group, int n, double *adv)
+{
+    int total = 0, longest = 0;
+    for (int i = 0; i < n; i++) {
+        total = off[i] + len[i] > total ? off[i] + len[i] : total;
+        longest = len[i] > longest ? len[i] : longest;
+    }
+    double *G = xmalloc((size_t)(total ? total : 1) * sizeof(double)); /* reward-to-go */
+    double *W = xmalloc((size_t)(total ? total : 1) * sizeof(double)); /* cumulative path variance */
+    double *B = xcalloc((size_t)(total ? total : 1), sizeof(double));  /* baseline */
+    int *pos = xmalloc((size_t)(total ? total : 1) * sizeof(int));     /* the position a token is baselined at */
+    int *own = xmalloc((size_t)(n ? n : 1) * sizeof(int));             /* masked tokens of each response */
+    for (int i = 0; i < n; i++) {
+        double ret = 0, cum = 0;
+        for (int t = len[i] - 1; t >= 0; t--) {
+            const int k = off[i] + t;
+            ret += model_token(mask, k) ? token_rewards[k] : 0.0;
+            G[k] = ret;
+        }
+        own[i] = 0;
+        for (int t = 0; t < len[i]; t++) {
+            const int k = off[i] + t;
+            double w = 1.0 - 2.0 * exp(p->old_logp[k]) + p->sum_pi_sq[k];
+            if (p->is_w)
+                w *= p->is_w[k] * p->is_w[k];
+            pos[k] = tir ? own[i] : t;
+            if (model_token(mask, k)) {
+                cum += w;
+                own[i]++;
+            }
+            W[k] = cum;
+        }
+    }
+    double *num = xmalloc((size_t)(longest ? longest : 1) * sizeof(double));
+    double *den = xmalloc((size_t)(longest ? longest : 1) * sizeof(double));
+    int *mem = xmalloc((size_t)(n ? n : 1) * sizeof(int));
+    for (int i = 0; i < n; i++) {
+        if (!group_leader(group, i))
+            continue;
+        int N = 0;
+        for (int j = i; j < n; j++) /* the multi-turn form leaves out a response without a masked token */
+            if (group[j] == group[i] && (!tir || own[j] > 0))
+                mem[N++] = j;
+        if (N < 2) /* a lone response: no baseline */
+            continue;
+        for (int q = 0; q < longest; q++)
+            num[q] = den[q] = 0;
+        for (int a = 0; a < N; a++) {
+            const int j = mem[a];
+            for (int t = 0; t < len[j]; t++) {
+                const int k = off[j] + t;
+                if (model_token(mask, k)) {
+                    num[pos[k]] += G[k] * W[k];
+                    den[pos[k]] += W[k];
+                }
+            }
+        }
+        /* handle_zero_tail: the single longest response, longer than the second, gets no baseline past its length */
+        int l1 = -1, l2 = -1, at = -1, ties = 0;
+        for (int a = 0; a < N; a++) {
+            const int L = own[mem[a]];
+            if (L > l1) {
+                l2 = l1, l1 = L, at = mem[a], ties = 1;
+            } else if (L == l1) {
+                l2 = L, ties++;
+            } else if (L > l2) {
+                l2 = L;
+            }
+        }
+        for (int a = 0; a < N; a++) {
+            const int j = mem[a];
+            for (int t = 0; t < len[j]; t++) {
+                const int k = off[j] + t;
+                const bool tail = ties == 1 && l1 > l2 && j == at && pos[k] >= l2;
+                B[k] = tail ? 0.0 : num[pos[k]] / (den[pos[k]] + 1e-8);
+            }
+        }
+    }
+    for (int k = 0; k < total; k++)
+        adv[k] = model_token(mask, k) ? G[k] - B[k] : 0.0;
+    free(G), free(W), free(B), free(pos), free(own), free(num), free(den), free(mem);
+}
+
 void token_advantages(const struct adv_params *p, const double *token_rewards, const uint8_t *mask, const int *off,
                       const int *len, const int *group, int n, double *scores, double *adv)
 {
@@ -173,6 +271,10 @@ void token_advantages(const struct adv_params *p, const double *token_rewards, c
                 adv[off[i] + t] = m ? ret - p->baseline[i] : 0.0;
             }
         }
+        return;
+    case ADV_OPTIMAL_TOKEN_BASELINE:
+    case ADV_TIR_OPTIMAL_TOKEN_BASELINE:
+        otb_advantages(p, p->est == ADV_TIR_OPTIMAL_TOKEN_BASELINE, token_rewards, mask, off, len, group, n, adv);
         return;
     default: break;
     }
@@ -204,13 +306,27 @@ void token_advantages(const struct adv_params *p, const double *token_rewards, c
                 base = cnt > 1 ? wr / wsum : 0.0;
             a[i] = (p->est == ADV_GPG ? alpha : 1.0) * (scores[i] - base);
         }
+    } else if (p->est == ADV_GDPO) { /* each component's GRPO advantage apart, weighted and summed */
+        double *col = xmalloc((size_t)(n ? n : 1) * sizeof(double)),
+               *ak = xmalloc((size_t)(n ? n : 1) * sizeof(double));
+        for (int i = 0; i < n; i++)
+            a[i] = 0;
+        for (int k = 0; k < p->n_parts; k++) {
+            for (int i = 0; i < n; i++)
+                col[i] = p->parts[(size_t)i * p->n_parts + k];
+            outcome_advantages(ADV_GRPO, p->norm_by_std, col, group, n, ak);
+            const double wk = p->part_weights ? p->part_weights[k] : 1.0;
+            for (int i = 0; i < n; i++)
+                a[i] += wk * ak[i];
+        }
+        free(col), free(ak);
     } else {
         outcome_advantages(p->est, p->norm_by_std, scores, group, n, a);
     }
     for (int i = 0; i < n; i++)
         for (int t = 0; t < len[i]; t++)
             adv[off[i] + t] = model_token(mask, off[i] + t) ? a[i] : 0.0;
-    if (p->est == ADV_REINFORCE_PP_BASELINE)
+    if (p->est == ADV_REINFORCE_PP_BASELINE || p->est == ADV_GDPO)
         masked_whiten(adv, mask, off, len, n, p->red);
     free(a);
 }

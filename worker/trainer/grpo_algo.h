@@ -25,6 +25,9 @@ enum adv_estimator {
     ADV_GRPO_PASSK,
     ADV_GPG,
     ADV_RLOO_VECTORIZED,
+    ADV_OPTIMAL_TOKEN_BASELINE,
+    ADV_TIR_OPTIMAL_TOKEN_BASELINE,
+    ADV_GDPO,
 };
 enum kl_type { KL_K1, KL_ABS, KL_K2, KL_K3 };
 enum loss_agg {
@@ -73,6 +76,14 @@ struct adv_params {
     double gamma;                   /* algorithm.gamma (reinforce_plus_plus) */
     const double *baseline;         /* remax: (n) each response's greedy baseline reward (verl's reward_baselines) */
     const struct batch_reduce *red; /* batch-wide sums over DP ranks (NULL: one rank) */
+    /* optimal_token_baseline, tir_optimal_token_baseline: packed like the token rewards, each token's old log-prob,
+     * the sum of its squared probabilities over the vocabulary (verl's sum_pi_squared) and rollout correction's IS
+     * weight (NULL: none, verl's rollout_is_weights) */
+    const double *old_logp, *sum_pi_sq, *is_w;
+    /* gdpo: each response's n_parts reward components (n x n_parts, row-major, algorithm.gdpo_reward_keys' order)
+     * and their weights (algorithm.gdpo_reward_weights; NULL: 1 each) */
+    int n_parts;
+    const double *parts, *part_weights;
 };
 
 /* Every response token's advantage under p->est from the token rewards of n responses (packed like
@@ -87,7 +98,16 @@ struct adv_params {
  *  - opo: r - the group's length-weighted mean reward (sum len_j r_j / sum len_j, len the masked tokens; a group
  *    of one: r);
  *  - gpg: alpha (r - group mean) with alpha = responses / max(responses with a non-zero score, 1) over the batch
- *    (f_norm 1). */
+ *    (f_norm 1);
+ *  - optimal_token_baseline: G_t - B_t, G_t the reward-to-go of the masked token rewards and B_t the group's
+ *    baseline at response position t: sum_j G_jt W_jt / (sum_j W_jt + 1e-8) over the group's responses masked at t,
+ *    W_t = the cumulative sum over the masked tokens up to t of w = (1 - 2 exp(old_logp) + sum_pi_sq) x is_w^2; a
+ *    group of one: B = 0; the group's single longest response (longer than every other) gets B = 0 from the
+ *    second-longest's length on (verl's handle_zero_tail, lengths counted in masked tokens);
+ *  - tir_optimal_token_baseline: the same with positions counted over each response's masked tokens alone (its
+ *    k-th masked token meets the others' k-th), responses without a masked token left out of their group;
+ *  - gdpo: sum_k weight_k x grpo advantage of component k (outcome_advantages with norm_by_std), on the masked
+ *    tokens, whitened over the batch's masked tokens (masked_whiten). */
 void token_advantages(const struct adv_params *p, const double *token_rewards, const uint8_t *mask, const int *off,
                       const int *len, const int *group, int n, double *scores, double *adv);
 

@@ -47,6 +47,15 @@ static void advantage_metrics(struct metrics *m, const struct step_advantages *a
         metrics_set(m, "actor/reward_kl_penalty", a->kl_penalty);
     metrics_set_summary(m, "critic/advantages", &a->advantages);
     metrics_set_summary(m, "critic/rewards", &a->rewards);
+    for (int k = 0; k < a->n_parts; k++) { /* verl's gdpo/<key>/ figures */
+        static const char *const stat[4] = {"mean", "std", "max", "min"};
+        const double v[4] = {a->part_mean[k], a->part_std[k], a->part_max[k], a->part_min[k]};
+        for (int j = 0; j < 4; j++) {
+            char name[160];
+            snprintf(name, sizeof name, "gdpo/%s/%s", a->part_name[k], stat[j]);
+            metrics_set(m, name, v[j]);
+        }
+    }
 }
 
 static void update_metrics(struct metrics *m, const struct step_update *u)

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "actor.h"
+#include "common/config.h"
 #include "kernels/kernels.h"
 #include "trainer.h"
 #include "worker/metrics/metrics.h"
@@ -39,6 +40,11 @@ struct step_advantages {
     bool kl_penalty_measured;                   /* algorithm.use_kl_in_reward, with response tokens on this rank */
     double kl_penalty;                          /* this rank's mean in-reward KL per response token */
     struct metrics_summary advantages, rewards; /* per token; per sequence (summed over its tokens) */
+    /* gdpo: each reward component's name and its mean, population std, max and min over the step's responses */
+    int n_parts;
+    const char *part_name[CFG_GDPO_MAX_KEYS];
+    double part_mean[CFG_GDPO_MAX_KEYS], part_std[CFG_GDPO_MAX_KEYS], part_max[CFG_GDPO_MAX_KEYS],
+        part_min[CFG_GDPO_MAX_KEYS];
 };
 
 /* The actor's update. */

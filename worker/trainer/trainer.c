@@ -806,6 +806,11 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
                  ? *src
                  : (struct trainer_source){.ctx = t, .next_batch = trainer_hybrid_batch, .generates = true};
     t->est = (enum adv_estimator)adv_estimator_from_name(cfg->alg_adv_estimator);
+    if (t->est == ADV_GDPO) { /* checked by config_validate */
+        char why[256];
+        t->gdpo_n = config_gdpo_keys(cfg, t->gdpo_keys, t->gdpo_w, why, sizeof why);
+        t->gdpo_n = t->gdpo_n > 0 ? t->gdpo_n : 0;
+    }
     t->agg = (enum loss_agg)loss_agg_from_name(cfg->actor_loss_agg_mode);
     t->kl_reward_type = (enum kl_type)kl_type_from_name(cfg->alg_kl_penalty);
     t->loss = (struct policy_loss_params){
@@ -1137,6 +1142,8 @@ void trainer_free(struct trainer *t)
         metrics_logger_close(&t->logger);
     model_free(t->policy);
     model_free(t->ref);
+    for (int k = 0; k < t->gdpo_n; k++)
+        free(t->gdpo_keys[k]);
     if (t->tok)
         tokenizer_free(t->tok);
     adamw_free(t->opt);

@@ -9,6 +9,7 @@
 #include "actor.h"
 #include "rollout_corr.h"
 #include "checkpoint.h"
+#include "common/config.h"
 #include "common/log.h"
 #include "worker/step/prompts.h"
 #include "kernels/kernels.h"
@@ -74,6 +75,10 @@ struct trainer {
     struct policy_loss_params loss;
     enum loss_agg agg;
     enum adv_estimator est;
+    /* gdpo: algorithm.gdpo_reward_keys (malloc'd) and their weights */
+    int gdpo_n;
+    char *gdpo_keys[CFG_GDPO_MAX_KEYS];
+    double gdpo_w[CFG_GDPO_MAX_KEYS];
     enum kl_type kl_reward_type;
     struct rollout_corr corr; /* algorithm.rollout_correction */
 };

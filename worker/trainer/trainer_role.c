@@ -684,6 +684,7 @@ static void trainer_ready(void *ud, struct trainer *t)
     r->lim.prompts = trainer_prompts(t);
     r->lim.vocab_size = trainer_policy(t)->cfg.vocab_size;
     wire_limits_set_routes(&r->lim, &trainer_policy(t)->cfg, config_records_routes(r->env->cfg));
+    r->lim.reward_parts = config_gdpo_parts(r->env->cfg);
     if (r->env->at.cp != 0 || (r->env->at.dp != 0 && !copy_peer(r))) /* SP: SP rank 0 publishes the model */
         return;
     if (copy_peer(r)) { /* the dispatcher is the copy's rank 0's; this rank gives its part of each version */

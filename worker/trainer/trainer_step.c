@@ -172,6 +172,31 @@ static void rollout_correction(struct trainer *t, struct step_batch *b, bool app
     free(len), free(lp), free(ro), free(mk), free(w), free(keep);
 }
 
+/* gdpo/<key>/ figures of the step's n responses' components (n x t->gdpo_n) over every DP rank: mean, population
+ * std (numpy's), max and min, as verl logs them. */
+static void gdpo_figures(struct trainer *t, const double *parts, int n, struct step_advantages *out)
+{
+    const int K = t->gdpo_n;
+    out->n_parts = K;
+    double *col = xmalloc((size_t)(n ? n : 1) * sizeof(double));
+    for (int k = 0; k < K; k++) {
+        for (int i = 0; i < n; i++)
+            col[i] = parts[(size_t)i * K + k];
+        const struct metrics_summary s = summarize_dist(t, col, (size_t)n);
+        const double mean = s.n ? s.sum / (double)s.n : 0.0;
+        double ss = 0;
+        for (int i = 0; i < n; i++)
+            ss += (col[i] - mean) * (col[i] - mean);
+        sum_dist(t, &ss, 1);
+        out->part_name[k] = t->gdpo_keys[k];
+        out->part_mean[k] = mean;
+        out->part_std[k] = s.n ? sqrt(ss / (double)s.n) : 0.0;
+        out->part_max[k] = s.n ? s.max : 0.0;
+        out->part_min[k] = s.n ? s.min : 0.0;
+    }
+    free(col);
+}
+
 /* Phase adv: the advantages of every response token (and the in-reward KL, when on). A sequence's outcome reward sits
  * at its last token; the tokens that are not the model's (its mask's 0) get advantage 0 and no in-reward KL, and
  * the advantages' and KL's figures are over the model's tokens, as verl's with its response_mask. Its seconds. */
@@ -219,11 +244,50 @@ static double advantages(struct trainer *t, struct step_batch *b, struct step_ad
     out->kl_penalty = own ? kl_sum / own : 0;
     double *tok_adv = xcalloc((size_t)(total ? total : 1), sizeof(double));
     const struct batch_reduce red = {dist_sum, t};
-    const struct adv_params ap = {.est = t->est,
-                                  .norm_by_std = c->alg_norm_adv_by_std_in_grpo,
-                                  .gamma = c->alg_gamma,
-                                  .red = t->lay.dp && t->lay.dp_size > 1 ? &red : NULL};
+    struct adv_params ap = {.est = t->est,
+                            .norm_by_std = c->alg_norm_adv_by_std_in_grpo,
+                            .gamma = c->alg_gamma,
+                            .red = t->lay.dp && t->lay.dp_size > 1 ? &red : NULL};
+    double *base = NULL, *olp = NULL, *spp = NULL, *isw = NULL, *parts = NULL;
+    if (t->est == ADV_REMAX) { /* each response's greedy baseline, generated and scored with it */
+        base = xmalloc((size_t)(n ? n : 1) * sizeof(double));
+        for (int i = 0; i < n; i++)
+            base[i] = b->seqs[i].reward_baseline;
+        ap.baseline = base;
+    }
+    if (t->est == ADV_OPTIMAL_TOKEN_BASELINE || t->est == ADV_TIR_OPTIMAL_TOKEN_BASELINE) {
+        /* the old-log-prob pass's log-probs and sum_pi_sq (config_validate makes it take them), and decoupled
+         * rollout correction's IS weights where it has them */
+        olp = xcalloc((size_t)(total ? total : 1), sizeof(double));
+        spp = xcalloc((size_t)(total ? total : 1), sizeof(double));
+        bool weighted = false;
+        for (int i = 0; i < n; i++)
+            weighted |= b->seqs[i].is_w != NULL;
+        isw = weighted ? xcalloc((size_t)(total ? total : 1), sizeof(double)) : NULL;
+        for (int i = 0; i < n; i++) {
+            const struct rollout_seq *s = &b->seqs[i];
+            if (!s->old_logp || !s->sum_pi_sq)
+                check_failf(__FILE__, __LINE__, "%s: a response without its old log-probs and sum_pi_sq",
+                            c->alg_adv_estimator);
+            for (int k = 0; k < len[i]; k++) {
+                olp[off[i] + k] = s->old_logp[k];
+                spp[off[i] + k] = s->sum_pi_sq[k];
+                if (isw)
+                    isw[off[i] + k] = s->is_w ? s->is_w[k] : 1.0;
+            }
+        }
+        ap.old_logp = olp, ap.sum_pi_sq = spp, ap.is_w = isw;
+    }
+    if (t->est == ADV_GDPO) { /* the scorer's components of each response (wire.c checks their count) */
+        parts = xcalloc((size_t)(n ? n : 1) * (size_t)(t->gdpo_n ? t->gdpo_n : 1), sizeof(double));
+        for (int i = 0; i < n; i++)
+            if (b->seqs[i].reward_parts && b->seqs[i].n_parts == t->gdpo_n)
+                memcpy(parts + (size_t)i * t->gdpo_n, b->seqs[i].reward_parts, (size_t)t->gdpo_n * sizeof(double));
+        ap.n_parts = t->gdpo_n, ap.parts = parts, ap.part_weights = t->gdpo_w;
+        gdpo_figures(t, parts, n, out);
+    }
     token_advantages(&ap, tok_r, mask, off, len, group, n, scalar, tok_adv);
+    free(base), free(olp), free(spp), free(isw), free(parts);
     for (int i = 0; i < n; i++) {
         b->seqs[i].adv = xmalloc((size_t)(len[i] ? len[i] : 1) * sizeof(double));
         memcpy(b->seqs[i].adv, tok_adv + off[i], (size_t)len[i] * sizeof(double));
@@ -480,7 +544,8 @@ static double old_log_probs(struct trainer *t, struct step_batch *b, const int *
     const struct batching bt = {t->micro_old, token_budget(t), t->share_prompts};
     const double t0 = clock_now_s();
     trainer_phase(t, GRPO__PHASE__PHASE_OLD_LOG_PROB);
-    actor_compute_logp(t->policy, b->seqs, idx, b->n_seq, &bt, logprob_temperature(c), 0);
+    actor_compute_logp(t->policy, b->seqs, idx, b->n_seq, &bt, logprob_temperature(c),
+                       c->actor_calculate_sum_pi_squared ? ACTOR_LOGP_OLD_SUM_PI_SQ : ACTOR_LOGP_OLD);
     return clock_now_s() - t0;
 }
 
@@ -499,7 +564,7 @@ static double ref_log_probs(struct trainer *t, struct step_batch *b, const int *
     double differ, compared;
     model_moe_route_stats(ref, &differ, &compared);
     ref->moe_replay = false;
-    actor_compute_logp(ref, b->seqs, idx, b->n_seq, &bt, logprob_temperature(c), 1);
+    actor_compute_logp(ref, b->seqs, idx, b->n_seq, &bt, logprob_temperature(c), ACTOR_LOGP_REF);
     ref->moe_replay = replay;
     double d2, c2;
     model_moe_route_stats(ref, &d2, &c2);
@@ -720,7 +785,9 @@ static void audit(struct trainer *t, int64_t k, struct step_batch *b)
     if (t->lay.tp_rank != 0 || t->lay.cp_rank != 0) /* the TP and CP ranks of a DP rank hold the same sequences */
         return;
     size_t len;
-    char *mine = rollout_audit_text(k, (int)t->cfg->rollout_n, b, &len);
+    const struct audit_extras x = {.reward_baseline = t->est == ADV_REMAX,
+                                   .part_names = t->gdpo_n ? (const char *const *)t->gdpo_keys : NULL};
+    char *mine = rollout_audit_text(k, (int)t->cfg->rollout_n, b, &x, &len);
     struct comm *dp = t->lay.dp && comm_size(t->lay.dp) > 1 ? t->lay.dp : NULL;
     if (!dp) {
         rollout_audit_save(dir, k, &mine, &len, 1);
@@ -833,7 +900,8 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     measure_rollouts(t, b, &r.rollouts);
     /* the update's forward is the old policy unless the old log-probs are needed before it (rollout correction's
      * weights and rejection) or are the sampler's (bypass mode) */
-    const bool on_policy = one_update(c, r.rollouts.n_seq) && !t->corr.bypass && !rollout_corr_active(&t->corr);
+    const bool on_policy = one_update(c, r.rollouts.n_seq) && !t->corr.bypass && !rollout_corr_active(&t->corr) &&
+                           !c->actor_calculate_sum_pi_squared; /* sum_pi_sq comes from the old-log-prob pass */
     r.rc = xcalloc(1, sizeof *r.rc);
     /* the rollout's routes against the policy's own routing where the old log-probs are taken (the old-log-prob
      * pass, or on policy the update's forwards, all before its one optimizer step) */
