@@ -312,9 +312,6 @@ static const struct verl_key g_verl[] = {
     NOTED("transfer_queue.*", "data moves over this project's data plane"),
     NOTED("global_profiler.*", PROFILE),
     /* verl v0.9: the actor and the reference */
-    OFF_ONLY("actor_rollout_ref.actor.calculate_sum_pi_squared", "false", "no sum of squared probabilities is needed",
-             "each token's sum of squared probabilities over the vocabulary (the optimal token baseline's; not "
-             "available yet)"),
     NOTED("actor_rollout_ref.actor.entropy_from_logits_chunk_size", CHUNKS),
     NOTED("actor_rollout_ref.actor.pad_to_length", PAD_BUCKET),
     NOTED("actor_rollout_ref.actor.use_rollout_log_probs",
