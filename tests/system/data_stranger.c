@@ -398,9 +398,18 @@ int main(int argc, char **argv)
     free(buf);
     size_t big = (size_t)GRPO_MAX_MESSAGE_BYTES + 1024;
     unsigned char *huge = calloc(1, big);
+    const uint64_t sent0 = nn_get_statistic(s, NN_STAT_BYTES_SENT),
+                   broken0 = nn_get_statistic(s, NN_STAT_BROKEN_CONNECTIONS);
     bad += request(s, huge, big, "an oversized message", 0);
     free(huge);
-    sleep(1); /* let the queue drain before the socket closes */
+    /* no answer comes to it: before the socket closes, wait until it has left (every byte sent) or the trainer has
+     * dropped the connection it came on (it refuses a message over its limit by its size), at most 20 s */
+    for (int i = 0; i < 2000; i++) {
+        if (nn_get_statistic(s, NN_STAT_BYTES_SENT) >= sent0 + big ||
+            nn_get_statistic(s, NN_STAT_BROKEN_CONNECTIONS) > broken0)
+            break;
+        usleep(10000); /* sleep-ok: the poll interval of a bounded wait */
+    }
     nn_close(s);
     return bad ? 1 : 0;
 }
