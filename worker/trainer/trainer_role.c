@@ -693,8 +693,8 @@ static void trainer_ready(void *ud, struct trainer *t)
     int64_t epoch, cursor;
     trainer_cursor(t, &epoch, &cursor);
     struct dispatch_options o = {.endpoint = r->env->dispatch_endpoint,
-                                 .secret = r->env->secret,
                                  .run_key = r->env->have_run_key ? r->env->plane_run_key : NULL,
+                                 .epoch = r->env->plane_epoch,
                                  .first_rollout_rank = r->env->spec.trainer_ranks,
                                  .rollout_tp = r->env->spec.rollout_tp > 1 ? r->env->spec.rollout_tp : 1,
                                  .units = r->lim.units,
@@ -757,7 +757,7 @@ int run_trainer(struct role_env *env)
                              .units = env->spec.rollout_ranks / (env->spec.rollout_tp > 1 ? env->spec.rollout_tp : 1),
                              .world_size = env->world_size,
                              .dp_rank = env->at.dp};
-    plane_verifier_init(&r.verifier, env->have_run_key ? env->plane_run_key : NULL);
+    plane_verifier_init(&r.verifier, env->have_run_key ? env->plane_run_key : NULL, env->plane_epoch);
     r.auth.v = &r.verifier;
     r.lim.auth = &r.auth;     /* every batch from a rollout process: a good MAC of the rank it names */
     if (!env->have_run_key) { /* the launch hands every trainer one: never a data plane that checks nothing */
