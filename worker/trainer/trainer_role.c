@@ -50,6 +50,7 @@ struct trainer_rank {
      * process the unit was not granted to, holding other prompts than their step draws (refused, or dropped at
      * the step when they came ahead of it) */
     uint64_t drop_invalid, drop_future, drop_not_granted, drop_prompt;
+    uint64_t old_epoch; /* of the refused, batches of another key epoch (another launch's keys) */
     const int *cur_uids; /* the step next_batch waits for (cur_k): the prompts it draws at each group */
     int64_t cur_k;
     int64_t start;
@@ -190,6 +191,7 @@ static int receive_one(struct trainer_rank *r, int64_t k, int timeout_ms)
     dataplane_answer(r->pull, rc == 0, err, &r->auth);
     if (rc != 0) {
         (*reason)++;
+        r->old_epoch += r->auth.old_epoch;
         drop_refused(r, err);
         return 0;
     }
@@ -483,6 +485,7 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     tm->staleness = staleness;
     tm->update_weights_s = r->sync_s_pending;
     tm->refused = r->refused;
+    tm->old_epoch = r->old_epoch;
     tm->duplicates = r->duplicates + r->stale;
     tm->drop_invalid = r->drop_invalid;
     tm->drop_future = r->drop_future;
@@ -497,6 +500,7 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
         tm->units_regranted = ds.regranted;
         tm->weight_bytes = ds.bytes - r->bytes_reported;
         tm->dispatch_refused = ds.refused;
+        tm->dispatch_old_epoch = ds.old_epoch;
         r->bytes_reported = ds.bytes;
     }
     r->sync_s_pending = 0;
