@@ -50,7 +50,7 @@ struct trainer_rank {
      * process the unit was not granted to, holding other prompts than their step draws (refused, or dropped at
      * the step when they came ahead of it) */
     uint64_t drop_invalid, drop_future, drop_not_granted, drop_prompt;
-    uint64_t old_epoch; /* of the refused, batches of another key epoch (another launch's keys) */
+    uint64_t old_epoch;  /* of the refused, batches of another key epoch (another launch's keys) */
     const int *cur_uids; /* the step next_batch waits for (cur_k): the prompts it draws at each group */
     int64_t cur_k;
     int64_t start;
