@@ -404,6 +404,8 @@ char *core_metrics_text(const struct core *c, double now)
     put(&t, "grpod_rejected_requests_total{reason=\"malformed\"} %" PRIu64 "\n", c->counters.malformed);
     put(&t, "grpod_rejected_requests_total{reason=\"bad_version\"} %" PRIu64 "\n", c->counters.bad_version);
     put(&t, "grpod_rejected_requests_total{reason=\"auth\"} %" PRIu64 "\n", c->counters.auth_failed);
+    put(&t, "grpod_rejected_requests_total{reason=\"replay\"} %" PRIu64 "\n", c->counters.replayed);
+    put(&t, "grpod_rejected_requests_total{reason=\"session\"} %" PRIu64 "\n", c->counters.unknown_session);
     put(&t, "grpod_rejected_requests_total{reason=\"invalid\"} %" PRIu64 "\n", c->counters.invalid);
     put(&t, "grpod_rejected_requests_total{reason=\"unexpected\"} %" PRIu64 "\n", c->counters.unexpected);
     put(&t, "grpod_rejected_requests_total{reason=\"refused\"} %" PRIu64 "\n", c->counters.refused);

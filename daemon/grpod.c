@@ -245,7 +245,8 @@ static int parse_mode(const char *text, mode_t *mode)
     return 0;
 }
 
-/* A request on a tcp:// endpoint: the secret is required, and says whether the connection may stay. */
+/* A request on a tcp:// endpoint: sealed in a session that proved the secret (or a hello, answered with a
+ * challenge); says whether the connection may stay. */
 static uint8_t *on_tcp_request(void *ud, const uint8_t *msg, size_t len, bool *authenticated, size_t *reply_len)
 {
     struct listener *l = ud;
@@ -282,7 +283,8 @@ static int listener_open(struct grpod *d, struct listener *l, const char *endpoi
         l->tcp = sp_server_start(&d->loop, endpoint, &tcp_limits, on_tcp_request, l, clock_now_s, err, errlen);
         if (!l->tcp)
             return -1;
-        log_info("grpod", "listening on %s (requests must carry the shared secret)", endpoint);
+        log_info("grpod", "listening on %s (clients prove the shared secret by challenge-response; requests sealed)",
+                 endpoint);
         return 0;
     }
     l->sock = nn_socket(AF_SP, NN_REP);

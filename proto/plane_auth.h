@@ -1,12 +1,14 @@
 /* Authentication of the data plane and the dispatcher (protocol 1.8; docs/protocol.md, Authentication).
  *
- * A run has one random key (the run key: made by grpod for the run, or by world rank 0 at launch without grpod).
- * Each process has an identity (its world rank, its pid and a random incarnation) and its own key,
- * KDF(run key, identity) (keyed BLAKE2b, libsodium crypto_generichash). Only the issuer (grpod, or rank 0) and
- * the trainers hold the run key; a rollout process is handed its own key alone, so holding it lets it speak as
- * itself and nobody else. Every request carries a PlaneAuth: its identity, a counter (from 1, a new one per
- * message) and a keyed BLAKE2b-256 MAC (crypto_generichash) of the whole envelope packed with the MAC empty.
- * The receiver derives the claimed identity's key from the run key and checks the MAC, and refuses a counter it
+ * A launch of a run has one random key (the run key: made by grpod for each launch of the run, or by world rank 0
+ * at launch without grpod) and a key epoch that names it (under grpod 1, 2, ... for each launch; without grpod a
+ * random number). Each process has an identity (its world rank, its pid, a random incarnation and the epoch) and
+ * its own key, KDF(run key, identity) (keyed BLAKE2b, libsodium crypto_generichash). A message of another epoch
+ * than the receiver's (another launch's: a replay across a relaunch) is refused before its MAC is computed. Only the
+ * issuer (grpod, or rank 0) and the trainers hold the run key; a rollout process is handed its own key alone, so
+ * holding it lets it speak as itself and nobody else. Every request carries a PlaneAuth: its identity, a counter (from
+ * 1, a new one per message) and a keyed BLAKE2b-256 MAC (crypto_generichash) of the whole envelope packed with the MAC
+ * empty. The receiver derives the claimed identity's key from the run key and checks the MAC, and refuses a counter it
  * has seen from that identity (a replay). An answer carries the asker's identity and counter, marked as a reply, under
  * the asker's key: the asker knows it comes from a holder of the run key and answers its own request.
  *
@@ -27,6 +29,7 @@ struct plane_id {
     int32_t rank;
     uint32_t pid;
     uint64_t incarnation;
+    uint64_t epoch; /* the key epoch of the launch (PlaneAuth.epoch); 0 only from a sender older than 1.12 */
 };
 
 /* A process's credentials: who it is, its own key, and the counter of its last message (atomic: a process's
@@ -50,6 +53,7 @@ struct plane_seen {
 };
 struct plane_verifier {
     uint8_t run_key[PLANE_KEY_BYTES];
+    uint64_t epoch; /* the run key's: a message of another is refused */
     bool set;
     struct plane_seen *seen; /* [PLANE_SEEN_MAX], allocated on first use */
     int nseen;
@@ -83,6 +87,7 @@ enum plane_verdict {
     PLANE_BAD_MAC = -2, /* the MAC is not the claimed identity's */
     PLANE_REPLAY = -3,  /* a counter this identity has used */
     PLANE_NO_KEY = -4,  /* the receiver has no run key */
+    PLANE_EPOCH = -5,   /* a message of another key epoch than the receiver's (another launch's) */
 };
 /* Check a decoded request against the run key: *who gets the identity it claims (also on failure, when it has
  * one), *counter its counter. A good request's counter is recorded. why says what failed. */
@@ -95,10 +100,13 @@ int plane_verify_answer(const struct plane_cred *c, uint64_t counter, const Grpo
 /* The counter of the last message c sent. */
 uint64_t plane_cred_last(const struct plane_cred *c);
 
-void plane_verifier_init(struct plane_verifier *v, const uint8_t run_key[PLANE_KEY_BYTES]);
+/* A verifier of the run key of epoch `epoch` (run_key NULL: none, every message refused). */
+void plane_verifier_init(struct plane_verifier *v, const uint8_t run_key[PLANE_KEY_BYTES], uint64_t epoch);
 void plane_verifier_free(struct plane_verifier *v);
 
-/* Credentials as text, one line: "RANK PID INCARNATION KEYHEX" (a test's spare credentials); 0, or -1. */
+/* A fresh random key epoch (never 0): a launch without grpod. */
+uint64_t plane_epoch_new(void);
+/* Credentials as text, one line: "RANK PID INCARNATION EPOCH KEYHEX" (a test's spare credentials); 0, or -1. */
 int plane_cred_format(const struct plane_cred *c, char *out, size_t len);
 int plane_cred_parse(const char *text, struct plane_cred *c);
 

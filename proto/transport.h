@@ -4,8 +4,10 @@
  * could not be reached ("connection refused", "no such file or directory").
  *
  * Endpoints are nanomsg addresses: ipc://PATH (a Unix socket whose file mode
- * says who may connect) or tcp://HOST:PORT (every request must carry the
- * shared secret read from grpod.secret_file). */
+ * says who may connect) or tcp://HOST:PORT (the client proves it holds the
+ * shared secret of grpod.secret_file by challenge-response and seals every
+ * request under a session key: proto/ctl_auth.h; the secret never crosses
+ * the network). */
 #ifndef GRPO_PROTO_TRANSPORT_H
 #define GRPO_PROTO_TRANSPORT_H
 
@@ -61,11 +63,14 @@ enum rpc_result {
 /* One REQ socket to grpod. Not thread-safe: use it from one thread. */
 struct rpc_client;
 
-/* Open a REQ socket connected to endpoint; secret may be NULL (ipc). NULL with err on failure. */
+/* Open a REQ socket connected to endpoint; secret may be NULL (ipc, or a data-plane socket). With a secret every
+ * call goes through a session authenticated by challenge-response (made at the first call, and again when grpod
+ * has forgotten it), sealed both ways (proto/ctl_auth.h). NULL with err on failure. */
 struct rpc_client *rpc_open(const char *endpoint, const char *secret, char *err, size_t errlen);
 /* Close the socket and free the client. */
 void rpc_close(struct rpc_client *c);
-/* Send req (request id and secret filled in here) and wait up to timeout_ms for its reply.
+/* Send req (request id filled in here; Envelope.secret is never sent) and wait up to timeout_ms for its reply (the
+ * session's challenge-response included, when one is due).
  * On RPC_OK *reply is the decoded answer (caller protocol_free()s it). */
 enum rpc_result rpc_call(struct rpc_client *c, Grpo__Envelope *req, int timeout_ms, Grpo__Envelope **reply, char *err,
                          size_t errlen);

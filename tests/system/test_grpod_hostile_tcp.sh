@@ -96,9 +96,10 @@ expect "no authenticated request: closed after about 5 s ($(cat "$TMP/idle1") s)
 # the SP wire as nanomsg's REQ speaks it: pipelined requests answered in order, a device's two-word backtrace
 # echoed, an oversized message before authentication ends the connection unanswered
 cat >"$TMP/wire.py" <<'PY'
-import socket, struct, sys
-port, secret = int(sys.argv[1]), open(sys.argv[2], "rb").read().split(b"\n")[0]
-env = b"\x08\x01\x12" + bytes([len(secret)]) + secret + b"\x88\x01\x01"  # version 1, secret, status_request
+import os, socket, struct, sys
+port = int(sys.argv[1])
+# version 1, auth_hello (field 27) with a 32-byte client nonce: answered with a challenge, and no secret needed
+env = b"\x08\x01\xda\x01\x22\x0a\x20" + os.urandom(32)
 def conn():
     s = socket.create_connection(("127.0.0.1", port), timeout=3)
     s.sendall(b"\x00SP\x00\x00\x30\x00\x00")
@@ -135,7 +136,7 @@ except (EOFError, ConnectionResetError):
 except socket.timeout:
     print("oversized left open")
 PY
-python3 "$TMP/wire.py" "$port" "$TMP/secret" >"$TMP/wire.out" 2>&1
+python3 "$TMP/wire.py" "$port" >"$TMP/wire.out" 2>&1
 has "$TMP/wire.out" "pipelined ok"; expect "pipelined requests are answered in order" $?
 has "$TMP/wire.out" "backtrace ok"; expect "a two-word backtrace is echoed" $?
 has "$TMP/wire.out" "oversized closed"; expect "an oversized message before authentication ends the connection" $?

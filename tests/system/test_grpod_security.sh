@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Security and bad input: the ipc socket's file mode, a tcp endpoint that needs
-# the shared secret (the secret file must be private), refused requests without
-# or with a wrong secret, an incompatible protocol version, and garbage, oversized
-# and non-protocol bytes on both sockets, all while a worker keeps training.
+# the shared secret (the secret file must be private), proved by challenge-response
+# (protocol 1.12: a wrong secret is found out, a request without a session and an
+# older client's request carrying the secret itself are refused), an incompatible
+# protocol version, and garbage, oversized and non-protocol bytes on both sockets,
+# all while a worker keeps training.
 set -u
 . "$(dirname "$0")/grpod_lib.sh" "$@"
 port=$(( 10000 + RANDOM % 20000 )) # below the ephemeral ports (32768-60999): no outgoing connection holds it
@@ -35,7 +37,7 @@ wait_for 15 state_is running; expect "worker runs (ipc)" $?
 head -c 24 /dev/urandom | base64 >"$TMP/wrong"; chmod 600 "$TMP/wrong"
 "$GRPOCTL" --endpoint "$TCP" --secret-file "$TMP/wrong" status >"$TMP/err" 2>&1
 [ $? -eq 1 ]; expect "tcp with a wrong secret: exit 1" $?
-has "$TMP/err" "authentication failed"; expect "wrong secret: authentication failed" $?
+has "$TMP/err" "authentication failed: grpod's proof does not match"; expect "wrong secret: authentication failed (grpod's proof)" $?
 "$GRPOCTL" --endpoint "$TCP" status >"$TMP/err" 2>&1; [ $? -eq 2 ]; expect "grpoctl: tcp without a secret file is a usage error" $?
 # a hand-made envelope (version 1, status_request) without a secret
 nanocat --req --connect "$TCP" --data $'\x08\x01\x88\x01\x01' --ascii >"$TMP/auth.out" 2>&1 &
@@ -82,7 +84,8 @@ state_is running; expect "the run goes on" $?
 grep -Eq 'grpod_rejected_requests_total\{reason="malformed"\} [1-9]' "$TMP/metrics"; expect "malformed requests counted" $?
 grep -Eq 'grpod_rejected_requests_total\{reason="auth"\} [1-9]' "$TMP/metrics"; expect "auth failures counted" $?
 grep -Eq 'grpod_rejected_requests_total\{reason="bad_version"\} [1-9]' "$TMP/metrics"; expect "version refusals counted" $?
-# the shared secret is compared as whole bytes: the right secret followed by a NUL and junk is refused
+# a client of protocol 1.11 or older sends the secret itself in every request: refused, whether right or not, and
+# told to upgrade (the secret crossed the network: change it); grpod never takes the secret on the wire
 # (a raw SP/TCP REQ client: the 8-byte SP header, then 8-byte big-endian length + request id + envelope)
 sp_req() { # sp_req HOST PORT SECRET_HEX: prints the reply's bytes as text
     python3 - "$@" <<'PY'
@@ -112,11 +115,13 @@ PY
 }
 sec_hex="$(head -n1 "$TMP/secret" | tr -d '\n' | od -An -tx1 | tr -d ' \n')"
 sp_req 127.0.0.1 "$port" "$sec_hex" >"$TMP/out" 2>&1
-has "$TMP/out" "run-"; expect "raw SP client with the secret is answered (status)" $?
+has "$TMP/out" "sent the shared secret over the network" && ! has "$TMP/out" "run-"
+expect "an older client's request with the right secret is refused, not answered with the status" $?
+has "$TMP/out" "upgrade the client, and change the secret"; expect "... and it is told to upgrade and change the secret" $?
 sp_req 127.0.0.1 "$port" "${sec_hex}006a756e6b" >"$TMP/out" 2>&1
 has "$TMP/out" "authentication failed"; expect "the secret followed by NUL and junk is refused" $?
-sp_req 127.0.0.1 "$port" "${sec_hex%??}" >"$TMP/out" 2>&1
-has "$TMP/out" "authentication failed"; expect "a prefix of the secret is refused" $?
+grep -q "refused a status_request request from a client of protocol 1\.[0-9]*: it sent the shared secret" "$TMP/g1.log"
+expect "grpod logs the older client's request" $?
 "$GRPOCTL" stop --wait=30 >/dev/null; expect "stop" $?
 stop_grpod
 

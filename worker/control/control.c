@@ -44,6 +44,7 @@ struct control {
     uint64_t hb_seq;        /* heartbeats sent (tries included): Heartbeat.seq; the heartbeat thread's alone */
     void (*on_abort)(const char *reason);
     bool replaces;
+    uint64_t launch;
     pthread_t thread;
     bool thread_started;
 
@@ -575,6 +576,7 @@ static void copy_assignment(struct control_assignment *a, const Grpo__Assignment
         memcpy(a->plane_run_key, as->plane_run_key.data, sizeof a->plane_run_key);
         a->has_plane_run_key = true;
     }
+    a->plane_epoch = as->plane_epoch;
 }
 
 /* One registration attempt. 0: registered (a filled); 1: try again later (err says why); -1: refused. */
@@ -594,6 +596,7 @@ static int register_once(struct control *c, const char *run_id, uint64_t incarna
     reg.incarnation = incarnation;
     reg.step = step;
     reg.replaces = c->replaces;
+    reg.launch = c->launch;
     split_list(c->devices, &reg.devices, &reg.n_devices);
     split_list(c->caps, &reg.capabilities, &reg.n_capabilities);
     env.body_case = GRPO__ENVELOPE__BODY_REGISTER;
@@ -905,6 +908,7 @@ int control_open(const struct control_options *o, struct control **out, struct c
     c->host_memory_gb = pages > 0 && page > 0 ? (double)pages * (double)page / (1024.0 * 1024.0 * 1024.0) : 0;
     c->on_abort = o->on_abort;
     c->replaces = o->replaces;
+    c->launch = o->launch;
     c->step = o->start_step;
     c->ckpt_step = -1;
     c->state = GRPO__WORKER_STATE__WORKER_STARTING;

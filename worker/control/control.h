@@ -81,6 +81,8 @@ struct control_options {
     void (*on_abort)(const char *reason);
     int world_hosts; /* how many hosts the MPI world spans (Register.world_hosts; 0: not counted) */
     bool replaces;   /* take the place of rank `rank`, lost, in the run grpod runs (grpo-worker --replace-rank) */
+    uint64_t launch; /* names this launch (Register.launch: world rank 0's random number, the same on every rank of
+                        the job); a launch grpod has not seen gets fresh data-plane keys. 0: unknown */
     /* test only (test.delay_phase, test.delay_s): sleep this long each time the worker enters this phase
      * (GRPO__PHASE__PHASE_IDLE: never) */
     Grpo__Phase delay_phase;
@@ -106,6 +108,7 @@ struct control_assignment {
     uint8_t plane_key[32];
     bool has_plane_run_key; /* trainer ranks: the run's data-plane key */
     uint8_t plane_run_key[32];
+    uint64_t plane_epoch; /* the keys' epoch (1.12; 0: an older grpod) */
 };
 
 /* Digest of the configuration every rank of a run must share: all keys but grpod.* (how a host

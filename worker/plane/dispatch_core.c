@@ -45,8 +45,7 @@ struct lease {
 static const struct lease pending_lease = {.holder = PENDING};
 
 struct dispatch_core {
-    struct dispatch_options o; /* endpoint and secret not kept */
-    char secret[1024];
+    struct dispatch_options o;  /* endpoint and run key not kept */
     struct plane_verifier auth; /* the run key and the counters seen */
     double opened_at;
     struct snapshot *snaps;
@@ -400,7 +399,7 @@ static int slot_of_rank(const struct dispatch_core *d, int rank)
     return off / tp;
 }
 
-/* The answer to a decoded request that carried the secret and a good MAC of a rollout process, of slot `slot`. */
+/* The answer to a decoded request that carried a good MAC of a rollout process, of slot `slot`. */
 static uint8_t *answer(struct dispatch_core *d, const Grpo__Envelope *req, const struct asker *a, int slot, double now,
                        size_t *len)
 {
@@ -508,14 +507,17 @@ uint8_t *dispatch_core_handle(struct dispatch_core *d, const void *msg, size_t n
     struct plane_id who;
     uint64_t counter;
     enum plane_verdict pv;
-    if (d->secret[0] && !secret_matches(req->secret, d->secret)) {
-        out = refuse(d, &none, req->request_id, "wrong or missing secret", len);
-    } else if ((pv = plane_verify_request(&d->auth, req, &who, &counter, why, sizeof why)) != PLANE_OK) {
+    if ((pv = plane_verify_request(&d->auth, req, &who, &counter, why, sizeof why)) != PLANE_OK) {
         /* no good MAC (or a replay: a request is never resent by its REQ socket) */
         const struct asker a = {.who = pv == PLANE_REPLAY || pv == PLANE_REPEAT ? &who : NULL, .counter = counter};
         if (pv == PLANE_REPEAT)
             snprintf(why, sizeof why, "a replayed message: rank %d (pid %u) used counter %" PRIu64 " already", who.rank,
                      who.pid, counter);
+        if (pv == PLANE_EPOCH) { /* counted; a replay of a whole launch's capture says so once per 5 s */
+            d->st.old_epoch++;
+            log_warn_every("dispatch", "refused a %s claiming world rank %d: %s (%" PRId64 " so far)",
+                           protocol_body_name(req->body_case), who.rank, why, d->st.old_epoch);
+        }
         out = refuse(d, &a, req->request_id, why, len);
     } else {
         const struct asker a = {.who = &who, .counter = counter};
@@ -546,10 +548,8 @@ struct dispatch_core *dispatch_core_create(const struct dispatch_options *o, dou
     struct dispatch_core *d = xcalloc(1, sizeof *d);
     d->o = *o;
     d->o.endpoint = NULL;
-    d->o.secret = NULL;
     d->o.run_key = NULL;
-    plane_verifier_init(&d->auth, o->run_key); /* NULL: not set, every request refused */
-    snprintf(d->secret, sizeof d->secret, "%s", o->secret ? o->secret : "");
+    plane_verifier_init(&d->auth, o->run_key, o->epoch); /* NULL: not set, every request refused */
     d->latest = -1;
     d->end_after = -1;
     d->window = o->staleness + 1;

@@ -15,7 +15,6 @@
 
 struct dispatch_options {
     const char *endpoint; /* bound here (ipc sockets mode 0600) */
-    const char *secret;   /* every request must carry it (NULL or "": not checked) */
     int units;            /* work units per step: the rollout ranks */
     int groups_in_step;   /* data.train_batch_size */
     int staleness;        /* 0 or 1 */
@@ -28,6 +27,7 @@ struct dispatch_options {
     /* authentication (proto/plane_auth.h): every request must carry a good MAC of a rollout process's identity;
      * its world rank gives its slot, (rank - first_rollout_rank) / rollout_tp, and it speaks for that slot only */
     const uint8_t *run_key; /* PLANE_KEY_BYTES, copied; NULL: a core that refuses every request */
+    uint64_t epoch;         /* the run key's epoch: a request of another epoch is refused before its MAC */
     int first_rollout_rank; /* the trainer ranks: rollout ranks come after them */
     int rollout_tp;         /* rollout ranks per work unit (a rollout TP group; 1 without) */
     double lease_floor_s;   /* the leases' floor (0: DISPATCH_LEASE_FLOOR_S; lower only in tests) */
@@ -39,7 +39,9 @@ struct dispatch_stats {
     int64_t regranted;  /* of those, units granted to another process than the first (holder lost, lease over) */
     int64_t expired;    /* of those, units granted again because their lease was over (the holder alive) */
     int64_t lost;       /* rollout processes declared lost */
-    int64_t refused;    /* requests refused (malformed, wrong secret, unauthenticated, speaking for another) */
+    int64_t refused;    /* requests refused (malformed, unauthenticated, of another key epoch, replayed, speaking for
+                           another) */
+    int64_t old_epoch;  /* of those, requests of another key epoch (another launch's: a replay across a relaunch) */
     int64_t redone;     /* units granted again because the trainers dropped what was delivered */
     int64_t bytes;      /* weight bytes served in chunks */
     int64_t broadcasts; /* versions broadcast whole (weight_sync=broadcast) */
@@ -63,7 +65,7 @@ void dispatch_core_free(struct dispatch_core *d);
 /* Parameters of the policy (a version's floats). */
 size_t dispatch_core_floats(const struct dispatch_core *d);
 /* One request as received (n bytes) at time now: the packed reply (malloc'd, *len bytes; authenticated for the
- * asker when its request was). Garbage, a wrong secret, a request without a good MAC, a replayed one, one for
+ * asker when its request was). Garbage, a request of another key epoch, one without a good MAC, a replayed one, one for
  * another process's rank or worker id, or of another kind get an error reply and count as refused. */
 uint8_t *dispatch_core_handle(struct dispatch_core *d, const void *msg, size_t n, double now, size_t *len);
 /* The clock moved to now: processes silent past lost_after_s are lost and their units granted again. */

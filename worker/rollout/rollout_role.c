@@ -158,8 +158,8 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
     /* connect (and start pinging) first, so the dispatcher knows this rank is coming while the model loads; a TP
      * group is one process to the dispatcher (its slot: the group's index) */
     if (r->head) {
-        r->work = work_client_open(r->env->dispatch_endpoint, r->env->secret, &r->env->plane, r->env->at.engine,
-                                   r->env->heartbeat_s, err, errlen);
+        r->work = work_client_open(r->env->dispatch_endpoint, &r->env->plane, r->env->at.engine, r->env->heartbeat_s,
+                                   err, errlen);
         if (!r->work)
             return -1;
         work_client_on_chunk(r->work, eng_keepalive, r);

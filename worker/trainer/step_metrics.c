@@ -184,6 +184,7 @@ static void source_metrics(struct metrics *m, const struct step_timing *tm)
     metrics_set(m, "training/staleness", (double)tm->staleness);
     metrics_set(m, "timing_s/update_weights", tm->update_weights_s);
     metrics_set(m, "dataplane/refused", (double)(tm->refused + (uint64_t)tm->dispatch_refused));
+    metrics_set(m, "dataplane/refused_old_epoch", (double)(tm->old_epoch + (uint64_t)tm->dispatch_old_epoch));
     metrics_set(m, "dataplane/duplicates", (double)tm->duplicates);
     metrics_set(m, "dataplane/dropped_batches",
                 (double)(tm->drop_invalid + tm->drop_future + tm->drop_not_granted + tm->drop_prompt));
