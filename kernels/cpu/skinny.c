@@ -150,7 +150,7 @@ __attribute__((target("avx2,fma"))) static void cols256(float *y, const float *x
 {
     /* The next group of W rows is fetched while this one computes: with few tiles of rows during the first tile's
      * steps, with many (M >= 16) a share of its lines before each tile. Below 4 rows the hardware's prefetch keeps
-     * up alone (measured on Zen: bench/skinny_bench and the decode benchmark, docs/performance.md). */
+     * up alone (measured on Zen: bench/skinny_bench and the decode benchmark, docs/results/performance.md). */
     const int tiles = M / 4 + M % 4;
     int n = n0;
     for (; n + 3 <= n1; n += 3) {
