@@ -40,7 +40,10 @@ lib_cleanup() {
     # expansions) must not kill the test's processes or remove $TMP
     [ "$BASHPID" = "$LIB_SHELL" ] || return 0
     local p all=()
-    for p in "${PIDS[@]}" $(jobs -p); do
+    for p in "${PIDS[@]}"; do # a tracked process, if it is still the one tracked (not a reused pid)
+        [ "$(started "${p%:*}")" = "${p#*:}" ] && all+=("${p%:*}" $(descendants "${p%:*}"))
+    done
+    for p in $(jobs -p); do
         kill -0 "$p" 2>/dev/null || continue
         all+=("$p" $(descendants "$p"))
     done
@@ -50,8 +53,12 @@ lib_cleanup() {
 }
 trap lib_cleanup EXIT
 
-# track PID: kill PID (and its children) at exit if it still runs
-track() { PIDS+=("$1"); }
+# started PID: the process's start time (clock ticks since boot), empty when there is no such process
+started() { awk '{ sub(/.*\) /, ""); print $20 }' "/proc/$1/stat" 2>/dev/null; }
+# track PID: kill PID (and its children) at exit if it still runs. Its start time is kept with it: on a busy
+# machine a pid is reused within minutes (pid_max 32768), and another test's process under a tracked pid that
+# ended long ago must not be killed
+track() { PIDS+=("$1:$(started "$1")"); }
 
 # expect NAME STATUS: one check, passed when STATUS is 0
 expect() {
