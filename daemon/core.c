@@ -805,8 +805,11 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
     if (!w) /* one allocation per registered rank: a large world costs nothing until it shows up */
         w = c->workers[r->rank] = xcalloc(1, sizeof *w);
     if (!same) {
+        /* the data-plane generation (proto/plane_auth.h): one after the rank's last registration, so that a
+         * replacement is the later process at the dispatcher; a rank's first registration is generation 0 */
+        const unsigned gen = w->incarnation ? plane_generation(w->incarnation) + 1 : 0;
         memset(w, 0, sizeof *w);
-        w->incarnation = next_random(c) | 1;
+        w->incarnation = plane_incarnation_of(gen, next_random(c)) | 1;
         w->checkpoint_seq_done = c->run.checkpoint_seq;
         w->checkpoint_step = -1;
         w->registered_at = clock_wall_s();

@@ -140,7 +140,18 @@ struct core_counters {
     uint64_t unknown_session; /* tcp: a sealed request of a session grpod does not know (restarted, forgotten) */
     uint64_t suspects;        /* times a worker became suspect */
     uint64_t losses;          /* times a worker was marked lost */
+    /* connections closed after GRPOD_MAX_FAILED_ATTEMPTS failed requests (each answered after
+     * GRPOD_FAILED_ATTEMPT_DELAY_S): on the tcp endpoints (grpod's count), on HTTP (http.c's) */
+    uint64_t closed_failing_tcp, closed_failing_http;
 };
+
+/* Failed attempts on one connection of grpod's tcp endpoints (authentication failed, a request that cannot be
+ * read) or its HTTP page (a request refused: not found, a method it does not serve) before grpod closes it, and
+ * how long each one's answer waits: guessing costs a connection per three guesses and a second per guess. */
+#define GRPOD_MAX_FAILED_ATTEMPTS 3
+#define GRPOD_FAILED_ATTEMPT_DELAY_S 1.0
+#define GRPOD_STR_(x) #x
+#define GRPOD_STR(x) GRPOD_STR_(x)
 
 typedef void (*core_event_fn)(void *ud, double time, const char *text);
 

@@ -409,5 +409,9 @@ char *core_metrics_text(const struct core *c, double now)
     put(&t, "grpod_rejected_requests_total{reason=\"invalid\"} %" PRIu64 "\n", c->counters.invalid);
     put(&t, "grpod_rejected_requests_total{reason=\"unexpected\"} %" PRIu64 "\n", c->counters.unexpected);
     put(&t, "grpod_rejected_requests_total{reason=\"refused\"} %" PRIu64 "\n", c->counters.refused);
+    family(&t, "grpod_failing_connections_closed_total", "counter",
+           "Connections closed after " GRPOD_STR(GRPOD_MAX_FAILED_ATTEMPTS) " failed requests, by endpoint kind.");
+    put(&t, "grpod_failing_connections_closed_total{endpoint=\"tcp\"} %" PRIu64 "\n", c->counters.closed_failing_tcp);
+    put(&t, "grpod_failing_connections_closed_total{endpoint=\"http\"} %" PRIu64 "\n", c->counters.closed_failing_http);
     return t.buf;
 }

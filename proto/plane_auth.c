@@ -26,6 +26,14 @@ uint64_t plane_random64(void)
     return x;
 }
 
+uint64_t plane_incarnation_of(unsigned gen, uint64_t r)
+{
+    const uint64_t low = r & ((1ull << PLANE_GENERATION_SHIFT) - 1);
+    return (uint64_t)(uint16_t)gen << PLANE_GENERATION_SHIFT | (low ? low : 1);
+}
+
+uint64_t plane_incarnation_new(unsigned gen) { return plane_incarnation_of(gen, plane_random64()); }
+
 static void put_le(uint8_t *p, uint64_t x, int n)
 {
     for (int i = 0; i < n; i++)
@@ -214,6 +222,8 @@ enum plane_verdict plane_verify_request(struct plane_verifier *v, const Grpo__En
     }
     uint8_t key[PLANE_KEY_BYTES];
     plane_key_derive(v->run_key, who, key);
+    v->macs++;
+    v->mac_bytes += grpo__envelope__get_packed_size(env);
     bool good = mac_good(env, key);
     sodium_memzero(key, sizeof key);
     if (!good) {

@@ -58,14 +58,32 @@ struct plane_verifier {
     struct plane_seen *seen; /* [PLANE_SEEN_MAX], allocated on first use */
     int nseen;
     uint64_t clock;
+    uint64_t macs, mac_bytes; /* MACs computed over requests so far, and the bytes they covered */
 };
 
 /* libsodium's initialisation (once per process; safe to call again). 0, or -1 when it failed. */
 int plane_init(void);
 /* A fresh random run key. */
 void plane_run_key_new(uint8_t key[PLANE_KEY_BYTES]);
-/* A fresh random incarnation (never 0). */
+/* A fresh random 64-bit number (never 0). */
 uint64_t plane_random64(void);
+
+/* A process's generation at its rank within a launch: the top 16 bits of its incarnation (so that the key, which
+ * the incarnation enters, vouches for it). The processes a launch starts are generation 0 (without grpod) or their
+ * rank's next one (grpod counts each registration of a rank); a replacement (grpo-worker --replace-rank) is the
+ * generation after the process it replaces. The dispatcher takes a later generation of a rank as the newer
+ * process: it supersedes the older one (worker/plane/dispatch_core.c). Generations compare modulo 2^16. */
+#define PLANE_GENERATION_SHIFT 48
+static inline unsigned plane_generation(uint64_t incarnation)
+{
+    return (unsigned)(incarnation >> PLANE_GENERATION_SHIFT);
+}
+/* Whether generation a is later than b (modulo 2^16: half the circle ahead). */
+static inline bool plane_generation_later(unsigned a, unsigned b) { return (int16_t)(uint16_t)(a - b) > 0; }
+/* An incarnation of generation gen: 48 fresh random bits (never all 0) under it. */
+uint64_t plane_incarnation_new(unsigned gen);
+/* The incarnation of generation gen with the random bits of r (r's low 48 bits; 1 where they are all 0). */
+uint64_t plane_incarnation_of(unsigned gen, uint64_t r);
 /* The key of the process with identity id: KDF(run key, id). */
 void plane_key_derive(const uint8_t run_key[PLANE_KEY_BYTES], const struct plane_id *id, uint8_t out[PLANE_KEY_BYTES]);
 /* Credentials of identity id under the run key. */

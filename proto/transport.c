@@ -212,9 +212,30 @@ int secret_read(const char *path, char *out, size_t outlen, char *err, size_t er
         return -1;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || (st.st_mode & 077)) {
+    if (fstat(fd, &st) != 0) {
+        snprintf(err, errlen, "cannot stat secret file %s", path);
+        close(fd);
+        return -1;
+    }
+    if (st.st_mode & 077) {
         snprintf(err, errlen, "secret file %s may be read by group or others (mode %04o); run: chmod 600 %s", path,
                  (unsigned)(st.st_mode & 07777), path);
+        close(fd);
+        return -1;
+    }
+    if (st.st_mode & 07100) { /* 0600 or stricter: no execute, set-id or sticky bit either */
+        snprintf(err, errlen,
+                 "secret file %s has mode %04o: it must be 0600 or stricter (read and write for its owner only); run: "
+                 "chmod 600 %s",
+                 path, (unsigned)(st.st_mode & 07777), path);
+        close(fd);
+        return -1;
+    }
+    if (st.st_uid != geteuid()) { /* another user (root aside, the file's owner) could change it under us */
+        snprintf(err, errlen,
+                 "secret file %s belongs to uid %u, not to this process's user (uid %u): only a file of one's own is "
+                 "taken; run: chown %u %s",
+                 path, (unsigned)st.st_uid, (unsigned)geteuid(), (unsigned)geteuid(), path);
         close(fd);
         return -1;
     }
@@ -249,9 +270,9 @@ int secret_read(const char *path, char *out, size_t outlen, char *err, size_t er
     }
     if (l < GRPO_SECRET_MIN) {
         snprintf(err, errlen,
-                 "secret in %s is %zu characters; at least %d are needed (128 bits of randomness); make one with: "
-                 "head -c 32 /dev/urandom | base64 > %s; chmod 600 %s",
-                 path, l, GRPO_SECRET_MIN, path, path);
+                 "secret in %s is %zu characters (%zu bits at most, as base64); at least %d are needed (128 bits of "
+                 "randomness); make one with: head -c 32 /dev/urandom | base64 > %s; chmod 600 %s",
+                 path, l, 6 * l, GRPO_SECRET_MIN, path, path);
         return -1;
     }
     if (l + 1 > outlen) {

@@ -39,9 +39,10 @@ int endpoint_probe(const char *endpoint, char *why, size_t whylen);
 int endpoint_prepare_bind(const char *endpoint, char *err, size_t errlen);
 
 /* Read a shared secret (first line, surrounding white space trimmed), as every reader of one does (grpod,
- * grpoctl, grpo-worker): refused when the file is not a regular file (a FIFO is not waited on), when group or
- * others may read it, and when the secret is shorter than GRPO_SECRET_MIN characters. 0, or -1 with err naming
- * the file and the fix. */
+ * grpoctl, grpo-worker): refused when the file is not a regular file (a FIFO is not waited on), when its mode is
+ * not 0600 or stricter (group or others may read it, or an execute or set-id bit), when another user owns it, and
+ * when the secret is shorter than GRPO_SECRET_MIN characters (128 bits as base64), naming its size. 0, or -1 with
+ * err naming the file and the fix. */
 int secret_read(const char *path, char *out, size_t outlen, char *err, size_t errlen);
 /* Compare two byte strings, every byte of both lengths, in time independent of where they differ
  * (it depends on la only: the received side's length); 1 when equal. */

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Security and bad input: the ipc socket's file mode, a tcp endpoint that needs
-# the shared secret (the secret file must be private), proved by challenge-response
+# the shared secret (the secret file must be private: every reader, grpod, grpoctl,
+# a worker and grpo-worker, refuses one group or others may read, one of mode 0700,
+# another user's, and a secret under 128 bits, naming its size), proved by challenge-response
 # (protocol 1.12: a wrong secret is found out, a request without a session and an
 # older client's request carrying the secret itself are refused), an incompatible
 # protocol version, and garbage, oversized and non-protocol bytes on both sockets,
@@ -19,6 +21,42 @@ chmod 600 "$TMP/secret"
 : >"$TMP/empty"; chmod 600 "$TMP/empty"
 "$GRPOD" grpod.endpoint="$TCP" grpod.secret_file="$TMP/empty" grpod.state_dir="$TMP/x" >"$TMP/err" 2>&1
 [ $? -eq 2 ]; expect "grpod refuses an empty secret file" $?
+
+# every reader of a secret file applies grpod's checks (proto/transport.c secret_read; issue 39 item 6): each reader
+# below reads FILE as its secret and must fail, naming what is wrong
+WORKER="${4:-}"
+read_with() { # read_with READER FILE: the reader's output
+    case "$1" in
+        grpod) timeout 10 "$GRPOD" grpod.endpoint="$TCP" grpod.secret_file="$2" grpod.state_dir="$TMP/x" ;;
+        grpoctl) timeout 10 "$GRPOCTL" --endpoint "$TCP" --secret-file "$2" --retries 1 status ;;
+        worker) timeout 10 "$SIM" grpod.endpoint="$TCP" grpod.secret_file="$2" grpod.connect_timeout_s=2 --rank 0 \
+            --world 1 --state "$TMP/reader.state" ;;
+        grpo-worker) timeout 30 "$WORKER" grpod.endpoint="$TCP" grpod.secret_file="$2" grpod.connect_timeout_s=2 ;;
+    esac
+}
+refused_by_all() { # refused_by_all FILE TEXT WHAT
+    local r
+    for r in grpod grpoctl worker grpo-worker; do
+        [ "$r" = grpo-worker ] && [ -z "$WORKER" ] && { echo "skip grpo-worker (not given)"; continue; }
+        read_with "$r" "$1" >"$TMP/reader.out" 2>&1
+        local rc=$?
+        [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && has "$TMP/reader.out" "$2"
+        expect "$r refuses $3 (exit $rc: $(grep -o "secret[^;]*" "$TMP/reader.out" | head -1))" $?
+    done
+}
+head -c 24 /dev/urandom | base64 >"$TMP/s644"; chmod 644 "$TMP/s644"
+refused_by_all "$TMP/s644" "may be read by group or others (mode 0644); run: chmod 600" "a secret file of mode 0644"
+head -c 24 /dev/urandom | base64 >"$TMP/s700"; chmod 700 "$TMP/s700"
+refused_by_all "$TMP/s700" "has mode 0700: it must be 0600 or stricter" "a secret file of mode 0700"
+printf 'abcdefghij\n' >"$TMP/short"; chmod 600 "$TMP/short"
+refused_by_all "$TMP/short" "is 10 characters (60 bits at most, as base64); at least 22 are needed (128 bits" \
+    "a secret of 10 characters, naming its size"
+if [ "$(id -u)" -eq 0 ]; then
+    head -c 24 /dev/urandom | base64 >"$TMP/theirs"; chmod 600 "$TMP/theirs"; chown 65534 "$TMP/theirs"
+    refused_by_all "$TMP/theirs" "belongs to uid 65534, not to this process's user (uid 0)" "another user's secret file"
+else
+    echo "skip another user's secret file (needs root to make one)"
+fi
 
 start_grpod g1 grpod.endpoint="$EP,$TCP" grpod.secret_file="$TMP/secret" grpod.socket_mode=0600
 expect "grpod serves ipc and tcp" $?

@@ -845,6 +845,8 @@ static void test_launch_epochs(void **state)
     e = roundtrip(&c, &env, NULL);
     assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
     assert_int_equal(e->assignment->plane_epoch, 1);
+    /* the data-plane generation (the incarnation's top bits): a rank's first registration is generation 0 */
+    assert_int_equal(plane_generation(e->assignment->incarnation), 0);
     uint8_t want[PLANE_KEY_BYTES];
     plane_key_derive(
         key1, &(struct plane_id){.rank = 1, .pid = 101, .incarnation = e->assignment->incarnation, .epoch = 1}, want);
@@ -891,10 +893,14 @@ static void test_launch_epochs(void **state)
     /* rank 1 lost; its replacement, a launch of its own, joins epoch 2 */
     T += 60;
     core_tick(&c, T);
+    const unsigned gen = plane_generation(c.workers[1]->incarnation);
+    assert_int_equal(gen, 1); /* registered once in each launch */
     reg.rank = 1, reg.pid = 301, reg.launch = 0xC, reg.replaces = true;
     e = roundtrip(&c, &env, NULL);
     assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
     assert_int_equal(e->assignment->plane_epoch, 2);
+    /* the replacement is the later generation: the dispatcher takes it as the newer process of rank 1 */
+    assert_int_equal(plane_generation(e->assignment->incarnation), gen + 1);
     assert_int_equal(c.run.launch, 0xB);
     protocol_free(e);
     core_deinit(&c);

@@ -513,11 +513,27 @@ static void test_loss_and_regrant(void **state)
     assert_int_equal(st.regranted, 1);
     assert_int_equal(st.live, 2);
 
-    /* the lost process comes back (it was only slow): alive again, and it holds nothing */
+    /* the lost process comes back (it was only slow): r serves its rank now, so b is superseded, refused and
+     * counted; one live process per rank */
     t = 0.5;
-    grant_of(d, &b, true, t, &g);
+    expect_refusal(work_call(d, &b, true, t), "superseded: rollout rank 1 is served by a newer process");
+    expect_refusal(work_call(d, &b, false, t), "superseded");
+    st = cstats(d);
+    assert_int_equal(st.superseded, 2);
+    assert_int_equal(st.live, 2);
+    dispatch_core_free(d);
+
+    /* a lost process comes back before anyone took its place: alive again, and it holds nothing */
+    t = 0;
+    d = core_open(2, 0, 5, N, 0.3, t);
+    publish(d, 0, w0);
+    expect_unit_at(d, &b, t, 1, 1, 0);
+    expect_unit_at(d, &a, t, 1, 0, 0);
+    dispatch_core_tick(d, 1.0);
+    assert_int_equal(cstats(d).lost, 2);
+    grant_of(d, &b, true, 1.0, &g);
     assert_int_equal(g.kind, WORK_WAIT);
-    assert_int_equal(cstats(d).live, 3);
+    assert_int_equal(cstats(d).live, 1);
     dispatch_core_free(d);
     free(w0), free(w1);
 }
@@ -959,6 +975,299 @@ static void test_one_id_per_process(void **state)
     free(w0);
 }
 
+static Grpo__Envelope *signed_call(struct dispatch_core *d, Grpo__Envelope *env, struct plane_cred *c, int n,
+                                   double now);
+
+/* A process of rollout rank `rank` (a TEST_UNITS_MAX rank) of generation gen, pid pid: its credentials. */
+static struct plane_cred gen_cred(int rank, unsigned gen, uint32_t pid)
+{
+    struct plane_cred c;
+    plane_cred_issue(&c, run_key,
+                     &(struct plane_id){.rank = FIRST_ROLLOUT + rank,
+                                        .pid = pid,
+                                        .incarnation = plane_incarnation_of(gen, 0x1000 + pid),
+                                        .epoch = EPOCH});
+    return c;
+}
+
+/* A work request (ping or ask) of worker id `id` for rollout rank `rank`, authenticated with c; the answer. */
+static Grpo__Envelope *cred_work(struct dispatch_core *d, struct plane_cred *c, uint64_t id, int rank, bool ping,
+                                 double now)
+{
+    Grpo__Envelope req = GRPO__ENVELOPE__INIT;
+    Grpo__WorkRequest w = GRPO__WORK_REQUEST__INIT;
+    w.worker_id = id, w.rank = rank, w.ping = ping;
+    req.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST;
+    req.work_request = &w;
+    return signed_call(d, &req, c, 1, now);
+}
+
+static void expect_grant_kind(Grpo__Envelope *r, int kind)
+{
+    assert_non_null(r);
+    if (r->body_case != GRPO__ENVELOPE__BODY_WORK_GRANT)
+        fail_msg("expected a grant, got body %d (%s)", (int)r->body_case,
+                 r->body_case == GRPO__ENVELOPE__BODY_REPLY ? r->reply->error : "");
+    assert_int_equal(r->work_grant->kind, kind);
+    protocol_free(r);
+}
+
+/* issue 39 item 4: one live process per rollout rank. A newer incarnation (a later generation: what grpod gives a
+ * replacement) supersedes the live one: the older one's units are granted again (to the newer one first), the
+ * broadcast it was part of is off, and every later request of the older one (work, ping, weights, under any worker
+ * id) is refused as superseded and counted. A process of an older generation than the rank's is superseded too,
+ * even once the rank's process is lost; a second process of the live one's generation is refused (it may take the
+ * rank once that one is lost). Generations compare modulo 2^16. */
+static void test_replacement(void **state)
+{
+    (void)state;
+    enum { N = 8 };
+    float *w0 = weights(N, 1, 0);
+    double t = 0;
+    struct dispatch_core *d = core_open(2, 0, 10, N, 1.0, t);
+    dispatch_core_broadcast_on(d, 60);
+    publish(d, 0, w0);
+    const struct proc a = {0xA, 0}, b = {0xB, 1}; /* generation 0 (cred_of: the incarnation is the id) */
+    const struct proc a1 = {(1ull << PLANE_GENERATION_SHIFT) | 0xA1, 0}; /* a's replacement: generation 1 */
+    expect_unit_at(d, &a, t, 1, 0, 0);
+    expect_unit_at(d, &b, t, 1, 1, 0);
+    assert_int_equal(cstats(d).live, 2);
+
+    /* a1 arrives while a lives: it supersedes a, and gets the unit a held (its own rank's) */
+    t = 0.5;
+    struct work_grant g;
+    grant_of(d, &a1, true, t, &g);
+    assert_int_equal(g.kind, WORK_WAIT);
+    struct dispatch_stats st = cstats(d);
+    assert_int_equal(st.live, 2);
+    assert_int_equal(st.replaced, 1);
+    assert_int_equal(st.lost, 0);
+    expect_unit_at(d, &a1, t, 1, 0, 0);
+    assert_int_equal(bcast(d, &a1, 0, t), WB_FETCH); /* a was in the broadcast group: it is off */
+    /* a asks on: refused as superseded, whatever it asks and under whatever id */
+    expect_refusal(work_call(d, &a, true, t), "superseded: rollout rank 0 is served by a newer process");
+    expect_refusal(work_call(d, &a, false, t), "superseded");
+    struct plane_cred ca = cred_of(&a);
+    expect_refusal(cred_work(d, &ca, 0xDEAD, 0, true, t), "superseded");
+    heard_of(a.id)->counter = ca.counter;
+    Grpo__Envelope wreq = GRPO__ENVELOPE__INIT;
+    Grpo__WeightsRequest q = GRPO__WEIGHTS_REQUEST__INIT;
+    q.worker_id = a.id, q.version = 0, q.count = N;
+    wreq.body_case = GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST;
+    wreq.weights_request = &q;
+    expect_refusal(core_call(d, &wreq, &a, t), "superseded");
+    st = cstats(d);
+    assert_int_equal(st.superseded, 4);
+    assert_int_equal(st.live, 2);
+    assert_int_equal(st.bytes, 0);
+
+    /* another process of a1's generation: refused while a1 lives */
+    struct plane_cred twin = gen_cred(0, 1, 4242);
+    expect_refusal(cred_work(d, &twin, 0x7777, 0, true, t), "a second process of its generation is refused");
+    assert_int_equal(cstats(d).second, 1);
+    /* an older generation than the rank's: superseded, also once a1 is lost */
+    struct plane_cred old = gen_cred(0, 0, 4343);
+    expect_refusal(cred_work(d, &old, 0x7878, 0, true, t), "superseded: rollout rank 0 is served by a process of a "
+                                                           "later generation");
+    grant_of(d, &b, true, 2.0, &g); /* b lives on; a1 falls silent */
+    dispatch_core_tick(d, 2.0);
+    assert_int_equal(cstats(d).lost, 1);
+    expect_refusal(cred_work(d, &old, 0x7878, 0, true, 2.0), "later generation");
+    /* the twin may take the rank now that a1 is lost (a1, back, is then superseded) */
+    expect_grant_kind(cred_work(d, &twin, 0x7777, 0, true, 2.0), WORK_WAIT);
+    expect_refusal(work_call(d, &a1, true, 2.0), "superseded");
+    assert_int_equal(cstats(d).live, 2);
+
+    /* generations compare modulo 2^16 */
+    assert_true(plane_generation_later(1, 0));
+    assert_false(plane_generation_later(0, 0));
+    assert_true(plane_generation_later(0, 0xffff));
+    assert_false(plane_generation_later(0xffff, 0));
+    assert_int_equal(plane_generation(plane_incarnation_new(7)), 7);
+    assert_int_not_equal(plane_incarnation_of(3, 0) & 0xffffffffffffull, 0);
+    dispatch_core_free(d);
+    free(w0);
+}
+
+/* The table stays bounded whatever one key asks, and a real process is never kept out: 300 processes of rank 0 of
+ * one generation (the first serves, every other is refused), then 300 of rising generations (each supersedes the one
+ * before): at most one live process per rollout rank at every step, and rank 1's real process, silent meanwhile,
+ * gets its place back after the storm. */
+static void test_table_bound(void **state)
+{
+    (void)state;
+    enum { N = 8 };
+    float *w0 = weights(N, 1, 0);
+    double t = 0;
+    struct dispatch_core *d = core_open(2, 0, 10, N, 10.0, t);
+    publish(d, 0, w0);
+    const struct proc b = {0xB, 1};
+    expect_unit_at(d, &b, t, 1, 1, 0);
+    for (int k = 0; k < 300; k++) {
+        struct plane_cred c = gen_cred(0, 0, 5000 + (uint32_t)k);
+        Grpo__Envelope *r = cred_work(d, &c, 90000 + (uint64_t)k, 0, true, t);
+        if (k == 0)
+            expect_grant_kind(r, WORK_WAIT);
+        else
+            expect_refusal(r, "a second process of its generation");
+        assert_true(cstats(d).live <= 2);
+    }
+    assert_int_equal(cstats(d).second, 299);
+    for (int k = 1; k <= 300; k++) {
+        struct plane_cred c = gen_cred(0, (unsigned)k, 6000 + (uint32_t)k);
+        expect_grant_kind(cred_work(d, &c, 80000 + (uint64_t)k, 0, true, t), WORK_WAIT);
+        assert_true(cstats(d).live <= 2);
+    }
+    struct dispatch_stats st = cstats(d);
+    assert_int_equal(st.replaced, 300);
+    assert_int_equal(st.live, 2);
+    /* b (silent 9 s, still within lost_after_s) and then, lost and back, gets in again: never refused */
+    t = 9;
+    expect_wait_at(d, &b, t, "", NULL);
+    dispatch_core_tick(d, 30);
+    assert_int_equal(cstats(d).lost, 2);
+    struct work_grant g;
+    grant_of(d, &b, true, 30, &g);
+    assert_int_equal(g.kind, WORK_WAIT);
+    assert_int_equal(cstats(d).live, 1);
+    dispatch_core_free(d);
+    free(w0);
+}
+
+/* Per-process rate limits: a process gets DISPATCH_RATE_BURST requests at once and DISPATCH_RATE_PER_S after; past
+ * its budget a request is refused at once with Reply.retry, counted; another process is not held back, and
+ * requests refused before their MAC is good (forged in its name, replayed) cost the real process nothing. */
+static void test_rate_limit(void **state)
+{
+    (void)state;
+    enum { N = 8 };
+    float *w0 = weights(N, 1, 0);
+    double t = 100;
+    struct dispatch_core *d = core_open(2, 0, 10, N, 1000.0, t);
+    publish(d, 0, w0);
+    const struct proc a = {0xA, 0}, b = {0xB, 1};
+    /* forged in a's name (the MAC is another key's) and replayed ones first: none is charged to a */
+    struct plane_cred forged = cred_of(&b);
+    forged.id = cred_of(&a).id;
+    Grpo__Envelope req = GRPO__ENVELOPE__INIT;
+    Grpo__WorkRequest w = GRPO__WORK_REQUEST__INIT;
+    w.worker_id = a.id, w.rank = 0, w.ping = true;
+    req.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST;
+    req.work_request = &w;
+    for (int k = 0; k < 2000; k++) {
+        forged.counter = 100000 + (uint64_t)k;
+        Grpo__Envelope *r = signed_call(d, &req, &forged, 1, t);
+        assert_false(r->reply->retry);
+        expect_refusal(r, "authentication failed");
+    }
+    struct work_grant g;
+    const int burst = (int)DISPATCH_RATE_BURST;
+    for (int k = 0; k < burst; k++)
+        grant_of(d, &a, true, t, &g);
+    Grpo__Envelope *r = work_call(d, &a, true, t);
+    assert_int_equal(r->body_case, GRPO__ENVELOPE__BODY_REPLY);
+    assert_true(r->reply->retry);
+    expect_refusal(r, "rate limited: world rank 2");
+    expect_refusal(work_call(d, &a, false, t), "rate limited");
+    struct dispatch_stats st = cstats(d);
+    assert_int_equal(st.rate_limited, 2);
+    assert_int_equal(st.granted, 0);
+    grant_of(d, &b, true, t, &g); /* b has its own budget */
+    /* 20 ms later, 10 more */
+    t += 10.5 / DISPATCH_RATE_PER_S;
+    for (int k = 0; k < 10; k++)
+        grant_of(d, &a, true, t, &g);
+    expect_refusal(work_call(d, &a, true, t), "rate limited");
+    /* a second later the budget is back (bursts of DISPATCH_RATE_BURST) */
+    t += 2.0;
+    expect_unit_at(d, &a, t, 1, 0, 0);
+    assert_int_equal(cstats(d).rate_limited, 3);
+    dispatch_core_free(d);
+    free(w0);
+}
+
+/* Appends a length-delimited unknown field (number 1000) of `pad` bytes to a packed envelope: a request that decodes
+ * and is larger than its kind allows. buf must have room. */
+static size_t pad_envelope(uint8_t *buf, size_t len, size_t pad)
+{
+    buf[len++] = 0xC2, buf[len++] = 0x3E; /* field 1000, wire type 2 */
+    size_t v = pad;
+    do {
+        buf[len++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+        v >>= 7;
+    } while (v);
+    memset(buf + len, 'x', pad);
+    return len + pad;
+}
+
+/* Sizes bounded by kind before any MAC (issue 39 item 4: 48 MiB envelopes with a fake MAC were MACed whole): a work
+ * or weights request over its kind's bound, with a good MAC or a fake one, is refused by its size and no MAC is
+ * computed (the MAC counter does not move); nor for a request of a kind the dispatcher does not take. A fake MAC on
+ * a request within the bound costs one MAC of at most that many bytes. */
+static void test_size_before_mac(void **state)
+{
+    (void)state;
+    enum { N = 8 };
+    float *w0 = weights(N, 1, 0);
+    const double t = 0;
+    struct dispatch_core *d = core_open(2, 0, 10, N, 10.0, t);
+    publish(d, 0, w0);
+    const struct proc a = {0xA, 0};
+    expect_unit_at(d, &a, t, 1, 0, 0);
+    const int64_t macs0 = cstats(d).macs;
+    assert_int_equal(macs0, 1);
+    static uint8_t buf[70000];
+    struct plane_cred ca = cred_of(&a);
+    ca.counter = 500;
+    for (int kind = 0; kind < 3; kind++) {
+        Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+        Grpo__WorkRequest w = GRPO__WORK_REQUEST__INIT;
+        Grpo__WeightsRequest q = GRPO__WEIGHTS_REQUEST__INIT;
+        w.worker_id = a.id, w.rank = 0, w.ping = true;
+        q.worker_id = a.id, q.count = N;
+        if (kind == 0)
+            env.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST, env.work_request = &w;
+        else if (kind == 1)
+            env.body_case = GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST, env.weights_request = &q;
+        else
+            env.body_case = GRPO__ENVELOPE__BODY_STATUS_REQUEST, env.status_request = 1;
+        size_t len;
+        uint8_t *packed = plane_pack_request(&env, &ca, &len);
+        memcpy(buf, packed, len);
+        free(packed);
+        const size_t pads[] = {DISPATCH_MAX_WORK_REQUEST_BYTES, 60000};
+        for (int i = 0; i < 2; i++) {
+            const size_t n = pad_envelope(buf, len, pads[i]);
+            size_t rlen;
+            uint8_t *out = dispatch_core_handle(d, buf, n, t, &rlen);
+            Grpo__Envelope *r = protocol_unpack(out, rlen, NULL, 0);
+            free(out);
+            expect_refusal(r, kind < 2 ? "refused by its size, unauthenticated" : "work and weights requests only");
+        }
+    }
+    struct dispatch_stats st = cstats(d);
+    assert_int_equal(st.macs, macs0); /* not one MAC */
+    assert_int_equal(st.oversized, 4);
+    /* within the bound, a fake MAC costs one MAC over the request's bytes, no more */
+    struct plane_cred forged = cred_of(&(struct proc){0xB, 1});
+    forged.id = ca.id;
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__WorkRequest w = GRPO__WORK_REQUEST__INIT;
+    w.worker_id = a.id, w.rank = 0, w.ping = true;
+    env.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST, env.work_request = &w;
+    expect_refusal(signed_call(d, &env, &forged, 1, t), "authentication failed");
+    st = cstats(d);
+    assert_int_equal(st.macs, macs0 + 1);
+    assert_true(st.mac_bytes <= 2 * DISPATCH_MAX_WORK_REQUEST_BYTES);
+    /* a's own requests go on */
+    heard_of(a.id)->counter = 1000;
+    struct work_grant g;
+    grant_of(d, &a, true, t, &g);
+    assert_int_equal(g.kind, WORK_WAIT);
+    dispatch_core_free(d);
+    free(w0);
+}
+
 static void test_bad_input(void **state)
 {
     (void)state;
@@ -1119,7 +1428,7 @@ static struct work_client *open_client(const char *ep, int rank, double ping_s)
     plane_cred_issue(cred, run_key,
                      &(struct plane_id){.rank = FIRST_ROLLOUT + (rank >= 0 && rank < TEST_UNITS_MAX ? rank : 0),
                                         .pid = (uint32_t)getpid(),
-                                        .incarnation = plane_random64(),
+                                        .incarnation = plane_incarnation_new(0),
                                         .epoch = EPOCH});
     struct work_client *c = work_client_open(ep, cred, rank, ping_s, err, sizeof err);
     if (!c)
@@ -1336,6 +1645,95 @@ static void test_shell_bad_input(void **state)
     free(w0);
 }
 
+/* A flood on the dispatcher's socket (issue 39 item 4): for 1.5 s, eight sockets send requests in a real process's
+ * name with a fake MAC (forged under another process's key), padded ones over their kind's bound, and a ninth sends
+ * messages over the socket's bound, while the real process pings every 0.1 s and is lost after 0.5 s of silence.
+ * The real process is never declared lost and is served after the flood; the padded ones were refused by their
+ * size with no MAC computed, the fake ones cost one MAC each of a request's size. */
+static void test_shell_flood(void **state)
+{
+    const struct fx *f = *state;
+    char ep[128], err[512] = "";
+    endpoint(f, "flood.sock", ep, sizeof ep);
+    enum { N = 64, SOCKS = 8 };
+    float *w0 = weights(N, 1, 0);
+    const struct dispatch_options o = {.endpoint = ep,
+                                       .units = 2,
+                                       .groups_in_step = 5,
+                                       .total_steps = 3,
+                                       .n_floats = N,
+                                       .lost_after_s = 0.5,
+                                       .run_key = run_key,
+                                       .epoch = EPOCH,
+                                       .first_rollout_rank = FIRST_ROLLOUT,
+                                       .rollout_tp = 1};
+    struct dispatcher *d = dispatcher_open(&o, err, sizeof err);
+    if (!d)
+        fail_msg("dispatcher_open: %s", err);
+    dispatcher_publish(d, 0, w0);
+    struct work_client *c = open_client(ep, 0, 0.1);
+    struct work_grant g;
+    next_ok(c, &g);
+    assert_int_equal(g.kind, WORK_UNIT);
+    /* the forger: another process's key, the real one's identity */
+    struct plane_cred forged = gen_cred(1, 0, 99);
+    forged.id = gen_cred(0, 0, 98).id;
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__WorkRequest w = GRPO__WORK_REQUEST__INIT;
+    w.worker_id = 0x5742, w.rank = 0, w.ping = true;
+    env.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST, env.work_request = &w;
+    int s[SOCKS + 1];
+    int tmo = 200;
+    for (int i = 0; i <= SOCKS; i++) {
+        s[i] = nn_socket(AF_SP, NN_REQ);
+        assert_true(s[i] >= 0);
+        nn_setsockopt(s[i], NN_SOL_SOCKET, NN_SNDTIMEO, &tmo, sizeof tmo);
+        nn_setsockopt(s[i], NN_SOL_SOCKET, NN_RCVTIMEO, &tmo, sizeof tmo);
+        assert_true(nn_connect(s[i], ep) >= 0);
+    }
+    static uint8_t big[100 << 10], pad[2048];
+    long sent = 0, padded = 0;
+    const double until = clock_now_s() + 1.5;
+    while (clock_now_s() < until) {
+        for (int i = 0; i < SOCKS; i++) {
+            size_t len;
+            uint8_t *buf = plane_pack_request(&env, &forged, &len);
+            size_t n = len;
+            if (i % 2) { /* over the kind's bound */
+                memcpy(pad, buf, len);
+                n = pad_envelope(pad, len, 1000);
+                padded++;
+            }
+            if (nn_send(s[i], i % 2 ? pad : buf, n, 0) >= 0)
+                sent++;
+            free(buf);
+        }
+        for (int i = 0; i < SOCKS; i++) {
+            void *m;
+            int n = nn_recv(s[i], &m, NN_MSG, 0);
+            if (n >= 0)
+                nn_freemsg(m);
+        }
+        nn_send(s[SOCKS], big, sizeof big, NN_DONTWAIT); /* dropped unread by the socket */
+    }
+    struct dispatch_stats st = stats(d);
+    if (st.lost != 0 || st.live != 1)
+        fail_msg("during the flood: %lld lost, %lld live", (long long)st.lost, (long long)st.live);
+    assert_true(st.oversized > 0);
+    assert_true(st.mac_bytes <= st.macs * (int64_t)DISPATCH_MAX_WORK_REQUEST_BYTES);
+    print_message("flood: %ld requests sent (%ld padded), %lld refused by their size, %lld MACs over %lld bytes\n",
+                  sent, padded, (long long)st.oversized, (long long)st.macs, (long long)st.mac_bytes);
+    for (int i = 0; i <= SOCKS; i++)
+        nn_close(s[i]);
+    next_ok(c, &g); /* served on: it asks again for the unit it holds (it never said it was done) */
+    dispatcher_end(d, 1, "end");
+    next_ok(c, &g);
+    assert_int_equal(g.kind, WORK_END);
+    work_client_close(c);
+    dispatcher_close(d, 1.0);
+    free(w0);
+}
+
 /* Pack env with credentials c (NULL: none), hand the bytes to the core n times, and return the last answer. */
 static Grpo__Envelope *signed_call(struct dispatch_core *d, Grpo__Envelope *env, struct plane_cred *c, int n,
                                    double now)
@@ -1454,9 +1852,14 @@ int main(void)
         cmocka_unit_test(test_end),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_one_id_per_process),
+        cmocka_unit_test(test_replacement),
+        cmocka_unit_test(test_table_bound),
+        cmocka_unit_test(test_rate_limit),
+        cmocka_unit_test(test_size_before_mac),
         cmocka_unit_test(test_identity),
         cmocka_unit_test_setup_teardown(test_shell_end_to_end, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shell_bad_input, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shell_flood, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

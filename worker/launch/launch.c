@@ -222,15 +222,17 @@ static int join_control_plane(struct role_env *env)
 }
 
 /* For the tests only: GRPO_TEST_SPARE_CREDENTIALS=FILE makes the issuer write good credentials of one more process
- * of the last rollout rank (pid 1, a fresh incarnation) into FILE (mode 0600), so that a hostile client in the
- * tests can hold one process's key without disturbing the real processes' counters (tests/system/data_stranger.c). */
+ * of the last rollout rank (pid 1, a fresh incarnation of generation 0, the real processes' own) into FILE (mode
+ * 0600), so that a hostile client in the tests can hold one process's key without disturbing the real processes'
+ * counters, and without the right to take a live process's place (tests/system/data_stranger.c). */
 static void write_spare_credentials(const uint8_t run_key[PLANE_KEY_BYTES], uint64_t epoch, int rank)
 {
     const char *path = getenv("GRPO_TEST_SPARE_CREDENTIALS");
     if (!path || !path[0])
         return;
     struct plane_cred c;
-    const struct plane_id id = {.rank = rank, .pid = 1, .incarnation = plane_random64(), .epoch = epoch};
+    /* generation 0, as the launch's own processes: it cannot take a live process's place at the dispatcher */
+    const struct plane_id id = {.rank = rank, .pid = 1, .incarnation = plane_incarnation_new(0), .epoch = epoch};
     plane_cred_issue(&c, run_key, &id);
     char line[256];
     FILE *f = fopen(path, "w");
@@ -277,7 +279,8 @@ static int plane_credentials(struct role_env *env)
     struct {
         uint32_t pid, pad;
         uint64_t incarnation;
-    } mine = {.pid = (uint32_t)getpid(), .incarnation = plane_random64()}, *all = xcalloc((size_t)size, sizeof mine);
+    } mine = {.pid = (uint32_t)getpid(), .incarnation = plane_incarnation_new(0)},
+      *all = xcalloc((size_t)size, sizeof mine);
     _Static_assert(sizeof mine == 16 && PLANE_KEY_BYTES % sizeof(int32_t) == 0, "whole int32 elements");
     comm_allgather_bytes(world, &mine, all, sizeof mine);
     /* this launch's key epoch: world rank 0's, random (keys and messages of another launch are refused) */

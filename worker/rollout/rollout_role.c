@@ -534,6 +534,14 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
         control_safe_point(r->env->ctl, r->cur_step, nothing_to_save, NULL);
         char why[1024];
         if (work_client_next(r->work, g, 5000, why, sizeof why) != 0) {
+            if (strstr(why, "refused: superseded")) { /* a newer process serves this rank: its work is that one's */
+                log_warn("rollout", "%s", why);
+                g->kind = WORK_END;
+                g->step = 0, g->total_steps = 1; /* stopped here, not finished */
+                snprintf(g->reason, sizeof g->reason, "superseded by a newer process of rollout rank %d",
+                         r->env->at.engine);
+                break;
+            }
             /* the dispatcher has a thread of its own and answers while the trainers work: silence for a minute
              * means the trainers are gone (the run ended or failed) */
             if (unanswered_since == 0)

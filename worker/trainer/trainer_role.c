@@ -501,6 +501,10 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
         tm->weight_bytes = ds.bytes - r->bytes_reported;
         tm->dispatch_refused = ds.refused;
         tm->dispatch_old_epoch = ds.old_epoch;
+        tm->dispatch_oversized = ds.oversized;
+        tm->dispatch_superseded = ds.superseded;
+        tm->dispatch_rate_limited = ds.rate_limited;
+        tm->replaced_processes = ds.replaced;
         r->bytes_reported = ds.bytes;
     }
     r->sync_s_pending = 0;
