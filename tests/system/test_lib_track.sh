@@ -7,9 +7,9 @@ set -u
 . "$(dirname "$0")/../lib.sh" grpo-track
 # a stand-in test: tracks KEEP's pid as if it had tracked an earlier process (another start time), and TRACKED
 # itself; both run on after the stand-in's start, as processes of their own session
-setsid sleep 300 &
+setsid sleep 300 & # sleep-ok: a process that runs on, the object of the test, not a wait
 keep=$!
-setsid sleep 300 &
+setsid sleep 300 & # sleep-ok: a process that runs on, the object of the test, not a wait
 tracked=$!
 bash -c '. "$1/tests/lib.sh" grpo-track-inner
 PIDS+=("$2:1")
