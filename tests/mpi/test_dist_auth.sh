@@ -23,7 +23,7 @@ COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.
     placement.rollout_ranks=2)
 weights() { echo "$TMP/$1/p/e/checkpoints/global_step_$STEPS/actor"; }
 
-timeout 300 "${MPIRUN[@]}" -np 4 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/quiet" \
+timeout "$(scaled 300)" "${MPIRUN[@]}" -np 4 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/quiet" \
     custom_reward_function.name=byte_score >"$TMP/quiet.log" 2>&1
 expect "2 trainer + 2 rollout ranks finish, every message authenticated" $?
 
@@ -34,7 +34,7 @@ hostile() {
     local name="$1" base="$2" dp0="$3" disp="$4"; shift 4
     touch "$TMP/hold"
     rm -f "$TMP/spare.cred"
-    timeout 300 "${MPIRUN[@]}" -x GRPO_TEST_HOLD_FILE="$TMP/hold" -x GRPO_TEST_SPARE_CREDENTIALS="$TMP/spare.cred" \
+    timeout "$(scaled 300)" "${MPIRUN[@]}" -x GRPO_TEST_HOLD_FILE="$TMP/hold" -x GRPO_TEST_SPARE_CREDENTIALS="$TMP/spare.cred" \
         -np 4 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/$name" grpod.data_endpoint="$base" \
         custom_reward_function.name=held_byte_score >"$TMP/$name.log" 2>&1 &
     local run=$!
@@ -83,7 +83,7 @@ hostile hostile_tcp "tcp://*:$PORT" "tcp://127.0.0.1:$PORT" "tcp://127.0.0.1:$((
 FPORT=$(( 10000 + RANDOM % 20000 ))
 touch "$TMP/hold"
 rm -f "$TMP/spare.cred"
-timeout 300 "${MPIRUN[@]}" -x GRPO_TEST_HOLD_FILE="$TMP/hold" -x GRPO_TEST_SPARE_CREDENTIALS="$TMP/spare.cred" \
+timeout "$(scaled 300)" "${MPIRUN[@]}" -x GRPO_TEST_HOLD_FILE="$TMP/hold" -x GRPO_TEST_SPARE_CREDENTIALS="$TMP/spare.cred" \
     -np 4 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/flood" grpod.data_endpoint="tcp://*:$FPORT" \
     actor_rollout_ref.rollout.weight_sync=broadcast \
     custom_reward_function.name=held_byte_score >"$TMP/flood.log" 2>&1 &

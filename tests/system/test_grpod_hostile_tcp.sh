@@ -53,11 +53,11 @@ busy=$(( c1 - c0 ))  # clock ticks (1/100 s) of CPU in 2 s: 200 is a whole core
 [ "$busy" -lt 40 ]; expect "grpod does not spin under the flood ($busy ticks of CPU in 2 s)" $?
 [ "$peak" -lt 110 ]; expect "grpod keeps descriptors free ($peak of 128 open)" $?
 t0=$(date +%s%N)
-timeout 3 "$GRPOCTL" --retries 1 --timeout 1 status >/dev/null; r=$?
+timeout "$(scaled 3)" "$GRPOCTL" --retries 1 --timeout "$(scaled 1)" status >/dev/null; r=$?
 ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 [ "$r" -eq 0 ] && [ "$ms" -lt 1000 ]; expect "grpoctl over ipc answers during the flood ($ms ms)" $?
 t0=$(date +%s%N)
-timeout 3 "$GRPOCTL" --endpoint "$TCP" --secret-file "$TMP/secret" --retries 1 --timeout 1 status >/dev/null; r=$?
+timeout "$(scaled 3)" "$GRPOCTL" --endpoint "$TCP" --secret-file "$TMP/secret" --retries 1 --timeout "$(scaled 1)" status >/dev/null; r=$?
 ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 [ "$r" -eq 0 ] && [ "$ms" -lt 1000 ]; expect "grpoctl over tcp with the secret answers during the flood ($ms ms)" $?
 curl -sf -m 2 "$url/healthz" >/dev/null; expect "HTTP answers during the flood" $?
@@ -180,7 +180,7 @@ python3 "$TMP/fail.py" "$port" >"$TMP/fail.out" 2>&1 &
 FAILING=$!
 wait_for 10 has "$TMP/fail.out" "attempt 1:"; expect "the failing client's first refusal came" $?
 t0=$(date +%s%N)
-timeout 3 "$GRPOCTL" --endpoint "$TCP" --secret-file "$TMP/secret" --retries 1 --timeout 1 status >/dev/null; r=$?
+timeout "$(scaled 3)" "$GRPOCTL" --endpoint "$TCP" --secret-file "$TMP/secret" --retries 1 --timeout "$(scaled 1)" status >/dev/null; r=$?
 ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 [ "$r" -eq 0 ] && [ "$ms" -lt 1000 ]; expect "grpoctl with the secret answers at once meanwhile ($ms ms)" $?
 wait "$FAILING"

@@ -27,11 +27,11 @@ chmod 600 "$TMP/secret"
 WORKER="${4:-}"
 read_with() { # read_with READER FILE: the reader's output
     case "$1" in
-        grpod) timeout 10 "$GRPOD" grpod.endpoint="$TCP" grpod.secret_file="$2" grpod.state_dir="$TMP/x" ;;
-        grpoctl) timeout 10 "$GRPOCTL" --endpoint "$TCP" --secret-file "$2" --retries 1 status ;;
-        worker) timeout 10 "$SIM" grpod.endpoint="$TCP" grpod.secret_file="$2" grpod.connect_timeout_s=2 --rank 0 \
+        grpod) timeout "$(scaled 10)" "$GRPOD" grpod.endpoint="$TCP" grpod.secret_file="$2" grpod.state_dir="$TMP/x" ;;
+        grpoctl) timeout "$(scaled 10)" "$GRPOCTL" --endpoint "$TCP" --secret-file "$2" --retries 1 status ;;
+        worker) timeout "$(scaled 10)" "$SIM" grpod.endpoint="$TCP" grpod.secret_file="$2" grpod.connect_timeout_s=2 --rank 0 \
             --world 1 --state "$TMP/reader.state" ;;
-        grpo-worker) timeout 30 "$WORKER" grpod.endpoint="$TCP" grpod.secret_file="$2" grpod.connect_timeout_s=2 ;;
+        grpo-worker) timeout "$(scaled 30)" "$WORKER" grpod.endpoint="$TCP" grpod.secret_file="$2" grpod.connect_timeout_s=2 ;;
     esac
 }
 refused_by_all() { # refused_by_all FILE TEXT WHAT
@@ -166,24 +166,24 @@ stop_grpod
 # what sits at the ipc socket path: only a stale socket is removed; anything else is refused, named, and kept
 # (each grpod below must exit at once: one that serves instead is stopped by timeout, and the check fails)
 echo precious >"$TMP/file.sock"
-timeout 5 "$GRPOD" grpod.endpoint="ipc://$TMP/file.sock" grpod.state_dir="$TMP/p1" grpod.http_listen= >"$TMP/err" 2>&1
+timeout "$(scaled 5)" "$GRPOD" grpod.endpoint="ipc://$TMP/file.sock" grpod.state_dir="$TMP/p1" grpod.http_listen= >"$TMP/err" 2>&1
 rc=$?
 [ "$rc" -eq 1 ]; expect "a regular file at the socket path: grpod exits 1 (got $rc)" $?
 [ "$(cat "$TMP/file.sock" 2>/dev/null)" = precious ]; expect "... and the file is kept" $?
 has "$TMP/err" "$TMP/file.sock exists and is a regular file, not a socket"; expect "... and the error names the path" $?
 mkdir "$TMP/dir.sock"
-timeout 5 "$GRPOD" grpod.endpoint="ipc://$TMP/dir.sock" grpod.state_dir="$TMP/p2" grpod.http_listen= >"$TMP/err" 2>&1
+timeout "$(scaled 5)" "$GRPOD" grpod.endpoint="ipc://$TMP/dir.sock" grpod.state_dir="$TMP/p2" grpod.http_listen= >"$TMP/err" 2>&1
 rc=$?
 [ "$rc" -eq 1 ]; expect "a directory at the socket path: grpod exits 1, no abort (got $rc)" $?
 [ -d "$TMP/dir.sock" ] && has "$TMP/err" "$TMP/dir.sock exists and is a directory"; expect "... kept and named" $?
 ln -s "$TMP/file.sock" "$TMP/link.sock"
-timeout 5 "$GRPOD" grpod.endpoint="ipc://$TMP/link.sock" grpod.state_dir="$TMP/p3" grpod.http_listen= >"$TMP/err" 2>&1
+timeout "$(scaled 5)" "$GRPOD" grpod.endpoint="ipc://$TMP/link.sock" grpod.state_dir="$TMP/p3" grpod.http_listen= >"$TMP/err" 2>&1
 [ $? -eq 1 ] && [ -L "$TMP/link.sock" ] && has "$TMP/err" "is a symbolic link"; expect "a symbolic link is refused and kept" $?
 python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])' "$TMP/stale.sock"
 [ -S "$TMP/stale.sock" ]; expect "a stale socket (nobody listens) is in place" $?
 EP_SAVE="$EP"; EP="ipc://$TMP/stale.sock"; GRPOD_ENDPOINT="$EP"
 start_grpod g2; expect "grpod replaces a stale socket and serves" $?
-timeout 5 "$GRPOD" grpod.endpoint="$EP" grpod.state_dir="$TMP/p4" grpod.http_listen= >"$TMP/err" 2>&1
+timeout "$(scaled 5)" "$GRPOD" grpod.endpoint="$EP" grpod.state_dir="$TMP/p4" grpod.http_listen= >"$TMP/err" 2>&1
 rc=$?
 [ "$rc" -eq 1 ] && has "$TMP/err" "is in use"; expect "a socket another grpod answers on is refused (exit $rc)" $?
 "$GRPOCTL" --endpoint "$EP" status >/dev/null; expect "... and the first grpod still answers there" $?

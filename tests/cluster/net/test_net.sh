@@ -50,7 +50,7 @@ GRPOD_KEYS=(grpod.heartbeat_interval_s=0.5 grpod.heartbeat_timeout_s=4)
 
 # the undisturbed single-process run (in the root namespace)
 # shellcheck disable=SC2046
-timeout 300 "$WORKER" $(keys ref) >"$TMP/ref.log" 2>&1
+timeout "$(scaled 300)" "$WORKER" $(keys ref) >"$TMP/ref.log" 2>&1
 expect "reference run (one process) finishes" $?
 
 # mpi NAME HOSTS NP [key=value...]: mpirun on hosta, ranks over HOSTS, under grpod; log $TMP/NAME.log; pid MPI_PID
