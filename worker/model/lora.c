@@ -107,10 +107,9 @@ static size_t lora_layout(const struct model *m, const struct lora_config *c, fl
 /* The whole model's shard: every layer, row, column and expert (the whole adapter's layout, PEFT's). */
 static struct model_shard whole_shard(const struct model_config *mc) { return model_shard_of(mc, 0, 1, 0, 1); }
 
-static size_t sink_floats(const struct model *m)
-{
-    return (size_t)(m->cfg.hidden_size > m->cfg.head_dim ? m->cfg.hidden_size : m->cfg.head_dim);
-}
+/* The adapter as the model's projection hook (struct model_hook): its terms on the projections, the router and the
+ * experts, its gradients made before a backward, and its release with the model. */
+static const struct model_hook g_lora_hook;
 
 int lora_attach(struct model *m, const struct lora_config *c, char *err, size_t errlen)
 {
@@ -152,12 +151,13 @@ int lora_attach(struct model *m, const struct lora_config *c, char *err, size_t 
     a->n = lora_layout(m, &a->cfg, NULL, NULL);
     a->mem = k_calloc(m->K, a->n * sizeof(float), KMEM_WEIGHTS, "the LoRA adapter");
     lora_layout(m, &a->cfg, a->mem, a->w);
-    a->sink = k_calloc(m->K, sink_floats(m) * sizeof(float), KMEM_GRADS, "the frozen norms' gradient sink");
+    model_freeze(m, true); /* the base's weights take no gradients */
     if (!m->cfg.n_experts)
         a->cfg.router = false;
     if (m->cfg.n_experts && (a->cfg.targets & g_mlp))
         a->moe = xcalloc((size_t)a->n_layers, sizeof *a->moe);
     m->lora = a;
+    model_set_hook(m, &g_lora_hook);
     return 0;
 }
 
@@ -192,12 +192,13 @@ void lora_detach(struct model *m)
         k_free(m->K, a->grad, a->n * sizeof(float), KMEM_GRADS);
     if (a->scratch)
         k_free(m->K, a->scratch, a->scratch_cap * sizeof(float), KMEM_ACTS);
-    k_free(m->K, a->sink, sink_floats(m) * sizeof(float), KMEM_GRADS);
+    model_freeze(m, false);
     free(a->moe);
     free(a->w);
     free(a->g);
     free(a);
     m->lora = NULL;
+    model_set_hook(m, NULL);
 }
 
 void lora_init(struct model *m, uint64_t seed)
@@ -303,7 +304,7 @@ static void lowrank_backward(const struct model *m, const float *A, const float 
     k_linear_backward(m->K, dx, gA, NULL, dt, x, A, N, din, r);  /* dx += dt A; dA += dt^T x */
 }
 
-void lora_proj_forward(const struct model *m, int l, enum proj_kind p, float *y, const float *x, int N)
+static void lora_proj_forward(const struct model *m, int l, enum proj_kind p, float *y, const float *x, int N)
 {
     const struct lora *a = m->lora;
     if (!a || a->bypass || N <= 0 || !a->w[l].A[p])
@@ -313,8 +314,8 @@ void lora_proj_forward(const struct model *m, int l, enum proj_kind p, float *y,
     lowrank_forward(m, a->w[l].A[p], a->w[l].B[p], y, x, N, din, dout);
 }
 
-void lora_proj_backward(const struct model *m, int l, enum proj_kind p, float *dx, const float *dy, const float *x,
-                        int N)
+static void lora_proj_backward(const struct model *m, int l, enum proj_kind p, float *dx, const float *dy,
+                               const float *x, int N)
 {
     const struct lora *a = m->lora;
     if (!a || a->bypass || N <= 0 || !a->w[l].A[p])
@@ -325,7 +326,7 @@ void lora_proj_backward(const struct model *m, int l, enum proj_kind p, float *d
                      dy, x, N, din, dout);
 }
 
-void lora_router_forward(const struct model *m, int l, float *y, const float *x, int N)
+static void lora_router_forward(const struct model *m, int l, float *y, const float *x, int N)
 {
     const struct lora *a = m->lora;
     if (!a || a->bypass || N <= 0 || !a->w[l].Ar)
@@ -333,7 +334,7 @@ void lora_router_forward(const struct model *m, int l, float *y, const float *x,
     lowrank_forward(m, a->w[l].Ar, a->w[l].Br, y, x, N, m->cfg.hidden_size, m->cfg.n_experts);
 }
 
-void lora_router_backward(const struct model *m, int l, float *dx, const float *dy, const float *x, int N)
+static void lora_router_backward(const struct model *m, int l, float *dx, const float *dy, const float *x, int N)
 {
     const struct lora *a = m->lora;
     if (!a || a->bypass || N <= 0 || !a->w[l].Ar)
@@ -342,7 +343,7 @@ void lora_router_backward(const struct model *m, int l, float *dx, const float *
                      m->cfg.hidden_size, m->cfg.n_experts);
 }
 
-const struct kmoe_lora *lora_moe(const struct model *m, int l, size_t nk)
+static const struct kmoe_lora *lora_moe(const struct model *m, int l, size_t nk)
 {
     struct lora *a = m->lora;
     if (!a || a->bypass || !a->moe)
@@ -364,6 +365,18 @@ const struct kmoe_lora *lora_moe(const struct model *m, int l, size_t nk)
     L->tmp = scratch(m, kmoe_lora_scratch(nk ? nk : 1, m->cfg.hidden_size, m->cfg.moe_intermediate, L->Rgu, L->Rd));
     return L;
 }
+
+static void lora_make_grads(struct model *m) { model_trainable(m); }
+
+static const struct model_hook g_lora_hook = {
+    .proj_forward = lora_proj_forward,
+    .proj_backward = lora_proj_backward,
+    .router_forward = lora_router_forward,
+    .router_backward = lora_router_backward,
+    .experts = lora_moe,
+    .make_grads = lora_make_grads,
+    .release = lora_detach,
+};
 
 const char *lora_moe_text(const struct model *m, char *buf, size_t len)
 {

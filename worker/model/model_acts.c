@@ -10,7 +10,7 @@
 #include "common/check.h"
 #include "kernels/kernels.h"
 #include "model_seq.h"
-#include "moe_ep.h"
+#include "model_moe.h"
 #include "ring_attn.h"
 
 struct model_work *model_work_of(struct model *m)
@@ -39,7 +39,7 @@ static void acts_destroy(struct model_acts *A)
     free(A->hbuf);
     free(A->layers);
     for (int l = 0; A->ep && l <= A->m->cfg.n_layers; l++)
-        moe_ep_free(A->ep[l]);
+        model_moe_state_free(A->ep[l]);
     free(A->ep);
     free(A);
 }
@@ -95,18 +95,6 @@ int32_t *model_host_pos(struct model *m, size_t n)
     return w->hpos;
 }
 
-/* The routing of N tokens through m's experts (no buffers yet). */
-static struct kmoe moe_shape(const struct model *m, int N)
-{
-    const struct model_config *c = &m->cfg;
-    return (struct kmoe){.N = N,
-                         .E = c->n_experts,
-                         .k = c->n_experts_per_tok,
-                         .D = c->hidden_size,
-                         .F = m->sh.moe_inter,
-                         .norm_topk = c->norm_topk_prob};
-}
-
 /* One layer's activations from the arena: all of them, or only the input x. */
 static void layer_acts_take(const struct model *m, int N, int Nf, struct layer_acts *a, bool full,
                             const struct layer_acts *tok, struct karena *ar)
@@ -149,9 +137,7 @@ static void layer_acts_take(const struct model *m, int N, int Nf, struct layer_a
     a->xn2 = take_f(ar, n * D);
     a->rstd2 = take_f(ar, n);
     if (c->n_experts) {
-        a->rlog = take_f(ar, n * (size_t)c->n_experts);
-        a->moe = moe_shape(m, N);
-        kmoe_take(ar, &a->moe, false);
+        model_moe_take(m, N, &a->moe, ar);
         return;
     }
     a->g = take_f(ar, n * F);
@@ -191,8 +177,8 @@ static void acts_take(const struct model *m, struct model_acts *A, int N, int B,
         layer_acts_take(m, N, A->Nf, &A->layers[l], !A->ckpt, shared, har);
     if (A->ep) { /* host state of its own, kept from batch to batch */
         for (int l = sh->layer_lo; l < sh->layer_hi; l++)
-            A->layers[l].ep = A->ep[l];
-        A->scratch.ep = A->ep[m->cfg.n_layers];
+            A->layers[l].moe.ep = A->ep[l];
+        A->scratch.moe.ep = A->ep[m->cfg.n_layers];
     }
     A->xf = take_f(ar, nD);
     A->hn = A->rstdf = A->logp = A->entropy = NULL;
@@ -232,7 +218,7 @@ struct model_acts *model_acts_get(struct model *m, int N, int B, bool ckpt, int 
         if (m->sh.ep) {
             A->ep = xcalloc((size_t)m->cfg.n_layers + 1, sizeof *A->ep);
             for (int l = 0; l <= m->cfg.n_layers; l++)
-                A->ep[l] = moe_ep_create();
+                A->ep[l] = model_moe_state_new();
         }
     }
     A->ckpt = ckpt;
@@ -267,11 +253,7 @@ void model_bwd_take(const struct model *m, int N, int Nf, int nk, struct bwd_buf
     if (ckpt)
         d->scratch_out = take_f(ar, n * D);
     if (c->n_experts) {
-        const size_t nk = n * (size_t)c->n_experts_per_tok;
-        d->drlog = take_f(ar, n * (size_t)c->n_experts);
-        d->dwt = take_f(ar, nk);
-        d->moe_d = take_f(ar, 2 * nk * D);
-        d->moe_f = take_f(ar, 3 * nk * (size_t)c->moe_intermediate);
+        model_moe_grads_take(m, N, &d->moe, ar);
     } else {
         d->da = take_f(ar, n * F);
         d->dg = take_f(ar, n * F);

@@ -9,6 +9,7 @@
 #include "kernels/kernels.h"
 #include "model.h"
 #include "model_internal.h"
+#include "model_moe.h"
 
 /* Largest logits buffer a forward keeps for its backward (PyTorch keeps all of them); above it the backward
  * recomputes the head's product chunk by chunk. 1024 rows of a 49152-token vocabulary: 201 MB. */
@@ -23,13 +24,11 @@ struct layer_acts {
     float *att, *lse;                       /* (N, QD), (N, Hq) */
     float *xmid;                            /* (N, D) after the attention residual */
     float *xn2, *rstd2;
-    float *g, *u, *a; /* (N, F) gate, up, silu(gate)*up */
-    float *rlog;      /* mixture of experts: (N, E) the router's logits */
-    struct kmoe moe;  /* its routing and the experts' activations */
+    float *g, *u, *a;    /* (N, F) gate, up, silu(gate)*up */
+    struct moe_acts moe; /* mixture of experts: the router's logits, the routing, the experts' activations */
     /* sequence parallelism: every token's q, k, v and attention output for this rank's heads, (Nf, hq hd) and
      * (Nf, hk hd); lse is then (Nf, hq) */
     float *qf, *kf, *vf, *attf;
-    struct moe_ep *ep; /* expert parallelism: the slots this rank's experts ran (moe_ep.h); NULL without */
 };
 
 /* The saved activations of one forward: every buffer is taken from the object's arena, in the order of
@@ -45,7 +44,7 @@ struct model_acts {
     int32_t *cprow;            /* context parallelism: the batch row of each of this rank's rows (-1: padding) */
     struct layer_acts *layers; /* n_layers; with ckpt only .x is filled */
     struct layer_acts scratch; /* ckpt: recomputation space */
-    struct moe_ep **ep;        /* expert parallelism: n_layers + 1 states (the last the scratch's); NULL without */
+    struct moe_ep **ep;        /* expert parallelism: n_layers + 1 dispatch states (the last the scratch's) */
     bool offload;              /* ckpt with m->offload_acts: layers[l].x are host_arena's, xdev the device's */
     struct karena host_arena;  /* offloaded layer inputs */
     float *xdev[2];            /* offload: the device's layer input and output (N, D), in turn */
@@ -77,9 +76,8 @@ struct bwd_bufs {
     float *dq_pre, *dk_pre;         /* Qwen3 */
     float *dlogp, *dentropy;        /* (N) */
     float *dhk;                     /* (nk, D) the kept rows' dL/dh (logp_from) */
-    float *drlog, *dwt;             /* mixture of experts: (N, E), (N, k) */
     float *dattf, *dqf, *dkf, *dvf; /* sequence parallelism: as layer_acts' qf ... */
-    float *moe_d, *moe_f;           /* the experts' backward scratch (struct kmoe's bwd_d, bwd_f) */
+    struct moe_grads moe;           /* mixture of experts: the expert block's */
 };
 
 /* An activation object for N tokens (this rank's) of B sequences, from m's pool, its arena grown when the plan

@@ -1,6 +1,6 @@
 /* The model object: made for a layout on a kernel context (its shard's weights in one allocation, the RoPE
  * frequencies), cloned or copied to another context, its weights to and from host memory, random weights, its
- * gradients made, zeroed and given back, its groups (SP, CP) and hooks set, and freed. */
+ * gradients made, zeroed and given back, its base frozen, its groups (SP, CP) and hooks set, and freed. */
 #include "model.h"
 
 #include <math.h>
@@ -10,7 +10,6 @@
 
 #include "common/check.h"
 #include "kernels/kernels.h"
-#include "lora.h"
 #include "model_internal.h"
 #include "sampler.h"
 #include "worker/comm/comm.h"
@@ -27,6 +26,33 @@ void model_set_cp(struct model *m, struct comm *cp)
 {
     model_set_sp(m, cp);
     m->sh.ring = m->sh.sp != NULL;
+}
+
+void model_set_hook(struct model *m, const struct model_hook *h) { m->hook = h; }
+
+/* Floats of the frozen norms' gradient sink: the largest norm's weight (the hidden size, or Qwen3's head_dim). */
+static size_t sink_floats(const struct model *m)
+{
+    return (size_t)(m->cfg.hidden_size > m->cfg.head_dim ? m->cfg.hidden_size : m->cfg.head_dim);
+}
+
+void model_freeze(struct model *m, bool on)
+{
+    if (on && !m->frozen)
+        m->sink = k_calloc(m->K, sink_floats(m) * sizeof(float), KMEM_GRADS, "the frozen norms' gradient sink");
+    else if (!on && m->frozen)
+        k_free(m->K, m->sink, sink_floats(m) * sizeof(float), KMEM_GRADS);
+    if (!on)
+        m->sink = NULL;
+    m->frozen = on;
+}
+
+void model_backward_grads(struct model *m)
+{
+    if (!m->frozen)
+        model_alloc_grads(m);
+    if (m->hook && m->hook->make_grads)
+        m->hook->make_grads(m);
 }
 
 void model_set_layer_grads_hook(struct model *m, void (*fn)(void *ud, int layer), void *ud)
@@ -152,7 +178,9 @@ void model_free(struct model *m)
     if (!m)
         return;
     model_work_free(m);
-    lora_detach(m);
+    if (m->hook && m->hook->release)
+        m->hook->release(m);
+    model_freeze(m, false);
     free(m->moe_tokens);
     k_free(m->K, m->rope_freqs, (size_t)(m->cfg.head_dim / 2 > 0 ? m->cfg.head_dim / 2 : 1) * sizeof(double),
            KMEM_WEIGHTS);

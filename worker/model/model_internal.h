@@ -39,6 +39,10 @@ void model_params_free(struct kctx *K, enum kmem_kind kind, struct model_params 
  * gradients, the vocab-parallel embedding); nothing without TP. */
 void model_tp_sum(const struct model *m, float *buf, size_t n);
 
+/* Before a backward: the gradients it accumulates into made where they are not yet, the base's (unless frozen)
+ * and the hook's. */
+void model_backward_grads(struct model *m);
+
 /* The arena of model_step's buffers, and a host buffer of n positions (both kept from step to step). */
 struct karena *model_step_arena(struct model *m);
 int32_t *model_host_pos(struct model *m, size_t n);

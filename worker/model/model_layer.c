@@ -1,38 +1,22 @@
 /* One decoder layer's training forward and backward over a packed batch: the attention block (in one process,
- * Ulysses' swap around it, or context parallelism's ring), the dense MLP or the experts, the residuals and norms.
- * */
+ * with Ulysses' swap of tokens for heads around it, or over context parallelism's ring), the dense MLP or the
+ * expert block (model_moe.h), the residuals and the norms. The projections go through model_proj_forward and
+ * model_proj_backward, which add the projection hook's terms. */
 #include "model_layer.h"
 
-#include <stdlib.h>
-
 #include "kernels/kernels.h"
-#include "lora.h"
 #include "model_moe.h"
 #include "model_seq.h"
-#include "moe_ep.h"
 #include "ring_attn.h"
 
-/* One decoder layer: a->x in, returns the output in out (N, D). */
-void model_layer_forward(const struct model *m, int l, const struct packed_batch *b, int Nf, struct layer_acts *a,
-                         float *out)
+/* Attention over a's q, k, v into a->att and a->lse: in one process, over the whole sequences for this rank's
+ * heads (Ulysses: every token of them swapped in, and the output back), or around the ring (context parallelism:
+ * every head, the keys and values passed around). */
+static void layer_attention_forward(const struct model *m, const struct packed_batch *b, int Nf, struct layer_acts *a)
 {
-    const struct model_config *c = &m->cfg;
-    const struct layer_params *L = &m->w.layers[l];
     struct kctx *K = m->K;
-    const int N = b->N, D = c->hidden_size, F = m->sh.inter, hd = c->head_dim, Hq = m->sh.n_heads;
-    const int Hkv = m->sh.n_kv_heads, QD = Hq * hd, KD = Hkv * hd;
-    k_rmsnorm_forward(K, a->xn1, a->rstd1, a->x, L->attn_norm, N, D, c->rms_norm_eps);
-    model_proj_forward(m, l, PROJ_Q, a->q, a->xn1, N);
-    model_proj_forward(m, l, PROJ_K, a->k, a->xn1, N);
-    model_proj_forward(m, l, PROJ_V, a->v, a->xn1, N);
-    if (L->q_norm) { /* Qwen3: each head's q and k RMS-normed before RoPE */
-        k_copy(K, a->q_pre, a->q, (size_t)N * QD * sizeof(float));
-        k_copy(K, a->k_pre, a->k, (size_t)N * KD * sizeof(float));
-        k_rmsnorm_forward(K, a->q, a->rstd_q, a->q_pre, L->q_norm, N * Hq, hd, c->rms_norm_eps);
-        k_rmsnorm_forward(K, a->k, a->rstd_k, a->k_pre, L->k_norm, N * Hkv, hd, c->rms_norm_eps);
-    }
-    k_rope_forward(K, a->q, b->pos, N, Hq, hd, m->rope_freqs);
-    k_rope_forward(K, a->k, b->pos, N, Hkv, hd, m->rope_freqs);
+    const int N = b->N, hd = m->cfg.head_dim, Hq = m->sh.n_heads, Hkv = m->sh.n_kv_heads;
+    const int QD = Hq * hd, KD = Hkv * hd;
     if (m->sh.ring) { /* context parallelism: every head, the keys and values passed around the ring */
         ring_attn_forward(m->work->ring, a->att, a->lse, a->q, a->k, a->v);
     } else if (m->sh.sp) { /* every token of this rank's heads, attention over the whole sequences, and back */
@@ -45,105 +29,16 @@ void model_layer_forward(const struct model *m, int l, const struct packed_batch
     } else {
         k_attention_forward(K, a->att, a->lse, a->q, a->k, a->v, b->cu_seqlens, b->prefix_of, b->B, Hq, Hkv, hd);
     }
-    model_proj_forward(m, l, PROJ_O, a->xmid, a->att, N);
-    model_tp_sum(m, a->xmid, (size_t)N * D);
-    k_add(K, a->xmid, a->x, (size_t)N * D);
-    k_rmsnorm_forward(K, a->xn2, a->rstd2, a->xmid, L->mlp_norm, N, D, c->rms_norm_eps);
-    if (L->router) { /* mixture of experts: route, then each expert's tokens through it */
-        k_linear_forward(K, a->rlog, a->xn2, L->router, NULL, N, D, c->n_experts);
-        lora_router_forward(m, l, a->rlog, a->xn2, N);
-        int32_t *ref = b->routes ? model_moe_layer_routes(m, l, b) : NULL;
-        a->moe.ref = ref;
-        a->moe.replay = ref && m->moe_replay;
-        k_moe_route(K, &a->moe, a->rlog);
-        a->moe.ref = NULL;
-        free(ref);
-        a->moe.lora = lora_moe(m, l, (size_t)N * c->n_experts_per_tok); /* LoRA on the experts, or NULL */
-        if (m->sh.ep)                                                   /* the experts on the ranks holding them */
-            moe_ep_forward(a->ep, m, L, &a->moe, a->xn2, out);
-        else
-            k_moe_experts_forward(K, out, a->xn2, L->w_gate, L->w_up, L->w_down, &a->moe);
-        model_tp_sum(m, out, (size_t)N * D); /* under TP each rank's rows of every expert gave a part */
-        k_add(K, out, a->xmid, (size_t)N * D);
-        return;
-    }
-    model_proj_forward(m, l, PROJ_GATE, a->g, a->xn2, N);
-    model_proj_forward(m, l, PROJ_UP, a->u, a->xn2, N);
-    k_swiglu_forward(K, a->a, a->g, a->u, (size_t)N * F);
-    model_proj_forward(m, l, PROJ_DOWN, out, a->a, N);
-    model_tp_sum(m, out, (size_t)N * D);
-    k_add(K, out, a->xmid, (size_t)N * D);
 }
 
-/* Backward of one layer: d->dx (N, D) holds dL/d(output) on entry and dL/d(input) on exit. */
-void model_layer_backward(struct model *m, int l, const struct packed_batch *b, int Nf, const struct layer_acts *a,
-                          const struct bwd_bufs *d)
+/* Its backward from d->datt: d->dq, d->dk, d->dv (zeroed by the caller) get q's, k's and v's gradients. */
+static void layer_attention_backward(const struct model *m, const struct packed_batch *b, int Nf,
+                                     const struct layer_acts *a, const struct bwd_bufs *d)
 {
-    const struct model_config *c = &m->cfg;
-    const struct layer_params *L = &m->w.layers[l];
-    /* the norms' weight gradients: a sink that nothing reads when the base is frozen (LoRA) */
-    float *const sink = m->lora ? m->lora->sink : NULL;
-    const struct layer_params *G = m->lora ? NULL : &m->grad->layers[l];
     struct kctx *K = m->K;
-    const int N = b->N, D = c->hidden_size, F = m->sh.inter, hd = c->head_dim, Hq = m->sh.n_heads;
-    const int Hkv = m->sh.n_kv_heads, QD = Hq * hd, KD = Hkv * hd;
-    const size_t nD = (size_t)N * D, nF = (size_t)N * F, fs = sizeof(float);
-    float *dx = d->dx;
-    if (L->router) { /* mixture of experts: out = xmid + sum over the chosen experts of wt x expert(xn2) */
-        struct kmoe r = a->moe;
-        r.bwd_d = d->moe_d, r.bwd_f = d->moe_f;
-        r.lora = lora_moe(m, l, (size_t)N * r.k);
-        const int E = r.E;
-        k_zero(K, d->dxn, nD * fs);
-        if (m->sh.ep)
-            moe_ep_backward(a->ep, m, L, G, &r, dx, d->dxn, d->dwt, d->moe_d);
-        else
-            k_moe_experts_backward(K, d->dxn, G ? G->w_gate : NULL, G ? G->w_up : NULL, G ? G->w_down : NULL, d->dwt,
-                                   dx, L->w_gate, L->w_up, L->w_down, &r);
-        /* under TP the experts' input gradient and the routing weights' (dy . the expert's output) are each rank's
-         * part: summed, the router's backward below runs the same on every TP rank (its weight gradient the same
-         * on each, counted once), and its part of dxn is added after the sum, not TP times */
-        model_tp_sum(m, d->dxn, nD);
-        model_tp_sum(m, d->dwt, (size_t)N * r.k);
-        /* the load-balancing loss coef scale E / k sum_e pmean_e count_e / N: d/dp[t][e] = coef scale E count_e /
-         * (k N^2) for every token t; under sequence or context parallelism count_e and N the whole micro-batch's
-         * (summed over the group: every rank of it takes part, one with no token too) */
-        float dp_col[E];
-        const bool aux = m->moe_aux_coef != 0 && (m->sh.sp ? Nf > 0 : N > 0);
-        if (aux) {
-            double g[2 * E + 3];
-            model_moe_group_routing(m, &r, g);
-            const double n = g[2 * E];
-            for (int e = 0; e < E; e++)
-                dp_col[e] = n > 0
-                                ? (float)((double)m->moe_aux_coef * m->moe_aux_scale * E * g[e] / ((double)r.k * n * n))
-                                : 0.0f;
-        }
-        k_moe_route_backward(K, d->drlog, &r, d->dwt, aux ? dp_col : NULL);
-        if (m->sh.ring) /* context parallelism: the ring's padding rows feed no loss, the load-balancing one either */
-            for (int t = 0; t < N; t++)
-                if (m->work->cprow[t] < 0)
-                    k_zero(K, d->drlog + (size_t)t * E, (size_t)E * sizeof(float));
-        k_linear_backward(K, d->dxn, G ? G->router : NULL, NULL, d->drlog, a->xn2, L->router, N, D, E);
-        lora_router_backward(m, l, d->dxn, d->drlog, a->xn2, N);
-    } else {
-        k_zero(K, d->da, nF * fs), k_zero(K, d->dg, nF * fs), k_zero(K, d->du, nF * fs), k_zero(K, d->dxn, nD * fs);
-        /* MLP: out = xmid + down(silu(gate(xn2)) * up(xn2)) */
-        model_proj_backward(m, l, PROJ_DOWN, d->da, dx, a->a, N);
-        k_swiglu_backward(K, d->dg, d->du, d->da, a->g, a->u, nF);
-        model_proj_backward(m, l, PROJ_GATE, d->dxn, d->dg, a->xn2, N);
-        model_proj_backward(m, l, PROJ_UP, d->dxn, d->du, a->xn2, N);
-        model_tp_sum(m, d->dxn, nD);
-    }
-    /* dx now dL/dxmid */
-    k_rmsnorm_backward(K, dx, G ? G->mlp_norm : sink, d->dxn, a->xmid, L->mlp_norm, a->rstd2, N, D);
-    /* attention: xmid = x + o(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))) */
-    k_zero(K, d->datt, (size_t)N * QD * fs), k_zero(K, d->dq, (size_t)N * QD * fs);
-    k_zero(K, d->dk, (size_t)N * KD * fs), k_zero(K, d->dv, (size_t)N * KD * fs);
-    if (m->sh.sp &&
-        !m->sh.ring) /* this layer's attention output of this rank's tokens again (the layers share its buffer) */
-        model_sp_to_tokens(m, a->att, a->attf, N, Nf, QD, sp_hq(m) * hd, false);
-    model_proj_backward(m, l, PROJ_O, d->datt, dx, a->att, N);
+    const int N = b->N, hd = m->cfg.head_dim, Hq = m->sh.n_heads, Hkv = m->sh.n_kv_heads;
+    const int QD = Hq * hd, KD = Hkv * hd;
+    const size_t fs = sizeof(float);
     if (m->sh.ring) { /* context parallelism: the visiting keys' and values' gradients come home */
         ring_attn_backward(m->work->ring, d->dq, d->dk, d->dv, d->datt, a->att, a->lse, a->q, a->k, a->v);
     } else if (m->sh.sp) { /* the output's gradient to every token of this rank's heads, and q's, k's, v's back */
@@ -160,6 +55,91 @@ void model_layer_backward(struct model *m, int l, const struct packed_batch *b, 
         k_attention_backward(K, d->dq, d->dk, d->dv, d->datt, a->att, a->lse, a->q, a->k, a->v, b->cu_seqlens,
                              b->prefix_of, b->B, Hq, Hkv, hd);
     }
+}
+
+/* The dense MLP: out (N, D) = down(silu(gate(xn2)) * up(xn2)), a TP rank's part. */
+static void layer_mlp_forward(const struct model *m, int l, int N, struct layer_acts *a, float *out)
+{
+    model_proj_forward(m, l, PROJ_GATE, a->g, a->xn2, N);
+    model_proj_forward(m, l, PROJ_UP, a->u, a->xn2, N);
+    k_swiglu_forward(m->K, a->a, a->g, a->u, (size_t)N * m->sh.inter);
+    model_proj_forward(m, l, PROJ_DOWN, out, a->a, N);
+}
+
+/* Its backward from dy: d->dxn gets dL/dxn2, summed over TP. */
+static void layer_mlp_backward(struct model *m, int l, int N, const struct layer_acts *a, const float *dy,
+                               const struct bwd_bufs *d)
+{
+    struct kctx *K = m->K;
+    const size_t nD = (size_t)N * m->cfg.hidden_size, nF = (size_t)N * m->sh.inter, fs = sizeof(float);
+    k_zero(K, d->da, nF * fs), k_zero(K, d->dg, nF * fs), k_zero(K, d->du, nF * fs), k_zero(K, d->dxn, nD * fs);
+    model_proj_backward(m, l, PROJ_DOWN, d->da, dy, a->a, N);
+    k_swiglu_backward(K, d->dg, d->du, d->da, a->g, a->u, nF);
+    model_proj_backward(m, l, PROJ_GATE, d->dxn, d->dg, a->xn2, N);
+    model_proj_backward(m, l, PROJ_UP, d->dxn, d->du, a->xn2, N);
+    model_tp_sum(m, d->dxn, nD);
+}
+
+void model_layer_forward(const struct model *m, int l, const struct packed_batch *b, int Nf, struct layer_acts *a,
+                         float *out)
+{
+    const struct model_config *c = &m->cfg;
+    const struct layer_params *L = &m->w.layers[l];
+    struct kctx *K = m->K;
+    const int N = b->N, D = c->hidden_size, hd = c->head_dim, Hq = m->sh.n_heads;
+    const int Hkv = m->sh.n_kv_heads, QD = Hq * hd, KD = Hkv * hd;
+    k_rmsnorm_forward(K, a->xn1, a->rstd1, a->x, L->attn_norm, N, D, c->rms_norm_eps);
+    model_proj_forward(m, l, PROJ_Q, a->q, a->xn1, N);
+    model_proj_forward(m, l, PROJ_K, a->k, a->xn1, N);
+    model_proj_forward(m, l, PROJ_V, a->v, a->xn1, N);
+    if (L->q_norm) { /* Qwen3: each head's q and k RMS-normed before RoPE */
+        k_copy(K, a->q_pre, a->q, (size_t)N * QD * sizeof(float));
+        k_copy(K, a->k_pre, a->k, (size_t)N * KD * sizeof(float));
+        k_rmsnorm_forward(K, a->q, a->rstd_q, a->q_pre, L->q_norm, N * Hq, hd, c->rms_norm_eps);
+        k_rmsnorm_forward(K, a->k, a->rstd_k, a->k_pre, L->k_norm, N * Hkv, hd, c->rms_norm_eps);
+    }
+    k_rope_forward(K, a->q, b->pos, N, Hq, hd, m->rope_freqs);
+    k_rope_forward(K, a->k, b->pos, N, Hkv, hd, m->rope_freqs);
+    layer_attention_forward(m, b, Nf, a);
+    model_proj_forward(m, l, PROJ_O, a->xmid, a->att, N);
+    model_tp_sum(m, a->xmid, (size_t)N * D);
+    k_add(K, a->xmid, a->x, (size_t)N * D);
+    k_rmsnorm_forward(K, a->xn2, a->rstd2, a->xmid, L->mlp_norm, N, D, c->rms_norm_eps);
+    if (L->router) /* mixture of experts: route, then each expert's tokens through it */
+        model_moe_forward(m, l, b, &a->moe, a->xn2, out);
+    else
+        layer_mlp_forward(m, l, N, a, out);
+    model_tp_sum(m, out, (size_t)N * D); /* under TP each rank's rows of the MLP (of every expert) gave a part */
+    k_add(K, out, a->xmid, (size_t)N * D);
+}
+
+void model_layer_backward(struct model *m, int l, const struct packed_batch *b, int Nf, const struct layer_acts *a,
+                          const struct bwd_bufs *d)
+{
+    const struct model_config *c = &m->cfg;
+    const struct layer_params *L = &m->w.layers[l];
+    /* the norms' weight gradients: a sink that nothing reads when the base is frozen */
+    float *const sink = m->frozen ? m->sink : NULL;
+    const struct layer_params *G = m->frozen ? NULL : &m->grad->layers[l];
+    struct kctx *K = m->K;
+    const int N = b->N, D = c->hidden_size, hd = c->head_dim, Hq = m->sh.n_heads;
+    const int Hkv = m->sh.n_kv_heads, QD = Hq * hd, KD = Hkv * hd;
+    const size_t nD = (size_t)N * D, fs = sizeof(float);
+    float *dx = d->dx;
+    if (L->router) /* mixture of experts: out = xmid + sum over the chosen experts of wt x expert(xn2) */
+        model_moe_backward(m, l, Nf, &a->moe, a->xn2, dx, d->dxn, &d->moe);
+    else /* MLP: out = xmid + down(silu(gate(xn2)) * up(xn2)) */
+        layer_mlp_backward(m, l, N, a, dx, d);
+    /* dx now dL/dxmid */
+    k_rmsnorm_backward(K, dx, G ? G->mlp_norm : sink, d->dxn, a->xmid, L->mlp_norm, a->rstd2, N, D);
+    /* attention: xmid = x + o(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))) */
+    k_zero(K, d->datt, (size_t)N * QD * fs), k_zero(K, d->dq, (size_t)N * QD * fs);
+    k_zero(K, d->dk, (size_t)N * KD * fs), k_zero(K, d->dv, (size_t)N * KD * fs);
+    if (m->sh.sp &&
+        !m->sh.ring) /* this layer's attention output of this rank's tokens again (the layers share its buffer) */
+        model_sp_to_tokens(m, a->att, a->attf, N, Nf, QD, sp_hq(m) * hd, false);
+    model_proj_backward(m, l, PROJ_O, d->datt, dx, a->att, N);
+    layer_attention_backward(m, b, Nf, a, d);
     k_rope_backward(K, d->dq, b->pos, N, Hq, hd, m->rope_freqs);
     k_rope_backward(K, d->dk, b->pos, N, Hkv, hd, m->rope_freqs);
     float *dq = d->dq, *dk = d->dk;

@@ -9,7 +9,6 @@
 
 #include "common/check.h"
 #include "kernels/kernels.h"
-#include "lora.h"
 #include "model_acts.h"
 #include "model_layer.h"
 #include "model_moe.h"
@@ -208,7 +207,7 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
         }
         const size_t w = (size_t)c->n_layers * c->n_experts_per_tok;
         if (ra) { /* context parallelism: each row's own; the ring's padding rows the first k experts (counted in
-                   * no metric, model_moe_group_routing) */
+                   * no metric: model_moe.c's routing counts) */
             for (int i = 0; i < N; i++)
                 for (size_t j = 0; j < w; j++)
                     A->routes[(size_t)i * w + j] =
@@ -238,8 +237,8 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
             k_to_host(K, a->x, in, nD * sizeof(float));
             A->scratch.x = in;
             model_layer_forward(m, l, &A->b, Nf, &A->scratch, out);
-            if (A->scratch.rlog && count) /* an empty micro-batch (expert parallelism's padding) routed nothing */
-                model_moe_count(m, l, &A->scratch.moe);
+            if (A->scratch.moe.rlog && count) /* an empty micro-batch (expert parallelism's padding) routed nothing */
+                model_moe_count(m, l, &A->scratch.moe.r);
             continue;
         }
         float *out = l + 1 < hi ? A->layers[l + 1].x : A->xf;
@@ -250,8 +249,8 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
             model_layer_forward(m, l, &A->b, Nf, a, out);
         }
         const struct layer_acts *ran = checkpointing ? &A->scratch : a;
-        if (ran->rlog && count)
-            model_moe_count(m, l, &ran->moe);
+        if (ran->moe.rlog && count)
+            model_moe_count(m, l, &ran->moe.r);
     }
     if (sh->has_head) {
         k_rmsnorm_forward(K, A->hn, A->rstdf, A->xf, m->w.final_norm, N, D, c->rms_norm_eps);
@@ -306,11 +305,8 @@ void model_backward_stage(struct model *m, struct model_acts *A, const float *dl
     if (!sh->has_embed && !dx_out)
         check_failf(__FILE__, __LINE__, "model_backward_stage: stage %d needs somewhere to put its input gradient",
                     sh->pp_rank);
-    if (m->lora)
-        model_trainable(m); /* the adapter's gradients; the frozen base has none */
-    else
-        model_alloc_grads(m);
-    struct model_params *G = m->lora ? NULL : m->grad;
+    model_backward_grads(m); /* the base's, or with the base frozen the hook's alone */
+    struct model_params *G = m->frozen ? NULL : m->grad;
     struct karena *ar = &model_work_of(m)->bwd;
     struct karena plan;
     struct bwd_bufs d;
@@ -351,7 +347,7 @@ void model_backward_stage(struct model *m, struct model_acts *A, const float *dl
                               m->w.lm_head, A->targets, N, D, &vs, A->temperature, LMHEAD_CHUNK);
         }
         model_tp_sum(m, d.dh, nD); /* each rank's vocabulary rows gave their part of dL/dh */
-        k_rmsnorm_backward(K, d.dx, G ? G->final_norm : m->lora->sink, d.dh, A->xf, m->w.final_norm, A->rstdf, N, D);
+        k_rmsnorm_backward(K, d.dx, G ? G->final_norm : m->sink, d.dh, A->xf, m->w.final_norm, A->rstdf, N, D);
     } else {
         k_to_device(K, d.dx, dy, nD * sizeof(float));
     }
