@@ -1,9 +1,8 @@
-/* LoRA adapters on a model: attached (the base frozen, the adapter installed as the model's projection hook),
- * PEFT's initialisation, the low-rank terms' forward and backward on the projections, the router and the experts,
- * the trainable buffer, and the adapter merged into the base weights. */
+/* LoRA adapters (lora.h: what one is) laid out: where each layer's A and B (and the experts' and the router's)
+ * sit in the adapter's one buffer on a shard, their PEFT names with their place in the whole adapter's tensors, the
+ * whole adapter's size, a layer's experts' span, and the projections' names. */
 #include "lora_internal.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,390 +10,225 @@
 #include "common/check.h"
 #include "kernels/kernels.h"
 #include "model_internal.h"
-#include "sampler.h"
 
-#define ERR(...) error_set(err, errlen, __VA_ARGS__)
+static const char *const g_proj_names[PROJ_KINDS] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                     "gate_proj", "up_proj", "down_proj"};
 
-/* The adapter as the model's projection hook (struct model_hook): its terms on the projections, the router and the
- * experts, its gradients made before a backward, and its release with the model. */
-static const struct model_hook g_lora_hook;
+const char *lora_proj_name(enum proj_kind p) { return g_proj_names[p]; }
 
-int lora_attach(struct model *m, const struct lora_config *c, char *err, size_t errlen)
+const char *lora_proj_module(enum proj_kind p) { return p <= PROJ_O ? "self_attn" : "mlp"; }
+
+const char *lora_targets_text(unsigned targets, char *buf, size_t len)
 {
-    if (m->lora)
-        return ERR("the model has a LoRA adapter already");
-    const bool split = m->sh.tp_size > 1 || m->sh.pp_size > 1;
-    if (split && m->sh.ep)
-        return ERR("LoRA with expert parallelism (EP rank %d of %d) and training tensor or pipeline parallelism (TP "
-                   "rank %d of %d, stage %d of %d): not available yet; LoRA runs under EP with TP and PP 1, or under "
-                   "TP and PP without EP",
-                   m->sh.ep_rank, m->sh.ep_size, m->sh.tp_rank, m->sh.tp_size, m->sh.pp_rank, m->sh.pp_size);
-    if (split && m->cfg.n_experts && (c->targets & LORA_MLP || c->router))
-        return ERR("LoRA on the experts or the router of a mixture-of-experts model (%d experts) with training tensor "
-                   "or pipeline parallelism (TP %d, PP %d): not available yet; list the attention projections "
-                   "(target_modules=[q_proj,k_proj,v_proj,o_proj]), or set TP and PP to 1",
-                   m->cfg.n_experts, m->sh.tp_size, m->sh.pp_size);
-    if (c->rank < 1 || !(c->alpha > 0) || !(c->targets & LORA_ALL_LINEAR || (c->router && m->cfg.n_experts)) ||
-        (c->targets & ~LORA_ALL_LINEAR))
-        return ERR("LoRA needs a rank >= 1 (got %d), alpha > 0 (got %g) and at least one target projection", c->rank,
-                   c->alpha);
-    if (m->cfg.n_experts && (c->targets & LORA_MLP || c->router)) { /* a mixture of experts: its MLPs are the experts */
-        const bool gate = c->targets & (1u << PROJ_GATE), up = c->targets & (1u << PROJ_UP);
-        if (gate != up)
-            return ERR("LoRA target_modules: %s without %s on a mixture-of-experts model (%d experts): the experts' "
-                       "gate and up projections are one fused parameter (gate_up_proj, as in transformers and PEFT); "
-                       "target both or neither",
-                       gate ? "gate_proj" : "up_proj", gate ? "up_proj" : "gate_proj", m->cfg.n_experts);
-        if (m->K->device != KDEV_CPU)
-            return ERR("LoRA on the experts or the router of a mixture-of-experts model runs on the CPU back-end for "
-                       "now (this is %s); list the attention projections: target_modules=[q_proj,k_proj,v_proj,o_proj]",
-                       m->K->ops->name);
-    }
-    struct lora *a = xcalloc(1, sizeof *a);
-    a->cfg = *c;
-    a->scale = (float)(c->alpha / c->rank);
-    a->n_layers = m->cfg.n_layers;
-    a->w = xcalloc((size_t)a->n_layers, sizeof *a->w);
-    a->g = xcalloc((size_t)a->n_layers, sizeof *a->g);
-    a->n = lora_layout(m, &a->cfg, NULL, NULL);
-    a->mem = k_calloc(m->K, a->n * sizeof(float), KMEM_WEIGHTS, "the LoRA adapter");
-    lora_layout(m, &a->cfg, a->mem, a->w);
-    model_freeze(m, true); /* the base's weights take no gradients */
-    if (!m->cfg.n_experts)
-        a->cfg.router = false;
-    if (m->cfg.n_experts && (a->cfg.targets & LORA_MLP))
-        a->moe = xcalloc((size_t)a->n_layers, sizeof *a->moe);
-    m->lora = a;
-    model_set_hook(m, &g_lora_hook);
-    return 0;
-}
-
-void lora_detach(struct model *m)
-{
-    struct lora *a = m ? m->lora : NULL;
-    if (!a)
-        return;
-    k_free(m->K, a->mem, a->n * sizeof(float), KMEM_WEIGHTS);
-    if (a->grad)
-        k_free(m->K, a->grad, a->n * sizeof(float), KMEM_GRADS);
-    if (a->scratch)
-        k_free(m->K, a->scratch, a->scratch_cap * sizeof(float), KMEM_ACTS);
-    model_freeze(m, false);
-    free(a->moe);
-    free(a->w);
-    free(a->g);
-    free(a);
-    m->lora = NULL;
-    model_set_hook(m, NULL);
-}
-
-void lora_init(struct model *m, uint64_t seed)
-{
-    struct lora *a = m->lora;
-    if (!a)
-        return;
-    /* the whole adapter is drawn, in its own order, and this rank keeps its part (its stage's layers, its rows or
-     * columns under TP, its experts under EP): the same adapter whatever the layout */
-    const struct model_config *mc = &m->cfg;
-    const struct model_shard one = lora_whole_shard(mc);
-    const size_t nw = lora_layout_over(mc, &one, &a->cfg, NULL, NULL);
-    float *whole = xcalloc(nw ? nw : 1, sizeof(float));
-    struct lora_layer *wl = xcalloc((size_t)mc->n_layers, sizeof *wl);
-    lora_layout_over(mc, &one, &a->cfg, whole, wl);
-    struct rng r;
-    rng_seed(&r, seed, 0x10a);
-    for (int l = 0; l < mc->n_layers; l++)
-        for (int p = 0; p < PROJ_KINDS; p++) {
-            if (!wl[l].A[p])
-                continue;
-            int din, dout;
-            model_shard_proj_dims(mc, &one, (enum proj_kind)p, &din, &dout);
-            /* torch's kaiming_uniform_(a = sqrt(5)): gain sqrt(2 / 6), bound gain sqrt(3 / fan_in) = 1/sqrt(Din) */
-            const double bound = 1.0 / sqrt((double)din);
-            float *A = wl[l].A[p];
-            for (size_t i = 0; i < (size_t)a->cfg.rank * (size_t)din; i++)
-                A[i] = (float)((2.0 * rng_uniform(&r) - 1.0) * bound);
-        }
-    /* the experts' and the router's A: PEFT's one Linear of (rows, Din) each, the same bound, expert after expert */
-    const size_t rk = (size_t)a->cfg.rank, D = (size_t)mc->hidden_size, F = (size_t)mc->moe_intermediate;
-    const int E = mc->n_experts;
-    for (int l = 0; l < mc->n_layers; l++) {
-        const struct lora_layer *L = &wl[l];
-        const struct {
-            float *A;
-            int blocks; /* experts (1: the router) */
-            size_t rows, din;
-        } as[] = {{L->Agu, E, 2 * rk, D}, {L->Ad, E, rk, F}, {L->Ar, 1, rk, D}};
-        for (size_t k = 0; k < sizeof as / sizeof *as; k++) {
-            if (!as[k].A)
-                continue;
-            const double bound = 1.0 / sqrt((double)as[k].din);
-            const size_t n = (size_t)as[k].blocks * as[k].rows * as[k].din;
-            for (size_t i = 0; i < n; i++)
-                as[k].A[i] = (float)((2.0 * rng_uniform(&r) - 1.0) * bound);
-        }
-    }
-    float *host = xcalloc(a->n ? a->n : 1, sizeof(float));
-    lora_mp_slice(m, whole, host);
-    k_to_device(m->K, a->mem, host, a->n * sizeof(float));
-    free(host);
-    free(wl);
-    free(whole);
-}
-
-void lora_set_bypass(struct model *m, bool bypass)
-{
-    if (m->lora)
-        m->lora->bypass = bypass;
-}
-
-/* ------------------------------------------------------------------ the delta */
-
-/* At least n floats of scratch (kept between calls; grown when a longer batch needs more). */
-static float *scratch(const struct model *m, size_t n)
-{
-    struct lora *a = m->lora;
-    if (n > a->scratch_cap) {
-        if (a->scratch)
-            k_free(m->K, a->scratch, a->scratch_cap * sizeof(float), KMEM_ACTS);
-        a->scratch_cap = n + n / 2;
-        a->scratch = k_alloc(m->K, a->scratch_cap * sizeof(float), KMEM_ACTS, "LoRA products");
-    }
-    return a->scratch;
-}
-
-/* y += s (x A^T) B^T with A (r, din), B (dout, r). */
-static void lowrank_forward(const struct model *m, const float *A, const float *B, float *y, const float *x, int N,
-                            int din, int dout)
-{
-    const struct lora *a = m->lora;
-    const int r = a->cfg.rank;
-    float *t = scratch(m, (size_t)N * ((size_t)r + (size_t)dout)), *u = t + (size_t)N * r;
-    k_linear_forward(m->K, t, x, A, NULL, N, din, r);  /* t (N, r) = x A^T */
-    k_linear_forward(m->K, u, t, B, NULL, N, r, dout); /* u (N, Dout) = t B^T */
-    k_axpy(m->K, y, a->scale, u, (size_t)N * dout);
-}
-
-/* Its backward: dx += s (dy B) A; gB += s dy^T (x A^T), gA += s (dy B)^T x (when gA and gB are not NULL). */
-static void lowrank_backward(const struct model *m, const float *A, const float *B, float *gA, float *gB, float *dx,
-                             const float *dy, const float *x, int N, int din, int dout)
-{
-    const struct lora *a = m->lora;
-    const int r = a->cfg.rank;
-    const size_t nr = (size_t)N * r;
-    float *t = scratch(m, 2 * nr), *dt = t + nr;
-    k_linear_forward(m->K, t, x, A, NULL, N, din, r); /* recomputed: t = x A^T */
-    k_scale(m->K, t, a->scale, nr);                   /* s t */
-    k_zero(m->K, dt, nr * sizeof(float));
-    k_linear_backward(m->K, dt, gB, NULL, dy, t, B, N, r, dout); /* dt = dy B; dB += dy^T s t */
-    k_scale(m->K, dt, a->scale, nr);                             /* d(x A^T) = s dy B */
-    k_linear_backward(m->K, dx, gA, NULL, dt, x, A, N, din, r);  /* dx += dt A; dA += dt^T x */
-}
-
-static void lora_proj_forward(const struct model *m, int l, enum proj_kind p, float *y, const float *x, int N)
-{
-    const struct lora *a = m->lora;
-    if (!a || a->bypass || N <= 0 || !a->w[l].A[p])
-        return;
-    int din, dout;
-    model_proj_dims(m, p, &din, &dout);
-    lowrank_forward(m, a->w[l].A[p], a->w[l].B[p], y, x, N, din, dout);
-}
-
-static void lora_proj_backward(const struct model *m, int l, enum proj_kind p, float *dx, const float *dy,
-                               const float *x, int N)
-{
-    const struct lora *a = m->lora;
-    if (!a || a->bypass || N <= 0 || !a->w[l].A[p])
-        return;
-    int din, dout;
-    model_proj_dims(m, p, &din, &dout);
-    lowrank_backward(m, a->w[l].A[p], a->w[l].B[p], a->grad ? a->g[l].A[p] : NULL, a->grad ? a->g[l].B[p] : NULL, dx,
-                     dy, x, N, din, dout);
-}
-
-static void lora_router_forward(const struct model *m, int l, float *y, const float *x, int N)
-{
-    const struct lora *a = m->lora;
-    if (!a || a->bypass || N <= 0 || !a->w[l].Ar)
-        return;
-    lowrank_forward(m, a->w[l].Ar, a->w[l].Br, y, x, N, m->cfg.hidden_size, m->cfg.n_experts);
-}
-
-static void lora_router_backward(const struct model *m, int l, float *dx, const float *dy, const float *x, int N)
-{
-    const struct lora *a = m->lora;
-    if (!a || a->bypass || N <= 0 || !a->w[l].Ar)
-        return;
-    lowrank_backward(m, a->w[l].Ar, a->w[l].Br, a->grad ? a->g[l].Ar : NULL, a->grad ? a->g[l].Br : NULL, dx, dy, x, N,
-                     m->cfg.hidden_size, m->cfg.n_experts);
-}
-
-static const struct kmoe_lora *lora_moe(const struct model *m, int l, size_t nk)
-{
-    struct lora *a = m->lora;
-    if (!a || a->bypass || !a->moe)
-        return NULL;
-    const struct lora_layer *w = &a->w[l], *g = a->grad ? &a->g[l] : NULL;
-    const int r = a->cfg.rank;
-    struct kmoe_lora *L = &a->moe[l];
-    *L = (struct kmoe_lora){.Agu = w->Agu,
-                            .Bgu = w->Bgu,
-                            .Ad = w->Ad,
-                            .Bd = w->Bd,
-                            .gAgu = g ? g->Agu : NULL,
-                            .gBgu = g ? g->Bgu : NULL,
-                            .gAd = g ? g->Ad : NULL,
-                            .gBd = g ? g->Bd : NULL,
-                            .Rgu = w->Agu ? 2 * r : 0,
-                            .Rd = w->Ad ? r : 0,
-                            .scale = a->scale};
-    L->tmp = scratch(m, kmoe_lora_scratch(nk ? nk : 1, m->cfg.hidden_size, m->cfg.moe_intermediate, L->Rgu, L->Rd));
-    return L;
-}
-
-static void lora_make_grads(struct model *m) { model_trainable(m); }
-
-static const struct model_hook g_lora_hook = {
-    .proj_forward = lora_proj_forward,
-    .proj_backward = lora_proj_backward,
-    .router_forward = lora_router_forward,
-    .router_backward = lora_router_backward,
-    .experts = lora_moe,
-    .make_grads = lora_make_grads,
-    .release = lora_detach,
-};
-
-const char *lora_moe_text(const struct model *m, char *buf, size_t len)
-{
-    const struct lora *a = m->lora;
     if (len)
         buf[0] = 0;
-    if (!a || !m->cfg.n_experts || !(a->cfg.targets & LORA_MLP || a->cfg.router))
+    if ((targets & LORA_ALL_LINEAR) == LORA_ALL_LINEAR) {
+        snprintf(buf, len, "all-linear");
         return buf;
-    const bool gu = a->cfg.targets & (1u << PROJ_GATE), dn = a->cfg.targets & (1u << PROJ_DOWN);
-    if (gu || dn)
-        snprintf(buf, len, " (the MLP's on each of the %d experts%s%s)", m->cfg.n_experts,
-                 gu ? ", gate and up as one gate_up_proj adapter of rank 2r" : "",
-                 a->cfg.router ? "; and the router" : "");
-    else
-        snprintf(buf, len, " (and the router)");
+    }
+    size_t at = 0;
+    for (int p = 0; p < PROJ_KINDS; p++)
+        if (targets & (1u << p) && at < len) {
+            int k = snprintf(buf + at, len - at, "%s%s", at ? ", " : "", g_proj_names[p]);
+            at += k > 0 ? (size_t)k : 0;
+        }
     return buf;
 }
 
-bool lora_names_all_linear(const char *list) { return list && strstr(list, "all-linear") != NULL; }
-
-/* ------------------------------------------------------------------ the trainable buffer */
-
-struct trainable model_trainable(struct model *m)
+/* A matrix of n floats at base + *off (NULL when only counting). */
+static float *take(float *base, size_t *off, size_t n)
 {
-    struct lora *a = m->lora;
-    if (!a) {
-        model_alloc_grads(m);
-        return (struct trainable){m->w.mem, m->grad->mem, m->w.n_floats};
-    }
-    if (!a->grad) {
-        a->grad = k_calloc(m->K, (a->n ? a->n : 1) * sizeof(float), KMEM_GRADS, "the LoRA adapter's gradients");
-        lora_layout(m, &a->cfg, a->grad, a->g);
-    }
-    return (struct trainable){a->mem, a->grad, a->n};
+    float *p = base ? base + *off : NULL;
+    *off += n;
+    return p;
 }
 
-void model_trainable_zero_grads(struct model *m)
+/* The adapter's layout on shard sh of a model of mc: the layers of its stage, each projection's A (r, Din) and B
+ * (Dout, r) with the shard's Din and Dout (model_shard_proj_dims: a column-parallel projection's rows of B, a
+ * row-parallel one's columns of A; the other matrix whole), the experts' adapters of its experts. lay's matrices
+ * are pointed into base (lay NULL: only count); returns the floats. */
+size_t lora_layout_over(const struct model_config *mc, const struct model_shard *sh, const struct lora_config *c,
+                        float *base, struct lora_layer *lay)
 {
-    struct trainable tr = model_trainable(m);
-    k_zero(m->K, tr.grads, tr.n * sizeof(float));
-}
-
-/* ------------------------------------------------------------------ merging */
-
-/* W (Dout, Din) += s B (Dout, r) A (r, Din), each entry summed in double (as fp32 as PEFT's merge). */
-static void add_scaled_product(float *W, const float *A, const float *B, int dout, int din, int r, float scale)
-{
-    for (int o = 0; o < dout; o++)
-        for (int i = 0; i < din; i++) {
-            double s = 0;
-            for (int k = 0; k < r; k++)
-                s += (double)B[(size_t)o * r + k] * A[(size_t)k * din + i];
-            W[(size_t)o * din + i] += (float)(scale * s);
+    size_t off = 0;
+    const size_t r = (size_t)c->rank;
+    const bool moe = mc->n_experts > 0;
+    const size_t El = (size_t)sh->n_experts, E = (size_t)mc->n_experts, D = (size_t)mc->hidden_size;
+    const size_t F = (size_t)mc->moe_intermediate;
+    for (int l = sh->layer_lo; l < sh->layer_hi; l++) {
+        struct lora_layer z = {0}, *L = lay ? &lay[l] : &z;
+        if (moe && (c->targets & (1u << PROJ_GATE))) { /* gate and up: one adapter of rank 2r (gate_up_proj) */
+            L->Agu = take(base, &off, El * 2 * r * D);
+            L->Bgu = take(base, &off, 2 * F * 2 * r * El);
         }
-}
-
-/* Expert e's B (O, R) out of PEFT's (O, R E) with its columns interleaved (j E + e); the caller frees it. */
-static float *de_interleave(const float *B, int O, int R, int E, int e)
-{
-    float *out = xmalloc((size_t)O * (size_t)R * sizeof(float));
-    for (int o = 0; o < O; o++)
-        for (int j = 0; j < R; j++)
-            out[(size_t)o * R + j] = B[((size_t)o * R + j) * E + e];
-    return out;
-}
-
-/* Add every adapted projection's scale * B A to its weight in w, a host copy of m's own parameters (m->w.mem's
- * layout). */
-static void add_adapters(const struct model *m, float *w)
-{
-    const struct lora *a = m->lora;
-    float *host;
-    struct param_ref *refs;
-    lora_host_refs(m, &host, &refs);
-    free(refs);
-    for (int l = 0; l < a->n_layers; l++)
+        if (moe && (c->targets & (1u << PROJ_DOWN))) {
+            L->Ad = take(base, &off, El * r * F);
+            L->Bd = take(base, &off, D * r * El);
+        }
+        if (moe && c->router) {
+            L->Ar = take(base, &off, r * D);
+            L->Br = take(base, &off, E * r);
+        }
         for (int p = 0; p < PROJ_KINDS; p++) {
-            if (!a->w[l].A[p])
+            if (!(c->targets & (1u << p)) || (moe && (LORA_MLP & (1u << p))))
                 continue;
             int din, dout;
-            model_proj_dims(m, (enum proj_kind)p, &din, &dout);
-            const struct layer_params *L = &m->w.layers[l];
-            const float *const ws[PROJ_KINDS] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
-            const float *A = host + (a->w[l].A[p] - a->mem), *B = host + (a->w[l].B[p] - a->mem);
-            if (!(m->cfg.n_experts && (LORA_MLP & (1u << p))))
-                add_scaled_product(w + (ws[p] - m->w.mem), A, B, dout, din, a->cfg.rank, a->scale);
-        }
-    const int El = m->sh.n_experts, D = m->cfg.hidden_size, F = m->cfg.moe_intermediate, r = a->cfg.rank;
-    const size_t fd = (size_t)F * (size_t)D;
-    for (int l = 0; l < a->n_layers && m->cfg.n_experts; l++) {
-        const struct lora_layer *Lw = &a->w[l];
-        const struct layer_params *L = &m->w.layers[l];
-        if (Lw->Ar)
-            add_scaled_product(w + (L->router - m->w.mem), host + (Lw->Ar - a->mem), host + (Lw->Br - a->mem),
-                               m->cfg.n_experts, D, r, a->scale);
-        for (int e = 0; e < El; e++) {
-            if (Lw->Agu) { /* gate rows of expert e's B first, then up's */
-                const int R = 2 * r;
-                float *Be = de_interleave(host + (Lw->Bgu - a->mem), 2 * F, R, El, e);
-                const float *A = host + (Lw->Agu - a->mem) + (size_t)e * R * D;
-                add_scaled_product(w + (L->w_gate - m->w.mem) + e * fd, A, Be, F, D, R, a->scale);
-                add_scaled_product(w + (L->w_up - m->w.mem) + e * fd, A, Be + (size_t)F * R, F, D, R, a->scale);
-                free(Be);
+            model_shard_proj_dims(mc, sh, (enum proj_kind)p, &din, &dout);
+            if (lay) {
+                lay[l].A[p] = base + off;
+                lay[l].B[p] = base + off + r * (size_t)din;
             }
-            if (Lw->Ad) {
-                float *Be = de_interleave(host + (Lw->Bd - a->mem), D, r, El, e);
-                const float *A = host + (Lw->Ad - a->mem) + (size_t)e * r * F;
-                add_scaled_product(w + (L->w_down - m->w.mem) + e * fd, A, Be, D, F, r, a->scale);
-                free(Be);
+            off += r * (size_t)din + (size_t)dout * r;
+        }
+    }
+    return off;
+}
+
+size_t lora_layout(const struct model *m, const struct lora_config *c, float *base, struct lora_layer *lay)
+{
+    return lora_layout_over(&m->cfg, &m->sh, c, base, lay);
+}
+
+/* The whole model's shard: every layer, row, column and expert (the whole adapter's layout, PEFT's). */
+struct model_shard lora_whole_shard(const struct model_config *mc) { return model_shard_of(mc, 0, 1, 0, 1); }
+
+/* The named tensors of an adapter laid out for shard sh over buf (never NULL), each with its place in the whole
+ * adapter's tensor: a column-parallel projection's B split by rows as its weight is (its A whole on every TP rank),
+ * a row-parallel one's A by columns (its B whole); a part whole on several ranks is owned by the first of them
+ * (TP rank 0; with replicated KV heads, the first rank holding them; the dense parts under EP: EP rank 0). */
+static int refs_over(const struct model_config *mc, const struct model_shard *sh, const struct lora_config *c,
+                     const float *buf, struct param_ref *refs, int max)
+{
+    struct lora_layer *lay = xcalloc((size_t)mc->n_layers, sizeof *lay);
+    lora_layout_over(mc, sh, c, (float *)buf, lay);
+    const struct model_shard one = lora_whole_shard(mc);
+    const int64_t r = c->rank, hd = mc->head_dim;
+    const bool ep0 = sh->ep_rank == 0, first = sh->tp_rank == 0 && ep0;
+    const bool kv_owner = sh->tp_rank % (sh->kv_share > 0 ? sh->kv_share : 1) == 0 && ep0;
+    int n = 0;
+    for (int l = sh->layer_lo; l < sh->layer_hi; l++)
+        for (int p = 0; p < PROJ_KINDS; p++) {
+            if (!lay[l].A[p])
+                continue;
+            int din, dout, fin, fout;
+            model_shard_proj_dims(mc, sh, (enum proj_kind)p, &din, &dout);
+            model_shard_proj_dims(mc, &one, (enum proj_kind)p, &fin, &fout);
+            const bool row = p == PROJ_O || p == PROJ_DOWN, kv = p == PROJ_K || p == PROJ_V;
+            const int64_t at = p == PROJ_Q || p == PROJ_O ? (int64_t)sh->head_lo * hd
+                               : kv                       ? (int64_t)sh->kv_lo * hd
+                                                          : (int64_t)sh->inter_lo;
+            for (int ab = 0; ab < 2; ab++, n++) {
+                if (!refs || n >= max)
+                    continue;
+                struct param_ref *f = &refs[n];
+                memset(f, 0, sizeof *f);
+                snprintf(f->name, sizeof f->name, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", l,
+                         lora_proj_module((enum proj_kind)p), g_proj_names[p], ab ? 'B' : 'A');
+                f->data = ab ? lay[l].B[p] : lay[l].A[p];
+                f->n_dims = 2;
+                f->shape[0] = ab ? dout : r;
+                f->shape[1] = ab ? r : din;
+                f->full[0] = ab ? fout : r;
+                f->full[1] = ab ? r : fin;
+                f->numel = (size_t)f->shape[0] * (size_t)f->shape[1];
+                const bool whole = row ? ab == 1 : ab == 0; /* the matrix on the unsplit side */
+                f->split = whole ? 0 : row ? 2 : 1;
+                f->at = whole ? 0 : at;
+                f->owner = whole ? first : kv ? kv_owner : ep0;
+            }
+        }
+    /* a mixture of experts: the experts' adapters (PEFT's ParamWrapper on transformers' fused parameters: with both,
+     * gate_up_proj's is the inner one, under base_layer) and the router's */
+    const int64_t El = sh->n_experts, E = mc->n_experts, D = mc->hidden_size, F = mc->moe_intermediate;
+    for (int l = sh->layer_lo; l < sh->layer_hi && E; l++) {
+        const struct lora_layer *L = &lay[l];
+        const bool both = L->Agu && L->Ad;
+        const struct {
+            const float *A, *B;
+            const char *module;
+            int64_t ra, din, dout, rb;
+            bool owner;
+        } ms[] = {
+            {L->Agu, L->Bgu, both ? "mlp.experts.base_layer" : "mlp.experts", El * 2 * r, D, 2 * F, 2 * r * El, true},
+            {L->Ad, L->Bd, "mlp.experts", El * r, F, D, r * El, true},
+            {L->Ar, L->Br, "mlp.gate", r, D, E, r, first}};
+        for (size_t k = 0; k < sizeof ms / sizeof *ms; k++) {
+            if (!ms[k].A)
+                continue;
+            for (int ab = 0; ab < 2; ab++, n++) {
+                if (!refs || n >= max)
+                    continue;
+                struct param_ref *f = &refs[n];
+                memset(f, 0, sizeof *f);
+                snprintf(f->name, sizeof f->name, "base_model.model.model.layers.%d.%s.lora_%c.weight", l, ms[k].module,
+                         ab ? 'B' : 'A');
+                f->data = (float *)(ab ? ms[k].B : ms[k].A);
+                f->n_dims = 2;
+                f->shape[0] = f->full[0] = ab ? ms[k].dout : ms[k].ra;
+                f->shape[1] = f->full[1] = ab ? ms[k].rb : ms[k].din;
+                f->numel = (size_t)f->shape[0] * (size_t)f->shape[1];
+                f->owner = ms[k].owner;
             }
         }
     }
-    free(host);
+    free(lay);
+    return n;
 }
 
-void lora_merge(struct model *m)
+int lora_refs(const struct model *m, const float *buf, struct param_ref *refs, int max)
 {
-    if (!m->lora)
+    const struct lora *a = m->lora;
+    return a ? refs_over(&m->cfg, &m->sh, &a->cfg, buf, refs, max) : 0;
+}
+
+/* The named tensors of a buffer laid out as shard sh's adapter (refs_over), allocated; the count in *n. */
+struct param_ref *lora_refs_alloc(const struct model_config *mc, const struct model_shard *sh,
+                                  const struct lora_config *c, const float *buf, int *n)
+{
+    *n = refs_over(mc, sh, c, buf, NULL, 0);
+    struct param_ref *r = xcalloc((size_t)(*n ? *n : 1), sizeof *r);
+    refs_over(mc, sh, c, buf, r, *n);
+    return r;
+}
+
+/* The adapter (or its gradients' layout) on the host, with its named tensors over that copy. The caller frees
+ * *host and *refs. Returns the count. */
+int lora_host_refs(const struct model *m, float **host, struct param_ref **refs)
+{
+    const struct lora *a = m->lora;
+    if (!a)
+        check_failf(__FILE__, __LINE__, "lora_host_refs: the model has no LoRA adapter");
+    *host = xmalloc((a->n ? a->n : 1) * sizeof(float));
+    k_to_host(m->K, *host, a->mem, a->n * sizeof(float));
+    const int n = lora_refs(m, *host, NULL, 0);
+    *refs = xcalloc((size_t)(n ? n : 1), sizeof **refs);
+    lora_refs(m, *host, *refs, n);
+    return n;
+}
+
+size_t lora_whole_floats(const struct model *m)
+{
+    const struct model_shard one = lora_whole_shard(&m->cfg);
+    return m->lora ? lora_layout_over(&m->cfg, &one, &m->lora->cfg, NULL, NULL) : 0;
+}
+
+void lora_expert_span(const struct model *m, int l, size_t *lo, size_t *hi)
+{
+    const struct lora *a = m->lora;
+    *lo = *hi = 0;
+    if (!a || !a->moe)
         return;
-    const size_t bytes = m->w.n_floats * sizeof(float);
-    float *w = xmalloc(bytes);
-    k_to_host(m->K, w, m->w.mem, bytes);
-    add_adapters(m, w);
-    k_to_device(m->K, m->w.mem, w, bytes);
-    free(w);
-    lora_detach(m);
+    const struct lora_layer *L = &a->w[l];
+    const size_t r = (size_t)a->cfg.rank, El = (size_t)m->sh.n_experts, D = (size_t)m->cfg.hidden_size;
+    const size_t F = (size_t)m->cfg.moe_intermediate;
+    *lo = (size_t)((L->Agu ? L->Agu : L->Ad) - a->mem);
+    *hi = L->Ad ? (size_t)(L->Bd - a->mem) + D * r * El : (size_t)(L->Bgu - a->mem) + 2 * F * 2 * r * El;
 }
 
-void lora_merged_weights(const struct model *m, float *out)
+void trainable_expert_span(const struct model *m, int l, size_t *lo, size_t *hi)
 {
-    k_to_host(m->K, out, m->w.mem, m->w.n_floats * sizeof(float));
-    if (m->lora && !m->lora->bypass)
-        add_adapters(m, out);
+    if (m->lora)
+        lora_expert_span(m, l, lo, hi);
+    else
+        model_expert_span(m, l, lo, hi);
 }

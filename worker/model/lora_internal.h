@@ -1,4 +1,4 @@
-/* Inside LoRA, for its own files (lora.c, lora_layout.c, lora_parts.c, lora_peft.c): the adapter's layout and
+/* Inside LoRA, for its own files (lora.c, lora_attach.c, lora_parts.c, lora_peft.c): the adapter's layout and
  * its named tensors on any shard. */
 #ifndef GRPO_WORKER_LORA_INTERNAL_H
 #define GRPO_WORKER_LORA_INTERNAL_H

@@ -1,6 +1,6 @@
-/* LoRA adapters on disk, in PEFT's files: adapter_config.json (read, refusing what is not a plain LoRA, and
- * written) and adapter_model.safetensors (the whole adapter, saved and loaded into a shard's part), and the adapter
- * a run's configuration asks for (new, or loaded). */
+/* LoRA adapters as PEFT makes them: its initialisation (drawn whole, a shard keeping its part), its files
+ * (adapter_config.json, read refusing what is not a plain LoRA, and written; adapter_model.safetensors, the whole
+ * adapter, saved and loaded into a shard's part), and the adapter a run's configuration asks for (new, or loaded). */
 #include "lora_internal.h"
 
 #include <jansson.h>
@@ -14,9 +14,65 @@
 #include "common/fs.h"
 #include "common/json_file.h"
 #include "kernels/kernels.h"
+#include "model_internal.h"
+#include "sampler.h"
 #include "worker/formats/safetensors.h"
 
 #define ERR(...) error_set(err, errlen, __VA_ARGS__)
+
+void lora_init(struct model *m, uint64_t seed)
+{
+    struct lora *a = m->lora;
+    if (!a)
+        return;
+    /* the whole adapter is drawn, in its own order, and this rank keeps its part (its stage's layers, its rows or
+     * columns under TP, its experts under EP): the same adapter whatever the layout */
+    const struct model_config *mc = &m->cfg;
+    const struct model_shard one = lora_whole_shard(mc);
+    const size_t nw = lora_layout_over(mc, &one, &a->cfg, NULL, NULL);
+    float *whole = xcalloc(nw ? nw : 1, sizeof(float));
+    struct lora_layer *wl = xcalloc((size_t)mc->n_layers, sizeof *wl);
+    lora_layout_over(mc, &one, &a->cfg, whole, wl);
+    struct rng r;
+    rng_seed(&r, seed, 0x10a);
+    for (int l = 0; l < mc->n_layers; l++)
+        for (int p = 0; p < PROJ_KINDS; p++) {
+            if (!wl[l].A[p])
+                continue;
+            int din, dout;
+            model_shard_proj_dims(mc, &one, (enum proj_kind)p, &din, &dout);
+            /* torch's kaiming_uniform_(a = sqrt(5)): gain sqrt(2 / 6), bound gain sqrt(3 / fan_in) = 1/sqrt(Din) */
+            const double bound = 1.0 / sqrt((double)din);
+            float *A = wl[l].A[p];
+            for (size_t i = 0; i < (size_t)a->cfg.rank * (size_t)din; i++)
+                A[i] = (float)((2.0 * rng_uniform(&r) - 1.0) * bound);
+        }
+    /* the experts' and the router's A: PEFT's one Linear of (rows, Din) each, the same bound, expert after expert */
+    const size_t rk = (size_t)a->cfg.rank, D = (size_t)mc->hidden_size, F = (size_t)mc->moe_intermediate;
+    const int E = mc->n_experts;
+    for (int l = 0; l < mc->n_layers; l++) {
+        const struct lora_layer *L = &wl[l];
+        const struct {
+            float *A;
+            int blocks; /* experts (1: the router) */
+            size_t rows, din;
+        } as[] = {{L->Agu, E, 2 * rk, D}, {L->Ad, E, rk, F}, {L->Ar, 1, rk, D}};
+        for (size_t k = 0; k < sizeof as / sizeof *as; k++) {
+            if (!as[k].A)
+                continue;
+            const double bound = 1.0 / sqrt((double)as[k].din);
+            const size_t n = (size_t)as[k].blocks * as[k].rows * as[k].din;
+            for (size_t i = 0; i < n; i++)
+                as[k].A[i] = (float)((2.0 * rng_uniform(&r) - 1.0) * bound);
+        }
+    }
+    float *host = xcalloc(a->n ? a->n : 1, sizeof(float));
+    lora_mp_slice(m, whole, host);
+    k_to_device(m->K, a->mem, host, a->n * sizeof(float));
+    free(host);
+    free(wl);
+    free(whole);
+}
 
 int lora_attach_config(struct model *m, const struct grpo_config *cfg, const char *base_path, char *err, size_t errlen)
 {
