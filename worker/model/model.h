@@ -173,8 +173,8 @@ struct model {
     const struct model_hook *hook; /* model_set_hook: an adapter's terms on the projections; NULL: none */
     bool frozen;                   /* model_freeze: the base weights take no gradients */
     float *sink;                   /* frozen: where the norms' weight gradients land, unread (K's memory) */
-    struct lora *lora;             /* the LoRA adapter whose hook is installed (lora.h; lora.c's alone: the model's
-                                      own code never reads it); NULL: none */
+    struct lora *lora;             /* the LoRA adapter whose hook is installed (lora.h), for LoRA's files and the
+                                      trainer: the model's own code never reads it; NULL: none */
     bool offload_acts;             /* with checkpointing: the layer inputs kept for the backward in host memory (pinned
                                       on a GPU), one layer's back on the device at a time (enable_activation_offload) */
     /* model_set_layer_grads_hook: called after each layer's backward (NULL: none) */
