@@ -183,6 +183,9 @@ void control_close(struct control *c);
 int control_catch_stop_signals(void);
 /* The first SIGTERM or SIGINT taken since control_catch_stop_signals (the signal's number), or 0. */
 int control_stop_signal(void);
+/* Where the first stop signal came from, to follow its name in a message: " from its launcher, mpirun (pid N)",
+ * " from pid N (bash)"; "" before any, or when the sender is unknown. */
+const char *control_stop_signal_from(void);
 /* "SIGTERM", "SIGINT", or "signal N". */
 const char *control_signal_name(int sig);
 
