@@ -454,6 +454,16 @@ bool control_run_finished(struct control *c)
     return done;
 }
 
+bool control_run_goes_on(struct control *c)
+{
+    if (!c)
+        return false;
+    pthread_mutex_lock(&c->mu);
+    bool on = !c->connected || (!c->want_stop && !c->run_over && !c->run_finished);
+    pthread_mutex_unlock(&c->mu);
+    return on;
+}
+
 bool control_pause_wanted(struct control *c)
 {
     if (!c)
