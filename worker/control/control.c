@@ -171,8 +171,8 @@ static void describe_sender(pid_t pid, char *out, size_t len)
             comm[strcspn(comm, "\n")] = 0;
         fclose(f);
     }
-    if (pid == getppid() && strcmp(comm, "orted") == 0)
-        snprintf(out, len, " from its launcher, Open MPI's daemon orted (pid %d): mpirun is ending the job", (int)pid);
+    if (pid == getppid() && strcmp(comm, "orted") == 0) /* mpirun runs on another host, or orted was signalled */
+        snprintf(out, len, " from its launcher, Open MPI's daemon orted (pid %d)", (int)pid);
     else if (pid == getppid())
         snprintf(out, len, " from its launcher, %s (pid %d)", comm[0] ? comm : "its parent", (int)pid);
     else
