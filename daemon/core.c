@@ -333,12 +333,15 @@ static void reevaluate(struct core *c)
     }
     if (c->run.stop) {
         if (ended == present) {
+            /* who asked: grpoctl (its --reason, else "operator"), or a worker's SIGTERM and where it came from
+             * (its launcher ending the job is no operator's doing) */
+            const char *by = c->run.stop_by[0] ? c->run.stop_by : "operator";
             if (c->run.checkpoint_step >= 0)
                 snprintf(reason, sizeof reason,
-                         "stopped by operator at step %" PRId64 " (checkpoint at step %" PRId64 ")", c->run.step,
+                         "stopped by %.300s at step %" PRId64 " (checkpoint at step %" PRId64 ")", by, c->run.step,
                          c->run.checkpoint_step);
             else
-                snprintf(reason, sizeof reason, "stopped by operator at step %" PRId64, c->run.step);
+                snprintf(reason, sizeof reason, "stopped by %.300s at step %" PRId64, by, c->run.step);
             set_state(c, GRPO__RUN_STATE__RUN_FINISHED, reason);
         } else {
             snprintf(reason, sizeof reason, "stopping: %d of %d workers done", ended, present);
@@ -1102,7 +1105,15 @@ static uint8_t *handle_command(struct core *c, const Grpo__Envelope *env, size_t
         }
         c->run.stop = true;
         c->run.pause = false;
-        add_event(c, "stop requested by %s", by);
+        /* the run's end names who asked: a worker on a signal (its launcher ending the job is no operator's
+         * doing), else the operator, with grpoctl's --reason */
+        if (cmd->requester[0])
+            snprintf(c->run.stop_by, sizeof c->run.stop_by, "%s", cmd->requester);
+        else if (cmd->reason[0])
+            snprintf(c->run.stop_by, sizeof c->run.stop_by, "operator (%.200s)", cmd->reason);
+        else
+            snprintf(c->run.stop_by, sizeof c->run.stop_by, "operator");
+        add_event(c, "stop requested by %s", cmd->requester[0] ? cmd->requester : by);
         snprintf(msg, sizeof msg, "stop requested: every worker checkpoints at its next safe point and ends");
         break;
     default: {

@@ -110,6 +110,7 @@ char *core_save_json(const struct core *c)
     json_object_set_new(run, "world", json_integer(c->run.world));
     json_object_set_new(run, "pause", json_boolean(c->run.pause));
     json_object_set_new(run, "stop", json_boolean(c->run.stop));
+    json_object_set_new(run, "stop_by", json_string(c->run.stop_by));
     json_object_set_new(run, "checkpoint_seq", hex64(c->run.checkpoint_seq));
     json_object_set_new(run, "checkpoint_seq_done", hex64(c->run.checkpoint_seq_done));
     json_object_set_new(run, "checkpoint_step", json_integer(c->run.checkpoint_step));
@@ -252,6 +253,7 @@ int core_load_json(struct core *c, const char *text, double now, char *err, size
     long long world = get_int(run, "world", 0);
     r->pause = json_is_true(json_object_get(run, "pause"));
     r->stop = json_is_true(json_object_get(run, "stop"));
+    get_str(run, "stop_by", r->stop_by, sizeof r->stop_by); /* an older grpod's journal has none: "operator" */
     r->checkpoint_seq = get_hex64(run, "checkpoint_seq");
     r->checkpoint_seq_done = get_hex64(run, "checkpoint_seq_done");
     r->checkpoint_step = get_int(run, "checkpoint_step", -1);

@@ -196,6 +196,8 @@ Grpo__Status *core_status(const struct core *c, double now, struct arena *a)
     s->grpod_version = TEXT(GRPO_VERSION_STRING);
     s->pause_requested = c->run.pause;
     s->stop_requested = c->run.stop;
+    const bool over = s->state == GRPO__RUN_STATE__RUN_FINISHED || s->state == GRPO__RUN_STATE__RUN_FAILED;
+    s->job_end = over ? TEXT(c->run.reason) : TEXT(c->run.abort);
     s->run_started = c->run.started;
     s->throughput = NAN;
     s->reward = NAN;

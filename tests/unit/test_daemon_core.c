@@ -128,18 +128,23 @@ static void beat_ok(struct core *c, int rank, uint64_t inc, Grpo__WorkerState st
     protocol_free(e);
 }
 
-static Grpo__Envelope *command(struct core *c, Grpo__Command cmd)
+/* A command with a reason (grpoctl --reason; "" as grpoctl without one) and a requester (a worker's stop on a
+ * signal; "": an operator). */
+static Grpo__Envelope *command_by(struct core *c, Grpo__Command cmd, const char *reason, const char *requester)
 {
     Grpo__Envelope env = GRPO__ENVELOPE__INIT;
     Grpo__CommandRequest cr = GRPO__COMMAND_REQUEST__INIT;
     cr.command = cmd;
-    cr.reason = "test";
+    cr.reason = (char *)reason;
+    cr.requester = (char *)requester;
     env.body_case = GRPO__ENVELOPE__BODY_COMMAND;
     env.command = &cr;
     Grpo__Envelope *e = roundtrip(c, &env, NULL);
     assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
     return e;
 }
+
+static Grpo__Envelope *command(struct core *c, Grpo__Command cmd) { return command_by(c, cmd, "", ""); }
 
 static void command_ok(struct core *c, Grpo__Command cmd)
 {
@@ -459,6 +464,45 @@ static void test_split_trainer_failure_aborts(void **state)
     env.heartbeat = &hb;
     protocol_free(roundtrip(&c, &env, NULL));
     assert_string_equal(c.run.abort, "");
+    core_deinit(&c);
+}
+
+/* A stop asked for by a worker on a signal from its launcher (mpirun ending the job) ends the run with that reason,
+ * not "stopped by operator" (issue 40, item 5); a restarted grpod keeps it. */
+static void test_stop_reason_names_who_asked(void **state)
+{
+    (void)state;
+    struct core c, d;
+    struct core_settings s = settings(0, 0, 1, 1);
+    core_init(&c, &s, T);
+    uint64_t i0 = reg_ok(&c, 0, 2, GRPO__ROLE__ROLE_HYBRID), i1 = reg_ok(&c, 1, 2, GRPO__ROLE__ROLE_HYBRID);
+    beat_ok(&c, 0, i0, GRPO__WORKER_STATE__WORKER_RUNNING, 4);
+    const char *by = "SIGTERM on rank 0 (host h0) from its launcher, mpirun (pid 7)";
+    Grpo__Envelope *e = command_by(&c, GRPO__COMMAND__COMMAND_STOP, by, by);
+    assert_true(e->reply->ok);
+    protocol_free(e);
+    char *text = core_save_json(&c);
+    core_init(&d, &s, T + 1);
+    char err[256];
+    assert_int_equal(core_load_json(&d, text, T + 1, err, sizeof err), 0);
+    free(text);
+    assert_string_equal(d.run.stop_by, by);
+    core_deinit(&d);
+    beat_ok(&c, 0, i0, GRPO__WORKER_STATE__WORKER_STOPPED, 4);
+    beat_ok(&c, 1, i1, GRPO__WORKER_STATE__WORKER_STOPPED, 4);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_FINISHED);
+    assert_non_null(strstr(c.run.reason, "stopped by SIGTERM on rank 0 (host h0) from its launcher, mpirun (pid 7) at "
+                                         "step 4"));
+    assert_null(strstr(c.run.reason, "operator"));
+    core_deinit(&c);
+    /* grpoctl stop --reason: the operator, with the reason */
+    core_init(&c, &s, T);
+    i0 = reg_ok(&c, 0, 2, GRPO__ROLE__ROLE_HYBRID), i1 = reg_ok(&c, 1, 2, GRPO__ROLE__ROLE_HYBRID);
+    e = command_by(&c, GRPO__COMMAND__COMMAND_STOP, "systemctl stop grpo-workers", "");
+    protocol_free(e);
+    beat_ok(&c, 0, i0, GRPO__WORKER_STATE__WORKER_STOPPED, 0);
+    beat_ok(&c, 1, i1, GRPO__WORKER_STATE__WORKER_STOPPED, 0);
+    assert_non_null(strstr(c.run.reason, "stopped by operator (systemctl stop grpo-workers) at step 0"));
     core_deinit(&c);
 }
 
@@ -2198,6 +2242,7 @@ int main(void)
         cmocka_unit_test(test_placement_hybrid_megatron_order),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_state_machine),
+        cmocka_unit_test(test_stop_reason_names_who_asked),
         cmocka_unit_test(test_checkpoint_completion),
         cmocka_unit_test(test_checkpoint_unrequested_split),
         cmocka_unit_test(test_lost_worker),

@@ -58,7 +58,8 @@ struct rollout_rank {
      * not a loss */
     int64_t total_steps;
     bool all_granted, said_all_granted;
-    int64_t version; /* policy version in the model (-1: none yet) */
+    bool said_waiting_on; /* said that the trainers have been silent a minute and this rank waits on (under grpod) */
+    int64_t version;      /* policy version in the model (-1: none yet) */
     struct rollout_ctx rc;
     struct dataplane_push *push;
     struct work_client *work;
@@ -564,8 +565,20 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
                          (long long)r->total_steps, why);
                 break;
             }
-            if (clock_now_s() - unanswered_since > 60)
-                return error_set(err, errlen, "%s for 60 s: the trainers are gone", why);
+            /* without grpod, silence for a minute means the trainers are gone. Under grpod the trainers' fate is
+             * grpod's word: it ends this rank when a trainer is lost or the run ends, so a rank that cannot reach
+             * the trainers (its host's link cut, a partition) waits on while grpod is unreachable too or says the
+             * run goes on (a cut longer than a minute used to end the job: issue 40 item 5) */
+            const double silent = clock_now_s() - unanswered_since;
+            if (silent > 60 && !control_run_goes_on(r->env->ctl))
+                return error_set(err, errlen, "%s for %.0f s: the trainers are gone", why, silent);
+            if (silent > 60 && !r->said_waiting_on) {
+                log_warn("rollout",
+                         "the trainers' dispatcher has not answered for %.0f s (%s); waiting on: grpod is unreachable "
+                         "or says the run goes on, and ends this rank if a trainer is lost or the run ends",
+                         silent, why);
+                r->said_waiting_on = true;
+            }
             /* refused at once (a full table, a key of an older launch) or timed out: ask again after a delay that
              * grows, with jitter, and say so once per 5 s */
             const double wait = backoff_next(&refused);
@@ -573,6 +586,10 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
             clock_sleep_s(wait);
             continue;
         }
+        if (r->said_waiting_on)
+            log_info("rollout", "the trainers' dispatcher answers again after %.0f s",
+                     clock_now_s() - unanswered_since);
+        r->said_waiting_on = false;
         unanswered_since = 0;
         backoff_reset(&refused);
         if (g->total_steps > 0 && g->kind != WORK_END && g->step >= g->total_steps + (g->kind == WORK_WAIT)) {
