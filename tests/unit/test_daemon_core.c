@@ -632,7 +632,7 @@ static Grpo__Envelope *decoded(const uint8_t *r, size_t rlen)
 
 static bool holds(const uint8_t *buf, size_t len, const void *what, size_t wlen)
 {
-    return wlen && memmem(buf, len, what, wlen) != NULL;
+    return buf && what && wlen && memmem(buf, len, what, wlen) != NULL;
 }
 
 /* A client's session with the core over tcp (hello, challenge), as proto/transport.c makes it. */
