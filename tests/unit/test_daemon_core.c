@@ -763,9 +763,12 @@ static void test_secret(void **state)
     assert_false(holds(ans, rlen, inner->assignment->plane_run_key.data, PLANE_KEY_BYTES));
     assert_false(holds(ans, rlen, inner->assignment->plane_key.data, PLANE_KEY_BYTES));
     assert_false(holds(ans, rlen, c.run.plane_key, PLANE_KEY_BYTES));
+    protocol_free(inner);
+    inner = NULL;
     /* the answer opened under another counter (an answer to another request) is not taken */
     assert_int_equal(ctl_client_open(&cl, counter + 1, outer, &inner, why, sizeof why), -1);
-    protocol_free(inner);
+    if (inner)
+        protocol_free(inner);
     protocol_free(outer);
     free(ans);
     free(rsent);
