@@ -299,9 +299,14 @@ host_crash() {
     gone_all() { [ -z "$(ip netns pids "$NS_PREFIX-$1")" ]; }
     wait_for 10 gone_all "$1" || { left=$(ip netns pids "$NS_PREFIX-$1" | wc -l); echo "     $left process(es) left on $1"; return 1; }
 }
-# host_boot HOST: HOST back after host_crash: its link up and, when the hosts run sshd, its sshd started again
+# host_boot HOST: HOST back after host_crash: its link up and its services (host_services) started again
 host_boot() {
     link_up "$1" || return 1
+    host_services "$1"
+}
+# host_services HOST: what a host runs before any job, started again after every process on it was killed: its
+# sshd when the hosts run sshd (mpirun starts its daemons through it)
+host_services() {
     [ "${MPI_AGENT:-rsh}" = ssh ] || return 0
     sshd_start "$1"
 }

@@ -103,6 +103,8 @@ for h in hosta hostb; do ip netns pids "$NS_PREFIX-$h" | xargs -r kill -9; done
 wait "$MPI_PID" 2>/dev/null
 lost2() { [ "$(ctl_json | jq '[.workers[] | select(.state == "lost")] | length')" -ge 1 ]; }
 wait_for 20 lost2; expect "grpod finds launch 1's ranks lost" $?
+# (the kill took the hosts' sshd too: mpirun starts launch 2's daemons through it)
+host_services hosta && host_services hostb; expect "hosta's and hostb's services up again" $?
 launch launch2
 wait_alive 120 "$MPI_PID" both_running; expect "launch 2 runs" $?
 ctl_json | jq -r '.events[].text' | grep -q "a new launch of run .*epoch 2 (the keys of the launch before are dead)"

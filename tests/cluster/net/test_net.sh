@@ -296,10 +296,22 @@ fi
 # every rank and SIGKILL a second later. The trainers ask grpod to stop the run, naming the signal and its sender,
 # and grpod ends the run with that reason: not "stopped by operator" (issue 40 item 5)
 if want launcherend; then
-    under_way launcherend
+    # the run held in its first step's scoring while $TMP/hold-launcherend exists: a tiny run's ten steps take under
+    # a second, and the SIGTERM must find it under way, not over (CI saw "training finished at step 10")
+    touch "$TMP/hold-launcherend"
+    MPI_EXTRA=(-x GRPO_TEST_HOLD_FILE="$TMP/hold-launcherend")
+    mpi launcherend hosta:2,hostb:2 4 "${SPLIT[@]}" custom_reward_function.name=held_byte_score
+    MPI_EXTRA=()
+    # (the rollout ranks run while they score; the trainers wait for the step's first units, idle)
+    scoring() { [ "$(ctl status --json | jq '[.workers[] | select(.role == "rollout" and .state == "running")] | length')" = 2 ]; }
+    wait_alive 120 "$MPI_PID" scoring; expect "launcherend: the run is under way, held at its first step" $?
     mp=""
     for p in $(ip netns pids "$NS_PREFIX-hosta"); do [ "$(cat "/proc/$p/comm" 2>/dev/null)" = mpirun ] && mp=$p; done
     [ -n "$mp" ] && kill -TERM "$mp"; expect "launcherend: SIGTERM to mpirun (pid $mp)" $?
+    # (held until grpod has the trainers' stop request: mpirun forwards the signal a second or so later)
+    asked() { grep -q "stop requested by SIGTERM" "$TMP/grpod.${GRPOD_N}.state/events.log" 2>/dev/null; }
+    wait_for 60 asked
+    rm -f "$TMP/hold-launcherend"
     ended_within 60; expect "launcherend: mpirun ends the job (exit $MPI_RC)" $?
     ended_run() { ctl status --json | jq -e '.state == "finished" or .state == "failed"' >/dev/null; }
     wait_for 30 ended_run; expect "launcherend: grpod says the run ended ($(ctl status --json | jq -r .reason))" $?
