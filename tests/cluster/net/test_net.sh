@@ -99,6 +99,8 @@ job_procs() {
     ip netns pids "$NS_PREFIX-$1" | while read -r p; do [ "$(cat "/proc/$p/comm" 2>/dev/null)" = sshd ] || echo "$p"; done | wc -l
 }
 run_done() { ctl status --json | jq -e '.state == "finished"' >/dev/null; }
+# grpoctl status names a lost trainer and says to relaunch
+lost_said() { ctl status 2>/dev/null | grep -q "trainer rank .* lost.*relaunch the job"; }
 
 # grpod with none of the run's keys: each run's first rank lays it out (split or colocated); a fresh one per case
 grpod_up hostc "${GRPOD_KEYS[@]}"
@@ -348,7 +350,6 @@ if want headless; then
         wait_alive 120 "$MPI_PID" step_at_least 3; expect "headless: the run is under way, launched from hostc" $?
         host_crash hosta; expect "headless: the trainer host crashed (link cut, then every process killed)" $?
         t0=$(date +%s)
-        lost_said() { ctl status 2>/dev/null | grep -q "trainer rank .* lost.*relaunch the job"; }
         wait_for 30 lost_said; expect "headless: grpoctl status names the lost trainer and says to relaunch" $?
         ended_within 150; rc=$?
         expect "headless: the launcher and mpirun on the rank-less head node exit within 150 s ($(($(date +%s) - t0)) s, exit $MPI_RC)" $rc
@@ -379,14 +380,13 @@ if want trainerlost; then
     ended_within 60; rc=$?
     expect "the whole job ends within 60 s ($(($(date +%s) - t0)) s; heartbeat timeout 4 s)" $rc
     # (its sshd went too: the host's own, started again for what comes next)
-    [ "$MPI_AGENT" = ssh ] && { sshd_start hosta; expect "trainerlost: hosta's sshd started again" $?; }
+    host_services hosta; expect "trainerlost: hosta's services (its sshd) started again" $?
     left=$(job_procs hostb)
     [ "$left" = 0 ]; expect "no process of the job left on the rollout host ($left)" $?
     # mpirun ends the job when a host's Open MPI daemon is lost (SIGTERM to every rank: a checkpoint where one can
     # be made), or grpod's word ends the rollout ranks when the trainers are lost
     grep -Eq "ending the job: trainer rank|SIGTERM received" "$TMP/trainerlost.log"
     expect "the rollout ranks say why they end" $?
-    lost_said() { ctl status 2>/dev/null | grep -q "trainer rank .* lost.*relaunch the job"; }
     wait_for 30 lost_said; expect "grpoctl status names the lost trainer and says to relaunch" $?
     FRESH=0 mpi trainerlost hosta:2,hostb:2 4 "${SPLIT[@]}"
     ended_within 300; expect "relaunched, the run resumes and finishes (mpirun exit $MPI_RC)" "$MPI_RC"
