@@ -403,6 +403,10 @@ static int place(struct launch *l, int replace_rank)
         }
     }
     env->staleness = strcmp(cfg->rollout_mode, "async") == 0 ? 1 : 0;
+    if (cfg->async_enable) {
+        log_error("worker", "async_training.* (fully-async training): not available yet in this build");
+        return 2;
+    }
     if (l->split && cfg->grpod_secret_file && cfg->grpod_secret_file[0] &&
         secret_read(cfg->grpod_secret_file, env->secret, sizeof env->secret, why, sizeof why) != 0) {
         log_error("worker", "%s", why);
