@@ -58,6 +58,15 @@ void dispatcher_stats(struct dispatcher *d, struct dispatch_stats *st);
 bool dispatcher_granted(struct dispatcher *d, int64_t step, int unit, int slot);
 void dispatcher_regrant(struct dispatcher *d, int64_t step, int unit, const char *why);
 
+/* Fully-async training: dispatch_core_async_* under the dispatcher's lock. */
+bool dispatcher_async_granted(struct dispatcher *d, int64_t chunk, int unit, int slot);
+void dispatcher_async_received(struct dispatcher *d, int64_t chunk, int unit);
+void dispatcher_async_taken(struct dispatcher *d, int groups, bool dropped);
+void dispatcher_async_hold(struct dispatcher *d, bool hold);
+int dispatcher_async_in_flight(struct dispatcher *d);
+int64_t dispatcher_async_next(struct dispatcher *d);
+int64_t dispatcher_async_window(struct dispatcher *d);
+
 /* ---- the weight broadcast (actor_rollout_ref.rollout.weight_sync=broadcast) ----
  * The launch's rollout processes (one per work unit) and this rank share a broadcast group on the collective
  * plane. A rollout process that needs a version asks to take it in a broadcast; once every one of them has asked
@@ -92,7 +101,16 @@ struct work_grant {
     int64_t start_epoch, start_cursor; /* data cursor of step start + 1 */
     size_t n_floats;
     char reason[256];
+    int64_t latest_version; /* the newest version published (since 1.13; -1: none yet or not said) */
+    /* fully-async training, a replayed unit: its versions phase by phase, and each sequence's tokens once each phase
+     * ends (phases x sequences; malloc'd, work_grant_release) */
+    int n_phases, n_replay_tokens;
+    int64_t *replay_versions;
+    int32_t *replay_tokens;
 };
+
+/* Free a grant's replay arrays. */
+void work_grant_release(struct work_grant *g);
 
 struct work_client;
 struct Grpo__WorkGrant;
@@ -124,6 +142,8 @@ int work_client_broadcast_ask(struct work_client *c, int64_t version, enum work_
 void work_client_on_chunk(struct work_client *c, void (*fn)(void *ud), void *ud);
 /* True once a ping has been answered "end". */
 bool work_client_ended(struct work_client *c);
+/* The newest policy version the dispatcher has said it published (pings and grants; -1: not heard yet). */
+int64_t work_client_latest(struct work_client *c);
 void work_client_close(struct work_client *c);
 
 #endif

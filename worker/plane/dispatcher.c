@@ -164,6 +164,59 @@ void dispatcher_regrant(struct dispatcher *d, int64_t step, int unit, const char
     pthread_mutex_unlock(&d->mu);
 }
 
+bool dispatcher_async_granted(struct dispatcher *d, int64_t chunk, int unit, int slot)
+{
+    pthread_mutex_lock(&d->mu);
+    bool g = dispatch_core_async_granted(d->core, chunk, unit, slot);
+    pthread_mutex_unlock(&d->mu);
+    return g;
+}
+
+void dispatcher_async_received(struct dispatcher *d, int64_t chunk, int unit)
+{
+    pthread_mutex_lock(&d->mu);
+    dispatch_core_async_received(d->core, chunk, unit);
+    pthread_mutex_unlock(&d->mu);
+}
+
+void dispatcher_async_taken(struct dispatcher *d, int groups, bool dropped)
+{
+    pthread_mutex_lock(&d->mu);
+    dispatch_core_async_taken(d->core, groups, dropped);
+    pthread_mutex_unlock(&d->mu);
+}
+
+void dispatcher_async_hold(struct dispatcher *d, bool hold)
+{
+    pthread_mutex_lock(&d->mu);
+    dispatch_core_async_hold(d->core, hold);
+    pthread_mutex_unlock(&d->mu);
+}
+
+int dispatcher_async_in_flight(struct dispatcher *d)
+{
+    pthread_mutex_lock(&d->mu);
+    int n = dispatch_core_async_in_flight(d->core);
+    pthread_mutex_unlock(&d->mu);
+    return n;
+}
+
+int64_t dispatcher_async_next(struct dispatcher *d)
+{
+    pthread_mutex_lock(&d->mu);
+    int64_t n = dispatch_core_async_next(d->core);
+    pthread_mutex_unlock(&d->mu);
+    return n;
+}
+
+int64_t dispatcher_async_window(struct dispatcher *d)
+{
+    pthread_mutex_lock(&d->mu);
+    int64_t n = dispatch_core_async_window(d->core);
+    pthread_mutex_unlock(&d->mu);
+    return n;
+}
+
 void dispatcher_broadcast_on(struct dispatcher *d, double rendezvous_s)
 {
     pthread_mutex_lock(&d->mu);
