@@ -629,8 +629,13 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
     backoff_init(&refused, 0.05, 2.0);
     control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
     for (;;) {
-        /* pause holds here; stop is the trainers' to decide (the dispatcher says it) */
-        control_safe_point(r->env->ctl, r->cur_step, nothing_to_save, NULL);
+        /* pause holds here; stop is the trainers' to decide (the dispatcher says it). Fully-async, the step said is
+         * the trainers' newest push (a chunk of the stream is not a step) */
+        control_safe_point(r->env->ctl,
+                           r->env->cfg->async_enable
+                               ? (work_client_latest(r->work) > 0 ? work_client_latest(r->work) : 0)
+                               : r->cur_step,
+                           nothing_to_save, NULL);
         char why[1024];
         if (work_client_next(r->work, g, 5000, why, sizeof why) != 0) {
             /* the dispatcher has a thread of its own and answers while the trainers work: silence for a minute
@@ -795,8 +800,10 @@ int run_rollout(struct role_env *env)
         }
         waited = 0;
         units++;
-        if (!env->cfg->async_enable) /* (a chunk of the stream is not a step) */
+        if (!env->cfg->async_enable)
             control_set_step(env->ctl, g.step, g.total_steps);
+        else if (r.work) /* a chunk of the stream is not a step: the trainers' newest push is */
+            control_set_step(env->ctl, work_client_latest(r.work) > 0 ? work_client_latest(r.work) : 0, g.total_steps);
     }
     work_grant_release(&g);
     const bool finished = g.step >= g.total_steps;
