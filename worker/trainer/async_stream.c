@@ -453,6 +453,14 @@ int astream_load_replay(struct astream *a, const char *path, char *err, size_t e
     return rc;
 }
 
+static int by_chunk_unit(const void *p, const void *q)
+{
+    const struct dispatch_replay *x = p, *y = q;
+    if (x->chunk != y->chunk)
+        return (x->chunk > y->chunk) - (x->chunk < y->chunk);
+    return (x->unit > y->unit) - (x->unit < y->unit);
+}
+
 struct dispatch_replay *astream_replay_pending(const struct astream *a, int *n)
 {
     struct astream *w = (struct astream *)a;
@@ -470,6 +478,9 @@ struct dispatch_replay *astream_replay_pending(const struct astream *a, int *n)
                                                       .versions = e->versions,
                                                       .tokens = e->tokens};
     }
+    /* granted in the stream's order, as the recorded run granted them (its schedule is in the order they were taken):
+     * a long unit goes out as early as it did, with the version it had then */
+    qsort(w->pending, (size_t)*n, sizeof *w->pending, by_chunk_unit);
     return w->pending;
 }
 

@@ -32,7 +32,8 @@ void astream_free(struct astream *a);
 /* Replay the schedule at path (an earlier run's async_schedule.jsonl): steps take exactly its units, in its order.
  * 0, or -1 with err naming the file and line. */
 int astream_load_replay(struct astream *a, const char *path, char *err, size_t errlen);
-/* The replayed units still to be granted (not taken, dropped or held): *n of them, in order, pointing into a. */
+/* The replayed units still to be granted (not taken, dropped or held): *n of them, in stream order (the order the
+ * recorded run granted them), pointing into a. */
 struct dispatch_replay *astream_replay_pending(const struct astream *a, int *n);
 bool astream_replaying(const struct astream *a);
 

@@ -941,7 +941,9 @@ static int async_setup(struct trainer_rank *r, struct trainer *t, struct dispatc
     o->unit_groups = B / U;
     o->max_groups = max_required;
     o->outstanding = (int64_t)astream_held(r->as) * (B / U);
-    o->keep_versions = astream_replaying(r->as) ? (int)ceil(c->async_staleness_threshold) + 3 : 3;
+    /* a replay grants each unit with its recorded first version: the dispatcher holds as many as a unit can be
+     * behind the newest when its turn comes (verl's bound keeps that within ceil(staleness) + 2 pushes) */
+    o->keep_versions = astream_replaying(r->as) ? (int)ceil(c->async_staleness_threshold) + 4 : 3;
     if (astream_replaying(r->as))
         o->replay = astream_replay_pending(r->as, &o->n_replay);
     log_info("trainer",
