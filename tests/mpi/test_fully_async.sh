@@ -11,6 +11,8 @@
 #    fully_async/ and training/off_policy/ metrics;
 #  - the replay of that run's schedule (async_training.replay_schedule) ends with bit-identical weights and the
 #    same schedule: deterministic given the same arrival order;
+#  - rollout correction (token IS weights) on continued trajectories: tests/mpi/check_offpolicy.py recomputes every
+#    token's weight from the audit's log-probs, each the version's that sampled it;
 #  - a push every 2 steps, staleness 0.5: fully_async/count/current_param_version counts pushes; the same check;
 #  - a unit held until version 3 is out (GRPO_TEST_HOLD_UNIT=1:v3), staleness 0.5: it comes 3 or more pushes stale, is
 #    dropped and counted (fully_async/count/dropped_stale_samples), and the run goes on (one more is granted);
@@ -19,6 +21,7 @@
 #  - refused by name at launch: two trainer ranks, no rollout ranks.
 # usage: test_fully_async.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
+# shellcheck disable=SC2034 # MODEL_TOOL: dist_lib.sh's tiny_model makes the model with it
 WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
 . "$(dirname "$0")/dist_lib.sh" grpo-fully-async
 CHECK="$(dirname "$0")/check_fully_async.py"
@@ -88,6 +91,16 @@ rc=$?; expect "replay: weights bit-identical to the recorded run ($(cat "$TMP/cm
 cmp -s "$TMP/partial/p/e/async_schedule.jsonl" "$TMP/replay/p/e/async_schedule.jsonl"
 expect "replay: the same schedule (units, order, versions, switches)" $?
 
+# ---- rollout correction on continued trajectories: each token's IS weight from its own sampler's log-prob
+CORR=(algorithm.rollout_correction.rollout_is=token algorithm.rollout_correction.rollout_is_threshold=2.0)
+GRPO_TEST_DECODE_SLEEP_S=0.002 run corr "${ASYNC[@]}" async_training.staleness_threshold=1 \
+    async_training.trigger_parameter_sync_step=1 data.max_response_length=160 trainer.total_training_steps=4 "${CORR[@]}"
+expect "fully-async run with partial rollout and rollout correction finishes" $?
+python3 "$CHECK" "$TMP/corr/p/e" "$TMP/corr/audit" 1 1 4 --partial >"$TMP/checkc.txt" 2>&1 &&
+    python3 "$(dirname "$0")/check_offpolicy.py" "$TMP/corr/p/e" "$TMP/corr/audit" 4 data.max_response_length=160 \
+        "${CORR[@]}" check_pg_loss=0 >"$TMP/checkc2.txt" 2>&1
+rc=$?; expect "mixed versions in the step, and the IS weights and rollout_corr/ metrics agree with the float64 recomputation ($(tail -1 "$TMP/checkc2.txt"))" $rc
+
 # ---- a push every 2 steps, staleness 0.5
 GRPO_TEST_DECODE_SLEEP_S=0.002 run trig2 "${ASYNC[@]}" async_training.staleness_threshold=0.5 \
     async_training.trigger_parameter_sync_step=2 data.max_response_length=160 trainer.total_training_steps=8
@@ -123,12 +136,12 @@ expect "the replay of the resumed run's schedule, in one go, finishes" $?
 rc=$?; expect "end + relaunch: weights bit-identical to the replay in one go ($(cat "$TMP/cmp2.txt"))" $rc
 
 # ---- refused by name at launch
-timeout 120 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${ASYNC[@]}" placement.trainer_ranks=2 placement.rollout_ranks=1 \
-    trainer.default_local_dir="$TMP/two" >"$TMP/two.log" 2>&1
-[ $? -ne 0 ] && says "$TMP/two.log" "fully-async training (async_training.*) with more than one trainer rank"
+! timeout 120 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${ASYNC[@]}" placement.trainer_ranks=2 \
+    placement.rollout_ranks=1 trainer.default_local_dir="$TMP/two" >"$TMP/two.log" 2>&1 &&
+    says "$TMP/two.log" "fully-async training (async_training.*) with more than one trainer rank"
 expect "two trainer ranks: refused by name" $?
-timeout 120 "$WORKER" actor_rollout_ref.model.path="$TMP/tiny" "${ASYNC[@]}" actor_rollout_ref.actor.ppo_mini_batch_size=2 \
-    trainer.default_local_dir="$TMP/one" >"$TMP/one.log" 2>&1
-[ $? -ne 0 ] && says "$TMP/one.log" "needs separate rollout ranks"
+! timeout 120 "$WORKER" actor_rollout_ref.model.path="$TMP/tiny" "${ASYNC[@]}" \
+    actor_rollout_ref.actor.ppo_mini_batch_size=2 trainer.default_local_dir="$TMP/one" >"$TMP/one.log" 2>&1 &&
+    says "$TMP/one.log" "needs separate rollout ranks"
 expect "no rollout ranks: refused by name" $?
 finish
