@@ -5,8 +5,10 @@ after the first (the first loads and warms up).
     async_report.py OUT COMMIT LOAD_BEFORE LOAD_AFTER NAME...
 
 Per layout: mean step time; tokens/s of the whole job (every token of those steps over their wall time) and its ratio
-to the first layout's; idle per rank: the trainer's trainer/idle_ratio and the rollout rank's rollouter/idle_ratio,
-means over the steps; the mean trajectory staleness (training/off_policy/trajectory_staleness/mean in pushes; one-step
+to the first layout's; idle per rank over those steps: the trainer's wait for samples over its time
+(timing_s/wait_data over timing_s/step, summed) and the rollout rank's wait for weights, grants or room over that wait
+plus its generation and scoring (timing_s/rollout_wait_* over those and timing_s/gen, timing_s/reward, summed: the
+per-step rollouter/idle_ratio's mean is biased where units do not line up with steps); the mean trajectory staleness (training/off_policy/trajectory_staleness/mean in pushes; one-step
 -off's training/staleness) and the share of trajectories continued across a push (fully_async/partial/partial_ratio);
 the whole run's wall time (OUT/wall.txt: start-up included)."""
 import json
@@ -53,8 +55,16 @@ def main():
         stale = mean("training/off_policy/trajectory_staleness/mean") if fa else mean("training/staleness")
         cont = f"{mean('fully_async/partial/partial_ratio'):.1%}" if fa else "-"
         w = f"{wall[name]:.1f}" if name in wall else "-"
+        # idle over the whole job (the sums' ratio: a per-step ratio's mean is biased where units do not line up
+        # with steps): the trainer's wait for samples over its time; the rollout rank's wait (for weights, grants,
+        # room) over its wait plus its generation and scoring
+        tot = lambda k: sum(r.get(k, 0.0) for r in rows)
+        t_idle = tot("timing_s/wait_data") / tot("timing_s/step")
+        r_wait = tot("timing_s/rollout_wait_weights") + tot("timing_s/rollout_wait_send")
+        r_busy = tot("timing_s/gen") + tot("timing_s/reward")
+        r_idle = r_wait / (r_wait + r_busy) if r_wait + r_busy > 0 else 0.0
         print(f"| {name} | {mean('timing_s/step'):.2f} | {tps:.1f} | {tps / base:.2f}x | "
-              f"{mean('trainer/idle_ratio'):.1%} | {mean('rollouter/idle_ratio'):.1%} | {stale:.2f} | {cont} | {w} |")
+              f"{t_idle:.1%} | {r_idle:.1%} | {stale:.2f} | {cont} | {w} |")
 
 
 main()

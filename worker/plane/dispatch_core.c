@@ -180,8 +180,9 @@ static void reap(struct dispatch_core *d, double now)
             if (d->al[a].holder == i && !d->al[a].done) {
                 d->al[a].holder = PENDING;
                 const size_t l = strlen(units);
-                snprintf(units + l, sizeof units - l, "%s%lld/%d", l ? ", " : "",
-                         (long long)(d->al[a].n / d->o.units + 1), (int)(d->al[a].n % d->o.units));
+                const long long chunk = d->al[a].n / d->o.units + 1;
+                snprintf(units + l, sizeof units - l, "%s%lld/%d", l ? ", " : "", chunk,
+                         (int)(d->al[a].n % d->o.units));
             }
         for (int j = 0; j < d->window; j++)
             for (int u = 0; u < d->o.units; u++)

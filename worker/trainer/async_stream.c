@@ -256,7 +256,8 @@ static void step_figures(struct astream *a, int64_t P, struct fully_async_stats 
         for (int j = 0; j < x->b.n_seq; j++) {
             int64_t lo, hi;
             seq_versions(&x->b.seqs[j], &lo, &hi);
-            const double st = (double)(P - hi / T), wo = (double)(P - lo / T), sp = (double)(hi / T - lo / T + 1);
+            const int64_t phi = hi / T, plo = lo / T; /* pushes in the newest and the oldest token's version */
+            const double st = (double)(P - phi), wo = (double)(P - plo), sp = (double)(phi - plo + 1);
             a->stale_traj += st >= 1;
             partial += hi / T != lo / T;
             max_span = hi / T - lo / T > max_span ? hi / T - lo / T : max_span;
