@@ -15,7 +15,7 @@ BUILD_DIR="${BUILD_DIR:-$BENCH_ROOT/build-bench}"
 case "$BUILD_DIR" in /*) ;; *) BUILD_DIR="$BENCH_ROOT/$BUILD_DIR" ;; esac
 BENCH_VENV="${BENCH_VENV:-$BUILD_DIR/.venv-bench}"
 
-# The peers, pinned: the numbers in docs/performance.md were taken with these.
+# The peers, pinned: the numbers in docs/results/performance.md were taken with these.
 TORCH_VERSION="${TORCH_VERSION:-2.15.0}"
 TRANSFORMERS_VERSION="${TRANSFORMERS_VERSION:-5.24.0}"
 TRL_VERSION="${TRL_VERSION:-1.16.0}"

@@ -8,7 +8,7 @@
  *             log-probs (the last token of each sequence has no target: weight 0); tokens/s and
  *             model GFLOP/s (3 x forward FLOPs, the trainer's MFU formula)
  *   --lora R  the forward + backward with a rank-R LoRA adapter on every projection (alpha 2R, the base
- *             frozen: the adapter's gradients only), for LoRA against full fine-tuning (docs/performance.md)
+ *             frozen: the adapter's gradients only), for LoRA against full fine-tuning (docs/results/performance.md)
  *   --bf16    the same on a CPU context with BF16 GEMMs (kctx_create("cpu", KMM_BF16): the linear layers'
  *             products in BF16 with fp32 accumulation; weights, activations and the rest in fp32); the
  *             PyTorch side's --bf16 runs under torch.autocast("cpu", torch.bfloat16)

@@ -17,7 +17,7 @@
 #   STEPS=12 LAYOUTS="on-policy fully-async" bench/run_async_bench.sh
 #
 # Results: $OUT (default build/bench-results/async-<time>/): one run directory and log per layout, and summary.md,
-# the table docs/performance.md quotes.
+# the table docs/results/performance.md quotes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS="${STEPS:-8}"

@@ -17,7 +17,7 @@
 #   LAYOUTS="one colocated" bench/run_dist_bench.sh
 #
 # Results: $OUT (default build/bench-results/dist-<time>/): one run directory and log per layout, and
-# summary.md, the table docs/performance.md quotes.
+# summary.md, the table docs/results/performance.md quotes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS="${STEPS:-4}"

@@ -9,7 +9,7 @@
 #   token-mean loss (TRL loss_type="dapo"); advantages scaled by the group std; AdamW lr 1e-6,
 #   weight decay 0, grad clip 1.0, constant schedule; no gradient checkpointing; fp32; THREADS threads
 #   (default 1: on a 2-core machine that other work shares, 2 threads per side oversubscribe the cores and
-#   torch's spinning OpenMP threads slow down far more than ours; see docs/performance.md).
+#   torch's spinning OpenMP threads slow down far more than ours; see docs/results/performance.md).
 # STEPS steps run on each side (default 2: the first is a warm-up); the table compares the last one.
 #
 #   bench/run_grpo_bench.sh

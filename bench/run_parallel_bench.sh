@@ -14,7 +14,7 @@
 #   STEPS=6 bench/run_parallel_bench.sh
 #
 # Results: $OUT (default build/bench-results/parallel-<time>/): one run directory and log per layout, the
-# planner's output, and summary.md, the table docs/performance.md quotes.
+# planner's output, and summary.md, the table docs/results/performance.md quotes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS="${STEPS:-4}"

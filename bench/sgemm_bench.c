@@ -1,7 +1,7 @@
 /* sgemm of three libraries side by side, in one process: OpenBLAS (as the trainer links it, its kernels as
  * kernels/blas_select.c chooses them), BLIS (Debian's serial build) and oneDNN (Debian's), each loaded with
  * dlopen so that their cblas symbols do not collide. The shapes are those of one forward and backward of
- * SmolLM2-135M on 4 x 256 tokens (docs/performance.md's model benchmark): the q/o projection, the MLP's up and
+ * SmolLM2-135M on 4 x 256 tokens (docs/results/performance.md's model benchmark): the q/o projection, the MLP's up and
  * down, a weight gradient (a transposed operand), and one chunk of the LM head. Each library computes
  * C = A B^T (row-major, as linear_forward does) or C = A^T B (the weight gradient); results are checked
  * against OpenBLAS's. Prints GFLOP/s per shape and library, best of REPS runs.

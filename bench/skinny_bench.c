@@ -2,7 +2,7 @@
  * run: our few-row kernel at each ISA this CPU runs (kernels/cpu/skinny.c) and cblas_sgemm, for M rows of x and
  * the weight shapes of SmolLM2-135M (q/o 576x576, k/v 192x576, gate/up 1536x576, down 576x1536, the LM head
  * 49152x576). Prints GFLOP/s per shape, M and path, best of REPS, and for each M which path is faster: the data
- * behind SKINNY_MAX_ROWS (docs/performance.md).
+ * behind SKINNY_MAX_ROWS (docs/results/performance.md).
  *
  *   build/bench/skinny_bench [REPS]        (one thread: OPENBLAS_NUM_THREADS=1) */
 #include <cblas.h>

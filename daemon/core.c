@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "common/placement.h"
 #include "validate.h"
+#include "proto/ctl_auth.h"
 #include "proto/plane_auth.h"
 #include "proto/transport.h"
 
@@ -163,7 +164,8 @@ static void new_run(struct core *c)
     snprintf(c->run.reason, sizeof c->run.reason, "no worker has registered yet");
     c->run.checkpoint_step = -1;
     c->run.started = clock_wall_s();
-    plane_run_key_new(c->run.plane_key); /* a fresh data-plane key for each run */
+    plane_run_key_new(c->run.plane_key); /* a fresh data-plane key for each run, and for each launch of it */
+    c->run.plane_epoch = 1;
     c->dirty = c->dirty_urgent = true;
 }
 
@@ -212,6 +214,8 @@ void core_deinit(struct core *c)
     core_free_workers(c);
     free(c->run.config);
     c->run.config = NULL;
+    ctl_server_free(c->ctl);
+    c->ctl = NULL;
 }
 
 /* A configuration text read into a configuration (config_init'ed here; the caller frees it). 0, or -1 with why. */
@@ -329,12 +333,15 @@ static void reevaluate(struct core *c)
     }
     if (c->run.stop) {
         if (ended == present) {
+            /* who asked: grpoctl (its --reason, else "operator"), or a worker's SIGTERM and where it came from
+             * (its launcher ending the job is no operator's doing) */
+            const char *by = c->run.stop_by[0] ? c->run.stop_by : "operator";
             if (c->run.checkpoint_step >= 0)
                 snprintf(reason, sizeof reason,
-                         "stopped by operator at step %" PRId64 " (checkpoint at step %" PRId64 ")", c->run.step,
+                         "stopped by %.300s at step %" PRId64 " (checkpoint at step %" PRId64 ")", by, c->run.step,
                          c->run.checkpoint_step);
             else
-                snprintf(reason, sizeof reason, "stopped by operator at step %" PRId64, c->run.step);
+                snprintf(reason, sizeof reason, "stopped by %.300s at step %" PRId64, by, c->run.step);
             set_state(c, GRPO__RUN_STATE__RUN_FINISHED, reason);
         } else {
             snprintf(reason, sizeof reason, "stopping: %d of %d workers done", ended, present);
@@ -532,7 +539,9 @@ static uint8_t *reply_assignment(struct core *c, uint64_t id, const struct core_
     as->checkpoint_seq = c->run.checkpoint_seq;
     /* the process's data-plane key, for its identity (rank, the pid it registered with, this incarnation); the run
      * key to the trainers, which check every process's messages with it */
-    const struct plane_id pid_ = {.rank = w->rank, .pid = (uint32_t)w->pid, .incarnation = w->incarnation};
+    const struct plane_id pid_ = {
+        .rank = w->rank, .pid = (uint32_t)w->pid, .incarnation = w->incarnation, .epoch = c->run.plane_epoch};
+    as->plane_epoch = c->run.plane_epoch;
     uint8_t *pk = arena_alloc(&a, PLANE_KEY_BYTES);
     plane_key_derive(c->run.plane_key, &pid_, pk);
     as->plane_key.data = pk;
@@ -667,6 +676,28 @@ out:
     return rc;
 }
 
+/* The first registration of a launch grpod has not seen (Register.launch): the launch before it is retired, and
+ * this one gets a fresh data-plane key and the next key epoch, so that no key or message of an earlier launch is
+ * taken (a run's first launch keeps the run's fresh key). A replacement (--replace-rank) joins the launch under way. */
+static void new_launch(struct core *c, const Grpo__Register *r)
+{
+    if (c->run.launch) {
+        if (c->run.nretired == CORE_RETIRED) {
+            memmove(c->run.retired, c->run.retired + 1, (CORE_RETIRED - 1) * sizeof c->run.retired[0]);
+            c->run.nretired--;
+        }
+        c->run.retired[c->run.nretired++] = c->run.launch;
+        plane_run_key_new(c->run.plane_key);
+        c->run.plane_epoch++;
+        add_event(c,
+                  "a new launch of run %s (rank %d on host %s first): a fresh data-plane key, epoch %" PRIu64
+                  " (the keys of the launch before are dead)",
+                  c->run.id, r->rank, r->host, c->run.plane_epoch);
+    }
+    c->run.launch = r->launch;
+    c->dirty = c->dirty_urgent = true;
+}
+
 static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, double now, size_t *len)
 {
     const Grpo__Register *r = env->register_;
@@ -690,6 +721,13 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
             return refuse(c, id, true, len, "rank %d is not lost (pid %d on host %s, %s): nothing to replace yet",
                           r->rank, old->pid, old->host, core_worker_state_name(core_worker_shown_state(old)));
     }
+    if (r->launch && !r->replaces && !run_terminal(c->run.state))
+        for (int i = 0; i < c->run.nretired; i++)
+            if (c->run.retired[i] == r->launch)
+                return refuse(c, id, false, len,
+                              "rank %d belongs to launch %016" PRIx64 " of run %s, which a later launch has replaced: "
+                              "its data-plane keys are dead",
+                              r->rank, r->launch, c->run.id);
     if (run_terminal(c->run.state)) {
         if (r->run_id[0] && strcmp(r->run_id, c->run.id) == 0)
             return refuse(c, id, false, len, "run %s is over (%s: %s)", c->run.id, core_run_state_name(c->run.state),
@@ -765,11 +803,16 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
             add_event(c, "run %s follows rank %d's configuration: %s", c->run.id, r->rank, lay);
         }
     }
+    if (r->launch && !r->replaces && r->launch != c->run.launch)
+        new_launch(c, r);
     if (!w) /* one allocation per registered rank: a large world costs nothing until it shows up */
         w = c->workers[r->rank] = xcalloc(1, sizeof *w);
     if (!same) {
+        /* the data-plane generation (proto/plane_auth.h): one after the rank's last registration, so that a
+         * replacement is the later process at the dispatcher; a rank's first registration is generation 0 */
+        const unsigned gen = w->incarnation ? plane_generation(w->incarnation) + 1 : 0;
         memset(w, 0, sizeof *w);
-        w->incarnation = next_random(c) | 1;
+        w->incarnation = plane_incarnation_of(gen, next_random(c)) | 1;
         w->checkpoint_seq_done = c->run.checkpoint_seq;
         w->checkpoint_step = -1;
         w->registered_at = clock_wall_s();
@@ -1062,7 +1105,15 @@ static uint8_t *handle_command(struct core *c, const Grpo__Envelope *env, size_t
         }
         c->run.stop = true;
         c->run.pause = false;
-        add_event(c, "stop requested by %s", by);
+        /* the run's end names who asked: a worker on a signal (its launcher ending the job is no operator's
+         * doing), else the operator, with grpoctl's --reason */
+        if (cmd->requester[0])
+            snprintf(c->run.stop_by, sizeof c->run.stop_by, "%s", cmd->requester);
+        else if (cmd->reason[0])
+            snprintf(c->run.stop_by, sizeof c->run.stop_by, "operator (%.200s)", cmd->reason);
+        else
+            snprintf(c->run.stop_by, sizeof c->run.stop_by, "operator");
+        add_event(c, "stop requested by %s", cmd->requester[0] ? cmd->requester : by);
         snprintf(msg, sizeof msg, "stop requested: every worker checkpoints at its next safe point and ends");
         break;
     default: {
@@ -1137,45 +1188,28 @@ uint8_t *core_handle(struct core *c, const uint8_t *buf, size_t len, const char 
     return core_handle_auth(c, buf, len, secret, now, reply_len, NULL);
 }
 
-uint8_t *core_handle_auth(struct core *c, const uint8_t *buf, size_t len, const char *secret, double now,
-                          size_t *reply_len, bool *authenticated)
+/* An envelope that did not decode (pe, why), answered. env may be NULL; it is freed. */
+static uint8_t *undecodable(struct core *c, enum protocol_error pe, Grpo__Envelope *env, char *why, size_t whylen,
+                            double now, size_t *reply_len)
 {
-    if (authenticated)
-        *authenticated = false;
-    Grpo__Envelope *env;
+    if (pe == PROTOCOL_BAD_VERSION && env) {
+        c->counters.bad_version++;
+        snprintf(why, whylen, "incompatible protocol version %u: grpod speaks version %u; upgrade the older side",
+                 env->version, GRPO_PROTOCOL_VERSION);
+    } else {
+        c->counters.malformed++;
+    }
+    log_dropped(c, now, "dropped a request: %s", why);
+    uint8_t *out = CHECK_ALLOC(protocol_pack_error(env ? env->request_id : 0, why, reply_len));
+    protocol_free(env);
+    return out;
+}
+
+/* A decoded request grpod takes (on ipc, or opened from a tcp session): checked field by field, then answered. */
+static uint8_t *handle_request(struct core *c, const Grpo__Envelope *env, double now, size_t *reply_len)
+{
     char why[CORE_REASON_MAX];
-    enum protocol_error pe = protocol_decode(buf, len, GRPO_MAX_CONTROL_BYTES, &env, why, sizeof why);
-    uint64_t id = env ? env->request_id : 0;
-    uint8_t *out;
-    if (pe != PROTOCOL_OK) {
-        if (pe == PROTOCOL_BAD_VERSION && env) {
-            c->counters.bad_version++;
-            snprintf(why, sizeof why,
-                     "incompatible protocol version %u: grpod speaks version %u; upgrade the older side", env->version,
-                     GRPO_PROTOCOL_VERSION);
-        } else {
-            c->counters.malformed++;
-        }
-        log_dropped(c, now, "dropped a request: %s", why);
-        out = CHECK_ALLOC(protocol_pack_error(id, why, reply_len));
-        protocol_free(env);
-        return out;
-    }
-    if (!env) /* cannot happen: PROTOCOL_OK comes with an envelope */
-        return CHECK_ALLOC(protocol_pack_error(id, "internal error", reply_len));
-    if (secret && !secret_matches(env->secret, secret)) {
-        c->counters.auth_failed++;
-        log_dropped(c, now, "refused a %s request: %s shared secret", protocol_body_name(env->body_case),
-                    env->secret.len ? "wrong" : "no");
-        out = CHECK_ALLOC(protocol_pack_error(id,
-                                              "authentication failed: this endpoint needs the shared secret of "
-                                              "grpod.secret_file",
-                                              reply_len));
-        protocol_free(env);
-        return out;
-    }
-    if (authenticated)
-        *authenticated = true;
+    const uint64_t id = env->request_id;
     if (validate_request(env, why, sizeof why) != 0) {
         bool unexpected = strstr(why, "is not a request") != NULL;
         if (unexpected)
@@ -1183,19 +1217,121 @@ uint8_t *core_handle_auth(struct core *c, const uint8_t *buf, size_t len, const 
         else
             c->counters.invalid++;
         log_dropped(c, now, "dropped an invalid request: %s", why);
-        out = CHECK_ALLOC(protocol_pack_error(id, why, reply_len));
-        protocol_free(env);
-        return out;
+        return CHECK_ALLOC(protocol_pack_error(id, why, reply_len));
     }
     if ((unsigned)env->body_case < sizeof c->counters.requests / sizeof c->counters.requests[0])
         c->counters.requests[env->body_case]++;
     switch (env->body_case) {
-    case GRPO__ENVELOPE__BODY_REGISTER: out = handle_register(c, env, now, reply_len); break;
-    case GRPO__ENVELOPE__BODY_HEARTBEAT: out = handle_heartbeat(c, env, now, reply_len); break;
-    case GRPO__ENVELOPE__BODY_COMMAND: out = handle_command(c, env, reply_len); break;
-    case GRPO__ENVELOPE__BODY_METRICS_REQUEST: out = handle_metrics(c, id, now, reply_len); break;
-    case GRPO__ENVELOPE__BODY_RUN_CONFIG_REQUEST: out = handle_run_config(c, id, reply_len); break;
-    default: out = handle_status(c, id, now, reply_len); break;
+    case GRPO__ENVELOPE__BODY_REGISTER: return handle_register(c, env, now, reply_len);
+    case GRPO__ENVELOPE__BODY_HEARTBEAT: return handle_heartbeat(c, env, now, reply_len);
+    case GRPO__ENVELOPE__BODY_COMMAND: return handle_command(c, env, reply_len);
+    case GRPO__ENVELOPE__BODY_METRICS_REQUEST: return handle_metrics(c, id, now, reply_len);
+    case GRPO__ENVELOPE__BODY_RUN_CONFIG_REQUEST: return handle_run_config(c, id, reply_len);
+    default: return handle_status(c, id, now, reply_len);
+    }
+}
+
+/* A refusal of a tcp request's authentication, unsealed; reauth: the client may authenticate again. */
+static uint8_t *refuse_auth(uint64_t id, const char *error, bool reauth, size_t *len)
+{
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Reply reply = GRPO__REPLY__INIT;
+    reply.error = (char *)error;
+    reply.reauth = reauth;
+    env.request_id = id;
+    env.body_case = GRPO__ENVELOPE__BODY_REPLY;
+    env.reply = &reply;
+    return CHECK_ALLOC(protocol_pack(&env, len));
+}
+
+/* A request on a tcp:// endpoint (protocol 1.12, proto/ctl_auth.h): a hello is challenged; a sealed request of a
+ * known session, with a counter it has not used, is opened, handled and its answer sealed; everything else is
+ * refused. The secret itself is never taken: a request that carries it comes from an older client. */
+static uint8_t *handle_tcp(struct core *c, Grpo__Envelope *env, const char *secret, double now, size_t *reply_len,
+                           bool *authenticated)
+{
+    char why[CORE_REASON_MAX], text[CORE_REASON_MAX + 128];
+    const uint64_t id = env->request_id;
+    if (!c->ctl || !ctl_server_keyed(c->ctl, secret)) {
+        ctl_server_free(c->ctl);
+        c->ctl = ctl_server_new(secret);
+    }
+    if (env->secret.len) {
+        c->counters.auth_failed++;
+        log_dropped(c, now,
+                    "refused a %s request from a client of protocol 1.%u: it sent the shared secret over the network "
+                    "(since 1.12 the secret never crosses it; change the secret)",
+                    protocol_body_name(env->body_case), env->minor_version);
+        snprintf(text, sizeof text,
+                 "authentication failed: this client (protocol 1.%u) sent the shared secret over the network; grpod "
+                 "(1.%u) authenticates by challenge-response and never takes the secret itself: upgrade the client, "
+                 "and change the secret (it crossed the network in clear)",
+                 env->minor_version, GRPO_PROTOCOL_MINOR);
+        return refuse_auth(id, text, false, reply_len);
+    }
+    if (env->body_case == GRPO__ENVELOPE__BODY_AUTH_HELLO) {
+        uint8_t *out = ctl_server_challenge(c->ctl, env, now, reply_len, why, sizeof why);
+        if (out)
+            return out;
+        c->counters.invalid++;
+        log_dropped(c, now, "dropped an authentication hello: %s", why);
+        return refuse_auth(id, why, false, reply_len);
+    }
+    if (env->body_case != GRPO__ENVELOPE__BODY_SEALED) {
+        c->counters.auth_failed++;
+        log_dropped(c, now, "refused a %s request on tcp: not sealed in an authenticated session",
+                    protocol_body_name(env->body_case));
+        return refuse_auth(id,
+                           "authentication failed: on tcp:// a request must come sealed in a session that proved the "
+                           "shared secret of grpod.secret_file by challenge-response (protocol 1.12)",
+                           false, reply_len);
+    }
+    uint8_t *plain;
+    size_t plen;
+    struct ctl_ticket t;
+    enum ctl_verdict v = ctl_server_open(c->ctl, env->sealed, now, &plain, &plen, &t, why, sizeof why);
+    if (v != CTL_OK) {
+        if (v == CTL_UNKNOWN)
+            c->counters.unknown_session++;
+        else if (v == CTL_REPLAY)
+            c->counters.replayed++;
+        else
+            c->counters.auth_failed++;
+        log_dropped(c, now, "refused a sealed request: %s", why);
+        return refuse_auth(id, why, v == CTL_UNKNOWN, reply_len);
+    }
+    *authenticated = true;
+    Grpo__Envelope *inner;
+    enum protocol_error pe = protocol_decode(plain, plen, GRPO_MAX_CONTROL_BYTES, &inner, why, sizeof why);
+    ctl_wipe_free(plain, plen);
+    size_t rlen;
+    uint8_t *reply = pe == PROTOCOL_OK ? handle_request(c, inner, now, &rlen)
+                                       : undecodable(c, pe, inner, why, sizeof why, now, &rlen);
+    if (pe == PROTOCOL_OK)
+        protocol_free(inner);
+    uint8_t *out = CHECK_ALLOC(ctl_server_seal(&t, id, reply, rlen, reply_len));
+    ctl_wipe_free(reply, rlen); /* an assignment holds data-plane keys */
+    return out;
+}
+
+uint8_t *core_handle_auth(struct core *c, const uint8_t *buf, size_t len, const char *secret, double now,
+                          size_t *reply_len, bool *authenticated)
+{
+    bool dummy;
+    if (!authenticated)
+        authenticated = &dummy;
+    *authenticated = false;
+    Grpo__Envelope *env;
+    char why[CORE_REASON_MAX];
+    enum protocol_error pe = protocol_decode(buf, len, GRPO_MAX_CONTROL_BYTES, &env, why, sizeof why);
+    if (pe != PROTOCOL_OK)
+        return undecodable(c, pe, env, why, sizeof why, now, reply_len);
+    uint8_t *out;
+    if (secret) {
+        out = handle_tcp(c, env, secret, now, reply_len, authenticated);
+    } else {
+        *authenticated = true;
+        out = handle_request(c, env, now, reply_len);
     }
     protocol_free(env);
     return out;

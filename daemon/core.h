@@ -31,6 +31,7 @@
 #define CORE_HOST_MAX 256
 #define CORE_REASON_MAX 512
 #define CORE_CONFIG_MAX (64 * 1024) /* a rank's configuration text (Register.run_config), bytes */
+#define CORE_RETIRED 16             /* launches of a run remembered as over */
 
 /* How the run is laid out and how health is judged (from the placement.* and grpod.* keys). */
 struct core_settings {
@@ -110,11 +111,18 @@ struct core_run {
     int64_t step, total_steps;
     Grpo__Phase phase;
     uint64_t config_digest;
-    uint8_t plane_key[32]; /* the run's data-plane key (proto/plane_auth.h): trainers get it, every other process
-                              its own key derived from it; journaled (run.json is mode 0600) */
-    char *config;          /* the run's configuration text, its first rank's (Register.run_config); NULL: none sent */
-    int world;             /* expected workers; 0 until the first registration says */
+    uint8_t plane_key[32]; /* the data-plane key of the run's current launch (proto/plane_auth.h): trainers get it,
+                              every other process its own key derived from it; journaled (run.json is mode 0600) */
+    uint64_t plane_epoch;  /* its key epoch: 1 for a run's first launch, one more for each launch after */
+    uint64_t launch;       /* the current launch (Register.launch; 0: none known yet) */
+    uint64_t retired[CORE_RETIRED]; /* launches before it, newest last: a registration of one is refused */
+    int nretired;
+    char *config; /* the run's configuration text, its first rank's (Register.run_config); NULL: none sent */
+    int world;    /* expected workers; 0 until the first registration says */
     bool pause, stop;
+    /* who asked for the stop, for the run's end: a worker on a signal (CommandRequest.requester: "SIGTERM on rank
+     * 0 (host H) from its launcher, mpirun (pid N)"), else "operator", with grpoctl's --reason in parentheses */
+    char stop_by[CORE_REASON_MAX / 2];
     uint64_t checkpoint_seq;      /* checkpoint requests so far */
     uint64_t checkpoint_seq_done; /* requests every worker has written */
     int64_t checkpoint_step;      /* newest checkpoint every worker has, -1: none */
@@ -131,11 +139,26 @@ struct core_run {
 struct core_counters {
     uint64_t requests[32]; /* by Envelope body case */
     uint64_t malformed, bad_version, auth_failed, invalid, refused, unexpected;
-    uint64_t suspects; /* times a worker became suspect */
-    uint64_t losses;   /* times a worker was marked lost */
+    uint64_t replayed;        /* tcp: a sealed request whose session used its counter already */
+    uint64_t unknown_session; /* tcp: a sealed request of a session grpod does not know (restarted, forgotten) */
+    uint64_t suspects;        /* times a worker became suspect */
+    uint64_t losses;          /* times a worker was marked lost */
+    /* connections closed after GRPOD_MAX_FAILED_ATTEMPTS failed requests (each answered after
+     * GRPOD_FAILED_ATTEMPT_DELAY_S): on the tcp endpoints (grpod's count), on HTTP (http.c's) */
+    uint64_t closed_failing_tcp, closed_failing_http;
 };
 
+/* Failed attempts on one connection of grpod's tcp endpoints (authentication failed, a request that cannot be
+ * read) or its HTTP page (a request refused: not found, a method it does not serve) before grpod closes it, and
+ * how long each one's answer waits: guessing costs a connection per three guesses and a second per guess. */
+#define GRPOD_MAX_FAILED_ATTEMPTS 3
+#define GRPOD_FAILED_ATTEMPT_DELAY_S 1.0
+#define GRPOD_STR_(x) #x
+#define GRPOD_STR(x) GRPOD_STR_(x)
+
 typedef void (*core_event_fn)(void *ud, double time, const char *text);
+
+struct ctl_server;
 
 struct core {
     struct core_settings set;
@@ -155,7 +178,8 @@ struct core {
     core_event_fn on_event;
     void *event_ud;
     uint64_t rng;
-    double drop_window; /* rate limit of "dropped a request" log lines */
+    struct ctl_server *ctl; /* tcp endpoints' sessions (proto/ctl_auth.h), made at the first tcp request */
+    double drop_window;     /* rate limit of "dropped a request" log lines */
     int drop_logged;
     uint64_t drop_suppressed;
 };
@@ -180,10 +204,11 @@ void core_free_workers(struct core *c);
 void core_set_event_hook(struct core *c, core_event_fn fn, void *ud);
 
 /* Handle one request's bytes and return the packed reply (never NULL; caller frees).
- * secret: what the receiving socket requires of every request, or NULL for none. */
+ * secret: the shared secret of a tcp:// endpoint, whose every request must come sealed in a session that proved
+ * it by challenge-response (proto/ctl_auth.h; an AuthHello is answered with a challenge), or NULL for none (ipc). */
 uint8_t *core_handle(struct core *c, const uint8_t *buf, size_t len, const char *secret, double now, size_t *reply_len);
-/* core_handle that also says whether the request was a well-formed envelope carrying secret (always true
- * of a well-formed one when secret is NULL): grpod's tcp endpoints keep only connections that authenticate. */
+/* core_handle that also says whether the request was authenticated (a sealed request of a session that proved
+ * secret; any well-formed one when secret is NULL): grpod's tcp endpoints keep only connections that authenticate. */
 uint8_t *core_handle_auth(struct core *c, const uint8_t *buf, size_t len, const char *secret, double now,
                           size_t *reply_len, bool *authenticated);
 /* Health check: mark workers suspect (two heartbeat intervals of silence) or lost (grpod.heartbeat_timeout_s), and

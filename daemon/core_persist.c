@@ -99,11 +99,18 @@ char *core_save_json(const struct core *c)
     for (size_t i = 0; i < sizeof c->run.plane_key; i++)
         snprintf(pk + 2 * i, 3, "%02x", c->run.plane_key[i]);
     json_object_set_new(run, "plane_key", json_string(pk));
+    json_object_set_new(run, "plane_epoch", hex64(c->run.plane_epoch));
+    json_object_set_new(run, "launch", hex64(c->run.launch));
+    json_t *retired = json_array();
+    for (int i = 0; i < c->run.nretired; i++)
+        json_array_append_new(retired, hex64(c->run.retired[i]));
+    json_object_set_new(run, "retired_launches", retired);
     if (c->run.config)
         json_object_set_new(run, "config", json_string(c->run.config));
     json_object_set_new(run, "world", json_integer(c->run.world));
     json_object_set_new(run, "pause", json_boolean(c->run.pause));
     json_object_set_new(run, "stop", json_boolean(c->run.stop));
+    json_object_set_new(run, "stop_by", json_string(c->run.stop_by));
     json_object_set_new(run, "checkpoint_seq", hex64(c->run.checkpoint_seq));
     json_object_set_new(run, "checkpoint_seq_done", hex64(c->run.checkpoint_seq_done));
     json_object_set_new(run, "checkpoint_step", json_integer(c->run.checkpoint_step));
@@ -232,9 +239,21 @@ int core_load_json(struct core *c, const char *text, double now, char *err, size
     } else {
         memcpy(r->plane_key, saved_run.plane_key, sizeof r->plane_key);
     }
+    /* its epoch and launch (an older journal: epoch 1, the launch learned from the next registration) */
+    r->plane_epoch = get_hex64(run, "plane_epoch");
+    if (!r->plane_epoch)
+        r->plane_epoch = 1;
+    r->launch = get_hex64(run, "launch");
+    const json_t *retired = json_object_get(run, "retired_launches");
+    for (size_t i = 0; json_is_array(retired) && i < json_array_size(retired) && r->nretired < CORE_RETIRED; i++) {
+        const char *h = json_string_value(json_array_get(retired, i));
+        if (h)
+            r->retired[r->nretired++] = strtoull(h, NULL, 16);
+    }
     long long world = get_int(run, "world", 0);
     r->pause = json_is_true(json_object_get(run, "pause"));
     r->stop = json_is_true(json_object_get(run, "stop"));
+    get_str(run, "stop_by", r->stop_by, sizeof r->stop_by); /* an older grpod's journal has none: "operator" */
     r->checkpoint_seq = get_hex64(run, "checkpoint_seq");
     r->checkpoint_seq_done = get_hex64(run, "checkpoint_seq_done");
     r->checkpoint_step = get_int(run, "checkpoint_step", -1);

@@ -196,6 +196,8 @@ Grpo__Status *core_status(const struct core *c, double now, struct arena *a)
     s->grpod_version = TEXT(GRPO_VERSION_STRING);
     s->pause_requested = c->run.pause;
     s->stop_requested = c->run.stop;
+    const bool over = s->state == GRPO__RUN_STATE__RUN_FINISHED || s->state == GRPO__RUN_STATE__RUN_FAILED;
+    s->job_end = over ? TEXT(c->run.reason) : TEXT(c->run.abort);
     s->run_started = c->run.started;
     s->throughput = NAN;
     s->reward = NAN;
@@ -404,8 +406,14 @@ char *core_metrics_text(const struct core *c, double now)
     put(&t, "grpod_rejected_requests_total{reason=\"malformed\"} %" PRIu64 "\n", c->counters.malformed);
     put(&t, "grpod_rejected_requests_total{reason=\"bad_version\"} %" PRIu64 "\n", c->counters.bad_version);
     put(&t, "grpod_rejected_requests_total{reason=\"auth\"} %" PRIu64 "\n", c->counters.auth_failed);
+    put(&t, "grpod_rejected_requests_total{reason=\"replay\"} %" PRIu64 "\n", c->counters.replayed);
+    put(&t, "grpod_rejected_requests_total{reason=\"session\"} %" PRIu64 "\n", c->counters.unknown_session);
     put(&t, "grpod_rejected_requests_total{reason=\"invalid\"} %" PRIu64 "\n", c->counters.invalid);
     put(&t, "grpod_rejected_requests_total{reason=\"unexpected\"} %" PRIu64 "\n", c->counters.unexpected);
     put(&t, "grpod_rejected_requests_total{reason=\"refused\"} %" PRIu64 "\n", c->counters.refused);
+    family(&t, "grpod_failing_connections_closed_total", "counter",
+           "Connections closed after " GRPOD_STR(GRPOD_MAX_FAILED_ATTEMPTS) " failed requests, by endpoint kind.");
+    put(&t, "grpod_failing_connections_closed_total{endpoint=\"tcp\"} %" PRIu64 "\n", c->counters.closed_failing_tcp);
+    put(&t, "grpod_failing_connections_closed_total{endpoint=\"http\"} %" PRIu64 "\n", c->counters.closed_failing_http);
     return t.buf;
 }

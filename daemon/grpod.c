@@ -245,12 +245,26 @@ static int parse_mode(const char *text, mode_t *mode)
     return 0;
 }
 
-/* A request on a tcp:// endpoint: the secret is required, and says whether the connection may stay. */
-static uint8_t *on_tcp_request(void *ud, const uint8_t *msg, size_t len, bool *authenticated, size_t *reply_len)
+/* The requests grpod refused as failed attempts so far: authentication (a plain request, the secret itself, a box
+ * that does not open, a replay), a bad hello, garbage, another protocol version. A session grpod forgot (reauth) is
+ * not one. */
+static uint64_t failed_requests(const struct core *c)
+{
+    return c->counters.auth_failed + c->counters.replayed + c->counters.invalid + c->counters.malformed +
+           c->counters.bad_version;
+}
+
+/* A request on a tcp:// endpoint: sealed in a session that proved the secret (or a hello, answered with a
+ * challenge); says whether the connection may stay, and whether the request was a failed attempt (answered late,
+ * and TCP_MAX_FAILURES of them close the connection). */
+static uint8_t *on_tcp_request(void *ud, const uint8_t *msg, size_t len, bool *authenticated, bool *failed,
+                               size_t *reply_len)
 {
     struct listener *l = ud;
     struct grpod *d = l->d;
+    const uint64_t failed0 = failed_requests(&d->core);
     uint8_t *reply = core_handle_auth(&d->core, msg, len, d->secret, clock_now_s(), reply_len, authenticated);
+    *failed = failed_requests(&d->core) > failed0;
     if (d->core.dirty_urgent) /* registrations and commands are durable before they are answered */
         persist(d);
     return reply;
@@ -265,6 +279,8 @@ static const struct sp_limits tcp_limits = {
     .auth_deadline_s = 5.0,
     .max_msg = GRPO_MAX_CONTROL_BYTES,
     .max_pending_msg = 64 * 1024, /* a registration, a heartbeat or a command is far smaller */
+    .max_failures = GRPOD_MAX_FAILED_ATTEMPTS,
+    .failure_delay_s = GRPOD_FAILED_ATTEMPT_DELAY_S,
 };
 
 static int listener_open(struct grpod *d, struct listener *l, const char *endpoint, mode_t mode, char *err,
@@ -282,7 +298,8 @@ static int listener_open(struct grpod *d, struct listener *l, const char *endpoi
         l->tcp = sp_server_start(&d->loop, endpoint, &tcp_limits, on_tcp_request, l, clock_now_s, err, errlen);
         if (!l->tcp)
             return -1;
-        log_info("grpod", "listening on %s (requests must carry the shared secret)", endpoint);
+        log_info("grpod", "listening on %s (clients prove the shared secret by challenge-response; requests sealed)",
+                 endpoint);
         return 0;
     }
     l->sock = nn_socket(AF_SP, NN_REP);
@@ -446,8 +463,14 @@ static void on_tick(uv_timer_t *t)
     core_tick(&d->core, now);
     if (d->core.dirty_urgent)
         persist(d);
+    uint64_t failing = 0;
     for (int i = 0; i < d->nlisteners; i++) {
         struct listener *l = &d->listeners[i];
+        if (l->tcp) {
+            struct sp_stats st;
+            sp_server_stats(l->tcp, &st);
+            failing += st.closed_failing;
+        }
         if (l->pending && now - l->pending_since > 2.0) { /* the asker is gone: let the next request in */
             log_warn("grpod", "%s: dropped a reply nobody took for 2 s", l->endpoint);
             free(l->pending);
@@ -455,6 +478,7 @@ static void on_tick(uv_timer_t *t)
             resume_reading(l);
         }
     }
+    d->core.counters.closed_failing_tcp = failing;
     notify_status(d);
 }
 

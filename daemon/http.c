@@ -23,7 +23,11 @@
  *    previous answer, and an answer must be done within HTTP_REQUEST_DEADLINE_S; else the connection is shut;
  *  - connections from elsewhere than 127.0.0.1 or ::1 take at most the cap less a reserve for local scrapes,
  *    and HTTP_MAX_PER_REMOTE of them come from one address;
- *  - a local connection over the cap makes room by shutting the oldest connection that is not in a request. */
+ *  - a local connection over the cap makes room by shutting the oldest connection that is not in a request;
+ *  - a refused request (a path not served, a method other than GET and HEAD) is a failed attempt: it is answered
+ *    after GRPOD_FAILED_ATTEMPT_DELAY_S (the connection suspended meanwhile), and the GRPOD_MAX_FAILED_ATTEMPTS-th
+ *    one on a connection closes it. The page takes no credentials (it is read-only): nothing on it can be guessed,
+ *    and a scan costs its connection a second per probe. */
 #define HTTP_HEADER_DEADLINE_S 5.0
 #define HTTP_REQUEST_DEADLINE_S 30.0
 #define HTTP_MAX_PER_REMOTE 16
@@ -40,6 +44,10 @@ struct http_conn {
     bool local;      /* from 127.0.0.1 or ::1 */
     bool shut;       /* shut down by us; libmicrohttpd closes it at its next turn */
     struct sockaddr_storage addr;
+    int failures;   /* refused requests on this connection */
+    bool waited;    /* the refused request in hand has waited its delay */
+    bool suspended; /* until resume_at */
+    double resume_at;
 };
 
 struct http {
@@ -53,6 +61,7 @@ struct http {
     struct http_conn *head, *tail; /* every connection libmicrohttpd holds */
     int nconn, nremote;            /* not shut */
     uint64_t refused, shut_slow;   /* counters */
+    uint64_t failures;             /* refused requests (failed attempts) */
     struct {                       /* rate limit of libmicrohttpd's messages, by format */
         const char *fmt;
         struct ratelimit rl;
@@ -217,12 +226,16 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     }
 }
 
-/* Connections past their deadlines (from the timer). */
+/* Connections past their deadlines (from the timer); refused requests whose delay is over go on. */
 static void sweep(struct http *h)
 {
     double now = h->now();
     for (struct http_conn *c = h->head; c; c = c->next) {
-        if (c->shut)
+        if (c->suspended && now >= c->resume_at) {
+            c->suspended = false;
+            MHD_resume_connection(c->conn);
+        }
+        if (c->shut || c->suspended)
             continue;
         if (!c->in_request && now - c->since > HTTP_HEADER_DEADLINE_S) {
             h->shut_slow++;
@@ -253,6 +266,41 @@ static enum MHD_Result respond(struct MHD_Connection *conn, unsigned code, const
     return ret;
 }
 
+/* A refused request (code, body): a failed attempt. The first time it is seen the connection is suspended for
+ * GRPOD_FAILED_ATTEMPT_DELAY_S (sweep resumes it, and libmicrohttpd asks again); then it is answered, and the
+ * GRPOD_MAX_FAILED_ATTEMPTS-th refusal on the connection closes it. */
+static enum MHD_Result refuse_late(struct http *h, struct MHD_Connection *conn, unsigned code, char *body, size_t len)
+{
+    struct http_conn *hc = conn_of(conn);
+    if (hc && !hc->waited) {
+        hc->waited = true;
+        hc->failures++;
+        h->failures++;
+        hc->suspended = true;
+        hc->resume_at = h->now() + GRPOD_FAILED_ATTEMPT_DELAY_S;
+        MHD_suspend_connection(conn);
+        return MHD_YES;
+    }
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_PERSISTENT);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    if (hc) {
+        hc->waited = false;
+        if (hc->failures >= GRPOD_MAX_FAILED_ATTEMPTS) { /* libmicrohttpd closes it once this answer is out */
+            MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+            h->core->counters.closed_failing_http++;
+            if (ratelimit_allow(&h->rl_conn, h->now(), 5, "http", "closed connections"))
+                log_warn("http", "closing a connection after %d refused requests", hc->failures);
+        }
+    }
+    enum MHD_Result ret = MHD_queue_response(conn, code, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_data_size,
                                   void **con_cls)
@@ -271,8 +319,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
         static char msg[] = "only GET and HEAD are served\n";
-        return respond(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "text/plain; charset=utf-8", msg, sizeof msg - 1,
-                       MHD_RESPMEM_PERSISTENT);
+        return refuse_late(h, conn, MHD_HTTP_METHOD_NOT_ALLOWED, msg, sizeof msg - 1);
     }
     if (*upload_data_size) { /* a GET with a body: ignore the body */
         *upload_data_size = 0;
@@ -298,7 +345,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return respond(conn, MHD_HTTP_OK, "text/plain; charset=utf-8", ok, sizeof ok - 1, MHD_RESPMEM_PERSISTENT);
     }
     static char nf[] = "not found: try /, /api/status or /metrics\n";
-    return respond(conn, MHD_HTTP_NOT_FOUND, "text/plain; charset=utf-8", nf, sizeof nf - 1, MHD_RESPMEM_PERSISTENT);
+    return refuse_late(h, conn, MHD_HTTP_NOT_FOUND, nf, sizeof nf - 1);
 }
 
 /* Run MHD until it has nothing left to do at once, then arm the timer for its next deadline.
@@ -373,7 +420,7 @@ struct http *http_start(uv_loop_t *loop, const char *listen, struct core *core, 
     struct sockaddr_storage ss;
     if (parse_listen(listen, &ss, err, errlen) != 0)
         return NULL;
-    unsigned flags = MHD_USE_EPOLL | MHD_USE_ERROR_LOG;
+    unsigned flags = MHD_USE_EPOLL | MHD_USE_ERROR_LOG | MHD_ALLOW_SUSPEND_RESUME;
     if (ss.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     struct http *h = xcalloc(1, sizeof *h);
@@ -426,6 +473,11 @@ void http_stop(struct http *h)
 {
     if (!h)
         return;
+    for (struct http_conn *c = h->head; c; c = c->next) /* libmicrohttpd stops with none suspended */
+        if (c->suspended) {
+            c->suspended = false;
+            MHD_resume_connection(c->conn);
+        }
     uv_close((uv_handle_t *)&h->poll, on_closed);
     uv_close((uv_handle_t *)&h->timer, on_closed);
 }

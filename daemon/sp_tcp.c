@@ -31,6 +31,12 @@ struct sp_conn {
     struct sp_conn *prev, *next; /* in srv->pending or srv->authed, oldest first */
     double opened;
     bool authed, hdr_ok, writing, reading, closing;
+    int failures;       /* failed requests on this connection */
+    bool close_written; /* close once the answer being written is out (max_failures reached) */
+    uint8_t *held;      /* a failed request's answer, waiting for held_until (NULL: none) */
+    size_t held_len, held_btlen;
+    uint8_t held_bt[4 * SP_MAX_HOPS];
+    double held_until;
     struct sockaddr_storage peer;
     char peer_text[INET6_ADDRSTRLEN + 8];
     uint8_t *in; /* bytes received and not yet handled */
@@ -100,6 +106,7 @@ static void on_conn_closed(uv_handle_t *h)
 {
     struct sp_conn *c = h->data;
     free(c->in);
+    free(c->held);
     free(c);
 }
 
@@ -219,13 +226,24 @@ static void conn_process(struct sp_conn *c)
             }
             continue;
         }
-        bool auth = false;
+        bool auth = false, failed = false;
         size_t rlen = 0;
-        uint8_t *reply = s->handler(s->ud, m + bt, (size_t)n - bt, &auth, &rlen);
+        uint8_t *reply = s->handler(s->ud, m + bt, (size_t)n - bt, &auth, &failed, &rlen);
         if (auth && !c->authed) {
             list_remove(&s->pending, c);
             c->authed = true;
             list_push(&s->authed, c);
+        }
+        if (failed && s->lim.max_failures > 0) { /* answered late; the last one allowed closes the connection */
+            s->st.failures++;
+            c->close_written = ++c->failures >= s->lim.max_failures;
+            c->held = reply;
+            c->held_len = rlen;
+            memcpy(c->held_bt, m, bt);
+            c->held_btlen = bt;
+            c->held_until = s->now() + s->lim.failure_delay_s;
+            c->writing = true; /* nothing more is read meanwhile */
+            continue;
         }
         send_answer(c, m, bt, reply, rlen);
     }
@@ -251,6 +269,13 @@ static void on_written(uv_write_t *req, int status)
     }
     if (!header) {
         c->writing = false;
+        if (c->close_written) {
+            char why[128];
+            snprintf(why, sizeof why, "%d failed requests on one connection", c->failures);
+            c->srv->st.closed_failing++;
+            conn_close(c, why);
+            return;
+        }
         conn_process(c);
     }
 }
@@ -359,11 +384,29 @@ static void on_connection(uv_stream_t *server, int status)
     set_reading(c, true);
 }
 
-/* Unauthenticated connections past their deadlines. */
+/* A failed request's answer, held until its time. */
+static void send_held(struct sp_conn *c, double now)
+{
+    if (!c->held || now < c->held_until || c->closing)
+        return;
+    uint8_t *body = c->held;
+    c->held = NULL;
+    send_answer(c, c->held_bt, c->held_btlen, body, c->held_len);
+}
+
+/* Answers held past their time go out; unauthenticated connections past their deadlines are closed. */
 static void on_timer(uv_timer_t *t)
 {
     struct sp_server *s = t->data;
     double now = s->now();
+    for (struct sp_list *l = &s->pending;; l = &s->authed) {
+        for (struct sp_conn *c = l->head, *next; c; c = next) {
+            next = c->next;
+            send_held(c, now);
+        }
+        if (l == &s->authed)
+            break;
+    }
     for (struct sp_conn *c = s->pending.head, *next; c; c = next) {
         next = c->next;
         double age = now - c->opened;

@@ -11,7 +11,11 @@
  *    auth_deadline_s of connecting, or it is closed;
  *  - a message may hold max_pending_msg bytes before the connection authenticated, max_msg after (more:
  *    the connection is closed, as nanomsg's NN_RCVMAXSIZE does);
- *  - one request at a time per connection, as REP: reading stops while its answer is written.
+ *  - one request at a time per connection, as REP: reading stops while its answer is written;
+ *  - a request the handler says failed (authentication, or garbage) is answered only after failure_delay_s, and
+ *    the connection is closed once that answer is out after max_failures of them: guessing costs a peer a
+ *    connection per max_failures guesses and a delay for each, and a connection can never be authenticated by
+ *    trying on.
  * Clients are unchanged: nanomsg REQ sockets (workers, grpoctl, nanocat) speak this protocol. */
 #ifndef GRPO_DAEMON_SP_TCP_H
 #define GRPO_DAEMON_SP_TCP_H
@@ -30,17 +34,22 @@ struct sp_limits {
     double auth_deadline_s; /* to send a first authenticated request */
     size_t max_msg;         /* bytes in one message, once authenticated */
     size_t max_pending_msg; /* before */
+    int max_failures;       /* failed requests on one connection before it is closed (0: no limit) */
+    double failure_delay_s; /* a failed request's answer waits this long (the server's timer: up to 0.25 s more) */
 };
 
 struct sp_stats {
     int open, pending;                     /* now */
     uint64_t accepted, refused, evicted;   /* refused: closed at once (every connection authenticated) */
     uint64_t timed_out, oversized, broken; /* broken: not SP, bad backtrace */
+    uint64_t failures, closed_failing;     /* failed requests (answered late); connections closed for them */
 };
 
 /* Handle one request's body; return its answer (malloc'd, never NULL) with *reply_len, and say whether the
- * request carried the endpoint's credentials (*authenticated). */
-typedef uint8_t *(*sp_handler)(void *ud, const uint8_t *msg, size_t len, bool *authenticated, size_t *reply_len);
+ * request carried the endpoint's credentials (*authenticated), or was refused as a failed attempt (*failed: a
+ * request that failed authentication, or could not be read). */
+typedef uint8_t *(*sp_handler)(void *ud, const uint8_t *msg, size_t len, bool *authenticated, bool *failed,
+                               size_t *reply_len);
 
 struct sp_server;
 

@@ -26,19 +26,31 @@ uint64_t plane_random64(void)
     return x;
 }
 
+uint64_t plane_incarnation_of(unsigned gen, uint64_t r)
+{
+    const uint64_t low = r & ((1ull << PLANE_GENERATION_SHIFT) - 1);
+    return (uint64_t)(uint16_t)gen << PLANE_GENERATION_SHIFT | (low ? low : 1);
+}
+
+uint64_t plane_incarnation_new(unsigned gen) { return plane_incarnation_of(gen, plane_random64()); }
+
 static void put_le(uint8_t *p, uint64_t x, int n)
 {
     for (int i = 0; i < n; i++)
         p[i] = (uint8_t)(x >> (8 * i));
 }
 
+uint64_t plane_epoch_new(void) { return plane_random64(); }
+
 void plane_key_derive(const uint8_t run_key[PLANE_KEY_BYTES], const struct plane_id *id, uint8_t out[PLANE_KEY_BYTES])
 {
-    /* keyed BLAKE2b of a fixed label and the identity, in fixed-width little-endian fields */
-    uint8_t msg[16 + 4 + 4 + 8] = "grpo plane key 1";
+    /* keyed BLAKE2b of a fixed label and the identity, in fixed-width little-endian fields (label 2: the epoch is
+     * part of the identity since protocol 1.12) */
+    uint8_t msg[16 + 4 + 4 + 8 + 8] = "grpo plane key 2";
     put_le(msg + 16, (uint32_t)id->rank, 4);
     put_le(msg + 20, id->pid, 4);
     put_le(msg + 24, id->incarnation, 8);
+    put_le(msg + 32, id->epoch, 8);
     crypto_generichash(out, PLANE_KEY_BYTES, msg, sizeof msg, run_key, PLANE_KEY_BYTES);
 }
 
@@ -97,6 +109,7 @@ uint8_t *plane_pack_request_n(Grpo__Envelope *env, struct plane_cred *c, uint64_
     a.rank = c->id.rank;
     a.pid = c->id.pid;
     a.incarnation = c->id.incarnation;
+    a.epoch = c->id.epoch;
     a.counter = __atomic_add_fetch(&c->counter, 1, __ATOMIC_SEQ_CST);
     if (counter)
         *counter = a.counter;
@@ -114,6 +127,7 @@ uint8_t *plane_pack_answer(Grpo__Envelope *env, const struct plane_verifier *v, 
     a.rank = to->rank;
     a.pid = to->pid;
     a.incarnation = to->incarnation;
+    a.epoch = to->epoch;
     a.counter = counter;
     a.reply = 1;
     uint8_t *out = pack_sealed(env, &a, key, len);
@@ -135,7 +149,7 @@ static bool mac_good(const Grpo__Envelope *env, const uint8_t key[PLANE_KEY_BYTE
 
 static bool same_id(const struct plane_id *a, const struct plane_id *b)
 {
-    return a->rank == b->rank && a->pid == b->pid && a->incarnation == b->incarnation;
+    return a->rank == b->rank && a->pid == b->pid && a->incarnation == b->incarnation && a->epoch == b->epoch;
 }
 
 static struct plane_seen *seen_of(struct plane_verifier *v, const struct plane_id *id)
@@ -187,13 +201,29 @@ enum plane_verdict plane_verify_request(struct plane_verifier *v, const Grpo__En
     who->rank = a->rank;
     who->pid = a->pid;
     who->incarnation = a->incarnation;
+    who->epoch = a->epoch;
     *counter = a->counter;
+    if (a->epoch != v->epoch) { /* another launch's key: refused on its face, no MAC computed over it */
+        if (!a->epoch)
+            snprintf(why, whylen,
+                     "a message of no key epoch (a sender of protocol 1.%u: since 1.12 every key belongs to its "
+                     "launch's epoch; upgrade the older side)",
+                     env->minor_version);
+        else
+            snprintf(why, whylen,
+                     "a message of key epoch %" PRIu64 ", not this launch's (%" PRIu64
+                     "): another launch's keys are dead (a replay across a relaunch?)",
+                     a->epoch, v->epoch);
+        return PLANE_EPOCH;
+    }
     if (a->reply || a->counter == 0) {
         snprintf(why, whylen, "authentication failed: %s", a->reply ? "an answer sent as a request" : "counter 0");
         return PLANE_BAD_MAC;
     }
     uint8_t key[PLANE_KEY_BYTES];
     plane_key_derive(v->run_key, who, key);
+    v->macs++;
+    v->mac_bytes += grpo__envelope__get_packed_size(env);
     bool good = mac_good(env, key);
     sodium_memzero(key, sizeof key);
     if (!good) {
@@ -239,7 +269,7 @@ int plane_verify_answer(const struct plane_cred *c, uint64_t counter, const Grpo
         return -1;
     }
     if (!a->reply || a->rank != c->id.rank || a->pid != c->id.pid || a->incarnation != c->id.incarnation ||
-        a->counter != counter) {
+        a->epoch != c->id.epoch || a->counter != counter) {
         snprintf(why, whylen, "the answer is not to this request (it names rank %d, counter %" PRIu64 ")", a->rank,
                  a->counter);
         return -1;
@@ -251,11 +281,12 @@ int plane_verify_answer(const struct plane_cred *c, uint64_t counter, const Grpo
     return 0;
 }
 
-void plane_verifier_init(struct plane_verifier *v, const uint8_t run_key[PLANE_KEY_BYTES])
+void plane_verifier_init(struct plane_verifier *v, const uint8_t run_key[PLANE_KEY_BYTES], uint64_t epoch)
 {
     memset(v, 0, sizeof *v);
     if (run_key) {
         memcpy(v->run_key, run_key, PLANE_KEY_BYTES);
+        v->epoch = epoch;
         v->set = true;
     }
 }
@@ -270,7 +301,8 @@ int plane_cred_format(const struct plane_cred *c, char *out, size_t len)
 {
     char hex[2 * PLANE_KEY_BYTES + 1];
     sodium_bin2hex(hex, sizeof hex, c->key, PLANE_KEY_BYTES);
-    int n = snprintf(out, len, "%d %u %016" PRIx64 " %s\n", c->id.rank, c->id.pid, c->id.incarnation, hex);
+    int n = snprintf(out, len, "%d %u %016" PRIx64 " %016" PRIx64 " %s\n", c->id.rank, c->id.pid, c->id.incarnation,
+                     c->id.epoch, hex);
     return n < 0 || (size_t)n >= len ? -1 : 0;
 }
 
@@ -281,6 +313,7 @@ int plane_cred_parse(const char *text, struct plane_cred *c)
     const long rank = strtol(text, &end, 10);
     const unsigned long pid = strtoul(end, &end, 10);
     const unsigned long long inc = strtoull(end, &end, 16);
+    const unsigned long long epoch = strtoull(end, &end, 16);
     while (*end == ' ')
         end++;
     char hex[2 * PLANE_KEY_BYTES + 2];
@@ -292,7 +325,7 @@ int plane_cred_parse(const char *text, struct plane_cred *c)
     size_t got = 0;
     if (sodium_hex2bin(c->key, PLANE_KEY_BYTES, hex, strlen(hex), NULL, &got, NULL) != 0 || got != PLANE_KEY_BYTES)
         return -1;
-    c->id = (struct plane_id){.rank = (int32_t)rank, .pid = (uint32_t)pid, .incarnation = inc};
+    c->id = (struct plane_id){.rank = (int32_t)rank, .pid = (uint32_t)pid, .incarnation = inc, .epoch = epoch};
     c->set = true;
     return 0;
 }

@@ -1,12 +1,14 @@
 /* Authentication of the data plane and the dispatcher (protocol 1.8; docs/protocol.md, Authentication).
  *
- * A run has one random key (the run key: made by grpod for the run, or by world rank 0 at launch without grpod).
- * Each process has an identity (its world rank, its pid and a random incarnation) and its own key,
- * KDF(run key, identity) (keyed BLAKE2b, libsodium crypto_generichash). Only the issuer (grpod, or rank 0) and
- * the trainers hold the run key; a rollout process is handed its own key alone, so holding it lets it speak as
- * itself and nobody else. Every request carries a PlaneAuth: its identity, a counter (from 1, a new one per
- * message) and a keyed BLAKE2b-256 MAC (crypto_generichash) of the whole envelope packed with the MAC empty.
- * The receiver derives the claimed identity's key from the run key and checks the MAC, and refuses a counter it
+ * A launch of a run has one random key (the run key: made by grpod for each launch of the run, or by world rank 0
+ * at launch without grpod) and a key epoch that names it (under grpod 1, 2, ... for each launch; without grpod a
+ * random number). Each process has an identity (its world rank, its pid, a random incarnation and the epoch) and
+ * its own key, KDF(run key, identity) (keyed BLAKE2b, libsodium crypto_generichash). A message of another epoch
+ * than the receiver's (another launch's: a replay across a relaunch) is refused before its MAC is computed. Only the
+ * issuer (grpod, or rank 0) and the trainers hold the run key; a rollout process is handed its own key alone, so
+ * holding it lets it speak as itself and nobody else. Every request carries a PlaneAuth: its identity, a counter (from
+ * 1, a new one per message) and a keyed BLAKE2b-256 MAC (crypto_generichash) of the whole envelope packed with the MAC
+ * empty. The receiver derives the claimed identity's key from the run key and checks the MAC, and refuses a counter it
  * has seen from that identity (a replay). An answer carries the asker's identity and counter, marked as a reply, under
  * the asker's key: the asker knows it comes from a holder of the run key and answers its own request.
  *
@@ -27,6 +29,7 @@ struct plane_id {
     int32_t rank;
     uint32_t pid;
     uint64_t incarnation;
+    uint64_t epoch; /* the key epoch of the launch (PlaneAuth.epoch); 0 only from a sender older than 1.12 */
 };
 
 /* A process's credentials: who it is, its own key, and the counter of its last message (atomic: a process's
@@ -50,18 +53,37 @@ struct plane_seen {
 };
 struct plane_verifier {
     uint8_t run_key[PLANE_KEY_BYTES];
+    uint64_t epoch; /* the run key's: a message of another is refused */
     bool set;
     struct plane_seen *seen; /* [PLANE_SEEN_MAX], allocated on first use */
     int nseen;
     uint64_t clock;
+    uint64_t macs, mac_bytes; /* MACs computed over requests so far, and the bytes they covered */
 };
 
 /* libsodium's initialisation (once per process; safe to call again). 0, or -1 when it failed. */
 int plane_init(void);
 /* A fresh random run key. */
 void plane_run_key_new(uint8_t key[PLANE_KEY_BYTES]);
-/* A fresh random incarnation (never 0). */
+/* A fresh random 64-bit number (never 0). */
 uint64_t plane_random64(void);
+
+/* A process's generation at its rank within a launch: the top 16 bits of its incarnation (so that the key, which
+ * the incarnation enters, vouches for it). The processes a launch starts are generation 0 (without grpod) or their
+ * rank's next one (grpod counts each registration of a rank); a replacement (grpo-worker --replace-rank) is the
+ * generation after the process it replaces. The dispatcher takes a later generation of a rank as the newer
+ * process: it supersedes the older one (worker/plane/dispatch_core.c). Generations compare modulo 2^16. */
+#define PLANE_GENERATION_SHIFT 48
+static inline unsigned plane_generation(uint64_t incarnation)
+{
+    return (unsigned)(incarnation >> PLANE_GENERATION_SHIFT);
+}
+/* Whether generation a is later than b (modulo 2^16: half the circle ahead). */
+static inline bool plane_generation_later(unsigned a, unsigned b) { return (int16_t)(uint16_t)(a - b) > 0; }
+/* An incarnation of generation gen: 48 fresh random bits (never all 0) under it. */
+uint64_t plane_incarnation_new(unsigned gen);
+/* The incarnation of generation gen with the random bits of r (r's low 48 bits; 1 where they are all 0). */
+uint64_t plane_incarnation_of(unsigned gen, uint64_t r);
 /* The key of the process with identity id: KDF(run key, id). */
 void plane_key_derive(const uint8_t run_key[PLANE_KEY_BYTES], const struct plane_id *id, uint8_t out[PLANE_KEY_BYTES]);
 /* Credentials of identity id under the run key. */
@@ -83,6 +105,7 @@ enum plane_verdict {
     PLANE_BAD_MAC = -2, /* the MAC is not the claimed identity's */
     PLANE_REPLAY = -3,  /* a counter this identity has used */
     PLANE_NO_KEY = -4,  /* the receiver has no run key */
+    PLANE_EPOCH = -5,   /* a message of another key epoch than the receiver's (another launch's) */
 };
 /* Check a decoded request against the run key: *who gets the identity it claims (also on failure, when it has
  * one), *counter its counter. A good request's counter is recorded. why says what failed. */
@@ -95,10 +118,13 @@ int plane_verify_answer(const struct plane_cred *c, uint64_t counter, const Grpo
 /* The counter of the last message c sent. */
 uint64_t plane_cred_last(const struct plane_cred *c);
 
-void plane_verifier_init(struct plane_verifier *v, const uint8_t run_key[PLANE_KEY_BYTES]);
+/* A verifier of the run key of epoch `epoch` (run_key NULL: none, every message refused). */
+void plane_verifier_init(struct plane_verifier *v, const uint8_t run_key[PLANE_KEY_BYTES], uint64_t epoch);
 void plane_verifier_free(struct plane_verifier *v);
 
-/* Credentials as text, one line: "RANK PID INCARNATION KEYHEX" (a test's spare credentials); 0, or -1. */
+/* A fresh random key epoch (never 0): a launch without grpod. */
+uint64_t plane_epoch_new(void);
+/* Credentials as text, one line: "RANK PID INCARNATION EPOCH KEYHEX" (a test's spare credentials); 0, or -1. */
 int plane_cred_format(const struct plane_cred *c, char *out, size_t len);
 int plane_cred_parse(const char *text, struct plane_cred *c);
 

@@ -90,6 +90,9 @@ const char *protocol_body_name(Grpo__Envelope__BodyCase body)
     case GRPO__ENVELOPE__BODY_WEIGHTS_CHUNK: return "weights_chunk";
     case GRPO__ENVELOPE__BODY_RUN_CONFIG_REQUEST: return "run_config_request";
     case GRPO__ENVELOPE__BODY_RUN_CONFIG: return "run_config";
+    case GRPO__ENVELOPE__BODY_AUTH_HELLO: return "auth_hello";
+    case GRPO__ENVELOPE__BODY_AUTH_CHALLENGE: return "auth_challenge";
+    case GRPO__ENVELOPE__BODY_SEALED: return "sealed";
     default: return "none";
     }
 }

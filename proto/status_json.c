@@ -69,6 +69,7 @@ char *status_to_json(const Grpo__Status *s, int pretty)
     json_object_set_new(o, "checkpoint_step", json_integer(s->checkpoint_step));
     json_object_set_new(o, "pause_requested", json_boolean(s->pause_requested));
     json_object_set_new(o, "stop_requested", json_boolean(s->stop_requested));
+    json_object_set_new(o, "job_end", json_string(s->job_end));
     json_object_set_new(o, "run_started", num(s->run_started));
     json_object_set_new(o, "grpod_version", json_string(s->grpod_version));
     json_object_set_new(o, "metrics", metrics_json(s->metrics, s->n_metrics));

@@ -21,12 +21,13 @@
 #include "common/check.h"
 #include "common/clock.h"
 #include "common/fs.h"
+#include "proto/ctl_auth.h"
 #include "proto/plane_auth.h"
 
 struct rpc_client {
     int sock;
     char endpoint[512];
-    char *secret;
+    struct ctl_client *ctl; /* tcp:// to grpod: the session (the secret itself is not kept); NULL: none */
     uint64_t next_id;
     struct plane_cred *plane; /* NULL: no data-plane authentication */
 };
@@ -211,9 +212,30 @@ int secret_read(const char *path, char *out, size_t outlen, char *err, size_t er
         return -1;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || (st.st_mode & 077)) {
+    if (fstat(fd, &st) != 0) {
+        snprintf(err, errlen, "cannot stat secret file %s", path);
+        close(fd);
+        return -1;
+    }
+    if (st.st_mode & 077) {
         snprintf(err, errlen, "secret file %s may be read by group or others (mode %04o); run: chmod 600 %s", path,
                  (unsigned)(st.st_mode & 07777), path);
+        close(fd);
+        return -1;
+    }
+    if (st.st_mode & 07100) { /* 0600 or stricter: no execute, set-id or sticky bit either */
+        snprintf(err, errlen,
+                 "secret file %s has mode %04o: it must be 0600 or stricter (read and write for its owner only); run: "
+                 "chmod 600 %s",
+                 path, (unsigned)(st.st_mode & 07777), path);
+        close(fd);
+        return -1;
+    }
+    if (st.st_uid != geteuid()) { /* another user (root aside, the file's owner) could change it under us */
+        snprintf(err, errlen,
+                 "secret file %s belongs to uid %u, not to this process's user (uid %u): only a file of one's own is "
+                 "taken; run: chown %u %s",
+                 path, (unsigned)st.st_uid, (unsigned)geteuid(), (unsigned)geteuid(), path);
         close(fd);
         return -1;
     }
@@ -248,9 +270,9 @@ int secret_read(const char *path, char *out, size_t outlen, char *err, size_t er
     }
     if (l < GRPO_SECRET_MIN) {
         snprintf(err, errlen,
-                 "secret in %s is %zu characters; at least %d are needed (128 bits of randomness); make one with: "
-                 "head -c 32 /dev/urandom | base64 > %s; chmod 600 %s",
-                 path, l, GRPO_SECRET_MIN, path, path);
+                 "secret in %s is %zu characters (%zu bits at most, as base64); at least %d are needed (128 bits of "
+                 "randomness); make one with: head -c 32 /dev/urandom | base64 > %s; chmod 600 %s",
+                 path, l, 6 * l, GRPO_SECRET_MIN, path, path);
         return -1;
     }
     if (l + 1 > outlen) {
@@ -312,7 +334,10 @@ struct rpc_client *rpc_open(const char *endpoint, const char *secret, char *err,
     struct rpc_client *c = xcalloc(1, sizeof *c);
     c->sock = s;
     snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
-    c->secret = secret && secret[0] ? xstrdup(secret) : NULL;
+    if (secret && secret[0]) {
+        c->ctl = xcalloc(1, sizeof *c->ctl);
+        ctl_client_init(c->ctl, secret);
+    }
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     c->next_id = ((uint64_t)ts.tv_nsec << 20) ^ ((uint64_t)getpid() << 40) ^ (uint64_t)ts.tv_sec;
@@ -324,7 +349,9 @@ void rpc_close(struct rpc_client *c)
     if (!c)
         return;
     nn_close(c->sock);
-    free(c->secret);
+    if (c->ctl)
+        ctl_client_wipe(c->ctl);
+    free(c->ctl);
     free(c);
 }
 
@@ -351,22 +378,17 @@ static void version_reason(const Grpo__Envelope *env, char *err, size_t errlen)
                  env->version, GRPO_PROTOCOL_VERSION);
 }
 
-enum rpc_result rpc_call(struct rpc_client *c, Grpo__Envelope *req, int timeout_ms, Grpo__Envelope **reply, char *err,
-                         size_t errlen)
+/* Send buf, the request of id `id`, and wait until deadline for its answer: *env (decoded, protocol_free it) on
+ * RPC_OK; late answers to earlier tries are dropped. */
+static enum rpc_result exchange(struct rpc_client *c, const uint8_t *buf, size_t len, uint64_t id, double deadline,
+                                int timeout_ms, Grpo__Envelope **out, char *err, size_t errlen)
 {
-    *reply = NULL;
-    uint64_t id = ++c->next_id;
-    req->request_id = id;
-    envelope_set_secret(req, c->secret);
-    size_t len;
-    uint64_t counter = 0;
-    uint8_t *buf = CHECK_ALLOC(plane_pack_request_n(req, c->plane, &counter, &len));
-    double deadline = clock_now_s() + timeout_ms / 1000.0;
-    int to = timeout_ms;
+    *out = NULL;
+    int to = (int)((deadline - clock_now_s()) * 1000.0);
+    if (to < 1)
+        to = 1;
     nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_SNDTIMEO, &to, sizeof to);
-    int rc = nn_send(c->sock, buf, len, 0);
-    free(buf);
-    if (rc < 0) {
+    if (nn_send(c->sock, buf, len, 0) < 0) {
         int e = nn_errno();
         if (e == ETIMEDOUT || e == EAGAIN)
             unreachable_reason(c, timeout_ms, err, errlen);
@@ -411,18 +433,111 @@ enum rpc_result rpc_call(struct rpc_client *c, Grpo__Envelope *req, int timeout_
             protocol_free(env);
             continue;
         }
-        char why_auth[300];
-        if (c->plane && plane_verify_answer(c->plane, counter, env, why_auth, sizeof why_auth) != 0) {
-            if (env->body_case == GRPO__ENVELOPE__BODY_REPLY && !env->reply->ok && env->reply->error)
-                snprintf(err, errlen, "refused: %s (%s)", env->reply->error, why_auth);
-            else
-                snprintf(err, errlen, "unusable answer: %s", why_auth);
-            protocol_free(env);
-            return RPC_BAD_REPLY;
-        }
-        *reply = env;
+        *out = env;
         return RPC_OK;
     }
+}
+
+/* grpod's unsealed refusal of an authentication step (env: a Reply, or something else), in err. */
+static void auth_refusal(const Grpo__Envelope *env, const char *why, char *err, size_t errlen)
+{
+    if (env->minor_version < 12)
+        snprintf(err, errlen,
+                 "grpod speaks protocol 1.%u, which takes the shared secret in clear on tcp://; this program (1.%u) "
+                 "authenticates by challenge-response and never sends the secret: upgrade grpod",
+                 env->minor_version, GRPO_PROTOCOL_MINOR);
+    else if (env->body_case == GRPO__ENVELOPE__BODY_REPLY && env->reply->error && env->reply->error[0])
+        snprintf(err, errlen, "refused: %s", env->reply->error);
+    else
+        snprintf(err, errlen, "%s", why);
+}
+
+/* rpc_call on tcp:// to grpod: a session first (challenge-response), then the request sealed, its answer opened.
+ * A session grpod does not know (it restarted) is made again once. */
+static enum rpc_result call_sealed(struct rpc_client *c, Grpo__Envelope *req, double deadline, int timeout_ms,
+                                   Grpo__Envelope **reply, char *err, size_t errlen)
+{
+    char why[300];
+    for (int round = 0; round < 2; round++) {
+        Grpo__Envelope *env = NULL;
+        size_t len;
+        uint8_t *buf;
+        enum rpc_result r;
+        if (!c->ctl->open) {
+            const uint64_t hid = ++c->next_id;
+            buf = CHECK_ALLOC(ctl_client_hello(c->ctl, hid, &len));
+            r = exchange(c, buf, len, hid, deadline, timeout_ms, &env, err, errlen);
+            free(buf);
+            if (r != RPC_OK)
+                return r;
+            if (ctl_client_accept(c->ctl, env, why, sizeof why) != 0) {
+                auth_refusal(env, why, err, errlen);
+                protocol_free(env);
+                return RPC_BAD_REPLY;
+            }
+            protocol_free(env);
+        }
+        req->request_id = ++c->next_id;
+        envelope_set_secret(req, NULL); /* never on the wire, sealed or not */
+        uint64_t counter;
+        buf = CHECK_ALLOC(ctl_client_seal(c->ctl, req, &counter, &len));
+        r = exchange(c, buf, len, req->request_id, deadline, timeout_ms, &env, err, errlen);
+        free(buf);
+        if (r != RPC_OK)
+            return r;
+        if (env->body_case == GRPO__ENVELOPE__BODY_REPLY) { /* grpod refused the session, not the request */
+            const bool again = env->reply->reauth && round == 0;
+            if (!again)
+                auth_refusal(env, "refused", err, errlen);
+            protocol_free(env);
+            ctl_client_reset(c->ctl);
+            if (again)
+                continue;
+            return RPC_BAD_REPLY;
+        }
+        Grpo__Envelope *inner;
+        int bad = ctl_client_open(c->ctl, counter, env, &inner, why, sizeof why);
+        protocol_free(env);
+        if (bad) {
+            snprintf(err, errlen, "unusable answer: %s", why);
+            return RPC_BAD_REPLY;
+        }
+        *reply = inner;
+        return RPC_OK;
+    }
+    snprintf(err, errlen, "grpod forgot the session twice in a row");
+    return RPC_BAD_REPLY;
+}
+
+enum rpc_result rpc_call(struct rpc_client *c, Grpo__Envelope *req, int timeout_ms, Grpo__Envelope **reply, char *err,
+                         size_t errlen)
+{
+    *reply = NULL;
+    const double deadline = clock_now_s() + timeout_ms / 1000.0;
+    if (c->ctl)
+        return call_sealed(c, req, deadline, timeout_ms, reply, err, errlen);
+    uint64_t id = ++c->next_id;
+    req->request_id = id;
+    envelope_set_secret(req, NULL);
+    size_t len;
+    uint64_t counter = 0;
+    uint8_t *buf = CHECK_ALLOC(plane_pack_request_n(req, c->plane, &counter, &len));
+    Grpo__Envelope *env;
+    enum rpc_result r = exchange(c, buf, len, id, deadline, timeout_ms, &env, err, errlen);
+    free(buf);
+    if (r != RPC_OK)
+        return r;
+    char why_auth[300];
+    if (c->plane && plane_verify_answer(c->plane, counter, env, why_auth, sizeof why_auth) != 0) {
+        if (env->body_case == GRPO__ENVELOPE__BODY_REPLY && !env->reply->ok && env->reply->error)
+            snprintf(err, errlen, "refused: %s (%s)", env->reply->error, why_auth);
+        else
+            snprintf(err, errlen, "unusable answer: %s", why_auth);
+        protocol_free(env);
+        return RPC_BAD_REPLY;
+    }
+    *reply = env;
+    return RPC_OK;
 }
 
 enum rpc_result rpc_call_retry(struct rpc_client *c, Grpo__Envelope *req, int attempts, int timeout_ms,

@@ -4,8 +4,10 @@
  * could not be reached ("connection refused", "no such file or directory").
  *
  * Endpoints are nanomsg addresses: ipc://PATH (a Unix socket whose file mode
- * says who may connect) or tcp://HOST:PORT (every request must carry the
- * shared secret read from grpod.secret_file). */
+ * says who may connect) or tcp://HOST:PORT (the client proves it holds the
+ * shared secret of grpod.secret_file by challenge-response and seals every
+ * request under a session key: proto/ctl_auth.h; the secret never crosses
+ * the network). */
 #ifndef GRPO_PROTO_TRANSPORT_H
 #define GRPO_PROTO_TRANSPORT_H
 
@@ -37,9 +39,10 @@ int endpoint_probe(const char *endpoint, char *why, size_t whylen);
 int endpoint_prepare_bind(const char *endpoint, char *err, size_t errlen);
 
 /* Read a shared secret (first line, surrounding white space trimmed), as every reader of one does (grpod,
- * grpoctl, grpo-worker): refused when the file is not a regular file (a FIFO is not waited on), when group or
- * others may read it, and when the secret is shorter than GRPO_SECRET_MIN characters. 0, or -1 with err naming
- * the file and the fix. */
+ * grpoctl, grpo-worker): refused when the file is not a regular file (a FIFO is not waited on), when its mode is
+ * not 0600 or stricter (group or others may read it, or an execute or set-id bit), when another user owns it, and
+ * when the secret is shorter than GRPO_SECRET_MIN characters (128 bits as base64), naming its size. 0, or -1 with
+ * err naming the file and the fix. */
 int secret_read(const char *path, char *out, size_t outlen, char *err, size_t errlen);
 /* Compare two byte strings, every byte of both lengths, in time independent of where they differ
  * (it depends on la only: the received side's length); 1 when equal. */
@@ -61,11 +64,14 @@ enum rpc_result {
 /* One REQ socket to grpod. Not thread-safe: use it from one thread. */
 struct rpc_client;
 
-/* Open a REQ socket connected to endpoint; secret may be NULL (ipc). NULL with err on failure. */
+/* Open a REQ socket connected to endpoint; secret may be NULL (ipc, or a data-plane socket). With a secret every
+ * call goes through a session authenticated by challenge-response (made at the first call, and again when grpod
+ * has forgotten it), sealed both ways (proto/ctl_auth.h). NULL with err on failure. */
 struct rpc_client *rpc_open(const char *endpoint, const char *secret, char *err, size_t errlen);
 /* Close the socket and free the client. */
 void rpc_close(struct rpc_client *c);
-/* Send req (request id and secret filled in here) and wait up to timeout_ms for its reply.
+/* Send req (request id filled in here; Envelope.secret is never sent) and wait up to timeout_ms for its reply (the
+ * session's challenge-response included, when one is due).
  * On RPC_OK *reply is the decoded answer (caller protocol_free()s it). */
 enum rpc_result rpc_call(struct rpc_client *c, Grpo__Envelope *req, int timeout_ms, Grpo__Envelope **reply, char *err,
                          size_t errlen);

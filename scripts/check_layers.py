@@ -8,7 +8,10 @@ the protocol and the shared base never include the worker; the trainer and the r
 other (both build on worker/step, the neutral home of a step's data, and on worker/gen and worker/plane); a
 step's data, the scorers, generation and the split-run protocol depend on no role; the launch depends on no role
 and reaches MPI only through worker/comm; agents and tools (worker/agent) use the tokenizer and common/ only, and
-generation, the trainer and the model never include them.
+generation, the trainer and the model never include them. Inside the model (worker/model): no file includes a kernel
+back-end (kernels.h is its interface), the model's own files never include LoRA's headers (an adapter is a projection
+hook, struct model_hook, that lora.c installs), only the expert block (model_moe.c) includes expert parallelism's
+moe_ep.h, and no include cycle runs among its rooms (a source with its header and its _internal.h header).
 """
 import os
 import re
@@ -40,33 +43,104 @@ RULES = [
      "agents and tools build on the tokenizer and common/ only (and implement generation's turn interface, "
      "worker/gen/turn_env.h)"),
     ("worker/model/", ("worker/agent/",), "the model knows nothing of tools"),
+    ("worker/model/", ("kernels/cpu/", "kernels/cuda/"), "the model runs on the kernels' interface (kernels/kernels.h), "
+     "never on a back-end"),
     ("worker/launch/", ("worker/trainer/", "worker/rollout/", "worker/hybrid/", "worker/gen/", "worker/plane/",
                         "worker/step/",
                         "common/check_mpi.h"),
      "the launch builds a role's environment over comm_* only: no role's code, no raw MPI"),
 ]
-# headers a folder may include although their folder is banned to it: the interfaces it implements
-ALLOWED = {"worker/agent/": ("worker/gen/turn_env.h",)}
+# headers a folder (or a file) may include although their folder is banned to it: the interfaces it implements
+ALLOWED = {"worker/agent/": ("worker/gen/turn_env.h",),
+           # ring attention's CPU blocks on the CPU kernels' helper threads, until the kernels' interface offers them
+           "worker/model/ring_attn.c": ("kernels/cpu/pool.h",)}
+# Between the files of one folder: (files checked: paths starting with one of these, files excepted, headers they
+# must not include (as resolved from the tree's root), why). A bare include ("lora.h") is the including file's
+# folder's, as the compiler finds it.
+FILE_RULES = [
+    (("worker/model/",), ("worker/model/lora",), ("worker/model/lora.h", "worker/model/lora_internal.h"),
+     "the model calls its projection hook (struct model_hook) and knows no adapter: lora.c installs LoRA's"),
+    (("worker/model/",), ("worker/model/model_moe.c", "worker/model/moe_ep."), ("worker/model/moe_ep.h",),
+     "expert parallelism sits behind the expert block: only model_moe.c dispatches over the EP group"),
+]
+# folders whose rooms (a source with its header and its _internal.h header) include each other in no cycle
+CYCLE_FREE = ["worker/model/"]
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+SOURCES = (".c", ".h", ".cu", ".cuh")
+
+
+def includes(root, folder):
+    """(path from root, line, the include as written, the included file's path from root) of a folder's sources"""
+    base = os.path.join(root, folder)
+    if not os.path.isdir(base):
+        return
+    for dirpath, _, names in os.walk(base):
+        for name in sorted(names):
+            if not name.endswith(SOURCES):
+                continue
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, root)
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for lineno, line in enumerate(f, 1):
+                    m = INCLUDE.match(line)
+                    if not m:
+                        continue
+                    inc = m.group(1)
+                    near = os.path.normpath(os.path.join(os.path.dirname(rel), inc))
+                    here = "/" not in inc or os.path.exists(os.path.join(root, near))
+                    yield rel, lineno, inc, near if here else inc
+
+
+def allowed(rel, inc):
+    return any(rel.startswith(k) and inc in v for k, v in ALLOWED.items())
+
+
+def room(path):
+    """a source, its header and its _internal.h header: one room"""
+    stem = os.path.splitext(path)[0]
+    return stem[:-len("_internal")] if stem.endswith("_internal") else stem
+
+
+def cycles(root, folder):
+    edges = {}
+    where = {}
+    for rel, lineno, inc, target in includes(root, folder):
+        a, b = room(rel), room(target)
+        if a != b and target.startswith(folder) and os.path.exists(os.path.join(root, target)):
+            edges.setdefault(a, set()).add(b)
+            where.setdefault((a, b), f"{rel}:{lineno}: includes \"{inc}\"")
+    bad, state = [], {}
+
+    def visit(a, path):
+        state[a] = 1
+        for b in sorted(edges.get(a, ())):
+            if state.get(b) == 1:
+                loop = path[path.index(b):] + [b]
+                bad.append(where[(a, b)] + ": closes an include cycle among " + folder + "'s rooms: " +
+                           " -> ".join(os.path.basename(r) for r in loop))
+            elif not state.get(b):
+                visit(b, path + [b])
+        state[a] = 2
+
+    for a in sorted(edges):
+        if not state.get(a):
+            visit(a, [a])
+    return bad
 
 
 def check(root):
     bad = []
     for folder, banned, why in RULES:
-        base = os.path.join(root, folder)
-        if not os.path.isdir(base):
-            continue
-        for dirpath, _, names in os.walk(base):
-            for name in sorted(names):
-                if not name.endswith((".c", ".h", ".cu", ".cuh")):
-                    continue
-                path = os.path.join(dirpath, name)
-                with open(path, encoding="utf-8", errors="replace") as f:
-                    for lineno, line in enumerate(f, 1):
-                        m = INCLUDE.match(line)
-                        if m and m.group(1).startswith(banned) and m.group(1) not in ALLOWED.get(folder, ()):
-                            rel = os.path.relpath(path, root)
-                            bad.append(f"{rel}:{lineno}: includes \"{m.group(1)}\": {why}")
+        for rel, lineno, inc, _ in includes(root, folder):
+            if inc.startswith(banned) and not allowed(rel, inc):
+                bad.append(f"{rel}:{lineno}: includes \"{inc}\": {why}")
+    for checked, excepted, banned, why in FILE_RULES:
+        for folder in checked:
+            for rel, lineno, inc, target in includes(root, folder):
+                if target in banned and not rel.startswith(excepted):
+                    bad.append(f"{rel}:{lineno}: includes \"{inc}\": {why}")
+    for folder in CYCLE_FREE:
+        bad += cycles(root, folder)
     return bad
 
 

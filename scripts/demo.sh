@@ -3,7 +3,7 @@
 # arithmetic task (40 steps, 4 prompts x 8 responses), under the grpod coordinator, on 2 colocated ranks
 # (trainer.nnodes=1 trainer.n_gpus_per_node=2, no rollout split): each rank generates its share of every step,
 # then both train data-parallel. Why this layout: bench/run_dist_bench.sh on this 2-core machine
-# (docs/performance.md, "Distributed layouts") measured colocated at 1.16x the tokens/s of the split on-policy
+# (docs/results/performance.md, "Distributed layouts") measured colocated at 1.16x the tokens/s of the split on-policy
 # layout (2 trainers + 1 rollout rank, whose trainers idled 46% and rollout rank 71%), with each rank idle 4-6%,
 # and computing what one process would (on-policy). Split one-step-off was faster still (1.20x colocated) but
 # trains on rollouts one step stale, which learned worse in the demo's earlier comparison; DEMO_ROLLOUT_MODE=async
@@ -54,7 +54,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 MODE="${DEMO_ROLLOUT_MODE:-colocated}"
 case "$MODE" in
 colocated) LAYOUT=(trainer.nnodes=1 trainer.n_gpus_per_node=2); NP=2
-    WHY="2 colocated ranks: the fastest on-policy layout measured on 2 cores, 1.16x the split on-policy one's tokens/s, each rank idle 4-6% (docs/performance.md)" ;;
+    WHY="2 colocated ranks: the fastest on-policy layout measured on 2 cores, 1.16x the split on-policy one's tokens/s, each rank idle 4-6% (docs/results/performance.md)" ;;
 sync | async) LAYOUT=(trainer.nnodes=1 trainer.n_gpus_per_node=2 rollout.nnodes=1 rollout.n_gpus_per_node=1
     actor_rollout_ref.rollout.mode="$MODE"); NP=3
     WHY="2 trainer ranks + 1 rollout rank, rollout.mode=$MODE (DEMO_ROLLOUT_MODE=$MODE)" ;;

@@ -37,6 +37,9 @@ PKGS=(
     iproute2 util-linux
     # cluster suite: pings measure the link impairment (tests/cluster/net/test_impair.sh, test_net.sh)
     iputils-ping
+    # cluster suite: Open MPI starts its remote daemons through a real ssh, an sshd on each namespace host
+    # (tests/cluster/net/hosts_lib.sh), so that a crashed host is silent to mpirun as on real hosts
+    openssh-server openssh-client
     # tools the checks use
     clang clang-format clang-tidy cppcheck unzip
 )

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build and run the test suites (unit, mpi, system, gpu, cluster; not slow).
 #   ./scripts/test.sh                 everything but the slow suite
-#   ./scripts/test.sh --suite unit    meson test arguments pass through
+#   ./scripts/test.sh --suite unit    meson test arguments pass through (--help: this text)
 #   ./scripts/test.sh --loaded        the same beside a CPU-heavy job (one busy process per core, for the whole
 #                                     run): the suite must pass on a loaded machine too
 # Installs missing Debian packages (as root) and fetches the bundled model.
@@ -13,7 +13,11 @@ cd "$(dirname "$0")/.."
 LOADED=0
 args=()
 for a in "$@"; do
-    if [ "$a" = --loaded ]; then LOADED=1; else args+=("$a"); fi
+    case "$a" in
+    --loaded) LOADED=1 ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) args+=("$a") ;;
+    esac
 done
 set -- "${args[@]}"
 ./scripts/deps.sh

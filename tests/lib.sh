@@ -8,7 +8,7 @@
 #   $SRC_ROOT, $TOK the source tree, and the byte-level tokenizer fixture (tests/fixtures/tokenizers/bytes-chatml)
 #   $fails          the failed checks so far; expect NAME STATUS, fail NAME, finish [LOG...]
 #   has FILE TEXT, says FILE TEXT, lines_with FILE TEXT, has_lines FILE TEXT N, steps_logged METRICS N
-#   wait_for SECONDS CMD..., timeout ..., scaled SECONDS (bounds x GRPO_TEST_TIME_SCALE),
+#   wait_for SECONDS CMD..., scaled SECONDS (bounds x GRPO_TEST_TIME_SCALE: timeout "$(scaled N)" CMD),
 #   switches PID, ran_since PID COUNT SWITCHES, paused_in_place LOG...
 #   track PID       a background process to kill at exit (besides the shell's own jobs)
 #   need_bin VAR PATH, test_env, tiny_model DIR [SEED [CONFIG]]
@@ -40,7 +40,10 @@ lib_cleanup() {
     # expansions) must not kill the test's processes or remove $TMP
     [ "$BASHPID" = "$LIB_SHELL" ] || return 0
     local p all=()
-    for p in "${PIDS[@]}" $(jobs -p); do
+    for p in "${PIDS[@]}"; do # a tracked process, if it is still the one tracked (not a reused pid)
+        [ "$(started "${p%:*}")" = "${p#*:}" ] && all+=("${p%:*}" $(descendants "${p%:*}"))
+    done
+    for p in $(jobs -p); do
         kill -0 "$p" 2>/dev/null || continue
         all+=("$p" $(descendants "$p"))
     done
@@ -50,8 +53,12 @@ lib_cleanup() {
 }
 trap lib_cleanup EXIT
 
-# track PID: kill PID (and its children) at exit if it still runs
-track() { PIDS+=("$1"); }
+# started PID: the process's start time (clock ticks since boot), empty when there is no such process
+started() { awk '{ sub(/.*\) /, ""); print $20 }' "/proc/$1/stat" 2>/dev/null; }
+# track PID: kill PID (and its children) at exit if it still runs. Its start time is kept with it: on a busy
+# machine a pid is reused within minutes (pid_max 32768), and another test's process under a tracked pid that
+# ended long ago must not be killed
+track() { PIDS+=("$1:$(started "$1")"); }
 
 # expect NAME STATUS: one check, passed when STATUS is 0
 expect() {
@@ -80,25 +87,14 @@ says() { has "$1" "$2" || { echo "     missing '$2' in:"; tail -5 "$1" | sed 's/
 steps_logged() { [ "$(grep -c . "$1" 2>/dev/null)" -ge "$2" ]; }
 
 # A machine slower than a quiet one, or loaded, gets longer bounds: GRPO_TEST_TIME_SCALE (scripts/test.sh sets it
-# from scripts/time_scale.py; default 1) multiplies every bound of wait_for and of timeout. A bound is a guard
-# against a hang, never the thing tested: the checks wait on events.
+# from scripts/time_scale.py; default 1) multiplies every bound of wait_for, and the tests write coreutils' timeout
+# as `timeout "$(scaled N)" CMD`. A bound is a guard against a hang, never the thing tested: the checks wait on
+# events. (Not a shell function named timeout: `timeout ... &` must leave coreutils' timeout in $!, for the tests
+# that signal it.)
 TIME_SCALE="${GRPO_TEST_TIME_SCALE:-1}"
 [[ "$TIME_SCALE" =~ ^[0-9]+(\.[0-9]+)?$ ]] || TIME_SCALE=1
 # scaled SECONDS: SECONDS x TIME_SCALE, rounded up to a whole second (SECONDS may have a fraction)
 scaled() { awk -v s="$1" -v f="$TIME_SCALE" 'BEGIN { v = s * f; r = int(v); if (r < v) r++; print r }'; }
-# timeout [OPTION...] DURATION CMD...: coreutils' timeout with DURATION (seconds, or with its s/m/h suffix) scaled
-timeout() {
-    local opts=()
-    while [ $# -gt 0 ] && [[ "$1" == -* ]]; do
-        case "$1" in -s | -k | --signal | --kill-after) opts+=("$1" "$2"); shift 2 ;; *) opts+=("$1"); shift ;; esac
-    done
-    local d="${1:-}" unit=1
-    shift
-    case "$d" in *s) d="${d%s}" ;; *m) d="${d%m}" unit=60 ;; *h) d="${d%h}" unit=3600 ;; esac
-    [[ "$d" =~ ^[0-9]+(\.[0-9]+)?$ ]] && d="$(scaled "$(awk -v d="$d" -v u="$unit" 'BEGIN { print d * u }')")"
-    command timeout "${opts[@]}" "$d" "$@"
-}
-
 # wait_for SECONDS CMD...: run CMD until it succeeds (0) or SECONDS (x TIME_SCALE) run out (1)
 wait_for() {
     local until=$(( $(date +%s%N) / 1000000 + $(scaled "$1") * 1000 )); shift

@@ -52,15 +52,16 @@ struct role_env {
     int staleness;             /* 0: on-policy (rollout.mode=sync), 1: one-step-off (async) */
     double heartbeat_s;        /* grpod's heartbeat interval (grpod.heartbeat_interval_s without grpod): the rollout
                                   processes ping the dispatcher this often, and are lost after two */
-    char secret[1024];         /* grpod.secret_file's secret: the dispatcher's requests carry it ("": none) */
     /* data-plane authentication (proto/plane_auth.h), split runs: every process's own credentials, and the run
-     * key on trainer ranks only (they check every batch and request with it); handed out by grpod, or by world
-     * rank 0 at launch without grpod */
+     * key of this launch's key epoch on trainer ranks only (they check every batch and request with it, and refuse
+     * another epoch's); handed out by grpod, or by world rank 0 at launch without grpod */
     struct plane_cred plane;    /* for the dispatcher (its two threads share the counter) */
     struct plane_cred plane_dp; /* the same identity and key, for the data sockets (one thread) */
     uint8_t plane_run_key[PLANE_KEY_BYTES];
     bool have_run_key;
-    int n_endpoints; /* one data endpoint per trainer DP rank */
+    uint64_t plane_epoch; /* this launch's key epoch (never 0 once credentials are set) */
+    uint64_t launch_id;   /* names the launch (world rank 0's random number; Register.launch) */
+    int n_endpoints;      /* one data endpoint per trainer DP rank */
     char endpoints[ROLE_MAX_ENDPOINTS][256];
     char dispatch_endpoint[256]; /* the trainers' dispatcher: trainer DP rank 0 binds it, the rollout ranks connect */
     char advertise[256];         /* grpod.advertise_host resolved: the address this rank's endpoints are dialled at

@@ -85,7 +85,7 @@ static void head_forward(float *out, float *lse, int ld_lse, const float *q, int
 /* One query row (a decode step) of one head against keys 0..nk-1: the scores as dot products in 8 interleaved
  * partial sums and the output as a weighted sum of v's rows, in loops the compiler runs as SIMD lanes. sgemm on a
  * 1 x nk x hd product spent more in packing its operands than in the products: 18% of a decode step at batch 32
- * went to OpenBLAS for these (perf, docs/performance.md). S: nk floats. */
+ * went to OpenBLAS for these (perf, docs/results/performance.md). S: nk floats. */
 MULTI_TARGET static void head_decode(float *out, const float *q, const float *k, const float *v, int ldk, int nk,
                                      int hd, float scale, float *S)
 {

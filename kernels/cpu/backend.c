@@ -71,7 +71,7 @@ static void cpu_linear_forward(struct kctx *K, float *y, const float *x, const f
 {
     /* A decode step's few rows stay fp32 in a BF16 context: the few-row kernel reads the fp32 weights once, while
      * the BF16 product would first round all of them (a decode step at batch 8 ran at 256 tokens/s so, against 348
-     * in fp32 on Zen 5; docs/performance.md). */
+     * in fp32 on Zen 5; docs/results/performance.md). */
     if (K->matmul == KMM_BF16 && !skinny_wanted(N, Din))
         linear_forward_bf16(y, x, W, b, N, Din, Dout);
     else

@@ -4,7 +4,7 @@
  * Why not OpenBLAS's own threads: its idle threads spin (sched_yield in a loop) for a while after each call. Next
  * to pool.c's helpers, which run the BF16 products and the few-row kernel, three busy threads then shared two
  * cores: with BF16 GEMMs at 2 threads a third of the time went to sched_yield and forward+backward ran barely
- * faster than at one thread (perf, docs/performance.md). One set of threads that sleep when idle removes that.
+ * faster than at one thread (perf, docs/results/performance.md). One set of threads that sleep when idle removes that.
  *
  * A part computes whole rows (or whole columns) of C, over all of K: the same thread count gives the same bits
  * every time, but another count may change the last bits (OpenBLAS picks its kernel by the size of each part, as

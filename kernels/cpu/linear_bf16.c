@@ -6,7 +6,7 @@
  * ourselves into grow-only buffers (one conversion pass per operand and call; no allocation once the largest shape
  * has run), and keep one oneDNN primitive per shape (a model has a handful). The weight-gradient product takes
  * dy^T: dy is transposed while it is rounded, so every product oneDNN runs is a plain row-major A B or A B^T
- * (measured on the model's shapes: bench/bf16_gemm_bench.c, docs/performance.md).
+ * (measured on the model's shapes: bench/bf16_gemm_bench.c, docs/results/performance.md).
  *
  * cpu_bf16_gemm_available() asks the CPU (cpuid: AVX512-BF16 with the OS saving the ZMM state, or AMX-BF16 with
  * the OS granting the tile data) and oneDNN (the ISA it dispatches to); without oneDNN in the build it is false.

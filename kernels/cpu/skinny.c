@@ -9,6 +9,9 @@
 #include <immintrin.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cpu_kernels.h"
 #include "pool.h"
@@ -147,7 +150,7 @@ __attribute__((target("avx2,fma"))) static void cols256(float *y, const float *x
 {
     /* The next group of W rows is fetched while this one computes: with few tiles of rows during the first tile's
      * steps, with many (M >= 16) a share of its lines before each tile. Below 4 rows the hardware's prefetch keeps
-     * up alone (measured on Zen: bench/skinny_bench and the decode benchmark, docs/performance.md). */
+     * up alone (measured on Zen: bench/skinny_bench and the decode benchmark, docs/results/performance.md). */
     const int tiles = M / 4 + M % 4;
     int n = n0;
     for (; n + 3 <= n1; n += 3) {
@@ -187,11 +190,32 @@ static enum skinny_isa best_isa(void)
 
 static int g_forced = -1; /* a test's choice, or -1 */
 
+/* GRPO_CPU_ISA=avx2 (or none) caps the choice, to run the few-row products as a CPU without AVX-512 (or without
+ * AVX2) would, e.g. to follow another machine's run here (with OPENBLAS_CORETYPE for OpenBLAS's kernels). An
+ * unknown value, or one this CPU cannot run, is ignored with a line on stderr. */
+static enum skinny_isa capped_isa(void)
+{
+    enum skinny_isa best = best_isa();
+    const char *cap = getenv("GRPO_CPU_ISA");
+    if (!cap || !*cap)
+        return best;
+    enum skinny_isa want = strcmp(cap, "avx512") == 0 ? SKINNY_AVX512
+                           : strcmp(cap, "avx2") == 0 ? SKINNY_AVX2
+                           : strcmp(cap, "none") == 0 ? SKINNY_NONE
+                                                      : SKINNY_AUTO;
+    if (want == SKINNY_AUTO || (want != SKINNY_NONE && (int)want > (int)best)) {
+        fprintf(stderr, "GRPO_CPU_ISA=%s ignored: expected avx512, avx2 or none, and one this CPU runs (%s)\n", cap,
+                skinny_isa_name(best));
+        return best;
+    }
+    return want;
+}
+
 enum skinny_isa skinny_isa(void)
 {
     static int best = -1;
     if (best < 0)
-        best = (int)best_isa();
+        best = (int)capped_isa();
     return g_forced >= 0 ? (enum skinny_isa)g_forced : (enum skinny_isa)best;
 }
 

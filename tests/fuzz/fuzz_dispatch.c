@@ -19,8 +19,6 @@
 
 #define FLOATS 300
 
-static const char *secret_of(uint8_t first) { return first & 1 ? "s3cret" : NULL; }
-
 static void publish(struct dispatch_core *d, int64_t v)
 {
     float *w = dispatch_core_publish_begin(d, v);
@@ -33,8 +31,7 @@ static void publish(struct dispatch_core *d, int64_t v)
 
 static void run(const uint8_t *data, size_t size)
 {
-    const struct dispatch_options o = {.secret = secret_of(data[0]),
-                                       .units = 2,
+    const struct dispatch_options o = {.units = 2,
                                        .groups_in_step = 4,
                                        .staleness = 1,
                                        .start = 0,

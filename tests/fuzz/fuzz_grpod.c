@@ -1,5 +1,5 @@
 /* libFuzzer harness of everything grpod parses from outside: control requests
- * (with and without a shared secret), the journaled state file, and the
+ * (on ipc, and on tcp: hellos and sealed requests), the journaled state file, and the
  * replies a client decodes and prints as JSON. The first input byte picks the
  * target; the core lives across inputs, so sequences of requests build up
  * state the way a real socket would.
@@ -32,12 +32,17 @@ static void write_seed(const char *dir, const char *name, uint8_t target, const 
     fclose(f);
 }
 
-static void write_envelope_seed(const char *dir, const char *name, Grpo__Envelope *env)
+static void write_envelope_seed_to(const char *dir, const char *name, uint8_t target, Grpo__Envelope *env)
 {
     size_t len;
     uint8_t *buf = protocol_pack(env, &len);
-    write_seed(dir, name, 0, buf, len);
+    write_seed(dir, name, target, buf, len);
     free(buf);
+}
+
+static void write_envelope_seed(const char *dir, const char *name, Grpo__Envelope *env)
+{
+    write_envelope_seed_to(dir, name, 0, env);
 }
 
 /* Seeds: one well-formed message of each kind, so mutations start from the real grammar. */
@@ -83,6 +88,23 @@ static void write_seeds(const char *dir, uint64_t incarnation)
     env.body_case = GRPO__ENVELOPE__BODY_STATUS_REQUEST;
     env.status_request = 1;
     write_envelope_seed(dir, "status", &env);
+    /* a tcp endpoint's (target 1, protocol 1.12): a hello, and a sealed request of a session grpod does not know */
+    uint8_t nonce[32] = {1}, session[16] = {2}, box[64] = {3};
+    Grpo__AuthHello hello = GRPO__AUTH_HELLO__INIT;
+    hello.client_nonce.data = nonce;
+    hello.client_nonce.len = sizeof nonce;
+    env.body_case = GRPO__ENVELOPE__BODY_AUTH_HELLO;
+    env.auth_hello = &hello;
+    write_envelope_seed_to(dir, "tcp_hello", 1, &env);
+    Grpo__Sealed sealed = GRPO__SEALED__INIT;
+    sealed.session.data = session;
+    sealed.session.len = sizeof session;
+    sealed.counter = 1;
+    sealed.box.data = box;
+    sealed.box.len = sizeof box;
+    env.body_case = GRPO__ENVELOPE__BODY_SEALED;
+    env.sealed = &sealed;
+    write_envelope_seed_to(dir, "tcp_sealed", 1, &env);
     char *state = core_save_json(&core);
     write_seed(dir, "state", 2, (const uint8_t *)state, strlen(state));
     free(state);

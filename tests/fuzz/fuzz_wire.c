@@ -99,7 +99,7 @@ static void seed_batch(const char *dir, const char *name, int unit, const int *u
                             .units = UNITS};
     size_t len;
     struct plane_cred cred;
-    plane_cred_issue(&cred, run_key, &(struct plane_id){.rank = h.from_rank, .pid = 100 + (uint32_t)unit});
+    plane_cred_issue(&cred, run_key, &(struct plane_id){.rank = h.from_rank, .pid = 100 + (uint32_t)unit, .epoch = 1});
     uint8_t *buf = wire_pack_batch(&h, &b, groups, ng, authenticated ? &cred : NULL, &len);
     write_seed(dir, name, authenticated ? 1 : 0, buf, len);
     free(buf);
@@ -143,7 +143,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 1)
         return 0;
     struct plane_verifier v;
-    plane_verifier_init(&v, run_key);
+    plane_verifier_init(&v, run_key, 1);
     struct wire_auth auth = {.v = &v};
     const struct wire_limits lim = limits(data[0] & 1 ? &auth : NULL);
     struct wire_header h;

@@ -33,7 +33,7 @@ fi
 protoc-c --proto_path="$src/proto" --c_out="$out/gen" "$src/proto/grpo.proto"
 mkdir -p "$out/gen/daemon"
 printf '#define GRPO_VERSION_STRING "fuzz"\n' >"$out/gen/daemon/grpod_version.h"
-proto=("$src"/proto/{protocol,transport,plane_auth}.c "$out/gen/grpo.pb-c.c")
+proto=("$src"/proto/{protocol,transport,plane_auth,ctl_auth}.c "$out/gen/grpo.pb-c.c")
 base=("$src"/common/{log,check,clock,fs,backoff}.c)
 sources() {
     case "$1" in

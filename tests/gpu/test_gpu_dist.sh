@@ -48,9 +48,9 @@ matches_one() {
     expect "$2the final weights match the one-process run within $TOL ($(cat "$TMP/cmp-$1.txt"))" $rc
 }
 
-timeout 300 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/one" >"$TMP/one.log" 2>&1
+timeout "$(scaled 300)" "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/one" >"$TMP/one.log" 2>&1
 expect "the one-process $DEV run finishes" $?
-timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${SPLIT[@]}" trainer.default_local_dir="$TMP/split" \
+timeout "$(scaled 300)" "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${SPLIT[@]}" trainer.default_local_dir="$TMP/split" \
     trainer.log_level=debug >"$TMP/split.log" 2>&1
 expect "2 trainer + 1 rollout ranks on $DEV finish" $?
 if [ "$DEV" = cuda ]; then
@@ -71,7 +71,7 @@ matches_one split ""
 
 # Colocated DP 2 (no rollout split: both ranks generate their share on their GPU, then train together): the same
 # run as one process.
-timeout 300 "${MPIRUN[@]}" -np 2 "$WORKER" "${COMMON[@]}" trainer.nnodes=1 trainer.n_gpus_per_node=2 \
+timeout "$(scaled 300)" "${MPIRUN[@]}" -np 2 "$WORKER" "${COMMON[@]}" trainer.nnodes=1 trainer.n_gpus_per_node=2 \
     trainer.default_local_dir="$TMP/colo" >"$TMP/colo.log" 2>&1
 expect "2 colocated ranks on $DEV finish" $?
 grep -q "2 colocated ranks: training DP 2" "$TMP/colo.log"; expect "colocated: both ranks generate and train" $?
@@ -80,7 +80,7 @@ matches_one colo "colocated DP 2: "
 # ZeRO-1: each trainer keeps its block of AdamW's state in its GPU's memory, the gradients reduce-scattered and the
 # weights all-gathered over NCCL, the checkpoint's moments gathered to the host; the same run as above. Where the
 # trainers share a GPU (NCCL needs one per rank: a one-GPU machine) it is refused by name instead.
-timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${SPLIT[@]}" trainer.default_local_dir="$TMP/zero" \
+timeout "$(scaled 300)" "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${SPLIT[@]}" trainer.default_local_dir="$TMP/zero" \
     actor_rollout_ref.actor.megatron.use_distributed_optimizer=true >"$TMP/zero.log" 2>&1
 rc=$?
 if shared_gpu; then
@@ -98,7 +98,7 @@ fi
 # gathered through the host; the same run as above. Refused by name where the trainers share a GPU.
 for layout in "tp2 2 1" "pp2 1 2"; do
     set -- $layout
-    timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${SPLIT[@]}" trainer.default_local_dir="$TMP/$1" \
+    timeout "$(scaled 300)" "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${SPLIT[@]}" trainer.default_local_dir="$TMP/$1" \
         actor_rollout_ref.actor.megatron.tensor_model_parallel_size="$2" \
         actor_rollout_ref.actor.megatron.pipeline_model_parallel_size="$3" >"$TMP/$1.log" 2>&1
     rc=$?
@@ -118,7 +118,7 @@ done
 # Rollout TP 2: one trainer and one rollout TP group of 2 ranks, whose TP collectives run over an NCCL twin of the
 # group (a lost peer ends the group only); the weights resharded through the host. Refused by name where the node
 # has fewer GPUs than ranks.
-timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" placement.trainer_ranks=1 placement.rollout_ranks=2 \
+timeout "$(scaled 300)" "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" placement.trainer_ranks=1 placement.rollout_ranks=2 \
     actor_rollout_ref.rollout.tensor_model_parallel_size=2 trainer.default_local_dir="$TMP/rtp" >"$TMP/rtp.log" 2>&1
 rc=$?
 if [ "$DEV" = cuda ] && [ "$(gpus)" -lt 3 ]; then
@@ -135,9 +135,9 @@ fi
 # a host copy and loaded into the rollout rank's GPU, checkpoints saved and read through the host; the split run
 # against the one-process LoRA run.
 LORA=(actor_rollout_ref.model.lora_rank=4 actor_rollout_ref.model.lora_alpha=8)
-timeout 300 "$WORKER" "${COMMON[@]}" "${LORA[@]}" trainer.default_local_dir="$TMP/one-lora" >"$TMP/one-lora.log" 2>&1
+timeout "$(scaled 300)" "$WORKER" "${COMMON[@]}" "${LORA[@]}" trainer.default_local_dir="$TMP/one-lora" >"$TMP/one-lora.log" 2>&1
 expect "the one-process LoRA run on $DEV finishes" $?
-timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${SPLIT[@]}" "${LORA[@]}" trainer.log_level=debug \
+timeout "$(scaled 300)" "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${SPLIT[@]}" "${LORA[@]}" trainer.log_level=debug \
     trainer.default_local_dir="$TMP/lora" >"$TMP/lora.log" 2>&1
 expect "LoRA with 2 trainer + 1 rollout ranks on $DEV finishes" $?
 grep -q "weights identical on 2 DP ranks" "$TMP/lora.log" && ! grep -q "weights differ" "$TMP/lora.log"
@@ -146,7 +146,7 @@ expect "LoRA: the replicas' adapters are compared and never differ" $?
 expect "LoRA: the checkpoint holds the adapter" $?
 same_metrics lora one-lora
 expect "LoRA: per-step losses, grad norms and entropies match the one-process LoRA run within $TOL" $?
-timeout 300 "$WORKER" "${COMMON[@]}" "${LORA[@]}" trainer.default_local_dir="$TMP/one-lora" \
+timeout "$(scaled 300)" "$WORKER" "${COMMON[@]}" "${LORA[@]}" trainer.default_local_dir="$TMP/one-lora" \
     trainer.total_training_steps=$((STEPS + 1)) >"$TMP/one-lora-resume.log" 2>&1
 rc=$?
 [ $rc -eq 0 ] && grep -q "resumed from .*global_step_$STEPS" "$TMP/one-lora-resume.log"
@@ -155,7 +155,7 @@ expect "LoRA: a run resumes from its checkpoint on $DEV (the adapter and AdamW's
 # The weight broadcast (weight_sync=broadcast): each version from trainer rank 0 to the rollout rank in one
 # broadcast, over NCCL through a device bucket where each rank has a GPU of its own (else over MPI from host
 # memory); the same floats as fetching them, so the final weights are those of the split run.
-timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${SPLIT[@]}" trainer.default_local_dir="$TMP/bcast" \
+timeout "$(scaled 300)" "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${SPLIT[@]}" trainer.default_local_dir="$TMP/bcast" \
     actor_rollout_ref.rollout.weight_sync=broadcast trainer.log_level=debug >"$TMP/bcast.log" 2>&1
 expect "weight_sync=broadcast on $DEV finishes" $?
 want_be=mpi
@@ -170,7 +170,7 @@ else
 fi
 rc=$?; expect "broadcast: the final weights are the fetching run's ($(cat "$TMP/cmp-bcast.txt"))" $rc
 
-timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${SPLIT[@]}" trainer.default_local_dir="$TMP/async" \
+timeout "$(scaled 300)" "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${SPLIT[@]}" trainer.default_local_dir="$TMP/async" \
     actor_rollout_ref.rollout.mode=async >"$TMP/async.log" 2>&1
 expect "one-step-off on $DEV finishes" $?
 python3 - "$TMP/async/p/e/metrics.jsonl" <<'PY'

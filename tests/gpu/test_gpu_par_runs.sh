@@ -45,14 +45,14 @@ matches() {
 colo() {
     local name=$1 model=$2
     shift 2
-    timeout 300 "${MPIRUN[@]}" -np 2 "$WORKER" "${COMMON[@]}" actor_rollout_ref.model.path="$model" \
+    timeout "$(scaled 300)" "${MPIRUN[@]}" -np 2 "$WORKER" "${COMMON[@]}" actor_rollout_ref.model.path="$model" \
         trainer.nnodes=1 trainer.n_gpus_per_node=2 trainer.default_local_dir="$TMP/$name" "$@" >"$TMP/$name.log" 2>&1
 }
 
-timeout 300 "$WORKER" "${COMMON[@]}" actor_rollout_ref.model.path="$TMP/tiny" trainer.default_local_dir="$TMP/one" \
+timeout "$(scaled 300)" "$WORKER" "${COMMON[@]}" actor_rollout_ref.model.path="$TMP/tiny" trainer.default_local_dir="$TMP/one" \
     >"$TMP/one.log" 2>&1
 expect "the one-process $DEV run (dense) finishes" $?
-timeout 300 "$WORKER" "${COMMON[@]}" actor_rollout_ref.model.path="$TMP/moe" $AUX \
+timeout "$(scaled 300)" "$WORKER" "${COMMON[@]}" actor_rollout_ref.model.path="$TMP/moe" $AUX \
     trainer.default_local_dir="$TMP/one-moe" >"$TMP/one-moe.log" 2>&1
 expect "the one-process $DEV run (Qwen3-MoE) finishes" $?
 
@@ -118,7 +118,7 @@ zero1 ep2-zero1 one-moe "EP 2" "DP" "$TMP/moe" $AUX actor_rollout_ref.actor.mega
 # trains the same attention adapter, the checkpoint holds the whole adapter; against one process with the same LoRA
 LORA=(actor_rollout_ref.model.lora_rank=2 actor_rollout_ref.model.lora_alpha=4
     "actor_rollout_ref.model.target_modules=[q_proj,k_proj,v_proj,o_proj]" actor_rollout_ref.actor.optim.eps=1e-6)
-timeout 300 "$WORKER" "${COMMON[@]}" actor_rollout_ref.model.path="$TMP/moe" $AUX "${LORA[@]}" \
+timeout "$(scaled 300)" "$WORKER" "${COMMON[@]}" actor_rollout_ref.model.path="$TMP/moe" $AUX "${LORA[@]}" \
     trainer.default_local_dir="$TMP/one-moe-lora" >"$TMP/one-moe-lora.log" 2>&1
 expect "the one-process $DEV run with LoRA (Qwen3-MoE) finishes" $?
 colo ep2-lora "$TMP/moe" $AUX "${LORA[@]}" actor_rollout_ref.actor.megatron.expert_model_parallel_size=2

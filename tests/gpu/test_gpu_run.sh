@@ -28,7 +28,7 @@ COMMON=(actor_rollout_ref.model.path="$TMP/policy" trainer.project_name=p traine
 run() {
     local name="$1"
     shift
-    timeout 300 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/$name" \
+    timeout "$(scaled 300)" "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/$name" \
         trainer.rollout_data_dir="$TMP/$name/rollouts" "$@" >"$TMP/$name.log" 2>&1
 }
 run cpu trainer.total_training_steps=2

@@ -9,7 +9,7 @@ bin="$1"
 . "$(dirname "$0")/../lib.sh" grpo-nccl-deadline
 out="$TMP/out.log"
 start=$(date +%s)
-timeout 60 mpirun --oversubscribe -np 2 "$bin" --nccl-deadline >"$out" 2>&1
+timeout "$(scaled 60)" mpirun --oversubscribe -np 2 "$bin" --nccl-deadline >"$out" 2>&1
 rc=$?
 took=$(( $(date +%s) - start ))
 cat "$out"

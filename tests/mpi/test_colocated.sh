@@ -23,7 +23,7 @@ set -u
 WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
 . "$(dirname "$0")/../lib.sh" grpo-colo
 test_env
-MPIRUN=(timeout 300 mpirun --oversubscribe --bind-to none)
+MPIRUN=(timeout "$(scaled 300)" mpirun --oversubscribe --bind-to none)
 . "$(dirname "$0")/equiv_lib.sh"
 
 # colocated run: NAME MODEL RANKS TP PP [more keys...]: verl's trainer.nnodes x n_gpus_per_node and no rollout.*

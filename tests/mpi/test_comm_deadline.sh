@@ -10,7 +10,7 @@ bin="$1"
 out="$TMP/out.log"
 for op in allreduce iallreduce recv; do
     start=$(date +%s)
-    timeout 60 mpirun --oversubscribe -np 2 "$bin" --deadline 2 --stuck-peer "$op" >"$out" 2>&1
+    timeout "$(scaled 60)" mpirun --oversubscribe -np 2 "$bin" --deadline 2 --stuck-peer "$op" >"$out" 2>&1
     rc=$?
     took=$(($(date +%s) - start))
     case $op in allreduce) what="all-reduce" ;; iallreduce) what="all-reduce (a gradient bucket)" ;; recv) what="receive" ;; esac
@@ -26,7 +26,7 @@ done
 # comm_try_broadcast (the weight broadcast's group): a late peer gives the group up at the deadline instead of
 # ending the run, and the group is not used again
 start=$(date +%s)
-timeout 60 mpirun --oversubscribe -np 3 "$bin" --deadline 2 --stuck-peer try_broadcast >"$out" 2>&1
+timeout "$(scaled 60)" mpirun --oversubscribe -np 3 "$bin" --deadline 2 --stuck-peer try_broadcast >"$out" 2>&1
 rc=$?
 took=$(($(date +%s) - start))
 [ "$rc" -eq 0 ] && [ "$took" -lt 30 ]

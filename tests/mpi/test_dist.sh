@@ -29,7 +29,7 @@ weights() { echo "$TMP/$1/p/e/checkpoints/global_step_$STEPS/actor"; }
     >"$TMP/one.log" 2>&1
 expect "single-process run finishes" $?
 
-timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/split" \
+timeout "$(scaled 300)" "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/split" \
     trainer.rollout_data_dir="$TMP/split/audit" placement.trainer_ranks=2 placement.rollout_ranks=1 \
     trainer.log_level=debug >"$TMP/split.log" 2>&1
 expect "1 rollout + 2 trainer ranks finish" $?
@@ -70,7 +70,7 @@ expect "final weights match the single-process run within 1e-5 ($(cat "$TMP/cmp.
 # overlap_grad_reduce (on by default): the layers' buckets summed during the backward give the sums of one
 # all-reduce after it, bit for bit (2 DP ranks: each element is a + b either way)
 for v in off:overlap_grad_reduce=false buckets:bucket_size=20000; do
-    timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/${v%%:*}" \
+    timeout "$(scaled 300)" "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/${v%%:*}" \
         placement.trainer_ranks=2 placement.rollout_ranks=1 \
         +actor_rollout_ref.actor.megatron.override_ddp_config.${v#*:} >"$TMP/${v%%:*}.log" 2>&1
     expect "split run with override_ddp_config.${v#*:} finishes" $?
@@ -89,7 +89,7 @@ rc=$?
 expect "several buckets and none: bit-identical weights ($(cat "$TMP/cmpb.txt"))" $rc
 
 # ZeRO-1 over the 2 trainer DP ranks: the same update, with each rank holding half of the optimizer state
-timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/zero" \
+timeout "$(scaled 300)" "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/zero" \
     placement.trainer_ranks=2 placement.rollout_ranks=1 trainer.save_freq=2 \
     actor_rollout_ref.actor.megatron.use_distributed_optimizer=true >"$TMP/zero.log" 2>&1
 expect "ZeRO-1 run (1 rollout + 2 trainer ranks) finishes" $?
@@ -206,7 +206,7 @@ expect "the metrics count each dropped batch by its reason" $?
 expect "the stranger changed nothing (weights bit-identical to the undisturbed run)" $?
 
 # one-step-off
-timeout 300 "${MPIRUN[@]}" -np 2 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/async" \
+timeout "$(scaled 300)" "${MPIRUN[@]}" -np 2 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/async" \
     placement.trainer_ranks=1 placement.rollout_ranks=1 actor_rollout_ref.rollout.mode=async >"$TMP/async.log" 2>&1
 expect "one-step-off run finishes" $?
 python3 - "$TMP/async/p/e/metrics.jsonl" <<'PY'

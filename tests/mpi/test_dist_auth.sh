@@ -8,7 +8,8 @@
 #    rank or another process, a batch naming another rank as its sender, a captured batch replayed; on the
 #    dispatcher an unauthenticated ping, a ping and a work claim for rollout rank 0, and a weights download without
 #    credentials. Each is refused for its reason; the run finishes with weights bit-identical to the undisturbed
-#    run's. Once on ipc sockets, once on tcp (grpod.data_endpoint=tcp://*:PORT, no grpod.secret_file).
+#    run's. Once on ipc sockets, once on tcp (grpod.data_endpoint=tcp://*:PORT, no grpod.secret_file);
+#  - a hostile flood of the dispatcher on tcp (issue 39 item 4; see "the hostile flood" below).
 # usage: test_dist_auth.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS DATA_STRANGER SCORER_SO
 set -u
 WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" STRANGER="$4" SCORER="$5"
@@ -22,7 +23,7 @@ COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.
     placement.rollout_ranks=2)
 weights() { echo "$TMP/$1/p/e/checkpoints/global_step_$STEPS/actor"; }
 
-timeout 300 "${MPIRUN[@]}" -np 4 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/quiet" \
+timeout "$(scaled 300)" "${MPIRUN[@]}" -np 4 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/quiet" \
     custom_reward_function.name=byte_score >"$TMP/quiet.log" 2>&1
 expect "2 trainer + 2 rollout ranks finish, every message authenticated" $?
 
@@ -33,7 +34,7 @@ hostile() {
     local name="$1" base="$2" dp0="$3" disp="$4"; shift 4
     touch "$TMP/hold"
     rm -f "$TMP/spare.cred"
-    timeout 300 "${MPIRUN[@]}" -x GRPO_TEST_HOLD_FILE="$TMP/hold" -x GRPO_TEST_SPARE_CREDENTIALS="$TMP/spare.cred" \
+    timeout "$(scaled 300)" "${MPIRUN[@]}" -x GRPO_TEST_HOLD_FILE="$TMP/hold" -x GRPO_TEST_SPARE_CREDENTIALS="$TMP/spare.cred" \
         -np 4 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/$name" grpod.data_endpoint="$base" \
         custom_reward_function.name=held_byte_score >"$TMP/$name.log" 2>&1 &
     local run=$!
@@ -71,4 +72,69 @@ listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 hostile hostile_tcp "tcp://*:$PORT" "tcp://127.0.0.1:$PORT" "tcp://127.0.0.1:$((PORT + 2))" \
     bash -c "$(declare -f listening); listening $PORT && listening $((PORT + 2))"
 
-finish "$TMP"/quiet.log "$TMP"/hostile*.log
+# the hostile flood (issue 39 item 4), on tcp with weight_sync=broadcast: data_stranger --flood holds one process's
+# key (rollout rank 1's spare, of the real processes' generation) and floods the dispatcher for 8 s from the held
+# step 1 on (the run goes on after 4 s, two heartbeat intervals past): its own key's pings under 300 phantom ids and
+# for rank 0, 48 MiB envelopes with a fake MAC, 60 KiB and 600-byte requests with a fake MAC, small ones with a fake
+# MAC. No phantom is registered (a second process of a live one's generation, or over the key's rate), the requests
+# over their kind's size are refused before any MAC and cost the dispatcher a few microseconds of CPU each (its own
+# count at close), the real rollout processes are never lost, every version still goes in a broadcast, and the
+# weights are bit-identical to the undisturbed run's.
+FPORT=$(( 10000 + RANDOM % 20000 ))
+touch "$TMP/hold"
+rm -f "$TMP/spare.cred"
+timeout "$(scaled 300)" "${MPIRUN[@]}" -x GRPO_TEST_HOLD_FILE="$TMP/hold" -x GRPO_TEST_SPARE_CREDENTIALS="$TMP/spare.cred" \
+    -np 4 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/flood" grpod.data_endpoint="tcp://*:$FPORT" \
+    actor_rollout_ref.rollout.weight_sync=broadcast \
+    custom_reward_function.name=held_byte_score >"$TMP/flood.log" 2>&1 &
+run=$!
+wait_for 30 bash -c "$(declare -f listening); listening $FPORT && listening $((FPORT + 2)) && test -s '$TMP/spare.cred'"
+expect "flood: the dispatcher listens on tcp" $?
+# both real rollout processes first (they ping once their client is up, before the model is loaded)
+serving() { [ "$(grep -c "dispatch: rollout process .* serves rollout rank" "$TMP/flood.log")" -ge 2 ]; }
+wait_for 60 serving; expect "flood: both real rollout processes are at the dispatcher" $?
+"$STRANGER" "tcp://127.0.0.1:$FPORT" 0 --cred "$TMP/spare.cred" --flood "tcp://127.0.0.1:$((FPORT + 2))" 8 \
+    "${COMMON[@]}" >"$TMP/flood.stranger.log" 2>&1 &
+flooder=$!
+sleep 4 # sleep-ok: the flood goes on past two heartbeat intervals (a silent process is lost after two) while held
+rm -f "$TMP/hold"
+wait $flooder
+rc=$?
+expect "flood: every phantom, oversized and forged request refused for its reason ($(grep "^flood: [0-9]" \
+    "$TMP/flood.stranger.log"))" $rc
+grep -q "^flood: [1-9][0-9]* phantom pings of one key (0 served)" "$TMP/flood.stranger.log"
+expect "flood: one key registers no phantom" $?
+wait $run
+expect "flood: the run under the flood finishes" $?
+! grep -q "rollout process .* lost: silent" "$TMP/flood.log"; expect "flood: no real rollout process is declared lost" $?
+! grep -q "weight broadcast off\|giving the group up" "$TMP/flood.log"; expect "flood: the broadcast stays on" $?
+n=$(grep -c "broadcast to 2 rollout process(es) over mpi: [0-9]* bytes" "$TMP/flood.log")
+[ "$n" -eq "$STEPS" ]; expect "flood: every version a step needs goes in a broadcast ($n of $STEPS rounds)" $?
+# the dispatcher's account at close: requests refused by their size before any MAC, its CPU for each, the MACs
+summary="$(grep "dispatch: requests refused:" "$TMP/flood.log" | tail -1)"
+python3 - "$summary" "$(grep "^flood: [0-9]" "$TMP/flood.stranger.log")" <<'PY'
+import re, sys
+d, f = sys.argv[1], sys.argv[2]
+size = int(re.search(r"\((\d+) by their size before any MAC", d).group(1))
+second = int(re.search(r"(\d+) second processes", d).group(1))
+limited = int(re.search(r"(\d+) rate limited", d).group(1))
+macs, mac_bytes = map(int, re.search(r"(\d+) MACs over (\d+) bytes", d).groups())
+cheap, each, most = re.search(r"(\d+) refused before any MAC took ([\d.]+) us of CPU each \(at most ([\d.]+)\)", d).groups()
+dropped = int(re.search(r"(\d+) connections dropped by the socket", d).group(1))
+sent_sized = int(re.search(r"(\d+) requests over their kind's size", f).group(1))
+unanswered = int(re.search(r"(\d+) unanswered", f).group(1))
+bigs = int(re.search(r"(\d+) envelopes of 48 MiB sent", f).group(1))
+print("flood: %d refused by size (%d sent, %d unanswered), %d second processes, %d rate limited, %d MACs over %d bytes, %s refused "
+      "before a MAC at %s us of CPU each (at most %s), %d connections dropped (%d envelopes of 48 MiB)"
+      % (size, sent_sized, unanswered, second, limited, macs, mac_bytes, cheap, each, most, dropped, bigs))
+assert size + unanswered >= sent_sized > 0, "every request over its kind's size refused by it"
+assert second + limited > 0, "the phantoms were refused"
+assert mac_bytes <= 512 * macs, "no MAC over more than a request's bound"
+assert float(each) < 200, "constant work per refused request (a MAC of 48 MiB takes some 100000 us)"
+assert bigs == 0 or dropped > 0, "the 48 MiB envelopes were dropped by the socket"
+PY
+expect "flood: each flood message cost the dispatcher a bounded amount ($summary)" $?
+"$COMPARE" "$(weights quiet)" "$(weights flood)" 0 >/dev/null 2>&1
+expect "flood: weights bit-identical to the undisturbed run" $?
+
+finish "$TMP"/quiet.log "$TMP"/hostile*.log "$TMP"/flood.log

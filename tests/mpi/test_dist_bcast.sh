@@ -26,7 +26,7 @@ weights() { echo "$TMP/$1/p/e/checkpoints/global_step_$STEPS/actor"; }
 run() { # NAME NP EXTRA...
     local name="$1" np="$2"
     shift 2
-    timeout 300 "${MPIRUN[@]}" -np "$np" "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/$name" "$@" \
+    timeout "$(scaled 300)" "${MPIRUN[@]}" -np "$np" "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/$name" "$@" \
         >"$TMP/$name.log" 2>&1
 }
 rounds() { grep -c "broadcast to $2 rollout process(es) over mpi: [0-9]* bytes" "$TMP/$1.log"; }

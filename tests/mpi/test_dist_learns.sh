@@ -33,7 +33,7 @@ TASK=(data.train_files="$TMP/sums.jsonl" data.val_files="$TMP/sums.jsonl" data.t
     trainer.total_training_steps=1 trainer.save_freq=100 trainer.val_before_train=false >"$TMP/sft.log" 2>&1
 expect "supervised warm-start in one process" $?
 warm="$TMP/sft/p/sft/checkpoints/global_step_100/actor"
-timeout 580 mpirun --oversubscribe --bind-to none -np 2 "$WORKER" "${TASK[@]}" actor_rollout_ref.model.path="$warm" \
+timeout "$(scaled 580)" mpirun --oversubscribe --bind-to none -np 2 "$WORKER" "${TASK[@]}" actor_rollout_ref.model.path="$warm" \
     trainer.default_local_dir="$TMP/grpo" trainer.experiment_name=async trainer.total_training_steps=40 \
     trainer.test_freq=20 actor_rollout_ref.actor.optim.lr=3e-4 trainer.nnodes=1 trainer.n_gpus_per_node=1 \
     rollout.nnodes=1 rollout.n_gpus_per_node=1 actor_rollout_ref.rollout.mode=async >"$TMP/grpo.log" 2>&1

@@ -29,26 +29,26 @@ expect "single-process LoRA run finishes" $?
 grep -q "LoRA: rank 4, alpha 8 (scale 2) on q_proj, v_proj, o_proj, down_proj" "$TMP/one.log"
 expect "the adapter is logged with its rank, alpha and targets" $?
 
-timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/split" \
+timeout "$(scaled 300)" "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/split" \
     placement.trainer_ranks=2 placement.rollout_ranks=1 trainer.log_level=debug >"$TMP/split.log" 2>&1
 expect "LoRA with 1 rollout + 2 trainer ranks finishes" $?
 grep -q "weights identical on 2 DP ranks" "$TMP/split.log"; expect "the DP replicas' adapters are compared" $?
 ! grep -q "weights differ" "$TMP/split.log"; expect "the replicas never differ" $?
 
-timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/zero" \
+timeout "$(scaled 300)" "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/zero" \
     placement.trainer_ranks=2 placement.rollout_ranks=1 \
     actor_rollout_ref.actor.megatron.use_distributed_optimizer=true >"$TMP/zero.log" 2>&1
 expect "LoRA with ZeRO-1 over 2 trainer ranks finishes" $?
 
 RTP=actor_rollout_ref.rollout.tensor_model_parallel_size
-timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/rtp-split" \
+timeout "$(scaled 300)" "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/rtp-split" \
     placement.trainer_ranks=1 placement.rollout_ranks=2 $RTP=2 >"$TMP/rtp-split.log" 2>&1
 expect "LoRA with 1 trainer + 2 rollout ranks in one TP-2 group finishes" $?
-timeout 300 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/rtp-bcast" \
+timeout "$(scaled 300)" "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/rtp-bcast" \
     placement.trainer_ranks=1 placement.rollout_ranks=2 $RTP=2 actor_rollout_ref.rollout.weight_sync=broadcast \
     >"$TMP/rtp-bcast.log" 2>&1
 expect "the same with the adapter broadcast to the TP group's head (weight_sync=broadcast) finishes" $?
-timeout 300 "${MPIRUN[@]}" -np 2 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/rtp-colo" \
+timeout "$(scaled 300)" "${MPIRUN[@]}" -np 2 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/rtp-colo" \
     trainer.nnodes=1 trainer.n_gpus_per_node=2 $RTP=2 >"$TMP/rtp-colo.log" 2>&1
 expect "LoRA on 2 colocated ranks (DP 2) generating with rollout TP 2 finishes" $?
 grep -q "resharded to 2 TP ranks" "$TMP/rtp-split.log" && grep -q "bytes in the trainers' broadcast.*resharded to 2 TP" \
@@ -109,7 +109,7 @@ done
 expect "the checkpoint holds the adapter alone (PEFT's layout)" $?
 
 # one-step-off: the rollout rank generates step k + 1 with the adapter of step k - 1
-timeout 300 "${MPIRUN[@]}" -np 2 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/async" \
+timeout "$(scaled 300)" "${MPIRUN[@]}" -np 2 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/async" \
     placement.trainer_ranks=1 placement.rollout_ranks=1 actor_rollout_ref.rollout.mode=async >"$TMP/async.log" 2>&1
 expect "one-step-off LoRA run finishes" $?
 python3 -c "import json, sys; r = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]; \

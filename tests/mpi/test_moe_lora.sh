@@ -22,7 +22,7 @@ set -u
 WORKER="$1" MODEL_TOOL="$2" SCORER="$3"
 . "$(dirname "$0")/../lib.sh" grpo-moe-lora
 test_env
-MPIRUN=(timeout 300 mpirun --oversubscribe --bind-to none)
+MPIRUN=(timeout "$(scaled 300)" mpirun --oversubscribe --bind-to none)
 STEPS=3
 common() {
     echo actor_rollout_ref.model.path="$TMP/$1" trainer.project_name=p trainer.experiment_name=e \

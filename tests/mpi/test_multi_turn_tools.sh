@@ -13,7 +13,7 @@ set -u
 WORKER="$1" MODEL_TOOL="$2" COMPARE="$3"
 . "$(dirname "$0")/../lib.sh" grpo-mtt
 test_env
-MPIRUN=(timeout 400 mpirun --oversubscribe --bind-to none)
+MPIRUN=(timeout "$(scaled 400)" mpirun --oversubscribe --bind-to none)
 gguf="${GRPO_MODEL_GGUF:-$HOME/.cache/grpo/SmolLM2-135M-Instruct.Q4_1.gguf}"
 if [ ! -r "$gguf" ]; then
     echo "SKIP: the bundled model is not there ($gguf; scripts/fetch_model.sh fetches it)"

@@ -41,7 +41,7 @@ run() {
     shift 2
     while [ "$1" != "--" ]; do launch+=("$1"); shift; done
     shift
-    timeout 300 "${launch[@]}" "$WORKER" "${COMMON[@]}" trainer.total_training_steps="$steps" \
+    timeout "$(scaled 300)" "${launch[@]}" "$WORKER" "${COMMON[@]}" trainer.total_training_steps="$steps" \
         trainer.default_local_dir="$TMP/$name" trainer.rollout_data_dir="$TMP/$name/audit" "$@" \
         >"$TMP/$name.log" 2>&1 || { echo "     the run failed:"; tail -3 "$TMP/$name.log" | sed 's/^/     | /'; return 1; }
     # shellcheck disable=SC2086 # CHECK_ARGS: words
@@ -197,7 +197,7 @@ expect "gdpo without its keys is refused (verl's message)" $?
 refused "algorithm.gdpo_reward_weights has 1 weights for 2 algorithm.gdpo_reward_keys" "${GDPO[@]}" \
     algorithm.gdpo_reward_weights=[2]
 expect "gdpo with weights that do not match its keys is refused" $?
-timeout 60 "$WORKER" "${COMMON[@]}" algorithm.adv_estimator=gdpo algorithm.gdpo_reward_keys=[a] \
+timeout "$(scaled 60)" "$WORKER" "${COMMON[@]}" algorithm.adv_estimator=gdpo algorithm.gdpo_reward_keys=[a] \
     trainer.default_local_dir="$TMP/gdpo-c" >"$TMP/gdpo-c.log" 2>&1
 [ $? -ne 0 ] && says "$TMP/gdpo-c.log" "a C custom scorer returns one score"
 expect "gdpo with a scorer of one score is refused when the run starts" $?

@@ -28,7 +28,7 @@ set -u
 WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
 . "$(dirname "$0")/../lib.sh" grpo-sp
 test_env
-MPIRUN=(timeout 400 mpirun --oversubscribe --bind-to none)
+MPIRUN=(timeout "$(scaled 400)" mpirun --oversubscribe --bind-to none)
 . "$(dirname "$0")/equiv_lib.sh"
 LEN=2048
 python3 - "$TOK/config.json" "$TMP/long-llama.json" "$TMP/long-qwen2.json" <<'PY'

@@ -24,7 +24,7 @@ set -u
 WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
 . "$(dirname "$0")/../lib.sh" grpo-sp-moe
 test_env
-MPIRUN=(timeout 300 mpirun --oversubscribe --bind-to none)
+MPIRUN=(timeout "$(scaled 300)" mpirun --oversubscribe --bind-to none)
 . "$(dirname "$0")/equiv_lib.sh"
 SP=actor_rollout_ref.actor.ulysses_sequence_parallel_size
 CP=actor_rollout_ref.actor.megatron.context_parallel_size

@@ -21,7 +21,7 @@ set -u
 WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
 . "$(dirname "$0")/../lib.sh" grpo-tp
 test_env
-MPIRUN=(timeout 300 mpirun --oversubscribe --bind-to none)
+MPIRUN=(timeout "$(scaled 300)" mpirun --oversubscribe --bind-to none)
 
 . "$(dirname "$0")/equiv_lib.sh"
 # split run: NAME MODEL TRAINERS TP PP [more keys...] (ROLLOUTS rollout ranks, default 1)

@@ -20,7 +20,7 @@ set -u
 WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
 . "$(dirname "$0")/../lib.sh" grpo-tp-lora
 test_env
-MPIRUN=(timeout 300 mpirun --oversubscribe --bind-to none)
+MPIRUN=(timeout "$(scaled 300)" mpirun --oversubscribe --bind-to none)
 . "$(dirname "$0")/equiv_lib.sh"
 # AdamW's eps 1e-4 here (equiv_lib.sh's 1e-6 for whole models): an adapter's gradients are small (A's is
 # proportional to B, which starts at zero and moves by about lr a step), and a component below eps moves its weight

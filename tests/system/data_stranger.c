@@ -23,7 +23,16 @@
  * prompt step 1 does not draw there, one whose policy_version step 1 cannot be generated with, and one with step
  * 1's real prompt and forged rewards of 1000 naming a rank the unit was not granted to (trainer rank 1: refused,
  * since FILE's key speaks for its own rank only). The run's step 1 must be waiting for its data meanwhile (the test
- * holds the rollout rank's scorer). */
+ * holds the rollout rank's scorer).
+ *
+ * With --flood EP SECONDS (the trainers' dispatcher; issue 39 item 4) the stranger floods the dispatcher for that
+ * long instead, and does nothing else: FILE's key (one process of the last rollout rank, of the real processes'
+ * generation) pings under its own worker id and 300 phantom ones, and for rollout rank 0; envelopes of 48 MiB with a
+ * fake MAC (over the socket's bound); work requests of 60 KiB and of 600 bytes with a fake MAC (over their kind's
+ * bound); and small ones with a fake MAC in FILE's process's name. Each answered one must be refused for its reason
+ * (the phantoms: a second process of a live one's generation, or FILE's key over its rate; none may be served).
+ * Prints the counts. */
+#include <inttypes.h>
 #include <nanomsg/nn.h>
 #include <nanomsg/reqrep.h>
 #include <stdio.h>
@@ -31,6 +40,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/config.h"
 #include "proto/plane_auth.h"
 #include "worker/data/dataset.h"
@@ -221,8 +231,152 @@ static int hostile(int s, const char *dispatch_ep, Grpo__RolloutBatch *rb, struc
     return bad;
 }
 
+/* A packed work request authenticated with cred, then padded with an unknown field (number 1000) to `total` bytes
+ * (0: no padding); its MAC made with `key_of` (another process's credentials: a fake MAC) when not NULL. */
+static uint8_t *flood_request(struct plane_cred *cred, const struct plane_cred *key_of, uint64_t id, int rank,
+                              size_t total, size_t *len)
+{
+    struct plane_cred c = *cred; /* its counter goes on from cred's */
+    if (key_of)
+        memcpy(c.key, key_of->key, sizeof c.key);
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__WorkRequest w = GRPO__WORK_REQUEST__INIT;
+    w.worker_id = id, w.rank = rank, w.ping = true;
+    env.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST;
+    env.work_request = &w;
+    size_t n;
+    uint8_t *packed = plane_pack_request(&env, &c, &n);
+    cred->counter = c.counter;
+    const size_t room = total > n + 16 ? total : n;
+    uint8_t *buf = malloc(room);
+    if (!buf || !packed)
+        abort();
+    memcpy(buf, packed, n);
+    free(packed);
+    if (total > n + 16) { /* field 1000, wire type 2, a varint length, then the padding */
+        size_t pad = total - n - 2, vlen = 1;
+        for (size_t v = pad; v > 0x7f; v >>= 7)
+            vlen++;
+        pad -= vlen;
+        buf[n++] = 0xC2, buf[n++] = 0x3E;
+        size_t v = pad;
+        do {
+            buf[n++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+            v >>= 7;
+        } while (v);
+        memset(buf + n, 'x', pad);
+        n += pad;
+    }
+    *len = n;
+    return buf;
+}
+
+/* One request on REQ socket s; the answer's refusal text (malloc'd) or NULL (no answer, or not a refusal: *served). */
+static char *flood_call(int s, const uint8_t *buf, size_t len, int *served)
+{
+    *served = 0;
+    void *msg;
+    int n = nn_send(s, buf, len, 0) < 0 ? -1 : nn_recv(s, &msg, NN_MSG, 0);
+    if (n < 0)
+        return NULL;
+    Grpo__Envelope *ans = protocol_unpack(msg, (size_t)n, NULL, 0);
+    nn_freemsg(msg);
+    char *why = NULL;
+    if (ans && ans->body_case == GRPO__ENVELOPE__BODY_REPLY && !ans->reply->ok)
+        why = strdup(ans->reply->error);
+    else
+        *served = 1;
+    protocol_free(ans);
+    return why;
+}
+
+/* The flood (--flood): see the head of this file. 0 when every answer was the refusal it must be. */
+static int flood(const char *ep, double seconds, struct plane_cred *cred, int units)
+{
+    enum { SOCKS = 5, BIG = 48 << 20 };
+    int s[SOCKS];
+    int tmo = 2000, big_tmo = 100;
+    for (int i = 0; i < SOCKS; i++) {
+        s[i] = nn_socket(AF_SP, NN_REQ);
+        if (s[i] < 0 || nn_connect(s[i], ep) < 0) {
+            fprintf(stderr, "data_stranger: %s: %s\n", ep, nn_strerror(nn_errno()));
+            return 1;
+        }
+        nn_setsockopt(s[i], NN_SOL_SOCKET, NN_SNDTIMEO, i == SOCKS - 1 ? &big_tmo : &tmo, sizeof tmo);
+        nn_setsockopt(s[i], NN_SOL_SOCKET, NN_RCVTIMEO, &tmo, sizeof tmo);
+    }
+    /* the fake MAC: a key of another identity (the rank before FILE's, another pid), never the claimed one's */
+    struct plane_cred other = *cred;
+    other.id.pid += 7;
+    other.key[0] ^= 0x5a;
+    /* a 48 MiB envelope with a fake MAC: its bytes, once */
+    size_t big_len;
+    uint8_t *big = flood_request(cred, &other, 0x5743, units - 1, BIG, &big_len);
+    long phantom = 0, phantom_ok = 0, other_rank = 0, sized = 0, faked = 0, bigs = 0, unanswered = 0, bad = 0;
+    long limited = 0; /* FILE's key over its budget: refused for its rate (a phantom or not) */
+    const double until = clock_now_s() + seconds;
+    for (uint64_t k = 0; clock_now_s() < until; k++) {
+        size_t len;
+        int served;
+        char *why;
+        /* FILE's own key: its own id (k 0) and phantom ids (300 of them, round and round) for its own rank */
+        uint8_t *m = flood_request(cred, NULL, k % 2 ? 0x5742 : 0x9000 + k % 300, units - 1, 0, &len);
+        why = flood_call(s[0], m, len, &served);
+        free(m);
+        phantom++;
+        limited += why && strstr(why, "rate limited") != NULL;
+        if (served ||
+            (why && !strstr(why, "a second process of its generation is refused") && !strstr(why, "rate limited")))
+            bad++, phantom_ok += served, printf("flood: a phantom ping: %s\n", why ? why : "SERVED");
+        unanswered += !why && !served;
+        free(why);
+        /* ... and for rollout rank 0 */
+        if (units > 1 && k % 4 == 0) {
+            m = flood_request(cred, NULL, 0x5742, 0, 0, &len);
+            why = flood_call(s[1], m, len, &served);
+            free(m);
+            other_rank++;
+            limited += why && strstr(why, "rate limited") != NULL;
+            if (served || (why && !strstr(why, "no process speaks for another") && !strstr(why, "rate limited")))
+                bad++, printf("flood: a ping for rank 0: %s\n", why ? why : "SERVED");
+            unanswered += !why && !served;
+            free(why);
+        }
+        /* over the kind's bound, with a fake MAC: 60 KiB and 600 bytes */
+        m = flood_request(cred, &other, 0x5742, units - 1, k % 2 ? 60 << 10 : 600, &len);
+        why = flood_call(s[2], m, len, &served);
+        free(m);
+        sized++;
+        if (served || (why && !strstr(why, "refused by its size, unauthenticated")))
+            bad++, printf("flood: an oversized request: %s\n", why ? why : "SERVED");
+        unanswered += !why && !served;
+        free(why);
+        /* within the bound, with a fake MAC */
+        m = flood_request(cred, &other, 0x5742, units - 1, 0, &len);
+        why = flood_call(s[3], m, len, &served);
+        free(m);
+        faked++;
+        if (served || (why && !strstr(why, "authentication failed")))
+            bad++, printf("flood: a fake MAC: %s\n", why ? why : "SERVED");
+        unanswered += !why && !served;
+        free(why);
+        /* the 48 MiB envelope: the socket drops it (and the connection) unread; sent every 16th round */
+        if (k % 16 == 0 && nn_send(s[SOCKS - 1], big, big_len, 0) >= 0)
+            bigs++;
+    }
+    free(big);
+    for (int i = 0; i < SOCKS; i++)
+        nn_close(s[i]);
+    printf("flood: %ld phantom pings of one key (%ld served), %ld pings for another rank (%ld of the key's requests "
+           "refused for its rate), %ld requests over their kind's size, %ld with a fake MAC, %ld envelopes of 48 MiB "
+           "sent, %ld unanswered, %ld wrong answers\n",
+           phantom, phantom_ok, other_rank, limited, sized, faked, bigs, unanswered, bad);
+    return bad || phantom == 0 ? 1 : 0;
+}
+
 /* The stranger who knows the run: see the head of this file. */
-static int knowing_stranger(int s, int dp_rank, const char *cred_file, const char *dispatch_ep, int argc, char **argv)
+static int knowing_stranger(int s, int dp_rank, const char *cred_file, const char *dispatch_ep, double flood_s,
+                            int argc, char **argv)
 {
     struct plane_cred cred_buf, *cred = NULL;
     if (cred_file) {
@@ -252,6 +406,16 @@ static int knowing_stranger(int s, int dp_rank, const char *cred_file, const cha
     }
     const int groups = (int)c.data_train_batch_size, n = (int)c.rollout_n;
     const int units = c.placement_rollout_ranks > 0 ? (int)c.placement_rollout_ranks : 1;
+    if (flood_s > 0) {
+        int rc = cred && dispatch_ep ? flood(dispatch_ep, flood_s, cred, units) : 2;
+        if (rc == 2)
+            fprintf(stderr, "data_stranger: --flood needs --cred FILE\n");
+        prompt_set_free(&train);
+        prompt_set_free(&val);
+        tokenizer_free(tok);
+        config_free(&c);
+        return rc;
+    }
     Grpo__RolloutBatch rb = GRPO__ROLLOUT_BATCH__INIT;
     rb.from_rank = cred ? cred->id.rank : 0, rb.to_dp_rank = dp_rank, rb.groups_in_step = groups;
     rb.samples_per_prompt = n, rb.units = units, rb.unit = 0, rb.policy_version = 0;
@@ -334,7 +498,8 @@ static int knowing_stranger(int s, int dp_rank, const char *cred_file, const cha
 int main(int argc, char **argv)
 {
     if (argc < 2 || argc == 3) {
-        fprintf(stderr, "usage: data_stranger ENDPOINT [DP_RANK [--cred FILE] [--dispatch EP] KEY=VALUE...]\n");
+        fprintf(stderr, "usage: data_stranger ENDPOINT [DP_RANK [--cred FILE] [--dispatch EP | --flood EP SECONDS] "
+                        "KEY=VALUE...]\n");
         return 2;
     }
     int s = nn_socket(AF_SP, NN_REQ);
@@ -344,18 +509,23 @@ int main(int argc, char **argv)
     }
     if (argc > 3) {
         const char *cred = NULL, *dispatch = NULL;
+        double flood_s = 0;
         int i = 3;
         for (; i + 1 < argc && strncmp(argv[i], "--", 2) == 0; i += 2) {
             if (strcmp(argv[i], "--cred") == 0)
                 cred = argv[i + 1];
             else if (strcmp(argv[i], "--dispatch") == 0)
                 dispatch = argv[i + 1];
-            else {
+            else if (strcmp(argv[i], "--flood") == 0 && i + 2 < argc) {
+                dispatch = argv[i + 1];
+                flood_s = atof(argv[i + 2]);
+                i++;
+            } else {
                 fprintf(stderr, "data_stranger: unknown option %s\n", argv[i]);
                 return 2;
             }
         }
-        int rc = knowing_stranger(s, atoi(argv[2]), cred, dispatch, argc - i, argv + i);
+        int rc = knowing_stranger(s, atoi(argv[2]), cred, dispatch, flood_s, argc - i, argv + i);
         nn_close(s);
         return rc;
     }
@@ -398,9 +568,18 @@ int main(int argc, char **argv)
     free(buf);
     size_t big = (size_t)GRPO_MAX_MESSAGE_BYTES + 1024;
     unsigned char *huge = calloc(1, big);
+    const uint64_t sent0 = nn_get_statistic(s, NN_STAT_BYTES_SENT),
+                   broken0 = nn_get_statistic(s, NN_STAT_BROKEN_CONNECTIONS);
     bad += request(s, huge, big, "an oversized message", 0);
     free(huge);
-    sleep(1); /* let the queue drain before the socket closes */
+    /* no answer comes to it: before the socket closes, wait until it has left (every byte sent) or the trainer has
+     * dropped the connection it came on (it refuses a message over its limit by its size), at most 20 s */
+    for (int i = 0; i < 2000; i++) {
+        if (nn_get_statistic(s, NN_STAT_BYTES_SENT) >= sent0 + big ||
+            nn_get_statistic(s, NN_STAT_BROKEN_CONNECTIONS) > broken0)
+            break;
+        usleep(10000); /* sleep-ok: the poll interval of a bounded wait */
+    }
     nn_close(s);
     return bad ? 1 : 0;
 }

@@ -17,7 +17,7 @@ run() {
     local name="$1"
     shift
     n=$((n + 1))
-    (cd "$TMP" && timeout 120 "$worker" actor_rollout_ref.model.path="$TMP/tiny" trainer.default_local_dir="$TMP/runs$n" \
+    (cd "$TMP" && timeout "$(scaled 120)" "$worker" actor_rollout_ref.model.path="$TMP/tiny" trainer.default_local_dir="$TMP/runs$n" \
         trainer.total_training_steps=2 trainer.test_freq=-1 trainer.val_before_train=false data.synthetic.num_val=4 \
         "$@") >"$TMP/$name.out" 2>&1
     rc=$?
@@ -89,7 +89,7 @@ run ckpt trainer.total_training_steps=1
 ck="$TMP/runs$n/grpo/demo/checkpoints/global_step_1/actor/model.safetensors"
 [ $rc -eq 0 ] && [ -f "$ck" ]; expect "a checkpoint to resume from (rc $rc)" $?
 fill "$ck" nan model.norm.weight
-(cd "$TMP" && timeout 120 "$worker" actor_rollout_ref.model.path="$TMP/tiny" trainer.default_local_dir="$TMP/runs$n" \
+(cd "$TMP" && timeout "$(scaled 120)" "$worker" actor_rollout_ref.model.path="$TMP/tiny" trainer.default_local_dir="$TMP/runs$n" \
     trainer.total_training_steps=2 trainer.test_freq=-1 trainer.val_before_train=false) >"$TMP/resume.out" 2>&1
 rc=$?
 clean_fail; expect "resuming a NaN checkpoint is refused (rc $rc)" $?
@@ -157,7 +157,7 @@ else
     ! grep -q '"step"' "$TMP/runs$n/grpo/demo/metrics.jsonl" 2>/dev/null; expect "no step was run" $?
 fi
 # split runs: trainers (DP, TP, PP, ZeRO-1) and rollout ranks (rollout TP too) run on GPUs
-(cd "$TMP" && timeout 120 mpirun --oversubscribe -np 2 "$worker" actor_rollout_ref.model.path="$TMP/tiny" \
+(cd "$TMP" && timeout "$(scaled 120)" mpirun --oversubscribe -np 2 "$worker" actor_rollout_ref.model.path="$TMP/tiny" \
     trainer.default_local_dir="$TMP/runs-split" trainer.total_training_steps=2 trainer.nnodes=1 \
     trainer.n_gpus_per_node=1 rollout.nnodes=1 rollout.n_gpus_per_node=1 trainer.device=cuda) >"$TMP/cuda-split.out" 2>&1
 rc=$?

@@ -23,7 +23,7 @@ reports() { grep -c "error \[rank [0-9]*\] $2: writing .*$3: No space left on de
 # ---- metrics.jsonl on a full disk, one process
 mkdir -p "$TMP/m/p/e"
 ln -s /dev/full "$TMP/m/p/e/metrics.jsonl"
-timeout 120 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/m" >"$TMP/m.log" 2>&1
+timeout "$(scaled 120)" "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/m" >"$TMP/m.log" 2>&1
 rc=$?
 [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ]; expect "the run ends with an error (exit $rc)" $?
 grep -q "writing $TMP/m/p/e/metrics.jsonl: No space left on device" "$TMP/m.log"
@@ -38,7 +38,7 @@ expect "a checkpoint of step 1 is written first" $?
 # ---- the rollout dump of step 1 on a full disk, one process
 mkdir -p "$TMP/a/dumps"
 ln -s /dev/full "$TMP/a/dumps/1.jsonl"
-timeout 120 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/a" trainer.rollout_data_dir="$TMP/a/dumps" \
+timeout "$(scaled 120)" "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/a" trainer.rollout_data_dir="$TMP/a/dumps" \
     >"$TMP/a.log" 2>&1
 rc=$?
 [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ]; expect "a failed rollout dump ends the run with an error (exit $rc)" $?
@@ -51,7 +51,7 @@ expect "the run stops at step 1 naming the dump file" $?
 # stops every rank
 mkdir -p "$TMP/s/dumps"
 ln -s /dev/full "$TMP/s/dumps/1.jsonl"
-timeout 180 mpirun --oversubscribe --bind-to none -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/s" \
+timeout "$(scaled 180)" mpirun --oversubscribe --bind-to none -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/s" \
     trainer.rollout_data_dir="$TMP/s/dumps" placement.trainer_ranks=2 placement.rollout_ranks=1 \
     >"$TMP/s.log" 2>&1
 rc=$?
@@ -66,7 +66,7 @@ expect "the split run checkpoints step 1 first" $?
 # ---- /dev/null takes everything: not a failure
 mkdir -p "$TMP/n/p/e"
 ln -s /dev/null "$TMP/n/p/e/metrics.jsonl"
-timeout 120 "$WORKER" "${COMMON[@]}" trainer.total_training_steps=2 trainer.default_local_dir="$TMP/n" \
+timeout "$(scaled 120)" "$WORKER" "${COMMON[@]}" trainer.total_training_steps=2 trainer.default_local_dir="$TMP/n" \
     >"$TMP/n.log" 2>&1
 expect "metrics.jsonl pointed at /dev/null: the run finishes (exit $?)" $?
 

@@ -51,7 +51,7 @@ has "$TMP/metrics" 'grpo_run_metric{name="critic/score/mean"}'; expect "metrics 
 has "$TMP/bad.log" "placement has 2"; expect "refusal names the placement" $?
 "$GRPOCTL" stop --wait=30 >"$TMP/out" 2>&1; expect "stop --wait ends the run" $?
 has "$TMP/out" "run finished"; expect "stop reports the finished run" $?
-wait "${PIDS[1]}" "${PIDS[2]}"
+wait "${PIDS[1]%:*}" "${PIDS[2]%:*}"
 [ -f "$TMP/w0.state.ckpt" ]; expect "stop wrote a checkpoint" $?
 state_is finished; expect "run finished" $?
 "$GRPOCTL" pause >"$TMP/err" 2>&1; [ $? -eq 1 ]; expect "pause of a finished run: exit 1" $?

@@ -2,7 +2,8 @@
 # HTTP slowloris (issue 12, defect 12): 64 connections from 127.0.0.1 and 64 from 127.0.0.2 (standing in for
 # another host) each trickle one header line a second and never finish their request. /, /metrics and
 # /api/status must still answer a local scrape within a second; a trickling connection is closed once its
-# headers are 5 s late; 127.0.0.2 gets at most 16 connections; the log stays small.
+# headers are 5 s late; 127.0.0.2 gets at most 16 connections; the log stays small. A refused request (404, 405)
+# is answered after about 1 s, at most three on a connection (issue 39 item 6).
 set -u
 . "$(dirname "$0")/grpod_lib.sh" "$@"
 
@@ -76,6 +77,50 @@ t0=$(date +%s%N)
 curl -sf -m 2 -o /dev/null "http://127.0.0.1:$port/api/status"; r=$?
 ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 [ "$r" -eq 0 ] && [ "$ms" -lt 1000 ]; expect "and afterwards ($ms ms)" $?
+# failed attempts (issue 39 item 6): the page takes no credentials, and a refused request (a path it does not
+# serve, a method other than GET or HEAD) is answered after about 1 s; a connection carries at most three of them
+# (grpod's libmicrohttpd closes each connection after its answer here, so one); a scrape is answered at once meanwhile
+cat >"$TMP/probe.py" <<'PY'
+import socket, sys, time
+port = int(sys.argv[1])
+def probe(req):
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    answered, times = 0, []
+    for _ in range(5):
+        t = time.time()
+        try:
+            s.sendall(req)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                c = s.recv(4096)
+                if not c:
+                    raise EOFError
+                data += c
+        except (EOFError, OSError):
+            break
+        head, _, body = data.partition(b"\r\n\r\n")
+        n = int([l.split(b":")[1] for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")][0])
+        while len(body) < n:
+            body += s.recv(4096)
+        answered += 1
+        times.append("%s %.2f" % (head.split(b" ")[1].decode(), time.time() - t))
+    print("%s: %d answered on one connection: %s" % (req.split(b" ")[0].decode(), answered, ", ".join(times)), flush=True)
+probe(b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n")
+probe(b"POST /api/status HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+PY
+python3 "$TMP/probe.py" "$port" >"$TMP/probe.out" 2>&1 &
+PROBE=$!
+t0=$(date +%s%N)
+curl -sf -m 2 -o /dev/null "http://127.0.0.1:$port/api/status"; r=$?
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+[ "$r" -eq 0 ] && [ "$ms" -lt 500 ]; expect "a scrape is answered at once while refused requests wait ($ms ms)" $?
+wait "$PROBE"
+cat "$TMP/probe.out"
+grep -Eq '^GET: [123] answered on one connection: 404 (0\.9|1\.[0-9])' "$TMP/probe.out"
+expect "an unknown path is answered 404 after about 1 s, at most 3 on a connection" $?
+grep -Eq '^POST: [123] answered on one connection: 405 (0\.9|1\.[0-9])' "$TMP/probe.out"
+expect "a POST is answered 405 after about 1 s, at most 3 on a connection" $?
+
 grown=$(( $(stat -c %s "$TMP/g.log") - log0 ))
 [ "$grown" -lt 20000 ]; expect "the log grew by $grown bytes only (lines rate-limited)" $?
 state_is running; expect "the run goes on" $?

@@ -3,7 +3,8 @@
 # heartbeating over tcp, and 250 unauthenticated connections (200 that speak the SP header and then say
 # nothing, 50 that say nothing at all). grpod must not spin, IPC and grpoctl over tcp keep answering within a
 # second, the worker keeps its place, the log stays small, grpod never runs out of descriptors, and the idle
-# connections are closed once their deadlines pass (SP header 2 s, authenticated request 5 s).
+# connections are closed once their deadlines pass (SP header 2 s, authenticated request 5 s). A connection's
+# failed attempts are answered after 1 s each, and the third closes it (issue 39 item 6).
 set -u
 . "$(dirname "$0")/grpod_lib.sh" "$@"
 port=$(( 10000 + RANDOM % 20000 )) # below the ephemeral ports (32768-60999): no outgoing connection holds it
@@ -52,11 +53,11 @@ busy=$(( c1 - c0 ))  # clock ticks (1/100 s) of CPU in 2 s: 200 is a whole core
 [ "$busy" -lt 40 ]; expect "grpod does not spin under the flood ($busy ticks of CPU in 2 s)" $?
 [ "$peak" -lt 110 ]; expect "grpod keeps descriptors free ($peak of 128 open)" $?
 t0=$(date +%s%N)
-timeout 3 "$GRPOCTL" --retries 1 --timeout 1 status >/dev/null; r=$?
+timeout "$(scaled 3)" "$GRPOCTL" --retries 1 --timeout "$(scaled 1)" status >/dev/null; r=$?
 ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 [ "$r" -eq 0 ] && [ "$ms" -lt 1000 ]; expect "grpoctl over ipc answers during the flood ($ms ms)" $?
 t0=$(date +%s%N)
-timeout 3 "$GRPOCTL" --endpoint "$TCP" --secret-file "$TMP/secret" --retries 1 --timeout 1 status >/dev/null; r=$?
+timeout "$(scaled 3)" "$GRPOCTL" --endpoint "$TCP" --secret-file "$TMP/secret" --retries 1 --timeout "$(scaled 1)" status >/dev/null; r=$?
 ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 [ "$r" -eq 0 ] && [ "$ms" -lt 1000 ]; expect "grpoctl over tcp with the secret answers during the flood ($ms ms)" $?
 curl -sf -m 2 "$url/healthz" >/dev/null; expect "HTTP answers during the flood" $?
@@ -96,9 +97,10 @@ expect "no authenticated request: closed after about 5 s ($(cat "$TMP/idle1") s)
 # the SP wire as nanomsg's REQ speaks it: pipelined requests answered in order, a device's two-word backtrace
 # echoed, an oversized message before authentication ends the connection unanswered
 cat >"$TMP/wire.py" <<'PY'
-import socket, struct, sys
-port, secret = int(sys.argv[1]), open(sys.argv[2], "rb").read().split(b"\n")[0]
-env = b"\x08\x01\x12" + bytes([len(secret)]) + secret + b"\x88\x01\x01"  # version 1, secret, status_request
+import os, socket, struct, sys
+port = int(sys.argv[1])
+# version 1, auth_hello (field 27) with a 32-byte client nonce: answered with a challenge, and no secret needed
+env = b"\x08\x01\xda\x01\x22\x0a\x20" + os.urandom(32)
 def conn():
     s = socket.create_connection(("127.0.0.1", port), timeout=3)
     s.sendall(b"\x00SP\x00\x00\x30\x00\x00")
@@ -135,10 +137,62 @@ except (EOFError, ConnectionResetError):
 except socket.timeout:
     print("oversized left open")
 PY
-python3 "$TMP/wire.py" "$port" "$TMP/secret" >"$TMP/wire.out" 2>&1
+python3 "$TMP/wire.py" "$port" >"$TMP/wire.out" 2>&1
 has "$TMP/wire.out" "pipelined ok"; expect "pipelined requests are answered in order" $?
 has "$TMP/wire.out" "backtrace ok"; expect "a two-word backtrace is echoed" $?
 has "$TMP/wire.out" "oversized closed"; expect "an oversized message before authentication ends the connection" $?
+# failed attempts (issue 39 item 6): on one connection, each request refused as a failed attempt (not sealed in a
+# session, garbage) is answered after about 1 s, and the third closes the connection; a hello is none (answered at
+# once); grpod counts the connection closed; a client with the secret is served meanwhile, at once
+cat >"$TMP/fail.py" <<'PY'
+import os, socket, struct, sys, time
+port = int(sys.argv[1])
+s = socket.create_connection(("127.0.0.1", port), timeout=5)
+s.sendall(b"\x00SP\x00\x00\x30\x00\x00")
+def recvn(n):
+    b = b""
+    while len(b) < n:
+        c = s.recv(n - len(b))
+        if not c:
+            raise EOFError
+        b += c
+    return b
+recvn(8)
+def ask(i, body):
+    bt = struct.pack(">I", 0x80000000 | i)
+    s.sendall(struct.pack(">Q", len(bt) + len(body)) + bt + body)
+    t = time.time()
+    try:
+        n = struct.unpack(">Q", recvn(8))[0]
+        recvn(n)
+        return "answered after %.2f s" % (time.time() - t)
+    except (EOFError, ConnectionResetError):
+        return "closed"
+    except socket.timeout:
+        return "no answer"
+hello = b"\x08\x01\xda\x01\x22\x0a\x20" + os.urandom(32)
+plain = b"\x08\x01\x88\x01\x01"  # version 1, status_request: not sealed
+print("hello:", ask(1, hello), flush=True)
+for i in range(2, 7):
+    print("attempt %d:" % (i - 1), ask(i, plain if i % 2 else b"\xff\xff garbage"), flush=True)
+PY
+python3 "$TMP/fail.py" "$port" >"$TMP/fail.out" 2>&1 &
+FAILING=$!
+wait_for 10 has "$TMP/fail.out" "attempt 1:"; expect "the failing client's first refusal came" $?
+t0=$(date +%s%N)
+timeout "$(scaled 3)" "$GRPOCTL" --endpoint "$TCP" --secret-file "$TMP/secret" --retries 1 --timeout "$(scaled 1)" status >/dev/null; r=$?
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+[ "$r" -eq 0 ] && [ "$ms" -lt 1000 ]; expect "grpoctl with the secret answers at once meanwhile ($ms ms)" $?
+wait "$FAILING"
+cat "$TMP/fail.out"
+grep -Eq '^hello: answered after 0\.[0-4]' "$TMP/fail.out"; expect "a hello is answered at once" $?
+late() { grep -Eq "^attempt $1: answered after (0\.9|1\.[0-9])" "$TMP/fail.out"; }
+late 1 && late 2 && late 3; expect "each of three failed attempts is answered after about 1 s" $?
+grep -q "^attempt 4: closed" "$TMP/fail.out"; expect "the connection is closed after the third" $?
+closed_counted() { "$GRPOCTL" metrics | grep -Eq 'grpod_failing_connections_closed_total\{endpoint="tcp"\} [1-9]'; }
+wait_for 5 closed_counted; expect "grpod counts the connection closed for its failed attempts (at its next tick)" $?
+has "$TMP/g.log" "3 failed requests on one connection"; expect "... and logs it" $?
+
 grown=$(( $(stat -c %s "$TMP/g.log") - log0 ))
 [ "$grown" -lt 20000 ]; expect "the log grew by $grown bytes only (lines rate-limited)" $?
 has "$TMP/g.log" "descriptors: limit 128"; expect "grpod logs its descriptor budget" $?

@@ -39,7 +39,7 @@ curl -sf "$url/" >"$TMP/page.html"; expect "GET /" $?
 grep -q '<script' "$TMP/page.html" && ! grep -Eq 'src="https?:' "$TMP/page.html"; expect "page: inline script, no CDN" $?
 chrome="$(command -v chromium || command -v chromium-browser || command -v google-chrome || true)"
 if [ -n "$chrome" ]; then
-    timeout 60 "$chrome" --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run \
+    timeout "$(scaled 60)" "$chrome" --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run \
         --user-data-dir="$TMP/chrome" --virtual-time-budget=8000 --dump-dom "$url/" >"$TMP/dom.html" 2>"$TMP/chrome.log"
     expect "chromium renders the page" $?
     grep -q '<tr data-rank="0">' "$TMP/dom.html" && grep -q '<tr data-rank="1">' "$TMP/dom.html"

@@ -2,11 +2,13 @@
 # deploy/grpo-launch-workers end to end: mpirun starts the workers of a hostfile
 # (simulated workers first, then real grpo-worker ranks with a trainer and a rollout
 # role on a tiny model), they register with grpod under their MPI ranks, train,
-# and finish; grpoctl sees it all.
+# and finish; grpoctl sees it all. The launcher watches the job through grpoctl (GRPOCTL) and leaves a job that
+# ends by itself alone: exit 0, nothing ended by it.
 set -u
 . "$(dirname "$0")/grpod_lib.sh" "$1" "$2" "$3"
 src="$4"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export GRPOCTL # the launcher's watch asks grpod through it
 echo "localhost slots=2" >"$TMP/hostfile"
 printf 'grpod:\n  connect_timeout_s: 30\n' >"$TMP/run.yaml"
 "$src/deploy/grpo-launch-workers" --help | grep -q hostfile; expect "launcher --help" $?
@@ -31,6 +33,8 @@ start_grpod g2 --config "$TMP/split.yaml"
 OPENBLAS_NUM_THREADS=1 GRPO_WORKER="$WORKER" "$src/deploy/grpo-launch-workers" --hostfile "$TMP/hostfile" \
     --config "$TMP/split.yaml" --endpoint "$EP" >"$TMP/real.log" 2>&1
 expect "grpo-launch-workers runs a trainer and a rollout rank to the end" $?
+! grep -q "not watched\|Ending mpirun" "$TMP/mpi.log" "$TMP/real.log"
+expect "the launcher watched both jobs and ended neither" $?
 [ "$(status_field '[.workers[].role] | join(",")')" = "trainer,rollout" ]; expect "grpod assigned trainer and rollout" $?
 [ "$(status_field .step)" = 3 ]; expect "3 steps" $?
 [ -f "$TMP/runs/p/e/checkpoints/global_step_3/actor/model.safetensors" ]; expect "the trainer wrote the final checkpoint" $?

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Security and bad input: the ipc socket's file mode, a tcp endpoint that needs
-# the shared secret (the secret file must be private), refused requests without
-# or with a wrong secret, an incompatible protocol version, and garbage, oversized
-# and non-protocol bytes on both sockets, all while a worker keeps training.
+# the shared secret (the secret file must be private: every reader, grpod, grpoctl,
+# a worker and grpo-worker, refuses one group or others may read, one of mode 0700,
+# another user's, and a secret under 128 bits, naming its size), proved by challenge-response
+# (protocol 1.12: a wrong secret is found out, a request without a session and an
+# older client's request carrying the secret itself are refused), an incompatible
+# protocol version, and garbage, oversized and non-protocol bytes on both sockets,
+# all while a worker keeps training.
 set -u
 . "$(dirname "$0")/grpod_lib.sh" "$@"
 port=$(( 10000 + RANDOM % 20000 )) # below the ephemeral ports (32768-60999): no outgoing connection holds it
@@ -17,6 +21,42 @@ chmod 600 "$TMP/secret"
 : >"$TMP/empty"; chmod 600 "$TMP/empty"
 "$GRPOD" grpod.endpoint="$TCP" grpod.secret_file="$TMP/empty" grpod.state_dir="$TMP/x" >"$TMP/err" 2>&1
 [ $? -eq 2 ]; expect "grpod refuses an empty secret file" $?
+
+# every reader of a secret file applies grpod's checks (proto/transport.c secret_read; issue 39 item 6): each reader
+# below reads FILE as its secret and must fail, naming what is wrong
+WORKER="${4:-}"
+read_with() { # read_with READER FILE: the reader's output
+    case "$1" in
+        grpod) timeout "$(scaled 10)" "$GRPOD" grpod.endpoint="$TCP" grpod.secret_file="$2" grpod.state_dir="$TMP/x" ;;
+        grpoctl) timeout "$(scaled 10)" "$GRPOCTL" --endpoint "$TCP" --secret-file "$2" --retries 1 status ;;
+        worker) timeout "$(scaled 10)" "$SIM" grpod.endpoint="$TCP" grpod.secret_file="$2" grpod.connect_timeout_s=2 --rank 0 \
+            --world 1 --state "$TMP/reader.state" ;;
+        grpo-worker) timeout "$(scaled 30)" "$WORKER" grpod.endpoint="$TCP" grpod.secret_file="$2" grpod.connect_timeout_s=2 ;;
+    esac
+}
+refused_by_all() { # refused_by_all FILE TEXT WHAT
+    local r
+    for r in grpod grpoctl worker grpo-worker; do
+        [ "$r" = grpo-worker ] && [ -z "$WORKER" ] && { echo "skip grpo-worker (not given)"; continue; }
+        read_with "$r" "$1" >"$TMP/reader.out" 2>&1
+        local rc=$?
+        [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && has "$TMP/reader.out" "$2"
+        expect "$r refuses $3 (exit $rc: $(grep -o "secret[^;]*" "$TMP/reader.out" | head -1))" $?
+    done
+}
+head -c 24 /dev/urandom | base64 >"$TMP/s644"; chmod 644 "$TMP/s644"
+refused_by_all "$TMP/s644" "may be read by group or others (mode 0644); run: chmod 600" "a secret file of mode 0644"
+head -c 24 /dev/urandom | base64 >"$TMP/s700"; chmod 700 "$TMP/s700"
+refused_by_all "$TMP/s700" "has mode 0700: it must be 0600 or stricter" "a secret file of mode 0700"
+printf 'abcdefghij\n' >"$TMP/short"; chmod 600 "$TMP/short"
+refused_by_all "$TMP/short" "is 10 characters (60 bits at most, as base64); at least 22 are needed (128 bits" \
+    "a secret of 10 characters, naming its size"
+if [ "$(id -u)" -eq 0 ]; then
+    head -c 24 /dev/urandom | base64 >"$TMP/theirs"; chmod 600 "$TMP/theirs"; chown 65534 "$TMP/theirs"
+    refused_by_all "$TMP/theirs" "belongs to uid 65534, not to this process's user (uid 0)" "another user's secret file"
+else
+    echo "skip another user's secret file (needs root to make one)"
+fi
 
 start_grpod g1 grpod.endpoint="$EP,$TCP" grpod.secret_file="$TMP/secret" grpod.socket_mode=0600
 expect "grpod serves ipc and tcp" $?
@@ -35,7 +75,7 @@ wait_for 15 state_is running; expect "worker runs (ipc)" $?
 head -c 24 /dev/urandom | base64 >"$TMP/wrong"; chmod 600 "$TMP/wrong"
 "$GRPOCTL" --endpoint "$TCP" --secret-file "$TMP/wrong" status >"$TMP/err" 2>&1
 [ $? -eq 1 ]; expect "tcp with a wrong secret: exit 1" $?
-has "$TMP/err" "authentication failed"; expect "wrong secret: authentication failed" $?
+has "$TMP/err" "authentication failed: grpod's proof does not match"; expect "wrong secret: authentication failed (grpod's proof)" $?
 "$GRPOCTL" --endpoint "$TCP" status >"$TMP/err" 2>&1; [ $? -eq 2 ]; expect "grpoctl: tcp without a secret file is a usage error" $?
 # a hand-made envelope (version 1, status_request) without a secret
 nanocat --req --connect "$TCP" --data $'\x08\x01\x88\x01\x01' --ascii >"$TMP/auth.out" 2>&1 &
@@ -82,7 +122,8 @@ state_is running; expect "the run goes on" $?
 grep -Eq 'grpod_rejected_requests_total\{reason="malformed"\} [1-9]' "$TMP/metrics"; expect "malformed requests counted" $?
 grep -Eq 'grpod_rejected_requests_total\{reason="auth"\} [1-9]' "$TMP/metrics"; expect "auth failures counted" $?
 grep -Eq 'grpod_rejected_requests_total\{reason="bad_version"\} [1-9]' "$TMP/metrics"; expect "version refusals counted" $?
-# the shared secret is compared as whole bytes: the right secret followed by a NUL and junk is refused
+# a client of protocol 1.11 or older sends the secret itself in every request: refused, whether right or not, and
+# told to upgrade (the secret crossed the network: change it); grpod never takes the secret on the wire
 # (a raw SP/TCP REQ client: the 8-byte SP header, then 8-byte big-endian length + request id + envelope)
 sp_req() { # sp_req HOST PORT SECRET_HEX: prints the reply's bytes as text
     python3 - "$@" <<'PY'
@@ -112,35 +153,37 @@ PY
 }
 sec_hex="$(head -n1 "$TMP/secret" | tr -d '\n' | od -An -tx1 | tr -d ' \n')"
 sp_req 127.0.0.1 "$port" "$sec_hex" >"$TMP/out" 2>&1
-has "$TMP/out" "run-"; expect "raw SP client with the secret is answered (status)" $?
+has "$TMP/out" "sent the shared secret over the network" && ! has "$TMP/out" "run-"
+expect "an older client's request with the right secret is refused, not answered with the status" $?
+has "$TMP/out" "upgrade the client, and change the secret"; expect "... and it is told to upgrade and change the secret" $?
 sp_req 127.0.0.1 "$port" "${sec_hex}006a756e6b" >"$TMP/out" 2>&1
 has "$TMP/out" "authentication failed"; expect "the secret followed by NUL and junk is refused" $?
-sp_req 127.0.0.1 "$port" "${sec_hex%??}" >"$TMP/out" 2>&1
-has "$TMP/out" "authentication failed"; expect "a prefix of the secret is refused" $?
+grep -q "refused a status_request request from a client of protocol 1\.[0-9]*: it sent the shared secret" "$TMP/g1.log"
+expect "grpod logs the older client's request" $?
 "$GRPOCTL" stop --wait=30 >/dev/null; expect "stop" $?
 stop_grpod
 
 # what sits at the ipc socket path: only a stale socket is removed; anything else is refused, named, and kept
 # (each grpod below must exit at once: one that serves instead is stopped by timeout, and the check fails)
 echo precious >"$TMP/file.sock"
-timeout 5 "$GRPOD" grpod.endpoint="ipc://$TMP/file.sock" grpod.state_dir="$TMP/p1" grpod.http_listen= >"$TMP/err" 2>&1
+timeout "$(scaled 5)" "$GRPOD" grpod.endpoint="ipc://$TMP/file.sock" grpod.state_dir="$TMP/p1" grpod.http_listen= >"$TMP/err" 2>&1
 rc=$?
 [ "$rc" -eq 1 ]; expect "a regular file at the socket path: grpod exits 1 (got $rc)" $?
 [ "$(cat "$TMP/file.sock" 2>/dev/null)" = precious ]; expect "... and the file is kept" $?
 has "$TMP/err" "$TMP/file.sock exists and is a regular file, not a socket"; expect "... and the error names the path" $?
 mkdir "$TMP/dir.sock"
-timeout 5 "$GRPOD" grpod.endpoint="ipc://$TMP/dir.sock" grpod.state_dir="$TMP/p2" grpod.http_listen= >"$TMP/err" 2>&1
+timeout "$(scaled 5)" "$GRPOD" grpod.endpoint="ipc://$TMP/dir.sock" grpod.state_dir="$TMP/p2" grpod.http_listen= >"$TMP/err" 2>&1
 rc=$?
 [ "$rc" -eq 1 ]; expect "a directory at the socket path: grpod exits 1, no abort (got $rc)" $?
 [ -d "$TMP/dir.sock" ] && has "$TMP/err" "$TMP/dir.sock exists and is a directory"; expect "... kept and named" $?
 ln -s "$TMP/file.sock" "$TMP/link.sock"
-timeout 5 "$GRPOD" grpod.endpoint="ipc://$TMP/link.sock" grpod.state_dir="$TMP/p3" grpod.http_listen= >"$TMP/err" 2>&1
+timeout "$(scaled 5)" "$GRPOD" grpod.endpoint="ipc://$TMP/link.sock" grpod.state_dir="$TMP/p3" grpod.http_listen= >"$TMP/err" 2>&1
 [ $? -eq 1 ] && [ -L "$TMP/link.sock" ] && has "$TMP/err" "is a symbolic link"; expect "a symbolic link is refused and kept" $?
 python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])' "$TMP/stale.sock"
 [ -S "$TMP/stale.sock" ]; expect "a stale socket (nobody listens) is in place" $?
 EP_SAVE="$EP"; EP="ipc://$TMP/stale.sock"; GRPOD_ENDPOINT="$EP"
 start_grpod g2; expect "grpod replaces a stale socket and serves" $?
-timeout 5 "$GRPOD" grpod.endpoint="$EP" grpod.state_dir="$TMP/p4" grpod.http_listen= >"$TMP/err" 2>&1
+timeout "$(scaled 5)" "$GRPOD" grpod.endpoint="$EP" grpod.state_dir="$TMP/p4" grpod.http_listen= >"$TMP/err" 2>&1
 rc=$?
 [ "$rc" -eq 1 ] && has "$TMP/err" "is in use"; expect "a socket another grpod answers on is refused (exit $rc)" $?
 "$GRPOCTL" --endpoint "$EP" status >/dev/null; expect "... and the first grpod still answers there" $?

@@ -9,7 +9,7 @@ set -u
 WORKER="$4"
 port=$(( 10000 + RANDOM % 20000 ))
 TCP="tcp://127.0.0.1:$port"
-guard() { timeout -k 5 60 "$@"; }
+guard() { timeout -k 5 "$(scaled 60)" "$@"; }
 
 mkfifo "$TMP/fifo"
 mkdir "$TMP/dir"

@@ -3,7 +3,9 @@
 #  - OpenBLAS: each kernel set the CPU can run (OPENBLAS_CORETYPE Prescott always; Haswell with AVX2+FMA; SkylakeX
 #    with AVX-512; Cooperlake with AVX512-BF16). The fp32 kernel tests (double loops, finite differences) and the
 #    model test (PyTorch fixtures) run on each; `grpo-model info` shows that the set asked for is the set running.
-#  - few-row products (decode): test_kernel_linear forces each ISA this CPU has itself (AVX2, AVX-512, OpenBLAS).
+#  - few-row products (decode): test_kernel_linear forces each ISA this CPU has itself (AVX2, AVX-512, OpenBLAS);
+#    GRPO_CPU_ISA caps the products' ISA for a whole program (`grpo-model info` says which runs), and a value this
+#    CPU cannot run or does not know is ignored with a line naming it.
 #  - BF16 GEMMs (oneDNN): each BF16 ISA the CPU has (ONEDNN_MAX_CPU_ISA avx512_core_bf16, and avx512_core_amx on a
 #    CPU with AMX) through test_kernel_bf16 and the BF16 run; and a CPU without BF16 (ONEDNN_MAX_CPU_ISA
 #    avx512_core): the BF16 run falls back to float32 with one clear line and reproduces the float32 run.
@@ -36,6 +38,17 @@ for set in "${sets[@]}"; do
         rc=$?; expect "$(basename "$t") on OpenBLAS $set" $rc
     done
 done
+
+# GRPO_CPU_ISA: the few-row products of a whole program as a CPU with less would run them
+cpu_has avx2 && cpu_has fma && for cap in avx2 none; do
+    GRPO_CPU_ISA=$cap "$MODEL_TOOL" info "$TMP/tiny" >"$TMP/info-cap-$cap.txt" 2>&1
+    want=$cap; [ "$cap" = none ] && want=OpenBLAS
+    grep -q "few-row products: $want;" "$TMP/info-cap-$cap.txt"
+    rc=$?; expect "GRPO_CPU_ISA=$cap: $(grep -o 'few-row products: [^;]*' "$TMP/info-cap-$cap.txt")" $rc
+done
+GRPO_CPU_ISA=avx1024 "$MODEL_TOOL" info "$TMP/tiny" >"$TMP/info-cap-bad.txt" 2>&1
+grep -q "GRPO_CPU_ISA=avx1024 ignored: expected avx512, avx2 or none" "$TMP/info-cap-bad.txt"
+expect "GRPO_CPU_ISA=avx1024 is ignored with a line naming it" $?
 
 # BF16: oneDNN's ISA for the BF16 products, capped through its own variable
 bf16_isas=()

@@ -22,7 +22,7 @@ KEYS=(rollout.n_gpus_per_node=2 trainer.total_training_steps=$STEPS grpod.heartb
 run() { # NAME ENV...: a split run writing $TMP/NAME and $TMP/NAME.log
     local name="$1"
     shift
-    timeout 240 "${MPIRUN[@]}" "$@" "$WORKER" --config "$TMP/split.yaml" "${KEYS[@]}" \
+    timeout "$(scaled 240)" "${MPIRUN[@]}" "$@" "$WORKER" --config "$TMP/split.yaml" "${KEYS[@]}" \
         trainer.default_local_dir="$TMP/$name" trainer.rollout_data_dir="$TMP/$name/audit" >"$TMP/$name.log" 2>&1
 }
 run plain

@@ -57,7 +57,7 @@ run() {
     local name="$1" dir="$2"
     shift 2
     n=$((n + 1))
-    (cd "$dir" && timeout 180 "$worker" actor_rollout_ref.model.path="$TMP/tiny" \
+    (cd "$dir" && timeout "$(scaled 180)" "$worker" actor_rollout_ref.model.path="$TMP/tiny" \
         trainer.default_local_dir="$TMP/runs$n" trainer.total_training_steps=2 trainer.val_before_train=false \
         trainer.test_freq=-1 data.train_batch_size=2 actor_rollout_ref.rollout.n=2 \
         actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=8 data.max_prompt_length=320 \

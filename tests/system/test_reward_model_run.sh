@@ -73,7 +73,7 @@ print("reward-model scores:", m1["critic/score/mean"], "rules:", r1["critic/scor
 PY
 expect "the scores are the reward model's, alone or added to the rules' (step 1, same responses)" $?
 # split: the rollout rank scores with the reward model beside its generation, to the same scores
-OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 mpirun --oversubscribe --bind-to none -np 2 \
+OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout "$(scaled 300)" mpirun --oversubscribe --bind-to none -np 2 \
     "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/split" reward_model.enable=true \
     reward_model.model.path="$TMP/rm" placement.trainer_ranks=1 placement.rollout_ranks=1 >"$TMP/split.log" 2>&1
 expect "1 rollout + 1 trainer rank with the reward model finish" $?

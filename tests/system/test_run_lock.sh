@@ -22,14 +22,14 @@ YAML
 FIRST=$!
 track "$FIRST"
 wait_for 120 grep -q "^pid $FIRST on host" "$TMP/runs/p/e/run.lock"; expect "the first job holds run.lock" $?
-timeout -k 5 120 "$WORKER" --config "$TMP/run.yaml" trainer.total_training_steps=2 >"$TMP/second.log" 2>&1
+timeout -k 5 "$(scaled 120)" "$WORKER" --config "$TMP/run.yaml" trainer.total_training_steps=2 >"$TMP/second.log" 2>&1
 rc=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ]; expect "a second job on the same run directory stops at start (rc $rc)" $?
 says "$TMP/second.log" "is in use by another job (pid $FIRST on host $(hostname)"
 expect "... naming the first job's pid and host" $?
 kill -0 "$FIRST" 2>/dev/null; expect "the first job runs on, untouched" $?
 kill -KILL "$FIRST"; wait "$FIRST" 2>/dev/null
-timeout -k 5 300 "$WORKER" --config "$TMP/run.yaml" trainer.total_training_steps=2 >"$TMP/third.log" 2>&1
+timeout -k 5 "$(scaled 300)" "$WORKER" --config "$TMP/run.yaml" trainer.total_training_steps=2 >"$TMP/third.log" 2>&1
 expect "after the first job is killed, a job on the same directory runs to its end" $?
 steps_logged "$TMP/runs/p/e/metrics.jsonl" 2; expect "... and logs its steps" $?
 finish

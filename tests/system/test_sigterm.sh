@@ -70,7 +70,7 @@ expect "the error names the file, its value and the directory" $?
 # same delivery when timeout's time runs out (SIGALRM) and when timeout itself is signalled, as here, so that
 # the signal comes after a step whatever the machine's load. (The kernel may merge the two into one pending
 # signal; when it does not, the second must not end the run: the stalled runs below make that certain.)
-timeout --preserve-status -s TERM 600 "$WORKER" actor_rollout_ref.model.path="$TMP/tiny" \
+timeout --preserve-status -s TERM "$(scaled 600)" "$WORKER" actor_rollout_ref.model.path="$TMP/tiny" \
     trainer.default_local_dir="$TMP/tmo" trainer.project_name=p trainer.experiment_name=e \
     trainer.total_training_steps=100000 trainer.val_before_train=false trainer.test_freq=-1 \
     data.train_batch_size=2 actor_rollout_ref.rollout.n=2 actor_rollout_ref.actor.ppo_mini_batch_size=2 \

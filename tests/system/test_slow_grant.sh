@@ -14,10 +14,10 @@ MPIRUN=(mpirun --oversubscribe --bind-to none -np 2)
 # heartbeats every 4 s: the process is lost after 8 s of silence, later than the 6 s answer (a lost process's
 # units go back anyway, which would hide a unit lost by its answer)
 KEYS=(grpod.heartbeat_interval_s=4 trainer.log_level=info)
-timeout 120 "${MPIRUN[@]}" "$WORKER" --config "$TMP/split.yaml" trainer.default_local_dir="$TMP/plain" "${KEYS[@]}" \
+timeout "$(scaled 120)" "${MPIRUN[@]}" "$WORKER" --config "$TMP/split.yaml" trainer.default_local_dir="$TMP/plain" "${KEYS[@]}" \
     >"$TMP/plain.log" 2>&1
 expect "the undisturbed split run finishes" $?
-timeout 120 "${MPIRUN[@]}" -x GRPO_TEST_SLOW_GRANT_S=6 "$WORKER" --config "$TMP/split.yaml" \
+timeout "$(scaled 120)" "${MPIRUN[@]}" -x GRPO_TEST_SLOW_GRANT_S=6 "$WORKER" --config "$TMP/split.yaml" \
     trainer.default_local_dir="$TMP/slow" "${KEYS[@]}" >"$TMP/slow.log" 2>&1
 expect "the split run with a grant answered after the rollout process gave up finishes" $?
 says "$TMP/slow.log" "this grant's answer goes 6.0 s late"; expect "the first grant was answered late" $?

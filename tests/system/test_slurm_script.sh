@@ -35,7 +35,7 @@ port=$(( 10000 + RANDOM % 20000 )) # below the ephemeral ports (32768-60999): no
 ( cd "$TMP" && PATH="$TMP/bin:$PATH" SLURM_JOB_NODELIST=localhost SLURM_JOB_ID=4242 SLURM_NTASKS=2 \
     GRPOD_PORT=$port GRPOD_HTTP=127.0.0.1:0 GRPO_RUN_DIR="$TMP/job" OPENBLAS_NUM_THREADS=1 \
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-    timeout 120 bash "$src/deploy/slurm/grpo.sbatch" "$TMP/split.yaml" >"$TMP/job.log" 2>&1 )
+    timeout "$(scaled 120)" bash "$src/deploy/slurm/grpo.sbatch" "$TMP/split.yaml" >"$TMP/job.log" 2>&1 )
 expect "grpo.sbatch runs to the end" $?
 [ "$(stat -c %a "$TMP/job/secret" 2>/dev/null)" = 600 ]; expect "the job's secret is private (0600)" $?
 grep -q "registered with grpod at tcp://127.0.0.1:$port: role trainer" "$TMP/job.log"; expect "rank 0 registered as trainer over tcp" $?

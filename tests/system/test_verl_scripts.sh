@@ -85,7 +85,7 @@ PY
 expect "pyarrow wrote two parquet files in verl's layout" $?
 tiny_model "$TMP/tiny"; expect "tiny model written" $?
 mapfile -t args < <(overrides tests/fixtures/verl/scripts/grpo_trainer__run_qwen2-7b_math.args)
-timeout 300 "$worker" "${args[@]}" \
+timeout "$(scaled 300)" "$worker" "${args[@]}" \
     actor_rollout_ref.model.path="$TMP/tiny" \
     "data.train_files=['$TMP/gsm8k.parquet', '$TMP/math.parquet']" \
     "data.val_files=['$TMP/gsm8k.parquet']" \
@@ -120,7 +120,7 @@ run_dir="$(dirname "$(ls "$TMP"/runs/*/*/metrics.jsonl | head -1)")"
 # until data.train_batch_size=2 groups are kept, at most max_num_gen_batches=3; the overlong buffer under its
 # current names. 8 prompts / 4 a round, total_epochs=1: 2 steps.
 mapfile -t args < <(overrides tests/fixtures/verl/scripts/dapo__test_dapo_7b.args)
-timeout 300 "$worker" "${args[@]}" \
+timeout "$(scaled 300)" "$worker" "${args[@]}" \
     actor_rollout_ref.model.path="$TMP/tiny" data.train_files="$TMP/parity.parquet" data.val_files="$TMP/parity.parquet" \
     data.gen_batch_size=4 data.train_batch_size=2 actor_rollout_ref.actor.ppo_mini_batch_size=2 \
     actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 data.max_prompt_length=320 \

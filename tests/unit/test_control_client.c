@@ -382,7 +382,7 @@ static void test_transport(void **state)
     assert_int_equal(write(fd, "x\n", 2), 2);
     close(fd);
     assert_int_equal(secret_read(file, out, sizeof out, err, sizeof err), -1);
-    assert_non_null(strstr(err, "is 1 characters; at least 22"));
+    assert_non_null(strstr(err, "is 1 characters (6 bits at most, as base64); at least 22"));
     fd = open(file, O_WRONLY | O_TRUNC);
     assert_int_equal(write(fd, "abcdefghijklmnopqrstu\n", 22), 22); /* 21 */
     close(fd);
@@ -391,6 +391,22 @@ static void test_transport(void **state)
     assert_int_equal(write(fd, "abcdefghijklmnopqrstuv\n", 23), 23); /* 22 */
     close(fd);
     assert_int_equal(secret_read(file, out, sizeof out, err, sizeof err), 0);
+    /* 0600 or stricter: 0400 is taken; an execute or set-id bit is not, even for the owner alone */
+    chmod(file, 0400);
+    assert_int_equal(secret_read(file, out, sizeof out, err, sizeof err), 0);
+    chmod(file, 0700);
+    assert_int_equal(secret_read(file, out, sizeof out, err, sizeof err), -1);
+    assert_non_null(strstr(err, "has mode 0700: it must be 0600 or stricter"));
+    chmod(file, 04600);
+    assert_int_equal(secret_read(file, out, sizeof out, err, sizeof err), -1);
+    chmod(file, 0600);
+    /* a file of another user's (it could change it): refused, naming the owner (root can make one to test) */
+    if (geteuid() == 0 && chown(file, 65534, 65534) == 0) {
+        assert_int_equal(secret_read(file, out, sizeof out, err, sizeof err), -1);
+        assert_non_null(strstr(err, "belongs to uid 65534, not to this process's user (uid 0)"));
+        assert_int_equal(chown(file, 0, 0), 0);
+        assert_int_equal(secret_read(file, out, sizeof out, err, sizeof err), 0);
+    }
     unlink(file);
     /* a FIFO is refused at once, not waited on for a writer that never comes */
     assert_int_equal(mkfifo(file, 0600), 0);

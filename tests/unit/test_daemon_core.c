@@ -1,6 +1,7 @@
 /* grpod's core driven directly with packed requests: placement and roles, the
- * run state machine, health, commands, refusals, the journal form, the shared
- * secret, field validation, and garbage that must never crash it. */
+ * run state machine, health, commands, refusals, the journal form, the tcp
+ * endpoints' challenge-response and sealed sessions, the launches' key epochs,
+ * field validation, and garbage that must never crash it. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,6 +18,7 @@
 #include "daemon/arena.h"
 #include "daemon/core.h"
 #include "daemon/validate.h"
+#include "proto/ctl_auth.h"
 #include "proto/plane_auth.h"
 #include "common/placement.h"
 #include "proto/transport.h"
@@ -126,18 +128,23 @@ static void beat_ok(struct core *c, int rank, uint64_t inc, Grpo__WorkerState st
     protocol_free(e);
 }
 
-static Grpo__Envelope *command(struct core *c, Grpo__Command cmd)
+/* A command with a reason (grpoctl --reason; "" as grpoctl without one) and a requester (a worker's stop on a
+ * signal; "": an operator). */
+static Grpo__Envelope *command_by(struct core *c, Grpo__Command cmd, const char *reason, const char *requester)
 {
     Grpo__Envelope env = GRPO__ENVELOPE__INIT;
     Grpo__CommandRequest cr = GRPO__COMMAND_REQUEST__INIT;
     cr.command = cmd;
-    cr.reason = "test";
+    cr.reason = (char *)reason;
+    cr.requester = (char *)requester;
     env.body_case = GRPO__ENVELOPE__BODY_COMMAND;
     env.command = &cr;
     Grpo__Envelope *e = roundtrip(c, &env, NULL);
     assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
     return e;
 }
+
+static Grpo__Envelope *command(struct core *c, Grpo__Command cmd) { return command_by(c, cmd, "", ""); }
 
 static void command_ok(struct core *c, Grpo__Command cmd)
 {
@@ -166,7 +173,8 @@ static void test_placement_trainer_rollout(void **state)
      * from the run's key, and never the run's key */
     uint8_t want[PLANE_KEY_BYTES];
     plane_key_derive(c.run.plane_key,
-                     &(struct plane_id){.rank = 5, .pid = 105, .incarnation = e->assignment->incarnation}, want);
+                     &(struct plane_id){.rank = 5, .pid = 105, .incarnation = e->assignment->incarnation, .epoch = 1},
+                     want);
     assert_int_equal(e->assignment->plane_key.len, PLANE_KEY_BYTES);
     assert_memory_equal(e->assignment->plane_key.data, want, PLANE_KEY_BYTES);
     assert_int_equal(e->assignment->plane_run_key.len, 0);
@@ -459,6 +467,45 @@ static void test_split_trainer_failure_aborts(void **state)
     core_deinit(&c);
 }
 
+/* A stop asked for by a worker on a signal from its launcher (mpirun ending the job) ends the run with that reason,
+ * not "stopped by operator" (issue 40, item 5); a restarted grpod keeps it. */
+static void test_stop_reason_names_who_asked(void **state)
+{
+    (void)state;
+    struct core c, d;
+    struct core_settings s = settings(0, 0, 1, 1);
+    core_init(&c, &s, T);
+    uint64_t i0 = reg_ok(&c, 0, 2, GRPO__ROLE__ROLE_HYBRID), i1 = reg_ok(&c, 1, 2, GRPO__ROLE__ROLE_HYBRID);
+    beat_ok(&c, 0, i0, GRPO__WORKER_STATE__WORKER_RUNNING, 4);
+    const char *by = "SIGTERM on rank 0 (host h0) from its launcher, mpirun (pid 7)";
+    Grpo__Envelope *e = command_by(&c, GRPO__COMMAND__COMMAND_STOP, by, by);
+    assert_true(e->reply->ok);
+    protocol_free(e);
+    char *text = core_save_json(&c);
+    core_init(&d, &s, T + 1);
+    char err[256];
+    assert_int_equal(core_load_json(&d, text, T + 1, err, sizeof err), 0);
+    free(text);
+    assert_string_equal(d.run.stop_by, by);
+    core_deinit(&d);
+    beat_ok(&c, 0, i0, GRPO__WORKER_STATE__WORKER_STOPPED, 4);
+    beat_ok(&c, 1, i1, GRPO__WORKER_STATE__WORKER_STOPPED, 4);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_FINISHED);
+    assert_non_null(strstr(c.run.reason, "stopped by SIGTERM on rank 0 (host h0) from its launcher, mpirun (pid 7) at "
+                                         "step 4"));
+    assert_null(strstr(c.run.reason, "operator"));
+    core_deinit(&c);
+    /* grpoctl stop --reason: the operator, with the reason */
+    core_init(&c, &s, T);
+    i0 = reg_ok(&c, 0, 2, GRPO__ROLE__ROLE_HYBRID), i1 = reg_ok(&c, 1, 2, GRPO__ROLE__ROLE_HYBRID);
+    e = command_by(&c, GRPO__COMMAND__COMMAND_STOP, "systemctl stop grpo-workers", "");
+    protocol_free(e);
+    beat_ok(&c, 0, i0, GRPO__WORKER_STATE__WORKER_STOPPED, 0);
+    beat_ok(&c, 1, i1, GRPO__WORKER_STATE__WORKER_STOPPED, 0);
+    assert_non_null(strstr(c.run.reason, "stopped by operator (systemctl stop grpo-workers) at step 0"));
+    core_deinit(&c);
+}
+
 static void test_journal_round_trip(void **state)
 {
     (void)state;
@@ -563,74 +610,345 @@ static void test_checkpoint_unrequested_split(void **state)
     core_deinit(&c);
 }
 
+/* Bytes in, bytes out: the core's raw answer to raw bytes on a tcp endpoint of secret (caller frees). */
+static uint8_t *tcp_raw(struct core *c, const uint8_t *buf, size_t len, const char *secret, size_t *rlen, bool *authed)
+{
+    bool a = false;
+    uint8_t *r = core_handle_auth(c, buf, len, secret, T, rlen, &a);
+    assert_non_null(r);
+    if (authed)
+        *authed = a;
+    return r;
+}
+
+static Grpo__Envelope *decoded(const uint8_t *r, size_t rlen)
+{
+    char why[256];
+    Grpo__Envelope *e = protocol_unpack(r, rlen, why, sizeof why);
+    if (!e)
+        fail_msg("reply does not decode: %s", why);
+    return e;
+}
+
+static bool holds(const uint8_t *buf, size_t len, const void *what, size_t wlen)
+{
+    return buf && what && wlen && memmem(buf, len, what, wlen) != NULL;
+}
+
+/* A client's session with the core over tcp (hello, challenge), as proto/transport.c makes it. */
+static void tcp_session(struct core *c, struct ctl_client *cl, const char *client_secret, const char *grpod_secret)
+{
+    ctl_client_init(cl, client_secret);
+    size_t len, rlen;
+    uint8_t *hello = ctl_client_hello(cl, 1, &len);
+    bool authed = true;
+    uint8_t *r = tcp_raw(c, hello, len, grpod_secret, &rlen, &authed);
+    assert_false(authed); /* a hello proves nothing */
+    assert_false(holds(hello, len, client_secret, strlen(client_secret)));
+    assert_false(holds(r, rlen, grpod_secret, strlen(grpod_secret)));
+    Grpo__Envelope *e = decoded(r, rlen);
+    char why[300] = "";
+    int rc = ctl_client_accept(cl, e, why, sizeof why);
+    if (strcmp(client_secret, grpod_secret) == 0 && rc != 0)
+        fail_msg("the challenge is refused: %s", why);
+    if (strcmp(client_secret, grpod_secret) != 0) {
+        assert_int_equal(rc, -1);
+        assert_non_null(strstr(why, "authentication failed: grpod's proof"));
+    }
+    protocol_free(e);
+    free(hello);
+    free(r);
+}
+
+/* A request sealed in cl's session; *sent gets the bytes sent (caller frees), the answer opened (NULL when it was
+ * refused unsealed: *refusal gets it, caller frees). */
+static Grpo__Envelope *tcp_call(struct core *c, struct ctl_client *cl, Grpo__Envelope *req, const char *secret,
+                                uint8_t **sent, size_t *sent_len, Grpo__Envelope **refusal)
+{
+    uint64_t counter;
+    size_t rlen;
+    *sent = ctl_client_seal(cl, req, &counter, sent_len);
+    assert_non_null(*sent);
+    uint8_t *r = tcp_raw(c, *sent, *sent_len, secret, &rlen, NULL);
+    Grpo__Envelope *outer = decoded(r, rlen), *inner = NULL;
+    *refusal = NULL;
+    if (outer->body_case == GRPO__ENVELOPE__BODY_REPLY) {
+        *refusal = outer;
+        free(r);
+        return NULL;
+    }
+    char why[300] = "";
+    if (ctl_client_open(cl, counter, outer, &inner, why, sizeof why) != 0)
+        fail_msg("the sealed answer does not open: %s", why);
+    protocol_free(outer);
+    free(r);
+    return inner;
+}
+
+/* tcp endpoints (protocol 1.12): the secret never crosses the wire. A plain request and an older client's request
+ * carrying the secret are refused; a client proves the secret by challenge-response and seals its requests, grpod
+ * proves it in its challenge; a wrong secret is found out by the client (grpod's proof) and a box made without the
+ * secret does not open; a sealed request replayed, in its session or after grpod forgot the session, is refused
+ * and counted; the assignment's data-plane keys travel sealed. */
 static void test_secret(void **state)
 {
     (void)state;
+    const char *secret = "s3cret-0123456789abcdefgh";
     struct core c;
-    struct core_settings s = settings(0, 0, 1, 1);
+    struct core_settings s = settings(1, 1, 1, 1);
     core_init(&c, &s, T);
     Grpo__Envelope env = GRPO__ENVELOPE__INIT;
     env.body_case = GRPO__ENVELOPE__BODY_STATUS_REQUEST;
     env.status_request = 1;
-    Grpo__Envelope *e = roundtrip(&c, &env, "s3cret");
+    /* plain, and as a 1.11 client sends it: the secret itself (right or wrong), refused */
+    Grpo__Envelope *e = roundtrip(&c, &env, secret);
     assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
     assert_non_null(strstr(e->reply->error, "authentication failed"));
     protocol_free(e);
-    envelope_set_secret(&env, "s3cres");
-    e = roundtrip(&c, &env, "s3cret");
-    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
-    protocol_free(e);
-    envelope_set_secret(&env, "s3cret");
-    e = roundtrip(&c, &env, "s3cret");
+    const char *old[] = {secret, "s3cres"};
+    for (int i = 0; i < 2; i++) {
+        envelope_set_secret(&env, old[i]);
+        e = roundtrip(&c, &env, secret);
+        assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
+        assert_non_null(strstr(e->reply->error, "sent the shared secret over the network"));
+        assert_non_null(strstr(e->reply->error, "upgrade the client"));
+        protocol_free(e);
+    }
+    envelope_set_secret(&env, NULL);
+    assert_int_equal(c.counters.auth_failed, 3);
+    /* challenge-response, then a sealed status request: answered sealed */
+    struct ctl_client cl;
+    tcp_session(&c, &cl, secret, secret);
+    assert_true(cl.open);
+    uint8_t *sent;
+    size_t sent_len;
+    Grpo__Envelope *refusal;
+    e = tcp_call(&c, &cl, &env, secret, &sent, &sent_len, &refusal);
+    assert_non_null(e);
     assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_STATUS);
     protocol_free(e);
-    assert_int_equal(c.counters.auth_failed, 2);
+    assert_false(holds(sent, sent_len, secret, strlen(secret)));
+    /* the same bytes again: a replay, refused and counted, not answered */
+    size_t rlen;
+    bool authed = true;
+    uint8_t *r = tcp_raw(&c, sent, sent_len, secret, &rlen, &authed);
+    assert_false(authed);
+    e = decoded(r, rlen);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
+    assert_non_null(strstr(e->reply->error, "a replayed request"));
+    assert_false(e->reply->reauth);
+    protocol_free(e);
+    free(r);
+    assert_int_equal(c.counters.replayed, 1);
+    /* a registration: the assignment holds the data-plane keys, sealed, none of them in the bytes on the wire */
+    Grpo__Envelope renv = GRPO__ENVELOPE__INIT;
+    Grpo__Register reg = GRPO__REGISTER__INIT;
+    char *caps[] = {"trainer"};
+    reg.rank = 0, reg.world_size = 2, reg.host = "t0", reg.pid = 100, reg.launch = 77;
+    reg.capabilities = caps, reg.n_capabilities = 1;
+    renv.body_case = GRPO__ENVELOPE__BODY_REGISTER;
+    renv.register_ = &reg;
+    uint64_t counter;
+    size_t alen;
+    uint8_t *rsent = ctl_client_seal(&cl, &renv, &counter, &alen);
+    uint8_t *ans = tcp_raw(&c, rsent, alen, secret, &rlen, &authed);
+    assert_true(authed);
+    Grpo__Envelope *outer = decoded(ans, rlen), *inner = NULL;
+    char why[300];
+    assert_int_equal(ctl_client_open(&cl, counter, outer, &inner, why, sizeof why), 0);
+    assert_int_equal(inner->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
+    assert_int_equal(inner->assignment->plane_run_key.len, PLANE_KEY_BYTES);
+    assert_int_equal(inner->assignment->plane_key.len, PLANE_KEY_BYTES);
+    assert_int_equal(inner->assignment->plane_epoch, 1);
+    assert_false(holds(ans, rlen, inner->assignment->plane_run_key.data, PLANE_KEY_BYTES));
+    assert_false(holds(ans, rlen, inner->assignment->plane_key.data, PLANE_KEY_BYTES));
+    assert_false(holds(ans, rlen, c.run.plane_key, PLANE_KEY_BYTES));
+    protocol_free(inner);
+    inner = NULL;
+    /* the answer opened under another counter (an answer to another request) is not taken */
+    assert_int_equal(ctl_client_open(&cl, counter + 1, outer, &inner, why, sizeof why), -1);
+    if (inner)
+        protocol_free(inner);
+    protocol_free(outer);
+    free(ans);
+    free(rsent);
+    /* a client with a wrong secret: grpod's proof fails at the client; a box it makes anyway does not open */
+    struct ctl_client bad;
+    tcp_session(&c, &bad, "another-secret-0123456789", secret);
+    assert_false(bad.open);
+    memcpy(bad.session, cl.session, sizeof bad.session); /* even in a real session's name */
+    bad.open = true;
+    bad.counter = 1000;
+    e = tcp_call(&c, &bad, &env, secret, &rsent, &alen, &refusal);
+    assert_null(e);
+    assert_non_null(strstr(refusal->reply->error, "does not open"));
+    protocol_free(refusal);
+    free(rsent);
+    assert_int_equal(c.counters.auth_failed, 4);
+    /* the session still serves its own client */
+    e = tcp_call(&c, &cl, &env, secret, &rsent, &alen, &refusal);
+    assert_non_null(e);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_STATUS);
+    protocol_free(e);
+    free(rsent);
+    core_deinit(&c);
+    /* grpod restarted (a fresh core): the captured request names a session it does not know; the client is told
+     * to authenticate again, and a fresh challenge makes a session of its own */
+    core_init(&c, &s, T);
+    r = tcp_raw(&c, sent, sent_len, secret, &rlen, &authed);
+    assert_false(authed);
+    e = decoded(r, rlen);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
+    assert_true(e->reply->reauth);
+    protocol_free(e);
+    free(r);
+    assert_int_equal(c.counters.unknown_session, 1);
+    uint8_t old_session[CTL_SESSION_BYTES];
+    memcpy(old_session, cl.session, sizeof old_session);
+    tcp_session(&c, &cl, secret, secret);
+    assert_memory_not_equal(old_session, cl.session, sizeof old_session);
+    e = tcp_call(&c, &cl, &env, secret, &rsent, &alen, &refusal);
+    assert_non_null(e);
+    protocol_free(e);
+    free(rsent);
+    free(sent);
+    ctl_client_wipe(&cl);
     core_deinit(&c);
 }
 
-/* The secret is compared as bytes, whole: a right prefix followed by a NUL and junk, a prefix, or the
- * secret with one more byte are all refused (issue 12, defect 15). */
-static void test_secret_whole_bytes(void **state)
+/* Sessions are bounded: a flood of hellos forgets challenged sessions only (at most CTL_PENDING_MAX of them), never
+ * a session in use; a hello of the wrong nonce size is refused. */
+static void test_session_flood(void **state)
 {
     (void)state;
+    const char *secret = "s3cret-0123456789abcdefgh";
     struct core c;
     struct core_settings s = settings(0, 0, 1, 1);
     core_init(&c, &s, T);
     Grpo__Envelope env = GRPO__ENVELOPE__INIT;
     env.body_case = GRPO__ENVELOPE__BODY_STATUS_REQUEST;
     env.status_request = 1;
-    static const uint8_t nul_junk[] = {'s', '3', 'c', 'r', 'e', 't', 0, 'j', 'u', 'n', 'k'};
-    static const uint8_t nul_only[] = {'s', '3', 'c', 'r', 'e', 't', 0};
-    const struct {
-        const uint8_t *data;
-        size_t len;
-    } wrong[] = {{nul_junk, sizeof nul_junk},
-                 {nul_only, sizeof nul_only},
-                 {(const uint8_t *)"s3c", 3},
-                 {(const uint8_t *)"s3cretX", 7},
-                 {(const uint8_t *)"", 0}};
-    for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++) {
-        env.secret.data = (uint8_t *)wrong[i].data;
-        env.secret.len = wrong[i].len;
-        Grpo__Envelope *e = roundtrip(&c, &env, "s3cret");
-        assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
-        assert_non_null(strstr(e->reply->error, "authentication failed"));
-        protocol_free(e);
-    }
-    assert_int_equal(c.counters.auth_failed, sizeof wrong / sizeof wrong[0]);
-    env.secret.data = (uint8_t *)"s3cret";
-    env.secret.len = 6;
-    Grpo__Envelope *e = roundtrip(&c, &env, "s3cret");
-    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_STATUS);
+    struct ctl_client cl;
+    tcp_session(&c, &cl, secret, secret);
+    uint8_t *sent;
+    size_t sent_len;
+    Grpo__Envelope *refusal;
+    Grpo__Envelope *e = tcp_call(&c, &cl, &env, secret, &sent, &sent_len, &refusal);
+    assert_non_null(e);
     protocol_free(e);
-    /* on a socket without a secret, an over-long one is still refused by validation, not crashed on */
-    uint8_t big[GRPO_SECRET_MAX + 1];
-    memset(big, 'a', sizeof big);
-    env.secret.data = big;
-    env.secret.len = sizeof big;
+    free(sent);
+    for (int i = 0; i < 10 * CTL_SESSIONS_MAX; i++) {
+        struct ctl_client x;
+        tcp_session(&c, &x, secret, secret);
+        ctl_client_wipe(&x);
+    }
+    int sessions, pending;
+    ctl_server_counts(c.ctl, &sessions, &pending);
+    assert_int_equal(pending, CTL_PENDING_MAX);
+    assert_int_equal(sessions, CTL_PENDING_MAX + 1);
+    e = tcp_call(&c, &cl, &env, secret, &sent, &sent_len, &refusal);
+    assert_non_null(e); /* the session in use survived the flood */
+    protocol_free(e);
+    free(sent);
+    Grpo__Envelope h = GRPO__ENVELOPE__INIT;
+    Grpo__AuthHello ah = GRPO__AUTH_HELLO__INIT;
+    ah.client_nonce.data = (uint8_t *)"short";
+    ah.client_nonce.len = 5;
+    h.body_case = GRPO__ENVELOPE__BODY_AUTH_HELLO;
+    h.auth_hello = &ah;
+    e = roundtrip(&c, &h, secret);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
+    assert_non_null(strstr(e->reply->error, "client nonce of 32 bytes"));
+    protocol_free(e);
+    ctl_client_wipe(&cl);
+    core_deinit(&c);
+}
+
+/* Keys die with their launch (1.12): a run's first launch keeps the run's key at epoch 1; the first registration of
+ * another launch makes a fresh key at epoch 2, and the keys it hands out derive from it; a rank of the launch before
+ * is refused from then on; a replacement (--replace-rank, a launch of its own) joins the launch under way; the
+ * epoch, the launch and the retired launches are journaled. */
+static void test_launch_epochs(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = settings(1, 1, 1, 1);
+    core_init(&c, &s, T);
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Register reg = GRPO__REGISTER__INIT;
+    char *tcaps[] = {"trainer"}, *rcaps[] = {"rollout"};
+    reg.world_size = 2, reg.host = "h";
+    env.body_case = GRPO__ENVELOPE__BODY_REGISTER;
+    env.register_ = &reg;
+    /* launch 0xA: both ranks */
+    reg.rank = 0, reg.pid = 100, reg.launch = 0xA, reg.capabilities = tcaps, reg.n_capabilities = 1;
+    Grpo__Envelope *e = roundtrip(&c, &env, NULL);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
+    assert_int_equal(e->assignment->plane_epoch, 1);
+    uint8_t key1[PLANE_KEY_BYTES];
+    memcpy(key1, e->assignment->plane_run_key.data, PLANE_KEY_BYTES);
+    protocol_free(e);
+    reg.rank = 1, reg.pid = 101, reg.capabilities = rcaps;
+    e = roundtrip(&c, &env, NULL);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
+    assert_int_equal(e->assignment->plane_epoch, 1);
+    /* the data-plane generation (the incarnation's top bits): a rank's first registration is generation 0 */
+    assert_int_equal(plane_generation(e->assignment->incarnation), 0);
+    uint8_t want[PLANE_KEY_BYTES];
+    plane_key_derive(
+        key1, &(struct plane_id){.rank = 1, .pid = 101, .incarnation = e->assignment->incarnation, .epoch = 1}, want);
+    assert_memory_equal(e->assignment->plane_key.data, want, PLANE_KEY_BYTES);
+    protocol_free(e);
+    /* the job ends and is launched again (launch 0xB): its first rank gets a fresh key at epoch 2 (the old holders
+     * are long silent) */
+    T += 60;
+    reg.rank = 1, reg.pid = 201, reg.launch = 0xB;
+    e = roundtrip(&c, &env, NULL);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
+    assert_int_equal(e->assignment->plane_epoch, 2);
+    assert_memory_not_equal(c.run.plane_key, key1, PLANE_KEY_BYTES);
+    plane_key_derive(c.run.plane_key,
+                     &(struct plane_id){.rank = 1, .pid = 201, .incarnation = e->assignment->incarnation, .epoch = 2},
+                     want);
+    assert_memory_equal(e->assignment->plane_key.data, want, PLANE_KEY_BYTES);
+    protocol_free(e);
+    reg.rank = 0, reg.pid = 200, reg.capabilities = tcaps;
+    e = roundtrip(&c, &env, NULL);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
+    assert_int_equal(e->assignment->plane_epoch, 2);
+    assert_memory_equal(e->assignment->plane_run_key.data, c.run.plane_key, PLANE_KEY_BYTES);
+    protocol_free(e);
+    /* a rank of launch 0xA registering now: refused, its keys are dead */
+    reg.rank = 1, reg.pid = 101, reg.launch = 0xA, reg.capabilities = rcaps;
     e = roundtrip(&c, &env, NULL);
     assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
-    assert_non_null(strstr(e->reply->error, "secret"));
+    assert_non_null(strstr(e->reply->error, "which a later launch has replaced"));
+    protocol_free(e);
+    /* the journal keeps the epoch, the launch and the retired one */
+    char *text = core_save_json(&c);
+    struct core back;
+    core_init(&back, &s, T);
+    char err[256];
+    assert_int_equal(core_load_json(&back, text, T, err, sizeof err), 0);
+    assert_int_equal(back.run.plane_epoch, 2);
+    assert_int_equal(back.run.launch, 0xB);
+    assert_int_equal(back.run.nretired, 1);
+    assert_int_equal(back.run.retired[0], 0xA);
+    assert_memory_equal(back.run.plane_key, c.run.plane_key, PLANE_KEY_BYTES);
+    free(text);
+    core_deinit(&back);
+    /* rank 1 lost; its replacement, a launch of its own, joins epoch 2 */
+    T += 60;
+    core_tick(&c, T);
+    const unsigned gen = plane_generation(c.workers[1]->incarnation);
+    assert_int_equal(gen, 1); /* registered once in each launch */
+    reg.rank = 1, reg.pid = 301, reg.launch = 0xC, reg.replaces = true;
+    e = roundtrip(&c, &env, NULL);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
+    assert_int_equal(e->assignment->plane_epoch, 2);
+    /* the replacement is the later generation: the dispatcher takes it as the newer process of rank 1 */
+    assert_int_equal(plane_generation(e->assignment->incarnation), gen + 1);
+    assert_int_equal(c.run.launch, 0xB);
     protocol_free(e);
     core_deinit(&c);
 }
@@ -1927,13 +2245,15 @@ int main(void)
         cmocka_unit_test(test_placement_hybrid_megatron_order),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_state_machine),
+        cmocka_unit_test(test_stop_reason_names_who_asked),
         cmocka_unit_test(test_checkpoint_completion),
         cmocka_unit_test(test_checkpoint_unrequested_split),
         cmocka_unit_test(test_lost_worker),
         cmocka_unit_test(test_worker_failure),
         cmocka_unit_test(test_journal_round_trip),
         cmocka_unit_test(test_secret),
-        cmocka_unit_test(test_secret_whole_bytes),
+        cmocka_unit_test(test_session_flood),
+        cmocka_unit_test(test_launch_epochs),
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_status_and_metrics),
         cmocka_unit_test(test_split_rollout_rank_lost),

@@ -49,6 +49,8 @@ static void test_save_load(void **state)
     assert_int_equal(stat(j.tmp_path, &st), -1); /* nothing half-written left */
     assert_int_equal(stat(path, &st), 0);
     assert_int_equal(st.st_mode & 0777, 0750);
+    assert_int_equal(stat(j.state_path, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600); /* run.json holds the data-plane key of the run's launch */
     journal_event(&j, 1796000000.25, "rank 1 on host h lost");
     journal_event(&j, 1796000001.5, "run waiting");
     FILE *f = fopen(j.events_path, "r");

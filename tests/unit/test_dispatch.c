@@ -6,10 +6,10 @@
  * rank's units again; a lost answer (the process asks again and gets the unit it holds, counted once), a grant's
  * lease (past it, the unit of a live holder goes to an idle process; the lease grows with the longest unit) and
  * late or repeated words that change nothing; the weight broadcast's rounds and rendezvous; the end is told to requests
- * and pings and its first word stands; a wrong rank, garbage, another kind of request or a missing secret are refused
- * without harm to the others. Then the shell and the client over real ipc sockets: the same grants and chunks end to
- * end, bad options, a regular file at the socket's path, the secret, and close (at once when every live process has
- * heard the end, after linger_s at most when one has not). */
+ * and pings and its first word stands; a wrong rank, garbage, another kind of request, or a request of another
+ * launch's key epoch are refused without harm to the others. Then the shell and the client over real ipc sockets: the
+ * same grants and chunks end to end, bad options, a regular file at the socket's path, and close (at once when every
+ * live process has heard the end, after linger_s at most when one has not). */
 #include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -33,6 +33,7 @@
 #define NEXT_TIMEOUT_MS 5000
 /* The test's run: trainer ranks 0..FIRST_ROLLOUT-1, then one rollout rank per unit; its data-plane key. */
 #define FIRST_ROLLOUT 2
+#define EPOCH 5 /* the run key's epoch (the launch's) */
 static uint8_t run_key[PLANE_KEY_BYTES];
 
 /* ---- the core, with a hand-moved clock ---- */
@@ -59,11 +60,10 @@ static struct heard *heard_of(uint64_t id)
 }
 
 /* A core with the leases' floor at lease_floor_s (0: DISPATCH_LEASE_FLOOR_S). */
-static struct dispatch_core *core_open_floor(const char *secret, int units, int staleness, int64_t total,
-                                             size_t n_floats, double lost_after_s, double now, double lease_floor_s)
+static struct dispatch_core *core_open_floor(int units, int staleness, int64_t total, size_t n_floats,
+                                             double lost_after_s, double now, double lease_floor_s)
 {
-    const struct dispatch_options o = {.secret = secret,
-                                       .units = units,
+    const struct dispatch_options o = {.units = units,
                                        .groups_in_step = 5,
                                        .staleness = staleness,
                                        .start = 0,
@@ -73,6 +73,7 @@ static struct dispatch_core *core_open_floor(const char *secret, int units, int 
                                        .n_floats = n_floats,
                                        .lost_after_s = lost_after_s,
                                        .run_key = run_key,
+                                       .epoch = EPOCH,
                                        .first_rollout_rank = FIRST_ROLLOUT,
                                        .rollout_tp = 1,
                                        .lease_floor_s = lease_floor_s};
@@ -84,10 +85,10 @@ static struct dispatch_core *core_open_floor(const char *secret, int units, int 
     return d;
 }
 
-static struct dispatch_core *core_open(const char *secret, int units, int staleness, int64_t total, size_t n_floats,
-                                       double lost_after_s, double now)
+static struct dispatch_core *core_open(int units, int staleness, int64_t total, size_t n_floats, double lost_after_s,
+                                       double now)
 {
-    return core_open_floor(secret, units, staleness, total, n_floats, lost_after_s, now, 0);
+    return core_open_floor(units, staleness, total, n_floats, lost_after_s, now, 0);
 }
 
 static void publish(struct dispatch_core *d, int64_t v, const float *w)
@@ -99,11 +100,10 @@ static void publish(struct dispatch_core *d, int64_t v, const float *w)
     }
 }
 
-/* A rollout process as the core sees it: its id and rank, and the secret it sends. */
+/* A rollout process as the core sees it: its id and rank. */
 struct proc {
     uint64_t id;
     int rank;
-    const char *secret;
 };
 
 /* Rollout ranks the tests' runs have at most: a process that names another rank holds rollout rank 0's
@@ -116,23 +116,18 @@ static struct plane_cred cred_of(const struct proc *p)
 {
     struct plane_cred c;
     const int slot = p->rank >= 0 && p->rank < TEST_UNITS_MAX ? p->rank : 0;
-    plane_cred_issue(&c, run_key,
-                     &(struct plane_id){.rank = FIRST_ROLLOUT + slot, .pid = (uint32_t)p->id, .incarnation = p->id});
+    plane_cred_issue(
+        &c, run_key,
+        &(struct plane_id){.rank = FIRST_ROLLOUT + slot, .pid = (uint32_t)p->id, .incarnation = p->id, .epoch = EPOCH});
     c.counter = heard_of(p->id)->counter;
     return c;
 }
 
-/* Pack env (with secret, authenticated as process p; NULL: not at all), hand it to the core at time now, and
- * decode the reply. */
-static Grpo__Envelope *core_call(struct dispatch_core *d, Grpo__Envelope *env, const struct proc *p, const char *secret,
-                                 double now)
+/* Pack env (authenticated as process p; NULL: not at all), hand it to the core at time now, and decode the reply. */
+static Grpo__Envelope *core_call(struct dispatch_core *d, Grpo__Envelope *env, const struct proc *p, double now)
 {
     static uint64_t next_id = 1;
     env->request_id = next_id++;
-    if (secret) {
-        env->secret.data = (uint8_t *)secret;
-        env->secret.len = strlen(secret);
-    }
     size_t len = 0, rlen = 0;
     struct plane_cred c;
     if (p)
@@ -170,7 +165,7 @@ static Grpo__Envelope *work_call(struct dispatch_core *d, const struct proc *p, 
     }
     req.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST;
     req.work_request = &w;
-    return core_call(d, &req, p, p->secret, now);
+    return core_call(d, &req, p, now);
 }
 
 static void expect_refusal(Grpo__Envelope *r, const char *text)
@@ -244,7 +239,7 @@ static Grpo__Envelope *weights_call(struct dispatch_core *d, const struct proc *
     q.broadcast = broadcast;
     req.body_case = GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST;
     req.weights_request = &q;
-    Grpo__Envelope *r = core_call(d, &req, p, p->secret, now);
+    Grpo__Envelope *r = core_call(d, &req, p, now);
     if (r->body_case != GRPO__ENVELOPE__BODY_WEIGHTS_CHUNK)
         fail_msg("expected a weights chunk, got body %d", (int)r->body_case);
     return r;
@@ -327,8 +322,8 @@ static void test_grants_and_versions(void **state)
     enum { N = 1000 };
     float *w0 = weights(N, 0.5f, 0), *w1 = weights(N, -0.25f, -1), *w2 = weights(N, 2.0f, 0.125f);
     double t = 100;
-    struct dispatch_core *d = core_open(NULL, 2, 0, 3, N, 10.0, t);
-    const struct proc c0 = {0xA0, 0, NULL}, c1 = {0xB1, 1, NULL};
+    struct dispatch_core *d = core_open(2, 0, 3, N, 10.0, t);
+    const struct proc c0 = {0xA0, 0}, c1 = {0xB1, 1};
 
     /* nothing published: wait, with the reason */
     expect_wait_at(d, &c0, t, "first weights", NULL);
@@ -423,8 +418,8 @@ static void test_one_step_off(void **state)
     enum { N = 64 };
     float *w0 = weights(N, 1, 0), *w1 = weights(N, 1, 1000), *w2 = weights(N, 1, 2000);
     const double t = 5;
-    struct dispatch_core *d = core_open(NULL, 1, 1, 4, N, 10.0, t);
-    const struct proc c = {7, 0, NULL};
+    struct dispatch_core *d = core_open(1, 1, 4, N, 10.0, t);
+    const struct proc c = {7, 0};
 
     /* version 0 opens steps 1 and 2: step k uses version max(0, k-2) */
     publish(d, 0, w0);
@@ -459,11 +454,11 @@ static void test_loss_and_regrant(void **state)
     (void)state;
     enum { N = 16 };
     float *w0 = weights(N, 1, 0), *w1 = weights(N, 1, 1);
-    const struct proc a = {0xA, 0, NULL}, b = {0xB, 1, NULL}, r = {0xC, 1, NULL};
+    const struct proc a = {0xA, 0}, b = {0xB, 1}, r = {0xC, 1};
 
     /* a rank never seen is not lost before a grace of max(30 s, 10 lost_after_s): its units wait for it */
     double t = 0;
-    struct dispatch_core *d = core_open(NULL, 2, 0, 5, N, 0.3, t);
+    struct dispatch_core *d = core_open(2, 0, 5, N, 0.3, t);
     publish(d, 0, w0);
     expect_unit_at(d, &a, t, 1, 0, 0);
     struct work_grant g;
@@ -484,7 +479,7 @@ static void test_loss_and_regrant(void **state)
     dispatch_core_free(d);
 
     t = 0;
-    d = core_open(NULL, 2, 0, 5, N, 0.3, t);
+    d = core_open(2, 0, 5, N, 0.3, t);
     publish(d, 0, w0);
     expect_unit_at(d, &b, t, 1, 1, 0);
     expect_unit_at(d, &a, t, 1, 0, 0);
@@ -518,11 +513,27 @@ static void test_loss_and_regrant(void **state)
     assert_int_equal(st.regranted, 1);
     assert_int_equal(st.live, 2);
 
-    /* the lost process comes back (it was only slow): alive again, and it holds nothing */
+    /* the lost process comes back (it was only slow): r serves its rank now, so b is superseded, refused and
+     * counted; one live process per rank */
     t = 0.5;
-    grant_of(d, &b, true, t, &g);
+    expect_refusal(work_call(d, &b, true, t), "superseded: rollout rank 1 is served by a newer process");
+    expect_refusal(work_call(d, &b, false, t), "superseded");
+    st = cstats(d);
+    assert_int_equal(st.superseded, 2);
+    assert_int_equal(st.live, 2);
+    dispatch_core_free(d);
+
+    /* a lost process comes back before anyone took its place: alive again, and it holds nothing */
+    t = 0;
+    d = core_open(2, 0, 5, N, 0.3, t);
+    publish(d, 0, w0);
+    expect_unit_at(d, &b, t, 1, 1, 0);
+    expect_unit_at(d, &a, t, 1, 0, 0);
+    dispatch_core_tick(d, 1.0);
+    assert_int_equal(cstats(d).lost, 2);
+    grant_of(d, &b, true, 1.0, &g);
     assert_int_equal(g.kind, WORK_WAIT);
-    assert_int_equal(cstats(d).live, 3);
+    assert_int_equal(cstats(d).live, 1);
     dispatch_core_free(d);
     free(w0), free(w1);
 }
@@ -540,9 +551,9 @@ static void test_granted_and_dropped(void **state)
     (void)state;
     enum { N = 16 };
     float *w0 = weights(N, 1, 0), *w1 = weights(N, 1, 1);
-    const struct proc a = {0xA, 0, NULL}, b = {0xB, 1, NULL};
+    const struct proc a = {0xA, 0}, b = {0xB, 1};
     double t = 0;
-    struct dispatch_core *d = core_open(NULL, 2, 0, 5, N, 5, t);
+    struct dispatch_core *d = core_open(2, 0, 5, N, 5, t);
     publish(d, 0, w0);
     assert_false(dispatch_core_granted(d, 1, 0, 0)); /* nothing granted yet */
     expect_unit_at(d, &a, t, 1, 0, 0);
@@ -579,9 +590,9 @@ static void test_lost_answer(void **state)
     (void)state;
     enum { N = 8 };
     float *w0 = weights(N, 1, 0), *w1 = weights(N, 1, 1);
-    const struct proc a = {0xA, 0, NULL}, b = {0xB, 1, NULL};
+    const struct proc a = {0xA, 0}, b = {0xB, 1};
     double t = 0;
-    struct dispatch_core *d = core_open(NULL, 2, 0, 3, N, 10.0, t);
+    struct dispatch_core *d = core_open(2, 0, 3, N, 10.0, t);
     publish(d, 0, w0);
     struct work_grant g;
     grant_heard(d, &a, false, t, &g, true); /* granted, never heard */
@@ -609,7 +620,7 @@ static void test_lost_answer(void **state)
 
     /* one-step-off: a holds step 1's unit (delivered) and loses the answer that granted step 2's */
     t = 0;
-    d = core_open(NULL, 2, 1, 3, N, 10.0, t);
+    d = core_open(2, 1, 3, N, 10.0, t);
     publish(d, 0, w0);
     expect_unit_at(d, &a, t, 1, 0, 0);
     grant_heard(d, &a, false, t, &g, true);
@@ -624,8 +635,8 @@ static void test_lost_answer(void **state)
 
     /* a process of protocol 1.6 names no unit: its asks are answered as they were (the next unit or a wait,
      * never the one it holds again, which it would generate over and over) */
-    const struct proc old = {0x01D, 0, NULL};
-    d = core_open(NULL, 2, 0, 3, N, 10.0, t);
+    const struct proc old = {0x01D, 0};
+    d = core_open(2, 0, 3, N, 10.0, t);
     heard_of(old.id)->old = true;
     publish(d, 0, w0);
     expect_unit_at(d, &old, t, 1, 0, 0);
@@ -642,10 +653,10 @@ static void test_lease_expiry(void **state)
     (void)state;
     enum { N = 8 };
     float *w0 = weights(N, 1, 0), *w1 = weights(N, 1, 1);
-    const struct proc a = {0xA, 0, NULL}, b = {0xB, 1, NULL};
+    const struct proc a = {0xA, 0}, b = {0xB, 1};
     const double floor = DISPATCH_LEASE_FLOOR_S;
     double t = 0; /* lost_after_s far away: both stay alive throughout */
-    struct dispatch_core *d = core_open(NULL, 2, 0, 3, N, 1e9, t);
+    struct dispatch_core *d = core_open(2, 0, 3, N, 1e9, t);
     publish(d, 0, w0);
     expect_unit_at(d, &a, t, 1, 0, 0);
     expect_unit_at(d, &b, t, 1, 1, 0);
@@ -678,7 +689,7 @@ static void test_lease_expiry(void **state)
 
     /* units that take long make the lease longer: a delivers step 1 in 2 floors, so b's lease lasts 8 floors */
     t = 0;
-    d = core_open(NULL, 2, 0, 3, N, 1e9, t);
+    d = core_open(2, 0, 3, N, 1e9, t);
     publish(d, 0, w0);
     expect_unit_at(d, &a, t, 1, 0, 0);
     expect_unit_at(d, &b, t, 1, 1, 0);
@@ -704,9 +715,9 @@ static void test_lease_floor_option(void **state)
     (void)state;
     enum { N = 8 };
     float *w0 = weights(N, 1, 0);
-    const struct proc a = {0xA, 0, NULL}, b = {0xB, 1, NULL};
+    const struct proc a = {0xA, 0}, b = {0xB, 1};
     double t = 0;
-    struct dispatch_core *d = core_open_floor(NULL, 2, 0, 3, N, 1e9, t, 2.0);
+    struct dispatch_core *d = core_open_floor(2, 0, 3, N, 1e9, t, 2.0);
     publish(d, 0, w0);
     expect_unit_at(d, &a, t, 1, 0, 0);
     expect_unit_at(d, &b, t, 1, 1, 0);
@@ -732,9 +743,9 @@ static void test_late_answers(void **state)
     (void)state;
     enum { N = 8 };
     float *w0 = weights(N, 1, 0), *w1 = weights(N, 1, 1);
-    const struct proc a = {0xA, 0, NULL}, b = {0xB, 1, NULL};
+    const struct proc a = {0xA, 0}, b = {0xB, 1};
     double t = 0;
-    struct dispatch_core *d = core_open(NULL, 2, 0, 3, N, 1e9, t);
+    struct dispatch_core *d = core_open(2, 0, 3, N, 1e9, t);
     publish(d, 0, w0);
     expect_unit_at(d, &a, t, 1, 0, 0);
     expect_unit_at(d, &b, t, 1, 1, 0);
@@ -773,10 +784,10 @@ static void test_broadcast_rounds(void **state)
     float *w[6];
     for (int i = 0; i < 6; i++)
         w[i] = weights(N, 1, (float)i);
-    const struct proc a = {1, 0, NULL}, b = {2, 1, NULL};
+    const struct proc a = {1, 0}, b = {2, 1};
     double t = 0;
     /* one step off: the two newest versions are held, and versions 0..4 are needed by steps 2..6 */
-    struct dispatch_core *d = core_open(NULL, 2, 1, 6, N, 0.5, t);
+    struct dispatch_core *d = core_open(2, 1, 6, N, 0.5, t);
     int64_t v = -1;
     const float *src = NULL;
 
@@ -846,7 +857,7 @@ static void test_broadcast_rounds(void **state)
 
     /* a lost process turns it off too; the last version (no step to come needs it) is never due */
     t = 0;
-    d = core_open(NULL, 2, 0, 2, N, 0.3, t);
+    d = core_open(2, 0, 2, N, 0.3, t);
     dispatch_core_broadcast_on(d, 30);
     grant_of(d, &a, true, t, &g);
     grant_of(d, &b, true, t, &g);
@@ -861,7 +872,7 @@ static void test_broadcast_rounds(void **state)
     assert_false(dispatch_core_round_begin(d, &v, &src));
     assert_false(dispatch_core_round_due(d, 0));
     dispatch_core_free(d);
-    d = core_open(NULL, 1, 1, 3, N, 5, 0);
+    d = core_open(1, 1, 3, N, 5, 0);
     dispatch_core_broadcast_on(d, 30);
     publish(d, 1, w[1]);
     assert_true(dispatch_core_round_due(d, 0)); /* step 3 is generated with version 1 (one step off) */
@@ -882,6 +893,7 @@ static struct dispatch_core *async_open(int64_t max_groups, int64_t stream_next,
                                        .n_floats = 4,
                                        .lost_after_s = 2,
                                        .run_key = run_key,
+                                       .epoch = EPOCH,
                                        .first_rollout_rank = FIRST_ROLLOUT,
                                        .rollout_tp = 1,
                                        .async = true,
@@ -909,7 +921,7 @@ static void test_async_stream(void **state)
     (void)state;
     const float w[4] = {1, 2, 3, 4};
     struct dispatch_core *d = async_open(6, 0, 0, NULL, 0, 0); /* 6 groups: 3 units */
-    const struct proc a = {101, 0, NULL}, b = {202, 1, NULL};
+    const struct proc a = {101, 0}, b = {202, 1};
     expect_wait_at(d, &a, 0, "not published", NULL);
     publish(d, 0, w);
     expect_unit_at(d, &a, 1, 1, 0, 0); /* chunk 1 unit 0 */
@@ -982,7 +994,7 @@ static void test_async_replay(void **state)
         {.chunk = 1, .unit = 0, .n_phases = 2, .n_seq = 4, .versions = v1, .tokens = t1},
         {.chunk = 2, .unit = 0, .n_phases = 1, .n_seq = 4, .versions = v1 + 1, .tokens = t0}};
     struct dispatch_core *d = async_open(2, 0, 0, rp, 3, 0); /* the bound is the schedule's */
-    const struct proc a = {101, 0, NULL};
+    const struct proc a = {101, 0};
     publish(d, 0, w);
     struct work_grant g;
     grant_of(d, &a, false, 1, &g);
@@ -1006,8 +1018,8 @@ static void test_end(void **state)
     enum { N = 8 };
     float *w0 = weights(N, 1, 0);
     const double t = 1;
-    struct dispatch_core *d = core_open(NULL, 2, 0, 10, N, 10.0, t);
-    const struct proc a = {1, 0, NULL}, b = {2, 1, NULL};
+    struct dispatch_core *d = core_open(2, 0, 10, N, 10.0, t);
+    const struct proc a = {1, 0}, b = {2, 1};
     publish(d, 0, w0);
     expect_unit_at(d, &a, t, 1, 0, 0);
     struct work_grant g;
@@ -1037,8 +1049,8 @@ static void test_end(void **state)
     dispatch_core_free(d);
 
     /* a live process not told holds the end; once lost, it does not */
-    d = core_open(NULL, 1, 0, 10, N, 1.0, 0);
-    const struct proc slow = {9, 0, NULL};
+    d = core_open(1, 0, 10, N, 1.0, 0);
+    const struct proc slow = {9, 0};
     expect_wait_at(d, &slow, 0, "first weights", NULL);
     dispatch_core_end(d, 0, "stopped before step 1");
     dispatch_core_tick(d, 0.9);
@@ -1059,9 +1071,9 @@ static void test_one_id_per_process(void **state)
     enum { N = 8 };
     float *w0 = weights(N, 1, 0);
     const double t = 0;
-    struct dispatch_core *d = core_open(NULL, 2, 0, 10, N, 10.0, t);
+    struct dispatch_core *d = core_open(2, 0, 10, N, 10.0, t);
     publish(d, 0, w0);
-    const struct proc p0 = {600, 0, NULL}, p1 = {601, 1, NULL};
+    const struct proc p0 = {600, 0}, p1 = {601, 1};
     struct work_grant g;
     grant_of(d, &p0, true, t, &g);
     for (int k = 0; k < 300; k++) { /* p0's own key, phantom ids */
@@ -1072,7 +1084,7 @@ static void test_one_id_per_process(void **state)
         w.ping = true;
         req.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST;
         req.work_request = &w;
-        expect_refusal(core_call(d, &req, &p0, NULL, t), "a process has one worker id");
+        expect_refusal(core_call(d, &req, &p0, t), "a process has one worker id");
     }
     assert_int_equal(cstats(d).live, 1);
     grant_of(d, &p1, true, t, &g); /* the other rank's real process */
@@ -1088,6 +1100,299 @@ static void test_one_id_per_process(void **state)
     free(out);
     free(junk);
     expect_refusal(r, "the dispatcher takes at most 65536");
+    dispatch_core_free(d);
+    free(w0);
+}
+
+static Grpo__Envelope *signed_call(struct dispatch_core *d, Grpo__Envelope *env, struct plane_cred *c, int n,
+                                   double now);
+
+/* A process of rollout rank `rank` (a TEST_UNITS_MAX rank) of generation gen, pid pid: its credentials. */
+static struct plane_cred gen_cred(int rank, unsigned gen, uint32_t pid)
+{
+    struct plane_cred c;
+    plane_cred_issue(&c, run_key,
+                     &(struct plane_id){.rank = FIRST_ROLLOUT + rank,
+                                        .pid = pid,
+                                        .incarnation = plane_incarnation_of(gen, 0x1000 + pid),
+                                        .epoch = EPOCH});
+    return c;
+}
+
+/* A work request (ping or ask) of worker id `id` for rollout rank `rank`, authenticated with c; the answer. */
+static Grpo__Envelope *cred_work(struct dispatch_core *d, struct plane_cred *c, uint64_t id, int rank, bool ping,
+                                 double now)
+{
+    Grpo__Envelope req = GRPO__ENVELOPE__INIT;
+    Grpo__WorkRequest w = GRPO__WORK_REQUEST__INIT;
+    w.worker_id = id, w.rank = rank, w.ping = ping;
+    req.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST;
+    req.work_request = &w;
+    return signed_call(d, &req, c, 1, now);
+}
+
+static void expect_grant_kind(Grpo__Envelope *r, int kind)
+{
+    assert_non_null(r);
+    if (r->body_case != GRPO__ENVELOPE__BODY_WORK_GRANT)
+        fail_msg("expected a grant, got body %d (%s)", (int)r->body_case,
+                 r->body_case == GRPO__ENVELOPE__BODY_REPLY ? r->reply->error : "");
+    assert_int_equal(r->work_grant->kind, kind);
+    protocol_free(r);
+}
+
+/* issue 39 item 4: one live process per rollout rank. A newer incarnation (a later generation: what grpod gives a
+ * replacement) supersedes the live one: the older one's units are granted again (to the newer one first), the
+ * broadcast it was part of is off, and every later request of the older one (work, ping, weights, under any worker
+ * id) is refused as superseded and counted. A process of an older generation than the rank's is superseded too,
+ * even once the rank's process is lost; a second process of the live one's generation is refused (it may take the
+ * rank once that one is lost). Generations compare modulo 2^16. */
+static void test_replacement(void **state)
+{
+    (void)state;
+    enum { N = 8 };
+    float *w0 = weights(N, 1, 0);
+    double t = 0;
+    struct dispatch_core *d = core_open(2, 0, 10, N, 1.0, t);
+    dispatch_core_broadcast_on(d, 60);
+    publish(d, 0, w0);
+    const struct proc a = {0xA, 0}, b = {0xB, 1}; /* generation 0 (cred_of: the incarnation is the id) */
+    const struct proc a1 = {(1ull << PLANE_GENERATION_SHIFT) | 0xA1, 0}; /* a's replacement: generation 1 */
+    expect_unit_at(d, &a, t, 1, 0, 0);
+    expect_unit_at(d, &b, t, 1, 1, 0);
+    assert_int_equal(cstats(d).live, 2);
+
+    /* a1 arrives while a lives: it supersedes a, and gets the unit a held (its own rank's) */
+    t = 0.5;
+    struct work_grant g;
+    grant_of(d, &a1, true, t, &g);
+    assert_int_equal(g.kind, WORK_WAIT);
+    struct dispatch_stats st = cstats(d);
+    assert_int_equal(st.live, 2);
+    assert_int_equal(st.replaced, 1);
+    assert_int_equal(st.lost, 0);
+    expect_unit_at(d, &a1, t, 1, 0, 0);
+    assert_int_equal(bcast(d, &a1, 0, t), WB_FETCH); /* a was in the broadcast group: it is off */
+    /* a asks on: refused as superseded, whatever it asks and under whatever id */
+    expect_refusal(work_call(d, &a, true, t), "superseded: rollout rank 0 is served by a newer process");
+    expect_refusal(work_call(d, &a, false, t), "superseded");
+    struct plane_cred ca = cred_of(&a);
+    expect_refusal(cred_work(d, &ca, 0xDEAD, 0, true, t), "superseded");
+    heard_of(a.id)->counter = ca.counter;
+    Grpo__Envelope wreq = GRPO__ENVELOPE__INIT;
+    Grpo__WeightsRequest q = GRPO__WEIGHTS_REQUEST__INIT;
+    q.worker_id = a.id, q.version = 0, q.count = N;
+    wreq.body_case = GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST;
+    wreq.weights_request = &q;
+    expect_refusal(core_call(d, &wreq, &a, t), "superseded");
+    st = cstats(d);
+    assert_int_equal(st.superseded, 4);
+    assert_int_equal(st.live, 2);
+    assert_int_equal(st.bytes, 0);
+
+    /* another process of a1's generation: refused while a1 lives */
+    struct plane_cred twin = gen_cred(0, 1, 4242);
+    expect_refusal(cred_work(d, &twin, 0x7777, 0, true, t), "a second process of its generation is refused");
+    assert_int_equal(cstats(d).second, 1);
+    /* an older generation than the rank's: superseded, also once a1 is lost */
+    struct plane_cred old = gen_cred(0, 0, 4343);
+    expect_refusal(cred_work(d, &old, 0x7878, 0, true, t), "superseded: rollout rank 0 is served by a process of a "
+                                                           "later generation");
+    grant_of(d, &b, true, 2.0, &g); /* b lives on; a1 falls silent */
+    dispatch_core_tick(d, 2.0);
+    assert_int_equal(cstats(d).lost, 1);
+    expect_refusal(cred_work(d, &old, 0x7878, 0, true, 2.0), "later generation");
+    /* the twin may take the rank now that a1 is lost (a1, back, is then superseded) */
+    expect_grant_kind(cred_work(d, &twin, 0x7777, 0, true, 2.0), WORK_WAIT);
+    expect_refusal(work_call(d, &a1, true, 2.0), "superseded");
+    assert_int_equal(cstats(d).live, 2);
+
+    /* generations compare modulo 2^16 */
+    assert_true(plane_generation_later(1, 0));
+    assert_false(plane_generation_later(0, 0));
+    assert_true(plane_generation_later(0, 0xffff));
+    assert_false(plane_generation_later(0xffff, 0));
+    assert_int_equal(plane_generation(plane_incarnation_new(7)), 7);
+    assert_int_not_equal(plane_incarnation_of(3, 0) & 0xffffffffffffull, 0);
+    dispatch_core_free(d);
+    free(w0);
+}
+
+/* The table stays bounded whatever one key asks, and a real process is never kept out: 300 processes of rank 0 of
+ * one generation (the first serves, every other is refused), then 300 of rising generations (each supersedes the one
+ * before): at most one live process per rollout rank at every step, and rank 1's real process, silent meanwhile,
+ * gets its place back after the storm. */
+static void test_table_bound(void **state)
+{
+    (void)state;
+    enum { N = 8 };
+    float *w0 = weights(N, 1, 0);
+    double t = 0;
+    struct dispatch_core *d = core_open(2, 0, 10, N, 10.0, t);
+    publish(d, 0, w0);
+    const struct proc b = {0xB, 1};
+    expect_unit_at(d, &b, t, 1, 1, 0);
+    for (int k = 0; k < 300; k++) {
+        struct plane_cred c = gen_cred(0, 0, 5000 + (uint32_t)k);
+        Grpo__Envelope *r = cred_work(d, &c, 90000 + (uint64_t)k, 0, true, t);
+        if (k == 0)
+            expect_grant_kind(r, WORK_WAIT);
+        else
+            expect_refusal(r, "a second process of its generation");
+        assert_true(cstats(d).live <= 2);
+    }
+    assert_int_equal(cstats(d).second, 299);
+    for (int k = 1; k <= 300; k++) {
+        struct plane_cred c = gen_cred(0, (unsigned)k, 6000 + (uint32_t)k);
+        expect_grant_kind(cred_work(d, &c, 80000 + (uint64_t)k, 0, true, t), WORK_WAIT);
+        assert_true(cstats(d).live <= 2);
+    }
+    struct dispatch_stats st = cstats(d);
+    assert_int_equal(st.replaced, 300);
+    assert_int_equal(st.live, 2);
+    /* b (silent 9 s, still within lost_after_s) and then, lost and back, gets in again: never refused */
+    t = 9;
+    expect_wait_at(d, &b, t, "", NULL);
+    dispatch_core_tick(d, 30);
+    assert_int_equal(cstats(d).lost, 2);
+    struct work_grant g;
+    grant_of(d, &b, true, 30, &g);
+    assert_int_equal(g.kind, WORK_WAIT);
+    assert_int_equal(cstats(d).live, 1);
+    dispatch_core_free(d);
+    free(w0);
+}
+
+/* Per-process rate limits: a process gets DISPATCH_RATE_BURST requests at once and DISPATCH_RATE_PER_S after; past
+ * its budget a request is refused at once with Reply.retry, counted; another process is not held back, and
+ * requests refused before their MAC is good (forged in its name, replayed) cost the real process nothing. */
+static void test_rate_limit(void **state)
+{
+    (void)state;
+    enum { N = 8 };
+    float *w0 = weights(N, 1, 0);
+    double t = 100;
+    struct dispatch_core *d = core_open(2, 0, 10, N, 1000.0, t);
+    publish(d, 0, w0);
+    const struct proc a = {0xA, 0}, b = {0xB, 1};
+    /* forged in a's name (the MAC is another key's) and replayed ones first: none is charged to a */
+    struct plane_cred forged = cred_of(&b);
+    forged.id = cred_of(&a).id;
+    Grpo__Envelope req = GRPO__ENVELOPE__INIT;
+    Grpo__WorkRequest w = GRPO__WORK_REQUEST__INIT;
+    w.worker_id = a.id, w.rank = 0, w.ping = true;
+    req.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST;
+    req.work_request = &w;
+    for (int k = 0; k < 2000; k++) {
+        forged.counter = 100000 + (uint64_t)k;
+        Grpo__Envelope *r = signed_call(d, &req, &forged, 1, t);
+        assert_false(r->reply->retry);
+        expect_refusal(r, "authentication failed");
+    }
+    struct work_grant g;
+    const int burst = (int)DISPATCH_RATE_BURST;
+    for (int k = 0; k < burst; k++)
+        grant_of(d, &a, true, t, &g);
+    Grpo__Envelope *r = work_call(d, &a, true, t);
+    assert_int_equal(r->body_case, GRPO__ENVELOPE__BODY_REPLY);
+    assert_true(r->reply->retry);
+    expect_refusal(r, "rate limited: world rank 2");
+    expect_refusal(work_call(d, &a, false, t), "rate limited");
+    struct dispatch_stats st = cstats(d);
+    assert_int_equal(st.rate_limited, 2);
+    assert_int_equal(st.granted, 0);
+    grant_of(d, &b, true, t, &g); /* b has its own budget */
+    /* 20 ms later, 10 more */
+    t += 10.5 / DISPATCH_RATE_PER_S;
+    for (int k = 0; k < 10; k++)
+        grant_of(d, &a, true, t, &g);
+    expect_refusal(work_call(d, &a, true, t), "rate limited");
+    /* a second later the budget is back (bursts of DISPATCH_RATE_BURST) */
+    t += 2.0;
+    expect_unit_at(d, &a, t, 1, 0, 0);
+    assert_int_equal(cstats(d).rate_limited, 3);
+    dispatch_core_free(d);
+    free(w0);
+}
+
+/* Appends a length-delimited unknown field (number 1000) of `pad` bytes to a packed envelope: a request that decodes
+ * and is larger than its kind allows. buf must have room. */
+static size_t pad_envelope(uint8_t *buf, size_t len, size_t pad)
+{
+    buf[len++] = 0xC2, buf[len++] = 0x3E; /* field 1000, wire type 2 */
+    size_t v = pad;
+    do {
+        buf[len++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+        v >>= 7;
+    } while (v);
+    memset(buf + len, 'x', pad);
+    return len + pad;
+}
+
+/* Sizes bounded by kind before any MAC (issue 39 item 4: 48 MiB envelopes with a fake MAC were MACed whole): a work
+ * or weights request over its kind's bound, with a good MAC or a fake one, is refused by its size and no MAC is
+ * computed (the MAC counter does not move); nor for a request of a kind the dispatcher does not take. A fake MAC on
+ * a request within the bound costs one MAC of at most that many bytes. */
+static void test_size_before_mac(void **state)
+{
+    (void)state;
+    enum { N = 8 };
+    float *w0 = weights(N, 1, 0);
+    const double t = 0;
+    struct dispatch_core *d = core_open(2, 0, 10, N, 10.0, t);
+    publish(d, 0, w0);
+    const struct proc a = {0xA, 0};
+    expect_unit_at(d, &a, t, 1, 0, 0);
+    const int64_t macs0 = cstats(d).macs;
+    assert_int_equal(macs0, 1);
+    static uint8_t buf[70000];
+    struct plane_cred ca = cred_of(&a);
+    ca.counter = 500;
+    for (int kind = 0; kind < 3; kind++) {
+        Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+        Grpo__WorkRequest w = GRPO__WORK_REQUEST__INIT;
+        Grpo__WeightsRequest q = GRPO__WEIGHTS_REQUEST__INIT;
+        w.worker_id = a.id, w.rank = 0, w.ping = true;
+        q.worker_id = a.id, q.count = N;
+        if (kind == 0)
+            env.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST, env.work_request = &w;
+        else if (kind == 1)
+            env.body_case = GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST, env.weights_request = &q;
+        else
+            env.body_case = GRPO__ENVELOPE__BODY_STATUS_REQUEST, env.status_request = 1;
+        size_t len;
+        uint8_t *packed = plane_pack_request(&env, &ca, &len);
+        memcpy(buf, packed, len);
+        free(packed);
+        const size_t pads[] = {DISPATCH_MAX_WORK_REQUEST_BYTES, 60000};
+        for (int i = 0; i < 2; i++) {
+            const size_t n = pad_envelope(buf, len, pads[i]);
+            size_t rlen;
+            uint8_t *out = dispatch_core_handle(d, buf, n, t, &rlen);
+            Grpo__Envelope *r = protocol_unpack(out, rlen, NULL, 0);
+            free(out);
+            expect_refusal(r, kind < 2 ? "refused by its size, unauthenticated" : "work and weights requests only");
+        }
+    }
+    struct dispatch_stats st = cstats(d);
+    assert_int_equal(st.macs, macs0); /* not one MAC */
+    assert_int_equal(st.oversized, 4);
+    /* within the bound, a fake MAC costs one MAC over the request's bytes, no more */
+    struct plane_cred forged = cred_of(&(struct proc){0xB, 1});
+    forged.id = ca.id;
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__WorkRequest w = GRPO__WORK_REQUEST__INIT;
+    w.worker_id = a.id, w.rank = 0, w.ping = true;
+    env.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST, env.work_request = &w;
+    expect_refusal(signed_call(d, &env, &forged, 1, t), "authentication failed");
+    st = cstats(d);
+    assert_int_equal(st.macs, macs0 + 1);
+    assert_true(st.mac_bytes <= 2 * DISPATCH_MAX_WORK_REQUEST_BYTES);
+    /* a's own requests go on */
+    heard_of(a.id)->counter = 1000;
+    struct work_grant g;
+    grant_of(d, &a, true, t, &g);
+    assert_int_equal(g.kind, WORK_WAIT);
     dispatch_core_free(d);
     free(w0);
 }
@@ -1108,11 +1413,11 @@ static void test_bad_input(void **state)
     assert_non_null(strstr(err, "staleness -1"));
 
     const double t = 0;
-    struct dispatch_core *d = core_open(NULL, 2, 0, 10, N, 10.0, t);
+    struct dispatch_core *d = core_open(2, 0, 10, N, 10.0, t);
     publish(d, 0, w0);
 
     /* a rank the run does not have */
-    const struct proc bad = {3, 7, NULL}, neg = {4, -1, NULL};
+    const struct proc bad = {3, 7}, neg = {4, -1};
     expect_refusal(work_call(d, &bad, false, t), "rollout rank 7: this run has rollout ranks 0..1");
     expect_refusal(work_call(d, &neg, true, t), "rollout ranks 0..1");
     struct dispatch_stats st = cstats(d);
@@ -1137,7 +1442,7 @@ static void test_bad_input(void **state)
     Grpo__Envelope env = GRPO__ENVELOPE__INIT;
     env.body_case = GRPO__ENVELOPE__BODY_STATUS_REQUEST;
     env.status_request = 1;
-    expect_refusal(core_call(d, &env, &(struct proc){8, 0, NULL}, NULL, t), "work and weights requests only");
+    expect_refusal(core_call(d, &env, &(struct proc){8, 0}, t), "work and weights requests only");
     assert_int_equal(cstats(d).refused, 6);
     /* issue 27: a work request, a ping and a weights request of major protocol version 2 are refused, naming the
      * version, and add no process and grant nothing */
@@ -1165,29 +1470,12 @@ static void test_bad_input(void **state)
     assert_int_equal(st.granted, 0);
     assert_int_equal(st.bytes, 0);
     /* a weights request from a process never seen is served (it fetches before it asks for work) */
-    const struct proc stranger = {5, 0, NULL};
+    const struct proc stranger = {5, 0};
     expect_weights_at(d, &stranger, t, 0, w0, N, N);
 
     /* the dispatcher still serves */
-    const struct proc c = {6, 0, NULL};
+    const struct proc c = {6, 0};
     expect_unit_at(d, &c, t, 1, 0, 0);
-    dispatch_core_free(d);
-
-    /* with a secret: none or a wrong one is refused, the right one served */
-    d = core_open("s3cret", 2, 0, 10, N, 10.0, t);
-    publish(d, 0, w0);
-    const struct proc anon = {1, 0, NULL}, wrong = {2, 0, "s3cre"}, longer = {3, 0, "s3cret!"}, ok = {4, 0, "s3cret"};
-    expect_refusal(work_call(d, &anon, false, t), "secret");
-    expect_refusal(work_call(d, &wrong, false, t), "secret");
-    expect_refusal(work_call(d, &longer, true, t), "secret");
-    st = cstats(d);
-    assert_int_equal(st.refused, 3);
-    assert_int_equal(st.live, 0);
-    expect_unit_at(d, &ok, t, 1, 0, 0);
-    expect_weights_at(d, &ok, t, 0, w0, N, 3);
-    st = cstats(d);
-    assert_int_equal(st.granted, 1);
-    assert_int_equal(st.live, 1);
     dispatch_core_free(d);
     free(w0);
 }
@@ -1237,10 +1525,9 @@ static void endpoint(const struct fx *f, const char *name, char *ep, size_t len)
     snprintf(ep, len, "ipc://%s/%s", f->dir, name);
 }
 
-static struct dispatcher *open_dispatcher(const char *ep, const char *secret, int units, int64_t total, size_t n_floats)
+static struct dispatcher *open_dispatcher(const char *ep, int units, int64_t total, size_t n_floats)
 {
     const struct dispatch_options o = {.endpoint = ep,
-                                       .secret = secret,
                                        .units = units,
                                        .groups_in_step = 5,
                                        .staleness = 0,
@@ -1251,6 +1538,7 @@ static struct dispatcher *open_dispatcher(const char *ep, const char *secret, in
                                        .n_floats = n_floats,
                                        .lost_after_s = 60.0,
                                        .run_key = run_key,
+                                       .epoch = EPOCH,
                                        .first_rollout_rank = FIRST_ROLLOUT,
                                        .rollout_tp = 1};
     char err[512] = "";
@@ -1260,7 +1548,7 @@ static struct dispatcher *open_dispatcher(const char *ep, const char *secret, in
     return d;
 }
 
-static struct work_client *open_client(const char *ep, const char *secret, int rank, double ping_s)
+static struct work_client *open_client(const char *ep, int rank, double ping_s)
 {
     char err[512] = "";
     static struct plane_cred creds[64]; /* each client's, for its lifetime */
@@ -1269,8 +1557,9 @@ static struct work_client *open_client(const char *ep, const char *secret, int r
     plane_cred_issue(cred, run_key,
                      &(struct plane_id){.rank = FIRST_ROLLOUT + (rank >= 0 && rank < TEST_UNITS_MAX ? rank : 0),
                                         .pid = (uint32_t)getpid(),
-                                        .incarnation = plane_random64()});
-    struct work_client *c = work_client_open(ep, secret, cred, rank, ping_s, err, sizeof err);
+                                        .incarnation = plane_incarnation_new(0),
+                                        .epoch = EPOCH});
+    struct work_client *c = work_client_open(ep, cred, rank, ping_s, err, sizeof err);
     if (!c)
         fail_msg("work_client_open(%s, rank %d): %s", ep, rank, err);
     return c;
@@ -1323,8 +1612,8 @@ static void test_shell_end_to_end(void **state)
     endpoint(f, "d.sock", ep, sizeof ep);
     enum { N = 1000 };
     float *w0 = weights(N, 0.5f, 0), *w1 = weights(N, -0.25f, -1);
-    struct dispatcher *d = open_dispatcher(ep, NULL, 2, 3, N);
-    struct work_client *c0 = open_client(ep, NULL, 0, 30), *c1 = open_client(ep, NULL, 1, 30);
+    struct dispatcher *d = open_dispatcher(ep, 2, 3, N);
+    struct work_client *c0 = open_client(ep, 0, 30), *c1 = open_client(ep, 1, 30);
     struct work_grant g;
     next_ok(c0, &g);
     assert_int_equal(g.kind, WORK_WAIT);
@@ -1382,8 +1671,8 @@ static void test_shell_end_to_end(void **state)
     /* a live process that has not heard the end (its next ping is far off) holds close for linger_s at most */
     char ep2[128];
     endpoint(f, "d2.sock", ep2, sizeof ep2);
-    d = open_dispatcher(ep2, NULL, 1, 10, N);
-    struct work_client *slow = open_client(ep2, NULL, 0, 30.0);
+    d = open_dispatcher(ep2, 1, 10, N);
+    struct work_client *slow = open_client(ep2, 0, 30.0);
     next_ok(slow, &g);
     assert_int_equal(g.kind, WORK_WAIT);
     dispatcher_end(d, 0, "stopped before step 1");
@@ -1443,19 +1732,13 @@ static void test_shell_bad_input(void **state)
     fclose(pf);
     assert_string_equal(back, "precious\n");
 
-    struct dispatcher *d = open_dispatcher(ep, "s3cret", 2, 10, N);
+    struct dispatcher *d = open_dispatcher(ep, 2, 10, N);
     dispatcher_publish(d, 0, w0);
-    /* a rank the run does not have, no secret, a wrong one: refused through the client with the reason */
+    /* a rank the run does not have: refused through the client with the reason */
     struct work_grant g;
-    struct work_client *bad = open_client(ep, "s3cret", 7, 30);
+    struct work_client *bad = open_client(ep, 7, 30);
     expect_error(work_client_next(bad, &g, NEXT_TIMEOUT_MS, err, sizeof err), err, "rollout ranks 0..1");
     work_client_close(bad);
-    struct work_client *anon = open_client(ep, NULL, 0, 30);
-    expect_error(work_client_next(anon, &g, NEXT_TIMEOUT_MS, err, sizeof err), err, "secret");
-    work_client_close(anon);
-    struct work_client *wrong = open_client(ep, "s3cre", 0, 30);
-    expect_error(work_client_next(wrong, &g, NEXT_TIMEOUT_MS, err, sizeof err), err, "secret");
-    work_client_close(wrong);
     /* garbage on a raw socket */
     int s = nn_socket(AF_SP, NN_REQ);
     assert_true(s >= 0);
@@ -1473,12 +1756,12 @@ static void test_shell_bad_input(void **state)
     protocol_free(r);
     nn_close(s);
     struct dispatch_stats st = stats(d);
-    assert_int_equal(st.refused, 4);
+    assert_int_equal(st.refused, 2);
     assert_int_equal(st.live, 0);
     assert_int_equal(st.granted, 0);
 
-    /* the right secret is served */
-    struct work_client *ok = open_client(ep, "s3cret", 0, 30);
+    /* a good client is served */
+    struct work_client *ok = open_client(ep, 0, 30);
     next_ok(ok, &g);
     assert_int_equal(g.kind, WORK_UNIT);
     float w[N];
@@ -1487,6 +1770,95 @@ static void test_shell_bad_input(void **state)
     assert_int_equal(work_client_weights(ok, 0, w, N, 1024, &bytes, &chunks, err, sizeof err), 0);
     assert_memory_equal(w, w0, sizeof w);
     work_client_close(ok);
+    dispatcher_close(d, 1.0);
+    free(w0);
+}
+
+/* A flood on the dispatcher's socket (issue 39 item 4): for 1.5 s, eight sockets send requests in a real process's
+ * name with a fake MAC (forged under another process's key), padded ones over their kind's bound, and a ninth sends
+ * messages over the socket's bound, while the real process pings every 0.1 s and is lost after 0.5 s of silence.
+ * The real process is never declared lost and is served after the flood; the padded ones were refused by their
+ * size with no MAC computed, the fake ones cost one MAC each of a request's size. */
+static void test_shell_flood(void **state)
+{
+    const struct fx *f = *state;
+    char ep[128], err[512] = "";
+    endpoint(f, "flood.sock", ep, sizeof ep);
+    enum { N = 64, SOCKS = 8 };
+    float *w0 = weights(N, 1, 0);
+    const struct dispatch_options o = {.endpoint = ep,
+                                       .units = 2,
+                                       .groups_in_step = 5,
+                                       .total_steps = 3,
+                                       .n_floats = N,
+                                       .lost_after_s = 0.5,
+                                       .run_key = run_key,
+                                       .epoch = EPOCH,
+                                       .first_rollout_rank = FIRST_ROLLOUT,
+                                       .rollout_tp = 1};
+    struct dispatcher *d = dispatcher_open(&o, err, sizeof err);
+    if (!d)
+        fail_msg("dispatcher_open: %s", err);
+    dispatcher_publish(d, 0, w0);
+    struct work_client *c = open_client(ep, 0, 0.1);
+    struct work_grant g;
+    next_ok(c, &g);
+    assert_int_equal(g.kind, WORK_UNIT);
+    /* the forger: another process's key, the real one's identity */
+    struct plane_cred forged = gen_cred(1, 0, 99);
+    forged.id = gen_cred(0, 0, 98).id;
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__WorkRequest w = GRPO__WORK_REQUEST__INIT;
+    w.worker_id = 0x5742, w.rank = 0, w.ping = true;
+    env.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST, env.work_request = &w;
+    int s[SOCKS + 1];
+    int tmo = 200;
+    for (int i = 0; i <= SOCKS; i++) {
+        s[i] = nn_socket(AF_SP, NN_REQ);
+        assert_true(s[i] >= 0);
+        nn_setsockopt(s[i], NN_SOL_SOCKET, NN_SNDTIMEO, &tmo, sizeof tmo);
+        nn_setsockopt(s[i], NN_SOL_SOCKET, NN_RCVTIMEO, &tmo, sizeof tmo);
+        assert_true(nn_connect(s[i], ep) >= 0);
+    }
+    static uint8_t big[100 << 10], pad[2048];
+    long sent = 0, padded = 0;
+    const double until = clock_now_s() + 1.5;
+    while (clock_now_s() < until) {
+        for (int i = 0; i < SOCKS; i++) {
+            size_t len;
+            uint8_t *buf = plane_pack_request(&env, &forged, &len);
+            size_t n = len;
+            if (i % 2) { /* over the kind's bound */
+                memcpy(pad, buf, len);
+                n = pad_envelope(pad, len, 1000);
+                padded++;
+            }
+            if (nn_send(s[i], i % 2 ? pad : buf, n, 0) >= 0)
+                sent++;
+            free(buf);
+        }
+        for (int i = 0; i < SOCKS; i++) {
+            void *m;
+            int n = nn_recv(s[i], &m, NN_MSG, 0);
+            if (n >= 0)
+                nn_freemsg(m);
+        }
+        nn_send(s[SOCKS], big, sizeof big, NN_DONTWAIT); /* dropped unread by the socket */
+    }
+    struct dispatch_stats st = stats(d);
+    if (st.lost != 0 || st.live != 1)
+        fail_msg("during the flood: %lld lost, %lld live", (long long)st.lost, (long long)st.live);
+    assert_true(st.oversized > 0);
+    assert_true(st.mac_bytes <= st.macs * (int64_t)DISPATCH_MAX_WORK_REQUEST_BYTES);
+    print_message("flood: %ld requests sent (%ld padded), %lld refused by their size, %lld MACs over %lld bytes\n",
+                  sent, padded, (long long)st.oversized, (long long)st.macs, (long long)st.mac_bytes);
+    for (int i = 0; i <= SOCKS; i++)
+        nn_close(s[i]);
+    next_ok(c, &g); /* served on: it asks again for the unit it holds (it never said it was done) */
+    dispatcher_end(d, 1, "end");
+    next_ok(c, &g);
+    assert_int_equal(g.kind, WORK_END);
+    work_client_close(c);
     dispatcher_close(d, 1.0);
     free(w0);
 }
@@ -1521,9 +1893,9 @@ static void test_identity(void **state)
     for (size_t i = 0; i < N; i++)
         w0[i] = (float)i;
     const double t = 0;
-    struct dispatch_core *d = core_open(NULL, 2, 0, 10, N, 10.0, t);
+    struct dispatch_core *d = core_open(2, 0, 10, N, 10.0, t);
     publish(d, 0, w0);
-    const struct proc a = {0xA, 0, NULL}, b = {0xB, 1, NULL};
+    const struct proc a = {0xA, 0}, b = {0xB, 1};
     expect_unit_at(d, &a, t, 1, 0, 0);
     expect_unit_at(d, &b, t, 1, 1, 0);
     assert_int_equal(cstats(d).live, 2);
@@ -1547,7 +1919,8 @@ static void test_identity(void **state)
     expect_refusal(signed_call(d, &req, &ca, 1, t), "work request for rollout rank 1");
     /* another process of rank 0 (good credentials of its own) with a's worker id */
     struct plane_cred other;
-    plane_cred_issue(&other, run_key, &(struct plane_id){.rank = FIRST_ROLLOUT, .pid = 77, .incarnation = 78});
+    plane_cred_issue(&other, run_key,
+                     &(struct plane_id){.rank = FIRST_ROLLOUT, .pid = 77, .incarnation = 78, .epoch = EPOCH});
     w.worker_id = 0xA, w.rank = 0, w.ping = true;
     expect_refusal(signed_call(d, &req, &other, 1, t), "is another process's");
     /* a replayed request: the same bytes twice */
@@ -1561,10 +1934,22 @@ static void test_identity(void **state)
     wreq.weights_request = &q;
     expect_refusal(signed_call(d, &wreq, NULL, 1, t), "carries no authentication");
     struct plane_cred trainer;
-    plane_cred_issue(&trainer, run_key, &(struct plane_id){.rank = 0, .pid = 5, .incarnation = 6});
+    plane_cred_issue(&trainer, run_key, &(struct plane_id){.rank = 0, .pid = 5, .incarnation = 6, .epoch = EPOCH});
     expect_refusal(signed_call(d, &wreq, &trainer, 1, t), "rollout processes only");
+    /* keys die with their launch (1.12): a's request as the launch before made it (its key epoch, under the same run
+     * key: what grpod kept across a relaunch before), and as a 1.11 process made it (no epoch), refused before any
+     * MAC is computed and counted apart; the dispatcher logs the 20 copies once (at most one line per 5 s) */
+    struct plane_cred before = cred_of(&a), ancient = cred_of(&a);
+    before.id.epoch = EPOCH - 1;
+    plane_key_derive(run_key, &before.id, before.key);
+    ancient.id.epoch = 0;
+    plane_key_derive(run_key, &ancient.id, ancient.key);
+    w.worker_id = 0xA, w.rank = 0, w.ping = true;
+    expect_refusal(signed_call(d, &req, &before, 20, t), "not this launch's");
+    expect_refusal(signed_call(d, &req, &ancient, 1, t), "no key epoch");
     struct dispatch_stats st = cstats(d);
-    assert_int_equal(st.refused, 8);
+    assert_int_equal(st.old_epoch, 21);
+    assert_int_equal(st.refused, 29);
     assert_int_equal(st.live, 2);
     assert_int_equal(st.granted, 2);
     assert_int_equal(st.bytes, 0);
@@ -1598,9 +1983,14 @@ int main(void)
         cmocka_unit_test(test_end),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_one_id_per_process),
+        cmocka_unit_test(test_replacement),
+        cmocka_unit_test(test_table_bound),
+        cmocka_unit_test(test_rate_limit),
+        cmocka_unit_test(test_size_before_mac),
         cmocka_unit_test(test_identity),
         cmocka_unit_test_setup_teardown(test_shell_end_to_end, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shell_bad_input, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shell_flood, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -39,4 +39,30 @@ for want in "docs/ARCHITECTURE.md:2: worker/rollout/wire.c does not exist" \
         fails=$((fails + 1))
     fi
 done
+# links: a file of the tree and a heading of it pass; a missing file or heading is caught; web links are not checked
+rm -f "$tmp/docs/ARCHITECTURE.md"
+cat >"$tmp/docs/guide.md" <<'DOC'
+# The guide
+## Where the time goes (`run_x`)
+DOC
+cat >"$tmp/README.md" <<'DOC'
+See [the guide](docs/guide.md), [its timing](docs/guide.md#where-the-time-goes-run_x) and [a site](https://example.org/x).
+DOC
+if python3 "$check" "$tmp" >/dev/null 2>&1; then echo "ok: links to a file and a heading pass"; else
+    echo "FAIL: links to an existing file and heading were refused"
+    fails=$((fails + 1))
+fi
+cat >"$tmp/README.md" <<'DOC'
+See [the old guide](docs/old.md) and [a gone section](docs/guide.md#speed).
+DOC
+out="$(python3 "$check" "$tmp" 2>&1)"
+rc=$?
+for want in "README.md:1: link to docs/old.md: no file docs/old.md" \
+    "README.md:1: link to docs/guide.md#speed: no heading #speed in docs/guide.md"; do
+    if [ $rc -ne 0 ] && grep -qF "$want" <<<"$out"; then echo "ok: caught: $want"; else
+        echo "FAIL: not caught (rc $rc): $want"
+        echo "$out"
+        fails=$((fails + 1))
+    fi
+done
 finish

@@ -38,6 +38,11 @@ expect_fail gen-agent worker/gen/x.c worker/agent/tool.h
 expect_fail trainer-agent worker/trainer/x.c worker/agent/tool.h
 expect_fail model-agent worker/model/x.c worker/agent/tool.h
 expect_fail agent-gen worker/agent/x.c worker/gen/engine.h
+expect_fail model-backend worker/model/x.c kernels/cpu/cpu_kernels.h
+expect_fail model-cuda worker/model/x.c kernels/cuda/backend.h
+expect_fail model-lora worker/model/model_x.c lora.h
+expect_fail model-lora-internal worker/model/shard.c lora_internal.h
+expect_fail layer-moe-ep worker/model/model_layer.c moe_ep.h
 # an allowed include passes
 mkdir -p "$tmp/allowed/worker/trainer"
 printf '#include "worker/step/batch.h"\n' >"$tmp/allowed/worker/trainer/x.c"
@@ -50,5 +55,27 @@ printf '#include "worker/tokenizer/tokenizer.h"\n#include "common/log.h"\n' >"$t
 if python3 "$check" "$tmp/allowed2" >/dev/null 2>&1; then echo "ok: agent -> tokenizer, common allowed"; else
     echo "FAIL: agent including worker/tokenizer or common was refused"
     fails=$((fails + 1))
+fi
+# the model's own exceptions pass: LoRA's files include its headers, the expert block includes moe_ep.h
+mkdir -p "$tmp/allowed3/worker/model"
+printf '#include "lora.h"\n#include "lora_internal.h"\n#include "model.h"\n' >"$tmp/allowed3/worker/model/lora_x.c"
+printf '#include "moe_ep.h"\n' >"$tmp/allowed3/worker/model/model_moe.c"
+if python3 "$check" "$tmp/allowed3" >/dev/null 2>&1; then echo "ok: lora -> lora.h, model_moe -> moe_ep.h allowed"; else
+    echo "FAIL: LoRA's own headers or the expert block's moe_ep.h were refused"
+    fails=$((fails + 1))
+fi
+# an include cycle among the model's rooms (a.c includes b.h, b.c includes a.h) fails, naming the include that closes it
+mkdir -p "$tmp/cycle/worker/model"
+touch "$tmp/cycle/worker/model/a.h" "$tmp/cycle/worker/model/b.h"
+printf '#include "a.h"\n#include "b.h"\n' >"$tmp/cycle/worker/model/a.c"
+printf '#include "b.h"\n#include "a.h"\n' >"$tmp/cycle/worker/model/b.c"
+if out="$(python3 "$check" "$tmp/cycle" 2>&1)"; then
+    echo "FAIL: an include cycle in worker/model passed the check"
+    fails=$((fails + 1))
+elif ! grep -qE 'worker/model/[ab]\.c:2: includes "[ab]\.h": closes an include cycle' <<<"$out"; then
+    echo "FAIL: the cycle's error does not name the include that closes it: $out"
+    fails=$((fails + 1))
+else
+    echo "ok: an include cycle among the model's rooms refused"
 fi
 finish

@@ -1,4 +1,5 @@
-/* Protocol framing: round trip, version refusal, garbage and size limits. */
+/* Protocol framing: round trip, version refusal, garbage and size limits; the data-plane key derivation's
+ * layout. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,6 +12,7 @@
 #include <cmocka.h>
 
 #include "proto/names.h"
+#include "proto/plane_auth.h"
 #include "proto/protocol.h"
 #include "proto/transport.h"
 
@@ -148,12 +150,30 @@ static void test_secret_bytes(void **state)
     unlink(path);
 }
 
+/* A process's data-plane key (1.12): keyed BLAKE2b-256 under the run key of "grpo plane key 2", then rank, pid,
+ * incarnation and key epoch, little-endian 4, 4, 8 and 8 bytes. A known answer (Python's hashlib.blake2b(msg,
+ * key=run_key, digest_size=32)): tests/cluster/net/capture.py derives the keys it looks for in a capture this way. */
+static void test_plane_key_layout(void **state)
+{
+    (void)state;
+    uint8_t run_key[PLANE_KEY_BYTES], key[PLANE_KEY_BYTES];
+    for (int i = 0; i < PLANE_KEY_BYTES; i++)
+        run_key[i] = (uint8_t)i;
+    assert_int_equal(plane_init(), 0);
+    plane_key_derive(run_key,
+                     &(struct plane_id){.rank = 3, .pid = 4242, .incarnation = 0x0123456789abcdefull, .epoch = 7}, key);
+    static const uint8_t want[PLANE_KEY_BYTES] = {0xf6, 0x06, 0x00, 0xdf, 0x15, 0x24, 0x36, 0xcb, 0xa3, 0x4e, 0x22,
+                                                  0xe4, 0x95, 0x0a, 0xfe, 0x8f, 0xeb, 0x53, 0x2d, 0x25, 0x96, 0xab,
+                                                  0x33, 0x0a, 0x31, 0x4e, 0x86, 0x3f, 0xf8, 0x6d, 0x9a, 0x6c};
+    assert_memory_equal(key, want, PLANE_KEY_BYTES);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_phase_names),     cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_version_refused), cmocka_unit_test(test_garbage_and_empty),
-        cmocka_unit_test(test_secret_bytes),
+        cmocka_unit_test(test_secret_bytes),    cmocka_unit_test(test_plane_key_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

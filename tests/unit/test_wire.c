@@ -510,7 +510,7 @@ static void test_auth(void **state)
     uint8_t run_key[PLANE_KEY_BYTES];
     plane_run_key_new(run_key);
     struct plane_verifier v;
-    plane_verifier_init(&v, run_key);
+    plane_verifier_init(&v, run_key, 3);
     struct wire_auth auth = {.v = &v};
     f->lim.auth = &auth;
     const int groups[2] = {0, 1};
@@ -535,11 +535,11 @@ static void test_auth(void **state)
     free(buf);
     /* rank 2's credentials (HDR's from_rank), and those of rank 3 of another run */
     struct plane_cred me, other_run, rank3;
-    plane_cred_issue(&me, run_key, &(struct plane_id){.rank = 2, .pid = 100, .incarnation = 7});
-    plane_cred_issue(&rank3, run_key, &(struct plane_id){.rank = 3, .pid = 101, .incarnation = 8});
+    plane_cred_issue(&me, run_key, &(struct plane_id){.rank = 2, .pid = 100, .incarnation = 7, .epoch = 3});
+    plane_cred_issue(&rank3, run_key, &(struct plane_id){.rank = 3, .pid = 101, .incarnation = 8, .epoch = 3});
     uint8_t k2[PLANE_KEY_BYTES];
     plane_run_key_new(k2);
-    plane_cred_issue(&other_run, k2, &(struct plane_id){.rank = 2, .pid = 100, .incarnation = 7});
+    plane_cred_issue(&other_run, k2, &(struct plane_id){.rank = 2, .pid = 100, .incarnation = 7, .epoch = 3});
     buf = wire_pack_batch(&HDR, &f->b, groups, 2, &other_run, &len);
     refused(f, buf, len, "authentication failed");
     free(buf);
@@ -601,9 +601,9 @@ static void test_auth_window(void **state)
     uint8_t run_key[PLANE_KEY_BYTES];
     plane_run_key_new(run_key);
     struct plane_verifier v;
-    plane_verifier_init(&v, run_key);
+    plane_verifier_init(&v, run_key, 1);
     struct plane_cred me;
-    plane_cred_issue(&me, run_key, &(struct plane_id){.rank = 1, .pid = 5, .incarnation = 9});
+    plane_cred_issue(&me, run_key, &(struct plane_id){.rank = 1, .pid = 5, .incarnation = 9, .epoch = 1});
     Grpo__Envelope env = GRPO__ENVELOPE__INIT;
     env.body_case = GRPO__ENVELOPE__BODY_STATUS_REQUEST;
     env.status_request = 1;
@@ -627,6 +627,79 @@ static void test_auth_window(void **state)
     for (int i = 0; i < 4; i++)
         free(m[i]);
     plane_verifier_free(&v);
+}
+
+/* Keys die with their launch (protocol 1.12): a batch of the launch before (its key epoch, the same run key or its
+ * own) is refused by the next launch's verifier before its MAC is computed, as is a 1.11 sender's (no epoch); a
+ * batch whose epoch field was changed to the current one fails its MAC (the epoch is part of the key and of what
+ * the MAC covers). */
+static void test_auth_epoch(void **state)
+{
+    (void)state;
+    struct fx *f = make();
+    uint8_t key1[PLANE_KEY_BYTES], key2[PLANE_KEY_BYTES];
+    plane_run_key_new(key1);
+    plane_run_key_new(key2);
+    const int groups[2] = {0, 1};
+    size_t len;
+    /* launch 1 (epoch 1): a batch captured on its way */
+    struct plane_cred l1;
+    plane_cred_issue(&l1, key1, &(struct plane_id){.rank = 2, .pid = 100, .incarnation = 7, .epoch = 1});
+    uint8_t *captured = wire_pack_batch(&HDR, &f->b, groups, 2, &l1, &len);
+    const size_t captured_len = len;
+    /* launch 2 (epoch 2): a fresh verifier, as a relaunched trainer's */
+    struct plane_verifier v;
+    plane_verifier_init(&v, key2, 2);
+    struct wire_auth auth = {.v = &v};
+    f->lim.auth = &auth;
+    refused(f, captured, captured_len, "key epoch 1, not this launch's (2)");
+    assert_false(auth.verified);
+    /* the same run key kept across the relaunch (what grpod did before 1.12) is refused all the same */
+    struct plane_verifier same_key;
+    plane_verifier_init(&same_key, key1, 2);
+    auth.v = &same_key;
+    refused(f, captured, captured_len, "another launch's keys are dead");
+    /* the capture with its epoch field rewritten to the current one: its MAC fails */
+    Grpo__Envelope *e = protocol_unpack(captured, captured_len, NULL, 0);
+    assert_non_null(e);
+    e->auth->epoch = 2;
+    len = grpo__envelope__get_packed_size(e);
+    uint8_t *rewritten = malloc(len);
+    assert_non_null(rewritten);
+    grpo__envelope__pack(e, rewritten);
+    protocol_free(e);
+    refused(f, rewritten, len, "authentication failed");
+    free(rewritten);
+    /* a sender of 1.11 (no epoch) */
+    struct plane_cred old;
+    plane_cred_issue(&old, key1, &(struct plane_id){.rank = 2, .pid = 100, .incarnation = 7});
+    uint8_t *buf = wire_pack_batch(&HDR, &f->b, groups, 2, &old, &len);
+    e = protocol_unpack(buf, len, NULL, 0);
+    free(buf);
+    assert_non_null(e);
+    e->minor_version = 11;
+    len = grpo__envelope__get_packed_size(e);
+    buf = malloc(len);
+    assert_non_null(buf);
+    grpo__envelope__pack(e, buf);
+    protocol_free(e);
+    refused(f, buf, len, "no key epoch (a sender of protocol 1.11");
+    free(buf);
+    /* launch 2's own batch is taken */
+    auth.v = &v;
+    struct plane_cred l2;
+    plane_cred_issue(&l2, key2, &(struct plane_id){.rank = 2, .pid = 100, .incarnation = 7, .epoch = 2});
+    buf = wire_pack_batch(&HDR, &f->b, groups, 2, &l2, &len);
+    struct step_batch out = {0};
+    struct wire_header h;
+    char why[512] = "";
+    assert_int_equal(wire_unpack_batch(buf, len, &f->lim, &h, &out, why, sizeof why), 0);
+    step_batch_free(&out);
+    free(buf);
+    free(captured);
+    plane_verifier_free(&v);
+    plane_verifier_free(&same_key);
+    drop(f);
 }
 
 static void test_placement(void **state)
@@ -720,9 +793,9 @@ int main(void)
         cmocka_unit_test(test_round_trip),    cmocka_unit_test(test_garbage_and_wrong_version),
         cmocka_unit_test(test_bad_fields),    cmocka_unit_test(test_routes),
         cmocka_unit_test(test_response_mask), cmocka_unit_test(test_turns),
-        cmocka_unit_test(test_auth),          cmocka_unit_test(test_auth_window),
-        cmocka_unit_test(test_placement),     cmocka_unit_test(test_filter_metric),
-        cmocka_unit_test(test_reward_parts),
+        cmocka_unit_test(test_auth),          cmocka_unit_test(test_auth_epoch),
+        cmocka_unit_test(test_auth_window),   cmocka_unit_test(test_placement),
+        cmocka_unit_test(test_filter_metric), cmocka_unit_test(test_reward_parts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -44,6 +44,7 @@ struct control {
     uint64_t hb_seq;        /* heartbeats sent (tries included): Heartbeat.seq; the heartbeat thread's alone */
     void (*on_abort)(const char *reason);
     bool replaces;
+    uint64_t launch;
     pthread_t thread;
     bool thread_started;
 
@@ -132,6 +133,13 @@ void control_options_from_config(struct control_options *o, const struct grpo_co
 
 static atomic_int stop_signal_taken; /* the first one's number, 0: none */
 static sigset_t stop_signal_set;
+/* Where the first one came from (" from its launcher, mpirun (pid N)", " from pid N (bash)"; "" when the kernel
+ * does not say): written by the signal thread before stop_signal_taken is set, read after. */
+static char stop_signal_from[200];
+/* The control client to wake when the first signal comes, so that its stop request goes to grpod at once (a
+ * launcher that ends the job sends SIGKILL a second after its SIGTERM) */
+static pthread_mutex_t kick_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct control *kick_target;
 
 const char *control_signal_name(int sig)
 {
@@ -146,6 +154,35 @@ const char *control_signal_name(int sig)
 
 int control_stop_signal(void) { return atomic_load(&stop_signal_taken); }
 
+const char *control_stop_signal_from(void) { return atomic_load(&stop_signal_taken) ? stop_signal_from : ""; }
+
+/* " from ..." for a signal sent by process pid: its launcher (this process's parent: mpirun, Open MPI's orted,
+ * slurmstepd) or another process, by its command name; "" when the sender is unknown (pid 0: the kernel, or a
+ * process of another PID namespace). */
+static void describe_sender(pid_t pid, char *out, size_t len)
+{
+    out[0] = 0;
+    if (pid <= 0)
+        return;
+    char path[64], comm[64] = "";
+    snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        if (fgets(comm, sizeof comm, f))
+            comm[strcspn(comm, "\n")] = 0;
+        fclose(f);
+    }
+    if (pid == getppid() && strcmp(comm, "orted") == 0) /* mpirun runs on another host, or orted was signalled */
+        snprintf(out, len, " from its launcher, Open MPI's daemon orted (pid %d)", (int)pid);
+    else if (pid == getppid())
+        snprintf(out, len, " from its launcher, %s (pid %d)", comm[0] ? comm : "its parent", (int)pid);
+    else
+        snprintf(out, len, " from pid %d%s%s%s", (int)pid, comm[0] ? " (" : "", comm, comm[0] ? ")" : "");
+}
+
+/* Wake the control client's heartbeat thread: a stop signal came. */
+static void kick_control(void);
+
 /* A second signal this soon after the first, and of its kind, is the same request: coreutils' timeout and a
  * signal to the process group (Slurm, systemd, a shell's ^C) deliver one to the process and one to its group. */
 #define STOP_SIGNAL_ECHO_S 1.0
@@ -158,16 +195,21 @@ static void *signal_thread(void *arg)
     double first_at = 0;
     bool echo_taken = false;
     for (;;) {
-        int sig = 0;
-        if (sigwait(&stop_signal_set, &sig) != 0)
+        siginfo_t info;
+        const int sig = sigwaitinfo(&stop_signal_set, &info);
+        if (sig < 0)
             continue;
+        if (atomic_load(&stop_signal_taken) == 0) /* this thread alone writes it, before the first is taken */
+            describe_sender(info.si_code == SI_USER || info.si_code == SI_QUEUE ? info.si_pid : 0, stop_signal_from,
+                            sizeof stop_signal_from);
         int expected = 0;
         if (atomic_compare_exchange_strong(&stop_signal_taken, &expected, sig)) {
             first_at = clock_now_s();
             log_warn("worker",
-                     "%s received: the run stops at its next safe point, after a checkpoint, and this process "
+                     "%s received%s: the run stops at its next safe point, after a checkpoint, and this process "
                      "ends with it (another signal more than %.0f s later ends it at once, without a checkpoint)",
-                     control_signal_name(sig), STOP_SIGNAL_ECHO_S);
+                     control_signal_name(sig), stop_signal_from, STOP_SIGNAL_ECHO_S);
+            kick_control();
         } else if (!echo_taken && sig == expected && clock_now_s() - first_at <= STOP_SIGNAL_ECHO_S) {
             echo_taken = true;
             log_info("worker",
@@ -413,6 +455,16 @@ bool control_run_finished(struct control *c)
     return done;
 }
 
+bool control_run_goes_on(struct control *c)
+{
+    if (!c)
+        return false;
+    pthread_mutex_lock(&c->mu);
+    bool on = !c->connected || (!c->want_stop && !c->run_over && !c->run_finished);
+    pthread_mutex_unlock(&c->mu);
+    return on;
+}
+
 bool control_pause_wanted(struct control *c)
 {
     if (!c)
@@ -575,6 +627,7 @@ static void copy_assignment(struct control_assignment *a, const Grpo__Assignment
         memcpy(a->plane_run_key, as->plane_run_key.data, sizeof a->plane_run_key);
         a->has_plane_run_key = true;
     }
+    a->plane_epoch = as->plane_epoch;
 }
 
 /* One registration attempt. 0: registered (a filled); 1: try again later (err says why); -1: refused. */
@@ -594,6 +647,7 @@ static int register_once(struct control *c, const char *run_id, uint64_t incarna
     reg.incarnation = incarnation;
     reg.step = step;
     reg.replaces = c->replaces;
+    reg.launch = c->launch;
     split_list(c->devices, &reg.devices, &reg.n_devices);
     split_list(c->caps, &reg.capabilities, &reg.n_capabilities);
     env.body_case = GRPO__ENVELOPE__BODY_REGISTER;
@@ -742,17 +796,32 @@ static int reregister(struct control *c)
     return rc == 0 ? 0 : -1;
 }
 
+static void kick_control(void)
+{
+    pthread_mutex_lock(&kick_mu);
+    struct control *c = kick_target;
+    if (c) {
+        pthread_mutex_lock(&c->mu);
+        changed_locked(c);
+        pthread_mutex_unlock(&c->mu);
+    }
+    pthread_mutex_unlock(&kick_mu);
+}
+
 /* This worker took SIGTERM or SIGINT: ask grpod to stop the run, as grpoctl stop does, so that every rank
- * ends at its safe point and grpod records why. Not under mu (the socket is this thread's). true once grpod
- * has answered, whether or not it took the request. */
+ * ends at its safe point and grpod records why: the signal, the rank and who sent it (a launcher ending the job
+ * is no operator). Not under mu (the socket is this thread's). true once grpod has answered, whether or not it
+ * took the request. */
 static bool send_stop(struct control *c, int sig)
 {
     char reason[400], err[512];
-    snprintf(reason, sizeof reason, "%s on rank %d (host %s)", control_signal_name(sig), c->rank, c->host);
+    snprintf(reason, sizeof reason, "%s on rank %d (host %.100s)%s", control_signal_name(sig), c->rank, c->host,
+             control_stop_signal_from());
     Grpo__Envelope env = GRPO__ENVELOPE__INIT, *reply = NULL;
     Grpo__CommandRequest cr = GRPO__COMMAND_REQUEST__INIT;
     cr.command = GRPO__COMMAND__COMMAND_STOP;
     cr.reason = reason;
+    cr.requester = reason;
     env.body_case = GRPO__ENVELOPE__BODY_COMMAND;
     env.command = &cr;
     enum rpc_result r = rpc_call(c->rpc, &env, 2000, &reply, err, sizeof err);
@@ -905,6 +974,7 @@ int control_open(const struct control_options *o, struct control **out, struct c
     c->host_memory_gb = pages > 0 && page > 0 ? (double)pages * (double)page / (1024.0 * 1024.0 * 1024.0) : 0;
     c->on_abort = o->on_abort;
     c->replaces = o->replaces;
+    c->launch = o->launch;
     c->step = o->start_step;
     c->ckpt_step = -1;
     c->state = GRPO__WORKER_STATE__WORKER_STARTING;
@@ -967,6 +1037,9 @@ int control_open(const struct control_options *o, struct control **out, struct c
         return -1;
     }
     c->thread_started = true;
+    pthread_mutex_lock(&kick_mu);
+    kick_target = c;
+    pthread_mutex_unlock(&kick_mu);
     *out = c;
     return 0;
 }
@@ -975,6 +1048,10 @@ void control_close(struct control *c)
 {
     if (!c)
         return;
+    pthread_mutex_lock(&kick_mu);
+    if (kick_target == c)
+        kick_target = NULL;
+    pthread_mutex_unlock(&kick_mu);
     if (c->thread_started) {
         pthread_mutex_lock(&c->mu);
         c->quit = true;

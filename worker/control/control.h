@@ -81,6 +81,8 @@ struct control_options {
     void (*on_abort)(const char *reason);
     int world_hosts; /* how many hosts the MPI world spans (Register.world_hosts; 0: not counted) */
     bool replaces;   /* take the place of rank `rank`, lost, in the run grpod runs (grpo-worker --replace-rank) */
+    uint64_t launch; /* names this launch (Register.launch: world rank 0's random number, the same on every rank of
+                        the job); a launch grpod has not seen gets fresh data-plane keys. 0: unknown */
     /* test only (test.delay_phase, test.delay_s): sleep this long each time the worker enters this phase
      * (GRPO__PHASE__PHASE_IDLE: never) */
     Grpo__Phase delay_phase;
@@ -106,6 +108,7 @@ struct control_assignment {
     uint8_t plane_key[32];
     bool has_plane_run_key; /* trainer ranks: the run's data-plane key */
     uint8_t plane_run_key[32];
+    uint64_t plane_epoch; /* the keys' epoch (1.12; 0: an older grpod) */
 };
 
 /* Digest of the configuration every rank of a run must share: all keys but grpod.* (how a host
@@ -153,6 +156,11 @@ bool control_pause_wanted(struct control *c);
 /* grpod said the run finished (a heartbeat's answer, or its refusal to take this rank back: the run is over).
  * A rank that was away (frozen, cut off) while the run ended has nothing left to do. false without grpod. */
 bool control_run_finished(struct control *c);
+/* Under grpod: true while grpod cannot be reached (this rank is cut off, or grpod is down: nothing is known) or
+ * says the run goes on (no stop, not over, this rank still its); false once it says otherwise, and without grpod.
+ * A rollout rank that hears nothing from the trainers waits on while this holds: grpod ends it when a trainer is
+ * lost, and a cut of its host's link is no reason to end. */
+bool control_run_goes_on(struct control *c);
 /* A checkpoint of `step` steps is on disk. */
 void control_checkpoint_done(struct control *c, int64_t step);
 /* A replica's word that the writer (its DP rank 0) wrote the checkpoint of `step` for it: every request this
@@ -183,6 +191,9 @@ void control_close(struct control *c);
 int control_catch_stop_signals(void);
 /* The first SIGTERM or SIGINT taken since control_catch_stop_signals (the signal's number), or 0. */
 int control_stop_signal(void);
+/* Where the first stop signal came from, to follow its name in a message: " from its launcher, mpirun (pid N)",
+ * " from pid N (bash)"; "" before any, or when the sender is unknown. */
+const char *control_stop_signal_from(void);
 /* "SIGTERM", "SIGINT", or "signal N". */
 const char *control_signal_name(int sig);
 

@@ -63,6 +63,10 @@ static int advertise(struct role_env *env)
     comm_allgather_bytes(env->world, host, hosts, sizeof host);
     env->world_hosts = placement_count_hosts(hosts, world, sizeof host);
     free(hosts);
+    /* the launch's name (Register.launch): world rank 0's, the same on every rank */
+    uint64_t launch_id = comm_rank(env->world) == 0 ? plane_random64() : 0;
+    comm_broadcast(env->world, &launch_id, 1, COMM_I64, 0);
+    env->launch_id = launch_id;
     return rc;
 }
 
@@ -162,6 +166,7 @@ static int join_control_plane(struct role_env *env)
     o.on_abort = abort_job;
     o.replaces = env->replacing;
     o.world_hosts = env->world_hosts;
+    o.launch = env->launch_id;
     if (env->advertise[0]) /* grpod builds the data endpoints the other ranks dial from the registered host */
         o.host = env->advertise;
     o.capabilities = env->at.role == PLACE_ROLLOUT   ? "rollout"
@@ -192,8 +197,11 @@ static int join_control_plane(struct role_env *env)
         env->heartbeat_s = a.heartbeat_interval_s;
     if (a.dispatch_endpoint[0])
         snprintf(env->dispatch_endpoint, sizeof env->dispatch_endpoint, "%s", a.dispatch_endpoint);
-    if (a.has_plane_key) { /* this process's data-plane identity: its rank, its pid (Register.pid), this registration */
-        const struct plane_id id = {.rank = env->rank, .pid = (uint32_t)getpid(), .incarnation = a.incarnation};
+    env->plane_epoch = a.plane_epoch;
+    if (a.has_plane_key) { /* this process's data-plane identity: its rank, its pid (Register.pid), this registration,
+                              and the launch's key epoch */
+        const struct plane_id id = {
+            .rank = env->rank, .pid = (uint32_t)getpid(), .incarnation = a.incarnation, .epoch = a.plane_epoch};
         env->plane = (struct plane_cred){.id = id, .set = true};
         memcpy(env->plane.key, a.plane_key, sizeof env->plane.key);
         env->plane_dp = env->plane;
@@ -214,15 +222,17 @@ static int join_control_plane(struct role_env *env)
 }
 
 /* For the tests only: GRPO_TEST_SPARE_CREDENTIALS=FILE makes the issuer write good credentials of one more process
- * of the last rollout rank (pid 1, a fresh incarnation) into FILE (mode 0600), so that a hostile client in the
- * tests can hold one process's key without disturbing the real processes' counters (tests/system/data_stranger.c). */
-static void write_spare_credentials(const uint8_t run_key[PLANE_KEY_BYTES], int rank)
+ * of the last rollout rank (pid 1, a fresh incarnation of generation 0, the real processes' own) into FILE (mode
+ * 0600), so that a hostile client in the tests can hold one process's key without disturbing the real processes'
+ * counters, and without the right to take a live process's place (tests/system/data_stranger.c). */
+static void write_spare_credentials(const uint8_t run_key[PLANE_KEY_BYTES], uint64_t epoch, int rank)
 {
     const char *path = getenv("GRPO_TEST_SPARE_CREDENTIALS");
     if (!path || !path[0])
         return;
     struct plane_cred c;
-    const struct plane_id id = {.rank = rank, .pid = 1, .incarnation = plane_random64()};
+    /* generation 0, as the launch's own processes: it cannot take a live process's place at the dispatcher */
+    const struct plane_id id = {.rank = rank, .pid = 1, .incarnation = plane_incarnation_new(0), .epoch = epoch};
     plane_cred_issue(&c, run_key, &id);
     char line[256];
     FILE *f = fopen(path, "w");
@@ -249,6 +259,12 @@ static int plane_credentials(struct role_env *env)
         return -1;
     }
     if (env->ctl) {
+        if (!env->plane_epoch) {
+            log_error("worker",
+                      "grpod handed this rank no data-plane key epoch (Assignment.plane_epoch, protocol 1.12): keys "
+                      "that outlive their launch are not taken; upgrade grpod to this version");
+            return -1;
+        }
         if (trainer ? !env->have_run_key : !env->plane.set) {
             log_error("worker",
                       "grpod handed this %s rank no data-plane key (Assignment.%s, protocol 1.8): the data plane "
@@ -263,9 +279,14 @@ static int plane_credentials(struct role_env *env)
     struct {
         uint32_t pid, pad;
         uint64_t incarnation;
-    } mine = {.pid = (uint32_t)getpid(), .incarnation = plane_random64()}, *all = xcalloc((size_t)size, sizeof mine);
+    } mine = {.pid = (uint32_t)getpid(), .incarnation = plane_incarnation_new(0)},
+      *all = xcalloc((size_t)size, sizeof mine);
     _Static_assert(sizeof mine == 16 && PLANE_KEY_BYTES % sizeof(int32_t) == 0, "whole int32 elements");
     comm_allgather_bytes(world, &mine, all, sizeof mine);
+    /* this launch's key epoch: world rank 0's, random (keys and messages of another launch are refused) */
+    uint64_t epoch = me == 0 ? plane_epoch_new() : 0;
+    comm_broadcast(world, &epoch, 1, COMM_I64, 0);
+    env->plane_epoch = epoch;
     uint8_t key[PLANE_KEY_BYTES];
     if (me == 0) {
         plane_run_key_new(env->plane_run_key);
@@ -275,11 +296,12 @@ static int plane_credentials(struct role_env *env)
                 comm_send(world, env->plane_run_key, PLANE_KEY_BYTES / 4, COMM_I32, r);
                 continue;
             }
-            const struct plane_id id = {.rank = r, .pid = all[r].pid, .incarnation = all[r].incarnation};
+            const struct plane_id id = {
+                .rank = r, .pid = all[r].pid, .incarnation = all[r].incarnation, .epoch = epoch};
             plane_key_derive(env->plane_run_key, &id, key);
             comm_send(world, key, PLANE_KEY_BYTES / 4, COMM_I32, r);
         }
-        write_spare_credentials(env->plane_run_key, size - 1);
+        write_spare_credentials(env->plane_run_key, epoch, size - 1);
     } else {
         comm_recv(world, key, PLANE_KEY_BYTES / 4, COMM_I32, 0);
         if (trainer) {
@@ -287,7 +309,8 @@ static int plane_credentials(struct role_env *env)
             env->have_run_key = true;
         } else {
             env->plane = (struct plane_cred){
-                .id = {.rank = env->rank, .pid = mine.pid, .incarnation = mine.incarnation}, .set = true};
+                .id = {.rank = env->rank, .pid = mine.pid, .incarnation = mine.incarnation, .epoch = epoch},
+                .set = true};
             memcpy(env->plane.key, key, sizeof key);
             env->plane_dp = env->plane;
         }
@@ -409,11 +432,6 @@ static int place(struct launch *l, int replace_rank)
                   "rollout.nnodes x rollout.n_gpus_per_node): rollout ranks stream while the trainer trains");
         return 2;
     }
-    if (l->split && cfg->grpod_secret_file && cfg->grpod_secret_file[0] &&
-        secret_read(cfg->grpod_secret_file, env->secret, sizeof env->secret, why, sizeof why) != 0) {
-        log_error("worker", "%s", why);
-        return 2;
-    }
     return 0;
 }
 
@@ -529,7 +547,9 @@ int launch(struct launch *l, const struct grpo_config *cfg, struct comm *world, 
     struct role_env *env = &l->env;
     if (o->replace_rank < 0 && advertise(env) != 0)
         return 3;
-    if (o->replace_rank >= 0) { /* alone: its own address only */
+    if (o->replace_rank >= 0) { /* alone: its own address only, and a launch of its own (grpod keeps the run's key
+                                   epoch for a replacement) */
+        env->launch_id = plane_random64();
         char err[512];
         const char *named = cfg->grpod_advertise_host;
         if (net_advertise_address(named, env->advertise, sizeof env->advertise, err, sizeof err) != 0) {

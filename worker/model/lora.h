@@ -65,7 +65,6 @@ struct lora {
     struct lora_layer *w, *g; /* (n_layers) pointers into mem and grad */
     float *scratch;           /* per-projection products: (N, r) x 2 and (N, Dout) */
     size_t scratch_cap;       /* floats */
-    float *sink;              /* frozen norm weights' gradients land here, unread (max(D, head_dim) floats) */
     struct kmoe_lora *moe;    /* (n_layers) the experts' adapters as the MoE kernels take them; NULL without */
     char base[4096];          /* the base model's path or name (adapter_config.json's base_model_name_or_path) */
 };
@@ -76,8 +75,8 @@ const char *lora_proj_module(enum proj_kind p);
 /* The targets as PEFT lists them: "q_proj, v_proj" (all seven: "all-linear"). Returns buf. */
 const char *lora_targets_text(unsigned targets, char *buf, size_t len);
 
-/* Attach a zeroed adapter to m (a whole model or a shard: its part of the adapter; at most one adapter). 0, or -1
- * with err. */
+/* Attach a zeroed adapter to m (a whole model or a shard: its part of the adapter; at most one adapter): m's base
+ * frozen (model_freeze) and the adapter installed as its projection hook. 0, or -1 with err. */
 int lora_attach(struct model *m, const struct lora_config *c, char *err, size_t errlen);
 /* The adapter the configuration asks for (actor_rollout_ref.model.lora_rank, lora_alpha, target_modules), new and
  * initialised from data.seed, or loaded from actor_rollout_ref.model.lora_adapter_path; base_path is the base
@@ -90,19 +89,12 @@ void lora_init(struct model *m, uint64_t seed);
 /* Run as the base model (bypass true) or with the adapter again. No-op without an adapter. */
 void lora_set_bypass(struct model *m, bool bypass);
 
-/* The adapter's part of projection p of layer l (called by model_proj_forward and model_proj_backward): y +=
- * s (x A^T) B^T; backward dx += s (dy B) A, and, when the gradients exist, dB += s dy^T (x A^T), dA += s (dy B)^T
- * x. Nothing without an adapter on p or while bypassed. On a TP shard with this rank's parts (dx, and the whole
- * matrix's gradient, partial: summed over TP by the model's all-reduce and by lora_sync_grads). */
-void lora_proj_forward(const struct model *m, int l, enum proj_kind p, float *y, const float *x, int N);
-void lora_proj_backward(const struct model *m, int l, enum proj_kind p, float *dx, const float *dy, const float *x,
-                        int N);
+/* The adapter is the model's projection hook (struct model_hook, installed by lora_attach): targeted projection p
+ * of layer l adds s (x A^T) B^T to the base's y, and in the backward dx += s (dy B) A and, once the gradients exist,
+ * dB += s dy^T (x A^T), dA += s (dy B)^T x; the router's likewise, and the experts' terms go to the MoE kernels
+ * (struct kmoe_lora). Nothing while bypassed. On a TP shard with this rank's parts (dx, and the whole matrix's
+ * gradient, partial: summed over TP by the model's all-reduce and by lora_sync_grads). */
 
-/* The experts' adapters of layer l for a run of nk slots (scratch sized), or NULL (none, or bypassed). */
-const struct kmoe_lora *lora_moe(const struct model *m, int l, size_t nk);
-/* The router's adapter of layer l: logits y += s (x A^T) B^T, and its backward (dx +=, gradients +=). */
-void lora_router_forward(const struct model *m, int l, float *y, const float *x, int N);
-void lora_router_backward(const struct model *m, int l, float *dx, const float *dy, const float *x, int N);
 /* On a mixture of experts, where the adapter sits: " (the MLP's on each of the 4 experts, gate and up as one
  * gate_up_proj adapter of rank 2r; and the router)"; "" otherwise. Returns buf. */
 const char *lora_moe_text(const struct model *m, char *buf, size_t len);

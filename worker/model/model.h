@@ -137,8 +137,30 @@ struct model_layout {
 };
 
 struct kctx;
+struct kmoe_lora;
 struct model_work;
 struct lora;
+struct model;
+
+/* A projection hook: what an adapter adds to the model's linear maps (LoRA's: lora.c installs it with
+ * model_set_hook). The model calls it after each base product and knows nothing of what it holds; an entry may be
+ * NULL. */
+struct model_hook {
+    /* y += the hook's term of projection p of layer l on x (N rows); its backward: dx += its input gradient, and
+     * the hook's own gradients accumulated when it has them */
+    void (*proj_forward)(const struct model *m, int l, enum proj_kind p, float *y, const float *x, int N);
+    void (*proj_backward)(const struct model *m, int l, enum proj_kind p, float *dx, const float *dy, const float *x,
+                          int N);
+    /* the same on a mixture of experts' router logits (N, E) */
+    void (*router_forward)(const struct model *m, int l, float *y, const float *x, int N);
+    void (*router_backward)(const struct model *m, int l, float *dx, const float *dy, const float *x, int N);
+    /* the experts' terms of layer l as the MoE kernels take them (struct kmoe's lora) for a run of nk slots, or NULL */
+    const struct kmoe_lora *(*experts)(const struct model *m, int l, size_t nk);
+    /* before a backward: the hook's gradients made (zeroed) where they are not yet */
+    void (*make_grads)(struct model *m);
+    /* by model_free: the hook's state freed */
+    void (*release)(struct model *m);
+};
 
 struct model {
     struct model_config cfg;
@@ -146,11 +168,15 @@ struct model {
     double *rope_freqs; /* (head_dim / 2) RoPE frequencies, scaled as cfg.rope says (K's memory) */
     struct model_shard sh;
     struct model_params w;
-    struct model_params *grad; /* NULL until model_alloc_grads */
-    struct model_work *work;   /* arenas and pools reused from batch to batch (model.c) */
-    struct lora *lora;         /* a LoRA adapter (lora.h): the base weights are frozen; NULL: none */
-    bool offload_acts;         /* with checkpointing: the layer inputs kept for the backward in host memory (pinned
-                                  on a GPU), one layer's back on the device at a time (enable_activation_offload) */
+    struct model_params *grad;     /* NULL until model_alloc_grads */
+    struct model_work *work;       /* arenas and pools reused from batch to batch (model_acts.c) */
+    const struct model_hook *hook; /* model_set_hook: an adapter's terms on the projections; NULL: none */
+    bool frozen;                   /* model_freeze: the base weights take no gradients */
+    float *sink;                   /* frozen: where the norms' weight gradients land, unread (K's memory) */
+    struct lora *lora;             /* the LoRA adapter whose hook is installed (lora.h), for LoRA's files and the
+                                      trainer: the model's own code never reads it; NULL: none */
+    bool offload_acts;             /* with checkpointing: the layer inputs kept for the backward in host memory (pinned
+                                      on a GPU), one layer's back on the device at a time (enable_activation_offload) */
     /* model_set_layer_grads_hook: called after each layer's backward (NULL: none) */
     void (*layer_grads_hook)(void *ud, int layer);
     void *layer_grads_ud;
@@ -172,6 +198,13 @@ struct model {
     double moe_route_differ, moe_route_compared; /* token-layers whose own top-k differed from the rollout's, of */
     uint16_t *const *moe_record;                 /* model_step_record_routes' destinations, or NULL */
 };
+
+/* Install hook h (NULL: none): from now on the projections, the router and the experts add its terms. */
+void model_set_hook(struct model *m, const struct model_hook *h);
+/* Freeze the base weights (on) or train them again: frozen, the backward accumulates into no gradient of theirs
+ * (none is made: model_alloc_grads is not called) and the norms' weight gradients land in a sink that nothing
+ * reads; the hook's gradients (make_grads) are what it computes. */
+void model_freeze(struct model *m, bool on);
 
 /* Token-layers of the training forwards since the last call whose own top-k experts differed from the batch's
  * recorded ones (packed_batch.routes) into *differ, of *compared; then forgotten. */
@@ -351,12 +384,17 @@ int model_stage_rows(const struct model *m, const struct packed_batch *b);
 void model_backward_stage(struct model *m, struct model_acts *acts, const float *dlogp, const float *dentropy,
                           const float *dy, float *dx);
 /* Projection p of layer l on this shard: y (N, Dout) = x (N, Din) W^T + b, and its backward (dx, and the
- * weight's gradients, accumulated). Every projection of the training forward and backward and of model_step
- * goes through these two. */
+ * weight's gradients, accumulated unless frozen), each with the hook's term after the base's. Every projection of
+ * the training forward and backward and of model_step goes through these two. */
 void model_proj_forward(const struct model *m, int l, enum proj_kind p, float *y, const float *x, int N);
 void model_proj_backward(struct model *m, int l, enum proj_kind p, float *dx, const float *dy, const float *x, int N);
 /* Din and Dout of projection p on this shard. */
 void model_proj_dims(const struct model *m, enum proj_kind p, int *din, int *dout);
+/* A mixture of experts' router of layer l: logits y (N, E) = x (N, D) R^T, and its backward; with the hook's term. */
+void model_router_forward(const struct model *m, int l, float *y, const float *x, int N);
+void model_router_backward(struct model *m, int l, float *dx, const float *dy, const float *x, int N);
+/* The hook's terms on layer l's experts for a run of nk slots (struct kmoe's lora), or NULL. */
+const struct kmoe_lora *model_expert_terms(const struct model *m, int l, size_t nk);
 
 /* Free saved activations without a backward (inference-only log-probs). */
 void model_acts_free(struct model_acts *a);

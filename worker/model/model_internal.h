@@ -1,7 +1,9 @@
-/* Inside the model: the parameter layout of any TP rank, for the shard module (shard.c). */
+/* Inside the model, for its own files: the parameter layout of any shard (model_params.c, read by shard.c and
+ * lora.c), the TP group's sum, and what a model keeps from batch to batch (struct model_work). */
 #ifndef GRPO_WORKER_MODEL_INTERNAL_H
 #define GRPO_WORKER_MODEL_INTERNAL_H
 
+#include "kernels/kernels.h"
 #include "model.h"
 
 /* The shard of TP rank r of tp at pipeline stage s of pp (sizes, no group). */
@@ -27,13 +29,42 @@ void model_part_copy(struct kctx *K, const struct param_ref *p, float *part, flo
 
 /* Parameter floats of shard sh. */
 size_t model_shard_floats(const struct model_config *c, const struct model_shard *sh);
+/* Parameters of shard sh laid out in a new zeroed allocation of K's memory of kind (weights or gradients), and
+ * freed. */
+void model_params_alloc(struct kctx *K, enum kmem_kind kind, const struct model_config *c, const struct model_shard *sh,
+                        struct model_params *p);
+void model_params_free(struct kctx *K, enum kmem_kind kind, struct model_params *p);
 
 /* Sum a partial result over the TP group, in place (the row-parallel outputs, the column-parallel input
  * gradients, the vocab-parallel embedding); nothing without TP. */
 void model_tp_sum(const struct model *m, float *buf, size_t n);
 
+/* Before a backward: the gradients it accumulates into made where they are not yet, the base's (unless frozen)
+ * and the hook's. */
+void model_backward_grads(struct model *m);
+
 /* The arena of model_step's buffers, and a host buffer of n positions (both kept from step to step). */
 struct karena *model_step_arena(struct model *m);
 int32_t *model_host_pos(struct model *m, size_t n);
+
+/* What a model keeps from batch to batch: the pool of activation objects, the backward arena, the generation
+ * step's arena and a host buffer of positions. */
+struct model_work {
+    struct model_acts *pool;
+    struct karena bwd, step;
+    struct karena sp;       /* sequence parallelism: the all-to-all's staging buffer */
+    struct karena sph;      /* its host staging, on a GPU whose SP group has no device memory (MPI) */
+    struct ring_attn *ring; /* context parallelism: the ring of the batch the layers run now */
+    const int32_t *cprow;   /* and the batch row of each of its rows (-1: the ring's padding) */
+    int32_t *hpos;
+    size_t hpos_cap;
+};
+
+/* m's work, made on first use (model_acts.c), and freed with everything it holds. */
+struct model_work *model_work_of(struct model *m);
+void model_work_free(struct model *m);
+
+/* n floats (at least one) of an arena. */
+static inline float *take_f(struct karena *ar, size_t n) { return karena_take(ar, (n ? n : 1) * sizeof(float)); }
 
 #endif

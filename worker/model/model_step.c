@@ -6,7 +6,6 @@
 
 #include "common/check.h"
 #include "kernels/kernels.h"
-#include "lora.h"
 #include "model.h"
 #include "model_internal.h"
 #include "worker/comm/comm.h"
@@ -272,12 +271,11 @@ static const float *step(struct model *m, struct kv_cache **caches, int B, const
         k_add(K, t.x, t.tmp, nD);
         k_rmsnorm_forward(K, t.xn, NULL, t.x, L->mlp_norm, N, D, c->rms_norm_eps);
         if (L->router) { /* mixture of experts: the same routing and grouped products as the training forward */
-            k_linear_forward(K, t.rlog, t.xn, L->router, NULL, N, D, c->n_experts);
-            lora_router_forward(m, l, t.rlog, t.xn, N);
+            model_router_forward(m, l, t.rlog, t.xn, N);
             k_moe_route(K, &t.moe, t.rlog);
             if (m->moe_record)
                 record_routes(m, l, &t.moe, B, ntok);
-            t.moe.lora = lora_moe(m, l, (size_t)N * c->n_experts_per_tok); /* LoRA on the experts, or NULL */
+            t.moe.lora = model_expert_terms(m, l, (size_t)N * c->n_experts_per_tok); /* the hook's, or NULL */
             k_moe_experts_forward(K, t.tmp, t.xn, L->w_gate, L->w_up, L->w_down, &t.moe);
             model_tp_sum(m, t.tmp, nD); /* under TP each rank's rows of every expert gave a part */
             k_add(K, t.x, t.tmp, nD);

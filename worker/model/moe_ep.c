@@ -9,8 +9,6 @@
  * through pinned host memory where it does not (MPI), as ring attention's K/V ring does. */
 #include "moe_ep.h"
 
-#include "lora.h"
-
 #include <stdlib.h>
 #include <string.h>
 
@@ -270,8 +268,8 @@ void moe_ep_forward(struct moe_ep *s, const struct model *m, const struct layer_
         k_to_device(m->K, q->order, ord, (size_t)R * i4);
         k_to_device(m->K, q->pos, s->h_pos, (size_t)R * i4);
     }
-    /* LoRA on the experts: this rank's experts' adapters, on the slots it received */
-    q->lora = r->lora ? lora_moe(m, (int)(L - m->w.layers), (size_t)R) : NULL;
+    /* the projection hook's terms on the experts (LoRA's): this rank's experts', on the slots it received */
+    q->lora = r->lora ? model_expert_terms(m, (int)(L - m->w.layers), (size_t)R) : NULL;
     k_moe_experts_forward(m->K, s->yr, s->xr, L->w_gate, L->w_up, L->w_down, q); /* unit weights: yr = ys */
     /* combine: the outputs back into this rank's slots, in the order they left */
     ep_alltoallv(s, sh->ep, s->yr, s->rc, r->ys, s->sc);
@@ -291,7 +289,7 @@ void moe_ep_backward(struct moe_ep *s, const struct model *m, const struct layer
     k_moe_slot_grad(m->K, dys, dwt, dy, r);
     ep_alltoallv(s, sh->ep, dys, s->sc, s->dyr, s->rc); /* the outputs' gradients, like the dispatch */
     k_zero(m->K, s->dxr, (size_t)(s->R > 0 ? s->R : 1) * d * sizeof(float));
-    s->loc.lora = r->lora ? lora_moe(m, (int)(L - m->w.layers), (size_t)s->R) : NULL;
+    s->loc.lora = r->lora ? model_expert_terms(m, (int)(L - m->w.layers), (size_t)s->R) : NULL;
     k_moe_experts_backward(m->K, s->dxr, G ? G->w_gate : NULL, G ? G->w_up : NULL, G ? G->w_down : NULL, s->dwt1,
                            s->dyr, L->w_gate, L->w_up, L->w_down, &s->loc);
     ep_alltoallv(s, sh->ep, s->dxr, s->rc, dxs, s->sc); /* the inputs' gradients, like the combine */

@@ -46,7 +46,7 @@ struct dataplane_pull *dataplane_pull_open(const char *endpoint, char *err, size
         nn_close(s);
         return NULL;
     }
-    /* an ipc socket is for this user's ranks only (a tcp one checks the run's secret in every batch) */
+    /* an ipc socket is for this user's ranks only (on tcp too every batch is authenticated: proto/plane_auth.h) */
     if (strncmp(endpoint, "ipc://", 6) == 0)
         chmod(endpoint + 6, 0600);
     struct dataplane_pull *p = xcalloc(1, sizeof *p);

@@ -122,8 +122,8 @@ struct plane_cred;
 /* Connect to the dispatcher as the process serving rollout rank `rank` (every request authenticated with cred,
  * which the caller keeps; every answer must be authenticated for it), and start pinging every ping_s seconds.
  * NULL with err on failure. */
-struct work_client *work_client_open(const char *endpoint, const char *secret, struct plane_cred *cred, int rank,
-                                     double ping_s, char *err, size_t errlen);
+struct work_client *work_client_open(const char *endpoint, struct plane_cred *cred, int rank, double ping_s, char *err,
+                                     size_t errlen);
 /* Ask for work: 0 with *g (a unit, wait, or end), or -1 with err when the dispatcher has not answered in
  * timeout_ms. Asking says the unit granted before is finished and delivered: call it once the last unit is sent.
  * Asking again after no answer is safe: a unit granted meanwhile comes again. */

@@ -12,7 +12,6 @@
 #include "proto/transport.h"
 
 #define CHUNK_MAX_FLOATS DISPATCH_CHUNK_MAX_FLOATS
-#define MAX_PROCS 256
 #define PENDING (-1)
 
 void dispatch_unit_range(int B, int U, int u, int *lo, int *hi)
@@ -21,12 +20,23 @@ void dispatch_unit_range(int B, int U, int u, int *lo, int *hi)
     *hi = (int)((long long)B * (u + 1) / U);
 }
 
+/* A rollout process the dispatcher has heard from: one entry per identity. Every entry that is not superseded is
+ * the current process of its rollout rank (d->current), so the table holds at most one live process per rank; the
+ * superseded ones are kept (while there is room) to refuse them by name. */
 struct proc {
     uint64_t id;
     struct plane_id who; /* the identity its requests are authenticated as: the id is its, nobody else's */
     int slot;
     double last_seen;
     bool alive, told_end;
+    bool superseded; /* a newer process serves its rank: each of its requests is refused */
+};
+
+/* A process's request budget (a token bucket): DISPATCH_RATE_PER_S, bursts of DISPATCH_RATE_BURST. */
+struct peer {
+    struct plane_id who;
+    double tokens, at;
+    uint64_t used; /* for eviction: the least recently used goes first */
 };
 
 struct snapshot {
@@ -45,8 +55,7 @@ struct lease {
 static const struct lease pending_lease = {.holder = PENDING};
 
 struct dispatch_core {
-    struct dispatch_options o; /* endpoint and secret not kept */
-    char secret[1024];
+    struct dispatch_options o;  /* endpoint and run key not kept */
     struct plane_verifier auth; /* the run key and the counters seen */
     double opened_at;
     struct snapshot *snaps;
@@ -59,8 +68,12 @@ struct dispatch_core {
     bool *ever;          /* [window][units][units]: rollout rank s's process has been granted unit u of step j */
     double longest_s;    /* the longest a unit has taken from its grant to its holder's next ask (0: none yet) */
     bool *slot_seen;     /* [units]: some process has served this slot */
-    struct proc procs[MAX_PROCS];
-    int nprocs;
+    int *current;        /* [units]: the index in procs of the process serving each rollout rank (-1: none yet) */
+    struct proc *procs;  /* [maxprocs]: a rank's current process, and superseded ones while there is room */
+    int nprocs, maxprocs;
+    struct peer *peers; /* [maxpeers]: the request budgets of the authenticated processes heard from */
+    int npeers, maxpeers;
+    uint64_t peer_clock;
     struct dispatch_stats st;
     /* the weight broadcast (dispatcher_broadcast_on) */
     bool bc_on, bc_off;       /* on; given up for the rest of the run (a lost process, a failed round) */
@@ -115,48 +128,181 @@ static bool same_who(const struct plane_id *a, const struct plane_id *b)
     return a->rank == b->rank && a->pid == b->pid && a->incarnation == b->incarnation;
 }
 
-/* The process entry of worker id `id`, authenticated as who (*theirs: the id is another process's). */
-static struct proc *proc_of(struct dispatch_core *d, uint64_t id, const struct plane_id *who, int slot, double now,
-                            bool *theirs, bool *second)
+/* Process i is out of the run (lost, or superseded by a newer process of its rank): it is not alive, its units go
+ * back to be granted again (their list in units[]), and the weight broadcast, whose group it was in, is off. */
+static void release(struct dispatch_core *d, int i, const char *what, char *units, size_t len)
 {
-    *theirs = *second = false;
-    /* one worker id per process: an authenticated process that asks under a second id (its own key, phantom
-     * ids) would fill the table and keep real processes out */
+    struct proc *p = &d->procs[i];
+    p->alive = false;
+    if (d->bc_on && !d->bc_off) {
+        d->bc_off = true;
+        log_warn("dispatch",
+                 "weight broadcast off for the rest of the run: rollout rank %d's process is %s "
+                 "(each version is fetched from here instead)",
+                 p->slot, what);
+    }
+    units[0] = 0;
+    for (int a = 0; a < d->n_al; a++) /* fully-async: the stream's allocations it held */
+        if (d->al[a].holder == i && !d->al[a].done) {
+            d->al[a].holder = PENDING;
+            const size_t l = strlen(units);
+            const long long chunk = d->al[a].n / d->o.units + 1;
+            snprintf(units + l, len - l, "%s%lld/%d", l ? ", " : "", chunk, (int)(d->al[a].n % d->o.units));
+        }
+    for (int j = 0; j < d->window; j++)
+        for (int u = 0; u < d->o.units; u++)
+            if (d->lease[j * d->o.units + u].holder == i) {
+                d->lease[j * d->o.units + u] = pending_lease;
+                size_t l = strlen(units);
+                snprintf(units + l, len - l, "%s%lld/%d", l ? ", " : "", (long long)d->win0 + j, u);
+            }
+}
+
+/* What refused a work request or ping in proc_of. */
+enum refusal { R_NONE, R_SECOND_ID, R_THEIRS, R_SUPERSEDED, R_SECOND_PROCESS };
+
+/* Whether a process of identity who, not (or no longer) the current process of rollout rank slot, is refused for
+ * the rank's current one: superseded (by a newer process, or of an older generation than the current one), or a
+ * second process of the current one's generation while it lives. R_NONE: it may take the rank (none serves it, or
+ * the current one is lost or of an older generation). */
+static enum refusal displaced(const struct dispatch_core *d, const struct plane_id *who, int slot, char *why,
+                              size_t len)
+{
     for (int i = 0; i < d->nprocs; i++)
-        if (d->procs[i].alive && d->procs[i].id != id && same_who(&d->procs[i].who, who)) {
-            *second = true;
+        if (d->procs[i].superseded && same_who(&d->procs[i].who, who)) {
+            const struct proc *c = &d->procs[d->current[slot]];
+            snprintf(why, len,
+                     "superseded: rollout rank %d is served by a newer process (world rank %d, pid %u, generation %u) "
+                     "since this one (pid %u, generation %u) was replaced; it ends here",
+                     slot, c->who.rank, c->who.pid, plane_generation(c->who.incarnation), who->pid,
+                     plane_generation(who->incarnation));
+            return R_SUPERSEDED;
+        }
+    const int ci = d->current[slot];
+    if (ci < 0)
+        return R_NONE;
+    const struct proc *c = &d->procs[ci];
+    const unsigned g = plane_generation(who->incarnation), cg = plane_generation(c->who.incarnation);
+    if (plane_generation_later(cg, g)) {
+        snprintf(why, len,
+                 "superseded: rollout rank %d is served by a process of a later generation (world rank %d, pid %u, "
+                 "generation %u) than this one's (pid %u, generation %u); it ends here",
+                 slot, c->who.rank, c->who.pid, cg, who->pid, g);
+        return R_SUPERSEDED;
+    }
+    if (c->alive && !plane_generation_later(g, cg)) {
+        snprintf(why, len,
+                 "rollout rank %d is served by a live process (world rank %d, pid %u, generation %u): a second process "
+                 "of its generation is refused (one process per rollout rank; a replacement, grpo-worker "
+                 "--replace-rank, comes as a later generation)",
+                 slot, c->who.rank, c->who.pid, cg);
+        return R_SECOND_PROCESS;
+    }
+    return R_NONE;
+}
+
+/* The process entry of worker id `id`, authenticated as who, for rollout rank slot: NULL with *r and why when it is
+ * refused. A process has one worker id; a new process of a rank takes the rank when none serves it, when the one
+ * that does is lost, or when it is of a later generation (a replacement): the one before is superseded. So the
+ * table holds at most one live process per rollout rank, whatever one key asks. */
+static struct proc *proc_of(struct dispatch_core *d, uint64_t id, const struct plane_id *who, int slot, double now,
+                            enum refusal *r, char *why, size_t len)
+{
+    *r = R_NONE;
+    for (int i = 0; i < d->nprocs; i++) {
+        struct proc *p = &d->procs[i];
+        if (!same_who(&p->who, who))
+            continue;
+        if (p->superseded) {
+            *r = displaced(d, who, slot, why, len);
             return NULL;
         }
+        if (p->id != id) { /* its own key, phantom ids: they would fill the table and keep real processes out */
+            *r = R_SECOND_ID;
+            snprintf(why, len,
+                     "worker id %016" PRIx64 " is a second id of world rank %d's process (pid %u): a process has "
+                     "one worker id",
+                     id, who->rank, who->pid);
+            return NULL;
+        }
+        if (!p->alive)
+            log_info("dispatch", "rollout process %016" PRIx64 " (rank %d) is back", id, p->slot);
+        p->alive = true;
+        p->last_seen = now;
+        return p;
+    }
     for (int i = 0; i < d->nprocs; i++)
         if (d->procs[i].id == id) {
-            struct proc *p = &d->procs[i];
-            if (!same_who(&p->who, who)) {
-                *theirs = true;
-                return NULL;
-            }
-            if (!p->alive)
-                log_info("dispatch", "rollout process %016" PRIx64 " (rank %d) is back", id, p->slot);
-            p->alive = true;
-            p->last_seen = now;
-            return p;
-        }
-    int i = d->nprocs;
-    if (i == MAX_PROCS) { /* reuse the longest-silent dead entry */
-        i = -1;
-        for (int j = 0; j < d->nprocs; j++)
-            if (!d->procs[j].alive && (i < 0 || d->procs[j].last_seen < d->procs[i].last_seen))
-                i = j;
-        if (i < 0)
+            *r = R_THEIRS;
+            snprintf(why, len,
+                     "worker id %016" PRIx64 " is another process's (this one is world rank %d, pid %u): "
+                     "no process speaks for another",
+                     id, who->rank, who->pid);
             return NULL;
-    } else {
-        d->nprocs++;
+        }
+    if ((*r = displaced(d, who, slot, why, len)) != R_NONE)
+        return NULL;
+    /* a new process of the rank: an unused entry, else the superseded one heard from least recently (there is
+     * one: the table has more entries than ranks, and every entry not superseded is a rank's current process) */
+    int i = d->nprocs < d->maxprocs ? d->nprocs++ : -1;
+    for (int j = 0; i < 0 && j < d->nprocs; j++)
+        if (d->procs[j].superseded && (i < 0 || d->procs[j].last_seen < d->procs[i].last_seen))
+            i = j;
+    if (i < 0)
+        abort(); /* cannot be: see above */
+    const int ci = d->current[slot];
+    const char *how = d->slot_seen[slot] ? "takes over" : "serves";
+    if (ci >= 0) { /* the rank's process before: lost, or alive and of an older generation */
+        struct proc *old = &d->procs[ci];
+        char units[256];
+        const bool was_alive = old->alive;
+        release(d, ci, "superseded", units, sizeof units);
+        old->superseded = true;
+        if (was_alive) {
+            d->st.replaced++;
+            how = "supersedes the live process of";
+            log_warn("dispatch",
+                     "rollout process %016" PRIx64 " (pid %u, generation %u) supersedes rollout rank %d's process "
+                     "%016" PRIx64 " (pid %u, generation %u); %s%s%s",
+                     id, who->pid, plane_generation(who->incarnation), slot, old->id, old->who.pid,
+                     plane_generation(old->who.incarnation), units[0] ? "its unit(s) (step/unit) " : "it held no unit",
+                     units, units[0] ? " are granted again" : "");
+        }
     }
-    bool replaces = d->slot_seen[slot] && !slot_alive(d, slot);
     d->procs[i] = (struct proc){.id = id, .who = *who, .slot = slot, .last_seen = now, .alive = true};
+    d->current[slot] = i;
     d->slot_seen[slot] = true;
-    log_info("dispatch", "rollout process %016" PRIx64 " %s rollout rank %d", id, replaces ? "takes over" : "serves",
-             slot);
+    log_info("dispatch", "rollout process %016" PRIx64 " (pid %u, generation %u) %s rollout rank %d", id, who->pid,
+             plane_generation(who->incarnation), how, slot);
     return &d->procs[i];
+}
+
+/* Whether the authenticated process who may make one more request at time now (its token bucket). */
+static bool peer_allow(struct dispatch_core *d, const struct plane_id *who, double now)
+{
+    struct peer *p = NULL;
+    for (int i = 0; i < d->npeers && !p; i++)
+        if (same_who(&d->peers[i].who, who))
+            p = &d->peers[i];
+    if (!p) { /* a fresh budget; when the table is full, the one used least recently goes */
+        int i = d->npeers < d->maxpeers ? d->npeers++ : 0;
+        for (int j = 1; i == 0 && j < d->npeers; j++)
+            if (d->peers[j].used < d->peers[i].used)
+                i = j;
+        p = &d->peers[i];
+        *p = (struct peer){.who = *who, .tokens = DISPATCH_RATE_BURST, .at = now};
+    }
+    p->used = ++d->peer_clock;
+    if (now > p->at) {
+        p->tokens += (now - p->at) * DISPATCH_RATE_PER_S;
+        if (p->tokens > DISPATCH_RATE_BURST)
+            p->tokens = DISPATCH_RATE_BURST;
+        p->at = now;
+    }
+    if (p->tokens < 1)
+        return false;
+    p->tokens -= 1;
+    return true;
 }
 
 /* Processes silent past the limit are lost; their units go back to be granted again. */
@@ -166,31 +312,9 @@ static void reap(struct dispatch_core *d, double now)
         struct proc *p = &d->procs[i];
         if (!p->alive || now - p->last_seen <= d->o.lost_after_s)
             continue;
-        p->alive = false;
+        char units[256];
+        release(d, i, "lost", units, sizeof units);
         d->st.lost++;
-        if (d->bc_on && !d->bc_off) {
-            d->bc_off = true;
-            log_warn("dispatch",
-                     "weight broadcast off for the rest of the run: rollout rank %d's process is lost "
-                     "(each version is fetched from here instead)",
-                     p->slot);
-        }
-        char units[256] = "";
-        for (int a = 0; a < d->n_al; a++)
-            if (d->al[a].holder == i && !d->al[a].done) {
-                d->al[a].holder = PENDING;
-                const size_t l = strlen(units);
-                const long long chunk = d->al[a].n / d->o.units + 1;
-                snprintf(units + l, sizeof units - l, "%s%lld/%d", l ? ", " : "", chunk,
-                         (int)(d->al[a].n % d->o.units));
-            }
-        for (int j = 0; j < d->window; j++)
-            for (int u = 0; u < d->o.units; u++)
-                if (d->lease[j * d->o.units + u].holder == i) {
-                    d->lease[j * d->o.units + u] = pending_lease;
-                    size_t l = strlen(units);
-                    snprintf(units + l, sizeof units - l, "%s%lld/%d", l ? ", " : "", (long long)d->win0 + j, u);
-                }
         log_warn("dispatch",
                  "rollout process %016" PRIx64 " (rank %d) lost: silent for %.1f s; %s%s%s. Relaunch it with "
                  "grpo-worker --replace-rank (see docs/operations.md)",
@@ -419,17 +543,24 @@ struct asker {
 };
 
 /* An error reply to request_id, authenticated for the asker when it was. */
-static uint8_t *refuse(struct dispatch_core *d, const struct asker *a, uint64_t request_id, const char *error,
-                       size_t *len)
+static uint8_t *refuse_retry(struct dispatch_core *d, const struct asker *a, uint64_t request_id, const char *error,
+                             bool retry, size_t *len)
 {
     d->st.refused++;
     Grpo__Envelope env = GRPO__ENVELOPE__INIT;
     Grpo__Reply reply = GRPO__REPLY__INIT;
     reply.error = (char *)error;
+    reply.retry = retry;
     env.request_id = request_id;
     env.body_case = GRPO__ENVELOPE__BODY_REPLY;
     env.reply = &reply;
     return CHECK_ALLOC(plane_pack_answer(&env, &d->auth, a->who, a->counter, len));
+}
+
+static uint8_t *refuse(struct dispatch_core *d, const struct asker *a, uint64_t request_id, const char *error,
+                       size_t *len)
+{
+    return refuse_retry(d, a, request_id, error, false, len);
 }
 
 /* The rollout slot of world rank `rank` (-1: not a rollout rank of this run). */
@@ -442,7 +573,7 @@ static int slot_of_rank(const struct dispatch_core *d, int rank)
     return off / tp;
 }
 
-/* The answer to a decoded request that carried the secret and a good MAC of a rollout process, of slot `slot`. */
+/* The answer to a decoded request that carried a good MAC of a rollout process, of slot `slot`. */
 static uint8_t *answer(struct dispatch_core *d, const Grpo__Envelope *req, const struct asker *a, int slot, double now,
                        size_t *len)
 {
@@ -466,26 +597,22 @@ static uint8_t *answer(struct dispatch_core *d, const Grpo__Envelope *req, const
             log_warn("dispatch", "refused %s", reason);
             return refuse(d, a, req->request_id, reason, len);
         }
-        bool theirs, second;
-        struct proc *p = proc_of(d, w->worker_id, a->who, w->rank, now, &theirs, &second);
-        if (second) {
-            snprintf(reason, sizeof reason,
-                     "worker id %016" PRIx64 " is a second id of world rank %d's process (pid %u): a process has "
-                     "one worker id",
-                     w->worker_id, a->who->rank, a->who->pid);
-            log_warn_every("dispatch", "refused a %s: %s", w->ping ? "ping" : "work request", reason);
+        enum refusal r;
+        struct proc *p = proc_of(d, w->worker_id, a->who, w->rank, now, &r, reason, sizeof reason);
+        if (!p) {
+            const char *what = w->ping ? "ping" : "work request";
+            if (r == R_SUPERSEDED) { /* counted; a process that keeps asking says so once per 5 s */
+                d->st.superseded++;
+                log_warn_every("dispatch", "refused a %s of world rank %d (pid %u): %s (%" PRId64 " so far)", what,
+                               a->who->rank, a->who->pid, reason, d->st.superseded);
+            } else if (r == R_THEIRS) {
+                log_warn("dispatch", "refused a %s: %s", what, reason);
+            } else {
+                d->st.second++;
+                log_warn_every("dispatch", "refused a %s: %s (%" PRId64 " so far)", what, reason, d->st.second);
+            }
             return refuse(d, a, req->request_id, reason, len);
         }
-        if (theirs) {
-            snprintf(reason, sizeof reason,
-                     "worker id %016" PRIx64 " is another process's (this one is world rank %d, pid %u): "
-                     "no process speaks for another",
-                     w->worker_id, a->who->rank, a->who->pid);
-            log_warn("dispatch", "refused a %s: %s", w->ping ? "ping" : "work request", reason);
-            return refuse(d, a, req->request_id, reason, len);
-        }
-        if (!p)
-            return refuse(d, a, req->request_id, "too many rollout processes", len);
         if (w->ping) {
             g.kind = d->end_after >= 0 ? WORK_END : WORK_WAIT;
             p->told_end |= d->end_after >= 0;
@@ -501,6 +628,23 @@ static uint8_t *answer(struct dispatch_core *d, const Grpo__Envelope *req, const
         out.work_grant = &g;
     } else if (req->body_case == GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST) {
         const Grpo__WeightsRequest *w = req->weights_request;
+        /* a superseded process gets no weights, nor a second one of a live process's generation (a process that
+         * was never heard from may fetch: it fetches before it asks for work) */
+        bool registered = false;
+        for (int i = 0; i < d->nprocs && !registered; i++)
+            registered = !d->procs[i].superseded && same_who(&d->procs[i].who, a->who);
+        const enum refusal r = registered ? R_NONE : displaced(d, a->who, slot, reason, sizeof reason);
+        if (r != R_NONE) {
+            if (r == R_SUPERSEDED) {
+                d->st.superseded++;
+                log_warn_every("dispatch",
+                               "refused a weights request of world rank %d (pid %u): %s (%" PRId64 " so far)",
+                               a->who->rank, a->who->pid, reason, d->st.superseded);
+            } else {
+                d->st.second++;
+            }
+            return refuse(d, a, req->request_id, reason, len);
+        }
         int bslot = -1; /* the asker's rollout rank in the broadcast (-1: not a live process of its own id) */
         for (int i = 0; i < d->nprocs; i++)
             if (d->procs[i].id == w->worker_id && d->procs[i].alive && same_who(&d->procs[i].who, a->who)) {
@@ -528,11 +672,19 @@ static uint8_t *answer(struct dispatch_core *d, const Grpo__Envelope *req, const
         ch.error = reason;
         out.body_case = GRPO__ENVELOPE__BODY_WEIGHTS_CHUNK;
         out.weights_chunk = &ch;
-    } else {
+    } else { /* refused before its MAC (dispatch_core_handle): not reached */
         return refuse(d, a, req->request_id, "the dispatcher takes work and weights requests only", len);
     }
     /* copies the chunk (the shell holds its lock) */
     return CHECK_ALLOC(plane_pack_answer(&out, &d->auth, a->who, a->counter, len));
+}
+
+/* The most bytes a request of this kind may hold (0: a kind the dispatcher does not take). */
+static size_t kind_bound(Grpo__Envelope__BodyCase kind)
+{
+    return kind == GRPO__ENVELOPE__BODY_WORK_REQUEST      ? DISPATCH_MAX_WORK_REQUEST_BYTES
+           : kind == GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST ? DISPATCH_MAX_WEIGHTS_REQUEST_BYTES
+                                                          : 0;
 }
 
 uint8_t *dispatch_core_handle(struct dispatch_core *d, const void *msg, size_t n, double now, size_t *len)
@@ -540,6 +692,7 @@ uint8_t *dispatch_core_handle(struct dispatch_core *d, const void *msg, size_t n
     char why[512];
     const struct asker none = {0};
     if (n > GRPO_MAX_DISPATCH_REQUEST_BYTES) { /* refused by its size alone: no decoding, no MAC over it */
+        d->st.oversized++;
         snprintf(why, sizeof why, "a request of %zu bytes; the dispatcher takes at most %u", n,
                  (unsigned)GRPO_MAX_DISPATCH_REQUEST_BYTES);
         return refuse(d, &none, 0, why, len);
@@ -547,23 +700,52 @@ uint8_t *dispatch_core_handle(struct dispatch_core *d, const void *msg, size_t n
     Grpo__Envelope *req = protocol_unpack(msg, n, why, sizeof why);
     if (!req)
         return refuse(d, &none, 0, why, len);
+    /* bounded by its kind before any MAC: a flood of requests, authenticated or not, costs the dispatcher a MAC of
+     * at most DISPATCH_MAX_*_REQUEST_BYTES each */
+    const size_t bound = kind_bound(req->body_case);
+    if (!bound || n > bound) {
+        if (bound) {
+            d->st.oversized++;
+            snprintf(why, sizeof why, "a %s of %zu bytes; it holds at most %zu (refused by its size, unauthenticated)",
+                     protocol_body_name(req->body_case), n, bound);
+            log_warn_every("dispatch", "refused %s (%" PRId64 " refused by their size so far)", why, d->st.oversized);
+        } else {
+            snprintf(why, sizeof why, "a %s: the dispatcher takes work and weights requests only",
+                     protocol_body_name(req->body_case));
+        }
+        uint8_t *out = refuse(d, &none, req->request_id, why, len);
+        protocol_free(req);
+        return out;
+    }
     uint8_t *out;
     struct plane_id who;
     uint64_t counter;
     enum plane_verdict pv;
-    if (d->secret[0] && !secret_matches(req->secret, d->secret)) {
-        out = refuse(d, &none, req->request_id, "wrong or missing secret", len);
-    } else if ((pv = plane_verify_request(&d->auth, req, &who, &counter, why, sizeof why)) != PLANE_OK) {
+    if ((pv = plane_verify_request(&d->auth, req, &who, &counter, why, sizeof why)) != PLANE_OK) {
         /* no good MAC (or a replay: a request is never resent by its REQ socket) */
         const struct asker a = {.who = pv == PLANE_REPLAY || pv == PLANE_REPEAT ? &who : NULL, .counter = counter};
         if (pv == PLANE_REPEAT)
             snprintf(why, sizeof why, "a replayed message: rank %d (pid %u) used counter %" PRIu64 " already", who.rank,
                      who.pid, counter);
+        if (pv == PLANE_EPOCH) { /* counted; a replay of a whole launch's capture says so once per 5 s */
+            d->st.old_epoch++;
+            log_warn_every("dispatch", "refused a %s claiming world rank %d: %s (%" PRId64 " so far)",
+                           protocol_body_name(req->body_case), who.rank, why, d->st.old_epoch);
+        }
         out = refuse(d, &a, req->request_id, why, len);
     } else {
         const struct asker a = {.who = &who, .counter = counter};
         const int slot = slot_of_rank(d, who.rank);
-        if (slot < 0) {
+        if (!peer_allow(d, &who, now)) { /* over its budget: refused at once, to be asked again a little later */
+            d->st.rate_limited++;
+            snprintf(why, sizeof why,
+                     "rate limited: world rank %d (pid %u) asks more than %.0f requests per second (bursts of %.0f); "
+                     "ask again shortly",
+                     who.rank, who.pid, DISPATCH_RATE_PER_S, DISPATCH_RATE_BURST);
+            log_warn_every("dispatch", "refused a %s: %s (%" PRId64 " rate limited so far)",
+                           protocol_body_name(req->body_case), why, d->st.rate_limited);
+            out = refuse_retry(d, &a, req->request_id, why, true, len);
+        } else if (slot < 0) {
             snprintf(why, sizeof why,
                      "world rank %d is not a rollout rank of this run (ranks %d..%d): work and weights go to "
                      "rollout processes only",
@@ -589,10 +771,8 @@ struct dispatch_core *dispatch_core_create(const struct dispatch_options *o, dou
     struct dispatch_core *d = xcalloc(1, sizeof *d);
     d->o = *o;
     d->o.endpoint = NULL;
-    d->o.secret = NULL;
     d->o.run_key = NULL;
-    plane_verifier_init(&d->auth, o->run_key); /* NULL: not set, every request refused */
-    snprintf(d->secret, sizeof d->secret, "%s", o->secret ? o->secret : "");
+    plane_verifier_init(&d->auth, o->run_key, o->epoch); /* NULL: not set, every request refused */
     d->latest = -1;
     d->end_after = -1;
     d->window = o->staleness + 1;
@@ -606,6 +786,13 @@ struct dispatch_core *dispatch_core_create(const struct dispatch_options *o, dou
         d->lease[i] = pending_lease;
     d->ever = xcalloc((size_t)d->window * (size_t)o->units * (size_t)o->units, sizeof *d->ever);
     d->slot_seen = xcalloc((size_t)o->units, sizeof *d->slot_seen);
+    d->current = xmalloc((size_t)o->units * sizeof *d->current);
+    for (int u = 0; u < o->units; u++)
+        d->current[u] = -1;
+    d->maxprocs = 2 * o->units + 8; /* a current process per rank, and room to remember superseded ones */
+    d->procs = xcalloc((size_t)d->maxprocs, sizeof *d->procs);
+    d->maxpeers = 4 * o->units + 16;
+    d->peers = xcalloc((size_t)d->maxpeers, sizeof *d->peers);
     d->bc_want = xmalloc((size_t)o->units * sizeof *d->bc_want);
     d->bc_asked = xcalloc((size_t)o->units, sizeof *d->bc_asked);
     for (int u = 0; u < o->units; u++)
@@ -663,6 +850,7 @@ void dispatch_core_free(struct dispatch_core *d)
         free((void *)d->rp[i].tokens);
     }
     free(d->rp);
+    free(d->current), free(d->procs), free(d->peers);
     plane_verifier_free(&d->auth);
     free(d);
 }
@@ -732,6 +920,8 @@ void dispatch_core_end(struct dispatch_core *d, int64_t after, const char *why)
 void dispatch_core_stats(const struct dispatch_core *d, struct dispatch_stats *st)
 {
     *st = d->st;
+    st->macs = (int64_t)d->auth.macs;
+    st->mac_bytes = (int64_t)d->auth.mac_bytes;
     st->live = 0;
     for (int i = 0; i < d->nprocs; i++)
         st->live += d->procs[i].alive;

@@ -15,7 +15,6 @@
 
 struct dispatch_options {
     const char *endpoint; /* bound here (ipc sockets mode 0600) */
-    const char *secret;   /* every request must carry it (NULL or "": not checked) */
     int units;            /* work units per step: the rollout ranks */
     int groups_in_step;   /* data.train_batch_size */
     int staleness;        /* 0 or 1 */
@@ -28,6 +27,7 @@ struct dispatch_options {
     /* authentication (proto/plane_auth.h): every request must carry a good MAC of a rollout process's identity;
      * its world rank gives its slot, (rank - first_rollout_rank) / rollout_tp, and it speaks for that slot only */
     const uint8_t *run_key; /* PLANE_KEY_BYTES, copied; NULL: a core that refuses every request */
+    uint64_t epoch;         /* the run key's epoch: a request of another epoch is refused before its MAC */
     int first_rollout_rank; /* the trainer ranks: rollout ranks come after them */
     int rollout_tp;         /* rollout ranks per work unit (a rollout TP group; 1 without) */
     double lease_floor_s;   /* the leases' floor (0: DISPATCH_LEASE_FLOOR_S; lower only in tests) */
@@ -56,15 +56,26 @@ struct dispatch_replay {
 
 /* What the dispatcher has done so far (for the metrics). */
 struct dispatch_stats {
-    int64_t granted;    /* units granted */
-    int64_t regranted;  /* of those, units granted to another process than the first (holder lost, lease over) */
-    int64_t expired;    /* of those, units granted again because their lease was over (the holder alive) */
-    int64_t lost;       /* rollout processes declared lost */
-    int64_t refused;    /* requests refused (malformed, wrong secret, unauthenticated, speaking for another) */
-    int64_t redone;     /* units granted again because the trainers dropped what was delivered */
-    int64_t bytes;      /* weight bytes served in chunks */
-    int64_t broadcasts; /* versions broadcast whole (weight_sync=broadcast) */
-    int live;           /* rollout processes alive now */
+    int64_t granted;      /* units granted */
+    int64_t regranted;    /* of those, units granted to another process than the first (holder lost, lease over) */
+    int64_t expired;      /* of those, units granted again because their lease was over (the holder alive) */
+    int64_t lost;         /* rollout processes declared lost */
+    int64_t refused;      /* requests refused (malformed, unauthenticated, of another key epoch, replayed, speaking for
+                             another, over their size or their process's rate, superseded) */
+    int64_t old_epoch;    /* of those, requests of another key epoch (another launch's: a replay across a relaunch) */
+    int64_t oversized;    /* of those, requests refused by their size, before any MAC (over the socket's bound, or over
+                             their kind's: DISPATCH_MAX_*_REQUEST_BYTES) */
+    int64_t superseded;   /* of those, requests of a process a newer one of its rank replaced (or of an older
+                             generation than the rank's current process) */
+    int64_t second;       /* of those, requests of a second process of a live process's rank and generation */
+    int64_t rate_limited; /* of those, requests over their process's budget (DISPATCH_RATE_PER_S) */
+    int64_t replaced;     /* live processes superseded by a newer process of their rank */
+    int64_t macs;         /* MACs computed over requests (each request that reached its MAC, good or not) */
+    int64_t mac_bytes;    /* the bytes those MACs covered */
+    int64_t redone;       /* units granted again because the trainers dropped what was delivered */
+    int64_t bytes;        /* weight bytes served in chunks */
+    int64_t broadcasts;   /* versions broadcast whole (weight_sync=broadcast) */
+    int live;             /* rollout processes alive now */
 };
 
 /* A grant's lease: a unit not delivered this long after its grant may be granted again to a process with nothing
@@ -72,6 +83,19 @@ struct dispatch_stats {
  * floor. Its holder asking again gets it again; a lost holder's units go at once (lost_after_s). */
 #define DISPATCH_LEASE_FLOOR_S 60.0
 #define DISPATCH_LEASE_FACTOR 4.0
+
+/* The most bytes a request of each kind may hold, checked before its MAC is computed (a legitimate one holds about
+ * 150): a flood, with a key or without, costs the dispatcher a bounded MAC per message. Bigger requests are refused
+ * by their size; the socket drops anything over GRPO_MAX_DISPATCH_REQUEST_BYTES unread. */
+#define DISPATCH_MAX_WORK_REQUEST_BYTES 512
+#define DISPATCH_MAX_WEIGHTS_REQUEST_BYTES 512
+
+/* Each authenticated process's request budget: DISPATCH_RATE_PER_S on average, in bursts of DISPATCH_RATE_BURST
+ * (a token bucket per identity, charged once a request's MAC is good). A rollout process asks a few dozen times a
+ * second at most (asks 50 ms apart while it waits, a ping per heartbeat, weight chunks one at a time); past its
+ * budget a request is refused at once with Reply.retry, and the client asks again shortly. */
+#define DISPATCH_RATE_PER_S 500.0
+#define DISPATCH_RATE_BURST 1000.0
 
 /* A work request's answer (Grpo__WorkGrant.kind). */
 enum work_kind { WORK_WAIT = 0, WORK_UNIT = 1, WORK_END = 2 };
@@ -84,10 +108,12 @@ void dispatch_core_free(struct dispatch_core *d);
 /* Parameters of the policy (a version's floats). */
 size_t dispatch_core_floats(const struct dispatch_core *d);
 /* One request as received (n bytes) at time now: the packed reply (malloc'd, *len bytes; authenticated for the
- * asker when its request was). Garbage, a wrong secret, a request without a good MAC, a replayed one, one for
+ * asker when its request was). Garbage, a request of another key epoch, one without a good MAC, a replayed one, one for
  * another process's rank or worker id, or of another kind get an error reply and count as refused. */
 uint8_t *dispatch_core_handle(struct dispatch_core *d, const void *msg, size_t n, double now, size_t *len);
-/* The clock moved to now: processes silent past lost_after_s are lost and their units granted again. */
+/* The clock moved to now: processes silent past lost_after_s are lost and their units granted again. The shell
+ * calls it only when it has handled every request that arrived (its socket is empty), so that a process is judged
+ * by the pings it sent, never by how late a busy dispatcher got to them. */
 void dispatch_core_tick(struct dispatch_core *d, double now);
 /* Publishing version v: the n_floats buffer to fill (the oldest snapshot, marked empty meanwhile), or NULL when
  * v is held already (a version never changes). dispatch_core_publish_end(v) makes it held and moves the window. */

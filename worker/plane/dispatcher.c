@@ -9,10 +9,12 @@
 
 #include <nanomsg/nn.h>
 #include <nanomsg/reqrep.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "common/check.h"
 #include "common/clock.h"
@@ -27,7 +29,18 @@ struct dispatcher {
     pthread_mutex_t mu;
     bool quit;
     double slow_grant_s; /* GRPO_TEST_SLOW_GRANT_S: the first grant's answer this late (0: none) */
+    /* the dispatcher thread's CPU time on requests refused before any MAC (by their size or kind): count, total, most
+     */
+    int64_t cheap_n;
+    double cheap_cpu_s, cheap_cpu_max_s;
 };
+
+static double thread_cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static void *serve(void *arg)
 {
@@ -39,20 +52,36 @@ static void *serve(void *arg)
     for (;;) {
         pthread_mutex_lock(&d->mu);
         bool quit = d->quit;
-        dispatch_core_tick(d->core, clock_now_s());
         pthread_mutex_unlock(&d->mu);
         if (quit)
             break;
         void *msg = NULL;
-        int n = nn_recv(d->sock, &msg, NN_MSG, 0);
-        if (n < 0)
-            continue; /* timed out (or interrupted): look at the clock again */
+        int n = nn_recv(d->sock, &msg, NN_MSG, NN_DONTWAIT);
+        if (n < 0) {
+            /* nothing waits: every request that arrived has been handled, so silence now is the processes' own
+             * (a flood that keeps the socket busy delays this, never hastens it: no process is judged lost from
+             * how late a busy dispatcher got to its pings) */
+            pthread_mutex_lock(&d->mu);
+            dispatch_core_tick(d->core, clock_now_s());
+            pthread_mutex_unlock(&d->mu);
+            n = nn_recv(d->sock, &msg, NN_MSG, 0);
+            if (n < 0)
+                continue; /* timed out (or interrupted): look at the clock again */
+        }
         size_t len = 0;
         struct dispatch_stats before, after;
         pthread_mutex_lock(&d->mu);
         dispatch_core_stats(d->core, &before);
+        const double cpu0 = thread_cpu_s();
         uint8_t *out = dispatch_core_handle(d->core, msg, (size_t)n, clock_now_s(), &len);
+        const double cpu = thread_cpu_s() - cpu0;
         dispatch_core_stats(d->core, &after);
+        if (after.macs == before.macs && after.refused > before.refused) { /* refused before any MAC */
+            d->cheap_n++;
+            d->cheap_cpu_s += cpu;
+            if (cpu > d->cheap_cpu_max_s)
+                d->cheap_cpu_max_s = cpu;
+        }
         pthread_mutex_unlock(&d->mu);
         nn_freemsg(msg);
         if (d->slow_grant_s > 0 && after.granted > before.granted) {
@@ -268,6 +297,18 @@ void dispatcher_close(struct dispatcher *d, double linger_s)
              all_told ? "every rollout process was told the end"
                       : "some rollout processes were not heard from before it closed");
     pthread_join(d->thread, NULL);
+    struct dispatch_stats st;
+    dispatch_core_stats(d->core, &st);
+    const uint64_t dropped = nn_get_statistic(d->sock, NN_STAT_BROKEN_CONNECTIONS);
+    log_info("dispatch",
+             "requests refused: %" PRId64 " (%" PRId64 " by their size before any MAC, %" PRId64 " of another key "
+             "epoch, %" PRId64 " superseded, %" PRId64 " second processes, %" PRId64 " rate limited); %" PRId64
+             " MACs over %" PRId64 " bytes; %" PRId64 " refused before any MAC took %.1f us of CPU each (at most "
+             "%.1f); %" PRIu64 " connections dropped by the socket (messages over %u bytes, or broken); %" PRId64
+             " processes lost, %" PRId64 " superseded while alive",
+             st.refused, st.oversized, st.old_epoch, st.superseded, st.second, st.rate_limited, st.macs, st.mac_bytes,
+             d->cheap_n, d->cheap_n ? 1e6 * d->cheap_cpu_s / (double)d->cheap_n : 0.0, 1e6 * d->cheap_cpu_max_s,
+             dropped, (unsigned)GRPO_MAX_DISPATCH_REQUEST_BYTES, st.lost, st.replaced);
     nn_close(d->sock);
     dispatch_core_free(d->core);
     pthread_mutex_destroy(&d->mu);

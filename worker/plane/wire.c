@@ -296,6 +296,7 @@ int wire_unpack_batch(const uint8_t *buf, size_t len, const struct wire_limits *
         lim->auth->verified = false;
         enum plane_verdict pv =
             plane_verify_request(lim->auth->v, env, &lim->auth->who, &lim->auth->counter, what, sizeof what);
+        lim->auth->old_epoch = pv == PLANE_EPOCH;
         if (pv < 0) {
             snprintf(why, whylen, "%s", what);
             goto out;

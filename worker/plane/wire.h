@@ -45,6 +45,7 @@ struct wire_auth {
     struct plane_id who;
     uint64_t counter;
     bool verified;
+    bool old_epoch; /* refused as a batch of another key epoch (another launch's) */
 };
 
 /* The largest timing (seconds) or memory figure (GB) a batch may report: a year. */

@@ -58,7 +58,8 @@ struct rollout_rank {
      * not a loss */
     int64_t total_steps;
     bool all_granted, said_all_granted;
-    int64_t version; /* policy version in the model (-1: none yet) */
+    bool said_waiting_on; /* said that the trainers have been silent a minute and this rank waits on (under grpod) */
+    int64_t version;      /* policy version in the model (-1: none yet) */
     struct rollout_ctx rc;
     struct dataplane_push *push;
     struct work_client *work;
@@ -161,7 +162,7 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
     if (r->head) {
         /* fully-async training: a push is heard within a ping (partial rollout stops there), so they come often */
         const double ping_s = c->async_enable && r->env->heartbeat_s > 0.25 ? 0.25 : r->env->heartbeat_s;
-        r->work = work_client_open(r->env->dispatch_endpoint, r->env->secret, &r->env->plane, r->env->at.engine, ping_s,
+        r->work = work_client_open(r->env->dispatch_endpoint, &r->env->plane, r->env->at.engine, ping_s,
                                    err, errlen);
         if (!r->work)
             return -1;
@@ -638,6 +639,14 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
                            nothing_to_save, NULL);
         char why[1024];
         if (work_client_next(r->work, g, 5000, why, sizeof why) != 0) {
+            if (strstr(why, "refused: superseded")) { /* a newer process serves this rank: its work is that one's */
+                log_warn("rollout", "%s", why);
+                g->kind = WORK_END;
+                g->step = 0, g->total_steps = 1; /* stopped here, not finished */
+                snprintf(g->reason, sizeof g->reason, "superseded by a newer process of rollout rank %d",
+                         r->env->at.engine);
+                break;
+            }
             /* the dispatcher has a thread of its own and answers while the trainers work: silence for a minute
              * means the trainers are gone (the run ended or failed) */
             if (unanswered_since == 0)
@@ -660,8 +669,20 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
                          (long long)r->total_steps, why);
                 break;
             }
-            if (clock_now_s() - unanswered_since > 60)
-                return error_set(err, errlen, "%s for 60 s: the trainers are gone", why);
+            /* without grpod, silence for a minute means the trainers are gone. Under grpod the trainers' fate is
+             * grpod's word: it ends this rank when a trainer is lost or the run ends, so a rank that cannot reach
+             * the trainers (its host's link cut, a partition) waits on while grpod is unreachable too or says the
+             * run goes on (a cut longer than a minute used to end the job: issue 40 item 5) */
+            const double silent = clock_now_s() - unanswered_since;
+            if (silent > 60 && !control_run_goes_on(r->env->ctl))
+                return error_set(err, errlen, "%s for %.0f s: the trainers are gone", why, silent);
+            if (silent > 60 && !r->said_waiting_on) {
+                log_warn("rollout",
+                         "the trainers' dispatcher has not answered for %.0f s (%s); waiting on: grpod is unreachable "
+                         "or says the run goes on, and ends this rank if a trainer is lost or the run ends",
+                         silent, why);
+                r->said_waiting_on = true;
+            }
             /* refused at once (a full table, a key of an older launch) or timed out: ask again after a delay that
              * grows, with jitter, and say so once per 5 s */
             const double wait = backoff_next(&refused);
@@ -669,6 +690,10 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
             clock_sleep_s(wait);
             continue;
         }
+        if (r->said_waiting_on)
+            log_info("rollout", "the trainers' dispatcher answers again after %.0f s",
+                     clock_now_s() - unanswered_since);
+        r->said_waiting_on = false;
         unanswered_since = 0;
         backoff_reset(&refused);
         /* (fully-async training: chunks are not steps, and the trainers' end comes as an end) */

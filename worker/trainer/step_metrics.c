@@ -184,6 +184,7 @@ static void source_metrics(struct metrics *m, const struct step_timing *tm)
     metrics_set(m, "training/staleness", (double)tm->staleness);
     metrics_set(m, "timing_s/update_weights", tm->update_weights_s);
     metrics_set(m, "dataplane/refused", (double)(tm->refused + (uint64_t)tm->dispatch_refused));
+    metrics_set(m, "dataplane/refused_old_epoch", (double)(tm->old_epoch + (uint64_t)tm->dispatch_old_epoch));
     metrics_set(m, "dataplane/duplicates", (double)tm->duplicates);
     metrics_set(m, "dataplane/dropped_batches",
                 (double)(tm->drop_invalid + tm->drop_future + tm->drop_not_granted + tm->drop_prompt));
@@ -195,6 +196,10 @@ static void source_metrics(struct metrics *m, const struct step_timing *tm)
         metrics_set(m, "rollouter/live_processes", (double)tm->live_processes);
         metrics_set(m, "rollouter/lost_processes", (double)tm->lost_processes);
         metrics_set(m, "rollouter/units_regranted", (double)tm->units_regranted);
+        metrics_set(m, "rollouter/replaced_processes", (double)tm->replaced_processes);
+        metrics_set(m, "dataplane/refused_size", (double)tm->dispatch_oversized);
+        metrics_set(m, "dataplane/refused_superseded", (double)tm->dispatch_superseded);
+        metrics_set(m, "dataplane/rate_limited", (double)tm->dispatch_rate_limited);
         metrics_set(m, "perf/update_weights_bytes", (double)tm->weight_bytes);
     }
 }

@@ -878,7 +878,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     if (lead(t) && blas_kernels_better())
         log_warn("trainer",
                  "OPENBLAS_CORETYPE=%s names older kernels than this CPU runs (%s, about 2x faster GEMMs where "
-                 "measured: docs/performance.md); unset it to let the kernels be chosen for the CPU",
+                 "measured: docs/results/performance.md); unset it to let the kernels be chosen for the CPU",
                  getenv("OPENBLAS_CORETYPE"), blas_kernels_better());
     log_info("trainer", "loading %s", model_path);
     t->policy = model_load(model_path, err, errlen);

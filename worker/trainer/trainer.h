@@ -112,6 +112,10 @@ struct step_timing {
     int64_t live_processes, lost_processes, units_regranted; /* rollout processes, as the dispatcher sees them */
     int64_t weight_bytes;                                    /* weight bytes it served since the previous step */
     int64_t dispatch_refused;                                /* requests it refused so far */
+    int64_t dispatch_old_epoch; /* of those, requests of another key epoch (another launch's keys) */
+    int64_t dispatch_oversized, dispatch_superseded, dispatch_rate_limited; /* of those: by size, superseded, rate */
+    int64_t replaced_processes; /* live rollout processes superseded by a newer one of their rank */
+    uint64_t old_epoch;         /* batches refused on this rank's data socket for another key epoch */
     /* colocated ranks (every rank generates, then trains): the long tail of the step's generation */
     bool colocated;
     double gen_wait_peers; /* the longest any rank waited for the others to finish generating */

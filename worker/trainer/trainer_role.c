@@ -54,6 +54,7 @@ struct trainer_rank {
      * process the unit was not granted to, holding other prompts than their step draws (refused, or dropped at
      * the step when they came ahead of it) */
     uint64_t drop_invalid, drop_future, drop_not_granted, drop_prompt;
+    uint64_t old_epoch;  /* of the refused, batches of another key epoch (another launch's keys) */
     const int *cur_uids; /* the step next_batch waits for (cur_k): the prompts it draws at each group */
     int64_t cur_k;
     int64_t start;
@@ -205,6 +206,7 @@ static int receive_one(struct trainer_rank *r, int64_t k, int timeout_ms)
     dataplane_answer(r->pull, rc == 0, err, &r->auth);
     if (rc != 0) {
         (*reason)++;
+        r->old_epoch += r->auth.old_epoch;
         drop_refused(r, err);
         return 0;
     }
@@ -687,6 +689,7 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     tm->staleness = staleness;
     tm->update_weights_s = r->sync_s_pending;
     tm->refused = r->refused;
+    tm->old_epoch = r->old_epoch;
     tm->duplicates = r->duplicates + r->stale;
     tm->drop_invalid = r->drop_invalid;
     tm->drop_future = r->drop_future;
@@ -701,6 +704,11 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
         tm->units_regranted = ds.regranted;
         tm->weight_bytes = ds.bytes - r->bytes_reported;
         tm->dispatch_refused = ds.refused;
+        tm->dispatch_old_epoch = ds.old_epoch;
+        tm->dispatch_oversized = ds.oversized;
+        tm->dispatch_superseded = ds.superseded;
+        tm->dispatch_rate_limited = ds.rate_limited;
+        tm->replaced_processes = ds.replaced;
         r->bytes_reported = ds.bytes;
     }
     r->sync_s_pending = 0;
@@ -977,8 +985,8 @@ static void trainer_ready(void *ud, struct trainer *t)
     int64_t epoch, cursor;
     trainer_cursor(t, &epoch, &cursor);
     struct dispatch_options o = {.endpoint = r->env->dispatch_endpoint,
-                                 .secret = r->env->secret,
                                  .run_key = r->env->have_run_key ? r->env->plane_run_key : NULL,
+                                 .epoch = r->env->plane_epoch,
                                  .first_rollout_rank = r->env->spec.trainer_ranks,
                                  .rollout_tp = r->env->spec.rollout_tp > 1 ? r->env->spec.rollout_tp : 1,
                                  .units = r->lim.units,
@@ -1065,7 +1073,7 @@ int run_trainer(struct role_env *env)
             return 2;
         }
     }
-    plane_verifier_init(&r.verifier, env->have_run_key ? env->plane_run_key : NULL);
+    plane_verifier_init(&r.verifier, env->have_run_key ? env->plane_run_key : NULL, env->plane_epoch);
     r.auth.v = &r.verifier;
     r.lim.auth = &r.auth;     /* every batch from a rollout process: a good MAC of the rank it names */
     if (!env->have_run_key) { /* the launch hands every trainer one: never a data plane that checks nothing */

@@ -28,8 +28,17 @@
 #                       which in the test's output; netem_off HOST undoes it (link_impair's counters in
 #                       $TMP/impair-HOST.log)
 #   partition A B, heal A B             drop traffic between hosts A and B (both ways: prohibit routes in each)
-#   $MPIRUN_NET         mpirun options that start remote ranks through $TMP/rsh.sh (which enters the host), on TCP
-#                       over the bridge's network
+#   host_crash HOST, host_boot HOST     HOST crashes: its link cut first, then every process on it SIGKILLed (its
+#                       sshd and Open MPI daemon too): nothing reaches its peers, no FIN, no RST; booted again: link
+#                       up, its sshd started again
+#   $MPIRUN_NET         mpirun with the options that start remote ranks through a real ssh (MPI_AGENT=ssh): an
+#                       sshd on every host (its own host key, root by key, its configuration under $TMP/ssh,
+#                       started through on.sh, so it and its sessions have the host's network, name and /tmp) and
+#                       the client's configuration $TMP/ssh/config. The client stays on the launching host and
+#                       hears nothing from a crashed one, as with real hosts. Without sshd (HOSTS_SSH=0, or
+#                       openssh-server missing: said at hosts_up) the agent is $TMP/rsh.sh (MPI_AGENT=rsh), which
+#                       enters the host itself and so dies with it. Ranks on TCP over the bridge's network.
+#                       $MPIRUN_NET_ARGS: the same options without mpirun and the agent ($MPI_AGENT_CMD)
 #   grpod_up HOST [key=value...]        grpod on HOST on tcp://ADDR:7070 (7071, ... for the next ones) with a secret ($SECRET): $EP, GRPOD_PID,
 #                       log $TMP/grpod.log (its tail shown when grpod does not answer; over at once when grpod
 #                       ends); exported GRPOD_ENDPOINT/GRPOD_SECRET_FILE for grpoctl
@@ -205,9 +214,101 @@ ENTER
     on hostb true || skip "cannot enter a namespace host (ip netns exec + unshare)"
     on hosta bash -c 'exec 3<>/dev/tcp/hostb/9' 2>&1 | grep -q refused || { echo "FAIL hosta cannot reach hostb"; return 1; }
     hosts_can_start || return 1
-    MPIRUN_NET=(mpirun --oversubscribe --bind-to none --mca plm_rsh_agent "$TMP/rsh.sh"
+    MPI_AGENT_CMD="$TMP/rsh.sh" MPI_AGENT=rsh
+    if [ "${HOSTS_SSH:-1}" = 1 ]; then
+        if ssh_up; then
+            MPI_AGENT_CMD="ssh -F $TMP/ssh/config" MPI_AGENT=ssh
+        else
+            echo "     no sshd on the hosts ($SSH_WHY): Open MPI starts its daemons through $TMP/rsh.sh, which dies" \
+                "with its host (a crash is not faithful: the phases that need one are skipped)"
+        fi
+    fi
+    MPIRUN_NET_ARGS=(--oversubscribe --bind-to none
         --mca oob_tcp_if_include "$NET.0/24" --mca btl_tcp_if_include "$NET.0/24" --mca btl self,vader,tcp
         -x OPENBLAS_NUM_THREADS -x OMP_NUM_THREADS -x GRPO_COMM_SYNC_SENDS=1)
+    MPIRUN_NET=(mpirun --mca plm_rsh_agent "$MPI_AGENT_CMD" "${MPIRUN_NET_ARGS[@]}")
+}
+
+# ssh_up: a real sshd on every host (sshd_start), root logging in by key, and the client's configuration
+# $TMP/ssh/config (the key, each host's own host key known, batch mode) that Open MPI's remote launch uses. The
+# client runs on the launching host and knows of a remote host only what reaches it over the network: a crashed
+# host (host_crash) leaves it waiting, as ssh does. 1 with SSH_WHY when there is no sshd or it does not answer.
+ssh_up() {
+    local h d="$TMP/ssh"
+    SSHD="$(command -v sshd || echo /usr/sbin/sshd)"
+    [ -x "$SSHD" ] && command -v ssh >/dev/null && command -v ssh-keygen >/dev/null ||
+        { SSH_WHY="sshd, ssh or ssh-keygen missing: install openssh-server (scripts/deps.sh)"; return 1; }
+    mkdir -p "$d" && chmod 700 "$d" || { SSH_WHY="cannot make $d"; return 1; }
+    # sshd's privilege separation directory (the machine's /run: the hosts share it)
+    mkdir -p /run/sshd && chmod 755 /run/sshd
+    ssh-keygen -q -t ed25519 -N '' -C grpo-test -f "$d/id" || { SSH_WHY="ssh-keygen failed"; return 1; }
+    cp "$d/id.pub" "$d/authorized_keys"
+    : >"$d/known_hosts"
+    for h in "${HOSTS[@]}"; do
+        ssh-keygen -q -t ed25519 -N '' -C "$h" -f "$d/host-$h" || { SSH_WHY="ssh-keygen failed"; return 1; }
+        printf '%s,%s %s\n' "$h" "$(ip_of "$h")" "$(cut -d' ' -f1-2 "$d/host-$h.pub")" >>"$d/known_hosts"
+        cat >"$d/sshd_config-$h" <<EOF
+ListenAddress $(ip_of "$h"):22
+HostKey $d/host-$h
+PidFile $d/sshd-$h.pid
+AuthorizedKeysFile $d/authorized_keys
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+PrintMotd no
+LogLevel ERROR
+EOF
+    done
+    cat >"$d/config" <<EOF
+Host ${HOSTS[*]}
+    User root
+    IdentityFile $d/id
+    IdentitiesOnly yes
+    UserKnownHostsFile $d/known_hosts
+    GlobalKnownHostsFile /dev/null
+    StrictHostKeyChecking yes
+    BatchMode yes
+    ConnectTimeout 10
+    LogLevel ERROR
+EOF
+    for h in "${HOSTS[@]}"; do sshd_start "$h" || return 1; done
+    return 0
+}
+# sshd_start HOST: HOST's sshd (through on.sh: the host's network, name and /tmp, which its sessions inherit), log
+# $TMP/ssh/sshd-HOST.log; waits until a login from hostc runs a command there (1 with SSH_WHY if not in 20 s)
+sshd_start() {
+    local h="$1"
+    on "$h" "$SSHD" -D -e -f "$TMP/ssh/sshd_config-$h" >>"$TMP/ssh/sshd-$h.log" 2>&1 &
+    track $!
+    printf -v "SSHD_PID_$h" '%s' $!
+    ssh_answers() { [ "$(on hostc ssh -F "$TMP/ssh/config" "$1" hostname 2>/dev/null)" = "$1" ]; }
+    wait_alive 20 $! ssh_answers "$h" && return 0
+    SSH_WHY="the sshd of $h does not answer: $(tail -n 3 "$TMP/ssh/sshd-$h.log" | tr '\n' ' ')"
+    return 1
+}
+# host_crash HOST: HOST crashes: its link is cut first (so that nothing more reaches its peers: no FIN, no RST),
+# then every process on it is SIGKILLed (its sshd and Open MPI daemon too). Its peers learn nothing from the
+# network; an ssh client on another host that logged in there waits as for a silent host.
+host_crash() {
+    link_down "$1" || return 1
+    ip netns pids "$NS_PREFIX-$1" | xargs -r kill -9
+    local left
+    gone_all() { [ -z "$(ip netns pids "$NS_PREFIX-$1")" ]; }
+    wait_for 10 gone_all "$1" || { left=$(ip netns pids "$NS_PREFIX-$1" | wc -l); echo "     $left process(es) left on $1"; return 1; }
+}
+# host_boot HOST: HOST back after host_crash: its link up and its services (host_services) started again
+host_boot() {
+    link_up "$1" || return 1
+    host_services "$1"
+}
+# host_services HOST: what a host runs before any job, started again after every process on it was killed: its
+# sshd when the hosts run sshd (mpirun starts its daemons through it)
+host_services() {
+    [ "${MPI_AGENT:-rsh}" = ssh ] || return 0
+    sshd_start "$1"
 }
 
 # host_keep: what the hosts must see under /tmp although their /tmp is their own: the top directories (one a line,

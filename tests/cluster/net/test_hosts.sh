@@ -100,7 +100,7 @@ ms=$((($(date +%s%N) - t0) / 1000000))
 [ $rc = 127 ] && has "$TMP/on-missing.txt" "on hosta: cannot start $CLONE/build/no-such-program: no such file or directory"
 chk=$?; expect "on: a missing program: exit $rc in $ms ms, named ($(head -c 200 "$TMP/on-missing.txt"))" $chk
 t0=$(date +%s)
-timeout 60 bash "$TMP/child.sh" "$TMP/b.up" "$CLONE/build/no-such-program" >"$TMP/b.log" 2>&1; rc=$?
+timeout "$(scaled 60)" bash "$TMP/child.sh" "$TMP/b.up" "$CLONE/build/no-such-program" >"$TMP/b.log" 2>&1; rc=$?
 s=$(($(date +%s) - t0))
 [ $rc = 1 ] && [ $s -le 15 ] && [ ! -e "$TMP/b.up" ] &&
     has "$TMP/b.log" "FAIL hosta cannot start or read $CLONE/build/no-such-program: no such file or directory"

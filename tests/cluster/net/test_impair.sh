@@ -59,7 +59,7 @@ track $!
 wait_alive 20 $! has "$TMP/recv.txt" listening; rc=$?
 expect "a TCP receiver on hostb" $rc; [ $rc = 0 ] || finish
 t0=$(date +%s)
-timeout 120 "$TMP/on.sh" hosta python3 -c '
+timeout "$(scaled 120)" "$TMP/on.sh" hosta python3 -c '
 import socket, sys
 s = socket.create_connection((sys.argv[1], 9100)); s.sendall(open(sys.argv[2], "rb").read()); s.close()' \
     "$(ip_of hostb)" "$TMP/blob"

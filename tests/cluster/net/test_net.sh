@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # A cluster of three namespace hosts (tests/cluster/net/hosts_lib.sh): grpod on hostc on TCP with its secret,
-# trainers on hosta, rollout ranks on hostb, Open MPI across them, no grpod.data_endpoint (the run chooses TCP by
-# itself because its ranks are on two hosts). Each run is checked against the undisturbed single-process run's
-# weights and its audit (every group exactly rollout.n times per step):
+# trainers on hosta, rollout ranks on hostb, Open MPI across them, starting its remote daemons through a real ssh
+# (an sshd on each host; the client stays on mpirun's host, so a crashed host is silent to it, as on real hosts),
+# no grpod.data_endpoint (the run chooses TCP by itself because its ranks are on two hosts). Each run is checked
+# against the undisturbed single-process run's weights and its audit (every group exactly rollout.n times per step):
 #  - split run, undisturbed; the same with grpod.advertise_host=eth0 (an interface); a name that does not resolve
 #    (an error at start naming it and the key, the job ends); colocated run across hosta and hostb;
-#  - hostb's link down for 8 s mid-run, then up; the same for 60 s;
+#  - hostb's link down for 8 s mid-run, then up; the same for 60 s; for 90 s (past the minute after which the
+#    rollout ranks used to give the trainers up and end the job: issue 40 item 5): the run finishes, no rollout
+#    rank gave up;
 #  - 5% loss and 50 ms delay on hostb's link, each way, for the whole run: the kernel's netem qdisc where there is
 #    one, else link_impair (user space, TAP devices; hosts_lib.sh's netem says which), measured first with 100
 #    pings (some lost, none back in under 100 ms);
@@ -14,8 +17,13 @@
 #    run finishes and mpirun exits 0 within 45 s (the ranks ask it to end the job: issue 26's Why 5);
 #  - a rollout rank frozen (SIGSTOP) across the end of the run: woken, it ends as finished at once, and mpirun
 #    exits 0; the same rank left frozen: the job ends without it 20 s after the run, and mpirun exits 0;
-#  - mpirun on grpod's host, which holds no rank (a head node's grpo-workers.service), and the trainer host lost
-#    (every process on it): mpirun exits, no process is left on the rollout host, grpoctl names the lost trainer;
+#  - the launcher ends the job (one SIGTERM to mpirun): grpod's reason names the signal and mpirun (the
+#    trainers' stop request says who sent it), not "stopped by operator" (issue 40 item 5);
+#  - the shipped launcher (deploy/grpo-launch-workers) on grpod's host, which holds no rank (a head node's
+#    grpo-workers.service), and the trainer host crashes (host_crash: its link cut, then every process on it
+#    killed): grpoctl names the lost trainer, the launcher ends mpirun (which would wait for the silent host's
+#    daemon for ever: issue 40 item 4) saying why, within 150 s, nothing of the job is left on the rollout host
+#    or the head node; then the host boots again (skipped without sshd: the rsh agent dies with its host);
 #  - the trainer host lost (every process on it, its Open MPI daemon too; mpirun on the rollout host): every rank
 #    on every host ends within 60 s, mpirun too, grpoctl names the lost trainer; the relaunch resumes and ends
 #    bit-identical.
@@ -26,7 +34,7 @@ GRPOD="$1" GRPOCTL="$2" WORKER="$3" MODEL_TOOL="$4" COMPARE="$5" SCORER="$6" LIN
 HOST_PROGRAMS=("$GRPOD" "$GRPOCTL" "$WORKER") HOST_FILES=("$SCORER") # run on the hosts, wherever the build is
 hosts_up || finish
 CHECK_AUDIT="$SRC_ROOT/tests/mpi/check_audit.py"
-PHASES="${PHASES:-split iface badname colocated linkdown linkdown60 netem partition replace frozen frozenlong headless trainerlost}"
+PHASES="${PHASES:-split iface badname colocated linkdown linkdown60 linkdown90 netem partition replace frozen frozenlong launcherend headless trainerlost}"
 want() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
 
 tiny_model "$TMP/tiny"
@@ -50,7 +58,7 @@ GRPOD_KEYS=(grpod.heartbeat_interval_s=0.5 grpod.heartbeat_timeout_s=4)
 
 # the undisturbed single-process run (in the root namespace)
 # shellcheck disable=SC2046
-timeout 300 "$WORKER" $(keys ref) >"$TMP/ref.log" 2>&1
+timeout "$(scaled 300)" "$WORKER" $(keys ref) >"$TMP/ref.log" 2>&1
 expect "reference run (one process) finishes" $?
 
 # mpi NAME HOSTS NP [key=value...]: mpirun on hosta, ranks over HOSTS, under grpod; log $TMP/NAME.log; pid MPI_PID
@@ -86,6 +94,10 @@ ended_within() {
     return 0
 }
 step_at_least() { [ "$(ctl status --json 2>/dev/null | jq -r .step)" -ge "$1" ] 2>/dev/null; }
+# job_procs HOST: how many processes run on HOST besides its sshd (the host's own, not the job's)
+job_procs() {
+    ip netns pids "$NS_PREFIX-$1" | while read -r p; do [ "$(cat "/proc/$p/comm" 2>/dev/null)" = sshd ] || echo "$p"; done | wc -l
+}
 run_done() { ctl status --json | jq -e '.state == "finished"' >/dev/null; }
 
 # grpod with none of the run's keys: each run's first rank lays it out (split or colocated); a fresh one per case
@@ -154,6 +166,23 @@ if want linkdown60; then
     [ "$at" -lt $STEPS ] 2>/dev/null; expect "the link came back mid-run (step $at of $STEPS)" $?
     ended_within 300; expect "linkdown60: the run finishes (mpirun exit $MPI_RC)" "$MPI_RC"
     same linkdown60
+fi
+
+# 90 s: past the minute after which a rollout rank used to give the trainers up ("the trainers are gone") and end
+# the job (issue 40 item 5). Under grpod it waits on while grpod is unreachable or says the run goes on; Open MPI
+# keeps the rollout host's daemon (its connection's keepalive gives up after 300 + 9 x 20 s of silence)
+if want linkdown90; then
+    under_way linkdown90
+    link_down hostb; expect "hostb's link down" $?
+    sleep 90 # the fault's length # sleep-ok: the length of the fault is what is tested
+    link_up hostb; expect "hostb's link up after 90 s" $?
+    at=$(ctl status --json | jq -r .step)
+    [ "$at" -lt $STEPS ] 2>/dev/null; expect "the link came back mid-run (step $at of $STEPS)" $?
+    ended_within 300; expect "linkdown90: the run finishes (mpirun exit $MPI_RC)" "$MPI_RC"
+    has "$TMP/linkdown90.log" "rollout: the trainers' dispatcher has not answered for"
+    expect "linkdown90: the rollout ranks said they wait on past the minute" $?
+    ! has "$TMP/linkdown90.log" "the trainers are gone"; expect "linkdown90: no rollout rank gave the trainers up" $?
+    same linkdown90
 fi
 
 # the whole run under 5% loss and 50 ms delay each way on the rollout host's link (about 10% of round trips
@@ -263,19 +292,75 @@ if want frozenlong; then
     same frozenlong
 fi
 
-# mpirun on a head node that holds no rank (grpod's host, as grpo-workers.service runs it there), the trainer host
-# lost: the ranks on the rollout host end, and so does mpirun (it stayed up for ever: issue 40 item 4)
+# the launcher ends the job: one SIGTERM to mpirun (as when systemd stops it, or it loses a host) sends SIGTERM to
+# every rank and SIGKILL a second later. The trainers ask grpod to stop the run, naming the signal and its sender,
+# and grpod ends the run with that reason: not "stopped by operator" (issue 40 item 5)
+if want launcherend; then
+    # the run held in its first step's scoring while $TMP/hold-launcherend exists: a tiny run's ten steps take under
+    # a second, and the SIGTERM must find it under way, not over (CI saw "training finished at step 10")
+    touch "$TMP/hold-launcherend"
+    MPI_EXTRA=(-x GRPO_TEST_HOLD_FILE="$TMP/hold-launcherend")
+    mpi launcherend hosta:2,hostb:2 4 "${SPLIT[@]}" custom_reward_function.name=held_byte_score
+    MPI_EXTRA=()
+    # (the rollout ranks run while they score; the trainers wait for the step's first units, idle)
+    scoring() { [ "$(ctl status --json | jq '[.workers[] | select(.role == "rollout" and .state == "running")] | length')" = 2 ]; }
+    wait_alive 120 "$MPI_PID" scoring; expect "launcherend: the run is under way, held at its first step" $?
+    mp=""
+    for p in $(ip netns pids "$NS_PREFIX-hosta"); do [ "$(cat "/proc/$p/comm" 2>/dev/null)" = mpirun ] && mp=$p; done
+    [ -n "$mp" ] && kill -TERM "$mp"; expect "launcherend: SIGTERM to mpirun (pid $mp)" $?
+    # (held until grpod has the trainers' stop request: mpirun forwards the signal a second or so later)
+    asked() { grep -q "stop requested by SIGTERM" "$TMP/grpod.${GRPOD_N}.state/events.log" 2>/dev/null; }
+    wait_for 60 asked
+    rm -f "$TMP/hold-launcherend"
+    ended_within 60; expect "launcherend: mpirun ends the job (exit $MPI_RC)" $?
+    ended_run() { ctl status --json | jq -e '.state == "finished" or .state == "failed"' >/dev/null; }
+    wait_for 30 ended_run; expect "launcherend: grpod says the run ended ($(ctl status --json | jq -r .reason))" $?
+    reason=$(ctl status --json | jq -r .reason)
+    [[ "$reason" == "stopped by SIGTERM on rank "[01]" (host hosta) from its launcher, mpirun (pid $mp) at step "* ]]
+    expect "launcherend: the reason names the signal and mpirun" $?
+    [[ "$reason" != *operator* ]]; expect "launcherend: not \"stopped by operator\"" $?
+    grep -q "stop requested by SIGTERM on rank [01] (host hosta) from its launcher, mpirun" "$TMP/grpod.${GRPOD_N}.state/events.log"
+    expect "launcherend: grpod's event log says who asked" $?
+fi
+
+# mpirun on a head node that holds no rank (grpod's host: grpo-workers.service runs the shipped launcher,
+# deploy/grpo-launch-workers, there), and the trainer host crashes (its link cut, then every process on it
+# killed: no FIN or RST reaches the other hosts, the ssh client that started its Open MPI daemon hears nothing).
+# The ranks on the rollout host end when grpod says the trainer is lost; Open MPI 4.1's mpirun under
+# orte_enable_recovery would stay up for ever (its connection to the lost daemon times out after 8 minutes,
+# and it still waits: issue 40 item 4). The launcher, told by grpod that the job is over, ends it after its
+# grace (GRPO_END_GRACE_S, 60 s) and says why.
 if want headless; then
-    MPI_HOST=hostc mpi headless hosta:2,hostb:2 4 "${SPLIT[@]}"
-    wait_alive 120 "$MPI_PID" step_at_least 3; expect "headless: the run is under way, mpirun on hostc" $?
-    ip netns pids "$NS_PREFIX-hosta" | xargs -r kill -9; expect "headless: every process on the trainer host killed" $?
-    t0=$(date +%s)
-    ended_within 60; rc=$?
-    expect "headless: mpirun on the rank-less head node exits within 60 s ($(($(date +%s) - t0)) s, exit $MPI_RC)" $rc
-    left=$(ip netns pids "$NS_PREFIX-hostb" | wc -l)
-    [ "$left" = 0 ]; expect "headless: no process left on the rollout host ($left)" $?
-    lost_said() { ctl status 2>/dev/null | grep -q "trainer rank .* lost.*relaunch the job"; }
-    wait_for 30 lost_said; expect "headless: grpoctl status names the lost trainer and says to relaunch" $?
+    if [ "$MPI_AGENT" != ssh ]; then
+        echo "SKIP headless: no sshd on the hosts: Open MPI's rsh agent would die with the crashed host"
+    else
+        grpod_up hostc "${GRPOD_KEYS[@]}" || fail "grpod restarted for headless"
+        printf 'hosta slots=2\nhostb slots=2\n' >"$TMP/headless.hosts"
+        printf 'trainer:\n  log_level: info\n' >"$TMP/headless.yaml"
+        # shellcheck disable=SC2046
+        on hostc env OMPI_MCA_plm_rsh_agent="$MPI_AGENT_CMD" GRPO_MPIRUN_ARGS="${MPIRUN_NET_ARGS[*]}" \
+            GRPOCTL="$GRPOCTL" GRPO_WORKER="$WORKER" "$SRC_ROOT/deploy/grpo-launch-workers" \
+            --hostfile "$TMP/headless.hosts" --np 4 --config "$TMP/headless.yaml" --endpoint "$EP" \
+            --secret-file "$SECRET" -- $(keys headless) "${SPLIT[@]}" grpod.connect_timeout_s=30 \
+            >>"$TMP/headless.log" 2>&1 &
+        MPI_PID=$!
+        track "$MPI_PID"
+        wait_alive 120 "$MPI_PID" step_at_least 3; expect "headless: the run is under way, launched from hostc" $?
+        host_crash hosta; expect "headless: the trainer host crashed (link cut, then every process killed)" $?
+        t0=$(date +%s)
+        lost_said() { ctl status 2>/dev/null | grep -q "trainer rank .* lost.*relaunch the job"; }
+        wait_for 30 lost_said; expect "headless: grpoctl status names the lost trainer and says to relaunch" $?
+        ended_within 150; rc=$?
+        expect "headless: the launcher and mpirun on the rank-less head node exit within 150 s ($(($(date +%s) - t0)) s, exit $MPI_RC)" $rc
+        grep -q "grpo-launch-workers: grpod says the job is over (trainer rank [01] on host hosta lost.*Ending mpirun" \
+            "$TMP/headless.log"
+        expect "headless: the launcher says why it ends mpirun" $?
+        left=$(job_procs hostb)
+        [ "$left" = 0 ]; expect "headless: no process of the job left on the rollout host ($left)" $?
+        left=$(ip netns pids "$NS_PREFIX-hostc" | while read -r p; do case "$(cat "/proc/$p/comm" 2>/dev/null)" in ssh | mpirun | grpo-launch-wor*) echo "$p" ;; esac; done | wc -l)
+        [ "$left" = 0 ]; expect "headless: nothing of the launch left on the head node ($left)" $?
+        host_boot hosta; expect "headless: the trainer host booted again" $?
+    fi
 fi
 
 if want trainerlost; then
@@ -293,8 +378,10 @@ if want trainerlost; then
     t0=$(date +%s)
     ended_within 60; rc=$?
     expect "the whole job ends within 60 s ($(($(date +%s) - t0)) s; heartbeat timeout 4 s)" $rc
-    left=$(ip netns pids "$NS_PREFIX-hostb" | wc -l)
-    [ "$left" = 0 ]; expect "no process left on the rollout host ($left)" $?
+    # (its sshd went too: the host's own, started again for what comes next)
+    [ "$MPI_AGENT" = ssh ] && { sshd_start hosta; expect "trainerlost: hosta's sshd started again" $?; }
+    left=$(job_procs hostb)
+    [ "$left" = 0 ]; expect "no process of the job left on the rollout host ($left)" $?
     # mpirun ends the job when a host's Open MPI daemon is lost (SIGTERM to every rank: a checkpoint where one can
     # be made), or grpod's word ends the rollout ranks when the trainers are lost
     grep -Eq "ending the job: trainer rank|SIGTERM received" "$TMP/trainerlost.log"

@@ -75,7 +75,7 @@ in_host() { nsenter --target "$pid1" --mount --pid --net -- "$@"; }
 expect "systemd boots as PID 1 of the throwaway host" $?
 in_host cat /proc/1/comm | grep -qx systemd; expect "PID 1 there is systemd" $?
 
-in_host timeout 60 systemctl start grpod
+in_host timeout "$(scaled 60)" systemctl start grpod
 expect "systemctl start grpod (Type=notify: returns once grpod said READY=1)" $?
 in_host systemctl is-active grpod >/dev/null; expect "grpod.service is active" $?
 in_host grpoctl --endpoint ipc:///run/grpo/ctl.sock --retries 1 status >"$TMP/status0.txt" 2>&1
@@ -83,7 +83,7 @@ expect "grpod serves grpoctl on the shipped grpod.yaml's endpoint, /run/grpo/ctl
 [ "$(in_host stat -c '%U %a' /run/grpo/ctl.sock)" = "grpo 660" ]
 expect "the socket belongs to grpo, mode 0660" $?
 
-in_host timeout 60 systemctl start grpo-workers
+in_host timeout "$(scaled 60)" systemctl start grpo-workers
 expect "systemctl start grpo-workers" $?
 wait_for 120 steps_logged "$TMP/runs/p/e/metrics.jsonl" 3
 expect "the workers (mpirun from the hostfile, as grpo) make steps" $?
@@ -91,7 +91,7 @@ expect "the workers (mpirun from the hostfile, as grpo) make steps" $?
 [ "$(stat -c %u "$TMP/runs/p/e/metrics.jsonl" 2>/dev/null)" = "$uid" ]
 expect "the run's files belong to the grpo user" $?
 
-in_host timeout 120 systemctl stop grpo-workers
+in_host timeout "$(scaled 120)" systemctl stop grpo-workers
 expect "systemctl stop grpo-workers" $?
 in_host systemctl show grpo-workers -p Result -p ActiveState >"$TMP/stopped.txt"
 in_host journalctl --no-pager -u grpo-workers >"$TMP/workers.log" 2>&1
@@ -111,12 +111,12 @@ printf '#!/bin/sh\n/usr/local/bin/grpo-worker "$@"\nrc=$?\nsleep 2\nexit $rc\n' 
 chmod 755 "$TMP/slow-exit-worker"
 echo "GRPO_WORKER=/srv/t/slow-exit-worker" >>"$TMP/etc/grpo/workers.env"
 seen=$(wc -l <"$TMP/workers.log")
-in_host timeout 60 systemctl start grpo-workers
+in_host timeout "$(scaled 60)" systemctl start grpo-workers
 expect "systemctl start grpo-workers again (ranks that exit slowly)" $?
 wait_for 120 bash -c "$(declare -f in_host); pid1=$pid1
     in_host journalctl --no-pager -u grpo-workers | tail -n +$((seen + 1)) | grep -q 'step  *$((k + 2))/'"
 expect "the run resumes from step ${k:-none} and makes steps" $?
-in_host timeout 120 systemctl stop grpo-workers
+in_host timeout "$(scaled 120)" systemctl stop grpo-workers
 expect "systemctl stop grpo-workers" $?
 in_host systemctl show grpo-workers -p Result -p ActiveState >"$TMP/stopped2.txt"
 in_host journalctl --no-pager -u grpo-workers | tail -n +$((seen + 1)) >"$TMP/workers2.log"
@@ -129,7 +129,7 @@ k2="$(sed -n 's/.*worker: run stopped at step \([0-9]*\);.*/\1/p' "$TMP/workers2
 [ -n "$k2" ] && [ "$k2" -gt "$k" ] && [ -f "$TMP/runs/p/e/checkpoints/global_step_$k2/actor/model.safetensors" ]
 expect "and the workers checkpointed the step they stopped at (${k2:-none})" $?
 
-in_host timeout 30 systemctl stop grpod
+in_host timeout "$(scaled 30)" systemctl stop grpod
 expect "systemctl stop grpod" $?
 in_host journalctl --no-pager -u grpod >"$TMP/grpod.log" 2>&1
 kill -KILL "$pid1" 2>/dev/null
