@@ -11,6 +11,7 @@
  * same grants and chunks end to end, bad options, a regular file at the socket's path, and close (at once when every
  * live process has heard the end, after linger_s at most when one has not). */
 #include <dirent.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -1661,7 +1662,7 @@ static void test_shell_end_to_end(void **state)
     next_ok(c1, &g);
     assert_int_equal(g.kind, WORK_END);
     double t0 = clock_now_s();
-    dispatcher_close(d, 10.0);
+    dispatcher_close(d, 10.0, 0);
     double took = clock_now_s() - t0;
     if (took >= 2.0)
         fail_msg("dispatcher_close took %.2f s with every live process told the end", took);
@@ -1677,13 +1678,60 @@ static void test_shell_end_to_end(void **state)
     assert_int_equal(g.kind, WORK_WAIT);
     dispatcher_end(d, 0, "stopped before step 1");
     t0 = clock_now_s();
-    dispatcher_close(d, 0.5);
+    dispatcher_close(d, 0.5, 0);
     took = clock_now_s() - t0;
     if (took < 0.45 || took >= 3.0)
         fail_msg("dispatcher_close(0.5) took %.2f s with a live process not told the end", took);
     assert_false(work_client_ended(slow));
     work_client_close(slow);
     free(w), free(w0), free(w1);
+}
+
+/* A rollout rank whose process first asks after the run's end (it was still loading while a faster rank did the
+ * whole run): close waits for it (up to unseen_s) and it hears the end, instead of finding the dispatcher gone and
+ * giving the trainers up a minute later with the job failed. */
+struct late {
+    const char *ep;
+    struct work_grant g;
+    int rc;
+};
+static void *late_rank(void *arg)
+{
+    struct late *l = arg;
+    /* sleep-ok: how late the rank comes is the case tested (close has begun, and has told the early rank) */
+    clock_sleep_s(0.5);
+    struct work_client *c = open_client(l->ep, 1, 30.0);
+    char err[512] = "";
+    l->rc = work_client_next(c, &l->g, 5000, err, sizeof err);
+    work_client_close(c);
+    return NULL;
+}
+static void test_close_waits_for_late_rank(void **state)
+{
+    const struct fx *f = *state;
+    char ep[128];
+    endpoint(f, "late.sock", ep, sizeof ep);
+    struct dispatcher *d = open_dispatcher(ep, 2, 1, 16);
+    struct work_client *early = open_client(ep, 0, 30.0);
+    struct work_grant g;
+    next_ok(early, &g);
+    dispatcher_end(d, 0, "stopped before step 1");
+    next_ok(early, &g);
+    assert_int_equal(g.kind, WORK_END);
+    /* rank 1 comes only now, after the end */
+    struct late l = {.ep = ep, .rc = -2};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, late_rank, &l), 0);
+    const double t0 = clock_now_s();
+    dispatcher_close(d, 0.1, 30);
+    const double took = clock_now_s() - t0;
+    pthread_join(t, NULL);
+    assert_int_equal(l.rc, 0);
+    assert_int_equal(l.g.kind, WORK_END);
+    assert_string_equal(l.g.reason, "stopped before step 1");
+    if (took >= 10)
+        fail_msg("dispatcher_close took %.2f s after the late rank heard the end", took);
+    work_client_close(early);
 }
 
 /* Send raw bytes on a REQ socket and return the decoded answer (NULL when it does not decode). */
@@ -1770,7 +1818,7 @@ static void test_shell_bad_input(void **state)
     assert_int_equal(work_client_weights(ok, 0, w, N, 1024, &bytes, &chunks, err, sizeof err), 0);
     assert_memory_equal(w, w0, sizeof w);
     work_client_close(ok);
-    dispatcher_close(d, 1.0);
+    dispatcher_close(d, 1.0, 0);
     free(w0);
 }
 
@@ -1859,7 +1907,7 @@ static void test_shell_flood(void **state)
     next_ok(c, &g);
     assert_int_equal(g.kind, WORK_END);
     work_client_close(c);
-    dispatcher_close(d, 1.0);
+    dispatcher_close(d, 1.0, 0);
     free(w0);
 }
 
@@ -1988,6 +2036,7 @@ int main(void)
         cmocka_unit_test(test_rate_limit),
         cmocka_unit_test(test_size_before_mac),
         cmocka_unit_test(test_identity),
+        cmocka_unit_test_setup_teardown(test_close_waits_for_late_rank, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shell_end_to_end, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shell_bad_input, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shell_flood, setup, teardown),

@@ -50,7 +50,9 @@ void dispatcher_publish(struct dispatcher *d, int64_t version, const float *w);
  * The first call's word stands. */
 void dispatcher_end(struct dispatcher *d, int64_t after, const char *why);
 /* Wait (at most linger_s) until every live rollout process has heard the end, then stop and free. */
-void dispatcher_close(struct dispatcher *d, double linger_s);
+/* ... and a rollout rank no process has served yet is waited for until unseen_s from the call (0: not at all): one
+ * still loading when the trainers finish must be told the end too, or it waits for a dispatcher that is gone. */
+void dispatcher_close(struct dispatcher *d, double linger_s, double unseen_s);
 
 /* What the dispatcher has done so far (for the metrics). */
 void dispatcher_stats(struct dispatcher *d, struct dispatch_stats *st);

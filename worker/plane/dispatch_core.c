@@ -937,6 +937,14 @@ bool dispatch_core_all_told(const struct dispatch_core *d)
     return true;
 }
 
+int dispatch_core_unseen(const struct dispatch_core *d)
+{
+    int n = 0;
+    for (int s = 0; s < d->o.units; s++)
+        n += !d->slot_seen[s];
+    return n;
+}
+
 void dispatch_core_broadcast_on(struct dispatch_core *d, double rendezvous_s)
 {
     d->bc_on = true;

@@ -124,6 +124,9 @@ void dispatch_core_end(struct dispatch_core *d, int64_t after, const char *why);
 void dispatch_core_stats(const struct dispatch_core *d, struct dispatch_stats *st);
 /* True when the run has not ended or every live process has been told it has. */
 bool dispatch_core_all_told(const struct dispatch_core *d);
+/* How many rollout ranks no process has served yet (one still starting when the trainers finished: it must be
+ * told the end too, or it waits for a dispatcher that is gone and fails the job). */
+int dispatch_core_unseen(const struct dispatch_core *d);
 /* The weight broadcast (dispatch.h says how its rounds go). */
 void dispatch_core_broadcast_on(struct dispatch_core *d, double rendezvous_s);
 bool dispatch_core_round_begin(struct dispatch_core *d, int64_t *v, const float **w);

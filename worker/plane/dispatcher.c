@@ -276,16 +276,18 @@ bool dispatcher_round_due(struct dispatcher *d, double waited_s)
     return due;
 }
 
-void dispatcher_close(struct dispatcher *d, double linger_s)
+void dispatcher_close(struct dispatcher *d, double linger_s, double unseen_s)
 {
     if (!d)
         return;
-    const double until = clock_now_s() + linger_s;
+    const double until = clock_now_s() + linger_s, until_unseen = clock_now_s() + unseen_s;
     bool all_told = false;
+    int unseen = 0;
     for (;;) {
         pthread_mutex_lock(&d->mu);
-        all_told = dispatch_core_all_told(d->core);
-        bool done = all_told || clock_now_s() > until;
+        unseen = dispatch_core_unseen(d->core);
+        all_told = dispatch_core_all_told(d->core) && (unseen == 0 || unseen_s <= 0);
+        bool done = all_told || (clock_now_s() > until && (unseen == 0 || clock_now_s() > until_unseen));
         if (done)
             d->quit = true;
         pthread_mutex_unlock(&d->mu);
@@ -293,9 +295,12 @@ void dispatcher_close(struct dispatcher *d, double linger_s)
             break;
         clock_sleep_s(0.05);
     }
-    log_info("dispatch", "closed: %s",
-             all_told ? "every rollout process was told the end"
-                      : "some rollout processes were not heard from before it closed");
+    if (all_told)
+        log_info("dispatch", "closed: every rollout process was told the end");
+    else if (unseen)
+        log_warn("dispatch", "closed: %d rollout rank(s) never asked for work, %.0f s after the end", unseen, unseen_s);
+    else
+        log_info("dispatch", "closed: some rollout processes were not heard from before it closed");
     pthread_join(d->thread, NULL);
     struct dispatch_stats st;
     dispatch_core_stats(d->core, &st);

@@ -1115,7 +1115,9 @@ int run_trainer(struct role_env *env)
                  r.drop_prompt);
     if (r.disp) { /* the rollout processes hear the end (their pings are answered "end") before it goes */
         dispatcher_end(r.disp, r.start, status == 0 ? "the trainers ended" : "the trainers failed");
-        dispatcher_close(r.disp, 3 * env->heartbeat_s + 2);
+        /* (a rollout rank never heard from is waited for as long as a rollout rank waits for an absent dispatcher
+         * before it gives the trainers up: rollout_role.c, a minute) */
+        dispatcher_close(r.disp, 3 * env->heartbeat_s + 2, 60);
     }
     for (int i = 0; i < r.n_pend; i++) {
         step_batch_free(&r.pend[i].b);
