@@ -162,8 +162,7 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
     if (r->head) {
         /* fully-async training: a push is heard within a ping (partial rollout stops there), so they come often */
         const double ping_s = c->async_enable && r->env->heartbeat_s > 0.25 ? 0.25 : r->env->heartbeat_s;
-        r->work = work_client_open(r->env->dispatch_endpoint, &r->env->plane, r->env->at.engine, ping_s,
-                                   err, errlen);
+        r->work = work_client_open(r->env->dispatch_endpoint, &r->env->plane, r->env->at.engine, ping_s, err, errlen);
         if (!r->work)
             return -1;
         work_client_on_chunk(r->work, eng_keepalive, r);
