@@ -555,8 +555,13 @@ long long config_total_steps(const struct grpo_config *c, long long n_train)
 {
     const bool steps_given = config_is_set(c, "trainer.total_training_steps");
     const bool epochs_given = config_is_set(c, "trainer.total_epochs");
-    if (c->trainer_total_training_steps > 0 && (steps_given || !epochs_given))
+    if (c->trainer_total_training_steps > 0 && (steps_given || !epochs_given) &&
+        !(c->async_enable && c->split_rollout_total_rollout_steps > 0 && !steps_given))
         return c->trainer_total_training_steps;
+    if (c->async_enable && c->split_rollout_total_rollout_steps > 0) { /* verl's fully-async count: prompts */
+        const long long steps = c->split_rollout_total_rollout_steps / c->data_train_batch_size;
+        return steps > 0 ? steps : 1;
+    }
     return n_train / config_gen_batch_size(c) * c->trainer_total_epochs;
 }
 
@@ -977,8 +982,107 @@ static int validate_losses(const struct grpo_config *c, struct cfg_error *err)
     return 0;
 }
 
+/* The async_training.* keys of this table: fully-async training is on when any of them is given. */
+static const char *const g_async_keys[] = {
+    "async_training.staleness_threshold", "async_training.trigger_parameter_sync_step",
+    "async_training.require_batches", "async_training.partial_rollout", "async_training.replay_schedule"};
+
+int config_resolve(struct grpo_config *c, struct cfg_error *err)
+{
+    const struct cfg_key_info *en = config_find("async_training.enable");
+    bool any = false;
+    for (size_t i = 0; i < sizeof g_async_keys / sizeof *g_async_keys; i++)
+        any |= config_is_set(c, g_async_keys[i]);
+    for (int i = 0; i < c->n_noted; i++) /* verl's other async_training.* keys (noted) ask for it too */
+        any |= strncmp(c->noted[i], "async_training.", 15) == 0;
+    if (any && !c->async_enable && !config_is_set(c, "async_training.enable")) {
+        c->async_enable = true;
+        set_origin(c, en, "async_training.* given");
+    }
+    if (!c->async_enable)
+        return 0;
+    const long long R = c->async_require_batches * c->actor_ppo_mini_batch_size;
+    if (c->data_train_batch_size == 0) {
+        c->data_train_batch_size = R;
+        set_origin(c, config_find("data.train_batch_size"),
+                   "async_training.require_batches x actor_rollout_ref.actor.ppo_mini_batch_size");
+    } else if (c->data_train_batch_size != R) {
+        errf(err,
+             "%s: data.train_batch_size=%lld with fully-async training: a step takes async_training.require_batches "
+             "(%lld) x actor_rollout_ref.actor.ppo_mini_batch_size (%lld) = %lld prompts from the stream; give 0 "
+             "(verl's fully-async value) or %lld",
+             origin_of(c, "data.train_batch_size"), c->data_train_batch_size, c->async_require_batches,
+             c->actor_ppo_mini_batch_size, R, R);
+        return -1;
+    }
+    if (c->data_gen_batch_size == 1) { /* verl's fully-async value: samples go one prompt at a time, as here */
+        c->data_gen_batch_size = 0;
+        set_origin(c, config_find("data.gen_batch_size"), "fully-async training streams its prompts");
+    }
+    return 0;
+}
+
+/* What fully-async training does not run with (yet), refused by name. 0, or -1 with err. */
+static int validate_async(const struct grpo_config *c, struct cfg_error *err)
+{
+    if (!c->async_enable) {
+        if (c->data_train_batch_size == 0) {
+            errf(err,
+                 "%s: data.train_batch_size=0 is verl's fully-async scripts' value: give async_training.* keys for "
+                 "fully-async training (a step then takes async_training.require_batches mini-batches), or a batch "
+                 "size",
+                 origin_of(c, "data.train_batch_size"));
+            return -1;
+        }
+        if (c->split_rollout_total_rollout_steps > 0) {
+            errf(err,
+                 "%s: rollout.total_rollout_steps counts the prompts of fully-async training: give async_training.* "
+                 "keys with it, or trainer.total_training_steps",
+                 origin_of(c, "rollout.total_rollout_steps"));
+            return -1;
+        }
+        return 0;
+    }
+    const char *what = NULL, *key = NULL;
+    if (c->alg_filter_groups_enable)
+        key = "algorithm.filter_groups.enable", what = "DAPO's dynamic sampling";
+    else if (c->data_gen_batch_size > 0)
+        key = "data.gen_batch_size", what = "DAPO's generation rounds";
+    else if (c->rollout_multi_turn_enable || strcmp(c->rollout_agent_default_agent_loop, "tool_agent") == 0)
+        key = "actor_rollout_ref.rollout.multi_turn.enable", what = "multi-turn (tool agent) rollouts";
+    else if (strcmp(c->rollout_weight_sync, "broadcast") == 0)
+        key = "actor_rollout_ref.rollout.weight_sync=broadcast",
+        what = "the weight broadcast (each rollout rank fetches the version it needs when it needs it)";
+    else if (c->rollout_tensor_model_parallel_size > 1)
+        key = "actor_rollout_ref.rollout.tensor_model_parallel_size", what = "rollout tensor parallelism";
+    else if (c->actor_megatron_tensor_model_parallel_size > 1)
+        key = "actor_rollout_ref.actor.megatron.tensor_model_parallel_size", what = "training tensor parallelism";
+    else if (c->actor_megatron_pipeline_model_parallel_size > 1)
+        key = "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size", what = "training pipeline parallelism";
+    else if (c->actor_megatron_context_parallel_size > 1 || c->actor_ulysses_sequence_parallel_size > 1)
+        key = "actor_rollout_ref.actor.megatron.context_parallel_size (or ulysses_sequence_parallel_size)",
+        what = "sequence or context parallelism";
+    else if (c->actor_megatron_expert_model_parallel_size > 1)
+        key = "actor_rollout_ref.actor.megatron.expert_model_parallel_size", what = "expert parallelism";
+    else if (c->trainer_sft_warmup_steps > 0)
+        key = "trainer.sft_warmup_steps", what = "the supervised warm-start";
+    else if (c->async_partial_rollout && config_records_routes(c))
+        key = "actor_rollout_ref.rollout.enable_rollout_routing_replay (or router_replay.mode=R3)",
+        what = "routing replay with async_training.partial_rollout=true (a continued trajectory's routes)";
+    else if (c->async_partial_rollout && strcmp(c->alg_adv_estimator, "remax") == 0)
+        key = "algorithm.adv_estimator=remax",
+        what = "ReMax's greedy baseline with async_training.partial_rollout=true";
+    if (what) {
+        errf(err, "%s with fully-async training (async_training.*): %s with it (not available yet)", key, what);
+        return -1;
+    }
+    return 0;
+}
+
 int config_validate(const struct grpo_config *c, struct cfg_error *err)
 {
+    if (validate_async(c, err) != 0)
+        return -1;
     if (validate_lora(c, err) != 0 || validate_sp(c, err) != 0 || validate_micro(c, err) != 0)
         return -1;
     unsigned sinks;

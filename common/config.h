@@ -135,6 +135,12 @@ int config_gdpo_keys(const struct grpo_config *c, char **keys, double *weights, 
 int config_gdpo_parts(const struct grpo_config *c);
 /* Put a key back to its default (Hydra's ~key); a noted verl key is forgotten. 0, or -1 with err (unknown). */
 int config_reset(struct grpo_config *c, const char *name, struct cfg_error *err);
+/* Values derived from others, once every source is read (config_from_args calls it before config_validate):
+ * fully-async training (async_training.enable) is on when any async_training.* key is given, and then
+ * data.train_batch_size 0 (verl's fully-async value) is async_training.require_batches x ppo_mini_batch_size and
+ * data.gen_batch_size 1 (verl's, one sample at a time) is the default. 0, or -1 with err (a batch size that
+ * disagrees). */
+int config_resolve(struct grpo_config *c, struct cfg_error *err);
 /* Check relations between keys (for example clip bounds, batch divisibility). 0 or -1 with err. */
 int config_validate(const struct grpo_config *c, struct cfg_error *err);
 

@@ -110,7 +110,7 @@ int config_from_args(struct grpo_config *c, int *argc, char **argv)
         config_print_reference(stdout);
         return 1;
     }
-    if (config_validate(c, &err) != 0) {
+    if (config_resolve(c, &err) != 0 || config_validate(c, &err) != 0) {
         log_error("config", "%s", err.msg);
         return -1;
     }

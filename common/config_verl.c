@@ -48,7 +48,6 @@ static const char VEOMNI[] = "VeOmni's engine options (FSDP sharding, offload, k
                              "is its own engine, laid out by the megatron.* keys";
 static const char TITAN[] = "TorchTitan's engine options (FSDP sharding, compile, attention type): the trainer here is "
                             "its own engine, laid out by the megatron.* keys";
-static const char FULLY_ASYNC[] = "fully-async training (planned; not available yet)";
 static const char V1_ASYNC[] = "used only by verl v1's asynchronous trainer modes (trainer.v1.trainer_mode)";
 
 static const struct verl_key g_verl[] = {
@@ -453,8 +452,16 @@ static const struct verl_key g_verl[] = {
     NOTED("trainer.v1.sampler.sampler_kwargs.*", "used only with trainer.v1.sampler.custom_sampler.path"),
     NOTED("trainer.v1.sampler.max_off_policy_threshold", V1_ASYNC),
     NOTED("trainer.v1.sampler.max_off_policy_strategy", V1_ASYNC),
-    REFUSED("async_training.*", FULLY_ASYNC),
-    REFUSED("rollout.total_rollout_steps", FULLY_ASYNC),
+    /* verl's fully-async trainer: staleness_threshold, trigger_parameter_sync_step, require_batches and
+     * partial_rollout are ours (config_keys.def) */
+    NOTED("async_training.use_trainer_do_validate", "validation runs on trainer DP rank 0 here in every layout"),
+    NOTED("async_training.concurrent_samples_per_replica",
+          "a rollout rank generates one work unit at a time, its sequences decoded together up to "
+          "actor_rollout_ref.rollout.max_num_seqs"),
+    OFF_ONLY("async_training.use_dynamic_resource_scheduling", "false", "the trainer ranks only train",
+             "dynamic resource scheduling: trainer ranks that also generate in fully-async training (not available "
+             "yet)"),
+    NOTED("async_training.dynamic_schedule_*", "used only with async_training.use_dynamic_resource_scheduling"),
     REFUSED("rollout.n", "responses per prompt are actor_rollout_ref.rollout.n (verl's fully-async config declares "
                          "rollout.n, but no verl v0.9 code reads it)"),
     OFF_ONLY("skip.rollout.enable", "false", "every step generates", "replaying dumped rollouts (not available yet)"),
@@ -475,9 +482,6 @@ static const struct {
 } g_refused_values[] = {
     {"algorithm.adv_estimator", "gae", "GAE needs a critic's values (training here has no critic)"},
     {"trainer.device", "npu", "Ascend NPUs (not available: cuda or cpu)"},
-    {"data.train_batch_size", "0",
-     "fully-async training (planned; not available yet): verl's fully-async trainer takes "
-     "async_training.require_batches mini-batches a step instead of data.train_batch_size prompts"},
     {"actor_rollout_ref.actor.policy_loss.loss_mode", "bypass_mode",
      "verl's trainer sets that loss itself in bypass mode: set algorithm.rollout_correction.bypass_mode=true (and "
      "its loss_type)"},

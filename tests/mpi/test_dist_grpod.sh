@@ -16,7 +16,9 @@
 #    rollout rank fetches the versions; the weights are bit-identical to the undisturbed run;
 #  - with rollout TP groups (2 groups of 2 rollout ranks, 1 trainer), a group's second rank killed with SIGKILL:
 #    the group's first rank ends itself (its group stalled), the dispatcher grants the group's units to the other
-#    group, and the run finishes with weights bit-identical to an undisturbed run.
+#    group, and the run finishes with weights bit-identical to an undisturbed run;
+#  - fully-async training (a push every 2 steps, partial rollout): paused at a push, resumed, stopped and launched
+#    again, the run ends bit-identical to the replay of its own schedule in one go (its arrival order).
 # usage: test_dist_grpod.sh GRPOD GRPOCTL SIM_WORKER GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
 set -u
 WORKER="$4" MODEL_TOOL="$5" COMPARE="$6" SCORER="$7"
@@ -247,4 +249,46 @@ grep -q "granted to the process serving rank 0" "$TMP/gkilled.log"
 expect "the dispatcher grants the lost group's units to the other group" $?
 "$COMPARE" "$(final ref5)" "$(final gkilled)" 0 >"$TMP/cmp5.txt" 2>&1
 rc=$?; expect "rollout TP group lost mid-run: weights bit-identical to the undisturbed run ($(cat "$TMP/cmp5.txt"))" $rc
+stop_grpod
+
+# ---- fully-async training (1 trainer + 2 rollout ranks, a push every 2 steps, partial rollout on a slow engine):
+# paused, resumed, stopped (at a push: its checkpoint drains the stream) and launched again, the run ends with weights
+# bit-identical to the replay of its own schedule in one go (async_training.replay_schedule): it resumed exactly,
+# given its arrival order. Checkpoints only at the stop and the end (save_freq counts pushes; each drains).
+PLACE=(placement.trainer_ranks=1 placement.rollout_ranks=2)
+STEPS=16
+FA=(data.train_batch_size=0 async_training.require_batches=2 async_training.staleness_threshold=1
+    async_training.trigger_parameter_sync_step=2 data.max_response_length=64 trainer.save_freq=-1)
+export GRPO_TEST_DECODE_SLEEP_S=0.004
+MPI_EXTRA=(-x GRPO_TEST_DECODE_SLEEP_S)
+start_grpod g7 "${PLACE[@]}"
+run fa grpod.endpoint="$EP" grpod.connect_timeout_s=20 "${FA[@]}" trainer.rollout_data_dir="$TMP/fa/audit" &
+MPI_PID=$!
+track "$MPI_PID"
+wait_for 60 step_at_least 3; expect "fully-async run under way" $?
+"$GRPOCTL" pause --wait=60 >"$TMP/pause7.out" 2>&1; expect "the fully-async run pauses" $?
+pstep="$(status_field .step)"
+[ "$(status_field '[.workers[].state] | map(select(. == "paused")) | length')" = 3 ] && [ "$(status_field .step)" = "$pstep" ]
+expect "every rank paused, no step while paused (step $pstep)" $?
+"$GRPOCTL" resume >/dev/null 2>&1; expect "resume" $?
+wait_for 60 step_at_least $((pstep + 2)); expect "it goes on after the pause" $?
+"$GRPOCTL" stop --wait=60 >"$TMP/stop7.out" 2>&1; expect "stop" $?
+wait "$MPI_PID"; expect "every rank of the stopped fully-async run exits 0" $?
+fstep="$(cat "$TMP/fa/p/e/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null)"
+[ -n "$fstep" ] && [ "$fstep" -lt $STEPS ] && [ $((fstep % 2)) -eq 0 ]
+expect "stop left a checkpoint at a push mid-run (step $fstep)" $?
+[ -s "$TMP/fa/p/e/checkpoints/global_step_$fstep/async_state.bin" ]; expect "with the stream's state" $?
+stop_grpod
+run fa "${FA[@]}" trainer.rollout_data_dir="$TMP/fa/audit"
+expect "launched again, the stopped fully-async run finishes" $?
+grep -q "fully-async stream resumed from .*global_step_$fstep/async_state.bin" "$TMP/fa.log"
+expect "it resumed its stream from the stop's checkpoint" $?
+run fareplay "${FA[@]}" async_training.replay_schedule="$TMP/fa/p/e/async_schedule.jsonl"
+expect "the replay of its schedule in one go finishes" $?
+"$COMPARE" "$(final fa)" "$(final fareplay)" 0 >"$TMP/cmp7.txt" 2>&1
+rc=$?; expect "fully-async pause + stop + relaunch: weights bit-identical to its replay in one go ($(cat "$TMP/cmp7.txt"))" $rc
+cmp -s "$TMP/fa/p/e/async_schedule.jsonl" "$TMP/fareplay/p/e/async_schedule.jsonl"
+expect "the replay took the same units in the same order with the same versions" $?
+python3 "$(dirname "$0")/check_fully_async.py" "$TMP/fa/p/e" "$TMP/fa/audit" 2 1 4 >"$TMP/check7.txt" 2>&1
+rc=$?; expect "float64 check of the stopped and resumed run ($(tail -1 "$TMP/check7.txt"))" $rc
 finish

@@ -156,8 +156,6 @@ static void test_yaml_errors(void **state)
                  "'actor_rollout_ref.rollout.temperature'");
     expect_error("data:\n  train_batch_size: lots\n", ":2: data.train_batch_size expects an integer", "'lots'");
     expect_error("data:\n  train_batch_size: -1\n", ":2: data.train_batch_size = -1 is out of range", NULL);
-    /* 0 is verl's fully-async scripts' value: refused naming the feature */
-    expect_error("data:\n  train_batch_size: 0\n", ":2: data.train_batch_size=0: fully-async training", NULL);
     expect_error("algorithm:\n  adv_estimator: gaussian\n", ":2: algorithm.adv_estimator must be one of", "'gaussian'");
     /* a value of verl's that does not run here says why, and the values that do */
     expect_error("algorithm:\n  adv_estimator: gae\n", ":2: algorithm.adv_estimator=gae: GAE needs a critic",
@@ -206,6 +204,75 @@ static void test_overrides(void **state)
     assert_int_equal(config_apply_override(&c, "=3", &err), -1);
     const struct cfg_key_info *k = config_find("actor_rollout_ref.rollout.n");
     assert_string_equal(c.origin[k - config_key(0)], "command line");
+    config_free(&c);
+}
+
+/* Fully-async training (async_training.*): on when any of its keys is given; data.train_batch_size 0 (verl's
+ * fully-async scripts' value) is then require_batches x ppo_mini_batch_size; what it does not run with is refused
+ * by name. */
+static int async_config(struct grpo_config *c, const char *const *args, int n, struct cfg_error *err)
+{
+    config_init(c);
+    for (int i = 0; i < n; i++)
+        if (config_apply_override(c, args[i], err) != 0)
+            return -1;
+    return config_resolve(c, err) != 0 || config_validate(c, err) != 0 ? -1 : 0;
+}
+
+static void test_fully_async_keys(void **state)
+{
+    (void)state;
+    struct grpo_config c;
+    struct cfg_error err = {{0}};
+    /* 0 alone: verl's fully-async value without its keys */
+    const char *zero[] = {"data.train_batch_size=0"};
+    assert_int_equal(async_config(&c, zero, 1, &err), -1);
+    assert_non_null(strstr(err.msg, "verl's fully-async scripts' value"));
+    config_free(&c);
+    /* a key turns it on; 0 is derived */
+    const char *on[] = {"data.train_batch_size=0", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                        "async_training.require_batches=3", "async_training.staleness_threshold=0.5",
+                        "rollout.total_rollout_steps=61"};
+    assert_int_equal(async_config(&c, on, 5, &err), 0);
+    assert_true(c.async_enable);
+    assert_int_equal(c.data_train_batch_size, 6);
+    assert_int_equal(config_total_steps(&c, 1000), 10); /* 61 prompts / 6 a step */
+    config_free(&c);
+    /* verl's noted key alone turns it on too */
+    const char *noted[] = {"async_training.use_dynamic_resource_scheduling=false", "data.train_batch_size=0"};
+    assert_int_equal(async_config(&c, noted, 2, &err), 0);
+    assert_true(c.async_enable);
+    config_free(&c);
+    const char *dyn[] = {"async_training.use_dynamic_resource_scheduling=true"};
+    assert_int_equal(async_config(&c, dyn, 1, &err), -1);
+    assert_non_null(strstr(err.msg, "dynamic resource scheduling"));
+    config_free(&c);
+    /* a batch size that is not require_batches x ppo_mini_batch_size */
+    const char *bad[] = {"data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                         "async_training.require_batches=1"};
+    assert_int_equal(async_config(&c, bad, 3, &err), -1);
+    assert_non_null(strstr(err.msg, "give 0 (verl's fully-async value) or 2"));
+    config_free(&c);
+    /* refused by name */
+    static const char *const refused[][2] = {
+        {"algorithm.filter_groups.enable=true", "DAPO's dynamic sampling"},
+        {"actor_rollout_ref.rollout.weight_sync=broadcast", "the weight broadcast"},
+        {"actor_rollout_ref.rollout.tensor_model_parallel_size=2", "rollout tensor parallelism"},
+        {"actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2", "training tensor parallelism"},
+        {"actor_rollout_ref.rollout.multi_turn.enable=true", "multi-turn"},
+        {"algorithm.adv_estimator=remax", "ReMax"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        const char *args[] = {"async_training.require_batches=2", "data.train_batch_size=0", refused[i][0]};
+        if (async_config(&c, args, 3, &err) != -1 || !strstr(err.msg, refused[i][1]) ||
+            !strstr(err.msg, "not available yet"))
+            fail_msg("%s with fully-async training: '%s'", refused[i][0], err.msg);
+        config_free(&c);
+    }
+    /* total_rollout_steps is fully-async's */
+    const char *tr[] = {"rollout.total_rollout_steps=100"};
+    assert_int_equal(async_config(&c, tr, 1, &err), -1);
+    assert_non_null(strstr(err.msg, "counts the prompts of fully-async training"));
     config_free(&c);
 }
 
@@ -762,6 +829,7 @@ int main(void)
         cmocka_unit_test(test_missing_and_empty_file),
         cmocka_unit_test(test_overrides),
         cmocka_unit_test(test_validate_relations),
+        cmocka_unit_test(test_fully_async_keys),
         cmocka_unit_test(test_validate_run_names),
         cmocka_unit_test(test_validate_meaningless_values),
         cmocka_unit_test(test_print_config_stray_argument),

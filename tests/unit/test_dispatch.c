@@ -11,6 +11,7 @@
  * same grants and chunks end to end, bad options, a regular file at the socket's path, and close (at once when every
  * live process has heard the end, after linger_s at most when one has not). */
 #include <dirent.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -883,6 +884,135 @@ static void test_broadcast_rounds(void **state)
         free(w[i]);
 }
 
+/* An async core (fully-async training): 2 units a chunk of 4 groups (2 a unit), verl's bound max_groups. */
+static struct dispatch_core *async_open(int64_t max_groups, int64_t stream_next, int64_t outstanding,
+                                        const struct dispatch_replay *rp, int n_rp, double now)
+{
+    const struct dispatch_options o = {.units = 2,
+                                       .groups_in_step = 4,
+                                       .total_steps = 100,
+                                       .n_floats = 4,
+                                       .lost_after_s = 2,
+                                       .run_key = run_key,
+                                       .epoch = EPOCH,
+                                       .first_rollout_rank = FIRST_ROLLOUT,
+                                       .rollout_tp = 1,
+                                       .async = true,
+                                       .stream_next = stream_next,
+                                       .unit_groups = 2,
+                                       .max_groups = max_groups,
+                                       .outstanding = outstanding,
+                                       .replay = rp,
+                                       .n_replay = n_rp};
+    char err[512] = "";
+    n_heard = 0;
+    struct dispatch_core *d = dispatch_core_create(&o, now, err, sizeof err);
+    if (!d)
+        fail_msg("dispatch_core_create: %s", err);
+    return d;
+}
+
+/* Fully-async: units in stream order to whoever asks, each with the newest version; verl's bound (groups granted
+ * since the push, counted from what is outstanding at it) holds new grants; a dropped unit makes room for one
+ * more; a push starts the count again; a lost holder's unit goes first, with the newest version; only its
+ * grantees' copies count; the hold (a checkpoint's drain) grants nothing new; every answer says the newest
+ * version. */
+static void test_async_stream(void **state)
+{
+    (void)state;
+    const float w[4] = {1, 2, 3, 4};
+    struct dispatch_core *d = async_open(6, 0, 0, NULL, 0, 0); /* 6 groups: 3 units */
+    const struct proc a = {101, 0}, b = {202, 1};
+    expect_wait_at(d, &a, 0, "not published", NULL);
+    publish(d, 0, w);
+    expect_unit_at(d, &a, 1, 1, 0, 0); /* chunk 1 unit 0 */
+    expect_unit_at(d, &a, 1, 1, 1, 0); /* a asks again (delivered): the stream's next, whoever asks */
+    expect_unit_at(d, &b, 1, 2, 0, 0);
+    assert_int_equal(dispatch_core_async_window(d), 6);
+    expect_wait_at(d, &a, 1, "6 prompts granted since policy version 0's push, at most 6", NULL);
+    assert_true(dispatch_core_async_granted(d, 2, 0, 1));
+    assert_false(dispatch_core_async_granted(d, 2, 0, 0));
+    assert_true(dispatch_core_async_granted(d, 1, 1, 0)); /* delivered, not yet at the trainer */
+    assert_int_equal(dispatch_core_async_in_flight(d), 3);
+    dispatch_core_async_received(d, 1, 0);
+    dispatch_core_async_received(d, 1, 1);
+    assert_false(dispatch_core_async_granted(d, 1, 1, 0)); /* the trainer has it: a late copy is not kept */
+    assert_int_equal(dispatch_core_async_in_flight(d), 1);
+    /* the trainer drops a unit for staleness: one more may go */
+    dispatch_core_async_taken(d, 2, true);
+    expect_unit_at(d, &a, 2, 2, 1, 0);
+    expect_wait_at(d, &a, 2, "at most 6", NULL);
+    /* two units taken, then the push: the count starts from what is outstanding (8 granted, 6 taken or dropped) */
+    dispatch_core_async_taken(d, 2, false);
+    dispatch_core_async_taken(d, 2, false);
+    publish(d, 4, w);
+    assert_int_equal(dispatch_core_async_window(d), 2);
+    expect_unit_at(d, &a, 3, 3, 0, 4); /* the newest version */
+    struct work_grant g;
+    grant_of(d, &b, true, 3, &g); /* a ping says the newest version too */
+    assert_int_equal(g.kind, WORK_WAIT);
+    assert_int_equal(g.latest_version, 4);
+    /* b (holding chunk 2 unit 0, then its ping) falls silent: its unit goes first, with the newest version */
+    grant_of(d, &a, true, 5, &g); /* a lives */
+    dispatch_core_async_received(d, 2, 1);
+    dispatch_core_tick(d, 6);
+    assert_int_equal(dispatch_core_async_in_flight(d), 2); /* a's 3/0 and the lost one's 2/0 */
+    expect_unit_at(d, &a, 6, 2, 0, 4);
+    dispatch_core_async_received(d, 3, 0);
+    assert_true(dispatch_core_async_granted(d, 2, 0, 0) && dispatch_core_async_granted(d, 2, 0, 1));
+    /* the hold: nothing new, until it is lifted */
+    dispatch_core_async_hold(d, true);
+    expect_wait_at(d, &a, 6, "drain the stream", NULL);
+    assert_int_equal(dispatch_core_async_in_flight(d), 1); /* delivered (its holder asked again), not yet read */
+    dispatch_core_async_received(d, 2, 0);
+    assert_int_equal(dispatch_core_async_in_flight(d), 0);
+    dispatch_core_async_hold(d, false);
+    expect_unit_at(d, &a, 6, 3, 1, 4);
+    assert_int_equal(dispatch_core_async_next(d), 6);
+    dispatch_core_end(d, 9, "done");
+    grant_of(d, &a, false, 7, &g);
+    assert_int_equal(g.kind, WORK_END);
+    dispatch_core_free(d);
+    /* a resumed stream: from unit 5 (chunk 3 unit 1), 4 groups outstanding in the checkpoint */
+    d = async_open(6, 5, 4, NULL, 0, 0);
+    publish(d, 8, w);
+    assert_int_equal(dispatch_core_async_window(d), 4);
+    expect_unit_at(d, &a, 1, 3, 1, 8);
+    expect_wait_at(d, &b, 1, "at most 6", NULL);
+    dispatch_core_free(d);
+}
+
+/* A replayed schedule: its units in its order, each with its recorded versions and switches, once its first version
+ * is published; nothing past it. */
+static void test_async_replay(void **state)
+{
+    (void)state;
+    const float w[4] = {1, 2, 3, 4};
+    const int64_t v0[1] = {0}, v1[2] = {0, 2};
+    const int32_t t0[4] = {5, 5, 5, 5}, t1[8] = {3, 3, 0, 0, 6, 6, 5, 5};
+    const struct dispatch_replay rp[3] = {
+        {.chunk = 1, .unit = 1, .n_phases = 1, .n_seq = 4, .versions = v0, .tokens = t0},
+        {.chunk = 1, .unit = 0, .n_phases = 2, .n_seq = 4, .versions = v1, .tokens = t1},
+        {.chunk = 2, .unit = 0, .n_phases = 1, .n_seq = 4, .versions = v1 + 1, .tokens = t0}};
+    struct dispatch_core *d = async_open(2, 0, 0, rp, 3, 0); /* the bound is the schedule's */
+    const struct proc a = {101, 0};
+    publish(d, 0, w);
+    struct work_grant g;
+    grant_of(d, &a, false, 1, &g);
+    assert_true(g.kind == WORK_UNIT && g.step == 1 && g.unit == 1 && g.version == 0 && g.n_phases == 1);
+    work_grant_release(&g);
+    grant_of(d, &a, false, 1, &g);
+    assert_true(g.kind == WORK_UNIT && g.step == 1 && g.unit == 0 && g.n_phases == 2 && g.n_replay_tokens == 8);
+    assert_int_equal(g.replay_versions[1], 2);
+    assert_memory_equal(g.replay_tokens, t1, sizeof t1);
+    work_grant_release(&g);
+    expect_wait_at(d, &a, 1, "replayed chunk 2 unit 0 waits for policy version 2", NULL);
+    publish(d, 2, w);
+    expect_unit_at(d, &a, 2, 2, 0, 2);
+    expect_wait_at(d, &a, 2, "every unit of the replayed schedule is granted", NULL);
+    dispatch_core_free(d);
+}
+
 static void test_end(void **state)
 {
     (void)state;
@@ -1532,7 +1662,7 @@ static void test_shell_end_to_end(void **state)
     next_ok(c1, &g);
     assert_int_equal(g.kind, WORK_END);
     double t0 = clock_now_s();
-    dispatcher_close(d, 10.0);
+    dispatcher_close(d, 10.0, 0);
     double took = clock_now_s() - t0;
     if (took >= 2.0)
         fail_msg("dispatcher_close took %.2f s with every live process told the end", took);
@@ -1548,13 +1678,60 @@ static void test_shell_end_to_end(void **state)
     assert_int_equal(g.kind, WORK_WAIT);
     dispatcher_end(d, 0, "stopped before step 1");
     t0 = clock_now_s();
-    dispatcher_close(d, 0.5);
+    dispatcher_close(d, 0.5, 0);
     took = clock_now_s() - t0;
     if (took < 0.45 || took >= 3.0)
         fail_msg("dispatcher_close(0.5) took %.2f s with a live process not told the end", took);
     assert_false(work_client_ended(slow));
     work_client_close(slow);
     free(w), free(w0), free(w1);
+}
+
+/* A rollout rank whose process first asks after the run's end (it was still loading while a faster rank did the
+ * whole run): close waits for it (up to unseen_s) and it hears the end, instead of finding the dispatcher gone and
+ * giving the trainers up a minute later with the job failed. */
+struct late {
+    const char *ep;
+    struct work_grant g;
+    int rc;
+};
+static void *late_rank(void *arg)
+{
+    struct late *l = arg;
+    /* sleep-ok: how late the rank comes is the case tested (close has begun, and has told the early rank) */
+    clock_sleep_s(0.5);
+    struct work_client *c = open_client(l->ep, 1, 30.0);
+    char err[512] = "";
+    l->rc = work_client_next(c, &l->g, 5000, err, sizeof err);
+    work_client_close(c);
+    return NULL;
+}
+static void test_close_waits_for_late_rank(void **state)
+{
+    const struct fx *f = *state;
+    char ep[128];
+    endpoint(f, "late.sock", ep, sizeof ep);
+    struct dispatcher *d = open_dispatcher(ep, 2, 1, 16);
+    struct work_client *early = open_client(ep, 0, 30.0);
+    struct work_grant g;
+    next_ok(early, &g);
+    dispatcher_end(d, 0, "stopped before step 1");
+    next_ok(early, &g);
+    assert_int_equal(g.kind, WORK_END);
+    /* rank 1 comes only now, after the end */
+    struct late l = {.ep = ep, .rc = -2};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, late_rank, &l), 0);
+    const double t0 = clock_now_s();
+    dispatcher_close(d, 0.1, 30);
+    const double took = clock_now_s() - t0;
+    pthread_join(t, NULL);
+    assert_int_equal(l.rc, 0);
+    assert_int_equal(l.g.kind, WORK_END);
+    assert_string_equal(l.g.reason, "stopped before step 1");
+    if (took >= 10)
+        fail_msg("dispatcher_close took %.2f s after the late rank heard the end", took);
+    work_client_close(early);
 }
 
 /* Send raw bytes on a REQ socket and return the decoded answer (NULL when it does not decode). */
@@ -1641,7 +1818,7 @@ static void test_shell_bad_input(void **state)
     assert_int_equal(work_client_weights(ok, 0, w, N, 1024, &bytes, &chunks, err, sizeof err), 0);
     assert_memory_equal(w, w0, sizeof w);
     work_client_close(ok);
-    dispatcher_close(d, 1.0);
+    dispatcher_close(d, 1.0, 0);
     free(w0);
 }
 
@@ -1730,7 +1907,7 @@ static void test_shell_flood(void **state)
     next_ok(c, &g);
     assert_int_equal(g.kind, WORK_END);
     work_client_close(c);
-    dispatcher_close(d, 1.0);
+    dispatcher_close(d, 1.0, 0);
     free(w0);
 }
 
@@ -1849,6 +2026,8 @@ int main(void)
         cmocka_unit_test(test_lease_floor_option),
         cmocka_unit_test(test_late_answers),
         cmocka_unit_test(test_broadcast_rounds),
+        cmocka_unit_test(test_async_stream),
+        cmocka_unit_test(test_async_replay),
         cmocka_unit_test(test_end),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_one_id_per_process),
@@ -1857,6 +2036,7 @@ int main(void)
         cmocka_unit_test(test_rate_limit),
         cmocka_unit_test(test_size_before_mac),
         cmocka_unit_test(test_identity),
+        cmocka_unit_test_setup_teardown(test_close_waits_for_late_rank, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shell_end_to_end, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shell_bad_input, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shell_flood, setup, teardown),

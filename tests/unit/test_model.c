@@ -1115,6 +1115,75 @@ static void test_generate_slots_bounded(void **state)
     model_free(m);
 }
 
+static bool pause_after(void *ud)
+{
+    int *left = ud;
+    return --*left <= 0;
+}
+
+static void expect_same_outputs(const struct gen_output *a, const struct gen_output *b, int n)
+{
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(a[i].len, b[i].len);
+        assert_int_equal(a[i].stopped, b[i].stopped);
+        assert_memory_equal(a[i].tokens, b[i].tokens, sizeof(int32_t) * (size_t)a[i].len);
+        assert_memory_equal(a[i].logps, b[i].logps, sizeof(float) * (size_t)a[i].len);
+    }
+}
+
+/* generate_phase (partial rollout): a live pause after a few decode steps, then the rest with other weights, is
+ * reproduced bit for bit by pausing each sequence at the length it had (pause_at) and resuming the same way; what
+ * came before the pause is what an uninterrupted call makes; a group not started before the pause starts whole. */
+static void test_generate_phases(void **state)
+{
+    (void)state;
+    struct model *m = load("tiny-llama-tied");
+    struct model *m2 = model_clone(m); /* the "newer version": other weights */
+    for (size_t i = 0; i < m2->w.n_floats; i++)
+        m2->w.mem[i] *= 1.01f;
+    int32_t p0[3] = {1, 2, 3}, p1[2] = {4, 5}, p2[4] = {6, 7, 8, 9};
+    const int32_t *prompts[3] = {p0, p1, p2};
+    int lens[3] = {3, 2, 4};
+    enum { N = 6 };
+    struct gen_params gp = {
+        .sampling = {1.0f, 1.0f, -1}, .max_new_tokens = 9, .n_samples = 2, .max_batch = 4, .seed = 5};
+    struct gen_output whole[N], live[N], replay[N];
+    generate(m, prompts, lens, 3, &gp, whole);
+    /* live: paused after the third decode step (the third group, 4 slots for 6 sequences, has not started) */
+    int left = 3;
+    struct gen_params g1 = gp;
+    g1.should_pause = pause_after;
+    g1.pause_ud = &left;
+    const int open = generate_phase(m, prompts, lens, 3, &g1, live);
+    assert_int_equal(open, N);
+    int at[N];
+    for (int i = 0; i < N; i++) {
+        at[i] = live[i].len;
+        assert_memory_equal(live[i].tokens, whole[i].tokens, sizeof(int32_t) * (size_t)live[i].len);
+        assert_memory_equal(live[i].logps, whole[i].logps, sizeof(float) * (size_t)live[i].len);
+    }
+    assert_int_equal(at[4], 0); /* the third group waits for slots */
+    assert_int_equal(at[5], 0);
+    assert_true(at[0] == 4 && at[3] == 4); /* one token at admission, three decode steps */
+    struct gen_params g2 = gp;
+    g2.resume = true;
+    assert_int_equal(generate_phase(m2, prompts, lens, 3, &g2, live), 0);
+    /* replayed: the same pauses, by length */
+    struct gen_params r1 = gp;
+    r1.pause_at = at;
+    assert_int_equal(generate_phase(m, prompts, lens, 3, &r1, replay), N);
+    assert_int_equal(generate_phase(m2, prompts, lens, 3, &g2, replay), 0);
+    expect_same_outputs(live, replay, N);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(live[i].len, 9);
+        gen_output_free(&whole[i]);
+        gen_output_free(&live[i]);
+        gen_output_free(&replay[i]);
+    }
+    model_free(m2);
+    model_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1138,6 +1207,7 @@ int main(void)
         cmocka_unit_test(test_load_refuses_bad_gguf),
         cmocka_unit_test(test_run_fit),
         cmocka_unit_test(test_generate_slots_bounded),
+        cmocka_unit_test(test_generate_phases),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

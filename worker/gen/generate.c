@@ -216,12 +216,11 @@ static void greedy_baselines(const struct rollout_ctx *r, const struct prompt_it
     free(items), free(rule), free(text), free(out), free(sums);
 }
 
-void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt_item *const *prompts, const int *uids,
-                                int n_prompts, int first_group, const struct sampler_params *sp, int n, uint64_t seed,
-                                struct step_batch *b, double *t_gen, double *t_reward)
+/* The generation parameters of a call: the configuration's, the call's sampling, seed and first RNG stream. */
+static struct gen_params gen_params_of(const struct rollout_ctx *r, int first_group, const struct sampler_params *sp,
+                                       int n, uint64_t seed)
 {
     const struct grpo_config *c = r->cfg;
-    double t0 = clock_now_s();
     struct gen_params gp = {
         .sampling = *sp,
         .max_new_tokens = (int)c->data_max_response_length,
@@ -234,10 +233,19 @@ void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt
         .kv_budget = rollout_kv_budget(r->policy, c->rollout_gpu_memory_utilization),
         .record_routes = config_records_routes(c),
     };
+    return gp;
+}
+
+/* Score the generated responses out (n_prompts x n; their arrays go to the batch) into b as groups first_group on;
+ * ReMax's greedy baselines generated first. */
+static void score_into(const struct rollout_ctx *r, const struct prompt_item *const *prompts, const int *uids,
+                       int n_prompts, int first_group, int n, const struct gen_params *gpp, struct gen_output *out,
+                       struct turn_summary *sums, struct step_batch *b, double *t_gen, double *t_reward)
+{
+    const struct grpo_config *c = r->cfg;
+    const struct gen_params gp = *gpp;
     const int total = n_prompts * n;
-    struct gen_output *out = xcalloc((size_t)(total ? total : 1), sizeof *out);
-    struct turn_summary *sums = gen_responses(r, prompts, n_prompts, &gp, out, r->mt);
-    *t_gen += clock_now_s() - t0;
+    double t0;
     double *base = NULL;
     if (r->greedy_baseline) {
         base = xcalloc((size_t)(n_prompts ? n_prompts : 1), sizeof *base);
@@ -317,4 +325,88 @@ void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt
         free(sums[k].reward_json); /* messages_json went to the sequence */
     free(sums);
     free(items), free(scores), free(out), free(base), free(parts);
+}
+
+void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt_item *const *prompts, const int *uids,
+                                int n_prompts, int first_group, const struct sampler_params *sp, int n, uint64_t seed,
+                                struct step_batch *b, double *t_gen, double *t_reward)
+{
+    double t0 = clock_now_s();
+    const struct gen_params gp = gen_params_of(r, first_group, sp, n, seed);
+    const int total = n_prompts * n;
+    struct gen_output *out = xcalloc((size_t)(total ? total : 1), sizeof *out);
+    struct turn_summary *sums = gen_responses(r, prompts, n_prompts, &gp, out, r->mt);
+    *t_gen += clock_now_s() - t0;
+    score_into(r, prompts, uids, n_prompts, first_group, n, &gp, out, sums, b, t_gen, t_reward);
+}
+
+void unit_gen_begin(const struct rollout_ctx *r, struct unit_gen *u, const struct prompt_item *const *prompts,
+                    const int *uids, int n_prompts, int first_group, const struct sampler_params *sp, int n,
+                    uint64_t seed)
+{
+    *u =
+        (struct unit_gen){.prompts = prompts, .uids = uids, .n_prompts = n_prompts, .first_group = first_group, .n = n};
+    u->gp = gen_params_of(r, first_group, sp, n, seed);
+    const int total = n_prompts * n;
+    u->out = xcalloc((size_t)(total ? total : 1), sizeof *u->out);
+    u->versions = xcalloc((size_t)(total ? total : 1), sizeof *u->versions);
+    u->ids = xmalloc((size_t)(n_prompts ? n_prompts : 1) * sizeof *u->ids);
+    u->lens = xmalloc((size_t)(n_prompts ? n_prompts : 1) * sizeof *u->lens);
+    for (int p = 0; p < n_prompts; p++) {
+        u->ids[p] = prompts[p]->ids;
+        u->lens[p] = prompts[p]->len;
+    }
+}
+
+int unit_gen_phase(const struct rollout_ctx *r, struct unit_gen *u, int64_t version, const int *pause_at,
+                   bool (*should_pause)(void *ud), void *ud)
+{
+    const double t0 = clock_now_s();
+    const int total = u->n_prompts * u->n;
+    struct gen_params gp = u->gp;
+    gp.resume = u->phases > 0;
+    gp.pause_at = pause_at;
+    gp.should_pause = should_pause;
+    gp.pause_ud = ud;
+    int *before = xmalloc((size_t)(total ? total : 1) * sizeof(int));
+    for (int i = 0; i < total; i++)
+        before[i] = u->phases > 0 ? u->out[i].len : 0;
+    const int open = u->n_prompts > 0 ? generate_phase(r->policy, u->ids, u->lens, u->n_prompts, &gp, u->out) : 0;
+    if (u->phases == 0)
+        u->version_first = version;
+    for (int i = 0; i < total; i++) {
+        if (u->out[i].len > before[i] && !u->versions[i])
+            u->versions[i] = xmalloc((size_t)(u->gp.max_new_tokens + 1) * sizeof(int64_t));
+        for (int t = before[i]; t < u->out[i].len; t++)
+            u->versions[i][t] = version;
+    }
+    free(before);
+    u->phases++;
+    u->t_gen += clock_now_s() - t0;
+    return open;
+}
+
+void unit_gen_finish(const struct rollout_ctx *r, struct unit_gen *u, struct step_batch *b, double *t_gen,
+                     double *t_reward)
+{
+    const int total = u->n_prompts * u->n, first_seq = b->n_seq;
+    *t_gen += u->t_gen;
+    score_into(r, u->prompts, u->uids, u->n_prompts, u->first_group, u->n, &u->gp, u->out, NULL, b, t_gen, t_reward);
+    /* each sequence's versions: kept only where they are not all the first */
+    for (int k = 0; k < total; k++) {
+        struct rollout_seq *rs = &b->seqs[first_seq + k];
+        rs->version_first = u->version_first;
+        bool mixed = false;
+        for (int t = 0; u->versions[k] && t < rs->resp_len; t++)
+            mixed |= u->versions[k][t] != u->version_first;
+        if (mixed) {
+            rs->versions = u->versions[k];
+            u->versions[k] = NULL;
+        }
+    }
+    for (int k = 0; k < total; k++)
+        free(u->versions[k]);
+    free(u->versions), free(u->ids), free(u->lens);
+    u->versions = NULL;
+    u->out = NULL; /* score_into freed it */
 }

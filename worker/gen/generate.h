@@ -66,4 +66,32 @@ void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt
                                 int n_prompts, int first_group, const struct sampler_params *sp, int n, uint64_t seed,
                                 struct step_batch *b, double *t_gen, double *t_reward);
 
+/* Fully-async training: one work unit generated in phases, each with the weights the policy holds then (a
+ * version), so that a trajectory in flight at a weight push goes on with the new weights (partial rollout). */
+struct unit_gen {
+    const struct prompt_item *const *prompts;
+    const int *uids;
+    int n_prompts, first_group, n;
+    struct gen_params gp;
+    struct gen_output *out; /* (n_prompts x n) */
+    int64_t **versions;     /* (n_prompts x n): each sequence's tokens' versions (NULL: no token yet) */
+    const int32_t **ids;
+    int *lens;
+    int phases;
+    int64_t version_first;
+    double t_gen;
+};
+/* Start unit u: its prompts are group first_group on of the step (as rollout_generate_and_score's). */
+void unit_gen_begin(const struct rollout_ctx *r, struct unit_gen *u, const struct prompt_item *const *prompts,
+                    const int *uids, int n_prompts, int first_group, const struct sampler_params *sp, int n,
+                    uint64_t seed);
+/* One phase with r->policy, which holds `version`: generate_phase's pause_at and should_pause (NULL: none). Returns
+ * the sequences left unfinished (0: the unit is generated). */
+int unit_gen_phase(const struct rollout_ctx *r, struct unit_gen *u, int64_t version, const int *pause_at,
+                   bool (*should_pause)(void *ud), void *ud);
+/* Score the unit into b (as rollout_generate_and_score does); each sequence's version_first, and its versions where
+ * they are not all that one. */
+void unit_gen_finish(const struct rollout_ctx *r, struct unit_gen *u, struct step_batch *b, double *t_gen,
+                     double *t_reward);
+
 #endif

@@ -426,6 +426,12 @@ static int place(struct launch *l, int replace_rank)
         }
     }
     env->staleness = strcmp(cfg->rollout_mode, "async") == 0 ? 1 : 0;
+    if (cfg->async_enable && !l->split) {
+        log_error("worker",
+                  "async_training.* (fully-async training) needs separate rollout ranks (placement.rollout_ranks, or "
+                  "rollout.nnodes x rollout.n_gpus_per_node): rollout ranks stream while the trainer trains");
+        return 2;
+    }
     return 0;
 }
 

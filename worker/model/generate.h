@@ -22,6 +22,15 @@ struct gen_params {
     size_t kv_budget;      /* bytes the KV cache may take (0: no bound): fewer concurrent sequences if need be, at
                               least one group's */
     bool record_routes;    /* mixture of experts: keep the experts each token was routed to (gen_output.routes) */
+    /* Generation in phases (fully-async training's partial rollout: continued with newer weights). */
+    bool resume;         /* out[] holds an earlier call's state (its tokens, log-probs, lengths, stopped): finished
+                            sequences stay, a sequence with tokens is prefilled with its prompt and tokens and decodes on
+                            (its RNG stream advanced past its draws), a group none of whose samples has a token starts as
+                            new; not with record_routes */
+    const int *pause_at; /* (n_prompts x n_samples) or NULL: a sequence that holds pause_at[i] tokens (>= 0) stops
+                            there unfinished (0: its group is not started) */
+    bool (*should_pause)(void *ud); /* asked after each decode step: true stops every sequence where it is */
+    void *pause_ud;
 };
 
 /* One generated response. */
@@ -44,6 +53,13 @@ struct gen_output {
  * callback after each decode step. */
 void generate(struct model *m, const int32_t *const *prompts, const int *prompt_lens, int n_prompts,
               const struct gen_params *gp, struct gen_output *out);
+/* generate(), in phases: returns the sequences left unfinished (paused by pause_at or should_pause; 0: every one
+ * ended on a stop token or the length limit). A later call with gp->resume continues them. Given the same state and
+ * pauses, the same tokens come out, bit for bit. */
+int generate_phase(struct model *m, const int32_t *const *prompts, const int *prompt_lens, int n_prompts,
+                   const struct gen_params *gp, struct gen_output *out);
+/* Whether sequence o, of at most max_new_tokens, is finished. */
+bool gen_output_finished(const struct gen_output *o, int max_new_tokens);
 void gen_output_free(struct gen_output *o);
 
 #endif

@@ -50,13 +50,24 @@ void dispatcher_publish(struct dispatcher *d, int64_t version, const float *w);
  * The first call's word stands. */
 void dispatcher_end(struct dispatcher *d, int64_t after, const char *why);
 /* Wait (at most linger_s) until every live rollout process has heard the end, then stop and free. */
-void dispatcher_close(struct dispatcher *d, double linger_s);
+/* ... and a rollout rank no process has served yet is waited for until unseen_s from the call (0: not at all): one
+ * still loading when the trainers finish must be told the end too, or it waits for a dispatcher that is gone. */
+void dispatcher_close(struct dispatcher *d, double linger_s, double unseen_s);
 
 /* What the dispatcher has done so far (for the metrics). */
 void dispatcher_stats(struct dispatcher *d, struct dispatch_stats *st);
 /* dispatch_core_granted and dispatch_core_regrant under the dispatcher's lock. */
 bool dispatcher_granted(struct dispatcher *d, int64_t step, int unit, int slot);
 void dispatcher_regrant(struct dispatcher *d, int64_t step, int unit, const char *why);
+
+/* Fully-async training: dispatch_core_async_* under the dispatcher's lock. */
+bool dispatcher_async_granted(struct dispatcher *d, int64_t chunk, int unit, int slot);
+void dispatcher_async_received(struct dispatcher *d, int64_t chunk, int unit);
+void dispatcher_async_taken(struct dispatcher *d, int groups, bool dropped);
+void dispatcher_async_hold(struct dispatcher *d, bool hold);
+int dispatcher_async_in_flight(struct dispatcher *d);
+int64_t dispatcher_async_next(struct dispatcher *d);
+int64_t dispatcher_async_window(struct dispatcher *d);
 
 /* ---- the weight broadcast (actor_rollout_ref.rollout.weight_sync=broadcast) ----
  * The launch's rollout processes (one per work unit) and this rank share a broadcast group on the collective
@@ -92,7 +103,16 @@ struct work_grant {
     int64_t start_epoch, start_cursor; /* data cursor of step start + 1 */
     size_t n_floats;
     char reason[256];
+    int64_t latest_version; /* the newest version published (since 1.13; -1: none yet or not said) */
+    /* fully-async training, a replayed unit: its versions phase by phase, and each sequence's tokens once each phase
+     * ends (phases x sequences; malloc'd, work_grant_release) */
+    int n_phases, n_replay_tokens;
+    int64_t *replay_versions;
+    int32_t *replay_tokens;
 };
+
+/* Free a grant's replay arrays. */
+void work_grant_release(struct work_grant *g);
 
 struct work_client;
 struct Grpo__WorkGrant;
@@ -124,6 +144,8 @@ int work_client_broadcast_ask(struct work_client *c, int64_t version, enum work_
 void work_client_on_chunk(struct work_client *c, void (*fn)(void *ud), void *ud);
 /* True once a ping has been answered "end". */
 bool work_client_ended(struct work_client *c);
+/* The newest policy version the dispatcher has said it published (pings and grants; -1: not heard yet). */
+int64_t work_client_latest(struct work_client *c);
 void work_client_close(struct work_client *c);
 
 #endif

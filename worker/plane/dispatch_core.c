@@ -83,6 +83,27 @@ struct dispatch_core {
     int64_t bc_round;         /* the version being broadcast (-1: none) */
     int64_t bc_done, bc_skip; /* the newest version broadcast, the newest one fetched instead */
     struct snapshot *writing; /* the snapshot between publish_begin and publish_end */
+    /* fully-async training (o.async): the units granted and not yet delivered, the stream's next unit, a replay's
+     * units (deep copies) and the next of them, verl's count of groups since the last push */
+    struct alease *al;
+    int n_al, cap_al;
+    int64_t a_next;
+    struct dispatch_replay *rp;
+    int n_rp, a_rnext;
+    int64_t a_granted, a_taken, a_window; /* groups: granted in all (and outstanding at the start), taken, counted */
+    bool a_hold, replaying;
+};
+
+/* A granted unit of the stream: who holds it (PENDING: its holder was lost, to be granted again), since when, with
+ * which version, the replay entry it is (-1: live), and which rollout ranks' processes were ever granted it. */
+struct alease {
+    int64_t n;
+    int holder;
+    bool done; /* its holder said it delivered it (the trainer may not have read it yet) */
+    double since;
+    int64_t version;
+    int ri;
+    uint8_t *ever; /* (units) */
 };
 
 static bool slot_alive(const struct dispatch_core *d, int slot)
@@ -121,6 +142,13 @@ static void release(struct dispatch_core *d, int i, const char *what, char *unit
                  p->slot, what);
     }
     units[0] = 0;
+    for (int a = 0; a < d->n_al; a++) /* fully-async: the stream's allocations it held */
+        if (d->al[a].holder == i && !d->al[a].done) {
+            d->al[a].holder = PENDING;
+            const size_t l = strlen(units);
+            const long long chunk = d->al[a].n / d->o.units + 1;
+            snprintf(units + l, len - l, "%s%lld/%d", l ? ", " : "", chunk, (int)(d->al[a].n % d->o.units));
+        }
     for (int j = 0; j < d->window; j++)
         for (int u = 0; u < d->o.units; u++)
             if (d->lease[j * d->o.units + u].holder == i) {
@@ -323,8 +351,14 @@ static double lease_s(const struct dispatch_core *d)
 /* Process pi says it finished and delivered unit u of step k (the last unit granted to it): its lease is kept
  * for good (never granted again while it lives), and the time it took counts towards the leases. A word about a
  * unit it no longer holds (granted again meanwhile, or its step trained) changes nothing. */
+static void async_delivered(struct dispatch_core *d, int pi, int64_t chunk, int u, double now);
+
 static void delivered(struct dispatch_core *d, int pi, int64_t k, int u, double now)
 {
+    if (d->o.async) {
+        async_delivered(d, pi, k, u, now);
+        return;
+    }
     const int64_t j = k - d->win0;
     if (k <= 0 || j < 0 || j >= d->window || u < 0 || u >= d->o.units)
         return;
@@ -346,11 +380,18 @@ static void give_unit(struct dispatch_core *d, Grpo__WorkGrant *g, int j, int u,
     g->version = version_for(d, g->step);
 }
 
+static void async_grant(struct dispatch_core *d, int pi, bool names_done, Grpo__WorkGrant *g, char *reason, size_t rlen,
+                        double now);
+
 /* The next unit for process p, or a wait / end with its reason. */
 static void grant(struct dispatch_core *d, int pi, bool names_done, Grpo__WorkGrant *g, char *reason, size_t rlen,
                   double now)
 {
     struct proc *p = &d->procs[pi];
+    if (d->o.async && d->end_after < 0) {
+        async_grant(d, pi, names_done, g, reason, rlen, now);
+        return;
+    }
     g->start_step = d->o.start;
     g->total_steps = d->o.total_steps;
     g->start_epoch = d->o.start_epoch;
@@ -582,6 +623,7 @@ static uint8_t *answer(struct dispatch_core *d, const Grpo__Envelope *req, const
             grant(d, (int)(p - d->procs), w->names_done, &g, reason, sizeof reason, now);
         }
         g.reason = reason;
+        g.latest_version = d->latest;
         out.body_case = GRPO__ENVELOPE__BODY_WORK_GRANT;
         out.work_grant = &g;
     } else if (req->body_case == GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST) {
@@ -757,6 +799,39 @@ struct dispatch_core *dispatch_core_create(const struct dispatch_options *o, dou
         d->bc_want[u] = -1;
     d->bc_round = d->bc_done = d->bc_skip = -1;
     d->opened_at = now;
+    if (o->async) {
+        if (o->unit_groups < 1 || o->max_groups < o->unit_groups) {
+            error_set(err, errlen, "dispatcher: %d groups a unit, at most %lld outstanding", o->unit_groups,
+                      (long long)o->max_groups);
+            dispatch_core_free(d);
+            return NULL;
+        }
+        for (int i = 0; i < d->nsnap; i++)
+            free(d->snaps[i].w);
+        free(d->snaps);
+        d->nsnap = o->keep_versions > 0 ? o->keep_versions : 3;
+        d->snaps = xcalloc((size_t)d->nsnap, sizeof *d->snaps);
+        for (int i = 0; i < d->nsnap; i++)
+            d->snaps[i].version = -1;
+        d->a_next = o->stream_next;
+        d->a_granted = o->outstanding;
+        d->a_window = o->outstanding;
+        d->n_rp = o->n_replay;
+        d->rp = xcalloc((size_t)(o->n_replay ? o->n_replay : 1), sizeof *d->rp);
+        for (int i = 0; i < o->n_replay; i++) {
+            const struct dispatch_replay *x = &o->replay[i];
+            int64_t *v = xmalloc((size_t)(x->n_phases ? x->n_phases : 1) * sizeof *v);
+            const size_t nt = (size_t)x->n_phases * (size_t)x->n_seq;
+            int32_t *t = xmalloc((nt ? nt : 1) * sizeof *t);
+            memcpy(v, x->versions, (size_t)x->n_phases * sizeof *v);
+            memcpy(t, x->tokens, nt * sizeof *t);
+            d->rp[i] = *x;
+            d->rp[i].versions = v;
+            d->rp[i].tokens = t;
+        }
+        d->replaying = o->replay != NULL;
+        d->o.replay = NULL;
+    }
     return d;
 }
 
@@ -767,6 +842,14 @@ void dispatch_core_free(struct dispatch_core *d)
     for (int i = 0; i < d->nsnap; i++)
         free(d->snaps[i].w);
     free(d->snaps), free(d->lease), free(d->ever), free(d->slot_seen), free(d->bc_want), free(d->bc_asked);
+    for (int i = 0; i < d->n_al; i++)
+        free(d->al[i].ever);
+    free(d->al);
+    for (int i = 0; i < d->n_rp; i++) {
+        free((void *)d->rp[i].versions);
+        free((void *)d->rp[i].tokens);
+    }
+    free(d->rp);
     free(d->current), free(d->procs), free(d->peers);
     plane_verifier_free(&d->auth);
     free(d);
@@ -795,6 +878,12 @@ void dispatch_core_publish_end(struct dispatch_core *d, int64_t version)
         return;
     d->writing->version = version;
     d->writing = NULL;
+    if (d->o.async) { /* a push: verl's count starts again from what is outstanding */
+        if (version > d->latest)
+            d->latest = version;
+        d->a_window = d->a_granted - d->a_taken;
+        return;
+    }
     if (version > d->latest) {
         /* steps up to version are trained: the window moves to version + 1, keeping the leases it still holds */
         int64_t nw0 = version + 1;
@@ -846,6 +935,14 @@ bool dispatch_core_all_told(const struct dispatch_core *d)
         if (d->procs[i].alive && !d->procs[i].told_end)
             return false;
     return true;
+}
+
+int dispatch_core_unseen(const struct dispatch_core *d)
+{
+    int n = 0;
+    for (int s = 0; s < d->o.units; s++)
+        n += !d->slot_seen[s];
+    return n;
 }
 
 void dispatch_core_broadcast_on(struct dispatch_core *d, double rendezvous_s)
@@ -920,3 +1017,181 @@ void dispatch_core_regrant(struct dispatch_core *d, int64_t step, int unit, cons
     *l = pending_lease;
     d->st.redone++;
 }
+
+/* ---- fully-async training ---- */
+
+static struct alease *al_find(struct dispatch_core *d, int64_t n)
+{
+    for (int i = 0; i < d->n_al; i++)
+        if (d->al[i].n == n)
+            return &d->al[i];
+    return NULL;
+}
+
+static struct alease *al_add(struct dispatch_core *d, int64_t n, int64_t version, int ri)
+{
+    if (d->n_al == d->cap_al) {
+        d->cap_al = d->cap_al ? 2 * d->cap_al : 16;
+        d->al = xrealloc(d->al, (size_t)d->cap_al * sizeof *d->al);
+    }
+    struct alease *a = &d->al[d->n_al++];
+    *a = (struct alease){.n = n, .holder = PENDING, .version = version, .ri = ri};
+    a->ever = xcalloc((size_t)d->o.units, 1);
+    d->a_granted += d->o.unit_groups;
+    d->a_window += d->o.unit_groups;
+    return a;
+}
+
+/* The stream unit of (chunk, unit), or -1 when it names none. */
+static int64_t stream_index(const struct dispatch_core *d, int64_t chunk, int u)
+{
+    if (chunk < 1 || u < 0 || u >= d->o.units)
+        return -1;
+    return (chunk - 1) * d->o.units + u;
+}
+
+static void async_delivered(struct dispatch_core *d, int pi, int64_t chunk, int u, double now)
+{
+    const int64_t n = stream_index(d, chunk, u);
+    struct alease *a = n >= 0 ? al_find(d, n) : NULL;
+    if (!a || a->holder != pi || a->done)
+        return;
+    if (now - a->since > d->longest_s)
+        d->longest_s = now - a->since;
+    a->done = true; /* it stays until the trainer has it (dispatch_core_async_received) */
+}
+
+/* Grant lease a to process pi: the unit, its version, and a replayed unit's switches. */
+static void async_give(struct dispatch_core *d, struct alease *a, int pi, Grpo__WorkGrant *g, double now)
+{
+    a->holder = pi;
+    a->since = now;
+    a->ever[d->procs[pi].slot] = 1;
+    g->kind = WORK_UNIT;
+    g->step = a->n / d->o.units + 1;
+    g->unit = (int)(a->n % d->o.units);
+    g->version = a->version;
+    if (a->ri >= 0) {
+        const struct dispatch_replay *x = &d->rp[a->ri];
+        g->n_replay_versions = (size_t)x->n_phases;
+        g->replay_versions = (int64_t *)x->versions;
+        g->n_replay_tokens = (size_t)x->n_phases * (size_t)x->n_seq;
+        g->replay_tokens = (int32_t *)x->tokens;
+    }
+    d->st.granted++;
+}
+
+static void async_grant(struct dispatch_core *d, int pi, bool names_done, Grpo__WorkGrant *g, char *reason, size_t rlen,
+                        double now)
+{
+    struct proc *p = &d->procs[pi];
+    g->start_step = 0; /* chunk j is the j-th batch from the data's start */
+    g->start_epoch = 0;
+    g->start_cursor = 0;
+    g->total_steps = d->o.total_steps;
+    g->n_floats = d->o.n_floats;
+    g->units = d->o.units;
+    if (d->latest < 0) {
+        g->kind = WORK_WAIT;
+        snprintf(reason, rlen, "the trainers have not published their first weights yet");
+        return;
+    }
+    /* a unit it holds and has not delivered: the answer that granted it was lost */
+    for (int i = 0; names_done && i < d->n_al; i++)
+        if (d->al[i].holder == pi && !d->al[i].done) {
+            log_info("dispatch", "chunk %lld unit %d granted again to the process serving rank %d, which holds it",
+                     (long long)(d->al[i].n / d->o.units + 1), (int)(d->al[i].n % d->o.units), p->slot);
+            async_give(d, &d->al[i], pi, g, now);
+            d->st.granted--;
+            return;
+        }
+    /* a lost holder's unit first (live: with the newest version; a replay keeps the recorded one) */
+    for (int i = 0; i < d->n_al; i++)
+        if (d->al[i].holder == PENDING) {
+            if (d->al[i].ri < 0)
+                d->al[i].version = d->latest;
+            d->st.regranted++;
+            async_give(d, &d->al[i], pi, g, now);
+            return;
+        }
+    g->kind = WORK_WAIT;
+    if (d->a_hold) {
+        snprintf(reason, rlen, "the trainers drain the stream for a checkpoint");
+        return;
+    }
+    if (d->replaying) { /* a replay: the recorded order, each once its version is out */
+        if (d->a_rnext >= d->n_rp) {
+            snprintf(reason, rlen, "every unit of the replayed schedule is granted");
+            return;
+        }
+        const struct dispatch_replay *x = &d->rp[d->a_rnext];
+        if (!snapshot_of(d, x->versions[0])) {
+            snprintf(reason, rlen, "replayed chunk %lld unit %d waits for policy version %lld (newest %lld)",
+                     (long long)x->chunk, x->unit, (long long)x->versions[0], (long long)d->latest);
+            if (x->versions[0] < d->latest)
+                log_warn_every("dispatch", "%s: that version is no longer held", reason);
+            return;
+        }
+        struct alease *a = al_add(d, stream_index(d, x->chunk, x->unit), x->versions[0], d->a_rnext++);
+        async_give(d, a, pi, g, now);
+        return;
+    }
+    if (d->a_window + d->o.unit_groups <= d->o.max_groups) {
+        struct alease *a = al_add(d, d->a_next++, d->latest, -1);
+        async_give(d, a, pi, g, now);
+        return;
+    }
+    /* nothing new within the bound: a lease past its deadline goes to this process too */
+    const double lease = lease_s(d);
+    for (int i = 0; i < d->n_al; i++) {
+        struct alease *a = &d->al[i];
+        if (a->holder == PENDING || a->holder == pi || a->done || now - a->since <= lease)
+            continue;
+        log_warn("dispatch", "chunk %lld unit %d: held %.0f s, past its lease of %.0f s; granted again to rank %d",
+                 (long long)(a->n / d->o.units + 1), (int)(a->n % d->o.units), now - a->since, lease, p->slot);
+        d->st.regranted++;
+        d->st.expired++;
+        async_give(d, a, pi, g, now);
+        return;
+    }
+    g->step = d->a_next / d->o.units + 1;
+    snprintf(reason, rlen,
+             "%lld prompts granted since policy version %lld's push, at most %lld (async_training.staleness_threshold)",
+             (long long)d->a_window, (long long)d->latest, (long long)d->o.max_groups);
+}
+
+bool dispatch_core_async_granted(const struct dispatch_core *d, int64_t chunk, int unit, int slot)
+{
+    const int64_t n = stream_index(d, chunk, unit);
+    if (n < 0 || slot < 0 || slot >= d->o.units)
+        return false;
+    for (int i = 0; i < d->n_al; i++)
+        if (d->al[i].n == n)
+            return d->al[i].ever[slot] != 0;
+    return false;
+}
+
+void dispatch_core_async_received(struct dispatch_core *d, int64_t chunk, int unit)
+{
+    const int64_t n = stream_index(d, chunk, unit);
+    struct alease *a = n >= 0 ? al_find(d, n) : NULL;
+    if (!a)
+        return;
+    free(a->ever);
+    *a = d->al[--d->n_al];
+}
+
+void dispatch_core_async_taken(struct dispatch_core *d, int groups, bool dropped)
+{
+    d->a_taken += groups;
+    if (dropped)
+        d->a_window -= groups;
+}
+
+void dispatch_core_async_hold(struct dispatch_core *d, bool hold) { d->a_hold = hold; }
+
+int dispatch_core_async_in_flight(const struct dispatch_core *d) { return d->n_al; }
+
+int64_t dispatch_core_async_next(const struct dispatch_core *d) { return d->a_next; }
+
+int64_t dispatch_core_async_window(const struct dispatch_core *d) { return d->a_window; }

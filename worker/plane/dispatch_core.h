@@ -31,6 +31,27 @@ struct dispatch_options {
     int first_rollout_rank; /* the trainer ranks: rollout ranks come after them */
     int rollout_tp;         /* rollout ranks per work unit (a rollout TP group; 1 without) */
     double lease_floor_s;   /* the leases' floor (0: DISPATCH_LEASE_FLOOR_S; lower only in tests) */
+    /* fully-async training (docs/training.md, dispatch_core_async_* below): a stream of units instead of steps. Unit
+     * n of the stream (n = 0, 1, ...) is unit n % units of chunk n / units + 1; chunk j holds the j-th batch of
+     * groups_in_step prompts of the data order from its start (epoch 0, index 0). */
+    bool async;
+    int64_t stream_next;                  /* the first stream unit to grant (a resumed run granted the ones before) */
+    int unit_groups;                      /* groups per unit (groups_in_step / units) */
+    int64_t max_groups;                   /* verl's max_required_samples: groups outstanding since a push, at most */
+    int64_t outstanding;                  /* groups outstanding at the start (the units a resumed checkpoint holds) */
+    int keep_versions;                    /* versions held for the rollout processes (0: 3) */
+    const struct dispatch_replay *replay; /* a replayed schedule's units, in the order to grant them (copied) */
+    int n_replay;
+};
+
+/* One unit of a replayed schedule: granted with versions[0] once that version is published; its sequences
+ * switch versions where tokens[phase * n_seq + s] says (the tokens sequence s holds once phase ends). */
+struct dispatch_replay {
+    int64_t chunk;
+    int unit;
+    int n_phases, n_seq;
+    const int64_t *versions; /* (n_phases) */
+    const int32_t *tokens;   /* (n_phases x n_seq) */
 };
 
 /* What the dispatcher has done so far (for the metrics). */
@@ -103,6 +124,9 @@ void dispatch_core_end(struct dispatch_core *d, int64_t after, const char *why);
 void dispatch_core_stats(const struct dispatch_core *d, struct dispatch_stats *st);
 /* True when the run has not ended or every live process has been told it has. */
 bool dispatch_core_all_told(const struct dispatch_core *d);
+/* How many rollout ranks no process has served yet (one still starting when the trainers finished: it must be
+ * told the end too, or it waits for a dispatcher that is gone and fails the job). */
+int dispatch_core_unseen(const struct dispatch_core *d);
 /* The weight broadcast (dispatch.h says how its rounds go). */
 void dispatch_core_broadcast_on(struct dispatch_core *d, double rendezvous_s);
 bool dispatch_core_round_begin(struct dispatch_core *d, int64_t *v, const float **w);
@@ -114,6 +138,28 @@ bool dispatch_core_round_due(struct dispatch_core *d, double waited_s);
 bool dispatch_core_granted(const struct dispatch_core *d, int64_t step, int unit, int slot);
 /* The trainers dropped what was delivered for unit `unit` of `step` (why: for the log): it is granted again. */
 void dispatch_core_regrant(struct dispatch_core *d, int64_t step, int unit, const char *why);
+
+/* ---- fully-async training (options.async) ----
+ * Units are granted in stream order (a lost or expired holder's first) to whichever process asks, each with the
+ * newest version published (a replay: the recorded one, once published); verl's bound: a new unit only while the
+ * groups granted since the last push, plus those outstanding at it, stay within max_groups. */
+/* Whether the process serving rollout rank `slot` has been granted unit `unit` of chunk `chunk`, which the trainer
+ * does not have yet (the trainer keeps a batch only from such a process). */
+bool dispatch_core_async_granted(const struct dispatch_core *d, int64_t chunk, int unit, int slot);
+/* The trainer has unit `unit` of chunk `chunk` (its first copy): it is no longer in flight, and another copy is no
+ * longer its grantee's (the trainer keeps the first). */
+void dispatch_core_async_received(struct dispatch_core *d, int64_t chunk, int unit);
+/* The trainer took (trained on, or dropped for staleness: dropped) a unit of `groups` groups. A dropped unit no
+ * longer counts towards the bound: one more is granted in its place. */
+void dispatch_core_async_taken(struct dispatch_core *d, int groups, bool dropped);
+/* Hold new grants (a checkpoint drains the stream): only units granted already are granted again. */
+void dispatch_core_async_hold(struct dispatch_core *d, bool hold);
+/* Units granted that the trainer does not have yet. */
+int dispatch_core_async_in_flight(const struct dispatch_core *d);
+/* The next stream unit a live run grants (stream_next's successor: a checkpoint records it), and the groups counted
+ * towards the bound since the last push. */
+int64_t dispatch_core_async_next(const struct dispatch_core *d);
+int64_t dispatch_core_async_window(const struct dispatch_core *d);
 
 /* Groups [lo, hi) of unit u of U in a step of B groups. */
 void dispatch_unit_range(int B, int U, int u, int *lo, int *hi);

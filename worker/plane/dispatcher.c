@@ -193,6 +193,59 @@ void dispatcher_regrant(struct dispatcher *d, int64_t step, int unit, const char
     pthread_mutex_unlock(&d->mu);
 }
 
+bool dispatcher_async_granted(struct dispatcher *d, int64_t chunk, int unit, int slot)
+{
+    pthread_mutex_lock(&d->mu);
+    bool g = dispatch_core_async_granted(d->core, chunk, unit, slot);
+    pthread_mutex_unlock(&d->mu);
+    return g;
+}
+
+void dispatcher_async_received(struct dispatcher *d, int64_t chunk, int unit)
+{
+    pthread_mutex_lock(&d->mu);
+    dispatch_core_async_received(d->core, chunk, unit);
+    pthread_mutex_unlock(&d->mu);
+}
+
+void dispatcher_async_taken(struct dispatcher *d, int groups, bool dropped)
+{
+    pthread_mutex_lock(&d->mu);
+    dispatch_core_async_taken(d->core, groups, dropped);
+    pthread_mutex_unlock(&d->mu);
+}
+
+void dispatcher_async_hold(struct dispatcher *d, bool hold)
+{
+    pthread_mutex_lock(&d->mu);
+    dispatch_core_async_hold(d->core, hold);
+    pthread_mutex_unlock(&d->mu);
+}
+
+int dispatcher_async_in_flight(struct dispatcher *d)
+{
+    pthread_mutex_lock(&d->mu);
+    int n = dispatch_core_async_in_flight(d->core);
+    pthread_mutex_unlock(&d->mu);
+    return n;
+}
+
+int64_t dispatcher_async_next(struct dispatcher *d)
+{
+    pthread_mutex_lock(&d->mu);
+    int64_t n = dispatch_core_async_next(d->core);
+    pthread_mutex_unlock(&d->mu);
+    return n;
+}
+
+int64_t dispatcher_async_window(struct dispatcher *d)
+{
+    pthread_mutex_lock(&d->mu);
+    int64_t n = dispatch_core_async_window(d->core);
+    pthread_mutex_unlock(&d->mu);
+    return n;
+}
+
 void dispatcher_broadcast_on(struct dispatcher *d, double rendezvous_s)
 {
     pthread_mutex_lock(&d->mu);
@@ -223,16 +276,18 @@ bool dispatcher_round_due(struct dispatcher *d, double waited_s)
     return due;
 }
 
-void dispatcher_close(struct dispatcher *d, double linger_s)
+void dispatcher_close(struct dispatcher *d, double linger_s, double unseen_s)
 {
     if (!d)
         return;
-    const double until = clock_now_s() + linger_s;
+    const double until = clock_now_s() + linger_s, until_unseen = clock_now_s() + unseen_s;
     bool all_told = false;
+    int unseen = 0;
     for (;;) {
         pthread_mutex_lock(&d->mu);
-        all_told = dispatch_core_all_told(d->core);
-        bool done = all_told || clock_now_s() > until;
+        unseen = dispatch_core_unseen(d->core);
+        all_told = dispatch_core_all_told(d->core) && (unseen == 0 || unseen_s <= 0);
+        bool done = all_told || (clock_now_s() > until && (unseen == 0 || clock_now_s() > until_unseen));
         if (done)
             d->quit = true;
         pthread_mutex_unlock(&d->mu);
@@ -240,9 +295,12 @@ void dispatcher_close(struct dispatcher *d, double linger_s)
             break;
         clock_sleep_s(0.05);
     }
-    log_info("dispatch", "closed: %s",
-             all_told ? "every rollout process was told the end"
-                      : "some rollout processes were not heard from before it closed");
+    if (all_told)
+        log_info("dispatch", "closed: every rollout process was told the end");
+    else if (unseen)
+        log_warn("dispatch", "closed: %d rollout rank(s) never asked for work, %.0f s after the end", unseen, unseen_s);
+    else
+        log_info("dispatch", "closed: some rollout processes were not heard from before it closed");
     pthread_join(d->thread, NULL);
     struct dispatch_stats st;
     dispatch_core_stats(d->core, &st);

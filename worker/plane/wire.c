@@ -92,6 +92,10 @@ uint8_t *wire_pack_batch(const struct wire_header *h, const struct step_batch *b
                 q->n_reward_parts = (size_t)s->n_parts;
                 q->reward_parts = s->reward_parts;
             }
+            if (s->versions) { /* partial rollout: each token's version */
+                q->n_token_versions = (size_t)s->resp_len;
+                q->token_versions = s->versions;
+            }
             ptrs[k++] = q;
         }
     rb.n_sequences = (size_t)k;
@@ -324,7 +328,12 @@ int wire_unpack_batch(const uint8_t *buf, size_t len, const struct wire_limits *
                  (unsigned long long)rb->seq_no);
         goto out;
     }
-    if (rb->policy_version < 0 || rb->policy_version >= rb->step) {
+    if (lim->async && (rb->policy_version < 0 || rb->policy_version > lim->max_version)) {
+        snprintf(why, whylen, "policy_version %lld: the trainers have published versions up to %lld",
+                 (long long)rb->policy_version, (long long)lim->max_version);
+        goto out;
+    }
+    if (!lim->async && (rb->policy_version < 0 || rb->policy_version >= rb->step)) {
         snprintf(why, whylen, "policy_version %lld for step %lld: step k is generated with a version 0..k-1",
                  (long long)rb->policy_version, (long long)rb->step);
         goto out;
@@ -366,6 +375,26 @@ int wire_unpack_batch(const uint8_t *buf, size_t len, const struct wire_limits *
             snprintf(why, whylen, "sequence %zu: %s", i, what);
             goto out;
         }
+    for (size_t i = 0; i < rb->n_sequences; i++) { /* partial rollout's versions: one a token, non-decreasing */
+        const Grpo__Sequence *q = rb->sequences[i];
+        if (!q->n_token_versions)
+            continue;
+        if (!lim->async || q->n_token_versions != q->n_response_ids) {
+            snprintf(why, whylen, "sequence %zu: %zu token versions for %zu tokens%s", i, q->n_token_versions,
+                     q->n_response_ids, lim->async ? "" : " (only fully-async training sends them)");
+            goto out;
+        }
+        for (size_t t = 0; t < q->n_token_versions; t++)
+            if (q->token_versions[t] < (t ? q->token_versions[t - 1] : rb->policy_version) ||
+                q->token_versions[t] > lim->max_version) {
+                snprintf(why, whylen,
+                         "sequence %zu: token %zu's version %lld is below the one before it (or the batch's %lld) or "
+                         "above the newest published, %lld",
+                         i, t, (long long)q->token_versions[t], (long long)rb->policy_version,
+                         (long long)lim->max_version);
+                goto out;
+            }
+    }
     /* whole groups: every sample of a group, each once, and one uid per group */
     struct step_batch nb = {0};
     step_batch_reserve(&nb, (int)rb->n_sequences);
@@ -426,6 +455,10 @@ int wire_unpack_batch(const uint8_t *buf, size_t len, const struct wire_limits *
         s->evictions = q->evictions;
         if (q->messages && q->messages[0])
             s->messages_json = xstrdup(q->messages);
+        if (q->n_token_versions) { /* checked: one a token */
+            s->versions = xmalloc(q->n_token_versions * sizeof(int64_t));
+            memcpy(s->versions, q->token_versions, q->n_token_versions * sizeof(int64_t));
+        }
         if (q->routed_experts.len) { /* checked: (rollout_seq_tokens, layers x k) */
             const size_t n = q->routed_experts.len / 2;
             s->routes = xmalloc(n * sizeof *s->routes);

@@ -69,6 +69,10 @@ struct wire_limits {
     /* algorithm.adv_estimator=gdpo: every sequence carries this many reward components (reward_parts, the
      * configuration's config_gdpo_parts); 0: none may */
     int reward_parts;
+    /* fully-async training: step is the stream's chunk, a batch's version (and its tokens', Sequence.token_versions)
+     * is any published one, at most max_version */
+    bool async;
+    int64_t max_version;
 };
 
 /* The routing every sequence must carry for model c when generation records it (recorded), none otherwise. */

@@ -27,6 +27,7 @@ struct work_client {
     pthread_t pinger;
     pthread_mutex_t mu;
     bool quit, ended, pinging;
+    int64_t latest;             /* the newest version the dispatcher said it published (-1: not heard) */
     void (*on_chunk)(void *ud); /* after each weights chunk (work_client_on_chunk) */
     void *on_chunk_ud;
 };
@@ -83,9 +84,11 @@ static void *ping_loop(void *arg)
         Grpo__Envelope *r = NULL;
         char err[256];
         if (call(c->ping_rpc, &req, (int)(c->ping_s * 1000) + 500, &r, err, sizeof err) == RPC_OK && r) {
-            if (r->body_case == GRPO__ENVELOPE__BODY_WORK_GRANT && r->work_grant->kind == WORK_END) {
+            if (r->body_case == GRPO__ENVELOPE__BODY_WORK_GRANT) {
                 pthread_mutex_lock(&c->mu);
-                c->ended = true;
+                c->ended |= r->work_grant->kind == WORK_END;
+                if (r->work_grant->latest_version > c->latest)
+                    c->latest = r->work_grant->latest_version;
                 pthread_mutex_unlock(&c->mu);
             }
             protocol_free(r);
@@ -99,6 +102,7 @@ struct work_client *work_client_open(const char *endpoint, struct plane_cred *cr
     struct work_client *c = xcalloc(1, sizeof *c);
     c->slot = rank;
     c->ping_s = ping_s > 0 ? ping_s : 1.0;
+    c->latest = -1;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     c->id = ((uint64_t)getpid() << 32) ^ ((uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull) ^ (uint64_t)ts.tv_sec ^
@@ -121,9 +125,27 @@ struct work_client *work_client_open(const char *endpoint, struct plane_cred *cr
     return c;
 }
 
+void work_grant_release(struct work_grant *g)
+{
+    free(g->replay_versions);
+    free(g->replay_tokens);
+    g->replay_versions = NULL;
+    g->replay_tokens = NULL;
+    g->n_phases = g->n_replay_tokens = 0;
+}
+
+int64_t work_client_latest(struct work_client *c)
+{
+    pthread_mutex_lock(&c->mu);
+    const int64_t v = c->latest;
+    pthread_mutex_unlock(&c->mu);
+    return v;
+}
+
 void work_grant_of(const Grpo__WorkGrant *x, struct work_grant *g)
 {
     *g = (struct work_grant){.kind = (enum work_kind)x->kind,
+                             .latest_version = x->latest_version,
                              .step = x->step,
                              .unit = x->unit,
                              .units = x->units,
@@ -134,6 +156,15 @@ void work_grant_of(const Grpo__WorkGrant *x, struct work_grant *g)
                              .start_cursor = x->start_cursor,
                              .n_floats = (size_t)x->n_floats};
     snprintf(g->reason, sizeof g->reason, "%s", x->reason ? x->reason : "");
+    if (x->n_replay_versions > 0 && x->n_replay_versions < (1u << 20) && x->n_replay_tokens < (1u << 26) &&
+        x->n_replay_tokens % x->n_replay_versions == 0) {
+        g->n_phases = (int)x->n_replay_versions;
+        g->n_replay_tokens = (int)x->n_replay_tokens;
+        g->replay_versions = xmalloc(x->n_replay_versions * sizeof(int64_t));
+        memcpy(g->replay_versions, x->replay_versions, x->n_replay_versions * sizeof(int64_t));
+        g->replay_tokens = xmalloc((x->n_replay_tokens ? x->n_replay_tokens : 1) * sizeof(int32_t));
+        memcpy(g->replay_tokens, x->replay_tokens, x->n_replay_tokens * sizeof(int32_t));
+    }
 }
 
 int work_client_next(struct work_client *c, struct work_grant *g, int timeout_ms, char *err, size_t errlen)
@@ -158,7 +189,11 @@ int work_client_next(struct work_client *c, struct work_grant *g, int timeout_ms
                r->work_grant->kind > WORK_END) {
         rc = error_set(err, errlen, "the dispatcher answered a work request with something else");
     } else {
-        work_grant_of(r->work_grant, g);
+        work_grant_of(r->work_grant, g); /* the caller releases the previous grant's replay arrays */
+        pthread_mutex_lock(&c->mu);
+        if (g->latest_version > c->latest)
+            c->latest = g->latest_version;
+        pthread_mutex_unlock(&c->mu);
         if (g->kind == WORK_UNIT && (g->units < 1 || g->unit < 0 || g->unit >= g->units))
             rc = error_set(err, errlen, "the dispatcher granted unit %d of %d", g->unit, g->units);
         else if (g->kind == WORK_UNIT) {

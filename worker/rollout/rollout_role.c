@@ -73,6 +73,7 @@ struct rollout_rank {
     struct weight_sync_receiver ws; /* the head: how each version comes (fetched, or in the trainers' broadcast) */
     pthread_t watchdog;
     bool watching;
+    int replaying; /* generating a replayed unit's phase: no live pause */
     atomic_bool quit;
 };
 
@@ -159,8 +160,9 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
     /* connect (and start pinging) first, so the dispatcher knows this rank is coming while the model loads; a TP
      * group is one process to the dispatcher (its slot: the group's index) */
     if (r->head) {
-        r->work = work_client_open(r->env->dispatch_endpoint, &r->env->plane, r->env->at.engine, r->env->heartbeat_s,
-                                   err, errlen);
+        /* fully-async training: a push is heard within a ping (partial rollout stops there), so they come often */
+        const double ping_s = c->async_enable && r->env->heartbeat_s > 0.25 ? 0.25 : r->env->heartbeat_s;
+        r->work = work_client_open(r->env->dispatch_endpoint, &r->env->plane, r->env->at.engine, ping_s, err, errlen);
         if (!r->work)
             return -1;
         work_client_on_chunk(r->work, eng_keepalive, r);
@@ -294,10 +296,91 @@ static void draw_step(struct rollout_rank *r, const struct work_grant *g, int *i
 /* What one work unit came to: its groups, and the seconds the trainers hear of with them. */
 struct unit_result {
     struct step_batch batch;
+    int64_t version_first;  /* the version the unit started with (the batch's policy_version) */
     double gen_s, reward_s; /* phases gen and reward */
     double wait_weights_s;  /* waiting for work and weights since the previous unit */
     double wait_send_s;     /* the previous unit's sending (waiting for room at the trainers) */
 };
+
+static int take_version(struct rollout_rank *r, int64_t version, char *err, size_t errlen);
+
+/* After each decode step of a fully-async unit: with partial rollout (live), whether a newer version than the one
+ * generating is out. For the tests only, GRPO_TEST_DECODE_SLEEP_S=S makes each decode step S seconds longer (a slow
+ * engine, so that pushes come while units are generated). */
+static bool after_decode(void *ud)
+{
+    struct rollout_rank *r = ud;
+    static double sleep_s = -1;
+    if (sleep_s < 0) {
+        const char *v = getenv("GRPO_TEST_DECODE_SLEEP_S");
+        sleep_s = v ? strtod(v, NULL) : 0;
+        sleep_s = sleep_s > 0 && sleep_s < 10 ? sleep_s : 0;
+    }
+    if (sleep_s > 0)
+        clock_sleep_s(sleep_s);
+    return r->env->cfg->async_partial_rollout && r->replaying == 0 && work_client_latest(r->work) > r->version;
+}
+
+/* Fully-async training: unit g in phases, each with the version the model holds (docs/training.md). Live, with
+ * async_training.partial_rollout, a push stops the phase (a newer version is out) and the unit goes on with the
+ * newest; a replayed unit switches where its schedule says. The unit's version is the first it took. */
+static void generate_phases(struct rollout_rank *r, const struct work_grant *g, const struct prompt_item **prompts,
+                            const int *uids, int n_prompts, int first_group, const struct sampler_params *sp,
+                            struct unit_result *u)
+{
+    const struct grpo_config *c = r->env->cfg;
+    const int n = (int)c->rollout_n, total = n_prompts * n;
+    struct unit_gen ug;
+    unit_gen_begin(&r->rc, &ug, prompts, uids, n_prompts, first_group, sp, n,
+                   rollout_step_seed((uint64_t)c->data_seed, g->step, 0));
+    u->version_first = r->version;
+    int *pause_at = xmalloc((size_t)(total ? total : 1) * sizeof(int));
+    char err[1024];
+    if (g->n_phases > 0 && g->n_replay_tokens != g->n_phases * total)
+        check_failf(__FILE__, __LINE__,
+                    "chunk %lld unit %d: a replayed schedule of %d phases x %d tokens for %d "
+                    "sequences",
+                    (long long)g->step, g->unit, g->n_phases, g->n_replay_tokens, total);
+    for (int phase = 0;; phase++) {
+        int open;
+        if (g->n_phases > 0) { /* replay: this phase's version, until each sequence holds its recorded tokens */
+            const bool last = phase >= g->n_phases - 1;
+            if (phase > 0 && phase < g->n_phases) {
+                const double t0 = clock_now_s();
+                for (bool said = false; take_version(r, g->replay_versions[phase], err, sizeof err) != 0;) {
+                    if (!said) /* its version is not out yet: the trainers publish it */
+                        log_debug("rollout", "replay: chunk %lld unit %d waits for version %lld (%s)",
+                                  (long long)g->step, g->unit, (long long)g->replay_versions[phase], err);
+                    said = true;
+                    control_wait_poll(r->env->ctl, false);
+                    clock_sleep_s(0.05);
+                }
+                u->wait_weights_s += clock_now_s() - t0;
+            }
+            for (int i = 0; i < total; i++)
+                pause_at[i] = last ? -1 : g->replay_tokens[phase * total + i];
+            r->replaying = 1;
+            open = unit_gen_phase(&r->rc, &ug, r->version, pause_at, after_decode, r);
+            r->replaying = 0;
+            if (last)
+                break;
+        } else {
+            open = unit_gen_phase(&r->rc, &ug, r->version, NULL, after_decode, r);
+            if (open == 0)
+                break;
+            /* paused at a push: the newest version, then on */
+            const double t0 = clock_now_s();
+            const int64_t v = work_client_latest(r->work);
+            if (take_version(r, v, err, sizeof err) != 0)
+                check_failf(__FILE__, __LINE__, "partial rollout: version %lld: %s", (long long)v, err);
+            u->wait_weights_s += clock_now_s() - t0;
+            log_debug("rollout", "chunk %lld unit %d: %d trajectories go on with policy version %lld",
+                      (long long)g->step, g->unit, open, (long long)v);
+        }
+    }
+    free(pause_at);
+    unit_gen_finish(&r->rc, &ug, &u->batch, &u->gen_s, &u->reward_s);
+}
 
 /* Phase gen (and reward) of unit g: its share of the step's prompts, generated and scored into u. */
 static void generate_unit(struct rollout_rank *r, const struct work_grant *g, struct unit_result *u)
@@ -313,9 +396,13 @@ static void generate_unit(struct rollout_rank *r, const struct work_grant *g, st
         prompts[i] = &r->train.items[idx[i]];
     struct sampler_params sp = {(float)c->rollout_temperature, (float)c->rollout_top_p, (int)c->rollout_top_k};
     control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_GEN);
-    rollout_generate_and_score(&r->rc, prompts + lo, idx + lo, hi - lo, lo, &sp, (int)c->rollout_n,
-                               rollout_step_seed((uint64_t)c->data_seed, g->step, 0), &u->batch, &u->gen_s,
-                               &u->reward_s);
+    u->version_first = g->version;
+    if (c->async_enable)
+        generate_phases(r, g, prompts + lo, idx + lo, hi - lo, lo, &sp, u);
+    else
+        rollout_generate_and_score(&r->rc, prompts + lo, idx + lo, hi - lo, lo, &sp, (int)c->rollout_n,
+                                   rollout_step_seed((uint64_t)c->data_seed, g->step, 0), &u->batch, &u->gen_s,
+                                   &u->reward_s);
     control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
     log_debug("rollout", "step %lld unit %d: %d groups (%d..%d) with policy version %lld, gen %.2fs, reward %.2fs",
               (long long)g->step, g->unit, u->batch.n_groups, lo, hi - 1, (long long)g->version, u->gen_s, u->reward_s);
@@ -331,7 +418,7 @@ static struct wire_header unit_header(struct rollout_rank *r, const struct work_
                                 .from_rank = r->env->rank,
                                 .to_dp = d,
                                 .seq_no = ++r->seq_no,
-                                .policy_version = g->version,
+                                .policy_version = u->version_first,
                                 .groups_in_step = (int)c->data_train_batch_size,
                                 .n = (int)c->rollout_n,
                                 .gen_s = u->gen_s,
@@ -384,7 +471,8 @@ static int send_unit(struct rollout_rank *r, const struct work_grant *g, const s
 
 /* For the tests only: GRPO_TEST_HOLD_UNIT=E:S makes rollout TP group E's head hold the first unit it generates S
  * seconds before sending it, alive (its ping thread goes on) but silent about the unit, so the unit outlives its
- * lease and is granted again elsewhere (tests/system/test_lease.sh). */
+ * lease and is granted again elsewhere (tests/system/test_lease.sh); E:vV holds it until the trainers have published
+ * policy version V (fully-async training: a unit that comes too stale, tests/mpi/test_fully_async.sh). */
 static void test_hold_unit(struct rollout_rank *r, const struct work_grant *g)
 {
     static bool held;
@@ -396,6 +484,17 @@ static void test_hold_unit(struct rollout_rank *r, const struct work_grant *g)
     if (end == v || *end != ':')
         return;
     const char *sv = end + 1;
+    if (*sv == 'v') { /* E:vV (fully-async training): held until the trainers have published version V */
+        const long long v = strtoll(sv + 1, &end, 10);
+        if (end == sv + 1 || *end || engine != r->env->at.engine || !r->work)
+            return;
+        held = true;
+        log_warn("rollout", "GRPO_TEST_HOLD_UNIT: holding chunk %lld unit %d until policy version %lld is out",
+                 (long long)g->step, g->unit, v);
+        while (work_client_latest(r->work) < v && !work_client_ended(r->work))
+            clock_sleep_s(0.02);
+        return;
+    }
     const double s = strtod(sv, &end);
     if (end == sv || *end || engine != r->env->at.engine || !(s > 0))
         return;
@@ -524,15 +623,19 @@ static void head_tell(struct rollout_rank *r, const struct work_grant *g)
  * trainers' next version, or while the run is paused) is added to *waited. 0, or -1 with err. */
 static int next_work(struct rollout_rank *r, struct work_grant *g, double *waited, char *err, size_t errlen)
 {
-    const size_t chunk = (size_t)r->env->cfg->rollout_update_weights_bucket_megabytes << 20;
     const double t0 = clock_now_s();
     double unanswered_since = 0;
     struct backoff refused;
     backoff_init(&refused, 0.05, 2.0);
     control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
     for (;;) {
-        /* pause holds here; stop is the trainers' to decide (the dispatcher says it) */
-        control_safe_point(r->env->ctl, r->cur_step, nothing_to_save, NULL);
+        /* pause holds here; stop is the trainers' to decide (the dispatcher says it). Fully-async, the step said is
+         * the trainers' newest push (a chunk of the stream is not a step) */
+        control_safe_point(r->env->ctl,
+                           r->env->cfg->async_enable
+                               ? (work_client_latest(r->work) > 0 ? work_client_latest(r->work) : 0)
+                               : r->cur_step,
+                           nothing_to_save, NULL);
         char why[1024];
         if (work_client_next(r->work, g, 5000, why, sizeof why) != 0) {
             if (strstr(why, "refused: superseded")) { /* a newer process serves this rank: its work is that one's */
@@ -592,7 +695,9 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
         r->said_waiting_on = false;
         unanswered_since = 0;
         backoff_reset(&refused);
-        if (g->total_steps > 0 && g->kind != WORK_END && g->step >= g->total_steps + (g->kind == WORK_WAIT)) {
+        /* (fully-async training: chunks are not steps, and the trainers' end comes as an end) */
+        if (g->total_steps > 0 && g->kind != WORK_END && !r->env->cfg->async_enable &&
+            g->step >= g->total_steps + (g->kind == WORK_WAIT)) {
             if (g->kind == WORK_WAIT && !r->said_all_granted) /* a unit of the last step, or every one is out */
                 log_info("rollout", "every step to %lld is granted, none of it here: waiting for the trainers' end",
                          (long long)g->total_steps);
@@ -606,7 +711,30 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
         clock_sleep_s(0.05);
     }
     control_wait_poll(r->env->ctl, true);
-    if (g->kind == WORK_UNIT && g->version != r->version) {
+    if (g->kind == WORK_UNIT && g->version != r->version && take_version(r, g->version, err, errlen) != 0) {
+        /* live fully-async training: a version gone by now is replaced by the newest, which the unit takes */
+        if (!r->env->cfg->async_enable || g->n_phases > 0)
+            return -1;
+        const int64_t v = work_client_latest(r->work);
+        log_info("rollout", "chunk %lld unit %d: version %lld is gone (%s); it takes the newest, %lld",
+                 (long long)g->step, g->unit, (long long)g->version, err, (long long)v);
+        if (take_version(r, v, err, errlen) != 0)
+            return -1;
+        g->version = v;
+    }
+    *waited += clock_now_s() - t0;
+    return 0;
+}
+
+/* Load policy version `version` into the model (fetched, or taken in the trainers' broadcast; with TP resharded to
+ * the peers). 0, or -1 with err. */
+static int take_version(struct rollout_rank *r, int64_t version, char *err, size_t errlen)
+{
+    const size_t chunk = (size_t)r->env->cfg->rollout_update_weights_bucket_megabytes << 20;
+    {
+        struct {
+            int64_t version;
+        } gv = {version}, *g = &gv;
         size_t bytes;
         int chunks;
         const double t1 = clock_now_s();
@@ -645,7 +773,6 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
             log_debug("rollout", "policy version %lld: %zu bytes %s, %.3fs", (long long)g->version, bytes, how,
                       clock_now_s() - t1);
     }
-    *waited += clock_now_s() - t0;
     return 0;
 }
 
@@ -669,11 +796,16 @@ int run_rollout(struct role_env *env)
                  r.head ? " (it speaks for the group)" : "");
     }
     log_info("rollout", "rollout rank %d of %d (%s), %d trainer endpoint(s), dispatcher %s", env->at.dp,
-             env->at.dp_size, env->staleness ? "one-step-off" : "on-policy", env->n_endpoints, env->dispatch_endpoint);
+             env->at.dp_size,
+             env->cfg->async_enable ? (env->cfg->async_partial_rollout ? "fully-async, partial rollout" : "fully-async")
+             : env->staleness       ? "one-step-off"
+                                    : "on-policy",
+             env->n_endpoints, env->dispatch_endpoint);
     double waited = 0, wait_send = 0;
     int units = 0;
-    struct work_grant g;
+    struct work_grant g = {0};
     for (;;) {
+        work_grant_release(&g); /* the previous unit's replayed schedule */
         if (!r.head) {
             peer_next(&r, &g);
         } else if (next_work(&r, &g, &waited, err, sizeof err) != 0) {
@@ -692,8 +824,12 @@ int run_rollout(struct role_env *env)
         }
         waited = 0;
         units++;
-        control_set_step(env->ctl, g.step, g.total_steps);
+        if (!env->cfg->async_enable)
+            control_set_step(env->ctl, g.step, g.total_steps);
+        else if (r.work) /* a chunk of the stream is not a step: the trainers' newest push is */
+            control_set_step(env->ctl, work_client_latest(r.work) > 0 ? work_client_latest(r.work) : 0, g.total_steps);
     }
+    work_grant_release(&g);
     const bool finished = g.step >= g.total_steps;
     log_info("rollout", "%s: %s (%d unit(s) generated here)", finished ? "finished" : "stopped", g.reason, units);
     control_finish(env->ctl, finished ? CONTROL_END_FINISHED : CONTROL_END_STOPPED, NULL);

@@ -107,6 +107,17 @@ static char *seq_line(int64_t step, int n, const struct step_batch *b, int i, co
             json_array_append_new(q, json_real(s->sum_pi_sq[k]));
         json_object_set_new(o, "sum_pi_squared", q);
     }
+    if (x && x->versions) { /* fully-async training: the version that sampled each token (partial rollout) */
+        json_t *v = json_array();
+        int64_t newest = s->version_first;
+        for (int k = 0; k < s->resp_len; k++) {
+            const int64_t vk = s->versions ? s->versions[k] : s->version_first;
+            newest = vk > newest ? vk : newest;
+            json_array_append_new(v, json_integer(vk));
+        }
+        json_object_set_new(o, "policy_version", json_integer(newest));
+        json_object_set_new(o, "policy_versions", v);
+    }
     if (x && x->reward_baseline) /* remax: the greedy response's reward */
         json_object_set_new(o, "reward_baseline", json_real(s->reward_baseline));
     for (int k = 0; x && x->part_names && s->reward_parts && k < s->n_parts; k++) /* gdpo: reward_extra_info */

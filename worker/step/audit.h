@@ -4,7 +4,7 @@
  * model's tokens, 0 for the others, one per response id; "advantages" (every token's), and with rollout correction
  * "rollout_is_weights" and "rollout_rs_mask" (1: the loss trains on the token); with remax "reward_baseline" (the
  * greedy response's reward), with calculate_sum_pi_squared "sum_pi_squared" (every token's), with gdpo each reward
- * component under its key. One file a step,
+ * component under its key, in fully-async training each token's policy version. One file a step,
  * STEP.jsonl, as verl writes: with several DP ranks each makes its lines (rollout_audit_text) and DP rank 0
  * writes them all, in DP rank order (rollout_audit_save); "group" is the group's position in the step, so a
  * step's file holds every group exactly rollout.n times, and "uid" the prompt's index in the dataset. */
@@ -24,6 +24,9 @@
 struct audit_extras {
     bool reward_baseline;
     const char *const *part_names;
+    /* fully-async training: "policy_version" (the newest version among its tokens, verl's trajectory version),
+     * "policy_versions" (each token's; where its unit sits in the stream: RUN_DIR/async_schedule.jsonl) */
+    bool versions;
 };
 /* b's lines (n responses per prompt), each ending in a newline, malloc'd; *len their bytes. x may be NULL. */
 char *rollout_audit_text(int64_t step, int n, const struct step_batch *b, const struct audit_extras *x, size_t *len);

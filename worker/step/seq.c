@@ -18,6 +18,7 @@ void rollout_seqs_free(struct rollout_seq *s, int n)
         free(s[i].loss_mask);
         free(s[i].is_w);
         free(s[i].messages_json);
+        free(s[i].versions);
         free(s[i].reward_parts);
         free(s[i].sum_pi_sq);
     }

@@ -56,6 +56,10 @@ struct rollout_seq {
     int prefill_tokens;   /* tokens prefilled for them (the KV cache kept: the stop token and the answer) */
     int evictions;        /* times its KV cache was given up while it waited */
     char *messages_json;  /* the conversation, for the audit files (NULL: not kept) */
+    /* fully-async training with partial rollout: (resp_len) the policy version that sampled each token, else NULL
+     * (every token is the unit's version, version_first) */
+    int64_t *versions;
+    int64_t version_first; /* fully-async training: the version its unit started with */
 };
 
 /* Free the per-sequence arrays of n sequences. */

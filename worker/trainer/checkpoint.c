@@ -163,7 +163,7 @@ static int file_sum(const char *path, int64_t *bytes, uint32_t *crc)
 }
 
 /* Record the size and checksum of every file under dir/sub (one level: the actor's files) and of dir/optim.bin. */
-static int record_files(const char *dir, struct run_state *st, char *err, size_t errlen)
+static int record_files(const char *dir, struct run_state *st, const char *extra, char *err, size_t errlen)
 {
     st->n_files = 0;
     char path[4400];
@@ -194,6 +194,11 @@ static int record_files(const char *dir, struct run_state *st, char *err, size_t
     snprintf(store[n], CKPT_FILE_NAME, "optim.bin");
     names[n] = store[n];
     n++;
+    if (extra && n < CKPT_MAX_FILES) { /* a source's state (fully-async training's async_state.bin) */
+        snprintf(store[n], CKPT_FILE_NAME, "%s", extra);
+        names[n] = store[n];
+        n++;
+    }
     for (int i = 0; i < n; i++) {
         struct ckpt_file *f = &st->files[st->n_files];
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
@@ -265,6 +270,13 @@ static int list_checkpoints(const char *root, int64_t **steps_out)
 int checkpoint_save(const char *root, const struct model *m, const struct adamw *opt, const struct tokenizer *tok,
                     const struct run_state *st, int keep, char *err, size_t errlen)
 {
+    return checkpoint_save_extra(root, m, opt, tok, st, keep, NULL, NULL, 0, err, errlen);
+}
+
+int checkpoint_save_extra(const char *root, const struct model *m, const struct adamw *opt, const struct tokenizer *tok,
+                          const struct run_state *st, int keep, const char *extra_name, const void *extra,
+                          size_t extra_len, char *err, size_t errlen)
+{
     char final[4096], tmp[4096], path[4200];
     if (fs_mkdir_p(root) != 0)
         return error_set(err, errlen, "%s: cannot create directory: %s", root, check_errno_text());
@@ -288,9 +300,14 @@ int checkpoint_save(const char *root, const struct model *m, const struct adamw 
     snprintf(path, sizeof path, "%s/optim.bin", tmp);
     if (optim_state_write(path, opt, err, errlen) != 0)
         goto fail_tmp;
+    if (extra_name) {
+        snprintf(path, sizeof path, "%s/%s", tmp, extra_name);
+        if (fs_write_atomic(path, extra, extra_len, err, errlen) != 0)
+            goto fail_tmp;
+    }
     struct run_state *rec = xmalloc(sizeof *rec);
     *rec = *st;
-    if (record_files(tmp, rec, err, errlen) != 0) {
+    if (record_files(tmp, rec, extra_name, err, errlen) != 0) {
         free(rec);
         goto fail_tmp;
     }

@@ -31,6 +31,12 @@ struct tokenizer;
 int checkpoint_save(const char *ckpt_root, const struct model *m, const struct adamw *opt, const struct tokenizer *tok,
                     const struct run_state *st, int keep, char *err, size_t errlen);
 
+/* checkpoint_save with one more file, extra_name (in the checkpoint's directory, listed in state.json with its size
+ * and checksum like the others): extra[0..extra_len). */
+int checkpoint_save_extra(const char *ckpt_root, const struct model *m, const struct adamw *opt,
+                          const struct tokenizer *tok, const struct run_state *st, int keep, const char *extra_name,
+                          const void *extra, size_t extra_len, char *err, size_t errlen);
+
 /* Path of the newest complete checkpoint under ckpt_root (from latest_checkpointed_iteration.txt, or the
  * highest complete global_step_* if that file is missing or stale) into out; 0, or -1 if there is none. */
 int checkpoint_find_latest(const char *ckpt_root, char *out, size_t outlen);

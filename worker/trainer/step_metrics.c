@@ -204,9 +204,43 @@ static void source_metrics(struct metrics *m, const struct step_timing *tm)
     }
 }
 
+/* Fully-async training: verl's fully_async/ names, and verl v1's training/off_policy/ staleness. */
+static void fully_async_metrics(struct metrics *m, const struct step_result *r)
+{
+    const struct fully_async_stats *a = &r->source.fa;
+    metrics_set(m, "fully_async/count/current_param_version", (double)a->current_param_version);
+    metrics_set(m, "fully_async/count/total_generated_samples", (double)a->total_generated_samples);
+    metrics_set(m, "fully_async/count/stale_samples_processed", (double)a->stale_samples_processed);
+    metrics_set(m, "fully_async/count/stale_trajectory_processed", (double)a->stale_trajectory_processed);
+    metrics_set(m, "fully_async/count/dropped_stale_samples", (double)a->dropped_stale_samples);
+    metrics_set(m, "fully_async/count/buffered_samples", (double)a->buffered_samples);
+    metrics_set(m, "fully_async/partial/total_partial_num", (double)a->total_partial_num);
+    metrics_set(m, "fully_async/partial/partial_ratio", a->partial_ratio);
+    metrics_set(m, "fully_async/partial/max_partial_span", (double)a->max_partial_span);
+    metrics_set(m, "fully_async/total_wait_time", a->total_wait_time);
+    metrics_set(m, "fully_async/trainer/idle_ratio", r->step_s > 0 ? r->source.wait_data / r->step_s : 0);
+    const double busy = r->source.gen + r->source.reward;
+    metrics_set(m, "fully_async/rollouter/idle_ratio",
+                busy + r->source.rollout_idle > 0 ? r->source.rollout_idle / (busy + r->source.rollout_idle) : 0);
+    metrics_set(m, "fully_async/static/required_samples", (double)a->required_samples);
+    metrics_set(m, "fully_async/static/max_required_samples", (double)a->max_required_samples);
+    metrics_set(m, "fully_async/static/staleness_threshold", a->staleness_threshold);
+    metrics_set(m, "training/off_policy/trajectory_staleness/mean", a->staleness_mean);
+    metrics_set(m, "training/off_policy/trajectory_staleness/max", a->staleness_max);
+    metrics_set(m, "training/off_policy/trajectory_staleness/min", a->staleness_min);
+    metrics_set(m, "training/off_policy/trajectory_staleness_worst/mean", a->worst_mean);
+    metrics_set(m, "training/off_policy/trajectory_staleness_worst/max", a->worst_max);
+    metrics_set(m, "training/off_policy/trajectory_staleness_worst/min", a->worst_min);
+    metrics_set(m, "training/off_policy/trajectory_spans/mean", a->spans_mean);
+    metrics_set(m, "training/off_policy/trajectory_spans/max", a->spans_max);
+    metrics_set(m, "training/off_policy/trajectory_spans/min", a->spans_min);
+}
+
 void step_metrics(struct metrics *m, const struct step_result *r)
 {
     source_metrics(m, &r->source);
+    if (r->source.fully_async)
+        fully_async_metrics(m, r);
     rollout_metrics(m, &r->rollouts);
     advantage_metrics(m, &r->adv);
     metrics_set(m, "training/rollout_probs_diff_mean", r->gap.n ? r->gap.sum / r->gap.n : 0);

@@ -381,7 +381,17 @@ int trainer_save_checkpoint(struct trainer *t)
         wo = adamw_to_host(t->opt);
     }
     const struct adamw *opt = wo ? wo : t->opt;
+    uint8_t *blob = NULL; /* the source's state (fully-async training: the stream drained) */
+    size_t blob_len = 0;
+    if (t->src.checkpoint_state && t->src.checkpoint_state(t->src.ctx, t->st.global_step, &blob, &blob_len) != 0) {
+        model_free(wm);
+        adamw_free(wo);
+        log_error("checkpoint", "step %lld: the step source's state could not be gathered",
+                  (long long)t->st.global_step);
+        return -1;
+    }
     if (!lead(t)) {
+        free(blob);
         model_free(wm);
         adamw_free(wo); /* the leader writes for every replica: the weights and optimizer state are the same */
         if (t->hooks.checkpoint_saved)
@@ -391,8 +401,10 @@ int trainer_save_checkpoint(struct trainer *t)
     trainer_phase(t, GRPO__PHASE__PHASE_CHECKPOINT);
     char err[1024];
     double t0 = clock_now_s();
-    int saved = checkpoint_save(t->ckpt_root, wm ? wm : t->policy, opt, t->tok, &t->st,
-                                (int)t->cfg->trainer_max_actor_ckpt_to_keep, err, sizeof err);
+    int saved = checkpoint_save_extra(t->ckpt_root, wm ? wm : t->policy, opt, t->tok, &t->st,
+                                      (int)t->cfg->trainer_max_actor_ckpt_to_keep,
+                                      blob ? TRAINER_SOURCE_STATE_FILE : NULL, blob, blob_len, err, sizeof err);
+    free(blob);
     model_free(wm);
     adamw_free(wo);
     if (saved != 0) {
@@ -592,10 +604,11 @@ int trainer_run(struct trainer *t)
         log_step(t, 0, &m);
         metrics_clear(&m);
     }
+    const int64_t push = t->src.push_every > 1 ? t->src.push_every : 1; /* fully-async: the weight pushes */
     while (t->st.global_step < t->st.total_steps) {
         t->iter_t0 = clock_now_s();
         t->wait_t0 = comm_wait_seconds();
-        int act = decide(t);
+        int act = t->st.global_step % push == 0 ? decide(t) : TRAINER_CONTINUE;
         /* a stop checkpoints too, unless this step is already saved */
         bool saved = act & TRAINER_ALREADY_SAVED;
         /* the leader wrote this step's checkpoint (from its safe point, grpod's request): a replica that took no
@@ -640,11 +653,13 @@ int trainer_run(struct trainer *t)
             break;
         }
         /* validate on test_freq, at the last step, and where the warm-start hands over to GRPO */
-        if (validator && ((c->trainer_test_freq > 0 && k % c->trainer_test_freq == 0) || k == t->st.total_steps ||
-                          k == c->trainer_sft_warmup_steps))
+        /* fully-async: test_freq and save_freq count pushes, as in verl */
+        const bool pushed = k % push == 0;
+        if (validator && ((c->trainer_test_freq > 0 && pushed && (k / push) % c->trainer_test_freq == 0) ||
+                          k == t->st.total_steps || k == c->trainer_sft_warmup_steps))
             trainer_validate(t, &m);
         log_step(t, k, &m);
-        if ((c->trainer_save_freq > 0 && k % c->trainer_save_freq == 0) || k == t->st.total_steps)
+        if ((c->trainer_save_freq > 0 && pushed && (k / push) % c->trainer_save_freq == 0) || k == t->st.total_steps)
             if (trainer_save_checkpoint(t) != 0) {
                 rc = -1;
                 break;
@@ -1057,6 +1072,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
             model_free(t->ref);
             t->ref = r;
         }
+        snprintf(t->resumed_from, sizeof t->resumed_from, "%s", resume);
         log_info("trainer", "resumed from %s at step %lld", resume, (long long)st.global_step);
     }
     /* ZeRO-1 shards over the ranks whose gradients add up: DP, or DP x CP with sequence or context parallelism
@@ -1198,6 +1214,13 @@ void trainer_advance_cursor(struct trainer *t, int *uids)
     free(p);
 }
 int64_t trainer_total_steps(const struct trainer *t) { return t->st.total_steps; }
+const char *trainer_resumed_from(const struct trainer *t) { return t->resumed_from; }
+
+void trainer_set_cursor(struct trainer *t, int64_t epoch, int64_t index)
+{
+    t->st.epoch = epoch;
+    t->st.cursor = index;
+}
 const char *trainer_run_dir(const struct trainer *t) { return t->run_dir; }
 
 const float *trainer_params(struct trainer *t, size_t *n)

@@ -69,6 +69,24 @@ struct trainer_layout {
     bool gpus_shared; /* trainer.device=cuda: some DP ranks share a GPU, so NCCL cannot sum their gradients */
 };
 
+/* Fully-async training's figures of a step (verl's fully_async/ and training/off_policy/ metrics): staleness is in
+ * pushes (parameter versions), counts are prompts (samples) or responses (trajectories), cumulative where verl's
+ * are. */
+struct fully_async_stats {
+    int64_t current_param_version;
+    int64_t total_generated_samples, stale_samples_processed, stale_trajectory_processed, dropped_stale_samples;
+    int64_t dropped_units;                       /* this step's */
+    int64_t total_partial_num, max_partial_span; /* this step's trajectories */
+    double partial_ratio;
+    double staleness_mean, staleness_min, staleness_max; /* trajectory_staleness: less the newest token's */
+    double worst_mean, worst_min, worst_max;             /* trajectory_staleness_worst: less the oldest token's */
+    double spans_mean, spans_min, spans_max;             /* trajectory_spans: versions a trajectory went through */
+    double total_wait_time;                              /* this step's wait for its units */
+    int64_t required_samples, max_required_samples;      /* verl's static figures */
+    double staleness_threshold;
+    int64_t buffered_samples; /* prompts arrived and not yet trained (the queue) */
+};
+
 /* What a step's source reports with its rollouts: the seconds they took where they were made (summed over
  * rollout ranks when they come from several), and what the source did to get them. step_metrics.c turns it into
  * metrics; a source sets none itself. */
@@ -109,6 +127,9 @@ struct step_timing {
     bool gen_here;
     double gen_max_allocated_gb; /* everything the policy's context held, at the generation's peak */
     double gen_grads_gb;         /* of which gradients (0 when they were given back for generation) */
+    /* fully-async training (the trainer role's stream) */
+    bool fully_async;
+    struct fully_async_stats fa;
 };
 
 /* Where each step's rollouts come from, and what happens between steps. The default (zero value) is this
@@ -127,7 +148,16 @@ struct trainer_source {
     /* validation shared by every rank (called on all of them, the metrics set on DP rank 0's first rank) with the
      * policy as it is now; NULL: DP rank 0's model copy validates alone */
     void (*validate)(void *ctx, uint64_t seed, struct metrics *m);
+    /* fully-async training: weights are pushed after steps that are multiples of this; safe points (pause, stop,
+     * grpod's checkpoints, signals) are there only, and trainer.save_freq and test_freq count pushes (0: every
+     * step) */
+    int push_every;
+    /* the source's state for a checkpoint of `step` steps (fully-async training: the stream drained, the units not
+     * yet trained): *blob (malloc'd, *len bytes) goes into the checkpoint as async_state.bin. May be NULL. 0, or -1 */
+    int (*checkpoint_state)(void *ctx, int64_t step, uint8_t **blob, size_t *len);
 };
+/* The file a source's checkpoint state goes to, in the checkpoint's directory. */
+#define TRAINER_SOURCE_STATE_FILE "async_state.bin"
 
 /* Set up a run from the configuration: model, reference, tokenizer, data, scorers, run directory, and resume
  * from a checkpoint when trainer.resume_mode asks. NULL with err on failure. */
@@ -149,6 +179,10 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
  * indices (config_gen_batch_size of them: data.gen_batch_size, else data.train_batch_size) in uids: a trainer fed by
  * rollout ranks keeps its cursor, which goes into checkpoints, in step with theirs. */
 void trainer_advance_cursor(struct trainer *t, int *uids);
+/* The checkpoint directory the run resumed from, or "" (a source reads its state there: async_state.bin). */
+const char *trainer_resumed_from(const struct trainer *t);
+/* Set the data cursor that checkpoints record (a source that draws its own prompts: fully-async training's stream). */
+void trainer_set_cursor(struct trainer *t, int64_t epoch, int64_t index);
 /* The policy model (weight sync sends its parameters). */
 struct model *trainer_policy(struct trainer *t);
 /* The trainer's generation context (its policy, tokenizer, scorers; the reward model on DP rank 0): colocated

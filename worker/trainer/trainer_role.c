@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/check.h"
 #include "common/clock.h"
@@ -24,6 +25,9 @@
 #include "worker/plane/dispatch.h"
 #include "worker/plane/weight_sync.h"
 #include "worker/plane/wire.h"
+#include "worker/trainer/async_stream.h"
+#include "worker/data/dataset.h"
+#include "common/fs.h"
 
 /* A batch that arrived before its step (one-step-off: the rollout runs ahead). */
 struct pending {
@@ -58,6 +62,17 @@ struct trainer_rank {
     int64_t bytes_reported; /* weight bytes the dispatcher had served at the previous step */
     double refused_logged_at;
     struct weight_sync_sender ws; /* the dispatcher's rank: the broadcast rounds (weight_sync=broadcast) */
+    /* fully-async training (async_training.*): the stream's units at this trainer, the prompts of each chunk (drawn
+     * from the data's start: the cursor before each, and its uids), what the units since the last step reported */
+    struct astream *as;
+    struct data_cursor acur;
+    bool acur_open;
+    int64_t chunks_drawn;
+    int *chunk_uids;   /* (chunks_drawn x groups_in_step) */
+    int64_t *chunk_at; /* (chunks_drawn x 2): the cursor's epoch and index before each chunk */
+    int64_t published; /* the newest version published (-1: none) */
+    bool draining;     /* a checkpoint holds the dispatcher's grants: lifted at the next push */
+    double a_gen, a_reward, a_idle, a_wait_weights, a_peak_rss; /* the units' figures since the last step (sums) */
 };
 
 /* The sender's phase: weight sync while a round runs. */
@@ -397,10 +412,199 @@ static void drop_other_prompts(struct trainer_rank *r, int64_t k, const int *uid
     r->n_pend = w;
 }
 
+/* ---- fully-async training (docs/training.md): one trainer rank, units in the order they come ---- */
+
+/* The uids chunk j of the stream draws (chunk 1 is the data's first batch), drawn as needed. */
+static const int *chunk_uids(struct trainer_rank *r, int64_t j)
+{
+    const int B = r->lim.groups_in_step;
+    while (r->chunks_drawn < j) {
+        const int64_t c = r->chunks_drawn++;
+        r->chunk_uids = xrealloc(r->chunk_uids, (size_t)r->chunks_drawn * (size_t)B * sizeof(int));
+        r->chunk_at = xrealloc(r->chunk_at, (size_t)r->chunks_drawn * 2 * sizeof(int64_t));
+        r->chunk_at[2 * c] = r->acur.epoch;
+        r->chunk_at[2 * c + 1] = r->acur.index;
+        data_cursor_next(&r->acur, r->chunk_uids + (size_t)c * B);
+    }
+    return r->chunk_uids + (size_t)(j - 1) * B;
+}
+
+/* One message off the socket into the stream (checked: granted to its sender, its chunk's prompts, a first copy).
+ * 1 if a unit arrived, 0 if none came or it was dropped, -1 on a socket error. */
+static int async_receive_one(struct trainer_rank *r, int timeout_ms)
+{
+    void *buf;
+    size_t len;
+    char err[1024];
+    int got = dataplane_recv(r->pull, timeout_ms, &buf, &len, err, sizeof err);
+    if (got <= 0) {
+        if (got < 0)
+            log_error("dataplane", "%s", err);
+        return got;
+    }
+    struct pending p = {0};
+    r->lim.max_version = r->published;
+    int rc = wire_unpack_batch(buf, len, &r->lim, &p.h, &p.b, err, sizeof err);
+    dataplane_msg_free(buf);
+    uint64_t *reason = &r->drop_invalid;
+    if (rc == 0 && p.h.step > r->chunks_drawn + 1000000) {
+        snprintf(err, sizeof err, "chunk %lld is far past the stream", (long long)p.h.step);
+        rc = -1, reason = &r->drop_future;
+    }
+    if (rc == 0) {
+        const int slot = slot_of(r, p.h.from_rank);
+        if (slot < 0 || !dispatcher_async_granted(r->disp, p.h.step, p.h.unit, slot)) {
+            if (astream_have(r->as, p.h.step, p.h.unit)) { /* a late copy of a unit that is in: dropped quietly */
+                dataplane_answer(r->pull, true, "", &r->auth);
+                r->duplicates++;
+                step_batch_free(&p.b);
+                return 0;
+            }
+            snprintf(err, sizeof err, "chunk %lld unit %d was not granted to rank %d", (long long)p.h.step, p.h.unit,
+                     p.h.from_rank);
+            rc = -1, reason = &r->drop_not_granted;
+        }
+    }
+    if (rc == 0) {
+        const int *uids = chunk_uids(r, p.h.step);
+        for (int i = 0; i < p.b.n_seq && rc == 0; i++) {
+            const int g = p.b.seqs[i].gidx / r->lim.n, uid = p.b.group_uid[p.b.seqs[i].group];
+            if (uids[g] != uid) {
+                snprintf(err, sizeof err,
+                         "chunk %lld unit %d from rank %d: group %d holds prompt uid %d, but the chunk draws uid %d "
+                         "there (the sender is not of this run, or its data.* settings differ)",
+                         (long long)p.h.step, p.h.unit, p.h.from_rank, g, uid, uids[g]);
+                rc = -1, reason = &r->drop_prompt;
+            }
+        }
+    }
+    dataplane_answer(r->pull, rc == 0, err, &r->auth);
+    if (rc != 0) {
+        step_batch_free(&p.b);
+        (*reason)++;
+        drop_refused(r, err);
+        return 0;
+    }
+    if (astream_have(r->as, p.h.step, p.h.unit)) { /* a unit granted again comes out the same: the first counts */
+        r->duplicates++;
+        step_batch_free(&p.b);
+        return 0;
+    }
+    r->a_gen += p.h.gen_s, r->a_reward += p.h.reward_s, r->a_idle += p.h.idle_s;
+    r->a_wait_weights += p.h.wait_weights_s;
+    r->a_peak_rss = fmax(r->a_peak_rss, p.h.peak_rss_gb);
+    dispatcher_async_received(r->disp, p.h.step, p.h.unit);
+    astream_arrive(r->as, &p.h, &p.b);
+    return 1;
+}
+
+/* Step k's units from the stream: in the order they came (a replay: its schedule's), the stale ones dropped. */
+static int async_next_batch(struct trainer_rank *r, int64_t k, struct step_batch *b, struct step_timing *tm)
+{
+    control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
+    const double t0 = clock_now_s();
+    double last_note = t0;
+    char err[1024];
+    for (;;) {
+        int taken, dropped;
+        const int got = astream_take(r->as, k, b, &tm->fa, &taken, &dropped, err, sizeof err);
+        if (taken || dropped)
+            dispatcher_async_taken(r->disp, taken, false);
+        if (dropped) /* one more is granted in its place */
+            dispatcher_async_taken(r->disp, dropped, true);
+        if (got < 0) {
+            log_error("trainer", "%s", err);
+            return -1;
+        }
+        if (got > 0)
+            break;
+        if (async_receive_one(r, 200) < 0)
+            return -1;
+        control_hold_while_waiting(r->env->ctl, false);
+        if (clock_now_s() - last_note > 60) {
+            struct dispatch_stats ds;
+            dispatcher_stats(r->disp, &ds);
+            log_warn("trainer",
+                     "step %lld: waiting %.0f s for the stream's units (%d held, %d in flight, %d rollout "
+                     "process(es) alive)",
+                     (long long)k, clock_now_s() - t0, astream_held(r->as), dispatcher_async_in_flight(r->disp),
+                     ds.live);
+            last_note = clock_now_s();
+        }
+    }
+    control_hold_while_waiting(r->env->ctl, true);
+    tm->wait_data = clock_now_s() - t0;
+    tm->split = true;
+    tm->fully_async = true;
+    tm->fa.total_wait_time = tm->wait_data;
+    /* the rollout processes' figures of the units since the last step, per process */
+    const double U = r->lim.units;
+    tm->gen = r->a_gen / U, tm->reward = r->a_reward / U, tm->rollout_idle = r->a_idle / U;
+    tm->rollout_wait_weights = r->a_wait_weights / U, tm->rollout_peak_rss_gb = r->a_peak_rss;
+    r->a_gen = r->a_reward = r->a_idle = r->a_wait_weights = 0;
+    tm->staleness = (int64_t)tm->fa.staleness_max;
+    tm->update_weights_s = r->sync_s_pending;
+    tm->refused = r->refused;
+    tm->duplicates = r->duplicates + r->stale;
+    tm->drop_invalid = r->drop_invalid;
+    tm->drop_future = r->drop_future;
+    tm->drop_not_granted = r->drop_not_granted;
+    tm->drop_prompt = r->drop_prompt;
+    struct dispatch_stats ds;
+    dispatcher_stats(r->disp, &ds);
+    tm->dispatched = true;
+    tm->live_processes = ds.live;
+    tm->lost_processes = ds.lost;
+    tm->units_regranted = ds.regranted;
+    tm->weight_bytes = ds.bytes - r->bytes_reported;
+    tm->dispatch_refused = ds.refused;
+    r->bytes_reported = ds.bytes;
+    r->sync_s_pending = 0;
+    /* the data cursor checkpoints record: past the newest chunk drawn (a checkpoint sets the stream's own) */
+    if (r->chunks_drawn > 0)
+        trainer_set_cursor(r->t, r->acur.epoch, r->acur.index);
+    return 0;
+}
+
+/* trainer_source.checkpoint_state: the stream drained (no new grants; the units in flight finish with the weights
+ * they have and come in), then the units held, the counters and the stream's next unit; the data cursor is the
+ * stream's. The hold lasts to the next push. */
+static int async_checkpoint_state(void *ctx, int64_t step, uint8_t **blob, size_t *len)
+{
+    struct trainer_rank *r = ctx;
+    dispatcher_async_hold(r->disp, true);
+    r->draining = true;
+    const double t0 = clock_now_s();
+    double last_note = t0;
+    while (dispatcher_async_in_flight(r->disp) > 0) {
+        if (async_receive_one(r, 200) < 0)
+            return -1;
+        control_hold_while_waiting(r->env->ctl, false);
+        if (clock_now_s() - last_note > 60) {
+            log_warn("trainer", "checkpoint of step %lld: waiting %.0f s for %d unit(s) in flight", (long long)step,
+                     clock_now_s() - t0, dispatcher_async_in_flight(r->disp));
+            last_note = clock_now_s();
+        }
+    }
+    const int64_t next = dispatcher_async_next(r->disp);
+    *blob = astream_state(r->as, next, len);
+    const int64_t chunk = next / r->lim.units + 1; /* the chunk the next unit is of: the cursor before it */
+    chunk_uids(r, chunk);
+    trainer_set_cursor(r->t, r->chunk_at[2 * (chunk - 1)], r->chunk_at[2 * (chunk - 1) + 1]);
+    log_info("trainer",
+             "step %lld: the stream is drained for the checkpoint (%d unit(s) held, next chunk %lld unit "
+             "%lld, in %.2fs)",
+             (long long)step, astream_held(r->as), (long long)chunk, (long long)(next % r->lim.units),
+             clock_now_s() - t0);
+    return 0;
+}
+
 /* trainer_source.next_batch: step k's batches from every rollout rank, merged in the step's order. */
 static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm)
 {
     struct trainer_rank *r = ctx;
+    if (r->as)
+        return async_next_batch(r, k, b, tm);
     const int R = r->lim.units, B = r->lim.groups_in_step;
     int *uids = xmalloc((size_t)B * sizeof(int));
     trainer_advance_cursor(r->t, uids); /* the checkpoint's cursor moves with the rollout ranks' */
@@ -547,6 +751,7 @@ static void publish(struct trainer_rank *r, int64_t version)
      * a host copy */
     if (r->disp)
         dispatcher_publish(r->disp, version, whole ? whole : trainer_params(r->t, &n)); /* with LoRA, the adapter */
+    r->published = version > r->published ? version : r->published;
     free(whole);
     r->sync_s_pending += clock_now_s() - t0;
     control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
@@ -568,6 +773,14 @@ static int between_steps(void *ctx, int64_t j, bool stop)
         snprintf(why, sizeof why, "the trainers %s after step %lld",
                  j >= trainer_total_steps(r->t) ? "finished" : "stopped", (long long)j);
         dispatcher_end(r->disp, j, why);
+    } else if (r->as) { /* fully-async: a push every trigger_parameter_sync_step steps; a checkpoint's hold ends */
+        const int64_t T = r->env->cfg->async_trigger_parameter_sync_step;
+        if (j > r->start && j % T == 0 && j < trainer_total_steps(r->t))
+            publish(r, j);
+        if (r->draining && (j % T == 0 || j == r->start)) {
+            dispatcher_async_hold(r->disp, false);
+            r->draining = false;
+        }
     } else if (j > r->start && j + 1 + r->env->staleness <= trainer_total_steps(r->t)) {
         publish(r, j); /* version r->start went out at the start (trainer_ready) */
     }
@@ -682,6 +895,75 @@ int run_trainer_process(struct role_env *env, const struct trainer_layout *lay, 
     return rc == 0 ? 0 : 1;
 }
 
+/* Fully-async training, once the trainer exists: the stream (its state from the checkpoint resumed, the schedule
+ * written or replayed) and the dispatcher's stream options. 0, or -1 with err. */
+static int async_setup(struct trainer_rank *r, struct trainer *t, struct dispatch_options *o, char *err, size_t errlen)
+{
+    const struct grpo_config *c = r->env->cfg;
+    const int T = (int)c->async_trigger_parameter_sync_step, U = r->lim.units, B = r->lim.groups_in_step;
+    const int64_t max_required = (int64_t)((double)B * (1.0 + c->async_staleness_threshold) * T);
+    const struct astream_options ao = {.push_every = T,
+                                       .units = U,
+                                       .unit_groups = B / U,
+                                       .n = r->lim.n,
+                                       .staleness_threshold = c->async_staleness_threshold,
+                                       .max_required = max_required};
+    r->as = astream_create(&ao);
+    if (data_cursor_init(&r->acur, r->lim.prompts->n, B, c->data_shuffle, (uint64_t)c->data_seed, err, errlen) != 0)
+        return -1;
+    r->acur_open = true;
+    if (c->async_replay_schedule[0] && astream_load_replay(r->as, c->async_replay_schedule, err, errlen) != 0)
+        return -1;
+    /* a checkpoint's stream: its units held and where the stream goes on; without one (a checkpoint of another
+     * mode), the stream goes on after the chunks of the steps it holds */
+    int64_t next = r->start * U;
+    const char *from = trainer_resumed_from(t);
+    if (from[0]) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s", from, TRAINER_SOURCE_STATE_FILE);
+        size_t len = 0;
+        char *blob = access(path, F_OK) == 0 ? fs_read_all(path, (size_t)1 << 34, &len, err, errlen) : NULL;
+        if (access(path, F_OK) == 0 && !blob)
+            return error_set(err, errlen, "%s cannot be read", path);
+        if (blob) {
+            if (astream_restore(r->as, (const uint8_t *)blob, len, &r->lim, &next, err, errlen) != 0) {
+                char why[1024];
+                snprintf(why, sizeof why, "%s", err);
+                free(blob);
+                return error_set(err, errlen, "%s: %s", path, why);
+            }
+            free(blob);
+            log_info("trainer", "fully-async stream resumed from %s: %d unit(s) held, next chunk %lld unit %lld", path,
+                     astream_held(r->as), (long long)(next / U + 1), (long long)(next % U));
+        } else {
+            log_info("trainer", "%s has no %s: the stream starts after the chunks of its %lld steps", from,
+                     TRAINER_SOURCE_STATE_FILE, (long long)r->start);
+        }
+    }
+    char path[4200];
+    snprintf(path, sizeof path, "%s/async_schedule.jsonl", trainer_run_dir(t));
+    if (astream_open_schedule(r->as, path, r->start, err, errlen) != 0)
+        return -1;
+    o->async = true;
+    o->stream_next = next;
+    o->unit_groups = B / U;
+    o->max_groups = max_required;
+    o->outstanding = (int64_t)astream_held(r->as) * (B / U);
+    /* a replay grants each unit with its recorded first version: the dispatcher holds as many as a unit can be
+     * behind the newest when its turn comes (verl's bound keeps that within ceil(staleness) + 2 pushes) */
+    o->keep_versions = astream_replaying(r->as) ? (int)ceil(c->async_staleness_threshold) + 4 : 3;
+    if (astream_replaying(r->as))
+        o->replay = astream_replay_pending(r->as, &o->n_replay);
+    log_info("trainer",
+             "fully-async training: %d unit(s) of %d group(s) a chunk, a step takes %d; weights pushed every %d "
+             "step(s); at most %lld prompts granted a push (staleness_threshold %g), units more than %g push(es) stale "
+             "dropped; partial rollout %s%s%s",
+             U, B / U, U, T, (long long)max_required, c->async_staleness_threshold, ceil(c->async_staleness_threshold),
+             c->async_partial_rollout ? "on" : "off", astream_replaying(r->as) ? "; replaying " : "",
+             astream_replaying(r->as) ? c->async_replay_schedule : "");
+    return 0;
+}
+
 /* Once the trainer exists (its model loaded, any checkpoint resumed): DP rank 0 opens the dispatcher with the
  * weights and the data cursor to start from. */
 static void trainer_ready(void *ud, struct trainer *t)
@@ -719,6 +1001,11 @@ static void trainer_ready(void *ud, struct trainer *t)
                                                                      : model_whole_floats(&trainer_policy(t)->cfg),
                                  .lost_after_s = 2 * r->env->heartbeat_s};
     char err[1024];
+    if (r->env->cfg->async_enable && async_setup(r, t, &o, err, sizeof err) != 0) {
+        log_error("trainer", "%s", err);
+        control_finish(r->env->ctl, CONTROL_END_FAILED, err);
+        check_failf(__FILE__, __LINE__, "%s", err);
+    }
     r->disp = dispatcher_open(&o, err, sizeof err);
     if (!r->disp) {
         log_error("trainer", "%s", err);
@@ -767,6 +1054,25 @@ int run_trainer(struct role_env *env)
                              .units = env->spec.rollout_ranks / (env->spec.rollout_tp > 1 ? env->spec.rollout_tp : 1),
                              .world_size = env->world_size,
                              .dp_rank = env->at.dp};
+    r.published = -1;
+    if (c->async_enable) { /* what fully-async training runs with (the configuration refused the rest by name) */
+        r.lim.async = true;
+        const char *why = NULL;
+        if (env->spec.trainer_ranks != 1)
+            why = "more than one trainer rank (placement.trainer_ranks, or trainer.nnodes x trainer.n_gpus_per_node)";
+        else if (r.lim.units < 1 || r.lim.groups_in_step % r.lim.units != 0)
+            why = "a stream chunk (data.train_batch_size prompts) that does not cut into one equal work unit per "
+                  "rollout rank";
+        if (why) {
+            snprintf(err, sizeof err,
+                     "fully-async training (async_training.*) with %s: not available yet (%d trainer rank(s), %d "
+                     "rollout rank(s), %d prompts a step)",
+                     why, env->spec.trainer_ranks, r.lim.units, r.lim.groups_in_step);
+            log_error("trainer", "%s", err);
+            control_finish(env->ctl, CONTROL_END_FAILED, err);
+            return 2;
+        }
+    }
     plane_verifier_init(&r.verifier, env->have_run_key ? env->plane_run_key : NULL, env->plane_epoch);
     r.auth.v = &r.verifier;
     r.lim.auth = &r.auth;     /* every batch from a rollout process: a good MAC of the rank it names */
@@ -795,6 +1101,10 @@ int run_trainer(struct role_env *env)
     struct trainer_layout lay;
     trainer_layout_of(env, &lay);
     struct trainer_source src = {.ctx = &r, .next_batch = next_batch, .between_steps = between_steps};
+    if (c->async_enable) {
+        src.push_every = (int)c->async_trigger_parameter_sync_step;
+        src.checkpoint_state = async_checkpoint_state;
+    }
     int status = run_trainer_process(env, &lay, &src, trainer_ready, &r);
     if (r.refused || r.duplicates || r.stale || r.drop_not_granted || r.drop_prompt)
         log_info("dataplane",
@@ -805,13 +1115,19 @@ int run_trainer(struct role_env *env)
                  r.drop_prompt);
     if (r.disp) { /* the rollout processes hear the end (their pings are answered "end") before it goes */
         dispatcher_end(r.disp, r.start, status == 0 ? "the trainers ended" : "the trainers failed");
-        dispatcher_close(r.disp, 3 * env->heartbeat_s + 2);
+        /* (a rollout rank never heard from is waited for as long as a rollout rank waits for an absent dispatcher
+         * before it gives the trainers up: rollout_role.c, a minute) */
+        dispatcher_close(r.disp, 3 * env->heartbeat_s + 2, 60);
     }
     for (int i = 0; i < r.n_pend; i++) {
         step_batch_free(&r.pend[i].b);
         free(r.pend[i].raw);
     }
     free(r.pend);
+    astream_free(r.as);
+    if (r.acur_open)
+        data_cursor_free(&r.acur);
+    free(r.chunk_uids), free(r.chunk_at);
     if (r.pull)
         dataplane_pull_close(r.pull);
     plane_verifier_free(&r.verifier);

@@ -786,7 +786,8 @@ static void audit(struct trainer *t, int64_t k, struct step_batch *b)
         return;
     size_t len;
     const struct audit_extras x = {.reward_baseline = t->est == ADV_REMAX,
-                                   .part_names = t->gdpo_n ? (const char *const *)t->gdpo_keys : NULL};
+                                   .part_names = t->gdpo_n ? (const char *const *)t->gdpo_keys : NULL,
+                                   .versions = t->cfg->async_enable};
     char *mine = rollout_audit_text(k, (int)t->cfg->rollout_n, b, &x, &len);
     struct comm *dp = t->lay.dp && comm_size(t->lay.dp) > 1 ? t->lay.dp : NULL;
     if (!dp) {
