@@ -34,6 +34,10 @@ struct vocab_shard {
     /* the forward's entropy output gets sum_j p_j^2 (the sum of the squared probabilities over the vocabulary,
      * verl's sum_pi_squared) instead of the entropy; the backward takes no dentropy then */
     bool sum_pi_sq;
+    /* batch-invariant mode under TP (NULL: none): gather's all (shards x n) gets every rank's n floats of mine, in
+     * rank order; shard r holds rows [V r / shards, V (r + 1) / shards) */
+    void (*gather)(void *ud, const float *mine, float *all, size_t n);
+    int shards;
 };
 
 /* Embedding rows of this shard: out[i] = table[ids[i] - lo] for ids in [lo, hi), zero rows for the others

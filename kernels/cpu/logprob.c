@@ -6,6 +6,7 @@
  * target logits (sum). With the whole vocabulary the combinations are the identity. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/check.h"
 #include "cpu_bf16.h"
@@ -208,7 +209,14 @@ static void forward_shard(float *logp, float *entropy, const float *h, const flo
     const int Vl = vs->hi - vs->lo, cmax = chunk < N ? chunk : N;
     /* batch-invariant mode, the whole vocabulary here: the logits through the fixed-order product, unscaled, and
      * each token's log-prob by the sampler's function of its row (the entropies as usual, from the scaled row) */
-    const bool bi = k_batch_invariant() && !vs->reduce && Vl == vs->V;
+    const bool bi = k_batch_invariant() && ((!vs->reduce && Vl == vs->V) || (vs->gather && vs->shards > 1));
+    float *whole = NULL, *mine = NULL, *all = NULL; /* under TP: the chunk's rows of every shard, gathered */
+    const int per = vs->shards > 1 ? (vs->V + vs->shards - 1) / vs->shards : 0;
+    if (bi && vs->gather && vs->shards > 1) {
+        whole = xmalloc((size_t)cmax * vs->V * sizeof(float));
+        mine = xmalloc((size_t)cmax * per * sizeof(float));
+        all = xmalloc((size_t)vs->shards * cmax * per * sizeof(float));
+    }
     const struct head hd = head_of(W, D, Vl, bf16 && !bi);
     float *z = scratch_floats(2 * (size_t)cmax * Vl), *e = z + (size_t)cmax * Vl;
     double *st = xmalloc(sizeof(double) * 5 * (size_t)cmax);
@@ -217,8 +225,23 @@ static void forward_shard(float *logp, float *entropy, const float *h, const flo
         float *zc = vs->keep ? vs->keep + (size_t)t0 * Vl : z; /* the same product, kept for the backward */
         if (bi) {
             linear_forward_bi(zc, h + (size_t)t0 * D, D, W, D, c, D, Vl);
+            if (whole) { /* every shard's logits of the chunk's rows, whole rows again */
+                for (int i = 0; i < c; i++) {
+                    memcpy(mine + (size_t)i * per, zc + (size_t)i * Vl, (size_t)Vl * sizeof(float));
+                    memset(mine + (size_t)i * per + Vl, 0, (size_t)(per - Vl) * sizeof(float));
+                }
+                vs->gather(vs->ud, mine, all, (size_t)c * per);
+                for (int r = 0; r < vs->shards; r++) {
+                    const int lo = (int)((int64_t)vs->V * r / vs->shards),
+                              hi = (int)((int64_t)vs->V * (r + 1) / vs->shards);
+                    for (int i = 0; i < c; i++)
+                        memcpy(whole + (size_t)i * vs->V + lo, all + ((size_t)r * c + i) * per,
+                               (size_t)(hi - lo) * sizeof(float));
+                }
+            }
             for (int i = 0; i < c; i++)
-                logp[t0 + i] = logprob_row_bi(zc + (size_t)i * Vl, Vl, temperature, targets[t0 + i]);
+                logp[t0 + i] = whole ? logprob_row_bi(whole + (size_t)i * vs->V, vs->V, temperature, targets[t0 + i])
+                                     : logprob_row_bi(zc + (size_t)i * Vl, Vl, temperature, targets[t0 + i]);
             if (temperature != 1.0f)
                 vec_scale(zc, 1.0f / temperature, (size_t)c * Vl);
         } else {
@@ -237,6 +260,7 @@ static void forward_shard(float *logp, float *entropy, const float *h, const flo
         }
     }
     free(st);
+    free(whole), free(mine), free(all);
 }
 
 static void backward_shard(float *dh, float *dW, const float *dlogp, const float *dentropy, const float *h,
