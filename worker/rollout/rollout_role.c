@@ -360,7 +360,8 @@ static void generate_phases(struct rollout_rank *r, const struct work_grant *g, 
             for (int i = 0; i < total; i++)
                 pause_at[i] = last ? -1 : g->replay_tokens[phase * total + i];
             r->replaying = 1;
-            open = unit_gen_phase(&r->rc, &ug, r->version, pause_at, after_decode, r);
+            (void)unit_gen_phase(&r->rc, &ug, r->version, pause_at, after_decode,
+                                 r); /* the schedule says what is open */
             r->replaying = 0;
             if (last)
                 break;
