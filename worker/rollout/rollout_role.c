@@ -360,8 +360,8 @@ static void generate_phases(struct rollout_rank *r, const struct work_grant *g, 
             for (int i = 0; i < total; i++)
                 pause_at[i] = last ? -1 : g->replay_tokens[phase * total + i];
             r->replaying = 1;
-            (void)unit_gen_phase(&r->rc, &ug, r->version, pause_at, after_decode,
-                                 r); /* the schedule says what is open */
+            /* the schedule, not the count of open sequences, says what comes next */
+            (void)unit_gen_phase(&r->rc, &ug, r->version, pause_at, after_decode, r);
             r->replaying = 0;
             if (last)
                 break;
