@@ -927,8 +927,15 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
         rollout_correction(t, b, true, r.rc);
     advantages(t, b, &r.adv);
     r.phase_s[GRPO__PHASE__PHASE_ADV] = clock_now_s() - t_adv;
+    /* batch-invariant mode: the update's forwards give no log-prob that is compared with the sampler's unless they
+     * are the old policy's (on policy) or bypass mode's current policy against the sampler, so the others take the
+     * faster kernels (the process does nothing else meanwhile: generation and training are its phases in turn) */
+    const bool invariant = k_batch_invariant();
+    if (invariant && !on_policy && !t->corr.bypass)
+        k_set_batch_invariant(false);
     r.phase_s[GRPO__PHASE__PHASE_UPDATE_ACTOR] =
         update_actor(t, k, b, idx, on_policy, r.rollouts.n_seq, &r.update, t->corr.bypass ? r.rc : NULL);
+    k_set_batch_invariant(invariant);
     model_traffic_since(t, &tp0, &pp0, &ep0, &cp0, &r.update);
     if (on_policy)
         model_moe_route_stats(t->policy, &r.gap.route_differ, &r.gap.route_compared);
