@@ -1,4 +1,4 @@
-"""check_batch_invariant.py on|off|skip RUN_DIR AUDIT_DIR STEPS [REF_RUN_DIR]: a run's rollout log-probs against the
+"""check_batch_invariant.py on|onpol|off|skip RUN_DIR AUDIT_DIR STEPS [REF_RUN_DIR]: a run's rollout log-probs against the
 trainer's old log-probs, from its audit files (trainer.rollout_data_dir), and its metrics.jsonl's mismatch metrics
 against the same figures recomputed here in float64 from those files.
 
@@ -6,6 +6,7 @@ against the same figures recomputed here in float64 from those files.
         printed round-trip), and training/rollout_probs_diff_max and _mean, rollout_corr/kl, k3_kl, log_ppl_diff,
         log_ppl_abs_diff are exactly 0, as recomputed (chi2_token is verl's T / (T + 1e-8) - 1 of ratios all 1); the old-log-prob pass ran (timing_s/old_log_prob
         > 0).
+  onpol: as on, for a step of one optimizer step (on policy): the update's forward gives the old log-probs, no pass.
   off:  the mode off: some token differs, and training/rollout_probs_diff_max is the largest |difference| recomputed
         here, training/rollout_probs_diff_mean their mean, both nonzero.
   skip: use_rollout_log_probs=true in the mode: no old-log-prob pass (timing_s/old_log_prob 0), and every metric that
@@ -59,12 +60,12 @@ for k in range(1, steps + 1):
             gaps.append(abs(float(b) - float(a)))
             if a != b:
                 differ += 1
-                if mode in ("on", "skip"):
+                if mode in ("on", "onpol", "skip"):
                     fail(f"step {k} row {i} token {t}: old log-prob {a!r} != rollout log-prob {b!r}")
     gmax = max(gaps) if gaps else 0.0
     gmean = sum(gaps) / len(gaps) if gaps else 0.0
     got_max, got_mean = m["training/rollout_probs_diff_max"], m["training/rollout_probs_diff_mean"]
-    if mode in ("on", "skip"):
+    if mode in ("on", "onpol", "skip"):
         for key in ("training/rollout_probs_diff_max", "training/rollout_probs_diff_mean", "rollout_corr/kl",
                     "rollout_corr/k3_kl", "rollout_corr/log_ppl_diff", "rollout_corr/log_ppl_abs_diff"):
             if key not in m:
@@ -104,4 +105,6 @@ for k in range(1, steps + 1):
             fail(f"step {k}: only {compared} metrics compared")
     elif mode == "on" and t_old <= 0:
         fail(f"step {k}: no old-log-prob pass (timing_s/old_log_prob {t_old})")
+    elif mode == "onpol" and t_old != 0:
+        fail(f"step {k}: an old-log-prob pass on policy (timing_s/old_log_prob {t_old})")
 print(f"{mode}: {steps} steps, {tokens} response tokens, {differ} differ")

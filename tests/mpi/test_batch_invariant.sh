@@ -3,7 +3,7 @@
 # the trainer's old log-probs (a pass of their own: two mini-batches a step) bit for bit, read from the audit files,
 # and verl's mismatch metrics (training/rollout_probs_diff_*, rollout_corr/kl, k3_kl, log_ppl_diff, chi2_token) are
 # exactly 0 as recomputed in float64 by check_batch_invariant.py, in every layout:
-#  - one process; split (1 trainer + 1 rollout rank); rollout TP2 fed by a TP1 trainer; TP2 trainers fed by a TP1
+#  - one process (and on policy, where the update's forward gives the old log-probs); split (1 trainer + 1 rollout rank); rollout TP2 fed by a TP1 trainer; TP2 trainers fed by a TP1
 #    rollout rank; rollout TP2 fed by TP2 trainers; colocated TP2; BF16 products (dtype bfloat16 for the actor and the
 #    rollout: skipped, saying so, on a CPU without AVX512-BF16 or AMX);
 #  - with the mode off the same runs show the real difference: nonzero, and the metrics equal its recomputation;
@@ -45,6 +45,8 @@ run one-on on -- $ON
 expect "one process: the rollout's log-probs are the trainer's bit for bit, the mismatch metrics exactly 0" $?
 run one-skip skip one-on -- $ON $SKIP
 expect "... use_rollout_log_probs skips the old-log-prob pass and every metric is the same, bit for bit" $?
+run one-onpol onpol -- $ON actor_rollout_ref.actor.ppo_mini_batch_size=4
+expect "one process on policy (one optimizer step: the update's forward gives the old log-probs): bit for bit" $?
 
 run split-off off "${SPLIT[@]}" -- placement.trainer_ranks=1 placement.rollout_ranks=1
 expect "split (1 trainer + 1 rollout rank), the mode off: a real difference" $?
