@@ -34,6 +34,7 @@ for round in $(seq 1 "$ROUNDS"); do
         build/worker/grpo-worker "${COMMON[@]}" trainer.default_local_dir="$OUT/$name-$round" \
             trainer.experiment_name=e actor_rollout_ref.model.batch_invariant="$bi" \
             actor_rollout_ref.actor.use_rollout_log_probs="$skip" >"$OUT/$name-$round.log" 2>&1
+        rm -rf "$OUT/$name-$round/bench/e/checkpoints" # the final checkpoint: 1.5 GB a run, never read here
     done
 done
 python3 - "$OUT" "$STEPS" "$ROUNDS" "$RESPONSE" "$(git rev-parse --short HEAD)" "$(cut -d' ' -f1-3 /proc/loadavg)" \

@@ -49,9 +49,6 @@ static int max_seqlen(const char *who, const int32_t *cu, int B)
     return m;
 }
 
-/* One query head over one sequence. Query row i (0..Tq-1) sits at position q_off + i and sees keys
- * 0..q_off+i. q and out rows are ldq floats apart, k and v rows ldk apart, lse entries ld_lse apart
- * (lse may be NULL). S: scratch of ATTN_BLOCK * (q_off + Tq) floats. */
 #define MULTI_TARGET __attribute__((target_clones("avx512f", "avx2", "default")))
 
 /* One query row (a decode step) of one head against keys 0..nk-1: the scores as dot products in 8 interleaved
@@ -91,6 +88,9 @@ MULTI_TARGET static void head_decode(float *out, float *lse, const float *q, con
     }
 }
 
+/* One query head over one sequence. Query row i (0..Tq-1) sits at position q_off + i and sees keys
+ * 0..q_off+i. q and out rows are ldq floats apart, k and v rows ldk apart, lse entries ld_lse apart
+ * (lse may be NULL). S: scratch of ATTN_BLOCK * (q_off + Tq) floats. */
 static void head_forward(float *out, float *lse, int ld_lse, const float *q, int ldq, const float *k, const float *v,
                          int ldk, int Tq, int q_off, int hd, float scale, float *S)
 {
