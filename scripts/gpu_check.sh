@@ -90,10 +90,17 @@ step() {
     case $r in
     0) ;;
     77) st=skipped note="$(tail -n 1 "$OUTD/$name.log")" ;;
-    124 | 137) st=timeout note="cut at $t s" && rc=1 ;;
+    124 | 137)
+        if [ "$t" -lt "$cap" ]; then # the deadline, not the step's own bound: not a failure
+            st=cut note="the deadline came after $t s"
+        else
+            st=timeout note="over its $cap s" && rc=1
+        fi
+        ;;
     *) st=FAILED note="exit $r: $(grep -m1 -E 'FAIL|error|Error' "$OUTD/$name.log" | cut -c1-120)" && rc=1 ;;
     esac
-    steps+=("$name|$st|$(($(date +%s) - t0))|${STEP_NOTE:-}${STEP_NOTE:+; }$note")
+    [ -n "${STEP_NOTE:-}" ] && note="$STEP_NOTE${note:+; $note}"
+    steps+=("$name|$st|$(($(date +%s) - t0))|$note")
     STEP_NOTE=""
     echo "   $st ($(($(date +%s) - t0)) s)"
     return $r
@@ -148,7 +155,7 @@ done
 gpu_name="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
 export K W M SO CMP sanitizer
 step probe 30 probe
-grep -q "not found" "$OUTD/probe.log" && notes+=("probe: a library was not found: $(grep -m3 'not found' "$OUTD/probe.log" | tr '\n' ' ')")
+grep -q "=> not found" "$OUTD/probe.log" && notes+=("probe: a library was not found: $(grep -m3 '=> not found' "$OUTD/probe.log" | tr '\n' ' ')")
 if ! "$K" --probe 1 >/dev/null 2>&1; then
     echo "no CUDA device visible (see $OUTD/probe.log): nothing more to check"
     rc=1
