@@ -393,7 +393,9 @@ def load_model(key):
     if key in MODELS:
         return key, Model(MODELS[key])
     with open(key) as f:
-        return key, Model(json.load(f))
+        c = json.load(f)
+    c.setdefault("name", key)
+    return key, Model(c)
 
 
 def fmt_t(s):
@@ -446,7 +448,8 @@ def tables(keys, variants, launch_s):
 
 
 def breakdown(o, title):
-    out = [title, "| group | op | GFLOP | GB | launches | syncs | time | share |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    out = [title, "| group | op | GFLOP | GB | launches | syncs | time | share |",
+           "|---|---|---:|---:|---:|---:|---:|---:|"]
     t = o.time()
     for (grp, name), r in sorted(o.rows.items(), key=lambda kv: -kv[1][5]):
         out.append("| %s | %s | %.1f | %.2f | %d | %d | %s | %.1f%% |" % (grp, name, r[0] / 1e9, r[1] / 1e9, r[2],
@@ -502,6 +505,10 @@ def main(argv):
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated (default: all)")
     ap.add_argument("--launch-us", type=float, default=H200["launch"] * 1e6, help="launch overhead (default 4)")
     ap.add_argument("--batch", type=int, default=1, help="with --ops: the decode batch (default 1)")
+    ap.add_argument("--workload", metavar="K=V,...",
+                    help="with --ops: the update's workload changed, e.g. prompts=8,n=8,prompt=64,response=64,"
+                         "micro=4,mini_batches=1,ckpt=0 (defaults: 64 prompts x 8, 512 + 1024 tokens, micro-batch 4, "
+                         "4 optimizer steps, recompute for 7B only)")
     args = ap.parse_args(argv)
     variants = args.variants.split(",")
     for vn in variants:
@@ -514,6 +521,11 @@ def main(argv):
     if args.ops:
         key, m = load_model(args.ops)
         wl = workload(key)
+        for kv in (args.workload.split(",") if args.workload else []):
+            k, _, val = kv.partition("=")
+            if k not in wl:
+                ap.error("unknown workload key %s (one of %s)" % (k, ", ".join(wl)))
+            wl[k] = int(val)
         for vn in variants:
             o, st = update(m, wl, vn, launch_s=ls)
             print(breakdown(o, "\n%s, update, %s: %s, MFU %.1f%% (%s)" % (m.name, vn, fmt_t(st["time"]),
