@@ -138,6 +138,10 @@ prog() {
     echo "$BUILD_ROOT/$p"
 }
 
+# The programs a test did not take by position (the older way): the build's, by name
+: "${WORKER:=$(prog grpo-worker)}" "${MODEL_TOOL:=$(prog grpo-model)}" "${COMPARE:=$(prog compare-weights)}"
+: "${SCORER:=$(prog test-scorer)}"
+
 # tiny_run ARRAY DIR [STEPS]: ARRAY gets the keys of a tiny run of the tiny model in $TMP/tiny (tiny_model): 2
 # prompts x 2 responses of at most 8 tokens a step, 16 training and 2 validation prompts, no validation, STEPS steps
 # (default 4), results under DIR/p/e. Keys given after them override them (the command line's last word wins).
