@@ -44,7 +44,7 @@ left() { echo $((deadline - $(date +%s))); }
 say() { echo "== [$(($(date +%s) - start)) s, $(left) s left] $*"; }
 summary() {
     {
-        echo "gpu_check: $([ "$emulate" = 1 ] && echo "REHEARSAL on tests/cuemu, not a GPU" || echo "$gpu_name")," \
+        echo "gpu_check: $([ "$emulate" = 1 ] && echo "REHEARSAL on tests/cuemu, not a GPU" || echo "${gpu_name:-no GPU named by nvidia-smi}")," \
             "$(($(date +%s) - start)) s of a $DEADLINE_S s deadline; exit $rc"
         echo "kit: ${GRPO_KIT_SAYS:-no kit (a local build)}"
         echo
