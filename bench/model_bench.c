@@ -64,11 +64,11 @@ static double bench_sgemm(int n, int reps)
         a[i] = (float)(i % 13) * 0.01f;
         b[i] = (float)(i % 7) * 0.02f;
     }
-    cpu_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n); /* warm */
+    khost_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n); /* warm */
     double best = 0;
     for (int r = 0; r < reps; r++) {
         double t0 = clock_now_s();
-        cpu_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n);
+        khost_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n);
         double dt = clock_now_s() - t0;
         double g = 2.0 * n * n * n / dt / 1e9;
         if (g > best)
@@ -364,7 +364,7 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    cpu_set_threads(threads);
+    khost_set_threads(threads);
     char err[1024];
     double t0 = clock_now_s();
     struct model *m = model_load(argv[optind], err, sizeof err);

@@ -220,7 +220,7 @@ static int cmd_info(const char *arg)
                100.0 * (double)m->lora->n / (double)model_num_params(m));
     }
     char kern[256];
-    printf("kernels             %s\n", blas_kernels(kern, sizeof kern));
+    printf("kernels             %s\n", khost_blas_kernels(kern, sizeof kern));
     /* stored dtypes, counted per tensor */
     int counts[64] = {0};
     const char *names[64] = {0};
@@ -830,7 +830,7 @@ int main(int argc, char **argv)
                            "0 < --top-p <= 1, --threads >= 1");
         return 2;
     }
-    cpu_set_threads(o.threads);
+    khost_set_threads(o.threads);
     int npos = argc - optind;
     const char *a0 = npos > 0 ? argv[optind] : NULL, *a1 = npos > 1 ? argv[optind + 1] : NULL;
     int need = strcmp(cmd, "merge-lora") == 0                                                              ? 3

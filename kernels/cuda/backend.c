@@ -24,10 +24,10 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/kernels.h"
 
-int kops_cuda_open(struct kctx *K, int device, char *why, size_t len);
-void kops_cuda_close(struct kctx *K);
-int kops_cuda_devices(void);
-size_t kops_cuda_device_bytes(struct kctx *K);
+static int kops_cuda_open(struct kctx *K, int device, char *why, size_t len);
+static void kops_cuda_close(struct kctx *K);
+static int kops_cuda_devices(void);
+static size_t kops_cuda_device_bytes(struct kctx *K);
 
 /* A grow-only device buffer. */
 struct dbuf {
@@ -891,7 +891,7 @@ const struct kops kops_cuda = {
     .moe_scatter = cuda_moe_scatter,
 };
 
-int kops_cuda_devices(void)
+static int kops_cuda_devices(void)
 {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) { /* no driver, no device: not an error here */
@@ -901,7 +901,7 @@ int kops_cuda_devices(void)
     return n;
 }
 
-size_t kops_cuda_device_bytes(struct kctx *K)
+static size_t kops_cuda_device_bytes(struct kctx *K)
 {
     use(K);
     size_t free_b = 0, total = 0;
@@ -909,7 +909,7 @@ size_t kops_cuda_device_bytes(struct kctx *K)
     return total;
 }
 
-int kops_cuda_open(struct kctx *K, int device, char *why, size_t len)
+static int kops_cuda_open(struct kctx *K, int device, char *why, size_t len)
 {
     int n = 0;
     cudaError_t rc = cudaGetDeviceCount(&n);
@@ -956,7 +956,7 @@ int kops_cuda_open(struct kctx *K, int device, char *why, size_t len)
     return 0;
 }
 
-void kops_cuda_close(struct kctx *K)
+static void kops_cuda_close(struct kctx *K)
 {
     struct cuda_impl *I = impl(K);
     if (!I)
@@ -985,3 +985,14 @@ void kops_cuda_close(struct kctx *K)
     K->blas = NULL;
     K->stream = NULL;
 }
+
+/* The CUDA back-end as it registers itself (struct kbackend, kernels.h): devices "cuda" and "cuda:N". */
+const struct kbackend kbackend_cuda = {
+    .name = "cuda",
+    .device = KDEV_CUDA,
+    .ops = &kops_cuda,
+    .devices = kops_cuda_devices,
+    .open = kops_cuda_open,
+    .close = kops_cuda_close,
+    .device_bytes = kops_cuda_device_bytes,
+};

@@ -16,6 +16,7 @@
 #include "capture.h"
 
 #include "common/check.h"
+#include "kernels/cpu/cpu_kernels.h" /* kops_cpu */
 #include "kernels/kernels.h"
 #include "worker/model/generate.h"
 #include "worker/model/model.h"

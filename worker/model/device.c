@@ -19,10 +19,10 @@ struct kctx *model_context_for(const char *device, const char *dtype, const char
     enum kmatmul mm = dtype && strcmp(dtype, "bfloat16") == 0 ? KMM_BF16 : KMM_F32;
     if (!cuda && mm == KMM_F32)
         return kctx_cpu();
-    if (!cuda && mm == KMM_BF16 && !cpu_bf16_gemm_available()) {
+    if (!cuda && mm == KMM_BF16 && !khost_bf16_gemm_available()) {
         if (!g_fallback_said)
             log_warn("model", "%s=bfloat16: this CPU has no BF16 matrix products (%s); running float32", dtype_key,
-                     cpu_bf16_gemm_name());
+                     khost_bf16_gemm_name());
         g_fallback_said = true;
         return kctx_cpu();
     }

@@ -40,7 +40,7 @@
 #include "worker/rewards/reward.h"
 #include "worker/tokenizer/tokenizer.h"
 
-/* Achievable sgemm FLOP/s of this process (all its threads: cpu_sgemm), measured once: MFU's denominator. */
+/* Achievable sgemm FLOP/s of this process (all its threads: khost_sgemm), measured once: MFU's denominator. */
 static double measure_peak_flops(void)
 {
     const int n = 384;
@@ -48,11 +48,11 @@ static double measure_peak_flops(void)
           *c = xcalloc((size_t)n * n, sizeof(float));
     for (int i = 0; i < n * n; i++)
         a[i] = b[i] = (float)(i % 7) * 0.1f;
-    cpu_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n); /* warm */
+    khost_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n); /* warm */
     double best = 0;
     for (int r = 0; r < 3; r++) {
         double t0 = clock_now_s();
-        cpu_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n);
+        khost_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n);
         double dt = clock_now_s() - t0;
         if (dt > 0 && 2.0 * n * n * n / dt > best)
             best = 2.0 * n * n * n / dt;
@@ -855,7 +855,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     if (t->corr.bypass)
         t->loss.bypass = &t->corr;
     if (cfg->trainer_num_threads > 0)
-        cpu_set_threads((int)cfg->trainer_num_threads);
+        khost_set_threads((int)cfg->trainer_num_threads);
     if (resolve_micro_batches(t, err, errlen) != 0)
         goto fail;
 
@@ -874,12 +874,12 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     }
     char kern[256];
     if (lead(t))
-        log_info("trainer", "kernels: %s", blas_kernels(kern, sizeof kern));
-    if (lead(t) && blas_kernels_better())
+        log_info("trainer", "kernels: %s", khost_blas_kernels(kern, sizeof kern));
+    if (lead(t) && khost_blas_kernels_better())
         log_warn("trainer",
                  "OPENBLAS_CORETYPE=%s names older kernels than this CPU runs (%s, about 2x faster GEMMs where "
                  "measured: docs/results/performance.md); unset it to let the kernels be chosen for the CPU",
-                 getenv("OPENBLAS_CORETYPE"), blas_kernels_better());
+                 getenv("OPENBLAS_CORETYPE"), khost_blas_kernels_better());
     log_info("trainer", "loading %s", model_path);
     t->policy = model_load(model_path, err, errlen);
     if (!t->policy)
