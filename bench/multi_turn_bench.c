@@ -216,7 +216,7 @@ int main(int argc, char **argv)
             for (int t = 0; t < out[i].len; t++)
                 model_tokens += out[i].mask[t];
             tokens += out[i].len;
-            gen_output_free(&out[i]);
+            model_gen_output_free(&out[i]);
         }
         printf("{\"mode\":\"%s\",\"tool_ms\":%d,\"trajectories\":%d,\"tool_calls\":%lld,\"wall_s\":%.3f,"
                "\"model_tokens_per_s\":%.1f,\"trajectories_per_s\":%.2f,\"response_tokens\":%lld,"

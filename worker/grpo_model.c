@@ -18,7 +18,7 @@
 #include "worker/agent/tool.h"
 #include "worker/formats/gguf.h"
 #include "worker/formats/safetensors.h"
-#include "worker/model/generate.h"
+#include "worker/model/model_generate.h"
 #include "worker/model/lora.h"
 #include "worker/model/model_io.h"
 #include "worker/plan/planner.h"
@@ -731,7 +731,7 @@ static int cmd_generate(const char *model, const struct opts *o)
     };
     struct gen_output *out = xcalloc((size_t)o->n, sizeof *out);
     const int32_t *prompts[1] = {ids};
-    generate(m, prompts, &plen, 1, &gp, out);
+    model_generate(m, prompts, &plen, 1, &gp, out);
     for (int s = 0; s < o->n; s++) {
         char *text = tokenizer_decode(t, out[s].tokens, (size_t)out[s].len, true);
         if (o->n > 1)
@@ -743,7 +743,7 @@ static int cmd_generate(const char *model, const struct opts *o)
             printf("\n");
         }
         free(text);
-        gen_output_free(&out[s]);
+        model_gen_output_free(&out[s]);
     }
     free(out);
     free(ids);

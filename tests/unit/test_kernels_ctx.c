@@ -18,7 +18,7 @@
 #include "common/check.h"
 #include "kernels/cpu/cpu_kernels.h" /* kops_cpu */
 #include "kernels/kernels.h"
-#include "worker/model/generate.h"
+#include "worker/model/model_generate.h"
 #include "worker/model/model.h"
 
 static struct kctx *fresh_cpu(void)

@@ -54,7 +54,7 @@ double model_weight_bytes(const struct model_config *c)
     return floats * (double)sizeof(float);
 }
 
-/* Sequences generate() decodes together for n_prompts prompts of n samples: max_num_seqs, at least a group,
+/* Sequences model_generate() decodes together for n_prompts prompts of n samples: max_num_seqs, at least a group,
  * at most every sequence of the call. */
 static int gen_slots(long long max_num_seqs, long long n, long long n_prompts)
 {

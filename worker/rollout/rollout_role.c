@@ -60,7 +60,7 @@ struct rollout_rank {
     bool all_granted, said_all_granted;
     bool said_waiting_on; /* said that the trainers have been silent a minute and this rank waits on (under grpod) */
     int64_t version;      /* policy version in the model (-1: none yet) */
-    struct rollout_ctx rc;
+    struct gen_ctx rc;
     struct dataplane_push *push;
     struct work_client *work;
     uint64_t seq_no;
@@ -185,7 +185,7 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
     char *tools = NULL; /* multi-turn rollouts: the tools' schemas, rendered into the tool agents' prompts */
     if (!(r->policy = model_load(path, err, errlen)) ||
         !(r->tok = prompt_load_tokenizer(path, r->env->cfg->data_apply_chat_template_kwargs, err, errlen)) ||
-        rollout_tools_json(c, &tools, err, errlen) != 0)
+        gen_tools_json(c, &tools, err, errlen) != 0)
         return -1;
     const int loaded = prompt_sets_load(c, r->tok, tools, &r->train, &r->val, err, errlen);
     free(tools);
@@ -240,8 +240,8 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
     r->cur_open = true;
     r->cur_step = -1;
     r->version = -1;
-    rollout_ctx_init(&r->rc, c, r->policy, r->tok, r->reward);
-    if (rollout_ctx_load_reward_model(&r->rc, err, errlen) != 0 || rollout_ctx_load_env(&r->rc, err, errlen) != 0)
+    gen_ctx_init(&r->rc, c, r->policy, r->tok, r->reward);
+    if (gen_ctx_load_reward_model(&r->rc, err, errlen) != 0 || gen_ctx_load_env(&r->rc, err, errlen) != 0)
         return -1;
     if (!r->head)
         return 0;
@@ -259,7 +259,7 @@ static void teardown(struct rollout_rank *r)
         pthread_join(r->watchdog, NULL);
     }
     free(r->whole);
-    rollout_ctx_release(&r->rc);
+    gen_ctx_release(&r->rc);
     if (r->work)
         work_client_close(r->work);
     if (r->push)
@@ -400,9 +400,9 @@ static void generate_unit(struct rollout_rank *r, const struct work_grant *g, st
     if (c->async_enable)
         generate_phases(r, g, prompts + lo, idx + lo, hi - lo, lo, &sp, u);
     else
-        rollout_generate_and_score(&r->rc, prompts + lo, idx + lo, hi - lo, lo, &sp, (int)c->rollout_n,
-                                   rollout_step_seed((uint64_t)c->data_seed, g->step, 0), &u->batch, &u->gen_s,
-                                   &u->reward_s);
+        gen_generate_and_score(&r->rc, prompts + lo, idx + lo, hi - lo, lo, &sp, (int)c->rollout_n,
+                               rollout_step_seed((uint64_t)c->data_seed, g->step, 0), &u->batch, &u->gen_s,
+                               &u->reward_s);
     control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
     log_debug("rollout", "step %lld unit %d: %d groups (%d..%d) with policy version %lld, gen %.2fs, reward %.2fs",
               (long long)g->step, g->unit, u->batch.n_groups, lo, hi - 1, (long long)g->version, u->gen_s, u->reward_s);

@@ -981,7 +981,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
 
     /* data and scorers */
     char *tools = NULL; /* multi-turn rollouts: the tools' schemas, rendered into the tool agents' prompts */
-    if (rollout_tools_json(cfg, &tools, err, errlen) != 0)
+    if (gen_tools_json(cfg, &tools, err, errlen) != 0)
         goto fail;
     const int loaded = prompt_sets_load(cfg, t->tok, tools, &t->train, &t->val, err, errlen);
     free(tools);
@@ -990,11 +990,11 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     t->reward = reward_create(cfg, err, errlen);
     if (!t->reward)
         goto fail;
-    rollout_ctx_init(&t->rc, cfg, t->policy, t->tok, t->reward);
+    gen_ctx_init(&t->rc, cfg, t->policy, t->tok, t->reward);
     /* the reward model, where this process generates: one process, or the trainers that validate */
-    if (t->lay.dp_rank == 0 && rollout_ctx_load_reward_model(&t->rc, err, errlen) != 0)
+    if (t->lay.dp_rank == 0 && gen_ctx_load_reward_model(&t->rc, err, errlen) != 0)
         goto fail;
-    if (rollout_ctx_load_env(&t->rc, err, errlen) != 0)
+    if (gen_ctx_load_env(&t->rc, err, errlen) != 0)
         goto fail;
     const bool rules = !cfg->rm_enable || cfg->rm_rule_reward_weight != 0; /* a reward model alone needs none */
     for (int i = 0; rules && i < t->train.n; i++)
@@ -1183,7 +1183,7 @@ void trainer_free(struct trainer *t)
         comm_free(t->pp_dev);
     if (t->host_params)
         karena_release(&t->host_stage);
-    rollout_ctx_release(&t->rc);
+    gen_ctx_release(&t->rc);
     if (t->reward)
         reward_free(t->reward);
     if (t->cursor_open)
@@ -1198,7 +1198,7 @@ const char *trainer_failure(const struct trainer *t) { return t->failure; }
 struct model *trainer_policy(struct trainer *t) { return t->policy; }
 const struct prompt_set *trainer_prompts(const struct trainer *t) { return &t->train; }
 const struct prompt_set *trainer_val_prompts(const struct trainer *t) { return &t->val; }
-const struct rollout_ctx *trainer_rollout_ctx(const struct trainer *t) { return &t->rc; }
+const struct gen_ctx *trainer_rollout_ctx(const struct trainer *t) { return &t->rc; }
 
 void trainer_cursor(const struct trainer *t, int64_t *epoch, int64_t *index)
 {
