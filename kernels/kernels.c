@@ -7,6 +7,7 @@
 #include <threads.h>
 
 #include "common/check.h"
+#include "common/config_key_names.h"
 
 /* The device names of enum kdevice: a context's back-end is the registered one of its device's name. */
 static const char *const device_name[] = {[KDEV_CPU] = "cpu", [KDEV_CUDA] = "cuda"};
@@ -194,8 +195,8 @@ static void *host_take(struct kctx *K, size_t bytes, const char *what)
     if (!p)
         check_failf(__FILE__, __LINE__,
                     "out of host memory for %s: %zu bytes (%.3f GB) of %s host memory more, %.3f GB held; to fit, "
-                    "lower actor_rollout_ref.actor.ppo_max_token_len_per_gpu or set "
-                    "actor_rollout_ref.model.enable_activation_offload=false",
+                    "lower " KEY_actor_ppo_max_token_len_per_gpu " or set " KEY_arr_model_enable_activation_offload
+                    "=false",
                     what, bytes, gb(bytes), K->device == KDEV_CPU ? "plain" : "pinned", gb(K->mem.host));
     K->mem.host += bytes;
     if (K->mem.host > K->mem.max_host)

@@ -151,13 +151,14 @@ static int resolve_device(struct grpo_config *c)
     }
     if (n > 0)
         log_info("worker",
-                 "trainer.device=auto: cuda (%d CUDA device%s visible; trainer.device=cpu to train on the CPU)", n,
-                 n == 1 ? "" : "s");
+                 KEY_trainer_device "=auto: cuda (%d CUDA device%s visible; " KEY_trainer_device
+                                    "=cpu to train on the CPU)",
+                 n, n == 1 ? "" : "s");
     else
 #ifdef GRPO_HAVE_CUDA
-        log_info("worker", "trainer.device=auto: cpu (no CUDA device visible)");
+        log_info("worker", KEY_trainer_device "=auto: cpu (no CUDA device visible)");
 #else
-        log_info("worker", "trainer.device=auto: cpu (this build has no CUDA back-end)");
+        log_info("worker", KEY_trainer_device "=auto: cpu (this build has no CUDA back-end)");
 #endif
     return 0;
 }

@@ -23,6 +23,7 @@
 #include "common/check_cuda.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/kernels.h"
+#include "common/config_key_names.h"
 
 static int kops_cuda_open(struct kctx *K, int device, char *why, size_t len);
 static void kops_cuda_close(struct kctx *K);
@@ -158,7 +159,7 @@ static void *ws(struct kctx *K, struct dbuf *b, size_t bytes)
         (void)cudaGetLastError();
         check_failf(__FILE__, __LINE__,
                     "out of memory on cuda:%d: a kernel workspace needs %zu bytes (%.3f GB) beyond the %.3f GB this "
-                    "context holds; lower the batch sizes (actor_rollout_ref.actor.ppo_max_token_len_per_gpu) or the "
+                    "context holds; lower the batch sizes (" KEY_actor_ppo_max_token_len_per_gpu ") or the "
                     "LM-head chunk",
                     K->device_index, cap, (double)cap / 1e9, (double)I->held / 1e9);
     }
@@ -485,8 +486,8 @@ static void no_prefix(const char *who, const int32_t *prefix_of)
 {
     if (prefix_of)
         check_failf(__FILE__, __LINE__,
-                    "%s: shared-prompt packing (a batch with prefix_of) is not implemented on CUDA; set "
-                    "actor_rollout_ref.actor.shared_prompt_packing=false",
+                    "%s: shared-prompt packing (a batch with prefix_of) is not implemented on CUDA; "
+                    "set " KEY_actor_shared_prompt_packing "=false",
                     who);
 }
 

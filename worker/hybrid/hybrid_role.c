@@ -90,14 +90,15 @@ static int gen_model_setup(struct colocated *c, char *err, size_t errlen)
         if (env->trainer_gpus_shared) {
             model_free(g);
             return error_set(err, errlen,
-                             "actor_rollout_ref.rollout.tensor_model_parallel_size %d with trainer.device=cuda: an "
+                             KEY_rollout_tensor_model_parallel_size
+                             " %d with " KEY_trainer_device "=cuda: an "
                              "engine's TP collectives run over NCCL, which needs a GPU per rank, and some node runs "
                              "more ranks than it has GPUs; give each rank a GPU of its own or set it to 1",
                              rtp);
         }
         if (!(c->engine_dev = comm_device_group(c->engine, p->K->device_index))) {
             model_free(g);
-            return error_set(err, errlen, "rollout TP with trainer.device=cuda: this build has no NCCL");
+            return error_set(err, errlen, "rollout TP with " KEY_trainer_device "=cuda: this build has no NCCL");
         }
         model_set_groups(g, c->engine_dev, NULL, c->engine_dev);
     }
@@ -464,7 +465,7 @@ static int colocated_setup(struct colocated *c, char *err, size_t errlen)
     if (c->rc.env && (c->rc.policy->sh.tp || c->rc.policy->sh.pp))
         return error_set(err, errlen,
                          "multi-turn rollouts generate on an unsplit model: a tensor-parallel "
-                         "generation engine is planned (actor_rollout_ref.rollout.tensor_model_parallel_size=1)");
+                         "generation engine is planned (" KEY_rollout_tensor_model_parallel_size "=1)");
     if (!c->rc.rm && cfg->rm_enable) { /* the trainer loads it on DP rank 0 only; every engine scores */
         if (gen_ctx_load_reward_model(&c->rc, err, errlen) != 0)
             return -1;

@@ -7,6 +7,7 @@
 #include "common/check.h"
 #include "common/log.h"
 #include "kernels/kernels.h"
+#include "common/config_key_names.h"
 
 /* One context per (device, precision) per process: the trainer's policy and reference share theirs (a process
  * uses one GPU: the first "cuda:N" asked for). */
@@ -31,7 +32,7 @@ struct kctx *model_context_for(const char *device, const char *dtype, const char
         char why[256];
         *slot = kctx_create(cuda ? device : "cpu", mm, why, sizeof why);
         if (!*slot) {
-            error_set(err, errlen, "%s: %s", cuda ? "trainer.device=cuda" : dtype_key, why);
+            error_set(err, errlen, "%s: %s", cuda ? KEY_trainer_device "=cuda" : dtype_key, why);
             return NULL;
         }
         char d[256];

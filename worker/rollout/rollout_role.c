@@ -140,7 +140,7 @@ static void *watch_group(void *arg)
         } else if (clock_now_s() - since > limit) {
             log_error("rollout",
                       "rollout rank %d: its TP group (engine %d) has moved nothing for %.0f s "
-                      "(actor_rollout_ref.rollout.tp_group_timeout_s): a peer is lost; ending this rank so that the "
+                      "(" KEY_rollout_tp_group_timeout_s "): a peer is lost; ending this rank so that the "
                       "dispatcher grants the group's units to the other groups",
                       r->env->at.dp, r->env->at.engine, limit);
             _exit(4);
@@ -177,8 +177,8 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
     if (!path || !*path) {
         if (model_bundled_path(bundled, sizeof bundled) != 0)
             return error_set(err, errlen,
-                             "actor_rollout_ref.model.path is empty and the bundled model is not in %s (fetch it "
-                             "with scripts/fetch_model.sh)",
+                             KEY_arr_model_path " is empty and the bundled model is not in %s (fetch it "
+                                                "with scripts/fetch_model.sh)",
                              bundled);
         path = bundled;
     }
@@ -221,12 +221,13 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
     if (r->eng && K->device != KDEV_CPU) { /* the group's TP collectives over NCCL, in device memory */
         if (r->env->rollout_gpus_shared)
             return error_set(err, errlen,
-                             "actor_rollout_ref.rollout.tensor_model_parallel_size %d with trainer.device=cuda: a "
+                             KEY_rollout_tensor_model_parallel_size
+                             " %d with " KEY_trainer_device "=cuda: a "
                              "group's TP collectives run over NCCL, which needs a GPU per rank, and some node runs "
                              "more ranks than it has GPUs; give each rank a GPU of its own or set it to 1",
                              r->env->at.tp_size);
         if (!(r->eng_dev = comm_device_group(r->eng, K->device_index)))
-            return error_set(err, errlen, "rollout TP with trainer.device=cuda: this build has no NCCL");
+            return error_set(err, errlen, "rollout TP with " KEY_trainer_device "=cuda: this build has no NCCL");
         comm_fail_alone(r->eng_dev); /* a lost peer ends this group only, as over MPI */
         model_set_groups(r->policy, r->eng_dev, NULL, r->eng_dev);
     }

@@ -59,8 +59,9 @@ static int count_skipped(const struct trainer *t, int64_t k, bool all_skipped, d
     if (limit <= 0 || g_skipped.run < limit)
         return 0;
     log_error("trainer",
-              "step %lld: %lld consecutive steps skipped their optimizer step for a non-finite gradient norm (%g), "
-              "trainer.max_consecutive_skipped_steps = %lld: the weights or the data have gone bad (NaN or "
+              "step %lld: %lld consecutive steps skipped their optimizer step for a non-finite gradient norm "
+              "(%g), " KEY_trainer_max_consecutive_skipped_steps
+              " = %lld: the weights or the data have gone bad (NaN or "
               "infinite values); ending the run",
               (long long)k, g_skipped.run, grad_norm, limit);
     return -1;
@@ -333,7 +334,7 @@ int trainer_sft_step(struct trainer *t, int64_t k, struct metrics *m)
     free(prompts);
     if (n == 0) {
         free(seqs), free(idx);
-        log_error("trainer", "trainer.sft_warmup_steps needs reference answers; this dataset has none");
+        log_error("trainer", KEY_trainer_sft_warmup_steps " needs reference answers; this dataset has none");
         return -1;
     }
     /* maximise mean token log-likelihood: dL/dlogp = -1/T over the answer tokens */
