@@ -207,8 +207,8 @@ int main(int argc, char **argv)
         pthread_cond_init(&e.cv, NULL);
         struct multi_turn_stats st = {0};
         const double t0 = bench_now();
-        generate_multi_turn(m, &e.base, (const int32_t *const *)pids, plen, NULL, NULL, NULL, prompts, &gp, out, sums,
-                            &st);
+        gen_generate_multi_turn(m, &e.base, (const int32_t *const *)pids, plen, NULL, NULL, NULL, prompts, &gp, out,
+                                sums, &st);
         const double w = bench_now() - t0;
         walls[mode][run / 3] = w;
         long long model_tokens = 0, tokens = 0;

@@ -755,7 +755,7 @@ static int cmd_generate(const char *model, const struct opts *o)
 int main(int argc, char **argv)
 {
     log_init_from_env();
-    turn_env_register(&agent_env_factory);
+    gen_turn_env_register(&agent_env_factory);
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

@@ -295,7 +295,7 @@ static int finalize(struct launch *l, struct comm *world, struct args *a, int st
 
 int main(int argc, char **argv)
 {
-    turn_env_register(&agent_env_factory); /* multi-turn rollouts: the tool agent answers generation's turns */
+    gen_turn_env_register(&agent_env_factory); /* multi-turn rollouts: the tool agent answers generation's turns */
     struct args a;
     int status = parse(&argc, argv, &a);
     if (status >= 0)

@@ -121,7 +121,7 @@ static void run_and_check(struct model *m, struct script *s, int max_batch, int 
     struct gen_output out[6];
     struct turn_summary sums[6];
     memset(st, 0, sizeof *st);
-    generate_multi_turn(m, &s->base, prompts, lens, NULL, NULL, NULL, 3, &gp, out, sums, st);
+    gen_generate_multi_turn(m, &s->base, prompts, lens, NULL, NULL, NULL, 3, &gp, out, sums, st);
     assert_int_equal(s->begun, total);
     assert_int_equal(s->finished, total);
     int answers = 0;
@@ -230,7 +230,7 @@ static void test_single_turn_equals_generate(void **state)
     struct script s = {.base.ops = &script_ops, .single = true};
     struct multi_turn_stats st = {0};
     model_generate(m, prompts, lens, 2, &gp, a);
-    generate_multi_turn(m, &s.base, prompts, lens, NULL, NULL, NULL, 2, &gp, b, sums, &st);
+    gen_generate_multi_turn(m, &s.base, prompts, lens, NULL, NULL, NULL, 2, &gp, b, sums, &st);
     assert_int_equal(s.turn_ends, 0);
     for (int i = 0; i < 6; i++) {
         assert_int_equal(a[i].len, b[i].len);

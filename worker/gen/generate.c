@@ -64,7 +64,7 @@ bool gen_multi_turn(const struct grpo_config *c)
 /* The program's turn environment factory, or NULL with err. */
 static const struct turn_env_factory *factory(char *err, size_t errlen)
 {
-    const struct turn_env_factory *f = turn_env_factory();
+    const struct turn_env_factory *f = gen_turn_env_factory();
     if (!f)
         error_set(err, errlen,
                   "multi-turn rollouts (actor_rollout_ref.rollout.multi_turn.enable) are not available "
@@ -106,7 +106,7 @@ int gen_ctx_load_env(struct gen_ctx *r, char *err, size_t errlen)
 void gen_ctx_release(struct gen_ctx *r)
 {
     if (r->env)
-        turn_env_factory()->destroy(r->env);
+        gen_turn_env_factory()->destroy(r->env);
     r->env = NULL;
     free(r->mt);
     r->mt = NULL;
@@ -151,7 +151,7 @@ static struct turn_summary *gen_responses(const struct gen_ctx *r, const struct 
             agent[p] = prompts[p]->tool_agent ? "tool_agent" : "single_turn_agent";
         }
         sums = xcalloc((size_t)(total ? total : 1), sizeof *sums);
-        generate_multi_turn(r->policy, r->env, ids, lens, msgs, extra, agent, n_prompts, gp, out, sums, mt);
+        gen_generate_multi_turn(r->policy, r->env, ids, lens, msgs, extra, agent, n_prompts, gp, out, sums, mt);
         free(msgs), free(extra), free(agent);
     } else if (n_prompts > 0) {
         model_generate(r->policy, ids, lens, n_prompts, gp, out);
@@ -210,7 +210,7 @@ static void greedy_baselines(const struct gen_ctx *r, const struct prompt_item *
         free(text[p]);
         model_gen_output_free(&out[p]);
         if (sums)
-            turn_summary_free(&sums[p]);
+            gen_turn_summary_free(&sums[p]);
     }
     *t_reward += clock_now_s() - t0;
     free(items), free(rule), free(text), free(out), free(sums);
@@ -340,12 +340,12 @@ void gen_generate_and_score(const struct gen_ctx *r, const struct prompt_item *c
     score_into(r, prompts, uids, n_prompts, first_group, n, &gp, out, sums, b, t_gen, t_reward);
 }
 
-void unit_gen_begin(const struct gen_ctx *r, struct unit_gen *u, const struct prompt_item *const *prompts,
+void gen_unit_begin(const struct gen_ctx *r, struct gen_unit *u, const struct prompt_item *const *prompts,
                     const int *uids, int n_prompts, int first_group, const struct sampler_params *sp, int n,
                     uint64_t seed)
 {
     *u =
-        (struct unit_gen){.prompts = prompts, .uids = uids, .n_prompts = n_prompts, .first_group = first_group, .n = n};
+        (struct gen_unit){.prompts = prompts, .uids = uids, .n_prompts = n_prompts, .first_group = first_group, .n = n};
     u->gp = gen_params_of(r, first_group, sp, n, seed);
     const int total = n_prompts * n;
     u->out = xcalloc((size_t)(total ? total : 1), sizeof *u->out);
@@ -358,7 +358,7 @@ void unit_gen_begin(const struct gen_ctx *r, struct unit_gen *u, const struct pr
     }
 }
 
-int unit_gen_phase(const struct gen_ctx *r, struct unit_gen *u, int64_t version, const int *pause_at,
+int gen_unit_phase(const struct gen_ctx *r, struct gen_unit *u, int64_t version, const int *pause_at,
                    bool (*should_pause)(void *ud), void *ud)
 {
     const double t0 = clock_now_s();
@@ -386,7 +386,7 @@ int unit_gen_phase(const struct gen_ctx *r, struct unit_gen *u, int64_t version,
     return open;
 }
 
-void unit_gen_finish(const struct gen_ctx *r, struct unit_gen *u, struct step_batch *b, double *t_gen, double *t_reward)
+void gen_unit_finish(const struct gen_ctx *r, struct gen_unit *u, struct step_batch *b, double *t_gen, double *t_reward)
 {
     const int total = u->n_prompts * u->n, first_seq = b->n_seq;
     *t_gen += u->t_gen;

@@ -68,7 +68,7 @@ void gen_generate_and_score(const struct gen_ctx *r, const struct prompt_item *c
 
 /* Fully-async training: one work unit generated in phases, each with the weights the policy holds then (a
  * version), so that a trajectory in flight at a weight push goes on with the new weights (partial rollout). */
-struct unit_gen {
+struct gen_unit {
     const struct prompt_item *const *prompts;
     const int *uids;
     int n_prompts, first_group, n;
@@ -82,16 +82,16 @@ struct unit_gen {
     double t_gen;
 };
 /* Start unit u: its prompts are group first_group on of the step (as gen_generate_and_score's). */
-void unit_gen_begin(const struct gen_ctx *r, struct unit_gen *u, const struct prompt_item *const *prompts,
+void gen_unit_begin(const struct gen_ctx *r, struct gen_unit *u, const struct prompt_item *const *prompts,
                     const int *uids, int n_prompts, int first_group, const struct sampler_params *sp, int n,
                     uint64_t seed);
 /* One phase with r->policy, which holds `version`: generate_phase's pause_at and should_pause (NULL: none). Returns
  * the sequences left unfinished (0: the unit is generated). */
-int unit_gen_phase(const struct gen_ctx *r, struct unit_gen *u, int64_t version, const int *pause_at,
+int gen_unit_phase(const struct gen_ctx *r, struct gen_unit *u, int64_t version, const int *pause_at,
                    bool (*should_pause)(void *ud), void *ud);
 /* Score the unit into b (as gen_generate_and_score does); each sequence's version_first, and its versions where
  * they are not all that one. */
-void unit_gen_finish(const struct gen_ctx *r, struct unit_gen *u, struct step_batch *b, double *t_gen,
+void gen_unit_finish(const struct gen_ctx *r, struct gen_unit *u, struct step_batch *b, double *t_gen,
                      double *t_reward);
 
 #endif

@@ -29,11 +29,11 @@ struct multi_turn_stats {
  * environment's begin gets. gp->max_new_tokens bounds each trajectory's whole response (model and answer tokens);
  * gp->record_routes is not supported. The model must not be split (no TP or PP group): the order in which answers
  * come is not the same on every rank. */
-void generate_multi_turn(struct model *m, struct turn_env *env, const int32_t *const *prompts, const int *prompt_lens,
-                         const char *const *messages, const char *const *extra, const char *const *agent, int n_prompts,
-                         const struct gen_params *gp, struct gen_output *out, struct turn_summary *sums,
-                         struct multi_turn_stats *st);
+void gen_generate_multi_turn(struct model *m, struct turn_env *env, const int32_t *const *prompts,
+                             const int *prompt_lens, const char *const *messages, const char *const *extra,
+                             const char *const *agent, int n_prompts, const struct gen_params *gp,
+                             struct gen_output *out, struct turn_summary *sums, struct multi_turn_stats *st);
 
-void turn_summary_free(struct turn_summary *s);
+void gen_turn_summary_free(struct turn_summary *s);
 
 #endif

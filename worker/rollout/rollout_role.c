@@ -331,8 +331,8 @@ static void generate_phases(struct rollout_rank *r, const struct work_grant *g, 
 {
     const struct grpo_config *c = r->env->cfg;
     const int n = (int)c->rollout_n, total = n_prompts * n;
-    struct unit_gen ug;
-    unit_gen_begin(&r->rc, &ug, prompts, uids, n_prompts, first_group, sp, n,
+    struct gen_unit ug;
+    gen_unit_begin(&r->rc, &ug, prompts, uids, n_prompts, first_group, sp, n,
                    rollout_step_seed((uint64_t)c->data_seed, g->step, 0));
     u->version_first = r->version;
     int *pause_at = xmalloc((size_t)(total ? total : 1) * sizeof(int));
@@ -361,12 +361,12 @@ static void generate_phases(struct rollout_rank *r, const struct work_grant *g, 
             for (int i = 0; i < total; i++)
                 pause_at[i] = last ? -1 : g->replay_tokens[phase * total + i];
             r->replaying = 1;
-            open = unit_gen_phase(&r->rc, &ug, r->version, pause_at, after_decode, r);
+            open = gen_unit_phase(&r->rc, &ug, r->version, pause_at, after_decode, r);
             r->replaying = 0;
             if (last)
                 break;
         } else {
-            open = unit_gen_phase(&r->rc, &ug, r->version, NULL, after_decode, r);
+            open = gen_unit_phase(&r->rc, &ug, r->version, NULL, after_decode, r);
             if (open == 0)
                 break;
             /* paused at a push: the newest version, then on */
@@ -380,7 +380,7 @@ static void generate_phases(struct rollout_rank *r, const struct work_grant *g, 
         }
     }
     free(pause_at);
-    unit_gen_finish(&r->rc, &ug, &u->batch, &u->gen_s, &u->reward_s);
+    gen_unit_finish(&r->rc, &ug, &u->batch, &u->gen_s, &u->reward_s);
 }
 
 /* Phase gen (and reward) of unit g: its share of the step's prompts, generated and scored into u. */
