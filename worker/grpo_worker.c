@@ -155,11 +155,8 @@ static int resolve_device(struct grpo_config *c)
                                     "=cpu to train on the CPU)",
                  n, n == 1 ? "" : "s");
     else
-#ifdef GRPO_HAVE_CUDA
-        log_info("worker", KEY_trainer_device "=auto: cpu (no CUDA device visible)");
-#else
-        log_info("worker", KEY_trainer_device "=auto: cpu (this build has no CUDA back-end)");
-#endif
+        log_info("worker", KEY_trainer_device "=auto: cpu (%s)",
+                 kbackend_find("cuda") ? "no CUDA device visible" : "this build has no CUDA back-end");
     return 0;
 }
 
