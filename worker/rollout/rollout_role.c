@@ -343,7 +343,6 @@ static void generate_phases(struct rollout_rank *r, const struct work_grant *g, 
                     "sequences",
                     (long long)g->step, g->unit, g->n_phases, g->n_replay_tokens, total);
     for (int phase = 0;; phase++) {
-        int open;
         if (g->n_phases > 0) { /* replay: this phase's version, until each sequence holds its recorded tokens */
             const bool last = phase >= g->n_phases - 1;
             if (phase > 0 && phase < g->n_phases) {
@@ -361,12 +360,12 @@ static void generate_phases(struct rollout_rank *r, const struct work_grant *g, 
             for (int i = 0; i < total; i++)
                 pause_at[i] = last ? -1 : g->replay_tokens[phase * total + i];
             r->replaying = 1;
-            open = gen_unit_phase(&r->rc, &ug, r->version, pause_at, after_decode, r);
+            gen_unit_phase(&r->rc, &ug, r->version, pause_at, after_decode, r); /* the schedule says when it ends */
             r->replaying = 0;
             if (last)
                 break;
         } else {
-            open = gen_unit_phase(&r->rc, &ug, r->version, NULL, after_decode, r);
+            const int open = gen_unit_phase(&r->rc, &ug, r->version, NULL, after_decode, r);
             if (open == 0)
                 break;
             /* paused at a push: the newest version, then on */
