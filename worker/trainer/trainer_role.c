@@ -1037,7 +1037,7 @@ static void trainer_ready(void *ud, struct trainer *t)
         dispatcher_broadcast_on(r->disp, DISPATCH_RENDEZVOUS_S);
         log_info("trainer",
                  "policy versions go to the %d rollout process(es) of the launch in a broadcast "
-                 "(actor_rollout_ref.rollout.weight_sync=broadcast)",
+                 "(" KEY_rollout_weight_sync "=broadcast)",
                  comm_size(r->env->weight_group) - 1);
     }
     if (r->start < trainer_total_steps(t))
