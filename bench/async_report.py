@@ -11,20 +11,11 @@ plus its generation and scoring (timing_s/rollout_wait_* over those and timing_s
 per-step rollouter/idle_ratio's mean is biased where units do not line up with steps); the mean trajectory staleness (training/off_policy/trajectory_staleness/mean in pushes; one-step
 -off's training/staleness) and the share of trajectories continued across a push (fully_async/partial/partial_ratio);
 the whole run's wall time (OUT/wall.txt: start-up included)."""
-import json
+import os
 import sys
 
-
-def rows_of(out, name):
-    path = f"{out}/{name}/bench/demo/metrics.jsonl"
-    try:
-        rows = [json.loads(line) for line in open(path) if line.strip()]
-    except OSError as e:
-        sys.exit(f"async_report: {name}: no metrics ({e}); see {out}/{name}.log")
-    rows = [r for r in rows if r["step"] >= 2 and "timing_s/step" in r]
-    if not rows:
-        sys.exit(f"async_report: {name}: no step after the first in {path}; see {out}/{name}.log")
-    return rows
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dist_report import rows_of  # noqa: E402 (the same rows: steps after the first)
 
 
 def main():

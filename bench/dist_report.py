@@ -11,6 +11,7 @@ colocated runs the long tail of generation: colocated/gen_wait_peers_s (the long
 engine), colocated/gen_imbalance, colocated/units_stolen. With --longtail also the response lengths (min, max,
 mean over those steps' sequences), which show how skewed the prompt set is."""
 import json
+import os
 import sys
 
 
@@ -19,10 +20,10 @@ def rows_of(out, name):
     try:
         rows = [json.loads(line) for line in open(path) if line.strip()]
     except OSError as e:
-        sys.exit(f"dist_report: {name}: no metrics ({e}); see {out}/{name}.log")
+        sys.exit(f"{os.path.basename(sys.argv[0])}: {name}: no metrics ({e}); see {out}/{name}.log")
     rows = [r for r in rows if r["step"] >= 2 and "timing_s/step" in r]
     if not rows:
-        sys.exit(f"dist_report: {name}: no step after the first in {path}; see {out}/{name}.log")
+        sys.exit(f"{os.path.basename(sys.argv[0])}: {name}: no step after the first in {path}; see {out}/{name}.log")
     return rows
 
 
@@ -68,4 +69,5 @@ def main():
         print(line)
 
 
-main()
+if __name__ == "__main__":
+    main()

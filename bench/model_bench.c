@@ -30,7 +30,7 @@
 #include "common/check.h"
 #include "common/clock.h"
 #include "kernels/kernels.h"
-#include "worker/model/generate.h"
+#include "worker/model/model_generate.h"
 #include "worker/model/lora.h"
 #include "worker/model/model.h"
 #include "worker/model/model_io.h"
@@ -64,11 +64,11 @@ static double bench_sgemm(int n, int reps)
         a[i] = (float)(i % 13) * 0.01f;
         b[i] = (float)(i % 7) * 0.02f;
     }
-    cpu_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n); /* warm */
+    khost_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n); /* warm */
     double best = 0;
     for (int r = 0; r < reps; r++) {
         double t0 = clock_now_s();
-        cpu_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n);
+        khost_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n);
         double dt = clock_now_s() - t0;
         double g = 2.0 * n * n * n / dt / 1e9;
         if (g > best)
@@ -210,7 +210,7 @@ static void bench_decode(struct model *m, int B, int P, int steps, int threads)
 }
 
 /* GRPO's generation shape: G prompts of P tokens, n samples each, `steps` new tokens per sample (no stop token),
- * all G x n sequences at once, through generate(). Shared: each prompt prefilled once and its KV cache copied to
+ * all G x n sequences at once, through model_generate(). Shared: each prompt prefilled once and its KV cache copied to
  * its n samples (what the rollout does). Unshared: the same G x n sequences given as G x n separate prompts, each
  * prefilled on its own. Same sampling streams, so the same tokens; the time difference is the shared prefill. */
 static double group_run(struct model *m, int nprompts, int n, int P, int steps, int32_t **prompts, int *plens,
@@ -224,11 +224,11 @@ static double group_run(struct model *m, int nprompts, int n, int P, int steps, 
     (void)P;
     struct gen_output *out = xmalloc((size_t)nprompts * n * sizeof *out);
     double t0 = clock_now_s();
-    generate(m, (const int32_t *const *)prompts, plens, nprompts, &gp, out);
+    model_generate(m, (const int32_t *const *)prompts, plens, nprompts, &gp, out);
     double dt = clock_now_s() - t0;
     *first_tok = out[0].len > 0 ? out[0].tokens[0] : -1;
     for (int i = 0; i < nprompts * n; i++)
-        gen_output_free(&out[i]);
+        model_gen_output_free(&out[i]);
     free(out);
     return dt;
 }
@@ -364,7 +364,7 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    cpu_set_threads(threads);
+    khost_set_threads(threads);
     char err[1024];
     double t0 = clock_now_s();
     struct model *m = model_load(argv[optind], err, sizeof err);

@@ -207,8 +207,8 @@ int main(int argc, char **argv)
         pthread_cond_init(&e.cv, NULL);
         struct multi_turn_stats st = {0};
         const double t0 = bench_now();
-        generate_multi_turn(m, &e.base, (const int32_t *const *)pids, plen, NULL, NULL, NULL, prompts, &gp, out, sums,
-                            &st);
+        gen_generate_multi_turn(m, &e.base, (const int32_t *const *)pids, plen, NULL, NULL, NULL, prompts, &gp, out,
+                                sums, &st);
         const double w = bench_now() - t0;
         walls[mode][run / 3] = w;
         long long model_tokens = 0, tokens = 0;
@@ -216,7 +216,7 @@ int main(int argc, char **argv)
             for (int t = 0; t < out[i].len; t++)
                 model_tokens += out[i].mask[t];
             tokens += out[i].len;
-            gen_output_free(&out[i]);
+            model_gen_output_free(&out[i]);
         }
         printf("{\"mode\":\"%s\",\"tool_ms\":%d,\"trajectories\":%d,\"tool_calls\":%lld,\"wall_s\":%.3f,"
                "\"model_tokens_per_s\":%.1f,\"trajectories_per_s\":%.2f,\"response_tokens\":%lld,"

@@ -681,8 +681,8 @@ int config_lora_targets(const char *list, unsigned *mask, char *why, size_t len)
                 bit = 1u << k;
         if (!bit) {
             snprintf(why, len,
-                     "actor_rollout_ref.model.target_modules: '%.*s' is not all-linear or one of q_proj, k_proj, "
-                     "v_proj, o_proj, gate_proj, up_proj, down_proj",
+                     KEY_arr_model_target_modules ": '%.*s' is not all-linear or one of q_proj, k_proj, "
+                                                  "v_proj, o_proj, gate_proj, up_proj, down_proj",
                      (int)n, p);
             return -1;
         }
@@ -690,7 +690,7 @@ int config_lora_targets(const char *list, unsigned *mask, char *why, size_t len)
         p += n;
     }
     if (!*mask) {
-        snprintf(why, len, "actor_rollout_ref.model.target_modules is empty: give all-linear or a list of projections");
+        snprintf(why, len, KEY_arr_model_target_modules " is empty: give all-linear or a list of projections");
         return -1;
     }
     return 0;
@@ -737,7 +737,7 @@ int config_gdpo_keys(const struct grpo_config *c, char **keys, double *weights, 
 {
     const int n = config_list_items(c->alg_gdpo_reward_keys, keys, CFG_GDPO_MAX_KEYS);
     if (n < 0) {
-        snprintf(why, whylen, "algorithm.gdpo_reward_keys: more than %d keys", CFG_GDPO_MAX_KEYS);
+        snprintf(why, whylen, KEY_alg_gdpo_reward_keys ": more than %d keys", CFG_GDPO_MAX_KEYS);
         return -1;
     }
     for (int k = 0; k < n; k++)
@@ -746,14 +746,14 @@ int config_gdpo_keys(const struct grpo_config *c, char **keys, double *weights, 
     const int nw = config_list_items(c->alg_gdpo_reward_weights, w, CFG_GDPO_MAX_KEYS + 1);
     int rc = n;
     if (nw > 0 && nw != n) {
-        snprintf(why, whylen, "algorithm.gdpo_reward_weights has %d weights for %d algorithm.gdpo_reward_keys", nw, n);
+        snprintf(why, whylen, KEY_alg_gdpo_reward_weights " has %d weights for %d " KEY_alg_gdpo_reward_keys, nw, n);
         rc = -1;
     }
     for (int k = 0; k < nw; k++) {
         char *end;
         const double v = strtod(w[k], &end);
         if (rc >= 0 && (end == w[k] || *end || !isfinite(v))) {
-            snprintf(why, whylen, "algorithm.gdpo_reward_weights: '%s' is not a number", w[k]);
+            snprintf(why, whylen, KEY_alg_gdpo_reward_weights ": '%s' is not a number", w[k]);
             rc = -1;
         }
         if (rc >= 0)

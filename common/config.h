@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "common/config_key_names.h" /* KEY_field: a key's dotted name, for messages */
+
 #define CFG_FLIST_MAX 8
 
 enum cfg_type { CFG_INT, CFG_FLOAT, CFG_BOOL, CFG_STR, CFG_ENUM, CFG_FLIST };

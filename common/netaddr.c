@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "common/config_key_names.h"
 
 int net_advertise_address(const char *value, char *out, size_t len, char *err, size_t errlen)
 {
@@ -25,7 +26,7 @@ int net_advertise_address(const char *value, char *out, size_t len, char *err, s
     }
     struct ifaddrs *all = NULL;
     if (getifaddrs(&all) != 0)
-        return error_set(err, errlen, "grpod.advertise_host %s: cannot list the interfaces: %s", value,
+        return error_set(err, errlen, KEY_grpod_advertise_host " %s: cannot list the interfaces: %s", value,
                          strerror(errno));
     int found = 0;
     for (struct ifaddrs *i = all; i && !found; i = i->ifa_next)
@@ -37,7 +38,7 @@ int net_advertise_address(const char *value, char *out, size_t len, char *err, s
         }
     freeifaddrs(all);
     if (!found)
-        return error_set(err, errlen, "grpod.advertise_host %s: the interface has no IPv4 address", value);
+        return error_set(err, errlen, KEY_grpod_advertise_host " %s: the interface has no IPv4 address", value);
     return 0;
 }
 

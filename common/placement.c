@@ -45,13 +45,17 @@ int placement_spec_from_config(const struct grpo_config *cfg, struct placement_s
         verl_ranks(cfg->split_rollout_nnodes, cfg->split_rollout_n_gpus_per_node, "rollout", &vr, why, whylen) != 0)
         return -1;
     if (vt >= 0 && s->trainer_ranks && vt != s->trainer_ranks) {
-        snprintf(why, whylen, "trainer.nnodes x trainer.n_gpus_per_node = %d, but placement.trainer_ranks is %d", vt,
-                 s->trainer_ranks);
+        snprintf(why, whylen,
+                 KEY_trainer_nnodes " x " KEY_trainer_n_gpus_per_node " = %d, but " KEY_placement_trainer_ranks
+                                    " is %d",
+                 vt, s->trainer_ranks);
         return -1;
     }
     if (vr >= 0 && s->rollout_ranks && vr != s->rollout_ranks) {
-        snprintf(why, whylen, "rollout.nnodes x rollout.n_gpus_per_node = %d, but placement.rollout_ranks is %d", vr,
-                 s->rollout_ranks);
+        snprintf(why, whylen,
+                 KEY_split_rollout_nnodes " x " KEY_split_rollout_n_gpus_per_node
+                                          " = %d, but " KEY_placement_rollout_ranks " is %d",
+                 vr, s->rollout_ranks);
         return -1;
     }
     if (vt >= 0)
@@ -112,8 +116,8 @@ int placement_of(const struct placement_spec *s, int rank, int world, struct pla
     p->cp_size = p->ep_size = 1;
     if (tp < 1 || pp < 1) {
         snprintf(why, whylen,
-                 "actor_rollout_ref.actor.megatron.tensor_model_parallel_size (%d) and "
-                 "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size (%d) must be >= 1",
+                 KEY_actor_megatron_tensor_model_parallel_size
+                 " (%d) and " KEY_actor_megatron_pipeline_model_parallel_size " (%d) must be >= 1",
                  tp, pp);
         return -1;
     }
@@ -127,21 +131,24 @@ int placement_of(const struct placement_spec *s, int rank, int world, struct pla
     } else {
         if (T < 1) {
             snprintf(why, whylen,
-                     "placement has no trainers: placement.trainer_ranks is 0 with placement.rollout_ranks %d "
+                     "placement has no trainers: " KEY_placement_trainer_ranks " is 0 with " KEY_placement_rollout_ranks
+                     " %d "
                      "(give at least one trainer rank)",
                      R);
             return -1;
         }
         if (T + R != world && R == 0) {
             snprintf(why, whylen,
-                     "placement does not add up: trainer.nnodes x trainer.n_gpus_per_node (placement.trainer_ranks) "
+                     "placement does not add up: " KEY_trainer_nnodes " x " KEY_trainer_n_gpus_per_node
+                     " (" KEY_placement_trainer_ranks ") "
                      "is %d with no rollout ranks (every rank colocated), but mpirun started %d ranks",
                      T, world);
             return -1;
         }
         if (T + R != world) {
             snprintf(why, whylen,
-                     "placement does not add up: placement.trainer_ranks %d + placement.rollout_ranks %d = %d, but "
+                     "placement does not add up: " KEY_placement_trainer_ranks " %d + " KEY_placement_rollout_ranks
+                     " %d = %d, but "
                      "mpirun started %d ranks",
                      T, R, T + R, world);
             return -1;
@@ -152,8 +159,8 @@ int placement_of(const struct placement_spec *s, int rank, int world, struct pla
             const int rtp = s->rollout_tp > 1 ? s->rollout_tp : 1;
             if (R % rtp != 0) {
                 snprintf(why, whylen,
-                         "placement does not fit: %d rollout ranks are not a multiple of "
-                         "actor_rollout_ref.rollout.tensor_model_parallel_size %d",
+                         "placement does not fit: %d rollout ranks are not a multiple "
+                         "of " KEY_rollout_tensor_model_parallel_size " %d",
                          R, rtp);
                 return -1;
             }
@@ -172,19 +179,19 @@ int placement_of(const struct placement_spec *s, int rank, int world, struct pla
         }
     }
     if (n % (tp * pp) != 0) {
-        snprintf(why, whylen,
-                 "placement does not fit: %d %s ranks are not a multiple of "
-                 "actor_rollout_ref.actor.megatron.tensor_model_parallel_size %d x "
-                 "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size %d",
-                 n, p->role == PLACE_HYBRID ? "hybrid" : "trainer", tp, pp);
+        snprintf(
+            why, whylen,
+            "placement does not fit: %d %s ranks are not a multiple of " KEY_actor_megatron_tensor_model_parallel_size
+            " %d x " KEY_actor_megatron_pipeline_model_parallel_size " %d",
+            n, p->role == PLACE_HYBRID ? "hybrid" : "trainer", tp, pp);
         return -1;
     }
     if (n % (tp * pp * cp) != 0) {
-        snprintf(why, whylen,
-                 "placement does not fit: %d %s ranks are not a multiple of "
-                 "actor_rollout_ref.actor.megatron.tensor_model_parallel_size %d x "
-                 "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size %d x %s %d",
-                 n, p->role == PLACE_HYBRID ? "hybrid" : "trainer", tp, pp, cp_key, cp);
+        snprintf(
+            why, whylen,
+            "placement does not fit: %d %s ranks are not a multiple of " KEY_actor_megatron_tensor_model_parallel_size
+            " %d x " KEY_actor_megatron_pipeline_model_parallel_size " %d x %s %d",
+            n, p->role == PLACE_HYBRID ? "hybrid" : "trainer", tp, pp, cp_key, cp);
         return -1;
     }
     p->tp_size = tp;
@@ -193,8 +200,8 @@ int placement_of(const struct placement_spec *s, int rank, int world, struct pla
     p->dp_size = n / (tp * pp * cp);
     if (p->dp_size % ep != 0) {
         snprintf(why, whylen,
-                 "placement does not fit: the %d data-parallel ranks are not a multiple of "
-                 "actor_rollout_ref.actor.megatron.expert_model_parallel_size %d (expert groups are made of "
+                 "placement does not fit: the %d data-parallel ranks are not a multiple "
+                 "of " KEY_actor_megatron_expert_model_parallel_size " %d (expert groups are made of "
                  "data-parallel ranks)",
                  p->dp_size, ep);
         return -1;
@@ -209,8 +216,8 @@ int placement_of(const struct placement_spec *s, int rank, int world, struct pla
         const int rtp = s->rollout_tp > 1 ? s->rollout_tp : 1;
         if (n % rtp != 0) {
             snprintf(why, whylen,
-                     "placement does not fit: %d colocated ranks are not a multiple of "
-                     "actor_rollout_ref.rollout.tensor_model_parallel_size %d",
+                     "placement does not fit: %d colocated ranks are not a multiple "
+                     "of " KEY_rollout_tensor_model_parallel_size " %d",
                      n, rtp);
             return -1;
         }
@@ -347,8 +354,8 @@ int placement_check(const struct placement_spec *s, int world, int prompts_per_s
     const int rtp = s->rollout_tp > 1 ? s->rollout_tp : 1;
     if (s->rollout_ranks == 0 && world / rtp > prompts_per_step) {
         snprintf(why, whylen,
-                 "%d colocated ranks in %d generation group(s) of actor_rollout_ref.rollout.tensor_model_parallel_size "
-                 "%d: more groups than the %d prompts of a step (data.train_batch_size), some ranks would have "
+                 "%d colocated ranks in %d generation group(s) of " KEY_rollout_tensor_model_parallel_size " "
+                 "%d: more groups than the %d prompts of a step (" KEY_data_train_batch_size "), some ranks would have "
                  "nothing to generate",
                  world, world / rtp, rtp, prompts_per_step);
         return -1;
@@ -356,8 +363,9 @@ int placement_check(const struct placement_spec *s, int world, int prompts_per_s
     const int engines = s->rollout_ranks / rtp;
     if (engines > prompts_per_step) {
         snprintf(why, whylen,
-                 "placement.rollout_ranks %d (%d rollout TP group(s)) is more than the %d prompts of a step "
-                 "(data.train_batch_size): some rollout ranks would have nothing to generate",
+                 KEY_placement_rollout_ranks " %d (%d rollout TP group(s)) is more than the %d prompts of a step "
+                                             "(" KEY_data_train_batch_size
+                                             "): some rollout ranks would have nothing to generate",
                  s->rollout_ranks, engines, prompts_per_step);
         return -1;
     }

@@ -1,4 +1,5 @@
 #include "rollout_corr_spec.h"
+#include "common/config_key_names.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -70,8 +71,7 @@ int rollout_corr_parse(const char *rollout_is, const char *is_threshold, bool ba
     else if (strcmp(loss_type, "reinforce") == 0)
         rc->reinforce = true;
     else
-        return fail(err, errlen,
-                    "algorithm.rollout_correction.loss_type=%s: Invalid loss_type: must be 'reinforce' or 'ppo_clip'",
+        return fail(err, errlen, KEY_alg_rc_loss_type "=%s: Invalid loss_type: must be 'reinforce' or 'ppo_clip'",
                     loss_type);
     if (is_null(rollout_is))
         rc->is = RC_OFF;
@@ -81,8 +81,8 @@ int rollout_corr_parse(const char *rollout_is, const char *is_threshold, bool ba
         rc->is = RC_SEQUENCE;
     else
         return fail(err, errlen,
-                    "algorithm.rollout_correction.rollout_is=%s: Invalid rollout_is: must be one of token, sequence "
-                    "(or null)%s",
+                    KEY_alg_rc_rollout_is "=%s: Invalid rollout_is: must be one of token, sequence "
+                                          "(or null)%s",
                     rollout_is,
                     strcmp(rollout_is, "geometric") == 0
                         ? "; verl v0.9 has no geometric IS: reject by the geometric mean with rollout_rs=seq_mean_k1"
@@ -93,26 +93,22 @@ int rollout_corr_parse(const char *rollout_is, const char *is_threshold, bool ba
         double lo = 0, up;
         if (!*spec)
             return fail(err, errlen,
-                        "algorithm.rollout_correction.rollout_is_threshold must not be empty with "
-                        "rollout_is set");
+                        KEY_alg_rc_rollout_is_threshold " must not be empty with "
+                                                        "rollout_is set");
         if (us ? parse_num(spec, (size_t)(us - spec), &lo) != 0 || parse_num(us + 1, strlen(us + 1), &up) != 0
                : parse_num(spec, strlen(spec), &up) != 0)
             return fail(err, errlen,
-                        "algorithm.rollout_correction.rollout_is_threshold='%s': Invalid rollout_is_threshold: a "
-                        "number (TIS's upper bound) or 'lower_upper' (IcePop's bounds)",
+                        KEY_alg_rc_rollout_is_threshold "='%s': Invalid rollout_is_threshold: a "
+                                                        "number (TIS's upper bound) or 'lower_upper' (IcePop's bounds)",
                         spec);
         if (!(up > 0))
-            return fail(err, errlen,
-                        "algorithm.rollout_correction.rollout_is_threshold='%s': the upper bound must be positive",
-                        spec);
+            return fail(err, errlen, KEY_alg_rc_rollout_is_threshold "='%s': the upper bound must be positive", spec);
         if (us && !(lo > 0))
-            return fail(err, errlen,
-                        "algorithm.rollout_correction.rollout_is_threshold='%s': the lower bound must be positive",
-                        spec);
+            return fail(err, errlen, KEY_alg_rc_rollout_is_threshold "='%s': the lower bound must be positive", spec);
         if (us && lo > up)
             return fail(err, errlen,
-                        "algorithm.rollout_correction.rollout_is_threshold='%s': the lower bound must be <= the "
-                        "upper bound",
+                        KEY_alg_rc_rollout_is_threshold "='%s': the lower bound must be <= the "
+                                                        "upper bound",
                         spec);
         rc->is_upper = up;
         rc->is_lower = us ? lo : 0;
@@ -134,7 +130,8 @@ int rollout_corr_parse(const char *rollout_is, const char *is_threshold, bool ba
             for (int s = 0; s < RS_NSTATS; s++)
                 snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", s ? ", " : "", rc_rs_names[s]);
             return fail(err, errlen,
-                        "algorithm.rollout_correction.rollout_rs=%s: Invalid rollout_rs option '%.*s': must be one "
+                        KEY_alg_rc_rollout_rs
+                        "=%s: Invalid rollout_rs option '%.*s': must be one "
                         "of %s (comma-separated; verl v0.7's token, sequence and geometric are token_k1, seq_sum_k1 "
                         "and seq_mean_k1 in v0.9)",
                         rollout_rs, (int)n, q, known);
@@ -147,13 +144,13 @@ int rollout_corr_parse(const char *rollout_is, const char *is_threshold, bool ba
     }
     if (!rc->n_rs)
         return fail(err, errlen,
-                    "algorithm.rollout_correction.rollout_rs=%s: rollout_rs must contain at least one "
-                    "valid option",
+                    KEY_alg_rc_rollout_rs "=%s: rollout_rs must contain at least one "
+                                          "valid option",
                     rollout_rs);
     if (is_null(rs_threshold))
         return fail(err, errlen,
-                    "algorithm.rollout_correction.rollout_rs=%s: rollout_rs_threshold must be explicitly provided "
-                    "when rollout_rs is enabled",
+                    KEY_alg_rc_rollout_rs "=%s: rollout_rs_threshold must be explicitly provided "
+                                          "when rollout_rs is enabled",
                     rollout_rs);
     /* one threshold for every option, or one per option */
     const char *spec[RS_NSTATS];
@@ -166,16 +163,18 @@ int rollout_corr_parse(const char *rollout_is, const char *is_threshold, bool ba
             continue;
         if (ns == RS_NSTATS || ns == rc->n_rs)
             return fail(err, errlen,
-                        "algorithm.rollout_correction.rollout_rs_threshold='%s': expects either one threshold shared "
+                        KEY_alg_rc_rollout_rs_threshold
+                        "='%s': expects either one threshold shared "
                         "by all options or exactly %d thresholds to match the rollout_rs options",
                         rs_threshold, rc->n_rs);
         spec[ns] = q, slen[ns++] = n;
     }
     if (ns == 0)
-        return fail(err, errlen, "algorithm.rollout_correction.rollout_rs_threshold must contain at least one value");
+        return fail(err, errlen, KEY_alg_rc_rollout_rs_threshold " must contain at least one value");
     if (ns != 1 && ns != rc->n_rs)
         return fail(err, errlen,
-                    "algorithm.rollout_correction.rollout_rs_threshold='%s': expects either one threshold shared by "
+                    KEY_alg_rc_rollout_rs_threshold
+                    "='%s': expects either one threshold shared by "
                     "all options or exactly %d thresholds to match the rollout_rs options",
                     rs_threshold, rc->n_rs);
     for (int j = 0; j < rc->n_rs; j++) {
@@ -188,38 +187,38 @@ int rollout_corr_parse(const char *rollout_is, const char *is_threshold, bool ba
             if (us ? parse_num(q, (size_t)(us - q), &lo) != 0 || parse_num(us + 1, n - (size_t)(us + 1 - q), &up) != 0
                    : parse_num(q, n, &up) != 0)
                 return fail(err, errlen,
-                            "algorithm.rollout_correction.rollout_rs_threshold: Invalid numeric threshold "
-                            "'%.*s' for option '%s'",
+                            KEY_alg_rc_rollout_rs_threshold ": Invalid numeric threshold "
+                                                            "'%.*s' for option '%s'",
                             (int)n, q, rc_rs_names[o->stat]);
             if (!us)
                 lo = 1.0 / up;
             if (!(lo > 0) || !(up > 0))
                 return fail(err, errlen,
-                            "algorithm.rollout_correction.rollout_rs_threshold: thresholds for option '%s' must be "
-                            "positive, got %.*s",
+                            KEY_alg_rc_rollout_rs_threshold ": thresholds for option '%s' must be "
+                                                            "positive, got %.*s",
                             rc_rs_names[o->stat], (int)n, q);
             if (lo > up)
                 return fail(err, errlen,
-                            "algorithm.rollout_correction.rollout_rs_threshold: thresholds for option '%s' must be "
-                            "lower <= upper, got %.*s",
+                            KEY_alg_rc_rollout_rs_threshold ": thresholds for option '%s' must be "
+                                                            "lower <= upper, got %.*s",
                             rc_rs_names[o->stat], (int)n, q);
             o->lower = lo, o->upper = up;
         } else {
             double up;
             if (us)
                 return fail(err, errlen,
-                            "algorithm.rollout_correction.rollout_rs_threshold for option '%s' must provide a single "
-                            "upper bound without '_'. Received '%.*s'",
+                            KEY_alg_rc_rollout_rs_threshold " for option '%s' must provide a single "
+                                                            "upper bound without '_'. Received '%.*s'",
                             rc_rs_names[o->stat], (int)n, q);
             if (parse_num(q, n, &up) != 0)
                 return fail(err, errlen,
-                            "algorithm.rollout_correction.rollout_rs_threshold: Invalid numeric threshold "
-                            "'%.*s' for option '%s'",
+                            KEY_alg_rc_rollout_rs_threshold ": Invalid numeric threshold "
+                                                            "'%.*s' for option '%s'",
                             (int)n, q, rc_rs_names[o->stat]);
             if (!(up > 0))
                 return fail(err, errlen,
-                            "algorithm.rollout_correction.rollout_rs_threshold: threshold for option '%s' must be "
-                            "positive, got %.*s",
+                            KEY_alg_rc_rollout_rs_threshold ": threshold for option '%s' must be "
+                                                            "positive, got %.*s",
                             rc_rs_names[o->stat], (int)n, q);
             o->lower = 0, o->upper = up;
         }

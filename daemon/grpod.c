@@ -503,7 +503,7 @@ static int check_config(struct grpod *d, char endpoints[][512], int *n, mode_t *
     for (const char *p = list; *p;) {
         size_t l = strcspn(p, ",");
         if (*n == MAX_LISTENERS) {
-            snprintf(err, errlen, "grpod.endpoint lists more than %d endpoints", MAX_LISTENERS);
+            snprintf(err, errlen, KEY_grpod_endpoint " lists more than %d endpoints", MAX_LISTENERS);
             return -1;
         }
         snprintf(endpoints[*n], 512, "%.*s", (int)l, p);
@@ -515,13 +515,15 @@ static int check_config(struct grpod *d, char endpoints[][512], int *n, mode_t *
         p += l + (p[l] == ',');
     }
     if (parse_mode(c->grpod_socket_mode, mode) != 0) {
-        snprintf(err, errlen, "grpod.socket_mode '%s' is not an octal file mode such as 0660", c->grpod_socket_mode);
+        snprintf(err, errlen, KEY_grpod_socket_mode " '%s' is not an octal file mode such as 0660",
+                 c->grpod_socket_mode);
         return -1;
     }
     if (tcp) {
         if (!c->grpod_secret_file[0]) {
             snprintf(err, errlen,
-                     "a tcp:// endpoint needs grpod.secret_file: a file of mode 0600 holding one line of random "
+                     "a tcp:// endpoint needs " KEY_grpod_secret_file
+                     ": a file of mode 0600 holding one line of random "
                      "text (e.g. head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE)");
             return -1;
         }
@@ -535,7 +537,7 @@ static int check_config(struct grpod *d, char endpoints[][512], int *n, mode_t *
         placement_check(&ps, ps.trainer_ranks + ps.rollout_ranks, (int)c->data_train_batch_size, err, errlen) != 0)
         return -1;
     if (c->grpod_heartbeat_timeout_s <= c->grpod_heartbeat_interval_s) {
-        snprintf(err, errlen, "grpod.heartbeat_timeout_s (%g) must exceed grpod.heartbeat_interval_s (%g)",
+        snprintf(err, errlen, KEY_grpod_heartbeat_timeout_s " (%g) must exceed " KEY_grpod_heartbeat_interval_s " (%g)",
                  c->grpod_heartbeat_timeout_s, c->grpod_heartbeat_interval_s);
         return -1;
     }

@@ -15,6 +15,7 @@
 #include "core.h"
 #include "proto/status_json.h"
 #include "ratelimit.h"
+#include "common/config_key_names.h"
 
 /* Connections, beyond what libmicrohttpd limits itself (its idle timeout restarts with every byte, so a client
  * that sends one header line every few seconds held a connection for ever, and 64 of them from one address
@@ -387,7 +388,7 @@ static int parse_listen(const char *listen, struct sockaddr_storage *ss, char *e
     char *end;
     long port = colon ? strtol(colon + 1, &end, 10) : -1;
     if (!colon || end == colon + 1 || *end || port < 0 || port > 65535) {
-        snprintf(err, errlen, "grpod.http_listen '%s' is not ADDRESS:PORT (e.g. 127.0.0.1:9464)", listen);
+        snprintf(err, errlen, KEY_grpod_http_listen " '%s' is not ADDRESS:PORT (e.g. 127.0.0.1:9464)", listen);
         return -1;
     }
     size_t hl = (size_t)(colon - listen);
@@ -410,7 +411,7 @@ static int parse_listen(const char *listen, struct sockaddr_storage *ss, char *e
         if (!host[0] || inet_pton(AF_INET, host, &s4->sin_addr) == 1)
             return 0;
     }
-    snprintf(err, errlen, "grpod.http_listen '%s': '%s' is not a numeric IP address", listen, host);
+    snprintf(err, errlen, KEY_grpod_http_listen " '%s': '%s' is not a numeric IP address", listen, host);
     return -1;
 }
 

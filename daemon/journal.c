@@ -14,6 +14,7 @@
 #include "common/dirlock.h"
 #include "common/fs.h"
 #include "common/log.h"
+#include "common/config_key_names.h"
 
 /* mkdir -p with the given mode for the directories it creates */
 static int make_dirs(const char *path, mode_t mode)
@@ -53,7 +54,7 @@ int journal_open(struct journal *j, const char *dir, char *err, size_t errlen)
     memset(j, 0, sizeof *j);
     j->dir_fd = j->lock_fd = j->events_fd = -1;
     if (!dir || !dir[0]) {
-        snprintf(err, errlen, "grpod.state_dir is empty");
+        snprintf(err, errlen, KEY_grpod_state_dir " is empty");
         return -1;
     }
     snprintf(j->dir, sizeof j->dir, "%s", dir);

@@ -4,103 +4,101 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <threads.h>
 
 #include "common/check.h"
+#include "common/config_key_names.h"
 
-#ifdef GRPO_HAVE_CUDA
-/* kernels/cuda/backend.c: open device on K (stream, cuBLAS handle); 0, or -1 with why. */
-int kops_cuda_open(struct kctx *K, int device, char *why, size_t len);
-void kops_cuda_close(struct kctx *K);
-int kops_cuda_devices(void);
-size_t kops_cuda_device_bytes(struct kctx *K);
-#endif
+/* The device names of enum kdevice: a context's back-end is the registered one of its device's name. */
+static const char *const device_name[] = {[KDEV_CPU] = "cpu", [KDEV_CUDA] = "cuda"};
 
-static struct kctx g_cpu = {.ops = &kops_cpu, .device = KDEV_CPU, .matmul = KMM_F32};
+const struct kbackend *kbackend_find(const char *name)
+{
+    for (const struct kbackend *const *b = kbackends; *b; b++)
+        if (strcmp((*b)->name, name) == 0)
+            return *b;
+    return NULL;
+}
 
-struct kctx *kctx_cpu(void) { return &g_cpu; }
+static const struct kbackend *backend_of(const struct kctx *K) { return kbackend_find(device_name[K->device]); }
+
+static struct kctx g_cpu = {.device = KDEV_CPU, .matmul = KMM_F32};
+static once_flag g_cpu_once = ONCE_FLAG_INIT;
+static void cpu_init(void) { g_cpu.ops = kbackend_find("cpu")->ops; }
+
+struct kctx *kctx_cpu(void)
+{
+    call_once(&g_cpu_once, cpu_init);
+    return &g_cpu;
+}
 
 int kctx_cuda_devices(void)
 {
-#ifdef GRPO_HAVE_CUDA
-    return kops_cuda_devices();
-#else
-    return 0;
-#endif
+    const struct kbackend *b = kbackend_find("cuda");
+    return b && b->devices ? b->devices() : 0;
 }
 
 bool kctx_cuda_available(void) { return kctx_cuda_devices() > 0; }
 
 size_t kctx_device_bytes(struct kctx *K)
 {
-#ifdef GRPO_HAVE_CUDA
-    if (K->device == KDEV_CUDA)
-        return kops_cuda_device_bytes(K);
-#endif
-    (void)K;
-    return 0;
+    const struct kbackend *b = backend_of(K);
+    return b && b->device_bytes ? b->device_bytes(K) : 0;
 }
 
 struct kctx *kctx_create(const char *device, enum kmatmul matmul, char *why, size_t len)
 {
     const char *d = device && *device ? device : "cpu";
-    if (strcmp(d, "cpu") == 0) {
-        if (matmul == KMM_BF16 && !cpu_bf16_gemm_available()) {
-            error_set(why, len, "BF16 matrix products need a CPU with AVX512-BF16 or AMX (this one has neither)");
+    enum kdevice dev = KDEV_CPU;
+    int index = 0;
+    if (strcmp(d, "cpu") != 0) {
+        if (strncmp(d, "cuda:", 5) == 0) {
+            char *end;
+            const long v = strtol(d + 5, &end, 10);
+            index = end != d + 5 && !*end && v >= 0 && v < 1024 ? (int)v : -1;
+        }
+        if ((strcmp(d, "cuda") != 0 && strncmp(d, "cuda:", 5) != 0) || index < 0) {
+            error_set(why, len, "unknown device '%s' (cpu, cuda or cuda:N)", d);
             return NULL;
         }
-        struct kctx *K = xcalloc(1, sizeof *K);
-        *K = (struct kctx){.ops = &kops_cpu, .device = KDEV_CPU, .matmul = matmul};
-        return K;
+        dev = KDEV_CUDA;
     }
-    int index = 0;
-    if (strncmp(d, "cuda:", 5) == 0) {
-        char *end;
-        const long v = strtol(d + 5, &end, 10);
-        index = end != d + 5 && !*end && v >= 0 && v < 1024 ? (int)v : -1;
-    }
-    if ((strcmp(d, "cuda") != 0 && strncmp(d, "cuda:", 5) != 0) || index < 0) {
-        error_set(why, len, "unknown device '%s' (cpu, cuda or cuda:N)", d);
+    const struct kbackend *b = kbackend_find(device_name[dev]);
+    if (!b) {
+        error_set(why, len,
+                  "device '%s': this build has no CUDA back-end (configure with -Dcuda=enabled on a machine "
+                  "with nvcc)",
+                  d);
         return NULL;
     }
-#ifdef GRPO_HAVE_CUDA
     struct kctx *K = xcalloc(1, sizeof *K);
-    K->device = KDEV_CUDA;
-    K->device_index = index;
-    K->matmul = matmul;
-    if (kops_cuda_open(K, index, why, len) != 0) {
+    *K = (struct kctx){.ops = b->ops, .device = b->device, .device_index = index, .matmul = matmul};
+    if (b->open && b->open(K, index, why, len) != 0) {
         free(K);
         return NULL;
     }
     return K;
-#else
-    error_set(why, len,
-              "device '%s': this build has no CUDA back-end (configure with -Dcuda=enabled on a machine "
-              "with nvcc)",
-              d);
-    return NULL;
-#endif
 }
 
 void kctx_free(struct kctx *K)
 {
     if (!K || K == &g_cpu)
         return;
-#ifdef GRPO_HAVE_CUDA
-    if (K->device == KDEV_CUDA)
-        kops_cuda_close(K);
-#endif
+    const struct kbackend *b = backend_of(K);
+    if (b && b->close)
+        b->close(K);
     free(K);
 }
 
 const char *kctx_describe(const struct kctx *K, char *buf, size_t len)
 {
     const char *mm = K->matmul == KMM_BF16 ? "BF16 GEMMs, fp32 accumulation" : "fp32 GEMMs";
-    if (K->device == KDEV_CPU) {
-        char blas[256];
-        snprintf(buf, len, "cpu, %s (%s)", mm,
-                 K->matmul == KMM_BF16 ? cpu_bf16_gemm_name() : blas_kernels(blas, sizeof blas));
+    const struct kbackend *b = backend_of(K);
+    if (b && b->gemm_name) {
+        char gemm[256];
+        snprintf(buf, len, "%s, %s (%s)", b->name, mm, b->gemm_name(K, gemm, sizeof gemm));
     } else {
-        snprintf(buf, len, "cuda:%d, %s", K->device_index, mm);
+        snprintf(buf, len, "%s:%d, %s", device_name[K->device], K->device_index, mm);
     }
     return buf;
 }
@@ -197,8 +195,8 @@ static void *host_take(struct kctx *K, size_t bytes, const char *what)
     if (!p)
         check_failf(__FILE__, __LINE__,
                     "out of host memory for %s: %zu bytes (%.3f GB) of %s host memory more, %.3f GB held; to fit, "
-                    "lower actor_rollout_ref.actor.ppo_max_token_len_per_gpu or set "
-                    "actor_rollout_ref.model.enable_activation_offload=false",
+                    "lower " KEY_actor_ppo_max_token_len_per_gpu " or set " KEY_arr_model_enable_activation_offload
+                    "=false",
                     what, bytes, gb(bytes), K->device == KDEV_CPU ? "plain" : "pinned", gb(K->mem.host));
     K->mem.host += bytes;
     if (K->mem.host > K->mem.max_host)

@@ -6,7 +6,11 @@
  *
  * Shapes and semantics of each op are those of the CPU kernels (kernels/cpu/cpu_kernels.h): backward ops
  * ACCUMULATE (+=) into gradients. Scalars and the small index arrays (ids, positions, sequence offsets) are
- * context memory too; host-side reductions (struct vocab_shard) are called with host buffers. */
+ * context memory too; host-side reductions (struct vocab_shard) are called with host buffers.
+ *
+ * This header includes no back-end: each back-end registers itself (struct kbackend, listed by the build in
+ * kbackends[]), and the host's helpers that run beside the ops (threads, the host's products, sampling a row) are
+ * the host back-end's registered table (struct khost, the khost_* calls below). */
 #ifndef GRPO_KERNELS_H
 #define GRPO_KERNELS_H
 
@@ -14,14 +18,32 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/cpu/cpu_kernels.h" /* struct vocab_shard, blas_kernels */
-
 enum kdevice { KDEV_CPU, KDEV_CUDA };
 /* Precision of the matrix products: fp32, or BF16 inputs with fp32 accumulation (weights and activations kept in
  * fp32, rounded to BF16 for the product: mixed precision with fp32 master weights). */
 enum kmatmul { KMM_F32, KMM_BF16 };
 
 struct kctx;
+
+/* A vocabulary shard: rows [lo, hi) of a V-row table (vocab-parallel embedding and LM head under tensor
+ * parallelism). reduce(ud, buf, n, max) combines n doubles in place over every shard of the vocabulary: their
+ * maximum (max true) or their sum. The whole vocabulary is lo 0, hi V, reduce NULL. */
+struct vocab_shard {
+    int lo, hi, V;
+    void (*reduce)(void *ud, double *buf, int n, bool max);
+    void *ud;
+    /* NULL, or (N, hi - lo) floats (CPU): the LM head's forward leaves its scaled logits there, and the backward
+     * over the same rows turns them into its logit gradients in place instead of recomputing the product (one
+     * GEMM of four); one backward per forward */
+    float *keep;
+    /* the forward's entropy output gets sum_j p_j^2 (the sum of the squared probabilities over the vocabulary,
+     * verl's sum_pi_squared) instead of the entropy; the backward takes no dentropy then */
+    bool sum_pi_sq;
+    /* batch-invariant mode under TP (NULL: none): gather's all (shards x n) gets every rank's n floats of mine, in
+     * rank order; shard r holds rows [V r / shards, V (r + 1) / shards) */
+    void (*gather)(void *ud, const float *mine, float *all, size_t n);
+    int shards;
+};
 
 /* Mixture-of-experts routing and expert buffers of one layer for N tokens, E experts, k of them per token, hidden D,
  * expert intermediate F. Every array is the context's memory (kmoe_take fills them from an arena) unless said. */
@@ -485,7 +507,83 @@ static inline void k_adamw(struct kctx *K, float *p, const float *g, float *m, f
     K->ops->adamw(K, p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
 }
 
-/* The CPU back-end's table (kernels/cpu/backend.c). */
-extern const struct kops kops_cpu;
+/* ---- back-ends ---- */
+/* The host's helpers beside the ops, the host back-end's (the CPU's, kernels/cpu/register.c): the khost_* calls. */
+struct khost {
+    void (*set_threads)(int threads);
+    int (*threads)(void);
+    void (*run_parts)(int parts, void (*fn)(void *arg, int part, int parts), void *arg);
+    void (*sgemm)(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+                  float beta, float *C, int ldc);
+    const char *(*blas_kernels)(char *buf, size_t len);
+    const char *(*blas_kernels_better)(void);
+    bool (*bf16_gemm_available)(void);
+    const char *(*bf16_gemm_name)(void);
+    void (*rope_default_freqs)(double *inv_freq, int hd, float theta);
+    int (*sample_row)(const float *logits, int V, float temperature, float top_p, int top_k, double u, float *logp);
+    void (*exp_shifted)(float *out, const float *x, size_t n, float shift);
+};
+
+/* A back-end as it registers itself: the build lists its back-ends in kbackends[] (kernels/meson.build generates
+ * the list, the host's first, NULL-terminated), and the interface finds a device's there by name. */
+struct kbackend {
+    const char *name;       /* the device's name: "cpu", "cuda" */
+    enum kdevice device;    /* K->device of its contexts */
+    const struct kops *ops; /* its table (open may set another) */
+    /* how many of its devices this process can use; NULL: one, addressed without an index ("cpu") */
+    int (*devices)(void);
+    /* make K (ops, device, device_index and matmul set) a context of device index: 0, or -1 with why; NULL: nothing
+     * to do. close undoes it (NULL: nothing). */
+    int (*open)(struct kctx *K, int index, char *why, size_t len);
+    void (*close)(struct kctx *K);
+    size_t (*device_bytes)(struct kctx *K); /* NULL: no fixed budget */
+    /* what runs K's products ("OpenBLAS SkylakeX kernels"), for kctx_describe; NULL: nothing said */
+    const char *(*gemm_name)(const struct kctx *K, char *buf, size_t len);
+    const struct khost *host; /* the host back-end's helpers; NULL in a device's */
+};
+extern const struct kbackend *const kbackends[];
+/* The registered back-end named name ("cpu", "cuda"), or NULL when this build has none. */
+const struct kbackend *kbackend_find(const char *name);
+/* The host back-end's helpers (kbackends[0]'s). */
+static inline const struct khost *khost(void) { return kbackends[0]->host; }
+
+/* The host back-end's threads (the trainer's trainer.num_threads, grpo-model's --threads): products and kernels split
+ * into this many parts on its helper threads; khost_threads: how many parts a product should have. */
+static inline void khost_set_threads(int threads) { khost()->set_threads(threads); }
+static inline int khost_threads(void) { return khost()->threads(); }
+/* fn(arg, i, parts) for i in [0, parts) on the host's helper threads, returning when all are done. */
+static inline void khost_run_parts(int parts, void (*fn)(void *arg, int part, int parts), void *arg)
+{
+    khost()->run_parts(parts, fn, arg);
+}
+/* C (M, N) = alpha op(A) op(B) + beta C on host memory, as cblas_sgemm row-major, over the host's threads. */
+static inline void khost_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+                               const float *B, int ldb, float beta, float *C, int ldc)
+{
+    khost()->sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+/* Which BLAS kernels run, and why (into buf, returned); the better kernels a user's OPENBLAS_CORETYPE passes over,
+ * or NULL. */
+static inline const char *khost_blas_kernels(char *buf, size_t len) { return khost()->blas_kernels(buf, len); }
+static inline const char *khost_blas_kernels_better(void) { return khost()->blas_kernels_better(); }
+/* Whether the host runs BF16 matrix products, and what runs them (or why none). */
+static inline bool khost_bf16_gemm_available(void) { return khost()->bf16_gemm_available(); }
+static inline const char *khost_bf16_gemm_name(void) { return khost()->bf16_gemm_name(); }
+/* inv_freq[i] = theta^(-2i/hd), i < hd / 2 (RoPE's default frequencies). */
+static inline void khost_rope_default_freqs(double *inv_freq, int hd, float theta)
+{
+    khost()->rope_default_freqs(inv_freq, hd, theta);
+}
+/* One token from host logits (V), as the CPU kernels' sample_row (kernels/cpu/cpu_kernels.h). */
+static inline int khost_sample_row(const float *logits, int V, float temperature, float top_p, int top_k, double u,
+                                   float *logp)
+{
+    return khost()->sample_row(logits, V, temperature, top_p, top_k, u, logp);
+}
+/* out[j] = exp(x[j] - shift) for x[j] <= shift on host memory (softmax rows). */
+static inline void khost_exp_shifted(float *out, const float *x, size_t n, float shift)
+{
+    khost()->exp_shifted(out, x, n, shift);
+}
 
 #endif

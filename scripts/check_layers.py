@@ -12,6 +12,12 @@ generation, the trainer and the model never include them. Inside the model (work
 back-end (kernels.h is its interface), the model's own files never include LoRA's headers (an adapter is a projection
 hook, struct model_hook, that lora.c installs), only the expert block (model_moe.c) includes expert parallelism's
 moe_ep.h, and no include cycle runs among its rooms (a source with its header and its _internal.h header).
+
+Below those, every folder of worker/ and kernels/ is a layer with the list of the folders of worker/ and kernels/ it
+may include (DEPENDS; a folder always includes its own files): the kernel interface (kernels/'s own files) includes
+no back-end (back-ends register themselves, struct kbackend), a back-end includes the interface and no other
+back-end, and no folder above the kernels includes a back-end. A folder of worker/ or kernels/ with sources and no
+entry in DEPENDS fails the check too: a new folder states its layer.
 """
 import os
 import re
@@ -51,9 +57,55 @@ RULES = [
      "the launch builds a role's environment over comm_* only: no role's code, no raw MPI"),
 ]
 # headers a folder (or a file) may include although their folder is banned to it: the interfaces it implements
-ALLOWED = {"worker/agent/": ("worker/gen/turn_env.h",),
-           # ring attention's CPU blocks on the CPU kernels' helper threads, until the kernels' interface offers them
-           "worker/model/ring_attn.c": ("kernels/cpu/pool.h",)}
+ALLOWED = {"worker/agent/": ("worker/gen/turn_env.h",)}
+# Every folder of worker/ and kernels/, as a layer: (the folders of worker/ and kernels/, or single headers, it may
+# include besides its own files, why). "kernels/*" and "worker/*" are the files directly in kernels/ (the kernel
+# interface, kernels.h) and in worker/ (the binaries' mains and roles.h); a folder is "worker/model/" with every
+# file under it.
+KERNELS_IF = "kernels/*"
+ROLES_H = "worker/roles.h"
+DEPENDS = {
+    "kernels/*": ((), "the kernel interface includes no back-end: each back-end registers itself (struct kbackend)"),
+    "kernels/cpu/": ((KERNELS_IF,), "a kernel back-end implements the interface (kernels.h) and includes no other "
+                     "back-end"),
+    "kernels/cuda/": ((KERNELS_IF,), "a kernel back-end implements the interface (kernels.h) and includes no other "
+                      "back-end"),
+    "worker/comm/": ((), "the collective plane is the worker's bottom: common/ only (its back-ends register, struct "
+                     "comm_device_backend)"),
+    "worker/formats/": ((), "the file formats are the worker's bottom: common/ only"),
+    "worker/metrics/": ((), "the metrics are the worker's bottom: common/ only"),
+    "worker/tokenizer/": (("worker/formats/",), "the tokenizer builds on the file formats only"),
+    "worker/model/": ((KERNELS_IF, "worker/comm/", "worker/formats/"),
+                      "the model runs on the kernels' interface (kernels/kernels.h), never on a back-end, over the "
+                      "collective plane and the file formats"),
+    "worker/data/": (("worker/tokenizer/", "worker/formats/"), "the datasets build on the tokenizer and the formats"),
+    "worker/control/": (("worker/metrics/",), "the control plane builds on the metrics only"),
+    "worker/plan/": ((KERNELS_IF, "worker/model/", "worker/formats/"), "the planner builds on the model"),
+    "worker/step/": ((KERNELS_IF, "worker/data/", "worker/formats/", "worker/metrics/", "worker/model/",
+                      "worker/tokenizer/"), "a step's data builds on the model, the data and the tokenizer"),
+    "worker/rewards/": ((KERNELS_IF, "worker/formats/", "worker/model/", "worker/step/", "worker/tokenizer/"),
+                        "the scorers build on a step's data and the model (reward models)"),
+    "worker/gen/": ((KERNELS_IF, "worker/metrics/", "worker/model/", "worker/rewards/", "worker/step/",
+                     "worker/tokenizer/"), "generation builds on the model, a step's data and the scorers"),
+    "worker/plane/": ((KERNELS_IF, "worker/comm/", "worker/step/", "worker/metrics/"),
+                      "the split-run protocol builds on a step's data and the collective plane"),
+    "worker/agent/": (("worker/tokenizer/", "worker/gen/turn_env.h"),
+                      "agents and tools build on the tokenizer and generation's turn interface"),
+    "worker/launch/": ((KERNELS_IF, ROLES_H, "worker/comm/", "worker/control/", "worker/metrics/"),
+                       "the launch builds a role's environment over the collective and control planes"),
+    "worker/trainer/": ((KERNELS_IF, ROLES_H, "worker/comm/", "worker/control/", "worker/data/", "worker/formats/",
+                         "worker/gen/", "worker/metrics/", "worker/model/", "worker/plane/", "worker/rewards/",
+                         "worker/step/", "worker/tokenizer/"), "the trainer role builds on every capability below"),
+    "worker/rollout/": ((KERNELS_IF, ROLES_H, "worker/comm/", "worker/control/", "worker/data/", "worker/formats/",
+                         "worker/gen/", "worker/metrics/", "worker/model/", "worker/plane/", "worker/rewards/",
+                         "worker/step/", "worker/tokenizer/"), "the rollout role builds on every capability below"),
+    "worker/hybrid/": ((KERNELS_IF, ROLES_H, "worker/comm/", "worker/control/", "worker/data/", "worker/formats/",
+                        "worker/gen/", "worker/metrics/", "worker/model/", "worker/plane/", "worker/rewards/",
+                        "worker/step/", "worker/tokenizer/", "worker/trainer/"),
+                       "the colocated role builds on the trainer role and every capability below"),
+    "worker/*": ((KERNELS_IF, "worker/"), "the binaries' mains (grpo-worker, grpo-model) run the roles and tools, "
+                 "on the kernels' interface, never on a back-end"),
+}
 # Between the files of one folder: (files checked: paths starting with one of these, files excepted, headers they
 # must not include (as resolved from the tree's root), why). A bare include ("lora.h") is the including file's
 # folder's, as the compiler finds it.
@@ -89,6 +141,38 @@ def includes(root, folder):
                     near = os.path.normpath(os.path.join(os.path.dirname(rel), inc))
                     here = "/" not in inc or os.path.exists(os.path.join(root, near))
                     yield rel, lineno, inc, near if here else inc
+
+
+def layer(path):
+    """the DEPENDS key of a file of worker/ or kernels/: its folder below them, or "worker/*", "kernels/*" for their
+    own files; None elsewhere"""
+    parts = path.split("/")
+    if parts[0] not in ("worker", "kernels") or len(parts) < 2:
+        return None
+    return parts[0] + "/*" if len(parts) == 2 else parts[0] + "/" + parts[1] + "/"
+
+
+def layers(root):
+    """(the DEPENDS keys of every folder of worker/ and kernels/ that holds sources, any source path of it)"""
+    seen = {}
+    for top in ("worker", "kernels"):
+        for dirpath, _, names in os.walk(os.path.join(root, top)):
+            for name in sorted(names):
+                if name.endswith(SOURCES):
+                    rel = os.path.relpath(os.path.join(dirpath, name), root)
+                    seen.setdefault(layer(rel), rel)
+    return seen
+
+
+def depends_ok(key, target):
+    """whether a file of layer key may include target (a path from the root)"""
+    tkey = layer(target)
+    if tkey is None or tkey == key:
+        return True
+    for a in DEPENDS[key][0]:
+        if a in (target, tkey) or (a == "worker/" and tkey.startswith("worker/")):
+            return True
+    return False
 
 
 def allowed(rel, inc):
@@ -139,6 +223,16 @@ def check(root):
             for rel, lineno, inc, target in includes(root, folder):
                 if target in banned and not rel.startswith(excepted):
                     bad.append(f"{rel}:{lineno}: includes \"{inc}\": {why}")
+    for key, rel in sorted(layers(root).items()):
+        if key not in DEPENDS:
+            bad.append(f"{rel}: {key} has no layer (scripts/check_layers.py DEPENDS): every folder of worker/ and "
+                       "kernels/ states what it may include")
+    for top in ("worker/", "kernels/"):
+        for rel, lineno, inc, target in includes(root, top):
+            key = layer(rel)
+            if key in DEPENDS and not depends_ok(key, target):
+                may = ", ".join(DEPENDS[key][0]) or "nothing of worker/ and kernels/"
+                bad.append(f"{rel}:{lineno}: includes \"{inc}\": {key} may include {may} ({DEPENDS[key][1]})")
     for folder in CYCLE_FREE:
         bad += cycles(root, folder)
     return bad

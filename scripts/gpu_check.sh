@@ -1,175 +1,242 @@
 #!/usr/bin/env bash
-# One command for a GPU session (sized for at most 8 minutes on one H200): build the CUDA back-end, run the GPU
-# tests (full shapes, then small shapes under compute-sanitizer memcheck and racecheck), then benchmark it and
-# print one table. The gpu suite includes the checks of the paths written but not yet run on a device: MoE routing
-# and experts (gpu-kernels' moe lines, fp32 and BF16, against the CPU and a direct per-token reference, and expert
-# parallelism's row moves), ring attention's blocks (ring block lines) and its device path over 2 ranks sharing the
-# GPU (gpu-ring-np2), Ulysses' head-slice attention, NCCL's all-to-all and send-receive on device memory
-# (gpu-nccl-np2, 2 GPUs), expert parallelism's dispatch and combine, Ulysses' all-to-all and ring attention in the
-# model against one process on the device (gpu-ep2-np2, gpu-sp2-np2, gpu-cp2-np2: over MPI through host memory, and
-# over NCCL with 2 GPUs), and whole GRPO runs with EP 2, SP 2 and CP 2 on the device (gpu-par-runs).
+# The device session's one command: everything the project can learn on a GPU machine within one deadline (480 s by
+# default), the most informative steps first, each capped by the time left, every log streamed into OUT and
+# OUT/summary.txt written on exit whatever happens. It runs from the device kit (scripts/gpu_kit.sh: the programs
+# and the Debian libraries they load, built here; the machine needs only its CUDA runtime, cuBLAS and NCCL), or,
+# with no kit, from a build it makes (a machine with the Debian development packages).
 #
-#   scripts/gpu_check.sh            everything
-#   GPU_CHECK_SKIP_SANITIZER=1      skip the compute-sanitizer runs
-#   GPU_CHECK_BENCH_SMALL=1         small benchmark shapes (a smoke run)
-#   GPU_CHECK_EMULATE=1             a rehearsal without a GPU: the same steps on tests/cuemu (CUDA emulated on the
-#                                   CPU; build-gpu-emu, no compute-sanitizer, small benchmark shapes whose times
-#                                   mean nothing), so that a device session does not spend its minutes on this script
+#   scripts/gpu_check.sh [OUT]        OUT: the folder for the logs and summary.txt (default $OUT, else gpu-check-out)
+#   GPU_CHECK_DEADLINE_S=480          the whole run's deadline, in seconds
+#   GPU_CHECK_KIT=kit                 the kit to run from (default kit/, kit-emu/ for a rehearsal)
+#   GPU_CHECK_EMULATE=1               a rehearsal without a GPU: the same steps from the emulated kit (gpu_kit.sh
+#                                     --emulate: CUDA emulated on the CPU by tests/cuemu); no time it prints means
+#                                     anything, and what needs a GPU (nvidia-smi, compute-sanitizer, clocks) says so
 #
-# Peaks the table compares against (H200 SXM): BF16 dense tensor-core 989 TFLOP/s (MFU column of the TFLOP/s
-# rows, fp32 rows included, so they read as a fraction of what the chip's BF16 tensor cores could do), HBM3e
-# 4.8 TB/s (decode rows), NVLink 450 GB/s per direction (NCCL row, busbw as nccl-tests defines it).
-# Exit status: 0 when every test passed, 1 otherwise (the table is printed either way).
+# The steps, by information per second:
+#   probe      nvidia-smi, nvcc, the kit's libraries and the CUDA ones it found, compute-sanitizer
+#   kernels    every CUDA op against the CPU back-end (test_gpu_kernels: full shapes; MoE, ring attention, Ulysses)
+#   bench      the heavy ops' throughput (gpu_bench), SM and memory clocks sampled every 0.5 s beside it
+#   memcheck   compute-sanitizer memcheck, then racecheck, on the kernel test's small shapes
+#   step-fp32, step-bf16   one GRPO step of a small random model on the GPU (trainer.device=cuda): phase times and
+#              generation tokens/s from its metrics
+#   nccl       a 1-rank NCCL communicator's all-reduce, all-to-all and send-receive against MPI; then 2 ranks on the
+#              one GPU, which NCCL refuses (said, not failed)
+#   then the whole-run suites with the time left: gpu-model, gpu-run, gpu-dist, gpu-ring-np2, gpu-ep2/sp2/cp2-np2,
+#   gpu-par-runs
+# Peaks the bench table compares against (H200 SXM): BF16 dense tensor-core 989 TFLOP/s, HBM3e 4.8 TB/s, NVLink
+# 450 GB/s per direction. Exit status: 0 when every step that ran passed, 1 otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-8}"
-start=$(date +%s)
-stamp() { echo "== [$(( $(date +%s) - start )) s] $*"; }
-rc=0
-bdir=build-gpu
-log="$(mktemp -d /tmp/gpu_check.XXXXXX)"
+SRC="$PWD"
+OUTD="${1:-${OUT:-gpu-check-out}}"
+mkdir -p "$OUTD" && OUTD="$(cd "$OUTD" && pwd)"
+DEADLINE_S="${GPU_CHECK_DEADLINE_S:-480}"
 emulate="${GPU_CHECK_EMULATE:-0}"
-setup_args=(-Dcuda=enabled)
+start=$(date +%s)
+deadline=$((start + DEADLINE_S))
+rc=0
+steps=() # "NAME|status|seconds|note" for the summary
+notes=()
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export GRPO_COMM_SYNC_SENDS=1 OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-8}"
 
-if [ "$emulate" = 1 ]; then
-    bdir=build-gpu-emu
-    setup_args=(-Dcuemu=true -Dcuda=disabled)
-    ngpu="${CUEMU_DEVICES:-1}"
-    export GPU_CHECK_SKIP_SANITIZER=1 GPU_CHECK_BENCH_SMALL=1
-    stamp "REHEARSAL on tests/cuemu (CUDA emulated on the CPU): $ngpu emulated device(s); no time here means anything"
-else
-    ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
-    stamp "GPUs: $ngpu"
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/   /'
-fi
-if [ "$ngpu" -eq 0 ]; then
-    echo "no GPU visible: nothing to check here"
-    exit 77
-fi
+left() { echo $((deadline - $(date +%s))); }
+say() { echo "== [$(($(date +%s) - start)) s, $(left) s left] $*"; }
+summary() {
+    {
+        echo "gpu_check: $([ "$emulate" = 1 ] && echo "REHEARSAL on tests/cuemu, not a GPU" || echo "${gpu_name:-no GPU named by nvidia-smi}")," \
+            "$(($(date +%s) - start)) s of a $DEADLINE_S s deadline; exit $rc"
+        echo "kit: ${GRPO_KIT_SAYS:-no kit (a local build)}"
+        echo
+        printf '%-14s %-8s %6s  %s\n' step status secs note
+        local s
+        for s in "${steps[@]}"; do
+            IFS='|' read -r n st t note <<<"$s"
+            printf '%-14s %-8s %6s  %s\n' "$n" "$st" "$t" "$note"
+        done
+        echo
+        [ -f "$OUTD/bench.log" ] && {
+            echo "op|shape|ms/call|throughput|of peak"
+            grep '^ROW|' "$OUTD/bench.log" | cut -d'|' -f2-
+        } | awk -F'|' '{ printf "%-36s %-34s %10s %16s %8s\n", $1, $2, $3, $4, $5 }'
+        [ -f "$OUTD/clocks.csv" ] && echo "clocks (SM, memory MHz; min/max over the bench): $(awk -F', *' 'NR > 1 && $1 + 0 > 0 { if (!n++ || $1 < a) a = $1; if ($1 > b) b = $1; if (!m++ || $2 < c) c = $2; if ($2 > d) d = $2 } END { if (n) printf "SM %d-%d, memory %d-%d", a, b, c, d; else printf "not read" }' "$OUTD/clocks.csv")"
+        local x
+        for x in "${notes[@]}"; do echo "$x"; done
+    } >"$OUTD/summary.txt"
+    cat "$OUTD/summary.txt"
+}
+trap 'summary' EXIT
+trap 'echo "gpu_check: interrupted"; rc=1; exit 1' INT TERM
 
-# ---- build: a fresh directory; meson.build compiles sm_80 and sm_90 SASS plus compute_90 PTX ----
-stamp "configure $bdir (${setup_args[*]})"
-if [ -d "$bdir" ]; then
-    meson setup --wipe "$bdir" "${setup_args[@]}" >"$log/setup.txt" 2>&1
-else
-    meson setup "$bdir" "${setup_args[@]}" >"$log/setup.txt" 2>&1
-fi || { cat "$log/setup.txt"; echo "meson setup failed"; exit 1; }
-stamp "build (ninja: the GPU tests, the bench, the worker)"
-targets=(tests/gpu/test_gpu_kernels tests/gpu/test_gpu_model tests/gpu/test_gpu_parallel tests/gpu/gpu_bench
-    worker/grpo-worker worker/grpo-model
-    tests/mpi/compare_weights worker/rewards/reward_test_scorer.so) # gpu-run's whole runs need the last four
-ninja -C "$bdir" "${targets[@]}" >"$log/build.txt" 2>&1 ||
-    { tail -60 "$log/build.txt"; echo "build failed"; exit 1; }
-grep -E "warning" "$log/build.txt" | head -20
-
-# ---- tests ----
-stamp "meson test --suite gpu (full shapes)"
-# gpu-model also checks 32 greedy tokens of the bundled model against the CPU when it is cached
-bundled="${GRPO_CACHE:-$HOME/.cache/grpo}/SmolLM2-135M-Instruct.Q4_1.gguf"
-# (not in the rehearsal: the emulator takes minutes over the 135M model; its own run of gpu-model with the bundled
-# model passes, tests/cuemu/README.md)
-[ -f "$bundled" ] && [ "$emulate" != 1 ] && export GRPO_BUNDLED_MODEL="$bundled"
-meson test -C "$bdir" --suite gpu --no-rebuild --print-errorlogs >"$log/test.txt" 2>&1 || rc=1
-grep -E "^ *[0-9]+/[0-9]+ |^Ok:|^Fail:|^Skipped:|FAIL|failed" "$log/test.txt" | head -60
-sed -n '/kops_cuda against/,/kops: /p' "$bdir/meson-logs/testlog.txt" | head -200
-# the paths that have not run on a device before (MoE routing and experts, ring attention's blocks and its device
-# path, Ulysses' head slices and all-to-all, expert parallelism's dispatch and combine, the parallel runs): their
-# lines, so a failure among them is seen first
-stamp "MoE / EP / ring attention / Ulysses lines (first device check of these paths)"
-grep -E "^ *(moe |ring block|ring attention|  rank [0-9]+: ring attention)|attention B=[0-9]+ N=204[89] |nccl all-to-all|EP rows|per-token reference|FAIL" \
-    "$bdir/meson-logs/testlog.txt" | head -80
-grep -E "(EP|SP|CP) 2 on cuda, the group over|differs from the one-process run|(ok|FAIL) +(EP|SP|CP) 2|on CUDA over 2 ranks" \
-    "$bdir/meson-logs/testlog.txt" | head -60
-
-sanitizer="$(command -v compute-sanitizer || true)"
-if [ -z "$sanitizer" ] && command -v nvcc >/dev/null; then
-    for c in "$(dirname "$(command -v nvcc)")/compute-sanitizer" \
-        "$(dirname "$(command -v nvcc)")/../extras/compute-sanitizer/compute-sanitizer"; do
-        [ -x "$c" ] && sanitizer="$c" && break
-    done
-fi
-if [ "${GPU_CHECK_SKIP_SANITIZER:-0}" = 0 ] && [ -n "$sanitizer" ]; then
-    # memcheck on the kernel test with small shapes (GRPO_GPU_TEST_SMALL); the NCCL tests stay out of the
-    # sanitizer (mpirun plus NCCL's own device memory make it slow and noisy, and the deadline test is timed)
-    stamp "compute-sanitizer memcheck: meson test gpu-kernels, small shapes"
-    GRPO_GPU_TEST_SMALL=1 meson test -C "$bdir" gpu-kernels --no-rebuild --print-errorlogs --timeout-multiplier 2 \
-        --wrapper "$sanitizer --tool memcheck --error-exitcode 86 --print-limit 20" >"$log/memcheck.txt" 2>&1 ||
-        { rc=1; echo "memcheck: FAILED"; grep -E "=========|FAIL" "$bdir/meson-logs/testlog.txt" | head -40; }
-    grep -E "ERROR SUMMARY|^Ok:|^Fail:" "$bdir/meson-logs/testlog.txt" "$log/memcheck.txt" | head -5
-    # racecheck: shared-memory hazards of the tiled kernels (attention, reductions); bounded in time
-    stamp "compute-sanitizer racecheck: the kops tests, small shapes (at most 120 s)"
-    GRPO_GPU_TEST_SMALL=1 timeout 120 "$sanitizer" --tool racecheck --error-exitcode 86 --print-limit 20 \
-        "$bdir/tests/gpu/test_gpu_kernels" --kops >"$log/racecheck.txt" 2>&1
+# step NAME CAP CMD...: CMD with at most min(CAP, the time left) seconds, its output in OUT/NAME.log; 77 = skipped
+step() {
+    local name="$1" cap="$2"
+    shift 2
+    local t
+    t=$(left)
+    [ "$cap" -lt "$t" ] && t=$cap
+    if [ "$t" -lt 10 ]; then
+        steps+=("$name|no time|0|the deadline came first")
+        say "$name: no time left"
+        return 0
+    fi
+    say "$name (at most $t s)"
+    local t0 r
+    t0=$(date +%s)
+    # (through bash: a step may be one of the functions below, exported)
+    timeout --kill-after=5 "$t" bash -c '"$@"' "$name" "$@" >"$OUTD/$name.log" 2>&1
     r=$?
-    if [ $r -eq 124 ]; then
-        echo "racecheck: did not finish in 120 s (not counted as a failure)"
-    elif [ $r -eq 77 ]; then
-        echo "racecheck: skipped (no device)"
-    elif [ $r -ne 0 ]; then
-        rc=1
-        echo "racecheck: FAILED (exit $r)"
-        grep -E "=========|FAIL" "$log/racecheck.txt" | head -40
-    fi
-    grep -E "RACECHECK SUMMARY|ERROR SUMMARY" "$log/racecheck.txt" | head -3
-else
-    echo "compute-sanitizer: skipped (GPU_CHECK_SKIP_SANITIZER=1, or not found)"
-fi
+    local st=ok note=""
+    case $r in
+    0) ;;
+    77) st=skipped note="$(tail -n 1 "$OUTD/$name.log")" ;;
+    124 | 137)
+        if [ "$t" -lt "$cap" ]; then # the deadline, not the step's own bound: not a failure
+            st=cut note="the deadline came after $t s"
+        else
+            st=timeout note="over its $cap s" && rc=1
+        fi
+        ;;
+    *) st=FAILED note="exit $r: $(grep -m1 -E 'FAIL|error|Error' "$OUTD/$name.log" | cut -c1-120)" && rc=1 ;;
+    esac
+    [ -n "${STEP_NOTE:-}" ] && note="$STEP_NOTE${note:+; $note}"
+    steps+=("$name|$st|$(($(date +%s) - t0))|$note")
+    STEP_NOTE=""
+    echo "   $st ($(($(date +%s) - t0)) s)"
+    return $r
+}
 
-# ---- benchmarks: one table ----
-stamp "benchmarks"
-bench_args=()
-[ "${GPU_CHECK_BENCH_SMALL:-0}" = 1 ] && bench_args+=(--small)
-timeout 240 "$bdir/tests/gpu/gpu_bench" "${bench_args[@]}" >"$log/bench.txt" 2>&1
-r=$?
-if [ $r -ne 0 ]; then
-    echo "gpu_bench: exit $r$([ $r -eq 124 ] && echo ' (timed out after 240 s)')"
-    tail -20 "$log/bench.txt"
-    [ $r -ne 77 ] && rc=1
-fi
-if [ "$ngpu" -ge 2 ]; then
-    timeout 120 mpirun --oversubscribe -np 2 "$bdir/tests/gpu/gpu_bench" --nccl "${bench_args[@]}" \
-        >>"$log/bench.txt" 2>&1 || { echo "NCCL bench failed:"; tail -20 "$log/bench.txt"; }
+# ---- the programs: the kit, else a build here ----
+kit="${GPU_CHECK_KIT:-$([ "$emulate" = 1 ] && echo kit-emu || echo kit)}"
+if [ -f "$kit/env.sh" ]; then
+    # shellcheck disable=SC1091
+    . "$kit/env.sh"
+    B="$GRPO_KIT/build"
 else
-    echo "ROW|NCCL all-reduce bus bandwidth|np=2|-|skipped: 1 GPU|-" >>"$log/bench.txt"
+    B="$SRC/$([ "$emulate" = 1 ] && echo build-gpu-emu || echo build-gpu)"
+    setup=(-Dcuda=enabled -Dgpu_archs=90)
+    [ "$emulate" = 1 ] && setup=(-Dcuemu=true -Dcuda=disabled)
+    say "no kit at $kit: building $B (${setup[*]})"
+    { [ -f "$B/build.ninja" ] || meson setup "$B" -Dtests=enabled "${setup[@]}"; } >"$OUTD/build.log" 2>&1 &&
+        ninja -C "$B" tests/gpu/test_gpu_kernels tests/gpu/test_gpu_model tests/gpu/test_gpu_parallel \
+            tests/gpu/gpu_bench worker/grpo-worker worker/grpo-model tests/mpi/compare_weights \
+            worker/rewards/reward_test_scorer.so >>"$OUTD/build.log" 2>&1 ||
+        { echo "build failed: $OUTD/build.log (build the kit with scripts/gpu_kit.sh instead)"; rc=1; exit 1; }
 fi
+export OUTD emulate
+K="$B/tests/gpu/test_gpu_kernels"
+W="$B/worker/grpo-worker"
+M="$B/worker/grpo-model"
+SO="$B/worker/rewards/reward_test_scorer.so"
+CMP="$B/tests/mpi/compare_weights"
 
-# one GRPO step's phase times on the bundled model (trainer.device=cuda, one process)
-step_line="GRPO step on GPU: the worker was not built"
-worker="$bdir/worker/grpo-worker"
-if [ -x "$worker" ]; then
-    gguf="${GRPO_CACHE:-$HOME/.cache/grpo}/SmolLM2-135M-Instruct.Q4_1.gguf"
-    if [ "$emulate" = 1 ]; then # the rehearsal: a tiny random model (the 135M one takes the emulator too long)
-        tok=tests/fixtures/tokenizers/bytes-chatml
-        "$bdir/worker/grpo-model" init "$tok/config.json" "$log/tiny" --tokenizer-from "$tok" --seed 11 --std 0.1 \
-            >"$log/tiny.txt" 2>&1 && gguf="$log/tiny"
-    fi
-    if [ -e "$gguf" ]; then
-        stamp "one GRPO step on the GPU ($gguf)"
-        out_dir="$log/grpo"
-        small=() # the rehearsal: a step small enough for the emulator (the command and its parsing are the point)
-        [ "$emulate" = 1 ] && small=(data.train_batch_size=2 actor_rollout_ref.rollout.n=2 data.max_response_length=8
-            actor_rollout_ref.actor.ppo_mini_batch_size=2 trainer.val_before_train=false trainer.test_freq=-1)
-        timeout "$([ "$emulate" = 1 ] && echo 900 || echo 180)" mpirun -np 1 "$worker" \
-            actor_rollout_ref.model.path="$gguf" trainer.device=cuda trainer.total_training_steps=1 \
-            trainer.default_local_dir="$out_dir" "${small[@]}" >"$log/grpo.txt" 2>&1
-        step_line="GRPO step on GPU (exit $?): $(grep -oE '"?timing_s/[a-z_]+"?[:=] ?[0-9.]+' "$log/grpo.txt" \
-            "$out_dir"/*/*/metrics.jsonl 2>/dev/null | sed 's/.*timing_s\///; s/"//g' | tr '\n' ' ')"
+# ---- probe ----
+probe() {
+    echo "date: $(date -u +%FT%TZ); host $(hostname); $(nproc) CPUs"
+    if [ "$emulate" = 1 ]; then
+        echo "nvidia-smi: none (rehearsal)"
     else
-        step_line="GRPO step on GPU: the bundled model is not cached ($gguf; scripts/fetch_model.sh needs the network)"
+        nvidia-smi || true
+        nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem,power.limit \
+            --format=csv || true
     fi
+    command -v nvcc && nvcc --version | tail -n 2
+    echo "kit: ${GRPO_KIT_SAYS:-none}"
+    echo "compute-sanitizer: ${sanitizer:-not found}"
+    echo "ldd $W:"
+    ldd "$W" | grep -E "not found|cuda|cublas|nccl|nvrtc" || true
+    "$K" --probe 1
+}
+export -f probe
+sanitizer="$(command -v compute-sanitizer || true)"
+for c in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/extras/compute-sanitizer/compute-sanitizer; do
+    [ -z "$sanitizer" ] && [ -x "$c" ] && sanitizer="$c"
+done
+gpu_name="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+export K W M SO CMP sanitizer
+step probe 30 probe
+grep -q "=> not found" "$OUTD/probe.log" && notes+=("probe: a library was not found: $(grep -m3 '=> not found' "$OUTD/probe.log" | tr '\n' ' ')")
+if ! "$K" --probe 1 >/dev/null 2>&1; then
+    echo "no CUDA device visible (see $OUTD/probe.log): nothing more to check"
+    rc=1
+    exit 1
 fi
 
-echo
-gpu_name="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
-[ "$emulate" = 1 ] && gpu_name="REHEARSAL on tests/cuemu, not a GPU"
-echo "== GPU check: $gpu_name, $ngpu GPU(s)," \
-    "$(( $(date +%s) - start )) s"
-{
-    echo "op|shape|ms/call|throughput|of peak"
-    grep '^ROW|' "$log/bench.txt" | cut -d'|' -f2-
-} | awk -F'|' '{ printf "%-36s %-34s %10s %16s %8s\n", $1, $2, $3, $4, $5 }'
-echo "(peaks: BF16 dense 989 TFLOP/s for the TFLOP/s rows, HBM 4.8 TB/s for decode, NVLink 450 GB/s for NCCL)"
-echo "$step_line"
-echo "tests: $([ $rc -eq 0 ] && echo passed || echo FAILED) (logs: $log, $bdir/meson-logs/testlog.txt)"
+# ---- the kernels against the CPU ----
+bundled="${GRPO_CACHE:-$HOME/.cache/grpo}/SmolLM2-135M-Instruct.Q4_1.gguf"
+step kernels 150 "$K"
+notes+=("kernels: $(grep -cE '^ *ok|: ok|equal|agree' "$OUTD/kernels.log") lines ok, $(grep -cE 'FAIL|MISMATCH' "$OUTD/kernels.log") failing")
+
+# ---- bench, clocks sampled beside it ----
+clock_pid=""
+if [ "$emulate" != 1 ]; then
+    nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader,nounits -lms 500 \
+        >"$OUTD/clocks.csv" 2>/dev/null &
+    clock_pid=$!
+fi
+bench_args=()
+[ "$emulate" = 1 ] && bench_args+=(--small)
+step bench 120 "$B/tests/gpu/gpu_bench" "${bench_args[@]}"
+[ -n "$clock_pid" ] && kill "$clock_pid" 2>/dev/null
+
+# ---- compute-sanitizer on small shapes ----
+if [ -n "$sanitizer" ] && [ "$emulate" != 1 ]; then
+    GRPO_GPU_TEST_SMALL=1 step memcheck 90 "$sanitizer" --tool memcheck --error-exitcode 86 --print-limit 20 "$K" --kops
+    GRPO_GPU_TEST_SMALL=1 step racecheck 90 "$sanitizer" --tool racecheck --error-exitcode 86 --print-limit 20 "$K" --kops
+else
+    steps+=("memcheck|skipped|0|$([ "$emulate" = 1 ] && echo "rehearsal: no compute-sanitizer on the emulator" || echo "compute-sanitizer not found")")
+fi
+
+# ---- one GRPO step on the GPU, fp32 and BF16, on a small random model ----
+tok="$SRC/tests/fixtures/tokenizers/bytes-chatml"
+"$M" init "$tok/config.json" "$OUTD/tiny" --tokenizer-from "$tok" --seed 11 --std 0.1 >"$OUTD/init.log" 2>&1
+grpo_step() {
+    local name="$1"
+    shift
+    rm -rf "${OUTD:?}/$name"
+    "$W" actor_rollout_ref.model.path="$OUTD/tiny" trainer.device=cuda trainer.total_training_steps=2 \
+        trainer.default_local_dir="$OUTD/$name" trainer.project_name=p trainer.experiment_name=e \
+        trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=-1 data.train_batch_size=8 \
+        actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=8 data.max_response_length=64 \
+        data.synthetic.num_train=32 data.synthetic.num_val=4 "$@"
+}
+step_figures() {
+    python3 - "$OUTD/$1/p/e/metrics.jsonl" <<'PY' 2>/dev/null || echo "no metrics"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+r = rows[-1]
+keys = [k for k in r if k.startswith("timing_s/") or k.startswith("perf/throughput")]
+print(", ".join("%s %.3g" % (k.split("/", 1)[1], r[k]) for k in sorted(keys)))
+PY
+}
+export -f grpo_step
+for prec in fp32 bf16; do
+    extra=()
+    [ "$prec" = bf16 ] && extra=(actor_rollout_ref.actor.dtype=bfloat16)
+    step "step-$prec" "$([ "$emulate" = 1 ] && echo 240 || echo 60)" grpo_step "step-$prec" "${extra[@]}" &&
+        notes+=("step-$prec (2 steps, 64 sequences of up to 64 tokens; the last step): $(step_figures "step-$prec")")
+done
+
+# ---- NCCL on one GPU: a 1-rank communicator; 2 ranks on it, which NCCL refuses ----
+nccl_smoke() {
+    mpirun -np 1 "$K" --nccl || return
+    echo "-- 2 ranks on one GPU:"
+    mpirun -np 2 "$K" --nccl
+    local r=$?
+    [ $r = 77 ] && echo "2 ranks on one GPU: NCCL refuses two ranks on one device (test_gpu_kernels skips it, as expected)"
+    [ $r = 0 ] || [ $r = 77 ]
+}
+export -f nccl_smoke
+STEP_NOTE="1 rank" step nccl 45 nccl_smoke
+
+# ---- the whole-run suites, with the time left ----
+[ -f "$bundled" ] && [ "$emulate" != 1 ] && export GRPO_BUNDLED_MODEL="$bundled"
+step gpu-model 120 "$B/tests/gpu/test_gpu_model" ${GRPO_BUNDLED_MODEL:+"$GRPO_BUNDLED_MODEL"}
+step gpu-run 300 tests/gpu/test_gpu_run.sh "$K" "$W" "$M" "$CMP" "$SO"
+step gpu-dist 300 tests/gpu/test_gpu_dist.sh "$K" "$W" "$M" "$CMP" "$SO"
+step gpu-ring-np2 120 mpirun -np 2 "$K" --ring
+for mode in ep sp cp; do
+    step "gpu-${mode}2-np2" 120 mpirun -np 2 "$B/tests/gpu/test_gpu_parallel" "--$mode"
+done
+step gpu-par-runs 300 tests/gpu/test_gpu_par_runs.sh "$K" "$W" "$M" "$CMP" "$SO"
 exit $rc

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Static checks the code passes: clang-format (no diff), clang-tidy (.clang-tidy)
-# and cppcheck (.cppcheck-suppressions), on the project's C sources.
+# Static checks the code passes: clang-format (no diff), clang-tidy (.clang-tidy), no key name retyped in a
+# message (scripts/check_key_names.py) and cppcheck (.cppcheck-suppressions), on the project's C sources.
 #   scripts/lint.sh            all three
 #   scripts/lint.sh --fix      reformat in place first
 set -euo pipefail
@@ -25,6 +25,8 @@ if [ ${#fuzz[@]} -gt 0 ]; then
         $(pkg-config --cflags libprotobuf-c jansson) 2>/dev/null || true)"
 fi
 if grep -E "warning:|error:" <<<"$tidy"; then rc=1; fi
+echo "key names in messages (scripts/check_key_names.py)"
+python3 scripts/check_key_names.py || rc=1
 echo "cppcheck"
 cppcheck --quiet --error-exitcode=1 --std=c11 --enable=warning,performance,portability \
     --inline-suppr --suppressions-list=.cppcheck-suppressions -D_GNU_SOURCE -I . \

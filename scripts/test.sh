@@ -4,22 +4,30 @@
 #   ./scripts/test.sh --suite unit    meson test arguments pass through (--help: this text)
 #   ./scripts/test.sh --loaded        the same beside a CPU-heavy job (one busy process per core, for the whole
 #                                     run): the suite must pass on a loaded machine too
+#   ./scripts/test.sh --sanitize      every test once, as CI runs them: the unit, system and mpi suites (but
+#                                     `long`) in a build with AddressSanitizer and UBSan (build-asan), the rest in
+#                                     the plain build (no meson arguments with it)
 # Installs missing Debian packages (as root) and fetches the bundled model.
 # Every time bound of the tests (meson's per-test timeouts, the shell tests' wait_for and timeout) is scaled by
 # how much slower than a quiet machine this one runs when the suite starts (scripts/time_scale.py; set
 # GRPO_TEST_TIME_SCALE to choose the factor).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-LOADED=0
+LOADED=0 SANITIZE=0
 args=()
 for a in "$@"; do
     case "$a" in
     --loaded) LOADED=1 ;;
+    --sanitize) SANITIZE=1 ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) args+=("$a") ;;
     esac
 done
 set -- "${args[@]}"
+if [ "$SANITIZE" = 1 ] && [ $# -gt 0 ]; then
+    echo "test.sh: --sanitize runs every test and takes no meson arguments (given: $*)" >&2
+    exit 2
+fi
 ./scripts/deps.sh
 ./scripts/build.sh build
 # the bundled model: tests that read it skip without it, so fetch it first
@@ -48,22 +56,50 @@ export GRPO_TEST_TIME_SCALE
 mult="$(awk -v f="$GRPO_TEST_TIME_SCALE" 'BEGIN { m = int(f); if (m < f) m++; print m < 1 ? 1 : m }')"
 echo "== time bounds x $GRPO_TEST_TIME_SCALE (meson's timeouts x $mult)"
 rc=0
-meson test -C build --print-errorlogs --num-processes 2 --timeout-multiplier "$mult" "$@" || rc=$?
-logs=(build/meson-logs/testlog.json)
+if [ "$SANITIZE" = 0 ]; then
+    meson test -C build --print-errorlogs --num-processes 2 --timeout-multiplier "$mult" "$@" || rc=$?
+    logs=(build/meson-logs/testlog.json)
+else
+    # Each test once. AddressSanitizer and UBSan on the CPU code (nvcc does not take -fsanitize): the unit suite with
+    # LeakSanitizer; the system and mpi suites without it (every grpo-worker and MPI test program runs Open MPI,
+    # which leaves its allocations to the exit, some from components it has already unloaded: frames no suppression
+    # can name), their time bounds x3 for the sanitizers' slowdown. The `long` suite (the SP and CP runs with
+    # 2,048-token responses, 5 and 4 minutes each under the sanitizers) and the cluster and gpu suites run in the
+    # plain build; the long runs' code runs under the sanitizers in model-sp*, model-cp* and ring-attn-*.
+    rm -f build/meson-logs/testlog.json build-asan/meson-logs/testlog*.json
+    asan_mult="$(awk -v f="$GRPO_TEST_TIME_SCALE" 'BEGIN { m = 3 * f; r = int(m); print r < m ? r + 1 : r }')"
+    san=(UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1)
+    if ./scripts/build.sh build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled; then
+        env "${san[@]}" ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+            meson test -C build-asan --suite unit --print-errorlogs --num-processes 2 \
+            --timeout-multiplier "$asan_mult" || rc=1
+        env "${san[@]}" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
+            meson test -C build-asan --suite system --suite mpi --no-suite long --timeout-multiplier "$asan_mult" \
+            --logbase testlog-mpi-system --print-errorlogs --num-processes 2 || rc=1
+    else
+        echo "test.sh: the sanitizer build failed" >&2
+        rc=1
+    fi
+    logs=(build-asan/meson-logs/testlog*.json)
+    # the plain build: every test of the default setup outside unit, system and mpi, and the long ones
+    mapfile -t plain < <(meson introspect --tests build | python3 -c '
+import json, sys
+for t in json.load(sys.stdin):
+    s = {x.split(":")[-1] for x in t["suite"]}
+    if "slow" not in s and (not s <= {"unit", "system", "mpi"} or "long" in s):
+        print(t["name"])')
+    meson test -C build --print-errorlogs --num-processes 2 --timeout-multiplier "$mult" "${plain[@]}" || rc=$?
+    logs+=(build/meson-logs/testlog.json)
+fi
 # The CUDA back-end through tests/cuemu (CUDA emulated on the CPU, tests/cuemu/README.md): the gpu suite, which
-# skips above without a GPU, runs here on any machine; then gpu-kernels with each block's threads in reverse order
-# (a race shows as a difference), and the NCCL paths with a device per rank (gpu-per-rank, and EP, SP and CP in the
-# model again). On a full run only (no arguments).
+# skips above without a GPU, runs here on any machine, in one meson run with every emulated configuration
+# (tests/gpu/meson.build): the tests of 2 ranks with one shared device and again with a device per rank (-2dev:
+# NCCL), gpu-kernels again with each block's threads in reverse order. On a full run only (no meson arguments).
 if [ $# -eq 0 ]; then
     rm -f build-emu/meson-logs/testlog-emu*.json
     ./scripts/build.sh build-emu -Dcuemu=true -Dcuda=disabled -Dtests=enabled || rc=1
     meson test -C build-emu --suite cuemu --suite gpu --no-suite gpu-per-rank --no-rebuild --print-errorlogs \
         --num-processes 2 --timeout-multiplier "$mult" --logbase testlog-emu || rc=1
-    CUEMU_ORDER=reverse meson test -C build-emu gpu-kernels --no-rebuild --print-errorlogs \
-        --timeout-multiplier "$mult" --logbase testlog-emu-reverse || rc=1
-    CUEMU_DEVICES=2 meson test -C build-emu gpu-nccl-np2 gpu-nccl-deadline gpu-ep2-np2 gpu-sp2-np2 gpu-cp2-np2 \
-        gpu-par-runs --no-rebuild --print-errorlogs --num-processes 2 --timeout-multiplier "$mult" \
-        --logbase testlog-emu-nccl || rc=1
     logs+=(build-emu/meson-logs/testlog-emu*.json)
 fi
 python3 scripts/count_tests.py "${logs[@]}" || rc=1

@@ -11,7 +11,8 @@
 #   wait_for SECONDS CMD..., scaled SECONDS (bounds x GRPO_TEST_TIME_SCALE: timeout "$(scaled N)" CMD),
 #   switches PID, ran_since PID COUNT SWITCHES, paused_in_place LOG...
 #   track PID       a background process to kill at exit (besides the shell's own jobs)
-#   need_bin VAR PATH, test_env, tiny_model DIR [SEED [CONFIG]]
+#   prog NAME       the build's program NAME (grpo-worker, grpod, ...: by name, not passed by position)
+#   tiny_run ARRAY DIR [STEPS]  the keys of a tiny run; need_bin VAR PATH, test_env, tiny_model DIR [SEED [CONFIG]]
 #   grpod: start_grpod, stop_grpod, status_field, state_is, field_is, field_at_least, step_at_least (with $GRPOD, $GRPOCTL and $EP set)
 # Waits are bounded and FAIL when time runs out: a check that something did not happen follows an observable
 # event that proves the run went past the point where it would have happened, never a sleep.
@@ -117,6 +118,42 @@ switches() { awk '/ctxt_switches/ { n += $2 } END { print n + 0 }' "/proc/$1/tas
 ran_since() { [ "$(switches "$1")" -ge $(( $3 + $2 )) ]; }
 
 # need_bin VAR PATH: VAR set to PATH's absolute name (meson passes the built binaries as arguments)
+# The build's programs by name. GRPO_BUILD_ROOT is the build directory the test runs from (tests/meson.build's
+# test setups set it; build/ under the checkout when a test is run by hand); prog NAME prints the path of the
+# build's program NAME: grpod, grpoctl, grpo-worker, grpo-model, sim-worker, compare-weights, test-scorer (the
+# test scorers' shared object).
+BUILD_ROOT="${GRPO_BUILD_ROOT:-$SRC_ROOT/build}"
+prog() {
+    local p
+    case "$1" in
+    grpod) p=daemon/grpod ;;
+    grpoctl) p=ctl/grpoctl ;;
+    grpo-worker) p=worker/grpo-worker ;;
+    grpo-model) p=worker/grpo-model ;;
+    sim-worker) p=tests/system/sim_worker ;;
+    compare-weights) p=tests/mpi/compare_weights ;;
+    test-scorer) p=worker/rewards/reward_test_scorer.so ;;
+    *) echo "prog: no program named '$1' (tests/lib.sh)" >&2 && return 1 ;;
+    esac
+    echo "$BUILD_ROOT/$p"
+}
+
+# The programs a test did not take by position (the older way): the build's, by name
+: "${WORKER:=$(prog grpo-worker)}" "${MODEL_TOOL:=$(prog grpo-model)}" "${COMPARE:=$(prog compare-weights)}"
+: "${SCORER:=$(prog test-scorer)}"
+
+# tiny_run ARRAY DIR [STEPS]: ARRAY gets the keys of a tiny run of the tiny model in $TMP/tiny (tiny_model): 2
+# prompts x 2 responses of at most 8 tokens a step, 16 training and 2 validation prompts, no validation, STEPS steps
+# (default 4), results under DIR/p/e. Keys given after them override them (the command line's last word wins).
+tiny_run() {
+    local -n tiny_keys_="$1"
+    tiny_keys_=(actor_rollout_ref.model.path="$TMP/tiny" trainer.default_local_dir="$2" trainer.project_name=p
+        trainer.experiment_name=e trainer.total_training_steps="${3:-4}" trainer.val_before_train=false
+        trainer.test_freq=-1 data.train_batch_size=2 actor_rollout_ref.rollout.n=2
+        actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=8 data.synthetic.num_train=16
+        data.synthetic.num_val=2)
+}
+
 need_bin() {
     [ -x "$2" ] || { echo "FAIL $2 is not an executable (run the test with meson test)"; exit 1; }
     printf -v "$1" '%s' "$(realpath "$2")"

@@ -18,7 +18,7 @@
 #include "worker/agent/tool.h"
 #include "worker/formats/gguf.h"
 #include "worker/formats/safetensors.h"
-#include "worker/model/generate.h"
+#include "worker/model/model_generate.h"
 #include "worker/model/lora.h"
 #include "worker/model/model_io.h"
 #include "worker/plan/planner.h"
@@ -220,7 +220,7 @@ static int cmd_info(const char *arg)
                100.0 * (double)m->lora->n / (double)model_num_params(m));
     }
     char kern[256];
-    printf("kernels             %s\n", blas_kernels(kern, sizeof kern));
+    printf("kernels             %s\n", khost_blas_kernels(kern, sizeof kern));
     /* stored dtypes, counted per tensor */
     int counts[64] = {0};
     const char *names[64] = {0};
@@ -731,7 +731,7 @@ static int cmd_generate(const char *model, const struct opts *o)
     };
     struct gen_output *out = xcalloc((size_t)o->n, sizeof *out);
     const int32_t *prompts[1] = {ids};
-    generate(m, prompts, &plen, 1, &gp, out);
+    model_generate(m, prompts, &plen, 1, &gp, out);
     for (int s = 0; s < o->n; s++) {
         char *text = tokenizer_decode(t, out[s].tokens, (size_t)out[s].len, true);
         if (o->n > 1)
@@ -743,7 +743,7 @@ static int cmd_generate(const char *model, const struct opts *o)
             printf("\n");
         }
         free(text);
-        gen_output_free(&out[s]);
+        model_gen_output_free(&out[s]);
     }
     free(out);
     free(ids);
@@ -755,7 +755,7 @@ static int cmd_generate(const char *model, const struct opts *o)
 int main(int argc, char **argv)
 {
     log_init_from_env();
-    turn_env_register(&agent_env_factory);
+    gen_turn_env_register(&agent_env_factory);
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
@@ -830,7 +830,7 @@ int main(int argc, char **argv)
                            "0 < --top-p <= 1, --threads >= 1");
         return 2;
     }
-    cpu_set_threads(o.threads);
+    khost_set_threads(o.threads);
     int npos = argc - optind;
     const char *a0 = npos > 0 ? argv[optind] : NULL, *a1 = npos > 1 ? argv[optind + 1] : NULL;
     int need = strcmp(cmd, "merge-lora") == 0                                                              ? 3

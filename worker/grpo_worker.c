@@ -151,14 +151,12 @@ static int resolve_device(struct grpo_config *c)
     }
     if (n > 0)
         log_info("worker",
-                 "trainer.device=auto: cuda (%d CUDA device%s visible; trainer.device=cpu to train on the CPU)", n,
-                 n == 1 ? "" : "s");
+                 KEY_trainer_device "=auto: cuda (%d CUDA device%s visible; " KEY_trainer_device
+                                    "=cpu to train on the CPU)",
+                 n, n == 1 ? "" : "s");
     else
-#ifdef GRPO_HAVE_CUDA
-        log_info("worker", "trainer.device=auto: cpu (no CUDA device visible)");
-#else
-        log_info("worker", "trainer.device=auto: cpu (this build has no CUDA back-end)");
-#endif
+        log_info("worker", KEY_trainer_device "=auto: cpu (%s)",
+                 kbackend_find("cuda") ? "no CUDA device visible" : "this build has no CUDA back-end");
     return 0;
 }
 
@@ -298,7 +296,7 @@ static int finalize(struct launch *l, struct comm *world, struct args *a, int st
 
 int main(int argc, char **argv)
 {
-    turn_env_register(&agent_env_factory); /* multi-turn rollouts: the tool agent answers generation's turns */
+    gen_turn_env_register(&agent_env_factory); /* multi-turn rollouts: the tool agent answers generation's turns */
     struct args a;
     int status = parse(&argc, argv, &a);
     if (status >= 0)

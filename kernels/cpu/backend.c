@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/kernels.h"
 
 static void *cpu_alloc(struct kctx *K, size_t bytes)

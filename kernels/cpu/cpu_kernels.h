@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/kernels.h" /* struct vocab_shard, struct kctx, struct kmoe */
+
 /* RMSNorm: y = x / sqrt(mean(x^2) + eps) * w.  x, y: (N, D); w: (D); rstd out: (N), kept for backward. */
 void rmsnorm_forward(float *y, float *rstd, const float *x, const float *w, int N, int D, float eps);
 /* dx += d/dx, dw += d/dw given dy (N, D), x, w and the rstd saved by forward. */
@@ -19,26 +21,6 @@ void rmsnorm_backward(float *dx, float *dw, const float *dy, const float *x, con
 void embedding_forward(float *out, const int32_t *ids, const float *table, int N, int D, int V);
 /* dtable[ids[i]] += dout[i].  dtable: (V, D); dout: (N, D). Repeated ids accumulate. */
 void embedding_backward(float *dtable, const float *dout, const int32_t *ids, int N, int D, int V);
-
-/* A vocabulary shard: rows [lo, hi) of a V-row table (vocab-parallel embedding and LM head under tensor
- * parallelism). reduce(ud, buf, n, max) combines n doubles in place over every shard of the vocabulary: their
- * maximum (max true) or their sum. The whole vocabulary is lo 0, hi V, reduce NULL. */
-struct vocab_shard {
-    int lo, hi, V;
-    void (*reduce)(void *ud, double *buf, int n, bool max);
-    void *ud;
-    /* NULL, or (N, hi - lo) floats (CPU): the LM head's forward leaves its scaled logits there, and the backward
-     * over the same rows turns them into its logit gradients in place instead of recomputing the product (one
-     * GEMM of four); one backward per forward */
-    float *keep;
-    /* the forward's entropy output gets sum_j p_j^2 (the sum of the squared probabilities over the vocabulary,
-     * verl's sum_pi_squared) instead of the entropy; the backward takes no dentropy then */
-    bool sum_pi_sq;
-    /* batch-invariant mode under TP (NULL: none): gather's all (shards x n) gets every rank's n floats of mine, in
-     * rank order; shard r holds rows [V r / shards, V (r + 1) / shards) */
-    void (*gather)(void *ud, const float *mine, float *all, size_t n);
-    int shards;
-};
 
 /* Embedding rows of this shard: out[i] = table[ids[i] - lo] for ids in [lo, hi), zero rows for the others
  * (summed over the shards, the whole lookup). table: (hi - lo, D); ids in [0, V). */
@@ -195,6 +177,9 @@ void lmhead_logprob_forward_shard_bf16(float *logp, float *entropy, const float 
 void lmhead_logprob_backward_shard_bf16(float *dh, float *dW, const float *dlogp, const float *dentropy, const float *h,
                                         const float *W, const int32_t *targets, int N, int D,
                                         const struct vocab_shard *vs, float temperature, int chunk);
+
+/* The CPU back-end's table (kernels/cpu/backend.c), registered as kbackend_cpu (kernels/cpu/register.c). */
+extern const struct kops kops_cpu;
 
 /* Mixture of experts on the CPU (kernels/cpu/moe.c): the kops entries moe_route, moe_route_backward,
  * moe_experts_forward and moe_experts_backward (kernels.h). The routing pair touches only r's arrays (K unused); the

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/kernels.h"
 
 void cpu_moe_route(struct kctx *K, struct kmoe *r, const float *logits)

@@ -23,11 +23,12 @@
 #include "common/check_cuda.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/kernels.h"
+#include "common/config_key_names.h"
 
-int kops_cuda_open(struct kctx *K, int device, char *why, size_t len);
-void kops_cuda_close(struct kctx *K);
-int kops_cuda_devices(void);
-size_t kops_cuda_device_bytes(struct kctx *K);
+static int kops_cuda_open(struct kctx *K, int device, char *why, size_t len);
+static void kops_cuda_close(struct kctx *K);
+static int kops_cuda_devices(void);
+static size_t kops_cuda_device_bytes(struct kctx *K);
 
 /* A grow-only device buffer. */
 struct dbuf {
@@ -158,7 +159,7 @@ static void *ws(struct kctx *K, struct dbuf *b, size_t bytes)
         (void)cudaGetLastError();
         check_failf(__FILE__, __LINE__,
                     "out of memory on cuda:%d: a kernel workspace needs %zu bytes (%.3f GB) beyond the %.3f GB this "
-                    "context holds; lower the batch sizes (actor_rollout_ref.actor.ppo_max_token_len_per_gpu) or the "
+                    "context holds; lower the batch sizes (" KEY_actor_ppo_max_token_len_per_gpu ") or the "
                     "LM-head chunk",
                     K->device_index, cap, (double)cap / 1e9, (double)I->held / 1e9);
     }
@@ -485,8 +486,8 @@ static void no_prefix(const char *who, const int32_t *prefix_of)
 {
     if (prefix_of)
         check_failf(__FILE__, __LINE__,
-                    "%s: shared-prompt packing (a batch with prefix_of) is not implemented on CUDA; set "
-                    "actor_rollout_ref.actor.shared_prompt_packing=false",
+                    "%s: shared-prompt packing (a batch with prefix_of) is not implemented on CUDA; "
+                    "set " KEY_actor_shared_prompt_packing "=false",
                     who);
 }
 
@@ -891,7 +892,7 @@ const struct kops kops_cuda = {
     .moe_scatter = cuda_moe_scatter,
 };
 
-int kops_cuda_devices(void)
+static int kops_cuda_devices(void)
 {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) { /* no driver, no device: not an error here */
@@ -901,7 +902,7 @@ int kops_cuda_devices(void)
     return n;
 }
 
-size_t kops_cuda_device_bytes(struct kctx *K)
+static size_t kops_cuda_device_bytes(struct kctx *K)
 {
     use(K);
     size_t free_b = 0, total = 0;
@@ -909,7 +910,7 @@ size_t kops_cuda_device_bytes(struct kctx *K)
     return total;
 }
 
-int kops_cuda_open(struct kctx *K, int device, char *why, size_t len)
+static int kops_cuda_open(struct kctx *K, int device, char *why, size_t len)
 {
     int n = 0;
     cudaError_t rc = cudaGetDeviceCount(&n);
@@ -956,7 +957,7 @@ int kops_cuda_open(struct kctx *K, int device, char *why, size_t len)
     return 0;
 }
 
-void kops_cuda_close(struct kctx *K)
+static void kops_cuda_close(struct kctx *K)
 {
     struct cuda_impl *I = impl(K);
     if (!I)
@@ -985,3 +986,14 @@ void kops_cuda_close(struct kctx *K)
     K->blas = NULL;
     K->stream = NULL;
 }
+
+/* The CUDA back-end as it registers itself (struct kbackend, kernels.h): devices "cuda" and "cuda:N". */
+const struct kbackend kbackend_cuda = {
+    .name = "cuda",
+    .device = KDEV_CUDA,
+    .ops = &kops_cuda,
+    .devices = kops_cuda_devices,
+    .open = kops_cuda_open,
+    .close = kops_cuda_close,
+    .device_bytes = kops_cuda_device_bytes,
+};

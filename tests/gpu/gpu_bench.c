@@ -17,6 +17,7 @@
 #include "common/check_mpi.h"
 #include "common/clock.h"
 #include "kernels/kernels.h"
+#include "worker/comm/comm_nccl.h"
 #include "worker/comm/comm.h"
 
 /* Names kops_cuda so that kernels/cuda/backend.c is linked in (kernels.c has weak stand-ins for its entry points). */

@@ -31,6 +31,7 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/kernels.h"
 #include "worker/comm/comm.h"
+#include "worker/comm/comm_nccl.h"
 #include "worker/model/ring_attn.h"
 #include "worker/model/sampler.h"
 #include "worker/trainer/optim.h"

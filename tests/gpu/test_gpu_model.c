@@ -14,7 +14,7 @@
 #include "../test_util.h"
 #include "common/check.h"
 #include "kernels/kernels.h"
-#include "worker/model/generate.h"
+#include "worker/model/model_generate.h"
 #include "worker/model/model.h"
 #include "worker/model/model_io.h"
 #include "worker/trainer/actor.h"
@@ -171,14 +171,14 @@ static void check_greedy(struct model *cpu, struct kctx *K, const int32_t *promp
                                   .max_batch = 1,
                                   .seed = 1};
     struct gen_output oc, og;
-    generate(cpu, &prompt, &plen, 1, &gp, &oc);
-    generate(gpu, &prompt, &plen, 1, &gp, &og);
+    model_generate(cpu, &prompt, &plen, 1, &gp, &oc);
+    model_generate(gpu, &prompt, &plen, 1, &gp, &og);
     int same = 0;
     while (same < oc.len && same < og.len && oc.tokens[same] == og.tokens[same])
         same++;
     printf("greedy %-5s %d of %d tokens equal\n", K->matmul == KMM_BF16 ? "bf16" : "fp32", same, oc.len);
     EXPECT(K->matmul == KMM_BF16 || (same == oc.len && og.len == oc.len), "greedy tokens differ at %d", same);
-    gen_output_free(&oc), gen_output_free(&og);
+    model_gen_output_free(&oc), model_gen_output_free(&og);
     model_free(gpu);
 }
 

@@ -18,9 +18,8 @@
 #  - memory phases: generation holds no gradients or training buffers, the update no KV cache
 #    (actor_rollout_ref.rollout.free_cache_engine), each phase's peak logged;
 #  - -np that disagrees with trainer.nnodes x trainer.n_gpus_per_node is an error naming the keys and numbers.
-# usage: test_colocated.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
+# usage: test_colocated.sh (the build's programs by name, tests/lib.sh)
 set -u
-WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
 . "$(dirname "$0")/../lib.sh" grpo-colo
 test_env
 MPIRUN=(timeout "$(scaled 300)" mpirun --oversubscribe --bind-to none)

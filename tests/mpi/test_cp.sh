@@ -15,9 +15,8 @@
 #    fastest, then CP, then PP; also with the token budget), and CP 2 x TP 2 and CP 2 x TP 2 x PP 2 fed by a rollout
 #    rank (split: the DP rank's batches shared over its TP x CP x PP ranks);
 #  - context_parallel_size with ulysses_sequence_parallel_size, or a GPU, is refused naming the keys.
-# usage: test_cp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
+# usage: test_cp.sh (the build's programs by name, tests/lib.sh)
 set -u
-WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
 . "$(dirname "$0")/../lib.sh" grpo-cp
 test_env
 MPIRUN=(timeout "$(scaled 400)" mpirun --oversubscribe --bind-to none)

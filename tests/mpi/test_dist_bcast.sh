@@ -11,9 +11,8 @@
 # The lost-member case (a rollout rank killed: the broadcast turns off and the run finishes, bit-identical) is
 # in test_dist_grpod.sh, which has grpod to survive a lost rank; the dispatcher's rounds are unit-tested in
 # test_dispatch.c.
-# usage: test_dist_bcast.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
+# usage: test_dist_bcast.sh (the build's programs by name, tests/lib.sh)
 set -u
-WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
 . "$(dirname "$0")/dist_lib.sh" grpo-bcast
 STEPS=4
 COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e

@@ -3,9 +3,8 @@
 # single-digit sums in one process (trainer.sft_warmup_steps), then 40 GRPO steps with 1 rollout + 1 trainer
 # rank in rollout.mode=async. The validation reward (greedy, the 100 sums) must rise by at least 0.10 over
 # the GRPO steps, with staleness 1 logged.
-# usage: test_dist_learns.sh GRPO_WORKER GRPO_MODEL
+# usage: test_dist_learns.sh (the build's programs by name, tests/lib.sh)
 set -u
-WORKER="$1" MODEL_TOOL="$2"
 . "$(dirname "$0")/../lib.sh" grpo-learns
 test_env
 

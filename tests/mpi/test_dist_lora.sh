@@ -9,9 +9,8 @@
 #    TP-2 engine; split also with weight_sync=broadcast) generates with the adapter merged into each TP shard and
 #    reproduces the single-process run too;
 #  - (LoRA under training tensor and pipeline parallelism: test_tp_lora.sh.)
-# usage: test_dist_lora.sh GRPO_WORKER GRPO_MODEL SCORER_SO
+# usage: test_dist_lora.sh (the build's programs by name, tests/lib.sh)
 set -u
-WORKER="$1" MODEL_TOOL="$2" SCORER="$3"
 . "$(dirname "$0")/dist_lib.sh" grpo-dist-lora
 STEPS=3
 COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e

@@ -31,9 +31,8 @@
 #    so does EP2 x TP2 x PP2 (8 ranks: a model copy is the stages' EP x TP ranks);
 #  - layouts that do not work are refused by name: E not divisible by EP, EP on a dense model, DP not divisible by
 #    EP.
-# usage: test_ep.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
+# usage: test_ep.sh (the build's programs by name, tests/lib.sh)
 set -u
-WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
 . "$(dirname "$0")/../lib.sh" grpo-ep
 test_env
 MPIRUN=(timeout "$(scaled 300)" mpirun --oversubscribe --bind-to none)

@@ -19,10 +19,9 @@
 #  - a run ended at step 4 (its checkpoint drains the stream into async_state.bin) and launched again to step 8
 #    resumes its stream (the units held, the next chunk); the replay of its schedule in one go ends bit-identical;
 #  - refused by name at launch: two trainer ranks, no rollout ranks.
-# usage: test_fully_async.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
+# usage: test_fully_async.sh (the build's programs by name, tests/lib.sh)
 set -u
 # shellcheck disable=SC2034 # MODEL_TOOL: dist_lib.sh's tiny_model makes the model with it
-WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
 . "$(dirname "$0")/dist_lib.sh" grpo-fully-async
 CHECK="$(dirname "$0")/check_fully_async.py"
 COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e

@@ -17,9 +17,8 @@
 #    whole) resumes in one process at the single-process adapter; so do split runs of 2 EP 2 trainer ranks and of 4
 #    EP 2 x DP 2 trainer ranks with ZeRO-1, each with a rollout rank, which gets the whole adapter (every expert's,
 #    gathered over EP) each version.
-# usage: test_moe_lora.sh GRPO_WORKER GRPO_MODEL SCORER_SO
+# usage: test_moe_lora.sh (the build's programs by name, tests/lib.sh)
 set -u
-WORKER="$1" MODEL_TOOL="$2" SCORER="$3"
 . "$(dirname "$0")/../lib.sh" grpo-moe-lora
 test_env
 MPIRUN=(timeout "$(scaled 300)" mpirun --oversubscribe --bind-to none)

@@ -10,9 +10,8 @@
 #    (the user's answer in messages) across the data plane;
 #  - one-step-off (rollout.mode=async) runs multi-turn too;
 #  - a tool config that does not load stops the run at start naming FILE:LINE.
-# usage: test_multi_turn.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
+# usage: test_multi_turn.sh (the build's programs by name, tests/lib.sh)
 set -u
-WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
 . "$(dirname "$0")/../lib.sh" grpo-mt
 test_env
 MPIRUN=(timeout "$(scaled 300)" mpirun --oversubscribe --bind-to none)

@@ -8,9 +8,8 @@
 #    scores within 1e-5 relative, and its weights within 1e-5.
 # In the suites mpi and long (the plain build only: the 135M model under the sanitizers would take most of an hour).
 # Skipped (77) when the bundled model is not there (scripts/fetch_model.sh; GRPO_MODEL_GGUF names it).
-# usage: test_multi_turn_tools.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS
+# usage: test_multi_turn_tools.sh (the build's programs by name, tests/lib.sh)
 set -u
-WORKER="$1" MODEL_TOOL="$2" COMPARE="$3"
 . "$(dirname "$0")/../lib.sh" grpo-mtt
 test_env
 MPIRUN=(timeout "$(scaled 400)" mpirun --oversubscribe --bind-to none)

@@ -22,10 +22,9 @@
 #    calculate_sum_pi_squared or in bypass mode, gdpo without its keys, with weights that do not match them or with a
 #    scorer of one score, loss_mode bypass_mode, dro without dro_beta, bypass mode with another loss mode or batch normalisation,
 #    verl v0.7's rollout_rs=geometric and its token veto, a malformed threshold.
-# usage: test_offpolicy.sh GRPO_WORKER GRPO_MODEL SCORER_SO
+# usage: test_offpolicy.sh (the build's programs by name, tests/lib.sh)
 set -u
 # shellcheck disable=SC2034 # MODEL_TOOL: dist_lib.sh's tiny_model makes the model with it
-WORKER="$1" MODEL_TOOL="$2" SCORER="$3"
 . "$(dirname "$0")/dist_lib.sh" grpo-offpol
 CHECK="$(dirname "$0")/check_offpolicy.py"
 COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e

@@ -14,6 +14,7 @@
 #include "common/check.h"
 #include "common/check_mpi.h"
 #include "common/log.h"
+#include "kernels/cpu/cpu_kernels.h" /* kops_cpu */
 #include "kernels/kernels.h"
 #include "worker/comm/comm.h"
 #include "worker/model/ring_attn.h"

@@ -23,9 +23,8 @@
 #    split) give the same;
 #  - heads that do not divide (under TP, a TP rank's heads) are refused naming the keys and the numbers; ranks that
 #    do not fit the SP size are refused naming the key.
-# usage: test_sp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
+# usage: test_sp.sh (the build's programs by name, tests/lib.sh)
 set -u
-WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
 . "$(dirname "$0")/../lib.sh" grpo-sp
 test_env
 MPIRUN=(timeout "$(scaled 400)" mpirun --oversubscribe --bind-to none)

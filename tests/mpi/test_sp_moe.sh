@@ -19,9 +19,8 @@
 #  - with ZeRO-1 too (SP2 x EP2, CP2 x EP2, and SP2 x EP2 x DP2: 8 ranks, the experts' optimizer state over the 2
 #    ranks holding the same experts, the dense one over DP x SP), and SP2 x EP2 x DP2's checkpoint resumes in one
 #    process at the one-process weights.
-# usage: test_sp_moe.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
+# usage: test_sp_moe.sh (the build's programs by name, tests/lib.sh)
 set -u
-WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
 . "$(dirname "$0")/../lib.sh" grpo-sp-moe
 test_env
 MPIRUN=(timeout "$(scaled 300)" mpirun --oversubscribe --bind-to none)

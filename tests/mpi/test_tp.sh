@@ -16,9 +16,8 @@
 #    one process's;
 #  - validation generates through the TP and PP groups to the same greedy rewards;
 #  - layouts that cannot work are errors naming the key and the numbers.
-# usage: test_tp.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
+# usage: test_tp.sh (the build's programs by name, tests/lib.sh)
 set -u
-WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
 . "$(dirname "$0")/../lib.sh" grpo-tp
 test_env
 MPIRUN=(timeout "$(scaled 300)" mpirun --oversubscribe --bind-to none)

@@ -15,9 +15,8 @@
 #  - a checkpoint written under TP2 resumes under TP2, and one written by one process under TP2 x PP2, each ending
 #    at the one-process adapter;
 #  - LoRA with expert parallelism and training TP is refused, naming the keys.
-# usage: test_tp_lora.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
+# usage: test_tp_lora.sh (the build's programs by name, tests/lib.sh)
 set -u
-WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
 . "$(dirname "$0")/../lib.sh" grpo-tp-lora
 test_env
 MPIRUN=(timeout "$(scaled 300)" mpirun --oversubscribe --bind-to none)

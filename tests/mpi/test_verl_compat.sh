@@ -7,9 +7,8 @@
 #  - actor_rollout_ref.rollout.val_kwargs.top_k: sampling among the 1 most likely token is greedy decoding, so a
 #    validation with do_sample, temperature 1, top_k=1 and n=2 scores exactly as the greedy one (mean@2 = mean@1),
 #    while top_k=-1 samples (another score).
-# usage: test_verl_compat.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
+# usage: test_verl_compat.sh (the build's programs by name, tests/lib.sh)
 set -u
-WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" SCORER="$4"
 . "$(dirname "$0")/dist_lib.sh" verl-compat
 STEPS=2
 COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e

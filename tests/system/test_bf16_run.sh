@@ -3,9 +3,8 @@
 # which kernels run, its first step's loss and gradient norm stay within BF16's bounds of the float32 run's (and
 # differ from them: the BF16 path ran), and the memory counters are logged. On a CPU without BF16 it falls back
 # with one warning and reproduces the float32 run.
-# usage: test_bf16_run.sh GRPO_WORKER GRPO_MODEL SCORER_SO (a scorer that gives the tiny model non-zero advantages)
+# usage: test_bf16_run.sh (the build's programs by name, tests/lib.sh; its scorer gives the tiny model non-zero advantages)
 set -u
-WORKER="$1" MODEL_TOOL="$2" SCORER="$3"
 . "$(dirname "$0")/../lib.sh" grpo-bf16
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 tiny_model "$TMP/policy"

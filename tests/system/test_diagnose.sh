@@ -5,10 +5,10 @@
 # (weight-sync-bound). Each verdict comes with its numbers and the keys to turn; the opposite verdict is not
 # given; the status page's /api/status carries the same findings; a finished run keeps its verdict across a
 # restart of grpod.
-# usage: test_diagnose.sh GRPOD GRPOCTL SIM_WORKER GRPO_WORKER GRPO_MODEL
+# usage: test_diagnose.sh (the build's programs by name, tests/lib.sh)
 set -u
-. "$(dirname "$0")/grpod_lib.sh" "$1" "$2" "$3"
-WORKER="$4" MODEL_TOOL="$5"
+. "$(dirname "$0")/grpod_lib.sh"
+WORKER="$(prog grpo-worker)" MODEL_TOOL="$(prog grpo-model)"
 test_env
 tiny_model "$TMP/tiny"
 expect "tiny model" $?
@@ -18,12 +18,10 @@ expect "tiny model" $?
 run() {
     local name="$1" nr="$2"; shift 2
     start_grpod "$name" placement.trainer_ranks=1 placement.rollout_ranks="$nr" || { fail "$name: grpod starts"; return; }
-    mpirun --oversubscribe --bind-to none -np $((1 + nr)) "$WORKER" actor_rollout_ref.model.path="$TMP/tiny" \
-        trainer.project_name=p trainer.experiment_name=e trainer.total_training_steps=5 trainer.val_before_train=false \
-        trainer.test_freq=-1 data.train_batch_size=2 actor_rollout_ref.rollout.n=2 \
-        actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=8 data.synthetic.num_train=16 \
-        data.synthetic.num_val=2 placement.trainer_ranks=1 placement.rollout_ranks="$nr" grpod.endpoint="$EP" \
-        grpod.connect_timeout_s=30 trainer.default_local_dir="$TMP/$name.runs" "$@" >"$TMP/$name.log" 2>&1
+    local keys
+    tiny_run keys "$TMP/$name.runs" 5
+    mpirun --oversubscribe --bind-to none -np $((1 + nr)) "$WORKER" "${keys[@]}" placement.trainer_ranks=1 \
+        placement.rollout_ranks="$nr" grpod.endpoint="$EP" grpod.connect_timeout_s=30 "$@" >"$TMP/$name.log" 2>&1
     expect "$name: the run ends with 0" $?
     "$GRPOCTL" diagnose >"$TMP/$name.diag" 2>&1
     expect "$name: grpoctl diagnose answers" $?

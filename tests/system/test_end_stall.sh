@@ -9,10 +9,10 @@
 #    daemon_core's test_split_trainers_finished_end_run: the run finishes when every rank that trains has.)
 # Both jobs exit 0 with every step trained. The trainer's update runs 1,000 PPO epochs (about 2 s) so that the stop
 # lands between the rollout rank's last word and the trainers' end.
-# usage: test_end_stall.sh GRPOD GRPOCTL GRPO_WORKER GRPO_MODEL
+# usage: test_end_stall.sh (the build's programs by name, tests/lib.sh)
 set -u
-. "$(dirname "$0")/grpod_lib.sh" "$1" "$2" ""
-WORKER="$3" MODEL_TOOL="$4"
+. "$(dirname "$0")/grpod_lib.sh"
+WORKER="$(prog grpo-worker)" MODEL_TOOL="$(prog grpo-model)"
 test_env
 # rank_pid RANK MPIRUN_PID: the pid of a rank (mpirun starts the local ranks as its children)
 rank_pid() {
@@ -25,11 +25,8 @@ stopped() { [ "$(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null)" = T ]; }
 tiny_model "$TMP/tiny"
 expect "tiny model initialised" $?
 STEPS=3
-COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e
-    trainer.total_training_steps=$STEPS trainer.val_before_train=false trainer.test_freq=-1 data.train_batch_size=2
-    actor_rollout_ref.rollout.n=2 actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=8
-    data.synthetic.num_train=16 data.synthetic.num_val=2 placement.trainer_ranks=1 placement.rollout_ranks=2
-    actor_rollout_ref.actor.ppo_epochs=1000)
+tiny_run COMMON "$TMP" $STEPS # (each run names its own trainer.default_local_dir)
+COMMON+=(placement.trainer_ranks=1 placement.rollout_ranks=2 actor_rollout_ref.actor.ppo_epochs=1000)
 
 # stall NAME LINGER [keys...]: a 1-trainer, 2-rollout run; rank 1 stopped once it has been told every step is
 # granted, continued LINGER s after the trainers' dispatcher has closed (its log line); the job's exit status

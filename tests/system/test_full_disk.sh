@@ -4,19 +4,17 @@
 # reports the file and the error once, checkpoints (there is room for that here) and stops at step 1 with a
 # non-zero exit, in one process and split over 2 trainer + 1 rollout ranks (the dumps of trainer DP rank 1 fail:
 # DP rank 0 stops the run for every rank). A run that writes to /dev/null instead is not stopped.
-# usage: test_full_disk.sh GRPO_WORKER GRPO_MODEL (from the source root)
+# usage: test_full_disk.sh (from the source root; the build's programs by name, tests/lib.sh)
 set -u
-WORKER="$1" MODEL_TOOL="$2"
 . "$(dirname "$0")/../lib.sh" grpo-full
+WORKER="$(prog grpo-worker)" MODEL_TOOL="$(prog grpo-model)"
 test_env
 [ -w /dev/full ] || { echo "skip: no writable /dev/full"; exit 77; }
 
 tiny_model "$TMP/tiny"
 expect "tiny model initialised" $?
-COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e
-    trainer.total_training_steps=200 trainer.val_before_train=false trainer.test_freq=-1 data.train_batch_size=2
-    actor_rollout_ref.rollout.n=2 actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=6
-    data.synthetic.num_train=16 data.synthetic.num_val=2)
+tiny_run COMMON "$TMP" 200 # (each run names its own trainer.default_local_dir)
+COMMON+=(data.max_response_length=6)
 # lines of LOG in which SUBSYS reports a failed write of FILE: reports LOG SUBSYS FILE
 reports() { grep -c "error \[rank [0-9]*\] $2: writing .*$3: No space left on device" "$1"; }
 

@@ -6,10 +6,9 @@
 # bit-identical to the undisturbed run's, every group exactly rollout.n times a step in the audit, and the late
 # copy, when it comes, dropped (dataplane/duplicates). Without the lease the held unit waits for its holder, and
 # no check of the dispatcher's regrant passes.
-# usage: test_lease.sh GRPO_WORKER GRPO_MODEL
+# usage: test_lease.sh (the build's programs by name, tests/lib.sh)
 . "$(dirname "$0")/../lib.sh" grpo-lease
 test_env
-WORKER="$1" MODEL_TOOL="$2"
 . "$(dirname "$0")/tiny_split.sh"
 tiny_split "$TMP"
 expect "tiny model and split run configuration" $?

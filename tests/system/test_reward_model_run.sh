@@ -3,9 +3,8 @@
 # LlamaForSequenceClassification checkpoint (score.weight, one label) scores every response, alone or added to
 # the rule scores; timing_s/reward covers it; the scores are the reward model's, not the rules'; with separate
 # rollout ranks it scores beside generation there, to the same scores.
-# usage: test_reward_model_run.sh GRPO_WORKER GRPO_MODEL SCORER_SO
+# usage: test_reward_model_run.sh (the build's programs by name, tests/lib.sh)
 set -u
-WORKER="$1" MODEL_TOOL="$2" SCORER="$3"
 . "$(dirname "$0")/../lib.sh" grpo-rmrun
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 tiny_model "$TMP/policy"

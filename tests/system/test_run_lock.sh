@@ -3,9 +3,8 @@
 # place and one job failed on metrics.svg). While a job runs, a second one on the same run directory stops at
 # start, exit status non-zero, naming the first job's pid and host; once the first is killed (SIGKILL: no clean
 # exit) the kernel has dropped its lock and the next job runs to its end.
-# usage: test_run_lock.sh GRPO_WORKER GRPO_MODEL
+# usage: test_run_lock.sh (the build's programs by name, tests/lib.sh)
 set -u
-WORKER="$1" MODEL_TOOL="$2"
 . "$(dirname "$0")/../lib.sh" run-lock
 test_env
 tiny_model "$TMP/tiny"; expect "tiny model" $?

@@ -5,12 +5,10 @@
 # The same signal twice within a second (coreutils timeout, a signal to the process group) is one request; a
 # third, or a second one two seconds later, ends the process at once. A checkpoint whose state.json was edited
 # (global_step 1e12) is refused at resume with an error naming the file and its directory.
-# Usage: test_sigterm.sh GRPOD GRPOCTL SIM_WORKER GRPO_WORKER GRPO_MODEL SCORER_SO (from the source root)
+# Usage: test_sigterm.sh (from the source root; the build's programs by name, tests/lib.sh)
 set -u
-WORKER="$4"
-MODEL_TOOL="$5"
-SCORER="$6"
-. "$(dirname "$0")/grpod_lib.sh" "$1" "$2" "$3"
+. "$(dirname "$0")/grpod_lib.sh"
+WORKER="$(prog grpo-worker)" MODEL_TOOL="$(prog grpo-model)" SCORER="$(prog test-scorer)"
 export OPENBLAS_NUM_THREADS=1
 
 tiny_model "$TMP/tiny"
@@ -19,11 +17,9 @@ expect "tiny model initialised" $?
 # start NAME [overrides...]: a long run in the background (pid in WPID), log in $TMP/NAME.log
 start() {
     local name="$1"; shift
-    "$WORKER" actor_rollout_ref.model.path="$TMP/tiny" trainer.default_local_dir="$TMP/$name" \
-        trainer.project_name=p trainer.experiment_name=e trainer.total_training_steps=100000 \
-        trainer.val_before_train=false trainer.test_freq=-1 data.train_batch_size=2 actor_rollout_ref.rollout.n=2 \
-        actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=8 data.synthetic.num_train=16 \
-        data.synthetic.num_val=2 "$@" >>"$TMP/$name.log" 2>&1 &
+    local keys
+    tiny_run keys "$TMP/$name" 100000
+    "$WORKER" "${keys[@]}" "$@" >>"$TMP/$name.log" 2>&1 &
     WPID=$!
     track "$WPID"
 }
@@ -46,21 +42,15 @@ has "$TMP/term.log" "SIGTERM received"; expect "the log says the signal came" $?
 has "$TMP/term.log" "SIGTERM: stopping at step $s, after a checkpoint"; expect "the log says where it stops" $?
 has "$TMP/term.log" "run stopped at step $s"; expect "the run reports stopped, not finished" $?
 # the resume carries on from the checkpoint
-"$WORKER" actor_rollout_ref.model.path="$TMP/tiny" trainer.default_local_dir="$TMP/term" trainer.project_name=p \
-    trainer.experiment_name=e trainer.total_training_steps=$((s + 2)) trainer.val_before_train=false \
-    trainer.test_freq=-1 data.train_batch_size=2 actor_rollout_ref.rollout.n=2 \
-    actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=8 data.synthetic.num_train=16 \
-    data.synthetic.num_val=2 >"$TMP/term2.log" 2>&1
+tiny_run keys "$TMP/term" $((s + 2))
+"$WORKER" "${keys[@]}" >"$TMP/term2.log" 2>&1
 expect "the relaunch finishes" $?
 has "$TMP/term2.log" "at step $s"; expect "the relaunch resumes from step $s" $?
 # a doctored state.json: refused at resume, naming the file and the directory, exit status 1 (no crash)
 e=$((s + 2))
 sed -i "s/\"global_step\": $e,/\"global_step\": 1000000000000,/" "$TMP/term/p/e/checkpoints/global_step_$e/state.json"
-"$WORKER" actor_rollout_ref.model.path="$TMP/tiny" trainer.default_local_dir="$TMP/term" trainer.project_name=p \
-    trainer.experiment_name=e trainer.total_training_steps=$((s + 4)) trainer.val_before_train=false \
-    trainer.test_freq=-1 data.train_batch_size=2 actor_rollout_ref.rollout.n=2 \
-    actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=8 data.synthetic.num_train=16 \
-    data.synthetic.num_val=2 >"$TMP/term3.log" 2>&1
+tiny_run keys "$TMP/term" $((s + 4))
+"$WORKER" "${keys[@]}" >"$TMP/term3.log" 2>&1
 rc=$?
 [ "$rc" -ge 1 ] && [ "$rc" -lt 128 ]; expect "a doctored state.json: exit status $rc (an error, not a crash)" $?
 has "$TMP/term3.log" "global_step_$e/state.json says global_step 1000000000000, but the directory it sits in is global_step_$e"
@@ -70,11 +60,8 @@ expect "the error names the file, its value and the directory" $?
 # same delivery when timeout's time runs out (SIGALRM) and when timeout itself is signalled, as here, so that
 # the signal comes after a step whatever the machine's load. (The kernel may merge the two into one pending
 # signal; when it does not, the second must not end the run: the stalled runs below make that certain.)
-timeout --preserve-status -s TERM "$(scaled 600)" "$WORKER" actor_rollout_ref.model.path="$TMP/tiny" \
-    trainer.default_local_dir="$TMP/tmo" trainer.project_name=p trainer.experiment_name=e \
-    trainer.total_training_steps=100000 trainer.val_before_train=false trainer.test_freq=-1 \
-    data.train_batch_size=2 actor_rollout_ref.rollout.n=2 actor_rollout_ref.actor.ppo_mini_batch_size=2 \
-    data.max_response_length=8 data.synthetic.num_train=16 data.synthetic.num_val=2 >>"$TMP/tmo.log" 2>&1 &
+tiny_run keys "$TMP/tmo" 100000
+timeout --preserve-status -s TERM "$(scaled 600)" "$WORKER" "${keys[@]}" >>"$TMP/tmo.log" 2>&1 &
 TPID=$! # timeout's own
 track "$TPID"
 wait_for 60 run_steps tmo 1; expect "the run under timeout trains" $?

@@ -3,10 +3,10 @@
 # DP rank 0 stops the run at its next safe point after a checkpoint, the rollout rank ends when the trainers'
 # dispatcher says so, every rank exits 0. A second signal ends a rank at once (here a trainer stuck waiting for a
 # frozen rollout rank, so no safe point comes).
-# usage: test_sigterm_split.sh SRC_DIR GRPOD GRPOCTL GRPO_WORKER GRPO_MODEL
+# usage: test_sigterm_split.sh (the build's programs by name, tests/lib.sh)
 set -u
-src="$(realpath "$1")" GRPOD="$2" GRPOCTL="$3" WORKER="$4" MODEL_TOOL="$5"
 . "$(dirname "$0")/../lib.sh" grpo-sigterm
+src="$SRC_ROOT" GRPOD="$(prog grpod)" GRPOCTL="$(prog grpoctl)" WORKER="$(prog grpo-worker)" MODEL_TOOL="$(prog grpo-model)"
 test_env
 # rank_pid RANK MPIRUN_PID: the pid of a rank (mpirun starts the local ranks as its children)
 rank_pid() {
@@ -18,10 +18,8 @@ rank_pid() {
 
 tiny_model "$TMP/tiny"
 expect "tiny model initialised" $?
-COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e
-    trainer.total_training_steps=100000 trainer.val_before_train=false trainer.test_freq=-1 data.train_batch_size=2
-    actor_rollout_ref.rollout.n=2 actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=8
-    data.synthetic.num_train=16 data.synthetic.num_val=2 placement.trainer_ranks=2 placement.rollout_ranks=1)
+tiny_run COMMON "$TMP" 100000 # (each run names its own trainer.default_local_dir)
+COMMON+=(placement.trainer_ranks=2 placement.rollout_ranks=1)
 
 # ---- every rank gets SIGTERM, as under Slurm
 mpirun --oversubscribe --bind-to none -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/s" \

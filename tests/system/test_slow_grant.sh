@@ -3,10 +3,9 @@
 # later than the rollout process waits for it (GRPO_TEST_SLOW_GRANT_S, a test-only delay in dispatcher.c), so
 # the process never hears it and asks again. It is granted the same unit again, and the split run of a tiny model
 # (1 trainer + 1 rollout rank) ends with weights bit-identical to the undisturbed run's.
-# usage: test_slow_grant.sh GRPO_WORKER GRPO_MODEL
+# usage: test_slow_grant.sh (the build's programs by name, tests/lib.sh)
 . "$(dirname "$0")/../lib.sh" grpo-slow-grant
 test_env
-WORKER="$1" MODEL_TOOL="$2"
 . "$(dirname "$0")/tiny_split.sh"
 tiny_split "$TMP"
 expect "tiny model and split run configuration" $?

@@ -124,7 +124,7 @@ static void test_qwen_hermes_round_trip(void **state)
     assert_int_equal(json_integer_value(json_object_get(x, "index")), 7); /* the sample's extra_info is kept */
     assert_true(json_is_number(json_object_get(json_object_get(x, "rollout_reward_scores"), "calculator")));
     json_decref(m), json_decref(x);
-    turn_summary_free(&s);
+    gen_turn_summary_free(&s);
     teardown(&f);
 }
 
@@ -157,7 +157,7 @@ static void test_bad_calls_are_answers(void **state)
     f.env->ops->finish(f.env, 0, &s);
     assert_int_equal(s.tool_calls, 3);
     assert_int_equal(s.tool_errors, 3);
-    turn_summary_free(&s);
+    gen_turn_summary_free(&s);
     teardown(&f);
 }
 
@@ -178,19 +178,19 @@ static void test_limits_end_trajectories(void **state)
     f.env->ops->finish(f.env, 0, &s);
     assert_int_equal(s.tool_calls, 1);
     assert_non_null(strstr(s.messages_json, "\"dropped\":true"));
-    turn_summary_free(&s);
+    gen_turn_summary_free(&s);
     /* an answer that would reach the budget ends the trajectory instead */
     assert_int_equal(f.env->ops->begin(f.env, 1, USER, NULL, NULL), 0);
     assert_null(turn(&f, 1, CALL("2**70"), "<|im_end|>", 10));
     f.env->ops->finish(f.env, 1, &s);
     assert_int_equal(s.turns, 2);
     assert_non_null(strstr(s.messages_json, "\"shown\":false")); /* the call ran; its answer did not fit */
-    turn_summary_free(&s);
+    gen_turn_summary_free(&s);
     /* a single-turn sample */
     assert_int_equal(f.env->ops->begin(f.env, 2, USER, NULL, "single_turn_agent"), -1);
     f.env->ops->finish(f.env, 2, &s);
     assert_null(s.messages_json);
-    turn_summary_free(&s);
+    gen_turn_summary_free(&s);
     teardown(&f);
 }
 
@@ -212,7 +212,7 @@ static void test_llama3_json(void **state)
     f.env->ops->finish(f.env, 0, &s);
     assert_int_equal(s.tool_calls, 1);
     assert_false(s.mismatch);
-    turn_summary_free(&s);
+    gen_turn_summary_free(&s);
     teardown(&f);
 }
 
@@ -238,7 +238,7 @@ static void test_interaction(void **state)
     assert_int_equal(s.turns, 2 + 3 + 1);
     assert_int_equal(s.tool_calls, 0);
     assert_false(s.mismatch);
-    turn_summary_free(&s);
+    gen_turn_summary_free(&s);
     teardown(&f);
     /* a config naming an unknown class or key is refused with its line */
     const char *bad = "tmp-interaction-bad.yaml";
@@ -299,7 +299,7 @@ static void test_python_tools(void **state)
     assert_float_equal(json_number_value(json_object_get(scores, "add")), 0.0, 0);
     assert_int_equal(json_integer_value(json_object_get(x, "num_turns")), 3 + 4 + 1);
     json_decref(x);
-    turn_summary_free(&s);
+    gen_turn_summary_free(&s);
     teardown(&f);
 }
 
@@ -320,7 +320,7 @@ static void test_template_raises(void **state)
     assert_int_equal(s.template_errors, 1);
     assert_int_equal(s.tool_calls, 1);
     assert_non_null(strstr(s.messages_json, "\"shown\":false"));
-    turn_summary_free(&s);
+    gen_turn_summary_free(&s);
     teardown(&f);
 }
 

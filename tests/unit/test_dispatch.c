@@ -212,6 +212,7 @@ static void expect_unit_at(struct dispatch_core *d, const struct proc *p, double
     if (g.step != step || g.unit != unit || g.version != version)
         fail_msg("rank %d: expected step %lld unit %d version %lld, got step %lld unit %d version %lld", p->rank,
                  (long long)step, unit, (long long)version, (long long)g.step, g.unit, (long long)g.version);
+    work_grant_release(&g); /* (a replayed unit's arrays) */
 }
 
 /* The answer is a wait whose reason contains each of the (up to two) texts. */
@@ -225,6 +226,7 @@ static void expect_wait_at(struct dispatch_core *d, const struct proc *p, double
                  (long long)g.step, g.unit);
     if (!strstr(g.reason, text) || (text2 && !strstr(g.reason, text2)))
         fail_msg("wait reason '%s' does not mention '%s' and '%s'", g.reason, text, text2 ? text2 : "");
+    work_grant_release(&g);
 }
 
 /* A weights request: a chunk [off, off + cnt) of version v, or a broadcast ask. */

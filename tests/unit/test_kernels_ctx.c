@@ -16,8 +16,9 @@
 #include "capture.h"
 
 #include "common/check.h"
+#include "kernels/cpu/cpu_kernels.h" /* kops_cpu, sample_row */
 #include "kernels/kernels.h"
-#include "worker/model/generate.h"
+#include "worker/model/model_generate.h"
 #include "worker/model/model.h"
 
 static struct kctx *fresh_cpu(void)
@@ -108,6 +109,39 @@ static void test_unknown_device(void **state)
         assert_null(kctx_create("cuda:0", KMM_F32, why, sizeof why));
         assert_non_null(strstr(why, "cuda"));
     }
+}
+
+/* The back-ends register themselves: the build's list starts with the host's (the CPU, with the host's helpers), a
+ * context's back-end is found by its device's name, and the interface describes it from the registered table. */
+static void test_backends_registered(void **state)
+{
+    (void)state;
+    assert_non_null(kbackends[0]);
+    assert_string_equal(kbackends[0]->name, "cpu");
+    assert_ptr_equal(kbackend_find("cpu"), kbackends[0]);
+    assert_ptr_equal(kbackends[0]->ops, &kops_cpu);
+    assert_non_null(khost());
+    assert_null(kbackend_find("tpu"));
+    int n = 0;
+    for (const struct kbackend *const *b = kbackends; *b; b++, n++)
+        assert_non_null((*b)->ops);
+    assert_true(n >= 1);
+#ifdef GRPO_HAVE_CUDA
+    assert_non_null(kbackend_find("cuda"));
+#else
+    assert_null(kbackend_find("cuda"));
+#endif
+    assert_ptr_equal(kctx_cpu()->ops, &kops_cpu);
+    char d[256], blas[256];
+    kctx_describe(kctx_cpu(), d, sizeof d);
+    char want[600];
+    snprintf(want, sizeof want, "cpu, fp32 GEMMs (%s)", khost_blas_kernels(blas, sizeof blas));
+    assert_string_equal(d, want);
+    /* the host's helpers: a row sampled greedily through the interface is the CPU kernels' */
+    const float logits[4] = {0.5f, 2.0f, -1.0f, 1.0f};
+    float a = 0, b = 0;
+    assert_int_equal(khost_sample_row(logits, 4, 0, 1, 0, 0.3, &a), sample_row(logits, 4, 0, 1, 0, 0.3, &b));
+    assert_true(a == b);
 }
 
 static const struct model_config tiny = {.arch = ARCH_QWEN3,
@@ -271,6 +305,7 @@ int main(void)
         cmocka_unit_test(test_arena_plan_and_reuse),
         cmocka_unit_test(test_errors_name_the_cause),
         cmocka_unit_test(test_unknown_device),
+        cmocka_unit_test(test_backends_registered),
         cmocka_unit_test(test_steady_training_step_allocates_nothing),
         cmocka_unit_test(test_kv_slab_and_steady_decode),
         cmocka_unit_test(test_bf16_model_within_bounds),

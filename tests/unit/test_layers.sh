@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # scripts/check_layers.py: the tree as it is passes, and each kind of crossing it exists to catch fails,
-# naming the file, the line and the include.
+# naming the file, the line and the include (and, for the layers of worker/ and kernels/, the rule); the build runs
+# the check, so a crossing fails the build.
 set -o pipefail
 check="$1"
 root="$2"
@@ -18,6 +19,21 @@ expect_fail() { # DESCRIPTION FILE INCLUDE
         fails=$((fails + 1))
     else
         echo "ok: $1 refused"
+    fi
+}
+# expect_fail_rule DESCRIPTION FILE INCLUDE RULE: as expect_fail, and the error names the rule (text of it)
+expect_fail_rule() {
+    local d="$tmp/$1"
+    mkdir -p "$d/$(dirname "$2")"
+    printf '#include <stdio.h>\n#include "%s"\n' "$3" >"$d/$2"
+    if out="$(python3 "$check" "$d" 2>&1)"; then
+        echo "FAIL: $1: $2 including $3 passed the check"
+        fails=$((fails + 1))
+    elif ! grep -F "$2:2: includes \"$3\"" <<<"$out" | grep -qF "$4"; then
+        echo "FAIL: $1: the error does not name $2:2, $3 and the rule '$4': $out"
+        fails=$((fails + 1))
+    else
+        echo "ok: $1 refused, naming the rule"
     fi
 }
 if out="$(python3 "$check" "$root" 2>&1)"; then
@@ -40,6 +56,46 @@ expect_fail model-agent worker/model/x.c worker/agent/tool.h
 expect_fail agent-gen worker/agent/x.c worker/gen/engine.h
 expect_fail model-backend worker/model/x.c kernels/cpu/cpu_kernels.h
 expect_fail model-cuda worker/model/x.c kernels/cuda/backend.h
+# the layers of every folder of worker/ and kernels/ (DEPENDS): the interfaces include no back-end, a back-end no
+# other back-end, and each folder only the folders below it
+expect_fail_rule model-pool worker/model/ring_attn.c kernels/cpu/pool.h "worker/model/ may include kernels/*, "
+expect_fail_rule model-backend-rule worker/model/x.c kernels/cpu/cpu_kernels.h "never on a back-end"
+expect_fail_rule interface-backend kernels/kernels.h kernels/cpu/cpu_kernels.h \
+    "kernels/* may include nothing of worker/ and kernels/ (the kernel interface includes no back-end"
+expect_fail_rule interface-cuda kernels/kernels.c kernels/cuda/cuda_kernels.h "the kernel interface includes no back-end"
+expect_fail_rule cpu-cuda kernels/cpu/x.c kernels/cuda/cuda_kernels.h "includes no other back-end"
+expect_fail_rule cuda-cpu kernels/cuda/backend.c kernels/cpu/cpu_kernels.h "includes no other back-end"
+expect_fail_rule main-backend worker/grpo_worker.c kernels/cpu/pool.h "never on a back-end"
+expect_fail_rule comm-model worker/comm/x.c worker/model/model.h "worker/comm/ may include nothing"
+expect_fail_rule formats-tokenizer worker/formats/x.c worker/tokenizer/tokenizer.h "worker/formats/ may include nothing"
+expect_fail_rule metrics-control worker/metrics/x.c worker/control/control.h "worker/metrics/ may include nothing"
+expect_fail_rule tokenizer-data worker/tokenizer/x.c worker/data/dataset.h "worker/tokenizer/ may include"
+expect_fail_rule data-step worker/data/x.c worker/step/batch.h "worker/data/ may include"
+expect_fail_rule control-launch worker/control/x.c worker/launch/launch.h "worker/control/ may include"
+expect_fail_rule plan-trainer worker/plan/x.c worker/trainer/trainer.h "worker/plan/ may include"
+expect_fail_rule launch-model worker/launch/x.c worker/model/model.h "worker/launch/ may include"
+expect_fail_rule rewards-gen worker/rewards/x.c worker/gen/generate.h "worker/rewards/ may include"
+expect_fail_rule trainer-hybrid worker/trainer/x.c worker/hybrid/units.h "worker/trainer/ may include"
+# a new folder of worker/ (or kernels/) must state its layer
+mkdir -p "$tmp/newroom/worker/newroom"
+printf '#include "common/log.h"\n' >"$tmp/newroom/worker/newroom/x.c"
+if out="$(python3 "$check" "$tmp/newroom" 2>&1)"; then
+    echo "FAIL: a folder of worker/ without a layer passed the check"
+    fails=$((fails + 1))
+elif ! grep -qF 'worker/newroom/x.c: worker/newroom/ has no layer' <<<"$out"; then
+    echo "FAIL: the error does not name the folder without a layer: $out"
+    fails=$((fails + 1))
+else
+    echo "ok: a folder without a layer refused"
+fi
+# the build runs the check (meson.build's check-layers target, built by default): a crossing fails the build
+if grep -A2 "custom_target('check-layers'" "$root/meson.build" | grep -q "build_by_default : true" &&
+    grep -A2 "custom_target('check-layers'" "$root/meson.build" | grep -q "scripts/check_layers.py"; then
+    echo "ok: the build runs check_layers.py by default"
+else
+    echo "FAIL: meson.build's check-layers target is gone or not built by default"
+    fails=$((fails + 1))
+fi
 expect_fail model-lora worker/model/model_x.c lora.h
 expect_fail model-lora-internal worker/model/shard.c lora_internal.h
 expect_fail layer-moe-ep worker/model/model_layer.c moe_ep.h

@@ -20,7 +20,7 @@
 #include "kernels/kernels.h"
 #include "worker/model/fit.h"
 #include "worker/plan/planner.h"
-#include "worker/model/generate.h"
+#include "worker/model/model_generate.h"
 #include "worker/model/model_io.h"
 
 static const char *const tiny_models[] = {"tiny-llama-tied",   "tiny-llama-untied", "tiny-qwen2-bias",
@@ -645,10 +645,10 @@ static void test_smollm2_matches_transformers(void **state)
     struct gen_params gp = {.sampling = {0, 1, 0}, .max_new_tokens = G, .n_samples = 1, .max_batch = 1};
     struct gen_output out;
     const int32_t *prompts[1] = {ids};
-    generate(m, prompts, &T, 1, &gp, &out);
+    model_generate(m, prompts, &T, 1, &gp, &out);
     assert_int_equal(out.len, G);
     assert_memory_equal(out.tokens, greedy, sizeof(int32_t) * (size_t)G);
-    gen_output_free(&out);
+    model_gen_output_free(&out);
     free(greedy), free(cols), free(rows), free(last), free(logits), free(ids);
     model_free(m);
 }
@@ -670,10 +670,10 @@ static void test_generation_reproducible(void **state)
                             .n_stop = 1,
                             .seed = 42};
     struct gen_output a[6], b[6], c[6];
-    generate(m, prompts, lens, 2, &gp, a);
-    generate(m, prompts, lens, 2, &gp, c); /* same settings: bit-identical */
-    gp.max_batch = 3;                      /* one group at a time: same tokens, GEMM rounding may differ */
-    generate(m, prompts, lens, 2, &gp, b);
+    model_generate(m, prompts, lens, 2, &gp, a);
+    model_generate(m, prompts, lens, 2, &gp, c); /* same settings: bit-identical */
+    gp.max_batch = 3;                            /* one group at a time: same tokens, GEMM rounding may differ */
+    model_generate(m, prompts, lens, 2, &gp, b);
     int distinct = 0;
     for (int i = 0; i < 6; i++) {
         assert_int_equal(a[i].len, c[i].len);
@@ -709,9 +709,9 @@ static void test_generation_reproducible(void **state)
         assert_float_equal(logp[lens[0] - 1 + t], a[1].logps[t], 2e-5);
     free(logp), free(ids), free(tg), free(pos);
     for (int i = 0; i < 6; i++) {
-        gen_output_free(&a[i]);
-        gen_output_free(&b[i]);
-        gen_output_free(&c[i]);
+        model_gen_output_free(&a[i]);
+        model_gen_output_free(&b[i]);
+        model_gen_output_free(&c[i]);
     }
     model_free(m);
 }
@@ -790,7 +790,7 @@ static void test_moe_routing_replay(void **state)
                         w[e * D + i] = w[i] * (1.0f + 2.4e-7f * (float)((int)((e * 7 + i * 13) % 5) - 2));
             }
             struct gen_output out[16];
-            generate(gen, prompts, lens, 2, &gp, out);
+            model_generate(gen, prompts, lens, 2, &gp, out);
             double gap[2] = {0, 0}, n_differ[2] = {0, 0}, n_cmp = 0;
             for (int i = 0; i < 16; i++) {
                 assert_non_null(out[i].routes);
@@ -824,7 +824,7 @@ static void test_moe_routing_replay(void **state)
             }
             flips += bf == 1 ? n_differ[0] : 0;
             for (int i = 0; i < 16; i++)
-                gen_output_free(&out[i]);
+                model_gen_output_free(&out[i]);
             if (gen != m)
                 model_free(gen);
         }
@@ -1090,7 +1090,7 @@ static void test_run_fit(void **state)
     model_free(m);
 }
 
-/* generate() holds a KV cache per slot: max_batch beyond the call's sequences must not allocate more, and does
+/* model_generate() holds a KV cache per slot: max_batch beyond the call's sequences must not allocate more, and does
  * not change what is generated. */
 static void test_generate_slots_bounded(void **state)
 {
@@ -1102,15 +1102,15 @@ static void test_generate_slots_bounded(void **state)
     struct gen_params gp = {
         .sampling = {1.0f, 1.0f, -1}, .max_new_tokens = 6, .n_samples = 2, .max_batch = 4, .seed = 7};
     struct gen_output a[4], b[4];
-    generate(m, prompts, lens, 2, &gp, a);
+    model_generate(m, prompts, lens, 2, &gp, a);
     gp.max_batch = 1000000;
-    generate(m, prompts, lens, 2, &gp, b);
+    model_generate(m, prompts, lens, 2, &gp, b);
     for (int i = 0; i < 4; i++) {
         assert_int_equal(a[i].len, b[i].len);
         assert_memory_equal(a[i].tokens, b[i].tokens, sizeof(int32_t) * (size_t)a[i].len);
         assert_memory_equal(a[i].logps, b[i].logps, sizeof(float) * (size_t)a[i].len);
-        gen_output_free(&a[i]);
-        gen_output_free(&b[i]);
+        model_gen_output_free(&a[i]);
+        model_gen_output_free(&b[i]);
     }
     model_free(m);
 }
@@ -1148,13 +1148,13 @@ static void test_generate_phases(void **state)
     struct gen_params gp = {
         .sampling = {1.0f, 1.0f, -1}, .max_new_tokens = 9, .n_samples = 2, .max_batch = 4, .seed = 5};
     struct gen_output whole[N], live[N], replay[N];
-    generate(m, prompts, lens, 3, &gp, whole);
+    model_generate(m, prompts, lens, 3, &gp, whole);
     /* live: paused after the third decode step (the third group, 4 slots for 6 sequences, has not started) */
     int left = 3;
     struct gen_params g1 = gp;
     g1.should_pause = pause_after;
     g1.pause_ud = &left;
-    const int open = generate_phase(m, prompts, lens, 3, &g1, live);
+    const int open = model_generate_phase(m, prompts, lens, 3, &g1, live);
     assert_int_equal(open, N);
     int at[N];
     for (int i = 0; i < N; i++) {
@@ -1167,18 +1167,18 @@ static void test_generate_phases(void **state)
     assert_true(at[0] == 4 && at[3] == 4); /* one token at admission, three decode steps */
     struct gen_params g2 = gp;
     g2.resume = true;
-    assert_int_equal(generate_phase(m2, prompts, lens, 3, &g2, live), 0);
+    assert_int_equal(model_generate_phase(m2, prompts, lens, 3, &g2, live), 0);
     /* replayed: the same pauses, by length */
     struct gen_params r1 = gp;
     r1.pause_at = at;
-    assert_int_equal(generate_phase(m, prompts, lens, 3, &r1, replay), N);
-    assert_int_equal(generate_phase(m2, prompts, lens, 3, &g2, replay), 0);
+    assert_int_equal(model_generate_phase(m, prompts, lens, 3, &r1, replay), N);
+    assert_int_equal(model_generate_phase(m2, prompts, lens, 3, &g2, replay), 0);
     expect_same_outputs(live, replay, N);
     for (int i = 0; i < N; i++) {
         assert_int_equal(live[i].len, 9);
-        gen_output_free(&whole[i]);
-        gen_output_free(&live[i]);
-        gen_output_free(&replay[i]);
+        model_gen_output_free(&whole[i]);
+        model_gen_output_free(&live[i]);
+        model_gen_output_free(&replay[i]);
     }
     model_free(m2);
     model_free(m);

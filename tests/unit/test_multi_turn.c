@@ -4,7 +4,7 @@
  *    after an eviction, hold exactly the trajectory's tokens;
  *  - the answers sit in the response where they were given, with mask 0 and log-prob 0, and the model's tokens
  *    with mask 1;
- *  - an environment that ends every trajectory at its first turn gives generate()'s tokens and log-probs;
+ *  - an environment that ends every trajectory at its first turn gives model_generate()'s tokens and log-probs;
  *  - the response budget bounds model and answer tokens together, and an answer that would reach it ends the
  *    trajectory. */
 #include <setjmp.h>
@@ -18,7 +18,7 @@
 
 #include "model_fixtures.h"
 #include "worker/gen/multi_turn.h"
-#include "worker/model/generate.h"
+#include "worker/model/model_generate.h"
 
 /* The scripted environment: trajectory t gets `turns` answers of 3 tokens {40 + t % 5, 41, 42}, then ends. With
  * slow, answers are held until generation has nothing else to do (a blocking poll), as a slow tool's would. */
@@ -121,7 +121,7 @@ static void run_and_check(struct model *m, struct script *s, int max_batch, int 
     struct gen_output out[6];
     struct turn_summary sums[6];
     memset(st, 0, sizeof *st);
-    generate_multi_turn(m, &s->base, prompts, lens, NULL, NULL, NULL, 3, &gp, out, sums, st);
+    gen_generate_multi_turn(m, &s->base, prompts, lens, NULL, NULL, NULL, 3, &gp, out, sums, st);
     assert_int_equal(s->begun, total);
     assert_int_equal(s->finished, total);
     int answers = 0;
@@ -166,7 +166,7 @@ static void run_and_check(struct model *m, struct script *s, int max_batch, int 
     assert_int_equal(prefilled, st->resume_tokens + st->recompute_tokens);
     assert_true(given > 0);
     for (int i = 0; i < total; i++)
-        gen_output_free(&out[i]);
+        model_gen_output_free(&out[i]);
 }
 
 /* Stop token 2 is likely enough for the tiny model that turns end well before the budget. */
@@ -209,7 +209,7 @@ static void test_budget_bounds_everything(void **state)
     model_free(m);
 }
 
-/* Every trajectory single-turn: generate()'s tokens and log-probs. */
+/* Every trajectory single-turn: model_generate()'s tokens and log-probs. */
 static void test_single_turn_equals_generate(void **state)
 {
     (void)state;
@@ -229,8 +229,8 @@ static void test_single_turn_equals_generate(void **state)
     struct turn_summary sums[6];
     struct script s = {.base.ops = &script_ops, .single = true};
     struct multi_turn_stats st = {0};
-    generate(m, prompts, lens, 2, &gp, a);
-    generate_multi_turn(m, &s.base, prompts, lens, NULL, NULL, NULL, 2, &gp, b, sums, &st);
+    model_generate(m, prompts, lens, 2, &gp, a);
+    gen_generate_multi_turn(m, &s.base, prompts, lens, NULL, NULL, NULL, 2, &gp, b, sums, &st);
     assert_int_equal(s.turn_ends, 0);
     for (int i = 0; i < 6; i++) {
         assert_int_equal(a[i].len, b[i].len);
@@ -240,8 +240,8 @@ static void test_single_turn_equals_generate(void **state)
             assert_int_equal(b[i].mask[t], 1);
         }
         assert_int_equal(a[i].stopped, b[i].stopped);
-        gen_output_free(&a[i]);
-        gen_output_free(&b[i]);
+        model_gen_output_free(&a[i]);
+        model_gen_output_free(&b[i]);
     }
     model_free(m);
 }

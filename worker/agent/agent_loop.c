@@ -592,7 +592,7 @@ static struct turn_env *agent_env_create(const struct grpo_config *c, const stru
 {
     const int fmt = tool_format_from_name(c->rollout_multi_turn_format);
     if (fmt < 0) {
-        error_set(err, errlen, "actor_rollout_ref.rollout.multi_turn.format: unknown format '%s' (hermes, llama3_json)",
+        error_set(err, errlen, KEY_rollout_multi_turn_format ": unknown format '%s' (hermes, llama3_json)",
                   c->rollout_multi_turn_format);
         return NULL;
     }

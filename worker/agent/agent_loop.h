@@ -18,7 +18,7 @@
 
 #include "worker/gen/turn_env.h"
 
-/* The factory grpo-worker and grpo-model register (turn_env_register). */
+/* The factory grpo-worker and grpo-model register (gen_turn_env_register). */
 extern const struct turn_env_factory agent_env_factory;
 
 #endif

@@ -270,13 +270,8 @@ void comm_barrier_polled(struct comm *c, void (*poll)(void *ud, bool done), void
 
 struct comm *comm_device_group(struct comm *mpi_comm, int device)
 {
-#ifdef GRPO_HAVE_CUDA
-    return comm_nccl_from(mpi_comm, device);
-#else
-    (void)mpi_comm;
-    (void)device;
-    return NULL;
-#endif
+    const struct comm_device_backend *b = comm_device_backends[0];
+    return b ? b->from(mpi_comm, device) : NULL;
 }
 
 struct comm_table *comm_table_create(struct comm *c, size_t n)

@@ -50,7 +50,7 @@ void comm_fail_alone(struct comm *c);
  * runs every operation non-blocking and tests it; comm_broadcast_polled, the wait at a safe point that lasts
  * through a pause, is not bounded. Groups split from c inherit the deadline. */
 void comm_set_deadline(struct comm *c, double seconds);
-/* Release a comm from comm_mpi_world, comm_split or comm_nccl_from. */
+/* Release a comm from comm_mpi_world, comm_split or comm_device_group. */
 void comm_free(struct comm *c);
 
 int comm_rank(const struct comm *c);
@@ -174,11 +174,14 @@ double comm_ring_bytes(enum comm_op op, double bytes, int n, bool root);
 /* The NCCL twin of an MPI group for buffers in the memory of GPU `device` (one GPU per rank of the group), or
  * NULL in a build without CUDA. */
 struct comm *comm_device_group(struct comm *mpi_comm, int device);
-#ifdef GRPO_HAVE_CUDA
-/* An NCCL communicator over the same ranks as an MPI comm; the unique id is shared with MPI_Bcast. Device memory
- * goes through NCCL; a host buffer (statistics, counts) through the group's MPI twin. */
-struct comm *comm_nccl_from(struct comm *mpi_comm, int device);
-#endif
+/* A back-end of device groups as it registers itself: the build lists this build's in comm_device_backends[]
+ * (worker/comm/meson.build generates the list, NULL-terminated; none without CUDA), and comm_device_group takes the
+ * first. from: the twin of an MPI group on GPU device. */
+struct comm_device_backend {
+    const char *name; /* "nccl" */
+    struct comm *(*from)(struct comm *mpi_comm, int device);
+};
+extern const struct comm_device_backend *const comm_device_backends[];
 
 /* Back-end table; each back-end fills one. */
 struct comm_backend {

@@ -16,6 +16,7 @@
 #include "common/check_mpi.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/config_key_names.h"
 
 static MPI_Datatype mpi_type(enum comm_dtype t)
 {
@@ -94,7 +95,7 @@ static int mpi_wait_until(struct comm *c, MPI_Request *req, int n, const char *w
             char why[512];
             snprintf(why, sizeof why,
                      "MPI %s over %d ranks (this is rank %d of the group) did not complete after %.1f s: a peer is "
-                     "lost or stuck (actor_rollout_ref.nccl_timeout = %.0f s)",
+                     "lost or stuck (" KEY_arr_nccl_timeout " = %.0f s)",
                      what, c->size, c->rank, waited, c->deadline_s);
             if (soft) {
                 log_warn("comm", "%s; giving the group up", why);

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "comm.h"
+#include "comm_nccl.h"
 #include "common/check_cuda.h"
 #include "common/clock.h"
 #include "common/check_mpi.h"
@@ -429,3 +430,6 @@ struct comm *comm_nccl_from(struct comm *mpi_comm, int device)
     nccl_issued(c, ncclCommInitRankConfig(&impl->comm, c->size, id, c->rank, &config), "communicator set-up", false);
     return c;
 }
+
+/* The NCCL back-end as it registers itself (struct comm_device_backend, comm.h). */
+const struct comm_device_backend comm_backend_nccl = {.name = "nccl", .from = comm_nccl_from};

@@ -289,7 +289,7 @@ static void changed_locked(struct control *c)
  * so the time counts as that phase's. */
 static void test_delay(const struct control *c)
 {
-    log_debug("control", "test.delay_s: %.3f s in phase %s", c->delay_s, core_phase_name(c->delay_phase));
+    log_debug("control", KEY_test_delay_s ": %.3f s in phase %s", c->delay_s, core_phase_name(c->delay_phase));
     clock_sleep_s(c->delay_s);
 }
 
@@ -553,12 +553,12 @@ void control_finish(struct control *c, enum control_end end, const char *error)
             if (isinf(limit))
                 log_warn("control",
                          "grpod has not acknowledged that this worker ended (unreachable at %s); retrying "
-                         "until it does (grpod.connect_timeout_s = 0)",
+                         "until it does (" KEY_grpod_connect_timeout_s " = 0)",
                          c->endpoint);
             else
                 log_warn("control",
                          "grpod has not acknowledged that this worker ended (unreachable at %s); retrying "
-                         "for up to %.0f s (grpod.connect_timeout_s)",
+                         "for up to %.0f s (" KEY_grpod_connect_timeout_s ")",
                          c->endpoint, limit);
             told = true;
         }
@@ -946,7 +946,7 @@ int control_open(const struct control_options *o, struct control **out, struct c
         return -1;
     if (kind == ENDPOINT_TCP) {
         if (!o->secret_file || !o->secret_file[0]) {
-            snprintf(err, errlen, "grpod endpoint %s is tcp://: grpod.secret_file must name the shared secret",
+            snprintf(err, errlen, "grpod endpoint %s is tcp://: " KEY_grpod_secret_file " must name the shared secret",
                      o->endpoint);
             return -1;
         }
@@ -1015,7 +1015,8 @@ int control_open(const struct control_options *o, struct control **out, struct c
         }
         double waited = clock_now_s() - start;
         if (o->connect_timeout_s > 0 && waited + backoff > o->connect_timeout_s) {
-            snprintf(err, errlen, "cannot reach grpod at %s: %s (gave up after %.0f s, grpod.connect_timeout_s)",
+            snprintf(err, errlen,
+                     "cannot reach grpod at %s: %s (gave up after %.0f s, " KEY_grpod_connect_timeout_s ")",
                      o->endpoint, why, waited);
             control_close(c);
             return -1;

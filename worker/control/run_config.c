@@ -20,7 +20,8 @@ static int endpoint_secret(const struct grpo_config *cfg, char *secret, size_t l
     if (kind != ENDPOINT_TCP)
         return 0;
     if (!cfg->grpod_secret_file || !cfg->grpod_secret_file[0])
-        return error_set(err, errlen, "grpod endpoint %s is tcp://: grpod.secret_file must name the shared secret",
+        return error_set(err, errlen,
+                         "grpod endpoint %s is tcp://: " KEY_grpod_secret_file " must name the shared secret",
                          cfg->grpod_endpoint);
     return secret_read(cfg->grpod_secret_file, secret, len, err, errlen);
 }
@@ -67,8 +68,9 @@ int control_adopt_run_config(struct grpo_config *cfg, char *err, size_t errlen)
     int rc = 0;
     if (n) {
         rc = error_set(err, errlen,
-                       "this process was given %d key(s) that differ from run %s's: %s; give a replacement only "
-                       "grpod.endpoint (and grpod.secret_file): it takes the run's configuration from grpod",
+                       "this process was given %d key(s) that differ from run %s's: %s; give a replacement "
+                       "only " KEY_grpod_endpoint " (and " KEY_grpod_secret_file
+                       "): it takes the run's configuration from grpod",
                        n, run_id, diff);
     } else {
         snprintf(origin, sizeof origin, "run %s (from grpod)", run_id);

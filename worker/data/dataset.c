@@ -624,7 +624,7 @@ static void cap_samples(const char *key, struct dataset *d, long long max, bool 
             free_sample(&d->samples[i]);
     }
     log_info("data", "%s=%lld: %d of %d prompts kept (%s)", key, max, w, d->n,
-             shuffle ? "a subset drawn from data.seed" : "the first ones");
+             shuffle ? "a subset drawn from " KEY_data_seed : "the first ones");
     d->n = w;
     free(keep);
 }
@@ -651,7 +651,7 @@ int dataset_from_config(const struct grpo_config *cfg, struct dataset *train, st
     if (!train_file || !val_file) {
         int task = synth_task_from_name(cfg->data_synthetic_task);
         if (task < 0) {
-            snprintf(err, errlen, "data.synthetic.task: unknown task '%s'", cfg->data_synthetic_task);
+            snprintf(err, errlen, KEY_data_synthetic_task ": unknown task '%s'", cfg->data_synthetic_task);
             goto fail;
         }
         if (train_file && !val_file)

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "common/config_key_names.h"
 
 static uint64_t mix64(uint64_t z)
 {
@@ -69,7 +70,8 @@ int data_cursor_init(struct data_cursor *c, int n, int batch_size, bool shuffle,
 {
     memset(c, 0, sizeof *c);
     if (batch_size < 1 || n < batch_size) {
-        snprintf(err, errlen, "data: %d prompts do not fill one batch of %d (data.train_batch_size)", n, batch_size);
+        snprintf(err, errlen, "data: %d prompts do not fill one batch of %d (" KEY_data_train_batch_size ")", n,
+                 batch_size);
         return -1;
     }
     c->n = n;

@@ -9,13 +9,13 @@
 #include "kernels/kernels.h"
 #include "common/config.h"
 #include "common/log.h"
-#include "worker/model/generate.h"
+#include "worker/model/model_generate.h"
 #include "worker/rewards/reward.h"
 #include "worker/rewards/reward_model.h"
 #include "worker/tokenizer/tokenizer.h"
 
-void rollout_ctx_init(struct rollout_ctx *r, const struct grpo_config *cfg, struct model *policy,
-                      const struct tokenizer *tok, struct reward_fn *reward)
+void gen_ctx_init(struct gen_ctx *r, const struct grpo_config *cfg, struct model *policy, const struct tokenizer *tok,
+                  struct reward_fn *reward)
 {
     memset(r, 0, sizeof *r);
     r->cfg = cfg;
@@ -33,7 +33,7 @@ void rollout_ctx_init(struct rollout_ctx *r, const struct grpo_config *cfg, stru
         r->stop_ids[r->n_stop++] = im_end;
 }
 
-int rollout_ctx_load_reward_model(struct rollout_ctx *r, char *err, size_t errlen)
+int gen_ctx_load_reward_model(struct gen_ctx *r, char *err, size_t errlen)
 {
     const struct grpo_config *c = r->cfg;
     if (!c->rm_enable)
@@ -56,7 +56,7 @@ int rollout_ctx_load_reward_model(struct rollout_ctx *r, char *err, size_t errle
     return 0;
 }
 
-bool rollout_multi_turn(const struct grpo_config *c)
+bool gen_multi_turn(const struct grpo_config *c)
 {
     return c->rollout_multi_turn_enable || strcmp(c->rollout_agent_default_agent_loop, "tool_agent") == 0;
 }
@@ -64,7 +64,7 @@ bool rollout_multi_turn(const struct grpo_config *c)
 /* The program's turn environment factory, or NULL with err. */
 static const struct turn_env_factory *factory(char *err, size_t errlen)
 {
-    const struct turn_env_factory *f = turn_env_factory();
+    const struct turn_env_factory *f = gen_turn_env_factory();
     if (!f)
         error_set(err, errlen,
                   "multi-turn rollouts (actor_rollout_ref.rollout.multi_turn.enable) are not available "
@@ -72,10 +72,10 @@ static const struct turn_env_factory *factory(char *err, size_t errlen)
     return f;
 }
 
-int rollout_tools_json(const struct grpo_config *c, char **out, char *err, size_t errlen)
+int gen_tools_json(const struct grpo_config *c, char **out, char *err, size_t errlen)
 {
     *out = NULL;
-    if (!rollout_multi_turn(c))
+    if (!gen_multi_turn(c))
         return 0;
     const struct turn_env_factory *f = factory(err, errlen);
     if (!f)
@@ -84,9 +84,9 @@ int rollout_tools_json(const struct grpo_config *c, char **out, char *err, size_
     return *out ? 0 : -1;
 }
 
-int rollout_ctx_load_env(struct rollout_ctx *r, char *err, size_t errlen)
+int gen_ctx_load_env(struct gen_ctx *r, char *err, size_t errlen)
 {
-    if (!rollout_multi_turn(r->cfg) || r->env)
+    if (!gen_multi_turn(r->cfg) || r->env)
         return 0;
     const struct turn_env_factory *f = factory(err, errlen);
     if (!f)
@@ -103,10 +103,10 @@ int rollout_ctx_load_env(struct rollout_ctx *r, char *err, size_t errlen)
     return 0;
 }
 
-void rollout_ctx_release(struct rollout_ctx *r)
+void gen_ctx_release(struct gen_ctx *r)
 {
     if (r->env)
-        turn_env_factory()->destroy(r->env);
+        gen_turn_env_factory()->destroy(r->env);
     r->env = NULL;
     free(r->mt);
     r->mt = NULL;
@@ -114,7 +114,7 @@ void rollout_ctx_release(struct rollout_ctx *r)
     r->rm = NULL;
 }
 
-size_t rollout_kv_budget(struct model *policy, double utilization)
+size_t gen_kv_budget(struct model *policy, double utilization)
 {
     const size_t total = kctx_device_bytes(policy->K);
     if (!total)
@@ -126,7 +126,7 @@ size_t rollout_kv_budget(struct model *policy, double utilization)
 /* Generate gp->n_samples responses for each prompt into out (n_prompts x n_samples): multi-turn through the
  * environment when one of the prompts is a tool agent's (every prompt of the call then, its single-turn ones ending
  * at their first turn; the summaries returned, malloc'd, what was measured added to mt), else NULL. */
-static struct turn_summary *gen_responses(const struct rollout_ctx *r, const struct prompt_item *const *prompts,
+static struct turn_summary *gen_responses(const struct gen_ctx *r, const struct prompt_item *const *prompts,
                                           int n_prompts, const struct gen_params *gp, struct gen_output *out,
                                           struct multi_turn_stats *mt)
 {
@@ -151,10 +151,10 @@ static struct turn_summary *gen_responses(const struct rollout_ctx *r, const str
             agent[p] = prompts[p]->tool_agent ? "tool_agent" : "single_turn_agent";
         }
         sums = xcalloc((size_t)(total ? total : 1), sizeof *sums);
-        generate_multi_turn(r->policy, r->env, ids, lens, msgs, extra, agent, n_prompts, gp, out, sums, mt);
+        gen_generate_multi_turn(r->policy, r->env, ids, lens, msgs, extra, agent, n_prompts, gp, out, sums, mt);
         free(msgs), free(extra), free(agent);
     } else if (n_prompts > 0) {
-        generate(r->policy, ids, lens, n_prompts, gp, out);
+        model_generate(r->policy, ids, lens, n_prompts, gp, out);
     }
     free(ids), free(lens);
     return sums;
@@ -162,7 +162,7 @@ static struct turn_summary *gen_responses(const struct rollout_ctx *r, const str
 
 /* A response's reward from its rule score: the rule scorers' weighted by reward_model.rule_reward_weight (with a
  * reward model) plus the reward model's, into *raw; returned with DAPO's overlong penalty added. */
-static double final_score(const struct rollout_ctx *r, const struct prompt_item *p, const char *text, int resp_len,
+static double final_score(const struct gen_ctx *r, const struct prompt_item *p, const char *text, int resp_len,
                           double rule, double *raw)
 {
     const struct grpo_config *c = r->cfg;
@@ -180,7 +180,7 @@ static double final_score(const struct rollout_ctx *r, const struct prompt_item 
 
 /* ReMax's baseline (verl's reward_baselines): one greedy response to each prompt (temperature 0, top_p 1, no top_k:
  * verl's apply_greedy_sampling_params), scored as the sampled ones are; base[p] gets its reward. */
-static void greedy_baselines(const struct rollout_ctx *r, const struct prompt_item *const *prompts, int n_prompts,
+static void greedy_baselines(const struct gen_ctx *r, const struct prompt_item *const *prompts, int n_prompts,
                              const struct gen_params *sampled, double *base, double *t_gen, double *t_reward)
 {
     double t0 = clock_now_s();
@@ -208,17 +208,17 @@ static void greedy_baselines(const struct rollout_ctx *r, const struct prompt_it
         double raw;
         base[p] = final_score(r, prompts[p], text[p], out[p].len, rule[p], &raw);
         free(text[p]);
-        gen_output_free(&out[p]);
+        model_gen_output_free(&out[p]);
         if (sums)
-            turn_summary_free(&sums[p]);
+            gen_turn_summary_free(&sums[p]);
     }
     *t_reward += clock_now_s() - t0;
     free(items), free(rule), free(text), free(out), free(sums);
 }
 
 /* The generation parameters of a call: the configuration's, the call's sampling, seed and first RNG stream. */
-static struct gen_params gen_params_of(const struct rollout_ctx *r, int first_group, const struct sampler_params *sp,
-                                       int n, uint64_t seed)
+static struct gen_params gen_params_of(const struct gen_ctx *r, int first_group, const struct sampler_params *sp, int n,
+                                       uint64_t seed)
 {
     const struct grpo_config *c = r->cfg;
     struct gen_params gp = {
@@ -230,7 +230,7 @@ static struct gen_params gen_params_of(const struct rollout_ctx *r, int first_gr
         .n_stop = r->n_stop,
         .seed = seed,
         .first_stream = (uint64_t)first_group * (uint64_t)n,
-        .kv_budget = rollout_kv_budget(r->policy, c->rollout_gpu_memory_utilization),
+        .kv_budget = gen_kv_budget(r->policy, c->rollout_gpu_memory_utilization),
         .record_routes = config_records_routes(c),
     };
     return gp;
@@ -238,7 +238,7 @@ static struct gen_params gen_params_of(const struct rollout_ctx *r, int first_gr
 
 /* Score the generated responses out (n_prompts x n; their arrays go to the batch) into b as groups first_group on;
  * ReMax's greedy baselines generated first. */
-static void score_into(const struct rollout_ctx *r, const struct prompt_item *const *prompts, const int *uids,
+static void score_into(const struct gen_ctx *r, const struct prompt_item *const *prompts, const int *uids,
                        int n_prompts, int first_group, int n, const struct gen_params *gpp, struct gen_output *out,
                        struct turn_summary *sums, struct step_batch *b, double *t_gen, double *t_reward)
 {
@@ -327,9 +327,9 @@ static void score_into(const struct rollout_ctx *r, const struct prompt_item *co
     free(items), free(scores), free(out), free(base), free(parts);
 }
 
-void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt_item *const *prompts, const int *uids,
-                                int n_prompts, int first_group, const struct sampler_params *sp, int n, uint64_t seed,
-                                struct step_batch *b, double *t_gen, double *t_reward)
+void gen_generate_and_score(const struct gen_ctx *r, const struct prompt_item *const *prompts, const int *uids,
+                            int n_prompts, int first_group, const struct sampler_params *sp, int n, uint64_t seed,
+                            struct step_batch *b, double *t_gen, double *t_reward)
 {
     double t0 = clock_now_s();
     const struct gen_params gp = gen_params_of(r, first_group, sp, n, seed);
@@ -340,12 +340,12 @@ void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt
     score_into(r, prompts, uids, n_prompts, first_group, n, &gp, out, sums, b, t_gen, t_reward);
 }
 
-void unit_gen_begin(const struct rollout_ctx *r, struct unit_gen *u, const struct prompt_item *const *prompts,
+void gen_unit_begin(const struct gen_ctx *r, struct gen_unit *u, const struct prompt_item *const *prompts,
                     const int *uids, int n_prompts, int first_group, const struct sampler_params *sp, int n,
                     uint64_t seed)
 {
     *u =
-        (struct unit_gen){.prompts = prompts, .uids = uids, .n_prompts = n_prompts, .first_group = first_group, .n = n};
+        (struct gen_unit){.prompts = prompts, .uids = uids, .n_prompts = n_prompts, .first_group = first_group, .n = n};
     u->gp = gen_params_of(r, first_group, sp, n, seed);
     const int total = n_prompts * n;
     u->out = xcalloc((size_t)(total ? total : 1), sizeof *u->out);
@@ -358,7 +358,7 @@ void unit_gen_begin(const struct rollout_ctx *r, struct unit_gen *u, const struc
     }
 }
 
-int unit_gen_phase(const struct rollout_ctx *r, struct unit_gen *u, int64_t version, const int *pause_at,
+int gen_unit_phase(const struct gen_ctx *r, struct gen_unit *u, int64_t version, const int *pause_at,
                    bool (*should_pause)(void *ud), void *ud)
 {
     const double t0 = clock_now_s();
@@ -371,7 +371,7 @@ int unit_gen_phase(const struct rollout_ctx *r, struct unit_gen *u, int64_t vers
     int *before = xmalloc((size_t)(total ? total : 1) * sizeof(int));
     for (int i = 0; i < total; i++)
         before[i] = u->phases > 0 ? u->out[i].len : 0;
-    const int open = u->n_prompts > 0 ? generate_phase(r->policy, u->ids, u->lens, u->n_prompts, &gp, u->out) : 0;
+    const int open = u->n_prompts > 0 ? model_generate_phase(r->policy, u->ids, u->lens, u->n_prompts, &gp, u->out) : 0;
     if (u->phases == 0)
         u->version_first = version;
     for (int i = 0; i < total; i++) {
@@ -386,8 +386,7 @@ int unit_gen_phase(const struct rollout_ctx *r, struct unit_gen *u, int64_t vers
     return open;
 }
 
-void unit_gen_finish(const struct rollout_ctx *r, struct unit_gen *u, struct step_batch *b, double *t_gen,
-                     double *t_reward)
+void gen_unit_finish(const struct gen_ctx *r, struct gen_unit *u, struct step_batch *b, double *t_gen, double *t_reward)
 {
     const int total = u->n_prompts * u->n, first_seq = b->n_seq;
     *t_gen += u->t_gen;

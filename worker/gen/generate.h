@@ -17,17 +17,17 @@ struct tokenizer;
 struct reward_fn;
 
 /* What generation and scoring need; the pointers are borrowed. */
-struct rollout_ctx {
+struct gen_ctx {
     const struct grpo_config *cfg;
     struct model *policy;
     const struct tokenizer *tok;
     struct reward_fn *reward;
-    struct reward_model *rm; /* reward_model.enable: scores each response (rollout_ctx_load_reward_model) */
+    struct reward_model *rm; /* reward_model.enable: scores each response (gen_ctx_load_reward_model) */
     int32_t stop_ids[4];
     int n_stop;
-    struct turn_env *env;        /* multi-turn rollouts: the tool agent (rollout_ctx_load_env), else NULL */
+    struct turn_env *env;        /* multi-turn rollouts: the tool agent (gen_ctx_load_env), else NULL */
     struct multi_turn_stats *mt; /* what multi-turn generation measured, summed over calls (with env) */
-    /* algorithm.adv_estimator=remax (rollout_ctx_init sets it): rollout_generate_and_score also generates one greedy
+    /* algorithm.adv_estimator=remax (gen_ctx_init sets it): gen_generate_and_score also generates one greedy
      * response per prompt, scored as the others, for each sequence's reward_baseline (validation clears it) */
     bool greedy_baseline;
     /* algorithm.adv_estimator=gdpo: each sequence gets its reward components (validation clears it) */
@@ -36,25 +36,25 @@ struct rollout_ctx {
 
 struct reward_model;
 /* Load the reward model reward_model.enable asks for (nothing when it is off). 0, or -1 with err. */
-int rollout_ctx_load_reward_model(struct rollout_ctx *r, char *err, size_t errlen);
+int gen_ctx_load_reward_model(struct gen_ctx *r, char *err, size_t errlen);
 /* Make the turn environment multi-turn rollouts need (multi_turn.enable or agent.default_agent_loop=tool_agent;
  * nothing otherwise), with the program's registered factory. 0, or -1 with err. */
-int rollout_ctx_load_env(struct rollout_ctx *r, char *err, size_t errlen);
+int gen_ctx_load_env(struct gen_ctx *r, char *err, size_t errlen);
 /* The tool schemas prompts are rendered with (a JSON array text, malloc'd) when rollouts are multi-turn; NULL
  * otherwise. -1 with err when the tools do not load (the error names FILE:LINE) or the program has no agent. */
-int rollout_tools_json(const struct grpo_config *cfg, char **out, char *err, size_t errlen);
+int gen_tools_json(const struct grpo_config *cfg, char **out, char *err, size_t errlen);
 /* Whether a configuration asks for multi-turn rollouts. */
-bool rollout_multi_turn(const struct grpo_config *cfg);
+bool gen_multi_turn(const struct grpo_config *cfg);
 /* Free what the context owns (the reward model, the turn environment). */
-void rollout_ctx_release(struct rollout_ctx *r);
+void gen_ctx_release(struct gen_ctx *r);
 
 /* Stop ids of a tokenizer: its EOS and ChatML's <|im_end|>. */
-void rollout_ctx_init(struct rollout_ctx *r, const struct grpo_config *cfg, struct model *policy,
-                      const struct tokenizer *tok, struct reward_fn *reward);
+void gen_ctx_init(struct gen_ctx *r, const struct grpo_config *cfg, struct model *policy, const struct tokenizer *tok,
+                  struct reward_fn *reward);
 
 /* On a GPU, the bytes the KV cache may take: utilization (actor_rollout_ref.rollout.gpu_memory_utilization) of
  * the device's memory less what the policy's context holds now; 0 (no bound) on the CPU. */
-size_t rollout_kv_budget(struct model *policy, double utilization);
+size_t gen_kv_budget(struct model *policy, double utilization);
 
 /* Generate n responses for each prompt into b (appending whole groups) and score them. Prompt p of this call is
  * group `first_group + p` of the step: its samples draw from RNG streams (first_group + p) * n + s and get
@@ -62,13 +62,13 @@ size_t rollout_kv_budget(struct model *policy, double utilization);
  * groups generated in one process. uids[p] is the prompt's dataset index. Times are added to *t_gen, *t_reward.
  * With r->greedy_baseline every sequence gets its prompt's greedy response's reward (reward_baseline); with a reward
  * r->reward_parts every sequence gets its reward components (reward_parts). */
-void rollout_generate_and_score(const struct rollout_ctx *r, const struct prompt_item *const *prompts, const int *uids,
-                                int n_prompts, int first_group, const struct sampler_params *sp, int n, uint64_t seed,
-                                struct step_batch *b, double *t_gen, double *t_reward);
+void gen_generate_and_score(const struct gen_ctx *r, const struct prompt_item *const *prompts, const int *uids,
+                            int n_prompts, int first_group, const struct sampler_params *sp, int n, uint64_t seed,
+                            struct step_batch *b, double *t_gen, double *t_reward);
 
 /* Fully-async training: one work unit generated in phases, each with the weights the policy holds then (a
  * version), so that a trajectory in flight at a weight push goes on with the new weights (partial rollout). */
-struct unit_gen {
+struct gen_unit {
     const struct prompt_item *const *prompts;
     const int *uids;
     int n_prompts, first_group, n;
@@ -81,17 +81,17 @@ struct unit_gen {
     int64_t version_first;
     double t_gen;
 };
-/* Start unit u: its prompts are group first_group on of the step (as rollout_generate_and_score's). */
-void unit_gen_begin(const struct rollout_ctx *r, struct unit_gen *u, const struct prompt_item *const *prompts,
+/* Start unit u: its prompts are group first_group on of the step (as gen_generate_and_score's). */
+void gen_unit_begin(const struct gen_ctx *r, struct gen_unit *u, const struct prompt_item *const *prompts,
                     const int *uids, int n_prompts, int first_group, const struct sampler_params *sp, int n,
                     uint64_t seed);
 /* One phase with r->policy, which holds `version`: generate_phase's pause_at and should_pause (NULL: none). Returns
  * the sequences left unfinished (0: the unit is generated). */
-int unit_gen_phase(const struct rollout_ctx *r, struct unit_gen *u, int64_t version, const int *pause_at,
+int gen_unit_phase(const struct gen_ctx *r, struct gen_unit *u, int64_t version, const int *pause_at,
                    bool (*should_pause)(void *ud), void *ud);
-/* Score the unit into b (as rollout_generate_and_score does); each sequence's version_first, and its versions where
+/* Score the unit into b (as gen_generate_and_score does); each sequence's version_first, and its versions where
  * they are not all that one. */
-void unit_gen_finish(const struct rollout_ctx *r, struct unit_gen *u, struct step_batch *b, double *t_gen,
+void gen_unit_finish(const struct gen_ctx *r, struct gen_unit *u, struct step_batch *b, double *t_gen,
                      double *t_reward);
 
 #endif

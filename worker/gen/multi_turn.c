@@ -172,10 +172,10 @@ static void evict(struct mt *g, int k)
     }
 }
 
-void generate_multi_turn(struct model *m, struct turn_env *env, const int32_t *const *prompts, const int *prompt_lens,
-                         const char *const *messages, const char *const *extra, const char *const *agent, int n_prompts,
-                         const struct gen_params *gp, struct gen_output *out, struct turn_summary *sums,
-                         struct multi_turn_stats *st)
+void gen_generate_multi_turn(struct model *m, struct turn_env *env, const int32_t *const *prompts,
+                             const int *prompt_lens, const char *const *messages, const char *const *extra,
+                             const char *const *agent, int n_prompts, const struct gen_params *gp,
+                             struct gen_output *out, struct turn_summary *sums, struct multi_turn_stats *st)
 {
     if (!(!gp->record_routes))
         check_failf(__FILE__, __LINE__, "multi-turn generation does not record routes");
@@ -325,7 +325,7 @@ void generate_multi_turn(struct model *m, struct turn_env *env, const int32_t *c
         free(cat);
 }
 
-void turn_summary_free(struct turn_summary *s)
+void gen_turn_summary_free(struct turn_summary *s)
 {
     free(s->messages_json);
     free(s->reward_json);
@@ -334,6 +334,6 @@ void turn_summary_free(struct turn_summary *s)
 
 static const struct turn_env_factory *registered;
 
-void turn_env_register(const struct turn_env_factory *f) { registered = f; }
+void gen_turn_env_register(const struct turn_env_factory *f) { registered = f; }
 
-const struct turn_env_factory *turn_env_factory(void) { return registered; }
+const struct turn_env_factory *gen_turn_env_factory(void) { return registered; }

@@ -8,12 +8,12 @@
  * for its answer keeps its cache slot while there is other work; when nothing can run and a group waits for slots,
  * waiting trajectories give their slots up (evicted, counted) and are prefilled again from their tokens when their
  * answer comes. Sample s of prompt p draws from RNG stream first_stream + p * n + s, as single-turn generation
- * does, so a trajectory whose first turn ends it gets the tokens generate() gives. */
+ * does, so a trajectory whose first turn ends it gets the tokens model_generate() gives. */
 #ifndef GRPO_WORKER_GEN_MULTI_TURN_H
 #define GRPO_WORKER_GEN_MULTI_TURN_H
 
 #include "worker/gen/turn_env.h"
-#include "worker/model/generate.h"
+#include "worker/model/model_generate.h"
 
 /* What one call measured. */
 struct multi_turn_stats {
@@ -24,16 +24,16 @@ struct multi_turn_stats {
     double env_wait_s;          /* seconds generation waited on the environment with nothing else to run */
 };
 
-/* Like generate(): n_samples trajectories per prompt into out[p * n + s] (out[i].mask set), each trajectory's
+/* Like model_generate(): n_samples trajectories per prompt into out[p * n + s] (out[i].mask set), each trajectory's
  * environment summary into sums[i]. messages[p], extra[p] and agent[p] (each may be NULL) are what the
  * environment's begin gets. gp->max_new_tokens bounds each trajectory's whole response (model and answer tokens);
  * gp->record_routes is not supported. The model must not be split (no TP or PP group): the order in which answers
  * come is not the same on every rank. */
-void generate_multi_turn(struct model *m, struct turn_env *env, const int32_t *const *prompts, const int *prompt_lens,
-                         const char *const *messages, const char *const *extra, const char *const *agent, int n_prompts,
-                         const struct gen_params *gp, struct gen_output *out, struct turn_summary *sums,
-                         struct multi_turn_stats *st);
+void gen_generate_multi_turn(struct model *m, struct turn_env *env, const int32_t *const *prompts,
+                             const int *prompt_lens, const char *const *messages, const char *const *extra,
+                             const char *const *agent, int n_prompts, const struct gen_params *gp,
+                             struct gen_output *out, struct turn_summary *sums, struct multi_turn_stats *st);
 
-void turn_summary_free(struct turn_summary *s);
+void gen_turn_summary_free(struct turn_summary *s);
 
 #endif

@@ -4,7 +4,7 @@
  * others; the environment answers later, from its own threads, with the tokens to append (a tool's answer rendered
  * by the chat template) or with the end of the trajectory. Generation knows nothing of tools or messages: the agent
  * room (worker/agent/agent_loop.c) implements this interface, and the program wires the two together
- * (turn_env_register), so generation, the trainer and the rollout role never include the agent room.
+ * (gen_turn_env_register), so generation, the trainer and the rollout role never include the agent room.
  *
  * Threads: turn_end and begin/finish are called from the generating thread; the environment may answer from any
  * thread through the poll it implements. */
@@ -47,7 +47,7 @@ struct turn_env;
 struct turn_env_ops {
     /* A trajectory starts: prompt `messages_json` (the sample's chat messages), its extra_info (may be NULL; verl's
      * tools_kwargs live there) and agent name (NULL: the default). traj is the caller's id, unique within a call of
-     * generate_multi_turn. 0, or -1: the trajectory is single-turn (its first model turn ends it). */
+     * gen_generate_multi_turn. 0, or -1: the trajectory is single-turn (its first model turn ends it). */
     int (*begin)(struct turn_env *e, int traj, const char *messages_json, const char *extra_info,
                  const char *agent_name);
     /* A model turn of trajectory traj ended: ids[0..n) are the tokens it generated this turn (its stop token last
@@ -75,8 +75,8 @@ struct turn_env_factory {
     void (*destroy)(struct turn_env *e);
 };
 /* Set once by the program (grpo-worker, grpo-model) before any role starts. */
-void turn_env_register(const struct turn_env_factory *f);
+void gen_turn_env_register(const struct turn_env_factory *f);
 /* The registered factory, or NULL (a program that has none: multi_turn.enable is then refused). */
-const struct turn_env_factory *turn_env_factory(void);
+const struct turn_env_factory *gen_turn_env_factory(void);
 
 #endif

@@ -23,18 +23,18 @@ static int val_sampling(const struct grpo_config *c, struct sampler_params *sp)
     return (int)c->rollout_val_n;
 }
 
-int rollout_validate_n(const struct grpo_config *c)
+int gen_validate_n(const struct grpo_config *c)
 {
     struct sampler_params sp;
     return val_sampling(c, &sp);
 }
 
-int rollout_validate_part(const struct rollout_ctx *train_rc, const struct prompt_set *val, uint64_t seed, int part,
-                          int parts, struct val_score **out)
+int gen_validate_part(const struct gen_ctx *train_rc, const struct prompt_set *val, uint64_t seed, int part, int parts,
+                      struct val_score **out)
 {
-    struct rollout_ctx vrc = *train_rc; /* validation scores the responses alone: no baseline, no components */
+    struct gen_ctx vrc = *train_rc; /* validation scores the responses alone: no baseline, no components */
     vrc.greedy_baseline = vrc.reward_parts = false;
-    const struct rollout_ctx *rc = &vrc;
+    const struct gen_ctx *rc = &vrc;
     const struct grpo_config *c = rc->cfg;
     struct sampler_params sp;
     const int n = val_sampling(c, &sp);
@@ -53,7 +53,7 @@ int rollout_validate_part(const struct rollout_ctx *train_rc, const struct promp
         int *uids = xmalloc((size_t)cnt * sizeof(int));
         for (int i = 0; i < cnt; i++)
             uids[i] = first[groups++] = start + i;
-        rollout_generate_and_score(rc, prompts + start, uids, cnt, start, &sp, n, seed, &b, &tg, &tr);
+        gen_generate_and_score(rc, prompts + start, uids, cnt, start, &sp, n, seed, &b, &tg, &tr);
         free(uids);
     }
     *out = xmalloc((size_t)(b.n_seq ? b.n_seq : 1) * sizeof **out);
@@ -76,10 +76,10 @@ static int by_prompt(const void *a, const void *b)
     return (x->sample > y->sample) - (x->sample < y->sample);
 }
 
-void rollout_validate_report(const struct grpo_config *c, const struct prompt_set *val, struct val_score *s, int n_s,
-                             double seconds, struct metrics *m)
+void gen_validate_report(const struct grpo_config *c, const struct prompt_set *val, struct val_score *s, int n_s,
+                         double seconds, struct metrics *m)
 {
-    const int n = rollout_validate_n(c);
+    const int n = gen_validate_n(c);
     qsort(s, (size_t)n_s, sizeof *s, by_prompt); /* the order one process generates them in */
     /* per data_source: mean over all samples, and best of n per prompt */
     for (int i = 0; i < n_s; i++) {
@@ -123,13 +123,13 @@ void rollout_validate_report(const struct grpo_config *c, const struct prompt_se
     metrics_set(m, "timing_s/testing", seconds);
 }
 
-void rollout_validate(const struct rollout_ctx *rc, const struct prompt_set *val, uint64_t seed, struct metrics *m)
+void gen_validate(const struct gen_ctx *rc, const struct prompt_set *val, uint64_t seed, struct metrics *m)
 {
     if (val->n == 0)
         return;
     const double t0 = clock_now_s();
     struct val_score *s;
-    const int n_s = rollout_validate_part(rc, val, seed, 0, 1, &s);
-    rollout_validate_report(rc->cfg, val, s, n_s, clock_now_s() - t0, m);
+    const int n_s = gen_validate_part(rc, val, seed, 0, 1, &s);
+    gen_validate_report(rc->cfg, val, s, n_s, clock_now_s() - t0, m);
     free(s);
 }

@@ -1,7 +1,7 @@
 /* Validation: generate on the held-out prompts (greedy, or actor_rollout_ref.rollout.val_kwargs), score, and
  * report per data_source with verl's names: val-core/DS/reward/mean@N (and best@N when N > 1), the
  * exact-answer accuracy val-core/DS/acc/mean@N (when the scorer knows it), and timing_s/testing. Several ranks
- * can share the generation (rollout_validate_part) and one report it (rollout_validate_report). */
+ * can share the generation (gen_validate_part) and one report it (gen_validate_report). */
 #ifndef GRPO_WORKER_GEN_VALIDATE_H
 #define GRPO_WORKER_GEN_VALIDATE_H
 
@@ -17,17 +17,17 @@ struct val_score {
 };
 
 /* Validate the policy of rc on val with the given seed (sampling draws); metrics into m. */
-void rollout_validate(const struct rollout_ctx *rc, const struct prompt_set *val, uint64_t seed, struct metrics *m);
+void gen_validate(const struct gen_ctx *rc, const struct prompt_set *val, uint64_t seed, struct metrics *m);
 
 /* Part `part` of `parts` of validation: the chunks of data.val_batch_size prompts whose index is part mod parts,
  * generated and scored as one process would (the same seeds). Its responses' scores into *out (the caller
  * frees); returns their count. */
-int rollout_validate_part(const struct rollout_ctx *rc, const struct prompt_set *val, uint64_t seed, int part,
-                          int parts, struct val_score **out);
+int gen_validate_part(const struct gen_ctx *rc, const struct prompt_set *val, uint64_t seed, int part, int parts,
+                      struct val_score **out);
 /* Responses per validation prompt (1 greedy, val_kwargs.n when sampling). */
-int rollout_validate_n(const struct grpo_config *c);
+int gen_validate_n(const struct grpo_config *c);
 /* The metrics of every part's scores together (s is sorted in place), with validation's seconds. */
-void rollout_validate_report(const struct grpo_config *c, const struct prompt_set *val, struct val_score *s, int n_s,
-                             double seconds, struct metrics *m);
+void gen_validate_report(const struct grpo_config *c, const struct prompt_set *val, struct val_score *s, int n_s,
+                         double seconds, struct metrics *m);
 
 #endif

@@ -42,7 +42,7 @@ struct colocated {
     bool head;               /* the engine's first rank: it takes the units and sends the engine's groups */
     struct model *gen;       /* the policy in the generation layout; NULL: the policy itself generates */
     float *whole;            /* the whole policy, host memory (reshard) */
-    struct rollout_ctx rc;   /* generation and scoring with gen (or the policy) */
+    struct gen_ctx rc;       /* generation and scoring with gen (or the policy) */
     bool own_rm;             /* rc's reward model is this source's (not the trainer's) */
     int units;               /* work units per step */
     struct wire_limits lim;
@@ -90,14 +90,15 @@ static int gen_model_setup(struct colocated *c, char *err, size_t errlen)
         if (env->trainer_gpus_shared) {
             model_free(g);
             return error_set(err, errlen,
-                             "actor_rollout_ref.rollout.tensor_model_parallel_size %d with trainer.device=cuda: an "
+                             KEY_rollout_tensor_model_parallel_size
+                             " %d with " KEY_trainer_device "=cuda: an "
                              "engine's TP collectives run over NCCL, which needs a GPU per rank, and some node runs "
                              "more ranks than it has GPUs; give each rank a GPU of its own or set it to 1",
                              rtp);
         }
         if (!(c->engine_dev = comm_device_group(c->engine, p->K->device_index))) {
             model_free(g);
-            return error_set(err, errlen, "rollout TP with trainer.device=cuda: this build has no NCCL");
+            return error_set(err, errlen, "rollout TP with " KEY_trainer_device "=cuda: this build has no NCCL");
         }
         model_set_groups(g, c->engine_dev, NULL, c->engine_dev);
     }
@@ -203,9 +204,9 @@ static void generate_share(struct colocated *c, int64_t k, int round, const int 
         int lo, hi;
         dispatch_unit_range(B, c->units, (int)word[0], &lo, &hi);
         struct step_batch b = {0};
-        rollout_generate_and_score(&c->rc, prompts + lo, uids + lo, hi - lo, lo, &sp, n,
-                                   rollout_step_seed((uint64_t)cfg->data_seed, k, (uint64_t)round), &b, &out->gen_s,
-                                   &out->reward_s);
+        gen_generate_and_score(&c->rc, prompts + lo, uids + lo, hi - lo, lo, &sp, n,
+                               rollout_step_seed((uint64_t)cfg->data_seed, k, (uint64_t)round), &b, &out->gen_s,
+                               &out->reward_s);
         out->stolen += (int)word[1];
         if (c->head) {
             int *sel = xmalloc((size_t)(b.n_groups ? b.n_groups : 1) * sizeof(int));
@@ -417,8 +418,7 @@ static void validate(void *ctx, uint64_t seed, struct metrics *m)
     int64_t bytes;
     update_weights(c, &bytes); /* the policy as it is now (the step's update is in) */
     struct val_score *mine = NULL;
-    int n =
-        rollout_validate_part(&c->rc, trainer_val_prompts(c->t), seed, c->env->at.engine, c->env->at.engines, &mine);
+    int n = gen_validate_part(&c->rc, trainer_val_prompts(c->t), seed, c->env->at.engine, c->env->at.engines, &mine);
     if (!c->head) /* the engine's other ranks made the same responses */
         n = 0;
     struct comm *w = c->env->trainers;
@@ -443,7 +443,7 @@ static void validate(void *ctx, uint64_t seed, struct metrics *m)
             memcpy(all + at, in + (size_t)r * (size_t)most * words, (size_t)cnts[r] * sizeof *all);
             at += cnts[r];
         }
-        rollout_validate_report(c->env->cfg, trainer_val_prompts(c->t), all, (int)total, clock_now_s() - t0, m);
+        gen_validate_report(c->env->cfg, trainer_val_prompts(c->t), all, (int)total, clock_now_s() - t0, m);
         free(all);
     }
     free(out), free(in), free(cnts), free(mine);
@@ -465,9 +465,9 @@ static int colocated_setup(struct colocated *c, char *err, size_t errlen)
     if (c->rc.env && (c->rc.policy->sh.tp || c->rc.policy->sh.pp))
         return error_set(err, errlen,
                          "multi-turn rollouts generate on an unsplit model: a tensor-parallel "
-                         "generation engine is planned (actor_rollout_ref.rollout.tensor_model_parallel_size=1)");
+                         "generation engine is planned (" KEY_rollout_tensor_model_parallel_size "=1)");
     if (!c->rc.rm && cfg->rm_enable) { /* the trainer loads it on DP rank 0 only; every engine scores */
-        if (rollout_ctx_load_reward_model(&c->rc, err, errlen) != 0)
+        if (gen_ctx_load_reward_model(&c->rc, err, errlen) != 0)
             return -1;
         c->own_rm = true;
     }
@@ -522,7 +522,7 @@ static int run_colocated(struct role_env *env)
     if (c.own_rm) {
         c.rc.env = NULL; /* the trainer's */
         c.rc.mt = NULL;
-        rollout_ctx_release(&c.rc);
+        gen_ctx_release(&c.rc);
     }
     model_free(c.gen);
     if (c.engine_dev)

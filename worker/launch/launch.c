@@ -24,19 +24,22 @@ static int split_supported(const struct grpo_config *c, const struct placement_s
 {
     if (config_gen_batch_size(c) != c->data_train_batch_size && ps->rollout_ranks > 0)
         return error_set(why, whylen,
-                         "data.gen_batch_size=%lld (other than data.train_batch_size=%lld) runs in one process and on "
-                         "colocated ranks (placement.rollout_ranks=0); with %d separate rollout ranks "
-                         "(placement.rollout_ranks) the dispatcher draws one round of data.train_batch_size prompts a "
+                         KEY_data_gen_batch_size
+                         "=%lld (other than " KEY_data_train_batch_size "=%lld) runs in one process and on "
+                         "colocated ranks (" KEY_placement_rollout_ranks "=0); with %d separate rollout ranks "
+                         "(" KEY_placement_rollout_ranks
+                         ") the dispatcher draws one round of " KEY_data_train_batch_size " prompts a "
                          "step (not available yet)",
                          (long long)c->data_gen_batch_size, (long long)c->data_train_batch_size, ps->rollout_ranks);
     if (c->alg_filter_groups_enable && ps->rollout_ranks > 0)
         return error_set(why, whylen,
-                         "algorithm.filter_groups.enable (dynamic sampling) runs in one process and on colocated "
-                         "ranks for now; it is not available with separate rollout ranks");
+                         KEY_alg_filter_groups_enable " (dynamic sampling) runs in one process and on colocated "
+                                                      "ranks for now; it is not available with separate rollout ranks");
     if (c->trainer_sft_warmup_steps > 0)
         return error_set(why, whylen,
-                         "trainer.sft_warmup_steps %lld: the supervised warm-start runs in one process; warm-start "
-                         "first, then point actor_rollout_ref.model.path at its checkpoint",
+                         KEY_trainer_sft_warmup_steps
+                         " %lld: the supervised warm-start runs in one process; warm-start "
+                         "first, then point " KEY_arr_model_path " at its checkpoint",
                          (long long)c->trainer_sft_warmup_steps);
     if (ps->trainer_ranks / (ps->tp_size * ps->pp_size) > ROLE_MAX_ENDPOINTS)
         return error_set(why, whylen, "%d trainer DP ranks: at most %d", ps->trainer_ranks, ROLE_MAX_ENDPOINTS);
@@ -365,7 +368,7 @@ static int place(struct launch *l, int replace_rank)
         }
         if (size > 1 || !cfg->grpod_endpoint || !cfg->grpod_endpoint[0]) {
             log_error("worker", "--replace-rank takes the place of a lost rollout rank in a run under grpod: start "
-                                "one process (not under mpirun's -np) with grpod.endpoint set");
+                                "one process (not under mpirun's -np) with " KEY_grpod_endpoint " set");
             return 2;
         }
         rank = replace_rank;
@@ -396,7 +399,7 @@ static int place(struct launch *l, int replace_rank)
     if (replace_rank >= 0 && env->at.role == PLACE_ROLLOUT && env->at.tp_size > 1) {
         log_error("worker",
                   "--replace-rank %d: rollout ranks form TP groups of %d "
-                  "(actor_rollout_ref.rollout.tensor_model_parallel_size); a lost group's units go to the other "
+                  "(" KEY_rollout_tensor_model_parallel_size "); a lost group's units go to the other "
                   "groups, and one rank cannot rejoin a group: relaunch the job (it resumes from the newest "
                   "checkpoint) to bring the group back",
                   replace_rank, env->at.tp_size);
@@ -421,15 +424,16 @@ static int place(struct launch *l, int replace_rank)
             log_error("worker",
                       "mpirun keeps the job when a rank dies (orte_enable_recovery), but without grpod nobody "
                       "would tell the trainers that one of them is lost: they would wait for it for ever. "
-                      "Run under grpod (grpod.endpoint) or launch without the option");
+                      "Run under grpod (" KEY_grpod_endpoint ") or launch without the option");
             return 2;
         }
     }
     env->staleness = strcmp(cfg->rollout_mode, "async") == 0 ? 1 : 0;
     if (cfg->async_enable && !l->split) {
         log_error("worker",
-                  "async_training.* (fully-async training) needs separate rollout ranks (placement.rollout_ranks, or "
-                  "rollout.nnodes x rollout.n_gpus_per_node): rollout ranks stream while the trainer trains");
+                  "async_training.* (fully-async training) needs separate rollout ranks (" KEY_placement_rollout_ranks
+                  ", or " KEY_split_rollout_nnodes " x " KEY_split_rollout_n_gpus_per_node
+                  "): rollout ranks stream while the trainer trains");
         return 2;
     }
     return 0;

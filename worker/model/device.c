@@ -7,6 +7,7 @@
 #include "common/check.h"
 #include "common/log.h"
 #include "kernels/kernels.h"
+#include "common/config_key_names.h"
 
 /* One context per (device, precision) per process: the trainer's policy and reference share theirs (a process
  * uses one GPU: the first "cuda:N" asked for). */
@@ -19,10 +20,10 @@ struct kctx *model_context_for(const char *device, const char *dtype, const char
     enum kmatmul mm = dtype && strcmp(dtype, "bfloat16") == 0 ? KMM_BF16 : KMM_F32;
     if (!cuda && mm == KMM_F32)
         return kctx_cpu();
-    if (!cuda && mm == KMM_BF16 && !cpu_bf16_gemm_available()) {
+    if (!cuda && mm == KMM_BF16 && !khost_bf16_gemm_available()) {
         if (!g_fallback_said)
             log_warn("model", "%s=bfloat16: this CPU has no BF16 matrix products (%s); running float32", dtype_key,
-                     cpu_bf16_gemm_name());
+                     khost_bf16_gemm_name());
         g_fallback_said = true;
         return kctx_cpu();
     }
@@ -31,7 +32,7 @@ struct kctx *model_context_for(const char *device, const char *dtype, const char
         char why[256];
         *slot = kctx_create(cuda ? device : "cpu", mm, why, sizeof why);
         if (!*slot) {
-            error_set(err, errlen, "%s: %s", cuda ? "trainer.device=cuda" : dtype_key, why);
+            error_set(err, errlen, "%s: %s", cuda ? KEY_trainer_device "=cuda" : dtype_key, why);
             return NULL;
         }
         char d[256];

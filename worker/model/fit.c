@@ -54,7 +54,7 @@ double model_weight_bytes(const struct model_config *c)
     return floats * (double)sizeof(float);
 }
 
-/* Sequences generate() decodes together for n_prompts prompts of n samples: max_num_seqs, at least a group,
+/* Sequences model_generate() decodes together for n_prompts prompts of n samples: max_num_seqs, at least a group,
  * at most every sequence of the call. */
 static int gen_slots(long long max_num_seqs, long long n, long long n_prompts)
 {
@@ -98,7 +98,8 @@ int run_fit_check(const struct model_config *m, const struct grpo_config *c, uin
     const long long seq = c->data_max_prompt_length + c->data_max_response_length;
     if (seq > m->max_position_embeddings) {
         snprintf(err, errlen,
-                 "data.max_prompt_length (%lld) + data.max_response_length (%lld) = %lld tokens, more than the "
+                 KEY_data_max_prompt_length
+                 " (%lld) + " KEY_data_max_response_length " (%lld) = %lld tokens, more than the "
                  "model's max_position_embeddings (%d): a prompt and its response must fit the model's positions",
                  c->data_max_prompt_length, c->data_max_response_length, seq, m->max_position_embeddings);
         return -1;
@@ -114,21 +115,22 @@ int run_fit_check(const struct model_config *m, const struct grpo_config *c, uin
     if (fp.gen_bytes >= fp.state_bytes) {
         if (fp.gen_is_val)
             snprintf(what, sizeof what,
-                     "data.val_batch_size = %lld (x actor_rollout_ref.rollout.val_kwargs.n, at most "
-                     "actor_rollout_ref.rollout.max_num_seqs = %lld: %d sequences decoded together) of up to %d "
-                     "tokens (data.max_prompt_length + data.max_response_length): validation's KV caches and logits "
-                     "need %.0f bytes",
+                     KEY_data_val_batch_size " = %lld (x " KEY_rollout_val_n ", at most " KEY_rollout_max_num_seqs
+                                             " = %lld: %d sequences decoded together) of up to %d "
+                                             "tokens (" KEY_data_max_prompt_length " + " KEY_data_max_response_length
+                                             "): validation's KV caches and logits "
+                                             "need %.0f bytes",
                      c->data_val_batch_size, c->rollout_max_num_seqs, fp.gen_seqs, fp.seq_tokens, fp.gen_bytes);
         else
-            snprintf(
-                what, sizeof what,
-                "actor_rollout_ref.rollout.max_num_seqs = %lld (%d sequences decoded together: data.train_batch_size "
-                "x actor_rollout_ref.rollout.n at most) of up to %d tokens (data.max_prompt_length + "
-                "data.max_response_length): the rollout's KV caches and logits need %.0f bytes",
-                c->rollout_max_num_seqs, fp.gen_seqs, fp.seq_tokens, fp.gen_bytes);
+            snprintf(what, sizeof what,
+                     KEY_rollout_max_num_seqs
+                     " = %lld (%d sequences decoded together: " KEY_data_train_batch_size " "
+                     "x " KEY_rollout_n " at most) of up to %d tokens (" KEY_data_max_prompt_length
+                     " + " KEY_data_max_response_length "): the rollout's KV caches and logits need %.0f bytes",
+                     c->rollout_max_num_seqs, fp.gen_seqs, fp.seq_tokens, fp.gen_bytes);
     } else {
         snprintf(what, sizeof what,
-                 "actor_rollout_ref.model.path: the model's weights, gradients and AdamW moments%s need %.0f bytes",
+                 KEY_arr_model_path ": the model's weights, gradients and AdamW moments%s need %.0f bytes",
                  c->actor_use_kl_loss || c->alg_use_kl_in_reward ? " and the reference's weights" : "", fp.state_bytes);
     }
     snprintf(err, errlen,

@@ -49,7 +49,7 @@ int model_config_check(const struct model_config *c, char *why, size_t len)
 void model_rope_freqs(const struct model_config *c, double *inv_freq)
 {
     const int half = c->head_dim / 2;
-    rope_default_freqs(inv_freq, c->head_dim, c->rope_theta);
+    khost_rope_default_freqs(inv_freq, c->head_dim, c->rope_theta);
     const struct rope_scaling *r = &c->rope;
     if (r->kind == ROPE_LINEAR) {
         for (int i = 0; i < half; i++)

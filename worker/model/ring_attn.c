@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "common/check.h"
-#include "kernels/cpu/pool.h"
+#include "kernels/kernels.h"
 
 /* query rows per block of the visiting steps' products (a thread's scratch: two blocks of 2c floats a row) */
 enum { RING_BLOCK = 64 };
@@ -322,7 +322,7 @@ static void head_block_forward(struct ring_attn *ra, struct block b, int h, cons
                     ra->plse[(size_t)(i0 + i) * Hq + h] = -INFINITY;
                     continue;
                 }
-                vec_exp_shifted(si, si, (size_t)b.nk, m); /* the masked -inf become 0 */
+                khost_exp_shifted(si, si, (size_t)b.nk, m); /* the masked -inf become 0 */
                 double sum = 0;
                 for (int t = 0; t < b.nk; t++)
                     sum += si[t];
@@ -361,7 +361,7 @@ static void kv_block_backward(struct ring_attn *ra, struct block b, int kh, floa
                     if (!visible(ra, gq, row_of(ra, b.j, b.k0 + t)))
                         pi[t] = -INFINITY;
                 /* the scores are the forward's, so s - lse <= 0 up to rounding; the masked -inf become 0 */
-                vec_exp_shifted(pi, pi, (size_t)b.nk, lse[(size_t)(i0 + i) * Hq + h]);
+                khost_exp_shifted(pi, pi, (size_t)b.nk, lse[(size_t)(i0 + i) * Hq + h]);
             }
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, b.nk, hd, nb, 1.0f, P, b.nk, dout + qo, ldq, 1.0f,
                         dvv + ko, ldk);
@@ -418,7 +418,7 @@ static void backward_part(void *arg, int part, int parts)
  * helper costs more), as the kernel's attention splits its work. */
 static int step_parts(double macs, int units)
 {
-    const int t = cpu_pool_threads(), p = t < units ? t : units;
+    const int t = khost_threads(), p = t < units ? t : units;
     return macs < (double)(1 << 18) || p < 1 ? 1 : p;
 }
 
@@ -541,7 +541,7 @@ void ring_attn_forward(struct ring_attn *ra, float *out, float *lse, const float
         cur ^= 1;
         struct ring_job j = {.ra = ra, .s = s, .units = ra->S * ra->Hq, .per_seg = ra->Hq, .q = q};
         j.kk = ra->ring[cur], j.vv = ra->ring[cur] + kv, j.next = 0;
-        cpu_run_parts(step_parts(step_macs(ra), j.units), forward_part, &j);
+        khost_run_parts(step_parts(step_macs(ra), j.units), forward_part, &j);
         for (int g = 0; g < ra->S; g++) {
             const struct block b = step_block(ra, s, g);
             merge(ra, b.q0, b.q1, out, lse);
@@ -581,7 +581,7 @@ void ring_attn_backward(struct ring_attn *ra, float *dq, float *dk, float *dv, c
             memset(buf + 2 * kv, 0, sizeof(float) * 2 * kv);
         struct ring_job j = {.ra = ra, .s = s, .units = ra->S * ra->Hkv, .per_seg = ra->Hkv, .q = q, .dout = dout};
         j.lse = lse, j.dq = dq, j.kk = buf, j.vv = buf + kv, j.dkk = buf + 2 * kv, j.dvv = buf + 3 * kv, j.next = 0;
-        cpu_run_parts(step_parts(2 * step_macs(ra), j.units), backward_part, &j);
+        khost_run_parts(step_parts(2 * step_macs(ra), j.units), backward_part, &j);
     }
     /* the last visitor's gradients to their owner, the next rank; ours from the previous */
     ring_pass(ra, ra->ring[cur] + 2 * kv, ra->ring[cur ^ 1] + 2 * kv, 2 * kv);

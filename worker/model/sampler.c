@@ -59,7 +59,7 @@ int sample_token(const float *logits, int V, const struct sampler_params *p, str
     /* one uniform per sampled token, none for greedy: the stream does not depend on how tokens are batched */
     const double u = p->temperature > 0 ? rng_uniform(r) : 0.0;
     float lp;
-    const int tok = sample_row(logits, V, p->temperature, p->top_p, p->top_k, u, &lp);
+    const int tok = khost_sample_row(logits, V, p->temperature, p->top_p, p->top_k, u, &lp);
     if (logp)
         *logp = lp;
     return tok;

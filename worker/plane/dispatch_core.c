@@ -10,6 +10,7 @@
 #include "proto/plane_auth.h"
 #include "proto/protocol.h"
 #include "proto/transport.h"
+#include "common/config_key_names.h"
 
 #define CHUNK_MAX_FLOATS DISPATCH_CHUNK_MAX_FLOATS
 #define PENDING (-1)
@@ -1156,7 +1157,7 @@ static void async_grant(struct dispatch_core *d, int pi, bool names_done, Grpo__
     }
     g->step = d->a_next / d->o.units + 1;
     snprintf(reason, rlen,
-             "%lld prompts granted since policy version %lld's push, at most %lld (async_training.staleness_threshold)",
+             "%lld prompts granted since policy version %lld's push, at most %lld (" KEY_async_staleness_threshold ")",
              (long long)d->a_window, (long long)d->latest, (long long)d->o.max_groups);
 }
 

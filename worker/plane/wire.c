@@ -11,6 +11,7 @@
 #include "dispatch.h"
 #include "proto/protocol.h"
 #include "proto/transport.h"
+#include "common/config_key_names.h"
 
 /* A response mask that says nothing: none, or every byte 1. */
 static bool all_ones(const uint8_t *mask, int n)
@@ -241,8 +242,8 @@ static const char *check_sequence(const Grpo__Sequence *q, const struct wire_lim
                         "once, its end-of-sequence token)"),
                why;
     if (q->n_response_ids > (size_t)lim->max_response_length)
-        return snprintf(why, whylen, "response of %zu tokens is over data.max_response_length %d", q->n_response_ids,
-                        lim->max_response_length),
+        return snprintf(why, whylen, "response of %zu tokens is over " KEY_data_max_response_length " %d",
+                        q->n_response_ids, lim->max_response_length),
                why;
     if (q->n_old_log_probs != q->n_response_ids)
         return snprintf(why, whylen, "%zu log-probs for %zu response tokens", q->n_old_log_probs, q->n_response_ids),
@@ -265,7 +266,7 @@ static const char *check_sequence(const Grpo__Sequence *q, const struct wire_lim
         return snprintf(why, whylen, "reward_baseline is not finite"), why;
     if (q->n_reward_parts != (size_t)lim->reward_parts)
         return snprintf(why, whylen,
-                        "%zu reward components (reward_parts), but this trainer takes %d (algorithm.gdpo_reward_keys "
+                        "%zu reward components (reward_parts), but this trainer takes %d (" KEY_alg_gdpo_reward_keys " "
                         "with adv_estimator gdpo; a sender older than protocol 1.12 sends none)",
                         q->n_reward_parts, lim->reward_parts),
                why;
@@ -349,7 +350,7 @@ int wire_unpack_batch(const uint8_t *buf, size_t len, const struct wire_limits *
         }
     if (rb->groups_in_step != lim->groups_in_step || rb->samples_per_prompt != lim->n) {
         snprintf(why, whylen,
-                 "batch of a %d x %d step, but this run has data.train_batch_size %d x actor_rollout_ref.rollout.n %d",
+                 "batch of a %d x %d step, but this run has " KEY_data_train_batch_size " %d x " KEY_rollout_n " %d",
                  rb->groups_in_step, rb->samples_per_prompt, lim->groups_in_step, lim->n);
         goto out;
     }

@@ -14,6 +14,7 @@
 #include "common/clock.h"
 #include "proto/protocol.h"
 #include "proto/transport.h"
+#include "common/config_key_names.h"
 
 #define CHUNK_MAX_FLOATS DISPATCH_CHUNK_MAX_FLOATS
 
@@ -267,7 +268,7 @@ int work_client_weights(struct work_client *c, int64_t version, float *w, size_t
         if (r->weights_chunk->n_floats != n)
             rc = error_set(err, errlen,
                            "the trainers' policy has %" PRIu64 " parameters, this rollout process's model %zu (give "
-                           "every rank the same actor_rollout_ref.model.path)",
+                           "every rank the same " KEY_arr_model_path ")",
                            r->weights_chunk->n_floats, n);
         else if (r->weights_chunk->version != version || r->weights_chunk->offset != off ||
                  r->weights_chunk->data.len != cnt * sizeof(float))

@@ -38,6 +38,7 @@
 #include "common/linebuf.h"
 #include "common/procgroup.h"
 #include "common/log.h"
+#include "common/config_key_names.h"
 
 /* The driver. argv: the file, the function's name. */
 static const char DRIVER[] =
@@ -194,7 +195,7 @@ static int spawn(const struct pyscorer *p, struct pyproc *w, char *err, size_t e
         syscall(SYS_close_range, 5u, ~0u, 0u);
 #endif
         execlp(p->python, p->python, "-u", "-c", DRIVER, p->path, p->name, (char *)NULL);
-        fprintf(stderr, "custom_reward_function.python: cannot run %s: %s\n", p->python, strerror(errno));
+        fprintf(stderr, KEY_crf_python ": cannot run %s: %s\n", p->python, strerror(errno));
         _exit(127);
     }
     setpgid(pid, pid); /* also here: the group exists before anyone signals it (EACCES once it has exec'd) */
@@ -217,8 +218,8 @@ static int check_ready(const struct pyscorer *p, struct pyproc *w, const char *l
     if (!json_is_true(ready)) {
         const json_t *e = o ? json_object_get(o, "error") : NULL;
         const bool no_fn = json_is_string(e) && strncmp(json_string_value(e), "no function", 11) == 0;
-        error_set(err, errlen, "%s: %s: %s", no_fn ? "custom_reward_function.name" : "custom_reward_function.path",
-                  p->path, json_is_string(e) ? json_string_value(e) : "the driver did not start");
+        error_set(err, errlen, "%s: %s: %s", no_fn ? KEY_crf_name : KEY_crf_path, p->path,
+                  json_is_string(e) ? json_string_value(e) : "the driver did not start");
         json_decref(o);
         stop(w, true);
         return -1;
@@ -243,7 +244,7 @@ static int start(const struct pyscorer *p, struct pyproc *w, double timeout_s, c
         } else {
             ended(w, why, sizeof why);
         }
-        return error_set(err, errlen, "custom_reward_function.path: %s with %s: %s", p->path, p->python, why);
+        return error_set(err, errlen, KEY_crf_path ": %s with %s: %s", p->path, p->python, why);
     }
     return check_ready(p, w, line, err, errlen);
 }
@@ -279,7 +280,7 @@ struct pyscorer *pyscorer_start(const char *python, const char *path, const char
                 snprintf(why, sizeof why, "it did not start within %.3g s", timeout_s + 30.0);
             else
                 ended(&p->w[k], why, sizeof why);
-            error_set(err, errlen, "custom_reward_function.path: %s with %s: %s", p->path, p->python, why);
+            error_set(err, errlen, KEY_crf_path ": %s with %s: %s", p->path, p->python, why);
             pyscorer_free(p);
             return NULL;
         }
@@ -517,7 +518,7 @@ void pyscorer_score(struct pyscorer *p, const struct reward_item *items, int n, 
                 ended(w, why, sizeof why);
                 if (starting) {                           /* it cannot start: no use trying again for this run */
                     char err[PYSCORER_REASON_MAX + 4096]; /* cut to PYSCORER_REASON_MAX by fail */
-                    snprintf(err, sizeof err, "custom_reward_function.path: %s with %s: %s", p->path, p->python, why);
+                    snprintf(err, sizeof err, KEY_crf_path ": %s with %s: %s", p->path, p->python, why);
                     for (; w->next < w->hi; w->next++)
                         fail(w->next, err, scores, failed, reasons);
                 } else {

@@ -72,7 +72,7 @@ static struct reward_fn *create(const char *path, const char *name, const char *
         name = "compute_score";
     struct stat st;
     if (stat(path, &st) != 0) {
-        snprintf(err, errlen, "custom_reward_function.path: cannot load '%s': %s", path, strerror(errno));
+        snprintf(err, errlen, KEY_crf_path ": cannot load '%s': %s", path, strerror(errno));
         free(r);
         return NULL;
     }
@@ -99,7 +99,7 @@ static struct reward_fn *create(const char *path, const char *name, const char *
     r->dl = dlopen(open_path, RTLD_NOW | RTLD_LOCAL);
     if (!r->dl) {
         const char *e = dlerror();
-        snprintf(err, errlen, "custom_reward_function.path: cannot load '%s': %s", path, e ? e : "unknown error");
+        snprintf(err, errlen, KEY_crf_path ": cannot load '%s': %s", path, e ? e : "unknown error");
         free(r);
         return NULL;
     }
@@ -108,7 +108,8 @@ static struct reward_fn *create(const char *path, const char *name, const char *
     const char *e = dlerror();
     if (e || !sym) {
         snprintf(err, errlen,
-                 "custom_reward_function.name: symbol '%s' not found in '%s'%s%s (expected: double %s(const char "
+                 KEY_crf_name
+                 ": symbol '%s' not found in '%s'%s%s (expected: double %s(const char "
                  "*data_source, const char *solution_str, const char *ground_truth, const char *extra_info_json))",
                  name, path, e ? ": " : "", e ? e : "", name);
         dlclose(r->dl);
@@ -143,7 +144,8 @@ struct reward_fn *reward_create(const struct grpo_config *cfg, char *err, size_t
         if (r->n_parts < 0 || !r->py) {
             if (r->n_parts >= 0)
                 snprintf(err, errlen,
-                         "algorithm.adv_estimator=gdpo: its reward components (algorithm.gdpo_reward_keys) are entries "
+                         KEY_alg_adv_estimator
+                         "=gdpo: its reward components (" KEY_alg_gdpo_reward_keys ") are entries "
                          "of the dict a Python custom_reward_function returns, and %s returns one score",
                          r->custom ? "a C custom scorer" : "a built-in scorer");
             else

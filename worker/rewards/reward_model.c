@@ -15,6 +15,7 @@
 #include "worker/model/model_io.h"
 #include "worker/tokenizer/tokenizer.h"
 #include "worker/step/prompts.h"
+#include "common/config_key_names.h"
 
 struct reward_model {
     struct model *m;
@@ -41,7 +42,7 @@ struct reward_model *reward_model_load(const char *dir, char *err, size_t errlen
     json_error_t je;
     json_t *root = json_file_load(path, &je);
     if (!root) {
-        error_set(err, errlen, "reward_model.model.path: %s:%d: cannot read config.json: %s", path, je.line, je.text);
+        error_set(err, errlen, KEY_rm_model_path ": %s:%d: cannot read config.json: %s", path, je.line, je.text);
         return NULL;
     }
     const char *a = json_string_value(json_array_get(json_object_get(root, "architectures"), 0));
@@ -51,13 +52,14 @@ struct reward_model *reward_model_load(const char *dir, char *err, size_t errlen
     json_decref(root);
     if (!strstr(arch, "ForSequenceClassification")) {
         error_set(err, errlen,
-                  "reward_model.model.path: %s: architectures is '%s', not a *ForSequenceClassification reward model "
+                  KEY_rm_model_path
+                  ": %s: architectures is '%s', not a *ForSequenceClassification reward model "
                   "(LlamaForSequenceClassification, Qwen2ForSequenceClassification, Qwen3ForSequenceClassification)",
                   path, arch);
         return NULL;
     }
     if (labels != 1) {
-        error_set(err, errlen, "reward_model.model.path: %s: %d labels; a reward model scores with one", path, labels);
+        error_set(err, errlen, KEY_rm_model_path ": %s: %d labels; a reward model scores with one", path, labels);
         return NULL;
     }
     struct reward_model *rm = xcalloc(1, sizeof *rm);
@@ -75,7 +77,7 @@ struct reward_model *reward_model_load(const char *dir, char *err, size_t errlen
             error_set(err, errlen, "%s: score.weight has shape [%lld, %lld], want [1, %d]", st_path(f),
                       (long long)t->shape[0], (long long)(t->n_dims > 1 ? t->shape[1] : 0), D);
         else
-            error_set(err, errlen, "reward_model.model.path: %s: tensor 'score.weight' is missing", dir);
+            error_set(err, errlen, KEY_rm_model_path ": %s: tensor 'score.weight' is missing", dir);
         st_model_close(st);
         goto fail;
     }
@@ -88,7 +90,7 @@ struct reward_model *reward_model_load(const char *dir, char *err, size_t errlen
     char why[256];
     FILE *tf = fs_fopen_read(path, why, sizeof why); /* optional: only scoring text needs it */
     if (!tf && errno != ENOENT) {
-        error_set(err, errlen, "reward_model.model.path: %s: cannot open: %s", path, why);
+        error_set(err, errlen, KEY_rm_model_path ": %s: cannot open: %s", path, why);
         goto fail;
     }
     if (!tf)

@@ -60,7 +60,7 @@ struct rollout_rank {
     bool all_granted, said_all_granted;
     bool said_waiting_on; /* said that the trainers have been silent a minute and this rank waits on (under grpod) */
     int64_t version;      /* policy version in the model (-1: none yet) */
-    struct rollout_ctx rc;
+    struct gen_ctx rc;
     struct dataplane_push *push;
     struct work_client *work;
     uint64_t seq_no;
@@ -140,7 +140,7 @@ static void *watch_group(void *arg)
         } else if (clock_now_s() - since > limit) {
             log_error("rollout",
                       "rollout rank %d: its TP group (engine %d) has moved nothing for %.0f s "
-                      "(actor_rollout_ref.rollout.tp_group_timeout_s): a peer is lost; ending this rank so that the "
+                      "(" KEY_rollout_tp_group_timeout_s "): a peer is lost; ending this rank so that the "
                       "dispatcher grants the group's units to the other groups",
                       r->env->at.dp, r->env->at.engine, limit);
             _exit(4);
@@ -177,15 +177,15 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
     if (!path || !*path) {
         if (model_bundled_path(bundled, sizeof bundled) != 0)
             return error_set(err, errlen,
-                             "actor_rollout_ref.model.path is empty and the bundled model is not in %s (fetch it "
-                             "with scripts/fetch_model.sh)",
+                             KEY_arr_model_path " is empty and the bundled model is not in %s (fetch it "
+                                                "with scripts/fetch_model.sh)",
                              bundled);
         path = bundled;
     }
     char *tools = NULL; /* multi-turn rollouts: the tools' schemas, rendered into the tool agents' prompts */
     if (!(r->policy = model_load(path, err, errlen)) ||
         !(r->tok = prompt_load_tokenizer(path, r->env->cfg->data_apply_chat_template_kwargs, err, errlen)) ||
-        rollout_tools_json(c, &tools, err, errlen) != 0)
+        gen_tools_json(c, &tools, err, errlen) != 0)
         return -1;
     const int loaded = prompt_sets_load(c, r->tok, tools, &r->train, &r->val, err, errlen);
     free(tools);
@@ -221,12 +221,13 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
     if (r->eng && K->device != KDEV_CPU) { /* the group's TP collectives over NCCL, in device memory */
         if (r->env->rollout_gpus_shared)
             return error_set(err, errlen,
-                             "actor_rollout_ref.rollout.tensor_model_parallel_size %d with trainer.device=cuda: a "
+                             KEY_rollout_tensor_model_parallel_size
+                             " %d with " KEY_trainer_device "=cuda: a "
                              "group's TP collectives run over NCCL, which needs a GPU per rank, and some node runs "
                              "more ranks than it has GPUs; give each rank a GPU of its own or set it to 1",
                              r->env->at.tp_size);
         if (!(r->eng_dev = comm_device_group(r->eng, K->device_index)))
-            return error_set(err, errlen, "rollout TP with trainer.device=cuda: this build has no NCCL");
+            return error_set(err, errlen, "rollout TP with " KEY_trainer_device "=cuda: this build has no NCCL");
         comm_fail_alone(r->eng_dev); /* a lost peer ends this group only, as over MPI */
         model_set_groups(r->policy, r->eng_dev, NULL, r->eng_dev);
     }
@@ -240,8 +241,8 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
     r->cur_open = true;
     r->cur_step = -1;
     r->version = -1;
-    rollout_ctx_init(&r->rc, c, r->policy, r->tok, r->reward);
-    if (rollout_ctx_load_reward_model(&r->rc, err, errlen) != 0 || rollout_ctx_load_env(&r->rc, err, errlen) != 0)
+    gen_ctx_init(&r->rc, c, r->policy, r->tok, r->reward);
+    if (gen_ctx_load_reward_model(&r->rc, err, errlen) != 0 || gen_ctx_load_env(&r->rc, err, errlen) != 0)
         return -1;
     if (!r->head)
         return 0;
@@ -259,7 +260,7 @@ static void teardown(struct rollout_rank *r)
         pthread_join(r->watchdog, NULL);
     }
     free(r->whole);
-    rollout_ctx_release(&r->rc);
+    gen_ctx_release(&r->rc);
     if (r->work)
         work_client_close(r->work);
     if (r->push)
@@ -330,8 +331,8 @@ static void generate_phases(struct rollout_rank *r, const struct work_grant *g, 
 {
     const struct grpo_config *c = r->env->cfg;
     const int n = (int)c->rollout_n, total = n_prompts * n;
-    struct unit_gen ug;
-    unit_gen_begin(&r->rc, &ug, prompts, uids, n_prompts, first_group, sp, n,
+    struct gen_unit ug;
+    gen_unit_begin(&r->rc, &ug, prompts, uids, n_prompts, first_group, sp, n,
                    rollout_step_seed((uint64_t)c->data_seed, g->step, 0));
     u->version_first = r->version;
     int *pause_at = xmalloc((size_t)(total ? total : 1) * sizeof(int));
@@ -342,7 +343,6 @@ static void generate_phases(struct rollout_rank *r, const struct work_grant *g, 
                     "sequences",
                     (long long)g->step, g->unit, g->n_phases, g->n_replay_tokens, total);
     for (int phase = 0;; phase++) {
-        int open;
         if (g->n_phases > 0) { /* replay: this phase's version, until each sequence holds its recorded tokens */
             const bool last = phase >= g->n_phases - 1;
             if (phase > 0 && phase < g->n_phases) {
@@ -360,13 +360,12 @@ static void generate_phases(struct rollout_rank *r, const struct work_grant *g, 
             for (int i = 0; i < total; i++)
                 pause_at[i] = last ? -1 : g->replay_tokens[phase * total + i];
             r->replaying = 1;
-            /* the schedule, not the count of open sequences, says what comes next */
-            (void)unit_gen_phase(&r->rc, &ug, r->version, pause_at, after_decode, r);
+            gen_unit_phase(&r->rc, &ug, r->version, pause_at, after_decode, r); /* the schedule says when it ends */
             r->replaying = 0;
             if (last)
                 break;
         } else {
-            open = unit_gen_phase(&r->rc, &ug, r->version, NULL, after_decode, r);
+            const int open = gen_unit_phase(&r->rc, &ug, r->version, NULL, after_decode, r);
             if (open == 0)
                 break;
             /* paused at a push: the newest version, then on */
@@ -380,7 +379,7 @@ static void generate_phases(struct rollout_rank *r, const struct work_grant *g, 
         }
     }
     free(pause_at);
-    unit_gen_finish(&r->rc, &ug, &u->batch, &u->gen_s, &u->reward_s);
+    gen_unit_finish(&r->rc, &ug, &u->batch, &u->gen_s, &u->reward_s);
 }
 
 /* Phase gen (and reward) of unit g: its share of the step's prompts, generated and scored into u. */
@@ -401,9 +400,9 @@ static void generate_unit(struct rollout_rank *r, const struct work_grant *g, st
     if (c->async_enable)
         generate_phases(r, g, prompts + lo, idx + lo, hi - lo, lo, &sp, u);
     else
-        rollout_generate_and_score(&r->rc, prompts + lo, idx + lo, hi - lo, lo, &sp, (int)c->rollout_n,
-                                   rollout_step_seed((uint64_t)c->data_seed, g->step, 0), &u->batch, &u->gen_s,
-                                   &u->reward_s);
+        gen_generate_and_score(&r->rc, prompts + lo, idx + lo, hi - lo, lo, &sp, (int)c->rollout_n,
+                               rollout_step_seed((uint64_t)c->data_seed, g->step, 0), &u->batch, &u->gen_s,
+                               &u->reward_s);
     control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
     log_debug("rollout", "step %lld unit %d: %d groups (%d..%d) with policy version %lld, gen %.2fs, reward %.2fs",
               (long long)g->step, g->unit, u->batch.n_groups, lo, hi - 1, (long long)g->version, u->gen_s, u->reward_s);

@@ -37,7 +37,7 @@ struct tokenizer *prompt_load_tokenizer(const char *model_path, const char *chat
     if (t && chat_kwargs && chat_kwargs[0] && strcmp(chat_kwargs, "{}") != 0) {
         char why[512];
         if (tokenizer_set_chat_kwargs(t, chat_kwargs, why, sizeof why) != 0) {
-            error_set(err, errlen, "data.apply_chat_template_kwargs: %s", why);
+            error_set(err, errlen, KEY_data_apply_chat_template_kwargs ": %s", why);
             tokenizer_free(t);
             return NULL;
         }
@@ -122,14 +122,14 @@ static int encode_set(const struct grpo_config *cfg, const struct tokenizer *tok
         }
         if (it->len > max || it->len == 0) {
             if (ps->line)
-                snprintf(
-                    err, errlen,
-                    "%s:%d: prompt has %d tokens; data.max_prompt_length is %lld (data.truncation=left|right|middle "
-                    "cuts such prompts, data.filter_overlong_prompts=true drops them)",
-                    name, ps->line, it->len, cfg->data_max_prompt_length);
+                snprintf(err, errlen,
+                         "%s:%d: prompt has %d tokens; " KEY_data_max_prompt_length " is %lld (" KEY_data_truncation
+                         "=left|right|middle "
+                         "cuts such prompts, " KEY_data_filter_overlong_prompts "=true drops them)",
+                         name, ps->line, it->len, cfg->data_max_prompt_length);
             else
-                snprintf(err, errlen, "%s: prompt %d has %d tokens; data.max_prompt_length is %lld", name, i, it->len,
-                         cfg->data_max_prompt_length);
+                snprintf(err, errlen, "%s: prompt %d has %d tokens; " KEY_data_max_prompt_length " is %lld", name, i,
+                         it->len, cfg->data_max_prompt_length);
             s->n++; /* its buffers are freed with the set */
             return -1;
         }
@@ -150,14 +150,14 @@ static int encode_set(const struct grpo_config *cfg, const struct tokenizer *tok
     }
     if (dropped)
         log_info("data",
-                 "%s: %d of %d prompts are longer than data.max_prompt_length (%d tokens): dropped "
-                 "(data.filter_overlong_prompts)",
+                 "%s: %d of %d prompts are longer than " KEY_data_max_prompt_length " (%d tokens): dropped "
+                 "(" KEY_data_filter_overlong_prompts ")",
                  name, dropped, d->n, max);
     if (cut)
-        log_info("data", "%s: %d prompts cut to data.max_prompt_length (%d tokens), data.truncation=%s", name, cut, max,
-                 cfg->data_truncation);
+        log_info("data", "%s: %d prompts cut to " KEY_data_max_prompt_length " (%d tokens), " KEY_data_truncation "=%s",
+                 name, cut, max, cfg->data_truncation);
     if (s->n == 0 && d->n > 0) {
-        snprintf(err, errlen, "%s: every prompt is longer than data.max_prompt_length (%d tokens)", name, max);
+        snprintf(err, errlen, "%s: every prompt is longer than " KEY_data_max_prompt_length " (%d tokens)", name, max);
         return -1;
     }
     return 0;

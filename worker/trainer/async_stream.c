@@ -10,6 +10,7 @@
 #include "common/check.h"
 #include "common/fs.h"
 #include "common/log.h"
+#include "common/config_key_names.h"
 
 /* A unit that reached the trainer: its header, its groups, its place in the stream, its tokens' oldest and newest
  * versions. */
@@ -410,7 +411,7 @@ int astream_load_replay(struct astream *a, const char *path, char *err, size_t e
 {
     FILE *in = fopen(path, "r");
     if (!in)
-        return error_set(err, errlen, "async_training.replay_schedule: %s cannot be read", path);
+        return error_set(err, errlen, KEY_async_replay_schedule ": %s cannot be read", path);
     char *line = NULL;
     size_t n = 0;
     int lineno = 0, cap = 0, rc = 0;

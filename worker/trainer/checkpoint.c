@@ -20,6 +20,7 @@
 #include "worker/model/lora.h"
 #include "worker/model/model_io.h"
 #include "worker/tokenizer/tokenizer.h"
+#include "common/config_key_names.h"
 
 /* A checkpoint directory removed without a shell (fs_remove_tree: links not followed); a failure is logged. */
 static int remove_tree(const char *path)
@@ -446,7 +447,7 @@ int checkpoint_load(const char *dir, struct model *m, struct adamw *opt, struct 
     const bool adapter = access(path, R_OK) == 0;
     if (adapter != (m->lora != NULL))
         return error_set(err, errlen,
-                         "%s/actor holds %s, but this run %s: resume with the same actor_rollout_ref.model.lora_rank "
+                         "%s/actor holds %s, but this run %s: resume with the same " KEY_arr_model_lora_rank " "
                          "as the run that wrote it",
                          dir, adapter ? "a LoRA adapter" : "a whole model", m->lora ? "trains LoRA" : "has no LoRA");
     snprintf(path, sizeof path, "%s/actor", dir);

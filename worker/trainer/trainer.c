@@ -40,7 +40,7 @@
 #include "worker/rewards/reward.h"
 #include "worker/tokenizer/tokenizer.h"
 
-/* Achievable sgemm FLOP/s of this process (all its threads: cpu_sgemm), measured once: MFU's denominator. */
+/* Achievable sgemm FLOP/s of this process (all its threads: khost_sgemm), measured once: MFU's denominator. */
 static double measure_peak_flops(void)
 {
     const int n = 384;
@@ -48,11 +48,11 @@ static double measure_peak_flops(void)
           *c = xcalloc((size_t)n * n, sizeof(float));
     for (int i = 0; i < n * n; i++)
         a[i] = b[i] = (float)(i % 7) * 0.1f;
-    cpu_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n); /* warm */
+    khost_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n); /* warm */
     double best = 0;
     for (int r = 0; r < 3; r++) {
         double t0 = clock_now_s();
-        cpu_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n);
+        khost_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n);
         double dt = clock_now_s() - t0;
         if (dt > 0 && 2.0 * n * n * n / dt > best)
             best = 2.0 * n * n * n / dt;
@@ -101,8 +101,8 @@ static int lock_run_dir(struct trainer *t, char *err, size_t errlen)
         return 0;
     msg.text[sizeof msg.text - 1] = 0;
     return error_set(err, errlen,
-                     "the run directory %s; start this job with another trainer.experiment_name (or "
-                     "trainer.default_local_dir), or end the other",
+                     "the run directory %s; start this job with another " KEY_trainer_experiment_name
+                     " (or " KEY_trainer_default_local_dir "), or end the other",
                      msg.text);
 }
 
@@ -201,9 +201,10 @@ static int device_mp_setup(struct trainer *t, char *err, size_t errlen)
     }
     if (t->lay.gpus_shared)
         return error_set(err, errlen,
-                         "trainer.device=cuda with tensor_model_parallel_size %d and pipeline_model_parallel_size %d: "
+                         KEY_trainer_device
+                         "=cuda with tensor_model_parallel_size %d and pipeline_model_parallel_size %d: "
                          "TP and PP on GPUs run over NCCL, which needs a GPU per trainer rank, and the trainers share "
-                         "fewer GPUs here; give each trainer rank a GPU of its own or set trainer.device=cpu",
+                         "fewer GPUs here; give each trainer rank a GPU of its own or set " KEY_trainer_device "=cpu",
                          t->lay.tp_size, t->lay.pp_size);
     const int dev = t->policy->K->device_index;
     if (t->lay.tp)
@@ -212,12 +213,12 @@ static int device_mp_setup(struct trainer *t, char *err, size_t errlen)
         t->pp_dev = comm_device_group(t->lay.pp, dev);
     t->mp_dev = t->lay.mp == t->lay.tp ? t->tp_dev : comm_device_group(t->lay.mp, dev);
     if ((t->lay.tp && !t->tp_dev) || (t->lay.pp && !t->pp_dev) || !t->mp_dev)
-        return error_set(err, errlen, "trainer.device=cuda with TP or PP: this build has no NCCL");
+        return error_set(err, errlen, KEY_trainer_device "=cuda with TP or PP: this build has no NCCL");
     model_set_groups(t->policy, t->tp_dev, t->pp_dev, t->mp_dev);
     if (t->lay.ep) { /* the experts' all-to-alls from device memory (the counts, host values, go over MPI) */
         t->ep_dev = t->lay.ep == t->lay.mp ? t->mp_dev : comm_device_group(t->lay.ep, dev);
         if (!t->ep_dev)
-            return error_set(err, errlen, "trainer.device=cuda with expert parallelism: this build has no NCCL");
+            return error_set(err, errlen, KEY_trainer_device "=cuda with expert parallelism: this build has no NCCL");
         t->policy->sh.ep = t->ep_dev;
         if (lead(t))
             log_info("trainer", "EP %d on GPUs: the experts' dispatch and combine over NCCL, in device memory",
@@ -244,7 +245,7 @@ static void overlap_setup(struct trainer *t)
     if (lead(t))
         log_info("trainer",
                  "DP gradients all-reduced in %d bucket(s) of up to %zu parameters while the backward goes on "
-                 "(actor_rollout_ref.actor.megatron.override_ddp_config.overlap_grad_reduce)",
+                 "(" KEY_actor_ddp_overlap_grad_reduce ")",
                  grad_reducer_buckets(t->overlap), grad_reducer_largest(t->overlap));
 }
 
@@ -698,8 +699,9 @@ static int ep_refusals(const struct trainer *t, char *err, size_t errlen)
     const long long ep = t->lay.ep_size;
     if (c->trainer_sft_warmup_steps > 0) /* its step sums no gradient over DP: every rank runs every answer */
         return error_set(err, errlen,
-                         "actor_rollout_ref.actor.megatron.expert_model_parallel_size %lld with "
-                         "trainer.sft_warmup_steps %lld: the supervised warm-start runs without expert parallelism "
+                         KEY_actor_megatron_expert_model_parallel_size
+                         " %lld with " KEY_trainer_sft_warmup_steps
+                         " %lld: the supervised warm-start runs without expert parallelism "
                          "for now; warm-start in a run of its own and resume from its checkpoint with EP",
                          ep, (long long)c->trainer_sft_warmup_steps);
     return 0;
@@ -855,7 +857,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     if (t->corr.bypass)
         t->loss.bypass = &t->corr;
     if (cfg->trainer_num_threads > 0)
-        cpu_set_threads((int)cfg->trainer_num_threads);
+        khost_set_threads((int)cfg->trainer_num_threads);
     if (resolve_micro_batches(t, err, errlen) != 0)
         goto fail;
 
@@ -865,8 +867,8 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     if (!model_path || !*model_path) {
         if (model_bundled_path(bundled, sizeof bundled) != 0) {
             error_set(err, errlen,
-                      "actor_rollout_ref.model.path is empty and the bundled model is not in %s "
-                      "(fetch it with scripts/fetch_model.sh)",
+                      KEY_arr_model_path " is empty and the bundled model is not in %s "
+                                         "(fetch it with scripts/fetch_model.sh)",
                       bundled);
             goto fail;
         }
@@ -874,12 +876,12 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     }
     char kern[256];
     if (lead(t))
-        log_info("trainer", "kernels: %s", blas_kernels(kern, sizeof kern));
-    if (lead(t) && blas_kernels_better())
+        log_info("trainer", "kernels: %s", khost_blas_kernels(kern, sizeof kern));
+    if (lead(t) && khost_blas_kernels_better())
         log_warn("trainer",
                  "OPENBLAS_CORETYPE=%s names older kernels than this CPU runs (%s, about 2x faster GEMMs where "
                  "measured: docs/results/performance.md); unset it to let the kernels be chosen for the CPU",
-                 getenv("OPENBLAS_CORETYPE"), blas_kernels_better());
+                 getenv("OPENBLAS_CORETYPE"), khost_blas_kernels_better());
     log_info("trainer", "loading %s", model_path);
     t->policy = model_load(model_path, err, errlen);
     if (!t->policy)
@@ -899,8 +901,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     t->policy->moe_replay = strcmp(cfg->actor_router_replay_mode, "R3") == 0;
     if (!t->policy->cfg.n_experts && (t->policy->moe_replay || cfg->rollout_enable_routing_replay)) {
         snprintf(err, errlen, "%s: routing replay needs a mixture-of-experts model; %s is dense (no router)",
-                 t->policy->moe_replay ? "actor_rollout_ref.actor.router_replay.mode=R3"
-                                       : "actor_rollout_ref.rollout.enable_rollout_routing_replay=true",
+                 t->policy->moe_replay ? KEY_actor_router_replay_mode "=R3" : KEY_rollout_enable_routing_replay "=true",
                  model_path);
         goto fail;
     }
@@ -959,9 +960,10 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     }
     model_set_activation_offload(t->policy, cfg->arr_model_enable_activation_offload);
     if (cfg->arr_model_enable_activation_offload && !cfg->arr_model_enable_gradient_checkpointing && lead(t))
-        log_warn("trainer", "actor_rollout_ref.model.enable_activation_offload=true acts with "
-                            "enable_gradient_checkpointing=true (it offloads the layer inputs checkpointing keeps); "
-                            "without it every activation stays on the device");
+        log_warn("trainer", KEY_arr_model_enable_activation_offload
+                 "=true acts with "
+                 "enable_gradient_checkpointing=true (it offloads the layer inputs checkpointing keeps); "
+                 "without it every activation stays on the device");
     if (lora_attach_config(t->policy, cfg, model_path, err, errlen) != 0)
         goto fail;
     char targets[128], moe[192];
@@ -981,7 +983,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
 
     /* data and scorers */
     char *tools = NULL; /* multi-turn rollouts: the tools' schemas, rendered into the tool agents' prompts */
-    if (rollout_tools_json(cfg, &tools, err, errlen) != 0)
+    if (gen_tools_json(cfg, &tools, err, errlen) != 0)
         goto fail;
     const int loaded = prompt_sets_load(cfg, t->tok, tools, &t->train, &t->val, err, errlen);
     free(tools);
@@ -990,11 +992,11 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     t->reward = reward_create(cfg, err, errlen);
     if (!t->reward)
         goto fail;
-    rollout_ctx_init(&t->rc, cfg, t->policy, t->tok, t->reward);
+    gen_ctx_init(&t->rc, cfg, t->policy, t->tok, t->reward);
     /* the reward model, where this process generates: one process, or the trainers that validate */
-    if (t->lay.dp_rank == 0 && rollout_ctx_load_reward_model(&t->rc, err, errlen) != 0)
+    if (t->lay.dp_rank == 0 && gen_ctx_load_reward_model(&t->rc, err, errlen) != 0)
         goto fail;
-    if (rollout_ctx_load_env(&t->rc, err, errlen) != 0)
+    if (gen_ctx_load_env(&t->rc, err, errlen) != 0)
         goto fail;
     const bool rules = !cfg->rm_enable || cfg->rm_rule_reward_weight != 0; /* a reward model alone needs none */
     for (int i = 0; rules && i < t->train.n; i++)
@@ -1028,11 +1030,11 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         t->edp_dev = comm_device_group(t->lay.edp, t->policy->K->device_index);
     t->share_prompts = cfg->actor_shared_prompt_packing && !on_device(t) && !t->policy->sh.ring;
     if (cfg->actor_shared_prompt_packing && t->policy->sh.ring && lead(t))
-        log_info("trainer", "context parallelism packs every sequence whole (ring attention has no shared prompts; "
-                            "actor_rollout_ref.actor.shared_prompt_packing does not apply)");
+        log_info("trainer", "context parallelism packs every sequence whole (ring attention has no shared "
+                            "prompts; " KEY_actor_shared_prompt_packing " does not apply)");
     if (cfg->actor_shared_prompt_packing && on_device(t) && lead(t))
         log_info("trainer", "shared-prompt packing has no CUDA kernel yet: every sequence is packed whole on the "
-                            "GPU (actor_rollout_ref.actor.shared_prompt_packing applies on the CPU)");
+                            "GPU (" KEY_actor_shared_prompt_packing " applies on the CPU)");
 
     /* run directory and resume */
     snprintf(t->run_dir, sizeof t->run_dir, "%s/%s/%s", cfg->trainer_default_local_dir, cfg->trainer_project_name,
@@ -1084,7 +1086,8 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         struct comm *edp = t->edp_dev ? t->edp_dev : t->lay.edp;
         if (on_device(t) && (!zg_dev || (t->lay.edp && comm_size(t->lay.edp) > 1 && !t->edp_dev))) {
             error_set(err, errlen,
-                      "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true with trainer.device=cuda: "
+                      KEY_actor_megatron_use_distributed_optimizer
+                      "=true with " KEY_trainer_device "=cuda: "
                       "ZeRO-1 on GPUs runs over NCCL, which needs a GPU per trainer rank, and %d %s ranks share "
                       "fewer GPUs here; give each trainer rank a GPU of its own or set it to false",
                       comm_size(zg), t->lay.grads ? "DP x CP" : "DP");
@@ -1128,8 +1131,8 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     if (lead(t) && skipped[0]) {
         char *save = NULL;
         for (char *s = strtok_r(skipped, ", ", &save); s; s = strtok_r(NULL, ", ", &save))
-            log_info("trainer", "trainer.logger: %s skipped (no %s client here); metrics go to %s/metrics.jsonl", s, s,
-                     t->run_dir);
+            log_info("trainer", KEY_trainer_logger ": %s skipped (no %s client here); metrics go to %s/metrics.jsonl",
+                     s, s, t->run_dir);
     }
     if (lead(t) && metrics_logger_open(&t->logger, t->run_dir, sinks, (long)t->st.total_steps,
                                        resume[0] ? (long)t->st.global_step : -1, cfg->trainer_experiment_name) != 0) {
@@ -1183,7 +1186,7 @@ void trainer_free(struct trainer *t)
         comm_free(t->pp_dev);
     if (t->host_params)
         karena_release(&t->host_stage);
-    rollout_ctx_release(&t->rc);
+    gen_ctx_release(&t->rc);
     if (t->reward)
         reward_free(t->reward);
     if (t->cursor_open)
@@ -1198,7 +1201,7 @@ const char *trainer_failure(const struct trainer *t) { return t->failure; }
 struct model *trainer_policy(struct trainer *t) { return t->policy; }
 const struct prompt_set *trainer_prompts(const struct trainer *t) { return &t->train; }
 const struct prompt_set *trainer_val_prompts(const struct trainer *t) { return &t->val; }
-const struct rollout_ctx *trainer_rollout_ctx(const struct trainer *t) { return &t->rc; }
+const struct gen_ctx *trainer_rollout_ctx(const struct trainer *t) { return &t->rc; }
 
 void trainer_cursor(const struct trainer *t, int64_t *epoch, int64_t *index)
 {

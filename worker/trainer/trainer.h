@@ -18,7 +18,7 @@ struct comm;
 struct step_batch;
 struct model;
 struct prompt_set;
-struct rollout_ctx;
+struct gen_ctx;
 
 /* What a safe point asks the trainer to do. */
 enum trainer_action { TRAINER_CONTINUE = 0, TRAINER_CHECKPOINT = 1, TRAINER_STOP = 2 };
@@ -187,7 +187,7 @@ void trainer_set_cursor(struct trainer *t, int64_t epoch, int64_t index);
 struct model *trainer_policy(struct trainer *t);
 /* The trainer's generation context (its policy, tokenizer, scorers; the reward model on DP rank 0): colocated
  * ranks generate with a copy of it. */
-const struct rollout_ctx *trainer_rollout_ctx(const struct trainer *t);
+const struct gen_ctx *trainer_rollout_ctx(const struct trainer *t);
 /* The training prompts (a data-plane batch is checked against them). */
 const struct prompt_set *trainer_prompts(const struct trainer *t);
 /* The validation prompts. */

@@ -40,7 +40,7 @@ struct trainer {
     int micro_actor, micro_old, micro_ref;
     struct metrics_logger logger; /* JSONL, TensorBoard, console, SVG chart (with the run's history) */
     bool logger_open;
-    struct rollout_ctx rc;     /* generation and scoring with the policy (hybrid steps, validation) */
+    struct gen_ctx rc;         /* generation and scoring with the policy (hybrid steps, validation) */
     struct trainer_layout lay; /* this rank in the trainers' DP group */
     /* trainer.device=cuda beside other ranks: lay.dp's NCCL twin for the gradients (a GPU per DP rank; NULL when
      * they share GPUs), and pinned host memory of the trainable parameters' size (held in host_stage) for what

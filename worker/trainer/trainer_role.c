@@ -151,19 +151,33 @@ static bool decides_later(const struct trainer_rank *r) { return r->pull && r->e
 
 /* Take one message off the socket into pending (checked, de-duplicated). 1 if a batch was kept, 0 if none came
  * or it was dropped, -1 on a socket error. */
-static int receive_one(struct trainer_rank *r, int64_t k, int timeout_ms)
+/* One message off the socket (*buf, *len: the caller frees it with dataplane_msg_free), unpacked into p under
+ * r->lim: 1 with *rc the unpacking's status (err says why it failed), 0 when none came, -1 on a socket error
+ * (logged). */
+static int receive_batch(struct trainer_rank *r, int timeout_ms, struct pending *p, int *rc, void **buf, size_t *len,
+                         char *err, size_t errlen)
 {
-    void *buf;
-    size_t len;
-    char err[1024];
-    int got = dataplane_recv(r->pull, timeout_ms, &buf, &len, err, sizeof err);
+    int got = dataplane_recv(r->pull, timeout_ms, buf, len, err, errlen);
     if (got <= 0) {
         if (got < 0)
             log_error("dataplane", "%s", err);
         return got;
     }
-    struct pending p = {0};
-    int rc = wire_unpack_batch(buf, len, &r->lim, &p.h, &p.b, err, sizeof err);
+    *p = (struct pending){0};
+    *rc = wire_unpack_batch(*buf, *len, &r->lim, &p->h, &p->b, err, errlen);
+    return 1;
+}
+
+static int receive_one(struct trainer_rank *r, int64_t k, int timeout_ms)
+{
+    char err[1024];
+    struct pending p;
+    void *buf;
+    size_t len;
+    int rc = 0;
+    int got = receive_batch(r, timeout_ms, &p, &rc, &buf, &len, err, sizeof err);
+    if (got <= 0)
+        return got;
     /* only the steps the dispatcher can have granted: version k - 1 is published, which opens steps up to
      * k + staleness (dispatch.h); anything later is not kept, whoever sent it */
     const int64_t last = k + r->env->staleness;
@@ -433,18 +447,15 @@ static const int *chunk_uids(struct trainer_rank *r, int64_t j)
  * 1 if a unit arrived, 0 if none came or it was dropped, -1 on a socket error. */
 static int async_receive_one(struct trainer_rank *r, int timeout_ms)
 {
+    char err[1024];
+    struct pending p;
+    int rc = 0;
     void *buf;
     size_t len;
-    char err[1024];
-    int got = dataplane_recv(r->pull, timeout_ms, &buf, &len, err, sizeof err);
-    if (got <= 0) {
-        if (got < 0)
-            log_error("dataplane", "%s", err);
-        return got;
-    }
-    struct pending p = {0};
     r->lim.max_version = r->published;
-    int rc = wire_unpack_batch(buf, len, &r->lim, &p.h, &p.b, err, sizeof err);
+    int got = receive_batch(r, timeout_ms, &p, &rc, &buf, &len, err, sizeof err);
+    if (got <= 0)
+        return got;
     dataplane_msg_free(buf);
     uint64_t *reason = &r->drop_invalid;
     if (rc == 0 && p.h.step > r->chunks_drawn + 1000000) {
@@ -1026,7 +1037,7 @@ static void trainer_ready(void *ud, struct trainer *t)
         dispatcher_broadcast_on(r->disp, DISPATCH_RENDEZVOUS_S);
         log_info("trainer",
                  "policy versions go to the %d rollout process(es) of the launch in a broadcast "
-                 "(actor_rollout_ref.rollout.weight_sync=broadcast)",
+                 "(" KEY_rollout_weight_sync "=broadcast)",
                  comm_size(r->env->weight_group) - 1);
     }
     if (r->start < trainer_total_steps(t))

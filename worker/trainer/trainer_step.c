@@ -59,8 +59,9 @@ static int count_skipped(const struct trainer *t, int64_t k, bool all_skipped, d
     if (limit <= 0 || g_skipped.run < limit)
         return 0;
     log_error("trainer",
-              "step %lld: %lld consecutive steps skipped their optimizer step for a non-finite gradient norm (%g), "
-              "trainer.max_consecutive_skipped_steps = %lld: the weights or the data have gone bad (NaN or "
+              "step %lld: %lld consecutive steps skipped their optimizer step for a non-finite gradient norm "
+              "(%g), " KEY_trainer_max_consecutive_skipped_steps
+              " = %lld: the weights or the data have gone bad (NaN or "
               "infinite values); ending the run",
               (long long)k, g_skipped.run, grad_norm, limit);
     return -1;
@@ -333,7 +334,7 @@ int trainer_sft_step(struct trainer *t, int64_t k, struct metrics *m)
     free(prompts);
     if (n == 0) {
         free(seqs), free(idx);
-        log_error("trainer", "trainer.sft_warmup_steps needs reference answers; this dataset has none");
+        log_error("trainer", KEY_trainer_sft_warmup_steps " needs reference answers; this dataset has none");
         return -1;
     }
     /* maximise mean token log-likelihood: dL/dlogp = -1/T over the answer tokens */
@@ -398,13 +399,13 @@ void trainer_validate(struct trainer *t, struct metrics *m)
         model_shard_gather(p, host ? host : p->w.mem, whole ? whole->w.mem : NULL, 0);
         free(host);
         if (whole) {
-            struct rollout_ctx rc = t->rc;
+            struct gen_ctx rc = t->rc;
             rc.policy = whole;
-            rollout_validate(&rc, &t->val, seed, m);
+            gen_validate(&rc, &t->val, seed, m);
             model_free(whole);
         }
     } else {
-        rollout_validate(&t->rc, &t->val, seed, m);
+        gen_validate(&t->rc, &t->val, seed, m);
     }
 }
 
@@ -425,8 +426,8 @@ int trainer_hybrid_batch(void *ctx, int64_t k, struct step_batch *b, struct step
         trainer_phase(t, GRPO__PHASE__PHASE_GEN);
         trainer_draw_prompts(t, prompts, uids, G);
         drawn += G;
-        rollout_generate_and_score(&t->rc, prompts, uids, G, 0, &sp, n, trainer_step_seed(t->st.seed, k, (uint64_t)r),
-                                   b, &tm->gen, &tm->reward);
+        gen_generate_and_score(&t->rc, prompts, uids, G, 0, &sp, n, trainer_step_seed(t->st.seed, k, (uint64_t)r), b,
+                               &tm->gen, &tm->reward);
         if (!c->alg_filter_groups_enable)
             break;
         step_batch_filter_groups(b, step_filter_metric_from_name(c->alg_filter_groups_metric));
@@ -484,7 +485,7 @@ static void measure_rollouts(struct trainer *t, const struct step_batch *b, stru
     out->clipped = all[1];
     out->prompt_tokens = all[2];
     out->tokens = (double)(long long)all[3];
-    out->multi_turn = rollout_multi_turn(c);
+    out->multi_turn = gen_multi_turn(c);
     if (out->multi_turn) {
         double mt[11] = {0};
         for (int i = 0; i < b->n_seq; i++) {

@@ -1,4 +1,4 @@
-#include "generate.h"
+#include "model_generate.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +34,7 @@ static bool push_token(const struct gen_params *gp, struct gen_output *o, int32_
     return o->len >= gp->max_new_tokens;
 }
 
-bool gen_output_finished(const struct gen_output *o, int max_new_tokens)
+bool model_gen_output_finished(const struct gen_output *o, int max_new_tokens)
 {
     return o->stopped || o->len >= max_new_tokens;
 }
@@ -51,8 +51,8 @@ static bool may_go(const struct gen_params *gp, const struct gen_output *o, int 
     return !gp->pause_at || gp->pause_at[i] < 0 || o->len < gp->pause_at[i];
 }
 
-int generate_phase(struct model *m, const int32_t *const *prompts, const int *prompt_lens, int n_prompts,
-                   const struct gen_params *gp, struct gen_output *out)
+int model_generate_phase(struct model *m, const int32_t *const *prompts, const int *prompt_lens, int n_prompts,
+                         const struct gen_params *gp, struct gen_output *out)
 {
     const int V = m->cfg.vocab_size, n = gp->n_samples;
     /* a whole group must fit; more slots than sequences would only hold idle KV caches (max_num_seqs is a bound,
@@ -83,7 +83,7 @@ int generate_phase(struct model *m, const int32_t *const *prompts, const int *pr
         }
     int unfinished = 0;
     for (int i = 0; i < n_prompts * n; i++)
-        unfinished += !gen_output_finished(&out[i], gp->max_new_tokens);
+        unfinished += !model_gen_output_finished(&out[i], gp->max_new_tokens);
     if (gp->max_new_tokens <= 0 || unfinished == 0)
         return 0;
     /* the admissions in order: a group none of whose samples has a token starts whole; the unfinished samples of
@@ -99,7 +99,7 @@ int generate_phase(struct model *m, const int32_t *const *prompts, const int *pr
             continue;
         }
         for (int s = 0; s < n; s++)
-            if (!gen_output_finished(&out[p * n + s], gp->max_new_tokens))
+            if (!model_gen_output_finished(&out[p * n + s], gp->max_new_tokens))
                 items[n_items++] = (struct item){p, s};
     }
     struct slot *slots = xcalloc((size_t)max_batch, sizeof *slots);
@@ -258,17 +258,17 @@ int generate_phase(struct model *m, const int32_t *const *prompts, const int *pr
     return unfinished;
 }
 
-void generate(struct model *m, const int32_t *const *prompts, const int *prompt_lens, int n_prompts,
-              const struct gen_params *gp, struct gen_output *out)
+void model_generate(struct model *m, const int32_t *const *prompts, const int *prompt_lens, int n_prompts,
+                    const struct gen_params *gp, struct gen_output *out)
 {
     struct gen_params whole = *gp; /* to the end, in one call */
     whole.resume = false;
     whole.pause_at = NULL;
     whole.should_pause = NULL;
-    generate_phase(m, prompts, prompt_lens, n_prompts, &whole, out);
+    model_generate_phase(m, prompts, prompt_lens, n_prompts, &whole, out);
 }
 
-void gen_output_free(struct gen_output *o)
+void model_gen_output_free(struct gen_output *o)
 {
     free(o->tokens);
     free(o->logps);

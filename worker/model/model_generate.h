@@ -43,7 +43,7 @@ struct gen_output {
      * that went through the model (the prompt's, then each sampled token fed back), else NULL */
     uint16_t *routes;
     /* multi-turn generation (worker/gen/multi_turn.h): (len) 1 for a token the model sampled, 0 for one an
-     * environment put in (its log-prob is 0); NULL from generate() (every token sampled) */
+     * environment put in (its log-prob is 0); NULL from model_generate() (every token sampled) */
     uint8_t *mask;
 };
 
@@ -51,15 +51,15 @@ struct gen_output {
  * gen_output_free). Sample s of prompt p draws from its own RNG stream (seed, first_stream + p * n_samples + s): the
  * same settings give bit-identical results, and a different max_batch changes only GEMM rounding. Optional progress
  * callback after each decode step. */
-void generate(struct model *m, const int32_t *const *prompts, const int *prompt_lens, int n_prompts,
-              const struct gen_params *gp, struct gen_output *out);
-/* generate(), in phases: returns the sequences left unfinished (paused by pause_at or should_pause; 0: every one
+void model_generate(struct model *m, const int32_t *const *prompts, const int *prompt_lens, int n_prompts,
+                    const struct gen_params *gp, struct gen_output *out);
+/* model_generate(), in phases: returns the sequences left unfinished (paused by pause_at or should_pause; 0: every one
  * ended on a stop token or the length limit). A later call with gp->resume continues them. Given the same state and
  * pauses, the same tokens come out, bit for bit. */
-int generate_phase(struct model *m, const int32_t *const *prompts, const int *prompt_lens, int n_prompts,
-                   const struct gen_params *gp, struct gen_output *out);
+int model_generate_phase(struct model *m, const int32_t *const *prompts, const int *prompt_lens, int n_prompts,
+                         const struct gen_params *gp, struct gen_output *out);
 /* Whether sequence o, of at most max_new_tokens, is finished. */
-bool gen_output_finished(const struct gen_output *o, int max_new_tokens);
-void gen_output_free(struct gen_output *o);
+bool model_gen_output_finished(const struct gen_output *o, int max_new_tokens);
+void model_gen_output_free(struct gen_output *o);
 
 #endif
