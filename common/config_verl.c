@@ -313,9 +313,6 @@ static const struct verl_key g_verl[] = {
     /* verl v0.9: the actor and the reference */
     NOTED("actor_rollout_ref.actor.entropy_from_logits_chunk_size", CHUNKS),
     NOTED("actor_rollout_ref.actor.pad_to_length", PAD_BUCKET),
-    NOTED("actor_rollout_ref.actor.use_rollout_log_probs",
-          "verl v0.9 reads no such switch: the sampler's log-probs are the old policy's with "
-          "algorithm.rollout_correction.bypass_mode=true"),
     NOTED("actor_rollout_ref.actor.megatron.dist_ckpt_optim_fully_reshardable", CKPT),
     NOTED("actor_rollout_ref.actor.megatron.distrib_optim_fully_reshardable_mem_efficient", CKPT),
     OFF_ONLY("actor_rollout_ref.actor.megatron.dynamic_context_parallel", "false",

@@ -39,6 +39,10 @@ struct vocab_shard {
     /* the forward's entropy output gets sum_j p_j^2 (the sum of the squared probabilities over the vocabulary,
      * verl's sum_pi_squared) instead of the entropy; the backward takes no dentropy then */
     bool sum_pi_sq;
+    /* batch-invariant mode under TP (NULL: none): gather's all (shards x n) gets every rank's n floats of mine, in
+     * rank order; shard r holds rows [V r / shards, V (r + 1) / shards) */
+    void (*gather)(void *ud, const float *mine, float *all, size_t n);
+    int shards;
 };
 
 /* Mixture-of-experts routing and expert buffers of one layer for N tokens, E experts, k of them per token, hidden D,
@@ -139,6 +143,10 @@ struct kops {
                            int Dout);
     void (*linear_backward)(struct kctx *K, float *dx, float *dW, float *db, const float *dy, const float *x,
                             const float *W, int N, int Din, int Dout);
+    /* batch-invariant mode's product of a block of columns: x's rows ldx floats apart, W's ldw, no bias (NULL: the
+     * back-end has none) */
+    void (*linear_forward_ld)(struct kctx *K, float *y, const float *x, int ldx, const float *W, int ldw, int N,
+                              int Din, int Dout);
     void (*rope_forward)(struct kctx *K, float *x, const int32_t *pos, int N, int H, int hd, const double *inv_freq);
     void (*rope_backward)(struct kctx *K, float *dx, const int32_t *pos, int N, int H, int hd, const double *inv_freq);
     /* prefix_of: NULL or (B) host entries, as in kernels/cpu/cpu_kernels.h (shared-prompt packing) */
@@ -228,6 +236,13 @@ struct kctx {
     void *impl;   /* the back-end's own state */
     struct kmem_stats mem;
 };
+
+/* Batch-invariant mode (docs/training.md, "Batch-invariant mode"; actor_rollout_ref.model.batch_invariant): the CPU
+ * back-end's forward kernels (products, attention, the LM head's log-probs, the sampler's log-prob) take paths whose
+ * per-row reductions run in one fixed order whatever the batch's rows, positions and padding, so that generation's
+ * log-probs are the trainer's bit for bit. Process-wide; the CUDA back-end does not read it. */
+void k_set_batch_invariant(bool on);
+bool k_batch_invariant(void);
 
 /* The process's CPU context (fp32 GEMMs): what a model gets unless it is given another. */
 struct kctx *kctx_cpu(void);
@@ -332,6 +347,11 @@ static inline void k_linear_forward(struct kctx *K, float *y, const float *x, co
                                     int Din, int Dout)
 {
     K->ops->linear_forward(K, y, x, W, b, N, Din, Dout);
+}
+static inline void k_linear_forward_ld(struct kctx *K, float *y, const float *x, int ldx, const float *W, int ldw,
+                                       int N, int Din, int Dout)
+{
+    K->ops->linear_forward_ld(K, y, x, ldx, W, ldw, N, Din, Dout);
 }
 static inline void k_linear_backward(struct kctx *K, float *dx, float *dW, float *db, const float *dy, const float *x,
                                      const float *W, int N, int Din, int Dout)

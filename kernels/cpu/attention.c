@@ -49,12 +49,57 @@ static int max_seqlen(const char *who, const int32_t *cu, int B)
     return m;
 }
 
+#define MULTI_TARGET __attribute__((target_clones("avx512f", "avx2", "default")))
+
+/* One query row (a decode step) of one head against keys 0..nk-1: the scores as dot products in 8 interleaved
+ * partial sums and the output as a weighted sum of v's rows, in loops the compiler runs as SIMD lanes. sgemm on a
+ * 1 x nk x hd product spent more in packing its operands than in the products: 18% of a decode step at batch 32
+ * went to OpenBLAS for these (perf, docs/results/performance.md). S: nk floats. lse (NULL: not wanted) gets the
+ * row's log-sum-exp. In batch-invariant mode every query row, of a decode step, a prefill or a training forward,
+ * goes through here: its bits depend on its own query and keys only. */
+MULTI_TARGET static void head_decode(float *out, float *lse, const float *q, const float *k, const float *v, int ldk,
+                                     int nk, int hd, float scale, float *S)
+{
+    for (int j = 0; j < nk; j++) {
+        const float *kj = k + (size_t)j * ldk;
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int d = 0;
+        for (; d + 8 <= hd; d += 8)
+            for (int l = 0; l < 8; l++)
+                acc[l] += q[d + l] * kj[d + l];
+        for (; d < hd; d++)
+            acc[d & 7] += q[d] * kj[d];
+        S[j] = scale * (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])));
+    }
+    float m = S[0];
+    for (int j = 1; j < nk; j++)
+        m = S[j] > m ? S[j] : m;
+    vec_exp_shifted(S, S, (size_t)nk, m);
+    const double sum = row_sum(S, nk);
+    const float inv = (float)(1.0 / sum);
+    if (lse)
+        *lse = (float)(m + log(sum));
+    for (int d = 0; d < hd; d++)
+        out[d] = 0.0f;
+    for (int j = 0; j < nk; j++) {
+        const float p = S[j] * inv, *vj = v + (size_t)j * ldk;
+        for (int d = 0; d < hd; d++)
+            out[d] += p * vj[d];
+    }
+}
+
 /* One query head over one sequence. Query row i (0..Tq-1) sits at position q_off + i and sees keys
  * 0..q_off+i. q and out rows are ldq floats apart, k and v rows ldk apart, lse entries ld_lse apart
  * (lse may be NULL). S: scratch of ATTN_BLOCK * (q_off + Tq) floats. */
 static void head_forward(float *out, float *lse, int ld_lse, const float *q, int ldq, const float *k, const float *v,
                          int ldk, int Tq, int q_off, int hd, float scale, float *S)
 {
+    if (k_batch_invariant()) { /* one row at a time, as a decode step takes it */
+        for (int i = 0; i < Tq; i++)
+            head_decode(out + (size_t)i * ldq, lse ? lse + (size_t)i * ld_lse : NULL, q + (size_t)i * ldq, k, v, ldk,
+                        q_off + i + 1, hd, scale, S);
+        return;
+    }
     for (int r0 = 0; r0 < Tq; r0 += ATTN_BLOCK) {
         int nb = imin(ATTN_BLOCK, Tq - r0), nk = q_off + r0 + nb;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, nk, hd, scale, q + (size_t)r0 * ldq, ldq, k, ldk, 0.0f,
@@ -77,40 +122,6 @@ static void head_forward(float *out, float *lse, int ld_lse, const float *q, int
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, hd, nk, 1.0f, S, nk, v, ldk, 0.0f,
                     out + (size_t)r0 * ldq, ldq);
-    }
-}
-
-#define MULTI_TARGET __attribute__((target_clones("avx512f", "avx2", "default")))
-
-/* One query row (a decode step) of one head against keys 0..nk-1: the scores as dot products in 8 interleaved
- * partial sums and the output as a weighted sum of v's rows, in loops the compiler runs as SIMD lanes. sgemm on a
- * 1 x nk x hd product spent more in packing its operands than in the products: 18% of a decode step at batch 32
- * went to OpenBLAS for these (perf, docs/results/performance.md). S: nk floats. */
-MULTI_TARGET static void head_decode(float *out, const float *q, const float *k, const float *v, int ldk, int nk,
-                                     int hd, float scale, float *S)
-{
-    for (int j = 0; j < nk; j++) {
-        const float *kj = k + (size_t)j * ldk;
-        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        int d = 0;
-        for (; d + 8 <= hd; d += 8)
-            for (int l = 0; l < 8; l++)
-                acc[l] += q[d + l] * kj[d + l];
-        for (; d < hd; d++)
-            acc[d & 7] += q[d] * kj[d];
-        S[j] = scale * (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])));
-    }
-    float m = S[0];
-    for (int j = 1; j < nk; j++)
-        m = S[j] > m ? S[j] : m;
-    vec_exp_shifted(S, S, (size_t)nk, m);
-    const float inv = (float)(1.0 / row_sum(S, nk));
-    for (int d = 0; d < hd; d++)
-        out[d] = 0.0f;
-    for (int j = 0; j < nk; j++) {
-        const float p = S[j] * inv, *vj = v + (size_t)j * ldk;
-        for (int d = 0; d < hd; d++)
-            out[d] += p * vj[d];
     }
 }
 
@@ -364,7 +375,8 @@ static void cached_part(void *arg, int part, int parts)
     for (int h; (h = j->next++) < j->units;) {
         size_t ko = (size_t)(h / group) * hd;
         if (Tq == 1) /* a decode step */
-            head_decode(j->out + (size_t)h * hd, j->q + (size_t)h * hd, j->k + ko, j->v + ko, ldk, Tk, hd, scale, S);
+            head_decode(j->out + (size_t)h * hd, NULL, j->q + (size_t)h * hd, j->k + ko, j->v + ko, ldk, Tk, hd, scale,
+                        S);
         else
             head_forward(j->out + (size_t)h * hd, NULL, 0, j->q + (size_t)h * hd, ldq, j->k + ko, j->v + ko, ldk, Tq,
                          Tk - Tq, hd, scale, S);

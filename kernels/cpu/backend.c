@@ -67,9 +67,21 @@ static void cpu_embedding_backward(struct kctx *K, float *dtable, const float *d
     (void)K;
     embedding_backward_shard(dtable, dout, ids, N, D, vs);
 }
+/* Batch-invariant mode (kernels.h): process-wide, set once from the configuration. */
+static bool g_batch_invariant;
+void k_set_batch_invariant(bool on) { g_batch_invariant = on; }
+bool k_batch_invariant(void) { return g_batch_invariant; }
+
 static void cpu_linear_forward(struct kctx *K, float *y, const float *x, const float *W, const float *b, int N, int Din,
                                int Dout)
 {
+    if (g_batch_invariant) { /* every M through the fixed-order kernel, fp32 also in a BF16 context */
+        linear_forward_bi(y, x, Din, W, Din, N, Din, Dout);
+        if (b)
+            for (int i = 0; i < N; i++)
+                vec_add_inplace(y + (size_t)i * Dout, b, (size_t)Dout);
+        return;
+    }
     /* A decode step's few rows stay fp32 in a BF16 context: the few-row kernel reads the fp32 weights once, while
      * the BF16 product would first round all of them (a decode step at batch 8 ran at 256 tokens/s so, against 348
      * in fp32 on Zen 5; docs/results/performance.md). */
@@ -85,6 +97,12 @@ static void cpu_linear_backward(struct kctx *K, float *dx, float *dW, float *db,
         linear_backward_bf16(dx, dW, db, dy, x, W, N, Din, Dout);
     else
         linear_backward(dx, dW, db, dy, x, W, N, Din, Dout);
+}
+static void cpu_linear_forward_ld(struct kctx *K, float *y, const float *x, int ldx, const float *W, int ldw, int N,
+                                  int Din, int Dout)
+{
+    (void)K;
+    linear_forward_bi(y, x, ldx, W, ldw, N, Din, Dout);
 }
 static void cpu_rope_forward(struct kctx *K, float *x, const int32_t *pos, int N, int H, int hd, const double *inv_freq)
 {
@@ -176,6 +194,9 @@ static void cpu_sample(struct kctx *K, int32_t *tokens, float *logps, const floa
     (void)K;
     for (int b = 0; b < B; b++)
         tokens[b] = sample_row(logits + (size_t)b * V, V, temperature, top_p, top_k, uniforms[b], &logps[b]);
+    if (g_batch_invariant) /* the trainer's function of the same row */
+        for (int b = 0; b < B; b++)
+            logps[b] = logprob_row_bi(logits + (size_t)b * V, V, temperature, tokens[b]);
 }
 static void cpu_adamw(struct kctx *K, float *p, const float *g, float *m, float *v, size_t n, double lr, double beta1,
                       double beta2, double eps, double weight_decay, int64_t t)
@@ -240,6 +261,7 @@ const struct kops kops_cpu = {
     .embedding_forward = cpu_embedding_forward,
     .embedding_backward = cpu_embedding_backward,
     .linear_forward = cpu_linear_forward,
+    .linear_forward_ld = cpu_linear_forward_ld,
     .linear_backward = cpu_linear_backward,
     .rope_forward = cpu_rope_forward,
     .rope_backward = cpu_rope_backward,

@@ -52,6 +52,15 @@ bool skinny_force_isa(enum skinny_isa isa);
 const char *skinny_isa_name(enum skinny_isa isa);
 bool skinny_wanted(int M, int K);
 void linear_forward_skinny(float *y, const float *x, const float *W, int M, int K, int N);
+/* Batch-invariant mode's product (docs/training.md): y (M, N) = x (M, K) W^T, x's rows ldx floats apart and W's ldw,
+ * every M through the few-row kernels (without AVX2 a plain loop): y[m][n]'s bits depend on x[m], W[n], K and the
+ * ISA only, never on M, the row's place or the threads. */
+/* Batch-invariant mode (kernels.h k_set_batch_invariant): the forward kernels below take their fixed-order paths. */
+bool k_batch_invariant(void);
+void linear_forward_bi(float *y, const float *x, int ldx, const float *W, int ldw, int M, int K, int N);
+/* Batch-invariant mode's log-probability of token tok in a row of V logits at temperature (0: 1): the sampler's
+ * and the trainer's, the same function of the row's bits. */
+float logprob_row_bi(const float *logits, int V, float temperature, int tok);
 void linear_backward(float *dx, float *dW, float *db, const float *dy, const float *x, const float *W, int N, int Din,
                      int Dout);
 

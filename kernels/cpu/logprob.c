@@ -6,6 +6,7 @@
  * target logits (sum). With the whole vocabulary the combinations are the identity. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/check.h"
 #include "cpu_bf16.h"
@@ -172,6 +173,33 @@ static void chunk_stats(const float *z, float *e, const int32_t *targets, int c,
         vs->reduce(vs->ud, st + c, (vs->sum_pi_sq ? 4 : 3) * c, false);
 }
 
+/* per thread, growing only: logprob_row_bi's row */
+static _Thread_local float *tl_bi;
+static _Thread_local size_t tl_bi_n;
+
+float logprob_row_bi(const float *logits, int V, float temperature, int tok)
+{
+    if (V > 0 && (size_t)V > tl_bi_n) {
+        free(tl_bi);
+        tl_bi = xmalloc((size_t)V * sizeof(float));
+        tl_bi_n = (size_t)V;
+    }
+    const float inv = 1.0f / (temperature > 0 ? temperature : 1.0f), mx = row_max(logits, V);
+    float *z = tl_bi;
+    for (int j = 0; j < V; j++)
+        z[j] = (logits[j] - mx) * inv;
+    vec_exp_shifted(z, z, (size_t)V, 0.0f);
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int j = 0;
+    for (; j + 8 <= V; j += 8)
+        for (int l = 0; l < 8; l++)
+            acc[l] += z[j + l];
+    for (; j < V; j++)
+        acc[j & 7] += z[j];
+    const double sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    return (float)((double)((logits[tok] - mx) * inv) - log(sum)); // cppcheck-suppress invalidFunctionArg
+}
+
 static void forward_shard(float *logp, float *entropy, const float *h, const float *W, const int32_t *targets, int N,
                           int D, const struct vocab_shard *vs, float temperature, int chunk, bool bf16)
 {
@@ -179,18 +207,52 @@ static void forward_shard(float *logp, float *entropy, const float *h, const flo
     if (N <= 0)
         return;
     const int Vl = vs->hi - vs->lo, cmax = chunk < N ? chunk : N;
-    const struct head hd = head_of(W, D, Vl, bf16);
+    /* batch-invariant mode, the whole vocabulary here: the logits through the fixed-order product, unscaled, and
+     * each token's log-prob by the sampler's function of its row (the entropies as usual, from the scaled row) */
+    const bool bi = k_batch_invariant() && ((!vs->reduce && Vl == vs->V) || (vs->gather && vs->shards > 1));
+    float *whole = NULL, *mine = NULL, *all = NULL; /* under TP: the chunk's rows of every shard, gathered */
+    const int per = vs->shards > 1 ? (vs->V + vs->shards - 1) / vs->shards : 0;
+    if (bi && vs->gather && vs->shards > 1) {
+        whole = xmalloc((size_t)cmax * vs->V * sizeof(float));
+        mine = xmalloc((size_t)cmax * per * sizeof(float));
+        all = xmalloc((size_t)vs->shards * cmax * per * sizeof(float));
+    }
+    const struct head hd = head_of(W, D, Vl, bf16 && !bi);
     float *z = scratch_floats(2 * (size_t)cmax * Vl), *e = z + (size_t)cmax * Vl;
     double *st = xmalloc(sizeof(double) * 5 * (size_t)cmax);
     for (int t0 = 0; t0 < N; t0 += cmax) {
         int c = N - t0 < cmax ? N - t0 : cmax;
         float *zc = vs->keep ? vs->keep + (size_t)t0 * Vl : z; /* the same product, kept for the backward */
-        chunk_logits(zc, h + (size_t)t0 * D, &hd, c, temperature);
+        if (bi) {
+            linear_forward_bi(zc, h + (size_t)t0 * D, D, W, D, c, D, Vl);
+            if (whole) { /* every shard's logits of the chunk's rows, whole rows again */
+                for (int i = 0; i < c; i++) {
+                    memcpy(mine + (size_t)i * per, zc + (size_t)i * Vl, (size_t)Vl * sizeof(float));
+                    memset(mine + (size_t)i * per + Vl, 0, (size_t)(per - Vl) * sizeof(float));
+                }
+                vs->gather(vs->ud, mine, all, (size_t)c * per);
+                for (int r = 0; r < vs->shards; r++) {
+                    const int lo = (int)((int64_t)vs->V * r / vs->shards),
+                              hi = (int)((int64_t)vs->V * (r + 1) / vs->shards);
+                    for (int i = 0; i < c; i++)
+                        memcpy(whole + (size_t)i * vs->V + lo, all + ((size_t)r * c + i) * per,
+                               (size_t)(hi - lo) * sizeof(float));
+                }
+            }
+            for (int i = 0; i < c; i++)
+                logp[t0 + i] = whole ? logprob_row_bi(whole + (size_t)i * vs->V, vs->V, temperature, targets[t0 + i])
+                                     : logprob_row_bi(zc + (size_t)i * Vl, Vl, temperature, targets[t0 + i]);
+            if (temperature != 1.0f)
+                vec_scale(zc, 1.0f / temperature, (size_t)c * Vl);
+        } else {
+            chunk_logits(zc, h + (size_t)t0 * D, &hd, c, temperature);
+        }
         chunk_stats(zc, e, targets + t0, c, vs, st);
         for (int i = 0; i < c; i++) {
             /* sum >= 1: the maximum contributes exp(0) */
             double logsum = log(st[c + i]); // cppcheck-suppress invalidFunctionArg
-            logp[t0 + i] = (float)(st[3 * c + i] - (st[i] + logsum));
+            if (!bi)
+                logp[t0 + i] = (float)(st[3 * c + i] - (st[i] + logsum));
             if (entropy && vs->sum_pi_sq) /* sum p^2 = sum exp(z - M)^2 / (sum exp(z - M))^2 */
                 entropy[t0 + i] = (float)(st[4 * c + i] / (st[c + i] * st[c + i]));
             else if (entropy) /* H = -sum p (z - lse) = log(sum) - sum p (z - M) */
@@ -198,6 +260,7 @@ static void forward_shard(float *logp, float *entropy, const float *h, const flo
         }
     }
     free(st);
+    free(whole), free(mine), free(all);
 }
 
 static void backward_shard(float *dh, float *dW, const float *dlogp, const float *dentropy, const float *h,

@@ -38,6 +38,9 @@ void model_params_free(struct kctx *K, enum kmem_kind kind, struct model_params 
 /* Sum a partial result over the TP group, in place (the row-parallel outputs, the column-parallel input
  * gradients, the vocab-parallel embedding); nothing without TP. */
 void model_tp_sum(const struct model *m, float *buf, size_t n);
+/* The TP sum after a row-parallel projection (o_proj, down_proj, the experts): in batch-invariant mode the ranks'
+ * partials in the fixed tree of model_proj_forward's groups, else model_tp_sum. */
+void model_tp_sum_rowpar(const struct model *m, float *buf, size_t n);
 
 /* Before a backward: the gradients it accumulates into made where they are not yet, the base's (unless frozen)
  * and the hook's. */

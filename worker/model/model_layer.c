@@ -102,14 +102,14 @@ void model_layer_forward(const struct model *m, int l, const struct packed_batch
     k_rope_forward(K, a->k, b->pos, N, Hkv, hd, m->rope_freqs);
     layer_attention_forward(m, b, Nf, a);
     model_proj_forward(m, l, PROJ_O, a->xmid, a->att, N);
-    model_tp_sum(m, a->xmid, (size_t)N * D);
+    model_tp_sum_rowpar(m, a->xmid, (size_t)N * D);
     k_add(K, a->xmid, a->x, (size_t)N * D);
     k_rmsnorm_forward(K, a->xn2, a->rstd2, a->xmid, L->mlp_norm, N, D, c->rms_norm_eps);
     if (L->router) /* mixture of experts: route, then each expert's tokens through it */
         model_moe_forward(m, l, b, &a->moe, a->xn2, out);
     else
         layer_mlp_forward(m, l, N, a, out);
-    model_tp_sum(m, out, (size_t)N * D); /* under TP each rank's rows of the MLP (of every expert) gave a part */
+    model_tp_sum_rowpar(m, out, (size_t)N * D); /* under TP each rank's rows of the MLP (of every expert) gave a part */
     k_add(K, out, a->xmid, (size_t)N * D);
 }
 

@@ -5,6 +5,9 @@
  * of the generation step goes through here. */
 #include "model.h"
 
+#include <stdlib.h>
+
+#include "common/check.h"
 #include "kernels/kernels.h"
 #include "model_internal.h"
 #include "worker/comm/comm.h"
@@ -22,13 +25,83 @@ static float *proj_weight(const struct layer_params *P, enum proj_kind p, float 
     return w[p];
 }
 
+/* Batch-invariant mode's fixed groups of a row-parallel projection's inputs (o_proj's and down_proj's columns):
+ * the largest power of two up to 8 dividing the whole model's columns (heads x head_dim, intermediate_size).
+ * Each group's product is one partial, the partials are summed in a fixed pairwise tree, and a TP rank's groups
+ * are a subtree of it: the sum's bits are the same whatever the TP size (a power of two dividing the groups). */
+static int bi_groups(const struct model *m, enum proj_kind p)
+{
+    const int cols = p == PROJ_O ? m->cfg.n_heads * m->cfg.head_dim : m->cfg.intermediate_size;
+    int g = 8;
+    while (g > 1 && cols % g != 0)
+        g /= 2;
+    return g;
+}
+
+/* The pairwise tree over n (a power of two) buffers of len floats, n apart by stride, into the first: (0+1)+(2+3)... */
+static void tree_sum(struct kctx *K, float *first, size_t stride, int n, size_t len)
+{
+    for (int w = 1; w < n; w *= 2)
+        for (int j = 0; j + w < n; j += 2 * w)
+            k_add(K, first + (size_t)j * stride, first + (size_t)(j + w) * stride, len);
+}
+
+/* per thread, growing only: the partials */
+static _Thread_local float *tl_part;
+static _Thread_local size_t tl_part_n;
+
+static float *part_floats(size_t n)
+{
+    if (n > tl_part_n) {
+        free(tl_part);
+        tl_part = xmalloc(n * sizeof(float));
+        tl_part_n = n;
+    }
+    return tl_part;
+}
+
+static bool bi_rowpar(const struct model *m, enum proj_kind p)
+{
+    return (p == PROJ_O || p == PROJ_DOWN) && k_batch_invariant() && m->K->device == KDEV_CPU &&
+           m->K->ops->linear_forward_ld;
+}
+
+/* y (N, dout) = this rank's subtree of the groups' partials of x W^T (din columns, no bias). */
+static void rowpar_forward(const struct model *m, enum proj_kind p, float *y, const float *x, const float *W, int N,
+                           int din, int dout)
+{
+    const int G = bi_groups(m, p), tp = m->sh.tp_size;
+    if (G % tp != 0)
+        check_failf(__FILE__, __LINE__,
+                    "batch-invariant mode (actor_rollout_ref.model.batch_invariant): tensor parallel size %d does not "
+                    "divide the %d fixed groups of the model's %s columns; use a TP size dividing %d",
+                    tp, G, p == PROJ_O ? "o_proj" : "down_proj", G);
+    const int g = G / tp, kc = din / g;
+    const size_t len = (size_t)N * dout;
+    if (N <= 0 || dout <= 0)
+        return;
+    if (g == 1) {
+        k_linear_forward_ld(m->K, y, x, din, W, din, N, din, dout);
+        return;
+    }
+    float *part = part_floats((size_t)g * len);
+    for (int j = 0; j < g; j++)
+        k_linear_forward_ld(m->K, part + (size_t)j * len, x + (size_t)j * kc, din, W + (size_t)j * kc, din, N, kc,
+                            dout);
+    tree_sum(m->K, part, len, g, len);
+    k_copy(m->K, y, part, len * sizeof(float));
+}
+
 void model_proj_forward(const struct model *m, int l, enum proj_kind p, float *y, const float *x, int N)
 {
     int din, dout;
     float *b;
     const float *W = proj_weight(&m->w.layers[l], p, &b);
     model_proj_dims(m, p, &din, &dout);
-    k_linear_forward(m->K, y, x, W, b, N, din, dout);
+    if (bi_rowpar(m, p) && !b)
+        rowpar_forward(m, p, y, x, W, N, din, dout);
+    else
+        k_linear_forward(m->K, y, x, W, b, N, din, dout);
     if (m->hook && m->hook->proj_forward)
         m->hook->proj_forward(m, l, p, y, x, N);
 }
@@ -70,4 +143,21 @@ void model_tp_sum(const struct model *m, float *buf, size_t n)
 {
     if (m->sh.tp)
         comm_allreduce_sum(m->sh.tp, buf, n, COMM_F32);
+}
+
+void model_tp_sum_rowpar(const struct model *m, float *buf, size_t n)
+{
+    if (!m->sh.tp)
+        return;
+    const int tp = m->sh.tp_size;
+    if (!k_batch_invariant() || m->K->device != KDEV_CPU || tp <= 2) { /* two ranks: a + b, either way the same */
+        comm_allreduce_sum(m->sh.tp, buf, n, COMM_F32);
+        return;
+    }
+    /* every rank's subtree, then the top of the tree in rank order, the same on every rank */
+    float *all = xmalloc((size_t)tp * n * sizeof(float));
+    comm_allgather(m->sh.tp, buf, all, n, COMM_F32);
+    tree_sum(m->K, all, n, tp, n);
+    k_copy(m->K, buf, all, n * sizeof(float));
+    free(all);
 }

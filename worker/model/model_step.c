@@ -267,7 +267,7 @@ static const float *step(struct model *m, struct kv_cache **caches, int B, const
                                kc->len + ntok[b], Hq, Hkv, hd);
         }
         model_proj_forward(m, l, PROJ_O, t.tmp, t.att, N);
-        model_tp_sum(m, t.tmp, nD);
+        model_tp_sum_rowpar(m, t.tmp, nD);
         k_add(K, t.x, t.tmp, nD);
         k_rmsnorm_forward(K, t.xn, NULL, t.x, L->mlp_norm, N, D, c->rms_norm_eps);
         if (L->router) { /* mixture of experts: the same routing and grouped products as the training forward */
@@ -285,7 +285,7 @@ static const float *step(struct model *m, struct kv_cache **caches, int B, const
         model_proj_forward(m, l, PROJ_UP, t.u, t.xn, N);
         k_swiglu_forward(K, t.g, t.g, t.u, (size_t)N * F);
         model_proj_forward(m, l, PROJ_DOWN, t.tmp, t.g, N);
-        model_tp_sum(m, t.tmp, nD);
+        model_tp_sum_rowpar(m, t.tmp, nD);
         k_add(K, t.x, t.tmp, nD);
     }
     for (int b = 0; b < B; b++)

@@ -36,14 +36,18 @@ static void tp_reduce(void *ud, double *buf, int n, bool max)
         comm_allreduce_sum(tp, buf, (size_t)n, COMM_F64);
 }
 
-/* This rank's vocabulary rows, with the TP group's reductions. */
+static void tp_gather(void *ud, const float *mine, float *all, size_t n) { comm_allgather(ud, mine, all, n, COMM_F32); }
+
+/* This rank's vocabulary rows, with the TP group's reductions (and batch-invariant mode's gather). */
 static struct vocab_shard vocab_of(const struct model *m)
 {
     return (struct vocab_shard){.lo = m->sh.vocab_lo,
                                 .hi = m->sh.vocab_hi,
                                 .V = m->cfg.vocab_size,
                                 .reduce = m->sh.tp ? tp_reduce : NULL,
-                                .ud = m->sh.tp};
+                                .ud = m->sh.tp,
+                                .gather = m->sh.tp ? tp_gather : NULL,
+                                .shards = m->sh.tp ? m->sh.tp_size : 1};
 }
 
 /* Rows of b whose log-probs are read (logp_from), checked against the sequences' bounds; -1: every row. */

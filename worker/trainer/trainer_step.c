@@ -522,12 +522,20 @@ static int token_budget(const struct trainer *t)
     return c->actor_use_dynamic_bsz ? (int)(c->actor_ppo_max_token_len_per_gpu * t->lay.cp_size) : 0;
 }
 
+/* Whether the sampler's log-probs are the old policy's (no old-log-prob pass): rollout correction's bypass mode, or
+ * use_rollout_log_probs (exact in batch-invariant mode) where the pass is not needed for sum_pi_sq. */
+static bool sampler_is_old(const struct trainer *t)
+{
+    const struct grpo_config *c = t->cfg;
+    return t->corr.bypass || (c->actor_use_rollout_log_probs && !c->actor_calculate_sum_pi_squared);
+}
+
 /* Phase old_log_prob: the policy's log-probs of the responses before the update (in rollout correction's bypass mode
- * the sampler's, as verl's apply_bypass_mode: no pass). Its seconds. */
+ * the sampler's, as verl's apply_bypass_mode, and with use_rollout_log_probs: no pass). Its seconds. */
 static double old_log_probs(struct trainer *t, struct step_batch *b, const int *idx)
 {
     const struct grpo_config *c = t->cfg;
-    if (t->corr.bypass) {
+    if (sampler_is_old(t)) {
         int missing = 0;
         for (int i = 0; i < b->n_seq; i++) {
             struct rollout_seq *q = &b->seqs[i];
@@ -540,7 +548,8 @@ static double old_log_probs(struct trainer *t, struct step_batch *b, const int *
         }
         if (!missing)
             return 0;
-        log_warn("trainer", "bypass mode: a response came without the sampler's log-probs; recomputing the old ones");
+        log_warn("trainer", "%s: a response came without the sampler's log-probs; recomputing the old ones",
+                 t->corr.bypass ? "bypass mode" : "use_rollout_log_probs");
     }
     const struct batching bt = {t->micro_old, token_budget(t), t->share_prompts};
     const double t0 = clock_now_s();
@@ -902,7 +911,7 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     measure_rollouts(t, b, &r.rollouts);
     /* the update's forward is the old policy unless the old log-probs are needed before it (rollout correction's
      * weights and rejection) or are the sampler's (bypass mode) */
-    const bool on_policy = one_update(c, r.rollouts.n_seq) && !t->corr.bypass && !rollout_corr_active(&t->corr) &&
+    const bool on_policy = one_update(c, r.rollouts.n_seq) && !sampler_is_old(t) && !rollout_corr_active(&t->corr) &&
                            !c->actor_calculate_sum_pi_squared; /* sum_pi_sq comes from the old-log-prob pass */
     r.rc = xcalloc(1, sizeof *r.rc);
     /* the rollout's routes against the policy's own routing where the old log-probs are taken (the old-log-prob
@@ -919,8 +928,15 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
         rollout_correction(t, b, true, r.rc);
     advantages(t, b, &r.adv);
     r.phase_s[GRPO__PHASE__PHASE_ADV] = clock_now_s() - t_adv;
+    /* batch-invariant mode: the update's forwards give no log-prob that is compared with the sampler's unless they
+     * are the old policy's (on policy) or bypass mode's current policy against the sampler, so the others take the
+     * faster kernels (the process does nothing else meanwhile: generation and training are its phases in turn) */
+    const bool invariant = k_batch_invariant();
+    if (invariant && !on_policy && !t->corr.bypass)
+        k_set_batch_invariant(false);
     r.phase_s[GRPO__PHASE__PHASE_UPDATE_ACTOR] =
         update_actor(t, k, b, idx, on_policy, r.rollouts.n_seq, &r.update, t->corr.bypass ? r.rc : NULL);
+    k_set_batch_invariant(invariant);
     model_traffic_since(t, &tp0, &pp0, &ep0, &cp0, &r.update);
     if (on_policy)
         model_moe_route_stats(t->policy, &r.gap.route_differ, &r.gap.route_compared);

@@ -1,0 +1,182 @@
+/* Batch-invariant mode's kernels (k_set_batch_invariant, docs/training.md): each row's result is the same bits
+ * whatever the batch around it, and right against a double-precision reference.
+ *  - linear_forward_bi on every ISA path this CPU runs: a row alone, in a batch of 37 and at row 200 of a batch of
+ *    300 (across the row blocks) gives the same bits; a block of columns read in place (ldx, ldw) the same bits as
+ *    the block copied out; every output within 1e-5 of the double loop. The backend's linear forward (with bias) in
+ *    the mode is that kernel, for any M.
+ *  - attention: the training forward over a whole sequence, the cached prefill of it and decode steps one token at
+ *    a time give every query row the same bits, and the same log-sum-exp; within 1e-5 of a double softmax.
+ *  - the LM head: the trainer's chunked log-probs (lmhead_logprob_forward) equal, bit for bit, the sampler's
+ *    (k_sample through the CPU back-end) for the sampled tokens, at temperature 0.7, with chunks of 3 and of 64
+ *    rows; and within 1e-5 of a double log-softmax. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/kernels.h"
+#include "test_kernel_util.h"
+
+static int teardown(void **state)
+{
+    (void)state;
+    k_set_batch_invariant(false);
+    skinny_force_isa(SKINNY_AUTO);
+    return 0;
+}
+
+static void check_linear_rows(void)
+{
+    enum { K = 1001, N = 29, BIG = 300 };
+    uint64_t s = 5;
+    float *x = tk_alloc((size_t)BIG * K), *W = tk_alloc((size_t)N * K);
+    float *yb = tk_alloc((size_t)BIG * N), *y37 = tk_alloc(37 * N), *y1 = tk_alloc(N);
+    tk_fill(x, (size_t)BIG * K, &s, -1, 1);
+    tk_fill(W, (size_t)N * K, &s, -1, 1);
+    linear_forward_bi(yb, x, K, W, K, BIG, K, N);
+    linear_forward_bi(y37, x + (size_t)200 * K, K, W, K, 37, K, N); /* rows 200.. of the big batch */
+    for (int i = 0; i < 37; i++) {
+        linear_forward_bi(y1, x + (size_t)(200 + i) * K, K, W, K, 1, K, N);
+        assert_memory_equal(y1, y37 + (size_t)i * N, N * sizeof(float));
+        assert_memory_equal(y1, yb + (size_t)(200 + i) * N, N * sizeof(float));
+        for (int o = 0; o < N; o++) {
+            double r = 0;
+            for (int j = 0; j < K; j++)
+                r += (double)x[(size_t)(200 + i) * K + j] * W[(size_t)o * K + j];
+            assert_float_equal(y1[o], r, 1e-4);
+        }
+    }
+    /* columns [300, 550) in place against the same block copied out */
+    enum { C0 = 300, KC = 250 };
+    float *xc = tk_alloc(37 * KC), *Wc = tk_alloc((size_t)N * KC), *ya = tk_alloc(37 * N);
+    for (int i = 0; i < 37; i++)
+        memcpy(xc + (size_t)i * KC, x + (size_t)i * K + C0, KC * sizeof(float));
+    for (int o = 0; o < N; o++)
+        memcpy(Wc + (size_t)o * KC, W + (size_t)o * K + C0, KC * sizeof(float));
+    linear_forward_bi(ya, x + C0, K, W + C0, K, 37, KC, N);
+    linear_forward_bi(y37, xc, KC, Wc, KC, 37, KC, N);
+    assert_memory_equal(ya, y37, 37 * N * sizeof(float));
+    free(x), free(W), free(yb), free(y37), free(y1), free(xc), free(Wc), free(ya);
+}
+
+static void test_linear_rows(void **state)
+{
+    (void)state;
+    const enum skinny_isa isas[] = {SKINNY_AVX512, SKINNY_AVX2, SKINNY_NONE};
+    int ran = 0;
+    for (int i = 0; i < 3; i++) {
+        if (!skinny_force_isa(isas[i]))
+            continue; /* this CPU cannot run it */
+        check_linear_rows();
+        ran++;
+    }
+    skinny_force_isa(SKINNY_AUTO);
+    assert_true(ran >= 1);
+    /* the back-end's forward in the mode, with a bias, at M 1 and 90 */
+    enum { K = 70, N = 33, M = 90 };
+    uint64_t s = 9;
+    float *x = tk_alloc(M * K), *W = tk_alloc(N * K), *b = tk_alloc(N), *y = tk_alloc(M * N), *y1 = tk_alloc(N);
+    tk_fill(x, M * K, &s, -1, 1), tk_fill(W, N * K, &s, -1, 1), tk_fill(b, N, &s, -1, 1);
+    k_set_batch_invariant(true);
+    struct kctx *Kc = kctx_cpu();
+    k_linear_forward(Kc, y, x, W, b, M, K, N);
+    for (int i = 0; i < M; i++) {
+        k_linear_forward(Kc, y1, x + (size_t)i * K, W, b, 1, K, N);
+        assert_memory_equal(y1, y + (size_t)i * N, N * sizeof(float));
+    }
+    k_set_batch_invariant(false);
+    free(x), free(W), free(b), free(y), free(y1);
+}
+
+static void test_attention_rows(void **state)
+{
+    (void)state;
+    enum { T = 70, HQ = 4, HKV = 2, HD = 16, QD = HQ * HD, KD = HKV * HD };
+    uint64_t s = 13;
+    float *q = tk_alloc(T * QD), *k = tk_alloc(T * KD), *v = tk_alloc(T * KD);
+    float *train = tk_alloc(T * QD), *lse = tk_alloc(T * HQ), *pre = tk_alloc(T * QD), *dec = tk_alloc(QD);
+    tk_fill(q, T * QD, &s, -2, 2), tk_fill(k, T * KD, &s, -2, 2), tk_fill(v, T * KD, &s, -1, 1);
+    const int32_t cu[2] = {0, T};
+    k_set_batch_invariant(true);
+    attention_forward(train, lse, q, k, v, cu, NULL, 1, HQ, HKV, HD);
+    attention_cached(pre, q, k, v, T, T, HQ, HKV, HD); /* a prefill of the whole sequence */
+    assert_memory_equal(pre, train, T * QD * sizeof(float));
+    for (int t = 0; t < T; t++) { /* decode steps: query t against the cache of t + 1 keys */
+        attention_cached(dec, q + (size_t)t * QD, k, v, 1, t + 1, HQ, HKV, HD);
+        assert_memory_equal(dec, train + (size_t)t * QD, QD * sizeof(float));
+        for (int h = 0; h < HQ; h++) { /* a double softmax */
+            const int g = h / (HQ / HKV);
+            double sc[T], mx = -INFINITY, sum = 0;
+            for (int j = 0; j <= t; j++) {
+                double d = 0;
+                for (int e = 0; e < HD; e++)
+                    d += (double)q[(size_t)t * QD + h * HD + e] * k[(size_t)j * KD + g * HD + e];
+                sc[j] = d / sqrt((double)HD);
+                mx = sc[j] > mx ? sc[j] : mx;
+            }
+            for (int j = 0; j <= t; j++)
+                sum += exp(sc[j] - mx);
+            assert_float_equal(lse[(size_t)t * HQ + h], mx + log(sum), 1e-5);
+            for (int e = 0; e < HD; e++) {
+                double o = 0;
+                for (int j = 0; j <= t; j++)
+                    o += exp(sc[j] - mx) / sum * v[(size_t)j * KD + g * HD + e];
+                assert_float_equal(dec[h * HD + e], o, 1e-5);
+            }
+        }
+    }
+    k_set_batch_invariant(false);
+    free(q), free(k), free(v), free(train), free(lse), free(pre), free(dec);
+}
+
+static void test_lmhead_equals_sampler(void **state)
+{
+    (void)state;
+    enum { N = 21, D = 48, V = 300 };
+    const float temp = 0.7f;
+    uint64_t s = 17;
+    float *h = tk_alloc(N * D), *W = tk_alloc(V * D), *logits = tk_alloc(V), *lp = tk_alloc(N), *lp3 = tk_alloc(N);
+    tk_fill(h, N * D, &s, -1, 1), tk_fill(W, V * D, &s, -1, 1);
+    int32_t tok[N];
+    float slp[N];
+    k_set_batch_invariant(true);
+    struct kctx *Kc = kctx_cpu();
+    for (int i = 0; i < N; i++) { /* the sampler: one row's logits (a decode step's head) and a draw */
+        k_linear_forward(Kc, logits, h + (size_t)i * D, W, NULL, 1, D, V);
+        const double u = (i + 0.5) / N;
+        k_sample(Kc, &tok[i], &slp[i], logits, 1, V, temp, 1.0f, 0, &u);
+        double mx = -INFINITY, z = 0, l[V];
+        for (int j = 0; j < V; j++) {
+            double d = 0;
+            for (int e = 0; e < D; e++)
+                d += (double)h[(size_t)i * D + e] * W[(size_t)j * D + e];
+            l[j] = d / temp;
+            mx = l[j] > mx ? l[j] : mx;
+        }
+        for (int j = 0; j < V; j++)
+            z += exp(l[j] - mx);
+        assert_float_equal(slp[i], l[tok[i]] - mx - log(z), 1e-5);
+    }
+    lmhead_logprob_forward(lp, NULL, h, W, tok, N, D, V, temp, 64);
+    lmhead_logprob_forward(lp3, NULL, h, W, tok, N, D, V, temp, 3);
+    assert_memory_equal(lp, slp, N * sizeof(float));
+    assert_memory_equal(lp3, slp, N * sizeof(float));
+    k_set_batch_invariant(false);
+    free(h), free(W), free(logits), free(lp), free(lp3);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_linear_rows, teardown),
+        cmocka_unit_test_teardown(test_attention_rows, teardown),
+        cmocka_unit_test_teardown(test_lmhead_equals_sampler, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
