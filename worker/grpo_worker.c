@@ -236,8 +236,9 @@ static int parse(int *argc, char **argv, struct args *a)
     }
     k_set_batch_invariant(a->cfg.arr_model_batch_invariant);
     if (a->cfg.arr_model_batch_invariant && strcmp(a->cfg.trainer_device, "cpu") != 0)
-        log_warn("worker", "actor_rollout_ref.model.batch_invariant: the CUDA back-end has no batch-invariant kernels "
-                           "yet; its rollout log-probs are not the trainer's bit for bit (docs/training.md)");
+        log_warn("worker", KEY_arr_model_batch_invariant
+                 ": the CUDA back-end has no batch-invariant kernels "
+                 "yet; its rollout log-probs are not the trainer's bit for bit (docs/training.md)");
     return -1;
 }
 

@@ -39,7 +39,7 @@ int gen_ctx_load_reward_model(struct gen_ctx *r, char *err, size_t errlen)
     if (!c->rm_enable)
         return 0;
     if (!c->rm_model_path || !c->rm_model_path[0])
-        return error_set(err, errlen, "reward_model.enable is true but reward_model.model.path is empty");
+        return error_set(err, errlen, KEY_rm_enable " is true but " KEY_rm_model_path " is empty");
     r->rm = reward_model_load(c->rm_model_path, err, errlen);
     if (!r->rm)
         return -1;
@@ -47,12 +47,12 @@ int gen_ctx_load_reward_model(struct gen_ctx *r, char *err, size_t errlen)
         reward_model_free(r->rm);
         r->rm = NULL;
         return error_set(err, errlen,
-                         "reward_model.model.path: %s has no tokenizer.json (responses are re-encoded "
-                         "with the reward model's tokenizer)",
+                         KEY_rm_model_path ": %s has no tokenizer.json (responses are re-encoded "
+                                           "with the reward model's tokenizer)",
                          c->rm_model_path);
     }
     log_info("reward", "reward model %s scores every response%s", c->rm_model_path,
-             c->rm_rule_reward_weight != 0 ? ", added to the rule scores with reward_model.rule_reward_weight" : "");
+             c->rm_rule_reward_weight != 0 ? ", added to the rule scores with " KEY_rm_rule_reward_weight : "");
     return 0;
 }
 
@@ -67,7 +67,7 @@ static const struct turn_env_factory *factory(char *err, size_t errlen)
     const struct turn_env_factory *f = gen_turn_env_factory();
     if (!f)
         error_set(err, errlen,
-                  "multi-turn rollouts (actor_rollout_ref.rollout.multi_turn.enable) are not available "
+                  "multi-turn rollouts (" KEY_rollout_multi_turn_enable ") are not available "
                   "in this program");
     return f;
 }

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "common/check.h"
+#include "common/config_key_names.h"
 #include "kernels/kernels.h"
 #include "model_internal.h"
 #include "worker/comm/comm.h"
@@ -73,7 +74,7 @@ static void rowpar_forward(const struct model *m, enum proj_kind p, float *y, co
     const int G = bi_groups(m, p), tp = m->sh.tp_size;
     if (G % tp != 0)
         check_failf(__FILE__, __LINE__,
-                    "batch-invariant mode (actor_rollout_ref.model.batch_invariant): tensor parallel size %d does not "
+                    "batch-invariant mode (" KEY_arr_model_batch_invariant "): tensor parallel size %d does not "
                     "divide the %d fixed groups of the model's %s columns; use a TP size dividing %d",
                     tp, G, p == PROJ_O ? "o_proj" : "down_proj", G);
     const int g = G / tp, kc = din / g;
