@@ -79,15 +79,20 @@ expect_fail_rule trainer-hybrid worker/trainer/x.c worker/hybrid/units.h "worker
 # a new folder of worker/ (or kernels/) must state its layer
 mkdir -p "$tmp/newroom/worker/newroom"
 printf '#include "common/log.h"\n' >"$tmp/newroom/worker/newroom/x.c"
-if out="$(python3 "$check" "$tmp/newroom" 2>&1)"; then
-    echo "FAIL: a folder of worker/ without a layer passed the check"
-    fails=$((fails + 1))
-elif ! grep -qF 'worker/newroom/x.c: worker/newroom/ has no layer' <<<"$out"; then
-    echo "FAIL: the error does not name the folder without a layer: $out"
-    fails=$((fails + 1))
-else
-    echo "ok: a folder without a layer refused"
-fi
+# refused TREE WHAT REGEX: the check fails on TREE (WHAT: the case) with an error matching REGEX
+refused() {
+    local out
+    if out="$(python3 "$check" "$1" 2>&1)"; then
+        echo "FAIL: $2 passed the check"
+        fails=$((fails + 1))
+    elif ! grep -qE "$3" <<<"$out"; then
+        echo "FAIL: the error for $2 does not match '$3': $out"
+        fails=$((fails + 1))
+    else
+        echo "ok: $2 refused"
+    fi
+}
+refused "$tmp/newroom" "a folder of worker/ without a layer" 'worker/newroom/x\.c: worker/newroom/ has no layer'
 # the build runs the check (meson.build's check-layers target, built by default): a crossing fails the build
 if grep -A2 "custom_target('check-layers'" "$root/meson.build" | grep -q "build_by_default : true" &&
     grep -A2 "custom_target('check-layers'" "$root/meson.build" | grep -q "scripts/check_layers.py"; then
@@ -125,13 +130,6 @@ mkdir -p "$tmp/cycle/worker/model"
 touch "$tmp/cycle/worker/model/a.h" "$tmp/cycle/worker/model/b.h"
 printf '#include "a.h"\n#include "b.h"\n' >"$tmp/cycle/worker/model/a.c"
 printf '#include "b.h"\n#include "a.h"\n' >"$tmp/cycle/worker/model/b.c"
-if out="$(python3 "$check" "$tmp/cycle" 2>&1)"; then
-    echo "FAIL: an include cycle in worker/model passed the check"
-    fails=$((fails + 1))
-elif ! grep -qE 'worker/model/[ab]\.c:2: includes "[ab]\.h": closes an include cycle' <<<"$out"; then
-    echo "FAIL: the cycle's error does not name the include that closes it: $out"
-    fails=$((fails + 1))
-else
-    echo "ok: an include cycle among the model's rooms refused"
-fi
+refused "$tmp/cycle" "an include cycle among the model's rooms" \
+    'worker/model/[ab]\.c:2: includes "[ab]\.h": closes an include cycle'
 finish
