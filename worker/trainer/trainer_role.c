@@ -509,6 +509,37 @@ static int async_receive_one(struct trainer_rank *r, int timeout_ms)
     return 1;
 }
 
+/* The data plane's counters into the step's figures (the socket's refusals and drops, and the dispatcher's when
+ * this rank runs it), and the weight sync's time since the last step. */
+static void plane_counters(struct trainer_rank *r, struct step_timing *tm)
+{
+    tm->update_weights_s = r->sync_s_pending;
+    tm->refused = r->refused;
+    tm->old_epoch = r->old_epoch;
+    tm->duplicates = r->duplicates + r->stale;
+    tm->drop_invalid = r->drop_invalid;
+    tm->drop_future = r->drop_future;
+    tm->drop_not_granted = r->drop_not_granted;
+    tm->drop_prompt = r->drop_prompt;
+    if (r->disp) {
+        struct dispatch_stats ds;
+        dispatcher_stats(r->disp, &ds);
+        tm->dispatched = true;
+        tm->live_processes = ds.live;
+        tm->lost_processes = ds.lost;
+        tm->units_regranted = ds.regranted;
+        tm->weight_bytes = ds.bytes - r->bytes_reported;
+        tm->dispatch_refused = ds.refused;
+        tm->dispatch_old_epoch = ds.old_epoch;
+        tm->dispatch_oversized = ds.oversized;
+        tm->dispatch_superseded = ds.superseded;
+        tm->dispatch_rate_limited = ds.rate_limited;
+        tm->replaced_processes = ds.replaced;
+        r->bytes_reported = ds.bytes;
+    }
+    r->sync_s_pending = 0;
+}
+
 /* Step k's units from the stream: in the order they came (a replay: its schedule's), the stale ones dropped. */
 static int async_next_batch(struct trainer_rank *r, int64_t k, struct step_batch *b, struct step_timing *tm)
 {
@@ -554,23 +585,7 @@ static int async_next_batch(struct trainer_rank *r, int64_t k, struct step_batch
     tm->rollout_wait_weights = r->a_wait_weights / U, tm->rollout_peak_rss_gb = r->a_peak_rss;
     r->a_gen = r->a_reward = r->a_idle = r->a_wait_weights = 0;
     tm->staleness = (int64_t)tm->fa.staleness_max;
-    tm->update_weights_s = r->sync_s_pending;
-    tm->refused = r->refused;
-    tm->duplicates = r->duplicates + r->stale;
-    tm->drop_invalid = r->drop_invalid;
-    tm->drop_future = r->drop_future;
-    tm->drop_not_granted = r->drop_not_granted;
-    tm->drop_prompt = r->drop_prompt;
-    struct dispatch_stats ds;
-    dispatcher_stats(r->disp, &ds);
-    tm->dispatched = true;
-    tm->live_processes = ds.live;
-    tm->lost_processes = ds.lost;
-    tm->units_regranted = ds.regranted;
-    tm->weight_bytes = ds.bytes - r->bytes_reported;
-    tm->dispatch_refused = ds.refused;
-    r->bytes_reported = ds.bytes;
-    r->sync_s_pending = 0;
+    plane_counters(r, tm);
     /* the data cursor checkpoints record: past the newest chunk drawn (a checkpoint sets the stream's own) */
     if (r->chunks_drawn > 0)
         trainer_set_cursor(r->t, r->acur.epoch, r->acur.index);
@@ -698,31 +713,7 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
         return -1;
     }
     tm->staleness = staleness;
-    tm->update_weights_s = r->sync_s_pending;
-    tm->refused = r->refused;
-    tm->old_epoch = r->old_epoch;
-    tm->duplicates = r->duplicates + r->stale;
-    tm->drop_invalid = r->drop_invalid;
-    tm->drop_future = r->drop_future;
-    tm->drop_not_granted = r->drop_not_granted;
-    tm->drop_prompt = r->drop_prompt;
-    if (r->disp) {
-        struct dispatch_stats ds;
-        dispatcher_stats(r->disp, &ds);
-        tm->dispatched = true;
-        tm->live_processes = ds.live;
-        tm->lost_processes = ds.lost;
-        tm->units_regranted = ds.regranted;
-        tm->weight_bytes = ds.bytes - r->bytes_reported;
-        tm->dispatch_refused = ds.refused;
-        tm->dispatch_old_epoch = ds.old_epoch;
-        tm->dispatch_oversized = ds.oversized;
-        tm->dispatch_superseded = ds.superseded;
-        tm->dispatch_rate_limited = ds.rate_limited;
-        tm->replaced_processes = ds.replaced;
-        r->bytes_reported = ds.bytes;
-    }
-    r->sync_s_pending = 0;
+    plane_counters(r, tm);
     return 0;
 }
 
