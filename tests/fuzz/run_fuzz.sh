@@ -31,8 +31,10 @@ if ! "$CC" -fsanitize=fuzzer "$out/probe.c" -o "$out/probe" 2>/dev/null; then
 fi
 
 protoc-c --proto_path="$src/proto" --c_out="$out/gen" "$src/proto/grpo.proto"
-mkdir -p "$out/gen/daemon"
+mkdir -p "$out/gen/daemon" "$out/gen/common"
 printf '#define GRPO_VERSION_STRING "fuzz"\n' >"$out/gen/daemon/grpod_version.h"
+# the key table's names for messages, as the build generates them (common/meson.build)
+python3 "$src/scripts/gen_key_names.py" "$src/common/config_keys.def" "$out/gen/common/config_key_names.h"
 proto=("$src"/proto/{protocol,transport,plane_auth,ctl_auth}.c "$out/gen/grpo.pb-c.c")
 base=("$src"/common/{log,check,clock,fs,backoff}.c)
 sources() {
