@@ -24,6 +24,7 @@ TOK="$SRC_ROOT/tests/fixtures/tokenizers/bytes-chatml"
 TMP="$(mktemp -d "/tmp/${1:-grpo-test}.XXXXXX")" || { echo "FAIL cannot make a temporary directory"; exit 1; }
 fails=0
 FAILED_CHECKS=() # their names, repeated after the log tails by finish (a CI log keeps only its end)
+FAILED_LOGS=()   # the log written last before each failed check (finish shows them last)
 PIDS=()
 
 # descendants PID: the process's children, their children, ... (deepest last)
@@ -62,8 +63,17 @@ started() { awk '{ sub(/.*\) /, ""); print $20 }' "/proc/$1/stat" 2>/dev/null; }
 track() { PIDS+=("$1:$(started "$1")"); }
 
 # expect NAME STATUS: one check, passed when STATUS is 0
+# (a failed check also notes the log written last: finish shows it last, next to the summary, where a CI that keeps
+# only the output's end still shows it)
 expect() {
-    if [ "$2" -eq 0 ]; then echo "ok   $1"; else echo "FAIL $1"; fails=$((fails + 1)); FAILED_CHECKS+=("$1"); fi
+    if [ "$2" -eq 0 ]; then
+        echo "ok   $1"
+    else
+        echo "FAIL $1"; fails=$((fails + 1)); FAILED_CHECKS+=("$1")
+        local newest
+        newest="$(ls -t "$TMP"/*.log 2>/dev/null | head -n 1)"
+        [ -n "$newest" ] && FAILED_LOGS+=("$newest")
+    fi
 }
 # fail NAME: a failed check
 fail() { expect "$1" 1; }
@@ -72,9 +82,17 @@ fail() { expect "$1" 1; }
 finish() {
     echo "$fails failure(s)"
     [ "$fails" -eq 0 ] && exit 0
-    local f logs=("$@")
-    [ $# -eq 0 ] && logs=("$TMP"/*.log)
+    local f g logs=("$@") last=()
+    if [ $# -eq 0 ]; then # every log, the ones noted at a failed check last (once each, in the order noted)
+        logs=()
+        for f in "${FAILED_LOGS[@]}"; do [[ " ${last[*]} " == *" $f "* ]] || last+=("$f"); done
+        for f in "$TMP"/*.log; do
+            for g in "${last[@]}"; do [ "$f" = "$g" ] && continue 2; done
+            logs+=("$f")
+        done
+    fi
     for f in "${logs[@]}"; do [ -f "$f" ] && { echo "---- $f (tail)"; tail -n 30 "$f"; }; done
+    for f in "${last[@]}"; do [ -f "$f" ] && { echo "---- $f (tail; written last before a failed check)"; tail -n 60 "$f"; }; done
     echo "---- $fails failed check(s) of $(basename "$0"), above in full:"
     printf 'FAIL %s\n' "${FAILED_CHECKS[@]}"
     exit 1

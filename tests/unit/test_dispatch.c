@@ -169,6 +169,24 @@ static Grpo__Envelope *work_call(struct dispatch_core *d, const struct proc *p, 
     return core_call(d, &req, p, now);
 }
 
+/* p says it has heard the end (a ping with end_heard, as a 1.14 process sends once the end reached it); the
+ * answer, an end again, is checked and dropped. */
+static void say_heard(struct dispatch_core *d, const struct proc *p, double now)
+{
+    Grpo__Envelope req = GRPO__ENVELOPE__INIT;
+    Grpo__WorkRequest w = GRPO__WORK_REQUEST__INIT;
+    w.worker_id = p->id;
+    w.rank = p->rank;
+    w.ping = true;
+    w.end_heard = true;
+    req.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST;
+    req.work_request = &w;
+    Grpo__Envelope *r = core_call(d, &req, p, now);
+    assert_int_equal(r->body_case, GRPO__ENVELOPE__BODY_WORK_GRANT);
+    assert_int_equal(r->work_grant->kind, WORK_END);
+    protocol_free(r);
+}
+
 static void expect_refusal(Grpo__Envelope *r, const char *text)
 {
     assert_non_null(r);
@@ -1029,10 +1047,10 @@ static void test_end(void **state)
     grant_of(d, &b, true, t, &g); /* b only pings */
     assert_int_equal(g.kind, WORK_WAIT);
     assert_string_equal(g.reason, "alive");
-    assert_true(dispatch_core_all_told(d)); /* nothing to tell yet */
+    assert_true(dispatch_core_all_heard(d)); /* nothing to hear yet */
 
     dispatch_core_end(d, 2, "stopped after step 2");
-    assert_false(dispatch_core_all_told(d));
+    assert_false(dispatch_core_all_heard(d));
     grant_of(d, &a, false, t, &g);
     assert_int_equal(g.kind, WORK_END);
     assert_int_equal(g.step, 2);
@@ -1043,23 +1061,31 @@ static void test_end(void **state)
     assert_int_equal(g.kind, WORK_END);
     assert_int_equal(g.step, 2);
     assert_string_equal(g.reason, "stopped after step 2");
-    assert_false(dispatch_core_all_told(d)); /* b has not heard it */
-    /* b hears it in its ping: every live process has */
+    /* a was sent the end, but sent is not heard (the answer can be lost as the socket closes): until a says so,
+     * close waits for it */
+    assert_false(dispatch_core_all_heard(d));
+    say_heard(d, &a, t);
+    assert_false(dispatch_core_all_heard(d)); /* b has not heard it */
+    /* b's ping is answered with the end, its step and the run's last step, as a work request's is */
     grant_of(d, &b, true, t, &g);
     assert_int_equal(g.kind, WORK_END);
+    assert_int_equal(g.step, 2);
+    assert_int_equal(g.total_steps, 10);
     assert_string_equal(g.reason, "stopped after step 2");
-    assert_true(dispatch_core_all_told(d));
+    assert_false(dispatch_core_all_heard(d));
+    say_heard(d, &b, t);
+    assert_true(dispatch_core_all_heard(d));
     dispatch_core_free(d);
 
-    /* a live process not told holds the end; once lost, it does not */
+    /* a live process that has not heard the end holds it; once lost, it does not */
     d = core_open(1, 0, 10, N, 1.0, 0);
     const struct proc slow = {9, 0};
     expect_wait_at(d, &slow, 0, "first weights", NULL);
     dispatch_core_end(d, 0, "stopped before step 1");
     dispatch_core_tick(d, 0.9);
-    assert_false(dispatch_core_all_told(d));
+    assert_false(dispatch_core_all_heard(d));
     dispatch_core_tick(d, 1.1);
-    assert_true(dispatch_core_all_told(d));
+    assert_true(dispatch_core_all_heard(d));
     dispatch_core_free(d);
     free(w0);
 }
@@ -1736,6 +1762,37 @@ static void test_close_waits_for_late_rank(void **state)
     work_client_close(early);
 }
 
+/* The end heard in a ping, the answer to a work request never asked (the CI failure of 2026-12-05: a fully-async
+ * rollout rank mid-unit heard the end in its ping, the dispatcher closed at once, and the rank's next ask found it
+ * gone and gave the trainers up a minute later, failing a finished job). Close now waits until the process says it
+ * heard (its next ping), and the process keeps the end as said: its step and the run's last step. */
+static void test_end_heard_in_ping(void **state)
+{
+    const struct fx *f = *state;
+    char ep[128], err[512] = "";
+    endpoint(f, "ping.sock", ep, sizeof ep);
+    struct dispatcher *d = open_dispatcher(ep, 1, 4, 16);
+    struct work_client *c = open_client(ep, 0, 0.05);
+    struct work_grant g = {0};
+    next_ok(c, &g);
+    assert_false(work_client_end(c, &g));
+    dispatcher_end(d, 3, "finished after step 3");
+    const double t0 = clock_now_s();
+    dispatcher_close(d, 30.0, 0); /* returns once the ping after the end said it was heard */
+    const double took = clock_now_s() - t0;
+    if (took >= 10)
+        fail_msg("dispatcher_close took %.2f s: the process's pings did not say they heard the end", took);
+    assert_true(work_client_ended(c));
+    /* the dispatcher is gone; the end stays as heard */
+    assert_int_not_equal(work_client_next(c, &g, 300, err, sizeof err), 0);
+    assert_true(work_client_end(c, &g));
+    assert_int_equal(g.kind, WORK_END);
+    assert_int_equal(g.step, 3);
+    assert_int_equal(g.total_steps, 4);
+    assert_string_equal(g.reason, "finished after step 3");
+    work_client_close(c);
+}
+
 /* Send raw bytes on a REQ socket and return the decoded answer (NULL when it does not decode). */
 static Grpo__Envelope *raw_call(int s, const void *buf, size_t len)
 {
@@ -2039,6 +2096,7 @@ int main(void)
         cmocka_unit_test(test_size_before_mac),
         cmocka_unit_test(test_identity),
         cmocka_unit_test_setup_teardown(test_close_waits_for_late_rank, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_end_heard_in_ping, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shell_end_to_end, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shell_bad_input, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shell_flood, setup, teardown),

@@ -142,8 +142,12 @@ int work_client_broadcast_ask(struct work_client *c, int64_t version, enum work_
 /* Call fn(ud) after each chunk work_client_weights receives (a rollout TP group's first rank tells its peers it
  * is alive while it downloads). */
 void work_client_on_chunk(struct work_client *c, void (*fn)(void *ud), void *ud);
-/* True once a ping has been answered "end". */
+/* True once the end has been heard (a ping's answer, or a work request's). From then on every request says so
+ * (end_heard), which lets the dispatcher close. */
 bool work_client_ended(struct work_client *c);
+/* Once the end has been heard: true, with *g the end as the dispatcher said it (its step, the run's last step, why;
+ * g's replay arrays released first). False before. */
+bool work_client_end(struct work_client *c, struct work_grant *g);
 /* The newest policy version the dispatcher has said it published (pings and grants; -1: not heard yet). */
 int64_t work_client_latest(struct work_client *c);
 void work_client_close(struct work_client *c);

@@ -29,7 +29,8 @@ struct proc {
     struct plane_id who; /* the identity its requests are authenticated as: the id is its, nobody else's */
     int slot;
     double last_seen;
-    bool alive, told_end;
+    bool alive;
+    bool heard_end; /* it has said it heard the end (WorkRequest.end_heard, since 1.14) */
     bool superseded; /* a newer process serves its rank: each of its requests is refused */
 };
 
@@ -403,7 +404,6 @@ static void grant(struct dispatch_core *d, int pi, bool names_done, Grpo__WorkGr
         g->kind = WORK_END;
         g->step = d->end_after;
         snprintf(reason, rlen, "%s", d->end_why);
-        p->told_end = true;
         return;
     }
     if (d->latest < 0) {
@@ -614,10 +614,12 @@ static uint8_t *answer(struct dispatch_core *d, const Grpo__Envelope *req, const
             }
             return refuse(d, a, req->request_id, reason, len);
         }
+        p->heard_end |= w->end_heard && d->end_after >= 0;
         if (w->ping) {
             g.kind = d->end_after >= 0 ? WORK_END : WORK_WAIT;
-            p->told_end |= d->end_after >= 0;
             snprintf(reason, sizeof reason, "%s", d->end_after >= 0 ? d->end_why : "alive");
+            if (d->end_after >= 0) /* as a work request's end says it: where it ended, and the run's last step */
+                g.step = d->end_after, g.total_steps = d->o.total_steps;
         } else {
             if (w->names_done)
                 delivered(d, (int)(p - d->procs), w->done_step, w->done_unit, now);
@@ -928,12 +930,12 @@ void dispatch_core_stats(const struct dispatch_core *d, struct dispatch_stats *s
         st->live += d->procs[i].alive;
 }
 
-bool dispatch_core_all_told(const struct dispatch_core *d)
+bool dispatch_core_all_heard(const struct dispatch_core *d)
 {
     if (d->end_after < 0)
         return true;
     for (int i = 0; i < d->nprocs; i++)
-        if (d->procs[i].alive && !d->procs[i].told_end)
+        if (d->procs[i].alive && !d->procs[i].heard_end)
             return false;
     return true;
 }

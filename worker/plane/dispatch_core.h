@@ -122,8 +122,10 @@ void dispatch_core_publish_end(struct dispatch_core *d, int64_t version);
 /* The run ends after step `after`; the first call's word stands. */
 void dispatch_core_end(struct dispatch_core *d, int64_t after, const char *why);
 void dispatch_core_stats(const struct dispatch_core *d, struct dispatch_stats *st);
-/* True when the run has not ended or every live process has been told it has. */
-bool dispatch_core_all_told(const struct dispatch_core *d);
+/* True when the run has not ended or every live process has said it heard the end (a request with end_heard,
+ * which it sends once the end has reached it: being sent the end is not enough, as an answer sent while the
+ * socket closes can be lost, and the process would then find the dispatcher gone). */
+bool dispatch_core_all_heard(const struct dispatch_core *d);
 /* How many rollout ranks no process has served yet (one still starting when the trainers finished: it must be
  * told the end too, or it waits for a dispatcher that is gone and fails the job). */
 int dispatch_core_unseen(const struct dispatch_core *d);

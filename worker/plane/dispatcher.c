@@ -281,13 +281,13 @@ void dispatcher_close(struct dispatcher *d, double linger_s, double unseen_s)
     if (!d)
         return;
     const double until = clock_now_s() + linger_s, until_unseen = clock_now_s() + unseen_s;
-    bool all_told = false;
+    bool all_heard = false;
     int unseen = 0;
     for (;;) {
         pthread_mutex_lock(&d->mu);
         unseen = dispatch_core_unseen(d->core);
-        all_told = dispatch_core_all_told(d->core) && (unseen == 0 || unseen_s <= 0);
-        bool done = all_told || (clock_now_s() > until && (unseen == 0 || clock_now_s() > until_unseen));
+        all_heard = dispatch_core_all_heard(d->core) && (unseen == 0 || unseen_s <= 0);
+        bool done = all_heard || (clock_now_s() > until && (unseen == 0 || clock_now_s() > until_unseen));
         if (done)
             d->quit = true;
         pthread_mutex_unlock(&d->mu);
@@ -295,12 +295,12 @@ void dispatcher_close(struct dispatcher *d, double linger_s, double unseen_s)
             break;
         clock_sleep_s(0.05);
     }
-    if (all_told)
-        log_info("dispatch", "closed: every rollout process was told the end");
+    if (all_heard)
+        log_info("dispatch", "closed: every rollout process has heard the end");
     else if (unseen)
         log_warn("dispatch", "closed: %d rollout rank(s) never asked for work, %.0f s after the end", unseen, unseen_s);
     else
-        log_info("dispatch", "closed: some rollout processes were not heard from before it closed");
+        log_info("dispatch", "closed after %.0f s: some rollout processes did not say they heard the end", linger_s);
     pthread_join(d->thread, NULL);
     struct dispatch_stats st;
     dispatch_core_stats(d->core, &st);

@@ -28,6 +28,7 @@ struct work_client {
     pthread_t pinger;
     pthread_mutex_t mu;
     bool quit, ended, pinging;
+    struct work_grant end;      /* the end as heard (kind WORK_END, its step, the run's last, why), once ended */
     int64_t latest;             /* the newest version the dispatcher said it published (-1: not heard) */
     void (*on_chunk)(void *ud); /* after each weights chunk (work_client_on_chunk) */
     void *on_chunk_ud;
@@ -62,6 +63,39 @@ static enum rpc_result call(struct rpc_client *rpc, Grpo__Envelope *req, int tim
     }
 }
 
+/* The end has reached this process (a grant or a ping's answer, *x): kept for work_client_end, and said in every
+ * request from now on (end_heard). c->mu held. */
+static void heard_end(struct work_client *c, const Grpo__WorkGrant *x)
+{
+    if (c->ended)
+        return;
+    c->ended = true;
+    c->end = (struct work_grant){.kind = WORK_END, .step = x->step, .total_steps = x->total_steps};
+    snprintf(c->end.reason, sizeof c->end.reason, "%s", x->reason ? x->reason : "the trainers ended the run");
+}
+
+/* A ping on rpc: "alive", and once the end is heard, that it is. The answer (the caller frees it), or NULL. */
+static Grpo__Envelope *ping_call(struct work_client *c, struct rpc_client *rpc, int timeout_ms)
+{
+    Grpo__Envelope req = GRPO__ENVELOPE__INIT;
+    Grpo__WorkRequest w = GRPO__WORK_REQUEST__INIT;
+    w.worker_id = c->id;
+    w.rank = c->slot;
+    w.ping = true;
+    pthread_mutex_lock(&c->mu);
+    w.end_heard = c->ended;
+    pthread_mutex_unlock(&c->mu);
+    req.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST;
+    req.work_request = &w;
+    Grpo__Envelope *r = NULL;
+    char err[256];
+    if (call(rpc, &req, timeout_ms, &r, err, sizeof err) != RPC_OK) {
+        protocol_free(r);
+        return NULL;
+    }
+    return r;
+}
+
 static void *ping_loop(void *arg)
 {
     struct work_client *c = arg;
@@ -75,19 +109,12 @@ static void *ping_loop(void *arg)
                 return NULL;
             clock_sleep_s(0.05);
         }
-        Grpo__Envelope req = GRPO__ENVELOPE__INIT;
-        Grpo__WorkRequest w = GRPO__WORK_REQUEST__INIT;
-        w.worker_id = c->id;
-        w.rank = c->slot;
-        w.ping = true;
-        req.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST;
-        req.work_request = &w;
-        Grpo__Envelope *r = NULL;
-        char err[256];
-        if (call(c->ping_rpc, &req, (int)(c->ping_s * 1000) + 500, &r, err, sizeof err) == RPC_OK && r) {
+        Grpo__Envelope *r = ping_call(c, c->ping_rpc, (int)(c->ping_s * 1000) + 500);
+        if (r) {
             if (r->body_case == GRPO__ENVELOPE__BODY_WORK_GRANT) {
                 pthread_mutex_lock(&c->mu);
-                c->ended |= r->work_grant->kind == WORK_END;
+                if (r->work_grant->kind == WORK_END)
+                    heard_end(c, r->work_grant);
                 if (r->work_grant->latest_version > c->latest)
                     c->latest = r->work_grant->latest_version;
                 pthread_mutex_unlock(&c->mu);
@@ -177,6 +204,9 @@ int work_client_next(struct work_client *c, struct work_grant *g, int timeout_ms
     w.done_step = c->last_step;
     w.done_unit = c->last_unit;
     w.names_done = true;
+    pthread_mutex_lock(&c->mu);
+    w.end_heard = c->ended;
+    pthread_mutex_unlock(&c->mu);
     req.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST;
     req.work_request = &w;
     Grpo__Envelope *r = NULL;
@@ -194,7 +224,14 @@ int work_client_next(struct work_client *c, struct work_grant *g, int timeout_ms
         pthread_mutex_lock(&c->mu);
         if (g->latest_version > c->latest)
             c->latest = g->latest_version;
+        const bool newly_ended = g->kind == WORK_END && !c->ended;
+        if (g->kind == WORK_END)
+            heard_end(c, r->work_grant);
         pthread_mutex_unlock(&c->mu);
+        /* say at once that the end is heard (the dispatcher closes once every live process has said so); its
+         * answer changes nothing, and a lost one costs nothing: the pings say it too */
+        if (newly_ended)
+            protocol_free(ping_call(c, c->rpc, timeout_ms < 2000 ? timeout_ms : 2000));
         if (g->kind == WORK_UNIT && (g->units < 1 || g->unit < 0 || g->unit >= g->units))
             rc = error_set(err, errlen, "the dispatcher granted unit %d of %d", g->unit, g->units);
         else if (g->kind == WORK_UNIT) {
@@ -307,6 +344,18 @@ bool work_client_ended(struct work_client *c)
 {
     pthread_mutex_lock(&c->mu);
     bool e = c->ended;
+    pthread_mutex_unlock(&c->mu);
+    return e;
+}
+
+bool work_client_end(struct work_client *c, struct work_grant *g)
+{
+    pthread_mutex_lock(&c->mu);
+    const bool e = c->ended;
+    if (e) {
+        work_grant_release(g);
+        *g = c->end;
+    }
     pthread_mutex_unlock(&c->mu);
     return e;
 }

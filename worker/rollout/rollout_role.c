@@ -646,6 +646,10 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
                          r->env->at.engine);
                 break;
             }
+            /* the end heard in a ping (the answer to this ask lost, or the dispatcher closed since: it closes once
+             * every process has said it heard the end) */
+            if (work_client_end(r->work, g))
+                break;
             /* the dispatcher has a thread of its own and answers while the trainers work: silence for a minute
              * means the trainers are gone (the run ended or failed) */
             if (unanswered_since == 0)
