@@ -30,7 +30,7 @@ struct proc {
     int slot;
     double last_seen;
     bool alive;
-    bool heard_end; /* it has said it heard the end (WorkRequest.end_heard, since 1.14) */
+    bool heard_end;  /* it has said it heard the end (WorkRequest.end_heard, since 1.14) */
     bool superseded; /* a newer process serves its rank: each of its requests is refused */
 };
 
