@@ -142,6 +142,8 @@ void *k_alloc(struct kctx *K, size_t bytes, enum kmem_kind kind, const char *wha
         s->reserved = s->allocated;
     if (s->reserved > s->max_reserved)
         s->max_reserved = s->reserved;
+    if (kind == KMEM_WEIGHTS && K->ops->weights_note)
+        K->ops->weights_note(K, p, bytes);
     return p;
 }
 
@@ -156,6 +158,8 @@ void k_free(struct kctx *K, void *p, size_t bytes, enum kmem_kind kind)
 {
     if (!p)
         return;
+    if (kind == KMEM_WEIGHTS && K->ops->weights_forget)
+        K->ops->weights_forget(K, p);
     K->ops->free(K, p);
     struct kmem_stats *s = &K->mem;
     s->in_use[kind] -= bytes <= s->in_use[kind] ? bytes : s->in_use[kind];

@@ -213,6 +213,21 @@ struct kops {
     /* AdamW (torch semantics) at step t >= 1: p = p (1 - lr wd) - lr / (1 - b1^t) m / (sqrt(v / (1 - b2^t)) + eps) */
     void (*adamw)(struct kctx *K, float *p, const float *g, float *m, float *v, size_t n, double lr, double beta1,
                   double beta2, double eps, double weight_decay, int64_t t);
+    /* Kept weights (k_weights_changed below; NULL in a back-end that rounds nothing per call): k_alloc names each
+     * weights buffer (weights_note) and k_free forgets it; weights_changed marks p's buffer's copy stale;
+     * weights_check counts the copies marked fresh that differ from a rounding of their buffer now. */
+    void (*weights_note)(struct kctx *K, const void *p, size_t bytes);
+    void (*weights_forget)(struct kctx *K, const void *p);
+    void (*weights_changed)(struct kctx *K, const void *p);
+    int (*weights_check)(struct kctx *K);
+};
+
+/* What a context's products rounded (the CUDA back-end; the CPU's counts nothing): bytes of fp32 read to make BF16
+ * operands of activations (x, dy) and of weights per call, and the refreshes of kept weight copies (each reads its
+ * buffer's fp32 bytes once). In BF16, a decode step that rounds no weight reads each parameter once, 2 bytes. */
+struct kgemm_stats {
+    unsigned long long round_bytes_act, round_bytes_weights; /* per call */
+    unsigned long long kept_refreshes, kept_refresh_bytes;   /* kept copies made again after a change */
 };
 
 /* Bytes a context has handed out (k_alloc, less k_free) and the most it ever had: weights, gradients, optimizer
@@ -235,6 +250,11 @@ struct kctx {
     void *blas;   /* cublasHandle_t */
     void *impl;   /* the back-end's own state */
     struct kmem_stats mem;
+    struct kgemm_stats gemm;
+    /* fp32 products may use TF32 tensor cores (torch.set_float32_matmul_precision("high");
+     * actor_rollout_ref.model.fp32_matmul_precision): inputs rounded to TF32's 10-bit mantissa, fp32 accumulation.
+     * The CUDA back-end only; false (fp32 means fp32) unless set. */
+    bool tf32;
 };
 
 /* Batch-invariant mode (docs/training.md, "Batch-invariant mode"; actor_rollout_ref.model.batch_invariant): the CPU
@@ -291,6 +311,23 @@ static inline void k_copy_rows(struct kctx *K, void *dst, size_t dpitch, const v
         K->ops->copy(K, (char *)dst + r * dpitch, (const char *)src + r * spitch, bytes);
 }
 static inline void k_sync(struct kctx *K) { K->ops->sync(K); }
+
+/* BF16 weights kept (issue 43 item 3): in a BF16 context the CUDA back-end keeps a BF16 copy of each weights buffer
+ * (k_alloc'd as KMEM_WEIGHTS) that a product reads, made once after each change rather than at every product
+ * (which moved about 8 bytes per parameter per decode step instead of 2); fp32 masters stay for the update. The
+ * back-end's own ops that write into a weights buffer (AdamW, copies, to_device, zero, add, axpy, scale) mark its
+ * copy stale themselves; whatever else writes there (a collective: ZeRO-1's all-gather of the parameters) says so
+ * with k_weights_changed(K, p) for any p inside the buffer. GRPO_CHECK_KEPT_WEIGHTS=1 (on by default under
+ * tests/cuemu) compares the copy with a fresh rounding at every use and ends the process, naming the product, when
+ * a change went unsaid. */
+static inline void k_weights_changed(struct kctx *K, const void *p)
+{
+    if (K->ops->weights_changed)
+        K->ops->weights_changed(K, p);
+}
+/* How many kept copies marked fresh differ from a rounding of their buffer now (a change not said): 0 when all is
+ * well, and in a back-end that keeps none. */
+static inline int k_weights_check(struct kctx *K) { return K->ops->weights_check ? K->ops->weights_check(K) : 0; }
 /* Zero the peaks (a new step's maxima). */
 void kmem_reset_peaks(struct kctx *K);
 

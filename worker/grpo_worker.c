@@ -23,6 +23,7 @@
 #include "worker/comm/parallel.h"
 #include "worker/control/control.h"
 #include "worker/launch/launch.h"
+#include "worker/model/device.h"
 #include "worker/roles.h"
 
 static void usage(FILE *out)
@@ -235,6 +236,7 @@ static int parse(int *argc, char **argv, struct args *a)
         return 2;
     }
     k_set_batch_invariant(a->cfg.arr_model_batch_invariant);
+    model_set_fp32_matmul_tf32(strcmp(a->cfg.arr_model_fp32_matmul_precision, "high") == 0);
     if (a->cfg.arr_model_batch_invariant && strcmp(a->cfg.trainer_device, "cpu") != 0)
         log_warn("worker", KEY_arr_model_batch_invariant
                  ": the CUDA back-end has no batch-invariant kernels "

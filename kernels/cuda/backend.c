@@ -7,9 +7,11 @@
  * others only enqueue. Any CUDA or cuBLAS error is fatal (check.h), naming the call. Index arrays are not range
  * checked on the device as the CPU checks them: an id or target outside [0, V) belongs to no shard.
  *
- * GEMMs: fp32 (KMM_F32) are cublasGemmEx in FP32 with CUBLAS_COMPUTE_32F, never TF32; BF16 (KMM_BF16) round their
- * fp32 inputs to BF16 into grow-only workspaces first and accumulate in fp32 into fp32 outputs, so weights stay fp32
- * masters. The LM head's chunk products follow the context's precision too, as the CPU back-end's do.
+ * GEMMs: fp32 (KMM_F32) are cublasGemmEx in FP32 with CUBLAS_COMPUTE_32F, TF32 only where K->tf32 says so
+ * (CUBLAS_COMPUTE_32F_FAST_TF32); BF16 (KMM_BF16) round their fp32 activations to BF16 into grow-only workspaces
+ * first and read their weights from a BF16 copy of each weights buffer kept until the buffer changes (kept_operand),
+ * and accumulate in fp32 into fp32 outputs, so weights stay fp32 masters. The LM head's chunk products follow the
+ * context's precision too, as the CPU back-end's do.
  *
  * Memory: plain cudaMalloc / cudaFree, with the sizes of live allocations kept in a small table so that
  * K->mem.reserved is what the context holds from the device (its allocations plus its workspaces). */
@@ -43,8 +45,21 @@ struct live {
 
 enum { BF16_SLOTS = 3 };
 
+/* A weights buffer (k_alloc'd as KMEM_WEIGHTS) and, in a BF16 context, its kept BF16 copy: made at the first
+ * product that reads the buffer, and again at the first after a change (stale). */
+struct kept {
+    const float *base;
+    size_t n;   /* floats */
+    void *bf16; /* n BF16 values, or NULL until a product reads the buffer */
+    bool stale;
+};
+
 struct cuda_impl {
-    struct dbuf bf16[BF16_SLOTS];              /* GEMM operands rounded to BF16 */
+    struct dbuf bf16[BF16_SLOTS]; /* GEMM operands rounded to BF16 */
+    struct kept *kept;            /* the weights buffers (kernels.h, k_weights_changed) */
+    int n_kept, cap_kept;
+    int check_kept;                            /* GRPO_CHECK_KEPT_WEIGHTS: -1 not read yet, 0 off, 1 on */
+    struct dbuf check;                         /* its fresh rounding */
     struct dbuf scratch;                       /* rmsnorm's dw partials, column sums, sum of squares */
     struct dbuf attn;                          /* attention backward's D, decode partials */
     struct dbuf lm_z, lm_st;                   /* LM head: a chunk's logits (c, Vl) and its statistics (4c doubles) */
@@ -63,6 +78,9 @@ struct cuda_impl {
 static struct cuda_impl *impl(struct kctx *K) { return (struct cuda_impl *)K->impl; }
 static cudaStream_t stream(struct kctx *K) { return (cudaStream_t)K->stream; }
 static cublasHandle_t blas(struct kctx *K) { return (cublasHandle_t)K->blas; }
+
+/* A write into [p, p + bytes): a weights buffer's kept BF16 copy goes stale (below, with the GEMMs). */
+static void wrote(struct kctx *K, const void *p, size_t bytes);
 
 /* Ops may run on a thread whose current device is another one: make it this context's. */
 static void use(struct kctx *K) { CHECK_CUDA(cudaSetDevice(K->device_index)); }
@@ -231,6 +249,7 @@ static void cuda_to_device(struct kctx *K, void *dst, const void *src, size_t by
     if (!bytes)
         return;
     use(K);
+    wrote(K, dst, bytes);
     /* from pageable memory the call returns once src is staged: the caller may reuse it */
     CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream(K)));
 }
@@ -249,6 +268,7 @@ static void cuda_copy(struct kctx *K, void *dst, const void *src, size_t bytes)
     if (!bytes || dst == src)
         return;
     use(K);
+    wrote(K, dst, bytes);
     CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream(K)));
 }
 
@@ -259,6 +279,7 @@ static void cuda_copy_rows(struct kctx *K, void *dst, size_t dpitch, const void 
     if (!bytes || !rows)
         return;
     use(K);
+    wrote(K, dst, (rows - 1) * dpitch + bytes);
     CHECK_CUDA(cudaMemcpy2DAsync(dst, dpitch, src, spitch, bytes, rows, cudaMemcpyDeviceToDevice, stream(K)));
 }
 
@@ -267,6 +288,7 @@ static void cuda_zero(struct kctx *K, void *p, size_t bytes)
     if (!bytes)
         return;
     use(K);
+    wrote(K, p, bytes);
     CHECK_CUDA(cudaMemsetAsync(p, 0, bytes, stream(K)));
 }
 
@@ -278,6 +300,121 @@ static void cuda_sync(struct kctx *K)
 
 /* ---- GEMMs ---- */
 
+/* ---- kept BF16 weights (kernels.h, k_weights_changed) ---- */
+
+/* The weights buffer holding [p, p + bytes), or NULL. A model has a handful (the parameters, a LoRA adapter, a
+ * ZeRO-1 block): a scan. */
+static struct kept *kept_of(struct cuda_impl *I, const void *p, size_t bytes)
+{
+    const char *c = p;
+    for (int i = 0; i < I->n_kept; i++) {
+        const char *b = (const char *)I->kept[i].base;
+        if (c >= b && c + bytes <= b + I->kept[i].n * sizeof(float))
+            return &I->kept[i];
+    }
+    return NULL;
+}
+
+static void cuda_weights_note(struct kctx *K, const void *p, size_t bytes)
+{
+    struct cuda_impl *I = impl(K);
+    if (I->n_kept == I->cap_kept) {
+        I->cap_kept = I->cap_kept ? 2 * I->cap_kept : 8;
+        I->kept = xrealloc(I->kept, (size_t)I->cap_kept * sizeof *I->kept);
+    }
+    I->kept[I->n_kept++] = (struct kept){.base = p, .n = bytes / sizeof(float), .stale = true};
+}
+
+static void cuda_weights_forget(struct kctx *K, const void *p)
+{
+    struct cuda_impl *I = impl(K);
+    for (int i = 0; i < I->n_kept; i++) {
+        if (I->kept[i].base != p)
+            continue;
+        if (I->kept[i].bf16) {
+            use(K);
+            CHECK_CUDA(cudaStreamSynchronize(stream(K))); /* no product reads it any more */
+            CHECK_CUDA(cudaFree(I->kept[i].bf16));
+            I->held -= I->kept[i].n * 2;
+            update_reserved(K);
+        }
+        I->kept[i] = I->kept[--I->n_kept];
+        return;
+    }
+}
+
+/* Anything written into [p, p + bytes) of a weights buffer makes its copy stale (the ops below that write call it). */
+static void wrote(struct kctx *K, const void *p, size_t bytes)
+{
+    struct kept *k = impl(K)->n_kept ? kept_of(impl(K), p, bytes ? bytes : 1) : NULL;
+    if (k)
+        k->stale = true;
+}
+
+static void cuda_weights_changed(struct kctx *K, const void *p) { wrote(K, p, 1); }
+
+/* Whether the kept copy k equals a fresh rounding of its buffer (a device compare, through the host). */
+static bool kept_fresh(struct kctx *K, const struct kept *k)
+{
+    struct cuda_impl *I = impl(K);
+    void *now = ws(K, &I->check, k->n * 2);
+    CHECK_CUDA(f32_to_bf16_cuda(now, k->base, k->n, stream(K)));
+    uint16_t *a = xmalloc(k->n * 2), *b = xmalloc(k->n * 2);
+    CHECK_CUDA(cudaMemcpyAsync(a, now, k->n * 2, cudaMemcpyDeviceToHost, stream(K)));
+    CHECK_CUDA(cudaMemcpyAsync(b, k->bf16, k->n * 2, cudaMemcpyDeviceToHost, stream(K)));
+    CHECK_CUDA(cudaStreamSynchronize(stream(K)));
+    const bool same = memcmp(a, b, k->n * 2) == 0;
+    free(a), free(b);
+    return same;
+}
+
+static int cuda_weights_check(struct kctx *K)
+{
+    struct cuda_impl *I = impl(K);
+    use(K);
+    int bad = 0;
+    for (int i = 0; i < I->n_kept; i++)
+        bad += I->kept[i].bf16 && !I->kept[i].stale && !kept_fresh(K, &I->kept[i]);
+    return bad;
+}
+
+static bool checking_kept(struct cuda_impl *I)
+{
+    if (I->check_kept < 0) {
+        const char *e = getenv("GRPO_CHECK_KEPT_WEIGHTS");
+#ifdef GRPO_CUEMU
+        I->check_kept = !(e && strcmp(e, "0") == 0); /* on under the emulator unless turned off */
+#else
+        I->check_kept = e && strcmp(e, "1") == 0;
+#endif
+    }
+    return I->check_kept == 1;
+}
+
+/* W (n floats inside weights buffer k) as a BF16 operand: the kept copy, made again first if stale. */
+static const void *kept_operand(struct kctx *K, struct kept *k, const float *W, const char *who)
+{
+    struct cuda_impl *I = impl(K);
+    if (!k->bf16) {
+        CHECK_CUDA(cudaMalloc(&k->bf16, k->n * 2));
+        I->held += k->n * 2;
+        update_reserved(K);
+        k->stale = true;
+    }
+    if (k->stale) {
+        CHECK_CUDA(f32_to_bf16_cuda(k->bf16, k->base, k->n, stream(K)));
+        k->stale = false;
+        K->gemm.kept_refreshes++;
+        K->gemm.kept_refresh_bytes += k->n * sizeof(float);
+    } else if (checking_kept(I) && !kept_fresh(K, k)) {
+        check_failf(__FILE__, __LINE__,
+                    "%s: the kept BF16 copy of a weights buffer (%zu parameters) is stale: something wrote the "
+                    "weights without k_weights_changed (kernels.h)",
+                    who, k->n);
+    }
+    return (const uint16_t *)k->bf16 + (W - k->base);
+}
+
 /* x in the context's GEMM precision: itself (fp32), or rounded to BF16 into workspace slot. */
 static const void *gemm_operand(struct kctx *K, int slot, const float *x, size_t n)
 {
@@ -285,6 +422,22 @@ static const void *gemm_operand(struct kctx *K, int slot, const float *x, size_t
         return x;
     void *dst = ws(K, &impl(K)->bf16[slot], n * 2);
     CHECK_CUDA(f32_to_bf16_cuda(dst, x, n, stream(K)));
+    K->gemm.round_bytes_act += n * sizeof(float);
+    return dst;
+}
+
+/* A weight W (n floats) in the context's GEMM precision: in BF16, the kept copy when W lies in a weights buffer
+ * (who names the product, for the check), else rounded into workspace slot as any operand. */
+static const void *gemm_weight(struct kctx *K, int slot, const float *W, size_t n, const char *who)
+{
+    if (K->matmul != KMM_BF16)
+        return W;
+    struct kept *k = kept_of(impl(K), W, n * sizeof(float));
+    if (k)
+        return kept_operand(K, k, W, who);
+    void *dst = ws(K, &impl(K)->bf16[slot], n * 2);
+    CHECK_CUDA(f32_to_bf16_cuda(dst, W, n, stream(K)));
+    K->gemm.round_bytes_weights += n * sizeof(float);
     return dst;
 }
 
@@ -297,9 +450,10 @@ static void gemm_rm(struct kctx *K, bool ta, bool tb, int M, int N, int Kd, floa
     if (M <= 0 || N <= 0)
         return;
     const cudaDataType_t in = K->matmul == KMM_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    /* fp32 products on TF32 tensor cores only where K->tf32 allows it (fp32_matmul_precision=high) */
+    const cublasComputeType_t ct = K->matmul == KMM_F32 && K->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     CHECK_CUBLAS(cublasGemmEx(blas(K), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, Kd, &alpha,
-                              B, in, ldb, A, in, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
-                              CUBLAS_GEMM_DEFAULT));
+                              B, in, ldb, A, in, lda, &beta, C, CUDA_R_32F, ldc, ct, CUBLAS_GEMM_DEFAULT));
 }
 
 static void cuda_linear_forward(struct kctx *K, float *y, const float *x, const float *W, const float *b, int N,
@@ -312,7 +466,8 @@ static void cuda_linear_forward(struct kctx *K, float *y, const float *x, const 
         CHECK_CUDA(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)N * Dout, stream(K)));
     } else {
         /* y (N, Dout) = x (N, Din) W^T */
-        const void *xa = gemm_operand(K, 0, x, (size_t)N * Din), *wa = gemm_operand(K, 1, W, (size_t)Dout * Din);
+        const void *xa = gemm_operand(K, 0, x, (size_t)N * Din);
+        const void *wa = gemm_weight(K, 1, W, (size_t)Dout * Din, "linear_forward");
         gemm_rm(K, false, true, N, Dout, Din, 1.0f, xa, Din, wa, Din, 0.0f, y, Dout);
     }
     if (b)
@@ -328,8 +483,8 @@ static void cuda_linear_backward(struct kctx *K, float *dx, float *dW, float *db
     if ((dx || dW) && Din > 0) {
         const void *dya = gemm_operand(K, 0, dy, (size_t)N * Dout);
         if (dx) /* dx (N, Din) += dy (N, Dout) W (Dout, Din) */
-            gemm_rm(K, false, false, N, Din, Dout, 1.0f, dya, Dout, gemm_operand(K, 1, W, (size_t)Dout * Din), Din,
-                    1.0f, dx, Din);
+            gemm_rm(K, false, false, N, Din, Dout, 1.0f, dya, Dout,
+                    gemm_weight(K, 1, W, (size_t)Dout * Din, "linear_backward"), Din, 1.0f, dx, Din);
         if (dW) /* dW (Dout, Din) += dy^T x */
             gemm_rm(K, true, false, Dout, Din, N, 1.0f, dya, Dout, gemm_operand(K, 2, x, (size_t)N * Din), Din, 1.0f,
                     dW, Din);
@@ -422,18 +577,21 @@ static void cuda_swiglu_backward(struct kctx *K, float *dgate, float *dup, const
 static void cuda_add(struct kctx *K, float *y, const float *x, size_t n)
 {
     use(K);
+    wrote(K, y, n * sizeof(float));
     CHECK_CUDA(vec_add_cuda(y, x, n, stream(K)));
 }
 
 static void cuda_axpy(struct kctx *K, float *y, float a, const float *x, size_t n)
 {
     use(K);
+    wrote(K, y, n * sizeof(float));
     CHECK_CUDA(vec_axpy_cuda(y, a, x, n, stream(K)));
 }
 
 static void cuda_scale(struct kctx *K, float *x, double a, size_t n)
 {
     use(K);
+    wrote(K, x, n * sizeof(float));
     /* a double coefficient, one rounding: the CPU's bits */
     CHECK_CUDA(vec_scale_cuda(x, a, n, stream(K)));
 }
@@ -458,6 +616,7 @@ static void cuda_adamw(struct kctx *K, float *p, const float *g, float *m, float
     if (t < 1)
         check_failf(__FILE__, __LINE__, "adamw: step %lld (need t >= 1)", (long long)t);
     use(K);
+    wrote(K, p, n * sizeof(float));
     CHECK_CUDA(adamw_step_cuda(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, t, stream(K)));
 }
 
@@ -631,7 +790,8 @@ static void cuda_lmhead_forward(struct kctx *K, float *logp, float *entropy, con
     const int Vl = vs->hi - vs->lo, cmax = chunk < N ? chunk : N;
     float *z = ws(K, &I->lm_z, sizeof(float) * (size_t)cmax * Vl);
     double *st = ws(K, &I->lm_st, sizeof(double) * 5 * (size_t)cmax);
-    const void *ha = gemm_operand(K, 0, h, (size_t)N * D), *wa = gemm_operand(K, 1, W, (size_t)Vl * D);
+    const void *ha = gemm_operand(K, 0, h, (size_t)N * D);
+    const void *wa = gemm_weight(K, 1, W, (size_t)Vl * D, "lmhead_forward");
     const bool sq = entropy && vs->sum_pi_sq; /* the entropy output gets sum_j p_j^2 */
     for (int t0 = 0; t0 < N; t0 += cmax) {
         int c = N - t0 < cmax ? N - t0 : cmax;
@@ -653,7 +813,8 @@ static void cuda_lmhead_backward(struct kctx *K, float *dh, float *dW, const flo
     const int Vl = vs->hi - vs->lo, cmax = chunk < N ? chunk : N;
     float *z = ws(K, &I->lm_z, sizeof(float) * (size_t)cmax * Vl);
     double *st = ws(K, &I->lm_st, sizeof(double) * 5 * (size_t)cmax);
-    const void *ha = gemm_operand(K, 0, h, (size_t)N * D), *wa = gemm_operand(K, 1, W, (size_t)Vl * D);
+    const void *ha = gemm_operand(K, 0, h, (size_t)N * D);
+    const void *wa = gemm_weight(K, 1, W, (size_t)Vl * D, "lmhead_backward");
     for (int t0 = 0; t0 < N; t0 += cmax) {
         int c = N - t0 < cmax ? N - t0 : cmax;
         const void *hc = rows_at(K, ha, t0, D);
@@ -882,6 +1043,10 @@ const struct kops kops_cuda = {
     .lmhead_backward = cuda_lmhead_backward,
     .sample = cuda_sample,
     .adamw = cuda_adamw,
+    .weights_note = cuda_weights_note,
+    .weights_forget = cuda_weights_forget,
+    .weights_changed = cuda_weights_changed,
+    .weights_check = cuda_weights_check,
     .moe_route = cuda_moe_route,
     .moe_route_backward = cuda_moe_route_backward,
     .moe_experts_forward = cuda_moe_experts_forward,
@@ -941,6 +1106,7 @@ static int kops_cuda_open(struct kctx *K, int device, char *why, size_t len)
         return error_set(why, len, "cuda:%d: cuBLAS could not start (status %d)", device, (int)bs);
     }
     struct cuda_impl *I = xcalloc(1, sizeof *I);
+    I->check_kept = -1;
     if ((rc = cudaMalloc((void **)&I->sumsq_result, sizeof(double))) != cudaSuccess) {
         (void)cudaGetLastError();
         free(I);
@@ -966,6 +1132,10 @@ static void kops_cuda_close(struct kctx *K)
     cudaStreamSynchronize(stream(K));
     for (int i = 0; i < BF16_SLOTS; i++)
         dbuf_free(&I->bf16[i]);
+    for (int i = 0; i < I->n_kept; i++)
+        cudaFree(I->kept[i].bf16);
+    free(I->kept);
+    dbuf_free(&I->check);
     dbuf_free(&I->scratch);
     dbuf_free(&I->attn);
     dbuf_free(&I->lm_z);

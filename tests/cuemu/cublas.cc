@@ -1,7 +1,9 @@
 // cuemu: cublasGemmEx on the CPU, from the definition (tests/cuemu/README.md). Column-major, as cuBLAS:
 // C (m, n) = alpha op(A) op(B) + beta C with op(A) (m, k) and op(B) (k, n); every product summed in double in
-// index order, then rounded once to float. The arguments are checked as cuBLAS's documentation states them, and a
+// index order, then rounded once to float. CUBLAS_COMPUTE_32F_FAST_TF32 with fp32 inputs rounds each input to TF32
+// first (10 mantissa bits, to nearest with ties away from zero, as cvt.rna.tf32.f32). The arguments are checked as cuBLAS's documentation states them, and a
 // refusal is printed ("cuemu: cublasGemmEx: ...") before its status is returned.
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -25,10 +27,22 @@ cublasStatus_t refuse(const char *why)
     return CUBLAS_STATUS_INVALID_VALUE;
 }
 
-double load(const void *p, cudaDataType_t t, size_t i)
+// x rounded to TF32: its 13 low mantissa bits dropped, to nearest with ties away from zero (NaN and infinity kept)
+float tf32(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u)
+        return x;
+    u = (u + 0x1000u) & ~0x1fffu;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+double load(const void *p, cudaDataType_t t, size_t i, bool fast_tf32)
 {
     if (t == CUDA_R_32F)
-        return ((const float *)p)[i];
+        return fast_tf32 ? tf32(((const float *)p)[i]) : ((const float *)p)[i];
     return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
 }
 
@@ -92,10 +106,11 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
                  arows, brows, m);
         return refuse(why);
     }
-    if (Ctype != CUDA_R_32F || computeType != CUBLAS_COMPUTE_32F || Atype != Btype ||
+    const bool fast_tf32 = computeType == CUBLAS_COMPUTE_32F_FAST_TF32 && Atype == CUDA_R_32F;
+    if (Ctype != CUDA_R_32F || (computeType != CUBLAS_COMPUTE_32F && !fast_tf32) || Atype != Btype ||
         (Atype != CUDA_R_32F && Atype != CUDA_R_16BF))
-        return refuse(
-            "only A, B in CUDA_R_32F or CUDA_R_16BF with C in CUDA_R_32F and CUBLAS_COMPUTE_32F are emulated");
+        return refuse("only A, B in CUDA_R_32F or CUDA_R_16BF with C in CUDA_R_32F and CUBLAS_COMPUTE_32F (or "
+                      "CUBLAS_COMPUTE_32F_FAST_TF32 with fp32 inputs) are emulated");
     if (m == 0 || n == 0)
         return CUBLAS_STATUS_SUCCESS;
     if (cuemu_pointer_kind(C) != 1 || (k > 0 && (cuemu_pointer_kind(A) != 1 || cuemu_pointer_kind(B) != 1)))
@@ -109,10 +124,12 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
     std::vector<double> a((size_t)m * k), b((size_t)n * k);
     for (int i = 0; i < m; i++)
         for (int p = 0; p < k; p++)
-            a[(size_t)i * k + p] = load(A, Atype, transa == CUBLAS_OP_N ? (size_t)p * lda + i : (size_t)i * lda + p);
+            a[(size_t)i * k + p] =
+                load(A, Atype, transa == CUBLAS_OP_N ? (size_t)p * lda + i : (size_t)i * lda + p, fast_tf32);
     for (int j = 0; j < n; j++)
         for (int p = 0; p < k; p++)
-            b[(size_t)j * k + p] = load(B, Btype, transb == CUBLAS_OP_N ? (size_t)j * ldb + p : (size_t)p * ldb + j);
+            b[(size_t)j * k + p] =
+                load(B, Btype, transb == CUBLAS_OP_N ? (size_t)j * ldb + p : (size_t)p * ldb + j, fast_tf32);
     float *c = (float *)C;
     for (int j = 0; j < n; j++)
         for (int i = 0; i < m; i++) {

@@ -13,6 +13,15 @@
  * uses one GPU: the first "cuda:N" asked for). */
 static struct kctx *g_ctx[2][2];
 static bool g_fallback_said;
+static bool g_tf32; /* actor_rollout_ref.model.fp32_matmul_precision=high */
+
+void model_set_fp32_matmul_tf32(bool tf32)
+{
+    g_tf32 = tf32;
+    for (int d = 0; d < 2; d++)
+        if (g_ctx[1][d])
+            g_ctx[1][d]->tf32 = tf32;
+}
 
 struct kctx *model_context_for(const char *device, const char *dtype, const char *dtype_key, char *err, size_t errlen)
 {
@@ -35,6 +44,7 @@ struct kctx *model_context_for(const char *device, const char *dtype, const char
             error_set(err, errlen, "%s: %s", cuda ? KEY_trainer_device "=cuda" : dtype_key, why);
             return NULL;
         }
+        (*slot)->tf32 = cuda && g_tf32;
         char d[256];
         log_info("model", "kernels: %s", kctx_describe(*slot, d, sizeof d));
     }
