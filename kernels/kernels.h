@@ -157,6 +157,10 @@ struct kops {
                                const int32_t *cu_seqlens, const int32_t *prefix_of, int B, int Hq, int Hkv, int hd);
     void (*attention_cached)(struct kctx *K, float *out, const float *q, const float *kcache, const float *vcache,
                              int Tq, int Tk, int Hq, int Hkv, int hd);
+    /* batch-invariant mode's attention of chosen query rows (context parallelism's, over the whole row's keys): see
+     * attention_rows in kernels/cpu/cpu_kernels.h; kfirst, klast (n) host int32. NULL in a back-end without it */
+    void (*attention_rows)(struct kctx *K, float *out, float *lse, const float *q, const float *k, const float *v,
+                           const int32_t *kfirst, const int32_t *klast, int n, int Hq, int Hkv, int hd);
     /* ring attention's blocks (context parallelism), NULL in a back-end without them: see attention_block_forward in
      * kernels/cpu/cpu_kernels.h; qseq (nq) and kseq (nk) are int32 context memory, drow (nq, Hq) floats */
     void (*attention_block_forward)(struct kctx *K, float *po, float *plse, const float *q, const float *k,
@@ -385,6 +389,12 @@ static inline void k_attention_cached(struct kctx *K, float *out, const float *q
                                       const float *vcache, int Tq, int Tk, int Hq, int Hkv, int hd)
 {
     K->ops->attention_cached(K, out, q, kcache, vcache, Tq, Tk, Hq, Hkv, hd);
+}
+static inline void k_attention_rows(struct kctx *K, float *out, float *lse, const float *q, const float *k,
+                                    const float *v, const int32_t *kfirst, const int32_t *klast, int n, int Hq, int Hkv,
+                                    int hd)
+{
+    K->ops->attention_rows(K, out, lse, q, k, v, kfirst, klast, n, Hq, Hkv, hd);
 }
 /* Whether K's back-end has ring attention's blocks. */
 static inline bool k_has_attention_block(const struct kctx *K) { return K->ops->attention_block_forward != NULL; }
