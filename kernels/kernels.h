@@ -70,6 +70,14 @@ struct kmoe {
     /* LoRA on the experts (NULL: none; the CPU back-end only): each expert's token group also runs its own
      * low-rank path, struct kmoe_lora */
     const struct kmoe_lora *lora;
+    /* batch-invariant mode (docs/training.md; the CPU back-end): 0 or 1, off; g > 1, the down projections' F
+     * columns cut into g fixed groups, each group's product a partial of its own (group 0 in ys, the others in
+     * ys_groups, (g - 1) N k D floats the back-end provides), each group's partials combined over a token's slots
+     * alone and the g results summed in a fixed pairwise tree, as the row-parallel projections' groups
+     * (worker/model/model_proj.c): a TP rank's g groups are a subtree of the whole model's, so the TP ranks' sum
+     * has the same bits whatever the TP size. ys then holds the groups' tree for the backward. */
+    int bi_groups;
+    float *ys_groups;
 };
 
 /* The experts' LoRA adapters of one layer over r's E experts, in PEFT's layout of transformers' fused experts (its

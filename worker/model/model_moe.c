@@ -129,7 +129,8 @@ void model_moe_forward(const struct model *m, int l, const struct packed_batch *
     s->r.ref = NULL;
     free(ref);
     s->r.lora = model_expert_terms(m, l, (size_t)N * c->n_experts_per_tok); /* the hook's terms, or NULL */
-    if (m->sh.ep)                                                           /* the experts on the ranks holding them */
+    s->r.bi_groups = m->sh.ep ? 0 : model_bi_expert_groups(m); /* expert parallelism: not in the mode's groups */
+    if (m->sh.ep)                                              /* the experts on the ranks holding them */
         moe_ep_forward(s->ep, m, L, &s->r, x, out);
     else
         k_moe_experts_forward(K, out, x, L->w_gate, L->w_up, L->w_down, &s->r);

@@ -30,13 +30,29 @@ static float *proj_weight(const struct layer_params *P, enum proj_kind p, float 
  * the largest power of two up to 8 dividing the whole model's columns (heads x head_dim, intermediate_size).
  * Each group's product is one partial, the partials are summed in a fixed pairwise tree, and a TP rank's groups
  * are a subtree of it: the sum's bits are the same whatever the TP size (a power of two dividing the groups). */
-static int bi_groups(const struct model *m, enum proj_kind p)
+static int pow2_groups(int cols)
 {
-    const int cols = p == PROJ_O ? m->cfg.n_heads * m->cfg.head_dim : m->cfg.intermediate_size;
     int g = 8;
     while (g > 1 && cols % g != 0)
         g /= 2;
     return g;
+}
+
+static int bi_groups(const struct model *m, enum proj_kind p)
+{
+    return pow2_groups(p == PROJ_O ? m->cfg.n_heads * m->cfg.head_dim : m->cfg.intermediate_size);
+}
+
+/* The groups of a TP rank (G / tp), or a failure naming the TP size that does not divide them. */
+static int rank_groups(const struct model *m, int G, const char *what)
+{
+    const int tp = m->sh.tp_size;
+    if (G % tp != 0)
+        check_failf(__FILE__, __LINE__,
+                    "batch-invariant mode (" KEY_arr_model_batch_invariant "): tensor parallel size %d does not "
+                    "divide the %d fixed groups of the model's %s columns; use a TP size dividing %d",
+                    tp, G, what, G);
+    return G / tp;
 }
 
 /* The pairwise tree over n (a power of two) buffers of len floats, n apart by stride, into the first: (0+1)+(2+3)... */
@@ -71,13 +87,7 @@ static bool bi_rowpar(const struct model *m, enum proj_kind p)
 static void rowpar_forward(const struct model *m, enum proj_kind p, float *y, const float *x, const float *W, int N,
                            int din, int dout)
 {
-    const int G = bi_groups(m, p), tp = m->sh.tp_size;
-    if (G % tp != 0)
-        check_failf(__FILE__, __LINE__,
-                    "batch-invariant mode (" KEY_arr_model_batch_invariant "): tensor parallel size %d does not "
-                    "divide the %d fixed groups of the model's %s columns; use a TP size dividing %d",
-                    tp, G, p == PROJ_O ? "o_proj" : "down_proj", G);
-    const int g = G / tp, kc = din / g;
+    const int g = rank_groups(m, bi_groups(m, p), p == PROJ_O ? "o_proj" : "down_proj"), kc = din / g;
     const size_t len = (size_t)N * dout;
     if (N <= 0 || dout <= 0)
         return;
@@ -91,6 +101,13 @@ static void rowpar_forward(const struct model *m, enum proj_kind p, float *y, co
                             dout);
     tree_sum(m->K, part, len, g, len);
     k_copy(m->K, y, part, len * sizeof(float));
+}
+
+int model_bi_expert_groups(const struct model *m)
+{
+    if (!k_batch_invariant() || m->K->device != KDEV_CPU || !m->K->ops->linear_forward_ld || !m->cfg.n_experts)
+        return 0;
+    return rank_groups(m, pow2_groups(m->cfg.moe_intermediate), "experts' down_proj");
 }
 
 void model_proj_forward(const struct model *m, int l, enum proj_kind p, float *y, const float *x, int N)

@@ -276,8 +276,9 @@ static const float *step(struct model *m, struct kv_cache **caches, int B, const
             if (m->moe_record)
                 record_routes(m, l, &t.moe, B, ntok);
             t.moe.lora = model_expert_terms(m, l, (size_t)N * c->n_experts_per_tok); /* the hook's, or NULL */
+            t.moe.bi_groups = model_bi_expert_groups(m);
             k_moe_experts_forward(K, t.tmp, t.xn, L->w_gate, L->w_up, L->w_down, &t.moe);
-            model_tp_sum(m, t.tmp, nD); /* under TP each rank's rows of every expert gave a part */
+            model_tp_sum_rowpar(m, t.tmp, nD); /* under TP each rank's rows of every expert gave a part */
             k_add(K, t.x, t.tmp, nD);
             continue;
         }
