@@ -16,6 +16,7 @@
 /* The adapter as the model's projection hook (struct model_hook): its terms on the projections, the router and the
  * experts, its gradients made before a backward, and its release with the model. */
 static const struct model_hook g_lora_hook;
+static void merged_free(struct lora *a);
 
 int lora_attach(struct model *m, const struct lora_config *c, char *err, size_t errlen)
 {
@@ -78,6 +79,7 @@ void lora_detach(struct model *m)
     if (a->scratch)
         k_free(m->K, a->scratch, a->scratch_cap * sizeof(float), KMEM_ACTS);
     model_freeze(m, false);
+    merged_free(a);
     free(a->moe);
     free(a->w);
     free(a->g);
@@ -174,6 +176,56 @@ static void lora_router_backward(const struct model *m, int l, float *dx, const 
                      m->cfg.hidden_size, m->cfg.n_experts);
 }
 
+/* ------------------------------------------------------------------ batch-invariant mode's merged weights */
+
+static void add_scaled_product(float *W, const float *A, const float *B, int dout, int din, int r, float scale);
+
+/* A projection's base with the adapter merged, and the A and B it was merged from. */
+struct lora_merged {
+    float *W, *ab;
+};
+
+static const float *base_weight(const struct layer_params *L, enum proj_kind p)
+{
+    const float *const w[PROJ_KINDS] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
+    return w[p];
+}
+
+static void merged_free(struct lora *a)
+{
+    for (int i = 0; a->bi && i < a->n_layers * PROJ_KINDS; i++)
+        free(a->bi[i].W), free(a->bi[i].ab);
+    free(a->bi);
+    a->bi = NULL;
+}
+
+/* W + s B A of projection p of layer l, each entry as lora_merged_weights makes it (add_scaled_product), so that
+ * the trainer's forward and a rollout given the merged weights multiply by the same W; remade when A or B differ
+ * from those it was made from (an optimizer step, a new version), compared bit for bit. Host memory: the CPU's. */
+static const float *lora_proj_merged(const struct model *m, int l, enum proj_kind p)
+{
+    struct lora *a = m->lora;
+    if (!a || a->bypass || !a->w[l].A[p] || (m->cfg.n_experts && (LORA_MLP & (1u << p))))
+        return NULL;
+    int din, dout;
+    model_proj_dims(m, p, &din, &dout);
+    const int r = a->cfg.rank;
+    const size_t na = (size_t)r * din, nb = (size_t)dout * r, fs = sizeof(float);
+    const float *A = a->w[l].A[p], *B = a->w[l].B[p];
+    if (!a->bi)
+        a->bi = xcalloc((size_t)a->n_layers * PROJ_KINDS, sizeof *a->bi);
+    struct lora_merged *c = &a->bi[(size_t)l * PROJ_KINDS + p];
+    if (c->W && memcmp(c->ab, A, na * fs) == 0 && memcmp(c->ab + na, B, nb * fs) == 0)
+        return c->W;
+    if (!c->W)
+        c->W = xmalloc((size_t)dout * din * fs), c->ab = xmalloc((na + nb) * fs);
+    memcpy(c->ab, A, na * fs);
+    memcpy(c->ab + na, B, nb * fs);
+    memcpy(c->W, base_weight(&m->w.layers[l], p), (size_t)dout * din * fs);
+    add_scaled_product(c->W, A, B, dout, din, r, a->scale);
+    return c->W;
+}
+
 static const struct kmoe_lora *lora_moe(const struct model *m, int l, size_t nk)
 {
     struct lora *a = m->lora;
@@ -204,6 +256,7 @@ static const struct model_hook g_lora_hook = {
     .proj_backward = lora_proj_backward,
     .router_forward = lora_router_forward,
     .router_backward = lora_router_backward,
+    .proj_merged = lora_proj_merged,
     .experts = lora_moe,
     .make_grads = lora_make_grads,
     .release = lora_detach,

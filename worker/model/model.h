@@ -154,6 +154,10 @@ struct model_hook {
     /* the same on a mixture of experts' router logits (N, E) */
     void (*router_forward)(const struct model *m, int l, float *y, const float *x, int N);
     void (*router_backward)(const struct model *m, int l, float *dx, const float *dy, const float *x, int N);
+    /* batch-invariant mode (CPU): projection p's weight with the hook's term folded in, the bits a rollout given the
+     * merged weights computes with, or NULL when p has no term; model_proj_forward then takes it for the base's and
+     * adds no proj_forward term (NULL entry: the terms are added) */
+    const float *(*proj_merged)(const struct model *m, int l, enum proj_kind p);
     /* the experts' terms of layer l as the MoE kernels take them (struct kmoe's lora) for a run of nk slots, or NULL */
     const struct kmoe_lora *(*experts)(const struct model *m, int l, size_t nk);
     /* before a backward: the hook's gradients made (zeroed) where they are not yet */

@@ -110,17 +110,27 @@ int model_bi_expert_groups(const struct model *m)
     return rank_groups(m, pow2_groups(m->cfg.moe_intermediate), "experts' down_proj");
 }
 
+/* Batch-invariant mode on the CPU: the hook's merged weight of projection p (struct model_hook), or NULL. */
+static const float *bi_merged(const struct model *m, int l, enum proj_kind p)
+{
+    if (!k_batch_invariant() || m->K->device != KDEV_CPU || !m->hook || !m->hook->proj_merged)
+        return NULL;
+    return m->hook->proj_merged(m, l, p);
+}
+
 void model_proj_forward(const struct model *m, int l, enum proj_kind p, float *y, const float *x, int N)
 {
     int din, dout;
     float *b;
-    const float *W = proj_weight(&m->w.layers[l], p, &b);
+    const float *W = proj_weight(&m->w.layers[l], p, &b), *merged = bi_merged(m, l, p);
     model_proj_dims(m, p, &din, &dout);
+    if (merged) /* the adapter in the weight, as a rollout given the merged weights has it */
+        W = merged;
     if (bi_rowpar(m, p) && !b)
         rowpar_forward(m, p, y, x, W, N, din, dout);
     else
         k_linear_forward(m->K, y, x, W, b, N, din, dout);
-    if (m->hook && m->hook->proj_forward)
+    if (!merged && m->hook && m->hook->proj_forward)
         m->hook->proj_forward(m, l, p, y, x, N);
 }
 
