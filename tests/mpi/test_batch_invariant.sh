@@ -7,7 +7,8 @@
 #    rollout rank; rollout TP2 fed by TP2 trainers; colocated TP2; BF16 products (dtype bfloat16 for the actor and the
 #    rollout: skipped, saying so, on a CPU without AVX512-BF16 or AMX);
 #  - context parallelism (colocated CP2), a mixture of experts (Qwen3-MoE) under training TP (TP2 trainers fed by a
-#    TP1 rollout rank) and LoRA with rollout TP (rollout TP2, merged weights, fed by a TP1 trainer);
+#    TP1 rollout rank) and LoRA with rollout TP (rollout TP2, merged weights, fed by a TP1 trainer; and on a
+#    Qwen3-MoE model, the experts' and the router's adapters merged too);
 #  - with the mode off the same runs show the real difference: nonzero, and the metrics equal its recomputation;
 #  - use_rollout_log_probs=true in the mode skips the old-log-prob pass and changes no metric, bit for bit (one
 #    process and split).
@@ -96,6 +97,11 @@ run lora-rtp-off off "${MPIRUN[@]}" -np 3 -- "${LORA[@]}"
 expect "LoRA: rollout TP2 (merged weights) fed by a TP1 trainer, the mode off: a real difference" $?
 run lora-rtp-on on "${MPIRUN[@]}" -np 3 -- "${LORA[@]}" $ON
 expect "LoRA: rollout TP2 fed by a TP1 trainer (the trainer's forward on the merged weights too): bit for bit" $?
+MOELORA=(actor_rollout_ref.model.path="$TMP/moe" "${LORA[@]}")
+run moelora-rtp-off off "${MPIRUN[@]}" -np 3 -- "${MOELORA[@]}"
+expect "Qwen3-MoE with LoRA on every projection, the experts and the router: rollout TP2, the mode off: a difference" $?
+run moelora-rtp-on on "${MPIRUN[@]}" -np 3 -- "${MOELORA[@]}" $ON
+expect "Qwen3-MoE with LoRA on the experts and the router: rollout TP2 fed by a TP1 trainer: bit for bit" $?
 
 if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
     BF16=(actor_rollout_ref.actor.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16)

@@ -147,11 +147,30 @@ void model_proj_backward(struct model *m, int l, enum proj_kind p, float *dx, co
         m->hook->proj_backward(m, l, p, dx, dy, x, N);
 }
 
+/* Batch-invariant mode on the CPU with a hook that merges a mixture of experts' weights (no expert parallelism). */
+static bool bi_moe_merges(const struct model *m)
+{
+    return k_batch_invariant() && m->K->device == KDEV_CPU && m->hook && m->hook->moe_merged && !m->sh.ep;
+}
+
 void model_router_forward(const struct model *m, int l, float *y, const float *x, int N)
 {
-    k_linear_forward(m->K, y, x, m->w.layers[l].router, NULL, N, m->cfg.hidden_size, m->cfg.n_experts);
-    if (m->hook && m->hook->router_forward)
+    const float *merged = bi_moe_merges(m) ? m->hook->moe_merged(m, l, 0) : NULL;
+    k_linear_forward(m->K, y, x, merged ? merged : m->w.layers[l].router, NULL, N, m->cfg.hidden_size,
+                     m->cfg.n_experts);
+    if (!merged && m->hook && m->hook->router_forward)
         m->hook->router_forward(m, l, y, x, N);
+}
+
+bool model_expert_weights(const struct model *m, int l, const float *W[3])
+{
+    if (!bi_moe_merges(m))
+        return false;
+    for (int i = 0; i < 3; i++) {
+        const float *merged = m->hook->moe_merged(m, l, i + 1);
+        W[i] = merged ? merged : W[i];
+    }
+    return true;
 }
 
 void model_router_backward(struct model *m, int l, float *dx, const float *dy, const float *x, int N)
