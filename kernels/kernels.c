@@ -285,6 +285,18 @@ void kmoe_take(struct karena *ar, struct kmoe *r, bool bwd)
     r->bwd_f = bwd ? karena_take(ar, 3 * nk * F * f) : NULL;
 }
 
+/* Batch-invariant mode's down product of one expert's n slots from lo: each of r's bi_groups column groups into its
+ * own partial (group 0 into ys, the others into ys_groups). */
+static void kmoe_down_groups(struct kctx *K, const float *Wd, struct kmoe *r, size_t lo, int n)
+{
+    const int g = r->bi_groups, F = r->F, kc = F / g;
+    const size_t d = (size_t)r->D, f = (size_t)F, nkd = (size_t)r->N * (size_t)r->k * d;
+    for (int j = 0; j < g; j++) {
+        float *ys = (j ? r->ys_groups + (size_t)(j - 1) * nkd : r->ys) + lo * d;
+        K->ops->linear_forward_ld(K, ys, r->a + lo * f + (size_t)j * kc, F, Wd + (size_t)j * kc, F, n, kc, r->D);
+    }
+}
+
 void kmoe_products_forward(struct kctx *K, const int32_t *offs, const float *Wg, const float *Wu, const float *Wd,
                            struct kmoe *r, const struct kmoe_expert_hooks *hooks)
 {
@@ -301,8 +313,11 @@ void kmoe_products_forward(struct kctx *K, const int32_t *offs, const float *Wg,
         if (hooks && hooks->gate_up_forward)
             hooks->gate_up_forward(K, r, e, (int)lo, n);
         K->ops->swiglu_forward(K, r->a + lo * f, r->g + lo * f, r->u + lo * f, (size_t)n * f);
-        K->ops->linear_forward(K, r->ys + lo * d, r->a + lo * f, Wd + ew, NULL, n, F, D);
-        if (hooks && hooks->down_forward)
+        if (r->bi_groups > 1)
+            kmoe_down_groups(K, Wd + ew, r, lo, n);
+        else
+            K->ops->linear_forward(K, r->ys + lo * d, r->a + lo * f, Wd + ew, NULL, n, F, D);
+        if (hooks && hooks->down_forward) /* in batch-invariant mode into group 0 */
             hooks->down_forward(K, r, e, (int)lo, n);
     }
 }

@@ -70,6 +70,14 @@ struct kmoe {
     /* LoRA on the experts (NULL: none; the CPU back-end only): each expert's token group also runs its own
      * low-rank path, struct kmoe_lora */
     const struct kmoe_lora *lora;
+    /* batch-invariant mode (docs/training.md; the CPU back-end): 0 or 1, off; g > 1, the down projections' F
+     * columns cut into g fixed groups, each group's product a partial of its own (group 0 in ys, the others in
+     * ys_groups, (g - 1) N k D floats the back-end provides), each group's partials combined over a token's slots
+     * alone and the g results summed in a fixed pairwise tree, as the row-parallel projections' groups
+     * (worker/model/model_proj.c): a TP rank's g groups are a subtree of the whole model's, so the TP ranks' sum
+     * has the same bits whatever the TP size. ys then holds the groups' tree for the backward. */
+    int bi_groups;
+    float *ys_groups;
 };
 
 /* The experts' LoRA adapters of one layer over r's E experts, in PEFT's layout of transformers' fused experts (its
@@ -157,6 +165,10 @@ struct kops {
                                const int32_t *cu_seqlens, const int32_t *prefix_of, int B, int Hq, int Hkv, int hd);
     void (*attention_cached)(struct kctx *K, float *out, const float *q, const float *kcache, const float *vcache,
                              int Tq, int Tk, int Hq, int Hkv, int hd);
+    /* batch-invariant mode's attention of chosen query rows (context parallelism's, over the whole row's keys): see
+     * attention_rows in kernels/cpu/cpu_kernels.h; kfirst, klast (n) host int32. NULL in a back-end without it */
+    void (*attention_rows)(struct kctx *K, float *out, float *lse, const float *q, const float *k, const float *v,
+                           const int32_t *kfirst, const int32_t *klast, int n, int Hq, int Hkv, int hd);
     /* ring attention's blocks (context parallelism), NULL in a back-end without them: see attention_block_forward in
      * kernels/cpu/cpu_kernels.h; qseq (nq) and kseq (nk) are int32 context memory, drow (nq, Hq) floats */
     void (*attention_block_forward)(struct kctx *K, float *po, float *plse, const float *q, const float *k,
@@ -422,6 +434,12 @@ static inline void k_attention_cached(struct kctx *K, float *out, const float *q
                                       const float *vcache, int Tq, int Tk, int Hq, int Hkv, int hd)
 {
     K->ops->attention_cached(K, out, q, kcache, vcache, Tq, Tk, Hq, Hkv, hd);
+}
+static inline void k_attention_rows(struct kctx *K, float *out, float *lse, const float *q, const float *k,
+                                    const float *v, const int32_t *kfirst, const int32_t *klast, int n, int Hq, int Hkv,
+                                    int hd)
+{
+    K->ops->attention_rows(K, out, lse, q, k, v, kfirst, klast, n, Hq, Hkv, hd);
 }
 /* Whether K's back-end has ring attention's blocks. */
 static inline bool k_has_attention_block(const struct kctx *K) { return K->ops->attention_block_forward != NULL; }

@@ -180,6 +180,7 @@ struct attn_job {
     float *out, *lse, *dq, *dk, *dv;
     const float *q, *k, *v, *dout, *o, *lse_in; /* lse: the forward's output, lse_in: the backward's input */
     const int32_t *cu, *prefix_of;
+    const int32_t *kfirst, *klast; /* attention_rows' key ranges */
     int B, Hq, Hkv, hd, maxK, units;
     _Atomic int next;
 };
@@ -397,4 +398,45 @@ void attention_cached(float *out, const float *q, const float *kcache, const flo
     job_init(&j, q, kcache, vcache, NULL, NULL, Tq, Hq, Hkv, hd, Tk, Hq);
     j.out = out;
     cpu_run_parts(attn_parts(2.0 * Tq * Tk * Hq * hd, Hq), cached_part, &j);
+}
+
+/* rows: unit = query head h, over every row (B of them) */
+static void rows_part(void *arg, int part, int parts)
+{
+    (void)part, (void)parts;
+    struct attn_job *j = arg;
+    const int group = j->Hq / j->Hkv, ldq = j->Hq * j->hd, ldk = j->Hkv * j->hd, hd = j->hd;
+    const float scale = (float)(1.0 / sqrt((double)hd));
+    float *S = xmalloc(sizeof(float) * (size_t)j->maxK);
+    for (int h; (h = j->next++) < j->units;) {
+        const size_t kh = (size_t)(h / group) * hd;
+        for (int i = 0; i < j->B; i++) {
+            const size_t ko = (size_t)j->kfirst[i] * ldk + kh, qo = (size_t)i * ldq + (size_t)h * hd;
+            head_decode(j->out + qo, j->lse + (size_t)i * j->Hq + h, j->q + qo, j->k + ko, j->v + ko, ldk,
+                        j->klast[i] - j->kfirst[i] + 1, hd, scale, S);
+        }
+    }
+    free(S);
+}
+
+void attention_rows(float *out, float *lse, const float *q, const float *k, const float *v, const int32_t *kfirst,
+                    const int32_t *klast, int n, int Hq, int Hkv, int hd)
+{
+    check_heads("attention_rows", Hq, Hkv, hd);
+    int maxK = 1;
+    double macs = 0;
+    for (int i = 0; i < n; i++) {
+        const int nk = klast[i] - kfirst[i] + 1;
+        if (kfirst[i] < 0 || nk < 1)
+            check_failf(__FILE__, __LINE__, "attention_rows: row %d's keys %d .. %d are not a range", i, (int)kfirst[i],
+                        (int)klast[i]);
+        maxK = nk > maxK ? nk : maxK;
+        macs += 2.0 * nk * Hq * hd;
+    }
+    if (n <= 0)
+        return;
+    struct attn_job j;
+    job_init(&j, q, k, v, NULL, NULL, n, Hq, Hkv, hd, maxK, Hq);
+    j.out = out, j.lse = lse, j.kfirst = kfirst, j.klast = klast;
+    cpu_run_parts(attn_parts(macs, Hq), rows_part, &j);
 }

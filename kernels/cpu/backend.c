@@ -135,6 +135,12 @@ static void cpu_attention_cached(struct kctx *K, float *out, const float *q, con
     (void)K;
     attention_cached(out, q, kcache, vcache, Tq, Tk, Hq, Hkv, hd);
 }
+static void cpu_attention_rows(struct kctx *K, float *out, float *lse, const float *q, const float *k, const float *v,
+                               const int32_t *kfirst, const int32_t *klast, int n, int Hq, int Hkv, int hd)
+{
+    (void)K;
+    attention_rows(out, lse, q, k, v, kfirst, klast, n, Hq, Hkv, hd);
+}
 static void cpu_swiglu_forward(struct kctx *K, float *out, const float *gate, const float *up, size_t n)
 {
     (void)K;
@@ -268,6 +274,7 @@ const struct kops kops_cpu = {
     .attention_forward = cpu_attention_forward,
     .attention_backward = cpu_attention_backward,
     .attention_cached = cpu_attention_cached,
+    .attention_rows = cpu_attention_rows,
     .attention_block_forward = cpu_attention_block_forward,
     .attention_block_backward = cpu_attention_block_backward,
     .attention_merge = cpu_attention_merge,

@@ -93,6 +93,12 @@ void attention_backward(float *dq, float *dk, float *dv, const float *dout, cons
  * Tq <= Tk; query i sits at position Tk - Tq + i and attends to cache positions 0 .. Tk - Tq + i. */
 void attention_cached(float *out, const float *q, const float *kcache, const float *vcache, int Tq, int Tk, int Hq,
                       int Hkv, int hd);
+/* Batch-invariant mode's attention of n chosen query rows q (n, Hq, hd): row i against the keys and values
+ * kfirst[i] .. klast[i] of k, v (rows Hkv hd apart, causal: the query sits at klast[i]), each row and head as a
+ * decode step computes it (its bits those of attention_forward's and attention_cached's rows in the mode); out
+ * (n, Hq, hd) and lse (n, Hq). Context parallelism's rows over the whole row's keys (worker/model/ring_attn.c). */
+void attention_rows(float *out, float *lse, const float *q, const float *k, const float *v, const int32_t *kfirst,
+                    const int32_t *klast, int n, int Hq, int Hkv, int hd);
 
 /* Ring attention's blocks (context parallelism, kernels/cpu/attention_block.c): nq query rows q (nq, Hq, hd)
  * against nk key rows k, v (nk, Hkv, hd) with NO causal cut, a query seeing exactly the keys of its own sequence

@@ -3,8 +3,10 @@
  * context's linear op: fp32 or BF16; the per-expert loop is kernels.c's kmoe_products_*, which the CUDA back-end
  * runs too). Shapes and buffers: struct kmoe in kernels/kernels.h. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "common/check.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/kernels.h"
 
@@ -247,28 +249,81 @@ static void hook_gate_up_backward(struct kctx *K, const struct kmoe *r, int e, i
 static const struct kmoe_expert_hooks lora_hooks = {hook_gate_up_forward, hook_down_forward, hook_down_backward,
                                                     hook_gate_up_backward};
 
-void cpu_moe_experts_forward(struct kctx *K, float *y, const float *x, const float *Wg, const float *Wu,
-                             const float *Wd, struct kmoe *r)
+/* y (N, D): each token's output, its slots' outputs in ys weighted by the router, summed in slot order (the same
+ * order whatever the permutation); r->pos maps a slot to its row of ys. */
+static void combine_slots(float *y, const float *ys, const struct kmoe *r)
 {
     const int N = r->N, k = r->k, D = r->D;
     const size_t d = (size_t)D;
-    for (int j = 0; j < N * k; j++) /* gather: row j of xs is the input of slot order[j] */
-        memcpy(r->xs + j * d, x + (size_t)(r->order[j] / k) * d, d * sizeof(float));
-    kmoe_products_forward(K, r->offs, Wg, Wu, Wd, r, r->lora ? &lora_hooks : NULL);
-    /* combine: each token's output is its slots' outputs weighted by the router, summed in slot order (the same
-     * order whatever the permutation) */
-    int32_t *pos = r->pos; /* slot -> row of the permuted buffers */
-    for (int j = 0; j < N * k; j++)
-        pos[r->order[j]] = j;
     for (int t = 0; t < N; t++) {
         float *yt = y + (size_t)t * d;
         memset(yt, 0, d * sizeof(float));
         for (int s = t * k; s < (t + 1) * k; s++) {
-            const float w = r->wt[s], *ys = r->ys + (size_t)pos[s] * d;
+            const float w = r->wt[s], *yr = ys + (size_t)r->pos[s] * d;
             for (int i = 0; i < D; i++)
-                yt[i] += w * ys[i];
+                yt[i] += w * yr[i];
         }
     }
+}
+
+/* The pairwise tree over n (a power of two) buffers of len floats into the first: (0+1)+(2+3)..., the order of
+ * worker/model/model_proj.c's groups. */
+static void tree_sum(float *const *b, int n, size_t len)
+{
+    for (int w = 1; w < n; w *= 2)
+        for (int j = 0; j + w < n; j += 2 * w)
+            for (size_t i = 0; i < len; i++)
+                b[j][i] += b[j + w][i];
+}
+
+/* per thread, growing only: batch-invariant mode's groups */
+static _Thread_local float *tl_groups;
+static _Thread_local size_t tl_groups_n;
+
+static float *group_floats(size_t n)
+{
+    if (n > tl_groups_n) {
+        free(tl_groups);
+        tl_groups = xmalloc(n * sizeof(float));
+        tl_groups_n = n;
+    }
+    return tl_groups;
+}
+
+/* Batch-invariant mode's combine (struct kmoe's bi_groups): each group's slots combined alone, the groups' results
+ * summed in the fixed tree into y, and the groups' slot outputs into ys (the backward's). */
+static void combine_groups(float *y, struct kmoe *r)
+{
+    const int g = r->bi_groups;
+    const size_t nd = (size_t)r->N * (size_t)r->D, nkd = nd * (size_t)r->k;
+    float *part = r->ys_groups + (size_t)(g - 1) * nkd, *yb[8], *sb[8];
+    for (int j = 0; j < g; j++) {
+        yb[j] = j ? part + (size_t)(j - 1) * nd : y;
+        sb[j] = j ? r->ys_groups + (size_t)(j - 1) * nkd : r->ys;
+        combine_slots(yb[j], sb[j], r);
+    }
+    tree_sum(yb, g, nd);
+    tree_sum(sb, g, nkd);
+}
+
+void cpu_moe_experts_forward(struct kctx *K, float *y, const float *x, const float *Wg, const float *Wu,
+                             const float *Wd, struct kmoe *r)
+{
+    const int N = r->N, k = r->k, D = r->D, g = r->bi_groups;
+    const size_t d = (size_t)D, nd = (size_t)N * d, nkd = nd * (size_t)k;
+    if (g > 1 && (g > 8 || (g & (g - 1)) || r->F % g != 0))
+        check_failf(__FILE__, __LINE__, "moe_experts_forward: %d batch-invariant groups of %d columns", g, r->F);
+    for (int j = 0; j < N * k; j++) /* gather: row j of xs is the input of slot order[j] */
+        memcpy(r->xs + j * d, x + (size_t)(r->order[j] / k) * d, d * sizeof(float));
+    if (g > 1) /* the other groups' slot outputs, then their combined results */
+        r->ys_groups = group_floats((size_t)(g - 1) * (nkd + nd));
+    kmoe_products_forward(K, r->offs, Wg, Wu, Wd, r, r->lora ? &lora_hooks : NULL);
+    for (int j = 0; j < N * k; j++) /* slot -> row of the permuted buffers */
+        r->pos[r->order[j]] = j;
+    if (g > 1)
+        combine_groups(y, r);
+    else
+        combine_slots(y, r->ys, r);
 }
 
 void cpu_moe_slot_grad(const struct kmoe *r, const float *dy, float *dys, float *dwt)
@@ -320,17 +375,7 @@ void cpu_moe_gather(struct kctx *K, float *xs, const float *x, struct kmoe *r)
 void cpu_moe_combine(struct kctx *K, float *y, const float *ys, const struct kmoe *r)
 {
     (void)K;
-    const int N = r->N, k = r->k, D = r->D;
-    const size_t d = (size_t)D;
-    for (int t = 0; t < N; t++) { /* weighted in slot order */
-        float *yt = y + (size_t)t * d;
-        memset(yt, 0, d * sizeof(float));
-        for (int s = t * k; s < (t + 1) * k; s++) {
-            const float w = r->wt[s], *yr = ys + (size_t)r->pos[s] * d;
-            for (int i = 0; i < D; i++)
-                yt[i] += w * yr[i];
-        }
-    }
+    combine_slots(y, ys, r);
 }
 
 void cpu_moe_slot_grad_op(struct kctx *K, float *dys, float *dwt, const float *dy, const struct kmoe *r)

@@ -6,6 +6,9 @@
 #  - one process (and on policy, where the update's forward gives the old log-probs); split (1 trainer + 1 rollout rank); rollout TP2 fed by a TP1 trainer; TP2 trainers fed by a TP1
 #    rollout rank; rollout TP2 fed by TP2 trainers; colocated TP2; BF16 products (dtype bfloat16 for the actor and the
 #    rollout: skipped, saying so, on a CPU without AVX512-BF16 or AMX);
+#  - context parallelism (colocated CP2), a mixture of experts (Qwen3-MoE) under training TP (TP2 trainers fed by a
+#    TP1 rollout rank) and LoRA with rollout TP (rollout TP2, merged weights, fed by a TP1 trainer; and on a
+#    Qwen3-MoE model, the experts' and the router's adapters merged too);
 #  - with the mode off the same runs show the real difference: nonzero, and the metrics equal its recomputation;
 #  - use_rollout_log_probs=true in the mode skips the old-log-prob pass and changes no metric, bit for bit (one
 #    process and split).
@@ -69,6 +72,36 @@ run tp22-on on "${MPIRUN[@]}" -np 4 -- placement.trainer_ranks=2 placement.rollo
 expect "rollout TP2 fed by TP2 trainers: bit for bit" $?
 run coltp-on on "${SPLIT[@]}" -- actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 $ON
 expect "colocated TP2 (2 ranks generating and training): bit for bit" $?
+
+# context parallelism: the ring's blocks merged by log-sum-exp without the mode, the whole row's keys in the mode
+CP=(actor_rollout_ref.actor.megatron.context_parallel_size=2)
+run cp-off off "${SPLIT[@]}" -- "${CP[@]}"
+expect "colocated CP2, the mode off: a real difference" $?
+run cp-on on "${SPLIT[@]}" -- "${CP[@]}" $ON
+expect "colocated CP2 (the ring's chunks, each row over the whole row's keys in the mode): bit for bit" $?
+
+# a mixture of experts under training TP: the experts' down projections' partials in the fixed groups
+tiny_moe_model "$TMP/moe" qwen3_moe
+expect "tiny Qwen3-MoE model initialised" $?
+MOE=(actor_rollout_ref.model.path="$TMP/moe" placement.trainer_ranks=2 placement.rollout_ranks=1
+    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2)
+run moe-ttp-off off "${MPIRUN[@]}" -np 3 -- "${MOE[@]}"
+expect "Qwen3-MoE: TP2 trainers fed by a TP1 rollout rank, the mode off: a real difference" $?
+run moe-ttp-on on "${MPIRUN[@]}" -np 3 -- "${MOE[@]}" $ON
+expect "Qwen3-MoE: TP2 trainers fed by a TP1 rollout rank (the experts' groups): bit for bit" $?
+
+# LoRA with rollout TP: the rollout's weights have the adapter merged; in the mode the trainer's too
+LORA=(placement.trainer_ranks=1 placement.rollout_ranks=2 actor_rollout_ref.rollout.tensor_model_parallel_size=2
+    actor_rollout_ref.model.lora_rank=8 actor_rollout_ref.model.lora_alpha=16 actor_rollout_ref.actor.optim.lr=1e-2)
+run lora-rtp-off off "${MPIRUN[@]}" -np 3 -- "${LORA[@]}"
+expect "LoRA: rollout TP2 (merged weights) fed by a TP1 trainer, the mode off: a real difference" $?
+run lora-rtp-on on "${MPIRUN[@]}" -np 3 -- "${LORA[@]}" $ON
+expect "LoRA: rollout TP2 fed by a TP1 trainer (the trainer's forward on the merged weights too): bit for bit" $?
+MOELORA=(actor_rollout_ref.model.path="$TMP/moe" "${LORA[@]}")
+run moelora-rtp-off off "${MPIRUN[@]}" -np 3 -- "${MOELORA[@]}"
+expect "Qwen3-MoE with LoRA on every projection, the experts and the router: rollout TP2, the mode off: a difference" $?
+run moelora-rtp-on on "${MPIRUN[@]}" -np 3 -- "${MOELORA[@]}" $ON
+expect "Qwen3-MoE with LoRA on the experts and the router: rollout TP2 fed by a TP1 trainer: bit for bit" $?
 
 if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
     BF16=(actor_rollout_ref.actor.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16)

@@ -8,7 +8,11 @@
  *    a time give every query row the same bits, and the same log-sum-exp; within 1e-5 of a double softmax.
  *  - the LM head: the trainer's chunked log-probs (lmhead_logprob_forward) equal, bit for bit, the sampler's
  *    (k_sample through the CPU back-end) for the sampled tokens, at temperature 0.7, with chunks of 3 and of 64
- *    rows; and within 1e-5 of a double log-softmax. */
+ *    rows; and within 1e-5 of a double log-softmax.
+ *  - attention_rows (context parallelism in the mode): chosen rows of a packed row, in any order, against the whole
+ *    row's keys give the training forward's bits and log-sum-exp; within 1e-5 of double.
+ *  - the experts' down projections in the mode's fixed groups: TP 2's and TP 4's shards summed by the top of the
+ *    tree give TP 1's bits; within 1e-4 of a double per-token reference. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -135,6 +139,152 @@ static void test_attention_rows(void **state)
     free(q), free(k), free(v), free(train), free(lse), free(pre), free(dec);
 }
 
+/* The double softmax attention of query row t (head h) over keys f..t, checked against out and lse. */
+static void check_attention_ref(const float *out, float lse, const float *q, const float *k, const float *v, int f,
+                                int t, int h, int hq, int hkv, int hd)
+{
+    const int g = h / (hq / hkv), qd = hq * hd, kd = hkv * hd;
+    double sc[256], mx = -INFINITY, sum = 0;
+    assert_true(t - f < 256);
+    for (int j = f; j <= t; j++) {
+        double d = 0;
+        for (int e = 0; e < hd; e++)
+            d += (double)q[(size_t)t * qd + h * hd + e] * k[(size_t)j * kd + g * hd + e];
+        sc[j - f] = d / sqrt((double)hd);
+        mx = sc[j - f] > mx ? sc[j - f] : mx;
+    }
+    for (int j = f; j <= t; j++)
+        sum += exp(sc[j - f] - mx);
+    assert_float_equal(lse, mx + log(sum), 1e-5);
+    for (int e = 0; e < hd; e++) {
+        double o = 0;
+        for (int j = f; j <= t; j++)
+            o += exp(sc[j - f] - mx) / sum * v[(size_t)j * kd + g * hd + e];
+        assert_float_equal(out[e], o, 1e-5);
+    }
+}
+
+/* attention_rows (context parallelism's rows in the mode): chosen query rows of a row packing two sequences, in any
+ * order, against the whole row's keys give the training forward's bits and log-sum-exp; within 1e-5 of double. */
+static void test_attention_chosen_rows(void **state)
+{
+    (void)state;
+    enum { T = 72, HQ = 4, HKV = 2, HD = 16, QD = HQ * HD, KD = HKV * HD, NR = 9 };
+    uint64_t s = 23;
+    float *q = tk_alloc(T * QD), *k = tk_alloc(T * KD), *v = tk_alloc(T * KD), *qr = tk_alloc(NR * QD);
+    float *train = tk_alloc(T * QD), *lse = tk_alloc(T * HQ), *out = tk_alloc(NR * QD), *lr = tk_alloc(NR * HQ);
+    tk_fill(q, T * QD, &s, -2, 2), tk_fill(k, T * KD, &s, -2, 2), tk_fill(v, T * KD, &s, -1, 1);
+    const int32_t cu[3] = {0, 30, T}, rows[NR] = {69, 0, 29, 30, 31, 5, 54, 71, 18};
+    int32_t kf[NR], kl[NR];
+    for (int i = 0; i < NR; i++) {
+        kl[i] = rows[i], kf[i] = rows[i] < cu[1] ? 0 : cu[1];
+        memcpy(qr + (size_t)i * QD, q + (size_t)rows[i] * QD, QD * sizeof(float));
+    }
+    k_set_batch_invariant(true);
+    attention_forward(train, lse, q, k, v, cu, NULL, 2, HQ, HKV, HD);
+    k_attention_rows(kctx_cpu(), out, lr, qr, k, v, kf, kl, NR, HQ, HKV, HD);
+    for (int i = 0; i < NR; i++) {
+        assert_memory_equal(out + (size_t)i * QD, train + (size_t)rows[i] * QD, QD * sizeof(float));
+        assert_memory_equal(lr + (size_t)i * HQ, lse + (size_t)rows[i] * HQ, HQ * sizeof(float));
+        for (int h = 0; h < HQ; h++)
+            check_attention_ref(out + (size_t)i * QD + h * HD, lr[(size_t)i * HQ + h], q, k, v, kf[i], kl[i], h, HQ,
+                                HKV, HD);
+    }
+    k_set_batch_invariant(false);
+    free(q), free(k), free(v), free(qr), free(train), free(lse), free(out), free(lr);
+}
+
+enum { MN = 11, ME = 4, MK = 2, MD = 24, MF = 32 };
+
+/* The experts' forward of tokens x routed by logits over experts whose F columns are [f0, f0 + nf) of the whole
+ * model's (a TP rank's shard), in `groups` batch-invariant groups (0: off); y (MN, MD). */
+static void moe_shard(float *y, const float *x, const float *logits, const float *Wg, const float *Wu, const float *Wd,
+                      int f0, int nf, int groups)
+{
+    float *g = tk_alloc((size_t)ME * nf * MD), *u = tk_alloc((size_t)ME * nf * MD), *d = tk_alloc((size_t)ME * MD * nf);
+    for (int e = 0; e < ME; e++)
+        for (int f = 0; f < nf; f++)
+            for (int i = 0; i < MD; i++) {
+                g[((size_t)e * nf + f) * MD + i] = Wg[((size_t)e * MF + f0 + f) * MD + i];
+                u[((size_t)e * nf + f) * MD + i] = Wu[((size_t)e * MF + f0 + f) * MD + i];
+                d[((size_t)e * MD + i) * nf + f] = Wd[((size_t)e * MD + i) * MF + f0 + f];
+            }
+    struct kctx *K = kctx_cpu();
+    struct kmoe r = {.N = MN, .E = ME, .k = MK, .D = MD, .F = nf, .norm_topk = true};
+    struct karena plan, ar;
+    karena_init_counter(&plan);
+    kmoe_take(&plan, &r, false);
+    karena_init(&ar, K, KMEM_ACTS, "moe groups test");
+    karena_reserve(&ar, plan.used, 0);
+    kmoe_take(&ar, &r, false);
+    k_moe_route(K, &r, logits);
+    r.bi_groups = groups;
+    k_moe_experts_forward(K, y, x, g, u, d, &r);
+    karena_release(&ar);
+    free(g), free(u), free(d);
+}
+
+/* The experts' down projections in the mode's groups (struct kmoe bi_groups): TP 2's and TP 4's shards, each in its
+ * G / TP groups, summed by the top of the tree, give TP 1's bits in G = 8 groups; within 1e-4 of double. */
+static void test_moe_groups_over_tp(void **state)
+{
+    (void)state;
+    uint64_t s = 29;
+    float *x = tk_alloc(MN * MD), *lg = tk_alloc(MN * ME), *Wg = tk_alloc(ME * MF * MD), *Wu = tk_alloc(ME * MF * MD);
+    float *Wd = tk_alloc(ME * MD * MF), *y1 = tk_alloc(MN * MD), *yr[4];
+    tk_fill(x, MN * MD, &s, -1, 1), tk_fill(lg, MN * ME, &s, -2, 2), tk_fill(Wg, ME * MF * MD, &s, -0.5, 0.5);
+    tk_fill(Wu, ME * MF * MD, &s, -0.5, 0.5), tk_fill(Wd, ME * MD * MF, &s, -0.5, 0.5);
+    for (int i = 0; i < 4; i++)
+        yr[i] = tk_alloc(MN * MD);
+    k_set_batch_invariant(true);
+    moe_shard(y1, x, lg, Wg, Wu, Wd, 0, MF, 8);
+    moe_shard(yr[0], x, lg, Wg, Wu, Wd, 0, MF / 2, 4); /* TP 2: one addition */
+    moe_shard(yr[1], x, lg, Wg, Wu, Wd, MF / 2, MF / 2, 4);
+    for (int i = 0; i < MN * MD; i++)
+        yr[0][i] += yr[1][i];
+    assert_memory_equal(yr[0], y1, MN * MD * sizeof(float));
+    for (int r = 0; r < 4; r++) /* TP 4: (0 + 1) + (2 + 3) */
+        moe_shard(yr[r], x, lg, Wg, Wu, Wd, r * MF / 4, MF / 4, 2);
+    for (int i = 0; i < MN * MD; i++)
+        yr[0][i] = (yr[0][i] + yr[1][i]) + (yr[2][i] + yr[3][i]);
+    assert_memory_equal(yr[0], y1, MN * MD * sizeof(float));
+    for (int t = 0; t < MN; t++) { /* double: softmax, top 2 renormalised, SwiGLU experts */
+        double p[ME], mx = -INFINITY, z = 0;
+        for (int e = 0; e < ME; e++)
+            mx = lg[t * ME + e] > mx ? lg[t * ME + e] : mx;
+        for (int e = 0; e < ME; e++)
+            z += p[e] = exp(lg[t * ME + e] - mx);
+        int a = 0, b = 1;
+        for (int e = 0; e < ME; e++)
+            a = p[e] > p[a] ? e : a;
+        b = a == 0 ? 1 : 0;
+        for (int e = 0; e < ME; e++)
+            b = e != a && p[e] > p[b] ? e : b;
+        const int ex[2] = {a, b};
+        for (int o = 0; o < MD; o++) {
+            double yo = 0;
+            for (int j = 0; j < 2; j++) {
+                const int e = ex[j];
+                double acc = 0;
+                for (int f = 0; f < MF; f++) {
+                    double gg = 0, uu = 0;
+                    for (int i = 0; i < MD; i++) {
+                        gg += (double)Wg[((size_t)e * MF + f) * MD + i] * x[t * MD + i];
+                        uu += (double)Wu[((size_t)e * MF + f) * MD + i] * x[t * MD + i];
+                    }
+                    acc += Wd[((size_t)e * MD + o) * MF + f] * gg / (1 + exp(-gg)) * uu;
+                }
+                yo += p[e] / (p[a] + p[b]) * acc;
+            }
+            assert_float_equal(y1[t * MD + o], yo, 1e-4);
+        }
+    }
+    k_set_batch_invariant(false);
+    for (int i = 0; i < 4; i++)
+        free(yr[i]);
+    free(x), free(lg), free(Wg), free(Wu), free(Wd), free(y1);
+}
+
 static void test_lmhead_equals_sampler(void **state)
 {
     (void)state;
@@ -176,6 +326,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_linear_rows, teardown),
         cmocka_unit_test_teardown(test_attention_rows, teardown),
+        cmocka_unit_test_teardown(test_attention_chosen_rows, teardown),
+        cmocka_unit_test_teardown(test_moe_groups_over_tp, teardown),
         cmocka_unit_test_teardown(test_lmhead_equals_sampler, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -66,7 +66,9 @@ struct lora {
     float *scratch;           /* per-projection products: (N, r) x 2 and (N, Dout) */
     size_t scratch_cap;       /* floats */
     struct kmoe_lora *moe;    /* (n_layers) the experts' adapters as the MoE kernels take them; NULL without */
-    char base[4096];          /* the base model's path or name (adapter_config.json's base_model_name_or_path) */
+    struct lora_merged *bi; /* batch-invariant mode's merged weights, per layer its projections', router's and experts',
+                               made when first asked for (lora_attach.c); NULL until then */
+    char base[4096];        /* the base model's path or name (adapter_config.json's base_model_name_or_path) */
 };
 
 /* "q_proj" ... "down_proj", and its module ("self_attn" or "mlp"). */

@@ -16,6 +16,7 @@
 /* The adapter as the model's projection hook (struct model_hook): its terms on the projections, the router and the
  * experts, its gradients made before a backward, and its release with the model. */
 static const struct model_hook g_lora_hook;
+static void merged_free(struct lora *a);
 
 int lora_attach(struct model *m, const struct lora_config *c, char *err, size_t errlen)
 {
@@ -78,6 +79,7 @@ void lora_detach(struct model *m)
     if (a->scratch)
         k_free(m->K, a->scratch, a->scratch_cap * sizeof(float), KMEM_ACTS);
     model_freeze(m, false);
+    merged_free(a);
     free(a->moe);
     free(a->w);
     free(a->g);
@@ -174,6 +176,121 @@ static void lora_router_backward(const struct model *m, int l, float *dx, const 
                      m->cfg.hidden_size, m->cfg.n_experts);
 }
 
+/* ------------------------------------------------------------------ batch-invariant mode's merged weights */
+
+static void add_scaled_product(float *W, const float *A, const float *B, int dout, int din, int r, float scale);
+static float *de_interleave(const float *B, int O, int R, int E, int e);
+
+/* A weight with the adapter merged, and the A and B it was merged from. Slots of a layer: its projections, then
+ * the router, the experts' gate, up and down (struct model_hook's moe_merged). */
+struct lora_merged {
+    float *W, *ab;
+};
+enum { MERGED_SLOTS = PROJ_KINDS + 4 };
+
+static void merged_free(struct lora *a)
+{
+    for (int i = 0; a->bi && i < a->n_layers * MERGED_SLOTS; i++)
+        free(a->bi[i].W), free(a->bi[i].ab);
+    free(a->bi);
+    a->bi = NULL;
+}
+
+/* Slot's merged weight, or NULL when it is out of date: then the base (nw floats) is copied into *c's W and A and B
+ * are remembered, and the caller adds the adapter. Compared bit for bit with the A and B it was made from (an
+ * optimizer step or a new version changes them). Host memory: the CPU's. */
+static const float *merged_slot(struct lora *a, int l, int slot, const float *A, size_t na, const float *B, size_t nb,
+                                const float *base, size_t nw, struct lora_merged **c)
+{
+    const size_t fs = sizeof(float);
+    if (!a->bi)
+        a->bi = xcalloc((size_t)a->n_layers * MERGED_SLOTS, sizeof *a->bi);
+    struct lora_merged *m = *c = &a->bi[(size_t)l * MERGED_SLOTS + slot];
+    if (m->W && memcmp(m->ab, A, na * fs) == 0 && memcmp(m->ab + na, B, nb * fs) == 0)
+        return m->W;
+    if (!m->W)
+        m->W = xmalloc(nw * fs), m->ab = xmalloc((na + nb) * fs);
+    memcpy(m->ab, A, na * fs);
+    memcpy(m->ab + na, B, nb * fs);
+    memcpy(m->W, base, nw * fs);
+    return NULL;
+}
+
+static const float *base_weight(const struct layer_params *L, enum proj_kind p)
+{
+    const float *const w[PROJ_KINDS] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
+    return w[p];
+}
+
+/* W + s B A of projection p of layer l, each entry as lora_merged_weights makes it (add_scaled_product), so that
+ * the trainer's forward and a rollout given the merged weights multiply by the same W. */
+static const float *lora_proj_merged(const struct model *m, int l, enum proj_kind p)
+{
+    struct lora *a = m->lora;
+    if (!a || a->bypass || !a->w[l].A[p] || (m->cfg.n_experts && (LORA_MLP & (1u << p))))
+        return NULL;
+    int din, dout;
+    model_proj_dims(m, p, &din, &dout);
+    const int r = a->cfg.rank;
+    const float *A = a->w[l].A[p], *B = a->w[l].B[p];
+    struct lora_merged *c;
+    if (!merged_slot(a, l, p, A, (size_t)r * din, B, (size_t)dout * r, base_weight(&m->w.layers[l], p),
+                     (size_t)dout * din, &c))
+        add_scaled_product(c->W, A, B, dout, din, r, a->scale);
+    return c->W;
+}
+
+/* The experts' adapter of layer l (which 1 and 2: gate_up_proj's gate and up rows; 3: down) added to W, this
+ * shard's experts' weights of that projection, expert by expert; ad is the adapter in a->mem's layout. */
+static void add_expert_terms(const struct model *m, int l, int which, const float *ad, float *W)
+{
+    const struct lora *a = m->lora;
+    const struct lora_layer *Lw = &a->w[l];
+    const int El = m->sh.n_experts, D = m->cfg.hidden_size, F = m->cfg.moe_intermediate, r = a->cfg.rank;
+    const size_t fd = (size_t)F * (size_t)D;
+    for (int e = 0; e < El; e++) {
+        if (which < 3) { /* gate rows of expert e's B first, then up's */
+            const int R = 2 * r;
+            float *Be = de_interleave(ad + (Lw->Bgu - a->mem), 2 * F, R, El, e);
+            const float *A = ad + (Lw->Agu - a->mem) + (size_t)e * R * D;
+            add_scaled_product(W + e * fd, A, Be + (which == 2 ? (size_t)F * R : 0), F, D, R, a->scale);
+            free(Be);
+        } else {
+            float *Be = de_interleave(ad + (Lw->Bd - a->mem), D, r, El, e);
+            add_scaled_product(W + e * fd, ad + (Lw->Ad - a->mem) + (size_t)e * r * F, Be, D, F, r, a->scale);
+            free(Be);
+        }
+    }
+}
+
+/* A mixture of experts' router (which 0) or experts' gate, up or down (1, 2, 3) of layer l merged, as the
+ * projections' are; NULL where it has no adapter. */
+static const float *lora_moe_merged(const struct model *m, int l, int which)
+{
+    struct lora *a = m->lora;
+    if (!a || a->bypass)
+        return NULL;
+    const struct lora_layer *Lw = &a->w[l];
+    const struct layer_params *L = &m->w.layers[l];
+    const size_t r = (size_t)a->cfg.rank, El = (size_t)m->sh.n_experts, D = (size_t)m->cfg.hidden_size;
+    const size_t F = (size_t)m->cfg.moe_intermediate, E = (size_t)m->cfg.n_experts;
+    const float *A = which == 0 ? Lw->Ar : which < 3 ? Lw->Agu : Lw->Ad;
+    const float *B = which == 0 ? Lw->Br : which < 3 ? Lw->Bgu : Lw->Bd;
+    const float *base = which == 0 ? L->router : which == 1 ? L->w_gate : which == 2 ? L->w_up : L->w_down;
+    if (!A)
+        return NULL;
+    const size_t na = which == 0 ? r * D : which < 3 ? El * 2 * r * D : El * r * F;
+    const size_t nb = which == 0 ? E * r : which < 3 ? 2 * F * 2 * r * El : D * r * El;
+    struct lora_merged *c;
+    if (merged_slot(a, l, PROJ_KINDS + which, A, na, B, nb, base, which ? El * F * D : E * D, &c))
+        return c->W;
+    if (which == 0)
+        add_scaled_product(c->W, A, B, (int)E, (int)D, (int)r, a->scale);
+    else
+        add_expert_terms(m, l, which, a->mem, c->W);
+    return c->W;
+}
+
 static const struct kmoe_lora *lora_moe(const struct model *m, int l, size_t nk)
 {
     struct lora *a = m->lora;
@@ -204,6 +321,8 @@ static const struct model_hook g_lora_hook = {
     .proj_backward = lora_proj_backward,
     .router_forward = lora_router_forward,
     .router_backward = lora_router_backward,
+    .proj_merged = lora_proj_merged,
+    .moe_merged = lora_moe_merged,
     .experts = lora_moe,
     .make_grads = lora_make_grads,
     .release = lora_detach,
@@ -295,30 +414,19 @@ static void add_adapters(const struct model *m, float *w)
             if (!(m->cfg.n_experts && (LORA_MLP & (1u << p))))
                 add_scaled_product(w + (ws[p] - m->w.mem), A, B, dout, din, a->cfg.rank, a->scale);
         }
-    const int El = m->sh.n_experts, D = m->cfg.hidden_size, F = m->cfg.moe_intermediate, r = a->cfg.rank;
-    const size_t fd = (size_t)F * (size_t)D;
+    const int D = m->cfg.hidden_size, r = a->cfg.rank;
     for (int l = 0; l < a->n_layers && m->cfg.n_experts; l++) {
         const struct lora_layer *Lw = &a->w[l];
         const struct layer_params *L = &m->w.layers[l];
         if (Lw->Ar)
             add_scaled_product(w + (L->router - m->w.mem), host + (Lw->Ar - a->mem), host + (Lw->Br - a->mem),
                                m->cfg.n_experts, D, r, a->scale);
-        for (int e = 0; e < El; e++) {
-            if (Lw->Agu) { /* gate rows of expert e's B first, then up's */
-                const int R = 2 * r;
-                float *Be = de_interleave(host + (Lw->Bgu - a->mem), 2 * F, R, El, e);
-                const float *A = host + (Lw->Agu - a->mem) + (size_t)e * R * D;
-                add_scaled_product(w + (L->w_gate - m->w.mem) + e * fd, A, Be, F, D, R, a->scale);
-                add_scaled_product(w + (L->w_up - m->w.mem) + e * fd, A, Be + (size_t)F * R, F, D, R, a->scale);
-                free(Be);
-            }
-            if (Lw->Ad) {
-                float *Be = de_interleave(host + (Lw->Bd - a->mem), D, r, El, e);
-                const float *A = host + (Lw->Ad - a->mem) + (size_t)e * r * F;
-                add_scaled_product(w + (L->w_down - m->w.mem) + e * fd, A, Be, D, F, r, a->scale);
-                free(Be);
-            }
+        if (Lw->Agu) {
+            add_expert_terms(m, l, 1, host, w + (L->w_gate - m->w.mem));
+            add_expert_terms(m, l, 2, host, w + (L->w_up - m->w.mem));
         }
+        if (Lw->Ad)
+            add_expert_terms(m, l, 3, host, w + (L->w_down - m->w.mem));
     }
     free(host);
 }

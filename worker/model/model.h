@@ -154,6 +154,13 @@ struct model_hook {
     /* the same on a mixture of experts' router logits (N, E) */
     void (*router_forward)(const struct model *m, int l, float *y, const float *x, int N);
     void (*router_backward)(const struct model *m, int l, float *dx, const float *dy, const float *x, int N);
+    /* batch-invariant mode (CPU): projection p's weight with the hook's term folded in, the bits a rollout given the
+     * merged weights computes with, or NULL when p has no term; model_proj_forward then takes it for the base's and
+     * adds no proj_forward term (NULL entry: the terms are added) */
+    const float *(*proj_merged)(const struct model *m, int l, enum proj_kind p);
+    /* the same for a mixture of experts' router (which 0) and its experts' gate, up and down weights (1, 2, 3: every
+     * expert of the shard); the router's and the experts' terms are then not added */
+    const float *(*moe_merged)(const struct model *m, int l, int which);
     /* the experts' terms of layer l as the MoE kernels take them (struct kmoe's lora) for a run of nk slots, or NULL */
     const struct kmoe_lora *(*experts)(const struct model *m, int l, size_t nk);
     /* before a backward: the hook's gradients made (zeroed) where they are not yet */
@@ -395,6 +402,10 @@ void model_router_forward(const struct model *m, int l, float *y, const float *x
 void model_router_backward(struct model *m, int l, float *dx, const float *dy, const float *x, int N);
 /* The hook's terms on layer l's experts for a run of nk slots (struct kmoe's lora), or NULL. */
 const struct kmoe_lora *model_expert_terms(const struct model *m, int l, size_t nk);
+/* The experts' weights of layer l a forward multiplies by (W: gate, up, down, the base's on entry): in
+ * batch-invariant mode on the CPU without expert parallelism, those the hook merged its terms into (struct
+ * model_hook's moe_merged), and true: the hook's terms are then not to be added; else false, W unchanged. */
+bool model_expert_weights(const struct model *m, int l, const float *W[3]);
 
 /* Free saved activations without a backward (inference-only log-probs). */
 void model_acts_free(struct model_acts *a);

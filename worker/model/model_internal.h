@@ -41,6 +41,9 @@ void model_tp_sum(const struct model *m, float *buf, size_t n);
 /* The TP sum after a row-parallel projection (o_proj, down_proj, the experts): in batch-invariant mode the ranks'
  * partials in the fixed tree of model_proj_forward's groups, else model_tp_sum. */
 void model_tp_sum_rowpar(const struct model *m, float *buf, size_t n);
+/* A mixture of experts' struct kmoe bi_groups for this rank's experts: in batch-invariant mode on the CPU the fixed
+ * groups of moe_intermediate_size (as o_proj's and down_proj's) over the TP size, else 0. */
+int model_bi_expert_groups(const struct model *m);
 
 /* Before a backward: the gradients it accumulates into made where they are not yet, the base's (unless frozen)
  * and the hook's. */

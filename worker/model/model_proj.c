@@ -30,13 +30,29 @@ static float *proj_weight(const struct layer_params *P, enum proj_kind p, float 
  * the largest power of two up to 8 dividing the whole model's columns (heads x head_dim, intermediate_size).
  * Each group's product is one partial, the partials are summed in a fixed pairwise tree, and a TP rank's groups
  * are a subtree of it: the sum's bits are the same whatever the TP size (a power of two dividing the groups). */
-static int bi_groups(const struct model *m, enum proj_kind p)
+static int pow2_groups(int cols)
 {
-    const int cols = p == PROJ_O ? m->cfg.n_heads * m->cfg.head_dim : m->cfg.intermediate_size;
     int g = 8;
     while (g > 1 && cols % g != 0)
         g /= 2;
     return g;
+}
+
+static int bi_groups(const struct model *m, enum proj_kind p)
+{
+    return pow2_groups(p == PROJ_O ? m->cfg.n_heads * m->cfg.head_dim : m->cfg.intermediate_size);
+}
+
+/* The groups of a TP rank (G / tp), or a failure naming the TP size that does not divide them. */
+static int rank_groups(const struct model *m, int G, const char *what)
+{
+    const int tp = m->sh.tp_size;
+    if (G % tp != 0)
+        check_failf(__FILE__, __LINE__,
+                    "batch-invariant mode (" KEY_arr_model_batch_invariant "): tensor parallel size %d does not "
+                    "divide the %d fixed groups of the model's %s columns; use a TP size dividing %d",
+                    tp, G, what, G);
+    return G / tp;
 }
 
 /* The pairwise tree over n (a power of two) buffers of len floats, n apart by stride, into the first: (0+1)+(2+3)... */
@@ -71,13 +87,7 @@ static bool bi_rowpar(const struct model *m, enum proj_kind p)
 static void rowpar_forward(const struct model *m, enum proj_kind p, float *y, const float *x, const float *W, int N,
                            int din, int dout)
 {
-    const int G = bi_groups(m, p), tp = m->sh.tp_size;
-    if (G % tp != 0)
-        check_failf(__FILE__, __LINE__,
-                    "batch-invariant mode (" KEY_arr_model_batch_invariant "): tensor parallel size %d does not "
-                    "divide the %d fixed groups of the model's %s columns; use a TP size dividing %d",
-                    tp, G, p == PROJ_O ? "o_proj" : "down_proj", G);
-    const int g = G / tp, kc = din / g;
+    const int g = rank_groups(m, bi_groups(m, p), p == PROJ_O ? "o_proj" : "down_proj"), kc = din / g;
     const size_t len = (size_t)N * dout;
     if (N <= 0 || dout <= 0)
         return;
@@ -93,17 +103,34 @@ static void rowpar_forward(const struct model *m, enum proj_kind p, float *y, co
     k_copy(m->K, y, part, len * sizeof(float));
 }
 
+int model_bi_expert_groups(const struct model *m)
+{
+    if (!k_batch_invariant() || m->K->device != KDEV_CPU || !m->K->ops->linear_forward_ld || !m->cfg.n_experts)
+        return 0;
+    return rank_groups(m, pow2_groups(m->cfg.moe_intermediate), "experts' down_proj");
+}
+
+/* Batch-invariant mode on the CPU: the hook's merged weight of projection p (struct model_hook), or NULL. */
+static const float *bi_merged(const struct model *m, int l, enum proj_kind p)
+{
+    if (!k_batch_invariant() || m->K->device != KDEV_CPU || !m->hook || !m->hook->proj_merged)
+        return NULL;
+    return m->hook->proj_merged(m, l, p);
+}
+
 void model_proj_forward(const struct model *m, int l, enum proj_kind p, float *y, const float *x, int N)
 {
     int din, dout;
     float *b;
-    const float *W = proj_weight(&m->w.layers[l], p, &b);
+    const float *W = proj_weight(&m->w.layers[l], p, &b), *merged = bi_merged(m, l, p);
     model_proj_dims(m, p, &din, &dout);
+    if (merged) /* the adapter in the weight, as a rollout given the merged weights has it */
+        W = merged;
     if (bi_rowpar(m, p) && !b)
         rowpar_forward(m, p, y, x, W, N, din, dout);
     else
         k_linear_forward(m->K, y, x, W, b, N, din, dout);
-    if (m->hook && m->hook->proj_forward)
+    if (!merged && m->hook && m->hook->proj_forward)
         m->hook->proj_forward(m, l, p, y, x, N);
 }
 
@@ -120,11 +147,30 @@ void model_proj_backward(struct model *m, int l, enum proj_kind p, float *dx, co
         m->hook->proj_backward(m, l, p, dx, dy, x, N);
 }
 
+/* Batch-invariant mode on the CPU with a hook that merges a mixture of experts' weights (no expert parallelism). */
+static bool bi_moe_merges(const struct model *m)
+{
+    return k_batch_invariant() && m->K->device == KDEV_CPU && m->hook && m->hook->moe_merged && !m->sh.ep;
+}
+
 void model_router_forward(const struct model *m, int l, float *y, const float *x, int N)
 {
-    k_linear_forward(m->K, y, x, m->w.layers[l].router, NULL, N, m->cfg.hidden_size, m->cfg.n_experts);
-    if (m->hook && m->hook->router_forward)
+    const float *merged = bi_moe_merges(m) ? m->hook->moe_merged(m, l, 0) : NULL;
+    k_linear_forward(m->K, y, x, merged ? merged : m->w.layers[l].router, NULL, N, m->cfg.hidden_size,
+                     m->cfg.n_experts);
+    if (!merged && m->hook && m->hook->router_forward)
         m->hook->router_forward(m, l, y, x, N);
+}
+
+bool model_expert_weights(const struct model *m, int l, const float *W[3])
+{
+    if (!bi_moe_merges(m))
+        return false;
+    for (int i = 0; i < 3; i++) {
+        const float *merged = m->hook->moe_merged(m, l, i + 1);
+        W[i] = merged ? merged : W[i];
+    }
+    return true;
 }
 
 void model_router_backward(struct model *m, int l, float *dx, const float *dy, const float *x, int N)

@@ -275,9 +275,12 @@ static const float *step(struct model *m, struct kv_cache **caches, int B, const
             k_moe_route(K, &t.moe, t.rlog);
             if (m->moe_record)
                 record_routes(m, l, &t.moe, B, ntok);
-            t.moe.lora = model_expert_terms(m, l, (size_t)N * c->n_experts_per_tok); /* the hook's, or NULL */
-            k_moe_experts_forward(K, t.tmp, t.xn, L->w_gate, L->w_up, L->w_down, &t.moe);
-            model_tp_sum(m, t.tmp, nD); /* under TP each rank's rows of every expert gave a part */
+            const float *W[3] = {L->w_gate, L->w_up, L->w_down};
+            const bool merged = model_expert_weights(m, l, W); /* batch-invariant mode: the hook's terms in W */
+            t.moe.lora = merged ? NULL : model_expert_terms(m, l, (size_t)N * c->n_experts_per_tok);
+            t.moe.bi_groups = model_bi_expert_groups(m);
+            k_moe_experts_forward(K, t.tmp, t.xn, W[0], W[1], W[2], &t.moe);
+            model_tp_sum_rowpar(m, t.tmp, nD); /* under TP each rank's rows of every expert gave a part */
             k_add(K, t.x, t.tmp, nD);
             continue;
         }

@@ -522,10 +522,46 @@ static void backward_device(struct ring_attn *ra, float *dq, float *dk, float *d
     k_add(K, dv, home + kv, kv);
 }
 
+/* src (n, width) of every rank, gathered in rank order (all: C n width), into dst (L, width) in the row's order. */
+static void gather_row(struct ring_attn *ra, float *dst, float *all, const float *src, size_t width)
+{
+    comm_allgather(ra->cp, src, all, (size_t)ra->n * width, COMM_F32);
+    for (int o = 0; o < ra->C; o++)
+        for (int i = 0; i < ra->n; i++)
+            memcpy(dst + (size_t)row_of(ra, o, i) * width, all + ((size_t)o * ra->n + i) * width,
+                   width * sizeof(float));
+    ra->stats.sent_bytes += (double)(ra->C - 1) * (double)ra->n * (double)width * sizeof(float);
+}
+
+/* Batch-invariant mode (docs/training.md): the whole row's keys and values gathered, and each local query row's
+ * attention over its sequence's keys up to it in the decode kernel's one fixed order (attention_rows), as a
+ * rollout's decode step and a one-process forward compute that row: no blocks merged by log-sum-exp. */
+static void forward_whole_keys(struct ring_attn *ra, float *out, float *lse, const float *q, const float *k,
+                               const float *v)
+{
+    const int n = ra->n;
+    const size_t KD = (size_t)ra->Hkv * ra->hd, wk = (size_t)ra->L * KD;
+    float *kw = xmalloc(sizeof(float) * (2 * wk + (size_t)n * KD * ra->C)), *vw = kw + wk, *all = vw + wk;
+    gather_row(ra, kw, all, k, KD);
+    gather_row(ra, vw, all, v, KD);
+    int32_t *kfirst = xmalloc(sizeof(int32_t) * 2 * (size_t)n), *klast = kfirst + n;
+    for (int i = 0; i < n; i++)
+        klast[i] = ring_attn_row(ra, i), kfirst[i] = ra->first[klast[i]];
+    k_attention_rows(ra->K, out, lse, q, kw, vw, kfirst, klast, n, ra->Hq, ra->Hkv, ra->hd);
+    for (int s = 0; s < ra->C; s++)
+        count_step(ra, s);
+    free(kfirst);
+    free(kw);
+}
+
 void ring_attn_forward(struct ring_attn *ra, float *out, float *lse, const float *q, const float *k, const float *v)
 {
     if (ra->dev) {
         forward_device(ra, out, lse, q, k, v);
+        return;
+    }
+    if (ra->C > 1 && k_batch_invariant()) {
+        forward_whole_keys(ra, out, lse, q, k, v);
         return;
     }
     const size_t kv = (size_t)ra->n * ra->Hkv * ra->hd;

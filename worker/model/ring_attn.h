@@ -13,6 +13,10 @@
  * others are blocks with no causal cut inside: either every local query sees the visiting front chunk, or the
  * local back chunk sees both visiting chunks. Backward: the gradients of the visiting K/V travel with them and come
  * home after the last step, so each rank ends with its own chunks' dQ, dK, dV.
+ * Batch-invariant mode (k_batch_invariant, CPU): the forward gathers the whole row's keys and values instead and
+ * computes each local query row over its sequence's keys in the decode kernel's one order (k_attention_rows), so
+ * that a row's output and log-sum-exp are a one-process forward's and a rollout's bit for bit; the backward stays
+ * the ring's.
  *
  * Packed rows: several sequences in one row (cu_seqlens over the whole row, covering it); a key is seen only by the
  * queries of its own sequence at or after its position. GQA: Hq a multiple of Hkv.
