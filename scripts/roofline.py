@@ -12,7 +12,9 @@ are predictions to read the first device run against (docs/results/roofline.md).
 
 Variants (--variants, comma-separated; default all four):
     today-fp32   the default: fp32 GEMMs without TF32 (cuBLAS FP32 SIMT), fp32 activations, fp32 KV cache
-    today-bf16   actor.dtype=bfloat16 today: every GEMM call rounds its fp32 operands (weights included) to BF16 first
+    today-bf16   actor.dtype=bfloat16 today: every GEMM call rounds its fp32 activations to BF16 first; the weights
+                 come from a BF16 copy kept per weights buffer, made again once after each optimizer step (until
+                 2026-12-05 every call rounded its weights too: 8 bytes per parameter per decode step, now 2)
     designed     issue 43: BF16 weight copies kept (refreshed once per optimizer step), BF16 activations, BF16 KV
                  cache, tensor-core (BF16) flash attention, decode attention batched: one launch per layer per step
     designed+    designed, plus what this model finds next: fused QKV and gate/up GEMMs with bias and residual in
@@ -94,7 +96,7 @@ VARIANTS = {
     "today-fp32": dict(gemm="fp32", conv=False, a=4, w=4, attn="fp32", attn_bwd_hd=14, kv=4, batched=False,
                        sync=True, fused=False, chunk=None, graph=False, bf16_copy=False),
     "today-bf16": dict(gemm="bf16", conv=True, a=4, w=2, attn="fp32", attn_bwd_hd=14, kv=4, batched=False,
-                       sync=True, fused=False, chunk=None, graph=False, bf16_copy=False),
+                       sync=True, fused=False, chunk=None, graph=False, bf16_copy=True),
     "designed": dict(gemm="bf16", conv=False, a=2, w=2, attn="bf16", attn_bwd_hd=10, kv=2, batched=True,
                      sync=True, fused=False, chunk=None, graph=False, bf16_copy=True),
     "designed+": dict(gemm="bf16", conv=False, a=2, w=2, attn="bf16", attn_bwd_hd=10, kv=2, batched=True,
@@ -136,9 +138,12 @@ class Ops:
 
 
 def gemm(o, v, group, name, M, N, K, acc=False, c_bytes=None, a_conv=True, b_conv=True, a_elem=None, b_elem=None,
-         times=1.0):
+         times=1.0, weight=False):
     """Row-major C (M, N) = A (M, K) B (K, N) in the variant's precision (backend.c's gemm_rm). Today's BF16 rounds
-    each fp32 operand into a workspace first (gemm_operand: one launch, 4 bytes read and 2 written per element)."""
+    each fp32 activation operand into a workspace first (gemm_operand: one launch, 4 bytes read and 2 written per
+    element); B a model weight (weight=True) is read from its kept BF16 copy (gemm_weight) where bf16_copy says so."""
+    if weight and v["bf16_copy"]:
+        b_conv = False
     e_in = 4 if v["gemm"] == "fp32" else 2
     ea = a_elem if a_elem is not None else e_in
     eb = b_elem if b_elem is not None else e_in
@@ -161,33 +166,33 @@ def layer_forward(o, m, v, N, pairs, times):
     a, D, QD, KD, F = v["a"], m.D, m.QD, m.KD, m.F
     ew(o, "norms, RoPE, SwiGLU, adds", "rmsnorm forward", N * D * 2 * a + N * 4, times=times)
     if v["fused"]:
-        gemm(o, v, "layer GEMMs", "qkv (fused, bias in epilogue)", N, QD + 2 * KD, D, times=times)
+        gemm(o, v, "layer GEMMs", "qkv (fused, bias in epilogue)", N, QD + 2 * KD, D, times=times, weight=True)
     else:
         for n, out in (("q", QD), ("k", KD), ("v", KD)):
-            gemm(o, v, "layer GEMMs", "%s projection" % n, N, out, D, times=times)
+            gemm(o, v, "layer GEMMs", "%s projection" % n, N, out, D, times=times, weight=True)
             if m.bias:
                 ew(o, "norms, RoPE, SwiGLU, adds", "bias add", N * out * 2 * a, times=times)
     ew(o, "norms, RoPE, SwiGLU, adds", "rope forward", N * (QD + KD) * 2 * a, 1 if v["fused"] else 2, times=times)
     o.add("attention", "attention forward", 4.0 * m.hd * m.Hq * pairs, N * (2 * QD + 2 * KD) * a + N * m.Hq * 4, 1,
           1 if v["sync"] else 0, v["attn"], times=times)
-    gemm(o, v, "layer GEMMs", "o projection", N, D, QD, times=times)
+    gemm(o, v, "layer GEMMs", "o projection", N, D, QD, times=times, weight=True)
     if not v["fused"]:
         ew(o, "norms, RoPE, SwiGLU, adds", "residual add", N * D * 3 * a, times=times)
     ew(o, "norms, RoPE, SwiGLU, adds", "rmsnorm forward", N * D * 2 * a + N * 4, times=times)
     if v["fused"]:
-        gemm(o, v, "layer GEMMs", "gate+up (fused)", N, 2 * F, D, times=times)
+        gemm(o, v, "layer GEMMs", "gate+up (fused)", N, 2 * F, D, times=times, weight=True)
     else:
-        gemm(o, v, "layer GEMMs", "gate projection", N, F, D, times=times)
-        gemm(o, v, "layer GEMMs", "up projection", N, F, D, times=times)
+        gemm(o, v, "layer GEMMs", "gate projection", N, F, D, times=times, weight=True)
+        gemm(o, v, "layer GEMMs", "up projection", N, F, D, times=times, weight=True)
     ew(o, "norms, RoPE, SwiGLU, adds", "swiglu forward", N * F * 3 * a, times=times)
-    gemm(o, v, "layer GEMMs", "down projection", N, D, F, times=times)
+    gemm(o, v, "layer GEMMs", "down projection", N, D, F, times=times, weight=True)
     if not v["fused"]:
         ew(o, "norms, RoPE, SwiGLU, adds", "residual add", N * D * 3 * a, times=times)
 
 
 def linear_backward(o, v, name, N, Din, Dout, bias, times):
     """k_linear_backward: dx (N, Din) += dy W, dW (Dout, Din) += dy^T x into the fp32 gradient, db column sums."""
-    gemm(o, v, "layer GEMMs", name + " dx", N, Din, Dout, acc=True, times=times)
+    gemm(o, v, "layer GEMMs", name + " dx", N, Din, Dout, acc=True, times=times, weight=True)
     # the weight gradient: fp32, read and written (beta = 1); today's BF16 rounds dy again only for dx (one
     # conversion of dy serves both: backend.c converts dy once, W for dx, x for dW)
     gemm(o, v, "layer GEMMs", name + " dW", Dout, Din, N, acc=True, c_bytes=4, a_conv=False, times=times)
@@ -235,8 +240,9 @@ def lm_head(o, m, v, nk, seqs, times):
     g = "LM head"
     ew(o, g, "kept rows in and out (a copy per sequence)", 2 * nk * D * a * 2, 2 * seqs, times)
     o.add(g, "targets, dlogp to the device; logp, entropy to the host", 0, 0, 4, 2, times=times)
-    if v["conv"]:  # gemm_operand on the whole h and W, once per call (forward and backward)
-        o.add("convert", "fp32 -> BF16 operands", 0, 6.0 * 2 * (nk * D + V * D), 4, times=times)
+    if v["conv"]:  # gemm_operand on the whole h, once per call (forward and backward), and W unless kept
+        w_conv = 0 if v["bf16_copy"] else 1
+        o.add("convert", "fp32 -> BF16 operands", 0, 6.0 * 2 * (nk * D + w_conv * V * D), 2 + 2 * w_conv, times=times)
     cv = dict(v, conv=False)
     for rows, n in ((c, full), (last, 1 if last else 0)):
         if not n:
@@ -319,7 +325,7 @@ def decode(m, B, ctx, vname, hw=H200, launch_s=None):
     if not v["fused"]:
         ew(o, g, "last rows (a copy per sequence)", B * D * a * 2, B)
     ew(o, g, "final rmsnorm", B * D * 2 * a)
-    gemm(o, v, g, "logits", B, V, D, c_bytes=4)
+    gemm(o, v, g, "logits", B, V, D, c_bytes=4, weight=True)
     # sampling: uniforms in, row statistics, keys, pick (top-p/top-k sort skipped at their defaults), tokens
     # and log-probs out, one sync
     o.add("sampling", "k_sample (row stats, keys, pick; tokens to the host)", 0, 3 * B * V * 4, 6, 1)
@@ -337,10 +343,10 @@ def layer_forward_decode(o, m, v, B, ctx):
     g = "norms, RoPE, SwiGLU, adds"
     ew(o, g, "rmsnorm", N * D * 2 * a + N * 4)
     if v["fused"]:
-        gemm(o, v, "layer GEMMs", "qkv (fused)", N, QD + 2 * KD, D)
+        gemm(o, v, "layer GEMMs", "qkv (fused)", N, QD + 2 * KD, D, weight=True)
     else:
         for n, out in (("q", QD), ("k", KD), ("v", KD)):
-            gemm(o, v, "layer GEMMs", "%s projection" % n, N, out, D)
+            gemm(o, v, "layer GEMMs", "%s projection" % n, N, out, D, weight=True)
             if m.bias:
                 ew(o, g, "bias add", N * out * 2 * a)
     ew(o, g, "rope", N * (QD + KD) * 2 * a, 1 if v["fused"] else 2)
@@ -354,17 +360,17 @@ def layer_forward_decode(o, m, v, B, ctx):
         o.add("attention", "decode attention (batched, KV append fused)", flops, nbytes, 1, peak=v["attn"])
     else:  # per sequence: copy k, copy v into its cache, the split-key partials, the merge
         o.add("attention", "decode attention (4 launches per sequence)", flops, nbytes, 4 * B, peak=v["attn"])
-    gemm(o, v, "layer GEMMs", "o projection", N, D, QD)
+    gemm(o, v, "layer GEMMs", "o projection", N, D, QD, weight=True)
     if not v["fused"]:
         ew(o, g, "residual add", N * D * 3 * a)
     ew(o, g, "rmsnorm", N * D * 2 * a + N * 4)
     if v["fused"]:
-        gemm(o, v, "layer GEMMs", "gate+up (fused)", N, 2 * F, D)
+        gemm(o, v, "layer GEMMs", "gate+up (fused)", N, 2 * F, D, weight=True)
     else:
-        gemm(o, v, "layer GEMMs", "gate projection", N, F, D)
-        gemm(o, v, "layer GEMMs", "up projection", N, F, D)
+        gemm(o, v, "layer GEMMs", "gate projection", N, F, D, weight=True)
+        gemm(o, v, "layer GEMMs", "up projection", N, F, D, weight=True)
     ew(o, g, "swiglu", N * F * 3 * a)
-    gemm(o, v, "layer GEMMs", "down projection", N, D, F)
+    gemm(o, v, "layer GEMMs", "down projection", N, D, F, weight=True)
     if not v["fused"]:
         ew(o, g, "residual add", N * D * 3 * a)
 

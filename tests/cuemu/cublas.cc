@@ -1,8 +1,9 @@
 // cuemu: cublasGemmEx on the CPU, from the definition (tests/cuemu/README.md). Column-major, as cuBLAS:
 // C (m, n) = alpha op(A) op(B) + beta C with op(A) (m, k) and op(B) (k, n); every product summed in double in
 // index order, then rounded once to float. CUBLAS_COMPUTE_32F_FAST_TF32 with fp32 inputs rounds each input to TF32
-// first (10 mantissa bits, to nearest with ties away from zero, as cvt.rna.tf32.f32). The arguments are checked as cuBLAS's documentation states them, and a
-// refusal is printed ("cuemu: cublasGemmEx: ...") before its status is returned.
+// first (10 mantissa bits, to nearest with ties away from zero, as cvt.rna.tf32.f32). The arguments are checked as
+// cuBLAS's documentation states them, and a refusal is printed ("cuemu: cublasGemmEx: ...") before its status is
+// returned.
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>

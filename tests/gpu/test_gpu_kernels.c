@@ -426,6 +426,12 @@ static int report_bits(const char *what, size_t ndiff)
     return ndiff != 0;
 }
 
+static int report_equal(const char *what, size_t ndiff)
+{
+    printf("  %-44s %zu elements differ%s\n", what, ndiff, ndiff ? "  FAIL" : "");
+    return ndiff != 0;
+}
+
 static int t_memory(struct kctx *G)
 {
     enum { n = 1000 };
@@ -1265,6 +1271,122 @@ static int t_sample(struct kctx *G, struct kctx *C, int B, int V, float temperat
     return bad;
 }
 
+/* Kept BF16 weights (kernels.h, k_weights_changed): in a BF16 context a product whose W lies in a weights buffer
+ * reads a BF16 copy made once per change. Its results equal a product that rounds W per call (the same buffer's
+ * values in a plain allocation), bit for bit; a run of products rounds the weights once (a decode step then reads
+ * 2 bytes per parameter, no rounding); the back-end's own writes (AdamW, axpy, to_device) make the copy again at
+ * the next product; a write behind its back is seen by k_weights_check, and k_weights_changed mends it. */
+static int t_kept_weights(struct kctx *G16, int N, int Din, int Dout)
+{
+    const size_t nx = (size_t)N * Din, ny = (size_t)N * Dout, nw = (size_t)Dout * Din;
+    float *x = rand_vec(nx, -1, 1), *W = rand_vec(nw + 8, -0.5f, 0.5f), *g = rand_vec(nw + 8, -1, 1);
+    float *y = xmalloc(ny * 4), *y0 = xmalloc(ny * 4);
+    /* W at offset 8 in the buffer: a product's weight is any slice of a kept buffer */
+    float *kw = k_alloc(G16, (nw + 8) * 4, KMEM_WEIGHTS, "test weights"), *gx = kputf(G16, x, nx);
+    float *gy = kputf(G16, y, ny), *plain = kputf(G16, W + 8, nw), *gg = kputf(G16, g, nw + 8);
+    float *gm = kputf(G16, g, nw + 8), *gv = kputf(G16, g, nw + 8);
+    k_to_device(G16, kw, W, (nw + 8) * 4);
+    int bad = 0;
+    char name[96];
+    /* same_as_plain: one product through the kept copy and one rounding W per call, compared bit for bit */
+#define SAME_AS_PLAIN(what)                                                                                            \
+    do {                                                                                                               \
+        k_copy(G16, plain, kw + 8, nw * 4);                                                                            \
+        k_linear_forward(G16, gy, gx, plain, NULL, N, Din, Dout);                                                      \
+        kget(G16, y0, gy, ny * 4);                                                                                     \
+        k_linear_forward(G16, gy, gx, kw + 8, NULL, N, Din, Dout);                                                     \
+        kget(G16, y, gy, ny * 4);                                                                                      \
+        snprintf(name, sizeof name, "kept BF16 weights %s (N=%d %dx%d)", what, N, Dout, Din);                          \
+        bad += report_equal(name, count_diff(y, y0, ny));                                                              \
+    } while (0)
+    const struct kgemm_stats s0 = G16->gemm;
+    SAME_AS_PLAIN("equal per-call rounding");
+    for (int i = 0; i < 3; i++) /* a decode step's products: no rounding of the weights */
+        k_linear_forward(G16, gy, gx, kw + 8, NULL, N, Din, Dout);
+    const struct kgemm_stats s1 = G16->gemm;
+    const unsigned long long refreshes = s1.kept_refreshes - s0.kept_refreshes;
+    const double per_call = (double)(s1.round_bytes_weights - s0.round_bytes_weights) / (double)nw;
+    const int counted = refreshes != 1 || s1.kept_refresh_bytes - s0.kept_refresh_bytes != (nw + 8) * 4;
+    printf("  %-44s %llu refresh(es) of %zu bytes for 5 products; %.1f bytes per parameter rounded per call "
+           "(the plain product's 4)%s\n",
+           "kept weights: rounding counted", refreshes, (size_t)(s1.kept_refresh_bytes - s0.kept_refresh_bytes),
+           per_call, counted || per_call != 4.0 ? "  FAIL" : "");
+    bad += counted || per_call != 4.0;
+    k_adamw(G16, kw, gg, gm, gv, nw + 8, 1e-2, 0.9, 0.999, 1e-8, 0.0, 1);
+    SAME_AS_PLAIN("after AdamW");
+    k_axpy(G16, kw + 8, 0.5f, gg, nw);
+    SAME_AS_PLAIN("after axpy");
+    k_to_device(G16, kw, W, 4 * 4); /* a few floats of the buffer, before the slice */
+    SAME_AS_PLAIN("after to_device");
+    /* behind the back-end's back: a write it cannot see (a collective's, say) */
+    for (size_t i = 0; i < nw + 8; i++)
+        W[i] = -W[i];
+    CHECK_CUDA(cudaMemcpy(kw, W, (nw + 8) * 4, cudaMemcpyHostToDevice));
+    const int unsaid = k_weights_check(G16);
+    k_weights_changed(G16, kw + nw / 2);
+    const int said = k_weights_check(G16);
+    printf("  %-44s %d stale copy seen before k_weights_changed, %d after%s\n", "kept weights: a write unsaid", unsaid,
+           said, unsaid != 1 || said != 0 ? "  FAIL" : "");
+    bad += unsaid != 1 || said != 0;
+    SAME_AS_PLAIN("after k_weights_changed");
+#undef SAME_AS_PLAIN
+    k_free(G16, kw, (nw + 8) * 4, KMEM_WEIGHTS);
+    kdrop(G16, gx, nx * 4), kdrop(G16, gy, ny * 4), kdrop(G16, plain, nw * 4), kdrop(G16, gg, (nw + 8) * 4);
+    kdrop(G16, gm, (nw + 8) * 4), kdrop(G16, gv, (nw + 8) * 4);
+    free(x), free(W), free(g), free(y), free(y0);
+    return bad;
+}
+
+/* x rounded to TF32 (10 mantissa bits, to nearest, ties away from zero), as cvt.rna.tf32.f32 */
+static float tf32_of(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u)
+        u = (u + 0x1000u) & ~0x1fffu;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* fp32_matmul_precision=high (K->tf32): the products take TF32 inputs. Against a double reference of the inputs
+ * rounded to TF32, and of the inputs as they are: the TF32 product is near the first (fp32 accumulation) and
+ * differs from the fp32 product. */
+static int t_tf32(struct kctx *G, int N, int Din, int Dout)
+{
+    const size_t nx = (size_t)N * Din, ny = (size_t)N * Dout, nw = (size_t)Dout * Din;
+    float *x = rand_vec(nx, -1, 1), *W = rand_vec(nw, -0.5f, 0.5f), *y = xmalloc(ny * 4), *yf = xmalloc(ny * 4);
+    float *ref = xmalloc(ny * 4), *ref32 = xmalloc(ny * 4);
+    for (int i = 0; i < N; i++)
+        for (int o = 0; o < Dout; o++) {
+            double a = 0, b = 0;
+            for (int k = 0; k < Din; k++) {
+                a += (double)tf32_of(x[(size_t)i * Din + k]) * tf32_of(W[(size_t)o * Din + k]);
+                b += (double)x[(size_t)i * Din + k] * W[(size_t)o * Din + k];
+            }
+            ref[(size_t)i * Dout + o] = (float)a, ref32[(size_t)i * Dout + o] = (float)b;
+        }
+    float *gx = kputf(G, x, nx), *gw = kputf(G, W, nw), *gy = kputf(G, y, ny);
+    const bool was = G->tf32;
+    G->tf32 = true;
+    k_linear_forward(G, gy, gx, gw, NULL, N, Din, Dout);
+    kget(G, y, gy, ny * 4);
+    G->tf32 = false;
+    k_linear_forward(G, gy, gx, gw, NULL, N, Din, Dout);
+    kget(G, yf, gy, ny * 4);
+    G->tf32 = was;
+    char name[96];
+    snprintf(name, sizeof name, "TF32 linear N=%d %dx%d: y vs TF32 inputs", N, Dout, Din);
+    int bad = report(name, err_of(y, ref, NULL, ny), 1e-5);
+    bad += report("  fp32 y vs fp32 inputs", err_of(yf, ref32, NULL, ny), 1e-5);
+    const size_t differ = count_diff(y, yf, ny);
+    printf("  %-44s %zu of %zu outputs differ (TF32 rounding is in effect)%s\n", "  TF32 vs fp32", differ, ny,
+           differ == 0 ? "  FAIL" : "");
+    bad += differ == 0;
+    kdrop(G, gx, nx * 4), kdrop(G, gw, nw * 4), kdrop(G, gy, ny * 4);
+    free(x), free(W), free(y), free(yf), free(ref), free(ref32);
+    return bad;
+}
+
 static int test_kops(void)
 {
     char why[256];
@@ -1287,6 +1409,7 @@ static int test_kops(void)
     bad += t_embedding(G, C, 300, 64, 50, 0, 50) + t_embedding(G, C, 257, 40, 100, 30, 70);
     bad += t_linear(G, C, 37, 96, 80, 1e-5) + t_linear(G, C, 3, 5, 7, 1e-5);
     bad += t_linear(G16, C, 37, 96, 80, 1e-2);
+    bad += t_kept_weights(G16, 5, 96, 80) + t_tf32(G, 9, 64, 40);
     if (!small)
         bad += t_linear(G, C, 300, 512, 384, 1e-5) + t_linear(G16, C, 300, 512, 384, 1e-2);
     bad += t_moe(G, C, 37, 4, 2, 64, 48, false, 0, 1e-5) + t_moe(G, C, 5, 8, 3, 16, 24, true, 0, 1e-5);

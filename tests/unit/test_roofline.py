@@ -79,17 +79,27 @@ class Counts(unittest.TestCase):
         self.assertEqual(st["model_flops"], 3 * (288 + 24 + 128) * 3)
 
     def test_tiny_bf16_conversions(self):
-        # today's BF16: each forward GEMM rounds x and W (2 launches, 6 bytes an element), each backward dy, W and
-        # x (3); the 7 projections of the layer -> 7 x 5 = 35 conversions in the layers
+        # today's BF16: each forward GEMM rounds x (1 launch, 6 bytes an element), each backward dy and x (2); W
+        # comes from the kept BF16 copy; the 7 projections of the layer -> 7 x 3 = 21 conversions in the layers
         m = R.Model(TINY)
         o, _ = R.update(m, TINY_WL, "today-bf16")
         conv = row(o, "convert", "fp32 -> BF16 operands")
-        # the LM head: h and W once per call (2 calls) and the chunk's dz once -> 5
-        self.assertEqual(conv[2], 35 + 5)
+        # the LM head: h once per call (2 calls) and the chunk's dz once -> 3
+        self.assertEqual(conv[2], 21 + 3)
+        # the kept copy made again after the optimizer step: 4 bytes read and 2 written per parameter, once
+        self.assertEqual(row(o, "optimizer", "BF16 weight copy refreshed")[1:3], [220 * 6, 1])
         # the q projection forward in BF16: x and W at 2 bytes, y fp32: 24 + 32 + 48
         self.assertEqual(row(o, "layer GEMMs", "q projection")[1], 104)
         o, _ = R.update(m, TINY_WL, "designed")
         self.assertNotIn(("convert", "fp32 -> BF16 operands"), o.rows)
+
+    def test_tiny_decode_rounds_no_weight(self):
+        # a BF16 decode step of 3 sequences rounds only its activations: the x of q, k, v, o, gate, up (3 x 4 each),
+        # down (3 x 8) and the logits' (3 x 4): 108 elements, 6 bytes each, a launch per product (8); the weights
+        # (208 elements of the products) are read from the kept copy at 2 bytes, rounded never
+        m = R.Model(TINY)
+        o, _ = R.decode(m, 3, 5, "today-bf16")
+        self.assertEqual(row(o, "convert", "fp32 -> BF16 operands")[1:3], [6 * 108, 8])
 
     def test_tiny_decode_launches(self):
         m = R.Model(TINY)

@@ -263,9 +263,11 @@ void zero1_allgather(struct zero1 *z, float *params)
         struct zero1_ep *e = z->ep;
         ep_gather(z->K, e, 0, e->pblock, z->grad, e->pack[0], params);
         ep_gather(z->K, e, 1, e->pblock + ep_k(e, 0), z->grad, e->pack[1], params);
+        k_weights_changed(z->K, params);
         return;
     }
     gather_blocks(z, z->K, z->grad, z->pad, params, params);
+    k_weights_changed(z->K, params); /* the all-gather wrote them: a kept BF16 copy is made again (kernels.h) */
 }
 
 void zero1_step(struct zero1 *z, struct adamw *opt, float *params, double lr)
