@@ -117,12 +117,13 @@ switches() { awk '/ctxt_switches/ { n += $2 } END { print n + 0 }' "/proc/$1/tas
 # went on running (through its loop) after an event
 ran_since() { [ "$(switches "$1")" -ge $(( $3 + $2 )) ]; }
 
-# need_bin VAR PATH: VAR set to PATH's absolute name (meson passes the built binaries as arguments)
 # The build's programs by name. GRPO_BUILD_ROOT is the build directory the test runs from (tests/meson.build's
 # test setups set it; build/ under the checkout when a test is run by hand); prog NAME prints the path of the
-# build's program NAME: grpod, grpoctl, grpo-worker, grpo-model, sim-worker, compare-weights, test-scorer (the
-# test scorers' shared object).
-BUILD_ROOT="${GRPO_BUILD_ROOT:-$SRC_ROOT/build}"
+# build's program NAME: grpod, grpoctl, grpo-worker, grpo-model, the test programs sim-worker, compare-weights,
+# data-stranger, tensorboard-writer, test-comm, gpu-kernels (CUDA builds), link-impair, test-scorer (the test
+# scorers' shared object), and unit/NAME (the unit test NAME's program, tests/unit/test_NAME). A program that is
+# not there (not built, or another build directory) is named on stderr; its path is printed all the same.
+BUILD_ROOT="$(realpath -m "${GRPO_BUILD_ROOT:-$SRC_ROOT/build}")" # absolute: tests run programs from other directories
 prog() {
     local p
     case "$1" in
@@ -132,13 +133,20 @@ prog() {
     grpo-model) p=worker/grpo-model ;;
     sim-worker) p=tests/system/sim_worker ;;
     compare-weights) p=tests/mpi/compare_weights ;;
+    data-stranger) p=tests/mpi/data_stranger ;;
+    tensorboard-writer) p=tests/system/test_tensorboard_writer ;;
+    test-comm) p=tests/mpi/test_comm ;;
+    gpu-kernels) p=tests/gpu/test_gpu_kernels ;;
+    link-impair) p=tests/cluster/net/link_impair ;;
     test-scorer) p=worker/rewards/reward_test_scorer.so ;;
+    unit/?*) p=tests/unit/test_${1#unit/} ;;
     *) echo "prog: no program named '$1' (tests/lib.sh)" >&2 && return 1 ;;
     esac
+    [ -e "$BUILD_ROOT/$p" ] || echo "prog: $1 is not built: no $BUILD_ROOT/$p (GRPO_BUILD_ROOT)" >&2
     echo "$BUILD_ROOT/$p"
 }
 
-# The programs a test did not take by position (the older way): the build's, by name
+# The programs most tests run: the build's, by name (a test or its caller may set them first)
 : "${WORKER:=$(prog grpo-worker)}" "${MODEL_TOOL:=$(prog grpo-model)}" "${COMPARE:=$(prog compare-weights)}"
 : "${SCORER:=$(prog test-scorer)}"
 
@@ -154,6 +162,7 @@ tiny_run() {
         data.synthetic.num_val=2)
 }
 
+# need_bin VAR PATH: VAR set to PATH's absolute name (a program passed by position)
 need_bin() {
     [ -x "$2" ] || { echo "FAIL $2 is not an executable (run the test with meson test)"; exit 1; }
     printf -v "$1" '%s' "$(realpath "$2")"
