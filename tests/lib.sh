@@ -12,7 +12,7 @@
 #   switches PID, ran_since PID COUNT SWITCHES, paused_in_place LOG...
 #   track PID       a background process to kill at exit (besides the shell's own jobs)
 #   prog NAME       the build's program NAME (grpo-worker, grpod, ...: by name, not passed by position)
-#   tiny_run ARRAY DIR [STEPS]  the keys of a tiny run; need_bin VAR PATH, test_env, tiny_model DIR [SEED [CONFIG]]
+#   tiny_run ARRAY DIR [STEPS]  the keys of a tiny run; test_env, tiny_model DIR [SEED [CONFIG]]
 #   grpod: start_grpod, stop_grpod, status_field, state_is, field_is, field_at_least, step_at_least (with $GRPOD, $GRPOCTL and $EP set)
 # Waits are bounded and FAIL when time runs out: a check that something did not happen follows an observable
 # event that proves the run went past the point where it would have happened, never a sleep.
@@ -160,12 +160,6 @@ tiny_run() {
         trainer.test_freq=-1 data.train_batch_size=2 actor_rollout_ref.rollout.n=2
         actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=8 data.synthetic.num_train=16
         data.synthetic.num_val=2)
-}
-
-# need_bin VAR PATH: VAR set to PATH's absolute name (a program passed by position)
-need_bin() {
-    [ -x "$2" ] || { echo "FAIL $2 is not an executable (run the test with meson test)"; exit 1; }
-    printf -v "$1" '%s' "$(realpath "$2")"
 }
 
 # test_env: one BLAS/OpenMP thread, mpirun as root
