@@ -124,11 +124,11 @@ else
         { echo "build failed: $OUTD/build.log (build the kit with scripts/gpu_kit.sh instead)"; rc=1; exit 1; }
 fi
 export OUTD emulate
+# the test scripts below take the programs of $B by name (tests/lib.sh's prog)
+export GRPO_BUILD_ROOT="$B"
 K="$B/tests/gpu/test_gpu_kernels"
 W="$B/worker/grpo-worker"
 M="$B/worker/grpo-model"
-SO="$B/worker/rewards/reward_test_scorer.so"
-CMP="$B/tests/mpi/compare_weights"
 
 # ---- probe ----
 probe() {
@@ -232,11 +232,11 @@ STEP_NOTE="1 rank" step nccl 45 nccl_smoke
 # ---- the whole-run suites, with the time left ----
 [ -f "$bundled" ] && [ "$emulate" != 1 ] && export GRPO_BUNDLED_MODEL="$bundled"
 step gpu-model 120 "$B/tests/gpu/test_gpu_model" ${GRPO_BUNDLED_MODEL:+"$GRPO_BUNDLED_MODEL"}
-step gpu-run 300 tests/gpu/test_gpu_run.sh "$K" "$W" "$M" "$CMP" "$SO"
-step gpu-dist 300 tests/gpu/test_gpu_dist.sh "$K" "$W" "$M" "$CMP" "$SO"
+step gpu-run 300 tests/gpu/test_gpu_run.sh
+step gpu-dist 300 tests/gpu/test_gpu_dist.sh
 step gpu-ring-np2 120 mpirun -np 2 "$K" --ring
 for mode in ep sp cp; do
     step "gpu-${mode}2-np2" 120 mpirun -np 2 "$B/tests/gpu/test_gpu_parallel" "--$mode"
 done
-step gpu-par-runs 300 tests/gpu/test_gpu_par_runs.sh "$K" "$W" "$M" "$CMP" "$SO"
+step gpu-par-runs 300 tests/gpu/test_gpu_par_runs.sh
 exit $rc

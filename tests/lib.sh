@@ -12,7 +12,7 @@
 #   switches PID, ran_since PID COUNT SWITCHES, paused_in_place LOG...
 #   track PID       a background process to kill at exit (besides the shell's own jobs)
 #   prog NAME       the build's program NAME (grpo-worker, grpod, ...: by name, not passed by position)
-#   tiny_run ARRAY DIR [STEPS]  the keys of a tiny run; need_bin VAR PATH, test_env, tiny_model DIR [SEED [CONFIG]]
+#   tiny_run ARRAY DIR [STEPS]  the keys of a tiny run; test_env, tiny_model DIR [SEED [CONFIG]]
 #   grpod: start_grpod, stop_grpod, status_field, state_is, field_is, field_at_least, step_at_least (with $GRPOD, $GRPOCTL and $EP set)
 # Waits are bounded and FAIL when time runs out: a check that something did not happen follows an observable
 # event that proves the run went past the point where it would have happened, never a sleep.
@@ -135,12 +135,13 @@ switches() { awk '/ctxt_switches/ { n += $2 } END { print n + 0 }' "/proc/$1/tas
 # went on running (through its loop) after an event
 ran_since() { [ "$(switches "$1")" -ge $(( $3 + $2 )) ]; }
 
-# need_bin VAR PATH: VAR set to PATH's absolute name (meson passes the built binaries as arguments)
 # The build's programs by name. GRPO_BUILD_ROOT is the build directory the test runs from (tests/meson.build's
 # test setups set it; build/ under the checkout when a test is run by hand); prog NAME prints the path of the
-# build's program NAME: grpod, grpoctl, grpo-worker, grpo-model, sim-worker, compare-weights, test-scorer (the
-# test scorers' shared object).
-BUILD_ROOT="${GRPO_BUILD_ROOT:-$SRC_ROOT/build}"
+# build's program NAME: grpod, grpoctl, grpo-worker, grpo-model, the test programs sim-worker, compare-weights,
+# data-stranger, tensorboard-writer, test-comm, gpu-kernels (CUDA builds), link-impair, test-scorer (the test
+# scorers' shared object), and unit/NAME (the unit test NAME's program, tests/unit/test_NAME). A program that is
+# not there (not built, or another build directory) is named on stderr; its path is printed all the same.
+BUILD_ROOT="$(realpath -m "${GRPO_BUILD_ROOT:-$SRC_ROOT/build}")" # absolute: tests run programs from other directories
 prog() {
     local p
     case "$1" in
@@ -150,13 +151,20 @@ prog() {
     grpo-model) p=worker/grpo-model ;;
     sim-worker) p=tests/system/sim_worker ;;
     compare-weights) p=tests/mpi/compare_weights ;;
+    data-stranger) p=tests/mpi/data_stranger ;;
+    tensorboard-writer) p=tests/system/test_tensorboard_writer ;;
+    test-comm) p=tests/mpi/test_comm ;;
+    gpu-kernels) p=tests/gpu/test_gpu_kernels ;;
+    link-impair) p=tests/cluster/net/link_impair ;;
     test-scorer) p=worker/rewards/reward_test_scorer.so ;;
+    unit/?*) p=tests/unit/test_${1#unit/} ;;
     *) echo "prog: no program named '$1' (tests/lib.sh)" >&2 && return 1 ;;
     esac
+    [ -e "$BUILD_ROOT/$p" ] || echo "prog: $1 is not built: no $BUILD_ROOT/$p (GRPO_BUILD_ROOT)" >&2
     echo "$BUILD_ROOT/$p"
 }
 
-# The programs a test did not take by position (the older way): the build's, by name
+# The programs most tests run: the build's, by name (a test or its caller may set them first)
 : "${WORKER:=$(prog grpo-worker)}" "${MODEL_TOOL:=$(prog grpo-model)}" "${COMPARE:=$(prog compare-weights)}"
 : "${SCORER:=$(prog test-scorer)}"
 
@@ -170,11 +178,6 @@ tiny_run() {
         trainer.test_freq=-1 data.train_batch_size=2 actor_rollout_ref.rollout.n=2
         actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=8 data.synthetic.num_train=16
         data.synthetic.num_val=2)
-}
-
-need_bin() {
-    [ -x "$2" ] || { echo "FAIL $2 is not an executable (run the test with meson test)"; exit 1; }
-    printf -v "$1" '%s' "$(realpath "$2")"
 }
 
 # test_env: one BLAS/OpenMP thread, mpirun as root

@@ -14,9 +14,8 @@
 #  - 2 colocated ranks (no rollout split) give the one-process run too.
 # Skipped (77) without a CUDA device.
 # GRPO_TEST_DEVICE=cpu runs the same script with trainer.device=cpu (its own plumbing, on a machine without a GPU).
-# usage: test_gpu_dist.sh TEST_GPU_KERNELS GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
+# usage: test_gpu_dist.sh (the build's programs by name, tests/lib.sh)
 set -u
-PROBE="$1" WORKER="$2" MODEL_TOOL="$3" COMPARE="$4" SCORER="$5"
 . "$(dirname "$0")/gpu_lib.sh" grpo-gpu-dist
 . "$(dirname "$0")/../mpi/dist_lib.sh" grpo-gpu-dist
 STEPS=3

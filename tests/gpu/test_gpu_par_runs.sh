@@ -13,9 +13,8 @@
 #  has a GPU of its own, else MPI through pinned host memory).
 # Skipped (77) without a CUDA device.
 # GRPO_TEST_DEVICE=cpu runs the same script with trainer.device=cpu (its own plumbing, on a machine without a GPU).
-# usage: test_gpu_par_runs.sh TEST_GPU_KERNELS GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
+# usage: test_gpu_par_runs.sh (the build's programs by name, tests/lib.sh)
 set -u
-PROBE="$1" WORKER="$2" MODEL_TOOL="$3" COMPARE="$4" SCORER="$5"
 . "$(dirname "$0")/gpu_lib.sh" grpo-gpu-par
 . "$(dirname "$0")/../mpi/dist_lib.sh" grpo-gpu-par
 STEPS=3

@@ -11,9 +11,8 @@
 #  - the supervised warm-start, its reference policy and GRPO after it run on the GPU too.
 # Skipped (77) without a CUDA device.
 # GRPO_TEST_DEVICE=cpu runs the same script with trainer.device=cpu (its own plumbing, on a machine without a GPU).
-# usage: test_gpu_run.sh TEST_GPU_KERNELS GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
+# usage: test_gpu_run.sh (the build's programs by name, tests/lib.sh)
 set -u
-PROBE="$1" WORKER="$2" MODEL_TOOL="$3" COMPARE="$4" SCORER="$5"
 . "$(dirname "$0")/gpu_lib.sh" grpo-gpu-run
 cuda_says() { [ "$DEV" != cuda ] || grep -q "$1" "$2"; } # the cuda context's log line (the CPU's fp32 one logs none)
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1

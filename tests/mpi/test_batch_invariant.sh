@@ -12,10 +12,8 @@
 #  - with the mode off the same runs show the real difference: nonzero, and the metrics equal its recomputation;
 #  - use_rollout_log_probs=true in the mode skips the old-log-prob pass and changes no metric, bit for bit (one
 #    process and split).
-# usage: test_batch_invariant.sh GRPO_WORKER GRPO_MODEL SCORER_SO
+# usage: test_batch_invariant.sh (the build's programs by name, tests/lib.sh)
 set -u
-# shellcheck disable=SC2034 # MODEL_TOOL: dist_lib.sh's tiny_model makes the model with it
-WORKER="$1" MODEL_TOOL="$2" SCORER="$3"
 . "$(dirname "$0")/dist_lib.sh" grpo-binv
 CHECK="$(dirname "$0")/check_batch_invariant.py"
 COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e

@@ -9,10 +9,9 @@
 #  - a rank killed with SIGKILL (mpirun --mca orte_enable_recovery 1) ends the job within 10 s: grpod marks it
 #    lost, tells the other to end and says so in grpoctl status; launched again, the run resumes from the newest
 #    checkpoint to the same weights, bit for bit.
-# usage: test_colocated_grpod.sh GRPOD GRPOCTL SIM_WORKER GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
+# usage: test_colocated_grpod.sh (the build's programs by name, tests/lib.sh)
 set -u
-WORKER="$4" MODEL_TOOL="$5" COMPARE="$6" SCORER="$7"
-. "$(dirname "$0")/../system/grpod_lib.sh" "$1" "$2" "$3"
+. "$(dirname "$0")/../system/grpod_lib.sh"
 test_env
 tiny_model "$TMP/tiny"
 expect "tiny model initialised" $?

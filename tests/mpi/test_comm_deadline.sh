@@ -3,10 +3,10 @@
 # deadline, rank 0's all-reduce, its non-blocking all-reduce (a gradient bucket's wait), and then its receive,
 # from a rank that sleeps end the job within seconds, naming the operation, the group size and the rank; without a deadline nothing is bounded (checked by the comm-* tests
 # of every layout, which run both ways).
-# usage: test_comm_deadline.sh TEST_COMM
+# usage: test_comm_deadline.sh (the build's test_comm by name, tests/lib.sh)
 set -u
-bin="$1"
 . "$(dirname "$0")/../lib.sh" grpo-comm-deadline
+bin="$(prog test-comm)"
 out="$TMP/out.log"
 for op in allreduce iallreduce recv; do
     start=$(date +%s)

@@ -11,10 +11,10 @@
 #  - one-step-off (rollout.mode=async, 1 rollout + 1 trainer): staleness 1 logged, the rollout-vs-trainer
 #    log-prob gap measured, the run finishes;
 #  - impossible placements are errors that name the keys and the numbers, before any work starts.
-# usage: test_dist.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS DATA_STRANGER SCORER_SO
+# usage: test_dist.sh (the build's programs by name, tests/lib.sh)
 set -u
-WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" STRANGER="$4" SCORER="$5"
 . "$(dirname "$0")/dist_lib.sh" grpo-dist
+STRANGER="$(prog data-stranger)"
 STEPS=4
 COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e
     trainer.total_training_steps=$STEPS trainer.val_before_train=false trainer.test_freq=-1

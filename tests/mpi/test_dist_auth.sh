@@ -10,10 +10,10 @@
 #    credentials. Each is refused for its reason; the run finishes with weights bit-identical to the undisturbed
 #    run's. Once on ipc sockets, once on tcp (grpod.data_endpoint=tcp://*:PORT, no grpod.secret_file);
 #  - a hostile flood of the dispatcher on tcp (issue 39 item 4; see "the hostile flood" below).
-# usage: test_dist_auth.sh GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS DATA_STRANGER SCORER_SO
+# usage: test_dist_auth.sh (the build's programs by name, tests/lib.sh)
 set -u
-WORKER="$1" MODEL_TOOL="$2" COMPARE="$3" STRANGER="$4" SCORER="$5"
 . "$(dirname "$0")/dist_lib.sh" grpo-dist-auth
+STRANGER="$(prog data-stranger)"
 STEPS=3
 COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e
     trainer.total_training_steps=$STEPS trainer.val_before_train=false trainer.test_freq=-1

@@ -19,10 +19,9 @@
 #    group, and the run finishes with weights bit-identical to an undisturbed run;
 #  - fully-async training (a push every 2 steps, partial rollout): paused at a push, resumed, stopped and launched
 #    again, the run ends bit-identical to the replay of its own schedule in one go (its arrival order).
-# usage: test_dist_grpod.sh GRPOD GRPOCTL SIM_WORKER GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO
+# usage: test_dist_grpod.sh (the build's programs by name, tests/lib.sh)
 set -u
-WORKER="$4" MODEL_TOOL="$5" COMPARE="$6" SCORER="$7"
-. "$(dirname "$0")/../system/grpod_lib.sh" "$1" "$2" "$3"
+. "$(dirname "$0")/../system/grpod_lib.sh"
 test_env
 tiny_model "$TMP/tiny"
 expect "tiny model initialised" $?

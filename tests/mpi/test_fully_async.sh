@@ -21,7 +21,6 @@
 #  - refused by name at launch: two trainer ranks, no rollout ranks.
 # usage: test_fully_async.sh (the build's programs by name, tests/lib.sh)
 set -u
-# shellcheck disable=SC2034 # MODEL_TOOL: dist_lib.sh's tiny_model makes the model with it
 . "$(dirname "$0")/dist_lib.sh" grpo-fully-async
 CHECK="$(dirname "$0")/check_fully_async.py"
 COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e

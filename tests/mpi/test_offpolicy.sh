@@ -24,7 +24,6 @@
 #    verl v0.7's rollout_rs=geometric and its token veto, a malformed threshold.
 # usage: test_offpolicy.sh (the build's programs by name, tests/lib.sh)
 set -u
-# shellcheck disable=SC2034 # MODEL_TOOL: dist_lib.sh's tiny_model makes the model with it
 . "$(dirname "$0")/dist_lib.sh" grpo-offpol
 CHECK="$(dirname "$0")/check_offpolicy.py"
 COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e

@@ -1,12 +1,9 @@
 # shellcheck shell=bash
 # The control-plane tests' layer over tests/lib.sh (sourced by test_grpod_*.sh and the tests that run grpod with
 # simulated workers): grpod on ipc in $TMP ($EP, exported as GRPOD_ENDPOINT) and start_sim.
-# usage: . grpod_lib.sh [GRPOD GRPOCTL SIM_WORKER]   (without them: the build's, by name)
-_grpod_lib_args=("$@")
+# usage: . grpod_lib.sh   (grpod, grpoctl and the simulated worker: the build's, by name)
 . "$(dirname "${BASH_SOURCE[0]}")/../lib.sh" grpod-test
-GRPOD="${_grpod_lib_args[0]:-$(prog grpod)}"
-GRPOCTL="${_grpod_lib_args[1]:-$(prog grpoctl)}"
-SIM="${_grpod_lib_args[2]:-$(prog sim-worker)}"
+GRPOD="$(prog grpod)" GRPOCTL="$(prog grpoctl)" SIM="$(prog sim-worker)"
 EP="ipc://$TMP/ctl.sock"
 export GRPOD_ENDPOINT="$EP"
 

@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
 # Bad input to grpo-worker (issue 12): each case is refused with a message naming the key, field or tensor, or
 # (greedy rollout, a huge max_num_seqs) now works; none may hang, exhaust memory or exit 0 having done nothing.
-# Usage: test_bad_input.sh GRPO_WORKER GRPO_MODEL   (from the source root; python3 patches files)
+# Usage: test_bad_input.sh   (from the source root; python3 patches files; the build's programs by name, tests/lib.sh)
 set -u
 . "$(dirname "$0")/../lib.sh" grpo-bad-input
-need_bin worker "$1"
-need_bin tool "$2"
 clean_fail() { [ "$rc" -eq 1 ] || [ "$rc" -eq 2 ]; } # an error exit: not 0, not a crash, timeout or signal
 export OPENBLAS_NUM_THREADS=1
 
-"$tool" init "$TOK/config.json" "$TMP/tiny" --tokenizer-from "$TOK" >"$TMP/init" 2>&1
+"$MODEL_TOOL" init "$TOK/config.json" "$TMP/tiny" --tokenizer-from "$TOK" >"$TMP/init" 2>&1
 expect "tiny model written" $?
 n=0
 # run NAME OVERRIDES...: a short run of the tiny model in its own directory, output in $TMP/NAME.out, rc in $rc
@@ -17,7 +15,7 @@ run() {
     local name="$1"
     shift
     n=$((n + 1))
-    (cd "$TMP" && timeout "$(scaled 120)" "$worker" actor_rollout_ref.model.path="$TMP/tiny" trainer.default_local_dir="$TMP/runs$n" \
+    (cd "$TMP" && timeout "$(scaled 120)" "$WORKER" actor_rollout_ref.model.path="$TMP/tiny" trainer.default_local_dir="$TMP/runs$n" \
         trainer.total_training_steps=2 trainer.test_freq=-1 trainer.val_before_train=false data.synthetic.num_val=4 \
         "$@") >"$TMP/$name.out" 2>&1
     rc=$?
@@ -64,7 +62,7 @@ says "$TMP/steps0.out" "trainer.total_training_steps = 0"; expect "the error nam
 run clipc actor_rollout_ref.actor.clip_ratio_c=1
 [ $rc -eq 2 ]; expect "clip_ratio_c=1 exits 2 (got $rc)" $?
 says "$TMP/clipc.out" "actor_rollout_ref.actor.clip_ratio_c = 1 must be greater than 1"; expect "the error says > 1" $?
-"$worker" --print-config data.seed >"$TMP/stray.out" 2>&1
+"$WORKER" --print-config data.seed >"$TMP/stray.out" 2>&1
 rc=$?
 [ $rc -eq 2 ]; expect "--print-config with a stray word exits 2 (got $rc)" $?
 says "$TMP/stray.out" "'data.seed' is not a key=value override"; expect "the stray word is named" $?
@@ -89,7 +87,7 @@ run ckpt trainer.total_training_steps=1
 ck="$TMP/runs$n/grpo/demo/checkpoints/global_step_1/actor/model.safetensors"
 [ $rc -eq 0 ] && [ -f "$ck" ]; expect "a checkpoint to resume from (rc $rc)" $?
 fill "$ck" nan model.norm.weight
-(cd "$TMP" && timeout "$(scaled 120)" "$worker" actor_rollout_ref.model.path="$TMP/tiny" trainer.default_local_dir="$TMP/runs$n" \
+(cd "$TMP" && timeout "$(scaled 120)" "$WORKER" actor_rollout_ref.model.path="$TMP/tiny" trainer.default_local_dir="$TMP/runs$n" \
     trainer.total_training_steps=2 trainer.test_freq=-1 trainer.val_before_train=false) >"$TMP/resume.out" 2>&1
 rc=$?
 clean_fail; expect "resuming a NaN checkpoint is refused (rc $rc)" $?
@@ -120,7 +118,7 @@ says "$TMP/resp.out" "data.max_response_length (1048576)"; expect "the error nam
 says "$TMP/resp.out" "max_position_embeddings (512)"; expect "and the model's positions" $?
 # (AddressSanitizer's shadow memory needs terabytes of address space: its build runs without the limit)
 vlimit=4000000 within="in 4 GB of address space"
-ldd "$worker" | grep -q libasan && vlimit=unlimited within="(no address-space limit: AddressSanitizer build)"
+ldd "$WORKER" | grep -q libasan && vlimit=unlimited within="(no address-space limit: AddressSanitizer build)"
 (ulimit -v $vlimit; run seqs actor_rollout_ref.rollout.max_num_seqs=1000000; exit $rc)
 rc=$?
 n=$((n + 1)) # run's count stayed in the subshell
@@ -157,7 +155,7 @@ else
     ! grep -q '"step"' "$TMP/runs$n/grpo/demo/metrics.jsonl" 2>/dev/null; expect "no step was run" $?
 fi
 # split runs: trainers (DP, TP, PP, ZeRO-1) and rollout ranks (rollout TP too) run on GPUs
-(cd "$TMP" && timeout "$(scaled 120)" mpirun --oversubscribe -np 2 "$worker" actor_rollout_ref.model.path="$TMP/tiny" \
+(cd "$TMP" && timeout "$(scaled 120)" mpirun --oversubscribe -np 2 "$WORKER" actor_rollout_ref.model.path="$TMP/tiny" \
     trainer.default_local_dir="$TMP/runs-split" trainer.total_training_steps=2 trainer.nnodes=1 \
     trainer.n_gpus_per_node=1 rollout.nnodes=1 rollout.n_gpus_per_node=1 trainer.device=cuda) >"$TMP/cuda-split.out" 2>&1
 rc=$?

@@ -6,11 +6,10 @@
 # on both (the unit must not override the YAML's endpoints). deploy/examples/grpod-alerts.yaml passes promtool's
 # check and its own rule tests (skipped where promtool is absent). systemd runs the units in the cluster suite's
 # systemd-units test.
+# usage: test_deploy_units.sh (the units of this source tree; the build's programs by name, tests/lib.sh)
 set -u
 . "$(dirname "$0")/../lib.sh" grpo-deploy-units
-need_bin grpod "$1"
-need_bin grpoctl "$2"
-src="$(realpath "$3")"
+grpod="$(prog grpod)" grpoctl="$(prog grpoctl)" src="$SRC_ROOT"
 for u in grpod.service grpo-workers.service; do
     sed -e "s|/usr/local/bin/grpod |$grpod |; s|/usr/local/bin/grpoctl |$grpoctl |" \
         -e "s|/usr/local/libexec/grpo/grpo-launch-workers|$src/deploy/grpo-launch-workers|" \

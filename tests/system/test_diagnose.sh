@@ -69,12 +69,9 @@ stop_grpod
 
 # colocated ranks (no split), work stealing off, rank 1 slow to start each step's generation: a straggler
 start_grpod colocated || fail "colocated: grpod starts"
-mpirun --oversubscribe --bind-to none -np 2 "$WORKER" actor_rollout_ref.model.path="$TMP/tiny" \
-    trainer.project_name=p trainer.experiment_name=e trainer.total_training_steps=5 trainer.val_before_train=false \
-    trainer.test_freq=-1 data.train_batch_size=2 actor_rollout_ref.rollout.n=2 \
-    actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=8 data.synthetic.num_train=16 \
-    data.synthetic.num_val=2 trainer.nnodes=1 trainer.n_gpus_per_node=2 placement.colocated_steal=false \
-    grpod.endpoint="$EP" grpod.connect_timeout_s=30 trainer.default_local_dir="$TMP/colocated.runs" \
+tiny_run keys "$TMP/colocated.runs" 5
+mpirun --oversubscribe --bind-to none -np 2 "$WORKER" "${keys[@]}" trainer.nnodes=1 trainer.n_gpus_per_node=2 \
+    placement.colocated_steal=false grpod.endpoint="$EP" grpod.connect_timeout_s=30 \
     test.delay_phase=gen "test.delay_s=[0,0.4]" >"$TMP/colocated.log" 2>&1
 expect "colocated: the run ends with 0" $?
 "$GRPOCTL" diagnose >"$TMP/colocated.diag" 2>&1

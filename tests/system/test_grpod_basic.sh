@@ -3,7 +3,7 @@
 # (table and JSON), workers, metrics, pause/resume with bit-identical results,
 # checkpoint, stop, and grpoctl's errors and exit codes.
 set -u
-. "$(dirname "$0")/grpod_lib.sh" "$@"
+. "$(dirname "$0")/grpod_lib.sh"
 
 # ---- grpoctl without grpod: clear error, exit 3, quickly
 "$GRPOCTL" --retries 2 status >"$TMP/err" 2>&1

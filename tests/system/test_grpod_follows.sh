@@ -5,10 +5,9 @@
 # grpo-worker --replace-rank 2 given only grpod.endpoint takes the run's configuration from grpod, takes the
 # place (asking a grpod restarted on its journal in between) and logs as rank 2, and the run finishes. A
 # replacement for a rank the run does not have (7) is refused with the reason on its own log (issue 26).
-# usage: test_grpod_follows.sh GRPOD GRPOCTL SIM_WORKER GRPO_WORKER GRPO_MODEL
+# usage: test_grpod_follows.sh (the build's programs by name, tests/lib.sh)
 set -u
-. "$(dirname "$0")/grpod_lib.sh" "$1" "$2" "$3"
-WORKER="$4" MODEL_TOOL="$5"
+. "$(dirname "$0")/grpod_lib.sh"
 . "$(dirname "$0")/tiny_split.sh"
 tiny_split "$TMP"
 expect "tiny model and split run configuration" $?

@@ -3,7 +3,7 @@
 # grpod killed with SIGKILL and restarted recovers the run, its step, its pause
 # and its workers, and training goes on; with grpod.on_worker_lost=fail the run fails.
 set -u
-. "$(dirname "$0")/grpod_lib.sh" "$@"
+. "$(dirname "$0")/grpod_lib.sh"
 step() { status_field .step; }
 
 start_grpod g1

@@ -5,7 +5,7 @@
 # headers are 5 s late; 127.0.0.2 gets at most 16 connections; the log stays small. A refused request (404, 405)
 # is answered after about 1 s, at most three on a connection (issue 39 item 6).
 set -u
-. "$(dirname "$0")/grpod_lib.sh" "$@"
+. "$(dirname "$0")/grpod_lib.sh"
 
 "$GRPOD" grpod.endpoint="$EP" grpod.state_dir="$TMP/g.state" grpod.http_listen=0.0.0.0:0 \
     grpod.heartbeat_interval_s=0.2 grpod.heartbeat_timeout_s=3 >>"$TMP/g.log" 2>&1 &

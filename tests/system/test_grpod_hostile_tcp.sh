@@ -6,7 +6,7 @@
 # connections are closed once their deadlines pass (SP header 2 s, authenticated request 5 s). A connection's
 # failed attempts are answered after 1 s each, and the third closes it (issue 39 item 6).
 set -u
-. "$(dirname "$0")/grpod_lib.sh" "$@"
+. "$(dirname "$0")/grpod_lib.sh"
 port=$(( 10000 + RANDOM % 20000 )) # below the ephemeral ports (32768-60999): no outgoing connection holds it
 TCP="tcp://127.0.0.1:$port"
 head -c 24 /dev/urandom | base64 >"$TMP/secret"

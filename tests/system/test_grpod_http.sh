@@ -3,7 +3,7 @@
 # JSON of `grpoctl status --json`, and the status page, rendered by headless
 # Chromium after its script has run, shows the workers and draws both charts.
 set -u
-. "$(dirname "$0")/grpod_lib.sh" "$@"
+. "$(dirname "$0")/grpod_lib.sh"
 
 start_grpod g1
 start_sim w0 0 2 --steps 100000 --step-ms 30 --host hostA

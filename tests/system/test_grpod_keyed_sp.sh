@@ -4,10 +4,9 @@
 # the same configuration and keys as the ranks assigns each the role and DP coordinates it computes itself (trainer
 # dp 0/1 twice, rollout dp 0/1), every rank registers and the run finishes. Before, grpod dropped the SP/CP size
 # and assigned dp 0/2, and every rank refused its assignment.
-# usage: test_grpod_keyed_sp.sh GRPOD GRPOCTL SIM_WORKER GRPO_WORKER GRPO_MODEL
+# usage: test_grpod_keyed_sp.sh (the build's programs by name, tests/lib.sh)
 set -u
-. "$(dirname "$0")/grpod_lib.sh" "$1" "$2" "$3"
-WORKER="$4" MODEL_TOOL="$5"
+. "$(dirname "$0")/grpod_lib.sh"
 . "$(dirname "$0")/tiny_split.sh"
 tiny_split "$TMP"
 expect "tiny model and split run configuration" $?

@@ -4,18 +4,18 @@
 # role on a tiny model), they register with grpod under their MPI ranks, train,
 # and finish; grpoctl sees it all. The launcher watches the job through grpoctl (GRPOCTL) and leaves a job that
 # ends by itself alone: exit 0, nothing ended by it.
+# usage: test_grpod_launch.sh (the launcher of this source tree; the build's programs by name, tests/lib.sh)
 set -u
-. "$(dirname "$0")/grpod_lib.sh" "$1" "$2" "$3"
-src="$4"
+. "$(dirname "$0")/grpod_lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export GRPOCTL # the launcher's watch asks grpod through it
 echo "localhost slots=2" >"$TMP/hostfile"
 printf 'grpod:\n  connect_timeout_s: 30\n' >"$TMP/run.yaml"
-"$src/deploy/grpo-launch-workers" --help | grep -q hostfile; expect "launcher --help" $?
-"$src/deploy/grpo-launch-workers" --hostfile "$TMP/none" --config "$TMP/run.yaml" >"$TMP/err" 2>&1
+"$SRC_ROOT/deploy/grpo-launch-workers" --help | grep -q hostfile; expect "launcher --help" $?
+"$SRC_ROOT/deploy/grpo-launch-workers" --hostfile "$TMP/none" --config "$TMP/run.yaml" >"$TMP/err" 2>&1
 [ $? -eq 2 ]; expect "launcher: missing hostfile exits 2" $?
 start_grpod g1
-GRPO_WORKER="$SIM" "$src/deploy/grpo-launch-workers" --hostfile "$TMP/hostfile" --config "$TMP/run.yaml" \
+GRPO_WORKER="$SIM" "$SRC_ROOT/deploy/grpo-launch-workers" --hostfile "$TMP/hostfile" --config "$TMP/run.yaml" \
     --endpoint "$EP" -- --steps 8 --step-ms 30 --state "$TMP/m%r.state" >"$TMP/mpi.log" 2>&1
 expect "mpirun launch of 2 workers from the hostfile ends with 0" $?
 [ -f "$TMP/m0.state" ] && [ -f "$TMP/m1.state" ]; expect "both ranks wrote their state" $?
@@ -25,12 +25,11 @@ state_is finished; expect "run finished" $?
 stop_grpod
 
 # real workers: 1 trainer + 1 rollout rank from the hostfile, the split in the run's YAML (verl's keys)
-WORKER="$5" MODEL_TOOL="$6"
 . "$(dirname "$0")/tiny_split.sh"
 tiny_split "$TMP"
 expect "tiny model and split run configuration" $?
 start_grpod g2 --config "$TMP/split.yaml"
-OPENBLAS_NUM_THREADS=1 GRPO_WORKER="$WORKER" "$src/deploy/grpo-launch-workers" --hostfile "$TMP/hostfile" \
+OPENBLAS_NUM_THREADS=1 GRPO_WORKER="$WORKER" "$SRC_ROOT/deploy/grpo-launch-workers" --hostfile "$TMP/hostfile" \
     --config "$TMP/split.yaml" --endpoint "$EP" >"$TMP/real.log" 2>&1
 expect "grpo-launch-workers runs a trainer and a rollout rank to the end" $?
 ! grep -q "not watched\|Ending mpirun" "$TMP/mpi.log" "$TMP/real.log"

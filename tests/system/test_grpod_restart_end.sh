@@ -5,7 +5,7 @@
 # grpod.connect_timeout_s), so the restarted grpod hears it and says the run finished, not that it waits for
 # lost workers.
 set -u
-. "$(dirname "$0")/grpod_lib.sh" "$@"
+. "$(dirname "$0")/grpod_lib.sh"
 
 start_grpod g1
 start_sim w0 0 2 --steps 40 --step-ms 100 --host hostA

@@ -8,7 +8,7 @@
 # protocol version, and garbage, oversized and non-protocol bytes on both sockets,
 # all while a worker keeps training.
 set -u
-. "$(dirname "$0")/grpod_lib.sh" "$@"
+. "$(dirname "$0")/grpod_lib.sh"
 port=$(( 10000 + RANDOM % 20000 )) # below the ephemeral ports (32768-60999): no outgoing connection holds it
 TCP="tcp://127.0.0.1:$port"
 head -c 24 /dev/urandom | base64 >"$TMP/secret"
@@ -24,7 +24,6 @@ chmod 600 "$TMP/secret"
 
 # every reader of a secret file applies grpod's checks (proto/transport.c secret_read; issue 39 item 6): each reader
 # below reads FILE as its secret and must fail, naming what is wrong
-WORKER="${4:-}"
 read_with() { # read_with READER FILE: the reader's output
     case "$1" in
         grpod) timeout "$(scaled 10)" "$GRPOD" grpod.endpoint="$TCP" grpod.secret_file="$2" grpod.state_dir="$TMP/x" ;;
@@ -37,7 +36,6 @@ read_with() { # read_with READER FILE: the reader's output
 refused_by_all() { # refused_by_all FILE TEXT WHAT
     local r
     for r in grpod grpoctl worker grpo-worker; do
-        [ "$r" = grpo-worker ] && [ -z "$WORKER" ] && { echo "skip grpo-worker (not given)"; continue; }
         read_with "$r" "$1" >"$TMP/reader.out" 2>&1
         local rc=$?
         [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && has "$TMP/reader.out" "$2"

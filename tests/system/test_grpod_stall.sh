@@ -9,7 +9,7 @@
 #  - a rollout rank killed (SIGKILL) is still lost, once silent for the timeout (found at a 0.25 s tick).
 # Before, a rollout rank was lost after two intervals, and grpod's own pause counted as every worker's silence.
 set -u
-. "$(dirname "$0")/grpod_lib.sh" "$@"
+. "$(dirname "$0")/grpod_lib.sh"
 worker_state() { status_field ".workers[] | select(.rank == $1) | .state"; }
 worker_is() { [ "$(worker_state "$1")" = "$2" ]; }
 EVENTS="$TMP/g1.state/events.log"

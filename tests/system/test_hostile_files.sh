@@ -5,8 +5,7 @@
 # aside (run.json.unreadable-TIME) and grpod starts a new run, as for any unreadable journal.
 # Each program runs under `timeout` only as a guard: the checks are on the exit status and the message.
 set -u
-. "$(dirname "$0")/grpod_lib.sh" "$1" "$2" "$3"
-WORKER="$4"
+. "$(dirname "$0")/grpod_lib.sh"
 port=$(( 10000 + RANDOM % 20000 ))
 TCP="tcp://127.0.0.1:$port"
 guard() { timeout -k 5 "$(scaled 60)" "$@"; }

@@ -11,12 +11,12 @@
 #    avx512_core): the BF16 run falls back to float32 with one clear line and reproduces the float32 run.
 # The vectorised exponential and the other auto-vectorised loops are compiled as target_clones; the C library picks
 # the clone from the CPU, and no switch can choose another: their tests run on the clone this CPU gets.
-# usage: test_isa_paths.sh GRPO_MODEL BF16_RUN_SH GRPO_WORKER SCORER_SO TEST_BIN...
+# usage: test_isa_paths.sh (the build's programs and unit tests by name, tests/lib.sh)
 set -u
-MODEL_TOOL="$1" BF16_RUN="$2" WORKER="$3" SCORER="$4"
-shift 4
-TESTS=("$@")
 . "$(dirname "$0")/../lib.sh" grpo-isa
+BF16_RUN="$(dirname "$0")/test_bf16_run.sh"
+TESTS=()
+for t in kernel_linear kernel_attention kernel_lmhead kernel_bf16 kernels_ctx model; do TESTS+=("$(prog "unit/$t")"); done
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
 cpu_has() { [[ "$flags" == *" $1 "* ]]; }
@@ -67,14 +67,14 @@ for isa in "${bf16_isas[@]}"; do
         rc=$((rc || $?))
         expect "$(basename "$t") with oneDNN capped at $isa (ran, not skipped)" $rc
     done
-    ONEDNN_MAX_CPU_ISA="$isa" bash "$BF16_RUN" "$WORKER" "$MODEL_TOOL" "$SCORER" >"$TMP/$isa-run.log" 2>&1
+    ONEDNN_MAX_CPU_ISA="$isa" bash "$BF16_RUN" >"$TMP/$isa-run.log" 2>&1
     rc=$?
     grep -q "it says BF16 GEMMs run" "$TMP/$isa-run.log"
     rc=$((rc || $?))
     expect "BF16 run on $isa: BF16 GEMMs, within BF16 bounds of float32" $rc
 done
 # a CPU without BF16 products: oneDNN capped below them
-ONEDNN_MAX_CPU_ISA=AVX512_CORE bash "$BF16_RUN" "$WORKER" "$MODEL_TOOL" "$SCORER" >"$TMP/nobf16-run.log" 2>&1
+ONEDNN_MAX_CPU_ISA=AVX512_CORE bash "$BF16_RUN" >"$TMP/nobf16-run.log" 2>&1
 rc=$?
 grep -q "a CPU without BF16 says so once and runs float32" "$TMP/nobf16-run.log"
 expect "without BF16 (oneDNN capped at AVX512_CORE): one clear line, float32 reproduced" $((rc || $?))

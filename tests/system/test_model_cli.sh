@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # grpo-model as a user meets it: info, convert (GGUF -> HF, when the bundled model is present), tokenize,
 # logits to .npy (checked against the transformers fixture), generate, --help, and clear errors.
-# Usage: test_model_cli.sh GRPO_MODEL   (from the source root)
+# Usage: test_model_cli.sh   (from the source root; the build's grpo-model by name, tests/lib.sh)
 set -u
-tool="$1"
 . "$(dirname "$0")/../lib.sh" grpo-model-cli
+tool="$(prog grpo-model)"
 tiny=tests/fixtures/models/tiny-qwen2-bias
 
 "$tool" --help >"$TMP/help" 2>&1; expect "--help exits 0" $?

@@ -5,11 +5,9 @@
 # actor_rollout_ref.actor.router_replay.mode=R3 routes by the rollout's. Same weights and precision: nothing
 # differs and replay changes nothing. One step off (rollout.mode=async) the rollout's router is one update old:
 # tokens route differently, and replay takes the routing part out of the rollout-vs-trainer log-prob gap.
-# Usage: test_moe_replay.sh GRPO_WORKER GRPO_MODEL   (from the source root)
+# Usage: test_moe_replay.sh   (from the source root; the build's programs by name, tests/lib.sh)
 set -u
 . "$(dirname "$0")/../lib.sh" grpo-moe-replay
-need_bin worker "$1"
-need_bin MODEL_TOOL "$2"
 export OPENBLAS_NUM_THREADS=1
 MPIRUN=(mpirun --oversubscribe --bind-to none)
 COMMON=(trainer.test_freq=-1 trainer.val_before_train=false data.synthetic.num_val=4 data.train_batch_size=4
@@ -32,7 +30,7 @@ expect "tiny dense model written" $?
 for mode in record R3; do
     extra=(actor_rollout_ref.rollout.enable_rollout_routing_replay=true)
     [ $mode = R3 ] && extra=(actor_rollout_ref.actor.router_replay.mode=R3)
-    (cd "$TMP" && timeout "$(scaled 300)" "$worker" "${COMMON[@]}" actor_rollout_ref.model.path="$TMP/qwen3_moe" \
+    (cd "$TMP" && timeout "$(scaled 300)" "$WORKER" "${COMMON[@]}" actor_rollout_ref.model.path="$TMP/qwen3_moe" \
         trainer.default_local_dir="$TMP/one-$mode" trainer.total_training_steps=3 "${extra[@]}") \
         >"$TMP/one-$mode.log" 2>&1
     expect "one process, $mode: three steps" $?
@@ -55,7 +53,7 @@ expect "one process: the recorded routes are the trainer's own (no mismatch), an
 for lay in dp2 pp2; do
     extra=(actor_rollout_ref.actor.megatron.use_distributed_optimizer=true)
     [ $lay = pp2 ] && extra=(actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2)
-    (cd "$TMP" && timeout "$(scaled 300)" "${MPIRUN[@]}" -np 2 "$worker" "${COMMON[@]}" \
+    (cd "$TMP" && timeout "$(scaled 300)" "${MPIRUN[@]}" -np 2 "$WORKER" "${COMMON[@]}" \
         actor_rollout_ref.model.path="$TMP/qwen3_moe" trainer.default_local_dir="$TMP/$lay" \
         trainer.total_training_steps=3 actor_rollout_ref.actor.router_replay.mode=R3 "${extra[@]}") \
         >"$TMP/$lay.log" 2>&1
@@ -76,7 +74,7 @@ done
 for mode in record R3; do
     extra=(actor_rollout_ref.rollout.enable_rollout_routing_replay=true)
     [ $mode = R3 ] && extra+=(actor_rollout_ref.actor.router_replay.mode=R3)
-    (cd "$TMP" && timeout "$(scaled 300)" "${MPIRUN[@]}" -np 2 "$worker" "${COMMON[@]}" \
+    (cd "$TMP" && timeout "$(scaled 300)" "${MPIRUN[@]}" -np 2 "$WORKER" "${COMMON[@]}" \
         actor_rollout_ref.model.path="$TMP/qwen3_moe" trainer.default_local_dir="$TMP/async-$mode" \
         trainer.total_training_steps=3 placement.trainer_ranks=1 placement.rollout_ranks=1 \
         actor_rollout_ref.rollout.mode=async actor_rollout_ref.actor.optim.lr=1e-3 "${extra[@]}") \
@@ -101,7 +99,7 @@ PY
 expect "split one-step-off: routes differ over the data plane, and R3 shrinks the log-prob gap" $?
 
 # the same split run with two pipeline stages of trainers: each stage compares its own layers, summed
-(cd "$TMP" && timeout "$(scaled 300)" "${MPIRUN[@]}" -np 3 "$worker" "${COMMON[@]}" \
+(cd "$TMP" && timeout "$(scaled 300)" "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" \
     actor_rollout_ref.model.path="$TMP/qwen3_moe" trainer.default_local_dir="$TMP/async-pp2" \
     trainer.total_training_steps=2 placement.trainer_ranks=2 placement.rollout_ranks=1 \
     actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2 actor_rollout_ref.rollout.mode=async \
@@ -118,7 +116,7 @@ PY
 expect "PP 2: the routing mismatch over both stages' layers, and the gap, as without PP" $?
 
 # LoRA on the attention projections of a MoE model with R3: two steps, the checkpoint in PEFT's layout
-(cd "$TMP" && timeout "$(scaled 300)" "$worker" "${COMMON[@]}" actor_rollout_ref.model.path="$TMP/qwen3_moe" \
+(cd "$TMP" && timeout "$(scaled 300)" "$WORKER" "${COMMON[@]}" actor_rollout_ref.model.path="$TMP/qwen3_moe" \
     trainer.default_local_dir="$TMP/lora" trainer.total_training_steps=2 actor_rollout_ref.model.lora_rank=4 \
     actor_rollout_ref.model.target_modules=[q_proj,k_proj,v_proj,o_proj] \
     actor_rollout_ref.model.lora_alpha=8 actor_rollout_ref.actor.optim.lr=1e-2 \
@@ -145,7 +143,7 @@ expect "grpo-model reads the MoE adapter checkpoint" $?
 refused() { # NAME TEXT ARGS...: the run is an error exit whose message holds TEXT
     local name="$1" text="$2"
     shift 2
-    (cd "$TMP" && timeout "$(scaled 120)" "$worker" "${COMMON[@]}" trainer.default_local_dir="$TMP/refused" \
+    (cd "$TMP" && timeout "$(scaled 120)" "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/refused" \
         trainer.total_training_steps=1 "$@") >"$TMP/$name.out" 2>&1
     local rc=$?
     [ $rc -ne 0 ] && [ $rc -ne 124 ] && has "$TMP/$name.out" "$text"
@@ -160,12 +158,12 @@ fi
 refused lora-up "LoRA target_modules: up_proj without gate_proj on a mixture-of-experts model (4 experts)" \
     "$m" actor_rollout_ref.model.lora_rank=4 "actor_rollout_ref.model.target_modules=[q_proj,up_proj]"
 expect "LoRA on the experts' up_proj alone (PEFT fuses gate_up_proj) on a MoE model refused by name" $?
-(cd "$TMP" && timeout "$(scaled 120)" "$worker" "${COMMON[@]}" actor_rollout_ref.model.path="$TMP/dense" \
+(cd "$TMP" && timeout "$(scaled 120)" "$WORKER" "${COMMON[@]}" actor_rollout_ref.model.path="$TMP/dense" \
     trainer.default_local_dir="$TMP/dense-run" trainer.total_training_steps=1 \
     actor_rollout_ref.actor.router_replay.mode=R3) >"$TMP/dense.out" 2>&1
 [ $? -ne 0 ] && has "$TMP/dense.out" "actor_rollout_ref.actor.router_replay.mode=R3: routing replay needs a mixture-of-experts model"
 expect "R3 on a dense model refused by name" $?
-(cd "$TMP" && timeout "$(scaled 60)" "$worker" "${COMMON[@]}" actor_rollout_ref.model.path="$TMP/qwen3_moe" \
+(cd "$TMP" && timeout "$(scaled 60)" "$WORKER" "${COMMON[@]}" actor_rollout_ref.model.path="$TMP/qwen3_moe" \
     actor_rollout_ref.actor.router_replay.mode=R2 --print-config) >"$TMP/r2.out" 2>&1
 [ $? -ne 0 ] && has "$TMP/r2.out" "router_replay.mode"
 expect "R2 refused, naming the key" $?

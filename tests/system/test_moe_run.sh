@@ -3,16 +3,14 @@
 # Qwen3-MoE model and on a tiny Mixtral, logging the router's load (actor/moe/...); the load-balancing loss's
 # coefficient (Megatron's key under verl's override_transformer_config) changes the update's gradient; the
 # checkpoint keeps the Hugging Face per-expert layout and loads again.
-# Usage: test_moe_run.sh GRPO_WORKER GRPO_MODEL   (from the source root; python3 writes the configs)
+# Usage: test_moe_run.sh   (from the source root; python3 writes the configs; the build's programs by name, tests/lib.sh)
 set -u
 . "$(dirname "$0")/../lib.sh" grpo-moe-run
-need_bin worker "$1"
-need_bin MODEL_TOOL "$2"
 export OPENBLAS_NUM_THREADS=1
 
 # run MODEL NAME COEF: two steps, metrics in $TMP/NAME/grpo/demo/metrics.jsonl
 run() {
-    (cd "$TMP" && timeout "$(scaled 300)" "$worker" actor_rollout_ref.model.path="$1" trainer.default_local_dir="$TMP/$2" \
+    (cd "$TMP" && timeout "$(scaled 300)" "$WORKER" actor_rollout_ref.model.path="$1" trainer.default_local_dir="$TMP/$2" \
         trainer.total_training_steps=2 trainer.test_freq=-1 trainer.val_before_train=false data.synthetic.num_val=4 \
         actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff="$3") >"$TMP/$2.log" 2>&1
 }
@@ -67,7 +65,7 @@ for path, name in zip(sys.argv[1:], ("mlp.experts.3.down_proj.weight", "block_sp
 PY
 expect "checkpoints keep the per-expert tensors of the Hugging Face layout" $?
 # BF16 GEMMs (the policy moved to a BF16 context keeps the load-balancing loss): the fp32 run's gradient norms
-(cd "$TMP" && timeout "$(scaled 300)" "$worker" actor_rollout_ref.model.path="$TMP/mixtral" trainer.default_local_dir="$TMP/bf16" \
+(cd "$TMP" && timeout "$(scaled 300)" "$WORKER" actor_rollout_ref.model.path="$TMP/mixtral" trainer.default_local_dir="$TMP/bf16" \
     trainer.total_training_steps=2 trainer.test_freq=-1 trainer.val_before_train=false data.synthetic.num_val=4 \
     actor_rollout_ref.actor.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16 \
     actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff=0.5) >"$TMP/bf16.log" 2>&1
@@ -77,7 +75,7 @@ b=$(metric "$TMP/bf16/grpo/demo/metrics.jsonl" 1 actor/grad_norm)
 python3 -c 'import sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if abs(a - b) <= 0.03 * a else 1)' "$a" "$b"
 expect "mixtral: BF16's first gradient norm within 3% of fp32's, load-balancing loss included ($b against $a)" $?
 # data parallelism: two colocated ranks (DP 2) give the one-process run's losses, gradient norms and routing
-(cd "$TMP" && timeout "$(scaled 300)" mpirun --oversubscribe --bind-to none -np 2 "$worker" \
+(cd "$TMP" && timeout "$(scaled 300)" mpirun --oversubscribe --bind-to none -np 2 "$WORKER" \
     actor_rollout_ref.model.path="$TMP/qwen3_moe" trainer.default_local_dir="$TMP/dp2" trainer.total_training_steps=2 \
     trainer.test_freq=-1 trainer.val_before_train=false data.synthetic.num_val=4 \
     actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff=0.5) >"$TMP/dp2.log" 2>&1
@@ -92,7 +90,7 @@ for a, b in zip(one, two):
         assert abs(a[k] - b[k]) <= 1e-6 * max(1.0, abs(a[k])), (a["step"], k, a[k], b[k])
 PY
 expect "qwen3_moe: DP 2 matches the one-process run (losses, grad norms, routing)" $?
-(cd "$TMP" && timeout "$(scaled 120)" "$worker" actor_rollout_ref.model.path="$TMP/mixtral" trainer.default_local_dir="$TMP/lora" \
+(cd "$TMP" && timeout "$(scaled 120)" "$WORKER" actor_rollout_ref.model.path="$TMP/mixtral" trainer.default_local_dir="$TMP/lora" \
     trainer.total_training_steps=1 actor_rollout_ref.model.lora_rank=4 \
     actor_rollout_ref.model.target_modules=[q_proj,gate_proj]) >"$TMP/lora.out" 2>&1
 rc=$?

@@ -3,12 +3,10 @@
 # into the cache by scripts/parquet_to_jsonl.py and a short GRPO run on a tiny model trains on it; a second run
 # uses the cached copy (not rewritten), a touched file is converted again; a corrupt file, a file without a
 # prompt column, a bad row and a python without pyarrow are errors that name the parquet file, exit 2, no crash.
-# Usage: test_parquet.sh GRPO_WORKER GRPO_MODEL   (from the source root). Exit 77 (skipped) when the pyarrow
-# venv of scripts/parquet_env.sh cannot be made (no network).
+# Usage: test_parquet.sh   (from the source root; the build's programs by name, tests/lib.sh). Exit 77 (skipped)
+# when the pyarrow venv of scripts/parquet_env.sh cannot be made (no network).
 set -u
 . "$(dirname "$0")/../lib.sh" grpo-parquet
-need_bin worker "$1"
-need_bin tool "$2"
 test_env
 # the dataset cache goes here, not into the user's; the pyarrow venv is the shared one (made once)
 export GRPO_CACHE="$TMP/cache"
@@ -49,7 +47,7 @@ PY
 expect "pyarrow wrote the test parquet files" $?
 head -c 4096 /dev/urandom >"$TMP/corrupt.parquet"
 
-"$tool" init "$TOK/config.json" "$TMP/tiny" --tokenizer-from "$TOK" >"$TMP/init.log" 2>&1
+"$MODEL_TOOL" init "$TOK/config.json" "$TMP/tiny" --tokenizer-from "$TOK" >"$TMP/init.log" 2>&1
 expect "tiny model written" $?
 n=0
 # run NAME DIR OVERRIDES...: a 2-step run of the tiny model from directory DIR, output in $TMP/NAME.out, rc in $rc
@@ -57,7 +55,7 @@ run() {
     local name="$1" dir="$2"
     shift 2
     n=$((n + 1))
-    (cd "$dir" && timeout "$(scaled 180)" "$worker" actor_rollout_ref.model.path="$TMP/tiny" \
+    (cd "$dir" && timeout "$(scaled 180)" "$WORKER" actor_rollout_ref.model.path="$TMP/tiny" \
         trainer.default_local_dir="$TMP/runs$n" trainer.total_training_steps=2 trainer.val_before_train=false \
         trainer.test_freq=-1 data.train_batch_size=2 actor_rollout_ref.rollout.n=2 \
         actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=8 data.max_prompt_length=320 \

@@ -3,10 +3,9 @@
 # run (./scripts/X: executable, --help answers) and programs that are built, and the configuration keys they pass
 # are accepted by grpo-worker as written (--print-config, with the files they name stood in for). Its links are
 # checked with every doc's by doc_paths.
-# usage: test_readme.sh GRPO_WORKER
+# usage: test_readme.sh (the build's grpo-worker by name, tests/lib.sh)
 set -u
 . "$(dirname "$0")/../lib.sh" grpo-readme
-need_bin WORKER "$1"
 README="$SRC_ROOT/README.md"
 
 lines=$(wc -l <"$README")

@@ -3,14 +3,12 @@
 # (the allocation is this host) and srun (the one-task step runs its command; the worker step becomes
 # mpirun -np SLURM_NTASKS) run the script unchanged. grpod starts on tcp with a per-job secret, a trainer
 # and a rollout rank (the split from the run's YAML) register, train over the tcp data plane, and finish.
-# usage: test_slurm_script.sh SRC_DIR GRPOD GRPOCTL GRPO_WORKER GRPO_MODEL
+# usage: test_slurm_script.sh (the script of this source tree; the build's programs by name, tests/lib.sh)
 set -u
-src="$(realpath "$1")" MODEL_TOOL="$5"
 . "$(dirname "$0")/../lib.sh" grpo-slurm
+src="$SRC_ROOT"
 mkdir -p "$TMP/bin"
-ln -s "$(realpath "$2")" "$TMP/bin/grpod"
-ln -s "$(realpath "$3")" "$TMP/bin/grpoctl"
-ln -s "$(realpath "$4")" "$TMP/bin/grpo-worker"
+for p in grpod grpoctl grpo-worker; do ln -s "$(prog "$p")" "$TMP/bin/$p"; done
 cat >"$TMP/bin/scontrol" <<'SH'
 #!/bin/sh
 # scontrol show hostnames LIST: this host

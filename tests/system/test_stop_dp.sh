@@ -3,10 +3,9 @@
 # checkpoint): a split run of a tiny model, 2 trainers + 1 rollout rank under grpod and mpirun, is stopped
 # mid-run; grpoctl stop --wait exits 0, every rank exits 0, and every trainer reports the stop's checkpoint (the
 # replica the one its leader wrote).
-# usage: test_stop_dp.sh GRPOD GRPOCTL SIM_WORKER GRPO_WORKER GRPO_MODEL
+# usage: test_stop_dp.sh (the build's programs by name, tests/lib.sh)
 set -u
-WORKER="$4" MODEL_TOOL="$5"
-. "$(dirname "$0")/grpod_lib.sh" "$1" "$2" "$3"
+. "$(dirname "$0")/grpod_lib.sh"
 test_env
 . "$(dirname "$0")/tiny_split.sh"
 tiny_split "$TMP"

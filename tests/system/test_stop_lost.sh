@@ -3,9 +3,9 @@
 # no worker is left running, the lost one included, so a plain "the run is finished" is no proof that every
 # worker checkpointed. grpoctl must exit 1 naming the lost rank; the live one still checkpoints and exits 0.
 # With every worker alive the same stop --wait exits 0.
-# Usage: test_stop_lost.sh GRPOD GRPOCTL SIM_WORKER
+# Usage: test_stop_lost.sh (the build's programs by name, tests/lib.sh)
 set -u
-. "$(dirname "$0")/grpod_lib.sh" "$@"
+. "$(dirname "$0")/grpod_lib.sh"
 worker_state() { status_field ".workers[$1].state"; }
 worker_is() { [ "$(worker_state "$1")" = "$2" ]; }
 

@@ -4,20 +4,18 @@
 # values, and the resume that drops the steps after the checkpoint), Python's
 # json module for metrics.jsonl, and xml.etree for metrics.svg.
 #
-#   test_tensorboard.sh WRITER BUILD_DIR
+#   test_tensorboard.sh   (the build's test_tensorboard_writer by name, tests/lib.sh)
 #
 # TensorBoard comes from the venv scripts/tensorboard_env.sh makes (scripts/test.sh runs it before the tests);
 # this test installs nothing. Exit 77 (skipped) when that venv is not there.
 set -u
-writer="$1"
-build="$2"
 if ! py="$("$(dirname "$0")/../../scripts/tensorboard_env.sh" --no-install)"; then
     echo "SKIP: no TensorBoard venv (run scripts/tensorboard_env.sh, as scripts/test.sh does)"
     exit 77
 fi
-: "$build"
 
 . "$(dirname "$0")/../lib.sh" grpo-tensorboard
+writer="$(prog tensorboard-writer)"
 run="$TMP/runs/grpo/demo"
 
 if ! "$writer" "$run" 2>"$TMP/stderr"; then

@@ -9,10 +9,10 @@
 # class (tests/fixtures/tools/counter.yaml) with its create kwargs, step reward and calc_reward, an exception and
 # a timeout as answers; --function-tool-path's @function_tool functions, alone and beside a tool config; and a
 # name that is no class, a module that cannot be imported, a schema error are refused naming FILE:LINE.
-# Usage: test_tool_cli.sh GRPO_MODEL
+# Usage: test_tool_cli.sh (the build's grpo-model by name, tests/lib.sh)
 set -u
-M="$1"
 . "$(dirname "$0")/../lib.sh" grpo-tool-cli
+M="$(prog grpo-model)"
 json() { python3 -c 'import json,sys; print(json.dumps({sys.argv[1]: sys.argv[2]}))' "$1" "$2"; }
 
 "$M" tool --help >"$TMP/h" 2>&1 && says "$TMP/h" "usage: grpo-model tool"; expect "tool --help" $?

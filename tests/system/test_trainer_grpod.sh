@@ -3,11 +3,9 @@
 # heartbeats its step and metrics, and obeys grpoctl. A run paused mid-way
 # and resumed ends with weights bit-identical to the same run alone; a run
 # stopped mid-way checkpoints, and resumed later also ends bit-identical.
-# Usage: test_trainer_grpod.sh GRPOD GRPOCTL SIM_WORKER GRPO_WORKER GRPO_MODEL (from the source root)
+# Usage: test_trainer_grpod.sh (from the source root; the build's programs by name, tests/lib.sh)
 set -u
-WORKER="$4"
-MODEL_TOOL="$5"
-. "$(dirname "$0")/grpod_lib.sh" "$1" "$2" "$3"
+. "$(dirname "$0")/grpod_lib.sh"
 export OPENBLAS_NUM_THREADS=1
 
 tiny_model "$TMP/tiny"

@@ -9,12 +9,10 @@
 # the sizes and the placement overridden, and a Python reward function:
 # trainer.total_epochs decides the steps, trainer.logger's console-only sinks mean no TensorBoard files and a
 # notice for wandb, trainer.device (not in the script) is auto and said, and the Python scorer scores.
-# Usage: test_verl_scripts.sh GRPO_WORKER GRPO_MODEL   (from the source root). The run part is skipped (the
-# --print-config part still runs) when the pyarrow venv of scripts/parquet_env.sh cannot be made.
+# Usage: test_verl_scripts.sh   (from the source root; the build's programs by name, tests/lib.sh). The run part is
+# skipped (the --print-config part still runs) when the pyarrow venv of scripts/parquet_env.sh cannot be made.
 set -u
 . "$(dirname "$0")/../lib.sh" grpo-verl-scripts
-need_bin worker "$1"
-need_bin MODEL_TOOL "$2"
 test_env
 export GRPO_CACHE="$TMP/cache"
 crashed() { grep -qE "Segmentation|Aborted|core dumped|AddressSanitizer" "$1"; }
@@ -31,7 +29,7 @@ replay() {
     for f in "$dir"/*.args; do
         name="$(basename "$f" .args)"
         mapfile -t args < <(overrides "$f")
-        "$worker" --print-config "${args[@]}" >"$TMP/$version-$name.out" 2>&1
+        "$WORKER" --print-config "${args[@]}" >"$TMP/$version-$name.out" 2>&1
         rc=$?
         total=$((total + 1))
         if [ $rc -eq 0 ]; then
@@ -85,7 +83,7 @@ PY
 expect "pyarrow wrote two parquet files in verl's layout" $?
 tiny_model "$TMP/tiny"; expect "tiny model written" $?
 mapfile -t args < <(overrides tests/fixtures/verl/scripts/grpo_trainer__run_qwen2-7b_math.args)
-timeout "$(scaled 300)" "$worker" "${args[@]}" \
+timeout "$(scaled 300)" "$WORKER" "${args[@]}" \
     actor_rollout_ref.model.path="$TMP/tiny" \
     "data.train_files=['$TMP/gsm8k.parquet', '$TMP/math.parquet']" \
     "data.val_files=['$TMP/gsm8k.parquet']" \
@@ -120,7 +118,7 @@ run_dir="$(dirname "$(ls "$TMP"/runs/*/*/metrics.jsonl | head -1)")"
 # until data.train_batch_size=2 groups are kept, at most max_num_gen_batches=3; the overlong buffer under its
 # current names. 8 prompts / 4 a round, total_epochs=1: 2 steps.
 mapfile -t args < <(overrides tests/fixtures/verl/scripts/dapo__test_dapo_7b.args)
-timeout "$(scaled 300)" "$worker" "${args[@]}" \
+timeout "$(scaled 300)" "$WORKER" "${args[@]}" \
     actor_rollout_ref.model.path="$TMP/tiny" data.train_files="$TMP/parity.parquet" data.val_files="$TMP/parity.parquet" \
     data.gen_batch_size=4 data.train_batch_size=2 actor_rollout_ref.actor.ppo_mini_batch_size=2 \
     actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 data.max_prompt_length=320 \

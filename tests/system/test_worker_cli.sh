@@ -3,7 +3,7 @@
 # overrides, clear errors with exit code 2 for bad input, the MPI selftest.
 set -u
 . "$(dirname "$0")/../lib.sh" grpo-worker-cli
-need_bin worker "$1"
+worker="$(prog grpo-worker)"
 
 "$worker" --help >"$TMP/help" 2>&1
 expect "--help exits 0 and documents overrides" $(( $? != 0 )) 

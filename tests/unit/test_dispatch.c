@@ -1170,6 +1170,40 @@ static void expect_grant_kind(Grpo__Envelope *r, int kind)
     protocol_free(r);
 }
 
+/* The fixture of the rank table's tests (test_replacement, test_table_bound): a dispatcher of 2 rollout ranks, opened
+ * at time 0 with version 0 of RANK_FLOATS floats published, whose silent processes are lost after the seconds the test
+ * gives as its initial state (a double). */
+enum { RANK_FLOATS = 8 };
+struct rank_fx {
+    struct dispatch_core *d;
+    float *w0;
+};
+
+static int rank_setup(void **state)
+{
+    const double lost_after_s = *(const double *)*state;
+    struct rank_fx *f = calloc(1, sizeof *f);
+    if (!f)
+        return -1;
+    f->w0 = weights(RANK_FLOATS, 1, 0);
+    f->d = core_open(2, 0, 10, RANK_FLOATS, lost_after_s, 0);
+    publish(f->d, 0, f->w0);
+    *state = f;
+    return 0;
+}
+
+static int rank_teardown(void **state)
+{
+    struct rank_fx *f = *state;
+    dispatch_core_free(f->d);
+    free(f->w0);
+    free(f);
+    return 0;
+}
+
+/* the fixture's lost_after_s of each */
+static double replacement_lost_after_s = 1.0, table_bound_lost_after_s = 10.0;
+
 /* issue 39 item 4: one live process per rollout rank. A newer incarnation (a later generation: what grpod gives a
  * replacement) supersedes the live one: the older one's units are granted again (to the newer one first), the
  * broadcast it was part of is off, and every later request of the older one (work, ping, weights, under any worker
@@ -1178,13 +1212,9 @@ static void expect_grant_kind(Grpo__Envelope *r, int kind)
  * rank once that one is lost). Generations compare modulo 2^16. */
 static void test_replacement(void **state)
 {
-    (void)state;
-    enum { N = 8 };
-    float *w0 = weights(N, 1, 0);
+    struct dispatch_core *d = ((struct rank_fx *)*state)->d;
     double t = 0;
-    struct dispatch_core *d = core_open(2, 0, 10, N, 1.0, t);
     dispatch_core_broadcast_on(d, 60);
-    publish(d, 0, w0);
     const struct proc a = {0xA, 0}, b = {0xB, 1}; /* generation 0 (cred_of: the incarnation is the id) */
     const struct proc a1 = {(1ull << PLANE_GENERATION_SHIFT) | 0xA1, 0}; /* a's replacement: generation 1 */
     expect_unit_at(d, &a, t, 1, 0, 0);
@@ -1210,7 +1240,7 @@ static void test_replacement(void **state)
     heard_of(a.id)->counter = ca.counter;
     Grpo__Envelope wreq = GRPO__ENVELOPE__INIT;
     Grpo__WeightsRequest q = GRPO__WEIGHTS_REQUEST__INIT;
-    q.worker_id = a.id, q.version = 0, q.count = N;
+    q.worker_id = a.id, q.version = 0, q.count = RANK_FLOATS;
     wreq.body_case = GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST;
     wreq.weights_request = &q;
     expect_refusal(core_call(d, &wreq, &a, t), "superseded");
@@ -1243,8 +1273,6 @@ static void test_replacement(void **state)
     assert_false(plane_generation_later(0xffff, 0));
     assert_int_equal(plane_generation(plane_incarnation_new(7)), 7);
     assert_int_not_equal(plane_incarnation_of(3, 0) & 0xffffffffffffull, 0);
-    dispatch_core_free(d);
-    free(w0);
 }
 
 /* The table stays bounded whatever one key asks, and a real process is never kept out: 300 processes of rank 0 of
@@ -1253,12 +1281,8 @@ static void test_replacement(void **state)
  * gets its place back after the storm. */
 static void test_table_bound(void **state)
 {
-    (void)state;
-    enum { N = 8 };
-    float *w0 = weights(N, 1, 0);
+    struct dispatch_core *d = ((struct rank_fx *)*state)->d;
     double t = 0;
-    struct dispatch_core *d = core_open(2, 0, 10, N, 10.0, t);
-    publish(d, 0, w0);
     const struct proc b = {0xB, 1};
     expect_unit_at(d, &b, t, 1, 1, 0);
     for (int k = 0; k < 300; k++) {
@@ -1288,8 +1312,6 @@ static void test_table_bound(void **state)
     grant_of(d, &b, true, 30, &g);
     assert_int_equal(g.kind, WORK_WAIT);
     assert_int_equal(cstats(d).live, 1);
-    dispatch_core_free(d);
-    free(w0);
 }
 
 /* Per-process rate limits: a process gets DISPATCH_RATE_BURST requests at once and DISPATCH_RATE_PER_S after; past
@@ -2090,8 +2112,10 @@ int main(void)
         cmocka_unit_test(test_end),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_one_id_per_process),
-        cmocka_unit_test(test_replacement),
-        cmocka_unit_test(test_table_bound),
+        cmocka_unit_test_prestate_setup_teardown(test_replacement, rank_setup, rank_teardown,
+                                                 &replacement_lost_after_s),
+        cmocka_unit_test_prestate_setup_teardown(test_table_bound, rank_setup, rank_teardown,
+                                                 &table_bound_lost_after_s),
         cmocka_unit_test(test_rate_limit),
         cmocka_unit_test(test_size_before_mac),
         cmocka_unit_test(test_identity),

@@ -15,9 +15,9 @@
 #    2's dispatcher, are each refused for their key epoch, counted (dataplane/refused_old_epoch in the trainer's
 #    metrics) and logged at most once per 5 s; launch 2 finishes.
 # Root only (network namespaces): skipped with the reason otherwise.
-# usage: test_capture.sh GRPOD GRPOCTL GRPO_WORKER GRPO_MODEL SCORER_SO
-GRPOD="$1" GRPOCTL="$2" WORKER="$3" MODEL_TOOL="$4" SCORER="$5"
+# usage: test_capture.sh (the build's programs by name, tests/lib.sh)
 . "$(dirname "$0")/hosts_lib.sh" grpo-capture
+GRPOD="$(prog grpod)" GRPOCTL="$(prog grpoctl)"
 CAP="$SRC_ROOT/tests/cluster/net/capture.py"
 HOST_PROGRAMS=("$GRPOD" "$GRPOCTL" "$WORKER") HOST_FILES=("$SCORER" "$CAP")
 command -v python3 >/dev/null || skip "the capture needs python3"

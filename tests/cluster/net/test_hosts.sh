@@ -11,10 +11,10 @@
 #    namespaces, /etc/netns entries, bridge and veths; while it lives, another run's hosts_up leaves them alone;
 #    once it is gone, the next hosts_up (hosts_sweep) clears them, its record and its $TMP. Names from before the
 #    owner records (gnPID-HOST, gnbrPID) whose PID is gone are cleared too.
-# usage: test_hosts.sh GRPOCTL
-GRPOCTL_BUILT="$(realpath "$1")"
+# usage: test_hosts.sh (the build's grpoctl by name, tests/lib.sh)
 here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/hosts_lib.sh" grpo-hosts
+GRPOCTL_BUILT="$(prog grpoctl)"
 CLONE="$(mktemp -d /tmp/grpo-clone.XXXXXX)" || { echo "FAIL cannot make a directory under /tmp"; exit 1; }
 CHILDREN=()
 # at exit: this run's hosts; the child runs killed and what they left cleared (hosts_sweep: their owners are gone)

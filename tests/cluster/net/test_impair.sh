@@ -8,9 +8,9 @@
 #  - 300 KB over TCP through it arrive whole (frames of the MTU, segmented and checksummed by the kernel);
 #  - 500 numbered UDP datagrams 1 ms apart arrive in the order they were sent (as netem keeps it by default);
 #  - netem_off: the link is back, pings come back fast and none is lost.
-# usage: test_impair.sh LINK_IMPAIR
-LINK_IMPAIR="$1"
+# usage: test_impair.sh (the build's link_impair by name, tests/lib.sh)
 . "$(dirname "$0")/hosts_lib.sh" grpo-impair
+LINK_IMPAIR="$(prog link-impair)"
 hosts_up || finish
 export NETEM_WITH=emulator
 

@@ -28,9 +28,9 @@
 #    on every host ends within 60 s, mpirun too, grpoctl names the lost trainer; the relaunch resumes and ends
 #    bit-identical.
 # PHASES (a space-separated list, default all) runs some of them.
-# usage: test_net.sh GRPOD GRPOCTL GRPO_WORKER GRPO_MODEL COMPARE_WEIGHTS SCORER_SO LINK_IMPAIR
-GRPOD="$1" GRPOCTL="$2" WORKER="$3" MODEL_TOOL="$4" COMPARE="$5" SCORER="$6" LINK_IMPAIR="$7"
+# usage: test_net.sh (the build's programs by name, tests/lib.sh)
 . "$(dirname "$0")/hosts_lib.sh" grpo-net
+GRPOD="$(prog grpod)" GRPOCTL="$(prog grpoctl)" LINK_IMPAIR="$(prog link-impair)"
 HOST_PROGRAMS=("$GRPOD" "$GRPOCTL" "$WORKER") HOST_FILES=("$SCORER") # run on the hosts, wherever the build is
 hosts_up || finish
 CHECK_AUDIT="$SRC_ROOT/tests/mpi/check_audit.py"

@@ -11,7 +11,7 @@
 #  - scontrol requeue of the job that hit its time limit: it resumes from its checkpoint; then a plain scancel:
 #    the workers checkpoint again, at a later step, before Slurm's KillWait runs out.
 # Skipped (77) when not root (the daemons run as root) or Slurm is not installed (scripts/deps.sh installs it).
-# usage: test_slurm_real.sh SRC_DIR GRPOD GRPOCTL GRPO_WORKER GRPO_MODEL
+# usage: test_slurm_real.sh (the script of this source tree; the build's programs by name, tests/lib.sh)
 set -u
 if [ "$(id -u)" -ne 0 ]; then
     echo "SKIP: needs root (munged, slurmctld and slurmd run as root)"
@@ -24,14 +24,12 @@ if [ -n "$missing" ]; then
     echo "SKIP: $missing is not installed (scripts/deps.sh installs slurm-wlm and munge)"
     exit 77
 fi
-src="$(realpath "$1")" MODEL_TOOL="$5"
 . "$here/../../lib.sh" grpo-slurm-real
 . "$here/../../system/tiny_split.sh"
+src="$SRC_ROOT"
 chmod 755 "$TMP"
 mkdir -p "$TMP/bin"
-ln -s "$(realpath "$2")" "$TMP/bin/grpod"
-ln -s "$(realpath "$3")" "$TMP/bin/grpoctl"
-ln -s "$(realpath "$4")" "$TMP/bin/grpo-worker"
+for p in grpod grpoctl grpo-worker; do ln -s "$(prog "$p")" "$TMP/bin/$p"; done
 tiny_split "$TMP"
 expect "tiny model and split run configuration" $?
 # NAME.yaml: the split run with its own checkpoints (runs/NAME); long ones run for ever, a step at least 0.3 s

@@ -11,7 +11,7 @@
 #  - again with ranks that take 2 s to exit after the run: the relaunch resumes from the checkpoint, the stop
 #    waits for mpirun to end (no SIGTERM to it) and the unit ends with success.
 # Skipped (77) when not root, when systemd, unshare or nsenter are missing, or when namespaces cannot be made.
-# usage: test_systemd_units.sh SRC_DIR GRPOD GRPOCTL GRPO_WORKER GRPO_MODEL
+# usage: test_systemd_units.sh (the units of this source tree; the build's programs by name, tests/lib.sh)
 set -u
 if [ "$(id -u)" -ne 0 ]; then
     echo "SKIP: needs root (namespaces, and systemd as PID 1)"
@@ -25,16 +25,16 @@ if ! err="$(unshare --pid --fork --mount --net --mount-proc true 2>&1)"; then
     exit 77
 fi
 here="$(cd "$(dirname "$0")" && pwd)"
-src="$(realpath "$1")" MODEL_TOOL="$5"
 . "$here/../../lib.sh" grpo-systemd
 . "$here/../../system/tiny_split.sh"
+src="$SRC_ROOT"
 chmod 755 "$TMP"
 
 # ---- the stage: /etc (a copy), /usr/local, the run's files; inside, it is /srv/t
 cp -a /etc "$TMP/etc"
 rm -rf "$TMP/etc/systemd/system" "$TMP/etc/grpo"
 mkdir -p "$TMP/etc/systemd/system" "$TMP/etc/grpo" "$TMP/usr-local/bin" "$TMP/usr-local/libexec/grpo"
-install -m 755 "$2" "$3" "$4" "$TMP/usr-local/bin/"
+install -m 755 "$(prog grpod)" "$(prog grpoctl)" "$(prog grpo-worker)" "$TMP/usr-local/bin/"
 install -m 755 "$src/deploy/grpo-launch-workers" "$TMP/usr-local/libexec/grpo/"
 install -m 644 "$src/deploy/grpod.service" "$src/deploy/grpo-workers.service" "$TMP/etc/systemd/system/"
 # the target systemd boots to: nothing but itself (the units are started by hand)
