@@ -165,6 +165,10 @@ struct kops {
                                const int32_t *cu_seqlens, const int32_t *prefix_of, int B, int Hq, int Hkv, int hd);
     void (*attention_cached)(struct kctx *K, float *out, const float *q, const float *kcache, const float *vcache,
                              int Tq, int Tk, int Hq, int Hkv, int hd);
+    /* batched decode (NULL in a back-end without it; k_attention_decode_batched) */
+    void (*attention_decode_batched)(struct kctx *K, float *out, const float *q, const float *k, const float *v,
+                                     float *const *kc, float *const *vc, const int32_t *len, int B, int Hq, int Hkv,
+                                     int hd);
     /* batch-invariant mode's attention of chosen query rows (context parallelism's, over the whole row's keys): see
      * attention_rows in kernels/cpu/cpu_kernels.h; kfirst, klast (n) host int32. NULL in a back-end without it */
     void (*attention_rows)(struct kctx *K, float *out, float *lse, const float *q, const float *k, const float *v,
@@ -434,6 +438,17 @@ static inline void k_attention_cached(struct kctx *K, float *out, const float *q
                                       const float *vcache, int Tq, int Tk, int Hq, int Hkv, int hd)
 {
     K->ops->attention_cached(K, out, q, kcache, vcache, Tq, Tk, Hq, Hkv, hd);
+}
+/* A decode step of B sequences with one new token each, in one call (issue 43 item 4: the per-sequence path is 4
+ * launches per sequence per layer on a GPU): sequence b's new K and V rows (k, v row b: Hkv * hd) are appended to
+ * its caches kc[b], vc[b] ((cap, Hkv * hd) rows) at position len[b], and its query row q[b] (Hq * hd) attends over
+ * the len[b] + 1 keys into out[b]. kc, vc (B pointers) and len (B) are K's memory. Whether K has it: */
+static inline bool k_has_decode_batched(const struct kctx *K) { return K->ops->attention_decode_batched != NULL; }
+static inline void k_attention_decode_batched(struct kctx *K, float *out, const float *q, const float *k,
+                                              const float *v, float *const *kc, float *const *vc, const int32_t *len,
+                                              int B, int Hq, int Hkv, int hd)
+{
+    K->ops->attention_decode_batched(K, out, q, k, v, kc, vc, len, B, Hq, Hkv, hd);
 }
 static inline void k_attention_rows(struct kctx *K, float *out, float *lse, const float *q, const float *k,
                                     const float *v, const int32_t *kfirst, const int32_t *klast, int n, int Hq, int Hkv,

@@ -532,6 +532,96 @@ __global__ void attn_decode_merge_kernel(float *out, const float *part, int Hq, 
     }
 }
 
+// Batched decode: block (query head h, sequence b) of a step in which every sequence has one new token. The first
+// query head of each KV group appends the sequence's new key and value rows (k, v row b) to its caches kc[b] and
+// vc[b] at position len[b]; every block attends its query row over the len[b] cached keys and the new one, which
+// it reads from k and v, not from the cache (no block reads what another writes). One key per warp at a time with
+// an online softmax, the warps merged in order: for up to kDecodeSplit keys the same arithmetic, in the same order,
+// as attention_cached's split-key pass and merge, so the same bits.
+template <int HDM>
+__global__ void __launch_bounds__(kDecodeThreads)
+    attn_decode_batched_kernel(float *out, const float *q, const float *knew, const float *vnew, float *const *kc,
+                               float *const *vc, const int32_t *len, int Hq, int Hkv, int hd, float scale)
+{
+    constexpr int NL = HDM / 32, NW = kDecodeThreads / 32;
+    __shared__ float wm[NW], wl[NW], wacc[NW][HDM];
+    const int h = blockIdx.x, b = blockIdx.y;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, group = Hq / Hkv, kh = h / group;
+    const int T = len[b];
+    const size_t ldk = (size_t)Hkv * hd, at = (size_t)kh * hd;
+    const float *kn = knew + (size_t)b * ldk + at, *vn = vnew + (size_t)b * ldk + at;
+    const float *kb = kc[b], *vb = vc[b];
+    if (h % group == 0)
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            kc[b][(size_t)T * ldk + at + d] = kn[d];
+            vc[b][(size_t)T * ldk + at + d] = vn[d];
+        }
+    const float *qr = q + ((size_t)b * Hq + h) * hd;
+    float qv[NL], acc[NL];
+#pragma unroll
+    for (int t = 0; t < NL; t++) {
+        const int d = lane + 32 * t;
+        qv[t] = d < hd ? qr[d] : 0.0f;
+        acc[t] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int j = warp; j <= T; j += NW) {
+        const float *kr = j < T ? kb + (size_t)j * ldk + at : kn, *vr = j < T ? vb + (size_t)j * ldk + at : vn;
+        float s = 0.0f;
+#pragma unroll
+        for (int t = 0; t < NL; t++) {
+            const int d = lane + 32 * t;
+            if (d < hd)
+                s += qv[t] * kr[d];
+        }
+        for (int o = 16; o > 0; o >>= 1)
+            s += __shfl_xor_sync(0xffffffffu, s, o);
+        s *= scale;
+        const float mnew = fmaxf(m, s), alpha = expf(m - mnew), p = expf(s - mnew);
+        l = l * alpha + p;
+#pragma unroll
+        for (int t = 0; t < NL; t++) {
+            const int d = lane + 32 * t;
+            acc[t] = acc[t] * alpha + (d < hd ? p * vr[d] : 0.0f);
+        }
+        m = mnew;
+    }
+    if (lane == 0) {
+        wm[warp] = m;
+        wl[warp] = l;
+    }
+#pragma unroll
+    for (int t = 0; t < NL; t++)
+        wacc[warp][lane + 32 * t] = acc[t];
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < NW; w++)
+        M = fmaxf(M, wm[w]);
+    // M is finite: key 0 (the new one when T = 0) is seen by warp 0
+    float Ls = 0.0f;
+    for (int w = 0; w < NW; w++)
+        Ls += wl[w] * expf(wm[w] - M);
+    // (the merge of one split scales its sum and values by expf(M - M) = 1: the same bits)
+    float *o = out + ((size_t)b * Hq + h) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.0f;
+        for (int w = 0; w < NW; w++)
+            a += wacc[w][d] * expf(wm[w] - M);
+        o[d] = a / Ls;
+    }
+}
+
+template <int HDM>
+cudaError_t decode_batched_launch(float *out, const float *q, const float *k, const float *v, float *const *kc,
+                                  float *const *vc, const int32_t *len, int B, int Hq, int Hkv, int hd,
+                                  cudaStream_t stream)
+{
+    const float scale = (float)(1.0 / sqrt((double)hd));
+    attn_decode_batched_kernel<HDM>
+        <<<dim3((unsigned)Hq, (unsigned)B), kDecodeThreads, 0, stream>>>(out, q, k, v, kc, vc, len, Hq, Hkv, hd, scale);
+    return cudaGetLastError();
+}
+
 int hd_class(int hd) { return hd <= 32 ? 32 : hd <= 64 ? 64 : hd <= 128 ? 128 : 256; }
 
 size_t fwd_smem(int hd) { return sizeof(float) * ((size_t)2 * kTile * (hd + 1) + (size_t)kTile * (kTile + 1)); }
@@ -690,5 +780,21 @@ extern "C" cudaError_t attention_cached_cuda(float *out, const float *q, const f
     case 64: return fwd_launch<64>(out, nullptr, q, kcache, vcache, nullptr, Tq, Tk, 1, Tq, Hq, Hkv, hd, stream);
     case 128: return fwd_launch<128>(out, nullptr, q, kcache, vcache, nullptr, Tq, Tk, 1, Tq, Hq, Hkv, hd, stream);
     default: return fwd_launch<256>(out, nullptr, q, kcache, vcache, nullptr, Tq, Tk, 1, Tq, Hq, Hkv, hd, stream);
+    }
+}
+
+extern "C" cudaError_t attention_decode_batched_cuda(float *out, const float *q, const float *k, const float *v,
+                                                     float *const *kc, float *const *vc, const int32_t *len, int B,
+                                                     int Hq, int Hkv, int hd, cudaStream_t stream)
+{
+    if (bad_heads(Hq, Hkv, hd) || B < 0 || B > 65535)
+        return cudaErrorInvalidValue;
+    if (B == 0)
+        return cudaSuccess;
+    switch (hd_class(hd)) {
+    case 32: return decode_batched_launch<32>(out, q, k, v, kc, vc, len, B, Hq, Hkv, hd, stream);
+    case 64: return decode_batched_launch<64>(out, q, k, v, kc, vc, len, B, Hq, Hkv, hd, stream);
+    case 128: return decode_batched_launch<128>(out, q, k, v, kc, vc, len, B, Hq, Hkv, hd, stream);
+    default: return decode_batched_launch<256>(out, q, k, v, kc, vc, len, B, Hq, Hkv, hd, stream);
     }
 }

@@ -718,6 +718,19 @@ static void cuda_attention_cached(struct kctx *K, float *out, const float *q, co
     CHECK_CUDA(attention_cached_cuda(out, q, kcache, vcache, Tq, Tk, Hq, Hkv, hd, s, stream(K)));
 }
 
+static void cuda_attention_decode_batched(struct kctx *K, float *out, const float *q, const float *k, const float *v,
+                                          float *const *kc, float *const *vc, const int32_t *len, int B, int Hq,
+                                          int Hkv, int hd)
+{
+    check_heads(K, "attention_decode_batched", Hq, Hkv, hd, false);
+    if (B < 0 || B > 65535)
+        check_failf(__FILE__, __LINE__, "attention_decode_batched: %d sequences (at most 65535 a step)", B);
+    if (B == 0)
+        return;
+    use(K);
+    CHECK_CUDA(attention_decode_batched_cuda(out, q, k, v, kc, vc, len, B, Hq, Hkv, hd, stream(K)));
+}
+
 /* ---- LM head ---- */
 
 static void check_lmhead(const char *who, const struct vocab_shard *vs, float temperature, int chunk)
@@ -1029,6 +1042,7 @@ const struct kops kops_cuda = {
     .attention_forward = cuda_attention_forward,
     .attention_backward = cuda_attention_backward,
     .attention_cached = cuda_attention_cached,
+    .attention_decode_batched = cuda_attention_decode_batched,
     .attention_block_forward = cuda_attention_block_forward,
     .attention_block_backward = cuda_attention_block_backward,
     .attention_merge = cuda_attention_merge,

@@ -101,6 +101,11 @@ size_t attention_cached_cuda_scratch_bytes(int Tq, int Tk, int Hq, int hd);
  * merge the partial softmaxes in a fixed order; more rows use the tiled kernel of attention_forward_cuda. */
 cudaError_t attention_cached_cuda(float *out, const float *q, const float *kcache, const float *vcache, int Tq, int Tk,
                                   int Hq, int Hkv, int hd, void *scratch, cudaStream_t stream);
+/* Batched decode (see attention_decode_batched in kernels.h): one launch for B sequences of one new token each,
+ * the new K and V rows appended to each sequence's cache and attended; kc, vc and len device arrays of B. */
+cudaError_t attention_decode_batched_cuda(float *out, const float *q, const float *k, const float *v, float *const *kc,
+                                          float *const *vc, const int32_t *len, int B, int Hq, int Hkv, int hd,
+                                          cudaStream_t stream);
 
 /* Ring attention's blocks (kernels/cuda/attention_block.cu), as attention_block_forward, attention_block_backward,
  * attention_merge and attention_drow of kernels/cpu/cpu_kernels.h; qseq, kseq device int32. hd <= 256 (else

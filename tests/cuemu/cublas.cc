@@ -119,6 +119,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
     if (cuemu_pointer_kind(alpha) == 1 || cuemu_pointer_kind(beta) == 1)
         return refuse("alpha and beta are host scalars (CUBLAS_POINTER_MODE_HOST)");
     cuemu_nccl_progress(true, handle->stream, UINT64_MAX); // behind the stream's pending NCCL work
+    cuemu_count_work();
     float al = *(const float *)alpha, be = *(const float *)beta;
     cuemu::device_scope device; // A, B and C are device memory
     // op(A) as rows of k (m of them) and op(B) as columns of k (n of them), each contiguous

@@ -20,6 +20,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -275,6 +276,8 @@ char *smem;
 size_t smem_len, smem_map_len;
 char *smem_map;
 std::mutex launch_lock;
+// device work submitted (kernel launches, copies, memsets, cuBLAS calls): cuemu_work_count
+std::atomic<unsigned long long> work_count{0};
 std::map<const void *, int> smem_optin; // cudaFuncSetAttribute(MaxDynamicSharedMemorySize)
 
 void resume(fiber *f)
@@ -673,6 +676,7 @@ cudaError_t launch(const void *fn, const char *name, dim3 grid, dim3 blk, size_t
         order[(size_t)i] = mode == 1 ? nthreads - 1 - i : i;
     body = &kernel_body;
     kernel_name = name;
+    work_count++;
     cuemu::gdim = grid;
     cuemu::bdim = blk;
     cuemu::device_scope device;
@@ -968,6 +972,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
     cudaError_t e = check_copy(dst, src, bytes, kind, "cudaMemcpy");
     if (e)
         return e;
+    work_count++;
     cuemu::device_scope device;
     memmove(dst, src, bytes);
     return cudaSuccess;
@@ -985,6 +990,7 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
     nccl_order(stream);
     if (!width || !height)
         return cudaSuccess;
+    work_count++;
     if (width > dpitch || width > spitch)
         return fail(cudaErrorInvalidValue, "cudaMemcpy2D: rows of %zu bytes wider than the pitches %zu, %zu", width,
                     dpitch, spitch);
@@ -1007,6 +1013,7 @@ cudaError_t cudaMemsetAsync(void *ptr, int value, size_t bytes, cudaStream_t str
     nccl_order(stream);
     if (!bytes)
         return cudaSuccess;
+    work_count++;
     {
         std::lock_guard<std::mutex> g(mem_lock);
         const alloc *a = find(ptr, bytes, NULL);
@@ -1107,3 +1114,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event)
 }
 
 } // extern "C"
+
+unsigned long long cuemu_work_count(void) { return work_count.load(); }
+
+void cuemu_count_work(void) { work_count++; }

@@ -11,6 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef GRPO_CUEMU
+#include <cuda_runtime.h> /* cuemu_work_count */
+#endif
+
 #include "../test_util.h"
 #include "common/check.h"
 #include "kernels/kernels.h"
@@ -215,6 +219,75 @@ static void check_decode_bytes(struct model *cpu, struct kctx *K, int n_tokens)
     model_free(gpu);
 }
 
+/* Batched decode (issue 43 item 4): a decode step of B sequences takes one call per layer for the KV append and the
+ * attention (k_attention_decode_batched) instead of 4 launches per sequence per layer (2 copies, the split-key pass
+ * and its merge). Against the per-sequence path on the same caches: the same logits bit for bit (keys up to 256), and
+ * under the emulator the device work of a step counted (cuemu_work_count): the batched step's does not grow with B,
+ * the per-sequence step's grows by 4 per sequence per layer. Returns the launches of a decode step of 128 sequences
+ * by the two paths, from the counts at B = 2 and 4 (checked linear with B = 8). */
+static void check_decode_batched(struct model *cpu, struct kctx *K)
+{
+    struct model *gpu = model_copy_to(cpu, K);
+    const int V = gpu->cfg.vocab_size, L = gpu->cfg.n_layers, Bs[3] = {2, 4, 8};
+    long long work[2][3] = {{0}};
+    for (int bi = 0; bi < 3; bi++) {
+        const int B = Bs[bi];
+        float *lg[2];
+        for (int path = 0; path < 2; path++) { /* 0: per sequence, 1: batched */
+            struct kv_slab *slab = kv_slab_create(gpu, B, 16);
+            struct kv_cache *c[8];
+            int ntok[8];
+            int32_t ids[8 * 3];
+            for (int b = 0; b < B; b++) {
+                c[b] = kv_slab_slot(slab, b);
+                c[b]->len = 0;
+                ntok[b] = 1 + b % 3; /* prompts of 1 to 3 tokens */
+            }
+            for (int i = 0; i < 8 * 3; i++)
+                ids[i] = (int32_t)((7 * i + 3) % V);
+            gpu->decode_per_sequence = path == 0;
+            model_step(gpu, c, B, ntok, ids, NULL, false); /* the prompts (not a decode step) */
+            for (int b = 0; b < B; b++)
+                ntok[b] = 1;
+            lg[path] = xmalloc((size_t)B * V * sizeof(float));
+#ifdef GRPO_CUEMU
+            const unsigned long long w0 = cuemu_work_count();
+#endif
+            model_step(gpu, c, B, ntok, ids, lg[path], false);
+#ifdef GRPO_CUEMU
+            work[path][bi] = (long long)(cuemu_work_count() - w0);
+#endif
+            kv_slab_free(slab);
+        }
+        size_t differ = 0;
+        for (size_t i = 0; i < (size_t)B * V; i++)
+            differ += memcmp(&lg[0][i], &lg[1][i], sizeof(float)) != 0;
+        EXPECT(differ == 0, "decode of %d sequences: %zu logits differ between the batched and per-sequence paths", B,
+               differ);
+        free(lg[0]), free(lg[1]);
+    }
+    gpu->decode_per_sequence = false;
+#ifdef GRPO_CUEMU
+    const long long per_seq = (work[0][1] - work[0][0]) / 2, bat_per = (work[1][1] - work[1][0]) / 2;
+    printf("decode launches per step, per-sequence path: %lld, %lld, %lld at 2, 4, 8 sequences (%lld per sequence, "
+           "%d layers); batched: %lld, %lld, %lld; at 128 sequences: %lld and %lld\n",
+           work[0][0], work[0][1], work[0][2], per_seq, L, work[1][0], work[1][1], work[1][2],
+           work[0][0] + per_seq * 126, work[1][0] + bat_per * 126);
+    EXPECT(per_seq == 4LL * L + 1,
+           "the per-sequence path took %lld launches per sequence (expected 4 per layer and "
+           "the last row's copy: %d)",
+           per_seq, 4 * L + 1);
+    EXPECT(work[0][2] - work[0][1] == 4 * per_seq, "the per-sequence path is not linear in the sequences");
+    EXPECT(bat_per == 1 && work[1][2] - work[1][1] == 4,
+           "the batched path grew by %lld and %lld launches from 2 to 4 and 4 to 8 sequences (expected only the last "
+           "rows' copies: 2 and 4)",
+           work[1][1] - work[1][0], work[1][2] - work[1][1]);
+#else
+    (void)work, (void)L;
+#endif
+    model_free(gpu);
+}
+
 int main(int argc, char **argv)
 {
     if (!kctx_cuda_available()) {
@@ -244,6 +317,7 @@ int main(int argc, char **argv)
             check_grpo_step(m, f32, 1e-4);
             check_grpo_step(m, bf16, 5e-2);
             check_decode_bytes(m, bf16, 6);
+            check_decode_batched(m, f32);
         }
         model_free(m);
     }
@@ -257,6 +331,7 @@ int main(int argc, char **argv)
         const int32_t prompt[] = {1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018};
         check_greedy(m, f32, prompt, (int)(sizeof prompt / sizeof *prompt), small ? 8 : 32);
         check_greedy(m, bf16, prompt, (int)(sizeof prompt / sizeof *prompt), small ? 8 : 32);
+        check_decode_batched(m, f32); /* the demo model's launches per decode step, both paths */
         if (!small)
             check_forward_backward("smollm2-135m", m, f32, 1e-3, 1e-3, 4);
         model_free(m);

@@ -204,6 +204,9 @@ struct model {
     bool head_sum_pi_sq;
     double moe_route_differ, moe_route_compared; /* token-layers whose own top-k differed from the rollout's, of */
     uint16_t *const *moe_record;                 /* model_step_record_routes' destinations, or NULL */
+    /* decode steps (one new token per sequence) take the back-end's batched KV append and attention where it has
+     * them (k_has_decode_batched): one call per layer instead of three per sequence; false only to compare */
+    bool decode_per_sequence;
 };
 
 /* Install hook h (NULL: none): from now on the projections, the router and the experts add its terms. */

@@ -106,7 +106,45 @@ struct step_bufs {
     float *lg, *part, *all, *mine; /* logits (rows, V); under TP this rank's columns and the gathered ones */
     float *rlog;                   /* mixture of experts: (N, E) the router's logits */
     struct kmoe moe;               /* and the routing */
+    void *kvtab;                   /* a batched decode step's caches: (layers x B) k, then v, pointers, B lengths */
 };
+
+/* The batched decode's table: 2 x (this stage's layers) x B cache pointers, then B int32 lengths. */
+static size_t kvtab_bytes(const struct model *m, int B)
+{
+    const size_t nl = (size_t)(m->sh.layer_hi - m->sh.layer_lo);
+    return 2 * nl * (size_t)B * sizeof(float *) + (size_t)B * sizeof(int32_t);
+}
+
+/* Whether this step decodes every sequence's one new token through the back-end's batched op. */
+static bool decode_batched(const struct model *m, int B, const int *ntok)
+{
+    if (m->decode_per_sequence || !k_has_decode_batched(m->K) || B < 1)
+        return false;
+    for (int b = 0; b < B; b++)
+        if (ntok[b] != 1)
+            return false;
+    return true;
+}
+
+/* Fill the table's k and v pointers of every layer and the lengths before the step, and copy it in one call. */
+static void kvtab_upload(const struct model *m, struct kv_cache **caches, int B, void *dev)
+{
+    const int lo = m->sh.layer_lo, nl = m->sh.layer_hi - lo;
+    const size_t bytes = kvtab_bytes(m, B);
+    char *h = xmalloc(bytes);
+    float **kp = (float **)h, **vp = kp + (size_t)nl * B;
+    int32_t *len = (int32_t *)(vp + (size_t)nl * B);
+    for (int l = 0; l < nl; l++)
+        for (int b = 0; b < B; b++) {
+            kp[(size_t)l * B + b] = caches[b]->k[lo + l];
+            vp[(size_t)l * B + b] = caches[b]->v[lo + l];
+        }
+    for (int b = 0; b < B; b++)
+        len[b] = caches[b]->len;
+    k_to_device(m->K, dev, h, bytes);
+    free(h);
+}
 
 static void step_take(const struct model *m, int N, int B, int rows, struct step_bufs *t, struct karena *ar)
 {
@@ -139,6 +177,7 @@ static void step_take(const struct model *m, int N, int B, int rows, struct step
     }
     t->tmp = karena_take(ar, n * D * sizeof(float));
     t->hid = karena_take(ar, (size_t)B * D * sizeof(float));
+    t->kvtab = karena_take(ar, kvtab_bytes(m, B));
     if (rows == 0)
         return;
     t->lg = karena_take(ar, (size_t)rows * V * sizeof(float)); /* every stage: the last one broadcasts them */
@@ -237,6 +276,9 @@ static const float *step(struct model *m, struct kv_cache **caches, int B, const
         for (int j = 0; j < ntok[b]; j++)
             hpos[i++] = caches[b]->len + j;
     k_to_device(K, t.pos, hpos, (size_t)N * sizeof(int32_t));
+    const bool batched = decode_batched(m, B, ntok);
+    if (batched)
+        kvtab_upload(m, caches, B, t.kvtab);
     const struct vocab_shard vs = {.lo = m->sh.vocab_lo, .hi = m->sh.vocab_hi, .V = c->vocab_size};
     const struct model_shard *sh = &m->sh;
     if (sh->has_embed) {
@@ -258,7 +300,13 @@ static const float *step(struct model *m, struct kv_cache **caches, int B, const
         }
         k_rope_forward(K, t.q, t.pos, N, Hq, hd, m->rope_freqs);
         k_rope_forward(K, t.k, t.pos, N, Hkv, hd, m->rope_freqs);
-        for (int b = 0, off = 0; b < B; off += ntok[b], b++) {
+        if (batched) { /* one call: every sequence's new K and V appended, and attended */
+            const size_t nl = (size_t)(sh->layer_hi - sh->layer_lo), at = (size_t)(l - sh->layer_lo) * B;
+            float *const *kp = (float *const *)t.kvtab;
+            k_attention_decode_batched(K, t.att, t.q, t.k, t.v, kp + at, kp + nl * B + at,
+                                       (const int32_t *)(kp + 2 * nl * B), B, Hq, Hkv, hd);
+        }
+        for (int b = 0, off = 0; !batched && b < B; off += ntok[b], b++) {
             struct kv_cache *kc = caches[b];
             const size_t bytes = (size_t)ntok[b] * KD * sizeof(float);
             k_copy(K, kc->k[l] + (size_t)kc->len * KD, t.k + (size_t)off * KD, bytes);

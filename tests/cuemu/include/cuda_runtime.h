@@ -128,6 +128,11 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event);
 void cuemu_vsay(const char *fmt, va_list ap);
 void cuemu_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* emulator-only: device work submitted so far in this process (kernel launches, copies, memsets and cuBLAS calls,
+ * each counted once, as a GPU's launches are), and the count's increment for the emulated libraries */
+unsigned long long cuemu_work_count(void);
+void cuemu_count_work(void);
+
 /* emulator-only: is p inside memory from cudaMalloc (1), cudaMallocHost (2), or neither (0) */
 int cuemu_pointer_kind(const void *p);
 /* emulator-only: device memory is readable and writable only between these (nested; any thread): the emulated
