@@ -9,7 +9,11 @@
 #    staleness, partial and drop accounting in float64 from the audit files (both DP ranks' sequences) and the
 #    schedule; the replay of its schedule ends bit-identical, with the same schedule;
 #  - a run ended at step 4 (its checkpoint drains the stream into async_state.bin) and launched again to step 8 ends
-#    bit-identical to the replay of its schedule in one go.
+#    bit-identical to the replay of its schedule in one go;
+#  - the two trainer ranks as one model copy instead, tensor parallel (TP 2), pipeline parallel (PP 2), Ulysses
+#    sequence parallel (SP 2) or ring-attention context parallel (CP 2), and as two DP ranks splitting a mixture of
+#    experts' experts (EP 2): staleness 0 + trigger 1 ends bit-identical to the on-policy split run of the same
+#    layout (every rank of a DP rank gets its share from rank 0; the model copy's peers give their parts of each push).
 # usage: test_fully_async_dp.sh (the build's programs by name, tests/lib.sh)
 set -u
 # shellcheck disable=SC2034 # MODEL_TOOL: dist_lib.sh's tiny_model makes the model with it
@@ -87,4 +91,22 @@ run resreplay "${RES[@]}" trainer.total_training_steps=8 async_training.replay_s
 expect "the replay of the resumed run's schedule, in one go, finishes" $?
 "$COMPARE" "$(weights res 8)" "$(weights resreplay 8)" 0 >"$TMP/cmp2.txt" 2>&1
 rc=$?; expect "end + relaunch: weights bit-identical to the replay in one go ($(cat "$TMP/cmp2.txt"))" $rc
+
+# ---- the trainers' other layouts: staleness 0 + trigger 1 against the on-policy run of the same layout (3 steps)
+tiny_moe_model "$TMP/moe" qwen3_moe
+expect "tiny mixture of experts initialised" $?
+MEG=actor_rollout_ref.actor.megatron
+for layout in "TP 2|$TMP/tiny|$MEG.tensor_model_parallel_size=2" "PP 2|$TMP/tiny|$MEG.pipeline_model_parallel_size=2" \
+    "SP 2|$TMP/tiny|actor_rollout_ref.actor.ulysses_sequence_parallel_size=2" \
+    "CP 2|$TMP/tiny|$MEG.context_parallel_size=2" "EP 2|$TMP/moe|$MEG.expert_model_parallel_size=2"; do
+    IFS='|' read -r what model key <<<"$layout"
+    name="lay${what// /}"
+    run "$name-sync" actor_rollout_ref.model.path="$model" "$key" data.train_batch_size=4 trainer.total_training_steps=3
+    expect "$what: on-policy split run finishes" $?
+    run "$name-async" actor_rollout_ref.model.path="$model" "$key" "${ASYNC[@]}" async_training.staleness_threshold=0 \
+        async_training.trigger_parameter_sync_step=1 trainer.total_training_steps=3
+    expect "$what: fully-async run, staleness 0, trigger 1 finishes" $?
+    "$COMPARE" "$(weights "$name-sync" 3)" "$(weights "$name-async" 3)" 0 >"$TMP/cmp-$name.txt" 2>&1
+    rc=$?; expect "$what: weights bit-identical to the on-policy run of the same layout ($(cat "$TMP/cmp-$name.txt"))" $rc
+done
 finish
