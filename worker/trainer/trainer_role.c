@@ -1139,11 +1139,12 @@ int run_trainer(struct role_env *env)
     if (c->async_enable) { /* what fully-async training runs with (the configuration refused the rest by name) */
         r.lim.async = true;
         if (r.lim.units < 1 || r.lim.groups_in_step % r.lim.units != 0) {
-            snprintf(err, sizeof err,
-                     "fully-async training (async_training.*) with a stream chunk (data.train_batch_size prompts) "
-                     "that does not cut into one equal work unit per rollout rank: not available yet (%d trainer "
-                     "rank(s), %d rollout rank(s), %d prompts a step)",
-                     env->spec.trainer_ranks, r.lim.units, r.lim.groups_in_step);
+            snprintf(
+                err, sizeof err,
+                "fully-async training (async_training.*) with a stream chunk (" KEY_data_train_batch_size
+                " prompts) that does not cut into one equal work unit per rollout rank: not available yet (%d trainer "
+                "rank(s), %d rollout rank(s), %d prompts a step)",
+                env->spec.trainer_ranks, r.lim.units, r.lim.groups_in_step);
             log_error("trainer", "%s", err);
             control_finish(env->ctl, CONTROL_END_FAILED, err);
             return 2;
