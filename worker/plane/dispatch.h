@@ -144,6 +144,8 @@ int work_client_broadcast_ask(struct work_client *c, int64_t version, enum work_
 void work_client_on_chunk(struct work_client *c, void (*fn)(void *ud), void *ud);
 /* True once a ping has been answered "end". */
 bool work_client_ended(struct work_client *c);
+/* As work_client_ended, with that end's step and total steps (finished when step >= total). */
+bool work_client_end_heard(struct work_client *c, int64_t *step, int64_t *total);
 /* The newest policy version the dispatcher has said it published (pings and grants; -1: not heard yet). */
 int64_t work_client_latest(struct work_client *c);
 void work_client_close(struct work_client *c);

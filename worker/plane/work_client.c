@@ -28,8 +28,9 @@ struct work_client {
     pthread_t pinger;
     pthread_mutex_t mu;
     bool quit, ended, pinging;
-    int64_t latest;             /* the newest version the dispatcher said it published (-1: not heard) */
-    void (*on_chunk)(void *ud); /* after each weights chunk (work_client_on_chunk) */
+    int64_t end_step, end_total; /* the end a ping heard: after which step, of how many */
+    int64_t latest;              /* the newest version the dispatcher said it published (-1: not heard) */
+    void (*on_chunk)(void *ud);  /* after each weights chunk (work_client_on_chunk) */
     void *on_chunk_ud;
 };
 
@@ -87,7 +88,11 @@ static void *ping_loop(void *arg)
         if (call(c->ping_rpc, &req, (int)(c->ping_s * 1000) + 500, &r, err, sizeof err) == RPC_OK && r) {
             if (r->body_case == GRPO__ENVELOPE__BODY_WORK_GRANT) {
                 pthread_mutex_lock(&c->mu);
-                c->ended |= r->work_grant->kind == WORK_END;
+                if (r->work_grant->kind == WORK_END && !c->ended) {
+                    c->ended = true;
+                    c->end_step = r->work_grant->step;
+                    c->end_total = r->work_grant->total_steps;
+                }
                 if (r->work_grant->latest_version > c->latest)
                     c->latest = r->work_grant->latest_version;
                 pthread_mutex_unlock(&c->mu);
@@ -307,6 +312,15 @@ bool work_client_ended(struct work_client *c)
 {
     pthread_mutex_lock(&c->mu);
     bool e = c->ended;
+    pthread_mutex_unlock(&c->mu);
+    return e;
+}
+
+bool work_client_end_heard(struct work_client *c, int64_t *step, int64_t *total)
+{
+    pthread_mutex_lock(&c->mu);
+    const bool e = c->ended;
+    *step = c->end_step, *total = c->end_total;
     pthread_mutex_unlock(&c->mu);
     return e;
 }

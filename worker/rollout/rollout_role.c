@@ -661,7 +661,17 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
              * as the socket closed can be lost: once every step is granted nothing more is owed here, and an
              * endpoint that is gone (no socket file, a refused connection: not a network cut, which only times
              * out) is the trainers' end */
-            if (r->all_granted && (strstr(why, "no such file or directory") || strstr(why, "connection refused"))) {
+            const bool gone = strstr(why, "no such file or directory") || strstr(why, "connection refused");
+            int64_t end_step, end_total; /* fully-async: no step is "every step granted", but a ping heard the end
+                                          * (the dispatcher then counts this process told, and may close) */
+            if (gone && work_client_end_heard(r->work, &end_step, &end_total)) {
+                g->kind = WORK_END;
+                g->step = end_step, g->total_steps = end_total;
+                snprintf(g->reason, sizeof g->reason,
+                         "the trainers' dispatcher said the end to a ping and closed (%.150s)", why);
+                break;
+            }
+            if (r->all_granted && gone) {
                 g->kind = WORK_END;
                 g->step = g->total_steps = r->total_steps;
                 snprintf(g->reason, sizeof g->reason,
