@@ -1055,15 +1055,6 @@ static int validate_async(const struct grpo_config *c, struct cfg_error *err)
         what = "the weight broadcast (each rollout rank fetches the version it needs when it needs it)";
     else if (c->rollout_tensor_model_parallel_size > 1)
         key = "actor_rollout_ref.rollout.tensor_model_parallel_size", what = "rollout tensor parallelism";
-    else if (c->actor_megatron_tensor_model_parallel_size > 1)
-        key = "actor_rollout_ref.actor.megatron.tensor_model_parallel_size", what = "training tensor parallelism";
-    else if (c->actor_megatron_pipeline_model_parallel_size > 1)
-        key = "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size", what = "training pipeline parallelism";
-    else if (c->actor_megatron_context_parallel_size > 1 || c->actor_ulysses_sequence_parallel_size > 1)
-        key = "actor_rollout_ref.actor.megatron.context_parallel_size (or ulysses_sequence_parallel_size)",
-        what = "sequence or context parallelism";
-    else if (c->actor_megatron_expert_model_parallel_size > 1)
-        key = "actor_rollout_ref.actor.megatron.expert_model_parallel_size", what = "expert parallelism";
     else if (c->trainer_sft_warmup_steps > 0)
         key = "trainer.sft_warmup_steps", what = "the supervised warm-start";
     else if (c->async_partial_rollout && config_records_routes(c))

@@ -18,7 +18,8 @@
 #    dropped and counted (fully_async/count/dropped_stale_samples), and the run goes on (one more is granted);
 #  - a run ended at step 4 (its checkpoint drains the stream into async_state.bin) and launched again to step 8
 #    resumes its stream (the units held, the next chunk); the replay of its schedule in one go ends bit-identical;
-#  - refused by name at launch: two trainer ranks, no rollout ranks.
+#  - refused by name at launch: a chunk that does not cut into a unit per rollout rank, no rollout ranks
+#    (more trainer ranks: test_fully_async_dp.sh).
 # usage: test_fully_async.sh (the build's programs by name, tests/lib.sh)
 set -u
 . "$(dirname "$0")/dist_lib.sh" grpo-fully-async
@@ -136,10 +137,10 @@ expect "the replay of the resumed run's schedule, in one go, finishes" $?
 rc=$?; expect "end + relaunch: weights bit-identical to the replay in one go ($(cat "$TMP/cmp2.txt"))" $rc
 
 # ---- refused by name at launch
-! timeout 120 "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" "${ASYNC[@]}" placement.trainer_ranks=2 \
-    placement.rollout_ranks=1 trainer.default_local_dir="$TMP/two" >"$TMP/two.log" 2>&1 &&
-    says "$TMP/two.log" "fully-async training (async_training.*) with more than one trainer rank"
-expect "two trainer ranks: refused by name" $?
+! timeout 120 "${MPIRUN[@]}" -np 4 "$WORKER" "${COMMON[@]}" "${ASYNC[@]}" placement.rollout_ranks=3 \
+    trainer.default_local_dir="$TMP/three" >"$TMP/three.log" 2>&1 &&
+    says "$TMP/three.log" "fully-async training (async_training.*) with a stream chunk (data.train_batch_size prompts) that does not cut into one equal work unit per rollout rank"
+expect "4 prompts a chunk over 3 rollout ranks: refused by name" $?
 ! timeout 120 "$WORKER" actor_rollout_ref.model.path="$TMP/tiny" "${ASYNC[@]}" \
     actor_rollout_ref.actor.ppo_mini_batch_size=2 trainer.default_local_dir="$TMP/one" >"$TMP/one.log" 2>&1 &&
     says "$TMP/one.log" "needs separate rollout ranks"

@@ -258,7 +258,6 @@ static void test_fully_async_keys(void **state)
         {"algorithm.filter_groups.enable=true", "DAPO's dynamic sampling"},
         {"actor_rollout_ref.rollout.weight_sync=broadcast", "the weight broadcast"},
         {"actor_rollout_ref.rollout.tensor_model_parallel_size=2", "rollout tensor parallelism"},
-        {"actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2", "training tensor parallelism"},
         {"actor_rollout_ref.rollout.multi_turn.enable=true", "multi-turn"},
         {"algorithm.adv_estimator=remax", "ReMax"},
     };
@@ -267,6 +266,18 @@ static void test_fully_async_keys(void **state)
         if (async_config(&c, args, 3, &err) != -1 || !strstr(err.msg, refused[i][1]) ||
             !strstr(err.msg, "not available yet"))
             fail_msg("%s with fully-async training: '%s'", refused[i][0], err.msg);
+        config_free(&c);
+    }
+    /* the trainers' layouts run with it: trainer rank 0's stream sends each step's units to the others */
+    static const char *const layouts[] = {"actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                                          "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+                                          "actor_rollout_ref.actor.megatron.context_parallel_size=2",
+                                          "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                                          "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2"};
+    for (size_t i = 0; i < sizeof layouts / sizeof *layouts; i++) {
+        const char *args[] = {"async_training.require_batches=2", "data.train_batch_size=0", layouts[i]};
+        if (async_config(&c, args, 3, &err) != 0)
+            fail_msg("%s with fully-async training: '%s'", layouts[i], err.msg);
         config_free(&c);
     }
     /* total_rollout_steps is fully-async's */

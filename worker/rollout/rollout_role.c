@@ -431,13 +431,14 @@ static struct wire_header unit_header(struct rollout_rank *r, const struct work_
 }
 
 /* Send unit g's groups to the trainer DP ranks, balanced by tokens: one batch to every one (an empty one where no
- * group goes, so each trainer knows the unit is in). A TP group's head sends; its peers generated along. 0, or -1
- * with err. */
+ * group goes, so each trainer knows the unit is in). Fully-async, the whole unit goes to DP rank 0, whose stream
+ * decides which step takes it and cuts it over the DP ranks the same way then. A TP group's head sends; its peers
+ * generated along. 0, or -1 with err. */
 static int send_unit(struct rollout_rank *r, const struct work_grant *g, const struct unit_result *u, char *err,
                      size_t errlen)
 {
     const struct step_batch *b = &u->batch;
-    const int n_dp = r->head ? r->env->n_endpoints : 0;
+    const int n_dp = !r->head ? 0 : r->env->cfg->async_enable ? 1 : r->env->n_endpoints;
     int *dp_of = xmalloc((size_t)(b->n_groups ? b->n_groups : 1) * sizeof(int));
     int *sel = xmalloc((size_t)(b->n_groups ? b->n_groups : 1) * sizeof(int));
     if (n_dp > 0)
@@ -664,7 +665,8 @@ static int next_work(struct rollout_rank *r, struct work_grant *g, double *waite
              * as the socket closed can be lost: once every step is granted nothing more is owed here, and an
              * endpoint that is gone (no socket file, a refused connection: not a network cut, which only times
              * out) is the trainers' end */
-            if (r->all_granted && (strstr(why, "no such file or directory") || strstr(why, "connection refused"))) {
+            const bool gone = strstr(why, "no such file or directory") || strstr(why, "connection refused");
+            if (r->all_granted && gone) {
                 g->kind = WORK_END;
                 g->step = g->total_steps = r->total_steps;
                 snprintf(g->reason, sizeof g->reason,

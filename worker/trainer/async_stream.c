@@ -294,7 +294,7 @@ static void step_figures(struct astream *a, int64_t P, struct fully_async_stats 
                                      .buffered_samples = (int64_t)a->n_buf * a->o.unit_groups};
 }
 
-int astream_take(struct astream *a, int64_t k, struct step_batch *out, struct fully_async_stats *fa, int *taken,
+int astream_take(struct astream *a, int64_t k, struct astream_step *out, struct fully_async_stats *fa, int *taken,
                  int *dropped, char *err, size_t errlen)
 {
     const int T = a->o.push_every > 0 ? a->o.push_every : 1;
@@ -351,23 +351,53 @@ int astream_take(struct astream *a, int64_t k, struct step_batch *out, struct fu
         a->cur[a->n_cur++] = x;
         *taken += a->o.unit_groups;
     }
-    /* the step's groups in stream order, numbered for the step: which unit came first changes nothing */
+    /* the step's units in stream order: which came first changes nothing */
     qsort(a->cur, (size_t)a->n_cur, sizeof *a->cur, by_stream);
     step_figures(a, P, fa);
-    const int n = a->o.n, G = a->o.unit_groups;
-    for (int i = 0; i < a->n_cur; i++) {
-        struct aunit *x = &a->cur[i];
-        const int lo = x->h.unit * G;
-        for (int j = 0; j < x->b.n_seq; j++) {
-            struct rollout_seq *s = &x->b.seqs[j];
-            s->gidx = (i * G + s->gidx / n - lo) * n + s->gidx % n;
-        }
-        step_batch_append(out, &x->b);
-    }
-    qsort(out->seqs, (size_t)out->n_seq, sizeof *out->seqs, by_gidx);
+    *out = (struct astream_step){.n = a->n_cur,
+                                 .h = xmalloc((size_t)a->n_cur * sizeof *out->h),
+                                 .b = xmalloc((size_t)a->n_cur * sizeof *out->b)};
+    for (int i = 0; i < a->n_cur; i++)
+        out->h[i] = a->cur[i].h, out->b[i] = a->cur[i].b;
     a->n_cur = 0;
     a->step_dropped = 0;
     return 1;
+}
+
+void astream_step_free(struct astream_step *s)
+{
+    for (int i = 0; s->b && i < s->n; i++)
+        step_batch_free(&s->b[i]);
+    free(s->h), free(s->b);
+    *s = (struct astream_step){0};
+}
+
+void astream_step_batch(struct astream_step *s, int n, int dp, int dp_size, bool shared_prompts, struct step_batch *out)
+{
+    int base = 0; /* the unit's first group in the step */
+    for (int i = 0; i < s->n; i++) {
+        struct step_batch *b = &s->b[i];
+        int lo, hi;
+        dispatch_unit_range(s->h[i].groups_in_step, s->h[i].units, s->h[i].unit, &lo, &hi);
+        for (int j = 0; j < b->n_seq; j++) {
+            struct rollout_seq *q = &b->seqs[j];
+            q->version_first = s->h[i].policy_version;
+            q->gidx = (base + q->gidx / n - lo) * n + q->gidx % n;
+        }
+        base += hi - lo;
+        if (dp_size > 1) { /* this DP rank's groups of the unit */
+            int *dp_of = xmalloc((size_t)(b->n_groups ? b->n_groups : 1) * sizeof *dp_of);
+            bool *keep = xmalloc((size_t)(b->n_groups ? b->n_groups : 1) * sizeof *keep);
+            step_batch_balance(b, dp_size, shared_prompts, dp_of);
+            for (int g = 0; g < b->n_groups; g++)
+                keep[g] = dp_of[g] == dp;
+            step_batch_keep_groups(b, keep);
+            free(dp_of), free(keep);
+        }
+        step_batch_append(out, b);
+    }
+    qsort(out->seqs, (size_t)out->n_seq, sizeof *out->seqs, by_gidx);
+    astream_step_free(s);
 }
 
 /* ---- the schedule ---- */
@@ -510,6 +540,73 @@ static int get64(const uint8_t *p, size_t len, size_t *at, int64_t *v)
     return 0;
 }
 
+/* A unit as the wire carries it (unauthenticated), after its length. */
+static void put_unit(uint8_t **p, size_t *len, size_t *cap, const struct wire_header *h, const struct step_batch *b)
+{
+    int *all = xmalloc((size_t)(b->n_groups ? b->n_groups : 1) * sizeof *all);
+    for (int g = 0; g < b->n_groups; g++)
+        all[g] = g;
+    size_t ml;
+    uint8_t *msg = wire_pack_batch(h, b, all, b->n_groups, NULL, &ml);
+    free(all);
+    put64(p, len, cap, (int64_t)ml);
+    if (*len + ml > *cap)
+        *p = xrealloc(*p, *cap = 2 * (*len + ml));
+    memcpy(*p + *len, msg, ml);
+    *len += ml;
+    free(msg);
+}
+
+/* put_unit's unit at *at, checked against lim (written by a trainer: no MAC, any version). 0, or -1 with why. */
+static int get_unit(const uint8_t *p, size_t len, size_t *at, const struct wire_limits *lim, struct wire_header *h,
+                    struct step_batch *b, char *why, size_t whylen)
+{
+    int64_t ml;
+    *b = (struct step_batch){0};
+    if (get64(p, len, at, &ml) != 0 || ml < 0 || (uint64_t)ml > len - *at)
+        return error_set(why, whylen, "it ends inside the unit");
+    struct wire_limits l = *lim;
+    l.auth = NULL; /* written by a trainer rank: a checkpoint's checksum is in state.json, a step's came over MPI */
+    l.max_version = INT64_MAX;
+    const int rc = wire_unpack_batch(p + *at, (size_t)ml, &l, h, b, why, whylen);
+    *at += (size_t)ml;
+    return rc;
+}
+
+uint8_t *astream_step_pack(const struct astream_step *s, size_t *len)
+{
+    size_t cap = 256, n = 0;
+    uint8_t *p = xmalloc(cap);
+    put64(&p, &n, &cap, s->n);
+    for (int i = 0; i < s->n; i++)
+        put_unit(&p, &n, &cap, &s->h[i], &s->b[i]);
+    *len = n;
+    return p;
+}
+
+int astream_step_unpack(const uint8_t *msg, size_t len, const struct wire_limits *lim, struct astream_step *s,
+                        char *err, size_t errlen)
+{
+    size_t at = 0;
+    int64_t count;
+    *s = (struct astream_step){0};
+    if (get64(msg, len, &at, &count) != 0 || count < 0 || count > lim->units)
+        return error_set(err, errlen, "a step's units from trainer rank 0: not a count of units at its start");
+    struct wire_limits l = *lim;
+    l.dp_rank = 0; /* the rollout ranks send every unit to DP rank 0 */
+    s->h = xcalloc((size_t)(count ? count : 1), sizeof *s->h);
+    s->b = xcalloc((size_t)(count ? count : 1), sizeof *s->b);
+    for (; s->n < count; s->n++) {
+        char why[512];
+        if (get_unit(msg, len, &at, &l, &s->h[s->n], &s->b[s->n], why, sizeof why) != 0) {
+            const int i = s->n;
+            astream_step_free(s);
+            return error_set(err, errlen, "unit %d of a step's units from trainer rank 0: %s", i, why);
+        }
+    }
+    return 0;
+}
+
 uint8_t *astream_state(const struct astream *a, int64_t stream_next, size_t *len)
 {
     size_t cap = 256, n = 0;
@@ -520,21 +617,8 @@ uint8_t *astream_state(const struct astream *a, int64_t stream_next, size_t *len
                             a->dropped_samples, a->rp_next,   a->n_buf};
     for (size_t i = 0; i < sizeof head / sizeof *head; i++)
         put64(&p, &n, &cap, head[i]);
-    for (int i = 0; i < a->n_buf; i++) {
-        const struct aunit *x = &a->buf[i];
-        int *all = xmalloc((size_t)(x->b.n_groups ? x->b.n_groups : 1) * sizeof *all);
-        for (int g = 0; g < x->b.n_groups; g++)
-            all[g] = g;
-        size_t ml;
-        uint8_t *msg = wire_pack_batch(&x->h, &x->b, all, x->b.n_groups, NULL, &ml);
-        free(all);
-        put64(&p, &n, &cap, (int64_t)ml);
-        if (n + ml > cap)
-            p = xrealloc(p, cap = 2 * (n + ml));
-        memcpy(p + n, msg, ml);
-        n += ml;
-        free(msg);
-    }
+    for (int i = 0; i < a->n_buf; i++)
+        put_unit(&p, &n, &cap, &a->buf[i].h, &a->buf[i].b);
     *len = n;
     return p;
 }
@@ -561,19 +645,12 @@ int astream_restore(struct astream *a, const uint8_t *blob, size_t len, const st
         for (int64_t n = 0; n < head[0]; n++) /* every unit before the stream's next reached the trainer */
             mark(a, n);
     }
-    struct wire_limits l = *lim;
-    l.auth = NULL; /* written by this trainer: its checksum is in state.json */
-    l.max_version = INT64_MAX;
     for (int64_t i = 0; i < head[6]; i++) {
-        int64_t ml;
-        if (get64(blob, len, &at, &ml) != 0 || ml < 0 || (uint64_t)ml > len - at)
-            return error_set(err, errlen, "the stream's state ends inside unit %lld", (long long)i);
         struct wire_header h;
-        struct step_batch b = {0};
+        struct step_batch b;
         char why[512];
-        if (wire_unpack_batch(blob + at, (size_t)ml, &l, &h, &b, why, sizeof why) != 0)
+        if (get_unit(blob, len, &at, lim, &h, &b, why, sizeof why) != 0)
             return error_set(err, errlen, "unit %lld of the stream's state: %s", (long long)i, why);
-        at += (size_t)ml;
         astream_arrive(a, &h, &b);
         a->generated -= a->o.unit_groups; /* counted when it first came */
     }

@@ -2,7 +2,8 @@
  * that reached the trainer, in the order they came; which of them step k takes and which it drops for staleness;
  * the schedule each run writes (RUN_DIR/async_schedule.jsonl) and a replay of one; the state a checkpoint keeps.
  * It opens no socket and knows no dispatcher: trainer_role.c feeds it the arrivals and tells the dispatcher what
- * it took, so a test drives it alone (tests/unit/test_async_stream.c). */
+ * it took. Trainer rank 0 holds it; with more trainer ranks, the units each step takes go from rank 0 to the others
+ * (astream_step_pack), and every rank makes its DP rank's share of them (astream_step_batch). */
 #ifndef GRPO_WORKER_TRAINER_ASYNC_STREAM_H
 #define GRPO_WORKER_TRAINER_ASYNC_STREAM_H
 
@@ -49,12 +50,34 @@ void astream_arrive(struct astream *a, const struct wire_header *h, struct step_
 /* Units held (arrived, not yet taken). */
 int astream_held(const struct astream *a);
 
+/* The units a step took, in stream order (chunk, unit): their headers and groups. */
+struct astream_step {
+    int n;
+    struct wire_header *h; /* (n) */
+    struct step_batch *b;  /* (n) */
+};
+void astream_step_free(struct astream_step *s);
+
 /* Step k's units: taken in arrival order (a replay: in its schedule's), each dropped when it is more than
- * ceil(staleness_threshold) pushes stale, until `units` are taken. 1: out holds the step's groups, in stream order,
- * numbered for the step, and fa its figures; 0: more units must arrive first; -1 with err: a replay that does not
+ * ceil(staleness_threshold) pushes stale, until `units` are taken. 1: out holds the step's units (the stream's
+ * groups move into it), and fa its figures; 0: more units must arrive first; -1 with err: a replay that does not
  * go as its schedule says. *taken and *dropped get the groups this call took and dropped (for the dispatcher). */
-int astream_take(struct astream *a, int64_t k, struct step_batch *out, struct fully_async_stats *fa, int *taken,
+int astream_take(struct astream *a, int64_t k, struct astream_step *out, struct fully_async_stats *fa, int *taken,
                  int *dropped, char *err, size_t errlen);
+
+/* A step's units as one message (malloc'd, *len bytes): each as the wire carries it, unauthenticated (it goes over
+ * MPI only, from trainer rank 0 to the others). */
+uint8_t *astream_step_pack(const struct astream_step *s, size_t *len);
+/* Back from astream_step_pack's message, each unit checked against lim (any version; addressed to DP rank 0, which
+ * the rollout ranks send every unit to). 0, or -1 with err. */
+int astream_step_unpack(const uint8_t *msg, size_t len, const struct wire_limits *lim, struct astream_step *s,
+                        char *err, size_t errlen);
+/* Trainer DP rank dp's share of the step's groups (of dp_size ranks) into out: the i-th unit's groups numbered
+ * i x groups_a_unit on in the step (so which unit came first changes nothing), each unit cut over the DP ranks by
+ * tokens as the rollout ranks cut theirs in the on-policy split layout (step_batch_balance), sorted by position.
+ * s's batches move into out (s is freed). */
+void astream_step_batch(struct astream_step *s, int n, int dp, int dp_size, bool shared_prompts,
+                        struct step_batch *out);
 
 /* The state a checkpoint keeps (malloc'd, *len bytes): the units held (as the wire carries them), the counters, the
  * replay's place and stream_next (the dispatcher's next unit). */

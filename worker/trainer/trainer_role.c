@@ -426,7 +426,7 @@ static void drop_other_prompts(struct trainer_rank *r, int64_t k, const int *uid
     r->n_pend = w;
 }
 
-/* ---- fully-async training (docs/training.md): one trainer rank, units in the order they come ---- */
+/* ---- fully-async training (docs/training.md): units in the order they come to trainer rank 0 ---- */
 
 /* The uids chunk j of the stream draws (chunk 1 is the data's first batch), drawn as needed. */
 static const int *chunk_uids(struct trainer_rank *r, int64_t j)
@@ -540,16 +540,65 @@ static void plane_counters(struct trainer_rank *r, struct step_timing *tm)
     r->sync_s_pending = 0;
 }
 
-/* Step k's units from the stream: in the order they came (a replay: its schedule's), the stale ones dropped. */
-static int async_next_batch(struct trainer_rank *r, int64_t k, struct step_batch *b, struct step_timing *tm)
+/* Whether the update packs a group's shared prompt once (the rows step_batch_balance weighs), as the rollout ranks
+ * reckon it when they cut a unit over the DP ranks in the on-policy split layout. */
+static bool packs_shared_prompts(const struct trainer_rank *r)
 {
-    control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
+    return r->env->cfg->actor_shared_prompt_packing && strcmp(config_device(r->env->cfg), "cpu") == 0;
+}
+
+/* Fully-async training with more than one trainer rank: trainer rank 0 (the stream's) sends the units step k took
+ * to the others in one broadcast over the trainers (s NULL: its stream failed, and they fail with it). */
+static void send_units(struct trainer_rank *r, const struct astream_step *s)
+{
+    struct comm *all = r->env->trainers;
+    if (!all || comm_size(all) < 2)
+        return;
+    size_t len = 0;
+    uint8_t *msg = s ? astream_step_pack(s, &len) : NULL;
+    int64_t n = s ? (int64_t)len : -1;
+    comm_broadcast_polled(all, &n, 1, COMM_I64, 0, NULL, NULL);
+    if (msg) {
+        const size_t words = (len + 3) / 4; /* bytes as 32-bit words */
+        msg = xrealloc(msg, words * 4 + 4);
+        memset(msg + len, 0, words * 4 + 4 - len);
+        comm_broadcast(all, msg, words, COMM_I32, 0);
+    }
+    free(msg);
+}
+
+/* The other trainer ranks: the units step k took, from trainer rank 0 (waited for as for data, holding for a pause
+ * meanwhile). 0, or -1 (rank 0's stream failed, or its message does not unpack here). */
+static int receive_units(struct trainer_rank *r, int64_t k, struct astream_step *s)
+{
+    struct comm *all = r->env->trainers;
+    int64_t n = 0;
+    comm_broadcast_polled(all, &n, 1, COMM_I64, 0, hold_while_waiting, r);
+    if (n < 0) {
+        log_error("trainer", "step %lld: trainer rank 0's stream failed (see its log)", (long long)k);
+        return -1;
+    }
+    const size_t words = ((size_t)n + 3) / 4;
+    uint8_t *msg = xcalloc(words * 4 + 4, 1);
+    comm_broadcast(all, msg, words, COMM_I32, 0);
+    char err[1024];
+    const int rc = astream_step_unpack(msg, (size_t)n, &r->lim, s, err, sizeof err);
+    free(msg);
+    if (rc != 0)
+        log_error("trainer", "step %lld: %s", (long long)k, err);
+    return rc;
+}
+
+/* Step k's units at trainer rank 0, from the stream: in the order they came (a replay: its schedule's), the stale
+ * ones dropped. 0, or -1. */
+static int async_take_units(struct trainer_rank *r, int64_t k, struct astream_step *s, struct step_timing *tm)
+{
     const double t0 = clock_now_s();
     double last_note = t0;
     char err[1024];
     for (;;) {
         int taken, dropped;
-        const int got = astream_take(r->as, k, b, &tm->fa, &taken, &dropped, err, sizeof err);
+        const int got = astream_take(r->as, k, s, &tm->fa, &taken, &dropped, err, sizeof err);
         if (taken || dropped)
             dispatcher_async_taken(r->disp, taken, false);
         if (dropped) /* one more is granted in its place */
@@ -559,7 +608,7 @@ static int async_next_batch(struct trainer_rank *r, int64_t k, struct step_batch
             return -1;
         }
         if (got > 0)
-            break;
+            return 0;
         if (async_receive_one(r, 200) < 0)
             return -1;
         control_hold_while_waiting(r->env->ctl, false);
@@ -574,21 +623,46 @@ static int async_next_batch(struct trainer_rank *r, int64_t k, struct step_batch
             last_note = clock_now_s();
         }
     }
-    control_hold_while_waiting(r->env->ctl, true);
-    tm->wait_data = clock_now_s() - t0;
-    tm->split = true;
-    tm->fully_async = true;
+}
+
+/* Rank 0's figures of the step: the rollout processes' of the units since the last step (per process), the data
+ * plane's counters, and the data cursor checkpoints record (past the newest chunk drawn; a checkpoint sets the
+ * stream's own). */
+static void async_figures(struct trainer_rank *r, struct step_timing *tm)
+{
     tm->fa.total_wait_time = tm->wait_data;
-    /* the rollout processes' figures of the units since the last step, per process */
     const double U = r->lim.units;
     tm->gen = r->a_gen / U, tm->reward = r->a_reward / U, tm->rollout_idle = r->a_idle / U;
     tm->rollout_wait_weights = r->a_wait_weights / U, tm->rollout_peak_rss_gb = r->a_peak_rss;
     r->a_gen = r->a_reward = r->a_idle = r->a_wait_weights = 0;
     tm->staleness = (int64_t)tm->fa.staleness_max;
     plane_counters(r, tm);
-    /* the data cursor checkpoints record: past the newest chunk drawn (a checkpoint sets the stream's own) */
     if (r->chunks_drawn > 0)
         trainer_set_cursor(r->t, r->acur.epoch, r->acur.index);
+}
+
+/* Step k's batch, fully-async: trainer rank 0 takes the step's units from its stream and sends them to the other
+ * trainer ranks; every rank trains its DP rank's share of them (the TP, PP and SP ranks of a DP rank the same). */
+static int async_next_batch(struct trainer_rank *r, int64_t k, struct step_batch *b, struct step_timing *tm)
+{
+    control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
+    const double t0 = clock_now_s();
+    struct astream_step s = {0};
+    if (r->as) {
+        const int rc = async_take_units(r, k, &s, tm);
+        send_units(r, rc == 0 ? &s : NULL);
+        if (rc != 0)
+            return -1;
+    } else if (receive_units(r, k, &s) != 0) {
+        return -1;
+    }
+    control_hold_while_waiting(r->env->ctl, true);
+    tm->wait_data = clock_now_s() - t0;
+    tm->split = true;
+    tm->fully_async = true;
+    astream_step_batch(&s, r->lim.n, r->env->at.dp, r->env->at.dp_size, packs_shared_prompts(r), b);
+    if (r->as)
+        async_figures(r, tm);
     return 0;
 }
 
@@ -598,6 +672,10 @@ static int async_next_batch(struct trainer_rank *r, int64_t k, struct step_batch
 static int async_checkpoint_state(void *ctx, int64_t step, uint8_t **blob, size_t *len)
 {
     struct trainer_rank *r = ctx;
+    if (!r->as) { /* the stream is trainer rank 0's, and so is the checkpoint's writing */
+        *blob = NULL, *len = 0;
+        return 0;
+    }
     dispatcher_async_hold(r->disp, true);
     r->draining = true;
     const double t0 = clock_now_s();
@@ -629,7 +707,7 @@ static int async_checkpoint_state(void *ctx, int64_t step, uint8_t **blob, size_
 static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm)
 {
     struct trainer_rank *r = ctx;
-    if (r->as)
+    if (r->env->cfg->async_enable)
         return async_next_batch(r, k, b, tm);
     const int R = r->lim.units, B = r->lim.groups_in_step;
     int *uids = xmalloc((size_t)B * sizeof(int));
@@ -775,7 +853,8 @@ static int between_steps(void *ctx, int64_t j, bool stop)
         snprintf(why, sizeof why, "the trainers %s after step %lld",
                  j >= trainer_total_steps(r->t) ? "finished" : "stopped", (long long)j);
         dispatcher_end(r->disp, j, why);
-    } else if (r->as) { /* fully-async: a push every trigger_parameter_sync_step steps; a checkpoint's hold ends */
+    } else if (r->env->cfg->async_enable) { /* fully-async: a push every trigger_parameter_sync_step steps (the
+                                             * model copy's peers give their parts); a checkpoint's hold ends */
         const int64_t T = r->env->cfg->async_trigger_parameter_sync_step;
         if (j > r->start && j % T == 0 && j < trainer_total_steps(r->t))
             publish(r, j);
@@ -1059,17 +1138,13 @@ int run_trainer(struct role_env *env)
     r.published = -1;
     if (c->async_enable) { /* what fully-async training runs with (the configuration refused the rest by name) */
         r.lim.async = true;
-        const char *why = NULL;
-        if (env->spec.trainer_ranks != 1)
-            why = "more than one trainer rank (placement.trainer_ranks, or trainer.nnodes x trainer.n_gpus_per_node)";
-        else if (r.lim.units < 1 || r.lim.groups_in_step % r.lim.units != 0)
-            why = "a stream chunk (data.train_batch_size prompts) that does not cut into one equal work unit per "
-                  "rollout rank";
-        if (why) {
-            snprintf(err, sizeof err,
-                     "fully-async training (async_training.*) with %s: not available yet (%d trainer rank(s), %d "
-                     "rollout rank(s), %d prompts a step)",
-                     why, env->spec.trainer_ranks, r.lim.units, r.lim.groups_in_step);
+        if (r.lim.units < 1 || r.lim.groups_in_step % r.lim.units != 0) {
+            snprintf(
+                err, sizeof err,
+                "fully-async training (async_training.*) with a stream chunk (" KEY_data_train_batch_size
+                " prompts) that does not cut into one equal work unit per rollout rank: not available yet (%d trainer "
+                "rank(s), %d rollout rank(s), %d prompts a step)",
+                env->spec.trainer_ranks, r.lim.units, r.lim.groups_in_step);
             log_error("trainer", "%s", err);
             control_finish(env->ctl, CONTROL_END_FAILED, err);
             return 2;

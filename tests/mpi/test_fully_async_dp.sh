@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Fully-async training (async_training.*, docs/training.md "Fully-async training") with two trainer ranks (data
+# parallelism, DP 2) and two rollout ranks, on a tiny model under mpirun (4 ranks on 2 cores, oversubscribed). The
+# rollout ranks send every unit whole to trainer rank 0, whose stream decides which step takes it; rank 0 sends the
+# step's units to the other trainer rank, and each DP rank trains its token-balanced share of every unit:
+#  - staleness_threshold 0 with trigger_parameter_sync_step 1 ends with weights bit-identical to the on-policy split
+#    run with the same two trainer ranks (rollout.mode=sync), with the same losses, grad norms and scores step by step;
+#  - partial rollout with a slow engine (GRPO_TEST_DECODE_SLEEP_S), staleness 1: check_fully_async.py recomputes the
+#    staleness, partial and drop accounting in float64 from the audit files (both DP ranks' sequences) and the
+#    schedule; the replay of its schedule ends bit-identical, with the same schedule;
+#  - a run ended at step 4 (its checkpoint drains the stream into async_state.bin) and launched again to step 8 ends
+#    bit-identical to the replay of its schedule in one go;
+#  - the two trainer ranks as one model copy instead, tensor parallel (TP 2), pipeline parallel (PP 2), Ulysses
+#    sequence parallel (SP 2) or ring-attention context parallel (CP 2), and as two DP ranks splitting a mixture of
+#    experts' experts (EP 2): staleness 0 + trigger 1 ends bit-identical to the on-policy split run of the same
+#    layout (every rank of a DP rank gets its share from rank 0; the model copy's peers give their parts of each push).
+# usage: test_fully_async_dp.sh (the build's programs by name, tests/lib.sh)
+set -u
+# shellcheck disable=SC2034 # MODEL_TOOL: dist_lib.sh's tiny_model makes the model with it
+. "$(dirname "$0")/dist_lib.sh" grpo-fully-async-dp
+CHECK="$(dirname "$0")/check_fully_async.py"
+COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e
+    trainer.val_before_train=false trainer.test_freq=-1 actor_rollout_ref.rollout.n=4
+    actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=12 actor_rollout_ref.actor.optim.lr=1e-3
+    data.synthetic.num_train=64 data.synthetic.num_val=4 actor_rollout_ref.rollout.update_weights_bucket_megabytes=1
+    actor_rollout_ref.actor.use_kl_loss=true custom_reward_function.path="$SCORER"
+    custom_reward_function.name=byte_score placement.trainer_ranks=2 placement.rollout_ranks=2)
+ASYNC=(data.train_batch_size=0 async_training.require_batches=2)
+weights() { echo "$TMP/$1/p/e/checkpoints/global_step_$2/actor"; }
+# run NAME [overrides...]: 4 ranks, log in $TMP/NAME.log, audit files in $TMP/NAME/audit
+run() {
+    local name="$1"; shift
+    timeout 300 "${MPIRUN[@]}" -np 4 -x GRPO_TEST_DECODE_SLEEP_S "$WORKER" "${COMMON[@]}" \
+        trainer.default_local_dir="$TMP/$name" trainer.rollout_data_dir="$TMP/$name/audit" "$@" >>"$TMP/$name.log" 2>&1
+}
+export GRPO_TEST_DECODE_SLEEP_S=0
+
+# ---- on-policy equivalence: staleness 0, a push every step, DP 2
+run sync data.train_batch_size=4 trainer.total_training_steps=4
+expect "on-policy split run with 2 trainer ranks (rollout.mode=sync) finishes" $?
+run async0 "${ASYNC[@]}" async_training.staleness_threshold=0 async_training.trigger_parameter_sync_step=1 \
+    trainer.total_training_steps=4
+expect "fully-async run with 2 trainer ranks, staleness 0, trigger 1 finishes" $?
+grep -q "DP rank 1 of 2" "$TMP/async0.log"
+expect "the fully-async run trains on 2 DP ranks" $?
+"$COMPARE" "$(weights sync 4)" "$(weights async0 4)" 0 >"$TMP/cmp0.txt" 2>&1
+rc=$?; expect "DP 2, staleness 0 + trigger 1: weights bit-identical to the on-policy DP 2 run ($(cat "$TMP/cmp0.txt"))" $rc
+python3 - "$TMP/sync/p/e/metrics.jsonl" "$TMP/async0/p/e/metrics.jsonl" <<'PY'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+b = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
+assert len(a) == len(b) == 4, (len(a), len(b))
+for x, y in zip(a, b):
+    for k in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean",
+              "critic/advantages/mean", "response_length/mean"):
+        assert x[k] == y[k], (x["step"], k, x[k], y[k])
+    assert y["training/off_policy/trajectory_staleness/max"] == 0 and y["fully_async/count/dropped_stale_samples"] == 0
+    assert y["fully_async/count/current_param_version"] == y["step"] - 1, y
+print("losses, grad norms, entropies, scores and advantages equal step by step; staleness 0")
+PY
+expect "DP 2, staleness 0 + trigger 1: the same metrics step by step, staleness 0 every step" $?
+python3 "$CHECK" "$TMP/async0/p/e" "$TMP/async0/audit" 1 0 4 >"$TMP/check0.txt" 2>&1
+rc=$?; expect "float64 check of the on-policy stream, both DP ranks' sequences ($(tail -1 "$TMP/check0.txt"))" $rc
+
+# ---- partial rollout, a push every step, staleness 1; then its replay
+LIVE=("${ASYNC[@]}" async_training.staleness_threshold=1 async_training.trigger_parameter_sync_step=1
+    data.max_response_length=160 trainer.total_training_steps=6)
+GRPO_TEST_DECODE_SLEEP_S=0.002 run partial "${LIVE[@]}"
+expect "DP 2 fully-async run with partial rollout (slow engine) finishes" $?
+python3 "$CHECK" "$TMP/partial/p/e" "$TMP/partial/audit" 1 1 4 --partial >"$TMP/check1.txt" 2>&1
+rc=$?; expect "float64 check, partial rollout seen ($(tail -1 "$TMP/check1.txt"))" $rc
+run replay "${LIVE[@]}" async_training.replay_schedule="$TMP/partial/p/e/async_schedule.jsonl"
+expect "the replay of its schedule finishes" $?
+"$COMPARE" "$(weights partial 6)" "$(weights replay 6)" 0 >"$TMP/cmp1.txt" 2>&1
+rc=$?; expect "replay: weights bit-identical to the recorded DP 2 run ($(cat "$TMP/cmp1.txt"))" $rc
+cmp -s "$TMP/partial/p/e/async_schedule.jsonl" "$TMP/replay/p/e/async_schedule.jsonl"
+expect "replay: the same schedule (units, order, versions, switches)" $?
+
+# ---- a run ended at step 4 and launched again to step 8 resumes its stream; the replay in one go agrees
+RES=("${ASYNC[@]}" async_training.staleness_threshold=1 async_training.trigger_parameter_sync_step=1
+    data.max_response_length=160)
+GRPO_TEST_DECODE_SLEEP_S=0.002 run res "${RES[@]}" trainer.total_training_steps=4
+expect "a DP 2 fully-async run of 4 steps finishes" $?
+[ -s "$TMP/res/p/e/checkpoints/global_step_4/async_state.bin" ] && grep -q async_state.bin "$TMP/res/p/e/checkpoints/global_step_4/state.json"
+expect "its checkpoint holds the stream's state, listed in state.json" $?
+GRPO_TEST_DECODE_SLEEP_S=0.002 run res "${RES[@]}" trainer.total_training_steps=8
+expect "launched again to step 8, it resumes and finishes" $?
+grep -q "fully-async stream resumed from .*global_step_4/async_state.bin" "$TMP/res.log"
+expect "the stream resumes from the checkpoint's state" $?
+run resreplay "${RES[@]}" trainer.total_training_steps=8 async_training.replay_schedule="$TMP/res/p/e/async_schedule.jsonl"
+expect "the replay of the resumed run's schedule, in one go, finishes" $?
+"$COMPARE" "$(weights res 8)" "$(weights resreplay 8)" 0 >"$TMP/cmp2.txt" 2>&1
+rc=$?; expect "end + relaunch: weights bit-identical to the replay in one go ($(cat "$TMP/cmp2.txt"))" $rc
+
+# ---- the trainers' other layouts: staleness 0 + trigger 1 against the on-policy run of the same layout (3 steps)
+tiny_moe_model "$TMP/moe" qwen3_moe
+expect "tiny mixture of experts initialised" $?
+MEG=actor_rollout_ref.actor.megatron
+for layout in "TP 2|$TMP/tiny|$MEG.tensor_model_parallel_size=2" "PP 2|$TMP/tiny|$MEG.pipeline_model_parallel_size=2" \
+    "SP 2|$TMP/tiny|actor_rollout_ref.actor.ulysses_sequence_parallel_size=2" \
+    "CP 2|$TMP/tiny|$MEG.context_parallel_size=2" "EP 2|$TMP/moe|$MEG.expert_model_parallel_size=2"; do
+    IFS='|' read -r what model key <<<"$layout"
+    name="lay${what// /}"
+    run "$name-sync" actor_rollout_ref.model.path="$model" "$key" data.train_batch_size=4 trainer.total_training_steps=3
+    expect "$what: on-policy split run finishes" $?
+    run "$name-async" actor_rollout_ref.model.path="$model" "$key" "${ASYNC[@]}" async_training.staleness_threshold=0 \
+        async_training.trigger_parameter_sync_step=1 trainer.total_training_steps=3
+    expect "$what: fully-async run, staleness 0, trigger 1 finishes" $?
+    "$COMPARE" "$(weights "$name-sync" 3)" "$(weights "$name-async" 3)" 0 >"$TMP/cmp-$name.txt" 2>&1
+    rc=$?; expect "$what: weights bit-identical to the on-policy run of the same layout ($(cat "$TMP/cmp-$name.txt"))" $rc
+done
+finish
