@@ -11,7 +11,8 @@ are predictions to read the first device run against (docs/results/roofline.md).
     scripts/roofline.py --launch-us 3        another launch-overhead assumption (default 4 us)
 
 Variants (--variants, comma-separated; default all four):
-    today-fp32   the default: fp32 GEMMs without TF32 (cuBLAS FP32 SIMT), fp32 activations, fp32 KV cache
+    today-fp32   the default: fp32 GEMMs without TF32 (cuBLAS FP32 SIMT), fp32 activations, fp32 KV cache; decode
+                 attention batched (one launch per layer per step, the KV append fused; since 2026-12-05)
     today-bf16   actor.dtype=bfloat16 today: every GEMM call rounds its fp32 activations to BF16 first; the weights
                  come from a BF16 copy kept per weights buffer, made again once after each optimizer step (until
                  2026-12-05 every call rounded its weights too: 8 bytes per parameter per decode step, now 2)
@@ -93,10 +94,10 @@ def lmhead_chunk(V):
 
 
 VARIANTS = {
-    "today-fp32": dict(gemm="fp32", conv=False, a=4, w=4, attn="fp32", attn_bwd_hd=14, kv=4, batched=False,
-                       sync=True, fused=False, chunk=None, graph=False, bf16_copy=False),
-    "today-bf16": dict(gemm="bf16", conv=True, a=4, w=2, attn="fp32", attn_bwd_hd=14, kv=4, batched=False,
-                       sync=True, fused=False, chunk=None, graph=False, bf16_copy=True),
+    "today-fp32": dict(gemm="fp32", conv=False, a=4, w=4, attn="fp32", attn_bwd_hd=14, kv=4, batched=True,
+                       sync=True, fused=False, chunk=None, graph=False, bf16_copy=False, kvtab=True),
+    "today-bf16": dict(gemm="bf16", conv=True, a=4, w=2, attn="fp32", attn_bwd_hd=14, kv=4, batched=True,
+                       sync=True, fused=False, chunk=None, graph=False, bf16_copy=True, kvtab=True),
     "designed": dict(gemm="bf16", conv=False, a=2, w=2, attn="bf16", attn_bwd_hd=10, kv=2, batched=True,
                      sync=True, fused=False, chunk=None, graph=False, bf16_copy=True),
     "designed+": dict(gemm="bf16", conv=False, a=2, w=2, attn="bf16", attn_bwd_hd=10, kv=2, batched=True,
@@ -318,6 +319,8 @@ def decode(m, B, ctx, vname, hw=H200, launch_s=None):
     N = B
     g = "copies and syncs"
     o.add(g, "positions and ids to the device", 0, 0, 2)
+    if v.get("kvtab"):  # model_step.c's batched decode: every layer's cache pointers and the lengths, one copy
+        o.add(g, "the caches' table to the device", 0, 0, 1)
     ew(o, "norms, RoPE, SwiGLU, adds", "embedding", N * D * 4 + N * D * a)
     for _ in range(m.L):
         layer_forward_decode(o, m, v, B, ctx)

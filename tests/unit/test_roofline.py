@@ -105,10 +105,10 @@ class Counts(unittest.TestCase):
         m = R.Model(TINY)
         B = 3
         o, st = R.decode(m, B, 5, "today-fp32")
-        # a layer: rmsnorm, q, k, v, 2 x rope, o, add, rmsnorm, gate, up, swiglu, down, add = 14, and 4 per sequence
-        # (copy k, copy v, the split-key partials, the merge); the step: positions and ids, embedding, B last rows,
-        # the final norm, the logits, 6 for sampling
-        self.assertEqual(o.total(2), 14 + 4 * B + 2 + 1 + B + 1 + 1 + 6)
+        # a layer: rmsnorm, q, k, v, 2 x rope, o, add, rmsnorm, gate, up, swiglu, down, add = 14, and the batched
+        # KV append and attention (1); the step: positions and ids, the caches' table, embedding, B last rows, the
+        # final norm, the logits, 6 for sampling (before the batched decode, 4 per sequence: 14 + 4 B + 2 + ...)
+        self.assertEqual(o.total(2), 14 + 1 + 2 + 1 + 1 + B + 1 + 1 + 6)
         o, _ = R.decode(m, B, 5, "designed")
         self.assertEqual(row(o, "attention", "decode attention (batched, KV append fused)")[2], 1)
         self.assertEqual(o.total(2), 14 + 1 + 2 + 1 + B + 1 + 1 + 6)
