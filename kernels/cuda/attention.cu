@@ -431,6 +431,44 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+// A decode warp's query row: lane's share of q (d = lane + 32 t), and its accumulators zeroed.
+template <int HDM>
+__device__ __forceinline__ void decode_load_q(float *qv, float *acc, const float *qr, int lane, int hd)
+{
+#pragma unroll
+    for (int t = 0; t < HDM / 32; t++) {
+        const int d = lane + 32 * t;
+        qv[t] = d < hd ? qr[d] : 0.0f;
+        acc[t] = 0.0f;
+    }
+}
+
+// One key (kr) and value (vr) row into a warp's online softmax: the score summed over the lanes, the running maximum
+// m and sum l, and the lane's accumulated values rescaled and added to.
+template <int HDM>
+__device__ __forceinline__ void decode_key(float *acc, float &m, float &l, const float *qv, const float *kr,
+                                           const float *vr, int lane, int hd, float scale)
+{
+    float s = 0.0f;
+#pragma unroll
+    for (int t = 0; t < HDM / 32; t++) {
+        const int d = lane + 32 * t;
+        if (d < hd)
+            s += qv[t] * kr[d];
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        s += __shfl_xor_sync(0xffffffffu, s, o);
+    s *= scale;
+    const float mnew = fmaxf(m, s), alpha = expf(m - mnew), p = expf(s - mnew);
+    l = l * alpha + p;
+#pragma unroll
+    for (int t = 0; t < HDM / 32; t++) {
+        const int d = lane + 32 * t;
+        acc[t] = acc[t] * alpha + (d < hd ? p * vr[d] : 0.0f);
+    }
+    m = mnew;
+}
+
 // Decode, pass 1: block (split sp, head h, query row i) runs an online softmax over the keys
 // [sp * kDecodeSplit, ...) that row i sees (positions up to Tk - Tq + i), one key per warp at a time, and writes
 // its partial (hd accumulated values, then the maximum and the sum of exponentials) to part.
@@ -446,36 +484,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
     const int nvis = Tk - Tq + i + 1;
     const int j0 = sp * kDecodeSplit, j1 = min(nvis, j0 + kDecodeSplit);
     const size_t ldk = (size_t)Hkv * hd;
-    const float *qr = q + ((size_t)i * Hq + h) * hd;
     float qv[NL], acc[NL];
-#pragma unroll
-    for (int t = 0; t < NL; t++) {
-        const int d = lane + 32 * t;
-        qv[t] = d < hd ? qr[d] : 0.0f;
-        acc[t] = 0.0f;
-    }
+    decode_load_q<HDM>(qv, acc, q + ((size_t)i * Hq + h) * hd, lane, hd);
     float m = -INFINITY, l = 0.0f;
-    for (int j = j0 + warp; j < j1; j += NW) {
-        const float *kr = kc + (size_t)j * ldk + (size_t)kh * hd, *vr = vc + (size_t)j * ldk + (size_t)kh * hd;
-        float s = 0.0f;
-#pragma unroll
-        for (int t = 0; t < NL; t++) {
-            const int d = lane + 32 * t;
-            if (d < hd)
-                s += qv[t] * kr[d];
-        }
-        for (int o = 16; o > 0; o >>= 1)
-            s += __shfl_xor_sync(0xffffffffu, s, o);
-        s *= scale;
-        const float mnew = fmaxf(m, s), alpha = expf(m - mnew), p = expf(s - mnew);
-        l = l * alpha + p;
-#pragma unroll
-        for (int t = 0; t < NL; t++) {
-            const int d = lane + 32 * t;
-            acc[t] = acc[t] * alpha + (d < hd ? p * vr[d] : 0.0f);
-        }
-        m = mnew;
-    }
+    for (int j = j0 + warp; j < j1; j += NW)
+        decode_key<HDM>(acc, m, l, qv, kc + (size_t)j * ldk + (size_t)kh * hd, vc + (size_t)j * ldk + (size_t)kh * hd,
+                        lane, hd, scale);
     if (lane == 0) {
         wm[warp] = m;
         wl[warp] = l;
@@ -556,36 +570,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
             kc[b][(size_t)T * ldk + at + d] = kn[d];
             vc[b][(size_t)T * ldk + at + d] = vn[d];
         }
-    const float *qr = q + ((size_t)b * Hq + h) * hd;
     float qv[NL], acc[NL];
-#pragma unroll
-    for (int t = 0; t < NL; t++) {
-        const int d = lane + 32 * t;
-        qv[t] = d < hd ? qr[d] : 0.0f;
-        acc[t] = 0.0f;
-    }
+    decode_load_q<HDM>(qv, acc, q + ((size_t)b * Hq + h) * hd, lane, hd);
     float m = -INFINITY, l = 0.0f;
-    for (int j = warp; j <= T; j += NW) {
-        const float *kr = j < T ? kb + (size_t)j * ldk + at : kn, *vr = j < T ? vb + (size_t)j * ldk + at : vn;
-        float s = 0.0f;
-#pragma unroll
-        for (int t = 0; t < NL; t++) {
-            const int d = lane + 32 * t;
-            if (d < hd)
-                s += qv[t] * kr[d];
-        }
-        for (int o = 16; o > 0; o >>= 1)
-            s += __shfl_xor_sync(0xffffffffu, s, o);
-        s *= scale;
-        const float mnew = fmaxf(m, s), alpha = expf(m - mnew), p = expf(s - mnew);
-        l = l * alpha + p;
-#pragma unroll
-        for (int t = 0; t < NL; t++) {
-            const int d = lane + 32 * t;
-            acc[t] = acc[t] * alpha + (d < hd ? p * vr[d] : 0.0f);
-        }
-        m = mnew;
-    }
+    for (int j = warp; j <= T; j += NW)
+        decode_key<HDM>(acc, m, l, qv, j < T ? kb + (size_t)j * ldk + at : kn, j < T ? vb + (size_t)j * ldk + at : vn,
+                        lane, hd, scale);
     if (lane == 0) {
         wm[warp] = m;
         wl[warp] = l;

@@ -994,6 +994,51 @@ static int t_cached(struct kctx *G, struct kctx *C, int Tq, int Tk, int Hq, int 
     return bad;
 }
 
+/* attention_decode_batched: B sequences with cached lengths lens[b] (capacity cap each), one new token each. Against
+ * the CPU: each sequence's new K and V rows appended by hand, then attention_cached over len + 1 keys; and the GPU's
+ * caches after the call hold the new rows at their positions, the other rows untouched. */
+static int t_decode_batched(struct kctx *G, struct kctx *C, int B, const int *lens, int cap, int Hq, int Hkv, int hd)
+{
+    const size_t QD = (size_t)Hq * hd, KD = (size_t)Hkv * hd, nc = (size_t)cap * KD;
+    float *q = rand_vec((size_t)B * QD, -2, 2), *k = rand_vec((size_t)B * KD, -1, 1),
+          *v = rand_vec((size_t)B * KD, -1, 1);
+    float *want = xmalloc((size_t)B * QD * 4), *got = xmalloc((size_t)B * QD * 4), *h = xmalloc(nc * 4);
+    float *hk[8], *hv[8], *gk[8], *gv[8];
+    int32_t len[8];
+    for (int b = 0; b < B; b++) {
+        hk[b] = rand_vec(nc, -1, 1), hv[b] = rand_vec(nc, -1, 1);
+        gk[b] = kputf(G, hk[b], nc), gv[b] = kputf(G, hv[b], nc);
+        memcpy(hk[b] + (size_t)lens[b] * KD, k + (size_t)b * KD, KD * 4); /* the CPU's append, by hand */
+        memcpy(hv[b] + (size_t)lens[b] * KD, v + (size_t)b * KD, KD * 4);
+        k_attention_cached(C, want + (size_t)b * QD, q + (size_t)b * QD, hk[b], hv[b], 1, lens[b] + 1, Hq, Hkv, hd);
+        len[b] = lens[b];
+    }
+    float **tab = kput(G, gk, (size_t)B * sizeof(float *)), **tabv = kput(G, gv, (size_t)B * sizeof(float *));
+    int32_t *glen = kput(G, len, (size_t)B * sizeof(int32_t));
+    float *gq = kputf(G, q, (size_t)B * QD), *gkn = kputf(G, k, (size_t)B * KD), *gvn = kputf(G, v, (size_t)B * KD);
+    float *go = kputf(G, want, (size_t)B * QD);
+    k_attention_decode_batched(G, go, gq, gkn, gvn, tab, tabv, glen, B, Hq, Hkv, hd);
+    kget(G, got, go, (size_t)B * QD * 4);
+    char name[96];
+    snprintf(name, sizeof name, "attention_decode_batched B=%d Hq=%d Hkv=%d hd=%d", B, Hq, Hkv, hd);
+    int bad = report(name, err_of(got, want, NULL, (size_t)B * QD), 1e-5);
+    size_t differ = 0; /* the caches: the new rows appended, nothing else written */
+    for (int b = 0; b < B; b++) {
+        kget(G, h, gk[b], nc * 4);
+        differ += count_diff(h, hk[b], nc);
+        kget(G, h, gv[b], nc * 4);
+        differ += count_diff(h, hv[b], nc);
+        kdrop(G, gk[b], nc * 4), kdrop(G, gv[b], nc * 4);
+        free(hk[b]), free(hv[b]);
+    }
+    bad += report_equal("  the caches after the append", differ);
+    kdrop(G, tab, (size_t)B * sizeof(float *)), kdrop(G, tabv, (size_t)B * sizeof(float *));
+    kdrop(G, glen, (size_t)B * 4), kdrop(G, gq, (size_t)B * QD * 4), kdrop(G, gkn, (size_t)B * KD * 4);
+    kdrop(G, gvn, (size_t)B * KD * 4), kdrop(G, go, (size_t)B * QD * 4);
+    free(q), free(k), free(v), free(want), free(got), free(h);
+    return bad;
+}
+
 static int t_vec(struct kctx *G, struct kctx *C, size_t n)
 {
     float *a = rand_vec(n, -6, 6), *b = rand_vec(n, -2, 2), *d = rand_vec(n, -1, 1), *g0 = rand_vec(n, -0.5f, 0.5f);
@@ -1443,6 +1488,10 @@ static int test_kops(void)
     }
     bad += t_cached(G, C, 1, 1, 2, 1, 64) + t_cached(G, C, 1, 300, 4, 2, 64) + t_cached(G, C, 4, 600, 4, 1, 128);
     bad += t_cached(G, C, 70, 150, 4, 2, 32);
+    {
+        static const int lens3[] = {0, 5, 300}, lens2[] = {17, 1};
+        bad += t_decode_batched(G, C, 3, lens3, 320, 4, 2, 64) + t_decode_batched(G, C, 2, lens2, 32, 3, 3, 40);
+    }
     if (!small)
         bad += t_cached(G, C, 1, 2000, 8, 2, 128) + t_cached(G, C, 100, 400, 2, 1, 128);
     bad += t_vec(G, C, 1000) + t_vec(G, C, 7);
