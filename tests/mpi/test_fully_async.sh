@@ -31,7 +31,8 @@ COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.
     actor_rollout_ref.actor.use_kl_loss=true custom_reward_function.path="$SCORER"
     custom_reward_function.name=byte_score placement.trainer_ranks=1 placement.rollout_ranks=2)
 ASYNC=(data.train_batch_size=0 async_training.require_batches=2)
-weights() { echo "$TMP/$1/p/e/checkpoints/global_step_$2/actor"; }
+WHO=""
+. "$(dirname "$0")/fully_async_lib.sh"
 # run NAME [overrides...]: 3 ranks, log in $TMP/NAME.log, audit files in $TMP/NAME/audit
 run() {
     local name="$1"; shift
@@ -50,18 +51,7 @@ grep -q "fully-async training: 2 unit(s) of 2 group(s) a chunk" "$TMP/async0.log
 expect "data.train_batch_size=0 is require_batches x ppo_mini_batch_size, cut into a unit per rollout rank" $?
 "$COMPARE" "$(weights sync 4)" "$(weights async0 4)" 0 >"$TMP/cmp0.txt" 2>&1
 rc=$?; expect "staleness 0 + trigger 1: weights bit-identical to the on-policy run ($(cat "$TMP/cmp0.txt"))" $rc
-python3 - "$TMP/sync/p/e/metrics.jsonl" "$TMP/async0/p/e/metrics.jsonl" <<'PY'
-import json, sys
-a = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-b = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
-assert len(a) == len(b) == 4, (len(a), len(b))
-for x, y in zip(a, b):
-    for k in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean"):
-        assert x[k] == y[k], (x["step"], k, x[k], y[k])
-    assert y["training/off_policy/trajectory_staleness/max"] == 0 and y["fully_async/count/dropped_stale_samples"] == 0
-    assert y["fully_async/count/current_param_version"] == y["step"] - 1, y
-print("losses, grad norms and scores equal step by step; staleness 0")
-PY
+same_steps sync async0 actor/pg_loss actor/kl_loss actor/grad_norm critic/score/mean response_length/mean
 expect "staleness 0 + trigger 1: the same losses, grad norms and scores, staleness 0 every step" $?
 python3 "$CHECK" "$TMP/async0/p/e" "$TMP/async0/audit" 1 0 4 >"$TMP/check0.txt" 2>&1
 rc=$?; expect "float64 check of the on-policy stream ($(tail -1 "$TMP/check0.txt"))" $rc
@@ -83,12 +73,7 @@ assert all(x["fully_async/static/max_required_samples"] == 8 for x in m)  # (1 +
 print("partial trajectories counted; idle ratios in [0, 1]")
 PY
 expect "fully_async/partial/* count the continued trajectories; verl's static figures" $?
-run replay "${LIVE[@]}" async_training.replay_schedule="$TMP/partial/p/e/async_schedule.jsonl"
-expect "the replay of its schedule finishes" $?
-"$COMPARE" "$(weights partial 8)" "$(weights replay 8)" 0 >"$TMP/cmp1.txt" 2>&1
-rc=$?; expect "replay: weights bit-identical to the recorded run ($(cat "$TMP/cmp1.txt"))" $rc
-cmp -s "$TMP/partial/p/e/async_schedule.jsonl" "$TMP/replay/p/e/async_schedule.jsonl"
-expect "replay: the same schedule (units, order, versions, switches)" $?
+replay_same partial 8 "${LIVE[@]}"
 
 # ---- rollout correction on continued trajectories: each token's IS weight from its own sampler's log-prob
 CORR=(algorithm.rollout_correction.rollout_is=token algorithm.rollout_correction.rollout_is_threshold=2.0)
@@ -121,20 +106,7 @@ python3 "$CHECK" "$TMP/drop/p/e" "$TMP/drop/audit" 1 0.5 4 --dropped >"$TMP/chec
 rc=$?; expect "float64 check of the drop accounting ($(tail -1 "$TMP/check3.txt"))" $rc
 
 # ---- a run ended at step 4 and launched again to step 8 resumes its stream; the replay in one go agrees
-RES=("${ASYNC[@]}" async_training.staleness_threshold=1 async_training.trigger_parameter_sync_step=1
-    data.max_response_length=160)
-GRPO_TEST_DECODE_SLEEP_S=0.002 run res "${RES[@]}" trainer.total_training_steps=4
-expect "a fully-async run of 4 steps finishes" $?
-[ -s "$TMP/res/p/e/checkpoints/global_step_4/async_state.bin" ] && grep -q async_state.bin "$TMP/res/p/e/checkpoints/global_step_4/state.json"
-expect "its checkpoint holds the stream's state, listed in state.json" $?
-GRPO_TEST_DECODE_SLEEP_S=0.002 run res "${RES[@]}" trainer.total_training_steps=8
-expect "launched again to step 8, it resumes and finishes" $?
-grep -q "fully-async stream resumed from .*global_step_4/async_state.bin" "$TMP/res.log"
-expect "the stream resumes from the checkpoint's state" $?
-run resreplay "${RES[@]}" trainer.total_training_steps=8 async_training.replay_schedule="$TMP/res/p/e/async_schedule.jsonl"
-expect "the replay of the resumed run's schedule, in one go, finishes" $?
-"$COMPARE" "$(weights res 8)" "$(weights resreplay 8)" 0 >"$TMP/cmp2.txt" 2>&1
-rc=$?; expect "end + relaunch: weights bit-identical to the replay in one go ($(cat "$TMP/cmp2.txt"))" $rc
+resume_same
 
 # ---- refused by name at launch
 ! timeout 120 "${MPIRUN[@]}" -np 4 "$WORKER" "${COMMON[@]}" "${ASYNC[@]}" placement.rollout_ranks=3 \
