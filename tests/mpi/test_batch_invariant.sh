@@ -9,7 +9,8 @@
 #  - context parallelism (colocated CP2), a mixture of experts (Qwen3-MoE) under training TP (TP2 trainers fed by a
 #    TP1 rollout rank) and under expert parallelism (colocated EP2, and EP2 trainers fed by an EP1 rollout rank),
 #    and LoRA with rollout TP (rollout TP2, merged weights, fed by a TP1 trainer; and on a
-#    Qwen3-MoE model, the experts' and the router's adapters merged too);
+#    Qwen3-MoE model, the experts' and the router's adapters merged too, also under EP2: colocated, and EP2
+#    trainers fed by an EP1 rollout rank);
 #  - with the mode off the same runs show the real difference: nonzero, and the metrics equal its recomputation;
 #  - use_rollout_log_probs=true in the mode skips the old-log-prob pass and changes no metric, bit for bit (one
 #    process and split).
@@ -114,6 +115,15 @@ run moelora-rtp-off off "${MPIRUN[@]}" -np 3 -- "${MOELORA[@]}"
 expect "Qwen3-MoE with LoRA on every projection, the experts and the router: rollout TP2, the mode off: a difference" $?
 run moelora-rtp-on on "${MPIRUN[@]}" -np 3 -- "${MOELORA[@]}" $ON
 expect "Qwen3-MoE with LoRA on the experts and the router: rollout TP2 fed by a TP1 trainer: bit for bit" $?
+# under EP each rank merges its own experts' adapters
+EPLORA=("${EP[@]}" actor_rollout_ref.model.lora_rank=8 actor_rollout_ref.model.lora_alpha=16
+    actor_rollout_ref.actor.optim.lr=1e-2)
+run moelora-ep-off off "${SPLIT[@]}" -- "${EPLORA[@]}"
+expect "Qwen3-MoE with LoRA: colocated EP2, the mode off: a real difference" $?
+run moelora-ep-on on "${SPLIT[@]}" -- "${EPLORA[@]}" $ON
+expect "Qwen3-MoE with LoRA: colocated EP2 (each rank's experts' adapters merged): bit for bit" $?
+run moelora-eptr-on on "${MPIRUN[@]}" -np 3 -- "${EPLORA[@]}" placement.trainer_ranks=2 placement.rollout_ranks=1 $ON
+expect "Qwen3-MoE with LoRA: EP2 trainers fed by an EP1 rollout rank: bit for bit" $?
 
 if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
     BF16=(actor_rollout_ref.actor.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16)

@@ -210,8 +210,8 @@ static void combine_home(struct moe_ep *s, const struct model *m, struct kmoe *r
     k_moe_combine(m->K, out, r->ys, r);
 }
 
-void moe_ep_forward(struct moe_ep *s, const struct model *m, const struct layer_params *L, struct kmoe *r,
-                    const float *x, float *out)
+void moe_ep_forward(struct moe_ep *s, const struct model *m, const struct layer_params *L, const float *const W[3],
+                    struct kmoe *r, const float *x, float *out)
 {
     const struct model_shard *sh = &m->sh;
     const int P = sh->ep_size, El = sh->n_experts, D = r->D, F = r->F;
@@ -312,7 +312,7 @@ void moe_ep_forward(struct moe_ep *s, const struct model *m, const struct layer_
     }
     /* the projection hook's terms on the experts (LoRA's): this rank's experts', on the slots it received */
     q->lora = r->lora ? model_expert_terms(m, (int)(L - m->w.layers), (size_t)R) : NULL;
-    k_moe_experts_forward(m->K, s->yr, s->xr, L->w_gate, L->w_up, L->w_down, q); /* unit weights: yr = ys */
+    k_moe_experts_forward(m->K, s->yr, s->xr, W[0], W[1], W[2], q); /* unit weights: yr = ys */
     combine_home(s, m, r, out);
     free(cnt), free(ce);
 }
