@@ -75,8 +75,13 @@ struct kmoe {
      * ys_groups, (g - 1) N k D floats the back-end provides), each group's partials combined over a token's slots
      * alone and the g results summed in a fixed pairwise tree, as the row-parallel projections' groups
      * (worker/model/model_proj.c): a TP rank's g groups are a subtree of the whole model's, so the TP ranks' sum
-     * has the same bits whatever the TP size. ys then holds the groups' tree for the backward. */
+     * has the same bits whatever the TP size. ys then holds the groups' tree for the backward.
+     * bi_apart (expert parallelism's run of a rank's experts, whose groups go back to the tokens' ranks): the
+     * experts' op leaves the groups apart, y holding bi_groups (N, D) blocks, group j's results at y + j N D, no
+     * tree (ys still the tree). The combine op (moe_combine) with bi_groups > 1 combines group 0 from ys (r->ys)
+     * and the others from ys_groups, (g - 1) (N k D + N D) floats the caller provides then, as the experts' op. */
     int bi_groups;
+    bool bi_apart;
     float *ys_groups;
 };
 

@@ -290,20 +290,29 @@ static float *group_floats(size_t n)
     return tl_groups;
 }
 
-/* Batch-invariant mode's combine (struct kmoe's bi_groups): each group's slots combined alone, the groups' results
- * summed in the fixed tree into y, and the groups' slot outputs into ys (the backward's). */
-static void combine_groups(float *y, struct kmoe *r)
+/* Batch-invariant mode's combine (struct kmoe's bi_groups): each group's slots combined alone, into y + j N D
+ * with apart (struct kmoe's bi_apart), else the groups' results summed in the fixed tree into y; the groups' slot
+ * outputs summed into ys (the backward's). */
+static void combine_groups(float *y, const struct kmoe *r, bool apart)
 {
     const int g = r->bi_groups;
     const size_t nd = (size_t)r->N * (size_t)r->D, nkd = nd * (size_t)r->k;
     float *part = r->ys_groups + (size_t)(g - 1) * nkd, *yb[8], *sb[8];
     for (int j = 0; j < g; j++) {
-        yb[j] = j ? part + (size_t)(j - 1) * nd : y;
+        yb[j] = apart ? y + (size_t)j * nd : j ? part + (size_t)(j - 1) * nd : y;
         sb[j] = j ? r->ys_groups + (size_t)(j - 1) * nkd : r->ys;
         combine_slots(yb[j], sb[j], r);
     }
-    tree_sum(yb, g, nd);
+    if (!apart)
+        tree_sum(yb, g, nd);
     tree_sum(sb, g, nkd);
+}
+
+static void check_groups(const struct kmoe *r, const char *op)
+{
+    const int g = r->bi_groups;
+    if (g > 1 && (g > 8 || (g & (g - 1)) || r->F % g != 0))
+        check_failf(__FILE__, __LINE__, "%s: %d batch-invariant groups of %d columns", op, g, r->F);
 }
 
 void cpu_moe_experts_forward(struct kctx *K, float *y, const float *x, const float *Wg, const float *Wu,
@@ -311,8 +320,7 @@ void cpu_moe_experts_forward(struct kctx *K, float *y, const float *x, const flo
 {
     const int N = r->N, k = r->k, D = r->D, g = r->bi_groups;
     const size_t d = (size_t)D, nd = (size_t)N * d, nkd = nd * (size_t)k;
-    if (g > 1 && (g > 8 || (g & (g - 1)) || r->F % g != 0))
-        check_failf(__FILE__, __LINE__, "moe_experts_forward: %d batch-invariant groups of %d columns", g, r->F);
+    check_groups(r, "moe_experts_forward");
     for (int j = 0; j < N * k; j++) /* gather: row j of xs is the input of slot order[j] */
         memcpy(r->xs + j * d, x + (size_t)(r->order[j] / k) * d, d * sizeof(float));
     if (g > 1) /* the other groups' slot outputs, then their combined results */
@@ -321,7 +329,7 @@ void cpu_moe_experts_forward(struct kctx *K, float *y, const float *x, const flo
     for (int j = 0; j < N * k; j++) /* slot -> row of the permuted buffers */
         r->pos[r->order[j]] = j;
     if (g > 1)
-        combine_groups(y, r);
+        combine_groups(y, r, r->bi_apart);
     else
         combine_slots(y, r->ys, r);
 }
@@ -375,7 +383,14 @@ void cpu_moe_gather(struct kctx *K, float *xs, const float *x, struct kmoe *r)
 void cpu_moe_combine(struct kctx *K, float *y, const float *ys, const struct kmoe *r)
 {
     (void)K;
-    combine_slots(y, ys, r);
+    if (r->bi_groups <= 1) {
+        combine_slots(y, ys, r);
+        return;
+    }
+    check_groups(r, "moe_combine");
+    if (ys != r->ys) /* the groups' tree goes into ys, the backward's */
+        check_failf(__FILE__, __LINE__, "moe_combine: batch-invariant groups combine from r->ys only");
+    combine_groups(y, r, false);
 }
 
 void cpu_moe_slot_grad_op(struct kctx *K, float *dys, float *dwt, const float *dy, const struct kmoe *r)

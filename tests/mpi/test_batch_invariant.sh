@@ -7,8 +7,10 @@
 #    rollout rank; rollout TP2 fed by TP2 trainers; colocated TP2; BF16 products (dtype bfloat16 for the actor and the
 #    rollout: skipped, saying so, on a CPU without AVX512-BF16 or AMX);
 #  - context parallelism (colocated CP2), a mixture of experts (Qwen3-MoE) under training TP (TP2 trainers fed by a
-#    TP1 rollout rank) and LoRA with rollout TP (rollout TP2, merged weights, fed by a TP1 trainer; and on a
-#    Qwen3-MoE model, the experts' and the router's adapters merged too);
+#    TP1 rollout rank) and under expert parallelism (colocated EP2, and EP2 trainers fed by an EP1 rollout rank),
+#    and LoRA with rollout TP (rollout TP2, merged weights, fed by a TP1 trainer; and on a
+#    Qwen3-MoE model, the experts' and the router's adapters merged too, also under EP2: colocated, and EP2
+#    trainers fed by an EP1 rollout rank);
 #  - with the mode off the same runs show the real difference: nonzero, and the metrics equal its recomputation;
 #  - use_rollout_log_probs=true in the mode skips the old-log-prob pass and changes no metric, bit for bit (one
 #    process and split).
@@ -88,6 +90,17 @@ expect "Qwen3-MoE: TP2 trainers fed by a TP1 rollout rank, the mode off: a real 
 run moe-ttp-on on "${MPIRUN[@]}" -np 3 -- "${MOE[@]}" $ON
 expect "Qwen3-MoE: TP2 trainers fed by a TP1 rollout rank (the experts' groups): bit for bit" $?
 
+# expert parallelism: each expert's groups sent home apart in the mode and combined there as without EP
+EP=(actor_rollout_ref.model.path="$TMP/moe" actor_rollout_ref.actor.megatron.expert_model_parallel_size=2)
+run moe-ep-off off "${SPLIT[@]}" -- "${EP[@]}"
+expect "Qwen3-MoE: colocated EP2 (the rollout generating with every expert), the mode off: a real difference" $?
+run moe-ep-on on "${SPLIT[@]}" -- "${EP[@]}" $ON
+expect "Qwen3-MoE: colocated EP2 (the experts' groups combined at the token's rank): bit for bit" $?
+run moe-eptr-off off "${MPIRUN[@]}" -np 3 -- "${EP[@]}" placement.trainer_ranks=2 placement.rollout_ranks=1
+expect "Qwen3-MoE: EP2 trainers fed by an EP1 rollout rank, the mode off: a real difference" $?
+run moe-eptr-on on "${MPIRUN[@]}" -np 3 -- "${EP[@]}" placement.trainer_ranks=2 placement.rollout_ranks=1 $ON
+expect "Qwen3-MoE: EP2 trainers fed by an EP1 rollout rank: bit for bit" $?
+
 # LoRA with rollout TP: the rollout's weights have the adapter merged; in the mode the trainer's too
 LORA=(placement.trainer_ranks=1 placement.rollout_ranks=2 actor_rollout_ref.rollout.tensor_model_parallel_size=2
     actor_rollout_ref.model.lora_rank=8 actor_rollout_ref.model.lora_alpha=16 actor_rollout_ref.actor.optim.lr=1e-2)
@@ -100,6 +113,15 @@ run moelora-rtp-off off "${MPIRUN[@]}" -np 3 -- "${MOELORA[@]}"
 expect "Qwen3-MoE with LoRA on every projection, the experts and the router: rollout TP2, the mode off: a difference" $?
 run moelora-rtp-on on "${MPIRUN[@]}" -np 3 -- "${MOELORA[@]}" $ON
 expect "Qwen3-MoE with LoRA on the experts and the router: rollout TP2 fed by a TP1 trainer: bit for bit" $?
+# under EP each rank merges its own experts' adapters
+EPLORA=("${EP[@]}" actor_rollout_ref.model.lora_rank=8 actor_rollout_ref.model.lora_alpha=16
+    actor_rollout_ref.actor.optim.lr=1e-2)
+run moelora-ep-off off "${SPLIT[@]}" -- "${EPLORA[@]}"
+expect "Qwen3-MoE with LoRA: colocated EP2, the mode off: a real difference" $?
+run moelora-ep-on on "${SPLIT[@]}" -- "${EPLORA[@]}" $ON
+expect "Qwen3-MoE with LoRA: colocated EP2 (each rank's experts' adapters merged): bit for bit" $?
+run moelora-eptr-on on "${MPIRUN[@]}" -np 3 -- "${EPLORA[@]}" placement.trainer_ranks=2 placement.rollout_ranks=1 $ON
+expect "Qwen3-MoE with LoRA: EP2 trainers fed by an EP1 rollout rank: bit for bit" $?
 
 if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
     BF16=(actor_rollout_ref.actor.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16)

@@ -9,7 +9,8 @@
  * name; the device path of the dispatch and combine (rows moved by kernel ops, all-to-alls staged through host
  * memory) on a CPU-backed context that says it is a GPU gives the CPU path's values. With --tp T every DP rank is a TP
  * group of T ranks (EP x TP): each expert split over TP by intermediate rows, tokens dispatched among the EP ranks of
- * the same TP rank, the same checks. Exit 0 only if every rank saw every value right. */
+ * the same TP rank, the same checks. In batch-invariant mode the shards' log-probs are the whole model's bit for bit.
+ * Exit 0 only if every rank saw every value right. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -137,6 +138,25 @@ static void check_zero1_device(const char *name, struct model *part, struct mode
     zero1_free(zh), zero1_free(zd);
     k_free(dev, pd, bytes, KMEM_WEIGHTS), k_free(dev, gd, bytes, KMEM_GRADS);
     free(ph), free(gh), free(back);
+}
+
+/* Batch-invariant mode (docs/training.md): the shards' log-probs are the whole model's bit for bit, each expert's
+ * column groups sent home apart and combined there as one process combines them (moe_ep.c). */
+static void check_batch_invariant(const char *name, struct model *whole, struct model *part, const struct batch *b)
+{
+    const int N = b->pb.N;
+    const size_t n = (size_t)(N ? N : 1);
+    float *lw = xmalloc(n * sizeof(float)), *lp = xmalloc(n * sizeof(float));
+    whole->moe_aux_coef = part->moe_aux_coef = 0.0f;
+    k_set_batch_invariant(true);
+    model_acts_free(model_forward(whole, &b->pb, 0.7f, false, lw, NULL));
+    model_acts_free(model_forward(part, &b->pb, 0.7f, false, lp, NULL));
+    k_set_batch_invariant(false);
+    if (memcmp(lp, lw, (size_t)N * sizeof(float)) != 0) {
+        g_bad++;
+        log_error("test", "%s: in batch-invariant mode the log-probs are not the whole model's bits", name);
+    }
+    free(lw), free(lp);
 }
 
 static void check_config(const char *name, const struct model_config *c, const struct parallel_groups *g, int n_seq)
@@ -303,6 +323,7 @@ static void check_config(const char *name, const struct model_config *c, const s
         if (pass == 2)
             check_zero1_device(name, part, dpart, &dev, g);
     }
+    check_batch_invariant(name, whole, part, &b);
     batch_free(&b);
     free(lw), free(ew), free(lp), free(ep), free(tw), free(tp), free(back);
     model_free(whole);

@@ -12,7 +12,9 @@
  *  - attention_rows (context parallelism in the mode): chosen rows of a packed row, in any order, against the whole
  *    row's keys give the training forward's bits and log-sum-exp; within 1e-5 of double.
  *  - the experts' down projections in the mode's fixed groups: TP 2's and TP 4's shards summed by the top of the
- *    tree give TP 1's bits; within 1e-4 of a double per-token reference. */
+ *    tree give TP 1's bits; within 1e-4 of a double per-token reference.
+ *  - the same under expert parallelism (each rank's experts' groups left apart, sent home and combined there group
+ *    by group, simulated in one process): EP 2, EP 4 and EP 2 x TP 2 give one process's bits. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -196,12 +198,10 @@ static void test_attention_chosen_rows(void **state)
 
 enum { MN = 11, ME = 4, MK = 2, MD = 24, MF = 32 };
 
-/* The experts' forward of tokens x routed by logits over experts whose F columns are [f0, f0 + nf) of the whole
- * model's (a TP rank's shard), in `groups` batch-invariant groups (0: off); y (MN, MD). */
-static void moe_shard(float *y, const float *x, const float *logits, const float *Wg, const float *Wu, const float *Wd,
-                      int f0, int nf, int groups)
+/* The experts' weights of a TP rank's shard: their F columns [f0, f0 + nf) of the whole model's, into g, u, d. */
+static void shard_weights(float *g, float *u, float *d, const float *Wg, const float *Wu, const float *Wd, int f0,
+                          int nf)
 {
-    float *g = tk_alloc((size_t)ME * nf * MD), *u = tk_alloc((size_t)ME * nf * MD), *d = tk_alloc((size_t)ME * MD * nf);
     for (int e = 0; e < ME; e++)
         for (int f = 0; f < nf; f++)
             for (int i = 0; i < MD; i++) {
@@ -209,14 +209,30 @@ static void moe_shard(float *y, const float *x, const float *logits, const float
                 u[((size_t)e * nf + f) * MD + i] = Wu[((size_t)e * MF + f0 + f) * MD + i];
                 d[((size_t)e * MD + i) * nf + f] = Wd[((size_t)e * MD + i) * MF + f0 + f];
             }
+}
+
+/* r's buffers (N, E, k, D, F set) from ar. */
+static void moe_buffers(struct kmoe *r, struct karena *ar)
+{
+    struct karena plan;
+    karena_init_counter(&plan);
+    kmoe_take(&plan, r, false);
+    karena_init(ar, kctx_cpu(), KMEM_ACTS, "moe groups test");
+    karena_reserve(ar, plan.used, 0);
+    kmoe_take(ar, r, false);
+}
+
+/* The experts' forward of tokens x routed by logits over experts whose F columns are [f0, f0 + nf) of the whole
+ * model's (a TP rank's shard), in `groups` batch-invariant groups (0: off); y (MN, MD). */
+static void moe_shard(float *y, const float *x, const float *logits, const float *Wg, const float *Wu, const float *Wd,
+                      int f0, int nf, int groups)
+{
+    float *g = tk_alloc((size_t)ME * nf * MD), *u = tk_alloc((size_t)ME * nf * MD), *d = tk_alloc((size_t)ME * MD * nf);
+    shard_weights(g, u, d, Wg, Wu, Wd, f0, nf);
     struct kctx *K = kctx_cpu();
     struct kmoe r = {.N = MN, .E = ME, .k = MK, .D = MD, .F = nf, .norm_topk = true};
-    struct karena plan, ar;
-    karena_init_counter(&plan);
-    kmoe_take(&plan, &r, false);
-    karena_init(&ar, K, KMEM_ACTS, "moe groups test");
-    karena_reserve(&ar, plan.used, 0);
-    kmoe_take(&ar, &r, false);
+    struct karena ar;
+    moe_buffers(&r, &ar);
     k_moe_route(K, &r, logits);
     r.bi_groups = groups;
     k_moe_experts_forward(K, y, x, g, u, d, &r);
@@ -224,31 +240,57 @@ static void moe_shard(float *y, const float *x, const float *logits, const float
     free(g), free(u), free(d);
 }
 
-/* The experts' down projections in the mode's groups (struct kmoe bi_groups): TP 2's and TP 4's shards, each in its
- * G / TP groups, summed by the top of the tree, give TP 1's bits in G = 8 groups; within 1e-4 of double. */
-static void test_moe_groups_over_tp(void **state)
+/* Expert parallelism's local run of one EP rank (worker/model/moe_ep.c), in one process: the slots [lo, hi) of r's
+ * permuted inputs (those of experts [e0, e0 + El)) through those experts with unit weights, the groups left apart
+ * (bi_apart), each group's outputs copied home to the slots' rows (group 0 in r->ys, the others in ys_groups, as
+ * the all-to-all puts them). g, u, d: the shard's weights of every expert. */
+static void ep_rank_run(struct kmoe *r, int e0, int El, const float *g, const float *u, const float *d)
 {
-    (void)state;
-    uint64_t s = 29;
-    float *x = tk_alloc(MN * MD), *lg = tk_alloc(MN * ME), *Wg = tk_alloc(ME * MF * MD), *Wu = tk_alloc(ME * MF * MD);
-    float *Wd = tk_alloc(ME * MD * MF), *y1 = tk_alloc(MN * MD), *yr[4];
-    tk_fill(x, MN * MD, &s, -1, 1), tk_fill(lg, MN * ME, &s, -2, 2), tk_fill(Wg, ME * MF * MD, &s, -0.5, 0.5);
-    tk_fill(Wu, ME * MF * MD, &s, -0.5, 0.5), tk_fill(Wd, ME * MD * MF, &s, -0.5, 0.5);
-    for (int i = 0; i < 4; i++)
-        yr[i] = tk_alloc(MN * MD);
-    k_set_batch_invariant(true);
-    moe_shard(y1, x, lg, Wg, Wu, Wd, 0, MF, 8);
-    moe_shard(yr[0], x, lg, Wg, Wu, Wd, 0, MF / 2, 4); /* TP 2: one addition */
-    moe_shard(yr[1], x, lg, Wg, Wu, Wd, MF / 2, MF / 2, 4);
-    for (int i = 0; i < MN * MD; i++)
-        yr[0][i] += yr[1][i];
-    assert_memory_equal(yr[0], y1, MN * MD * sizeof(float));
-    for (int r = 0; r < 4; r++) /* TP 4: (0 + 1) + (2 + 3) */
-        moe_shard(yr[r], x, lg, Wg, Wu, Wd, r * MF / 4, MF / 4, 2);
-    for (int i = 0; i < MN * MD; i++)
-        yr[0][i] = (yr[0][i] + yr[1][i]) + (yr[2][i] + yr[3][i]);
-    assert_memory_equal(yr[0], y1, MN * MD * sizeof(float));
-    for (int t = 0; t < MN; t++) { /* double: softmax, top 2 renormalised, SwiGLU experts */
+    const int lo = r->offs[e0], R = r->offs[e0 + El] - lo, G = r->bi_groups, nf = r->F;
+    const size_t md = MD, nkd = (size_t)MN * MK * md, ew = (size_t)nf * md;
+    struct kmoe q = {.N = R, .E = El, .k = 1, .D = MD, .F = nf, .bi_groups = G, .bi_apart = true};
+    struct karena ar;
+    moe_buffers(&q, &ar);
+    for (int j = 0; j < R; j++) /* the received rows are in expert order already */
+        q.order[j] = j, q.wt[j] = 1.0f;
+    for (int e = 0; e <= El; e++)
+        q.offs[e] = r->offs[e0 + e] - lo;
+    float *yq = tk_alloc((size_t)G * (R > 0 ? R : 1) * md);
+    k_moe_experts_forward(kctx_cpu(), yq, r->xs + (size_t)lo * md, g + e0 * ew, u + e0 * ew, d + e0 * ew, &q);
+    for (int j = 0; j < G; j++)
+        memcpy((j ? r->ys_groups + (size_t)(j - 1) * nkd : r->ys) + (size_t)lo * md, yq + (size_t)j * R * md,
+               (size_t)R * md * sizeof(float));
+    free(yq);
+    karena_release(&ar);
+}
+
+/* moe_shard's forward under expert parallelism over P ranks (ME / P experts each): the slots gathered, each rank's
+ * experts run apart, their groups sent home and combined there by the combine op; y (MN, MD). */
+static void moe_ep_shard(float *y, const float *x, const float *logits, const float *Wg, const float *Wu,
+                         const float *Wd, int f0, int nf, int groups, int P)
+{
+    float *g = tk_alloc((size_t)ME * nf * MD), *u = tk_alloc((size_t)ME * nf * MD), *d = tk_alloc((size_t)ME * MD * nf);
+    shard_weights(g, u, d, Wg, Wu, Wd, f0, nf);
+    struct kctx *K = kctx_cpu();
+    struct kmoe r = {.N = MN, .E = ME, .k = MK, .D = MD, .F = nf, .norm_topk = true, .bi_groups = groups};
+    struct karena ar;
+    moe_buffers(&r, &ar);
+    k_moe_route(K, &r, logits);
+    k_moe_gather(K, r.xs, x, &r);
+    r.ys_groups = tk_alloc((size_t)(groups - 1) * MN * MD * (MK + 1));
+    for (int p = 0; p < P; p++)
+        ep_rank_run(&r, p * (ME / P), ME / P, g, u, d);
+    k_moe_combine(K, y, r.ys, &r);
+    free(r.ys_groups);
+    karena_release(&ar);
+    free(g), free(u), free(d);
+}
+
+/* y (MN, MD) against a double reference: softmax, top 2 renormalised, SwiGLU experts. */
+static void check_moe_ref(const float *y, const float *x, const float *lg, const float *Wg, const float *Wu,
+                          const float *Wd)
+{
+    for (int t = 0; t < MN; t++) {
         double p[ME], mx = -INFINITY, z = 0;
         for (int e = 0; e < ME; e++)
             mx = lg[t * ME + e] > mx ? lg[t * ME + e] : mx;
@@ -276,13 +318,68 @@ static void test_moe_groups_over_tp(void **state)
                 }
                 yo += p[e] / (p[a] + p[b]) * acc;
             }
-            assert_float_equal(y1[t * MD + o], yo, 1e-4);
+            assert_float_equal(y[t * MD + o], yo, 1e-4);
         }
     }
+}
+
+/* The experts' down projections in the mode's groups (struct kmoe bi_groups): TP 2's and TP 4's shards, each in its
+ * G / TP groups, summed by the top of the tree, give TP 1's bits in G = 8 groups; within 1e-4 of double. */
+static void test_moe_groups_over_tp(void **state)
+{
+    (void)state;
+    uint64_t s = 29;
+    float *x = tk_alloc(MN * MD), *lg = tk_alloc(MN * ME), *Wg = tk_alloc(ME * MF * MD), *Wu = tk_alloc(ME * MF * MD);
+    float *Wd = tk_alloc(ME * MD * MF), *y1 = tk_alloc(MN * MD), *yr[4];
+    tk_fill(x, MN * MD, &s, -1, 1), tk_fill(lg, MN * ME, &s, -2, 2), tk_fill(Wg, ME * MF * MD, &s, -0.5, 0.5);
+    tk_fill(Wu, ME * MF * MD, &s, -0.5, 0.5), tk_fill(Wd, ME * MD * MF, &s, -0.5, 0.5);
+    for (int i = 0; i < 4; i++)
+        yr[i] = tk_alloc(MN * MD);
+    k_set_batch_invariant(true);
+    moe_shard(y1, x, lg, Wg, Wu, Wd, 0, MF, 8);
+    moe_shard(yr[0], x, lg, Wg, Wu, Wd, 0, MF / 2, 4); /* TP 2: one addition */
+    moe_shard(yr[1], x, lg, Wg, Wu, Wd, MF / 2, MF / 2, 4);
+    for (int i = 0; i < MN * MD; i++)
+        yr[0][i] += yr[1][i];
+    assert_memory_equal(yr[0], y1, MN * MD * sizeof(float));
+    for (int r = 0; r < 4; r++) /* TP 4: (0 + 1) + (2 + 3) */
+        moe_shard(yr[r], x, lg, Wg, Wu, Wd, r * MF / 4, MF / 4, 2);
+    for (int i = 0; i < MN * MD; i++)
+        yr[0][i] = (yr[0][i] + yr[1][i]) + (yr[2][i] + yr[3][i]);
+    assert_memory_equal(yr[0], y1, MN * MD * sizeof(float));
+    check_moe_ref(y1, x, lg, Wg, Wu, Wd);
     k_set_batch_invariant(false);
     for (int i = 0; i < 4; i++)
         free(yr[i]);
     free(x), free(lg), free(Wg), free(Wu), free(Wd), free(y1);
+}
+
+/* Expert parallelism in the mode (moe_ep.c): each EP rank's experts' groups left apart and sent home, combined there
+ * group by group and summed in the tree, give one process's bits: EP 2 and EP 4 (whole experts, 8 groups) and
+ * EP 2 x TP 2 (each TP rank's 4 groups, the two summed by the tree's top); a token's slots on different ranks.
+ * Within 1e-4 of double. */
+static void test_moe_groups_over_ep(void **state)
+{
+    (void)state;
+    uint64_t s = 31;
+    float *x = tk_alloc(MN * MD), *lg = tk_alloc(MN * ME), *Wg = tk_alloc(ME * MF * MD), *Wu = tk_alloc(ME * MF * MD);
+    float *Wd = tk_alloc(ME * MD * MF), *y1 = tk_alloc(MN * MD), *ye = tk_alloc(MN * MD), *yt = tk_alloc(MN * MD);
+    tk_fill(x, MN * MD, &s, -1, 1), tk_fill(lg, MN * ME, &s, -2, 2), tk_fill(Wg, ME * MF * MD, &s, -0.5, 0.5);
+    tk_fill(Wu, ME * MF * MD, &s, -0.5, 0.5), tk_fill(Wd, ME * MD * MF, &s, -0.5, 0.5);
+    k_set_batch_invariant(true);
+    moe_shard(y1, x, lg, Wg, Wu, Wd, 0, MF, 8);
+    for (int P = 2; P <= 4; P *= 2) {
+        moe_ep_shard(ye, x, lg, Wg, Wu, Wd, 0, MF, 8, P);
+        assert_memory_equal(ye, y1, MN * MD * sizeof(float));
+    }
+    moe_ep_shard(ye, x, lg, Wg, Wu, Wd, 0, MF / 2, 4, 2); /* EP 2 x TP 2 */
+    moe_ep_shard(yt, x, lg, Wg, Wu, Wd, MF / 2, MF / 2, 4, 2);
+    for (int i = 0; i < MN * MD; i++)
+        ye[i] += yt[i];
+    assert_memory_equal(ye, y1, MN * MD * sizeof(float));
+    check_moe_ref(ye, x, lg, Wg, Wu, Wd);
+    k_set_batch_invariant(false);
+    free(x), free(lg), free(Wg), free(Wu), free(Wd), free(y1), free(ye), free(yt);
 }
 
 static void test_lmhead_equals_sampler(void **state)
@@ -328,6 +425,7 @@ int main(void)
         cmocka_unit_test_teardown(test_attention_rows, teardown),
         cmocka_unit_test_teardown(test_attention_chosen_rows, teardown),
         cmocka_unit_test_teardown(test_moe_groups_over_tp, teardown),
+        cmocka_unit_test_teardown(test_moe_groups_over_ep, teardown),
         cmocka_unit_test_teardown(test_lmhead_equals_sampler, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -406,8 +406,9 @@ void model_router_backward(struct model *m, int l, float *dx, const float *dy, c
 /* The hook's terms on layer l's experts for a run of nk slots (struct kmoe's lora), or NULL. */
 const struct kmoe_lora *model_expert_terms(const struct model *m, int l, size_t nk);
 /* The experts' weights of layer l a forward multiplies by (W: gate, up, down, the base's on entry): in
- * batch-invariant mode on the CPU without expert parallelism, those the hook merged its terms into (struct
- * model_hook's moe_merged), and true: the hook's terms are then not to be added; else false, W unchanged. */
+ * batch-invariant mode on the CPU (under expert parallelism this rank's experts'), those the hook merged its terms
+ * into (struct model_hook's moe_merged), and true: the hook's terms are then not to be added; else false, W
+ * unchanged. */
 bool model_expert_weights(const struct model *m, int l, const float *W[3]);
 
 /* Free saved activations without a backward (inference-only log-probs). */

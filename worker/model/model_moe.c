@@ -131,9 +131,9 @@ void model_moe_forward(const struct model *m, int l, const struct packed_batch *
     const float *W[3] = {L->w_gate, L->w_up, L->w_down};
     const bool merged = model_expert_weights(m, l, W); /* batch-invariant mode: the hook's terms in W */
     s->r.lora = merged ? NULL : model_expert_terms(m, l, (size_t)N * c->n_experts_per_tok); /* the hook's, or NULL */
-    s->r.bi_groups = m->sh.ep ? 0 : model_bi_expert_groups(m); /* expert parallelism: not in the mode's groups */
-    if (m->sh.ep)                                              /* the experts on the ranks holding them */
-        moe_ep_forward(s->ep, m, L, &s->r, x, out);
+    s->r.bi_groups = model_bi_expert_groups(m); /* under expert parallelism sent back group by group */
+    if (m->sh.ep)                               /* the experts on the ranks holding them */
+        moe_ep_forward(s->ep, m, L, W, &s->r, x, out);
     else
         k_moe_experts_forward(K, out, x, W[0], W[1], W[2], &s->r);
 }

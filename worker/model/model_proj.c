@@ -147,10 +147,11 @@ void model_proj_backward(struct model *m, int l, enum proj_kind p, float *dx, co
         m->hook->proj_backward(m, l, p, dx, dy, x, N);
 }
 
-/* Batch-invariant mode on the CPU with a hook that merges a mixture of experts' weights (no expert parallelism). */
+/* Batch-invariant mode on the CPU with a hook that merges a mixture of experts' weights (under expert parallelism
+ * this rank's experts'). */
 static bool bi_moe_merges(const struct model *m)
 {
-    return k_batch_invariant() && m->K->device == KDEV_CPU && m->hook && m->hook->moe_merged && !m->sh.ep;
+    return k_batch_invariant() && m->K->device == KDEV_CPU && m->hook && m->hook->moe_merged;
 }
 
 void model_router_forward(const struct model *m, int l, float *y, const float *x, int N)

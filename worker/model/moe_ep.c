@@ -24,14 +24,18 @@ struct moe_ep {
     int32_t *offs_h;   /* (P El + 1) the routing's offsets on the host (device path) */
     int32_t *h_order;  /* (R) and (El + 1), (R): the local run's order, offs and pos made on the host (device) */
     int32_t *h_offs, *h_pos;
-    float *xr, *yr, *dyr; /* (R, D) received inputs, the experts' outputs, and the outputs' gradients */
-    float *dxr;           /* (R, D) the inputs' gradients, sent back */
-    float *wt1, *dwt1;    /* (R) unit weights, and the unused weight gradients of the local run */
-    struct kmoe loc;      /* the local run: R slots, k 1, El experts */
-    size_t cap;           /* R the buffers hold */
-    float *hs, *hr;       /* host staging of a device path over a group without device memory (MPI) */
-    size_t hcap;          /* floats each of hs, hr holds */
-    bool pinned;          /* hs, hr from the context's host_alloc (page-locked), else malloc */
+    float *xr, *dyr;   /* (R, D) received inputs and the outputs' gradients */
+    float *yr;         /* (G, R, D) the experts' outputs: one block, or in batch-invariant mode one a group */
+    int G;             /* the groups yr has room for */
+    float *dxr;        /* (R, D) the inputs' gradients, sent back */
+    float *wt1, *dwt1; /* (R) unit weights, and the unused weight gradients of the local run */
+    struct kmoe loc;   /* the local run: R slots, k 1, El experts */
+    size_t cap;        /* R the buffers hold */
+    float *hs, *hr;    /* host staging of a device path over a group without device memory (MPI) */
+    size_t hcap;       /* floats each of hs, hr holds */
+    bool pinned;       /* hs, hr from the context's host_alloc (page-locked), else malloc */
+    float *ysg;        /* batch-invariant mode: the groups' outputs back home, struct kmoe's ys_groups */
+    size_t ysg_cap;    /* floats ysg holds */
 };
 
 struct moe_ep *moe_ep_create(void) { return xcalloc(1, sizeof(struct moe_ep)); }
@@ -56,7 +60,7 @@ static void local_free(struct moe_ep *s, int D, int F)
     const size_t n = s->cap, d = (size_t)D, f = (size_t)F, fl = sizeof(float), i4 = sizeof(int32_t);
     if (!n)
         return;
-    ep_free(s, s->xr, n * d * fl), ep_free(s, s->yr, n * d * fl), ep_free(s, s->dyr, n * d * fl);
+    ep_free(s, s->xr, n * d * fl), ep_free(s, s->yr, (size_t)s->G * n * d * fl), ep_free(s, s->dyr, n * d * fl);
     ep_free(s, s->dxr, n * d * fl), ep_free(s, s->wt1, n * fl), ep_free(s, s->dwt1, n * fl);
     ep_free(s, q->order, n * i4), ep_free(s, q->pos, n * i4), ep_free(s, q->xs, n * d * fl);
     ep_free(s, q->ys, n * d * fl), ep_free(s, q->g, n * f * fl), ep_free(s, q->u, n * f * fl);
@@ -84,23 +88,26 @@ void moe_ep_free(struct moe_ep *s)
         return;
     local_free(s, s->loc.D, s->loc.F);
     stage_free(s);
+    ep_free(s, s->ysg, s->ysg_cap * sizeof(float));
     ep_free(s, s->loc.offs, (size_t)(s->El + 1) * sizeof(int32_t));
     free(s->sc), free(s->rc), free(s->recv_cnt), free(s->offs_h), free(s->h_offs);
     free(s);
 }
 
-/* Buffers for R received slots (kept when large enough). */
-static void local_reserve(struct moe_ep *s, int R, int D, int F)
+/* Buffers for R received slots, the outputs in G groups (kept when large enough). */
+static void local_reserve(struct moe_ep *s, int R, int D, int F, int G)
 {
     const size_t n = (size_t)(R > 0 ? R : 1);
-    if (n <= s->cap && s->loc.D == D && s->loc.F == F)
+    if (n <= s->cap && s->loc.D == D && s->loc.F == F && G <= s->G)
         return;
+    G = G > s->G ? G : s->G; /* the mode's forwards and the others alternate: room for the most groups kept */
     local_free(s, s->loc.D, s->loc.F);
     const size_t d = (size_t)D, f = (size_t)F, fl = sizeof(float), i4 = sizeof(int32_t);
     const char *what = "expert parallelism's received slots";
     struct kmoe *q = &s->loc;
     s->xr = ep_alloc(s, n * d * fl, what);
-    s->yr = ep_alloc(s, n * d * fl, what);
+    s->yr = ep_alloc(s, (size_t)G * n * d * fl, what);
+    s->G = G;
     s->dyr = ep_alloc(s, n * d * fl, what);
     s->dxr = ep_alloc(s, n * d * fl, what);
     s->wt1 = ep_alloc(s, n * fl, what);
@@ -171,8 +178,40 @@ static void ep_alltoallv(struct moe_ep *s, struct comm *ep, const float *send, c
     k_sync(s->K);
 }
 
-void moe_ep_forward(struct moe_ep *s, const struct model *m, const struct layer_params *L, struct kmoe *r,
-                    const float *x, float *out)
+/* The groups' outputs' home buffer, struct kmoe's ys_groups for n floats. */
+static float *groups_reserve(struct moe_ep *s, size_t n)
+{
+    n = n ? n : 1;
+    if (n > s->ysg_cap) {
+        ep_free(s, s->ysg, s->ysg_cap * sizeof(float));
+        s->ysg = ep_alloc(s, n * sizeof(float), "expert parallelism's batch-invariant groups");
+        s->ysg_cap = n;
+    }
+    return s->ysg;
+}
+
+/* The experts' outputs back into this rank's slots, in the order they left, and combined there, weighted in slot
+ * order as one process sums them. In batch-invariant mode (G groups) each group's outputs come back on their own
+ * (one all-to-all a group: G times the bytes), and the combine op combines each group over a token's slots alone
+ * and sums the groups in the fixed tree, the bits of the experts' op without expert parallelism. */
+static void combine_home(struct moe_ep *s, const struct model *m, struct kmoe *r, float *out)
+{
+    const int G = s->loc.bi_groups;
+    if (G <= 1) {
+        ep_alltoallv(s, m->sh.ep, s->yr, s->rc, r->ys, s->sc);
+        k_moe_combine(m->K, out, r->ys, r);
+        return;
+    }
+    const size_t d = (size_t)r->D, nkd = (size_t)r->N * (size_t)r->k * d, rd = (size_t)s->R * d;
+    r->ys_groups = groups_reserve(s, (size_t)(G - 1) * (nkd + (size_t)r->N * d));
+    for (int j = 0; j < G; j++)
+        ep_alltoallv(s, m->sh.ep, s->yr + (size_t)j * rd, s->rc, j ? r->ys_groups + (size_t)(j - 1) * nkd : r->ys,
+                     s->sc);
+    k_moe_combine(m->K, out, r->ys, r);
+}
+
+void moe_ep_forward(struct moe_ep *s, const struct model *m, const struct layer_params *L, const float *const W[3],
+                    struct kmoe *r, const float *x, float *out)
 {
     const struct model_shard *sh = &m->sh;
     const int P = sh->ep_size, El = sh->n_experts, D = r->D, F = r->F;
@@ -224,7 +263,8 @@ void moe_ep_forward(struct moe_ep *s, const struct model *m, const struct layer_
         s->rc[p] = in * d;
         R += (int)in;
     }
-    local_reserve(s, R, D, F);
+    const int G = r->bi_groups > 1 ? r->bi_groups : 1; /* batch-invariant mode's groups: each sent back apart */
+    local_reserve(s, R, D, F, G);
     s->R = R;
     ep_alltoallv(s, sh->ep, r->xs, s->sc, s->xr, s->rc); /* dispatch */
     /* the received slots sorted by this rank's expert (then by peer, then in the sender's order) */
@@ -244,7 +284,9 @@ void moe_ep_forward(struct moe_ep *s, const struct model *m, const struct layer_
                        .u = q->u,
                        .a = q->a,
                        .bwd_d = q->bwd_d,
-                       .bwd_f = q->bwd_f};
+                       .bwd_f = q->bwd_f,
+                       .bi_groups = G > 1 ? G : 0,
+                       .bi_apart = G > 1};
     int32_t *lo = s->dev ? s->h_offs : q->offs, *ord = s->dev ? s->h_order : q->order;
     lo[0] = 0;
     for (int e = 0; e < El; e++) {
@@ -270,10 +312,8 @@ void moe_ep_forward(struct moe_ep *s, const struct model *m, const struct layer_
     }
     /* the projection hook's terms on the experts (LoRA's): this rank's experts', on the slots it received */
     q->lora = r->lora ? model_expert_terms(m, (int)(L - m->w.layers), (size_t)R) : NULL;
-    k_moe_experts_forward(m->K, s->yr, s->xr, L->w_gate, L->w_up, L->w_down, q); /* unit weights: yr = ys */
-    /* combine: the outputs back into this rank's slots, in the order they left */
-    ep_alltoallv(s, sh->ep, s->yr, s->rc, r->ys, s->sc);
-    k_moe_combine(m->K, out, r->ys, r); /* weighted in slot order, as one process sums them */
+    k_moe_experts_forward(m->K, s->yr, s->xr, W[0], W[1], W[2], q); /* unit weights: yr = ys */
+    combine_home(s, m, r, out);
     free(cnt), free(ce);
 }
 

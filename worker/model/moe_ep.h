@@ -20,9 +20,10 @@ void moe_ep_free(struct moe_ep *s);
 
 /* out (N, D) = sum over each token's chosen experts of wt x expert(x), r routed over all E experts on this rank's
  * N tokens (r->xs, r->ys, r->pos its buffers: the slots' inputs sent and outputs received, in expert order), the
- * experts run on the ranks holding them. Collective over m->sh.ep. */
-void moe_ep_forward(struct moe_ep *s, const struct model *m, const struct layer_params *L, struct kmoe *r,
-                    const float *x, float *out);
+ * experts run on the ranks holding them, multiplying by W (this rank's experts' gate, up and down: L's, or in
+ * batch-invariant mode the hook's merged, model_expert_weights). Collective over m->sh.ep. */
+void moe_ep_forward(struct moe_ep *s, const struct model *m, const struct layer_params *L, const float *const W[3],
+                    struct kmoe *r, const float *x, float *out);
 /* Its backward from dy (N, D): dx (N, D, zeroed by the caller) gets the experts' input gradient, dwt (N k) the
  * routing weights', G (NULL: none) this rank's experts' weight gradients, accumulated. scratch holds 2 N k D
  * floats. Collective over m->sh.ep. */
