@@ -469,6 +469,26 @@ __device__ __forceinline__ void decode_key(float *acc, float &m, float &l, const
     m = mnew;
 }
 
+// A decode block's warps hand over their softmax states (m, l and the lane's values) in shared memory; returns the
+// largest maximum M (-INFINITY when no warp saw a key).
+template <int HDM>
+__device__ __forceinline__ float decode_warps_meet(float *wm, float *wl, float (*wacc)[HDM], const float *acc, float m,
+                                                   float l, int lane, int warp)
+{
+    if (lane == 0) {
+        wm[warp] = m;
+        wl[warp] = l;
+    }
+#pragma unroll
+    for (int t = 0; t < HDM / 32; t++)
+        wacc[warp][lane + 32 * t] = acc[t];
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < kDecodeThreads / 32; w++)
+        M = fmaxf(M, wm[w]);
+    return M;
+}
+
 // Decode, pass 1: block (split sp, head h, query row i) runs an online softmax over the keys
 // [sp * kDecodeSplit, ...) that row i sees (positions up to Tk - Tq + i), one key per warp at a time, and writes
 // its partial (hd accumulated values, then the maximum and the sum of exponentials) to part.
@@ -490,17 +510,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
     for (int j = j0 + warp; j < j1; j += NW)
         decode_key<HDM>(acc, m, l, qv, kc + (size_t)j * ldk + (size_t)kh * hd, vc + (size_t)j * ldk + (size_t)kh * hd,
                         lane, hd, scale);
-    if (lane == 0) {
-        wm[warp] = m;
-        wl[warp] = l;
-    }
-#pragma unroll
-    for (int t = 0; t < NL; t++)
-        wacc[warp][lane + 32 * t] = acc[t];
-    __syncthreads();
-    float M = -INFINITY;
-    for (int w = 0; w < NW; w++)
-        M = fmaxf(M, wm[w]);
+    const float M = decode_warps_meet<HDM>(wm, wl, wacc, acc, m, l, lane, warp);
     float *dst = part + (((size_t)i * Hq + h) * splits + sp) * (size_t)(hd + 2);
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float a = 0.0f;
@@ -576,17 +586,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
     for (int j = warp; j <= T; j += NW)
         decode_key<HDM>(acc, m, l, qv, j < T ? kb + (size_t)j * ldk + at : kn, j < T ? vb + (size_t)j * ldk + at : vn,
                         lane, hd, scale);
-    if (lane == 0) {
-        wm[warp] = m;
-        wl[warp] = l;
-    }
-#pragma unroll
-    for (int t = 0; t < NL; t++)
-        wacc[warp][lane + 32 * t] = acc[t];
-    __syncthreads();
-    float M = -INFINITY;
-    for (int w = 0; w < NW; w++)
-        M = fmaxf(M, wm[w]);
+    const float M = decode_warps_meet<HDM>(wm, wl, wacc, acc, m, l, lane, warp);
     // M is finite: key 0 (the new one when T = 0) is seen by warp 0
     float Ls = 0.0f;
     for (int w = 0; w < NW; w++)

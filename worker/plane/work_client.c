@@ -75,18 +75,24 @@ static void heard_end(struct work_client *c, const Grpo__WorkGrant *x)
 }
 
 /* A ping on rpc: "alive", and once the end is heard, that it is. The answer (the caller frees it), or NULL. */
+/* A work request (or a ping) from this process in *req, body *w: who asks, and whether it has heard the end. */
+static void work_request(struct work_client *c, Grpo__Envelope *req, Grpo__WorkRequest *w, bool ping)
+{
+    w->worker_id = c->id;
+    w->rank = c->slot;
+    w->ping = ping;
+    pthread_mutex_lock(&c->mu);
+    w->end_heard = c->ended;
+    pthread_mutex_unlock(&c->mu);
+    req->body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST;
+    req->work_request = w;
+}
+
 static Grpo__Envelope *ping_call(struct work_client *c, struct rpc_client *rpc, int timeout_ms)
 {
     Grpo__Envelope req = GRPO__ENVELOPE__INIT;
     Grpo__WorkRequest w = GRPO__WORK_REQUEST__INIT;
-    w.worker_id = c->id;
-    w.rank = c->slot;
-    w.ping = true;
-    pthread_mutex_lock(&c->mu);
-    w.end_heard = c->ended;
-    pthread_mutex_unlock(&c->mu);
-    req.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST;
-    req.work_request = &w;
+    work_request(c, &req, &w, true);
     Grpo__Envelope *r = NULL;
     char err[256];
     if (call(rpc, &req, timeout_ms, &r, err, sizeof err) != RPC_OK) {
@@ -199,16 +205,10 @@ int work_client_next(struct work_client *c, struct work_grant *g, int timeout_ms
 {
     Grpo__Envelope req = GRPO__ENVELOPE__INIT;
     Grpo__WorkRequest w = GRPO__WORK_REQUEST__INIT;
-    w.worker_id = c->id;
-    w.rank = c->slot;
+    work_request(c, &req, &w, false);
     w.done_step = c->last_step;
     w.done_unit = c->last_unit;
     w.names_done = true;
-    pthread_mutex_lock(&c->mu);
-    w.end_heard = c->ended;
-    pthread_mutex_unlock(&c->mu);
-    req.body_case = GRPO__ENVELOPE__BODY_WORK_REQUEST;
-    req.work_request = &w;
     Grpo__Envelope *r = NULL;
     char why[512];
     if (call(c->rpc, &req, timeout_ms, &r, why, sizeof why) != RPC_OK)
