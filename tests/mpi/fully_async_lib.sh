@@ -1,8 +1,26 @@
 # shellcheck shell=bash
-# What test_fully_async.sh and test_fully_async_dp.sh check alike, over the caller's run NAME [overrides...]
-# (its log in $TMP/NAME.log, its run in $TMP/NAME), $ASYNC (the fully-async keys) and $COMPARE. $WHO names the
-# layout in the checks' names ("" or "DP 2 ").
-# usage: . fully_async_lib.sh (after dist_lib.sh)
+# What test_fully_async.sh and test_fully_async_dp.sh run and check alike: TRAINERS trainer ranks and 2 rollout
+# ranks on the tiny model. $WHO names the layout in the checks' names ("" or "DP 2 ").
+# usage: . fully_async_lib.sh TRAINERS (after dist_lib.sh)
+FA_TRAINERS="$1"
+# shellcheck disable=SC2034 # CHECK: the tests run it
+CHECK="$(dirname "${BASH_SOURCE[0]}")/check_fully_async.py"
+COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e
+    trainer.val_before_train=false trainer.test_freq=-1 actor_rollout_ref.rollout.n=4
+    actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=12 actor_rollout_ref.actor.optim.lr=1e-3
+    data.synthetic.num_train=64 data.synthetic.num_val=4 actor_rollout_ref.rollout.update_weights_bucket_megabytes=1
+    actor_rollout_ref.actor.use_kl_loss=true custom_reward_function.path="$SCORER"
+    custom_reward_function.name=byte_score placement.trainer_ranks="$FA_TRAINERS" placement.rollout_ranks=2)
+ASYNC=(data.train_batch_size=0 async_training.require_batches=2)
+export GRPO_TEST_DECODE_SLEEP_S=0 GRPO_TEST_HOLD_UNIT=
+
+# run NAME [overrides...]: TRAINERS + 2 ranks, log in $TMP/NAME.log, audit files in $TMP/NAME/audit
+run() {
+    local name="$1"; shift
+    timeout 300 "${MPIRUN[@]}" -np $((FA_TRAINERS + 2)) -x GRPO_TEST_DECODE_SLEEP_S -x GRPO_TEST_HOLD_UNIT "$WORKER" \
+        "${COMMON[@]}" trainer.default_local_dir="$TMP/$name" trainer.rollout_data_dir="$TMP/$name/audit" "$@" \
+        >>"$TMP/$name.log" 2>&1
+}
 
 # weights NAME STEP: a run's checkpointed actor at STEP
 weights() { echo "$TMP/$1/p/e/checkpoints/global_step_$2/actor"; }

@@ -23,23 +23,9 @@
 # usage: test_fully_async.sh (the build's programs by name, tests/lib.sh)
 set -u
 . "$(dirname "$0")/dist_lib.sh" grpo-fully-async
-CHECK="$(dirname "$0")/check_fully_async.py"
-COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e
-    trainer.val_before_train=false trainer.test_freq=-1 actor_rollout_ref.rollout.n=4
-    actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=12 actor_rollout_ref.actor.optim.lr=1e-3
-    data.synthetic.num_train=64 data.synthetic.num_val=4 actor_rollout_ref.rollout.update_weights_bucket_megabytes=1
-    actor_rollout_ref.actor.use_kl_loss=true custom_reward_function.path="$SCORER"
-    custom_reward_function.name=byte_score placement.trainer_ranks=1 placement.rollout_ranks=2)
-ASYNC=(data.train_batch_size=0 async_training.require_batches=2)
+# shellcheck disable=SC2034 # WHO: fully_async_lib.sh names the layout with it
 WHO=""
-. "$(dirname "$0")/fully_async_lib.sh"
-# run NAME [overrides...]: 3 ranks, log in $TMP/NAME.log, audit files in $TMP/NAME/audit
-run() {
-    local name="$1"; shift
-    timeout 300 "${MPIRUN[@]}" -np 3 -x GRPO_TEST_DECODE_SLEEP_S -x GRPO_TEST_HOLD_UNIT "$WORKER" "${COMMON[@]}" \
-        trainer.default_local_dir="$TMP/$name" trainer.rollout_data_dir="$TMP/$name/audit" "$@" >>"$TMP/$name.log" 2>&1
-}
-export GRPO_TEST_DECODE_SLEEP_S=0 GRPO_TEST_HOLD_UNIT=
+. "$(dirname "$0")/fully_async_lib.sh" 1
 
 # ---- on-policy equivalence: staleness 0, a push every step
 run sync data.train_batch_size=4 trainer.total_training_steps=4
