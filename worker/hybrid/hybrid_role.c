@@ -29,6 +29,7 @@
 #include "worker/roles.h"
 #include "worker/step/batch.h"
 #include "worker/trainer/trainer.h"
+#include "worker/trainer/trainer_process.h"
 
 /* DAPO's generation rounds per step at most (algorithm.filter_groups.max_num_gen_batches' bound) */
 #define MAX_ROUNDS 1000

@@ -1,11 +1,11 @@
 /* Fully-async training, the trainer's side of the stream (docs/training.md, "Fully-async training"): the work units
  * that reached the trainer, in the order they came; which of them step k takes and which it drops for staleness;
  * the schedule each run writes (RUN_DIR/async_schedule.jsonl) and a replay of one; the state a checkpoint keeps.
- * It opens no socket and knows no dispatcher: trainer_role.c feeds it the arrivals and tells the dispatcher what
+ * It opens no socket and knows no dispatcher: split_async.c feeds it the arrivals and tells the dispatcher what
  * it took. Trainer rank 0 holds it; with more trainer ranks, the units each step takes go from rank 0 to the others
  * (astream_step_pack), and every rank makes its DP rank's share of them (astream_step_batch). */
-#ifndef GRPO_WORKER_TRAINER_ASYNC_STREAM_H
-#define GRPO_WORKER_TRAINER_ASYNC_STREAM_H
+#ifndef GRPO_WORKER_SPLIT_ASYNC_STREAM_H
+#define GRPO_WORKER_SPLIT_ASYNC_STREAM_H
 
 #include <stdbool.h>
 #include <stddef.h>
