@@ -16,6 +16,7 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "kernels/kernels.h"
+#include "hybrid_source.h"
 #include "units.h"
 #include "worker/comm/comm.h"
 #include "worker/gen/generate.h"
@@ -537,5 +538,7 @@ int run_hybrid(struct role_env *env)
 {
     if (env->world_size > 1)
         return run_colocated(env);
-    return run_trainer_process(env, NULL, NULL, NULL, NULL);
+    struct local_source ls;
+    struct trainer_source src = local_source(&ls, env->cfg);
+    return run_trainer_process(env, NULL, &src, local_source_ready, &ls);
 }

@@ -686,12 +686,6 @@ int trainer_run(struct trainer *t)
     return rc;
 }
 
-struct trainer *trainer_create(const struct grpo_config *cfg, const struct trainer_hooks *hooks, char *err,
-                               size_t errlen)
-{
-    return trainer_create_dist(cfg, hooks, NULL, NULL, err, errlen);
-}
-
 /* What expert parallelism does not run with yet, refused by name. 0, or -1 with err. */
 static int ep_refusals(const struct trainer *t, char *err, size_t errlen)
 {
@@ -819,9 +813,12 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         t->lay.cp_size = 1, t->lay.cp_rank = 0, t->lay.cp = NULL, t->lay.grads = NULL;
     if (!t->lay.all)
         t->lay.all = t->lay.dp; /* data parallelism alone: the DP group is every trainer */
-    t->src = src && src->next_batch
-                 ? *src
-                 : (struct trainer_source){.ctx = t, .next_batch = trainer_hybrid_batch, .generates = true};
+    if (src)
+        t->src = *src; /* its ctx goes with the trainer from here (release) */
+    if (!t->src.next_batch) {
+        error_set(err, errlen, "a trainer needs a step source (struct trainer_source with next_batch)");
+        goto fail;
+    }
     t->est = (enum adv_estimator)adv_estimator_from_name(cfg->alg_adv_estimator);
     if (t->est == ADV_GDPO) { /* checked by config_validate */
         char why[256];
@@ -1193,6 +1190,8 @@ void trainer_free(struct trainer *t)
         data_cursor_free(&t->cursor);
     prompt_set_free(&t->train);
     prompt_set_free(&t->val);
+    if (t->src.release)
+        t->src.release(t->src.ctx);
     free(t);
 }
 
@@ -1218,6 +1217,8 @@ void trainer_advance_cursor(struct trainer *t, int *uids)
 }
 int64_t trainer_total_steps(const struct trainer *t) { return t->st.total_steps; }
 const char *trainer_resumed_from(const struct trainer *t) { return t->resumed_from; }
+void trainer_enter_phase(struct trainer *t, Grpo__Phase p) { trainer_phase(t, p); }
+uint64_t trainer_seed(const struct trainer *t) { return t->st.seed; }
 
 void trainer_set_cursor(struct trainer *t, int64_t epoch, int64_t index)
 {

@@ -19,6 +19,7 @@ struct step_batch;
 struct model;
 struct prompt_set;
 struct gen_ctx;
+struct prompt_item;
 
 /* What a safe point asks the trainer to do. */
 enum trainer_action { TRAINER_CONTINUE = 0, TRAINER_CHECKPOINT = 1, TRAINER_STOP = 2 };
@@ -132,8 +133,8 @@ struct step_timing {
     struct fully_async_stats fa;
 };
 
-/* Where each step's rollouts come from, and what happens between steps. The default (zero value) is this
- * process: draw, generate and score locally. */
+/* Where each step's rollouts come from, and what happens between steps: every trainer is fed by one (the one-process
+ * and colocated sources are worker/hybrid/'s, the split run's worker/split/'s); the trainer knows none of them. */
 struct trainer_source {
     void *ctx;
     /* this rank's share of step k's rollouts into b (whole groups, gidx set), with its report in tm; 0, or -1
@@ -155,23 +156,22 @@ struct trainer_source {
     /* the source's state for a checkpoint of `step` steps (fully-async training: the stream drained, the units not
      * yet trained): *blob (malloc'd, *len bytes) goes into the checkpoint as async_state.bin. May be NULL. 0, or -1 */
     int (*checkpoint_state)(void *ctx, int64_t step, uint8_t **blob, size_t *len);
+    /* trainer_free gives ctx back with it (NULL: the caller owns ctx) */
+    void (*release)(void *ctx);
 };
 /* The file a source's checkpoint state goes to, in the checkpoint's directory. */
 #define TRAINER_SOURCE_STATE_FILE "async_state.bin"
 
-/* Set up a run from the configuration: model, reference, tokenizer, data, scorers, run directory, and resume
- * from a checkpoint when trainer.resume_mode asks. NULL with err on failure. */
-struct trainer *trainer_create(const struct grpo_config *cfg, const struct trainer_hooks *hooks, char *err,
-                               size_t errlen);
 /* Run to trainer.total_training_steps (or a stop request). 0 when finished or stopped cleanly, -1 on error.
  * Besides grpod's stop (the safe_point hook), the run stops at its next safe point, after a checkpoint, when
  * the process (any DP rank) has received SIGTERM or SIGINT (control_stop_signal(): returns 0), and when a
  * record of the run could not be written (metrics_output_failure(): metrics.jsonl, TensorBoard, the chart,
  * the rollout dumps, on any DP rank; returns -1, with trainer_failure() saying why). */
 int trainer_run(struct trainer *t);
-/* As trainer_create, on one rank of several data-parallel trainers fed by src (either may be NULL: alone, local
- * rollouts). Only DP rank 0 validates, writes metrics and checkpoints; stop and checkpoint decisions are DP rank
- * 0's, and every step checks that the weights are identical on every DP rank. */
+/* Set up a run from the configuration: model, reference, tokenizer, data, scorers, run directory, and resume from a
+ * checkpoint when trainer.resume_mode asks; on one rank of several trainers (lay; NULL: alone) fed by src (its
+ * next_batch required). Only DP rank 0 validates, writes metrics and checkpoints; stop and checkpoint decisions are
+ * DP rank 0's, and every step checks that the weights are identical on every DP rank. NULL with err on failure. */
 struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct trainer_hooks *hooks,
                                     const struct trainer_layout *lay, const struct trainer_source *src, char *err,
                                     size_t errlen);
@@ -179,6 +179,14 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
  * indices (config_gen_batch_size of them: data.gen_batch_size, else data.train_batch_size) in uids: a trainer fed by
  * rollout ranks keeps its cursor, which goes into checkpoints, in step with theirs. */
 void trainer_advance_cursor(struct trainer *t, int *uids);
+/* The next config_gen_batch_size prompts (verl's sampler with drop_last) into out (and their dataset indices into
+ * uids, may be NULL), for a source that draws in the trainer's process; the cursor is part of the run state. */
+void trainer_draw_prompts(struct trainer *t, const struct prompt_item **out, int *uids, int n);
+/* Enter phase p of the coming step (a source's phases: the log and the control plane hear of it). */
+void trainer_enter_phase(struct trainer *t, Grpo__Phase p);
+/* The seed of the run's random draws (data.seed, or the checkpoint's): a source seeds step k with
+ * rollout_step_seed(seed, k, round). */
+uint64_t trainer_seed(const struct trainer *t);
 /* The checkpoint directory the run resumed from, or "" (a source reads its state there: async_state.bin). */
 const char *trainer_resumed_from(const struct trainer *t);
 /* Set the data cursor that checkpoints record (a source that draws its own prompts: fully-async training's stream). */

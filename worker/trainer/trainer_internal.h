@@ -103,11 +103,6 @@ static inline uint64_t trainer_step_seed(uint64_t seed, int64_t step, uint64_t s
     return rollout_step_seed(seed, step, salt);
 }
 
-/* The next train_batch_size prompts (verl's sampler with drop_last) into out (and their dataset indices into
- * uids, may be NULL); the cursor is part of the run state. */
-void trainer_draw_prompts(struct trainer *t, const struct prompt_item **out, int *uids, int n);
-/* trainer_source.next_batch of one process: draw, generate and score step k here (ctx is the trainer). */
-int trainer_hybrid_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm);
 /* One GRPO step (the source's batch, then the update); 0, or -1 on a fatal error. */
 int trainer_grpo_step(struct trainer *t, struct metrics *m);
 /* Every trainer rank meets here, with no deadline (the others answer the control plane meanwhile): once its step's
