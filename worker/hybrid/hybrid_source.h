@@ -4,16 +4,29 @@
 #ifndef GRPO_WORKER_HYBRID_SOURCE_H
 #define GRPO_WORKER_HYBRID_SOURCE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "worker/trainer/trainer.h"
 
 struct grpo_config;
+struct metrics;
+
+/* DAPO's dynamic sampling (algorithm.filter_groups) in a generating source: what its step took. */
+struct hybrid_dapo {
+    bool filtered;      /* on */
+    double gen_batches; /* batches of data.train_batch_size prompts generated for the step */
+    int kept_groups;    /* groups kept (scores not all equal), at most data.train_batch_size */
+};
+/* DAPO's metrics of the step (train/num_gen_batches, train/num_kept_groups) when it was on: a generating source's
+ * first. */
+void hybrid_dapo_metrics(struct metrics *m, const struct hybrid_dapo *d);
 
 /* The one-process source's state: the trainer it draws for (set once the trainer exists: local_source_ready). */
 struct local_source {
     struct trainer *t;
     const struct grpo_config *cfg;
+    struct hybrid_dapo dapo; /* the step it made last */
 };
 
 /* The one-process source of ls (zeroed and given cfg here), to create its trainer with. */

@@ -7,6 +7,7 @@
 #include "common/config.h"
 #include "hybrid_source.h"
 #include "worker/gen/generate.h"
+#include "worker/metrics/metrics.h"
 #include "worker/step/batch.h"
 #include "worker/step/prompts.h"
 
@@ -23,6 +24,7 @@ static int local_next_batch(void *ctx, int64_t k, struct step_batch *b, struct s
     struct sampler_params sp = {(float)c->rollout_temperature, (float)c->rollout_top_p, (int)c->rollout_top_k};
     const int rounds = config_filter_rounds(c);
     int drawn = 0, r = 0;
+    ls->dapo = (struct hybrid_dapo){0};
     for (; r < rounds; r++) {
         trainer_enter_phase(t, GRPO__PHASE__PHASE_GEN);
         trainer_draw_prompts(t, prompts, uids, G);
@@ -39,19 +41,37 @@ static int local_next_batch(void *ctx, int64_t k, struct step_batch *b, struct s
     free(uids);
     if (c->alg_filter_groups_enable) {
         step_batch_truncate_groups(b, B);
-        tm->filtered = true;
-        tm->gen_batches = (double)drawn / G;
-        tm->kept_groups = b->n_groups;
+        ls->dapo.filtered = true;
+        ls->dapo.gen_batches = (double)drawn / G;
+        ls->dapo.kept_groups = b->n_groups;
     }
     for (int i = 0; i < b->n_seq; i++) /* after filtering, positions in this batch are the step's order */
         b->seqs[i].gidx = i;
     return 0;
 }
 
+void hybrid_dapo_metrics(struct metrics *m, const struct hybrid_dapo *d)
+{
+    if (d->filtered) {
+        metrics_set(m, "train/num_gen_batches", d->gen_batches);
+        metrics_set(m, "train/num_kept_groups", d->kept_groups);
+    }
+}
+
+/* trainer_source.metrics: DAPO's, first. */
+static void local_metrics(void *ctx, enum source_metrics_at at, const struct step_timing *tm, double step_s,
+                          struct metrics *m)
+{
+    (void)tm, (void)step_s;
+    if (at == SOURCE_METRICS_FIRST)
+        hybrid_dapo_metrics(m, &((struct local_source *)ctx)->dapo);
+}
+
 struct trainer_source local_source(struct local_source *ls, const struct grpo_config *cfg)
 {
     *ls = (struct local_source){.cfg = cfg};
-    return (struct trainer_source){.ctx = ls, .next_batch = local_next_batch, .generates = true};
+    return (struct trainer_source){
+        .ctx = ls, .next_batch = local_next_batch, .generates = true, .metrics = local_metrics};
 }
 
 void local_source_ready(void *ud, struct trainer *t) { ((struct local_source *)ud)->t = t; }

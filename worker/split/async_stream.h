@@ -16,6 +16,24 @@
 #include "worker/step/batch.h"
 #include "worker/trainer/trainer.h"
 
+/* Fully-async training's figures of a step (verl's fully_async/ and training/off_policy/ metrics): staleness is in
+ * pushes (parameter versions), counts are prompts (samples) or responses (trajectories), cumulative where verl's
+ * are. */
+struct fully_async_stats {
+    int64_t current_param_version;
+    int64_t total_generated_samples, stale_samples_processed, stale_trajectory_processed, dropped_stale_samples;
+    int64_t dropped_units;                       /* this step's */
+    int64_t total_partial_num, max_partial_span; /* this step's trajectories */
+    double partial_ratio;
+    double staleness_mean, staleness_min, staleness_max; /* trajectory_staleness: less the newest token's */
+    double worst_mean, worst_min, worst_max;             /* trajectory_staleness_worst: less the oldest token's */
+    double spans_mean, spans_min, spans_max;             /* trajectory_spans: versions a trajectory went through */
+    double total_wait_time;                              /* this step's wait for its units */
+    int64_t required_samples, max_required_samples;      /* verl's static figures */
+    double staleness_threshold;
+    int64_t buffered_samples; /* prompts arrived and not yet trained (the queue) */
+};
+
 struct astream_options {
     int push_every;             /* async_training.trigger_parameter_sync_step */
     int units;                  /* work units a chunk (the rollout ranks) */

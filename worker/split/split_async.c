@@ -137,14 +137,14 @@ static int receive_units(struct trainer_rank *r, int64_t k, struct astream_step 
 
 /* Step k's units at trainer rank 0, from the stream: in the order they came (a replay: its schedule's), the stale
  * ones dropped. 0, or -1. */
-static int async_take_units(struct trainer_rank *r, int64_t k, struct astream_step *s, struct step_timing *tm)
+static int async_take_units(struct trainer_rank *r, int64_t k, struct astream_step *s)
 {
     const double t0 = clock_now_s();
     double last_note = t0;
     char err[1024];
     for (;;) {
         int taken, dropped;
-        const int got = astream_take(r->as, k, s, &tm->fa, &taken, &dropped, err, sizeof err);
+        const int got = astream_take(r->as, k, s, &r->fig.fa, &taken, &dropped, err, sizeof err);
         if (taken || dropped)
             dispatcher_async_taken(r->disp, taken, false);
         if (dropped) /* one more is granted in its place */
@@ -176,13 +176,13 @@ static int async_take_units(struct trainer_rank *r, int64_t k, struct astream_st
  * stream's own). */
 static void async_figures(struct trainer_rank *r, struct step_timing *tm)
 {
-    tm->fa.total_wait_time = tm->wait_data;
+    r->fig.fa.total_wait_time = tm->wait_data;
     const double U = r->lim.units;
-    tm->gen = r->a_gen / U, tm->reward = r->a_reward / U, tm->rollout_idle = r->a_idle / U;
-    tm->rollout_wait_weights = r->a_wait_weights / U, tm->rollout_peak_rss_gb = r->a_peak_rss;
+    tm->gen = r->a_gen / U, tm->reward = r->a_reward / U, r->fig.rollout_idle = r->a_idle / U;
+    r->fig.rollout_wait_weights = r->a_wait_weights / U, r->fig.rollout_peak_rss_gb = r->a_peak_rss;
     r->a_gen = r->a_reward = r->a_idle = r->a_wait_weights = 0;
-    tm->staleness = (int64_t)tm->fa.staleness_max;
-    split_plane_counters(r, tm);
+    r->fig.staleness = (int64_t)r->fig.fa.staleness_max;
+    split_plane_counters(r);
     if (r->chunks_drawn > 0)
         trainer_set_cursor(r->t, r->acur.epoch, r->acur.index);
 }
@@ -195,7 +195,7 @@ int split_async_next_batch(struct trainer_rank *r, int64_t k, struct step_batch 
     const double t0 = clock_now_s();
     struct astream_step s = {0};
     if (r->as) {
-        const int rc = async_take_units(r, k, &s, tm);
+        const int rc = async_take_units(r, k, &s);
         send_units(r, rc == 0 ? &s : NULL);
         if (rc != 0)
             return -1;
@@ -205,7 +205,7 @@ int split_async_next_batch(struct trainer_rank *r, int64_t k, struct step_batch 
     control_hold_while_waiting(r->env->ctl, true);
     tm->wait_data = clock_now_s() - t0;
     tm->split = true;
-    tm->fully_async = true;
+    r->fig.fully_async = true;
     astream_step_batch(&s, r->lim.n, r->env->at.dp, r->env->at.dp_size, packs_shared_prompts(r), b);
     if (r->as)
         async_figures(r, tm);

@@ -42,6 +42,30 @@ struct pending {
     size_t raw_len;
 };
 
+/* What the split source did for a step beside its rollouts, which it reports itself (split_metrics): the rollout
+ * ranks' waiting, the data and weight planes (the dispatcher's figures on its rank), fully-async training's stream. */
+struct split_figures {
+    double rollout_idle;          /* the rollout ranks' waiting (for weights, for room to send), the largest */
+    double rollout_peak_rss_gb;   /* the rollout ranks' peak resident memory, the largest */
+    double rollout_wait_weights;  /* the part of rollout_idle spent waiting for weights (of the same rank) */
+    int64_t staleness;            /* policy versions the step's rollouts lag behind (the largest) */
+    double update_weights_s;      /* publishing and broadcasting the versions since the previous step */
+    uint64_t refused, duplicates; /* batches refused on this rank's data socket; duplicate or stale ones */
+    /* batches dropped so far, by reason: malformed or out of range, for a step beyond the window, not granted to
+     * their sender, holding other prompts than their step draws */
+    uint64_t drop_invalid, drop_future, drop_not_granted, drop_prompt;
+    bool dispatched; /* this rank runs the dispatcher, which counted the figures below */
+    int64_t live_processes, lost_processes, units_regranted; /* rollout processes, as the dispatcher sees them */
+    int64_t weight_bytes;                                    /* weight bytes it served since the previous step */
+    int64_t dispatch_refused;                                /* requests it refused so far */
+    int64_t dispatch_old_epoch; /* of those, requests of another key epoch (another launch's keys) */
+    int64_t dispatch_oversized, dispatch_superseded, dispatch_rate_limited; /* of those: by size, superseded, rate */
+    int64_t replaced_processes; /* live rollout processes superseded by a newer one of their rank */
+    uint64_t old_epoch;         /* batches refused on this rank's data socket for another key epoch */
+    bool fully_async;           /* fully-async training (the stream's figures, fa) */
+    struct fully_async_stats fa;
+};
+
 struct trainer_rank {
     struct role_env *env;
     struct trainer *t;
@@ -78,6 +102,7 @@ struct trainer_rank {
     int64_t published; /* the newest version published (-1: none) */
     bool draining;     /* a checkpoint holds the dispatcher's grants: lifted at the next push */
     double a_gen, a_reward, a_idle, a_wait_weights, a_peak_rss; /* the units' figures since the last step (sums) */
+    struct split_figures fig;                                   /* the step made last */
 };
 
 /* split_receive.c: the data plane's receive side */
@@ -102,8 +127,8 @@ int split_choose_senders(struct trainer_rank *r, int64_t k);
 void split_drop_other_prompts(struct trainer_rank *r, int64_t k, const int *uids);
 
 /* split_source.c */
-/* The data plane's and the dispatcher's counters, and the weight sync's time, into the step's figures. */
-void split_plane_counters(struct trainer_rank *r, struct step_timing *tm);
+/* The data plane's and the dispatcher's counters, and the weight sync's time, into the step's figures (r->fig). */
+void split_plane_counters(struct trainer_rank *r);
 
 /* split_async.c: fully-async training */
 /* Step k's batch from the stream (trainer rank 0 takes it and sends it to the other trainer ranks). 0, or -1. */

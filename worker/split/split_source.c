@@ -21,30 +21,30 @@ static void hold(void *ud)
 
 /* The data plane's counters into the step's figures (the socket's refusals and drops, and the dispatcher's when
  * this rank runs it), and the weight sync's time since the last step. */
-void split_plane_counters(struct trainer_rank *r, struct step_timing *tm)
+void split_plane_counters(struct trainer_rank *r)
 {
-    tm->update_weights_s = r->sync_s_pending;
-    tm->refused = r->refused;
-    tm->old_epoch = r->old_epoch;
-    tm->duplicates = r->duplicates + r->stale;
-    tm->drop_invalid = r->drop_invalid;
-    tm->drop_future = r->drop_future;
-    tm->drop_not_granted = r->drop_not_granted;
-    tm->drop_prompt = r->drop_prompt;
+    r->fig.update_weights_s = r->sync_s_pending;
+    r->fig.refused = r->refused;
+    r->fig.old_epoch = r->old_epoch;
+    r->fig.duplicates = r->duplicates + r->stale;
+    r->fig.drop_invalid = r->drop_invalid;
+    r->fig.drop_future = r->drop_future;
+    r->fig.drop_not_granted = r->drop_not_granted;
+    r->fig.drop_prompt = r->drop_prompt;
     if (r->disp) {
         struct dispatch_stats ds;
         dispatcher_stats(r->disp, &ds);
-        tm->dispatched = true;
-        tm->live_processes = ds.live;
-        tm->lost_processes = ds.lost;
-        tm->units_regranted = ds.regranted;
-        tm->weight_bytes = ds.bytes - r->bytes_reported;
-        tm->dispatch_refused = ds.refused;
-        tm->dispatch_old_epoch = ds.old_epoch;
-        tm->dispatch_oversized = ds.oversized;
-        tm->dispatch_superseded = ds.superseded;
-        tm->dispatch_rate_limited = ds.rate_limited;
-        tm->replaced_processes = ds.replaced;
+        r->fig.dispatched = true;
+        r->fig.live_processes = ds.live;
+        r->fig.lost_processes = ds.lost;
+        r->fig.units_regranted = ds.regranted;
+        r->fig.weight_bytes = ds.bytes - r->bytes_reported;
+        r->fig.dispatch_refused = ds.refused;
+        r->fig.dispatch_old_epoch = ds.old_epoch;
+        r->fig.dispatch_oversized = ds.oversized;
+        r->fig.dispatch_superseded = ds.superseded;
+        r->fig.dispatch_rate_limited = ds.rate_limited;
+        r->fig.replaced_processes = ds.replaced;
         r->bytes_reported = ds.bytes;
     }
     r->sync_s_pending = 0;
@@ -61,6 +61,7 @@ static int by_gidx(const void *a, const void *b)
 static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm)
 {
     struct trainer_rank *r = ctx;
+    r->fig = (struct split_figures){0};
     if (r->env->cfg->async_enable)
         return split_async_next_batch(r, k, b, tm);
     const int R = r->lim.units, B = r->lim.groups_in_step;
@@ -118,11 +119,11 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
         }
         tm->gen = fmax(tm->gen, p->h.gen_s); /* the ranks generate side by side */
         tm->reward = fmax(tm->reward, p->h.reward_s);
-        if (p->h.idle_s >= tm->rollout_idle) {
-            tm->rollout_idle = p->h.idle_s;
-            tm->rollout_wait_weights = p->h.wait_weights_s;
+        if (p->h.idle_s >= r->fig.rollout_idle) {
+            r->fig.rollout_idle = p->h.idle_s;
+            r->fig.rollout_wait_weights = p->h.wait_weights_s;
         }
-        tm->rollout_peak_rss_gb = fmax(tm->rollout_peak_rss_gb, p->h.peak_rss_gb);
+        r->fig.rollout_peak_rss_gb = fmax(r->fig.rollout_peak_rss_gb, p->h.peak_rss_gb);
         int64_t st = (k - 1) - p->h.policy_version;
         staleness = st > staleness ? st : staleness;
         step_batch_append(b, &p->b);
@@ -144,9 +145,87 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
                   (long long)k, bad);
         return -1;
     }
-    tm->staleness = staleness;
-    split_plane_counters(r, tm);
+    r->fig.staleness = staleness;
+    split_plane_counters(r);
     return 0;
+}
+
+/* The data and weight planes of the step (the dispatcher's figures on its rank). */
+static void plane_metrics(struct metrics *m, const struct split_figures *f)
+{
+    metrics_set(m, "training/staleness", (double)f->staleness);
+    metrics_set(m, "timing_s/update_weights", f->update_weights_s);
+    metrics_set(m, "dataplane/refused", (double)(f->refused + (uint64_t)f->dispatch_refused));
+    metrics_set(m, "dataplane/refused_old_epoch", (double)(f->old_epoch + (uint64_t)f->dispatch_old_epoch));
+    metrics_set(m, "dataplane/duplicates", (double)f->duplicates);
+    metrics_set(m, "dataplane/dropped_batches",
+                (double)(f->drop_invalid + f->drop_future + f->drop_not_granted + f->drop_prompt));
+    metrics_set(m, "dataplane/dropped/invalid", (double)f->drop_invalid);
+    metrics_set(m, "dataplane/dropped/future_step", (double)f->drop_future);
+    metrics_set(m, "dataplane/dropped/not_granted", (double)f->drop_not_granted);
+    metrics_set(m, "dataplane/dropped/other_prompts", (double)f->drop_prompt);
+    if (f->dispatched) {
+        metrics_set(m, "rollouter/live_processes", (double)f->live_processes);
+        metrics_set(m, "rollouter/lost_processes", (double)f->lost_processes);
+        metrics_set(m, "rollouter/units_regranted", (double)f->units_regranted);
+        metrics_set(m, "rollouter/replaced_processes", (double)f->replaced_processes);
+        metrics_set(m, "dataplane/refused_size", (double)f->dispatch_oversized);
+        metrics_set(m, "dataplane/refused_superseded", (double)f->dispatch_superseded);
+        metrics_set(m, "dataplane/rate_limited", (double)f->dispatch_rate_limited);
+        metrics_set(m, "perf/update_weights_bytes", (double)f->weight_bytes);
+    }
+}
+
+/* Fully-async training: verl's fully_async/ names, and verl v1's training/off_policy/ staleness. */
+static void fully_async_metrics(struct metrics *m, const struct split_figures *f, const struct step_timing *tm,
+                                double step_s)
+{
+    const struct fully_async_stats *a = &f->fa;
+    metrics_set(m, "fully_async/count/current_param_version", (double)a->current_param_version);
+    metrics_set(m, "fully_async/count/total_generated_samples", (double)a->total_generated_samples);
+    metrics_set(m, "fully_async/count/stale_samples_processed", (double)a->stale_samples_processed);
+    metrics_set(m, "fully_async/count/stale_trajectory_processed", (double)a->stale_trajectory_processed);
+    metrics_set(m, "fully_async/count/dropped_stale_samples", (double)a->dropped_stale_samples);
+    metrics_set(m, "fully_async/count/buffered_samples", (double)a->buffered_samples);
+    metrics_set(m, "fully_async/partial/total_partial_num", (double)a->total_partial_num);
+    metrics_set(m, "fully_async/partial/partial_ratio", a->partial_ratio);
+    metrics_set(m, "fully_async/partial/max_partial_span", (double)a->max_partial_span);
+    metrics_set(m, "fully_async/total_wait_time", a->total_wait_time);
+    metrics_set(m, "fully_async/trainer/idle_ratio", step_s > 0 ? tm->wait_data / step_s : 0);
+    const double busy = tm->gen + tm->reward;
+    metrics_set(m, "fully_async/rollouter/idle_ratio",
+                busy + f->rollout_idle > 0 ? f->rollout_idle / (busy + f->rollout_idle) : 0);
+    metrics_set(m, "fully_async/static/required_samples", (double)a->required_samples);
+    metrics_set(m, "fully_async/static/max_required_samples", (double)a->max_required_samples);
+    metrics_set(m, "fully_async/static/staleness_threshold", a->staleness_threshold);
+    metrics_set(m, "training/off_policy/trajectory_staleness/mean", a->staleness_mean);
+    metrics_set(m, "training/off_policy/trajectory_staleness/max", a->staleness_max);
+    metrics_set(m, "training/off_policy/trajectory_staleness/min", a->staleness_min);
+    metrics_set(m, "training/off_policy/trajectory_staleness_worst/mean", a->worst_mean);
+    metrics_set(m, "training/off_policy/trajectory_staleness_worst/max", a->worst_max);
+    metrics_set(m, "training/off_policy/trajectory_staleness_worst/min", a->worst_min);
+    metrics_set(m, "training/off_policy/trajectory_spans/mean", a->spans_mean);
+    metrics_set(m, "training/off_policy/trajectory_spans/max", a->spans_max);
+    metrics_set(m, "training/off_policy/trajectory_spans/min", a->spans_min);
+}
+
+/* trainer_source.metrics: the planes' (and fully-async training's) first; late, after the trainer's waiting, the
+ * rollout ranks'. */
+static void split_metrics(void *ctx, enum source_metrics_at at, const struct step_timing *tm, double step_s,
+                          struct metrics *m)
+{
+    const struct split_figures *f = &((const struct trainer_rank *)ctx)->fig;
+    if (at == SOURCE_METRICS_FIRST) {
+        plane_metrics(m, f);
+        if (f->fully_async)
+            fully_async_metrics(m, f, tm, step_s);
+        return;
+    }
+    const double busy = tm->gen + tm->reward;
+    metrics_set(m, "perf/cpu_memory_peak_gb/rollout", f->rollout_peak_rss_gb);
+    metrics_set(m, "timing_s/rollout_wait_weights", f->rollout_wait_weights);
+    metrics_set(m, "timing_s/rollout_wait_send", f->rollout_idle - f->rollout_wait_weights);
+    metrics_set(m, "rollouter/idle_ratio", busy + f->rollout_idle > 0 ? f->rollout_idle / (busy + f->rollout_idle) : 0);
 }
 
 /* Whether this rank holds a part of DP rank 0's model copy other than DP rank 0's own: its TP or PP peers, or the
@@ -354,7 +433,8 @@ int run_trainer(struct role_env *env)
     }
     struct trainer_layout lay;
     trainer_layout_of(env, &lay);
-    struct trainer_source src = {.ctx = &r, .next_batch = next_batch, .between_steps = between_steps};
+    struct trainer_source src = {
+        .ctx = &r, .next_batch = next_batch, .between_steps = between_steps, .metrics = split_metrics};
     if (c->async_enable) {
         src.push_every = (int)c->async_trigger_parameter_sync_step;
         src.checkpoint_state = split_async_checkpoint_state;

@@ -855,6 +855,7 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
 {
     const struct grpo_config *c = t->cfg;
     struct step_result r = {.source = *tm,
+                            .src = &t->src,
                             .model = &t->policy->cfg,
                             .tp = t->lay.tp != NULL,
                             .pp = t->lay.pp != NULL,
