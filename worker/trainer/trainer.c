@@ -781,17 +781,9 @@ static int load_checkpoint(struct trainer *t, const char *dir, struct run_state 
     return rc;
 }
 
-struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct trainer_hooks *hooks,
-                                    const struct trainer_layout *lay, const struct trainer_source *src, char *err,
-                                    size_t errlen)
+/* Stage layout: this rank's place among the trainers, the groups it lacks filled in (alone: the zero value). */
+static void set_layout(struct trainer *t, const struct trainer_layout *lay)
 {
-    struct trainer *t = xcalloc(1, sizeof *t);
-    t->run_lock_fd = -1;
-    t->cfg = cfg;
-    t->saved_step = -1;
-    t->peer_failed_rank = -1;
-    if (hooks)
-        t->hooks = *hooks;
     t->lay = lay ? *lay : (struct trainer_layout){.dp_size = 1};
     if (t->lay.dp_size < 1)
         t->lay.dp_size = 1;
@@ -813,12 +805,12 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         t->lay.cp_size = 1, t->lay.cp_rank = 0, t->lay.cp = NULL, t->lay.grads = NULL;
     if (!t->lay.all)
         t->lay.all = t->lay.dp; /* data parallelism alone: the DP group is every trainer */
-    if (src)
-        t->src = *src; /* its ctx goes with the trainer from here (release) */
-    if (!t->src.next_batch) {
-        error_set(err, errlen, "a trainer needs a step source (struct trainer_source with next_batch)");
-        goto fail;
-    }
+}
+
+/* Stage algorithm: advantage estimator, policy loss, rollout correction, threads, micro-batches. 0, or -1 (err). */
+static int setup_algorithm(struct trainer *t, char *err, size_t errlen)
+{
+    const struct grpo_config *cfg = t->cfg;
     t->est = (enum adv_estimator)adv_estimator_from_name(cfg->alg_adv_estimator);
     if (t->est == ADV_GDPO) { /* checked by config_validate */
         char why[256];
@@ -850,26 +842,31 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
                            cfg->alg_rc_rollout_is_batch_normalize, cfg->alg_rc_rollout_rs,
                            cfg->alg_rc_rollout_rs_threshold, cfg->alg_rc_bypass_mode, cfg->alg_rc_loss_type, &t->corr,
                            err, errlen) != 0)
-        goto fail;
+        return -1;
     if (t->corr.bypass)
         t->loss.bypass = &t->corr;
     if (cfg->trainer_num_threads > 0)
         khost_set_threads((int)cfg->trainer_num_threads);
     if (resolve_micro_batches(t, err, errlen) != 0)
-        goto fail;
+        return -1;
+    return 0;
+}
 
-    /* model, reference, tokenizer */
-    char bundled[4096];
-    const char *model_path = cfg->arr_model_path;
-    if (!model_path || !*model_path) {
-        if (model_bundled_path(bundled, sizeof bundled) != 0) {
+/* Stage model: the policy loaded whole from model.path or the bundled model (*model_path). 0, or -1 (err). */
+static int load_policy(struct trainer *t, char *bundled, size_t bundled_len, const char **model_path, char *err,
+                       size_t errlen)
+{
+    const struct grpo_config *cfg = t->cfg;
+    *model_path = cfg->arr_model_path;
+    if (!*model_path || !**model_path) {
+        if (model_bundled_path(bundled, bundled_len) != 0) {
             error_set(err, errlen,
                       KEY_arr_model_path " is empty and the bundled model is not in %s "
                                          "(fetch it with scripts/fetch_model.sh)",
                       bundled);
-            goto fail;
+            return -1;
         }
-        model_path = bundled;
+        *model_path = bundled;
     }
     char kern[256];
     if (lead(t))
@@ -879,19 +876,26 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
                  "OPENBLAS_CORETYPE=%s names older kernels than this CPU runs (%s, about 2x faster GEMMs where "
                  "measured: docs/results/performance.md); unset it to let the kernels be chosen for the CPU",
                  getenv("OPENBLAS_CORETYPE"), khost_blas_kernels_better());
-    log_info("trainer", "loading %s", model_path);
-    t->policy = model_load(model_path, err, errlen);
+    log_info("trainer", "loading %s", *model_path);
+    t->policy = model_load(*model_path, err, errlen);
     if (!t->policy)
-        goto fail;
+        return -1;
+    return 0;
+}
+
+/* Stage checks: the policy against TP, PP and EP, cut to this rank's part, its MoE settings. 0, or -1 (err). */
+static int check_policy(struct trainer *t, const char *model_path, char *err, size_t errlen)
+{
+    const struct grpo_config *cfg = t->cfg;
     if (model_shard_check(&t->policy->cfg, t->lay.tp_size,
                           "actor_rollout_ref.actor.megatron.tensor_model_parallel_size", err, errlen) != 0 ||
         model_stage_check(&t->policy->cfg, t->lay.pp_size,
                           "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size", err, errlen) != 0 ||
         model_ep_check(&t->policy->cfg, t->lay.ep_size, t->lay.tp_size, t->lay.pp_size,
                        "actor_rollout_ref.actor.megatron.expert_model_parallel_size", err, errlen) != 0)
-        goto fail;
+        return -1;
     if (t->lay.ep && ep_refusals(t, err, errlen) != 0)
-        goto fail;
+        return -1;
     if (t->lay.mp)
         shard_policy(t);
     t->policy->moe_aux_coef = (float)cfg->actor_moe_aux_loss_coeff;
@@ -900,19 +904,34 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         snprintf(err, errlen, "%s: routing replay needs a mixture-of-experts model; %s is dense (no router)",
                  t->policy->moe_replay ? KEY_actor_router_replay_mode "=R3" : KEY_rollout_enable_routing_replay "=true",
                  model_path);
-        goto fail;
+        return -1;
     }
+    return 0;
+}
+
+/* Stage device: the policy in its context (precision, device), the model copy's device groups. 0, or -1 (err). */
+static int place_policy(struct trainer *t, bool with_layout, char *err, size_t errlen)
+{
+    const struct grpo_config *cfg = t->cfg;
     /* the policy's precision (and the reference's: a clone shares the context) */
     char dev[32]; /* with other ranks, the GPU grpo_worker gave this one (trainer_layout.device) */
     snprintf(dev, sizeof dev, "%s", config_device(cfg));
-    if (lay && strcmp(dev, "cuda") == 0)
+    if (with_layout && strcmp(dev, "cuda") == 0)
         snprintf(dev, sizeof dev, "cuda:%d", t->lay.device);
     struct kctx *K = model_context_for(dev, cfg->actor_dtype, "actor_rollout_ref.actor.dtype", err, errlen);
     if (!K)
-        goto fail;
+        return -1;
     model_move(&t->policy, K);
     if (device_mp_setup(t, err, errlen) != 0)
-        goto fail;
+        return -1;
+    return 0;
+}
+
+/* Stage parallel groups: sequence (Ulysses) or context (ring) parallelism over the CP group. 0, or -1 (err). */
+static int setup_seq_parallel(struct trainer *t, char *err, size_t errlen)
+{
+    const struct grpo_config *cfg = t->cfg;
+    struct kctx *K = t->policy->K;
     /* context parallelism (Megatron's): the same group, ring attention instead of the all-to-all */
     const bool ring = t->lay.cp && cfg->actor_megatron_context_parallel_size > 1;
     if (t->lay.cp) { /* Ulysses: every rank of the group runs a slice of each micro-batch's tokens */
@@ -921,7 +940,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         if ((ring ? model_cp_check(&t->policy->cfg, t->lay.cp_size, key, err, errlen)
                   : model_sp_check(&t->policy->cfg, t->lay.cp_size, t->lay.tp_size, key,
                                    "actor_rollout_ref.actor.megatron.tensor_model_parallel_size", err, errlen)) != 0)
-            goto fail;
+            return -1;
         if (ring)
             model_set_cp(t->policy, t->lay.cp);
         else
@@ -955,6 +974,13 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
                      "attends with %d of the %d query heads%s",
                      t->lay.cp_size, t->lay.cp_size, heads / t->lay.cp_size, heads, of);
     }
+    return 0;
+}
+
+/* Stage LoRA: activation offload, the adapter, the reference (a clone, or LoRA's base), the tokenizer. 0, or -1. */
+static int setup_lora_ref_tokenizer(struct trainer *t, const char *model_path, char *err, size_t errlen)
+{
+    const struct grpo_config *cfg = t->cfg;
     model_set_activation_offload(t->policy, cfg->arr_model_enable_activation_offload);
     if (cfg->arr_model_enable_activation_offload && !cfg->arr_model_enable_gradient_checkpointing && lead(t))
         log_warn("trainer", KEY_arr_model_enable_activation_offload
@@ -962,7 +988,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
                  "enable_gradient_checkpointing=true (it offloads the layer inputs checkpointing keeps); "
                  "without it every activation stays on the device");
     if (lora_attach_config(t->policy, cfg, model_path, err, errlen) != 0)
-        goto fail;
+        return -1;
     char targets[128], moe[192];
     if (t->policy->lora && lead(t))
         log_info("trainer",
@@ -976,36 +1002,47 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     }
     t->tok = prompt_load_tokenizer(model_path, cfg->data_apply_chat_template_kwargs, err, errlen);
     if (!t->tok)
-        goto fail;
+        return -1;
+    return 0;
+}
 
-    /* data and scorers */
+/* Stage data and scorers: prompts, scorers, generation context, every data_source scored. 0, or -1 (err). */
+static int load_data_scorers(struct trainer *t, char *err, size_t errlen)
+{
+    const struct grpo_config *cfg = t->cfg;
     char *tools = NULL; /* multi-turn rollouts: the tools' schemas, rendered into the tool agents' prompts */
     if (gen_tools_json(cfg, &tools, err, errlen) != 0)
-        goto fail;
+        return -1;
     const int loaded = prompt_sets_load(cfg, t->tok, tools, &t->train, &t->val, err, errlen);
     free(tools);
     if (loaded != 0)
-        goto fail;
+        return -1;
     t->reward = reward_create(cfg, err, errlen);
     if (!t->reward)
-        goto fail;
+        return -1;
     gen_ctx_init(&t->rc, cfg, t->policy, t->tok, t->reward);
     /* the reward model, where this process generates: one process, or the trainers that validate */
     if (t->lay.dp_rank == 0 && gen_ctx_load_reward_model(&t->rc, err, errlen) != 0)
-        goto fail;
+        return -1;
     if (gen_ctx_load_env(&t->rc, err, errlen) != 0)
-        goto fail;
+        return -1;
     const bool rules = !cfg->rm_enable || cfg->rm_rule_reward_weight != 0; /* a reward model alone needs none */
     for (int i = 0; rules && i < t->train.n; i++)
         if (!reward_supports(t->reward, t->train.items[i].data_source)) {
             error_set(err, errlen, "%s: no scorer for data_source '%s' (see docs/rewards.md)", t->train.name,
                       t->train.items[i].data_source);
-            goto fail;
+            return -1;
         }
+    return 0;
+}
 
+/* Stage optimizer: data cursor, AdamW's moments, run state, MFU peak, gradient device groups. 0, or -1 (err). */
+static int setup_optimizer(struct trainer *t, char *err, size_t errlen)
+{
+    const struct grpo_config *cfg = t->cfg;
     if (data_cursor_init(&t->cursor, t->train.n, config_gen_batch_size(cfg), cfg->data_shuffle,
                          (uint64_t)cfg->data_seed, err, errlen) != 0)
-        goto fail;
+        return -1;
     t->cursor_open = true;
     /* AdamW's moments beside the weights: host memory on the CPU, the GPU's with trainer.device=cuda */
     t->opt = adamw_create_on(on_device(t) ? t->policy->K : kctx_cpu(), model_trainable(t->policy).n,
@@ -1032,17 +1069,29 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     if (cfg->actor_shared_prompt_packing && on_device(t) && lead(t))
         log_info("trainer", "shared-prompt packing has no CUDA kernel yet: every sequence is packed whole on the "
                             "GPU (" KEY_actor_shared_prompt_packing " applies on the CPU)");
+    return 0;
+}
 
-    /* run directory and resume */
+/* Stage run directory: made and locked (run.lock). 0, or -1 with err. */
+static int open_run_dir(struct trainer *t, char *err, size_t errlen)
+{
+    const struct grpo_config *cfg = t->cfg;
     snprintf(t->run_dir, sizeof t->run_dir, "%s/%s/%s", cfg->trainer_default_local_dir, cfg->trainer_project_name,
              cfg->trainer_experiment_name);
     snprintf(t->ckpt_root, sizeof t->ckpt_root, "%s/checkpoints", t->run_dir);
     if (fs_mkdir_p(t->run_dir) != 0) {
         error_set(err, errlen, "%s: cannot create run directory: %s", t->run_dir, check_errno_text());
-        goto fail;
+        return -1;
     }
     if (lock_run_dir(t, err, errlen) != 0)
-        goto fail;
+        return -1;
+    return 0;
+}
+
+/* Stage resume (trainer.resume_mode): weights, optimizer, run state, cursor, reference; t->resumed_from. 0, or -1. */
+static int resume_checkpoint(struct trainer *t, char *err, size_t errlen)
+{
+    const struct grpo_config *cfg = t->cfg;
     char resume[4096] = "";
     if (strcmp(cfg->trainer_resume_mode, "resume_path") == 0)
         snprintf(resume, sizeof resume, "%s", cfg->trainer_resume_from_path);
@@ -1052,7 +1101,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     if (resume[0]) {
         struct run_state st;
         if (load_checkpoint(t, resume, &st, err, errlen) != 0)
-            goto fail;
+            return -1;
         if (st.config_digest != t->st.config_digest)
             log_warn("trainer", "resuming %s with a configuration that differs from the one it was written with",
                      resume);
@@ -1066,7 +1115,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
             snprintf(refdir, sizeof refdir, "%s/reference", t->run_dir);
             struct model *r = model_load_hf(refdir, err, errlen);
             if (!r)
-                goto fail;
+                return -1;
             model_move(&r, t->policy->K); /* the reference computes where and as the policy does */
             model_free(t->ref);
             t->ref = r;
@@ -1074,6 +1123,13 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         snprintf(t->resumed_from, sizeof t->resumed_from, "%s", resume);
         log_info("trainer", "resumed from %s at step %lld", resume, (long long)st.global_step);
     }
+    return 0;
+}
+
+/* Stage ZeRO-1: this rank keeps its block of the optimizer state over the ranks summing gradients. 0, or -1 (err). */
+static int setup_zero1(struct trainer *t, char *err, size_t errlen)
+{
+    const struct grpo_config *cfg = t->cfg;
     /* ZeRO-1 shards over the ranks whose gradients add up: DP, or DP x CP with sequence or context parallelism
      * (every rank of a CP group holds the whole model and its part of each gradient) */
     struct comm *zg = t->lay.grads ? t->lay.grads : t->lay.dp;
@@ -1088,7 +1144,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
                       "ZeRO-1 on GPUs runs over NCCL, which needs a GPU per trainer rank, and %d %s ranks share "
                       "fewer GPUs here; give each trainer rank a GPU of its own or set it to false",
                       comm_size(zg), t->lay.grads ? "DP x CP" : "DP");
-            goto fail;
+            return -1;
         }
         /* expert parallelism: the dense parameters over DP, the experts over the ranks holding the same ones */
         struct comm *zz = on_device(t) ? zg_dev : zg;
@@ -1107,7 +1163,13 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
                      t->lay.grads ? "DP x CP" : "DP", comm_rank(zg), t->zero->lo, t->zero->hi,
                      8.0 * (double)block->n / 1e9, 8.0 * (double)t->zero->n / 1e9);
     }
-    overlap_setup(t);
+    return 0;
+}
+
+/* Stage sinks: the metrics' sinks (trainer.logger) opened on the lead rank, the run announced. 0, or -1 (err). */
+static int open_sinks(struct trainer *t, char *err, size_t errlen)
+{
+    const struct grpo_config *cfg = t->cfg;
     /* a failed write of an earlier run in this process (tests run several) is not this run's */
     metrics_output_failure_reset();
     /* steps logged after the checkpoint we resume from are forgotten: they are redone */
@@ -1118,7 +1180,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
     struct cfg_error cerr;
     if (config_logger_sinks(cfg, &want, skipped, sizeof skipped, &cerr) != 0) {
         error_set(err, errlen, "%s", cerr.msg);
-        goto fail;
+        return -1;
     }
     unsigned sinks = METRICS_SINK_JSONL | METRICS_SINK_SVG;
     if (want & CFG_LOG_CONSOLE)
@@ -1131,10 +1193,11 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
             log_info("trainer", KEY_trainer_logger ": %s skipped (no %s client here); metrics go to %s/metrics.jsonl",
                      s, s, t->run_dir);
     }
-    if (lead(t) && metrics_logger_open(&t->logger, t->run_dir, sinks, (long)t->st.total_steps,
-                                       resume[0] ? (long)t->st.global_step : -1, cfg->trainer_experiment_name) != 0) {
+    if (lead(t) &&
+        metrics_logger_open(&t->logger, t->run_dir, sinks, (long)t->st.total_steps,
+                            t->resumed_from[0] ? (long)t->st.global_step : -1, cfg->trainer_experiment_name) != 0) {
         error_set(err, errlen, "%s: cannot open the metrics files", t->run_dir);
-        goto fail;
+        return -1;
     }
     t->logger_open = lead(t);
     log_info("trainer",
@@ -1142,6 +1205,39 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
              "%zu parameters",
              t->run_dir, t->train.n, t->val.n, (long long)t->st.total_steps, (long long)t->st.global_step,
              cfg->data_train_batch_size, cfg->rollout_n, model_num_params(t->policy));
+    return 0;
+}
+
+struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct trainer_hooks *hooks,
+                                    const struct trainer_layout *lay, const struct trainer_source *src, char *err,
+                                    size_t errlen)
+{
+    struct trainer *t = xcalloc(1, sizeof *t);
+    t->run_lock_fd = -1;
+    t->cfg = cfg;
+    t->saved_step = -1;
+    t->peer_failed_rank = -1;
+    if (hooks)
+        t->hooks = *hooks;
+    set_layout(t, lay);
+    if (src)
+        t->src = *src; /* its ctx goes with the trainer from here (release) */
+    if (!t->src.next_batch) {
+        error_set(err, errlen, "a trainer needs a step source (struct trainer_source with next_batch)");
+        goto fail;
+    }
+    char bundled[4096]; /* the bundled model's path, when it is the one loaded */
+    const char *model_path = NULL;
+    if (setup_algorithm(t, err, errlen) != 0 ||
+        load_policy(t, bundled, sizeof bundled, &model_path, err, errlen) != 0 ||
+        check_policy(t, model_path, err, errlen) != 0 || place_policy(t, lay != NULL, err, errlen) != 0 ||
+        setup_seq_parallel(t, err, errlen) != 0 || setup_lora_ref_tokenizer(t, model_path, err, errlen) != 0 ||
+        load_data_scorers(t, err, errlen) != 0 || setup_optimizer(t, err, errlen) != 0 ||
+        open_run_dir(t, err, errlen) != 0 || resume_checkpoint(t, err, errlen) != 0 || setup_zero1(t, err, errlen) != 0)
+        goto fail;
+    overlap_setup(t);
+    if (open_sinks(t, err, errlen) != 0)
+        goto fail;
     return t;
 fail:
     trainer_free(t);
