@@ -423,6 +423,14 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     return rc;
 }
 
+void hybrid_dapo_metrics(struct metrics *m, const struct hybrid_dapo *d)
+{
+    if (d->filtered) {
+        metrics_set(m, "train/num_gen_batches", d->gen_batches);
+        metrics_set(m, "train/num_kept_groups", d->kept_groups);
+    }
+}
+
 /* trainer_source.metrics: DAPO's first; late, the weights resharded into the generation layout and the long tail of
  * generation. */
 static void colocated_metrics(void *ctx, enum source_metrics_at at, const struct step_timing *tm, double step_s,

@@ -19,7 +19,7 @@ struct hybrid_dapo {
     int kept_groups;    /* groups kept (scores not all equal), at most data.train_batch_size */
 };
 /* DAPO's metrics of the step (train/num_gen_batches, train/num_kept_groups) when it was on: a generating source's
- * first. */
+ * first (hybrid_role.c). */
 void hybrid_dapo_metrics(struct metrics *m, const struct hybrid_dapo *d);
 
 /* The one-process source's state: the trainer it draws for (set once the trainer exists: local_source_ready). */

@@ -50,14 +50,6 @@ static int local_next_batch(void *ctx, int64_t k, struct step_batch *b, struct s
     return 0;
 }
 
-void hybrid_dapo_metrics(struct metrics *m, const struct hybrid_dapo *d)
-{
-    if (d->filtered) {
-        metrics_set(m, "train/num_gen_batches", d->gen_batches);
-        metrics_set(m, "train/num_kept_groups", d->kept_groups);
-    }
-}
-
 /* trainer_source.metrics: DAPO's, first. */
 static void local_metrics(void *ctx, enum source_metrics_at at, const struct step_timing *tm, double step_s,
                           struct metrics *m)
