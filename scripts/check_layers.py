@@ -3,16 +3,17 @@
 
     scripts/check_layers.py [ROOT] [--stamp FILE]     exit 0 when every rule holds, 1 (naming each offending line) otherwise
 
-The rules keep the architecture that docs/ARCHITECTURE.md draws: the daemon, the control client, the kernels,
-the protocol and the shared base never include the worker; the trainer library includes none of the step sources
-that feed it (worker/hybrid: one process and colocated ranks; worker/split: rollout ranks) nor the split-run
-protocol; the trainer and the rollout role never include each other (both build on worker/step, the neutral home
-of a step's data, and on worker/gen); a step's data, the scorers, generation and the split-run protocol depend on no role; the launch depends on no role
-and reaches MPI only through worker/comm; agents and tools (worker/agent) use the tokenizer and common/ only, and
-generation, the trainer and the model never include them. Inside the model (worker/model): no file includes a kernel
-back-end (kernels.h is its interface), the model's own files never include LoRA's headers (an adapter is a projection
-hook, struct model_hook, that lora.c installs), only the expert block (model_moe.c) includes expert parallelism's
-moe_ep.h, and no include cycle runs among its rooms (a source with its header and its _internal.h header).
+The rules keep the architecture that docs/ARCHITECTURE.md draws: the daemon, the control client, the kernels, the
+protocol and the shared base never include the worker; the trainer library includes none of the step sources that
+feed it (worker/hybrid: one process and colocated ranks; worker/split: rollout ranks) nor the split-run protocol;
+the trainer and the rollout role never include each other (both build on worker/step, the neutral home of a step's
+data, and on worker/gen); a step's data, the scorers, generation and the split-run protocol depend on no role; the
+launch depends on no role and reaches MPI only through worker/comm; agents and tools (worker/agent) use the
+tokenizer and common/ only, and generation, the trainer and the model never include them. Inside the model
+(worker/model): no file includes a kernel back-end (kernels.h is its interface), the model's own files never include
+LoRA's headers (an adapter is a projection hook, struct model_hook, that lora.c installs), only the expert block
+(model_moe.c) includes expert parallelism's moe_ep.h, and no include cycle runs among its rooms (a source with its
+header and its _internal.h header).
 
 Below those, every folder of worker/ and kernels/ is a layer with the list of the folders of worker/ and kernels/ it
 may include (DEPENDS; a folder always includes its own files): the kernel interface (kernels/'s own files) includes
@@ -34,7 +35,8 @@ RULES = [
     ("worker/trainer/", ("worker/rollout/", "worker/hybrid/", "worker/split/", "worker/agent/", "worker/plane/"),
      "the trainer is a library fed by step sources (struct trainer_source): it includes no source (worker/hybrid/, "
      "worker/split/), no role and no protocol"),
-    ("worker/rollout/", ("worker/trainer/", "worker/hybrid/", "worker/split/"), "the rollout role includes no other role"),
+    ("worker/rollout/", ("worker/trainer/", "worker/hybrid/", "worker/split/"),
+     "the rollout role includes no other role"),
     ("worker/hybrid/", ("worker/rollout/", "worker/split/"),
      "the generating sources (one process, colocated) build on the trainer, never on the rollout role or the split "
      "source"),
