@@ -1,5 +1,6 @@
 /* The hybrid role: every rank generates and trains (verl's hybrid engine). Alone it is the whole GRPO loop in one
- * process. On N ranks (colocated: no rollout split) each step goes:
+ * process, a trainer fed by the one-process source (local_source.c). On N ranks (colocated: no rollout split) each
+ * rank is a trainer fed by the colocated source this file owns, with its metrics (colocated_metrics); a step goes:
  *   update_weights  the policy's weights, as the trainers hold them (DP x TP x PP), resharded in place into the
  *                   generation layout (the rollout TP, whole layers) when that differs; nothing otherwise;
  *   gen, reward     each generation engine (actor_rollout_ref.rollout.tensor_model_parallel_size neighbouring
