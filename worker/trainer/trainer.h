@@ -1,7 +1,8 @@
-/* The GRPO run loop in one process (all roles): for each step draw prompts,
- * generate n responses each, score them, recompute old log-probs, compute
- * reference log-probs, advantages, then the PPO/GRPO update; validate, log
- * metrics, checkpoint. Resuming from a checkpoint continues bit-identically. */
+/* The trainer library's public interface: a GRPO run loop fed by a step source (struct trainer_source) it does not
+ * know: for each step the source's rollouts (drawn, generated and scored wherever the source makes them), then old
+ * log-probs, reference log-probs, advantages and the PPO/GRPO update; validate, log metrics, checkpoint. Resuming
+ * from a checkpoint continues bit-identically. The sources: worker/hybrid/ (one process, colocated ranks) and
+ * worker/split/ (rollout ranks). */
 #ifndef GRPO_WORKER_TRAINER_H
 #define GRPO_WORKER_TRAINER_H
 
@@ -142,8 +143,9 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
  * indices (config_gen_batch_size of them: data.gen_batch_size, else data.train_batch_size) in uids: a trainer fed by
  * rollout ranks keeps its cursor, which goes into checkpoints, in step with theirs. */
 void trainer_advance_cursor(struct trainer *t, int *uids);
-/* The next config_gen_batch_size prompts (verl's sampler with drop_last) into out (and their dataset indices into
- * uids, may be NULL), for a source that draws in the trainer's process; the cursor is part of the run state. */
+/* The next n prompts (the data cursor's batch: config_gen_batch_size; verl's sampler with drop_last) into out (and
+ * their dataset indices into uids, may be NULL), for a source that draws in the trainer's process; the cursor is part
+ * of the run state. */
 void trainer_draw_prompts(struct trainer *t, const struct prompt_item **out, int *uids, int n);
 /* Enter phase p of the coming step (a source's phases: the log and the control plane hear of it). */
 void trainer_enter_phase(struct trainer *t, Grpo__Phase p);
