@@ -3,15 +3,17 @@
 
     scripts/check_layers.py [ROOT] [--stamp FILE]     exit 0 when every rule holds, 1 (naming each offending line) otherwise
 
-The rules keep the architecture that docs/ARCHITECTURE.md draws: the daemon, the control client, the kernels,
-the protocol and the shared base never include the worker; the trainer and the rollout role never include each
-other (both build on worker/step, the neutral home of a step's data, and on worker/gen and worker/plane); a
-step's data, the scorers, generation and the split-run protocol depend on no role; the launch depends on no role
-and reaches MPI only through worker/comm; agents and tools (worker/agent) use the tokenizer and common/ only, and
-generation, the trainer and the model never include them. Inside the model (worker/model): no file includes a kernel
-back-end (kernels.h is its interface), the model's own files never include LoRA's headers (an adapter is a projection
-hook, struct model_hook, that lora.c installs), only the expert block (model_moe.c) includes expert parallelism's
-moe_ep.h, and no include cycle runs among its rooms (a source with its header and its _internal.h header).
+The rules keep the architecture that docs/ARCHITECTURE.md draws: the daemon, the control client, the kernels, the
+protocol and the shared base never include the worker; the trainer library includes none of the step sources that
+feed it (worker/hybrid: one process and colocated ranks; worker/split: rollout ranks) nor the split-run protocol;
+the trainer and the rollout role never include each other (both build on worker/step, the neutral home of a step's
+data, and on worker/gen); a step's data, the scorers, generation and the split-run protocol depend on no role; the
+launch depends on no role and reaches MPI only through worker/comm; agents and tools (worker/agent) use the
+tokenizer and common/ only, and generation, the trainer and the model never include them. Inside the model
+(worker/model): no file includes a kernel back-end (kernels.h is its interface), the model's own files never include
+LoRA's headers (an adapter is a projection hook, struct model_hook, that lora.c installs), only the expert block
+(model_moe.c) includes expert parallelism's moe_ep.h, and no include cycle runs among its rooms (a source with its
+header and its _internal.h header).
 
 Below those, every folder of worker/ and kernels/ is a layer with the list of the folders of worker/ and kernels/ it
 may include (DEPENDS; a folder always includes its own files): the kernel interface (kernels/'s own files) includes
@@ -30,10 +32,17 @@ RULES = [
     ("kernels/", ("worker/", "daemon/", "ctl/"), "kernels know no worker"),
     ("daemon/", ("worker/", "ctl/"), "grpod depends on proto/ and common/ only"),
     ("ctl/", ("worker/", "daemon/"), "grpoctl depends on proto/ and common/ only"),
-    ("worker/trainer/", ("worker/rollout/", "worker/hybrid/", "worker/agent/"),
-     "the trainer includes no role built on it, and never the rollout role"),
-    ("worker/rollout/", ("worker/trainer/", "worker/hybrid/"), "the rollout role includes no other role"),
-    ("worker/hybrid/", ("worker/rollout/",), "the colocated role builds on the trainer, never on the rollout role"),
+    ("worker/trainer/", ("worker/rollout/", "worker/hybrid/", "worker/split/", "worker/agent/", "worker/plane/"),
+     "the trainer is a library fed by step sources (struct trainer_source): it includes no source (worker/hybrid/, "
+     "worker/split/), no role and no protocol"),
+    ("worker/rollout/", ("worker/trainer/", "worker/hybrid/", "worker/split/"),
+     "the rollout role includes no other role"),
+    ("worker/hybrid/", ("worker/rollout/", "worker/split/"),
+     "the generating sources (one process, colocated) build on the trainer, never on the rollout role or the split "
+     "source"),
+    ("worker/split/", ("worker/rollout/", "worker/hybrid/"),
+     "the split source (the trainer role of a split run) builds on the trainer and the protocol, never on the rollout "
+     "role or the generating sources"),
     ("worker/step/", ("worker/trainer/", "worker/rollout/", "worker/hybrid/", "worker/gen/", "worker/plane/"),
      "a step's data depends on no role, no generation and no protocol"),
     ("worker/rewards/", ("worker/trainer/", "worker/rollout/", "worker/gen/", "worker/plane/"),
@@ -94,8 +103,15 @@ DEPENDS = {
     "worker/launch/": ((KERNELS_IF, ROLES_H, "worker/comm/", "worker/control/", "worker/metrics/"),
                        "the launch builds a role's environment over the collective and control planes"),
     "worker/trainer/": ((KERNELS_IF, ROLES_H, "worker/comm/", "worker/control/", "worker/data/", "worker/formats/",
-                         "worker/gen/", "worker/metrics/", "worker/model/", "worker/plane/", "worker/rewards/",
-                         "worker/step/", "worker/tokenizer/"), "the trainer role builds on every capability below"),
+                         "worker/gen/", "worker/metrics/", "worker/model/", "worker/rewards/", "worker/step/",
+                         "worker/tokenizer/"),
+                        "the trainer library builds on every capability below but the split-run protocol, and knows no "
+                        "step source"),
+    "worker/split/": ((KERNELS_IF, ROLES_H, "worker/comm/", "worker/control/", "worker/data/", "worker/formats/",
+                       "worker/gen/", "worker/metrics/", "worker/model/", "worker/plane/", "worker/rewards/",
+                       "worker/step/", "worker/tokenizer/", "worker/trainer/"),
+                      "the split source (the trainer role of a split run) builds on the trainer library and the "
+                      "split-run protocol"),
     "worker/rollout/": ((KERNELS_IF, ROLES_H, "worker/comm/", "worker/control/", "worker/data/", "worker/formats/",
                          "worker/gen/", "worker/metrics/", "worker/model/", "worker/plane/", "worker/rewards/",
                          "worker/step/", "worker/tokenizer/"), "the rollout role builds on every capability below"),

@@ -74,14 +74,4 @@ int run_hybrid(struct role_env *env);
 int run_rollout(struct role_env *env);
 int run_trainer(struct role_env *env);
 
-struct trainer;
-struct trainer_layout;
-struct trainer_source;
-/* A trainer process under the control plane: create (with on_created called once it exists), run, report how
- * it ended. The hybrid and trainer roles share it. */
-int run_trainer_process(struct role_env *env, const struct trainer_layout *lay, const struct trainer_source *src,
-                        void (*on_created)(void *ud, struct trainer *t), void *ud);
-/* A trainer's layout from its role's groups and coordinates (the hybrid and trainer roles share it). */
-void trainer_layout_of(const struct role_env *env, struct trainer_layout *lay);
-
 #endif

@@ -7,6 +7,7 @@
 
 #include "tiny_run.h"
 #include "worker/model/lora.h"
+#include "worker/hybrid/hybrid_source.h"
 #include "worker/trainer/trainer.h"
 
 #define SFT_STEPS 100
@@ -18,7 +19,7 @@ static int run(const char *const *ov, int n, char *metrics, size_t len)
     struct grpo_config cfg;
     tiny_config(&cfg, ov, n);
     char err[2048];
-    struct trainer *t = trainer_create(&cfg, NULL, err, sizeof err);
+    struct trainer *t = local_trainer_create(&cfg, NULL, err, sizeof err);
     if (!t) {
         fprintf(stderr, "trainer_create: %s\n", err);
         config_free(&cfg);

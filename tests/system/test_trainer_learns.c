@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "tiny_run.h"
+#include "worker/hybrid/hybrid_source.h"
 #include "worker/trainer/trainer.h"
 
 #define SFT_STEPS 100
@@ -34,7 +35,7 @@ int main(void)
     struct grpo_config cfg;
     tiny_config(&cfg, ov, (int)(sizeof ov / sizeof *ov));
     char err[2048];
-    struct trainer *t = trainer_create(&cfg, NULL, err, sizeof err);
+    struct trainer *t = local_trainer_create(&cfg, NULL, err, sizeof err);
     if (!t) {
         fprintf(stderr, "trainer_create: %s\n", err);
         return 1;

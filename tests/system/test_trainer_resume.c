@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "tiny_run.h"
+#include "worker/hybrid/hybrid_source.h"
 #include "worker/trainer/trainer.h"
 
 static int stop_at_2(void *ctx, int64_t step)
@@ -47,7 +48,7 @@ static float *run(const char *root, const char *model, const char *run_dir, cons
     struct grpo_config cfg;
     tiny_config(&cfg, ov, (int)(sizeof ov / sizeof *ov) - (lora ? 0 : 2));
     char err[2048];
-    struct trainer *t = trainer_create(&cfg, hooks, err, sizeof err);
+    struct trainer *t = local_trainer_create(&cfg, hooks, err, sizeof err);
     if (!t) {
         fprintf(stderr, "trainer_create: %s\n", err);
         exit(1);

@@ -76,6 +76,13 @@ expect_fail_rule plan-trainer worker/plan/x.c worker/trainer/trainer.h "worker/p
 expect_fail_rule launch-model worker/launch/x.c worker/model/model.h "worker/launch/ may include"
 expect_fail_rule rewards-gen worker/rewards/x.c worker/gen/generate.h "worker/rewards/ may include"
 expect_fail_rule trainer-hybrid worker/trainer/x.c worker/hybrid/units.h "worker/trainer/ may include"
+# the trainer library knows none of its step sources, nor the split-run protocol; the sources do not cross
+expect_fail trainer-split-source worker/trainer/trainer_step.c worker/split/split_internal.h
+expect_fail trainer-local-source worker/trainer/trainer.c worker/hybrid/hybrid_source.h
+expect_fail_rule trainer-plane worker/trainer/x.c worker/plane/wire.h "worker/trainer/ may include"
+expect_fail hybrid-split worker/hybrid/x.c worker/split/async_stream.h
+expect_fail split-hybrid worker/split/x.c worker/hybrid/units.h
+expect_fail rollout-split worker/rollout/x.c worker/split/split_internal.h
 # a new folder of worker/ (or kernels/) must state its layer
 mkdir -p "$tmp/newroom/worker/newroom"
 printf '#include "common/log.h"\n' >"$tmp/newroom/worker/newroom/x.c"

@@ -1,5 +1,6 @@
 /* The hybrid role: every rank generates and trains (verl's hybrid engine). Alone it is the whole GRPO loop in one
- * process. On N ranks (colocated: no rollout split) each step goes:
+ * process, a trainer fed by the one-process source (local_source.c). On N ranks (colocated: no rollout split) each
+ * rank is a trainer fed by the colocated source this file owns, with its metrics (colocated_metrics); a step goes:
  *   update_weights  the policy's weights, as the trainers hold them (DP x TP x PP), resharded in place into the
  *                   generation layout (the rollout TP, whole layers) when that differs; nothing otherwise;
  *   gen, reward     each generation engine (actor_rollout_ref.rollout.tensor_model_parallel_size neighbouring
@@ -16,6 +17,7 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "kernels/kernels.h"
+#include "hybrid_source.h"
 #include "units.h"
 #include "worker/comm/comm.h"
 #include "worker/gen/generate.h"
@@ -29,9 +31,20 @@
 #include "worker/roles.h"
 #include "worker/step/batch.h"
 #include "worker/trainer/trainer.h"
+#include "worker/trainer/trainer_process.h"
 
 /* DAPO's generation rounds per step at most (algorithm.filter_groups.max_num_gen_batches' bound) */
 #define MAX_ROUNDS 1000
+
+/* What a colocated step did beside its rollouts (its metrics: colocated_metrics). */
+struct colocated_figures {
+    double update_weights_s; /* the weights resharded into the generation layout */
+    int64_t weight_bytes;    /* what this rank sent for it */
+    double gen_wait_peers;   /* the longest any rank waited for the others to finish generating */
+    double gen_imbalance;    /* the slowest engine's generation and scoring seconds over the engines' mean */
+    int64_t units_stolen;    /* units made by another engine than the one that owned them at the start */
+    int units;               /* work units of the step */
+};
 
 struct colocated {
     struct role_env *env;
@@ -47,8 +60,10 @@ struct colocated {
     int units;               /* work units per step */
     struct wire_limits lim;
     int64_t stolen_total;
-    int resharded;  /* updates of the generation model so far */
-    int64_t gen_at; /* the trainer's step whose weights the generation model holds (-1: none yet) */
+    int resharded;                /* updates of the generation model so far */
+    int64_t gen_at;               /* the trainer's step whose weights the generation model holds (-1: none yet) */
+    struct colocated_figures fig; /* the step made last */
+    struct hybrid_dapo dapo;
 };
 
 /* Whether the update packs a group's prompt once (the trainer's rule: the key, on the CPU). */
@@ -317,11 +332,10 @@ static int exchange(struct colocated *c, int64_t k, const struct made *mine, str
     free(unit), free(have);
     free(out), free(in), free(infos);
     tm->gen += gen_max; /* the engines generate side by side: each round waits for the slowest */
-    tm->colocated = true;
     const double imbalance = engines && gen_sum > 0 ? gen_max / (gen_sum / engines) : 1;
-    tm->gen_imbalance = imbalance > tm->gen_imbalance ? imbalance : tm->gen_imbalance;
-    tm->units_stolen += stolen;
-    tm->units += c->units;
+    c->fig.gen_imbalance = imbalance > c->fig.gen_imbalance ? imbalance : c->fig.gen_imbalance;
+    c->fig.units_stolen += stolen;
+    c->fig.units += c->units;
     c->stolen_total += stolen;
     return rc;
 }
@@ -342,7 +356,7 @@ static int gen_round(struct colocated *c, int64_t k, int round, struct step_batc
     comm_barrier_polled(c->env->trainers, hold_while_waiting, c);
     double wmax = clock_now_s() - t0;
     comm_allreduce_max(c->env->trainers, &wmax, 1, COMM_F64);
-    tm->gen_wait_peers += wmax;
+    c->fig.gen_wait_peers += wmax;
     int rc = exchange(c, k, &mine, round_b, tm);
     for (int i = 0; i < mine.n && c->head; i++)
         free(mine.msg[i]);
@@ -371,8 +385,10 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     const bool filter = cfg->alg_filter_groups_enable;
     const int rounds = config_filter_rounds(cfg);
     int64_t wbytes;
-    tm->update_weights_s = update_weights(c, &wbytes);
-    tm->weight_bytes = wbytes;
+    c->fig = (struct colocated_figures){0};
+    c->dapo = (struct hybrid_dapo){0};
+    c->fig.update_weights_s = update_weights(c, &wbytes);
+    c->fig.weight_bytes = wbytes;
     struct step_batch all = {0};
     int rc = 0, drawn = 0;
     for (int r = 0; r < rounds && rc == 0; r++) {
@@ -387,9 +403,9 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     }
     if (rc == 0 && filter) {
         step_batch_truncate_groups(&all, B);
-        tm->filtered = true;
-        tm->gen_batches = (double)drawn / G;
-        tm->kept_groups = all.n_groups;
+        c->dapo.filtered = true;
+        c->dapo.gen_batches = (double)drawn / G;
+        c->dapo.kept_groups = all.n_groups;
     }
     for (int i = 0; i < all.n_seq; i++) /* after filtering, positions in the batch are the step's order */
         all.seqs[i].gidx = i;
@@ -406,6 +422,33 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     }
     step_batch_free(&all);
     return rc;
+}
+
+void hybrid_dapo_metrics(struct metrics *m, const struct hybrid_dapo *d)
+{
+    if (d->filtered) {
+        metrics_set(m, "train/num_gen_batches", d->gen_batches);
+        metrics_set(m, "train/num_kept_groups", d->kept_groups);
+    }
+}
+
+/* trainer_source.metrics: DAPO's first; late, the weights resharded into the generation layout and the long tail of
+ * generation. */
+static void colocated_metrics(void *ctx, enum source_metrics_at at, const struct step_timing *tm, double step_s,
+                              struct metrics *m)
+{
+    const struct colocated *c = ctx;
+    (void)tm, (void)step_s;
+    if (at == SOURCE_METRICS_FIRST) {
+        hybrid_dapo_metrics(m, &c->dapo);
+        return;
+    }
+    metrics_set(m, "timing_s/update_weights", c->fig.update_weights_s);
+    metrics_set(m, "perf/update_weights_bytes", (double)c->fig.weight_bytes);
+    metrics_set(m, "colocated/gen_wait_peers_s", c->fig.gen_wait_peers);
+    metrics_set(m, "colocated/gen_imbalance", c->fig.gen_imbalance);
+    metrics_set(m, "colocated/units_stolen", (double)c->fig.units_stolen);
+    metrics_set(m, "colocated/units", (double)c->fig.units);
 }
 
 /* trainer_source.validate: every engine generates its share of the validation prompts (whole chunks of
@@ -515,7 +558,8 @@ static int run_colocated(struct role_env *env)
     struct colocated c = {.env = env, .head = env->at.engine_tp == 0, .engine = env->rollout_tp, .gen_at = -1};
     struct trainer_layout lay;
     trainer_layout_of(env, &lay);
-    struct trainer_source src = {.ctx = &c, .next_batch = next_batch, .generates = true, .validate = validate};
+    struct trainer_source src = {
+        .ctx = &c, .next_batch = next_batch, .generates = true, .validate = validate, .metrics = colocated_metrics};
     int status = run_trainer_process(env, &lay, &src, colocated_ready, &c);
     if (env->rank == 0 && c.stolen_total)
         log_info("hybrid", "%lld work unit(s) were made by another engine than their own", (long long)c.stolen_total);
@@ -536,5 +580,7 @@ int run_hybrid(struct role_env *env)
 {
     if (env->world_size > 1)
         return run_colocated(env);
-    return run_trainer_process(env, NULL, NULL, NULL, NULL);
+    struct local_source ls;
+    struct trainer_source src = local_source(&ls, env->cfg);
+    return run_trainer_process(env, NULL, &src, local_source_ready, &ls);
 }

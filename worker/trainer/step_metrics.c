@@ -90,7 +90,8 @@ static void timing_metrics(struct metrics *m, const struct step_result *r)
     metrics_set(m, "timing_s/step", r->step_s);
 }
 
-/* Rollouts from rollout ranks: the waiting on both sides, the traffic between the trainers. */
+/* Rollouts from rollout ranks: the trainer's waiting for them, the traffic between the trainers (the rollout ranks'
+ * waiting is the source's to report). */
 static void split_metrics(struct metrics *m, const struct step_result *r)
 {
     const struct step_timing *tm = &r->source;
@@ -105,23 +106,6 @@ static void split_metrics(struct metrics *m, const struct step_result *r)
         metrics_set(m, "perf/pp_bubble", u->pp_schedule_s > 0 ? u->pp_wait_s / u->pp_schedule_s : 0);
     }
     metrics_set(m, "trainer/idle_ratio", r->step_s > 0 ? tm->wait_data / r->step_s : 0);
-    const double busy = tm->gen + tm->reward;
-    metrics_set(m, "perf/cpu_memory_peak_gb/rollout", tm->rollout_peak_rss_gb);
-    metrics_set(m, "timing_s/rollout_wait_weights", tm->rollout_wait_weights);
-    metrics_set(m, "timing_s/rollout_wait_send", tm->rollout_idle - tm->rollout_wait_weights);
-    metrics_set(m, "rollouter/idle_ratio",
-                busy + tm->rollout_idle > 0 ? tm->rollout_idle / (busy + tm->rollout_idle) : 0);
-}
-
-/* Colocated ranks: the weights resharded into the generation layout, and the long tail of generation. */
-static void colocated_metrics(struct metrics *m, const struct step_timing *tm)
-{
-    metrics_set(m, "timing_s/update_weights", tm->update_weights_s);
-    metrics_set(m, "perf/update_weights_bytes", (double)tm->weight_bytes);
-    metrics_set(m, "colocated/gen_wait_peers_s", tm->gen_wait_peers);
-    metrics_set(m, "colocated/gen_imbalance", tm->gen_imbalance);
-    metrics_set(m, "colocated/units_stolen", (double)tm->units_stolen);
-    metrics_set(m, "colocated/units", (double)tm->units);
 }
 
 /* The step's peaks of the policy's context (verl's names: what torch.cuda reports; the CPU back-end counts the
@@ -171,76 +155,16 @@ static void perf_metrics(struct metrics *m, const struct step_result *r)
     }
 }
 
-/* What the step's source did: DAPO's extra generation in one process; the data and weight planes of a split run
- * (the dispatcher's figures on its rank). */
-static void source_metrics(struct metrics *m, const struct step_timing *tm)
+/* The source's own metrics of the step (trainer_source.metrics), at `at` among the step's. */
+static void source_metrics(struct metrics *m, const struct step_result *r, enum source_metrics_at at)
 {
-    if (tm->filtered) {
-        metrics_set(m, "train/num_gen_batches", tm->gen_batches);
-        metrics_set(m, "train/num_kept_groups", tm->kept_groups);
-    }
-    if (!tm->split)
-        return;
-    metrics_set(m, "training/staleness", (double)tm->staleness);
-    metrics_set(m, "timing_s/update_weights", tm->update_weights_s);
-    metrics_set(m, "dataplane/refused", (double)(tm->refused + (uint64_t)tm->dispatch_refused));
-    metrics_set(m, "dataplane/refused_old_epoch", (double)(tm->old_epoch + (uint64_t)tm->dispatch_old_epoch));
-    metrics_set(m, "dataplane/duplicates", (double)tm->duplicates);
-    metrics_set(m, "dataplane/dropped_batches",
-                (double)(tm->drop_invalid + tm->drop_future + tm->drop_not_granted + tm->drop_prompt));
-    metrics_set(m, "dataplane/dropped/invalid", (double)tm->drop_invalid);
-    metrics_set(m, "dataplane/dropped/future_step", (double)tm->drop_future);
-    metrics_set(m, "dataplane/dropped/not_granted", (double)tm->drop_not_granted);
-    metrics_set(m, "dataplane/dropped/other_prompts", (double)tm->drop_prompt);
-    if (tm->dispatched) {
-        metrics_set(m, "rollouter/live_processes", (double)tm->live_processes);
-        metrics_set(m, "rollouter/lost_processes", (double)tm->lost_processes);
-        metrics_set(m, "rollouter/units_regranted", (double)tm->units_regranted);
-        metrics_set(m, "rollouter/replaced_processes", (double)tm->replaced_processes);
-        metrics_set(m, "dataplane/refused_size", (double)tm->dispatch_oversized);
-        metrics_set(m, "dataplane/refused_superseded", (double)tm->dispatch_superseded);
-        metrics_set(m, "dataplane/rate_limited", (double)tm->dispatch_rate_limited);
-        metrics_set(m, "perf/update_weights_bytes", (double)tm->weight_bytes);
-    }
-}
-
-/* Fully-async training: verl's fully_async/ names, and verl v1's training/off_policy/ staleness. */
-static void fully_async_metrics(struct metrics *m, const struct step_result *r)
-{
-    const struct fully_async_stats *a = &r->source.fa;
-    metrics_set(m, "fully_async/count/current_param_version", (double)a->current_param_version);
-    metrics_set(m, "fully_async/count/total_generated_samples", (double)a->total_generated_samples);
-    metrics_set(m, "fully_async/count/stale_samples_processed", (double)a->stale_samples_processed);
-    metrics_set(m, "fully_async/count/stale_trajectory_processed", (double)a->stale_trajectory_processed);
-    metrics_set(m, "fully_async/count/dropped_stale_samples", (double)a->dropped_stale_samples);
-    metrics_set(m, "fully_async/count/buffered_samples", (double)a->buffered_samples);
-    metrics_set(m, "fully_async/partial/total_partial_num", (double)a->total_partial_num);
-    metrics_set(m, "fully_async/partial/partial_ratio", a->partial_ratio);
-    metrics_set(m, "fully_async/partial/max_partial_span", (double)a->max_partial_span);
-    metrics_set(m, "fully_async/total_wait_time", a->total_wait_time);
-    metrics_set(m, "fully_async/trainer/idle_ratio", r->step_s > 0 ? r->source.wait_data / r->step_s : 0);
-    const double busy = r->source.gen + r->source.reward;
-    metrics_set(m, "fully_async/rollouter/idle_ratio",
-                busy + r->source.rollout_idle > 0 ? r->source.rollout_idle / (busy + r->source.rollout_idle) : 0);
-    metrics_set(m, "fully_async/static/required_samples", (double)a->required_samples);
-    metrics_set(m, "fully_async/static/max_required_samples", (double)a->max_required_samples);
-    metrics_set(m, "fully_async/static/staleness_threshold", a->staleness_threshold);
-    metrics_set(m, "training/off_policy/trajectory_staleness/mean", a->staleness_mean);
-    metrics_set(m, "training/off_policy/trajectory_staleness/max", a->staleness_max);
-    metrics_set(m, "training/off_policy/trajectory_staleness/min", a->staleness_min);
-    metrics_set(m, "training/off_policy/trajectory_staleness_worst/mean", a->worst_mean);
-    metrics_set(m, "training/off_policy/trajectory_staleness_worst/max", a->worst_max);
-    metrics_set(m, "training/off_policy/trajectory_staleness_worst/min", a->worst_min);
-    metrics_set(m, "training/off_policy/trajectory_spans/mean", a->spans_mean);
-    metrics_set(m, "training/off_policy/trajectory_spans/max", a->spans_max);
-    metrics_set(m, "training/off_policy/trajectory_spans/min", a->spans_min);
+    if (r->src && r->src->metrics)
+        r->src->metrics(r->src->ctx, at, &r->source, r->step_s, m);
 }
 
 void step_metrics(struct metrics *m, const struct step_result *r)
 {
-    source_metrics(m, &r->source);
-    if (r->source.fully_async)
-        fully_async_metrics(m, r);
+    source_metrics(m, r, SOURCE_METRICS_FIRST);
     rollout_metrics(m, &r->rollouts);
     advantage_metrics(m, &r->adv);
     metrics_set(m, "training/rollout_probs_diff_mean", r->gap.n ? r->gap.sum / r->gap.n : 0);
@@ -258,8 +182,7 @@ void step_metrics(struct metrics *m, const struct step_result *r)
     timing_metrics(m, r);
     if (r->source.split)
         split_metrics(m, r);
-    if (r->source.colocated)
-        colocated_metrics(m, &r->source);
+    source_metrics(m, r, SOURCE_METRICS_LATE);
     if (r->ep) /* the routed slots and their outputs (and gradients) sent to the other EP ranks (float32) */
         metrics_set(m, "perf/comm_bytes/ep", r->update.ep_bytes);
     if (r->cp) /* Ulysses' all-to-alls or the ring's K/V (and their gradients), float32, over the whole group */

@@ -91,9 +91,10 @@ struct step_resources {
 
 /* Everything one GRPO step's metrics are made of. */
 struct step_result {
-    struct step_timing source;       /* the rollouts' timings, from the step's source */
-    double phase_s[GRPO_NUM_PHASES]; /* seconds in each phase (gen and reward: where the rollouts were made) */
-    double step_s;                   /* the whole step */
+    struct step_timing source;        /* the rollouts' timings, from the step's source */
+    const struct trainer_source *src; /* the step's source: its own metrics (trainer_source.metrics) */
+    double phase_s[GRPO_NUM_PHASES];  /* seconds in each phase (gen and reward: where the rollouts were made) */
+    double step_s;                    /* the whole step */
     struct step_rollouts rollouts;
     struct step_advantages adv;
     struct step_update update;
@@ -109,7 +110,8 @@ struct step_result {
     double peak_flops;                /* the MFU denominator (0: not known, no MFU) */
 };
 
-/* Set every metric of the step from r into m, in the order verl's trainer logs them (the source's first). */
+/* Set every metric of the step from r into m, in the order verl's trainer logs them (the source's own first, and
+ * its late ones after the trainer's timings: trainer_source.metrics). */
 void step_metrics(struct metrics *m, const struct step_result *r);
 
 /* One supervised warm-start step (trainer.sft_warmup_steps). */

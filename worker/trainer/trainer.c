@@ -1,7 +1,6 @@
-/* The trainer's life cycle and run loop: set up (model, reference, data, scorers, run directory, resume),
- * run steps between safe points (pause, checkpoint, stop; DP rank 0 decides for every DP rank), validate,
- * log, checkpoint, and check after every step that the DP replicas hold the same weights. The step itself
- * is trainer_step.c's. */
+/* The trainer's run loop: steps between safe points (pause, checkpoint, stop; DP rank 0 decides for every DP rank),
+ * validation, the metrics logged, checkpoints written and read, and after every step the check that the DP replicas
+ * hold the same weights; the trainer's accessors. Its set-up is trainer_create.c's, the step trainer_step.c's. */
 #include "trainer.h"
 
 #include <cblas.h>
@@ -40,33 +39,6 @@
 #include "worker/rewards/reward.h"
 #include "worker/tokenizer/tokenizer.h"
 
-/* Achievable sgemm FLOP/s of this process (all its threads: khost_sgemm), measured once: MFU's denominator. */
-static double measure_peak_flops(void)
-{
-    const int n = 384;
-    float *a = xcalloc((size_t)n * n, sizeof(float)), *b = xcalloc((size_t)n * n, sizeof(float)),
-          *c = xcalloc((size_t)n * n, sizeof(float));
-    for (int i = 0; i < n * n; i++)
-        a[i] = b[i] = (float)(i % 7) * 0.1f;
-    khost_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n); /* warm */
-    double best = 0;
-    for (int r = 0; r < 3; r++) {
-        double t0 = clock_now_s();
-        khost_sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n);
-        double dt = clock_now_s() - t0;
-        if (dt > 0 && 2.0 * n * n * n / dt > best)
-            best = 2.0 * n * n * n / dt;
-    }
-    free(a), free(b), free(c);
-    return best > 0 ? best : 1e9;
-}
-
-/* The trainer rank that decides for all and writes the run's records: DP rank 0, TP rank 0, the first stage. */
-static bool lead(const struct trainer *t)
-{
-    return t->lay.dp_rank == 0 && t->lay.tp_rank == 0 && t->lay.pp_rank == 0 && t->lay.cp_rank == 0;
-}
-
 /* This rank's place in its model copy (ranks with the same place hold the same part of the weights). */
 static int mp_rank(const struct trainer *t)
 {
@@ -74,87 +46,14 @@ static int mp_rank(const struct trainer *t)
 }
 
 /* The group the decisions are broadcast over (every trainer rank), NULL when alone. */
-static struct comm *all_group(const struct trainer *t)
+struct comm *trainer_all_group(const struct trainer *t)
 {
     return t->lay.all && comm_size(t->lay.all) > 1 ? t->lay.all : NULL;
-}
-
-/* One job at a time in a run directory (two submissions of one run.yaml would checkpoint into the same place):
- * the lead rank locks RUN_DIR/run.lock for the run's life (common/dirlock; the kernel drops it when the process
- * ends) and tells every trainer rank the outcome, so that all of them stop at start, naming the other job's
- * host and pid, or none does. */
-static int lock_run_dir(struct trainer *t, char *err, size_t errlen)
-{
-    union {
-        int64_t words[80];
-        char text[640];
-    } msg = {{0}};
-    if (lead(t)) {
-        char why[600];
-        t->run_lock_fd = dirlock_take(t->run_dir, "run.lock", "another job", why, sizeof why);
-        if (t->run_lock_fd < 0)
-            snprintf(msg.text, sizeof msg.text, "%s", why);
-    }
-    if (all_group(t))
-        comm_broadcast(all_group(t), msg.words, sizeof msg.words / sizeof *msg.words, COMM_I64, 0);
-    if (!msg.text[0])
-        return 0;
-    msg.text[sizeof msg.text - 1] = 0;
-    return error_set(err, errlen,
-                     "the run directory %s; start this job with another " KEY_trainer_experiment_name
-                     " (or " KEY_trainer_default_local_dir "), or end the other",
-                     msg.text);
-}
-
-/* This rank's micro-batch sizes: the _per_gpu keys, or verl's deprecated global keys divided by the DP size,
- * with verl's deprecation notice (once, from the lead rank). */
-static int resolve_micro_batches(struct trainer *t, char *err, size_t errlen)
-{
-    int *out[3] = {
-        [CFG_MICRO_ACTOR] = &t->micro_actor, [CFG_MICRO_OLD_LOGP] = &t->micro_old, [CFG_MICRO_REF] = &t->micro_ref};
-    for (int w = 0; w < 3; w++) {
-        const char *global = NULL;
-        char why[512];
-        *out[w] = config_micro_batch(t->cfg, (enum cfg_micro)w, t->lay.dp_size, &global, why, sizeof why);
-        if (*out[w] < 1)
-            return error_set(err, errlen, "%s", why);
-        if (global && lead(t))
-            log_warn("config",
-                     "%s is deprecated (as in verl): it is divided by the %d data-parallel trainer rank%s, %d "
-                     "sequences each; give %s_per_gpu=%d instead",
-                     global, t->lay.dp_size, t->lay.dp_size == 1 ? "" : "s", *out[w], global, *out[w]);
-    }
-    return 0;
-}
-
-static int64_t compute_total_steps(const struct grpo_config *cfg, int n_train)
-{
-    return config_total_steps(cfg, n_train);
-}
-
-/* verl's MFU denominator on a GPU: the device's dense BF16 tensor-core peak, by name (the first name in the
- * table that the device's contains, so H200 before H20); 0 for a device not listed (no perf/mfu/actor). */
-static double device_peak_flops(const struct kctx *K)
-{
-    static const struct {
-        const char *name;
-        double flops;
-    } peaks[] = {{"H200", 989e12}, {"H100", 989e12}, {"H800", 989e12}, {"H20", 148e12}, {"B200", 2250e12},
-                 {"A100", 312e12}, {"A800", 312e12}, {"L40S", 362e12}, {"L40", 181e12}, {"L4", 121e12}};
-    char d[256];
-    kctx_describe(K, d, sizeof d);
-    for (size_t i = 0; i < sizeof peaks / sizeof peaks[0]; i++)
-        if (strstr(d, peaks[i].name))
-            return peaks[i].flops;
-    log_warn("trainer", "%s: no BF16 peak known for this device; perf/mfu/actor is not logged", d);
-    return 0;
 }
 
 /* ------------------------------------------------------------- life cycle */
 
 /* ---- a policy in device memory (trainer.device=cuda): what reads host memory gets a host copy ---- */
-
-static bool on_device(const struct trainer *t) { return t->policy->K->device != KDEV_CPU; }
 
 float *trainer_host_buffer(struct trainer *t)
 {
@@ -165,88 +64,6 @@ float *trainer_host_buffer(struct trainer *t)
         t->host_params = karena_take(&t->host_stage, bytes);
     }
     return t->host_params;
-}
-
-/* trainer.device=cuda with other DP ranks: the gradients' group. NCCL where every DP rank has a GPU of its own;
- * where some share one (NCCL refuses two ranks on a GPU), MPI over a host copy. */
-static void device_dp_setup(struct trainer *t)
-{
-    if (!on_device(t) || t->lay.dp_size < 2)
-        return;
-    if (!t->lay.gpus_shared)
-        t->dp_dev = comm_device_group(t->lay.dp, t->policy->K->device_index);
-    if (!t->dp_dev)
-        trainer_host_buffer(t);
-    if (lead(t))
-        log_info("trainer", "%d DP ranks on GPUs: gradients summed %s", t->lay.dp_size,
-                 t->dp_dev ? "over NCCL, in device memory"
-                           : "over MPI through pinned host memory (some DP ranks share a GPU, and NCCL needs one "
-                             "per rank: give each trainer rank a GPU of its own for NCCL)");
-}
-
-/* trainer.device=cuda with TP or PP: the policy's TP, PP and TP x PP collectives over NCCL twins of those groups,
- * in device memory (a GPU per trainer rank: NCCL refuses two ranks on one). Must run on every trainer rank in the
- * same order (each twin is made collectively). 0, or -1 with err. */
-static int device_mp_setup(struct trainer *t, char *err, size_t errlen)
-{
-    if (!on_device(t) || !t->lay.mp)
-        return 0;
-    if (t->lay.gpus_shared && !t->lay.tp && !t->lay.pp) { /* EP alone: its groups carry host values, but the rows */
-        if (lead(t))
-            log_info("trainer",
-                     "EP %d on GPUs that trainer ranks share: the experts' all-to-alls over MPI through pinned host "
-                     "memory (NCCL needs a GPU per rank)",
-                     t->lay.ep_size);
-        return 0;
-    }
-    if (t->lay.gpus_shared)
-        return error_set(err, errlen,
-                         KEY_trainer_device
-                         "=cuda with tensor_model_parallel_size %d and pipeline_model_parallel_size %d: "
-                         "TP and PP on GPUs run over NCCL, which needs a GPU per trainer rank, and the trainers share "
-                         "fewer GPUs here; give each trainer rank a GPU of its own or set " KEY_trainer_device "=cpu",
-                         t->lay.tp_size, t->lay.pp_size);
-    const int dev = t->policy->K->device_index;
-    if (t->lay.tp)
-        t->tp_dev = comm_device_group(t->lay.tp, dev);
-    if (t->lay.pp)
-        t->pp_dev = comm_device_group(t->lay.pp, dev);
-    t->mp_dev = t->lay.mp == t->lay.tp ? t->tp_dev : comm_device_group(t->lay.mp, dev);
-    if ((t->lay.tp && !t->tp_dev) || (t->lay.pp && !t->pp_dev) || !t->mp_dev)
-        return error_set(err, errlen, KEY_trainer_device "=cuda with TP or PP: this build has no NCCL");
-    model_set_groups(t->policy, t->tp_dev, t->pp_dev, t->mp_dev);
-    if (t->lay.ep) { /* the experts' all-to-alls from device memory (the counts, host values, go over MPI) */
-        t->ep_dev = t->lay.ep == t->lay.mp ? t->mp_dev : comm_device_group(t->lay.ep, dev);
-        if (!t->ep_dev)
-            return error_set(err, errlen, KEY_trainer_device "=cuda with expert parallelism: this build has no NCCL");
-        t->policy->sh.ep = t->ep_dev;
-        if (lead(t))
-            log_info("trainer", "EP %d on GPUs: the experts' dispatch and combine over NCCL, in device memory",
-                     t->lay.ep_size);
-    }
-    if (lead(t) && (t->lay.tp || t->lay.pp))
-        log_info("trainer",
-                 "TP %d x PP %d on GPUs: activations, gradients and stage hand-offs over NCCL, in device "
-                 "memory",
-                 t->lay.tp_size, t->lay.pp_size);
-    return 0;
-}
-
-/* overlap_grad_reduce: the DP gradient sum in buckets during the backward, where the sum is one all-reduce of
- * the whole gradient in this rank's memory (not with ZeRO-1's reduce-scatter, TP or PP's shards, LoRA's adapter,
- * or the host staging of GPUs that DP ranks share). */
-static void overlap_setup(struct trainer *t)
-{
-    const struct grpo_config *c = t->cfg;
-    if (t->lay.dp_size < 2 || !c->actor_ddp_overlap_grad_reduce || t->zero || t->lay.mp || t->lay.cp ||
-        t->policy->lora || (on_device(t) && !t->dp_dev))
-        return;
-    t->overlap = grad_reducer_create(t->policy, t->dp_dev ? t->dp_dev : t->lay.dp, (size_t)c->actor_ddp_bucket_size);
-    if (lead(t))
-        log_info("trainer",
-                 "DP gradients all-reduced in %d bucket(s) of up to %zu parameters while the backward goes on "
-                 "(" KEY_actor_ddp_overlap_grad_reduce ")",
-                 grad_reducer_buckets(t->overlap), grad_reducer_largest(t->overlap));
 }
 
 /* A host copy of optimizer state held in its context's memory, and back. */
@@ -334,7 +151,7 @@ static void gather_whole(struct trainer *t, struct model **wm, struct adamw **wo
     if (t->policy->lora) { /* LoRA under EP, TP or PP: the whole adapter and its moments (every expert's, row,
                             * column and layer) */
         const struct model *p = t->policy;
-        if (lead(t)) {
+        if (trainer_is_lead(t)) {
             char err[256];
             *wm = model_create(&p->cfg);
             if (lora_attach(*wm, &p->lora->cfg, err, sizeof err) != 0)
@@ -349,7 +166,7 @@ static void gather_whole(struct trainer *t, struct model **wm, struct adamw **wo
         adamw_free(local);
         return;
     }
-    if (lead(t)) {
+    if (trainer_is_lead(t)) {
         *wm = model_create(&t->policy->cfg);
         *wo = adamw_create((*wm)->w.n_floats, opt->beta1, opt->beta2, opt->eps, opt->weight_decay);
         (*wo)->t = opt->t;
@@ -366,18 +183,19 @@ int trainer_save_checkpoint(struct trainer *t)
      * sends its block of the optimizer state, and with TP or PP every rank of DP rank 0's model copy its part. From
      * the leader's safe point (grpod asked for it) the others wait in decide(): call them first. */
     const bool collective = t->zero || t->lay.mp;
-    if (collective && t->in_decide && lead(t)) {
+    if (collective && t->in_decide && trainer_is_lead(t)) {
         int act = TRAINER_SAVE_NOW;
-        comm_broadcast_polled(all_group(t), &act, 1, COMM_I32, 0, NULL, NULL);
+        comm_broadcast_polled(trainer_all_group(t), &act, 1, COMM_I32, 0, NULL, NULL);
     }
     struct model *wm = NULL;
     struct adamw *wo = NULL;
     if (collective) {
         gather_whole(t, &wm, &wo);
-        if (!wm && on_device(t) && lead(t)) /* ZeRO-1 on GPUs: the moments came gathered to the host, not the weights */
+        if (!wm && trainer_on_device(t) &&
+            trainer_is_lead(t)) /* ZeRO-1 on GPUs: the moments came gathered to the host, not the weights */
             wm = model_copy_to(t->policy, kctx_cpu());
-    } else if (on_device(t)) { /* one process on a GPU: the checkpoint is written from host copies */
-        if (!t->policy->lora)  /* an adapter is saved from the device by lora_save itself */
+    } else if (trainer_on_device(t)) { /* one process on a GPU: the checkpoint is written from host copies */
+        if (!t->policy->lora)          /* an adapter is saved from the device by lora_save itself */
             wm = model_copy_to(t->policy, kctx_cpu());
         wo = adamw_to_host(t->opt);
     }
@@ -391,7 +209,7 @@ int trainer_save_checkpoint(struct trainer *t)
                   (long long)t->st.global_step);
         return -1;
     }
-    if (!lead(t)) {
+    if (!trainer_is_lead(t)) {
         free(blob);
         model_free(wm);
         adamw_free(wo); /* the leader writes for every replica: the weights and optimizer state are the same */
@@ -431,7 +249,7 @@ static int finish_warm_start(struct trainer *t)
     struct kctx *K = t->policy->K; /* the reference shares the policy's context (model_clone) */
     if (t->ref)
         k_copy(K, t->ref->w.mem, t->policy->w.mem, t->policy->w.n_floats * sizeof(float));
-    struct model *host = on_device(t) ? model_copy_to(t->policy, kctx_cpu()) : NULL;
+    struct model *host = trainer_on_device(t) ? model_copy_to(t->policy, kctx_cpu()) : NULL;
     int saved = model_save_hf(host ? host : t->policy, dir, 0, err, sizeof err);
     model_free(host);
     if (saved != 0) {
@@ -490,7 +308,7 @@ static int local_wants(void)
  * The leader also learns the other ranks' reasons to end the run (peer_wants). */
 static int check_replicas(struct trainer *t, int64_t k)
 {
-    struct comm *all = all_group(t);
+    struct comm *all = trainer_all_group(t);
     if (!all)
         return 0;
     const int n = comm_size(all);
@@ -557,9 +375,9 @@ static void answer_control(void *ud, bool done)
 
 void trainer_meet(struct trainer *t)
 {
-    struct comm *all = all_group(t);
+    struct comm *all = trainer_all_group(t);
     if (all && comm_size(all) > 1)
-        comm_barrier_polled(all, !lead(t) && t->hooks.waiting ? answer_control : NULL, t);
+        comm_barrier_polled(all, !trainer_is_lead(t) && t->hooks.waiting ? answer_control : NULL, t);
 }
 
 /* The safe point's decision, DP rank 0's for every DP rank: grpod's commands (the safe_point hook), a signal, a
@@ -567,7 +385,7 @@ void trainer_meet(struct trainer *t)
 static int decide(struct trainer *t)
 {
     int act = TRAINER_CONTINUE;
-    if (lead(t)) {
+    if (trainer_is_lead(t)) {
         act = stop_reason(t);
         t->in_decide = true;
         if (act == TRAINER_CONTINUE)
@@ -578,11 +396,11 @@ static int decide(struct trainer *t)
         if (t->saved_step == t->st.global_step)
             act |= TRAINER_ALREADY_SAVED;
     }
-    if (all_group(t)) /* stop and checkpoint follow the leader */
+    if (trainer_all_group(t)) /* stop and checkpoint follow the leader */
         for (;;) {
-            comm_broadcast_polled(all_group(t), &act, 1, COMM_I32, 0,
-                                  !lead(t) && t->hooks.waiting ? answer_control : NULL, t);
-            if (lead(t) || act != TRAINER_SAVE_NOW)
+            comm_broadcast_polled(trainer_all_group(t), &act, 1, COMM_I32, 0,
+                                  !trainer_is_lead(t) && t->hooks.waiting ? answer_control : NULL, t);
+            if (trainer_is_lead(t) || act != TRAINER_SAVE_NOW)
                 break;
             trainer_save_checkpoint(t); /* the leader writes; this rank sends its part */
             act = TRAINER_CONTINUE;
@@ -593,7 +411,7 @@ static int decide(struct trainer *t)
 int trainer_run(struct trainer *t)
 {
     const struct grpo_config *c = t->cfg;
-    const bool writer = lead(t);
+    const bool writer = trainer_is_lead(t);
     /* validation generates with the policy: on every rank of DP rank 0's TP group (the leader logs it), or on
      * every rank where the source shares it out */
     const bool validator = t->lay.dp_rank / t->lay.ep_size == 0 || t->src.validate; /* EP: DP rank 0's EP group */
@@ -614,7 +432,7 @@ int trainer_run(struct trainer *t)
         bool saved = act & TRAINER_ALREADY_SAVED;
         /* the leader wrote this step's checkpoint (from its safe point, grpod's request): a replica that took no
          * part in writing it holds the same state, and says the request is done too */
-        if (saved && !lead(t) && t->hooks.checkpoint_saved)
+        if (saved && !trainer_is_lead(t) && t->hooks.checkpoint_saved)
             t->hooks.checkpoint_saved(t->hooks.ctx, t->st.global_step, false);
         if ((act & (TRAINER_CHECKPOINT | TRAINER_STOP)) && !saved)
             saved = trainer_save_checkpoint(t) == 0;
@@ -624,8 +442,8 @@ int trainer_run(struct trainer *t)
         }
         if (act & TRAINER_FAIL) {
             /* a rank ending with an error ends the MPI job (grpo_worker.c): not before DP rank 0's checkpoint */
-            if (all_group(t))
-                comm_barrier(all_group(t));
+            if (trainer_all_group(t))
+                comm_barrier(trainer_all_group(t));
             if (writer)
                 log_error("trainer", "stopped at step %lld: %s; %s", (long long)t->st.global_step,
                           t->failure[0] ? t->failure : "a record of the run could not be written",
@@ -686,59 +504,11 @@ int trainer_run(struct trainer *t)
     return rc;
 }
 
-struct trainer *trainer_create(const struct grpo_config *cfg, const struct trainer_hooks *hooks, char *err,
-                               size_t errlen)
-{
-    return trainer_create_dist(cfg, hooks, NULL, NULL, err, errlen);
-}
-
-/* What expert parallelism does not run with yet, refused by name. 0, or -1 with err. */
-static int ep_refusals(const struct trainer *t, char *err, size_t errlen)
-{
-    const struct grpo_config *c = t->cfg;
-    const long long ep = t->lay.ep_size;
-    if (c->trainer_sft_warmup_steps > 0) /* its step sums no gradient over DP: every rank runs every answer */
-        return error_set(err, errlen,
-                         KEY_actor_megatron_expert_model_parallel_size
-                         " %lld with " KEY_trainer_sft_warmup_steps
-                         " %lld: the supervised warm-start runs without expert parallelism "
-                         "for now; warm-start in a run of its own and resume from its checkpoint with EP",
-                         ep, (long long)c->trainer_sft_warmup_steps);
-    return 0;
-}
-
-/* Tensor and pipeline parallelism: the whole policy, as loaded, is cut into this rank's part (before the
- * reference, gradients and optimizer state exist, so that only the weights are ever held whole). */
-static void shard_policy(struct trainer *t)
-{
-    const struct model_layout ml = {t->lay.tp_rank, t->lay.tp_size, t->lay.pp_rank, t->lay.pp_size, t->lay.tp,
-                                    t->lay.pp,      t->lay.mp,      t->lay.ep_rank, t->lay.ep_size, t->lay.ep};
-    struct model *p = model_create_shard(&t->policy->cfg, &ml);
-    model_shard_slice(p, t->policy->w.mem, p->w.mem);
-    if (t->lay.ep)
-        log_info("trainer",
-                 "EP rank %d of %d: experts %d..%d of %d (TP rank %d of %d: their rows %d..%d), stage %d of %d "
-                 "(layers %d..%d), %zu of the model's %zu parameters",
-                 t->lay.ep_rank, t->lay.ep_size, p->sh.expert_lo, p->sh.expert_lo + p->sh.n_experts - 1,
-                 p->cfg.n_experts, t->lay.tp_rank, t->lay.tp_size, p->sh.moe_inter_lo,
-                 p->sh.moe_inter_lo + p->sh.moe_inter - 1, t->lay.pp_rank, t->lay.pp_size, p->sh.layer_lo,
-                 p->sh.layer_hi - 1, p->w.n_floats, t->policy->w.n_floats);
-    else
-        log_info("trainer",
-                 "TP rank %d of %d, stage %d of %d: %zu of the model's %zu parameters (layers %d..%d, heads %d..%d, "
-                 "vocabulary %d..%d)",
-                 t->lay.tp_rank, t->lay.tp_size, t->lay.pp_rank, t->lay.pp_size, p->w.n_floats, t->policy->w.n_floats,
-                 p->sh.layer_lo, p->sh.layer_hi - 1, p->sh.head_lo, p->sh.head_lo + p->sh.n_heads - 1, p->sh.vocab_lo,
-                 p->sh.vocab_hi - 1);
-    model_free(t->policy);
-    t->policy = p;
-}
-
 /* Resume from a checkpoint (whole, the Hugging Face layout) into this rank's part of the weights and of the
  * optimizer state. 0, or -1 with err. */
-static int load_checkpoint(struct trainer *t, const char *dir, struct run_state *st, char *err, size_t errlen)
+int trainer_load_checkpoint(struct trainer *t, const char *dir, struct run_state *st, char *err, size_t errlen)
 {
-    if (!t->lay.mp && !on_device(t))
+    if (!t->lay.mp && !trainer_on_device(t))
         return checkpoint_load(dir, t->policy, t->opt, st, err, errlen);
     if (t->policy->lora && t->lay.mp) { /* LoRA under EP, TP or PP: the whole adapter, then this rank's part */
         const struct model *p = t->policy;
@@ -787,415 +557,6 @@ static int load_checkpoint(struct trainer *t, const char *dir, struct run_state 
     return rc;
 }
 
-struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct trainer_hooks *hooks,
-                                    const struct trainer_layout *lay, const struct trainer_source *src, char *err,
-                                    size_t errlen)
-{
-    struct trainer *t = xcalloc(1, sizeof *t);
-    t->run_lock_fd = -1;
-    t->cfg = cfg;
-    t->saved_step = -1;
-    t->peer_failed_rank = -1;
-    if (hooks)
-        t->hooks = *hooks;
-    t->lay = lay ? *lay : (struct trainer_layout){.dp_size = 1};
-    if (t->lay.dp_size < 1)
-        t->lay.dp_size = 1;
-    if (t->lay.tp_size < 1 || !t->lay.tp)
-        t->lay.tp_size = 1, t->lay.tp_rank = 0, t->lay.tp = NULL;
-    if (t->lay.pp_size < 1 || !t->lay.pp)
-        t->lay.pp_size = 1, t->lay.pp_rank = 0, t->lay.pp = NULL;
-    if (t->lay.ep_size < 1 || !t->lay.ep)
-        t->lay.ep_size = 1, t->lay.ep_rank = 0, t->lay.ep = t->lay.edp = t->lay.etp = NULL;
-    if (!t->lay.tp)
-        t->lay.etp = NULL;
-    /* the experts of one model copy are spread over the EP group (and each over TP: EP x TP); with PP over the
-     * stages' EP groups (and their TP ranks), the layout's mp */
-    if (t->lay.ep && !t->lay.pp)
-        t->lay.mp = t->lay.etp ? t->lay.etp : t->lay.ep;
-    if (!t->lay.mp)
-        t->lay.mp = t->lay.tp;
-    if (t->lay.cp_size < 2 || !t->lay.cp)
-        t->lay.cp_size = 1, t->lay.cp_rank = 0, t->lay.cp = NULL, t->lay.grads = NULL;
-    if (!t->lay.all)
-        t->lay.all = t->lay.dp; /* data parallelism alone: the DP group is every trainer */
-    t->src = src && src->next_batch
-                 ? *src
-                 : (struct trainer_source){.ctx = t, .next_batch = trainer_hybrid_batch, .generates = true};
-    t->est = (enum adv_estimator)adv_estimator_from_name(cfg->alg_adv_estimator);
-    if (t->est == ADV_GDPO) { /* checked by config_validate */
-        char why[256];
-        t->gdpo_n = config_gdpo_keys(cfg, t->gdpo_keys, t->gdpo_w, why, sizeof why);
-        t->gdpo_n = t->gdpo_n > 0 ? t->gdpo_n : 0;
-    }
-    t->agg = (enum loss_agg)loss_agg_from_name(cfg->actor_loss_agg_mode);
-    t->kl_reward_type = (enum kl_type)kl_type_from_name(cfg->alg_kl_penalty);
-    t->loss = (struct policy_loss_params){
-        .clip_low = config_clip_low(cfg),
-        .clip_high = config_clip_high(cfg),
-        .clip_c = cfg->actor_clip_ratio_c,
-        .use_kl_loss = cfg->actor_use_kl_loss,
-        .kl_type = (enum kl_type)kl_type_from_name(cfg->actor_kl_loss_type),
-        .kl_coef = cfg->actor_kl_loss_coef,
-        .entropy_coeff = cfg->actor_entropy_coeff,
-        .mode = (enum loss_mode)loss_mode_from_name(cfg->actor_policy_loss_mode),
-        .tau_pos = cfg->actor_tau_pos,
-        .tau_neg = cfg->actor_tau_neg,
-        .clip_cov_ratio = cfg->actor_policy_loss_clip_cov_ratio,
-        .clip_cov_lb = cfg->actor_policy_loss_clip_cov_lb,
-        .clip_cov_ub = cfg->actor_policy_loss_clip_cov_ub,
-        .kl_cov_ratio = cfg->actor_policy_loss_kl_cov_ratio,
-        .ppo_kl_coef = cfg->actor_policy_loss_ppo_kl_coef,
-        .dro_beta = cfg->actor_policy_loss_dro_beta,
-        .agg = t->agg,
-    };
-    if (rollout_corr_parse(cfg->alg_rc_rollout_is, cfg->alg_rc_rollout_is_threshold,
-                           cfg->alg_rc_rollout_is_batch_normalize, cfg->alg_rc_rollout_rs,
-                           cfg->alg_rc_rollout_rs_threshold, cfg->alg_rc_bypass_mode, cfg->alg_rc_loss_type, &t->corr,
-                           err, errlen) != 0)
-        goto fail;
-    if (t->corr.bypass)
-        t->loss.bypass = &t->corr;
-    if (cfg->trainer_num_threads > 0)
-        khost_set_threads((int)cfg->trainer_num_threads);
-    if (resolve_micro_batches(t, err, errlen) != 0)
-        goto fail;
-
-    /* model, reference, tokenizer */
-    char bundled[4096];
-    const char *model_path = cfg->arr_model_path;
-    if (!model_path || !*model_path) {
-        if (model_bundled_path(bundled, sizeof bundled) != 0) {
-            error_set(err, errlen,
-                      KEY_arr_model_path " is empty and the bundled model is not in %s "
-                                         "(fetch it with scripts/fetch_model.sh)",
-                      bundled);
-            goto fail;
-        }
-        model_path = bundled;
-    }
-    char kern[256];
-    if (lead(t))
-        log_info("trainer", "kernels: %s", khost_blas_kernels(kern, sizeof kern));
-    if (lead(t) && khost_blas_kernels_better())
-        log_warn("trainer",
-                 "OPENBLAS_CORETYPE=%s names older kernels than this CPU runs (%s, about 2x faster GEMMs where "
-                 "measured: docs/results/performance.md); unset it to let the kernels be chosen for the CPU",
-                 getenv("OPENBLAS_CORETYPE"), khost_blas_kernels_better());
-    log_info("trainer", "loading %s", model_path);
-    t->policy = model_load(model_path, err, errlen);
-    if (!t->policy)
-        goto fail;
-    if (model_shard_check(&t->policy->cfg, t->lay.tp_size,
-                          "actor_rollout_ref.actor.megatron.tensor_model_parallel_size", err, errlen) != 0 ||
-        model_stage_check(&t->policy->cfg, t->lay.pp_size,
-                          "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size", err, errlen) != 0 ||
-        model_ep_check(&t->policy->cfg, t->lay.ep_size, t->lay.tp_size, t->lay.pp_size,
-                       "actor_rollout_ref.actor.megatron.expert_model_parallel_size", err, errlen) != 0)
-        goto fail;
-    if (t->lay.ep && ep_refusals(t, err, errlen) != 0)
-        goto fail;
-    if (t->lay.mp)
-        shard_policy(t);
-    t->policy->moe_aux_coef = (float)cfg->actor_moe_aux_loss_coeff;
-    t->policy->moe_replay = strcmp(cfg->actor_router_replay_mode, "R3") == 0;
-    if (!t->policy->cfg.n_experts && (t->policy->moe_replay || cfg->rollout_enable_routing_replay)) {
-        snprintf(err, errlen, "%s: routing replay needs a mixture-of-experts model; %s is dense (no router)",
-                 t->policy->moe_replay ? KEY_actor_router_replay_mode "=R3" : KEY_rollout_enable_routing_replay "=true",
-                 model_path);
-        goto fail;
-    }
-    /* the policy's precision (and the reference's: a clone shares the context) */
-    char dev[32]; /* with other ranks, the GPU grpo_worker gave this one (trainer_layout.device) */
-    snprintf(dev, sizeof dev, "%s", config_device(cfg));
-    if (lay && strcmp(dev, "cuda") == 0)
-        snprintf(dev, sizeof dev, "cuda:%d", t->lay.device);
-    struct kctx *K = model_context_for(dev, cfg->actor_dtype, "actor_rollout_ref.actor.dtype", err, errlen);
-    if (!K)
-        goto fail;
-    model_move(&t->policy, K);
-    if (device_mp_setup(t, err, errlen) != 0)
-        goto fail;
-    /* context parallelism (Megatron's): the same group, ring attention instead of the all-to-all */
-    const bool ring = t->lay.cp && cfg->actor_megatron_context_parallel_size > 1;
-    if (t->lay.cp) { /* Ulysses: every rank of the group runs a slice of each micro-batch's tokens */
-        const char *key = ring ? "actor_rollout_ref.actor.megatron.context_parallel_size"
-                               : "actor_rollout_ref.actor.ulysses_sequence_parallel_size";
-        if ((ring ? model_cp_check(&t->policy->cfg, t->lay.cp_size, key, err, errlen)
-                  : model_sp_check(&t->policy->cfg, t->lay.cp_size, t->lay.tp_size, key,
-                                   "actor_rollout_ref.actor.megatron.tensor_model_parallel_size", err, errlen)) != 0)
-            goto fail;
-        if (ring)
-            model_set_cp(t->policy, t->lay.cp);
-        else
-            model_set_sp(t->policy, t->lay.cp);
-        /* on GPUs of their own, the all-to-all or the ring from device memory over the group's NCCL twin; where
-         * ranks share a GPU, over MPI through pinned host memory (the model's paths stage it) */
-        if (K->device != KDEV_CPU && !t->lay.gpus_shared &&
-            (t->cp_dev = comm_device_group(t->lay.cp, K->device_index)) != NULL) {
-            if (ring)
-                model_set_cp(t->policy, t->cp_dev);
-            else
-                model_set_sp(t->policy, t->cp_dev);
-        }
-        if (K->device != KDEV_CPU && lead(t))
-            log_info("trainer", "%s=%d on GPUs: its %s over %s", key, t->lay.cp_size, ring ? "K/V ring" : "all-to-all",
-                     t->cp_dev ? "NCCL, in device memory"
-                               : "MPI through pinned host memory (NCCL needs a GPU per rank)");
-        /* with TP, a rank's heads are its TP rank's (heads / TP of them) */
-        const int heads = t->policy->sh.n_heads, all = t->policy->cfg.n_heads;
-        char of[96] = "";
-        if (t->lay.tp_size > 1)
-            snprintf(of, sizeof of, " (its TP rank's, of %d over TP %d)", all, t->lay.tp_size);
-        if (ring && lead(t))
-            log_info("trainer",
-                     "context parallelism over %d ranks: each holds chunks r and %d-r of every micro-batch's row cut "
-                     "into %d, and attends over the ring with all %d query heads%s",
-                     t->lay.cp_size, 2 * t->lay.cp_size - 1, 2 * t->lay.cp_size, heads, of);
-        else if (lead(t))
-            log_info("trainer",
-                     "sequence parallelism (Ulysses) over %d ranks: each runs 1/%d of every micro-batch's tokens and "
-                     "attends with %d of the %d query heads%s",
-                     t->lay.cp_size, t->lay.cp_size, heads / t->lay.cp_size, heads, of);
-    }
-    model_set_activation_offload(t->policy, cfg->arr_model_enable_activation_offload);
-    if (cfg->arr_model_enable_activation_offload && !cfg->arr_model_enable_gradient_checkpointing && lead(t))
-        log_warn("trainer", KEY_arr_model_enable_activation_offload
-                 "=true acts with "
-                 "enable_gradient_checkpointing=true (it offloads the layer inputs checkpointing keeps); "
-                 "without it every activation stays on the device");
-    if (lora_attach_config(t->policy, cfg, model_path, err, errlen) != 0)
-        goto fail;
-    char targets[128], moe[192];
-    if (t->policy->lora && lead(t))
-        log_info("trainer",
-                 "LoRA: rank %d, alpha %g (scale %g) on %s%s: %zu trainable parameters, the %zu of the base frozen; "
-                 "the reference policy is the base model",
-                 t->policy->lora->cfg.rank, t->policy->lora->cfg.alpha, (double)t->policy->lora->scale,
-                 lora_targets_text(t->policy->lora->cfg.targets, targets, sizeof targets),
-                 lora_moe_text(t->policy, moe, sizeof moe), t->policy->lora->n, t->policy->w.n_floats);
-    if ((cfg->actor_use_kl_loss || cfg->alg_use_kl_in_reward) && !t->policy->lora) {
-        t->ref = model_clone(t->policy); /* with LoRA the reference is the base: the policy, adapter bypassed */
-    }
-    t->tok = prompt_load_tokenizer(model_path, cfg->data_apply_chat_template_kwargs, err, errlen);
-    if (!t->tok)
-        goto fail;
-
-    /* data and scorers */
-    char *tools = NULL; /* multi-turn rollouts: the tools' schemas, rendered into the tool agents' prompts */
-    if (gen_tools_json(cfg, &tools, err, errlen) != 0)
-        goto fail;
-    const int loaded = prompt_sets_load(cfg, t->tok, tools, &t->train, &t->val, err, errlen);
-    free(tools);
-    if (loaded != 0)
-        goto fail;
-    t->reward = reward_create(cfg, err, errlen);
-    if (!t->reward)
-        goto fail;
-    gen_ctx_init(&t->rc, cfg, t->policy, t->tok, t->reward);
-    /* the reward model, where this process generates: one process, or the trainers that validate */
-    if (t->lay.dp_rank == 0 && gen_ctx_load_reward_model(&t->rc, err, errlen) != 0)
-        goto fail;
-    if (gen_ctx_load_env(&t->rc, err, errlen) != 0)
-        goto fail;
-    const bool rules = !cfg->rm_enable || cfg->rm_rule_reward_weight != 0; /* a reward model alone needs none */
-    for (int i = 0; rules && i < t->train.n; i++)
-        if (!reward_supports(t->reward, t->train.items[i].data_source)) {
-            error_set(err, errlen, "%s: no scorer for data_source '%s' (see docs/rewards.md)", t->train.name,
-                      t->train.items[i].data_source);
-            goto fail;
-        }
-
-    if (data_cursor_init(&t->cursor, t->train.n, config_gen_batch_size(cfg), cfg->data_shuffle,
-                         (uint64_t)cfg->data_seed, err, errlen) != 0)
-        goto fail;
-    t->cursor_open = true;
-    /* AdamW's moments beside the weights: host memory on the CPU, the GPU's with trainer.device=cuda */
-    t->opt = adamw_create_on(on_device(t) ? t->policy->K : kctx_cpu(), model_trainable(t->policy).n,
-                             cfg->actor_optim_betas.v[0], cfg->actor_optim_betas.v[1], cfg->actor_optim_eps,
-                             cfg->actor_optim_weight_decay);
-    t->st.seed = (uint64_t)cfg->data_seed;
-    t->st.config_digest = config_digest(cfg);
-    t->st.total_steps = compute_total_steps(cfg, t->train.n) + cfg->trainer_sft_warmup_steps;
-    int64_t grpo_steps = t->st.total_steps - cfg->trainer_sft_warmup_steps;
-    t->warmup = cfg->actor_optim_lr_warmup_steps >= 0 ? cfg->actor_optim_lr_warmup_steps
-                                                      : (int64_t)(cfg->actor_optim_lr_warmup_steps_ratio * grpo_steps);
-    t->peak_flops = on_device(t) ? device_peak_flops(t->policy->K) : measure_peak_flops();
-    device_dp_setup(t);
-    if (on_device(t) && (t->lay.ep || t->lay.cp)) /* EP's expert sums, DP x CP's: MPI groups, through the host */
-        trainer_host_buffer(t);
-    if (on_device(t) && t->lay.grads && !t->lay.gpus_shared) /* DP x CP's sums over NCCL, in device memory */
-        t->grads_dev = comm_device_group(t->lay.grads, t->policy->K->device_index);
-    if (on_device(t) && t->lay.edp && comm_size(t->lay.edp) > 1 && !t->lay.gpus_shared) /* the experts' the same */
-        t->edp_dev = comm_device_group(t->lay.edp, t->policy->K->device_index);
-    t->share_prompts = cfg->actor_shared_prompt_packing && !on_device(t) && !t->policy->sh.ring;
-    if (cfg->actor_shared_prompt_packing && t->policy->sh.ring && lead(t))
-        log_info("trainer", "context parallelism packs every sequence whole (ring attention has no shared "
-                            "prompts; " KEY_actor_shared_prompt_packing " does not apply)");
-    if (cfg->actor_shared_prompt_packing && on_device(t) && lead(t))
-        log_info("trainer", "shared-prompt packing has no CUDA kernel yet: every sequence is packed whole on the "
-                            "GPU (" KEY_actor_shared_prompt_packing " applies on the CPU)");
-
-    /* run directory and resume */
-    snprintf(t->run_dir, sizeof t->run_dir, "%s/%s/%s", cfg->trainer_default_local_dir, cfg->trainer_project_name,
-             cfg->trainer_experiment_name);
-    snprintf(t->ckpt_root, sizeof t->ckpt_root, "%s/checkpoints", t->run_dir);
-    if (fs_mkdir_p(t->run_dir) != 0) {
-        error_set(err, errlen, "%s: cannot create run directory: %s", t->run_dir, check_errno_text());
-        goto fail;
-    }
-    if (lock_run_dir(t, err, errlen) != 0)
-        goto fail;
-    char resume[4096] = "";
-    if (strcmp(cfg->trainer_resume_mode, "resume_path") == 0)
-        snprintf(resume, sizeof resume, "%s", cfg->trainer_resume_from_path);
-    else if (strcmp(cfg->trainer_resume_mode, "auto") == 0 &&
-             checkpoint_find_latest(t->ckpt_root, resume, sizeof resume) != 0)
-        resume[0] = 0;
-    if (resume[0]) {
-        struct run_state st;
-        if (load_checkpoint(t, resume, &st, err, errlen) != 0)
-            goto fail;
-        if (st.config_digest != t->st.config_digest)
-            log_warn("trainer", "resuming %s with a configuration that differs from the one it was written with",
-                     resume);
-        t->st.global_step = st.global_step;
-        t->st.epoch = st.epoch;
-        t->st.cursor = st.cursor;
-        t->st.seed = st.seed;
-        data_cursor_seek(&t->cursor, (long)st.epoch, (int)st.cursor);
-        if (t->ref && cfg->trainer_sft_warmup_steps > 0 && st.global_step >= cfg->trainer_sft_warmup_steps) {
-            char refdir[2300];
-            snprintf(refdir, sizeof refdir, "%s/reference", t->run_dir);
-            struct model *r = model_load_hf(refdir, err, errlen);
-            if (!r)
-                goto fail;
-            model_move(&r, t->policy->K); /* the reference computes where and as the policy does */
-            model_free(t->ref);
-            t->ref = r;
-        }
-        snprintf(t->resumed_from, sizeof t->resumed_from, "%s", resume);
-        log_info("trainer", "resumed from %s at step %lld", resume, (long long)st.global_step);
-    }
-    /* ZeRO-1 shards over the ranks whose gradients add up: DP, or DP x CP with sequence or context parallelism
-     * (every rank of a CP group holds the whole model and its part of each gradient) */
-    struct comm *zg = t->lay.grads ? t->lay.grads : t->lay.dp;
-    if (cfg->actor_megatron_use_distributed_optimizer && zg && comm_size(zg) > 1) {
-        /* ZeRO-1: this rank keeps its block of the (whole, possibly just loaded) optimizer state */
-        struct comm *zg_dev = t->lay.grads ? t->grads_dev : t->dp_dev; /* its NCCL twin on GPUs */
-        struct comm *edp = t->edp_dev ? t->edp_dev : t->lay.edp;
-        if (on_device(t) && (!zg_dev || (t->lay.edp && comm_size(t->lay.edp) > 1 && !t->edp_dev))) {
-            error_set(err, errlen,
-                      KEY_actor_megatron_use_distributed_optimizer
-                      "=true with " KEY_trainer_device "=cuda: "
-                      "ZeRO-1 on GPUs runs over NCCL, which needs a GPU per trainer rank, and %d %s ranks share "
-                      "fewer GPUs here; give each trainer rank a GPU of its own or set it to false",
-                      comm_size(zg), t->lay.grads ? "DP x CP" : "DP");
-            goto fail;
-        }
-        /* expert parallelism: the dense parameters over DP, the experts over the ranks holding the same ones */
-        struct comm *zz = on_device(t) ? zg_dev : zg;
-        t->zero = t->lay.ep ? zero1_create_ep(t->opt->K, zz, edp, t->policy)
-                            : zero1_create(t->opt->K, zz, model_trainable(t->policy).n);
-        struct adamw *block = zero1_shard(t->zero, t->opt);
-        adamw_free(t->opt);
-        t->opt = block;
-        if (t->zero->ep)
-            log_info("trainer",
-                     "ZeRO-1 with EP: DP rank %d keeps the optimizer state of %zu of this EP rank's %zu parameters "
-                     "(dense ones over DP, experts over the %d DP ranks holding the same experts)",
-                     comm_rank(zg), block->n, t->zero->n, t->lay.edp ? comm_size(t->lay.edp) : 1);
-        else
-            log_info("trainer", "ZeRO-1: %s rank %d keeps the optimizer state of parameters %zu..%zu (%.2f GB of %.2f)",
-                     t->lay.grads ? "DP x CP" : "DP", comm_rank(zg), t->zero->lo, t->zero->hi,
-                     8.0 * (double)block->n / 1e9, 8.0 * (double)t->zero->n / 1e9);
-    }
-    overlap_setup(t);
-    /* a failed write of an earlier run in this process (tests run several) is not this run's */
-    metrics_output_failure_reset();
-    /* steps logged after the checkpoint we resume from are forgotten: they are redone */
-    /* trainer.logger picks the console and TensorBoard; metrics.jsonl and the SVG chart are always written (grpoctl
-     * and resumption read them); a remote sink gets one notice */
-    unsigned want = 0;
-    char skipped[256];
-    struct cfg_error cerr;
-    if (config_logger_sinks(cfg, &want, skipped, sizeof skipped, &cerr) != 0) {
-        error_set(err, errlen, "%s", cerr.msg);
-        goto fail;
-    }
-    unsigned sinks = METRICS_SINK_JSONL | METRICS_SINK_SVG;
-    if (want & CFG_LOG_CONSOLE)
-        sinks |= METRICS_SINK_CONSOLE;
-    if (want & CFG_LOG_TENSORBOARD)
-        sinks |= METRICS_SINK_TENSORBOARD;
-    if (lead(t) && skipped[0]) {
-        char *save = NULL;
-        for (char *s = strtok_r(skipped, ", ", &save); s; s = strtok_r(NULL, ", ", &save))
-            log_info("trainer", KEY_trainer_logger ": %s skipped (no %s client here); metrics go to %s/metrics.jsonl",
-                     s, s, t->run_dir);
-    }
-    if (lead(t) && metrics_logger_open(&t->logger, t->run_dir, sinks, (long)t->st.total_steps,
-                                       resume[0] ? (long)t->st.global_step : -1, cfg->trainer_experiment_name) != 0) {
-        error_set(err, errlen, "%s: cannot open the metrics files", t->run_dir);
-        goto fail;
-    }
-    t->logger_open = lead(t);
-    log_info("trainer",
-             "run %s: %d train / %d val prompts, %lld steps (%lld done), batch %lld prompts x %lld responses, "
-             "%zu parameters",
-             t->run_dir, t->train.n, t->val.n, (long long)t->st.total_steps, (long long)t->st.global_step,
-             cfg->data_train_batch_size, cfg->rollout_n, model_num_params(t->policy));
-    return t;
-fail:
-    trainer_free(t);
-    return NULL;
-}
-
-void trainer_free(struct trainer *t)
-{
-    if (!t)
-        return;
-    if (t->run_lock_fd >= 0)
-        close(t->run_lock_fd); /* releases run.lock */
-    if (t->logger_open)
-        metrics_logger_close(&t->logger);
-    model_free(t->policy);
-    model_free(t->ref);
-    for (int k = 0; k < t->gdpo_n; k++)
-        free(t->gdpo_keys[k]);
-    if (t->tok)
-        tokenizer_free(t->tok);
-    adamw_free(t->opt);
-    zero1_free(t->zero);
-    grad_reducer_free(t->overlap);
-    if (t->dp_dev)
-        comm_free(t->dp_dev);
-    if (t->ep_dev && t->ep_dev != t->mp_dev)
-        comm_free(t->ep_dev);
-    if (t->cp_dev)
-        comm_free(t->cp_dev);
-    if (t->grads_dev)
-        comm_free(t->grads_dev);
-    if (t->edp_dev)
-        comm_free(t->edp_dev);
-    if (t->mp_dev && t->mp_dev != t->tp_dev)
-        comm_free(t->mp_dev);
-    if (t->tp_dev)
-        comm_free(t->tp_dev);
-    if (t->pp_dev)
-        comm_free(t->pp_dev);
-    if (t->host_params)
-        karena_release(&t->host_stage);
-    gen_ctx_release(&t->rc);
-    if (t->reward)
-        reward_free(t->reward);
-    if (t->cursor_open)
-        data_cursor_free(&t->cursor);
-    prompt_set_free(&t->train);
-    prompt_set_free(&t->val);
-    free(t);
-}
-
 int64_t trainer_step(const struct trainer *t) { return t->st.global_step; }
 const char *trainer_failure(const struct trainer *t) { return t->failure; }
 struct model *trainer_policy(struct trainer *t) { return t->policy; }
@@ -1218,6 +579,8 @@ void trainer_advance_cursor(struct trainer *t, int *uids)
 }
 int64_t trainer_total_steps(const struct trainer *t) { return t->st.total_steps; }
 const char *trainer_resumed_from(const struct trainer *t) { return t->resumed_from; }
+void trainer_enter_phase(struct trainer *t, Grpo__Phase p) { trainer_phase(t, p); }
+uint64_t trainer_seed(const struct trainer *t) { return t->st.seed; }
 
 void trainer_set_cursor(struct trainer *t, int64_t epoch, int64_t index)
 {
@@ -1230,7 +593,7 @@ const float *trainer_params(struct trainer *t, size_t *n)
 {
     const struct trainable tr = model_trainable(t->policy);
     *n = tr.n;
-    if (!on_device(t))
+    if (!trainer_on_device(t))
         return tr.params;
     k_to_host(t->policy->K, trainer_host_buffer(t), tr.params, tr.n * sizeof(float));
     return t->host_params;

@@ -1,7 +1,8 @@
-/* The GRPO run loop in one process (all roles): for each step draw prompts,
- * generate n responses each, score them, recompute old log-probs, compute
- * reference log-probs, advantages, then the PPO/GRPO update; validate, log
- * metrics, checkpoint. Resuming from a checkpoint continues bit-identically. */
+/* The trainer library's public interface: a GRPO run loop fed by a step source (struct trainer_source) it does not
+ * know: for each step the source's rollouts (drawn, generated and scored wherever the source makes them), then old
+ * log-probs, reference log-probs, advantages and the PPO/GRPO update; validate, log metrics, checkpoint. Resuming
+ * from a checkpoint continues bit-identically. The sources: worker/hybrid/ (one process, colocated ranks) and
+ * worker/split/ (rollout ranks). */
 #ifndef GRPO_WORKER_TRAINER_H
 #define GRPO_WORKER_TRAINER_H
 
@@ -19,6 +20,7 @@ struct step_batch;
 struct model;
 struct prompt_set;
 struct gen_ctx;
+struct prompt_item;
 
 /* What a safe point asks the trainer to do. */
 enum trainer_action { TRAINER_CONTINUE = 0, TRAINER_CHECKPOINT = 1, TRAINER_STOP = 2 };
@@ -69,71 +71,30 @@ struct trainer_layout {
     bool gpus_shared; /* trainer.device=cuda: some DP ranks share a GPU, so NCCL cannot sum their gradients */
 };
 
-/* Fully-async training's figures of a step (verl's fully_async/ and training/off_policy/ metrics): staleness is in
- * pushes (parameter versions), counts are prompts (samples) or responses (trajectories), cumulative where verl's
- * are. */
-struct fully_async_stats {
-    int64_t current_param_version;
-    int64_t total_generated_samples, stale_samples_processed, stale_trajectory_processed, dropped_stale_samples;
-    int64_t dropped_units;                       /* this step's */
-    int64_t total_partial_num, max_partial_span; /* this step's trajectories */
-    double partial_ratio;
-    double staleness_mean, staleness_min, staleness_max; /* trajectory_staleness: less the newest token's */
-    double worst_mean, worst_min, worst_max;             /* trajectory_staleness_worst: less the oldest token's */
-    double spans_mean, spans_min, spans_max;             /* trajectory_spans: versions a trajectory went through */
-    double total_wait_time;                              /* this step's wait for its units */
-    int64_t required_samples, max_required_samples;      /* verl's static figures */
-    double staleness_threshold;
-    int64_t buffered_samples; /* prompts arrived and not yet trained (the queue) */
-};
-
-/* What a step's source reports with its rollouts: the seconds they took where they were made (summed over
- * rollout ranks when they come from several), and what the source did to get them. step_metrics.c turns it into
- * metrics; a source sets none itself. */
+/* What a step's source reports with its rollouts, the figures the trainer's own metrics use: the seconds they took
+ * where they were made (summed over rollout ranks when they come from several), and this rank's wait for them.
+ * step_metrics.c turns them into metrics; what else a source did to get them (its planes, its engines, DAPO's
+ * rounds) it keeps and reports itself (trainer_source.metrics). */
 struct step_timing {
     double gen, reward;
-    double wait_data;            /* this rank waiting for the step's batches */
-    double rollout_idle;         /* the rollout ranks' waiting (for weights, for room to send), the largest */
-    double rollout_peak_rss_gb;  /* the rollout ranks' peak resident memory, the largest */
-    double rollout_wait_weights; /* the part of rollout_idle spent waiting for weights (of the same rank) */
-    bool split;                  /* rollouts came from rollout ranks: report the idle ratios per role */
-    /* one process with DAPO's dynamic sampling (algorithm.filter_groups.enable) */
-    bool filtered;
-    double gen_batches; /* batches of data.train_batch_size prompts generated for the step */
-    int kept_groups;    /* groups kept (scores not all equal), at most data.train_batch_size */
-    /* the split run's data and weight planes (split) */
-    int64_t staleness;            /* policy versions the step's rollouts lag behind (the largest) */
-    double update_weights_s;      /* publishing and broadcasting the versions since the previous step */
-    uint64_t refused, duplicates; /* batches refused on this rank's data socket; duplicate or stale ones */
-    /* batches dropped so far, by reason: malformed or out of range, for a step beyond the window, not granted to
-     * their sender, holding other prompts than their step draws */
-    uint64_t drop_invalid, drop_future, drop_not_granted, drop_prompt;
-    bool dispatched; /* this rank runs the dispatcher, which counted the figures below */
-    int64_t live_processes, lost_processes, units_regranted; /* rollout processes, as the dispatcher sees them */
-    int64_t weight_bytes;                                    /* weight bytes it served since the previous step */
-    int64_t dispatch_refused;                                /* requests it refused so far */
-    int64_t dispatch_old_epoch; /* of those, requests of another key epoch (another launch's keys) */
-    int64_t dispatch_oversized, dispatch_superseded, dispatch_rate_limited; /* of those: by size, superseded, rate */
-    int64_t replaced_processes; /* live rollout processes superseded by a newer one of their rank */
-    uint64_t old_epoch;         /* batches refused on this rank's data socket for another key epoch */
-    /* colocated ranks (every rank generates, then trains): the long tail of the step's generation */
-    bool colocated;
-    double gen_wait_peers; /* the longest any rank waited for the others to finish generating */
-    double gen_imbalance;  /* the slowest engine's generation and scoring seconds over the engines' mean */
-    int64_t units_stolen;  /* units made by another engine than the one that owned them at the start */
-    int units;             /* work units of the step */
-    double wait_meet;      /* the part of wait_data spent meeting the other ranks (a collective: idle counts it) */
+    double wait_data; /* this rank waiting for the step's batches */
+    bool split;       /* rollouts came from rollout ranks: the trainer reports its waiting for them, its gradient
+                       * traffic and its idle share (the source its own ranks') */
+    double wait_meet; /* the part of wait_data spent meeting the other ranks (a collective: idle counts it) */
     /* a source that generates on this rank: the memory the generation phase held at its peak */
     bool gen_here;
     double gen_max_allocated_gb; /* everything the policy's context held, at the generation's peak */
     double gen_grads_gb;         /* of which gradients (0 when they were given back for generation) */
-    /* fully-async training (the trainer role's stream) */
-    bool fully_async;
-    struct fully_async_stats fa;
 };
 
-/* Where each step's rollouts come from, and what happens between steps. The default (zero value) is this
- * process: draw, generate and score locally. */
+/* Where a source's own metrics go among a step's (verl's order). */
+enum source_metrics_at {
+    SOURCE_METRICS_FIRST, /* before every other metric of the step */
+    SOURCE_METRICS_LATE,  /* after the trainer's timings and its waiting for data */
+};
+
+/* Where each step's rollouts come from, and what happens between steps: every trainer is fed by one (the one-process
+ * and colocated sources are worker/hybrid/'s, the split run's worker/split/'s); the trainer knows none of them. */
 struct trainer_source {
     void *ctx;
     /* this rank's share of step k's rollouts into b (whole groups, gidx set), with its report in tm; 0, or -1
@@ -155,23 +116,26 @@ struct trainer_source {
     /* the source's state for a checkpoint of `step` steps (fully-async training: the stream drained, the units not
      * yet trained): *blob (malloc'd, *len bytes) goes into the checkpoint as async_state.bin. May be NULL. 0, or -1 */
     int (*checkpoint_state)(void *ctx, int64_t step, uint8_t **blob, size_t *len);
+    /* the source's own metrics of the step it made last (its counters and figures, which it owns), set at `at`; tm
+     * is the step's as the trainer ended it and step_s its seconds. May be NULL. */
+    void (*metrics)(void *ctx, enum source_metrics_at at, const struct step_timing *tm, double step_s,
+                    struct metrics *m);
+    /* trainer_free gives ctx back with it (NULL: the caller owns ctx) */
+    void (*release)(void *ctx);
 };
 /* The file a source's checkpoint state goes to, in the checkpoint's directory. */
 #define TRAINER_SOURCE_STATE_FILE "async_state.bin"
 
-/* Set up a run from the configuration: model, reference, tokenizer, data, scorers, run directory, and resume
- * from a checkpoint when trainer.resume_mode asks. NULL with err on failure. */
-struct trainer *trainer_create(const struct grpo_config *cfg, const struct trainer_hooks *hooks, char *err,
-                               size_t errlen);
 /* Run to trainer.total_training_steps (or a stop request). 0 when finished or stopped cleanly, -1 on error.
  * Besides grpod's stop (the safe_point hook), the run stops at its next safe point, after a checkpoint, when
  * the process (any DP rank) has received SIGTERM or SIGINT (control_stop_signal(): returns 0), and when a
  * record of the run could not be written (metrics_output_failure(): metrics.jsonl, TensorBoard, the chart,
  * the rollout dumps, on any DP rank; returns -1, with trainer_failure() saying why). */
 int trainer_run(struct trainer *t);
-/* As trainer_create, on one rank of several data-parallel trainers fed by src (either may be NULL: alone, local
- * rollouts). Only DP rank 0 validates, writes metrics and checkpoints; stop and checkpoint decisions are DP rank
- * 0's, and every step checks that the weights are identical on every DP rank. */
+/* Set up a run from the configuration: model, reference, tokenizer, data, scorers, run directory, and resume from a
+ * checkpoint when trainer.resume_mode asks; on one rank of several trainers (lay; NULL: alone) fed by src (its
+ * next_batch required). Only DP rank 0 validates, writes metrics and checkpoints; stop and checkpoint decisions are
+ * DP rank 0's, and every step checks that the weights are identical on every DP rank. NULL with err on failure. */
 struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct trainer_hooks *hooks,
                                     const struct trainer_layout *lay, const struct trainer_source *src, char *err,
                                     size_t errlen);
@@ -179,6 +143,15 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
  * indices (config_gen_batch_size of them: data.gen_batch_size, else data.train_batch_size) in uids: a trainer fed by
  * rollout ranks keeps its cursor, which goes into checkpoints, in step with theirs. */
 void trainer_advance_cursor(struct trainer *t, int *uids);
+/* The next n prompts (the data cursor's batch: config_gen_batch_size; verl's sampler with drop_last) into out (and
+ * their dataset indices into uids, may be NULL), for a source that draws in the trainer's process; the cursor is part
+ * of the run state. */
+void trainer_draw_prompts(struct trainer *t, const struct prompt_item **out, int *uids, int n);
+/* Enter phase p of the coming step (a source's phases: the log and the control plane hear of it). */
+void trainer_enter_phase(struct trainer *t, Grpo__Phase p);
+/* The seed of the run's random draws (data.seed, or the checkpoint's): a source seeds step k with
+ * rollout_step_seed(seed, k, round). */
+uint64_t trainer_seed(const struct trainer *t);
 /* The checkpoint directory the run resumed from, or "" (a source reads its state there: async_state.bin). */
 const char *trainer_resumed_from(const struct trainer *t);
 /* Set the data cursor that checkpoints record (a source that draws its own prompts: fully-async training's stream). */

@@ -1,4 +1,4 @@
-/* Inside the trainer: its state, shared by the run loop and life cycle (trainer.c) and the step
+/* Inside the trainer: its state, shared by its set-up (trainer_create.c), the run loop (trainer.c) and the step
  * (trainer_step.c). Not for other modules: they use trainer.h. */
 #ifndef GRPO_WORKER_TRAINER_INTERNAL_H
 #define GRPO_WORKER_TRAINER_INTERNAL_H
@@ -84,6 +84,22 @@ struct trainer {
     struct rollout_corr corr; /* algorithm.rollout_correction */
 };
 
+/* The trainer rank that decides for all and writes the run's records: DP rank 0, TP rank 0, the first stage. */
+static inline bool trainer_is_lead(const struct trainer *t)
+{
+    return t->lay.dp_rank == 0 && t->lay.tp_rank == 0 && t->lay.pp_rank == 0 && t->lay.cp_rank == 0;
+}
+
+/* The policy lives in device memory (trainer.device=cuda): what reads host memory gets a host copy. */
+static inline bool trainer_on_device(const struct trainer *t) { return t->policy->K->device != KDEV_CPU; }
+
+/* The group the decisions are broadcast over (every trainer rank), NULL when alone (trainer.c). */
+struct comm *trainer_all_group(const struct trainer *t);
+
+/* Resume from a checkpoint (whole, the Hugging Face layout) into this rank's part of the weights and of the optimizer
+ * state (trainer.c). 0, or -1 with err. */
+int trainer_load_checkpoint(struct trainer *t, const char *dir, struct run_state *st, char *err, size_t errlen);
+
 /* Enter phase p of the coming step: the log (debug) and the hook hear of it. */
 static inline void trainer_phase(struct trainer *t, Grpo__Phase p)
 {
@@ -103,11 +119,6 @@ static inline uint64_t trainer_step_seed(uint64_t seed, int64_t step, uint64_t s
     return rollout_step_seed(seed, step, salt);
 }
 
-/* The next train_batch_size prompts (verl's sampler with drop_last) into out (and their dataset indices into
- * uids, may be NULL); the cursor is part of the run state. */
-void trainer_draw_prompts(struct trainer *t, const struct prompt_item **out, int *uids, int n);
-/* trainer_source.next_batch of one process: draw, generate and score step k here (ctx is the trainer). */
-int trainer_hybrid_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm);
 /* One GRPO step (the source's batch, then the update); 0, or -1 on a fatal error. */
 int trainer_grpo_step(struct trainer *t, struct metrics *m);
 /* Every trainer rank meets here, with no deadline (the others answer the control plane meanwhile): once its step's

@@ -409,44 +409,6 @@ void trainer_validate(struct trainer *t, struct metrics *m)
     }
 }
 
-/* Step k's rollouts in this process (hybrid role): draw, generate, score, and with DAPO's dynamic sampling draw
- * again until enough groups carry a learning signal. */
-int trainer_hybrid_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm)
-{
-    struct trainer *t = ctx;
-    const struct grpo_config *c = t->cfg;
-    const int B = (int)c->data_train_batch_size, n = (int)c->rollout_n;
-    const int G = config_gen_batch_size(c); /* prompts per generation round (DAPO's data.gen_batch_size) */
-    const struct prompt_item **prompts = xmalloc((size_t)G * sizeof *prompts);
-    int *uids = xmalloc((size_t)G * sizeof(int));
-    struct sampler_params sp = {(float)c->rollout_temperature, (float)c->rollout_top_p, (int)c->rollout_top_k};
-    const int rounds = config_filter_rounds(c);
-    int drawn = 0, r = 0;
-    for (; r < rounds; r++) {
-        trainer_phase(t, GRPO__PHASE__PHASE_GEN);
-        trainer_draw_prompts(t, prompts, uids, G);
-        drawn += G;
-        gen_generate_and_score(&t->rc, prompts, uids, G, 0, &sp, n, trainer_step_seed(t->st.seed, k, (uint64_t)r), b,
-                               &tm->gen, &tm->reward);
-        if (!c->alg_filter_groups_enable)
-            break;
-        step_batch_filter_groups(b, step_filter_metric_from_name(c->alg_filter_groups_metric));
-        if (b->n_groups >= B)
-            break;
-    }
-    free(prompts);
-    free(uids);
-    if (c->alg_filter_groups_enable) {
-        step_batch_truncate_groups(b, B);
-        tm->filtered = true;
-        tm->gen_batches = (double)drawn / G;
-        tm->kept_groups = b->n_groups;
-    }
-    for (int i = 0; i < b->n_seq; i++) /* after filtering, positions in this batch are the step's order */
-        b->seqs[i].gidx = i;
-    return 0;
-}
-
 /* ------------------------------------------------------------ a GRPO step's phases */
 
 /* What a step's rollouts are, over every DP rank: scores, accuracy, lengths (verl's critic/ and
@@ -893,6 +855,7 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
 {
     const struct grpo_config *c = t->cfg;
     struct step_result r = {.source = *tm,
+                            .src = &t->src,
                             .model = &t->policy->cfg,
                             .tp = t->lay.tp != NULL,
                             .pp = t->lay.pp != NULL,

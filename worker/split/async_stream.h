@@ -1,11 +1,11 @@
 /* Fully-async training, the trainer's side of the stream (docs/training.md, "Fully-async training"): the work units
  * that reached the trainer, in the order they came; which of them step k takes and which it drops for staleness;
  * the schedule each run writes (RUN_DIR/async_schedule.jsonl) and a replay of one; the state a checkpoint keeps.
- * It opens no socket and knows no dispatcher: trainer_role.c feeds it the arrivals and tells the dispatcher what
+ * It opens no socket and knows no dispatcher: split_async.c feeds it the arrivals and tells the dispatcher what
  * it took. Trainer rank 0 holds it; with more trainer ranks, the units each step takes go from rank 0 to the others
  * (astream_step_pack), and every rank makes its DP rank's share of them (astream_step_batch). */
-#ifndef GRPO_WORKER_TRAINER_ASYNC_STREAM_H
-#define GRPO_WORKER_TRAINER_ASYNC_STREAM_H
+#ifndef GRPO_WORKER_SPLIT_ASYNC_STREAM_H
+#define GRPO_WORKER_SPLIT_ASYNC_STREAM_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -15,6 +15,24 @@
 #include "worker/plane/wire.h"
 #include "worker/step/batch.h"
 #include "worker/trainer/trainer.h"
+
+/* Fully-async training's figures of a step (verl's fully_async/ and training/off_policy/ metrics): staleness is in
+ * pushes (parameter versions), counts are prompts (samples) or responses (trajectories), cumulative where verl's
+ * are. */
+struct fully_async_stats {
+    int64_t current_param_version;
+    int64_t total_generated_samples, stale_samples_processed, stale_trajectory_processed, dropped_stale_samples;
+    int64_t dropped_units;                       /* this step's */
+    int64_t total_partial_num, max_partial_span; /* this step's trajectories */
+    double partial_ratio;
+    double staleness_mean, staleness_min, staleness_max; /* trajectory_staleness: less the newest token's */
+    double worst_mean, worst_min, worst_max;             /* trajectory_staleness_worst: less the oldest token's */
+    double spans_mean, spans_min, spans_max;             /* trajectory_spans: versions a trajectory went through */
+    double total_wait_time;                              /* this step's wait for its units */
+    int64_t required_samples, max_required_samples;      /* verl's static figures */
+    double staleness_threshold;
+    int64_t buffered_samples; /* prompts arrived and not yet trained (the queue) */
+};
 
 struct astream_options {
     int push_every;             /* async_training.trigger_parameter_sync_step */
