@@ -92,7 +92,7 @@ static void run(const uint8_t *data, size_t size)
     dispatch_core_stats(d, &st);
     if (st.live < 0 || st.granted < st.regranted)
         abort();
-    (void)dispatch_core_all_told(d);
+    (void)dispatch_core_all_heard(d);
     dispatch_core_free(d);
 }
 
