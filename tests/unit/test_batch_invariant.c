@@ -146,7 +146,7 @@ static void check_attention_ref(const float *out, float lse, const float *q, con
                                 int t, int h, int hq, int hkv, int hd)
 {
     const int g = h / (hq / hkv), qd = hq * hd, kd = hkv * hd;
-    double sc[256], mx = -INFINITY, sum = 0;
+    double sc[256] = {0}, mx = -INFINITY, sum = 0;
     assert_true(t - f < 256);
     for (int j = f; j <= t; j++) {
         double d = 0;

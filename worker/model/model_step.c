@@ -133,8 +133,8 @@ static void kvtab_upload(const struct model *m, struct kv_cache **caches, int B,
     const int lo = m->sh.layer_lo, nl = m->sh.layer_hi - lo;
     const size_t bytes = kvtab_bytes(m, B);
     char *h = xmalloc(bytes);
-    float **kp = (float **)h, **vp = kp + (size_t)nl * B;
-    int32_t *len = (int32_t *)(vp + (size_t)nl * B);
+    float **kp = (float **)(void *)h, **vp = kp + (size_t)nl * B;
+    int32_t *len = (int32_t *)(void *)(h + 2 * (size_t)nl * B * sizeof(float *));
     for (int l = 0; l < nl; l++)
         for (int b = 0; b < B; b++) {
             kp[(size_t)l * B + b] = caches[b]->k[lo + l];
@@ -303,8 +303,8 @@ static const float *step(struct model *m, struct kv_cache **caches, int B, const
         if (batched) { /* one call: every sequence's new K and V appended, and attended */
             const size_t nl = (size_t)(sh->layer_hi - sh->layer_lo), at = (size_t)(l - sh->layer_lo) * B;
             float *const *kp = (float *const *)t.kvtab;
-            k_attention_decode_batched(K, t.att, t.q, t.k, t.v, kp + at, kp + nl * B + at,
-                                       (const int32_t *)(kp + 2 * nl * B), B, Hq, Hkv, hd);
+            const int32_t *lens = (const int32_t *)((const char *)t.kvtab + 2 * nl * B * sizeof(float *));
+            k_attention_decode_batched(K, t.att, t.q, t.k, t.v, kp + at, kp + nl * B + at, lens, B, Hq, Hkv, hd);
         }
         for (int b = 0, off = 0; !batched && b < B; off += ntok[b], b++) {
             struct kv_cache *kc = caches[b];
