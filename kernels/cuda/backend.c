@@ -317,6 +317,8 @@ static struct kept *kept_of(struct cuda_impl *I, const void *p, size_t bytes)
 
 static void cuda_weights_note(struct kctx *K, const void *p, size_t bytes)
 {
+    if (K->matmul != KMM_BF16) /* fp32 products read the weights themselves: nothing to keep, nothing to mark */
+        return;
     struct cuda_impl *I = impl(K);
     if (I->n_kept == I->cap_kept) {
         I->cap_kept = I->cap_kept ? 2 * I->cap_kept : 8;
