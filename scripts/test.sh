@@ -28,8 +28,17 @@ if [ "$SANITIZE" = 1 ] && [ $# -gt 0 ]; then
     echo "test.sh: --sanitize runs every test and takes no meson arguments (given: $*)" >&2
     exit 2
 fi
+# each phase's wall time, said as it ends (where the run's time goes)
+TP=$(date +%s)
+took() {
+    local now; now=$(date +%s)
+    echo "== test.sh: $1 took $((now - TP)) s"
+    TP=$now
+}
 ./scripts/deps.sh
+took "dependencies"
 ./scripts/build.sh build
+took "the build"
 # the bundled model: tests that read it skip without it, so fetch it first
 if ! GRPO_MODEL_GGUF="$(./scripts/fetch_model.sh)"; then
     echo "warning: could not fetch the bundled model; tests that need it will be skipped" >&2
@@ -41,6 +50,7 @@ fi
 # TensorBoard, whose own reader checks the event files (tests/system/test_tensorboard.sh skips without it)
 ./scripts/tensorboard_env.sh >/dev/null ||
     echo "warning: could not install tensorboard; the tensorboard-reader test will be skipped" >&2
+took "the model and the Python environments"
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 if [ "$LOADED" = 1 ]; then
     hogs=()
@@ -59,6 +69,7 @@ rc=0
 if [ "$SANITIZE" = 0 ]; then
     meson test -C build --print-errorlogs --num-processes 2 --timeout-multiplier "$mult" "$@" || rc=$?
     logs=(build/meson-logs/testlog.json)
+    took "the tests"
 else
     # Each test once. AddressSanitizer and UBSan on the CPU code (nvcc does not take -fsanitize): the unit suite with
     # LeakSanitizer; the system and mpi suites without it (every grpo-worker and MPI test program runs Open MPI,
@@ -70,12 +81,15 @@ else
     asan_mult="$(awk -v f="$GRPO_TEST_TIME_SCALE" 'BEGIN { m = 3 * f; r = int(m); print r < m ? r + 1 : r }')"
     san=(UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1)
     if ./scripts/build.sh build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled; then
+        took "the sanitizer build"
         env "${san[@]}" ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
             meson test -C build-asan --suite unit --print-errorlogs --num-processes 2 \
             --timeout-multiplier "$asan_mult" || rc=1
+        took "the unit suite under the sanitizers"
         env "${san[@]}" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
             meson test -C build-asan --suite system --suite mpi --no-suite long --timeout-multiplier "$asan_mult" \
             --logbase testlog-mpi-system --print-errorlogs --num-processes 2 || rc=1
+        took "the system and mpi suites under the sanitizers"
     else
         echo "test.sh: the sanitizer build failed" >&2
         rc=1
@@ -90,6 +104,7 @@ for t in json.load(sys.stdin):
         print(t["name"])')
     meson test -C build --print-errorlogs --num-processes 2 --timeout-multiplier "$mult" "${plain[@]}" || rc=$?
     logs+=(build/meson-logs/testlog.json)
+    took "the plain build's other suites (cluster, long, gpu)"
 fi
 # The CUDA back-end through tests/cuemu (CUDA emulated on the CPU, tests/cuemu/README.md): the gpu suite, which
 # skips above without a GPU, runs here on any machine, in one meson run with every emulated configuration
@@ -98,9 +113,11 @@ fi
 if [ $# -eq 0 ]; then
     rm -f build-emu/meson-logs/testlog-emu*.json
     ./scripts/build.sh build-emu -Dcuemu=true -Dcuda=disabled -Dtests=enabled || rc=1
+    took "the emulator's build"
     meson test -C build-emu --suite cuemu --suite gpu --no-suite gpu-per-rank --no-rebuild --print-errorlogs \
         --num-processes 2 --timeout-multiplier "$mult" --logbase testlog-emu || rc=1
     logs+=(build-emu/meson-logs/testlog-emu*.json)
+    took "the gpu suite under the emulator"
 fi
 python3 scripts/count_tests.py "${logs[@]}" || rc=1
 exit $rc

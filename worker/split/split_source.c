@@ -449,9 +449,12 @@ int run_trainer(struct role_env *env)
                  r.drop_prompt);
     if (r.disp) { /* the rollout processes hear the end (their pings are answered "end") before it goes */
         dispatcher_end(r.disp, r.start, status == 0 ? "the trainers ended" : "the trainers failed");
-        /* (a rollout rank never heard from is waited for as long as a rollout rank waits for an absent dispatcher
-         * before it gives the trainers up: rollout_role.c, a minute) */
-        dispatcher_close(r.disp, 3 * env->heartbeat_s + 2, 60);
+        /* a rollout rank never heard from (still loading, or stopped) is waited for without grpod as long as a
+         * rollout rank waits for an absent dispatcher before it gives the trainers up (rollout_role.c, a minute).
+         * Under grpod it is not: such a rank hears the run's end from grpod, and waiting kept this trainer from
+         * MPI_Finalize until its peers' grace ran out and they ended the job over it (a rank frozen while the
+         * run was paused at its start was woken into a job already ending, not into a finished run) */
+        dispatcher_close(r.disp, 3 * env->heartbeat_s + 2, env->ctl ? 0 : 60);
     }
     for (int i = 0; i < r.n_pend; i++) {
         step_batch_free(&r.pend[i].b);

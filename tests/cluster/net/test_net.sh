@@ -147,6 +147,17 @@ under_way() {
     wait_alive 120 "$MPI_PID" step_at_least 2; local rc=$?
     expect "$1: the run is under way (step $(ctl status --json | jq -r .step)$([ $rc = 2 ] && echo "; mpirun ended"))" $rc
 }
+# held NAME: the split run launched on a grpod told to pause before it starts, so that it holds at its first safe
+# point with every rank registered (a fault applied then lands mid-run however fast the machine: a run of 10 steps
+# takes half a second on some, and used to end before its rank was frozen); resume with `ctl resume`
+held() {
+    grpod_up hostc "${GRPOD_KEYS[@]}" || fail "grpod restarted for $1"
+    ctl pause --reason "test: hold $1 at its start" >/dev/null; expect "$1: grpod told to pause before the launch" $?
+    FRESH=0 mpi "$1" hosta:2,hostb:2 4 "${SPLIT[@]}"
+    all_held() { ctl status --json 2>/dev/null | jq -e '.state == "paused" and ([.workers[] | select(.state == "paused")] | length) == 4' >/dev/null; }
+    wait_alive 120 "$MPI_PID" all_held; local rc=$?
+    expect "$1: the run holds paused at its start, its 4 ranks registered$([ $rc = 2 ] && echo "; mpirun ended")" $rc
+}
 if want linkdown; then
     under_way linkdown
     link_down hostb; expect "hostb's link down" $?
@@ -259,9 +270,10 @@ fi
 # run finished and ends as finished (not "the trainers are gone" after 60 s: the trainers' dispatcher is closed);
 # mpirun then exits 0 (issue 26, Why 5)
 if want frozen; then
-    under_way frozen
+    held frozen
     victim=$(pid_of 3)
     kill -STOP "$victim"; expect "rollout rank 3 (pid $victim) frozen" $?
+    ctl resume >/dev/null; expect "frozen: the run resumed with rank 3 frozen" $?
     wait_for 240 run_done; expect "the run finishes without it" $?
     # woken once the trainers' dispatcher is closed (it lingers a few seconds for the rollout ranks to hear the end)
     port=$(sed -n 's|.*\[rank 0\] trainer: dispatching .* at tcp://\*:\([0-9]*\).*|\1|p' "$TMP/frozen.log" | head -1)
@@ -281,9 +293,10 @@ fi
 # finished job, which ends the frozen rank too (SIGCONT, SIGTERM, then SIGKILL from its host's Open MPI daemon),
 # and mpirun exits 0 (it used to stay up while the rank slept, and for ever once it had woken: issue 26, Why 5)
 if want frozenlong; then
-    under_way frozenlong
+    held frozenlong
     victim=$(pid_of 3)
     kill -STOP "$victim"; expect "rollout rank 3 (pid $victim) frozen" $?
+    ctl resume >/dev/null; expect "frozenlong: the run resumed with rank 3 frozen" $?
     wait_for 240 run_done; expect "the run finishes without it" $?
     t0=$(date +%s)
     ended_within 45 && [ "$MPI_RC" = 0 ]; rc=$?
