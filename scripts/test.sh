@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build and run the test suites (unit, mpi, system, gpu, cluster; not slow).
+# Build and run the test suites (unit, mpi, ft, system, gpu, cluster; not slow).
 #   ./scripts/test.sh                 everything but the slow suite
 #   ./scripts/test.sh --suite unit    meson test arguments pass through (--help: this text)
 #   ./scripts/test.sh --loaded        the same beside a CPU-heavy job (one busy process per core, for the whole
@@ -50,6 +50,9 @@ fi
 # TensorBoard, whose own reader checks the event files (tests/system/test_tensorboard.sh skips without it)
 ./scripts/tensorboard_env.sh >/dev/null ||
     echo "warning: could not install tensorboard; the tensorboard-reader test will be skipped" >&2
+# Open MPI 5 with its fault-tolerant MPI (ULFM), for the ft suite (tests/ft: a few seconds; skipped without it)
+./scripts/ompi5_env.sh >/dev/null ||
+    echo "warning: could not install Open MPI 5 (scripts/ompi5_env.sh); the ft suite will be skipped" >&2
 took "the model and the Python environments"
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 if [ "$LOADED" = 1 ]; then

@@ -138,9 +138,10 @@ ran_since() { [ "$(switches "$1")" -ge $(( $3 + $2 )) ]; }
 # The build's programs by name. GRPO_BUILD_ROOT is the build directory the test runs from (tests/meson.build's
 # test setups set it; build/ under the checkout when a test is run by hand); prog NAME prints the path of the
 # build's program NAME: grpod, grpoctl, grpo-worker, grpo-model, the test programs sim-worker, compare-weights,
-# data-stranger, tensorboard-writer, test-comm, gpu-kernels (CUDA builds), link-impair, test-scorer (the test
-# scorers' shared object), and unit/NAME (the unit test NAME's program, tests/unit/test_NAME). A program that is
-# not there (not built, or another build directory) is named on stderr; its path is printed all the same.
+# data-stranger, tensorboard-writer, test-comm, ft-ulfm (builds against Open MPI 5), gpu-kernels (CUDA builds),
+# link-impair, test-scorer (the test scorers' shared object), and unit/NAME (the unit test NAME's program,
+# tests/unit/test_NAME). A program that is not there (not built, or another build directory) is named on stderr;
+# its path is printed all the same.
 BUILD_ROOT="$(realpath -m "${GRPO_BUILD_ROOT:-$SRC_ROOT/build}")" # absolute: tests run programs from other directories
 prog() {
     local p
@@ -154,6 +155,7 @@ prog() {
     data-stranger) p=tests/mpi/data_stranger ;;
     tensorboard-writer) p=tests/system/test_tensorboard_writer ;;
     test-comm) p=tests/mpi/test_comm ;;
+    ft-ulfm) p=tests/ft/test_ulfm ;;
     gpu-kernels) p=tests/gpu/test_gpu_kernels ;;
     link-impair) p=tests/cluster/net/link_impair ;;
     test-scorer) p=worker/rewards/reward_test_scorer.so ;;

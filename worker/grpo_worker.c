@@ -255,6 +255,8 @@ static struct comm *init(int *argc, char ***argv, const struct args *a)
     comm_mpi_init(argc, argv);
     struct comm *world = comm_mpi_world();
     log_set_rank(a->launch.replace_rank >= 0 ? a->launch.replace_rank : comm_rank(world));
+    if (comm_rank(world) == 0)
+        comm_mpi_log_caps();
     return world;
 }
 

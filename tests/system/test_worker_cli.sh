@@ -46,6 +46,10 @@ has "$TMP/err" "cannot open config file '$TMP/missing.yaml'"; expect "missing fi
 mpirun --oversubscribe -np 4 "$worker" --selftest --tp 2 --pp 2 >"$TMP/st" 2>&1
 expect "mpirun selftest tp=2 pp=2" $?
 has "$TMP/st" "collective plane OK: 4 ranks (dp=1 tp=2 pp=2)"; expect "selftest reports the layout" $?
+# the MPI's capability, said once at start: Debian's Open MPI 4.1 has no ULFM (scripts/mpirun_ft, tests/ft)
+[ "$(lines_with "$TMP/st" "without ULFM: trainer-loss survival is unavailable with this MPI")" -eq 1 ] &&
+    has "$TMP/st" "MPI: Open MPI v4."
+expect "rank 0 says once that trainer-loss survival is unavailable with Open MPI 4.1" $?
 
 mpirun --oversubscribe -np 3 "$worker" --selftest --tp 2 >"$TMP/st" 2>&1
 [ $? -ne 0 ]; expect "impossible layout fails" $?

@@ -22,6 +22,9 @@ size_t comm_dtype_size(enum comm_dtype t);
 /* Start MPI for this process of the job (main's argc and argv); from then on a failed check ends the whole job,
  * not this rank alone. */
 void comm_mpi_init(int *argc, char ***argv);
+/* Say (one info line) which MPI library runs this process and whether the job can outlive a lost trainer rank with
+ * it: only Open MPI 5 with ULFM, launched with its fault tolerance (scripts/mpirun_ft), will; after comm_mpi_init. */
+void comm_mpi_log_caps(void);
 /* End MPI, once every comm is freed. */
 void comm_mpi_finalize(void);
 /* End the whole job with exit status code: a rank the others would wait for in a collective cannot go on. */

@@ -11,6 +11,10 @@
 #ifdef GRPO_HAVE_PMIX
 #include <pmix.h>
 #endif
+#ifdef GRPO_HAVE_ULFM
+#include <mpi.h>
+#include <mpi-ext.h> /* after mpi.h, which it needs */
+#endif
 
 #include "comm.h"
 #include "common/check_mpi.h"
@@ -497,10 +501,42 @@ void comm_mpi_init(int *argc, char ***argv)
      * components, rdma (and ucx) make a window across hosts on a plain TCP network that then fails
      * (MPI_ERR_WIN: the ranks abort); sm (one host) and pt2pt (any network) always work. Unless the launch chose
      * (mpirun --mca osc ... sets OMPI_MCA_osc), take those two. Read by Open MPI in MPI_Init; others ignore it. */
+#if !defined(OMPI_MAJOR_VERSION) || OMPI_MAJOR_VERSION < 5 /* Open MPI 5 has no pt2pt: its own choice stands */
     if (!getenv("OMPI_MCA_osc"))
         setenv("OMPI_MCA_osc", "sm,pt2pt", 0);
+#endif
     CHECK_MPI(MPI_Init(argc, argv));
     check_set_fatal_hook(check_mpi_abort_hook);
+}
+
+void comm_mpi_log_caps(void)
+{
+    /* the library that runs, not the headers built against: "Open MPI v4.1.4, package: ..." up to the comma */
+    char lib[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    if (MPI_Get_library_version(lib, &len) != MPI_SUCCESS)
+        snprintf(lib, sizeof lib, "an MPI of unknown version");
+    lib[strcspn(lib, ",\n")] = '\0';
+#ifdef GRPO_HAVE_ULFM
+    /* MPI_COMM_WORLD's MPIX_FT attribute: the launch enabled ULFM (mpirun --with-ft ulfm, as scripts/mpirun_ft) */
+    int *ft = NULL, has = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPIX_FT, &ft, &has);
+    if (has && ft && *ft)
+        log_info("comm",
+                 "MPI: %s with ULFM, fault tolerance on (mpirun --with-ft ulfm): trainer-loss survival is planned, not "
+                 "there yet: a lost trainer rank still ends the job (docs/operations.md, \"When a rank dies\")",
+                 lib);
+    else
+        log_info("comm",
+                 "MPI: %s with ULFM, but this launch did not turn its fault tolerance on (scripts/mpirun_ft, or mpirun "
+                 "--with-ft ulfm): trainer-loss survival is unavailable in this job",
+                 lib);
+#else
+    log_info("comm",
+             "MPI: %s, without ULFM: trainer-loss survival is unavailable with this MPI (a lost trainer rank ends the "
+             "job; it needs Open MPI 5 with ULFM: scripts/mpirun_ft, docs/operations.md)",
+             lib);
+#endif
 }
 
 void comm_mpi_finalize(void) { MPI_Finalize(); }
