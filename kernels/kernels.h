@@ -168,11 +168,14 @@ struct kops {
     void (*attention_backward)(struct kctx *K, float *dq, float *dk, float *dv, const float *dout, const float *out,
                                const float *lse, const float *q, const float *k, const float *v,
                                const int32_t *cu_seqlens, const int32_t *prefix_of, int B, int Hq, int Hkv, int hd);
-    void (*attention_cached)(struct kctx *K, float *out, const float *q, const float *kcache, const float *vcache,
-                             int Tq, int Tk, int Hq, int Hkv, int hd);
+    /* the KV cache (k_kv_elem_bytes, k_kv_store): its element's bytes in K, and n fp32 values stored into it */
+    size_t (*kv_elem_bytes)(const struct kctx *K);
+    void (*kv_store)(struct kctx *K, void *cache, size_t at, const float *x, size_t n);
+    void (*attention_cached)(struct kctx *K, float *out, const float *q, const void *kcache, const void *vcache, int Tq,
+                             int Tk, int Hq, int Hkv, int hd);
     /* batched decode (NULL in a back-end without it; k_attention_decode_batched) */
     void (*attention_decode_batched)(struct kctx *K, float *out, const float *q, const float *k, const float *v,
-                                     float *const *kc, float *const *vc, const int32_t *len, int B, int Hq, int Hkv,
+                                     void *const *kc, void *const *vc, const int32_t *len, int B, int Hq, int Hkv,
                                      int hd);
     /* batch-invariant mode's attention of chosen query rows (context parallelism's, over the whole row's keys): see
      * attention_rows in kernels/cpu/cpu_kernels.h; kfirst, klast (n) host int32. NULL in a back-end without it */
@@ -439,18 +442,34 @@ static inline void k_attention_backward(struct kctx *K, float *dq, float *dk, fl
 {
     K->ops->attention_backward(K, dq, dk, dv, dout, out, lse, q, k, v, cu_seqlens, prefix_of, B, Hq, Hkv, hd);
 }
-static inline void k_attention_cached(struct kctx *K, float *out, const float *q, const float *kcache,
-                                      const float *vcache, int Tq, int Tk, int Hq, int Hkv, int hd)
+/* The KV cache of generation (issue 43 item 4): K's memory of elements k_kv_elem_bytes(K) bytes each, written only
+ * through k_kv_store and read only by the two ops below. The CUDA back-end's BF16 context (KMM_BF16) holds BF16, 2
+ * bytes an element: half the memory, and half the bytes a decode step's attention reads (at long contexts and large
+ * batches a large share of the step's bytes); the fp32 context holds fp32. The CPU back-end holds fp32 in either
+ * context, and its BF16 context stores values rounded to BF16 (kernels/cpu/backend.c says why): the same numbers as the
+ * GPU's. Either way an appended key or value is rounded to the cache's precision once (round to nearest even) and
+ * attention reads it back into fp32 arithmetic. */
+static inline size_t k_kv_elem_bytes(const struct kctx *K) { return K->ops->kv_elem_bytes(K); }
+/* Elements [at, at + n) of cache (K's memory) = the n fp32 values of x (K's memory), in the cache's precision. */
+static inline void k_kv_store(struct kctx *K, void *cache, size_t at, const float *x, size_t n)
+{
+    K->ops->kv_store(K, cache, at, x, n);
+}
+/* Attention of Tq new query rows over a cache of Tk positions (attention_cached in kernels/cpu/cpu_kernels.h); kcache
+ * and vcache are caches of K (k_kv_elem_bytes). */
+static inline void k_attention_cached(struct kctx *K, float *out, const float *q, const void *kcache,
+                                      const void *vcache, int Tq, int Tk, int Hq, int Hkv, int hd)
 {
     K->ops->attention_cached(K, out, q, kcache, vcache, Tq, Tk, Hq, Hkv, hd);
 }
 /* A decode step of B sequences with one new token each, in one call (issue 43 item 4: the per-sequence path is 4
- * launches per sequence per layer on a GPU): sequence b's new K and V rows (k, v row b: Hkv * hd) are appended to
- * its caches kc[b], vc[b] ((cap, Hkv * hd) rows) at position len[b], and its query row q[b] (Hq * hd) attends over
- * the len[b] + 1 keys into out[b]. kc, vc (B pointers) and len (B) are K's memory. Whether K has it: */
+ * launches per sequence per layer on a GPU): sequence b's new K and V rows (k, v row b: Hkv * hd fp32) are appended
+ * to its caches kc[b], vc[b] ((cap, Hkv * hd) elements of K's KV cache) at position len[b], as k_kv_store stores them,
+ * and its query row q[b] (Hq * hd) attends over the len[b] + 1 keys into out[b], the new one as the cache holds it.
+ * kc, vc (B pointers) and len (B) are K's memory. Whether K has it: */
 static inline bool k_has_decode_batched(const struct kctx *K) { return K->ops->attention_decode_batched != NULL; }
 static inline void k_attention_decode_batched(struct kctx *K, float *out, const float *q, const float *k,
-                                              const float *v, float *const *kc, float *const *vc, const int32_t *len,
+                                              const float *v, void *const *kc, void *const *vc, const int32_t *len,
                                               int B, int Hq, int Hkv, int hd)
 {
     K->ops->attention_decode_batched(K, out, q, k, v, kc, vc, len, B, Hq, Hkv, hd);

@@ -15,7 +15,8 @@ Variants (--variants, comma-separated; default all four):
                  attention batched (one launch per layer per step, the KV append fused; since 2026-12-05)
     today-bf16   actor.dtype=bfloat16 today: every GEMM call rounds its fp32 activations to BF16 first; the weights
                  come from a BF16 copy kept per weights buffer, made again once after each optimizer step (until
-                 2026-12-05 every call rounded its weights too: 8 bytes per parameter per decode step, now 2)
+                 2026-12-05 every call rounded its weights too: 8 bytes per parameter per decode step, now 2); a
+                 BF16 KV cache (since 2026-12-06: 2 bytes an element, the fp32 cache's 4 before)
     designed     issue 43: BF16 weight copies kept (refreshed once per optimizer step), BF16 activations, BF16 KV
                  cache, tensor-core (BF16) flash attention, decode attention batched: one launch per layer per step
     designed+    designed, plus what this model finds next: fused QKV and gate/up GEMMs with bias and residual in
@@ -96,7 +97,7 @@ def lmhead_chunk(V):
 VARIANTS = {
     "today-fp32": dict(gemm="fp32", conv=False, a=4, w=4, attn="fp32", attn_bwd_hd=14, kv=4, batched=True,
                        sync=True, fused=False, chunk=None, graph=False, bf16_copy=False, kvtab=True),
-    "today-bf16": dict(gemm="bf16", conv=True, a=4, w=2, attn="fp32", attn_bwd_hd=14, kv=4, batched=True,
+    "today-bf16": dict(gemm="bf16", conv=True, a=4, w=2, attn="fp32", attn_bwd_hd=14, kv=2, batched=True,
                        sync=True, fused=False, chunk=None, graph=False, bf16_copy=True, kvtab=True),
     "designed": dict(gemm="bf16", conv=False, a=2, w=2, attn="bf16", attn_bwd_hd=10, kv=2, batched=True,
                      sync=True, fused=False, chunk=None, graph=False, bf16_copy=True),

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "cpu_bf16.h"
 #include "cpu_kernels.h"
 #include "pool.h"
 
@@ -398,6 +399,18 @@ void attention_cached(float *out, const float *q, const float *kcache, const flo
     job_init(&j, q, kcache, vcache, NULL, NULL, Tq, Hq, Hkv, hd, Tk, Hq);
     j.out = out;
     cpu_run_parts(attn_parts(2.0 * Tq * Tk * Hq * hd, Hq), cached_part, &j);
+}
+
+void kv_store(float *cache, const float *x, size_t n, bool bf16)
+{
+    if (!bf16) {
+        memcpy(cache, x, n * sizeof *x);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t u = (uint32_t)f32_to_bf16(x[i]) << 16;
+        memcpy(&cache[i], &u, sizeof u);
+    }
 }
 
 /* rows: unit = query head h, over every row (B of them) */

@@ -129,7 +129,22 @@ static void cpu_attention_backward(struct kctx *K, float *dq, float *dk, float *
     (void)K;
     attention_backward(dq, dk, dv, dout, out, lse, q, k, v, cu_seqlens, prefix_of, B, Hq, Hkv, hd);
 }
-static void cpu_attention_cached(struct kctx *K, float *out, const float *q, const float *kcache, const float *vcache,
+/* The KV cache stays fp32 on the CPU in either context, and a BF16 context stores its values rounded to BF16: the
+ * numbers of the CUDA back-end's BF16 cache, while the attention kernels (their batch-invariant paths included) keep
+ * one fp32 input and the fp32 context's results keep their bits. Holding 2-byte elements would halve the cache's host
+ * memory but have every decode step widen the whole cache back to fp32 for those kernels. Batch-invariant mode's
+ * BF16 context runs its forward in fp32 (cpu_linear_forward) so that generation's log-probs are the trainer's bit for
+ * bit: its cache is not rounded either. */
+static size_t cpu_kv_elem_bytes(const struct kctx *K)
+{
+    (void)K;
+    return sizeof(float);
+}
+static void cpu_kv_store(struct kctx *K, void *cache, size_t at, const float *x, size_t n)
+{
+    kv_store((float *)cache + at, x, n, K->matmul == KMM_BF16 && !g_batch_invariant);
+}
+static void cpu_attention_cached(struct kctx *K, float *out, const float *q, const void *kcache, const void *vcache,
                                  int Tq, int Tk, int Hq, int Hkv, int hd)
 {
     (void)K;
@@ -273,6 +288,8 @@ const struct kops kops_cpu = {
     .rope_backward = cpu_rope_backward,
     .attention_forward = cpu_attention_forward,
     .attention_backward = cpu_attention_backward,
+    .kv_elem_bytes = cpu_kv_elem_bytes,
+    .kv_store = cpu_kv_store,
     .attention_cached = cpu_attention_cached,
     .attention_rows = cpu_attention_rows,
     .attention_block_forward = cpu_attention_block_forward,

@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* What this CPU and its OS can run: AVX512-BF16 (with AVX-512 F/BW/VL and the ZMM state saved by the OS), and
  * AMX-BF16 (with the tile data granted to this process; asking for it is what makes it usable on Linux). */
@@ -12,6 +13,17 @@ struct bf16_cpu {
     bool avx512_bf16, amx_bf16;
 };
 struct bf16_cpu cpu_bf16_features(void);
+
+/* One value rounded to BF16, nearest even: the upper 16 bits of the fp32 pattern. */
+static inline uint16_t f32_to_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    /* NaN stays a (quiet) NaN; everything else rounds to nearest even (overflow to infinity, as it should) */
+    uint32_t r = u + 0x7fffu + ((u >> 16) & 1u);
+    uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
+    return (uint16_t)(nan ? (u >> 16) | 0x40u : r >> 16);
+}
 
 /* Round to BF16, nearest even (a NaN stays a NaN): dst[i] = bf16(src[i]), the upper 16 bits of the fp32 pattern. */
 void bf16_round(uint16_t *dst, const float *src, size_t n);

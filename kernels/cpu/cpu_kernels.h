@@ -93,6 +93,9 @@ void attention_backward(float *dq, float *dk, float *dv, const float *dout, cons
  * Tq <= Tk; query i sits at position Tk - Tq + i and attends to cache positions 0 .. Tk - Tq + i. */
 void attention_cached(float *out, const float *q, const float *kcache, const float *vcache, int Tq, int Tk, int Hq,
                       int Hkv, int hd);
+/* The CPU's KV-cache append (the kv_store op): cache[i] = x[i] for i < n, or with bf16 x[i] rounded to BF16 (nearest
+ * even) and held in fp32, as a BF16 cache on a GPU holds it. */
+void kv_store(float *cache, const float *x, size_t n, bool bf16);
 /* Batch-invariant mode's attention of n chosen query rows q (n, Hq, hd): row i against the keys and values
  * kfirst[i] .. klast[i] of k, v (rows Hkv hd apart, causal: the query sits at klast[i]), each row and head as a
  * decode step computes it (its bits those of attention_forward's and attention_cached's rows in the mode); out

@@ -75,16 +75,6 @@ struct bf16_cpu cpu_bf16_features(void)
 
 /* ---- rounding to BF16 ---- */
 
-static inline uint16_t f32_to_bf16(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    /* NaN stays a (quiet) NaN; everything else rounds to nearest even (overflow to infinity, as it should) */
-    uint32_t r = u + 0x7fffu + ((u >> 16) & 1u);
-    uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
-    return (uint16_t)(nan ? (u >> 16) | 0x40u : r >> 16);
-}
-
 static void round_generic(uint16_t *dst, const float *src, size_t n)
 {
     for (size_t i = 0; i < n; i++)

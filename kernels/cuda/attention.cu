@@ -11,6 +11,11 @@
 //
 // Layout (as the CPU's): q, out (N, Hq, hd); k, v (N, Hkv, hd); lse (N, Hq); query head h uses KV head
 // h / (Hq / Hkv); scale 1/sqrt(hd). Tiles are SIMT FP32 (no tensor cores): simple, and as exact as the CPU's sgemm.
+//
+// The KV cache of generation (the cached and batched decode paths) is fp32, or BF16 in a BF16 context (kernels.h,
+// k_kv_elem_bytes): the kernels that read it are templated on its element type KV, widen each element to fp32 as
+// they load it and compute in fp32 as before; with KV = float they are the fp32 kernels, the same bits.
+#include <cuda_bf16.h>
 #include <math.h>
 
 #include "cuda_kernels.h"
@@ -41,22 +46,31 @@ __device__ __forceinline__ float sum16(float v)
     return v;
 }
 
-// rows [r0, r0 + rows) of a (len, ld_g) matrix at g into shared s (rows x lds), zeros past len
-__device__ __forceinline__ void load_rows(float *s, int lds, const float *g, size_t ld_g, int r0, int rows, int len,
-                                          int hd)
+// An element of q, k or v (fp32), or of a BF16 KV cache, as fp32.
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// An fp32 value as a KV cache of element type KV stores it: itself, or rounded to BF16 (nearest even).
+template <typename KV> __device__ __forceinline__ KV kv_from(float x);
+template <> __device__ __forceinline__ float kv_from<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 kv_from<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// rows [r0, r0 + rows) of a (len, ld_g) matrix at g into shared s (rows x lds) as fp32, zeros past len
+template <typename T>
+__device__ __forceinline__ void load_rows(float *s, int lds, const T *g, size_t ld_g, int r0, int rows, int len, int hd)
 {
     for (int idx = threadIdx.x; idx < rows * hd; idx += blockDim.x) {
         int r = idx / hd, d = idx - r * hd;
-        s[r * lds + d] = r0 + r < len ? g[(size_t)(r0 + r) * ld_g + d] : 0.0f;
+        s[r * lds + d] = r0 + r < len ? to_f32(g[(size_t)(r0 + r) * ld_g + d]) : 0.0f;
     }
 }
 
 // Forward. Sequence b: rows [s0, s0 + Lq) of q and [s0, s0 + Lk) of k, v (packed: cu_seqlens, Lq = Lk; cached:
-// cu == NULL, one sequence of Lq queries and Lk keys). Query row i sits at position Lk - Lq + i and sees keys up to
-// it. lse may be NULL.
-template <int HDM>
+// cu == NULL, one sequence of Lq queries and Lk keys, k and v a KV cache of element type KV). Query row i sits at
+// position Lk - Lq + i and sees keys up to it. lse may be NULL.
+template <int HDM, typename KV>
 __global__ void __launch_bounds__(kThreads)
-    attn_fwd_kernel(float *out, float *lse, const float *q, const float *k, const float *v, const int32_t *cu, int Lq0,
+    attn_fwd_kernel(float *out, float *lse, const float *q, const KV *k, const KV *v, const int32_t *cu, int Lq0,
                     int Lk0, int Hq, int Hkv, int hd, float scale)
 {
     constexpr int ND = HDM / 16;
@@ -75,7 +89,7 @@ __global__ void __launch_bounds__(kThreads)
     const int q_off = Lk - Lq, kh = h / (Hq / Hkv);
     const size_t ldq = (size_t)Hq * hd, ldk = (size_t)Hkv * hd;
     const float *qb = q + (size_t)s0 * ldq + (size_t)h * hd;
-    const float *kb = k + (size_t)s0 * ldk + (size_t)kh * hd, *vb = v + (size_t)s0 * ldk + (size_t)kh * hd;
+    const KV *kb = k + (size_t)s0 * ldk + (size_t)kh * hd, *vb = v + (size_t)s0 * ldk + (size_t)kh * hd;
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
 
     load_rows(Qs, ld, qb, ldq, q0, kTile, Lq, hd);
@@ -443,18 +457,18 @@ __device__ __forceinline__ void decode_load_q(float *qv, float *acc, const float
     }
 }
 
-// One key (kr) and value (vr) row into a warp's online softmax: the score summed over the lanes, the running maximum
-// m and sum l, and the lane's accumulated values rescaled and added to.
-template <int HDM>
-__device__ __forceinline__ void decode_key(float *acc, float &m, float &l, const float *qv, const float *kr,
-                                           const float *vr, int lane, int hd, float scale)
+// One key (kr) and value (vr) row, fp32 or a BF16 cache's, into a warp's online softmax: the score summed over the
+// lanes, the running maximum m and sum l, and the lane's accumulated values rescaled and added to.
+template <int HDM, typename T>
+__device__ __forceinline__ void decode_key(float *acc, float &m, float &l, const float *qv, const T *kr, const T *vr,
+                                           int lane, int hd, float scale)
 {
     float s = 0.0f;
 #pragma unroll
     for (int t = 0; t < HDM / 32; t++) {
         const int d = lane + 32 * t;
         if (d < hd)
-            s += qv[t] * kr[d];
+            s += qv[t] * to_f32(kr[d]);
     }
     for (int o = 16; o > 0; o >>= 1)
         s += __shfl_xor_sync(0xffffffffu, s, o);
@@ -464,7 +478,7 @@ __device__ __forceinline__ void decode_key(float *acc, float &m, float &l, const
 #pragma unroll
     for (int t = 0; t < HDM / 32; t++) {
         const int d = lane + 32 * t;
-        acc[t] = acc[t] * alpha + (d < hd ? p * vr[d] : 0.0f);
+        acc[t] = acc[t] * alpha + (d < hd ? p * to_f32(vr[d]) : 0.0f);
     }
     m = mnew;
 }
@@ -491,11 +505,12 @@ __device__ __forceinline__ float decode_warps_meet(float *wm, float *wl, float (
 
 // Decode, pass 1: block (split sp, head h, query row i) runs an online softmax over the keys
 // [sp * kDecodeSplit, ...) that row i sees (positions up to Tk - Tq + i), one key per warp at a time, and writes
-// its partial (hd accumulated values, then the maximum and the sum of exponentials) to part.
-template <int HDM>
+// its partial (hd accumulated values, then the maximum and the sum of exponentials) to part. kc, vc: a KV cache of
+// element type KV.
+template <int HDM, typename KV>
 __global__ void __launch_bounds__(kDecodeThreads)
-    attn_decode_partial_kernel(float *part, const float *q, const float *kc, const float *vc, int Tq, int Tk, int Hq,
-                               int Hkv, int hd, float scale, int splits)
+    attn_decode_partial_kernel(float *part, const float *q, const KV *kc, const KV *vc, int Tq, int Tk, int Hq, int Hkv,
+                               int hd, float scale, int splits)
 {
     constexpr int NL = HDM / 32, NW = kDecodeThreads / 32;
     __shared__ float wm[NW], wl[NW], wacc[NW][HDM];
@@ -558,34 +573,43 @@ __global__ void attn_decode_merge_kernel(float *out, const float *part, int Hq, 
 
 // Batched decode: block (query head h, sequence b) of a step in which every sequence has one new token. The first
 // query head of each KV group appends the sequence's new key and value rows (k, v row b) to its caches kc[b] and
-// vc[b] at position len[b]; every block attends its query row over the len[b] cached keys and the new one, which
-// it reads from k and v, not from the cache (no block reads what another writes). One key per warp at a time with
-// an online softmax, the warps merged in order: for up to kDecodeSplit keys the same arithmetic, in the same order,
-// as attention_cached's split-key pass and merge, so the same bits.
-template <int HDM>
+// vc[b] (element type KV) at position len[b]; every block attends its query row over the len[b] cached keys and the
+// new one, which it takes from k and v as the cache stores it (kv_from), not from the cache (no block reads what
+// another writes). One key per warp at a time with an online softmax, the warps merged in order: for up to
+// kDecodeSplit keys the same arithmetic, in the same order, as attention_cached's split-key pass and merge, so the
+// same bits.
+template <int HDM, typename KV>
 __global__ void __launch_bounds__(kDecodeThreads)
-    attn_decode_batched_kernel(float *out, const float *q, const float *knew, const float *vnew, float *const *kc,
-                               float *const *vc, const int32_t *len, int Hq, int Hkv, int hd, float scale)
+    attn_decode_batched_kernel(float *out, const float *q, const float *knew, const float *vnew, void *const *kc,
+                               void *const *vc, const int32_t *len, int Hq, int Hkv, int hd, float scale)
 {
     constexpr int NL = HDM / 32, NW = kDecodeThreads / 32;
-    __shared__ float wm[NW], wl[NW], wacc[NW][HDM];
+    __shared__ float wm[NW], wl[NW], wacc[NW][HDM], kn[HDM], vn[HDM];
     const int h = blockIdx.x, b = blockIdx.y;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, group = Hq / Hkv, kh = h / group;
     const int T = len[b];
     const size_t ldk = (size_t)Hkv * hd, at = (size_t)kh * hd;
-    const float *kn = knew + (size_t)b * ldk + at, *vn = vnew + (size_t)b * ldk + at;
-    const float *kb = kc[b], *vb = vc[b];
-    if (h % group == 0)
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-            kc[b][(size_t)T * ldk + at + d] = kn[d];
-            vc[b][(size_t)T * ldk + at + d] = vn[d];
+    const float *knb = knew + (size_t)b * ldk + at, *vnb = vnew + (size_t)b * ldk + at;
+    KV *kb = static_cast<KV *>(kc[b]), *vb = static_cast<KV *>(vc[b]);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) { // the new row in the cache's precision, for every warp
+        const KV kd = kv_from<KV>(knb[d]), vd = kv_from<KV>(vnb[d]);
+        kn[d] = to_f32(kd);
+        vn[d] = to_f32(vd);
+        if (h % group == 0) {
+            kb[(size_t)T * ldk + at + d] = kd;
+            vb[(size_t)T * ldk + at + d] = vd;
         }
+    }
+    __syncthreads();
     float qv[NL], acc[NL];
     decode_load_q<HDM>(qv, acc, q + ((size_t)b * Hq + h) * hd, lane, hd);
     float m = -INFINITY, l = 0.0f;
-    for (int j = warp; j <= T; j += NW)
-        decode_key<HDM>(acc, m, l, qv, j < T ? kb + (size_t)j * ldk + at : kn, j < T ? vb + (size_t)j * ldk + at : vn,
-                        lane, hd, scale);
+    for (int j = warp; j <= T; j += NW) {
+        if (j < T)
+            decode_key<HDM>(acc, m, l, qv, kb + (size_t)j * ldk + at, vb + (size_t)j * ldk + at, lane, hd, scale);
+        else
+            decode_key<HDM>(acc, m, l, qv, kn, vn, lane, hd, scale);
+    }
     const float M = decode_warps_meet<HDM>(wm, wl, wacc, acc, m, l, lane, warp);
     // M is finite: key 0 (the new one when T = 0) is seen by warp 0
     float Ls = 0.0f;
@@ -601,13 +625,13 @@ __global__ void __launch_bounds__(kDecodeThreads)
     }
 }
 
-template <int HDM>
-cudaError_t decode_batched_launch(float *out, const float *q, const float *k, const float *v, float *const *kc,
-                                  float *const *vc, const int32_t *len, int B, int Hq, int Hkv, int hd,
+template <int HDM, typename KV>
+cudaError_t decode_batched_launch(float *out, const float *q, const float *k, const float *v, void *const *kc,
+                                  void *const *vc, const int32_t *len, int B, int Hq, int Hkv, int hd,
                                   cudaStream_t stream)
 {
     const float scale = (float)(1.0 / sqrt((double)hd));
-    attn_decode_batched_kernel<HDM>
+    attn_decode_batched_kernel<HDM, KV>
         <<<dim3((unsigned)Hq, (unsigned)B), kDecodeThreads, 0, stream>>>(out, q, k, v, kc, vc, len, Hq, Hkv, hd, scale);
     return cudaGetLastError();
 }
@@ -637,13 +661,13 @@ cudaError_t launch_smem(Kernel kernel, dim3 grid, size_t bytes, cudaStream_t str
     return cudaGetLastError();
 }
 
-template <int HDM>
-cudaError_t fwd_launch(float *out, float *lse, const float *q, const float *k, const float *v, const int32_t *cu,
-                       int Lq, int Lk, int B, int max_len, int Hq, int Hkv, int hd, cudaStream_t stream)
+template <int HDM, typename KV>
+cudaError_t fwd_launch(float *out, float *lse, const float *q, const KV *k, const KV *v, const int32_t *cu, int Lq,
+                       int Lk, int B, int max_len, int Hq, int Hkv, int hd, cudaStream_t stream)
 {
     dim3 grid((unsigned)((max_len + kTile - 1) / kTile), (unsigned)Hq, (unsigned)B);
     float scale = (float)(1.0 / sqrt((double)hd));
-    return launch_smem(attn_fwd_kernel<HDM>, grid, fwd_smem(hd), stream, out, lse, q, k, v, cu, Lq, Lk, Hq, Hkv, hd,
+    return launch_smem(attn_fwd_kernel<HDM, KV>, grid, fwd_smem(hd), stream, out, lse, q, k, v, cu, Lq, Lk, Hq, Hkv, hd,
                        scale);
 }
 
@@ -663,20 +687,58 @@ cudaError_t bwd_launch(float *dq, float *dk, float *dv, const float *dout, const
                        scale);
 }
 
-template <int HDM>
-cudaError_t decode_launch(float *out, const float *q, const float *kc, const float *vc, int Tq, int Tk, int Hq, int Hkv,
+template <int HDM, typename KV>
+cudaError_t decode_launch(float *out, const float *q, const KV *kc, const KV *vc, int Tq, int Tk, int Hq, int Hkv,
                           int hd, float *part, cudaStream_t stream)
 {
     const int splits = (Tk + kDecodeSplit - 1) / kDecodeSplit;
     float scale = (float)(1.0 / sqrt((double)hd));
-    attn_decode_partial_kernel<HDM><<<dim3((unsigned)splits, (unsigned)Hq, (unsigned)Tq), kDecodeThreads, 0, stream>>>(
-        part, q, kc, vc, Tq, Tk, Hq, Hkv, hd, scale, splits);
+    attn_decode_partial_kernel<HDM, KV>
+        <<<dim3((unsigned)splits, (unsigned)Hq, (unsigned)Tq), kDecodeThreads, 0, stream>>>(part, q, kc, vc, Tq, Tk, Hq,
+                                                                                            Hkv, hd, scale, splits);
     cudaError_t rc = cudaGetLastError();
     if (rc != cudaSuccess)
         return rc;
     attn_decode_merge_kernel<<<dim3((unsigned)Hq, (unsigned)Tq), kDecodeThreads, 0, stream>>>(out, part, Hq, hd,
                                                                                               splits);
     return cudaGetLastError();
+}
+
+// KV-cache attention of one sequence over a cache of element type KV: the split-key decode kernels for up to
+// kDecodeMaxRows query rows (part: their partials), else the tiled forward.
+template <int HDM, typename KV>
+cudaError_t cached_launch(float *out, const float *q, const KV *kc, const KV *vc, int Tq, int Tk, int Hq, int Hkv,
+                          int hd, float *part, cudaStream_t stream)
+{
+    if (Tq <= kDecodeMaxRows)
+        return decode_launch<HDM>(out, q, kc, vc, Tq, Tk, Hq, Hkv, hd, part, stream);
+    return fwd_launch<HDM>(out, nullptr, q, kc, vc, nullptr, Tq, Tk, 1, Tq, Hq, Hkv, hd, stream);
+}
+
+// The two by head size class.
+template <typename KV>
+cudaError_t cached_dispatch(float *out, const float *q, const KV *kc, const KV *vc, int Tq, int Tk, int Hq, int Hkv,
+                            int hd, float *part, cudaStream_t stream)
+{
+    switch (hd_class(hd)) {
+    case 32: return cached_launch<32>(out, q, kc, vc, Tq, Tk, Hq, Hkv, hd, part, stream);
+    case 64: return cached_launch<64>(out, q, kc, vc, Tq, Tk, Hq, Hkv, hd, part, stream);
+    case 128: return cached_launch<128>(out, q, kc, vc, Tq, Tk, Hq, Hkv, hd, part, stream);
+    default: return cached_launch<256>(out, q, kc, vc, Tq, Tk, Hq, Hkv, hd, part, stream);
+    }
+}
+
+template <typename KV>
+cudaError_t decode_batched_dispatch(float *out, const float *q, const float *k, const float *v, void *const *kc,
+                                    void *const *vc, const int32_t *len, int B, int Hq, int Hkv, int hd,
+                                    cudaStream_t stream)
+{
+    switch (hd_class(hd)) {
+    case 32: return decode_batched_launch<32, KV>(out, q, k, v, kc, vc, len, B, Hq, Hkv, hd, stream);
+    case 64: return decode_batched_launch<64, KV>(out, q, k, v, kc, vc, len, B, Hq, Hkv, hd, stream);
+    case 128: return decode_batched_launch<128, KV>(out, q, k, v, kc, vc, len, B, Hq, Hkv, hd, stream);
+    default: return decode_batched_launch<256, KV>(out, q, k, v, kc, vc, len, B, Hq, Hkv, hd, stream);
+    }
 }
 
 bool bad_heads(int Hq, int Hkv, int hd) { return Hq <= 0 || Hkv <= 0 || hd <= 0 || hd > kMaxHd || Hq % Hkv != 0; }
@@ -746,45 +808,33 @@ extern "C" size_t attention_cached_cuda_scratch_bytes(int Tq, int Tk, int Hq, in
     return sizeof(float) * (size_t)Tq * (size_t)Hq * splits * (size_t)(hd + 2);
 }
 
-extern "C" cudaError_t attention_cached_cuda(float *out, const float *q, const float *kcache, const float *vcache,
-                                             int Tq, int Tk, int Hq, int Hkv, int hd, void *scratch,
+extern "C" cudaError_t attention_cached_cuda(float *out, const float *q, const void *kcache, const void *vcache,
+                                             int kv_bf16, int Tq, int Tk, int Hq, int Hkv, int hd, void *scratch,
                                              cudaStream_t stream)
 {
     if (bad_heads(Hq, Hkv, hd) || Tq < 0 || Tq > Tk || Hq > 65535)
         return cudaErrorInvalidValue;
     if (Tq == 0)
         return cudaSuccess;
-    if (Tq <= kDecodeMaxRows) {
-        if (!scratch)
-            return cudaErrorInvalidValue;
-        float *part = static_cast<float *>(scratch);
-        switch (hd_class(hd)) {
-        case 32: return decode_launch<32>(out, q, kcache, vcache, Tq, Tk, Hq, Hkv, hd, part, stream);
-        case 64: return decode_launch<64>(out, q, kcache, vcache, Tq, Tk, Hq, Hkv, hd, part, stream);
-        case 128: return decode_launch<128>(out, q, kcache, vcache, Tq, Tk, Hq, Hkv, hd, part, stream);
-        default: return decode_launch<256>(out, q, kcache, vcache, Tq, Tk, Hq, Hkv, hd, part, stream);
-        }
-    }
-    switch (hd_class(hd)) {
-    case 32: return fwd_launch<32>(out, nullptr, q, kcache, vcache, nullptr, Tq, Tk, 1, Tq, Hq, Hkv, hd, stream);
-    case 64: return fwd_launch<64>(out, nullptr, q, kcache, vcache, nullptr, Tq, Tk, 1, Tq, Hq, Hkv, hd, stream);
-    case 128: return fwd_launch<128>(out, nullptr, q, kcache, vcache, nullptr, Tq, Tk, 1, Tq, Hq, Hkv, hd, stream);
-    default: return fwd_launch<256>(out, nullptr, q, kcache, vcache, nullptr, Tq, Tk, 1, Tq, Hq, Hkv, hd, stream);
-    }
+    if (Tq <= kDecodeMaxRows && !scratch)
+        return cudaErrorInvalidValue;
+    float *part = static_cast<float *>(scratch);
+    if (kv_bf16)
+        return cached_dispatch(out, q, static_cast<const __nv_bfloat16 *>(kcache),
+                               static_cast<const __nv_bfloat16 *>(vcache), Tq, Tk, Hq, Hkv, hd, part, stream);
+    return cached_dispatch(out, q, static_cast<const float *>(kcache), static_cast<const float *>(vcache), Tq, Tk, Hq,
+                           Hkv, hd, part, stream);
 }
 
 extern "C" cudaError_t attention_decode_batched_cuda(float *out, const float *q, const float *k, const float *v,
-                                                     float *const *kc, float *const *vc, const int32_t *len, int B,
-                                                     int Hq, int Hkv, int hd, cudaStream_t stream)
+                                                     void *const *kc, void *const *vc, int kv_bf16, const int32_t *len,
+                                                     int B, int Hq, int Hkv, int hd, cudaStream_t stream)
 {
     if (bad_heads(Hq, Hkv, hd) || B < 0 || B > 65535)
         return cudaErrorInvalidValue;
     if (B == 0)
         return cudaSuccess;
-    switch (hd_class(hd)) {
-    case 32: return decode_batched_launch<32>(out, q, k, v, kc, vc, len, B, Hq, Hkv, hd, stream);
-    case 64: return decode_batched_launch<64>(out, q, k, v, kc, vc, len, B, Hq, Hkv, hd, stream);
-    case 128: return decode_batched_launch<128>(out, q, k, v, kc, vc, len, B, Hq, Hkv, hd, stream);
-    default: return decode_batched_launch<256>(out, q, k, v, kc, vc, len, B, Hq, Hkv, hd, stream);
-    }
+    if (kv_bf16)
+        return decode_batched_dispatch<__nv_bfloat16>(out, q, k, v, kc, vc, len, B, Hq, Hkv, hd, stream);
+    return decode_batched_dispatch<float>(out, q, k, v, kc, vc, len, B, Hq, Hkv, hd, stream);
 }

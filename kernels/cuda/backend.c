@@ -706,7 +706,23 @@ static void cuda_attention_backward(struct kctx *K, float *dq, float *dk, float 
                                        stream(K)));
 }
 
-static void cuda_attention_cached(struct kctx *K, float *out, const float *q, const float *kcache, const float *vcache,
+/* The KV cache: BF16 in a BF16 context (half the bytes a decode step's attention reads), fp32 otherwise. */
+static bool kv_bf16(const struct kctx *K) { return K->matmul == KMM_BF16; }
+static size_t cuda_kv_elem_bytes(const struct kctx *K) { return kv_bf16(K) ? 2 : sizeof(float); }
+
+static void cuda_kv_store(struct kctx *K, void *cache, size_t at, const float *x, size_t n)
+{
+    if (!kv_bf16(K)) {
+        cuda_copy(K, (float *)cache + at, x, n * sizeof(float));
+        return;
+    }
+    if (!n)
+        return;
+    use(K);
+    CHECK_CUDA(f32_to_bf16_cuda((char *)cache + at * 2, x, n, stream(K)));
+}
+
+static void cuda_attention_cached(struct kctx *K, float *out, const float *q, const void *kcache, const void *vcache,
                                   int Tq, int Tk, int Hq, int Hkv, int hd)
 {
     check_heads(K, "attention_cached", Hq, Hkv, hd, false);
@@ -717,12 +733,12 @@ static void cuda_attention_cached(struct kctx *K, float *out, const float *q, co
     use(K);
     size_t bytes = attention_cached_cuda_scratch_bytes(Tq, Tk, Hq, hd);
     void *s = bytes ? ws(K, &impl(K)->attn, bytes) : NULL;
-    CHECK_CUDA(attention_cached_cuda(out, q, kcache, vcache, Tq, Tk, Hq, Hkv, hd, s, stream(K)));
+    CHECK_CUDA(attention_cached_cuda(out, q, kcache, vcache, kv_bf16(K), Tq, Tk, Hq, Hkv, hd, s, stream(K)));
 }
 
 static void cuda_attention_decode_batched(struct kctx *K, float *out, const float *q, const float *k, const float *v,
-                                          float *const *kc, float *const *vc, const int32_t *len, int B, int Hq,
-                                          int Hkv, int hd)
+                                          void *const *kc, void *const *vc, const int32_t *len, int B, int Hq, int Hkv,
+                                          int hd)
 {
     check_heads(K, "attention_decode_batched", Hq, Hkv, hd, false);
     if (B < 0 || B > 65535)
@@ -730,7 +746,7 @@ static void cuda_attention_decode_batched(struct kctx *K, float *out, const floa
     if (B == 0)
         return;
     use(K);
-    CHECK_CUDA(attention_decode_batched_cuda(out, q, k, v, kc, vc, len, B, Hq, Hkv, hd, stream(K)));
+    CHECK_CUDA(attention_decode_batched_cuda(out, q, k, v, kc, vc, kv_bf16(K), len, B, Hq, Hkv, hd, stream(K)));
 }
 
 /* ---- LM head ---- */
@@ -1043,6 +1059,8 @@ const struct kops kops_cuda = {
     .rope_backward = cuda_rope_backward,
     .attention_forward = cuda_attention_forward,
     .attention_backward = cuda_attention_backward,
+    .kv_elem_bytes = cuda_kv_elem_bytes,
+    .kv_store = cuda_kv_store,
     .attention_cached = cuda_attention_cached,
     .attention_decode_batched = cuda_attention_decode_batched,
     .attention_block_forward = cuda_attention_block_forward,

@@ -98,14 +98,16 @@ cudaError_t attention_backward_cuda(float *dq, float *dk, float *dv, const float
 /* Bytes of scratch attention_cached_cuda needs (partial results of the split-key decode path). */
 size_t attention_cached_cuda_scratch_bytes(int Tq, int Tk, int Hq, int hd);
 /* KV-cache attention, one sequence (see attention_cached). Few query rows (decode) split the keys over blocks and
- * merge the partial softmaxes in a fixed order; more rows use the tiled kernel of attention_forward_cuda. */
-cudaError_t attention_cached_cuda(float *out, const float *q, const float *kcache, const float *vcache, int Tq, int Tk,
-                                  int Hq, int Hkv, int hd, void *scratch, cudaStream_t stream);
+ * merge the partial softmaxes in a fixed order; more rows use the tiled kernel of attention_forward_cuda. kcache and
+ * vcache hold fp32, or BF16 (__nv_bfloat16) where kv_bf16 is set, widened to fp32 as they are read. */
+cudaError_t attention_cached_cuda(float *out, const float *q, const void *kcache, const void *vcache, int kv_bf16,
+                                  int Tq, int Tk, int Hq, int Hkv, int hd, void *scratch, cudaStream_t stream);
 /* Batched decode (see attention_decode_batched in kernels.h): one launch for B sequences of one new token each,
- * the new K and V rows appended to each sequence's cache and attended; kc, vc and len device arrays of B. */
-cudaError_t attention_decode_batched_cuda(float *out, const float *q, const float *k, const float *v, float *const *kc,
-                                          float *const *vc, const int32_t *len, int B, int Hq, int Hkv, int hd,
-                                          cudaStream_t stream);
+ * the new K and V rows appended to each sequence's cache (fp32, or rounded to BF16 where kv_bf16 is set) and
+ * attended as the cache holds them; kc, vc and len device arrays of B. */
+cudaError_t attention_decode_batched_cuda(float *out, const float *q, const float *k, const float *v, void *const *kc,
+                                          void *const *vc, int kv_bf16, const int32_t *len, int B, int Hq, int Hkv,
+                                          int hd, cudaStream_t stream);
 
 /* Ring attention's blocks (kernels/cuda/attention_block.cu), as attention_block_forward, attention_block_backward,
  * attention_merge and attention_drow of kernels/cpu/cpu_kernels.h; qseq, kseq device int32. hd <= 256 (else

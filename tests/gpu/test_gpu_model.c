@@ -219,9 +219,42 @@ static void check_decode_bytes(struct model *cpu, struct kctx *K, int n_tokens)
     model_free(gpu);
 }
 
+/* The KV cache's bytes (issue 43 item 4): a BF16 context's cache holds 2-byte BF16 elements, so the KV memory the
+ * context reports (KMEM_KV, what perf/max_memory_gb's kv_cache line reads) and the cache bytes a decode step reads
+ * both halve against the fp32 context's. Counted from each context's KMEM_KV line around a slab of B sequences of
+ * cap positions, against the model's shape (layers x (K, V) x positions x KV heads x head_dim x 4 or 2 bytes); a
+ * decode step at context ctx reads each sequence's ctx cached positions and appends its new one, ctx + 1 times the
+ * bytes of one position, the slab's bytes over its B cap positions. */
+static void check_kv_bytes(struct model *cpu, struct kctx *f32, struct kctx *bf16)
+{
+    const int B = 4, cap = 16, ctx = 12;
+    const struct model_config *c = &cpu->cfg;
+    struct kctx *K[2] = {f32, bf16};
+    double slab[2], step[2];
+    for (int i = 0; i < 2; i++) {
+        struct model *gpu = model_copy_to(cpu, K[i]);
+        const size_t before = K[i]->mem.in_use[KMEM_KV];
+        struct kv_slab *s = kv_slab_create(gpu, B, cap);
+        slab[i] = (double)(K[i]->mem.in_use[KMEM_KV] - before);
+        step[i] = slab[i] / ((double)B * cap) * B * (ctx + 1);
+        const double want = (double)c->n_layers * 2 * cap * c->n_kv_heads * c->head_dim * B * (i ? 2 : 4);
+        EXPECT(slab[i] == want, "the %s context's KV cache of %d x %d positions: %.0f bytes (its shape: %.0f)",
+               i ? "bf16" : "fp32", B, cap, slab[i], want);
+        kv_slab_free(s);
+        EXPECT(K[i]->mem.in_use[KMEM_KV] == before, "the %s slab's KV bytes were not given back", i ? "bf16" : "fp32");
+        model_free(gpu);
+    }
+    printf("KV cache of %d sequences x %d positions: %.0f bytes fp32, %.0f bf16; a decode step of the %d at context %d "
+           "reads and appends %.0f bytes of it in fp32, %.0f in bf16\n",
+           B, cap, slab[0], slab[1], B, ctx, step[0], step[1]);
+    EXPECT(2 * step[1] == step[0], "a bf16 decode step's KV bytes (%.0f) are not half the fp32 step's (%.0f)", step[1],
+           step[0]);
+}
+
 /* Batched decode (issue 43 item 4): a decode step of B sequences takes one call per layer for the KV append and the
  * attention (k_attention_decode_batched) instead of 4 launches per sequence per layer (2 copies, the split-key pass
- * and its merge). Against the per-sequence path on the same caches: the same logits bit for bit (keys up to 256), and
+ * and its merge); in a BF16 context over BF16 caches (the append rounds, as k_kv_store does). Against the
+ * per-sequence path on the same caches: the same logits bit for bit (keys up to 256), and
  * under the emulator the device work of a step counted (cuemu_work_count): the batched step's does not grow with B,
  * the per-sequence step's grows by 4 per sequence per layer. Returns the launches of a decode step of 128 sequences
  * by the two paths, from the counts at B = 2 and 4 (checked linear with B = 8). */
@@ -269,10 +302,10 @@ static void check_decode_batched(struct model *cpu, struct kctx *K)
     gpu->decode_per_sequence = false;
 #ifdef GRPO_CUEMU
     const long long per_seq = (work[0][1] - work[0][0]) / 2, bat_per = (work[1][1] - work[1][0]) / 2;
-    printf("decode launches per step, per-sequence path: %lld, %lld, %lld at 2, 4, 8 sequences (%lld per sequence, "
+    printf("decode launches per %s step, per-sequence path: %lld, %lld, %lld at 2, 4, 8 sequences (%lld per sequence, "
            "%d layers); batched: %lld, %lld, %lld; at 128 sequences: %lld and %lld\n",
-           work[0][0], work[0][1], work[0][2], per_seq, L, work[1][0], work[1][1], work[1][2],
-           work[0][0] + per_seq * 126, work[1][0] + bat_per * 126);
+           K->matmul == KMM_BF16 ? "bf16" : "fp32", work[0][0], work[0][1], work[0][2], per_seq, L, work[1][0],
+           work[1][1], work[1][2], work[0][0] + per_seq * 126, work[1][0] + bat_per * 126);
     EXPECT(per_seq == 4LL * L + 1,
            "the per-sequence path took %lld launches per sequence (expected 4 per layer and "
            "the last row's copy: %d)",
@@ -317,7 +350,9 @@ int main(int argc, char **argv)
             check_grpo_step(m, f32, 1e-4);
             check_grpo_step(m, bf16, 5e-2);
             check_decode_bytes(m, bf16, 6);
+            check_kv_bytes(m, f32, bf16);
             check_decode_batched(m, f32);
+            check_decode_batched(m, bf16);
         }
         model_free(m);
     }
@@ -332,6 +367,7 @@ int main(int argc, char **argv)
         check_greedy(m, f32, prompt, (int)(sizeof prompt / sizeof *prompt), small ? 8 : 32);
         check_greedy(m, bf16, prompt, (int)(sizeof prompt / sizeof *prompt), small ? 8 : 32);
         check_decode_batched(m, f32); /* the demo model's launches per decode step, both paths */
+        check_kv_bytes(m, f32, bf16); /* and its KV cache's bytes */
         if (!small)
             check_forward_backward("smollm2-135m", m, f32, 1e-3, 1e-3, 4);
         model_free(m);

@@ -1,7 +1,8 @@
 /* Causal GQA attention over packed sequences: forward and lse against a naive double-precision
  * reference (masking across sequence boundaries, an empty sequence, sequences longer than one
  * query block), backward against central finite differences, and the KV-cache variant against
- * the rows of the full forward (prefill, partial and token-by-token), and shared-prompt packing (prefix_of) against
+ * the rows of the full forward (prefill, partial and token-by-token), and over a cache of BF16-rounded values (a BF16
+ * context's) against the double reference of those values, and shared-prompt packing (prefix_of) against
  * the same sequences packed whole, forward and backward, and against finite differences. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,6 +13,8 @@
 #include <string.h>
 
 #include <cmocka.h>
+
+#include "kernels/kernels.h"
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/pool.h"
@@ -234,6 +237,105 @@ static void test_cached_matches_full_forward(void **state)
     check_cached(5, 24, 2, 4, 45);   /* more query heads to a kv head than one decode pass takes (8 + 4, twice) */
 }
 
+/* x rounded to the nearest BF16 value, a tie to the one whose last mantissa bit is 0: its two BF16 neighbours
+ * compared in double (not the carry trick of the kernels). x finite. */
+static float bf16_nearest(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    const uint32_t lo = u & 0xffff0000u, hi = lo + 0x10000u; /* toward zero, and one BF16 step farther out */
+    float a, b;
+    memcpy(&a, &lo, sizeof a);
+    memcpy(&b, &hi, sizeof b);
+    const double da = fabs((double)x - a), db = fabs((double)b - x);
+    return da < db || (da == db && !(lo & 0x10000u)) ? a : b;
+}
+
+/* The CPU's BF16 KV cache (kv_store with bf16, what a BF16 context's kv_store op does): a cache filled one token at a
+ * time as generation fills it holds the nearest BF16 value of each key and value, bit for bit, and attention_cached
+ * over it (the prefill of every row, and each decode step over the positions so far) matches the double reference
+ * of those rounded values; that reference is not the unrounded one's (the rounding happened). */
+static void check_cached_bf16(int T, int Hq, int Hkv, int hd, uint64_t seed)
+{
+    int32_t cu[2] = {0, T};
+    struct problem p, r;
+    problem_init(&p, cu, 1, Hq, Hkv, hd, seed);
+    const size_t row = (size_t)Hq * hd, KD = (size_t)Hkv * hd, nq = (size_t)T * row, nk = (size_t)T * KD;
+    r = p;
+    r.k = tk_alloc(nk), r.v = tk_alloc(nk);
+    for (size_t i = 0; i < nk; i++)
+        r.k[i] = bf16_nearest(p.k[i]), r.v[i] = bf16_nearest(p.v[i]);
+    double *want = calloc(nq, sizeof(double)), *raw = calloc(nq, sizeof(double)),
+           *lse = calloc((size_t)T * Hq, sizeof(double));
+    naive_attention(want, lse, &r);
+    naive_attention(raw, lse, &p);
+    float *kc = tk_alloc(nk), *vc = tk_alloc(nk), *got = tk_alloc(nq), *pre = tk_alloc(nq);
+    for (int t = 0; t < T; t++) { /* a decode step per token: its row appended, then attended */
+        kv_store(kc + (size_t)t * KD, p.k + (size_t)t * KD, KD, true);
+        kv_store(vc + (size_t)t * KD, p.v + (size_t)t * KD, KD, true);
+        attention_cached(got + (size_t)t * row, p.q + (size_t)t * row, kc, vc, 1, t + 1, Hq, Hkv, hd);
+    }
+    assert_memory_equal(kc, r.k, nk * sizeof(float));
+    assert_memory_equal(vc, r.v, nk * sizeof(float));
+    attention_cached(pre, p.q, kc, vc, T, T, Hq, Hkv, hd);
+    double rounded = 0;
+    for (size_t i = 0; i < nq; i++) {
+        if (fabs(got[i] - want[i]) > 2e-5)
+            fail_msg("T=%d decode: element %zu: %.7g, reference %.7g", T, i, got[i], want[i]);
+        if (fabs(pre[i] - want[i]) > 2e-5)
+            fail_msg("T=%d prefill: element %zu: %.7g, reference %.7g", T, i, pre[i], want[i]);
+        rounded = fmax(rounded, fabs(want[i] - raw[i]));
+    }
+    if (!(rounded > 1e-4))
+        fail_msg("T=%d: the rounded cache's reference is within %.2g of the unrounded one's", T, rounded);
+    kv_store(kc, p.k, nk, false); /* without bf16, the values themselves */
+    assert_memory_equal(kc, p.k, nk * sizeof(float));
+    free(want), free(raw), free(lse), free(kc), free(vc), free(got), free(pre), free(r.k), free(r.v);
+    problem_free(&p);
+}
+
+static void test_cached_bf16_cache_matches_naive(void **state)
+{
+    (void)state;
+    check_cached_bf16(7, 4, 2, 8, 51);
+    check_cached_bf16(150, 4, 2, 16, 52); /* prefill rows over several query blocks */
+    check_cached_bf16(9, 9, 3, 64, 53);   /* SmolLM2's heads */
+}
+
+/* The kv_store op through the contexts: 4-byte elements on the CPU; the fp32 context copies the bits; a BF16 context
+ * (where this CPU has BF16 products) stores the nearest BF16 values, except in batch-invariant mode, whose forward
+ * runs in fp32 so that generation's log-probs are the trainer's bit for bit. */
+static void test_kv_store_op(void **state)
+{
+    (void)state;
+    enum { n = 1000, at = 24 };
+    float *x = tk_alloc(n), *c = tk_alloc(n + at), *r = tk_alloc(n);
+    uint64_t seed = 61;
+    tk_fill(x, n, &seed, -3, 3);
+    for (int i = 0; i < n; i++)
+        r[i] = bf16_nearest(x[i]);
+    struct kctx *K = kctx_cpu();
+    assert_int_equal(k_kv_elem_bytes(K), sizeof(float));
+    k_kv_store(K, c, at, x, n);
+    assert_memory_equal(c + at, x, n * sizeof(float));
+    char why[256];
+    struct kctx *B = kctx_create("cpu", KMM_BF16, why, sizeof why);
+    if (!B) {
+        print_message("the BF16 context's kv_store: skipped (%s)\n", why);
+        free(x), free(c), free(r);
+        return;
+    }
+    assert_int_equal(k_kv_elem_bytes(B), sizeof(float));
+    k_kv_store(B, c, at, x, n);
+    assert_memory_equal(c + at, r, n * sizeof(float));
+    k_set_batch_invariant(true);
+    k_kv_store(B, c, at, x, n);
+    k_set_batch_invariant(false);
+    assert_memory_equal(c + at, x, n * sizeof(float));
+    kctx_free(B);
+    free(x), free(c), free(r);
+}
+
 /* Shared-prompt packing: a prompt of P rows packed once, two continuations that see it (prefix_of), and a
  * sequence of its own, against the same thing packed whole: [prompt, c1] [prompt, c2] [u]. The outputs and lse
  * must be those of the whole sequences' rows, dq too, and the prompt's dk, dv the sum of its two copies'. */
@@ -369,6 +471,8 @@ int main(void)
         cmocka_unit_test(test_backward_fd_packed_gqa),
         cmocka_unit_test(test_backward_fd_long_sequence),
         cmocka_unit_test(test_cached_matches_full_forward),
+        cmocka_unit_test(test_cached_bf16_cache_matches_naive),
+        cmocka_unit_test(test_kv_store_op),
         cmocka_unit_test(test_prefix_packing_matches_whole_sequences),
         cmocka_unit_test(test_prefix_packing_backward_fd),
         cmocka_unit_test(test_threads_same_bits),

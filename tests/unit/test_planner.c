@@ -160,6 +160,12 @@ static void test_invalid_and_recommended(void **state)
     assert_int_equal(ro.tp, 1);
     assert_int_equal(ro.concurrent, 256);
     near(ro.mem_kv, 256 * 1536.0 * 2 * 28 * 4 * 128 * 2, 1e-12);
+    /* the CPU mode's cache is fp32: 4 bytes an element where the GPU's BF16 cache takes 2 */
+    struct plan_cluster cpu = H200x8;
+    cpu.cpu = true;
+    plan_rollout(&q, &cpu, &GSM8K, &ro);
+    assert_int_equal(ro.tp, 1); /* 30.5 GB of fp32 weights and 22.5 GB of cache still fit one device */
+    near(ro.mem_kv, 256 * 1536.0 * 2 * 28 * 4 * 128 * 4, 1e-12);
 }
 
 /* Qwen3-30B-A3B's config.json (the numbers that matter) */

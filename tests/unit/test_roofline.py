@@ -101,6 +101,17 @@ class Counts(unittest.TestCase):
         o, _ = R.decode(m, 3, 5, "today-bf16")
         self.assertEqual(row(o, "convert", "fp32 -> BF16 operands")[1:3], [6 * 108, 8])
 
+    def test_tiny_decode_kv_bytes(self):
+        # the batched decode attention of 3 sequences at context 5: each reads 6 K and V rows of KD = 2 (the 5 cached
+        # and the new one) and writes the new row to its cache, 3 x 7 x 2 x 2 = 84 elements: 4 bytes in today's fp32
+        # cache, 2 in the BF16 context's since 2026-12-06; plus q read and out written (3 x 2 x 4 fp32 floats: 96
+        # bytes) and the partials (3 sequences x 2 heads x 1 split x (hd + 2) x 8 bytes = 192)
+        m = R.Model(TINY)
+        name = ("attention", "decode attention (batched, KV append fused)")
+        for vn, kv in (("today-fp32", 4), ("today-bf16", 2)):
+            o, _ = R.decode(m, 3, 5, vn)
+            self.assertEqual(o.rows[name][1], 84 * kv + 96 + 192, vn)
+
     def test_tiny_decode_launches(self):
         m = R.Model(TINY)
         B = 3

@@ -338,7 +338,8 @@ void model_free_grads(struct model *m);
  * MODEL_BUF_TRAIN the forward's activations and the backward's buffers, MODEL_BUF_GEN the decode step's. */
 enum { MODEL_BUF_TRAIN = 1, MODEL_BUF_GEN = 2 };
 void model_release_buffers(struct model *m, int which);
-/* Bytes of one sequence's KV cache of cap positions on this rank (its layers, its KV heads). */
+/* Bytes of one sequence's KV cache of cap positions on this rank (its layers, its KV heads), in the elements of the
+ * model's context (k_kv_elem_bytes: BF16 on a GPU's BF16 context). */
 size_t kv_slot_bytes(const struct model *m, int cap);
 void model_zero_grads(struct model *m);
 /* Number of parameter floats (tied head counted once). */
@@ -416,12 +417,13 @@ void model_acts_free(struct model_acts *a);
 
 /* ---- generation ---- */
 
-/* Key/value cache of one sequence: a slot of a slab. */
+/* Key/value cache of one sequence: a slot of a slab. Its elements are the context's KV cache's (k_kv_elem_bytes),
+ * written with k_kv_store and read by the attention ops only. */
 struct kv_slab;
 struct kv_cache {
     int len, cap; /* tokens stored, capacity */
     int n_layers;
-    float **k, **v;      /* per layer: (cap, Hkv*hd) in the slab; NULL for the layers of other pipeline stages */
+    void **k, **v;       /* per layer: (cap, Hkv*hd) in the slab; NULL for the layers of other pipeline stages */
     struct kv_slab *own; /* the one-slot slab of kv_cache_create, freed with it; NULL for a slab's slot */
 };
 

@@ -14,28 +14,29 @@ struct kv_slab {
     struct kctx *K;
     int n_slots;
     size_t bytes;
-    float *mem;             /* n_slots x this stage's layers x (k, v) x (cap, KD) */
+    char *mem;              /* n_slots x this stage's layers x (k, v) x (cap, KD) elements of k_kv_elem_bytes */
     struct kv_cache *slots; /* n_slots */
-    float **ptrs;           /* each slot's k[] and v[] (n_layers each) */
+    void **ptrs;            /* each slot's k[] and v[] (n_layers each) */
 };
 
 size_t kv_slot_bytes(const struct model *m, int cap)
 {
     const size_t KD = (size_t)m->sh.n_kv_heads * m->cfg.head_dim, nl = (size_t)(m->sh.layer_hi - m->sh.layer_lo);
-    return nl * 2 * (size_t)(cap > 0 ? cap : 1) * KD * sizeof(float);
+    return nl * 2 * (size_t)(cap > 0 ? cap : 1) * KD * k_kv_elem_bytes(m->K);
 }
 
 struct kv_slab *kv_slab_create(const struct model *m, int n_slots, int cap)
 {
     const struct model_config *c = &m->cfg;
     const size_t KD = (size_t)m->sh.n_kv_heads * c->head_dim, nl = (size_t)(m->sh.layer_hi - m->sh.layer_lo);
-    const size_t per = (size_t)(cap > 0 ? cap : 1) * KD, L = (size_t)c->n_layers;
+    const size_t per = (size_t)(cap > 0 ? cap : 1) * KD * k_kv_elem_bytes(m->K); /* bytes of a layer's k (or v) */
+    const size_t L = (size_t)c->n_layers;
     if (n_slots < 1)
         check_failf(__FILE__, __LINE__, "kv_slab_create: %d slots", n_slots);
     struct kv_slab *s = xcalloc(1, sizeof *s);
     s->K = m->K;
     s->n_slots = n_slots;
-    s->bytes = (size_t)n_slots * nl * 2 * per * sizeof(float);
+    s->bytes = (size_t)n_slots * nl * 2 * per;
     char what[96];
     snprintf(what, sizeof what, "the KV cache of %d sequences of %d tokens", n_slots, cap);
     s->mem = k_alloc(m->K, s->bytes ? s->bytes : 1, KMEM_KV, what);
@@ -48,7 +49,7 @@ struct kv_slab *kv_slab_create(const struct model *m, int n_slots, int cap)
         kc->k = s->ptrs + (size_t)i * 2 * L;
         kc->v = kc->k + L;
         for (int l = m->sh.layer_lo; l < m->sh.layer_hi; l++) { /* this stage's layers */
-            float *base = s->mem + (((size_t)i * nl + (size_t)(l - m->sh.layer_lo)) * 2) * per;
+            char *base = s->mem + (((size_t)i * nl + (size_t)(l - m->sh.layer_lo)) * 2) * per;
             kc->k[l] = base;
             kc->v[l] = base + per;
         }
@@ -88,13 +89,13 @@ void kv_cache_free(struct kv_cache *kc)
 
 void kv_cache_copy(const struct model *m, struct kv_cache *dst, const struct kv_cache *src)
 {
-    const size_t KD = (size_t)m->sh.n_kv_heads * m->cfg.head_dim;
+    const size_t KD = (size_t)m->sh.n_kv_heads * m->cfg.head_dim, eb = k_kv_elem_bytes(m->K);
     if (dst->cap < src->len)
         check_failf(__FILE__, __LINE__, "kv_cache_copy: destination holds %d tokens, source has %d", dst->cap,
                     src->len);
     for (int l = m->sh.layer_lo; l < m->sh.layer_hi; l++) {
-        k_copy(m->K, dst->k[l], src->k[l], (size_t)src->len * KD * sizeof(float));
-        k_copy(m->K, dst->v[l], src->v[l], (size_t)src->len * KD * sizeof(float));
+        k_copy(m->K, dst->k[l], src->k[l], (size_t)src->len * KD * eb);
+        k_copy(m->K, dst->v[l], src->v[l], (size_t)src->len * KD * eb);
     }
     dst->len = src->len;
 }
@@ -113,7 +114,7 @@ struct step_bufs {
 static size_t kvtab_bytes(const struct model *m, int B)
 {
     const size_t nl = (size_t)(m->sh.layer_hi - m->sh.layer_lo);
-    return 2 * nl * (size_t)B * sizeof(float *) + (size_t)B * sizeof(int32_t);
+    return 2 * nl * (size_t)B * sizeof(void *) + (size_t)B * sizeof(int32_t);
 }
 
 /* Whether this step decodes every sequence's one new token through the back-end's batched op. */
@@ -133,8 +134,8 @@ static void kvtab_upload(const struct model *m, struct kv_cache **caches, int B,
     const int lo = m->sh.layer_lo, nl = m->sh.layer_hi - lo;
     const size_t bytes = kvtab_bytes(m, B);
     char *h = xmalloc(bytes);
-    float **kp = (float **)(void *)h, **vp = kp + (size_t)nl * B;
-    int32_t *len = (int32_t *)(void *)(h + 2 * (size_t)nl * B * sizeof(float *));
+    void **kp = (void **)(void *)h, **vp = kp + (size_t)nl * B;
+    int32_t *len = (int32_t *)(void *)(h + 2 * (size_t)nl * B * sizeof(void *));
     for (int l = 0; l < nl; l++)
         for (int b = 0; b < B; b++) {
             kp[(size_t)l * B + b] = caches[b]->k[lo + l];
@@ -302,15 +303,15 @@ static const float *step(struct model *m, struct kv_cache **caches, int B, const
         k_rope_forward(K, t.k, t.pos, N, Hkv, hd, m->rope_freqs);
         if (batched) { /* one call: every sequence's new K and V appended, and attended */
             const size_t nl = (size_t)(sh->layer_hi - sh->layer_lo), at = (size_t)(l - sh->layer_lo) * B;
-            float *const *kp = (float *const *)t.kvtab;
-            const int32_t *lens = (const int32_t *)((const char *)t.kvtab + 2 * nl * B * sizeof(float *));
+            void *const *kp = (void *const *)t.kvtab;
+            const int32_t *lens = (const int32_t *)((const char *)t.kvtab + 2 * nl * B * sizeof(void *));
             k_attention_decode_batched(K, t.att, t.q, t.k, t.v, kp + at, kp + nl * B + at, lens, B, Hq, Hkv, hd);
         }
         for (int b = 0, off = 0; !batched && b < B; off += ntok[b], b++) {
             struct kv_cache *kc = caches[b];
-            const size_t bytes = (size_t)ntok[b] * KD * sizeof(float);
-            k_copy(K, kc->k[l] + (size_t)kc->len * KD, t.k + (size_t)off * KD, bytes);
-            k_copy(K, kc->v[l] + (size_t)kc->len * KD, t.v + (size_t)off * KD, bytes);
+            const size_t at = (size_t)kc->len * KD, n = (size_t)ntok[b] * KD;
+            k_kv_store(K, kc->k[l], at, t.k + (size_t)off * KD, n);
+            k_kv_store(K, kc->v[l], at, t.v + (size_t)off * KD, n);
             k_attention_cached(K, t.att + (size_t)off * QD, t.q + (size_t)off * QD, kc->k[l], kc->v[l], ntok[b],
                                kc->len + ntok[b], Hq, Hkv, hd);
         }

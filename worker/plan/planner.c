@@ -306,6 +306,8 @@ void plan_rollout(const struct model_config *m, const struct plan_cluster *c, co
         const int groups = devices / tp;
         const double kv_heads = m->n_kv_heads >= tp ? (double)m->n_kv_heads / tp : 1;
         const int conc = (int)ceil((double)b->prompts * b->n / (groups > 0 ? groups : 1));
+        /* K and V of every position at the weights' width: 2 bytes on GPUs, the BF16 KV cache of the CUDA
+         * back-end's BF16 context (k_kv_elem_bytes), 4 in the CPU mode (the CPU's cache stays fp32) */
         const double kv = conc * S * 2.0 * m->n_layers * kv_heads * m->head_dim * w.weights;
         const double weights = w.weights * P / tp;
         if (weights + kv <= 0.9 * c->gpu_mem_gib * 1e9) {
