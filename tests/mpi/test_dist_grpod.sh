@@ -100,16 +100,23 @@ expect "launched again, the stopped run finishes" $?
 expect "stop + resume with ZeRO-1: weights bit-identical to the all-reduce run without grpod" $?
 
 # ---- a trainer rank killed. mpirun keeps the job when a rank dies (orte_enable_recovery, as the launchers set
-# it): grpod marks the trainer lost and tells the other ranks to end, so the job stops promptly
-MPI_EXTRA=(--mca orte_enable_recovery 1)
+# it): grpod marks the trainer lost and tells the other ranks to end, so the job stops promptly. The rollout rank's
+# scorer holds the run in step 7 (hold_after_score, after 6 steps of 16 samples), so that the kill lands mid-run
+# however fast or loaded the machine (killed at "step 5 or later" as grpoctl saw it, a loaded machine's run had
+# already finished)
+MPI_EXTRA=(--mca orte_enable_recovery 1 -x GRPO_TEST_HOLD_FILE="$TMP/hold3" -x GRPO_TEST_HOLD_AFTER=96)
 start_grpod g3 "${PLACE[@]}"
-run killed grpod.endpoint="$EP" grpod.connect_timeout_s=20 &
+touch "$TMP/hold3"
+run killed grpod.endpoint="$EP" grpod.connect_timeout_s=20 custom_reward_function.name=hold_after_score &
 MPI_PID=$!
 track "$MPI_PID"
-wait_for 60 step_at_least 5; expect "third run under way" $?
+held_or_ended() { [ -f "$TMP/hold3.held" ] || ! kill -0 "$MPI_PID" 2>/dev/null; }
+wait_for 120 held_or_ended; [ -f "$TMP/hold3.held" ]; expect "third run under way, held in step 7's scoring" $?
 victim="$("$GRPOCTL" status --json | jq -r '.workers[] | select(.rank == 1) | .pid')"
 t0=$(date +%s%N)
 kill -9 "$victim"; expect "trainer rank 1 (pid $victim) killed" $?
+rm -f "$TMP/hold3" # the scorer lets the rollout rank go on (to hear the end)
+MPI_EXTRA=(--mca orte_enable_recovery 1)
 wait "$MPI_PID"; rc=$?
 took=$(( ($(date +%s%N) - t0) / 1000000 ))
 [ "$took" -lt 10000 ]; expect "the job ends within 10 s of the loss (${took} ms; heartbeat timeout 3 s)" $?
@@ -121,7 +128,8 @@ grep -q "trainer rank 1 on host .* lost.*relaunch the job" "$TMP/lost.txt"
 expect "grpoctl status gives the reason and says to relaunch" $?
 kstep="$(cat "$TMP/killed/p/e/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null)"
 [ -n "$kstep" ] && [ "$kstep" -lt $STEPS ]; expect "a checkpoint before the loss (step $kstep)" $?
-run killed grpod.endpoint="$EP" grpod.connect_timeout_s=20
+# (the same keys as the first launch, as grpod wants of a run: the scorer, no longer held, scores as byte_score)
+run killed grpod.endpoint="$EP" grpod.connect_timeout_s=20 custom_reward_function.name=hold_after_score
 expect "launched again under the same grpod, the run resumes and finishes" $?
 grep -q "resumed from .*global_step_$kstep" "$TMP/killed.log"; expect "it resumed from the newest checkpoint" $?
 "$COMPARE" "$(final ref)" "$(final killed)" 0 >/dev/null 2>&1; expect "kill + resume: weights bit-identical" $?

@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 double compute_score(const char *data_source, const char *solution_str, const char *ground_truth,
@@ -99,5 +101,42 @@ double held_byte_score(const char *data_source, const char *solution_str, const 
     const char *flag = getenv("GRPO_TEST_HOLD_FILE");
     for (int i = 0; flag && i < 60 && access(flag, F_OK) == 0; i++)
         usleep(50000);
+    return byte_score(data_source, solution_str, ground_truth, extra_info_json);
+}
+
+double hold_after_score(const char *data_source, const char *solution_str, const char *ground_truth,
+                        const char *extra_info_json);
+
+/* byte_score; once this process has scored GRPO_TEST_HOLD_AFTER samples, and while the file GRPO_TEST_HOLD_FILE
+ * names exists, it creates FILE.held and holds (up to 10 minutes): the run stops at a point its steps decide, not a
+ * machine's speed (the tests that kill a rank mid-run: a fast run used to end before the kill, a loaded machine's
+ * grpoctl to see step 5 after step 30). The same rewards as byte_score, so a relaunch with byte_score goes on. */
+double hold_after_score(const char *data_source, const char *solution_str, const char *ground_truth,
+                        const char *extra_info_json)
+{
+    const char *after = getenv("GRPO_TEST_HOLD_AFTER");
+    const char *flag = getenv("GRPO_TEST_HOLD_FILE");
+    if (!after || !flag)
+        return byte_score(data_source, solution_str, ground_truth, extra_info_json);
+    /* samples are counted in FILE.count, a byte each (appends are atomic): the scorers of a job may be several
+     * processes */
+    char counter[4096];
+    snprintf(counter, sizeof counter, "%s.count", flag);
+    long scored = 0;
+    int fd = open(counter, O_WRONLY | O_CREAT | O_APPEND, 0600);
+    struct stat st;
+    if (fd >= 0 && write(fd, "s", 1) == 1 && fstat(fd, &st) == 0)
+        scored = (long)st.st_size;
+    if (fd >= 0)
+        close(fd);
+    if (scored > strtol(after, NULL, 10) && access(flag, F_OK) == 0) {
+        char marker[4096];
+        snprintf(marker, sizeof marker, "%s.held", flag);
+        FILE *f = fopen(marker, "w");
+        if (f)
+            fclose(f);
+        for (int i = 0; i < 12000 && access(flag, F_OK) == 0; i++)
+            usleep(50000);
+    }
     return byte_score(data_source, solution_str, ground_truth, extra_info_json);
 }
