@@ -11,6 +11,8 @@
 //
 // Layout (as the CPU's): q, out (N, Hq, hd); k, v (N, Hkv, hd); lse (N, Hq); query head h uses KV head
 // h / (Hq / Hkv); scale 1/sqrt(hd). Tiles are SIMT FP32 (no tensor cores): simple, and as exact as the CPU's sgemm.
+// A BF16 context's attention_forward and attention_backward run on tensor cores instead (attention_tc.cu); the
+// cached and decode paths here serve both precisions.
 #include <math.h>
 
 #include "cuda_kernels.h"
