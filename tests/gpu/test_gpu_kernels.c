@@ -1152,7 +1152,7 @@ static int t_attention_bf16(struct kctx *G, int B, const int *lens, int first, i
         const unsigned long long b0 = G->gemm.attn_products;
         k_attention_backward(G, gdq, gdk, gdv, gdo, gout, glse, gq, gk, gv, gcu, NULL, B, Hq, Hkv, hd);
         pb[run] = G->gemm.attn_products - b0;
-        res[run][0] = xmalloc(nq * 4), res[run][1] = xmalloc(nk * 4), res[run][2] = xmalloc(nk * 4);
+        res[run][0] = copy_vec(dq0, nq), res[run][1] = copy_vec(dk0, nk), res[run][2] = copy_vec(dv0, nk);
         kget(G, res[run][0], gdq, nq * 4);
         kget(G, res[run][1], gdk, nk * 4);
         kget(G, res[run][2], gdv, nk * 4);
