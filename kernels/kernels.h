@@ -247,11 +247,14 @@ struct kops {
 };
 
 /* What a context's products rounded (the CUDA back-end; the CPU's counts nothing): bytes of fp32 read to make BF16
- * operands of activations (x, dy) and of weights per call, and the refreshes of kept weight copies (each reads its
- * buffer's fp32 bytes once). In BF16, a decode step that rounds no weight reads each parameter once, 2 bytes. */
+ * operands of activations (x, dy; attention's q, k, v, dout) and of weights per call, and the refreshes of kept
+ * weight copies (each reads its buffer's fp32 bytes once). In BF16, a decode step that rounds no weight reads each
+ * parameter once, 2 bytes. attn_products: the batched GEMMs (one per product, tile of a sequence's query rows, and
+ * call, over the KV heads) that ran attention_forward's and attention_backward's products on tensor cores. */
 struct kgemm_stats {
     unsigned long long round_bytes_act, round_bytes_weights; /* per call */
     unsigned long long kept_refreshes, kept_refresh_bytes;   /* kept copies made again after a change */
+    unsigned long long attn_products;
 };
 
 /* Bytes a context has handed out (k_alloc, less k_free) and the most it ever had: weights, gradients, optimizer

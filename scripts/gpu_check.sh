@@ -14,7 +14,8 @@
 #
 # The steps, by information per second:
 #   probe      nvidia-smi, nvcc, the kit's libraries and the CUDA ones it found, compute-sanitizer
-#   kernels    every CUDA op against the CPU back-end (test_gpu_kernels: full shapes; MoE, ring attention, Ulysses)
+#   kernels    every CUDA op against the CPU back-end (test_gpu_kernels: full shapes; MoE, ring attention, Ulysses,
+#              BF16 attention on tensor cores against a float64 reference)
 #   bench      the heavy ops' throughput (gpu_bench), SM and memory clocks sampled every 0.5 s beside it
 #   memcheck   compute-sanitizer memcheck, then racecheck, on the kernel test's small shapes
 #   step-fp32, step-bf16   one GRPO step of a small random model on the GPU (trainer.device=cuda): phase times and

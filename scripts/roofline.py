@@ -16,7 +16,9 @@ Variants (--variants, comma-separated; default all four):
     today-bf16   actor.dtype=bfloat16 today: every GEMM call rounds its fp32 activations to BF16 first; the weights
                  come from a BF16 copy kept per weights buffer, made again once after each optimizer step (until
                  2026-12-05 every call rounded its weights too: 8 bytes per parameter per decode step, now 2); a
-                 BF16 KV cache (since 2026-12-06: 2 bytes an element, the fp32 cache's 4 before)
+                 BF16 KV cache (since 2026-12-06: 2 bytes an element, the fp32 cache's 4 before); the training
+                 attention on tensor cores, batched BF16 GEMMs per sequence and tile of up to 512 query rows over
+                 materialised fp32 scores (until 2026-12-05 the FP32 SIMT flash kernels of today-fp32)
     designed     issue 43: BF16 weight copies kept (refreshed once per optimizer step), BF16 activations, BF16 KV
                  cache, tensor-core (BF16) flash attention, decode attention batched: one launch per layer per step
     designed+    designed, plus what this model finds next: fused QKV and gate/up GEMMs with bias and residual in
@@ -32,7 +34,7 @@ import sys
 H200 = {
     "bf16": 989e12,  # tensor cores, dense
     "tf32": 494e12,  # tensor cores, dense (not used by the code: fp32 means fp32)
-    "fp32": 67e12,  # SIMT FP32 (no tensor cores): cuBLAS FP32 GEMMs and today's attention
+    "fp32": 67e12,  # SIMT FP32 (no tensor cores): cuBLAS FP32 GEMMs and today's fp32 attention
     "hbm": 4.8e12,  # bytes/s
     "launch": 4e-6,  # s per kernel launch or memcpy call (assumed: 3-5 us)
     "graph": 1e-6,  # s per kernel inside a replayed CUDA graph (assumed)
@@ -97,8 +99,8 @@ def lmhead_chunk(V):
 VARIANTS = {
     "today-fp32": dict(gemm="fp32", conv=False, a=4, w=4, attn="fp32", attn_bwd_hd=14, kv=4, batched=True,
                        sync=True, fused=False, chunk=None, graph=False, bf16_copy=False, kvtab=True),
-    "today-bf16": dict(gemm="bf16", conv=True, a=4, w=2, attn="fp32", attn_bwd_hd=14, kv=2, batched=True,
-                       sync=True, fused=False, chunk=None, graph=False, bf16_copy=True, kvtab=True),
+    "today-bf16": dict(gemm="bf16", conv=True, a=4, w=2, attn="bf16", attn_bwd_hd=10, kv=2, batched=True,
+                       sync=True, fused=False, chunk=None, graph=False, bf16_copy=True, kvtab=True, attn_tc=True),
     "designed": dict(gemm="bf16", conv=False, a=2, w=2, attn="bf16", attn_bwd_hd=10, kv=2, batched=True,
                      sync=True, fused=False, chunk=None, graph=False, bf16_copy=True),
     "designed+": dict(gemm="bf16", conv=False, a=2, w=2, attn="bf16", attn_bwd_hd=10, kv=2, batched=True,
@@ -164,8 +166,56 @@ def ew(o, group, name, nbytes, launches=1, times=1.0):
     o.add(group, name, 0, nbytes, launches, times=times)
 
 
-def layer_forward(o, m, v, N, pairs, times):
+def tc_tile_rows(L, Hq):
+    """kernels/cuda/attention_tc.cu's attention_tc_tile_rows: query rows per tile of a sequence's scores (12 bytes a
+    score in the backward, 256 MiB for every head's, 16 to 512 rows)."""
+    return min(L, max(16, min(512, (256 << 20) // (12 * Hq * L))))
+
+
+def attention_tc(o, m, v, seqs, L, backward, times):
+    """A BF16 context's attention on tensor cores (backend.c's tc_forward and tc_backward) over seqs sequences of L
+    rows: per sequence and tile of its query rows, each product one batched BF16 GEMM (over the KV heads) on
+    materialised fp32 scores, the softmax (backward: P and dS) a kernel between them; around them, once a call, the
+    operands rounded to BF16 (q and dout into the grouped layout, k, v), out (dq, added) scattered back, the
+    backward's D = dout . out, and the host sync of read_seqlens. A tile of E scores: the forward's S = Q K^T writes
+    4 bytes a score, the softmax reads them and writes P (2), O = P V reads P; the backward writes S and dP (4 + 4),
+    reads both and writes P and dS (2 + 2), and dV += P^T dO, dK += dS^T Q (dv, dk read and written in fp32) and
+    dQ = dS K read P once and dS twice. Its FLOPs: every product over the tile's rectangle of rows and keys (the
+    masked part of the diagonal tile included): 4 hd a score forward, 10 hd backward."""
+    hd, Hq, QD, KD = m.hd, m.Hq, m.QD, m.KD
+    N = seqs * L
+    g = "attention"
+    w = "attention backward" if backward else "attention forward"
+    nconv = (2 if backward else 1) * N * QD + 2 * N * KD
+    o.add(g, w + ": operands to BF16, %s back" % ("dq" if backward else "out"),
+          0, 6.0 * nconv + (12 if backward else 8) * N * QD, 5 if backward else 4, 1 if v["sync"] else 0, times=times)
+    if backward:
+        ew(o, g, w + ": D = dout . out", 8.0 * N * QD + 4 * N * Hq, times=times)
+    rows = tc_tile_rows(L, Hq)
+    t = times * seqs
+    for i0 in range(0, L, rows):
+        i1 = min(L, i0 + rows)
+        R = i1 - i0
+        E = Hq * R * i1
+        fl = 2.0 * E * hd  # one product of the tile
+        qb, kb = 2 * R * QD, 2 * i1 * KD  # the tile's BF16 query-side rows; the keys (or values) it sees
+        prod = w + ": products (batched BF16 GEMMs)"
+        if not backward:
+            o.add(g, prod, fl, qb + kb + 4 * E, 1, peak="bf16", times=t)  # S
+            ew(o, g, w + ": causal softmax of the fp32 scores", 6 * E + 4 * R * Hq, times=t)
+            o.add(g, prod, fl, 2 * E + kb + 4 * R * QD, 1, peak="bf16", times=t)  # O
+            continue
+        o.add(g, prod, fl, qb + kb + 4 * E, 1, peak="bf16", times=t)  # S
+        o.add(g, prod, fl, qb + kb + 4 * E, 1, peak="bf16", times=t)  # dP
+        ew(o, g, w + ": P and dS from the fp32 scores", 12 * E + 8 * R * Hq, times=t)
+        o.add(g, prod, fl, 2 * E + qb + 8 * i1 * KD, 1, peak="bf16", times=t)  # dV
+        o.add(g, prod, fl, 2 * E + qb + 8 * i1 * KD, 1, peak="bf16", times=t)  # dK
+        o.add(g, prod, fl, 2 * E + kb + 4 * R * QD, 1, peak="bf16", times=t)  # dQ
+
+
+def layer_forward(o, m, v, seqs, L, times):
     a, D, QD, KD, F = v["a"], m.D, m.QD, m.KD, m.F
+    N, pairs = seqs * L, seqs * L * (L + 1) / 2
     ew(o, "norms, RoPE, SwiGLU, adds", "rmsnorm forward", N * D * 2 * a + N * 4, times=times)
     if v["fused"]:
         gemm(o, v, "layer GEMMs", "qkv (fused, bias in epilogue)", N, QD + 2 * KD, D, times=times, weight=True)
@@ -175,8 +225,11 @@ def layer_forward(o, m, v, N, pairs, times):
             if m.bias:
                 ew(o, "norms, RoPE, SwiGLU, adds", "bias add", N * out * 2 * a, times=times)
     ew(o, "norms, RoPE, SwiGLU, adds", "rope forward", N * (QD + KD) * 2 * a, 1 if v["fused"] else 2, times=times)
-    o.add("attention", "attention forward", 4.0 * m.hd * m.Hq * pairs, N * (2 * QD + 2 * KD) * a + N * m.Hq * 4, 1,
-          1 if v["sync"] else 0, v["attn"], times=times)
+    if v.get("attn_tc"):
+        attention_tc(o, m, v, seqs, L, False, times)
+    else:
+        o.add("attention", "attention forward", 4.0 * m.hd * m.Hq * pairs, N * (2 * QD + 2 * KD) * a + N * m.Hq * 4,
+              1, 1 if v["sync"] else 0, v["attn"], times=times)
     gemm(o, v, "layer GEMMs", "o projection", N, D, QD, times=times, weight=True)
     if not v["fused"]:
         ew(o, "norms, RoPE, SwiGLU, adds", "residual add", N * D * 3 * a, times=times)
@@ -202,8 +255,9 @@ def linear_backward(o, v, name, N, Din, Dout, bias, times):
         ew(o, "norms, RoPE, SwiGLU, adds", "bias gradient (column sums)", N * Dout * v["a"], 2, times=times)
 
 
-def layer_backward(o, m, v, N, pairs, times):
+def layer_backward(o, m, v, seqs, L, times):
     a, D, QD, KD, F = v["a"], m.D, m.QD, m.KD, m.F
+    N, pairs = seqs * L, seqs * L * (L + 1) / 2
     zeros = 0 if v["fused"] else 1
     ew(o, "norms, RoPE, SwiGLU, adds", "zero gradient buffers", (3 * N * F + N * D) * 4 * zeros, 4 * zeros, times)
     linear_backward(o, v, "down", N, F, D, False, times)
@@ -217,10 +271,14 @@ def layer_backward(o, m, v, N, pairs, times):
     ew(o, "norms, RoPE, SwiGLU, adds", "zero gradient buffers", (2 * N * QD + 2 * N * KD) * 4 * zeros, 4 * zeros,
        times)
     linear_backward(o, v, "o", N, QD, D, False, times)
-    # today: a dot kernel, dk/dv (one block per key tile, recomputing S and dP per query head) and dq (recomputing
-    # S and dP again): 14 hd FLOPs per (query, key) pair; a FlashAttention-2 backward recomputes S once: 10 hd
-    o.add("attention", "attention backward", v["attn_bwd_hd"] * m.hd * m.Hq * pairs,
-          N * (4 * QD + 4 * KD) * a + N * (2 * QD + 2 * KD) * 4, 3, 1 if v["sync"] else 0, v["attn"], times=times)
+    # today's fp32: a dot kernel, dk/dv (one block per key tile, recomputing S and dP per query head) and dq
+    # (recomputing S and dP again): 14 hd FLOPs per (query, key) pair; a FlashAttention-2 backward recomputes S
+    # once: 10 hd
+    if v.get("attn_tc"):
+        attention_tc(o, m, v, seqs, L, True, times)
+    else:
+        o.add("attention", "attention backward", v["attn_bwd_hd"] * m.hd * m.Hq * pairs,
+              N * (4 * QD + 4 * KD) * a + N * (2 * QD + 2 * KD) * 4, 3, 1 if v["sync"] else 0, v["attn"], times=times)
     ew(o, "norms, RoPE, SwiGLU, adds", "rope backward", N * (QD + KD) * 2 * 4, 1 if v["fused"] else 2, times=times)
     ew(o, "norms, RoPE, SwiGLU, adds", "zero gradient buffers", N * D * 4 * zeros, zeros, times)
     if v["fused"]:
@@ -279,15 +337,14 @@ def update(m, wl, vname, hw=H200, launch_s=None):
     n_micro = math.ceil(seqs / mb)
     N = mb * S  # rows of a micro-batch (whole sequences; no shared-prompt packing on CUDA)
     nk = mb * wl["response"]  # rows whose log-probs are read
-    pairs = mb * S * (S + 1) / 2  # causal (query, key) pairs per head
     P = m.params()
     for _ in range(m.L):
-        layer_forward(o, m, v, N, pairs, n_micro)
+        layer_forward(o, m, v, mb, S, n_micro)
         if wl["ckpt"]:  # the backward runs the layer's forward again from its saved input
             o.recompute = True
-            layer_forward(o, m, v, N, pairs, n_micro)
+            layer_forward(o, m, v, mb, S, n_micro)
             o.recompute = False
-        layer_backward(o, m, v, N, pairs, n_micro)
+        layer_backward(o, m, v, mb, S, n_micro)
     ew(o, "norms, RoPE, SwiGLU, adds", "embedding forward and backward", N * m.D * (4 + 2 * 4), 2, n_micro)
     ew(o, "norms, RoPE, SwiGLU, adds", "final rmsnorm forward and backward", N * m.D * 6 * v["a"], 4, n_micro)
     o.add("copies and syncs", "ids, targets, positions, cu_seqlens to the device", 0, 0, 4, 0, times=n_micro)
@@ -498,6 +555,19 @@ def bench_rows(launch_s):
                    "peak, %d hd FLOPs executed per pair |" % (what, B, L, Hq, Hkv, hd, t * 1e3,
                                                               rep * hd * Hq * pairs / t / 1e12,
                                                               100 * rep * hd * Hq * pairs / t / hw["bf16"], f_hd))
+    # today-bf16's attention on the same shape: gpu_bench's BF16 context, each call a host sync and the tiles' launches
+    m = Model(dict(hidden_size=Hq * hd, intermediate_size=1, num_hidden_layers=1, num_attention_heads=Hq,
+                   num_key_value_heads=Hkv, head_dim=hd, vocab_size=1))
+    for what, backward, rep in (("attention fwd (BF16 tensor cores)", False, 4), ("attention bwd (BF16 tensor cores)",
+                                                                                 True, 10)):
+        o = Ops(hw, launch_s)
+        attention_tc(o, m, VARIANTS["today-bf16"], B, L, backward, 1.0)
+        t = o.time()
+        out.append("| %s | B=%d L=%d Hq=%d Hkv=%d hd=%d | %.3f | %.0f TFLOP/s as gpu_bench counts (%.1f%%) | HBM (%.1f GB, "
+                   "the scores most of it), %d launches |" % (what, B, L, Hq, Hkv, hd, t * 1e3,
+                                                             rep * hd * Hq * pairs / t / 1e12,
+                                                             100 * rep * hd * Hq * pairs / t / hw["bf16"],
+                                                             o.total(1) / 1e9, o.total(2)))
     for Tk in (8192, 32768):
         Hq, Hkv, hd = 32, 8, 128
         nbytes = 2.0 * Tk * Hkv * hd * 4

@@ -11,6 +11,8 @@
 //
 // Layout (as the CPU's): q, out (N, Hq, hd); k, v (N, Hkv, hd); lse (N, Hq); query head h uses KV head
 // h / (Hq / Hkv); scale 1/sqrt(hd). Tiles are SIMT FP32 (no tensor cores): simple, and as exact as the CPU's sgemm.
+// A BF16 context's attention_forward and attention_backward run on tensor cores instead (attention_tc.cu); the
+// cached and decode paths here serve both precisions.
 //
 // The KV cache of generation (the cached and batched decode paths) is fp32, or BF16 in a BF16 context (kernels.h,
 // k_kv_elem_bytes): the kernels that read it are templated on its element type KV, widen each element to fp32 as

@@ -11,7 +11,8 @@
  * (CUBLAS_COMPUTE_32F_FAST_TF32); BF16 (KMM_BF16) round their fp32 activations to BF16 into grow-only workspaces
  * first and read their weights from a BF16 copy of each weights buffer kept until the buffer changes (kept_operand),
  * and accumulate in fp32 into fp32 outputs, so weights stay fp32 masters. The LM head's chunk products follow the
- * context's precision too, as the CPU back-end's do.
+ * context's precision too, as the CPU back-end's do, and so do attention_forward's and attention_backward's: in BF16
+ * they are batched cuBLAS GEMMs (tc_forward, tc_backward), in fp32 the FP32 flash kernels of attention.cu.
  *
  * Memory: plain cudaMalloc / cudaFree, with the sizes of live allocations kept in a small table so that
  * K->mem.reserved is what the context holds from the device (its allocations plus its workspaces). */
@@ -62,6 +63,7 @@ struct cuda_impl {
     struct dbuf check;                         /* its fresh rounding */
     struct dbuf scratch;                       /* rmsnorm's dw partials, column sums, sum of squares */
     struct dbuf attn;                          /* attention backward's D, decode partials */
+    struct dbuf attn_tc;                       /* BF16 attention's operands and scores (struct tc_ws) */
     struct dbuf lm_z, lm_st;                   /* LM head: a chunk's logits (c, Vl) and its statistics (4c doubles) */
     struct dbuf sample, sample_tok, sample_lp; /* sampling: its scratch; tokens and logps before the host */
     struct dbuf moe, moe_dp;                   /* routing replay's ref and flags; the routing backward's dp_col */
@@ -624,12 +626,14 @@ static void cuda_adamw(struct kctx *K, float *p, const float *g, float *m, float
 
 /* ---- attention ---- */
 
-static void check_heads(struct kctx *K, const char *who, int Hq, int Hkv, int hd, bool backward)
+static void check_heads(struct kctx *K, const char *who, int Hq, int Hkv, int hd, bool backward, bool tiles)
 {
     if (Hq <= 0 || Hkv <= 0 || hd <= 0 || Hq % Hkv != 0 || hd > 256)
         check_failf(__FILE__, __LINE__,
                     "%s: bad head layout Hq=%d Hkv=%d hd=%d (need Hq %% Hkv == 0 and head_dim <= 256 on CUDA)", who, Hq,
                     Hkv, hd);
+    if (!tiles) /* a BF16 context's attention_forward and _backward: cuBLAS products, no tiles of ours */
+        return;
     /* the tiles of the flash-style kernels live in shared memory: hd 128's backward takes 114 KiB a block, which
      * an H100/H200 (227 KiB) and an A100 (163 KiB) give, and an sm_86/sm_89 card (99 KiB) does not */
     int limit = 0;
@@ -678,29 +682,181 @@ static int read_seqlens(struct kctx *K, const char *who, const int32_t *cu, int 
     return m;
 }
 
+/* ---- attention in a BF16 context: the products on tensor cores (attention_tc.cu) ----
+ *
+ * Per sequence and tile of its query rows (attention_tc_tile_rows), each product is one cublasGemmStridedBatchedEx
+ * over the KV heads, BF16 inputs with fp32 accumulation: S = scale Q K^T and O = P V forward (2 per tile), S, dP =
+ * dO V^T, dV += P^T dO, dK += scale dS^T Q and dQ = scale dS K backward (5 per tile). q and dout go in grouped
+ * (attention_tc.cu: a KV head's query heads over a tile are one matrix), k and v as they are (rows Hkv hd apart, the
+ * heads hd apart); dk and dv accumulate in place, out and dq come back from the grouped layout in one pass. The
+ * scores are fp32, P and dS rounded to BF16 for the products that read them: inputs rounded to BF16 and fp32 sums,
+ * as the context's linear ops. */
+
+/* Row-major C (M, N) = alpha op(A) op(B) + beta C for each of batch entries whose A, B and C lie sA, sB and sC
+ * elements apart: A and B BF16, C fp32, mapped to column-major as gemm_rm does. */
+static void gemm_rm_batched(struct kctx *K, bool ta, bool tb, int M, int N, int Kd, float alpha, const void *A, int lda,
+                            long long sA, const void *B, int ldb, long long sB, float beta, float *C, int ldc,
+                            long long sC, int batch)
+{
+    CHECK_CUBLAS(cublasGemmStridedBatchedEx(blas(K), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N,
+                                            M, Kd, &alpha, B, CUDA_R_16BF, ldb, sB, A, CUDA_R_16BF, lda, sA, &beta, C,
+                                            CUDA_R_32F, ldc, sC, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    K->gemm.attn_products++;
+}
+
+/* The BF16 attention's workspace (impl->attn_tc), in pieces: q, k, v and (backward) dout in BF16, q and dout
+ * grouped; out or dq grouped in fp32; one tile's scores S in fp32 and P in BF16, with the backward's dP (fp32) and dS
+ * (BF16). With N rows, the largest tile's T = rows x keys x Hq: 2 N (Hq + 2 Hkv) hd + 4 N Hq hd + 6 T bytes forward,
+ * 2 N (2 Hq + 2 Hkv) hd + 4 N Hq hd + 12 T backward; 12 T is at most 256 MiB unless a tile's 16 rows at least take
+ * more (a sequence of over 1.4M / Hq rows; attention_tc.cu). */
+struct tc_ws {
+    uint16_t *q, *k, *v, *dout;
+    float *o, *s, *dp;
+    void *p, *ds;
+};
+
+static size_t tc_piece(size_t bytes) { return (bytes + 255) & ~(size_t)255; }
+
+static struct tc_ws tc_take(struct kctx *K, int B, int N, int Hq, int Hkv, int hd, bool backward)
+{
+    struct cuda_impl *I = impl(K);
+    const size_t nq = (size_t)N * Hq * hd, nk = (size_t)N * Hkv * hd;
+    size_t T = 0;
+    for (int b = 0; b < B; b++) {
+        const int L = I->host_cu[b + 1] - I->host_cu[b];
+        const size_t t = (size_t)attention_tc_tile_rows(L, Hq) * L * Hq;
+        T = t > T ? t : T;
+    }
+    const size_t bytes[9] = {2 * nq,
+                             2 * nk,
+                             2 * nk,
+                             backward ? 2 * nq : 0,
+                             4 * nq,
+                             4 * T,
+                             backward ? 4 * T : 0,
+                             2 * T,
+                             backward ? 2 * T : 0};
+    size_t total = 0;
+    for (int i = 0; i < 9; i++)
+        total += tc_piece(bytes[i]);
+    char *at = ws(K, &I->attn_tc, total);
+    void *piece[9];
+    for (int i = 0; i < 9; i++) {
+        piece[i] = bytes[i] ? at : NULL;
+        at += tc_piece(bytes[i]);
+    }
+    return (struct tc_ws){piece[0], piece[1], piece[2], piece[3], piece[4], piece[5], piece[6], piece[7], piece[8]};
+}
+
+/* The operands of rows [t0, N) in BF16: q and dout (NULL: none) grouped, k and v as they are. */
+static void tc_operands(struct kctx *K, const struct tc_ws *w, const float *q, const float *k, const float *v,
+                        const float *dout, int t0, int N, int Hq, int Hkv, int hd)
+{
+    const size_t at = (size_t)t0 * Hkv * hd, nk = (size_t)(N - t0) * Hkv * hd, nq = (size_t)(N - t0) * Hq * hd;
+    CHECK_CUDA(attention_tc_group_cuda(w->q, q, t0, N, Hq, Hkv, hd, stream(K)));
+    CHECK_CUDA(f32_to_bf16_cuda(w->k + at, k + at, nk, stream(K)));
+    CHECK_CUDA(f32_to_bf16_cuda(w->v + at, v + at, nk, stream(K)));
+    if (dout)
+        CHECK_CUDA(attention_tc_group_cuda(w->dout, dout, t0, N, Hq, Hkv, hd, stream(K)));
+    K->gemm.round_bytes_act += sizeof(float) * (nq * (dout ? 2 : 1) + 2 * nk);
+}
+
+/* The BF16 forward of the B sequences of impl->host_cu (read_seqlens), N rows. */
+static void tc_forward(struct kctx *K, float *out, float *lse, const float *q, const float *k, const float *v, int B,
+                       int N, int Hq, int Hkv, int hd)
+{
+    const int32_t *cu = impl(K)->host_cu;
+    const int g = Hq / Hkv, ldk = Hkv * hd;
+    const long long sq = (long long)N * g * hd; /* a KV head's grouped rows */
+    const float scale = (float)(1.0 / sqrt((double)hd));
+    const struct tc_ws w = tc_take(K, B, N, Hq, Hkv, hd, false);
+    tc_operands(K, &w, q, k, v, NULL, cu[0], N, Hq, Hkv, hd);
+    for (int b = 0; b < B; b++) {
+        const int s0 = cu[b], L = cu[b + 1] - s0, rows = attention_tc_tile_rows(L, Hq);
+        const size_t ko = (size_t)s0 * ldk;
+        for (int i0 = 0; i0 < L; i0 += rows) {
+            const int i1 = L - i0 < rows ? L : i0 + rows, R = (i1 - i0) * g;
+            const long long ss = (long long)R * i1;
+            const size_t qo = (size_t)(s0 + i0) * g * hd;
+            /* S (R, i1) = scale Q K^T; P = softmax(S); O (R, hd) = P V */
+            gemm_rm_batched(K, false, true, R, i1, hd, scale, w.q + qo, hd, sq, w.k + ko, ldk, hd, 0.0f, w.s, i1, ss,
+                            Hkv);
+            CHECK_CUDA(attention_tc_softmax_cuda(w.p, lse, w.s, s0, i0, i1, Hq, Hkv, stream(K)));
+            gemm_rm_batched(K, false, false, R, hd, i1, 1.0f, w.p, i1, ss, w.v + ko, ldk, hd, 0.0f, w.o + qo, hd, sq,
+                            Hkv);
+        }
+    }
+    CHECK_CUDA(attention_tc_ungroup_cuda(out, w.o, cu[0], N, Hq, Hkv, hd, 0, stream(K)));
+}
+
+/* The BF16 backward: dq, dk, dv += the gradients, the probabilities recomputed from lse. */
+static void tc_backward(struct kctx *K, float *dq, float *dk, float *dv, const float *dout, const float *out,
+                        const float *lse, const float *q, const float *k, const float *v, int B, int N, int Hq, int Hkv,
+                        int hd)
+{
+    const int32_t *cu = impl(K)->host_cu;
+    const int t0 = cu[0], g = Hq / Hkv, ldk = Hkv * hd;
+    const long long sq = (long long)N * g * hd;
+    const float scale = (float)(1.0 / sqrt((double)hd));
+    float *D = ws(K, &impl(K)->attn, attention_backward_cuda_scratch_bytes(N, Hq)); /* dout . out, (N, Hq) */
+    CHECK_CUDA(attention_drow_cuda(D + (size_t)t0 * Hq, dout + (size_t)t0 * Hq * hd, out + (size_t)t0 * Hq * hd, N - t0,
+                                   Hq, hd, stream(K)));
+    const struct tc_ws w = tc_take(K, B, N, Hq, Hkv, hd, true);
+    tc_operands(K, &w, q, k, v, dout, t0, N, Hq, Hkv, hd);
+    for (int b = 0; b < B; b++) {
+        const int s0 = cu[b], L = cu[b + 1] - s0, rows = attention_tc_tile_rows(L, Hq);
+        const size_t ko = (size_t)s0 * ldk;
+        for (int i0 = 0; i0 < L; i0 += rows) {
+            const int i1 = L - i0 < rows ? L : i0 + rows, R = (i1 - i0) * g;
+            const long long ss = (long long)R * i1;
+            const size_t qo = (size_t)(s0 + i0) * g * hd;
+            /* S = scale Q K^T, dP = dO V^T; P and dS; dV += P^T dO, dK += scale dS^T Q, dQ = scale dS K */
+            gemm_rm_batched(K, false, true, R, i1, hd, scale, w.q + qo, hd, sq, w.k + ko, ldk, hd, 0.0f, w.s, i1, ss,
+                            Hkv);
+            gemm_rm_batched(K, false, true, R, i1, hd, 1.0f, w.dout + qo, hd, sq, w.v + ko, ldk, hd, 0.0f, w.dp, i1, ss,
+                            Hkv);
+            CHECK_CUDA(attention_tc_dsoft_cuda(w.p, w.ds, w.s, w.dp, lse, D, s0, i0, i1, Hq, Hkv, stream(K)));
+            gemm_rm_batched(K, true, false, i1, hd, R, 1.0f, w.p, i1, ss, w.dout + qo, hd, sq, 1.0f, dv + ko, ldk, hd,
+                            Hkv);
+            gemm_rm_batched(K, true, false, i1, hd, R, scale, w.ds, i1, ss, w.q + qo, hd, sq, 1.0f, dk + ko, ldk, hd,
+                            Hkv);
+            gemm_rm_batched(K, false, false, R, hd, i1, scale, w.ds, i1, ss, w.k + ko, ldk, hd, 0.0f, w.o + qo, hd, sq,
+                            Hkv);
+        }
+    }
+    CHECK_CUDA(attention_tc_ungroup_cuda(dq, w.o, t0, N, Hq, Hkv, hd, 1, stream(K)));
+}
+
 static void cuda_attention_forward(struct kctx *K, float *out, float *lse, const float *q, const float *k,
                                    const float *v, const int32_t *cu_seqlens, const int32_t *prefix_of, int B, int Hq,
                                    int Hkv, int hd)
 {
-    check_heads(K, "attention_forward", Hq, Hkv, hd, false);
+    check_heads(K, "attention_forward", Hq, Hkv, hd, false, K->matmul != KMM_BF16);
     no_prefix("attention_forward", prefix_of);
     use(K);
     int N = 0, maxL = read_seqlens(K, "attention_forward", cu_seqlens, B, &N);
     if (maxL == 0)
         return;
-    CHECK_CUDA(attention_forward_cuda(out, lse, q, k, v, cu_seqlens, B, maxL, Hq, Hkv, hd, stream(K)));
+    if (K->matmul == KMM_BF16)
+        tc_forward(K, out, lse, q, k, v, B, N, Hq, Hkv, hd);
+    else
+        CHECK_CUDA(attention_forward_cuda(out, lse, q, k, v, cu_seqlens, B, maxL, Hq, Hkv, hd, stream(K)));
 }
 
 static void cuda_attention_backward(struct kctx *K, float *dq, float *dk, float *dv, const float *dout,
                                     const float *out, const float *lse, const float *q, const float *k, const float *v,
                                     const int32_t *cu_seqlens, const int32_t *prefix_of, int B, int Hq, int Hkv, int hd)
 {
-    check_heads(K, "attention_backward", Hq, Hkv, hd, true);
+    check_heads(K, "attention_backward", Hq, Hkv, hd, true, K->matmul != KMM_BF16);
     no_prefix("attention_backward", prefix_of);
     use(K);
     int N = 0, maxL = read_seqlens(K, "attention_backward", cu_seqlens, B, &N);
     if (maxL == 0 || N <= 0)
         return;
+    if (K->matmul == KMM_BF16) {
+        tc_backward(K, dq, dk, dv, dout, out, lse, q, k, v, B, N, Hq, Hkv, hd);
+        return;
+    }
     void *s = ws(K, &impl(K)->attn, attention_backward_cuda_scratch_bytes(N, Hq));
     CHECK_CUDA(attention_backward_cuda(dq, dk, dv, dout, out, lse, q, k, v, cu_seqlens, B, N, maxL, Hq, Hkv, hd, s,
                                        stream(K)));
@@ -725,7 +881,7 @@ static void cuda_kv_store(struct kctx *K, void *cache, size_t at, const float *x
 static void cuda_attention_cached(struct kctx *K, float *out, const float *q, const void *kcache, const void *vcache,
                                   int Tq, int Tk, int Hq, int Hkv, int hd)
 {
-    check_heads(K, "attention_cached", Hq, Hkv, hd, false);
+    check_heads(K, "attention_cached", Hq, Hkv, hd, false, true);
     if (Tq < 0 || Tq > Tk)
         check_failf(__FILE__, __LINE__, "attention_cached: Tq=%d queries but Tk=%d cached positions", Tq, Tk);
     if (Tq == 0)
@@ -740,7 +896,7 @@ static void cuda_attention_decode_batched(struct kctx *K, float *out, const floa
                                           void *const *kc, void *const *vc, const int32_t *len, int B, int Hq, int Hkv,
                                           int hd)
 {
-    check_heads(K, "attention_decode_batched", Hq, Hkv, hd, false);
+    check_heads(K, "attention_decode_batched", Hq, Hkv, hd, false, true);
     if (B < 0 || B > 65535)
         check_failf(__FILE__, __LINE__, "attention_decode_batched: %d sequences (at most 65535 a step)", B);
     if (B == 0)
@@ -1172,6 +1328,7 @@ static void kops_cuda_close(struct kctx *K)
     dbuf_free(&I->check);
     dbuf_free(&I->scratch);
     dbuf_free(&I->attn);
+    dbuf_free(&I->attn_tc);
     dbuf_free(&I->lm_z);
     dbuf_free(&I->lm_st);
     dbuf_free(&I->sample);

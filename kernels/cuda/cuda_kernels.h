@@ -109,6 +109,24 @@ cudaError_t attention_decode_batched_cuda(float *out, const float *q, const floa
                                           void *const *vc, int kv_bf16, const int32_t *len, int B, int Hq, int Hkv,
                                           int hd, cudaStream_t stream);
 
+/* Attention in a BF16 context on tensor cores (kernels/cuda/attention_tc.cu; backend.c runs the products as cuBLAS
+ * batched GEMMs): the kernels around the products, in the layouts that file describes. The query rows per tile of a
+ * sequence of L rows with Hq query heads (its scores take at most 12 Hq L bytes a row). */
+int attention_tc_tile_rows(int L, int Hq);
+/* rows [t0, N) of x (N, Hq, hd) rounded to BF16 into dst (grouped: N Hq hd BF16 values) */
+cudaError_t attention_tc_group_cuda(void *dst, const float *x, int t0, int N, int Hq, int Hkv, int hd,
+                                    cudaStream_t stream);
+/* rows [t0, N) of y (N, Hq, hd) = (add: +=) those of xg (grouped, N Hq hd floats) */
+cudaError_t attention_tc_ungroup_cuda(float *y, const float *xg, int t0, int N, int Hq, int Hkv, int hd, int add,
+                                      cudaStream_t stream);
+/* The tile [i0, i1) of the sequence at row s0: P (BF16, Hkv x (i1 - i0) Hq / Hkv rows of i1) = the causal softmax
+ * of the scores S (fp32, the same shape), and lse (NULL: not wanted) of its rows. */
+cudaError_t attention_tc_softmax_cuda(void *P, float *lse, const float *S, int s0, int i0, int i1, int Hq, int Hkv,
+                                      cudaStream_t stream);
+/* The backward's: P = exp(S - lse) (causal) and dS = P (dP - D) into BF16 P and dS, D (N, Hq) = dout . out. */
+cudaError_t attention_tc_dsoft_cuda(void *P, void *dS, const float *S, const float *dP, const float *lse,
+                                    const float *D, int s0, int i0, int i1, int Hq, int Hkv, cudaStream_t stream);
+
 /* Ring attention's blocks (kernels/cuda/attention_block.cu), as attention_block_forward, attention_block_backward,
  * attention_merge and attention_drow of kernels/cpu/cpu_kernels.h; qseq, kseq device int32. hd <= 256 (else
  * cudaErrorInvalidValue). Deterministic without atomics. NOT YET RUN on a GPU. */

@@ -9,7 +9,8 @@
 //  - faults that stop the process, each in a child that must die with the right message: divergent __syncthreads,
 //    a write past the end of device memory and of dynamic shared memory, a shuffle naming a lane that left, host
 //    code reading device memory;
-//  - cublasGemmEx in every transpose against a host loop, and its argument checks; BF16 rounding; CUB's sort.
+//  - cublasGemmEx in every transpose against a host loop, and its argument checks; cublasGemmStridedBatchedEx on
+//    interleaved BF16 entries against a loop per entry, and its refusals; BF16 rounding; CUB's sort.
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -455,6 +456,76 @@ void test_cublas()
     cudaFree(dC);
 }
 
+// cublasGemmStridedBatchedEx against a triple loop per entry, in double from the BF16 values: entries interleaved as
+// attention's heads are (A's entries hd apart in rows of H hd, C's columns likewise), in all four transposes with
+// beta 1, the elements between C's entries untouched; then its refusals.
+void test_cublas_batched()
+{
+    cublasHandle_t h;
+    cublasCreate(&h);
+    const int m = 5, n = 3, k = 4, batch = 3, d = 8, H = batch * d; // each operand's entries d apart in rows of H
+    const int na = 40 * H, nc = 16 * H;
+    __nv_bfloat16 A[40 * H], B[40 * H];
+    float Av[40 * H], Bv[40 * H], C0[16 * H];
+    for (int i = 0; i < na; i++) {
+        A[i] = __float2bfloat16_rn((float)((i * 7) % 13 - 6) * 0.375f);
+        B[i] = __float2bfloat16_rn((float)((i * 5) % 11 - 5) * 1.25f + 1.0f / 64);
+        Av[i] = __bfloat162float(A[i]);
+        Bv[i] = __bfloat162float(B[i]);
+    }
+    for (int i = 0; i < nc; i++)
+        C0[i] = (float)(i % 9) - 4.0f;
+    __nv_bfloat16 *dA = dev<__nv_bfloat16>(na), *dB = dev<__nv_bfloat16>(na);
+    float *dC = dev<float>(nc);
+    up(dA, A, na);
+    up(dB, B, na);
+    bool ok = true;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            up(dC, C0, nc);
+            const float alpha = 0.5f, beta = 1.0f;
+            cublasStatus_t st = cublasGemmStridedBatchedEx(
+                h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, dA, CUDA_R_16BF, H,
+                d, dB, CUDA_R_16BF, H, d, &beta, dC, CUDA_R_32F, H, d, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            float got[16 * H], want[16 * H];
+            down(got, dC, nc);
+            memcpy(want, C0, sizeof want);
+            for (int e = 0; e < batch; e++) // entry e's op(A) (m, k), op(B) (k, n), C (m, n): column-major, ld H
+                for (int j = 0; j < n; j++)
+                    for (int i = 0; i < m; i++) {
+                        double s = 0.0;
+                        for (int p = 0; p < k; p++)
+                            s += (double)Av[e * d + (ta ? i * H + p : p * H + i)] *
+                                 Bv[e * d + (tb ? p * H + j : j * H + p)];
+                        float *w = &want[e * d + j * H + i];
+                        *w = (float)(alpha * s + (double)beta * *w);
+                    }
+            ok &= st == CUBLAS_STATUS_SUCCESS && memcmp(got, want, sizeof got) == 0;
+        }
+    expect(ok, "cublasGemmStridedBatchedEx on interleaved BF16 entries matches a loop per entry, the rest untouched");
+    float one = 1.0f, zero = 0.0f;
+    expect(cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dA, CUDA_R_16BF, H, d, dB,
+                                      CUDA_R_16BF, H, d, &zero, dC, CUDA_R_32F, H, m - 1, batch, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE,
+           "cublasGemmStridedBatchedEx refuses batch entries of C that share an element");
+    expect(cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dA, CUDA_R_16BF, H, na, dB,
+                                      CUDA_R_16BF, H, d, &zero, dC, CUDA_R_32F, H, d, 2, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE,
+           "cublasGemmStridedBatchedEx refuses an entry past the end of A's memory");
+    expect(cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dA, CUDA_R_16BF, H, d, dB, CUDA_R_32F,
+                                      H, d, &zero, dC, CUDA_R_32F, H, d, batch, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE,
+           "cublasGemmStridedBatchedEx refuses A and B of different types");
+    expect(cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dA, CUDA_R_16BF, H, d, dB,
+                                      CUDA_R_16BF, H, d, &zero, dC, CUDA_R_32F, H, d, -1, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE,
+           "cublasGemmStridedBatchedEx refuses a negative batch count");
+    cublasDestroy(h);
+    cudaFree(dA);
+    cudaFree(dB);
+    cudaFree(dC);
+}
+
 void test_bf16_and_sort()
 {
     // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: to even (1); 1 + 3 * 2^-8 rounds up to 1 + 2^-6
@@ -494,6 +565,7 @@ int main()
     test_refusals();
     test_faults();
     test_cublas();
+    test_cublas_batched();
     test_bf16_and_sort();
     printf("%d failed\n", failures);
     return failures ? 1 : 0;

@@ -1,6 +1,7 @@
 /* Throughput of the CUDA back-end's heavy ops on one GPU, as table rows for scripts/gpu_check.sh:
- *   gpu_bench            GEMMs (linear forward + backward, fp32 and BF16) and attention (forward + backward) in
- *                        TFLOP/s and MFU against the H200's BF16 dense peak; KV-cache decode attention in bytes/s
+ *   gpu_bench            GEMMs (linear forward + backward, fp32 and BF16) and attention (forward + backward, fp32
+ *                        SIMT and BF16 tensor cores) in TFLOP/s and MFU against the H200's BF16 dense peak;
+ *                        KV-cache decode attention in bytes/s
  *                        against the H200's HBM bandwidth
  *                        MoE layer (routing and experts, BF16) and ring attention's block in TFLOP/s
  *   gpu_bench --nccl     (under mpirun, one rank per GPU) NCCL all-reduce bus bandwidth
@@ -94,10 +95,12 @@ static void bench_linear(enum kmatmul mm, int N, int Din, int Dout, int iters)
     kctx_free(K);
 }
 
-static void bench_attention(int B, int L, int Hq, int Hkv, int hd, int iters)
+/* Attention forward and backward over B sequences of L rows: a fp32 context runs the FP32 SIMT flash kernels, a BF16
+ * one the tensor-core path (batched GEMMs over materialised scores, kernels/cuda/attention_tc.cu). */
+static void bench_attention(enum kmatmul mm, int B, int L, int Hq, int Hkv, int hd, int iters)
 {
     char why[256];
-    struct kctx *K = kctx_create("cuda", KMM_F32, why, sizeof why);
+    struct kctx *K = kctx_create("cuda", mm, why, sizeof why);
     if (!K)
         check_failf(__FILE__, __LINE__, "%s", why);
     int N = B * L;
@@ -128,9 +131,13 @@ static void bench_attention(int B, int L, int Hq, int Hkv, int hd, int iters)
     char shape[96];
     snprintf(shape, sizeof shape, "B=%d L=%d Hq=%d Hkv=%d hd=%d", B, L, Hq, Hkv, hd);
     double tf = ffw / sf / 1e12, tb = fbw / sb / 1e12, tt = (ffw + fbw) / (sf + sb) / 1e12;
-    row("attention fwd (fp32 SIMT)", shape, sf * 1e3, tf, "TFLOP/s", 100.0 * tf / PEAK_BF16_TFLOPS);
-    row("attention bwd (fp32 SIMT)", shape, sb * 1e3, tb, "TFLOP/s", 100.0 * tb / PEAK_BF16_TFLOPS);
-    row("attention fwd+bwd", shape, (sf + sb) * 1e3, tt, "TFLOP/s", 100.0 * tt / PEAK_BF16_TFLOPS);
+    const bool bf16 = mm == KMM_BF16;
+    row(bf16 ? "attention fwd (BF16 tensor cores)" : "attention fwd (fp32 SIMT)", shape, sf * 1e3, tf, "TFLOP/s",
+        100.0 * tf / PEAK_BF16_TFLOPS);
+    row(bf16 ? "attention bwd (BF16 tensor cores)" : "attention bwd (fp32 SIMT)", shape, sb * 1e3, tb, "TFLOP/s",
+        100.0 * tb / PEAK_BF16_TFLOPS);
+    row(bf16 ? "attention fwd+bwd (BF16)" : "attention fwd+bwd", shape, (sf + sb) * 1e3, tt, "TFLOP/s",
+        100.0 * tt / PEAK_BF16_TFLOPS);
     k_free(K, cu, (size_t)(B + 1) * 4, KMEM_OTHER), k_free(K, q, nq * 4, KMEM_OTHER);
     k_free(K, k, nk * 4, KMEM_OTHER), k_free(K, v, nk * 4, KMEM_OTHER), k_free(K, dout, nq * 4, KMEM_OTHER);
     k_free(K, out, nq * 4, KMEM_OTHER), k_free(K, lse, (size_t)N * Hq * 4, KMEM_OTHER);
@@ -312,7 +319,8 @@ int main(int argc, char **argv)
     if (small) {
         bench_linear(KMM_F32, 512, 512, 512, 3);
         bench_linear(KMM_BF16, 512, 512, 512, 3);
-        bench_attention(2, 256, 4, 2, 64, 2);
+        bench_attention(KMM_F32, 2, 256, 4, 2, 64, 2);
+        bench_attention(KMM_BF16, 2, 256, 4, 2, 64, 2);
         bench_decode(1024, 8, 2, 128, 5);
         bench_moe(KMM_BF16, 256, 8, 2, 256, 128, 2);
         bench_block(256, 256, 4, 2, 64, 2);
@@ -321,7 +329,8 @@ int main(int argc, char **argv)
     bench_linear(KMM_F32, 8192, 4096, 4096, 5);
     bench_linear(KMM_BF16, 8192, 4096, 4096, 10);
     bench_linear(KMM_BF16, 16384, 4096, 14336, 3); /* an MLP up-projection of an 8B model */
-    bench_attention(4, 2048, 32, 8, 128, 3);
+    bench_attention(KMM_F32, 4, 2048, 32, 8, 128, 3);
+    bench_attention(KMM_BF16, 4, 2048, 32, 8, 128, 3);
     bench_decode(8192, 32, 8, 128, 50);
     bench_decode(32768, 32, 8, 128, 20);
     /* a Qwen3-30B-A3B MoE layer (128 experts, 8 per token, hidden 2048, expert intermediate 768), 4,096 tokens */

@@ -8,7 +8,8 @@
  * of its paths, the LM head with a chunk smaller than N and over a vocabulary shard (lo > 0) with a reduce, AdamW
  * over 3 steps; the backward ops that must be deterministic run twice and must give the same bits; sampling (the
  * sample op and sample_rows_cuda): greedy equal to the CPU's argmax, sampled tokens equal to sample_row's for the
- * same uniforms; the mixture-of-experts ops (routing, experts forward and backward) against the CPU's.
+ * same uniforms; the mixture-of-experts ops (routing, experts forward and backward) against the CPU's; a BF16
+ * context's attention (tensor cores) against a float64 reference within BF16's bound (t_attention_bf16).
  * GRPO_GPU_TEST_SMALL=1 runs small shapes only (for compute-sanitizer).
  *
  * Bounds by operation: element-wise kernels written to round as the CPU does (RoPE, SwiGLU) within a few float ulps
@@ -973,6 +974,212 @@ static int t_attention(struct kctx *G, struct kctx *C, int B, const int *lens, i
     return bad;
 }
 
+/* x rounded to BF16, to nearest even (the device's __float2bfloat16_rn; no NaN here) */
+static float bf16_round(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+static float *bf16_copy(const float *x, size_t n)
+{
+    float *y = xmalloc(n * sizeof *y);
+    for (size_t i = 0; i < n; i++)
+        y[i] = bf16_round(x[i]);
+    return y;
+}
+
+/* The bound of the BF16 attention's elements (t_attention_bf16): |got - want| <= 1.25 u mag + 2^-22 |want|, in
+ * units of u mag + 2^-22 |want| / 1.25 (0 where both are 0: got must be want). Returns the largest ratio (inf on a
+ * NaN), the largest |got - want| in *abs_err. */
+static double bf16_ratio(const float *got, const double *want, const double *mag, size_t n, double *abs_err)
+{
+    const double u = 1.0 / 256;
+    double r = 0;
+    *abs_err = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)got[i] - want[i]), tol = u * mag[i] + ldexp(fabs(want[i]), -22) / 1.25;
+        if (isnan(got[i]))
+            return INFINITY;
+        *abs_err = fmax(*abs_err, d);
+        if (d > 0)
+            r = fmax(r, tol > 0 ? d / tol : INFINITY);
+    }
+    return r;
+}
+
+static int report_bf16(const char *what, double ratio, double abs_err)
+{
+    int bad = !(ratio <= 1.25);
+    printf("  %-44s %.2f of u sum|terms| (bound 1.25), max abs error %.1e%s\n", what, ratio, abs_err,
+           bad ? "  FAIL" : "");
+    return bad;
+}
+
+/* BF16 attention on tensor cores (issue 43 item 5): in a BF16 context attention_forward and attention_backward run
+ * their products as batched cuBLAS GEMMs with BF16 inputs and fp32 sums. Against a float64 reference on the host from
+ * the same BF16-rounded q, k, v and, for the products, dout (D = dout . out stays fp32, as the op's): the sequences
+ * at rows first.. (rows before them belong to none and stay untouched), the backward given the reference's out and
+ * lse so that each op answers for its own roundings.
+ *
+ * The bound. The path rounds, besides its inputs, one intermediate per product chain: P (before O = P V and
+ * dV = P^T dO) and dS (before dQ = dS K and dK = dS^T Q). Each output element is a sum of terms t x with t (a P or a
+ * dS entry) off by a relative u = 2^-8 at most (BF16's unit roundoff: 8 significant bits, rounded to nearest), so its
+ * error is at most u sum |t x|, which the reference sums as mag: sum_j P_ij |v_j| for out, sum_i P_ij |dout_i| for
+ * dv, scale sum P_ij (|dP_ij| + |D_i|) |k_j| or |q_i| for dq and dk (dS bounded through its factors, so that
+ * cancellation in dP - D leaves the scale above fp32's errors). The fp32 steps around it (score sums, exp, the
+ * normaliser, the gradients' accumulation into their random initial values) add a few 2^-24 of the same scales:
+ * 1.25 u mag + 2^-22 |want| holds them. A wrong key, head or mask gives errors of the order of mag, far past it.
+ * lse goes through no BF16 rounding of its own: within 1e-5 of its scale.
+ *
+ * That the products did run on tensor cores, and did not fall back to the fp32 kernels (whose results pass the bound
+ * too): the context counts its batched GEMMs (kgemm_stats.attn_products), 2 per tile of a sequence's query rows
+ * forward and 5 backward. The backward runs twice and must give the same bits. */
+static int t_attention_bf16(struct kctx *G, int B, const int *lens, int first, int Hq, int Hkv, int hd, float qmag)
+{
+    int32_t *cu = xmalloc((size_t)(B + 1) * sizeof *cu);
+    cu[0] = first;
+    long long tiles = 0;
+    for (int b = 0; b < B; b++) {
+        cu[b + 1] = cu[b] + lens[b];
+        if (lens[b] > 0) {
+            const int rows = attention_tc_tile_rows(lens[b], Hq);
+            tiles += (lens[b] + rows - 1) / rows;
+        }
+    }
+    const int N = cu[B], g = Hq / Hkv;
+    const size_t nq = (size_t)N * Hq * hd, nk = (size_t)N * Hkv * hd, nl = (size_t)N * Hq;
+    const float scale = (float)(1.0 / sqrt((double)hd));
+    float *q = rand_vec(nq, -qmag, qmag), *k = rand_vec(nk, -1, 1), *v = rand_vec(nk, -1, 1);
+    float *dout = rand_vec(nq, -1, 1), *dq0 = rand_vec(nq, -0.1f, 0.1f), *dk0 = rand_vec(nk, -0.1f, 0.1f);
+    float *dv0 = rand_vec(nk, -0.1f, 0.1f);
+    float *qr = bf16_copy(q, nq), *kr = bf16_copy(k, nk), *vr = bf16_copy(v, nk), *dor = bf16_copy(dout, nq);
+    double *o = xcalloc(nq, sizeof *o), *mo = xcalloc(nq, sizeof *mo), *lse = xcalloc(nl, sizeof *lse);
+    double *s = xmalloc((size_t)N * sizeof *s);
+    /* forward: s_ij = scale q_i . k_j (j <= i), lse_i, out_i = sum_j P_ij v_j */
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < Hq; h++)
+            for (int i = 0; i < lens[b]; i++) {
+                const size_t row = (size_t)cu[b] + i, kh = (size_t)(h / g);
+                const float *qi = qr + (row * Hq + h) * hd;
+                double m = -INFINITY, sum = 0;
+                for (int j = 0; j <= i; j++) {
+                    const float *kj = kr + (((size_t)cu[b] + j) * Hkv + kh) * hd;
+                    double dot = 0;
+                    for (int d = 0; d < hd; d++)
+                        dot += (double)qi[d] * kj[d];
+                    s[j] = scale * dot;
+                    m = fmax(m, s[j]);
+                }
+                for (int j = 0; j <= i; j++)
+                    sum += exp(s[j] - m);
+                const double l = m + log(sum);
+                lse[row * Hq + h] = l;
+                for (int j = 0; j <= i; j++) {
+                    const double p = exp(s[j] - l);
+                    const float *vj = vr + (((size_t)cu[b] + j) * Hkv + kh) * hd;
+                    for (int d = 0; d < hd; d++) {
+                        o[(row * Hq + h) * hd + d] += p * vj[d];
+                        mo[(row * Hq + h) * hd + d] += p * fabs(vj[d]);
+                    }
+                }
+            }
+    float *of = xmalloc(nq * sizeof *of), *lsef = xmalloc(nl * sizeof *lsef);
+    for (size_t i = 0; i < nq; i++)
+        of[i] = (float)o[i];
+    for (size_t i = 0; i < nl; i++)
+        lsef[i] = (float)lse[i];
+    /* backward from out = of and lse = lsef: P_ij = exp(s_ij - lse_i), dP_ij = dout_i . v_j (BF16 dout),
+     * D_i = dout_i . out_i (fp32 dout), dS = P (dP - D) */
+    double *wq = xmalloc(nq * sizeof *wq), *wk = xmalloc(nk * sizeof *wk), *wv = xmalloc(nk * sizeof *wv);
+    double *mq = xcalloc(nq, sizeof *mq), *mk = xcalloc(nk, sizeof *mk), *mv = xcalloc(nk, sizeof *mv);
+    for (size_t i = 0; i < nq; i++)
+        wq[i] = dq0[i];
+    for (size_t i = 0; i < nk; i++)
+        wk[i] = dk0[i], wv[i] = dv0[i];
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < Hq; h++)
+            for (int i = 0; i < lens[b]; i++) {
+                const size_t row = (size_t)cu[b] + i, kh = (size_t)(h / g), qo = (row * Hq + h) * hd;
+                double D = 0;
+                for (int d = 0; d < hd; d++)
+                    D += (double)dout[qo + d] * of[qo + d];
+                for (int j = 0; j <= i; j++) {
+                    const size_t ko = (((size_t)cu[b] + j) * Hkv + kh) * hd;
+                    double dot = 0, dp = 0;
+                    for (int d = 0; d < hd; d++) {
+                        dot += (double)qr[qo + d] * kr[ko + d];
+                        dp += (double)dor[qo + d] * vr[ko + d];
+                    }
+                    const double p = exp(scale * dot - lsef[row * Hq + h]), ds = p * (dp - D);
+                    const double a = p * (fabs(dp) + fabs(D));
+                    for (int d = 0; d < hd; d++) {
+                        wq[qo + d] += scale * ds * kr[ko + d];
+                        mq[qo + d] += scale * a * fabs(kr[ko + d]);
+                        wk[ko + d] += scale * ds * qr[qo + d];
+                        mk[ko + d] += scale * a * fabs(qr[qo + d]);
+                        wv[ko + d] += p * dor[qo + d];
+                        mv[ko + d] += p * fabs(dor[qo + d]);
+                    }
+                }
+            }
+
+    int32_t *gcu = kput(G, cu, (size_t)(B + 1) * sizeof *cu);
+    float *gq = kputf(G, q, nq), *gk = kputf(G, k, nk), *gv = kputf(G, v, nk), *gdo = kputf(G, dout, nq);
+    float *gout = kputf(G, of, nq), *glse = kputf(G, lsef, nl);
+    k_zero(G, gout, nq * 4);
+    k_zero(G, glse, nl * 4);
+    const unsigned long long p0 = G->gemm.attn_products;
+    k_attention_forward(G, gout, glse, gq, gk, gv, gcu, NULL, B, Hq, Hkv, hd);
+    const unsigned long long p1 = G->gemm.attn_products;
+    float *hout = xmalloc(nq * 4), *hlse = xmalloc(nl * 4);
+    kget(G, hout, gout, nq * 4);
+    kget(G, hlse, glse, nl * 4);
+    char name[96];
+    double abs_err, ratio = bf16_ratio(hout, o, mo, nq, &abs_err);
+    snprintf(name, sizeof name, "attention BF16 B=%d N=%d Hq=%d Hkv=%d hd=%d: out", B, N, Hq, Hkv, hd);
+    int bad = report_bf16(name, ratio, abs_err);
+    bad += report("  lse", err_of(hlse, lsef, NULL, nl), 1e-5);
+    k_to_device(G, gout, of, nq * 4);
+    k_to_device(G, glse, lsef, nl * 4);
+    float *res[2][3];
+    unsigned long long pb[2];
+    for (int run = 0; run < 2; run++) {
+        float *gdq = kputf(G, dq0, nq), *gdk = kputf(G, dk0, nk), *gdv = kputf(G, dv0, nk);
+        const unsigned long long b0 = G->gemm.attn_products;
+        k_attention_backward(G, gdq, gdk, gdv, gdo, gout, glse, gq, gk, gv, gcu, NULL, B, Hq, Hkv, hd);
+        pb[run] = G->gemm.attn_products - b0;
+        res[run][0] = copy_vec(dq0, nq), res[run][1] = copy_vec(dk0, nk), res[run][2] = copy_vec(dv0, nk);
+        kget(G, res[run][0], gdq, nq * 4);
+        kget(G, res[run][1], gdk, nk * 4);
+        kget(G, res[run][2], gdv, nk * 4);
+        kdrop(G, gdq, nq * 4), kdrop(G, gdk, nk * 4), kdrop(G, gdv, nk * 4);
+    }
+    ratio = bf16_ratio(res[0][0], wq, mq, nq, &abs_err);
+    bad += report_bf16("  dq", ratio, abs_err);
+    ratio = bf16_ratio(res[0][1], wk, mk, nk, &abs_err);
+    bad += report_bf16("  dk", ratio, abs_err);
+    ratio = bf16_ratio(res[0][2], wv, mv, nk, &abs_err);
+    bad += report_bf16("  dv", ratio, abs_err);
+    bad += report_bits("  backward", count_diff(res[0][0], res[1][0], nq) + count_diff(res[0][1], res[1][1], nk) +
+                                         count_diff(res[0][2], res[1][2], nk));
+    const bool on_tc = tiles > 0 && p1 - p0 == 2ull * tiles && pb[0] == 5ull * tiles && pb[1] == pb[0];
+    printf("  %-44s %llu forward, %llu backward (want %lld, %lld)%s\n", "  batched GEMMs", p1 - p0, pb[0], 2 * tiles,
+           5 * tiles, on_tc ? "" : "  FAIL");
+    bad += !on_tc;
+    kdrop(G, gcu, (size_t)(B + 1) * 4), kdrop(G, gq, nq * 4), kdrop(G, gk, nk * 4), kdrop(G, gv, nk * 4);
+    kdrop(G, gdo, nq * 4), kdrop(G, gout, nq * 4), kdrop(G, glse, nl * 4);
+    for (int run = 0; run < 2; run++)
+        free(res[run][0]), free(res[run][1]), free(res[run][2]);
+    free(cu), free(q), free(k), free(v), free(dout), free(dq0), free(dk0), free(dv0), free(qr), free(kr), free(vr);
+    free(dor), free(o), free(mo), free(lse), free(s), free(of), free(lsef), free(wq), free(wk), free(wv), free(mq);
+    free(mk), free(mv), free(hout), free(hlse);
+    return bad;
+}
+
 static int t_cached(struct kctx *G, struct kctx *C, int Tq, int Tk, int Hq, int Hkv, int hd)
 {
     size_t nq = (size_t)Tq * Hq * hd, nk = (size_t)Tk * Hkv * hd;
@@ -1655,7 +1862,7 @@ static int test_kops(void)
     const int small = small_shapes();
     char desc[128];
     printf("kops_cuda against kops_cpu on %s%s\n", kctx_describe(G, desc, sizeof desc), small ? " (small shapes)" : "");
-    int bad = t_memory(G) + t_empty_ops(G);
+    int bad = t_memory(G) + t_empty_ops(G) + t_empty_ops(G16);
     bad += t_rmsnorm(G, C, 37, 576) + t_rmsnorm(G, C, 5, 33);
     bad += t_embedding(G, C, 300, 64, 50, 0, 50) + t_embedding(G, C, 257, 40, 100, 30, 70);
     bad += t_linear(G, C, 37, 96, 80, 1e-5) + t_linear(G, C, 3, 5, 7, 1e-5);
@@ -1681,6 +1888,15 @@ static int test_kops(void)
             bad += t_attention(G, C, 3, l5, 8, 2, 128, 1.5f);
             bad += t_attention(G, C, 1, l1 + 1, 2, 1, 256, 1.0f);
         }
+    }
+    {
+        /* BF16 attention on tensor cores: GQA 3 and 2, head sizes 64, 40 and 128, an empty sequence, rows before the
+         * first sequence, and (not small) a sequence longer than a tile of query rows (512) */
+        static const int b1[] = {1, 70, 0, 130}, b2[] = {37, 100, 5}, b3[] = {600, 45};
+        bad += t_attention_bf16(G16, 4, b1, 0, 6, 2, 64, 1.0f);
+        bad += t_attention_bf16(G16, 3, b2, 3, 4, 2, 40, 2.0f);
+        if (!small)
+            bad += t_attention_bf16(G16, 2, b3, 0, 2, 1, 128, 1.5f);
     }
     /* ring attention's blocks: GQA, a head size not a multiple of 32, the largest (256), one sequence */
     bad += t_block(G, C, 40, 56, 4, 2, 64, 3) + t_block(G, C, 17, 9, 2, 1, 40, 2) + t_block(G, C, 8, 12, 2, 2, 256, 1);

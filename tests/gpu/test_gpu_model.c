@@ -345,7 +345,11 @@ int main(int argc, char **argv)
             return 1;
         }
         check_forward_backward(tiny[i], m, f32, 1e-4, 1e-4, 1);
-        check_forward_backward(tiny[i], m, bf16, 5e-2, 5e-2, 1);
+        /* BF16 against the CPU's fp32: a gradient goes through some 20 roundings to BF16 (every product's inputs
+         * over 2 layers, forward and backward, and attention's P and dS), each off by u = 2^-8 at most: 20 u = 8e-2
+         * of the largest. Measured: 5.1e-2 (tiny-llama3-rope's gradients; 4.9e-2 before attention's products were
+         * BF16, all but P and dS then), 4.9e-2 (tiny-qwen2-bias's log-probs). A wrong head, mask or scale is O(1). */
+        check_forward_backward(tiny[i], m, bf16, 8e-2, 8e-2, 1);
         if (i == 0) {
             check_grpo_step(m, f32, 1e-4);
             check_grpo_step(m, bf16, 5e-2);

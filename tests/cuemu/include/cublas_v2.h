@@ -1,6 +1,7 @@
 /* cuemu: the cuBLAS calls this project makes, on the CPU (tests/cuemu/cublas.cc, tests/cuemu/README.md). GEMMs
- * are computed directly from the definition (column-major, op(A) op(B)), accumulated in double; arguments are
- * checked as cuBLAS documents them (leading dimensions, types, device pointers). */
+ * (one, or strided batches of them) are computed directly from the definition (column-major, op(A) op(B)),
+ * accumulated in double; arguments are checked as cuBLAS documents them (leading dimensions, types, device pointers,
+ * batch entries of C that share no element). */
 #ifndef CUEMU_CUBLAS_V2_H
 #define CUEMU_CUBLAS_V2_H
 
@@ -37,6 +38,12 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
                             int k, const void *alpha, const void *A, cudaDataType_t Atype, int lda, const void *B,
                             cudaDataType_t Btype, int ldb, const void *beta, void *C, cudaDataType_t Ctype, int ldc,
                             cublasComputeType_t computeType, cublasGemmAlgo_t algo);
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                          int m, int n, int k, const void *alpha, const void *A, cudaDataType_t Atype,
+                                          int lda, long long int strideA, const void *B, cudaDataType_t Btype, int ldb,
+                                          long long int strideB, const void *beta, void *C, cudaDataType_t Ctype,
+                                          int ldc, long long int strideC, int batchCount,
+                                          cublasComputeType_t computeType, cublasGemmAlgo_t algo);
 
 #ifdef __cplusplus
 }
