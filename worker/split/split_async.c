@@ -153,8 +153,14 @@ static int async_take_units(struct trainer_rank *r, int64_t k, struct astream_st
             log_error("trainer", "%s", err);
             return -1;
         }
-        if (got > 0)
+        if (got > 0) {
+            /* the step's units came in (some were in flight when the run was asked to pause): while the pause
+             * lasts the step waits here, held, as at a safe point (it went on, and trained a step while grpod said
+             * every rank had paused) */
+            while (control_pause_wanted(r->env->ctl))
+                control_hold_while_waiting(r->env->ctl, false);
             return 0;
+        }
         if (async_receive_one(r, 200) < 0)
             return -1;
         control_hold_while_waiting(r->env->ctl, false);
