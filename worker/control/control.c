@@ -65,6 +65,8 @@ struct control {
     double cur[GRPO_NUM_PHASES], last[GRPO_NUM_PHASES];
     double busy, idle;
     bool paused;
+    bool said_paused; /* "paused at step N" logged since the last resume (a rank held while it waited is paused
+                       * before it reaches its safe point, and says so there) */
     struct {
         char name[64];
         double value;
@@ -382,7 +384,10 @@ enum control_command control_wait_resume(struct control *c)
         c->paused = true;
         c->state = GRPO__WORKER_STATE__WORKER_PAUSED;
         changed_locked(c);
+    }
+    if (!c->said_paused) {
         log_info("control", "paused at step %lld; waiting for grpod to resume the run", (long long)c->step);
+        c->said_paused = true;
     }
     for (;;) {
         if (c->want_stop || c->run_over || signal_stops(c)) {
@@ -408,6 +413,7 @@ enum control_command control_wait_resume(struct control *c)
         c->paused = false;
         c->state = GRPO__WORKER_STATE__WORKER_RUNNING;
         changed_locked(c);
+        c->said_paused = false;
         log_info("control", "resumed at step %lld", (long long)c->step);
     }
     pthread_mutex_unlock(&c->mu);
