@@ -178,4 +178,29 @@ static inline uint32_t test_crc32c_bitwise(const uint8_t *p, size_t n)
     return ~crc;
 }
 
+/* x rounded to BF16, to nearest even, by adding half an ulp of the kept part (the device's __float2bfloat16_rn and
+ * the kernels' rounding; finite x). */
+static inline float test_bf16_round(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* x rounded to the nearest BF16 value, a tie to the one whose last mantissa bit is 0, found another way: its two
+ * BF16 neighbours compared in double (not the carry trick of test_bf16_round and the kernels). x finite. */
+static inline float test_bf16_nearest(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    const uint32_t lo = u & 0xffff0000u, hi = lo + 0x10000u; /* toward zero, and one BF16 step farther out */
+    float a, b;
+    memcpy(&a, &lo, sizeof a);
+    memcpy(&b, &hi, sizeof b);
+    const double da = fabs((double)x - a), db = fabs((double)b - x);
+    return da < db || (da == db && !(lo & 0x10000u)) ? a : b;
+}
+
 #endif

@@ -36,6 +36,7 @@
 #include "worker/model/ring_attn.h"
 #include "worker/model/sampler.h"
 #include "worker/trainer/optim.h"
+#include "../test_util.h"
 
 /* The CUDA back-end's table (kernels/cuda/backend.c). Naming it here also links backend.c's object into this
  * program: kernels.c has weak stand-ins for kops_cuda_open & co. that a static archive would otherwise keep. */
@@ -974,21 +975,11 @@ static int t_attention(struct kctx *G, struct kctx *C, int B, const int *lens, i
     return bad;
 }
 
-/* x rounded to BF16, to nearest even (the device's __float2bfloat16_rn; no NaN here) */
-static float bf16_round(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
-
 static float *bf16_copy(const float *x, size_t n)
 {
     float *y = xmalloc(n * sizeof *y);
     for (size_t i = 0; i < n; i++)
-        y[i] = bf16_round(x[i]);
+        y[i] = test_bf16_round(x[i]);
     return y;
 }
 
@@ -1250,27 +1241,13 @@ static int t_decode_batched(struct kctx *G, struct kctx *C, int B, const int *le
 
 /* ---- the KV cache in the context's precision (issue 43 item 4): BF16 in a BF16 context, fp32 in an fp32 one ---- */
 
-/* x rounded to the nearest BF16 value, a tie to the one whose last mantissa bit is 0: its two BF16 neighbours
- * compared in double (not the carry trick the back-ends use). x finite. */
-static float bf16_nearest(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    const uint32_t lo = u & 0xffff0000u, hi = lo + 0x10000u; /* toward zero, and one BF16 step farther out */
-    float a, b;
-    memcpy(&a, &lo, sizeof a);
-    memcpy(&b, &hi, sizeof b);
-    const double da = fabs((double)x - a), db = fabs((double)b - x);
-    return da < db || (da == db && !(lo & 0x10000u)) ? a : b;
-}
-
 /* What a cache of K holds for x: x, or with a BF16 cache the nearest BF16 value of each. */
 static float *kv_expect(const struct kctx *K, const float *x, size_t n)
 {
     float *r = copy_vec(x, n);
     if (K->matmul == KMM_BF16)
         for (size_t i = 0; i < n; i++)
-            r[i] = bf16_nearest(x[i]);
+            r[i] = test_bf16_nearest(x[i]);
     return r;
 }
 

@@ -19,6 +19,7 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/pool.h"
 #include "test_kernel_util.h"
+#include "../test_util.h"
 
 struct problem {
     int B, Hq, Hkv, hd, N;
@@ -237,20 +238,6 @@ static void test_cached_matches_full_forward(void **state)
     check_cached(5, 24, 2, 4, 45);   /* more query heads to a kv head than one decode pass takes (8 + 4, twice) */
 }
 
-/* x rounded to the nearest BF16 value, a tie to the one whose last mantissa bit is 0: its two BF16 neighbours
- * compared in double (not the carry trick of the kernels). x finite. */
-static float bf16_nearest(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    const uint32_t lo = u & 0xffff0000u, hi = lo + 0x10000u; /* toward zero, and one BF16 step farther out */
-    float a, b;
-    memcpy(&a, &lo, sizeof a);
-    memcpy(&b, &hi, sizeof b);
-    const double da = fabs((double)x - a), db = fabs((double)b - x);
-    return da < db || (da == db && !(lo & 0x10000u)) ? a : b;
-}
-
 /* The CPU's BF16 KV cache (kv_store with bf16, what a BF16 context's kv_store op does): a cache filled one token at a
  * time as generation fills it holds the nearest BF16 value of each key and value, bit for bit, and attention_cached
  * over it (the prefill of every row, and each decode step over the positions so far) matches the double reference
@@ -264,7 +251,7 @@ static void check_cached_bf16(int T, int Hq, int Hkv, int hd, uint64_t seed)
     r = p;
     r.k = tk_alloc(nk), r.v = tk_alloc(nk);
     for (size_t i = 0; i < nk; i++)
-        r.k[i] = bf16_nearest(p.k[i]), r.v[i] = bf16_nearest(p.v[i]);
+        r.k[i] = test_bf16_nearest(p.k[i]), r.v[i] = test_bf16_nearest(p.v[i]);
     double *want = calloc(nq, sizeof(double)), *raw = calloc(nq, sizeof(double)),
            *lse = calloc((size_t)T * Hq, sizeof(double));
     naive_attention(want, lse, &r);
@@ -313,7 +300,7 @@ static void test_kv_store_op(void **state)
     uint64_t seed = 61;
     tk_fill(x, n, &seed, -3, 3);
     for (int i = 0; i < n; i++)
-        r[i] = bf16_nearest(x[i]);
+        r[i] = test_bf16_nearest(x[i]);
     struct kctx *K = kctx_cpu();
     assert_int_equal(k_kv_elem_bytes(K), sizeof(float));
     k_kv_store(K, c, at, x, n);

@@ -741,16 +741,6 @@ static void replay_logp(struct model *m, const int32_t *prompt, int plen, const 
     free(all), free(ids), free(tg), free(pos);
 }
 
-/* x rounded to BF16 (round to nearest even), as a BF16 inference engine holds its weights. */
-static float bf16_round(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
-
 /* Generation records each token's experts, and the training forward that replays them takes the same experts.
  * Same weights and precision: the recorded routes are the trainer's own (nothing differs, the log-probs agree to
  * float rounding, replayed or not). A rollout engine whose router weights are BF16 (verl's rollouts run in BF16;
@@ -782,7 +772,7 @@ static void test_moe_routing_replay(void **state)
             const size_t D = (size_t)m->cfg.hidden_size;
             for (int l = 0; bf == 1 && l < m->cfg.n_layers; l++)
                 for (size_t i = 0; i < (size_t)m->cfg.n_experts * D; i++)
-                    gen->w.layers[l].router[i] = bf16_round(gen->w.layers[l].router[i]);
+                    gen->w.layers[l].router[i] = test_bf16_round(gen->w.layers[l].router[i]);
             for (int l = 0; bf == 2 && l < m->cfg.n_layers; l++) { /* every row expert 0's, a few ulps apart */
                 float *w = gen->w.layers[l].router;
                 for (size_t e = 1; e < (size_t)m->cfg.n_experts; e++)

@@ -190,16 +190,6 @@ static void test_read_python_sharded(void **state)
 
 /* ---- writing ---- */
 
-static float bf16_round(float x)
-{
-    /* reference: round to nearest even by adding half an ulp of the kept part (finite inputs) */
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&x, &u, 4);
-    return x;
-}
-
 static void test_write_roundtrip(void **state)
 {
     (void)state;
@@ -285,7 +275,7 @@ static void test_write_roundtrip(void **state)
     assert_bits_equal(out, bf_want, 8, "layers.0.bf");
     assert_int_equal(st_tensor_to_f32(f, st_find(f, "layers.0.w_bf16"), out, err, sizeof err), 0);
     for (int i = 0; i < R * C; i++)
-        assert_true(out[i] == bf16_round(big_bf[i]));
+        assert_true(out[i] == test_bf16_round(big_bf[i]));
     st_close(f);
 
     /* rewriting replaces the file atomically */
@@ -381,7 +371,7 @@ static void test_write_sharded(void **state)
         assert_string_equal(st_metadata(file, "format"), "pt");
         assert_int_equal(st_model_tensor_to_f32(m, names[i], out, err, sizeof err), 0);
         for (int j = 0; j < 64; j++)
-            assert_true(out[j] == (i == 2 ? bf16_round(data[i][j]) : data[i][j]));
+            assert_true(out[j] == (i == 2 ? test_bf16_round(data[i][j]) : data[i][j]));
     }
     st_model_close(m);
 
