@@ -239,6 +239,41 @@ void placement_data_endpoint(const char *base, int dp, const char *host, char *o
     }
 }
 
+void placement_ephemeral_range(int *lo, int *hi)
+{
+    *lo = 32768; /* Linux's default net.ipv4.ip_local_port_range */
+    *hi = 60999;
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (!f)
+        return;
+    int a = 0, b = 0;
+    if (fscanf(f, "%d %d", &a, &b) == 2 && a > 0 && a <= b && b < 65536) {
+        *lo = a;
+        *hi = b;
+    }
+    fclose(f);
+}
+
+void placement_port_window(int lo, int hi, int *first, int *span)
+{
+    /* the data ports (one per trainer DP rank, then the dispatcher's) must never be a port the kernel hands out to an
+     * outgoing connection: such a port, taken on a trainer's host by an MPI or control connection, made the bind
+     * fail ("Address already in use"). The larger free stretch of 10000..65279 outside [lo, hi], less
+     * PLACEMENT_PORTS_PER_RUN at its top so that a run's last port stays out too. */
+    const int floor_ = 10000, ceil_ = 65280 - PLACEMENT_PORTS_PER_RUN;
+    int below = lo - PLACEMENT_PORTS_PER_RUN - floor_, above = ceil_ - (hi + 1);
+    if (below >= above && below > 0) {
+        *first = floor_;
+        *span = below;
+    } else if (above > 0) {
+        *first = hi + 1;
+        *span = above;
+    } else { /* the whole range is ephemeral: nothing to avoid it with */
+        *first = 20000;
+        *span = 20000;
+    }
+}
+
 void placement_data_base(const char *configured, int hosts, const char *tag, char *out, size_t len)
 {
     if (configured && configured[0]) {
@@ -249,7 +284,11 @@ void placement_data_base(const char *configured, int hosts, const char *tag, cha
         uint32_t h = 2166136261u; /* FNV-1a of the tag */
         for (const char *p = tag; p && *p; p++)
             h = (h ^ (uint8_t)*p) * 16777619u;
-        snprintf(out, len, "tcp://*:%u", 20000u + h % 20000u);
+        int lo = 0, hi = 0;
+        placement_ephemeral_range(&lo, &hi);
+        int first = 0, span = 0;
+        placement_port_window(lo, hi, &first, &span);
+        snprintf(out, len, "tcp://*:%u", (unsigned)first + h % (unsigned)span);
         return;
     }
     snprintf(out, len, PLACEMENT_RUNTIME_PREFIX "grpo-%s", tag ? tag : "");

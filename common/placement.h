@@ -73,10 +73,18 @@ void placement_data_endpoint(const char *base, int dp, const char *host, char *o
 void placement_dispatch_endpoint(const char *base, int n_dp, const char *host, char *out, size_t len);
 
 /* The run's data-plane base: `configured` (grpod.data_endpoint) when set; else, when the run's ranks span more
- * than one host (hosts > 1), tcp:// "*" PORT, PORT in 20000..39999 chosen from `tag` (the run id, or a value
- * rank 0 drew), so that runs on one host seldom share ports; else ipc://~run/grpo-TAG, where "~run" stands for
+ * than one host (hosts > 1), tcp:// "*" PORT, PORT chosen from `tag` (the run id, or a value rank 0 drew), so
+ * that runs on one host seldom share ports, in placement_port_window of this host's ephemeral range (never a port
+ * the kernel may give an outgoing connection); else ipc://~run/grpo-TAG, where "~run" stands for
  * the private runtime directory of the user the workers run as (placement_resolve_endpoint): never a name in a
  * shared /tmp that another user could take first. */
+/* Ports a run's data plane may take above its base: one per trainer DP rank and the dispatcher's. */
+#define PLACEMENT_PORTS_PER_RUN 256
+/* This host's ephemeral port range (net.ipv4.ip_local_port_range; Linux's default 32768..60999 when unreadable). */
+void placement_ephemeral_range(int *lo, int *hi);
+/* Where data-plane base ports are drawn from, given the ephemeral range [lo, hi]: [first, first + span), the
+ * larger stretch of 10000..65279 outside it, with room for PLACEMENT_PORTS_PER_RUN ports above each base. */
+void placement_port_window(int lo, int hi, int *first, int *span);
 void placement_data_base(const char *configured, int hosts, const char *tag, char *out, size_t len);
 /* The prefix of an ipc endpoint in the runtime directory, resolved where the endpoint is used. */
 #define PLACEMENT_RUNTIME_PREFIX "ipc://~run/"

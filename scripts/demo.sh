@@ -77,7 +77,7 @@ fi
 
 state="$(mktemp -d /tmp/grpo-demo.XXXXXX)"
 endpoint="ipc://$state/ctl.sock"
-port=$(( 20000 + RANDOM % 20000 ))
+port=$(( 20000 + RANDOM % 12000 ))  # below the kernel's ephemeral ports (32768 up), so no outgoing connection holds it
 worker_pid=""
 grpod_pid=""
 cleanup() {

@@ -240,6 +240,34 @@ static void test_placement_hybrid_megatron_order(void **state)
     core_deinit(&c);
 }
 
+/* The data plane's base ports, worked by hand for three ephemeral ranges: Linux's default (the stretch below it is
+ * the larger), a range starting low (the stretch above it), and one covering every port (the old fixed window). */
+static void test_data_port_window(void **state)
+{
+    (void)state;
+    int first = 0, span = 0;
+    placement_port_window(32768, 60999, &first, &span);
+    assert_int_equal(first, 10000);
+    assert_int_equal(span, 32768 - 256 - 10000);
+    placement_port_window(12000, 40000, &first, &span);
+    assert_int_equal(first, 40001);
+    assert_int_equal(span, 65280 - 256 - 40001);
+    placement_port_window(1024, 65535, &first, &span);
+    assert_int_equal(first, 20000);
+    assert_int_equal(span, 20000);
+    /* every tag's base, and the ports above it a run may take, stay out of the default range */
+    char base[64], tag[32];
+    for (int i = 0; i < 2000; i++) {
+        snprintf(tag, sizeof tag, "run-%d", i);
+        placement_data_base("", 2, tag, base, sizeof base);
+        const long port = strtol(strrchr(base, ':') + 1, NULL, 10);
+        int lo = 0, hi = 0;
+        placement_ephemeral_range(&lo, &hi);
+        assert_true(port >= 1024 && port + PLACEMENT_PORTS_PER_RUN < 65536);
+        assert_true(port + PLACEMENT_PORTS_PER_RUN <= lo || port > hi);
+    }
+}
+
 static void test_refusals(void **state)
 {
     (void)state;
@@ -1748,7 +1776,10 @@ static void test_endpoints_across_hosts(void **state)
     char base[64];
     placement_data_base("", 2, c.run.id, base, sizeof base);
     const long port = strtol(strrchr(base, ':') + 1, NULL, 10);
-    assert_true(port >= 20000 && port < 40000);
+    int lo = 0, hi = 0;
+    placement_ephemeral_range(&lo, &hi);
+    /* never a port the kernel may give an outgoing connection (an MPI or control socket took one in CI) */
+    assert_true(port + PLACEMENT_PORTS_PER_RUN <= lo || port > hi);
     char want[64];
     e = send_register(&c, 0, 4, "hosta", "trainer", 42);
     assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
@@ -2243,6 +2274,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_placement_trainer_rollout),
         cmocka_unit_test(test_placement_hybrid_megatron_order),
+        cmocka_unit_test(test_data_port_window),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_state_machine),
         cmocka_unit_test(test_stop_reason_names_who_asked),
