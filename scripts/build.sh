@@ -2,6 +2,8 @@
 # Configure (once) and build into a build directory; incremental afterwards.
 #   scripts/build.sh [BUILDDIR] [extra meson setup args...]
 # GRPO_BUILD_JOBS=N: at most N compile jobs at once (ninja -j N; default: ninja's, the cores + 2)
+# GRPO_BUILD_SUITES="SUITE ...": only what the tests of those meson suites need (scripts/suite_targets.py), less
+#   the tests of GRPO_BUILD_NO_SUITES="SUITE ..."; run them with `meson test --no-rebuild` (default: every target)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir="${1:-build}"
@@ -15,4 +17,9 @@ if [ ! -f "$dir/build.ninja" ]; then
 elif [ ${#args[@]} -gt 0 ]; then
     meson configure "$dir" "${args[@]}" >/dev/null
 fi
-ninja -C "$dir" ${GRPO_BUILD_JOBS:+-j "$GRPO_BUILD_JOBS"} >&2
+targets=()
+if [ -n "${GRPO_BUILD_SUITES:-}" ]; then
+    mapfile -t targets < <(python3 scripts/suite_targets.py "$dir" "$GRPO_BUILD_SUITES" "${GRPO_BUILD_NO_SUITES:-}")
+    [ ${#targets[@]} -gt 0 ] || { echo "build.sh: no targets for the suites $GRPO_BUILD_SUITES" >&2; exit 1; }
+fi
+ninja -C "$dir" ${GRPO_BUILD_JOBS:+-j "$GRPO_BUILD_JOBS"} "${targets[@]}" >&2

@@ -48,28 +48,51 @@ sources() {
     *) return 1 ;;
     esac
 }
+# fuzz_one T: build T's harness and fuzz it for $secs s; its report in $out/report-T, its status in $out/rc-T
+fuzz_one() {
+    local t=$1 srcs
+    {
+        srcs=$(sources "$t")
+        "$CC" -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -D_GNU_SOURCE -std=c17 \
+            -I"$src" -I"$out/gen" "$src/tests/fuzz/fuzz_$t.c" $srcs \
+            $(pkg-config --cflags --libs libprotobuf-c jansson nanomsg libsodium) -lm -o "$out/fuzz_$t" || {
+            echo "FAIL: fuzz target $t did not build"
+            return 1
+        }
+        mkdir -p "$out/corpus-$t"
+        echo "fuzzing $t for $secs s (work directory $out)"
+        if ! GRPO_FUZZ_SEEDS="$out/corpus-$t" ASAN_OPTIONS=detect_leaks=1 "$out/fuzz_$t" "$out/corpus-$t" \
+            -max_total_time="$secs" -max_len=8192 -artifact_prefix="$out/$t-" -print_final_stats=1 \
+            -rss_limit_mb=2048 2>"$out/fuzz-$t.log"; then
+            tail -n 60 "$out/fuzz-$t.log"
+            echo "FAIL: fuzz target $t found a crash, leak or undefined behaviour; reproducer:" \
+                "$out/fuzz_$t $(ls "$out/$t-"* 2>/dev/null | head -1)"
+            return 1
+        fi
+        grep -E '^stat::(number_of_executed_units|new_units_added)' "$out/fuzz-$t.log" | tr '\n' ' ' || true
+        echo
+        echo "ok: $t, no crash"
+    } >"$out/report-$t" 2>&1
+}
+for t in "${targets[@]}"; do # unknown names before any work
+    sources "$t" >/dev/null || { echo "unknown fuzz target $t (grpod, wire, dispatch, checkpoint)"; exit 2; }
+done
+# one fuzzer per core at once (each is one process on one core): CI's four took 4 x 35 s one after the other
+jobs="${GRPO_FUZZ_JOBS:-$(nproc)}"
 rc=0
+pids=()
 for t in "${targets[@]}"; do
-    srcs=$(sources "$t") || { echo "unknown fuzz target $t (grpod, wire, dispatch, checkpoint)"; exit 2; }
-    # shellcheck disable=SC2046,SC2086
-    "$CC" -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -D_GNU_SOURCE -std=c17 \
-        -I"$src" -I"$out/gen" "$src/tests/fuzz/fuzz_$t.c" $srcs \
-        $(pkg-config --cflags --libs libprotobuf-c jansson nanomsg libsodium) -lm -o "$out/fuzz_$t"
-    mkdir -p "$out/corpus-$t"
-    echo "fuzzing $t for $secs s (work directory $out)"
-    if ! GRPO_FUZZ_SEEDS="$out/corpus-$t" ASAN_OPTIONS=detect_leaks=1 "$out/fuzz_$t" "$out/corpus-$t" \
-        -max_total_time="$secs" -max_len=8192 -artifact_prefix="$out/$t-" -print_final_stats=1 -rss_limit_mb=2048 \
-        2>"$out/fuzz-$t.log"; then
-        tail -n 60 "$out/fuzz-$t.log"
-        echo "FAIL: fuzz target $t found a crash, leak or undefined behaviour; reproducer:" \
-            "$out/fuzz_$t $(ls "$out/$t-"* 2>/dev/null | head -1)"
-        rc=1
-        keep=1
-        continue
+    fuzz_one "$t" &
+    pids+=($!)
+    if [ ${#pids[@]} -ge "$jobs" ]; then
+        wait "${pids[0]}" || true
+        pids=("${pids[@]:1}")
     fi
-    grep -E '^stat::(number_of_executed_units|new_units_added)' "$out/fuzz-$t.log" | tr '\n' ' ' || true
-    echo
-    echo "ok: $t, no crash"
+done
+wait || true
+for t in "${targets[@]}"; do
+    cat "$out/report-$t"
+    grep -q "^ok: $t, no crash" "$out/report-$t" || { rc=1; keep=1; }
 done
 [ -z "$keep" ] && rm -rf "$out"
 exit $rc
