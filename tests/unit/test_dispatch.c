@@ -561,7 +561,8 @@ static void test_loss_and_regrant(void **state)
 
 /* weight_sync=broadcast: a round begins only once every rollout process has asked for the same held version; a
  * version not everyone asks for within the rendezvous, or one the trainer has waited for past it, is fetched; a
- * failed round or a lost process turns the broadcast off for good. */
+ * failed round or a process superseded by a replacement turns the broadcast off for good; a lost one only pauses it
+ * until it is back. */
 /* A process asks, the dispatcher grants it a unit, and the answer never reaches it (its ask timed out first, or
  * the network cut it): asking again, it gets the same unit, counted once; nobody else gets it meanwhile. The same
  * one-step-off, where the unit lost is the next step's and the last one's is reported done. */
@@ -876,9 +877,11 @@ static void test_broadcast_rounds(void **state)
     expect_weights_at(d, &b, t, 4, w[4], N, 16);
     dispatch_core_free(d);
 
-    /* a lost process turns it off too; the last version (no step to come needs it) is never due */
+    /* a lost process pauses it: no round is due or begins, each version is fetched at once (no wait for the
+     * rendezvous); the process is back (it was only slow), and so are the rounds; a process that takes over the
+     * rank (not in the broadcast's group) turns it off for good */
     t = 0;
-    d = core_open(2, 0, 2, N, 0.3, t);
+    d = core_open(2, 0, 8, N, 0.3, t);
     dispatch_core_broadcast_on(d, 30);
     grant_of(d, &a, true, t, &g);
     grant_of(d, &b, true, t, &g);
@@ -892,6 +895,27 @@ static void test_broadcast_rounds(void **state)
     assert_int_equal(bcast(d, &a, 0, t), WB_FETCH);
     assert_false(dispatch_core_round_begin(d, &v, &src));
     assert_false(dispatch_core_round_due(d, 0));
+    publish(d, 1, w[1]);
+    assert_false(dispatch_core_round_due(d, 0)); /* b is silent: version 1 is not broadcast either */
+    assert_int_equal(bcast(d, &a, 1, t), WB_FETCH);
+    t = 0.4;
+    grant_of(d, &b, true, t, &g); /* b is back */
+    assert_int_equal(cstats(d).live, 2);
+    assert_int_equal(bcast(d, &b, 1, t), WB_FETCH); /* version 1 was fetched by a: b fetches it too */
+    publish(d, 2, w[2]);
+    assert_true(dispatch_core_round_due(d, 0));
+    assert_int_equal(bcast(d, &a, 2, t), WB_WAIT);
+    assert_int_equal(bcast(d, &b, 2, t), WB_WAIT);
+    assert_true(dispatch_core_round_begin(d, &v, &src));
+    assert_int_equal(v, 2);
+    dispatch_core_round_end(d, true);
+    assert_int_equal(cstats(d).broadcasts, 1);
+    const struct proc b2 = {(1ull << PLANE_GENERATION_SHIFT) | 0xB2, 1}; /* b's replacement: generation 1 */
+    grant_of(d, &b2, true, t, &g);
+    publish(d, 3, w[3]);
+    assert_false(dispatch_core_round_due(d, 0));
+    assert_int_equal(bcast(d, &a, 3, t), WB_FETCH);
+    assert_int_equal(bcast(d, &b2, 3, t), WB_FETCH);
     dispatch_core_free(d);
     d = core_open(1, 1, 3, N, 5, 0);
     dispatch_core_broadcast_on(d, 30);

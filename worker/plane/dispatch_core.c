@@ -130,17 +130,25 @@ static bool same_who(const struct plane_id *a, const struct plane_id *b)
     return a->rank == b->rank && a->pid == b->pid && a->incarnation == b->incarnation;
 }
 
-/* Process i is out of the run (lost, or superseded by a newer process of its rank): it is not alive, its units go
- * back to be granted again (their list in units[]), and the weight broadcast, whose group it was in, is off. */
+/* Process i is out of the run (lost, or superseded by a newer process of its rank): it is not alive, and its units
+ * go back to be granted again (their list in units[]). The weight broadcast, whose group it was in: off for good
+ * when a newer process serves its rank (not in the group); while it is only silent, no round begins and each
+ * version is fetched, and the rounds come back with it ("is back"): a process that was only slow, on a loaded host
+ * say, must not cost the rest of the run its broadcast (the emulated gpu-dist lost it so on a busy machine). */
 static void release(struct dispatch_core *d, int i, const char *what, char *units, size_t len)
 {
     struct proc *p = &d->procs[i];
     p->alive = false;
-    if (d->bc_on && !d->bc_off) {
+    if (d->bc_on && !d->bc_off && p->superseded) {
         d->bc_off = true;
         log_warn("dispatch",
                  "weight broadcast off for the rest of the run: rollout rank %d's process is %s "
                  "(each version is fetched from here instead)",
+                 p->slot, what);
+    } else if (d->bc_on && !d->bc_off) {
+        log_warn("dispatch",
+                 "weight broadcast paused: rollout rank %d's process is %s (each version is fetched from here "
+                 "until it is back)",
                  p->slot, what);
     }
     units[0] = 0;
@@ -228,7 +236,8 @@ static struct proc *proc_of(struct dispatch_core *d, uint64_t id, const struct p
             return NULL;
         }
         if (!p->alive)
-            log_info("dispatch", "rollout process %016" PRIx64 " (rank %d) is back", id, p->slot);
+            log_info("dispatch", "rollout process %016" PRIx64 " (rank %d) is back%s", id, p->slot,
+                     d->bc_on && !d->bc_off ? ": the weight broadcast resumes once every rollout rank's is there" : "");
         p->alive = true;
         p->last_seen = now;
         return p;
@@ -258,8 +267,8 @@ static struct proc *proc_of(struct dispatch_core *d, uint64_t id, const struct p
         struct proc *old = &d->procs[ci];
         char units[256];
         const bool was_alive = old->alive;
+        old->superseded = true; /* before release: a superseded process turns the broadcast off */
         release(d, ci, "superseded", units, sizeof units);
-        old->superseded = true;
         if (was_alive) {
             d->st.replaced++;
             how = "supersedes the live process of";
@@ -480,6 +489,16 @@ static void grant(struct dispatch_core *d, int pi, bool names_done, Grpo__WorkGr
 /* The broadcast is on, not given up, and the run goes on. */
 static bool broadcasting(const struct dispatch_core *d) { return d->bc_on && !d->bc_off && d->end_after < 0; }
 
+/* The first rollout rank with no live process (silent past lost_after_s, or never come), or -1: no round can
+ * begin without it. */
+static int slot_missing(const struct dispatch_core *d)
+{
+    for (int u = 0; u < d->o.units; u++)
+        if (!slot_alive(d, u))
+            return u;
+    return -1;
+}
+
 /* The broadcast's round of version v may begin: no round is under way, and every rollout rank's process has asked
  * for v, which is held, newer than any broadcast or skipped. */
 static bool round_ready(const struct dispatch_core *d, int64_t *v)
@@ -522,6 +541,16 @@ static int broadcast_answer(struct dispatch_core *d, int slot, int64_t v, double
         return d->bc_round == v ? JOIN : FETCH;
     if (v <= d->bc_done || v <= d->bc_skip)
         return FETCH;
+    const int missing = slot_missing(d);
+    if (missing >= 0 && d->slot_seen[missing]) { /* lost: fetch until it is back (a rank not yet come is awaited) */
+        char why[128];
+        snprintf(why, sizeof why, "rollout rank %d's process is silent", missing);
+        if (v > d->bc_skip) {
+            d->bc_want[slot] = v;
+            skip_wanted(d, why);
+        }
+        return FETCH;
+    }
     if (d->bc_want[slot] != v) {
         d->bc_want[slot] = v;
         d->bc_asked[slot] = now;
@@ -984,8 +1013,9 @@ void dispatch_core_round_end(struct dispatch_core *d, bool ok)
 bool dispatch_core_round_due(struct dispatch_core *d, double waited_s)
 {
     const int64_t v = d->latest;
-    bool due =
-        broadcasting(d) && v >= 0 && v > d->bc_done && v > d->bc_skip && v + 1 + d->o.staleness <= d->o.total_steps;
+    const int missing = slot_missing(d);
+    bool due = broadcasting(d) && !(missing >= 0 && d->slot_seen[missing]) && v >= 0 && v > d->bc_done &&
+               v > d->bc_skip && v + 1 + d->o.staleness <= d->o.total_steps;
     if (due && waited_s > d->bc_rendezvous_s) {
         char why[160];
         snprintf(why, sizeof why, "the trainers waited %.0f s for every rollout rank to ask", waited_s);
