@@ -19,6 +19,7 @@ elif [ ${#args[@]} -gt 0 ]; then
 fi
 targets=()
 if [ -n "${GRPO_BUILD_SUITES:-}" ]; then
+    ninja -C "$dir" build.ninja >&2 # meson's records of the tests brought up to date first (a meson.build changed)
     mapfile -t targets < <(python3 scripts/suite_targets.py "$dir" "$GRPO_BUILD_SUITES" "${GRPO_BUILD_NO_SUITES:-}")
     [ ${#targets[@]} -gt 0 ] || { echo "build.sh: no targets for the suites $GRPO_BUILD_SUITES" >&2; exit 1; }
 fi
