@@ -79,8 +79,8 @@ struct cuda_impl {
     size_t host_cu_cap;
     struct live *tab; /* live allocations (open addressing, linear probing) */
     size_t tab_cap, tab_count;
-    size_t held;   /* bytes of live allocations and workspaces */
-    int capture;   /* k_graph_begin: 0 none, 1 the stream captures, 2 the capture failed (capture_failed says why) */
+    size_t held; /* bytes of live allocations and workspaces */
+    int capture; /* k_graph_begin: 0 none, 1 the stream captures, 2 the capture failed (capture_failed says why) */
     char capture_failed[160];
     uint64_t epoch; /* k_graph_epoch */
 };

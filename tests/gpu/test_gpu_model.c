@@ -308,7 +308,7 @@ static void check_decode_batched(struct model *cpu, struct kctx *K)
            "sequence, %d layers); batched: %lld, %lld, %lld; at 128 sequences: %lld and %lld\n",
            K->matmul == KMM_BF16 ? "bf16" : "fp32", work[0][0], work[0][1], work[0][2], per_seq, L, work[1][0],
            work[1][1], work[1][2], work[0][0] + per_seq * 126, work[1][0] + bat_per * 126);
-    /* (each sequence's last row is x's own row in a decode step: no copy since 2026-12-07, one per sequence before) */
+    /* (each sequence's last row is x's own row in a decode step: no copy since 2026-12-06, one per sequence before) */
     EXPECT(per_seq == 4LL * L, "the per-sequence path took %lld launches per sequence (expected 4 per layer: %d)",
            per_seq, 4 * L);
     EXPECT(work[0][2] - work[0][1] == 4 * per_seq, "the per-sequence path is not linear in the sequences");
@@ -328,7 +328,8 @@ static void check_decode_batched(struct model *cpu, struct kctx *K)
 static void check_graph_ops(struct kctx *K)
 {
     const size_t n = 1000;
-    float *x = k_alloc(K, n * sizeof(float), KMEM_ACTS, "graph test x"), *y = k_alloc(K, n * sizeof(float), KMEM_ACTS, "y");
+    float *x = k_alloc(K, n * sizeof(float), KMEM_ACTS, "graph test x"),
+          *y = k_alloc(K, n * sizeof(float), KMEM_ACTS, "y");
     float *hx = xmalloc(n * sizeof(float)), *hy = xmalloc(n * sizeof(float)), *got = xmalloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++)
         hx[i] = (float)(i % 17) - 8.0f, hy[i] = 0.25f * (float)(i % 5);
@@ -432,21 +433,24 @@ static void check_decode_graph(struct model *cpu, struct kctx *K)
         size_t differ = 0;
         for (size_t i = 0; i < (size_t)S * B * V; i++)
             differ += memcmp(&lg[0][i], &lg[1][i], sizeof(float)) != 0;
-        EXPECT(differ == 0, "decode of %d sequences: %zu of %zu logits differ between graphs and eager steps", B, differ,
-               (size_t)S * B * V);
+        EXPECT(differ == 0, "decode of %d sequences: %zu of %zu logits differ between graphs and eager steps", B,
+               differ, (size_t)S * B * V);
         free(lg[0]), free(lg[1]);
     }
 #ifdef GRPO_CUEMU
     const char *mm = K->matmul == KMM_BF16 ? "bf16" : "fp32";
-    printf("decode launches per %s step of %d, %d, %d sequences: eager %lld, %lld, %lld; with graphs, step by step: "
-           "%lld %lld %lld %lld, %lld %lld %lld %lld, %lld %lld %lld %lld; at 128 sequences: eager %lld, replayed %lld\n",
-           mm, Bs[0], Bs[1], Bs[2], work[0][0][S - 1], work[0][1][S - 1], work[0][2][S - 1], work[1][0][0],
-           work[1][0][1], work[1][0][2], work[1][0][3], work[1][1][0], work[1][1][1], work[1][1][2], work[1][1][3],
-           work[1][2][0], work[1][2][1], work[1][2][2], work[1][2][3],
-           work[0][0][S - 1] + (work[0][1][S - 1] - work[0][0][S - 1]) / 2 * 126, work[1][2][S - 1]);
+    printf(
+        "decode launches per %s step of %d, %d, %d sequences: eager %lld, %lld, %lld; with graphs, step by step: "
+        "%lld %lld %lld %lld, %lld %lld %lld %lld, %lld %lld %lld %lld; at 128 sequences: eager %lld, replayed %lld\n",
+        mm, Bs[0], Bs[1], Bs[2], work[0][0][S - 1], work[0][1][S - 1], work[0][2][S - 1], work[1][0][0], work[1][0][1],
+        work[1][0][2], work[1][0][3], work[1][1][0], work[1][1][1], work[1][1][2], work[1][1][3], work[1][2][0],
+        work[1][2][1], work[1][2][2], work[1][2][3],
+        work[0][0][S - 1] + (work[0][1][S - 1] - work[0][0][S - 1]) / 2 * 126, work[1][2][S - 1]);
     for (int bi = 0; bi < 3; bi++) {
-        EXPECT(work[1][bi][0] == work[0][bi][0], "the first step of %d sequences with graphs took %lld launches, "
-               "eagerly %lld (it runs eagerly)", Bs[bi], work[1][bi][0], work[0][bi][0]);
+        EXPECT(work[1][bi][0] == work[0][bi][0],
+               "the first step of %d sequences with graphs took %lld launches, "
+               "eagerly %lld (it runs eagerly)",
+               Bs[bi], work[1][bi][0], work[0][bi][0]);
         for (int st = 1; st < S; st++) /* the inputs in, the graph, the logits out */
             EXPECT(work[1][bi][st] == 3, "decode step %d of %d sequences with graphs took %lld launches (expected 3)",
                    st + 1, Bs[bi], work[1][bi][st]);

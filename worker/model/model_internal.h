@@ -77,12 +77,12 @@ struct model_work {
     struct karena sph;      /* its host staging, on a GPU whose SP group has no device memory (MPI) */
     struct ring_attn *ring; /* context parallelism: the ring of the batch the layers run now */
     const int32_t *cprow;   /* and the batch row of each of its rows (-1: the ring's padding) */
-    void *hin; /* model_host_inputs */
+    void *hin;              /* model_host_inputs */
     size_t hin_cap;
     struct step_graph graphs[STEP_GRAPHS];
-    struct step_graph warm;    /* the last eager decode step's shape (its g NULL): the next of that shape records */
+    struct step_graph warm;     /* the last eager decode step's shape (its g NULL): the next of that shape records */
     unsigned long long decodes; /* decode steps taken */
-    unsigned told;             /* the reasons for eager decode steps logged already (one bit each) */
+    unsigned told;              /* the reasons for eager decode steps logged already (one bit each) */
 };
 
 /* m's work, made on first use (model_acts.c), and freed with everything it holds. */

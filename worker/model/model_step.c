@@ -390,7 +390,7 @@ static void tell_once(struct model *m, unsigned bit, const char *fmt, ...)
 /* Why m's decode steps cannot be graphs (NULL: they can): what needs the host or a communicator between layers. */
 static const char *graph_blocker(const struct model *m)
 {
-    if (m->sh.tp_size > 1)
+    if (m->sh.tp)
         return "tensor parallelism (each layer's all-reduce goes through the communicator)";
     if (m->sh.pp)
         return "pipeline parallelism (each stage sends and receives between its layers)";
