@@ -191,7 +191,6 @@ static const struct verl_key g_verl[] = {
     NOTED("actor_rollout_ref.ref.entropy_from_logits_with_chunking", "the LM head is always computed in chunks"),
     NOTED("actor_rollout_ref.ref.entropy_checkpointing", "the LM head's chunks are always recomputed"),
     NOTED("actor_rollout_ref.rollout.name", "generation runs in this engine (no vLLM or SGLang)"),
-    NOTED("actor_rollout_ref.rollout.enforce_eager", ENGINE),
     NOTED("actor_rollout_ref.rollout.load_format", "weights come from the trainers in buckets"),
     NOTED("actor_rollout_ref.rollout.layered_summon", "weights come from the trainers in buckets"),
     NOTED("actor_rollout_ref.rollout.max_num_batched_tokens", ENGINE),

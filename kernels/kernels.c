@@ -178,6 +178,14 @@ void kmem_reset_peaks(struct kctx *K)
     s->max_reserved = s->reserved;
 }
 
+bool k_graph_begin(struct kctx *K, char *why, size_t len)
+{
+    if (K->ops->graph_begin)
+        return K->ops->graph_begin(K, why, len);
+    snprintf(why, len, "the %s back-end has no graphs", K->ops->name);
+    return false;
+}
+
 #define ARENA_ALIGN 64
 
 size_t karena_piece(size_t bytes) { return (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN; }

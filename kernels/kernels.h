@@ -244,6 +244,12 @@ struct kops {
     void (*weights_forget)(struct kctx *K, const void *p);
     void (*weights_changed)(struct kctx *K, const void *p);
     int (*weights_check)(struct kctx *K);
+    /* Graphs (k_graph_begin below; NULL in a back-end without them) */
+    bool (*graph_begin)(struct kctx *K, char *why, size_t len);
+    struct kgraph *(*graph_end)(struct kctx *K, char *why, size_t len);
+    void (*graph_launch)(struct kctx *K, struct kgraph *g);
+    void (*graph_free)(struct kctx *K, struct kgraph *g);
+    uint64_t (*graph_epoch)(struct kctx *K);
 };
 
 /* What a context's products rounded (the CUDA back-end; the CPU's counts nothing): bytes of fp32 read to make BF16
@@ -355,6 +361,31 @@ static inline void k_weights_changed(struct kctx *K, const void *p)
 /* How many kept copies marked fresh differ from a rounding of their buffer now (a change not said): 0 when all is
  * well, and in a back-end that keeps none. */
 static inline int k_weights_check(struct kctx *K) { return K->ops->weights_check ? K->ops->weights_check(K) : 0; }
+
+/* Graphs (issue 43 item 4; CUDA graphs on the CUDA back-end, none on the CPU's): K's ops between k_graph_begin and
+ * k_graph_end are recorded, not run, into a graph that k_graph_launch then runs as one launch, as often as wanted,
+ * on the memory as it is at each launch (the same pointers, sizes and scalars as recorded). Between the two, no op
+ * may need the host to wait on the device: whatever cannot be recorded (a host read or sync, an allocation or free,
+ * a workspace that must grow, a kept BF16 weight copy to be made) ends the recording there, failed: the ops from
+ * there on run, the ones before were dropped, and k_graph_end returns NULL with why, so the caller runs the whole
+ * sequence again. k_graph_begin returns false (why filled) where K has no graphs. */
+struct kgraph;
+static inline bool k_has_graphs(const struct kctx *K) { return K->ops->graph_begin != NULL; }
+bool k_graph_begin(struct kctx *K, char *why, size_t len);
+static inline struct kgraph *k_graph_end(struct kctx *K, char *why, size_t len)
+{
+    return K->ops->graph_end(K, why, len);
+}
+static inline void k_graph_launch(struct kctx *K, struct kgraph *g) { K->ops->graph_launch(K, g); }
+static inline void k_graph_free(struct kctx *K, struct kgraph *g)
+{
+    if (g)
+        K->ops->graph_free(K, g);
+}
+/* Changes whenever memory a recorded graph may read is no longer what it was recorded with: a workspace of the
+ * back-end made again, a kept BF16 weight copy made, refreshed, gone stale or freed, any k_free. A graph recorded
+ * at one value is valid to launch while the value is the same (and the memory its caller gave it is live). */
+static inline uint64_t k_graph_epoch(struct kctx *K) { return K->ops->graph_epoch ? K->ops->graph_epoch(K) : 0; }
 /* Zero the peaks (a new step's maxima). */
 void kmem_reset_peaks(struct kctx *K);
 

@@ -12,18 +12,21 @@ are predictions to read the first device run against (docs/results/roofline.md).
 
 Variants (--variants, comma-separated; default all four):
     today-fp32   the default: fp32 GEMMs without TF32 (cuBLAS FP32 SIMT), fp32 activations, fp32 KV cache; decode
-                 attention batched (one launch per layer per step, the KV append fused; since 2026-12-05)
+                 attention batched (one launch per layer per step, the KV append fused; since 2026-12-05); a decode
+                 step replayed as a CUDA graph (1 us per kernel in it; since 2026-12-06), its inputs in one copy
     today-bf16   actor.dtype=bfloat16 today: every GEMM call rounds its fp32 activations to BF16 first; the weights
                  come from a BF16 copy kept per weights buffer, made again once after each optimizer step (until
                  2026-12-05 every call rounded its weights too: 8 bytes per parameter per decode step, now 2); a
                  BF16 KV cache (since 2026-12-06: 2 bytes an element, the fp32 cache's 4 before); the training
                  attention on tensor cores, batched BF16 GEMMs per sequence and tile of up to 512 query rows over
-                 materialised fp32 scores (until 2026-12-05 the FP32 SIMT flash kernels of today-fp32)
+                 materialised fp32 scores (until 2026-12-05 the FP32 SIMT flash kernels of today-fp32); decode
+                 steps as CUDA graphs, as today-fp32
     designed     issue 43: BF16 weight copies kept (refreshed once per optimizer step), BF16 activations, BF16 KV
-                 cache, tensor-core (BF16) flash attention, decode attention batched: one launch per layer per step
+                 cache, tensor-core (BF16) flash attention, decode attention batched: one launch per layer per step,
+                 decode steps replayed as CUDA graphs
     designed+    designed, plus what this model finds next: fused QKV and gate/up GEMMs with bias and residual in
                  the epilogue, no per-layer host sync (cu_seqlens' maximum known on the host), LM-head chunks of
-                 2048 rows, and decode replayed as a CUDA graph (1 us per kernel instead of the launch overhead)
+                 2048 rows
 """
 import argparse
 import json
@@ -98,11 +101,11 @@ def lmhead_chunk(V):
 
 VARIANTS = {
     "today-fp32": dict(gemm="fp32", conv=False, a=4, w=4, attn="fp32", attn_bwd_hd=14, kv=4, batched=True,
-                       sync=True, fused=False, chunk=None, graph=False, bf16_copy=False, kvtab=True),
+                       sync=True, fused=False, chunk=None, graph=True, bf16_copy=False),
     "today-bf16": dict(gemm="bf16", conv=True, a=4, w=2, attn="bf16", attn_bwd_hd=10, kv=2, batched=True,
-                       sync=True, fused=False, chunk=None, graph=False, bf16_copy=True, kvtab=True, attn_tc=True),
+                       sync=True, fused=False, chunk=None, graph=True, bf16_copy=True, attn_tc=True),
     "designed": dict(gemm="bf16", conv=False, a=2, w=2, attn="bf16", attn_bwd_hd=10, kv=2, batched=True,
-                     sync=True, fused=False, chunk=None, graph=False, bf16_copy=True),
+                     sync=True, fused=False, chunk=None, graph=True, bf16_copy=True),
     "designed+": dict(gemm="bf16", conv=False, a=2, w=2, attn="bf16", attn_bwd_hd=10, kv=2, batched=True,
                       sync=False, fused=True, chunk=2048, graph=True, bf16_copy=True),
 }
@@ -367,26 +370,28 @@ def update(m, wl, vname, hw=H200, launch_s=None):
 def decode(m, B, ctx, vname, hw=H200, launch_s=None):
     """One decode step of B sequences at context ctx each (model_step with one new token per sequence, the
     logits of the last rows, then k_sample on the device). Returns (ops, stats) with the HBM bound: BF16 weights
-    read once (the LM head included, the embedding only its B rows) and the BF16 KV cache read once and appended."""
+    read once (the LM head included, the embedding only its B rows) and the BF16 KV cache read once and appended.
+    With graphs (model_step.c since 2026-12-06) the step's kernels are one graph's, each at the graph's cost; the
+    inputs' copy, the graph's launch and the sampling are launched from the host."""
     v = VARIANTS[vname]
     ls = hw["launch"] if launch_s is None else launch_s
-    if v["graph"]:
-        ls = hw["graph"]
     o = Ops(hw, ls)
     D, QD, KD, F, V, a = m.D, m.QD, m.KD, m.F, m.V, v["a"]
     N = B
     g = "copies and syncs"
-    o.add(g, "positions and ids to the device", 0, 0, 2)
-    if v.get("kvtab"):  # model_step.c's batched decode: every layer's cache pointers and the lengths, one copy
-        o.add(g, "the caches' table to the device", 0, 0, 1)
+    # model_step.c: positions, ids and the batched decode's table (every layer's cache pointers and the lengths)
+    o.add(g, "the inputs to the device (one copy)", 0, 0, 1)
+    if v["graph"]:
+        o.add(g, "the step's graph launched", 0, 0, 1)
+        o.launch_s = hw["graph"]  # every kernel below, to the logits, is the graph's
     ew(o, "norms, RoPE, SwiGLU, adds", "embedding", N * D * 4 + N * D * a)
     for _ in range(m.L):
         layer_forward_decode(o, m, v, B, ctx)
     g = "LM head"
-    if not v["fused"]:
-        ew(o, g, "last rows (a copy per sequence)", B * D * a * 2, B)
+    # (each sequence's one new row is x's own: no copy of the last rows)
     ew(o, g, "final rmsnorm", B * D * 2 * a)
     gemm(o, v, g, "logits", B, V, D, c_bytes=4, weight=True)
+    o.launch_s = ls
     # sampling: uniforms in, row statistics, keys, pick (top-p/top-k sort skipped at their defaults), tokens
     # and log-probs out, one sync
     o.add("sampling", "k_sample (row stats, keys, pick; tokens to the host)", 0, 3 * B * V * 4, 6, 1)

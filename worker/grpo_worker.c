@@ -237,6 +237,7 @@ static int parse(int *argc, char **argv, struct args *a)
     }
     k_set_batch_invariant(a->cfg.arr_model_batch_invariant);
     model_set_fp32_matmul_tf32(strcmp(a->cfg.arr_model_fp32_matmul_precision, "high") == 0);
+    model_set_decode_graphs(!a->cfg.rollout_enforce_eager);
     if (a->cfg.arr_model_batch_invariant && strcmp(a->cfg.trainer_device, "cpu") != 0)
         log_warn("worker", KEY_arr_model_batch_invariant
                  ": the CUDA back-end has no batch-invariant kernels "

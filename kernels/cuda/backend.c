@@ -15,7 +15,12 @@
  * they are batched cuBLAS GEMMs (tc_forward, tc_backward), in fp32 the FP32 flash kernels of attention.cu.
  *
  * Memory: plain cudaMalloc / cudaFree, with the sizes of live allocations kept in a small table so that
- * K->mem.reserved is what the context holds from the device (its allocations plus its workspaces). */
+ * K->mem.reserved is what the context holds from the device (its allocations plus its workspaces).
+ *
+ * Graphs (k_graph_begin, kernels.h): the stream captures (cudaStreamBeginCapture, thread-local mode: other threads'
+ * allocations are not refused) and the graph is instantiated once and launched as often as asked. What a capture
+ * cannot hold (host_wait: a read of results on the host or a free; an allocation; a workspace that must grow; a
+ * kept BF16 copy to make) ends the capture there, failed (capture_fail), and runs. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -75,6 +80,13 @@ struct cuda_impl {
     struct live *tab; /* live allocations (open addressing, linear probing) */
     size_t tab_cap, tab_count;
     size_t held; /* bytes of live allocations and workspaces */
+    int capture; /* k_graph_begin: 0 none, 1 the stream captures, 2 the capture failed (capture_failed says why) */
+    char capture_failed[160];
+    uint64_t epoch; /* k_graph_epoch */
+};
+
+struct kgraph {
+    cudaGraphExec_t exec;
 };
 
 static struct cuda_impl *impl(struct kctx *K) { return (struct cuda_impl *)K->impl; }
@@ -159,6 +171,30 @@ static size_t tab_take(struct cuda_impl *I, const void *p)
     return bytes;
 }
 
+/* ---- what a capture cannot hold ---- */
+
+/* The capture (k_graph_begin) meets what it cannot record, why: it ends here, failed (what it recorded is dropped:
+ * k_graph_end returns no graph and why), and the ops from here on run. Nothing while the stream does not capture. */
+static void capture_fail(struct kctx *K, const char *why)
+{
+    struct cuda_impl *I = impl(K);
+    if (I->capture != 1)
+        return;
+    snprintf(I->capture_failed, sizeof I->capture_failed, "%s", why);
+    I->capture = 2;
+    cudaGraph_t g = NULL;
+    CHECK_CUDA(cudaStreamEndCapture(stream(K), &g));
+    if (g)
+        CHECK_CUDA(cudaGraphDestroy(g));
+}
+
+/* The host waits for the stream's work (to read its results, to free what it used): never inside a capture. */
+static void host_wait(struct kctx *K, const char *why)
+{
+    capture_fail(K, why);
+    CHECK_CUDA(cudaStreamSynchronize(stream(K)));
+}
+
 /* ---- workspaces ---- */
 
 /* b holds at least bytes (grown, never shrunk; the old buffer is freed once the stream is done with it). */
@@ -167,8 +203,10 @@ static void *ws(struct kctx *K, struct dbuf *b, size_t bytes)
     if (bytes <= b->cap)
         return b->p;
     struct cuda_impl *I = impl(K);
+    capture_fail(K, "a workspace had to grow (cudaMalloc)");
+    I->epoch++; /* a graph that used the old buffer reads freed memory */
     if (b->p) {
-        CHECK_CUDA(cudaStreamSynchronize(stream(K)));
+        host_wait(K, "a workspace had to grow");
         CHECK_CUDA(cudaFree(b->p));
         I->held -= b->cap;
         b->p = NULL;
@@ -202,6 +240,7 @@ static void dbuf_free(struct dbuf *b)
 static void *cuda_alloc(struct kctx *K, size_t bytes)
 {
     use(K);
+    capture_fail(K, "an allocation (cudaMalloc)");
     void *p = NULL;
     if (cudaMalloc(&p, bytes ? bytes : 256) != cudaSuccess) {
         (void)cudaGetLastError(); /* out of memory is not sticky: clear it, the caller reports */
@@ -219,8 +258,10 @@ static void cuda_free(struct kctx *K, void *p)
     if (!p)
         return;
     use(K);
+    capture_fail(K, "a free (cudaFree)");
     CHECK_CUDA(cudaFree(p));
     struct cuda_impl *I = impl(K);
+    I->epoch++; /* a graph may have read it */
     size_t bytes = tab_take(I, p);
     I->held -= bytes <= I->held ? bytes : I->held;
     update_reserved(K);
@@ -230,6 +271,7 @@ static void cuda_free(struct kctx *K, void *p)
 static void *cuda_host_alloc(struct kctx *K, size_t bytes)
 {
     use(K);
+    capture_fail(K, "a pinned host allocation (cudaMallocHost)");
     void *p = NULL;
     if (cudaMallocHost(&p, bytes ? bytes : 256) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -243,6 +285,7 @@ static void cuda_host_free(struct kctx *K, void *p)
     if (!p)
         return;
     use(K);
+    capture_fail(K, "a pinned host free (cudaFreeHost)");
     CHECK_CUDA(cudaFreeHost(p));
 }
 
@@ -261,6 +304,7 @@ static void cuda_to_host(struct kctx *K, void *dst, const void *src, size_t byte
     if (!bytes)
         return;
     use(K);
+    capture_fail(K, "a read of device memory on the host (to_host)");
     CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream(K)));
     CHECK_CUDA(cudaStreamSynchronize(stream(K)));
 }
@@ -297,7 +341,7 @@ static void cuda_zero(struct kctx *K, void *p, size_t bytes)
 static void cuda_sync(struct kctx *K)
 {
     use(K);
-    CHECK_CUDA(cudaStreamSynchronize(stream(K)));
+    host_wait(K, "a wait for the device (sync)");
 }
 
 /* ---- GEMMs ---- */
@@ -337,8 +381,9 @@ static void cuda_weights_forget(struct kctx *K, const void *p)
             continue;
         if (I->kept[i].bf16) {
             use(K);
-            CHECK_CUDA(cudaStreamSynchronize(stream(K))); /* no product reads it any more */
+            host_wait(K, "a kept BF16 weight copy freed"); /* no product reads it any more */
             CHECK_CUDA(cudaFree(I->kept[i].bf16));
+            I->epoch++;
             I->held -= I->kept[i].n * 2;
             update_reserved(K);
         }
@@ -351,8 +396,10 @@ static void cuda_weights_forget(struct kctx *K, const void *p)
 static void wrote(struct kctx *K, const void *p, size_t bytes)
 {
     struct kept *k = impl(K)->n_kept ? kept_of(impl(K), p, bytes ? bytes : 1) : NULL;
-    if (k)
+    if (k) {
         k->stale = true;
+        impl(K)->epoch++; /* a graph that reads the copy would read the old weights */
+    }
 }
 
 static void cuda_weights_changed(struct kctx *K, const void *p) { wrote(K, p, 1); }
@@ -364,6 +411,7 @@ static bool kept_fresh(struct kctx *K, const struct kept *k)
     void *now = ws(K, &I->check, k->n * 2);
     CHECK_CUDA(f32_to_bf16_cuda(now, k->base, k->n, stream(K)));
     uint16_t *a = xmalloc(k->n * 2), *b = xmalloc(k->n * 2);
+    capture_fail(K, "a kept BF16 weight copy checked on the host");
     CHECK_CUDA(cudaMemcpyAsync(a, now, k->n * 2, cudaMemcpyDeviceToHost, stream(K)));
     CHECK_CUDA(cudaMemcpyAsync(b, k->bf16, k->n * 2, cudaMemcpyDeviceToHost, stream(K)));
     CHECK_CUDA(cudaStreamSynchronize(stream(K)));
@@ -399,6 +447,8 @@ static bool checking_kept(struct cuda_impl *I)
 static const void *kept_operand(struct kctx *K, struct kept *k, const float *W, const char *who)
 {
     struct cuda_impl *I = impl(K);
+    if (!k->bf16 || k->stale) /* a graph would round the weights again at every launch */
+        capture_fail(K, "a kept BF16 weight copy had to be made");
     if (!k->bf16) {
         CHECK_CUDA(cudaMalloc(&k->bf16, k->n * 2));
         I->held += k->n * 2;
@@ -408,9 +458,11 @@ static const void *kept_operand(struct kctx *K, struct kept *k, const float *W, 
     if (k->stale) {
         CHECK_CUDA(f32_to_bf16_cuda(k->bf16, k->base, k->n, stream(K)));
         k->stale = false;
+        I->epoch++;
         K->gemm.kept_refreshes++;
         K->gemm.kept_refresh_bytes += k->n * sizeof(float);
-    } else if (checking_kept(I) && !kept_fresh(K, k)) {
+    } else if (I->capture == 0 && checking_kept(I) && !kept_fresh(K, k)) {
+        /* (not while capturing: the check reads on the host; the eager steps before a capture check) */
         check_failf(__FILE__, __LINE__,
                     "%s: the kept BF16 copy of a weights buffer (%zu parameters) is stale: something wrote the "
                     "weights without k_weights_changed (kernels.h)",
@@ -609,6 +661,7 @@ static double cuda_sumsq(struct kctx *K, const float *x, size_t n)
     void *s = ws(K, &I->scratch, sumsq_cuda_scratch_bytes());
     CHECK_CUDA(sumsq_cuda(I->sumsq_result, x, n, s, stream(K)));
     double r = 0.0;
+    capture_fail(K, "a sum of squares read on the host");
     CHECK_CUDA(cudaMemcpyAsync(&r, I->sumsq_result, sizeof r, cudaMemcpyDeviceToHost, stream(K)));
     CHECK_CUDA(cudaStreamSynchronize(stream(K)));
     return r;
@@ -667,6 +720,7 @@ static int read_seqlens(struct kctx *K, const char *who, const int32_t *cu, int 
         free(I->host_cu);
         I->host_cu = xmalloc(I->host_cu_cap * sizeof *I->host_cu);
     }
+    capture_fail(K, "cu_seqlens read on the host");
     CHECK_CUDA(cudaMemcpyAsync(I->host_cu, cu, sizeof(int32_t) * ((size_t)B + 1), cudaMemcpyDeviceToHost, stream(K)));
     CHECK_CUDA(cudaStreamSynchronize(stream(K)));
     int m = 0;
@@ -930,6 +984,7 @@ static double *host_st(struct cuda_impl *I, size_t n)
 static void reduce_on_host(struct kctx *K, const struct vocab_shard *vs, double *d, int n, bool max)
 {
     double *h = host_st(impl(K), (size_t)n);
+    capture_fail(K, "the vocabulary shards' statistics reduced on the host");
     CHECK_CUDA(cudaMemcpyAsync(h, d, sizeof(double) * (size_t)n, cudaMemcpyDeviceToHost, stream(K)));
     CHECK_CUDA(cudaStreamSynchronize(stream(K)));
     vs->reduce(vs->ud, h, n, max);
@@ -1035,12 +1090,80 @@ static void cuda_sample(struct kctx *K, int32_t *tokens, float *logps, const flo
     int32_t *dtok = ws(K, &I->sample_tok, (size_t)B * sizeof *dtok);
     float *dlp = ws(K, &I->sample_lp, (size_t)B * sizeof *dlp);
     /* the uniforms are host memory: copied on the stream, which this op synchronises before it returns */
+    capture_fail(K, "sampled tokens read on the host");
     CHECK_CUDA(sample_rows_cuda(dtok, dlp, logits, B, V, temperature, top_p, top_k, uniforms, s, bytes, stream(K)));
     CHECK_CUDA(cudaMemcpyAsync(tokens, dtok, (size_t)B * sizeof *tokens, cudaMemcpyDeviceToHost, stream(K)));
     if (logps)
         CHECK_CUDA(cudaMemcpyAsync(logps, dlp, (size_t)B * sizeof *logps, cudaMemcpyDeviceToHost, stream(K)));
     CHECK_CUDA(cudaStreamSynchronize(stream(K)));
 }
+
+/* ---- graphs (k_graph_begin, kernels.h) ---- */
+
+static bool cuda_graph_begin(struct kctx *K, char *why, size_t len)
+{
+    struct cuda_impl *I = impl(K);
+    if (I->capture)
+        check_failf(__FILE__, __LINE__, "k_graph_begin: the context records a graph already");
+    use(K);
+    /* thread-local: the calls a capture forbids are refused in this thread only, not in threads beside it */
+    const cudaError_t rc = cudaStreamBeginCapture(stream(K), cudaStreamCaptureModeThreadLocal);
+    if (rc != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(why, len, "cudaStreamBeginCapture: %s", cudaGetErrorString(rc));
+        return false;
+    }
+    I->capture = 1;
+    I->capture_failed[0] = '\0';
+    return true;
+}
+
+static struct kgraph *cuda_graph_end(struct kctx *K, char *why, size_t len)
+{
+    struct cuda_impl *I = impl(K);
+    if (!I->capture)
+        check_failf(__FILE__, __LINE__, "k_graph_end without k_graph_begin");
+    use(K);
+    const bool failed = I->capture == 2;
+    I->capture = 0;
+    if (failed) {
+        snprintf(why, len, "%s", I->capture_failed);
+        return NULL;
+    }
+    cudaGraph_t g = NULL;
+    cudaError_t rc = cudaStreamEndCapture(stream(K), &g);
+    if (rc != cudaSuccess || !g) {
+        (void)cudaGetLastError();
+        snprintf(why, len, "cudaStreamEndCapture: %s", cudaGetErrorString(rc));
+        return NULL;
+    }
+    cudaGraphExec_t exec = NULL;
+    rc = cudaGraphInstantiate(&exec, g, 0);
+    CHECK_CUDA(cudaGraphDestroy(g));
+    if (rc != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(why, len, "cudaGraphInstantiate: %s", cudaGetErrorString(rc));
+        return NULL;
+    }
+    struct kgraph *kg = xmalloc(sizeof *kg);
+    kg->exec = exec;
+    return kg;
+}
+
+static void cuda_graph_launch(struct kctx *K, struct kgraph *g)
+{
+    use(K);
+    CHECK_CUDA(cudaGraphLaunch(g->exec, stream(K)));
+}
+
+static void cuda_graph_free(struct kctx *K, struct kgraph *g)
+{
+    use(K);
+    CHECK_CUDA(cudaGraphExecDestroy(g->exec)); /* one in flight is freed when it completes */
+    free(g);
+}
+
+static uint64_t cuda_graph_epoch(struct kctx *K) { return impl(K)->epoch; }
 
 /* ---- the table and the context ---- */
 
@@ -1237,6 +1360,11 @@ const struct kops kops_cuda = {
     .weights_forget = cuda_weights_forget,
     .weights_changed = cuda_weights_changed,
     .weights_check = cuda_weights_check,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_free = cuda_graph_free,
+    .graph_epoch = cuda_graph_epoch,
     .moe_route = cuda_moe_route,
     .moe_route_backward = cuda_moe_route_backward,
     .moe_experts_forward = cuda_moe_experts_forward,

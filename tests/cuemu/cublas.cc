@@ -13,7 +13,6 @@
 
 #include "cublas_v2.h"
 #include "cuda_bf16.h"
-#include "nccl_hooks.h"
 
 struct cuemu_cublas {
     cudaStream_t stream;
@@ -144,14 +143,15 @@ cublasStatus_t gemm(const char *fn, cublasHandle_t handle, cublasOperation_t tra
         return refuse(fn, "two batch entries of C share an element");
     if (cuemu_pointer_kind(alpha) == 1 || cuemu_pointer_kind(beta) == 1)
         return refuse(fn, "alpha and beta are host scalars (CUBLAS_POINTER_MODE_HOST)");
-    cuemu_nccl_progress(true, handle->stream, UINT64_MAX); // behind the stream's pending NCCL work
-    cuemu_count_work();
+    // alpha and beta are read now (a capture records their values, as cuBLAS's host pointer mode does)
     const float al = *(const float *)alpha, be = *(const float *)beta;
-    cuemu::device_scope device; // A, B and C are device memory
-    for (int e = 0; e < batch; e++)
-        product(transa, transb, m, n, k, al, at(A, Atype, e * sA), Atype, lda, at(B, Btype, e * sB), Btype, ldb, be,
-                (float *)C + e * sC, ldc, fast_tf32);
-    return CUBLAS_STATUS_SUCCESS;
+    const cudaError_t e = cuemu::submit(handle->stream, fn, [=]() {
+        cuemu::device_scope device; // A, B and C are device memory
+        for (int i = 0; i < batch; i++)
+            product(transa, transb, m, n, k, al, at(A, Atype, i * sA), Atype, lda, at(B, Btype, i * sB), Btype, ldb,
+                    be, (float *)C + i * sC, ldc, fast_tf32);
+    });
+    return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }
 
 } // namespace

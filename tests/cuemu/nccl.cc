@@ -840,6 +840,9 @@ ncclResult_t check_task(const char *call, cuemu_nccl_comm *c, const task &t)
 // Queues an operation (the tasks of one comm) on stream s; the lock is held.
 ncclResult_t enqueue(const char *call, cuemu_nccl_comm *c, std::vector<task> tasks, cudaStream_t s)
 {
+    if (cuemu_stream_captures(s))
+        return say(ncclInvalidUsage, "%s: on a stream that captures a CUDA graph (collectives in a graph are not emulated)",
+                   call);
     if (c->state == INIT)
         check_joined(c);
     if (c->state == INIT)

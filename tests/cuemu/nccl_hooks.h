@@ -29,6 +29,9 @@ uint64_t cuemu_nccl_mark(void);
 
 // runtime.cc: the flags a stream was made with (0 for NULL)
 unsigned cuemu_stream_flags(cudaStream_t stream);
+// runtime.cc: whether stream captures (NULL: whether a blocking stream of the current device does), so that NCCL
+// work there is refused: the emulator does not record collectives into a graph
+int cuemu_stream_captures(cudaStream_t stream);
 }
 
 #endif

@@ -20,9 +20,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda_runtime.h"
@@ -234,6 +237,142 @@ cudaError_t do_free(void *p, int kind, const char *what)
     munmap(it->second.map, it->second.map_len);
     allocs.erase(it);
     return cudaSuccess;
+}
+
+} // namespace
+
+// ---- streams, and what a capturing stream records ----
+
+// device work recorded by a capture, run at each launch of its graph
+struct cuemu_node {
+    std::string what;
+    std::function<void()> run;
+};
+struct cuemu_graph {
+    std::vector<cuemu_node> nodes;
+};
+struct cuemu_graph_exec {
+    std::vector<cuemu_node> nodes;
+};
+struct cuemu_stream {
+    unsigned flags;
+    int device;
+    // capture (cudaStreamBeginCapture): its status, mode and thread, the graph being recorded, and what invalidated it
+    enum cudaStreamCaptureStatus capture;
+    enum cudaStreamCaptureMode mode;
+    std::thread::id thread;
+    cuemu_graph *graph;
+    std::string why;
+};
+
+namespace
+{
+
+std::mutex cap_lock;
+std::vector<cuemu_stream *> captures; // the streams capturing now (active or invalidated)
+
+const char *mode_name(enum cudaStreamCaptureMode m)
+{
+    return m == cudaStreamCaptureModeGlobal ? "global" : m == cudaStreamCaptureModeThreadLocal ? "thread-local" : "relaxed";
+}
+
+// the capture on s fails at its end (cudaStreamEndCapture: cudaErrorStreamCaptureInvalidated), the first reason kept
+void invalidate(cuemu_stream *s, const char *why)
+{
+    if (s->capture == cudaStreamCaptureStatusActive)
+        s->why = why;
+    s->capture = cudaStreamCaptureStatusInvalidated;
+}
+
+// A potentially unsafe call (one a capture cannot record, and that may synchronise: cudaMalloc, cudaFree, ...): as
+// CUDA, refused (cudaErrorStreamCaptureUnsupported) in a thread with a capture of its own in global or thread-local
+// mode, and in any thread while a global-mode capture runs anywhere; the captures that refuse it are invalidated.
+cudaError_t unsafe_call(const char *what)
+{
+    std::lock_guard<std::mutex> g(cap_lock);
+    const cuemu_stream *by = NULL;
+    for (cuemu_stream *s : captures)
+        if (s->mode == cudaStreamCaptureModeGlobal ||
+            (s->mode == cudaStreamCaptureModeThreadLocal && s->thread == std::this_thread::get_id())) {
+            invalidate(s, what);
+            by = s;
+        }
+    if (!by)
+        return cudaSuccess;
+    return fail(cudaErrorStreamCaptureUnsupported,
+                "%s while a stream captures (%s mode): not permitted during stream capture; the capture is invalidated",
+                what, mode_name(by->mode));
+}
+
+enum route { RUN_NOW, RECORD };
+
+// Where device work on stream goes: run now, or recorded (the stream captures). An error instead: work on a stream
+// whose capture was invalidated (cudaErrorStreamCaptureInvalidated), and work on the legacy default stream while a
+// blocking stream of its device captures (cudaErrorStreamCaptureImplicit: the legacy stream would wait on the
+// capture, which runs nothing; the capture is invalidated), as CUDA.
+cudaError_t route_of(cudaStream_t stream, const char *what, enum route *r)
+{
+    *r = RUN_NOW;
+    std::lock_guard<std::mutex> g(cap_lock);
+    if (captures.empty())
+        return cudaSuccess;
+    if (stream) {
+        if (stream->capture == cudaStreamCaptureStatusInvalidated)
+            return fail(cudaErrorStreamCaptureInvalidated, "%s on a stream whose capture was invalidated (by %s)", what,
+                        stream->why.c_str());
+        if (stream->capture == cudaStreamCaptureStatusActive)
+            *r = RECORD;
+        return cudaSuccess;
+    }
+    bool hit = false;
+    for (cuemu_stream *s : captures)
+        if (!(s->flags & cudaStreamNonBlocking) && s->device == current_device) {
+            invalidate(s, what);
+            hit = true;
+        }
+    if (!hit)
+        return cudaSuccess;
+    return fail(cudaErrorStreamCaptureImplicit,
+                "%s on the legacy default stream while a blocking stream captures (a synchronous copy or set, say): "
+                "the legacy stream would wait on work that is not run; the capture is invalidated",
+                what);
+}
+
+// a synchronisation of stream (cudaStreamSynchronize, cudaStreamQuery) while it, or for the legacy stream a blocking
+// stream, captures: refused, the capture invalidated (nothing recorded has run: there is nothing to wait for)
+cudaError_t sync_during_capture(cudaStream_t stream, const char *what)
+{
+    enum route r;
+    cudaError_t e = route_of(stream, what, &r);
+    if (e == cudaErrorStreamCaptureImplicit || e == cudaErrorStreamCaptureInvalidated)
+        return e;
+    if (r == RUN_NOW)
+        return cudaSuccess;
+    std::lock_guard<std::mutex> g(cap_lock);
+    invalidate(stream, what);
+    return fail(cudaErrorStreamCaptureUnsupported,
+                "%s of a capturing stream: not permitted during stream capture (the host would wait on work that is "
+                "only recorded); the capture is invalidated",
+                what);
+}
+
+// work the emulator does not record (events, NCCL, a graph launched inside a capture): refused on a capturing stream
+cudaError_t not_recorded(cudaStream_t stream, const char *what)
+{
+    enum route r;
+    cudaError_t e = route_of(stream, what, &r);
+    if (e || r == RUN_NOW)
+        return e;
+    std::lock_guard<std::mutex> g(cap_lock);
+    invalidate(stream, what);
+    return fail(cudaErrorStreamCaptureUnsupported, "%s on a capturing stream: not emulated; the capture is invalidated",
+                what);
+}
+
+void record(cudaStream_t stream, const char *what, std::function<void()> run)
+{
+    std::lock_guard<std::mutex> g(cap_lock);
+    stream->graph->nodes.push_back(cuemu_node{what, std::move(run)});
 }
 
 // ---- the kernel executor ----
@@ -627,37 +766,11 @@ cudaError_t func_set_attribute(const void *fn, enum cudaFuncAttribute attr, int 
     return cudaSuccess;
 }
 
-cudaError_t launch(const void *fn, const char *name, dim3 grid, dim3 blk, size_t smem_bytes, cudaStream_t stream,
-                   const std::function<void()> &kernel_body, const void *const *ptrs, int nptrs)
+// Runs a kernel whose launch was checked (launch), now or as a graph's node.
+static cudaError_t run_kernel(const char *name, dim3 grid, dim3 blk, size_t smem_bytes,
+                       const std::function<void()> &kernel_body)
 {
-    if (sticky)
-        return last_error = sticky;
-    cuemu_nccl_progress(true, stream, UINT64_MAX); // behind the stream's pending NCCL work
-    unsigned long long nt = (unsigned long long)blk.x * blk.y * blk.z;
-    if (!blk.x || !blk.y || !blk.z || nt > (unsigned long long)kMaxThreads || blk.z > 64)
-        return fail(cudaErrorInvalidConfiguration, "kernel %s: block (%u,%u,%u) is not a valid block", name, blk.x,
-                    blk.y, blk.z);
-    if (!grid.x || !grid.y || !grid.z || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535)
-        return fail(cudaErrorInvalidConfiguration,
-                    "kernel %s: grid (%u,%u,%u) is not a valid grid (x up to 2^31 - 1, y and z up to 65535)", name,
-                    grid.x, grid.y, grid.z);
     std::lock_guard<std::mutex> g(launch_lock);
-    if (smem_bytes > kDefaultSmem) {
-        auto it = smem_optin.find(fn);
-        if (it == smem_optin.end() || (size_t)it->second < smem_bytes)
-            return fail(cudaErrorInvalidValue,
-                        "kernel %s: %zu bytes of dynamic shared memory, past 48 KiB without cudaFuncSetAttribute("
-                        "cudaFuncAttributeMaxDynamicSharedMemorySize) raising it (set: %d)",
-                        name, smem_bytes, it == smem_optin.end() ? 0 : it->second);
-    }
-    {
-        std::lock_guard<std::mutex> m(mem_lock);
-        for (int i = 0; i < nptrs; i++)
-            if (ptrs[i] && !find(ptrs[i], 0, NULL))
-                return fail(cudaErrorInvalidValue,
-                            "kernel %s: pointer argument %d (%p) is not in device memory (nor pinned host memory)",
-                            name, i + 1, ptrs[i]);
-    }
     // dynamic shared memory: a guarded mapping per launch
     smem_len = smem_bytes;
     smem = NULL;
@@ -670,13 +783,12 @@ cudaError_t launch(const void *fn, const char *name, dim3 grid, dim3 blk, size_t
     }
     const char *ord = getenv("CUEMU_ORDER");
     int mode = !ord || !strcmp(ord, "forward") ? 0 : !strcmp(ord, "reverse") ? 1 : 2;
-    nthreads = (int)nt;
+    nthreads = (int)(blk.x * blk.y * blk.z);
     order.resize((size_t)nthreads);
     for (int i = 0; i < nthreads; i++)
         order[(size_t)i] = mode == 1 ? nthreads - 1 - i : i;
     body = &kernel_body;
     kernel_name = name;
-    work_count++;
     cuemu::gdim = grid;
     cuemu::bdim = blk;
     cuemu::device_scope device;
@@ -701,13 +813,68 @@ cudaError_t launch(const void *fn, const char *name, dim3 grid, dim3 blk, size_t
     return cudaSuccess;
 }
 
+cudaError_t launch(const void *fn, const char *name, dim3 grid, dim3 blk, size_t smem_bytes, cudaStream_t stream,
+                   const std::function<void()> &kernel_body, const void *const *ptrs, int nptrs)
+{
+    if (sticky)
+        return last_error = sticky;
+    unsigned long long nt = (unsigned long long)blk.x * blk.y * blk.z;
+    if (!blk.x || !blk.y || !blk.z || nt > (unsigned long long)kMaxThreads || blk.z > 64)
+        return fail(cudaErrorInvalidConfiguration, "kernel %s: block (%u,%u,%u) is not a valid block", name, blk.x,
+                    blk.y, blk.z);
+    if (!grid.x || !grid.y || !grid.z || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535)
+        return fail(cudaErrorInvalidConfiguration,
+                    "kernel %s: grid (%u,%u,%u) is not a valid grid (x up to 2^31 - 1, y and z up to 65535)", name,
+                    grid.x, grid.y, grid.z);
+    if (smem_bytes > kDefaultSmem) {
+        std::lock_guard<std::mutex> g(launch_lock);
+        auto it = smem_optin.find(fn);
+        if (it == smem_optin.end() || (size_t)it->second < smem_bytes)
+            return fail(cudaErrorInvalidValue,
+                        "kernel %s: %zu bytes of dynamic shared memory, past 48 KiB without cudaFuncSetAttribute("
+                        "cudaFuncAttributeMaxDynamicSharedMemorySize) raising it (set: %d)",
+                        name, smem_bytes, it == smem_optin.end() ? 0 : it->second);
+    }
+    {
+        std::lock_guard<std::mutex> m(mem_lock);
+        for (int i = 0; i < nptrs; i++)
+            if (ptrs[i] && !find(ptrs[i], 0, NULL))
+                return fail(cudaErrorInvalidValue,
+                            "kernel %s: pointer argument %d (%p) is not in device memory (nor pinned host memory)",
+                            name, i + 1, ptrs[i]);
+    }
+    enum route r;
+    if (cudaError_t e = route_of(stream, name, &r))
+        return e;
+    if (r == RECORD) { // checked now, as CUDA checks a captured launch; run at each launch of the graph
+        std::function<void()> b = kernel_body; // the launch's arguments, copied
+        record(stream, name, [name, grid, blk, smem_bytes, b]() { run_kernel(name, grid, blk, smem_bytes, b); });
+        return cudaSuccess;
+    }
+    cuemu_nccl_progress(true, stream, UINT64_MAX); // behind the stream's pending NCCL work
+    work_count++;
+    return run_kernel(name, grid, blk, smem_bytes, kernel_body);
+}
+
+cudaError_t submit(cudaStream_t stream, const char *what, std::function<void()> work)
+{
+    enum route r;
+    if (cudaError_t e = route_of(stream, what, &r))
+        return e;
+    if (r == RECORD) {
+        record(stream, what, std::move(work));
+        return cudaSuccess;
+    }
+    cuemu_nccl_progress(true, stream, UINT64_MAX); // behind the stream's pending NCCL work
+    work_count++;
+    work();
+    return cudaSuccess;
+}
+
 } // namespace cuemu
 
 // ---- the runtime API ----
 
-struct cuemu_stream {
-    unsigned flags;
-};
 struct cuemu_event {
     unsigned flags;
     bool recorded;
@@ -883,6 +1050,8 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
 cudaError_t cudaDeviceSynchronize(void)
 {
     STICKY();
+    if (cudaError_t e = unsafe_call("cudaDeviceSynchronize"))
+        return e;
     nccl_order(CUEMU_ALL_STREAMS);
     return cudaSuccess;
 }
@@ -915,6 +1084,11 @@ const char *cudaGetErrorName(cudaError_t e)
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
     default: return "cudaErrorUnknown";
     }
 }
@@ -930,6 +1104,12 @@ const char *cudaGetErrorString(cudaError_t e)
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
+    case cudaErrorIllegalState: return "the resource is not in a valid state to perform the requested operation";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureImplicit:
+        return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorStreamCaptureWrongThread: return "attempt to terminate a thread-local capture sequence from another thread";
     default: return "unknown error";
     }
 }
@@ -937,19 +1117,33 @@ const char *cudaGetErrorString(cudaError_t e)
 cudaError_t cudaMalloc(void **ptr, size_t bytes)
 {
     STICKY();
+    if (cudaError_t e = unsafe_call("cudaMalloc"))
+        return e;
     return do_alloc(ptr, bytes, 1, "cudaMalloc");
 }
 
 cudaError_t cudaFree(void *ptr)
 {
     STICKY();
+    if (cudaError_t e = unsafe_call("cudaFree"))
+        return e;
     nccl_order(CUEMU_ALL_STREAMS); // as on a GPU, a free waits for the device
     return do_free(ptr, 1, "cudaFree");
 }
 
-cudaError_t cudaMallocHost(void **ptr, size_t bytes) { return do_alloc(ptr, bytes, 2, "cudaMallocHost"); }
+cudaError_t cudaMallocHost(void **ptr, size_t bytes)
+{
+    if (cudaError_t e = unsafe_call("cudaMallocHost"))
+        return e;
+    return do_alloc(ptr, bytes, 2, "cudaMallocHost");
+}
 
-cudaError_t cudaFreeHost(void *ptr) { return do_free(ptr, 2, "cudaFreeHost"); }
+cudaError_t cudaFreeHost(void *ptr)
+{
+    if (cudaError_t e = unsafe_call("cudaFreeHost"))
+        return e;
+    return do_free(ptr, 2, "cudaFreeHost");
+}
 
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const void *ptr)
 {
@@ -966,16 +1160,16 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const v
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind, cudaStream_t stream)
 {
     STICKY();
-    nccl_order(stream);
     if (!bytes)
         return cudaSuccess;
     cudaError_t e = check_copy(dst, src, bytes, kind, "cudaMemcpy");
     if (e)
         return e;
-    work_count++;
-    cuemu::device_scope device;
-    memmove(dst, src, bytes);
-    return cudaSuccess;
+    // recorded by a capture, a copy from or to host memory reads or writes it when the graph runs
+    return cuemu::submit(stream, "cudaMemcpy", [dst, src, bytes]() {
+        cuemu::device_scope device;
+        memmove(dst, src, bytes);
+    });
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind)
@@ -987,10 +1181,8 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
                               enum cudaMemcpyKind kind, cudaStream_t stream)
 {
     STICKY();
-    nccl_order(stream);
     if (!width || !height)
         return cudaSuccess;
-    work_count++;
     if (width > dpitch || width > spitch)
         return fail(cudaErrorInvalidValue, "cudaMemcpy2D: rows of %zu bytes wider than the pitches %zu, %zu", width,
                     dpitch, spitch);
@@ -1001,19 +1193,18 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
                        "cudaMemcpy2D (last row)");
     if (e)
         return e;
-    cuemu::device_scope device;
-    for (size_t r = 0; r < height; r++)
-        memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
-    return cudaSuccess;
+    return cuemu::submit(stream, "cudaMemcpy2D", [dst, dpitch, src, spitch, width, height]() {
+        cuemu::device_scope device;
+        for (size_t r = 0; r < height; r++)
+            memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    });
 }
 
 cudaError_t cudaMemsetAsync(void *ptr, int value, size_t bytes, cudaStream_t stream)
 {
     STICKY();
-    nccl_order(stream);
     if (!bytes)
         return cudaSuccess;
-    work_count++;
     {
         std::lock_guard<std::mutex> g(mem_lock);
         const alloc *a = find(ptr, bytes, NULL);
@@ -1021,9 +1212,10 @@ cudaError_t cudaMemsetAsync(void *ptr, int value, size_t bytes, cudaStream_t str
             return fail(cudaErrorInvalidValue, "cudaMemset(%p, %zu bytes): not inside one device allocation", ptr,
                         bytes);
     }
-    cuemu::device_scope device;
-    memset(ptr, value, bytes);
-    return cudaSuccess;
+    return cuemu::submit(stream, "cudaMemset", [ptr, value, bytes]() {
+        cuemu::device_scope device;
+        memset(ptr, value, bytes);
+    });
 }
 
 cudaError_t cudaMemset(void *ptr, int value, size_t bytes) { return cudaMemsetAsync(ptr, value, bytes, NULL); }
@@ -1031,7 +1223,8 @@ cudaError_t cudaMemset(void *ptr, int value, size_t bytes) { return cudaMemsetAs
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags)
 {
     STICKY();
-    *stream = new cuemu_stream{flags};
+    *stream = new cuemu_stream{flags, current_device, cudaStreamCaptureStatusNone, cudaStreamCaptureModeGlobal, {},
+                               NULL, {}};
     return cudaSuccess;
 }
 
@@ -1041,6 +1234,11 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream)
 {
     if (stream)
         nccl_order(stream); // its pending NCCL work first (the emulation tells streams apart by address)
+    if (stream && stream->capture != cudaStreamCaptureStatusNone) { // its capture ends with it, unfinished
+        std::lock_guard<std::mutex> g(cap_lock);
+        captures.erase(std::find(captures.begin(), captures.end(), stream));
+        delete stream->graph;
+    }
     delete stream;
     return cudaSuccess;
 }
@@ -1048,6 +1246,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream)
 cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
     STICKY();
+    if (cudaError_t e = sync_during_capture(stream, "cudaStreamSynchronize"))
+        return e;
     nccl_order(stream);
     return cudaSuccess;
 }
@@ -1055,6 +1255,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 cudaError_t cudaStreamQuery(cudaStream_t stream)
 {
     STICKY();
+    if (cudaError_t e = sync_during_capture(stream, "cudaStreamQuery"))
+        return e;
     return nccl_done(stream, UINT64_MAX) ? cudaSuccess : cudaErrorNotReady;
 }
 
@@ -1065,6 +1267,8 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
     STICKY();
     if (!event)
         return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: a NULL event");
+    if (cudaError_t e = not_recorded(stream, "cudaStreamWaitEvent"))
+        return e;
     if (event->recorded) // the stream's later work runs at once: what the event marks must be done first
         cuemu_nccl_progress(true, event->stream, event->mark);
     return cudaSuccess;
@@ -1089,6 +1293,8 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
     STICKY();
     if (!event)
         return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: a NULL event");
+    if (cudaError_t e = not_recorded(stream, "cudaEventRecord"))
+        return e;
     event->recorded = true;
     event->stream = stream;
     event->mark = cuemu_nccl_mark();
@@ -1111,6 +1317,117 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event)
     if (event->recorded)
         cuemu_nccl_progress(true, event->stream, event->mark);
     return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode)
+{
+    STICKY();
+    if (!stream)
+        return fail(cudaErrorStreamCaptureUnsupported, "cudaStreamBeginCapture: the legacy default stream cannot capture");
+    if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
+        mode != cudaStreamCaptureModeRelaxed)
+        return fail(cudaErrorInvalidValue, "cudaStreamBeginCapture: mode %d is not a capture mode", (int)mode);
+    std::lock_guard<std::mutex> g(cap_lock);
+    if (stream->capture != cudaStreamCaptureStatusNone)
+        return fail(cudaErrorIllegalState, "cudaStreamBeginCapture: the stream captures already");
+    stream->capture = cudaStreamCaptureStatusActive;
+    stream->mode = mode;
+    stream->thread = std::this_thread::get_id();
+    stream->graph = new cuemu_graph;
+    stream->why.clear();
+    captures.push_back(stream);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph)
+{
+    if (!graph)
+        return fail(cudaErrorInvalidValue, "cudaStreamEndCapture: a NULL graph pointer");
+    *graph = NULL;
+    if (!stream || stream->capture == cudaStreamCaptureStatusNone)
+        return fail(cudaErrorIllegalState, "cudaStreamEndCapture: the stream is not capturing");
+    std::lock_guard<std::mutex> g(cap_lock);
+    if (stream->mode != cudaStreamCaptureModeRelaxed && stream->thread != std::this_thread::get_id())
+        return fail(cudaErrorStreamCaptureWrongThread,
+                    "cudaStreamEndCapture: a %s-mode capture ended in another thread than the one that began it",
+                    mode_name(stream->mode));
+    captures.erase(std::find(captures.begin(), captures.end(), stream));
+    const bool ok = stream->capture == cudaStreamCaptureStatusActive;
+    stream->capture = cudaStreamCaptureStatusNone;
+    if (!ok) {
+        delete stream->graph;
+        stream->graph = NULL;
+        return fail(cudaErrorStreamCaptureInvalidated, "cudaStreamEndCapture: the capture was invalidated (by %s)",
+                    stream->why.c_str());
+    }
+    *graph = stream->graph;
+    stream->graph = NULL;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus *status)
+{
+    if (!status)
+        return fail(cudaErrorInvalidValue, "cudaStreamIsCapturing: a NULL status pointer");
+    std::lock_guard<std::mutex> g(cap_lock);
+    if (!stream) { // the legacy stream: unusable while a blocking stream of its device captures (not invalidated)
+        for (const cuemu_stream *s : captures)
+            if (!(s->flags & cudaStreamNonBlocking) && s->device == current_device)
+                return fail(cudaErrorStreamCaptureImplicit,
+                            "cudaStreamIsCapturing: the legacy stream while a blocking stream captures");
+        *status = cudaStreamCaptureStatusNone;
+        return cudaSuccess;
+    }
+    *status = stream->capture;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags)
+{
+    STICKY();
+    if (!exec || !graph)
+        return fail(cudaErrorInvalidValue, "cudaGraphInstantiate: a NULL %s", !exec ? "result pointer" : "graph");
+    if (flags)
+        return fail(cudaErrorInvalidValue, "cudaGraphInstantiate: flags 0x%llx are not emulated", flags);
+    *exec = new cuemu_graph_exec{graph->nodes}; // a copy: the graph may be destroyed, the executable stays
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream)
+{
+    STICKY();
+    if (!exec)
+        return fail(cudaErrorInvalidResourceHandle, "cudaGraphLaunch: a NULL graph executable");
+    if (cudaError_t e = not_recorded(stream, "cudaGraphLaunch"))
+        return e;
+    nccl_order(stream);
+    work_count++; // one launch, however many nodes
+    for (const cuemu_node &n : exec->nodes)
+        n.run();
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
+{
+    delete exec;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph)
+{
+    delete graph;
+    return cudaSuccess;
+}
+
+int cuemu_stream_captures(cudaStream_t stream)
+{
+    std::lock_guard<std::mutex> g(cap_lock);
+    if (stream)
+        return stream->capture != cudaStreamCaptureStatusNone;
+    for (const cuemu_stream *s : captures)
+        if (!(s->flags & cudaStreamNonBlocking) && s->device == current_device)
+            return 1;
+    return 0;
 }
 
 } // extern "C"

@@ -10,7 +10,12 @@
 //    a write past the end of device memory and of dynamic shared memory, a shuffle naming a lane that left, host
 //    code reading device memory;
 //  - cublasGemmEx in every transpose against a host loop, and its argument checks; cublasGemmStridedBatchedEx on
-//    interleaved BF16 entries against a loop per entry, and its refusals; BF16 rounding; CUB's sort.
+//    interleaved BF16 entries against a loop per entry, and its refusals; BF16 rounding; CUB's sort;
+//  - stream capture: a captured kernel, copy, set and GEMM run nothing until the graph launches, then give what
+//    eager work gives, each launch once more, a launch counted once; and the calls CUDA refuses during a capture
+//    are refused with CUDA's errors and invalidate it (cudaMalloc, a synchronous cudaMemcpy, a synchronisation of
+//    the capturing stream, the end in another thread), those it allows are not (relaxed mode, a non-blocking
+//    stream beside the legacy one).
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -23,6 +28,8 @@
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+
+#include <thread>
 
 namespace
 {
@@ -553,6 +560,138 @@ void test_bf16_and_sort()
     expect(rc == cudaSuccess && memcmp(out, want, sizeof want) == 0, "CUB's segmented sort, descending per segment");
 }
 
+// a captured sequence: y = 3 (x + y) through a copy, a set, a kernel and a GEMM, against the same done eagerly
+void captured_work(cudaStream_t s, cublasHandle_t h, float *x, float *y, float *t, int n)
+{
+    const float one = 1.0f, three = 3.0f;
+    cudaMemcpyAsync(t, x, n * sizeof(float), cudaMemcpyDeviceToDevice, s);
+    cudaMemsetAsync(y + n, 0, sizeof(float), s); // the pad element: set on every run
+    scale_kernel<2><<<1, 64, 0, s>>>(t, n);      // t = 2 x
+    // y (1 x n row) = 3 (y + t / 2): C = alpha A B + beta C with A = 1 x 1, B = t (1 x n)
+    const float half3 = 1.5f;
+    cublasSetStream(h, s);
+    cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, n, 1, &half3, &t[n], CUDA_R_32F, 1, t, CUDA_R_32F, 1, &three, y,
+                 CUDA_R_32F, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    (void)one;
+}
+
+void test_capture()
+{
+    const int n = 48;
+    cudaStream_t s;
+    cudaStreamCreate(&s); // blocking, as the back-end's stream
+    cublasHandle_t h;
+    cublasCreate(&h);
+    float *x = dev<float>(n), *y = dev<float>(n + 1), *t = dev<float>(n + 1), *ye = dev<float>(n + 1);
+    float hx[n], hy[n + 1], ht1 = 1.0f, got[n + 1], want[n + 1];
+    for (int i = 0; i < n; i++)
+        hx[i] = (float)(i % 7) - 2.5f, hy[i] = (float)(i % 5);
+    hy[n] = 9.0f;
+    up(x, hx, n);
+    up(y, hy, n + 1);
+    up(ye, hy, n + 1);
+    up(t + n, &ht1, 1); // A: the 1 x 1 factor, left alone by the sequence
+    // eager, twice, for what each graph launch must give
+    captured_work(s, h, x, ye, t, n);
+    cudaStreamSynchronize(s);
+    float once[n + 1];
+    down(once, ye, n + 1);
+    captured_work(s, h, x, ye, t, n);
+    cudaStreamSynchronize(s);
+    down(want, ye, n + 1);
+
+    const unsigned long long w0 = cuemu_work_count();
+    expect(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess, "a blocking stream captures");
+    enum cudaStreamCaptureStatus st;
+    expect(cudaStreamIsCapturing(s, &st) == cudaSuccess && st == cudaStreamCaptureStatusActive,
+           "cudaStreamIsCapturing says it does");
+    expect(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaErrorIllegalState,
+           "a second capture on the same stream is refused");
+    captured_work(s, h, x, y, t, n);
+    cudaGraph_t g = NULL;
+    expect(cudaStreamEndCapture(s, &g) == cudaSuccess && g, "the capture ends with a graph");
+    expect(cuemu_work_count() == w0, "a capture launches nothing");
+    down(got, y, n + 1);
+    expect(memcmp(got, hy, sizeof got) == 0, "and runs nothing: y is as it was");
+    cudaGraphExec_t ge = NULL;
+    expect(cudaGraphInstantiate(&ge, g, 0) == cudaSuccess && ge, "the graph instantiates");
+    cudaGraphDestroy(g); // the executable keeps its work
+    const unsigned long long w1 = cuemu_work_count();
+    expect(cudaGraphLaunch(ge, s) == cudaSuccess, "the graph launches");
+    expect(cuemu_work_count() == w1 + 1, "a graph's launch counts once, however much it runs");
+    cudaStreamSynchronize(s);
+    down(got, y, n + 1);
+    expect(memcmp(got, once, sizeof got) == 0, "its copy, set, kernel and GEMM give what the eager calls gave");
+    cudaGraphLaunch(ge, s);
+    cudaStreamSynchronize(s);
+    down(got, y, n + 1);
+    expect(memcmp(got, want, sizeof got) == 0, "a second launch runs it all again, on the data as it is then");
+    cudaGraphExecDestroy(ge);
+
+    // what CUDA refuses during a capture, and what invalidates it
+    void *p = NULL;
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    expect(cudaMalloc(&p, 256) == cudaErrorStreamCaptureUnsupported && !p,
+           "cudaMalloc in the capturing thread is refused (cudaErrorStreamCaptureUnsupported)");
+    expect(cudaStreamIsCapturing(s, &st) == cudaSuccess && st == cudaStreamCaptureStatusInvalidated,
+           "and invalidates the capture");
+    scale_kernel<2><<<1, 64, 0, s>>>(t, n);
+    expect(cudaGetLastError() == cudaErrorStreamCaptureInvalidated, "work on an invalidated capture is refused");
+    expect(cudaStreamEndCapture(s, &g) == cudaErrorStreamCaptureInvalidated && !g,
+           "its end gives no graph (cudaErrorStreamCaptureInvalidated)");
+    expect(cudaStreamIsCapturing(s, &st) == cudaSuccess && st == cudaStreamCaptureStatusNone, "and the stream is free");
+
+    float hv = 0.0f;
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    expect(cudaMemcpy(&hv, x, sizeof hv, cudaMemcpyDeviceToHost) == cudaErrorStreamCaptureImplicit,
+           "a synchronous cudaMemcpy while a blocking stream captures is refused (cudaErrorStreamCaptureImplicit)");
+    expect(cudaStreamEndCapture(s, &g) == cudaErrorStreamCaptureInvalidated && !g, "and invalidates the capture");
+
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    cudaMemcpyAsync(&hv, x, sizeof hv, cudaMemcpyDeviceToHost, s);
+    expect(cudaStreamSynchronize(s) == cudaErrorStreamCaptureUnsupported,
+           "a host read's cudaStreamSynchronize of the capturing stream is refused");
+    expect(cudaStreamEndCapture(s, &g) == cudaErrorStreamCaptureInvalidated && !g, "and invalidates the capture");
+    expect(hv == 0.0f, "the recorded copy never ran");
+
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    cudaError_t other = cudaSuccess;
+    std::thread([&] { other = cudaStreamEndCapture(s, &g); }).join();
+    expect(other == cudaErrorStreamCaptureWrongThread,
+           "a thread-local capture ended in another thread is refused (cudaErrorStreamCaptureWrongThread)");
+    std::thread([&] { other = cudaMalloc(&p, 256); }).join();
+    expect(other == cudaSuccess && p, "cudaMalloc in another thread is not refused by a thread-local capture");
+    expect(cudaFree(p) == cudaErrorStreamCaptureUnsupported, "cudaFree in the capturing thread is refused");
+    expect(cudaStreamEndCapture(s, &g) == cudaErrorStreamCaptureInvalidated && !g, "and invalidates the capture");
+    cudaFree(p);
+
+    p = NULL;
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
+    expect(cudaMalloc(&p, 256) == cudaSuccess && p, "cudaMalloc during a relaxed-mode capture is allowed");
+    expect(cudaStreamEndCapture(s, &g) == cudaSuccess && g, "and the capture stands");
+    cudaGraphDestroy(g);
+    cudaFree(p);
+
+    cudaStream_t nb;
+    cudaStreamCreateWithFlags(&nb, cudaStreamNonBlocking);
+    cudaStreamBeginCapture(nb, cudaStreamCaptureModeThreadLocal);
+    expect(cudaMemcpy(&hv, x, sizeof hv, cudaMemcpyDeviceToHost) == cudaSuccess && hv == hx[0],
+           "the legacy stream works beside a capturing non-blocking stream");
+    expect(cudaStreamEndCapture(nb, &g) == cudaSuccess && g, "and that capture stands");
+    cudaGraphDestroy(g);
+    cudaStreamDestroy(nb);
+    expect(cudaStreamBeginCapture(NULL, cudaStreamCaptureModeGlobal) == cudaErrorStreamCaptureUnsupported,
+           "the legacy stream cannot capture");
+    expect(cudaStreamEndCapture(s, &g) == cudaErrorIllegalState, "a capture that never began cannot end");
+    (void)cudaGetLastError();
+    cublasDestroy(h);
+    cudaStreamDestroy(s);
+    cudaFree(x);
+    cudaFree(y);
+    cudaFree(t);
+    cudaFree(ye);
+}
+
 } // namespace
 
 int main()
@@ -567,6 +706,7 @@ int main()
     test_cublas();
     test_cublas_batched();
     test_bf16_and_sort();
+    test_capture();
     printf("%d failed\n", failures);
     return failures ? 1 : 0;
 }

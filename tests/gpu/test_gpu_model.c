@@ -255,12 +255,13 @@ static void check_kv_bytes(struct model *cpu, struct kctx *f32, struct kctx *bf1
  * attention (k_attention_decode_batched) instead of 4 launches per sequence per layer (2 copies, the split-key pass
  * and its merge); in a BF16 context over BF16 caches (the append rounds, as k_kv_store does). Against the
  * per-sequence path on the same caches: the same logits bit for bit (keys up to 256), and
- * under the emulator the device work of a step counted (cuemu_work_count): the batched step's does not grow with B,
- * the per-sequence step's grows by 4 per sequence per layer. Returns the launches of a decode step of 128 sequences
- * by the two paths, from the counts at B = 2 and 4 (checked linear with B = 8). */
+ * under the emulator the device work of an eager step counted (cuemu_work_count): the batched step's does not grow
+ * with B, the per-sequence step's grows by 4 per sequence per layer. Prints the launches of a decode step of 128
+ * sequences by the two paths, from the counts at B = 2 and 4 (checked linear with B = 8). */
 static void check_decode_batched(struct model *cpu, struct kctx *K)
 {
     struct model *gpu = model_copy_to(cpu, K);
+    model_set_decode_graphs(false); /* the eager steps' launches (check_decode_graph counts the graphs') */
     const int V = gpu->cfg.vocab_size, L = gpu->cfg.n_layers, Bs[3] = {2, 4, 8};
     long long work[2][3] = {{0}};
     for (int bi = 0; bi < 3; bi++) {
@@ -300,23 +301,200 @@ static void check_decode_batched(struct model *cpu, struct kctx *K)
         free(lg[0]), free(lg[1]);
     }
     gpu->decode_per_sequence = false;
+    model_set_decode_graphs(true);
 #ifdef GRPO_CUEMU
     const long long per_seq = (work[0][1] - work[0][0]) / 2, bat_per = (work[1][1] - work[1][0]) / 2;
-    printf("decode launches per %s step, per-sequence path: %lld, %lld, %lld at 2, 4, 8 sequences (%lld per sequence, "
-           "%d layers); batched: %lld, %lld, %lld; at 128 sequences: %lld and %lld\n",
+    printf("decode launches per eager %s step, per-sequence path: %lld, %lld, %lld at 2, 4, 8 sequences (%lld per "
+           "sequence, %d layers); batched: %lld, %lld, %lld; at 128 sequences: %lld and %lld\n",
            K->matmul == KMM_BF16 ? "bf16" : "fp32", work[0][0], work[0][1], work[0][2], per_seq, L, work[1][0],
            work[1][1], work[1][2], work[0][0] + per_seq * 126, work[1][0] + bat_per * 126);
-    EXPECT(per_seq == 4LL * L + 1,
-           "the per-sequence path took %lld launches per sequence (expected 4 per layer and "
-           "the last row's copy: %d)",
-           per_seq, 4 * L + 1);
+    /* (each sequence's last row is x's own row in a decode step: no copy since 2026-12-06, one per sequence before) */
+    EXPECT(per_seq == 4LL * L, "the per-sequence path took %lld launches per sequence (expected 4 per layer: %d)",
+           per_seq, 4 * L);
     EXPECT(work[0][2] - work[0][1] == 4 * per_seq, "the per-sequence path is not linear in the sequences");
-    EXPECT(bat_per == 1 && work[1][2] - work[1][1] == 4,
-           "the batched path grew by %lld and %lld launches from 2 to 4 and 4 to 8 sequences (expected only the last "
-           "rows' copies: 2 and 4)",
+    EXPECT(bat_per == 0 && work[1][2] == work[1][1],
+           "the batched path grew by %lld and %lld launches from 2 to 4 and 4 to 8 sequences (expected none)",
            work[1][1] - work[1][0], work[1][2] - work[1][1]);
 #else
     (void)work, (void)L;
+#endif
+    model_free(gpu);
+}
+
+/* Graphs at the kernel interface (k_graph_begin, kernels.h): the ops between begin and end run nothing until the
+ * graph is launched, then run at each launch on the memory as it is, a launch counted once; a recording that meets
+ * a host read ends there, failed, naming it, with the ops before it dropped and the ones after it run; a free moves
+ * the epoch that says a graph is stale. */
+static void check_graph_ops(struct kctx *K)
+{
+    const size_t n = 1000;
+    float *x = k_alloc(K, n * sizeof(float), KMEM_ACTS, "graph test x"),
+          *y = k_alloc(K, n * sizeof(float), KMEM_ACTS, "y");
+    float *hx = xmalloc(n * sizeof(float)), *hy = xmalloc(n * sizeof(float)), *got = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        hx[i] = (float)(i % 17) - 8.0f, hy[i] = 0.25f * (float)(i % 5);
+    k_to_device(K, x, hx, n * sizeof(float));
+    k_to_device(K, y, hy, n * sizeof(float));
+    char why[256] = "";
+    const uint64_t e0 = k_graph_epoch(K);
+    EXPECT(k_graph_begin(K, why, sizeof why), "k_graph_begin: %s", why);
+    k_add(K, x, y, n); /* x += y */
+    k_scale(K, y, 2.0, n);
+    struct kgraph *g = k_graph_end(K, why, sizeof why);
+    EXPECT(g != NULL, "a recording of an add and a scale gave no graph: %s", why);
+    k_to_host(K, got, x, n * sizeof(float));
+    EXPECT(memcmp(got, hx, n * sizeof(float)) == 0, "a recorded op ran before its graph was launched");
+    size_t wrong = 0;
+#ifdef GRPO_CUEMU
+    const unsigned long long w0 = cuemu_work_count();
+#endif
+    for (int r = 0; g && r < 2; r++)
+        k_graph_launch(K, g);
+#ifdef GRPO_CUEMU
+    EXPECT(cuemu_work_count() - w0 == 2, "two launches of a graph of 2 ops counted %llu launches",
+           cuemu_work_count() - w0);
+#endif
+    k_to_host(K, got, x, n * sizeof(float));
+    for (size_t i = 0; i < n; i++) /* x + y, then + 2 y: the second launch reads y as the first left it */
+        wrong += got[i] != hx[i] + hy[i] + 2.0f * hy[i];
+    EXPECT(wrong == 0, "%zu of %zu elements differ after two launches of the graph", wrong, n);
+    k_graph_free(K, g);
+    EXPECT(k_graph_epoch(K) == e0, "nothing that moves the epoch happened, yet it moved");
+    /* a host read inside the recording: the add before it dropped, the scale after it run, the reason named */
+    k_to_device(K, x, hx, n * sizeof(float));
+    k_to_device(K, y, hy, n * sizeof(float));
+    EXPECT(k_graph_begin(K, why, sizeof why), "k_graph_begin: %s", why);
+    k_add(K, x, y, n);
+    k_to_host(K, got, y, n * sizeof(float));
+    k_scale(K, y, 2.0, n);
+    g = k_graph_end(K, why, sizeof why);
+    EXPECT(g == NULL && strstr(why, "read of device memory on the host"),
+           "a recording with a host read in it gave %s (why: %s)", g ? "a graph" : "no graph", why);
+    printf("graphs at the kernel interface: a recording with a host read ends, failed: %s\n", why);
+    k_graph_free(K, g);
+    k_to_host(K, got, x, n * sizeof(float));
+    EXPECT(memcmp(got, hx, n * sizeof(float)) == 0, "the op recorded before the failure ran");
+    k_to_host(K, got, y, n * sizeof(float));
+    wrong = 0;
+    for (size_t i = 0; i < n; i++)
+        wrong += got[i] != 2.0f * hy[i];
+    EXPECT(wrong == 0, "the op after the failed recording did not run (%zu elements)", wrong);
+    k_free(K, x, n * sizeof(float), KMEM_ACTS);
+    EXPECT(k_graph_epoch(K) != e0, "a free did not move the graph epoch");
+    k_free(K, y, n * sizeof(float), KMEM_ACTS);
+    free(hx), free(hy), free(got);
+}
+
+/* Decode steps as graphs (issue 43 item 4; model_step.c): S decode steps of B sequences with graphs and without,
+ * over the same prompts and tokens: the same logits bit for bit at every step, and under the emulator the launches
+ * of each step counted. The first step of a shape runs eagerly, the second is recorded and launched, the rest are
+ * launched: one launch for the graph, around it one copy of the inputs in and one of the logits out. Then whole
+ * generations (sampled, 2 prompts x 4 samples) with graphs and without: the same tokens and log-probs, bit for bit,
+ * with fewer launches. Prints the launches per step of both at 2, 4 and 8 sequences and at 128 (the eager step's
+ * from its growth with B, as check_decode_batched; the replayed step's does not grow). */
+static void check_decode_graph(struct model *cpu, struct kctx *K)
+{
+    struct model *gpu = model_copy_to(cpu, K);
+    const int V = gpu->cfg.vocab_size, Bs[3] = {2, 4, 8}, S = 4;
+    long long work[2][3][4] = {{{0}}}; /* [graphs][B][step] */
+    for (int bi = 0; bi < 3; bi++) {
+        const int B = Bs[bi];
+        float *lg[2];
+        for (int gr = 0; gr < 2; gr++) {
+            model_set_decode_graphs(gr == 1);
+            struct kv_slab *slab = kv_slab_create(gpu, B, 16);
+            struct kv_cache *c[8];
+            int ntok[8];
+            int32_t ids[8 * 3];
+            for (int b = 0; b < B; b++) {
+                c[b] = kv_slab_slot(slab, b);
+                c[b]->len = 0;
+                ntok[b] = 1 + b % 3;
+            }
+            for (int i = 0; i < 8 * 3; i++)
+                ids[i] = (int32_t)((5 * i + 1) % V);
+            model_step(gpu, c, B, ntok, ids, NULL, false); /* the prompts */
+            for (int b = 0; b < B; b++)
+                ntok[b] = 1;
+            lg[gr] = xmalloc((size_t)S * B * V * sizeof(float));
+            for (int st = 0; st < S; st++) {
+                for (int b = 0; b < B; b++)
+                    ids[b] = (int32_t)((11 * st + 3 * b + 2) % V);
+#ifdef GRPO_CUEMU
+                const unsigned long long w0 = cuemu_work_count();
+#endif
+                model_step(gpu, c, B, ntok, ids, lg[gr] + (size_t)st * B * V, false);
+#ifdef GRPO_CUEMU
+                work[gr][bi][st] = (long long)(cuemu_work_count() - w0);
+#endif
+            }
+            kv_slab_free(slab);
+        }
+        size_t differ = 0;
+        for (size_t i = 0; i < (size_t)S * B * V; i++)
+            differ += memcmp(&lg[0][i], &lg[1][i], sizeof(float)) != 0;
+        EXPECT(differ == 0, "decode of %d sequences: %zu of %zu logits differ between graphs and eager steps", B,
+               differ, (size_t)S * B * V);
+        free(lg[0]), free(lg[1]);
+    }
+#ifdef GRPO_CUEMU
+    const char *mm = K->matmul == KMM_BF16 ? "bf16" : "fp32";
+    printf(
+        "decode launches per %s step of %d, %d, %d sequences: eager %lld, %lld, %lld; with graphs, step by step: "
+        "%lld %lld %lld %lld, %lld %lld %lld %lld, %lld %lld %lld %lld; at 128 sequences: eager %lld, replayed %lld\n",
+        mm, Bs[0], Bs[1], Bs[2], work[0][0][S - 1], work[0][1][S - 1], work[0][2][S - 1], work[1][0][0], work[1][0][1],
+        work[1][0][2], work[1][0][3], work[1][1][0], work[1][1][1], work[1][1][2], work[1][1][3], work[1][2][0],
+        work[1][2][1], work[1][2][2], work[1][2][3],
+        work[0][0][S - 1] + (work[0][1][S - 1] - work[0][0][S - 1]) / 2 * 126, work[1][2][S - 1]);
+    for (int bi = 0; bi < 3; bi++) {
+        EXPECT(work[1][bi][0] == work[0][bi][0],
+               "the first step of %d sequences with graphs took %lld launches, "
+               "eagerly %lld (it runs eagerly)",
+               Bs[bi], work[1][bi][0], work[0][bi][0]);
+        for (int st = 1; st < S; st++) /* the inputs in, the graph, the logits out */
+            EXPECT(work[1][bi][st] == 3, "decode step %d of %d sequences with graphs took %lld launches (expected 3)",
+                   st + 1, Bs[bi], work[1][bi][st]);
+    }
+#else
+    (void)work;
+#endif
+    /* whole generations: sampled tokens and their log-probs */
+    const int32_t p0[] = {3, 7, 11}, p1[] = {5, 2};
+    const int32_t *prompts[2] = {p0, p1};
+    const int plens[2] = {3, 2};
+    const struct gen_params gp = {.sampling = {.temperature = 1.0f, .top_p = 1, .top_k = -1},
+                                  .max_new_tokens = 8,
+                                  .n_samples = 4,
+                                  .max_batch = 8,
+                                  .seed = 7};
+    struct gen_output out[2][8];
+    long long gen_work[2] = {0, 0};
+    for (int gr = 0; gr < 2; gr++) {
+        model_set_decode_graphs(gr == 1);
+#ifdef GRPO_CUEMU
+        const unsigned long long w0 = cuemu_work_count();
+#endif
+        model_generate(gpu, prompts, plens, 2, &gp, out[gr]);
+#ifdef GRPO_CUEMU
+        gen_work[gr] = (long long)(cuemu_work_count() - w0);
+#endif
+    }
+    model_set_decode_graphs(true);
+    int same = 0, tokens = 0;
+    for (int i = 0; i < 8; i++) {
+        tokens += out[0][i].len;
+        same += out[0][i].len == out[1][i].len &&
+                memcmp(out[0][i].tokens, out[1][i].tokens, (size_t)out[0][i].len * sizeof(int32_t)) == 0 &&
+                memcmp(out[0][i].logps, out[1][i].logps, (size_t)out[0][i].len * sizeof(float)) == 0;
+        model_gen_output_free(&out[0][i]), model_gen_output_free(&out[1][i]);
+    }
+    printf("generation %s, 2 prompts x 4 samples, %d tokens: %d of 8 sequences the same tokens and log-probs with "
+           "graphs as eagerly; %lld launches eagerly, %lld with graphs\n",
+           K->matmul == KMM_BF16 ? "bf16" : "fp32", tokens, same, gen_work[0], gen_work[1]);
+    EXPECT(same == 8, "%d of 8 sequences differ in tokens or log-probs between graphs and eager steps", 8 - same);
+#ifdef GRPO_CUEMU
+    EXPECT(gen_work[1] < gen_work[0], "the generation with graphs took %lld launches, eagerly %lld", gen_work[1],
+           gen_work[0]);
 #endif
     model_free(gpu);
 }
@@ -357,6 +535,9 @@ int main(int argc, char **argv)
             check_kv_bytes(m, f32, bf16);
             check_decode_batched(m, f32);
             check_decode_batched(m, bf16);
+            check_graph_ops(f32);
+            check_decode_graph(m, f32);
+            check_decode_graph(m, bf16);
         }
         model_free(m);
     }
@@ -371,6 +552,7 @@ int main(int argc, char **argv)
         check_greedy(m, f32, prompt, (int)(sizeof prompt / sizeof *prompt), small ? 8 : 32);
         check_greedy(m, bf16, prompt, (int)(sizeof prompt / sizeof *prompt), small ? 8 : 32);
         check_decode_batched(m, f32); /* the demo model's launches per decode step, both paths */
+        check_decode_graph(m, f32);   /* and as graphs */
         check_kv_bytes(m, f32, bf16); /* and its KV cache's bytes */
         if (!small)
             check_forward_backward("smollm2-135m", m, f32, 1e-3, 1e-3, 4);

@@ -117,12 +117,18 @@ class Counts(unittest.TestCase):
         B = 3
         o, st = R.decode(m, B, 5, "today-fp32")
         # a layer: rmsnorm, q, k, v, 2 x rope, o, add, rmsnorm, gate, up, swiglu, down, add = 14, and the batched
-        # KV append and attention (1); the step: positions and ids, the caches' table, embedding, B last rows, the
-        # final norm, the logits, 6 for sampling (before the batched decode, 4 per sequence: 14 + 4 B + 2 + ...)
-        self.assertEqual(o.total(2), 14 + 1 + 2 + 1 + 1 + B + 1 + 1 + 6)
+        # KV append and attention (1); the step: its inputs (positions, ids, the caches' table) in one copy, the
+        # graph's launch, the embedding, the final norm, the logits, 6 for sampling (before the batched decode, 4
+        # per sequence: 14 + 4 B + ...; before 2026-12-06, 3 copies of the inputs and one per sequence's last row)
+        self.assertEqual(o.total(2), 14 + 1 + 1 + 1 + 1 + 1 + 1 + 6)
+        # the graph's kernels at 1 us, the rest at the launch's 4
+        self.assertAlmostEqual(sum(r[2] * (1e-6 if g not in ("copies and syncs", "sampling") else 4e-6)
+                                   for (g, _), r in o.rows.items()) + 10e-6,
+                               o.time() - sum(max(r[0] / R.H200[r[4]], r[1] / R.H200["hbm"])
+                                              for r in o.rows.values()))
         o, _ = R.decode(m, B, 5, "designed")
         self.assertEqual(row(o, "attention", "decode attention (batched, KV append fused)")[2], 1)
-        self.assertEqual(o.total(2), 14 + 1 + 2 + 1 + B + 1 + 1 + 6)
+        self.assertEqual(o.total(2), 14 + 1 + 1 + 1 + 1 + 1 + 1 + 6)
         # the HBM bound: BF16 weights of the layer (152), the head (64) and the final norm (4), B embedding rows, and
         # the BF16 K and V of 6 positions a sequence
         self.assertEqual(st["weights_bytes"], 2 * (152 + 64 + 4) + 2 * B * 4)

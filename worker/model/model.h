@@ -459,4 +459,9 @@ const float *model_step_logits(struct model *m, struct kv_cache **caches, int B,
 /* Logits of every position of one sequence (T, V), via model_step on a fresh cache. */
 void model_logits(struct model *m, const int32_t *ids, int T, float *logits);
 
+/* Decode steps (one new token per sequence) replayed as graphs where the context has them (CUDA graphs: one launch
+ * a step instead of one per kernel; model_step.c), on by default; off (actor_rollout_ref.rollout.enforce_eager), every
+ * step runs eagerly. Process-wide; the same tokens and log-probs either way, bit for bit. */
+void model_set_decode_graphs(bool on);
+
 #endif

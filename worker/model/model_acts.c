@@ -54,11 +54,12 @@ void model_work_free(struct model *m)
         w->pool = A->next;
         acts_destroy(A);
     }
+    model_step_graphs_free(m); /* before the arena they read */
     karena_release(&w->bwd);
     karena_release(&w->step);
     karena_release(&w->sp);
     karena_release(&w->sph);
-    free(w->hpos);
+    free(w->hin);
     free(w);
     m->work = NULL;
 }
@@ -78,21 +79,23 @@ void model_release_buffers(struct model *m, int which)
         karena_release(&w->sp);
         karena_release(&w->sph);
     }
-    if (which & MODEL_BUF_GEN)
+    if (which & MODEL_BUF_GEN) {
+        model_step_graphs_free(m);
         karena_release(&w->step);
+    }
 }
 
 struct karena *model_step_arena(struct model *m) { return &model_work_of(m)->step; }
 
-int32_t *model_host_pos(struct model *m, size_t n)
+void *model_host_inputs(struct model *m, size_t bytes)
 {
     struct model_work *w = model_work_of(m);
-    if (n > w->hpos_cap) {
-        free(w->hpos);
-        w->hpos_cap = n > 256 ? n : 256;
-        w->hpos = xmalloc(w->hpos_cap * sizeof *w->hpos);
+    if (bytes > w->hin_cap) {
+        free(w->hin);
+        w->hin_cap = bytes > 4096 ? bytes : 4096;
+        w->hin = xmalloc(w->hin_cap);
     }
-    return w->hpos;
+    return w->hin;
 }
 
 /* One layer's activations from the arena: all of them, or only the input x. */

@@ -49,12 +49,27 @@ int model_bi_expert_groups(const struct model *m);
  * and the hook's. */
 void model_backward_grads(struct model *m);
 
-/* The arena of model_step's buffers, and a host buffer of n positions (both kept from step to step). */
+/* The arena of model_step's buffers, and a host buffer of at least bytes for its inputs (both kept from step to
+ * step). */
 struct karena *model_step_arena(struct model *m);
-int32_t *model_host_pos(struct model *m, size_t n);
+void *model_host_inputs(struct model *m, size_t bytes);
+
+/* A decode step recorded as a graph (k_graph_begin; model_step.c), launched again while the step's shape, the
+ * arena it was recorded over and the context's memory (k_graph_epoch) are what they were then. g NULL: that step
+ * could not be recorded, and runs eagerly. */
+struct step_graph {
+    struct kgraph *g;
+    int B, rows;
+    const void *base;
+    uint64_t epoch;
+    unsigned long long used; /* the decode step it was last launched at: the least recent is replaced */
+};
+enum { STEP_GRAPHS = 8 };
+/* The graphs kept freed (model_work_free, model_release_buffers' MODEL_BUF_GEN). */
+void model_step_graphs_free(struct model *m);
 
 /* What a model keeps from batch to batch: the pool of activation objects, the backward arena, the generation
- * step's arena and a host buffer of positions. */
+ * step's arena, a host buffer of its inputs and its graphs. */
 struct model_work {
     struct model_acts *pool;
     struct karena bwd, step;
@@ -62,8 +77,12 @@ struct model_work {
     struct karena sph;      /* its host staging, on a GPU whose SP group has no device memory (MPI) */
     struct ring_attn *ring; /* context parallelism: the ring of the batch the layers run now */
     const int32_t *cprow;   /* and the batch row of each of its rows (-1: the ring's padding) */
-    int32_t *hpos;
-    size_t hpos_cap;
+    void *hin;              /* model_host_inputs */
+    size_t hin_cap;
+    struct step_graph graphs[STEP_GRAPHS];
+    struct step_graph warm;     /* the last eager decode step's shape (its g NULL): the next of that shape records */
+    unsigned long long decodes; /* decode steps taken */
+    unsigned told;              /* the reasons for eager decode steps logged already (one bit each) */
 };
 
 /* m's work, made on first use (model_acts.c), and freed with everything it holds. */

@@ -31,15 +31,34 @@ typedef enum cudaError {
     cudaErrorNoDevice = 100,
     cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
+    cudaErrorIllegalState = 401,
     cudaErrorNotReady = 600,
     cudaErrorIllegalAddress = 700,
     cudaErrorLaunchOutOfResources = 701,
     cudaErrorLaunchFailure = 719,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
+    cudaErrorStreamCaptureImplicit = 906,
+    cudaErrorStreamCaptureWrongThread = 908,
     cudaErrorUnknown = 999
 } cudaError_t;
 
 typedef struct cuemu_stream *cudaStream_t;
 typedef struct cuemu_event *cudaEvent_t;
+typedef struct cuemu_graph *cudaGraph_t;
+typedef struct cuemu_graph_exec *cudaGraphExec_t;
+
+enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2
+};
+
+enum cudaStreamCaptureStatus {
+    cudaStreamCaptureStatusNone = 0,
+    cudaStreamCaptureStatusActive = 1,
+    cudaStreamCaptureStatusInvalidated = 2
+};
 
 enum cudaMemcpyKind {
     cudaMemcpyHostToHost = 0,
@@ -124,12 +143,28 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
 cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
 
+/* Stream capture and graphs: a capturing stream records its work (kernels, copies, sets, cuBLAS calls) instead of
+ * running it; cudaGraphLaunch runs the recorded work in order, counted as one launch (cuemu_work_count). Calls that
+ * cannot be captured fail as CUDA's do and invalidate the capture: cudaMalloc, cudaFree, cudaMallocHost,
+ * cudaFreeHost and cudaDeviceSynchronize in the capturing thread (any thread under cudaStreamCaptureModeGlobal),
+ * cudaStreamSynchronize and cudaStreamQuery on the capturing stream (cudaErrorStreamCaptureUnsupported), and work
+ * on the legacy default stream (a synchronous cudaMemcpy or cudaMemset) while a blocking stream captures
+ * (cudaErrorStreamCaptureImplicit). Events and NCCL inside a capture are not emulated: refused the same way. */
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus *status);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+
 /* emulator-only: print "cuemu: " and the message, a line on stderr (every finding of the emulator) */
 void cuemu_vsay(const char *fmt, va_list ap);
 void cuemu_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* emulator-only: device work submitted so far in this process (kernel launches, copies, memsets and cuBLAS calls,
- * each counted once, as a GPU's launches are), and the count's increment for the emulated libraries */
+ * each counted once, as a GPU's launches are; a graph's launch once, its recorded work not again, and work
+ * recorded by a capture not at all), and the count's increment for the emulated libraries */
 unsigned long long cuemu_work_count(void);
 void cuemu_count_work(void);
 

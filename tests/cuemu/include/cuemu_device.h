@@ -51,8 +51,12 @@ unsigned warp_ballot(unsigned mask, int pred);
 extern unsigned cur_lane; // the running thread's lane in its warp
 inline unsigned lane() { return cur_lane; }
 [[noreturn]] void fault(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+// a kernel launch: checked, then run, or recorded while stream captures (body is copied: it owns the arguments)
 cudaError_t launch(const void *fn, const char *name, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                    const std::function<void()> &body, const void *const *ptrs, int nptrs);
+// other device work on stream (a copy, a set, a cuBLAS call), its arguments checked: run now, or recorded while
+// stream captures; an error when it can be neither (a capture that forbids it is then invalidated)
+cudaError_t submit(cudaStream_t stream, const char *what, std::function<void()> work);
 cudaError_t func_set_attribute(const void *fn, enum cudaFuncAttribute attr, int value);
 
 template <class... P> struct launcher {
@@ -79,8 +83,8 @@ template <class... P> struct launcher {
             args);
         auto f = fn;
         launch(
-            reinterpret_cast<const void *>(fn), name, grid, blk, smem, stream, [&]() { std::apply(f, args); }, ptrs,
-            np);
+            reinterpret_cast<const void *>(fn), name, grid, blk, smem, stream, [f, args]() { std::apply(f, args); },
+            ptrs, np);
     }
 };
 
