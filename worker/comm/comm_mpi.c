@@ -17,6 +17,7 @@
 #endif
 
 #include "comm.h"
+#include "comm_mpi_impl.h"
 #include "common/check_mpi.h"
 #include "common/clock.h"
 #include "common/log.h"
@@ -35,18 +36,13 @@ static MPI_Datatype mpi_type(enum comm_dtype t)
 
 static MPI_Comm mc(struct comm *c) { return *(MPI_Comm *)c->impl; }
 
-struct mpi_impl {
-    MPI_Comm comm; /* first member: mc() reads it through the impl pointer */
-    bool owned;
-    bool alone; /* comm_fail_alone: an error ends this rank only */
-};
-
 /* An error in a collective: the whole job ends (CHECK_MPI), or, in a group marked comm_fail_alone, this rank
  * only, with a log line (the group lost a peer; the run goes on without the group). */
 static void comm_check(struct comm *c, int rc, const char *file, int line, const char *expr)
 {
     if (rc == MPI_SUCCESS)
         return;
+    comm_ft_check(c, rc, expr); /* a lost peer where the run survives one: does not return */
     if (((struct mpi_impl *)c->impl)->alone) {
         char text[MPI_MAX_ERROR_STRING];
         int len = 0;
@@ -402,7 +398,7 @@ static void mpi_fail_alone(struct comm *c)
 static void mpi_destroy(struct comm *c)
 {
     struct mpi_impl *impl = c->impl;
-    if (impl->owned)
+    if (impl->owned && !impl->revoked)
         MPI_Comm_free(&impl->comm);
     free(impl);
     free(c);
@@ -423,6 +419,8 @@ static struct comm_table *mpi_table_create(struct comm *c, size_t n)
     t->n = n;
     const MPI_Aint bytes = c->rank == 0 ? (MPI_Aint)(n * sizeof(int64_t)) : 0;
     CHECK_MPI(MPI_Win_allocate(bytes, sizeof(int64_t), MPI_INFO_NULL, mc(c), &t->base, &t->win));
+    if (((struct mpi_impl *)c->impl)->watched) /* a lost peer comes back as an error, as on c */
+        CHECK_MPI(MPI_Win_set_errhandler(t->win, MPI_ERRORS_RETURN));
     if (c->rank == 0) { /* the window's memory starts undefined: zeros, in an epoch of its own */
         CHECK_MPI(MPI_Win_lock(MPI_LOCK_EXCLUSIVE, 0, 0, t->win));
         memset(t->base, 0, n * sizeof(int64_t));
@@ -436,12 +434,12 @@ static void mpi_table_update(struct comm_table *base, int64_t *v, void (*fn)(voi
 {
     struct mpi_table *t = (struct mpi_table *)base;
     const int n = icount(t->n);
-    CHECK_MPI(MPI_Win_lock(MPI_LOCK_EXCLUSIVE, 0, 0, t->win));
-    CHECK_MPI(MPI_Get(v, n, MPI_INT64_T, 0, 0, n, MPI_INT64_T, t->win));
-    CHECK_MPI(MPI_Win_flush(0, t->win));
+    CHECK_C(t->c, MPI_Win_lock(MPI_LOCK_EXCLUSIVE, 0, 0, t->win));
+    CHECK_C(t->c, MPI_Get(v, n, MPI_INT64_T, 0, 0, n, MPI_INT64_T, t->win));
+    CHECK_C(t->c, MPI_Win_flush(0, t->win));
     fn(ud, v);
-    CHECK_MPI(MPI_Put(v, n, MPI_INT64_T, 0, 0, n, MPI_INT64_T, t->win));
-    CHECK_MPI(MPI_Win_unlock(0, t->win));
+    CHECK_C(t->c, MPI_Put(v, n, MPI_INT64_T, 0, 0, n, MPI_INT64_T, t->win));
+    CHECK_C(t->c, MPI_Win_unlock(0, t->win));
 }
 
 static void mpi_table_free(struct comm_table *base)
@@ -494,6 +492,8 @@ static struct comm *mpi_wrap(MPI_Comm m, bool owned)
 }
 
 struct comm *comm_mpi_world(void) { return mpi_wrap(MPI_COMM_WORLD, false); }
+
+struct comm *comm_mpi_adopt(MPI_Comm m) { return mpi_wrap(m, true); }
 
 void comm_mpi_init(int *argc, char ***argv)
 {

@@ -186,4 +186,23 @@ const char *trainer_run_dir(const struct trainer *t);
  * valid until the next call (checksums, published weights, equivalence tests). */
 const float *trainer_params(struct trainer *t, size_t *n);
 
+/* Surviving a lost trainer rank (trainer.survive_trainer_loss; worker/survive/ decides, trainer_survive.c does the
+ * trainer's part). A survive object attached here makes every step of trainer_run a point to come back to. */
+struct survive;
+void trainer_set_survive(struct trainer *t, struct survive *s);
+/* The trainer's state at the start of a step (weights, AdamW's moments and count, the run state with the data
+ * cursor), in host memory: taken at the start of step global_step + 1, restored to redo that step. */
+struct trainer_snapshot;
+struct trainer_snapshot *trainer_snapshot_new(void);
+void trainer_snapshot_take(struct trainer *t, struct trainer_snapshot *s);
+void trainer_snapshot_restore(struct trainer *t, const struct trainer_snapshot *s);
+/* The step whose start s holds (-1: none). */
+int64_t trainer_snapshot_step(const struct trainer_snapshot *s);
+void trainer_snapshot_free(struct trainer_snapshot *s);
+/* Move the trainer onto the survivors' groups: all (every trainer) and dp (plain DP: the same ranks), this rank
+ * dp_rank of dp_size; the gradient buckets and micro-batch sizes follow, the interrupted step's buffers go. 0, or
+ * -1 with err. */
+int trainer_reform(struct trainer *t, struct comm *all, struct comm *dp, int dp_rank, int dp_size, char *err,
+                   size_t errlen);
+
 #endif

@@ -1,0 +1,63 @@
+/* Surviving a lost trainer rank (trainer.survive_trainer_loss; docs/operations.md, "Open MPI 5 with fault tolerance
+ * (ULFM)"). Colocated plain data parallelism on Open MPI 5 launched with its fault tolerance on (scripts/mpirun_ft):
+ * when a rank dies, the survivors' next operation with it fails (MPI reports the loss, within
+ * actor_rollout_ref.nccl_timeout at the latest); they revoke the trainers' groups (every survivor's wait ends at
+ * once), shrink them to the survivors, agree on the step to redo (the earliest any survivor is in) and redo it from
+ * its start with one DP rank fewer: the same global batch split over the survivors, each survivor's own copy of the
+ * step's start restored (every plain DP rank holds the whole state). The run then equals one that used the smaller
+ * DP from that step on, and the step's audit file is written once, by the redone step.
+ *
+ * Where it sits: the trainer's run loop comes back to the start of its step (survive_jmp, a setjmp at each step's
+ * start); the collective plane hands a lost peer to this module (comm_set_peer_lost_handler); the trainer's state
+ * and layout are trainer_survive.c's; the colocated source re-forms its own part (its ledger of work units) through
+ * the callback given here. */
+#ifndef GRPO_WORKER_SURVIVE_H
+#define GRPO_WORKER_SURVIVE_H
+
+#include <setjmp.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct grpo_config;
+struct placement_spec;
+struct role_env;
+struct trainer;
+
+/* Whether this run may turn trainer.survive_trainer_loss on: 0, or -1 with why naming what is not covered (an MPI
+ * without ULFM, a launch without --with-ft ulfm, grpod, GPUs, TP, PP, SP/CP, EP, ZeRO-1, rollout TP, rollout
+ * ranks). colocated: every rank generates and trains (no rollout split); world: the ranks. Call only with the key
+ * on. */
+int survive_check(const struct grpo_config *cfg, const struct placement_spec *spec, bool colocated, int world,
+                  char *why, size_t whylen);
+
+struct survive;
+/* For the colocated ranks of env (its trainers and DP groups are watched from here on). reform(ud) runs after the
+ * groups re-formed, env updated (trainers, dp, tp, pp, at, rank, world_size): the source's own part. */
+struct survive *survive_create(struct role_env *env, void (*reform)(void *ud), void *ud);
+/* The trainer whose steps are redone (its run loop calls the functions below). */
+void survive_attach(struct survive *s, struct trainer *t);
+void survive_free(struct survive *s);
+
+/* The run loop's point to come back to, at the start of each step: SURVIVE_POINT(s) is 0 when set, and not 0 when a
+ * lost peer brought this rank back (then call survive_recover). As setjmp: the whole controlling expression of an
+ * if. */
+jmp_buf *survive_jmp(struct survive *s);
+#define SURVIVE_POINT(s) setjmp(*survive_jmp(s))
+/* Step k starts (global_step + 1): its start is kept, and a lost peer from here comes back to the point. */
+void survive_step_begin(struct survive *s, int64_t k);
+/* Step k is done and logged: the first one after a loss says how long the run took to get there. */
+void survive_step_done(struct survive *s, int64_t k);
+/* Outside the steps (after the last one): a lost peer ends the job, as without the key. */
+void survive_disarm(struct survive *s);
+/* Back at the point after a loss: shrink, name the lost ranks, agree on the step, re-form, restore its start. 0 to
+ * go on with the restored step, or -1 (logged: a loss that is not survived, such as the lead rank's). */
+int survive_recover(struct survive *s);
+
+/* Tests only: GRPO_TEST_KILL_AT=POINT:STEP:RANK with GRPO_TEST_HOLD_FILE=FILE makes launch rank RANK, at POINT
+ * ("gen": its generation of step STEP done; "allreduce": its gradient buckets of step STEP started, not waited
+ * for), write its pid to FILE.held and hold while FILE exists (at most 10 minutes), so that a test kills it there and
+ * not at a time a machine's speed decides. Once per process. */
+void survive_test_hold(const char *point);
+
+#endif
