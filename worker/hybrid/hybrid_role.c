@@ -585,7 +585,6 @@ static int run_colocated(struct role_env *env)
     if (env->cfg->trainer_survive_trainer_loss) /* launch checked the layout (survive_check) */
         c.survive = survive_create(env, colocated_reform, &c);
     int status = run_trainer_process(env, &lay, &src, colocated_ready, &c);
-    survive_free(c.survive);
     if (env->rank == 0 && c.stolen_total)
         log_info("hybrid", "%lld work unit(s) were made by another engine than their own", (long long)c.stolen_total);
     if (c.own_rm) {
@@ -598,6 +597,7 @@ static int run_colocated(struct role_env *env)
         comm_free(c.engine_dev);
     free(c.whole);
     units_ledger_free(c.ledger);
+    survive_free(c.survive); /* after the ledger: it holds the survivors' group */
     return status;
 }
 
