@@ -77,6 +77,9 @@ int comm_lost_ranks(struct comm *old, struct comm *survivors, int *ranks, int ma
 /* Every survivor of c's flag ANDed, the same on all of them even if a peer is lost meanwhile (MPIX_Comm_agree);
  * 0, or -1. */
 int comm_agree(struct comm *c, int *flag);
+/* Tests of a lost peer: hold(point) runs where this rank is about to wait for an all-reduce it started ("allreduce",
+ * comm_wait), so that a test kills it there, its part started and its peers waiting on it; NULL: none. */
+void comm_set_test_hold(void (*hold)(const char *point));
 /* Release a comm from comm_mpi_world, comm_split or comm_device_group. */
 void comm_free(struct comm *c);
 

@@ -17,7 +17,6 @@
 #include "proto/plane_auth.h"
 #include "proto/transport.h"
 #include "worker/control/control.h"
-#include "worker/survive/survive.h"
 
 /* The run's rules for several ranks (a split or a colocated placement) that are not about rank counts. 0, or -1
  * with why. */
@@ -397,15 +396,6 @@ static int place(struct launch *l, int replace_rank)
         l->refused_alike = true;
         return 2;
     }
-    if (cfg->trainer_survive_trainer_loss && size > 1 &&
-        survive_check(cfg, &env->spec, l->colocated, size, why, sizeof why) != 0) {
-        if (rank == 0)
-            log_error("worker", "%s", why);
-        l->refused_alike = true;
-        return 2;
-    }
-    if (cfg->trainer_survive_trainer_loss && size == 1)
-        log_warn("worker", KEY_trainer_survive_trainer_loss ": one process has no other rank to go on without it");
     if (replace_rank >= 0 && env->at.role == PLACE_ROLLOUT && env->at.tp_size > 1) {
         log_error("worker",
                   "--replace-rank %d: rollout ranks form TP groups of %d "

@@ -1,10 +1,10 @@
 /* Surviving a lost trainer rank: the policy (survive.h says what and why). A step's life with the key on:
  *
- *   survive_step_begin   the step's start kept (two slots: a survivor that finished step k's last collective is in
+ *   step_begin           the step's start kept (two slots: a survivor that finished step k's last collective is in
  *                        k + 1 while another's copy of that collective failed and it is still in k), and armed;
  *   a lost peer          the collective plane calls on_peer_lost: the trainers' groups are revoked (every survivor's
  *                        wait on them ends at once, wherever it is) and the rank jumps back to the step's start;
- *   survive_recover      shrink (MPI agrees on the survivors), the lost ranks named, the step agreed on (the earliest
+ *   recover              shrink (MPI agrees on the survivors), the lost ranks named, the step agreed on (the earliest
  *                        any survivor is in) and MPIX_Comm_agree that every survivor can redo it, the groups and
  *                        the layout re-formed, the trainer and the source moved onto them, the step's start
  *                        restored; the loop then runs the step again. */
@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,7 +46,7 @@ struct survive {
     struct parallel_groups groups; /* owned after a loss: their DP, TP and PP groups */
     bool have_groups;
     int *launch_rank; /* each current rank's rank at launch: lost ranks are named as the logs name them */
-    /* the loss being recovered: when it was found, the step redone, the ranks lost (for survive_step_done) */
+    /* the loss being recovered: when it was found, the step redone, the ranks lost (for step_done) */
     double lost_at, reformed_s;
     int64_t redo;
     char lost_names[256];
@@ -144,6 +145,7 @@ struct survive *survive_create(struct role_env *env, void (*reform)(void *ud), v
     if (env->dp != env->trainers)
         watch(s, env->dp);
     comm_set_peer_lost_handler(on_peer_lost, s);
+    comm_set_test_hold(survive_test_hold);
     g_survive = s;
     if (env->rank == 0)
         log_info("survive",
@@ -153,17 +155,13 @@ struct survive *survive_create(struct role_env *env, void (*reform)(void *ud), v
     return s;
 }
 
-void survive_attach(struct survive *s, struct trainer *t)
-{
-    s->t = t;
-    trainer_set_survive(t, s);
-}
 
 void survive_free(struct survive *s)
 {
     if (!s)
         return;
     comm_set_peer_lost_handler(NULL, NULL);
+    comm_set_test_hold(NULL);
     if (g_survive == s)
         g_survive = NULL;
     trainer_snapshot_free(s->snap[0]);
@@ -176,19 +174,20 @@ void survive_free(struct survive *s)
     free(s);
 }
 
-jmp_buf *survive_jmp(struct survive *s) { return &s->jb; }
-
-void survive_step_begin(struct survive *s, int64_t k)
+/* struct trainer_recovery's hooks (ud: the survive object) */
+static void step_begin(void *ud, int64_t k)
 {
+    struct survive *s = ud;
     s->step = k;
     trainer_snapshot_take(s->t, s->snap[k % 2]);
     s->armed = true;
 }
 
-void survive_disarm(struct survive *s) { s->armed = false; }
+static void disarm(void *ud) { ((struct survive *)ud)->armed = false; }
 
-void survive_step_done(struct survive *s, int64_t k)
+static void step_done(void *ud, int64_t k)
 {
+    struct survive *s = ud;
     if (s->lost_at <= 0 || k < s->redo)
         return;
     if (s->env->rank == 0)
@@ -206,8 +205,9 @@ static void name_ranks(const int *r, int n, char *out, size_t len)
         at += snprintf(out + at, len - (size_t)at, "%s%d", i == 0 ? " " : i == n - 1 ? " and " : ", ", r[i]);
 }
 
-int survive_recover(struct survive *s)
+static int recover(void *ud)
 {
+    struct survive *s = ud;
     struct role_env *env = s->env;
     struct comm *old = env->trainers;
     const int old_size = comm_size(old);
@@ -242,9 +242,9 @@ int survive_recover(struct survive *s)
         ok = 0;
     if (lead_lost) {
         log_error("survive",
-                  "%s lost at step %lld, among them rank 0, the lead (it decides, logs and checkpoints for every "
-                  "rank): surviving the lead's loss is not covered yet; ending the run (relaunch it: it resumes from "
-                  "the newest checkpoint)",
+                  "%s lost at step %lld: rank 0 is the lead (it decides, logs and checkpoints for every rank), and "
+                  "surviving the lead's loss is not covered yet; ending the run (relaunch it: it resumes from the "
+                  "newest checkpoint)",
                   s->lost_names, (long long)redo);
         comm_free(sides);
         return -1;
@@ -306,19 +306,33 @@ int survive_recover(struct survive *s)
     return 0;
 }
 
+void survive_attach(struct survive *s, struct trainer *t)
+{
+    s->t = t;
+    const struct trainer_recovery r = {.ctx = s,
+                                       .point = &s->jb,
+                                       .step_begin = step_begin,
+                                       .recover = recover,
+                                       .step_done = step_done,
+                                       .disarm = disarm};
+    trainer_set_recovery(t, &r);
+}
+
 void survive_test_hold(const char *point)
 {
-    static bool held;
-    const char *at = getenv("GRPO_TEST_KILL_AT"), *flag = getenv("GRPO_TEST_HOLD_FILE");
-    if (held || !g_survive || !at || !flag)
+    static int armed = -1; /* the variables read once: this runs before every wait of a gradient bucket */
+    static char want[32];
+    static long long step = -1;
+    static int rank = -1;
+    const char *flag = getenv("GRPO_TEST_HOLD_FILE");
+    if (armed < 0) {
+        const char *at = getenv("GRPO_TEST_KILL_AT");
+        armed = at && flag && sscanf(at, "%31[^:]:%lld:%d", want, &step, &rank) == 3;
+    }
+    if (!armed || !g_survive || strcmp(want, point) != 0 || step != g_survive->step ||
+        rank != g_survive->launch_rank[g_survive->env->rank] || access(flag, F_OK) != 0)
         return;
-    char want[32];
-    long long step = -1;
-    int rank = -1;
-    if (sscanf(at, "%31[^:]:%lld:%d", want, &step, &rank) != 3 || strcmp(want, point) != 0 ||
-        step != g_survive->step || rank != g_survive->launch_rank[g_survive->env->rank] || access(flag, F_OK) != 0)
-        return;
-    held = true;
+    armed = 0; /* once */
     char path[4096], tmp[4200];
     snprintf(path, sizeof path, "%s.held", flag);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);

@@ -14,7 +14,6 @@
 #ifndef GRPO_WORKER_SURVIVE_H
 #define GRPO_WORKER_SURVIVE_H
 
-#include <setjmp.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -35,29 +34,16 @@ struct survive;
 /* For the colocated ranks of env (its trainers and DP groups are watched from here on). reform(ud) runs after the
  * groups re-formed, env updated (trainers, dp, tp, pp, at, rank, world_size): the source's own part. */
 struct survive *survive_create(struct role_env *env, void (*reform)(void *ud), void *ud);
-/* The trainer whose steps are redone (its run loop calls the functions below). */
+/* The trainer whose steps are redone: its run loop gets the recovery hooks (struct trainer_recovery), which keep
+ * each step's start, bring a lost peer's survivors back to it and re-form them (shrink, name the lost ranks, agree
+ * on the step, move the trainer and the source onto the survivors, restore the step's start). */
 void survive_attach(struct survive *s, struct trainer *t);
 void survive_free(struct survive *s);
 
-/* The run loop's point to come back to, at the start of each step: SURVIVE_POINT(s) is 0 when set, and not 0 when a
- * lost peer brought this rank back (then call survive_recover). As setjmp: the whole controlling expression of an
- * if. */
-jmp_buf *survive_jmp(struct survive *s);
-#define SURVIVE_POINT(s) setjmp(*survive_jmp(s))
-/* Step k starts (global_step + 1): its start is kept, and a lost peer from here comes back to the point. */
-void survive_step_begin(struct survive *s, int64_t k);
-/* Step k is done and logged: the first one after a loss says how long the run took to get there. */
-void survive_step_done(struct survive *s, int64_t k);
-/* Outside the steps (after the last one): a lost peer ends the job, as without the key. */
-void survive_disarm(struct survive *s);
-/* Back at the point after a loss: shrink, name the lost ranks, agree on the step, re-form, restore its start. 0 to
- * go on with the restored step, or -1 (logged: a loss that is not survived, such as the lead rank's). */
-int survive_recover(struct survive *s);
-
 /* Tests only: GRPO_TEST_KILL_AT=POINT:STEP:RANK with GRPO_TEST_HOLD_FILE=FILE makes launch rank RANK, at POINT
- * ("gen": its generation of step STEP done; "allreduce": its gradient buckets of step STEP started, not waited
- * for), write its pid to FILE.held and hold while FILE exists (at most 10 minutes), so that a test kills it there and
- * not at a time a machine's speed decides. Once per process. */
+ * ("gen": its generation of step STEP done; "allreduce": its all-reduce of step STEP's gradients started, not waited
+ * for, through comm_set_test_hold), write its pid to FILE.held and hold while FILE exists (at most 10 minutes), so
+ * that a test kills it there and not at a time a machine's speed decides. Once per process. */
 void survive_test_hold(const char *point);
 
 #endif

@@ -6,6 +6,7 @@
 #include <cblas.h>
 #include <errno.h>
 #include <math.h>
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,7 +38,6 @@
 #include "worker/model/lora.h"
 #include "worker/model/model_io.h"
 #include "worker/rewards/reward.h"
-#include "worker/survive/survive.h"
 #include "worker/tokenizer/tokenizer.h"
 
 /* This rank's place in its model copy (ranks with the same place hold the same part of the weights). */
@@ -427,14 +427,14 @@ int trainer_run(struct trainer *t)
     while (t->st.global_step < t->st.total_steps) {
         /* trainer.survive_trainer_loss: a lost rank brings the others back here, to redo the step it interrupted
          * (the survivors re-formed and the step's start restored by survive_recover) */
-        if (t->survive) {
-            if (SURVIVE_POINT(t->survive)) { /* setjmp: alone in the condition */
-                if (survive_recover(t->survive) != 0) {
+        if (t->rec.point) {
+            if (setjmp(*t->rec.point)) { /* alone in the condition, as setjmp must be */
+                if (t->rec.recover(t->rec.ctx) != 0) {
                     rc = -1;
                     break;
                 }
             }
-            survive_step_begin(t->survive, t->st.global_step + 1);
+            t->rec.step_begin(t->rec.ctx, t->st.global_step + 1);
         }
         t->iter_t0 = clock_now_s();
         t->wait_t0 = comm_wait_seconds();
@@ -489,16 +489,16 @@ int trainer_run(struct trainer *t)
                           k == t->st.total_steps || k == c->trainer_sft_warmup_steps))
             trainer_validate(t, &m);
         log_step(t, k, &m);
-        if (t->survive)
-            survive_step_done(t->survive, k);
+        if (t->rec.point)
+            t->rec.step_done(t->rec.ctx, k);
         if ((c->trainer_save_freq > 0 && pushed && (k / push) % c->trainer_save_freq == 0) || k == t->st.total_steps)
             if (trainer_save_checkpoint(t) != 0) {
                 rc = -1;
                 break;
             }
     }
-    if (t->survive) /* past the steps a lost rank ends the job, as without the key */
-        survive_disarm(t->survive);
+    if (t->rec.point) /* past the steps a lost rank ends the job, as without the key */
+        t->rec.disarm(t->rec.ctx);
     /* the ranks leave together: DP rank 0 may still be validating or writing the last checkpoint, and a rank
      * that went ahead would wait for it in MPI_Finalize, whose guard takes a long wait for a lost rank */
     if (rc == 0)

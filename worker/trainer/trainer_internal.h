@@ -19,7 +19,6 @@
 #include "worker/gen/generate.h"
 
 struct zero1;
-struct survive;
 
 struct trainer {
     const struct grpo_config *cfg;
@@ -83,7 +82,7 @@ struct trainer {
     double gdpo_w[CFG_GDPO_MAX_KEYS];
     enum kl_type kl_reward_type;
     struct rollout_corr corr; /* algorithm.rollout_correction */
-    struct survive *survive;  /* trainer.survive_trainer_loss: a lost rank's step redone (NULL: off) */
+    struct trainer_recovery rec; /* trainer.survive_trainer_loss: a lost rank's step redone (rec.point NULL: off) */
 };
 
 /* The trainer rank that decides for all and writes the run's records: DP rank 0, TP rank 0, the first stage. */

@@ -93,4 +93,4 @@ int trainer_reform(struct trainer *t, struct comm *all, struct comm *dp, int dp_
     return trainer_resolve_micro_batches(t, err, errlen);
 }
 
-void trainer_set_survive(struct trainer *t, struct survive *s) { t->survive = s; }
+void trainer_set_recovery(struct trainer *t, const struct trainer_recovery *r) { t->rec = *r; }
