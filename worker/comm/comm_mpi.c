@@ -533,8 +533,9 @@ void comm_mpi_log_caps(void)
     MPI_Comm_get_attr(MPI_COMM_WORLD, MPIX_FT, &ft, &has);
     if (has && ft && *ft)
         log_info("comm",
-                 "MPI: %s with ULFM, fault tolerance on (mpirun --with-ft ulfm): trainer-loss survival is planned, not "
-                 "there yet: a lost trainer rank still ends the job (docs/operations.md, \"When a rank dies\")",
+                 "MPI: %s with ULFM, fault tolerance on (mpirun --with-ft ulfm): trainer-loss survival is available "
+                 "to colocated plain data parallelism (" KEY_trainer_survive_trainer_loss "=true); elsewhere a lost "
+                 "trainer rank still ends the job (docs/operations.md, \"Open MPI 5 with fault tolerance (ULFM)\")",
                  lib);
     else
         log_info("comm",

@@ -50,6 +50,7 @@ struct survive {
     double lost_at, reformed_s;
     int64_t redo;
     char lost_names[256];
+    bool said_cost;
 };
 
 /* the one survive object of the process: the test hold reads its step */
@@ -179,7 +180,13 @@ static void step_begin(void *ud, int64_t k)
 {
     struct survive *s = ud;
     s->step = k;
+    const double t0 = clock_now_s();
     trainer_snapshot_take(s->t, s->snap[k % 2]);
+    if (!s->said_cost && s->env->rank == 0) { /* what the key costs a step, once */
+        s->said_cost = true;
+        log_info("survive", "step %lld's start kept in %.3f s (%.1f MB: the weights, AdamW's moments; every step)",
+                 (long long)k, clock_now_s() - t0, (double)trainer_snapshot_bytes(s->snap[k % 2]) / 1e6);
+    }
     s->armed = true;
 }
 

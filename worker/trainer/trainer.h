@@ -207,6 +207,8 @@ void trainer_snapshot_take(struct trainer *t, struct trainer_snapshot *s);
 void trainer_snapshot_restore(struct trainer *t, const struct trainer_snapshot *s);
 /* The step whose start s holds (-1: none). */
 int64_t trainer_snapshot_step(const struct trainer_snapshot *s);
+/* The host memory it holds. */
+size_t trainer_snapshot_bytes(const struct trainer_snapshot *s);
 void trainer_snapshot_free(struct trainer_snapshot *s);
 /* Move the trainer onto the survivors' groups: all (every trainer) and dp (plain DP: the same ranks), this rank
  * dp_rank of dp_size; the gradient buckets and micro-batch sizes follow, the interrupted step's buffers go. 0, or

@@ -38,6 +38,8 @@ void trainer_snapshot_free(struct trainer_snapshot *s)
 
 int64_t trainer_snapshot_step(const struct trainer_snapshot *s) { return s ? s->step : -1; }
 
+size_t trainer_snapshot_bytes(const struct trainer_snapshot *s) { return 3 * s->n * sizeof(float); }
+
 void trainer_snapshot_take(struct trainer *t, struct trainer_snapshot *s)
 {
     const struct trainable tr = model_trainable(t->policy);
