@@ -116,10 +116,7 @@ int comm_lost_ranks(struct comm *old, struct comm *survivors, int *ranks, int ma
     return n;
 }
 
-int comm_agree(struct comm *c, int *flag)
-{
-    return MPIX_Comm_agree(impl_of(c)->comm, flag) == MPI_SUCCESS ? 0 : -1;
-}
+int comm_agree(struct comm *c, int *flag) { return MPIX_Comm_agree(impl_of(c)->comm, flag) == MPI_SUCCESS ? 0 : -1; }
 #else
 bool comm_ft_available(char *why, size_t whylen)
 {

@@ -34,15 +34,15 @@ struct survive {
     struct role_env *env;
     struct trainer *t;
     jmp_buf jb;
-    bool armed;    /* inside a step: a lost peer comes back to its start */
-    int64_t step;  /* the step begun last */
+    bool armed;                       /* inside a step: a lost peer comes back to its start */
+    int64_t step;                     /* the step begun last */
     struct trainer_snapshot *snap[2]; /* step k's start in snap[k % 2] */
     void (*reform)(void *ud);
     void *ud;
     /* the groups a loss revokes: the world and the trainers (every rank) and DP; after a loss the shrunk ones */
     struct comm *watch[3];
     int n_watch;
-    struct comm *sides;         /* owned after a loss: the survivors */
+    struct comm *sides;            /* owned after a loss: the survivors */
     struct parallel_groups groups; /* owned after a loss: their DP, TP and PP groups */
     bool have_groups;
     int *launch_rank; /* each current rank's rank at launch: lost ranks are named as the logs name them */
@@ -155,7 +155,6 @@ struct survive *survive_create(struct role_env *env, void (*reform)(void *ud), v
                  env->world_size - 1);
     return s;
 }
-
 
 void survive_free(struct survive *s)
 {

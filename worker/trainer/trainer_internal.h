@@ -81,7 +81,7 @@ struct trainer {
     char *gdpo_keys[CFG_GDPO_MAX_KEYS];
     double gdpo_w[CFG_GDPO_MAX_KEYS];
     enum kl_type kl_reward_type;
-    struct rollout_corr corr; /* algorithm.rollout_correction */
+    struct rollout_corr corr;    /* algorithm.rollout_correction */
     struct trainer_recovery rec; /* trainer.survive_trainer_loss: a lost rank's step redone (rec.point NULL: off) */
 };
 

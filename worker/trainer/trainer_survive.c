@@ -14,10 +14,10 @@
 #include "worker/model/model.h"
 
 struct trainer_snapshot {
-    int64_t step;       /* the step whose start this is (-1: none yet) */
-    size_t n;           /* trainable floats */
+    int64_t step; /* the step whose start this is (-1: none yet) */
+    size_t n;     /* trainable floats */
     float *params, *m, *v;
-    int64_t opt_t;      /* AdamW steps taken */
+    int64_t opt_t;       /* AdamW steps taken */
     struct run_state st; /* steps done, the data cursor, the seed */
 };
 
