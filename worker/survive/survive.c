@@ -331,9 +331,22 @@ void survive_test_hold(const char *point)
     static long long step = -1;
     static int rank = -1;
     const char *flag = getenv("GRPO_TEST_HOLD_FILE");
-    if (armed < 0) {
+    if (armed < 0) { /* POINT:STEP:RANK */
         const char *at = getenv("GRPO_TEST_KILL_AT");
-        armed = at && flag && sscanf(at, "%31[^:]:%lld:%d", want, &step, &rank) == 3;
+        const char *c1 = at ? strchr(at, ':') : NULL;
+        char *end = NULL, *end2 = NULL;
+        armed = 0;
+        if (flag && c1 && (size_t)(c1 - at) < sizeof want) {
+            memcpy(want, at, (size_t)(c1 - at));
+            want[c1 - at] = '\0';
+            step = strtoll(c1 + 1, &end, 10);
+            if (*end == ':') {
+                rank = (int)strtol(end + 1, &end2, 10);
+                armed = end2 != end + 1 && *end2 == '\0';
+            }
+        }
+        if (at && !armed)
+            log_warn("survive", "GRPO_TEST_KILL_AT=%s is not POINT:STEP:RANK with GRPO_TEST_HOLD_FILE: no hold", at);
     }
     if (!armed || !g_survive || strcmp(want, point) != 0 || step != g_survive->step ||
         rank != g_survive->launch_rank[g_survive->env->rank] || access(flag, F_OK) != 0)
