@@ -226,7 +226,7 @@ static int recover(void *ud)
                   err);
         return -1;
     }
-    int lost[MAX_LOST], names[MAX_LOST];
+    int lost[MAX_LOST] = {0}, names[MAX_LOST] = {0};
     int n_lost = comm_lost_ranks(old, sides, lost, MAX_LOST);
     n_lost = n_lost < MAX_LOST ? n_lost : MAX_LOST;
     bool lead_lost = false;
