@@ -115,9 +115,12 @@ DEPENDS = {
     "worker/rollout/": ((KERNELS_IF, ROLES_H, "worker/comm/", "worker/control/", "worker/data/", "worker/formats/",
                          "worker/gen/", "worker/metrics/", "worker/model/", "worker/plane/", "worker/rewards/",
                          "worker/step/", "worker/tokenizer/"), "the rollout role builds on every capability below"),
+    "worker/survive/": ((ROLES_H, "worker/comm/", "worker/trainer/"),
+                        "trainer-loss survival drives the trainer library (its recovery hooks) over the collective "
+                        "plane's fault tolerance; the colocated role uses it"),
     "worker/hybrid/": ((KERNELS_IF, ROLES_H, "worker/comm/", "worker/control/", "worker/data/", "worker/formats/",
                         "worker/gen/", "worker/metrics/", "worker/model/", "worker/plane/", "worker/rewards/",
-                        "worker/step/", "worker/tokenizer/", "worker/trainer/"),
+                        "worker/step/", "worker/survive/", "worker/tokenizer/", "worker/trainer/"),
                        "the colocated role builds on the trainer role and every capability below"),
     "worker/*": ((KERNELS_IF, "worker/"), "the binaries' mains (grpo-worker, grpo-model) run the roles and tools, "
                  "on the kernels' interface, never on a back-end"),

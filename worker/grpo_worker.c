@@ -25,6 +25,7 @@
 #include "worker/launch/launch.h"
 #include "worker/model/device.h"
 #include "worker/roles.h"
+#include "worker/survive/survive.h"
 
 static void usage(FILE *out)
 {
@@ -261,6 +262,26 @@ static struct comm *init(int *argc, char ***argv, const struct args *a)
     return world;
 }
 
+/* trainer.survive_trainer_loss only where it is covered (survive_check): 0, or 2 with the reason (rank 0 says it;
+ * every rank refuses alike). */
+static int survive_allowed(struct launch *l)
+{
+    const struct role_env *env = &l->env;
+    if (l->selftest || !env->cfg->trainer_survive_trainer_loss)
+        return 0;
+    if (env->world_size == 1) {
+        log_warn("worker", KEY_trainer_survive_trainer_loss ": one process has no other rank to go on without it");
+        return 0;
+    }
+    char why[1024];
+    if (survive_check(env->cfg, &env->spec, l->colocated, env->world_size, why, sizeof why) == 0)
+        return 0;
+    if (env->rank == 0)
+        log_error("worker", "%s", why);
+    l->refused_alike = true;
+    return 2;
+}
+
 /* The launched role (or --selftest's check); its exit status. */
 static int run(struct launch *l)
 {
@@ -310,6 +331,8 @@ int main(int argc, char **argv)
     struct comm *world = init(&argc, &argv, &a);
     struct launch l;
     status = launch(&l, &a.cfg, world, &a.launch);
+    if (status == 0)
+        status = survive_allowed(&l);
     if (status == 0)
         status = run(&l);
     return finalize(&l, world, &a, status);

@@ -16,7 +16,7 @@ timeout "$(scaled 120)" "$SRC_ROOT/scripts/mpirun_ft" --oversubscribe -np 2 grpo
 expect "mpirun_ft -np 2 grpo-worker --selftest exits 0" $?
 says "$log" "collective plane OK: 2 ranks"
 expect "the selftest passes on Open MPI 5" $?
-[ "$(lines_with "$log" "with ULFM, fault tolerance on (mpirun --with-ft ulfm): trainer-loss survival is planned")" -eq 1 ]
+[ "$(lines_with "$log" "with ULFM, fault tolerance on (mpirun --with-ft ulfm): trainer-loss survival is available")" -eq 1 ]
 expect "rank 0 says once that the launch turned ULFM on" $?
 says "$log" "MPI: Open MPI v5."
 expect "the line names the library that runs (Open MPI 5)" $?

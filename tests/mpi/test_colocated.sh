@@ -17,7 +17,8 @@
 #  - work stealing on and off train on the same batch (same weights), and the ranks' idle share is measured;
 #  - memory phases: generation holds no gradients or training buffers, the update no KV cache
 #    (actor_rollout_ref.rollout.free_cache_engine), each phase's peak logged;
-#  - -np that disagrees with trainer.nnodes x trainer.n_gpus_per_node is an error naming the keys and numbers.
+#  - -np that disagrees with trainer.nnodes x trainer.n_gpus_per_node is an error naming the keys and numbers;
+#  - trainer.survive_trainer_loss is refused on this MPI (no ULFM), naming the key.
 # usage: test_colocated.sh (the build's programs by name, tests/lib.sh)
 set -u
 . "$(dirname "$0")/../lib.sh" grpo-colo
@@ -222,4 +223,11 @@ expect "data.gen_batch_size with separate rollout ranks is refused naming the ke
     trainer.n_gpus_per_node=4 >"$TMP/bad.log" 2>&1
 [ $? -ne 0 ] && says "$TMP/bad.log" "trainer.nnodes x trainer.n_gpus_per_node (placement.trainer_ranks) is 4 with no rollout ranks (every rank colocated), but mpirun started 2 ranks"
 expect "-np 2 with trainer.n_gpus_per_node=4 is refused naming the keys and the numbers" $?
+
+# trainer-loss survival needs Open MPI 5 with ULFM (tests/ft/test_survive.sh runs it there): this MPI is refused
+# shellcheck disable=SC2046
+"${MPIRUN[@]}" -np 2 "$WORKER" $(common llama) trainer.default_local_dir="$TMP/survive" trainer.nnodes=1 \
+    trainer.n_gpus_per_node=2 trainer.survive_trainer_loss=true >"$TMP/survive.log" 2>&1
+[ $? -ne 0 ] && says "$TMP/survive.log" "trainer.survive_trainer_loss: this build's MPI has no ULFM"
+expect "trainer.survive_trainer_loss on an MPI without ULFM is refused naming the key" $?
 finish "$TMP"/*.log

@@ -53,6 +53,33 @@ void comm_fail_alone(struct comm *c);
  * runs every operation non-blocking and tests it; comm_broadcast_polled, the wait at a safe point that lasts
  * through a pause, is not bounded. Groups split from c inherit the deadline. */
 void comm_set_deadline(struct comm *c, double seconds);
+/* Fault tolerance (comm_ft.c): ULFM, Open MPI 5 launched with its fault tolerance on (scripts/mpirun_ft). Whether
+ * this process can outlive a lost peer; false with the reason in why (a build without ULFM, a launch without
+ * --with-ft ulfm). */
+bool comm_ft_available(char *why, size_t whylen);
+/* c's MPI errors come back to the collective plane instead of ending the job in MPI itself (the handler below sees
+ * them; groups split from c later inherit this). Nothing on other back-ends. */
+void comm_ft_watch(struct comm *c);
+/* From now on an operation of a watched MPI group that fails because a peer is lost, or because a survivor revoked
+ * the group, calls lost(ud, c, what) (what names the call and why) before anything else; lost does not return where
+ * the run survives the loss (it jumps back to a point it set), and when it returns the run ends as before. NULL:
+ * none. */
+void comm_set_peer_lost_handler(void (*lost)(void *ud, struct comm *c, const char *what), void *ud);
+/* Revoke c: every survivor's operation on it, waiting or to come, fails at once. c is dead: comm_free releases its
+ * wrapper only. */
+void comm_revoke(struct comm *c);
+/* The survivors of c (revoked) as a new group, ranked as in c, with c's deadline, watched; collective over the
+ * survivors (MPIX_Comm_shrink agrees on who they are). NULL with err. */
+struct comm *comm_shrink(struct comm *c, char *err, size_t errlen);
+/* The ranks of old that are not in survivors (its shrink), in increasing order: up to max of them in ranks; their
+ * count. The same on every survivor. */
+int comm_lost_ranks(struct comm *old, struct comm *survivors, int *ranks, int max);
+/* Every survivor of c's flag ANDed, the same on all of them even if a peer is lost meanwhile (MPIX_Comm_agree);
+ * 0, or -1. */
+int comm_agree(struct comm *c, int *flag);
+/* Tests of a lost peer: hold(point) runs where this rank is about to wait for an all-reduce it started ("allreduce",
+ * comm_wait), so that a test kills it there, its part started and its peers waiting on it; NULL: none. */
+void comm_set_test_hold(void (*hold)(const char *point));
 /* Release a comm from comm_mpi_world, comm_split or comm_device_group. */
 void comm_free(struct comm *c);
 

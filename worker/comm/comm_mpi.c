@@ -17,6 +17,7 @@
 #endif
 
 #include "comm.h"
+#include "comm_mpi_impl.h"
 #include "common/check_mpi.h"
 #include "common/clock.h"
 #include "common/log.h"
@@ -35,18 +36,13 @@ static MPI_Datatype mpi_type(enum comm_dtype t)
 
 static MPI_Comm mc(struct comm *c) { return *(MPI_Comm *)c->impl; }
 
-struct mpi_impl {
-    MPI_Comm comm; /* first member: mc() reads it through the impl pointer */
-    bool owned;
-    bool alone; /* comm_fail_alone: an error ends this rank only */
-};
-
 /* An error in a collective: the whole job ends (CHECK_MPI), or, in a group marked comm_fail_alone, this rank
  * only, with a log line (the group lost a peer; the run goes on without the group). */
 static void comm_check(struct comm *c, int rc, const char *file, int line, const char *expr)
 {
     if (rc == MPI_SUCCESS)
         return;
+    comm_ft_check(c, rc, expr); /* a lost peer where the run survives one: does not return */
     if (((struct mpi_impl *)c->impl)->alone) {
         char text[MPI_MAX_ERROR_STRING];
         int len = 0;
@@ -89,9 +85,19 @@ static void mpi_wait_bounded(struct comm *c, MPI_Request *req, int n, const char
 static int mpi_wait_until(struct comm *c, MPI_Request *req, int n, const char *what, bool soft)
 {
     const double t0 = clock_now_s();
+    MPI_Status st[2]; /* every caller has one or two requests */
+    if (n > 2)
+        check_failf(__FILE__, __LINE__, "mpi_wait_until: %d requests (at most 2)", n);
     for (long spins = 0;; spins++) {
         int done = 0;
-        CHECK_C(c, MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE));
+        int rc = MPI_Testall(n, req, &done, st);
+        if (rc == MPI_ERR_IN_STATUS) /* the request's own error (a lost peer's, which comm_check hands on) */
+            for (int i = 0; i < n; i++)
+                if (st[i].MPI_ERROR != MPI_SUCCESS && st[i].MPI_ERROR != MPI_ERR_PENDING) {
+                    rc = st[i].MPI_ERROR;
+                    break;
+                }
+        comm_check(c, rc, __FILE__, __LINE__, "MPI_Testall(n, req, &done, st)");
         if (done)
             return 0; /* the caller's MPI_Wait releases the complete requests */
         const double waited = (clock_now_s() - t0);
@@ -402,7 +408,7 @@ static void mpi_fail_alone(struct comm *c)
 static void mpi_destroy(struct comm *c)
 {
     struct mpi_impl *impl = c->impl;
-    if (impl->owned)
+    if (impl->owned && !impl->revoked)
         MPI_Comm_free(&impl->comm);
     free(impl);
     free(c);
@@ -423,6 +429,8 @@ static struct comm_table *mpi_table_create(struct comm *c, size_t n)
     t->n = n;
     const MPI_Aint bytes = c->rank == 0 ? (MPI_Aint)(n * sizeof(int64_t)) : 0;
     CHECK_MPI(MPI_Win_allocate(bytes, sizeof(int64_t), MPI_INFO_NULL, mc(c), &t->base, &t->win));
+    if (((struct mpi_impl *)c->impl)->watched) /* a lost peer comes back as an error, as on c */
+        CHECK_MPI(MPI_Win_set_errhandler(t->win, MPI_ERRORS_RETURN));
     if (c->rank == 0) { /* the window's memory starts undefined: zeros, in an epoch of its own */
         CHECK_MPI(MPI_Win_lock(MPI_LOCK_EXCLUSIVE, 0, 0, t->win));
         memset(t->base, 0, n * sizeof(int64_t));
@@ -436,12 +444,12 @@ static void mpi_table_update(struct comm_table *base, int64_t *v, void (*fn)(voi
 {
     struct mpi_table *t = (struct mpi_table *)base;
     const int n = icount(t->n);
-    CHECK_MPI(MPI_Win_lock(MPI_LOCK_EXCLUSIVE, 0, 0, t->win));
-    CHECK_MPI(MPI_Get(v, n, MPI_INT64_T, 0, 0, n, MPI_INT64_T, t->win));
-    CHECK_MPI(MPI_Win_flush(0, t->win));
+    CHECK_C(t->c, MPI_Win_lock(MPI_LOCK_EXCLUSIVE, 0, 0, t->win));
+    CHECK_C(t->c, MPI_Get(v, n, MPI_INT64_T, 0, 0, n, MPI_INT64_T, t->win));
+    CHECK_C(t->c, MPI_Win_flush(0, t->win));
     fn(ud, v);
-    CHECK_MPI(MPI_Put(v, n, MPI_INT64_T, 0, 0, n, MPI_INT64_T, t->win));
-    CHECK_MPI(MPI_Win_unlock(0, t->win));
+    CHECK_C(t->c, MPI_Put(v, n, MPI_INT64_T, 0, 0, n, MPI_INT64_T, t->win));
+    CHECK_C(t->c, MPI_Win_unlock(0, t->win));
 }
 
 static void mpi_table_free(struct comm_table *base)
@@ -495,6 +503,8 @@ static struct comm *mpi_wrap(MPI_Comm m, bool owned)
 
 struct comm *comm_mpi_world(void) { return mpi_wrap(MPI_COMM_WORLD, false); }
 
+struct comm *comm_mpi_adopt(MPI_Comm m) { return mpi_wrap(m, true); }
+
 void comm_mpi_init(int *argc, char ***argv)
 {
     /* Colocated ranks share their work-unit table through an MPI window. Among Open MPI 4.1's one-sided
@@ -523,8 +533,9 @@ void comm_mpi_log_caps(void)
     MPI_Comm_get_attr(MPI_COMM_WORLD, MPIX_FT, &ft, &has);
     if (has && ft && *ft)
         log_info("comm",
-                 "MPI: %s with ULFM, fault tolerance on (mpirun --with-ft ulfm): trainer-loss survival is planned, not "
-                 "there yet: a lost trainer rank still ends the job (docs/operations.md, \"When a rank dies\")",
+                 "MPI: %s with ULFM, fault tolerance on (mpirun --with-ft ulfm): trainer-loss survival is available "
+                 "to colocated plain data parallelism (" KEY_trainer_survive_trainer_loss "=true); elsewhere a lost "
+                 "trainer rank still ends the job (docs/operations.md, \"Open MPI 5 with fault tolerance (ULFM)\")",
                  lib);
     else
         log_info("comm",

@@ -30,6 +30,7 @@
 #include "worker/plane/wire.h"
 #include "worker/roles.h"
 #include "worker/step/batch.h"
+#include "worker/survive/survive.h"
 #include "worker/trainer/trainer.h"
 #include "worker/trainer/trainer_process.h"
 
@@ -64,6 +65,7 @@ struct colocated {
     int64_t gen_at;               /* the trainer's step whose weights the generation model holds (-1: none yet) */
     struct colocated_figures fig; /* the step made last */
     struct hybrid_dapo dapo;
+    struct survive *survive; /* trainer.survive_trainer_loss (NULL: off) */
 };
 
 /* Whether the update packs a group's prompt once (the trainer's rule: the key, on the CPU). */
@@ -350,6 +352,7 @@ static int gen_round(struct colocated *c, int64_t k, int round, struct step_batc
     trainer_advance_cursor(c->t, uids);
     struct made mine = {0};
     generate_share(c, k, round, uids, &mine);
+    survive_test_hold("gen"); /* tests: this rank dies with its units made, its peers waiting for it */
     tm->reward += mine.reward_s;
     /* the long tail: this rank waits for the slowest engine (no deadline: generation takes what it takes) */
     const double t0 = clock_now_s();
@@ -541,10 +544,29 @@ static int colocated_setup(struct colocated *c, char *err, size_t errlen)
     return 0;
 }
 
+/* After a lost rank (survive.c re-formed the groups and env): the ledger of work units over the survivors, as many
+ * units as their engines take. The lost group's ledger is left behind (freeing its window would wait on the lost
+ * rank). */
+static void colocated_reform(void *ud)
+{
+    struct colocated *c = ud;
+    const struct role_env *env = c->env;
+    c->units = units_per_step(env->cfg, env->at.engines);
+    c->ledger = units_ledger_create(env->trainers, env->at.engines, c->units, env->cfg->placement_colocated_steal);
+    if (!c->ledger)
+        check_failf(__FILE__, __LINE__, "the survivors' work-unit ledger: no MPI one-sided memory");
+    c->head = env->at.engine_tp == 0;
+    c->lim.units = c->units;
+    c->lim.world_size = env->world_size;
+    c->gen_at = -1;
+}
+
 static void colocated_ready(void *ud, struct trainer *t)
 {
     struct colocated *c = ud;
     c->t = t;
+    if (c->survive)
+        survive_attach(c->survive, t);
     char err[1024];
     if (colocated_setup(c, err, sizeof err) != 0) {
         log_error("hybrid", "%s", err);
@@ -560,6 +582,8 @@ static int run_colocated(struct role_env *env)
     trainer_layout_of(env, &lay);
     struct trainer_source src = {
         .ctx = &c, .next_batch = next_batch, .generates = true, .validate = validate, .metrics = colocated_metrics};
+    if (env->cfg->trainer_survive_trainer_loss) /* launch checked the layout (survive_check) */
+        c.survive = survive_create(env, colocated_reform, &c);
     int status = run_trainer_process(env, &lay, &src, colocated_ready, &c);
     if (env->rank == 0 && c.stolen_total)
         log_info("hybrid", "%lld work unit(s) were made by another engine than their own", (long long)c.stolen_total);
@@ -573,6 +597,7 @@ static int run_colocated(struct role_env *env)
         comm_free(c.engine_dev);
     free(c.whole);
     units_ledger_free(c.ledger);
+    survive_free(c.survive); /* after the ledger: it holds the survivors' group */
     return status;
 }
 

@@ -6,6 +6,7 @@
 #include <cblas.h>
 #include <errno.h>
 #include <math.h>
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -411,7 +412,6 @@ static int decide(struct trainer *t)
 int trainer_run(struct trainer *t)
 {
     const struct grpo_config *c = t->cfg;
-    const bool writer = trainer_is_lead(t);
     /* validation generates with the policy: on every rank of DP rank 0's TP group (the leader logs it), or on
      * every rank where the source shares it out */
     const bool validator = t->lay.dp_rank / t->lay.ep_size == 0 || t->src.validate; /* EP: DP rank 0's EP group */
@@ -425,6 +425,17 @@ int trainer_run(struct trainer *t)
     }
     const int64_t push = t->src.push_every > 1 ? t->src.push_every : 1; /* fully-async: the weight pushes */
     while (t->st.global_step < t->st.total_steps) {
+        /* trainer.survive_trainer_loss: a lost rank brings the others back here, to redo the step it interrupted
+         * (the survivors re-formed and the step's start restored by survive_recover) */
+        if (t->rec.point) {
+            if (setjmp(*t->rec.point)) { /* alone in the condition, as setjmp must be */
+                if (t->rec.recover(t->rec.ctx) != 0) {
+                    rc = -1;
+                    break;
+                }
+            }
+            t->rec.step_begin(t->rec.ctx, t->st.global_step + 1);
+        }
         t->iter_t0 = clock_now_s();
         t->wait_t0 = comm_wait_seconds();
         int act = t->st.global_step % push == 0 ? decide(t) : TRAINER_CONTINUE;
@@ -444,7 +455,7 @@ int trainer_run(struct trainer *t)
             /* a rank ending with an error ends the MPI job (grpo_worker.c): not before DP rank 0's checkpoint */
             if (trainer_all_group(t))
                 comm_barrier(trainer_all_group(t));
-            if (writer)
+            if (trainer_is_lead(t))
                 log_error("trainer", "stopped at step %lld: %s; %s", (long long)t->st.global_step,
                           t->failure[0] ? t->failure : "a record of the run could not be written",
                           saved ? "the checkpoint of this step is written" : "no checkpoint could be written");
@@ -452,7 +463,7 @@ int trainer_run(struct trainer *t)
             break;
         }
         if (act & TRAINER_STOP) {
-            if (writer)
+            if (trainer_is_lead(t))
                 log_info("trainer", "stop requested at step %lld: %s, ending", (long long)t->st.global_step,
                          saved ? "checkpoint written" : "the checkpoint could not be written");
             break;
@@ -467,7 +478,7 @@ int trainer_run(struct trainer *t)
             break;
         }
         t->st.global_step = k;
-        if (k == c->trainer_sft_warmup_steps && writer && finish_warm_start(t) != 0) {
+        if (k == c->trainer_sft_warmup_steps && trainer_is_lead(t) && finish_warm_start(t) != 0) {
             rc = -1;
             break;
         }
@@ -478,12 +489,16 @@ int trainer_run(struct trainer *t)
                           k == t->st.total_steps || k == c->trainer_sft_warmup_steps))
             trainer_validate(t, &m);
         log_step(t, k, &m);
+        if (t->rec.point)
+            t->rec.step_done(t->rec.ctx, k);
         if ((c->trainer_save_freq > 0 && pushed && (k / push) % c->trainer_save_freq == 0) || k == t->st.total_steps)
             if (trainer_save_checkpoint(t) != 0) {
                 rc = -1;
                 break;
             }
     }
+    if (t->rec.point) /* past the steps a lost rank ends the job, as without the key */
+        t->rec.disarm(t->rec.ctx);
     /* the ranks leave together: DP rank 0 may still be validating or writing the last checkpoint, and a rank
      * that went ahead would wait for it in MPI_Finalize, whose guard takes a long wait for a lost rank */
     if (rc == 0)

@@ -6,6 +6,7 @@
 #ifndef GRPO_WORKER_TRAINER_H
 #define GRPO_WORKER_TRAINER_H
 
+#include <setjmp.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -185,5 +186,34 @@ const char *trainer_run_dir(const struct trainer *t);
 /* The policy's trainable parameters in host memory (the adapter with LoRA): on a GPU a host copy, made now and
  * valid until the next call (checksums, published weights, equivalence tests). */
 const float *trainer_params(struct trainer *t, size_t *n);
+
+/* Surviving a lost trainer rank (trainer.survive_trainer_loss; worker/survive/ decides and fills the hooks,
+ * trainer_survive.c does the trainer's part): with these set, the start of every step of trainer_run is a point a
+ * lost peer brings this rank back to (a setjmp on *point), to redo the step. */
+struct trainer_recovery {
+    void *ctx;
+    jmp_buf *point;                           /* set (setjmp) at the start of each step */
+    void (*step_begin)(void *ctx, int64_t k); /* step k starts: its start is kept, a loss from here comes back */
+    int (*recover)(void *ctx);                /* back at the point: 0 to redo the restored step, -1 to end the run */
+    void (*step_done)(void *ctx, int64_t k);  /* step k is done and logged */
+    void (*disarm)(void *ctx);                /* past the last step: a loss ends the job */
+};
+void trainer_set_recovery(struct trainer *t, const struct trainer_recovery *r);
+/* The trainer's state at the start of a step (weights, AdamW's moments and count, the run state with the data
+ * cursor), in host memory: taken at the start of step global_step + 1, restored to redo that step. */
+struct trainer_snapshot;
+struct trainer_snapshot *trainer_snapshot_new(void);
+void trainer_snapshot_take(struct trainer *t, struct trainer_snapshot *s);
+void trainer_snapshot_restore(struct trainer *t, const struct trainer_snapshot *s);
+/* The step whose start s holds (-1: none). */
+int64_t trainer_snapshot_step(const struct trainer_snapshot *s);
+/* The host memory it holds. */
+size_t trainer_snapshot_bytes(const struct trainer_snapshot *s);
+void trainer_snapshot_free(struct trainer_snapshot *s);
+/* Move the trainer onto the survivors' groups: all (every trainer) and dp (plain DP: the same ranks), this rank
+ * dp_rank of dp_size; the gradient buckets and micro-batch sizes follow, the interrupted step's buffers go. 0, or
+ * -1 with err. */
+int trainer_reform(struct trainer *t, struct comm *all, struct comm *dp, int dp_rank, int dp_size, char *err,
+                   size_t errlen);
 
 #endif

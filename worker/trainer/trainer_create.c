@@ -85,7 +85,7 @@ static int lock_run_dir(struct trainer *t, char *err, size_t errlen)
 
 /* This rank's micro-batch sizes: the _per_gpu keys, or verl's deprecated global keys divided by the DP size,
  * with verl's deprecation notice (once, from the lead rank). */
-static int resolve_micro_batches(struct trainer *t, char *err, size_t errlen)
+int trainer_resolve_micro_batches(struct trainer *t, char *err, size_t errlen)
 {
     int *out[3] = {
         [CFG_MICRO_ACTOR] = &t->micro_actor, [CFG_MICRO_OLD_LOGP] = &t->micro_old, [CFG_MICRO_REF] = &t->micro_ref};
@@ -195,7 +195,7 @@ static int device_mp_setup(struct trainer *t, char *err, size_t errlen)
 /* overlap_grad_reduce: the DP gradient sum in buckets during the backward, where the sum is one all-reduce of
  * the whole gradient in this rank's memory (not with ZeRO-1's reduce-scatter, TP or PP's shards, LoRA's adapter,
  * or the host staging of GPUs that DP ranks share). */
-static void overlap_setup(struct trainer *t)
+void trainer_overlap_setup(struct trainer *t)
 {
     const struct grpo_config *c = t->cfg;
     if (t->lay.dp_size < 2 || !c->actor_ddp_overlap_grad_reduce || t->zero || t->lay.mp || t->lay.cp ||
@@ -317,7 +317,7 @@ static int setup_algorithm(struct trainer *t, char *err, size_t errlen)
         t->loss.bypass = &t->corr;
     if (cfg->trainer_num_threads > 0)
         khost_set_threads((int)cfg->trainer_num_threads);
-    if (resolve_micro_batches(t, err, errlen) != 0)
+    if (trainer_resolve_micro_batches(t, err, errlen) != 0)
         return -1;
     return 0;
 }
@@ -707,7 +707,7 @@ struct trainer *trainer_create_dist(const struct grpo_config *cfg, const struct 
         load_data_scorers(t, err, errlen) != 0 || setup_optimizer(t, err, errlen) != 0 ||
         open_run_dir(t, err, errlen) != 0 || resume_checkpoint(t, err, errlen) != 0 || setup_zero1(t, err, errlen) != 0)
         goto fail;
-    overlap_setup(t);
+    trainer_overlap_setup(t);
     if (open_sinks(t, err, errlen) != 0)
         goto fail;
     return t;

@@ -81,7 +81,8 @@ struct trainer {
     char *gdpo_keys[CFG_GDPO_MAX_KEYS];
     double gdpo_w[CFG_GDPO_MAX_KEYS];
     enum kl_type kl_reward_type;
-    struct rollout_corr corr; /* algorithm.rollout_correction */
+    struct rollout_corr corr;    /* algorithm.rollout_correction */
+    struct trainer_recovery rec; /* trainer.survive_trainer_loss: a lost rank's step redone (rec.point NULL: off) */
 };
 
 /* The trainer rank that decides for all and writes the run's records: DP rank 0, TP rank 0, the first stage. */
@@ -130,6 +131,11 @@ void trainer_meet(struct trainer *t);
 int trainer_sft_step(struct trainer *t, int64_t k, struct metrics *m);
 /* Validation on the held-out prompts (DP rank 0). */
 void trainer_validate(struct trainer *t, struct metrics *m);
+
+/* This rank's micro-batch sizes from the keys and the DP size (again after the DP group shrank); 0, or -1 with err. */
+int trainer_resolve_micro_batches(struct trainer *t, char *err, size_t errlen);
+/* overlap_grad_reduce's buckets over lay.dp, where they apply (t->overlap; left NULL elsewhere). */
+void trainer_overlap_setup(struct trainer *t);
 
 /* Pinned host memory of the trainable parameters' size (made on first use): what crosses the host on a GPU. */
 float *trainer_host_buffer(struct trainer *t);

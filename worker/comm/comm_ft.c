@@ -1,0 +1,157 @@
+/* The MPI back-end's fault tolerance: ULFM (User-Level Failure Mitigation, Open MPI 5 launched with mpirun --with-ft
+ * ulfm, as scripts/mpirun_ft does). A peer's loss is an error the survivors handle instead of the end of the job:
+ * they revoke the groups it was in (every survivor's operation on them fails at once, wherever it waits), shrink
+ * them to the survivors and agree on how to go on. What the run does with that is worker/survive/'s; this file is
+ * the MPI side only. Built without ULFM every function says so and does nothing. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef GRPO_HAVE_ULFM
+#include <mpi.h>
+#include <mpi-ext.h> /* after mpi.h, which it needs */
+#endif
+
+#include "comm.h"
+#include "comm_mpi_impl.h"
+#include "common/check.h"
+#include "common/log.h"
+
+static void (*lost_fn)(void *ud, struct comm *c, const char *what);
+static void *lost_ud;
+
+void comm_set_peer_lost_handler(void (*lost)(void *ud, struct comm *c, const char *what), void *ud)
+{
+    lost_fn = lost;
+    lost_ud = ud;
+}
+
+static struct mpi_impl *impl_of(struct comm *c) { return (struct mpi_impl *)c->impl; }
+
+static bool is_mpi(const struct comm *c) { return c && strcmp(comm_backend_name(c), "mpi") == 0; }
+
+#ifdef GRPO_HAVE_ULFM
+bool comm_ft_available(char *why, size_t whylen)
+{
+    /* MPI_COMM_WORLD's MPIX_FT attribute: the launch turned ULFM on (without it a lost rank ends the job whatever
+     * the program does) */
+    int *ft = NULL, has = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPIX_FT, &ft, &has);
+    if (has && ft && *ft)
+        return true;
+    snprintf(why, whylen,
+             "this launch did not turn MPI's fault tolerance on: launch with scripts/mpirun_ft (mpirun --with-ft "
+             "ulfm)");
+    return false;
+}
+
+void comm_ft_watch(struct comm *c)
+{
+    if (!is_mpi(c) || impl_of(c)->watched)
+        return;
+    impl_of(c)->watched = true;
+    if (MPI_Comm_set_errhandler(impl_of(c)->comm, MPI_ERRORS_RETURN) != MPI_SUCCESS)
+        check_failf(__FILE__, __LINE__, "MPI_Comm_set_errhandler(MPI_ERRORS_RETURN) failed");
+}
+
+void comm_ft_check(struct comm *c, int rc, const char *expr)
+{
+    int cls = MPI_SUCCESS;
+    if (!lost_fn || MPI_Error_class(rc, &cls) != MPI_SUCCESS)
+        return;
+    if (cls != MPIX_ERR_PROC_FAILED && cls != MPIX_ERR_PROC_FAILED_PENDING && cls != MPIX_ERR_REVOKED)
+        return;
+    char what[256];
+    snprintf(what, sizeof what, "%s (%s over %d ranks)", expr,
+             cls == MPIX_ERR_REVOKED ? "revoked by a survivor" : "a peer is lost", c->size);
+    lost_fn(lost_ud, c, what); /* does not return where the run survives; else the caller ends the job */
+}
+
+void comm_revoke(struct comm *c)
+{
+    if (!is_mpi(c) || impl_of(c)->revoked)
+        return;
+    impl_of(c)->revoked = true;
+    /* an error here (already revoked by another survivor) changes nothing: the group is dead either way */
+    (void)MPIX_Comm_revoke(impl_of(c)->comm);
+}
+
+struct comm *comm_shrink(struct comm *c, char *err, size_t errlen)
+{
+    MPI_Comm m = MPI_COMM_NULL;
+    int rc = MPIX_Comm_shrink(impl_of(c)->comm, &m);
+    if (rc != MPI_SUCCESS) {
+        char text[MPI_MAX_ERROR_STRING];
+        int len = 0;
+        if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS)
+            snprintf(text, sizeof text, "MPI error %d", rc);
+        error_set(err, errlen, "MPIX_Comm_shrink of a group of %d ranks failed: %s", c->size, text);
+        return NULL;
+    }
+    struct comm *s = comm_mpi_adopt(m);
+    comm_ft_watch(s);
+    comm_set_deadline(s, c->deadline_s);
+    return s;
+}
+
+int comm_lost_ranks(struct comm *old, struct comm *survivors, int *ranks, int max)
+{
+    MPI_Group go, gs;
+    MPI_Comm_group(impl_of(old)->comm, &go);
+    MPI_Comm_group(impl_of(survivors)->comm, &gs);
+    int *in = xmalloc((size_t)old->size * sizeof *in), *at = xmalloc((size_t)old->size * sizeof *at);
+    for (int r = 0; r < old->size; r++)
+        in[r] = r;
+    MPI_Group_translate_ranks(go, old->size, in, gs, at);
+    int n = 0;
+    for (int r = 0; r < old->size; r++)
+        if (at[r] == MPI_UNDEFINED) {
+            if (n < max)
+                ranks[n] = r;
+            n++;
+        }
+    free(in), free(at);
+    MPI_Group_free(&go);
+    MPI_Group_free(&gs);
+    return n;
+}
+
+int comm_agree(struct comm *c, int *flag) { return MPIX_Comm_agree(impl_of(c)->comm, flag) == MPI_SUCCESS ? 0 : -1; }
+#else
+bool comm_ft_available(char *why, size_t whylen)
+{
+    snprintf(why, whylen,
+             "this build's MPI has no ULFM (fault tolerance): build against Open MPI 5 (scripts/build.sh build-ft "
+             "-Dmpi_prefix=\"$(scripts/ompi5_env.sh)\" -Dulfm=enabled) and launch with scripts/mpirun_ft");
+    return false;
+}
+
+void comm_ft_watch(struct comm *c) { (void)c; }
+
+void comm_ft_check(struct comm *c, int rc, const char *expr) { (void)c, (void)rc, (void)expr; }
+
+void comm_revoke(struct comm *c)
+{
+    if (is_mpi(c))
+        impl_of(c)->revoked = true;
+}
+
+struct comm *comm_shrink(struct comm *c, char *err, size_t errlen)
+{
+    (void)c;
+    error_set(err, errlen, "this build's MPI has no ULFM: a group cannot be shrunk");
+    return NULL;
+}
+
+int comm_lost_ranks(struct comm *old, struct comm *survivors, int *ranks, int max)
+{
+    (void)old, (void)survivors, (void)ranks, (void)max;
+    return 0;
+}
+
+int comm_agree(struct comm *c, int *flag)
+{
+    (void)c, (void)flag;
+    return -1;
+}
+#endif

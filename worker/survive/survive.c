@@ -1,0 +1,367 @@
+/* Surviving a lost trainer rank: the policy (survive.h says what and why). A step's life with the key on:
+ *
+ *   step_begin           the step's start kept (two slots: a survivor that finished step k's last collective is in
+ *                        k + 1 while another's copy of that collective failed and it is still in k), and armed;
+ *   a lost peer          the collective plane calls on_peer_lost: the trainers' groups are revoked (every survivor's
+ *                        wait on them ends at once, wherever it is) and the rank jumps back to the step's start;
+ *   recover              shrink (MPI agrees on the survivors), the lost ranks named, the step agreed on (the earliest
+ *                        any survivor is in) and MPIX_Comm_agree that every survivor can redo it, the groups and
+ *                        the layout re-formed, the trainer and the source moved onto them, the step's start
+ *                        restored; the loop then runs the step again. */
+#include "survive.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/check.h"
+#include "common/clock.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "common/placement.h"
+#include "worker/comm/comm.h"
+#include "worker/comm/parallel.h"
+#include "worker/roles.h"
+#include "worker/trainer/trainer.h"
+
+#define MAX_LOST 64
+
+struct survive {
+    struct role_env *env;
+    struct trainer *t;
+    jmp_buf jb;
+    bool armed;                       /* inside a step: a lost peer comes back to its start */
+    int64_t step;                     /* the step begun last */
+    struct trainer_snapshot *snap[2]; /* step k's start in snap[k % 2] */
+    void (*reform)(void *ud);
+    void *ud;
+    /* the groups a loss revokes: the world and the trainers (every rank) and DP; after a loss the shrunk ones */
+    struct comm *watch[3];
+    int n_watch;
+    struct comm *sides;            /* owned after a loss: the survivors */
+    struct parallel_groups groups; /* owned after a loss: their DP, TP and PP groups */
+    bool have_groups;
+    int *launch_rank; /* each current rank's rank at launch: lost ranks are named as the logs name them */
+    /* the loss being recovered: when it was found, the step redone, the ranks lost (for step_done) */
+    double lost_at, reformed_s;
+    int64_t redo;
+    char lost_names[256];
+    bool said_cost;
+};
+
+/* the one survive object of the process: the test hold reads its step */
+static struct survive *g_survive;
+
+int survive_check(const struct grpo_config *cfg, const struct placement_spec *spec, bool colocated, int world,
+                  char *why, size_t whylen)
+{
+    const char *not_yet = "; it covers colocated plain data parallelism on the CPU (docs/operations.md)";
+    char ft[512];
+    if (!comm_ft_available(ft, sizeof ft))
+        return error_set(why, whylen, KEY_trainer_survive_trainer_loss ": %s", ft);
+    if (cfg->grpod_endpoint && cfg->grpod_endpoint[0])
+        return error_set(why, whylen,
+                         KEY_trainer_survive_trainer_loss " under grpod (" KEY_grpod_endpoint
+                                                          ") is not covered yet: grpod would end the job on the lost "
+                                                          "rank%s",
+                         not_yet);
+    if (world > 1 && !colocated)
+        return error_set(why, whylen,
+                         KEY_trainer_survive_trainer_loss " with rollout ranks (" KEY_placement_rollout_ranks
+                                                          ", a split run) is not covered yet%s",
+                         not_yet);
+    if (strcmp(config_device(cfg), "cpu") != 0)
+        return error_set(why, whylen,
+                         KEY_trainer_survive_trainer_loss " with " KEY_trainer_device
+                                                          "=%s is not covered yet (NCCL groups cannot be shrunk)%s",
+                         config_device(cfg), not_yet);
+    struct {
+        int size;
+        const char *key;
+    } sizes[] = {{spec->tp_size, KEY_actor_megatron_tensor_model_parallel_size},
+                 {spec->pp_size, KEY_actor_megatron_pipeline_model_parallel_size},
+                 {spec->cp_size, spec->cp_key ? spec->cp_key : KEY_actor_megatron_context_parallel_size},
+                 {spec->ep_size, KEY_actor_megatron_expert_model_parallel_size},
+                 {spec->rollout_tp, KEY_rollout_tensor_model_parallel_size}};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if (sizes[i].size > 1)
+            return error_set(why, whylen, KEY_trainer_survive_trainer_loss " with %s=%d is not covered yet%s",
+                             sizes[i].key, sizes[i].size, not_yet);
+    if (cfg->actor_megatron_use_distributed_optimizer)
+        return error_set(why, whylen,
+                         KEY_trainer_survive_trainer_loss " with ZeRO-1 (" KEY_actor_megatron_use_distributed_optimizer
+                                                          ") is not covered yet: the lost rank's block of the "
+                                                          "optimizer state is lost with it%s",
+                         not_yet);
+    return 0;
+}
+
+/* The collective plane's handler: a peer of a watched group is lost (or a survivor revoked the group). */
+static void on_peer_lost(void *ud, struct comm *c, const char *what)
+{
+    struct survive *s = ud;
+    if (!s->armed) {
+        log_error("survive",
+                  "%s outside a step (before the first, after the last, or while the survivors re-formed): a rank "
+                  "lost there is not survived; ending the job",
+                  what);
+        return; /* the caller ends the job */
+    }
+    s->armed = false;
+    s->lost_at = clock_now_s();
+    log_warn("survive", "step %lld: %s: revoking the trainers' groups to re-form them without the lost rank",
+             (long long)s->step, what);
+    comm_revoke(c);
+    for (int i = 0; i < s->n_watch; i++)
+        comm_revoke(s->watch[i]);
+    longjmp(s->jb, 1);
+}
+
+static void watch(struct survive *s, struct comm *c)
+{
+    if (!c || s->n_watch >= (int)(sizeof s->watch / sizeof s->watch[0]))
+        return;
+    comm_ft_watch(c);
+    s->watch[s->n_watch++] = c;
+}
+
+struct survive *survive_create(struct role_env *env, void (*reform)(void *ud), void *ud)
+{
+    struct survive *s = xcalloc(1, sizeof *s);
+    s->env = env;
+    s->reform = reform;
+    s->ud = ud;
+    s->step = -1;
+    s->snap[0] = trainer_snapshot_new();
+    s->snap[1] = trainer_snapshot_new();
+    s->launch_rank = xmalloc((size_t)env->world_size * sizeof *s->launch_rank);
+    for (int r = 0; r < env->world_size; r++)
+        s->launch_rank[r] = r; /* colocated: the trainers are the world, in its order */
+    watch(s, env->world);
+    watch(s, env->trainers);
+    if (env->dp != env->trainers)
+        watch(s, env->dp);
+    comm_set_peer_lost_handler(on_peer_lost, s);
+    comm_set_test_hold(survive_test_hold);
+    g_survive = s;
+    if (env->rank == 0)
+        log_info("survive",
+                 "trainer-loss survival on (" KEY_trainer_survive_trainer_loss "): a lost rank's step is redone by "
+                 "the other %d ranks with one DP rank fewer; each step's start is kept in memory",
+                 env->world_size - 1);
+    return s;
+}
+
+void survive_free(struct survive *s)
+{
+    if (!s)
+        return;
+    comm_set_peer_lost_handler(NULL, NULL);
+    comm_set_test_hold(NULL);
+    if (g_survive == s)
+        g_survive = NULL;
+    trainer_snapshot_free(s->snap[0]);
+    trainer_snapshot_free(s->snap[1]);
+    if (s->have_groups)
+        parallel_groups_free(&s->groups);
+    if (s->sides)
+        comm_free(s->sides);
+    free(s->launch_rank);
+    free(s);
+}
+
+/* struct trainer_recovery's hooks (ud: the survive object) */
+static void step_begin(void *ud, int64_t k)
+{
+    struct survive *s = ud;
+    s->step = k;
+    const double t0 = clock_now_s();
+    trainer_snapshot_take(s->t, s->snap[k % 2]);
+    if (!s->said_cost && s->env->rank == 0) { /* what the key costs a step, once */
+        s->said_cost = true;
+        log_info("survive", "step %lld's start kept in %.3f s (%.1f MB: the weights, AdamW's moments; every step)",
+                 (long long)k, clock_now_s() - t0, (double)trainer_snapshot_bytes(s->snap[k % 2]) / 1e6);
+    }
+    s->armed = true;
+}
+
+static void disarm(void *ud) { ((struct survive *)ud)->armed = false; }
+
+static void step_done(void *ud, int64_t k)
+{
+    struct survive *s = ud;
+    if (s->lost_at <= 0 || k < s->redo)
+        return;
+    if (s->env->rank == 0)
+        log_info("survive",
+                 "step %lld (redone) completed %.2f s after the loss of %s was found (re-forming took %.3f s)",
+                 (long long)k, clock_now_s() - s->lost_at, s->lost_names, s->reformed_s);
+    s->lost_at = 0;
+}
+
+/* "rank 2", "ranks 1 and 2", "ranks 1, 2 and 3" (launch ranks) */
+static void name_ranks(const int *r, int n, char *out, size_t len)
+{
+    int at = snprintf(out, len, "rank%s", n > 1 ? "s" : "");
+    for (int i = 0; i < n && at > 0 && (size_t)at < len; i++)
+        at += snprintf(out + at, len - (size_t)at, "%s%d", i == 0 ? " " : i == n - 1 ? " and " : ", ", r[i]);
+}
+
+static int recover(void *ud)
+{
+    struct survive *s = ud;
+    struct role_env *env = s->env;
+    struct comm *old = env->trainers;
+    const int old_size = comm_size(old);
+    char err[1024];
+    const double t0 = s->lost_at > 0 ? s->lost_at : clock_now_s();
+    /* the survivors: MPI agrees on who they are (a rank that dies meanwhile is left out too) */
+    struct comm *sides = comm_shrink(old, err, sizeof err);
+    if (!sides) {
+        log_error("survive", "step %lld: re-forming without the lost rank: %s; ending the run", (long long)s->step,
+                  err);
+        return -1;
+    }
+    int lost[MAX_LOST] = {0}, names[MAX_LOST] = {0};
+    int n_lost = comm_lost_ranks(old, sides, lost, MAX_LOST);
+    n_lost = n_lost < MAX_LOST ? n_lost : MAX_LOST;
+    bool lead_lost = false;
+    for (int i = 0; i < n_lost; i++) {
+        names[i] = s->launch_rank[lost[i]];
+        lead_lost |= lost[i] == 0;
+    }
+    name_ranks(names, n_lost, s->lost_names, sizeof s->lost_names);
+    /* the step to redo: the earliest any survivor is in (one whose copy of step k's last collective completed is in
+     * k + 1 already, its start of k kept in the other slot) */
+    int64_t neg = -s->step;
+    comm_allreduce_max(sides, &neg, 1, COMM_I64);
+    const int64_t redo = -neg;
+    struct trainer_snapshot *snap = trainer_snapshot_step(s->snap[redo % 2]) == redo ? s->snap[redo % 2] : NULL;
+    /* every survivor can redo it (and the lead, which decides, logs and checkpoints for all, is among them): the
+     * same answer on all of them */
+    int ok = snap && !lead_lost && n_lost > 0;
+    if (comm_agree(sides, &ok) != 0)
+        ok = 0;
+    if (lead_lost) {
+        log_error("survive",
+                  "%s lost at step %lld: rank 0 is the lead (it decides, logs and checkpoints for every rank), and "
+                  "surviving the lead's loss is not covered yet; ending the run (relaunch it: it resumes from the "
+                  "newest checkpoint)",
+                  s->lost_names, (long long)redo);
+        comm_free(sides);
+        return -1;
+    }
+    if (!ok) {
+        log_error("survive",
+                  "%s lost at step %lld, but not every survivor holds that step's start (this rank: %s); ending the "
+                  "run",
+                  s->lost_names, (long long)redo, snap ? "yes" : "no");
+        comm_free(sides);
+        return -1;
+    }
+    /* the survivors' layout: plain DP over all of them (survive_check allows nothing else) */
+    const struct placement_spec plain = {.tp_size = 1, .pp_size = 1, .cp_size = 1, .ep_size = 1, .rollout_tp = 1};
+    struct placement at;
+    char why[256];
+    if (placement_of(&plain, comm_rank(sides), comm_size(sides), &at, why, sizeof why) != 0)
+        check_failf(__FILE__, __LINE__, "the survivors' layout: %s", why);
+    struct parallel_groups g;
+    const struct parallel_sizes sz = {1, 1, 1, 1};
+    if (parallel_groups_init_sized(&g, sides, &sz) != 0)
+        check_failf(__FILE__, __LINE__, "the survivors' groups: %d ranks", comm_size(sides));
+    /* launch ranks follow their ranks into the new order */
+    int me = s->launch_rank[comm_rank(old)];
+    int *launch_rank = xmalloc((size_t)comm_size(sides) * sizeof *launch_rank);
+    comm_allgather(sides, &me, launch_rank, 1, COMM_I32);
+    free(s->launch_rank);
+    s->launch_rank = launch_rank;
+    /* the groups of an earlier loss are dead too: freed (their wrappers; revoked ones are not MPI-freed) */
+    if (s->have_groups)
+        parallel_groups_free(&s->groups);
+    if (s->sides)
+        comm_free(s->sides);
+    s->sides = sides;
+    s->groups = g;
+    s->have_groups = true;
+    env->trainers = sides;
+    env->dp = g.dp;
+    env->tp = g.tp;
+    env->pp = g.pp;
+    env->at = at;
+    env->rank = comm_rank(sides);
+    env->world_size = comm_size(sides);
+    s->n_watch = 0;
+    watch(s, sides);
+    watch(s, g.dp);
+    if (trainer_reform(s->t, sides, g.dp, at.dp, at.dp_size, err, sizeof err) != 0) {
+        log_error("survive", "moving the trainer onto %d DP ranks: %s; ending the run", at.dp_size, err);
+        return -1;
+    }
+    trainer_snapshot_restore(s->t, snap);
+    if (s->reform)
+        s->reform(s->ud);
+    s->redo = redo;
+    s->reformed_s = clock_now_s() - t0;
+    if (env->rank == 0)
+        log_info("survive", "%s lost at step %lld; %d DP ranks go on, step %lld redone (of %d ranks, %d survive)",
+                 s->lost_names, (long long)redo, at.dp_size, (long long)redo, old_size, comm_size(sides));
+    return 0;
+}
+
+void survive_attach(struct survive *s, struct trainer *t)
+{
+    s->t = t;
+    const struct trainer_recovery r = {.ctx = s,
+                                       .point = &s->jb,
+                                       .step_begin = step_begin,
+                                       .recover = recover,
+                                       .step_done = step_done,
+                                       .disarm = disarm};
+    trainer_set_recovery(t, &r);
+}
+
+void survive_test_hold(const char *point)
+{
+    static int armed = -1; /* the variables read once: this runs before every wait of a gradient bucket */
+    static char want[32];
+    static long long step = -1;
+    static int rank = -1;
+    const char *flag = getenv("GRPO_TEST_HOLD_FILE");
+    if (armed < 0) { /* POINT:STEP:RANK */
+        const char *at = getenv("GRPO_TEST_KILL_AT");
+        const char *c1 = at ? strchr(at, ':') : NULL;
+        char *end = NULL, *end2 = NULL;
+        armed = 0;
+        if (flag && c1 && (size_t)(c1 - at) < sizeof want) {
+            memcpy(want, at, (size_t)(c1 - at));
+            want[c1 - at] = '\0';
+            step = strtoll(c1 + 1, &end, 10);
+            if (*end == ':') {
+                rank = (int)strtol(end + 1, &end2, 10);
+                armed = end2 != end + 1 && *end2 == '\0';
+            }
+        }
+        if (at && !armed)
+            log_warn("survive", "GRPO_TEST_KILL_AT=%s is not POINT:STEP:RANK with GRPO_TEST_HOLD_FILE: no hold", at);
+    }
+    if (!armed || !g_survive || strcmp(want, point) != 0 || step != g_survive->step ||
+        rank != g_survive->launch_rank[g_survive->env->rank] || access(flag, F_OK) != 0)
+        return;
+    armed = 0; /* once */
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof path, "%s.held", flag);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (f) {
+        fprintf(f, "%d\n", (int)getpid());
+        fclose(f);
+        rename(tmp, path); /* the test reads a whole pid or nothing */
+    }
+    log_info("survive", "test: holding at %s of step %lld while %s exists (pid %d)", point, step, flag, (int)getpid());
+    for (int i = 0; i < 12000 && access(flag, F_OK) == 0; i++)
+        usleep(50000);
+}

@@ -1,0 +1,49 @@
+/* Surviving a lost trainer rank (trainer.survive_trainer_loss; docs/operations.md, "Open MPI 5 with fault tolerance
+ * (ULFM)"). Colocated plain data parallelism on Open MPI 5 launched with its fault tolerance on (scripts/mpirun_ft):
+ * when a rank dies, the survivors' next operation with it fails (MPI reports the loss, within
+ * actor_rollout_ref.nccl_timeout at the latest); they revoke the trainers' groups (every survivor's wait ends at
+ * once), shrink them to the survivors, agree on the step to redo (the earliest any survivor is in) and redo it from
+ * its start with one DP rank fewer: the same global batch split over the survivors, each survivor's own copy of the
+ * step's start restored (every plain DP rank holds the whole state). The run then equals one that used the smaller
+ * DP from that step on, and the step's audit file is written once, by the redone step.
+ *
+ * Where it sits: the trainer's run loop comes back to the start of its step (survive_jmp, a setjmp at each step's
+ * start); the collective plane hands a lost peer to this module (comm_set_peer_lost_handler); the trainer's state
+ * and layout are trainer_survive.c's; the colocated source re-forms its own part (its ledger of work units) through
+ * the callback given here. */
+#ifndef GRPO_WORKER_SURVIVE_H
+#define GRPO_WORKER_SURVIVE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct grpo_config;
+struct placement_spec;
+struct role_env;
+struct trainer;
+
+/* Whether this run may turn trainer.survive_trainer_loss on: 0, or -1 with why naming what is not covered (an MPI
+ * without ULFM, a launch without --with-ft ulfm, grpod, GPUs, TP, PP, SP/CP, EP, ZeRO-1, rollout TP, rollout
+ * ranks). colocated: every rank generates and trains (no rollout split); world: the ranks. Call only with the key
+ * on. */
+int survive_check(const struct grpo_config *cfg, const struct placement_spec *spec, bool colocated, int world,
+                  char *why, size_t whylen);
+
+struct survive;
+/* For the colocated ranks of env (its trainers and DP groups are watched from here on). reform(ud) runs after the
+ * groups re-formed, env updated (trainers, dp, tp, pp, at, rank, world_size): the source's own part. */
+struct survive *survive_create(struct role_env *env, void (*reform)(void *ud), void *ud);
+/* The trainer whose steps are redone: its run loop gets the recovery hooks (struct trainer_recovery), which keep
+ * each step's start, bring a lost peer's survivors back to it and re-form them (shrink, name the lost ranks, agree
+ * on the step, move the trainer and the source onto the survivors, restore the step's start). */
+void survive_attach(struct survive *s, struct trainer *t);
+void survive_free(struct survive *s);
+
+/* Tests only: GRPO_TEST_KILL_AT=POINT:STEP:RANK with GRPO_TEST_HOLD_FILE=FILE makes launch rank RANK, at POINT
+ * ("gen": its generation of step STEP done; "allreduce": its all-reduce of step STEP's gradients started, not waited
+ * for, through comm_set_test_hold), write its pid to FILE.held and hold while FILE exists (at most 10 minutes), so
+ * that a test kills it there and not at a time a machine's speed decides. Once per process. */
+void survive_test_hold(const char *point);
+
+#endif
