@@ -21,7 +21,7 @@ echo "clang-tidy: ${#csrc[@]} files, and ${#fuzz[@]} fuzz harnesses"
 pb="$(dirname "$(find build/proto -name grpo.pb-c.h | head -1)")"
 # one clang-tidy per core, 8 files each (one process over every file took about 10 of CI's minutes on one core);
 # each batch's findings in a file of its own, so that parallel batches do not interleave their lines
-jobs="$(nproc)"
+jobs="$(getconf _NPROCESSORS_ONLN)" # the cores (nproc would count OMP_NUM_THREADS)
 tidy_out="$(mktemp -d)"
 trap 'rm -rf "$tidy_out"' EXIT
 printf '%s\0' "${csrc[@]}" | xargs -0 -n 8 -P "$jobs" sh -c \

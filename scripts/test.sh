@@ -57,7 +57,8 @@ took "the model and the Python environments"
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 if [ "$LOADED" = 1 ]; then
     hogs=()
-    for _ in $(seq "$(nproc)"); do
+    # every core (nproc alone counts OMP_NUM_THREADS, set to 1 just above: one hog on 2 cores was too few)
+    for _ in $(seq "$(getconf _NPROCESSORS_ONLN)"); do
         sha256sum /dev/zero >/dev/null 2>&1 &
         hogs+=($!)
     done

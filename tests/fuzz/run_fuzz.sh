@@ -78,7 +78,7 @@ for t in "${targets[@]}"; do # unknown names before any work
     sources "$t" >/dev/null || { echo "unknown fuzz target $t (grpod, wire, dispatch, checkpoint)"; exit 2; }
 done
 # one fuzzer per core at once (each is one process on one core): CI's four took 4 x 35 s one after the other
-jobs="${GRPO_FUZZ_JOBS:-$(nproc)}"
+jobs="${GRPO_FUZZ_JOBS:-$(getconf _NPROCESSORS_ONLN)}" # the cores (nproc would count OMP_NUM_THREADS)
 rc=0
 pids=()
 for t in "${targets[@]}"; do
