@@ -22,6 +22,7 @@
 #include "worker/comm/comm.h"
 #include "worker/comm/parallel.h"
 #include "worker/control/control.h"
+#include "worker/flight/flight.h"
 #include "worker/launch/launch.h"
 #include "worker/model/device.h"
 #include "worker/roles.h"
@@ -252,9 +253,20 @@ static struct comm *init(int *argc, char ***argv, const struct args *a)
      * later (MPI's, nanomsg's, the heartbeat) has a system call cut short by them. */
     if (!a->launch.selftest)
         control_catch_stop_signals();
+    /* the flight recorder (worker/flight): this thread's waits, SIGUSR2's dump taken in a thread of its own
+     * (blocked here before any other thread exists), and the native stack on request */
+    flight_catch_dump_signal();
+    flight_init((int)a->cfg.trainer_flight_recorder_size);
+    flight_stack_init();
     comm_mpi_init(argc, argv);
     struct comm *world = comm_mpi_world();
-    log_set_rank(a->launch.replace_rank >= 0 ? a->launch.replace_rank : comm_rank(world));
+    const int rank = a->launch.replace_rank >= 0 ? a->launch.replace_rank : comm_rank(world);
+    log_set_rank(rank);
+    flight_set_rank(rank);
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/%s/%s/flight", a->cfg.trainer_default_local_dir, a->cfg.trainer_project_name,
+             a->cfg.trainer_experiment_name);
+    flight_set_dump_dir(dir);
     if (comm_rank(world) == 0)
         comm_mpi_log_caps();
     return world;
