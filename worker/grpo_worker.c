@@ -251,11 +251,12 @@ static struct comm *init(int *argc, char ***argv, const struct args *a)
     /* SIGTERM / SIGINT (Slurm's time limit and preemption, systemctl stop, ^C): a checkpoint at the next safe
      * point, then exit 0; a second one ends the process at once. Before MPI starts, so that no thread started
      * later (MPI's, nanomsg's, the heartbeat) has a system call cut short by them. */
+    /* the flight recorder (worker/flight): this thread's waits, SIGUSR2's dump taken in a thread of its own
+     * (blocked here first: every thread started later, the stop signals' included, has it blocked), and the native
+     * stack on request */
+    flight_catch_dump_signal();
     if (!a->launch.selftest)
         control_catch_stop_signals();
-    /* the flight recorder (worker/flight): this thread's waits, SIGUSR2's dump taken in a thread of its own
-     * (blocked here before any other thread exists), and the native stack on request */
-    flight_catch_dump_signal();
     flight_init((int)a->cfg.trainer_flight_recorder_size);
     flight_stack_init();
     comm_mpi_init(argc, argv);
