@@ -164,11 +164,14 @@ static void format_bytes(uint64_t b, char *out, size_t len)
 static void format_wait(const Grpo__FlightEntry *e, char *out, size_t len)
 {
     char what[96], group[200] = "", peer[32] = "", size[32] = "", t[64], where[64] = "";
+    const bool io = strcmp(e->kind, "io") == 0;
     if (e->seq)
-        snprintf(what, sizeof what, "%s #%" PRIu64, e->op, e->seq);
+        snprintf(what, sizeof what, io ? "%s of step %" PRIu64 : "%s #%" PRIu64, e->op, e->seq);
     else
         snprintf(what, sizeof what, "%s", e->op);
-    if (e->group[0] && strcmp(e->kind, "plane") == 0)
+    if (io)
+        snprintf(group, sizeof group, "%s%s", e->members[0] ? " in " : "", e->members);
+    else if (e->group[0] && strcmp(e->kind, "plane") == 0)
         snprintf(group, sizeof group, " to %s%s%s", e->group, e->members[0] ? " at " : "", e->members);
     else if (e->group[0])
         snprintf(group, sizeof group, " of %s%s%s%s", e->group, e->members[0] ? " (ranks " : "", e->members,

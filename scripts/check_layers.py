@@ -116,7 +116,8 @@ DEPENDS = {
                        "worker/step/", "worker/tokenizer/", "worker/trainer/"),
                       "the split source (the trainer role of a split run) builds on the trainer library and the "
                       "split-run protocol"),
-    "worker/rollout/": ((KERNELS_IF, ROLES_H, "worker/comm/", "worker/control/", "worker/data/", "worker/formats/",
+    "worker/rollout/": ((KERNELS_IF, ROLES_H, "worker/comm/", "worker/control/", "worker/data/", "worker/flight/",
+                         "worker/formats/",
                          "worker/gen/", "worker/metrics/", "worker/model/", "worker/plane/", "worker/rewards/",
                          "worker/step/", "worker/tokenizer/"), "the rollout role builds on every capability below"),
     "worker/hybrid/": ((KERNELS_IF, ROLES_H, "worker/comm/", "worker/control/", "worker/data/", "worker/formats/",

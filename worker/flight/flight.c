@@ -23,6 +23,7 @@
 
 #include "common/check.h"
 #include "common/clock.h"
+#include "common/config_key_names.h"
 #include "common/fs.h"
 #include "common/log.h"
 #include "proto/names.h"
@@ -256,6 +257,22 @@ void flight_end(int token, double now, bool failed)
     slot_write(&g_cur, g_depth ? &g_open[g_depth - 1] : &none);
 }
 
+void flight_end_bytes(int token, double now, uint64_t bytes)
+{
+    if (token > 0 && t_recorder && token <= g_depth)
+        g_open[token - 1].bytes = bytes;
+    flight_end(token, now, false);
+}
+
+void flight_cancel(int token)
+{
+    if (token <= 0 || !t_recorder || token > g_depth)
+        return;
+    g_depth = token - 1;
+    const struct flight_entry none = {0};
+    slot_write(&g_cur, g_depth ? &g_open[g_depth - 1] : &none);
+}
+
 bool flight_current(struct flight_entry *out)
 {
     if (!atomic_load_explicit(&g_size, memory_order_acquire))
@@ -377,8 +394,11 @@ void flight_entry_text(const struct flight_entry *e, double now, char *out, size
 {
     const enum flight_op op = (enum flight_op)e->op;
     const char *gname = flight_group_name(e->group), *members = flight_group_members(e->group);
+    const enum flight_kind kind = flight_op_kind(op);
     char what[256], size[32] = "", t[48], where[64] = "", peer[24] = "";
-    if (e->seq)
+    if (e->seq && kind == FLIGHT_KIND_IO)
+        snprintf(what, sizeof what, "%s of step %" PRIu64, flight_op_name(op), e->seq);
+    else if (e->seq)
         snprintf(what, sizeof what, "%s #%" PRIu64, flight_op_name(op), e->seq);
     else
         snprintf(what, sizeof what, "%s", flight_op_name(op));
@@ -394,7 +414,9 @@ void flight_entry_text(const struct flight_entry *e, double now, char *out, size
     if (e->layer >= 0)
         snprintf(where, sizeof where, ", layer %d %s", e->layer, e->flags & FLIGHT_BACKWARD ? "backward" : "forward");
     char group[200] = "";
-    if (gname[0] && flight_op_kind(op) == FLIGHT_KIND_PLANE)
+    if (kind == FLIGHT_KIND_IO)
+        snprintf(group, sizeof group, "%s%s", members[0] ? " in " : "", members);
+    else if (gname[0] && kind == FLIGHT_KIND_PLANE)
         snprintf(group, sizeof group, " to %s%s%s", gname, members[0] ? " at " : "", members);
     else if (gname[0])
         snprintf(group, sizeof group, " of %s%s%s%s", gname, members[0] ? " (ranks " : "", members,
@@ -439,7 +461,7 @@ int flight_dump(const char *reason, bool to_log)
     const int size = flight_size();
     if (!size) {
         if (to_log)
-            log_info("flight", "%s: the flight recorder is off (trainer.flight_recorder.size 0)", reason);
+            log_info("flight", "%s: the flight recorder is off (" KEY_trainer_flight_recorder_size " 0)", reason);
         return 0;
     }
     struct flight_entry *all = xcalloc((size_t)size, sizeof *all);

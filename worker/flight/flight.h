@@ -105,6 +105,10 @@ void flight_set_layer(int layer, bool backward);
 int flight_begin(enum flight_op op, uint16_t group, uint64_t seq, uint64_t bytes, int peer, double now);
 /* The wait of token ended at now (failed: without completing); it goes into the ring. Token 0: nothing. */
 void flight_end(int token, double now, bool failed);
+/* flight_end of a wait whose size was known only at its end (a received message's bytes). */
+void flight_end_bytes(int token, double now, uint64_t bytes);
+/* The wait of token is forgotten, not recorded (a poll that timed out: its caller polls again). */
+void flight_cancel(int token);
 
 /* Read, from any thread: the innermost wait under way (false: none); the newest finished records, oldest
  * first, at most max (returns how many); the records made so far. */
