@@ -288,6 +288,9 @@ static int run(struct launch *l)
 static int finalize(struct launch *l, struct comm *world, struct args *a, int status)
 {
     const int rank = comm_rank(world), size = comm_size(world);
+    if (flight_size() > 0)
+        log_info("flight", "%llu waits recorded on this rank (the flight recorder keeps the last %d)",
+                 (unsigned long long)flight_recorded(), flight_size());
     launch_close_role(l);
     if (l->peers_wait && status != 0 && size > 1) {
         if (l->refused_alike && rank != 0)
