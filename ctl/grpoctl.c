@@ -567,7 +567,8 @@ static void print_trace(const Grpo__FlightDump *d, bool json)
  * answered or the wait runs out. */
 static int cmd_flight(struct rpc_client *rpc, const struct opts *o, bool stacks, int rank)
 {
-    const Grpo__FlightRequest__What what = stacks ? GRPO__FLIGHT_REQUEST__WHAT__STACKS : GRPO__FLIGHT_REQUEST__WHAT__TRACE;
+    const Grpo__FlightRequest__What what =
+        stacks ? GRPO__FLIGHT_REQUEST__WHAT__STACKS : GRPO__FLIGHT_REQUEST__WHAT__TRACE;
     const char *name = stacks ? "stacks" : "trace";
     Grpo__Envelope *reply = NULL;
     int rc = flight_call(rpc, o, what, rank, true, 0, &reply);
@@ -607,8 +608,8 @@ static int cmd_flight(struct rpc_client *rpc, const struct opts *o, bool stacks,
         if (!stacks)
             print_trace(d, o->json);
         else if (o->json) {
-            json_t *j = json_pack("{s:i, s:s, s:i, s:s}", "rank", d->rank, "host", d->host, "pid", d->pid, "stacks",
-                                  d->stacks);
+            json_t *j =
+                json_pack("{s:i, s:s, s:i, s:s}", "rank", d->rank, "host", d->host, "pid", d->pid, "stacks", d->stacks);
             char *text = json_dumps(j, JSON_COMPACT);
             printf("%s\n", text ? text : "{}");
             free(text);
@@ -694,7 +695,8 @@ int main(int argc, char **argv)
         default: goto usage_error;
         }
     }
-    const bool takes_rank = optind < argc && (strcmp(argv[optind], "trace") == 0 || strcmp(argv[optind], "stacks") == 0);
+    const bool takes_rank =
+        optind < argc && (strcmp(argv[optind], "trace") == 0 || strcmp(argv[optind], "stacks") == 0);
     if (optind >= argc || argc - optind > (takes_rank ? 2 : 1)) {
         fprintf(stderr, "grpoctl: %s\n",
                 optind >= argc ? "which command? (see grpoctl --help)" : "one command at a time (see grpoctl --help)");

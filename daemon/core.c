@@ -1234,8 +1234,8 @@ static uint8_t *handle_flight(struct core *c, const Grpo__Envelope *env, double 
     const bool stacks = q->what == GRPO__FLIGHT_REQUEST__WHAT__STACKS;
     const char *what = stacks ? "stacks" : "trace";
     if (q->rank >= 0 && (q->rank >= c->nworkers || !c->workers[q->rank]))
-        return refuse(c, env->request_id, false, len, "no rank %d has registered in run %s (grpoctl workers lists them)",
-                      q->rank, c->run.id);
+        return refuse(c, env->request_id, false, len,
+                      "no rank %d has registered in run %s (grpoctl workers lists them)", q->rank, c->run.id);
     const int lo = q->rank >= 0 ? q->rank : 0, hi = q->rank >= 0 ? q->rank + 1 : c->nworkers;
     int n = 0;
     for (int r = lo; r < hi; r++)
@@ -1248,8 +1248,8 @@ static uint8_t *handle_flight(struct core *c, const Grpo__Envelope *env, double 
     for (int r = lo; r < hi; r++)
         if (c->workers[r] && !stacks)
             nentries += (size_t)c->workers[r]->ntrace;
-    Grpo__FlightEntry *es = xcalloc(nentries ? nentries : 1, sizeof *es), **ep = xcalloc(nentries ? nentries : 1,
-                                                                                         sizeof *ep);
+    Grpo__FlightEntry *es = xcalloc(nentries ? nentries : 1, sizeof *es),
+                      **ep = xcalloc(nentries ? nentries : 1, sizeof *ep);
     size_t used = 0;
     for (int r = lo; r < hi; r++) {
         struct core_worker *w = c->workers[r];

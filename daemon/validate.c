@@ -199,8 +199,7 @@ int validate_request(const Grpo__Envelope *env, char *why, size_t whylen)
             FAIL("flight_request.what %d is neither trace nor stacks", (int)env->flight_request->what);
         if (env->flight_request->rank < -1 || env->flight_request->rank >= CORE_MAX_WORKERS ||
             (env->flight_request->rank < 0 && env->flight_request->what == GRPO__FLIGHT_REQUEST__WHAT__TRACE))
-            FAIL("flight_request.rank %d is out of range (-1, every rank, only for stacks)",
-                 env->flight_request->rank);
+            FAIL("flight_request.rank %d is out of range (-1, every rank, only for stacks)", env->flight_request->rank);
         return 0;
     case GRPO__ENVELOPE__BODY_STATUS_REQUEST:
     case GRPO__ENVELOPE__BODY_METRICS_REQUEST:

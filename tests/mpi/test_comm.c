@@ -330,7 +330,7 @@ int main(int argc, char **argv)
     int tp = 1, pp = 1, cp = 1, ep = 1;
     size_t n = 1000;
     double deadline = 0;
-    const char *stuck = NULL; /* --stuck-peer OP: the last rank sleeps while the others run OP */
+    const char *stuck = NULL;      /* --stuck-peer OP: the last rank sleeps while the others run OP */
     const char *flight_dir = NULL; /* --flight-dir DIR: the flight recorder on, dumping into DIR */
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--tp") == 0)
@@ -381,8 +381,9 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return rc == -1 && rc2 == -1 ? 0 : 1;
     }
-    if (stuck) { /* a stuck peer: the others' operation must end the job at the deadline, naming itself */
-        if (flight_dir) { /* three sums with every rank first: the dump at the deadline holds them, then the stuck one */
+    if (stuck) {          /* a stuck peer: the others' operation must end the job at the deadline, naming itself */
+        if (flight_dir) { /* three sums with every rank first: the dump at the deadline holds them, then the stuck one
+                           */
             flight_set_rank(comm_rank(world));
             flight_set_dump_dir(flight_dir);
             for (int i = 0; i < 3; i++) {

@@ -59,7 +59,7 @@ double comm_wait_seconds(void) { return g_wait_s; }
 #define WAITED(c, op, seq, bytes, peer, expr)                                                                          \
     do {                                                                                                               \
         const double t0_ = clock_now_s();                                                                              \
-        const int tok_ = flight_begin((op), (c)->flight_group, (seq), (uint64_t)(bytes), (peer), t0_);                \
+        const int tok_ = flight_begin((op), (c)->flight_group, (seq), (uint64_t)(bytes), (peer), t0_);                 \
         expr;                                                                                                          \
         const double t1_ = clock_now_s();                                                                              \
         g_wait_s += t1_ - t0_;                                                                                         \
@@ -246,8 +246,8 @@ int comm_try_broadcast(struct comm *c, void *buf, size_t count, enum comm_dtype 
         return -1;
     if (!count)
         return 0;
-    const int tok = flight_begin(FLIGHT_OP_BROADCAST, c->flight_group, ++c->coll_seq, count * comm_dtype_size(t),
-                                 root, clock_now_s());
+    const int tok = flight_begin(FLIGHT_OP_BROADCAST, c->flight_group, ++c->coll_seq, count * comm_dtype_size(t), root,
+                                 clock_now_s());
     if (!c->be->try_broadcast) {
         c->be->broadcast(c, buf, count, t, root);
     } else if (c->be->try_broadcast(c, buf, count, t, root) != 0) {

@@ -26,10 +26,10 @@
 
 #define MAX_METRICS 128
 #define MAX_SPANS 64
-#define RECENT_WAITS 8     /* finished waits each heartbeat carries (Heartbeat.recent_waits) */
-#define TRACE_MAX 4096     /* the most records a trace carries (a heartbeat stays far below the control limit) */
-#define STACKS_MAX 16384   /* bytes of a native stack (Heartbeat.stacks) */
-#define STACKS_WAIT_S 2.0  /* how long the heartbeat thread waits for the main thread's stack */
+#define RECENT_WAITS 8    /* finished waits each heartbeat carries (Heartbeat.recent_waits) */
+#define TRACE_MAX 4096    /* the most records a trace carries (a heartbeat stays far below the control limit) */
+#define STACKS_MAX 16384  /* bytes of a native stack (Heartbeat.stacks) */
+#define STACKS_WAIT_S 2.0 /* how long the heartbeat thread waits for the main thread's stack */
 #define FINISH_WAIT_S 5.0
 
 _Static_assert(CONTROL_ROLE_HYBRID == (int)GRPO__ROLE__ROLE_HYBRID, "roles follow grpo.Role");

@@ -372,8 +372,10 @@ void flight_entry_json(const struct flight_entry *e, double now, char *out, size
              "\"group_size\":%d,\"seq\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"peer\":%d,\"phase\":\"%s\","
              "\"layer\":%d,\"pass\":\"%s\",\"began\":%.6f,\"seconds\":%.6f,\"open\":%s,\"failed\":%s}",
              e->id, flight_kind_name(flight_op_kind(op)), flight_op_name(op), group, members,
-             flight_group_size(e->group), e->seq, e->bytes, e->peer, core_phase_name((Grpo__Phase)e->phase),
-             e->layer, e->layer < 0 ? "" : e->flags & FLIGHT_BACKWARD ? "backward" : "forward",
+             flight_group_size(e->group), e->seq, e->bytes, e->peer, core_phase_name((Grpo__Phase)e->phase), e->layer,
+             e->layer < 0                 ? ""
+             : e->flags & FLIGHT_BACKWARD ? "backward"
+                                          : "forward",
              flight_wall(e->began), took(e, now), e->ended > 0 ? "false" : "true",
              e->flags & FLIGHT_FAILED ? "true" : "false");
 }
@@ -421,8 +423,8 @@ void flight_entry_text(const struct flight_entry *e, double now, char *out, size
     else if (gname[0])
         snprintf(group, sizeof group, " of %s%s%s%s", gname, members[0] ? " (ranks " : "", members,
                  members[0] ? ")" : "");
-    snprintf(out, len, "%s%s%s, %s%s, phase %s%s", what, group, peer, size, t,
-             core_phase_name((Grpo__Phase)e->phase), where);
+    snprintf(out, len, "%s%s%s, %s%s, phase %s%s", what, group, peer, size, t, core_phase_name((Grpo__Phase)e->phase),
+             where);
 }
 
 /* ---- dumps ---- */

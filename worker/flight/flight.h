@@ -56,9 +56,9 @@ enum flight_op {
 
 /* One record. Times are the monotonic clock's (clock_now_s); flight_wall converts them. */
 struct flight_entry {
-    uint64_t id;    /* this rank's count of finished records, from 1 (0: an open wait, not in the ring yet) */
-    uint64_t seq;   /* the operation's number in its group, from 1: "all-reduce #1234 of dp" (0: none) */
-    uint64_t bytes; /* this rank's buffer (0: none or unknown) */
+    uint64_t id;         /* this rank's count of finished records, from 1 (0: an open wait, not in the ring yet) */
+    uint64_t seq;        /* the operation's number in its group, from 1: "all-reduce #1234 of dp" (0: none) */
+    uint64_t bytes;      /* this rank's buffer (0: none or unknown) */
     double began, ended; /* ended 0: still waiting */
     int32_t peer;        /* the peer (group rank) of a point-to-point operation, a broadcast's root; -1: none */
     uint16_t group;      /* flight_group's id (0: none) */

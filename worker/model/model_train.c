@@ -238,7 +238,7 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
     for (int l = lo; l < hi; l++) {
         struct layer_acts *a = &A->layers[l];
         flight_set_layer(l, false); /* the flight recorder's records of the layer's collectives say where */
-        if (A->offload) { /* keep the input in host memory; compute from and into the device's pair */
+        if (A->offload) {           /* keep the input in host memory; compute from and into the device's pair */
             float *in = A->xdev[(l - lo) & 1], *out = l + 1 < hi ? A->xdev[(l - lo + 1) & 1] : A->xf;
             k_to_host(K, a->x, in, nD * sizeof(float));
             A->scratch.x = in;

@@ -219,8 +219,9 @@ int dataplane_flush(struct dataplane_push *p, int timeout_ms, char *err, size_t 
 {
     int rc = 0;
     for (int i = 0; i < p->n; i++) {
-        const int tok =
-            p->waiting[i] ? flight_begin(FLIGHT_OP_BATCH_PUSH, p->flight_group[i], p->counter[i], 0, i, clock_now_s()) : 0;
+        const int tok = p->waiting[i]
+                            ? flight_begin(FLIGHT_OP_BATCH_PUSH, p->flight_group[i], p->counter[i], 0, i, clock_now_s())
+                            : 0;
         const int r = await_answer(p, i, timeout_ms, err, errlen);
         flight_end(tok, clock_now_s(), r != 0);
         if (r != 0)
