@@ -44,7 +44,11 @@ static double run(long n, uint16_t g)
 
 int main(int argc, char **argv)
 {
-    const long n = argc > 1 ? atol(argv[1]) : 20000000;
+    const long n = argc > 1 ? strtol(argv[1], NULL, 10) : 20000000;
+    if (n < 10) {
+        fprintf(stderr, "usage: flight_bench [RECORDS, 10 or more]\n");
+        return 2;
+    }
     const uint16_t g = flight_group("dp", "0-1", 2);
     flight_init(0);
     const double off = run(n, g);
