@@ -167,7 +167,8 @@ uint16_t flight_group(const char *name, const char *members, int size)
 static const struct group *group_of(uint16_t id)
 {
     static const struct group none = {"", "", 0};
-    return id > 0 && id < atomic_load_explicit(&g_ngroups, memory_order_acquire) ? &g_groups[id] : &none;
+    const int n = atomic_load_explicit(&g_ngroups, memory_order_acquire);
+    return id > 0 && id < FLIGHT_MAX_GROUPS && id < n ? &g_groups[id] : &none;
 }
 const char *flight_group_name(uint16_t id) { return group_of(id)->name; }
 const char *flight_group_members(uint16_t id) { return group_of(id)->members; }
