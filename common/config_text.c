@@ -10,9 +10,11 @@
 
 bool config_key_shapes_run(const char *name)
 {
-    /* trainer.max_consecutive_skipped_steps only decides when a failing run gives up */
+    /* trainer.max_consecutive_skipped_steps only decides when a failing run gives up; the flight recorder only
+     * watches (a rank may keep a longer ring than its peers) */
     return strncmp(name, "grpod.", 6) != 0 && strcmp(name, "trainer.log_level") != 0 &&
-           strcmp(name, "trainer.max_consecutive_skipped_steps") != 0;
+           strcmp(name, "trainer.max_consecutive_skipped_steps") != 0 &&
+           strcmp(name, "trainer.flight_recorder.size") != 0;
 }
 
 /* The keys that count the ranks of each side: a grpod compares the numbers they give, not how they are spelt. */

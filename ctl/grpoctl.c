@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -52,13 +53,18 @@ static void usage(FILE *out)
           "  diagnose     where the run's time goes, live or finished: rollout-, trainer- or weight-sync-\n"
           "               bound, a long tail of generation, a straggler rank, memory headroom; each\n"
           "               finding with its numbers and the configuration keys to turn, worst first\n"
+          "  trace RANK   the flight recorder of worker RANK: its last waits (collectives with their group,\n"
+          "               number and bytes, data-plane requests, checkpoint I/O), oldest first, and the one\n"
+          "               under way; also written to RUN_DIR/flight/rank-RANK.jsonl on its host\n"
+          "  stacks [RANK]  the native stack of the main thread of worker RANK (default: every worker)\n"
           "\n"
           "options:\n"
           "  -e, --endpoint E      grpod's control endpoint (ipc://PATH or tcp://HOST:PORT)\n"
           "  -s, --secret-file F   shared secret for a tcp:// endpoint\n"
           "  -j, --json            status/workers/diagnose as JSON, for scripts\n"
           "  -w, --wait[=SECONDS]  pause/resume/stop/checkpoint: wait until the run has done it\n"
-          "                        (default 120 s)\n"
+          "                        (default 120 s); trace/stacks: wait this long for the answers\n"
+          "                        (default 15 s)\n"
           "  -t, --timeout S       seconds to wait for each answer (default 5)\n"
           "  -r, --retries N       tries while grpod cannot be reached, with backoff (default 4)\n"
           "      --reason TEXT     recorded with a command in grpod's event log\n"
@@ -141,6 +147,50 @@ static void format_number(double v, char *out, size_t len)
         snprintf(out, len, "-");
 }
 
+static void format_bytes(uint64_t b, char *out, size_t len)
+{
+    if (b < 1024)
+        snprintf(out, len, "%" PRIu64 " B", b);
+    else if (b < 1024 * 1024)
+        snprintf(out, len, "%.1f KiB", (double)b / 1024);
+    else if (b < 1024ull * 1024 * 1024)
+        snprintf(out, len, "%.1f MiB", (double)b / (1024.0 * 1024));
+    else
+        snprintf(out, len, "%.2f GiB", (double)b / (1024.0 * 1024 * 1024));
+}
+
+/* A flight recorder's wait for people: "all-reduce #1234 of dp (ranks 0-4,6-7), 4.0 KiB, 0.250 ms, phase
+ * update_actor, layer 12 backward" (a wait under way: "waiting 95.0 s so far"). */
+static void format_wait(const Grpo__FlightEntry *e, char *out, size_t len)
+{
+    char what[96], group[200] = "", peer[32] = "", size[32] = "", t[64], where[64] = "";
+    const bool io = strcmp(e->kind, "io") == 0;
+    if (e->seq)
+        snprintf(what, sizeof what, io ? "%s of step %" PRIu64 : "%s #%" PRIu64, e->op, e->seq);
+    else
+        snprintf(what, sizeof what, "%s", e->op);
+    if (io)
+        snprintf(group, sizeof group, "%s%s", e->members[0] ? " in " : "", e->members);
+    else if (e->group[0] && strcmp(e->kind, "plane") == 0)
+        snprintf(group, sizeof group, " to %s%s%s", e->group, e->members[0] ? " at " : "", e->members);
+    else if (e->group[0])
+        snprintf(group, sizeof group, " of %s%s%s%s", e->group, e->members[0] ? " (ranks " : "", e->members,
+                 e->members[0] ? ")" : "");
+    if (e->peer >= 0)
+        snprintf(peer, sizeof peer, strcmp(e->op, "broadcast") == 0 ? " from root %d" : " with peer %d", e->peer);
+    if (e->bytes) {
+        size[0] = ',', size[1] = ' ';
+        format_bytes(e->bytes, size + 2, sizeof size - 2);
+    }
+    if (e->open)
+        snprintf(t, sizeof t, "waiting %.1f s so far", e->seconds);
+    else
+        snprintf(t, sizeof t, "%.3f ms%s", e->seconds * 1e3, e->failed ? ", failed" : "");
+    if (e->layer >= 0)
+        snprintf(where, sizeof where, ", layer %d %s", e->layer, e->backward ? "backward" : "forward");
+    snprintf(out, len, "%s%s%s%s, %s, phase %s%s", what, group, peer, size, t, core_phase_name(e->phase), where);
+}
+
 static void print_workers(const Grpo__Status *s)
 {
     if (!s->n_workers) {
@@ -163,6 +213,11 @@ static void print_workers(const Grpo__Status *s)
                core_phase_name(w->phase), age, 100.0 * w->idle_fraction, dev[0] ? dev : "-");
         if (w->error[0])
             printf("      error: %s\n", w->error);
+        if (w->current_wait && w->current_wait->seconds >= 1.0) { /* a wait of note (grpoctl trace: all of them) */
+            char wait[512];
+            format_wait(w->current_wait, wait, sizeof wait);
+            printf("      in %s\n", wait);
+        }
     }
 }
 
@@ -437,6 +492,139 @@ static int cmd_command(struct rpc_client *rpc, const struct opts *o, Grpo__Comma
     }
 }
 
+/* ---- trace and stacks: asked of grpod, which asks the workers in their heartbeats' answers ---- */
+
+static int flight_call(struct rpc_client *rpc, const struct opts *o, Grpo__FlightRequest__What what, int rank, bool ask,
+                       uint64_t seq, Grpo__Envelope **reply)
+{
+    Grpo__Envelope req = GRPO__ENVELOPE__INIT;
+    Grpo__FlightRequest q = GRPO__FLIGHT_REQUEST__INIT;
+    q.what = what;
+    q.rank = rank;
+    q.ask = ask;
+    q.seq = seq;
+    req.body_case = GRPO__ENVELOPE__BODY_FLIGHT_REQUEST;
+    req.flight_request = &q;
+    int rc = call(rpc, o, &req, reply);
+    if (rc == EXIT_OK && (*reply)->body_case != GRPO__ENVELOPE__BODY_FLIGHT_REPLY) {
+        fprintf(stderr, "grpoctl: grpod answered with '%s' (a grpod older than protocol 1.15 has no flight recorder)\n",
+                protocol_body_name((*reply)->body_case));
+        protocol_free(*reply);
+        *reply = NULL;
+        return EXIT_FAILED;
+    }
+    return rc;
+}
+
+/* A worker that can answer: it heartbeats (grpod asked it) */
+static bool answers(const Grpo__FlightDump *d)
+{
+    static const char *gone[] = {"lost", "finished", "stopped", "failed"};
+    for (size_t i = 0; i < sizeof gone / sizeof *gone; i++)
+        if (strcmp(d->state, gone[i]) == 0)
+            return false;
+    return d->seq > 0;
+}
+
+static void print_trace(const Grpo__FlightDump *d, bool json)
+{
+    if (json) {
+        json_t *o = json_object(), *es = json_array();
+        json_object_set_new(o, "rank", json_integer(d->rank));
+        json_object_set_new(o, "host", json_string(d->host));
+        json_object_set_new(o, "pid", json_integer(d->pid));
+        for (size_t i = 0; i < d->n_trace; i++)
+            json_array_append_new(es, status_flight_json(d->trace[i]));
+        json_object_set_new(o, "entries", es);
+        char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        printf("%s\n", text ? text : "{}");
+        free(text);
+        json_decref(o);
+        return;
+    }
+    size_t open = 0;
+    for (size_t i = 0; i < d->n_trace; i++)
+        open += d->trace[i]->open;
+    printf("rank %d (host %s, pid %d, %s): the last %zu waits of its flight recorder, oldest first%s\n", d->rank,
+           d->host, d->pid, d->state, d->n_trace - open, open ? ", then the one under way" : "");
+    for (size_t i = 0; i < d->n_trace; i++) {
+        const Grpo__FlightEntry *e = d->trace[i];
+        char line[512], when[32] = "-";
+        format_wait(e, line, sizeof line);
+        const time_t sec = (time_t)e->began;
+        struct tm tm;
+        if (e->began > 0 && gmtime_r(&sec, &tm))
+            snprintf(when, sizeof when, "%02d:%02d:%02d.%03dZ", tm.tm_hour, tm.tm_min, tm.tm_sec,
+                     (int)((e->began - floor(e->began)) * 1000));
+        if (e->open)
+            printf("  %-8s %s  %s\n", "now", when, line);
+        else
+            printf("  #%-7" PRIu64 " %s  %s\n", e->id, when, line);
+    }
+}
+
+/* grpoctl trace RANK and grpoctl stacks [RANK] (rank -1: every worker): ask, then poll until every worker asked has
+ * answered or the wait runs out. */
+static int cmd_flight(struct rpc_client *rpc, const struct opts *o, bool stacks, int rank)
+{
+    const Grpo__FlightRequest__What what =
+        stacks ? GRPO__FLIGHT_REQUEST__WHAT__STACKS : GRPO__FLIGHT_REQUEST__WHAT__TRACE;
+    const char *name = stacks ? "stacks" : "trace";
+    Grpo__Envelope *reply = NULL;
+    int rc = flight_call(rpc, o, what, rank, true, 0, &reply);
+    if (rc != EXIT_OK)
+        return rc;
+    const uint64_t seq = rank >= 0 && reply->flight_reply->n_dumps ? reply->flight_reply->dumps[0]->seq : 0;
+    const double deadline = clock_now_s() + (o->wait_s > 0 ? o->wait_s : 15.0);
+    for (;;) {
+        const Grpo__FlightReply *fr = reply->flight_reply;
+        size_t waiting = 0;
+        for (size_t i = 0; i < fr->n_dumps; i++)
+            waiting += answers(fr->dumps[i]) && !fr->dumps[i]->answered;
+        if (!waiting || clock_now_s() > deadline)
+            break;
+        protocol_free(reply);
+        reply = NULL;
+        clock_sleep_s(0.1);
+        if ((rc = flight_call(rpc, o, what, rank, false, seq, &reply)) != EXIT_OK)
+            return rc;
+    }
+    const Grpo__FlightReply *fr = reply->flight_reply;
+    int code = EXIT_OK;
+    for (size_t i = 0; i < fr->n_dumps; i++) {
+        const Grpo__FlightDump *d = fr->dumps[i];
+        if (!d->answered) {
+            if (answers(d) || rank >= 0) {
+                fprintf(stderr,
+                        "grpoctl: rank %d (host %s, %s) did not answer the %s request within %.0f s (a worker older "
+                        "than protocol 1.15 never does)\n",
+                        d->rank, d->host, d->state, name, o->wait_s > 0 ? o->wait_s : 15.0);
+                code = EXIT_FAILED;
+            } else if (!o->json) {
+                printf("==== rank %d (host %s, pid %d): %s, not asked\n", d->rank, d->host, d->pid, d->state);
+            }
+            continue;
+        }
+        if (!stacks)
+            print_trace(d, o->json);
+        else if (o->json) {
+            json_t *j =
+                json_pack("{s:i, s:s, s:i, s:s}", "rank", d->rank, "host", d->host, "pid", d->pid, "stacks", d->stacks);
+            char *text = json_dumps(j, JSON_COMPACT);
+            printf("%s\n", text ? text : "{}");
+            free(text);
+            json_decref(j);
+        } else {
+            printf("==== rank %d (host %s, pid %d): the main thread's stack\n%s", d->rank, d->host, d->pid, d->stacks);
+            const size_t l = strlen(d->stacks);
+            if (l && d->stacks[l - 1] != '\n')
+                printf("\n");
+        }
+    }
+    protocol_free(reply);
+    return code;
+}
+
 static int parse_seconds(const char *s, double *out)
 {
     if (!s)
@@ -507,12 +695,29 @@ int main(int argc, char **argv)
         default: goto usage_error;
         }
     }
-    if (optind != argc - 1) {
+    const bool takes_rank =
+        optind < argc && (strcmp(argv[optind], "trace") == 0 || strcmp(argv[optind], "stacks") == 0);
+    if (optind >= argc || argc - optind > (takes_rank ? 2 : 1)) {
         fprintf(stderr, "grpoctl: %s\n",
                 optind >= argc ? "which command? (see grpoctl --help)" : "one command at a time (see grpoctl --help)");
         goto usage_error;
     }
     const char *cmd = argv[optind];
+    int flight_rank = -1; /* trace RANK, stacks [RANK] */
+    if (takes_rank) {
+        char *end = NULL;
+        const char *arg = optind + 1 < argc ? argv[optind + 1] : NULL;
+        const long v = arg ? strtol(arg, &end, 10) : -1;
+        if (arg && (end == arg || *end || v < 0 || v > 1 << 20)) {
+            fprintf(stderr, "grpoctl: %s expects a rank number, got '%s'\n", cmd, arg);
+            goto usage_error;
+        }
+        if (!arg && strcmp(cmd, "trace") == 0) {
+            fprintf(stderr, "grpoctl: trace RANK: which rank? (grpoctl workers lists them)\n");
+            goto usage_error;
+        }
+        flight_rank = (int)v;
+    }
     if (!o.endpoint)
         o.endpoint = getenv("GRPOD_ENDPOINT");
     if (!o.endpoint || !o.endpoint[0])
@@ -534,9 +739,10 @@ int main(int argc, char **argv)
         if (strcmp(cmd, commands[i].name) == 0)
             which = i;
     if (which < 0 && strcmp(cmd, "status") != 0 && strcmp(cmd, "workers") != 0 && strcmp(cmd, "metrics") != 0 &&
-        strcmp(cmd, "diagnose") != 0) {
+        strcmp(cmd, "diagnose") != 0 && !takes_rank) {
         fprintf(stderr,
-                "grpoctl: unknown command '%s' (status, workers, diagnose, pause, resume, stop, checkpoint, metrics)\n",
+                "grpoctl: unknown command '%s' (status, workers, diagnose, trace, stacks, pause, resume, stop, "
+                "checkpoint, metrics)\n",
                 cmd);
         goto usage_error;
     }
@@ -572,6 +778,8 @@ int main(int argc, char **argv)
         rc = cmd_metrics(rpc, &o);
     else if (strcmp(cmd, "diagnose") == 0)
         rc = cmd_diagnose(rpc, &o);
+    else if (takes_rank)
+        rc = cmd_flight(rpc, &o, strcmp(cmd, "stacks") == 0, flight_rank);
     else
         rc = cmd_status(rpc, &o, strcmp(cmd, "workers") == 0);
     rpc_close(rpc);

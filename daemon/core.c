@@ -203,7 +203,10 @@ void core_init(struct core *c, const struct core_settings *set, double now)
 void core_free_workers(struct core *c)
 {
     for (int r = 0; r < c->nworkers; r++)
-        free(c->workers[r]);
+        if (c->workers[r]) {
+            core_worker_release(c->workers[r]);
+            free(c->workers[r]);
+        }
     free(c->workers);
     c->workers = NULL;
     c->nworkers = 0;
@@ -811,6 +814,7 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
         /* the data-plane generation (proto/plane_auth.h): one after the rank's last registration, so that a
          * replacement is the later process at the dispatcher; a rank's first registration is generation 0 */
         const unsigned gen = w->incarnation ? plane_generation(w->incarnation) + 1 : 0;
+        core_worker_release(w);
         memset(w, 0, sizeof *w);
         w->incarnation = plane_incarnation_of(gen, next_random(c)) | 1;
         w->checkpoint_seq_done = c->run.checkpoint_seq;
@@ -906,10 +910,72 @@ static uint8_t *reply_ack(struct core *c, const struct core_worker *w, uint64_t 
     /* the word to end goes to the ranks of the job that lost one; a rank of its relaunch that registered after it
      * (a rollout rank may come before the trainers that clear it) is not told to end */
     ack.abort = !w || c->run.abort_at == 0 || w->registered_at <= c->run.abort_at ? c->run.abort : "";
+    ack.trace_seq = w ? w->trace_seq : 0;
+    ack.stacks_seq = w ? w->stacks_seq : 0;
     env.request_id = id;
     env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT_ACK;
     env.heartbeat_ack = &ack;
     return CHECK_ALLOC(protocol_pack(&env, len));
+}
+
+void core_worker_release(struct core_worker *w)
+{
+    free(w->trace);
+    w->trace = NULL;
+    w->ntrace = 0;
+    free(w->stacks);
+    w->stacks = NULL;
+}
+
+static void copy_flight(struct core_flight *d, const Grpo__FlightEntry *e)
+{
+    d->id = e->id;
+    d->seq = e->seq;
+    d->bytes = e->bytes;
+    snprintf(d->kind, sizeof d->kind, "%s", e->kind);
+    snprintf(d->op, sizeof d->op, "%s", e->op);
+    snprintf(d->group, sizeof d->group, "%s", e->group);
+    snprintf(d->members, sizeof d->members, "%s", e->members);
+    d->group_size = e->group_size;
+    d->peer = e->peer;
+    d->layer = e->layer;
+    d->phase = e->phase;
+    d->backward = e->backward;
+    d->open = e->open;
+    d->failed = e->failed;
+    d->began = e->began;
+    d->seconds = e->seconds;
+}
+
+/* The flight recorder's part of a heartbeat: the wait under way, the last ones, and the answers to grpoctl trace
+ * and stacks (an answer to a request grpod has not counted is ignored). */
+static void copy_flight_heartbeat(struct core_worker *w, const Grpo__Heartbeat *h, double now)
+{
+    w->waiting = h->current_wait != NULL;
+    if (h->current_wait)
+        copy_flight(&w->wait, h->current_wait);
+    w->wait_heard = now;
+    w->nrecent = 0;
+    const size_t skip = h->n_recent_waits > CORE_FLIGHT_RECENT ? h->n_recent_waits - CORE_FLIGHT_RECENT : 0;
+    for (size_t i = skip; i < h->n_recent_waits; i++)
+        copy_flight(&w->recent[w->nrecent++], h->recent_waits[i]);
+    if (h->trace_seq_done > w->trace_done && h->trace_seq_done <= w->trace_seq) {
+        free(w->trace);
+        w->trace = xcalloc(h->n_trace ? h->n_trace : 1, sizeof *w->trace);
+        for (size_t i = 0; i < h->n_trace; i++)
+            copy_flight(&w->trace[i], h->trace[i]);
+        w->ntrace = (int)h->n_trace;
+        w->trace_done = h->trace_seq_done;
+        w->trace_at = now;
+        log_info("registry", "rank %d sent its flight recorder's %zu waits (grpoctl trace)", w->rank, h->n_trace);
+    }
+    if (h->stacks_seq_done > w->stacks_done && h->stacks_seq_done <= w->stacks_seq) {
+        free(w->stacks);
+        w->stacks = xstrdup(h->stacks);
+        w->stacks_done = h->stacks_seq_done;
+        w->stacks_at = now;
+        log_info("registry", "rank %d sent its native stack (grpoctl stacks)", w->rank);
+    }
 }
 
 static void copy_heartbeat(struct core_worker *w, const Grpo__Heartbeat *h)
@@ -1011,6 +1077,7 @@ static uint8_t *handle_heartbeat(struct core *c, const Grpo__Envelope *env, doub
         w->hb_sent = h->sent_s;
     }
     copy_heartbeat(w, h);
+    copy_flight_heartbeat(w, h, now);
     Grpo__WorkerState st =
         h->state == GRPO__WORKER_STATE__WORKER_UNKNOWN ? GRPO__WORKER_STATE__WORKER_RUNNING : h->state;
     if (old == GRPO__WORKER_STATE__WORKER_LOST)
@@ -1133,6 +1200,103 @@ static uint8_t *handle_command(struct core *c, const Grpo__Envelope *env, size_t
     return pack_reply(id, true, NULL, msg, false, len);
 }
 
+/* ---- grpoctl trace and stacks ---- */
+
+/* A worker that can still answer a request: it heartbeats (not ended, not lost) */
+static bool flight_answerable(const struct core_worker *w) { return worker_watched(w->state); }
+
+void core_flight_proto(const struct core_flight *f, Grpo__FlightEntry *e)
+{
+    grpo__flight_entry__init(e);
+    e->id = f->id;
+    e->kind = (char *)f->kind;
+    e->op = (char *)f->op;
+    e->group = (char *)f->group;
+    e->members = (char *)f->members;
+    e->group_size = f->group_size;
+    e->seq = f->seq;
+    e->bytes = f->bytes;
+    e->peer = f->peer;
+    e->phase = f->phase;
+    e->layer = f->layer;
+    e->backward = f->backward;
+    e->began = f->began;
+    e->seconds = f->seconds;
+    e->open = f->open;
+    e->failed = f->failed;
+}
+
+/* FlightRequest: ask (a new request for the worker, or for every worker that can answer: rank -1, stacks) or
+ * poll (seq 0: the newest request), answered with each worker's newest answer and whether it answers seq. */
+static uint8_t *handle_flight(struct core *c, const Grpo__Envelope *env, double now, size_t *len)
+{
+    const Grpo__FlightRequest *q = env->flight_request;
+    const bool stacks = q->what == GRPO__FLIGHT_REQUEST__WHAT__STACKS;
+    const char *what = stacks ? "stacks" : "trace";
+    if (q->rank >= 0 && (q->rank >= c->nworkers || !c->workers[q->rank]))
+        return refuse(c, env->request_id, false, len,
+                      "no rank %d has registered in run %s (grpoctl workers lists them)", q->rank, c->run.id);
+    const int lo = q->rank >= 0 ? q->rank : 0, hi = q->rank >= 0 ? q->rank + 1 : c->nworkers;
+    int n = 0;
+    for (int r = lo; r < hi; r++)
+        n += c->workers[r] != NULL;
+    if (!n)
+        return refuse(c, env->request_id, false, len, "no workers have registered in run %s", c->run.id);
+    Grpo__FlightReply reply = GRPO__FLIGHT_REPLY__INIT;
+    Grpo__FlightDump *dumps = xcalloc((size_t)n, sizeof *dumps), **dp = xcalloc((size_t)n, sizeof *dp);
+    size_t nentries = 0;
+    for (int r = lo; r < hi; r++)
+        if (c->workers[r] && !stacks)
+            nentries += (size_t)c->workers[r]->ntrace;
+    Grpo__FlightEntry *es = xcalloc(nentries ? nentries : 1, sizeof *es),
+                      **ep = xcalloc(nentries ? nentries : 1, sizeof *ep);
+    size_t used = 0;
+    for (int r = lo; r < hi; r++) {
+        struct core_worker *w = c->workers[r];
+        if (!w)
+            continue;
+        uint64_t *seq = stacks ? &w->stacks_seq : &w->trace_seq;
+        const uint64_t done = stacks ? w->stacks_done : w->trace_done;
+        if (q->ask && (q->rank >= 0 || flight_answerable(w)))
+            ++*seq;
+        Grpo__FlightDump *d = &dumps[reply.n_dumps];
+        grpo__flight_dump__init(d);
+        d->rank = w->rank;
+        d->host = w->host;
+        d->pid = w->pid;
+        d->seq = q->ask || !q->seq ? *seq : q->seq;
+        d->answered = done >= d->seq && done > 0;
+        d->state = (char *)core_worker_state_name(core_worker_shown_state(w));
+        if (stacks) {
+            d->stacks = w->stacks ? w->stacks : "";
+            d->age_s = w->stacks ? now - w->stacks_at : 0;
+        } else {
+            d->trace = ep + used;
+            for (int i = 0; i < w->ntrace; i++) {
+                core_flight_proto(&w->trace[i], &es[used]);
+                ep[used] = &es[used];
+                used++;
+            }
+            d->n_trace = (size_t)w->ntrace;
+            d->age_s = w->trace ? now - w->trace_at : 0;
+        }
+        dp[reply.n_dumps++] = d;
+    }
+    if (q->ask)
+        log_info("registry", "grpoctl %s asked of %s", what, q->rank >= 0 ? "one rank" : "every rank");
+    reply.dumps = dp;
+    Grpo__Envelope out = GRPO__ENVELOPE__INIT;
+    out.request_id = env->request_id;
+    out.body_case = GRPO__ENVELOPE__BODY_FLIGHT_REPLY;
+    out.flight_reply = &reply;
+    uint8_t *packed = CHECK_ALLOC(protocol_pack(&out, len));
+    free(es);
+    free(ep);
+    free(dumps);
+    free(dp);
+    return packed;
+}
+
 /* ---- entry points ---- */
 
 static uint8_t *handle_status(struct core *c, uint64_t id, double now, size_t *len)
@@ -1227,6 +1391,7 @@ static uint8_t *handle_request(struct core *c, const Grpo__Envelope *env, double
     case GRPO__ENVELOPE__BODY_COMMAND: return handle_command(c, env, reply_len);
     case GRPO__ENVELOPE__BODY_METRICS_REQUEST: return handle_metrics(c, id, now, reply_len);
     case GRPO__ENVELOPE__BODY_RUN_CONFIG_REQUEST: return handle_run_config(c, id, reply_len);
+    case GRPO__ENVELOPE__BODY_FLIGHT_REQUEST: return handle_flight(c, env, now, reply_len);
     default: return handle_status(c, id, now, reply_len);
     }
 }

@@ -32,6 +32,9 @@
 #define CORE_REASON_MAX 512
 #define CORE_CONFIG_MAX (64 * 1024) /* a rank's configuration text (Register.run_config), bytes */
 #define CORE_RETIRED 16             /* launches of a run remembered as over */
+#define CORE_FLIGHT_RECENT 16       /* finished waits kept per worker (Heartbeat.recent_waits) */
+#define CORE_FLIGHT_TRACE 4096      /* records of a worker's trace (Heartbeat.trace) */
+#define CORE_STACKS_MAX 16384       /* bytes of a worker's native stack (Heartbeat.stacks) */
 
 /* How the run is laid out and how health is judged (from the placement.* and grpod.* keys). */
 struct core_settings {
@@ -57,6 +60,16 @@ struct core_settings {
 struct core_metric {
     char name[CORE_NAME_MAX];
     double value;
+};
+
+/* One wait of a worker's flight recorder (1.15, grpo.FlightEntry), as grpod keeps it. */
+struct core_flight {
+    uint64_t id, seq, bytes;
+    char kind[16], op[32], group[32], members[128];
+    int32_t group_size, peer, layer;
+    Grpo__Phase phase;
+    bool backward, open, failed;
+    double began, seconds; /* unix seconds (the worker's clock); how long it took, or had waited when heard */
 };
 
 struct core_worker {
@@ -92,7 +105,26 @@ struct core_worker {
         Grpo__Phase phase;
     } timeline[CORE_TIMELINE]; /* oldest first */
     int ntimeline;
+    /* the flight recorder (1.15): the wait the newest heartbeat said the worker was in (waiting), when grpod heard
+     * it (monotonic: an open wait has lasted wait.seconds + the time since), and its last finished waits */
+    struct core_flight wait;
+    bool waiting;
+    double wait_heard;
+    struct core_flight recent[CORE_FLIGHT_RECENT]; /* oldest first */
+    int nrecent;
+    /* grpoctl trace / stacks: requests made (HeartbeatAck levels) and answered, the newest answer (heap, NULL:
+     * none; freed by core_worker_release) and when it came (monotonic) */
+    uint64_t trace_seq, trace_done, stacks_seq, stacks_done;
+    struct core_flight *trace;
+    int ntrace;
+    double trace_at;
+    char *stacks;
+    double stacks_at;
 };
+/* Free what a worker holds besides itself (its trace and stacks). */
+void core_worker_release(struct core_worker *w);
+/* A kept wait as the protocol's FlightEntry (its strings point into f). */
+void core_flight_proto(const struct core_flight *f, Grpo__FlightEntry *e);
 
 struct core_history_point {
     int64_t step;

@@ -86,6 +86,23 @@ static void worker_status(Grpo__WorkerStatus *ws, const struct core_worker *w, d
         }
         ws->n_timeline = (size_t)w->ntimeline;
     }
+    /* the flight recorder: the wait under way (it has lasted since grpod heard it too) and the last ones */
+    if (w->waiting) {
+        Grpo__FlightEntry *e = arena_alloc(a, sizeof *e);
+        core_flight_proto(&w->wait, e);
+        if (e->open && now > w->wait_heard)
+            e->seconds += now - w->wait_heard;
+        ws->current_wait = e;
+    }
+    if (w->nrecent > 0) {
+        Grpo__FlightEntry *es = arena_alloc(a, (size_t)w->nrecent * sizeof *es);
+        ws->recent_waits = arena_alloc(a, (size_t)w->nrecent * sizeof *ws->recent_waits);
+        for (int i = 0; i < w->nrecent; i++) {
+            core_flight_proto(&w->recent[i], &es[i]);
+            ws->recent_waits[i] = &es[i];
+        }
+        ws->n_recent_waits = (size_t)w->nrecent;
+    }
 }
 
 /* The run's metrics: each name once, from the lowest rank that reports it. */

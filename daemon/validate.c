@@ -106,6 +106,40 @@ static int check_metrics(Grpo__Metric **m, size_t n, const char *field, char *wh
     return 0;
 }
 
+/* A flight recorder's record (1.15): short printable names, a phase, finite non-negative times. */
+static int check_flight(const Grpo__FlightEntry *e, const char *field, size_t i, char *why, size_t whylen)
+{
+    if (!validate_text(e->kind, 15) || !validate_text(e->op, 31) || !validate_text(e->group, 31) ||
+        !validate_text(e->members, 127))
+        FAIL("%s[%zu]: kind, op, group or members is too long or not printable UTF-8", field, i);
+    if ((unsigned)e->phase >= GRPO_NUM_PHASES)
+        FAIL("%s[%zu].phase %d is not a phase", field, i, (int)e->phase);
+    if (!isfinite(e->began) || e->began < 0 || !isfinite(e->seconds) || e->seconds < 0)
+        FAIL("%s[%zu]: began and seconds must be finite and non-negative", field, i);
+    if (e->group_size < 0 || e->layer < -1 || e->peer < -1)
+        FAIL("%s[%zu]: group_size, layer or peer is out of range", field, i);
+    return 0;
+}
+
+static int check_heartbeat_flight(const Grpo__Heartbeat *h, char *why, size_t whylen)
+{
+    if (h->current_wait && check_flight(h->current_wait, "heartbeat.current_wait", 0, why, whylen) != 0)
+        return -1;
+    if (h->n_recent_waits > CORE_FLIGHT_RECENT)
+        FAIL("heartbeat.recent_waits has %zu entries (at most %d)", h->n_recent_waits, CORE_FLIGHT_RECENT);
+    for (size_t i = 0; i < h->n_recent_waits; i++)
+        if (check_flight(h->recent_waits[i], "heartbeat.recent_waits", i, why, whylen) != 0)
+            return -1;
+    if (h->n_trace > CORE_FLIGHT_TRACE + 1) /* the ring's newest and the open wait */
+        FAIL("heartbeat.trace has %zu entries (at most %d)", h->n_trace, CORE_FLIGHT_TRACE + 1);
+    for (size_t i = 0; i < h->n_trace; i++)
+        if (check_flight(h->trace[i], "heartbeat.trace", i, why, whylen) != 0)
+            return -1;
+    if (!validate_lines(h->stacks, CORE_STACKS_MAX - 1))
+        FAIL("heartbeat.stacks is longer than %d bytes or not lines of printable UTF-8", CORE_STACKS_MAX - 1);
+    return 0;
+}
+
 static int check_heartbeat(const Grpo__Heartbeat *h, char *why, size_t whylen)
 {
     if (h->rank < 0 || h->rank >= CORE_MAX_WORKERS)
@@ -140,6 +174,8 @@ static int check_heartbeat(const Grpo__Heartbeat *h, char *why, size_t whylen)
         FAIL("heartbeat.checkpoint_step %lld is out of range", (long long)h->checkpoint_step);
     if (!validate_text(h->error, CORE_REASON_MAX - 1))
         FAIL("heartbeat.error is too long or not printable UTF-8");
+    if (check_heartbeat_flight(h, why, whylen) != 0)
+        return -1;
     return check_metrics(h->metrics, h->n_metrics, "heartbeat.metrics", why, whylen);
 }
 
@@ -156,6 +192,14 @@ int validate_request(const Grpo__Envelope *env, char *why, size_t whylen)
             FAIL("command.command %d is not a command", (int)env->command->command);
         if (!validate_text(env->command->reason, 255))
             FAIL("command.reason is too long or not printable UTF-8");
+        return 0;
+    case GRPO__ENVELOPE__BODY_FLIGHT_REQUEST:
+        if (env->flight_request->what != GRPO__FLIGHT_REQUEST__WHAT__TRACE &&
+            env->flight_request->what != GRPO__FLIGHT_REQUEST__WHAT__STACKS)
+            FAIL("flight_request.what %d is neither trace nor stacks", (int)env->flight_request->what);
+        if (env->flight_request->rank < -1 || env->flight_request->rank >= CORE_MAX_WORKERS ||
+            (env->flight_request->rank < 0 && env->flight_request->what == GRPO__FLIGHT_REQUEST__WHAT__TRACE))
+            FAIL("flight_request.rank %d is out of range (-1, every rank, only for stacks)", env->flight_request->rank);
         return 0;
     case GRPO__ENVELOPE__BODY_STATUS_REQUEST:
     case GRPO__ENVELOPE__BODY_METRICS_REQUEST:

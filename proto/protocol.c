@@ -93,6 +93,8 @@ const char *protocol_body_name(Grpo__Envelope__BodyCase body)
     case GRPO__ENVELOPE__BODY_AUTH_HELLO: return "auth_hello";
     case GRPO__ENVELOPE__BODY_AUTH_CHALLENGE: return "auth_challenge";
     case GRPO__ENVELOPE__BODY_SEALED: return "sealed";
+    case GRPO__ENVELOPE__BODY_FLIGHT_REQUEST: return "flight_request";
+    case GRPO__ENVELOPE__BODY_FLIGHT_REPLY: return "flight_reply";
     default: return "none";
     }
 }

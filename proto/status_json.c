@@ -17,6 +17,28 @@ static json_t *metrics_json(Grpo__Metric **m, size_t n)
     return o;
 }
 
+json_t *status_flight_json(const Grpo__FlightEntry *e)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "id", json_integer((json_int_t)e->id));
+    json_object_set_new(o, "kind", json_string(e->kind));
+    json_object_set_new(o, "op", json_string(e->op));
+    json_object_set_new(o, "group", json_string(e->group));
+    json_object_set_new(o, "members", json_string(e->members));
+    json_object_set_new(o, "group_size", json_integer(e->group_size));
+    json_object_set_new(o, "seq", json_integer((json_int_t)e->seq));
+    json_object_set_new(o, "bytes", json_integer((json_int_t)e->bytes));
+    json_object_set_new(o, "peer", json_integer(e->peer));
+    json_object_set_new(o, "phase", json_string(core_phase_name(e->phase)));
+    json_object_set_new(o, "layer", json_integer(e->layer));
+    json_object_set_new(o, "pass", json_string(e->layer < 0 ? "" : e->backward ? "backward" : "forward"));
+    json_object_set_new(o, "began", num(e->began));
+    json_object_set_new(o, "seconds", num(e->seconds));
+    json_object_set_new(o, "open", json_boolean(e->open));
+    json_object_set_new(o, "failed", json_boolean(e->failed));
+    return o;
+}
+
 static json_t *worker_json(const Grpo__WorkerStatus *w)
 {
     json_t *o = json_object(), *dev = json_array(), *tim = json_object();
@@ -47,6 +69,11 @@ static json_t *worker_json(const Grpo__WorkerStatus *w)
     for (size_t i = 0; i < w->n_timeline; i++)
         json_array_append_new(tl, json_pack("[fs]", w->timeline[i]->start, core_phase_name(w->timeline[i]->phase)));
     json_object_set_new(o, "timeline", tl);
+    json_object_set_new(o, "current_wait", w->current_wait ? status_flight_json(w->current_wait) : json_null());
+    json_t *rw = json_array(); /* the flight recorder's last finished waits, oldest first */
+    for (size_t i = 0; i < w->n_recent_waits; i++)
+        json_array_append_new(rw, status_flight_json(w->recent_waits[i]));
+    json_object_set_new(o, "recent_waits", rw);
     return o;
 }
 

@@ -7,5 +7,10 @@
 
 /* JSON text of a Status (caller frees). pretty: indented for people. */
 char *status_to_json(const Grpo__Status *s, int pretty);
+/* One wait of a worker's flight recorder as a JSON object: the keys of the worker's own dump lines
+ * (RUN_DIR/flight/rank-R.jsonl), "id", "kind", "op", "group", "members", "group_size", "seq", "bytes", "peer",
+ * "phase", "layer", "pass", "began", "seconds", "open", "failed". */
+struct json_t;
+struct json_t *status_flight_json(const Grpo__FlightEntry *e);
 
 #endif

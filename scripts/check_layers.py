@@ -79,16 +79,19 @@ DEPENDS = {
                      "back-end"),
     "kernels/cuda/": ((KERNELS_IF,), "a kernel back-end implements the interface (kernels.h) and includes no other "
                       "back-end"),
-    "worker/comm/": ((), "the collective plane is the worker's bottom: common/ only (its back-ends register, struct "
-                     "comm_device_backend)"),
+    "worker/flight/": ((), "the flight recorder is the worker's floor: common/ only (and proto/names.h's phase "
+                       "names); every folder that waits records into it"),
+    "worker/comm/": (("worker/flight/",), "the collective plane is the worker's bottom: common/ and the flight "
+                     "recorder only (its back-ends register, struct comm_device_backend)"),
     "worker/formats/": ((), "the file formats are the worker's bottom: common/ only"),
     "worker/metrics/": ((), "the metrics are the worker's bottom: common/ only"),
     "worker/tokenizer/": (("worker/formats/",), "the tokenizer builds on the file formats only"),
-    "worker/model/": ((KERNELS_IF, "worker/comm/", "worker/formats/"),
+    "worker/model/": ((KERNELS_IF, "worker/comm/", "worker/flight/", "worker/formats/"),
                       "the model runs on the kernels' interface (kernels/kernels.h), never on a back-end, over the "
                       "collective plane and the file formats"),
     "worker/data/": (("worker/tokenizer/", "worker/formats/"), "the datasets build on the tokenizer and the formats"),
-    "worker/control/": (("worker/metrics/",), "the control plane builds on the metrics only"),
+    "worker/control/": (("worker/flight/", "worker/metrics/"),
+                        "the control plane builds on the metrics and the flight recorder only"),
     "worker/plan/": ((KERNELS_IF, "worker/model/", "worker/formats/"), "the planner builds on the model"),
     "worker/step/": ((KERNELS_IF, "worker/data/", "worker/formats/", "worker/metrics/", "worker/model/",
                       "worker/tokenizer/"), "a step's data builds on the model, the data and the tokenizer"),
@@ -96,13 +99,14 @@ DEPENDS = {
                         "the scorers build on a step's data and the model (reward models)"),
     "worker/gen/": ((KERNELS_IF, "worker/metrics/", "worker/model/", "worker/rewards/", "worker/step/",
                      "worker/tokenizer/"), "generation builds on the model, a step's data and the scorers"),
-    "worker/plane/": ((KERNELS_IF, "worker/comm/", "worker/step/", "worker/metrics/"),
+    "worker/plane/": ((KERNELS_IF, "worker/comm/", "worker/flight/", "worker/step/", "worker/metrics/"),
                       "the split-run protocol builds on a step's data and the collective plane"),
     "worker/agent/": (("worker/tokenizer/", "worker/gen/turn_env.h"),
                       "agents and tools build on the tokenizer and generation's turn interface"),
-    "worker/launch/": ((KERNELS_IF, ROLES_H, "worker/comm/", "worker/control/", "worker/metrics/"),
+    "worker/launch/": ((KERNELS_IF, ROLES_H, "worker/comm/", "worker/control/", "worker/flight/", "worker/metrics/"),
                        "the launch builds a role's environment over the collective and control planes"),
-    "worker/trainer/": ((KERNELS_IF, ROLES_H, "worker/comm/", "worker/control/", "worker/data/", "worker/formats/",
+    "worker/trainer/": ((KERNELS_IF, ROLES_H, "worker/comm/", "worker/control/", "worker/data/", "worker/flight/",
+                         "worker/formats/",
                          "worker/gen/", "worker/metrics/", "worker/model/", "worker/rewards/", "worker/step/",
                          "worker/tokenizer/"),
                         "the trainer library builds on every capability below but the split-run protocol, and knows no "
@@ -112,7 +116,8 @@ DEPENDS = {
                        "worker/step/", "worker/tokenizer/", "worker/trainer/"),
                       "the split source (the trainer role of a split run) builds on the trainer library and the "
                       "split-run protocol"),
-    "worker/rollout/": ((KERNELS_IF, ROLES_H, "worker/comm/", "worker/control/", "worker/data/", "worker/formats/",
+    "worker/rollout/": ((KERNELS_IF, ROLES_H, "worker/comm/", "worker/control/", "worker/data/", "worker/flight/",
+                         "worker/formats/",
                          "worker/gen/", "worker/metrics/", "worker/model/", "worker/plane/", "worker/rewards/",
                          "worker/step/", "worker/tokenizer/"), "the rollout role builds on every capability below"),
     "worker/survive/": ((ROLES_H, "worker/comm/", "worker/trainer/"),

@@ -22,6 +22,7 @@
 #include "worker/comm/comm.h"
 #include "worker/comm/parallel.h"
 #include "worker/control/control.h"
+#include "worker/flight/flight.h"
 #include "worker/launch/launch.h"
 #include "worker/model/device.h"
 #include "worker/roles.h"
@@ -252,11 +253,23 @@ static struct comm *init(int *argc, char ***argv, const struct args *a)
     /* SIGTERM / SIGINT (Slurm's time limit and preemption, systemctl stop, ^C): a checkpoint at the next safe
      * point, then exit 0; a second one ends the process at once. Before MPI starts, so that no thread started
      * later (MPI's, nanomsg's, the heartbeat) has a system call cut short by them. */
+    /* the flight recorder (worker/flight): this thread's waits, SIGUSR2's dump taken in a thread of its own
+     * (blocked here first: every thread started later, the stop signals' included, has it blocked), and the native
+     * stack on request */
+    flight_catch_dump_signal();
     if (!a->launch.selftest)
         control_catch_stop_signals();
+    flight_init((int)a->cfg.trainer_flight_recorder_size);
+    flight_stack_init();
     comm_mpi_init(argc, argv);
     struct comm *world = comm_mpi_world();
-    log_set_rank(a->launch.replace_rank >= 0 ? a->launch.replace_rank : comm_rank(world));
+    const int rank = a->launch.replace_rank >= 0 ? a->launch.replace_rank : comm_rank(world);
+    log_set_rank(rank);
+    flight_set_rank(rank);
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/%s/%s/flight", a->cfg.trainer_default_local_dir, a->cfg.trainer_project_name,
+             a->cfg.trainer_experiment_name);
+    flight_set_dump_dir(dir);
     if (comm_rank(world) == 0)
         comm_mpi_log_caps();
     return world;
@@ -297,6 +310,9 @@ static int run(struct launch *l)
 static int finalize(struct launch *l, struct comm *world, struct args *a, int status)
 {
     const int rank = comm_rank(world), size = comm_size(world);
+    if (flight_size() > 0)
+        log_info("flight", "%llu waits recorded on this rank (the flight recorder keeps the last %d)",
+                 (unsigned long long)flight_recorded(), flight_size());
     launch_close_role(l);
     if (l->peers_wait && status != 0 && size > 1) {
         if (l->refused_alike && rank != 0)

@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "worker/comm/comm.h"
 #include "worker/comm/parallel.h"
+#include "worker/flight/flight.h"
 
 static int g_bad;
 
@@ -329,7 +330,8 @@ int main(int argc, char **argv)
     int tp = 1, pp = 1, cp = 1, ep = 1;
     size_t n = 1000;
     double deadline = 0;
-    const char *stuck = NULL; /* --stuck-peer OP: the last rank sleeps while the others run OP */
+    const char *stuck = NULL;      /* --stuck-peer OP: the last rank sleeps while the others run OP */
+    const char *flight_dir = NULL; /* --flight-dir DIR: the flight recorder on, dumping into DIR */
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--tp") == 0)
             tp = atoi(argv[i + 1]);
@@ -345,7 +347,11 @@ int main(int argc, char **argv)
             deadline = atof(argv[i + 1]);
         else if (strcmp(argv[i], "--stuck-peer") == 0)
             stuck = argv[i + 1];
+        else if (strcmp(argv[i], "--flight-dir") == 0)
+            flight_dir = argv[i + 1];
     }
+    if (flight_dir)
+        flight_init(16);
     CHECK_MPI(MPI_Init(&argc, &argv));
     check_set_fatal_hook(check_mpi_abort_hook);
     struct comm *world = comm_mpi_world();
@@ -375,7 +381,16 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return rc == -1 && rc2 == -1 ? 0 : 1;
     }
-    if (stuck) { /* a stuck peer: the others' operation must end the job at the deadline, naming itself */
+    if (stuck) {          /* a stuck peer: the others' operation must end the job at the deadline, naming itself */
+        if (flight_dir) { /* three sums with every rank first: the dump at the deadline holds them, then the stuck one
+                           */
+            flight_set_rank(comm_rank(world));
+            flight_set_dump_dir(flight_dir);
+            for (int i = 0; i < 3; i++) {
+                double y = 1;
+                comm_allreduce_sum(world, &y, 1, COMM_F64);
+            }
+        }
         if (comm_rank(world) == comm_size(world) - 1) {
             sleep(60); /* sleep-ok: a stuck peer, on purpose */
             MPI_Finalize();

@@ -10,7 +10,9 @@ bin="$(prog test-comm)"
 out="$TMP/out.log"
 for op in allreduce iallreduce recv; do
     start=$(date +%s)
-    timeout "$(scaled 60)" mpirun --oversubscribe -np 2 "$bin" --deadline 2 --stuck-peer "$op" >"$out" 2>&1
+    rm -rf "$TMP/flight"
+    timeout "$(scaled 60)" mpirun --oversubscribe -np 2 "$bin" --deadline 2 --stuck-peer "$op" --flight-dir "$TMP/flight" \
+        >"$out" 2>&1
     rc=$?
     took=$(($(date +%s) - start))
     case $op in allreduce) what="all-reduce" ;; iallreduce) what="all-reduce (a gradient bucket)" ;; recv) what="receive" ;; esac
@@ -21,6 +23,16 @@ for op in allreduce iallreduce recv; do
     expect "the error names the $what, the group size, the rank and the key" $?
     ! grep -q "returned without its peer" "$out"
     expect "the $op did not return" $?
+    # the flight recorder's ring, dumped before the run ended: the three sums every rank made, then the stuck wait
+    dump="$TMP/flight/rank-0.jsonl"
+    case $op in allreduce) rec="all-reduce" ;; iallreduce) rec="all-reduce (bucket)" ;; recv) rec="receive" ;; esac
+    head -n 1 "$dump" 2>/dev/null | grep -q "\"rank\":0,\"reason\":\"MPI $what over 2 ranks" &&
+        [ "$(grep -c '"op":"all-reduce","group":"world","members":"0-1","group_size":2,"seq":[1-3],.*"open":false' "$dump")" -eq 3 ] &&
+        grep -q "\"op\":\"$rec\",\"group\":\"world\".*\"open\":true" "$dump"
+    expect "the deadline dumped rank 0's flight recorder first: 3 sums of world, then the $rec under way" $?
+    grep -q "flight: under way: $rec #[0-9]* of world (ranks 0-1)" "$out" &&
+        [ "$(grep -n "flight: under way" "$out" | head -1 | cut -d: -f1)" -lt "$(grep -n "ending the run" "$out" | head -1 | cut -d: -f1)" ]
+    expect "... and logged it, the wait under way named, before the run ended" $?
     [ $fails -eq 0 ] || cat "$out"
 done
 # comm_try_broadcast (the weight broadcast's group): a late peer gives the group up at the deadline instead of

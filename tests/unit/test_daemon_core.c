@@ -1050,6 +1050,149 @@ static void test_status_and_metrics(void **state)
     core_deinit(&c);
 }
 
+/* ---- the flight recorder (1.15): the current wait in the status, grpoctl trace's and stacks' conversation ---- */
+
+static Grpo__Envelope *flight_ask(struct core *c, Grpo__FlightRequest__What what, int rank, bool ask, uint64_t seq)
+{
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__FlightRequest q = GRPO__FLIGHT_REQUEST__INIT;
+    q.what = what;
+    q.rank = rank;
+    q.ask = ask;
+    q.seq = seq;
+    env.body_case = GRPO__ENVELOPE__BODY_FLIGHT_REQUEST;
+    env.flight_request = &q;
+    return roundtrip(c, &env, NULL);
+}
+
+/* a heartbeat of rank 0 in an all-reduce of dp, answering trace request trace_seq and stack request stacks_seq (0:
+ * none); the ack's levels come back in *trace_want and *stacks_want */
+static void flight_beat(struct core *c, uint64_t inc, uint64_t trace_seq, uint64_t stacks_seq, uint64_t *trace_want,
+                        uint64_t *stacks_want)
+{
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Heartbeat hb = GRPO__HEARTBEAT__INIT;
+    Grpo__FlightEntry cur = GRPO__FLIGHT_ENTRY__INIT, done = GRPO__FLIGHT_ENTRY__INIT, *donep = &done;
+    Grpo__FlightEntry *trace[2] = {&done, &cur};
+    cur.kind = done.kind = "collective";
+    cur.op = done.op = "all-reduce";
+    cur.group = done.group = "dp";
+    cur.members = done.members = "0-4,6-7";
+    cur.group_size = done.group_size = 7;
+    cur.seq = 1234;
+    cur.bytes = 4096;
+    cur.peer = -1;
+    cur.phase = GRPO__PHASE__PHASE_UPDATE_ACTOR;
+    cur.layer = 12;
+    cur.backward = true;
+    cur.began = 1.8e9;
+    cur.seconds = 2.0;
+    cur.open = true;
+    done.id = 7;
+    done.seq = 1233;
+    done.peer = -1;
+    done.layer = -1;
+    done.began = 1.8e9 - 1;
+    done.seconds = 0.001;
+    hb.incarnation = inc;
+    hb.state = GRPO__WORKER_STATE__WORKER_RUNNING;
+    hb.step = 3;
+    hb.checkpoint_step = -1;
+    hb.current_wait = &cur;
+    hb.recent_waits = &donep;
+    hb.n_recent_waits = 1;
+    if (trace_seq) {
+        hb.trace_seq_done = trace_seq;
+        hb.trace = trace;
+        hb.n_trace = 2;
+    }
+    if (stacks_seq) {
+        hb.stacks_seq_done = stacks_seq;
+        hb.stacks = "grpo-worker(comm_allreduce_sum+0x42) [0x1234]\ngrpo-worker(main+0x10) [0x5678]\n";
+    }
+    env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    Grpo__Envelope *e = roundtrip(c, &env, NULL);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_HEARTBEAT_ACK);
+    *trace_want = e->heartbeat_ack->trace_seq;
+    *stacks_want = e->heartbeat_ack->stacks_seq;
+    protocol_free(e);
+}
+
+static void test_flight_requests(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = settings(0, 0, 1, 1);
+    core_init(&c, &s, T);
+    const uint64_t inc = reg_ok(&c, 0, 1, GRPO__ROLE__ROLE_HYBRID);
+    uint64_t tw, sw;
+    flight_beat(&c, inc, 0, 0, &tw, &sw);
+    assert_int_equal(tw, 0); /* nothing asked yet */
+    assert_int_equal(sw, 0);
+    /* the wait under way in the status, grown by the time since the heartbeat */
+    struct arena a = {0};
+    Grpo__Status *st = core_status(&c, T + 3.0, &a);
+    assert_non_null(st->workers[0]->current_wait);
+    assert_string_equal(st->workers[0]->current_wait->op, "all-reduce");
+    assert_string_equal(st->workers[0]->current_wait->members, "0-4,6-7");
+    assert_int_equal(st->workers[0]->current_wait->seq, 1234);
+    assert_true(fabs(st->workers[0]->current_wait->seconds - 5.0) < 1e-9);
+    assert_int_equal(st->workers[0]->n_recent_waits, 1);
+    assert_int_equal(st->workers[0]->recent_waits[0]->seq, 1233);
+    arena_free(&a);
+
+    /* trace: asked, not answered; the level goes out in the ack; the answer comes with the next heartbeat */
+    Grpo__Envelope *r = flight_ask(&c, GRPO__FLIGHT_REQUEST__WHAT__TRACE, 0, true, 0);
+    assert_int_equal(r->body_case, GRPO__ENVELOPE__BODY_FLIGHT_REPLY);
+    assert_int_equal(r->flight_reply->n_dumps, 1);
+    const uint64_t seq = r->flight_reply->dumps[0]->seq;
+    assert_int_equal(seq, 1);
+    assert_false(r->flight_reply->dumps[0]->answered);
+    protocol_free(r);
+    flight_beat(&c, inc, 0, 0, &tw, &sw);
+    assert_int_equal(tw, seq);
+    flight_beat(&c, inc, 5, 0, &tw, &sw); /* an answer to a request never made is dropped */
+    r = flight_ask(&c, GRPO__FLIGHT_REQUEST__WHAT__TRACE, 0, false, seq);
+    assert_false(r->flight_reply->dumps[0]->answered);
+    protocol_free(r);
+    flight_beat(&c, inc, seq, 0, &tw, &sw);
+    r = flight_ask(&c, GRPO__FLIGHT_REQUEST__WHAT__TRACE, 0, false, seq);
+    const Grpo__FlightDump *d = r->flight_reply->dumps[0];
+    assert_true(d->answered);
+    assert_int_equal(d->n_trace, 2);
+    assert_int_equal(d->trace[0]->id, 7);
+    assert_true(d->trace[1]->open);
+    assert_int_equal(d->trace[1]->layer, 12);
+    assert_string_equal(d->host, "node00");
+    protocol_free(r);
+
+    /* stacks of every rank (-1), answered */
+    r = flight_ask(&c, GRPO__FLIGHT_REQUEST__WHAT__STACKS, -1, true, 0);
+    assert_int_equal(r->flight_reply->n_dumps, 1);
+    assert_false(r->flight_reply->dumps[0]->answered);
+    protocol_free(r);
+    flight_beat(&c, inc, 0, 0, &tw, &sw);
+    assert_int_equal(sw, 1);
+    flight_beat(&c, inc, 0, sw, &tw, &sw);
+    r = flight_ask(&c, GRPO__FLIGHT_REQUEST__WHAT__STACKS, -1, false, 0);
+    assert_true(r->flight_reply->dumps[0]->answered);
+    assert_non_null(strstr(r->flight_reply->dumps[0]->stacks, "comm_allreduce_sum"));
+    protocol_free(r);
+
+    /* refused: a rank that never registered; validated: a trace of every rank, a stack of bad text */
+    r = flight_ask(&c, GRPO__FLIGHT_REQUEST__WHAT__TRACE, 3, true, 0);
+    assert_int_equal(r->body_case, GRPO__ENVELOPE__BODY_REPLY);
+    assert_false(r->reply->ok);
+    assert_non_null(strstr(r->reply->error, "no rank 3 has registered"));
+    protocol_free(r);
+    r = flight_ask(&c, GRPO__FLIGHT_REQUEST__WHAT__TRACE, -1, true, 0);
+    assert_int_equal(r->body_case, GRPO__ENVELOPE__BODY_REPLY);
+    assert_non_null(strstr(r->reply->error, "flight_request.rank -1 is out of range"));
+    protocol_free(r);
+    core_deinit(&c);
+}
+
 /* ---- split placement: 2 trainer ranks (0, 1) and 2 rollout ranks (2, 3) ---- */
 
 static struct core_settings split_settings(void)
@@ -2306,6 +2449,7 @@ int main(void)
         cmocka_unit_test(test_run_config_journaled),
         cmocka_unit_test(test_placement_follows_every_layout_key),
         cmocka_unit_test(test_own_layout_differs_in_sp),
+        cmocka_unit_test(test_flight_requests),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -80,6 +80,16 @@ int comm_agree(struct comm *c, int *flag);
 /* Tests of a lost peer: hold(point) runs where this rank is about to wait for an all-reduce it started ("allreduce",
  * comm_wait), so that a test kills it there, its part started and its peers waiting on it; NULL: none. */
 void comm_set_test_hold(void (*hold)(const char *point));
+/* Name c for the flight recorder (worker/flight) and its messages: a short word, "dp", "tp", "pp", "world",
+ * "trainers" (at most 15 bytes), set by the creator that knows what the group is for. A record then reads
+ * "all-reduce #1234 of dp (ranks 0-4,6-7)": the name, the group's world ranks and the operation's number in the
+ * group. comm_mpi_world's is "world", a split's "split" and a node's "node" until named; a device group takes its
+ * MPI group's. Local: no communication. */
+void comm_set_name(struct comm *c, const char *name);
+/* c's name (comm_set_name). */
+const char *comm_name(const struct comm *c);
+/* c's world ranks as ranges, "0-4,6-7" ("" where the back-end cannot say). */
+const char *comm_members(const struct comm *c);
 /* Release a comm from comm_mpi_world, comm_split or comm_device_group. */
 void comm_free(struct comm *c);
 
@@ -103,6 +113,7 @@ struct comm_req {
     struct comm *c;
     size_t count;
     enum comm_dtype t;
+    uint64_t seq; /* the sum's number among c's collectives (the flight recorder's) */
 };
 /* Start an in-place sum over the group and return at once (overlapping the gradients' all-reduce with the
  * backward that produces the next ones). after_stream: the CUDA stream whose queued work writes buf (NULL: host
@@ -239,6 +250,9 @@ struct comm_backend {
     struct comm *(*split_node)(struct comm *, int);
     void (*fail_alone)(struct comm *);           /* may be NULL */
     void (*set_deadline)(struct comm *, double); /* besides c->deadline_s (a twin's own); may be NULL */
+    /* the world rank of every rank of the group, in group order (comm_members); may be NULL */
+    void (*world_ranks)(const struct comm *, int *);
+    void (*set_name)(struct comm *, const char *); /* besides c->name (a twin's); may be NULL */
     void (*destroy)(struct comm *);
     /* comm_table_create, _update and _free (NULL: no table) */
     struct comm_table *(*table_create)(struct comm *, size_t);
@@ -254,6 +268,12 @@ struct comm {
     _Atomic unsigned long long completed; /* operations finished, read by watchdog threads (comm_progress) */
     double deadline_s;                    /* comm_set_deadline (0: none) */
     bool given_up;                        /* a comm_try_broadcast failed: the group is not used again */
+    /* the flight recorder's: the name (comm_set_name), the group's world ranks, its id of the two, and the
+     * collectives and point-to-point operations begun on c so far (the main thread's) */
+    char name[16];
+    char members[112];
+    uint16_t flight_group;
+    uint64_t coll_seq, p2p_seq;
 };
 
 #endif

@@ -22,6 +22,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/config_key_names.h"
+#include "worker/flight/flight.h"
 
 static MPI_Datatype mpi_type(enum comm_dtype t)
 {
@@ -107,6 +108,9 @@ static int mpi_wait_until(struct comm *c, MPI_Request *req, int n, const char *w
                      "MPI %s over %d ranks (this is rank %d of the group) did not complete after %.1f s: a peer is "
                      "lost or stuck (" KEY_arr_nccl_timeout " = %.0f s)",
                      what, c->size, c->rank, waited, c->deadline_s);
+            /* what this rank waited for, and what it did before: the flight recorder's ring, in the log and the
+             * run directory, before the run ends (the peers' dumps say where they were) */
+            flight_dump(why, true);
             if (soft) {
                 log_warn("comm", "%s; giving the group up", why);
                 return -1;
@@ -405,6 +409,21 @@ static void mpi_fail_alone(struct comm *c)
     CHECK_MPI(MPI_Comm_set_errhandler(mc(c), MPI_ERRORS_RETURN));
 }
 
+/* comm_members: each rank's rank in MPI_COMM_WORLD, by the groups' translation (no communication) */
+static void mpi_world_ranks(const struct comm *c, int *out)
+{
+    MPI_Group g, world;
+    int *mine = xcalloc((size_t)c->size, sizeof *mine);
+    for (int i = 0; i < c->size; i++)
+        mine[i] = i;
+    CHECK_MPI(MPI_Comm_group(((const struct mpi_impl *)c->impl)->comm, &g));
+    CHECK_MPI(MPI_Comm_group(MPI_COMM_WORLD, &world));
+    CHECK_MPI(MPI_Group_translate_ranks(g, c->size, mine, world, out));
+    MPI_Group_free(&g);
+    MPI_Group_free(&world);
+    free(mine);
+}
+
 static void mpi_destroy(struct comm *c)
 {
     struct mpi_impl *impl = c->impl;
@@ -482,6 +501,7 @@ static const struct comm_backend mpi_backend = {
     .split = mpi_split,
     .split_node = mpi_split_node,
     .fail_alone = mpi_fail_alone,
+    .world_ranks = mpi_world_ranks,
     .destroy = mpi_destroy,
     .table_create = mpi_table_create,
     .table_update = mpi_table_update,
@@ -501,7 +521,12 @@ static struct comm *mpi_wrap(MPI_Comm m, bool owned)
     return c;
 }
 
-struct comm *comm_mpi_world(void) { return mpi_wrap(MPI_COMM_WORLD, false); }
+struct comm *comm_mpi_world(void)
+{
+    struct comm *c = mpi_wrap(MPI_COMM_WORLD, false);
+    comm_set_name(c, "world");
+    return c;
+}
 
 struct comm *comm_mpi_adopt(MPI_Comm m) { return mpi_wrap(m, true); }
 

@@ -19,6 +19,7 @@
 #include "common/clock.h"
 #include "common/check_mpi.h"
 #include "common/log.h"
+#include "worker/flight/flight.h"
 
 MPI_Comm comm_mpi_handle(struct comm *c);
 
@@ -85,6 +86,7 @@ static int nccl_fail(struct comm *c, const char *what, ncclResult_t error, doubl
     char why[256];
     snprintf(why, sizeof why, "NCCL %s over %d ranks (this is rank %d) %s after %.1f s", what, c->size, c->rank,
              error != ncclSuccess ? ncclGetErrorString(error) : "did not complete", waited);
+    flight_dump(why, true); /* the flight recorder's ring before the run ends, as comm_mpi.c's */
     if (soft) {
         log_warn("comm", "%s: a peer is lost or stuck; giving the group up", why);
         return -1;
@@ -366,6 +368,15 @@ static void nccl_fail_alone(struct comm *c)
 /* comm_set_deadline: host buffers go through the MPI twin, which waits as long */
 static void nccl_set_deadline(struct comm *c, double seconds) { comm_set_deadline(ni(c)->mpi, seconds); }
 
+/* comm_members and comm_set_name: the MPI twin's ranks, and its name too (host buffers go through it) */
+static void nccl_world_ranks(const struct comm *c, int *out)
+{
+    const struct comm *m = ((const struct nccl_impl *)c->impl)->mpi;
+    if (m->be->world_ranks)
+        m->be->world_ranks(m, out);
+}
+static void nccl_set_name(struct comm *c, const char *name) { comm_set_name(ni(c)->mpi, name); }
+
 static void nccl_destroy(struct comm *c)
 {
     /* an aborted communicator is freed by the abort; one given up elsewhere (its MPI twin) is aborted, since a peer
@@ -402,6 +413,8 @@ static const struct comm_backend nccl_backend = {
     .split_node = nccl_split_node,
     .fail_alone = nccl_fail_alone,
     .set_deadline = nccl_set_deadline,
+    .world_ranks = nccl_world_ranks,
+    .set_name = nccl_set_name,
     .destroy = nccl_destroy,
 };
 

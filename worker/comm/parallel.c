@@ -66,6 +66,12 @@ int parallel_groups_init_sized(struct parallel_groups *g, struct comm *world, co
         if (T > 1)
             g->etp = comm_split(world, (a->pp_rank * (D / E) + egroup) * C + a->cp_rank, a->ep_rank * T + a->tp_rank);
     }
+    /* the flight recorder's names: "all-reduce #1234 of dp (ranks 0-4,6-7)" */
+    static const char *names[] = {"tp", "dp", "pp", "cp", "dp-cp", "ep", "edp", "etp"};
+    struct comm *all[] = {g->tp, g->dp, g->pp, g->cp, g->dpcp, g->ep, g->edp, g->etp};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i])
+            comm_set_name(all[i], names[i]);
     return 0;
 }
 

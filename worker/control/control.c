@@ -21,10 +21,15 @@
 #include "common/log.h"
 #include "proto/protocol.h"
 #include "proto/transport.h"
+#include "worker/flight/flight.h"
 #include "worker/metrics/metrics.h"
 
 #define MAX_METRICS 128
 #define MAX_SPANS 64
+#define RECENT_WAITS 8    /* finished waits each heartbeat carries (Heartbeat.recent_waits) */
+#define TRACE_MAX 4096    /* the most records a trace carries (a heartbeat stays far below the control limit) */
+#define STACKS_MAX 16384  /* bytes of a native stack (Heartbeat.stacks) */
+#define STACKS_WAIT_S 2.0 /* how long the heartbeat thread waits for the main thread's stack */
 #define FINISH_WAIT_S 5.0
 
 _Static_assert(CONTROL_ROLE_HYBRID == (int)GRPO__ROLE__ROLE_HYBRID, "roles follow grpo.Role");
@@ -89,6 +94,8 @@ struct control {
     uint64_t ckpt_seq, ckpt_taken;
     char reason[512];
     bool stop_sent; /* grpod has been asked to stop the run because of a signal (control_stop_signal) */
+    /* grpoctl trace / stacks (HeartbeatAck.trace_seq, stacks_seq): the requests heard, and answered */
+    uint64_t trace_want, trace_done, stacks_want, stacks_done;
     bool connected, reregister_warned;
     bool quit, kick;
 };
@@ -297,7 +304,10 @@ static void test_delay(const struct control *c)
 
 void control_set_phase(struct control *c, Grpo__Phase phase)
 {
-    if (!c || (unsigned)phase >= GRPO_NUM_PHASES)
+    if ((unsigned)phase >= GRPO_NUM_PHASES)
+        return;
+    flight_set_phase((int)phase); /* with or without grpod: the flight recorder's records say where they began */
+    if (!c)
         return;
     pthread_mutex_lock(&c->mu);
     account(c, clock_now_s());
@@ -700,6 +710,10 @@ static void apply_ack(struct control *c, const Grpo__HeartbeatAck *ack)
                  ack->stop ? ", stop" : "", (unsigned long long)ack->checkpoint_seq);
     c->want_pause = ack->pause;
     c->want_stop = ack->stop;
+    if (ack->trace_seq > c->trace_want)
+        c->trace_want = ack->trace_seq;
+    if (ack->stacks_seq > c->stacks_want)
+        c->stacks_want = ack->stacks_seq;
     if (ack->run_state == GRPO__RUN_STATE__RUN_FINISHED)
         c->run_finished = true;
     if (ack->checkpoint_seq > c->ckpt_seq)
@@ -843,6 +857,110 @@ static bool send_stop(struct control *c, int sig)
     return true;
 }
 
+/* ---- the flight recorder's part of a heartbeat ---- */
+
+static void flight_proto(const struct flight_entry *e, double now, Grpo__FlightEntry *p)
+{
+    grpo__flight_entry__init(p);
+    const enum flight_op op = (enum flight_op)e->op;
+    p->id = e->id;
+    p->kind = (char *)flight_kind_name(flight_op_kind(op));
+    p->op = (char *)flight_op_name(op);
+    p->group = (char *)flight_group_name(e->group); /* the recorder's group table: never freed */
+    p->members = (char *)flight_group_members(e->group);
+    p->group_size = flight_group_size(e->group);
+    p->seq = e->seq;
+    p->bytes = e->bytes;
+    p->peer = e->peer;
+    p->phase = (unsigned)e->phase < GRPO_NUM_PHASES ? (Grpo__Phase)e->phase : GRPO__PHASE__PHASE_IDLE;
+    p->layer = e->layer;
+    p->backward = (e->flags & FLIGHT_BACKWARD) != 0;
+    p->began = flight_wall(e->began);
+    p->seconds = (e->ended > 0 ? e->ended : now) - e->began;
+    if (p->seconds < 0)
+        p->seconds = 0;
+    p->open = e->ended <= 0;
+    p->failed = (e->flags & FLIGHT_FAILED) != 0;
+}
+
+/* What a heartbeat says of the recorder: the wait under way and the last few, and a trace or the main thread's
+ * stack when grpod asked for one the worker has not answered (trace_want, stacks_want as read under mu). Read
+ * without mu: the ring is the recorder's (lock-free), and a stack takes up to STACKS_WAIT_S. The pointers go
+ * into f, which the caller frees with flight_parts_free once the heartbeat is sent. */
+struct flight_parts {
+    struct flight_entry raw[RECENT_WAITS], cur;
+    Grpo__FlightEntry wait, recent[RECENT_WAITS], *recentp[RECENT_WAITS];
+    Grpo__FlightEntry *trace, **tracep;
+    char *stacks;
+};
+
+static void flight_parts_fill(struct flight_parts *f, Grpo__Heartbeat *hb, int rank, uint64_t trace_want,
+                              uint64_t trace_done, uint64_t stacks_want, uint64_t stacks_done)
+{
+    const double now = clock_now_s();
+    f->trace = NULL;
+    f->tracep = NULL;
+    f->stacks = NULL;
+    if (flight_current(&f->cur)) {
+        flight_proto(&f->cur, now, &f->wait);
+        hb->current_wait = &f->wait;
+    }
+    const int n = flight_snapshot(f->raw, RECENT_WAITS);
+    for (int i = 0; i < n; i++) {
+        flight_proto(&f->raw[i], now, &f->recent[i]);
+        f->recentp[i] = &f->recent[i];
+    }
+    hb->n_recent_waits = (size_t)n;
+    hb->recent_waits = f->recentp;
+    if (trace_want > trace_done) { /* grpoctl trace: the whole ring (its newest TRACE_MAX), the open wait last */
+        const int size = flight_size(), max = size < TRACE_MAX ? size : TRACE_MAX;
+        struct flight_entry *all = xcalloc((size_t)max + 1, sizeof *all);
+        int m = flight_snapshot(all, max);
+        if (flight_current(&all[m]))
+            m++;
+        f->trace = xcalloc((size_t)m + 1, sizeof *f->trace);
+        f->tracep = xcalloc((size_t)m + 1, sizeof *f->tracep);
+        for (int i = 0; i < m; i++) {
+            flight_proto(&all[i], now, &f->trace[i]);
+            f->tracep[i] = &f->trace[i];
+        }
+        free(all);
+        hb->n_trace = (size_t)m;
+        hb->trace = f->tracep;
+        hb->trace_seq_done = trace_want;
+        flight_dump("grpoctl trace", false); /* the same ring in the run directory */
+        log_info("control", "grpoctl trace: sent the %d waits of this rank's flight recorder to grpod", m);
+    }
+    if (stacks_want > stacks_done) { /* grpoctl stacks: the main thread's, written by its signal handler */
+        f->stacks = xmalloc(STACKS_MAX);
+        char *text = xmalloc(STACKS_MAX);
+        if (flight_stack_capture(text, STACKS_MAX, STACKS_WAIT_S) == 0) {
+            snprintf(f->stacks, STACKS_MAX, "%s", text);
+            log_info("control", "grpoctl stacks: the stack of this rank's main thread:");
+            char *save = NULL;
+            for (char *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save))
+                log_info("control", "  %s", l);
+            flight_save_text("stacks", f->stacks);
+        } else {
+            snprintf(f->stacks, STACKS_MAX,
+                     "rank %d: its main thread did not write its stack within %.0f s (native stacks are off, or it "
+                     "runs with the signal blocked)\n",
+                     rank, STACKS_WAIT_S);
+            log_warn("control", "grpoctl stacks: %s", f->stacks);
+        }
+        free(text);
+        hb->stacks = f->stacks;
+        hb->stacks_seq_done = stacks_want;
+    }
+}
+
+static void flight_parts_free(struct flight_parts *f)
+{
+    free(f->trace);
+    free(f->tracep);
+    free(f->stacks);
+}
+
 static void *heartbeat_thread(void *arg)
 {
     struct control *c = arg;
@@ -879,7 +997,11 @@ static void *heartbeat_thread(void *arg)
             snprintf(names[i], sizeof names[i], "%s", m[i].name);
             m[i].name = names[i];
         }
+        const uint64_t trace_want = c->trace_want, stacks_want = c->stacks_want;
+        const uint64_t trace_done = c->trace_done, stacks_done = c->stacks_done;
         pthread_mutex_unlock(&c->mu);
+        struct flight_parts fp;
+        flight_parts_fill(&fp, &hb, c->rank, trace_want, trace_done, stacks_want, stacks_done);
 
         /* the worker's own count and clock of its heartbeats: after a silence grpod tells a worker that stalled
          * (nothing sent) from heartbeats held up on the way (sent, never heard) */
@@ -893,6 +1015,7 @@ static void *heartbeat_thread(void *arg)
         enum rpc_result r = rpc_call(c->rpc, &env, timeout_ms, &reply, err, sizeof err);
         bool need_reregister = false;
         unanswered = r == RPC_OK ? 0 : unanswered + 1;
+        flight_parts_free(&fp);
 
         pthread_mutex_lock(&c->mu);
         if (r == RPC_OK && reply->body_case == GRPO__ENVELOPE__BODY_HEARTBEAT_ACK) {
@@ -903,6 +1026,11 @@ static void *heartbeat_thread(void *arg)
             backoff_reset(&bo);
             need_reregister = reply->heartbeat_ack->reregister;
             if (!need_reregister) {
+                /* grpod has the trace and the stack this heartbeat carried */
+                if (hb.trace_seq_done > c->trace_done)
+                    c->trace_done = hb.trace_seq_done;
+                if (hb.stacks_seq_done > c->stacks_done)
+                    c->stacks_done = hb.stacks_seq_done;
                 apply_ack(c, reply->heartbeat_ack);
                 if (gen > c->acked_generation)
                     c->acked_generation = gen;
@@ -920,6 +1048,8 @@ static void *heartbeat_thread(void *arg)
         protocol_free(reply);
         pthread_cond_broadcast(&c->changed);
         double wait = c->connected ? c->interval : backoff;
+        if (c->connected && (c->trace_want > c->trace_done || c->stacks_want > c->stacks_done))
+            wait = 0; /* grpoctl waits for a trace or a stack: answer at once */
         if (need_reregister) {
             pthread_mutex_unlock(&c->mu);
             int rc = reregister(c);

@@ -461,17 +461,22 @@ static void train_groups(struct launch *l, const char *what)
     env->etp = g->etp;
     env->mp =
         comm_split(l->sides, env->at.dp * env->at.cp_size + env->at.cp, env->at.pp * env->at.tp_size + env->at.tp);
+    comm_set_name(env->mp, "mp");
     /* sequence or context parallelism with a split model: the batches of a DP rank go to its CP ranks' copies too
      * (every rank takes the same branch: the sizes are the launch's) */
     env->replica = NULL;
     if (env->at.cp_size > 1 && env->at.tp_size * env->at.pp_size > 1)
         env->replica = comm_split(l->sides, env->at.dp,
                                   (env->at.pp * env->at.cp_size + env->at.cp) * env->at.tp_size + env->at.tp);
+    if (env->replica)
+        comm_set_name(env->replica, "replica");
     /* EP with PP: a model copy is the stages' EP groups, ranked (stage x EP + EP rank) x TP + TP rank */
     const int E = env->at.ep_size;
     env->emp = E > 1 && env->at.pp_size > 1 ? comm_split(l->sides, env->at.dp / E * env->at.cp_size + env->at.cp,
                                                          (env->at.pp * E + env->at.ep) * env->at.tp_size + env->at.tp)
                                             : NULL;
+    if (env->emp)
+        comm_set_name(env->emp, "emp");
 }
 
 /* A split run's groups: the trainers and their DP, TP, PP and model-copy groups, a rollout TP group, and the
@@ -482,6 +487,7 @@ static void build_groups(struct launch *l, int replace_rank)
     struct comm *world = env->world;
     /* the trainers and their DP and TP groups; the rollout ranks have no MPI traffic after this */
     l->sides = comm_split(world, env->at.role == PLACE_TRAINER ? 0 : 1, comm_rank(world));
+    comm_set_name(l->sides, env->at.role == PLACE_TRAINER ? "trainers" : "rollouts");
     /* every group of the trainers (DP, TP, PP) and of the rollout ranks (rollout TP) is split from here: each
      * of their waits is bounded, the same on every rank (actor_rollout_ref.nccl_timeout) */
     comm_set_deadline(l->sides, (double)env->cfg->arr_nccl_timeout);
@@ -489,6 +495,7 @@ static void build_groups(struct launch *l, int replace_rank)
         train_groups(l, "trainer");
     } else if (env->at.tp_size > 1) { /* a rollout TP group: neighbouring rollout ranks */
         env->rollout_tp = comm_split(l->sides, env->at.engine, env->at.tp);
+        comm_set_name(env->rollout_tp, "rollout-tp");
         comm_fail_alone(env->rollout_tp); /* a lost peer ends the group, not the run */
     }
     /* weight_sync=broadcast: trainer rank 0 (the dispatcher's) and each rollout TP group's first rank; the
@@ -497,6 +504,7 @@ static void build_groups(struct launch *l, int replace_rank)
         const bool member =
             env->at.role == PLACE_TRAINER ? env->at.dp == 0 && env->at.tp == 0 && env->at.pp == 0 : env->at.tp == 0;
         struct comm *g = comm_split(world, member ? 0 : 1, env->at.role == PLACE_TRAINER ? -1 : env->rank);
+        comm_set_name(g, "weights");
         comm_set_deadline(g, (double)env->cfg->arr_nccl_timeout);
         if (member)
             env->weight_group = g;
@@ -511,10 +519,13 @@ static void build_colocated_groups(struct launch *l)
 {
     struct role_env *env = &l->env;
     l->sides = comm_split(env->world, 0, env->rank);
+    comm_set_name(l->sides, "trainers");
     comm_set_deadline(l->sides, (double)env->cfg->arr_nccl_timeout);
     train_groups(l, "colocated");
-    if (env->spec.rollout_tp > 1) /* an engine: neighbouring ranks */
+    if (env->spec.rollout_tp > 1) { /* an engine: neighbouring ranks */
         env->rollout_tp = comm_split(l->sides, env->at.engine, env->at.engine_tp);
+        comm_set_name(env->rollout_tp, "rollout-tp");
+    }
 }
 
 /* The world's DP x TP x PP groups (--tp, --pp). 0, or 2 with the reason logged. */

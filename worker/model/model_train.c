@@ -15,6 +15,7 @@
 #include "model_seq.h"
 #include "ring_attn.h"
 #include "worker/comm/comm.h"
+#include "worker/flight/flight.h"
 
 /* Tokens per chunk of the LM head: bounds the live logits (and their exponentials) to 2 x chunk x V floats, at
  * most 128 MB, and at most 256 tokens. Each chunk's product reads (and OpenBLAS packs) the whole head again, so
@@ -236,7 +237,8 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
     const bool count = sh->sp ? Nf > 0 : N > 0;
     for (int l = lo; l < hi; l++) {
         struct layer_acts *a = &A->layers[l];
-        if (A->offload) { /* keep the input in host memory; compute from and into the device's pair */
+        flight_set_layer(l, false); /* the flight recorder's records of the layer's collectives say where */
+        if (A->offload) {           /* keep the input in host memory; compute from and into the device's pair */
             float *in = A->xdev[(l - lo) & 1], *out = l + 1 < hi ? A->xdev[(l - lo + 1) & 1] : A->xf;
             k_to_host(K, a->x, in, nD * sizeof(float));
             A->scratch.x = in;
@@ -256,6 +258,7 @@ struct model_acts *model_forward_stage(struct model *m, const struct packed_batc
         if (ran->moe.rlog && count)
             model_moe_count(m, l, &ran->moe.r);
     }
+    flight_set_layer(-1, false);
     if (sh->has_head) {
         k_rmsnorm_forward(K, A->hn, A->rstdf, A->xf, m->w.final_norm, N, D, c->rms_norm_eps);
         if (ra) { /* context parallelism: every row here, then every rank's rows to every rank */
@@ -357,6 +360,7 @@ void model_backward_stage(struct model *m, struct model_acts *A, const float *dl
     }
     for (int l = sh->layer_hi - 1; l >= sh->layer_lo; l--) {
         struct layer_acts *a = &A->layers[l];
+        flight_set_layer(l, true);
         if (A->ckpt) {
             /* recompute this layer's activations from its saved input (back from host memory when offloaded) */
             if (A->offload)
@@ -370,6 +374,7 @@ void model_backward_stage(struct model *m, struct model_acts *A, const float *dl
         if (m->layer_grads_hook)
             m->layer_grads_hook(m->layer_grads_ud, l);
     }
+    flight_set_layer(-1, false);
     if (sh->has_embed) {
         if (G) /* a frozen embedding (LoRA) needs no gradient */
             k_embedding_backward(K, G->embed, d.dx, A->ids, N, D, &vs);

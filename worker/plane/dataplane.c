@@ -9,13 +9,16 @@
 #include <sys/stat.h>
 
 #include "common/check.h"
+#include "common/clock.h"
 #include "proto/protocol.h"
 #include "proto/plane_auth.h"
 #include "proto/transport.h"
+#include "worker/flight/flight.h"
 #include "worker/plane/wire.h"
 
 struct dataplane_pull {
     int sock;
+    uint16_t flight_group; /* the rollout ranks' batches to this endpoint, for the flight recorder */
 };
 
 struct dataplane_push {
@@ -24,6 +27,7 @@ struct dataplane_push {
     bool *waiting;     /* a batch sent on socket i awaits its answer */
     uint64_t *counter; /* ... the counter it was sent with */
     const struct plane_cred *cred;
+    uint16_t *flight_group; /* each trainer's endpoint, for the flight recorder */
 };
 
 struct dataplane_pull *dataplane_pull_open(const char *endpoint, char *err, size_t errlen)
@@ -51,6 +55,7 @@ struct dataplane_pull *dataplane_pull_open(const char *endpoint, char *err, size
         chmod(endpoint + 6, 0600);
     struct dataplane_pull *p = xcalloc(1, sizeof *p);
     p->sock = s;
+    p->flight_group = flight_group("rollouts", endpoint, 0);
     return p;
 }
 
@@ -58,16 +63,22 @@ int dataplane_recv(struct dataplane_pull *p, int timeout_ms, void **buf, size_t 
 {
     nn_setsockopt(p->sock, NN_SOL_SOCKET, NN_RCVTIMEO, &timeout_ms, sizeof timeout_ms);
     void *msg = NULL;
+    /* the flight recorder: a wait that brought a batch is kept; one that timed out (the caller polls) is not */
+    const int tok = flight_begin(FLIGHT_OP_BATCH_RECV, p->flight_group, 0, 0, -1, clock_now_s());
     int n = nn_recv(p->sock, &msg, NN_MSG, 0);
     if (n < 0) {
         int e = nn_errno();
-        if (e == ETIMEDOUT || e == EAGAIN || e == EINTR)
+        if (e == ETIMEDOUT || e == EAGAIN || e == EINTR) {
+            flight_cancel(tok);
             return 0;
+        }
+        flight_end(tok, clock_now_s(), true);
         error_set(err, errlen, "data plane: receive failed: %s", nn_strerror(e));
         return -1;
     }
     *buf = msg;
     *len = (size_t)n;
+    flight_end_bytes(tok, clock_now_s(), (uint64_t)n);
     return 1;
 }
 
@@ -105,7 +116,9 @@ struct dataplane_push *dataplane_push_open(const char *const *endpoints, int n, 
     p->counter = xcalloc((size_t)(n ? n : 1), sizeof(uint64_t));
     p->socks = xmalloc((size_t)(n ? n : 1) * sizeof(int));
     p->waiting = xcalloc((size_t)(n ? n : 1), sizeof(bool));
+    p->flight_group = xcalloc((size_t)(n ? n : 1), sizeof(uint16_t));
     for (int i = 0; i < n; i++) {
+        p->flight_group[i] = flight_group("trainer", endpoints[i], 0);
         int s = nn_socket(AF_SP, NN_REQ);
         if (s < 0) {
             error_set(err, errlen, "data plane: nn_socket(REQ): %s", nn_strerror(nn_errno()));
@@ -168,8 +181,21 @@ static int await_answer(struct dataplane_push *p, int i, int timeout_ms, char *e
     return rc;
 }
 
+static int send_batch(struct dataplane_push *p, int i, const void *buf, size_t len, uint64_t counter, int timeout_ms,
+                      char *err, size_t errlen);
+
 int dataplane_send(struct dataplane_push *p, int i, const void *buf, size_t len, uint64_t counter, int timeout_ms,
                    char *err, size_t errlen)
+{
+    /* the flight recorder: the wait for the trainer's answer to the batch before, and the send */
+    const int tok = flight_begin(FLIGHT_OP_BATCH_PUSH, p->flight_group[i], counter, len, i, clock_now_s());
+    const int rc = send_batch(p, i, buf, len, counter, timeout_ms, err, errlen);
+    flight_end(tok, clock_now_s(), rc != 0);
+    return rc;
+}
+
+static int send_batch(struct dataplane_push *p, int i, const void *buf, size_t len, uint64_t counter, int timeout_ms,
+                      char *err, size_t errlen)
 {
     int rc = await_answer(p, i, timeout_ms, err, errlen);
     if (rc != 0)
@@ -192,9 +218,15 @@ int dataplane_send(struct dataplane_push *p, int i, const void *buf, size_t len,
 int dataplane_flush(struct dataplane_push *p, int timeout_ms, char *err, size_t errlen)
 {
     int rc = 0;
-    for (int i = 0; i < p->n; i++)
-        if (await_answer(p, i, timeout_ms, err, errlen) != 0)
+    for (int i = 0; i < p->n; i++) {
+        const int tok = p->waiting[i]
+                            ? flight_begin(FLIGHT_OP_BATCH_PUSH, p->flight_group[i], p->counter[i], 0, i, clock_now_s())
+                            : 0;
+        const int r = await_answer(p, i, timeout_ms, err, errlen);
+        flight_end(tok, clock_now_s(), r != 0);
+        if (r != 0)
             rc = -1;
+    }
     return rc;
 }
 
@@ -207,6 +239,7 @@ void dataplane_push_close(struct dataplane_push *p)
     free(p->socks);
     free(p->waiting);
     free(p->counter);
+    free(p->flight_group);
     free(p);
 }
 

@@ -151,5 +151,8 @@ bool work_client_end(struct work_client *c, struct work_grant *g);
 /* The newest policy version the dispatcher has said it published (pings and grants; -1: not heard yet). */
 int64_t work_client_latest(struct work_client *c);
 void work_client_close(struct work_client *c);
+/* The dispatcher as the flight recorder's group ("dispatcher", its endpoint): a rollout rank's wait for a grant is
+ * recorded against it (worker/flight). */
+uint16_t work_client_group(const struct work_client *c);
 
 #endif

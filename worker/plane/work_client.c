@@ -15,6 +15,7 @@
 #include "proto/protocol.h"
 #include "proto/transport.h"
 #include "common/config_key_names.h"
+#include "worker/flight/flight.h"
 
 #define CHUNK_MAX_FLOATS DISPATCH_CHUNK_MAX_FLOATS
 
@@ -32,7 +33,10 @@ struct work_client {
     int64_t latest;             /* the newest version the dispatcher said it published (-1: not heard) */
     void (*on_chunk)(void *ud); /* after each weights chunk (work_client_on_chunk) */
     void *on_chunk_ud;
+    uint16_t flight_group; /* the dispatcher, for the flight recorder's records */
 };
+
+uint16_t work_client_group(const struct work_client *c) { return c->flight_group; }
 
 static bool reply_error(const Grpo__Envelope *r, char *err, size_t errlen)
 {
@@ -148,6 +152,7 @@ struct work_client *work_client_open(const char *endpoint, struct plane_cred *cr
         work_client_close(c);
         return NULL;
     }
+    c->flight_group = flight_group("dispatcher", endpoint, 0);
     rpc_set_plane(c->rpc, cred); /* both threads: one counter, atomic */
     rpc_set_plane(c->ping_rpc, cred);
     if (pthread_create(&c->pinger, NULL, ping_loop, c) != 0) {
@@ -286,8 +291,22 @@ static int weights_call(struct work_client *c, int64_t version, size_t off, size
     return 0;
 }
 
+static int weights(struct work_client *c, int64_t version, float *w, size_t n, size_t chunk_bytes, size_t *bytes,
+                   int *chunks, char *err, size_t errlen);
+
 int work_client_weights(struct work_client *c, int64_t version, float *w, size_t n, size_t chunk_bytes, size_t *bytes,
                         int *chunks, char *err, size_t errlen)
+{
+    /* one record for the whole fetch: its number is the version */
+    const int tok = flight_begin(FLIGHT_OP_WEIGHTS_FETCH, c->flight_group, version > 0 ? (uint64_t)version : 0,
+                                 n * sizeof(float), -1, clock_now_s());
+    const int rc = weights(c, version, w, n, chunk_bytes, bytes, chunks, err, errlen);
+    flight_end(tok, clock_now_s(), rc != 0);
+    return rc;
+}
+
+static int weights(struct work_client *c, int64_t version, float *w, size_t n, size_t chunk_bytes, size_t *bytes,
+                   int *chunks, char *err, size_t errlen)
 {
     size_t per = chunk_bytes / sizeof(float);
     if (per < 1)

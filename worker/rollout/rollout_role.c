@@ -35,6 +35,7 @@
 #include "worker/data/dataset.h"
 #include "worker/metrics/metrics.h"
 #include "worker/comm/comm.h"
+#include "worker/flight/flight.h"
 #include "worker/model/device.h"
 #include "worker/model/bundled.h"
 #include "worker/model/lora.h"
@@ -622,7 +623,19 @@ static void head_tell(struct rollout_rank *r, const struct work_grant *g)
 
 /* The dispatcher's next word: a unit (with its policy version in the model), or the end. Waiting (for the
  * trainers' next version, or while the run is paused) is added to *waited. 0, or -1 with err. */
+static int next_work_asked(struct rollout_rank *r, struct work_grant *g, double *waited, char *err, size_t errlen);
+
+/* The next grant; the flight recorder keeps the whole wait for it (every ask, the answers to wait and the backoff)
+ * as one record against the dispatcher: a rank that waits for a grant says so. */
 static int next_work(struct rollout_rank *r, struct work_grant *g, double *waited, char *err, size_t errlen)
+{
+    const int tok = flight_begin(FLIGHT_OP_WORK_REQUEST, work_client_group(r->work), 0, 0, -1, clock_now_s());
+    const int rc = next_work_asked(r, g, waited, err, errlen);
+    flight_end(tok, clock_now_s(), rc != 0);
+    return rc;
+}
+
+static int next_work_asked(struct rollout_rank *r, struct work_grant *g, double *waited, char *err, size_t errlen)
 {
     const double t0 = clock_now_s();
     double unanswered_since = 0;

@@ -14,9 +14,11 @@
 #include <unistd.h>
 
 #include "common/check.h"
+#include "common/clock.h"
 #include "common/fs.h"
 #include "common/log.h"
 #include "common/crc32c.h"
+#include "worker/flight/flight.h"
 #include "worker/model/lora.h"
 #include "worker/model/model_io.h"
 #include "worker/tokenizer/tokenizer.h"
@@ -274,9 +276,29 @@ int checkpoint_save(const char *root, const struct model *m, const struct adamw 
     return checkpoint_save_extra(root, m, opt, tok, st, keep, NULL, NULL, 0, err, errlen);
 }
 
+static int save_extra(const char *root, const struct model *m, const struct adamw *opt, const struct tokenizer *tok,
+                      const struct run_state *st, int keep, const char *extra_name, const void *extra, size_t extra_len,
+                      char *err, size_t errlen);
+
+/* the flight recorder's record of a checkpoint's files: a rank stuck in I/O says so */
+static int io_begin(enum flight_op op, const char *where, int64_t step)
+{
+    return flight_begin(op, flight_group("checkpoint", where, 0), step > 0 ? (uint64_t)step : 0, 0, -1, clock_now_s());
+}
+
 int checkpoint_save_extra(const char *root, const struct model *m, const struct adamw *opt, const struct tokenizer *tok,
                           const struct run_state *st, int keep, const char *extra_name, const void *extra,
                           size_t extra_len, char *err, size_t errlen)
+{
+    const int tok_ = io_begin(FLIGHT_OP_CKPT_WRITE, root, st->global_step);
+    const int rc = save_extra(root, m, opt, tok, st, keep, extra_name, extra, extra_len, err, errlen);
+    flight_end(tok_, clock_now_s(), rc != 0);
+    return rc;
+}
+
+static int save_extra(const char *root, const struct model *m, const struct adamw *opt, const struct tokenizer *tok,
+                      const struct run_state *st, int keep, const char *extra_name, const void *extra, size_t extra_len,
+                      char *err, size_t errlen)
 {
     char final[4096], tmp[4096], path[4200];
     if (fs_mkdir_p(root) != 0)
@@ -428,7 +450,17 @@ static int optim_agrees(const char *dir, const struct adamw *opt, const struct r
                      dir, (long long)st->optim_steps, dir, (long long)opt->t);
 }
 
+static int load(const char *dir, struct model *m, struct adamw *opt, struct run_state *st, char *err, size_t errlen);
+
 int checkpoint_load(const char *dir, struct model *m, struct adamw *opt, struct run_state *st, char *err, size_t errlen)
+{
+    const int tok_ = io_begin(FLIGHT_OP_CKPT_READ, dir, 0);
+    const int rc = load(dir, m, opt, st, err, errlen);
+    flight_end(tok_, clock_now_s(), rc != 0);
+    return rc;
+}
+
+static int load(const char *dir, struct model *m, struct adamw *opt, struct run_state *st, char *err, size_t errlen)
 {
     char path[4200];
     snprintf(path, sizeof path, "%s/state.json", dir);

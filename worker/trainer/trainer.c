@@ -269,6 +269,7 @@ static void log_step(struct trainer *t, int64_t step, struct metrics *m)
 {
     if (t->logger_open)
         metrics_logger_log(&t->logger, step, m); /* also redraws the run's SVG chart */
+    flight_set_phase(GRPO__PHASE__PHASE_IDLE);   /* the step is over (the hook says so to grpod) */
     if (t->hooks.step_done)
         t->hooks.step_done(t->hooks.ctx, step, t->st.total_steps, m);
 }

@@ -15,6 +15,7 @@
 #include "kernels/kernels.h"
 #include "trainer.h"
 #include "worker/data/dataset.h"
+#include "worker/flight/flight.h"
 #include "worker/metrics/metrics.h"
 #include "worker/gen/generate.h"
 
@@ -105,6 +106,7 @@ int trainer_load_checkpoint(struct trainer *t, const char *dir, struct run_state
 static inline void trainer_phase(struct trainer *t, Grpo__Phase p)
 {
     log_debug("trainer", "step %lld: %s", (long long)t->st.global_step + 1, core_phase_name(p));
+    flight_set_phase((int)p); /* with or without grpod (its hooks): the flight recorder's records say where */
     if (t->hooks.phase)
         t->hooks.phase(t->hooks.ctx, t->st.global_step + 1, p);
 }
