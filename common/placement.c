@@ -246,10 +246,14 @@ void placement_ephemeral_range(int *lo, int *hi)
     FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
     if (!f)
         return;
-    int a = 0, b = 0;
-    if (fscanf(f, "%d %d", &a, &b) == 2 && a > 0 && a <= b && b < 65536) {
-        *lo = a;
-        *hi = b;
+    char line[64];
+    if (fgets(line, sizeof line, f)) {
+        char *end = NULL, *end2 = NULL;
+        const long a = strtol(line, &end, 10), b = strtol(end, &end2, 10);
+        if (end != line && end2 != end && a > 0 && a <= b && b < 65536) {
+            *lo = (int)a;
+            *hi = (int)b;
+        }
     }
     fclose(f);
 }

@@ -89,6 +89,7 @@ struct comm *comm_shrink(struct comm *c, char *err, size_t errlen)
         return NULL;
     }
     struct comm *s = comm_mpi_adopt(m);
+    comm_set_name(s, comm_name(c)); /* the same group less its lost ranks: the flight recorder's records say so */
     comm_ft_watch(s);
     comm_set_deadline(s, c->deadline_s);
     return s;
