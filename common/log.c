@@ -2,6 +2,7 @@
 
 #include "clock.h"
 
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,4 +116,16 @@ void log_write_limited(struct log_limit *l, double interval_s, enum log_level le
         log_write(level, subsys, "%s (%u more like this in the last %.0f s)", msg, held, interval_s);
     else
         log_write(level, subsys, "%s", msg);
+}
+
+void log_bytes_text(uint64_t b, char *out, size_t len)
+{
+    if (b < 1024)
+        snprintf(out, len, "%" PRIu64 " B", b);
+    else if (b < 1024 * 1024)
+        snprintf(out, len, "%.1f KiB", (double)b / 1024);
+    else if (b < 1024ull * 1024 * 1024)
+        snprintf(out, len, "%.1f MiB", (double)b / (1024.0 * 1024));
+    else
+        snprintf(out, len, "%.2f GiB", (double)b / (1024.0 * 1024 * 1024));
 }

@@ -10,6 +10,8 @@
 #define GRPO_COMMON_LOG_H
 
 #include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
 
 enum log_level { LOG_ERROR = 0, LOG_WARN = 1, LOG_INFO = 2, LOG_DEBUG = 3 };
 
@@ -54,6 +56,9 @@ void log_write_limited(struct log_limit *l, double interval_s, enum log_level le
         static struct log_limit log_limit_here_;                                                                       \
         log_write_limited(&log_limit_here_, LOG_EVERY_S, LOG_INFO, (subsys), __VA_ARGS__);                             \
     } while (0)
+
+/* A byte count for people, in out: "512 B", "4.0 KiB", "1.5 MiB", "2.00 GiB". */
+void log_bytes_text(uint64_t b, char *out, size_t len);
 
 #define log_error(subsys, ...) log_write(LOG_ERROR, (subsys), __VA_ARGS__)
 #define log_warn(subsys, ...) log_write(LOG_WARN, (subsys), __VA_ARGS__)

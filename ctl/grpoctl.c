@@ -147,18 +147,6 @@ static void format_number(double v, char *out, size_t len)
         snprintf(out, len, "-");
 }
 
-static void format_bytes(uint64_t b, char *out, size_t len)
-{
-    if (b < 1024)
-        snprintf(out, len, "%" PRIu64 " B", b);
-    else if (b < 1024 * 1024)
-        snprintf(out, len, "%.1f KiB", (double)b / 1024);
-    else if (b < 1024ull * 1024 * 1024)
-        snprintf(out, len, "%.1f MiB", (double)b / (1024.0 * 1024));
-    else
-        snprintf(out, len, "%.2f GiB", (double)b / (1024.0 * 1024 * 1024));
-}
-
 /* A flight recorder's wait for people: "all-reduce #1234 of dp (ranks 0-4,6-7), 4.0 KiB, 0.250 ms, phase
  * update_actor, layer 12 backward" (a wait under way: "waiting 95.0 s so far"). */
 static void format_wait(const Grpo__FlightEntry *e, char *out, size_t len)
@@ -180,7 +168,7 @@ static void format_wait(const Grpo__FlightEntry *e, char *out, size_t len)
         snprintf(peer, sizeof peer, strcmp(e->op, "broadcast") == 0 ? " from root %d" : " with peer %d", e->peer);
     if (e->bytes) {
         size[0] = ',', size[1] = ' ';
-        format_bytes(e->bytes, size + 2, sizeof size - 2);
+        log_bytes_text(e->bytes, size + 2, sizeof size - 2);
     }
     if (e->open)
         snprintf(t, sizeof t, "waiting %.1f s so far", e->seconds);

@@ -381,18 +381,6 @@ void flight_entry_json(const struct flight_entry *e, double now, char *out, size
              e->flags & FLIGHT_FAILED ? "true" : "false");
 }
 
-static void human_bytes(uint64_t b, char *out, size_t len)
-{
-    if (b < 1024)
-        snprintf(out, len, "%" PRIu64 " B", b);
-    else if (b < 1024 * 1024)
-        snprintf(out, len, "%.1f KiB", (double)b / 1024);
-    else if (b < 1024ull * 1024 * 1024)
-        snprintf(out, len, "%.1f MiB", (double)b / (1024.0 * 1024));
-    else
-        snprintf(out, len, "%.2f GiB", (double)b / (1024.0 * 1024 * 1024));
-}
-
 void flight_entry_text(const struct flight_entry *e, double now, char *out, size_t len)
 {
     const enum flight_op op = (enum flight_op)e->op;
@@ -408,7 +396,7 @@ void flight_entry_text(const struct flight_entry *e, double now, char *out, size
     if (e->peer >= 0)
         snprintf(peer, sizeof peer, op == FLIGHT_OP_BROADCAST ? " from root %d" : " with peer %d", e->peer);
     if (e->bytes)
-        human_bytes(e->bytes, size, sizeof size);
+        log_bytes_text(e->bytes, size, sizeof size);
     const double s = took(e, now);
     if (e->ended > 0)
         snprintf(t, sizeof t, "%s%.3f ms%s", size[0] ? ", " : "", s * 1e3, e->flags & FLIGHT_FAILED ? ", failed" : "");
