@@ -251,6 +251,26 @@ static void check_kv_bytes(struct model *cpu, struct kctx *f32, struct kctx *bf1
            step[0]);
 }
 
+/* B sequences in a new slab of 16 positions each (up to 8), c[b] the caches, with prompts of 1 to 3 tokens
+ * ((mul i + add) mod V) run through gpu (not a decode step); ntok[] then 1 each, ready to decode. */
+static struct kv_slab *prompted_slab(struct model *gpu, int B, int mul, int add, struct kv_cache **c, int *ntok)
+{
+    const int V = gpu->cfg.vocab_size;
+    struct kv_slab *slab = kv_slab_create(gpu, B, 16);
+    int32_t ids[8 * 3];
+    for (int b = 0; b < B; b++) {
+        c[b] = kv_slab_slot(slab, b);
+        c[b]->len = 0;
+        ntok[b] = 1 + b % 3;
+    }
+    for (int i = 0; i < 8 * 3; i++)
+        ids[i] = (int32_t)((mul * i + add) % V);
+    model_step(gpu, c, B, ntok, ids, NULL, false);
+    for (int b = 0; b < B; b++)
+        ntok[b] = 1;
+    return slab;
+}
+
 /* Batched decode (issue 43 item 4): a decode step of B sequences takes one call per layer for the KV append and the
  * attention (k_attention_decode_batched) instead of 4 launches per sequence per layer (2 copies, the split-key pass
  * and its merge); in a BF16 context over BF16 caches (the append rounds, as k_kv_store does). Against the
@@ -268,21 +288,13 @@ static void check_decode_batched(struct model *cpu, struct kctx *K)
         const int B = Bs[bi];
         float *lg[2];
         for (int path = 0; path < 2; path++) { /* 0: per sequence, 1: batched */
-            struct kv_slab *slab = kv_slab_create(gpu, B, 16);
             struct kv_cache *c[8];
             int ntok[8];
             int32_t ids[8 * 3];
-            for (int b = 0; b < B; b++) {
-                c[b] = kv_slab_slot(slab, b);
-                c[b]->len = 0;
-                ntok[b] = 1 + b % 3; /* prompts of 1 to 3 tokens */
-            }
-            for (int i = 0; i < 8 * 3; i++)
-                ids[i] = (int32_t)((7 * i + 3) % V);
             gpu->decode_per_sequence = path == 0;
-            model_step(gpu, c, B, ntok, ids, NULL, false); /* the prompts (not a decode step) */
-            for (int b = 0; b < B; b++)
-                ntok[b] = 1;
+            struct kv_slab *slab = prompted_slab(gpu, B, 7, 3, c, ntok);
+            for (int i = 0; i < 8 * 3; i++) /* the decode step reads ids[0..B-1]: the prompts' own array */
+                ids[i] = (int32_t)((7 * i + 3) % V);
             lg[path] = xmalloc((size_t)B * V * sizeof(float));
 #ifdef GRPO_CUEMU
             const unsigned long long w0 = cuemu_work_count();
@@ -402,20 +414,10 @@ static void check_decode_graph(struct model *cpu, struct kctx *K)
         float *lg[2];
         for (int gr = 0; gr < 2; gr++) {
             model_set_decode_graphs(gr == 1);
-            struct kv_slab *slab = kv_slab_create(gpu, B, 16);
             struct kv_cache *c[8];
             int ntok[8];
             int32_t ids[8 * 3];
-            for (int b = 0; b < B; b++) {
-                c[b] = kv_slab_slot(slab, b);
-                c[b]->len = 0;
-                ntok[b] = 1 + b % 3;
-            }
-            for (int i = 0; i < 8 * 3; i++)
-                ids[i] = (int32_t)((5 * i + 1) % V);
-            model_step(gpu, c, B, ntok, ids, NULL, false); /* the prompts */
-            for (int b = 0; b < B; b++)
-                ntok[b] = 1;
+            struct kv_slab *slab = prompted_slab(gpu, B, 5, 1, c, ntok);
             lg[gr] = xmalloc((size_t)S * B * V * sizeof(float));
             for (int st = 0; st < S; st++) {
                 for (int b = 0; b < B; b++)
