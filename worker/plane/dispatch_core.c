@@ -489,12 +489,12 @@ static void grant(struct dispatch_core *d, int pi, bool names_done, Grpo__WorkGr
 /* The broadcast is on, not given up, and the run goes on. */
 static bool broadcasting(const struct dispatch_core *d) { return d->bc_on && !d->bc_off && d->end_after < 0; }
 
-/* The first rollout rank with no live process (silent past lost_after_s, or never come), or -1: no round can
- * begin without it. */
-static int slot_missing(const struct dispatch_core *d)
+/* The first rollout rank whose process was heard from and is now lost (silent past lost_after_s), or -1: while
+ * one is, no round begins and each version is fetched (a rank that has not come yet is waited for instead). */
+static int slot_lost(const struct dispatch_core *d)
 {
     for (int u = 0; u < d->o.units; u++)
-        if (!slot_alive(d, u))
+        if (d->slot_seen[u] && !slot_alive(d, u))
             return u;
     return -1;
 }
@@ -541,14 +541,12 @@ static int broadcast_answer(struct dispatch_core *d, int slot, int64_t v, double
         return d->bc_round == v ? JOIN : FETCH;
     if (v <= d->bc_done || v <= d->bc_skip)
         return FETCH;
-    const int missing = slot_missing(d);
-    if (missing >= 0 && d->slot_seen[missing]) { /* lost: fetch until it is back (a rank not yet come is awaited) */
+    const int lost = slot_lost(d);
+    if (lost >= 0) { /* fetch until it is back (v > bc_skip here: skip_wanted records it) */
         char why[128];
-        snprintf(why, sizeof why, "rollout rank %d's process is silent", missing);
-        if (v > d->bc_skip) {
-            d->bc_want[slot] = v;
-            skip_wanted(d, why);
-        }
+        snprintf(why, sizeof why, "rollout rank %d's process is silent", lost);
+        d->bc_want[slot] = v;
+        skip_wanted(d, why);
         return FETCH;
     }
     if (d->bc_want[slot] != v) {
@@ -1013,9 +1011,8 @@ void dispatch_core_round_end(struct dispatch_core *d, bool ok)
 bool dispatch_core_round_due(struct dispatch_core *d, double waited_s)
 {
     const int64_t v = d->latest;
-    const int missing = slot_missing(d);
-    bool due = broadcasting(d) && !(missing >= 0 && d->slot_seen[missing]) && v >= 0 && v > d->bc_done &&
-               v > d->bc_skip && v + 1 + d->o.staleness <= d->o.total_steps;
+    bool due = broadcasting(d) && slot_lost(d) < 0 && v >= 0 && v > d->bc_done && v > d->bc_skip &&
+               v + 1 + d->o.staleness <= d->o.total_steps;
     if (due && waited_s > d->bc_rendezvous_s) {
         char why[160];
         snprintf(why, sizeof why, "the trainers waited %.0f s for every rollout rank to ask", waited_s);
