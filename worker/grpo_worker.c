@@ -7,6 +7,7 @@
  * collective plane with the requested tensor/pipeline layout across all ranks. */
 #include <getopt.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -253,9 +254,18 @@ static struct comm *init(int *argc, char ***argv, const struct args *a)
     /* SIGTERM / SIGINT (Slurm's time limit and preemption, systemctl stop, ^C): a checkpoint at the next safe
      * point, then exit 0; a second one ends the process at once. Before MPI starts, so that no thread started
      * later (MPI's, nanomsg's, the heartbeat) has a system call cut short by them. */
-    /* the flight recorder (worker/flight): this thread's waits, SIGUSR2's dump taken in a thread of its own
-     * (blocked here first: every thread started later, the stop signals' included, has it blocked), and the native
-     * stack on request */
+    /* the flight recorder (worker/flight): this thread's waits, SIGUSR2's dump taken in a thread of its own, and
+     * the native stack on request. */
+    /* All of them blocked before either thread starts: a thread inherits its creator's mask, so the dump thread
+     * started first with SIGTERM still open would take SIGTERM's default action (the process ends, 143) */
+    sigset_t taken;
+    sigemptyset(&taken);
+    sigaddset(&taken, SIGUSR2);
+    if (!a->launch.selftest) {
+        sigaddset(&taken, SIGTERM);
+        sigaddset(&taken, SIGINT);
+    }
+    pthread_sigmask(SIG_BLOCK, &taken, NULL);
     flight_catch_dump_signal();
     if (!a->launch.selftest)
         control_catch_stop_signals();
