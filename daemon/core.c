@@ -209,6 +209,11 @@ void core_free_workers(struct core *c)
         }
     free(c->workers);
     c->workers = NULL;
+    if (c->rank_hosts)
+        for (int r = 0; r < c->nworkers; r++)
+            free(c->rank_hosts[r]);
+    free(c->rank_hosts);
+    c->rank_hosts = NULL;
     c->nworkers = 0;
 }
 
@@ -788,6 +793,11 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
         c->run.world = r->world_size;
         c->workers = xcalloc((size_t)c->run.world, sizeof(struct core_worker *));
         c->nworkers = c->run.world;
+    }
+    if (!c->rank_hosts && r->n_world_host_names == (size_t)c->nworkers) { /* the hosts of ranks not heard from */
+        c->rank_hosts = xcalloc((size_t)c->nworkers, sizeof *c->rank_hosts);
+        for (int k = 0; k < c->nworkers; k++)
+            c->rank_hosts[k] = xstrdup(r->world_host_names[k]);
     }
     struct core_worker *w = c->workers[r->rank];
     bool same = w && r->incarnation && r->incarnation == w->incarnation;

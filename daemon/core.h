@@ -53,6 +53,7 @@ struct core_settings {
      * judge its own pauses (every gap between calls counts) */
     double tick_s;
     bool fail_on_lost;         /* grpod.on_worker_lost=fail */
+    double hang_wait_s;        /* grpod.hang_wait_s: a wait this long in one place is a hang (proto/hang.h); 0: 60 */
     const char *data_endpoint; /* grpod.data_endpoint; "" for the default */
     const char *http_url;      /* shown in status; may be NULL */
 };
@@ -198,6 +199,7 @@ struct core {
     struct placement_spec place;  /* the run's layout: grpod's own numbers, or its configuration's */
     struct core_worker **workers; /* [nworkers] by rank; NULL: that rank has not registered in this run */
     int nworkers;
+    char **rank_hosts; /* [nworkers]: each rank's host as a registration's world_host_names said (1.16); NULL: none */
     struct core_event events[CORE_EVENTS];
     int nevents;
     struct core_counters counters;
@@ -257,6 +259,10 @@ Grpo__Status *core_status(const struct core *c, double now, struct arena *a);
  * first) and returns how many. */
 struct diag_finding;
 int core_diagnose(const struct core *c, struct diag_finding *out, int max);
+/* The hang verdict on the run (proto/hang.h) from the workers' flight recorders: fills out[] (at most max, worst
+ * first) and returns how many (HANG_NONE alone when there is none). now: the monotonic clock. */
+struct hang_finding;
+int core_hang(const struct core *c, double now, struct hang_finding *out, int max);
 /* Prometheus text exposition of the run, the workers and the request counters. Caller frees. */
 char *core_metrics_text(const struct core *c, double now);
 

@@ -12,6 +12,7 @@
 #include "core.h"
 #include "daemon/grpod_version.h"
 #include "diagnose.h"
+#include "proto/hang.h"
 
 /* The Status points into the core's own strings (it is packed before the core changes again)
  * and takes its structs in a few bulk allocations: a status of hundreds of workers is asked for
@@ -175,21 +176,124 @@ int core_diagnose(const struct core *c, struct diag_finding *out, int max)
     return found;
 }
 
-/* The verdict into the Status (its strings in the arena). */
-static void status_diagnosis(const struct core *c, Grpo__Status *s, struct arena *a)
+static void hang_wait_of(const struct core_flight *f, double extra, struct hang_wait *w)
+{
+    *w = (struct hang_wait){.kind = f->kind,
+                            .op = f->op,
+                            .group = f->group,
+                            .members = f->members,
+                            .group_size = f->group_size,
+                            .seq = f->seq,
+                            .peer = f->peer,
+                            .phase = f->phase,
+                            .layer = f->layer,
+                            .backward = f->backward,
+                            .seconds = f->seconds + (f->open && extra > 0 ? extra : 0)};
+}
+
+int core_hang(const struct core *c, double now, struct hang_finding *out, int max)
+{
+    const Grpo__RunState st = c->run.state;
+    const bool judged = st == GRPO__RUN_STATE__RUN_RUNNING || st == GRPO__RUN_STATE__RUN_WAITING ||
+                        st == GRPO__RUN_STATE__RUN_STOPPING; /* paused ranks wait for their leader on purpose */
+    const int n = judged ? c->nworkers : 0;
+    struct hang_rank *r = xcalloc((size_t)(n ? n : 1), sizeof *r);
+    struct hang_wait *last = xcalloc((size_t)(n ? n : 1), sizeof *last);
+    double first_registered = 0;
+    bool missing = false;
+    for (int k = 0; k < n; k++) {
+        const struct core_worker *w = c->workers[k];
+        r[k].rank = k;
+        r[k].host = c->rank_hosts && c->rank_hosts[k] ? c->rank_hosts[k] : "";
+        if (!w) {
+            r[k].presence = HANG_UNREGISTERED;
+            missing = true;
+            continue;
+        }
+        r[k].host = w->host;
+        r[k].role = w->role;
+        r[k].phase = w->phase;
+        const Grpo__WorkerState ws = w->state;
+        r[k].presence = ws == GRPO__WORKER_STATE__WORKER_STARTING || ws == GRPO__WORKER_STATE__WORKER_RUNNING ||
+                                ws == GRPO__WORKER_STATE__WORKER_PAUSED
+                            ? HANG_LIVE
+                            : HANG_GONE;
+        if (w->waiting) {
+            r[k].waiting = true;
+            hang_wait_of(&w->wait, now - w->wait_heard, &r[k].wait);
+        }
+        if (w->nrecent > 0) {
+            hang_wait_of(&w->recent[w->nrecent - 1], 0, &last[k]);
+            r[k].last = &last[k];
+        }
+        if (w->registered_at > 0 && (first_registered == 0 || w->registered_at < first_registered))
+            first_registered = w->registered_at;
+    }
+    struct hang_run run = {.min_wait_s = c->set.hang_wait_s > 0 ? c->set.hang_wait_s : 60};
+    if (missing && st == GRPO__RUN_STATE__RUN_WAITING && first_registered > 0) {
+        const double wall = c->start_wall + (now - c->start_mono);
+        run.waiting_for_ranks_s = wall > first_registered ? wall - first_registered : 0;
+    }
+    const int found = hang_analyse(r, n, &run, out, max);
+    free(r);
+    free(last);
+    return found;
+}
+
+/* What to do about a hang of this kind. */
+static const char *hang_knob(enum hang_kind k)
+{
+    switch (k) {
+    case HANG_UNREGISTERED_RANK:
+        return "look at that host: its grpo-worker may not have started, or cannot reach grpod (grpod.endpoint, "
+               "grpod.secret_file)";
+    case HANG_IO:
+        return "look at the file system of the checkpoint (full, slow, a stale mount); grpoctl stacks RANK shows "
+               "where the rank is";
+    case HANG_MISMATCH:
+        return "the ranks run different code paths: grpoctl trace RANK for each, grpoctl stacks; a bug to report "
+               "with both";
+    case HANG_LAGGARD:
+        return "grpoctl stacks RANK (its native stack) and grpoctl trace RANK; trainer.hang_timeout_s and "
+               "trainer.hang_action=stop end such a run on their own";
+    case HANG_GRANT:
+        return "grpoctl trace of the trainers' rank 0 (the dispatcher's rank); grpoctl stacks";
+    default:
+        return "grpoctl stacks and grpoctl trace RANK";
+    }
+}
+
+/* The verdict into the Status (its strings in the arena): a hang first, then where the time goes. */
+static void status_diagnosis(const struct core *c, double now, Grpo__Status *s, struct arena *a)
 {
     struct diag_finding f[DIAG_MAX_FINDINGS];
-    const int n = core_diagnose(c, f, DIAG_MAX_FINDINGS);
+    struct hang_finding h[HANG_MAX_FINDINGS];
+    int nh = core_hang(c, now, h, HANG_MAX_FINDINGS);
+    if (nh && h[0].kind == HANG_NONE)
+        nh = 0;
+    const int nd = core_diagnose(c, f, DIAG_MAX_FINDINGS), n = nh + nd;
     s->diagnosis = arena_alloc(a, (size_t)(n ? n : 1) * sizeof *s->diagnosis);
     Grpo__Finding *fs = arena_alloc(a, (size_t)(n ? n : 1) * sizeof *fs);
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < nh; i++) {
+        char kind[32];
+        snprintf(kind, sizeof kind, "hang_%s", hang_kind_name(h[i].kind));
+        grpo__finding__init(&fs[i]);
+        fs[i].kind = arena_strdup(a, kind);
+        fs[i].severity = TEXT("warn");
+        fs[i].text = arena_strdup(a, h[i].text);
+        fs[i].knob = TEXT(hang_knob(h[i].kind));
+        fs[i].share = 1;
+        s->diagnosis[i] = &fs[i];
+    }
+    fs += nh;
+    for (int i = 0; i < nd; i++) {
         grpo__finding__init(&fs[i]);
         fs[i].kind = TEXT(diag_kind_name(f[i].kind));
         fs[i].severity = TEXT(diag_severity_name(f[i].severity));
         fs[i].text = arena_strdup(a, f[i].text);
         fs[i].knob = arena_strdup(a, f[i].knob);
         fs[i].share = f[i].share;
-        s->diagnosis[i] = &fs[i];
+        s->diagnosis[nh + i] = &fs[i];
     }
     s->n_diagnosis = (size_t)n;
 }
@@ -234,7 +338,7 @@ Grpo__Status *core_status(const struct core *c, double now, struct arena *a)
             s->n_workers++;
         }
     run_metrics(c, s, a);
-    status_diagnosis(c, s, a);
+    status_diagnosis(c, now, s, a);
     s->n_history = (size_t)c->run.nhistory;
     s->history = arena_alloc(a, (s->n_history ? s->n_history : 1) * sizeof(Grpo__HistoryPoint *));
     Grpo__HistoryPoint *hs = arena_alloc(a, (s->n_history ? s->n_history : 1) * sizeof *hs);

@@ -655,6 +655,7 @@ int main(int argc, char **argv)
         .heartbeat_timeout_s = cfg.grpod_heartbeat_timeout_s,
         .tick_s = TICK_MS / 1000.0,
         .fail_on_lost = strcmp(cfg.grpod_on_worker_lost, "fail") == 0,
+        .hang_wait_s = cfg.grpod_hang_wait_s,
         .data_endpoint = cfg.grpod_data_endpoint,
         .http_url = d.http_url,
     };

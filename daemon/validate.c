@@ -87,6 +87,11 @@ static int check_register(const Grpo__Register *r, char *why, size_t whylen)
         FAIL("register.run_id is too long or not printable UTF-8");
     if (r->step < 0 || r->step > (int64_t)1 << 50)
         FAIL("register.step %lld is out of range", (long long)r->step);
+    if (r->n_world_host_names && r->n_world_host_names != (size_t)r->world_size)
+        FAIL("register.world_host_names has %zu entries, not world_size %d", r->n_world_host_names, r->world_size);
+    for (size_t i = 0; i < r->n_world_host_names; i++)
+        if (!validate_text(r->world_host_names[i], CORE_HOST_MAX - 1))
+            FAIL("register.world_host_names[%zu] is too long or not printable UTF-8", i);
     if (!validate_lines(r->run_config, CORE_CONFIG_MAX))
         FAIL("register.run_config is longer than %d bytes, has a line over 4095 bytes, or is not lines of printable "
              "UTF-8",

@@ -81,6 +81,8 @@ DEPENDS = {
                       "back-end"),
     "worker/flight/": ((), "the flight recorder is the worker's floor: common/ only (and proto/names.h's phase "
                        "names); every folder that waits records into it"),
+    "worker/watchdog/": (("worker/flight/",), "the progress watchdog reads the flight recorder's dumps (and the hang "
+                         "verdict, proto/hang.h); the trainer and the launch call it"),
     "worker/comm/": (("worker/flight/",), "the collective plane is the worker's bottom: common/ and the flight "
                      "recorder only (its back-ends register, struct comm_device_backend)"),
     "worker/formats/": ((), "the file formats are the worker's bottom: common/ only"),
@@ -103,12 +105,13 @@ DEPENDS = {
                       "the split-run protocol builds on a step's data and the collective plane"),
     "worker/agent/": (("worker/tokenizer/", "worker/gen/turn_env.h"),
                       "agents and tools build on the tokenizer and generation's turn interface"),
-    "worker/launch/": ((KERNELS_IF, ROLES_H, "worker/comm/", "worker/control/", "worker/flight/", "worker/metrics/"),
+    "worker/launch/": ((KERNELS_IF, ROLES_H, "worker/comm/", "worker/control/", "worker/flight/", "worker/metrics/",
+                        "worker/watchdog/"),
                        "the launch builds a role's environment over the collective and control planes"),
     "worker/trainer/": ((KERNELS_IF, ROLES_H, "worker/comm/", "worker/control/", "worker/data/", "worker/flight/",
                          "worker/formats/",
                          "worker/gen/", "worker/metrics/", "worker/model/", "worker/rewards/", "worker/step/",
-                         "worker/tokenizer/"),
+                         "worker/tokenizer/", "worker/watchdog/"),
                         "the trainer library builds on every capability below but the split-run protocol, and knows no "
                         "step source"),
     "worker/split/": ((KERNELS_IF, ROLES_H, "worker/comm/", "worker/control/", "worker/data/", "worker/formats/",

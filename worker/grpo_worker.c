@@ -23,6 +23,7 @@
 #include "worker/comm/comm.h"
 #include "worker/comm/parallel.h"
 #include "worker/control/control.h"
+#include "worker/watchdog/watchdog.h"
 #include "worker/flight/flight.h"
 #include "worker/launch/launch.h"
 #include "worker/model/device.h"
@@ -280,6 +281,7 @@ static struct comm *init(int *argc, char ***argv, const struct args *a)
     snprintf(dir, sizeof dir, "%s/%s/%s/flight", a->cfg.trainer_default_local_dir, a->cfg.trainer_project_name,
              a->cfg.trainer_experiment_name);
     flight_set_dump_dir(dir);
+    watchdog_test_setup(a->cfg.test_block_at, (int)a->cfg.test_block_rank, a->cfg.test_block_step, rank);
     if (comm_rank(world) == 0)
         comm_mpi_log_caps();
     return world;

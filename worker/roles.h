@@ -67,7 +67,10 @@ struct role_env {
     char advertise[256];         /* grpod.advertise_host resolved: the address this rank's endpoints are dialled at
                                     and bound to ("": the host name; binds take every interface) */
     int world_hosts;             /* how many hosts the MPI world spans (0: not counted, a replacement) */
+    char *world_host_names;      /* each world rank's host name, ROLE_HOST_NAME bytes each, until registered; NULL:
+                                    unknown (a replacement) */
 };
+#define ROLE_HOST_NAME 64
 
 /* Each returns the process exit status (0: finished or stopped cleanly). */
 int run_hybrid(struct role_env *env);

@@ -41,6 +41,7 @@ struct control {
     int rank, world, world_hosts;
     uint64_t digest;
     char *run_config;        /* Register.run_config: config_run_text of the run's configuration ("" when not given) */
+    char **world_host_names; /* Register.world_host_names ([world], NULL: not sent) */
     Grpo__Phase delay_phase; /* test only: see control_options */
     double delay_s;
     double host_memory_gb;
@@ -656,6 +657,10 @@ static int register_once(struct control *c, const char *run_id, uint64_t incarna
     reg.world_size = c->world;
     reg.host = c->host;
     reg.world_hosts = c->world_hosts;
+    if (c->world_host_names) {
+        reg.world_host_names = c->world_host_names;
+        reg.n_world_host_names = (size_t)c->world;
+    }
     reg.pid = (int32_t)getpid();
     reg.config_digest = c->digest;
     reg.run_config = c->run_config;
@@ -1101,6 +1106,12 @@ int control_open(const struct control_options *o, struct control **out, struct c
     c->rank = o->rank;
     c->world_hosts = o->world_hosts;
     c->world = o->world_size;
+    if (o->world_host_names && o->world_host_stride > 0 && o->world_size > 0) {
+        c->world_host_names = xcalloc((size_t)o->world_size, sizeof *c->world_host_names);
+        for (int r = 0; r < o->world_size; r++)
+            c->world_host_names[r] = CHECK_ALLOC(strndup(o->world_host_names + (size_t)r * (size_t)o->world_host_stride,
+                                                         (size_t)o->world_host_stride - 1));
+    }
     c->digest = o->config_digest;
     c->run_config = o->config ? config_run_text(o->config, 0) : xstrdup("");
     c->delay_phase = o->delay_phase;
@@ -1201,5 +1212,8 @@ void control_close(struct control *c)
     pthread_cond_destroy(&c->changed);
     pthread_mutex_destroy(&c->mu);
     free(c->run_config);
+    for (int r = 0; c->world_host_names && r < c->world; r++)
+        free(c->world_host_names[r]);
+    free(c->world_host_names);
     free(c);
 }

@@ -80,6 +80,9 @@ struct control_options {
      * heartbeat thread with the reason; it should end the process (NULL: the reason is only logged) */
     void (*on_abort)(const char *reason);
     int world_hosts; /* how many hosts the MPI world spans (Register.world_hosts; 0: not counted) */
+    /* every world rank's host name (Register.world_host_names), world_host_stride bytes each; NULL: not sent */
+    const char *world_host_names;
+    int world_host_stride;
     bool replaces;   /* take the place of rank `rank`, lost, in the run grpod runs (grpo-worker --replace-rank) */
     uint64_t launch; /* names this launch (Register.launch: world rank 0's random number, the same on every rank of
                         the job); a launch grpod has not seen gets fresh data-plane keys. 0: unknown */

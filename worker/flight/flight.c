@@ -466,8 +466,9 @@ int flight_dump(const char *reason, bool to_log)
     struct buf b = {0};
     snprintf(line, sizeof line,
              "{\"rank\":%d,\"reason\":\"%s\",\"time\":%.6f,\"size\":%d,\"recorded\":%" PRIu64 ",\"entries\":%d,"
-             "\"waiting\":%s}",
-             atomic_load(&g_rank), why, clock_wall_s(), size, recorded, n, open ? "true" : "false");
+             "\"waiting\":%s,\"phase\":\"%s\"}",
+             atomic_load(&g_rank), why, clock_wall_s(), size, recorded, n, open ? "true" : "false",
+             core_phase_name((Grpo__Phase)atomic_load_explicit(&g_phase, memory_order_relaxed)));
     buf_line(&b, line);
     if (to_log)
         log_info("flight", "%s: the last %d of %" PRIu64 " waits recorded on this rank, oldest first%s", reason, n,

@@ -16,6 +16,7 @@
 #include "kernels/kernels.h"
 #include "proto/plane_auth.h"
 #include "proto/transport.h"
+#include "worker/watchdog/watchdog.h"
 #include "worker/control/control.h"
 
 /* The run's rules for several ranks (a split or a colocated placement) that are not about rank counts. 0, or -1
@@ -65,7 +66,9 @@ static int advertise(struct role_env *env)
     gethostname(host, sizeof host - 1);
     comm_allgather_bytes(env->world, host, hosts, sizeof host);
     env->world_hosts = placement_count_hosts(hosts, world, sizeof host);
-    free(hosts);
+    _Static_assert(sizeof host == ROLE_HOST_NAME, "the host names' stride");
+    free(env->world_host_names);
+    env->world_host_names = hosts; /* Register.world_host_names */
     /* the launch's name (Register.launch): world rank 0's, the same on every rank */
     uint64_t launch_id = comm_rank(env->world) == 0 ? plane_random64() : 0;
     comm_broadcast(env->world, &launch_id, 1, COMM_I64, 0);
@@ -169,6 +172,8 @@ static int join_control_plane(struct role_env *env)
     o.on_abort = abort_job;
     o.replaces = env->replacing;
     o.world_hosts = env->world_hosts;
+    o.world_host_names = env->world_host_names;
+    o.world_host_stride = ROLE_HOST_NAME;
     o.launch = env->launch_id;
     if (env->advertise[0]) /* grpod builds the data endpoints the other ranks dial from the registered host */
         o.host = env->advertise;
@@ -580,7 +585,11 @@ int launch(struct launch *l, const struct grpo_config *cfg, struct comm *world, 
         else /* alone, in place of a lost rollout rank: the node's GPUs in turn by rank */
             env->device = kctx_cuda_devices() > 0 ? o->replace_rank % kctx_cuda_devices() : 0;
     }
-    if (join_control_plane(env) != 0)
+    watchdog_test_point(WATCHDOG_AT_REGISTER, 0); /* test.block_at=register only */
+    const int joined = join_control_plane(env);
+    free(env->world_host_names);
+    env->world_host_names = NULL;
+    if (joined != 0)
         return 3;
     if (l->split && plane_credentials(env) != 0) {
         control_finish(env->ctl, CONTROL_END_FAILED, "no data-plane key");

@@ -19,6 +19,7 @@
 #include "common/log.h"
 #include "common/crc32c.h"
 #include "worker/flight/flight.h"
+#include "worker/watchdog/watchdog.h"
 #include "worker/model/lora.h"
 #include "worker/model/model_io.h"
 #include "worker/tokenizer/tokenizer.h"
@@ -291,6 +292,7 @@ int checkpoint_save_extra(const char *root, const struct model *m, const struct 
                           size_t extra_len, char *err, size_t errlen)
 {
     const int tok_ = io_begin(FLIGHT_OP_CKPT_WRITE, root, st->global_step);
+    watchdog_test_point(WATCHDOG_AT_CKPT_WRITE, st->global_step); /* test.block_at=checkpoint_write only */
     const int rc = save_extra(root, m, opt, tok, st, keep, extra_name, extra, extra_len, err, errlen);
     flight_end(tok_, clock_now_s(), rc != 0);
     return rc;

@@ -22,6 +22,7 @@
 #include "common/fs.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "worker/watchdog/watchdog.h"
 #include "worker/step/prompts.h"
 #include "grad_reduce.h"
 #include "zero1.h"
@@ -232,6 +233,7 @@ int trainer_save_checkpoint(struct trainer *t)
         return -1;
     }
     t->saved_step = t->st.global_step;
+    watchdog_checkpoint_saved(t->st.global_step, t->ckpt_root);
     if (t->hooks.checkpoint_saved)
         t->hooks.checkpoint_saved(t->hooks.ctx, t->st.global_step, true);
     if (t->logger_open)
@@ -270,6 +272,7 @@ static void log_step(struct trainer *t, int64_t step, struct metrics *m)
     if (t->logger_open)
         metrics_logger_log(&t->logger, step, m); /* also redraws the run's SVG chart */
     flight_set_phase(GRPO__PHASE__PHASE_IDLE);   /* the step is over (the hook says so to grpod) */
+    watchdog_step_done(step);
     if (t->hooks.step_done)
         t->hooks.step_done(t->hooks.ctx, step, t->st.total_steps, m);
 }

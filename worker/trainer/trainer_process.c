@@ -4,12 +4,17 @@
  * with its own trainer_source; this file knows none of them. */
 #include "trainer_process.h"
 
+#include <stdio.h>
+#include <string.h>
+
+#include "common/config.h"
 #include "common/log.h"
 #include "trainer.h"
 #include "worker/comm/comm.h"
 #include "worker/control/control.h"
 #include "worker/metrics/metrics.h"
 #include "worker/roles.h"
+#include "worker/watchdog/watchdog.h"
 
 void trainer_layout_of(const struct role_env *env, struct trainer_layout *lay)
 {
@@ -79,6 +84,27 @@ static int save_for_control(void *ud, int64_t step)
     return trainer_save_checkpoint(((struct trainer_ctl *)ud)->t);
 }
 
+static bool paused(void *ctl) { return control_pause_wanted(ctl); }
+
+/* The progress watchdog of this trainer rank (trainer.hang_timeout_s, trainer.hang_action). */
+static void start_watchdog(const struct role_env *env, struct trainer *t)
+{
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/flight", trainer_run_dir(t)); /* where the flight recorder dumps */
+    const int world = comm_size(env->world);
+    const struct watchdog_options o = {
+        .timeout_s = env->cfg->trainer_hang_timeout_s,
+        .stop = strcmp(env->cfg->trainer_hang_action, "stop") == 0,
+        .rank = env->rank,
+        .watched = env->spec.trainer_ranks > 0 && env->spec.trainer_ranks < world ? env->spec.trainer_ranks : world,
+        .dump_dir = dir,
+        .held = paused,
+        .held_ud = env->ctl,
+        .end_job = comm_end_job,
+    };
+    watchdog_start(&o);
+}
+
 static int hook_safe_point(void *ctx, int64_t step)
 {
     struct trainer_ctl *w = ctx;
@@ -106,7 +132,9 @@ int run_trainer_process(struct role_env *env, const struct trainer_layout *lay, 
     if (on_created)
         on_created(ud, t);
     control_set_step(env->ctl, trainer_step(t), trainer_total_steps(t));
+    start_watchdog(env, t);
     int rc = trainer_run(t);
+    watchdog_stop();
     bool finished = trainer_step(t) >= trainer_total_steps(t);
     log_info("worker", "peak resident memory of this rank: %.3f GB", proc_peak_rss_gb());
     if (rc == 0 && (!lay || lay->dp_rank == 0))

@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "step_metrics.h"
 #include "trainer_internal.h"
+#include "worker/watchdog/watchdog.h"
 #include "worker/comm/comm.h"
 #include "worker/model/fit.h"
 #include "worker/model/lora.h"
@@ -625,6 +626,7 @@ static double update_actor(struct trainer *t, int64_t k, struct step_batch *b, c
                            double n_all, struct step_update *out, struct rc_metrics *rc)
 {
     trainer_phase(t, GRPO__PHASE__PHASE_UPDATE_ACTOR);
+    watchdog_test_point(WATCHDOG_AT_UPDATE, k); /* test.block_at=update_actor only */
     const double t0 = clock_now_s();
     const struct grpo_config *c = t->cfg;
     const double lr = lr_at(strcmp(c->actor_optim_warmup_style, "cosine") == 0 ? LR_COSINE : LR_CONSTANT,
