@@ -256,10 +256,8 @@ static const char *hang_knob(enum hang_kind k)
     case HANG_LAGGARD:
         return "grpoctl stacks RANK (its native stack) and grpoctl trace RANK; trainer.hang_timeout_s and "
                "trainer.hang_action=stop end such a run on their own";
-    case HANG_GRANT:
-        return "grpoctl trace of the trainers' rank 0 (the dispatcher's rank); grpoctl stacks";
-    default:
-        return "grpoctl stacks and grpoctl trace RANK";
+    case HANG_GRANT: return "grpoctl trace of the trainers' rank 0 (the dispatcher's rank); grpoctl stacks";
+    default: return "grpoctl stacks and grpoctl trace RANK";
     }
 }
 

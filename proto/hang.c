@@ -169,17 +169,10 @@ static void where_text(const struct hang_rank *r, int rank, char *out, size_t le
     if (r->host[0])
         snprintf(host, sizeof host, " (host %s)", r->host);
     switch (r->presence) {
-    case HANG_UNREGISTERED:
-        snprintf(out, len, "rank %d%s never registered", rank, host);
-        return;
-    case HANG_GONE:
-        snprintf(out, len, "rank %d%s is gone (lost, failed or ended)", rank, host);
-        return;
-    case HANG_UNKNOWN:
-        snprintf(out, len, "nothing is known of rank %d%s (no heartbeat, no dump)", rank, host);
-        return;
-    case HANG_LIVE:
-        break;
+    case HANG_UNREGISTERED: snprintf(out, len, "rank %d%s never registered", rank, host); return;
+    case HANG_GONE: snprintf(out, len, "rank %d%s is gone (lost, failed or ended)", rank, host); return;
+    case HANG_UNKNOWN: snprintf(out, len, "nothing is known of rank %d%s (no heartbeat, no dump)", rank, host); return;
+    case HANG_LIVE: break;
     }
     if (r->waiting) {
         hang_wait_text(&r->wait, true, w, sizeof w);
@@ -254,8 +247,7 @@ static void unregistered(const struct hang_rank *r, int n, const struct hang_run
     char more[48] = "";
     if (missing > MAX_NAMED)
         snprintf(more, sizeof more, " and %d more", missing - MAX_NAMED);
-    say(d->text,
-        "start-up waits for %s%s, which never registered: %d rank(s) registered and have waited %.0f s for %s",
+    say(d->text, "start-up waits for %s%s, which never registered: %d rank(s) registered and have waited %.0f s for %s",
         names, more, registered, run->waiting_for_ranks_s, missing > 1 ? "them" : "it");
 }
 
@@ -302,7 +294,7 @@ static void one_group(const struct hang_rank *r, int n, int i0, const struct han
         covered[waiting[k]] = true;
     char w[400];
     wait_text(g, false, false, w, sizeof w); /* the members are named beside it */
-    if (collective && differ) { /* the members are in different collectives: they never meet */
+    if (collective && differ) {              /* the members are in different collectives: they never meet */
         struct hang_finding *d = add(f, HANG_MISMATCH, -1, longest);
         if (d) {
             char parts[HANG_TEXT_MAX] = "";
@@ -440,8 +432,7 @@ static void trainers_text(const struct hang_rank *r, int n, char *out, size_t le
     }
 }
 
-static void plane_waits(const struct hang_rank *r, int n, const struct hang_run *run, bool *covered,
-                        struct findings *f)
+static void plane_waits(const struct hang_rank *r, int n, const struct hang_run *run, bool *covered, struct findings *f)
 {
     for (int i = 0; i < n; i++) {
         if (covered[i] || !live_wait(&r[i]) || r[i].wait.seconds < run->min_wait_s)
@@ -494,7 +485,8 @@ int hang_analyse(const struct hang_rank *ranks, int n, const struct hang_run *ru
         if (who >= 0) {
             char w[400];
             hang_wait_text(&ranks[who].wait, false, w, sizeof w);
-            say(d->text, "no hang: no rank has waited %.0f s in one place (the longest wait now: rank %d, %.1f s in %s)",
+            say(d->text,
+                "no hang: no rank has waited %.0f s in one place (the longest wait now: rank %d, %.1f s in %s)",
                 run->min_wait_s, ranks[who].rank, ranks[who].wait.seconds, w);
         } else {
             say(d->text, "no hang: no rank is waiting");

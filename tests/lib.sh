@@ -10,7 +10,7 @@
 #   has FILE TEXT, says FILE TEXT, lines_with FILE TEXT, has_lines FILE TEXT N, steps_logged METRICS N
 #   wait_for SECONDS CMD..., scaled SECONDS (bounds x GRPO_TEST_TIME_SCALE: timeout "$(scaled N)" CMD),
 #   switches PID, ran_since PID COUNT SWITCHES, paused_in_place LOG...
-#   track PID       a background process to kill at exit (besides the shell's own jobs)
+#   track PID       a background process to kill at exit (besides the shell's own jobs); kill_tree PID: now
 #   prog NAME       the build's program NAME (grpo-worker, grpod, ...: by name, not passed by position)
 #   tiny_run ARRAY DIR [STEPS]  the keys of a tiny run; test_env, tiny_model DIR [SEED [CONFIG]]
 #   grpod: start_grpod, stop_grpod, status_field, state_is, field_is, field_at_least, step_at_least (with $GRPOD, $GRPOCTL and $EP set)
@@ -54,6 +54,14 @@ lib_cleanup() {
     if [ -n "${KEEP_TMP:-}" ]; then echo "kept $TMP"; else rm -rf "$TMP"; fi
 }
 trap lib_cleanup EXIT
+
+# kill_tree PID: SIGKILL a process the test started and every process below it (a job left hanging on purpose)
+kill_tree() {
+    local p all=("$1" $(descendants "$1"))
+    for p in "${all[@]}"; do kill -9 "$p" 2>/dev/null; done
+    wait "$1" 2>/dev/null
+    return 0
+}
 
 # started PID: the process's start time (clock ticks since boot), empty when there is no such process
 started() { awk '{ sub(/.*\) /, ""); print $20 }' "/proc/$1/stat" 2>/dev/null; }

@@ -262,11 +262,11 @@ static void test_parse_ranks(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_laggard),          cmocka_unit_test(test_mismatch_op),
-        cmocka_unit_test(test_mismatch_seq),     cmocka_unit_test(test_mismatch_across_groups),
-        cmocka_unit_test(test_io),               cmocka_unit_test(test_grant),
-        cmocka_unit_test(test_unregistered),     cmocka_unit_test(test_stuck_everyone_in),
-        cmocka_unit_test(test_no_hang),          cmocka_unit_test(test_parse_ranks),
+        cmocka_unit_test(test_laggard),      cmocka_unit_test(test_mismatch_op),
+        cmocka_unit_test(test_mismatch_seq), cmocka_unit_test(test_mismatch_across_groups),
+        cmocka_unit_test(test_io),           cmocka_unit_test(test_grant),
+        cmocka_unit_test(test_unregistered), cmocka_unit_test(test_stuck_everyone_in),
+        cmocka_unit_test(test_no_hang),      cmocka_unit_test(test_parse_ranks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,10 +18,10 @@
 #include "proto/hang.h"
 #include "worker/flight/flight.h"
 
-#define INTERVALS 64          /* step intervals kept for the median */
-#define AUTO_FLOOR_S 300.0    /* the automatic timeout's least: minutes, not a slow step */
-#define AUTO_FACTOR 10.0      /* ... and ten median steps */
-#define AUTO_FIRST_S 1800.0   /* before any step is timed: start-up, warm-up and a first validation included */
+#define INTERVALS 64        /* step intervals kept for the median */
+#define AUTO_FLOOR_S 300.0  /* the automatic timeout's least: minutes, not a slow step */
+#define AUTO_FACTOR 10.0    /* ... and ten median steps */
+#define AUTO_FIRST_S 1800.0 /* before any step is timed: start-up, warm-up and a first validation included */
 #define POLL_S 0.25
 #define STACK_MAX 16384
 
@@ -252,12 +252,14 @@ static void fire(double idle, double limit)
     }
     char kept[2300];
     if (ckpt >= 0)
-        snprintf(kept, sizeof kept, "the newest checkpoint already written is step %lld in %s (the steps after it are "
-                 "lost; a relaunch resumes from it)", (long long)ckpt, ckpt_dir);
+        snprintf(kept, sizeof kept,
+                 "the newest checkpoint already written is step %lld in %s (the steps after it are "
+                 "lost; a relaunch resumes from it)",
+                 (long long)ckpt, ckpt_dir);
     else
         snprintf(kept, sizeof kept, "no checkpoint was written in this run (a relaunch starts over)");
-    log_error("watchdog", KEY_trainer_hang_action " stop: ending the job, exit status %d: %s%s%s", WATCHDOG_EXIT,
-              verdict[0] ? verdict : "no step completed", verdict[0] ? "; " : "; ", kept);
+    log_error("watchdog", KEY_trainer_hang_action " stop: ending the job, exit status %d: %s; %s", WATCHDOG_EXIT,
+              verdict[0] ? verdict : "no step completed", kept);
     if (g_o.end_job)
         g_o.end_job(WATCHDOG_EXIT);
     _exit(WATCHDOG_EXIT);
@@ -311,8 +313,10 @@ int watchdog_start(const struct watchdog_options *o)
         log_info("watchdog", "on: no step completed for %.0f s ends in a dump%s", o->timeout_s,
                  o->stop ? " and the job's end" : "");
     else
-        log_info("watchdog", "on: no step completed for max(%.0f s, %.0fx the median step) (%.0f s before the first "
-                 "step) ends in a dump%s", AUTO_FLOOR_S, AUTO_FACTOR, AUTO_FIRST_S, o->stop ? " and the job's end" : "");
+        log_info("watchdog",
+                 "on: no step completed for max(%.0f s, %.0fx the median step) (%.0f s before the first "
+                 "step) ends in a dump%s",
+                 AUTO_FLOOR_S, AUTO_FACTOR, AUTO_FIRST_S, o->stop ? " and the job's end" : "");
     return 0;
 }
 
@@ -346,8 +350,8 @@ void watchdog_test_point(enum watchdog_point p, int64_t step)
 {
     if ((int)p != g_block_point || g_rank != g_block_rank || (p != WATCHDOG_AT_REGISTER && step != g_block_step))
         return;
-    log_warn("watchdog", KEY_test_block_at ": rank %d blocks here for ever (step %lld): a hang made on purpose",
-             g_rank, (long long)step);
+    log_warn("watchdog", KEY_test_block_at ": rank %d blocks here for ever (step %lld): a hang made on purpose", g_rank,
+             (long long)step);
     for (;;)
         clock_sleep_s(3600);
 }

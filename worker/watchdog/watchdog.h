@@ -21,11 +21,11 @@
 #define WATCHDOG_EXIT 3
 
 struct watchdog_options {
-    double timeout_s; /* trainer.hang_timeout_s: > 0 seconds; < 0 from the observed step time; 0 off */
-    bool stop;        /* trainer.hang_action=stop */
-    int rank;         /* this process's world rank */
-    int watched;      /* ranks 0..watched-1 run a watchdog (the trainer ranks): the lead reads their dumps */
-    const char *dump_dir; /* RUN_DIR/flight (flight_set_dump_dir's) */
+    double timeout_s;       /* trainer.hang_timeout_s: > 0 seconds; < 0 from the observed step time; 0 off */
+    bool stop;              /* trainer.hang_action=stop */
+    int rank;               /* this process's world rank */
+    int watched;            /* ranks 0..watched-1 run a watchdog (the trainer ranks): the lead reads their dumps */
+    const char *dump_dir;   /* RUN_DIR/flight (flight_set_dump_dir's) */
     bool (*held)(void *ud); /* true while no step is expected (a pause); NULL: never */
     void *held_ud;
     void (*end_job)(int code); /* ends every rank of the job (comm_end_job) */
@@ -45,9 +45,9 @@ double watchdog_timeout_for(double timeout_s, const double *intervals, int n);
 
 /* ---- test only: a rank blocked for ever on purpose ---- */
 enum watchdog_point {
-    WATCHDOG_AT_REGISTER,     /* before registering with grpod */
-    WATCHDOG_AT_UPDATE,       /* entering the update of a step */
-    WATCHDOG_AT_CKPT_WRITE,   /* inside the checkpoint write of a step (its flight record open) */
+    WATCHDOG_AT_REGISTER,   /* before registering with grpod */
+    WATCHDOG_AT_UPDATE,     /* entering the update of a step */
+    WATCHDOG_AT_CKPT_WRITE, /* inside the checkpoint write of a step (its flight record open) */
 };
 /* test.block_at (its name: "none", "register", "update_actor", "checkpoint_write"), test.block_rank, test.block_step
  * for world rank `rank`. */

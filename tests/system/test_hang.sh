@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# grpoctl diagnose names a hang (proto/hang.c; docs/operations.md, "A run that hangs") on 2 colocated ranks under
+# grpod, each hang made for real with the test-only keys test.block_at, test.block_rank and test.block_step (a rank
+# blocks for ever at that point):
+#  - laggard: rank 1 blocks entering the update of step 2; rank 0 waits in a collective for it. The verdict names
+#    rank 1, the collective rank 0 waits in (its number in its group) and rank 1's phase;
+#  - I/O: rank 0 blocks inside the checkpoint write of step 2; the verdict names rank 0, the write, its step and its
+#    path;
+#  - never registered: rank 1 blocks before registering; the verdict names rank 1 and its host.
+# Each verdict is the first finding of grpoctl diagnose (text and --json) and of the status page's /api/status, and
+# comes once the wait has lasted grpod.hang_wait_s.
+# usage: test_hang.sh (the build's programs by name, tests/lib.sh)
+set -u
+. "$(dirname "$0")/grpod_lib.sh"
+test_env
+tiny_model "$TMP/tiny"
+expect "tiny model initialised" $?
+HOST="$(hostname)"
+
+# hang NAME [key=value ...]: a fresh grpod (grpod.hang_wait_s=3) and 2 colocated ranks under it with the keys given,
+# left running (MPI_PID); the run's directory is $TMP/NAME/p/e
+hang() {
+    local name="$1"; shift
+    EP="ipc://$TMP/$name.sock"
+    export GRPOD_ENDPOINT="$EP"
+    start_grpod "$name" grpod.hang_wait_s=3 || { fail "$name: grpod starts"; return 1; }
+    local keys
+    tiny_run keys "$TMP/$name" 50
+    mpirun --oversubscribe --bind-to none -np 2 "$WORKER" "${keys[@]}" trainer.nnodes=1 trainer.n_gpus_per_node=2 \
+        grpod.endpoint="$EP" grpod.connect_timeout_s=30 "$@" >"$TMP/$name.log" 2>&1 &
+    MPI_PID=$!
+    track "$MPI_PID"
+}
+# verdict KIND: grpoctl diagnose --json's first finding is of KIND (saved in $TMP/diag.json)
+verdict() {
+    "$GRPOCTL" diagnose --json >"$TMP/diag.json" 2>/dev/null && [ "$(jq -r '.[0].kind' "$TMP/diag.json")" = "$1" ]
+}
+# the same first finding on the status page's /api/status, and in grpoctl diagnose's text
+same_on_page() {
+    local url text
+    url="$(status_field .http_url)"
+    text="$(jq -r '.[0].text' "$TMP/diag.json")"
+    curl -sf "$url/api/status" >"$TMP/page.json" && [ "$(jq -r '.diagnosis[0].text' "$TMP/page.json")" = "$text" ] &&
+        [ "$(jq -r '.diagnosis[0].kind' "$TMP/page.json")" = "$(jq -r '.[0].kind' "$TMP/diag.json")" ] &&
+        "$GRPOCTL" diagnose >"$TMP/diag.txt" 2>&1 && grep -qF -- "warn  $text" "$TMP/diag.txt"
+}
+
+# ---- laggard: rank 1 never enters the update of step 2
+hang laggard test.block_at=update_actor test.block_rank=1 test.block_step=2
+wait_for 120 has "$TMP/laggard.log" "test.block_at: rank 1 blocks here for ever (step 2)"
+expect "laggard: rank 1 blocks in the update of step 2" $?
+wait_for 60 verdict hang_laggard
+expect "laggard: grpoctl diagnose's first finding is hang_laggard" $?
+text="$(jq -r '.[0].text' "$TMP/diag.json")"
+echo "     | $text"
+echo "$text" | grep -Eq "^rank 1 \(host $HOST\) has not entered [a-z() -]+ #[0-9]+ of [a-z]+ \(rank 0 waiting there [0-9]+ s\); rank 1 is in phase update_actor, in no wait"
+expect "laggard: it names rank 1, the numbered collective rank 0 waits in, and rank 1's phase" $?
+# the collective named is the one rank 0's heartbeat says it is in
+op="$(status_field '.workers[] | select(.rank == 0) | .current_wait | "\(.op) #\(.seq) of \(.group)"')"
+echo "$text" | grep -qF "has not entered $op (rank 0"
+expect "laggard: ... the very wait rank 0 reports ($op)" $?
+[ "$(echo "$text" | sed -E 's/.*waiting there ([0-9]+) s.*/\1/')" -ge 3 ]
+expect "laggard: the verdict came once the wait had lasted grpod.hang_wait_s (3 s)" $?
+same_on_page
+expect "laggard: the status page's /api/status and grpoctl diagnose's text say the same" $?
+kill_tree "$MPI_PID"
+stop_grpod
+
+# ---- I/O: rank 0 stuck inside the checkpoint write of step 2
+hang io test.block_at=checkpoint_write test.block_rank=0 test.block_step=2 trainer.save_freq=2
+wait_for 120 has "$TMP/io.log" "test.block_at: rank 0 blocks here for ever (step 2)"
+expect "io: rank 0 blocks in the checkpoint write of step 2" $?
+wait_for 60 verdict hang_io
+expect "io: grpoctl diagnose's first finding is hang_io" $?
+text="$(jq -r '.[0].text' "$TMP/diag.json")"
+echo "     | $text"
+echo "$text" | grep -Eq "^rank 0 \(host $HOST\) is stuck in I/O: checkpoint write of step 2 in $TMP/io/p/e[^,]*, [0-9]+ s so far"
+expect "io: it names rank 0, the checkpoint write of step 2 and its path" $?
+same_on_page
+expect "io: the status page's /api/status and grpoctl diagnose's text say the same" $?
+kill_tree "$MPI_PID"
+stop_grpod
+
+# ---- never registered: rank 1 blocks before it registers
+hang unregistered test.block_at=register test.block_rank=1
+wait_for 120 has "$TMP/unregistered.log" "test.block_at: rank 1 blocks here for ever (step 0)"
+expect "unregistered: rank 1 blocks before registering" $?
+wait_for 60 verdict hang_unregistered
+expect "unregistered: grpoctl diagnose's first finding is hang_unregistered" $?
+text="$(jq -r '.[0].text' "$TMP/diag.json")"
+echo "     | $text"
+echo "$text" | grep -Eq "^start-up waits for rank 1 \(host $HOST\), which never registered: 1 rank\(s\) registered"
+expect "unregistered: it names rank 1 and its host" $?
+same_on_page
+expect "unregistered: the status page's /api/status and grpoctl diagnose's text say the same" $?
+kill_tree "$MPI_PID"
+stop_grpod
+finish "$TMP/laggard.log" "$TMP/io.log" "$TMP/unregistered.log"
