@@ -152,6 +152,8 @@ static bool same_group(const struct hang_wait *a, const struct hang_wait *b)
 
 static const struct hang_rank *by_rank(const struct hang_rank *r, int n, int rank)
 {
+    if (rank >= 0 && rank < n && r[rank].rank == rank) /* grpod's ranks are by rank */
+        return &r[rank];
     for (int i = 0; i < n; i++)
         if (r[i].rank == rank)
             return &r[i];
@@ -267,29 +269,23 @@ static void io_stuck(const struct hang_rank *r, int n, const struct hang_run *ru
     }
 }
 
-/* The waits of one group (name and members), from the first rank i0 waiting in it. */
-static void one_group(const struct hang_rank *r, int n, int i0, const struct hang_run *run, bool *covered,
-                      const bool *blamed_io, struct findings *f)
+/* The waits of one group (name and members): the ranks r[waiting[0..nw-1]] wait in it, by index. */
+static void one_group(const struct hang_rank *r, int n, const int *waiting, int nw, const struct hang_run *run,
+                      bool *covered, const bool *blamed_io, struct findings *f)
 {
+    const int i0 = waiting[0];
     const struct hang_wait *g = &r[i0].wait;
     double longest = 0;
-    int nw = 0;
-    int *waiting = malloc((size_t)n * sizeof *waiting);
-    if (!waiting)
-        return;
     bool collective = true, differ = false;
     const struct hang_rank *ref = &r[i0];
-    for (int i = 0; i < n; i++)
-        if (in_group(&r[i]) && same_group(&r[i].wait, g)) {
-            waiting[nw++] = i;
-            longest = r[i].wait.seconds > longest ? r[i].wait.seconds : longest;
-            collective &= is(r[i].wait.kind, "collective");
-            differ |= !is(r[i].wait.op, ref->wait.op) || r[i].wait.seq != ref->wait.seq;
-        }
-    if (longest < run->min_wait_s) {
-        free(waiting);
-        return;
+    for (int k = 0; k < nw; k++) {
+        const struct hang_rank *q = &r[waiting[k]];
+        longest = q->wait.seconds > longest ? q->wait.seconds : longest;
+        collective &= is(q->wait.kind, "collective");
+        differ |= !is(q->wait.op, ref->wait.op) || q->wait.seq != ref->wait.seq;
     }
+    if (longest < run->min_wait_s)
+        return;
     for (int k = 0; k < nw; k++)
         covered[waiting[k]] = true;
     char w[400];
@@ -325,7 +321,6 @@ static void one_group(const struct hang_rank *r, int n, int i0, const struct han
                 "%.0f s)",
                 g->group, g->members, parts, longest);
         }
-        free(waiting);
         return;
     }
     int members[4096];
@@ -336,19 +331,24 @@ static void one_group(const struct hang_rank *r, int n, int i0, const struct han
             hang_wait_text(&ref->wait, false, w, sizeof w);
             say(d->text, "rank %d has waited %.0f s in %s", ref->rank, ref->wait.seconds, w);
         }
-        free(waiting);
         return;
     }
     int missing[4096], nmiss = 0, present[4096], np = 0;
-    for (int k = 0; k < nm; k++) {
-        bool there = false;
-        for (int j = 0; j < nw && !there; j++)
-            there = r[waiting[j]].rank == members[k];
-        if (there)
+    int *wr = malloc((size_t)nw * sizeof *wr); /* the waiting ranks, sorted: merged with the sorted members */
+    if (!wr)
+        return;
+    for (int k = 0; k < nw; k++)
+        wr[k] = r[waiting[k]].rank;
+    qsort(wr, (size_t)nw, sizeof *wr, cmp_int);
+    for (int k = 0, j = 0; k < nm; k++) {
+        while (j < nw && wr[j] < members[k])
+            j++;
+        if (j < nw && wr[j] == members[k])
             present[np++] = members[k];
         else
             missing[nmiss++] = members[k];
     }
+    free(wr);
     if (!nmiss) {
         struct hang_finding *d = add(f, HANG_STUCK, -1, longest);
         if (d)
@@ -356,7 +356,6 @@ static void one_group(const struct hang_rank *r, int n, int i0, const struct han
                 "every rank of %s (ranks %s) has been in %s for up to %.0f s: the operation itself does not "
                 "complete (the network, the device library, or a peer's process frozen)",
                 g->group, g->members, w, longest);
-        free(waiting);
         return;
     }
     char there[128];
@@ -400,21 +399,36 @@ static void one_group(const struct hang_rank *r, int n, int i0, const struct han
                 q && q->host[0] ? " (host " : "", q ? q->host : "", q && q->host[0] ? ")" : "", w, np > 1 ? "s" : "",
                 there, longest, where);
     }
-    free(waiting);
 }
 
+static int by_group(const void *a, const void *b, void *ranks)
+{
+    const struct hang_rank *r = ranks;
+    const int x = *(const int *)a, y = *(const int *)b;
+    int c = strcmp(r[x].wait.group, r[y].wait.group);
+    if (!c)
+        c = strcmp(r[x].wait.members, r[y].wait.members);
+    return c ? c : (x > y) - (x < y);
+}
+
+/* Each group some ranks wait in, judged once: the waiting ranks sorted by group (a world of thousands of ranks in
+ * hundreds of groups costs n log n, not n x groups). */
 static void groups(const struct hang_rank *r, int n, const struct hang_run *run, bool *covered, const bool *blamed_io,
                    struct findings *f)
 {
-    for (int i = 0; i < n; i++) {
-        if (!in_group(&r[i]))
-            continue;
-        bool seen = false; /* judged with an earlier rank of its group */
-        for (int j = 0; j < i && !seen; j++)
-            seen = in_group(&r[j]) && same_group(&r[j].wait, &r[i].wait);
-        if (!seen)
-            one_group(r, n, i, run, covered, blamed_io, f);
+    int *idx = malloc((size_t)(n > 0 ? n : 1) * sizeof *idx), m = 0;
+    if (!idx)
+        return;
+    for (int i = 0; i < n; i++)
+        if (in_group(&r[i]))
+            idx[m++] = i;
+    qsort_r(idx, (size_t)m, sizeof *idx, by_group, (void *)r);
+    for (int a = 0, b; a < m; a = b) {
+        for (b = a + 1; b < m && same_group(&r[idx[b]].wait, &r[idx[a]].wait); b++)
+            ;
+        one_group(r, n, idx + a, b - a, run, covered, blamed_io, f);
     }
+    free(idx);
 }
 
 /* The trainers' whereabouts, for a rollout rank's wait: "rank 0 is in phase update_actor, in no wait". */
