@@ -6,7 +6,9 @@
 #    rank 1, the collective rank 0 waits in (its number in its group) and rank 1's phase;
 #  - I/O: rank 0 blocks inside the checkpoint write of step 2; the verdict names rank 0, the write, its step and its
 #    path;
-#  - never registered: rank 1 blocks before registering; the verdict names rank 1 and its host.
+#  - never registered: rank 1 blocks before registering; the verdict names rank 1 and its host;
+#  - the watchdog with trainer.hang_action=stop under grpod: the job ends non-zero and grpod's run fails with the
+#    watchdog's verdict as rank 0's reason.
 # Each verdict is the first finding of grpoctl diagnose (text and --json) and of the status page's /api/status, and
 # comes once the wait has lasted grpod.hang_wait_s.
 # usage: test_hang.sh (the build's programs by name, tests/lib.sh)
@@ -99,4 +101,25 @@ same_on_page
 expect "unregistered: the status page's /api/status and grpoctl diagnose's text say the same" $?
 kill_tree "$MPI_PID"
 stop_grpod
-finish "$TMP/laggard.log" "$TMP/io.log" "$TMP/unregistered.log"
+
+# ---- the watchdog under grpod (trainer.hang_action=stop): the job ends, and grpod hears why from rank 0
+hang stopped test.block_at=update_actor test.block_rank=1 test.block_step=2 trainer.hang_timeout_s=4 \
+    trainer.hang_action=stop
+timeout "$(scaled 120)" tail --pid="$MPI_PID" -f /dev/null
+ended=$?
+wait "$MPI_PID"
+status=$?
+[ "$ended" -eq 0 ] && [ "$status" -ne 0 ]
+expect "stopped: the watchdog ends the job by itself, non-zero ($status)" $?
+failed_why() {
+    "$GRPOCTL" status --json >"$TMP/stopped.json" 2>/dev/null &&
+        jq -e --arg h "$HOST" '.state == "failed" and (.events | any(.text |
+            startswith("rank 0 on host \($h) failed: watchdog: no step completed for ") and
+            contains("(trainer.hang_timeout_s): rank 1 (host \($h)) has not entered ")))' \
+            "$TMP/stopped.json" >/dev/null
+}
+wait_for 30 failed_why
+expect "stopped: grpod's run failed, its event naming the watchdog's verdict: rank 1" $?
+jq -r '.events[] | select(.text | test("watchdog")) | .text' "$TMP/stopped.json" | sed 's/^/     | /'
+stop_grpod
+finish "$TMP/laggard.log" "$TMP/io.log" "$TMP/unregistered.log" "$TMP/stopped.log"

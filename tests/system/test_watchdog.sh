@@ -37,7 +37,7 @@ dumped() {
 }
 # named NAME: rank 0's log names rank 1 as the laggard, and the collective rank 0 waits in
 named() {
-    grep -Eq "\[rank 0\] watchdog: hang \(laggard\): rank 1 has not entered [a-z() -]+ #[0-9]+ of [a-z]+ \(rank 0 waiting there [0-9]+ s\); rank 1 is in phase update_actor, in no wait" \
+    grep -Eq "\[rank 0\] watchdog: hang \(laggard\): rank 1 \(host $(hostname)\) has not entered [a-z() -]+ #[0-9]+ of [a-z]+ \(rank 0 waiting there [0-9]+ s\); rank 1 is in phase update_actor, in no wait" \
         "$TMP/$1.log"
 }
 
@@ -60,7 +60,7 @@ named stop
 expect "stop: rank 0's log names the stuck rank, rank 1, and the collective it never entered" $?
 grep "watchdog: hang (laggard)" "$TMP/stop.log" | sed 's/^/     | /'
 ckpt="$TMP/stop/p/e/checkpoints"
-grep -Eq "\[rank 0\] watchdog: trainer.hang_action stop: ending the job, exit status 3: rank 1 has not entered .*; the newest checkpoint already written is step 2 in $ckpt" "$TMP/stop.log"
+grep -Eq "\[rank 0\] watchdog: trainer.hang_action stop: ending the job, exit status 3: rank 1 \(host $(hostname)\) has not entered .*; the newest checkpoint already written is step 2 in $ckpt" "$TMP/stop.log"
 expect "stop: the last word names the stuck rank and the newest checkpoint, step 2" $?
 [ -f "$ckpt/global_step_2/state.json" ] && [ ! -e "$ckpt/global_step_3" ]
 expect "stop: the checkpoint of step 2 is on disk, none of step 3" $?

@@ -587,6 +587,24 @@ void control_finish(struct control *c, enum control_end end, const char *error)
     pthread_mutex_unlock(&c->mu);
 }
 
+void control_fail_now(struct control *c, const char *error, double wait_s)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->mu);
+    account(c, clock_now_s());
+    c->state = GRPO__WORKER_STATE__WORKER_FAILED;
+    snprintf(c->error, sizeof c->error, "%s", error ? error : "");
+    changed_locked(c);
+    const uint64_t want = c->generation;
+    const double until_s = clock_now_s() + wait_s;
+    while (c->acked_generation < want && clock_now_s() < until_s) {
+        struct timespec until = deadline_in(fmin(0.25, until_s - clock_now_s()));
+        pthread_cond_timedwait(&c->changed, &c->mu, &until);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
 /* ---- talking to grpod ---- */
 
 static void split_list(const char *list, char ***out, size_t *n)

@@ -178,6 +178,9 @@ bool control_safe_point(struct control *c, int64_t step, int (*save)(void *ud, i
  * unreachable the message is kept and retried with backoff for up to connect_timeout_s (a grpod restarted meanwhile
  * learns the run ended), or a few seconds when a stop signal came. */
 void control_finish(struct control *c, enum control_end end, const char *error);
+/* From any thread, when the process is about to end the job itself (the progress watchdog): report this worker
+ * failed with error and wait at most wait_s for grpod to hear it (never longer: the caller ends the job next). */
+void control_fail_now(struct control *c, const char *error, double wait_s);
 /* Stop the heartbeat thread, close the socket, free. */
 void control_close(struct control *c);
 

@@ -461,14 +461,16 @@ int flight_dump(const char *reason, bool to_log)
     const bool open = flight_current(&cur);
     const double now = clock_now_s();
     const uint64_t recorded = flight_recorded();
-    char line[1024], why[256];
+    char line[1024], why[256], host[256] = "", host_json[300];
     json_str(reason ? reason : "", why, sizeof why);
+    gethostname(host, sizeof host - 1);
+    json_str(host, host_json, sizeof host_json);
     struct buf b = {0};
     snprintf(line, sizeof line,
              "{\"rank\":%d,\"reason\":\"%s\",\"time\":%.6f,\"size\":%d,\"recorded\":%" PRIu64 ",\"entries\":%d,"
-             "\"waiting\":%s,\"phase\":\"%s\"}",
+             "\"waiting\":%s,\"phase\":\"%s\",\"host\":\"%s\"}",
              atomic_load(&g_rank), why, clock_wall_s(), size, recorded, n, open ? "true" : "false",
-             core_phase_name((Grpo__Phase)atomic_load_explicit(&g_phase, memory_order_relaxed)));
+             core_phase_name((Grpo__Phase)atomic_load_explicit(&g_phase, memory_order_relaxed)), host_json);
     buf_line(&b, line);
     if (to_log)
         log_info("flight", "%s: the last %d of %" PRIu64 " waits recorded on this rank, oldest first%s", reason, n,

@@ -86,6 +86,9 @@ static int save_for_control(void *ud, int64_t step)
 
 static bool paused(void *ctl) { return control_pause_wanted(ctl); }
 
+/* The watchdog ends the job: grpod hears why first (at most a few seconds). */
+static void tell_grpod(void *ctl, const char *why) { control_fail_now(ctl, why, 5.0); }
+
 /* The progress watchdog of this trainer rank (trainer.hang_timeout_s, trainer.hang_action). */
 static void start_watchdog(const struct role_env *env, struct trainer *t)
 {
@@ -101,6 +104,8 @@ static void start_watchdog(const struct role_env *env, struct trainer *t)
         .held = paused,
         .held_ud = env->ctl,
         .end_job = comm_end_job,
+        .on_stop = tell_grpod,
+        .on_stop_ud = env->ctl,
     };
     watchdog_start(&o);
 }

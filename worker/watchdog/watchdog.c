@@ -86,7 +86,7 @@ void watchdog_checkpoint_saved(int64_t step, const char *dir)
 struct dumped {
     json_t *open, *last; /* the wait under way and the newest finished one (borrowed from lines) */
     json_t *lines;       /* every record */
-    const char *phase;
+    const char *phase, *host;
     bool ok;
 };
 
@@ -140,6 +140,7 @@ static bool read_dump(const char *path, double since_wall, struct dumped *d)
                     json_number_value(json_object_get(o, "time")) >= since_wall;
             json_array_append_new(d->lines, o); /* kept: the phase's text lives in it */
             d->phase = str_of(o, "phase");
+            d->host = str_of(o, "host");
             continue;
         }
         json_array_append_new(d->lines, o);
@@ -184,6 +185,7 @@ static void lead_verdict(double since_wall, double grace, double min_wait, char 
         if (!d[r].ok)
             continue;
         ranks[r].phase = phase_of(d[r].phase ? d[r].phase : "");
+        ranks[r].host = d[r].host ? d[r].host : "";
         if (d[r].open) {
             ranks[r].waiting = true;
             wait_of(d[r].open, &ranks[r].wait);
@@ -260,6 +262,12 @@ static void fire(double idle, double limit)
         snprintf(kept, sizeof kept, "no checkpoint was written in this run (a relaunch starts over)");
     log_error("watchdog", KEY_trainer_hang_action " stop: ending the job, exit status %d: %s; %s", WATCHDOG_EXIT,
               verdict[0] ? verdict : "no step completed", kept);
+    if (g_o.on_stop) {
+        char why[HANG_TEXT_MAX + 200];
+        snprintf(why, sizeof why, "watchdog: no step completed for %.0f s (" KEY_trainer_hang_timeout_s "): %s", idle,
+                 verdict[0] ? verdict : "see the ranks' logs and RUN_DIR/flight");
+        g_o.on_stop(g_o.on_stop_ud, why);
+    }
     if (g_o.end_job)
         g_o.end_job(WATCHDOG_EXIT);
     _exit(WATCHDOG_EXIT);

@@ -29,6 +29,9 @@ struct watchdog_options {
     bool (*held)(void *ud); /* true while no step is expected (a pause); NULL: never */
     void *held_ud;
     void (*end_job)(int code); /* ends every rank of the job (comm_end_job) */
+    /* called with why just before the job is ended (under grpod: tell it); NULL: none */
+    void (*on_stop)(void *ud, const char *why);
+    void *on_stop_ud;
 };
 
 /* Start the thread (nothing with timeout_s 0). 0, or -1 (logged). */
