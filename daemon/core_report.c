@@ -491,6 +491,21 @@ char *core_metrics_text(const struct core *c, double now)
             n += c->workers[r] && (int)core_worker_shown_state(c->workers[r]) == s;
         put(&t, "grpod_workers{state=\"%s\"} %d\n", core_worker_state_name((Grpo__WorkerState)s), n);
     }
+    family(&t, "grpod_run_hang", "gauge",
+           "1 for each kind of hang grpoctl diagnose finds now (a rank has waited grpod.hang_wait_s in one place, or "
+           "start-up has waited that long for a rank to register), 0 for the others.");
+    {
+        struct hang_finding h[HANG_MAX_FINDINGS];
+        const int nh = core_hang(c, now, h, HANG_MAX_FINDINGS);
+        static const enum hang_kind kinds[] = {HANG_UNREGISTERED_RANK, HANG_IO,    HANG_MISMATCH,
+                                               HANG_LAGGARD,           HANG_GRANT, HANG_STUCK};
+        for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+            int found = 0;
+            for (int i = 0; i < nh; i++)
+                found |= h[i].kind == kinds[k];
+            put(&t, "grpod_run_hang{kind=\"%s\"} %d\n", hang_kind_name(kinds[k]), found);
+        }
+    }
     family(&t, "grpod_worker_suspects_total", "counter", "Times a worker became suspect (missed heartbeats).");
     put(&t, "grpod_worker_suspects_total %" PRIu64 "\n", c->counters.suspects);
     family(&t, "grpod_worker_losses_total", "counter", "Times a worker was marked lost.");

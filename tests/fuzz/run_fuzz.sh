@@ -39,7 +39,7 @@ proto=("$src"/proto/{protocol,transport,plane_auth,ctl_auth}.c "$out/gen/grpo.pb
 base=("$src"/common/{log,check,clock,fs,backoff}.c)
 sources() {
     case "$1" in
-    grpod) echo "$src"/daemon/{core,core_report,core_persist,diagnose,validate,arena}.c "$src"/proto/{names,status_json}.c \
+    grpod) echo "$src"/daemon/{core,core_report,core_persist,diagnose,validate,arena}.c "$src"/proto/{names,status_json,hang}.c \
         "${proto[@]}" "${base[@]}" "$src"/common/{placement,config_text,config,config_yaml,config_cli,config_verl,json_file,rollout_corr_spec}.c -lyaml -lm ;;
     wire) echo "$src"/worker/plane/{wire,dispatch_core}.c "$src/worker/step/batch.c" "$src/worker/step/seq.c" \
         "${proto[@]}" "${base[@]}" ;;

@@ -69,6 +69,9 @@ expect "laggard: ... the very wait rank 0 reports ($op)" $?
 expect "laggard: the verdict came once the wait had lasted grpod.hang_wait_s (3 s)" $?
 same_on_page
 expect "laggard: the status page's /api/status and grpoctl diagnose's text say the same" $?
+"$GRPOCTL" metrics >"$TMP/metrics.txt" 2>&1 && has "$TMP/metrics.txt" 'grpod_run_hang{kind="laggard"} 1' &&
+    has "$TMP/metrics.txt" 'grpod_run_hang{kind="io"} 0'
+expect "laggard: grpod's metrics say grpod_run_hang{kind=\"laggard\"} 1, and 0 for io" $?
 kill_tree "$MPI_PID"
 stop_grpod
 
