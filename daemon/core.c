@@ -962,6 +962,8 @@ static void copy_flight(struct core_flight *d, const Grpo__FlightEntry *e)
 static void copy_flight_heartbeat(struct core_worker *w, const Grpo__Heartbeat *h, double now)
 {
     w->waiting = h->current_wait != NULL;
+    w->layer = h->layer_plus_one > 0 ? h->layer_plus_one - 1 : -1;
+    w->backward = h->backward;
     if (h->current_wait)
         copy_flight(&w->wait, h->current_wait);
     w->wait_heard = now;

@@ -110,6 +110,8 @@ struct core_worker {
      * it (monotonic: an open wait has lasted wait.seconds + the time since), and its last finished waits */
     struct core_flight wait;
     bool waiting;
+    int layer; /* the model layer the newest heartbeat said the main thread was in (-1: none), and its pass */
+    bool backward;
     double wait_heard;
     struct core_flight recent[CORE_FLIGHT_RECENT]; /* oldest first */
     int nrecent;

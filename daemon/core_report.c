@@ -204,6 +204,7 @@ int core_hang(const struct core *c, double now, struct hang_finding *out, int ma
     for (int k = 0; k < n; k++) {
         const struct core_worker *w = c->workers[k];
         r[k].rank = k;
+        r[k].layer = -1;
         r[k].host = c->rank_hosts && c->rank_hosts[k] ? c->rank_hosts[k] : "";
         if (!w) {
             r[k].presence = HANG_UNREGISTERED;
@@ -213,6 +214,8 @@ int core_hang(const struct core *c, double now, struct hang_finding *out, int ma
         r[k].host = w->host;
         r[k].role = w->role;
         r[k].phase = w->phase;
+        r[k].layer = w->layer;
+        r[k].backward = w->backward;
         const Grpo__WorkerState ws = w->state;
         r[k].presence = ws == GRPO__WORKER_STATE__WORKER_STARTING || ws == GRPO__WORKER_STATE__WORKER_RUNNING ||
                                 ws == GRPO__WORKER_STATE__WORKER_PAUSED

@@ -130,6 +130,8 @@ static int check_heartbeat_flight(const Grpo__Heartbeat *h, char *why, size_t wh
 {
     if (h->current_wait && check_flight(h->current_wait, "heartbeat.current_wait", 0, why, whylen) != 0)
         return -1;
+    if (h->layer_plus_one < 0 || h->layer_plus_one > 1000000)
+        FAIL("heartbeat.layer_plus_one %d is outside 0..1000000", h->layer_plus_one);
     if (h->n_recent_waits > CORE_FLIGHT_RECENT)
         FAIL("heartbeat.recent_waits has %zu entries (at most %d)", h->n_recent_waits, CORE_FLIGHT_RECENT);
     for (size_t i = 0; i < h->n_recent_waits; i++)

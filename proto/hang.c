@@ -179,6 +179,9 @@ static void where_text(const struct hang_rank *r, int rank, char *out, size_t le
     if (r->waiting) {
         hang_wait_text(&r->wait, true, w, sizeof w);
         snprintf(out, len, "rank %d is in %s, waiting %.0f s", rank, w, r->wait.seconds);
+    } else if (r->layer >= 0) {
+        snprintf(out, len, "rank %d is in phase %s, layer %d %s, in no wait", rank, core_phase_name(r->phase), r->layer,
+                 r->backward ? "backward" : "forward");
     } else if (r->last && r->last->layer >= 0) {
         hang_wait_text(r->last, true, w, sizeof w);
         snprintf(out, len, "rank %d is in phase %s, in no wait (its last: %s)", rank, core_phase_name(r->phase), w);

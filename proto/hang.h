@@ -57,7 +57,9 @@ struct hang_rank {
     const char *host; /* never NULL; "" unknown */
     Grpo__Role role;
     Grpo__Phase phase; /* where it is now */
-    bool waiting;      /* wait: the wait it is in now */
+    int layer;         /* ... the model layer (-1: none) */
+    bool backward;
+    bool waiting; /* wait: the wait it is in now */
     struct hang_wait wait;
     const struct hang_wait *last; /* its newest finished wait; NULL: none */
 };

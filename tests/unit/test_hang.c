@@ -31,7 +31,8 @@ static struct world *world(int n)
                                     .presence = HANG_LIVE,
                                     .host = i < n / 2 ? "node-a" : "node-b",
                                     .role = GRPO__ROLE__ROLE_HYBRID,
-                                    .phase = GRPO__PHASE__PHASE_UPDATE_ACTOR};
+                                    .phase = GRPO__PHASE__PHASE_UPDATE_ACTOR,
+                                    .layer = -1};
     return &W;
 }
 
@@ -92,6 +93,11 @@ static void test_laggard(void **state)
     has(f[0].text, "rank 5 (host node-b) has not entered all-reduce #1234 of dp (ranks 0-4,6-7 waiting "
                    "there 97 s); rank 5 is in phase update_actor, in no wait (its last: all-reduce #77 of tp (ranks "
                    "4-5), layer 12 backward)");
+    /* its heartbeat says the layer it is in now: that, rather than its last wait's */
+    W->r[5].layer = 9;
+    W->r[5].backward = true;
+    assert_int_equal(judge(W, f), 1);
+    has(f[0].text, "; rank 5 is in phase update_actor, layer 9 backward, in no wait");
 }
 
 static void test_mismatch_op(void **state)

@@ -928,6 +928,10 @@ static void flight_parts_fill(struct flight_parts *f, Grpo__Heartbeat *hb, int r
         flight_proto(&f->cur, now, &f->wait);
         hb->current_wait = &f->wait;
     }
+    bool backward;
+    const int layer = flight_layer(&backward);
+    hb->layer_plus_one = layer >= 0 ? layer + 1 : 0;
+    hb->backward = backward;
     const int n = flight_snapshot(f->raw, RECENT_WAITS);
     for (int i = 0; i < n; i++) {
         flight_proto(&f->raw[i], now, &f->recent[i]);

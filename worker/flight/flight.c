@@ -220,6 +220,14 @@ void flight_set_layer(int layer, bool backward)
     atomic_store_explicit(&g_backward, backward, memory_order_relaxed);
 }
 
+int flight_layer(bool *backward)
+{
+    const int layer = atomic_load_explicit(&g_layer, memory_order_relaxed);
+    if (backward)
+        *backward = layer >= 0 && atomic_load_explicit(&g_backward, memory_order_relaxed);
+    return layer;
+}
+
 int flight_begin(enum flight_op op, uint16_t group, uint64_t seq, uint64_t bytes, int peer, double now)
 {
     if (!t_recorder || !atomic_load_explicit(&g_size, memory_order_relaxed) || g_depth >= MAX_DEPTH)
@@ -465,12 +473,18 @@ int flight_dump(const char *reason, bool to_log)
     json_str(reason ? reason : "", why, sizeof why);
     gethostname(host, sizeof host - 1);
     json_str(host, host_json, sizeof host_json);
+    bool backward;
+    const int layer = flight_layer(&backward);
     struct buf b = {0};
     snprintf(line, sizeof line,
              "{\"rank\":%d,\"reason\":\"%s\",\"time\":%.6f,\"size\":%d,\"recorded\":%" PRIu64 ",\"entries\":%d,"
-             "\"waiting\":%s,\"phase\":\"%s\",\"host\":\"%s\"}",
+             "\"waiting\":%s,\"phase\":\"%s\",\"layer\":%d,\"pass\":\"%s\",\"host\":\"%s\"}",
              atomic_load(&g_rank), why, clock_wall_s(), size, recorded, n, open ? "true" : "false",
-             core_phase_name((Grpo__Phase)atomic_load_explicit(&g_phase, memory_order_relaxed)), host_json);
+             core_phase_name((Grpo__Phase)atomic_load_explicit(&g_phase, memory_order_relaxed)), layer,
+             layer < 0  ? ""
+             : backward ? "backward"
+                        : "forward",
+             host_json);
     buf_line(&b, line);
     if (to_log)
         log_info("flight", "%s: the last %d of %" PRIu64 " waits recorded on this rank, oldest first%s", reason, n,

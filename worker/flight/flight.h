@@ -100,6 +100,8 @@ void flight_ranks_text(const int *ranks, int n, char *out, size_t len);
  * stores, any thread; records that begin later carry them. */
 void flight_set_phase(int phase);
 void flight_set_layer(int layer, bool backward);
+/* The model layer set last (-1: none), and whether in the backward pass. Any thread. */
+int flight_layer(bool *backward);
 /* A wait begins at `now` (clock_now_s): a token for flight_end, 0 when nothing is recorded (off, another thread,
  * or waits nested deeper than 8). */
 int flight_begin(enum flight_op op, uint16_t group, uint64_t seq, uint64_t bytes, int peer, double now);

@@ -87,7 +87,8 @@ struct dumped {
     json_t *open, *last; /* the wait under way and the newest finished one (borrowed from lines) */
     json_t *lines;       /* every record */
     const char *phase, *host;
-    bool ok;
+    int layer;
+    bool backward, ok;
 };
 
 static const char *str_of(json_t *o, const char *key)
@@ -141,6 +142,10 @@ static bool read_dump(const char *path, double since_wall, struct dumped *d)
             json_array_append_new(d->lines, o); /* kept: the phase's text lives in it */
             d->phase = str_of(o, "phase");
             d->host = str_of(o, "host");
+            d->layer = json_is_integer(json_object_get(o, "layer"))
+                           ? (int)json_integer_value(json_object_get(o, "layer"))
+                           : -1;
+            d->backward = strcmp(str_of(o, "pass"), "backward") == 0;
             continue;
         }
         json_array_append_new(d->lines, o);
@@ -181,10 +186,13 @@ static void lead_verdict(double since_wall, double grace, double min_wait, char 
     struct hang_rank *ranks = xcalloc((size_t)n, sizeof *ranks);
     struct hang_wait *last = xcalloc((size_t)n, sizeof *last);
     for (int r = 0; r < n; r++) {
-        ranks[r] = (struct hang_rank){.rank = r, .presence = d[r].ok ? HANG_LIVE : HANG_UNKNOWN, .host = ""};
+        ranks[r] =
+            (struct hang_rank){.rank = r, .presence = d[r].ok ? HANG_LIVE : HANG_UNKNOWN, .host = "", .layer = -1};
         if (!d[r].ok)
             continue;
         ranks[r].phase = phase_of(d[r].phase ? d[r].phase : "");
+        ranks[r].layer = d[r].layer;
+        ranks[r].backward = d[r].backward;
         ranks[r].host = d[r].host ? d[r].host : "";
         if (d[r].open) {
             ranks[r].waiting = true;
