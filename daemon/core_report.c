@@ -191,6 +191,10 @@ static void hang_wait_of(const struct core_flight *f, double extra, struct hang_
                             .seconds = f->seconds + (f->open && extra > 0 ? extra : 0)};
 }
 
+/* A wait this many times the last step's seconds, when that is longer than grpod.hang_wait_s, before one is a
+ * hang. */
+#define HANG_STEPS 3.0
+
 int core_hang(const struct core *c, double now, struct hang_finding *out, int max)
 {
     const Grpo__RunState st = c->run.state;
@@ -232,7 +236,13 @@ int core_hang(const struct core *c, double now, struct hang_finding *out, int ma
         if (w->registered_at > 0 && (first_registered == 0 || w->registered_at < first_registered))
             first_registered = w->registered_at;
     }
-    struct hang_run run = {.min_wait_s = c->set.hang_wait_s > 0 ? c->set.hang_wait_s : 60};
+    /* a wait as long as a few whole steps is no hang: a slow rank's generation, a long update the rollout ranks
+     * wait through */
+    const double step_s = metric_of(c, "timing_s/step");
+    double min_wait = c->set.hang_wait_s > 0 ? c->set.hang_wait_s : 60;
+    if (isfinite(step_s) && HANG_STEPS * step_s > min_wait)
+        min_wait = HANG_STEPS * step_s;
+    struct hang_run run = {.min_wait_s = min_wait};
     if (missing && st == GRPO__RUN_STATE__RUN_WAITING && first_registered > 0) {
         const double wall = c->start_wall + (now - c->start_mono);
         run.waiting_for_ranks_s = wall > first_registered ? wall - first_registered : 0;

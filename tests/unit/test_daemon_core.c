@@ -1050,6 +1050,120 @@ static void test_status_and_metrics(void **state)
     core_deinit(&c);
 }
 
+/* ---- the hang verdict (proto/hang.h) from the registry: a rank that never registered, named with the host the
+ * others' registrations gave (1.16); a laggard from the heartbeats' waits and layer, its wait growing with grpod's
+ * clock; the verdict first in the status and in grpod_run_hang ---- */
+
+static Grpo__Envelope *register_with_hosts(struct core *c, int rank, int world, char **hosts)
+{
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Register reg = GRPO__REGISTER__INIT;
+    char *caps[] = {"rollout", "trainer"}, *dev[] = {"cpu"};
+    reg.rank = rank;
+    reg.world_size = world;
+    reg.host = hosts[rank];
+    reg.pid = 100 + rank;
+    reg.config_digest = 42;
+    reg.capabilities = caps;
+    reg.n_capabilities = 2;
+    reg.devices = dev;
+    reg.n_devices = 1;
+    reg.world_host_names = hosts;
+    reg.n_world_host_names = (size_t)world;
+    env.body_case = GRPO__ENVELOPE__BODY_REGISTER;
+    env.register_ = &reg;
+    return roundtrip(c, &env, NULL);
+}
+
+/* A heartbeat of rank `rank` in phase update_actor: in an open all-reduce #7 of dp (ranks 0-1) for wait_s, or (wait_s
+ * 0) in no wait at layer `layer` of the backward pass. */
+static void hang_beat(struct core *c, int rank, uint64_t inc, double wait_s, int layer)
+{
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Heartbeat hb = GRPO__HEARTBEAT__INIT;
+    Grpo__FlightEntry cur = GRPO__FLIGHT_ENTRY__INIT;
+    cur.kind = "collective";
+    cur.op = "all-reduce";
+    cur.group = "dp";
+    cur.members = "0-1";
+    cur.group_size = 2;
+    cur.seq = 7;
+    cur.peer = -1;
+    cur.phase = GRPO__PHASE__PHASE_UPDATE_ACTOR;
+    cur.layer = -1;
+    cur.began = 1.8e9;
+    cur.seconds = wait_s;
+    cur.open = true;
+    hb.rank = rank;
+    hb.incarnation = inc;
+    hb.state = GRPO__WORKER_STATE__WORKER_RUNNING;
+    hb.step = 3;
+    hb.phase = GRPO__PHASE__PHASE_UPDATE_ACTOR;
+    hb.checkpoint_step = -1;
+    if (wait_s > 0)
+        hb.current_wait = &cur;
+    hb.layer_plus_one = layer + 1;
+    hb.backward = true;
+    env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    protocol_free(roundtrip(c, &env, NULL));
+}
+
+/* The status's first finding at time now: its kind into kind[], its text into text[]. */
+static void first_finding(struct core *c, double now, char *kind, char *text, size_t len)
+{
+    struct arena a = {0};
+    Grpo__Status *st = core_status(c, now, &a);
+    assert_true(st->n_diagnosis >= 1);
+    snprintf(kind, 32, "%s", st->diagnosis[0]->kind);
+    snprintf(text, len, "%s", st->diagnosis[0]->text);
+    arena_free(&a);
+}
+
+static void test_hang_verdict(void **state)
+{
+    (void)state;
+    char kind[32], text[1024];
+    struct core c;
+    struct core_settings s = settings(0, 0, 1, 1);
+    s.hang_wait_s = 30;
+    core_init(&c, &s, T);
+    char *hosts[] = {"node-a", "node-b", "node-c"};
+    Grpo__Envelope *e = register_with_hosts(&c, 0, 3, hosts);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
+    protocol_free(e);
+    e = register_with_hosts(&c, 1, 3, hosts);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
+    protocol_free(e);
+    first_finding(&c, T + 5, kind, text, sizeof text); /* start-up is young: no hang */
+    assert_true(strncmp(kind, "hang_", 5) != 0);
+    first_finding(&c, T + 40, kind, text, sizeof text);
+    assert_string_equal(kind, "hang_unregistered");
+    if (!strstr(text, "start-up waits for rank 2 (host node-c), which never registered: 2 rank(s) registered"))
+        fail_msg("%s", text);
+    char *m = core_metrics_text(&c, T + 40);
+    assert_non_null(strstr(m, "grpod_run_hang{kind=\"unregistered\"} 1\n"));
+    assert_non_null(strstr(m, "grpod_run_hang{kind=\"laggard\"} 0\n"));
+    free(m);
+    core_deinit(&c);
+
+    /* a laggard: rank 0 waits in dp's all-reduce #7, rank 1 computes in layer 12's backward */
+    core_init(&c, &s, T);
+    uint64_t i0 = reg_ok(&c, 0, 2, GRPO__ROLE__ROLE_HYBRID), i1 = reg_ok(&c, 1, 2, GRPO__ROLE__ROLE_HYBRID);
+    hang_beat(&c, 0, i0, 40, -1);
+    hang_beat(&c, 1, i1, 0, 12);
+    first_finding(&c, T, kind, text, sizeof text);
+    assert_string_equal(kind, "hang_laggard");
+    assert_string_equal(text, "rank 1 (host node01) has not entered all-reduce #7 of dp (rank 0 waiting there 40 s); "
+                              "rank 1 is in phase update_actor, layer 12 backward, in no wait");
+    first_finding(&c, T + 10, kind, text, sizeof text); /* the wait has lasted since the heartbeat too */
+    assert_non_null(strstr(text, "(rank 0 waiting there 50 s)"));
+    hang_beat(&c, 0, i0, 0, -1); /* the all-reduce completed: no hang */
+    first_finding(&c, T + 10, kind, text, sizeof text);
+    assert_true(strncmp(kind, "hang_", 5) != 0);
+    core_deinit(&c);
+}
+
 /* ---- the flight recorder (1.15): the current wait in the status, grpoctl trace's and stacks' conversation ---- */
 
 static Grpo__Envelope *flight_ask(struct core *c, Grpo__FlightRequest__What what, int rank, bool ask, uint64_t seq)
@@ -2450,6 +2564,7 @@ int main(void)
         cmocka_unit_test(test_placement_follows_every_layout_key),
         cmocka_unit_test(test_own_layout_differs_in_sp),
         cmocka_unit_test(test_flight_requests),
+        cmocka_unit_test(test_hang_verdict),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
