@@ -301,7 +301,7 @@ static void one_group(const struct hang_rank *r, int n, const int *waiting, int 
             for (int a = 0; done && a < nw; a++) {
                 if (done[a])
                     continue;
-                int who[64], m = 0;
+                int who[64] = {0}, m = 0;
                 const struct hang_wait *x = &r[waiting[a]].wait;
                 for (int b = a; b < nw; b++) {
                     const struct hang_wait *y = &r[waiting[b]].wait;
