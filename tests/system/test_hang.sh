@@ -7,6 +7,8 @@
 #  - I/O: rank 0 blocks inside the checkpoint write of step 2; the verdict names rank 0, the write, its step and its
 #    path;
 #  - never registered: rank 1 blocks before registering; the verdict names rank 1 and its host;
+#  - grant starvation: in a split run (1 trainer, 1 rollout rank) the trainer blocks in its update; the verdict names
+#    the rollout rank waiting for a work grant and where the trainer is;
 #  - the watchdog with trainer.hang_action=stop under grpod: the job ends non-zero and grpod's run fails with the
 #    watchdog's verdict as rank 0's reason.
 # Each verdict is the first finding of grpoctl diagnose (text and --json) and of the status page's /api/status, and
@@ -20,15 +22,16 @@ expect "tiny model initialised" $?
 HOST="$(hostname)"
 
 # hang NAME [key=value ...]: a fresh grpod (grpod.hang_wait_s=3) and 2 colocated ranks under it with the keys given,
-# left running (MPI_PID); the run's directory is $TMP/NAME/p/e
+# left running (MPI_PID); the run's directory is $TMP/NAME/p/e. LAYOUT: the layout's keys (default 2 colocated)
 hang() {
     local name="$1"; shift
+    local layout=(${LAYOUT:-trainer.nnodes=1 trainer.n_gpus_per_node=2})
     EP="ipc://$TMP/$name.sock"
     export GRPOD_ENDPOINT="$EP"
     start_grpod "$name" grpod.hang_wait_s=3 || { fail "$name: grpod starts"; return 1; }
     local keys
     tiny_run keys "$TMP/$name" 50
-    mpirun --oversubscribe --bind-to none -np 2 "$WORKER" "${keys[@]}" trainer.nnodes=1 trainer.n_gpus_per_node=2 \
+    mpirun --oversubscribe --bind-to none -np 2 "$WORKER" "${keys[@]}" "${layout[@]}" \
         grpod.endpoint="$EP" grpod.connect_timeout_s=30 "$@" >"$TMP/$name.log" 2>&1 &
     MPI_PID=$!
     track "$MPI_PID"
@@ -105,6 +108,23 @@ expect "unregistered: the status page's /api/status and grpoctl diagnose's text 
 kill_tree "$MPI_PID"
 stop_grpod
 
+# ---- grant starvation: a split run (1 trainer, 1 rollout rank), the trainer blocked in the update of step 2: the
+# rollout rank's ask for its next unit is never granted
+LAYOUT="placement.trainer_ranks=1 placement.rollout_ranks=1" hang grant test.block_at=update_actor \
+    test.block_rank=0 test.block_step=2
+wait_for 120 has "$TMP/grant.log" "test.block_at: rank 0 blocks here for ever (step 2)"
+expect "grant: the trainer blocks in the update of step 2" $?
+wait_for 60 verdict hang_grant
+expect "grant: grpoctl diagnose's first finding is hang_grant" $?
+text="$(jq -r '.[0].text' "$TMP/diag.json")"
+echo "     | $text"
+echo "$text" | grep -Eq "^rollout rank 1 has waited [0-9]+ s for a work grant that does not come \(work request to dispatcher at [^)]+\): the dispatcher grants no unit; the trainers: rank 0 is in phase update_actor, in no wait"
+expect "grant: it names the rollout rank, its request to the dispatcher, and where the trainer is" $?
+same_on_page
+expect "grant: the status page's /api/status and grpoctl diagnose's text say the same" $?
+kill_tree "$MPI_PID"
+stop_grpod
+
 # ---- the watchdog under grpod (trainer.hang_action=stop): the job ends, and grpod hears why from rank 0
 hang stopped test.block_at=update_actor test.block_rank=1 test.block_step=2 trainer.hang_timeout_s=4 \
     trainer.hang_action=stop
@@ -125,4 +145,4 @@ wait_for 30 failed_why
 expect "stopped: grpod's run failed, its event naming the watchdog's verdict: rank 1" $?
 jq -r '.events[] | select(.text | test("watchdog")) | .text' "$TMP/stopped.json" | sed 's/^/     | /'
 stop_grpod
-finish "$TMP/laggard.log" "$TMP/io.log" "$TMP/unregistered.log" "$TMP/stopped.log"
+finish "$TMP/laggard.log" "$TMP/io.log" "$TMP/unregistered.log" "$TMP/grant.log" "$TMP/stopped.log"
