@@ -60,7 +60,7 @@ named stop
 expect "stop: rank 0's log names the stuck rank, rank 1, and the collective it never entered" $?
 grep "watchdog: hang (laggard)" "$TMP/stop.log" | sed 's/^/     | /'
 ckpt="$TMP/stop/p/e/checkpoints"
-grep -Eq "\[rank 0\] watchdog: trainer.hang_action stop: ending the job, exit status 3: rank 1 \(host $(hostname)\) has not entered .*; the newest checkpoint already written is step 2 in $ckpt" "$TMP/stop.log"
+grep -Eq "\[rank 0\] watchdog: trainer.hang_action stop: ending the job, exit status 3: rank 1 \(host $(hostname)\) has not entered .*; the newest checkpoint already written is step 2 in $ckpt/global_step_2 " "$TMP/stop.log"
 expect "stop: the last word names the stuck rank and the newest checkpoint, step 2" $?
 [ -f "$ckpt/global_step_2/state.json" ] && [ ! -e "$ckpt/global_step_3" ]
 expect "stop: the checkpoint of step 2 is on disk, none of step 3" $?

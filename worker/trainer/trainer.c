@@ -233,7 +233,9 @@ int trainer_save_checkpoint(struct trainer *t)
         return -1;
     }
     t->saved_step = t->st.global_step;
-    watchdog_checkpoint_saved(t->st.global_step, t->ckpt_root);
+    char saved_dir[4200];
+    snprintf(saved_dir, sizeof saved_dir, "%s/global_step_%lld", t->ckpt_root, (long long)t->st.global_step);
+    watchdog_checkpoint_saved(t->st.global_step, saved_dir);
     if (t->hooks.checkpoint_saved)
         t->hooks.checkpoint_saved(t->hooks.ctx, t->st.global_step, true);
     if (t->logger_open)

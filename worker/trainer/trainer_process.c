@@ -107,6 +107,8 @@ static void start_watchdog(const struct role_env *env, struct trainer *t)
         .on_stop = tell_grpod,
         .on_stop_ud = env->ctl,
     };
+    if (trainer_resumed_from(t)[0]) /* until it writes one, the checkpoint it resumed from is the newest */
+        watchdog_checkpoint_saved(trainer_step(t), trainer_resumed_from(t));
     watchdog_start(&o);
 }
 

@@ -38,7 +38,8 @@ struct watchdog_options {
 int watchdog_start(const struct watchdog_options *o);
 /* The trainer completed step `step` (any thread; cheap). */
 void watchdog_step_done(int64_t step);
-/* A checkpoint of `step` is on disk under dir (the one a stop names). */
+/* A checkpoint of `step` is on disk in dir (the newest is the one a stop names): each one written, and the one the run
+ * resumed from. */
 void watchdog_checkpoint_saved(int64_t step, const char *dir);
 /* Stop the thread (the run is over): no dump after this. */
 void watchdog_stop(void);
