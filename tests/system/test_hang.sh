@@ -126,7 +126,7 @@ kill_tree "$MPI_PID"
 stop_grpod
 
 # ---- the watchdog under grpod (trainer.hang_action=stop): the job ends, and grpod hears why from rank 0
-hang stopped test.block_at=update_actor test.block_rank=1 test.block_step=2 trainer.hang_timeout_s=4 \
+hang stopped test.block_at=update_actor test.block_rank=1 test.block_step=2 trainer.hang_timeout_s="$(scaled 4)" \
     trainer.hang_action=stop
 timeout "$(scaled 120)" tail --pid="$MPI_PID" -f /dev/null
 ended=$?

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The progress watchdog (worker/watchdog; docs/operations.md, "The progress watchdog") on 2 colocated ranks without
 # grpod, rank 1 blocked for ever entering the update of step 3 (test.block_at=update_actor, test.block_rank=1,
-# test.block_step=3) and trainer.hang_timeout_s=5:
+# test.block_step=3) and trainer.hang_timeout_s=5 (times the tests' time scale):
 #  - stop (trainer.hang_action=stop, a checkpoint every step): both ranks dump their flight recorder and native stack
 #    into RUN_DIR/flight; rank 0's log names the stuck rank (rank 1, in phase update_actor) and the collective rank 0
 #    waits in; the job ends with a non-zero status, its last word naming the newest checkpoint already written (step
@@ -14,6 +14,7 @@ set -u
 test_env
 tiny_model "$TMP/tiny"
 expect "tiny model initialised" $?
+HT="$(scaled 5)" # trainer.hang_timeout_s: many tiny steps' time, on a loaded machine too
 
 # run NAME [key=value ...]: 2 colocated ranks, rank 1 blocked in the update of step 3, the watchdog at 5 s; in the
 # background (MPI_PID), log $TMP/NAME.log, run directory $TMP/NAME/p/e
@@ -22,7 +23,7 @@ run() {
     local keys
     tiny_run keys "$TMP/$name" 50
     mpirun --oversubscribe --bind-to none -np 2 "$WORKER" "${keys[@]}" trainer.nnodes=1 trainer.n_gpus_per_node=2 \
-        test.block_at=update_actor test.block_rank=1 test.block_step=3 trainer.hang_timeout_s=5 "$@" \
+        test.block_at=update_actor test.block_rank=1 test.block_step=3 trainer.hang_timeout_s="$HT" "$@" \
         >"$TMP/$name.log" 2>&1 &
     MPI_PID=$!
     track "$MPI_PID"
@@ -51,8 +52,8 @@ status=$?
 expect "stop: the job ends by itself, with a non-zero status ($status)" $?
 has "$TMP/stop.log" "test.block_at: rank 1 blocks here for ever (step 3)"
 expect "stop: rank 1 blocked in the update of step 3" $?
-grep -Eq "\[rank 0\] watchdog: no step completed for [0-9]+ s \(trainer.hang_timeout_s 5 s\): rank 0 is in [a-z() -]+ #[0-9]+ of" "$TMP/stop.log" &&
-    grep -Eq "\[rank 1\] watchdog: no step completed for [0-9]+ s \(trainer.hang_timeout_s 5 s\): rank 1 is in no wait" "$TMP/stop.log"
+grep -Eq "\[rank 0\] watchdog: no step completed for [0-9]+ s \(trainer.hang_timeout_s $HT s\): rank 0 is in [a-z() -]+ #[0-9]+ of" "$TMP/stop.log" &&
+    grep -Eq "\[rank 1\] watchdog: no step completed for [0-9]+ s \(trainer.hang_timeout_s $HT s\): rank 1 is in no wait" "$TMP/stop.log"
 expect "stop: each rank says where it is" $?
 dumped stop
 expect "stop: both ranks' flight recorders and stacks are in RUN_DIR/flight" $?
