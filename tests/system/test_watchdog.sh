@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The progress watchdog (worker/watchdog; docs/operations.md, "The progress watchdog") on 2 colocated ranks without
+# The progress watchdog (worker/watchdog; docs/operations.md, "A run that hangs") on 2 colocated ranks without
 # grpod, rank 1 blocked for ever entering the update of step 3 (test.block_at=update_actor, test.block_rank=1,
 # test.block_step=3) and trainer.hang_timeout_s=5 (times the tests' time scale):
 #  - stop (trainer.hang_action=stop, a checkpoint every step): both ranks dump their flight recorder and native stack
