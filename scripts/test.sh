@@ -28,12 +28,15 @@ if [ "$SANITIZE" = 1 ] && [ $# -gt 0 ]; then
     echo "test.sh: --sanitize runs every test and takes no meson arguments (given: $*)" >&2
     exit 2
 fi
-# each phase's wall time, said as it ends (where the run's time goes)
+# each phase's wall time, said as it ends (where the run's time goes), with the CPU time of what it ran (the
+# children this script and theirs have waited for: /proc's cutime + cstime): CPU / wall is the cores it kept busy
 TP=$(date +%s)
+cpu_s() { sed 's/.*) //' "/proc/$$/stat" | awk -v hz="$(getconf CLK_TCK)" '{ printf "%d", ($14 + $15) / hz }'; }
+CP=$(cpu_s)
 took() {
-    local now; now=$(date +%s)
-    echo "== test.sh: $1 took $((now - TP)) s"
-    TP=$now
+    local now cpu; now=$(date +%s) cpu=$(cpu_s)
+    echo "== test.sh: $1 took $((now - TP)) s (CPU $((cpu - CP)) s)"
+    TP=$now CP=$cpu
 }
 ./scripts/deps.sh
 took "dependencies"
