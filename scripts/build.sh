@@ -12,11 +12,15 @@ args=("$@")
 if [ -n "${CI:-}" ]; then
     args+=(-Dwerror=true)
 fi
+# the options last given, kept beside the build: `meson configure` again with the same ones would still make ninja
+# regenerate the build files (and rewrite compile_commands.json under a lint that reads it)
+given="$dir/.grpo-build-options"
 if [ ! -f "$dir/build.ninja" ]; then
     meson setup "$dir" "${args[@]}" >&2
-elif [ ${#args[@]} -gt 0 ]; then
+elif [ ${#args[@]} -gt 0 ] && [ "$(cat "$given" 2>/dev/null)" != "${args[*]}" ]; then
     meson configure "$dir" "${args[@]}" >/dev/null
 fi
+printf '%s' "${args[*]}" >"$given"
 targets=()
 if [ -n "${GRPO_BUILD_SUITES:-}" ]; then
     ninja -C "$dir" build.ninja >&2 # meson's records of the tests brought up to date first (a meson.build changed)

@@ -5,7 +5,11 @@
 #   scripts/lint.sh --fix      reformat in place first
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/build.sh build >/dev/null 2>&1 || ./scripts/build.sh build
+# the build's compile database (and generated headers) first; GRPO_LINT_BUILT=1: the caller has built it and may be
+# building again beside this script (.ci/run), which then reads a copy of the database taken at its start
+if [ "${GRPO_LINT_BUILT:-0}" != 1 ]; then
+    ./scripts/build.sh build >/dev/null 2>&1 || ./scripts/build.sh build
+fi
 mapfile -t files < <(git ls-files '*.c' '*.h' | grep -v '^tests/fixtures/')
 if [ "${1:-}" = "--fix" ]; then
     clang-format -i "${files[@]}"
@@ -24,8 +28,11 @@ pb="$(dirname "$(find build/proto -name grpo.pb-c.h | head -1)")"
 jobs="$(getconf _NPROCESSORS_ONLN)" # the cores (nproc would count OMP_NUM_THREADS)
 tidy_out="$(mktemp -d)"
 trap 'rm -rf "$tidy_out"' EXIT
+db="$tidy_out/db"
+mkdir "$db"
+cp build/compile_commands.json "$db/"
 printf '%s\0' "${csrc[@]}" | xargs -0 -n 8 -P "$jobs" sh -c \
-    'clang-tidy -p build --quiet "$@" >"$0/$$.txt" 2>/dev/null || true' "$tidy_out"
+    'clang-tidy -p "$0/db" --quiet "$@" >"$0/$$.txt" 2>/dev/null || true' "$tidy_out"
 if [ ${#fuzz[@]} -gt 0 ]; then
     clang-tidy --quiet "${fuzz[@]}" -- -I. -Ibuild -I"$pb" -D_GNU_SOURCE -std=c17 \
         $(pkg-config --cflags libprotobuf-c jansson) >"$tidy_out/fuzz.txt" 2>/dev/null || true
@@ -37,6 +44,6 @@ python3 scripts/check_key_names.py || rc=1
 echo "cppcheck"
 cppcheck -j "$jobs" --quiet --error-exitcode=1 --std=c11 --enable=warning,performance,portability \
     --inline-suppr --suppressions-list=.cppcheck-suppressions -D_GNU_SOURCE -I . \
-    --project=build/compile_commands.json --file-filter='*.c' -i build || rc=1
+    --project="$db/compile_commands.json" --file-filter='*.c' -i build || rc=1
 [ $rc -eq 0 ] && echo "lint: clean"
 exit $rc

@@ -28,17 +28,40 @@ if [ "$SANITIZE" = 1 ] && [ $# -gt 0 ]; then
     echo "test.sh: --sanitize runs every test and takes no meson arguments (given: $*)" >&2
     exit 2
 fi
-# each phase's wall time, said as it ends (where the run's time goes)
+# each phase's wall time, said as it ends (where the run's time goes), with the CPU time of what it ran (the
+# children this script and theirs have waited for: /proc's cutime + cstime): CPU / wall is the cores it kept busy
 TP=$(date +%s)
+cpu_s() { sed 's/.*) //' "/proc/$$/stat" | awk -v hz="$(getconf CLK_TCK)" '{ printf "%d", ($14 + $15) / hz }'; }
+CP=$(cpu_s)
 took() {
-    local now; now=$(date +%s)
-    echo "== test.sh: $1 took $((now - TP)) s"
-    TP=$now
+    local now cpu; now=$(date +%s) cpu=$(cpu_s)
+    echo "== test.sh: $1 took $((now - TP)) s (CPU $((cpu - CP)) s)"
+    TP=$now CP=$cpu
 }
 ./scripts/deps.sh
 took "dependencies"
 ./scripts/build.sh build
 took "the build"
+# A full run (no meson arguments) also tests the CUDA back-end under the emulator (below). Its build starts now,
+# beside the tests, at a lower priority: the tests spend much of their time waiting (on MPI start-ups, grpod's
+# heartbeats, the namespace hosts' links), and the build fills those gaps instead of running alone afterwards.
+# Only the programs of the suites it runs (9 of the build's 93 targets, with the libraries they link).
+emu_pid=""
+if [ $# -eq 0 ]; then
+    emu_log="$(mktemp)"
+    GRPO_BUILD_SUITES="cuemu gpu" GRPO_BUILD_NO_SUITES=gpu-per-rank GRPO_BUILD_JOBS=2 setsid nice -n 10 \
+        ./scripts/build.sh build-emu -Dcuemu=true -Dcuda=disabled -Dtests=enabled >"$emu_log" 2>&1 &
+    emu_pid=$! # setsid: its own process group, so that the compilers end with it
+fi
+hogs=()
+# what this script started in the background ends with it
+cleanup() {
+    [ -z "$emu_pid" ] || kill -- "-$emu_pid" 2>/dev/null || true
+    [ ${#hogs[@]} -eq 0 ] || kill "${hogs[@]}" 2>/dev/null || true
+    rm -f "${emu_log:-}"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
 # the bundled model: tests that read it skip without it, so fetch it first
 if ! GRPO_MODEL_GGUF="$(./scripts/fetch_model.sh)"; then
     echo "warning: could not fetch the bundled model; tests that need it will be skipped" >&2
@@ -56,13 +79,11 @@ fi
 took "the model and the Python environments"
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 if [ "$LOADED" = 1 ]; then
-    hogs=()
     # every core (nproc alone counts OMP_NUM_THREADS, set to 1 just above: one hog on 2 cores was too few)
     for _ in $(seq "$(getconf _NPROCESSORS_ONLN)"); do
         sha256sum /dev/zero >/dev/null 2>&1 &
         hogs+=($!)
     done
-    trap 'kill "${hogs[@]}" 2>/dev/null' EXIT
     echo "== --loaded: ${#hogs[@]} busy process(es) beside the tests (pids ${hogs[*]})"
 fi
 GRPO_TEST_TIME_SCALE="${GRPO_TEST_TIME_SCALE:-$(python3 scripts/time_scale.py -v)}"
@@ -119,10 +140,12 @@ fi
 # NCCL), gpu-kernels again with each block's threads in reverse order. On a full run only (no meson arguments).
 if [ $# -eq 0 ]; then
     rm -f build-emu/meson-logs/testlog-emu*.json
-    # only the programs of the suites it runs (9 of the build's 93 targets, with the libraries they link)
-    GRPO_BUILD_SUITES="cuemu gpu" GRPO_BUILD_NO_SUITES=gpu-per-rank \
-        ./scripts/build.sh build-emu -Dcuemu=true -Dcuda=disabled -Dtests=enabled || rc=1
-    took "the emulator's build"
+    # its build, started after the plain one (above): what it printed, and whether it built
+    erc=0
+    wait "$emu_pid" || erc=$?
+    cat "$emu_log"
+    [ $erc -eq 0 ] || { echo "test.sh: the emulator's build failed (exit $erc)" >&2; rc=1; }
+    took "the rest of the emulator's build (it ran beside the tests)"
     meson test -C build-emu --suite cuemu --suite gpu --no-suite gpu-per-rank --no-rebuild --print-errorlogs \
         --num-processes 2 --timeout-multiplier "$mult" --logbase testlog-emu || rc=1
     logs+=(build-emu/meson-logs/testlog-emu*.json)
