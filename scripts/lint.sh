@@ -31,6 +31,8 @@ trap 'rm -rf "$tidy_out"' EXIT
 db="$tidy_out/db"
 mkdir "$db"
 cp build/compile_commands.json "$db/"
+# cppcheck's copy beside the original: it names files relative to its project file, as the suppressions do
+cp build/compile_commands.json build/compile_commands.lint.json
 printf '%s\0' "${csrc[@]}" | xargs -0 -n 8 -P "$jobs" sh -c \
     'clang-tidy -p "$0/db" --quiet "$@" >"$0/$$.txt" 2>/dev/null || true' "$tidy_out"
 if [ ${#fuzz[@]} -gt 0 ]; then
@@ -44,6 +46,6 @@ python3 scripts/check_key_names.py || rc=1
 echo "cppcheck"
 cppcheck -j "$jobs" --quiet --error-exitcode=1 --std=c11 --enable=warning,performance,portability \
     --inline-suppr --suppressions-list=.cppcheck-suppressions -D_GNU_SOURCE -I . \
-    --project="$db/compile_commands.json" --file-filter='*.c' -i build || rc=1
+    --project=build/compile_commands.lint.json --file-filter='*.c' -i build || rc=1
 [ $rc -eq 0 ] && echo "lint: clean"
 exit $rc
