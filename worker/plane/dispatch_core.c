@@ -377,6 +377,7 @@ static void delivered(struct dispatch_core *d, int pi, int64_t k, int u, double 
     if (l->holder != pi || l->done)
         return;
     l->done = true;
+    d->st.delivered++;
     if (now - l->since > d->longest_s)
         d->longest_s = now - l->since;
 }
@@ -803,6 +804,8 @@ struct dispatch_core *dispatch_core_create(const struct dispatch_options *o, dou
     d->o.endpoint = NULL;
     d->o.run_key = NULL;
     plane_verifier_init(&d->auth, o->run_key, o->epoch); /* NULL: not set, every request refused */
+    /* every process the table of processes can hold, each rank's and the superseded ones it remembers */
+    plane_verifier_capacity(&d->auth, 4 * o->units * (o->rollout_tp > 0 ? o->rollout_tp : 1) + 16);
     d->latest = -1;
     d->end_after = -1;
     d->window = o->staleness + 1;
