@@ -124,11 +124,13 @@ if [[ " $PHASES " == *" registry "* ]]; then
     log "registered $n of $WORKERS in $reg_s s, $(running "$HTTP") running; measuring $WINDOW s"
     for p in "${SIMPIDS[@]}"; do kill -USR1 "$p"; done # the sims' latencies from here on
     j0=$(metric grpod_journal_bytes_total "$HTTP"); s0=$(metric grpod_journal_saves_total "$HTTP")
+    js0=$(metric grpod_journal_seconds_total "$HTTP"); r0=$(metric grpod_journal_records_total "$HTTP")
     h0=$(metric 'grpod_requests_total{type="heartbeat"}' "$HTTP")
     c0=$(cpu_ticks "$GPID"); w0=$(date +%s.%N)
     sleep "$WINDOW" # the measured window itself: a fixed span by design, not a wait for an event
     c1=$(cpu_ticks "$GPID"); w1=$(date +%s.%N)
     j1=$(metric grpod_journal_bytes_total "$HTTP"); s1=$(metric grpod_journal_saves_total "$HTTP")
+    js1=$(metric grpod_journal_seconds_total "$HTTP"); r1=$(metric grpod_journal_records_total "$HTTP")
     h1=$(metric 'grpod_requests_total{type="heartbeat"}' "$HTTP")
     rss=$(rss_mib "$GPID")
     for p in "${SIMPIDS[@]}"; do kill -USR2 "$p"; done # the window's heartbeat latencies
@@ -148,9 +150,9 @@ if [[ " $PHASES " == *" registry "* ]]; then
     for p in "${SIMPIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
     for p in "${SIMPIDS[@]}"; do wait "$p" 2>/dev/null || true; done
     python3 - "$OUT" "$WORKERS" "$n" "$n_status" "$reg_s" "$c0" "$c1" "$w0" "$w1" "$HZ" "$j0" "$j1" "$s0" "$s1" \
-        "$h0" "$h1" "$rss" "$state_bytes" "$STEP_S" <<'PY' | tee -a "$OUT/summary.md"
+        "$h0" "$h1" "$rss" "$state_bytes" "$STEP_S" "$js0" "$js1" "$r0" "$r1" <<'PY' | tee -a "$OUT/summary.md"
 import glob, sys, statistics as st
-(out, want, n, n_status, reg_s, c0, c1, w0, w1, hz, j0, j1, s0, s1, h0, h1, rss, state_bytes, step_s) = sys.argv[1:]
+(out, want, n, n_status, reg_s, c0, c1, w0, w1, hz, j0, j1, s0, s1, h0, h1, rss, state_bytes, step_s, js0, js1, r0, r1) = sys.argv[1:]
 wall = float(w1) - float(w0)
 cpu = (float(c1) - float(c0)) / float(hz) / wall
 def gets(path):
@@ -184,7 +186,8 @@ print(f"| grpod resident memory | {rss} MiB |")
 print(f"| GET /api/status (median, max of {len(open(f'{out}/registry/get-_api_status.txt').readlines())}) | {api[0]:.0f} ms, {api[1]:.0f} ms ({api[2]} bytes) |")
 print(f"| GET /api/status?workers=64 (what the page asks) | {api64[0]:.0f} ms, {api64[1]:.0f} ms ({api64[2]} bytes) |")
 print(f"| GET / (the page) | {page[0]:.0f} ms, {page[1]:.0f} ms ({page[2]} bytes) |")
-print(f"| journal: state files written in the window | {float(s1) - float(s0):.0f} ({state_bytes} bytes each now) |")
+print(f"| journal: state files written whole in the window | {float(s1) - float(s0):.0f} ({state_bytes} bytes each now), {float(js1) - float(js0):.2f} s of grpod's loop |")
+print(f"| journal: records appended in the window | {float(r1) - float(r0):.0f} |")
 print(f"| journal bytes per hour (window x 3600 / {wall:.0f} s; a step every {step_s} s) | {jb * 3600 / wall / 1e6:.1f} MB |")
 print(f"| sim errors | {errs} |\n")
 PY

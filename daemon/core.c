@@ -904,11 +904,18 @@ static void note_step(struct core *c, int64_t step)
     c->dirty = c->dirty_urgent = true; /* once a step: the run's step never goes back after a crash */
     struct core_history_point pt = {step, run_metric(c, "critic/score/mean"), run_metric(c, "perf/throughput"),
                                     clock_wall_s()};
+    core_add_history_point(c, &pt);
+}
+
+void core_add_history_point(struct core *c, const struct core_history_point *pt)
+{
     if (c->run.nhistory == CORE_HISTORY) {
-        memmove(c->run.history, c->run.history + 1, (CORE_HISTORY - 1) * sizeof pt);
+        memmove(c->run.history, c->run.history + 1, (CORE_HISTORY - 1) * sizeof *pt);
         c->run.nhistory--;
     }
-    c->run.history[c->run.nhistory++] = pt;
+    c->run.history[c->run.nhistory++] = *pt;
+    if (c->history_new < CORE_HISTORY)
+        c->history_new++;
 }
 
 static uint8_t *reply_ack(struct core *c, const struct core_worker *w, uint64_t id, bool reregister, const char *reason,
@@ -1147,6 +1154,9 @@ static uint8_t *handle_heartbeat(struct core *c, const Grpo__Envelope *env, doub
     if (w->state != old || w->checkpoint_seq_done != ck_done0 || w->checkpoint_step != ck_step0 ||
         c->run.step != run_step0)
         reevaluate(c);
+    /* what a heartbeat changes that must be durable (a step, the worker's state, its checkpoint, the run's state)
+     * is all in its worker's record: a step no longer rewrites the whole state before its answer */
+    c->record_rank = w->rank;
     return reply_ack(c, w, env->request_id, false, NULL, len);
 }
 

@@ -181,6 +181,7 @@ struct core_counters {
     /* the journal (grpod.c counts them): state files written (each the whole run, durably), records appended to
      * run.log (a registration each), their bytes, and the bytes appended to events.log */
     uint64_t journal_saves, journal_records, journal_bytes, journal_event_bytes;
+    double journal_seconds; /* spent writing state files whole (building the text, writing, syncing) */
 };
 
 /* Failed attempts on one connection of grpod's tcp endpoints (authentication failed, a request that cannot be
@@ -214,7 +215,7 @@ struct core {
      * the events added since the journal's last write. */
     uint64_t journal_seq;
     int record_rank;
-    int events_new;
+    int events_new, history_new;
     bool dirty;        /* something worth journaling changed */
     bool dirty_urgent; /* ... that must be durable before the reply goes out */
     core_event_fn on_event;
@@ -275,8 +276,9 @@ char *core_metrics_text(const struct core *c, double now);
 
 /* Journal form of the run (state file): a JSON text. Caller frees. */
 char *core_save_json(const struct core *c);
-/* The journal's record of one registration (c->record_rank's), one line of JSON: the worker, the run's state and
- * reason and the scalars a registration changes, the events added since the journal's last write. Durable, it
+/* The journal's record of one registration or heartbeat (c->record_rank's worker), one line of JSON: the worker, the
+ * run's state, reason, step and the other scalars they change, the events and history points added since the
+ * journal's last write. Durable, it
  * stands for the whole state until the next core_save_json (which holds it: the records' numbers say so). Caller
  * frees. */
 char *core_save_record(struct core *c);
@@ -288,5 +290,7 @@ int core_apply_record(struct core *c, const char *line, double now, char *err, s
 int core_load_json(struct core *c, const char *text, double now, char *err, size_t errlen);
 /* Replace the event ring (journal replay). */
 void core_add_event_record(struct core *c, double time, const char *text);
+/* Append a point of the run's history (the oldest dropped when it is full). */
+void core_add_history_point(struct core *c, const struct core_history_point *pt);
 
 #endif

@@ -144,6 +144,7 @@ static json_t *run_scalars(const struct core *c)
     json_object_set_new(run, "abort", json_string(c->run.abort));
     json_object_set_new(run, "abort_at", json_real(c->run.abort_at));
     json_object_set_new(run, "step", json_integer(c->run.step));
+    json_object_set_new(run, "total_steps", json_integer(c->run.total_steps));
     json_object_set_new(run, "checkpoint_seq_done", hex64(c->run.checkpoint_seq_done));
     json_object_set_new(run, "checkpoint_step", json_integer(c->run.checkpoint_step));
     return run;
@@ -162,6 +163,14 @@ char *core_save_record(struct core *c)
     for (int i = c->nevents - (c->events_new < c->nevents ? c->events_new : c->nevents); i < c->nevents; i++)
         json_array_append_new(events, json_pack("[fs]", c->events[i].time, c->events[i].text));
     json_object_set_new(root, "events", events);
+    json_t *hist = json_array();
+    for (int i = c->run.nhistory - (c->history_new < c->run.nhistory ? c->history_new : c->run.nhistory);
+         i < c->run.nhistory; i++) {
+        const struct core_history_point *h = &c->run.history[i];
+        json_array_append_new(
+            hist, json_pack("[Iooo]", (json_int_t)h->step, num(h->reward), num(h->throughput), num(h->time)));
+    }
+    json_object_set_new(root, "history", hist);
     char *text = json_dumps(root, JSON_COMPACT | JSON_SORT_KEYS); /* one line: the journal's records are lines */
     json_decref(root);
     return CHECK_ALLOC(text);
@@ -209,6 +218,7 @@ int core_apply_record(struct core *c, const char *line, double now, char *err, s
     get_str(run, "abort", c->run.abort, sizeof c->run.abort);
     c->run.abort_at = get_num(run, "abort_at", c->run.abort_at);
     c->run.step = get_int(run, "step", c->run.step);
+    c->run.total_steps = get_int(run, "total_steps", c->run.total_steps);
     c->run.checkpoint_seq_done = get_hex64(run, "checkpoint_seq_done");
     c->run.checkpoint_step = get_int(run, "checkpoint_step", c->run.checkpoint_step);
     const json_t *events = json_object_get(root, "events");
@@ -216,6 +226,16 @@ int core_apply_record(struct core *c, const char *line, double now, char *err, s
         const json_t *e = json_array_get(events, i);
         if (json_is_string(json_array_get(e, 1)))
             core_add_event_record(c, json_number_value(json_array_get(e, 0)), json_string_value(json_array_get(e, 1)));
+    }
+    const json_t *hist = json_object_get(root, "history");
+    for (size_t i = 0; i < json_array_size(hist); i++) {
+        const json_t *h = json_array_get(hist, i);
+        const struct core_history_point p = {
+            json_integer_value(json_array_get(h, 0)),
+            json_is_number(json_array_get(h, 1)) ? json_number_value(json_array_get(h, 1)) : NAN,
+            json_is_number(json_array_get(h, 2)) ? json_number_value(json_array_get(h, 2)) : NAN,
+            json_is_number(json_array_get(h, 3)) ? json_number_value(json_array_get(h, 3)) : 0};
+        core_add_history_point(c, &p);
     }
     c->journal_seq = (uint64_t)seq;
     rc = 0;
@@ -389,7 +409,7 @@ int core_load_json(struct core *c, const char *text, double now, char *err, size
     }
     c->journal_seq = (uint64_t)get_int(root, "seq", 0);
     c->record_rank = -1;
-    c->events_new = 0;
+    c->events_new = c->history_new = 0;
     free(saved_run.config);
     json_decref(root);
     c->dirty = false;

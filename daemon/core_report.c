@@ -436,6 +436,9 @@ char *core_metrics_text(const struct core *c, double now)
     put(&t, "grpod_loop_stall_seconds_total %.3f\n", c->stalled_s);
     family(&t, "grpod_journal_saves_total", "counter", "Times the run's state file was written whole (durably).");
     put(&t, "grpod_journal_saves_total %" PRIu64 "\n", c->counters.journal_saves);
+    family(&t, "grpod_journal_seconds_total", "counter",
+           "Seconds grpod's loop spent writing state files whole (building the text, writing, syncing).");
+    put(&t, "grpod_journal_seconds_total %.3f\n", c->counters.journal_seconds);
     family(&t, "grpod_journal_records_total", "counter",
            "Records appended to the journal's run.log (a registration each, durably) instead of a whole state file.");
     put(&t, "grpod_journal_records_total %" PRIu64 "\n", c->counters.journal_records);

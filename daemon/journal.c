@@ -132,7 +132,7 @@ int journal_append(struct journal *j, const char *line, char *err, size_t errlen
 {
     if (j->log_fd < 0) {
         /* 0600: a record holds what the state file does */
-        j->log_fd = open(j->log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+        j->log_fd = open(j->log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (j->log_fd < 0) {
             snprintf(err, errlen, "cannot open %s: %s", j->log_path, strerror(errno));
             return -1;

@@ -406,7 +406,7 @@ static void made_durable(struct core *c)
 {
     c->dirty = c->dirty_urgent = false;
     c->record_rank = -1;
-    c->events_new = 0;
+    c->events_new = c->history_new = 0;
 }
 
 /* A registration into a run under way is journaled as one record (the worker, the run's state and reason, its
@@ -453,6 +453,19 @@ static void test_registration_records(void **state)
     assert_int_equal(d.run.state, GRPO__RUN_STATE__RUN_RUNNING);
     assert_string_equal(d.run.reason, c.run.reason);
     assert_true(has_event(&d, "rank 2 registered"));
+    /* a heartbeat's step is journaled as its worker's record too (a step used to rewrite the whole state) */
+    beat_ok(&c, 1, i1, GRPO__WORKER_STATE__WORKER_RUNNING, 5);
+    assert_true(c.dirty_urgent);
+    assert_int_equal(c.record_rank, 1);
+    char *r3 = core_save_record(&c);
+    made_durable(&c);
+    assert_int_equal(core_apply_record(&d, r3, T + 10, err, sizeof err), 0);
+    free(r3);
+    assert_int_equal(d.run.step, 5);
+    assert_int_equal(d.run.nhistory, c.run.nhistory);
+    assert_int_equal(d.run.history[d.run.nhistory - 1].step, 5);
+    assert_true(fabs(d.run.history[d.run.nhistory - 1].reward - c.run.history[c.run.nhistory - 1].reward) < 1e-12);
+    assert_int_equal(d.workers[1]->step, 5);
     /* the worker it brought back heartbeats on: its registration is known */
     beat_ok(&d, 2, i2, GRPO__WORKER_STATE__WORKER_RUNNING, 1);
     /* a torn record, and one of a rank outside the world, are refused and change nothing */
