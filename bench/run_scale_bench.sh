@@ -103,6 +103,7 @@ if [[ " $PHASES " == *" registry "* ]]; then
     start_grpod registry "$WORKERS"
     SIMPIDS=()
     t0=$(date +%s.%N)
+    rc0=$(cpu_ticks "$GPID")
     sims registry "$WORKERS" 0 "$WORKERS" $((WINDOW + 600)) --step-s "$STEP_S" --step-base "$(date +%s)"
     # the event: every rank registered and heartbeating (grpod's own count), or a sim gave up
     while :; do
@@ -114,6 +115,7 @@ if [[ " $PHASES " == *" registry "* ]]; then
         sleep 0.5
     done
     t1=$(date +%s.%N)
+    rc1=$(cpu_ticks "$GPID")
     n=$(registered "$HTTP")
     reg_s=$(echo "$t1 - $t0" | bc)
     # the window starts once every rank has said it runs (their first heartbeats; each a change grpod journals)
@@ -150,9 +152,9 @@ if [[ " $PHASES " == *" registry "* ]]; then
     for p in "${SIMPIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
     for p in "${SIMPIDS[@]}"; do wait "$p" 2>/dev/null || true; done
     python3 - "$OUT" "$WORKERS" "$n" "$n_status" "$reg_s" "$c0" "$c1" "$w0" "$w1" "$HZ" "$j0" "$j1" "$s0" "$s1" \
-        "$h0" "$h1" "$rss" "$state_bytes" "$STEP_S" "$js0" "$js1" "$r0" "$r1" <<'PY' | tee -a "$OUT/summary.md"
+        "$h0" "$h1" "$rss" "$state_bytes" "$STEP_S" "$js0" "$js1" "$r0" "$r1" "$rc0" "$rc1" <<'PY' | tee -a "$OUT/summary.md"
 import glob, sys, statistics as st
-(out, want, n, n_status, reg_s, c0, c1, w0, w1, hz, j0, j1, s0, s1, h0, h1, rss, state_bytes, step_s, js0, js1, r0, r1) = sys.argv[1:]
+(out, want, n, n_status, reg_s, c0, c1, w0, w1, hz, j0, j1, s0, s1, h0, h1, rss, state_bytes, step_s, js0, js1, r0, r1, rc0, rc1) = sys.argv[1:]
 wall = float(w1) - float(w0)
 cpu = (float(c1) - float(c0)) / float(hz) / wall
 def gets(path):
@@ -177,7 +179,9 @@ jb = float(j1) - float(j0)
 print(f"## Registry: {want} simulated ranks, one grpod\n")
 print(f"| measure | value |\n|---|---|")
 print(f"| ranks registered (grpod's count; /api/status lists) | {n} ({n_status}) |")
+reg_cpu = (float(rc1) - float(rc0)) / float(hz)
 print(f"| time to register them all | {float(reg_s):.1f} s (register p99 {reg99:.1f} ms, worst sim process) |")
+print(f"| grpod CPU meanwhile | {reg_cpu:.1f} s ({1e3 * reg_cpu / max(int(n), 1):.2f} ms a registration, heartbeats of those registered included) |")
 print(f"| heartbeats answered per second | {hb_rate:.0f} |")
 print(f"| heartbeat latency in the window, worst sim process | p50 {hb50:.1f} ms, p99 {hb99:.1f} ms, max {hbmax:.1f} ms |")
 print(f"| heartbeat latency while the status GETs below ran | p99 {ghb99:.1f} ms, max {ghbmax:.1f} ms |")
