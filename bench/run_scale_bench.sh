@@ -229,6 +229,7 @@ t = t[0]
 print("| measure | value |\n|---|---|")
 print(f"| steps, units granted | {t['steps']}, {t['granted']} (regranted {t['regranted']}, lost {t['lost']}, refused {t['refused']}, rate limited {t['rate_limited']}) |")
 print(f"| grants per second | {float(t['grants_per_s']):.0f} |")
+print(f"| trainer rank 0's CPU (the dispatcher's threads) | {float(t['cpu_s']):.2f} s over {float(t['wall_s']):.1f} s ({1e3 * float(t['cpu_s']) / max(int(t['granted']), 1):.2f} ms a grant, its version's chunks included) |")
 print(f"| a step's units, publish to last grant | mean {float(t['step_round_s_mean']):.2f} s, max {float(t['step_round_s_max']):.2f} s |")
 print(f"| weight bytes out of trainer rank 0 per version ({t['floats']} floats: {4 * int(t['floats'])} bytes) | {float(t['weight_bytes_per_version']):.0f} ({float(t['weight_bytes_per_version']) / (4 * int(t['floats'])):.1f} copies) |")
 if sims:

@@ -38,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "common/check.h"
@@ -570,6 +571,15 @@ static int run_ranks(struct sim *s)
 
 /* ---- the trainer: rank 0 with the real dispatcher ---- */
 
+/* CPU seconds of this process (every thread: the dispatcher's, its sockets', the main one's). */
+static double cpu_seconds(void)
+{
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return (double)u.ru_utime.tv_sec + 1e-6 * (double)u.ru_utime.tv_usec + (double)u.ru_stime.tv_sec +
+           1e-6 * (double)u.ru_stime.tv_usec;
+}
+
 /* One blocking call to grpod on c; the answer or NULL (reported). */
 static Grpo__Envelope *ctl_call(struct rpc_client *c, Grpo__Envelope *env)
 {
@@ -649,7 +659,7 @@ static int run_trainer(struct sim *s, int steps, size_t floats)
         return 1;
     }
     float *w = xcalloc(floats ? floats : 1, sizeof *w);
-    const double t0 = clock_now_s();
+    const double t0 = clock_now_s(), cpu0 = cpu_seconds();
     double hb_due = t0, first_grant = 0, round_max = 0, round_sum = 0;
     dispatcher_publish(d, 0, w);
     double published = clock_now_s();
@@ -696,17 +706,18 @@ static int run_trainer(struct sim *s, int steps, size_t floats)
         }
         clock_sleep_s(0.002);
     }
-    const double wall = clock_now_s() - (first_grant ? first_grant : t0);
+    const double wall = clock_now_s() - (first_grant ? first_grant : t0), cpu = cpu_seconds() - cpu0;
     dispatcher_stats(d, &st);
     const int done = (int)(step - 1);
     dispatcher_end(d, done, "the simulated run is over");
     dispatcher_close(d, 3 * s->interval + 2, 0);
     printf("sim_ranks: trainer units=%d steps=%d granted=%" PRId64 " regranted=%" PRId64 " lost=%" PRId64
            " refused=%" PRId64 " rate_limited=%" PRId64 " grants_per_s=%.1f step_round_s_mean=%.3f "
-           "step_round_s_max=%.3f weight_bytes_out=%" PRId64 " weight_bytes_per_version=%.0f floats=%zu wall_s=%.2f\n",
+           "step_round_s_max=%.3f weight_bytes_out=%" PRId64 " weight_bytes_per_version=%.0f floats=%zu wall_s=%.2f "
+           "cpu_s=%.2f\n",
            s->units, done, st.granted, st.regranted, st.lost, st.refused, st.rate_limited,
            wall > 0 ? (double)st.granted / wall : 0.0, done ? round_sum / done : NAN, round_max, st.bytes,
-           done ? (double)st.bytes / done : NAN, floats, wall);
+           done ? (double)st.bytes / done : NAN, floats, wall, cpu);
     fflush(stdout);
     free(w);
     rpc_close(c);
