@@ -14,6 +14,7 @@
 #   bench/run_scale_bench.sh                       # WORKERS=10000 ROLLOUT=1000 WINDOW=60
 #   WORKERS=2000 ROLLOUT=200 WINDOW=20 bench/run_scale_bench.sh
 #   PHASES=dispatch ROLLOUT=512 FLOATS=65536 bench/run_scale_bench.sh   # the dispatcher alone
+#   REGISTER_TIMEOUT=2 PHASES=registry bench/run_scale_bench.sh          # registrations retried as grpo-worker's
 #
 # Each sim_ranks process holds at most PER_PROC ranks (nanomsg allows 512 sockets a process; a rollout rank uses
 # two). Everything runs at nice 15 on loopback ipc sockets under $OUT; results in $OUT/summary.md (default
@@ -29,6 +30,7 @@ FLOATS="${FLOATS:-65536}"
 PER_PROC="${PER_PROC:-500}"
 STATUS_GETS="${STATUS_GETS:-10}"
 STEP_S="${STEP_S:-30}"
+REGISTER_TIMEOUT="${REGISTER_TIMEOUT:-0}" # 2: give up a registration after 2 s and retry, as grpo-worker does
 PHASES="${PHASES:-registry dispatch}"
 OUT="${OUT:-$BUILD/bench-results/scale-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
@@ -48,9 +50,13 @@ log() { echo "[scale] $*" >&2; }
 HZ=$(getconf CLK_TCK)
 cpu_ticks() { awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"; }
 rss_mib() { awk '/^VmRSS:/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status"; }
-metric() { curl -s "http://127.0.0.1:$2/metrics" | awk -v m="$1" 'index($0, m) == 1 { s += $2 } END { print s + 0 }'; }
-registered() { curl -s "http://127.0.0.1:$1/metrics" | awk '/^grpod_workers\{state="running"\}|^grpod_workers\{state="starting"\}/ { s += $2 } END { print s + 0 }'; }
-running() { metric 'grpod_workers{state="running"}' "$1"; }
+# grpod's own numbers. /metrics lists every worker (megabytes at 10,000: seconds of grpod's loop), so the waits below
+# read /api/status?workers=1 instead: how many are registered, and the first one listed, which is one not at work
+# when there is any
+metric() { { curl -s --max-time 120 "http://127.0.0.1:$2/metrics" || true; } | awk -v m="$1" 'index($0, m) == 1 { s += $2 } END { print s + 0 }'; }
+status1() { { curl -s --max-time 60 "http://127.0.0.1:$1/api/status?workers=1" || true; } | jq -r "$2" 2>/dev/null || true; }
+registered() { local n; n=$(status1 "$1" .workers_registered); echo "${n:-0}"; }
+all_running() { [ "$(status1 "$1" '.workers_registered == '"$2"' and .workers[0].state == "running"')" = true ]; }
 
 # start_grpod NAME WORLD: a grpod on $OUT/NAME, one trainer rank and WORLD-1 rollout ranks; sets GPID, HTTP, EP
 start_grpod() {
@@ -104,11 +110,12 @@ if [[ " $PHASES " == *" registry "* ]]; then
     SIMPIDS=()
     t0=$(date +%s.%N)
     rc0=$(cpu_ticks "$GPID")
-    sims registry "$WORKERS" 0 "$WORKERS" $((WINDOW + 600)) --step-s "$STEP_S" --step-base "$(date +%s)"
+    sims registry "$WORKERS" 0 "$WORKERS" $((WINDOW + 600)) --step-s "$STEP_S" --step-base "$(date +%s)" \
+        --register-timeout "$REGISTER_TIMEOUT"
     # the event: every rank registered and heartbeating (grpod's own count), or a sim gave up
     while :; do
         n=$(registered "$HTTP")
-        [ "$n" -ge "$WORKERS" ] && break
+        [ "${n:-0}" -ge "$WORKERS" ] 2>/dev/null && break
         for p in "${SIMPIDS[@]}"; do
             kill -0 "$p" 2>/dev/null || { log "a sim_ranks process ended early (see $OUT/registry/sim-*.err)"; break 2; }
         done
@@ -120,25 +127,29 @@ if [[ " $PHASES " == *" registry "* ]]; then
     reg_s=$(echo "$t1 - $t0" | bc)
     # the window starts once every rank has said it runs (their first heartbeats; each a change grpod journals)
     for _ in $(seq 600); do
-        [ "$(running "$HTTP")" -ge "$n" ] && break
+        all_running "$HTTP" "$n" && break
         sleep 0.1
     done
-    log "registered $n of $WORKERS in $reg_s s, $(running "$HTTP") running; measuring $WINDOW s"
+    log "registered $n of $WORKERS in $reg_s s, every one running: $(all_running "$HTTP" "$n" && echo yes || echo no); measuring $WINDOW s"
+    curl -s --max-time 120 "http://127.0.0.1:$HTTP/metrics" >"$OUT/registry/metrics0.txt" || true
+    m0() { awk -v m="$1" 'index($0, m) == 1 { s += $2 } END { print s + 0 }' "$OUT/registry/metrics0.txt"; }
+    j0=$(m0 grpod_journal_bytes_total); s0=$(m0 grpod_journal_saves_total)
+    js0=$(m0 grpod_journal_seconds_total); r0=$(m0 grpod_journal_records_total)
+    h0=$(m0 'grpod_requests_total{type="heartbeat"}')
     for p in "${SIMPIDS[@]}"; do kill -USR1 "$p"; done # the sims' latencies from here on
-    j0=$(metric grpod_journal_bytes_total "$HTTP"); s0=$(metric grpod_journal_saves_total "$HTTP")
-    js0=$(metric grpod_journal_seconds_total "$HTTP"); r0=$(metric grpod_journal_records_total "$HTTP")
-    h0=$(metric 'grpod_requests_total{type="heartbeat"}' "$HTTP")
     c0=$(cpu_ticks "$GPID"); w0=$(date +%s.%N)
     sleep "$WINDOW" # the measured window itself: a fixed span by design, not a wait for an event
     c1=$(cpu_ticks "$GPID"); w1=$(date +%s.%N)
-    j1=$(metric grpod_journal_bytes_total "$HTTP"); s1=$(metric grpod_journal_saves_total "$HTTP")
-    js1=$(metric grpod_journal_seconds_total "$HTTP"); r1=$(metric grpod_journal_records_total "$HTTP")
-    h1=$(metric 'grpod_requests_total{type="heartbeat"}' "$HTTP")
-    rss=$(rss_mib "$GPID")
     for p in "${SIMPIDS[@]}"; do kill -USR2 "$p"; done # the window's heartbeat latencies
+    curl -s --max-time 120 "http://127.0.0.1:$HTTP/metrics" >"$OUT/registry/metrics1.txt" || true
+    m1() { awk -v m="$1" 'index($0, m) == 1 { s += $2 } END { print s + 0 }' "$OUT/registry/metrics1.txt"; }
+    j1=$(m1 grpod_journal_bytes_total); s1=$(m1 grpod_journal_saves_total)
+    js1=$(m1 grpod_journal_seconds_total); r1=$(m1 grpod_journal_records_total)
+    h1=$(m1 'grpod_requests_total{type="heartbeat"}')
+    rss=$(rss_mib "$GPID")
     for p in "${SIMPIDS[@]}"; do kill -USR1 "$p"; done # and from here, those while the status is read
     # the status page: sequential GETs while the heartbeats go on
-    for path in /api/status "/api/status?workers=64" /; do
+    for path in /api/status "/api/status?workers=64" / /metrics; do
         f="${path//[\/?=]/_}"
         : >"$OUT/registry/get-$f.txt"
         for _ in $(seq "$STATUS_GETS"); do
@@ -149,12 +160,13 @@ if [[ " $PHASES " == *" registry "* ]]; then
     state_bytes=$(stat -c %s "$OUT/registry/state/run.json" 2>/dev/null || echo 0)
     n_status=$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["workers"]))' \
         "$OUT/registry/body_api_status" 2>/dev/null || echo "?")
+    reps=$(awk '$1 == "grpod_registrations_repeated_total" { print $2 }' "$OUT/registry/metrics1.txt")
     for p in "${SIMPIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
     for p in "${SIMPIDS[@]}"; do wait "$p" 2>/dev/null || true; done
     python3 - "$OUT" "$WORKERS" "$n" "$n_status" "$reg_s" "$c0" "$c1" "$w0" "$w1" "$HZ" "$j0" "$j1" "$s0" "$s1" \
-        "$h0" "$h1" "$rss" "$state_bytes" "$STEP_S" "$js0" "$js1" "$r0" "$r1" "$rc0" "$rc1" <<'PY' | tee -a "$OUT/summary.md"
+        "$h0" "$h1" "$rss" "$state_bytes" "$STEP_S" "$js0" "$js1" "$r0" "$r1" "$rc0" "$rc1" "${reps:-0}" <<'PY' | tee -a "$OUT/summary.md"
 import glob, sys, statistics as st
-(out, want, n, n_status, reg_s, c0, c1, w0, w1, hz, j0, j1, s0, s1, h0, h1, rss, state_bytes, step_s, js0, js1, r0, r1, rc0, rc1) = sys.argv[1:]
+(out, want, n, n_status, reg_s, c0, c1, w0, w1, hz, j0, j1, s0, s1, h0, h1, rss, state_bytes, step_s, js0, js1, r0, r1, rc0, rc1, reps) = sys.argv[1:]
 wall = float(w1) - float(w0)
 cpu = (float(c1) - float(c0)) / float(hz) / wall
 def gets(path):
@@ -163,6 +175,7 @@ def gets(path):
     return v[len(v) // 2] * 1e3, v[-1] * 1e3, size
 api = gets("_api_status")
 api64 = gets("_api_status_workers_64")
+prom = gets("_metrics")
 page = gets("_")
 def lines(f):
     return [dict(kv.split("=", 1) for kv in l.split()[1:]) for l in open(f) if l.startswith("sim_ranks:")]
@@ -180,7 +193,11 @@ print(f"## Registry: {want} simulated ranks, one grpod\n")
 print(f"| measure | value |\n|---|---|")
 print(f"| ranks registered (grpod's count; /api/status lists) | {n} ({n_status}) |")
 reg_cpu = (float(rc1) - float(rc0)) / float(hz)
-print(f"| time to register them all | {float(reg_s):.1f} s (register p99 {reg99:.1f} ms, worst sim process) |")
+tries = sum(int(l[0]["reg_tries"]) for l in per if l)
+touts = sum(int(l[0]["reg_timeouts"]) for l in per if l)
+retries = sum(int(l[0]["reg_retries"]) for l in per if l)
+print(f"| time to register them all | {float(reg_s):.1f} s (register p99 {reg99:.1f} ms from the first try, worst sim process) |")
+print(f"| registrations sent | {tries} ({touts} given up after a timeout, {retries} answered 'retry', {reps} answered again by grpod) |")
 print(f"| grpod CPU meanwhile | {reg_cpu:.1f} s ({1e3 * reg_cpu / max(int(n), 1):.2f} ms a registration, heartbeats of those registered included) |")
 print(f"| heartbeats answered per second | {hb_rate:.0f} |")
 print(f"| heartbeat latency in the window, worst sim process | p50 {hb50:.1f} ms, p99 {hb99:.1f} ms, max {hbmax:.1f} ms |")
@@ -190,6 +207,7 @@ print(f"| grpod resident memory | {rss} MiB |")
 print(f"| GET /api/status (median, max of {len(open(f'{out}/registry/get-_api_status.txt').readlines())}) | {api[0]:.0f} ms, {api[1]:.0f} ms ({api[2]} bytes) |")
 print(f"| GET /api/status?workers=64 (what the page asks) | {api64[0]:.0f} ms, {api64[1]:.0f} ms ({api64[2]} bytes) |")
 print(f"| GET / (the page) | {page[0]:.0f} ms, {page[1]:.0f} ms ({page[2]} bytes) |")
+print(f"| GET /metrics (a Prometheus scrape) | {prom[0]:.0f} ms, {prom[1]:.0f} ms ({prom[2]} bytes) |")
 print(f"| journal: state files written whole in the window | {float(s1) - float(s0):.0f} ({state_bytes} bytes each now), {float(js1) - float(js0):.2f} s of grpod's loop |")
 print(f"| journal: records appended in the window | {float(r1) - float(r0):.0f} |")
 print(f"| journal bytes per hour (window x 3600 / {wall:.0f} s; a step every {step_s} s) | {jb * 3600 / wall / 1e6:.1f} MB |")

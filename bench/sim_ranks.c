@@ -23,7 +23,9 @@
  * SIGUSR1 starts a measured window: the latencies and counts so far (registration's) are dropped; SIGUSR2 prints the
  * summary line and goes on; SIGTERM ends the run and prints it.
  * Common options: --interval 1.0 (heartbeats and pings), --launch HEX (the same in every process of a run),
- * --digest N, --step-s S --step-base UNIX_S (the heartbeats' step: one more every S seconds since the base). Output:
+ * --digest N, --step-s S --step-base UNIX_S (the heartbeats' step: one more every S seconds since the base),
+ * --register-timeout S (a registration unanswered this long is sent again after a backoff, waiting twice as long
+ * each time up to 32 s, as grpo-worker's from its 2 s; 0, the default: wait for the answer). Output:
  * one "sim_ranks: ..." summary line of key=value pairs on stdout. */
 #include <errno.h>
 #include <getopt.h>
@@ -64,6 +66,8 @@ struct rank {
     bool registered, failed, ended;
     uint64_t incarnation;
     double hb_due, retry_at;
+    double reg_first_at, backoff; /* the first registration's send; the wait before the next try (control.c's) */
+    double reg_timeout;           /* this rank's wait for an answer: --register-timeout, doubled when it runs out */
     /* the dispatcher (rollout ranks) */
     struct plane_cred cred;
     uint64_t worker_id;
@@ -107,12 +111,14 @@ struct sim {
     const char *endpoint;
     int world, first, count, units;
     bool rollout;
-    double interval, seconds, step_s, step_base;
+    double interval, seconds, step_s, step_base, register_timeout;
     uint64_t launch, digest;
     struct rank *r;
     uint64_t next_rid;
     /* counts */
     long registered, refused, heartbeats, pings, grants, waits, ends, chunks, errors, reregister;
+    long reg_tries, reg_timeouts,
+        reg_retries; /* registrations sent; given up on after --register-timeout; told to retry */
     int64_t weight_bytes;
     struct lat reg_lat, hb_lat, work_lat;
     char last_error[512];
@@ -227,8 +233,13 @@ static void send_register(struct sim *s, struct rank *r)
     reg.world_hosts = 1;
     env.body_case = GRPO__ENVELOPE__BODY_REGISTER;
     env.register_ = &reg;
-    if (!sock_send(s, &r->ctl, &env, NULL, REQ_REGISTER))
+    if (!sock_send(s, &r->ctl, &env, NULL, REQ_REGISTER)) {
         r->retry_at = clock_now_s() + 1.0;
+        return;
+    }
+    s->reg_tries++;
+    if (!r->reg_first_at)
+        r->reg_first_at = r->ctl.sent_at;
 }
 
 static void send_heartbeat(struct sim *s, struct rank *r, double now, double t0)
@@ -271,6 +282,13 @@ static void send_heartbeat(struct sim *s, struct rank *r, double now, double t0)
     sock_send(s, &r->ctl, &env, NULL, REQ_HEARTBEAT);
 }
 
+/* The wait before a rank's next registration, as grpo-worker's: 0.1 s, doubling to 2 s. */
+static double next_backoff(struct rank *r)
+{
+    r->backoff = r->backoff > 0 ? fmin(2 * r->backoff, 2.0) : 0.1;
+    return r->backoff;
+}
+
 static void on_ctl_answer(struct sim *s, struct rank *r, Grpo__Envelope *a, double now)
 {
     const enum req_kind kind = r->ctl.kind;
@@ -281,7 +299,7 @@ static void on_ctl_answer(struct sim *s, struct rank *r, Grpo__Envelope *a, doub
             r->registered = true;
             r->incarnation = as->incarnation;
             s->registered++;
-            lat_add(&s->reg_lat, now - r->ctl.sent_at);
+            lat_add(&s->reg_lat, now - r->reg_first_at); /* from the first try */
             /* heartbeats spread over the interval */
             r->hb_due = now + s->interval * (double)(r->rank % 997) / 997.0;
             if (s->rollout) {
@@ -306,7 +324,8 @@ static void on_ctl_answer(struct sim *s, struct rank *r, Grpo__Envelope *a, doub
                 }
             }
         } else if (a->body_case == GRPO__ENVELOPE__BODY_REPLY && a->reply->retry) {
-            r->retry_at = now + 0.5;
+            s->reg_retries++;
+            r->retry_at = now + next_backoff(r);
         } else {
             s->refused++;
             note_error(s, "rank %d refused: %s", r->rank,
@@ -432,14 +451,16 @@ static void print_summary(struct sim *s, double t0, double reg_done_at, double w
 {
     const double wall = clock_now_s() - t0;
     printf("sim_ranks: ranks=%d first=%d rollout=%d registered=%ld refused=%ld registration_s=%.3f "
-           "register_ms_p50=%.3f register_ms_p99=%.3f heartbeats=%ld heartbeat_ms_p50=%.3f heartbeat_ms_p99=%.3f "
+           "register_ms_p50=%.3f register_ms_p99=%.3f reg_tries=%ld reg_timeouts=%ld reg_retries=%ld heartbeats=%ld "
+           "heartbeat_ms_p50=%.3f heartbeat_ms_p99=%.3f "
            "heartbeat_ms_max=%.3f pings=%ld grants=%ld waits=%ld ends=%ld chunks=%ld weight_bytes=%" PRId64
            " work_ms_p50=%.3f work_ms_p99=%.3f reregister=%ld errors=%ld wall_s=%.1f window_s=%.1f\n",
            s->count, s->first, s->rollout, s->registered, s->refused, reg_done_at ? reg_done_at - t0 : NAN,
-           1e3 * lat_pct(&s->reg_lat, 50), 1e3 * lat_pct(&s->reg_lat, 99), s->heartbeats, 1e3 * lat_pct(&s->hb_lat, 50),
-           1e3 * lat_pct(&s->hb_lat, 99), 1e3 * lat_pct(&s->hb_lat, 100), s->pings, s->grants, s->waits, s->ends,
-           s->chunks, s->weight_bytes, 1e3 * lat_pct(&s->work_lat, 50), 1e3 * lat_pct(&s->work_lat, 99), s->reregister,
-           s->errors, wall, clock_now_s() - window_at);
+           1e3 * lat_pct(&s->reg_lat, 50), 1e3 * lat_pct(&s->reg_lat, 99), s->reg_tries, s->reg_timeouts,
+           s->reg_retries, s->heartbeats, 1e3 * lat_pct(&s->hb_lat, 50), 1e3 * lat_pct(&s->hb_lat, 99),
+           1e3 * lat_pct(&s->hb_lat, 100), s->pings, s->grants, s->waits, s->ends, s->chunks, s->weight_bytes,
+           1e3 * lat_pct(&s->work_lat, 50), 1e3 * lat_pct(&s->work_lat, 99), s->reregister, s->errors, wall,
+           clock_now_s() - window_at);
     fflush(stdout);
 }
 
@@ -489,7 +510,16 @@ static int run_ranks(struct sim *s)
             if (r->failed)
                 continue;
             all_ended = all_ended && r->ended;
-            /* grpod */
+            /* grpod; a registration unanswered past --register-timeout is given up and sent again after a backoff,
+             * as grpo-worker does (its REQ socket drops the first one's answer) */
+            if (r->ctl.kind == REQ_REGISTER && s->register_timeout > 0 &&
+                now - r->ctl.sent_at > fmax(r->reg_timeout, s->register_timeout)) {
+                s->reg_timeouts++;
+                r->ctl.kind = REQ_NONE;
+                r->retry_at = now + next_backoff(r);
+                /* grpo-worker waits twice as long after each unanswered try, at most 32 s (worker/control) */
+                r->reg_timeout = fmin(2 * fmax(r->reg_timeout, s->register_timeout), 32.0);
+            }
             if (r->ctl.kind == REQ_NONE) {
                 if (!r->registered && now >= r->retry_at)
                     send_register(s, r);
@@ -756,6 +786,7 @@ int main(int argc, char **argv)
                                          {"digest", required_argument, 0, 'd'},
                                          {"step-s", required_argument, 0, 'P'},
                                          {"step-base", required_argument, 0, 'B'},
+                                         {"register-timeout", required_argument, 0, 'R'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int o;
@@ -776,11 +807,13 @@ int main(int argc, char **argv)
         case 'd': s.digest = (uint64_t)number_arg("--digest", optarg); break;
         case 'P': s.step_s = number_arg("--step-s", optarg); break;
         case 'B': s.step_base = number_arg("--step-base", optarg); break;
+        case 'R': s.register_timeout = number_arg("--register-timeout", optarg); break;
         default:
             fprintf(o == 'h' ? stdout : stderr,
                     "usage: sim_ranks --endpoint EP --world W --first R --count K [--rollout --units U] [--seconds S]\n"
                     "       sim_ranks --endpoint EP --world W --trainer --units U [--steps N] [--floats F]\n"
-                    "       common: [--interval 1.0] [--launch HEX] [--digest N] [--step-s S --step-base UNIX_S]\n");
+                    "       common: [--interval 1.0] [--launch HEX] [--digest N] [--step-s S --step-base UNIX_S]\n"
+                    "               [--register-timeout S]\n");
             return o == 'h' ? 0 : 2;
         }
     }

@@ -578,7 +578,7 @@ static uint8_t *reply_assignment(struct core *c, uint64_t id, const struct core_
             data_endpoint(c, d, t ? t->host : NULL, ep, sizeof ep);
             as->trainer_endpoints[d] = arena_strdup(&a, ep);
         }
-        as->data_push_endpoint = as->trainer_endpoints[w->dp_rank % dps];
+        as->data_push_endpoint = dps > 0 ? as->trainer_endpoints[w->dp_rank % dps] : ""; /* dps >= 1: placed */
         char base[256];
         data_base(c, base, sizeof base);
         const struct core_worker *head = trainer_head(c, 0);
@@ -801,6 +801,14 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
     }
     struct core_worker *w = c->workers[r->rank];
     bool same = w && r->incarnation && r->incarnation == w->incarnation;
+    /* the same process asking again before its first heartbeat: its wait for the answer ran out while grpod was
+     * busy (a launch of 10,000 ranks). It gets the registration it has, again: a new one each time made work for
+     * grpod that nobody heard, and under 10,000 ranks no registration got through (docs/scaling.md) */
+    if (w && !r->incarnation && !r->replaces && w->state == GRPO__WORKER_STATE__WORKER_STARTING && w->pid == r->pid &&
+        strcmp(w->host, r->host) == 0 && (!r->launch || r->launch == c->run.launch)) {
+        c->counters.registrations_repeated++;
+        return reply_assignment(c, id, w, len);
+    }
     if (w && !same && worker_watched(w->state) && w->state != GRPO__WORKER_STATE__WORKER_RECONNECTING &&
         silence(c, w, now) < 2.0 * c->set.heartbeat_interval_s + 0.5)
         return refuse(c, id, true, len, "rank %d is held by pid %d on host %s (heard from %.1f s ago)", r->rank, w->pid,

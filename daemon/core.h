@@ -181,7 +181,8 @@ struct core_counters {
     /* the journal (grpod.c counts them): state files written (each the whole run, durably), records appended to
      * run.log (a registration each), their bytes, and the bytes appended to events.log */
     uint64_t journal_saves, journal_records, journal_bytes, journal_event_bytes;
-    double journal_seconds; /* spent writing state files whole (building the text, writing, syncing) */
+    uint64_t registrations_repeated; /* a process's registration asked again before its first heartbeat */
+    double journal_seconds;          /* spent writing state files whole (building the text, writing, syncing) */
 };
 
 /* Failed attempts on one connection of grpod's tcp endpoints (authentication failed, a request that cannot be

@@ -436,6 +436,10 @@ char *core_metrics_text(const struct core *c, double now)
     put(&t, "grpod_loop_stall_seconds_total %.3f\n", c->stalled_s);
     family(&t, "grpod_journal_saves_total", "counter", "Times the run's state file was written whole (durably).");
     put(&t, "grpod_journal_saves_total %" PRIu64 "\n", c->counters.journal_saves);
+    family(&t, "grpod_registrations_repeated_total", "counter",
+           "Registrations a process asked for again before its first heartbeat (it never heard the answer): "
+           "answered with the one it has.");
+    put(&t, "grpod_registrations_repeated_total %" PRIu64 "\n", c->counters.registrations_repeated);
     family(&t, "grpod_journal_seconds_total", "counter",
            "Seconds grpod's loop spent writing state files whole (building the text, writing, syncing).");
     put(&t, "grpod_journal_seconds_total %.3f\n", c->counters.journal_seconds);

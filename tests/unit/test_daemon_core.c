@@ -522,6 +522,53 @@ static void test_status_of_some_workers(void **state)
     core_deinit(&c);
 }
 
+/* A process that asks to register again before its first heartbeat (its wait for the answer ran out) gets the
+ * registration it has: the same incarnation, nothing new to journal, no event; after its first heartbeat, or from
+ * another process, it does not (a rank held by a live process is refused with retry). */
+static void test_registration_asked_again(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = settings(0, 0, 1, 1);
+    core_init(&c, &s, T);
+    reg_ok(&c, 0, 2, GRPO__ROLE__ROLE_HYBRID);
+    made_durable(&c);
+    const uint64_t i1 = reg_ok(&c, 1, 2, GRPO__ROLE__ROLE_HYBRID);
+    made_durable(&c);
+    const int nevents = c.nevents;
+    assert_int_equal(reg_ok(&c, 1, 2, GRPO__ROLE__ROLE_HYBRID), i1); /* the same process (pid 101), again */
+    assert_false(c.dirty_urgent);
+    assert_int_equal(c.nevents, nevents);
+    assert_int_equal(c.counters.registrations_repeated, 1);
+    /* another process of rank 1 (pid 999) while the first is fresh: held, retry */
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Register reg = GRPO__REGISTER__INIT;
+    char *caps[] = {"rollout", "trainer"}, *dev[] = {"cpu"};
+    reg.rank = 1;
+    reg.world_size = 2;
+    reg.host = "node01";
+    reg.pid = 999;
+    reg.config_digest = 42;
+    reg.capabilities = caps;
+    reg.n_capabilities = 2;
+    reg.devices = dev;
+    reg.n_devices = 1;
+    env.body_case = GRPO__ENVELOPE__BODY_REGISTER;
+    env.register_ = &reg;
+    Grpo__Envelope *e = roundtrip(&c, &env, NULL);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
+    assert_true(e->reply->retry);
+    protocol_free(e);
+    /* after its first heartbeat the same process asking is a new registration's business, as before */
+    beat_ok(&c, 1, i1, GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+    e = send_register(&c, 1, 2, "node01", "rollout,trainer", 42);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY); /* held: heard from just now */
+    assert_true(e->reply->retry);
+    protocol_free(e);
+    assert_int_equal(c.counters.registrations_repeated, 1);
+    core_deinit(&c);
+}
+
 static void test_checkpoint_completion(void **state)
 {
     (void)state;
@@ -2584,6 +2631,7 @@ int main(void)
         cmocka_unit_test(test_steady_heartbeats_judge_nothing),
         cmocka_unit_test(test_registration_records),
         cmocka_unit_test(test_status_of_some_workers),
+        cmocka_unit_test(test_registration_asked_again),
         cmocka_unit_test(test_stop_reason_names_who_asked),
         cmocka_unit_test(test_checkpoint_completion),
         cmocka_unit_test(test_checkpoint_unrequested_split),
