@@ -124,6 +124,8 @@ void core_add_event_record(struct core *c, double time, const char *text)
         memmove(c->events, c->events + 1, (CORE_EVENTS - 1) * sizeof *c->events);
         c->nevents--;
     }
+    if (c->events_new < CORE_EVENTS)
+        c->events_new++;
     c->events[c->nevents].time = time;
     snprintf(c->events[c->nevents].text, sizeof c->events[c->nevents].text, "%s", text);
     c->nevents++;
@@ -184,6 +186,7 @@ void core_init(struct core *c, const struct core_settings *set, double now)
 {
     memset(c, 0, sizeof *c);
     c->set = *set;
+    c->record_rank = -1;
     const struct placement_spec *ps = &set->place;
     if (ps->trainer_ranks || ps->rollout_ranks || ps->tp_size > 1 || ps->pp_size > 1 || ps->cp_size > 1 ||
         ps->ep_size > 1 || ps->rollout_tp > 1)
@@ -304,6 +307,7 @@ static void update_checkpoints(struct core *c)
 
 static void reevaluate(struct core *c)
 {
+    c->evaluations++;
     update_checkpoints(c);
     if (run_terminal(c->run.state))
         return;
@@ -579,7 +583,7 @@ static uint8_t *reply_assignment(struct core *c, uint64_t id, const struct core_
             data_endpoint(c, d, t ? t->host : NULL, ep, sizeof ep);
             as->trainer_endpoints[d] = arena_strdup(&a, ep);
         }
-        as->data_push_endpoint = as->trainer_endpoints[w->dp_rank % dps];
+        as->data_push_endpoint = dps > 0 ? as->trainer_endpoints[w->dp_rank % dps] : ""; /* dps >= 1: placed */
         char base[256];
         data_base(c, base, sizeof base);
         const struct core_worker *head = trainer_head(c, 0);
@@ -710,6 +714,9 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
 {
     const Grpo__Register *r = env->register_;
     uint64_t id = env->request_id;
+    /* whether this registration changes more of the run than its journal record holds (core_save_record): a new
+     * run or launch, the run's configuration, its world: then the whole state is journaled before the answer */
+    bool whole = c->dirty_urgent || c->run.world == 0 || c->run.abort[0];
     if (r->replaces) { /* only a lost rank of the running run can be replaced */
         const struct core_worker *old = r->rank >= 0 && r->rank < c->nworkers ? c->workers[r->rank] : NULL;
         if (run_terminal(c->run.state) || !c->nworkers)
@@ -741,6 +748,7 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
             return refuse(c, id, false, len, "run %s is over (%s: %s)", c->run.id, core_run_state_name(c->run.state),
                           c->run.reason);
         new_run(c);
+        whole = true;
         add_event(c, "new run %s, begun by rank %d on host %s", c->run.id, r->rank, r->host);
     }
     int present = 0;
@@ -752,6 +760,7 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
                           c->run.id);
         /* grpod lost its journal (a new state directory): the workers' run carries on under its name */
         snprintf(c->run.id, sizeof c->run.id, "%s", r->run_id);
+        whole = true;
         add_event(c, "adopting run %s from re-registering rank %d on host %s", r->run_id, r->rank, r->host);
     }
     struct placement_spec spec = c->place;
@@ -782,6 +791,7 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
                       role == GRPO__ROLE__ROLE_HYBRID && has_capability(r, "trainer") ? "rollout" : need);
     if (r->world_hosts > 1 && !c->run.across_hosts) {
         c->run.across_hosts = true;
+        whole = true;
         if (!(c->set.data_endpoint && c->set.data_endpoint[0]))
             add_event(c, "the run spans %d hosts (rank %d's world): its data plane goes over TCP", r->world_hosts,
                       r->rank);
@@ -801,13 +811,24 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
     }
     struct core_worker *w = c->workers[r->rank];
     bool same = w && r->incarnation && r->incarnation == w->incarnation;
+    /* the same process asking again before its first heartbeat: its wait for the answer ran out while grpod was
+     * busy (a launch of 10,000 ranks). It gets the registration it has, again: a new one each time made work for
+     * grpod that nobody heard, and under 10,000 ranks no registration got through (docs/scaling.md) */
+    if (w && !r->incarnation && !r->replaces && w->state == GRPO__WORKER_STATE__WORKER_STARTING && w->pid == r->pid &&
+        strcmp(w->host, r->host) == 0 && (!r->launch || r->launch == c->run.launch)) {
+        c->counters.registrations_repeated++;
+        return reply_assignment(c, id, w, len);
+    }
     if (w && !same && worker_watched(w->state) && w->state != GRPO__WORKER_STATE__WORKER_RECONNECTING &&
         silence(c, w, now) < 2.0 * c->set.heartbeat_interval_s + 0.5)
         return refuse(c, id, true, len, "rank %d is held by pid %d on host %s (heard from %.1f s ago)", r->rank, w->pid,
                       w->host, now - w->last_seen);
-    if (!c->run.config_digest)
+    if (!c->run.config_digest) {
         c->run.config_digest = r->config_digest;
+        whole = true;
+    }
     if (!present && !c->run.config && r->run_config[0]) { /* the first rank's configuration defines the run */
+        whole = true;
         if (core_set_run_config(c, r->run_config, why, sizeof why) != 0) /* read once already: cannot fail */
             return refuse(c, id, false, len, "%s", why);
         if (!c->set.own_placement) {
@@ -816,8 +837,10 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
             add_event(c, "run %s follows rank %d's configuration: %s", c->run.id, r->rank, lay);
         }
     }
-    if (r->launch && !r->replaces && r->launch != c->run.launch)
+    if (r->launch && !r->replaces && r->launch != c->run.launch) {
         new_launch(c, r);
+        whole = true;
+    }
     if (!w) /* one allocation per registered rank: a large world costs nothing until it shows up */
         w = c->workers[r->rank] = xcalloc(1, sizeof *w);
     if (!same) {
@@ -861,6 +884,7 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
               same ? "registered again" : "registered", r->host, r->pid, core_role_name(role), p.dp, p.dp_size, p.tp,
               p.tp_size, p.pp, p.pp_size);
     reevaluate(c);
+    c->record_rank = whole ? -1 : r->rank;
     return reply_assignment(c, id, w, len);
 }
 
@@ -898,11 +922,18 @@ static void note_step(struct core *c, int64_t step)
     c->dirty = c->dirty_urgent = true; /* once a step: the run's step never goes back after a crash */
     struct core_history_point pt = {step, run_metric(c, "critic/score/mean"), run_metric(c, "perf/throughput"),
                                     clock_wall_s()};
+    core_add_history_point(c, &pt);
+}
+
+void core_add_history_point(struct core *c, const struct core_history_point *pt)
+{
     if (c->run.nhistory == CORE_HISTORY) {
-        memmove(c->run.history, c->run.history + 1, (CORE_HISTORY - 1) * sizeof pt);
+        memmove(c->run.history, c->run.history + 1, (CORE_HISTORY - 1) * sizeof *pt);
         c->run.nhistory--;
     }
-    c->run.history[c->run.nhistory++] = pt;
+    c->run.history[c->run.nhistory++] = *pt;
+    if (c->history_new < CORE_HISTORY)
+        c->history_new++;
 }
 
 static uint8_t *reply_ack(struct core *c, const struct core_worker *w, uint64_t id, bool reregister, const char *reason,
@@ -1078,6 +1109,11 @@ static uint8_t *handle_heartbeat(struct core *c, const Grpo__Envelope *env, doub
     struct core_worker *w = c->workers[h->rank];
     Grpo__WorkerState old = w->state;
     const bool was_suspect = w->suspect;
+    /* what the run's state is judged by (reevaluate) that a heartbeat can change: with none of it changed, as in
+     * every steady heartbeat, the verdict stands and is not judged again (a judgement reads every worker: at 1 Hz
+     * from N workers that was N^2 a second, grpod's whole core at 10,000; docs/scaling.md) */
+    const uint64_t ck_done0 = w->checkpoint_seq_done;
+    const int64_t ck_step0 = w->checkpoint_step, run_step0 = c->run.step;
     char silent[96] = "", gap[CORE_REASON_MAX] = "";
     if (old == GRPO__WORKER_STATE__WORKER_LOST || was_suspect) {
         silence_text(c, w, now, silent, sizeof silent);
@@ -1135,7 +1171,12 @@ static uint8_t *handle_heartbeat(struct core *c, const Grpo__Envelope *env, doub
             c->run.phase = c->workers[r]->phase;
             break;
         }
-    reevaluate(c);
+    if (w->state != old || w->checkpoint_seq_done != ck_done0 || w->checkpoint_step != ck_step0 ||
+        c->run.step != run_step0)
+        reevaluate(c);
+    /* what a heartbeat changes that must be durable (a step, the worker's state, its checkpoint, the run's state)
+     * is all in its worker's record: a step no longer rewrites the whole state before its answer */
+    c->record_rank = w->rank;
     return reply_ack(c, w, env->request_id, false, NULL, len);
 }
 
@@ -1498,6 +1539,7 @@ uint8_t *core_handle_auth(struct core *c, const uint8_t *buf, size_t len, const 
     if (!authenticated)
         authenticated = &dummy;
     *authenticated = false;
+    c->record_rank = -1; /* a registration's handler says when its record is all the journal needs */
     Grpo__Envelope *env;
     char why[CORE_REASON_MAX];
     enum protocol_error pe = protocol_decode(buf, len, GRPO_MAX_CONTROL_BYTES, &env, why, sizeof why);
@@ -1535,6 +1577,7 @@ static void note_own_pause(struct core *c, double now)
 
 void core_tick(struct core *c, double now)
 {
+    c->record_rank = -1;
     note_own_pause(c, now);
     for (int r = 0; r < c->nworkers; r++) {
         struct core_worker *w = c->workers[r];

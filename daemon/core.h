@@ -181,6 +181,11 @@ struct core_counters {
     /* connections closed after GRPOD_MAX_FAILED_ATTEMPTS failed requests (each answered after
      * GRPOD_FAILED_ATTEMPT_DELAY_S): on the tcp endpoints (grpod's count), on HTTP (http.c's) */
     uint64_t closed_failing_tcp, closed_failing_http;
+    /* the journal (grpod.c counts them): state files written (each the whole run, durably), records appended to
+     * run.log (a registration each), their bytes, and the bytes appended to events.log */
+    uint64_t journal_saves, journal_records, journal_bytes, journal_event_bytes;
+    uint64_t registrations_repeated; /* a process's registration asked again before its first heartbeat */
+    double journal_seconds;          /* spent writing state files whole (building the text, writing, syncing) */
 };
 
 /* Failed attempts on one connection of grpod's tcp endpoints (authentication failed, a request that cannot be
@@ -208,7 +213,14 @@ struct core {
     double start_mono, start_wall;
     double last_tick; /* monotonic seconds of the last core_tick (ticked: there was one) */
     bool ticked;
-    double stalled_s;  /* seconds grpod's loop did not run, in all (settings.tick_s) */
+    double stalled_s;     /* seconds grpod's loop did not run, in all (settings.tick_s) */
+    uint64_t evaluations; /* times the run's state was judged from every worker's (for the tests) */
+    /* The journal's records (core_save_record): the last record's number (the state file says the last it holds),
+     * the rank whose registration alone is what must be made durable now (-1: none; then the whole state is), and
+     * the events added since the journal's last write. */
+    uint64_t journal_seq;
+    int record_rank;
+    int events_new, history_new;
     bool dirty;        /* something worth journaling changed */
     bool dirty_urgent; /* ... that must be durable before the reply goes out */
     core_event_fn on_event;
@@ -257,6 +269,9 @@ Grpo__WorkerState core_worker_shown_state(const struct core_worker *w);
 /* Build the Status message of the run (allocations in arena, see arena.h). */
 struct arena;
 Grpo__Status *core_status(const struct core *c, double now, struct arena *a);
+/* core_status listing at most max_workers workers (< 0: all): those starting, suspect, lost, failed or reconnecting
+ * first, then the lowest ranks, in rank order; *registered (when not NULL) gets how many are registered. */
+Grpo__Status *core_status_some(const struct core *c, double now, struct arena *a, int max_workers, int *registered);
 /* grpoctl diagnose's verdict on the run from the workers' ledger (diagnose.h): fills out[] (at most max, worst
  * first) and returns how many. */
 struct diag_finding;
@@ -270,10 +285,21 @@ char *core_metrics_text(const struct core *c, double now);
 
 /* Journal form of the run (state file): a JSON text. Caller frees. */
 char *core_save_json(const struct core *c);
+/* The journal's record of one registration or heartbeat (c->record_rank's worker), one line of JSON: the worker, the
+ * run's state, reason, step and the other scalars they change, the events and history points added since the
+ * journal's last write. Durable, it
+ * stands for the whole state until the next core_save_json (which holds it: the records' numbers say so). Caller
+ * frees. */
+char *core_save_record(struct core *c);
+/* Apply a record after core_load_json (one not newer than what the state file holds is skipped). 0, or -1 with err
+ * (a torn last line: the caller stops there). */
+int core_apply_record(struct core *c, const char *line, double now, char *err, size_t errlen);
 /* Restore a run saved by core_save_json; workers come back RECONNECTING with a fresh grace period.
  * 0, or -1 with err (the core is then left as core_init made it). */
 int core_load_json(struct core *c, const char *text, double now, char *err, size_t errlen);
 /* Replace the event ring (journal replay). */
 void core_add_event_record(struct core *c, double time, const char *text);
+/* Append a point of the run's history (the oldest dropped when it is full). */
+void core_add_history_point(struct core *c, const struct core_history_point *pt);
 
 #endif

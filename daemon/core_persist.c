@@ -87,6 +87,7 @@ char *core_save_json(const struct core *c)
     json_t *root = json_object(), *run = json_object(), *workers = json_array(), *hist = json_array(),
            *events = json_array();
     json_object_set_new(root, "format", json_integer(STATE_FORMAT));
+    json_object_set_new(root, "seq", json_integer((json_int_t)c->journal_seq)); /* the records it holds */
     json_object_set_new(run, "id", json_string(c->run.id));
     json_object_set_new(run, "state", json_integer(c->run.state));
     json_object_set_new(run, "reason", json_string(c->run.reason));
@@ -132,6 +133,115 @@ char *core_save_json(const struct core *c)
     char *text = json_dumps(root, JSON_INDENT(1) | JSON_SORT_KEYS);
     json_decref(root);
     return CHECK_ALLOC(text);
+}
+
+/* The run's fields a registration changes besides its worker (core_save_record). */
+static json_t *run_scalars(const struct core *c)
+{
+    json_t *run = json_object();
+    json_object_set_new(run, "state", json_integer(c->run.state));
+    json_object_set_new(run, "reason", json_string(c->run.reason));
+    json_object_set_new(run, "abort", json_string(c->run.abort));
+    json_object_set_new(run, "abort_at", json_real(c->run.abort_at));
+    json_object_set_new(run, "step", json_integer(c->run.step));
+    json_object_set_new(run, "total_steps", json_integer(c->run.total_steps));
+    json_object_set_new(run, "checkpoint_seq_done", hex64(c->run.checkpoint_seq_done));
+    json_object_set_new(run, "checkpoint_step", json_integer(c->run.checkpoint_step));
+    return run;
+}
+
+char *core_save_record(struct core *c)
+{
+    const struct core_worker *w =
+        c->record_rank >= 0 && c->record_rank < c->nworkers ? c->workers[c->record_rank] : NULL;
+    if (!w)
+        return NULL;
+    json_t *root = json_object(), *events = json_array();
+    json_object_set_new(root, "seq", json_integer((json_int_t)++c->journal_seq));
+    json_object_set_new(root, "run", run_scalars(c));
+    json_object_set_new(root, "worker", worker_json(w));
+    for (int i = c->nevents - (c->events_new < c->nevents ? c->events_new : c->nevents); i < c->nevents; i++)
+        json_array_append_new(events, json_pack("[fs]", c->events[i].time, c->events[i].text));
+    json_object_set_new(root, "events", events);
+    json_t *hist = json_array();
+    for (int i = c->run.nhistory - (c->history_new < c->run.nhistory ? c->history_new : c->run.nhistory);
+         i < c->run.nhistory; i++) {
+        const struct core_history_point *h = &c->run.history[i];
+        json_array_append_new(
+            hist, json_pack("[Iooo]", (json_int_t)h->step, num(h->reward), num(h->throughput), num(h->time)));
+    }
+    json_object_set_new(root, "history", hist);
+    char *text = json_dumps(root, JSON_COMPACT | JSON_SORT_KEYS); /* one line: the journal's records are lines */
+    json_decref(root);
+    return CHECK_ALLOC(text);
+}
+
+static int load_worker(struct core *c, const json_t *o, double now, char *err, size_t errlen);
+
+int core_apply_record(struct core *c, const char *line, double now, char *err, size_t errlen)
+{
+    json_error_t je;
+    json_t *root = json_loads(line, 0, &je);
+    if (!root) {
+        snprintf(err, errlen, "a record that is not JSON (%s)", je.text);
+        return -1;
+    }
+    const json_t *run = json_object_get(root, "run"), *wj = json_object_get(root, "worker");
+    const long long seq = get_int(root, "seq", -1), rank = get_int(wj, "rank", -1);
+    int rc = -1;
+    if (seq < 0 || !json_is_object(run) || !json_is_object(wj)) {
+        snprintf(err, errlen, "a record without its number, run or worker");
+        goto out;
+    }
+    if ((uint64_t)seq <= c->journal_seq) { /* the state file holds it already */
+        rc = 0;
+        goto out;
+    }
+    if (rank < 0 || rank >= c->nworkers) {
+        snprintf(err, errlen, "record %lld: rank %lld is outside the run's %d ranks", seq, rank, c->nworkers);
+        goto out;
+    }
+    struct core_worker *old = c->workers[rank];
+    c->workers[rank] = NULL;
+    if (load_worker(c, wj, now, err, errlen) != 0) {
+        c->workers[rank] = old;
+        goto out;
+    }
+    if (old) {
+        core_worker_release(old);
+        free(old);
+    }
+    long long st = get_int(run, "state", c->run.state);
+    if (st >= 0 && st <= GRPO__RUN_STATE__RUN_PAUSING)
+        c->run.state = (Grpo__RunState)st;
+    get_str(run, "reason", c->run.reason, sizeof c->run.reason);
+    get_str(run, "abort", c->run.abort, sizeof c->run.abort);
+    c->run.abort_at = get_num(run, "abort_at", c->run.abort_at);
+    c->run.step = get_int(run, "step", c->run.step);
+    c->run.total_steps = get_int(run, "total_steps", c->run.total_steps);
+    c->run.checkpoint_seq_done = get_hex64(run, "checkpoint_seq_done");
+    c->run.checkpoint_step = get_int(run, "checkpoint_step", c->run.checkpoint_step);
+    const json_t *events = json_object_get(root, "events");
+    for (size_t i = 0; i < json_array_size(events); i++) {
+        const json_t *e = json_array_get(events, i);
+        if (json_is_string(json_array_get(e, 1)))
+            core_add_event_record(c, json_number_value(json_array_get(e, 0)), json_string_value(json_array_get(e, 1)));
+    }
+    const json_t *hist = json_object_get(root, "history");
+    for (size_t i = 0; i < json_array_size(hist); i++) {
+        const json_t *h = json_array_get(hist, i);
+        const struct core_history_point p = {
+            json_integer_value(json_array_get(h, 0)),
+            json_is_number(json_array_get(h, 1)) ? json_number_value(json_array_get(h, 1)) : NAN,
+            json_is_number(json_array_get(h, 2)) ? json_number_value(json_array_get(h, 2)) : NAN,
+            json_is_number(json_array_get(h, 3)) ? json_number_value(json_array_get(h, 3)) : 0};
+        core_add_history_point(c, &p);
+    }
+    c->journal_seq = (uint64_t)seq;
+    rc = 0;
+out:
+    json_decref(root);
+    return rc;
 }
 
 static int load_worker(struct core *c, const json_t *o, double now, char *err, size_t errlen)
@@ -297,6 +407,9 @@ int core_load_json(struct core *c, const char *text, double now, char *err, size
         if (json_is_string(json_array_get(e, 1)))
             core_add_event_record(c, json_number_value(json_array_get(e, 0)), json_string_value(json_array_get(e, 1)));
     }
+    c->journal_seq = (uint64_t)get_int(root, "seq", 0);
+    c->record_rank = -1;
+    c->events_new = c->history_new = 0;
     free(saved_run.config);
     json_decref(root);
     c->dirty = false;

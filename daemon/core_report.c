@@ -309,7 +309,25 @@ static void status_diagnosis(const struct core *c, double now, Grpo__Status *s, 
     s->n_diagnosis = (size_t)n;
 }
 
+/* Whether a worker is listed first in a status of some workers: one that is not simply at work or done
+ * (starting, suspect, lost, failed, reconnecting) is what a person looks for. */
+static bool worker_notable(const struct core_worker *w)
+{
+    switch (core_worker_shown_state(w)) {
+    case GRPO__WORKER_STATE__WORKER_RUNNING:
+    case GRPO__WORKER_STATE__WORKER_PAUSED:
+    case GRPO__WORKER_STATE__WORKER_STOPPED:
+    case GRPO__WORKER_STATE__WORKER_FINISHED: return false;
+    default: return true;
+    }
+}
+
 Grpo__Status *core_status(const struct core *c, double now, struct arena *a)
+{
+    return core_status_some(c, now, a, -1, NULL);
+}
+
+Grpo__Status *core_status_some(const struct core *c, double now, struct arena *a, int max_workers, int *registered)
 {
     Grpo__Status *s = arena_alloc(a, sizeof *s);
     grpo__status__init(s);
@@ -337,17 +355,37 @@ Grpo__Status *core_status(const struct core *c, double now, struct arena *a)
         s->throughput = c->run.history[c->run.nhistory - 1].throughput;
         s->reward = c->run.history[c->run.nhistory - 1].reward;
     }
-    int present = 0;
-    for (int r = 0; r < c->nworkers; r++)
+    int present = 0, notable = 0;
+    for (int r = 0; r < c->nworkers; r++) {
         present += (c->workers[r] != NULL);
-    s->workers = arena_alloc(a, (size_t)(present ? present : 1) * sizeof(Grpo__WorkerStatus *));
-    Grpo__WorkerStatus *ws = arena_alloc(a, (size_t)(present ? present : 1) * sizeof *ws);
-    for (int r = 0; r < c->nworkers; r++)
-        if (c->workers[r]) {
-            worker_status(&ws[s->n_workers], c->workers[r], now, a);
-            s->workers[s->n_workers] = &ws[s->n_workers];
-            s->n_workers++;
+        notable += c->workers[r] && worker_notable(c->workers[r]);
+    }
+    if (registered)
+        *registered = present;
+    /* some workers (max_workers >= 0): the notable ones first, then the lowest ranks, listed by rank; a status of
+     * 10,000 workers is megabytes, and building it holds grpod's loop (docs/scaling.md) */
+    const int want = max_workers >= 0 && max_workers < present ? max_workers : present;
+    const int take_notable = notable < want ? notable : want;
+    int other = want - take_notable;
+    s->workers = arena_alloc(a, (size_t)(want ? want : 1) * sizeof(Grpo__WorkerStatus *));
+    Grpo__WorkerStatus *ws = arena_alloc(a, (size_t)(want ? want : 1) * sizeof *ws);
+    int notable_left = take_notable;
+    for (int r = 0; r < c->nworkers && (int)s->n_workers < want; r++) {
+        const struct core_worker *w = c->workers[r];
+        if (!w)
+            continue;
+        if (want < present) {
+            if (worker_notable(w) ? notable_left <= 0 : other <= 0)
+                continue;
+            if (worker_notable(w))
+                notable_left--;
+            else
+                other--;
         }
+        worker_status(&ws[s->n_workers], w, now, a);
+        s->workers[s->n_workers] = &ws[s->n_workers];
+        s->n_workers++;
+    }
     run_metrics(c, s, a);
     status_diagnosis(c, now, s, a);
     s->n_history = (size_t)c->run.nhistory;
@@ -526,6 +564,22 @@ char *core_metrics_text(const struct core *c, double now)
     family(&t, "grpod_loop_stall_seconds_total", "counter",
            "Seconds grpod's own loop did not run (a loaded or stopped host), not counted as any worker's silence.");
     put(&t, "grpod_loop_stall_seconds_total %.3f\n", c->stalled_s);
+    family(&t, "grpod_journal_saves_total", "counter", "Times the run's state file was written whole (durably).");
+    put(&t, "grpod_journal_saves_total %" PRIu64 "\n", c->counters.journal_saves);
+    family(&t, "grpod_registrations_repeated_total", "counter",
+           "Registrations a process asked for again before its first heartbeat (it never heard the answer): "
+           "answered with the one it has.");
+    put(&t, "grpod_registrations_repeated_total %" PRIu64 "\n", c->counters.registrations_repeated);
+    family(&t, "grpod_journal_seconds_total", "counter",
+           "Seconds grpod's loop spent writing state files whole (building the text, writing, syncing).");
+    put(&t, "grpod_journal_seconds_total %.3f\n", c->counters.journal_seconds);
+    family(&t, "grpod_journal_records_total", "counter",
+           "Records appended to the journal's run.log (a registration each, durably) instead of a whole state file.");
+    put(&t, "grpod_journal_records_total %" PRIu64 "\n", c->counters.journal_records);
+    family(&t, "grpod_journal_bytes_total", "counter",
+           "Bytes written to the journal: the state files and run.log's records (state), events.log's lines (events).");
+    put(&t, "grpod_journal_bytes_total{file=\"state\"} %" PRIu64 "\n", c->counters.journal_bytes);
+    put(&t, "grpod_journal_bytes_total{file=\"events\"} %" PRIu64 "\n", c->counters.journal_event_bytes);
     worker_metrics(c, &t, now);
     /* the trainer's own numbers, under their verl names */
     family(&t, "grpo_run_metric", "gauge", "The run's newest metrics under their verl names (critic/score/mean, ...).");

@@ -82,6 +82,7 @@ struct grpod {
     char http_url[256];
     char last_status[256];
     int exit_code;
+    double last_save_s, last_save_at; /* how long the last state file took to write whole, and when it ended */
 };
 
 static void usage(FILE *out)
@@ -145,19 +146,54 @@ static void persist(struct grpod *d)
 {
     if (!d->core.dirty)
         return;
+    d->core.record_rank = -1;
+    d->core.events_new = d->core.history_new = 0;
+    const double t0 = clock_now_s();
     char *text = core_save_json(&d->core);
     char err[512];
-    if (journal_save(&d->journal, text, err, sizeof err) != 0)
+    const int rc = journal_save(&d->journal, text, err, sizeof err);
+    d->last_save_at = clock_now_s();
+    d->last_save_s = d->last_save_at - t0;
+    d->core.counters.journal_seconds += d->last_save_s;
+    if (rc != 0)
         log_error("journal", "%s (the run's state is not durable until this is fixed)", err);
-    else
+    else {
         d->core.dirty = d->core.dirty_urgent = false;
+        d->core.counters.journal_saves++;
+        d->core.counters.journal_bytes += strlen(text);
+    }
     free(text);
+}
+
+/* What must be durable before the answer goes out: a registration's or a heartbeat's record alone (one line
+ * appended: a state file of 10,000 workers rewritten for each of 10,000 registrations was the registry's first limit,
+ * and one rewritten at each step held grpod's loop for a second: docs/scaling.md), else the whole state. A record
+ * leaves the state dirty: the periodic write (on_flush) brings the state file up to date within a second, and empties
+ * the record log. */
+static void make_durable(struct grpod *d)
+{
+    if (!d->core.dirty_urgent)
+        return;
+    char *line = d->core.record_rank >= 0 ? core_save_record(&d->core) : NULL;
+    char err[512];
+    if (line && journal_append(&d->journal, line, err, sizeof err) == 0) {
+        d->core.dirty_urgent = false;
+        d->core.record_rank = -1;
+        d->core.events_new = d->core.history_new = 0;
+        d->core.counters.journal_records++;
+        d->core.counters.journal_bytes += strlen(line) + 1;
+    } else {
+        if (line)
+            log_warn("journal", "%s; writing the whole state instead", err);
+        persist(d);
+    }
+    free(line);
 }
 
 static void on_event(void *ud, double time, const char *text)
 {
     struct grpod *d = ud;
-    journal_event(&d->journal, time, text);
+    d->core.counters.journal_event_bytes += journal_event(&d->journal, time, text);
 }
 
 /* ---- control sockets ---- */
@@ -226,8 +262,7 @@ static void on_readable(uv_poll_t *p, int status, int events)
         uint8_t *reply =
             core_handle(&d->core, msg, (size_t)n, l->needs_secret ? d->secret : NULL, clock_now_s(), &rlen);
         nn_freemsg(msg);
-        if (d->core.dirty_urgent) /* registrations and commands are durable before they are answered */
-            persist(d);
+        make_durable(d); /* registrations and commands are durable before they are answered */
         if (!send_reply(l, reply, rlen)) {
             uv_poll_stop(&l->rpoll);
             uv_poll_start(&l->spoll, UV_READABLE, on_writable);
@@ -265,8 +300,7 @@ static uint8_t *on_tcp_request(void *ud, const uint8_t *msg, size_t len, bool *a
     const uint64_t failed0 = failed_requests(&d->core);
     uint8_t *reply = core_handle_auth(&d->core, msg, len, d->secret, clock_now_s(), reply_len, authenticated);
     *failed = failed_requests(&d->core) > failed0;
-    if (d->core.dirty_urgent) /* registrations and commands are durable before they are answered */
-        persist(d);
+    make_durable(d); /* registrations and commands are durable before they are answered */
     return reply;
 }
 
@@ -482,7 +516,17 @@ static void on_tick(uv_timer_t *t)
     notify_status(d);
 }
 
-static void on_flush(uv_timer_t *t) { persist(t->data); }
+/* The periodic write of what changed and need not be durable at once: at most once a second, and while a write
+ * takes over a tenth of a second (10 MB of 10,000 workers on a loaded host), at most once every ten of its own
+ * lengths, so that it holds grpod's loop a tenth of the time at most (docs/scaling.md). What must be durable
+ * before its answer (make_durable) is never held back. */
+static void on_flush(uv_timer_t *t)
+{
+    struct grpod *d = t->data;
+    if (clock_now_s() - d->last_save_at < 10 * d->last_save_s)
+        return;
+    persist(d);
+}
 
 static void on_signal(uv_signal_t *s, int signum)
 {
@@ -554,6 +598,35 @@ static void set_aside(struct grpod *d, const char *why)
         log_error("journal", "cannot rename it: %s", strerror(errno));
 }
 
+/* The records appended since the state file (registrations), in order; a torn last line (a crash while it was
+ * written: its registration was never answered) ends them. */
+static void apply_records(struct grpod *d)
+{
+    char *text = NULL, err[512];
+    if (journal_load_log(&d->journal, &text, err, sizeof err) != 0) {
+        log_error("journal", "%s (the registrations since the state file are not restored)", err);
+        return;
+    }
+    int n = 0;
+    for (char *line = text, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (!next) {
+            log_warn("journal", "%s: its last record is torn (a crash while it was written): left out",
+                     d->journal.log_path);
+            break;
+        }
+        *next++ = 0;
+        if (core_apply_record(&d->core, line, clock_now_s(), err, sizeof err) != 0) {
+            log_warn("journal", "%s: %s: the records from there are left out", d->journal.log_path, err);
+            break;
+        }
+        n++;
+    }
+    if (n)
+        log_info("journal", "%d record(s) of %s applied over the state file", n, d->journal.log_path);
+    free(text);
+}
+
 /* Bring back the journaled run. A state file that cannot be read stops grpod (starting over would
  * overwrite it); one that is not a regular file, is over the size limit, or reads but does not parse is kept
  * aside and a new run begins. */
@@ -578,6 +651,7 @@ static int restore(struct grpod *d)
         snprintf(why, sizeof why, "%s: %s", d->journal.state_path, err);
         set_aside(d, why);
     } else {
+        apply_records(d);
         int present = 0;
         for (int r = 0; r < d->core.nworkers; r++)
             present += (d->core.workers[r] != NULL);

@@ -333,8 +333,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                        MHD_RESPMEM_MUST_FREE);
     }
     if (strcmp(url, "/api/status") == 0) {
+        /* ?workers=N: at most N workers listed (the page asks for a few: 10,000 make megabytes, docs/scaling.md) */
+        const char *arg = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "workers");
+        long max = -1;
+        if (arg) {
+            char *end;
+            max = strtol(arg, &end, 10);
+            if (!arg[0] || *end || max < 0 || max > CORE_MAX_WORKERS) {
+                static char bad[] = "bad workers= in /api/status: a whole number from 0 to 16384, the most workers "
+                                    "to list\n";
+                return refuse_late(h, conn, MHD_HTTP_BAD_REQUEST, bad, sizeof bad - 1);
+            }
+        }
         struct arena a = {0};
-        char *text = status_to_json(core_status(h->core, now, &a), 0);
+        int registered = 0;
+        const Grpo__Status *st = core_status_some(h->core, now, &a, (int)max, &registered);
+        char *text = status_to_json_of(st, 0, registered);
         arena_free(&a);
         return respond(conn, MHD_HTTP_OK, "application/json", text, strlen(text), MHD_RESPMEM_MUST_FREE);
     }

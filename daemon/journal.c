@@ -52,7 +52,7 @@ static int write_all(int fd, const char *buf, size_t len)
 int journal_open(struct journal *j, const char *dir, char *err, size_t errlen)
 {
     memset(j, 0, sizeof *j);
-    j->dir_fd = j->lock_fd = j->events_fd = -1;
+    j->dir_fd = j->lock_fd = j->events_fd = j->log_fd = -1;
     if (!dir || !dir[0]) {
         snprintf(err, errlen, KEY_grpod_state_dir " is empty");
         return -1;
@@ -61,6 +61,7 @@ int journal_open(struct journal *j, const char *dir, char *err, size_t errlen)
     snprintf(j->state_path, sizeof j->state_path, "%s/run.json", dir);
     snprintf(j->tmp_path, sizeof j->tmp_path, "%s/run.json.tmp", dir);
     snprintf(j->events_path, sizeof j->events_path, "%s/events.log", dir);
+    snprintf(j->log_path, sizeof j->log_path, "%s/run.log", dir);
     if (make_dirs(dir, 0750) != 0) {
         snprintf(err, errlen, "cannot create state directory %s: %s", dir, strerror(errno));
         return -1;
@@ -118,13 +119,51 @@ int journal_save(struct journal *j, const char *text, char *err, size_t errlen)
     /* through state_path.tmp (tmp_path), which journal_open removes when a crash left it */
     struct text_body b = {text};
     /* 0600: it holds the run's data-plane key */
-    return fs_write_atomic_with(j->state_path, 0600, write_text, &b, err, errlen);
+    if (fs_write_atomic_with(j->state_path, 0600, write_text, &b, err, errlen) != 0)
+        return -1;
+    /* the state file holds every record now (its "seq"); records left by a failed truncation are skipped on load */
+    if (j->log_fd >= 0 && (ftruncate(j->log_fd, 0) != 0 || fdatasync(j->log_fd) != 0))
+        log_warn("journal", "cannot empty %s: %s (its records are older than the state file: skipped)", j->log_path,
+                 strerror(errno));
+    return 0;
 }
 
-void journal_event(struct journal *j, double time, const char *text)
+int journal_append(struct journal *j, const char *line, char *err, size_t errlen)
+{
+    if (j->log_fd < 0) {
+        /* 0600: a record holds what the state file does */
+        j->log_fd = open(j->log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (j->log_fd < 0) {
+            snprintf(err, errlen, "cannot open %s: %s", j->log_path, strerror(errno));
+            return -1;
+        }
+        if (j->dir_fd >= 0 && fsync(j->dir_fd) != 0) { /* the new file's name is durable too */
+            snprintf(err, errlen, "cannot sync %s: %s", j->dir, strerror(errno));
+            return -1;
+        }
+    }
+    if (write_all(j->log_fd, line, strlen(line)) != 0 || write_all(j->log_fd, "\n", 1) != 0 ||
+        fdatasync(j->log_fd) != 0) {
+        snprintf(err, errlen, "cannot append to %s: %s", j->log_path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+int journal_load_log(struct journal *j, char **text, char *err, size_t errlen)
+{
+    char why[256];
+    *text = fs_read_all(j->log_path, JOURNAL_MAX, NULL, why, sizeof why);
+    if (*text || errno == ENOENT)
+        return 0;
+    snprintf(err, errlen, "%s: cannot read: %s", j->log_path, why);
+    return -1;
+}
+
+size_t journal_event(struct journal *j, double time, const char *text)
 {
     if (j->events_fd < 0)
-        return;
+        return 0;
     time_t t = (time_t)time;
     struct tm tm;
     gmtime_r(&t, &tm);
@@ -133,17 +172,22 @@ void journal_event(struct journal *j, double time, const char *text)
     n += snprintf(line + n, sizeof line - (size_t)n, ".%03dZ %s\n", (int)((time - (double)t) * 1000), text);
     if (n >= (int)sizeof line)
         n = (int)sizeof line - 1;
-    if (write_all(j->events_fd, line, (size_t)n) != 0)
+    if (write_all(j->events_fd, line, (size_t)n) != 0) {
         log_warn("journal", "cannot append to %s: %s", j->events_path, strerror(errno));
+        return 0;
+    }
+    return (size_t)n;
 }
 
 void journal_close(struct journal *j)
 {
     if (j->events_fd >= 0)
         close(j->events_fd);
+    if (j->log_fd >= 0)
+        close(j->log_fd);
     if (j->lock_fd >= 0)
         close(j->lock_fd); /* releases the flock */
     if (j->dir_fd >= 0)
         close(j->dir_fd);
-    j->dir_fd = j->lock_fd = j->events_fd = -1;
+    j->dir_fd = j->lock_fd = j->events_fd = j->log_fd = -1;
 }

@@ -154,15 +154,16 @@ static bool same_id(const struct plane_id *a, const struct plane_id *b)
 
 static struct plane_seen *seen_of(struct plane_verifier *v, const struct plane_id *id)
 {
+    const int cap = v->cap > 0 ? v->cap : PLANE_SEEN_MAX;
     if (!v->seen)
-        v->seen = calloc(PLANE_SEEN_MAX, sizeof *v->seen);
+        v->seen = calloc((size_t)cap, sizeof *v->seen);
     if (!v->seen)
         abort();
     for (int i = 0; i < v->nseen; i++)
         if (same_id(&v->seen[i].id, id))
             return &v->seen[i];
     int i = v->nseen;
-    if (i == PLANE_SEEN_MAX) { /* forget the identity heard from least recently */
+    if (i == cap) { /* forget the identity heard from least recently */
         i = 0;
         for (int j = 1; j < v->nseen; j++)
             if (v->seen[j].used < v->seen[i].used)
@@ -289,6 +290,13 @@ void plane_verifier_init(struct plane_verifier *v, const uint8_t run_key[PLANE_K
         v->epoch = epoch;
         v->set = true;
     }
+}
+
+void plane_verifier_capacity(struct plane_verifier *v, int n)
+{
+    if (v->seen || n <= PLANE_SEEN_MAX) /* sized before the first message only; never below the default */
+        return;
+    v->cap = n;
 }
 
 void plane_verifier_free(struct plane_verifier *v)

@@ -42,7 +42,8 @@ struct plane_cred {
 };
 
 /* What a receiver holds: the run key, and the counters each identity has used (a bounded table, the oldest
- * identity forgotten first). */
+ * identity forgotten first: a forgotten identity's old messages would be taken again, so a receiver sizes the table
+ * for every process that may speak to it, plane_verifier_capacity). PLANE_SEEN_MAX unless sized. */
 #define PLANE_SEEN_MAX 1024
 struct plane_seen {
     struct plane_id id;
@@ -55,8 +56,8 @@ struct plane_verifier {
     uint8_t run_key[PLANE_KEY_BYTES];
     uint64_t epoch; /* the run key's: a message of another is refused */
     bool set;
-    struct plane_seen *seen; /* [PLANE_SEEN_MAX], allocated on first use */
-    int nseen;
+    struct plane_seen *seen; /* [cap], allocated on first use */
+    int nseen, cap;          /* cap 0: PLANE_SEEN_MAX */
     uint64_t clock;
     uint64_t macs, mac_bytes; /* MACs computed over requests so far, and the bytes they covered */
 };
@@ -121,6 +122,10 @@ uint64_t plane_cred_last(const struct plane_cred *c);
 /* A verifier of the run key of epoch `epoch` (run_key NULL: none, every message refused). */
 void plane_verifier_init(struct plane_verifier *v, const uint8_t run_key[PLANE_KEY_BYTES], uint64_t epoch);
 void plane_verifier_free(struct plane_verifier *v);
+/* Remember the counters of at least n identities (before the first message: every rollout process of the run and
+ * the processes that may replace them; a table of 1024 forgot the first of 1,025 live processes, whose captured
+ * messages were then taken again, and grew no faster than one scan of it per message). */
+void plane_verifier_capacity(struct plane_verifier *v, int n);
 
 /* A fresh random key epoch (never 0): a launch without grpod. */
 uint64_t plane_epoch_new(void);

@@ -77,7 +77,9 @@ static json_t *worker_json(const Grpo__WorkerStatus *w)
     return o;
 }
 
-char *status_to_json(const Grpo__Status *s, int pretty)
+char *status_to_json(const Grpo__Status *s, int pretty) { return status_to_json_of(s, pretty, -1); }
+
+char *status_to_json_of(const Grpo__Status *s, int pretty, int registered)
 {
     json_t *o = json_object(), *workers = json_array(), *hist = json_array(), *events = json_array();
     json_object_set_new(o, "run_id", json_string(s->run_id));
@@ -103,6 +105,7 @@ char *status_to_json(const Grpo__Status *s, int pretty)
     for (size_t i = 0; i < s->n_workers; i++)
         json_array_append_new(workers, worker_json(s->workers[i]));
     json_object_set_new(o, "workers", workers);
+    json_object_set_new(o, "workers_registered", json_integer(registered >= 0 ? registered : (json_int_t)s->n_workers));
     for (size_t i = 0; i < s->n_history; i++) {
         json_t *h = json_object();
         json_object_set_new(h, "step", json_integer(s->history[i]->step));

@@ -5,8 +5,10 @@
 
 #include "proto/protocol.h"
 
-/* JSON text of a Status (caller frees). pretty: indented for people. */
+/* JSON text of a Status (caller frees). pretty: indented for people. "workers_registered" is how many workers
+ * are registered: the workers listed, or registered when it is not negative (a status of some workers). */
 char *status_to_json(const Grpo__Status *s, int pretty);
+char *status_to_json_of(const Grpo__Status *s, int pretty, int registered);
 /* One wait of a worker's flight recorder as a JSON object: the keys of the worker's own dump lines
  * (RUN_DIR/flight/rank-R.jsonl), "id", "kind", "op", "group", "members", "group_size", "seq", "bytes", "peer",
  * "phase", "layer", "pass", "began", "seconds", "open", "failed". */

@@ -159,6 +159,7 @@ prog() {
     grpo-worker) p=worker/grpo-worker ;;
     grpo-model) p=worker/grpo-model ;;
     sim-worker) p=tests/system/sim_worker ;;
+    sim-ranks) p=bench/sim_ranks ;;
     compare-weights) p=tests/mpi/compare_weights ;;
     data-stranger) p=tests/mpi/data_stranger ;;
     tensorboard-writer) p=tests/system/test_tensorboard_writer ;;

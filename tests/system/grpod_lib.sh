@@ -15,3 +15,13 @@ start_sim() {
     SIM_PID=$!
     track "$SIM_PID"
 }
+
+# journal_state DIR: the run's state (a grpo.RunState number) as grpod's journal in DIR holds it: the last record of
+# run.log (a registration or heartbeat made durable since run.json was written), else run.json's
+journal_state() {
+    if [ -s "$1/run.log" ]; then
+        tail -n 1 "$1/run.log" | jq -e '.run.state'
+    else
+        jq -e '.run.state' "$1/run.json"
+    fi
+}

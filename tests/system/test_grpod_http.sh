@@ -32,6 +32,13 @@ expect "/api/status worker fields" $?
 diff <(jq -S 'del(.uptime_s, .workers, .history, .events, .step, .metrics, .reward, .throughput, .phase)' "$TMP/api.json") \
      <("$GRPOCTL" status --json | jq -S 'del(.uptime_s, .workers, .history, .events, .step, .metrics, .reward, .throughput, .phase)') >/dev/null
 expect "/api/status and grpoctl status --json agree" $?
+jq -e '.workers_registered == 2' "$TMP/api.json" >/dev/null; expect "/api/status counts the workers registered" $?
+curl -sf "$url/api/status?workers=1" >"$TMP/api1.json"; expect "GET /api/status?workers=1" $?
+jq -e '(.workers | length) == 1 and .workers[0].rank == 0 and .workers_registered == 2' "$TMP/api1.json" >/dev/null
+expect "?workers=1 lists one worker (the lowest rank: both run) and counts both" $?
+curl -s -o "$TMP/bad.txt" -w '%{http_code}' "$url/api/status?workers=lots" | grep -q 400 &&
+    grep -q 'bad workers= in /api/status' "$TMP/bad.txt"
+expect "?workers=lots: 400 naming the argument" $?
 curl -s -o /dev/null -w '%{http_code}' "$url/nope" | grep -q 404; expect "unknown path: 404" $?
 curl -s -o /dev/null -w '%{http_code}' -X POST "$url/api/status" | grep -q 405; expect "POST: 405" $?
 

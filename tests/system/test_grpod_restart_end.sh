@@ -21,7 +21,7 @@ wait_for 30 has "$TMP/w0.log" "has not acknowledged that this worker ended" &&
     wait_for 30 has "$TMP/w1.log" "has not acknowledged that this worker ended"
 expect "both workers finish while grpod is down" $?
 [ -f "$TMP/w0.state" ] && [ -f "$TMP/w1.state" ]; expect "both wrote their final state" $?
-jq -e '.run.state == 1' "$TMP/g1.state/run.json" >/dev/null; expect "the journal still says running (RUN_RUNNING)" $?
+[ "$(journal_state "$TMP/g1.state")" = 1 ]; expect "the journal still says running (RUN_RUNNING)" $?
 
 start_grpod g1; expect "grpod restarts on the same state directory" $?
 [ "$(status_field .run_id)" = "$run_id" ]; expect "same run after restart" $?

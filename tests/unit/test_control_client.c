@@ -35,6 +35,7 @@ struct server {
     pthread_t thread;
     volatile int quit;
     int wrong_version; /* answer everything as a protocol-2 peer */
+    double register_s; /* a busy grpod: each registration answered this long after it is read */
 };
 
 static void *serve(void *arg)
@@ -60,6 +61,13 @@ static void *serve(void *arg)
             r = malloc(rlen);
             grpo__envelope__pack(&env, r);
         } else {
+            if (s->register_s > 0) {
+                char why[128];
+                Grpo__Envelope *e = protocol_unpack(msg, (size_t)n, why, sizeof why);
+                if (e && e->body_case == GRPO__ENVELOPE__BODY_REGISTER)
+                    clock_sleep_s(s->register_s); /* sleep-ok: the busy grpod this server plays */
+                protocol_free(e);
+            }
             r = core_handle(&s->core, msg, (size_t)n, NULL, clock_now_s(), &rlen);
         }
         nn_freemsg(msg);
@@ -195,6 +203,34 @@ static void test_unreachable(void **state)
     assert_true(clock_now_s() - t0 < 5.0);
     assert_non_null(strstr(err, "cannot reach grpod at ipc:///tmp/grpo-no-such-dir/ctl.sock: "));
     assert_non_null(strstr(err, "no such file or directory"));
+}
+
+/* A grpod too busy to answer a registration within 2 s (10,000 ranks registering at once): the worker waits twice as
+ * long at each try, and its second try, answered 2.5 s after it is read, gets in (with a fixed 2 s every answer came
+ * too late and no try ever did), with the registration its first try made (grpod answers it again). */
+static void test_busy_grpod(void **state)
+{
+    (void)state;
+    struct server s;
+    server_start(&s, 0);
+    s.register_s = 2.5;
+    struct control_options o = {.endpoint = s.endpoint,
+                                .rank = 0,
+                                .world_size = 1,
+                                .host = "testhost",
+                                .config_digest = 9,
+                                .connect_timeout_s = 20};
+    struct control *c = NULL;
+    struct control_assignment a;
+    char err[512];
+    const double t0 = clock_now_s();
+    if (control_open(&o, &c, &a, err, sizeof err) != 0)
+        fail_msg("control_open: %s", err);
+    assert_true(clock_now_s() - t0 < 15.0);
+    assert_int_equal(s.core.counters.registrations_repeated, 1); /* the second try: the first one's answer again */
+    control_finish(c, CONTROL_END_FINISHED, NULL);
+    control_close(c);
+    server_stop(&s);
 }
 
 static void test_version_mismatch(void **state)
@@ -451,13 +487,10 @@ int main(void)
 {
     log_set_level(LOG_ERROR);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_transport),
-        cmocka_unit_test(test_no_grpod),
-        cmocka_unit_test(test_unreachable),
-        cmocka_unit_test(test_version_mismatch),
-        cmocka_unit_test(test_heartbeats_while_busy),
-        cmocka_unit_test(test_commands),
-        cmocka_unit_test(test_safe_point),
+        cmocka_unit_test(test_transport),     cmocka_unit_test(test_no_grpod),
+        cmocka_unit_test(test_unreachable),   cmocka_unit_test(test_version_mismatch),
+        cmocka_unit_test(test_busy_grpod),    cmocka_unit_test(test_heartbeats_while_busy),
+        cmocka_unit_test(test_commands),      cmocka_unit_test(test_safe_point),
         cmocka_unit_test(test_config_digest),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

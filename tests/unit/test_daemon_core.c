@@ -21,6 +21,7 @@
 #include "proto/ctl_auth.h"
 #include "proto/plane_auth.h"
 #include "common/placement.h"
+#include "proto/status_json.h"
 #include "proto/transport.h"
 
 static double T = 1000.0; /* the test's monotonic clock */
@@ -358,6 +359,213 @@ static void test_state_machine(void **state)
     reg_ok(&c, 0, 1, GRPO__ROLE__ROLE_HYBRID);
     assert_string_not_equal(c.run.id, old);
     assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING);
+    core_deinit(&c);
+}
+
+/* A steady heartbeat (same state, step and checkpoint) leaves the run's verdict as it was without judging it again
+ * from every worker (that was N^2 a second at N workers: docs/scaling.md); a heartbeat that changes what the verdict
+ * reads still moves the run. */
+static void test_steady_heartbeats_judge_nothing(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = settings(0, 0, 1, 1);
+    core_init(&c, &s, T);
+    enum { N = 64 };
+    uint64_t inc[N];
+    for (int r = 0; r < N; r++)
+        inc[r] = reg_ok(&c, r, N, GRPO__ROLE__ROLE_HYBRID);
+    for (int r = 0; r < N; r++) /* starting -> running: each a change */
+        beat_ok(&c, r, inc[r], GRPO__WORKER_STATE__WORKER_RUNNING, 3);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING);
+    const uint64_t judged = c.evaluations;
+    for (int round = 0; round < 5; round++)
+        for (int r = 0; r < N; r++)
+            beat_ok(&c, r, inc[r], GRPO__WORKER_STATE__WORKER_RUNNING, 3);
+    assert_int_equal(c.evaluations, judged); /* 320 steady heartbeats, no judgement */
+    /* a step forward is judged once (the run's step moves) */
+    beat_ok(&c, 0, inc[0], GRPO__WORKER_STATE__WORKER_RUNNING, 4);
+    assert_int_equal(c.evaluations, judged + 1);
+    assert_int_equal(c.run.step, 4);
+    /* a state change is judged: pausing, then every worker paused */
+    command_ok(&c, GRPO__COMMAND__COMMAND_PAUSE);
+    for (int r = 0; r < N; r++)
+        beat_ok(&c, r, inc[r], GRPO__WORKER_STATE__WORKER_PAUSED, 4);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_PAUSED);
+    const uint64_t paused = c.evaluations;
+    beat_ok(&c, 5, inc[5], GRPO__WORKER_STATE__WORKER_PAUSED, 4);
+    assert_int_equal(c.evaluations, paused);
+    /* a failure is judged at once, by a heartbeat alone */
+    beat_ok(&c, 7, inc[7], GRPO__WORKER_STATE__WORKER_FAILED, 4);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_FAILED);
+    core_deinit(&c);
+}
+
+/* As grpod's shell does after each request: the state is durable (written whole, or the record appended). */
+static void made_durable(struct core *c)
+{
+    c->dirty = c->dirty_urgent = false;
+    c->record_rank = -1;
+    c->events_new = c->history_new = 0;
+}
+
+/* A registration into a run under way is journaled as one record (the worker, the run's state and reason, its
+ * events) instead of the whole state: a state file saved before it, with the record applied, gives the run as it was
+ * after it; a record the state file holds already is skipped; a torn record is refused. The first registration (the
+ * run's world; likewise a new launch, the run's configuration) still writes the whole state (docs/scaling.md). */
+static bool has_event(const struct core *c, const char *text);
+static void test_registration_records(void **state)
+{
+    (void)state;
+    struct core c, d;
+    struct core_settings s = settings(0, 0, 1, 1);
+    core_init(&c, &s, T);
+    Grpo__Envelope *e = send_register(&c, 0, 3, "node00", "rollout,trainer", 42);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_ASSIGNMENT);
+    protocol_free(e);
+    assert_true(c.dirty_urgent);
+    assert_int_equal(c.record_rank, -1); /* the first: the run's world, its digest */
+    made_durable(&c);
+    uint64_t i1 = reg_ok(&c, 1, 3, GRPO__ROLE__ROLE_HYBRID);
+    assert_true(c.dirty_urgent);
+    assert_int_equal(c.record_rank, 1);
+    char *r1 = core_save_record(&c);
+    assert_non_null(r1);
+    assert_null(strchr(r1, '\n')); /* one line */
+    made_durable(&c);
+    char *before = core_save_json(&c); /* the state file holds record 1 */
+    uint64_t i2 = reg_ok(&c, 2, 3, GRPO__ROLE__ROLE_HYBRID);
+    assert_int_equal(c.record_rank, 2);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING); /* every rank there */
+    char *r2 = core_save_record(&c);
+    made_durable(&c);
+    /* a restart: the state file, then the log */
+    core_init(&d, &s, T + 10);
+    char err[256];
+    assert_int_equal(core_load_json(&d, before, T + 10, err, sizeof err), 0);
+    assert_null(d.workers[2]);
+    assert_int_equal(core_apply_record(&d, r1, T + 10, err, sizeof err), 0); /* held already: skipped */
+    assert_int_equal(d.workers[1]->incarnation, i1);
+    assert_int_equal(core_apply_record(&d, r2, T + 10, err, sizeof err), 0);
+    assert_non_null(d.workers[2]);
+    assert_int_equal(d.workers[2]->incarnation, i2);
+    assert_int_equal(d.workers[2]->state, GRPO__WORKER_STATE__WORKER_RECONNECTING);
+    assert_int_equal(d.run.state, GRPO__RUN_STATE__RUN_RUNNING);
+    assert_string_equal(d.run.reason, c.run.reason);
+    assert_true(has_event(&d, "rank 2 registered"));
+    /* a heartbeat's step is journaled as its worker's record too (a step used to rewrite the whole state) */
+    beat_ok(&c, 1, i1, GRPO__WORKER_STATE__WORKER_RUNNING, 5);
+    assert_true(c.dirty_urgent);
+    assert_int_equal(c.record_rank, 1);
+    char *r3 = core_save_record(&c);
+    made_durable(&c);
+    assert_int_equal(core_apply_record(&d, r3, T + 10, err, sizeof err), 0);
+    free(r3);
+    assert_int_equal(d.run.step, 5);
+    assert_int_equal(d.run.nhistory, c.run.nhistory);
+    assert_int_equal(d.run.history[d.run.nhistory - 1].step, 5);
+    assert_true(fabs(d.run.history[d.run.nhistory - 1].reward - c.run.history[c.run.nhistory - 1].reward) < 1e-12);
+    assert_int_equal(d.workers[1]->step, 5);
+    /* the worker it brought back heartbeats on: its registration is known */
+    beat_ok(&d, 2, i2, GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+    /* a torn record, and one of a rank outside the world, are refused and change nothing */
+    char torn[64];
+    snprintf(torn, sizeof torn, "%.40s", r2);
+    assert_int_equal(core_apply_record(&d, torn, T + 10, err, sizeof err), -1);
+    assert_int_equal(
+        core_apply_record(&d, "{\"seq\": 99, \"run\": {}, \"worker\": {\"rank\": 7}}", T + 10, err, sizeof err), -1);
+    assert_non_null(strstr(err, "rank 7 is outside the run's 3 ranks"));
+    assert_int_equal(d.workers[2]->incarnation, i2);
+    core_deinit(&d);
+    free(r1);
+    free(r2);
+    free(before);
+    core_deinit(&c);
+}
+
+/* A status of some workers (/api/status?workers=N): the ones not at work first (here a failed and a starting one),
+ * then the lowest ranks, in rank order; the count registered is every worker's. */
+static void test_status_of_some_workers(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = settings(0, 0, 1, 1);
+    core_init(&c, &s, T);
+    enum { W = 10 };
+    uint64_t inc[W];
+    for (int r = 0; r < W; r++)
+        inc[r] = reg_ok(&c, r, W, GRPO__ROLE__ROLE_HYBRID);
+    for (int r = 0; r < W; r++)
+        if (r != 8) /* rank 8 stays starting */
+            beat_ok(&c, r, inc[r], r == 6 ? GRPO__WORKER_STATE__WORKER_FAILED : GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+    struct arena a = {0};
+    int registered = -1;
+    Grpo__Status *st = core_status_some(&c, T, &a, 4, &registered);
+    assert_int_equal(registered, W);
+    assert_int_equal(st->n_workers, 4);
+    const int want[4] = {0, 1, 6, 8};
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(st->workers[i]->rank, want[i]);
+    st = core_status_some(&c, T, &a, 1, NULL);
+    assert_int_equal(st->n_workers, 1);
+    assert_int_equal(st->workers[0]->rank, 6); /* the notable ones before any other */
+    st = core_status_some(&c, T, &a, 0, NULL);
+    assert_int_equal(st->n_workers, 0);
+    st = core_status_some(&c, T, &a, 100, NULL);
+    assert_int_equal(st->n_workers, W);
+    registered = -1;
+    st = core_status_some(&c, T, &a, 2, &registered);
+    char *json = status_to_json_of(st, 0, registered);
+    assert_non_null(strstr(json, "\"workers_registered\":10"));
+    free(json);
+    arena_free(&a);
+    core_deinit(&c);
+}
+
+/* A process that asks to register again before its first heartbeat (its wait for the answer ran out) gets the
+ * registration it has: the same incarnation, nothing new to journal, no event; after its first heartbeat, or from
+ * another process, it does not (a rank held by a live process is refused with retry). */
+static void test_registration_asked_again(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = settings(0, 0, 1, 1);
+    core_init(&c, &s, T);
+    reg_ok(&c, 0, 2, GRPO__ROLE__ROLE_HYBRID);
+    made_durable(&c);
+    const uint64_t i1 = reg_ok(&c, 1, 2, GRPO__ROLE__ROLE_HYBRID);
+    made_durable(&c);
+    const int nevents = c.nevents;
+    assert_int_equal(reg_ok(&c, 1, 2, GRPO__ROLE__ROLE_HYBRID), i1); /* the same process (pid 101), again */
+    assert_false(c.dirty_urgent);
+    assert_int_equal(c.nevents, nevents);
+    assert_int_equal(c.counters.registrations_repeated, 1);
+    /* another process of rank 1 (pid 999) while the first is fresh: held, retry */
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Register reg = GRPO__REGISTER__INIT;
+    char *caps[] = {"rollout", "trainer"}, *dev[] = {"cpu"};
+    reg.rank = 1;
+    reg.world_size = 2;
+    reg.host = "node01";
+    reg.pid = 999;
+    reg.config_digest = 42;
+    reg.capabilities = caps;
+    reg.n_capabilities = 2;
+    reg.devices = dev;
+    reg.n_devices = 1;
+    env.body_case = GRPO__ENVELOPE__BODY_REGISTER;
+    env.register_ = &reg;
+    Grpo__Envelope *e = roundtrip(&c, &env, NULL);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY);
+    assert_true(e->reply->retry);
+    protocol_free(e);
+    /* after its first heartbeat the same process asking is a new registration's business, as before */
+    beat_ok(&c, 1, i1, GRPO__WORKER_STATE__WORKER_RUNNING, 1);
+    e = send_register(&c, 1, 2, "node01", "rollout,trainer", 42);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_REPLY); /* held: heard from just now */
+    assert_true(e->reply->retry);
+    protocol_free(e);
+    assert_int_equal(c.counters.registrations_repeated, 1);
     core_deinit(&c);
 }
 
@@ -2534,6 +2742,10 @@ int main(void)
         cmocka_unit_test(test_data_port_window),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_state_machine),
+        cmocka_unit_test(test_steady_heartbeats_judge_nothing),
+        cmocka_unit_test(test_registration_records),
+        cmocka_unit_test(test_status_of_some_workers),
+        cmocka_unit_test(test_registration_asked_again),
         cmocka_unit_test(test_stop_reason_names_who_asked),
         cmocka_unit_test(test_checkpoint_completion),
         cmocka_unit_test(test_checkpoint_unrequested_split),

@@ -64,6 +64,38 @@ static void test_save_load(void **state)
     journal_close(&j);
 }
 
+/* The record log: appended lines come back in order, journal_event says what it appended, and a state file written
+ * whole empties the log (it holds the records). */
+static void test_record_log(void **state)
+{
+    (void)state;
+    struct journal j;
+    char err[512], *text = (char *)"x";
+    assert_int_equal(journal_open(&j, dir, err, sizeof err), 0);
+    assert_int_equal(journal_load_log(&j, &text, err, sizeof err), 0);
+    assert_null(text); /* none yet */
+    assert_int_equal(journal_append(&j, "{\"seq\":1}", err, sizeof err), 0);
+    assert_int_equal(journal_append(&j, "{\"seq\":2}", err, sizeof err), 0);
+    assert_int_equal(journal_load_log(&j, &text, err, sizeof err), 0);
+    assert_string_equal(text, "{\"seq\":1}\n{\"seq\":2}\n");
+    free(text);
+    struct stat st;
+    assert_int_equal(stat(j.log_path, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+    assert_int_equal(journal_save(&j, "{\"seq\": 2}", err, sizeof err), 0);
+    assert_int_equal(journal_load_log(&j, &text, err, sizeof err), 0);
+    assert_string_equal(text, ""); /* emptied */
+    free(text);
+    assert_int_equal(journal_append(&j, "{\"seq\":3}", err, sizeof err), 0);
+    journal_close(&j);
+    assert_int_equal(journal_open(&j, dir, err, sizeof err), 0); /* a restart reads what was appended */
+    assert_int_equal(journal_load_log(&j, &text, err, sizeof err), 0);
+    assert_string_equal(text, "{\"seq\":3}\n");
+    free(text);
+    assert_int_equal(journal_event(&j, 1796000000.25, "run waiting"), strlen("2026-11-30T00:53:20.250Z run waiting\n"));
+    journal_close(&j);
+}
+
 static void test_one_grpod_per_directory(void **state)
 {
     (void)state;
@@ -100,6 +132,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_save_load, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_record_log, setup, teardown),
         cmocka_unit_test_setup_teardown(test_one_grpod_per_directory, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stale_temporary_removed, setup, teardown),
     };

@@ -632,8 +632,12 @@ static void test_lost_answer(void **state)
     struct dispatch_stats st = cstats(d);
     assert_int_equal(st.granted, 2); /* the same grant three times counts once */
     assert_int_equal(st.regranted, 0);
+    assert_int_equal(st.delivered, 0); /* granted, not yet said delivered */
     /* a delivered its unit and asks: step 2 waits for the trainers, and nothing of step 1 is a's again */
     expect_wait_at(d, &a, t, "step 2", "version 1");
+    assert_int_equal(cstats(d).delivered, 1); /* a's ask named its unit; b has not asked again */
+    expect_wait_at(d, &a, t, "step 2", "version 1");
+    assert_int_equal(cstats(d).delivered, 1); /* the same unit named again counts once */
     publish(d, 1, w1);
     expect_unit_at(d, &a, t, 2, 0, 1);
     expect_unit_at(d, &b, t, 2, 1, 1);

@@ -629,6 +629,52 @@ static void test_auth_window(void **state)
     plane_verifier_free(&v);
 }
 
+/* A verifier remembers every identity it was sized for (plane_verifier_capacity): with 2,000 processes, the first
+ * one's message captured and sent again after the other 1,999 spoke is a replay. A table of the default 1,024 forgets
+ * the first and takes it again (why every receiver sizes it for its run: docs/scaling.md). */
+static void test_auth_many_identities(void **state)
+{
+    (void)state;
+    uint8_t run_key[PLANE_KEY_BYTES];
+    plane_run_key_new(run_key);
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    env.body_case = GRPO__ENVELOPE__BODY_STATUS_REQUEST;
+    env.status_request = 1;
+    enum { NPROC = 2000 };
+    for (int sized = 0; sized < 2; sized++) {
+        struct plane_verifier v;
+        plane_verifier_init(&v, run_key, 1);
+        if (sized)
+            plane_verifier_capacity(&v, NPROC);
+        char why[256];
+        struct plane_id who;
+        uint64_t c;
+        uint8_t *first = NULL;
+        size_t first_len = 0;
+        for (int r = 0; r < NPROC; r++) {
+            struct plane_cred p;
+            plane_cred_issue(&p, run_key, &(struct plane_id){.rank = r, .pid = 7, .incarnation = 11, .epoch = 1});
+            size_t len;
+            uint8_t *m = plane_pack_request(&env, &p, &len);
+            Grpo__Envelope *e = protocol_unpack(m, len, why, sizeof why);
+            assert_int_equal(plane_verify_request(&v, e, &who, &c, why, sizeof why), PLANE_OK);
+            protocol_free(e);
+            if (r == 0) {
+                first = m;
+                first_len = len;
+            } else {
+                free(m);
+            }
+        }
+        Grpo__Envelope *e = protocol_unpack(first, first_len, why, sizeof why);
+        /* the last message of rank 0 again: a resend to the sized table, taken as new by the default one */
+        assert_int_equal(plane_verify_request(&v, e, &who, &c, why, sizeof why), sized ? PLANE_REPEAT : PLANE_OK);
+        protocol_free(e);
+        free(first);
+        plane_verifier_free(&v);
+    }
+}
+
 /* Keys die with their launch (protocol 1.12): a batch of the launch before (its key epoch, the same run key or its
  * own) is refused by the next launch's verifier before its MAC is computed, as is a 1.11 sender's (no epoch); a
  * batch whose epoch field was changed to the current one fails its MAC (the epoch is part of the key and of what
@@ -794,8 +840,9 @@ int main(void)
         cmocka_unit_test(test_bad_fields),    cmocka_unit_test(test_routes),
         cmocka_unit_test(test_response_mask), cmocka_unit_test(test_turns),
         cmocka_unit_test(test_auth),          cmocka_unit_test(test_auth_epoch),
-        cmocka_unit_test(test_auth_window),   cmocka_unit_test(test_placement),
-        cmocka_unit_test(test_filter_metric), cmocka_unit_test(test_reward_parts),
+        cmocka_unit_test(test_auth_window),   cmocka_unit_test(test_auth_many_identities),
+        cmocka_unit_test(test_placement),     cmocka_unit_test(test_filter_metric),
+        cmocka_unit_test(test_reward_parts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -48,6 +48,7 @@ struct control {
     double end_wait_s; /* grpod.connect_timeout_s: how long an end grpod cannot hear is kept and retried; 0: forever */
     struct rpc_client *rpc; /* the heartbeat thread's alone after open */
     uint64_t hb_seq;        /* heartbeats sent (tries included): Heartbeat.seq; the heartbeat thread's alone */
+    int reg_timeout_ms;     /* how long a registration waits for its answer (register_once) */
     void (*on_abort)(const char *reason);
     bool replaces;
     uint64_t launch;
@@ -665,6 +666,10 @@ static void copy_assignment(struct control_assignment *a, const Grpo__Assignment
     a->plane_epoch = as->plane_epoch;
 }
 
+/* A registration's wait for its answer: at first, and at most once it has grown. */
+#define REGISTER_TIMEOUT_MS 2000
+#define REGISTER_TIMEOUT_MAX_MS 32000
+
 /* One registration attempt. 0: registered (a filled); 1: try again later (err says why); -1: refused. */
 static int register_once(struct control *c, const char *run_id, uint64_t incarnation, int64_t step,
                          struct control_assignment *a, uint64_t *token, uint64_t *ckpt_seq, char *err, size_t errlen)
@@ -692,7 +697,18 @@ static int register_once(struct control *c, const char *run_id, uint64_t incarna
     env.body_case = GRPO__ENVELOPE__BODY_REGISTER;
     env.register_ = &reg;
     Grpo__Envelope *reply = NULL;
-    enum rpc_result r = rpc_call(c->rpc, &env, 2000, &reply, err, errlen);
+    /* 2 s, twice as long after each registration left unanswered, at most REGISTER_TIMEOUT_MAX_MS: 10,000 ranks
+     * registering at once queue at grpod for longer than 2 s, and with a fixed 2 s every answer came too late, every
+     * rank asked again and none got in (docs/scaling.md) */
+    if (c->reg_timeout_ms < REGISTER_TIMEOUT_MS)
+        c->reg_timeout_ms = REGISTER_TIMEOUT_MS;
+    enum rpc_result r = rpc_call(c->rpc, &env, c->reg_timeout_ms, &reply, err, errlen);
+    char probe[128];
+    if (r == RPC_UNREACHABLE && endpoint_probe(rpc_endpoint(c->rpc), probe, sizeof probe) == 0) /* up, but busy */
+        c->reg_timeout_ms =
+            c->reg_timeout_ms * 2 < REGISTER_TIMEOUT_MAX_MS ? c->reg_timeout_ms * 2 : REGISTER_TIMEOUT_MAX_MS;
+    else
+        c->reg_timeout_ms = REGISTER_TIMEOUT_MS; /* answered, or nobody listens: a down grpod is tried every 2 s */
     free_list(reg.devices, reg.n_devices);
     free_list(reg.capabilities, reg.n_capabilities);
     if (r == RPC_UNREACHABLE)

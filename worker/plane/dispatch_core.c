@@ -71,6 +71,7 @@ struct dispatch_core {
     double longest_s;    /* the longest a unit has taken from its grant to its holder's next ask (0: none yet) */
     bool *slot_seen;     /* [units]: some process has served this slot */
     int *current;        /* [units]: the index in procs of the process serving each rollout rank (-1: none yet) */
+    int *slot_live;      /* [units]: the live processes of each rollout rank (set_alive) */
     struct proc *procs;  /* [maxprocs]: a rank's current process, and superseded ones while there is room */
     int nprocs, maxprocs;
     struct peer *peers; /* [maxpeers]: the request budgets of the authenticated processes heard from */
@@ -108,12 +109,16 @@ struct alease {
     uint8_t *ever; /* (units) */
 };
 
-static bool slot_alive(const struct dispatch_core *d, int slot)
+/* Whether a live process serves rollout rank slot: a count kept as processes come and go (set_alive), not a scan of
+ * the processes, which an ask made once for every pending unit (units x processes an ask: docs/scaling.md). */
+static bool slot_alive(const struct dispatch_core *d, int slot) { return d->slot_live[slot] > 0; }
+
+/* Every change of a process's liveness goes through here, keeping slot_live. */
+static void set_alive(struct dispatch_core *d, struct proc *p, bool alive)
 {
-    for (int i = 0; i < d->nprocs; i++)
-        if (d->procs[i].alive && d->procs[i].slot == slot)
-            return true;
-    return false;
+    if (p->alive != alive)
+        d->slot_live[p->slot] += alive ? 1 : -1;
+    p->alive = alive;
 }
 
 /* A unit whose own rollout rank is gone (or never came): any live process may take it. */
@@ -138,7 +143,7 @@ static bool same_who(const struct plane_id *a, const struct plane_id *b)
 static void release(struct dispatch_core *d, int i, const char *what, char *units, size_t len)
 {
     struct proc *p = &d->procs[i];
-    p->alive = false;
+    set_alive(d, p, false);
     if (d->bc_on && !d->bc_off && p->superseded) {
         d->bc_off = true;
         log_warn("dispatch",
@@ -238,7 +243,7 @@ static struct proc *proc_of(struct dispatch_core *d, uint64_t id, const struct p
         if (!p->alive)
             log_info("dispatch", "rollout process %016" PRIx64 " (rank %d) is back%s", id, p->slot,
                      d->bc_on && !d->bc_off ? ": the weight broadcast resumes once every rollout rank's is there" : "");
-        p->alive = true;
+        set_alive(d, p, true);
         p->last_seen = now;
         return p;
     }
@@ -280,7 +285,9 @@ static struct proc *proc_of(struct dispatch_core *d, uint64_t id, const struct p
                      units, units[0] ? " are granted again" : "");
         }
     }
-    d->procs[i] = (struct proc){.id = id, .who = *who, .slot = slot, .last_seen = now, .alive = true};
+    set_alive(d, &d->procs[i], false); /* an entry reused (a superseded process's: not alive already) */
+    d->procs[i] = (struct proc){.id = id, .who = *who, .slot = slot, .last_seen = now};
+    set_alive(d, &d->procs[i], true);
     d->current[slot] = i;
     d->slot_seen[slot] = true;
     log_info("dispatch", "rollout process %016" PRIx64 " (pid %u, generation %u) %s rollout rank %d", id, who->pid,
@@ -377,6 +384,7 @@ static void delivered(struct dispatch_core *d, int pi, int64_t k, int u, double 
     if (l->holder != pi || l->done)
         return;
     l->done = true;
+    d->st.delivered++;
     if (now - l->since > d->longest_s)
         d->longest_s = now - l->since;
 }
@@ -803,6 +811,8 @@ struct dispatch_core *dispatch_core_create(const struct dispatch_options *o, dou
     d->o.endpoint = NULL;
     d->o.run_key = NULL;
     plane_verifier_init(&d->auth, o->run_key, o->epoch); /* NULL: not set, every request refused */
+    /* every process the table of processes can hold, each rank's and the superseded ones it remembers */
+    plane_verifier_capacity(&d->auth, 4 * o->units * (o->rollout_tp > 0 ? o->rollout_tp : 1) + 16);
     d->latest = -1;
     d->end_after = -1;
     d->window = o->staleness + 1;
@@ -817,6 +827,7 @@ struct dispatch_core *dispatch_core_create(const struct dispatch_options *o, dou
     d->ever = xcalloc((size_t)d->window * (size_t)o->units * (size_t)o->units, sizeof *d->ever);
     d->slot_seen = xcalloc((size_t)o->units, sizeof *d->slot_seen);
     d->current = xmalloc((size_t)o->units * sizeof *d->current);
+    d->slot_live = xcalloc((size_t)o->units, sizeof *d->slot_live);
     for (int u = 0; u < o->units; u++)
         d->current[u] = -1;
     d->maxprocs = 2 * o->units + 8; /* a current process per rank, and room to remember superseded ones */
@@ -880,7 +891,7 @@ void dispatch_core_free(struct dispatch_core *d)
         free((void *)d->rp[i].tokens);
     }
     free(d->rp);
-    free(d->current), free(d->procs), free(d->peers);
+    free(d->current), free(d->slot_live), free(d->procs), free(d->peers);
     plane_verifier_free(&d->auth);
     free(d);
 }

@@ -73,6 +73,7 @@ struct dispatch_stats {
     int64_t macs;         /* MACs computed over requests (each request that reached its MAC, good or not) */
     int64_t mac_bytes;    /* the bytes those MACs covered */
     int64_t redone;       /* units granted again because the trainers dropped what was delivered */
+    int64_t delivered;    /* units whose holder said it delivered them (its next ask names them; not fully-async) */
     int64_t bytes;        /* weight bytes served in chunks */
     int64_t broadcasts;   /* versions broadcast whole (weight_sync=broadcast) */
     int live;             /* rollout processes alive now */

@@ -407,6 +407,7 @@ int run_trainer(struct role_env *env)
         }
     }
     plane_verifier_init(&r.verifier, env->have_run_key ? env->plane_run_key : NULL, env->plane_epoch);
+    plane_verifier_capacity(&r.verifier, 2 * env->world_size + 16); /* every rank and a replacement of each */
     r.auth.v = &r.verifier;
     r.lim.auth = &r.auth;     /* every batch from a rollout process: a good MAC of the rank it names */
     if (!env->have_run_key) { /* the launch hands every trainer one: never a data plane that checks nothing */
