@@ -6,9 +6,9 @@
 # against the undisturbed single-process run's weights and its audit (every group exactly rollout.n times per step):
 #  - split run, undisturbed; the same with grpod.advertise_host=eth0 (an interface); a name that does not resolve
 #    (an error at start naming it and the key, the job ends); colocated run across hosta and hostb;
-#  - hostb's link down for 8 s mid-run, then up; the same for 60 s (only when PHASES names linkdown60); for 90 s (past the minute after which the
-#    rollout ranks used to give the trainers up and end the job: issue 40 item 5): the run finishes, no rollout
-#    rank gave up;
+#  - hostb's link down for 8 s mid-run, then up; the same for 60 s (only when PHASES names linkdown60); for 90 s
+#    (past the minute after which the rollout ranks used to give the trainers up and end the job: issue 40 item 5):
+#    the run finishes, no rollout rank gave up;
 #  - 5% loss and 50 ms delay on hostb's link, each way, for the whole run: the kernel's netem qdisc where there is
 #    one, else link_impair (user space, TAP devices; hosts_lib.sh's netem says which), measured first with 100
 #    pings (some lost, none back in under 100 ms);
