@@ -6,9 +6,9 @@
 # against the undisturbed single-process run's weights and its audit (every group exactly rollout.n times per step):
 #  - split run, undisturbed; the same with grpod.advertise_host=eth0 (an interface); a name that does not resolve
 #    (an error at start naming it and the key, the job ends); colocated run across hosta and hostb;
-#  - hostb's link down for 8 s mid-run, then up; the same for 60 s; for 90 s (past the minute after which the
-#    rollout ranks used to give the trainers up and end the job: issue 40 item 5): the run finishes, no rollout
-#    rank gave up;
+#  - hostb's link down for 8 s mid-run, then up; the same for 60 s (only when PHASES names linkdown60); for 90 s
+#    (past the minute after which the rollout ranks used to give the trainers up and end the job: issue 40 item 5):
+#    the run finishes, no rollout rank gave up;
 #  - 5% loss and 50 ms delay on hostb's link, each way, for the whole run: the kernel's netem qdisc where there is
 #    one, else link_impair (user space, TAP devices; hosts_lib.sh's netem says which), measured first with 100
 #    pings (some lost, none back in under 100 ms);
@@ -34,7 +34,8 @@ GRPOD="$(prog grpod)" GRPOCTL="$(prog grpoctl)" LINK_IMPAIR="$(prog link-impair)
 HOST_PROGRAMS=("$GRPOD" "$GRPOCTL" "$WORKER") HOST_FILES=("$SCORER") # run on the hosts, wherever the build is
 hosts_up || finish
 CHECK_AUDIT="$SRC_ROOT/tests/mpi/check_audit.py"
-PHASES="${PHASES:-split iface badname colocated linkdown linkdown60 linkdown90 netem partition replace frozen frozenlong launcherend headless trainerlost}"
+# linkdown60 is not in the default list: the 90 s cut takes the same path past the same minute (about 75 s of CI)
+PHASES="${PHASES:-split iface badname colocated linkdown linkdown90 netem partition replace frozen frozenlong launcherend headless trainerlost}"
 want() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
 
 tiny_model "$TMP/tiny"
@@ -169,7 +170,7 @@ if want linkdown; then
     same linkdown
 fi
 
-# the same for 60 s (about 75 s of the suite)
+# the same for 60 s (about 75 s of the suite; only when PHASES names it)
 if want linkdown60; then
     under_way linkdown60
     link_down hostb; expect "hostb's link down" $?
@@ -344,7 +345,8 @@ fi
 # The ranks on the rollout host end when grpod says the trainer is lost; Open MPI 4.1's mpirun under
 # orte_enable_recovery would stay up for ever (its connection to the lost daemon times out after 8 minutes,
 # and it still waits: issue 40 item 4). The launcher, told by grpod that the job is over, ends it after its
-# grace (GRPO_END_GRACE_S, 60 s) and says why.
+# grace (GRPO_END_GRACE_S, 60 s by default; 10 s here, what is tested being that it ends the job, and why) and says
+# why.
 if want headless; then
     if [ "$MPI_AGENT" != ssh ]; then
         echo "SKIP headless: no sshd on the hosts: Open MPI's rsh agent would die with the crashed host"
@@ -353,7 +355,7 @@ if want headless; then
         printf 'hosta slots=2\nhostb slots=2\n' >"$TMP/headless.hosts"
         printf 'trainer:\n  log_level: info\n' >"$TMP/headless.yaml"
         # shellcheck disable=SC2046
-        on hostc env OMPI_MCA_plm_rsh_agent="$MPI_AGENT_CMD" GRPO_MPIRUN_ARGS="${MPIRUN_NET_ARGS[*]}" \
+        on hostc env OMPI_MCA_plm_rsh_agent="$MPI_AGENT_CMD" GRPO_MPIRUN_ARGS="${MPIRUN_NET_ARGS[*]}" GRPO_END_GRACE_S=10 \
             GRPOCTL="$GRPOCTL" GRPO_WORKER="$WORKER" "$SRC_ROOT/deploy/grpo-launch-workers" \
             --hostfile "$TMP/headless.hosts" --np 4 --config "$TMP/headless.yaml" --endpoint "$EP" \
             --secret-file "$SECRET" -- $(keys headless) "${SPLIT[@]}" grpod.connect_timeout_s=30 \
