@@ -324,34 +324,64 @@ void survive_attach(struct survive *s, struct trainer *t)
     trainer_set_recovery(t, &r);
 }
 
+/* one POINT:STEP:RANK of GRPO_TEST_KILL_AT */
+struct hold_at {
+    char point[32];
+    long long step;
+    int rank;
+    bool done;
+};
+
+/* GRPO_TEST_KILL_AT's holds into at (at most max): how many, or -1 where it is not POINT:STEP:RANK[,...] */
+static int parse_holds(const char *spec, struct hold_at *at, int max)
+{
+    int n = 0;
+    for (const char *p = spec; *p;) {
+        const char *c1 = strchr(p, ':');
+        char *end = NULL, *end2 = NULL;
+        if (n >= max || !c1 || c1 == p || (size_t)(c1 - p) >= sizeof at[n].point)
+            return -1;
+        memcpy(at[n].point, p, (size_t)(c1 - p));
+        at[n].point[c1 - p] = '\0';
+        at[n].step = strtoll(c1 + 1, &end, 10);
+        if (end == c1 + 1 || *end != ':')
+            return -1;
+        at[n].rank = (int)strtol(end + 1, &end2, 10);
+        if (end2 == end + 1 || (*end2 != '\0' && *end2 != ','))
+            return -1;
+        at[n].done = false;
+        n++;
+        p = *end2 == ',' ? end2 + 1 : end2;
+    }
+    return n;
+}
+
 void survive_test_hold(const char *point)
 {
-    static int armed = -1; /* the variables read once: this runs before every wait of a gradient bucket */
-    static char want[32];
-    static long long step = -1;
-    static int rank = -1;
+    static int n = -1; /* the variables read once: this runs before every wait of a gradient bucket */
+    static struct hold_at at[8];
     const char *flag = getenv("GRPO_TEST_HOLD_FILE");
-    if (armed < 0) { /* POINT:STEP:RANK */
-        const char *at = getenv("GRPO_TEST_KILL_AT");
-        const char *c1 = at ? strchr(at, ':') : NULL;
-        char *end = NULL, *end2 = NULL;
-        armed = 0;
-        if (flag && c1 && (size_t)(c1 - at) < sizeof want) {
-            memcpy(want, at, (size_t)(c1 - at));
-            want[c1 - at] = '\0';
-            step = strtoll(c1 + 1, &end, 10);
-            if (*end == ':') {
-                rank = (int)strtol(end + 1, &end2, 10);
-                armed = end2 != end + 1 && *end2 == '\0';
-            }
+    if (n < 0) {
+        const char *spec = getenv("GRPO_TEST_KILL_AT");
+        n = spec && flag ? parse_holds(spec, at, (int)(sizeof at / sizeof at[0])) : 0;
+        if (n < 0 || (spec && !flag)) {
+            log_warn("survive",
+                     "GRPO_TEST_KILL_AT=%s is not POINT:STEP:RANK[,POINT:STEP:RANK...] with "
+                     "GRPO_TEST_HOLD_FILE: no hold",
+                     spec);
+            n = 0;
         }
-        if (at && !armed)
-            log_warn("survive", "GRPO_TEST_KILL_AT=%s is not POINT:STEP:RANK with GRPO_TEST_HOLD_FILE: no hold", at);
     }
-    if (!armed || !g_survive || strcmp(want, point) != 0 || step != g_survive->step ||
-        rank != g_survive->launch_rank[g_survive->env->rank] || access(flag, F_OK) != 0)
+    if (!n || !g_survive)
         return;
-    armed = 0; /* once */
+    const int me = g_survive->launch_rank[g_survive->env->rank];
+    struct hold_at *h = NULL;
+    for (int i = 0; i < n && !h; i++)
+        if (!at[i].done && strcmp(at[i].point, point) == 0 && at[i].step == g_survive->step && at[i].rank == me)
+            h = &at[i];
+    if (!h || access(flag, F_OK) != 0)
+        return;
+    h->done = true; /* once */
     char path[4096], tmp[4200];
     snprintf(path, sizeof path, "%s.held", flag);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -361,7 +391,8 @@ void survive_test_hold(const char *point)
         fclose(f);
         rename(tmp, path); /* the test reads a whole pid or nothing */
     }
-    log_info("survive", "test: holding at %s of step %lld while %s exists (pid %d)", point, step, flag, (int)getpid());
+    log_info("survive", "test: holding at %s of step %lld while %s exists (pid %d)", point, h->step, flag,
+             (int)getpid());
     for (int i = 0; i < 12000 && access(flag, F_OK) == 0; i++)
         usleep(50000);
 }

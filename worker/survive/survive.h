@@ -40,10 +40,14 @@ struct survive *survive_create(struct role_env *env, void (*reform)(void *ud), v
 void survive_attach(struct survive *s, struct trainer *t);
 void survive_free(struct survive *s);
 
-/* Tests only: GRPO_TEST_KILL_AT=POINT:STEP:RANK with GRPO_TEST_HOLD_FILE=FILE makes launch rank RANK, at POINT
- * ("gen": its generation of step STEP done; "allreduce": its all-reduce of step STEP's gradients started, not waited
- * for, through comm_set_test_hold), write its pid to FILE.held and hold while FILE exists (at most 10 minutes), so
- * that a test kills it there and not at a time a machine's speed decides. Once per process. */
+/* Tests only: GRPO_TEST_KILL_AT=POINT:STEP:RANK[,POINT:STEP:RANK...] with GRPO_TEST_HOLD_FILE=FILE makes launch rank
+ * RANK, at POINT of step STEP, write its pid to FILE.held and hold while FILE exists (at most 10 minutes), so that a
+ * test kills it there and not at a time a machine's speed decides. The points: "gen" (its generation done),
+ * "logprob" (its old log-probs taken, the reference's not), "allreduce" (its all-reduce of the step's gradients
+ * started, not waited for, through comm_set_test_hold), "optim" (a mini-batch's gradients summed, its optimizer step
+ * not taken), "ckpt" (in the step's checkpoint: the lead with the weights and optimizer state written, not moved into
+ * place; another rank in its part). Each once per process; a test that kills twice removes FILE.held before it kills
+ * (the next victim writes it anew). */
 void survive_test_hold(const char *point);
 
 #endif

@@ -490,6 +490,7 @@ static void update_mini_batch(struct model *m, struct adamw *opt, struct rollout
     if (isfinite(norm) && p->zero) { /* every rank has the same norm: they step, or skip, together */
         zero1_step(p->zero, opt, tr.params, p->lr);
     } else if (isfinite(norm)) {
+        comm_test_hold("optim"); /* tests: a rank dies in its optimizer step, its gradients summed */
         adamw_step(opt, tr.params, tr.grads, p->lr);
     } else {
         log_warn("trainer", "gradient norm is %g: optimizer step skipped", norm);
