@@ -37,7 +37,7 @@ struct survive {
     bool armed;                       /* inside a step: a lost peer comes back to its start */
     int64_t step;                     /* the step begun last */
     struct trainer_snapshot *snap[2]; /* step k's start in snap[k % 2] */
-    void (*reform)(void *ud);
+    void (*reform)(void *ud, const struct survive_loss *loss);
     void *ud;
     /* the groups a loss revokes: the world and the trainers (every rank) and DP; after a loss the shrunk ones */
     struct comm *watch[3];
@@ -63,12 +63,6 @@ int survive_check(const struct grpo_config *cfg, const struct placement_spec *sp
     char ft[512];
     if (!comm_ft_available(ft, sizeof ft))
         return error_set(why, whylen, KEY_trainer_survive_trainer_loss ": %s", ft);
-    if (cfg->grpod_endpoint && cfg->grpod_endpoint[0])
-        return error_set(why, whylen,
-                         KEY_trainer_survive_trainer_loss " under grpod (" KEY_grpod_endpoint
-                                                          ") is not covered yet: grpod would end the job on the lost "
-                                                          "rank%s",
-                         not_yet);
     if (world > 1 && !colocated)
         return error_set(why, whylen,
                          KEY_trainer_survive_trainer_loss " with rollout ranks (" KEY_placement_rollout_ranks
@@ -129,7 +123,8 @@ static void watch(struct survive *s, struct comm *c)
     s->watch[s->n_watch++] = c;
 }
 
-struct survive *survive_create(struct role_env *env, void (*reform)(void *ud), void *ud)
+struct survive *survive_create(struct role_env *env, void (*reform)(void *ud, const struct survive_loss *loss),
+                               void *ud)
 {
     struct survive *s = xcalloc(1, sizeof *s);
     s->env = env;
@@ -302,8 +297,11 @@ static int recover(void *ud)
         return -1;
     }
     trainer_snapshot_restore(s->t, snap);
+    char reason[96];
+    snprintf(reason, sizeof reason, "survived: DP %d -> %d at step %lld", old_size, at.dp_size, (long long)redo);
+    const struct survive_loss loss = {.ranks = names, .n = n_lost, .reason = reason};
     if (s->reform)
-        s->reform(s->ud);
+        s->reform(s->ud, &loss);
     s->redo = redo;
     s->reformed_s = clock_now_s() - t0;
     if (env->rank == 0)
