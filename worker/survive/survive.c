@@ -85,12 +85,6 @@ int survive_check(const struct grpo_config *cfg, const struct placement_spec *sp
         if (sizes[i].size > 1)
             return error_set(why, whylen, KEY_trainer_survive_trainer_loss " with %s=%d is not covered yet%s",
                              sizes[i].key, sizes[i].size, not_yet);
-    if (cfg->actor_megatron_use_distributed_optimizer)
-        return error_set(why, whylen,
-                         KEY_trainer_survive_trainer_loss " with ZeRO-1 (" KEY_actor_megatron_use_distributed_optimizer
-                                                          ") is not covered yet: the lost rank's block of the "
-                                                          "optimizer state is lost with it%s",
-                         not_yet);
     return 0;
 }
 
@@ -173,13 +167,16 @@ void survive_free(struct survive *s)
 static void step_begin(void *ud, int64_t k)
 {
     struct survive *s = ud;
-    s->step = k;
     const double t0 = clock_now_s();
+    /* with ZeRO-1 a collective (each block's copy to the next rank): a loss in it comes back to the previous
+     * step's start, kept in the other slot (s->step is still that step's; none before the first step) */
     trainer_snapshot_take(s->t, s->snap[k % 2]);
+    s->step = k;
     if (!s->said_cost && s->env->rank == 0) { /* what the key costs a step, once */
         s->said_cost = true;
-        log_info("survive", "step %lld's start kept in %.3f s (%.1f MB: the weights, AdamW's moments; every step)",
-                 (long long)k, clock_now_s() - t0, (double)trainer_snapshot_bytes(s->snap[k % 2]) / 1e6);
+        log_info("survive", "step %lld's start kept in %.3f s (%.1f MB: the weights, AdamW's moments%s; every step)",
+                 (long long)k, clock_now_s() - t0, (double)trainer_snapshot_bytes(s->snap[k % 2]) / 1e6,
+                 s->t && trainer_zero1(s->t) ? " (this rank's ZeRO-1 block, and a copy of the previous rank's)" : "");
     }
     s->armed = true;
 }
@@ -296,7 +293,11 @@ static int recover(void *ud)
         log_error("survive", "moving the trainer onto %d DP ranks: %s; ending the run", at.dp_size, err);
         return -1;
     }
-    trainer_snapshot_restore(s->t, snap);
+    if (trainer_snapshot_restore(s->t, snap, lost, n_lost, err, sizeof err) != 0) {
+        log_error("survive", "restoring step %lld's start on %d DP ranks: %s; ending the run", (long long)redo,
+                  at.dp_size, err);
+        return -1;
+    }
     char reason[96];
     snprintf(reason, sizeof reason, "survived: DP %d -> %d at step %lld", old_size, at.dp_size, (long long)redo);
     const struct survive_loss loss = {.ranks = names, .n = n_lost, .reason = reason};
