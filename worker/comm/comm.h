@@ -31,6 +31,8 @@ void comm_mpi_finalize(void);
 void comm_end_job(int code);
 /* Whether mpirun keeps the job when one of its ranks dies (--mca orte_enable_recovery 1). */
 bool comm_job_outlives_ranks(void);
+/* Whether this process went on after a lost peer (ULFM: the collective plane handed a loss to its handler). */
+bool comm_ft_peer_was_lost(void);
 /* Under mpirun in that mode: make ready (before comm_mpi_finalize) to ask mpirun to end the job; elsewhere nothing. */
 void comm_arm_job_end(void);
 /* After comm_arm_job_end, once this rank's part of a finished run is done (MPI_Finalize returned, or hangs for a
