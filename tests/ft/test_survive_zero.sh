@@ -9,9 +9,10 @@
 #    step 4's optimizer step (optim:4:1): 4 -> 3 -> 2, re-sharded twice.
 # Each run finishes (mpirun exits 0) and ends at the weights of a reference that used the smaller DP from the redone
 # step on: an undisturbed ZeRO-1 run of 2 ranks (every ZeRO-1 DP layout reproduces one process's run: checked too),
-# within 1e-5 relative; the audit files hold every group of every step exactly rollout.n times. A block lost with
-# its copy (two neighbours at once) is not covered and ends the run with the reason (not tested: two kills would
-# have to land in one step).
+# within 1e-5 relative; the audit files hold every group of every step exactly rollout.n times.
+#  - 4 ranks, ranks 1 and 2 both held at step 3 after their generation and SIGKILLed together (gen:3:1,gen:3:2; the
+#    test waits for both holds' log lines): rank 1's block is lost with its copy, and the survivors end the run
+#    saying so.
 # Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
 set -u
 . "$(dirname "$0")/../lib.sh" grpo-ft-zero
@@ -64,4 +65,20 @@ expect "z4: the run finishes without ranks 3 and 1 (mpirun exits 0)" $?
 survived z4 2 3 3 "$t_first"
 survived z4 4 1 2
 same_as_ref2 z4
+
+# two neighbours at once: the block of the first is lost with its copy on the second
+start_held adj 4 gen:3:1,gen:3:2 "$ZERO"
+both_held() { [ "$(grep -c "test: holding at gen of step 3" "$TMP/adj.log")" -ge 2 ] || ! kill -0 "$JOB" 2>/dev/null; }
+wait_for 150 both_held
+pids="$(sed -n 's/.*test: holding at gen of step 3 .*(pid \([0-9]*\)).*/\1/p' "$TMP/adj.log" | sort -u | tr '\n' ' ')"
+[ "$(echo $pids | wc -w)" -eq 2 ]
+expect "adj: ranks 1 and 2 hold at step 3 (pids $pids)" $?
+# shellcheck disable=SC2086 # the two pids
+kill -9 $pids
+expect "adj: both SIGKILLed" $?
+wait "$JOB"
+[ $? -ne 0 ]
+expect "adj: the run ends with an error" $?
+says "$TMP/adj.log" "ZeRO-1: DP rank 1's block of the optimizer state was kept by DP rank 2, lost too"
+expect "adj: the survivors say rank 1's block was lost with its copy" $?
 finish

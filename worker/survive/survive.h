@@ -24,7 +24,7 @@ struct role_env;
 struct trainer;
 
 /* Whether this run may turn trainer.survive_trainer_loss on: 0, or -1 with why naming what is not covered (an MPI
- * without ULFM, a launch without --with-ft ulfm, GPUs, TP, PP, SP/CP, EP, ZeRO-1, rollout TP, rollout
+ * without ULFM, a launch without --with-ft ulfm, GPUs, TP, PP, SP/CP, EP, rollout TP, rollout
  * ranks). colocated: every rank generates and trains (no rollout split); world: the ranks. Call only with the key
  * on. Under grpod the survivors tell it (struct survive_loss). */
 int survive_check(const struct grpo_config *cfg, const struct placement_spec *spec, bool colocated, int world,

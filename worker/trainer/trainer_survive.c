@@ -119,8 +119,8 @@ int trainer_snapshot_restore(struct trainer *t, const struct trainer_snapshot *s
         for (int j = 0; j < n_lost; j++)
             if (lost[j] == (lost[i] + 1) % s->dp_size)
                 return error_set(err, errlen,
-                                 "ZeRO-1: DP ranks %d and %d are both lost, and the one kept the other's block of "
-                                 "the optimizer state",
+                                 "ZeRO-1: DP rank %d's block of the optimizer state was kept by DP rank %d, lost "
+                                 "too (two neighbours lost at once)",
                                  lost[i], lost[j]);
     const size_t n = s->n;
     struct adamw *whole = adamw_create(n, t->opt->beta1, t->opt->beta2, t->opt->eps, t->opt->weight_decay);
