@@ -21,7 +21,7 @@ SAVE_FREQ=${SAVE_FREQ:--1}
 # 1e-6 as the equivalence tests (tests/mpi/equiv_lib.sh says why)
 keys() {
     echo actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e \
-        trainer.total_training_steps=$STEPS trainer.val_before_train=false trainer.test_freq=-1 \
+        trainer.total_training_steps="$STEPS" trainer.val_before_train=false trainer.test_freq=-1 \
         trainer.save_freq="$SAVE_FREQ" data.train_batch_size=6 actor_rollout_ref.rollout.n=4 \
         actor_rollout_ref.actor.ppo_mini_batch_size=3 data.max_response_length=12 \
         actor_rollout_ref.actor.optim.lr=1e-3 actor_rollout_ref.actor.optim.eps=1e-6 data.synthetic.num_train=64 \

@@ -25,7 +25,7 @@ tiny_model "$TMP/tiny"
 expect "tiny model initialised" $?
 
 . "$(dirname "$0")/survive_lib.sh"
-SURVIVE=($(survive_keys 3))
+read -ra SURVIVE <<<"$(survive_keys 3)"
 
 # shellcheck disable=SC2046 # keys' words are the keys
 timeout "$(scaled 120)" "${MPIRUN[@]}" -np 1 grpo-worker $(keys one) >"$TMP/one.log" 2>&1

@@ -18,6 +18,7 @@ if ! "$SRC_ROOT/scripts/ompi5_env.sh" --no-install >/dev/null 2>"$TMP/env.err"; 
 fi
 test_env
 export GRPO_FT_BUILD="$BUILD_ROOT"
+# shellcheck disable=SC2034 # start_grpod (tests/lib.sh) runs $GRPOD
 GRPOD="$(prog grpod)" GRPOCTL="$(prog grpoctl)"
 EP="ipc://$TMP/ctl.sock"
 export GRPOD_ENDPOINT="$EP"

@@ -26,7 +26,8 @@ test_env
 export GRPO_FT_BUILD="$BUILD_ROOT"
 tiny_model "$TMP/tiny"
 expect "tiny model initialised" $?
-SAVE_FREQ=2
+SAVE_FREQ=2 # read by survive_lib.sh
+# shellcheck source=tests/ft/survive_lib.sh
 . "$(dirname "$0")/survive_lib.sh"
 
 # shellcheck disable=SC2046 # keys' words are the keys
