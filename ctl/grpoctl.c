@@ -202,8 +202,9 @@ static void print_workers(const Grpo__Status *s)
         printf("%-5d %-16s %-8d %-8s %-9s %-12s %-6" PRId64 " %-14s %-14s %4.0f%%  %s\n", w->rank, w->host, w->pid,
                core_role_name(w->role), coords, core_worker_state_name(w->worker_state), w->step,
                core_phase_name(w->phase), age, 100.0 * w->idle_fraction, dev[0] ? dev : "-");
-        if (w->error[0])
-            printf("      error: %s\n", w->error);
+        if (w->error[0]) /* a failed worker's error, a lost one's reason (survived: DP 3 -> 2 at step 4) */
+            printf("      %s: %s\n", w->worker_state == GRPO__WORKER_STATE__WORKER_FAILED ? "error" : "reason",
+                   w->error);
         if (w->current_wait && w->current_wait->seconds >= 1.0) { /* a wait of note (grpoctl trace: all of them) */
             char wait[512];
             format_wait(w->current_wait, wait, sizeof wait);

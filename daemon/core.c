@@ -315,6 +315,7 @@ static void reevaluate(struct core *c)
     int present = 0, ended = 0, finished = 0, paused = 0, rollouts = 0, rollouts_lost = 0;
     int trainers = 0, trainers_finished = 0; /* trainer and colocated (hybrid) ranks: the ones that train */
     const struct core_worker *lost = NULL, *failed = NULL, *lost_rollout = NULL;
+    char survived[CORE_REASON_MAX / 2] = ""; /* the ranks the others went on without, and why */
     for (int r = 0; r < c->nworkers; r++) {
         const struct core_worker *w = c->workers[r];
         if (!w)
@@ -328,7 +329,15 @@ static void reevaluate(struct core *c)
             lost_rollout = w;
         rollouts += w->role == GRPO__ROLE__ROLE_ROLLOUT;
         rollouts_lost += spare;
-        const bool trains = w->role == GRPO__ROLE__ROLE_TRAINER || w->role == GRPO__ROLE__ROLE_HYBRID;
+        /* a trainer the others went on without (trainer.survive_trainer_loss) holds nothing up either */
+        const bool gone = w->state == GRPO__WORKER_STATE__WORKER_LOST && w->survived;
+        if (gone) {
+            size_t n = strlen(survived);
+            snprintf(survived + n, sizeof survived - n, "%srank %d on host %.40s lost (%.60s)", n ? "; " : "", w->rank,
+                     w->host, w->error);
+        }
+        spare |= gone;
+        const bool trains = !gone && (w->role == GRPO__ROLE__ROLE_TRAINER || w->role == GRPO__ROLE__ROLE_HYBRID);
         trainers += trains;
         trainers_finished += trains && w->state == GRPO__WORKER_STATE__WORKER_FINISHED;
         if (w->state == GRPO__WORKER_STATE__WORKER_LOST && !spare && !lost)
@@ -426,6 +435,11 @@ static void reevaluate(struct core *c)
                  "rollout rank %d on host %s lost; its work goes to the other rollout ranks (relaunch it with "
                  "grpo-worker --replace-rank %d)",
                  lost_rollout->rank, lost_rollout->host, lost_rollout->rank);
+        set_state(c, GRPO__RUN_STATE__RUN_RUNNING, reason);
+        return;
+    }
+    if (survived[0]) {
+        snprintf(reason, sizeof reason, "%s; the run goes on without it", survived);
         set_state(c, GRPO__RUN_STATE__RUN_RUNNING, reason);
         return;
     }
@@ -1096,6 +1110,29 @@ static void explain_gap(const struct core_worker *w, const Grpo__Heartbeat *h, d
                  own);
 }
 
+/* Heartbeat.survived: the ranks the sender's run went on without (trainer.survive_trainer_loss). Each is lost, with
+ * the reason, and holds nothing up: its peers are not told to end. */
+static void note_survived(struct core *c, const struct core_worker *from, const Grpo__Heartbeat *h)
+{
+    for (size_t i = 0; i < h->n_survived; i++) {
+        const Grpo__SurvivedLoss *l = h->survived[i];
+        if (l->rank < 0 || l->rank >= c->nworkers || !c->workers[l->rank] || c->workers[l->rank] == from)
+            continue;
+        struct core_worker *x = c->workers[l->rank];
+        if (x->survived || worker_ended(x->state))
+            continue;
+        x->survived = true;
+        x->suspect = false;
+        if (x->state != GRPO__WORKER_STATE__WORKER_LOST)
+            c->counters.losses++;
+        x->state = GRPO__WORKER_STATE__WORKER_LOST;
+        snprintf(x->error, sizeof x->error, "%s", l->reason[0] ? l->reason : "survived");
+        c->dirty = true;
+        add_event(c, "rank %d on host %s (pid %d) lost: %s (rank %d says); the run goes on without it", x->rank,
+                  x->host, x->pid, x->error, from->rank);
+    }
+}
+
 static uint8_t *handle_heartbeat(struct core *c, const Grpo__Envelope *env, double now, size_t *len)
 {
     const Grpo__Heartbeat *h = env->heartbeat;
@@ -1126,6 +1163,7 @@ static uint8_t *handle_heartbeat(struct core *c, const Grpo__Envelope *env, doub
     }
     copy_heartbeat(w, h);
     copy_flight_heartbeat(w, h, now);
+    note_survived(c, w, h);
     Grpo__WorkerState st =
         h->state == GRPO__WORKER_STATE__WORKER_UNKNOWN ? GRPO__WORKER_STATE__WORKER_RUNNING : h->state;
     if (old == GRPO__WORKER_STATE__WORKER_LOST)

@@ -86,6 +86,7 @@ struct core_worker {
     double last_seen;  /* monotonic seconds */
     double stall_seen; /* core.stalled_s when last heard: grpod's pauses since do not count as silence */
     bool suspect;      /* silent for two heartbeat intervals, not lost yet (shown as WORKER_SUSPECT) */
+    bool survived;     /* lost, and the others went on without it (Heartbeat.survived; its error the reason) */
     uint64_t hb_seq;   /* the newest heartbeat's Heartbeat.seq and sent_s (0: none, or an older worker) */
     double hb_sent;
     double registered_at; /* unix seconds */

@@ -335,7 +335,9 @@ static int finalize(struct launch *l, struct comm *world, struct args *a, int st
     }
     launch_close(l);
     comm_free(world);
-    const bool outlives = comm_job_outlives_ranks() && size > 1;
+    /* Open MPI 5 with ULFM after a survived loss too: its mpirun was seen not to end such a job now and then, all
+     * the survivors' work written (docs/operations.md, "Surviving a lost trainer rank") */
+    const bool outlives = (comm_job_outlives_ranks() || comm_ft_peer_was_lost()) && size > 1;
     if (outlives && status == 0)
         comm_arm_job_end();
     if (outlives)

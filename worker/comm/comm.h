@@ -31,6 +31,8 @@ void comm_mpi_finalize(void);
 void comm_end_job(int code);
 /* Whether mpirun keeps the job when one of its ranks dies (--mca orte_enable_recovery 1). */
 bool comm_job_outlives_ranks(void);
+/* Whether this process went on after a lost peer (ULFM: the collective plane handed a loss to its handler). */
+bool comm_ft_peer_was_lost(void);
 /* Under mpirun in that mode: make ready (before comm_mpi_finalize) to ask mpirun to end the job; elsewhere nothing. */
 void comm_arm_job_end(void);
 /* After comm_arm_job_end, once this rank's part of a finished run is done (MPI_Finalize returned, or hangs for a
@@ -80,6 +82,9 @@ int comm_agree(struct comm *c, int *flag);
 /* Tests of a lost peer: hold(point) runs where this rank is about to wait for an all-reduce it started ("allreduce",
  * comm_wait), so that a test kills it there, its part started and its peers waiting on it; NULL: none. */
 void comm_set_test_hold(void (*hold)(const char *point));
+/* The hold of comm_set_test_hold at another point of a step, named by point ("logprob", "optim", "ckpt": where the
+ * trainer calls it); nothing without one. */
+void comm_test_hold(const char *point);
 /* Name c for the flight recorder (worker/flight) and its messages: a short word, "dp", "tp", "pp", "world",
  * "trainers" (at most 15 bytes), set by the creator that knows what the group is for. A record then reads
  * "all-reduce #1234 of dp (ranks 0-4,6-7)": the name, the group's world ranks and the operation's number in the

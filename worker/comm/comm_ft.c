@@ -19,6 +19,9 @@
 
 static void (*lost_fn)(void *ud, struct comm *c, const char *what);
 static void *lost_ud;
+static bool peer_lost; /* comm_ft_peer_was_lost */
+
+bool comm_ft_peer_was_lost(void) { return peer_lost; }
 
 void comm_set_peer_lost_handler(void (*lost)(void *ud, struct comm *c, const char *what), void *ud)
 {
@@ -59,11 +62,28 @@ void comm_ft_check(struct comm *c, int rc, const char *expr)
     int cls = MPI_SUCCESS;
     if (!lost_fn || MPI_Error_class(rc, &cls) != MPI_SUCCESS)
         return;
-    if (cls != MPIX_ERR_PROC_FAILED && cls != MPIX_ERR_PROC_FAILED_PENDING && cls != MPIX_ERR_REVOKED)
-        return;
+    const char *how = cls == MPIX_ERR_REVOKED ? "revoked by a survivor" : "a peer is lost";
+    if (cls != MPIX_ERR_PROC_FAILED && cls != MPIX_ERR_PROC_FAILED_PENDING && cls != MPIX_ERR_REVOKED) {
+        /* an error that follows a loss without naming it is the same loss on a watched group: a non-blocking
+         * collective whose schedule a survivor's revoke cut short reports MPI_ERR_OTHER from MPI_Test */
+        if (!is_mpi(c) || !impl_of(c)->watched)
+            return;
+        int revoked = 0, failed = 0;
+        MPI_Group g = MPI_GROUP_NULL;
+        if (MPIX_Comm_is_revoked(impl_of(c)->comm, &revoked) != MPI_SUCCESS)
+            revoked = 0;
+        if (!revoked && MPIX_Comm_get_failed(impl_of(c)->comm, &g) == MPI_SUCCESS && g != MPI_GROUP_NULL) {
+            MPI_Group_size(g, &failed);
+            MPI_Group_free(&g);
+        }
+        if (!revoked && failed == 0)
+            return;
+        how =
+            revoked ? "revoked by a survivor, reported as another error" : "a peer is lost, reported as another error";
+    }
     char what[256];
-    snprintf(what, sizeof what, "%s (%s over %d ranks)", expr,
-             cls == MPIX_ERR_REVOKED ? "revoked by a survivor" : "a peer is lost", c->size);
+    snprintf(what, sizeof what, "%s (%s over %d ranks)", expr, how, c->size);
+    peer_lost = true;
     lost_fn(lost_ud, c, what); /* does not return where the run survives; else the caller ends the job */
 }
 

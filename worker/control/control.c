@@ -26,6 +26,7 @@
 
 #define MAX_METRICS 128
 #define MAX_SPANS 64
+#define MAX_SURVIVED 16   /* control_set_survived */
 #define RECENT_WAITS 8    /* finished waits each heartbeat carries (Heartbeat.recent_waits) */
 #define TRACE_MAX 4096    /* the most records a trace carries (a heartbeat stays far below the control limit) */
 #define STACKS_MAX 16384  /* bytes of a native stack (Heartbeat.stacks) */
@@ -89,6 +90,13 @@ struct control {
         Grpo__Phase phase;
     } spans[MAX_SPANS]; /* phase changes not yet sent, oldest first (the status page's timeline) */
     int nspans;
+
+    /* trainer.survive_trainer_loss: the ranks the run went on without, sent in every heartbeat from then on */
+    struct {
+        int rank;
+        char reason[96];
+    } survived[MAX_SURVIVED];
+    int nsurvived;
 
     /* what grpod wants, as levels */
     bool want_pause, want_stop, run_over;
@@ -500,6 +508,19 @@ void control_checkpoint_done(struct control *c, int64_t step)
     pthread_mutex_lock(&c->mu);
     c->ckpt_done_seq = c->ckpt_taken;
     c->ckpt_step = step;
+    changed_locked(c);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void control_set_survived(struct control *c, const int *ranks, int n, const char *reason)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < n && c->nsurvived < MAX_SURVIVED; i++) {
+        c->survived[c->nsurvived].rank = ranks[i];
+        snprintf(c->survived[c->nsurvived++].reason, sizeof c->survived[0].reason, "%s", reason);
+    }
     changed_locked(c);
     pthread_mutex_unlock(&c->mu);
 }
@@ -1033,9 +1054,19 @@ static void *heartbeat_thread(void *arg)
         if (timeout_ms < 1000)
             timeout_ms = 1000;
         /* the snapshot's strings live in c: copy what the message points at before unlocking */
-        char error[512], names[MAX_METRICS][64];
+        char error[512], names[MAX_METRICS][64], why[MAX_SURVIVED][96];
         snprintf(error, sizeof error, "%s", c->error);
         hb.error = error;
+        Grpo__SurvivedLoss sl[MAX_SURVIVED], *slp[MAX_SURVIVED];
+        for (int i = 0; i < c->nsurvived; i++) {
+            grpo__survived_loss__init(&sl[i]);
+            sl[i].rank = c->survived[i].rank;
+            snprintf(why[i], sizeof why[i], "%s", c->survived[i].reason);
+            sl[i].reason = why[i];
+            slp[i] = &sl[i];
+        }
+        hb.n_survived = (size_t)c->nsurvived;
+        hb.survived = slp;
         for (size_t i = 0; i < hb.n_metrics; i++) {
             snprintf(names[i], sizeof names[i], "%s", m[i].name);
             m[i].name = names[i];

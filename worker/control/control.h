@@ -166,6 +166,10 @@ bool control_run_finished(struct control *c);
 bool control_run_goes_on(struct control *c);
 /* A checkpoint of `step` steps is on disk. */
 void control_checkpoint_done(struct control *c, int64_t step);
+/* trainer.survive_trainer_loss: the run went on without these ranks (their launch ranks, as registered), reason
+ * "survived: DP 3 -> 2 at step 4"; every heartbeat from now on says so (Heartbeat.survived), and grpod shows them as
+ * lost with that reason instead of ending the run. At most 16 in all. */
+void control_set_survived(struct control *c, const int *ranks, int n, const char *reason);
 /* A replica's word that the writer (its DP rank 0) wrote the checkpoint of `step` for it: every request this
  * rank has heard of is answered (grpod counts a request done at the slowest rank, and the writer's own count
  * bounds it). */

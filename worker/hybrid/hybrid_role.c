@@ -20,6 +20,7 @@
 #include "hybrid_source.h"
 #include "units.h"
 #include "worker/comm/comm.h"
+#include "worker/control/control.h"
 #include "worker/gen/generate.h"
 #include "worker/gen/validate.h"
 #include "worker/metrics/metrics.h"
@@ -547,10 +548,11 @@ static int colocated_setup(struct colocated *c, char *err, size_t errlen)
 /* After a lost rank (survive.c re-formed the groups and env): the ledger of work units over the survivors, as many
  * units as their engines take. The lost group's ledger is left behind (freeing its window would wait on the lost
  * rank). */
-static void colocated_reform(void *ud)
+static void colocated_reform(void *ud, const struct survive_loss *loss)
 {
     struct colocated *c = ud;
     const struct role_env *env = c->env;
+    control_set_survived(env->ctl, loss->ranks, loss->n, loss->reason); /* grpod: lost, the run goes on */
     c->units = units_per_step(env->cfg, env->at.engines);
     c->ledger = units_ledger_create(env->trainers, env->at.engines, c->units, env->cfg->placement_colocated_steal);
     if (!c->ledger)

@@ -37,7 +37,7 @@ struct survive {
     bool armed;                       /* inside a step: a lost peer comes back to its start */
     int64_t step;                     /* the step begun last */
     struct trainer_snapshot *snap[2]; /* step k's start in snap[k % 2] */
-    void (*reform)(void *ud);
+    void (*reform)(void *ud, const struct survive_loss *loss);
     void *ud;
     /* the groups a loss revokes: the world and the trainers (every rank) and DP; after a loss the shrunk ones */
     struct comm *watch[3];
@@ -63,12 +63,6 @@ int survive_check(const struct grpo_config *cfg, const struct placement_spec *sp
     char ft[512];
     if (!comm_ft_available(ft, sizeof ft))
         return error_set(why, whylen, KEY_trainer_survive_trainer_loss ": %s", ft);
-    if (cfg->grpod_endpoint && cfg->grpod_endpoint[0])
-        return error_set(why, whylen,
-                         KEY_trainer_survive_trainer_loss " under grpod (" KEY_grpod_endpoint
-                                                          ") is not covered yet: grpod would end the job on the lost "
-                                                          "rank%s",
-                         not_yet);
     if (world > 1 && !colocated)
         return error_set(why, whylen,
                          KEY_trainer_survive_trainer_loss " with rollout ranks (" KEY_placement_rollout_ranks
@@ -91,12 +85,6 @@ int survive_check(const struct grpo_config *cfg, const struct placement_spec *sp
         if (sizes[i].size > 1)
             return error_set(why, whylen, KEY_trainer_survive_trainer_loss " with %s=%d is not covered yet%s",
                              sizes[i].key, sizes[i].size, not_yet);
-    if (cfg->actor_megatron_use_distributed_optimizer)
-        return error_set(why, whylen,
-                         KEY_trainer_survive_trainer_loss " with ZeRO-1 (" KEY_actor_megatron_use_distributed_optimizer
-                                                          ") is not covered yet: the lost rank's block of the "
-                                                          "optimizer state is lost with it%s",
-                         not_yet);
     return 0;
 }
 
@@ -129,7 +117,8 @@ static void watch(struct survive *s, struct comm *c)
     s->watch[s->n_watch++] = c;
 }
 
-struct survive *survive_create(struct role_env *env, void (*reform)(void *ud), void *ud)
+struct survive *survive_create(struct role_env *env, void (*reform)(void *ud, const struct survive_loss *loss),
+                               void *ud)
 {
     struct survive *s = xcalloc(1, sizeof *s);
     s->env = env;
@@ -178,13 +167,16 @@ void survive_free(struct survive *s)
 static void step_begin(void *ud, int64_t k)
 {
     struct survive *s = ud;
-    s->step = k;
     const double t0 = clock_now_s();
+    /* with ZeRO-1 a collective (each block's copy to the next rank): a loss in it comes back to the previous
+     * step's start, kept in the other slot (s->step is still that step's; none before the first step) */
     trainer_snapshot_take(s->t, s->snap[k % 2]);
+    s->step = k;
     if (!s->said_cost && s->env->rank == 0) { /* what the key costs a step, once */
         s->said_cost = true;
-        log_info("survive", "step %lld's start kept in %.3f s (%.1f MB: the weights, AdamW's moments; every step)",
-                 (long long)k, clock_now_s() - t0, (double)trainer_snapshot_bytes(s->snap[k % 2]) / 1e6);
+        log_info("survive", "step %lld's start kept in %.3f s (%.1f MB: the weights, AdamW's moments%s; every step)",
+                 (long long)k, clock_now_s() - t0, (double)trainer_snapshot_bytes(s->snap[k % 2]) / 1e6,
+                 s->t && trainer_zero1(s->t) ? " (this rank's ZeRO-1 block, and a copy of the previous rank's)" : "");
     }
     s->armed = true;
 }
@@ -301,9 +293,16 @@ static int recover(void *ud)
         log_error("survive", "moving the trainer onto %d DP ranks: %s; ending the run", at.dp_size, err);
         return -1;
     }
-    trainer_snapshot_restore(s->t, snap);
+    if (trainer_snapshot_restore(s->t, snap, lost, n_lost, err, sizeof err) != 0) {
+        log_error("survive", "restoring step %lld's start on %d DP ranks: %s; ending the run", (long long)redo,
+                  at.dp_size, err);
+        return -1;
+    }
+    char reason[96];
+    snprintf(reason, sizeof reason, "survived: DP %d -> %d at step %lld", old_size, at.dp_size, (long long)redo);
+    const struct survive_loss loss = {.ranks = names, .n = n_lost, .reason = reason};
     if (s->reform)
-        s->reform(s->ud);
+        s->reform(s->ud, &loss);
     s->redo = redo;
     s->reformed_s = clock_now_s() - t0;
     if (env->rank == 0)
@@ -324,34 +323,64 @@ void survive_attach(struct survive *s, struct trainer *t)
     trainer_set_recovery(t, &r);
 }
 
+/* one POINT:STEP:RANK of GRPO_TEST_KILL_AT */
+struct hold_at {
+    char point[32];
+    long long step;
+    int rank;
+    bool done;
+};
+
+/* GRPO_TEST_KILL_AT's holds into at (at most max): how many, or -1 where it is not POINT:STEP:RANK[,...] */
+static int parse_holds(const char *spec, struct hold_at *at, int max)
+{
+    int n = 0;
+    for (const char *p = spec; *p;) {
+        const char *c1 = strchr(p, ':');
+        char *end = NULL, *end2 = NULL;
+        if (n >= max || !c1 || c1 == p || (size_t)(c1 - p) >= sizeof at[n].point)
+            return -1;
+        memcpy(at[n].point, p, (size_t)(c1 - p));
+        at[n].point[c1 - p] = '\0';
+        at[n].step = strtoll(c1 + 1, &end, 10);
+        if (end == c1 + 1 || *end != ':')
+            return -1;
+        at[n].rank = (int)strtol(end + 1, &end2, 10);
+        if (end2 == end + 1 || (*end2 != '\0' && *end2 != ','))
+            return -1;
+        at[n].done = false;
+        n++;
+        p = *end2 == ',' ? end2 + 1 : end2;
+    }
+    return n;
+}
+
 void survive_test_hold(const char *point)
 {
-    static int armed = -1; /* the variables read once: this runs before every wait of a gradient bucket */
-    static char want[32];
-    static long long step = -1;
-    static int rank = -1;
+    static int n = -1; /* the variables read once: this runs before every wait of a gradient bucket */
+    static struct hold_at at[8];
     const char *flag = getenv("GRPO_TEST_HOLD_FILE");
-    if (armed < 0) { /* POINT:STEP:RANK */
-        const char *at = getenv("GRPO_TEST_KILL_AT");
-        const char *c1 = at ? strchr(at, ':') : NULL;
-        char *end = NULL, *end2 = NULL;
-        armed = 0;
-        if (flag && c1 && (size_t)(c1 - at) < sizeof want) {
-            memcpy(want, at, (size_t)(c1 - at));
-            want[c1 - at] = '\0';
-            step = strtoll(c1 + 1, &end, 10);
-            if (*end == ':') {
-                rank = (int)strtol(end + 1, &end2, 10);
-                armed = end2 != end + 1 && *end2 == '\0';
-            }
+    if (n < 0) {
+        const char *spec = getenv("GRPO_TEST_KILL_AT");
+        n = spec && flag ? parse_holds(spec, at, (int)(sizeof at / sizeof at[0])) : 0;
+        if (n < 0 || (spec && !flag)) {
+            log_warn("survive",
+                     "GRPO_TEST_KILL_AT=%s is not POINT:STEP:RANK[,POINT:STEP:RANK...] with "
+                     "GRPO_TEST_HOLD_FILE: no hold",
+                     spec);
+            n = 0;
         }
-        if (at && !armed)
-            log_warn("survive", "GRPO_TEST_KILL_AT=%s is not POINT:STEP:RANK with GRPO_TEST_HOLD_FILE: no hold", at);
     }
-    if (!armed || !g_survive || strcmp(want, point) != 0 || step != g_survive->step ||
-        rank != g_survive->launch_rank[g_survive->env->rank] || access(flag, F_OK) != 0)
+    if (!n || !g_survive)
         return;
-    armed = 0; /* once */
+    const int me = g_survive->launch_rank[g_survive->env->rank];
+    struct hold_at *h = NULL;
+    for (int i = 0; i < n && !h; i++)
+        if (!at[i].done && strcmp(at[i].point, point) == 0 && at[i].step == g_survive->step && at[i].rank == me)
+            h = &at[i];
+    if (!h || access(flag, F_OK) != 0)
+        return;
+    h->done = true; /* once */
     char path[4096], tmp[4200];
     snprintf(path, sizeof path, "%s.held", flag);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -361,7 +390,8 @@ void survive_test_hold(const char *point)
         fclose(f);
         rename(tmp, path); /* the test reads a whole pid or nothing */
     }
-    log_info("survive", "test: holding at %s of step %lld while %s exists (pid %d)", point, step, flag, (int)getpid());
+    log_info("survive", "test: holding at %s of step %lld while %s exists (pid %d)", point, h->step, flag,
+             (int)getpid());
     for (int i = 0; i < 12000 && access(flag, F_OK) == 0; i++)
         usleep(50000);
 }

@@ -24,26 +24,39 @@ struct role_env;
 struct trainer;
 
 /* Whether this run may turn trainer.survive_trainer_loss on: 0, or -1 with why naming what is not covered (an MPI
- * without ULFM, a launch without --with-ft ulfm, grpod, GPUs, TP, PP, SP/CP, EP, ZeRO-1, rollout TP, rollout
+ * without ULFM, a launch without --with-ft ulfm, GPUs, TP, PP, SP/CP, EP, rollout TP, rollout
  * ranks). colocated: every rank generates and trains (no rollout split); world: the ranks. Call only with the key
- * on. */
+ * on. Under grpod the survivors tell it (struct survive_loss). */
 int survive_check(const struct grpo_config *cfg, const struct placement_spec *spec, bool colocated, int world,
                   char *why, size_t whylen);
 
 struct survive;
-/* For the colocated ranks of env (its trainers and DP groups are watched from here on). reform(ud) runs after the
- * groups re-formed, env updated (trainers, dp, tp, pp, at, rank, world_size): the source's own part. */
-struct survive *survive_create(struct role_env *env, void (*reform)(void *ud), void *ud);
+/* A loss survived: the ranks lost (their launch ranks: the world's, as the logs and grpod name them) and the reason,
+ * "survived: DP 3 -> 2 at step 4" (grpod shows it: control_set_survived). */
+struct survive_loss {
+    const int *ranks;
+    int n;
+    const char *reason;
+};
+/* For the colocated ranks of env (its trainers and DP groups are watched from here on). reform(ud, loss) runs after
+ * the groups re-formed, env updated (trainers, dp, tp, pp, at, rank, world_size): the source's own part, and telling
+ * grpod. */
+struct survive *survive_create(struct role_env *env, void (*reform)(void *ud, const struct survive_loss *loss),
+                               void *ud);
 /* The trainer whose steps are redone: its run loop gets the recovery hooks (struct trainer_recovery), which keep
  * each step's start, bring a lost peer's survivors back to it and re-form them (shrink, name the lost ranks, agree
  * on the step, move the trainer and the source onto the survivors, restore the step's start). */
 void survive_attach(struct survive *s, struct trainer *t);
 void survive_free(struct survive *s);
 
-/* Tests only: GRPO_TEST_KILL_AT=POINT:STEP:RANK with GRPO_TEST_HOLD_FILE=FILE makes launch rank RANK, at POINT
- * ("gen": its generation of step STEP done; "allreduce": its all-reduce of step STEP's gradients started, not waited
- * for, through comm_set_test_hold), write its pid to FILE.held and hold while FILE exists (at most 10 minutes), so
- * that a test kills it there and not at a time a machine's speed decides. Once per process. */
+/* Tests only: GRPO_TEST_KILL_AT=POINT:STEP:RANK[,POINT:STEP:RANK...] with GRPO_TEST_HOLD_FILE=FILE makes launch rank
+ * RANK, at POINT of step STEP, write its pid to FILE.held and hold while FILE exists (at most 10 minutes), so that a
+ * test kills it there and not at a time a machine's speed decides. The points: "gen" (its generation done),
+ * "logprob" (its old log-probs taken, the reference's not), "allreduce" (its all-reduce of the step's gradients
+ * started, not waited for, through comm_set_test_hold), "optim" (a mini-batch's gradients summed, its optimizer step
+ * not taken), "ckpt" (in the step's checkpoint: the lead with the weights and optimizer state written, not moved into
+ * place; another rank in its part). Each once per process; a test that kills twice removes FILE.held before it kills
+ * (the next victim writes it anew). */
 void survive_test_hold(const char *point);
 
 #endif

@@ -488,8 +488,10 @@ static void update_mini_batch(struct model *m, struct adamw *opt, struct rollout
     }
     double norm = p->zero ? zero1_clip(p->zero, p->grad_clip, m) : mp_clip(m, p->grad_clip);
     if (isfinite(norm) && p->zero) { /* every rank has the same norm: they step, or skip, together */
+        comm_test_hold("optim");     /* tests: a rank dies in its optimizer step, its block of the gradients summed */
         zero1_step(p->zero, opt, tr.params, p->lr);
     } else if (isfinite(norm)) {
+        comm_test_hold("optim"); /* tests: a rank dies in its optimizer step, its gradients summed */
         adamw_step(opt, tr.params, tr.grads, p->lr);
     } else {
         log_warn("trainer", "gradient norm is %g: optimizer step skipped", norm);

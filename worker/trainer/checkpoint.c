@@ -18,6 +18,7 @@
 #include "common/fs.h"
 #include "common/log.h"
 #include "common/crc32c.h"
+#include "worker/comm/comm.h"
 #include "worker/flight/flight.h"
 #include "worker/watchdog/watchdog.h"
 #include "worker/model/lora.h"
@@ -325,6 +326,7 @@ static int save_extra(const char *root, const struct model *m, const struct adam
     snprintf(path, sizeof path, "%s/optim.bin", tmp);
     if (optim_state_write(path, opt, err, errlen) != 0)
         goto fail_tmp;
+    comm_test_hold("ckpt"); /* tests: the writer dies here, its weights and optimizer state written, not in place */
     if (extra_name) {
         snprintf(path, sizeof path, "%s/%s", tmp, extra_name);
         if (fs_write_atomic(path, extra, extra_len, err, errlen) != 0)

@@ -212,6 +212,7 @@ int trainer_save_checkpoint(struct trainer *t)
         return -1;
     }
     if (!trainer_is_lead(t)) {
+        comm_test_hold("ckpt"); /* tests: a rank dies in its part of a checkpoint the leader writes */
         free(blob);
         model_free(wm);
         adamw_free(wo); /* the leader writes for every replica: the weights and optimizer state are the same */

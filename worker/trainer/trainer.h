@@ -199,12 +199,20 @@ struct trainer_recovery {
     void (*disarm)(void *ctx);                /* past the last step: a loss ends the job */
 };
 void trainer_set_recovery(struct trainer *t, const struct trainer_recovery *r);
+/* Whether the optimizer state is sharded over DP (ZeRO-1). */
+bool trainer_zero1(const struct trainer *t);
 /* The trainer's state at the start of a step (weights, AdamW's moments and count, the run state with the data
- * cursor), in host memory: taken at the start of step global_step + 1, restored to redo that step. */
+ * cursor), in host memory: taken at the start of step global_step + 1, restored to redo that step. With ZeRO-1
+ * taking it is a collective of the DP group (each rank's block of the moments copied to the next rank too). */
 struct trainer_snapshot;
 struct trainer_snapshot *trainer_snapshot_new(void);
 void trainer_snapshot_take(struct trainer *t, struct trainer_snapshot *s);
-void trainer_snapshot_restore(struct trainer *t, const struct trainer_snapshot *s);
+/* Back to s: on the survivors of a loss (the trainer moved onto their groups first, trainer_reform), lost the DP
+ * ranks lost, as numbered in s's layout. With ZeRO-1 the optimizer state is re-sharded over the current DP group
+ * from every survivor's block and the lost ranks' copies (each rank keeps its previous DP rank's block: two
+ * neighbours lost at once cannot be restored); a collective of the current DP group then. 0, or -1 with err. */
+int trainer_snapshot_restore(struct trainer *t, const struct trainer_snapshot *s, const int *lost, int n_lost,
+                             char *err, size_t errlen);
 /* The step whose start s holds (-1: none). */
 int64_t trainer_snapshot_step(const struct trainer_snapshot *s);
 /* The host memory it holds. */

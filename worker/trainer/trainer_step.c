@@ -884,6 +884,7 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
     model_moe_route_stats(t->policy, &r.gap.route_differ, &r.gap.route_compared);
     if (!on_policy) {
         r.phase_s[GRPO__PHASE__PHASE_OLD_LOG_PROB] = old_log_probs(t, b, idx);
+        comm_test_hold("logprob"); /* tests: a rank dies in the forwards, its old log-probs taken, the ref's not */
         model_moe_route_stats(t->policy, &r.gap.route_differ, &r.gap.route_compared);
     }
     if (c->actor_use_kl_loss || c->alg_use_kl_in_reward)

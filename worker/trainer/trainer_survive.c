@@ -9,6 +9,7 @@
 #include "trainer_internal.h"
 #include "common/check.h"
 #include "grad_reduce.h"
+#include "zero1.h"
 #include "worker/comm/comm.h"
 #include "worker/model/lora.h"
 #include "worker/model/model.h"
@@ -16,9 +17,16 @@
 struct trainer_snapshot {
     int64_t step; /* the step whose start this is (-1: none yet) */
     size_t n;     /* trainable floats */
+    size_t nb;    /* the optimizer floats this rank holds: n, or its ZeRO-1 block's */
     float *params, *m, *v;
     int64_t opt_t;       /* AdamW steps taken */
     struct run_state st; /* steps done, the data cursor, the seed */
+    /* ZeRO-1: the layout the block was taken in (this DP rank of dp_size, its block [lo, hi) of the n floats) and
+     * the moments of the previous DP rank's block [mlo, mhi) (its buddy's copy: that rank's loss loses nothing) */
+    bool zero;
+    int dp_rank, dp_size;
+    size_t lo, hi, mlo, mhi, mcap;
+    float *mm, *mv;
 };
 
 struct trainer_snapshot *trainer_snapshot_new(void)
@@ -33,42 +41,108 @@ void trainer_snapshot_free(struct trainer_snapshot *s)
     if (!s)
         return;
     free(s->params), free(s->m), free(s->v);
+    free(s->mm), free(s->mv);
     free(s);
 }
 
 int64_t trainer_snapshot_step(const struct trainer_snapshot *s) { return s ? s->step : -1; }
 
-size_t trainer_snapshot_bytes(const struct trainer_snapshot *s) { return 3 * s->n * sizeof(float); }
+size_t trainer_snapshot_bytes(const struct trainer_snapshot *s)
+{
+    return (s->n + 2 * s->nb + 2 * (s->mhi - s->mlo)) * sizeof(float);
+}
+
+/* ZeRO-1: this rank's block of AdamW's moments to the next DP rank, the previous one's block from it */
+static void mirror_block(struct trainer *t, struct trainer_snapshot *s)
+{
+    const struct zero1 *z = t->zero;
+    const int D = comm_size(z->dp), r = comm_rank(z->dp), prev = (r + D - 1) % D, next = (r + 1) % D;
+    s->dp_rank = r;
+    s->dp_size = D;
+    s->lo = z->lo;
+    s->hi = z->hi;
+    s->mlo = (size_t)prev * z->per < z->n ? (size_t)prev * z->per : z->n;
+    s->mhi = s->mlo + z->per < z->n ? s->mlo + z->per : z->n;
+    if (s->mcap < z->per + 1) {
+        free(s->mm), free(s->mv);
+        s->mcap = z->per + 1;
+        s->mm = xmalloc(s->mcap * sizeof(float));
+        s->mv = xmalloc(s->mcap * sizeof(float));
+    }
+    comm_sendrecv(z->dp, t->opt->m, t->opt->n, next, s->mm, s->mhi - s->mlo, prev, COMM_F32);
+    comm_sendrecv(z->dp, t->opt->v, t->opt->n, next, s->mv, s->mhi - s->mlo, prev, COMM_F32);
+}
 
 void trainer_snapshot_take(struct trainer *t, struct trainer_snapshot *s)
 {
     const struct trainable tr = model_trainable(t->policy);
-    if (s->n != tr.n) {
+    const size_t nb = t->opt->n; /* the whole model's, or the ZeRO-1 block's */
+    if (s->n != tr.n || s->nb != nb) {
         free(s->params), free(s->m), free(s->v);
         s->n = tr.n;
+        s->nb = nb;
         s->params = xmalloc(tr.n * sizeof(float));
-        s->m = xmalloc(tr.n * sizeof(float));
-        s->v = xmalloc(tr.n * sizeof(float));
+        s->m = xmalloc((nb + 1) * sizeof(float));
+        s->v = xmalloc((nb + 1) * sizeof(float));
     }
+    s->step = -1; /* whole only once taken */
     /* host memory on the CPU (GPUs are refused: their state would be copied through the host) */
     memcpy(s->params, tr.params, tr.n * sizeof(float));
-    memcpy(s->m, t->opt->m, tr.n * sizeof(float));
-    memcpy(s->v, t->opt->v, tr.n * sizeof(float));
+    memcpy(s->m, t->opt->m, nb * sizeof(float));
+    memcpy(s->v, t->opt->v, nb * sizeof(float));
     s->opt_t = t->opt->t;
     s->st = t->st;
+    s->zero = t->zero != NULL;
+    s->mlo = s->mhi = 0;
+    if (s->zero)
+        mirror_block(t, s);
     s->step = t->st.global_step + 1;
 }
 
-void trainer_snapshot_restore(struct trainer *t, const struct trainer_snapshot *s)
+int trainer_snapshot_restore(struct trainer *t, const struct trainer_snapshot *s, const int *lost, int n_lost,
+                             char *err, size_t errlen)
 {
     const struct trainable tr = model_trainable(t->policy);
     memcpy(tr.params, s->params, tr.n * sizeof(float));
-    memcpy(t->opt->m, s->m, tr.n * sizeof(float));
-    memcpy(t->opt->v, s->v, tr.n * sizeof(float));
-    t->opt->t = s->opt_t;
     t->st = s->st;
     /* the prompts drawn since (the interrupted step's) are drawn again */
     data_cursor_seek(&t->cursor, (long)t->st.epoch, (int)t->st.cursor);
+    if (!s->zero) {
+        memcpy(t->opt->m, s->m, tr.n * sizeof(float));
+        memcpy(t->opt->v, s->v, tr.n * sizeof(float));
+        t->opt->t = s->opt_t;
+        return 0;
+    }
+    /* ZeRO-1: the whole moments from the survivors' blocks and, for each lost rank, its next rank's copy of its
+     * block (every float from one rank, zeros from the others: the sum is exact), re-sharded over the survivors */
+    for (int i = 0; i < n_lost; i++)
+        for (int j = 0; j < n_lost; j++)
+            if (lost[j] == (lost[i] + 1) % s->dp_size)
+                return error_set(err, errlen,
+                                 "ZeRO-1: DP rank %d's block of the optimizer state was kept by DP rank %d, lost "
+                                 "too (two neighbours lost at once)",
+                                 lost[i], lost[j]);
+    const size_t n = s->n;
+    struct adamw *whole = adamw_create(n, t->opt->beta1, t->opt->beta2, t->opt->eps, t->opt->weight_decay);
+    memcpy(whole->m + s->lo, s->m, (s->hi - s->lo) * sizeof(float));
+    memcpy(whole->v + s->lo, s->v, (s->hi - s->lo) * sizeof(float));
+    for (int i = 0; i < n_lost; i++)
+        if ((lost[i] + 1) % s->dp_size == s->dp_rank) { /* this rank kept the lost one's block */
+            memcpy(whole->m + s->mlo, s->mm, (s->mhi - s->mlo) * sizeof(float));
+            memcpy(whole->v + s->mlo, s->mv, (s->mhi - s->mlo) * sizeof(float));
+        }
+    comm_allreduce_sum(t->lay.dp, whole->m, n, COMM_F32);
+    comm_allreduce_sum(t->lay.dp, whole->v, n, COMM_F32);
+    whole->t = s->opt_t;
+    struct zero1 *z = zero1_create(t->opt->K, t->lay.dp, n);
+    struct adamw *block = zero1_shard(z, whole);
+    adamw_free(whole);
+    zero1_free(t->zero);
+    adamw_free(t->opt);
+    t->zero = z;
+    t->opt = block;
+    t->opt->t = s->opt_t;
+    return 0;
 }
 
 int trainer_reform(struct trainer *t, struct comm *all, struct comm *dp, int dp_rank, int dp_size, char *err,
@@ -96,3 +170,5 @@ int trainer_reform(struct trainer *t, struct comm *all, struct comm *dp, int dp_
 }
 
 void trainer_set_recovery(struct trainer *t, const struct trainer_recovery *r) { t->rec = *r; }
+
+bool trainer_zero1(const struct trainer *t) { return t->zero != NULL; }

@@ -1,0 +1,85 @@
+# shellcheck shell=bash
+# The trainer-loss survival tests' layer (tests/ft/test_survive*.sh), sourced after tests/lib.sh, test_env and
+# tiny_model "$TMP/tiny". It gives:
+#   keys NAME           the keys of a tiny run of $STEPS steps (6 prompts x 4 responses, 2 optimizer steps a step,
+#                       a checkpoint every $SAVE_FREQ steps) whose results go to $TMP/NAME
+#   survive_keys NP     NP colocated plain-DP ranks with trainer.survive_trainer_loss on
+#   MPIRUN              scripts/mpirun_ft with the launch's options
+#   final NAME [STEP]   the run's checkpoint of STEP (default $STEPS), actor/
+#   start_held NAME NP SPEC [KEYS...]  NP ranks in the background with GRPO_TEST_KILL_AT=SPEC (worker/survive/
+#                       survive.h), a hold file $TMP/hold-NAME; JOB its mpirun, log $TMP/NAME.log
+#   kill_held NAME WHAT the next held rank SIGKILLed (its FILE.held removed first, so the next victim writes its
+#                       own): a check; KILL_T0 the kill's time
+#   survived NAME STEP RANK LEFT [T0]  the checks that rank RANK's loss was found in step STEP and survived there
+#                       by LEFT DP ranks (the log's words), and how long after the kill (at T0, default KILL_T0) the
+#                       redone step completed
+#   same_as_one NAME    the final weights equal the one-process run's ($TMP/one) within 1e-5, and the audit files
+#                       hold every group of every step exactly rollout.n times
+STEPS=${STEPS:-5}
+SAVE_FREQ=${SAVE_FREQ:--1}
+# 6 prompts x 4 responses a step (a multiple of 2, 3 and 4 DP ranks' sequences), 2 optimizer steps a step; eps
+# 1e-6 as the equivalence tests (tests/mpi/equiv_lib.sh says why)
+keys() {
+    echo actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e \
+        trainer.total_training_steps="$STEPS" trainer.val_before_train=false trainer.test_freq=-1 \
+        trainer.save_freq="$SAVE_FREQ" data.train_batch_size=6 actor_rollout_ref.rollout.n=4 \
+        actor_rollout_ref.actor.ppo_mini_batch_size=3 data.max_response_length=12 \
+        actor_rollout_ref.actor.optim.lr=1e-3 actor_rollout_ref.actor.optim.eps=1e-6 data.synthetic.num_train=64 \
+        data.synthetic.num_val=4 custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score \
+        actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 actor_rollout_ref.actor.use_kl_loss=true \
+        actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2 \
+        actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2 trainer.default_local_dir="$TMP/$1" \
+        trainer.rollout_data_dir="$TMP/$1/audit"
+}
+survive_keys() { echo trainer.nnodes=1 trainer.n_gpus_per_node="$1" trainer.survive_trainer_loss=true; }
+MPIRUN=("$SRC_ROOT/scripts/mpirun_ft" --oversubscribe --bind-to none)
+final() { echo "$TMP/$1/p/e/checkpoints/global_step_${2:-$STEPS}/actor"; }
+
+start_held() {
+    local name="$1" np="$2" spec="$3"
+    shift 3
+    HOLD="$TMP/hold-$name"
+    touch "$HOLD"
+    # shellcheck disable=SC2046 # keys' words are the keys
+    GRPO_TEST_KILL_AT="$spec" GRPO_TEST_HOLD_FILE="$HOLD" timeout "$(scaled 240)" "${MPIRUN[@]}" \
+        -x GRPO_TEST_KILL_AT -x GRPO_TEST_HOLD_FILE -np "$np" grpo-worker $(keys "$name") $(survive_keys "$np") \
+        "$@" >"$TMP/$name.log" 2>&1 &
+    JOB=$!
+    track "$JOB"
+}
+
+held_or_ended() { [ -s "$HOLD.held" ] || ! kill -0 "$JOB" 2>/dev/null; }
+kill_held() {
+    wait_for 150 held_or_ended
+    local victim
+    victim="$(cat "$HOLD.held" 2>/dev/null)"
+    [ -n "$victim" ]
+    expect "$1: $2 holds" $?
+    rm -f "$HOLD.held"
+    KILL_T0="$(date -u +%s.%N)"
+    [ -n "$victim" ] && kill -9 "$victim"
+    expect "$1: $2 (pid ${victim:-none}) SIGKILLed" $?
+}
+
+survived() {
+    local name="$1" step="$2" rank="$3" left="$4" line took
+    says "$TMP/$name.log" "rank $rank lost at step $step; $left DP ranks go on, step $step redone"
+    expect "$name: the log names lost rank $rank, the shrink to $left and the redone step $step" $?
+    grep -Eq "\[rank [0-9]\] survive: step $step: .*(a peer is lost|revoked by a survivor)" "$TMP/$name.log"
+    expect "$name: the survivors found the loss in a collective of step $step" $?
+    line="$(grep -aF "survive: step $step (redone) completed" "$TMP/$name.log" | tail -n 1)"
+    # the kill to the redone step's end, from the line's UTC time stamp
+    took="$(python3 -c 'import sys, datetime
+t = datetime.datetime.strptime(sys.argv[1][:23], "%Y-%m-%dT%H:%M:%S.%f").replace(tzinfo=datetime.timezone.utc)
+print(f"{t.timestamp() - float(sys.argv[2]):.2f}")' "$line" "${5:-$KILL_T0}" 2>/dev/null)"
+    [ -n "$line" ]
+    expect "$name: step $step redone and completed ${took:-?} s after the kill (${line#*completed })" $?
+}
+
+same_as_one() {
+    local out
+    out=$("$COMPARE" "$(final one)" "$(final "$1")" 1e-5 2>&1)
+    expect "$1: weights equal one process's within 1e-5 ($out)" $?
+    out=$(python3 "$SRC_ROOT/tests/mpi/check_audit.py" "$TMP/$1/audit" 4 6 "$STEPS" 2>&1)
+    expect "$1: audit: every group of every step trained exactly once ($out)" $?
+}

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Trainer-loss survival (trainer.survive_trainer_loss) under grpod: 3 colocated plain-DP ranks of this build (against
+# Open MPI 5) under scripts/mpirun_ft, registered with grpod; rank 2 SIGKILLed at step 3 with its generation done
+# (gen:3:2), and the lead then held at step 5's generation (gen:5:0, a second hold of GRPO_TEST_KILL_AT, not killed:
+# the run is still under way while the test reads grpod's status). The survivors tell grpod (Heartbeat.survived):
+#  - while the run goes on: rank 2 is "lost" with the reason "survived: DP 3 -> 2 at step 3", the run "running"
+#    with a reason naming it, `grpoctl status` shows both, and grpod's events say so; the other ranks are not told
+#    to end (grpod.heartbeat_timeout_s passes meanwhile without it);
+#  - the hold released, the run finishes: grpod's run "finished" at step 5, mpirun exits 0, the weights equal one
+#    process's within 1e-5 and the audit files hold every group of every step exactly rollout.n times.
+# Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
+set -u
+. "$(dirname "$0")/../lib.sh" grpo-ft-grpod
+if ! "$SRC_ROOT/scripts/ompi5_env.sh" --no-install >/dev/null 2>"$TMP/env.err"; then
+    cat "$TMP/env.err"
+    echo "SKIP: no Open MPI 5 with ULFM here (scripts/ompi5_env.sh installs it)"
+    exit 77
+fi
+test_env
+export GRPO_FT_BUILD="$BUILD_ROOT"
+# shellcheck disable=SC2034 # start_grpod (tests/lib.sh) runs $GRPOD
+GRPOD="$(prog grpod)" GRPOCTL="$(prog grpoctl)"
+EP="ipc://$TMP/ctl.sock"
+export GRPOD_ENDPOINT="$EP"
+tiny_model "$TMP/tiny"
+expect "tiny model initialised" $?
+. "$(dirname "$0")/survive_lib.sh"
+
+# shellcheck disable=SC2046 # keys' words are the keys
+timeout "$(scaled 120)" "${MPIRUN[@]}" -np 1 grpo-worker $(keys one) >"$TMP/one.log" 2>&1
+expect "one process: $STEPS steps" $?
+
+# heartbeats every 0.2 s, lost after 3 s of silence (start_grpod's)
+start_grpod g
+expect "grpod starts" $?
+start_held gr 3 gen:3:2,gen:5:0 grpod.endpoint="$EP" grpod.connect_timeout_s=20
+kill_held gr "rank 2 at gen of step 3"
+wait_for 60 held_or_ended
+lead="$(cat "$HOLD.held" 2>/dev/null)"
+[ -n "$lead" ]
+expect "gr: the survivors redo step 3 and go on; the lead holds at step 5 (pid ${lead:-none})" $?
+survived gr 3 2 2
+lost_told() { field_is '.workers[] | select(.rank == 2) | .error' "survived: DP 3 -> 2 at step 3"; }
+wait_for 20 lost_told
+expect "gr: grpod shows rank 2's reason: $(status_field '.workers[] | select(.rank == 2) | .error')" $?
+field_is '.workers[] | select(.rank == 2) | .state' lost
+expect "gr: rank 2 is lost ($(status_field '.workers[] | select(.rank == 2) | .state'))" $?
+# the lost rank's heartbeats stopped at the kill: by now grpod.heartbeat_timeout_s (3 s) has passed without it
+# calling the run's end (the lead, held, heartbeats on)
+past_timeout() { python3 -c 'import sys, time; sys.exit(time.time() < float(sys.argv[1]) + 4)' "$KILL_T0"; }
+wait_for 30 past_timeout
+state_is running
+expect "gr: the run is running 4 s after the kill ($(status_field .state): $(status_field .reason))" $?
+status_field .reason | grep -qF "rank 2 on host" && status_field .reason | grep -qF "survived: DP 3 -> 2 at step 3"
+expect "gr: the run's reason names the loss" $?
+[ "$(status_field '[.workers[] | select(.rank != 2) | .state] | join(",")')" = "running,running" ]
+expect "gr: ranks 0 and 1 running ($(status_field '[.workers[] | .state] | join(",")'))" $?
+"$GRPOCTL" status >"$TMP/status.txt" 2>&1
+grep -Eq "^2 .* lost " "$TMP/status.txt" && grep -qF "reason: survived: DP 3 -> 2 at step 3" "$TMP/status.txt"
+expect "gr: grpoctl status shows rank 2 lost with its reason" $?
+status_field '.events[].text' >"$TMP/events.txt"
+grep -qF "lost: survived: DP 3 -> 2 at step 3" "$TMP/events.txt" && ! grep -q "told to end" "$TMP/events.txt"
+expect "gr: grpod's events say the loss was survived, none tells the ranks to end" $?
+
+rm -f "$HOLD" # the lead goes on
+wait "$JOB"
+expect "gr: the run finishes without rank 2 (mpirun exits 0)" $?
+finished() { state_is finished; }
+wait_for 20 finished
+expect "gr: grpod says the run finished ($(status_field .state): $(status_field .reason))" $?
+same_as_one gr
+stop_grpod
+finish

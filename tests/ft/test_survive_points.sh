@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Trainer-loss survival (trainer.survive_trainer_loss) at more points of a step than ft-survive's, 3 colocated
+# plain-DP ranks of this build (against Open MPI 5) under scripts/mpirun_ft, a checkpoint every 2 steps; each
+# victim held at its point by GRPO_TEST_KILL_AT (worker/survive/survive.h: a hold the test waits on, not a sleep)
+# and SIGKILLed there:
+#  - rank 2 in step 3's forwards (its old log-probs taken, the reference's not: logprob:3:2);
+#  - rank 1 in step 2's optimizer step (the first mini-batch's gradients summed, its AdamW step not taken:
+#    optim:2:1);
+#  - rank 2 in its part of step 2's checkpoint (ckpt:2:2; the lead writes it, and finds the loss in step 3);
+#    each: the run finishes (mpirun exits 0), the log names the loss and the redone step, the weights equal one
+#    process's within 1e-5 relative, the audit files hold every group of every step exactly rollout.n times, and
+#    the checkpoints written (steps 2 and 4) equal one process's too;
+#  - the lead (rank 0) in the middle of step 4's checkpoint, its weights and optimizer state written and not yet
+#    moved into place (ckpt:4:0): the run ends (the lead's loss is not covered), the checkpoint directory holds
+#    step 4 only as .global_step_4.tmp, latest_checkpointed_iteration.txt names step 2, and a relaunch resumes from
+#    step 2, not the half-written 4, and ends with one process's weights and exactly-once audit files.
+# Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
+set -u
+. "$(dirname "$0")/../lib.sh" grpo-ft-points
+if ! "$SRC_ROOT/scripts/ompi5_env.sh" --no-install >/dev/null 2>"$TMP/env.err"; then
+    cat "$TMP/env.err"
+    echo "SKIP: no Open MPI 5 with ULFM here (scripts/ompi5_env.sh installs it)"
+    exit 77
+fi
+test_env
+export GRPO_FT_BUILD="$BUILD_ROOT"
+tiny_model "$TMP/tiny"
+expect "tiny model initialised" $?
+SAVE_FREQ=2 # read by survive_lib.sh
+# shellcheck source=tests/ft/survive_lib.sh
+. "$(dirname "$0")/survive_lib.sh"
+
+# shellcheck disable=SC2046 # keys' words are the keys
+timeout "$(scaled 120)" "${MPIRUN[@]}" -np 1 grpo-worker $(keys one) >"$TMP/one.log" 2>&1
+expect "one process: $STEPS steps" $?
+
+# killed POINT STEP RANK FOUND: rank RANK held at POINT of step STEP and SIGKILLed there; its loss found in step FOUND
+killed() {
+    local name="$1-$2-$3" out k
+    start_held "$name" 3 "$1:$2:$3"
+    kill_held "$name" "rank $3 at $1 of step $2"
+    wait "$JOB"
+    expect "$name: the run finishes without rank $3 (mpirun exits 0)" $?
+    survived "$name" "$4" "$3" 2
+    same_as_one "$name"
+    for k in 2 4; do
+        out=$("$COMPARE" "$(final one $k)" "$(final "$name" $k)" 1e-5 2>&1)
+        expect "$name: the checkpoint of step $k equals one process's within 1e-5 ($out)" $?
+    done
+}
+killed logprob 3 2 3
+killed optim 2 1 2
+killed ckpt 2 2 3
+
+# the lead in the middle of writing step 4's checkpoint
+start_held lead-ckpt 3 ckpt:4:0
+kill_held lead-ckpt "rank 0 in the middle of step 4's checkpoint"
+wait "$JOB"
+[ $? -ne 0 ]
+expect "lead-ckpt: the run ends with an error" $?
+says "$TMP/lead-ckpt.log" "rank 0 lost at step 5: rank 0 is the lead"
+expect "lead-ckpt: the survivors say the lead's loss is not covered yet" $?
+ck="$TMP/lead-ckpt/p/e/checkpoints"
+[ -d "$ck/.global_step_4.tmp" ] && [ -f "$ck/.global_step_4.tmp/optim.bin" ]
+expect "lead-ckpt: killed in the middle of the write: .global_step_4.tmp holds optim.bin ($(ls -A "$ck" | tr '\n' ' '))" $?
+[ ! -e "$ck/global_step_4" ] && [ -d "$ck/global_step_2" ]
+expect "lead-ckpt: no global_step_4 a resume would take, global_step_2 there" $?
+[ "$(cat "$ck/latest_checkpointed_iteration.txt" 2>/dev/null)" = 2 ]
+expect "lead-ckpt: latest_checkpointed_iteration.txt names step 2" $?
+# the relaunch, undisturbed (trainer.resume_mode=auto)
+# shellcheck disable=SC2046
+timeout "$(scaled 180)" "${MPIRUN[@]}" -np 3 grpo-worker $(keys lead-ckpt) $(survive_keys 3) \
+    >"$TMP/lead-ckpt-resume.log" 2>&1
+expect "lead-ckpt: the relaunch finishes" $?
+grep -Eq "resumed from .*/global_step_2 at step 2" "$TMP/lead-ckpt-resume.log"
+expect "lead-ckpt: the relaunch resumed from step 2's checkpoint" $?
+same_as_one lead-ckpt
+finish
