@@ -1,6 +1,7 @@
 # shellcheck shell=bash
-# The trainer-loss survival tests' layer (tests/ft/test_survive*.sh), sourced after tests/lib.sh, test_env and
-# tiny_model "$TMP/tiny". It gives:
+# The trainer-loss survival tests' layer (tests/ft/test_survive*.sh), sourced after tests/lib.sh. It gives:
+#   survive_start       skip (77) without Open MPI 5 with ULFM (OMPI5_PREFIX its prefix); the test environment, on
+#                       this build's programs; the tiny model in $TMP/tiny (a check)
 #   keys NAME           the keys of a tiny run of $STEPS steps (6 prompts x 4 responses, 2 optimizer steps a step,
 #                       a checkpoint every $SAVE_FREQ steps) whose results go to $TMP/NAME
 #   survive_keys NP     NP colocated plain-DP ranks with trainer.survive_trainer_loss on
@@ -30,6 +31,17 @@ keys() {
         actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2 \
         actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2 trainer.default_local_dir="$TMP/$1" \
         trainer.rollout_data_dir="$TMP/$1/audit"
+}
+survive_start() {
+    if ! OMPI5_PREFIX="$("$SRC_ROOT/scripts/ompi5_env.sh" --no-install 2>"$TMP/env.err")"; then
+        cat "$TMP/env.err"
+        echo "SKIP: no Open MPI 5 with ULFM here (scripts/ompi5_env.sh installs it)"
+        exit 77
+    fi
+    test_env
+    export GRPO_FT_BUILD="$BUILD_ROOT"
+    tiny_model "$TMP/tiny"
+    expect "tiny model initialised" $?
 }
 survive_keys() { echo trainer.nnodes=1 trainer.n_gpus_per_node="$1" trainer.survive_trainer_loss=true; }
 MPIRUN=("$SRC_ROOT/scripts/mpirun_ft" --oversubscribe --bind-to none)

@@ -14,17 +14,10 @@
 # Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
 set -u
 . "$(dirname "$0")/../lib.sh" grpo-ft-survive
-if ! prefix="$("$SRC_ROOT/scripts/ompi5_env.sh" --no-install 2>"$TMP/env.err")"; then
-    cat "$TMP/env.err"
-    echo "SKIP: no Open MPI 5 with ULFM here (scripts/ompi5_env.sh installs it)"
-    exit 77
-fi
-test_env
-export GRPO_FT_BUILD="$BUILD_ROOT"
-tiny_model "$TMP/tiny"
-expect "tiny model initialised" $?
-
+# shellcheck source=tests/ft/survive_lib.sh
 . "$(dirname "$0")/survive_lib.sh"
+survive_start
+
 read -ra SURVIVE <<<"$(survive_keys 3)"
 
 # shellcheck disable=SC2046 # keys' words are the keys
@@ -70,8 +63,8 @@ timeout "$(scaled 120)" "${MPIRUN[@]}" -np 2 grpo-worker $(keys tp) trainer.nnod
     "trainer.survive_trainer_loss with actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 is not covered yet"
 expect "TP 2 with the key: refused, naming the key and TP" $?
 # shellcheck disable=SC2046
-OPAL_PREFIX="$prefix" timeout "$(scaled 120)" "$prefix/bin/mpirun" --oversubscribe -np 2 "$WORKER" $(keys noft) \
-    trainer.nnodes=1 trainer.n_gpus_per_node=2 trainer.survive_trainer_loss=true >"$TMP/noft.log" 2>&1
+OPAL_PREFIX="$OMPI5_PREFIX" timeout "$(scaled 120)" "$OMPI5_PREFIX/bin/mpirun" --oversubscribe -np 2 "$WORKER" \
+    $(keys noft) trainer.nnodes=1 trainer.n_gpus_per_node=2 trainer.survive_trainer_loss=true >"$TMP/noft.log" 2>&1
 [ $? -ne 0 ] && says "$TMP/noft.log" "trainer.survive_trainer_loss: this launch did not turn MPI's fault tolerance on"
 expect "without mpirun --with-ft ulfm: refused, naming the key and the launch" $?
 finish

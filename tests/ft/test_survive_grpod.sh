@@ -11,20 +11,13 @@
 # Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
 set -u
 . "$(dirname "$0")/../lib.sh" grpo-ft-grpod
-if ! "$SRC_ROOT/scripts/ompi5_env.sh" --no-install >/dev/null 2>"$TMP/env.err"; then
-    cat "$TMP/env.err"
-    echo "SKIP: no Open MPI 5 with ULFM here (scripts/ompi5_env.sh installs it)"
-    exit 77
-fi
-test_env
-export GRPO_FT_BUILD="$BUILD_ROOT"
+# shellcheck source=tests/ft/survive_lib.sh
+. "$(dirname "$0")/survive_lib.sh"
+survive_start
 # shellcheck disable=SC2034 # start_grpod (tests/lib.sh) runs $GRPOD
 GRPOD="$(prog grpod)" GRPOCTL="$(prog grpoctl)"
 EP="ipc://$TMP/ctl.sock"
 export GRPOD_ENDPOINT="$EP"
-tiny_model "$TMP/tiny"
-expect "tiny model initialised" $?
-. "$(dirname "$0")/survive_lib.sh"
 
 # shellcheck disable=SC2046 # keys' words are the keys
 timeout "$(scaled 120)" "${MPIRUN[@]}" -np 1 grpo-worker $(keys one) >"$TMP/one.log" 2>&1
