@@ -27,6 +27,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench/hb_payload.h"
 #include "common/check.h"
 #include "common/clock.h"
 #include "proto/protocol.h"
@@ -141,24 +142,8 @@ static void *worker_main(void *arg)
         clock_sleep_s(0.01);
     for (int i = 0; i < n; i++)
         due[i] = b->start + b->interval * ((double)(wt->first + i) / b->workers);
-    /* a realistic payload: ten verl metrics and four phase timings */
-    static const char *names[] = {"actor/pg_loss",         "actor/kl_loss",       "actor/entropy",   "actor/grad_norm",
-                                  "actor/pg_clipfrac",     "critic/score/mean",   "perf/throughput", "timing_s/gen",
-                                  "timing_s/update_actor", "response_length/mean"};
-    Grpo__Metric m[10], *mp[10];
-    Grpo__PhaseTime pt[4], *ptp[4];
-    for (int k = 0; k < 10; k++) {
-        grpo__metric__init(&m[k]);
-        m[k].name = (char *)names[k];
-        m[k].value = 0.1 * k;
-        mp[k] = &m[k];
-    }
-    for (int k = 0; k < 4; k++) {
-        grpo__phase_time__init(&pt[k]);
-        pt[k].phase = (Grpo__Phase)(k + 1);
-        pt[k].seconds = 1.5 * (k + 1);
-        ptp[k] = &pt[k];
-    }
+    /* a realistic payload: ten verl metrics and four phase timings (bench/hb_payload.h) */
+    struct hb_payload payload;
     while (clock_now_s() < b->stop) {
         int next = 0;
         for (int i = 1; i < n; i++)
@@ -182,10 +167,7 @@ static void *worker_main(void *arg)
         hb.total_steps = 1000;
         hb.phase = GRPO__PHASE__PHASE_GEN;
         hb.busy_seconds = t0 - b->start;
-        hb.metrics = mp;
-        hb.n_metrics = 10;
-        hb.timings = ptp;
-        hb.n_timings = 4;
+        hb_payload_set(&payload, &hb);
         hb.checkpoint_step = -1;
         env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT;
         env.heartbeat = &hb;

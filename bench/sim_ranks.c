@@ -43,6 +43,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "bench/hb_payload.h"
 #include "common/check.h"
 #include "common/clock.h"
 #include "proto/plane_auth.h"
@@ -244,23 +245,7 @@ static void send_register(struct sim *s, struct rank *r)
 
 static void send_heartbeat(struct sim *s, struct rank *r, double now, double t0)
 {
-    static const char *names[] = {"actor/pg_loss",         "actor/kl_loss",       "actor/entropy",   "actor/grad_norm",
-                                  "actor/pg_clipfrac",     "critic/score/mean",   "perf/throughput", "timing_s/gen",
-                                  "timing_s/update_actor", "response_length/mean"};
-    Grpo__Metric m[10], *mp[10];
-    Grpo__PhaseTime pt[4], *ptp[4];
-    for (int k = 0; k < 10; k++) {
-        grpo__metric__init(&m[k]);
-        m[k].name = (char *)names[k];
-        m[k].value = 0.1 * k;
-        mp[k] = &m[k];
-    }
-    for (int k = 0; k < 4; k++) {
-        grpo__phase_time__init(&pt[k]);
-        pt[k].phase = (Grpo__Phase)(k + 1);
-        pt[k].seconds = 1.5 * (k + 1);
-        ptp[k] = &pt[k];
-    }
+    struct hb_payload payload;
     Grpo__Envelope env = GRPO__ENVELOPE__INIT;
     Grpo__Heartbeat hb = GRPO__HEARTBEAT__INIT;
     hb.rank = r->rank;
@@ -272,10 +257,7 @@ static void send_heartbeat(struct sim *s, struct rank *r, double now, double t0)
     hb.total_steps = 1000;
     hb.phase = s->rollout ? GRPO__PHASE__PHASE_GEN : GRPO__PHASE__PHASE_UPDATE_ACTOR;
     hb.busy_seconds = now - t0;
-    hb.metrics = mp;
-    hb.n_metrics = 10;
-    hb.timings = ptp;
-    hb.n_timings = 4;
+    hb_payload_set(&payload, &hb);
     hb.checkpoint_step = -1;
     env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT;
     env.heartbeat = &hb;
