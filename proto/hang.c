@@ -57,11 +57,12 @@ int hang_parse_ranks(const char *text, int *out, int max)
     return n;
 }
 
-/* n ranks (sorted) as ranges, "0-4,6-7", cut with "..." when out is too short. */
-static void ranks_text(const int *r, int n, char *out, size_t len)
+void hang_ranks_text(const int *r, int n, char *out, size_t len)
 {
-    size_t at = 0;
+    if (!len)
+        return;
     out[0] = 0;
+    size_t at = 0;
     for (int i = 0; i < n;) {
         int j = i;
         while (j + 1 < n && r[j + 1] == r[j] + 1)
@@ -72,8 +73,8 @@ static void ranks_text(const int *r, int n, char *out, size_t len)
         else
             snprintf(piece, sizeof piece, "%s%d", at ? "," : "", r[i]);
         const size_t pl = strlen(piece);
-        if (at + pl + 4 > len) {
-            snprintf(out + at, len - at, "...");
+        if (at + pl + 4 > len) { /* room for "..." and the NUL */
+            snprintf(out + at, len - at, "%s", len - at > 3 ? "..." : "");
             return;
         }
         memcpy(out + at, piece, pl + 1);
@@ -216,7 +217,7 @@ static void waiters_of(const struct hang_rank *r, int n, int rank, bool *covered
     if (m) {
         char list[128], w[400];
         qsort(who, (size_t)m, sizeof *who, cmp_int);
-        ranks_text(who, m, list, sizeof list);
+        hang_ranks_text(who, m, list, sizeof list);
         hang_wait_text(&r[first].wait, false, w, sizeof w);
         snprintf(out, len, "; rank%s %s wait%s for it (%s, up to %.0f s)", m > 1 ? "s" : "", list, m > 1 ? "" : "s", w,
                  longest);
@@ -313,7 +314,7 @@ static void one_group(const struct hang_rank *r, int n, const int *waiting, int 
                 }
                 qsort(who, (size_t)m, sizeof *who, cmp_int);
                 char list[128];
-                ranks_text(who, m, list, sizeof list);
+                hang_ranks_text(who, m, list, sizeof list);
                 const size_t l = strlen(parts);
                 snprintf(parts + l, sizeof parts - l, "%srank%s %s in %s #%" PRIu64, l ? ", " : "", m > 1 ? "s" : "",
                          list, x->op, x->seq);
@@ -362,7 +363,7 @@ static void one_group(const struct hang_rank *r, int n, const int *waiting, int 
         return;
     }
     char there[128];
-    ranks_text(present, np, there, sizeof there);
+    hang_ranks_text(present, np, there, sizeof there);
     for (int k = 0; k < nmiss && k < MAX_NAMED; k++) {
         const struct hang_rank *q = by_rank(r, n, missing[k]);
         if (q && blamed_io[q - r]) /* already named: stuck in I/O, with these ranks waiting for it */

@@ -91,4 +91,7 @@ void hang_wait_text(const struct hang_wait *w, bool where, char *out, size_t len
  * ranges (cut with "...", not numbers). */
 int hang_parse_ranks(const char *text, int *out, int max);
 
+/* n ranks, sorted, as ranges ("0-4,6-7"), cut with "..." when out is too short */
+void hang_ranks_text(const int *sorted, int n, char *out, size_t len);
+
 #endif

@@ -26,6 +26,7 @@
 #include "common/config_key_names.h"
 #include "common/fs.h"
 #include "common/log.h"
+#include "proto/hang.h"
 #include "proto/names.h"
 
 #define WORDS (sizeof(struct flight_entry) / sizeof(uint64_t))
@@ -188,25 +189,7 @@ void flight_ranks_text(const int *ranks, int n, char *out, size_t len)
     int *r = xmalloc((size_t)(n > 0 ? n : 1) * sizeof *r);
     memcpy(r, ranks, (size_t)(n > 0 ? n : 0) * sizeof *r);
     qsort(r, (size_t)(n > 0 ? n : 0), sizeof *r, cmp_int);
-    size_t at = 0;
-    for (int i = 0; i < n;) {
-        int j = i;
-        while (j + 1 < n && r[j + 1] == r[j] + 1)
-            j++;
-        char piece[32];
-        if (j > i)
-            snprintf(piece, sizeof piece, "%s%d-%d", at ? "," : "", r[i], r[j]);
-        else
-            snprintf(piece, sizeof piece, "%s%d", at ? "," : "", r[i]);
-        const size_t pl = strlen(piece);
-        if (at + pl + 4 > len) { /* room for "..." and the NUL */
-            snprintf(out + at, len - at, "%s", len - at > 3 ? "..." : "");
-            break;
-        }
-        memcpy(out + at, piece, pl + 1);
-        at += pl;
-        i = j + 1;
-    }
+    hang_ranks_text(r, n, out, len);
     free(r);
 }
 
