@@ -82,19 +82,28 @@ static json_t *worker_json(const struct core_worker *w)
     return o;
 }
 
-char *core_save_json(const struct core *c)
+/* The run's fields a registration changes besides its worker (core_save_record); core_save_json starts from them */
+static json_t *run_scalars(const struct core *c)
 {
-    json_t *root = json_object(), *run = json_object(), *workers = json_array(), *hist = json_array(),
-           *events = json_array();
-    json_object_set_new(root, "format", json_integer(STATE_FORMAT));
-    json_object_set_new(root, "seq", json_integer((json_int_t)c->journal_seq)); /* the records it holds */
-    json_object_set_new(run, "id", json_string(c->run.id));
+    json_t *run = json_object();
     json_object_set_new(run, "state", json_integer(c->run.state));
     json_object_set_new(run, "reason", json_string(c->run.reason));
     json_object_set_new(run, "abort", json_string(c->run.abort));
     json_object_set_new(run, "abort_at", json_real(c->run.abort_at));
     json_object_set_new(run, "step", json_integer(c->run.step));
     json_object_set_new(run, "total_steps", json_integer(c->run.total_steps));
+    json_object_set_new(run, "checkpoint_seq_done", hex64(c->run.checkpoint_seq_done));
+    json_object_set_new(run, "checkpoint_step", json_integer(c->run.checkpoint_step));
+    return run;
+}
+
+char *core_save_json(const struct core *c)
+{
+    json_t *root = json_object(), *run = run_scalars(c), *workers = json_array(), *hist = json_array(),
+           *events = json_array();
+    json_object_set_new(root, "format", json_integer(STATE_FORMAT));
+    json_object_set_new(root, "seq", json_integer((json_int_t)c->journal_seq)); /* the records it holds */
+    json_object_set_new(run, "id", json_string(c->run.id));
     json_object_set_new(run, "config_digest", hex64(c->run.config_digest));
     char pk[2 * sizeof c->run.plane_key + 1];
     for (size_t i = 0; i < sizeof c->run.plane_key; i++)
@@ -113,8 +122,6 @@ char *core_save_json(const struct core *c)
     json_object_set_new(run, "stop", json_boolean(c->run.stop));
     json_object_set_new(run, "stop_by", json_string(c->run.stop_by));
     json_object_set_new(run, "checkpoint_seq", hex64(c->run.checkpoint_seq));
-    json_object_set_new(run, "checkpoint_seq_done", hex64(c->run.checkpoint_seq_done));
-    json_object_set_new(run, "checkpoint_step", json_integer(c->run.checkpoint_step));
     json_object_set_new(run, "started", json_real(c->run.started));
     for (int i = 0; i < c->run.nhistory; i++) {
         const struct core_history_point *h = &c->run.history[i];
@@ -133,21 +140,6 @@ char *core_save_json(const struct core *c)
     char *text = json_dumps(root, JSON_INDENT(1) | JSON_SORT_KEYS);
     json_decref(root);
     return CHECK_ALLOC(text);
-}
-
-/* The run's fields a registration changes besides its worker (core_save_record). */
-static json_t *run_scalars(const struct core *c)
-{
-    json_t *run = json_object();
-    json_object_set_new(run, "state", json_integer(c->run.state));
-    json_object_set_new(run, "reason", json_string(c->run.reason));
-    json_object_set_new(run, "abort", json_string(c->run.abort));
-    json_object_set_new(run, "abort_at", json_real(c->run.abort_at));
-    json_object_set_new(run, "step", json_integer(c->run.step));
-    json_object_set_new(run, "total_steps", json_integer(c->run.total_steps));
-    json_object_set_new(run, "checkpoint_seq_done", hex64(c->run.checkpoint_seq_done));
-    json_object_set_new(run, "checkpoint_step", json_integer(c->run.checkpoint_step));
-    return run;
 }
 
 char *core_save_record(struct core *c)
