@@ -214,26 +214,34 @@ static Grpo__Envelope *sock_recv(struct sim *s, struct sock *k)
 
 /* ---- grpod: register and heartbeat ---- */
 
+/* env: a registration of rank on host offering caps, one simulated device (the strings must outlive env's send) */
+static void register_fill(const struct sim *s, Grpo__Envelope *env, Grpo__Register *reg, int rank, char *host,
+                          char **caps, size_t ncaps)
+{
+    static char *dev[] = {"cpu sim"};
+    reg->rank = rank;
+    reg->world_size = s->world;
+    reg->host = host;
+    reg->pid = getpid();
+    reg->capabilities = caps;
+    reg->n_capabilities = ncaps;
+    reg->devices = dev;
+    reg->n_devices = 1;
+    reg->config_digest = s->digest;
+    reg->launch = s->launch;
+    reg->world_hosts = 1;
+    env->body_case = GRPO__ENVELOPE__BODY_REGISTER;
+    env->register_ = reg;
+}
+
 static void send_register(struct sim *s, struct rank *r)
 {
     Grpo__Envelope env = GRPO__ENVELOPE__INIT;
     Grpo__Register reg = GRPO__REGISTER__INIT;
     /* a plain rank offers both roles, as grpod_bench's do: grpod's placement gives it one */
-    char host[32], *caps_rollout[] = {"rollout"}, *caps_both[] = {"rollout", "trainer"}, *dev[] = {"cpu sim"};
+    char host[32], *caps_rollout[] = {"rollout"}, *caps_both[] = {"rollout", "trainer"};
     snprintf(host, sizeof host, "sim%04d", r->rank / 8); /* 8 ranks a host */
-    reg.rank = r->rank;
-    reg.world_size = s->world;
-    reg.host = host;
-    reg.pid = getpid();
-    reg.capabilities = s->rollout ? caps_rollout : caps_both;
-    reg.n_capabilities = s->rollout ? 1 : 2;
-    reg.devices = dev;
-    reg.n_devices = 1;
-    reg.config_digest = s->digest;
-    reg.launch = s->launch;
-    reg.world_hosts = 1;
-    env.body_case = GRPO__ENVELOPE__BODY_REGISTER;
-    env.register_ = &reg;
+    register_fill(s, &env, &reg, r->rank, host, s->rollout ? caps_rollout : caps_both, s->rollout ? 1 : 2);
     if (!sock_send(s, &r->ctl, &env, NULL, REQ_REGISTER)) {
         r->retry_at = clock_now_s() + 1.0;
         return;
@@ -617,20 +625,8 @@ static int run_trainer(struct sim *s, int steps, size_t floats)
     for (int tries = 0; tries < 100 && !a; tries++) {
         Grpo__Envelope env = GRPO__ENVELOPE__INIT;
         Grpo__Register reg = GRPO__REGISTER__INIT;
-        char *caps[] = {"trainer"}, *dev[] = {"cpu sim"};
-        reg.rank = 0;
-        reg.world_size = s->world;
-        reg.host = "sim0000";
-        reg.pid = getpid();
-        reg.capabilities = caps;
-        reg.n_capabilities = 1;
-        reg.devices = dev;
-        reg.n_devices = 1;
-        reg.config_digest = s->digest;
-        reg.launch = s->launch;
-        reg.world_hosts = 1;
-        env.body_case = GRPO__ENVELOPE__BODY_REGISTER;
-        env.register_ = &reg;
+        char host[] = "sim0000", *caps[] = {"trainer"};
+        register_fill(s, &env, &reg, 0, host, caps, 1);
         a = ctl_call(c, &env);
         if (a && a->body_case == GRPO__ENVELOPE__BODY_REPLY && a->reply->retry) {
             protocol_free(a);
