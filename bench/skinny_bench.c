@@ -44,15 +44,15 @@ int main(int argc, char **argv)
                   {"LM head 49152x576", 49152, 576}};
     static const int Ms[] = {1, 2, 4, 8, 16, 24, 32, 48, 64};
     int isas[2], n_isa = 0;
-    if (skinny_force_isa(SKINNY_AVX2))
-        isas[n_isa++] = SKINNY_AVX2;
-    if (skinny_force_isa(SKINNY_AVX512))
-        isas[n_isa++] = SKINNY_AVX512;
+    if (cpu_force_isa(CPU_ISA_AVX2))
+        isas[n_isa++] = CPU_ISA_AVX2;
+    if (cpu_force_isa(CPU_ISA_AVX512))
+        isas[n_isa++] = CPU_ISA_AVX512;
     printf("few-row products, GFLOP/s (best of %d), one process, %d OpenBLAS thread(s), OpenBLAS %s\n", reps,
            openblas_get_num_threads(), openblas_get_corename());
     printf("%-20s %4s %10s", "shape", "M", "sgemm");
     for (int i = 0; i < n_isa; i++)
-        printf(" %10s", skinny_isa_name((enum skinny_isa)isas[i]));
+        printf(" %10s", cpu_isa_name((enum cpu_isa)isas[i]));
     printf("  faster\n");
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int N = shapes[s].N, K = shapes[s].K, Mmax = Ms[sizeof Ms / sizeof Ms[0] - 1];
@@ -71,16 +71,16 @@ int main(int argc, char **argv)
             double tbest = tg;
             const char *winner = "sgemm";
             for (int i = 0; i < n_isa; i++) {
-                skinny_force_isa((enum skinny_isa)isas[i]);
+                cpu_force_isa((enum cpu_isa)isas[i]);
                 const double t = best_time(isas[i], y, x, W, M, N, K, reps);
                 printf(" %10.1f", flops / t / 1e9);
                 if (t < tbest)
-                    tbest = t, winner = skinny_isa_name((enum skinny_isa)isas[i]);
+                    tbest = t, winner = cpu_isa_name((enum cpu_isa)isas[i]);
             }
             printf("  %s (x%.2f over sgemm)\n", winner, tg / tbest);
         }
         free(W), free(x), free(y);
     }
-    skinny_force_isa(SKINNY_AUTO);
+    cpu_force_isa(CPU_ISA_AUTO);
     return 0;
 }

@@ -9,6 +9,7 @@
 #include "common/check.h"
 #include "cpu_bf16.h"
 #include "cpu_kernels.h"
+#include "isa_variants.h"
 #include "pool.h"
 
 #define ATTN_BLOCK 64
@@ -50,16 +51,15 @@ static int max_seqlen(const char *who, const int32_t *cu, int B)
     return m;
 }
 
-#define MULTI_TARGET __attribute__((target_clones("avx512f", "avx2", "default")))
-
 /* One query row (a decode step) of one head against keys 0..nk-1: the scores as dot products in 8 interleaved
  * partial sums and the output as a weighted sum of v's rows, in loops the compiler runs as SIMD lanes. sgemm on a
  * 1 x nk x hd product spent more in packing its operands than in the products: 18% of a decode step at batch 32
  * went to OpenBLAS for these (perf, docs/results/performance.md). S: nk floats. lse (NULL: not wanted) gets the
  * row's log-sum-exp. In batch-invariant mode every query row, of a decode step, a prefill or a training forward,
  * goes through here: its bits depend on its own query and keys only. */
-MULTI_TARGET static void head_decode(float *out, float *lse, const float *q, const float *k, const float *v, int ldk,
-                                     int nk, int hd, float scale, float *S)
+static inline __attribute__((always_inline)) void head_decode_body(float *out, float *lse, const float *q,
+                                                                   const float *k, const float *v, int ldk, int nk,
+                                                                   int hd, float scale, float *S)
 {
     for (int j = 0; j < nk; j++) {
         const float *kj = k + (size_t)j * ldk;
@@ -88,6 +88,11 @@ MULTI_TARGET static void head_decode(float *out, float *lse, const float *q, con
             out[d] += p * vj[d];
     }
 }
+
+CPU_ISA_VARIANTS(static, head_decode,
+                 (float *out, float *lse, const float *q, const float *k, const float *v, int ldk, int nk, int hd,
+                  float scale, float *S),
+                 (out, lse, q, k, v, ldk, nk, hd, scale, S))
 
 /* One query head over one sequence. Query row i (0..Tq-1) sits at position q_off + i and sees keys
  * 0..q_off+i. q and out rows are ldq floats apart, k and v rows ldk apart, lse entries ld_lse apart

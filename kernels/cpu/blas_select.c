@@ -85,9 +85,10 @@ const char *blas_kernels(char *buf, size_t len)
 {
     const char *core = openblas_get_corename();
     const int threads = cpu_pool_threads();
-    snprintf(buf, len, "OpenBLAS %s kernels (%s); few-row products: %s; %d thread%s", core ? core : "?", g_reason,
-             skinny_isa() == SKINNY_NONE ? "OpenBLAS" : skinny_isa_name(skinny_isa()), threads,
-             threads == 1 ? "" : "s");
+    const char *cap = getenv("GRPO_CPU_ISA");
+    snprintf(buf, len, "OpenBLAS %s kernels (%s); our kernels: %s%s; few-row products: %s; %d thread%s",
+             core ? core : "?", g_reason, cpu_isa_name(cpu_isa()), cap && *cap ? " (GRPO_CPU_ISA)" : "",
+             cpu_isa() == CPU_ISA_NONE ? "OpenBLAS" : cpu_isa_name(cpu_isa()), threads, threads == 1 ? "" : "s");
     return buf;
 }
 

@@ -41,15 +41,19 @@ void cpu_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *
 /* Linear, HF nn.Linear layout: y = x W^T + b.  y: (N, Dout); x: (N, Din); W: (Dout, Din); b: (Dout) or NULL. */
 void linear_forward(float *y, const float *x, const float *W, const float *b, int N, int Din, int Dout);
 /* dx += dy W (N, Din); dW += dy^T x (Dout, Din); db += sum_rows dy (Dout). Any of dx, dW, db may be NULL. */
+/* The vector ISA of the kernels we write (kernels/cpu/isa.c): the best this CPU runs, capped by GRPO_CPU_ISA=avx2 or
+ * none, so that a run here follows the arithmetic of a CPU without AVX-512 (with OPENBLAS_CORETYPE=Haswell for
+ * OpenBLAS's kernels: docs/training.md, "Kernels and CPUs"). Every kernel with ISA variants (the few-row products,
+ * SwiGLU, the softmax's exp, decode attention) dispatches on it. cpu_force_isa picks one for tests (false: this CPU
+ * cannot run it); CPU_ISA_AUTO undoes it. */
+enum cpu_isa { CPU_ISA_NONE = 0, CPU_ISA_AVX2 = 1, CPU_ISA_AVX512 = 2, CPU_ISA_AUTO = 3 };
+enum cpu_isa cpu_isa(void);
+bool cpu_force_isa(enum cpu_isa isa);
+const char *cpu_isa_name(enum cpu_isa isa);
 /* The few-row product of linear_forward (kernels/cpu/skinny.c): y (M, N) = x (M, K) W^T without bias, W read once;
- * y[m][n] depends on x[m], W[n] and the ISA only. linear_forward takes it for M <= SKINNY_MAX_ROWS when the CPU has
- * AVX2+FMA or AVX-512. skinny_force_isa picks a path for tests (false: this CPU cannot run it); SKINNY_AUTO undoes
- * it. */
+ * y[m][n] depends on x[m], W[n] and the ISA only. linear_forward takes it for M <= SKINNY_MAX_ROWS when cpu_isa() is
+ * AVX2 (with FMA) or AVX-512. */
 enum { SKINNY_MAX_ROWS = 32 };
-enum skinny_isa { SKINNY_NONE = 0, SKINNY_AVX2 = 1, SKINNY_AVX512 = 2, SKINNY_AUTO = 3 };
-enum skinny_isa skinny_isa(void);
-bool skinny_force_isa(enum skinny_isa isa);
-const char *skinny_isa_name(enum skinny_isa isa);
 bool skinny_wanted(int M, int K);
 void linear_forward_skinny(float *y, const float *x, const float *W, int M, int K, int N);
 /* Batch-invariant mode's product (docs/training.md): y (M, N) = x (M, K) W^T, x's rows ldx floats apart and W's ldw,

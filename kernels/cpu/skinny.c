@@ -179,71 +179,7 @@ __attribute__((target("avx2,fma"))) static void cols256(float *y, const float *x
 typedef void (*cols_fn)(float *y, const float *x, int ldx, const float *W, int ldw, int M, int N, int K, int n0,
                         int n1);
 
-static enum skinny_isa best_isa(void)
-{
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f"))
-        return SKINNY_AVX512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return SKINNY_AVX2;
-    return SKINNY_NONE;
-}
-
-static int g_forced = -1; /* a test's choice, or -1 */
-
-/* GRPO_CPU_ISA=avx2 (or none) caps the choice, to run the few-row products as a CPU without AVX-512 (or without
- * AVX2) would, e.g. to follow another machine's run here (with OPENBLAS_CORETYPE for OpenBLAS's kernels). An
- * unknown value, or one this CPU cannot run, is ignored with a line on stderr. */
-static enum skinny_isa capped_isa(void)
-{
-    enum skinny_isa best = best_isa();
-    const char *cap = getenv("GRPO_CPU_ISA");
-    if (!cap || !*cap)
-        return best;
-    enum skinny_isa want = strcmp(cap, "avx512") == 0 ? SKINNY_AVX512
-                           : strcmp(cap, "avx2") == 0 ? SKINNY_AVX2
-                           : strcmp(cap, "none") == 0 ? SKINNY_NONE
-                                                      : SKINNY_AUTO;
-    if (want == SKINNY_AUTO || (want != SKINNY_NONE && (int)want > (int)best)) {
-        fprintf(stderr, "GRPO_CPU_ISA=%s ignored: expected avx512, avx2 or none, and one this CPU runs (%s)\n", cap,
-                skinny_isa_name(best));
-        return best;
-    }
-    return want;
-}
-
-enum skinny_isa skinny_isa(void)
-{
-    static int best = -1;
-    if (best < 0)
-        best = (int)capped_isa();
-    return g_forced >= 0 ? (enum skinny_isa)g_forced : (enum skinny_isa)best;
-}
-
-bool skinny_force_isa(enum skinny_isa isa)
-{
-    if (isa == SKINNY_AUTO) {
-        g_forced = -1;
-        return true;
-    }
-    const enum skinny_isa best = best_isa();
-    if (isa != SKINNY_NONE && (int)isa > (int)best)
-        return false; /* this CPU cannot run it */
-    g_forced = (int)isa;
-    return true;
-}
-
-const char *skinny_isa_name(enum skinny_isa isa)
-{
-    switch (isa) {
-    case SKINNY_AVX512: return "avx512";
-    case SKINNY_AVX2: return "avx2";
-    case SKINNY_NONE: return "none (sgemm)";
-    default: return "auto";
-    }
-}
-
-bool skinny_wanted(int M, int K) { return M >= 1 && M <= SKINNY_MAX_ROWS && K >= 1 && skinny_isa() != SKINNY_NONE; }
+bool skinny_wanted(int M, int K) { return M >= 1 && M <= SKINNY_MAX_ROWS && K >= 1 && cpu_isa() != CPU_ISA_NONE; }
 
 struct skinny_job {
     cols_fn fn;
@@ -269,8 +205,8 @@ enum { SKINNY_SPLIT_MIN_MACS = 1 << 18 };
 
 void linear_forward_skinny(float *y, const float *x, const float *W, int M, int K, int N)
 {
-    const enum skinny_isa isa = skinny_isa();
-    struct skinny_job j = {.fn = isa == SKINNY_AVX512 ? cols512 : cols256,
+    const enum cpu_isa isa = cpu_isa();
+    struct skinny_job j = {.fn = isa == CPU_ISA_AVX512 ? cols512 : cols256,
                            .y = y,
                            .x = x,
                            .W = W,
@@ -279,7 +215,7 @@ void linear_forward_skinny(float *y, const float *x, const float *W, int M, int 
                            .M = M,
                            .N = N,
                            .K = K,
-                           .align = isa == SKINNY_AVX512 ? 4 : 3};
+                           .align = isa == CPU_ISA_AVX512 ? 4 : 3};
     int parts = cpu_pool_threads();
     if ((double)M * N * K < SKINNY_SPLIT_MIN_MACS)
         parts = 1;
@@ -317,18 +253,18 @@ void linear_forward_bi(float *y, const float *x, int ldx, const float *W, int ld
         memset(y, 0, (size_t)M * N * sizeof(float));
         return;
     }
-    const enum skinny_isa isa = skinny_isa();
-    struct skinny_job j = {.fn = isa == SKINNY_AVX512 ? cols512
-                                 : isa == SKINNY_AVX2 ? cols256
-                                                      : cols_generic,
+    const enum cpu_isa isa = cpu_isa();
+    struct skinny_job j = {.fn = isa == CPU_ISA_AVX512 ? cols512
+                                 : isa == CPU_ISA_AVX2 ? cols256
+                                                       : cols_generic,
                            .W = W,
                            .ldx = ldx,
                            .ldw = ldw,
                            .N = N,
                            .K = K,
-                           .align = isa == SKINNY_AVX512 ? 4
-                                    : isa == SKINNY_AVX2 ? 3
-                                                         : 1};
+                           .align = isa == CPU_ISA_AVX512 ? 4
+                                    : isa == CPU_ISA_AVX2 ? 3
+                                                          : 1};
     /* blocks of rows whose x stays in the cache while W streams past (each output's sum is the same whatever the
      * block: one row of x against one row of W) */
     int rows = (int)((size_t)(256 << 10) / ((size_t)K * sizeof(float)));

@@ -6,24 +6,21 @@
 
 #include "cpu_kernels.h"
 #include "fast_exp.h"
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define MULTI_TARGET __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define MULTI_TARGET
-#endif
+#include "isa_variants.h"
 
 static inline float sigmoidf(float g) { return 1.0f / (1.0f + exp_clamped(-g)); }
 
-MULTI_TARGET
-void swiglu_forward(float *out, const float *gate, const float *up, size_t n)
+static inline __attribute__((always_inline)) void swiglu_forward_body(float *out, const float *gate, const float *up,
+                                                                      size_t n)
 {
     for (size_t i = 0; i < n; i++)
         out[i] = gate[i] * sigmoidf(gate[i]) * up[i];
 }
 
-MULTI_TARGET
-void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n)
+CPU_ISA_VARIANTS(, swiglu_forward, (float *out, const float *gate, const float *up, size_t n), (out, gate, up, n))
+
+static inline __attribute__((always_inline)) void swiglu_backward_body(float *dgate, float *dup, const float *dout,
+                                                                       const float *gate, const float *up, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         float g = gate[i], sg = sigmoidf(g);
@@ -33,3 +30,7 @@ void swiglu_backward(float *dgate, float *dup, const float *dout, const float *g
         dup[i] += dout[i] * silu;
     }
 }
+
+CPU_ISA_VARIANTS(, swiglu_backward,
+                 (float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n),
+                 (dgate, dup, dout, gate, up, n))

@@ -9,8 +9,8 @@
 #  - BF16 GEMMs (oneDNN): each BF16 ISA the CPU has (ONEDNN_MAX_CPU_ISA avx512_core_bf16, and avx512_core_amx on a
 #    CPU with AMX) through test_kernel_bf16 and the BF16 run; and a CPU without BF16 (ONEDNN_MAX_CPU_ISA
 #    avx512_core): the BF16 run falls back to float32 with one clear line and reproduces the float32 run.
-# The vectorised exponential and the other auto-vectorised loops are compiled as target_clones; the C library picks
-# the clone from the CPU, and no switch can choose another: their tests run on the clone this CPU gets.
+# The vectorised exponential and the other auto-vectorised loops have a variant per ISA chosen by the same cap
+# (kernels/cpu/isa_variants.h); test_kernel_isa forces each one and checks it bit for bit against scalar code.
 # usage: test_isa_paths.sh (the build's programs and unit tests by name, tests/lib.sh)
 set -u
 . "$(dirname "$0")/../lib.sh" grpo-isa
@@ -45,6 +45,8 @@ cpu_has avx2 && cpu_has fma && for cap in avx2 none; do
     want=$cap; [ "$cap" = none ] && want=OpenBLAS
     grep -q "few-row products: $want;" "$TMP/info-cap-$cap.txt"
     rc=$?; expect "GRPO_CPU_ISA=$cap: $(grep -o 'few-row products: [^;]*' "$TMP/info-cap-$cap.txt")" $rc
+    grep -q "our kernels: $cap (GRPO_CPU_ISA);" "$TMP/info-cap-$cap.txt"
+    rc=$?; expect "GRPO_CPU_ISA=$cap: $(grep -o 'our kernels: [^;]*' "$TMP/info-cap-$cap.txt")" $rc
 done
 GRPO_CPU_ISA=avx1024 "$MODEL_TOOL" info "$TMP/tiny" >"$TMP/info-cap-bad.txt" 2>&1
 grep -q "GRPO_CPU_ISA=avx1024 ignored: expected avx512, avx2 or none" "$TMP/info-cap-bad.txt"

@@ -33,7 +33,7 @@ static int teardown(void **state)
 {
     (void)state;
     k_set_batch_invariant(false);
-    skinny_force_isa(SKINNY_AUTO);
+    cpu_force_isa(CPU_ISA_AUTO);
     return 0;
 }
 
@@ -74,15 +74,15 @@ static void check_linear_rows(void)
 static void test_linear_rows(void **state)
 {
     (void)state;
-    const enum skinny_isa isas[] = {SKINNY_AVX512, SKINNY_AVX2, SKINNY_NONE};
+    const enum cpu_isa isas[] = {CPU_ISA_AVX512, CPU_ISA_AVX2, CPU_ISA_NONE};
     int ran = 0;
     for (int i = 0; i < 3; i++) {
-        if (!skinny_force_isa(isas[i]))
+        if (!cpu_force_isa(isas[i]))
             continue; /* this CPU cannot run it */
         check_linear_rows();
         ran++;
     }
-    skinny_force_isa(SKINNY_AUTO);
+    cpu_force_isa(CPU_ISA_AUTO);
     assert_true(ran >= 1);
     /* the back-end's forward in the mode, with a bias, at M 1 and 90 */
     enum { K = 70, N = 33, M = 90 };

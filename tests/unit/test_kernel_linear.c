@@ -114,31 +114,31 @@ static void test_backward_null_outputs(void **state)
         assert_float_equal(dx[i], dx2[i], 0.0);
 }
 
-/* every skinny ISA path this CPU can run (SKINNY_NONE: sgemm), the automatic choice first */
-static int skinny_paths(enum skinny_isa *out)
+/* every skinny ISA path this CPU can run (CPU_ISA_NONE: sgemm), the automatic choice first */
+static int skinny_paths(enum cpu_isa *out)
 {
     int n = 0;
-    out[n++] = SKINNY_AUTO;
-    for (int isa = SKINNY_NONE; isa <= SKINNY_AVX512; isa++)
-        if (skinny_force_isa((enum skinny_isa)isa))
-            out[n++] = (enum skinny_isa)isa;
-    skinny_force_isa(SKINNY_AUTO);
+    out[n++] = CPU_ISA_AUTO;
+    for (int isa = CPU_ISA_NONE; isa <= CPU_ISA_AVX512; isa++)
+        if (cpu_force_isa((enum cpu_isa)isa))
+            out[n++] = (enum cpu_isa)isa;
+    cpu_force_isa(CPU_ISA_AUTO);
     return n;
 }
 
 static void test_skinny_matches_naive(void **state)
 {
     (void)state;
-    enum skinny_isa paths[5];
+    enum cpu_isa paths[5];
     const int npaths = skinny_paths(paths);
-    print_message("skinny: automatic choice %s, %d path(s) checked\n", skinny_isa_name(skinny_isa()), npaths);
+    print_message("skinny: automatic choice %s, %d path(s) checked\n", cpu_isa_name(cpu_isa()), npaths);
     const int Ms[] = {1, 3, 4, 8, 13, 32}, Ks[] = {1, 5, 16, 23, 64, 129}, Ns[] = {1, 3, 7, 16, 33};
     uint64_t s = 17;
     float *x = tk_alloc(32 * 129), *W = tk_alloc(33 * 129), *y = tk_alloc(32 * 33);
     tk_fill(x, 32 * 129, &s, -1, 1);
     tk_fill(W, 33 * 129, &s, -1, 1);
     for (int p = 0; p < npaths; p++) {
-        assert_true(skinny_force_isa(paths[p]));
+        assert_true(cpu_force_isa(paths[p]));
         for (size_t a = 0; a < sizeof Ms / sizeof *Ms; a++)
             for (size_t b = 0; b < sizeof Ks / sizeof *Ks; b++)
                 for (size_t c = 0; c < sizeof Ns / sizeof *Ns; c++) {
@@ -154,13 +154,13 @@ static void test_skinny_matches_naive(void **state)
                             }
                             if (fabs(y[i * Nn + o] - r) > 1e-6 * (mag + 1.0))
                                 fail_msg("skinny %s M=%d K=%d N=%d: y[%d][%d] = %.9g, double loop %.9g",
-                                         skinny_isa_name(paths[p]), M, K, Nn, i, o, y[i * Nn + o], r);
+                                         cpu_isa_name(paths[p]), M, K, Nn, i, o, y[i * Nn + o], r);
                         }
                     for (int i = M * Nn; i < 32 * 33; i++)
                         assert_true(isnan(y[i])); /* nothing written past the output */
                 }
     }
-    skinny_force_isa(SKINNY_AUTO);
+    cpu_force_isa(CPU_ISA_AUTO);
     free(x), free(W), free(y);
 }
 
@@ -170,7 +170,7 @@ static void test_skinny_row_independent(void **state)
 {
     (void)state;
     enum { K = 200, NO = 300, MMAX = SKINNY_MAX_ROWS };
-    enum skinny_isa paths[5];
+    enum cpu_isa paths[5];
     const int npaths = skinny_paths(paths);
     uint64_t s = 23;
     float *x = tk_alloc(MMAX * K), *W = tk_alloc(NO * K), *y1 = tk_alloc(NO), *yb = tk_alloc(MMAX * NO);
@@ -178,9 +178,9 @@ static void test_skinny_row_independent(void **state)
     tk_fill(W, NO * K, &s, -1, 1);
     const int threads = cpu_pool_threads();
     for (int p = 0; p < npaths; p++) {
-        if (paths[p] == SKINNY_NONE || (paths[p] == SKINNY_AUTO && skinny_isa() == SKINNY_NONE))
+        if (paths[p] == CPU_ISA_NONE || (paths[p] == CPU_ISA_AUTO && cpu_isa() == CPU_ISA_NONE))
             continue; /* sgemm: rows are not independent there */
-        assert_true(skinny_force_isa(paths[p]));
+        assert_true(cpu_force_isa(paths[p]));
         for (int t = 1; t <= 2; t++) {
             cpu_set_threads(t);
             for (int M = 1; M <= MMAX; M += 7) {
@@ -191,13 +191,13 @@ static void test_skinny_row_independent(void **state)
                     cpu_set_threads(t);
                     if (memcmp(y1, yb + (size_t)i * NO, NO * sizeof(float)) != 0)
                         fail_msg("skinny %s: row %d of a batch of %d at %d thread(s) differs from the row alone",
-                                 skinny_isa_name(paths[p]), i, M, t);
+                                 cpu_isa_name(paths[p]), i, M, t);
                 }
             }
         }
     }
     cpu_set_threads(threads);
-    skinny_force_isa(SKINNY_AUTO);
+    cpu_force_isa(CPU_ISA_AUTO);
     free(x), free(W), free(y1), free(yb);
 }
 
