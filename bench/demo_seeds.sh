@@ -5,7 +5,11 @@
 # last step. Issue 40 item 0 asks for more than 0.3 at step 40 on 5 seeds, on AVX2 and on AVX-512 CPUs.
 #   bench/demo_seeds.sh [SEEDS] [key=value ...]    SEEDS: "1 2 3 4 5" by default; the keys go to every run
 #   OUT=DIR                                        where the runs go (default runs/demo-seeds)
-# The CPU's name and its vector extensions are printed first: a trajectory depends on the CPU's kernels.
+#   ISA=avx2                                       compute as a CPU with AVX2 and no AVX-512 does, on this one
+# The CPU's name and its vector extensions are printed first: a trajectory depends on the CPU's kernels. A run's
+# bits depend on OpenBLAS's kernel set and on the lanes of our few-row products, nothing else of the CPU (our other
+# loops compute the same bits on every ISA: tests/unit/test_kernel_isa.c). So ISA=avx2 (OpenBLAS's Haswell kernels,
+# which compute what its Zen kernels do, and GRPO_CPU_ISA=avx2) follows an AVX2 machine's run here, bit for bit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SEEDS="${1:-1 2 3 4 5}"
@@ -20,6 +24,12 @@ fi
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 echo "== CPU: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1);" \
     "$(grep -o 'avx512[a-z_0-9]*\|avx2\|amx_[a-z0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+case "${ISA:-}" in
+"") ;;
+avx2) export OPENBLAS_CORETYPE=Haswell GRPO_CPU_ISA=avx2
+    echo "== computing as an AVX2 CPU: OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE GRPO_CPU_ISA=$GRPO_CPU_ISA" ;;
+*) echo "demo_seeds: ISA=$ISA: expected avx2 (or nothing: this CPU's own)" >&2; exit 2 ;;
+esac
 echo "== keys beside the defaults: ${*:-(none)}"
 mkdir -p "$OUT"
 for s in $SEEDS; do

@@ -368,6 +368,44 @@ static void test_synth_arithmetic_answers(void **state)
     }
     dataset_free(&t), dataset_free(&v);
 
+    /* worked examples: each a question in the task's wording and an answer whose sum is right and which the scorer
+     * takes in full; the same questions as without them, and the training answers' scores unchanged */
+    struct dataset t0, v0;
+    gen(SYNTH_ARITHMETIC, 7, 50, 10, &t0, &v0);
+    for (int shots = 1; shots <= SYNTH_MAX_SHOTS; shots++) {
+        synth_default_opts(SYNTH_ARITHMETIC, &o);
+        o.shots = shots;
+        assert_int_equal(synth_generate(&o, 7, 50, 10, &t, &v, err, sizeof err), 0);
+        for (int i = 0; i < t.n; i++) {
+            const struct prompt_sample *s = &t.samples[i];
+            assert_int_equal(s->n_messages, 2 * shots + 1);
+            for (int k = 0; k < shots; k++) {
+                assert_string_equal(s->messages[2 * k].role, "user");
+                assert_string_equal(s->messages[2 * k + 1].role, "assistant");
+                const int64_t val = prompt_value(s->messages[2 * k].content);
+                long long a, b, c, d;
+                char op;
+                assert_int_equal(
+                    sscanf(s->messages[2 * k + 1].content, "%lld %c %lld = %lld\n#### %lld", &a, &op, &b, &c, &d), 5);
+                assert_true(c == val && d == val && (op == '+' ? a + b : a - b) == val);
+                struct prompt_sample shot = *s;
+                char truth[32];
+                snprintf(truth, sizeof truth, "%lld", (long long)val);
+                shot.ground_truth = truth;
+                assert_true(score(&shot, s->messages[2 * k + 1].content) == 1.0);
+            }
+            assert_string_equal(s->messages[2 * shots].role, "user");
+            assert_string_equal(s->messages[2 * shots].content, t0.samples[i].messages[0].content);
+            assert_string_equal(s->ground_truth, t0.samples[i].ground_truth);
+        }
+        dataset_free(&t), dataset_free(&v);
+    }
+    dataset_free(&t0), dataset_free(&v0);
+    synth_default_opts(SYNTH_ARITHMETIC, &o);
+    o.shots = SYNTH_MAX_SHOTS + 1;
+    assert_int_equal(synth_generate(&o, 1, 10, 10, &t, &v, err, sizeof err), -1);
+    assert_non_null(strstr(err, "shots must be 0..2"));
+
     /* too few distinct prompts for the validation set */
     synth_default_opts(SYNTH_ARITHMETIC, &o);
     o.max_digits = 1;

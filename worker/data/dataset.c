@@ -661,6 +661,7 @@ int dataset_from_config(const struct grpo_config *cfg, struct dataset *train, st
         o.min_digits = (int)cfg->data_synthetic_min_digits;
         o.max_digits = (int)cfg->data_synthetic_max_digits;
         snprintf(o.ops, sizeof o.ops, "%s", cfg->data_synthetic_ops);
+        o.shots = (int)cfg->data_synthetic_shots;
         if (synth_generate(&o, (uint64_t)cfg->data_seed, train_file ? 0 : (int)cfg->data_synthetic_num_train,
                            val_file ? 0 : (int)cfg->data_synthetic_num_val, train_file ? NULL : train,
                            val_file ? NULL : val, err, errlen) < 0)

@@ -78,10 +78,13 @@ struct synth_opts {
     int min_digits, max_digits, num_operands;
     char ops[8];
     bool allow_negative;
+    int shots; /* arithmetic: worked examples (0..SYNTH_MAX_SHOTS) before the question, as earlier chat turns */
     /* countdown: min_numbers..max_numbers numbers in 1..max_number; the target, 1..max_target,
      * is the value of a random equation that uses each number once (so every task is solvable). */
     int min_numbers, max_numbers, max_number, max_target;
 };
+
+enum { SYNTH_MAX_SHOTS = 2 };
 
 /* Defaults: arithmetic with two operands of 1-2 digits, + and -, no negative results;
  * countdown with 3-4 numbers in 1..99 and targets in 1..100 (TinyZero's Countdown-Tasks-3to4). */

@@ -291,6 +291,15 @@ static const char *const TOOL_SHOT[][2] = {
     {"assistant", "#### 1362177791"},
 };
 
+/* The arithmetic task's worked examples (data.synthetic.shots): a question in the task's wording and an answer that
+ * writes the calculation, then `#### N`. Without them the bundled 135M model's first answers are mostly prose or a
+ * bare (often wrong) `#### N`, and which of those GRPO reinforces first decides a run (docs/results/performance.md,
+ * "A demo that learns on every CPU"). */
+static const char *const ARITH_SHOT[SYNTH_MAX_SHOTS][2] = {
+    {"27 + 58", "27 + 58 = 85\n#### 85"},
+    {"93 - 46", "93 - 46 = 47\n#### 47"},
+};
+
 static void emit(struct dataset *d, const struct synth_opts *o, const struct problem *p, const char *split, int index)
 {
     struct prompt_sample *s = &d->samples[d->n++];
@@ -298,12 +307,19 @@ static void emit(struct dataset *d, const struct synth_opts *o, const struct pro
     const bool tool = o->task == SYNTH_TOOL_ARITHMETIC;
     s->data_source = xstrdup(tool ? "arithmetic" : synth_task_name(o->task)); /* the tool task is scored as one */
     s->ground_truth = xstrdup(p->ground_truth);
-    const int shot = tool ? (int)(sizeof TOOL_SHOT / sizeof TOOL_SHOT[0]) : 0;
+    const int arith_shots = o->task == SYNTH_ARITHMETIC ? o->shots : 0;
+    const int shot = tool ? (int)(sizeof TOOL_SHOT / sizeof TOOL_SHOT[0]) : 2 * arith_shots;
     s->n_messages = shot + 1;
     s->messages = xcalloc((size_t)s->n_messages, sizeof *s->messages);
-    for (int k = 0; k < shot; k++) {
+    for (int k = 0; k < shot && tool; k++) {
         s->messages[k].role = xstrdup(TOOL_SHOT[k][0]);
         s->messages[k].content = xstrdup(TOOL_SHOT[k][1]);
+    }
+    for (int k = 0; k < arith_shots; k++) {
+        s->messages[2 * k].role = xstrdup("user");
+        s->messages[2 * k].content = synth_arithmetic_prompt(ARITH_SHOT[k][0]);
+        s->messages[2 * k + 1].role = xstrdup("assistant");
+        s->messages[2 * k + 1].content = xstrdup(ARITH_SHOT[k][1]);
     }
     s->messages[shot].role = xstrdup("user");
     s->messages[shot].content = xstrdup(p->prompt);
@@ -327,6 +343,10 @@ static int check_opts(const struct synth_opts *o, char *err, size_t errlen)
         }
         if (o->num_operands < 2 || o->num_operands > 8) {
             snprintf(err, errlen, "synthetic arithmetic: num_operands must be 2..8 (got %d)", o->num_operands);
+            return -1;
+        }
+        if (o->shots < 0 || o->shots > SYNTH_MAX_SHOTS) {
+            snprintf(err, errlen, "synthetic arithmetic: shots must be 0..%d (got %d)", SYNTH_MAX_SHOTS, o->shots);
             return -1;
         }
         if (!o->ops[0] || strspn(o->ops, "+-*") != strlen(o->ops)) {
