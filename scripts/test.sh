@@ -46,7 +46,7 @@ took "the build"
 # beside the tests, at a lower priority: the tests spend much of their time waiting (on MPI start-ups, grpod's
 # heartbeats, the namespace hosts' links), and the build fills those gaps instead of running alone afterwards.
 # Only the programs of the suites it runs (9 of the build's 93 targets, with the libraries they link).
-emu_pid=""
+emu_pid="" ft_pid="" ft_log=""
 if [ $# -eq 0 ]; then
     emu_log="$(mktemp)"
     GRPO_BUILD_SUITES="cuemu gpu" GRPO_BUILD_NO_SUITES=gpu-per-rank GRPO_BUILD_JOBS=2 setsid nice -n 10 \
@@ -58,7 +58,8 @@ hogs=()
 cleanup() {
     [ -z "$emu_pid" ] || kill -- "-$emu_pid" 2>/dev/null || true
     [ ${#hogs[@]} -eq 0 ] || kill "${hogs[@]}" 2>/dev/null || true
-    rm -f "${emu_log:-}"
+    [ -z "$ft_pid" ] || kill -- "-$ft_pid" 2>/dev/null || true
+    rm -f "${emu_log:-}" "${ft_log:-}"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -73,9 +74,19 @@ fi
 # TensorBoard, whose own reader checks the event files (tests/system/test_tensorboard.sh skips without it)
 ./scripts/tensorboard_env.sh >/dev/null ||
     echo "warning: could not install tensorboard; the tensorboard-reader test will be skipped" >&2
-# Open MPI 5 with its fault-tolerant MPI (ULFM), for the ft suite (tests/ft: a few seconds; skipped without it)
-./scripts/ompi5_env.sh >/dev/null ||
+# Open MPI 5 with its fault-tolerant MPI (ULFM), for the ft suite (tests/ft; skipped without it). On a full run its
+# build against Open MPI 5 (build-ft: the suite's programs only) starts now, beside the tests as the emulator's does,
+# and its suite runs at the end.
+if ompi5="$(./scripts/ompi5_env.sh)"; then
+    if [ $# -eq 0 ]; then
+        ft_log="$(mktemp)"
+        GRPO_BUILD_SUITES=ft GRPO_BUILD_JOBS=1 setsid nice -n 10 \
+            ./scripts/build.sh build-ft -Dmpi_prefix="$ompi5" -Dulfm=enabled -Dcuda=disabled >"$ft_log" 2>&1 &
+        ft_pid=$!
+    fi
+else
     echo "warning: could not install Open MPI 5 (scripts/ompi5_env.sh); the ft suite will be skipped" >&2
+fi
 took "the model and the Python environments"
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 if [ "$LOADED" = 1 ]; then
@@ -150,6 +161,24 @@ if [ $# -eq 0 ]; then
         --num-processes 2 --timeout-multiplier "$mult" --logbase testlog-emu || rc=1
     logs+=(build-emu/meson-logs/testlog-emu*.json)
     took "the gpu suite under the emulator"
+fi
+# The ft suite against Open MPI 5 with ULFM (tests/ft/meson.build: trainer ranks SIGKILLed at points of a step, the
+# survivors go on), from its build started above. On a full run only.
+if [ -n "$ft_pid" ]; then
+    rm -f build-ft/meson-logs/testlog-ft*.json
+    frc=0
+    wait "$ft_pid" || frc=$?
+    cat "$ft_log"
+    took "the rest of the build against Open MPI 5 (it ran beside the tests)"
+    if [ $frc -eq 0 ]; then
+        meson test -C build-ft --suite ft --no-rebuild --print-errorlogs --num-processes 2 \
+            --timeout-multiplier "$mult" --logbase testlog-ft || rc=1
+        logs+=(build-ft/meson-logs/testlog-ft*.json)
+        took "the ft suite (Open MPI 5, ULFM)"
+    else
+        echo "test.sh: the build against Open MPI 5 failed (exit $frc)" >&2
+        rc=1
+    fi
 fi
 python3 scripts/count_tests.py "${logs[@]}" || rc=1
 exit $rc
