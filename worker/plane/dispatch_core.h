@@ -42,6 +42,9 @@ struct dispatch_options {
     int keep_versions;                    /* versions held for the rollout processes (0: 3) */
     const struct dispatch_replay *replay; /* a replayed schedule's units, in the order to grant them (copied) */
     int n_replay;
+    /* the weight relay tree (worker/plane/relay.h): each version goes from here to at most relay_fanout processes,
+     * and from each holder to at most relay_fanout more (0: off, every process fetches from here) */
+    int relay_fanout;
 };
 
 /* One unit of a replayed schedule: granted with versions[0] once that version is published; its sequences
@@ -76,6 +79,11 @@ struct dispatch_stats {
     int64_t delivered;    /* units whose holder said it delivered them (its next ask names them; not fully-async) */
     int64_t bytes;        /* weight bytes served in chunks */
     int64_t broadcasts;   /* versions broadcast whole (weight_sync=broadcast) */
+    int64_t relayed;      /* relay asks answered with a holder (the relay tree) */
+    int64_t relay_direct; /* relay asks answered "fetch it here" (the tree's first level, or no holder with room) */
+    int64_t relay_failed; /* asks that named a relay that failed them (a wrong digest, silent, gone) */
+    int64_t relays_barred; /* relays never named again since */
+    int64_t version_bytes; /* weight bytes served from here for the newest version that is no longer the newest */
     int live;             /* rollout processes alive now */
 };
 
@@ -120,6 +128,9 @@ void dispatch_core_tick(struct dispatch_core *d, double now);
  * v is held already (a version never changes). dispatch_core_publish_end(v) makes it held and moves the window. */
 float *dispatch_core_publish_begin(struct dispatch_core *d, int64_t version);
 void dispatch_core_publish_end(struct dispatch_core *d, int64_t version);
+/* With the relay tree on: the digest of the version being published (RELAY_DIGEST_BYTES), for the caller to fill
+ * (relay_digest) between publish_begin and publish_end; NULL when the tree is off. */
+uint8_t *dispatch_core_publish_digest(struct dispatch_core *d);
 /* The run ends after step `after`; the first call's word stands. */
 void dispatch_core_end(struct dispatch_core *d, int64_t after, const char *why);
 void dispatch_core_stats(const struct dispatch_core *d, struct dispatch_stats *st);
