@@ -75,10 +75,13 @@ struct relay_server {
     char endpoint[300];
 };
 
-static int test_rank(const char *name)
+/* Whether the test hook `name` names rollout rank slot ("all": every one). */
+static bool test_hook(const char *name, int slot)
 {
     const char *v = getenv(name);
-    return v && *v ? atoi(v) : -1;
+    if (!v || !*v)
+        return false;
+    return strcmp(v, "all") == 0 || atoi(v) == slot;
 }
 
 /* The answer to one request (packed, malloc'd). */
@@ -181,8 +184,8 @@ struct relay_server *relay_server_open(const char *bind_endpoint, int slot, char
     s->sock = sock;
     s->version = -1;
     snprintf(s->endpoint, sizeof s->endpoint, "%s", bind_endpoint);
-    s->corrupt = slot >= 0 && test_rank("GRPO_TEST_RELAY_CORRUPT_RANK") == slot;
-    s->silent = slot >= 0 && test_rank("GRPO_TEST_RELAY_SILENT_RANK") == slot;
+    s->corrupt = slot >= 0 && test_hook("GRPO_TEST_RELAY_CORRUPT_RANK", slot);
+    s->silent = slot >= 0 && test_hook("GRPO_TEST_RELAY_SILENT_RANK", slot);
     if (s->corrupt || s->silent)
         log_warn("relay", "%s: rollout rank %d's relay %s (a test's setting)",
                  s->corrupt ? "GRPO_TEST_RELAY_CORRUPT_RANK" : "GRPO_TEST_RELAY_SILENT_RANK", slot,

@@ -12,7 +12,8 @@
  * It serves from the caller's own buffer (no copy): relay_server_drop before the buffer changes.
  *
  * For the tests only: GRPO_TEST_RELAY_CORRUPT_RANK=R makes rollout rank R's relay flip a bit of every chunk it
- * serves, GRPO_TEST_RELAY_SILENT_RANK=R makes it read requests and never answer (tests/mpi/test_weight_relay.sh). */
+ * serves, GRPO_TEST_RELAY_SILENT_RANK=R makes it read requests and never answer ("all": every rollout rank's;
+ * tests/mpi/test_weight_relay.sh). */
 #ifndef GRPO_WORKER_PLANE_RELAY_H
 #define GRPO_WORKER_PLANE_RELAY_H
 
