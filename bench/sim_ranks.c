@@ -57,7 +57,17 @@
 #include "worker/plane/relay.h"
 
 /* what a socket's request in flight is */
-enum req_kind { REQ_NONE, REQ_REGISTER, REQ_HEARTBEAT, REQ_PING, REQ_WORK, REQ_WEIGHTS, REQ_RELAY, REQ_HOLD, REQ_CHUNK };
+enum req_kind {
+    REQ_NONE,
+    REQ_REGISTER,
+    REQ_HEARTBEAT,
+    REQ_PING,
+    REQ_WORK,
+    REQ_WEIGHTS,
+    REQ_RELAY,
+    REQ_HOLD,
+    REQ_CHUNK
+};
 
 /* the relay tree (--relay K): where a rollout rank is in taking a version */
 enum relay_state { RS_NONE, RS_ASK, RS_DIRECT, RS_RELAY, RS_HOLD };
@@ -136,8 +146,8 @@ struct sim {
     uint64_t next_rid;
     /* counts */
     long registered, refused, heartbeats, pings, grants, waits, ends, chunks, errors, reregister;
-    int relay;                                          /* --relay: the tree's fan-out (0: off) */
-    long relayed, relay_failed, relay_waits, direct;    /* versions taken from a relay, relays failed, waits, direct */
+    int relay;                                       /* --relay: the tree's fan-out (0: off) */
+    long relayed, relay_failed, relay_waits, direct; /* versions taken from a relay, relays failed, waits, direct */
     long reg_tries, reg_timeouts,
         reg_retries; /* registrations sent; given up on after --register-timeout; told to retry */
     int64_t weight_bytes;

@@ -34,6 +34,16 @@ run() { # NAME MPI-OPTIONS... -- EXTRA...
 copies() { grep -o "policy version [0-9]*: [0-9]* weight bytes served from here ([0-9.]* copies)" "$TMP/$1.log" |
     sed 's/policy version \([0-9]*\): [0-9]* weight bytes served from here (\([0-9.]*\) copies)/\1:\2/' | sort; }
 relayed() { grep -c "chunk(s) from rollout rank [0-9]*'s relay" "$TMP/$1.log"; }
+# the dispatcher's own order (one thread): no relay is named ("takes it from rollout rank R's relay") after it was
+# barred ("rollout rank R's weight relay failed ...: it is never named a relay again"), and each is barred once
+never_again() { # NAME
+    grep "\[rank 0\] dispatch: " "$TMP/$1.log" | awk '
+        /takes it from rollout rank [0-9]*.s relay/ { match($0, /from rollout rank [0-9]*/); r = substr($0, RSTART + 18, RLENGTH - 18)
+            if (r in barred) { print "named after it was barred: " $0; bad = 1 } }
+        /it is never named a relay again/ { match($0, /rollout rank [0-9]*.s weight relay failed/); r = substr($0, RSTART + 13, RLENGTH - 13)
+            sub(/.s weight relay failed/, "", r); if (r in barred) { print "barred twice: " r; bad = 1 }; barred[r] = 1; n++ }
+        END { if (!n) { print "nothing barred"; bad = 1 }; exit bad }'
+}
 identical() { # NAME
     "$COMPARE" "$(weights ref)" "$(weights "$1")" 0 >"$TMP/cmp-$1.txt" 2>&1
 }
@@ -83,10 +93,9 @@ for bad in corrupt silent; do
     [ "$f" -ge 1 ]; expect "$bad relays: receivers find them out and fetch from rank 0 ($f)" $?
     [ $bad = silent ] || [ "$(grep -c "its digest is wrong" "$TMP/$bad.log")" -eq "$f" ]
     expect "$bad relays: found out by the digest" $?
-    b="$(grep -o "rollout rank [0-9]*'s weight relay failed" "$TMP/$bad.log" | sort | uniq -c | awk '$1 > 1' | wc -l)"
-    [ "$b" -eq 0 ]; expect "$bad relays: the dispatcher names each failed relay at most once" $?
     n="$(grep -c "rollout rank [0-9]*'s weight relay failed" "$TMP/$bad.log")"
     [ "$n" -eq "$f" ]; expect "$bad relays: every failure reached the dispatcher ($n of $f)" $?
+    never_again "$bad"; expect "$bad relays: a relay found bad is never named again (the dispatcher's log)" $?
     [ "$(relayed "$bad")" -eq 0 ]; expect "$bad relays: no version is taken from one" $?
     identical "$bad"; expect "$bad relays: bit-identical to the reference ($(cat "$TMP/cmp-$bad.txt"))" $?
 done
@@ -96,8 +105,11 @@ run one-corrupt -x GRPO_TEST_RELAY_CORRUPT_RANK=0 -- actor_rollout_ref.rollout.w
 expect "one corrupt relay: the run finishes" $?
 [ "$(grep -c "chunk(s) from rollout rank 0's relay" "$TMP/one-corrupt.log")" -eq 0 ]
 expect "one corrupt relay: nothing is taken from it" $?
-[ "$(grep -c "rollout rank 0's weight relay failed" "$TMP/one-corrupt.log")" -le 1 ]
-expect "one corrupt relay: named at most once" $?
+[ "$(grep -c "rollout rank 0's weight relay failed .*it is never named a relay again" "$TMP/one-corrupt.log")" -le 1 ]
+expect "one corrupt relay: barred at most once" $?
+! grep "\[rank 0\] dispatch: " "$TMP/one-corrupt.log" | sed -n '/rollout rank 0.s weight relay failed/,$p' |
+    grep -q "takes it from rollout rank 0's relay"
+expect "one corrupt relay: never named after it was found out" $?
 [ "$(relayed one-corrupt)" -ge 1 ]; expect "one corrupt relay: the good relays serve ($(relayed one-corrupt))" $?
 identical one-corrupt; expect "one corrupt relay: bit-identical ($(cat "$TMP/cmp-one-corrupt.txt"))" $?
 

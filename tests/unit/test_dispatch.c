@@ -2078,7 +2078,7 @@ static void expect_plan(Grpo__Envelope *r, const uint8_t *want, const char *plan
     if (strcmp(got, plan) != 0)
         fail_msg("a relay ask was answered '%s', expected '%s'", got, plan);
     if (c->relay_endpoint && c->relay_endpoint[0]) /* its endpoint is ipc://rR: rollout rank R's */
-        assert_int_equal(c->relay_rank, atoi(c->relay_endpoint + 7));
+        assert_int_equal(c->relay_rank, strtol(c->relay_endpoint + 7, NULL, 10));
     protocol_free(r);
 }
 
@@ -2131,7 +2131,7 @@ static void test_relay_tree(void **state)
     const double t = 0.5;
     expect_plan(relay_ask(d, &c[0], id[0], 1, -1, NULL, t), dg1, "here"); /* the first level: 2 from here */
     expect_plan(relay_ask(d, &c[1], id[1], 1, -1, NULL, t), dg1, "here");
-    expect_plan(relay_ask(d, &c[2], id[2], 1, -1, NULL, t), dg1, "wait"); /* 2 on their way, none holds it */
+    expect_plan(relay_ask(d, &c[2], id[2], 1, -1, NULL, t), dg1, "wait");       /* 2 on their way, none holds it */
     expect_plan(relay_ask(d, &c[0], id[0], 1, -1, "ipc://r0", t), dg1, "here"); /* rank 0 holds it */
     expect_plan(relay_ask(d, &c[2], id[2], 1, -1, NULL, t), dg1, "ipc://r0");
     expect_plan(relay_ask(d, &c[3], id[3], 1, -1, NULL, t), dg1, "ipc://r0");
@@ -2147,7 +2147,7 @@ static void test_relay_tree(void **state)
     assert_int_equal(st.relay_failed, 1);
     assert_int_equal(st.relays_barred, 1);
     expect_plan(relay_ask(d, &c[6], id[6], 1, -1, NULL, t), dg1, "ipc://r1"); /* rank 1's second; never rank 2 */
-    expect_plan(relay_ask(d, &c[6], id[6], 1, 2, NULL, t), dg1, "here"); /* named again: counted, barred once */
+    expect_plan(relay_ask(d, &c[6], id[6], 1, 2, NULL, t), dg1, "here");      /* named again: counted, barred once */
     st = cstats(d);
     assert_int_equal(st.relay_failed, 2);
     assert_int_equal(st.relays_barred, 1);

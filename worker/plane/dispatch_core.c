@@ -605,21 +605,22 @@ static void served_log(struct dispatch_core *d, const struct snapshot *s)
                  (long long)s->version, (long long)s->bytes, copies);
 }
 
-/* The process of live entry `pi` (-1: none) is not a relay for anyone any more. */
+/* Rollout rank slot's relay failed the process of asker_slot for version v: its process is never named again. */
 static void bar_relay(struct dispatch_core *d, int slot, int asker_slot, int64_t v)
 {
     if (slot < 0 || slot >= d->o.units || d->current[slot] < 0)
         return;
     struct proc *p = &d->procs[d->current[slot]];
     d->st.relay_failed++;
-    if (p->relay_barred)
-        return;
-    p->relay_barred = true;
-    d->st.relays_barred++;
+    /* a relay named to several before the first of them said it failed is reported by each */
     log_warn("dispatch",
              "rollout rank %d's weight relay failed rollout rank %d for policy version %lld (a wrong digest, no "
-             "answer, or gone): it is never named a relay again, and rank %d fetches the version from here",
-             slot, asker_slot, (long long)v, asker_slot);
+             "answer, or gone): %s, and rank %d fetches the version from here",
+             slot, asker_slot, (long long)v,
+             p->relay_barred ? "it was named before it was barred" : "it is never named a relay again", asker_slot);
+    if (!p->relay_barred)
+        d->st.relays_barred++;
+    p->relay_barred = true;
 }
 
 /* The answer to a relay ask (WeightsRequest.relay) for held version s from process `pi`'s slot `slot` (-1: not a
@@ -667,6 +668,8 @@ static void relay_answer(struct dispatch_core *d, struct snapshot *s, const Grpo
             best = p;
     }
     if (best) {
+        log_debug("dispatch", "policy version %lld: rollout rank %d takes it from rollout rank %d's relay",
+                  (long long)s->version, slot, best->slot);
         best->kids++;
         s->assigned++;
         d->st.relayed++;

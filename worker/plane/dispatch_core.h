@@ -59,32 +59,32 @@ struct dispatch_replay {
 
 /* What the dispatcher has done so far (for the metrics). */
 struct dispatch_stats {
-    int64_t granted;      /* units granted */
-    int64_t regranted;    /* of those, units granted to another process than the first (holder lost, lease over) */
-    int64_t expired;      /* of those, units granted again because their lease was over (the holder alive) */
-    int64_t lost;         /* rollout processes declared lost */
-    int64_t refused;      /* requests refused (malformed, unauthenticated, of another key epoch, replayed, speaking for
-                             another, over their size or their process's rate, superseded) */
-    int64_t old_epoch;    /* of those, requests of another key epoch (another launch's: a replay across a relaunch) */
-    int64_t oversized;    /* of those, requests refused by their size, before any MAC (over the socket's bound, or over
-                             their kind's: DISPATCH_MAX_*_REQUEST_BYTES) */
-    int64_t superseded;   /* of those, requests of a process a newer one of its rank replaced (or of an older
-                             generation than the rank's current process) */
-    int64_t second;       /* of those, requests of a second process of a live process's rank and generation */
-    int64_t rate_limited; /* of those, requests over their process's budget (DISPATCH_RATE_PER_S) */
-    int64_t replaced;     /* live processes superseded by a newer process of their rank */
-    int64_t macs;         /* MACs computed over requests (each request that reached its MAC, good or not) */
-    int64_t mac_bytes;    /* the bytes those MACs covered */
-    int64_t redone;       /* units granted again because the trainers dropped what was delivered */
-    int64_t delivered;    /* units whose holder said it delivered them (its next ask names them; not fully-async) */
-    int64_t bytes;        /* weight bytes served in chunks */
-    int64_t broadcasts;   /* versions broadcast whole (weight_sync=broadcast) */
-    int64_t relayed;      /* relay asks answered with a holder (the relay tree) */
-    int64_t relay_direct; /* relay asks answered "fetch it here" (the tree's first level, or no holder with room) */
-    int64_t relay_failed; /* asks that named a relay that failed them (a wrong digest, silent, gone) */
+    int64_t granted;       /* units granted */
+    int64_t regranted;     /* of those, units granted to another process than the first (holder lost, lease over) */
+    int64_t expired;       /* of those, units granted again because their lease was over (the holder alive) */
+    int64_t lost;          /* rollout processes declared lost */
+    int64_t refused;       /* requests refused (malformed, unauthenticated, of another key epoch, replayed, speaking for
+                              another, over their size or their process's rate, superseded) */
+    int64_t old_epoch;     /* of those, requests of another key epoch (another launch's: a replay across a relaunch) */
+    int64_t oversized;     /* of those, requests refused by their size, before any MAC (over the socket's bound, or over
+                              their kind's: DISPATCH_MAX_*_REQUEST_BYTES) */
+    int64_t superseded;    /* of those, requests of a process a newer one of its rank replaced (or of an older
+                              generation than the rank's current process) */
+    int64_t second;        /* of those, requests of a second process of a live process's rank and generation */
+    int64_t rate_limited;  /* of those, requests over their process's budget (DISPATCH_RATE_PER_S) */
+    int64_t replaced;      /* live processes superseded by a newer process of their rank */
+    int64_t macs;          /* MACs computed over requests (each request that reached its MAC, good or not) */
+    int64_t mac_bytes;     /* the bytes those MACs covered */
+    int64_t redone;        /* units granted again because the trainers dropped what was delivered */
+    int64_t delivered;     /* units whose holder said it delivered them (its next ask names them; not fully-async) */
+    int64_t bytes;         /* weight bytes served in chunks */
+    int64_t broadcasts;    /* versions broadcast whole (weight_sync=broadcast) */
+    int64_t relayed;       /* relay asks answered with a holder (the relay tree) */
+    int64_t relay_direct;  /* relay asks answered "fetch it here" (the tree's first level, or no holder with room) */
+    int64_t relay_failed;  /* asks that named a relay that failed them (a wrong digest, silent, gone) */
     int64_t relays_barred; /* relays never named again since */
     int64_t version_bytes; /* weight bytes served from here for the newest version that is no longer the newest */
-    int live;             /* rollout processes alive now */
+    int live;              /* rollout processes alive now */
 };
 
 /* A grant's lease: a unit not delivered this long after its grant may be granted again to a process with nothing

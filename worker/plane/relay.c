@@ -81,7 +81,9 @@ static bool test_hook(const char *name, int slot)
     const char *v = getenv(name);
     if (!v || !*v)
         return false;
-    return strcmp(v, "all") == 0 || atoi(v) == slot;
+    char *end = NULL;
+    const long r = strtol(v, &end, 10);
+    return strcmp(v, "all") == 0 || (end != v && !*end && r == slot);
 }
 
 /* The answer to one request (packed, malloc'd). */
@@ -243,8 +245,8 @@ void relay_server_close(struct relay_server *s)
 
 /* ---- the client ---- */
 
-int relay_fetch(const char *endpoint, int64_t v, float *w, size_t n, size_t chunk_bytes, int timeout_ms,
-                size_t *bytes, int *chunks, char *err, size_t errlen)
+int relay_fetch(const char *endpoint, int64_t v, float *w, size_t n, size_t chunk_bytes, int timeout_ms, size_t *bytes,
+                int *chunks, char *err, size_t errlen)
 {
     *bytes = 0;
     *chunks = 0;

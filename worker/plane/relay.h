@@ -51,7 +51,7 @@ void relay_server_close(struct relay_server *s);
 /* Fetch version v whole from the relay at endpoint into w[0..n) in chunks of chunk_bytes, each answered within
  * timeout_ms. 0 with *bytes and *chunks; 1 when the relay no longer holds v (it moved on: no fault of its); -1 with
  * err (no answer, garbage, wrong sizes). The caller checks the digest. */
-int relay_fetch(const char *endpoint, int64_t v, float *w, size_t n, size_t chunk_bytes, int timeout_ms,
-                size_t *bytes, int *chunks, char *err, size_t errlen);
+int relay_fetch(const char *endpoint, int64_t v, float *w, size_t n, size_t chunk_bytes, int timeout_ms, size_t *bytes,
+                int *chunks, char *err, size_t errlen);
 
 #endif

@@ -130,8 +130,8 @@ static int take_relayed(struct weight_sync_receiver *r, int64_t v, float *dst, s
             continue;
         }
         char why[600];
-        const int rc = relay_fetch(p.endpoint, v, dst, n, chunk_bytes, RELAY_CHUNK_TIMEOUT_MS, bytes, chunks, why,
-                                   sizeof why);
+        const int rc =
+            relay_fetch(p.endpoint, v, dst, n, chunk_bytes, RELAY_CHUNK_TIMEOUT_MS, bytes, chunks, why, sizeof why);
         uint8_t got[RELAY_DIGEST_BYTES];
         if (rc == 0)
             relay_digest(dst, n, got);
@@ -167,7 +167,8 @@ int weight_sync_receive(struct weight_sync_receiver *r, int64_t version, float *
     *broadcast = took == 1;
     if (!took && r->relay && take_relayed(r, version, dst, n, chunk_bytes, bytes, chunks, err, errlen) != 0)
         return -1;
-    if (!took && !r->relay && work_client_weights(r->work, version, dst, n, chunk_bytes, bytes, chunks, err, errlen) != 0)
+    if (!took && !r->relay &&
+        work_client_weights(r->work, version, dst, n, chunk_bytes, bytes, chunks, err, errlen) != 0)
         return -1;
     if (r->relay) { /* it holds the version whole (authenticated, or checked): it serves it, and says so */
         relay_server_hold(r->relay, version, dst, n);

@@ -64,8 +64,8 @@ struct weight_sync_receiver {
 };
 /* Version `version` into dst[0..n): in the trainers' broadcast when it gets a round, else fetched in chunks of
  * chunk_bytes (with the relay tree: from the holder the dispatcher names, checked against the version's digest, or
- * from the dispatcher; then served from dst until the next call). 0 with *broadcast (how it came), *bytes and *chunks (what moved); -1 with err (the dispatcher is
- * gone or refused, the sizes disagree). */
+ * from the dispatcher; then served from dst until the next call). 0 with *broadcast (how it came), *bytes and *chunks
+ * (what moved); -1 with err (the dispatcher is gone or refused, the sizes disagree). */
 int weight_sync_receive(struct weight_sync_receiver *r, int64_t version, float *dst, size_t n, size_t chunk_bytes,
                         bool *broadcast, size_t *bytes, int *chunks, char *err, size_t errlen);
 /* Free what the receiver made (its NCCL twin, its bucket). */

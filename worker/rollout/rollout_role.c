@@ -181,13 +181,18 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
                 snprintf(host, sizeof host, "%s", r->env->advertise);
             else
                 gethostname(host, sizeof host - 1);
-            if (relay_endpoints(r->env->dispatch_endpoint, r->env->at.engine, host, bind, r->relay_dial,
-                                sizeof r->relay_dial, err, errlen) != 0 ||
-                !(r->ws.relay = relay_server_open(bind, r->env->at.engine, err, errlen)))
-                return -1;
+            /* a relay that cannot start (its port taken, say by the live process this one replaces) costs the tree
+             * this process, not the run: it fetches every version from the dispatcher */
+            char why[512];
             r->ws.relay_dial = r->relay_dial;
-            log_info("rollout", "weight relay of rollout rank %d at %s (" KEY_rollout_weight_relay_fanout " %lld)",
-                     r->env->at.engine, r->relay_dial, (long long)c->rollout_weight_relay_fanout);
+            if (relay_endpoints(r->env->dispatch_endpoint, r->env->at.engine, host, bind, r->relay_dial,
+                                sizeof r->relay_dial, why, sizeof why) != 0 ||
+                !(r->ws.relay = relay_server_open(bind, r->env->at.engine, why, sizeof why)))
+                log_warn("rollout", "rollout rank %d serves no weight relay (it fetches every version): %s",
+                         r->env->at.engine, why);
+            else
+                log_info("rollout", "weight relay of rollout rank %d at %s (" KEY_rollout_weight_relay_fanout " %lld)",
+                         r->env->at.engine, r->relay_dial, (long long)c->rollout_weight_relay_fanout);
         }
     }
     char bundled[4096];
