@@ -2083,10 +2083,10 @@ static void expect_plan(Grpo__Envelope *r, const uint8_t *want, const char *plan
 }
 
 /* issue 45: the relay tree's assignment. 7 rollout processes, fan-out 2: the first 2 askers fetch a version from
- * the dispatcher, each holder is named to at most 2 more, the fullest holders last; an asker waits while processes
- * on their way to hold it will have room; a relay named as failed is never named again, nor a lost one; a holder is
- * never named to itself. Every answer carries the version's digest; with the tree off, none (as a 1.16
- * dispatcher: the process fetches as before). */
+ * the dispatcher, each holder is named to at most 2 more, the fullest holders last; an asker waits while live
+ * processes on their way to hold it will have room (not for a lost one); a relay named as failed is never named
+ * again, nor a lost one; a holder is never named to itself. Every answer carries the version's digest; with the tree
+ * off, none (as a 1.16 dispatcher: the process fetches as before). */
 static void test_relay_tree(void **state)
 {
     (void)state;
@@ -2161,13 +2161,41 @@ static void test_relay_tree(void **state)
     assert_int_equal(cstats(d).lost, 1);
     /* ranks 3 and 4 were named to nobody; rank 3 came first, but it is lost */
     expect_plan(relay_ask(d, &c[5], id[5], 1, -1, NULL, 2.6), dg1, "ipc://r4");
-    /* rank 4 asks: the only holder with room is itself, and 7 processes were sent for it, 5 hold it: wait */
+    /* rank 4 asks: the only holder with room is itself, and ranks 5 and 6 are on their way to hold it: wait */
     expect_plan(relay_ask(d, &c[4], id[4], 1, -1, NULL, 2.6), dg1, "wait");
     /* a version not held: the usual error, no plan */
     Grpo__Envelope *gone = relay_ask(d, &c[0], id[0], 7, -1, NULL, 2.6);
     assert_non_null(strstr(gone->weights_chunk->error, "not held"));
     assert_int_equal(gone->weights_chunk->digest.len, 0);
     protocol_free(gone);
+    dispatch_core_free(d);
+
+    /* fan-out 1: rank 1 waits for rank 0, on its way; rank 0 dies before it holds the version: rank 1 no longer
+     * waits for it, and fetches it here */
+    struct dispatch_options one = o;
+    one.units = 3;
+    one.groups_in_step = 3;
+    one.relay_fanout = 1;
+    d = dispatch_core_create(&one, 0, err, sizeof err);
+    assert_non_null(d);
+    float *dst = dispatch_core_publish_begin(d, 0);
+    memcpy(dst, w0, N * sizeof(float));
+    relay_digest(dst, N, dispatch_core_publish_digest(d));
+    dispatch_core_publish_end(d, 0);
+    for (int i = 0; i < 3; i++) {
+        c[i] = gen_cred(i, 0, (uint32_t)(800 + i));
+        expect_grant_kind(cred_work(d, &c[i], id[i], i, true, 0.1), WORK_WAIT);
+    }
+    expect_plan(relay_ask(d, &c[0], id[0], 0, -1, NULL, 0.2), dg0, "here");
+    expect_plan(relay_ask(d, &c[1], id[1], 0, -1, NULL, 0.2), dg0, "wait");
+    for (int i = 1; i < 3; i++) /* rank 0 falls silent */
+        expect_grant_kind(cred_work(d, &c[i], id[i], i, true, 2.0), WORK_WAIT);
+    dispatch_core_tick(d, 2.5);
+    assert_int_equal(cstats(d).lost, 1);
+    expect_plan(relay_ask(d, &c[1], id[1], 0, -1, NULL, 2.5), dg0, "here");
+    expect_plan(relay_ask(d, &c[2], id[2], 0, -1, NULL, 2.5), dg0, "wait"); /* rank 1 is on its way now */
+    expect_plan(relay_ask(d, &c[1], id[1], 0, -1, "ipc://r1", 2.6), dg0, "here");
+    expect_plan(relay_ask(d, &c[2], id[2], 0, -1, NULL, 2.6), dg0, "ipc://r1");
     dispatch_core_free(d);
 
     /* the tree off: no digest, no holder (the process fetches from the dispatcher, as from a 1.16 one) */

@@ -35,7 +35,7 @@ struct proc {
     bool superseded; /* a newer process serves its rank: each of its requests is refused */
     /* the relay tree: the newest version it holds and serves (-1: none), where, how many it was named to for that
      * version, and whether a receiver said it failed it (never named again) */
-    int64_t held;
+    int64_t held, sent_for; /* ... and the newest version it was sent to fetch (-1: none) */
     int kids;
     bool relay_barred;
     char relay_ep[256];
@@ -299,7 +299,7 @@ static struct proc *proc_of(struct dispatch_core *d, uint64_t id, const struct p
         }
     }
     set_alive(d, &d->procs[i], false); /* an entry reused (a superseded process's: not alive already) */
-    d->procs[i] = (struct proc){.id = id, .who = *who, .slot = slot, .last_seen = now, .held = -1};
+    d->procs[i] = (struct proc){.id = id, .who = *who, .slot = slot, .last_seen = now, .held = -1, .sent_for = -1};
     set_alive(d, &d->procs[i], true);
     d->current[slot] = i;
     d->slot_seen[slot] = true;
@@ -650,19 +650,27 @@ static void relay_answer(struct dispatch_core *d, struct snapshot *s, const Grpo
         bar_relay(d, (int)w->bad_relay - 1, slot, s->version);
         s->fallbacks++;
         d->st.relay_direct++;
+        if (me)
+            me->sent_for = s->version;
         return;
     }
     if (s->direct < k || !me) { /* the tree's first level (or a process the tree does not know): from here */
         s->direct++;
         s->assigned++;
         d->st.relay_direct++;
+        if (me)
+            me->sent_for = s->version;
         return;
     }
     /* a holder with room, the one named least so far (the tree fills level by level) */
     struct proc *best = NULL;
+    bool coming = false; /* a live process on its way to hold it (sent for it, not holding it yet) */
     for (int i = 0; i < d->nprocs; i++) {
         struct proc *p = &d->procs[i];
-        if (p == me || !p->alive || p->superseded || p->relay_barred || p->held != s->version || p->kids >= k)
+        if (p == me || !p->alive || p->superseded)
+            continue;
+        coming |= p->sent_for == s->version && p->held != s->version && !p->relay_barred;
+        if (p->relay_barred || p->held != s->version || p->kids >= k)
             continue;
         if (!best || p->kids < best->kids)
             best = p;
@@ -673,17 +681,19 @@ static void relay_answer(struct dispatch_core *d, struct snapshot *s, const Grpo
         best->kids++;
         s->assigned++;
         d->st.relayed++;
+        me->sent_for = s->version;
         ch->relay_endpoint = best->relay_ep;
         ch->relay_rank = best->slot;
         return;
     }
-    if (s->assigned > s->holders) { /* processes on their way to hold it: one will have room */
+    if (coming) { /* live processes on their way to hold it: one will have room */
         ch->relay_wait = true;
         return;
     }
-    s->direct++; /* no holder can take it (barred, gone): from here */
+    s->direct++; /* no holder can take it (barred, gone) and none is coming: from here */
     s->assigned++;
     d->st.relay_direct++;
+    me->sent_for = s->version;
 }
 
 /* The asker of the request being answered: its identity and counter (NULL who: it had no good MAC). */
