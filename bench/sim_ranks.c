@@ -102,7 +102,7 @@ struct rank {
     float *buf;
     struct sock rcli;
     enum relay_state rs;
-    uint8_t digest[RELAY_DIGEST_BYTES];
+    uint8_t digest[RELAY_DIGEST_BYTES], token[RELAY_TOKEN_BYTES];
     int relay_rank, bad_rank;
     double wait_since, wait_pause;
 };
@@ -434,6 +434,8 @@ static void send_chunk(struct sim *s, struct rank *r)
     w.offset = r->fetch_off;
     const size_t left = r->n_floats - r->fetch_off;
     w.count = left < DISPATCH_CHUNK_MAX_FLOATS ? left : DISPATCH_CHUNK_MAX_FLOATS;
+    w.relay_token.data = r->token;
+    w.relay_token.len = RELAY_TOKEN_BYTES;
     env.body_case = GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST;
     env.weights_request = &w;
     sock_send(s, &r->rcli, &env, NULL, REQ_CHUNK);
@@ -449,7 +451,7 @@ static void relay_close_cli(struct rank *r)
 /* The version is whole in buf (from the dispatcher, or from a relay and checked): it is served, and said. */
 static void relay_took(struct rank *r)
 {
-    relay_server_hold(r->srv, r->want_version, r->buf, r->n_floats);
+    relay_server_hold(r->srv, r->want_version, r->buf, r->n_floats, r->token);
     r->rs = RS_HOLD;
 }
 
@@ -531,12 +533,13 @@ static void on_disp_answer(struct sim *s, struct rank *r, Grpo__Envelope *a, dou
             return;
         }
         r->fetch_off = 0;
-        if (c->digest.len != RELAY_DIGEST_BYTES) { /* the dispatcher relays nothing: fetch it there */
+        if (c->digest.len != RELAY_DIGEST_BYTES || c->relay_token.len != RELAY_TOKEN_BYTES) { /* it relays nothing */
             r->rs = RS_DIRECT;
             s->direct++;
             return;
         }
         memcpy(r->digest, c->digest.data, RELAY_DIGEST_BYTES);
+        memcpy(r->token, c->relay_token.data, RELAY_TOKEN_BYTES);
         if (c->relay_wait && now - r->wait_since < RELAY_WAIT_MAX_S) { /* ask again, 10 ms doubling to 200 ms */
             s->relay_waits++;
             r->wait_pause = r->wait_pause > 0 ? fmin(2 * r->wait_pause, 0.2) : 0.01;

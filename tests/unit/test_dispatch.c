@@ -2064,15 +2064,20 @@ static Grpo__Envelope *relay_ask(struct dispatch_core *d, struct plane_cred *c, 
 }
 
 /* What a relay ask was answered: "here" (fetch it from the dispatcher), "wait", or the holder's endpoint; the digest
- * must be want's (NULL: none at all, a dispatcher without the tree). */
+ * must be want's and the token the version's (NULL: neither, a dispatcher without the tree). */
 static void expect_plan(Grpo__Envelope *r, const uint8_t *want, const char *plan)
 {
     const Grpo__WeightsChunk *c = r->weights_chunk;
     if (!want) {
         assert_int_equal(c->digest.len, 0);
-    } else {
+        assert_int_equal(c->relay_token.len, 0);
+    } else { /* the digest, and the version's relay token under the run key */
         assert_int_equal(c->digest.len, RELAY_DIGEST_BYTES);
         assert_memory_equal(c->digest.data, want, RELAY_DIGEST_BYTES);
+        uint8_t tok[RELAY_TOKEN_BYTES];
+        relay_token(run_key, EPOCH, c->version, tok);
+        assert_int_equal(c->relay_token.len, RELAY_TOKEN_BYTES);
+        assert_memory_equal(c->relay_token.data, tok, RELAY_TOKEN_BYTES);
     }
     const char *got = c->relay_wait ? "wait" : c->relay_endpoint && c->relay_endpoint[0] ? c->relay_endpoint : "here";
     if (strcmp(got, plan) != 0)

@@ -143,6 +143,7 @@ int work_client_broadcast_ask(struct work_client *c, int64_t version, enum work_
 struct relay_plan {
     bool relays;        /* false: the dispatcher relays nothing (the tree off, or a 1.16 dispatcher): fetch it there */
     uint8_t digest[32]; /* the version's BLAKE2b-256 digest (RELAY_DIGEST_BYTES), from an authenticated answer */
+    uint8_t token[16];  /* the version's relay token (RELAY_TOKEN_BYTES): a relay serves it to requests with it */
     bool wait;          /* every holder is busy: ask again shortly */
     char endpoint[256]; /* the holder to fetch it from ("": from the dispatcher) */
     int rank;           /* that holder's rollout rank */

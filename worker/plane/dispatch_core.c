@@ -55,6 +55,7 @@ struct snapshot {
      * here (assigned), that said they hold it (holders), those sent here after a relay failed them, the weight
      * bytes served from here */
     uint8_t digest[RELAY_DIGEST_BYTES];
+    uint8_t token[RELAY_TOKEN_BYTES]; /* what a relay asks of a request for it (relay_token) */
     int direct, assigned, holders, fallbacks;
     int64_t bytes;
 };
@@ -631,6 +632,8 @@ static void relay_answer(struct dispatch_core *d, struct snapshot *s, const Grpo
 {
     ch->digest.data = s->digest;
     ch->digest.len = RELAY_DIGEST_BYTES;
+    ch->relay_token.data = s->token;
+    ch->relay_token.len = RELAY_TOKEN_BYTES;
     struct proc *me = NULL;
     for (int i = 0; i < d->nprocs && !me; i++)
         if (d->procs[i].id == w->worker_id && d->procs[i].alive && same_who(&d->procs[i].who, who))
@@ -1055,6 +1058,8 @@ void dispatch_core_publish_end(struct dispatch_core *d, int64_t version)
     if (!d->writing)
         return;
     d->writing->version = version;
+    if (d->o.relay_fanout > 0)
+        relay_token(d->auth.run_key, d->o.epoch, version, d->writing->token);
     d->writing = NULL;
     if (d->o.async) { /* a push: verl's count starts again from what is outstanding */
         if (version > d->latest)

@@ -34,6 +34,16 @@ void relay_digest(const float *w, size_t n, uint8_t out[RELAY_DIGEST_BYTES])
     crypto_generichash_final(&st, out, RELAY_DIGEST_BYTES);
 }
 
+void relay_token(const uint8_t *run_key, uint64_t epoch, int64_t v, uint8_t out[RELAY_TOKEN_BYTES])
+{
+    uint8_t msg[16 + 8 + 8] = "grpo relay token";
+    for (int i = 0; i < 8; i++) { /* little-endian, fixed width */
+        msg[16 + i] = (uint8_t)(epoch >> (8 * i));
+        msg[24 + i] = (uint8_t)((uint64_t)v >> (8 * i));
+    }
+    crypto_generichash(out, RELAY_TOKEN_BYTES, msg, sizeof msg, run_key, crypto_generichash_KEYBYTES);
+}
+
 int relay_endpoints(const char *dispatch_endpoint, int slot, const char *host, char *bind, char *dial, size_t len,
                     char *err, size_t errlen)
 {
@@ -70,8 +80,9 @@ struct relay_server {
     int64_t version; /* held (-1: none) */
     const float *w;
     size_t n;
-    int64_t bytes;
-    bool corrupt, silent; /* the tests' hostile relays */
+    uint8_t token[RELAY_TOKEN_BYTES];
+    int64_t bytes, refused; /* weight bytes served; requests refused for their token */
+    bool corrupt, silent;   /* the tests' hostile relays */
     char endpoint[300];
 };
 
@@ -109,11 +120,17 @@ static uint8_t *serve_one(struct relay_server *s, const uint8_t *msg, size_t n, 
     uint8_t *packed = NULL;
     pthread_mutex_lock(&s->mu); /* held while the chunk is copied into the answer: relay_server_drop waits for it */
     ch.n_floats = s->n;
-    if (s->version < 0 || q->version != s->version)
+    if (s->version < 0 || q->version != s->version) {
         snprintf(error, sizeof error, "not held: this relay holds version %lld", (long long)s->version);
-    else if (q->offset > s->n || q->count > DISPATCH_CHUNK_MAX_FLOATS || q->count > s->n - q->offset)
+    } else if (q->relay_token.len != RELAY_TOKEN_BYTES ||
+               sodium_memcmp(q->relay_token.data, s->token, RELAY_TOKEN_BYTES) != 0) {
+        snprintf(error, sizeof error, "refused: the request carries no relay token of version %lld",
+                 (long long)q->version);
+        s->refused++;
+    } else if (q->offset > s->n || q->count > DISPATCH_CHUNK_MAX_FLOATS || q->count > s->n - q->offset) {
         snprintf(error, sizeof error, "floats %" PRIu64 "+%" PRIu64 " out of range (%zu parameters)", q->offset,
                  q->count, s->n);
+    }
     ch.error = error;
     float *bad = NULL;
     if (!error[0]) {
@@ -203,9 +220,11 @@ struct relay_server *relay_server_open(const char *bind_endpoint, int slot, char
     return s;
 }
 
-void relay_server_hold(struct relay_server *s, int64_t v, const float *w, size_t n)
+void relay_server_hold(struct relay_server *s, int64_t v, const float *w, size_t n,
+                       const uint8_t token[RELAY_TOKEN_BYTES])
 {
     pthread_mutex_lock(&s->mu);
+    memcpy(s->token, token, RELAY_TOKEN_BYTES);
     s->version = v;
     s->w = w;
     s->n = n;
@@ -245,8 +264,8 @@ void relay_server_close(struct relay_server *s)
 
 /* ---- the client ---- */
 
-int relay_fetch(const char *endpoint, int64_t v, float *w, size_t n, size_t chunk_bytes, int timeout_ms, size_t *bytes,
-                int *chunks, char *err, size_t errlen)
+int relay_fetch(const char *endpoint, int64_t v, const uint8_t token[RELAY_TOKEN_BYTES], float *w, size_t n,
+                size_t chunk_bytes, int timeout_ms, size_t *bytes, int *chunks, char *err, size_t errlen)
 {
     *bytes = 0;
     *chunks = 0;
@@ -263,6 +282,8 @@ int relay_fetch(const char *endpoint, int64_t v, float *w, size_t n, size_t chun
         q.version = v;
         q.offset = off;
         q.count = cnt;
+        q.relay_token.data = (uint8_t *)token;
+        q.relay_token.len = RELAY_TOKEN_BYTES;
         req.body_case = GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST;
         req.weights_request = &q;
         Grpo__Envelope *r = NULL;

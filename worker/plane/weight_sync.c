@@ -104,9 +104,9 @@ static int take_broadcast(struct weight_sync_receiver *r, int64_t v, float *dst,
  * RELAY_WAIT_MAX_S, a relay that failed (named to the dispatcher), or a dispatcher that relays nothing. 0, or -1 with
  * err. */
 static int take_relayed(struct weight_sync_receiver *r, int64_t v, float *dst, size_t n, size_t chunk_bytes,
-                        size_t *bytes, int *chunks, char *err, size_t errlen)
+                        size_t *bytes, int *chunks, struct relay_plan *plan, char *err, size_t errlen)
 {
-    struct relay_plan p;
+    struct relay_plan p = {0};
     const double t0 = clock_now_s();
     double pause = 0.01;
     int moved_on = 0; /* relays that no longer held it when asked (they moved on): asked again, at most 3 */
@@ -114,6 +114,7 @@ static int take_relayed(struct weight_sync_receiver *r, int64_t v, float *dst, s
     for (;;) {
         if (work_client_relay_ask(r->work, v, -1, NULL, &p, err, errlen) != 0)
             return -1;
+        *plan = p;
         if (!p.relays || !p.endpoint[0]) {
             if (!p.wait)
                 break; /* from the dispatcher */
@@ -130,8 +131,8 @@ static int take_relayed(struct weight_sync_receiver *r, int64_t v, float *dst, s
             continue;
         }
         char why[600];
-        const int rc =
-            relay_fetch(p.endpoint, v, dst, n, chunk_bytes, RELAY_CHUNK_TIMEOUT_MS, bytes, chunks, why, sizeof why);
+        const int rc = relay_fetch(p.endpoint, v, p.token, dst, n, chunk_bytes, RELAY_CHUNK_TIMEOUT_MS, bytes, chunks,
+                                   why, sizeof why);
         uint8_t got[RELAY_DIGEST_BYTES];
         if (rc == 0)
             relay_digest(dst, n, got);
@@ -165,18 +166,22 @@ int weight_sync_receive(struct weight_sync_receiver *r, int64_t version, float *
     if (took < 0)
         return -1;
     *broadcast = took == 1;
-    if (!took && r->relay && take_relayed(r, version, dst, n, chunk_bytes, bytes, chunks, err, errlen) != 0)
+    struct relay_plan plan = {0}; /* what the dispatcher said of the version (its token), when it was asked */
+    if (!took && r->relay && take_relayed(r, version, dst, n, chunk_bytes, bytes, chunks, &plan, err, errlen) != 0)
         return -1;
     if (!took && !r->relay &&
         work_client_weights(r->work, version, dst, n, chunk_bytes, bytes, chunks, err, errlen) != 0)
         return -1;
-    if (r->relay) { /* it holds the version whole (authenticated, or checked): it serves it, and says so */
-        relay_server_hold(r->relay, version, dst, n);
+    if (r->relay) {      /* it holds the version whole (authenticated, or checked): it serves it, and says so */
+        if (plan.relays) /* first, so that nobody the dispatcher names it to finds it empty */
+            relay_server_hold(r->relay, version, dst, n, plan.token);
         struct relay_plan p;
         char why[512];
         if (work_client_relay_ask(r->work, version, -1, r->relay_dial, &p, why, sizeof why) != 0)
             log_warn("rollout", "policy version %lld: could not tell the dispatcher this relay holds it: %s",
                      (long long)version, why);
+        else if (!plan.relays && p.relays) /* taken in a broadcast: the token comes with the report's answer */
+            relay_server_hold(r->relay, version, dst, n, p.token);
     }
     return 0;
 }

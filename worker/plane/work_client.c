@@ -284,6 +284,10 @@ int work_client_relay_ask(struct work_client *c, int64_t version, int bad_rank, 
         return -1;
     const Grpo__WeightsChunk *ch = r->weights_chunk;
     *p = (struct relay_plan){.relays = ch->digest.len == sizeof p->digest, .wait = ch->relay_wait, .rank = -1};
+    if (p->relays && ch->relay_token.len == sizeof p->token)
+        memcpy(p->token, ch->relay_token.data, sizeof p->token);
+    else
+        p->relays = false; /* a digest without a token: not a dispatcher this process relays with */
     if (p->relays) {
         memcpy(p->digest, ch->digest.data, sizeof p->digest);
         if (ch->relay_endpoint && ch->relay_endpoint[0]) {
