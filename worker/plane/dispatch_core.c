@@ -33,9 +33,10 @@ struct proc {
     bool alive;
     bool heard_end;  /* it has said it heard the end (WorkRequest.end_heard, since 1.14) */
     bool superseded; /* a newer process serves its rank: each of its requests is refused */
-    /* the relay tree: the newest version it holds and serves (-1: none), where, how many it was named to for that
-     * version, and whether a receiver said it failed it (never named again) */
-    int64_t held, sent_for; /* ... and the newest version it was sent to fetch (-1: none) */
+    /* the relay tree: the newest version it holds and serves (-1: none), the newest it was sent to fetch (-1: none),
+     * how many it was named to for the one it holds, whether a receiver said it failed it (never named again), and
+     * where it serves */
+    int64_t held, sent_for;
     int kids;
     bool relay_barred;
     char relay_ep[256];
@@ -593,7 +594,6 @@ static void served_log(struct dispatch_core *d, const struct snapshot *s)
 {
     if (s->version < 0 || (s->bytes == 0 && s->assigned == 0))
         return;
-    d->st.version_bytes = s->bytes;
     const double copies = d->o.n_floats ? (double)s->bytes / ((double)d->o.n_floats * sizeof(float)) : 0;
     if (d->o.relay_fanout > 0)
         log_info("dispatch",
@@ -624,9 +624,10 @@ static void bar_relay(struct dispatch_core *d, int slot, int asker_slot, int64_t
     p->relay_barred = true;
 }
 
-/* The answer to a relay ask (WeightsRequest.relay) for held version s from process `pi`'s slot `slot` (-1: not a
- * live process of its own id): the digest, and fetch it here, from a holder, or wait. A holding report records
- * where the asker serves it; a failure report bars the relay and sends the asker here. */
+/* The answer to a relay ask (WeightsRequest.relay) for held version s from the process authenticated as who, of
+ * rollout rank slot (-1: not a live process of its own id), into *ch: the digest and the token, and fetch it here,
+ * from a holder, or wait. A holding report records where the asker serves it; a failure report bars the relay and
+ * sends the asker here. */
 static void relay_answer(struct dispatch_core *d, struct snapshot *s, const Grpo__WeightsRequest *w,
                          const struct plane_id *who, int slot, Grpo__WeightsChunk *ch)
 {

@@ -83,7 +83,6 @@ struct dispatch_stats {
     int64_t relay_direct;  /* relay asks answered "fetch it here" (the tree's first level, or no holder with room) */
     int64_t relay_failed;  /* asks that named a relay that failed them (a wrong digest, silent, gone) */
     int64_t relays_barred; /* relays never named again since */
-    int64_t version_bytes; /* weight bytes served from here for the newest version that is no longer the newest */
     int live;              /* rollout processes alive now */
 };
 

@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "proto/transport.h"
 #include "worker/comm/comm.h"
+#include "worker/flight/flight.h"
 #include "worker/plane/dispatch.h"
 #include "worker/plane/relay.h"
 #include "worker/plane/weight_bcast.h"
@@ -131,8 +132,12 @@ static int take_relayed(struct weight_sync_receiver *r, int64_t v, float *dst, s
             continue;
         }
         char why[600];
+        /* one flight record for the whole fetch from the relay (a silent one shows as this wait) */
+        const int tok = flight_begin(FLIGHT_OP_WEIGHTS_FETCH, flight_group("weight relay", p.endpoint, 0),
+                                     v > 0 ? (uint64_t)v : 0, n * sizeof(float), -1, clock_now_s());
         const int rc = relay_fetch(p.endpoint, v, p.token, dst, n, chunk_bytes, RELAY_CHUNK_TIMEOUT_MS, bytes, chunks,
                                    why, sizeof why);
+        flight_end(tok, clock_now_s(), rc != 0);
         uint8_t got[RELAY_DIGEST_BYTES];
         if (rc == 0)
             relay_digest(dst, n, got);
