@@ -8,7 +8,8 @@
 #    (GRPO_TEST_RELAY_SILENT_RANK=all): each receiver finds the digest wrong (or the relay silent), fetches from rank
 #    0 and names the relay, which the dispatcher never names again (each relay fails at most one receiver); no
 #    version is taken from a relay; the weights are still bit-identical;
-#  - one corrupt relay (rollout rank 0's) among good ones: never taken, named at most once, bit-identical.
+#  - one corrupt relay (rollout rank 0's) among good ones: never taken, barred at most once, bit-identical;
+#  - one step off (rollout.mode=async), fan-out 1: bit-identical to the same mode with the tree off.
 # The dispatcher's tree assignment is unit-tested in tests/unit/test_dispatch.c (test_relay_tree).
 # usage: test_weight_relay.sh (the build's programs by name, tests/lib.sh)
 set -u
@@ -112,5 +113,17 @@ expect "one corrupt relay: barred at most once" $?
 expect "one corrupt relay: never named after it was found out" $?
 [ "$(relayed one-corrupt)" -ge 1 ]; expect "one corrupt relay: the good relays serve ($(relayed one-corrupt))" $?
 identical one-corrupt; expect "one corrupt relay: bit-identical ($(cat "$TMP/cmp-one-corrupt.txt"))" $?
+
+# one step off (rollout.mode=async): a version is fetched while the one before is still served, and some relays have
+# moved on when asked ("not held": asked again, not named as failed)
+run async-ref -- actor_rollout_ref.rollout.weight_relay_fanout=0 actor_rollout_ref.rollout.mode=async
+expect "one step off, the tree off: finishes" $?
+run async-k1 -- actor_rollout_ref.rollout.weight_relay_fanout=1 actor_rollout_ref.rollout.mode=async
+expect "one step off, fan-out 1: finishes" $?
+[ "$(relayed async-k1)" -ge 1 ]; expect "one step off: versions come from relays ($(relayed async-k1))" $?
+! grep -q "weight relay failed rollout rank\|its digest is wrong" "$TMP/async-k1.log"
+expect "one step off: no relay is named as failed" $?
+"$COMPARE" "$(weights async-ref)" "$(weights async-k1)" 0 >"$TMP/cmp-async.txt" 2>&1
+expect "one step off: bit-identical to the tree off ($(cat "$TMP/cmp-async.txt"))" $?
 
 finish "$TMP"/*.log
