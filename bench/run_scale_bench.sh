@@ -15,6 +15,11 @@
 #   WORKERS=2000 ROLLOUT=200 WINDOW=20 bench/run_scale_bench.sh
 #   PHASES=dispatch ROLLOUT=512 FLOATS=65536 bench/run_scale_bench.sh   # the dispatcher alone
 #   REGISTER_TIMEOUT=2 PHASES=registry bench/run_scale_bench.sh          # registrations retried as grpo-worker's
+#   RELAY=2 PHASES=dispatch ROLLOUT=512 STEPS=3 FLOATS=262144 bench/run_scale_bench.sh  # the weight relay tree
+#
+# RELAY=K (0, the default: off): the weight relay tree of fan-out K (actor_rollout_ref.rollout.weight_relay_fanout):
+# the simulated rollout ranks take each version from the dispatcher or from another rank's relay, as it says, and
+# serve it on relays of their own (worker/plane/relay.h); the summary adds the relays' bytes out.
 #
 # Each sim_ranks process holds at most PER_PROC ranks (nanomsg allows 512 sockets a process; a rollout rank uses
 # two). Everything runs at nice 15 on loopback ipc sockets under $OUT; results in $OUT/summary.md (default
@@ -31,6 +36,7 @@ PER_PROC="${PER_PROC:-500}"
 STATUS_GETS="${STATUS_GETS:-10}"
 STEP_S="${STEP_S:-30}"
 REGISTER_TIMEOUT="${REGISTER_TIMEOUT:-0}" # 2: give up a registration after 2 s and retry, as grpo-worker does
+RELAY="${RELAY:-0}"
 PHASES="${PHASES:-registry dispatch}"
 OUT="${OUT:-$BUILD/bench-results/scale-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
@@ -223,12 +229,13 @@ if [[ " $PHASES " == *" dispatch "* ]]; then
     start_grpod dispatch "$W"
     SIMPIDS=()
     nice -n 15 "$SIM" --endpoint "$EP" --world "$W" --trainer --units "$ROLLOUT" --steps "$STEPS" --floats "$FLOATS" \
-        --seconds 540 --launch "$LAUNCH" >"$OUT/dispatch/trainer.out" 2>"$OUT/dispatch/trainer.err" &
+        --seconds 540 --launch "$LAUNCH" --relay "$RELAY" >"$OUT/dispatch/trainer.out" 2>"$OUT/dispatch/trainer.err" &
     TPID=$!
     PIDS+=("$TPID")
     per=$PER_PROC
-    PER_PROC=$((per / 2)) # two sockets a rollout rank
-    sims dispatch "$W" 1 "$ROLLOUT" 560 --rollout --units "$ROLLOUT"
+    PER_PROC=$((per / 2)) # two sockets a rollout rank; four with the relay tree (its relay, and one to another's)
+    [ "$RELAY" -gt 0 ] && PER_PROC=$((per / 4))
+    sims dispatch "$W" 1 "$ROLLOUT" 560 --rollout --units "$ROLLOUT" --relay "$RELAY"
     PER_PROC=$per
     wait "$TPID" || log "the trainer failed (see $OUT/dispatch/trainer.err)"
     for p in "${SIMPIDS[@]}"; do wait "$p" 2>/dev/null || true; done
@@ -250,6 +257,13 @@ print(f"| grants per second | {float(t['grants_per_s']):.0f} |")
 print(f"| trainer rank 0's CPU (the dispatcher's threads) | {float(t['cpu_s']):.2f} s over {float(t['wall_s']):.1f} s ({1e3 * float(t['cpu_s']) / max(int(t['granted']), 1):.2f} ms a grant, its version's chunks included) |")
 print(f"| a step's units, publish to last grant | mean {float(t['step_round_s_mean']):.2f} s, max {float(t['step_round_s_max']):.2f} s |")
 print(f"| weight bytes out of trainer rank 0 per version ({t['floats']} floats: {4 * int(t['floats'])} bytes) | {float(t['weight_bytes_per_version']):.0f} ({float(t['weight_bytes_per_version']) / (4 * int(t['floats'])):.1f} copies) |")
+if int(t.get('relay', 0)) > 0 and sims:
+    steps = max(int(t['steps']), 1)
+    rb = sum(int(s['relay_bytes']) for s in sims)
+    print(f"| relay tree, fan-out {t['relay']}: relay asks answered with a holder / 'from here' / failed relays named | {t['relay_named']} / {t['relay_direct']} / {t['relay_failed']} |")
+    print(f"| versions taken from a relay, relay waits (asked again), direct fetches (rollout ranks' count) | {sum(int(s['relayed']) for s in sims)}, {sum(int(s['relay_waits']) for s in sims)}, {sum(int(s['direct']) for s in sims)} |")
+    mx = max(int(s['relay_bytes_max']) for s in sims)
+    print(f"| the relays' bytes out per version: in all; the most one relay sent (the run's total / steps) | {rb / steps:.0f} ({rb / steps / (4 * int(t['floats'])):.1f} copies); {mx / steps:.0f} ({mx / steps / (4 * int(t['floats'])):.1f} copies) |")
 if sims:
     print(f"| work request latency, p50 / p99 (worst sim process) | {max(float(s['work_ms_p50']) for s in sims):.1f} / {max(float(s['work_ms_p99']) for s in sims):.1f} ms |")
     print(f"| rollout ranks' grants, pings, errors | {sum(int(s['grants']) for s in sims)}, {sum(int(s['pings']) for s in sims)}, {sum(int(s['errors']) for s in sims)} |")

@@ -25,7 +25,11 @@
  * Common options: --interval 1.0 (heartbeats and pings), --launch HEX (the same in every process of a run),
  * --digest N, --step-s S --step-base UNIX_S (the heartbeats' step: one more every S seconds since the base),
  * --register-timeout S (a registration unanswered this long is sent again after a backoff, waiting twice as long
- * each time up to 32 s, as grpo-worker's from its 2 s; 0, the default: wait for the answer). Output:
+ * each time up to 32 s, as grpo-worker's from its 2 s; 0, the default: wait for the answer), --relay K (the weight
+ * relay tree of fan-out K, trainer and rollout ranks alike: each rollout rank asks the dispatcher where to take a
+ * version from, fetches it there, from the dispatcher or from another rank's relay, checks a relayed one against
+ * the digest, and serves it on a relay of its own, the project's (worker/plane/relay.h); a rank then holds a copy of
+ * the version and uses two more sockets). Output:
  * one "sim_ranks: ..." summary line of key=value pairs on stdout. */
 #include <errno.h>
 #include <getopt.h>
@@ -50,9 +54,23 @@
 #include "proto/protocol.h"
 #include "proto/transport.h"
 #include "worker/plane/dispatch.h"
+#include "worker/plane/relay.h"
 
 /* what a socket's request in flight is */
-enum req_kind { REQ_NONE, REQ_REGISTER, REQ_HEARTBEAT, REQ_PING, REQ_WORK, REQ_WEIGHTS };
+enum req_kind {
+    REQ_NONE,
+    REQ_REGISTER,
+    REQ_HEARTBEAT,
+    REQ_PING,
+    REQ_WORK,
+    REQ_WEIGHTS,
+    REQ_RELAY,
+    REQ_HOLD,
+    REQ_CHUNK
+};
+
+/* the relay tree (--relay K): where a rollout rank is in taking a version */
+enum relay_state { RS_NONE, RS_ASK, RS_DIRECT, RS_RELAY, RS_HOLD };
 
 struct sock {
     int s, fd;          /* nanomsg socket, its NN_RCVFD */
@@ -77,6 +95,16 @@ struct rank {
     int64_t last_step, held_version, want_version;
     int last_unit;
     size_t fetch_off, n_floats;
+    /* the relay tree (--relay K): this rank's relay (the project's, worker/plane/relay.h) serving the version it holds
+     * from buf, the relay it fetches from (rcli), the version's digest, the relay to name as failed */
+    struct relay_server *srv;
+    char dial[300];
+    float *buf;
+    struct sock rcli;
+    enum relay_state rs;
+    uint8_t digest[RELAY_DIGEST_BYTES], token[RELAY_TOKEN_BYTES];
+    int relay_rank, bad_rank;
+    double wait_since, wait_pause;
 };
 
 struct lat {
@@ -118,6 +146,8 @@ struct sim {
     uint64_t next_rid;
     /* counts */
     long registered, refused, heartbeats, pings, grants, waits, ends, chunks, errors, reregister;
+    int relay;                                       /* --relay: the tree's fan-out (0: off) */
+    long relayed, relay_failed, relay_waits, direct; /* versions taken from a relay, relays failed, waits, direct */
     long reg_tries, reg_timeouts,
         reg_retries; /* registrations sent; given up on after --register-timeout; told to retry */
     int64_t weight_bytes;
@@ -311,6 +341,13 @@ static void on_ctl_answer(struct sim *s, struct rank *r, Grpo__Envelope *a, doub
                     r->slot = r->rank - (s->world - s->units);
                     r->ping_due = now + s->interval;
                     r->ask_due = now;
+                    char bind[300];
+                    if (s->relay > 0 && (relay_endpoints(as->dispatch_endpoint, r->slot, "127.0.0.1", bind, r->dial,
+                                                         sizeof r->dial, err, sizeof err) != 0 ||
+                                         !(r->srv = relay_server_open(bind, r->slot, err, sizeof err)))) {
+                        note_error(s, "rank %d: its relay: %s", r->rank, err);
+                        r->failed = true;
+                    }
                 }
             }
         } else if (a->body_case == GRPO__ENVELOPE__BODY_REPLY && a->reply->retry) {
@@ -370,6 +407,99 @@ static void send_weights(struct sim *s, struct rank *r)
     sock_send(s, &r->disp, &env, &r->cred, REQ_WEIGHTS);
 }
 
+/* The relay tree: a relay ask for the version wanted (naming the relay that failed, if one did), or, once it is
+ * held, the report that this rank serves it. */
+static void send_relay(struct sim *s, struct rank *r, bool hold)
+{
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__WeightsRequest w = GRPO__WEIGHTS_REQUEST__INIT;
+    w.worker_id = r->worker_id;
+    w.version = r->want_version;
+    w.relay = true;
+    w.holds = hold;
+    w.relay_endpoint = hold ? r->dial : "";
+    w.bad_relay = !hold && r->bad_rank >= 0 ? r->bad_rank + 1 : 0;
+    env.body_case = GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST;
+    env.weights_request = &w;
+    if (sock_send(s, &r->disp, &env, &r->cred, hold ? REQ_HOLD : REQ_RELAY))
+        r->bad_rank = -1;
+}
+
+/* A chunk request to the relay the rank fetches from (no key: the digest checks what comes). */
+static void send_chunk(struct sim *s, struct rank *r)
+{
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__WeightsRequest w = GRPO__WEIGHTS_REQUEST__INIT;
+    w.version = r->want_version;
+    w.offset = r->fetch_off;
+    const size_t left = r->n_floats - r->fetch_off;
+    w.count = left < DISPATCH_CHUNK_MAX_FLOATS ? left : DISPATCH_CHUNK_MAX_FLOATS;
+    w.relay_token.data = r->token;
+    w.relay_token.len = RELAY_TOKEN_BYTES;
+    env.body_case = GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST;
+    env.weights_request = &w;
+    sock_send(s, &r->rcli, &env, NULL, REQ_CHUNK);
+}
+
+static void relay_close_cli(struct rank *r)
+{
+    if (r->rcli.s >= 0)
+        nn_close(r->rcli.s);
+    r->rcli = (struct sock){.s = -1, .fd = -1};
+}
+
+/* The version is whole in buf (from the dispatcher, or from a relay and checked): it is served, and said. */
+static void relay_took(struct rank *r)
+{
+    relay_server_hold(r->srv, r->want_version, r->buf, r->n_floats, r->token);
+    r->rs = RS_HOLD;
+}
+
+/* The relay the rank fetched from failed it (why): ask again, naming it; the dispatcher sends it to trainer rank 0. */
+static void relay_failed(struct sim *s, struct rank *r, const char *why, bool named, double now)
+{
+    relay_close_cli(r);
+    if (named) {
+        s->relay_failed++;
+        r->bad_rank = r->relay_rank;
+        note_error(s, "rank %d: rollout rank %d's relay: %s", r->rank, r->relay_rank, why);
+    }
+    r->rs = RS_ASK;
+    r->ask_due = now;
+}
+
+/* An answer of the relay the rank fetches from. */
+static void on_relay_answer(struct sim *s, struct rank *r, Grpo__Envelope *a, double now)
+{
+    r->rcli.kind = REQ_NONE;
+    const Grpo__WeightsChunk *c = a->body_case == GRPO__ENVELOPE__BODY_WEIGHTS_CHUNK ? a->weights_chunk : NULL;
+    if (!c || (c->error && c->error[0])) {
+        const bool moved_on = c && strncmp(c->error, "not held", 8) == 0; /* no fault of its */
+        relay_failed(s, r, c ? c->error : "another answer", !moved_on, now);
+        return;
+    }
+    const size_t left = r->n_floats - r->fetch_off;
+    const size_t cnt = left < DISPATCH_CHUNK_MAX_FLOATS ? left : DISPATCH_CHUNK_MAX_FLOATS;
+    if (c->version != r->want_version || c->offset != r->fetch_off || c->data.len != cnt * sizeof(float)) {
+        relay_failed(s, r, "a chunk of the wrong version, offset or size", true, now);
+        return;
+    }
+    memcpy(r->buf + r->fetch_off, c->data.data, c->data.len);
+    s->chunks++;
+    r->fetch_off += cnt;
+    if (r->fetch_off < r->n_floats)
+        return;
+    uint8_t got[RELAY_DIGEST_BYTES];
+    relay_digest(r->buf, r->n_floats, got);
+    if (memcmp(got, r->digest, sizeof got) != 0) {
+        relay_failed(s, r, "its digest is wrong", true, now);
+        return;
+    }
+    relay_close_cli(r);
+    s->relayed++;
+    relay_took(r);
+}
+
 static void on_disp_answer(struct sim *s, struct rank *r, Grpo__Envelope *a, double now)
 {
     const enum req_kind kind = r->disp.kind;
@@ -389,6 +519,47 @@ static void on_disp_answer(struct sim *s, struct rank *r, Grpo__Envelope *a, dou
         r->failed = true;
         return;
     }
+    if (kind == REQ_HOLD) {
+        r->rs = RS_NONE;
+        r->held_version = r->want_version; /* generated at once: the next ask says the unit is done */
+        return;
+    }
+    if (kind == REQ_RELAY) {
+        const Grpo__WeightsChunk *c = a->body_case == GRPO__ENVELOPE__BODY_WEIGHTS_CHUNK ? a->weights_chunk : NULL;
+        if (!c || (c->error && c->error[0])) {
+            note_error(s, "rank %d: a relay ask: %s", r->rank, c ? c->error : "another answer");
+            r->rs = RS_NONE;
+            r->want_version = r->held_version;
+            return;
+        }
+        r->fetch_off = 0;
+        if (c->digest.len != RELAY_DIGEST_BYTES || c->relay_token.len != RELAY_TOKEN_BYTES) { /* it relays nothing */
+            r->rs = RS_DIRECT;
+            s->direct++;
+            return;
+        }
+        memcpy(r->digest, c->digest.data, RELAY_DIGEST_BYTES);
+        memcpy(r->token, c->relay_token.data, RELAY_TOKEN_BYTES);
+        if (c->relay_wait && now - r->wait_since < RELAY_WAIT_MAX_S) { /* ask again, 10 ms doubling to 200 ms */
+            s->relay_waits++;
+            r->wait_pause = r->wait_pause > 0 ? fmin(2 * r->wait_pause, 0.2) : 0.01;
+            r->ask_due = now + r->wait_pause;
+            return;
+        }
+        char err[256];
+        if (c->relay_endpoint && c->relay_endpoint[0] && !c->relay_wait) {
+            r->relay_rank = c->relay_rank;
+            if (sock_open(&r->rcli, c->relay_endpoint, err, sizeof err) == 0) {
+                r->rs = RS_RELAY;
+                return;
+            }
+            relay_failed(s, r, err, true, now);
+            return;
+        }
+        r->rs = RS_DIRECT;
+        s->direct++;
+        return;
+    }
     if (kind == REQ_WEIGHTS) {
         if (a->body_case != GRPO__ENVELOPE__BODY_WEIGHTS_CHUNK ||
             (a->weights_chunk->error && a->weights_chunk->error[0])) {
@@ -399,9 +570,16 @@ static void on_disp_answer(struct sim *s, struct rank *r, Grpo__Envelope *a, dou
         }
         s->chunks++;
         s->weight_bytes += (int64_t)a->weights_chunk->data.len;
+        if (r->buf && a->weights_chunk->offset == r->fetch_off &&
+            r->fetch_off + a->weights_chunk->data.len / sizeof(float) <= r->n_floats)
+            memcpy(r->buf + r->fetch_off, a->weights_chunk->data.data, a->weights_chunk->data.len);
         r->fetch_off += a->weights_chunk->data.len / sizeof(float);
-        if (a->weights_chunk->data.len == 0 || r->fetch_off >= r->n_floats)
-            r->held_version = r->want_version; /* generated at once: the next ask says the unit is done */
+        if (a->weights_chunk->data.len == 0 || r->fetch_off >= r->n_floats) {
+            if (r->srv)
+                relay_took(r); /* held: said before the next ask (RS_HOLD) */
+            else
+                r->held_version = r->want_version; /* generated at once: the next ask says the unit is done */
+        }
         return;
     }
     if (a->body_case != GRPO__ENVELOPE__BODY_WORK_GRANT) {
@@ -424,6 +602,15 @@ static void on_disp_answer(struct sim *s, struct rank *r, Grpo__Envelope *a, dou
             r->want_version = g->version;
             r->fetch_off = 0;
             r->n_floats = (size_t)g->n_floats;
+            if (r->srv) { /* the relay tree: ask where from; buf changes, so nothing is served from it meanwhile */
+                relay_server_drop(r->srv);
+                if (!r->buf)
+                    r->buf = xcalloc(r->n_floats ? r->n_floats : 1, sizeof(float));
+                r->rs = RS_ASK;
+                r->bad_rank = -1;
+                r->wait_since = now;
+                r->wait_pause = 0;
+            }
         }
         r->ask_due = now;
     } else if (g->kind == WORK_WAIT) {
@@ -440,17 +627,25 @@ static void on_disp_answer(struct sim *s, struct rank *r, Grpo__Envelope *a, dou
 static void print_summary(struct sim *s, double t0, double reg_done_at, double window_at)
 {
     const double wall = clock_now_s() - t0;
+    int64_t rb = 0, rb_max = 0; /* the relays' bytes out: in all, the most one relay sent */
+    for (int i = 0; s->r && i < s->count; i++)
+        if (s->r[i].srv) {
+            const int64_t b = relay_server_bytes(s->r[i].srv);
+            rb += b;
+            rb_max = b > rb_max ? b : rb_max;
+        }
     printf("sim_ranks: ranks=%d first=%d rollout=%d registered=%ld refused=%ld registration_s=%.3f "
            "register_ms_p50=%.3f register_ms_p99=%.3f reg_tries=%ld reg_timeouts=%ld reg_retries=%ld heartbeats=%ld "
            "heartbeat_ms_p50=%.3f heartbeat_ms_p99=%.3f "
            "heartbeat_ms_max=%.3f pings=%ld grants=%ld waits=%ld ends=%ld chunks=%ld weight_bytes=%" PRId64
-           " work_ms_p50=%.3f work_ms_p99=%.3f reregister=%ld errors=%ld wall_s=%.1f window_s=%.1f\n",
+           " work_ms_p50=%.3f work_ms_p99=%.3f reregister=%ld errors=%ld wall_s=%.1f window_s=%.1f relayed=%ld"
+           " relay_failed=%ld relay_waits=%ld direct=%ld relay_bytes=%" PRId64 " relay_bytes_max=%" PRId64 "\n",
            s->count, s->first, s->rollout, s->registered, s->refused, reg_done_at ? reg_done_at - t0 : NAN,
            1e3 * lat_pct(&s->reg_lat, 50), 1e3 * lat_pct(&s->reg_lat, 99), s->reg_tries, s->reg_timeouts,
            s->reg_retries, s->heartbeats, 1e3 * lat_pct(&s->hb_lat, 50), 1e3 * lat_pct(&s->hb_lat, 99),
            1e3 * lat_pct(&s->hb_lat, 100), s->pings, s->grants, s->waits, s->ends, s->chunks, s->weight_bytes,
            1e3 * lat_pct(&s->work_lat, 50), 1e3 * lat_pct(&s->work_lat, 99), s->reregister, s->errors, wall,
-           clock_now_s() - window_at);
+           clock_now_s() - window_at, s->relayed, s->relay_failed, s->relay_waits, s->direct, rb, rb_max);
     fflush(stdout);
 }
 
@@ -465,6 +660,7 @@ static int run_ranks(struct sim *s)
         r->rank = s->first + i;
         r->held_version = r->want_version = -1;
         r->disp = (struct sock){.s = -1, .fd = -1};
+        r->rcli = (struct sock){.s = -1, .fd = -1};
         if (sock_open(&r->ctl, s->endpoint, err, sizeof err) != 0) {
             fprintf(stderr,
                     "sim_ranks: rank %d of %d in this process: %s (nanomsg allows 512 sockets a process: run "
@@ -473,9 +669,9 @@ static int run_ranks(struct sim *s)
             return 1;
         }
     }
-    struct pollfd *pf = xcalloc(2 * (size_t)s->count, sizeof *pf);
-    struct sock **ps = xcalloc(2 * (size_t)s->count, sizeof *ps);
-    int *pr = xcalloc(2 * (size_t)s->count, sizeof *pr);
+    struct pollfd *pf = xcalloc(3 * (size_t)s->count, sizeof *pf);
+    struct sock **ps = xcalloc(3 * (size_t)s->count, sizeof *ps);
+    int *pr = xcalloc(3 * (size_t)s->count, sizeof *pr);
     const double t0 = clock_now_s(), until = t0 + s->seconds;
     double reg_done_at = 0, window_at = t0;
     for (;;) {
@@ -530,10 +726,27 @@ static int run_ranks(struct sim *s)
             /* the dispatcher */
             if (r->disp.s < 0)
                 continue;
+            /* the relay it fetches from: one chunk request in flight, silent past RELAY_CHUNK_TIMEOUT_MS: failed */
+            if (r->rs == RS_RELAY && r->rcli.kind == REQ_NONE)
+                send_chunk(s, r);
+            else if (r->rs == RS_RELAY && now - r->rcli.sent_at > RELAY_CHUNK_TIMEOUT_MS / 1000.0)
+                relay_failed(s, r, "no answer", true, now);
+            if (r->rs == RS_RELAY && r->rcli.kind != REQ_NONE) {
+                pf[n] = (struct pollfd){.fd = r->rcli.fd, .events = POLLIN};
+                ps[n] = &r->rcli;
+                pr[n++] = i;
+            }
             if (r->disp.kind == REQ_NONE) {
                 if (now >= r->ping_due) {
                     send_work(s, r, true);
                     r->ping_due = now + s->interval;
+                } else if (r->rs == RS_HOLD) {
+                    send_relay(s, r, true);
+                } else if (r->rs == RS_ASK) {
+                    if (now >= r->ask_due)
+                        send_relay(s, r, false);
+                } else if (r->rs == RS_RELAY) {
+                    /* fetching from a relay: nothing to ask the dispatcher meanwhile */
                 } else if (r->want_version != r->held_version && r->want_version >= 0) {
                     send_weights(s, r);
                 } else if (!r->ended && now >= r->ask_due) {
@@ -568,6 +781,8 @@ static int run_ranks(struct sim *s)
             struct rank *r = &s->r[pr[k]];
             if (ps[k] == &r->ctl)
                 on_ctl_answer(s, r, a, now);
+            else if (ps[k] == &r->rcli)
+                on_relay_answer(s, r, a, now);
             else
                 on_disp_answer(s, r, a, now);
             protocol_free(a);
@@ -578,6 +793,9 @@ static int run_ranks(struct sim *s)
         nn_close(s->r[i].ctl.s);
         if (s->r[i].disp.s >= 0)
             nn_close(s->r[i].disp.s);
+        relay_close_cli(&s->r[i]);
+        relay_server_close(s->r[i].srv);
+        free(s->r[i].buf);
     }
     free(pf);
     free(ps);
@@ -658,7 +876,8 @@ static int run_trainer(struct sim *s, int steps, size_t floats)
                                        .run_key = run_key,
                                        .epoch = a->assignment->plane_epoch,
                                        .first_rollout_rank = s->world - s->units,
-                                       .rollout_tp = 1};
+                                       .rollout_tp = 1,
+                                       .relay_fanout = s->relay};
     protocol_free(a);
     struct dispatcher *d = dispatcher_open(&o, err, sizeof err);
     if (!d) {
@@ -722,10 +941,11 @@ static int run_trainer(struct sim *s, int steps, size_t floats)
     printf("sim_ranks: trainer units=%d steps=%d granted=%" PRId64 " regranted=%" PRId64 " lost=%" PRId64
            " refused=%" PRId64 " rate_limited=%" PRId64 " grants_per_s=%.1f step_round_s_mean=%.3f "
            "step_round_s_max=%.3f weight_bytes_out=%" PRId64 " weight_bytes_per_version=%.0f floats=%zu wall_s=%.2f "
-           "cpu_s=%.2f\n",
+           "cpu_s=%.2f relay=%d relay_named=%" PRId64 " relay_direct=%" PRId64 " relay_failed=%" PRId64 "\n",
            s->units, done, st.granted, st.regranted, st.lost, st.refused, st.rate_limited,
            wall > 0 ? (double)st.granted / wall : 0.0, done ? round_sum / done : NAN, round_max, st.bytes,
-           done ? (double)st.bytes / done : NAN, floats, wall, cpu);
+           done ? (double)st.bytes / done : NAN, floats, wall, cpu, s->relay, st.relayed, st.relay_direct,
+           st.relay_failed);
     fflush(stdout);
     free(w);
     rpc_close(c);
@@ -765,6 +985,7 @@ int main(int argc, char **argv)
                                          {"step-s", required_argument, 0, 'P'},
                                          {"step-base", required_argument, 0, 'B'},
                                          {"register-timeout", required_argument, 0, 'R'},
+                                         {"relay", required_argument, 0, 'k'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int o;
@@ -786,12 +1007,13 @@ int main(int argc, char **argv)
         case 'P': s.step_s = number_arg("--step-s", optarg); break;
         case 'B': s.step_base = number_arg("--step-base", optarg); break;
         case 'R': s.register_timeout = number_arg("--register-timeout", optarg); break;
+        case 'k': s.relay = (int)number_arg("--relay", optarg); break;
         default:
             fprintf(o == 'h' ? stdout : stderr,
                     "usage: sim_ranks --endpoint EP --world W --first R --count K [--rollout --units U] [--seconds S]\n"
                     "       sim_ranks --endpoint EP --world W --trainer --units U [--steps N] [--floats F]\n"
                     "       common: [--interval 1.0] [--launch HEX] [--digest N] [--step-s S --step-base UNIX_S]\n"
-                    "               [--register-timeout S]\n");
+                    "               [--register-timeout S] [--relay K]\n");
             return o == 'h' ? 0 : 2;
         }
     }

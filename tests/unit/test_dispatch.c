@@ -30,6 +30,7 @@
 #include "proto/protocol.h"
 #include "proto/transport.h"
 #include "worker/plane/dispatch.h"
+#include "worker/plane/relay.h"
 
 #define NEXT_TIMEOUT_MS 5000
 /* The test's run: trainer ranks 0..FIRST_ROLLOUT-1, then one rollout rank per unit; its data-plane key. */
@@ -2038,6 +2039,185 @@ static Grpo__Envelope *signed_call(struct dispatch_core *d, Grpo__Envelope *env,
     return r;
 }
 
+/* A relay ask (WeightsRequest.relay) of process `id` with credentials c for version v: bad >= 0 names the rollout
+ * rank whose relay failed it, holds_at says it holds v and serves it there. The answer (a weights chunk). */
+static Grpo__Envelope *relay_ask(struct dispatch_core *d, struct plane_cred *c, uint64_t id, int64_t v, int bad,
+                                 const char *holds_at, double now)
+{
+    Grpo__Envelope req = GRPO__ENVELOPE__INIT;
+    Grpo__WeightsRequest q = GRPO__WEIGHTS_REQUEST__INIT;
+    q.worker_id = id;
+    q.version = v;
+    q.relay = true;
+    q.bad_relay = bad >= 0 ? bad + 1 : 0;
+    q.holds = holds_at != NULL;
+    q.relay_endpoint = (char *)(holds_at ? holds_at : "");
+    req.body_case = GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST;
+    req.weights_request = &q;
+    Grpo__Envelope *r = signed_call(d, &req, c, 1, now);
+    assert_non_null(r);
+    if (r->body_case != GRPO__ENVELOPE__BODY_WEIGHTS_CHUNK)
+        fail_msg("a relay ask: expected a weights chunk, got body %d (%s)", (int)r->body_case,
+                 r->body_case == GRPO__ENVELOPE__BODY_REPLY ? r->reply->error : "");
+    assert_int_equal(r->weights_chunk->data.len, 0);
+    return r;
+}
+
+/* What a relay ask was answered: "here" (fetch it from the dispatcher), "wait", or the holder's endpoint; the digest
+ * must be want's and the token the version's (NULL: neither, a dispatcher without the tree). */
+static void expect_plan(Grpo__Envelope *r, const uint8_t *want, const char *plan)
+{
+    const Grpo__WeightsChunk *c = r->weights_chunk;
+    if (!want) {
+        assert_int_equal(c->digest.len, 0);
+        assert_int_equal(c->relay_token.len, 0);
+    } else { /* the digest, and the version's relay token under the run key */
+        assert_int_equal(c->digest.len, RELAY_DIGEST_BYTES);
+        assert_memory_equal(c->digest.data, want, RELAY_DIGEST_BYTES);
+        uint8_t tok[RELAY_TOKEN_BYTES];
+        relay_token(run_key, EPOCH, c->version, tok);
+        assert_int_equal(c->relay_token.len, RELAY_TOKEN_BYTES);
+        assert_memory_equal(c->relay_token.data, tok, RELAY_TOKEN_BYTES);
+    }
+    const char *got = c->relay_wait ? "wait" : c->relay_endpoint && c->relay_endpoint[0] ? c->relay_endpoint : "here";
+    if (strcmp(got, plan) != 0)
+        fail_msg("a relay ask was answered '%s', expected '%s'", got, plan);
+    if (c->relay_endpoint && c->relay_endpoint[0]) /* its endpoint is ipc://rR: rollout rank R's */
+        assert_int_equal(c->relay_rank, strtol(c->relay_endpoint + 7, NULL, 10));
+    protocol_free(r);
+}
+
+/* issue 45: the relay tree's assignment. 7 rollout processes, fan-out 2: the first 2 askers fetch a version from
+ * the dispatcher, each holder is named to at most 2 more, the fullest holders last; an asker waits while live
+ * processes on their way to hold it will have room (not for a lost one); a relay named as failed is never named
+ * again, nor a lost one; a holder is never named to itself. Every answer carries the version's digest; with the tree
+ * off, none (as a 1.16 dispatcher: the process fetches as before). */
+static void test_relay_tree(void **state)
+{
+    (void)state;
+    enum { U = 7, N = 16 };
+    float *w0 = weights(N, 0.5f, 1.0f), *w1 = weights(N, 0.25f, -3.0f);
+    const struct dispatch_options o = {.units = U,
+                                       .groups_in_step = U,
+                                       .staleness = 0,
+                                       .total_steps = 3,
+                                       .n_floats = N,
+                                       .lost_after_s = 2,
+                                       .run_key = run_key,
+                                       .epoch = EPOCH,
+                                       .first_rollout_rank = FIRST_ROLLOUT,
+                                       .rollout_tp = 1,
+                                       .relay_fanout = 2};
+    char err[256];
+    struct dispatch_core *d = dispatch_core_create(&o, 0, err, sizeof err);
+    assert_non_null(d);
+    uint8_t dg0[RELAY_DIGEST_BYTES], dg1[RELAY_DIGEST_BYTES], other[RELAY_DIGEST_BYTES];
+    relay_digest(w0, N, dg0);
+    relay_digest(w1, N, dg1);
+    relay_digest(w1, N - 1, other);
+    assert_memory_not_equal(dg0, dg1, RELAY_DIGEST_BYTES);
+    assert_memory_not_equal(dg1, other, RELAY_DIGEST_BYTES);
+    for (int v = 0; v < 2; v++) { /* published as the shell does: the digest filled between begin and end */
+        float *dst = dispatch_core_publish_begin(d, v);
+        assert_non_null(dst);
+        memcpy(dst, v ? w1 : w0, N * sizeof(float));
+        uint8_t *dg = dispatch_core_publish_digest(d);
+        assert_non_null(dg);
+        relay_digest(dst, N, dg);
+        dispatch_core_publish_end(d, v);
+    }
+    struct plane_cred c[U];
+    uint64_t id[U];
+    for (int i = 0; i < U; i++) { /* each process says it is there */
+        c[i] = gen_cred(i, 0, (uint32_t)(700 + i));
+        id[i] = 0x5000 + (uint64_t)i;
+        expect_grant_kind(cred_work(d, &c[i], id[i], i, true, 0.1), WORK_WAIT);
+    }
+    const double t = 0.5;
+    expect_plan(relay_ask(d, &c[0], id[0], 1, -1, NULL, t), dg1, "here"); /* the first level: 2 from here */
+    expect_plan(relay_ask(d, &c[1], id[1], 1, -1, NULL, t), dg1, "here");
+    expect_plan(relay_ask(d, &c[2], id[2], 1, -1, NULL, t), dg1, "wait");       /* 2 on their way, none holds it */
+    expect_plan(relay_ask(d, &c[0], id[0], 1, -1, "ipc://r0", t), dg1, "here"); /* rank 0 holds it */
+    expect_plan(relay_ask(d, &c[2], id[2], 1, -1, NULL, t), dg1, "ipc://r0");
+    expect_plan(relay_ask(d, &c[3], id[3], 1, -1, NULL, t), dg1, "ipc://r0");
+    expect_plan(relay_ask(d, &c[4], id[4], 1, -1, NULL, t), dg1, "wait"); /* rank 0 full; 3 on their way */
+    expect_plan(relay_ask(d, &c[1], id[1], 1, -1, "ipc://r1", t), dg1, "here");
+    expect_plan(relay_ask(d, &c[4], id[4], 1, -1, NULL, t), dg1, "ipc://r1");
+    expect_plan(relay_ask(d, &c[2], id[2], 1, -1, "ipc://r2", t), dg1, "here");
+    /* the least named holder first: rank 2 (none yet) before rank 1 (one) */
+    expect_plan(relay_ask(d, &c[5], id[5], 1, -1, NULL, t), dg1, "ipc://r2");
+    /* rank 2's relay failed rank 5: rank 5 fetches it here, and rank 2 is never named again */
+    expect_plan(relay_ask(d, &c[5], id[5], 1, 2, NULL, t), dg1, "here");
+    struct dispatch_stats st = cstats(d);
+    assert_int_equal(st.relay_failed, 1);
+    assert_int_equal(st.relays_barred, 1);
+    expect_plan(relay_ask(d, &c[6], id[6], 1, -1, NULL, t), dg1, "ipc://r1"); /* rank 1's second; never rank 2 */
+    expect_plan(relay_ask(d, &c[6], id[6], 1, 2, NULL, t), dg1, "here");      /* named again: counted, barred once */
+    st = cstats(d);
+    assert_int_equal(st.relay_failed, 2);
+    assert_int_equal(st.relays_barred, 1);
+    expect_plan(relay_ask(d, &c[3], id[3], 1, -1, "ipc://r3", t), dg1, "here");
+    expect_plan(relay_ask(d, &c[4], id[4], 1, -1, "ipc://r4", t), dg1, "here");
+    /* rank 3 is silent past lost_after_s (the others ping): lost, never named; a holder never to itself */
+    for (int i = 0; i < U; i++)
+        if (i != 3)
+            expect_grant_kind(cred_work(d, &c[i], id[i], i, true, 2.4), WORK_WAIT);
+    dispatch_core_tick(d, 2.6);
+    assert_int_equal(cstats(d).lost, 1);
+    /* ranks 3 and 4 were named to nobody; rank 3 came first, but it is lost */
+    expect_plan(relay_ask(d, &c[5], id[5], 1, -1, NULL, 2.6), dg1, "ipc://r4");
+    /* rank 4 asks: the only holder with room is itself, and ranks 5 and 6 are on their way to hold it: wait */
+    expect_plan(relay_ask(d, &c[4], id[4], 1, -1, NULL, 2.6), dg1, "wait");
+    /* a version not held: the usual error, no plan */
+    Grpo__Envelope *gone = relay_ask(d, &c[0], id[0], 7, -1, NULL, 2.6);
+    assert_non_null(strstr(gone->weights_chunk->error, "not held"));
+    assert_int_equal(gone->weights_chunk->digest.len, 0);
+    protocol_free(gone);
+    dispatch_core_free(d);
+
+    /* fan-out 1: rank 1 waits for rank 0, on its way; rank 0 dies before it holds the version: rank 1 no longer
+     * waits for it, and fetches it here */
+    struct dispatch_options one = o;
+    one.units = 3;
+    one.groups_in_step = 3;
+    one.relay_fanout = 1;
+    d = dispatch_core_create(&one, 0, err, sizeof err);
+    assert_non_null(d);
+    float *dst = dispatch_core_publish_begin(d, 0);
+    memcpy(dst, w0, N * sizeof(float));
+    relay_digest(dst, N, dispatch_core_publish_digest(d));
+    dispatch_core_publish_end(d, 0);
+    for (int i = 0; i < 3; i++) {
+        c[i] = gen_cred(i, 0, (uint32_t)(800 + i));
+        expect_grant_kind(cred_work(d, &c[i], id[i], i, true, 0.1), WORK_WAIT);
+    }
+    expect_plan(relay_ask(d, &c[0], id[0], 0, -1, NULL, 0.2), dg0, "here");
+    expect_plan(relay_ask(d, &c[1], id[1], 0, -1, NULL, 0.2), dg0, "wait");
+    for (int i = 1; i < 3; i++) /* rank 0 falls silent */
+        expect_grant_kind(cred_work(d, &c[i], id[i], i, true, 2.0), WORK_WAIT);
+    dispatch_core_tick(d, 2.5);
+    assert_int_equal(cstats(d).lost, 1);
+    expect_plan(relay_ask(d, &c[1], id[1], 0, -1, NULL, 2.5), dg0, "here");
+    expect_plan(relay_ask(d, &c[2], id[2], 0, -1, NULL, 2.5), dg0, "wait"); /* rank 1 is on its way now */
+    expect_plan(relay_ask(d, &c[1], id[1], 0, -1, "ipc://r1", 2.6), dg0, "here");
+    expect_plan(relay_ask(d, &c[2], id[2], 0, -1, NULL, 2.6), dg0, "ipc://r1");
+    dispatch_core_free(d);
+
+    /* the tree off: no digest, no holder (the process fetches from the dispatcher, as from a 1.16 one) */
+    struct dispatch_options off = o;
+    off.relay_fanout = 0;
+    d = dispatch_core_create(&off, 0, err, sizeof err);
+    assert_non_null(d);
+    publish(d, 0, w0);
+    assert_null(dispatch_core_publish_digest(d));
+    c[0] = gen_cred(0, 0, 900);
+    expect_grant_kind(cred_work(d, &c[0], 0x6000, 0, true, 0.1), WORK_WAIT);
+    expect_plan(relay_ask(d, &c[0], 0x6000, 0, -1, NULL, 0.2), NULL, "here");
+    dispatch_core_free(d);
+    free(w0);
+    free(w1);
+}
+
 /* issue 27: every request must carry a good MAC of a rollout process, which speaks for itself only: a request
  * without one, one whose MAC is another identity's, a replayed one, a ping or a claim for another rollout rank or
  * for another process's worker id, and weights for a process that is no rollout process are refused, counted, and
@@ -2152,6 +2332,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_shell_end_to_end, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shell_bad_input, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shell_flood, setup, teardown),
+        cmocka_unit_test(test_relay_tree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -139,6 +139,20 @@ enum work_broadcast { WB_WAIT = 1, WB_JOIN = 2, WB_FETCH = 3 };
  * broadcast now, or fetch it), or -1 with err (version gone, no answer). */
 int work_client_broadcast_ask(struct work_client *c, int64_t version, enum work_broadcast *answer, char *err,
                               size_t errlen);
+/* The relay tree (worker/plane/relay.h): where to take a version from. */
+struct relay_plan {
+    bool relays;        /* false: the dispatcher relays nothing (the tree off, or a 1.16 dispatcher): fetch it there */
+    uint8_t digest[32]; /* the version's BLAKE2b-256 digest (RELAY_DIGEST_BYTES), from an authenticated answer */
+    uint8_t token[16];  /* the version's relay token (RELAY_TOKEN_BYTES): a relay serves it to requests with it */
+    bool wait;          /* every holder is busy: ask again shortly */
+    char endpoint[256]; /* the holder to fetch it from ("": from the dispatcher) */
+    int rank;           /* that holder's rollout rank */
+};
+/* Ask where to take version `version` from (bad_rank >= 0: that rollout rank's relay failed this process, which then
+ * takes it from the dispatcher), or with holds_at say this process holds it and serves it there. 0 with *p, or -1
+ * with err (version gone, no answer). */
+int work_client_relay_ask(struct work_client *c, int64_t version, int bad_rank, const char *holds_at,
+                          struct relay_plan *p, char *err, size_t errlen);
 /* Call fn(ud) after each chunk work_client_weights receives (a rollout TP group's first rank tells its peers it
  * is alive while it downloads). */
 void work_client_on_chunk(struct work_client *c, void (*fn)(void *ud), void *ud);

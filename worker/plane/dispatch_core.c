@@ -11,6 +11,7 @@
 #include "proto/protocol.h"
 #include "proto/transport.h"
 #include "common/config_key_names.h"
+#include "worker/plane/relay.h"
 
 #define CHUNK_MAX_FLOATS DISPATCH_CHUNK_MAX_FLOATS
 #define PENDING (-1)
@@ -32,6 +33,13 @@ struct proc {
     bool alive;
     bool heard_end;  /* it has said it heard the end (WorkRequest.end_heard, since 1.14) */
     bool superseded; /* a newer process serves its rank: each of its requests is refused */
+    /* the relay tree: the newest version it holds and serves (-1: none), the newest it was sent to fetch (-1: none),
+     * how many it was named to for the one it holds, whether a receiver said it failed it (never named again), and
+     * where it serves */
+    int64_t held, sent_for;
+    int kids;
+    bool relay_barred;
+    char relay_ep[256];
 };
 
 /* A process's request budget (a token bucket): DISPATCH_RATE_PER_S, bursts of DISPATCH_RATE_BURST. */
@@ -44,6 +52,13 @@ struct peer {
 struct snapshot {
     int64_t version; /* -1: empty */
     float *w;
+    /* the relay tree: the version's digest, the processes sent here to fetch it (direct), named a holder or sent
+     * here (assigned), that said they hold it (holders), those sent here after a relay failed them, the weight
+     * bytes served from here */
+    uint8_t digest[RELAY_DIGEST_BYTES];
+    uint8_t token[RELAY_TOKEN_BYTES]; /* what a relay asks of a request for it (relay_token) */
+    int direct, assigned, holders, fallbacks;
+    int64_t bytes;
 };
 
 /* A unit's grant: the process that holds it, since when, and whether it said it delivered the unit. A lease not
@@ -286,7 +301,7 @@ static struct proc *proc_of(struct dispatch_core *d, uint64_t id, const struct p
         }
     }
     set_alive(d, &d->procs[i], false); /* an entry reused (a superseded process's: not alive already) */
-    d->procs[i] = (struct proc){.id = id, .who = *who, .slot = slot, .last_seen = now};
+    d->procs[i] = (struct proc){.id = id, .who = *who, .slot = slot, .last_seen = now, .held = -1, .sent_for = -1};
     set_alive(d, &d->procs[i], true);
     d->current[slot] = i;
     d->slot_seen[slot] = true;
@@ -572,6 +587,119 @@ static int broadcast_answer(struct dispatch_core *d, int slot, int64_t v, double
     return WAIT;
 }
 
+/* ---- the relay tree ---- */
+
+/* What version s cost this rank: its bytes served, in copies, and how the processes took it (the log). */
+static void served_log(struct dispatch_core *d, const struct snapshot *s)
+{
+    if (s->version < 0 || (s->bytes == 0 && s->assigned == 0))
+        return;
+    const double copies = d->o.n_floats ? (double)s->bytes / ((double)d->o.n_floats * sizeof(float)) : 0;
+    if (d->o.relay_fanout > 0)
+        log_info("dispatch",
+                 "policy version %lld: %lld weight bytes served from here (%.2f copies); relay tree of fan-out %d: %d "
+                 "process(es) sent here, %d named a holder, %d after a relay failed them, %d said they hold it",
+                 (long long)s->version, (long long)s->bytes, copies, d->o.relay_fanout, s->direct,
+                 s->assigned - s->direct, s->fallbacks, s->holders);
+    else
+        log_info("dispatch", "policy version %lld: %lld weight bytes served from here (%.2f copies)",
+                 (long long)s->version, (long long)s->bytes, copies);
+}
+
+/* Rollout rank slot's relay failed the process of asker_slot for version v: its process is never named again. */
+static void bar_relay(struct dispatch_core *d, int slot, int asker_slot, int64_t v)
+{
+    if (slot < 0 || slot >= d->o.units || d->current[slot] < 0)
+        return;
+    struct proc *p = &d->procs[d->current[slot]];
+    d->st.relay_failed++;
+    /* a relay named to several before the first of them said it failed is reported by each */
+    log_warn("dispatch",
+             "rollout rank %d's weight relay failed rollout rank %d for policy version %lld (a wrong digest, no "
+             "answer, or gone): %s, and rank %d fetches the version from here",
+             slot, asker_slot, (long long)v,
+             p->relay_barred ? "it was named before it was barred" : "it is never named a relay again", asker_slot);
+    if (!p->relay_barred)
+        d->st.relays_barred++;
+    p->relay_barred = true;
+}
+
+/* The answer to a relay ask (WeightsRequest.relay) for held version s from the process authenticated as who, of
+ * rollout rank slot (-1: not a live process of its own id), into *ch: the digest and the token, and fetch it here,
+ * from a holder, or wait. A holding report records where the asker serves it; a failure report bars the relay and
+ * sends the asker here. */
+static void relay_answer(struct dispatch_core *d, struct snapshot *s, const Grpo__WeightsRequest *w,
+                         const struct plane_id *who, int slot, Grpo__WeightsChunk *ch)
+{
+    ch->digest.data = s->digest;
+    ch->digest.len = RELAY_DIGEST_BYTES;
+    ch->relay_token.data = s->token;
+    ch->relay_token.len = RELAY_TOKEN_BYTES;
+    struct proc *me = NULL;
+    for (int i = 0; i < d->nprocs && !me; i++)
+        if (d->procs[i].id == w->worker_id && d->procs[i].alive && same_who(&d->procs[i].who, who))
+            me = &d->procs[i];
+    if (w->holds) { /* it holds the version whole, checked: it serves it from now on */
+        if (me && w->relay_endpoint && w->relay_endpoint[0] && strlen(w->relay_endpoint) < sizeof me->relay_ep &&
+            me->held != s->version) {
+            me->held = s->version;
+            me->kids = 0;
+            snprintf(me->relay_ep, sizeof me->relay_ep, "%s", w->relay_endpoint);
+            s->holders++;
+        }
+        return;
+    }
+    const int k = d->o.relay_fanout;
+    if (w->bad_relay > 0) { /* a relay failed it: the asker takes it from here */
+        bar_relay(d, (int)w->bad_relay - 1, slot, s->version);
+        s->fallbacks++;
+        d->st.relay_direct++;
+        if (me)
+            me->sent_for = s->version;
+        return;
+    }
+    if (s->direct < k || !me) { /* the tree's first level (or a process the tree does not know): from here */
+        s->direct++;
+        s->assigned++;
+        d->st.relay_direct++;
+        if (me)
+            me->sent_for = s->version;
+        return;
+    }
+    /* a holder with room, the one named least so far (the tree fills level by level) */
+    struct proc *best = NULL;
+    bool coming = false; /* a live process on its way to hold it (sent for it, not holding it yet) */
+    for (int i = 0; i < d->nprocs; i++) {
+        struct proc *p = &d->procs[i];
+        if (p == me || !p->alive || p->superseded)
+            continue;
+        coming |= p->sent_for == s->version && p->held != s->version && !p->relay_barred;
+        if (p->relay_barred || p->held != s->version || p->kids >= k)
+            continue;
+        if (!best || p->kids < best->kids)
+            best = p;
+    }
+    if (best) {
+        log_debug("dispatch", "policy version %lld: rollout rank %d takes it from rollout rank %d's relay",
+                  (long long)s->version, slot, best->slot);
+        best->kids++;
+        s->assigned++;
+        d->st.relayed++;
+        me->sent_for = s->version;
+        ch->relay_endpoint = best->relay_ep;
+        ch->relay_rank = best->slot;
+        return;
+    }
+    if (coming) { /* live processes on their way to hold it: one will have room */
+        ch->relay_wait = true;
+        return;
+    }
+    s->direct++; /* no holder can take it (barred, gone) and none is coming: from here */
+    s->assigned++;
+    d->st.relay_direct++;
+    me->sent_for = s->version;
+}
+
 /* The asker of the request being answered: its identity and counter (NULL who: it had no good MAC). */
 struct asker {
     const struct plane_id *who;
@@ -689,12 +817,14 @@ static uint8_t *answer(struct dispatch_core *d, const Grpo__Envelope *req, const
                 d->procs[i].last_seen = now;
                 bslot = d->procs[i].slot;
             }
-        const struct snapshot *s = snapshot_of(d, w->version);
+        struct snapshot *s = (struct snapshot *)snapshot_of(d, w->version);
         ch.version = w->version;
         ch.offset = w->offset;
         ch.n_floats = d->o.n_floats;
         if (w->broadcast && s)
             ch.broadcast = broadcast_answer(d, bslot, w->version, now);
+        else if (w->relay && s && d->o.relay_fanout > 0)
+            relay_answer(d, s, w, a->who, bslot, &ch);
         else if (!s)
             snprintf(reason, sizeof reason, "policy version %lld is not held (newest %lld)", (long long)w->version,
                      (long long)d->latest);
@@ -706,6 +836,7 @@ static uint8_t *answer(struct dispatch_core *d, const Grpo__Envelope *req, const
             ch.data.data = (uint8_t *)(s->w + w->offset);
             ch.data.len = (size_t)w->count * sizeof(float);
             d->st.bytes += (int64_t)ch.data.len;
+            s->bytes += (int64_t)ch.data.len;
         }
         ch.error = reason;
         out.body_case = GRPO__ENVELOPE__BODY_WEIGHTS_CHUNK;
@@ -880,8 +1011,10 @@ void dispatch_core_free(struct dispatch_core *d)
 {
     if (!d)
         return;
-    for (int i = 0; i < d->nsnap; i++)
+    for (int i = 0; i < d->nsnap; i++) {
+        served_log(d, &d->snaps[i]);
         free(d->snaps[i].w);
+    }
     free(d->snaps), free(d->lease), free(d->ever), free(d->slot_seen), free(d->bc_want), free(d->bc_asked);
     for (int i = 0; i < d->n_al; i++)
         free(d->al[i].ever);
@@ -907,10 +1040,18 @@ float *dispatch_core_publish_begin(struct dispatch_core *d, int64_t version)
     struct snapshot *s = &d->snaps[slot];
     if (!s->w)
         s->w = xmalloc(d->o.n_floats * sizeof(float));
+    served_log(d, s);
+    s->direct = s->assigned = s->holders = s->fallbacks = 0;
+    s->bytes = 0;
     /* nobody is served from the oldest snapshot once its steps are trained; it is marked empty while written */
     s->version = -1;
     d->writing = s;
     return s->w;
+}
+
+uint8_t *dispatch_core_publish_digest(struct dispatch_core *d)
+{
+    return d->writing && d->o.relay_fanout > 0 ? d->writing->digest : NULL;
 }
 
 void dispatch_core_publish_end(struct dispatch_core *d, int64_t version)
@@ -918,6 +1059,8 @@ void dispatch_core_publish_end(struct dispatch_core *d, int64_t version)
     if (!d->writing)
         return;
     d->writing->version = version;
+    if (d->o.relay_fanout > 0)
+        relay_token(d->auth.run_key, d->o.epoch, version, d->writing->token);
     d->writing = NULL;
     if (d->o.async) { /* a push: verl's count starts again from what is outstanding */
         if (version > d->latest)

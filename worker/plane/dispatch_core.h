@@ -42,6 +42,9 @@ struct dispatch_options {
     int keep_versions;                    /* versions held for the rollout processes (0: 3) */
     const struct dispatch_replay *replay; /* a replayed schedule's units, in the order to grant them (copied) */
     int n_replay;
+    /* the weight relay tree (worker/plane/relay.h): each version goes from here to at most relay_fanout processes,
+     * and from each holder to at most relay_fanout more (0: off, every process fetches from here) */
+    int relay_fanout;
 };
 
 /* One unit of a replayed schedule: granted with versions[0] once that version is published; its sequences
@@ -56,27 +59,31 @@ struct dispatch_replay {
 
 /* What the dispatcher has done so far (for the metrics). */
 struct dispatch_stats {
-    int64_t granted;      /* units granted */
-    int64_t regranted;    /* of those, units granted to another process than the first (holder lost, lease over) */
-    int64_t expired;      /* of those, units granted again because their lease was over (the holder alive) */
-    int64_t lost;         /* rollout processes declared lost */
-    int64_t refused;      /* requests refused (malformed, unauthenticated, of another key epoch, replayed, speaking for
-                             another, over their size or their process's rate, superseded) */
-    int64_t old_epoch;    /* of those, requests of another key epoch (another launch's: a replay across a relaunch) */
-    int64_t oversized;    /* of those, requests refused by their size, before any MAC (over the socket's bound, or over
-                             their kind's: DISPATCH_MAX_*_REQUEST_BYTES) */
-    int64_t superseded;   /* of those, requests of a process a newer one of its rank replaced (or of an older
-                             generation than the rank's current process) */
-    int64_t second;       /* of those, requests of a second process of a live process's rank and generation */
-    int64_t rate_limited; /* of those, requests over their process's budget (DISPATCH_RATE_PER_S) */
-    int64_t replaced;     /* live processes superseded by a newer process of their rank */
-    int64_t macs;         /* MACs computed over requests (each request that reached its MAC, good or not) */
-    int64_t mac_bytes;    /* the bytes those MACs covered */
-    int64_t redone;       /* units granted again because the trainers dropped what was delivered */
-    int64_t delivered;    /* units whose holder said it delivered them (its next ask names them; not fully-async) */
-    int64_t bytes;        /* weight bytes served in chunks */
-    int64_t broadcasts;   /* versions broadcast whole (weight_sync=broadcast) */
-    int live;             /* rollout processes alive now */
+    int64_t granted;       /* units granted */
+    int64_t regranted;     /* of those, units granted to another process than the first (holder lost, lease over) */
+    int64_t expired;       /* of those, units granted again because their lease was over (the holder alive) */
+    int64_t lost;          /* rollout processes declared lost */
+    int64_t refused;       /* requests refused (malformed, unauthenticated, of another key epoch, replayed, speaking for
+                              another, over their size or their process's rate, superseded) */
+    int64_t old_epoch;     /* of those, requests of another key epoch (another launch's: a replay across a relaunch) */
+    int64_t oversized;     /* of those, requests refused by their size, before any MAC (over the socket's bound, or over
+                              their kind's: DISPATCH_MAX_*_REQUEST_BYTES) */
+    int64_t superseded;    /* of those, requests of a process a newer one of its rank replaced (or of an older
+                              generation than the rank's current process) */
+    int64_t second;        /* of those, requests of a second process of a live process's rank and generation */
+    int64_t rate_limited;  /* of those, requests over their process's budget (DISPATCH_RATE_PER_S) */
+    int64_t replaced;      /* live processes superseded by a newer process of their rank */
+    int64_t macs;          /* MACs computed over requests (each request that reached its MAC, good or not) */
+    int64_t mac_bytes;     /* the bytes those MACs covered */
+    int64_t redone;        /* units granted again because the trainers dropped what was delivered */
+    int64_t delivered;     /* units whose holder said it delivered them (its next ask names them; not fully-async) */
+    int64_t bytes;         /* weight bytes served in chunks */
+    int64_t broadcasts;    /* versions broadcast whole (weight_sync=broadcast) */
+    int64_t relayed;       /* relay asks answered with a holder (the relay tree) */
+    int64_t relay_direct;  /* relay asks answered "fetch it here" (the tree's first level, or no holder with room) */
+    int64_t relay_failed;  /* asks that named a relay that failed them (a wrong digest, silent, gone) */
+    int64_t relays_barred; /* relays never named again since */
+    int live;              /* rollout processes alive now */
 };
 
 /* A grant's lease: a unit not delivered this long after its grant may be granted again to a process with nothing
@@ -120,6 +127,9 @@ void dispatch_core_tick(struct dispatch_core *d, double now);
  * v is held already (a version never changes). dispatch_core_publish_end(v) makes it held and moves the window. */
 float *dispatch_core_publish_begin(struct dispatch_core *d, int64_t version);
 void dispatch_core_publish_end(struct dispatch_core *d, int64_t version);
+/* With the relay tree on: the digest of the version being published (RELAY_DIGEST_BYTES), for the caller to fill
+ * (relay_digest) between publish_begin and publish_end; NULL when the tree is off. */
+uint8_t *dispatch_core_publish_digest(struct dispatch_core *d);
 /* The run ends after step `after`; the first call's word stands. */
 void dispatch_core_end(struct dispatch_core *d, int64_t after, const char *why);
 void dispatch_core_stats(const struct dispatch_core *d, struct dispatch_stats *st);

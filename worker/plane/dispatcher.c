@@ -21,6 +21,7 @@
 #include "common/log.h"
 #include "proto/protocol.h"
 #include "proto/transport.h"
+#include "worker/plane/relay.h"
 
 struct dispatcher {
     struct dispatch_core *core;
@@ -159,6 +160,11 @@ void dispatcher_publish(struct dispatcher *d, int64_t version, const float *w)
         return;
     /* the copy runs outside the lock: the snapshot is marked empty meanwhile, so nobody is served from it */
     memcpy(dst, w, sizeof(float) * dispatch_core_floats(d->core));
+    pthread_mutex_lock(&d->mu);
+    uint8_t *digest = dispatch_core_publish_digest(d->core);
+    pthread_mutex_unlock(&d->mu);
+    if (digest) /* the relay tree: the receivers check what relays send against it (outside the lock too) */
+        relay_digest(dst, dispatch_core_floats(d->core), digest);
     pthread_mutex_lock(&d->mu);
     dispatch_core_publish_end(d->core, version);
     pthread_mutex_unlock(&d->mu);

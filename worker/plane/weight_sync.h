@@ -15,6 +15,7 @@
 struct comm;
 struct dispatcher;
 struct kctx;
+struct relay_server;
 struct work_client;
 
 /* Told when a weight transfer begins (syncing true) and ends: the role's control-plane phase. */
@@ -53,10 +54,18 @@ struct weight_sync_receiver {
     struct comm *bcast; /* the group the rounds go over (made at the first round); NULL once given up */
     bool bcast_made;
     float *bcast_bucket; /* the broadcast's host bucket, from round to round */
+    /* the relay tree (actor_rollout_ref.rollout.weight_relay_fanout > 0; worker/plane/relay.h): this process's relay,
+     * which serves the version it holds from dst, and where the others dial it; NULL: every version is fetched from
+     * the dispatcher */
+    struct relay_server *relay;
+    const char *relay_dial;
+    int relay_from;     /* out: the rollout rank whose relay the last version came from (-1: the dispatcher) */
+    int relay_failures; /* relays that failed this process so far (it fetched from the dispatcher instead) */
 };
 /* Version `version` into dst[0..n): in the trainers' broadcast when it gets a round, else fetched in chunks of
- * chunk_bytes. 0 with *broadcast (how it came), *bytes and *chunks (what moved); -1 with err (the dispatcher is
- * gone or refused, the sizes disagree). */
+ * chunk_bytes (with the relay tree: from the holder the dispatcher names, checked against the version's digest, or
+ * from the dispatcher; then served from dst until the next call). 0 with *broadcast (how it came), *bytes and *chunks
+ * (what moved); -1 with err (the dispatcher is gone or refused, the sizes disagree). */
 int weight_sync_receive(struct weight_sync_receiver *r, int64_t version, float *dst, size_t n, size_t chunk_bytes,
                         bool *broadcast, size_t *bytes, int *chunks, char *err, size_t errlen);
 /* Free what the receiver made (its NCCL twin, its bucket). */

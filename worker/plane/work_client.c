@@ -254,20 +254,31 @@ void work_client_on_chunk(struct work_client *c, void (*fn)(void *ud), void *ud)
     c->on_chunk_ud = ud;
 }
 
+static int weights_call_q(struct work_client *c, Grpo__WeightsRequest *q, int timeout_ms, Grpo__Envelope **out,
+                          char *err, size_t errlen);
+
 /* One WeightsRequest for version (a chunk [off, off + cnt), or a broadcast ask): *out gets the WeightsChunk answer
  * without an error of its own (the caller frees it), or -1 with err. */
 static int weights_call(struct work_client *c, int64_t version, size_t off, size_t cnt, bool broadcast, int timeout_ms,
                         Grpo__Envelope **out, char *err, size_t errlen)
 {
-    Grpo__Envelope req = GRPO__ENVELOPE__INIT;
     Grpo__WeightsRequest q = GRPO__WEIGHTS_REQUEST__INIT;
-    q.worker_id = c->id;
     q.version = version;
     q.offset = off;
     q.count = cnt;
     q.broadcast = broadcast;
+    return weights_call_q(c, &q, timeout_ms, out, err, errlen);
+}
+
+/* weights_call of a request made by the caller (its worker id filled in here). */
+static int weights_call_q(struct work_client *c, Grpo__WeightsRequest *q, int timeout_ms, Grpo__Envelope **out,
+                          char *err, size_t errlen)
+{
+    const int64_t version = q->version;
+    Grpo__Envelope req = GRPO__ENVELOPE__INIT;
+    q->worker_id = c->id;
     req.body_case = GRPO__ENVELOPE__BODY_WEIGHTS_REQUEST;
-    req.weights_request = &q;
+    req.weights_request = q;
     Grpo__Envelope *r = NULL;
     char why[512];
     if (call(c->rpc, &req, timeout_ms, &r, why, sizeof why) != RPC_OK || !r) {
@@ -288,6 +299,35 @@ static int weights_call(struct work_client *c, int64_t version, size_t off, size
         return -1;
     }
     *out = r;
+    return 0;
+}
+
+int work_client_relay_ask(struct work_client *c, int64_t version, int bad_rank, const char *holds_at,
+                          struct relay_plan *p, char *err, size_t errlen)
+{
+    Grpo__WeightsRequest q = GRPO__WEIGHTS_REQUEST__INIT;
+    q.version = version;
+    q.relay = true;
+    q.bad_relay = bad_rank >= 0 ? bad_rank + 1 : 0;
+    q.holds = holds_at != NULL;
+    q.relay_endpoint = (char *)(holds_at ? holds_at : "");
+    Grpo__Envelope *r = NULL;
+    if (weights_call_q(c, &q, 30000, &r, err, errlen) != 0)
+        return -1;
+    const Grpo__WeightsChunk *ch = r->weights_chunk;
+    *p = (struct relay_plan){.relays = ch->digest.len == sizeof p->digest, .wait = ch->relay_wait, .rank = -1};
+    if (p->relays && ch->relay_token.len == sizeof p->token)
+        memcpy(p->token, ch->relay_token.data, sizeof p->token);
+    else
+        p->relays = p->wait = false; /* no digest and token: a dispatcher that relays nothing */
+    if (p->relays) {
+        memcpy(p->digest, ch->digest.data, sizeof p->digest);
+        if (ch->relay_endpoint && ch->relay_endpoint[0]) {
+            snprintf(p->endpoint, sizeof p->endpoint, "%s", ch->relay_endpoint);
+            p->rank = ch->relay_rank;
+        }
+    }
+    protocol_free(r);
     return 0;
 }
 

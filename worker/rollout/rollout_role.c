@@ -30,6 +30,7 @@
 #include "proto/transport.h"
 #include "worker/plane/dataplane.h"
 #include "worker/plane/dispatch.h"
+#include "worker/plane/relay.h"
 #include "worker/plane/weight_sync.h"
 #include "worker/plane/wire.h"
 #include "worker/data/dataset.h"
@@ -46,6 +47,7 @@
 
 struct rollout_rank {
     struct role_env *env;
+    char relay_dial[300]; /* the relay tree: where the other rollout processes dial this one's relay */
     struct model *policy;
     struct model *base; /* LoRA with TP, the head: the whole frozen base (host memory) holding the adapter */
     struct tokenizer *tok;
@@ -171,7 +173,27 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
                                               .group = r->env->weight_group,
                                               .gpus_shared = r->env->trainer_gpus_shared || r->env->rollout_gpus_shared,
                                               .wait = between_asks,
-                                              .ud = r};
+                                              .ud = r,
+                                              .relay_from = -1};
+        if (c->rollout_weight_relay_fanout > 0) { /* the relay tree: this process serves the version it holds */
+            char host[256] = "", bind[300];
+            if (r->env->advertise[0])
+                snprintf(host, sizeof host, "%s", r->env->advertise);
+            else
+                gethostname(host, sizeof host - 1);
+            /* a relay that cannot start (its port taken, say by the live process this one replaces) costs the tree
+             * this process, not the run: it fetches every version from the dispatcher */
+            char why[512];
+            r->ws.relay_dial = r->relay_dial;
+            if (relay_endpoints(r->env->dispatch_endpoint, r->env->at.engine, host, bind, r->relay_dial,
+                                sizeof r->relay_dial, why, sizeof why) != 0 ||
+                !(r->ws.relay = relay_server_open(bind, r->env->at.engine, why, sizeof why)))
+                log_warn("rollout", "rollout rank %d serves no weight relay (it fetches every version): %s",
+                         r->env->at.engine, why);
+            else
+                log_info("rollout", "weight relay of rollout rank %d at %s (" KEY_rollout_weight_relay_fanout " %lld)",
+                         r->env->at.engine, r->relay_dial, (long long)c->rollout_weight_relay_fanout);
+        }
     }
     char bundled[4096];
     const char *path = c->arr_model_path;
@@ -256,6 +278,12 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
 
 static void teardown(struct rollout_rank *r)
 {
+    if (r->ws.relay) { /* first: it serves from the buffers freed below */
+        log_info("rollout", "weight relay of rollout rank %d: %lld bytes served to other rollout processes",
+                 r->env->at.engine, (long long)relay_server_bytes(r->ws.relay));
+        relay_server_close(r->ws.relay);
+        r->ws.relay = NULL;
+    }
     if (r->watching) {
         atomic_store(&r->quit, true);
         pthread_join(r->watchdog, NULL);
@@ -781,6 +809,8 @@ static int take_version(struct rollout_rank *r, int64_t version, char *err, size
         char how[64];
         if (took)
             snprintf(how, sizeof how, "in the trainers' broadcast");
+        else if (r->ws.relay_from >= 0)
+            snprintf(how, sizeof how, "in %d chunk(s) from rollout rank %d's relay", chunks, r->ws.relay_from);
         else
             snprintf(how, sizeof how, "in %d chunk(s)", chunks);
         if (r->eng)

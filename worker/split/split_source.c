@@ -336,7 +336,8 @@ static void trainer_ready(void *ud, struct trainer *t)
                                  /* with LoRA the whole adapter (under EP every expert's) */
                                  .n_floats = trainer_policy(t)->lora ? lora_whole_floats(trainer_policy(t))
                                                                      : model_whole_floats(&trainer_policy(t)->cfg),
-                                 .lost_after_s = 2 * r->env->heartbeat_s};
+                                 .lost_after_s = 2 * r->env->heartbeat_s,
+                                 .relay_fanout = (int)r->env->cfg->rollout_weight_relay_fanout};
     char err[1024];
     if (r->env->cfg->async_enable && split_async_setup(r, t, &o, err, sizeof err) != 0) {
         log_error("trainer", "%s", err);
@@ -359,6 +360,11 @@ static void trainer_ready(void *ud, struct trainer *t)
                                     .phase = sync_phase,
                                     .ud = r};
     log_info("trainer", "dispatching %d work unit(s) per step at %s", r->lim.units, r->env->dispatch_endpoint);
+    if (o.relay_fanout > 0)
+        log_info("trainer",
+                 "policy versions go through the weight relay tree of fan-out %d (" KEY_rollout_weight_relay_fanout
+                 "): about %d copies of each from here",
+                 o.relay_fanout, o.relay_fanout < r->lim.units ? o.relay_fanout : r->lim.units);
     if (r->env->weight_group) {
         dispatcher_broadcast_on(r->disp, DISPATCH_RENDEZVOUS_S);
         log_info("trainer",
