@@ -345,31 +345,17 @@ static int listener_open(struct grpod *d, struct listener *l, const char *endpoi
     nn_setsockopt(l->sock, NN_SOL_SOCKET, NN_RCVMAXSIZE, &max, sizeof max);
     nn_setsockopt(l->sock, NN_SOL_SOCKET, NN_LINGER, &linger, sizeof linger);
     /* nanomsg's bind removes whatever refuses a connection at the path (a regular file too) and aborts on a
-     * directory: only a stale socket may go, anything else is refused here first */
+     * directory: only a stale socket may go, anything else is refused first; the socket file is born with its mode */
     char why[700];
-    if (endpoint_prepare_bind(endpoint, why, sizeof why) != 0) {
+    if (endpoint_bind(l->sock, endpoint, mode, why, sizeof why) != 0) {
         snprintf(err, errlen, "cannot listen on %s: %s", endpoint, why);
-        return -1;
-    }
-    /* the socket file is born with the right mode (umask), and chmod makes sure of it */
-    mode_t old = kind == ENDPOINT_IPC ? umask((mode_t)(~mode & 0777)) : 0;
-    int rc = nn_bind(l->sock, endpoint);
-    int e = nn_errno();
-    if (kind == ENDPOINT_IPC)
-        umask(old);
-    if (rc < 0) {
-        snprintf(err, errlen, "cannot listen on %s: %s%s", endpoint, nn_strerror(e),
-                 e == EADDRINUSE ? " (another grpod runs there?)" : "");
         return -1;
     }
     l->bound = true;
     if (kind == ENDPOINT_IPC) {
-        int tries = 0;
-        while (chmod(l->ipc_path, mode) != 0 && errno == ENOENT && tries++ < 100)
-            clock_sleep_s(0.01);
         struct stat st;
-        if (lstat(l->ipc_path, &st) != 0 || (st.st_mode & 0777) != mode) {
-            snprintf(err, errlen, "cannot set mode %04o on %s: %s", (unsigned)mode, l->ipc_path, strerror(errno));
+        if (lstat(l->ipc_path, &st) != 0) {
+            snprintf(err, errlen, "cannot stat %s: %s", l->ipc_path, strerror(errno));
             return -1;
         }
         l->ipc_dev = st.st_dev;

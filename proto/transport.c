@@ -203,6 +203,36 @@ int endpoint_prepare_bind(const char *endpoint, char *err, size_t errlen)
     return 0;
 }
 
+int endpoint_bind(int sock, const char *endpoint, unsigned mode, char *err, size_t errlen)
+{
+    enum endpoint_kind kind;
+    char path[512] = "";
+    if (endpoint_parse(endpoint, &kind, path, sizeof path, err, errlen) != 0)
+        return -1;
+    if (endpoint_prepare_bind(endpoint, err, errlen) != 0)
+        return -1;
+    const mode_t old = kind == ENDPOINT_IPC ? umask((mode_t)(~mode & 0777)) : 0;
+    const int rc = nn_bind(sock, endpoint), e = nn_errno();
+    if (kind == ENDPOINT_IPC)
+        umask(old);
+    if (rc < 0) {
+        snprintf(err, errlen, "%s%s", nn_strerror(e), e == EADDRINUSE ? " (another process listens there?)" : "");
+        return -1;
+    }
+    if (kind != ENDPOINT_IPC)
+        return 0;
+    /* nanomsg may create the file a moment after nn_bind returns */
+    for (int tries = 0; chmod(path, (mode_t)mode) != 0 && errno == ENOENT && tries < 100; tries++)
+        clock_sleep_s(0.01);
+    struct stat st;
+    if (lstat(path, &st) != 0 || (st.st_mode & 0777) != (mode_t)mode) {
+        snprintf(err, errlen, "cannot set mode %04o on %s: %s", mode, path, strerror(errno));
+        unlink(path); /* the socket just made: nobody was to reach it with another mode */
+        return -1;
+    }
+    return 0;
+}
+
 int secret_read(const char *path, char *out, size_t outlen, char *err, size_t errlen)
 {
     char why[256];

@@ -37,6 +37,10 @@ int endpoint_probe(const char *endpoint, char *why, size_t whylen);
  * on ("in use"), a regular file, a directory, a symbolic link... nanomsg's own bind would remove a regular
  * file and abort on a directory. tcp:// needs nothing. 0, or -1 with err naming the path and what is there. */
 int endpoint_prepare_bind(const char *endpoint, char *err, size_t errlen);
+/* nn_bind of a nanomsg socket to endpoint, after endpoint_prepare_bind. An ipc socket file is born with `mode` (the
+ * umask set around the bind: no moment where others may connect) and its mode is checked after. 0, or -1 with err
+ * saying why (without the endpoint: the caller names it). */
+int endpoint_bind(int sock, const char *endpoint, unsigned mode, char *err, size_t errlen);
 
 /* Read a shared secret (first line, surrounding white space trimmed), as every reader of one does (grpod,
  * grpoctl, grpo-worker): refused when the file is not a regular file (a FIFO is not waited on), when its mode is

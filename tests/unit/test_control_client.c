@@ -483,6 +483,48 @@ static void test_config_digest(void **state)
     config_free(&b);
 }
 
+/* endpoint_bind (proto/transport.c), which every ipc listener uses: the socket file is born 0600 whatever the umask
+ * lets through (no moment where another user may connect), a path in use and a regular file are refused with the
+ * reason, and the file stays. */
+static void test_endpoint_bind(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/grpo-bind-XXXXXX", ep[640], path[600], err[700];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/s.sock", dir);
+    snprintf(ep, sizeof ep, "ipc://%s", path);
+    const mode_t old = umask(0);
+    int a = nn_socket(AF_SP, NN_REP), b = nn_socket(AF_SP, NN_REP);
+    assert_true(a >= 0 && b >= 0);
+    assert_int_equal(endpoint_bind(a, ep, 0600, err, sizeof err), 0);
+    umask(old);
+    struct stat st;
+    assert_int_equal(lstat(path, &st), 0);
+    assert_true(S_ISSOCK(st.st_mode));
+    assert_int_equal(st.st_mode & 0777, 0600);
+    /* a socket something answers on */
+    assert_int_equal(endpoint_bind(b, ep, 0600, err, sizeof err), -1);
+    print_message("in use: %s\n", err);
+    assert_non_null(strstr(err, "in use"));
+    nn_close(a);
+    nn_close(b);
+    unlink(path);
+    /* a regular file: refused, named, kept */
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("keep me\n", f);
+    fclose(f);
+    b = nn_socket(AF_SP, NN_REP);
+    assert_int_equal(endpoint_bind(b, ep, 0600, err, sizeof err), -1);
+    print_message("a file: %s\n", err);
+    assert_non_null(strstr(err, path));
+    nn_close(b);
+    assert_int_equal(lstat(path, &st), 0);
+    assert_true(S_ISREG(st.st_mode));
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     log_set_level(LOG_ERROR);
@@ -491,7 +533,7 @@ int main(void)
         cmocka_unit_test(test_unreachable),   cmocka_unit_test(test_version_mismatch),
         cmocka_unit_test(test_busy_grpod),    cmocka_unit_test(test_heartbeats_while_busy),
         cmocka_unit_test(test_commands),      cmocka_unit_test(test_safe_point),
-        cmocka_unit_test(test_config_digest),
+        cmocka_unit_test(test_config_digest), cmocka_unit_test(test_endpoint_bind),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

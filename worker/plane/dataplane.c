@@ -39,20 +39,14 @@ struct dataplane_pull *dataplane_pull_open(const char *endpoint, char *err, size
     }
     int max = (int)GRPO_MAX_MESSAGE_BYTES;
     nn_setsockopt(s, NN_SOL_SOCKET, NN_RCVMAXSIZE, &max, sizeof max);
+    /* an ipc socket is for this user's ranks only (on tcp too every batch is authenticated: proto/plane_auth.h); never
+     * a file that is not a stale socket */
     char why[600];
-    if (endpoint_prepare_bind(endpoint, why, sizeof why) != 0) { /* never a file that is not a stale socket */
+    if (endpoint_bind(s, endpoint, 0600, why, sizeof why) != 0) {
         error_set(err, errlen, "data plane: cannot bind %s: %s", endpoint, why);
         nn_close(s);
         return NULL;
     }
-    if (nn_bind(s, endpoint) < 0) {
-        error_set(err, errlen, "data plane: cannot bind %s: %s", endpoint, nn_strerror(nn_errno()));
-        nn_close(s);
-        return NULL;
-    }
-    /* an ipc socket is for this user's ranks only (on tcp too every batch is authenticated: proto/plane_auth.h) */
-    if (strncmp(endpoint, "ipc://", 6) == 0)
-        chmod(endpoint + 6, 0600);
     struct dataplane_pull *p = xcalloc(1, sizeof *p);
     p->sock = s;
     p->flight_group = flight_group("rollouts", endpoint, 0);

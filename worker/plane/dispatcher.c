@@ -122,16 +122,10 @@ struct dispatcher *dispatcher_open(const struct dispatch_options *o, char *err, 
     int max = (int)GRPO_MAX_DISPATCH_REQUEST_BYTES; /* a flood of big frames is dropped unread */
     nn_setsockopt(s, NN_SOL_SOCKET, NN_RCVMAXSIZE, &max, sizeof max);
     char why[600];
-    if (endpoint_prepare_bind(o->endpoint, why, sizeof why) != 0) { /* never a file that is not a stale socket */
+    if (endpoint_bind(s, o->endpoint, 0600, why, sizeof why) != 0) { /* never a file that is not a stale socket */
         error_set(err, errlen, "dispatcher: cannot bind %s: %s", o->endpoint, why);
         goto fail;
     }
-    if (nn_bind(s, o->endpoint) < 0) {
-        error_set(err, errlen, "dispatcher: cannot bind %s: %s", o->endpoint, nn_strerror(nn_errno()));
-        goto fail;
-    }
-    if (strncmp(o->endpoint, "ipc://", 6) == 0)
-        chmod(o->endpoint + 6, 0600);
     struct dispatcher *d = xcalloc(1, sizeof *d);
     d->core = core;
     d->sock = s;

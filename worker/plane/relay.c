@@ -191,14 +191,11 @@ struct relay_server *relay_server_open(const char *bind_endpoint, int slot, char
     int max = (int)GRPO_MAX_DISPATCH_REQUEST_BYTES; /* requests are small: a flood of big frames is dropped unread */
     nn_setsockopt(sock, NN_SOL_SOCKET, NN_RCVMAXSIZE, &max, sizeof max);
     char why[600];
-    if (endpoint_prepare_bind(bind_endpoint, why, sizeof why) != 0 || nn_bind(sock, bind_endpoint) < 0) {
-        error_set(err, errlen, "weight relay: cannot bind %s: %s", bind_endpoint,
-                  why[0] ? why : nn_strerror(nn_errno()));
+    if (endpoint_bind(sock, bind_endpoint, 0600, why, sizeof why) != 0) {
+        error_set(err, errlen, "weight relay: cannot bind %s: %s", bind_endpoint, why);
         nn_close(sock);
         return NULL;
     }
-    if (strncmp(bind_endpoint, "ipc://", 6) == 0)
-        chmod(bind_endpoint + 6, 0600);
     struct relay_server *s = xcalloc(1, sizeof *s);
     s->sock = sock;
     s->version = -1;
