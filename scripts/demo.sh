@@ -34,8 +34,9 @@ arithmetic) TASK_KEYS=(); run_dir=runs/grpo/demo ;;
 tools)
     # the multi-turn agent demo: 2 worked examples then the question; a response holds the call, the calculator's
     # answer and the final answer (docs/agents.md). Greedy validation is right from the start on this task: it
-    # samples (2 answers per held-out prompt, temperature 1), as training does
-    TASK_KEYS=(trainer.experiment_name=demo-tools data.synthetic.task=tool_arithmetic data.synthetic.min_digits=4
+    # samples (2 answers per held-out prompt, temperature 1), as training does. Its learning rate is 2e-5 (the default
+    # is the arithmetic demo's 5e-6): it learns the tool's use in 8 steps (docs/agents.md)
+    TASK_KEYS=(trainer.experiment_name=demo-tools actor_rollout_ref.actor.optim.lr=2e-5 data.synthetic.task=tool_arithmetic data.synthetic.min_digits=4
         data.synthetic.max_digits=5 'data.synthetic.ops=*' data.synthetic.num_val=32
         actor_rollout_ref.rollout.multi_turn.enable=true data.max_response_length=96 data.max_prompt_length=384
         trainer.total_training_steps=16 trainer.test_freq=8 actor_rollout_ref.rollout.val_kwargs.do_sample=true

@@ -182,13 +182,15 @@ prog() {
 # tiny_run ARRAY DIR [STEPS]: ARRAY gets the keys of a tiny run of the tiny model in $TMP/tiny (tiny_model): 2
 # prompts x 2 responses of at most 8 tokens a step, 16 training and 2 validation prompts, no validation, STEPS steps
 # (default 4), results under DIR/p/e. Keys given after them override them (the command line's last word wins).
+# The question alone (data.synthetic.shots=0): the demo's worked example is for the bundled model; a random tiny
+# model with a byte-level tokenizer would only read about 100 more prompt tokens.
 tiny_run() {
     local -n tiny_keys_="$1"
     tiny_keys_=(actor_rollout_ref.model.path="$TMP/tiny" trainer.default_local_dir="$2" trainer.project_name=p
         trainer.experiment_name=e trainer.total_training_steps="${3:-4}" trainer.val_before_train=false
         trainer.test_freq=-1 data.train_batch_size=2 actor_rollout_ref.rollout.n=2
         actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=8 data.synthetic.num_train=16
-        data.synthetic.num_val=2)
+        data.synthetic.num_val=2 data.synthetic.shots=0)
 }
 
 # test_env: one BLAS/OpenMP thread, mpirun as root

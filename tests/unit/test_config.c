@@ -49,7 +49,7 @@ static void test_defaults(void **state)
     assert_true(c.alg_norm_adv_by_std_in_grpo);
     assert_int_equal(c.actor_optim_betas.n, 2);
     assert_true(c.actor_optim_betas.v[1] == 0.999);
-    assert_true(c.actor_optim_lr == 2e-5);
+    assert_true(c.actor_optim_lr == 5e-6);
     assert_string_equal(c.origin[0], "default");
     struct cfg_error err;
     assert_int_equal(config_validate(&c, &err), 0);
