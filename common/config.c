@@ -1105,6 +1105,15 @@ int config_validate(const struct grpo_config *c, struct cfg_error *err)
              origin_of(c, "trainer.total_training_steps"));
         return -1;
     }
+    if (strcmp(c->test_block_at, "dp_barrier") == 0 && c->arr_nccl_timeout != 0) {
+        /* with a deadline the collectives are MPI's non-blocking ones, whose kinds match each other on one group: the
+         * barrier would meet the others' all-reduce and end the run on an MPI error instead of a hang */
+        errf(err,
+             "%s: " KEY_test_block_at "=dp_barrier needs " KEY_arr_nccl_timeout
+             "=0 (blocking collectives, where a barrier never meets another collective); it is %lld",
+             origin_of(c, KEY_test_block_at), c->arr_nccl_timeout);
+        return -1;
+    }
     if (!(c->actor_clip_ratio_c > 1.0)) {
         errf(err, "%s: actor_rollout_ref.actor.clip_ratio_c = %g must be greater than 1 (the dual-clip bound)",
              origin_of(c, "actor_rollout_ref.actor.clip_ratio_c"), c->actor_clip_ratio_c);

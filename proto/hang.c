@@ -355,6 +355,9 @@ static void one_group(const struct hang_rank *r, int n, const int *waiting, int 
     free(wr);
     if (!nmiss) {
         struct hang_finding *d = add(f, HANG_STUCK, -1, longest);
+        struct hang_wait op = *g; /* the operation alone: the group is named before it */
+        op.group = "";
+        wait_text(&op, false, false, w, sizeof w);
         if (d)
             say(d->text,
                 "every rank of %s (ranks %s) has been in %s for up to %.0f s: the operation itself does not "

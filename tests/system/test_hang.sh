@@ -13,46 +13,14 @@
 #    watchdog's verdict as rank 0's reason.
 # Each verdict is the first finding of grpoctl diagnose (text and --json) and of the status page's /api/status, and
 # comes once the wait has lasted grpod.hang_wait_s.
-# usage: test_hang.sh (the build's programs by name, tests/lib.sh)
+# The mismatch and stuck verdicts: test_hang_collective.sh.
+# usage: test_hang.sh (the build's programs by name, tests/lib.sh; the run and the checks: hang_lib.sh)
 set -u
-. "$(dirname "$0")/grpod_lib.sh"
+. "$(dirname "$0")/hang_lib.sh"
 test_env
 tiny_model "$TMP/tiny"
 expect "tiny model initialised" $?
 HOST="$(hostname)"
-
-# hang NAME [key=value ...]: a fresh grpod (grpod.hang_wait_s=3) and 2 colocated ranks under it with the keys given,
-# left running (MPI_PID); the run's directory is $TMP/NAME/p/e. LAYOUT: the layout's keys (default 2 colocated)
-hang() {
-    local name="$1"; shift
-    local layout=(${LAYOUT:-trainer.nnodes=1 trainer.n_gpus_per_node=2})
-    EP="ipc://$TMP/$name.sock"
-    export GRPOD_ENDPOINT="$EP"
-    start_grpod "$name" grpod.hang_wait_s=3 || { fail "$name: grpod starts"; return 1; }
-    local keys
-    tiny_run keys "$TMP/$name" 50
-    mpirun --oversubscribe --bind-to none -np 2 "$WORKER" "${keys[@]}" "${layout[@]}" \
-        grpod.endpoint="$EP" grpod.connect_timeout_s=30 "$@" >"$TMP/$name.log" 2>&1 &
-    MPI_PID=$!
-    track "$MPI_PID"
-}
-# verdict KIND: grpoctl diagnose --json's first finding is of KIND (saved in $TMP/diag.json)
-verdict() {
-    "$GRPOCTL" diagnose --json >"$TMP/diag.json" 2>/dev/null && [ "$(jq -r '.[0].kind' "$TMP/diag.json")" = "$1" ]
-}
-# seconds_out: the text on stdin with its seconds as "N s" (they grow between two looks at a hang)
-seconds_out() { sed -E 's/[0-9]+ s\b/N s/g'; }
-# the same first finding on the status page's /api/status, and in grpoctl diagnose's text
-same_on_page() {
-    local url text
-    url="$(status_field .http_url)"
-    text="$(jq -r '.[0].text' "$TMP/diag.json" | seconds_out)"
-    curl -sf "$url/api/status" >"$TMP/page.json" &&
-        [ "$(jq -r '.diagnosis[0].text' "$TMP/page.json" | seconds_out)" = "$text" ] &&
-        [ "$(jq -r '.diagnosis[0].kind' "$TMP/page.json")" = "$(jq -r '.[0].kind' "$TMP/diag.json")" ] &&
-        "$GRPOCTL" diagnose >"$TMP/diag.txt" 2>&1 &&
-        [ "$(grep -m1 '^warn  ' "$TMP/diag.txt" | seconds_out)" = "warn  $text" ]
-}
 
 # ---- laggard: rank 1 never enters the update of step 2
 hang laggard test.block_at=update_actor test.block_rank=1 test.block_step=2

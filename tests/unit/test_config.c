@@ -340,6 +340,10 @@ static void test_validate_meaningless_values(void **state)
     (void)state;
     expect_validate("trainer.total_training_steps=0", -1, "trainer.total_training_steps", "-1");
     expect_validate("trainer.total_training_steps=-1", 0, NULL, NULL);
+    /* test.block_at=dp_barrier's mismatch is a hang only with blocking collectives */
+    expect_validate("test.block_at=dp_barrier", -1, "test.block_at=dp_barrier needs actor_rollout_ref.nccl_timeout=0",
+                    "it is 600");
+    expect_validate("test.block_at=trainers_barrier", 0, NULL, NULL);
     expect_validate("trainer.total_training_steps=1", 0, NULL, NULL);
     expect_validate("actor_rollout_ref.actor.clip_ratio_c=1", -1, "actor_rollout_ref.actor.clip_ratio_c",
                     "greater than 1");

@@ -8,6 +8,8 @@
 
 #include "common/check.h"
 #include "common/clock.h"
+#include "common/config_key_names.h"
+#include "common/log.h"
 #include "worker/flight/flight.h"
 
 size_t comm_dtype_size(enum comm_dtype t)
@@ -54,12 +56,25 @@ static void tally(struct comm *c, enum comm_op op, double payload, double whole,
 /* comm_wait_seconds: the blocking calls below add their time (the collective plane is driven from one thread) */
 static double g_wait_s;
 double comm_wait_seconds(void) { return g_wait_s; }
+/* comm_test_freeze's end: this rank, inside operation op #seq of c, for ever */
+static void frozen(const struct comm *c, enum flight_op op, uint64_t seq) __attribute__((noreturn));
+static void frozen(const struct comm *c, enum flight_op op, uint64_t seq)
+{
+    log_warn("comm", KEY_test_block_at ": this rank freezes for ever inside %s #%llu of %s (ranks %s)",
+             flight_op_name(op), (unsigned long long)seq, c->name, c->members);
+    for (;;)
+        clock_sleep_s(3600);
+}
+
 /* expr, a wait of c: its time counted (comm_wait_seconds) and recorded by the flight recorder as operation op, the
  * group's operation number seq, bytes of this rank's buffer and peer (-1: none), with the same two clock reads */
 #define WAITED(c, op, seq, bytes, peer, expr)                                                                          \
     do {                                                                                                               \
         const double t0_ = clock_now_s();                                                                              \
-        const int tok_ = flight_begin((op), (c)->flight_group, (seq), (uint64_t)(bytes), (peer), t0_);                 \
+        const uint64_t seq_ = (seq); /* once: callers pass ++c->coll_seq */                                            \
+        const int tok_ = flight_begin((op), (c)->flight_group, seq_, (uint64_t)(bytes), (peer), t0_);                  \
+        if ((c)->test_freeze)                                                                                          \
+            frozen((c), (op), seq_);                                                                                   \
         expr;                                                                                                          \
         const double t1_ = clock_now_s();                                                                              \
         g_wait_s += t1_ - t0_;                                                                                         \
@@ -116,6 +131,8 @@ void comm_test(struct comm_req *r)
 static void (*test_hold)(const char *point);
 
 void comm_set_test_hold(void (*hold)(const char *point)) { test_hold = hold; }
+
+void comm_test_freeze(struct comm *c) { c->test_freeze = true; }
 
 void comm_test_hold(const char *point)
 {

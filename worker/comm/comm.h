@@ -85,6 +85,10 @@ void comm_set_test_hold(void (*hold)(const char *point));
 /* The hold of comm_set_test_hold at another point of a step, named by point ("logprob", "optim", "ckpt": where the
  * trainer calls it); nothing without one. */
 void comm_test_hold(const char *point);
+/* Test only (test.block_at=in_dp_collective): the next waited operation of c on this rank freezes for ever inside
+ * its wait, its flight record open and the back-end not called (a process frozen inside a collective its peers
+ * entered: they wait in it for ever). */
+void comm_test_freeze(struct comm *c);
 /* Name c for the flight recorder (worker/flight) and its messages: a short word, "dp", "tp", "pp", "world",
  * "trainers" (at most 15 bytes), set by the creator that knows what the group is for. A record then reads
  * "all-reduce #1234 of dp (ranks 0-4,6-7)": the name, the group's world ranks and the operation's number in the
@@ -279,6 +283,7 @@ struct comm {
     char members[112];
     uint16_t flight_group;
     uint64_t coll_seq, p2p_seq;
+    bool test_freeze; /* comm_test_freeze */
 };
 
 #endif

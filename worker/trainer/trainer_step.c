@@ -9,6 +9,7 @@
 #include "common/check.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "common/config_key_names.h"
 #include "common/log.h"
 #include "step_metrics.h"
 #include "trainer_internal.h"
@@ -619,6 +620,34 @@ static void bypass_metrics(struct trainer *t, const struct rc_accum *acc, struct
     free(v);
 }
 
+/* test.block_at=dp_barrier, trainers_barrier, in_dp_collective only: entering the update of step k, rank
+ * test.block_rank makes a collective hang on purpose (for the tests of grpoctl diagnose's mismatch and stuck
+ * verdicts); nothing in any other run. */
+static void test_collective_hang(struct trainer *t, int64_t k)
+{
+    struct comm *dp = t->lay.dp_size > 1 ? t->lay.dp : NULL, *all = trainer_all_group(t);
+    if (watchdog_test_here(WATCHDOG_AT_DP_BARRIER, k, "enters a barrier of its DP group that no other rank enters")) {
+        if (!dp)
+            check_failf(__FILE__, __LINE__, KEY_test_block_at "=dp_barrier: this rank has no DP group");
+        comm_barrier(dp); /* the others enter the update's first collective of dp: the two never meet */
+        check_failf(__FILE__, __LINE__, KEY_test_block_at "=dp_barrier: the barrier no other rank entered completed");
+    }
+    if (watchdog_test_here(WATCHDOG_AT_TRAINERS_BARRIER, k,
+                           "enters a barrier of the trainers' group that no other rank enters")) {
+        if (!all || all == t->lay.dp)
+            check_failf(__FILE__, __LINE__, KEY_test_block_at "=trainers_barrier: no trainers' group beside DP");
+        comm_barrier(all); /* the others wait in dp's collective for this rank, this rank here for them */
+        check_failf(__FILE__, __LINE__,
+                    KEY_test_block_at "=trainers_barrier: the barrier no other rank entered completed");
+    }
+    if (watchdog_test_here(WATCHDOG_AT_IN_DP_COLLECTIVE, k,
+                           "freezes inside the update's first collective of its DP group")) {
+        if (!dp)
+            check_failf(__FILE__, __LINE__, KEY_test_block_at "=in_dp_collective: this rank has no DP group");
+        comm_test_freeze(dp);
+    }
+}
+
 /* Phase update_actor of step k: the PPO/GRPO update over the step's n_all sequences (gradients summed over the
  * DP group; on_policy: the update's own forward gives the old log-probs), and the traffic it made over DP. Its
  * seconds. */
@@ -627,6 +656,7 @@ static double update_actor(struct trainer *t, int64_t k, struct step_batch *b, c
 {
     trainer_phase(t, GRPO__PHASE__PHASE_UPDATE_ACTOR);
     watchdog_test_point(WATCHDOG_AT_UPDATE, k); /* test.block_at=update_actor only */
+    test_collective_hang(t, k);
     const double t0 = clock_now_s();
     const struct grpo_config *c = t->cfg;
     const double lr = lr_at(strcmp(c->actor_optim_warmup_style, "cosine") == 0 ? LR_COSINE : LR_CONSTANT,

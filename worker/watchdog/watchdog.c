@@ -352,9 +352,10 @@ static int64_t g_block_step;
 
 void watchdog_test_setup(const char *at, int block_rank, int64_t block_step, int rank)
 {
-    static const char *const names[] = {"register", "update_actor", "checkpoint_write"};
+    static const char *const names[] = {"register",   "update_actor",     "checkpoint_write",
+                                        "dp_barrier", "trainers_barrier", "in_dp_collective"};
     g_block_point = -1;
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
         if (at && strcmp(at, names[i]) == 0)
             g_block_point = i;
     g_block_rank = block_rank;
@@ -370,4 +371,13 @@ void watchdog_test_point(enum watchdog_point p, int64_t step)
              (long long)step);
     for (;;)
         clock_sleep_s(3600);
+}
+
+bool watchdog_test_here(enum watchdog_point p, int64_t step, const char *what)
+{
+    if ((int)p != g_block_point || g_rank != g_block_rank || step != g_block_step)
+        return false;
+    log_warn("watchdog", KEY_test_block_at ": rank %d %s (step %lld): a hang made on purpose", g_rank, what,
+             (long long)step);
+    return true;
 }

@@ -52,11 +52,18 @@ enum watchdog_point {
     WATCHDOG_AT_REGISTER,   /* before registering with grpod */
     WATCHDOG_AT_UPDATE,     /* entering the update of a step */
     WATCHDOG_AT_CKPT_WRITE, /* inside the checkpoint write of a step (its flight record open) */
+    /* entering the update of a step, the trainer (watchdog_test_here) makes a collective hang: */
+    WATCHDOG_AT_DP_BARRIER,       /* a barrier of its DP group that no other rank enters (a mismatch in one group) */
+    WATCHDOG_AT_TRAINERS_BARRIER, /* a barrier of the trainers' group that no other rank enters (across groups) */
+    WATCHDOG_AT_IN_DP_COLLECTIVE, /* it freezes inside the update's first DP collective, which every rank enters */
 };
-/* test.block_at (its name: "none", "register", "update_actor", "checkpoint_write"), test.block_rank, test.block_step
- * for world rank `rank`. */
+/* test.block_at (its name: "none", "register", "update_actor", "checkpoint_write", "dp_barrier",
+ * "trainers_barrier", "in_dp_collective"), test.block_rank, test.block_step for world rank `rank`. */
 void watchdog_test_setup(const char *at, int block_rank, int64_t block_step, int rank);
 /* Block here for ever when the setup names this point, this rank and (but for registering) this step. */
 void watchdog_test_point(enum watchdog_point p, int64_t step);
+/* True (and logged: what, a sentence of what this rank does there) when the setup names this point, this rank and
+ * this step: the caller makes the hang. */
+bool watchdog_test_here(enum watchdog_point p, int64_t step, const char *what);
 
 #endif

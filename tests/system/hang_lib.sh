@@ -1,0 +1,41 @@
+# shellcheck shell=bash
+# The hang tests' layer over grpod_lib.sh (sourced by test_hang.sh and test_hang_collective.sh): a tiny run of 2
+# ranks under a fresh grpod whose verdict comes after 3 s of waiting, and the checks of grpoctl diagnose's first
+# finding against the status page's.
+# usage: . hang_lib.sh   (then test_env, tiny_model "$TMP/tiny")
+. "$(dirname "${BASH_SOURCE[0]}")/grpod_lib.sh"
+
+# hang NAME [key=value ...]: a fresh grpod (grpod.hang_wait_s=3) and 2 ranks under it with the keys given, left
+# running (MPI_PID); the run's directory is $TMP/NAME/p/e, its log $TMP/NAME.log. LAYOUT: the layout's keys (default
+# 2 colocated ranks)
+hang() {
+    local name="$1"; shift
+    local layout=(${LAYOUT:-trainer.nnodes=1 trainer.n_gpus_per_node=2})
+    EP="ipc://$TMP/$name.sock"
+    export GRPOD_ENDPOINT="$EP"
+    start_grpod "$name" grpod.hang_wait_s=3 || { fail "$name: grpod starts"; return 1; }
+    local keys
+    tiny_run keys "$TMP/$name" 50
+    mpirun --oversubscribe --bind-to none -np 2 "$WORKER" "${keys[@]}" "${layout[@]}" \
+        grpod.endpoint="$EP" grpod.connect_timeout_s=30 "$@" >"$TMP/$name.log" 2>&1 &
+    MPI_PID=$!
+    track "$MPI_PID"
+}
+# verdict KIND: grpoctl diagnose --json's first finding is of KIND (saved in $TMP/diag.json)
+verdict() {
+    "$GRPOCTL" diagnose --json >"$TMP/diag.json" 2>/dev/null && [ "$(jq -r '.[0].kind' "$TMP/diag.json")" = "$1" ]
+}
+# seconds_out: the text on stdin with its seconds as "N s" (they grow between two looks at a hang)
+seconds_out() { sed -E 's/[0-9]+ s\b/N s/g'; }
+# same_on_page: the first finding of $TMP/diag.json is the first on the status page's /api/status, and the first
+# warning of grpoctl diagnose's text
+same_on_page() {
+    local url text
+    url="$(status_field .http_url)"
+    text="$(jq -r '.[0].text' "$TMP/diag.json" | seconds_out)"
+    curl -sf "$url/api/status" >"$TMP/page.json" &&
+        [ "$(jq -r '.diagnosis[0].text' "$TMP/page.json" | seconds_out)" = "$text" ] &&
+        [ "$(jq -r '.diagnosis[0].kind' "$TMP/page.json")" = "$(jq -r '.[0].kind' "$TMP/diag.json")" ] &&
+        "$GRPOCTL" diagnose >"$TMP/diag.txt" 2>&1 &&
+        [ "$(grep -m1 '^warn  ' "$TMP/diag.txt" | seconds_out)" = "warn  $text" ]
+}
