@@ -7,7 +7,8 @@
  *   recover              shrink (MPI agrees on the survivors), the lost ranks named, the step agreed on (the earliest
  *                        any survivor is in) and MPIX_Comm_agree that every survivor can redo it, the groups and
  *                        the layout re-formed, the trainer and the source moved onto them, the step's start
- *                        restored; the loop then runs the step again. */
+ *                        restored, the run's records with the survivors' rank 0 (a new lead where the lead was
+ *                        lost: trainer_reform_records); the loop then runs the step again. */
 #include "survive.h"
 
 #include <errno.h>
