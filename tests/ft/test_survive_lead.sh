@@ -11,8 +11,8 @@
 #      latest_checkpointed_iteration.txt names step 2 (no half checkpoint a relaunch would take); then the run
 #      finishes with step 4's checkpoint in place and equal to one process's;
 #  (d) under grpod, with step 3's generation done (gen:3:0), the new lead then held at step 5's generation (gen:5:1,
-#      not killed): grpod shows rank 0 lost with the reason, the run running, ranks 1 and 2 running; released, the
-#      run finishes and grpod says so.
+#      not killed): the new lead holds run.lock, grpod shows rank 0 lost with the reason, the run running, ranks 1
+#      and 2 running; released, the run finishes and grpod says so.
 # Each: the run finishes (mpirun exits 0), launch rank 1 says it leads from the redone step, the weights equal one
 # process's within 1e-5 relative (every DP layout reproduces it, so the survivors' DP 2 from the redone step on
 # does too), the audit files hold every group of every step exactly rollout.n times, metrics.jsonl holds each step
@@ -94,6 +94,8 @@ wait_for 60 held_or_ended
 newlead="$(cat "$HOLD.held" 2>/dev/null)"
 [ -n "$newlead" ]
 expect "$name: the survivors redo step 3 and go on; the new lead holds at step 5 (pid ${newlead:-none})" $?
+grep -q "^pid $newlead " "$TMP/$name/p/e/run.lock"
+expect "$name: the new lead holds the run directory's lock ($(cat "$TMP/$name/p/e/run.lock" 2>/dev/null))" $?
 lost_told() { field_is '.workers[] | select(.rank == 0) | .error' "survived: DP 3 -> 2 at step 3"; }
 wait_for 20 lost_told
 expect "$name: grpod shows rank 0's reason: $(status_field '.workers[] | select(.rank == 0) | .error')" $?
