@@ -16,6 +16,8 @@
 #                       redone step completed
 #   same_as_one NAME    the final weights equal the one-process run's ($TMP/one) within 1e-5, and the audit files
 #                       hold every group of every step exactly rollout.n times
+#   metrics_once NAME   the run's metrics.jsonl holds each step 1..$STEPS exactly once, in order (a redone step's
+#                       line once), each line a training step's (it has actor/pg_loss)
 STEPS=${STEPS:-5}
 SAVE_FREQ=${SAVE_FREQ:--1}
 # 6 prompts x 4 responses a step (a multiple of 2, 3 and 4 DP ranks' sequences), 2 optimizer steps a step; eps
@@ -94,4 +96,18 @@ same_as_one() {
     expect "$1: weights equal one process's within 1e-5 ($out)" $?
     out=$(python3 "$SRC_ROOT/tests/mpi/check_audit.py" "$TMP/$1/audit" 4 6 "$STEPS" 2>&1)
     expect "$1: audit: every group of every step trained exactly once ($out)" $?
+}
+
+metrics_once() {
+    local out
+    out=$(python3 -c 'import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+got = [r["step"] for r in steps]
+want = list(range(1, int(sys.argv[2]) + 1))
+if got != want:
+    sys.exit(f"steps {got}, want {want}")
+if any("actor/pg_loss" not in r for r in steps):
+    sys.exit("a line without actor/pg_loss")
+print(f"steps {got[0]}..{got[-1]} once each")' "$TMP/$1/p/e/metrics.jsonl" "$STEPS" 2>&1)
+    expect "$1: metrics.jsonl holds each step once ($out)" $?
 }

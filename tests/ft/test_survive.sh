@@ -9,7 +9,7 @@
 #    one process's within 1e-5 relative (every DP layout reproduces it, so the survivors' DP 2 from step K on does
 #    too), and the audit files hold every group of every step exactly rollout.n times (the redone step's file is the
 #    one written);
-#  - the lead rank (0) lost: not covered yet, the run ends with an error saying so;
+#  - (the lead's loss, survived since: ft-survive-lead, test_survive_lead.sh)
 #  - refused by name: with TP 2, and under Open MPI 5's mpirun without --with-ft ulfm.
 # Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
 set -u
@@ -41,18 +41,10 @@ killed() {
     expect "$name: the run finishes without rank $3 (mpirun exits 0)" $?
     survived "$name" "$2" "$3" 2
     same_as_one "$name"
+    metrics_once "$name"
 }
 killed gen 3 2
 killed allreduce 2 1
-
-# the lead lost: not covered yet, named
-start_held lead 3 gen:2:0
-kill_held lead "rank 0 at gen of step 2"
-wait "$JOB"
-[ $? -ne 0 ]
-expect "lead: the run ends with an error" $?
-says "$TMP/lead.log" "rank 0 lost at step 2: rank 0 is the lead"
-expect "lead: the survivors say the lead's loss is not covered yet" $?
 
 # refused by name
 # shellcheck disable=SC2046

@@ -10,10 +10,7 @@
 #    each: the run finishes (mpirun exits 0), the log names the loss and the redone step, the weights equal one
 #    process's within 1e-5 relative, the audit files hold every group of every step exactly rollout.n times, and
 #    the checkpoints written (steps 2 and 4) equal one process's too;
-#  - the lead (rank 0) in the middle of step 4's checkpoint, its weights and optimizer state written and not yet
-#    moved into place (ckpt:4:0): the run ends (the lead's loss is not covered), the checkpoint directory holds
-#    step 4 only as .global_step_4.tmp, latest_checkpointed_iteration.txt names step 2, and a relaunch resumes from
-#    step 2, not the half-written 4, and ends with one process's weights and exactly-once audit files.
+#  (the lead in the middle of its checkpoint: ft-survive-lead, test_survive_lead.sh.)
 # Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
 set -u
 . "$(dirname "$0")/../lib.sh" grpo-ft-points
@@ -35,6 +32,7 @@ killed() {
     expect "$name: the run finishes without rank $3 (mpirun exits 0)" $?
     survived "$name" "$4" "$3" 2
     same_as_one "$name"
+    metrics_once "$name"
     for k in 2 4; do
         out=$("$COMPARE" "$(final one $k)" "$(final "$name" $k)" 1e-5 2>&1)
         expect "$name: the checkpoint of step $k equals one process's within 1e-5 ($out)" $?
@@ -44,27 +42,4 @@ killed logprob 3 2 3
 killed optim 2 1 2
 killed ckpt 2 2 3
 
-# the lead in the middle of writing step 4's checkpoint
-start_held lead-ckpt 3 ckpt:4:0
-kill_held lead-ckpt "rank 0 in the middle of step 4's checkpoint"
-wait "$JOB"
-[ $? -ne 0 ]
-expect "lead-ckpt: the run ends with an error" $?
-says "$TMP/lead-ckpt.log" "rank 0 lost at step 5: rank 0 is the lead"
-expect "lead-ckpt: the survivors say the lead's loss is not covered yet" $?
-ck="$TMP/lead-ckpt/p/e/checkpoints"
-[ -d "$ck/.global_step_4.tmp" ] && [ -f "$ck/.global_step_4.tmp/optim.bin" ]
-expect "lead-ckpt: killed in the middle of the write: .global_step_4.tmp holds optim.bin ($(ls -A "$ck" | tr '\n' ' '))" $?
-[ ! -e "$ck/global_step_4" ] && [ -d "$ck/global_step_2" ]
-expect "lead-ckpt: no global_step_4 a resume would take, global_step_2 there" $?
-[ "$(cat "$ck/latest_checkpointed_iteration.txt" 2>/dev/null)" = 2 ]
-expect "lead-ckpt: latest_checkpointed_iteration.txt names step 2" $?
-# the relaunch, undisturbed (trainer.resume_mode=auto)
-# shellcheck disable=SC2046
-timeout "$(scaled 180)" "${MPIRUN[@]}" -np 3 grpo-worker $(keys lead-ckpt) $(survive_keys 3) \
-    >"$TMP/lead-ckpt-resume.log" 2>&1
-expect "lead-ckpt: the relaunch finishes" $?
-grep -Eq "resumed from .*/global_step_2 at step 2" "$TMP/lead-ckpt-resume.log"
-expect "lead-ckpt: the relaunch resumed from step 2's checkpoint" $?
-same_as_one lead-ckpt
 finish

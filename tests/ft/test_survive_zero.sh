@@ -7,6 +7,11 @@
 #    re-sharded over 2 ranks;
 #  - 4 ranks, rank 3 at step 2 after its generation (gen:2:3: rank 0 holds its copy, a wrap-around), then rank 1 in
 #    step 4's optimizer step (optim:4:1): 4 -> 3 -> 2, re-sharded twice.
+#  - 3 ranks, the lead (rank 0) in the middle of step 4's checkpoint (ckpt:4:0, a checkpoint every 2 steps): the
+#    survivors find the loss in the next step's start (each block's copy to the next rank), redo step 4 with rank 1
+#    leading (rank 0's block rebuilt from rank 1's copy), and metrics.jsonl holds each step once;
+#  - 3 ranks, rank 2 in its part of step 4's checkpoint (ckpt:4:2): the lead, which had logged step 4, redoes it
+#    and metrics.jsonl still holds it once (the lead's files reopened after step 3).
 # Each run finishes (mpirun exits 0) and ends at the weights of a reference that used the smaller DP from the redone
 # step on: an undisturbed ZeRO-1 run of 2 ranks (every ZeRO-1 DP layout reproduces one process's run: checked too),
 # within 1e-5 relative; the audit files hold every group of every step exactly rollout.n times.
@@ -58,6 +63,30 @@ expect "z4: the run finishes without ranks 3 and 1 (mpirun exits 0)" $?
 survived z4 2 3 3 "$t_first"
 survived z4 4 1 2
 same_as_ref2 z4
+
+# the lead mid-checkpoint; its block rebuilt from rank 1's copy, rank 1 leading
+SAVE_FREQ=2 start_held zlead 3 ckpt:4:0 "$ZERO"
+kill_held zlead "rank 0 in the middle of step 4's checkpoint"
+wait "$JOB"
+expect "zlead: the run finishes without rank 0 (mpirun exits 0)" $?
+survived zlead 4 0 2
+says "$TMP/zlead.log" "the lead (rank 0) lost: rank 1 leads from step 4"
+expect "zlead: launch rank 1 says it leads from step 4" $?
+same_as_ref2 zlead
+metrics_once zlead
+ck="$TMP/zlead/p/e/checkpoints"
+[ -f "$ck/global_step_4/state.json" ] && [ ! -e "$ck/.global_step_4.tmp" ] &&
+    [ "$(cat "$ck/latest_checkpointed_iteration.txt" 2>/dev/null)" = "$STEPS" ]
+expect "zlead: the redone step 4's checkpoint in place, no .tmp left, the latest step $STEPS" $?
+
+# a non-lead rank in its part of the checkpoint: step 4, logged by the lead already, redone
+SAVE_FREQ=2 start_held zpart 3 ckpt:4:2 "$ZERO"
+kill_held zpart "rank 2 in its part of step 4's checkpoint"
+wait "$JOB"
+expect "zpart: the run finishes without rank 2 (mpirun exits 0)" $?
+survived zpart 4 2 2
+same_as_ref2 zpart
+metrics_once zpart
 
 # two neighbours at once: the block of the first is lost with its copy on the second
 start_held adj 4 gen:3:1,gen:3:2 "$ZERO"

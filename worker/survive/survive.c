@@ -7,7 +7,8 @@
  *   recover              shrink (MPI agrees on the survivors), the lost ranks named, the step agreed on (the earliest
  *                        any survivor is in) and MPIX_Comm_agree that every survivor can redo it, the groups and
  *                        the layout re-formed, the trainer and the source moved onto them, the step's start
- *                        restored; the loop then runs the step again. */
+ *                        restored, the run's records with the survivors' rank 0 (a new lead where the lead was
+ *                        lost: trainer_reform_records); the loop then runs the step again. */
 #include "survive.h"
 
 #include <errno.h>
@@ -233,20 +234,10 @@ static int recover(void *ud)
     comm_allreduce_max(sides, &neg, 1, COMM_I64);
     const int64_t redo = -neg;
     struct trainer_snapshot *snap = trainer_snapshot_step(s->snap[redo % 2]) == redo ? s->snap[redo % 2] : NULL;
-    /* every survivor can redo it (and the lead, which decides, logs and checkpoints for all, is among them): the
-     * same answer on all of them */
-    int ok = snap && !lead_lost && n_lost > 0;
+    /* every survivor can redo it: the same answer on all of them */
+    int ok = snap && n_lost > 0;
     if (comm_agree(sides, &ok) != 0)
         ok = 0;
-    if (lead_lost) {
-        log_error("survive",
-                  "%s lost at step %lld: rank 0 is the lead (it decides, logs and checkpoints for every rank), and "
-                  "surviving the lead's loss is not covered yet; ending the run (relaunch it: it resumes from the "
-                  "newest checkpoint)",
-                  s->lost_names, (long long)redo);
-        comm_free(sides);
-        return -1;
-    }
     if (!ok) {
         log_error("survive",
                   "%s lost at step %lld, but not every survivor holds that step's start (this rank: %s); ending the "
@@ -303,6 +294,17 @@ static int recover(void *ud)
     const struct survive_loss loss = {.ranks = names, .n = n_lost, .reason = reason};
     if (s->reform)
         s->reform(s->ud, &loss);
+    if (lead_lost && env->rank == 0)
+        log_info("survive",
+                 "the lead (rank 0) lost: rank %d leads from step %lld (the decisions, metrics.jsonl and the other "
+                 "sinks, checkpoints, the audit files and the run's log lines)",
+                 s->launch_rank[0], (long long)redo);
+    /* the lead (it decides, logs, checkpoints and writes the audit files for every rank) is the survivors' rank
+     * 0: with the old one lost, the run's records move to it */
+    if (trainer_reform_records(s->t, lead_lost, err, sizeof err) != 0) {
+        log_error("survive", "the run's records after the loss of %s: %s; ending the run", s->lost_names, err);
+        return -1;
+    }
     s->redo = redo;
     s->reformed_s = clock_now_s() - t0;
     if (env->rank == 0)

@@ -5,7 +5,9 @@
  * once), shrink them to the survivors, agree on the step to redo (the earliest any survivor is in) and redo it from
  * its start with one DP rank fewer: the same global batch split over the survivors, each survivor's own copy of the
  * step's start restored (every plain DP rank holds the whole state). The run then equals one that used the smaller
- * DP from that step on, and the step's audit file is written once, by the redone step.
+ * DP from that step on, and the step's audit file is written once, by the redone step. The lost rank may be the
+ * lead (rank 0: it decides, logs, checkpoints and writes the audit files for all): the survivors' rank 0 takes its
+ * place, appending to the run's metrics files, and writes again a checkpoint the lost lead had not put in place.
  *
  * Where it sits: the trainer's run loop comes back to the start of its step (survive_jmp, a setjmp at each step's
  * start); the collective plane hands a lost peer to this module (comm_set_peer_lost_handler); the trainer's state

@@ -416,12 +416,19 @@ static int decide(struct trainer *t)
     return act;
 }
 
+bool trainer_save_due(const struct trainer *t, int64_t k)
+{
+    const int64_t push = t->src.push_every > 1 ? t->src.push_every : 1; /* fully-async: save_freq counts pushes */
+    const int64_t freq = t->cfg->trainer_save_freq;
+    return (freq > 0 && k % push == 0 && (k / push) % freq == 0) || k == t->st.total_steps;
+}
+
 int trainer_run(struct trainer *t)
 {
     const struct grpo_config *c = t->cfg;
     /* validation generates with the policy: on every rank of DP rank 0's TP group (the leader logs it), or on
      * every rank where the source shares it out */
-    const bool validator = t->lay.dp_rank / t->lay.ep_size == 0 || t->src.validate; /* EP: DP rank 0's EP group */
+    bool validator = t->lay.dp_rank / t->lay.ep_size == 0 || t->src.validate; /* EP: DP rank 0's EP group */
     struct metrics m;
     metrics_init(&m);
     int rc = 0;
@@ -442,6 +449,7 @@ int trainer_run(struct trainer *t)
                 }
             }
             t->rec.step_begin(t->rec.ctx, t->st.global_step + 1);
+            validator = t->lay.dp_rank / t->lay.ep_size == 0 || t->src.validate; /* a lost lead's: the new one */
         }
         t->iter_t0 = clock_now_s();
         t->wait_t0 = comm_wait_seconds();
@@ -498,7 +506,7 @@ int trainer_run(struct trainer *t)
         log_step(t, k, &m);
         if (t->rec.point)
             t->rec.step_done(t->rec.ctx, k);
-        if ((c->trainer_save_freq > 0 && pushed && (k / push) % c->trainer_save_freq == 0) || k == t->st.total_steps)
+        if (trainer_save_due(t, k))
             if (trainer_save_checkpoint(t) != 0) {
                 rc = -1;
                 break;
@@ -580,6 +588,7 @@ int trainer_load_checkpoint(struct trainer *t, const char *dir, struct run_state
 }
 
 int64_t trainer_step(const struct trainer *t) { return t->st.global_step; }
+bool trainer_leads(const struct trainer *t) { return trainer_is_lead(t); }
 const char *trainer_failure(const struct trainer *t) { return t->failure; }
 struct model *trainer_policy(struct trainer *t) { return t->policy; }
 const struct prompt_set *trainer_prompts(const struct trainer *t) { return &t->train; }

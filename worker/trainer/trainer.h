@@ -181,6 +181,9 @@ int trainer_save_checkpoint(struct trainer *t);
 /* Current progress (for status reporting). */
 int64_t trainer_step(const struct trainer *t);
 int64_t trainer_total_steps(const struct trainer *t);
+/* This rank leads the trainers (DP rank 0 of the first model copy: it decides, logs and checkpoints for all); after a
+ * survived loss of the lead, the survivor that took its place. */
+bool trainer_leads(const struct trainer *t);
 /* Run directory (metrics.jsonl, tensorboard/, checkpoints/, charts). */
 const char *trainer_run_dir(const struct trainer *t);
 /* The policy's trainable parameters in host memory (the adapter with LoRA): on a GPU a host copy, made now and
@@ -223,5 +226,11 @@ void trainer_snapshot_free(struct trainer_snapshot *s);
  * -1 with err. */
 int trainer_reform(struct trainer *t, struct comm *all, struct comm *dp, int dp_rank, int dp_size, char *err,
                    size_t errlen);
+/* After trainer_snapshot_restore: the run's records follow the lead, the survivors' DP rank 0 (lead_lost: the lost
+ * ranks held the old one). On the lead its metrics sinks are (re)opened on the run's files, appending after the
+ * restored step (a line logged past it goes: the redone step logs it once), and a new lead takes run.lock; with
+ * the lead lost, the checkpoint of the restored step is written again where it was due and not in place (the lost
+ * lead was writing it): a collective of every survivor. 0, or -1 with err. */
+int trainer_reform_records(struct trainer *t, bool lead_lost, char *err, size_t errlen);
 
 #endif

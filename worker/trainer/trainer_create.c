@@ -672,6 +672,7 @@ static int open_sinks(struct trainer *t, char *err, size_t errlen)
         return -1;
     }
     t->logger_open = trainer_is_lead(t);
+    t->logger_sinks = sinks;
     log_info("trainer",
              "run %s: %d train / %d val prompts, %lld steps (%lld done), batch %lld prompts x %lld responses, "
              "%zu parameters",

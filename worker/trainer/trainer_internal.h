@@ -41,6 +41,7 @@ struct trainer {
     int micro_actor, micro_old, micro_ref;
     struct metrics_logger logger; /* JSONL, TensorBoard, console, SVG chart (with the run's history) */
     bool logger_open;
+    unsigned logger_sinks;     /* the sinks the lead opens (METRICS_SINK_*): again on a new lead after a loss */
     struct gen_ctx rc;         /* generation and scoring with the policy (hybrid steps, validation) */
     struct trainer_layout lay; /* this rank in the trainers' DP group */
     /* trainer.device=cuda beside other ranks: lay.dp's NCCL twin for the gradients (a GPU per DP rank; NULL when
@@ -121,6 +122,9 @@ static inline uint64_t trainer_step_seed(uint64_t seed, int64_t step, uint64_t s
 {
     return rollout_step_seed(seed, step, salt);
 }
+
+/* Whether the run writes a checkpoint after step k (trainer.save_freq, the last step). */
+bool trainer_save_due(const struct trainer *t, int64_t k);
 
 /* One GRPO step (the source's batch, then the update); 0, or -1 on a fatal error. */
 int trainer_grpo_step(struct trainer *t, struct metrics *m);

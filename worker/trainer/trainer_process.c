@@ -144,7 +144,7 @@ int run_trainer_process(struct role_env *env, const struct trainer_layout *lay, 
     watchdog_stop();
     bool finished = trainer_step(t) >= trainer_total_steps(t);
     log_info("worker", "peak resident memory of this rank: %.3f GB", proc_peak_rss_gb());
-    if (rc == 0 && (!lay || lay->dp_rank == 0))
+    if (rc == 0 && trainer_leads(t)) /* the lead at the end (a survived loss of the first moves it) */
         log_info("worker", "run %s at step %lld; results in %s", finished ? "finished" : "stopped",
                  (long long)trainer_step(t), trainer_run_dir(t));
     const char *why = trainer_failure(t);

@@ -3,16 +3,19 @@
  * there, and its layout moved onto the survivors' smaller DP group. Plain data parallelism on the CPU only (the
  * survive module refuses the rest): every rank holds the whole policy and optimizer state, so each survivor's own
  * copy of a step's start is the run's. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "trainer_internal.h"
 #include "common/check.h"
+#include "common/dirlock.h"
 #include "grad_reduce.h"
 #include "zero1.h"
 #include "worker/comm/comm.h"
 #include "worker/model/lora.h"
 #include "worker/model/model.h"
+#include "worker/watchdog/watchdog.h"
 
 struct trainer_snapshot {
     int64_t step; /* the step whose start this is (-1: none yet) */
@@ -167,6 +170,69 @@ int trainer_reform(struct trainer *t, struct comm *all, struct comm *dp, int dp_
         model_release_buffers(t->ref, MODEL_BUF_TRAIN | MODEL_BUF_GEN);
     /* verl's global micro-batch keys are divided by the DP size: by the new one from here */
     return trainer_resolve_micro_batches(t, err, errlen);
+}
+
+/* The newest step the lead's metrics hold (-1: none). */
+static long logged_last(const struct trainer *t)
+{
+    const struct metrics_history *h = &t->logger.history;
+    return h->n ? h->steps[h->n - 1].step : -1;
+}
+
+/* The checkpoint of step s is the one a relaunch takes: latest_checkpointed_iteration.txt names it, and it is whole. */
+static bool checkpoint_in_place(const struct trainer *t, int64_t s)
+{
+    char latest[4096], want[4200];
+    snprintf(want, sizeof want, "%s/global_step_%lld", t->ckpt_root, (long long)s);
+    return checkpoint_find_latest(t->ckpt_root, latest, sizeof latest) == 0 && strcmp(latest, want) == 0;
+}
+
+int trainer_reform_records(struct trainer *t, bool lead_lost, char *err, size_t errlen)
+{
+    const int64_t s = t->st.global_step; /* restored: the redone step is s + 1 */
+    t->peer_failed_rank = -1;            /* a trainer rank of the old numbering */
+    int rewrite = 0;
+    if (trainer_is_lead(t)) {
+        const bool new_lead = !t->logger_open;
+        if (new_lead)
+            watchdog_set_lead();              /* it judges a stall's dumps and ends the job */
+        if (new_lead && t->run_lock_fd < 0) { /* the lost lead's lock went with its process */
+            char why[600];
+            t->run_lock_fd = dirlock_take(t->run_dir, "run.lock", "another job", why, sizeof why);
+            if (t->run_lock_fd < 0)
+                log_warn("survive", "the new lead could not take the run directory's lock: %s", why);
+        }
+        /* the run's files again, from here: metrics.jsonl (appended: each line flushed as written, so every step
+         * the lost lead logged is there), the TensorBoard events, the chart; a step past s (logged before the
+         * loss came back to its start) goes, the redone step logs it once */
+        if (new_lead || logged_last(t) > s) {
+            if (t->logger_open)
+                metrics_logger_close(&t->logger);
+            t->logger_open = false;
+            if (metrics_logger_open(&t->logger, t->run_dir, t->logger_sinks, (long)t->st.total_steps, (long)s,
+                                    t->cfg->trainer_experiment_name) != 0)
+                return error_set(err, errlen, "%s: the new lead cannot open the metrics files", t->run_dir);
+            t->logger_open = true;
+        }
+        if (logged_last(t) < s) /* the lost lead died between a step's last collective and its line */
+            log_warn("survive",
+                     "%s/metrics.jsonl holds steps up to %ld only: the lost lead had not logged step %lld when it "
+                     "was lost",
+                     t->run_dir, logged_last(t), (long long)s);
+        /* the lost lead was writing step s's checkpoint (its .tmp directory, never taken by a relaunch): written
+         * again from the step's end, the same state every survivor restored */
+        rewrite = lead_lost && s > 0 && trainer_save_due(t, s) && !checkpoint_in_place(t, s);
+    }
+    if (trainer_all_group(t))
+        comm_broadcast(trainer_all_group(t), &rewrite, 1, COMM_I32, 0);
+    if (!rewrite)
+        return 0;
+    if (trainer_is_lead(t))
+        log_warn("survive", "the checkpoint of step %lld was not in place when the lead was lost: writing it again",
+                 (long long)s);
+    if (trainer_save_checkpoint(t) != 0) /* collective with ZeRO-1 */
+        return error_set(err, errlen, "writing step %lld's checkpoint again failed (see the log)", (long long)s);
+    return 0;
 }
 
 void trainer_set_recovery(struct trainer *t, const struct trainer_recovery *r) { t->rec = *r; }

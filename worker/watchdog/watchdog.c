@@ -30,6 +30,7 @@ static char g_dump_dir[2048];
 static pthread_t g_thread;
 static bool g_started;
 static _Atomic bool g_quit;
+static _Atomic bool g_lead; /* this rank leads: world rank 0, or the survivor that took a lost lead's place */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER; /* the fields below */
 static double g_last_step_at;                            /* monotonic; 0: none yet */
 static int64_t g_last_step = -1;
@@ -246,19 +247,19 @@ static void fire(double idle, double limit)
     pthread_mutex_unlock(&g_mu);
     const double grace = fmin(30.0, fmax(2.0, limit / 4));
     char verdict[HANG_TEXT_MAX] = "";
-    if (g_o.rank == 0 && g_dump_dir[0])
+    if (atomic_load(&g_lead) && g_dump_dir[0])
         lead_verdict(since_wall, grace, limit / 2, verdict, sizeof verdict);
     if (!g_o.stop) {
         log_warn("watchdog", KEY_trainer_hang_action " wait: waiting on (this stall is dumped once)");
         return;
     }
-    if (g_o.rank != 0) { /* the lead ends the job once it has named the stuck rank; unless it cannot */
+    if (!atomic_load(&g_lead)) { /* the lead ends the job once it has named the stuck rank; unless it cannot */
         const double until = clock_now_s() + 2 * grace + 10;
         while (clock_now_s() < until && !atomic_load(&g_quit))
             clock_sleep_s(POLL_S);
         if (atomic_load(&g_quit))
             return;
-        log_error("watchdog", "rank 0 did not end the job within %.0f s: rank %d ends it", 2 * grace + 10, g_o.rank);
+        log_error("watchdog", "the lead did not end the job within %.0f s: rank %d ends it", 2 * grace + 10, g_o.rank);
     }
     char kept[2300];
     if (ckpt >= 0)
@@ -318,6 +319,7 @@ int watchdog_start(const struct watchdog_options *o)
     g_o = *o;
     snprintf(g_dump_dir, sizeof g_dump_dir, "%s", o->dump_dir ? o->dump_dir : "");
     g_o.dump_dir = g_dump_dir;
+    atomic_store(&g_lead, o->rank == 0);
     atomic_store(&g_quit, false);
     const int rc = pthread_create(&g_thread, NULL, watch, NULL);
     if (rc != 0) {
@@ -335,6 +337,8 @@ int watchdog_start(const struct watchdog_options *o)
                  AUTO_FLOOR_S, AUTO_FACTOR, AUTO_FIRST_S, o->stop ? " and the job's end" : "");
     return 0;
 }
+
+void watchdog_set_lead(void) { atomic_store(&g_lead, true); }
 
 void watchdog_stop(void)
 {

@@ -43,6 +43,9 @@ void watchdog_step_done(int64_t step);
 void watchdog_checkpoint_saved(int64_t step, const char *dir);
 /* Stop the thread (the run is over): no dump after this. */
 void watchdog_stop(void);
+/* This rank leads from now on (trainer.survive_trainer_loss: the lead was lost, this survivor took its place): it
+ * judges the dumps and ends the job on a stall. */
+void watchdog_set_lead(void);
 /* The timeout for these step intervals (seconds, n of them): timeout_s when > 0, else max(300, 10 x the median),
  * 1800 with none. For the tests. */
 double watchdog_timeout_for(double timeout_s, const double *intervals, int n);
