@@ -9,6 +9,8 @@
 
 #include "cpu_kernels.h"
 
+/* linkage is `static` or nothing, params and args parenthesised lists: none of them can take parentheses */
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #if defined(__x86_64__) && defined(__GNUC__)
 #define CPU_ISA_VARIANTS(linkage, name, params, args)                                                                  \
     __attribute__((target("avx512f"))) static void name##_avx512 params { name##_body args; }                          \
@@ -26,5 +28,6 @@
 #define CPU_ISA_VARIANTS(linkage, name, params, args)                                                                  \
     linkage void name params { name##_body args; }
 #endif
+// NOLINTEND(bugprone-macro-parentheses)
 
 #endif

@@ -45,7 +45,7 @@ static size_t count_diff(const float *a, const float *b, size_t n, int32_t *max_
 /* the reference of one decode row of attention (attention.c's head_decode, scalar) */
 static void ref_decode(float *out, const float *q, const float *k, const float *v, int ldk, int nk, int hd, float scale)
 {
-    float S[TK];
+    float S[TK] = {0};
     for (int j = 0; j < nk; j++) {
         float acc[8] = {0};
         int d = 0;
