@@ -111,3 +111,38 @@ if any("actor/pg_loss" not in r for r in steps):
 print(f"steps {got[0]}..{got[-1]} once each")' "$TMP/$1/p/e/metrics.jsonl" "$STEPS" 2>&1)
     expect "$1: metrics.jsonl holds each step once ($out)" $?
 }
+
+# checkpoints_as_one NAME: the run's step 2 and 4 checkpoints equal one process's within 1e-5
+checkpoints_as_one() {
+    local out k
+    for k in 2 4; do
+        out=$("$COMPARE" "$(final one $k)" "$(final "$1" $k)" 1e-5 2>&1)
+        expect "$1: the checkpoint of step $k equals one process's within 1e-5 ($out)" $?
+    done
+}
+
+# grpod_saw_survival NAME RANK WHY OTHERS: under grpod (lib.sh's grpod helpers, KILL_T0 the kill's time) the lost
+# launch rank RANK shows state lost and its reason WHY, the run stays running past grpod's heartbeat timeout with a
+# reason naming the loss, the other ranks' states joined by commas are OTHERS, and grpod's events say the loss was
+# survived, none telling the ranks to end
+grpod_saw_survival() {
+    local name="$1" r="$2" why="$3" others="$4"
+    lost_told() { field_is ".workers[] | select(.rank == $r) | .error" "$why"; }
+    wait_for 20 lost_told
+    expect "$name: grpod shows rank $r's reason: $(status_field ".workers[] | select(.rank == $r) | .error")" $?
+    field_is ".workers[] | select(.rank == $r) | .state" lost
+    expect "$name: rank $r is lost ($(status_field ".workers[] | select(.rank == $r) | .state"))" $?
+    # the lost rank's heartbeats stopped at the kill: by now grpod.heartbeat_timeout_s (3 s) has passed without it
+    # calling the run's end (the lead, held, heartbeats on)
+    past_timeout() { python3 -c 'import sys, time; sys.exit(time.time() < float(sys.argv[1]) + 4)' "$KILL_T0"; }
+    wait_for 30 past_timeout
+    state_is running
+    expect "$name: the run is running 4 s after the kill ($(status_field .state): $(status_field .reason))" $?
+    status_field .reason | grep -qF "rank $r on host" && status_field .reason | grep -qF "$why"
+    expect "$name: the run's reason names the loss of rank $r" $?
+    [ "$(status_field "[.workers[] | select(.rank != $r) | .state] | join(\",\")")" = "$others" ]
+    expect "$name: the other ranks $others ($(status_field '[.workers[] | .state] | join(",")'))" $?
+    status_field '.events[].text' >"$TMP/events.txt"
+    grep -qF "lost: $why" "$TMP/events.txt" && ! grep -q "told to end" "$TMP/events.txt"
+    expect "$name: grpod's events say the loss was survived, none tells the ranks to end" $?
+}

@@ -42,10 +42,7 @@ lead_survived() {
     expect "$name: the new lead logs the run's end" $?
     same_as_one "$name"
     metrics_once "$name"
-    for k in 2 4; do
-        out=$("$COMPARE" "$(final one $k)" "$(final "$name" $k)" 1e-5 2>&1)
-        expect "$name: the checkpoint of step $k equals one process's within 1e-5 ($out)" $?
-    done
+    checkpoints_as_one "$name"
 }
 
 # killed POINT STEP FOUND: rank 0 held at POINT of step STEP and SIGKILLed there; its loss found in step FOUND
@@ -96,24 +93,7 @@ newlead="$(cat "$HOLD.held" 2>/dev/null)"
 expect "$name: the survivors redo step 3 and go on; the new lead holds at step 5 (pid ${newlead:-none})" $?
 grep -q "^pid $newlead " "$TMP/$name/p/e/run.lock"
 expect "$name: the new lead holds the run directory's lock ($(cat "$TMP/$name/p/e/run.lock" 2>/dev/null))" $?
-lost_told() { field_is '.workers[] | select(.rank == 0) | .error' "survived: DP 3 -> 2 at step 3"; }
-wait_for 20 lost_told
-expect "$name: grpod shows rank 0's reason: $(status_field '.workers[] | select(.rank == 0) | .error')" $?
-field_is '.workers[] | select(.rank == 0) | .state' lost
-expect "$name: rank 0 is lost ($(status_field '.workers[] | select(.rank == 0) | .state'))" $?
-# the lost lead's heartbeats stopped at the kill: by now grpod.heartbeat_timeout_s (3 s) has passed without it
-# calling the run's end (the new lead, held, heartbeats on)
-past_timeout() { python3 -c 'import sys, time; sys.exit(time.time() < float(sys.argv[1]) + 4)' "$KILL_T0"; }
-wait_for 30 past_timeout
-state_is running
-expect "$name: the run is running 4 s after the kill ($(status_field .state): $(status_field .reason))" $?
-status_field .reason | grep -qF "rank 0 on host" && status_field .reason | grep -qF "survived: DP 3 -> 2 at step 3"
-expect "$name: the run's reason names the lead's loss" $?
-[ "$(status_field '[.workers[] | select(.rank != 0) | .state] | join(",")')" = "running,running" ]
-expect "$name: ranks 1 and 2 running ($(status_field '[.workers[] | .state] | join(",")'))" $?
-status_field '.events[].text' >"$TMP/events.txt"
-grep -qF "lost: survived: DP 3 -> 2 at step 3" "$TMP/events.txt" && ! grep -q "told to end" "$TMP/events.txt"
-expect "$name: grpod's events say the loss was survived, none tells the ranks to end" $?
+grpod_saw_survival "$name" 0 "survived: DP 3 -> 2 at step 3" running,running
 rm -f "$HOLD" # the new lead goes on
 wait "$JOB"
 expect "$name: the run finishes without rank 0 (mpirun exits 0)" $?

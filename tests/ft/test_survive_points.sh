@@ -33,10 +33,7 @@ killed() {
     survived "$name" "$4" "$3" 2
     same_as_one "$name"
     metrics_once "$name"
-    for k in 2 4; do
-        out=$("$COMPARE" "$(final one $k)" "$(final "$name" $k)" 1e-5 2>&1)
-        expect "$name: the checkpoint of step $k equals one process's within 1e-5 ($out)" $?
-    done
+    checkpoints_as_one "$name"
 }
 killed logprob 3 2 3
 killed optim 2 1 2
