@@ -43,9 +43,9 @@ void linear_forward(float *y, const float *x, const float *W, const float *b, in
 /* dx += dy W (N, Din); dW += dy^T x (Dout, Din); db += sum_rows dy (Dout). Any of dx, dW, db may be NULL. */
 /* The vector ISA of the kernels we write (kernels/cpu/isa.c): the best this CPU runs, capped by GRPO_CPU_ISA=avx2 or
  * none, so that a run here follows the arithmetic of a CPU without AVX-512 (with OPENBLAS_CORETYPE=Haswell for
- * OpenBLAS's kernels: docs/training.md, "Kernels and CPUs"). Every kernel with ISA variants (the few-row products,
- * SwiGLU, the softmax's exp, decode attention) dispatches on it. cpu_force_isa picks one for tests (false: this CPU
- * cannot run it); CPU_ISA_AUTO undoes it. */
+ * OpenBLAS's kernels: docs/results/performance.md, "Another CPU's run, computed here"). Every kernel with ISA variants
+ * (the few-row products, SwiGLU, the softmax's exp, decode attention) dispatches on it. cpu_force_isa picks one for
+ * tests (false: this CPU cannot run it); CPU_ISA_AUTO undoes it. */
 enum cpu_isa { CPU_ISA_NONE = 0, CPU_ISA_AVX2 = 1, CPU_ISA_AVX512 = 2, CPU_ISA_AUTO = 3 };
 enum cpu_isa cpu_isa(void);
 bool cpu_force_isa(enum cpu_isa isa);
