@@ -138,6 +138,25 @@ int comm_lost_ranks(struct comm *old, struct comm *survivors, int *ranks, int ma
 }
 
 int comm_agree(struct comm *c, int *flag) { return MPIX_Comm_agree(impl_of(c)->comm, flag) == MPI_SUCCESS ? 0 : -1; }
+
+/* the spares' tag: apart from the back-end's (0) */
+#define SPARE_TAG 4242
+
+int comm_ft_wait_word(struct comm *c, int32_t *word)
+{
+    int rc = MPI_Recv(word, 1, MPI_INT32_T, MPI_ANY_SOURCE, SPARE_TAG, impl_of(c)->comm, MPI_STATUS_IGNORE);
+    if (rc == MPI_SUCCESS)
+        return 0;
+    comm_ft_check(c, rc, "MPI_Recv(a spare's wait)");
+    return -1;
+}
+
+void comm_ft_send_word(struct comm *c, int peer, int32_t word)
+{
+    int rc = MPI_Send(&word, 1, MPI_INT32_T, peer, SPARE_TAG, impl_of(c)->comm);
+    if (rc != MPI_SUCCESS)
+        comm_ft_check(c, rc, "MPI_Send(to a spare)");
+}
 #else
 bool comm_ft_available(char *why, size_t whylen)
 {
@@ -175,4 +194,12 @@ int comm_agree(struct comm *c, int *flag)
     (void)c, (void)flag;
     return -1;
 }
+
+int comm_ft_wait_word(struct comm *c, int32_t *word)
+{
+    (void)c, (void)word;
+    return -1;
+}
+
+void comm_ft_send_word(struct comm *c, int peer, int32_t word) { (void)c, (void)peer, (void)word; }
 #endif
