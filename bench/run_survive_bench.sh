@@ -4,12 +4,16 @@
 # Llama of HIDDEN x LAYERS (byte-level tokenizer) that this script makes.
 #  - the normal step with the key off and on, ROUNDS runs of each in turn (the key keeps each step's start: a copy of
 #    the weights and AdamW's moments): the mean of timing_s/step over the steps after the first, and on / off;
+#  - with SPARE=1, a third run each round: the key on and a spare rank beside the 3 (trainer.survive_spare_ranks=1,
+#    4 ranks; it waits outside every collective of a step): its mean, and spare / on;
 #  - one run with the key on whose rank 2 is SIGKILLed at step 3 after its generation (the tests' hold,
 #    GRPO_TEST_KILL_AT): the kill to the end of the redone step (from the log's time stamp), what rank 0 logs (the
-#    loss found to the redone step's end, and the re-forming alone), and step 3's time against step 2's.
+#    loss found to the redone step's end, and the re-forming alone), and step 3's time against step 2's; with
+#    SPARE=1 the same with a spare that takes rank 2's place (the re-forming then includes the state's broadcast).
 #
 #   bench/run_survive_bench.sh                         # HIDDEN=256 LAYERS=4 STEPS=6 ROUNDS=3
 #   HIDDEN=512 LAYERS=8 bench/run_survive_bench.sh
+#   SPARE=1 bench/run_survive_bench.sh                 # the rounds with an idle spare too
 #
 # Results: $OUT (default build-ft/bench-results/survive-<time>/): the runs, their logs and summary.md.
 set -euo pipefail
@@ -44,11 +48,11 @@ keys() { # NAME
         trainer.nnodes=1 trainer.n_gpus_per_node=3 trainer.default_local_dir="$OUT/$1"
 }
 MPI_EXTRA=()
-run() { # NAME [keys...] (mpirun's options in MPI_EXTRA)
+run() { # NAME [keys...] (mpirun's options in MPI_EXTRA, the ranks in NP: 3)
     local name=$1
     shift
     # shellcheck disable=SC2046 # keys' words are the keys
-    scripts/mpirun_ft --oversubscribe --bind-to none "${MPI_EXTRA[@]}" -np 3 grpo-worker $(keys "$name") "$@" \
+    scripts/mpirun_ft --oversubscribe --bind-to none "${MPI_EXTRA[@]}" -np "${NP:-3}" grpo-worker $(keys "$name") "$@" \
         >"$OUT/$name.log" 2>&1
 }
 # mean timing_s/step over the steps after the first
@@ -57,29 +61,45 @@ step_mean() {
 s = [r["timing_s/step"] for r in map(json.loads, open(sys.argv[1])) if r["step"] > 1 and "timing_s/step" in r]
 print(f"{sum(s) / len(s):.4f}")' "$OUT/$1/p/e/metrics.jsonl"
 }
-off=() on=()
+off=() on=() spare=()
 for r in $(seq 1 "$ROUNDS"); do
     echo "[bench] round $r: key off, then on" >&2
     run "off$r"
     off+=("$(step_mean "off$r")")
     run "on$r" trainer.survive_trainer_loss=true
     on+=("$(step_mean "on$r")")
+    if [ "${SPARE:-0}" = 1 ]; then
+        NP=4 run "spare$r" trainer.survive_trainer_loss=true trainer.survive_spare_ranks=1
+        spare+=("$(step_mean "spare$r")")
+    fi
 done
+# killed NAME [keys...]: a run with the key on whose rank 2 is SIGKILLed at step 3 after its generation; T0 the kill
+killed() {
+    local name=$1 hold="$OUT/hold-$1" job
+    shift
+    touch "$hold"
+    MPI_EXTRA=(-x GRPO_TEST_KILL_AT -x GRPO_TEST_HOLD_FILE)
+    GRPO_TEST_KILL_AT=gen:3:2 GRPO_TEST_HOLD_FILE="$hold" run "$name" trainer.survive_trainer_loss=true "$@" &
+    job=$!
+    for _ in $(seq 1 3000); do # the hold, or the run's end (at most 5 minutes)
+        [ -s "$hold.held" ] || ! kill -0 "$job" 2>/dev/null && break
+        sleep 0.1 # sleep-ok: the poll interval of a bounded wait
+    done
+    T0="$(date -u +%s.%N)"
+    kill -9 "$(cat "$hold.held")"
+    wait "$job"
+    rm -f "$hold"
+    MPI_EXTRA=()
+}
 echo "[bench] a run with rank 2 killed at step 3" >&2
-hold="$OUT/hold"
-touch "$hold"
-MPI_EXTRA=(-x GRPO_TEST_KILL_AT -x GRPO_TEST_HOLD_FILE)
-GRPO_TEST_KILL_AT=gen:3:2 GRPO_TEST_HOLD_FILE="$hold" run killed trainer.survive_trainer_loss=true &
-job=$!
-for _ in $(seq 1 3000); do # the hold, or the run's end (at most 5 minutes)
-    [ -s "$hold.held" ] || ! kill -0 "$job" 2>/dev/null && break
-    sleep 0.1 # sleep-ok: the poll interval of a bounded wait
-done
-t0="$(date -u +%s.%N)"
-kill -9 "$(cat "$hold.held")"
-wait "$job"
-rm -f "$hold"
-python3 - "$OUT" "$t0" "$HIDDEN" "$LAYERS" "$STEPS" "${off[*]}" "${on[*]}" <<'PY' | tee "$OUT/summary.md"
+killed killed
+t0="$T0" t0s=""
+if [ "${SPARE:-0}" = 1 ]; then
+    echo "[bench] the same with a spare rank, which takes rank 2's place" >&2
+    NP=4 killed killed-spare trainer.survive_spare_ranks=1
+    t0s="$T0"
+fi
+python3 - "$OUT" "$t0" "$HIDDEN" "$LAYERS" "$STEPS" "${off[*]}" "${on[*]}" "${spare[*]}" "$t0s" <<'PY' | tee "$OUT/summary.md"
 import datetime, json, re, sys
 out, t0, hidden, layers, steps = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 off, on = [float(x) for x in sys.argv[6].split()], [float(x) for x in sys.argv[7].split()]
@@ -96,8 +116,11 @@ print("| key | timing_s/step, mean of steps 2.. per run | mean |")
 print("|---|---|---|")
 print(f"| off | {' '.join(f'{x:.3f}' for x in off)} | {mean(off):.3f} |")
 print(f"| on | {' '.join(f'{x:.3f}' for x in on)} | {mean(on):.3f} |")
+spare = [float(x) for x in sys.argv[8].split()]
+if spare:
+    print(f"| on, and a spare rank waiting (4 ranks) | {' '.join(f'{x:.3f}' for x in spare)} | {mean(spare):.3f} |")
 print()
-print(f"on / off: {mean(on) / mean(off):.3f}")
+print(f"on / off: {mean(on) / mean(off):.3f}" + (f"; spare / on: {mean(spare) / mean(on):.3f}" if spare else ""))
 kept = [l for l in open(f"{out}/on1.log", errors="replace") if "start kept in" in l]
 if kept:
     print()
@@ -106,5 +129,15 @@ print()
 print(f"rank 2 killed at step 3: the kill to the redone step's end {t.timestamp() - t0:.2f} s; rank 0: "
       f"{line.split('survive: ')[1]}; step 2 took {m[2]['timing_s/step']:.2f} s (3 ranks), step 3 (redone, 2 ranks) "
       f"{m[3]['timing_s/step']:.2f} s from its restart")
+if sys.argv[9]:
+    log = open(f"{out}/killed-spare.log", errors="replace").read()
+    line = [l for l in log.splitlines() if "survive: step 3 (redone) completed" in l][0]
+    t = datetime.datetime.strptime(line[:23], "%Y-%m-%dT%H:%M:%S.%f").replace(tzinfo=datetime.timezone.utc)
+    joined = [l for l in log.splitlines() if "joined as DP rank" in l][0]
+    m = {r["step"]: r for r in map(json.loads, open(f"{out}/killed-spare/p/e/metrics.jsonl"))}
+    print()
+    print(f"the same with a spare: the kill to the redone step's end {t.timestamp() - float(sys.argv[9]):.2f} s; "
+          f"rank 0: {line.split('survive: ')[1]}; the spare: {joined.split('survive: ')[1]}; step 2 took "
+          f"{m[2]['timing_s/step']:.2f} s (3 ranks), step 3 (redone, 3 ranks) {m[3]['timing_s/step']:.2f} s")
 PY
 echo "[bench] $OUT/summary.md" >&2

@@ -27,6 +27,8 @@ struct role_env {
     struct comm *world;
     int rank, world_size; /* this rank in the run: the MPI rank and size, or --replace-rank's */
     bool replacing;       /* --replace-rank: in the place of a lost rollout rank */
+    int spare_ranks;      /* trainer.survive_spare_ranks: the world's last ranks, outside rank and world_size */
+    bool spare;           /* this rank is one of them: it waits to take a lost rank's place (worker/survive) */
     struct placement_spec spec;
     struct placement at;       /* this rank's role and coordinates */
     struct control *ctl;       /* NULL: no grpod */

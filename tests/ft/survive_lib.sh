@@ -4,7 +4,8 @@
 #                       this build's programs; the tiny model in $TMP/tiny (a check)
 #   keys NAME           the keys of a tiny run of $STEPS steps (6 prompts x 4 responses, 2 optimizer steps a step,
 #                       a checkpoint every $SAVE_FREQ steps) whose results go to $TMP/NAME
-#   survive_keys NP     NP colocated plain-DP ranks with trainer.survive_trainer_loss on
+#   survive_keys NP     NP colocated plain-DP ranks with trainer.survive_trainer_loss on; with SPARES=N the last N
+#                       of them are spares (trainer.survive_spare_ranks), DP is NP - N
 #   MPIRUN              scripts/mpirun_ft with the launch's options
 #   final NAME [STEP]   the run's checkpoint of STEP (default $STEPS), actor/
 #   start_held NAME NP SPEC [KEYS...]  NP ranks in the background with GRPO_TEST_KILL_AT=SPEC (worker/survive/
@@ -45,7 +46,10 @@ survive_start() {
     tiny_model "$TMP/tiny"
     expect "tiny model initialised" $?
 }
-survive_keys() { echo trainer.nnodes=1 trainer.n_gpus_per_node="$1" trainer.survive_trainer_loss=true; }
+survive_keys() {
+    echo trainer.nnodes=1 trainer.n_gpus_per_node="$(($1 - ${SPARES:-0}))" trainer.survive_trainer_loss=true \
+        trainer.survive_spare_ranks="${SPARES:-0}"
+}
 MPIRUN=("$SRC_ROOT/scripts/mpirun_ft" --oversubscribe --bind-to none)
 final() { echo "$TMP/$1/p/e/checkpoints/global_step_${2:-$STEPS}/actor"; }
 

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifdef GRPO_HAVE_ULFM
 #include <mpi.h>
@@ -138,6 +139,35 @@ int comm_lost_ranks(struct comm *old, struct comm *survivors, int *ranks, int ma
 }
 
 int comm_agree(struct comm *c, int *flag) { return MPIX_Comm_agree(impl_of(c)->comm, flag) == MPI_SUCCESS ? 0 : -1; }
+
+/* the spares' tag: apart from the back-end's (0) */
+#define SPARE_TAG 4242
+
+int comm_ft_wait_word(struct comm *c, int32_t *word)
+{
+    /* tested every millisecond, asleep between: a blocking receive would spin a core for the whole run */
+    MPI_Request r = MPI_REQUEST_NULL;
+    int rc = MPI_Irecv(word, 1, MPI_INT32_T, MPI_ANY_SOURCE, SPARE_TAG, impl_of(c)->comm, &r), done = 0;
+    while (rc == MPI_SUCCESS && !done) {
+        rc = MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+        if (rc == MPI_SUCCESS && !done) {
+            const struct timespec ms = {0, 1000000};
+            nanosleep(&ms, NULL);
+        }
+    }
+    if (rc == MPI_SUCCESS) // NOLINT(clang-analyzer-optin.mpi.MPI-Checker): MPI_Test completed it
+        return 0;
+    comm_ft_check(c, rc, "MPI_Recv(a spare's wait)");
+    /* the request is left behind on the lost group, as a step's are (MPI cannot cancel it there) */
+    return -1; // NOLINT(clang-analyzer-optin.mpi.MPI-Checker)
+}
+
+void comm_ft_send_word(struct comm *c, int peer, int32_t word)
+{
+    int rc = MPI_Send(&word, 1, MPI_INT32_T, peer, SPARE_TAG, impl_of(c)->comm);
+    if (rc != MPI_SUCCESS)
+        comm_ft_check(c, rc, "MPI_Send(to a spare)");
+}
 #else
 bool comm_ft_available(char *why, size_t whylen)
 {
@@ -175,4 +205,12 @@ int comm_agree(struct comm *c, int *flag)
     (void)c, (void)flag;
     return -1;
 }
+
+int comm_ft_wait_word(struct comm *c, int32_t *word)
+{
+    (void)c, (void)word;
+    return -1;
+}
+
+void comm_ft_send_word(struct comm *c, int peer, int32_t word) { (void)c, (void)peer, (void)word; }
 #endif

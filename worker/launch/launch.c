@@ -380,18 +380,46 @@ static int place(struct launch *l, int replace_rank)
         size = env->spec.trainer_ranks + env->spec.rollout_ranks;
         env->replacing = true;
     }
+    /* trainer.survive_spare_ranks: the last ranks wait as spares; the layout is the others' (survive_check says
+     * where spares are covered) */
+    if (cfg->trainer_survive_spare_ranks > 0 && !cfg->trainer_survive_trainer_loss) {
+        if (rank == 0)
+            log_error("worker", KEY_trainer_survive_spare_ranks " needs " KEY_trainer_survive_trainer_loss "=true");
+        l->refused_alike = true;
+        return 2;
+    }
+    const int spares =
+        replace_rank < 0 && cfg->trainer_survive_trainer_loss ? (int)cfg->trainer_survive_spare_ranks : 0;
+    if (spares > 0 && size - spares < 2) {
+        if (rank == 0)
+            log_error("worker",
+                      KEY_trainer_survive_spare_ranks "=%d of %d ranks leaves %d to train: at least 2 must (a "
+                                                      "spare takes a lost one's place)",
+                      spares, size, size - spares);
+        l->refused_alike = true;
+        return 2;
+    }
+    env->spare_ranks = spares;
+    env->spare = spares > 0 && rank >= size - spares;
+    size -= spares;
     env->rank = rank;
     env->world_size = size;
     env->heartbeat_s = cfg->grpod_heartbeat_interval_s;
     if (placement_spec_from_config(cfg, &env->spec, why, sizeof why) != 0 ||
         placement_check(&env->spec, size, (int)cfg->data_train_batch_size, why, sizeof why) != 0 ||
-        placement_of(&env->spec, rank, size, &env->at, why, sizeof why) != 0) {
+        placement_of(&env->spec, env->spare ? 0 : rank, size, &env->at, why, sizeof why) != 0) {
         if (replace_rank >= 0) /* alone: nobody else says it */
             log_error("worker", "--replace-rank %d: %s", replace_rank, why);
         else if (rank == 0)
             log_error("worker", "%s", why);
         l->refused_alike = true;
         return 2;
+    }
+    if (env->spare) { /* a spare trains nothing until it joins: a DP group of its own (survive.c moves it) */
+        env->at.dp = 0;
+        env->at.dp_size = 1;
+        env->at.engine = env->at.engine_tp = 0;
+        env->at.engines = 1;
     }
     l->split = env->at.role != PLACE_HYBRID;
     l->colocated = !l->split && size > 1;
@@ -523,7 +551,8 @@ static void build_groups(struct launch *l, int replace_rank)
 static void build_colocated_groups(struct launch *l)
 {
     struct role_env *env = &l->env;
-    l->sides = comm_split(env->world, 0, env->rank);
+    /* trainer.survive_spare_ranks: each spare a group of its own, the others the trainers */
+    l->sides = comm_split(env->world, env->spare ? 1 + comm_rank(env->world) - env->world_size : 0, env->rank);
     comm_set_name(l->sides, "trainers");
     comm_set_deadline(l->sides, (double)env->cfg->arr_nccl_timeout);
     train_groups(l, "colocated");

@@ -8,6 +8,10 @@
  * DP from that step on, and the step's audit file is written once, by the redone step. The lost rank may be the
  * lead (rank 0: it decides, logs, checkpoints and writes the audit files for all): the survivors' rank 0 takes its
  * place, appending to the run's metrics files, and writes again a checkpoint the lost lead had not put in place.
+ * With spares (trainer.survive_spare_ranks: the job's last ranks, outside the layout) a spare waits in one receive
+ * on the world group, in no collective of a step; a loss revokes that group too, the spare shrinks with the others
+ * and, one for each lost trainer while spares are left, joins DP at the redone step with the step's start
+ * broadcast from the new DP rank 0: DP keeps its size. The lead releases the spares still waiting at the run's end.
  *
  * Where it sits: the trainer's run loop comes back to the start of its step (survive_jmp, a setjmp at each step's
  * start); the collective plane hands a lost peer to this module (comm_set_peer_lost_handler); the trainer's state

@@ -428,7 +428,8 @@ int trainer_run(struct trainer *t)
     const struct grpo_config *c = t->cfg;
     /* validation generates with the policy: on every rank of DP rank 0's TP group (the leader logs it), or on
      * every rank where the source shares it out */
-    bool validator = t->lay.dp_rank / t->lay.ep_size == 0 || t->src.validate; /* EP: DP rank 0's EP group */
+    /* (a spare validates nothing: it waits in its first step's start) */
+    bool validator = !t->lay.spare && (t->lay.dp_rank / t->lay.ep_size == 0 || t->src.validate);
     struct metrics m;
     metrics_init(&m);
     int rc = 0;
@@ -448,7 +449,8 @@ int trainer_run(struct trainer *t)
                     break;
                 }
             }
-            t->rec.step_begin(t->rec.ctx, t->st.global_step + 1);
+            if (t->rec.step_begin(t->rec.ctx, t->st.global_step + 1) != 0)
+                break;                                                           /* a spare released at the run's end */
             validator = t->lay.dp_rank / t->lay.ep_size == 0 || t->src.validate; /* a lost lead's: the new one */
         }
         t->iter_t0 = clock_now_s();

@@ -70,6 +70,8 @@ struct trainer_layout {
     int devices;      /* ranks the run uses (perf/throughput divides by it); 0: 1 */
     int device;       /* trainer.device=cuda: this rank's GPU (its CUDA index on the node) */
     bool gpus_shared; /* trainer.device=cuda: some DP ranks share a GPU, so NCCL cannot sum their gradients */
+    bool spare;       /* trainer.survive_spare_ranks: a spare, alone, waits to take a lost rank's place: it leads,
+                         validates and trains nothing until it joins (trainer_reform) */
 };
 
 /* What a step's source reports with its rollouts, the figures the trainer's own metrics use: the seconds they took
@@ -195,11 +197,13 @@ const float *trainer_params(struct trainer *t, size_t *n);
  * lost peer brings this rank back to (a setjmp on *point), to redo the step. */
 struct trainer_recovery {
     void *ctx;
-    jmp_buf *point;                           /* set (setjmp) at the start of each step */
-    void (*step_begin)(void *ctx, int64_t k); /* step k starts: its start is kept, a loss from here comes back */
-    int (*recover)(void *ctx);                /* back at the point: 0 to redo the restored step, -1 to end the run */
-    void (*step_done)(void *ctx, int64_t k);  /* step k is done and logged */
-    void (*disarm)(void *ctx);                /* past the last step: a loss ends the job */
+    jmp_buf *point; /* set (setjmp) at the start of each step */
+    /* step k starts: its start is kept, a loss from here comes back; nonzero: this rank is a spare the run no
+     * longer needs (it ended), out of the loop */
+    int (*step_begin)(void *ctx, int64_t k);
+    int (*recover)(void *ctx);               /* back at the point: 0 to redo the restored step, -1 to end the run */
+    void (*step_done)(void *ctx, int64_t k); /* step k is done and logged */
+    void (*disarm)(void *ctx);               /* past the last step: a loss ends the job */
 };
 void trainer_set_recovery(struct trainer *t, const struct trainer_recovery *r);
 /* Whether the optimizer state is sharded over DP (ZeRO-1). */
@@ -224,6 +228,11 @@ void trainer_snapshot_free(struct trainer_snapshot *s);
 /* Move the trainer onto the survivors' groups: all (every trainer) and dp (plain DP: the same ranks), this rank
  * dp_rank of dp_size; the gradient buckets and micro-batch sizes follow, the interrupted step's buffers go. 0, or
  * -1 with err. */
+/* trainer.survive_spare_ranks: after trainer_reform (and, on the old DP ranks, trainer_snapshot_restore), DP rank
+ * root's state (the weights, AdamW's moments and step count, the run state with the data cursor) to every rank of
+ * the DP group: a spare that joined takes the step's start from it. Plain DP only; a collective of the DP group.
+ * The bytes broadcast. */
+size_t trainer_state_share(struct trainer *t, int root);
 int trainer_reform(struct trainer *t, struct comm *all, struct comm *dp, int dp_rank, int dp_size, char *err,
                    size_t errlen);
 /* After trainer_snapshot_restore: the run's records follow the lead, the survivors' DP rank 0 (lead_lost: the lost

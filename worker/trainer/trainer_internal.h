@@ -90,7 +90,7 @@ struct trainer {
 /* The trainer rank that decides for all and writes the run's records: DP rank 0, TP rank 0, the first stage. */
 static inline bool trainer_is_lead(const struct trainer *t)
 {
-    return t->lay.dp_rank == 0 && t->lay.tp_rank == 0 && t->lay.pp_rank == 0 && t->lay.cp_rank == 0;
+    return !t->lay.spare && t->lay.dp_rank == 0 && t->lay.tp_rank == 0 && t->lay.pp_rank == 0 && t->lay.cp_rank == 0;
 }
 
 /* The policy lives in device memory (trainer.device=cuda): what reads host memory gets a host copy. */

@@ -41,7 +41,8 @@ void trainer_layout_of(const struct role_env *env, struct trainer_layout *lay)
                                    .ep_rank = env->at.ep,
                                    .ep_size = env->at.ep_size,
                                    .all = env->trainers,
-                                   .devices = comm_size(env->world),
+                                   .devices = comm_size(env->world) - env->spare_ranks,
+                                   .spare = env->spare,
                                    .device = env->device,
                                    .gpus_shared = env->trainer_gpus_shared};
 }
@@ -94,7 +95,7 @@ static void start_watchdog(const struct role_env *env, struct trainer *t)
 {
     char dir[4200];
     snprintf(dir, sizeof dir, "%s/flight", trainer_run_dir(t)); /* where the flight recorder dumps */
-    const int world = comm_size(env->world);
+    const int world = comm_size(env->world) - env->spare_ranks; /* the spares run none */
     const struct watchdog_options o = {
         .timeout_s = env->cfg->trainer_hang_timeout_s,
         .stop = strcmp(env->cfg->trainer_hang_action, "stop") == 0,
@@ -139,7 +140,8 @@ int run_trainer_process(struct role_env *env, const struct trainer_layout *lay, 
     if (on_created)
         on_created(ud, t);
     control_set_step(env->ctl, trainer_step(t), trainer_total_steps(t));
-    start_watchdog(env, t);
+    if (!env->spare) /* a spare completes no step until it joins */
+        start_watchdog(env, t);
     int rc = trainer_run(t);
     watchdog_stop();
     bool finished = trainer_step(t) >= trainer_total_steps(t);

@@ -148,6 +148,26 @@ int trainer_snapshot_restore(struct trainer *t, const struct trainer_snapshot *s
     return 0;
 }
 
+size_t trainer_state_share(struct trainer *t, int root)
+{
+    struct comm *g = t->lay.dp;
+    const struct trainable tr = model_trainable(t->policy);
+    /* plain DP only (survive_check refuses spares with ZeRO-1): every rank holds the whole optimizer state */
+    comm_broadcast(g, tr.params, tr.n, COMM_F32, root);
+    comm_broadcast(g, t->opt->m, t->opt->n, COMM_F32, root);
+    comm_broadcast(g, t->opt->v, t->opt->n, COMM_F32, root);
+    enum { WORDS = (sizeof(struct run_state) + 7) / 8 + 1 };
+    int64_t w[WORDS] = {0};
+    memcpy(w, &t->st, sizeof t->st);
+    w[WORDS - 1] = t->opt->t;
+    comm_broadcast(g, w, WORDS, COMM_I64, root);
+    memcpy(&t->st, w, sizeof t->st);
+    t->opt->t = w[WORDS - 1];
+    /* the step's prompts from where the root's cursor stood at the step's start */
+    data_cursor_seek(&t->cursor, (long)t->st.epoch, (int)t->st.cursor);
+    return (tr.n + 2 * t->opt->n) * sizeof(float) + sizeof w;
+}
+
 int trainer_reform(struct trainer *t, struct comm *all, struct comm *dp, int dp_rank, int dp_size, char *err,
                    size_t errlen)
 {
@@ -156,6 +176,7 @@ int trainer_reform(struct trainer *t, struct comm *all, struct comm *dp, int dp_
     t->lay.dp_rank = dp_rank;
     t->lay.dp_size = dp_size;
     t->lay.devices = dp_size;
+    t->lay.spare = false; /* a spare that joins */
     t->in_decide = false;
     /* the buckets' requests in flight on the lost group are left behind (MPI cannot cancel them); the backward's
      * hook to them goes first, then new buckets over the new group */

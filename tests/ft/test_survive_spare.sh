@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Trainer-loss survival with a spare rank (trainer.survive_spare_ranks=1; docs/operations.md, "Surviving a lost
+# trainer rank"): 4 ranks of this build (against Open MPI 5) under scripts/mpirun_ft, 3 colocated plain-DP ranks
+# and launch rank 3 a spare that waits outside every collective of a step:
+#  - undisturbed: the spare is released at the end, never joins, and the weights equal one process's within 1e-5;
+#  - rank 2 SIGKILLed at step 3, its generation done (gen:3:2, a hold the test waits on, not a sleep): the spare
+#    takes its place, DP stays 3 ("3 DP ranks go on, step 3 redone"), the spare's log says it took the step's start
+#    from DP rank 0 (launch rank 0); the weights equal one process's within 1e-5, the audit files hold every group
+#    of every step exactly rollout.n times, metrics.jsonl each step once;
+#  - the lead (rank 0) SIGKILLed at step 3 (gen:3:0): the spare joins, rank 1 leads and sends it the state (launch
+#    rank 1), the same checks;
+#  - two losses (rank 2 at step 2's generation, rank 1 in step 4's all-reduce): the spare takes the first's place
+#    (DP 3), the second shrinks DP to 2 as without spares, the weights one process's;
+#  - refused by name: the key without trainer.survive_trainer_loss, and with ZeRO-1.
+# Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
+set -u
+. "$(dirname "$0")/../lib.sh" grpo-ft-spare
+# shellcheck source=tests/ft/survive_lib.sh
+. "$(dirname "$0")/survive_lib.sh"
+survive_start
+SPARES=1
+
+# shellcheck disable=SC2046 # keys' words are the keys
+timeout "$(scaled 120)" "${MPIRUN[@]}" -np 1 grpo-worker $(keys one) >"$TMP/one.log" 2>&1
+expect "one process: $STEPS steps" $?
+
+# shellcheck disable=SC2046 # keys' words are the keys
+timeout "$(scaled 180)" "${MPIRUN[@]}" -np 4 grpo-worker $(keys whole) $(survive_keys 4) >"$TMP/whole.log" 2>&1
+expect "3 colocated ranks and a spare, undisturbed: $STEPS steps" $?
+says "$TMP/whole.log" "1 spare rank(s) (trainer.survive_spare_ranks, launch ranks 3..3)" &&
+    says "$TMP/whole.log" "spare (launch rank 3) released: the run ended without needing it" &&
+    says "$TMP/whole.log" "3 colocated ranks (hybrid: each generates and trains), DP 3"
+expect "undisturbed: DP 3 over ranks 0..2, the spare waits and is released at the end" $?
+! grep -q "joined as DP rank" "$TMP/whole.log"
+expect "undisturbed: the spare never joined" $?
+out=$("$COMPARE" "$(final one)" "$(final whole)" 1e-5 2>&1)
+expect "undisturbed: weights equal one process's within 1e-5 ($out)" $?
+
+# joined NAME STEP RANK PEER: the spare took the lost rank RANK's place at step STEP as DP rank 2 of 3, from DP
+# rank 0 (launch rank PEER), and the run is one process's
+joined() {
+    says "$TMP/$1.log" "spare (launch rank 3) joined as DP rank 2 of 3 for step $2: took the step's start" &&
+        grep -aF "spare (launch rank 3) joined as DP rank 2 of 3 for step $2" "$TMP/$1.log" |
+        grep -qF "from DP rank 0 (launch rank $4)"
+    expect "$1: the spare joined as DP rank 2 of 3 at step $2, the state from launch rank $4" $?
+    survived "$1" "$2" "$3" 3
+    says "$TMP/$1.log" "(of 3 ranks, 2 survive; 1 spare(s) joined, 0 left)"
+    expect "$1: DP stays 3 (2 of 3 survive, the spare joined)" $?
+}
+
+start_held rank2 4 gen:3:2
+kill_held rank2 "rank 2 at gen of step 3"
+wait "$JOB"
+expect "rank2: the run finishes without rank 2 (mpirun exits 0)" $?
+joined rank2 3 2 0
+same_as_one rank2
+metrics_once rank2
+
+start_held lead 4 gen:3:0
+kill_held lead "the lead at gen of step 3"
+wait "$JOB"
+expect "lead: the run finishes without rank 0 (mpirun exits 0)" $?
+joined lead 3 0 1
+says "$TMP/lead.log" "the lead (rank 0) lost: rank 1 leads from step 3"
+expect "lead: rank 1 leads from step 3" $?
+same_as_one lead
+metrics_once lead
+
+start_held twice 4 gen:2:2,allreduce:4:1
+kill_held twice "rank 2 at gen of step 2"
+t_first="$KILL_T0"
+kill_held twice "rank 1 in step 4's all-reduce"
+wait "$JOB"
+expect "twice: the run finishes without ranks 2 and 1 (mpirun exits 0)" $?
+survived twice 2 2 3 "$t_first"
+says "$TMP/twice.log" "spare (launch rank 3) joined as DP rank 2 of 3 for step 2"
+expect "twice: the spare took rank 2's place at step 2" $?
+survived twice 4 1 2
+says "$TMP/twice.log" "rank 1 lost at step 4; 2 DP ranks go on, step 4 redone (of 3 ranks, 2 survive)"
+expect "twice: no spare left, DP 3 -> 2 at step 4" $?
+same_as_one twice
+
+# refused by name
+# shellcheck disable=SC2046
+timeout "$(scaled 120)" "${MPIRUN[@]}" -np 3 grpo-worker $(keys nokey) trainer.nnodes=1 trainer.n_gpus_per_node=2 \
+    trainer.survive_spare_ranks=1 >"$TMP/nokey.log" 2>&1
+[ $? -ne 0 ] && says "$TMP/nokey.log" "trainer.survive_spare_ranks needs trainer.survive_trainer_loss=true"
+expect "spares without trainer.survive_trainer_loss: refused, naming both keys" $?
+# shellcheck disable=SC2046
+timeout "$(scaled 120)" "${MPIRUN[@]}" -np 4 grpo-worker $(keys zero) $(survive_keys 4) \
+    actor_rollout_ref.actor.megatron.use_distributed_optimizer=true >"$TMP/zero.log" 2>&1
+[ $? -ne 0 ] && says "$TMP/zero.log" "trainer.survive_spare_ranks with actor_rollout_ref.actor.megatron.use_distributed_optimizer (ZeRO-1) is not covered yet"
+expect "spares with ZeRO-1: refused by name" $?
+finish
