@@ -233,6 +233,23 @@ int endpoint_bind(int sock, const char *endpoint, unsigned mode, char *err, size
     return 0;
 }
 
+int endpoint_listen_rep(const char *endpoint, int max_bytes, const char *who, char *err, size_t errlen)
+{
+    const int sock = nn_socket(AF_SP, NN_REP);
+    if (sock < 0) {
+        snprintf(err, errlen, "%s: nn_socket(REP): %s", who, nn_strerror(nn_errno()));
+        return -1;
+    }
+    nn_setsockopt(sock, NN_SOL_SOCKET, NN_RCVMAXSIZE, &max_bytes, sizeof max_bytes);
+    char why[600];
+    if (endpoint_bind(sock, endpoint, 0600, why, sizeof why) != 0) {
+        snprintf(err, errlen, "%s: cannot bind %s: %s", who, endpoint, why);
+        nn_close(sock);
+        return -1;
+    }
+    return sock;
+}
+
 int secret_read(const char *path, char *out, size_t outlen, char *err, size_t errlen)
 {
     char why[256];

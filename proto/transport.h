@@ -41,6 +41,9 @@ int endpoint_prepare_bind(const char *endpoint, char *err, size_t errlen);
  * umask set around the bind: no moment where others may connect) and its mode is checked after. 0, or -1 with err
  * saying why (without the endpoint: the caller names it). */
 int endpoint_bind(int sock, const char *endpoint, unsigned mode, char *err, size_t errlen);
+/* A nanomsg REP socket listening on endpoint (endpoint_bind, mode 0600), which drops unread any message over max_bytes.
+ * The socket, or -1 with err naming `who`, the endpoint and why. */
+int endpoint_listen_rep(const char *endpoint, int max_bytes, const char *who, char *err, size_t errlen);
 
 /* Read a shared secret (first line, surrounding white space trimmed), as every reader of one does (grpod,
  * grpoctl, grpo-worker): refused when the file is not a regular file (a FIFO is not waited on), when its mode is

@@ -32,21 +32,10 @@ struct dataplane_push {
 
 struct dataplane_pull *dataplane_pull_open(const char *endpoint, char *err, size_t errlen)
 {
-    int s = nn_socket(AF_SP, NN_REP);
-    if (s < 0) {
-        error_set(err, errlen, "data plane: nn_socket(REP): %s", nn_strerror(nn_errno()));
+    /* an ipc socket is for this user's ranks only (on tcp too every batch is authenticated: proto/plane_auth.h) */
+    const int s = endpoint_listen_rep(endpoint, (int)GRPO_MAX_MESSAGE_BYTES, "data plane", err, errlen);
+    if (s < 0)
         return NULL;
-    }
-    int max = (int)GRPO_MAX_MESSAGE_BYTES;
-    nn_setsockopt(s, NN_SOL_SOCKET, NN_RCVMAXSIZE, &max, sizeof max);
-    /* an ipc socket is for this user's ranks only (on tcp too every batch is authenticated: proto/plane_auth.h); never
-     * a file that is not a stale socket */
-    char why[600];
-    if (endpoint_bind(s, endpoint, 0600, why, sizeof why) != 0) {
-        error_set(err, errlen, "data plane: cannot bind %s: %s", endpoint, why);
-        nn_close(s);
-        return NULL;
-    }
     struct dataplane_pull *p = xcalloc(1, sizeof *p);
     p->sock = s;
     p->flight_group = flight_group("rollouts", endpoint, 0);

@@ -113,18 +113,11 @@ struct dispatcher *dispatcher_open(const struct dispatch_options *o, char *err, 
     struct dispatch_core *core = dispatch_core_create(&opt, clock_now_s(), err, errlen);
     if (!core)
         return NULL;
-    int s = nn_socket(AF_SP, NN_REP);
+    /* a flood of big frames is dropped unread */
+    int s = endpoint_listen_rep(o->endpoint, (int)GRPO_MAX_DISPATCH_REQUEST_BYTES, "dispatcher", err, errlen);
     if (s < 0) {
-        error_set(err, errlen, "dispatcher: nn_socket(REP): %s", nn_strerror(nn_errno()));
         dispatch_core_free(core);
         return NULL;
-    }
-    int max = (int)GRPO_MAX_DISPATCH_REQUEST_BYTES; /* a flood of big frames is dropped unread */
-    nn_setsockopt(s, NN_SOL_SOCKET, NN_RCVMAXSIZE, &max, sizeof max);
-    char why[600];
-    if (endpoint_bind(s, o->endpoint, 0600, why, sizeof why) != 0) { /* never a file that is not a stale socket */
-        error_set(err, errlen, "dispatcher: cannot bind %s: %s", o->endpoint, why);
-        goto fail;
     }
     struct dispatcher *d = xcalloc(1, sizeof *d);
     d->core = core;

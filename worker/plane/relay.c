@@ -183,19 +183,11 @@ static void *serve(void *arg)
 
 struct relay_server *relay_server_open(const char *bind_endpoint, int slot, char *err, size_t errlen)
 {
-    const int sock = nn_socket(AF_SP, NN_REP);
-    if (sock < 0) {
-        error_set(err, errlen, "weight relay: nn_socket(REP): %s", nn_strerror(nn_errno()));
+    /* requests are small: a flood of big frames is dropped unread */
+    const int sock =
+        endpoint_listen_rep(bind_endpoint, (int)GRPO_MAX_DISPATCH_REQUEST_BYTES, "weight relay", err, errlen);
+    if (sock < 0)
         return NULL;
-    }
-    int max = (int)GRPO_MAX_DISPATCH_REQUEST_BYTES; /* requests are small: a flood of big frames is dropped unread */
-    nn_setsockopt(sock, NN_SOL_SOCKET, NN_RCVMAXSIZE, &max, sizeof max);
-    char why[600];
-    if (endpoint_bind(sock, bind_endpoint, 0600, why, sizeof why) != 0) {
-        error_set(err, errlen, "weight relay: cannot bind %s: %s", bind_endpoint, why);
-        nn_close(sock);
-        return NULL;
-    }
     struct relay_server *s = xcalloc(1, sizeof *s);
     s->sock = sock;
     s->version = -1;
