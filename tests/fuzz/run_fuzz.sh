@@ -41,9 +41,9 @@ sources() {
     case "$1" in
     grpod) echo "$src"/daemon/{core,core_report,core_persist,diagnose,validate,arena}.c "$src"/proto/{names,status_json,hang}.c \
         "${proto[@]}" "${base[@]}" "$src"/common/{placement,config_text,config,config_yaml,config_cli,config_verl,json_file,rollout_corr_spec}.c -lyaml -lm ;;
-    wire) echo "$src"/worker/plane/{wire,dispatch_core}.c "$src/worker/step/batch.c" "$src/worker/step/seq.c" \
+    wire) echo "$src"/worker/plane/{wire,dispatch_core,relay}.c "$src/worker/step/batch.c" "$src/worker/step/seq.c" \
         "${proto[@]}" "${base[@]}" ;;
-    dispatch) echo "$src/worker/plane/dispatch_core.c" "${proto[@]}" "${base[@]}" ;;
+    dispatch) echo "$src"/worker/plane/{dispatch_core,relay}.c "${proto[@]}" "${base[@]}" ;;
     checkpoint) echo "$src/worker/trainer/checkpoint_state.c" "${base[@]}" ;;
     *) return 1 ;;
     esac
