@@ -28,7 +28,7 @@ keys() {
         trainer.total_training_steps="$STEPS" trainer.val_before_train=false trainer.test_freq=-1 \
         trainer.save_freq="$SAVE_FREQ" data.train_batch_size=6 actor_rollout_ref.rollout.n=4 \
         actor_rollout_ref.actor.ppo_mini_batch_size=3 data.max_response_length=12 \
-        actor_rollout_ref.actor.optim.lr=1e-3 actor_rollout_ref.actor.optim.eps=1e-6 data.synthetic.num_train=64 \
+        actor_rollout_ref.actor.optim.lr=1e-3 actor_rollout_ref.actor.optim.eps=1e-6 data.synthetic.shots=0 data.synthetic.num_train=64 \
         data.synthetic.num_val=4 custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score \
         actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 actor_rollout_ref.actor.use_kl_loss=true \
         actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2 \

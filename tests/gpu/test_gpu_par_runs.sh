@@ -25,7 +25,7 @@ expect "tiny Qwen3-MoE model initialised" $?
 COMMON=(trainer.project_name=p trainer.experiment_name=e
     trainer.total_training_steps=$STEPS trainer.val_before_train=false trainer.test_freq=-1
     data.train_batch_size=4 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=2
-    data.max_response_length=12 actor_rollout_ref.actor.optim.lr=1e-3 data.synthetic.num_train=64
+    data.max_response_length=12 actor_rollout_ref.actor.optim.lr=1e-3 data.synthetic.shots=0 data.synthetic.num_train=64
     data.synthetic.num_val=4 actor_rollout_ref.actor.use_kl_loss=true trainer.device=$DEV
     custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score)
 AUX=actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff=0.5

@@ -20,7 +20,7 @@ tiny_model "$TMP/policy"
 expect "tiny policy initialised" $?
 COMMON=(actor_rollout_ref.model.path="$TMP/policy" trainer.project_name=p trainer.experiment_name=e
     trainer.val_before_train=false trainer.test_freq=-1 data.train_batch_size=4 actor_rollout_ref.rollout.n=4
-    actor_rollout_ref.actor.ppo_mini_batch_size=4 data.max_response_length=12 data.synthetic.num_train=64
+    actor_rollout_ref.actor.ppo_mini_batch_size=4 data.max_response_length=12 data.synthetic.shots=0 data.synthetic.num_train=64
     data.synthetic.num_val=4 custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score
     actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.01 trainer.save_freq=1)
 # run NAME OVERRIDES...: output in $TMP/NAME.log, the run under $TMP/NAME

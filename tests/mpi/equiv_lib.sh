@@ -31,7 +31,7 @@ common() {
     echo actor_rollout_ref.model.path="$TMP/$1" trainer.project_name=p trainer.experiment_name=e \
         trainer.total_training_steps=$STEPS trainer.val_before_train=true trainer.test_freq=-1 trainer.save_freq=1 \
         data.train_batch_size=4 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=2 \
-        data.max_response_length=12 actor_rollout_ref.actor.optim.lr=1e-3 data.synthetic.num_train=64 \
+        data.max_response_length=12 actor_rollout_ref.actor.optim.lr=1e-3 data.synthetic.shots=0 data.synthetic.num_train=64 \
         data.synthetic.num_val=4 data.val_batch_size=2 custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score \
         actor_rollout_ref.actor.optim.eps=1e-6 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 \
         actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2 \
@@ -78,7 +78,7 @@ long() {
         trainer.total_training_steps=$STEPS trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=1 \
         data.train_batch_size=2 actor_rollout_ref.rollout.n=2 actor_rollout_ref.actor.ppo_mini_batch_size=1 \
         data.max_response_length=$LEN actor_rollout_ref.rollout.ignore_eos=true actor_rollout_ref.actor.optim.lr=1e-3 \
-        data.synthetic.num_train=64 data.synthetic.num_val=2 data.val_batch_size=2 custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score \
+        data.synthetic.shots=0 data.synthetic.num_train=64 data.synthetic.num_val=2 data.val_batch_size=2 custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score \
         actor_rollout_ref.actor.optim.eps=1e-6 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 \
         actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2 \
         actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2

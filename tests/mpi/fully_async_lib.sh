@@ -8,7 +8,7 @@ CHECK="$(dirname "${BASH_SOURCE[0]}")/check_fully_async.py"
 COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e
     trainer.val_before_train=false trainer.test_freq=-1 actor_rollout_ref.rollout.n=4
     actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=12 actor_rollout_ref.actor.optim.lr=1e-3
-    data.synthetic.num_train=64 data.synthetic.num_val=4 actor_rollout_ref.rollout.update_weights_bucket_megabytes=1
+    data.synthetic.shots=0 data.synthetic.num_train=64 data.synthetic.num_val=4 actor_rollout_ref.rollout.update_weights_bucket_megabytes=1
     actor_rollout_ref.actor.use_kl_loss=true custom_reward_function.path="$SCORER"
     custom_reward_function.name=byte_score placement.trainer_ranks="$FA_TRAINERS" placement.rollout_ranks=2)
 ASYNC=(data.train_batch_size=0 async_training.require_batches=2)

@@ -21,7 +21,7 @@ CHECK="$(dirname "$0")/check_batch_invariant.py"
 COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e
     trainer.total_training_steps=2 trainer.val_before_train=false trainer.test_freq=-1 data.train_batch_size=4
     actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=12
-    data.synthetic.num_train=64 data.synthetic.num_val=4
+    data.synthetic.shots=0 data.synthetic.num_train=64 data.synthetic.num_val=4
     custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score)
 ON=actor_rollout_ref.model.batch_invariant=true
 SKIP=actor_rollout_ref.actor.use_rollout_log_probs=true

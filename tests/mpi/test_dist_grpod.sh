@@ -37,7 +37,7 @@ run() {
         trainer.total_training_steps=$STEPS trainer.val_before_train=false trainer.test_freq=-1 \
         trainer.save_freq=1 trainer.max_actor_ckpt_to_keep=2 data.train_batch_size=4 \
         actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=12 \
-        actor_rollout_ref.actor.optim.lr=1e-3 data.synthetic.num_train=64 data.synthetic.num_val=4 \
+        actor_rollout_ref.actor.optim.lr=1e-3 data.synthetic.shots=0 data.synthetic.num_train=64 data.synthetic.num_val=4 \
         custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score "${PLACE[@]}" "$@" \
         >>"$TMP/$name.log" 2>&1
 }
@@ -181,7 +181,7 @@ expect "grpoctl status: paused, and says the rank is lost and how to replace it 
     trainer.project_name=p trainer.experiment_name=e trainer.total_training_steps=$STEPS trainer.val_before_train=false \
     trainer.test_freq=-1 trainer.save_freq=1 trainer.max_actor_ckpt_to_keep=2 data.train_batch_size=4 \
     actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=12 \
-    actor_rollout_ref.actor.optim.lr=1e-3 data.synthetic.num_train=64 data.synthetic.num_val=4 \
+    actor_rollout_ref.actor.optim.lr=1e-3 data.synthetic.shots=0 data.synthetic.num_train=64 data.synthetic.num_val=4 \
     custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score "${PLACE[@]}" \
     trainer.rollout_data_dir="$TMP/rkilled/audit" grpod.endpoint="$EP" grpod.connect_timeout_s=20 \
     >"$TMP/replace.log" 2>&1 &

@@ -29,7 +29,7 @@ CHECK="$(dirname "$0")/check_offpolicy.py"
 COMMON=(actor_rollout_ref.model.path="$TMP/tiny" trainer.project_name=p trainer.experiment_name=e
     trainer.total_training_steps=2 trainer.val_before_train=false trainer.test_freq=-1 data.train_batch_size=4
     actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=4 data.max_response_length=12
-    data.synthetic.num_train=64 data.synthetic.num_val=4
+    data.synthetic.shots=0 data.synthetic.num_train=64 data.synthetic.num_val=4
     custom_reward_function.path="$SCORER" custom_reward_function.name=byte_score)
 
 # run NAME STEPS LAUNCH... -- OVERRIDES...: a run writing its audit files, then the float64 check of its steps (with

@@ -16,7 +16,7 @@ run() {
     shift
     n=$((n + 1))
     (cd "$TMP" && timeout "$(scaled 120)" "$WORKER" actor_rollout_ref.model.path="$TMP/tiny" trainer.default_local_dir="$TMP/runs$n" \
-        trainer.total_training_steps=2 trainer.test_freq=-1 trainer.val_before_train=false data.synthetic.num_val=4 \
+        trainer.total_training_steps=2 trainer.test_freq=-1 trainer.val_before_train=false data.synthetic.shots=0 data.synthetic.num_val=4 \
         "$@") >"$TMP/$name.out" 2>&1
     rc=$?
 }

@@ -10,7 +10,7 @@ set -u
 . "$(dirname "$0")/../lib.sh" grpo-moe-replay
 export OPENBLAS_NUM_THREADS=1
 MPIRUN=(mpirun --oversubscribe --bind-to none)
-COMMON=(trainer.test_freq=-1 trainer.val_before_train=false data.synthetic.num_val=4 data.train_batch_size=4
+COMMON=(trainer.test_freq=-1 trainer.val_before_train=false data.synthetic.shots=0 data.synthetic.num_val=4 data.train_batch_size=4
     actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=4 data.max_response_length=12)
 
 # metrics FILE KEY...: per step, the values of KEY... (absent: None), as JSON lines

@@ -11,7 +11,7 @@ export OPENBLAS_NUM_THREADS=1
 # run MODEL NAME COEF: two steps, metrics in $TMP/NAME/grpo/demo/metrics.jsonl
 run() {
     (cd "$TMP" && timeout "$(scaled 300)" "$WORKER" actor_rollout_ref.model.path="$1" trainer.default_local_dir="$TMP/$2" \
-        trainer.total_training_steps=2 trainer.test_freq=-1 trainer.val_before_train=false data.synthetic.num_val=4 \
+        trainer.total_training_steps=2 trainer.test_freq=-1 trainer.val_before_train=false data.synthetic.shots=0 data.synthetic.num_val=4 \
         actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff="$3") >"$TMP/$2.log" 2>&1
 }
 

@@ -46,7 +46,7 @@ expect "converted to a one-label LlamaForSequenceClassification checkpoint" $?
 COMMON=(actor_rollout_ref.model.path="$TMP/policy" trainer.project_name=p trainer.experiment_name=e
     trainer.total_training_steps=2 trainer.val_before_train=false trainer.test_freq=-1 data.train_batch_size=4
     actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=4 data.max_response_length=12
-    data.synthetic.num_train=64 data.synthetic.num_val=4 custom_reward_function.path="$SCORER"
+    data.synthetic.shots=0 data.synthetic.num_train=64 data.synthetic.num_val=4 custom_reward_function.path="$SCORER"
     custom_reward_function.name=byte_score)
 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/rules" >"$TMP/rules.log" 2>&1
 expect "a run with the rule scorer finishes" $?

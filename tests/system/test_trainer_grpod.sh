@@ -20,7 +20,7 @@ run() {
         trainer.project_name=p trainer.experiment_name=e trainer.total_training_steps=$STEPS \
         trainer.val_before_train=false data.train_batch_size=2 actor_rollout_ref.rollout.n=4 \
         actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=12 \
-        actor_rollout_ref.actor.optim.lr=1e-3 data.synthetic.num_train=64 data.synthetic.num_val=4 \
+        actor_rollout_ref.actor.optim.lr=1e-3 data.synthetic.shots=0 data.synthetic.num_train=64 data.synthetic.num_val=4 \
         "$@" >>"$TMP/$name.log" 2>&1
 }
 final_weights() { echo "$TMP/$1/p/e/checkpoints/global_step_$STEPS/actor/model.safetensors"; }

@@ -47,7 +47,7 @@ keys() {
         trainer.experiment_name=e trainer.total_training_steps=$STEPS trainer.val_before_train=false \
         trainer.test_freq=-1 trainer.save_freq=1 data.train_batch_size=$B actor_rollout_ref.rollout.n=$N \
         actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=12 actor_rollout_ref.actor.optim.lr=1e-3 \
-        data.synthetic.num_train=64 data.synthetic.num_val=4 custom_reward_function.path="$SCORER" \
+        data.synthetic.shots=0 data.synthetic.num_train=64 data.synthetic.num_val=4 custom_reward_function.path="$SCORER" \
         custom_reward_function.name=byte_score trainer.rollout_data_dir="$TMP/$1/audit" trainer.log_level=info
 }
 final() { echo "$TMP/$1/p/e/checkpoints/global_step_$STEPS/actor"; }
