@@ -81,7 +81,7 @@ void gen_validate_report(const struct grpo_config *c, const struct prompt_set *v
 {
     const int n = gen_validate_n(c);
     qsort(s, (size_t)n_s, sizeof *s, by_prompt); /* the order one process generates them in */
-    /* per data_source: mean over all samples, and best of n per prompt */
+    /* per data_source: the mean over prompts of each prompt's mean, and of each prompt's best of n */
     for (int i = 0; i < n_s; i++) {
         const char *ds = val->items[(int)s[i].prompt].data_source;
         bool seen = false;
@@ -89,35 +89,42 @@ void gen_validate_report(const struct grpo_config *c, const struct prompt_set *v
             seen = strcmp(val->items[(int)s[h].prompt].data_source, ds) == 0;
         if (seen)
             continue;
-        double sum = 0, best_sum = 0, acc_sum = 0, best = -INFINITY;
-        int cnt = 0, groups = 0, acc_cnt = 0;
+        /* as verl's process_validation_metrics: each prompt's mean over its samples, then the mean over prompts
+         * (so n copies of one answer score exactly as that answer alone) */
+        double sum = 0, best_sum = 0, acc_sum = 0, best = -INFINITY, p_sum = 0, p_acc = 0;
+        int groups = 0, acc_groups = 0, p_cnt = 0, p_acc_cnt = 0;
         for (int j = 0; j < n_s; j++) {
             if (strcmp(val->items[(int)s[j].prompt].data_source, ds) != 0)
                 continue;
-            sum += s[j].raw_score;
-            cnt++;
+            p_sum += s[j].raw_score;
+            p_cnt++;
             best = fmax(best, s[j].raw_score);
             if (isfinite(s[j].acc)) {
-                acc_sum += s[j].acc;
-                acc_cnt++;
+                p_acc += s[j].acc;
+                p_acc_cnt++;
             }
             if (j + 1 == n_s || s[j + 1].prompt != s[j].prompt) { /* the prompt's last sample */
+                sum += p_sum / p_cnt;
                 best_sum += best;
-                best = -INFINITY;
                 groups++;
+                if (p_acc_cnt > 0) {
+                    acc_sum += p_acc / p_acc_cnt;
+                    acc_groups++;
+                }
+                best = -INFINITY, p_sum = p_acc = 0, p_cnt = p_acc_cnt = 0;
             }
         }
         char name[256];
         snprintf(name, sizeof name, "val-core/%s/reward/mean@%d", ds, n);
-        metrics_set(m, name, sum / cnt);
+        metrics_set(m, name, sum / groups);
         if (n > 1) {
             snprintf(name, sizeof name, "val-core/%s/reward/best@%d", ds, n);
             metrics_set(m, name, best_sum / groups);
         }
         /* exact-answer accuracy apart from format credit (verl's acc), where the scorer knows it */
-        if (acc_cnt > 0) {
+        if (acc_groups > 0) {
             snprintf(name, sizeof name, "val-core/%s/acc/mean@%d", ds, n);
-            metrics_set(m, name, acc_sum / acc_cnt);
+            metrics_set(m, name, acc_sum / acc_groups);
         }
     }
     metrics_set(m, "timing_s/testing", seconds);
