@@ -11,7 +11,10 @@
 #    rank 1), the same checks;
 #  - two losses (rank 2 at step 2's generation, rank 1 in step 4's all-reduce): the spare takes the first's place
 #    (DP 3), the second shrinks DP to 2 as without spares, the weights one process's;
-#  - refused by name: the key without trainer.survive_trainer_loss, and with ZeRO-1.
+#  - ZeRO-1 (each DP rank one block of AdamW's moments): rank 1 SIGKILLed in step 3's optimizer step; its block
+#    is rebuilt from rank 2's copy and the moments re-sharded over the two survivors and the spare (DP stays 3),
+#    the weights one process's;
+#  - refused by name: the key without trainer.survive_trainer_loss.
 # Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
 set -u
 . "$(dirname "$0")/../lib.sh" grpo-ft-spare
@@ -80,15 +83,27 @@ says "$TMP/twice.log" "rank 1 lost at step 4; 2 DP ranks go on, step 4 redone (o
 expect "twice: no spare left, DP 3 -> 2 at step 4" $?
 same_as_one twice
 
+# ZeRO-1: rank 1 SIGKILLed in step 3's optimizer step (optim:3:1), its block only in rank 2's copy: the survivors
+# and the spare re-shard the moments over the 3 of them (the spare's block from that), DP stays 3; every ZeRO-1 DP
+# layout reproduces one process's run, so the weights are one process's
+start_held zero 4 optim:3:1 actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
+kill_held zero "rank 1 in step 3's optimizer step (ZeRO-1)"
+wait "$JOB"
+expect "zero: the run finishes without rank 1 (mpirun exits 0)" $?
+says "$TMP/zero.log" "ZeRO-1: DP rank 0 keeps the optimizer state of parameters"
+expect "zero: ZeRO-1 is on" $?
+says "$TMP/zero.log" "spare (launch rank 3) joined as DP rank 2 of 3 for step 3: took the step's start (weights, AdamW's step count, its ZeRO-1 block of the moments re-sharded over the survivors"
+expect "zero: the spare joined as DP rank 2 of 3 at step 3 with its ZeRO-1 block" $?
+survived zero 3 1 3
+says "$TMP/zero.log" "(of 3 ranks, 2 survive; 1 spare(s) joined, 0 left)"
+expect "zero: DP stays 3 (2 of 3 survive, the spare joined)" $?
+same_as_one zero
+metrics_once zero
+
 # refused by name
 # shellcheck disable=SC2046
 timeout "$(scaled 120)" "${MPIRUN[@]}" -np 3 grpo-worker $(keys nokey) trainer.nnodes=1 trainer.n_gpus_per_node=2 \
     trainer.survive_spare_ranks=1 >"$TMP/nokey.log" 2>&1
 [ $? -ne 0 ] && says "$TMP/nokey.log" "trainer.survive_spare_ranks needs trainer.survive_trainer_loss=true"
 expect "spares without trainer.survive_trainer_loss: refused, naming both keys" $?
-# shellcheck disable=SC2046
-timeout "$(scaled 120)" "${MPIRUN[@]}" -np 4 grpo-worker $(keys zero) $(survive_keys 4) \
-    actor_rollout_ref.actor.megatron.use_distributed_optimizer=true >"$TMP/zero.log" 2>&1
-[ $? -ne 0 ] && says "$TMP/zero.log" "trainer.survive_spare_ranks with actor_rollout_ref.actor.megatron.use_distributed_optimizer (ZeRO-1) is not covered yet"
-expect "spares with ZeRO-1: refused by name" $?
 finish

@@ -102,10 +102,6 @@ int survive_check(const struct grpo_config *cfg, const struct placement_spec *sp
         return error_set(why, whylen,
                          KEY_trainer_survive_spare_ranks " under grpod (" KEY_grpod_endpoint
                                                          ") is not covered yet: grpod lays the run out without spares");
-    if (cfg->trainer_survive_spare_ranks > 0 && cfg->actor_megatron_use_distributed_optimizer)
-        return error_set(why, whylen,
-                         KEY_trainer_survive_spare_ranks " with " KEY_actor_megatron_use_distributed_optimizer
-                                                         " (ZeRO-1) is not covered yet: a spare joins plain DP only");
     return 0;
 }
 
@@ -311,8 +307,18 @@ static int recover(void *ud)
     const bool trains = me < D, joins = s->spare && trains;
     /* every survivor can redo it: the same answer on all of them */
     int ok = (s->spare || snap) && lost_trainers > 0 && kept > 0;
+    /* ZeRO-1: a block lost with its copy cannot be rebuilt (every rank, spares too, sees the same ranks lost) */
+    const bool zero = env->cfg->actor_megatron_use_distributed_optimizer;
+    char zero_why[256] = "";
+    if (ok && zero && trainer_zero1_restorable(lost, lost_trainers, old_trainers, zero_why, sizeof zero_why) != 0)
+        ok = 0;
     if (comm_agree(sides, &ok) != 0)
         ok = 0;
+    if (!ok && zero_why[0]) {
+        log_error("survive", "%s lost at step %lld: %s; ending the run", s->lost_names, (long long)redo, zero_why);
+        comm_free(sides);
+        return -1;
+    }
     if (!ok) {
         log_error("survive",
                   "%s lost at step %lld, but not every survivor holds that step's start (this rank: %s) or no "
@@ -384,7 +390,8 @@ static int recover(void *ud)
         log_error("survive", "moving the trainer onto %d DP ranks: %s; ending the run", at.dp_size, err);
         return -1;
     }
-    if (!joins && trainer_snapshot_restore(s->t, snap, lost, lost_trainers, err, sizeof err) != 0) {
+    /* a spare that joins takes part with no snapshot (with ZeRO-1 the re-sharding is collective) */
+    if (trainer_snapshot_restore(s->t, joins ? NULL : snap, lost, lost_trainers, err, sizeof err) != 0) {
         log_error("survive", "restoring step %lld's start on %d DP ranks: %s; ending the run", (long long)redo,
                   at.dp_size, err);
         return -1;
@@ -394,9 +401,11 @@ static int recover(void *ud)
         if (joins)
             log_info("survive",
                      "spare (launch rank %d) joined as DP rank %d of %d for step %lld: took the step's start "
-                     "(weights, AdamW's moments and step count, the run state and data cursor; %.1f MB) from DP "
-                     "rank 0 (launch rank %d)",
-                     mine, at.dp, at.dp_size, (long long)redo, (double)bytes / 1e6, s->launch_rank[0]);
+                     "(weights, %s, the run state and data cursor; %.1f MB) from DP rank 0 (launch rank %d)",
+                     mine, at.dp, at.dp_size, (long long)redo,
+                     zero ? "AdamW's step count, its ZeRO-1 block of the moments re-sharded over the survivors"
+                          : "AdamW's moments and step count",
+                     (double)bytes / 1e6, s->launch_rank[0]);
     }
     char reason[96];
     snprintf(reason, sizeof reason, "survived: DP %d -> %d at step %lld", old_trainers, at.dp_size, (long long)redo);

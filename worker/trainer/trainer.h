@@ -217,22 +217,26 @@ void trainer_snapshot_take(struct trainer *t, struct trainer_snapshot *s);
 /* Back to s: on the survivors of a loss (the trainer moved onto their groups first, trainer_reform), lost the DP
  * ranks lost, as numbered in s's layout. With ZeRO-1 the optimizer state is re-sharded over the current DP group
  * from every survivor's block and the lost ranks' copies (each rank keeps its previous DP rank's block: two
- * neighbours lost at once cannot be restored); a collective of the current DP group then. 0, or -1 with err. */
+ * neighbours lost at once cannot be restored); a collective of the current DP group then, in which a spare that
+ * joins takes part with s NULL (it gets its block; trainer_state_share gives it the rest). 0, or -1 with err. */
 int trainer_snapshot_restore(struct trainer *t, const struct trainer_snapshot *s, const int *lost, int n_lost,
                              char *err, size_t errlen);
+/* Whether ZeRO-1's optimizer state survives the loss of the DP ranks lost (of dp_size): not when a rank and the
+ * next one, which kept the copy of its block, are both lost. 0, or -1 with err. */
+int trainer_zero1_restorable(const int *lost, int n_lost, int dp_size, char *err, size_t errlen);
 /* The step whose start s holds (-1: none). */
 int64_t trainer_snapshot_step(const struct trainer_snapshot *s);
 /* The host memory it holds. */
 size_t trainer_snapshot_bytes(const struct trainer_snapshot *s);
 void trainer_snapshot_free(struct trainer_snapshot *s);
+/* trainer.survive_spare_ranks: after trainer_reform and trainer_snapshot_restore, DP rank root's state (the
+ * weights, AdamW's step count, the run state with the data cursor, and with plain DP AdamW's moments: ZeRO-1's
+ * blocks were re-sharded by the restore) to every rank of the DP group: a spare that joined takes the step's start
+ * from it. A collective of the DP group. The bytes broadcast. */
+size_t trainer_state_share(struct trainer *t, int root);
 /* Move the trainer onto the survivors' groups: all (every trainer) and dp (plain DP: the same ranks), this rank
  * dp_rank of dp_size; the gradient buckets and micro-batch sizes follow, the interrupted step's buffers go. 0, or
  * -1 with err. */
-/* trainer.survive_spare_ranks: after trainer_reform (and, on the old DP ranks, trainer_snapshot_restore), DP rank
- * root's state (the weights, AdamW's moments and step count, the run state with the data cursor) to every rank of
- * the DP group: a spare that joined takes the step's start from it. Plain DP only; a collective of the DP group.
- * The bytes broadcast. */
-size_t trainer_state_share(struct trainer *t, int root);
 int trainer_reform(struct trainer *t, struct comm *all, struct comm *dp, int dp_rank, int dp_size, char *err,
                    size_t errlen);
 /* After trainer_snapshot_restore: the run's records follow the lead, the survivors' DP rank 0 (lead_lost: the lost

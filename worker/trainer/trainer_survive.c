@@ -102,10 +102,43 @@ void trainer_snapshot_take(struct trainer *t, struct trainer_snapshot *s)
     s->step = t->st.global_step + 1;
 }
 
+int trainer_zero1_restorable(const int *lost, int n_lost, int dp_size, char *err, size_t errlen)
+{
+    for (int i = 0; i < n_lost; i++)
+        for (int j = 0; j < n_lost; j++)
+            if (lost[j] == (lost[i] + 1) % dp_size)
+                return error_set(err, errlen,
+                                 "ZeRO-1: DP rank %d's block of the optimizer state was kept by DP rank %d, lost "
+                                 "too (two neighbours lost at once)",
+                                 lost[i], lost[j]);
+    return 0;
+}
+
+/* ZeRO-1: whole, the moments summed over the current DP group (every float from one rank), re-sharded over it */
+static void reshard(struct trainer *t, struct adamw *whole, int64_t opt_t)
+{
+    comm_allreduce_sum(t->lay.dp, whole->m, whole->n, COMM_F32);
+    comm_allreduce_sum(t->lay.dp, whole->v, whole->n, COMM_F32);
+    whole->t = opt_t;
+    struct zero1 *z = zero1_create(t->opt->K, t->lay.dp, whole->n);
+    struct adamw *block = zero1_shard(z, whole);
+    adamw_free(whole);
+    zero1_free(t->zero);
+    adamw_free(t->opt);
+    t->zero = z;
+    t->opt = block;
+    t->opt->t = opt_t;
+}
+
 int trainer_snapshot_restore(struct trainer *t, const struct trainer_snapshot *s, const int *lost, int n_lost,
                              char *err, size_t errlen)
 {
     const struct trainable tr = model_trainable(t->policy);
+    if (!s) { /* a spare that joins: with ZeRO-1 its part of the re-sharding, no block of its own (zeros) */
+        if (t->cfg->actor_megatron_use_distributed_optimizer)
+            reshard(t, adamw_create(tr.n, t->opt->beta1, t->opt->beta2, t->opt->eps, t->opt->weight_decay), 0);
+        return 0;
+    }
     memcpy(tr.params, s->params, tr.n * sizeof(float));
     t->st = s->st;
     /* the prompts drawn since (the interrupted step's) are drawn again */
@@ -118,13 +151,8 @@ int trainer_snapshot_restore(struct trainer *t, const struct trainer_snapshot *s
     }
     /* ZeRO-1: the whole moments from the survivors' blocks and, for each lost rank, its next rank's copy of its
      * block (every float from one rank, zeros from the others: the sum is exact), re-sharded over the survivors */
-    for (int i = 0; i < n_lost; i++)
-        for (int j = 0; j < n_lost; j++)
-            if (lost[j] == (lost[i] + 1) % s->dp_size)
-                return error_set(err, errlen,
-                                 "ZeRO-1: DP rank %d's block of the optimizer state was kept by DP rank %d, lost "
-                                 "too (two neighbours lost at once)",
-                                 lost[i], lost[j]);
+    if (trainer_zero1_restorable(lost, n_lost, s->dp_size, err, errlen) != 0)
+        return -1;
     const size_t n = s->n;
     struct adamw *whole = adamw_create(n, t->opt->beta1, t->opt->beta2, t->opt->eps, t->opt->weight_decay);
     memcpy(whole->m + s->lo, s->m, (s->hi - s->lo) * sizeof(float));
@@ -134,17 +162,7 @@ int trainer_snapshot_restore(struct trainer *t, const struct trainer_snapshot *s
             memcpy(whole->m + s->mlo, s->mm, (s->mhi - s->mlo) * sizeof(float));
             memcpy(whole->v + s->mlo, s->mv, (s->mhi - s->mlo) * sizeof(float));
         }
-    comm_allreduce_sum(t->lay.dp, whole->m, n, COMM_F32);
-    comm_allreduce_sum(t->lay.dp, whole->v, n, COMM_F32);
-    whole->t = s->opt_t;
-    struct zero1 *z = zero1_create(t->opt->K, t->lay.dp, n);
-    struct adamw *block = zero1_shard(z, whole);
-    adamw_free(whole);
-    zero1_free(t->zero);
-    adamw_free(t->opt);
-    t->zero = z;
-    t->opt = block;
-    t->opt->t = s->opt_t;
+    reshard(t, whole, s->opt_t);
     return 0;
 }
 
@@ -152,10 +170,15 @@ size_t trainer_state_share(struct trainer *t, int root)
 {
     struct comm *g = t->lay.dp;
     const struct trainable tr = model_trainable(t->policy);
-    /* plain DP only (survive_check refuses spares with ZeRO-1): every rank holds the whole optimizer state */
+    /* plain DP: every rank holds the whole optimizer state, the joiner takes root's; ZeRO-1: the moments were
+     * re-sharded over the group, the joiner's block with them (trainer_snapshot_restore) */
     comm_broadcast(g, tr.params, tr.n, COMM_F32, root);
-    comm_broadcast(g, t->opt->m, t->opt->n, COMM_F32, root);
-    comm_broadcast(g, t->opt->v, t->opt->n, COMM_F32, root);
+    size_t moments = 0;
+    if (!t->zero) {
+        comm_broadcast(g, t->opt->m, t->opt->n, COMM_F32, root);
+        comm_broadcast(g, t->opt->v, t->opt->n, COMM_F32, root);
+        moments = 2 * t->opt->n;
+    }
     enum { WORDS = (sizeof(struct run_state) + 7) / 8 + 1 };
     int64_t w[WORDS] = {0};
     memcpy(w, &t->st, sizeof t->st);
@@ -165,7 +188,7 @@ size_t trainer_state_share(struct trainer *t, int root)
     t->opt->t = w[WORDS - 1];
     /* the step's prompts from where the root's cursor stood at the step's start */
     data_cursor_seek(&t->cursor, (long)t->st.epoch, (int)t->st.cursor);
-    return (tr.n + 2 * t->opt->n) * sizeof(float) + sizeof w;
+    return (tr.n + moments) * sizeof(float) + sizeof w;
 }
 
 int trainer_reform(struct trainer *t, struct comm *all, struct comm *dp, int dp_rank, int dp_size, char *err,
