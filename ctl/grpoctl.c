@@ -372,7 +372,10 @@ static int reached(Grpo__Command cmd, const Grpo__Status *s, uint64_t ckpt_seq, 
 
 /* A worker whose checkpoint the run's end needs: trainers and hybrids (rollout ranks hold nothing a checkpoint
  * keeps). */
-static bool holds_state(const Grpo__WorkerStatus *w) { return w->role != GRPO__ROLE__ROLE_ROLLOUT; }
+static bool holds_state(const Grpo__WorkerStatus *w)
+{
+    return w->role != GRPO__ROLE__ROLE_ROLLOUT && w->role != GRPO__ROLE__ROLE_SPARE; /* a spare holds none yet */
+}
 
 /* While a stop is under way: say once which workers are lost (they cannot checkpoint). seen[] is per rank. */
 static void note_lost(const Grpo__Status *s, bool *seen, size_t nseen)

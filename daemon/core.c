@@ -284,8 +284,10 @@ static void update_checkpoints(struct core *c)
     int n = 0;
     for (int r = 0; r < c->nworkers; r++) {
         const struct core_worker *w = c->workers[r];
-        /* rollout ranks hold nothing a checkpoint keeps: the trainers' checkpoints are the run's */
-        if (!w || w->state == GRPO__WORKER_STATE__WORKER_LOST || w->role == GRPO__ROLE__ROLE_ROLLOUT)
+        /* rollout ranks hold nothing a checkpoint keeps: the trainers' checkpoints are the run's (a waiting spare's
+         * neither) */
+        if (!w || w->state == GRPO__WORKER_STATE__WORKER_LOST || w->role == GRPO__ROLE__ROLE_ROLLOUT ||
+            w->role == GRPO__ROLE__ROLE_SPARE)
             continue;
         n++;
         done = w->checkpoint_seq_done < done ? w->checkpoint_seq_done : done;
@@ -329,12 +331,15 @@ static void reevaluate(struct core *c)
             lost_rollout = w;
         rollouts += w->role == GRPO__ROLE__ROLE_ROLLOUT;
         rollouts_lost += spare;
-        /* a trainer the others went on without (trainer.survive_trainer_loss) holds nothing up either */
-        const bool gone = w->state == GRPO__WORKER_STATE__WORKER_LOST && w->survived;
+        /* a trainer the others went on without (trainer.survive_trainer_loss) holds nothing up either, nor does a
+         * spare (trainer.survive_spare_ranks) that waits or is lost: it is in no collective of a step */
+        const bool idle_spare = w->role == GRPO__ROLE__ROLE_SPARE;
+        const bool gone = (w->state == GRPO__WORKER_STATE__WORKER_LOST && w->survived) ||
+                          (idle_spare && w->state == GRPO__WORKER_STATE__WORKER_LOST);
         if (gone) {
             size_t n = strlen(survived);
-            snprintf(survived + n, sizeof survived - n, "%srank %d on host %.40s lost (%.60s)", n ? "; " : "", w->rank,
-                     w->host, w->error);
+            snprintf(survived + n, sizeof survived - n, "%s%srank %d on host %.40s lost (%.60s)", n ? "; " : "",
+                     idle_spare ? "spare " : "", w->rank, w->host, w->error[0] ? w->error : "no heartbeat");
         }
         spare |= gone;
         const bool trains = !gone && (w->role == GRPO__ROLE__ROLE_TRAINER || w->role == GRPO__ROLE__ROLE_HYBRID);
@@ -344,7 +349,7 @@ static void reevaluate(struct core *c)
             lost = w;
         ended += worker_ended(w->state) || w->state == GRPO__WORKER_STATE__WORKER_LOST;
         finished += w->state == GRPO__WORKER_STATE__WORKER_FINISHED || spare;
-        paused += w->state == GRPO__WORKER_STATE__WORKER_PAUSED || worker_ended(w->state) || spare;
+        paused += w->state == GRPO__WORKER_STATE__WORKER_PAUSED || worker_ended(w->state) || spare || idle_spare;
     }
     if (failed) {
         snprintf(reason, sizeof reason, "rank %d on host %.100s failed: %.300s", failed->rank, failed->host,
@@ -632,7 +637,7 @@ static int missing_trainer_heads(const struct core *c, const struct placement_sp
  * own keys and placement, and it is the run's (when the run has one). present: ranks registered in the run;
  * the first one's text lays the run out (*spec) when grpod has no placement of its own. 0, or -1 with why. */
 static int check_rank_config(const struct core *c, const Grpo__Register *r, int present, struct placement_spec *spec,
-                             char *why, size_t whylen)
+                             int *spares, char *why, size_t whylen)
 {
     char who[48], diff[2 * CORE_REASON_MAX], err[CORE_REASON_MAX];
     snprintf(who, sizeof who, "rank %d", r->rank);
@@ -667,6 +672,8 @@ static int check_rank_config(const struct core *c, const Grpo__Register *r, int 
         snprintf(why, whylen, "rank %d's configuration: %s", r->rank, err);
         goto out;
     }
+    /* trainer.survive_spare_ranks: the job's last ranks wait outside the layout (ROLE_SPARE) */
+    *spares = cfg.trainer_survive_trainer_loss ? (int)cfg.trainer_survive_spare_ranks : 0;
     /* a rank that gives no rank counts takes grpod's (a grpo-worker checks its assignment against its own) */
     if (c->set.own_placement && (rs.trainer_ranks || rs.rollout_ranks) && !placement_spec_same(&rs, spec)) {
         char theirs[160], ours[160];
@@ -779,13 +786,15 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
     }
     struct placement_spec spec = c->place;
     char why[2 * CORE_REASON_MAX];
-    if (r->run_config[0] && check_rank_config(c, r, present, &spec, why, sizeof why) != 0)
+    int spares = 0;
+    if (r->run_config[0] && check_rank_config(c, r, present, &spec, &spares, why, sizeof why) != 0)
         return refuse(c, id, false, len, "%s", why);
-    int pw = placement_world(&spec);
+    const int laid = placement_world(&spec), pw = laid > 0 ? laid + spares : 0;
     if (pw > 0 && r->world_size != pw)
         return refuse(c, id, false, len,
-                      "rank %d says the world has %d ranks, but the placement has %d (%d trainer + %d rollout ranks)",
-                      r->rank, r->world_size, pw, spec.trainer_ranks, spec.rollout_ranks);
+                      "rank %d says the world has %d ranks, but the placement has %d (%d trainer + %d rollout ranks%s)",
+                      r->rank, r->world_size, pw, spec.trainer_ranks, spec.rollout_ranks,
+                      spares ? " + the spares of trainer.survive_spare_ranks" : "");
     if (c->run.world > 0 && r->world_size != c->run.world)
         return refuse(c, id, false, len, "rank %d says the world has %d ranks, but run %s has %d", r->rank,
                       r->world_size, c->run.id, c->run.world);
@@ -796,10 +805,15 @@ static uint8_t *handle_register(struct core *c, const Grpo__Envelope *env, doubl
                       r->rank, r->config_digest, c->run.config_digest);
     struct placement p;
     Grpo__Role role;
-    if (place_rank(&spec, r->rank, r->world_size, &p, &role, why, sizeof why) != 0)
+    const int layout_world = laid > 0 ? laid : r->world_size - spares; /* the ranks that are not spares */
+    if (spares > 0 && r->rank >= layout_world) { /* a spare: in no group until it takes a lost trainer's place */
+        p = (struct placement){.role = PLACE_HYBRID, .dp_size = 1, .tp_size = 1, .pp_size = 1};
+        role = GRPO__ROLE__ROLE_SPARE;
+    } else if (place_rank(&spec, r->rank, layout_world, &p, &role, why, sizeof why) != 0)
         return refuse(c, id, false, len, "%s", why);
     const char *need = role == GRPO__ROLE__ROLE_ROLLOUT ? "rollout" : "trainer";
-    if (!has_capability(r, need) || (role == GRPO__ROLE__ROLE_HYBRID && !has_capability(r, "rollout")))
+    if (!has_capability(r, need) ||
+        ((role == GRPO__ROLE__ROLE_HYBRID || role == GRPO__ROLE__ROLE_SPARE) && !has_capability(r, "rollout")))
         return refuse(c, id, false, len, "rank %d on host %s cannot take the %s role (capabilities lack '%s')", r->rank,
                       r->host, core_role_name(role),
                       role == GRPO__ROLE__ROLE_HYBRID && has_capability(r, "trainer") ? "rollout" : need);
@@ -1133,6 +1147,23 @@ static void note_survived(struct core *c, const struct core_worker *from, const 
     }
 }
 
+/* Heartbeat.layout_dp_*: after a loss survived, the sender's place in the re-formed layout; a spare that joined
+ * trains from now on (a colocated rank). */
+static void note_layout(struct core *c, struct core_worker *w, const Grpo__Heartbeat *h)
+{
+    if (h->layout_dp_size <= 0 || h->layout_dp_rank < 0 || h->layout_dp_rank >= h->layout_dp_size ||
+        (w->dp_rank == h->layout_dp_rank && w->dp_size == h->layout_dp_size && w->role != GRPO__ROLE__ROLE_SPARE))
+        return;
+    if (w->role == GRPO__ROLE__ROLE_SPARE) {
+        w->role = GRPO__ROLE__ROLE_HYBRID;
+        add_event(c, "spare rank %d on host %s (pid %d) took a lost rank's place: DP rank %d of %d", w->rank, w->host,
+                  w->pid, h->layout_dp_rank, h->layout_dp_size);
+    }
+    w->dp_rank = h->layout_dp_rank;
+    w->dp_size = h->layout_dp_size;
+    c->dirty = true;
+}
+
 static uint8_t *handle_heartbeat(struct core *c, const Grpo__Envelope *env, double now, size_t *len)
 {
     const Grpo__Heartbeat *h = env->heartbeat;
@@ -1164,6 +1195,7 @@ static uint8_t *handle_heartbeat(struct core *c, const Grpo__Envelope *env, doub
     copy_heartbeat(w, h);
     copy_flight_heartbeat(w, h, now);
     note_survived(c, w, h);
+    note_layout(c, w, h);
     Grpo__WorkerState st =
         h->state == GRPO__WORKER_STATE__WORKER_UNKNOWN ? GRPO__WORKER_STATE__WORKER_RUNNING : h->state;
     if (old == GRPO__WORKER_STATE__WORKER_LOST)
@@ -1182,7 +1214,8 @@ static uint8_t *handle_heartbeat(struct core *c, const Grpo__Envelope *env, doub
             /* a trainer (or colocated rank) that failed leaves its peers waiting in a collective, on whatever host
              * they are: the other ranks are told to end, as when one is lost (its own host's ranks end with it, but
              * mpirun cannot end the others when it keeps the job after a lost rank) */
-            if (w->role != GRPO__ROLE__ROLE_ROLLOUT && c->run.world > 1 && !c->run.abort[0]) {
+            if (w->role != GRPO__ROLE__ROLE_ROLLOUT && w->role != GRPO__ROLE__ROLE_SPARE && c->run.world > 1 &&
+                !c->run.abort[0]) {
                 c->run.abort_at = clock_wall_s();
                 snprintf(c->run.abort, sizeof c->run.abort, "%s rank %d on host %.60s failed: %.200s",
                          w->role == GRPO__ROLE__ROLE_HYBRID ? "colocated" : "trainer", w->rank, w->host, w->error);
@@ -1643,8 +1676,9 @@ void core_tick(struct core *c, double now)
         add_event(c, "rank %d on host %s (pid %d) lost: no heartbeat for %s", w->rank, w->host, w->pid, said);
         /* the trainers of a split run, and colocated ranks, wait for each other in collectives: without the lost
          * one they cannot go on. Tell every other rank to end (their job is relaunched and resumes from the newest
-         * checkpoint). */
-        if (w->role != GRPO__ROLE__ROLE_ROLLOUT && c->run.world > 1 && !c->run.abort[0]) {
+         * checkpoint). A spare waits in no collective: nobody waits for it. */
+        if (w->role != GRPO__ROLE__ROLE_ROLLOUT && w->role != GRPO__ROLE__ROLE_SPARE && c->run.world > 1 &&
+            !c->run.abort[0]) {
             c->run.abort_at = clock_wall_s();
             snprintf(c->run.abort, sizeof c->run.abort, "%s rank %d on host %s lost (no heartbeat for %.1f s)",
                      w->role == GRPO__ROLE__ROLE_HYBRID ? "colocated" : "trainer", w->rank, w->host,

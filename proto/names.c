@@ -36,6 +36,7 @@ const char *core_role_name(Grpo__Role r)
     case GRPO__ROLE__ROLE_ROLLOUT: return "rollout";
     case GRPO__ROLE__ROLE_TRAINER: return "trainer";
     case GRPO__ROLE__ROLE_HYBRID: return "hybrid";
+    case GRPO__ROLE__ROLE_SPARE: return "spare";
     default: return "unassigned";
     }
 }

@@ -8,6 +8,10 @@
 #    to end (grpod.heartbeat_timeout_s passes meanwhile without it);
 #  - the hold released, the run finishes: grpod's run "finished" at step 5, mpirun exits 0, the weights equal one
 #    process's within 1e-5 and the audit files hold every group of every step exactly rollout.n times.
+# With a spare (trainer.survive_spare_ranks=1, 4 ranks): grpod shows launch rank 3 as a spare; rank 2 killed at step
+# 3 (gen:3:2), the spare joins; grpod shows rank 2 lost ("survived: DP 3 -> 3 at step 3") and rank 3 a colocated
+# rank at DP rank 2 with an event saying so; the run finishes, rank 3 finished, the weights one process's. A spare
+# never needed is released at the end and shown finished.
 # Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
 set -u
 . "$(dirname "$0")/../lib.sh" grpo-ft-grpod
@@ -45,5 +49,46 @@ finished() { state_is finished; }
 wait_for 20 finished
 expect "gr: grpod says the run finished ($(status_field .state): $(status_field .reason))" $?
 same_as_one gr
+
+# a spare under grpod (trainer.survive_spare_ranks=1): 4 ranks, launch rank 3 registers as a spare; rank 2 killed
+# at step 3's generation, the spare takes its place (DP stays 3), the lead held at step 5 while the status is read
+SPARES=1
+start_held sp 4 gen:3:2,gen:5:0 grpod.endpoint="$EP" grpod.connect_timeout_s=20
+wait_for 150 held_or_ended
+field_is ".workers[] | select(.rank == 3) | .role" spare && state_is running
+expect "sp: grpod shows launch rank 3 as a spare, the run running ($(status_field '[.workers[] | .role] | join(",")'), $(status_field .state))" $?
+kill_held sp "rank 2 at gen of step 3"
+wait_for 60 held_or_ended
+[ -s "$HOLD.held" ]
+expect "sp: the survivors and the spare redo step 3 and go on; the lead holds at step 5" $?
+survived sp 3 2 3
+says "$TMP/sp.log" "spare (launch rank 3) joined as DP rank 2 of 3 for step 3"
+expect "sp: the spare joined as DP rank 2 of 3" $?
+grpod_saw_survival sp 2 "survived: DP 3 -> 3 at step 3" running,running,running
+joined_shown() { field_is ".workers[] | select(.rank == 3) | .role" hybrid && field_is ".workers[] | select(.rank == 3) | .dp_rank" 2; }
+wait_for 20 joined_shown
+expect "sp: grpod shows rank 3 as a colocated rank, DP rank 2 ($(status_field '.workers[] | select(.rank == 3) | [.role, .dp_rank] | map(tostring) | join(" dp ")'))" $?
+status_field '.events[].text' | grep -q "spare rank 3 on host .* took a lost rank's place: DP rank 2 of 3"
+expect "sp: grpod's events say the spare took the lost rank's place" $?
+rm -f "$HOLD"
+wait "$JOB"
+expect "sp: the run finishes with the spare in rank 2's place (mpirun exits 0)" $?
+wait_for 20 finished
+expect "sp: grpod says the run finished ($(status_field .state): $(status_field .reason))" $?
+field_is ".workers[] | select(.rank == 3) | .state" finished
+expect "sp: rank 3 (the spare that joined) finished ($(status_field '.workers[] | select(.rank == 3) | .state'))" $?
+same_as_one sp
+
+# a spare never needed under grpod: released at the run's end, shown finished, the run finished
+# shellcheck disable=SC2046 # keys' words are the keys
+timeout "$(scaled 180)" "${MPIRUN[@]}" -np 4 grpo-worker $(keys idle) $(survive_keys 4) grpod.endpoint="$EP" \
+    grpod.connect_timeout_s=20 >"$TMP/idle.log" 2>&1
+expect "idle: 3 ranks and a spare under grpod, undisturbed (mpirun exits 0)" $?
+says "$TMP/idle.log" "spare (launch rank 3) released: the run ended without needing it"
+expect "idle: the spare is released at the end" $?
+wait_for 20 finished
+expect "idle: grpod says the run finished ($(status_field .state): $(status_field .reason))" $?
+[ "$(status_field '[.workers[] | .state] | join(",")')" = finished,finished,finished,finished ]
+expect "idle: every rank finished, the spare too ($(status_field '[.workers[] | .state] | join(",")'))" $?
 stop_grpod
 finish

@@ -33,7 +33,7 @@
 #define STACKS_WAIT_S 2.0 /* how long the heartbeat thread waits for the main thread's stack */
 #define FINISH_WAIT_S 5.0
 
-_Static_assert(CONTROL_ROLE_HYBRID == (int)GRPO__ROLE__ROLE_HYBRID, "roles follow grpo.Role");
+_Static_assert(CONTROL_ROLE_SPARE == (int)GRPO__ROLE__ROLE_SPARE, "roles follow grpo.Role");
 _Static_assert(CONTROL_CHECKPOINT == (int)GRPO__COMMAND__COMMAND_CHECKPOINT, "commands follow grpo.Command");
 
 struct control {
@@ -97,6 +97,7 @@ struct control {
         char reason[96];
     } survived[MAX_SURVIVED];
     int nsurvived;
+    int layout_dp_rank, layout_dp_size; /* the re-formed layout's (control_set_layout; size 0: unchanged) */
 
     /* what grpod wants, as levels */
     bool want_pause, want_stop, run_over;
@@ -118,8 +119,8 @@ const char *control_command_name(enum control_command cmd)
 
 const char *control_role_name(enum control_role role)
 {
-    static const char *n[] = {"unassigned", "rollout", "trainer", "hybrid"};
-    return (unsigned)role < 4 ? n[role] : "unknown";
+    static const char *n[] = {"unassigned", "rollout", "trainer", "hybrid", "spare"};
+    return (unsigned)role < 5 ? n[role] : "unknown";
 }
 
 uint64_t control_config_digest(const struct grpo_config *cfg)
@@ -521,6 +522,19 @@ void control_set_survived(struct control *c, const int *ranks, int n, const char
         c->survived[c->nsurvived].rank = ranks[i];
         snprintf(c->survived[c->nsurvived++].reason, sizeof c->survived[0].reason, "%s", reason);
     }
+    changed_locked(c);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void control_set_layout(struct control *c, int dp_rank, int dp_size)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->mu);
+    c->layout_dp_rank = dp_rank;
+    c->layout_dp_size = dp_size;
+    if (c->role == CONTROL_ROLE_SPARE)
+        c->role = CONTROL_ROLE_HYBRID; /* it trains from now on */
     changed_locked(c);
     pthread_mutex_unlock(&c->mu);
 }
@@ -1067,6 +1081,8 @@ static void *heartbeat_thread(void *arg)
         }
         hb.n_survived = (size_t)c->nsurvived;
         hb.survived = slp;
+        hb.layout_dp_size = c->layout_dp_size;
+        hb.layout_dp_rank = c->layout_dp_rank;
         for (size_t i = 0; i < hb.n_metrics; i++) {
             snprintf(names[i], sizeof names[i], "%s", m[i].name);
             m[i].name = names[i];

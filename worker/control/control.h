@@ -46,6 +46,7 @@ enum control_role {
     CONTROL_ROLE_ROLLOUT = 1,
     CONTROL_ROLE_TRAINER = 2,
     CONTROL_ROLE_HYBRID = 3, /* rollout and trainer in one process */
+    CONTROL_ROLE_SPARE = 4,  /* waits to take a lost trainer's place (trainer.survive_spare_ranks) */
 };
 
 enum control_command {
@@ -170,6 +171,9 @@ void control_checkpoint_done(struct control *c, int64_t step);
  * "survived: DP 3 -> 2 at step 4"; every heartbeat from now on says so (Heartbeat.survived), and grpod shows them as
  * lost with that reason instead of ending the run. At most 16 in all. */
 void control_set_survived(struct control *c, const int *ranks, int n, const char *reason);
+/* After a loss survived: this rank's DP rank and size in the re-formed layout, in every heartbeat from now on
+ * (Heartbeat.layout_dp_*); a spare that joined trains from now on, and grpod shows it so. */
+void control_set_layout(struct control *c, int dp_rank, int dp_size);
 /* A replica's word that the writer (its DP rank 0) wrote the checkpoint of `step` for it: every request this
  * rank has heard of is answered (grpod counts a request done at the slowest rank, and the writer's own count
  * bounds it). */

@@ -553,6 +553,7 @@ static void colocated_reform(void *ud, const struct survive_loss *loss)
     struct colocated *c = ud;
     const struct role_env *env = c->env;
     control_set_survived(env->ctl, loss->ranks, loss->n, loss->reason); /* grpod: lost, the run goes on */
+    control_set_layout(env->ctl, env->at.dp, env->at.dp_size);
     c->units = units_per_step(env->cfg, env->at.engines);
     c->ledger = units_ledger_create(env->trainers, env->at.engines, c->units, env->cfg->placement_colocated_steal);
     if (!c->ledger)

@@ -168,7 +168,8 @@ static int join_control_plane(struct role_env *env)
     char err[2048];
     struct control_options o;
     struct control_assignment a;
-    control_options_from_config(&o, env->cfg, env->rank, env->world_size);
+    /* spares (trainer.survive_spare_ranks) register too: grpod's world counts them, and gives them ROLE_SPARE */
+    control_options_from_config(&o, env->cfg, env->rank, env->world_size + env->spare_ranks);
     o.on_abort = abort_job;
     o.replaces = env->replacing;
     o.world_hosts = env->world_hosts;
@@ -189,7 +190,17 @@ static int join_control_plane(struct role_env *env)
     const enum placement_role assigned = a.role == CONTROL_ROLE_ROLLOUT   ? PLACE_ROLLOUT
                                          : a.role == CONTROL_ROLE_TRAINER ? PLACE_TRAINER
                                                                           : PLACE_HYBRID;
-    if (assigned != env->at.role || a.dp_rank != env->at.dp || a.dp_size != env->at.dp_size) {
+    if ((a.role == CONTROL_ROLE_SPARE) != env->spare) {
+        snprintf(err, sizeof err,
+                 "grpod assigned role %s, but this rank's configuration makes it %s (" KEY_trainer_survive_spare_ranks
+                 "=%d of %d ranks): give grpod and the workers the same keys",
+                 control_role_name(a.role), env->spare ? "a spare" : "no spare", env->spare_ranks,
+                 env->world_size + env->spare_ranks);
+        log_error("worker", "%s", err);
+        control_finish(env->ctl, CONTROL_END_FAILED, err);
+        return -1;
+    }
+    if (!env->spare && (assigned != env->at.role || a.dp_rank != env->at.dp || a.dp_size != env->at.dp_size)) {
         snprintf(err, sizeof err,
                  "grpod assigned role %s dp %d/%d, but this rank's configuration places it as %s dp %d/%d: give "
                  "grpod and the workers the same placement keys",

@@ -98,10 +98,6 @@ int survive_check(const struct grpo_config *cfg, const struct placement_spec *sp
         if (sizes[i].size > 1)
             return error_set(why, whylen, KEY_trainer_survive_trainer_loss " with %s=%d is not covered yet%s",
                              sizes[i].key, sizes[i].size, not_yet);
-    if (cfg->trainer_survive_spare_ranks > 0 && cfg->grpod_endpoint && cfg->grpod_endpoint[0])
-        return error_set(why, whylen,
-                         KEY_trainer_survive_spare_ranks " under grpod (" KEY_grpod_endpoint
-                                                         ") is not covered yet: grpod lays the run out without spares");
     return 0;
 }
 

@@ -144,7 +144,8 @@ int run_trainer_process(struct role_env *env, const struct trainer_layout *lay, 
         start_watchdog(env, t);
     int rc = trainer_run(t);
     watchdog_stop();
-    bool finished = trainer_step(t) >= trainer_total_steps(t);
+    /* a spare released at the run's end (env->spare: it never joined) did all it was asked */
+    bool finished = trainer_step(t) >= trainer_total_steps(t) || env->spare;
     log_info("worker", "peak resident memory of this rank: %.3f GB", proc_peak_rss_gb());
     if (rc == 0 && trainer_leads(t)) /* the lead at the end (a survived loss of the first moves it) */
         log_info("worker", "run %s at step %lld; results in %s", finished ? "finished" : "stopped",
