@@ -79,12 +79,14 @@ int comm_lost_ranks(struct comm *old, struct comm *survivors, int *ranks, int ma
 /* Every survivor of c's flag ANDed, the same on all of them even if a peer is lost meanwhile (MPIX_Comm_agree);
  * 0, or -1. */
 int comm_agree(struct comm *c, int *flag);
-/* A spare rank's wait (trainer.survive_spare_ranks): one word from any rank of c (a watched group) on a tag of its
- * own, in one blocking receive that a peer's loss or a revoke of c ends (through the peer-lost handler, which does
+/* A spare rank's wait (trainer.survive_spare_ranks): one word from rank `from` of c (a watched group) on a tag of its
+ * own (not from any rank: another spare's loss would end it), in one receive that from's loss or a revoke of c ends
+ * (through the peer-lost handler, which does
  * not return where the run survives). 0 with *word, or -1 (no ULFM, or the handler returned). comm_ft_send_word:
- * the word to rank peer on that tag. Outside the step's collectives: they cost a step nothing. */
-int comm_ft_wait_word(struct comm *c, int32_t *word);
-void comm_ft_send_word(struct comm *c, int peer, int32_t word);
+ * the word to rank peer on that tag: 0, or -1 when peer is lost (the peer-lost handler is not called: a spare
+ * lost while it waited loses nothing). Outside the step's collectives: they cost a step nothing. */
+int comm_ft_wait_word(struct comm *c, int from, int32_t *word);
+int comm_ft_send_word(struct comm *c, int peer, int32_t word);
 /* Tests of a lost peer: hold(point) runs where this rank is about to wait for an all-reduce it started ("allreduce",
  * comm_wait), so that a test kills it there, its part started and its peers waiting on it; NULL: none. */
 void comm_set_test_hold(void (*hold)(const char *point));

@@ -143,11 +143,11 @@ int comm_agree(struct comm *c, int *flag) { return MPIX_Comm_agree(impl_of(c)->c
 /* the spares' tag: apart from the back-end's (0) */
 #define SPARE_TAG 4242
 
-int comm_ft_wait_word(struct comm *c, int32_t *word)
+int comm_ft_wait_word(struct comm *c, int from, int32_t *word)
 {
     /* tested every millisecond, asleep between: a blocking receive would spin a core for the whole run */
     MPI_Request r = MPI_REQUEST_NULL;
-    int rc = MPI_Irecv(word, 1, MPI_INT32_T, MPI_ANY_SOURCE, SPARE_TAG, impl_of(c)->comm, &r), done = 0;
+    int rc = MPI_Irecv(word, 1, MPI_INT32_T, from, SPARE_TAG, impl_of(c)->comm, &r), done = 0;
     while (rc == MPI_SUCCESS && !done) {
         rc = MPI_Test(&r, &done, MPI_STATUS_IGNORE);
         if (rc == MPI_SUCCESS && !done) {
@@ -162,11 +162,9 @@ int comm_ft_wait_word(struct comm *c, int32_t *word)
     return -1; // NOLINT(clang-analyzer-optin.mpi.MPI-Checker)
 }
 
-void comm_ft_send_word(struct comm *c, int peer, int32_t word)
+int comm_ft_send_word(struct comm *c, int peer, int32_t word)
 {
-    int rc = MPI_Send(&word, 1, MPI_INT32_T, peer, SPARE_TAG, impl_of(c)->comm);
-    if (rc != MPI_SUCCESS)
-        comm_ft_check(c, rc, "MPI_Send(to a spare)");
+    return MPI_Send(&word, 1, MPI_INT32_T, peer, SPARE_TAG, impl_of(c)->comm) == MPI_SUCCESS ? 0 : -1;
 }
 #else
 bool comm_ft_available(char *why, size_t whylen)
@@ -206,11 +204,15 @@ int comm_agree(struct comm *c, int *flag)
     return -1;
 }
 
-int comm_ft_wait_word(struct comm *c, int32_t *word)
+int comm_ft_wait_word(struct comm *c, int from, int32_t *word)
 {
-    (void)c, (void)word;
+    (void)c, (void)from, (void)word;
     return -1;
 }
 
-void comm_ft_send_word(struct comm *c, int peer, int32_t word) { (void)c, (void)peer, (void)word; }
+int comm_ft_send_word(struct comm *c, int peer, int32_t word)
+{
+    (void)c, (void)peer, (void)word;
+    return -1;
+}
 #endif

@@ -201,9 +201,10 @@ static int spare_wait(struct survive *s)
 {
     const int me = s->launch_rank[comm_rank(s->all)];
     log_info("survive", "spare (launch rank %d) waiting to take a lost rank's place", me);
+    survive_test_hold("spare");
     s->armed = true;
     int32_t word = 0;
-    if (comm_ft_wait_word(s->all, &word) != 0)
+    if (comm_ft_wait_word(s->all, 0, &word) != 0) /* from the lead: all's rank 0 (the trainers come first) */
         check_failf(__FILE__, __LINE__, "spare (launch rank %d): its wait failed without a loss", me);
     s->armed = false;
     log_info("survive", "spare (launch rank %d) released: the run ended without needing it", me);
@@ -214,8 +215,10 @@ static int spare_wait(struct survive *s)
 static int step_begin(void *ud, int64_t k)
 {
     struct survive *s = ud;
-    if (s->spare)
+    if (s->spare) {
+        s->step = k; /* the step it waits at (survive_test_hold's "spare") */
         return spare_wait(s);
+    }
     const double t0 = clock_now_s();
     /* with ZeRO-1 a collective (each block's copy to the next rank): a loss in it comes back to the previous
      * step's start, kept in the other slot (s->step is still that step's; none before the first step) */
@@ -239,7 +242,9 @@ static void disarm(void *ud)
     if (s->spare || comm_rank(s->all) != 0)
         return;
     for (int r = comm_size(s->all) - s->n_spare; r < comm_size(s->all); r++)
-        comm_ft_send_word(s->all, r, 1);
+        if (comm_ft_send_word(s->all, r, 1) != 0)
+            log_warn("survive", "spare (launch rank %d) was lost while it waited: nothing to release",
+                     s->launch_rank[r]);
 }
 
 static void step_done(void *ud, int64_t k)
@@ -302,7 +307,9 @@ static int recover(void *ud)
     const int join = lost_trainers < spares ? lost_trainers : spares, D = kept + join;
     const bool trains = me < D, joins = s->spare && trains;
     /* every survivor can redo it: the same answer on all of them */
-    int ok = (s->spare || snap) && lost_trainers > 0 && kept > 0;
+    /* only spares lost (one died while it waited, and another spare's wait found it): the trainers redo the step
+     * as they were, DP unchanged */
+    int ok = (s->spare || snap) && n_lost > 0 && kept > 0;
     /* ZeRO-1: a block lost with its copy cannot be rebuilt (every rank, spares too, sees the same ranks lost) */
     const bool zero = env->cfg->actor_megatron_use_distributed_optimizer;
     char zero_why[256] = "";
@@ -404,7 +411,11 @@ static int recover(void *ud)
                      (double)bytes / 1e6, s->launch_rank[0]);
     }
     char reason[96];
-    snprintf(reason, sizeof reason, "survived: DP %d -> %d at step %lld", old_trainers, at.dp_size, (long long)redo);
+    if (lost_trainers > 0)
+        snprintf(reason, sizeof reason, "survived: DP %d -> %d at step %lld", old_trainers, at.dp_size,
+                 (long long)redo);
+    else
+        snprintf(reason, sizeof reason, "survived: a spare lost while it waited (step %lld)", (long long)redo);
     const struct survive_loss loss = {.ranks = names, .n = n_lost, .reason = reason};
     if (s->reform)
         s->reform(s->ud, &loss);
@@ -425,8 +436,12 @@ static int recover(void *ud)
         char spare_note[96] = "";
         if (join > 0 || s->n_spare > 0)
             snprintf(spare_note, sizeof spare_note, "; %d spare(s) joined, %d left", join, s->n_spare);
-        log_info("survive", "%s lost at step %lld; %d DP ranks go on, step %lld redone (of %d ranks, %d survive%s)",
-                 s->lost_names, (long long)redo, at.dp_size, (long long)redo, old_trainers, kept, spare_note);
+        if (lost_trainers > 0)
+            log_info("survive", "%s lost at step %lld; %d DP ranks go on, step %lld redone (of %d ranks, %d survive%s)",
+                     s->lost_names, (long long)redo, at.dp_size, (long long)redo, old_trainers, kept, spare_note);
+        else
+            log_info("survive", "spare %s lost while it waited (at step %lld); %d DP ranks go on, step %lld redone%s",
+                     s->lost_names, (long long)redo, at.dp_size, (long long)redo, spare_note);
     }
     return 0;
 }
@@ -491,7 +506,7 @@ void survive_test_hold(const char *point)
             n = 0;
         }
     }
-    if (!n || !g_survive || g_survive->spare)
+    if (!n || !g_survive || (g_survive->spare != (strcmp(point, "spare") == 0)))
         return;
     const int me = g_survive->launch_rank[g_survive->env->rank];
     struct hold_at *h = NULL;

@@ -60,9 +60,9 @@ void survive_free(struct survive *s);
  * test kills it there and not at a time a machine's speed decides. The points: "gen" (its generation done),
  * "logprob" (its old log-probs taken, the reference's not), "allreduce" (its all-reduce of the step's gradients
  * started, not waited for, through comm_set_test_hold), "optim" (a mini-batch's gradients summed, its optimizer step
- * not taken), "ckpt" (in the step's checkpoint: the lead with the weights and optimizer state written, not moved into
- * place; another rank in its part). Each once per process; a test that kills twice removes FILE.held before it kills
- * (the next victim writes it anew). */
+ * not taken), "spare" (a spare about to wait at the start of step STEP), "ckpt" (in the step's checkpoint: the lead
+ * with the weights and optimizer state written, not moved into place; another rank in its part). Each once per process;
+ * a test that kills twice removes FILE.held before it kills (the next victim writes it anew). */
 void survive_test_hold(const char *point);
 
 #endif
