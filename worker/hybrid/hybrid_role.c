@@ -552,6 +552,11 @@ static void colocated_reform(void *ud, const struct survive_loss *loss)
 {
     struct colocated *c = ud;
     const struct role_env *env = c->env;
+    if (loss->left) { /* its model copy lost a rank: it generates nothing more; the ledger stays behind with the
+                       * lost group (freeing its window would wait on the lost rank) */
+        c->ledger = NULL;
+        return;
+    }
     control_set_survived(env->ctl, loss->ranks, loss->n, loss->reason); /* grpod: lost, the run goes on */
     c->units = units_per_step(env->cfg, env->at.engines);
     c->ledger = units_ledger_create(env->trainers, env->at.engines, c->units, env->cfg->placement_colocated_steal);

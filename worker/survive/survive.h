@@ -43,6 +43,9 @@ struct survive_loss {
     const int *ranks;
     int n;
     const char *reason;
+    /* TP or PP: this rank's model copy lost a rank and it left the training (it waits idle until the run ends):
+     * the source lets go of the lost groups' state and trains nothing */
+    bool left;
 };
 /* For the colocated ranks of env (its trainers and DP groups are watched from here on). reform(ud, loss) runs after
  * the groups re-formed, env updated (trainers, dp, tp, pp, at, rank, world_size): the source's own part, and telling

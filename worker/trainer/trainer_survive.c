@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "trainer_internal.h"
 #include "common/check.h"
@@ -191,6 +192,53 @@ int trainer_reform(struct trainer *t, struct comm *all, struct comm *dp, int dp_
         model_release_buffers(t->ref, MODEL_BUF_TRAIN | MODEL_BUF_GEN);
     /* verl's global micro-batch keys are divided by the DP size: by the new one from here */
     return trainer_resolve_micro_batches(t, err, errlen);
+}
+
+void trainer_reform_groups(struct trainer *t, struct comm *tp, struct comm *pp, struct comm *mp)
+{
+    t->lay.tp = t->lay.tp ? tp : NULL;
+    t->lay.pp = t->lay.pp ? pp : NULL;
+    t->lay.mp = t->lay.mp ? mp : NULL;
+    /* the model's copy group is its TP group where PP is 1 (model_create_shard) */
+    struct comm *model_mp = t->lay.pp_size > 1 ? mp : tp;
+    model_set_groups(t->policy, tp, pp, model_mp);
+    if (t->ref)
+        model_set_groups(t->ref, tp, pp, model_mp);
+}
+
+void trainer_leave(struct trainer *t)
+{
+    watchdog_stop();      /* it completes no step from here */
+    if (t->logger_open) { /* the lead: the new one appends to the run's metrics files */
+        metrics_logger_close(&t->logger);
+        t->logger_open = false;
+    }
+    if (t->run_lock_fd >= 0) { /* the new lead takes run.lock */
+        close(t->run_lock_fd);
+        t->run_lock_fd = -1;
+    }
+    model_set_layer_grads_hook(t->policy, NULL, NULL);
+    grad_reducer_free(t->overlap); /* its requests on the lost copy's groups are left behind */
+    t->overlap = NULL;
+    model_free_grads(t->policy);
+    model_release_buffers(t->policy, MODEL_BUF_TRAIN | MODEL_BUF_GEN);
+    if (t->ref)
+        model_release_buffers(t->ref, MODEL_BUF_TRAIN | MODEL_BUF_GEN);
+    t->lay.all = NULL; /* alone: no barrier, broadcast or checkpoint with the others at the run's end */
+    t->lay.dp = NULL;
+    t->lay.dp_rank = 0;
+    t->lay.dp_size = 1;
+    t->lay.spare = true; /* it leads, validates and trains nothing */
+    t->in_decide = false;
+}
+
+int trainer_latest_checkpoint(const struct trainer *t, char *out, size_t outlen)
+{
+    if (checkpoint_find_latest(t->ckpt_root, out, outlen) == 0)
+        return 0;
+    if (outlen)
+        out[0] = '\0';
+    return -1;
 }
 
 /* The newest step the lead's metrics hold (-1: none). */
