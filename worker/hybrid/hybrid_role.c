@@ -563,6 +563,10 @@ static void colocated_reform(void *ud, const struct survive_loss *loss)
     if (!c->ledger)
         check_failf(__FILE__, __LINE__, "the survivors' work-unit ledger: no MPI one-sided memory");
     c->head = env->at.engine_tp == 0;
+    char err[1024];
+    if (!c->gen && gen_model_setup(c, err, sizeof err) != 0) /* a spare that took a shard's place */
+        check_failf(__FILE__, __LINE__, "the generation model after a loss: %s", err);
+    c->rc.policy = c->gen ? c->gen : trainer_policy(c->t);
     c->lim.units = c->units;
     c->lim.world_size = env->world_size;
     c->gen_at = -1;

@@ -53,7 +53,8 @@ struct survive {
     /* every rank of the job still in it: the trainers, then the spares (trainer.survive_spare_ranks), in launch
      * order; the world at first, after a loss the survivors (sides) */
     struct comm *all;
-    int n_spare;                   /* all's last ranks that are spares */
+    int n_spare;                   /* all's last ranks that are spares (and idle ones) */
+    int n_idle;                    /* TP or PP: all's very last ranks, those that left their model copy */
     bool spare;                    /* this rank is one: it waits in step_begin until a loss or the run's end */
     struct comm *sides;            /* owned after a loss: the survivors */
     struct comm *tr;               /* owned after a loss with spares: the survivors that train (NULL: sides) */
@@ -108,11 +109,11 @@ int survive_check(const struct grpo_config *cfg, const struct placement_spec *sp
     const char *model_key = spec->tp_size > 1 ? KEY_actor_megatron_tensor_model_parallel_size
                                               : KEY_actor_megatron_pipeline_model_parallel_size;
     const int model_size = spec->tp_size > 1 ? spec->tp_size : spec->pp_size;
-    if (split_model && cfg->trainer_survive_spare_ranks > 0)
+    if (split_model && cfg->trainer_survive_spare_ranks > 0 && cfg->arr_model_lora_rank > 0)
         return error_set(why, whylen,
-                         KEY_trainer_survive_spare_ranks " with %s=%d is not covered yet: a spare joins plain DP only "
-                                                         "(without spares a model copy that loses a rank leaves, "
-                                                         "the other copies go on)",
+                         KEY_trainer_survive_spare_ranks " with %s=%d and LoRA (" KEY_arr_model_lora_rank
+                                                         ") is not covered yet: a spare takes a shard of the whole "
+                                                         "weights only",
                          model_key, model_size);
     if (split_model && cfg->actor_megatron_use_distributed_optimizer)
         return error_set(why, whylen,
@@ -182,8 +183,8 @@ struct survive *survive_create(struct role_env *env, void (*reform)(void *ud, co
     s->all = env->world;
     s->n_spare = env->spare_ranks;
     s->spare = env->spare;
-    s->tp_size = env->at.tp_size > 1 ? env->at.tp_size : 1;
-    s->pp_size = env->at.pp_size > 1 ? env->at.pp_size : 1;
+    s->tp_size = env->spec.tp_size > 1 ? env->spec.tp_size : 1; /* the run's (a spare holds whole layers) */
+    s->pp_size = env->spec.pp_size > 1 ? env->spec.pp_size : 1;
     s->launch_mp = env->mp;
     const int n = comm_size(env->world);
     s->launch_rank = xmalloc((size_t)n * sizeof *s->launch_rank);
@@ -205,7 +206,14 @@ struct survive *survive_create(struct role_env *env, void (*reform)(void *ud, co
     comm_set_test_hold(survive_test_hold);
     g_survive = s;
     const int copies = env->world_size / (s->tp_size * s->pp_size);
-    if (env->rank == 0 && s->tp_size * s->pp_size > 1)
+    if (env->rank == 0 && s->tp_size * s->pp_size > 1 && env->spare_ranks > 0)
+        log_info("survive",
+                 "trainer-loss survival on (" KEY_trainer_survive_trainer_loss ") over %d model copies of TP %d x PP "
+                 "%d ranks, %d spare rank(s) (" KEY_trainer_survive_spare_ranks ", launch ranks %d..%d): a lost "
+                 "rank's place is taken by a spare, its shard rebuilt from a copy that lost none (DP stays %d); "
+                 "with no spare left a copy that loses a rank leaves; each step's start is kept in memory",
+                 copies, s->tp_size, s->pp_size, env->spare_ranks, n - env->spare_ranks, n - 1, copies);
+    else if (env->rank == 0 && s->tp_size * s->pp_size > 1)
         log_info("survive",
                  "trainer-loss survival on (" KEY_trainer_survive_trainer_loss ") over %d model copies of TP %d x PP "
                  "%d ranks: %s; each step's start is kept in memory",
@@ -328,6 +336,15 @@ static void name_ranks(const int *r, int n, char *out, size_t len)
         at += snprintf(out + at, len - (size_t)at, "%s%d", i == 0 ? " " : i == n - 1 ? " and " : ", ", r[i]);
 }
 
+/* the launch rank of the lost rank old_rank (of all) */
+static int names_of(int old_rank, const int *names, const int *lost, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (lost[i] == old_rank)
+            return names[i];
+    return -1;
+}
+
 /* TP or PP, where no model copy is left whole: the run stops, naming the lost ranks and the checkpoint a relaunch
  * resumes from (as without the key). */
 static void say_no_replica(struct survive *s, int64_t redo, int old_copies)
@@ -374,33 +391,81 @@ static int recover(void *ud)
     /* TP or PP: the model copies (DP ranks) that lost a rank leave whole; the others keep their positions, their
      * DP ranks renumbered in order */
     const int old_copies = old_trainers / M, mo = comm_rank(old);
-    bool *broken = xcalloc((size_t)old_copies + 1, sizeof *broken);
+    const int first_idle = old_size - s->n_idle; /* all's ranks: the trainers, the spares, the idle ones */
+    bool *broken = xcalloc((size_t)old_copies + 1, sizeof *broken), *gone = xcalloc((size_t)old_size, sizeof *gone);
+    int *nlost = xcalloc((size_t)old_copies + 1, sizeof *nlost), *fill = xcalloc((size_t)n_lost + 1, sizeof *fill);
+    bool *joined_at = xcalloc((size_t)M, sizeof *joined_at); /* the positions (pp x TP + tp) a spare takes */
     struct parallel_coords pc = {0};
+    for (int i = 0; i < n_lost; i++) {
+        gone[lost[i]] = true;
+        if (split_model && lost[i] < old_trainers && parallel_coords_sized(lost[i], old_trainers, &sz, &pc) == 0)
+            nlost[pc.dp_rank]++;
+    }
+    /* the spares left take the lost ranks' places, a copy at a time (all of its lost ranks, or it leaves), where a
+     * copy that lost none holds each lost shard to rebuild it from */
+    int spares_left = 0, intact = 0, n_fill = 0, donor = -1;
+    for (int r = old_trainers; r < first_idle; r++)
+        spares_left += !gone[r];
+    for (int d = 0; d < old_copies && split_model; d++) {
+        intact += nlost[d] == 0;
+        donor = donor < 0 && nlost[d] == 0 ? d : donor;
+    }
+    for (int d = 0; d < old_copies && split_model; d++) {
+        if (nlost[d] == 0)
+            continue;
+        if (intact > 0 && nlost[d] <= spares_left)
+            spares_left -= nlost[d];
+        else
+            broken[d] = true;
+    }
     for (int i = 0; i < n_lost && split_model; i++)
-        if (lost[i] < old_trainers && parallel_coords_sized(lost[i], old_trainers, &sz, &pc) == 0)
-            broken[pc.dp_rank] = true;
-    int copies = 0;
-    for (int d = 0; d < old_copies; d++)
+        if (lost[i] < old_trainers && parallel_coords_sized(lost[i], old_trainers, &sz, &pc) == 0 &&
+            !broken[pc.dp_rank]) {
+            fill[n_fill++] = lost[i];
+            joined_at[pc.pp_rank * T + pc.tp_rank] = true;
+        }
+    int copies = 0, donor_dp = 0;
+    for (int d = 0; d < old_copies; d++) {
+        donor_dp += d < donor && !broken[d];
         copies += !broken[d];
+    }
     const bool was_trainer = !s->spare && mo < old_trainers;
     bool leaves = false;
-    int key = mo; /* the order in the survivors' group: the trainers in their new layout's order, then the others */
+    int key = mo, takes = -1; /* the order in the survivors' group: the trainers in their new layout's order, then
+                               * the spares, then the idle ranks; takes: the lost rank a spare takes the place of */
     if (split_model) {
-        if (was_trainer && parallel_coords_sized(mo, old_trainers, &sz, &pc) != 0)
-            check_failf(__FILE__, __LINE__, "rank %d of %d trainers: not a TP %d x PP %d layout", mo, old_trainers, T,
-                        P);
+        if (s->spare && !s->idle) { /* this spare's turn: the spares left before it in all */
+            int j = 0;
+            for (int r = old_trainers; r < mo; r++)
+                j += !gone[r];
+            takes = j < n_fill ? fill[j] : -1;
+        }
+        const int at_rank = was_trainer ? mo : takes;
+        if (at_rank >= 0 && parallel_coords_sized(at_rank, old_trainers, &sz, &pc) != 0)
+            check_failf(__FILE__, __LINE__, "rank %d of %d trainers: not a TP %d x PP %d layout", at_rank, old_trainers,
+                        T, P);
         leaves = was_trainer && broken[pc.dp_rank];
-        if (was_trainer && !leaves) {
+        if (at_rank >= 0 && !leaves) {
             int dp = 0; /* the whole copies before this one */
             for (int d = 0; d < pc.dp_rank; d++)
                 dp += !broken[d];
             key = (pc.pp_rank * copies + dp) * T + pc.tp_rank;
         } else {
-            key = copies * M + mo;
+            key = copies * M + (s->spare && !s->idle ? 0 : old_size) + mo;
         }
-        lead_lost = broken[0]; /* the lead (DP 0, TP 0, PP 0) lost, or leaving with its copy */
+        lead_lost = lead_lost || broken[0]; /* the lead (DP 0, TP 0, PP 0) lost, or leaving with its copy */
     }
-    free(broken);
+    int n_idle = 0; /* after this loss: the idle ranks left, and the survivors of the copies that leave */
+    for (int r = 0; r < old_size && split_model; r++)
+        if (!gone[r] && r >= first_idle)
+            n_idle++;
+        else if (!gone[r] && r < old_trainers && parallel_coords_sized(r, old_trainers, &sz, &pc) == 0 &&
+                 broken[pc.dp_rank])
+            n_idle++;
+    const bool my_pos_joined = split_model && was_trainer && !leaves &&
+                               parallel_coords_sized(mo, old_trainers, &sz, &pc) == 0 &&
+                               joined_at[pc.pp_rank * T + pc.tp_rank];
+    free(broken), free(gone), free(nlost), free(fill), free(joined_at);
     if (leaves) /* before any collective of the re-forming: the new lead takes over the run's files after them */
         trainer_leave(s->t);
     /* the step to redo: the earliest any trainer is in (one whose copy of step k's last collective completed is in
@@ -425,7 +490,8 @@ static int recover(void *ud)
      * trainers were lost; the other spares stay spares (with TP or PP: the copies left whole, no spare joins) */
     const int size = comm_size(sides), me = comm_rank(sides);
     const int kept = split_model ? copies * M : old_trainers - lost_trainers, spares = size - kept;
-    const int join = split_model ? 0 : lost_trainers < spares ? lost_trainers : spares, D = kept + join;
+    const int join = split_model ? n_fill : lost_trainers < spares ? lost_trainers : spares;
+    const int D = split_model ? kept : kept + join;
     const bool trains = me < D, joins = s->spare && trains;
     /* every survivor can redo it: the same answer on all of them */
     int ok = (s->spare || leaves || snap) && lost_trainers > 0 && kept > 0;
@@ -470,6 +536,7 @@ static int recover(void *ud)
     s->sides = sides;
     s->all = sides;
     s->n_spare = size - D;
+    s->n_idle = split_model ? n_idle : 0;
     s->tr = NULL;
     s->n_watch = 0;
     watch(s, sides);
@@ -533,6 +600,8 @@ static int recover(void *ud)
             watch(s, g.pp);
         watch(s, s->mp);
     }
+    if (joins && split_model) /* its shard's model, for the replica's values (below) */
+        trainer_join_shard(s->t, at.tp, T, at.pp, P, g.tp, g.pp, s->mp);
     if (trainer_reform(s->t, tr, g.dp, at.dp, at.dp_size, err, sizeof err) != 0) {
         log_error("survive", "moving the trainer onto %d DP ranks: %s; ending the run", at.dp_size, err);
         return -1;
@@ -544,7 +613,17 @@ static int recover(void *ud)
                   at.dp_size, err);
         return -1;
     }
-    if (join > 0) { /* the spares that joined take the step's start from DP rank 0 (every old rank holds it) */
+    if (split_model && (joins || my_pos_joined)) { /* the shard from its replica on the copy that lost no rank */
+        const size_t bytes = trainer_state_share(s->t, donor_dp) + trainer_ref_share(s->t, donor_dp);
+        if (joins)
+            log_info("survive",
+                     "spare (launch rank %d) took launch rank %d's place (TP rank %d, PP stage %d of DP rank %d of "
+                     "%d) for step %lld: took that shard's step start (weights, AdamW's moments and step count, the "
+                     "reference's weights, the run state and data cursor; %.1f MB) from its replica on DP rank %d "
+                     "(launch rank %d)",
+                     mine, names_of(takes, names, lost, n_lost), at.tp, at.pp, at.dp, at.dp_size, (long long)redo,
+                     (double)bytes / 1e6, donor_dp, s->launch_rank[(at.pp * at.dp_size + donor_dp) * T + at.tp]);
+    } else if (join > 0) { /* the spares that joined take the step's start from DP rank 0 (every old rank holds it) */
         const size_t bytes = trainer_state_share(s->t, 0);
         if (joins)
             log_info("survive",
@@ -573,21 +652,30 @@ static int recover(void *ud)
     s->redo = redo;
     s->reformed_s = clock_now_s() - t0;
     if (env->rank == 0) {
-        char note[160] = "";
+        char note[200] = "";
         if (split_model) {
-            int at_n = snprintf(note, sizeof note, "; TP %d x PP %d: the copy that lost it left, launch rank%s", T, P,
-                                size - D > 1 ? "s" : "");
-            for (int r = D; r < size && at_n > 0 && (size_t)at_n < sizeof note; r++)
-                at_n +=
-                    snprintf(note + at_n, sizeof note - (size_t)at_n, "%s%d", r == D ? " " : ",", s->launch_rank[r]);
-            if (at_n > 0 && (size_t)at_n < sizeof note)
-                snprintf(note + at_n, sizeof note - (size_t)at_n, " idle");
+            int at_n = snprintf(note, sizeof note, "; TP %d x PP %d", T, P);
+            if (join > 0 && at_n > 0 && (size_t)at_n < sizeof note)
+                at_n += snprintf(note + at_n, sizeof note - (size_t)at_n,
+                                 ": %d spare(s) took the lost ranks' places, %d spare(s) left", join,
+                                 s->n_spare - s->n_idle);
+            if (copies < old_copies && at_n > 0 && (size_t)at_n < sizeof note) {
+                at_n += snprintf(note + at_n, sizeof note - (size_t)at_n, "%s the copy that lost it left",
+                                 join > 0 ? ";" : ":");
+                int first = 1;
+                for (int r = size - s->n_idle; r < size && at_n > 0 && (size_t)at_n < sizeof note; r++, first = 0)
+                    at_n += snprintf(note + at_n, sizeof note - (size_t)at_n, "%s%d",
+                                     first ? (s->n_idle > 1 ? ", launch ranks " : ", launch rank ") : ",",
+                                     s->launch_rank[r]);
+                if (at_n > 0 && (size_t)at_n < sizeof note)
+                    snprintf(note + at_n, sizeof note - (size_t)at_n, " idle");
+            }
         } else if (join > 0 || s->n_spare > 0) {
             snprintf(note, sizeof note, "; %d spare(s) joined, %d left", join, s->n_spare);
         }
         log_info("survive", "%s lost at step %lld; %d DP ranks go on, step %lld redone (of %d %s, %d survive%s)",
                  s->lost_names, (long long)redo, at.dp_size, (long long)redo, old_dp,
-                 split_model ? "DP ranks" : "ranks", split_model ? copies : kept, note);
+                 split_model ? "DP ranks" : "ranks", split_model ? intact : kept, note);
     }
     return 0;
 }

@@ -206,6 +206,47 @@ void trainer_reform_groups(struct trainer *t, struct comm *tp, struct comm *pp, 
         model_set_groups(t->ref, tp, pp, model_mp);
 }
 
+void trainer_join_shard(struct trainer *t, int tp_rank, int tp_size, int pp_rank, int pp_size, struct comm *tp,
+                        struct comm *pp, struct comm *mp)
+{
+    t->lay.tp_rank = tp_rank;
+    t->lay.tp_size = tp_size;
+    t->lay.tp = tp_size > 1 ? tp : NULL;
+    t->lay.pp_rank = pp_rank;
+    t->lay.pp_size = pp_size;
+    t->lay.pp = pp_size > 1 ? pp : NULL;
+    t->lay.mp = mp;
+    /* nothing may point into the whole policy once it goes */
+    model_set_layer_grads_hook(t->policy, NULL, NULL);
+    grad_reducer_free(t->overlap);
+    t->overlap = NULL;
+    model_free_grads(t->policy);
+    const struct model_layout ml = {tp_rank, tp_size, pp_rank, pp_size, t->lay.tp, t->lay.pp, mp, 0, 1, NULL};
+    struct model *p = model_create_shard(&t->policy->cfg, &ml);
+    model_shard_slice(p, t->policy->w.mem, p->w.mem); /* the replica's values come over them */
+    model_free(t->policy);
+    t->policy = p;
+    if (t->ref) {
+        struct model *r = model_create_shard(&t->ref->cfg, &ml);
+        model_shard_slice(r, t->ref->w.mem, r->w.mem);
+        model_free(t->ref);
+        t->ref = r;
+    }
+    struct adamw *o = adamw_create_on(kctx_cpu(), model_trainable(p).n, t->opt->beta1, t->opt->beta2, t->opt->eps,
+                                      t->opt->weight_decay);
+    adamw_free(t->opt);
+    t->opt = o;
+    t->rc.policy = p;
+}
+
+size_t trainer_ref_share(struct trainer *t, int root)
+{
+    if (!t->ref)
+        return 0;
+    comm_broadcast(t->lay.dp, t->ref->w.mem, t->ref->w.n_floats, COMM_F32, root);
+    return t->ref->w.n_floats * sizeof(float);
+}
+
 void trainer_leave(struct trainer *t)
 {
     watchdog_stop();      /* it completes no step from here */
