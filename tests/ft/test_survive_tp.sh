@@ -10,6 +10,8 @@
 #    once;
 #  - DP 2 x PP 2 on 4 ranks, rank 3 (stage 1 of DP rank 1) SIGKILLed at step 2, a mini-batch's gradients summed
 #    and its optimizer step not taken (optim:2:3): DP rank 1's copy (ranks 1 and 3) leaves, the same checks;
+#  - two losses, DP 3 x TP 2 on 6 ranks: rank 5 at step 2 (gen:2:5), then the lead at step 4 (optim:4:0): DP 3 -> 2 -> 1,
+#    launch ranks 4 and 1 idle, launch rank 2 leads; the same checks;
 #  - DP 1 x TP 2 on 2 ranks, a checkpoint every 2 steps, rank 1 SIGKILLed at step 3: the lost shard has no replica:
 #    the run stops (mpirun exits non-zero) with a reason naming rank 1 and the checkpoint of step 2 a relaunch
 #    resumes from;
@@ -60,6 +62,26 @@ kill_held pp "rank 3 at the optimizer step of step 2"
 wait "$JOB"
 expect "pp: DP 2 x PP 2, the run finishes without rank 3 (mpirun exits 0)" $?
 copy_left pp 2 3 1 1 2
+
+# two losses: DP 3 x TP 2 on 6 ranks, rank 5 at step 2 (DP rank 2's copy leaves, launch rank 4 idle), then rank 0
+# at step 4 (the lead's copy leaves, launch rank 1 idle too; launch rank 2 leads): DP 3 -> 2 -> 1
+start_held twice 6 gen:2:5,optim:4:0 "$TP=2"
+kill_held twice "rank 5 at gen of step 2"
+t_first="$KILL_T0"
+kill_held twice "the lead at the optimizer step of step 4"
+wait "$JOB"
+expect "twice: DP 3 x TP 2, the run finishes without ranks 5 and 0 (mpirun exits 0)" $?
+survived twice 2 5 2 "$t_first"
+says "$TMP/twice.log" "rank 5 lost at step 2; 2 DP ranks go on, step 2 redone (of 3 DP ranks, 2 survive; TP 2 x PP 1: the copy that lost it left, launch rank 4 idle)"
+expect "twice: DP 3 -> 2 at step 2, launch rank 4 idle" $?
+survived twice 4 0 1
+says "$TMP/twice.log" "rank 0 lost at step 4; 1 DP ranks go on, step 4 redone (of 2 DP ranks, 1 survive; TP 2 x PP 1: the copy that lost it left, launch ranks 1,4 idle)" &&
+    says "$TMP/twice.log" "the lead (rank 0) lost or left with its model copy: rank 2 leads from step 4"
+expect "twice: DP 2 -> 1 at step 4, launch ranks 1 and 4 idle, rank 2 leads" $?
+says "$TMP/twice.log" "launch rank 4 released: the run ended" && says "$TMP/twice.log" "launch rank 1 released: the run ended"
+expect "twice: both idle ranks released at the end" $?
+same_as_one twice
+metrics_once twice
 
 SAVE_FREQ=2
 start_held dp1 2 gen:3:1 "$TP=2"

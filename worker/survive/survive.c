@@ -14,7 +14,15 @@
  * spare's step_begin waits in one receive on all (spare_wait); a loss ends it through on_peer_lost like any other
  * rank's wait, and recover shrinks all (spares included), keeps the trainers left as DP ranks 0.., makes the first
  * spares (one per lost trainer) the last DP ranks, and the new DP rank 0 broadcasts the restored step's start to
- * them (trainer_state_share). The other spares go back to their wait; disarm releases them at the run's end. */
+ * them (trainer_state_share). The other spares go back to their wait; disarm releases them at the run's end.
+ *
+ * TP or PP (model copies of TP x PP ranks): recover also works out which copies lost a rank. Spares fill whole
+ * copies (every lost rank of one) while a copy that lost none is left to hold each shard; the other damaged copies
+ * leave (trainer_leave: their ranks become idle, all's very last ranks, waiting as spares do but never joining).
+ * The survivors are reordered into the new layout (the whole copies keep their positions, their DP ranks
+ * renumbered), the copies' TP, PP and TP x PP groups made anew, and a spare that joined becomes its position's
+ * shard (trainer_join_shard) and takes it from that replica over the position's DP group (trainer_state_share,
+ * trainer_ref_share). No whole copy left: the run stops, naming the checkpoint a relaunch takes. */
 #include "survive.h"
 
 #include <errno.h>

@@ -1,8 +1,11 @@
 /* The trainer's part in surviving a lost trainer rank (trainer.survive_trainer_loss; the policy is
  * worker/survive/survive.c's): its state at the start of a step, kept so that an interrupted step can be redone from
- * there, and its layout moved onto the survivors' smaller DP group. Plain data parallelism on the CPU only (the
- * survive module refuses the rest): every rank holds the whole policy and optimizer state, so each survivor's own
- * copy of a step's start is the run's. */
+ * there, and its layout moved onto the survivors' smaller DP group. On the CPU only (the survive module refuses the
+ * rest); in plain data parallelism every rank holds the whole policy and optimizer state, so each survivor's own
+ * copy of a step's start is the run's. With TP or PP (model copies) each rank holds its shard's whole state, so
+ * its own copy is its shard's; a spare that takes a lost rank's place becomes that shard (trainer_join_shard) and
+ * takes its values from a replica (trainer_state_share, trainer_ref_share); a rank whose copy lost a rank leaves
+ * (trainer_leave). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -204,6 +207,7 @@ void trainer_reform_groups(struct trainer *t, struct comm *tp, struct comm *pp, 
     model_set_groups(t->policy, tp, pp, model_mp);
     if (t->ref)
         model_set_groups(t->ref, tp, pp, model_mp);
+    t->lay.devices = t->lay.dp_size * t->lay.tp_size * t->lay.pp_size; /* trainer_reform counted DP ranks */
 }
 
 void trainer_join_shard(struct trainer *t, int tp_rank, int tp_size, int pp_rank, int pp_size, struct comm *tp,
