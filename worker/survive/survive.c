@@ -464,12 +464,11 @@ static int recover(void *ud)
         lead_lost = lead_lost || broken[0]; /* the lead (DP 0, TP 0, PP 0) lost, or leaving with its copy */
     }
     int n_idle = 0; /* after this loss: the idle ranks left, and the survivors of the copies that leave */
-    for (int r = 0; r < old_size && split_model; r++)
-        if (!gone[r] && r >= first_idle)
-            n_idle++;
-        else if (!gone[r] && r < old_trainers && parallel_coords_sized(r, old_trainers, &sz, &pc) == 0 &&
-                 broken[pc.dp_rank])
-            n_idle++;
+    for (int r = 0; r < old_size && split_model; r++) {
+        const bool left =
+            r < old_trainers && parallel_coords_sized(r, old_trainers, &sz, &pc) == 0 && broken[pc.dp_rank];
+        n_idle += !gone[r] && (r >= first_idle || left);
+    }
     const bool my_pos_joined = split_model && was_trainer && !leaves &&
                                parallel_coords_sized(mo, old_trainers, &sz, &pc) == 0 &&
                                joined_at[pc.pp_rank * T + pc.tp_rank];
