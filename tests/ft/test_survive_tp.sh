@@ -17,7 +17,9 @@
 #    resumes from;
 #  - DP 2 x TP 2 and a spare on 5 ranks, rank 1 SIGKILLed at step 3: the spare takes its place (TP rank 1 of DP rank
 #    0), that shard's step start (weights, AdamW's moments, the reference) from its replica on DP rank 1 (launch
-#    rank 3), DP stays 2; mpirun exits 0, one process's weights, exactly-once audit files, each step's metrics once.
+#    rank 3), DP stays 2; mpirun exits 0, one process's weights, exactly-once audit files, each step's metrics once;
+#    and DP 2 x PP 2 with a spare, rank 3 (stage 1 of DP rank 1) killed at step 3: the spare takes that stage from
+#    DP rank 0's (launch rank 2), the same checks.
 # (A spare with TP or PP and LoRA is refused by name; not run here: a refused launch's other ranks wait 30 s.)
 # Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
 set -u
@@ -113,5 +115,19 @@ expect "spare: DP stays 2, no copy left" $?
 expect "spare: no rank left its copy" $?
 same_as_one spare
 metrics_once spare
+
+# the same under PP: DP 2 x PP 2 and a spare, rank 3 (stage 1 of DP rank 1) killed at step 3: the spare takes that
+# stage, from DP rank 0's (launch rank 2)
+start_held ppspare 5 gen:3:3 "$PP=2"
+kill_held ppspare "rank 3 at gen of step 3"
+wait "$JOB"
+expect "ppspare: DP 2 x PP 2 and a spare, the run finishes without rank 3 (mpirun exits 0)" $?
+survived ppspare 3 3 2
+says "$TMP/ppspare.log" "spare (launch rank 4) took launch rank 3's place (TP rank 0, PP stage 1 of DP rank 1 of 2) for step 3" &&
+    grep -aF "spare (launch rank 4) took launch rank 3's place" "$TMP/ppspare.log" |
+    grep -qF "from its replica on DP rank 0 (launch rank 2)"
+expect "ppspare: launch rank 4 took rank 3's stage, from its replica on launch rank 2" $?
+same_as_one ppspare
+metrics_once ppspare
 
 finish
