@@ -33,6 +33,10 @@ void comm_end_job(int code);
 bool comm_job_outlives_ranks(void);
 /* Whether this process went on after a lost peer (ULFM: the collective plane handed a loss to its handler). */
 bool comm_ft_peer_was_lost(void);
+/* Open MPI 5 with ULFM: every other rank of the job is lost (this one is the last). Its mpirun then ends the job
+ * with status 0 on an MPI_Abort (seen with Open MPI 5.0): the last rank ends itself to keep its status. False
+ * without ULFM. */
+bool comm_ft_last_rank(void);
 /* Under mpirun in that mode: make ready (before comm_mpi_finalize) to ask mpirun to end the job; elsewhere nothing. */
 void comm_arm_job_end(void);
 /* After comm_arm_job_end, once this rank's part of a finished run is done (MPI_Finalize returned, or hangs for a

@@ -552,6 +552,11 @@ static void colocated_reform(void *ud, const struct survive_loss *loss)
 {
     struct colocated *c = ud;
     const struct role_env *env = c->env;
+    if (loss->left) { /* its model copy lost a rank: it generates nothing more; the ledger stays behind with the
+                       * lost group (freeing its window would wait on the lost rank) */
+        c->ledger = NULL;
+        return;
+    }
     control_set_survived(env->ctl, loss->ranks, loss->n, loss->reason); /* grpod: lost, the run goes on */
     control_set_layout(env->ctl, env->at.dp, env->at.dp_size);
     c->units = units_per_step(env->cfg, env->at.engines);
@@ -559,6 +564,10 @@ static void colocated_reform(void *ud, const struct survive_loss *loss)
     if (!c->ledger)
         check_failf(__FILE__, __LINE__, "the survivors' work-unit ledger: no MPI one-sided memory");
     c->head = env->at.engine_tp == 0;
+    char err[1024];
+    if (!c->gen && gen_model_setup(c, err, sizeof err) != 0) /* a spare that took a shard's place */
+        check_failf(__FILE__, __LINE__, "the generation model after a loss: %s", err);
+    c->rc.policy = c->gen ? c->gen : trainer_policy(c->t);
     c->lim.units = c->units;
     c->lim.world_size = env->world_size;
     c->gen_at = -1;

@@ -431,6 +431,9 @@ static int place(struct launch *l, int replace_rank)
         env->at.dp_size = 1;
         env->at.engine = env->at.engine_tp = 0;
         env->at.engines = 1;
+        /* whole layers: with TP or PP it learns its shard when it takes a lost rank's place */
+        env->at.tp = env->at.pp = 0;
+        env->at.tp_size = env->at.pp_size = 1;
     }
     l->split = env->at.role != PLACE_HYBRID;
     l->colocated = !l->split && size > 1;
@@ -491,7 +494,10 @@ static void train_groups(struct launch *l, const char *what)
     struct role_env *env = &l->env;
     struct parallel_groups *g = &l->trainer_groups;
     env->trainers = l->sides;
-    const struct parallel_sizes sz = {env->spec.tp_size, env->spec.pp_size, env->spec.cp_size, env->spec.ep_size};
+    /* a spare alone, whole layers (survive.c gives it a place) */
+    const struct parallel_sizes sz = env->spare ? (struct parallel_sizes){1, 1, 1, 1}
+                                                : (struct parallel_sizes){env->spec.tp_size, env->spec.pp_size,
+                                                                          env->spec.cp_size, env->spec.ep_size};
     if (parallel_groups_init_sized(g, l->sides, &sz) != 0)
         check_failf(__FILE__, __LINE__, "%s groups: %d ranks do not fit TP %d x PP %d x CP %d x EP %d", what,
                     comm_size(l->sides), env->spec.tp_size, env->spec.pp_size, env->spec.cp_size, env->spec.ep_size);

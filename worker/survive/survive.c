@@ -14,7 +14,15 @@
  * spare's step_begin waits in one receive on all (spare_wait); a loss ends it through on_peer_lost like any other
  * rank's wait, and recover shrinks all (spares included), keeps the trainers left as DP ranks 0.., makes the first
  * spares (one per lost trainer) the last DP ranks, and the new DP rank 0 broadcasts the restored step's start to
- * them (trainer_state_share). The other spares go back to their wait; disarm releases them at the run's end. */
+ * them (trainer_state_share). The other spares go back to their wait; disarm releases them at the run's end.
+ *
+ * TP or PP (model copies of TP x PP ranks): recover also works out which copies lost a rank. Spares fill whole
+ * copies (every lost rank of one) while a copy that lost none is left to hold each shard; the other damaged copies
+ * leave (trainer_leave: their ranks become idle, all's very last ranks, waiting as spares do but never joining).
+ * The survivors are reordered into the new layout (the whole copies keep their positions, their DP ranks
+ * renumbered), the copies' TP, PP and TP x PP groups made anew, and a spare that joined becomes its position's
+ * shard (trainer_join_shard) and takes it from that replica over the position's DP group (trainer_state_share,
+ * trainer_ref_share). No whole copy left: the run stops, naming the checkpoint a relaunch takes. */
 #include "survive.h"
 
 #include <errno.h>
@@ -46,19 +54,27 @@ struct survive {
     struct trainer_snapshot *snap[2]; /* step k's start in snap[k % 2] */
     void (*reform)(void *ud, const struct survive_loss *loss);
     void *ud;
-    /* the groups a loss revokes: the world and the trainers (every rank) and DP; after a loss the shrunk ones */
-    struct comm *watch[3];
+    /* the groups a loss revokes: the world and the trainers (every rank), DP, and with TP or PP the model copy's
+     * TP, PP and TP x PP groups; after a loss the shrunk ones */
+    struct comm *watch[8];
     int n_watch;
     /* every rank of the job still in it: the trainers, then the spares (trainer.survive_spare_ranks), in launch
      * order; the world at first, after a loss the survivors (sides) */
     struct comm *all;
-    int n_spare;                   /* all's last ranks that are spares */
+    int n_spare;                   /* all's last ranks that are spares (and idle ones) */
+    int n_idle;                    /* TP or PP: all's very last ranks, those that left their model copy */
     bool spare;                    /* this rank is one: it waits in step_begin until a loss or the run's end */
     struct comm *sides;            /* owned after a loss: the survivors */
     struct comm *tr;               /* owned after a loss with spares: the survivors that train (NULL: sides) */
     struct parallel_groups groups; /* owned after a loss: their DP, TP and PP groups */
     bool have_groups;
-    int *launch_rank; /* each rank of all's rank at launch: lost ranks are named as the logs name them */
+    /* TP or PP: a model copy's sizes (1 and 1: plain DP); a copy that loses a rank leaves whole, its other ranks
+     * idle (they wait as spares do, never to join) */
+    int tp_size, pp_size;
+    bool idle;              /* this rank left its copy */
+    struct comm *mp;        /* owned after a loss with TP or PP: the survivors' TP x PP groups (role_env.mp) */
+    struct comm *launch_mp; /* role_env.mp at the start: the launch frees it */
+    int *launch_rank;       /* each rank of all's rank at launch: lost ranks are named as the logs name them */
     /* the loss being recovered: when it was found, the step redone, the ranks lost (for step_done) */
     double lost_at, reformed_s;
     int64_t redo;
@@ -72,7 +88,8 @@ static struct survive *g_survive;
 int survive_check(const struct grpo_config *cfg, const struct placement_spec *spec, bool colocated, int world,
                   char *why, size_t whylen)
 {
-    const char *not_yet = "; it covers colocated plain data parallelism on the CPU (docs/operations.md)";
+    const char *not_yet = "; it covers colocated data parallelism on the CPU, plain or over model copies of "
+                          "TP x PP ranks (docs/operations.md)";
     char ft[512];
     if (!comm_ft_available(ft, sizeof ft))
         return error_set(why, whylen, KEY_trainer_survive_trainer_loss ": %s", ft);
@@ -89,15 +106,34 @@ int survive_check(const struct grpo_config *cfg, const struct placement_spec *sp
     struct {
         int size;
         const char *key;
-    } sizes[] = {{spec->tp_size, KEY_actor_megatron_tensor_model_parallel_size},
-                 {spec->pp_size, KEY_actor_megatron_pipeline_model_parallel_size},
-                 {spec->cp_size, spec->cp_key ? spec->cp_key : KEY_actor_megatron_context_parallel_size},
+    } sizes[] = {{spec->cp_size, spec->cp_key ? spec->cp_key : KEY_actor_megatron_context_parallel_size},
                  {spec->ep_size, KEY_actor_megatron_expert_model_parallel_size},
                  {spec->rollout_tp, KEY_rollout_tensor_model_parallel_size}};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
         if (sizes[i].size > 1)
             return error_set(why, whylen, KEY_trainer_survive_trainer_loss " with %s=%d is not covered yet%s",
                              sizes[i].key, sizes[i].size, not_yet);
+    const bool split_model = spec->tp_size > 1 || spec->pp_size > 1;
+    const char *model_key = spec->tp_size > 1 ? KEY_actor_megatron_tensor_model_parallel_size
+                                              : KEY_actor_megatron_pipeline_model_parallel_size;
+    const int model_size = spec->tp_size > 1 ? spec->tp_size : spec->pp_size;
+    if (split_model && cfg->trainer_survive_spare_ranks > 0 && cfg->arr_model_lora_rank > 0)
+        return error_set(why, whylen,
+                         KEY_trainer_survive_spare_ranks " with %s=%d and LoRA (" KEY_arr_model_lora_rank
+                                                         ") is not covered yet: a spare takes a shard of the whole "
+                                                         "weights only",
+                         model_key, model_size);
+    if (split_model && cfg->actor_megatron_use_distributed_optimizer)
+        return error_set(why, whylen,
+                         KEY_trainer_survive_trainer_loss
+                         " with %s=%d and " KEY_actor_megatron_use_distributed_optimizer
+                         " (ZeRO-1) is not covered yet%s",
+                         model_key, model_size, not_yet);
+    if (split_model && cfg->grpod_endpoint && cfg->grpod_endpoint[0])
+        return error_set(why, whylen,
+                         KEY_trainer_survive_trainer_loss " with %s=%d under grpod (" KEY_grpod_endpoint
+                                                          ") is not covered yet%s",
+                         model_key, model_size, not_yet);
     return 0;
 }
 
@@ -115,7 +151,8 @@ static void on_peer_lost(void *ud, struct comm *c, const char *what)
     s->armed = false;
     s->lost_at = clock_now_s();
     if (s->spare)
-        log_warn("survive", "spare: %s: revoking the job's groups to re-form them without the lost rank", what);
+        log_warn("survive", "%s: %s: revoking the job's groups to re-form them without the lost rank",
+                 s->idle ? "idle (left its model copy)" : "spare", what);
     else
         log_warn("survive", "step %lld: %s: revoking the trainers' groups to re-form them without the lost rank",
                  (long long)s->step, what);
@@ -146,6 +183,9 @@ struct survive *survive_create(struct role_env *env, void (*reform)(void *ud, co
     s->all = env->world;
     s->n_spare = env->spare_ranks;
     s->spare = env->spare;
+    s->tp_size = env->spec.tp_size > 1 ? env->spec.tp_size : 1; /* the run's (a spare holds whole layers) */
+    s->pp_size = env->spec.pp_size > 1 ? env->spec.pp_size : 1;
+    s->launch_mp = env->mp;
     const int n = comm_size(env->world);
     s->launch_rank = xmalloc((size_t)n * sizeof *s->launch_rank);
     for (int r = 0; r < n; r++)
@@ -155,11 +195,34 @@ struct survive *survive_create(struct role_env *env, void (*reform)(void *ud, co
         watch(s, env->trainers);
         if (env->dp != env->trainers)
             watch(s, env->dp);
+        if (s->tp_size > 1) /* a rank waiting on its copy's peers comes back too */
+            watch(s, env->tp);
+        if (s->pp_size > 1)
+            watch(s, env->pp);
+        if (s->tp_size * s->pp_size > 1)
+            watch(s, env->mp);
     }
     comm_set_peer_lost_handler(on_peer_lost, s);
     comm_set_test_hold(survive_test_hold);
     g_survive = s;
-    if (env->rank == 0 && !env->spare_ranks)
+    const int copies = env->world_size / (s->tp_size * s->pp_size);
+    if (env->rank == 0 && s->tp_size * s->pp_size > 1 && env->spare_ranks > 0)
+        log_info("survive",
+                 "trainer-loss survival on (" KEY_trainer_survive_trainer_loss ") over %d model copies of TP %d x PP "
+                 "%d ranks, %d spare rank(s) (" KEY_trainer_survive_spare_ranks ", launch ranks %d..%d): a lost "
+                 "rank's place is taken by a spare, its shard rebuilt from a copy that lost none (DP stays %d); "
+                 "with no spare left a copy that loses a rank leaves; each step's start is kept in memory",
+                 copies, s->tp_size, s->pp_size, env->spare_ranks, n - env->spare_ranks, n - 1, copies);
+    else if (env->rank == 0 && s->tp_size * s->pp_size > 1)
+        log_info("survive",
+                 "trainer-loss survival on (" KEY_trainer_survive_trainer_loss ") over %d model copies of TP %d x PP "
+                 "%d ranks: %s; each step's start is kept in memory",
+                 copies, s->tp_size, s->pp_size,
+                 copies > 1 ? "a copy that loses a rank leaves (its other ranks idle until the run ends) and the "
+                              "others redo the step with one DP rank fewer"
+                            : "DP 1: a lost rank's shard has no replica, so a loss stops the run (a relaunch "
+                              "resumes from the newest checkpoint)");
+    else if (env->rank == 0 && !env->spare_ranks)
         log_info("survive",
                  "trainer-loss survival on (" KEY_trainer_survive_trainer_loss "): a lost rank's step is redone by "
                  "the other %d ranks with one DP rank fewer; each step's start is kept in memory",
@@ -186,6 +249,11 @@ void survive_free(struct survive *s)
     trainer_snapshot_free(s->snap[1]);
     if (s->have_groups)
         parallel_groups_free(&s->groups);
+    if (s->mp) {
+        if (s->env->mp == s->mp) /* the launch frees its own */
+            s->env->mp = s->launch_mp;
+        comm_free(s->mp);
+    }
     if (s->tr)
         comm_free(s->tr);
     if (s->sides)
@@ -200,14 +268,20 @@ void survive_free(struct survive *s)
 static int spare_wait(struct survive *s)
 {
     const int me = s->launch_rank[comm_rank(s->all)];
-    log_info("survive", "spare (launch rank %d) waiting to take a lost rank's place", me);
+    if (s->idle)
+        log_info("survive", "launch rank %d idle until the run ends (it left its model copy)", me);
+    else
+        log_info("survive", "spare (launch rank %d) waiting to take a lost rank's place", me);
     survive_test_hold("spare");
     s->armed = true;
     int32_t word = 0;
     if (comm_ft_wait_word(s->all, 0, &word) != 0) /* from the lead: all's rank 0 (the trainers come first) */
         check_failf(__FILE__, __LINE__, "spare (launch rank %d): its wait failed without a loss", me);
     s->armed = false;
-    log_info("survive", "spare (launch rank %d) released: the run ended without needing it", me);
+    if (s->idle)
+        log_info("survive", "launch rank %d released: the run ended", me);
+    else
+        log_info("survive", "spare (launch rank %d) released: the run ended without needing it", me);
     return 1;
 }
 
@@ -267,12 +341,38 @@ static void name_ranks(const int *r, int n, char *out, size_t len)
         at += snprintf(out + at, len - (size_t)at, "%s%d", i == 0 ? " " : i == n - 1 ? " and " : ", ", r[i]);
 }
 
+/* the launch rank of the lost rank old_rank (of all) */
+static int names_of(int old_rank, const int *names, const int *lost, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (lost[i] == old_rank)
+            return names[i];
+    return -1;
+}
+
+/* TP or PP, where no model copy is left whole: the run stops, naming the lost ranks and the checkpoint a relaunch
+ * resumes from (as without the key). */
+static void say_no_replica(struct survive *s, int64_t redo, int old_copies)
+{
+    char ckpt[4096];
+    const bool have = trainer_latest_checkpoint(s->t, ckpt, sizeof ckpt) == 0;
+    log_error("survive",
+              "%s lost at step %lld: no model copy of TP %d x PP %d ranks is left whole (DP %d: %s), so the lost "
+              "shard cannot be rebuilt from a replica; the run stops. A relaunch resumes from %s%s",
+              s->lost_names, (long long)redo, s->tp_size, s->pp_size, old_copies,
+              old_copies > 1 ? "every copy lost a rank" : "the lost rank's shard has no replica",
+              have ? "the checkpoint " : "the start: no checkpoint is written yet", have ? ckpt : "");
+}
+
 static int recover(void *ud)
 {
     struct survive *s = ud;
     struct role_env *env = s->env;
-    struct comm *old = s->all; /* the trainers, then the spares */
+    struct comm *old = s->all; /* the trainers (in their layout's order), then the spares or idle ranks */
     const int old_size = comm_size(old), old_trainers = old_size - s->n_spare;
+    const int T = s->tp_size, P = s->pp_size, M = T * P; /* a model copy's ranks */
+    const bool split_model = M > 1;
+    const struct parallel_sizes sz = {T, P, 1, 1};
     char err[1024];
     const double t0 = s->lost_at > 0 ? s->lost_at : clock_now_s();
     /* the survivors: MPI agrees on who they are (a rank that dies meanwhile is left out too) */
@@ -293,6 +393,85 @@ static int recover(void *ud)
         lost_trainers += lost[i] < old_trainers;
     }
     name_ranks(names, n_lost, s->lost_names, sizeof s->lost_names);
+    /* TP or PP: the model copies (DP ranks) that lost a rank leave whole; the others keep their positions, their
+     * DP ranks renumbered in order */
+    const int old_copies = old_trainers / M, mo = comm_rank(old);
+    const int first_idle = old_size - s->n_idle; /* all's ranks: the trainers, the spares, the idle ones */
+    bool *broken = xcalloc((size_t)old_copies + 1, sizeof *broken), *gone = xcalloc((size_t)old_size, sizeof *gone);
+    int *nlost = xcalloc((size_t)old_copies + 1, sizeof *nlost), *fill = xcalloc((size_t)n_lost + 1, sizeof *fill);
+    bool *joined_at = xcalloc((size_t)M, sizeof *joined_at); /* the positions (pp x TP + tp) a spare takes */
+    struct parallel_coords pc = {0};
+    for (int i = 0; i < n_lost; i++) {
+        gone[lost[i]] = true;
+        if (split_model && lost[i] < old_trainers && parallel_coords_sized(lost[i], old_trainers, &sz, &pc) == 0)
+            nlost[pc.dp_rank]++;
+    }
+    /* the spares left take the lost ranks' places, a copy at a time (all of its lost ranks, or it leaves), where a
+     * copy that lost none holds each lost shard to rebuild it from */
+    int spares_left = 0, intact = 0, n_fill = 0, donor = -1;
+    for (int r = old_trainers; r < first_idle; r++)
+        spares_left += !gone[r];
+    for (int d = 0; d < old_copies && split_model; d++) {
+        intact += nlost[d] == 0;
+        donor = donor < 0 && nlost[d] == 0 ? d : donor;
+    }
+    for (int d = 0; d < old_copies && split_model; d++) {
+        if (nlost[d] == 0)
+            continue;
+        if (intact > 0 && nlost[d] <= spares_left)
+            spares_left -= nlost[d];
+        else
+            broken[d] = true;
+    }
+    for (int i = 0; i < n_lost && split_model; i++)
+        if (lost[i] < old_trainers && parallel_coords_sized(lost[i], old_trainers, &sz, &pc) == 0 &&
+            !broken[pc.dp_rank]) {
+            fill[n_fill++] = lost[i];
+            joined_at[pc.pp_rank * T + pc.tp_rank] = true;
+        }
+    int copies = 0, donor_dp = 0;
+    for (int d = 0; d < old_copies; d++) {
+        donor_dp += d < donor && !broken[d];
+        copies += !broken[d];
+    }
+    const bool was_trainer = !s->spare && mo < old_trainers;
+    bool leaves = false;
+    int key = mo, takes = -1; /* the order in the survivors' group: the trainers in their new layout's order, then
+                               * the spares, then the idle ranks; takes: the lost rank a spare takes the place of */
+    if (split_model) {
+        if (s->spare && !s->idle) { /* this spare's turn: the spares left before it in all */
+            int j = 0;
+            for (int r = old_trainers; r < mo; r++)
+                j += !gone[r];
+            takes = j < n_fill ? fill[j] : -1;
+        }
+        const int at_rank = was_trainer ? mo : takes;
+        if (at_rank >= 0 && parallel_coords_sized(at_rank, old_trainers, &sz, &pc) != 0)
+            check_failf(__FILE__, __LINE__, "rank %d of %d trainers: not a TP %d x PP %d layout", at_rank, old_trainers,
+                        T, P);
+        leaves = was_trainer && broken[pc.dp_rank];
+        if (at_rank >= 0 && !leaves) {
+            int dp = 0; /* the whole copies before this one */
+            for (int d = 0; d < pc.dp_rank; d++)
+                dp += !broken[d];
+            key = (pc.pp_rank * copies + dp) * T + pc.tp_rank;
+        } else {
+            key = copies * M + (s->spare && !s->idle ? 0 : old_size) + mo;
+        }
+        lead_lost = lead_lost || broken[0]; /* the lead (DP 0, TP 0, PP 0) lost, or leaving with its copy */
+    }
+    int n_idle = 0; /* after this loss: the idle ranks left, and the survivors of the copies that leave */
+    for (int r = 0; r < old_size && split_model; r++) {
+        const bool left =
+            r < old_trainers && parallel_coords_sized(r, old_trainers, &sz, &pc) == 0 && broken[pc.dp_rank];
+        n_idle += !gone[r] && (r >= first_idle || left);
+    }
+    const bool my_pos_joined = split_model && was_trainer && !leaves &&
+                               parallel_coords_sized(mo, old_trainers, &sz, &pc) == 0 &&
+                               joined_at[pc.pp_rank * T + pc.tp_rank];
+    free(broken), free(gone), free(nlost), free(fill), free(joined_at);
+    if (leaves) /* before any collective of the re-forming: the new lead takes over the run's files after them */
+        trainer_leave(s->t);
     /* the step to redo: the earliest any trainer is in (one whose copy of step k's last collective completed is in
      * k + 1 already, its start of k kept in the other slot); a spare is in none */
     int64_t neg = s->spare ? INT64_MIN + 1 : -s->step;
@@ -300,16 +479,28 @@ static int recover(void *ud)
     const int64_t redo = -neg;
     struct trainer_snapshot *snap =
         !s->spare && trainer_snapshot_step(s->snap[redo % 2]) == redo ? s->snap[redo % 2] : NULL;
+    if (split_model) { /* the survivors in the order of their new layout */
+        struct comm *ordered = comm_split(sides, 0, key);
+        comm_free(sides);
+        sides = ordered;
+        if (copies == 0) {
+            if (comm_rank(sides) == 0)
+                say_no_replica(s, redo, old_copies);
+            comm_free(sides);
+            return -1;
+        }
+    }
     /* the survivors' layout: the trainers that are left (all's first ranks, in order), then as many spares as
-     * trainers were lost; the other spares stay spares */
+     * trainers were lost; the other spares stay spares (with TP or PP: the copies left whole, no spare joins) */
     const int size = comm_size(sides), me = comm_rank(sides);
-    const int kept = old_trainers - lost_trainers, spares = size - kept;
-    const int join = lost_trainers < spares ? lost_trainers : spares, D = kept + join;
+    const int kept = split_model ? copies * M : old_trainers - lost_trainers, spares = size - kept;
+    const int join = split_model ? n_fill : lost_trainers < spares ? lost_trainers : spares;
+    const int D = split_model ? kept : kept + join;
     const bool trains = me < D, joins = s->spare && trains;
     /* every survivor can redo it: the same answer on all of them */
-    /* only spares lost (one died while it waited, and another spare's wait found it): the trainers redo the step
-     * as they were, DP unchanged */
-    int ok = (s->spare || snap) && n_lost > 0 && kept > 0;
+    /* only spares lost (one died while it waited, and a later loss found it): the trainers redo the step as they
+     * were, DP unchanged */
+    int ok = (s->spare || leaves || snap) && n_lost > 0 && kept > 0;
     /* ZeRO-1: a block lost with its copy cannot be rebuilt (every rank, spares too, sees the same ranks lost) */
     const bool zero = env->cfg->actor_megatron_use_distributed_optimizer;
     char zero_why[256] = "";
@@ -339,14 +530,21 @@ static int recover(void *ud)
     comm_allgather(sides, &mine, launch_rank, 1, COMM_I32);
     free(s->launch_rank);
     s->launch_rank = launch_rank;
-    /* with spares the trainers are a group of their own (each spare one alone); without, the survivors */
-    struct comm *tr = s->n_spare > 0 ? comm_split(sides, trains ? 0 : 1 + me - D, me) : sides;
+    /* with spares or idle ranks the trainers are a group of their own (each of the others one alone); without,
+     * the survivors */
+    struct comm *tr = size > D ? comm_split(sides, trains ? 0 : 1 + me - D, me) : sides;
     if (tr != sides)
-        comm_set_name(tr, trains ? "trainers" : "spare");
+        comm_set_name(tr, trains ? "trainers" : s->spare ? "spare" : "idle");
     /* the groups of an earlier loss are dead too: freed (their wrappers; revoked ones are not MPI-freed) */
     if (s->have_groups)
         parallel_groups_free(&s->groups);
     s->have_groups = false;
+    if (s->mp) {
+        if (env->mp == s->mp)
+            env->mp = s->launch_mp;
+        comm_free(s->mp);
+        s->mp = NULL;
+    }
     if (s->tr)
         comm_free(s->tr);
     if (s->sides)
@@ -354,26 +552,43 @@ static int recover(void *ud)
     s->sides = sides;
     s->all = sides;
     s->n_spare = size - D;
+    s->n_idle = split_model ? n_idle : 0;
     s->tr = NULL;
     s->n_watch = 0;
     watch(s, sides);
-    if (!trains) { /* still a spare: back to its wait, on the survivors */
+    if (!trains) { /* still a spare, or one that left its copy: back to its wait, on the survivors */
         comm_free(tr);
-        log_info("survive", "spare (launch rank %d) stays a spare: %s lost, %d DP ranks go on", mine, s->lost_names, D);
+        if (leaves) {
+            s->idle = true;
+            s->spare = true;
+            env->spare = true;
+            log_warn("survive",
+                     "launch rank %d (TP rank %d, PP stage %d of DP rank %d) leaves the training: its model copy "
+                     "lost %s at step %lld, and the %d whole copies go on without it; it stays idle until the run "
+                     "ends",
+                     mine, pc.tp_rank, pc.pp_rank, pc.dp_rank, s->lost_names, (long long)redo, copies);
+            const struct survive_loss gone = {.ranks = names, .n = n_lost, .reason = "left", .left = true};
+            if (s->reform)
+                s->reform(s->ud, &gone);
+        } else if (s->idle) {
+            log_info("survive", "launch rank %d stays idle: %s lost", mine, s->lost_names);
+        } else {
+            log_info("survive", "spare (launch rank %d) stays a spare: %s lost, %d DP ranks go on", mine, s->lost_names,
+                     D);
+        }
         return 0;
     }
     if (tr != sides) {
         s->tr = tr;
         watch(s, tr);
     }
-    /* the trainers' layout: plain DP over all of them (survive_check allows nothing else) */
-    const struct placement_spec plain = {.tp_size = 1, .pp_size = 1, .cp_size = 1, .ep_size = 1, .rollout_tp = 1};
+    /* the trainers' layout: plain DP over all of them, or the whole copies' TP x PP as before */
+    const struct placement_spec layout = {.tp_size = T, .pp_size = P, .cp_size = 1, .ep_size = 1, .rollout_tp = 1};
     struct placement at;
     char why[256];
-    if (placement_of(&plain, comm_rank(tr), comm_size(tr), &at, why, sizeof why) != 0)
+    if (placement_of(&layout, comm_rank(tr), comm_size(tr), &at, why, sizeof why) != 0)
         check_failf(__FILE__, __LINE__, "the survivors' layout: %s", why);
     struct parallel_groups g;
-    const struct parallel_sizes sz = {1, 1, 1, 1};
     if (parallel_groups_init_sized(&g, tr, &sz) != 0)
         check_failf(__FILE__, __LINE__, "the survivors' groups: %d ranks", comm_size(tr));
     s->groups = g;
@@ -382,6 +597,11 @@ static int recover(void *ud)
     env->dp = g.dp;
     env->tp = g.tp;
     env->pp = g.pp;
+    if (split_model) { /* the model copy's group: its TP x PP ranks, ranked pp x TP + tp (as the launch makes it) */
+        s->mp = comm_split(tr, at.dp, at.pp * T + at.tp);
+        comm_set_name(s->mp, "mp");
+        env->mp = s->mp;
+    }
     env->at = at;
     env->rank = comm_rank(tr);
     env->world_size = comm_size(tr);
@@ -389,17 +609,38 @@ static int recover(void *ud)
     env->spare_ranks = s->n_spare;
     s->spare = false;
     watch(s, g.dp);
+    if (split_model) {
+        if (T > 1)
+            watch(s, g.tp);
+        if (P > 1)
+            watch(s, g.pp);
+        watch(s, s->mp);
+    }
+    if (joins && split_model) /* its shard's model, for the replica's values (below) */
+        trainer_join_shard(s->t, at.tp, T, at.pp, P, g.tp, g.pp, s->mp);
     if (trainer_reform(s->t, tr, g.dp, at.dp, at.dp_size, err, sizeof err) != 0) {
         log_error("survive", "moving the trainer onto %d DP ranks: %s; ending the run", at.dp_size, err);
         return -1;
     }
+    if (split_model)
+        trainer_reform_groups(s->t, g.tp, g.pp, s->mp);
     /* a spare that joins takes part with no snapshot (with ZeRO-1 the re-sharding is collective) */
     if (trainer_snapshot_restore(s->t, joins ? NULL : snap, lost, lost_trainers, err, sizeof err) != 0) {
         log_error("survive", "restoring step %lld's start on %d DP ranks: %s; ending the run", (long long)redo,
                   at.dp_size, err);
         return -1;
     }
-    if (join > 0) { /* the spares that joined take the step's start from DP rank 0 (every old rank holds it) */
+    if (split_model && (joins || my_pos_joined)) { /* the shard from its replica on the copy that lost no rank */
+        const size_t bytes = trainer_state_share(s->t, donor_dp) + trainer_ref_share(s->t, donor_dp);
+        if (joins)
+            log_info("survive",
+                     "spare (launch rank %d) took launch rank %d's place (TP rank %d, PP stage %d of DP rank %d of "
+                     "%d) for step %lld: took that shard's step start (weights, AdamW's moments and step count, the "
+                     "reference's weights, the run state and data cursor; %.1f MB) from its replica on DP rank %d "
+                     "(launch rank %d)",
+                     mine, names_of(takes, names, lost, n_lost), at.tp, at.pp, at.dp, at.dp_size, (long long)redo,
+                     (double)bytes / 1e6, donor_dp, s->launch_rank[(at.pp * at.dp_size + donor_dp) * T + at.tp]);
+    } else if (join > 0) { /* the spares that joined take the step's start from DP rank 0 (every old rank holds it) */
         const size_t bytes = trainer_state_share(s->t, 0);
         if (joins)
             log_info("survive",
@@ -410,10 +651,10 @@ static int recover(void *ud)
                           : "AdamW's moments and step count",
                      (double)bytes / 1e6, s->launch_rank[0]);
     }
+    const int old_dp = split_model ? old_copies : old_trainers;
     char reason[96];
     if (lost_trainers > 0)
-        snprintf(reason, sizeof reason, "survived: DP %d -> %d at step %lld", old_trainers, at.dp_size,
-                 (long long)redo);
+        snprintf(reason, sizeof reason, "survived: DP %d -> %d at step %lld", old_dp, at.dp_size, (long long)redo);
     else
         snprintf(reason, sizeof reason, "survived: a spare lost while it waited (step %lld)", (long long)redo);
     const struct survive_loss loss = {.ranks = names, .n = n_lost, .reason = reason};
@@ -421,9 +662,9 @@ static int recover(void *ud)
         s->reform(s->ud, &loss);
     if (lead_lost && env->rank == 0)
         log_info("survive",
-                 "the lead (rank 0) lost: rank %d leads from step %lld (the decisions, metrics.jsonl and the other "
+                 "the lead (rank 0) %s: rank %d leads from step %lld (the decisions, metrics.jsonl and the other "
                  "sinks, checkpoints, the audit files and the run's log lines)",
-                 s->launch_rank[0], (long long)redo);
+                 split_model ? "lost or left with its model copy" : "lost", s->launch_rank[0], (long long)redo);
     /* the lead (it decides, logs, checkpoints and writes the audit files for every rank) is the survivors' rank
      * 0: with the old one lost, the run's records move to it */
     if (trainer_reform_records(s->t, lead_lost, err, sizeof err) != 0) {
@@ -433,15 +674,34 @@ static int recover(void *ud)
     s->redo = redo;
     s->reformed_s = clock_now_s() - t0;
     if (env->rank == 0) {
-        char spare_note[96] = "";
-        if (join > 0 || s->n_spare > 0)
-            snprintf(spare_note, sizeof spare_note, "; %d spare(s) joined, %d left", join, s->n_spare);
+        char note[200] = "";
+        if (split_model) {
+            int at_n = snprintf(note, sizeof note, "; TP %d x PP %d", T, P);
+            if (join > 0 && at_n > 0 && (size_t)at_n < sizeof note)
+                at_n += snprintf(note + at_n, sizeof note - (size_t)at_n,
+                                 ": %d spare(s) took the lost ranks' places, %d spare(s) left", join,
+                                 s->n_spare - s->n_idle);
+            if (copies < old_copies && at_n > 0 && (size_t)at_n < sizeof note) {
+                at_n += snprintf(note + at_n, sizeof note - (size_t)at_n, "%s the copy that lost it left",
+                                 join > 0 ? ";" : ":");
+                int first = 1;
+                for (int r = size - s->n_idle; r < size && at_n > 0 && (size_t)at_n < sizeof note; r++, first = 0)
+                    at_n += snprintf(note + at_n, sizeof note - (size_t)at_n, "%s%d",
+                                     first ? (s->n_idle > 1 ? ", launch ranks " : ", launch rank ") : ",",
+                                     s->launch_rank[r]);
+                if (at_n > 0 && (size_t)at_n < sizeof note)
+                    snprintf(note + at_n, sizeof note - (size_t)at_n, " idle");
+            }
+        } else if (join > 0 || s->n_spare > 0) {
+            snprintf(note, sizeof note, "; %d spare(s) joined, %d left", join, s->n_spare);
+        }
         if (lost_trainers > 0)
-            log_info("survive", "%s lost at step %lld; %d DP ranks go on, step %lld redone (of %d ranks, %d survive%s)",
-                     s->lost_names, (long long)redo, at.dp_size, (long long)redo, old_trainers, kept, spare_note);
+            log_info("survive", "%s lost at step %lld; %d DP ranks go on, step %lld redone (of %d %s, %d survive%s)",
+                     s->lost_names, (long long)redo, at.dp_size, (long long)redo, old_dp,
+                     split_model ? "DP ranks" : "ranks", split_model ? intact : kept, note);
         else
             log_info("survive", "spare %s lost while it waited (at step %lld); %d DP ranks go on, step %lld redone%s",
-                     s->lost_names, (long long)redo, at.dp_size, (long long)redo, spare_note);
+                     s->lost_names, (long long)redo, at.dp_size, (long long)redo, note);
     }
     return 0;
 }

@@ -12,6 +12,11 @@
  * on the world group, in no collective of a step; a loss revokes that group too, the spare shrinks with the others
  * and, one for each lost trainer while spares are left, joins DP at the redone step with the step's start
  * broadcast from the new DP rank 0: DP keeps its size. The lead releases the spares still waiting at the run's end.
+ * With TP or PP (model copies of TP x PP ranks, one per DP rank) a lost rank's copy is incomplete: without a spare
+ * it leaves whole (its other ranks idle, waiting as a spare does until the run's end, never to join), and the
+ * whole copies redo the step with one DP rank fewer, each rank restoring its own shard; a spare instead takes the
+ * lost rank's TP/PP position, that shard's step start broadcast over the position's DP group from a copy that lost
+ * no rank (its replica). With no copy left whole (DP 1) the run stops, naming the checkpoint a relaunch takes.
  *
  * Where it sits: the trainer's run loop comes back to the start of its step (survive_jmp, a setjmp at each step's
  * start); the collective plane hands a lost peer to this module (comm_set_peer_lost_handler); the trainer's state
@@ -30,9 +35,9 @@ struct role_env;
 struct trainer;
 
 /* Whether this run may turn trainer.survive_trainer_loss on: 0, or -1 with why naming what is not covered (an MPI
- * without ULFM, a launch without --with-ft ulfm, GPUs, TP, PP, SP/CP, EP, rollout TP, rollout
- * ranks). colocated: every rank generates and trains (no rollout split); world: the ranks. Call only with the key
- * on. Under grpod the survivors tell it (struct survive_loss). */
+ * without ULFM, a launch without --with-ft ulfm, GPUs, SP/CP, EP, rollout TP, rollout ranks; TP or PP with ZeRO-1,
+ * under grpod, or with spares and LoRA). colocated: every rank generates and trains (no rollout split); world: the
+ * ranks. Call only with the key on. Under grpod the survivors tell it (struct survive_loss). */
 int survive_check(const struct grpo_config *cfg, const struct placement_spec *spec, bool colocated, int world,
                   char *why, size_t whylen);
 
@@ -43,6 +48,9 @@ struct survive_loss {
     const int *ranks;
     int n;
     const char *reason;
+    /* TP or PP: this rank's model copy lost a rank and it left the training (it waits idle until the run ends):
+     * the source lets go of the lost groups' state and trains nothing */
+    bool left;
 };
 /* For the colocated ranks of env (its trainers and DP groups are watched from here on). reform(ud, loss) runs after
  * the groups re-formed, env updated (trainers, dp, tp, pp, at, rank, world_size): the source's own part, and telling

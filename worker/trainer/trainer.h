@@ -239,6 +239,26 @@ size_t trainer_state_share(struct trainer *t, int root);
  * -1 with err. */
 int trainer_reform(struct trainer *t, struct comm *all, struct comm *dp, int dp_rank, int dp_size, char *err,
                    size_t errlen);
+/* TP or PP (after trainer_reform): the model copy's groups of the survivors' layout, the same position (TP rank,
+ * stage) in it; the policy's and the reference's collectives go over them from here. */
+void trainer_reform_groups(struct trainer *t, struct comm *tp, struct comm *pp, struct comm *mp);
+/* TP or PP with spares: a spare (whole layers until now) takes a lost rank's place, TP rank tp_rank of tp_size and
+ * stage pp_rank of pp_size over the groups tp, pp and mp (NULL where the size is 1): its policy, reference and
+ * AdamW's moments become that shard's (their values come from a replica: trainer_state_share with ref). Before
+ * trainer_reform. */
+void trainer_join_shard(struct trainer *t, int tp_rank, int tp_size, int pp_rank, int pp_size, struct comm *tp,
+                        struct comm *pp, struct comm *mp);
+/* With TP or PP: the reference's weights too (frozen, the same on every replica), for a spare that took a shard's
+ * place; a collective of the DP group. The bytes broadcast. */
+size_t trainer_ref_share(struct trainer *t, int root);
+/* TP or PP: a rank of a model copy that lost one of its ranks leaves the training for good (the other copies go
+ * on without it): its run's records closed (the lead's metrics files and the run directory's lock, for the new
+ * lead to take), its watchdog stopped, its interrupted step's buffers dropped, its layout alone (no group of the
+ * lost copy is used again); it waits idle, as a spare does, until the run ends. */
+void trainer_leave(struct trainer *t);
+/* The checkpoint a relaunch resumes from (checkpoint_find_latest under the run's checkpoint root) into out, and
+ * 0; -1 ("" in out) where there is none. */
+int trainer_latest_checkpoint(const struct trainer *t, char *out, size_t outlen);
 /* After trainer_snapshot_restore: the run's records follow the lead, the survivors' DP rank 0 (lead_lost: the lost
  * ranks held the old one). On the lead its metrics sinks are (re)opened on the run's files, appending after the
  * restored step (a line logged past it goes: the redone step logs it once), and a new lead takes run.lock; with

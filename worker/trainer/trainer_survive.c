@@ -1,11 +1,15 @@
 /* The trainer's part in surviving a lost trainer rank (trainer.survive_trainer_loss; the policy is
  * worker/survive/survive.c's): its state at the start of a step, kept so that an interrupted step can be redone from
- * there, and its layout moved onto the survivors' smaller DP group. Plain data parallelism on the CPU only (the
- * survive module refuses the rest): every rank holds the whole policy and optimizer state, so each survivor's own
- * copy of a step's start is the run's. */
+ * there, and its layout moved onto the survivors' smaller DP group. On the CPU only (the survive module refuses the
+ * rest); in plain data parallelism every rank holds the whole policy and optimizer state, so each survivor's own
+ * copy of a step's start is the run's. With TP or PP (model copies) each rank holds its shard's whole state, so
+ * its own copy is its shard's; a spare that takes a lost rank's place becomes that shard (trainer_join_shard) and
+ * takes its values from a replica (trainer_state_share, trainer_ref_share); a rank whose copy lost a rank leaves
+ * (trainer_leave). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "trainer_internal.h"
 #include "common/check.h"
@@ -214,6 +218,95 @@ int trainer_reform(struct trainer *t, struct comm *all, struct comm *dp, int dp_
         model_release_buffers(t->ref, MODEL_BUF_TRAIN | MODEL_BUF_GEN);
     /* verl's global micro-batch keys are divided by the DP size: by the new one from here */
     return trainer_resolve_micro_batches(t, err, errlen);
+}
+
+void trainer_reform_groups(struct trainer *t, struct comm *tp, struct comm *pp, struct comm *mp)
+{
+    t->lay.tp = t->lay.tp ? tp : NULL;
+    t->lay.pp = t->lay.pp ? pp : NULL;
+    t->lay.mp = t->lay.mp ? mp : NULL;
+    /* the model's copy group is its TP group where PP is 1 (model_create_shard) */
+    struct comm *model_mp = t->lay.pp_size > 1 ? mp : tp;
+    model_set_groups(t->policy, tp, pp, model_mp);
+    if (t->ref)
+        model_set_groups(t->ref, tp, pp, model_mp);
+    t->lay.devices = t->lay.dp_size * t->lay.tp_size * t->lay.pp_size; /* trainer_reform counted DP ranks */
+}
+
+void trainer_join_shard(struct trainer *t, int tp_rank, int tp_size, int pp_rank, int pp_size, struct comm *tp,
+                        struct comm *pp, struct comm *mp)
+{
+    t->lay.tp_rank = tp_rank;
+    t->lay.tp_size = tp_size;
+    t->lay.tp = tp_size > 1 ? tp : NULL;
+    t->lay.pp_rank = pp_rank;
+    t->lay.pp_size = pp_size;
+    t->lay.pp = pp_size > 1 ? pp : NULL;
+    t->lay.mp = mp;
+    /* nothing may point into the whole policy once it goes */
+    model_set_layer_grads_hook(t->policy, NULL, NULL);
+    grad_reducer_free(t->overlap);
+    t->overlap = NULL;
+    model_free_grads(t->policy);
+    const struct model_layout ml = {tp_rank, tp_size, pp_rank, pp_size, t->lay.tp, t->lay.pp, mp, 0, 1, NULL};
+    struct model *p = model_create_shard(&t->policy->cfg, &ml);
+    model_shard_slice(p, t->policy->w.mem, p->w.mem); /* the replica's values come over them */
+    model_free(t->policy);
+    t->policy = p;
+    if (t->ref) {
+        struct model *r = model_create_shard(&t->ref->cfg, &ml);
+        model_shard_slice(r, t->ref->w.mem, r->w.mem);
+        model_free(t->ref);
+        t->ref = r;
+    }
+    struct adamw *o = adamw_create_on(kctx_cpu(), model_trainable(p).n, t->opt->beta1, t->opt->beta2, t->opt->eps,
+                                      t->opt->weight_decay);
+    adamw_free(t->opt);
+    t->opt = o;
+    t->rc.policy = p;
+}
+
+size_t trainer_ref_share(struct trainer *t, int root)
+{
+    if (!t->ref)
+        return 0;
+    comm_broadcast(t->lay.dp, t->ref->w.mem, t->ref->w.n_floats, COMM_F32, root);
+    return t->ref->w.n_floats * sizeof(float);
+}
+
+void trainer_leave(struct trainer *t)
+{
+    watchdog_stop();      /* it completes no step from here */
+    if (t->logger_open) { /* the lead: the new one appends to the run's metrics files */
+        metrics_logger_close(&t->logger);
+        t->logger_open = false;
+    }
+    if (t->run_lock_fd >= 0) { /* the new lead takes run.lock */
+        close(t->run_lock_fd);
+        t->run_lock_fd = -1;
+    }
+    model_set_layer_grads_hook(t->policy, NULL, NULL);
+    grad_reducer_free(t->overlap); /* its requests on the lost copy's groups are left behind */
+    t->overlap = NULL;
+    model_free_grads(t->policy);
+    model_release_buffers(t->policy, MODEL_BUF_TRAIN | MODEL_BUF_GEN);
+    if (t->ref)
+        model_release_buffers(t->ref, MODEL_BUF_TRAIN | MODEL_BUF_GEN);
+    t->lay.all = NULL; /* alone: no barrier, broadcast or checkpoint with the others at the run's end */
+    t->lay.dp = NULL;
+    t->lay.dp_rank = 0;
+    t->lay.dp_size = 1;
+    t->lay.spare = true; /* it leads, validates and trains nothing */
+    t->in_decide = false;
+}
+
+int trainer_latest_checkpoint(const struct trainer *t, char *out, size_t outlen)
+{
+    if (checkpoint_find_latest(t->ckpt_root, out, outlen) == 0)
+        return 0;
+    if (outlen)
+        out[0] = '\0';
+    return -1;
 }
 
 /* The newest step the lead's metrics hold (-1: none). */
