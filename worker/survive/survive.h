@@ -12,6 +12,11 @@
  * on the world group, in no collective of a step; a loss revokes that group too, the spare shrinks with the others
  * and, one for each lost trainer while spares are left, joins DP at the redone step with the step's start
  * broadcast from the new DP rank 0: DP keeps its size. The lead releases the spares still waiting at the run's end.
+ * On GPUs (trainer.device=cuda; no spares, no ZeRO-1 there yet) the DP group's NCCL twin is watched too: a loss that
+ * NCCL reports (ncclRemoteError), or that MPI knows of while an NCCL wait goes on (asked beside every such wait), comes
+ * to the same handler; the revoke aborts the communicator (ncclCommAbort), the step's start is copied through host
+ * memory, and after the shrink the survivors make a new communicator, its unique id from their rank 0 over their
+ * shrunk MPI group.
  *
  * Where it sits: the trainer's run loop comes back to the start of its step (survive_jmp, a setjmp at each step's
  * start); the collective plane hands a lost peer to this module (comm_set_peer_lost_handler); the trainer's state
@@ -30,8 +35,8 @@ struct role_env;
 struct trainer;
 
 /* Whether this run may turn trainer.survive_trainer_loss on: 0, or -1 with why naming what is not covered (an MPI
- * without ULFM, a launch without --with-ft ulfm, GPUs, TP, PP, SP/CP, EP, rollout TP, rollout
- * ranks). colocated: every rank generates and trains (no rollout split); world: the ranks. Call only with the key
+ * without ULFM, a launch without --with-ft ulfm, TP, PP, SP/CP, EP, rollout TP, rollout ranks; on GPUs spares and
+ * ZeRO-1). colocated: every rank generates and trains (no rollout split); world: the ranks. Call only with the key
  * on. Under grpod the survivors tell it (struct survive_loss). */
 int survive_check(const struct grpo_config *cfg, const struct placement_spec *spec, bool colocated, int world,
                   char *why, size_t whylen);
