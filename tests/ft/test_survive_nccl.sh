@@ -3,11 +3,11 @@
 # build (against Open MPI 5, CUDA emulated on the CPU: tests/cuemu, a device per rank, CUEMU_DEVICES=3) under
 # scripts/mpirun_ft, the gradients summed over NCCL (worker/comm/comm_nccl.c over the emulated NCCL):
 #  - rank 1 SIGKILLed in step 2's gradient all-reduce on NCCL (its bucket's ncclAllReduce queued, not waited for:
-#    allreduce:2:1, a hold the test waits on, not a sleep), with the emulated NCCL told not to notice a dead peer
+#    allreduce-start:2:1, a hold the test waits on, not a sleep), with the emulated NCCL told not to notice a dead peer
 #    (CUEMU_NCCL_PEER_LOSS=silent: as NCCL over a node's shared memory or NVLink may not): the survivors' NCCL waits
 #    find the loss through MPI (ULFM) beside them, abort their communicators, shrink, make a new one over the 2
 #    survivors (its unique id from their rank 0 over their shrunk MPI group) and redo step 2;
-#  - the lead (rank 0) SIGKILLed there (allreduce:2:0), the emulated NCCL noticing (ncclRemoteError): launch rank 1
+#  - the lead (rank 0) SIGKILLed there (allreduce-start:2:0), the emulated NCCL noticing (ncclRemoteError): launch rank 1
 #    leads from step 2 and makes the new communicator's unique id;
 #  each (2 steps): the run finishes (mpirun exits 0), the log names the lost rank, the shrink to 2 and the redone
 #  step, the survivors say the loss came to them in NCCL's wait and that the new communicator was made and summed
@@ -35,7 +35,7 @@ expect "one process: the policy runs on the (emulated) device" $?
 # there; HOW: the emulated NCCL's CUEMU_NCCL_PEER_LOSS (notice or silent)
 killed() {
     local name="nccl-$1-$2"
-    CUEMU_NCCL_PEER_LOSS=$2 start_held "$name" 3 "allreduce:2:$1" trainer.device=cuda
+    CUEMU_NCCL_PEER_LOSS=$2 start_held "$name" 3 "allreduce-start:2:$1" trainer.device=cuda
     kill_held "$name" "rank $1 in step 2's all-reduce on NCCL"
     wait "$JOB"
     expect "$name: the run finishes without rank $1 (mpirun exits 0)" $?
@@ -47,7 +47,7 @@ killed() {
         "$TMP/$name.log"
     rc=$?
     # each survivor's word: where the loss came from
-    found="$(grep -aoE "\[rank [0-9]\] survive: step 2: NCCL .*a peer is lost \([^)]*\)" "$TMP/$name.log" |
+    found="$(grep -aoE "\[rank [0-9]\] survive: step 2: NCCL .*a peer is lost \(.*, after [0-9.]+ s\)" "$TMP/$name.log" |
         sed -E 's/ survive: step 2: NCCL .*a peer is lost / /' | tr '\n' ' ')"
     expect "$name: a survivor found the loss in its NCCL wait ($3...: ${found% })" $rc
     says "$TMP/$name.log" "the lost group's NCCL communicators aborted; a new one over the 2 survivors"

@@ -96,7 +96,9 @@ void comm_ft_send_word(struct comm *c, int peer, int32_t word);
 void comm_ft_lost(struct comm *c, const char *what);
 bool comm_ft_poll(struct comm *mpi_comm, char *why, size_t whylen);
 /* Tests of a lost peer: hold(point) runs where this rank is about to wait for an all-reduce it started ("allreduce",
- * comm_wait), so that a test kills it there, its part started and its peers waiting on it; NULL: none. */
+ * comm_wait), so that a test kills it there, its part started and its peers waiting on it, and where it is about to
+ * start one ("allreduce-start", comm_iallreduce_sum: its peers wait on its part, which never comes; over NCCL a
+ * started part may already have reached them); NULL: none. */
 void comm_set_test_hold(void (*hold)(const char *point));
 /* The hold of comm_set_test_hold at another point of a step, named by point ("logprob", "optim", "ckpt": where the
  * trainer calls it); nothing without one. */

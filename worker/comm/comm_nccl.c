@@ -85,6 +85,8 @@ static void nccl_abort(struct comm *c)
  * died, so every wait of a watched group also asks MPI every FT_POLL_S. A lost peer is the handler's (comm_ft_lost,
  * which does not return where the run survives it); anything else ends the run as without survival. */
 #define FT_POLL_S 0.01
+/* and before a watched group's wait ends the run for another reason (the deadline, another error): this many times */
+#define FT_ASK_LAST 50
 
 /* `what` failed (error: NCCL's error, or NULL: past the deadline; lost: MPI's word on a lost peer, or NULL) after
  * `waited` s: the communicator is aborted; a lost peer of a watched group goes to the handler; soft: -1 with a log
@@ -94,8 +96,13 @@ static int nccl_fail_lost(struct comm *c, const char *what, ncclResult_t error, 
 {
     nccl_abort(c);
     char mpi_lost[160] = "";
-    if (ni(c)->watched && !soft && !lost && comm_ft_poll(ni(c)->mpi, mpi_lost, sizeof mpi_lost))
-        lost = mpi_lost;
+    /* MPI's word, asked a few times (its failure detector moves on with MPI's progress, which these probes give it) */
+    for (int i = 0; ni(c)->watched && !soft && !lost && i < FT_ASK_LAST; i++) {
+        if (comm_ft_poll(ni(c)->mpi, mpi_lost, sizeof mpi_lost))
+            lost = mpi_lost;
+        else
+            clock_sleep_s(FT_POLL_S);
+    }
     if (ni(c)->watched && !soft && (lost || error == ncclRemoteError)) {
         char how[512]; /* who said so: NCCL (its error), MPI (its word), or both */
         snprintf(how, sizeof how, "NCCL %s over %d ranks (this is rank %d): a peer is lost (%s%s%s%s, after %.1f s)",

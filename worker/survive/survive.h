@@ -64,7 +64,8 @@ void survive_free(struct survive *s);
  * RANK, at POINT of step STEP, write its pid to FILE.held and hold while FILE exists (at most 10 minutes), so that a
  * test kills it there and not at a time a machine's speed decides. The points: "gen" (its generation done),
  * "logprob" (its old log-probs taken, the reference's not), "allreduce" (its all-reduce of the step's gradients
- * started, not waited for, through comm_set_test_hold), "optim" (a mini-batch's gradients summed, its optimizer step
+ * started, not waited for, through comm_set_test_hold), "allreduce-start" (its first gradient bucket's all-reduce of
+ * the step not started: its peers wait on it in theirs), "optim" (a mini-batch's gradients summed, its optimizer step
  * not taken), "ckpt" (in the step's checkpoint: the lead with the weights and optimizer state written, not moved into
  * place; another rank in its part). Each once per process; a test that kills twice removes FILE.held before it kills
  * (the next victim writes it anew). */
