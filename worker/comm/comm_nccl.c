@@ -96,8 +96,10 @@ static int nccl_fail_lost(struct comm *c, const char *what, ncclResult_t error, 
 {
     nccl_abort(c);
     char mpi_lost[160] = "";
-    /* MPI's word, asked a few times (its failure detector moves on with MPI's progress, which these probes give it) */
-    for (int i = 0; ni(c)->watched && !soft && !lost && i < FT_ASK_LAST; i++) {
+    /* MPI's word, asked a few times (its failure detector moves on with MPI's progress, which these probes give it);
+     * once where NCCL has said a peer failed */
+    const int asks = error == ncclRemoteError ? 1 : FT_ASK_LAST;
+    for (int i = 0; ni(c)->watched && !soft && !lost && i < asks; i++) {
         if (comm_ft_poll(ni(c)->mpi, mpi_lost, sizeof mpi_lost))
             lost = mpi_lost;
         else
@@ -503,8 +505,8 @@ struct comm *comm_nccl_from(struct comm *mpi_comm, int device)
     /* keep our own MPI group so later splits mirror NCCL's */
     impl->mpi = comm_split(mpi_comm, 0, c->rank);
     c->deadline_s = mpi_comm->deadline_s; /* the MPI group's deadline (actor_rollout_ref.nccl_timeout) holds here too */
-    /* the unique id below reaches the ranks over the twin: after a loss, the survivors' shrunk group (the natural
-     * channel where ULFM is: it alone knows who survived); a watched group's twin is watched too */
+    /* the unique id below reaches the ranks over the twin: after a loss, a split of the survivors' shrunk group (the
+     * natural channel where ULFM is: the shrink alone decided who survived) */
     CHECK_CUDA(cudaSetDevice(device));
     CHECK_CUDA(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
     ncclUniqueId id;
