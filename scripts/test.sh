@@ -76,12 +76,18 @@ fi
     echo "warning: could not install tensorboard; the tensorboard-reader test will be skipped" >&2
 # Open MPI 5 with its fault-tolerant MPI (ULFM), for the ft suite (tests/ft; skipped without it). On a full run its
 # build against Open MPI 5 (build-ft: the suite's programs only) starts now, beside the tests as the emulator's does,
-# and its suite runs at the end.
+# and its suite runs at the end; then the same against Open MPI 5 with CUDA emulated (build-ft-emu), for
+# ft-survive-nccl alone (trainer-loss survival over NCCL; its own build: in build-ft, trainer.device=auto would take
+# the emulated device, and scripts/mpirun_ft runs build-ft's worker).
 if ompi5="$(./scripts/ompi5_env.sh)"; then
     if [ $# -eq 0 ]; then
         ft_log="$(mktemp)"
-        GRPO_BUILD_SUITES=ft GRPO_BUILD_JOBS=1 setsid nice -n 10 \
-            ./scripts/build.sh build-ft -Dmpi_prefix="$ompi5" -Dulfm=enabled -Dcuda=disabled >"$ft_log" 2>&1 &
+        # shellcheck disable=SC2016 # expanded by the inner shell
+        GRPO_BUILD_SUITES=ft GRPO_BUILD_JOBS=1 setsid nice -n 10 bash -c '
+            ./scripts/build.sh build-ft -Dmpi_prefix="$1" -Dulfm=enabled -Dcuda=disabled || exit
+            echo "== build-ft built"
+            ./scripts/build.sh build-ft-emu -Dmpi_prefix="$1" -Dulfm=enabled -Dcuemu=true -Dcuda=disabled' \
+            _ "$ompi5" >"$ft_log" 2>&1 &
         ft_pid=$!
     fi
 else
@@ -163,20 +169,25 @@ if [ $# -eq 0 ]; then
     took "the gpu suite under the emulator"
 fi
 # The ft suite against Open MPI 5 with ULFM (tests/ft/meson.build: trainer ranks SIGKILLed at points of a step, the
-# survivors go on), from its build started above. On a full run only.
+# survivors go on), from its builds started above, and ft-survive-nccl (the same on emulated GPUs, over NCCL) from
+# build-ft-emu. On a full run only.
 if [ -n "$ft_pid" ]; then
-    rm -f build-ft/meson-logs/testlog-ft*.json
+    rm -f build-ft/meson-logs/testlog-ft*.json build-ft-emu/meson-logs/testlog-ft-nccl*.json
     frc=0
     wait "$ft_pid" || frc=$?
     cat "$ft_log"
-    took "the rest of the build against Open MPI 5 (it ran beside the tests)"
+    took "the rest of the builds against Open MPI 5 (they ran beside the tests)"
     if [ $frc -eq 0 ]; then
         meson test -C build-ft --suite ft --no-rebuild --print-errorlogs --num-processes 2 \
             --timeout-multiplier "$mult" --logbase testlog-ft || rc=1
         logs+=(build-ft/meson-logs/testlog-ft*.json)
         took "the ft suite (Open MPI 5, ULFM)"
+        meson test -C build-ft-emu --no-rebuild --print-errorlogs --timeout-multiplier "$mult" \
+            --logbase testlog-ft-nccl ft-survive-nccl || rc=1
+        logs+=(build-ft-emu/meson-logs/testlog-ft-nccl*.json)
+        took "ft-survive-nccl (Open MPI 5, ULFM, CUDA emulated)"
     else
-        echo "test.sh: the build against Open MPI 5 failed (exit $frc)" >&2
+        echo "test.sh: a build against Open MPI 5 failed (exit $frc)" >&2
         rc=1
     fi
 fi

@@ -108,8 +108,12 @@ int comm_size(const struct comm *c) { return c->size; }
 const char *comm_backend_name(const struct comm *c) { return c->be->name; }
 const struct comm_caps *comm_caps(const struct comm *c) { return &c->be->caps; }
 
+static void (*test_hold)(const char *point);
+
 struct comm_req *comm_iallreduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype t, void *after_stream)
 {
+    if (test_hold) /* tests: a rank to be killed before its part of the sum is started, its peers waiting on it */
+        test_hold("allreduce-start");
     struct comm_req *r;
     const uint64_t seq = ++c->coll_seq;
     if (c->be->iallreduce_sum) {
@@ -127,8 +131,6 @@ void comm_test(struct comm_req *r)
     if (r->c->be->test)
         r->c->be->test(r);
 }
-
-static void (*test_hold)(const char *point);
 
 void comm_set_test_hold(void (*hold)(const char *point)) { test_hold = hold; }
 

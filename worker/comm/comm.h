@@ -64,7 +64,8 @@ void comm_set_deadline(struct comm *c, double seconds);
  * --with-ft ulfm). */
 bool comm_ft_available(char *why, size_t whylen);
 /* c's MPI errors come back to the collective plane instead of ending the job in MPI itself (the handler below sees
- * them; groups split from c later inherit this). Nothing on other back-ends. */
+ * them; groups split from c later inherit this). A device group (NCCL) is watched through its MPI twin, and its own
+ * failures (a peer's loss that NCCL reports, or that MPI knows of while NCCL waits) go to the handler too. */
 void comm_ft_watch(struct comm *c);
 /* From now on an operation of a watched MPI group that fails because a peer is lost, or because a survivor revoked
  * the group, calls lost(ud, c, what) (what names the call and why) before anything else; lost does not return where
@@ -72,7 +73,8 @@ void comm_ft_watch(struct comm *c);
  * none. */
 void comm_set_peer_lost_handler(void (*lost)(void *ud, struct comm *c, const char *what), void *ud);
 /* Revoke c: every survivor's operation on it, waiting or to come, fails at once. c is dead: comm_free releases its
- * wrapper only. */
+ * wrapper only. A device group (NCCL) is aborted (ncclCommAbort: its queued operations dropped) and its MPI twin
+ * revoked; a new one over the survivors is made with comm_device_group on their shrunk group. */
 void comm_revoke(struct comm *c);
 /* The survivors of c (revoked) as a new group, ranked as in c, with c's deadline, watched; collective over the
  * survivors (MPIX_Comm_shrink agrees on who they are). NULL with err. */
@@ -91,8 +93,18 @@ int comm_agree(struct comm *c, int *flag);
  * lost while it waited loses nothing). Outside the step's collectives: they cost a step nothing. */
 int comm_ft_wait_word(struct comm *c, int from, int32_t *word);
 int comm_ft_send_word(struct comm *c, int peer, int32_t word);
+/* For a device-group back-end (comm_nccl.c), whose waits are no MPI calls. comm_ft_lost: its operation on c, a
+ * watched group, failed for a lost peer (what names the call and why), c already aborted: the handler of
+ * comm_set_peer_lost_handler runs, and does not return where the run survives the loss; otherwise (no handler, or
+ * it returned) this returns and the caller ends the run as before. comm_ft_poll: whether MPI knows that a peer of
+ * mpi_comm (the group's watched MPI twin) is lost, or that a survivor revoked it, with MPI's progress moved first
+ * (a probe): true with why; false without ULFM. A few microseconds: for a wait's loop every few milliseconds. */
+void comm_ft_lost(struct comm *c, const char *what);
+bool comm_ft_poll(struct comm *mpi_comm, char *why, size_t whylen);
 /* Tests of a lost peer: hold(point) runs where this rank is about to wait for an all-reduce it started ("allreduce",
- * comm_wait), so that a test kills it there, its part started and its peers waiting on it; NULL: none. */
+ * comm_wait), so that a test kills it there, its part started and its peers waiting on it, and where it is about to
+ * start one ("allreduce-start", comm_iallreduce_sum: its peers wait on its part, which never comes; over NCCL a
+ * started part may already have reached them); NULL: none. */
 void comm_set_test_hold(void (*hold)(const char *point));
 /* The hold of comm_set_test_hold at another point of a step, named by point ("logprob", "optim", "ckpt": where the
  * trainer calls it); nothing without one. */
@@ -270,6 +282,8 @@ struct comm_backend {
     struct comm *(*split)(struct comm *, int, int);
     struct comm *(*split_node)(struct comm *, int);
     void (*fail_alone)(struct comm *);           /* may be NULL */
+    void (*ft_watch)(struct comm *);             /* comm_ft_watch of a device group; may be NULL */
+    void (*revoke)(struct comm *);               /* comm_revoke of a device group; may be NULL */
     void (*set_deadline)(struct comm *, double); /* besides c->deadline_s (a twin's own); may be NULL */
     /* the world rank of every rank of the group, in group order (comm_members); may be NULL */
     void (*world_ranks)(const struct comm *, int *);

@@ -34,6 +34,24 @@ static struct mpi_impl *impl_of(struct comm *c) { return (struct mpi_impl *)c->i
 
 static bool is_mpi(const struct comm *c) { return c && strcmp(comm_backend_name(c), "mpi") == 0; }
 
+void comm_ft_lost(struct comm *c, const char *what)
+{
+    if (!lost_fn)
+        return;
+    peer_lost = true;
+    lost_fn(lost_ud, c, what); /* does not return where the run survives; else the caller ends the job */
+}
+
+/* a device group (not MPI): its back-end watches or revokes it (NCCL: its MPI twin, and an abort) */
+static bool device_group(struct comm *c, void (*op)(struct comm *))
+{
+    if (!c || is_mpi(c))
+        return false;
+    if (op)
+        op(c);
+    return true;
+}
+
 #ifdef GRPO_HAVE_ULFM
 bool comm_ft_available(char *why, size_t whylen)
 {
@@ -63,7 +81,7 @@ bool comm_ft_last_rank(void)
 
 void comm_ft_watch(struct comm *c)
 {
-    if (!is_mpi(c) || impl_of(c)->watched)
+    if (device_group(c, c ? c->be->ft_watch : NULL) || !c || impl_of(c)->watched)
         return;
     impl_of(c)->watched = true;
     if (MPI_Comm_set_errhandler(impl_of(c)->comm, MPI_ERRORS_RETURN) != MPI_SUCCESS)
@@ -102,7 +120,7 @@ void comm_ft_check(struct comm *c, int rc, const char *expr)
 
 void comm_revoke(struct comm *c)
 {
-    if (!is_mpi(c) || impl_of(c)->revoked)
+    if (device_group(c, c ? c->be->revoke : NULL) || !c || impl_of(c)->revoked)
         return;
     impl_of(c)->revoked = true;
     /* an error here (already revoked by another survivor) changes nothing: the group is dead either way */
@@ -152,6 +170,37 @@ int comm_lost_ranks(struct comm *old, struct comm *survivors, int *ranks, int ma
 
 int comm_agree(struct comm *c, int *flag) { return MPIX_Comm_agree(impl_of(c)->comm, flag) == MPI_SUCCESS ? 0 : -1; }
 
+/* the probe's tag: no message carries it (a probe moves MPI's progress, and reports a loss) */
+#define POLL_TAG 4243
+
+bool comm_ft_poll(struct comm *c, char *why, size_t whylen)
+{
+    if (!is_mpi(c))
+        return false;
+    MPI_Comm m = impl_of(c)->comm;
+    int flag = 0, revoked = 0, failed = 0, cls = MPI_SUCCESS;
+    const int rc = MPI_Iprobe(MPI_ANY_SOURCE, POLL_TAG, m, &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS && MPI_Error_class(rc, &cls) == MPI_SUCCESS &&
+        (cls == MPIX_ERR_PROC_FAILED || cls == MPIX_ERR_PROC_FAILED_PENDING || cls == MPIX_ERR_REVOKED)) {
+        snprintf(why, whylen, "MPI: %s", cls == MPIX_ERR_REVOKED ? "revoked by a survivor" : "a peer is lost");
+        return true;
+    }
+    if (MPIX_Comm_is_revoked(m, &revoked) == MPI_SUCCESS && revoked) {
+        snprintf(why, whylen, "MPI: revoked by a survivor");
+        return true;
+    }
+    MPI_Group g = MPI_GROUP_NULL;
+    if (MPIX_Comm_get_failed(m, &g) == MPI_SUCCESS && g != MPI_GROUP_NULL) {
+        MPI_Group_size(g, &failed);
+        MPI_Group_free(&g);
+    }
+    if (failed > 0) {
+        snprintf(why, whylen, "MPI: %d peer(s) of the group lost", failed);
+        return true;
+    }
+    return false;
+}
+
 /* the spares' tag: apart from the back-end's (0) */
 #define SPARE_TAG 4242
 
@@ -189,14 +238,20 @@ bool comm_ft_available(char *why, size_t whylen)
 
 bool comm_ft_last_rank(void) { return false; }
 
-void comm_ft_watch(struct comm *c) { (void)c; }
+void comm_ft_watch(struct comm *c) { (void)device_group(c, c ? c->be->ft_watch : NULL); }
 
 void comm_ft_check(struct comm *c, int rc, const char *expr) { (void)c, (void)rc, (void)expr; }
 
 void comm_revoke(struct comm *c)
 {
-    if (is_mpi(c))
+    if (!device_group(c, c ? c->be->revoke : NULL) && c)
         impl_of(c)->revoked = true;
+}
+
+bool comm_ft_poll(struct comm *c, char *why, size_t whylen)
+{
+    (void)c, (void)why, (void)whylen;
+    return false;
 }
 
 struct comm *comm_shrink(struct comm *c, char *err, size_t errlen)

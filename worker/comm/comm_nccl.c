@@ -30,6 +30,7 @@ struct nccl_impl {
     int device;
     bool alone;   /* comm_fail_alone: a lost peer ends this rank only */
     bool aborted; /* ncclCommAbort has run: the communicator is gone */
+    bool watched; /* comm_ft_watch: a lost peer goes to the collective plane's handler (trainer-loss survival) */
 };
 
 static ncclDataType_t nccl_type(enum comm_dtype t)
@@ -78,14 +79,46 @@ static void nccl_abort(struct comm *c)
     }
 }
 
-/* `what` failed (error: NCCL's error, or NULL: past the deadline) after `waited` s: the communicator is aborted;
- * soft: -1 with a log line (comm_try_broadcast), else this rank (comm_fail_alone) or the run ends. */
-static int nccl_fail(struct comm *c, const char *what, ncclResult_t error, double waited, bool soft)
+/* In a watched group (comm_ft_watch: the run survives a lost peer) a failed or overdue NCCL wait is a lost peer
+ * when NCCL says a remote rank failed (ncclRemoteError: it exited, or aborted the communicator) or MPI knows of a
+ * loss in the group's twin (comm_ft_poll): NCCL over a node's shared memory or NVLink may never notice a peer that
+ * died, so every wait of a watched group also asks MPI every FT_POLL_S. A lost peer is the handler's (comm_ft_lost,
+ * which does not return where the run survives it); anything else ends the run as without survival. */
+#define FT_POLL_S 0.01
+/* and before a watched group's wait ends the run for another reason (the deadline, another error): this many times */
+#define FT_ASK_LAST 50
+
+/* `what` failed (error: NCCL's error, or NULL: past the deadline; lost: MPI's word on a lost peer, or NULL) after
+ * `waited` s: the communicator is aborted; a lost peer of a watched group goes to the handler; soft: -1 with a log
+ * line (comm_try_broadcast), else this rank (comm_fail_alone) or the run ends. */
+static int nccl_fail_lost(struct comm *c, const char *what, ncclResult_t error, const char *lost, double waited,
+                          bool soft)
 {
     nccl_abort(c);
+    char mpi_lost[160] = "";
+    /* MPI's word, asked a few times (its failure detector moves on with MPI's progress, which these probes give it);
+     * once where NCCL has said a peer failed */
+    const int asks = error == ncclRemoteError ? 1 : FT_ASK_LAST;
+    for (int i = 0; ni(c)->watched && !soft && !lost && i < asks; i++) {
+        if (comm_ft_poll(ni(c)->mpi, mpi_lost, sizeof mpi_lost))
+            lost = mpi_lost;
+        else
+            clock_sleep_s(FT_POLL_S);
+    }
+    if (ni(c)->watched && !soft && (lost || error == ncclRemoteError)) {
+        char how[512]; /* who said so: NCCL (its error), MPI (its word), or both */
+        snprintf(how, sizeof how, "NCCL %s over %d ranks (this is rank %d): a peer is lost (%s%s%s%s, after %.1f s)",
+                 what, c->size, c->rank, error != ncclSuccess ? "NCCL: " : "",
+                 error != ncclSuccess ? ncclGetErrorString(error) : "", error != ncclSuccess && lost ? "; " : "",
+                 lost ? lost : "", waited);
+        comm_ft_lost(c, how); /* where the run survives the loss, it goes on from the handler's point */
+    }
     char why[256];
     snprintf(why, sizeof why, "NCCL %s over %d ranks (this is rank %d) %s after %.1f s", what, c->size, c->rank,
-             error != ncclSuccess ? ncclGetErrorString(error) : "did not complete", waited);
+             lost                   ? lost
+             : error != ncclSuccess ? ncclGetErrorString(error)
+                                    : "did not complete",
+             waited);
     flight_dump(why, true); /* the flight recorder's ring before the run ends, as comm_mpi.c's */
     if (soft) {
         log_warn("comm", "%s: a peer is lost or stuck; giving the group up", why);
@@ -97,6 +130,24 @@ static int nccl_fail(struct comm *c, const char *what, ncclResult_t error, doubl
     }
     check_failf(__FILE__, __LINE__, "%s: a peer is lost or stuck; ending the run", why);
     return -1;
+}
+
+static int nccl_fail(struct comm *c, const char *what, ncclResult_t error, double waited, bool soft)
+{
+    return nccl_fail_lost(c, what, error, NULL, waited, soft);
+}
+
+/* In a watched group, every FT_POLL_S of a wait (*polled: when it asked last): whether MPI knows of a lost peer
+ * (lost gets its word). */
+static bool ft_polled_lost(struct comm *c, double *polled, char *lost, size_t len)
+{
+    if (!ni(c)->watched)
+        return false;
+    const double now = clock_now_s();
+    if (now - *polled < FT_POLL_S)
+        return false;
+    *polled = now;
+    return comm_ft_poll(ni(c)->mpi, lost, len);
 }
 
 static void nap(long spins)
@@ -112,11 +163,15 @@ static void nap(long spins)
 static int nccl_issued(struct comm *c, ncclResult_t rc, const char *what, bool soft)
 {
     const double t0 = clock_now_s();
+    double polled = t0;
+    char lost[160];
     for (long spins = 0; rc == ncclInProgress; spins++) {
         if (ncclCommGetAsyncError(ni(c)->comm, &rc) != ncclSuccess)
             rc = ncclInternalError;
         if (rc == ncclInProgress && c->deadline_s > 0 && (clock_now_s() - t0) > c->deadline_s)
             return nccl_fail(c, what, ncclSuccess, clock_now_s() - t0, soft);
+        if (rc == ncclInProgress && !soft && ft_polled_lost(c, &polled, lost, sizeof lost))
+            return nccl_fail_lost(c, what, ncclSuccess, lost, clock_now_s() - t0, soft);
         nap(spins);
     }
     return rc == ncclSuccess ? 0 : nccl_fail(c, what, rc, clock_now_s() - t0, soft);
@@ -138,6 +193,8 @@ static void nccl_wait_for(struct comm *c, const char *what) { nccl_wait_event(c,
 static int nccl_wait_until(struct comm *c, cudaEvent_t ev, const char *what, bool soft)
 {
     const double t0 = clock_now_s();
+    double polled = t0;
+    char lost[160];
     for (long spins = 0;; spins++) {
         ncclResult_t async = ncclSuccess;
         if (ncclCommGetAsyncError(ni(c)->comm, &async) != ncclSuccess)
@@ -153,6 +210,8 @@ static int nccl_wait_until(struct comm *c, cudaEvent_t ev, const char *what, boo
         }
         if (c->deadline_s > 0 && (clock_now_s() - t0) > c->deadline_s)
             return nccl_fail(c, what, ncclSuccess, clock_now_s() - t0, soft);
+        if (!soft && ft_polled_lost(c, &polled, lost, sizeof lost))
+            return nccl_fail_lost(c, what, ncclSuccess, lost, clock_now_s() - t0, soft);
         nap(spins);
     }
 }
@@ -365,6 +424,20 @@ static void nccl_fail_alone(struct comm *c)
     comm_fail_alone(ni(c)->mpi);
 }
 
+/* comm_ft_watch: a lost peer goes to the collective plane's handler, over NCCL (nccl_fail_lost) and over the MPI
+ * twin (watched: its errors come back). comm_revoke: the communicator aborted (every operation queued on it
+ * dropped; a peer still waiting in it gets ncclRemoteError, or finds the loss through MPI) and the twin revoked. */
+static void nccl_ft_watch(struct comm *c)
+{
+    ni(c)->watched = true;
+    comm_ft_watch(ni(c)->mpi);
+}
+static void nccl_revoke(struct comm *c)
+{
+    nccl_abort(c);
+    comm_revoke(ni(c)->mpi);
+}
+
 /* comm_set_deadline: host buffers go through the MPI twin, which waits as long */
 static void nccl_set_deadline(struct comm *c, double seconds) { comm_set_deadline(ni(c)->mpi, seconds); }
 
@@ -381,7 +454,7 @@ static void nccl_destroy(struct comm *c)
 {
     /* an aborted communicator is freed by the abort; one given up elsewhere (its MPI twin) is aborted, since a peer
      * may still wait in it; else its queued work is finished (bounded) and it is destroyed */
-    if (c->given_up || nccl_issued(c, ncclCommFinalize(ni(c)->comm), "finalize", true) != 0)
+    if (!ni(c)->aborted && (c->given_up || nccl_issued(c, ncclCommFinalize(ni(c)->comm), "finalize", true) != 0))
         nccl_abort(c);
     if (!ni(c)->aborted)
         ncclCommDestroy(ni(c)->comm);
@@ -412,6 +485,8 @@ static const struct comm_backend nccl_backend = {
     .split = nccl_split,
     .split_node = nccl_split_node,
     .fail_alone = nccl_fail_alone,
+    .ft_watch = nccl_ft_watch,
+    .revoke = nccl_revoke,
     .set_deadline = nccl_set_deadline,
     .world_ranks = nccl_world_ranks,
     .set_name = nccl_set_name,
@@ -430,6 +505,8 @@ struct comm *comm_nccl_from(struct comm *mpi_comm, int device)
     /* keep our own MPI group so later splits mirror NCCL's */
     impl->mpi = comm_split(mpi_comm, 0, c->rank);
     c->deadline_s = mpi_comm->deadline_s; /* the MPI group's deadline (actor_rollout_ref.nccl_timeout) holds here too */
+    /* the unique id below reaches the ranks over the twin: after a loss, a split of the survivors' shrunk group (the
+     * natural channel where ULFM is: the shrink alone decided who survived) */
     CHECK_CUDA(cudaSetDevice(device));
     CHECK_CUDA(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
     ncclUniqueId id;

@@ -54,8 +54,9 @@ struct survive {
     struct trainer_snapshot *snap[2]; /* step k's start in snap[k % 2] */
     void (*reform)(void *ud, const struct survive_loss *loss);
     void *ud;
-    /* the groups a loss revokes: the world and the trainers (every rank), DP, and with TP or PP the model copy's
-     * TP, PP and TP x PP groups; after a loss the shrunk ones */
+    /* the groups a loss revokes: the world and the trainers (every rank), DP, with TP or PP the model copy's TP, PP
+     * and TP x PP groups, and on GPUs DP's NCCL twin (revoking it aborts it); after a loss the shrunk ones and the new
+     * twin */
     struct comm *watch[8];
     int n_watch;
     /* every rank of the job still in it: the trainers, then the spares (trainer.survive_spare_ranks), in launch
@@ -88,8 +89,8 @@ static struct survive *g_survive;
 int survive_check(const struct grpo_config *cfg, const struct placement_spec *spec, bool colocated, int world,
                   char *why, size_t whylen)
 {
-    const char *not_yet = "; it covers colocated data parallelism on the CPU, plain or over model copies of "
-                          "TP x PP ranks (docs/operations.md)";
+    const char *not_yet = "; it covers colocated data parallelism, plain or over model copies of TP x PP ranks on "
+                          "the CPU, plain on GPUs (docs/operations.md)";
     char ft[512];
     if (!comm_ft_available(ft, sizeof ft))
         return error_set(why, whylen, KEY_trainer_survive_trainer_loss ": %s", ft);
@@ -98,10 +99,20 @@ int survive_check(const struct grpo_config *cfg, const struct placement_spec *sp
                          KEY_trainer_survive_trainer_loss " with rollout ranks (" KEY_placement_rollout_ranks
                                                           ", a split run) is not covered yet%s",
                          not_yet);
-    if (strcmp(config_device(cfg), "cpu") != 0)
+    /* on GPUs the step's start is copied through host memory and the DP group's NCCL twin made again over the
+     * survivors; ZeRO-1's block copies and a spare's state move between host buffers only */
+    const bool gpu = strcmp(config_device(cfg), "cpu") != 0;
+    if (gpu && cfg->trainer_survive_spare_ranks > 0)
         return error_set(why, whylen,
-                         KEY_trainer_survive_trainer_loss " with " KEY_trainer_device
-                                                          "=%s is not covered yet (NCCL groups cannot be shrunk)%s",
+                         KEY_trainer_survive_spare_ranks " with " KEY_trainer_device
+                                                         "=%s is not covered yet: a spare joins on the CPU only",
+                         config_device(cfg));
+    if (gpu && cfg->actor_megatron_use_distributed_optimizer)
+        return error_set(why, whylen,
+                         KEY_trainer_survive_trainer_loss " with " KEY_actor_megatron_use_distributed_optimizer
+                                                          " (ZeRO-1) and " KEY_trainer_device
+                                                          "=%s is not covered yet: ZeRO-1's blocks are kept on the "
+                                                          "CPU only%s",
                          config_device(cfg), not_yet);
     struct {
         int size;
@@ -129,6 +140,11 @@ int survive_check(const struct grpo_config *cfg, const struct placement_spec *sp
                          " with %s=%d and " KEY_actor_megatron_use_distributed_optimizer
                          " (ZeRO-1) is not covered yet%s",
                          model_key, model_size, not_yet);
+    if (split_model && gpu)
+        return error_set(why, whylen,
+                         KEY_trainer_survive_trainer_loss " with %s=%d and " KEY_trainer_device
+                                                          "=%s is not covered yet%s",
+                         model_key, model_size, config_device(cfg), not_yet);
     if (split_model && cfg->grpod_endpoint && cfg->grpod_endpoint[0])
         return error_set(why, whylen,
                          KEY_trainer_survive_trainer_loss " with %s=%d under grpod (" KEY_grpod_endpoint
@@ -624,6 +640,14 @@ static int recover(void *ud)
     }
     if (split_model)
         trainer_reform_groups(s->t, g.tp, g.pp, s->mp);
+    if (trainer_dp_device_group(s->t)) { /* on GPUs: DP's NCCL twin, made again over the survivors */
+        watch(s, trainer_dp_device_group(s->t));
+        if (env->rank == 0)
+            log_info("survive",
+                     "the lost group's NCCL communicators aborted; a new one over the %d survivors (its unique id "
+                     "from their rank 0 over their shrunk MPI group)",
+                     at.dp_size);
+    }
     /* a spare that joins takes part with no snapshot (with ZeRO-1 the re-sharding is collective) */
     if (trainer_snapshot_restore(s->t, joins ? NULL : snap, lost, lost_trainers, err, sizeof err) != 0) {
         log_error("survive", "restoring step %lld's start on %d DP ranks: %s; ending the run", (long long)redo,
@@ -709,6 +733,7 @@ static int recover(void *ud)
 void survive_attach(struct survive *s, struct trainer *t)
 {
     s->t = t;
+    watch(s, trainer_dp_device_group(t)); /* on GPUs: a lost peer found in NCCL is survived too */
     const struct trainer_recovery r = {.ctx = s,
                                        .point = &s->jb,
                                        .step_begin = step_begin,

@@ -17,6 +17,11 @@
  * whole copies redo the step with one DP rank fewer, each rank restoring its own shard; a spare instead takes the
  * lost rank's TP/PP position, that shard's step start broadcast over the position's DP group from a copy that lost
  * no rank (its replica). With no copy left whole (DP 1) the run stops, naming the checkpoint a relaunch takes.
+ * On GPUs (trainer.device=cuda; no spares, no ZeRO-1 there yet) the DP group's NCCL twin is watched too: a loss that
+ * NCCL reports (ncclRemoteError), or that MPI knows of while an NCCL wait goes on (asked beside every such wait), comes
+ * to the same handler; the revoke aborts the communicator (ncclCommAbort), the step's start is copied through host
+ * memory, and after the shrink the survivors make a new communicator, its unique id from their rank 0 over their
+ * shrunk MPI group.
  *
  * Where it sits: the trainer's run loop comes back to the start of its step (survive_jmp, a setjmp at each step's
  * start); the collective plane hands a lost peer to this module (comm_set_peer_lost_handler); the trainer's state
@@ -35,9 +40,10 @@ struct role_env;
 struct trainer;
 
 /* Whether this run may turn trainer.survive_trainer_loss on: 0, or -1 with why naming what is not covered (an MPI
- * without ULFM, a launch without --with-ft ulfm, GPUs, SP/CP, EP, rollout TP, rollout ranks; TP or PP with ZeRO-1,
- * under grpod, or with spares and LoRA). colocated: every rank generates and trains (no rollout split); world: the
- * ranks. Call only with the key on. Under grpod the survivors tell it (struct survive_loss). */
+ * without ULFM, a launch without --with-ft ulfm, SP/CP, EP, rollout TP, rollout ranks; TP or PP with ZeRO-1,
+ * under grpod, on GPUs or with spares and LoRA; on GPUs spares and ZeRO-1). colocated: every rank generates and
+ * trains (no rollout split); world: the ranks. Call only with the key on. Under grpod the survivors tell it (struct
+ * survive_loss). */
 int survive_check(const struct grpo_config *cfg, const struct placement_spec *spec, bool colocated, int world,
                   char *why, size_t whylen);
 
@@ -67,10 +73,11 @@ void survive_free(struct survive *s);
  * RANK, at POINT of step STEP, write its pid to FILE.held and hold while FILE exists (at most 10 minutes), so that a
  * test kills it there and not at a time a machine's speed decides. The points: "gen" (its generation done),
  * "logprob" (its old log-probs taken, the reference's not), "allreduce" (its all-reduce of the step's gradients
- * started, not waited for, through comm_set_test_hold), "optim" (a mini-batch's gradients summed, its optimizer step
+ * started, not waited for, through comm_set_test_hold), "allreduce-start" (its first gradient bucket's all-reduce of
+ * the step not started: its peers wait on it in theirs), "optim" (a mini-batch's gradients summed, its optimizer step
  * not taken), "spare" (a spare about to wait at the start of step STEP), "ckpt" (in the step's checkpoint: the lead
- * with the weights and optimizer state written, not moved into place; another rank in its part). Each once per process;
- * a test that kills twice removes FILE.held before it kills (the next victim writes it anew). */
+ * with the weights and optimizer state written, not moved into place; another rank in its part). Each once per
+ * process; a test that kills twice removes FILE.held before it kills (the next victim writes it anew). */
 void survive_test_hold(const char *point);
 
 #endif

@@ -206,11 +206,15 @@ struct trainer_recovery {
     void (*disarm)(void *ctx);               /* past the last step: a loss ends the job */
 };
 void trainer_set_recovery(struct trainer *t, const struct trainer_recovery *r);
+/* The NCCL twin of the DP group that sums the gradients in device memory (trainer.device=cuda, a GPU per DP rank),
+ * or NULL: a lost peer found in it is survived as in the MPI groups (comm_ft_watch). */
+struct comm *trainer_dp_device_group(const struct trainer *t);
 /* Whether the optimizer state is sharded over DP (ZeRO-1). */
 bool trainer_zero1(const struct trainer *t);
 /* The trainer's state at the start of a step (weights, AdamW's moments and count, the run state with the data
- * cursor), in host memory: taken at the start of step global_step + 1, restored to redo that step. With ZeRO-1
- * taking it is a collective of the DP group (each rank's block of the moments copied to the next rank too). */
+ * cursor), in host memory (on a GPU copied out of device memory and back): taken at the start of step global_step
+ * + 1, restored to redo that step. With ZeRO-1 taking it is a collective of the DP group (each rank's block of the
+ * moments copied to the next rank too). */
 struct trainer_snapshot;
 struct trainer_snapshot *trainer_snapshot_new(void);
 void trainer_snapshot_take(struct trainer *t, struct trainer_snapshot *s);
@@ -235,8 +239,9 @@ void trainer_snapshot_free(struct trainer_snapshot *s);
  * from it. A collective of the DP group. The bytes broadcast. */
 size_t trainer_state_share(struct trainer *t, int root);
 /* Move the trainer onto the survivors' groups: all (every trainer) and dp (plain DP: the same ranks), this rank
- * dp_rank of dp_size; the gradient buckets and micro-batch sizes follow, the interrupted step's buffers go. 0, or
- * -1 with err. */
+ * dp_rank of dp_size; the gradient buckets and micro-batch sizes follow, the interrupted step's buffers go. On GPUs
+ * the lost group's NCCL twin (aborted by the loss's comm_revoke) is freed and a new one made over dp (its rank 0's
+ * new unique id handed over dp's MPI twin): a collective of dp. 0, or -1 with err. */
 int trainer_reform(struct trainer *t, struct comm *all, struct comm *dp, int dp_rank, int dp_size, char *err,
                    size_t errlen);
 /* TP or PP (after trainer_reform): the model copy's groups of the survivors' layout, the same position (TP rank,

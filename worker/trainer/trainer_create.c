@@ -129,7 +129,7 @@ static double device_peak_flops(const struct kctx *K)
 
 /* trainer.device=cuda with other DP ranks: the gradients' group. NCCL where every DP rank has a GPU of its own;
  * where some share one (NCCL refuses two ranks on a GPU), MPI over a host copy. */
-static void device_dp_setup(struct trainer *t)
+void trainer_device_dp_setup(struct trainer *t)
 {
     if (!trainer_on_device(t) || t->lay.dp_size < 2)
         return;
@@ -525,7 +525,7 @@ static int setup_optimizer(struct trainer *t, char *err, size_t errlen)
     t->warmup = cfg->actor_optim_lr_warmup_steps >= 0 ? cfg->actor_optim_lr_warmup_steps
                                                       : (int64_t)(cfg->actor_optim_lr_warmup_steps_ratio * grpo_steps);
     t->peak_flops = trainer_on_device(t) ? device_peak_flops(t->policy->K) : measure_peak_flops();
-    device_dp_setup(t);
+    trainer_device_dp_setup(t);
     if (trainer_on_device(t) &&
         (t->lay.ep || t->lay.cp)) /* EP's expert sums, DP x CP's: MPI groups, through the host */
         trainer_host_buffer(t);

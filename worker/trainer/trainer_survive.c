@@ -1,11 +1,12 @@
 /* The trainer's part in surviving a lost trainer rank (trainer.survive_trainer_loss; the policy is
  * worker/survive/survive.c's): its state at the start of a step, kept so that an interrupted step can be redone from
- * there, and its layout moved onto the survivors' smaller DP group. On the CPU only (the survive module refuses the
- * rest); in plain data parallelism every rank holds the whole policy and optimizer state, so each survivor's own
- * copy of a step's start is the run's. With TP or PP (model copies) each rank holds its shard's whole state, so
- * its own copy is its shard's; a spare that takes a lost rank's place becomes that shard (trainer_join_shard) and
- * takes its values from a replica (trainer_state_share, trainer_ref_share); a rank whose copy lost a rank leaves
- * (trainer_leave). */
+ * there, and its layout moved onto the survivors' smaller DP group. On the CPU, and on GPUs (trainer.device=cuda)
+ * for plain DP (the survive module refuses the rest; on GPUs the step's start is copied to host memory and back, and
+ * the DP group's NCCL twin is made again over the survivors). In plain data parallelism every rank holds the whole
+ * policy and optimizer state, so each survivor's own copy of a step's start is the run's (with ZeRO-1 each block's
+ * copy on the next rank). With TP or PP (model copies) each rank holds its shard's whole state, so its own copy is
+ * its shard's; a spare that takes a lost rank's place becomes that shard (trainer_join_shard) and takes its values
+ * from a replica (trainer_state_share, trainer_ref_share); a rank whose copy lost a rank leaves (trainer_leave). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,6 +81,22 @@ static void mirror_block(struct trainer *t, struct trainer_snapshot *s)
     comm_sendrecv(z->dp, t->opt->v, t->opt->n, next, s->mv, s->mhi - s->mlo, prev, COMM_F32);
 }
 
+/* bytes of K's memory at src to host memory at dst, and back (a GPU's through its copies; the CPU's in place) */
+static void state_to_host(struct kctx *K, void *dst, const void *src, size_t bytes)
+{
+    if (K->device == KDEV_CPU)
+        memcpy(dst, src, bytes);
+    else
+        k_to_host(K, dst, src, bytes);
+}
+static void state_to_device(struct kctx *K, void *dst, const void *src, size_t bytes)
+{
+    if (K->device == KDEV_CPU)
+        memcpy(dst, src, bytes);
+    else
+        k_to_device(K, dst, src, bytes);
+}
+
 void trainer_snapshot_take(struct trainer *t, struct trainer_snapshot *s)
 {
     const struct trainable tr = model_trainable(t->policy);
@@ -93,10 +110,10 @@ void trainer_snapshot_take(struct trainer *t, struct trainer_snapshot *s)
         s->v = xmalloc((nb + 1) * sizeof(float));
     }
     s->step = -1; /* whole only once taken */
-    /* host memory on the CPU (GPUs are refused: their state would be copied through the host) */
-    memcpy(s->params, tr.params, tr.n * sizeof(float));
-    memcpy(s->m, t->opt->m, nb * sizeof(float));
-    memcpy(s->v, t->opt->v, nb * sizeof(float));
+    /* host memory (a GPU's state copied out: ZeRO-1 on GPUs is refused, its block copies are the CPU's) */
+    state_to_host(t->policy->K, s->params, tr.params, tr.n * sizeof(float));
+    state_to_host(t->opt->K, s->m, t->opt->m, nb * sizeof(float));
+    state_to_host(t->opt->K, s->v, t->opt->v, nb * sizeof(float));
     s->opt_t = t->opt->t;
     s->st = t->st;
     s->zero = t->zero != NULL;
@@ -143,13 +160,13 @@ int trainer_snapshot_restore(struct trainer *t, const struct trainer_snapshot *s
             reshard(t, adamw_create(tr.n, t->opt->beta1, t->opt->beta2, t->opt->eps, t->opt->weight_decay), 0);
         return 0;
     }
-    memcpy(tr.params, s->params, tr.n * sizeof(float));
+    state_to_device(t->policy->K, tr.params, s->params, tr.n * sizeof(float));
     t->st = s->st;
     /* the prompts drawn since (the interrupted step's) are drawn again */
     data_cursor_seek(&t->cursor, (long)t->st.epoch, (int)t->st.cursor);
     if (!s->zero) {
-        memcpy(t->opt->m, s->m, tr.n * sizeof(float));
-        memcpy(t->opt->v, s->v, tr.n * sizeof(float));
+        state_to_device(t->opt->K, t->opt->m, s->m, tr.n * sizeof(float));
+        state_to_device(t->opt->K, t->opt->v, s->v, tr.n * sizeof(float));
         t->opt->t = s->opt_t;
         return 0;
     }
@@ -210,6 +227,12 @@ int trainer_reform(struct trainer *t, struct comm *all, struct comm *dp, int dp_
     model_set_layer_grads_hook(t->policy, NULL, NULL);
     grad_reducer_free(t->overlap);
     t->overlap = NULL;
+    /* on GPUs the lost group's NCCL twin (aborted when the loss was found: its queued sums dropped) goes, and the
+     * survivors make a new one over dp: its rank 0 a new unique id, handed to the others over dp's MPI twin */
+    if (t->dp_dev)
+        comm_free(t->dp_dev);
+    t->dp_dev = NULL;
+    trainer_device_dp_setup(t);
     trainer_overlap_setup(t);
     /* whatever the interrupted step held (gradients, activations, KV caches) starts again empty */
     model_free_grads(t->policy);
@@ -375,3 +398,5 @@ int trainer_reform_records(struct trainer *t, bool lead_lost, char *err, size_t 
 void trainer_set_recovery(struct trainer *t, const struct trainer_recovery *r) { t->rec = *r; }
 
 bool trainer_zero1(const struct trainer *t) { return t->zero != NULL; }
+
+struct comm *trainer_dp_device_group(const struct trainer *t) { return t->dp_dev; }

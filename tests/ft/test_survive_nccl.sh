@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Trainer-loss survival (trainer.survive_trainer_loss) with trainer.device=cuda: 3 colocated plain-DP ranks of this
+# build (against Open MPI 5, CUDA emulated on the CPU: tests/cuemu, a device per rank, CUEMU_DEVICES=3) under
+# scripts/mpirun_ft, the gradients summed over NCCL (worker/comm/comm_nccl.c over the emulated NCCL):
+#  - rank 1 SIGKILLed in step 2's gradient all-reduce on NCCL (its bucket's ncclAllReduce queued, not waited for:
+#    allreduce-start:2:1, a hold the test waits on, not a sleep), with the emulated NCCL told not to notice a dead peer
+#    (CUEMU_NCCL_PEER_LOSS=silent: as NCCL over a node's shared memory or NVLink may not): the survivors' NCCL waits
+#    find the loss through MPI (ULFM) beside them, abort their communicators, shrink, make a new one over the 2
+#    survivors (its unique id from their rank 0 over their shrunk MPI group) and redo step 2;
+#  - the lead (rank 0) SIGKILLed there (allreduce-start:2:0), the emulated NCCL noticing (ncclRemoteError): launch rank 1
+#    leads from step 2 and makes the new communicator's unique id;
+#  each (2 steps): the run finishes (mpirun exits 0), the log names the lost rank, the shrink to 2 and the redone
+#  step, the survivors say the loss came to them in NCCL's wait and that the new communicator was made and summed
+#  the redone step's gradients, the weights equal the one-process run's on the device within 1e-5 (every DP layout
+#  reproduces it, so DP 3 for step 1 and DP 2 for step 2 does too), the audit files hold every group of every step
+#  exactly rollout.n times, metrics.jsonl each step once;
+#  - refused by name on the device: spares, and ZeRO-1.
+# Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
+set -u
+. "$(dirname "$0")/../lib.sh" grpo-ft-nccl
+STEPS=2
+# shellcheck source=tests/ft/survive_lib.sh
+. "$(dirname "$0")/survive_lib.sh"
+survive_start
+export CUEMU_DEVICES=3 CUEMU_NCCL_PEER_LOSS=notice
+MPIRUN+=(-x CUEMU_DEVICES -x CUEMU_NCCL_PEER_LOSS)
+
+# shellcheck disable=SC2046 # keys' words are the keys
+timeout "$(scaled 120)" "${MPIRUN[@]}" -np 1 grpo-worker $(keys one) trainer.device=cuda >"$TMP/one.log" 2>&1
+expect "one process on the device: $STEPS steps" $?
+says "$TMP/one.log" "model: kernels: cuda:0"
+expect "one process: the policy runs on the (emulated) device" $?
+
+# killed RANK HOW: 3 ranks on the device whose rank RANK holds in step 2's gradient all-reduce and is SIGKILLed
+# there; HOW: the emulated NCCL's CUEMU_NCCL_PEER_LOSS (notice or silent)
+killed() {
+    local name="nccl-$1-$2"
+    CUEMU_NCCL_PEER_LOSS=$2 start_held "$name" 3 "allreduce-start:2:$1" trainer.device=cuda
+    kill_held "$name" "rank $1 in step 2's all-reduce on NCCL"
+    wait "$JOB"
+    expect "$name: the run finishes without rank $1 (mpirun exits 0)" $?
+    says "$TMP/$name.log" "3 DP ranks on GPUs: gradients summed over NCCL, in device memory"
+    expect "$name: the gradients were summed over NCCL" $?
+    survived "$name" 2 "$1" 2
+    local found rc
+    grep -aEq "\] survive: step 2: NCCL all-reduce \(a gradient bucket\) over 3 ranks \(this is rank [0-9]\): a peer is lost \($3" \
+        "$TMP/$name.log"
+    rc=$?
+    # each survivor's word: where the loss came from
+    found="$(grep -aoE "\[rank [0-9]\] survive: step 2: NCCL .*a peer is lost \(.*, after [0-9.]+ s\)" "$TMP/$name.log" |
+        sed -E 's/ survive: step 2: NCCL .*a peer is lost / /' | tr '\n' ' ')"
+    expect "$name: a survivor found the loss in its NCCL wait ($3...: ${found% })" $rc
+    says "$TMP/$name.log" "the lost group's NCCL communicators aborted; a new one over the 2 survivors"
+    expect "$name: the survivors made a new NCCL communicator" $?
+    says "$TMP/$name.log" "2 DP ranks on GPUs: gradients summed over NCCL, in device memory"
+    expect "$name: the redone step's gradients summed over the new NCCL communicator" $?
+    same_as_one "$name"
+    metrics_once "$name"
+}
+# NCCL does not notice: MPI's word, asked beside the wait
+killed 1 silent "MPI: "
+# NCCL notices too (the emulator's ncclRemoteError; MPI may say it first); the lead lost
+killed 0 notice "(NCCL|MPI): "
+says "$TMP/nccl-0-notice.log" "the lead (rank 0) lost: rank 1 leads from step 2"
+expect "nccl-0-notice: launch rank 1 leads from step 2" $?
+
+# refused by name on the device
+# shellcheck disable=SC2046
+timeout "$(scaled 120)" "${MPIRUN[@]}" -np 3 grpo-worker $(keys spare) trainer.device=cuda \
+    trainer.nnodes=1 trainer.n_gpus_per_node=2 trainer.survive_trainer_loss=true trainer.survive_spare_ranks=1 \
+    >"$TMP/spare.log" 2>&1
+[ $? -ne 0 ] && says "$TMP/spare.log" \
+    "trainer.survive_spare_ranks with trainer.device=cuda is not covered yet"
+expect "spares on the device: refused, naming the keys" $?
+# shellcheck disable=SC2046
+timeout "$(scaled 120)" "${MPIRUN[@]}" -np 2 grpo-worker $(keys zero) trainer.device=cuda \
+    $(survive_keys 2) actor_rollout_ref.actor.megatron.use_distributed_optimizer=true >"$TMP/zero.log" 2>&1
+[ $? -ne 0 ] && says "$TMP/zero.log" \
+    "trainer.survive_trainer_loss with actor_rollout_ref.actor.megatron.use_distributed_optimizer (ZeRO-1) and trainer.device=cuda is not covered yet"
+expect "ZeRO-1 on the device: refused, naming the keys" $?
+finish
