@@ -79,11 +79,13 @@ cut_at_step3() {
     # found by the detector, re-formed, step 3 redone, the run's end (the lead's last line)
     lost_found() { grep -q "rank 2 lost at step 3" "$TMP/$name.log"; }
     wait_alive 60 "$JOB" lost_found
-    expect "$name: the survivors found rank 2 lost ($(since "$KILL_T0") s after the cut)" $?
+    rc=$? # (before the expansion below, which sets $? anew)
+    expect "$name: the survivors found rank 2 lost ($(since "$KILL_T0") s after the cut)" $rc
     survived "$name" 3 2 2
     run_ended() { grep -q "$RUN_END" "$TMP/$name.log"; }
     wait_alive 120 "$JOB" run_ended
-    expect "$name: the lead logged the run's end ('$RUN_END', $(since "$KILL_T0") s after the cut)" $?
+    rc=$?
+    expect "$name: the lead logged the run's end ('$RUN_END', $(since "$KILL_T0") s after the cut)" $rc
     if [ "$how" = link ]; then
         kill -0 "$victim" 2>/dev/null
         expect "$name: rank 2 still lives on hostb, cut off (its loss was the link's, not its death)" $?
@@ -92,7 +94,8 @@ cut_at_step3() {
     # the job's end: PRRTE's keepalive gives hostb's daemon up
     ended() { ! kill -0 "$JOB" 2>/dev/null; }
     wait_for $((KA_TIME + 60)) ended
-    expect "$name: mpirun ends ($(since "$KILL_T0") s after the cut)" $?
+    rc=$?
+    expect "$name: mpirun ends ($(since "$KILL_T0") s after the cut)" $rc
     wait "$JOB"
     rc=$?
     [ $rc = 0 ]
