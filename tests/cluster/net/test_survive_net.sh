@@ -12,14 +12,14 @@
 #    process's within 1e-5 (every DP layout reproduces it, the survivors' DP 2 from step 3 on too), the audit files
 #    hold every group of every step exactly rollout.n times, metrics.jsonl each step once;
 #  - the job's end: Open MPI 5.0's runtime (PRRTE 3.0) cannot end a job normally while a host's daemon is
-#    unreachable: the survivors' MPI_Finalize does not return (each ends by itself 20 s into it: the worker's
-#    guard, "MPI_Finalize has not returned in 20 s"), and PRRTE ends the whole job once its TCP keepalive on the
+#    unreachable: the survivors' MPI_Finalize does not return (the worker's guard would end each 20 s into it,
+#    "MPI_Finalize has not returned in 20 s"), and PRRTE ends the whole job once its TCP keepalive on the
 #    daemon's connection gives up ("PRTE has lost communication with a remote daemon"; the default is after
 #    300 s of silence and 9 probes 20 s apart). Checked: PRRTE's message comes after the lead logged the run's
 #    end (the survivors had finished their work and were in MPI_Finalize), and mpirun exits 0 (as it does when
 #    the lost daemon ends a job mid-run: docs/operations.md, "Across hosts"). The keepalive here (13 s of silence
 #    and 3 probes 2 s apart on a quiet machine: the daemon given up about 19 s after the cut) falls between the
-#    run's end (about 9 s after the cut: the detector's 5 s, the redone step and two more) and the survivors'
+#    run's end (6 to 9 s after the cut: the detector's 5 s, the redone step and two more) and the survivors'
 #    guards 20 s later: a survivor that ended by itself first was seen to leave mpirun waiting (193 s, ended by
 #    something not traced) instead of the keepalive ending it. Its time grows with GRPO_TEST_TIME_SCALE as the
 #    steps do (10 + 3 x the factor).
