@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Trainer-loss survival across the namespace hosts (hosts_lib.sh: real sshd, one network each): 3 colocated
+# plain-DP ranks of build-ft's worker under Open MPI 5 with ULFM (scripts/mpirun_ft, its prted started on the
+# remote host through the suite's ssh), ranks 0 and 1 on hosta (mpirun's host), rank 2 on hostb. Rank 2 holds at
+# step 3 with its generation done (GRPO_TEST_KILL_AT=gen:3:2: its peers wait for it) and hostb's link is cut
+# there (an event: the hold file, not a sleep), twice: "netcut", the link alone (rank 2 lives on, cut off), and
+# "crash", hostb crashing (host_crash: its link cut, then every process on it killed, its Open MPI daemon too).
+# hostb stays cut off to the job's end. In each:
+#  - the survivors find the loss through Open MPI's heartbeat failure detector (mpi_ft_detector with its own
+#    thread: the held rank's heartbeats go on until the cut, so the loss found is the cut's), re-form and redo
+#    step 3 with 2 DP ranks, and train to the last step: the lead logs the run's end, the final weights equal one
+#    process's within 1e-5 (every DP layout reproduces it, the survivors' DP 2 from step 3 on too), the audit files
+#    hold every group of every step exactly rollout.n times, metrics.jsonl each step once;
+#  - the job's end: Open MPI 5.0's runtime (PRRTE 3.0) cannot end a job normally while a host's daemon is
+#    unreachable: the survivors' MPI_Finalize does not return (the worker's guard would end each 20 s into it,
+#    "MPI_Finalize has not returned in 20 s"), and PRRTE ends the whole job once its TCP keepalive on the
+#    daemon's connection gives up ("PRTE has lost communication with a remote daemon"; the default is after
+#    300 s of silence and 9 probes 20 s apart). Checked: PRRTE's message comes after the lead logged the run's
+#    end (the survivors had finished their work and were in MPI_Finalize), and mpirun exits 0 (as it does when
+#    the lost daemon ends a job mid-run: docs/operations.md, "Across hosts"). The keepalive here (13 s of silence
+#    and 3 probes 2 s apart on a quiet machine: the daemon given up about 19 s after the cut) falls between the
+#    run's end (6 to 9 s after the cut: the detector's 5 s, the redone step and two more) and the survivors'
+#    guards 20 s later: a survivor that ended by itself first was seen to leave mpirun waiting (193 s, ended by
+#    something not traced) instead of the keepalive ending it. Its time grows with GRPO_TEST_TIME_SCALE as the
+#    steps do (10 + 3 x the factor).
+# Root (network namespaces) and Open MPI 5 (scripts/ompi5_env.sh) needed, else exit 77.
+set -u
+. "$(dirname "$0")/hosts_lib.sh" grpo-ft-survive-net
+# shellcheck source=tests/ft/survive_lib.sh
+. "$SRC_ROOT/tests/ft/survive_lib.sh"
+[ "$(id -u)" = 0 ] || skip "the cluster suite makes network namespaces: it needs root"
+survive_start
+HOST_PROGRAMS=("$WORKER" "$OMPI5_PREFIX/bin/prted") HOST_FILES=("$SCORER")
+hosts_up || finish
+[ "$MPI_AGENT" = ssh ] || skip "no sshd on the hosts: the rsh agent enters hostb itself, not a faithful remote start"
+
+# the detector: heartbeats every second from a thread of each rank, a rank suspected after 5 s without one (the
+# held rank's thread heartbeats on while it holds; a bound of a few seconds keeps a busy 2-core machine from
+# suspecting a live rank; not scaled: the keepalive's window below counts on it); PRRTE's keepalive on its
+# daemons' connections: what ends the job (above)
+DET_TIMEOUT=5
+KA_TIME=$(awk -v f="$TIME_SCALE" 'BEGIN { v = 10 + 3 * f; r = int(v); if (r < v) r++; print r }')
+NETFT=(--prefix "$OMPI5_PREFIX" --mca plm_rsh_agent "$MPI_AGENT_CMD" --oversubscribe --bind-to none
+    --mca oob_tcp_if_include "$NET.0/24" --mca btl_tcp_if_include "$NET.0/24"
+    --mca mpi_ft_detector true --mca mpi_ft_detector_thread true --mca mpi_ft_detector_period 1
+    --mca mpi_ft_detector_timeout "$DET_TIMEOUT"
+    --prtemca oob_tcp_keepalive_time "$KA_TIME" --prtemca oob_tcp_keepalive_intvl 2 --prtemca oob_tcp_keepalive_probes 3
+    -x OPENBLAS_NUM_THREADS -x OMP_NUM_THREADS -x GRPO_COMM_SYNC_SENDS=1)
+
+# the reference: one process, in the root namespace
+# shellcheck disable=SC2046 # keys' words are the keys
+timeout "$(scaled 120)" "${MPIRUN[@]}" -np 1 grpo-worker $(keys one) >"$TMP/one.log" 2>&1
+expect "one process: $STEPS steps" $?
+
+# cut NAME HOW: the run of 3 ranks, rank 2 held at step 3's generation on hostb; then HOW: "link" (hostb's link cut,
+# every process on it left running: rank 2 lives on, cut off) or "crash" (host_crash: the link cut first, then every
+# process on hostb SIGKILLed, its prted and sshd too); hostb stays cut off to the end of the job; the checks above
+cut_at_step3() {
+    local name="$1" how="$2" victim rc
+    HOLD="$TMP/hold-$name"
+    touch "$HOLD"
+    # shellcheck disable=SC2046 # keys' words are the keys
+    on hosta env GRPO_TEST_KILL_AT=gen:3:2 GRPO_TEST_HOLD_FILE="$HOLD" timeout "$(scaled 300)" \
+        "$SRC_ROOT/scripts/mpirun_ft" "${NETFT[@]}" -x GRPO_TEST_KILL_AT -x GRPO_TEST_HOLD_FILE \
+        --host hosta:2,hostb:1 -np 3 grpo-worker $(keys "$name") $(survive_keys 3) trainer.log_level=info \
+        >"$TMP/$name.log" 2>&1 &
+    JOB=$!
+    track "$JOB"
+    wait_for 150 held_or_ended
+    victim="$(cat "$HOLD.held" 2>/dev/null)"
+    [ -n "$victim" ] && [ "$(ip netns identify "$victim" 2>/dev/null)" = "$NS_PREFIX-hostb" ]
+    expect "$name: rank 2 holds at step 3's generation on hostb (pid ${victim:-none})" $?
+    KILL_T0="$(date -u +%s.%N)"
+    case "$how" in
+    link) link_down hostb; expect "$name: hostb's link cut" $? ;;
+    crash) host_crash hostb; expect "$name: hostb crashed (its link cut, then every process on it killed)" $? ;;
+    esac
+
+    # found by the detector, re-formed, step 3 redone, the run's end (the lead's last line)
+    lost_found() { grep -q "rank 2 lost at step 3" "$TMP/$name.log"; }
+    wait_alive 60 "$JOB" lost_found
+    rc=$? # (before the expansion below, which sets $? anew)
+    expect "$name: the survivors found rank 2 lost ($(since "$KILL_T0") s after the cut)" $rc
+    survived "$name" 3 2 2
+    run_ended() { grep -q "$RUN_END" "$TMP/$name.log"; }
+    wait_alive 120 "$JOB" run_ended
+    rc=$?
+    expect "$name: the lead logged the run's end ('$RUN_END', $(since "$KILL_T0") s after the cut)" $rc
+    if [ "$how" = link ]; then
+        kill -0 "$victim" 2>/dev/null
+        expect "$name: rank 2 still lives on hostb, cut off (its loss was the link's, not its death)" $?
+    fi
+
+    # the job's end: PRRTE's keepalive gives hostb's daemon up
+    ended() { ! kill -0 "$JOB" 2>/dev/null; }
+    wait_for $((KA_TIME + 60)) ended
+    rc=$?
+    expect "$name: mpirun ends ($(since "$KILL_T0") s after the cut)" $rc
+    wait "$JOB"
+    rc=$?
+    [ $rc = 0 ]
+    expect "$name: mpirun exits 0 (exit $rc)" $?
+    python3 -c 'import sys
+log = open(sys.argv[1], errors="replace").read()
+end, lost = log.find(sys.argv[2]), log.find("PRTE has lost communication with a remote daemon")
+sys.exit(0 if 0 <= end < lost else f"the run end at {end} of the log, the lost daemon at {lost}")' "$TMP/$name.log" "$RUN_END"
+    expect "$name: PRRTE ended the job for hostb's lost daemon after the run's end" $?
+    same_as_one "$name"
+    metrics_once "$name"
+    # hostb back for the next case: every process on it ended (rank 2 and its daemon, cut off), its link up, its
+    # sshd started again
+    ip netns pids "$NS_PREFIX-hostb" | xargs -r kill -9
+    host_boot hostb
+    expect "$name: hostb up again" $?
+}
+# since T0: seconds from T0 (date +%s.%N) to now
+since() { python3 -c 'import sys, time; print(f"{time.time() - float(sys.argv[1]):.1f}")' "$1"; }
+RUN_END="run finished at step $STEPS"
+cut_at_step3 netcut link
+cut_at_step3 crash crash
+finish
