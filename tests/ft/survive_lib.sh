@@ -12,6 +12,8 @@
 #                       survive.h), a hold file $TMP/hold-NAME; JOB its mpirun, log $TMP/NAME.log
 #   kill_held NAME WHAT the next held rank SIGKILLed (its FILE.held removed first, so the next victim writes its
 #                       own): a check; KILL_T0 the kill's time
+#   kill_twice NAME FIRST SECOND  two held ranks killed in turn (kill_held), T_FIRST the first kill's time, then
+#                       the job waited for (its status)
 #   survived NAME STEP RANK LEFT [T0]  the checks that rank RANK's loss was found in step STEP and survived there
 #                       by LEFT DP ranks (the log's words), and how long after the kill (at T0, default KILL_T0) the
 #                       redone step completed
@@ -66,6 +68,14 @@ start_held() {
     track "$JOB"
 }
 
+# kill_twice NAME FIRST SECOND: the two held victims of NAME's run (start_held with two holds) SIGKILLed in turn
+# (kill_held), the first kill's time in T_FIRST; then the job waited for: its status
+kill_twice() {
+    kill_held "$1" "$2"
+    T_FIRST="$KILL_T0"
+    kill_held "$1" "$3"
+    wait "$JOB"
+}
 held_or_ended() { [ -s "$HOLD.held" ] || ! kill -0 "$JOB" 2>/dev/null; }
 kill_held() {
     wait_for 150 held_or_ended

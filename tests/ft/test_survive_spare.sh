@@ -72,12 +72,9 @@ same_as_one lead
 metrics_once lead
 
 start_held twice 4 gen:2:2,allreduce:4:1
-kill_held twice "rank 2 at gen of step 2"
-t_first="$KILL_T0"
-kill_held twice "rank 1 in step 4's all-reduce"
-wait "$JOB"
+kill_twice twice "rank 2 at gen of step 2" "rank 1 in step 4's all-reduce"
 expect "twice: the run finishes without ranks 2 and 1 (mpirun exits 0)" $?
-survived twice 2 2 3 "$t_first"
+survived twice 2 2 3 "$T_FIRST"
 says "$TMP/twice.log" "spare (launch rank 3) joined as DP rank 2 of 3 for step 2"
 expect "twice: the spare took rank 2's place at step 2" $?
 survived twice 4 1 2

@@ -68,12 +68,9 @@ copy_left pp 2 3 1 1 2
 # two losses: DP 3 x TP 2 on 6 ranks, rank 5 at step 2 (DP rank 2's copy leaves, launch rank 4 idle), then rank 0
 # at step 4 (the lead's copy leaves, launch rank 1 idle too; launch rank 2 leads): DP 3 -> 2 -> 1
 start_held twice 6 gen:2:5,optim:4:0 "$TP=2"
-kill_held twice "rank 5 at gen of step 2"
-t_first="$KILL_T0"
-kill_held twice "the lead at the optimizer step of step 4"
-wait "$JOB"
+kill_twice twice "rank 5 at gen of step 2" "the lead at the optimizer step of step 4"
 expect "twice: DP 3 x TP 2, the run finishes without ranks 5 and 0 (mpirun exits 0)" $?
-survived twice 2 5 2 "$t_first"
+survived twice 2 5 2 "$T_FIRST"
 says "$TMP/twice.log" "rank 5 lost at step 2; 2 DP ranks go on, step 2 redone (of 3 DP ranks, 2 survive; TP 2 x PP 1: the copy that lost it left, launch rank 4 idle)"
 expect "twice: DP 3 -> 2 at step 2, launch rank 4 idle" $?
 survived twice 4 0 1

@@ -18,12 +18,9 @@ timeout "$(scaled 120)" "${MPIRUN[@]}" -np 1 grpo-worker $(keys one) >"$TMP/one.
 expect "one process: $STEPS steps" $?
 
 start_held twice 4 gen:2:3,allreduce:4:1
-kill_held twice "rank 3 at gen of step 2"
-t_first="$KILL_T0"
-kill_held twice "rank 1 in step 4's all-reduce"
-wait "$JOB"
+kill_twice twice "rank 3 at gen of step 2" "rank 1 in step 4's all-reduce"
 expect "twice: the run finishes without ranks 3 and 1 (mpirun exits 0)" $?
-survived twice 2 3 3 "$t_first"
+survived twice 2 3 3 "$T_FIRST"
 survived twice 4 1 2
 says "$TMP/twice.log" "(of 4 ranks, 3 survive)" && says "$TMP/twice.log" "(of 3 ranks, 2 survive)"
 expect "twice: 4 ranks -> 3 -> 2" $?

@@ -55,12 +55,9 @@ survived z3 3 1 2
 same_as_ref2 z3
 
 start_held z4 4 gen:2:3,optim:4:1 "$ZERO"
-kill_held z4 "rank 3 at gen of step 2"
-t_first="$KILL_T0"
-kill_held z4 "rank 1 in step 4's optimizer step"
-wait "$JOB"
+kill_twice z4 "rank 3 at gen of step 2" "rank 1 in step 4's optimizer step"
 expect "z4: the run finishes without ranks 3 and 1 (mpirun exits 0)" $?
-survived z4 2 3 3 "$t_first"
+survived z4 2 3 3 "$T_FIRST"
 survived z4 4 1 2
 same_as_ref2 z4
 
