@@ -88,7 +88,7 @@ ck="$TMP/runs$n/grpo/demo/checkpoints/global_step_1/actor/model.safetensors"
 [ $rc -eq 0 ] && [ -f "$ck" ]; expect "a checkpoint to resume from (rc $rc)" $?
 fill "$ck" nan model.norm.weight
 (cd "$TMP" && timeout "$(scaled 120)" "$WORKER" actor_rollout_ref.model.path="$TMP/tiny" trainer.default_local_dir="$TMP/runs$n" \
-    trainer.total_training_steps=2 trainer.test_freq=-1 trainer.val_before_train=false) >"$TMP/resume.out" 2>&1
+    trainer.total_training_steps=2 trainer.test_freq=-1 trainer.val_before_train=false data.synthetic.shots=0) >"$TMP/resume.out" 2>&1
 rc=$?
 clean_fail; expect "resuming a NaN checkpoint is refused (rc $rc)" $?
 says "$TMP/resume.out" "global_step_1/actor/model.safetensors: tensor 'model.norm.weight'"

@@ -66,7 +66,7 @@ PY
 expect "checkpoints keep the per-expert tensors of the Hugging Face layout" $?
 # BF16 GEMMs (the policy moved to a BF16 context keeps the load-balancing loss): the fp32 run's gradient norms
 (cd "$TMP" && timeout "$(scaled 300)" "$WORKER" actor_rollout_ref.model.path="$TMP/mixtral" trainer.default_local_dir="$TMP/bf16" \
-    trainer.total_training_steps=2 trainer.test_freq=-1 trainer.val_before_train=false data.synthetic.num_val=4 \
+    trainer.total_training_steps=2 trainer.test_freq=-1 trainer.val_before_train=false data.synthetic.shots=0 data.synthetic.num_val=4 \
     actor_rollout_ref.actor.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16 \
     actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff=0.5) >"$TMP/bf16.log" 2>&1
 expect "mixtral: two GRPO steps with BF16 GEMMs" $?
@@ -77,7 +77,7 @@ expect "mixtral: BF16's first gradient norm within 3% of fp32's, load-balancing 
 # data parallelism: two colocated ranks (DP 2) give the one-process run's losses, gradient norms and routing
 (cd "$TMP" && timeout "$(scaled 300)" mpirun --oversubscribe --bind-to none -np 2 "$WORKER" \
     actor_rollout_ref.model.path="$TMP/qwen3_moe" trainer.default_local_dir="$TMP/dp2" trainer.total_training_steps=2 \
-    trainer.test_freq=-1 trainer.val_before_train=false data.synthetic.num_val=4 \
+    trainer.test_freq=-1 trainer.val_before_train=false data.synthetic.shots=0 data.synthetic.num_val=4 \
     actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff=0.5) >"$TMP/dp2.log" 2>&1
 expect "qwen3_moe: two GRPO steps under DP 2" $?
 python3 - "$TMP/qwen3_moe-aux/grpo/demo/metrics.jsonl" "$TMP/dp2/grpo/demo/metrics.jsonl" <<'PY'
