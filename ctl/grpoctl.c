@@ -374,7 +374,7 @@ static int reached(Grpo__Command cmd, const Grpo__Status *s, uint64_t ckpt_seq, 
  * keeps). */
 static bool holds_state(const Grpo__WorkerStatus *w)
 {
-    return w->role != GRPO__ROLE__ROLE_ROLLOUT && w->role != GRPO__ROLE__ROLE_SPARE; /* a spare holds none yet */
+    return core_role_holds_state(w->role); /* a spare holds none yet */
 }
 
 /* While a stop is under way: say once which workers are lost (they cannot checkpoint). seen[] is per rank. */

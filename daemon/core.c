@@ -46,6 +46,14 @@ static bool worker_ended(Grpo__WorkerState s)
 
 static bool worker_watched(Grpo__WorkerState s) { return !worker_ended(s) && s != GRPO__WORKER_STATE__WORKER_LOST; }
 
+/* Whether losing this rank (failed, or silent) leaves other ranks waiting in a collective without it, so that the
+ * job cannot go on: a trainer of a split run or a colocated rank in a job of several. A rollout rank is replaceable
+ * and a spare waits in no collective: nobody waits for either. */
+static bool loss_ends_job(const struct core *c, const struct core_worker *w)
+{
+    return core_role_holds_state(w->role) && c->run.world > 1;
+}
+
 Grpo__WorkerState core_worker_shown_state(const struct core_worker *w)
 {
     return w->suspect && worker_watched(w->state) ? GRPO__WORKER_STATE__WORKER_SUSPECT : w->state;
@@ -1214,8 +1222,7 @@ static uint8_t *handle_heartbeat(struct core *c, const Grpo__Envelope *env, doub
             /* a trainer (or colocated rank) that failed leaves its peers waiting in a collective, on whatever host
              * they are: the other ranks are told to end, as when one is lost (its own host's ranks end with it, but
              * mpirun cannot end the others when it keeps the job after a lost rank) */
-            if (w->role != GRPO__ROLE__ROLE_ROLLOUT && w->role != GRPO__ROLE__ROLE_SPARE && c->run.world > 1 &&
-                !c->run.abort[0]) {
+            if (loss_ends_job(c, w) && !c->run.abort[0]) {
                 c->run.abort_at = clock_wall_s();
                 snprintf(c->run.abort, sizeof c->run.abort, "%s rank %d on host %.60s failed: %.200s",
                          w->role == GRPO__ROLE__ROLE_HYBRID ? "colocated" : "trainer", w->rank, w->host, w->error);
@@ -1676,9 +1683,8 @@ void core_tick(struct core *c, double now)
         add_event(c, "rank %d on host %s (pid %d) lost: no heartbeat for %s", w->rank, w->host, w->pid, said);
         /* the trainers of a split run, and colocated ranks, wait for each other in collectives: without the lost
          * one they cannot go on. Tell every other rank to end (their job is relaunched and resumes from the newest
-         * checkpoint). A spare waits in no collective: nobody waits for it. */
-        if (w->role != GRPO__ROLE__ROLE_ROLLOUT && w->role != GRPO__ROLE__ROLE_SPARE && c->run.world > 1 &&
-            !c->run.abort[0]) {
+         * checkpoint). */
+        if (loss_ends_job(c, w) && !c->run.abort[0]) {
             c->run.abort_at = clock_wall_s();
             snprintf(c->run.abort, sizeof c->run.abort, "%s rank %d on host %s lost (no heartbeat for %.1f s)",
                      w->role == GRPO__ROLE__ROLE_HYBRID ? "colocated" : "trainer", w->rank, w->host,

@@ -41,6 +41,8 @@ const char *core_role_name(Grpo__Role r)
     }
 }
 
+bool core_role_holds_state(Grpo__Role r) { return r != GRPO__ROLE__ROLE_ROLLOUT && r != GRPO__ROLE__ROLE_SPARE; }
+
 const char *core_phase_name(Grpo__Phase p)
 {
     static const char *const names[] = {

@@ -114,13 +114,13 @@ struct control {
 const char *control_command_name(enum control_command cmd)
 {
     static const char *n[] = {"none", "pause", "resume", "stop", "checkpoint"};
-    return (unsigned)cmd < 5 ? n[cmd] : "unknown";
+    return (unsigned)cmd < sizeof n / sizeof n[0] ? n[cmd] : "unknown";
 }
 
 const char *control_role_name(enum control_role role)
 {
     static const char *n[] = {"unassigned", "rollout", "trainer", "hybrid", "spare"};
-    return (unsigned)role < 5 ? n[role] : "unknown";
+    return (unsigned)role < sizeof n / sizeof n[0] ? n[role] : "unknown";
 }
 
 uint64_t control_config_digest(const struct grpo_config *cfg)
