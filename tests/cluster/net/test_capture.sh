@@ -40,6 +40,14 @@ now() { date +%s.%N; }
 ctl_json() { on hostc "$GRPOCTL" status --json 2>/dev/null; }
 state() { ctl_json | jq -r .state; }
 both_running() { [ "$(ctl_json | jq '[.workers[] | select(.state == "running")] | length')" = 2 ]; }
+# journal_caught_up: grpod's journal snapshot (run.json: a registration is first a line appended to run.log, and the
+# next run.json holds it, docs/operations.md) holds the running ranks as grpoctl shows them (rank and pid)
+journal_caught_up() {
+    local shown kept
+    shown="$(ctl_json | jq -c '[.workers[] | select(.state == "running") | {rank, pid}] | sort_by(.rank)')"
+    kept="$(jq -c '[.workers[] | select(. != null) | {rank, pid}] | sort_by(.rank)' "$JOURNAL" 2>/dev/null)"
+    [ -n "$shown" ] && [ "$shown" != "[]" ] && [ "$shown" = "$kept" ]
+}
 # launch NAME: the job (the trainer on hosta, the rollout rank on hostb), its samples held while $TMP/hold exists
 launch() {
     # shellcheck disable=SC2046
@@ -64,6 +72,7 @@ touch "$TMP/hold"
 T1=$(now)
 launch launch1
 wait_alive 120 "$MPI_PID" both_running; expect "launch 1: the trainer (hosta) and the rollout rank (hostb) run" $?
+wait_for 30 journal_caught_up; expect "grpod's journal snapshot holds launch 1's ranks" $?
 cp "$JOURNAL" "$TMP/run1.json"
 # launch 1's requests to the dispatcher (the rollout process on hostb to the trainer on hosta), a few captured (it
 # pings every 0.5 s)
@@ -109,6 +118,7 @@ launch launch2
 wait_alive 120 "$MPI_PID" both_running; expect "launch 2 runs" $?
 ctl_json | jq -r '.events[].text' | grep -q "a new launch of run .*epoch 2 (the keys of the launch before are dead)"
 expect "grpod gives launch 2 a fresh data-plane key at epoch 2" $?
+wait_for 30 journal_caught_up; expect "grpod's journal snapshot holds launch 2's ranks" $?
 cp "$JOURNAL" "$TMP/run2.json"
 [ "$(jq -r .run.plane_key "$TMP/run1.json")" != "$(jq -r .run.plane_key "$TMP/run2.json")" ]
 expect "launch 2's run key is not launch 1's" $?

@@ -31,7 +31,9 @@ hosts_up || finish
 # the detector: heartbeats every second from a thread of each rank, a rank suspected after 5 s without one (the
 # held rank's thread heartbeats on while it holds; a bound of a few seconds keeps a busy 2-core machine from
 # suspecting a live rank)
-DET_TIMEOUT=5
+# (scaled: a rank's start lagging its peers' by more than the timeout on a loaded machine is most likely what once
+# crashed a rank in MPI_Init, docs/operations.md)
+DET_TIMEOUT="$(scaled 5)"
 NETFT=(--prefix "$OMPI5_PREFIX" --mca plm_rsh_agent "$MPI_AGENT_CMD" --oversubscribe --bind-to none
     --mca oob_tcp_if_include "$NET.0/24" --mca btl_tcp_if_include "$NET.0/24"
     --mca mpi_ft_detector true --mca mpi_ft_detector_thread true --mca mpi_ft_detector_period 1
@@ -54,6 +56,7 @@ cut_at_step3() {
     on hosta env GRPO_TEST_KILL_AT=gen:3:2 GRPO_TEST_HOLD_FILE="$HOLD" timeout "$(scaled 300)" \
         "$SRC_ROOT/scripts/mpirun_ft" "${NETFT[@]}" -x GRPO_TEST_KILL_AT -x GRPO_TEST_HOLD_FILE \
         --host hosta:2,hostb:1 -np 3 grpo-worker $(keys "$name") $(survive_keys 3) trainer.log_level=info \
+        trainer.hang_timeout_s="$(scaled 30)" \
         >"$TMP/$name.log" 2>&1 &
     JOB=$!
     track "$JOB"
@@ -72,6 +75,10 @@ cut_at_step3() {
     wait_alive 60 "$JOB" lost_found
     rc=$? # (before the expansion below, which sets $? anew)
     expect "$name: the survivors found rank 2 lost ($(since "$KILL_T0") s after the cut)" $rc
+    if [ $rc -ne 0 ]; then # where each rank waits: its watchdog's dump (trainer.hang_timeout_s, above)
+        wait_for 30 compgen -G "$TMP/$name/p/e/flight/*stacks*" >/dev/null
+        tail -n 40 "$TMP/$name/p/e/flight/"*stacks* 2>/dev/null
+    fi
     survived "$name" 3 2 2
     run_ended() { grep -q "$RUN_END" "$TMP/$name.log"; }
     wait_alive 120 "$JOB" run_ended
