@@ -15,7 +15,7 @@
 #    is rebuilt from rank 2's copy and the moments re-sharded over the two survivors and the spare (DP stays 3),
 #    the weights one process's;
 #  - the spare itself SIGKILLed while it waits (the "spare" hold): the run finishes, the lead says at the end that the
-#    spare was lost rather than released;
+#    spare was lost rather than released; the same and then rank 2 lost at step 3: no spare joins, DP 3 -> 2;
 #  - refused by name: the key without trainer.survive_trainer_loss.
 # Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
 set -u
@@ -108,6 +108,24 @@ expect "sparelost: the run finishes without its spare (mpirun exits 0)" $?
 says "$TMP/sparelost.log" "spare (launch rank 3) was lost while it waited: nothing to release"
 expect "sparelost: the lead says the spare was lost, not released" $?
 same_as_one sparelost
+# ... and then a trainer lost: no spare is left to join, DP shrinks (the shrink names both)
+# (the trainers go on while the spare holds: rank 2 reaches its own hold before the test takes the spare's, and
+# waits its turn; the test takes the spare's only then, so that one hold overwriting the other would show)
+start_held sparethen 4 spare:1:3,gen:3:2
+second_waits() { has "$TMP/sparethen.log" "at gen of step 3, waiting for another rank's hold to be taken"; }
+wait_for 150 second_waits
+expect "sparethen: rank 2 reaches its hold while the spare's is untaken, and waits its turn" $?
+spare_pid="$(sed -n 's/.*\[rank 3\] survive: test: holding at spare of step 1 .*(pid \([0-9]*\)).*/\1/p' "$TMP/sparethen.log")"
+[ -n "$spare_pid" ] && [ "$(cat "$HOLD.held" 2>/dev/null)" = "$spare_pid" ]
+expect "sparethen: the hold to take first is the spare's (pid ${spare_pid:-none})" $?
+kill_held sparethen "the spare (launch rank 3) at its wait"
+kill_held sparethen "rank 2 at gen of step 3"
+wait "$JOB"
+expect "sparethen: the run finishes without its spare and rank 2 (mpirun exits 0)" $?
+says "$TMP/sparethen.log" "ranks 2 and 3 lost at step 3; 2 DP ranks go on, step 3 redone (of 3 ranks, 2 survive)"
+expect "sparethen: the lost spare joins nobody: DP 3 -> 2 at step 3" $?
+same_as_one sparethen
+
 # refused by name
 # shellcheck disable=SC2046
 timeout "$(scaled 120)" "${MPIRUN[@]}" -np 3 grpo-worker $(keys nokey) trainer.nnodes=1 trainer.n_gpus_per_node=2 \

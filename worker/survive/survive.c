@@ -803,12 +803,25 @@ void survive_test_hold(const char *point)
     h->done = true; /* once */
     char path[4096], tmp[4200];
     snprintf(path, sizeof path, "%s.held", flag);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
     FILE *f = fopen(tmp, "w");
+    bool said = false;
     if (f) {
         fprintf(f, "%d\n", (int)getpid());
         fclose(f);
-        rename(tmp, path); /* the test reads a whole pid or nothing */
+        /* the test reads a whole pid or nothing, one hold at a time: a second process that reaches its hold point
+         * while another's hold is still unread (a spare holds while the trainers go on to theirs) waits until the
+         * test has taken the first (it removes the file before it acts on it), so no hold hides another */
+        for (int i = 0; i < 12000 && access(flag, F_OK) == 0; i++) {
+            if (link(tmp, path) == 0 || errno != EEXIST)
+                break;
+            if (!said)
+                log_info("survive", "test: at %s of step %lld, waiting for another rank's hold to be taken", point,
+                         h->step);
+            said = true;
+            usleep(50000);
+        }
+        unlink(tmp);
     }
     log_info("survive", "test: holding at %s of step %lld while %s exists (pid %d)", point, h->step, flag,
              (int)getpid());
