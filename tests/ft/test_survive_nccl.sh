@@ -14,7 +14,9 @@
 #  the redone step's gradients, the weights equal the one-process run's on the device within 1e-5 (every DP layout
 #  reproduces it, so DP 3 for step 1 and DP 2 for step 2 does too), the audit files hold every group of every step
 #  exactly rollout.n times, metrics.jsonl each step once;
-#  - refused by name on the device: spares, and ZeRO-1.
+#  - a spare (4 ranks, a device each): rank 1 SIGKILLed in step 2's all-reduce, the spare takes its place (its state
+#    from DP rank 0, staged through host memory), a new NCCL communicator over 3, the weights one process's;
+#  - refused by name on the device: ZeRO-1.
 # Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
 set -u
 . "$(dirname "$0")/../lib.sh" grpo-ft-nccl
@@ -64,14 +66,26 @@ killed 0 notice "(NCCL|MPI): "
 says "$TMP/nccl-0-notice.log" "the lead (rank 0) lost: rank 1 leads from step 2"
 expect "nccl-0-notice: launch rank 1 leads from step 2" $?
 
+# a spare on the device: 3 trainers and a spare, a device each; rank 1 SIGKILLed in step 2's all-reduce on NCCL; the
+# spare takes its place (its state from DP rank 0 through host memory), the new NCCL communicator is over 3 again
+# (the spare among them), DP stays 3
+CUEMU_DEVICES=4 CUEMU_NCCL_PEER_LOSS=silent SPARES=1 start_held spare 4 "allreduce-start:2:1" trainer.device=cuda
+kill_held spare "rank 1 in step 2's all-reduce on NCCL"
+wait "$JOB"
+expect "spare: the run finishes without rank 1 (mpirun exits 0)" $?
+survived spare 2 1 3
+says "$TMP/spare.log" "spare (launch rank 3) joined as DP rank 2 of 3 for step 2: took the step's start"
+expect "spare: the spare joined as DP rank 2 for step 2, its state from DP rank 0" $?
+says "$TMP/spare.log" "the lost group's NCCL communicators aborted; a new one over the 3 survivors"
+expect "spare: a new NCCL communicator over the two survivors and the spare" $?
+[ "$(grep -ac "3 DP ranks on GPUs: gradients summed over NCCL, in device memory" "$TMP/spare.log")" -ge 2 ]
+expect "spare: the redone step's gradients summed over NCCL by 3 DP ranks again" $?
+says "$TMP/spare.log" "[rank 3] model: kernels: cuda:3"
+expect "spare: the spare holds its model on a device of its own (cuda:3)" $?
+same_as_one spare
+metrics_once spare
+
 # refused by name on the device
-# shellcheck disable=SC2046
-timeout "$(scaled 120)" "${MPIRUN[@]}" -np 3 grpo-worker $(keys spare) trainer.device=cuda \
-    trainer.nnodes=1 trainer.n_gpus_per_node=2 trainer.survive_trainer_loss=true trainer.survive_spare_ranks=1 \
-    >"$TMP/spare.log" 2>&1
-[ $? -ne 0 ] && says "$TMP/spare.log" \
-    "trainer.survive_spare_ranks with trainer.device=cuda is not covered yet"
-expect "spares on the device: refused, naming the keys" $?
 # shellcheck disable=SC2046
 timeout "$(scaled 120)" "${MPIRUN[@]}" -np 2 grpo-worker $(keys zero) trainer.device=cuda \
     $(survive_keys 2) actor_rollout_ref.actor.megatron.use_distributed_optimizer=true >"$TMP/zero.log" 2>&1

@@ -90,7 +90,7 @@ int survive_check(const struct grpo_config *cfg, const struct placement_spec *sp
                   char *why, size_t whylen)
 {
     const char *not_yet = "; it covers colocated data parallelism, plain or over model copies of TP x PP ranks on "
-                          "the CPU, plain on GPUs (docs/operations.md)";
+                          "the CPU, plain (with spares) on GPUs (docs/operations.md)";
     char ft[512];
     if (!comm_ft_available(ft, sizeof ft))
         return error_set(why, whylen, KEY_trainer_survive_trainer_loss ": %s", ft);
@@ -100,13 +100,9 @@ int survive_check(const struct grpo_config *cfg, const struct placement_spec *sp
                                                           ", a split run) is not covered yet%s",
                          not_yet);
     /* on GPUs the step's start is copied through host memory and the DP group's NCCL twin made again over the
-     * survivors; ZeRO-1's block copies and a spare's state move between host buffers only */
+     * survivors (a spare that joins among them, its state staged through host memory too); ZeRO-1's block copies
+     * move between host buffers only */
     const bool gpu = strcmp(config_device(cfg), "cpu") != 0;
-    if (gpu && cfg->trainer_survive_spare_ranks > 0)
-        return error_set(why, whylen,
-                         KEY_trainer_survive_spare_ranks " with " KEY_trainer_device
-                                                         "=%s is not covered yet: a spare joins on the CPU only",
-                         config_device(cfg));
     if (gpu && cfg->actor_megatron_use_distributed_optimizer)
         return error_set(why, whylen,
                          KEY_trainer_survive_trainer_loss " with " KEY_actor_megatron_use_distributed_optimizer
