@@ -16,7 +16,10 @@
 #  exactly rollout.n times, metrics.jsonl each step once;
 #  - a spare (4 ranks, a device each): rank 1 SIGKILLed in step 2's all-reduce, the spare takes its place (its state
 #    from DP rank 0, staged through host memory), a new NCCL communicator over 3, the weights one process's;
-#  - refused by name on the device: ZeRO-1.
+#  - ZeRO-1 on the device (3 ranks; and 4 with a spare): rank 1 SIGKILLed in step 2's optimizer step, its block of
+#    the moments rebuilt from
+#    the next rank's host copy and re-sharded into the survivors' devices (and the spare's), the weights one
+#    process's.
 # Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
 set -u
 . "$(dirname "$0")/../lib.sh" grpo-ft-nccl
@@ -85,11 +88,28 @@ expect "spare: the spare holds its model on a device of its own (cuda:3)" $?
 same_as_one spare
 metrics_once spare
 
-# refused by name on the device
-# shellcheck disable=SC2046
-timeout "$(scaled 120)" "${MPIRUN[@]}" -np 2 grpo-worker $(keys zero) trainer.device=cuda \
-    $(survive_keys 2) actor_rollout_ref.actor.megatron.use_distributed_optimizer=true >"$TMP/zero.log" 2>&1
-[ $? -ne 0 ] && says "$TMP/zero.log" \
-    "trainer.survive_trainer_loss with actor_rollout_ref.actor.megatron.use_distributed_optimizer (ZeRO-1) and trainer.device=cuda is not covered yet"
-expect "ZeRO-1 on the device: refused, naming the keys" $?
+# ZeRO-1 on the device (each DP rank's block of AdamW's moments in its device, its copy at the next rank's step start
+# in host memory over MPI): rank 1 SIGKILLed in step 2's optimizer step (its block of the gradients summed, its peers
+# then waiting for its block of the weights in NCCL's all-gather); its block rebuilt from rank 2's copy, the moments
+# re-sharded into the 2 survivors' devices over their new NCCL communicator; and the same with a spare, which takes
+# its block from that re-sharding (DP stays 3)
+zero_case() {
+    local name="$1" np="$2" left="$3"
+    CUEMU_DEVICES="$np" CUEMU_NCCL_PEER_LOSS=silent start_held "$name" "$np" "optim:2:1" trainer.device=cuda \
+        actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
+    kill_held "$name" "rank 1 in step 2's optimizer step"
+    wait "$JOB"
+    expect "$name: the run finishes without rank 1 (mpirun exits 0)" $?
+    says "$TMP/$name.log" "ZeRO-1"
+    expect "$name: ZeRO-1 on (the log says so)" $?
+    survived "$name" 2 1 "$left"
+    says "$TMP/$name.log" "a new one over the $left survivors"
+    expect "$name: a new NCCL communicator over $left" $?
+    same_as_one "$name"
+    metrics_once "$name"
+}
+zero_case zero 3 2
+SPARES=1 zero_case zero-spare 4 3
+says "$TMP/zero-spare.log" "spare (launch rank 3) joined as DP rank 2 of 3 for step 2"
+expect "zero-spare: the spare joined as DP rank 2, its block from the re-sharding" $?
 finish

@@ -90,7 +90,7 @@ int survive_check(const struct grpo_config *cfg, const struct placement_spec *sp
                   char *why, size_t whylen)
 {
     const char *not_yet = "; it covers colocated data parallelism, plain or over model copies of TP x PP ranks on "
-                          "the CPU, plain (with spares) on GPUs (docs/operations.md)";
+                          "the CPU, plain (with spares or ZeRO-1) on GPUs (docs/operations.md)";
     char ft[512];
     if (!comm_ft_available(ft, sizeof ft))
         return error_set(why, whylen, KEY_trainer_survive_trainer_loss ": %s", ft);
@@ -101,15 +101,8 @@ int survive_check(const struct grpo_config *cfg, const struct placement_spec *sp
                          not_yet);
     /* on GPUs the step's start is copied through host memory and the DP group's NCCL twin made again over the
      * survivors (a spare that joins among them, its state staged through host memory too); ZeRO-1's block copies
-     * move between host buffers only */
+     * go between host buffers over MPI, and the blocks are re-sharded into the devices */
     const bool gpu = strcmp(config_device(cfg), "cpu") != 0;
-    if (gpu && cfg->actor_megatron_use_distributed_optimizer)
-        return error_set(why, whylen,
-                         KEY_trainer_survive_trainer_loss " with " KEY_actor_megatron_use_distributed_optimizer
-                                                          " (ZeRO-1) and " KEY_trainer_device
-                                                          "=%s is not covered yet: ZeRO-1's blocks are kept on the "
-                                                          "CPU only%s",
-                         config_device(cfg), not_yet);
     struct {
         int size;
         const char *key;
@@ -800,6 +793,8 @@ void survive_test_hold(const char *point)
     char path[4096], tmp[4200];
     snprintf(path, sizeof path, "%s.held", flag);
     snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+    log_info("survive", "test: holding at %s of step %lld while %s exists (pid %d)", point, h->step, flag,
+             (int)getpid());
     FILE *f = fopen(tmp, "w");
     bool said = false;
     if (f) {
@@ -819,8 +814,6 @@ void survive_test_hold(const char *point)
         }
         unlink(tmp);
     }
-    log_info("survive", "test: holding at %s of step %lld while %s exists (pid %d)", point, h->step, flag,
-             (int)getpid());
     for (int i = 0; i < 12000 && access(flag, F_OK) == 0; i++)
         usleep(50000);
 }

@@ -60,11 +60,14 @@ size_t trainer_snapshot_bytes(const struct trainer_snapshot *s)
     return (s->n + 2 * s->nb + 2 * (s->mhi - s->mlo)) * sizeof(float);
 }
 
-/* ZeRO-1: this rank's block of AdamW's moments to the next DP rank, the previous one's block from it */
+/* ZeRO-1: this rank's block of AdamW's moments to the next DP rank, the previous one's block from it, from and into
+ * host memory (the snapshot's copy of the block: on GPUs the moments are the device's) over DP's MPI group (on GPUs
+ * ZeRO-1's own group is its NCCL twin, which takes device memory) */
 static void mirror_block(struct trainer *t, struct trainer_snapshot *s)
 {
     const struct zero1 *z = t->zero;
-    const int D = comm_size(z->dp), r = comm_rank(z->dp), prev = (r + D - 1) % D, next = (r + 1) % D;
+    struct comm *dp = t->lay.dp;
+    const int D = comm_size(dp), r = comm_rank(dp), prev = (r + D - 1) % D, next = (r + 1) % D;
     s->dp_rank = r;
     s->dp_size = D;
     s->lo = z->lo;
@@ -77,8 +80,8 @@ static void mirror_block(struct trainer *t, struct trainer_snapshot *s)
         s->mm = xmalloc(s->mcap * sizeof(float));
         s->mv = xmalloc(s->mcap * sizeof(float));
     }
-    comm_sendrecv(z->dp, t->opt->m, t->opt->n, next, s->mm, s->mhi - s->mlo, prev, COMM_F32);
-    comm_sendrecv(z->dp, t->opt->v, t->opt->n, next, s->mv, s->mhi - s->mlo, prev, COMM_F32);
+    comm_sendrecv(dp, s->m, s->nb, next, s->mm, s->mhi - s->mlo, prev, COMM_F32);
+    comm_sendrecv(dp, s->v, s->nb, next, s->mv, s->mhi - s->mlo, prev, COMM_F32);
 }
 
 /* bytes of K's memory at src to host memory at dst, and back (a GPU's through its copies; the CPU's in place) */
@@ -110,7 +113,7 @@ void trainer_snapshot_take(struct trainer *t, struct trainer_snapshot *s)
         s->v = xmalloc((nb + 1) * sizeof(float));
     }
     s->step = -1; /* whole only once taken */
-    /* host memory (a GPU's state copied out: ZeRO-1 on GPUs is refused, its block copies are the CPU's) */
+    /* host memory (a GPU's state copied out; with ZeRO-1 the block's copy is what goes to the next rank) */
     state_to_host(t->policy->K, s->params, tr.params, tr.n * sizeof(float));
     state_to_host(t->opt->K, s->m, t->opt->m, nb * sizeof(float));
     state_to_host(t->opt->K, s->v, t->opt->v, nb * sizeof(float));
@@ -135,13 +138,15 @@ int trainer_zero1_restorable(const int *lost, int n_lost, int dp_size, char *err
     return 0;
 }
 
-/* ZeRO-1: whole, the moments summed over the current DP group (every float from one rank), re-sharded over it */
+/* ZeRO-1: whole (host memory), the moments summed over the current DP group (every float from one rank), re-sharded
+ * over it: the blocks into the optimizer's memory (a GPU's), over DP's NCCL twin on GPUs (made again over the
+ * survivors by trainer_reform), as setup_zero1 makes them */
 static void reshard(struct trainer *t, struct adamw *whole, int64_t opt_t)
 {
     comm_allreduce_sum(t->lay.dp, whole->m, whole->n, COMM_F32);
     comm_allreduce_sum(t->lay.dp, whole->v, whole->n, COMM_F32);
     whole->t = opt_t;
-    struct zero1 *z = zero1_create(t->opt->K, t->lay.dp, whole->n);
+    struct zero1 *z = zero1_create(t->opt->K, t->dp_dev ? t->dp_dev : t->lay.dp, whole->n);
     struct adamw *block = zero1_shard(z, whole);
     adamw_free(whole);
     zero1_free(t->zero);
