@@ -200,8 +200,8 @@ void trainer_overlap_setup(struct trainer *t)
 {
     const struct grpo_config *c = t->cfg;
     const bool zero = t->zero || c->actor_megatron_use_distributed_optimizer;
-    if (t->lay.dp_size < 2 || !c->actor_ddp_overlap_grad_reduce || zero || t->lay.mp || t->lay.cp ||
-        t->policy->lora || (trainer_on_device(t) && !t->dp_dev))
+    if (t->lay.dp_size < 2 || !c->actor_ddp_overlap_grad_reduce || zero || t->lay.mp || t->lay.cp || t->policy->lora ||
+        (trainer_on_device(t) && !t->dp_dev))
         return;
     t->overlap = grad_reducer_create(t->policy, t->dp_dev ? t->dp_dev : t->lay.dp, (size_t)c->actor_ddp_bucket_size);
     if (trainer_is_lead(t))
