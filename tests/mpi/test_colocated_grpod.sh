@@ -43,11 +43,11 @@ track "$MPI_PID"
 wait_for 60 step_at_least 3; expect "both ranks register and report steps" $?
 "$GRPOCTL" workers >"$TMP/workers.txt" 2>&1
 [ "$(grep -c ' hybrid ' "$TMP/workers.txt")" -eq 2 ]; expect "grpoctl workers: two hybrid ranks" $?
-"$GRPOCTL" pause --wait=60 >"$TMP/pause.out" 2>&1; expect "pause takes effect on both ranks" $?
+"$GRPOCTL" pause --wait="$(scaled 60)" >"$TMP/pause.out" 2>&1; expect "pause takes effect on both ranks" $?
 s1="$(status_field .step)"
 [ "$(status_field '[.workers[].state] | map(select(. == "paused")) | length')" = 2 ]
 expect "both ranks report paused" $?
-"$GRPOCTL" checkpoint --wait=60 >"$TMP/ckpt.out" 2>&1 &
+"$GRPOCTL" checkpoint --wait="$(scaled 60)" >"$TMP/ckpt.out" 2>&1 &
 CKPT_PID=$!
 wait_for 30 has "$TMP/paused.log" "checkpoint: step $s1 saved"
 expect "grpoctl checkpoint while paused: the checkpoint of step $s1 is written at once" $?
@@ -71,7 +71,7 @@ run stopped grpod.endpoint="$EP" grpod.connect_timeout_s=20 &
 MPI_PID=$!
 track "$MPI_PID"
 wait_for 60 step_at_least 4; expect "second run under way" $?
-"$GRPOCTL" stop --wait=60 >"$TMP/stop.out" 2>&1; expect "stop" $?
+"$GRPOCTL" stop --wait="$(scaled 60)" >"$TMP/stop.out" 2>&1; expect "stop" $?
 wait "$MPI_PID"; expect "both ranks of the stopped run exit 0" $?
 sstep="$(cat "$TMP/stopped/p/e/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null)"
 [ -n "$sstep" ] && [ "$sstep" -lt $STEPS ]; expect "stop left a checkpoint mid-run (step $sstep)" $?

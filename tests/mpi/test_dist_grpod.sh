@@ -59,7 +59,7 @@ grep -Eq "^1 .* trainer +1/0/0 " "$TMP/workers.txt"; expect "grpoctl workers: ra
 grep -q "IDLE" "$TMP/workers.txt"; expect "grpoctl workers shows each rank's idle share" $?
 [ "$(status_field .checkpoint_step)" -ge 1 ] 2>/dev/null
 rc=$?; expect "grpoctl status knows the trainers' newest checkpoint (step $(status_field .checkpoint_step))" $rc
-"$GRPOCTL" pause --wait=60 >"$TMP/pause.out" 2>&1; expect "pause takes effect on every rank" $?
+"$GRPOCTL" pause --wait="$(scaled 60)" >"$TMP/pause.out" 2>&1; expect "pause takes effect on every rank" $?
 s1="$(status_field .step)"
 [ "$(status_field '[.workers[].state] | map(select(. == "paused")) | length')" = 3 ]
 expect "all three ranks report paused" $?
@@ -88,7 +88,7 @@ run stopped grpod.endpoint="$EP" grpod.connect_timeout_s=20 "$ZERO" &
 MPI_PID=$!
 track "$MPI_PID"
 wait_for 60 step_at_least 4; expect "second run under way" $?
-"$GRPOCTL" stop --wait=60 >"$TMP/stop.out" 2>&1; expect "stop" $?
+"$GRPOCTL" stop --wait="$(scaled 60)" >"$TMP/stop.out" 2>&1; expect "stop" $?
 wait "$MPI_PID"; expect "every rank of the stopped run exits 0" $?
 sstep="$(cat "$TMP/stopped/p/e/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null)"
 [ -n "$sstep" ] && [ "$sstep" -lt $STEPS ]; expect "stop left a checkpoint mid-run (step $sstep)" $?
@@ -153,7 +153,7 @@ NP=4 run rkilled grpod.endpoint="$EP" grpod.connect_timeout_s=20 \
 MPI_PID=$!
 track "$MPI_PID"
 wait_for 60 step_at_least 5; expect "fourth run under way" $?
-"$GRPOCTL" pause --wait=60 >"$TMP/pause4.out" 2>&1; expect "the run pauses" $?
+"$GRPOCTL" pause --wait="$(scaled 60)" >"$TMP/pause4.out" 2>&1; expect "the run pauses" $?
 victim="$("$GRPOCTL" status --json | jq -r '.workers[] | select(.rank == 3) | .pid')"
 t0=$(date +%s%N)
 kill -9 "$victim"; rc=$?; expect "rollout rank 3 (pid $victim) killed at step $(status_field .step)" $rc
@@ -276,13 +276,19 @@ run fa grpod.endpoint="$EP" grpod.connect_timeout_s=20 "${FA[@]}" trainer.rollou
 MPI_PID=$!
 track "$MPI_PID"
 wait_for 60 step_at_least 3; expect "fully-async run under way" $?
-"$GRPOCTL" pause --wait=60 >"$TMP/pause7.out" 2>&1; expect "the fully-async run pauses" $?
+"$GRPOCTL" pause --wait="$(scaled 60)" >"$TMP/pause7.out" 2>&1
+rc=$?
+expect "the fully-async run pauses" $rc
+if [ $rc -ne 0 ]; then # what grpoctl said, and where each rank stood (once failed in CI, 2026-12-07, not reproduced)
+    sed 's/^/     | /' "$TMP/pause7.out"
+    "$GRPOCTL" status --json | jq -c '.workers[] | {rank, role, state, phase, step}' | sed 's/^/     | /'
+fi
 pstep="$(status_field .step)"
 [ "$(status_field '[.workers[].state] | map(select(. == "paused")) | length')" = 3 ] && [ "$(status_field .step)" = "$pstep" ]
 expect "every rank paused, no step while paused (step $pstep)" $?
 "$GRPOCTL" resume >/dev/null 2>&1; expect "resume" $?
 wait_for 60 step_at_least $((pstep + 2)); expect "it goes on after the pause" $?
-"$GRPOCTL" stop --wait=60 >"$TMP/stop7.out" 2>&1; expect "stop" $?
+"$GRPOCTL" stop --wait="$(scaled 60)" >"$TMP/stop7.out" 2>&1; expect "stop" $?
 wait "$MPI_PID"; expect "every rank of the stopped fully-async run exits 0" $?
 fstep="$(cat "$TMP/fa/p/e/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null)"
 [ -n "$fstep" ] && [ "$fstep" -lt $STEPS ] && [ $((fstep % 2)) -eq 0 ]

@@ -26,7 +26,7 @@ MPI_PID=$!
 track "$MPI_PID"
 wait_for 120 step_at_least 3
 expect "both ranks register and train" $?
-"$GRPOCTL" pause --wait=60 >"$TMP/pause.out" 2>&1
+"$GRPOCTL" pause --wait="$(scaled 60)" >"$TMP/pause.out" 2>&1
 expect "the run pauses" $?
 
 # ---- the heartbeat's current wait: rank 1 waits for the leader's word at the safe point, a broadcast from root 0
@@ -104,7 +104,7 @@ expect "grpoctl trace of a rank that is not there: refused, saying so" $?
 # ---- the run goes on and ends
 "$GRPOCTL" resume >/dev/null 2>&1
 expect "resume" $?
-"$GRPOCTL" stop --wait=120 >"$TMP/stop.out" 2>&1
+"$GRPOCTL" stop --wait="$(scaled 120)" >"$TMP/stop.out" 2>&1
 expect "stop" $?
 wait "$MPI_PID"
 expect "both ranks exit 0" $?

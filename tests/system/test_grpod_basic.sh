@@ -49,7 +49,7 @@ has "$TMP/metrics" 'grpo_run_metric{name="critic/score/mean"}'; expect "metrics 
 "$SIM" grpod.endpoint="$EP" grpod.connect_timeout_s=3 --rank 0 --world 3 --state "$TMP/bad.state" >"$TMP/bad.log" 2>&1
 [ $? -eq 1 ]; expect "a worker with the wrong world size is refused" $?
 has "$TMP/bad.log" "placement has 2"; expect "refusal names the placement" $?
-"$GRPOCTL" stop --wait=30 >"$TMP/out" 2>&1; expect "stop --wait ends the run" $?
+"$GRPOCTL" stop --wait="$(scaled 30)" >"$TMP/out" 2>&1; expect "stop --wait ends the run" $?
 has "$TMP/out" "run finished"; expect "stop reports the finished run" $?
 wait "${PIDS[1]%:*}" "${PIDS[2]%:*}"
 [ -f "$TMP/w0.state.ckpt" ]; expect "stop wrote a checkpoint" $?
@@ -65,15 +65,15 @@ start_sim h0 0 1 --steps 12 --step-ms 60
 wait_for 10 state_is running; expect "hybrid run runs" $?
 [ "$(status_field '.workers[0].role')" = hybrid ]; expect "single process gets the hybrid role" $?
 wait_for 10 step_at_least 2
-"$GRPOCTL" pause --wait=20 >"$TMP/out" 2>&1; expect "pause --wait returns once paused" $?
+"$GRPOCTL" pause --wait="$(scaled 20)" >"$TMP/out" 2>&1; expect "pause --wait returns once paused" $?
 has "$TMP/out" "run paused"; expect "pause reports paused" $?
 s1="$(status_field .step)"
 [ "$(status_field '.workers[0].state')" = paused ]; expect "worker reports paused" $?
 age="$(status_field '.workers[0].last_heartbeat_age_s')"
 awk "BEGIN{exit !($age < 1.5)}"; expect "heartbeats continue while paused (age $age s)" $?
-"$GRPOCTL" checkpoint --wait=20 >"$TMP/out" 2>&1; expect "checkpoint while paused" $?
+"$GRPOCTL" checkpoint --wait="$(scaled 20)" >"$TMP/out" 2>&1; expect "checkpoint while paused" $?
 has "$TMP/out" "checkpoint written: step $s1"; expect "checkpoint at the paused step" $?
-"$GRPOCTL" resume --wait=20 >"$TMP/out" 2>&1; expect "resume" $?
+"$GRPOCTL" resume --wait="$(scaled 20)" >"$TMP/out" 2>&1; expect "resume" $?
 wait_for 10 has "$TMP/h0.log" "resumed at step"; expect "the worker says it resumed" $?
 paused_in_place "$TMP/h0.log" && has "$TMP/h0.log" "resumed at step $s1"
 expect "no steps while paused: paused and resumed at step $s1" $?

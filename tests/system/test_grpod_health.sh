@@ -46,12 +46,12 @@ wait_for 10 step_at_least $((after + 5)); expect "training goes on after the res
 has "$TMP/g1.log" "recovered run $run_id"; expect "grpod logs the recovery" $?
 
 # ---- a pause survives a grpod restart
-"$GRPOCTL" pause --wait=20 >/dev/null; expect "pause" $?
+"$GRPOCTL" pause --wait="$(scaled 20)" >/dev/null; expect "pause" $?
 stop_grpod KILL
 start_grpod g1
 wait_for 10 state_is paused; expect "still paused after a grpod restart" $?
 p1="$(step)"
-"$GRPOCTL" resume --wait=20 >/dev/null; expect "resume after the restart" $?
+"$GRPOCTL" resume --wait="$(scaled 20)" >/dev/null; expect "resume after the restart" $?
 wait_for 10 has_lines "$TMP/w0.log" "resumed at step" 1 && wait_for 10 has_lines "$TMP/w1b.log" "resumed at step" 1
 expect "both workers say they resumed" $?
 paused_in_place "$TMP/w0.log" && paused_in_place "$TMP/w1b.log"; expect "workers stayed paused (no step in between)" $?
@@ -66,7 +66,7 @@ expect "both workers notice grpod is gone" $?
 start_grpod g1
 wait_for 10 field_is '[.workers[].state] | unique | join(",")' running
 expect "workers reconnect after grpod was gone" $?
-"$GRPOCTL" stop --wait=30 >/dev/null; expect "stop after all that" $?
+"$GRPOCTL" stop --wait="$(scaled 30)" >/dev/null; expect "stop after all that" $?
 wait "$W0" "$W1"; expect "workers end cleanly on stop" $?
 
 # ---- on_worker_lost=fail

@@ -124,5 +124,5 @@ expect "a POST is answered 405 after about 1 s, at most 3 on a connection" $?
 grown=$(( $(stat -c %s "$TMP/g.log") - log0 ))
 [ "$grown" -lt 20000 ]; expect "the log grew by $grown bytes only (lines rate-limited)" $?
 state_is running; expect "the run goes on" $?
-"$GRPOCTL" stop --wait=30 >/dev/null; expect "stop" $?
+"$GRPOCTL" stop --wait="$(scaled 30)" >/dev/null; expect "stop" $?
 finish

@@ -197,5 +197,5 @@ grown=$(( $(stat -c %s "$TMP/g.log") - log0 ))
 [ "$grown" -lt 20000 ]; expect "the log grew by $grown bytes only (lines rate-limited)" $?
 has "$TMP/g.log" "descriptors: limit 128"; expect "grpod logs its descriptor budget" $?
 state_is running; expect "the run still goes on" $?
-"$GRPOCTL" stop --wait=30 >/dev/null; expect "stop" $?
+"$GRPOCTL" stop --wait="$(scaled 30)" >/dev/null; expect "stop" $?
 finish

@@ -66,5 +66,5 @@ if [ -n "$chrome" ]; then
 else
     echo "skip chromium checks (chromium not installed)"
 fi
-"$GRPOCTL" stop --wait=30 >/dev/null
+"$GRPOCTL" stop --wait="$(scaled 30)" >/dev/null
 finish

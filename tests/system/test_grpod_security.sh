@@ -158,7 +158,7 @@ sp_req 127.0.0.1 "$port" "${sec_hex}006a756e6b" >"$TMP/out" 2>&1
 has "$TMP/out" "authentication failed"; expect "the secret followed by NUL and junk is refused" $?
 grep -q "refused a status_request request from a client of protocol 1\.[0-9]*: it sent the shared secret" "$TMP/g1.log"
 expect "grpod logs the older client's request" $?
-"$GRPOCTL" stop --wait=30 >/dev/null; expect "stop" $?
+"$GRPOCTL" stop --wait="$(scaled 30)" >/dev/null; expect "stop" $?
 stop_grpod
 
 # what sits at the ipc socket path: only a stale socket is removed; anything else is refused, named, and kept

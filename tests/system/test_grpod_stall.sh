@@ -83,6 +83,6 @@ expect "lost after the 3 s timeout, found at a tick at most 1 s later (${said:-n
 status_field .reason | grep -q "every rollout rank is lost (rank 1 on host hostB): no rollout rank is left"
 rc=$?; expect "grpoctl status says no rollout rank is left: $(status_field .reason)" $rc
 "$GRPOCTL" metrics | grep -q 'grpod_workers{state="lost"} 1'; expect "metrics count the lost worker" $?
-"$GRPOCTL" stop --wait=20 >/dev/null; expect "stop" $?
+"$GRPOCTL" stop --wait="$(scaled 20)" >/dev/null; expect "stop" $?
 wait "$W0"; expect "the trainer ends cleanly" $?
 finish

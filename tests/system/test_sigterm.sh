@@ -131,7 +131,7 @@ stop_grpod
 start_grpod g2
 start paused grpod.endpoint="$EP" grpod.connect_timeout_s=20
 wait_for 60 step_at_least 1; expect "third worker trains" $?
-"$GRPOCTL" pause --wait=30 >/dev/null 2>&1; expect "paused" $?
+"$GRPOCTL" pause --wait="$(scaled 30)" >/dev/null 2>&1; expect "paused" $?
 p="$(status_field .step)"
 kill -TERM "$WPID"
 ended "$WPID"; wait "$WPID"; rc=$?

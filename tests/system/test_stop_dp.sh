@@ -18,7 +18,7 @@ mpirun --oversubscribe --bind-to none -np 3 "$WORKER" --config "$TMP/split.yaml"
 MPI_PID=$!
 track "$MPI_PID"
 wait_for 60 step_at_least 2; expect "2 trainers and a rollout rank register and step" $?
-"$GRPOCTL" stop --wait=60 >"$TMP/stop.out" 2>&1
+"$GRPOCTL" stop --wait="$(scaled 60)" >"$TMP/stop.out" 2>&1
 rc=$?
 cat "$TMP/stop.out"
 [ $rc -eq 0 ]; expect "grpoctl stop --wait exits 0 with two plain DP trainers" $?

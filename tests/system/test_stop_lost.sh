@@ -18,7 +18,7 @@ W1=$SIM_PID
 wait_for 15 state_is running; expect "two workers run" $?
 kill -STOP "$W1"
 wait_for 10 worker_is 1 lost; expect "the frozen worker is marked lost (heartbeat timeout 3 s)" $?
-"$GRPOCTL" stop --wait=5 >"$TMP/stop1.out" 2>"$TMP/stop1.err"
+"$GRPOCTL" stop --wait="$(scaled 5)" >"$TMP/stop1.out" 2>"$TMP/stop1.err"
 rc=$?
 [ "$rc" -eq 1 ]; expect "stop --wait exits 1 when a worker is lost (exit $rc)" $?
 has "$TMP/stop1.err" "rank 1 on host hostB is lost"; expect "the message names the lost rank and its host" $?
@@ -35,7 +35,7 @@ V0=$SIM_PID
 start_sim v1 1 2 --steps 100000 --step-ms 40 --host hostB
 V1=$SIM_PID
 wait_for 15 state_is running; expect "two workers run again" $?
-"$GRPOCTL" stop --wait=20 >"$TMP/stop2.out" 2>"$TMP/stop2.err"
+"$GRPOCTL" stop --wait="$(scaled 20)" >"$TMP/stop2.out" 2>"$TMP/stop2.err"
 expect "stop --wait exits 0 when every worker checkpoints" $?
 wait "$V0"; expect "rank 0 exits 0" $?
 wait "$V1"; expect "rank 1 exits 0" $?

@@ -39,7 +39,7 @@ expect "worker registered and reports its steps" $?
 [ "$(status_field '.workers[0].role')" = hybrid ]; expect "single-process worker gets the hybrid role" $?
 "$GRPOCTL" status >"$TMP/status.txt" 2>&1; expect "grpoctl status while training" $?
 has "$TMP/status.txt" "hybrid"; expect "status table shows the worker's role" $?
-"$GRPOCTL" pause --wait=60 >"$TMP/pause.out" 2>&1; expect "pause takes effect at the next safe point" $?
+"$GRPOCTL" pause --wait="$(scaled 60)" >"$TMP/pause.out" 2>&1; expect "pause takes effect at the next safe point" $?
 s1="$(status_field .step)"
 [ "$(status_field '.workers[0].state')" = paused ]; expect "worker reports paused" $?
 "$GRPOCTL" metrics >"$TMP/metrics.out" 2>&1; expect "grpoctl metrics" $?
@@ -60,7 +60,7 @@ WPID=$!
 track "$WPID"
 wait_for 60 step_at_least 3
 expect "second worker under way" $?
-"$GRPOCTL" stop --wait=60 >"$TMP/stop.out" 2>&1; expect "stop" $?
+"$GRPOCTL" stop --wait="$(scaled 60)" >"$TMP/stop.out" 2>&1; expect "stop" $?
 wait "$WPID"; expect "stopped worker exits 0" $?
 sstep="$(cat "$TMP/stopped/p/e/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null)"
 [ -n "$sstep" ] && [ "$sstep" -lt "$STEPS" ]; expect "stop wrote a checkpoint mid-run (step $sstep)" $?
