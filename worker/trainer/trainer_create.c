@@ -194,14 +194,14 @@ static int device_mp_setup(struct trainer *t, char *err, size_t errlen)
 
 /* overlap_grad_reduce: the DP gradient sum in buckets during the backward, where the sum is one all-reduce of
  * the whole gradient in this rank's memory (not with ZeRO-1's reduce-scatter, TP or PP's shards, LoRA's adapter,
- * or the host staging of GPUs that DP ranks share). ZeRO-1 by its key, not by t->zero: a spare that joins a
- * re-formed group is set up here before its blocks are made (trainer_snapshot_restore), and must sum as its peers. */
+ * or the host staging of GPUs that DP ranks share). ZeRO-1 by its key, not by t->zero (which the key makes, with DP
+ * of 2 or more): a spare that joins a re-formed group is set up here before its blocks are made
+ * (trainer_snapshot_restore), and must sum as its peers. */
 void trainer_overlap_setup(struct trainer *t)
 {
     const struct grpo_config *c = t->cfg;
-    const bool zero = t->zero || c->actor_megatron_use_distributed_optimizer;
-    if (t->lay.dp_size < 2 || !c->actor_ddp_overlap_grad_reduce || zero || t->lay.mp || t->lay.cp || t->policy->lora ||
-        (trainer_on_device(t) && !t->dp_dev))
+    if (t->lay.dp_size < 2 || !c->actor_ddp_overlap_grad_reduce || c->actor_megatron_use_distributed_optimizer ||
+        t->lay.mp || t->lay.cp || t->policy->lora || (trainer_on_device(t) && !t->dp_dev))
         return;
     t->overlap = grad_reducer_create(t->policy, t->dp_dev ? t->dp_dev : t->lay.dp, (size_t)c->actor_ddp_bucket_size);
     if (trainer_is_lead(t))

@@ -193,37 +193,37 @@ int trainer_snapshot_restore(struct trainer *t, const struct trainer_snapshot *s
 }
 
 /* n floats of K's memory at mem from root to every rank of g: in place on the CPU; on a GPU through a host buffer
- * (the group is MPI's, which takes host memory: root's copied out, the others' copied in) */
-static void share_floats(struct comm *g, struct kctx *K, float *mem, size_t n, int root, float *host)
+ * (the group is MPI's, which takes host memory: root's copied out, the others' copied in). Its bytes. */
+static size_t share_floats(struct comm *g, struct kctx *K, float *mem, size_t n, int root)
 {
     if (K->device == KDEV_CPU) {
         comm_broadcast(g, mem, n, COMM_F32, root);
-        return;
+        return n * sizeof(float);
     }
+    float *host = xmalloc(n * sizeof(float) + 1);
     const bool from_me = comm_rank(g) == root;
     if (from_me)
         k_to_host(K, host, mem, n * sizeof(float));
     comm_broadcast(g, host, n, COMM_F32, root);
     if (!from_me)
         k_to_device(K, mem, host, n * sizeof(float));
+    free(host);
+    return n * sizeof(float);
 }
 
 size_t trainer_state_share(struct trainer *t, int root)
 {
     struct comm *g = t->lay.dp;
     const struct trainable tr = model_trainable(t->policy);
-    const bool gpu = t->policy->K->device != KDEV_CPU || t->opt->K->device != KDEV_CPU;
-    float *host = gpu ? xmalloc((tr.n > t->opt->n ? tr.n : t->opt->n) * sizeof(float)) : NULL;
     /* plain DP: every rank holds the whole optimizer state, the joiner takes root's; ZeRO-1: the moments were
      * re-sharded over the group, the joiner's block with them (trainer_snapshot_restore) */
-    share_floats(g, t->policy->K, tr.params, tr.n, root, host);
+    share_floats(g, t->policy->K, tr.params, tr.n, root);
     size_t moments = 0;
     if (!t->zero) {
-        share_floats(g, t->opt->K, t->opt->m, t->opt->n, root, host);
-        share_floats(g, t->opt->K, t->opt->v, t->opt->n, root, host);
+        share_floats(g, t->opt->K, t->opt->m, t->opt->n, root);
+        share_floats(g, t->opt->K, t->opt->v, t->opt->n, root);
         moments = 2 * t->opt->n;
     }
-    free(host);
     enum { WORDS = (sizeof(struct run_state) + 7) / 8 + 1 };
     int64_t w[WORDS] = {0};
     memcpy(w, &t->st, sizeof t->st);
@@ -317,8 +317,7 @@ size_t trainer_ref_share(struct trainer *t, int root)
 {
     if (!t->ref)
         return 0;
-    comm_broadcast(t->lay.dp, t->ref->w.mem, t->ref->w.n_floats, COMM_F32, root);
-    return t->ref->w.n_floats * sizeof(float);
+    return share_floats(t->lay.dp, t->ref->K, t->ref->w.mem, t->ref->w.n_floats, root);
 }
 
 void trainer_leave(struct trainer *t)
