@@ -341,7 +341,11 @@ static int finalize(struct launch *l, struct comm *world, struct args *a, int st
     comm_free(world);
     /* Open MPI 5 with ULFM after a survived loss too: its mpirun was seen not to end such a job now and then, all
      * the survivors' work written (docs/operations.md, "Surviving a lost trainer rank") */
-    const bool outlives = (comm_job_outlives_ranks() || comm_ft_peer_was_lost()) && size > 1;
+    const bool lost = comm_ft_peer_was_lost();
+    const bool outlives = (comm_job_outlives_ranks() || lost) && size > 1;
+    if (lost && size > 1)
+        log_info("worker", "this job lost a rank: if MPI_Finalize waits for it, this rank ends in 20 s%s",
+                 status == 0 ? " and asks mpirun to end the job" : "");
     if (outlives && status == 0)
         comm_arm_job_end();
     if (outlives)

@@ -31,7 +31,8 @@ void comm_mpi_finalize(void);
 void comm_end_job(int code);
 /* Whether mpirun keeps the job when one of its ranks dies (--mca orte_enable_recovery 1). */
 bool comm_job_outlives_ranks(void);
-/* Whether this process went on after a lost peer (ULFM: the collective plane handed a loss to its handler). */
+/* Whether the job lost a rank that this process outlived (ULFM: the collective plane handed a loss to its handler,
+ * a word to a spare found it gone, or MPI's failure detector reports a rank of the world lost). */
 bool comm_ft_peer_was_lost(void);
 /* Open MPI 5 with ULFM: every other rank of the job is lost (this one is the last). Its mpirun then ends the job
  * with status 0 on an MPI_Abort (seen with Open MPI 5.0): the last rank ends itself to keep its status. False

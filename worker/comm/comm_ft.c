@@ -22,7 +22,22 @@ static void (*lost_fn)(void *ud, struct comm *c, const char *what);
 static void *lost_ud;
 static bool peer_lost; /* comm_ft_peer_was_lost */
 
-bool comm_ft_peer_was_lost(void) { return peer_lost; }
+bool comm_ft_peer_was_lost(void)
+{
+#ifdef GRPO_HAVE_ULFM
+    /* a rank lost outside every collective this rank took part in (a spare that died while it waited) is still
+     * a loss of the job: MPI's failure detector tells every survivor of it, and MPI_Finalize may then wait for it */
+    int init = 0, fin = 0, failed = 0;
+    MPI_Group g = MPI_GROUP_NULL;
+    if (!peer_lost && MPI_Initialized(&init) == MPI_SUCCESS && init && MPI_Finalized(&fin) == MPI_SUCCESS && !fin &&
+        MPIX_Comm_get_failed(MPI_COMM_WORLD, &g) == MPI_SUCCESS && g != MPI_GROUP_NULL) {
+        MPI_Group_size(g, &failed);
+        MPI_Group_free(&g);
+        peer_lost = failed > 0;
+    }
+#endif
+    return peer_lost;
+}
 
 void comm_set_peer_lost_handler(void (*lost)(void *ud, struct comm *c, const char *what), void *ud)
 {
@@ -225,7 +240,10 @@ int comm_ft_wait_word(struct comm *c, int from, int32_t *word)
 
 int comm_ft_send_word(struct comm *c, int peer, int32_t word)
 {
-    return MPI_Send(&word, 1, MPI_INT32_T, peer, SPARE_TAG, impl_of(c)->comm) == MPI_SUCCESS ? 0 : -1;
+    if (MPI_Send(&word, 1, MPI_INT32_T, peer, SPARE_TAG, impl_of(c)->comm) == MPI_SUCCESS)
+        return 0;
+    peer_lost = true; /* nothing of the run is lost, but the job lost a rank: its end must not wait for it */
+    return -1;
 }
 #else
 bool comm_ft_available(char *why, size_t whylen)
