@@ -116,16 +116,16 @@ DEPENDS = {
                         "step source"),
     "worker/split/": ((KERNELS_IF, ROLES_H, "worker/comm/", "worker/control/", "worker/data/", "worker/formats/",
                        "worker/gen/", "worker/metrics/", "worker/model/", "worker/plane/", "worker/rewards/",
-                       "worker/step/", "worker/tokenizer/", "worker/trainer/"),
-                      "the split source (the trainer role of a split run) builds on the trainer library and the "
-                      "split-run protocol"),
+                       "worker/step/", "worker/survive/", "worker/tokenizer/", "worker/trainer/"),
+                      "the split source (the trainer role of a split run) builds on the trainer library, the "
+                      "split-run protocol and trainer-loss survival"),
     "worker/rollout/": ((KERNELS_IF, ROLES_H, "worker/comm/", "worker/control/", "worker/data/", "worker/flight/",
                          "worker/formats/",
                          "worker/gen/", "worker/metrics/", "worker/model/", "worker/plane/", "worker/rewards/",
                          "worker/step/", "worker/tokenizer/"), "the rollout role builds on every capability below"),
     "worker/survive/": ((ROLES_H, "worker/comm/", "worker/trainer/"),
                         "trainer-loss survival drives the trainer library (its recovery hooks) over the collective "
-                        "plane's fault tolerance; the colocated role uses it"),
+                        "plane's fault tolerance; the colocated role and the split source use it"),
     "worker/hybrid/": ((KERNELS_IF, ROLES_H, "worker/comm/", "worker/control/", "worker/data/", "worker/formats/",
                         "worker/gen/", "worker/metrics/", "worker/model/", "worker/plane/", "worker/rewards/",
                         "worker/step/", "worker/survive/", "worker/tokenizer/", "worker/trainer/"),

@@ -5,7 +5,8 @@
 #   keys NAME           the keys of a tiny run of $STEPS steps (6 prompts x 4 responses, 2 optimizer steps a step,
 #                       a checkpoint every $SAVE_FREQ steps) whose results go to $TMP/NAME
 #   survive_keys NP     NP colocated plain-DP ranks with trainer.survive_trainer_loss on; with SPARES=N the last N
-#                       of them are spares (trainer.survive_spare_ranks), DP is NP - N
+#                       of them are spares (trainer.survive_spare_ranks), DP is NP - N; TRAINERS=T: T trainer
+#                       ranks (a split run's, placement.trainer_ranks=T)
 #   MPIRUN              scripts/mpirun_ft with the launch's options
 #   final NAME [STEP]   the run's checkpoint of STEP (default $STEPS), actor/
 #   start_held NAME NP SPEC [KEYS...]  NP ranks in the background with GRPO_TEST_KILL_AT=SPEC (worker/survive/
@@ -49,7 +50,7 @@ survive_start() {
     expect "tiny model initialised" $?
 }
 survive_keys() {
-    echo trainer.nnodes=1 trainer.n_gpus_per_node="$(($1 - ${SPARES:-0}))" trainer.survive_trainer_loss=true \
+    echo trainer.nnodes=1 trainer.n_gpus_per_node="${TRAINERS:-$(($1 - ${SPARES:-0}))}" trainer.survive_trainer_loss=true \
         trainer.survive_spare_ranks="${SPARES:-0}"
 }
 MPIRUN=("$SRC_ROOT/scripts/mpirun_ft" --oversubscribe --bind-to none)

@@ -461,13 +461,17 @@ static struct wire_header unit_header(struct rollout_rank *r, const struct work_
 
 /* Send unit g's groups to the trainer DP ranks, balanced by tokens: one batch to every one (an empty one where no
  * group goes, so each trainer knows the unit is in). Fully-async, the whole unit goes to DP rank 0, whose stream
- * decides which step takes it and cuts it over the DP ranks the same way then. A TP group's head sends; its peers
+ * decides which step takes it and cuts it over the DP ranks the same way then; so does it under
+ * trainer.survive_trainer_loss (the lead keeps each step's units, for the survivors of a lost trainer to redo the
+ * step with: worker/split/split_survive.c). A TP group's head sends; its peers
  * generated along. 0, or -1 with err. */
 static int send_unit(struct rollout_rank *r, const struct work_grant *g, const struct unit_result *u, char *err,
                      size_t errlen)
 {
     const struct step_batch *b = &u->batch;
-    const int n_dp = !r->head ? 0 : r->env->cfg->async_enable ? 1 : r->env->n_endpoints;
+    const int n_dp = !r->head                                                                 ? 0
+                     : r->env->cfg->async_enable || r->env->cfg->trainer_survive_trainer_loss ? 1
+                                                                                              : r->env->n_endpoints;
     int *dp_of = xmalloc((size_t)(b->n_groups ? b->n_groups : 1) * sizeof(int));
     int *sel = xmalloc((size_t)(b->n_groups ? b->n_groups : 1) * sizeof(int));
     if (n_dp > 0)

@@ -385,15 +385,7 @@ void astream_step_batch(struct astream_step *s, int n, int dp, int dp_size, bool
             q->gidx = (base + q->gidx / n - lo) * n + q->gidx % n;
         }
         base += hi - lo;
-        if (dp_size > 1) { /* this DP rank's groups of the unit */
-            int *dp_of = xmalloc((size_t)(b->n_groups ? b->n_groups : 1) * sizeof *dp_of);
-            bool *keep = xmalloc((size_t)(b->n_groups ? b->n_groups : 1) * sizeof *keep);
-            step_batch_balance(b, dp_size, shared_prompts, dp_of);
-            for (int g = 0; g < b->n_groups; g++)
-                keep[g] = dp_of[g] == dp;
-            step_batch_keep_groups(b, keep);
-            free(dp_of), free(keep);
-        }
+        step_batch_keep_dp_share(b, dp, dp_size, shared_prompts); /* this DP rank's groups of the unit */
         step_batch_append(out, b);
     }
     qsort(out->seqs, (size_t)out->n_seq, sizeof *out->seqs, by_gidx);

@@ -86,13 +86,6 @@ static int async_receive_one(struct trainer_rank *r, int timeout_ms)
     return 1;
 }
 
-/* Whether the update packs a group's shared prompt once (the rows step_batch_balance weighs), as the rollout ranks
- * reckon it when they cut a unit over the DP ranks in the on-policy split layout. */
-static bool packs_shared_prompts(const struct trainer_rank *r)
-{
-    return r->env->cfg->actor_shared_prompt_packing && strcmp(config_device(r->env->cfg), "cpu") == 0;
-}
-
 /* Fully-async training with more than one trainer rank: trainer rank 0 (the stream's) sends the units step k took
  * to the others in one broadcast over the trainers (s NULL: its stream failed, and they fail with it). */
 static void send_units(struct trainer_rank *r, const struct astream_step *s)
@@ -212,7 +205,7 @@ int split_async_next_batch(struct trainer_rank *r, int64_t k, struct step_batch 
     tm->wait_data = clock_now_s() - t0;
     tm->split = true;
     r->fig.fully_async = true;
-    astream_step_batch(&s, r->lim.n, r->env->at.dp, r->env->at.dp_size, packs_shared_prompts(r), b);
+    astream_step_batch(&s, r->lim.n, r->env->at.dp, r->env->at.dp_size, split_packs_shared_prompts(r), b);
     if (r->as)
         async_figures(r, tm);
     return 0;

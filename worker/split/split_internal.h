@@ -103,6 +103,14 @@ struct trainer_rank {
     bool draining;     /* a checkpoint holds the dispatcher's grants: lifted at the next push */
     double a_gen, a_reward, a_idle, a_wait_weights, a_peak_rss; /* the units' figures since the last step (sums) */
     struct split_figures fig;                                   /* the step made last */
+    /* trainer.survive_trainer_loss (split_survive.c): the rollout ranks send each whole unit to DP rank 0, which
+     * keeps the units of the last two steps (step k's in slot k % 2, astream_step_pack's message padded to 32-bit
+     * words) and hands a step's to every trainer; each cuts its DP share */
+    bool whole;
+    struct survive *survive;
+    uint8_t *kept[2];
+    size_t kept_len[2];
+    int64_t kept_step[2];
 };
 
 /* split_receive.c: the data plane's receive side */
@@ -110,11 +118,16 @@ struct trainer_rank {
 void split_drop_refused(struct trainer_rank *r, const char *why);
 /* The rollout rank (the dispatcher's slot) of world rank `from`, or -1. */
 int split_slot_of(const struct trainer_rank *r, int from);
+/* Append a batch to the pending list (it owns the batch from here on). */
+void split_keep_pending(struct trainer_rank *r, const struct pending *p);
 /* One message off the socket, unpacked under r->lim: 1 (with *rc), 0 when none came, -1 on a socket error. */
 int split_receive_batch(struct trainer_rank *r, int timeout_ms, struct pending *p, int *rc, void **buf, size_t *len,
                         char *err, size_t errlen);
 /* One batch of step k (or later) off the socket into pending: 1 kept, 0 none or dropped, -1 on a socket error. */
 int split_receive_one(struct trainer_rank *r, int64_t k, int timeout_ms);
+/* Whether the update packs a group's shared prompt once (the rows step_batch_balance weighs), as the rollout ranks
+ * reckon it when they cut a unit over the DP ranks. */
+bool split_packs_shared_prompts(const struct trainer_rank *r);
 /* A polled collective's wait: hold for a pause (control_hold_while_waiting). */
 void split_hold_while_waiting(void *ud, bool done);
 /* Step k's messages from the model copy's rank 0 to its other ranks. 0, or -1. */
@@ -125,6 +138,15 @@ int split_units_held(const struct trainer_rank *r, int64_t k);
 int split_choose_senders(struct trainer_rank *r, int64_t k);
 /* Drop step k's pending batches that hold other prompts than step k draws (uids). */
 void split_drop_other_prompts(struct trainer_rank *r, int64_t k, const int *uids);
+
+/* split_survive.c: a split run that survives a lost trainer */
+/* DP rank 0 (the lead) holds step k's units already: a step redone after a loss (it pulls none again). */
+bool split_kept_step(const struct trainer_rank *r, int64_t k);
+/* Step k's units from the lead to every trainer (the lead's from the data plane, kept for a redo), each trainer's DP
+ * share of each unit into its pending list. 0, or -1 (a message that does not unpack, logged). */
+int split_whole_step(struct trainer_rank *r, int64_t k);
+/* The survive object of a split run's trainer (trainer.survive_trainer_loss; NULL without). */
+struct survive *split_survive_create(struct trainer_rank *r);
 
 /* split_source.c */
 /* The data plane's and the dispatcher's counters, and the weight sync's time, into the step's figures (r->fig). */

@@ -49,8 +49,7 @@ static int prompts_agree(const struct trainer_rank *r, const struct pending *p, 
     return 0;
 }
 
-/* Append a batch to the pending list (it owns the batch from here on). */
-static void keep_pending(struct trainer_rank *r, const struct pending *p)
+void split_keep_pending(struct trainer_rank *r, const struct pending *p)
 {
     if (r->n_pend == r->cap_pend) {
         r->cap_pend = r->cap_pend ? 2 * r->cap_pend : 8;
@@ -160,8 +159,13 @@ int split_receive_one(struct trainer_rank *r, int64_t k, int timeout_ms)
         free(p.raw);
         return 0;
     }
-    keep_pending(r, &p);
+    split_keep_pending(r, &p);
     return 1;
+}
+
+bool split_packs_shared_prompts(const struct trainer_rank *r)
+{
+    return r->env->cfg->actor_shared_prompt_packing && strcmp(config_device(r->env->cfg), "cpu") == 0;
 }
 
 void split_hold_while_waiting(void *ud, bool done)
@@ -200,7 +204,7 @@ int split_share_step(struct trainer_rank *r, int64_t k)
                       (long long)k, err);
             return -1;
         }
-        keep_pending(r, &q);
+        split_keep_pending(r, &q);
     }
     return 0;
 }

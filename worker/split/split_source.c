@@ -3,6 +3,7 @@
  * runs on the trainer ranks (the trainer library, worker/trainer/, run by trainer_process.c); DP rank 0 runs the
  * dispatcher (worker/plane/dispatch.h) that grants the units and serves each new policy version. */
 #include "split_internal.h"
+#include "worker/survive/survive.h"
 
 /* The sender's phase: weight sync while a round runs. */
 static void sync_phase(void *ud, bool syncing)
@@ -71,7 +72,9 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     const double t0 = clock_now_s();
     double last_note = t0;
     r->cur_uids = uids, r->cur_k = k;
-    for (; r->pull;) { /* the model copy's rank 0 pulls; the others get the batches from it */
+    /* the model copy's rank 0 pulls, the others get the batches from it; under trainer.survive_trainer_loss the
+     * lead alone pulls, and a step redone after a loss has its units already (split_survive.c) */
+    for (; r->pull && !split_kept_step(r, k);) {
         split_drop_other_prompts(r, k, uids);
         if (split_units_held(r, k) >= R)
             break;
@@ -97,7 +100,7 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
         }
     }
     r->sync_s_pending += weight_sync_finish_rounds(&r->ws, hold, r);
-    if (r->pull && r->env->at.dp_size > 1 && split_choose_senders(r, k) != 0) {
+    if (r->whole ? split_whole_step(r, k) != 0 : r->pull && r->env->at.dp_size > 1 && split_choose_senders(r, k) != 0) {
         free(uids);
         return -1;
     }
@@ -307,6 +310,8 @@ static void trainer_ready(void *ud, struct trainer *t)
 {
     struct trainer_rank *r = ud;
     r->t = t;
+    if (r->survive)
+        survive_attach(r->survive, t);
     r->start = trainer_step(t);
     r->lim.prompts = trainer_prompts(t);
     r->lim.vocab_size = trainer_policy(t)->cfg.vocab_size;
@@ -428,7 +433,8 @@ int run_trainer(struct role_env *env)
     }
     /* bind before anything slow, so the rollout ranks' first batches find the socket (TP, PP and SP rank 0 of each
      * DP rank pulls; it shares each batch with its peers) */
-    if (env->at.tp == 0 && env->at.pp == 0 && env->at.cp == 0) {
+    r.survive = split_survive_create(&r);
+    if (env->at.tp == 0 && env->at.pp == 0 && env->at.cp == 0 && (!r.whole || env->at.dp == 0)) {
         r.pull = dataplane_pull_open(env->endpoints[env->at.dp], err, sizeof err);
         if (!r.pull) {
             log_error("trainer", "%s", err);
@@ -476,5 +482,7 @@ int run_trainer(struct role_env *env)
         dataplane_pull_close(r.pull);
     plane_verifier_free(&r.verifier);
     weight_sync_sender_release(&r.ws);
+    survive_free(r.survive);
+    free(r.kept[0]), free(r.kept[1]);
     return status;
 }

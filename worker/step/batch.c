@@ -160,3 +160,16 @@ void step_batch_free(struct step_batch *b)
     free(b->group_uid);
     memset(b, 0, sizeof *b);
 }
+
+void step_batch_keep_dp_share(struct step_batch *b, int dp, int dp_size, bool shared_prompts)
+{
+    if (dp_size <= 1)
+        return;
+    int *dp_of = xmalloc((size_t)(b->n_groups ? b->n_groups : 1) * sizeof *dp_of);
+    bool *keep = xmalloc((size_t)(b->n_groups ? b->n_groups : 1) * sizeof *keep);
+    step_batch_balance(b, dp_size, shared_prompts, dp_of);
+    for (int g = 0; g < b->n_groups; g++)
+        keep[g] = dp_of[g] == dp;
+    step_batch_keep_groups(b, keep);
+    free(dp_of), free(keep);
+}

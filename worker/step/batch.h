@@ -31,6 +31,8 @@ void step_batch_keep_groups(struct step_batch *b, const bool *keep);
  * sequence. Depends on the groups alone (ties: the lower group, the lower rank), so every rank that holds the same
  * batch computes the same. */
 void step_batch_balance(const struct step_batch *b, int n_dp, bool shared_prompts, int *dp_of_group);
+/* Keep DP rank dp's share of b under step_batch_balance over dp_size ranks (dp_size 1: all of it). */
+void step_batch_keep_dp_share(struct step_batch *b, int dp, int dp_size, bool shared_prompts);
 /* Which per-response value decides a group's learning signal (algorithm.filter_groups.metric). */
 enum step_filter_metric {
     STEP_FILTER_SCORE,     /* seq_final_reward, seq_reward: the score with the overlong penalty */

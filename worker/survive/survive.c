@@ -81,10 +81,45 @@ struct survive {
     int64_t redo;
     char lost_names[256];
     bool said_cost;
+    /* a split run: all is the trainers alone (the rollout ranks take no part in re-forming), and the lead, which
+     * runs the dispatcher and holds the step's units, cannot be lost */
+    bool split;
 };
 
 /* the one survive object of the process: the test hold reads its step */
 static struct survive *g_survive;
+
+/* A split run (rollout ranks feed the trainers) survives a lost trainer where its trainers are plain DP: the rollout
+ * ranks send each whole work unit to DP rank 0 (the dispatcher's rank, the lead), which keeps the step's units and
+ * hands them to every trainer, each cutting its DP share as the rollout ranks would have (split/split_survive.c), so
+ * the survivors redo a step from the units it already has. Not covered: the lead's loss (the dispatcher and the data
+ * plane's socket live there), and what changes the trainers' data beyond that: TP, PP, SP or CP trainers, spares,
+ * ZeRO-1, fully-async training, the broadcast weight sync (its group spans the rollout ranks). 0, or -1 with why. */
+static int survive_split_refusal(const struct grpo_config *cfg, const struct placement_spec *spec, char *why,
+                                 size_t whylen)
+{
+    const char *not_yet = "; a split run survives a lost trainer with plain DP trainers (docs/operations.md)";
+    struct {
+        bool on;
+        const char *what;
+    } no[] = {
+        {spec->tp_size > 1, KEY_actor_megatron_tensor_model_parallel_size " > 1"},
+        {spec->pp_size > 1, KEY_actor_megatron_pipeline_model_parallel_size " > 1"},
+        {spec->cp_size > 1, "sequence or context parallelism"},
+        {spec->ep_size > 1, KEY_actor_megatron_expert_model_parallel_size " > 1"},
+        {cfg->trainer_survive_spare_ranks > 0, KEY_trainer_survive_spare_ranks " > 0"},
+        {cfg->actor_megatron_use_distributed_optimizer, KEY_actor_megatron_use_distributed_optimizer " (ZeRO-1)"},
+        {cfg->async_enable, "fully-async training (async_training.*)"},
+        {strcmp(cfg->rollout_weight_sync, "broadcast") == 0, KEY_rollout_weight_sync "=broadcast"},
+    };
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
+        if (no[i].on)
+            return error_set(why, whylen,
+                             KEY_trainer_survive_trainer_loss " with rollout ranks (" KEY_placement_rollout_ranks
+                                                              ", a split run) and %s is not covered yet%s",
+                             no[i].what, not_yet);
+    return 0;
+}
 
 int survive_check(const struct grpo_config *cfg, const struct placement_spec *spec, bool colocated, int world,
                   char *why, size_t whylen)
@@ -94,11 +129,9 @@ int survive_check(const struct grpo_config *cfg, const struct placement_spec *sp
     char ft[512];
     if (!comm_ft_available(ft, sizeof ft))
         return error_set(why, whylen, KEY_trainer_survive_trainer_loss ": %s", ft);
+    /* a split run (rollout ranks): plain DP trainers, the dispatcher's lead kept (survive_split_refusal) */
     if (world > 1 && !colocated)
-        return error_set(why, whylen,
-                         KEY_trainer_survive_trainer_loss " with rollout ranks (" KEY_placement_rollout_ranks
-                                                          ", a split run) is not covered yet%s",
-                         not_yet);
+        return survive_split_refusal(cfg, spec, why, whylen);
     /* on GPUs the step's start is copied through host memory and the DP group's NCCL twin made again over the
      * survivors (a spare that joins among them, its state staged through host memory too); ZeRO-1's block copies
      * go between host buffers over MPI, and the blocks are re-sharded into the devices */
@@ -185,17 +218,19 @@ struct survive *survive_create(struct role_env *env, void (*reform)(void *ud, co
     s->step = -1;
     s->snap[0] = trainer_snapshot_new();
     s->snap[1] = trainer_snapshot_new();
-    s->all = env->world;
+    s->split = env->spec.rollout_ranks > 0;
+    s->all = s->split ? env->trainers : env->world;
     s->n_spare = env->spare_ranks;
     s->spare = env->spare;
     s->tp_size = env->spec.tp_size > 1 ? env->spec.tp_size : 1; /* the run's (a spare holds whole layers) */
     s->pp_size = env->spec.pp_size > 1 ? env->spec.pp_size : 1;
     s->launch_mp = env->mp;
-    const int n = comm_size(env->world);
+    const int n = comm_size(s->all);
     s->launch_rank = xmalloc((size_t)n * sizeof *s->launch_rank);
     for (int r = 0; r < n; r++)
-        s->launch_rank[r] = r; /* colocated: the trainers are the world, in its order, the spares after them */
-    watch(s, env->world);
+        s->launch_rank[r] = r; /* the trainers are the world's first ranks, in its order, the spares after them */
+    if (!s->split)             /* a split run's world spans the rollout ranks, which go on as they are */
+        watch(s, env->world);
     if (!env->spare) { /* a spare's own groups stay whole: it leaves through them if it never joins */
         watch(s, env->trainers);
         if (env->dp != env->trainers)
@@ -210,7 +245,7 @@ struct survive *survive_create(struct role_env *env, void (*reform)(void *ud, co
     comm_set_peer_lost_handler(on_peer_lost, s);
     comm_set_test_hold(survive_test_hold);
     g_survive = s;
-    const int copies = env->world_size / (s->tp_size * s->pp_size);
+    const int copies = (n - env->spare_ranks) / (s->tp_size * s->pp_size);
     if (env->rank == 0 && s->tp_size * s->pp_size > 1 && env->spare_ranks > 0)
         log_info("survive",
                  "trainer-loss survival on (" KEY_trainer_survive_trainer_loss ") over %d model copies of TP %d x PP "
@@ -227,18 +262,25 @@ struct survive *survive_create(struct role_env *env, void (*reform)(void *ud, co
                               "others redo the step with one DP rank fewer"
                             : "DP 1: a lost rank's shard has no replica, so a loss stops the run (a relaunch "
                               "resumes from the newest checkpoint)");
+    else if (env->rank == 0 && s->split)
+        log_info("survive",
+                 "trainer-loss survival on (" KEY_trainer_survive_trainer_loss ") in a split run: a lost trainer's "
+                 "step is redone by the other %d with one DP rank fewer, from the step's work units this rank keeps "
+                 "(the rollout ranks send each whole to it); its own loss stops the run (it runs the dispatcher); "
+                 "each step's start is kept in memory",
+                 n - 1);
     else if (env->rank == 0 && !env->spare_ranks)
         log_info("survive",
                  "trainer-loss survival on (" KEY_trainer_survive_trainer_loss "): a lost rank's step is redone by "
                  "the other %d ranks with one DP rank fewer; each step's start is kept in memory",
-                 env->world_size - 1);
+                 n - 1);
     else if (env->rank == 0)
         log_info("survive",
                  "trainer-loss survival on (" KEY_trainer_survive_trainer_loss "), %d spare rank(s) "
                  "(" KEY_trainer_survive_spare_ranks ", launch ranks %d..%d): a lost rank's step is redone with a "
                  "spare in its place (DP stays %d), with one DP rank fewer once none is left; each step's start is "
                  "kept in memory",
-                 env->spare_ranks, n - env->spare_ranks, n - 1, env->world_size);
+                 env->spare_ranks, n - env->spare_ranks, n - 1, n - env->spare_ranks);
     return s;
 }
 
@@ -398,6 +440,18 @@ static int recover(void *ud)
         lost_trainers += lost[i] < old_trainers;
     }
     name_ranks(names, n_lost, s->lost_names, sizeof s->lost_names);
+    if (s->split && lead_lost) { /* the same on every survivor: they all end the run */
+        char ckpt[4096];
+        const bool have = trainer_latest_checkpoint(s->t, ckpt, sizeof ckpt) == 0;
+        if (comm_rank(sides) == 0)
+            log_error("survive",
+                      "%s lost at step %lld, the lead among them: in a split run it runs the dispatcher and takes the "
+                      "rollout ranks' work units, so the run stops. A relaunch resumes from %s%s",
+                      s->lost_names, (long long)s->step,
+                      have ? "the checkpoint " : "the start: no checkpoint is written yet", have ? ckpt : "");
+        comm_free(sides);
+        return -1;
+    }
     /* TP or PP: the model copies (DP ranks) that lost a rank leave whole; the others keep their positions, their
      * DP ranks renumbered in order */
     const int old_copies = old_trainers / M, mo = comm_rank(old);
@@ -609,7 +663,8 @@ static int recover(void *ud)
     }
     env->at = at;
     env->rank = comm_rank(tr);
-    env->world_size = comm_size(tr);
+    if (!s->split) /* a split run's world is the rollout ranks' too: its size stays the launch's */
+        env->world_size = comm_size(tr);
     env->spare = false;
     env->spare_ranks = s->n_spare;
     s->spare = false;

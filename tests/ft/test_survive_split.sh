@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Trainer-loss survival in a split run (trainer.survive_trainer_loss with placement.rollout_ranks; docs/operations.md,
+# "Surviving a lost trainer rank"): 3 plain-DP trainer ranks and 1 rollout rank of this build (against Open MPI 5)
+# under scripts/mpirun_ft. The rollout rank sends each whole work unit to the lead (trainer rank 0, the
+# dispatcher's), which hands each step's units to every trainer and keeps them for a redo (worker/split/
+# split_survive.c):
+#  - undisturbed: the weights equal one process's within 1e-5 (the lead's hand-out cuts each unit as the rollout
+#    rank would have);
+#  - trainer rank 1 SIGKILLed in step 3's gradient all-reduce (allreduce:3:1, a hold the test waits on, not a
+#    sleep): the two others redo step 3 from the units the lead kept, nothing generated or sent again ("2 DP ranks go
+#    on, step 3 redone"); the weights equal one process's within 1e-5, the audit files hold every group of every step
+#    exactly rollout.n times, metrics.jsonl each step once;
+#  - the lead SIGKILLed in step 3's all-reduce (allreduce:3:0, a checkpoint every 2 steps): the run stops with the
+#    reason (the dispatcher and the data plane's socket live there) naming step 2's checkpoint for a relaunch; every
+#    rank ends, none hangs;
+#  - refused by name: a split run with spares.
+# Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
+set -u
+. "$(dirname "$0")/../lib.sh" grpo-ft-split
+# shellcheck source=tests/ft/survive_lib.sh
+. "$(dirname "$0")/survive_lib.sh"
+survive_start
+TRAINERS=3
+SPLIT=(placement.trainer_ranks=3 placement.rollout_ranks=1)
+
+# shellcheck disable=SC2046 # keys' words are the keys
+timeout "$(scaled 120)" "${MPIRUN[@]}" -np 1 grpo-worker $(keys one) >"$TMP/one.log" 2>&1
+expect "one process: $STEPS steps" $?
+
+# shellcheck disable=SC2046 # keys' words are the keys
+timeout "$(scaled 180)" "${MPIRUN[@]}" -np 4 grpo-worker $(keys whole) $(survive_keys 4) "${SPLIT[@]}" \
+    >"$TMP/whole.log" 2>&1
+expect "3 trainers and a rollout rank, undisturbed: $STEPS steps" $?
+says "$TMP/whole.log" "trainer-loss survival on (trainer.survive_trainer_loss) in a split run"
+expect "undisturbed: the lead says how a split run survives" $?
+out=$("$COMPARE" "$(final one)" "$(final whole)" 1e-5 2>&1)
+expect "undisturbed: weights equal one process's within 1e-5 ($out)" $?
+
+start_held rank1 4 allreduce:3:1 "${SPLIT[@]}"
+kill_held rank1 "trainer rank 1 in step 3's all-reduce"
+wait "$JOB"
+expect "rank1: the run finishes without trainer rank 1 (mpirun exits 0)" $?
+survived rank1 3 1 2
+says "$TMP/rank1.log" "(of 3 ranks, 2 survive)"
+expect "rank1: DP 3 -> 2" $?
+says "$TMP/rank1.log" "step 3 redone from the 1 work unit(s) this rank kept: none pulled again"
+expect "rank1: the lead redoes step 3 from the units it kept" $?
+same_as_one rank1
+metrics_once rank1
+
+SAVE_FREQ=2 start_held lead 4 allreduce:3:0 "${SPLIT[@]}"
+kill_held lead "the lead in step 3's all-reduce"
+wait "$JOB"
+rc=$?
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ]
+expect "lead: the run stops (mpirun exits $rc, not 0 and not the test's bound)" $?
+says "$TMP/lead.log" "rank 0 lost at step 3, the lead among them: in a split run it runs the dispatcher" &&
+    says "$TMP/lead.log" "A relaunch resumes from the checkpoint $TMP/lead/p/e/checkpoints/global_step_2"
+expect "lead: the survivors say why the run stops and where a relaunch resumes" $?
+
+# refused by name
+# shellcheck disable=SC2046
+timeout "$(scaled 120)" "${MPIRUN[@]}" -np 5 grpo-worker $(keys nokey) $(survive_keys 5) "${SPLIT[@]}" \
+    trainer.survive_spare_ranks=1 >"$TMP/spares.log" 2>&1
+[ $? -ne 0 ] && says "$TMP/spares.log" "trainer.survive_trainer_loss with rollout ranks (placement.rollout_ranks, a split run) and trainer.survive_spare_ranks > 0 is not covered yet"
+expect "a split run with spares: refused, naming the keys" $?
+finish
