@@ -10,6 +10,9 @@
 #    sleep): the two others redo step 3 from the units the lead kept, nothing generated or sent again ("2 DP ranks go
 #    on, step 3 redone"); the weights equal one process's within 1e-5, the audit files hold every group of every step
 #    exactly rollout.n times, metrics.jsonl each step once;
+#  - the same under grpod (a second hold keeps the lead at step 5 while the test reads grpod): grpod shows rank 1 lost
+#    with "survived: DP 3 -> 2 at step 3", the run, the other trainers and the rollout rank running past grpod's
+#    heartbeat timeout, then the run finished; the weights one process's;
 #  - the lead SIGKILLed in step 3's all-reduce (allreduce:3:0, a checkpoint every 2 steps): the run stops with the
 #    reason (the dispatcher and the data plane's socket live there) naming step 2's checkpoint for a relaunch; every
 #    rank ends, none hangs;
@@ -47,6 +50,35 @@ says "$TMP/rank1.log" "step 3 redone from the 1 work unit(s) this rank kept: non
 expect "rank1: the lead redoes step 3 from the units it kept" $?
 same_as_one rank1
 metrics_once rank1
+
+# under grpod: the survivors tell it; it shows trainer rank 1 lost with the reason and keeps the run (and the
+# rollout rank) running while the lead holds at step 5's all-reduce (a second hold, released by the test), then
+# finished
+# shellcheck disable=SC2034 # start_grpod (tests/lib.sh) runs $GRPOD
+GRPOD="$(prog grpod)" GRPOCTL="$(prog grpoctl)"
+EP="ipc://$TMP/ctl.sock"
+export GRPOD_ENDPOINT="$EP"
+start_grpod g
+expect "grpod starts" $?
+start_held gr 4 allreduce:3:1,allreduce:5:0 "${SPLIT[@]}" grpod.endpoint="$EP" grpod.connect_timeout_s=20
+kill_held gr "trainer rank 1 in step 3's all-reduce"
+wait_for 60 held_or_ended
+[ -s "$HOLD.held" ]
+expect "gr: the survivors redo step 3 and go on; the lead holds at step 5" $?
+survived gr 3 1 2
+grpod_saw_survival gr 1 "survived: DP 3 -> 2 at step 3" running,running,running
+field_is ".workers[] | select(.rank == 3) | .role" rollout
+expect "gr: grpod shows rank 3 a rollout rank, running on ($(status_field '.workers[] | select(.rank == 3) | .role'))" $?
+rm -f "$HOLD" # the lead goes on
+wait "$JOB"
+expect "gr: the run finishes without trainer rank 1 (mpirun exits 0)" $?
+finished() { state_is finished; }
+wait_for 20 finished
+expect "gr: grpod says the run finished ($(status_field .state): $(status_field .reason))" $?
+same_as_one gr
+kill "$GRPOD_PID" 2>/dev/null
+wait "$GRPOD_PID" 2>/dev/null
+unset GRPOD_ENDPOINT
 
 SAVE_FREQ=2 start_held lead 4 allreduce:3:0 "${SPLIT[@]}"
 kill_held lead "the lead in step 3's all-reduce"
