@@ -14,6 +14,10 @@
 #   bench/run_survive_bench.sh                         # HIDDEN=256 LAYERS=4 STEPS=6 ROUNDS=3
 #   HIDDEN=512 LAYERS=8 bench/run_survive_bench.sh
 #   SPARE=1 bench/run_survive_bench.sh                 # the rounds with an idle spare too
+#   SPLIT=1 bench/run_survive_bench.sh                 # a split run: 3 trainers and 1 rollout rank (the key makes
+#                                                      # the rollout rank send whole units to the lead, which hands
+#                                                      # them out); the killed run loses trainer rank 1 in step 3's
+#                                                      # all-reduce
 #
 # Results: $OUT (default build-ft/bench-results/survive-<time>/): the runs, their logs and summary.md.
 set -euo pipefail
@@ -48,12 +52,17 @@ keys() { # NAME
         trainer.nnodes=1 trainer.n_gpus_per_node=3 trainer.default_local_dir="$OUT/$1"
 }
 MPI_EXTRA=()
-run() { # NAME [keys...] (mpirun's options in MPI_EXTRA, the ranks in NP: 3)
+LAYOUT=() BASE_NP=3 KILL=gen:3:2 LAYOUT_TEXT="3 colocated ranks (plain DP)"
+if [ "${SPLIT:-0}" = 1 ]; then # the 3 trainers and a rollout rank; a trainer's kill point is in its update
+    LAYOUT=(placement.trainer_ranks=3 placement.rollout_ranks=1) BASE_NP=4 KILL=allreduce:3:1
+    LAYOUT_TEXT="a split run of 3 trainer ranks (plain DP) and 1 rollout rank"
+fi
+run() { # NAME [keys...] (mpirun's options in MPI_EXTRA, the ranks in NP: 3, or 4 with SPLIT=1)
     local name=$1
     shift
     # shellcheck disable=SC2046 # keys' words are the keys
-    scripts/mpirun_ft --oversubscribe --bind-to none "${MPI_EXTRA[@]}" -np "${NP:-3}" grpo-worker $(keys "$name") "$@" \
-        >"$OUT/$name.log" 2>&1
+    scripts/mpirun_ft --oversubscribe --bind-to none "${MPI_EXTRA[@]}" -np "${NP:-$BASE_NP}" grpo-worker \
+        $(keys "$name") "${LAYOUT[@]}" "$@" >"$OUT/$name.log" 2>&1
 }
 # mean timing_s/step over the steps after the first
 step_mean() {
@@ -79,7 +88,7 @@ killed() {
     shift
     touch "$hold"
     MPI_EXTRA=(-x GRPO_TEST_KILL_AT -x GRPO_TEST_HOLD_FILE)
-    GRPO_TEST_KILL_AT=gen:3:2 GRPO_TEST_HOLD_FILE="$hold" run "$name" trainer.survive_trainer_loss=true "$@" &
+    GRPO_TEST_KILL_AT="$KILL" GRPO_TEST_HOLD_FILE="$hold" run "$name" trainer.survive_trainer_loss=true "$@" &
     job=$!
     for _ in $(seq 1 3000); do # the hold, or the run's end (at most 5 minutes)
         [ -s "$hold.held" ] || ! kill -0 "$job" 2>/dev/null && break
@@ -91,7 +100,7 @@ killed() {
     rm -f "$hold"
     MPI_EXTRA=()
 }
-echo "[bench] a run with rank 2 killed at step 3" >&2
+echo "[bench] a run with a rank killed at step 3 ($KILL)" >&2
 killed killed
 t0="$T0" t0s=""
 if [ "${SPARE:-0}" = 1 ]; then
@@ -99,7 +108,8 @@ if [ "${SPARE:-0}" = 1 ]; then
     NP=4 killed killed-spare trainer.survive_spare_ranks=1
     t0s="$T0"
 fi
-python3 - "$OUT" "$t0" "$HIDDEN" "$LAYERS" "$STEPS" "${off[*]}" "${on[*]}" "${spare[*]}" "$t0s" <<'PY' | tee "$OUT/summary.md"
+python3 - "$OUT" "$t0" "$HIDDEN" "$LAYERS" "$STEPS" "${off[*]}" "${on[*]}" "${spare[*]}" "$t0s" "$LAYOUT_TEXT" \
+    "$KILL" <<'PY' | tee "$OUT/summary.md"
 import datetime, json, re, sys
 out, t0, hidden, layers, steps = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 off, on = [float(x) for x in sys.argv[6].split()], [float(x) for x in sys.argv[7].split()]
@@ -109,7 +119,7 @@ line = [l for l in log.splitlines() if "survive: step 3 (redone) completed" in l
 t = datetime.datetime.strptime(line[:23], "%Y-%m-%dT%H:%M:%S.%f").replace(tzinfo=datetime.timezone.utc)
 m = {r["step"]: r for r in map(json.loads, open(f"{out}/killed/p/e/metrics.jsonl"))}
 mean = lambda v: sum(v) / len(v)
-print(f"3 colocated ranks (plain DP), random Llama {hidden} x {layers} ({params} parameters), {steps} steps, "
+print(f"{sys.argv[10]}, random Llama {hidden} x {layers} ({params} parameters), {steps} steps, "
       f"6 prompts x 4 responses a step")
 print()
 print("| key | timing_s/step, mean of steps 2.. per run | mean |")
@@ -126,7 +136,7 @@ if kept:
     print()
     print("the copy the key adds to each step (rank 0, on1): " + kept[0].split("survive: ")[1].strip())
 print()
-print(f"rank 2 killed at step 3: the kill to the redone step's end {t.timestamp() - t0:.2f} s; rank 0: "
+print(f"{sys.argv[11]} (GRPO_TEST_KILL_AT) killed: the kill to the redone step's end {t.timestamp() - t0:.2f} s; rank 0: "
       f"{line.split('survive: ')[1]}; step 2 took {m[2]['timing_s/step']:.2f} s (3 ranks), step 3 (redone, 2 ranks) "
       f"{m[3]['timing_s/step']:.2f} s from its restart")
 if sys.argv[9]:

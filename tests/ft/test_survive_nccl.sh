@@ -19,6 +19,9 @@
 #  - ZeRO-1 on the device (3 ranks; and 4 with a spare): rank 1 SIGKILLed in step 2's optimizer step, its block of
 #    the moments rebuilt from
 #    the next rank's host copy and re-sharded into the survivors' devices (and the spare's), the weights one
+#    process's;
+#  - a split run (3 trainers and a rollout rank, a device each): trainer rank 1 SIGKILLed in step 2's all-reduce on
+#    NCCL, the survivors redo the step on a new communicator from the units the lead kept, the weights one
 #    process's.
 # Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
 set -u
@@ -112,4 +115,18 @@ zero_case zero 3 2
 SPARES=1 zero_case zero-spare 4 3
 says "$TMP/zero-spare.log" "spare (launch rank 3) joined as DP rank 2 of 3 for step 2"
 expect "zero-spare: the spare joined as DP rank 2, its block from the re-sharding" $?
+
+# a split run on the devices (3 trainers and a rollout rank, a device each): trainer rank 1 SIGKILLed in step 2's
+# all-reduce on NCCL; the survivors make a new communicator over 2 and redo step 2 from the units the lead kept
+CUEMU_DEVICES=4 CUEMU_NCCL_PEER_LOSS=silent TRAINERS=3 start_held split 4 "allreduce-start:2:1" trainer.device=cuda \
+    placement.trainer_ranks=3 placement.rollout_ranks=1
+kill_held split "trainer rank 1 in step 2's all-reduce on NCCL"
+wait "$JOB"
+expect "split: the run finishes without trainer rank 1 (mpirun exits 0)" $?
+survived split 2 1 2
+says "$TMP/split.log" "a new one over the 2 survivors" &&
+    says "$TMP/split.log" "step 2 redone from the 1 work unit(s) this rank kept: none pulled again"
+expect "split: a new NCCL communicator over 2, step 2 redone from the lead's units" $?
+same_as_one split
+metrics_once split
 finish

@@ -40,7 +40,8 @@ struct role_env;
 struct trainer;
 
 /* Whether this run may turn trainer.survive_trainer_loss on: 0, or -1 with why naming what is not covered (an MPI
- * without ULFM, a launch without --with-ft ulfm, SP/CP, EP, rollout TP, rollout ranks; TP or PP with ZeRO-1,
+ * without ULFM, a launch without --with-ft ulfm, SP/CP, EP, rollout TP; in a split run (rollout ranks) anything but
+ * plain DP trainers, spares, ZeRO-1, fully-async training, the broadcast weight sync; TP or PP with ZeRO-1,
  * under grpod, on GPUs or with spares and LoRA; on GPUs spares and ZeRO-1). colocated: every rank generates and
  * trains (no rollout split); world: the ranks. Call only with the key on. Under grpod the survivors tell it (struct
  * survive_loss). */
@@ -58,7 +59,9 @@ struct survive_loss {
      * the source lets go of the lost groups' state and trains nothing */
     bool left;
 };
-/* For the colocated ranks of env (its trainers and DP groups are watched from here on). reform(ud, loss) runs after
+/* For the colocated ranks of env, or the trainer ranks of a split run (env->spec.rollout_ranks > 0: the world, which
+ * spans the rollout ranks, is left alone, and the lead's loss stops the run); its trainers and DP groups are watched
+ * from here on. reform(ud, loss) runs after
  * the groups re-formed, env updated (trainers, dp, tp, pp, at, rank, world_size): the source's own part, and telling
  * grpod. */
 struct survive *survive_create(struct role_env *env, void (*reform)(void *ud, const struct survive_loss *loss),
