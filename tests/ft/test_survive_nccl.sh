@@ -20,6 +20,9 @@
 #    the moments rebuilt from
 #    the next rank's host copy and re-sharded into the survivors' devices (and the spare's), the weights one
 #    process's;
+#  - model copies (DP 2 x TP 2, DP 2 x PP 2 on 4 ranks, a device each, TP's and PP's collectives over NCCL): rank 1
+#    killed with step 2's generation done (gen:2:1), and rank 3 in step 2's optimizer step (optim:2:3): its copy
+#    leaves, the other remakes its NCCL communicators and goes on as DP 1, the weights one process's;
 #  - a split run (3 trainers and a rollout rank, a device each): trainer rank 1 SIGKILLed in step 2's all-reduce on
 #    NCCL, the survivors redo the step on a new communicator from the units the lead kept, the weights one
 #    process's.
@@ -115,6 +118,29 @@ zero_case zero 3 2
 SPARES=1 zero_case zero-spare 4 3
 says "$TMP/zero-spare.log" "spare (launch rank 3) joined as DP rank 2 of 3 for step 2"
 expect "zero-spare: the spare joined as DP rank 2, its block from the re-sharding" $?
+
+# model copies on the devices (DP 2 x TP 2 and DP 2 x PP 2 on 4 ranks, a device each: TP's and PP's collectives over
+# NCCL twins of their groups): a rank SIGKILLed; its copy leaves, the other copy makes new NCCL communicators over its
+# TP (or PP) group and its DP group of 1, and redoes the step as DP 1
+copy_case() {
+    local name="$1" spec="$2" rank="$3" idle="$4" key="$5"
+    CUEMU_DEVICES=4 CUEMU_NCCL_PEER_LOSS=silent start_held "$name" 4 "$spec" trainer.device=cuda "$key=2"
+    kill_held "$name" "rank $rank ($spec)"
+    wait "$JOB"
+    expect "$name: the run finishes without rank $rank (mpirun exits 0)" $?
+    says "$TMP/$name.log" "on GPUs: activations, gradients and stage hand-offs over NCCL, in device memory"
+    expect "$name: the copy's collectives over NCCL" $?
+    survived "$name" 2 "$rank" 1
+    says "$TMP/$name.log" "the copy that lost it left, launch rank $idle idle" &&
+        says "$TMP/$name.log" "launch rank $idle released: the run ended"
+    expect "$name: the copy of rank $rank left, launch rank $idle idle until the end" $?
+    says "$TMP/$name.log" "the model copies' aborted NCCL communicators made again over the survivors' groups"
+    expect "$name: the copy left made its TP/PP communicators again" $?
+    same_as_one "$name"
+    metrics_once "$name"
+}
+copy_case tp gen:2:1 1 0 actor_rollout_ref.actor.megatron.tensor_model_parallel_size
+copy_case pp optim:2:3 3 1 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size
 
 # a split run on the devices (3 trainers and a rollout rank, a device each): trainer rank 1 SIGKILLed in step 2's
 # all-reduce on NCCL; the survivors make a new communicator over 2 and redo step 2 from the units the lead kept

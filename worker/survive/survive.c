@@ -57,7 +57,7 @@ struct survive {
     /* the groups a loss revokes: the world and the trainers (every rank), DP, with TP or PP the model copy's TP, PP
      * and TP x PP groups, and on GPUs DP's NCCL twin (revoking it aborts it); after a loss the shrunk ones and the new
      * twin */
-    struct comm *watch[8];
+    struct comm *watch[12];
     int n_watch;
     /* every rank of the job still in it: the trainers, then the spares (trainer.survive_spare_ranks), in launch
      * order; the world at first, after a loss the survivors (sides) */
@@ -124,8 +124,8 @@ static int survive_split_refusal(const struct grpo_config *cfg, const struct pla
 int survive_check(const struct grpo_config *cfg, const struct placement_spec *spec, bool colocated, int world,
                   char *why, size_t whylen)
 {
-    const char *not_yet = "; it covers colocated data parallelism, plain or over model copies of TP x PP ranks on "
-                          "the CPU, plain (with spares or ZeRO-1) on GPUs (docs/operations.md)";
+    const char *not_yet = "; it covers colocated data parallelism, plain or over model copies of TP x PP ranks "
+                          "(with spares on the CPU), plain (with spares or ZeRO-1) on GPUs (docs/operations.md)";
     char ft[512];
     if (!comm_ft_available(ft, sizeof ft))
         return error_set(why, whylen, KEY_trainer_survive_trainer_loss ": %s", ft);
@@ -162,10 +162,11 @@ int survive_check(const struct grpo_config *cfg, const struct placement_spec *sp
                          " with %s=%d and " KEY_actor_megatron_use_distributed_optimizer
                          " (ZeRO-1) is not covered yet%s",
                          model_key, model_size, not_yet);
-    if (split_model && gpu)
+    if (split_model && gpu && cfg->trainer_survive_spare_ranks > 0)
         return error_set(why, whylen,
-                         KEY_trainer_survive_trainer_loss " with %s=%d and " KEY_trainer_device
-                                                          "=%s is not covered yet%s",
+                         KEY_trainer_survive_spare_ranks " with %s=%d and " KEY_trainer_device
+                                                         "=%s is not covered yet: a spare takes a shard of the "
+                                                         "whole weights in host memory only%s",
                          model_key, model_size, config_device(cfg), not_yet);
     if (split_model && cfg->grpod_endpoint && cfg->grpod_endpoint[0])
         return error_set(why, whylen,
@@ -206,6 +207,16 @@ static void watch(struct survive *s, struct comm *c)
         return;
     comm_ft_watch(c);
     s->watch[s->n_watch++] = c;
+}
+
+/* On GPUs with TP or PP: the NCCL twins of the model copy's groups, watched as the MPI ones (a rank waiting in one
+ * for a lost peer comes back too, and the loss's revoke aborts it) */
+static void watch_model_devices(struct survive *s)
+{
+    struct comm *dev[3];
+    const int n = s->t ? trainer_model_device_groups(s->t, dev) : 0;
+    for (int i = 0; i < n; i++)
+        watch(s, dev[i]);
 }
 
 struct survive *survive_create(struct role_env *env, void (*reform)(void *ud, const struct survive_loss *loss),
@@ -682,8 +693,10 @@ static int recover(void *ud)
         log_error("survive", "moving the trainer onto %d DP ranks: %s; ending the run", at.dp_size, err);
         return -1;
     }
-    if (split_model)
+    if (split_model) {
         trainer_reform_groups(s->t, g.tp, g.pp, s->mp);
+        watch_model_devices(s);
+    }
     if (trainer_dp_device_group(s->t)) { /* on GPUs: DP's NCCL twin, made again over the survivors */
         watch(s, trainer_dp_device_group(s->t));
         if (env->rank == 0)
@@ -778,6 +791,7 @@ void survive_attach(struct survive *s, struct trainer *t)
 {
     s->t = t;
     watch(s, trainer_dp_device_group(t)); /* on GPUs: a lost peer found in NCCL is survived too */
+    watch_model_devices(s);
     const struct trainer_recovery r = {.ctx = s,
                                        .point = &s->jb,
                                        .step_begin = step_begin,

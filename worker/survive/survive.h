@@ -17,7 +17,8 @@
  * whole copies redo the step with one DP rank fewer, each rank restoring its own shard; a spare instead takes the
  * lost rank's TP/PP position, that shard's step start broadcast over the position's DP group from a copy that lost
  * no rank (its replica). With no copy left whole (DP 1) the run stops, naming the checkpoint a relaunch takes.
- * On GPUs (trainer.device=cuda; no spares, no ZeRO-1 there yet) the DP group's NCCL twin is watched too: a loss that
+ * On GPUs (trainer.device=cuda) the DP group's NCCL twin is watched too (with TP or PP the copy's twins as well, made
+ * again over the re-formed groups; no spare with TP or PP there): a loss that
  * NCCL reports (ncclRemoteError), or that MPI knows of while an NCCL wait goes on (asked beside every such wait), comes
  * to the same handler; the revoke aborts the communicator (ncclCommAbort), the step's start is copied through host
  * memory, and after the shrink the survivors make a new communicator, its unique id from their rank 0 over their
@@ -25,8 +26,9 @@
  *
  * Where it sits: the trainer's run loop comes back to the start of its step (survive_jmp, a setjmp at each step's
  * start); the collective plane hands a lost peer to this module (comm_set_peer_lost_handler); the trainer's state
- * and layout are trainer_survive.c's; the colocated source re-forms its own part (its ledger of work units) through
- * the callback given here. */
+ * and layout are trainer_survive.c's; the colocated source re-forms its own part (its ledger of work units), and
+ * the split source tells grpod, through the callback given here (worker/split/split_survive.c keeps a split run's
+ * step data for the redo). */
 #ifndef GRPO_WORKER_SURVIVE_H
 #define GRPO_WORKER_SURVIVE_H
 
@@ -42,7 +44,7 @@ struct trainer;
 /* Whether this run may turn trainer.survive_trainer_loss on: 0, or -1 with why naming what is not covered (an MPI
  * without ULFM, a launch without --with-ft ulfm, SP/CP, EP, rollout TP; in a split run (rollout ranks) anything but
  * plain DP trainers, spares, ZeRO-1, fully-async training, the broadcast weight sync; TP or PP with ZeRO-1,
- * under grpod, on GPUs or with spares and LoRA; on GPUs spares and ZeRO-1). colocated: every rank generates and
+ * under grpod, or with spares on GPUs or with LoRA). colocated: every rank generates and
  * trains (no rollout split); world: the ranks. Call only with the key on. Under grpod the survivors tell it (struct
  * survive_loss). */
 int survive_check(const struct grpo_config *cfg, const struct placement_spec *spec, bool colocated, int world,

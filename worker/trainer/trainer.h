@@ -245,8 +245,12 @@ size_t trainer_state_share(struct trainer *t, int root);
 int trainer_reform(struct trainer *t, struct comm *all, struct comm *dp, int dp_rank, int dp_size, char *err,
                    size_t errlen);
 /* TP or PP (after trainer_reform): the model copy's groups of the survivors' layout, the same position (TP rank,
- * stage) in it; the policy's and the reference's collectives go over them from here. */
+ * stage) in it; the policy's and the reference's collectives go over them from here (on GPUs over new NCCL twins
+ * of them, made collectively over each group; the lost ones freed). */
 void trainer_reform_groups(struct trainer *t, struct comm *tp, struct comm *pp, struct comm *mp);
+/* On GPUs with TP or PP: the NCCL twins the model's collectives use (TP, PP, the copy's group where PP splits it),
+ * each once, into out (room for 3): their count. A lost peer found in one is survived (comm_ft_watch). */
+int trainer_model_device_groups(const struct trainer *t, struct comm **out);
 /* TP or PP with spares: a spare (whole layers until now) takes a lost rank's place, TP rank tp_rank of tp_size and
  * stage pp_rank of pp_size over the groups tp, pp and mp (NULL where the size is 1): its policy, reference and
  * AdamW's moments become that shard's (their values come from a replica: trainer_state_share with ref). Before

@@ -274,10 +274,45 @@ void trainer_reform_groups(struct trainer *t, struct comm *tp, struct comm *pp, 
     t->lay.mp = t->lay.mp ? mp : NULL;
     /* the model's copy group is its TP group where PP is 1 (model_create_shard) */
     struct comm *model_mp = t->lay.pp_size > 1 ? mp : tp;
+    if (trainer_on_device(t) && (t->tp_dev || t->pp_dev || t->mp_dev)) {
+        /* on GPUs the collectives go over the groups' NCCL twins: the lost ones (aborted by the loss's revoke)
+         * freed, new ones made over the survivors' groups, each collectively in the same order on every rank of
+         * the copy (tp, pp, then the copy's whole group where PP splits it) */
+        if (t->mp_dev && t->mp_dev != t->tp_dev)
+            comm_free(t->mp_dev);
+        if (t->tp_dev)
+            comm_free(t->tp_dev);
+        if (t->pp_dev)
+            comm_free(t->pp_dev);
+        const int dev = t->policy->K->device_index;
+        t->tp_dev = t->lay.tp ? comm_device_group(t->lay.tp, dev) : NULL;
+        t->pp_dev = t->lay.pp ? comm_device_group(t->lay.pp, dev) : NULL;
+        t->mp_dev = t->lay.pp_size > 1 ? comm_device_group(model_mp, dev) : t->tp_dev;
+        if ((t->lay.tp && !t->tp_dev) || (t->lay.pp && !t->pp_dev) || !t->mp_dev)
+            check_failf(__FILE__, __LINE__, "the survivors' TP and PP groups on GPUs: no NCCL communicator");
+        tp = t->tp_dev, pp = t->pp_dev, model_mp = t->mp_dev;
+        if (trainer_is_lead(t))
+            log_info("trainer",
+                     "TP %d x PP %d on GPUs: the model copies' aborted NCCL communicators made again over the "
+                     "survivors' groups",
+                     t->lay.tp_size, t->lay.pp_size);
+    }
     model_set_groups(t->policy, tp, pp, model_mp);
     if (t->ref)
         model_set_groups(t->ref, tp, pp, model_mp);
     t->lay.devices = t->lay.dp_size * t->lay.tp_size * t->lay.pp_size; /* trainer_reform counted DP ranks */
+}
+
+int trainer_model_device_groups(const struct trainer *t, struct comm **out)
+{
+    int n = 0;
+    if (t->tp_dev)
+        out[n++] = t->tp_dev;
+    if (t->pp_dev)
+        out[n++] = t->pp_dev;
+    if (t->mp_dev && t->mp_dev != t->tp_dev)
+        out[n++] = t->mp_dev;
+    return n;
 }
 
 void trainer_join_shard(struct trainer *t, int tp_rank, int tp_size, int pp_rank, int pp_size, struct comm *tp,
