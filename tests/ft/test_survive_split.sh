@@ -10,6 +10,8 @@
 #    sleep): the two others redo step 3 from the units the lead kept, nothing generated or sent again ("2 DP ranks go
 #    on, step 3 redone"); the weights equal one process's within 1e-5, the audit files hold every group of every step
 #    exactly rollout.n times, metrics.jsonl each step once;
+#  - one-step-off (rollout.mode=async), trainer rank 2 killed in step 3's all-reduce while step 4's units wait at the
+#    lead: the weights equal the undisturbed one-step-off run's within 1e-5, exactly-once audit files;
 #  - the same under grpod (a second hold keeps the lead at step 5 while the test reads grpod): grpod shows rank 1 lost
 #    with "survived: DP 3 -> 2 at step 3", the run, the other trainers and the rollout rank running past grpod's
 #    heartbeat timeout, then the run finished; the weights one process's;
@@ -50,6 +52,24 @@ says "$TMP/rank1.log" "step 3 redone from the 1 work unit(s) this rank kept: non
 expect "rank1: the lead redoes step 3 from the units it kept" $?
 same_as_one rank1
 metrics_once rank1
+
+# one-step-off (actor_rollout_ref.rollout.mode=async: step k+1's units are generated, and reach the lead, while step
+# k trains): trainer rank 2 SIGKILLed in step 3's all-reduce; the survivors redo step 3 from the kept units while
+# step 4's wait in the lead's pending list; the weights equal the undisturbed one-step-off run's within 1e-5
+# shellcheck disable=SC2046 # keys' words are the keys
+timeout "$(scaled 180)" "${MPIRUN[@]}" -np 4 grpo-worker $(keys offwhole) $(survive_keys 4) "${SPLIT[@]}" \
+    actor_rollout_ref.rollout.mode=async >"$TMP/offwhole.log" 2>&1
+expect "one-step-off, undisturbed: $STEPS steps" $?
+start_held off 4 allreduce:3:2 "${SPLIT[@]}" actor_rollout_ref.rollout.mode=async
+kill_held off "trainer rank 2 in step 3's all-reduce (one-step-off)"
+wait "$JOB"
+expect "off: the run finishes without trainer rank 2 (mpirun exits 0)" $?
+survived off 3 2 2
+out=$("$COMPARE" "$(final offwhole)" "$(final off)" 1e-5 2>&1)
+expect "off: weights equal the undisturbed one-step-off run's within 1e-5 ($out)" $?
+out=$(python3 "$SRC_ROOT/tests/mpi/check_audit.py" "$TMP/off/audit" 4 6 "$STEPS" 2>&1)
+expect "off: audit: every group of every step trained exactly once ($out)" $?
+metrics_once off
 
 # under grpod: the survivors tell it; it shows trainer rank 1 lost with the reason and keeps the run (and the
 # rollout rank) running while the lead holds at step 5's all-reduce (a second hold, released by the test), then
