@@ -246,13 +246,17 @@ for s in core rest; do
     streams+=($!)
     stream_log[$!]="$f" stream_name[$!]="$s"
 done
+pending=("${streams[@]}")
 for _ in core rest; do
     done_pid="" src=0
-    wait -n -p done_pid "${streams[@]}" || src=$?
+    wait -n -p done_pid "${pending[@]}" || src=$?
     echo "== stream ${stream_name[$done_pid]} ended after $(($(date +%s) - T_STREAMS)) s (exit $src); what it printed:"
     cat "${stream_log[$done_pid]}"
     rm -f "${stream_log[$done_pid]}"
     [ $src -eq 0 ] || rc=1
+    left=() # the one waited for is no job any more (wait would say "no such job")
+    for p in "${pending[@]}"; do [ "$p" = "$done_pid" ] || left+=("$p"); done
+    pending=("${left[@]}")
 done
 streams=()
 took "both streams"
