@@ -5,7 +5,10 @@
 # setting in dispatcher.c). The split run of a tiny model (1 trainer + 2 rollout ranks) finishes with weights
 # bit-identical to the undisturbed run's, every group exactly rollout.n times a step in the audit, and the late
 # copy, when it comes, dropped (dataplane/duplicates). Without the lease the held unit waits for its holder, and
-# no check of the dispatcher's regrant passes.
+# no check of the dispatcher's regrant passes. Then a stale grant: rollout rank 0 frozen (SIGSTOP) before it fetches
+# its first grant's policy version, taken for lost, woken two versions later: the dispatcher no longer holds the
+# version, and rank 0 asks for new work instead of failing the job (it failed a CI run so, after a silent weight
+# relay's timeout); 200 steps, every group exactly rollout.n times a step.
 # usage: test_lease.sh (the build's programs by name, tests/lib.sh)
 . "$(dirname "$0")/../lib.sh" grpo-lease
 test_env
@@ -44,5 +47,31 @@ expect "the metrics count one copy dropped (dataplane/duplicates)" $?
 ckpt() { echo "$TMP/$1/p/e/checkpoints/global_step_$STEPS/actor/model.safetensors"; }
 cmp -s "$(ckpt plain)" "$(ckpt held)"; expect "final weights bit-identical to the undisturbed run's" $?
 python3 "$(dirname "$0")/../mpi/check_audit.py" "$TMP/held/audit" 2 2 "$STEPS"
+expect "audit files: every group exactly rollout.n times per step" $?
+# rollout rank 0 holds its first grant that needs a policy version fetched, and the test freezes it there (SIGSTOP)
+# until the trainers have logged step 3 (two versions later): the dispatcher takes it for lost and grants its units
+# to rank 1; woken (SIGCONT, its hold file removed), it fetches a version gone by (as after a silent weight relay's
+# timeout on a loaded machine; CI 2026-12-08 ended the job there): it asks for new work and the run finishes as the
+# undisturbed one (200 steps of the tiny model: the run is still on when rank 0 wakes, at step 3)
+touch "$TMP/fetch.hold"
+KEYS=("${KEYS[@]/#trainer.total_training_steps=*/trainer.total_training_steps=200}")
+run gone -x GRPO_TEST_HOLD_FETCH="0:$TMP/fetch.hold" &
+job=$!
+track "$job"
+held_pid() { sed -n 's/.*GRPO_TEST_HOLD_FETCH: holding .*(pid \([0-9]*\)).*/\1/p' "$TMP/gone.log"; }
+held() { [ -n "$(held_pid)" ] || ! kill -0 "$job" 2>/dev/null; }
+wait_for 120 held
+pid="$(held_pid)"
+[ -n "$pid" ] && kill -STOP "$pid"
+expect "rank 0 holds its first fetch (pid ${pid:-none}), frozen" $?
+step3() { [ "$(grep -c . "$TMP/gone/p/e/metrics.jsonl" 2>/dev/null)" -ge 3 ] || ! kill -0 "$job" 2>/dev/null; }
+wait_for 120 step3
+rm -f "$TMP/fetch.hold"
+[ -n "$pid" ] && kill -CONT "$pid"
+wait "$job"
+expect "the split run whose rank 0 fetches a version gone by finishes" $?
+says "$TMP/gone.log" "the run is past this unit (granted again elsewhere); asking for new work"
+expect "rank 0 found its grant's version gone and asked for new work" $?
+python3 "$(dirname "$0")/../mpi/check_audit.py" "$TMP/gone/audit" 2 2 200
 expect "audit files: every group exactly rollout.n times per step" $?
 finish "$TMP/held.log"

@@ -2173,6 +2173,17 @@ static void test_relay_tree(void **state)
     assert_non_null(strstr(gone->weights_chunk->error, "not held"));
     assert_int_equal(gone->weights_chunk->digest.len, 0);
     protocol_free(gone);
+    /* a relay that failed its asker for a version gone by meanwhile (a silent relay held the asker up for its
+     * timeout while the run moved on; CI, 2026-12-08): barred all the same, and the asker told the version is gone
+     * (it asks for new work) */
+    st = cstats(d);
+    gone = relay_ask(d, &c[5], id[5], 0, 4, NULL, 2.6);
+    assert_non_null(strstr(gone->weights_chunk->error, "policy version 0 is not held (newest 1)"));
+    protocol_free(gone);
+    assert_int_equal(cstats(d).relay_failed, st.relay_failed + 1);
+    assert_int_equal(cstats(d).relays_barred, st.relays_barred + 1);
+    /* rank 4, the one holder with room before, is barred: rank 6 is not sent to it, and waits for ranks on their way */
+    expect_plan(relay_ask(d, &c[6], id[6], 1, -1, NULL, 2.6), dg1, "wait");
     dispatch_core_free(d);
 
     /* fan-out 1: rank 1 waits for rank 0, on its way; rank 0 dies before it holds the version: rank 1 no longer

@@ -825,10 +825,14 @@ static uint8_t *answer(struct dispatch_core *d, const Grpo__Envelope *req, const
             ch.broadcast = broadcast_answer(d, bslot, w->version, now);
         else if (w->relay && s && d->o.relay_fanout > 0)
             relay_answer(d, s, w, a->who, bslot, &ch);
-        else if (!s)
+        else if (!s) {
+            /* a relay that failed the asker is barred all the same: the version went by while the asker waited on
+             * it (a silent relay holds it up for its timeout), and the asker then asks for new work */
+            if (w->relay && w->bad_relay > 0 && d->o.relay_fanout > 0)
+                bar_relay(d, (int)w->bad_relay - 1, bslot, w->version);
             snprintf(reason, sizeof reason, "policy version %lld is not held (newest %lld)", (long long)w->version,
                      (long long)d->latest);
-        else if (w->offset > d->o.n_floats || w->count > CHUNK_MAX_FLOATS || w->count > d->o.n_floats - w->offset)
+        } else if (w->offset > d->o.n_floats || w->count > CHUNK_MAX_FLOATS || w->count > d->o.n_floats - w->offset)
             snprintf(reason, sizeof reason,
                      "floats %" PRIu64 "+%" PRIu64 " out of range (%zu parameters, chunks of at most %zu)", w->offset,
                      w->count, d->o.n_floats, CHUNK_MAX_FLOATS);

@@ -654,7 +654,8 @@ static void head_tell(struct rollout_rank *r, const struct work_grant *g)
 }
 
 /* The dispatcher's next word: a unit (with its policy version in the model), or the end. Waiting (for the
- * trainers' next version, or while the run is paused) is added to *waited. 0, or -1 with err. */
+ * trainers' next version, or while the run is paused) is added to *waited. 0, 1 when the grant went stale before
+ * its version could be fetched (ask again), or -1 with err. */
 static int next_work_asked(struct rollout_rank *r, struct work_grant *g, double *waited, char *err, size_t errlen);
 
 /* The next grant; the flight recorder keeps the whole wait for it (every ask, the answers to wait and the backoff)
@@ -662,9 +663,38 @@ static int next_work_asked(struct rollout_rank *r, struct work_grant *g, double 
 static int next_work(struct rollout_rank *r, struct work_grant *g, double *waited, char *err, size_t errlen)
 {
     const int tok = flight_begin(FLIGHT_OP_WORK_REQUEST, work_client_group(r->work), 0, 0, -1, clock_now_s());
-    const int rc = next_work_asked(r, g, waited, err, errlen);
+    int rc;
+    while ((rc = next_work_asked(r, g, waited, err, errlen)) == 1) /* a stale grant: ask again */
+        ;
     flight_end(tok, clock_now_s(), rc != 0);
     return rc;
+}
+
+/* For the tests only: GRPO_TEST_HOLD_FETCH=E:FILE makes rollout TP group E's head hold the first grant whose policy
+ * version it must fetch while FILE exists (at most 10 minutes); the test freezes the process meanwhile (SIGSTOP:
+ * the dispatcher takes it for lost and grants its units elsewhere) until the trainers are two versions on, then
+ * removes FILE and wakes it. The fetch then finds the version gone, as after a silent weight relay's timeout on a
+ * loaded machine (tests/system/test_lease.sh). */
+static void test_hold_fetch(struct rollout_rank *r, const struct work_grant *g)
+{
+    static bool held;
+    const char *v = getenv("GRPO_TEST_HOLD_FETCH");
+    char *end;
+    if (held || !r->head || !v || strtol(v, &end, 10) != r->env->at.engine || end == v || *end != ':')
+        return;
+    held = true;
+    log_warn("rollout",
+             "GRPO_TEST_HOLD_FETCH: holding step %lld unit %d (policy version %lld) while %s exists (pid %d)",
+             (long long)g->step, g->unit, (long long)g->version, end + 1, (int)getpid());
+    for (const double t0 = clock_now_s(); access(end + 1, F_OK) == 0 && clock_now_s() - t0 < 600;)
+        clock_sleep_s(0.02);
+}
+
+/* Whether err is the dispatcher's answer that version is no longer held, a newer one being its newest. */
+static bool version_gone(const char *err, int64_t version)
+{
+    const char *at = strstr(err, "is not held (newest ");
+    return at && strtoll(at + strlen("is not held (newest "), NULL, 10) > version;
 }
 
 static int next_work_asked(struct rollout_rank *r, struct work_grant *g, double *waited, char *err, size_t errlen)
@@ -762,7 +792,23 @@ static int next_work_asked(struct rollout_rank *r, struct work_grant *g, double 
         clock_sleep_s(0.05);
     }
     control_wait_poll(r->env->ctl, true);
+    if (g->kind == WORK_UNIT && g->version != r->version)
+        test_hold_fetch(r, g);
     if (g->kind == WORK_UNIT && g->version != r->version && take_version(r, g->version, err, errlen) != 0) {
+        /* on-policy, a version the dispatcher no longer holds went by while this rank fetched it (a silent weight
+         * relay held it up): the run is past the unit's step, so the unit was granted again elsewhere and done;
+         * this grant is stale, and the rank asks for new work */
+        if (work_client_end(r->work, g)) /* the trainers ended meanwhile: nothing is owed */
+            return 0;
+        if (!r->env->cfg->async_enable && version_gone(err, g->version)) {
+            log_warn("rollout",
+                     "step %lld unit %d: %s: the run is past this unit (granted again elsewhere); asking "
+                     "for new work",
+                     (long long)g->step, g->unit, err);
+            work_grant_release(g);
+            *waited += clock_now_s() - t0;
+            return 1;
+        }
         /* live fully-async training: a version gone by now is replaced by the newest, which the unit takes */
         if (!r->env->cfg->async_enable || g->n_phases > 0)
             return -1;
