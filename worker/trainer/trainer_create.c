@@ -192,6 +192,17 @@ static int device_mp_setup(struct trainer *t, char *err, size_t errlen)
     return 0;
 }
 
+void trainer_free_model_devices(struct trainer *t)
+{
+    if (t->mp_dev && t->mp_dev != t->tp_dev)
+        comm_free(t->mp_dev);
+    if (t->tp_dev)
+        comm_free(t->tp_dev);
+    if (t->pp_dev)
+        comm_free(t->pp_dev);
+    t->mp_dev = t->tp_dev = t->pp_dev = NULL;
+}
+
 /* overlap_grad_reduce: the DP gradient sum in buckets during the backward, where the sum is one all-reduce of
  * the whole gradient in this rank's memory (not with ZeRO-1's reduce-scatter, TP or PP's shards, LoRA's adapter,
  * or the host staging of GPUs that DP ranks share). ZeRO-1 by its key, not by t->zero (which the key makes, with DP
@@ -746,12 +757,7 @@ void trainer_free(struct trainer *t)
         comm_free(t->grads_dev);
     if (t->edp_dev)
         comm_free(t->edp_dev);
-    if (t->mp_dev && t->mp_dev != t->tp_dev)
-        comm_free(t->mp_dev);
-    if (t->tp_dev)
-        comm_free(t->tp_dev);
-    if (t->pp_dev)
-        comm_free(t->pp_dev);
+    trainer_free_model_devices(t);
     if (t->host_params)
         karena_release(&t->host_stage);
     gen_ctx_release(&t->rc);

@@ -143,6 +143,8 @@ int trainer_resolve_micro_batches(struct trainer *t, char *err, size_t errlen);
 /* trainer.device=cuda with DP > 1: t->dp_dev, lay.dp's NCCL twin where every DP rank has a GPU of its own (else the
  * host buffer for MPI); a collective of lay.dp (again over the survivors' group after a loss). */
 void trainer_device_dp_setup(struct trainer *t);
+/* The NCCL twins of the model copy's TP, PP and TP x PP groups freed (each once; the pointers NULL). */
+void trainer_free_model_devices(struct trainer *t);
 /* overlap_grad_reduce's buckets over lay.dp, where they apply (t->overlap; left NULL elsewhere). */
 void trainer_overlap_setup(struct trainer *t);
 

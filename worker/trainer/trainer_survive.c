@@ -278,12 +278,7 @@ void trainer_reform_groups(struct trainer *t, struct comm *tp, struct comm *pp, 
         /* on GPUs the collectives go over the groups' NCCL twins: the lost ones (aborted by the loss's revoke)
          * freed, new ones made over the survivors' groups, each collectively in the same order on every rank of
          * the copy (tp, pp, then the copy's whole group where PP splits it) */
-        if (t->mp_dev && t->mp_dev != t->tp_dev)
-            comm_free(t->mp_dev);
-        if (t->tp_dev)
-            comm_free(t->tp_dev);
-        if (t->pp_dev)
-            comm_free(t->pp_dev);
+        trainer_free_model_devices(t);
         const int dev = t->policy->K->device_index;
         t->tp_dev = t->lay.tp ? comm_device_group(t->lay.tp, dev) : NULL;
         t->pp_dev = t->lay.pp ? comm_device_group(t->lay.pp, dev) : NULL;
