@@ -51,7 +51,7 @@ expect "audit files: every group exactly rollout.n times per step" $?
 # rollout rank 0 holds its first grant that needs a policy version fetched, and the test freezes it there (SIGSTOP)
 # until the trainers have logged step 3 (two versions later): the dispatcher takes it for lost and grants its units
 # to rank 1; woken (SIGCONT, its hold file removed), it fetches a version gone by (as after a silent weight relay's
-# timeout on a loaded machine; CI 2026-12-08 ended the job there): it asks for new work and the run finishes as the
+# timeout on a loaded machine; CI 2026-12-06 ended the job there): it asks for new work and the run finishes as the
 # undisturbed one (200 steps of the tiny model: the run is still on when rank 0 wakes, at step 3)
 touch "$TMP/fetch.hold"
 KEYS=("${KEYS[@]/#trainer.total_training_steps=*/trainer.total_training_steps=200}")

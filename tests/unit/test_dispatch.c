@@ -2174,7 +2174,7 @@ static void test_relay_tree(void **state)
     assert_int_equal(gone->weights_chunk->digest.len, 0);
     protocol_free(gone);
     /* a relay that failed its asker for a version gone by meanwhile (a silent relay held the asker up for its
-     * timeout while the run moved on; CI, 2026-12-08): barred all the same, and the asker told the version is gone
+     * timeout while the run moved on; CI, 2026-12-06): barred all the same, and the asker told the version is gone
      * (it asks for new work) */
     st = cstats(d);
     gone = relay_ask(d, &c[5], id[5], 0, 4, NULL, 2.6);
