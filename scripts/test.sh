@@ -67,7 +67,9 @@ fi
 # measured here, before this script starts its own builds beside the tests (below): the machine as the tests find it
 GRPO_TEST_TIME_SCALE="${GRPO_TEST_TIME_SCALE:-$(python3 scripts/time_scale.py -v)}"
 export GRPO_TEST_TIME_SCALE
-mult="$(awk -v f="$GRPO_TEST_TIME_SCALE" 'BEGIN { m = int(f); if (m < f) m++; print m < 1 ? 1 : m }')"
+# meson's --timeout-multiplier: the time scale rounded up to a whole number, at least 1
+meson_mult() { awk -v f="$GRPO_TEST_TIME_SCALE" 'BEGIN { m = int(f); if (m < f) m++; print m < 1 ? 1 : m }'; }
+mult="$(meson_mult)"
 echo "== time bounds x $GRPO_TEST_TIME_SCALE (meson's timeouts x $mult)"
 # A full run (no meson arguments) also tests the CUDA back-end under the emulator (below). Its build starts now,
 # beside the tests, at a lower priority: the tests spend much of their time waiting (on MPI start-ups, grpod's
@@ -164,10 +166,10 @@ fi
 # Each stream's output goes to its own file, printed whole when the stream ends.
 STREAM_SCALE=1.5
 GRPO_TEST_TIME_SCALE="$(awk -v f="$GRPO_TEST_TIME_SCALE" -v s="$STREAM_SCALE" 'BEGIN { print f * s }')"
-mult="$(awk -v f="$GRPO_TEST_TIME_SCALE" 'BEGIN { m = int(f); if (m < f) m++; print m < 1 ? 1 : m }')"
+mult="$(meson_mult)"
 echo "== two streams: time bounds x $GRPO_TEST_TIME_SCALE (x $STREAM_SCALE for the other stream; meson's x $mult)"
-rm -f build/meson-logs/testlog*.json build-asan/meson-logs/testlog*.json build-emu/meson-logs/testlog-emu*.json \
-    build-ft/meson-logs/testlog-ft*.json build-ft-emu/meson-logs/testlog-ft-nccl*.json
+mapfile -t old_logs < <(scripts/test_logs.sh)
+rm -f "${old_logs[@]}"
 
 stream_core() {
     local rc=0 asan_mult brc=0
@@ -260,10 +262,6 @@ for _ in core rest; do
 done
 streams=()
 took "both streams"
-logs=()
-for f in build/meson-logs/testlog-*.json build-asan/meson-logs/testlog*.json build-ft/meson-logs/testlog-ft*.json \
-    build-ft-emu/meson-logs/testlog-ft-nccl*.json build-emu/meson-logs/testlog-emu*.json; do
-    [ -f "$f" ] && logs+=("$f")
-done
+mapfile -t logs < <(scripts/test_logs.sh)
 python3 scripts/count_tests.py "${logs[@]}" || rc=1
 exit $rc
