@@ -95,14 +95,10 @@ static void send_units(struct trainer_rank *r, const struct astream_step *s)
         return;
     size_t len = 0;
     uint8_t *msg = s ? astream_step_pack(s, &len) : NULL;
+    if (msg)
+        msg = split_pad_words(msg, len);
     int64_t n = s ? (int64_t)len : -1;
-    comm_broadcast_polled(all, &n, 1, COMM_I64, 0, NULL, NULL);
-    if (msg) {
-        const size_t words = (len + 3) / 4; /* bytes as 32-bit words */
-        msg = xrealloc(msg, words * 4 + 4);
-        memset(msg + len, 0, words * 4 + 4 - len);
-        comm_broadcast(all, msg, words, COMM_I32, 0);
-    }
+    split_share_msg(r, msg, &n);
     free(msg);
 }
 
@@ -110,16 +106,13 @@ static void send_units(struct trainer_rank *r, const struct astream_step *s)
  * meanwhile). 0, or -1 (rank 0's stream failed, or its message does not unpack here). */
 static int receive_units(struct trainer_rank *r, int64_t k, struct astream_step *s)
 {
-    struct comm *all = r->env->trainers;
     int64_t n = 0;
-    comm_broadcast_polled(all, &n, 1, COMM_I64, 0, split_hold_while_waiting, r);
-    if (n < 0) {
-        log_error("trainer", "step %lld: trainer rank 0's stream failed (see its log)", (long long)k);
+    uint8_t *msg = split_share_msg(r, NULL, &n);
+    if (!msg) {
+        log_error("trainer", "step %lld: trainer rank 0's stream failed (see its log; its message's length: %lld)",
+                  (long long)k, (long long)n);
         return -1;
     }
-    const size_t words = ((size_t)n + 3) / 4;
-    uint8_t *msg = xcalloc(words * 4 + 4, 1);
-    comm_broadcast(all, msg, words, COMM_I32, 0);
     char err[1024];
     const int rc = astream_step_unpack(msg, (size_t)n, &r->lim, s, err, sizeof err);
     free(msg);

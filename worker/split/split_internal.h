@@ -125,6 +125,12 @@ int split_receive_batch(struct trainer_rank *r, int timeout_ms, struct pending *
                         char *err, size_t errlen);
 /* One batch of step k (or later) off the socket into pending: 1 kept, 0 none or dropped, -1 on a socket error. */
 int split_receive_one(struct trainer_rank *r, int64_t k, int timeout_ms);
+/* msg (len bytes) grown to whole 32-bit words and 4 bytes more, zeroed: what split_share_msg broadcasts. */
+uint8_t *split_pad_words(uint8_t *msg, size_t len);
+/* Trainer rank 0 hands a message to the other trainers: *n its length there (-1: it has none, its source failed),
+ * then its bytes (msg on rank 0, padded by split_pad_words); the others hold for a pause while they wait. The
+ * message (msg on rank 0, a buffer of its own the caller frees on the others), or NULL where *n is not a length. */
+uint8_t *split_share_msg(struct trainer_rank *r, uint8_t *msg, int64_t *n);
 /* Whether the update packs a group's shared prompt once (the rows step_batch_balance weighs), as the rollout ranks
  * reckon it when they cut a unit over the DP ranks. */
 bool split_packs_shared_prompts(const struct trainer_rank *r);

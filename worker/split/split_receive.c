@@ -163,6 +163,27 @@ int split_receive_one(struct trainer_rank *r, int64_t k, int timeout_ms)
     return 1;
 }
 
+uint8_t *split_pad_words(uint8_t *msg, size_t len)
+{
+    const size_t words = (len + 3) / 4;
+    msg = xrealloc(msg, words * 4 + 4);
+    memset(msg + len, 0, words * 4 + 4 - len);
+    return msg;
+}
+
+uint8_t *split_share_msg(struct trainer_rank *r, uint8_t *msg, int64_t *n)
+{
+    struct comm *all = r->env->trainers;
+    const bool root = comm_rank(all) == 0;
+    comm_broadcast_polled(all, n, 1, COMM_I64, 0, root ? NULL : split_hold_while_waiting, r);
+    if (*n < 0 || (uint64_t)*n > ((uint64_t)1 << 34))
+        return NULL;
+    if (!root)
+        msg = xcalloc(((size_t)*n + 3) / 4 * 4 + 4, 1);
+    comm_broadcast(all, msg, ((size_t)*n + 3) / 4, COMM_I32, 0);
+    return msg;
+}
+
 bool split_packs_shared_prompts(const struct trainer_rank *r)
 {
     return r->env->cfg->actor_shared_prompt_packing && strcmp(config_device(r->env->cfg), "cpu") == 0;

@@ -36,9 +36,7 @@ static void keep_step(struct trainer_rank *r, int64_t k)
     size_t len = 0;
     uint8_t *msg = astream_step_pack(&s, &len);
     astream_step_free(&s);
-    const size_t words = (len + 3) / 4;
-    msg = xrealloc(msg, words * 4 + 4);
-    memset(msg + len, 0, words * 4 + 4 - len);
+    msg = split_pad_words(msg, len);
     const int slot = (int)(k % 2);
     free(r->kept[slot]);
     r->kept[slot] = msg;
@@ -68,17 +66,14 @@ int split_whole_step(struct trainer_rank *r, int64_t k)
     int64_t n = lead ? (int64_t)r->kept_len[slot] : 0;
     uint8_t *msg = lead ? r->kept[slot] : NULL;
     uint8_t *got = NULL;
-    if (all && comm_size(all) > 1) {
-        /* the others wait here while the lead pulls the step's units: held for a pause meanwhile */
-        comm_broadcast_polled(all, &n, 1, COMM_I64, 0, lead ? NULL : split_hold_while_waiting, r);
-        if (n < 0 || (uint64_t)n > ((uint64_t)1 << 34)) {
+    if (all && comm_size(all) > 1) { /* the others wait here while the lead pulls the step's units */
+        msg = split_share_msg(r, msg, &n);
+        if (!msg) {
             log_error("trainer", "step %lld: the lead's units of the step: a length of %lld bytes", (long long)k,
                       (long long)n);
             return -1;
         }
-        if (!lead)
-            msg = got = xcalloc(((size_t)n + 3) / 4 * 4 + 4, 1);
-        comm_broadcast(all, msg, ((size_t)n + 3) / 4, COMM_I32, 0);
+        got = lead ? NULL : msg;
     }
     struct astream_step s;
     char err[1024];
