@@ -27,8 +27,13 @@ struct dataplane_push {
     bool *waiting;     /* a batch sent on socket i awaits its answer */
     uint64_t *counter; /* ... the counter it was sent with */
     const struct plane_cred *cred;
-    uint16_t *flight_group; /* each trainer's endpoint, for the flight recorder */
+    uint16_t *flight_group;  /* each trainer's endpoint, for the flight recorder */
+    bool (*ended)(void *ud); /* the run has ended: a wait for a trainer gives up (dataplane_push_until) */
+    void *ended_ud;
 };
+
+/* A wait on a trainer is cut in slices this long, between which the run's end is looked at */
+#define WAIT_SLICE_MS 200
 
 struct dataplane_pull *dataplane_pull_open(const char *endpoint, char *err, size_t errlen)
 {
@@ -121,21 +126,53 @@ struct dataplane_push *dataplane_push_open(const char *const *endpoints, int n, 
     return p;
 }
 
+void dataplane_push_until(struct dataplane_push *p, bool (*ended)(void *ud), void *ud)
+{
+    p->ended = ended;
+    p->ended_ud = ud;
+}
+
+/* nn_send (send: len bytes at *msg) or nn_recv (a message of its own into *msg) on sock within timeout_ms, in
+ * slices of WAIT_SLICE_MS with the run's end looked at between them: a batch of a step the trainers no longer
+ * wait for (granted again elsewhere and done there) must not hold a finished run's rollout rank for the whole
+ * timeout. The bytes, or -1 with nn_errno() set (ECANCELED: the run ended; ETIMEDOUT). A timed-out REQ send has
+ * sent nothing, and a timed-out receive has taken nothing, so the next slice starts clean. */
+static int sliced(const struct dataplane_push *p, int sock, bool send, void **msg, size_t len, int timeout_ms)
+{
+    const double until = clock_now_s() + timeout_ms / 1000.0;
+    for (;;) {
+        const int left = (int)((until - clock_now_s()) * 1000);
+        int slice = left < WAIT_SLICE_MS ? left : WAIT_SLICE_MS;
+        slice = slice > 1 ? slice : 1;
+        nn_setsockopt(sock, NN_SOL_SOCKET, send ? NN_SNDTIMEO : NN_RCVTIMEO, &slice, sizeof slice);
+        const int n = send ? nn_send(sock, *msg, len, 0) : nn_recv(sock, msg, NN_MSG, 0);
+        if (n >= 0)
+            return n;
+        const int e = nn_errno();
+        if (e == EINTR)
+            continue;
+        if (e != ETIMEDOUT || clock_now_s() >= until)
+            return -1;
+        if (p->ended && p->ended(p->ended_ud)) {
+            errno = ECANCELED; /* nn_errno() is errno */
+            return -1;
+        }
+    }
+}
+
 /* Wait for the answer to socket i's outstanding batch. */
 static int await_answer(struct dataplane_push *p, int i, int timeout_ms, char *err, size_t errlen)
 {
     if (!p->waiting[i])
         return 0;
-    nn_setsockopt(p->socks[i], NN_SOL_SOCKET, NN_RCVTIMEO, &timeout_ms, sizeof timeout_ms);
     void *msg = NULL;
-    int n;
-    do
-        n = nn_recv(p->socks[i], &msg, NN_MSG, 0);
-    while (n < 0 && nn_errno() == EINTR);
+    const int n = sliced(p, p->socks[i], false, &msg, 0, timeout_ms);
     if (n < 0) {
-        int e = nn_errno();
+        const int e = nn_errno();
         error_set(err, errlen, "data plane: no answer from trainer DP rank %d: %s", i,
-                  e == ETIMEDOUT ? "timed out (the trainer takes no data)" : nn_strerror(e));
+                  e == ECANCELED   ? "the run ended meanwhile"
+                  : e == ETIMEDOUT ? "timed out (the trainer takes no data)"
+                                   : nn_strerror(e));
         return -1;
     }
     p->waiting[i] = false;
@@ -183,34 +220,17 @@ static int send_batch(struct dataplane_push *p, int i, const void *buf, size_t l
     int rc = await_answer(p, i, timeout_ms, err, errlen);
     if (rc != 0)
         return rc;
-    nn_setsockopt(p->socks[i], NN_SOL_SOCKET, NN_SNDTIMEO, &timeout_ms, sizeof timeout_ms);
-    int n;
-    do
-        n = nn_send(p->socks[i], buf, len, 0);
-    while (n < 0 && nn_errno() == EINTR);
-    if (n < 0) {
-        int e = nn_errno();
+    void *msg = (void *)buf;
+    if (sliced(p, p->socks[i], true, &msg, len, timeout_ms) < 0) {
+        const int e = nn_errno();
         return error_set(err, errlen, "data plane: sending %zu bytes to trainer DP rank %d: %s", len, i,
-                         e == ETIMEDOUT ? "timed out (the trainer takes no data)" : nn_strerror(e));
+                         e == ECANCELED   ? "the run ended meanwhile"
+                         : e == ETIMEDOUT ? "timed out (the trainer takes no data)"
+                                          : nn_strerror(e));
     }
     p->waiting[i] = true;
     p->counter[i] = counter;
     return 0;
-}
-
-int dataplane_flush(struct dataplane_push *p, int timeout_ms, char *err, size_t errlen)
-{
-    int rc = 0;
-    for (int i = 0; i < p->n; i++) {
-        const int tok = p->waiting[i]
-                            ? flight_begin(FLIGHT_OP_BATCH_PUSH, p->flight_group[i], p->counter[i], 0, i, clock_now_s())
-                            : 0;
-        const int r = await_answer(p, i, timeout_ms, err, errlen);
-        flight_end(tok, clock_now_s(), r != 0);
-        if (r != 0)
-            rc = -1;
-    }
-    return rc;
 }
 
 void dataplane_push_close(struct dataplane_push *p)

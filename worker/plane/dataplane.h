@@ -37,12 +37,14 @@ struct dataplane_push *dataplane_push_open(const char *const *endpoints, int n, 
                                            char *err, size_t errlen);
 /* Send one batch (packed with counter `counter` of the credentials) to endpoint i: first wait up to timeout_ms
  * for the answer to the previous one (back-pressure); an answer not authenticated for its batch is refused.
- * 0; -1 with err when no answer came in time (the trainer takes no data: try again); -2 with err when the
+ * 0; -1 with err when no answer came in time (the trainer takes no data: try again) or the run ended meanwhile
+ * (dataplane_push_until); -2 with err when the
  * previous batch was refused (err says why: a configuration that differs from the trainer's). */
 int dataplane_send(struct dataplane_push *p, int i, const void *buf, size_t len, uint64_t counter, int timeout_ms,
                    char *err, size_t errlen);
-/* Wait up to timeout_ms for the answers to every batch sent: 0 when all were accepted, else -1 with err. */
-int dataplane_flush(struct dataplane_push *p, int timeout_ms, char *err, size_t errlen);
+/* Waits on a trainer (dataplane_send's) give up as soon as ended(ud) says the run has ended: looked at every
+ * 0.2 s. */
+void dataplane_push_until(struct dataplane_push *p, bool (*ended)(void *ud), void *ud);
 void dataplane_push_close(struct dataplane_push *p);
 
 void dataplane_msg_free(void *buf);

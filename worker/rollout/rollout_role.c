@@ -152,6 +152,10 @@ static void *watch_group(void *arg)
     return NULL;
 }
 
+/* The end has reached this rollout process (dataplane_push_until's test): a batch on its way, of a unit the
+ * trainers no longer wait for, is dropped at once. */
+static bool run_ended(void *work) { return work_client_ended(work); }
+
 static int setup(struct rollout_rank *r, char *err, size_t errlen)
 {
     const struct grpo_config *c = r->env->cfg;
@@ -273,6 +277,8 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
     for (int i = 0; i < r->env->n_endpoints; i++)
         eps[i] = r->env->endpoints[i];
     r->push = dataplane_push_open(eps, r->env->n_endpoints, &r->env->plane_dp, err, errlen);
+    if (r->push && r->work)
+        dataplane_push_until(r->push, run_ended, r->work);
     return r->push ? 0 : -1;
 }
 
@@ -712,6 +718,9 @@ static int next_work_asked(struct rollout_rank *r, struct work_grant *g, double 
                                ? (work_client_latest(r->work) > 0 ? work_client_latest(r->work) : 0)
                                : r->cur_step,
                            nothing_to_save, NULL);
+        /* the end heard in a ping: asking a dispatcher that may have closed since would only wait */
+        if (work_client_end(r->work, g))
+            break;
         char why[1024];
         if (work_client_next(r->work, g, 5000, why, sizeof why) != 0) {
             if (strstr(why, "refused: superseded")) { /* a newer process serves this rank: its work is that one's */
@@ -916,8 +925,11 @@ int run_rollout(struct role_env *env)
         if (g.kind == WORK_END)
             break;
         if (rollout_unit(&r, &g, waited, &wait_send, err, sizeof err) != 0) {
-            if (r.work && work_client_ended(r.work)) /* the run ended while this unit was on its way */
+            if (r.work && work_client_ended(r.work)) { /* the run ended while this unit was on its way */
+                log_info("rollout", "step %lld unit %d: not delivered, and not owed: %s", (long long)g.step, g.unit,
+                         err);
                 continue;
+            }
             log_error("rollout", "%s", err);
             goto out;
         }
