@@ -388,6 +388,21 @@ void placement_dispatch_endpoint(const char *base, int n_dp, const char *host, c
         snprintf(out, len, "%s-dispatch.sock", base);
 }
 
+void placement_lead_endpoint(const char *data_ep, char *out, size_t len)
+{
+    const size_t n = strlen(data_ep), sl = strlen(".sock");
+    if (strncmp(data_ep, "tcp://", 6) == 0) {
+        const char *colon = strrchr(data_ep, ':');
+        const long port = colon ? strtol(colon + 1, NULL, 10) : 0;
+        snprintf(out, len, "%.*s:%ld", (int)(colon ? colon - data_ep : (long)n), data_ep,
+                 port + PLACEMENT_PORTS_PER_RUN / 2);
+    } else if (n > sl && strcmp(data_ep + n - sl, ".sock") == 0) {
+        snprintf(out, len, "%.*s-dispatch.sock", (int)(n - sl), data_ep);
+    } else {
+        snprintf(out, len, "%s-dispatch", data_ep);
+    }
+}
+
 int placement_check(const struct placement_spec *s, int world, int prompts_per_step, char *why, size_t whylen)
 {
     struct placement p;

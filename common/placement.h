@@ -71,6 +71,11 @@ void placement_data_endpoint(const char *base, int dp, const char *host, char *o
 /* The trainers' dispatcher (work units and weights, on trainer DP rank 0's host) in a run with n_dp trainer DP
  * ranks: PREFIX-dispatch.sock for ipc, tcp://HOST:PORT+n_dp for tcp (the port after the data ports). */
 void placement_dispatch_endpoint(const char *base, int n_dp, const char *host, char *out, size_t len);
+/* Where trainer DP rank d > 0 runs the dispatcher once it leads a split run whose lead was lost
+ * (trainer.survive_trainer_loss), from its data endpoint data_ep (as this process names it: to bind or to dial):
+ * PREFIX-dpD-dispatch.sock for ipc, tcp://HOST:PORT+PLACEMENT_PORTS_PER_RUN/2 for tcp (above the data, dispatch
+ * and relay ports of a run of up to 127 DP ranks and rollout processes). */
+void placement_lead_endpoint(const char *data_ep, char *out, size_t len);
 
 /* The run's data-plane base: `configured` (grpod.data_endpoint) when set; else, when the run's ranks span more
  * than one host (hosts > 1), tcp:// "*" PORT, PORT chosen from `tag` (the run id, or a value rank 0 drew), so

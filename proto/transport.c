@@ -30,6 +30,8 @@ struct rpc_client {
     struct ctl_client *ctl; /* tcp:// to grpod: the session (the secret itself is not kept); NULL: none */
     uint64_t next_id;
     struct plane_cred *plane; /* NULL: no data-plane authentication */
+    char **also;              /* endpoints connected besides (rpc_connect_also), n_also of them */
+    int n_also;
 };
 
 void rpc_set_plane(struct rpc_client *c, struct plane_cred *cred) { c->plane = cred; }
@@ -391,10 +393,27 @@ struct rpc_client *rpc_open(const char *endpoint, const char *secret, char *err,
     return c;
 }
 
+int rpc_connect_also(struct rpc_client *c, const char *endpoint, char *err, size_t errlen)
+{
+    enum endpoint_kind kind;
+    if (endpoint_parse(endpoint, &kind, NULL, 0, err, errlen) != 0)
+        return -1;
+    if (nn_connect(c->sock, endpoint) < 0) {
+        snprintf(err, errlen, "cannot connect to %s: %s", endpoint, nn_strerror(nn_errno()));
+        return -1;
+    }
+    c->also = xrealloc(c->also, (size_t)(c->n_also + 1) * sizeof *c->also);
+    c->also[c->n_also++] = xstrdup(endpoint);
+    return 0;
+}
+
 void rpc_close(struct rpc_client *c)
 {
     if (!c)
         return;
+    for (int i = 0; i < c->n_also; i++)
+        free(c->also[i]);
+    free(c->also);
     nn_close(c->sock);
     if (c->ctl)
         ctl_client_wipe(c->ctl);
@@ -407,8 +426,11 @@ const char *rpc_endpoint(const struct rpc_client *c) { return c->endpoint; }
 /* Why nothing answered: the probe's reason, or a plain timeout when something listens. */
 static void unreachable_reason(const struct rpc_client *c, int timeout_ms, char *err, size_t errlen)
 {
-    char why[256];
-    if (endpoint_probe(c->endpoint, why, sizeof why) != 0)
+    char why[256], other[256];
+    bool listens = endpoint_probe(c->endpoint, why, sizeof why) == 0;
+    for (int i = 0; i < c->n_also && !listens; i++) /* gone only when every endpoint is */
+        listens = endpoint_probe(c->also[i], other, sizeof other) == 0;
+    if (!listens)
         snprintf(err, errlen, "%s", why);
     else
         snprintf(err, errlen, "no answer within %.1f s", timeout_ms / 1000.0);

@@ -75,6 +75,11 @@ struct rpc_client;
  * call goes through a session authenticated by challenge-response (made at the first call, and again when grpod
  * has forgotten it), sealed both ways (proto/ctl_auth.h). NULL with err on failure. */
 struct rpc_client *rpc_open(const char *endpoint, const char *secret, char *err, size_t errlen);
+/* Connect the client's socket to endpoint too: a request goes to whichever connected endpoint listens (nanomsg
+ * sends it to a live peer, and again to another when that peer goes), so a service that moves to one of them is
+ * found there (the dispatcher of a split run whose lead was lost). A timed-out call says the endpoint is gone only
+ * when every one is. 0, or -1 with err. */
+int rpc_connect_also(struct rpc_client *c, const char *endpoint, char *err, size_t errlen);
 /* Close the socket and free the client. */
 void rpc_close(struct rpc_client *c);
 /* Send req (request id filled in here; Envelope.secret is never sent) and wait up to timeout_ms for its reply (the

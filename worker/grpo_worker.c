@@ -77,11 +77,14 @@ static void usage(FILE *out)
  * lost rank's end by itself). The grace also covers the other ranks' last steps: a rollout rank hears of the end
  * of the run a few seconds after the trainers, and the job's end stops every rank still there. */
 static int finalize_status;
+static bool finalize_lost; /* this rank knows the job lost a rank (else it may have: trainer-loss survival is on) */
 static void *finalize_guard(void *arg)
 {
     (void)arg;
     sleep(20);
-    log_warn("worker", "MPI_Finalize has not returned in 20 s (a rank of this job was lost): ending without it%s",
+    log_warn("worker", "MPI_Finalize has not returned in 20 s (%s): ending without it%s",
+             finalize_lost ? "a rank of this job was lost"
+                           : "a rank of this job may have been lost: " KEY_trainer_survive_trainer_loss " is on",
              finalize_status == 0 ? ", and asking mpirun to end the job" : "");
     if (finalize_status == 0)
         comm_end_finished_job();
@@ -342,7 +345,11 @@ static int finalize(struct launch *l, struct comm *world, struct args *a, int st
     /* Open MPI 5 with ULFM after a survived loss too: its mpirun was seen not to end such a job now and then, all
      * the survivors' work written (docs/operations.md, "Surviving a lost trainer rank") */
     const bool lost = comm_ft_peer_was_lost();
-    const bool outlives = (comm_job_outlives_ranks() || lost) && size > 1;
+    /* under trainer-loss survival a rank that saw no loss (a rollout rank, which takes part in no collective of
+     * the trainers) may still be held in MPI_Finalize by one: every rank of the job needs the guard, or the
+     * others' ending without MPI_Finalize leaves it there (a split run whose lead was lost did, now and then) */
+    const bool outlives = (comm_job_outlives_ranks() || lost || a->cfg.trainer_survive_trainer_loss) && size > 1;
+    finalize_lost = lost;
     if (lost && size > 1)
         log_info("worker", "this job lost a rank: if MPI_Finalize waits for it, this rank ends in 20 s%s",
                  status == 0 ? " and asks mpirun to end the job" : "");

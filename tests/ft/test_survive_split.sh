@@ -15,9 +15,12 @@
 #  - the same under grpod (a second hold keeps the lead at step 5 while the test reads grpod): grpod shows rank 1 lost
 #    with "survived: DP 3 -> 2 at step 3", the run, the other trainers and the rollout rank running past grpod's
 #    heartbeat timeout, then the run finished; the weights one process's;
-#  - the lead SIGKILLed in step 3's all-reduce (allreduce:3:0, a checkpoint every 2 steps): the run stops with the
-#    reason (the dispatcher and the data plane's socket live there) naming step 2's checkpoint for a relaunch; every
-#    rank ends, none hangs;
+#  - the lead SIGKILLed in step 3's all-reduce (allreduce:3:0), on tcp endpoints as across hosts: trainer rank 1
+#    takes the lead at the redo (its own data socket and dispatcher, which the rollout rank reaches) and step 3's
+#    units are granted anew; the weights equal one process's within 1e-5, exactly-once audit files, metrics.jsonl
+#    each step once; and again under grpod, which shows the lead lost and the run running, then finished;
+#  - the same one-step-off (a checkpoint every 2 steps): the run stops with the reason (the lost lead held the step
+#    ahead's version and units) naming step 2's checkpoint for a relaunch; every rank ends, none hangs;
 #  - refused by name: a split run with spares.
 # Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
 set -u
@@ -100,15 +103,59 @@ kill "$GRPOD_PID" 2>/dev/null
 wait "$GRPOD_PID" 2>/dev/null
 unset GRPOD_ENDPOINT
 
-SAVE_FREQ=2 start_held lead 4 allreduce:3:0 "${SPLIT[@]}"
+# the lead SIGKILLed in step 3's all-reduce, on tcp (as across hosts: the data endpoints at PORT + d, the
+# dispatcher at PORT + 3): trainer rank 1, the survivors' DP rank 0, takes the lead at the redo (its data socket,
+# and the dispatcher at its lead endpoint, PORT + 1 + 128, which the rollout rank is connected to already) and
+# grants step 3's units anew; the weights equal one process's within 1e-5, every group trained exactly once,
+# metrics.jsonl each step once
+PORT=$((10000 + RANDOM % 20000))
+start_held lead 4 allreduce:3:0 "${SPLIT[@]}" grpod.data_endpoint="tcp://*:$PORT"
 kill_held lead "the lead in step 3's all-reduce"
+wait "$JOB"
+expect "lead: the run finishes without the lead (mpirun exits 0)" $?
+survived lead 3 0 2
+says "$TMP/lead.log" "[rank 1] trainer: dispatching 1 work unit(s) per step at tcp://*:$((PORT + 129))" &&
+    says "$TMP/lead.log" "step 3: this rank (launch DP rank 1) leads the split run now: pulling rollouts at tcp://*:$((PORT + 1))"
+expect "lead: trainer rank 1 takes the lead at step 3's redo, dispatching at its lead endpoint" $?
+[ "$(grep -c "\[rank 3\] rollout: finished: the trainers finished after step $STEPS (6 unit(s) generated here)" \
+    "$TMP/lead.log")" -eq 1 ]
+expect "lead: the rollout rank generated step 3's unit again, 6 units in all, and heard the end" $?
+same_as_one lead
+metrics_once lead
+
+# the same under grpod (ipc): grpod shows the lead lost with "survived: DP 3 -> 2 at step 3" and the run running
+# while the new lead holds at step 5 (a second hold, on launch rank 1), then finished
+EP="ipc://$TMP/ctl2.sock"
+export GRPOD_ENDPOINT="$EP"
+start_grpod g2
+expect "grpod starts again" $?
+start_held grlead 4 allreduce:3:0,allreduce:5:1 "${SPLIT[@]}" grpod.endpoint="$EP" grpod.connect_timeout_s=20
+kill_held grlead "the lead in step 3's all-reduce"
+wait_for 60 held_or_ended
+[ -s "$HOLD.held" ]
+expect "grlead: the survivors redo step 3 and go on; the new lead holds at step 5" $?
+survived grlead 3 0 2
+grpod_saw_survival grlead 0 "survived: DP 3 -> 2 at step 3" running,running,running
+rm -f "$HOLD" # the new lead goes on
+wait "$JOB"
+expect "grlead: the run finishes without the lead (mpirun exits 0)" $?
+wait_for 20 finished
+expect "grlead: grpod says the run finished ($(status_field .state): $(status_field .reason))" $?
+same_as_one grlead
+kill "$GRPOD_PID" 2>/dev/null
+wait "$GRPOD_PID" 2>/dev/null
+unset GRPOD_ENDPOINT
+
+# one-step-off the lead holds the step ahead's version and units: its loss stops the run, naming the checkpoint
+SAVE_FREQ=2 start_held leadoff 4 allreduce:3:0 "${SPLIT[@]}" actor_rollout_ref.rollout.mode=async
+kill_held leadoff "the lead in step 3's all-reduce (one-step-off)"
 wait "$JOB"
 rc=$?
 [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ]
-expect "lead: the run stops (mpirun exits $rc, not 0 and not the test's bound)" $?
-says "$TMP/lead.log" "rank 0 lost at step 3, the lead among them: in a split run it runs the dispatcher" &&
-    says "$TMP/lead.log" "A relaunch resumes from the checkpoint $TMP/lead/p/e/checkpoints/global_step_2"
-expect "lead: the survivors say why the run stops and where a relaunch resumes" $?
+expect "leadoff: the run stops (mpirun exits $rc, not 0 and not the test's bound)" $?
+says "$TMP/leadoff.log" "rank 0 lost at step 3, the lead among them: in a one-step-off split run" &&
+    says "$TMP/leadoff.log" "A relaunch resumes from the checkpoint $TMP/leadoff/p/e/checkpoints/global_step_2"
+expect "leadoff: the survivors say why the run stops and where a relaunch resumes" $?
 
 # refused by name
 # shellcheck disable=SC2046

@@ -190,6 +190,40 @@ static void test_no_grpod(void **state)
     control_close(c);
 }
 
+/* rpc_connect_also: a request goes to whichever connected endpoint listens (a split run's dispatcher, moved to the
+ * survivor that took the lead); a call that times out says "gone" only when every endpoint is. */
+static void test_connect_also(void **state)
+{
+    (void)state;
+    struct server s;
+    server_start(&s, 0);
+    char err[512] = "", first[160];
+    snprintf(first, sizeof first, "ipc://%s/gone.sock", s.dir); /* the lost lead's: nothing listens */
+    struct rpc_client *rpc = rpc_open(first, NULL, err, sizeof err);
+    assert_non_null(rpc);
+    Grpo__Envelope req = GRPO__ENVELOPE__INIT, *reply = NULL;
+    req.body_case = GRPO__ENVELOPE__BODY_STATUS_REQUEST;
+    req.status_request = 1;
+    assert_int_equal(rpc_call(rpc, &req, 300, &reply, err, sizeof err), RPC_UNREACHABLE);
+    assert_non_null(strstr(err, "no such file or directory")); /* gone: the only endpoint is */
+    assert_int_equal(rpc_connect_also(rpc, s.endpoint, err, sizeof err), 0);
+    assert_int_equal(rpc_call(rpc, &req, 5000, &reply, err, sizeof err), RPC_OK); /* found where it listens */
+    assert_int_equal(reply->body_case, GRPO__ENVELOPE__BODY_STATUS);
+    protocol_free(reply);
+    s.quit = 1; /* the server stops answering but its socket stays bound: not gone, silent */
+    pthread_join(s.thread, NULL);
+    assert_int_equal(rpc_call(rpc, &req, 300, &reply, err, sizeof err), RPC_UNREACHABLE);
+    assert_non_null(strstr(err, "no answer within 0.3 s"));
+    assert_int_equal(rpc_connect_also(rpc, "nonsense://x", err, sizeof err), -1);
+    rpc_close(rpc);
+    nn_close(s.sock);
+    core_deinit(&s.core);
+    char path[160];
+    snprintf(path, sizeof path, "%s/ctl.sock", s.dir);
+    unlink(path);
+    rmdir(s.dir);
+}
+
 static void test_unreachable(void **state)
 {
     (void)state;
@@ -529,11 +563,17 @@ int main(void)
 {
     log_set_level(LOG_ERROR);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_transport),     cmocka_unit_test(test_no_grpod),
-        cmocka_unit_test(test_unreachable),   cmocka_unit_test(test_version_mismatch),
-        cmocka_unit_test(test_busy_grpod),    cmocka_unit_test(test_heartbeats_while_busy),
-        cmocka_unit_test(test_commands),      cmocka_unit_test(test_safe_point),
-        cmocka_unit_test(test_config_digest), cmocka_unit_test(test_endpoint_bind),
+        cmocka_unit_test(test_transport),
+        cmocka_unit_test(test_no_grpod),
+        cmocka_unit_test(test_unreachable),
+        cmocka_unit_test(test_connect_also),
+        cmocka_unit_test(test_version_mismatch),
+        cmocka_unit_test(test_busy_grpod),
+        cmocka_unit_test(test_heartbeats_while_busy),
+        cmocka_unit_test(test_commands),
+        cmocka_unit_test(test_safe_point),
+        cmocka_unit_test(test_config_digest),
+        cmocka_unit_test(test_endpoint_bind),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

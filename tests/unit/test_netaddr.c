@@ -68,6 +68,30 @@ static void test_bind_and_host(void **state)
     assert_int_equal(placement_count_hosts(&same[0][0], 2, 16), 1);
 }
 
+/* A survivor that takes the lead of a split run dispatches at an endpoint of its own, derived from its data endpoint
+ * alike where it binds and where the rollout ranks dial: above every data, dispatch and relay port of the run. */
+static void test_lead_endpoint(void **state)
+{
+    (void)state;
+    char b[256], d[256];
+    placement_lead_endpoint("tcp://*:7001", b, sizeof b); /* the bind form (DP rank 1 of a base at 7000) */
+    assert_string_equal(b, "tcp://*:7129");
+    placement_lead_endpoint("tcp://hosta:7001", d, sizeof d); /* the dialled form: the same port */
+    assert_string_equal(d, "tcp://hosta:7129");
+    placement_lead_endpoint("tcp://[::1]:7002", b, sizeof b);
+    assert_string_equal(b, "tcp://[::1]:7130");
+    /* the relays of up to 126 rollout ranks sit at the dispatcher's port (7000 + DP ranks) + 1 + slot: below */
+    assert_true(7129 > 7000 + 2 + 1 + 125);
+    placement_lead_endpoint("ipc:///run/grpo/grpo-r1-dp1.sock", b, sizeof b);
+    assert_string_equal(b, "ipc:///run/grpo/grpo-r1-dp1-dispatch.sock");
+    placement_data_endpoint("ipc:///run/grpo/grpo-r1", 1, NULL, d, sizeof d); /* what DP rank 1 binds */
+    placement_lead_endpoint(d, b, sizeof b);
+    placement_dispatch_endpoint("ipc:///run/grpo/grpo-r1", 2, NULL, d, sizeof d);
+    assert_string_not_equal(b, d); /* never the first lead's */
+    placement_lead_endpoint("ipc:///tmp/odd", b, sizeof b);
+    assert_string_equal(b, "ipc:///tmp/odd-dispatch");
+}
+
 static void test_advertise(void **state)
 {
     (void)state;
@@ -137,10 +161,8 @@ static void test_runtime_dir(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_data_base),
-        cmocka_unit_test(test_runtime_dir),
-        cmocka_unit_test(test_bind_and_host),
-        cmocka_unit_test(test_advertise),
+        cmocka_unit_test(test_data_base),     cmocka_unit_test(test_runtime_dir), cmocka_unit_test(test_bind_and_host),
+        cmocka_unit_test(test_lead_endpoint), cmocka_unit_test(test_advertise),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -126,6 +126,19 @@ struct dataplane_push *dataplane_push_open(const char *const *endpoints, int n, 
     return p;
 }
 
+struct dataplane_push *dataplane_push_open_any(const char *const *endpoints, int n, const struct plane_cred *cred,
+                                               char *err, size_t errlen)
+{
+    struct dataplane_push *p = dataplane_push_open(endpoints, n > 0 ? 1 : 0, cred, err, errlen);
+    for (int i = 1; p && i < n; i++)
+        if (nn_connect(p->socks[0], endpoints[i]) < 0) {
+            error_set(err, errlen, "data plane: cannot connect to %s: %s", endpoints[i], nn_strerror(nn_errno()));
+            dataplane_push_close(p);
+            return NULL;
+        }
+    return p;
+}
+
 void dataplane_push_until(struct dataplane_push *p, bool (*ended)(void *ud), void *ud)
 {
     p->ended = ended;

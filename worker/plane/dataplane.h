@@ -35,6 +35,11 @@ void dataplane_pull_close(struct dataplane_pull *p);
  * credentials, kept by the caller). NULL with err. */
 struct dataplane_push *dataplane_push_open(const char *const *endpoints, int n, const struct plane_cred *cred,
                                            char *err, size_t errlen);
+/* One REQ socket (endpoint 0 of dataplane_send) connected to each of the n endpoints: a batch goes to whichever
+ * trainer listens (under trainer.survive_trainer_loss a split run's lead alone binds, and a survivor that takes the
+ * lead binds its own; a batch sent to a lead that dies is sent again to the next). NULL with err. */
+struct dataplane_push *dataplane_push_open_any(const char *const *endpoints, int n, const struct plane_cred *cred,
+                                               char *err, size_t errlen);
 /* Send one batch (packed with counter `counter` of the credentials) to endpoint i: first wait up to timeout_ms
  * for the answer to the previous one (back-pressure); an answer not authenticated for its batch is refused.
  * 0; -1 with err when no answer came in time (the trainer takes no data: try again) or the run ended meanwhile

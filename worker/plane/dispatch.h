@@ -126,6 +126,10 @@ struct plane_cred;
  * NULL with err on failure. */
 struct work_client *work_client_open(const char *endpoint, struct plane_cred *cred, int rank, double ping_s, char *err,
                                      size_t errlen);
+/* Reach the dispatcher at endpoint too, once it moves there (the endpoint a trainer binds when it takes the lead of
+ * a split run whose lead was lost: placement_lead_endpoint); asks and pings go to whichever endpoint listens. 0,
+ * or -1 with err. */
+int work_client_also(struct work_client *c, const char *endpoint, char *err, size_t errlen);
 /* Ask for work: 0 with *g (a unit, wait, or end), or -1 with err when the dispatcher has not answered in
  * timeout_ms. Asking says the unit granted before is finished and delivered: call it once the last unit is sent.
  * Asking again after no answer is safe: a unit granted meanwhile comes again. */

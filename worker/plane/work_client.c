@@ -164,6 +164,13 @@ struct work_client *work_client_open(const char *endpoint, struct plane_cred *cr
     return c;
 }
 
+int work_client_also(struct work_client *c, const char *endpoint, char *err, size_t errlen)
+{
+    if (rpc_connect_also(c->rpc, endpoint, err, errlen) != 0 || rpc_connect_also(c->ping_rpc, endpoint, err, errlen))
+        return -1;
+    return 0;
+}
+
 void work_grant_release(struct work_grant *g)
 {
     free(g->replay_versions);

@@ -13,6 +13,7 @@
  * traffic from its group for tp_group_timeout_s (a peer is lost) ends itself:
  * the group stops answering the dispatcher, which grants its units to the
  * other groups. */
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -24,6 +25,7 @@
 #include "common/backoff.h"
 #include "common/check.h"
 #include "common/clock.h"
+#include "common/placement.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "kernels/kernels.h"
@@ -62,6 +64,7 @@ struct rollout_rank {
     int64_t total_steps;
     bool all_granted, said_all_granted;
     bool said_waiting_on; /* said that the trainers have been silent a minute and this rank waits on (under grpod) */
+    double gone_since;    /* since when the dispatcher's endpoint is gone (0: it is not) */
     int64_t version;      /* policy version in the model (-1: none yet) */
     struct gen_ctx rc;
     struct dataplane_push *push;
@@ -172,6 +175,13 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
         r->work = work_client_open(r->env->dispatch_endpoint, &r->env->plane, r->env->at.engine, ping_s, err, errlen);
         if (!r->work)
             return -1;
+        /* trainer-loss survival: a survivor that takes the lead runs the dispatcher at its own endpoint */
+        for (int d = 1; c->trainer_survive_trainer_loss && d < r->env->n_endpoints; d++) {
+            char ep[512];
+            placement_lead_endpoint(r->env->endpoints[d], ep, sizeof ep);
+            if (work_client_also(r->work, ep, err, errlen) != 0)
+                return -1;
+        }
         work_client_on_chunk(r->work, eng_keepalive, r);
         r->ws = (struct weight_sync_receiver){.work = r->work,
                                               .group = r->env->weight_group,
@@ -276,7 +286,10 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
     const char *eps[ROLE_MAX_ENDPOINTS];
     for (int i = 0; i < r->env->n_endpoints; i++)
         eps[i] = r->env->endpoints[i];
-    r->push = dataplane_push_open(eps, r->env->n_endpoints, &r->env->plane_dp, err, errlen);
+    /* trainer-loss survival: every whole unit goes to the lead, whichever trainer leads (dataplane_push_open_any) */
+    r->push = c->trainer_survive_trainer_loss
+                  ? dataplane_push_open_any(eps, r->env->n_endpoints, &r->env->plane_dp, err, errlen)
+                  : dataplane_push_open(eps, r->env->n_endpoints, &r->env->plane_dp, err, errlen);
     if (r->push && r->work)
         dataplane_push_until(r->push, run_ended, r->work);
     return r->push ? 0 : -1;
@@ -497,6 +510,13 @@ static int send_unit(struct rollout_rank *r, const struct work_grant *g, const s
          * ending meanwhile ends the wait */
         for (int tries = 0;; tries++) {
             rc = dataplane_send(r->push, d, msg, len, counter, 60000, err, errlen);
+            /* trainer-loss survival: the batch before went to a lead that was lost, and the survivor that leads now
+             * refused it (its dispatcher grants the unit anew): that batch is dropped, this one goes */
+            if (rc == -2 && r->env->cfg->trainer_survive_trainer_loss && strstr(err, " was not granted to rank ")) {
+                log_warn("rollout", "step %lld: %s: the lead changed since; sending this unit's batch",
+                         (long long)g->step, err);
+                continue;
+            }
             if (rc != -1 || tries >= 60 || work_client_ended(r->work))
                 break;
             eng_keepalive(r); /* its peers wait for the next word meanwhile */
@@ -750,7 +770,15 @@ static int next_work_asked(struct rollout_rank *r, struct work_grant *g, double 
              * endpoint that is gone (no socket file, a refused connection: not a network cut, which only times
              * out) is the trainers' end */
             const bool gone = strstr(why, "no such file or directory") || strstr(why, "connection refused");
-            if (r->all_granted && gone) {
+            /* under trainer-loss survival a lost lead's dispatcher is gone too, until a survivor takes the lead
+             * (the trainers find the loss, re-form and redo the step first): gone that long is the end */
+            const double lead_grace_s =
+                r->env->cfg->trainer_survive_trainer_loss ? fmax(30.0, 10 * r->env->heartbeat_s) : 0;
+            if (!gone)
+                r->gone_since = 0;
+            else if (r->gone_since == 0)
+                r->gone_since = clock_now_s();
+            if (r->all_granted && gone && clock_now_s() - r->gone_since >= lead_grace_s) {
                 g->kind = WORK_END;
                 g->step = g->total_steps = r->total_steps;
                 snprintf(g->reason, sizeof g->reason,

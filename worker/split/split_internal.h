@@ -111,6 +111,7 @@ struct trainer_rank {
     uint8_t *kept[2];
     size_t kept_len[2];
     int64_t kept_step[2];
+    int launch_dp; /* this rank's DP rank at launch: its data endpoint (env->endpoints[launch_dp]) */
 };
 
 /* split_receive.c: the data plane's receive side */

@@ -58,6 +58,35 @@ static int by_gidx(const void *a, const void *b)
     return (x->gidx > y->gidx) - (x->gidx < y->gidx);
 }
 
+static void publish(struct trainer_rank *r, int64_t version);
+static int open_dispatcher(struct trainer_rank *r, struct trainer *t, const char *endpoint, char *err, size_t errlen);
+
+/* Trainer-loss survival: the lead of this split run was lost and this rank is DP rank 0 of the survivors. It takes
+ * the lead at step k's redo, from the step's start (version k - 1): it pulls the rollouts' whole units at its own
+ * data endpoint and runs the dispatcher at its lead endpoint (placement_lead_endpoint), where every rollout process
+ * is connected already (work_client_also, dataplane_push_open_any), and grants step k's units anew: a unit's groups
+ * come out the same whoever generates them, and nothing the lost lead had was trained. 0, or -1 (logged). */
+static int take_lead(struct trainer_rank *r, int64_t k)
+{
+    char err[1024], ep[512];
+    const char *data_ep = r->env->endpoints[r->launch_dp];
+    r->pull = dataplane_pull_open(data_ep, err, sizeof err);
+    placement_lead_endpoint(data_ep, ep, sizeof ep);
+    r->start = k - 1;
+    r->lim.dp_rank = r->env->at.dp; /* the rollout ranks send whole units to "DP rank 0", which this rank is now */
+    if (!r->pull || open_dispatcher(r, r->t, ep, err, sizeof err) != 0) {
+        log_error("trainer", "step %lld: taking the lead of the split run after the lead's loss: %s", (long long)k,
+                  err);
+        return -1;
+    }
+    publish(r, r->start);
+    log_info("trainer",
+             "step %lld: this rank (launch DP rank %d) leads the split run now: pulling rollouts at %s; the step's "
+             "%d work unit(s) granted anew",
+             (long long)k, r->launch_dp, data_ep, r->lim.units);
+    return 0;
+}
+
 /* trainer_source.next_batch: step k's batches from every rollout rank, merged in the step's order. */
 static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_timing *tm)
 {
@@ -65,6 +94,8 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     r->fig = (struct split_figures){0};
     if (r->env->cfg->async_enable)
         return split_async_next_batch(r, k, b, tm);
+    if (r->whole && r->env->at.dp == 0 && !r->pull && take_lead(r, k) != 0)
+        return -1;
     const int R = r->lim.units, B = r->lim.groups_in_step;
     int *uids = xmalloc((size_t)B * sizeof(int));
     trainer_advance_cursor(r->t, uids); /* the checkpoint's cursor moves with the rollout ranks' */
@@ -304,6 +335,8 @@ static int between_steps(void *ctx, int64_t j, bool stop)
     return 0;
 }
 
+static int open_dispatcher(struct trainer_rank *r, struct trainer *t, const char *endpoint, char *err, size_t errlen);
+
 /* Once the trainer exists (its model loaded, any checkpoint resumed): DP rank 0 opens the dispatcher with the
  * weights and the data cursor to start from. */
 static void trainer_ready(void *ud, struct trainer *t)
@@ -324,9 +357,26 @@ static void trainer_ready(void *ud, struct trainer *t)
             publish(r, r->start);
         return;
     }
+    char err[1024];
+    if (open_dispatcher(r, t, r->env->dispatch_endpoint, err, sizeof err) != 0) {
+        log_error("trainer", "%s", err);
+        control_finish(r->env->ctl, CONTROL_END_FAILED, err);
+        check_failf(__FILE__, __LINE__, "%s", err); /* the other ranks wait for it: end the job */
+    }
+    if (r->start < trainer_total_steps(t))
+        publish(r, r->start);
+    else
+        dispatcher_end(r->disp, r->start, "the run has trained every step already");
+}
+
+/* Open the dispatcher at endpoint, from the trainer's step r->start and its data cursor (DP rank 0 at the start, or
+ * the survivor that takes the lead of a split run whose lead was lost); the weight sender goes through it. 0, or -1
+ * with err. */
+static int open_dispatcher(struct trainer_rank *r, struct trainer *t, const char *endpoint, char *err, size_t errlen)
+{
     int64_t epoch, cursor;
     trainer_cursor(t, &epoch, &cursor);
-    struct dispatch_options o = {.endpoint = r->env->dispatch_endpoint,
+    struct dispatch_options o = {.endpoint = endpoint,
                                  .run_key = r->env->have_run_key ? r->env->plane_run_key : NULL,
                                  .epoch = r->env->plane_epoch,
                                  .first_rollout_rank = r->env->spec.trainer_ranks,
@@ -343,18 +393,11 @@ static void trainer_ready(void *ud, struct trainer *t)
                                                                      : model_whole_floats(&trainer_policy(t)->cfg),
                                  .lost_after_s = 2 * r->env->heartbeat_s,
                                  .relay_fanout = (int)r->env->cfg->rollout_weight_relay_fanout};
-    char err[1024];
-    if (r->env->cfg->async_enable && split_async_setup(r, t, &o, err, sizeof err) != 0) {
-        log_error("trainer", "%s", err);
-        control_finish(r->env->ctl, CONTROL_END_FAILED, err);
-        check_failf(__FILE__, __LINE__, "%s", err);
-    }
-    r->disp = dispatcher_open(&o, err, sizeof err);
-    if (!r->disp) {
-        log_error("trainer", "%s", err);
-        control_finish(r->env->ctl, CONTROL_END_FAILED, err);
-        check_failf(__FILE__, __LINE__, "%s", err); /* the other ranks wait for it: end the job */
-    }
+    if (r->env->cfg->async_enable && split_async_setup(r, t, &o, err, errlen) != 0)
+        return -1;
+    r->disp = dispatcher_open(&o, err, errlen);
+    if (!r->disp)
+        return -1;
     r->ws =
         (struct weight_sync_sender){.disp = r->disp,
                                     .group = r->env->weight_group,
@@ -364,7 +407,7 @@ static void trainer_ready(void *ud, struct trainer *t)
                                     .n_floats = o.n_floats,
                                     .phase = sync_phase,
                                     .ud = r};
-    log_info("trainer", "dispatching %d work unit(s) per step at %s", r->lim.units, r->env->dispatch_endpoint);
+    log_info("trainer", "dispatching %d work unit(s) per step at %s", r->lim.units, endpoint);
     if (o.relay_fanout > 0)
         log_info("trainer",
                  "policy versions go through the weight relay tree of fan-out %d (" KEY_rollout_weight_relay_fanout
@@ -377,10 +420,7 @@ static void trainer_ready(void *ud, struct trainer *t)
                  "(" KEY_rollout_weight_sync "=broadcast)",
                  comm_size(r->env->weight_group) - 1);
     }
-    if (r->start < trainer_total_steps(t))
-        publish(r, r->start);
-    else
-        dispatcher_end(r->disp, r->start, "the run has trained every step already");
+    return 0;
 }
 
 int run_trainer(struct role_env *env)
@@ -403,6 +443,7 @@ int run_trainer(struct role_env *env)
                              .world_size = env->world_size,
                              .dp_rank = env->at.dp};
     r.published = -1;
+    r.launch_dp = env->at.dp;
     if (c->async_enable) { /* what fully-async training runs with (the configuration refused the rest by name) */
         r.lim.async = true;
         if (r.lim.units < 1 || r.lim.groups_in_step % r.lim.units != 0) {

@@ -4,8 +4,10 @@
  * work unit to DP rank 0 (the lead, which runs the dispatcher), the lead keeps the units of the last two steps and
  * hands a step's to every trainer in one broadcast, and each trainer keeps its DP share of each unit, cut as the
  * rollout ranks cut it without the key (step_batch_balance over the DP ranks now in the run). A step redone after a
- * loss takes its units from the lead's copy: nothing is generated, sent or trained twice. The lead's own loss stops
- * the run (survive.c): the dispatcher and the data plane's socket live there. */
+ * loss takes its units from the lead's copy: nothing is generated, sent or trained twice. When the lead itself is
+ * lost, the survivors' DP rank 0 takes the lead at the redo (split_source.c, take_lead): the step's units are
+ * granted anew and generated again (the same groups: each has its own RNG stream), none trained twice; one-step-off
+ * the run stops (survive.c). */
 #include "split_internal.h"
 #include "worker/survive/survive.h"
 

@@ -81,8 +81,8 @@ struct survive {
     int64_t redo;
     char lost_names[256];
     bool said_cost;
-    /* a split run: all is the trainers alone (the rollout ranks take no part in re-forming), and the lead, which
-     * runs the dispatcher and holds the step's units, cannot be lost */
+    /* a split run: all is the trainers alone (the rollout ranks take no part in re-forming); the lead runs the
+     * dispatcher and holds the step's units, and a survivor takes them over when it is lost (on-policy) */
     bool split;
 };
 
@@ -92,9 +92,12 @@ static struct survive *g_survive;
 /* A split run (rollout ranks feed the trainers) survives a lost trainer where its trainers are plain DP: the rollout
  * ranks send each whole work unit to DP rank 0 (the dispatcher's rank, the lead), which keeps the step's units and
  * hands them to every trainer, each cutting its DP share as the rollout ranks would have (split/split_survive.c), so
- * the survivors redo a step from the units it already has. Not covered: the lead's loss (the dispatcher and the data
- * plane's socket live there), and what changes the trainers' data beyond that: TP, PP, SP or CP trainers, spares,
- * ZeRO-1, fully-async training, the broadcast weight sync (its group spans the rollout ranks). 0, or -1 with why. */
+ * the survivors redo a step from the units it already has. The lead's own loss is survived on-policy: the
+ * survivors' new lead takes the dispatcher and the data socket over at its own endpoints, which every rollout
+ * process is connected to from the start, and grants the redone step's units anew (split/split_source.c,
+ * take_lead); one-step-off it stops the run (recover). Not covered: what changes the trainers' data beyond that:
+ * TP, PP, SP or CP trainers, spares, ZeRO-1, fully-async training, the broadcast weight sync (its group spans the
+ * rollout ranks). 0, or -1 with why. */
 static int survive_split_refusal(const struct grpo_config *cfg, const struct placement_spec *spec, char *why,
                                  size_t whylen)
 {
@@ -118,6 +121,16 @@ static int survive_split_refusal(const struct grpo_config *cfg, const struct pla
                              KEY_trainer_survive_trainer_loss " with rollout ranks (" KEY_placement_rollout_ranks
                                                               ", a split run) and %s is not covered yet%s",
                              no[i].what, not_yet);
+    /* on tcp the trainers' lead endpoints sit at data port + 128 (placement_lead_endpoint), above the data ports,
+     * the dispatcher's and the rollout ranks' relays */
+    if (spec->trainer_ranks + spec->rollout_ranks + 1 > PLACEMENT_PORTS_PER_RUN / 2)
+        return error_set(why, whylen,
+                         KEY_trainer_survive_trainer_loss
+                         " in a split run of %d trainer and %d rollout ranks: at most "
+                         "%d ranks in all are covered yet (the lead endpoints a survivor takes over a lost lead at "
+                         "are the data ports + %d)",
+                         spec->trainer_ranks, spec->rollout_ranks, PLACEMENT_PORTS_PER_RUN / 2 - 1,
+                         PLACEMENT_PORTS_PER_RUN / 2);
     return 0;
 }
 
@@ -277,9 +290,9 @@ struct survive *survive_create(struct role_env *env, void (*reform)(void *ud, co
         log_info("survive",
                  "trainer-loss survival on (" KEY_trainer_survive_trainer_loss ") in a split run: a lost trainer's "
                  "step is redone by the other %d with one DP rank fewer, from the step's work units this rank keeps "
-                 "(the rollout ranks send each whole to it); its own loss stops the run (it runs the dispatcher); "
-                 "each step's start is kept in memory",
-                 n - 1);
+                 "(the rollout ranks send each whole to it); at its own loss the next takes the lead and the "
+                 "dispatcher over%s; each step's start is kept in memory",
+                 n - 1, env->staleness > 0 ? " (on-policy; one-step-off it stops the run)" : "");
     else if (env->rank == 0 && !env->spare_ranks)
         log_info("survive",
                  "trainer-loss survival on (" KEY_trainer_survive_trainer_loss "): a lost rank's step is redone by "
@@ -451,15 +464,19 @@ static int recover(void *ud)
         lost_trainers += lost[i] < old_trainers;
     }
     name_ranks(names, n_lost, s->lost_names, sizeof s->lost_names);
-    if (s->split && lead_lost) { /* the same on every survivor: they all end the run */
+    /* a split run's lead runs the dispatcher: on-policy the survivors' new lead takes it over at the redo (split/
+     * split_source.c, take_lead); one-step-off the lost lead held versions and units of the step ahead that no
+     * survivor has, and the run stops (the same on every survivor) */
+    if (s->split && lead_lost && env->staleness > 0) {
         char ckpt[4096];
         const bool have = trainer_latest_checkpoint(s->t, ckpt, sizeof ckpt) == 0;
         if (comm_rank(sides) == 0)
-            log_error("survive",
-                      "%s lost at step %lld, the lead among them: in a split run it runs the dispatcher and takes the "
-                      "rollout ranks' work units, so the run stops. A relaunch resumes from %s%s",
-                      s->lost_names, (long long)s->step,
-                      have ? "the checkpoint " : "the start: no checkpoint is written yet", have ? ckpt : "");
+            log_error(
+                "survive",
+                "%s lost at step %lld, the lead among them: in a one-step-off split run it holds the step ahead's "
+                "policy version and work units, so the run stops. A relaunch resumes from %s%s",
+                s->lost_names, (long long)s->step, have ? "the checkpoint " : "the start: no checkpoint is written yet",
+                have ? ckpt : "");
         comm_free(sides);
         return -1;
     }
