@@ -471,6 +471,55 @@ static void test_one_step_off(void **state)
     free(w0), free(w1), free(w2);
 }
 
+/* A survivor that takes over a lost lead one-step-off, at the redo of step 3: its dispatcher starts at step 2 (its
+ * data cursor is step 3's), with the version floor below it, 1: it publishes version 1 (from step 2's kept start)
+ * and 2 (its weights now). Step 3 is granted with version 1 and step 4 with version 2, as the lost lead had them;
+ * no step up to 2 is granted again, not even between the two publishes. */
+static void test_takeover_floor(void **state)
+{
+    (void)state;
+    enum { N = 16 };
+    float *w1 = weights(N, 1, 1000), *w2 = weights(N, 1, 2000);
+    const double t = 5;
+    const struct dispatch_options o = {.units = 1,
+                                       .groups_in_step = 5,
+                                       .staleness = 1,
+                                       .start = 2,
+                                       .version_floor_set = true,
+                                       .version_floor = 1,
+                                       .total_steps = 5,
+                                       .start_epoch = 0,
+                                       .start_cursor = 10,
+                                       .n_floats = N,
+                                       .lost_after_s = 10,
+                                       .run_key = run_key,
+                                       .epoch = EPOCH,
+                                       .first_rollout_rank = FIRST_ROLLOUT,
+                                       .rollout_tp = 1};
+    char err[512] = "";
+    n_heard = 0;
+    struct dispatch_core *d = dispatch_core_create(&o, t, err, sizeof err);
+    assert_non_null(d);
+    const struct proc c = {9, 0};
+    expect_wait_at(d, &c, t, "first weights", NULL);
+    publish(d, 1, w1);
+    struct work_grant g;
+    grant_of(d, &c, false, t, &g); /* between the publishes: step 3 (version 1), never step 2 */
+    assert_int_equal(g.kind, WORK_UNIT);
+    assert_int_equal(g.step, 3);
+    assert_int_equal(g.version, 1);
+    assert_int_equal(g.start, 2);
+    assert_int_equal(g.start_cursor, 10);
+    work_grant_release(&g);
+    publish(d, 2, w2);
+    expect_unit_at(d, &c, t, 4, 0, 2);
+    expect_weights_at(d, &c, t, 1, w1, N, N); /* both versions held */
+    expect_weights_at(d, &c, t, 2, w2, N, N);
+    assert_int_equal(cstats(d).granted, 2);
+    dispatch_core_free(d);
+    free(w1), free(w2);
+}
+
 static void test_loss_and_regrant(void **state)
 {
     (void)state;
@@ -2319,6 +2368,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_grants_and_versions),
         cmocka_unit_test(test_one_step_off),
+        cmocka_unit_test(test_takeover_floor),
         cmocka_unit_test(test_loss_and_regrant),
         cmocka_unit_test(test_lost_answer),
         cmocka_unit_test(test_granted_and_dropped),

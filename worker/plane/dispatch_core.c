@@ -368,8 +368,8 @@ static const struct snapshot *snapshot_of(const struct dispatch_core *d, int64_t
 
 static int64_t version_for(const struct dispatch_core *d, int64_t k)
 {
-    int64_t v = k - 1 - d->o.staleness;
-    return v > d->o.start ? v : d->o.start;
+    const int64_t v = k - 1 - d->o.staleness, floor = d->o.version_floor_set ? d->o.version_floor : d->o.start;
+    return v > floor ? v : floor;
 }
 
 /* How long a grant lasts before the unit may be granted again: DISPATCH_LEASE_FACTOR times the longest a unit has
@@ -1073,8 +1073,9 @@ void dispatch_core_publish_end(struct dispatch_core *d, int64_t version)
         return;
     }
     if (version > d->latest) {
-        /* steps up to version are trained: the window moves to version + 1, keeping the leases it still holds */
-        int64_t nw0 = version + 1;
+        /* steps up to version are trained: the window moves to version + 1, keeping the leases it still holds (and
+         * never before start + 1: a version older than start, published for the step after it, opens nothing) */
+        const int64_t nw0 = version + 1 > d->o.start + 1 ? version + 1 : d->o.start + 1;
         struct lease *h = xmalloc((size_t)d->window * (size_t)d->o.units * sizeof *h);
         for (int j = 0; j < d->window; j++)
             for (int u = 0; u < d->o.units; u++) {

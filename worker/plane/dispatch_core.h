@@ -19,8 +19,12 @@ struct dispatch_options {
     int groups_in_step;   /* data.train_batch_size */
     int staleness;        /* 0 or 1 */
     int64_t start;        /* the step the trainers start from */
-    int64_t total_steps;  /* trainer.total_training_steps */
-    int64_t start_epoch;  /* data cursor of step start + 1 */
+    /* the oldest version a step is generated with (version_floor_set; else start): below start only where a
+     * survivor takes over a lost lead one-step-off, step start + 1 needing the version before start */
+    bool version_floor_set;
+    int64_t version_floor;
+    int64_t total_steps; /* trainer.total_training_steps */
+    int64_t start_epoch; /* data cursor of step start + 1 */
     int64_t start_cursor;
     size_t n_floats;     /* parameters of the policy */
     double lost_after_s; /* a rollout process silent this long is lost (two heartbeat intervals) */

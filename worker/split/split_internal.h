@@ -111,7 +111,8 @@ struct trainer_rank {
     uint8_t *kept[2];
     size_t kept_len[2];
     int64_t kept_step[2];
-    int launch_dp; /* this rank's DP rank at launch: its data endpoint (env->endpoints[launch_dp]) */
+    int launch_dp;     /* this rank's DP rank at launch: its data endpoint (env->endpoints[launch_dp]) */
+    int64_t run_start; /* the step this process started from (r->start moves when it takes over a lost lead) */
 };
 
 /* split_receive.c: the data plane's receive side */

@@ -59,31 +59,49 @@ static int by_gidx(const void *a, const void *b)
 }
 
 static void publish(struct trainer_rank *r, int64_t version);
-static int open_dispatcher(struct trainer_rank *r, struct trainer *t, const char *endpoint, char *err, size_t errlen);
+static int open_dispatcher(struct trainer_rank *r, struct trainer *t, const char *endpoint, int64_t floor, char *err,
+                           size_t errlen);
 
 /* Trainer-loss survival: the lead of this split run was lost and this rank is DP rank 0 of the survivors. It takes
  * the lead at step k's redo, from the step's start (version k - 1): it pulls the rollouts' whole units at its own
  * data endpoint and runs the dispatcher at its lead endpoint (placement_lead_endpoint), where every rollout process
  * is connected already (work_client_also, dataplane_push_open_any), and grants step k's units anew: a unit's groups
- * come out the same whoever generates them, and nothing the lost lead had was trained. 0, or -1 (logged). */
+ * come out the same whoever generates them, and nothing the lost lead had was trained. One-step-off step k is
+ * generated with version k - 2: the weights at step k - 1's start, which this rank kept (survive_step_start), go
+ * out first, and the dispatcher takes them as its oldest version (dispatch_options.version_floor). 0, or -1
+ * (logged). */
 static int take_lead(struct trainer_rank *r, int64_t k)
 {
     char err[1024], ep[512];
     const char *data_ep = r->env->endpoints[r->launch_dp];
+    const int64_t floor = k - 1 - r->env->staleness > r->run_start ? k - 1 - r->env->staleness : r->run_start;
+    size_t n = 0, want = 0;
+    const float *older = floor < k - 1 ? survive_step_start(r->survive, floor + 1, &n) : NULL;
+    if (floor < k - 1 && (!older || (trainer_params(r->t, &want), n != want))) {
+        log_error("trainer",
+                  "step %lld: taking the lead of the split run after the lead's loss: policy version %lld (the "
+                  "weights at step %lld's start, which one-step-off step %lld is generated with) is no longer kept "
+                  "here",
+                  (long long)k, (long long)floor, (long long)floor + 1, (long long)k);
+        return -1;
+    }
     r->pull = dataplane_pull_open(data_ep, err, sizeof err);
     placement_lead_endpoint(data_ep, ep, sizeof ep);
     r->start = k - 1;
     r->lim.dp_rank = r->env->at.dp; /* the rollout ranks send whole units to "DP rank 0", which this rank is now */
-    if (!r->pull || open_dispatcher(r, r->t, ep, err, sizeof err) != 0) {
+    if (!r->pull || open_dispatcher(r, r->t, ep, floor, err, sizeof err) != 0) {
         log_error("trainer", "step %lld: taking the lead of the split run after the lead's loss: %s", (long long)k,
                   err);
         return -1;
     }
+    if (older)
+        dispatcher_publish(r->disp, floor, older);
     publish(r, r->start);
     log_info("trainer",
              "step %lld: this rank (launch DP rank %d) leads the split run now: pulling rollouts at %s; the step's "
-             "%d work unit(s) granted anew",
-             (long long)k, r->launch_dp, data_ep, r->lim.units);
+             "%d work unit(s) granted anew%s",
+             (long long)k, r->launch_dp, data_ep, r->lim.units,
+             older ? " (one-step-off: with the policy version kept from the step before)" : "");
     return 0;
 }
 
@@ -335,7 +353,8 @@ static int between_steps(void *ctx, int64_t j, bool stop)
     return 0;
 }
 
-static int open_dispatcher(struct trainer_rank *r, struct trainer *t, const char *endpoint, char *err, size_t errlen);
+static int open_dispatcher(struct trainer_rank *r, struct trainer *t, const char *endpoint, int64_t floor, char *err,
+                           size_t errlen);
 
 /* Once the trainer exists (its model loaded, any checkpoint resumed): DP rank 0 opens the dispatcher with the
  * weights and the data cursor to start from. */
@@ -345,7 +364,7 @@ static void trainer_ready(void *ud, struct trainer *t)
     r->t = t;
     if (r->survive)
         survive_attach(r->survive, t);
-    r->start = trainer_step(t);
+    r->start = r->run_start = trainer_step(t);
     r->lim.prompts = trainer_prompts(t);
     r->lim.vocab_size = trainer_policy(t)->cfg.vocab_size;
     wire_limits_set_routes(&r->lim, &trainer_policy(t)->cfg, config_records_routes(r->env->cfg));
@@ -358,7 +377,7 @@ static void trainer_ready(void *ud, struct trainer *t)
         return;
     }
     char err[1024];
-    if (open_dispatcher(r, t, r->env->dispatch_endpoint, err, sizeof err) != 0) {
+    if (open_dispatcher(r, t, r->env->dispatch_endpoint, r->start, err, sizeof err) != 0) {
         log_error("trainer", "%s", err);
         control_finish(r->env->ctl, CONTROL_END_FAILED, err);
         check_failf(__FILE__, __LINE__, "%s", err); /* the other ranks wait for it: end the job */
@@ -370,13 +389,17 @@ static void trainer_ready(void *ud, struct trainer *t)
 }
 
 /* Open the dispatcher at endpoint, from the trainer's step r->start and its data cursor (DP rank 0 at the start, or
- * the survivor that takes the lead of a split run whose lead was lost); the weight sender goes through it. 0, or -1
- * with err. */
-static int open_dispatcher(struct trainer_rank *r, struct trainer *t, const char *endpoint, char *err, size_t errlen)
+ * the survivor that takes the lead of a split run whose lead was lost), floor the oldest policy version a step is
+ * generated with (r->start, but where a survivor takes over one-step-off); the weight sender goes through it. 0, or
+ * -1 with err. */
+static int open_dispatcher(struct trainer_rank *r, struct trainer *t, const char *endpoint, int64_t floor, char *err,
+                           size_t errlen)
 {
     int64_t epoch, cursor;
     trainer_cursor(t, &epoch, &cursor);
     struct dispatch_options o = {.endpoint = endpoint,
+                                 .version_floor_set = true,
+                                 .version_floor = floor,
                                  .run_key = r->env->have_run_key ? r->env->plane_run_key : NULL,
                                  .epoch = r->env->plane_epoch,
                                  .first_rollout_rank = r->env->spec.trainer_ranks,

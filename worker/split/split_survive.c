@@ -6,8 +6,7 @@
  * rollout ranks cut it without the key (step_batch_balance over the DP ranks now in the run). A step redone after a
  * loss takes its units from the lead's copy: nothing is generated, sent or trained twice. When the lead itself is
  * lost, the survivors' DP rank 0 takes the lead at the redo (split_source.c, take_lead): the step's units are
- * granted anew and generated again (the same groups: each has its own RNG stream), none trained twice; one-step-off
- * the run stops (survive.c). */
+ * granted anew and generated again (the same groups: each has its own RNG stream), none trained twice. */
 #include "split_internal.h"
 #include "worker/survive/survive.h"
 

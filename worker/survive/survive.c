@@ -82,7 +82,7 @@ struct survive {
     char lost_names[256];
     bool said_cost;
     /* a split run: all is the trainers alone (the rollout ranks take no part in re-forming); the lead runs the
-     * dispatcher and holds the step's units, and a survivor takes them over when it is lost (on-policy) */
+     * dispatcher and holds the step's units, and a survivor takes them over when it is lost */
     bool split;
 };
 
@@ -95,9 +95,9 @@ static struct survive *g_survive;
  * the survivors redo a step from the units it already has. The lead's own loss is survived on-policy: the
  * survivors' new lead takes the dispatcher and the data socket over at its own endpoints, which every rollout
  * process is connected to from the start, and grants the redone step's units anew (split/split_source.c,
- * take_lead); one-step-off it stops the run (recover). Not covered: what changes the trainers' data beyond that:
- * TP, PP, SP or CP trainers, spares, ZeRO-1, fully-async training, the broadcast weight sync (its group spans the
- * rollout ranks). 0, or -1 with why. */
+ * take_lead), one-step-off with the version of the step before from the step start it kept. Not covered: what changes
+ * the trainers' data beyond that: TP, PP, SP or CP trainers, spares, ZeRO-1, fully-async training, the broadcast weight
+ * sync (its group spans the rollout ranks). 0, or -1 with why. */
 static int survive_split_refusal(const struct grpo_config *cfg, const struct placement_spec *spec, char *why,
                                  size_t whylen)
 {
@@ -291,8 +291,8 @@ struct survive *survive_create(struct role_env *env, void (*reform)(void *ud, co
                  "trainer-loss survival on (" KEY_trainer_survive_trainer_loss ") in a split run: a lost trainer's "
                  "step is redone by the other %d with one DP rank fewer, from the step's work units this rank keeps "
                  "(the rollout ranks send each whole to it); at its own loss the next takes the lead and the "
-                 "dispatcher over%s; each step's start is kept in memory",
-                 n - 1, env->staleness > 0 ? " (on-policy; one-step-off it stops the run)" : "");
+                 "dispatcher over; each step's start is kept in memory",
+                 n - 1);
     else if (env->rank == 0 && !env->spare_ranks)
         log_info("survive",
                  "trainer-loss survival on (" KEY_trainer_survive_trainer_loss "): a lost rank's step is redone by "
@@ -464,22 +464,8 @@ static int recover(void *ud)
         lost_trainers += lost[i] < old_trainers;
     }
     name_ranks(names, n_lost, s->lost_names, sizeof s->lost_names);
-    /* a split run's lead runs the dispatcher: on-policy the survivors' new lead takes it over at the redo (split/
-     * split_source.c, take_lead); one-step-off the lost lead held versions and units of the step ahead that no
-     * survivor has, and the run stops (the same on every survivor) */
-    if (s->split && lead_lost && env->staleness > 0) {
-        char ckpt[4096];
-        const bool have = trainer_latest_checkpoint(s->t, ckpt, sizeof ckpt) == 0;
-        if (comm_rank(sides) == 0)
-            log_error(
-                "survive",
-                "%s lost at step %lld, the lead among them: in a one-step-off split run it holds the step ahead's "
-                "policy version and work units, so the run stops. A relaunch resumes from %s%s",
-                s->lost_names, (long long)s->step, have ? "the checkpoint " : "the start: no checkpoint is written yet",
-                have ? ckpt : "");
-        comm_free(sides);
-        return -1;
-    }
+    /* a split run's lead runs the dispatcher and takes the rollout ranks' units: the survivors' new lead takes them
+     * over at the redo (split/split_source.c, take_lead) */
     /* TP or PP: the model copies (DP ranks) that lost a rank leave whole; the others keep their positions, their
      * DP ranks renumbered in order */
     const int old_copies = old_trainers / M, mo = comm_rank(old);
@@ -802,6 +788,14 @@ static int recover(void *ud)
                      s->lost_names, (long long)redo, at.dp_size, (long long)redo, note);
     }
     return 0;
+}
+
+const float *survive_step_start(const struct survive *s, int64_t k, size_t *n)
+{
+    *n = 0;
+    if (!s || k < 1 || trainer_snapshot_step(s->snap[k % 2]) != k)
+        return NULL;
+    return trainer_snapshot_params(s->snap[k % 2], n);
 }
 
 void survive_attach(struct survive *s, struct trainer *t)

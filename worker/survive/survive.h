@@ -72,6 +72,9 @@ struct survive *survive_create(struct role_env *env, void (*reform)(void *ud, co
  * each step's start, bring a lost peer's survivors back to it and re-form them (shrink, name the lost ranks, agree
  * on the step, move the trainer and the source onto the survivors, restore the step's start). */
 void survive_attach(struct survive *s, struct trainer *t);
+/* The trainable floats at step k's start as this rank kept them (the weights after step k - 1: policy version
+ * k - 1), *n of them, or NULL when it keeps no longer step k's start (it keeps the last two steps'). */
+const float *survive_step_start(const struct survive *s, int64_t k, size_t *n);
 void survive_free(struct survive *s);
 
 /* Tests only: GRPO_TEST_KILL_AT=POINT:STEP:RANK[,POINT:STEP:RANK...] with GRPO_TEST_HOLD_FILE=FILE makes launch rank

@@ -230,6 +230,8 @@ int trainer_snapshot_restore(struct trainer *t, const struct trainer_snapshot *s
 int trainer_zero1_restorable(const int *lost, int n_lost, int dp_size, char *err, size_t errlen);
 /* The step whose start s holds (-1: none). */
 int64_t trainer_snapshot_step(const struct trainer_snapshot *s);
+/* The trainable floats s holds (*n of them; trainer_params' layout: with LoRA the adapter), in host memory. */
+const float *trainer_snapshot_params(const struct trainer_snapshot *s, size_t *n);
 /* The host memory it holds. */
 size_t trainer_snapshot_bytes(const struct trainer_snapshot *s);
 void trainer_snapshot_free(struct trainer_snapshot *s);

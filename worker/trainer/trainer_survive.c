@@ -55,6 +55,12 @@ void trainer_snapshot_free(struct trainer_snapshot *s)
 
 int64_t trainer_snapshot_step(const struct trainer_snapshot *s) { return s ? s->step : -1; }
 
+const float *trainer_snapshot_params(const struct trainer_snapshot *s, size_t *n)
+{
+    *n = s->n;
+    return s->params;
+}
+
 size_t trainer_snapshot_bytes(const struct trainer_snapshot *s)
 {
     return (s->n + 2 * s->nb + 2 * (s->mhi - s->mlo)) * sizeof(float);
