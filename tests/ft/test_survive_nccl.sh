@@ -25,7 +25,7 @@
 #    leaves, the other remakes its NCCL communicators and goes on as DP 1, the weights one process's;
 #  - a split run (3 trainers and a rollout rank, a device each): trainer rank 1 SIGKILLed in step 2's all-reduce on
 #    NCCL, the survivors redo the step on a new communicator from the units the lead kept, the weights one
-#    process's.
+#    process's; and the lead killed there: trainer rank 1 takes the lead, the weights one process's.
 # Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
 set -u
 . "$(dirname "$0")/../lib.sh" grpo-ft-nccl
@@ -155,4 +155,18 @@ says "$TMP/split.log" "a new one over the 2 survivors" &&
 expect "split: a new NCCL communicator over 2, step 2 redone from the lead's units" $?
 same_as_one split
 metrics_once split
+
+# the same with the lead (trainer rank 0) killed there: trainer rank 1 takes the lead at step 2's redo, publishing
+# the step's version from its device's weights, and the rollout rank generates step 2 again for it
+CUEMU_DEVICES=4 CUEMU_NCCL_PEER_LOSS=silent TRAINERS=3 start_held splitlead 4 "allreduce-start:2:0" trainer.device=cuda \
+    placement.trainer_ranks=3 placement.rollout_ranks=1
+kill_held splitlead "the lead in step 2's all-reduce on NCCL"
+wait "$JOB"
+expect "splitlead: the run finishes without the lead (mpirun exits 0)" $?
+survived splitlead 2 0 2
+says "$TMP/splitlead.log" "a new one over the 2 survivors" &&
+    says "$TMP/splitlead.log" "step 2: this rank (launch DP rank 1) leads the split run now"
+expect "splitlead: a new NCCL communicator over 2, trainer rank 1 leads from step 2" $?
+same_as_one splitlead
+metrics_once splitlead
 finish
