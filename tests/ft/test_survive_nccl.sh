@@ -142,31 +142,27 @@ copy_case() {
 copy_case tp gen:2:1 1 0 actor_rollout_ref.actor.megatron.tensor_model_parallel_size
 copy_case pp optim:2:3 3 1 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size
 
-# a split run on the devices (3 trainers and a rollout rank, a device each): trainer rank 1 SIGKILLed in step 2's
-# all-reduce on NCCL; the survivors make a new communicator over 2 and redo step 2 from the units the lead kept
-CUEMU_DEVICES=4 CUEMU_NCCL_PEER_LOSS=silent TRAINERS=3 start_held split 4 "allreduce-start:2:1" trainer.device=cuda \
-    placement.trainer_ranks=3 placement.rollout_ranks=1
-kill_held split "trainer rank 1 in step 2's all-reduce on NCCL"
-wait "$JOB"
-expect "split: the run finishes without trainer rank 1 (mpirun exits 0)" $?
-survived split 2 1 2
-says "$TMP/split.log" "a new one over the 2 survivors" &&
-    says "$TMP/split.log" "step 2 redone from the 1 work unit(s) this rank kept: none pulled again"
-expect "split: a new NCCL communicator over 2, step 2 redone from the lead's units" $?
-same_as_one split
-metrics_once split
-
-# the same with the lead (trainer rank 0) killed there: trainer rank 1 takes the lead at step 2's redo, publishing
-# the step's version from its device's weights, and the rollout rank generates step 2 again for it
-CUEMU_DEVICES=4 CUEMU_NCCL_PEER_LOSS=silent TRAINERS=3 start_held splitlead 4 "allreduce-start:2:0" trainer.device=cuda \
-    placement.trainer_ranks=3 placement.rollout_ranks=1
-kill_held splitlead "the lead in step 2's all-reduce on NCCL"
-wait "$JOB"
-expect "splitlead: the run finishes without the lead (mpirun exits 0)" $?
-survived splitlead 2 0 2
-says "$TMP/splitlead.log" "a new one over the 2 survivors" &&
-    says "$TMP/splitlead.log" "step 2: this rank (launch DP rank 1) leads the split run now"
-expect "splitlead: a new NCCL communicator over 2, trainer rank 1 leads from step 2" $?
-same_as_one splitlead
-metrics_once splitlead
+# a split run on the devices (3 trainers and a rollout rank, a device each): split_case NAME VICTIM WHAT SAYS kills
+# trainer rank VICTIM in step 2's all-reduce on NCCL; the survivors make a new communicator over 2 and redo step 2,
+# the log saying SAYS; the weights one process's, every group trained once
+split_case() {
+    local name="$1" victim="$2"
+    CUEMU_DEVICES=4 CUEMU_NCCL_PEER_LOSS=silent TRAINERS=3 start_held "$name" 4 "allreduce-start:2:$victim" \
+        trainer.device=cuda placement.trainer_ranks=3 placement.rollout_ranks=1
+    kill_held "$name" "$3"
+    wait "$JOB"
+    expect "$name: the run finishes without trainer rank $victim (mpirun exits 0)" $?
+    survived "$name" 2 "$victim" 2
+    says "$TMP/$name.log" "a new one over the 2 survivors" && says "$TMP/$name.log" "$4"
+    expect "$name: a new NCCL communicator over 2, and: $4" $?
+    same_as_one "$name"
+    metrics_once "$name"
+}
+# trainer rank 1: step 2 redone from the units the lead kept
+split_case split 1 "trainer rank 1 in step 2's all-reduce on NCCL" \
+    "step 2 redone from the 1 work unit(s) this rank kept: none pulled again"
+# the lead: trainer rank 1 takes the lead at step 2's redo, publishing the step's version from its device's weights,
+# and the rollout rank generates step 2 again for it
+split_case splitlead 0 "the lead in step 2's all-reduce on NCCL" \
+    "step 2: this rank (launch DP rank 1) leads the split run now"
 finish

@@ -75,34 +75,41 @@ out=$(python3 "$SRC_ROOT/tests/mpi/check_audit.py" "$TMP/off/audit" 4 6 "$STEPS"
 expect "off: audit: every group of every step trained exactly once ($out)" $?
 metrics_once off
 
-# under grpod: the survivors tell it; it shows trainer rank 1 lost with the reason and keeps the run (and the
-# rollout rank) running while the lead holds at step 5's all-reduce (a second hold, released by the test), then
-# finished
+# under grpod (a grpod of its own, socket ctl-NAME.sock): under_grpod NAME VICTIM HOLDER WHAT kills trainer
+# rank VICTIM in step 3's all-reduce while trainer rank HOLDER will hold at step 5's (a second hold, released by the
+# test): the survivors tell grpod, which shows VICTIM lost with "survived: DP 3 -> 2 at step 3" and keeps the run,
+# the other trainers and the rollout rank running past its heartbeat timeout; then the run finishes and grpod says
+# so; the weights one process's
 # shellcheck disable=SC2034 # start_grpod (tests/lib.sh) runs $GRPOD
 GRPOD="$(prog grpod)" GRPOCTL="$(prog grpoctl)"
-EP="ipc://$TMP/ctl.sock"
-export GRPOD_ENDPOINT="$EP"
-start_grpod g
-expect "grpod starts" $?
-start_held gr 4 allreduce:3:1,allreduce:5:0 "${SPLIT[@]}" grpod.endpoint="$EP" grpod.connect_timeout_s=20
-kill_held gr "trainer rank 1 in step 3's all-reduce"
-wait_for 60 held_or_ended
-[ -s "$HOLD.held" ]
-expect "gr: the survivors redo step 3 and go on; the lead holds at step 5" $?
-survived gr 3 1 2
-grpod_saw_survival gr 1 "survived: DP 3 -> 2 at step 3" running,running,running
-field_is ".workers[] | select(.rank == 3) | .role" rollout
-expect "gr: grpod shows rank 3 a rollout rank, running on ($(status_field '.workers[] | select(.rank == 3) | .role'))" $?
-rm -f "$HOLD" # the lead goes on
-wait "$JOB"
-expect "gr: the run finishes without trainer rank 1 (mpirun exits 0)" $?
 finished() { state_is finished; }
-wait_for 20 finished
-expect "gr: grpod says the run finished ($(status_field .state): $(status_field .reason))" $?
-same_as_one gr
-kill "$GRPOD_PID" 2>/dev/null
-wait "$GRPOD_PID" 2>/dev/null
-unset GRPOD_ENDPOINT
+under_grpod() {
+    local name="$1" victim="$2" holder="$3"
+    EP="ipc://$TMP/ctl-$name.sock"
+    export GRPOD_ENDPOINT="$EP"
+    start_grpod "g-$name"
+    expect "$name: grpod starts" $?
+    start_held "$name" 4 "allreduce:3:$victim,allreduce:5:$holder" "${SPLIT[@]}" grpod.endpoint="$EP" \
+        grpod.connect_timeout_s=20
+    kill_held "$name" "$4"
+    wait_for 60 held_or_ended
+    [ -s "$HOLD.held" ]
+    expect "$name: the survivors redo step 3 and go on; trainer rank $holder holds at step 5" $?
+    survived "$name" 3 "$victim" 2
+    grpod_saw_survival "$name" "$victim" "survived: DP 3 -> 2 at step 3" running,running,running
+    field_is ".workers[] | select(.rank == 3) | .role" rollout
+    expect "$name: grpod shows rank 3 a rollout rank, running on ($(status_field '.workers[] | select(.rank == 3) | .role'))" $?
+    rm -f "$HOLD" # the holder goes on
+    wait "$JOB"
+    expect "$name: the run finishes without trainer rank $victim (mpirun exits 0)" $?
+    wait_for 20 finished
+    expect "$name: grpod says the run finished ($(status_field .state): $(status_field .reason))" $?
+    same_as_one "$name"
+    kill "$GRPOD_PID" 2>/dev/null
+    wait "$GRPOD_PID" 2>/dev/null
+    unset GRPOD_ENDPOINT
+}
+under_grpod gr 1 0 "trainer rank 1 in step 3's all-reduce"
 
 # the lead SIGKILLed in step 3's all-reduce, on tcp (as across hosts: the data endpoints at PORT + d, the
 # dispatcher at PORT + 3): trainer rank 1, the survivors' DP rank 0, takes the lead at the redo (its data socket,
@@ -124,28 +131,8 @@ expect "lead: the rollout rank generated step 3's unit again, 6 units in all, an
 same_as_one lead
 metrics_once lead
 
-# the same under grpod (ipc): grpod shows the lead lost with "survived: DP 3 -> 2 at step 3" and the run running
-# while the new lead holds at step 5 (a second hold, on launch rank 1), then finished
-EP="ipc://$TMP/ctl2.sock"
-export GRPOD_ENDPOINT="$EP"
-start_grpod g2
-expect "grpod starts again" $?
-start_held grlead 4 allreduce:3:0,allreduce:5:1 "${SPLIT[@]}" grpod.endpoint="$EP" grpod.connect_timeout_s=20
-kill_held grlead "the lead in step 3's all-reduce"
-wait_for 60 held_or_ended
-[ -s "$HOLD.held" ]
-expect "grlead: the survivors redo step 3 and go on; the new lead holds at step 5" $?
-survived grlead 3 0 2
-grpod_saw_survival grlead 0 "survived: DP 3 -> 2 at step 3" running,running,running
-rm -f "$HOLD" # the new lead goes on
-wait "$JOB"
-expect "grlead: the run finishes without the lead (mpirun exits 0)" $?
-wait_for 20 finished
-expect "grlead: grpod says the run finished ($(status_field .state): $(status_field .reason))" $?
-same_as_one grlead
-kill "$GRPOD_PID" 2>/dev/null
-wait "$GRPOD_PID" 2>/dev/null
-unset GRPOD_ENDPOINT
+# the same under grpod (ipc), the new lead holding at step 5
+under_grpod grlead 0 1 "the lead in step 3's all-reduce"
 
 # one-step-off: the lead SIGKILLed in step 3's all-reduce while step 4's units wait at it; trainer rank 1 takes the
 # lead with the policy version step 3 is generated with (version 1, the weights at step 2's start, which it kept)
