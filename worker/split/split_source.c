@@ -59,6 +59,12 @@ static int by_gidx(const void *a, const void *b)
 }
 
 static void publish(struct trainer_rank *r, int64_t version);
+/* The floats of a policy version as the dispatcher serves it: with LoRA the whole adapter (under EP every
+ * expert's), else the whole model's weights. */
+static size_t version_floats(struct trainer *t)
+{
+    return trainer_policy(t)->lora ? lora_whole_floats(trainer_policy(t)) : model_whole_floats(&trainer_policy(t)->cfg);
+}
 static int open_dispatcher(struct trainer_rank *r, struct trainer *t, const char *endpoint, int64_t floor, char *err,
                            size_t errlen);
 
@@ -75,9 +81,9 @@ static int take_lead(struct trainer_rank *r, int64_t k)
     char err[1024], ep[512];
     const char *data_ep = r->env->endpoints[r->launch_dp];
     const int64_t floor = k - 1 - r->env->staleness > r->run_start ? k - 1 - r->env->staleness : r->run_start;
-    size_t n = 0, want = 0;
+    size_t n = 0;
     const float *older = floor < k - 1 ? survive_step_start(r->survive, floor + 1, &n) : NULL;
-    if (floor < k - 1 && (!older || (trainer_params(r->t, &want), n != want))) {
+    if (floor < k - 1 && (!older || n != version_floats(r->t))) {
         log_error("trainer",
                   "step %lld: taking the lead of the split run after the lead's loss: policy version %lld (the "
                   "weights at step %lld's start, which one-step-off step %lld is generated with) is no longer kept "
@@ -353,9 +359,6 @@ static int between_steps(void *ctx, int64_t j, bool stop)
     return 0;
 }
 
-static int open_dispatcher(struct trainer_rank *r, struct trainer *t, const char *endpoint, int64_t floor, char *err,
-                           size_t errlen);
-
 /* Once the trainer exists (its model loaded, any checkpoint resumed): DP rank 0 opens the dispatcher with the
  * weights and the data cursor to start from. */
 static void trainer_ready(void *ud, struct trainer *t)
@@ -411,9 +414,7 @@ static int open_dispatcher(struct trainer_rank *r, struct trainer *t, const char
                                  .total_steps = trainer_total_steps(t),
                                  .start_epoch = epoch,
                                  .start_cursor = cursor,
-                                 /* with LoRA the whole adapter (under EP every expert's) */
-                                 .n_floats = trainer_policy(t)->lora ? lora_whole_floats(trainer_policy(t))
-                                                                     : model_whole_floats(&trainer_policy(t)->cfg),
+                                 .n_floats = version_floats(t),
                                  .lost_after_s = 2 * r->env->heartbeat_s,
                                  .relay_fanout = (int)r->env->cfg->rollout_weight_relay_fanout};
     if (r->env->cfg->async_enable && split_async_setup(r, t, &o, err, errlen) != 0)

@@ -92,12 +92,12 @@ static struct survive *g_survive;
 /* A split run (rollout ranks feed the trainers) survives a lost trainer where its trainers are plain DP: the rollout
  * ranks send each whole work unit to DP rank 0 (the dispatcher's rank, the lead), which keeps the step's units and
  * hands them to every trainer, each cutting its DP share as the rollout ranks would have (split/split_survive.c), so
- * the survivors redo a step from the units it already has. The lead's own loss is survived on-policy: the
+ * the survivors redo a step from the units it already has. The lead's own loss is survived too: the
  * survivors' new lead takes the dispatcher and the data socket over at its own endpoints, which every rollout
  * process is connected to from the start, and grants the redone step's units anew (split/split_source.c,
- * take_lead), one-step-off with the version of the step before from the step start it kept. Not covered: what changes
- * the trainers' data beyond that: TP, PP, SP or CP trainers, spares, ZeRO-1, fully-async training, the broadcast weight
- * sync (its group spans the rollout ranks). 0, or -1 with why. */
+ * take_lead); one-step-off it also publishes the version of the step before, from the step start it kept. Not covered:
+ * what changes the trainers' data beyond that: TP, PP, SP or CP trainers, spares, ZeRO-1, fully-async training, the
+ * broadcast weight sync (its group spans the rollout ranks). 0, or -1 with why. */
 static int survive_split_refusal(const struct grpo_config *cfg, const struct placement_spec *spec, char *why,
                                  size_t whylen)
 {
