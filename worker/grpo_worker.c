@@ -334,10 +334,6 @@ static int finalize(struct launch *l, struct comm *world, struct args *a, int st
             sleep(30); /* rank 0 ends the job for every rank, this one with it; if not, it ends it itself below */
         /* the other ranks wait in a collective for this one: end the whole job, with the reason above */
         log_error("worker", "rank %d failed (exit %d): ending the job", rank, status);
-        if (comm_ft_peer_was_lost() && comm_ft_last_rank()) { /* its mpirun would end the job with 0 */
-            fflush(NULL);
-            _exit(status);
-        }
         comm_end_job(status);
     }
     launch_close(l);

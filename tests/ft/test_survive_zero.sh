@@ -17,7 +17,7 @@
 # within 1e-5 relative; the audit files hold every group of every step exactly rollout.n times.
 #  - 4 ranks, ranks 1 and 2 both held at step 3 after their generation and SIGKILLed together (gen:3:1,gen:3:2; the
 #    test waits for both holds' log lines): rank 1's block is lost with its copy, and the survivors end the run
-#    saying so.
+#    saying so, mpirun exiting non-zero by itself (twice).
 # Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
 set -u
 . "$(dirname "$0")/../lib.sh" grpo-ft-zero
@@ -85,19 +85,23 @@ survived zpart 4 2 2
 same_as_ref2 zpart
 metrics_once zpart
 
-# two neighbours at once: the block of the first is lost with its copy on the second
-start_held adj 4 gen:3:1,gen:3:2 "$ZERO"
-both_held() { [ "$(grep -c "test: holding at gen of step 3" "$TMP/adj.log")" -ge 2 ] || ! kill -0 "$JOB" 2>/dev/null; }
-wait_for 150 both_held
-pids="$(sed -n 's/.*test: holding at gen of step 3 .*(pid \([0-9]*\)).*/\1/p' "$TMP/adj.log" | sort -u | tr '\n' ' ')"
-[ "$(echo $pids | wc -w)" -eq 2 ]
-expect "adj: ranks 1 and 2 hold at step 3 (pids $pids)" $?
-# shellcheck disable=SC2086 # the two pids
-kill -9 $pids
-expect "adj: both SIGKILLed" $?
-wait "$JOB"
-[ $? -ne 0 ]
-expect "adj: the run ends with an error" $?
-says "$TMP/adj.log" "ZeRO-1: DP rank 1's block of the optimizer state was kept by DP rank 2, lost too"
-expect "adj: the survivors say rank 1's block was lost with its copy" $?
+# two neighbours at once: the block of the first is lost with its copy on the second. Twice: the survivors' end
+# once raced mpirun (MPI_Abort under --with-ft ulfm: mpirun exited 0, or waited for ever, one time in four)
+for adj in adj adj2; do
+    start_held "$adj" 4 gen:3:1,gen:3:2 "$ZERO"
+    both_held() { [ "$(grep -c "test: holding at gen of step 3" "$TMP/$adj.log")" -ge 2 ] || ! kill -0 "$JOB" 2>/dev/null; }
+    wait_for 150 both_held
+    pids="$(sed -n 's/.*test: holding at gen of step 3 .*(pid \([0-9]*\)).*/\1/p' "$TMP/$adj.log" | sort -u | tr '\n' ' ')"
+    [ "$(echo $pids | wc -w)" -eq 2 ]
+    expect "$adj: ranks 1 and 2 hold at step 3 (pids $pids)" $?
+    # shellcheck disable=SC2086 # the two pids
+    kill -9 $pids
+    expect "$adj: both SIGKILLed" $?
+    wait "$JOB"
+    rc=$?
+    [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ]
+    expect "$adj: the run ends with an error, mpirun ending by itself (exit status $rc; 124: its time limit)" $?
+    says "$TMP/$adj.log" "ZeRO-1: DP rank 1's block of the optimizer state was kept by DP rank 2, lost too"
+    expect "$adj: the survivors say rank 1's block was lost with its copy" $?
+done
 finish

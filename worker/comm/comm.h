@@ -27,17 +27,15 @@ void comm_mpi_init(int *argc, char ***argv);
 void comm_mpi_log_caps(void);
 /* End MPI, once every comm is freed. */
 void comm_mpi_finalize(void);
-/* End the whole job with exit status code: a rank the others would wait for in a collective cannot go on. */
+/* End the whole job with exit status code: a rank the others would wait for in a collective cannot go on. Under a
+ * launch with ULFM's fault tolerance on, this rank ends with that status and its peers learn of its loss (the only
+ * end of a rank that mpirun then reports as the job's failure; comm_mpi.c says why). */
 void comm_end_job(int code);
 /* Whether mpirun keeps the job when one of its ranks dies (--mca orte_enable_recovery 1). */
 bool comm_job_outlives_ranks(void);
 /* Whether the job lost a rank that this process outlived (ULFM: the collective plane handed a loss to its handler,
  * a word to a spare found it gone, or MPI's failure detector reports a rank of the world lost). */
 bool comm_ft_peer_was_lost(void);
-/* Open MPI 5 with ULFM: every other rank of the job is lost (this one is the last). Its mpirun then ends the job
- * with status 0 on an MPI_Abort (seen with Open MPI 5.0): the last rank ends itself to keep its status. False
- * without ULFM. */
-bool comm_ft_last_rank(void);
 /* Under mpirun in that mode: make ready (before comm_mpi_finalize) to ask mpirun to end the job; elsewhere nothing. */
 void comm_arm_job_end(void);
 /* After comm_arm_job_end, once this rank's part of a finished run is done (MPI_Finalize returned, or hangs for a

@@ -82,18 +82,6 @@ bool comm_ft_available(char *why, size_t whylen)
     return false;
 }
 
-bool comm_ft_last_rank(void)
-{
-    int size = 1, failed = 0;
-    MPI_Group g = MPI_GROUP_NULL;
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (MPIX_Comm_get_failed(MPI_COMM_WORLD, &g) == MPI_SUCCESS && g != MPI_GROUP_NULL) {
-        MPI_Group_size(g, &failed);
-        MPI_Group_free(&g);
-    }
-    return size > 1 && size - failed <= 1;
-}
-
 void comm_ft_watch(struct comm *c)
 {
     if (device_group(c, c ? c->be->ft_watch : NULL) || !c || impl_of(c)->watched)
@@ -253,8 +241,6 @@ bool comm_ft_available(char *why, size_t whylen)
              "-Dmpi_prefix=\"$(scripts/ompi5_env.sh)\" -Dulfm=enabled) and launch with scripts/mpirun_ft");
     return false;
 }
-
-bool comm_ft_last_rank(void) { return false; }
 
 void comm_ft_watch(struct comm *c) { (void)device_group(c, c ? c->be->ft_watch : NULL); }
 

@@ -530,6 +530,8 @@ struct comm *comm_mpi_world(void)
 
 struct comm *comm_mpi_adopt(MPI_Comm m) { return mpi_wrap(m, true); }
 
+static bool ft_launch; /* comm_ft_available at MPI_Init: the launch turned ULFM's fault tolerance on */
+
 void comm_mpi_init(int *argc, char ***argv)
 {
     /* Colocated ranks share their work-unit table through an MPI window. Among Open MPI 4.1's one-sided
@@ -541,7 +543,9 @@ void comm_mpi_init(int *argc, char ***argv)
         setenv("OMPI_MCA_osc", "sm,pt2pt", 0);
 #endif
     CHECK_MPI(MPI_Init(argc, argv));
-    check_set_fatal_hook(check_mpi_abort_hook);
+    char why[256];
+    ft_launch = comm_ft_available(why, sizeof why);
+    check_set_fatal_hook(comm_end_job);
 }
 
 void comm_mpi_log_caps(void)
@@ -578,7 +582,21 @@ void comm_mpi_log_caps(void)
 
 void comm_mpi_finalize(void) { MPI_Finalize(); }
 
-void comm_end_job(int code) { check_mpi_end_job(code); }
+/* Under a launch with ULFM's fault tolerance on (mpirun --with-ft ulfm) mpirun keeps the job after any rank's end,
+ * and MPI_Abort is one rank's end like another: the peers hear of a lost rank. Its mpirun (Open MPI 5.0.11's PRRTE)
+ * then reported such a job's end as 0, or never ended once every rank had gone, whenever the abort's message reached
+ * it before the process's exit (a failed run's two survivors that both called MPI_Abort, one time in ten): it counts
+ * an aborted rank as recoverable, and its exit status as nothing. An exit with the status is always counted as a
+ * failure and kept as the job's status. So under that launch a rank ends the job by ending itself with its status;
+ * its peers learn of the loss from ULFM, and end too (or, under trainer-loss survival, go on without it). */
+void comm_end_job(int code)
+{
+    if (ft_launch) {
+        fflush(NULL);
+        _exit(code != 0 ? code : 1);
+    }
+    check_mpi_end_job(code);
+}
 
 bool comm_job_outlives_ranks(void) { return check_mpi_recovery_mode() != 0; }
 
