@@ -148,7 +148,7 @@ done < <(find "$kit/build" "$kit/usr" "$kit/lib" -type f ! -name '*.xz')
 expect "ldd finds every library of the kit's $n programs and libraries but CUDA's${missing:+ (missing: $missing)}" $?
 left=$(find "$kit" -name '*.xz' -type f | while read -r z; do [ -f "${z%.xz}" ] || echo "$z"; done | wc -l)
 [ "$left" = 0 ]; expect "env.sh unpacked every compressed file ($left left)" $?
-[ "$(command -v mpirun)" = "$kit/usr/bin/mpirun" ]; expect "mpirun is the kit's ($(command -v mpirun))" $?
+[ "$(command -v mpirun)" = "$kit/usr/bin/mpirun" ]; st=$?; expect "mpirun is the kit's ($(command -v mpirun))" "$st"
 "$kit/build/worker/grpo-worker" --help >"$work/help.txt" 2>&1; expect "grpo-worker --help starts" $?
 tok="$src/tests/fixtures/tokenizers/bytes-chatml"
 "$kit/build/worker/grpo-model" init "$tok/config.json" "$work/tiny" --tokenizer-from "$tok" --seed 11 --std 0.1 \

@@ -43,6 +43,13 @@ tidy="$(cat "$tidy_out"/*.txt)"
 if grep -E "warning:|error:" <<<"$tidy"; then rc=1; fi
 echo "key names in messages (scripts/check_key_names.py)"
 python3 scripts/check_key_names.py || rc=1
+# a check's status read after a command substitution in its own message is the substitution's (bash expands the
+# words in order): such an expect passes whatever came before it. Take the status first: st=$?; expect ... "$st"
+echo "test checks whose status is a message's command substitution's"
+if git grep -nE 'expect "[^"]*[$][(][^(][^"]*" [$][?]' -- '*.sh'; then
+    echo "lint: the checks above read \$? after a \$(...) in their message: take it first (st=\$?; expect \"...\" \"\$st\")"
+    rc=1
+fi
 echo "cppcheck"
 cppcheck -j "$jobs" --quiet --error-exitcode=1 --std=c11 --enable=warning,performance,portability \
     --inline-suppr --suppressions-list=.cppcheck-suppressions -D_GNU_SOURCE -I . \

@@ -144,19 +144,19 @@ grpod_saw_survival() {
     local name="$1" r="$2" why="$3" others="$4"
     lost_told() { field_is ".workers[] | select(.rank == $r) | .error" "$why"; }
     wait_for 20 lost_told
-    expect "$name: grpod shows rank $r's reason: $(status_field ".workers[] | select(.rank == $r) | .error")" $?
+    st=$?; expect "$name: grpod shows rank $r's reason: $(status_field ".workers[] | select(.rank == $r) | .error")" "$st"
     field_is ".workers[] | select(.rank == $r) | .state" lost
-    expect "$name: rank $r is lost ($(status_field ".workers[] | select(.rank == $r) | .state"))" $?
+    st=$?; expect "$name: rank $r is lost ($(status_field ".workers[] | select(.rank == $r) | .state"))" "$st"
     # the lost rank's heartbeats stopped at the kill: by now grpod.heartbeat_timeout_s (3 s) has passed without it
     # calling the run's end (the lead, held, heartbeats on)
     past_timeout() { python3 -c 'import sys, time; sys.exit(time.time() < float(sys.argv[1]) + 4)' "$KILL_T0"; }
     wait_for 30 past_timeout
     state_is running
-    expect "$name: the run is running 4 s after the kill ($(status_field .state): $(status_field .reason))" $?
+    st=$?; expect "$name: the run is running 4 s after the kill ($(status_field .state): $(status_field .reason))" "$st"
     status_field .reason | grep -qF "rank $r on host" && status_field .reason | grep -qF "$why"
     expect "$name: the run's reason names the loss of rank $r" $?
     [ "$(status_field "[.workers[] | select(.rank != $r) | .state] | join(\",\")")" = "$others" ]
-    expect "$name: the other ranks $others ($(status_field '[.workers[] | .state] | join(",")'))" $?
+    st=$?; expect "$name: the other ranks $others ($(status_field '[.workers[] | .state] | join(",")'))" "$st"
     status_field '.events[].text' >"$TMP/events.txt"
     grep -qF "lost: $why" "$TMP/events.txt" && ! grep -q "told to end" "$TMP/events.txt"
     expect "$name: grpod's events say the loss was survived, none tells the ranks to end" $?

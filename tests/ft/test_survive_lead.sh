@@ -67,7 +67,7 @@ newlead="$(cat "$HOLD.held" 2>/dev/null)"
 [ -n "$newlead" ]
 expect "$name: the new lead holds in writing step 4's checkpoint again (pid ${newlead:-none})" $?
 [ -d "$ck/.global_step_4.tmp" ] && [ -f "$ck/.global_step_4.tmp/optim.bin" ] && [ ! -e "$ck/global_step_4" ]
-expect "$name: step 4 only as .global_step_4.tmp, no global_step_4 ($(ls -A "$ck" | tr '\n' ' '))" $?
+st=$?; expect "$name: step 4 only as .global_step_4.tmp, no global_step_4 ($(ls -A "$ck" | tr '\n' ' '))" "$st"
 [ "$(cat "$ck/latest_checkpointed_iteration.txt" 2>/dev/null)" = 2 ] && [ -f "$ck/global_step_2/state.json" ]
 expect "$name: latest_checkpointed_iteration.txt names step 2, whole: a relaunch now resumes from it" $?
 rm -f "$HOLD" # the new lead goes on
@@ -76,7 +76,7 @@ expect "$name: the run finishes without rank 0 (mpirun exits 0)" $?
 says "$TMP/$name.log" "the checkpoint of step 4 was not in place when the lead was lost: writing it again"
 expect "$name: the new lead says it writes step 4's checkpoint again" $?
 [ ! -e "$ck/.global_step_4.tmp" ] && [ "$(cat "$ck/latest_checkpointed_iteration.txt" 2>/dev/null)" = "$STEPS" ]
-expect "$name: no .tmp left, latest_checkpointed_iteration.txt names step $STEPS ($(ls -A "$ck" | tr '\n' ' '))" $?
+st=$?; expect "$name: no .tmp left, latest_checkpointed_iteration.txt names step $STEPS ($(ls -A "$ck" | tr '\n' ' '))" "$st"
 lead_survived "$name" 5
 
 # (d) under grpod (heartbeats every 0.2 s, lost after 3 s of silence: start_grpod's)
@@ -92,14 +92,14 @@ newlead="$(cat "$HOLD.held" 2>/dev/null)"
 [ -n "$newlead" ]
 expect "$name: the survivors redo step 3 and go on; the new lead holds at step 5 (pid ${newlead:-none})" $?
 grep -q "^pid $newlead " "$TMP/$name/p/e/run.lock"
-expect "$name: the new lead holds the run directory's lock ($(cat "$TMP/$name/p/e/run.lock" 2>/dev/null))" $?
+st=$?; expect "$name: the new lead holds the run directory's lock ($(cat "$TMP/$name/p/e/run.lock" 2>/dev/null))" "$st"
 grpod_saw_survival "$name" 0 "survived: DP 3 -> 2 at step 3" running,running
 rm -f "$HOLD" # the new lead goes on
 wait "$JOB"
 expect "$name: the run finishes without rank 0 (mpirun exits 0)" $?
 finished() { state_is finished; }
 wait_for 20 finished
-expect "$name: grpod says the run finished ($(status_field .state): $(status_field .reason))" $?
+st=$?; expect "$name: grpod says the run finished ($(status_field .state): $(status_field .reason))" "$st"
 lead_survived "$name" 3
 stop_grpod
 finish

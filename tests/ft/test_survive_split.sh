@@ -98,12 +98,12 @@ under_grpod() {
     survived "$name" 3 "$victim" 2
     grpod_saw_survival "$name" "$victim" "survived: DP 3 -> 2 at step 3" running,running,running
     field_is ".workers[] | select(.rank == 3) | .role" rollout
-    expect "$name: grpod shows rank 3 a rollout rank, running on ($(status_field '.workers[] | select(.rank == 3) | .role'))" $?
+    st=$?; expect "$name: grpod shows rank 3 a rollout rank, running on ($(status_field '.workers[] | select(.rank == 3) | .role'))" "$st"
     rm -f "$HOLD" # the holder goes on
     wait "$JOB"
     expect "$name: the run finishes without trainer rank $victim (mpirun exits 0)" $?
     wait_for 20 finished
-    expect "$name: grpod says the run finished ($(status_field .state): $(status_field .reason))" $?
+    st=$?; expect "$name: grpod says the run finished ($(status_field .state): $(status_field .reason))" "$st"
     same_as_one "$name"
     kill "$GRPOD_PID" 2>/dev/null
     wait "$GRPOD_PID" 2>/dev/null

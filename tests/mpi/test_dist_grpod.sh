@@ -176,7 +176,7 @@ own="$(echo "$said" | sed -n 's/.*(\([0-9.]*\) s of it grpod itself did not run)
 awk -v w="$wall" -v o="${own:-0}" 'BEGIN { exit !(w != "" && w - o >= 3 && w - o <= 4.05) }'
 expect "grpod's journal: lost after the 3 s timeout, found at a tick at most 1 s later (${said:-nothing said})" $?
 state_is paused && status_field .reason | grep -q "paused by operator; rollout rank 3 .* lost: its work goes to the other rollout ranks (relaunch it with grpo-worker --replace-rank 3)"
-expect "grpoctl status: paused, and says the rank is lost and how to replace it ($(status_field .reason))" $?
+st=$?; expect "grpoctl status: paused, and says the rank is lost and how to replace it ($(status_field .reason))" "$st"
 "$WORKER" --replace-rank 3 actor_rollout_ref.model.path="$TMP/tiny" trainer.default_local_dir="$TMP/rkilled" \
     trainer.project_name=p trainer.experiment_name=e trainer.total_training_steps=$STEPS trainer.val_before_train=false \
     trainer.test_freq=-1 trainer.save_freq=1 trainer.max_actor_ckpt_to_keep=2 data.train_batch_size=4 \

@@ -81,7 +81,7 @@ PY
     [ "$s" -gt 0 ]; expect "fan-out $k: the relays say what they served ($s bytes)" $?
     ! grep -q "weight relay failed rollout rank\|its digest is wrong\|no weight relay had room" "$TMP/k$k.log"
     expect "fan-out $k: no relay fails, nobody waits out the tree" $?
-    identical "k$k"; expect "fan-out $k: bit-identical to the reference ($(cat "$TMP/cmp-k$k.txt"))" $?
+    identical "k$k"; st=$?; expect "fan-out $k: bit-identical to the reference ($(cat "$TMP/cmp-k$k.txt"))" "$st"
 done
 
 # every relay hostile: corrupt bytes (fan-out 2), or silent (fan-out 1)
@@ -98,7 +98,7 @@ for bad in corrupt silent; do
     [ "$n" -eq "$f" ]; expect "$bad relays: every failure reached the dispatcher ($n of $f)" $?
     never_again "$bad"; expect "$bad relays: a relay found bad is never named again (the dispatcher's log)" $?
     [ "$(relayed "$bad")" -eq 0 ]; expect "$bad relays: no version is taken from one" $?
-    identical "$bad"; expect "$bad relays: bit-identical to the reference ($(cat "$TMP/cmp-$bad.txt"))" $?
+    identical "$bad"; st=$?; expect "$bad relays: bit-identical to the reference ($(cat "$TMP/cmp-$bad.txt"))" "$st"
 done
 
 # one corrupt relay among good ones
@@ -111,8 +111,8 @@ expect "one corrupt relay: barred at most once" $?
 ! grep "\[rank 0\] dispatch: " "$TMP/one-corrupt.log" | sed -n '/rollout rank 0.s weight relay failed/,$p' |
     grep -q "takes it from rollout rank 0's relay"
 expect "one corrupt relay: never named after it was found out" $?
-[ "$(relayed one-corrupt)" -ge 1 ]; expect "one corrupt relay: the good relays serve ($(relayed one-corrupt))" $?
-identical one-corrupt; expect "one corrupt relay: bit-identical ($(cat "$TMP/cmp-one-corrupt.txt"))" $?
+[ "$(relayed one-corrupt)" -ge 1 ]; st=$?; expect "one corrupt relay: the good relays serve ($(relayed one-corrupt))" "$st"
+identical one-corrupt; st=$?; expect "one corrupt relay: bit-identical ($(cat "$TMP/cmp-one-corrupt.txt"))" "$st"
 
 # one step off (rollout.mode=async): a version is fetched while the one before is still served, and some relays have
 # moved on when asked ("not held": asked again, not named as failed)
@@ -120,10 +120,10 @@ run async-ref -- actor_rollout_ref.rollout.weight_relay_fanout=0 actor_rollout_r
 expect "one step off, the tree off: finishes" $?
 run async-k1 -- actor_rollout_ref.rollout.weight_relay_fanout=1 actor_rollout_ref.rollout.mode=async
 expect "one step off, fan-out 1: finishes" $?
-[ "$(relayed async-k1)" -ge 1 ]; expect "one step off: versions come from relays ($(relayed async-k1))" $?
+[ "$(relayed async-k1)" -ge 1 ]; st=$?; expect "one step off: versions come from relays ($(relayed async-k1))" "$st"
 ! grep -q "weight relay failed rollout rank\|its digest is wrong" "$TMP/async-k1.log"
 expect "one step off: no relay is named as failed" $?
 "$COMPARE" "$(weights async-ref)" "$(weights async-k1)" 0 >"$TMP/cmp-async.txt" 2>&1
-expect "one step off: bit-identical to the tree off ($(cat "$TMP/cmp-async.txt"))" $?
+st=$?; expect "one step off: bit-identical to the tree off ($(cat "$TMP/cmp-async.txt"))" "$st"
 
 finish "$TMP"/*.log

@@ -39,7 +39,7 @@ refused_by_all() { # refused_by_all FILE TEXT WHAT
         read_with "$r" "$1" >"$TMP/reader.out" 2>&1
         local rc=$?
         [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && has "$TMP/reader.out" "$2"
-        expect "$r refuses $3 (exit $rc: $(grep -o "secret[^;]*" "$TMP/reader.out" | head -1))" $?
+        st=$?; expect "$r refuses $3 (exit $rc: $(grep -o "secret[^;]*" "$TMP/reader.out" | head -1))" "$st"
     done
 }
 head -c 24 /dev/urandom | base64 >"$TMP/s644"; chmod 644 "$TMP/s644"

@@ -35,9 +35,9 @@ wait "$B"; expect "rollout process b ends 0" $?
 kv() { sed -n 's/.* '"$2"'=\([^ ]*\).*/\1/p' "$1" | tail -n 1; }
 [ "$(kv "$TMP/trainer.out" granted)" = 72 ] && [ "$(kv "$TMP/trainer.out" regranted)" = 0 ] &&
     [ "$(kv "$TMP/trainer.out" refused)" = 0 ]
-expect "the dispatcher granted 3 x $R units, none twice, refused nothing ($(kv "$TMP/trainer.out" granted))" $?
+st=$?; expect "the dispatcher granted 3 x $R units, none twice, refused nothing ($(kv "$TMP/trainer.out" granted))" "$st"
 [ "$(kv "$TMP/trainer.out" weight_bytes_per_version)" = $((R * FLOATS * 4)) ]
-expect "each version went out $R times whole ($(kv "$TMP/trainer.out" weight_bytes_per_version) bytes)" $?
+st=$?; expect "each version went out $R times whole ($(kv "$TMP/trainer.out" weight_bytes_per_version) bytes)" "$st"
 [ $(( $(kv "$TMP/a.out" grants) + $(kv "$TMP/b.out" grants) )) = 72 ] &&
     [ "$(kv "$TMP/a.out" registered)" = 12 ] && [ "$(kv "$TMP/b.out" registered)" = 12 ] &&
     [ "$(kv "$TMP/a.out" errors)" = 0 ] && [ "$(kv "$TMP/b.out" errors)" = 0 ]

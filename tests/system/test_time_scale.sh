@@ -20,7 +20,7 @@ loaded="$(python3 "$SCALE_PY" -v 2>"$TMP/scale.err")"
 kill "${hogs[@]}" 2>/dev/null
 wait "${hogs[@]}" 2>/dev/null
 awk -v f="$loaded" 'BEGIN { exit !(f >= 1.5) }'
-expect "with 2 busy processes per core beside it the factor is at least 1.5 ($(cat "$TMP/scale.err"))" $?
+st=$?; expect "with 2 busy processes per core beside it the factor is at least 1.5 ($(cat "$TMP/scale.err"))" "$st"
 
 # the bounds of lib.sh, the machine's factor set by hand
 TIME_SCALE=3

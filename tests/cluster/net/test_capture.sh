@@ -100,7 +100,7 @@ on hostb python3 "$CAP" replay "$(ip_of hostc)" "${EP##*:}" "$TMP/pause.0.c" "$T
 grep -q "^answer 0: challenge " "$TMP/replay-pause.out"; expect "the replayed hello is challenged" $?
 grep -q "^challenge: fresh" "$TMP/replay-pause.out"; expect "... with a fresh nonce, not the captured one" $?
 grep -q "^answer 1: reply a replayed request" "$TMP/replay-pause.out"
-expect "the replayed sealed pause is refused as a replay ($(grep -m1 "^answer 1" "$TMP/replay-pause.out"))" $?
+st=$?; expect "the replayed sealed pause is refused as a replay ($(grep -m1 "^answer 1" "$TMP/replay-pause.out"))" "$st"
 [ "$(state)" = running ]; expect "the run is still running (not pausing)" $?
 on hostc "$GRPOCTL" metrics 2>/dev/null | grep -Eq 'grpod_rejected_requests_total\{reason="replay"\} [1-9]'
 expect "grpod counts the replay" $?

@@ -330,7 +330,7 @@ if want launcherend; then
     rm -f "$TMP/hold-launcherend"
     ended_within 60; expect "launcherend: mpirun ends the job (exit $MPI_RC)" $?
     ended_run() { ctl status --json | jq -e '.state == "finished" or .state == "failed"' >/dev/null; }
-    wait_for 30 ended_run; expect "launcherend: grpod says the run ended ($(ctl status --json | jq -r .reason))" $?
+    wait_for 30 ended_run; st=$?; expect "launcherend: grpod says the run ended ($(ctl status --json | jq -r .reason))" "$st"
     reason=$(ctl status --json | jq -r .reason)
     [[ "$reason" == "stopped by SIGTERM on rank "[01]" (host hosta) from its launcher, mpirun (pid $mp) at step "* ]]
     expect "launcherend: the reason names the signal and mpirun" $?
