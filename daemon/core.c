@@ -293,9 +293,8 @@ static void update_checkpoints(struct core *c)
     for (int r = 0; r < c->nworkers; r++) {
         const struct core_worker *w = c->workers[r];
         /* rollout ranks hold nothing a checkpoint keeps: the trainers' checkpoints are the run's (a waiting spare's
-         * neither) */
-        if (!w || w->state == GRPO__WORKER_STATE__WORKER_LOST || w->role == GRPO__ROLE__ROLE_ROLLOUT ||
-            w->role == GRPO__ROLE__ROLE_SPARE)
+         * neither, nor an idle rank's) */
+        if (!w || w->state == GRPO__WORKER_STATE__WORKER_LOST || !core_role_holds_state(w->role))
             continue;
         n++;
         done = w->checkpoint_seq_done < done ? w->checkpoint_seq_done : done;
@@ -340,14 +339,18 @@ static void reevaluate(struct core *c)
         rollouts += w->role == GRPO__ROLE__ROLE_ROLLOUT;
         rollouts_lost += spare;
         /* a trainer the others went on without (trainer.survive_trainer_loss) holds nothing up either, nor does a
-         * spare (trainer.survive_spare_ranks) that waits or is lost: it is in no collective of a step */
-        const bool idle_spare = w->role == GRPO__ROLE__ROLE_SPARE;
+         * spare (trainer.survive_spare_ranks) that waits or is lost, or a rank that left its model copy: it is in
+         * no collective of a step */
+        const bool idle_spare = w->role == GRPO__ROLE__ROLE_SPARE || w->role == GRPO__ROLE__ROLE_IDLE;
         const bool gone = (w->state == GRPO__WORKER_STATE__WORKER_LOST && w->survived) ||
                           (idle_spare && w->state == GRPO__WORKER_STATE__WORKER_LOST);
         if (gone) {
             size_t n = strlen(survived);
             snprintf(survived + n, sizeof survived - n, "%s%srank %d on host %.40s lost (%.60s)", n ? "; " : "",
-                     idle_spare ? "spare " : "", w->rank, w->host, w->error[0] ? w->error : "no heartbeat");
+                     w->role == GRPO__ROLE__ROLE_SPARE  ? "spare "
+                     : w->role == GRPO__ROLE__ROLE_IDLE ? "idle "
+                                                        : "",
+                     w->rank, w->host, w->error[0] ? w->error : "no heartbeat");
         }
         spare |= gone;
         const bool trains = !gone && (w->role == GRPO__ROLE__ROLE_TRAINER || w->role == GRPO__ROLE__ROLE_HYBRID);
@@ -1172,6 +1175,19 @@ static void note_layout(struct core *c, struct core_worker *w, const Grpo__Heart
     c->dirty = true;
 }
 
+/* Heartbeat.left_copy: the sender's model copy (TP/PP) lost a rank and left; the sender waits until the run ends,
+ * in no step (ROLE_IDLE). Said in every heartbeat from then on: a registration made again (grpod restarted) learns
+ * it from the next one. */
+static void note_left(struct core *c, struct core_worker *w, const Grpo__Heartbeat *h)
+{
+    if (!h->left_copy || !h->left_copy[0] || w->role == GRPO__ROLE__ROLE_IDLE)
+        return;
+    w->role = GRPO__ROLE__ROLE_IDLE;
+    add_event(c, "rank %d on host %s (pid %d) left its model copy and is idle until the run ends: %.160s", w->rank,
+              w->host, w->pid, h->left_copy);
+    c->dirty = true;
+}
+
 static uint8_t *handle_heartbeat(struct core *c, const Grpo__Envelope *env, double now, size_t *len)
 {
     const Grpo__Heartbeat *h = env->heartbeat;
@@ -1204,6 +1220,7 @@ static uint8_t *handle_heartbeat(struct core *c, const Grpo__Envelope *env, doub
     copy_flight_heartbeat(w, h, now);
     note_survived(c, w, h);
     note_layout(c, w, h);
+    note_left(c, w, h);
     Grpo__WorkerState st =
         h->state == GRPO__WORKER_STATE__WORKER_UNKNOWN ? GRPO__WORKER_STATE__WORKER_RUNNING : h->state;
     if (old == GRPO__WORKER_STATE__WORKER_LOST)

@@ -258,7 +258,7 @@ static int load_worker(struct core *c, const json_t *o, double now, char *err, s
         if (json_is_string(json_array_get(dev, i)))
             snprintf(w->devices[w->ndevices++], sizeof w->devices[0], "%s", json_string_value(json_array_get(dev, i)));
     long long role = get_int(o, "role", 0);
-    w->role = role >= 0 && role <= GRPO__ROLE__ROLE_SPARE ? (Grpo__Role)role : GRPO__ROLE__ROLE_UNASSIGNED;
+    w->role = role >= 0 && role <= GRPO__ROLE__ROLE_IDLE ? (Grpo__Role)role : GRPO__ROLE__ROLE_UNASSIGNED;
     int d[6] = {0, 1, 0, 1, 0, 1};
     if (json_unpack((json_t *)json_object_get(o, "dp"), "[iiiiii]", &d[0], &d[1], &d[2], &d[3], &d[4], &d[5]) != 0) {
         snprintf(err, errlen, "worker rank %lld has no parallel coordinates", rank);

@@ -37,11 +37,15 @@ const char *core_role_name(Grpo__Role r)
     case GRPO__ROLE__ROLE_TRAINER: return "trainer";
     case GRPO__ROLE__ROLE_HYBRID: return "hybrid";
     case GRPO__ROLE__ROLE_SPARE: return "spare";
+    case GRPO__ROLE__ROLE_IDLE: return "idle";
     default: return "unassigned";
     }
 }
 
-bool core_role_holds_state(Grpo__Role r) { return r != GRPO__ROLE__ROLE_ROLLOUT && r != GRPO__ROLE__ROLE_SPARE; }
+bool core_role_holds_state(Grpo__Role r)
+{
+    return r != GRPO__ROLE__ROLE_ROLLOUT && r != GRPO__ROLE__ROLE_SPARE && r != GRPO__ROLE__ROLE_IDLE;
+}
 
 const char *core_phase_name(Grpo__Phase p)
 {

@@ -12,6 +12,9 @@
 # 3 (gen:3:2), the spare joins; grpod shows rank 2 lost ("survived: DP 3 -> 3 at step 3") and rank 3 a colocated
 # rank at DP rank 2 with an event saying so; the run finishes, rank 3 finished, the weights one process's. A spare
 # never needed is released at the end and shown finished.
+# With TP model copies (DP 2 x TP 2, 4 ranks): rank 3 killed at step 3; grpod shows it lost ("survived: DP 2 -> 1 at
+# step 3"), and rank 2, whose copy left, idle with an event saying why; the run finishes, rank 2 finished, the
+# weights one process's.
 # Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
 set -u
 . "$(dirname "$0")/../lib.sh" grpo-ft-grpod
@@ -47,7 +50,7 @@ wait "$JOB"
 expect "gr: the run finishes without rank 2 (mpirun exits 0)" $?
 finished() { state_is finished; }
 wait_for 20 finished
-expect "gr: grpod says the run finished ($(status_field .state): $(status_field .reason))" $?
+st=$?; expect "gr: grpod says the run finished ($(status_field .state): $(status_field .reason))" "$st"
 same_as_one gr
 
 # a spare under grpod (trainer.survive_spare_ranks=1): 4 ranks, launch rank 3 registers as a spare; rank 2 killed
@@ -56,7 +59,7 @@ SPARES=1
 start_held sp 4 gen:3:2,gen:5:0 grpod.endpoint="$EP" grpod.connect_timeout_s=20
 wait_for 150 held_or_ended
 field_is ".workers[] | select(.rank == 3) | .role" spare && state_is running
-expect "sp: grpod shows launch rank 3 as a spare, the run running ($(status_field '[.workers[] | .role] | join(",")'), $(status_field .state))" $?
+st=$?; expect "sp: grpod shows launch rank 3 as a spare, the run running ($(status_field '[.workers[] | .role] | join(",")'), $(status_field .state))" "$st"
 kill_held sp "rank 2 at gen of step 3"
 wait_for 60 held_or_ended
 [ -s "$HOLD.held" ]
@@ -67,16 +70,16 @@ expect "sp: the spare joined as DP rank 2 of 3" $?
 grpod_saw_survival sp 2 "survived: DP 3 -> 3 at step 3" running,running,running
 joined_shown() { field_is ".workers[] | select(.rank == 3) | .role" hybrid && field_is ".workers[] | select(.rank == 3) | .dp_rank" 2; }
 wait_for 20 joined_shown
-expect "sp: grpod shows rank 3 as a colocated rank, DP rank 2 ($(status_field '.workers[] | select(.rank == 3) | [.role, .dp_rank] | map(tostring) | join(" dp ")'))" $?
+st=$?; expect "sp: grpod shows rank 3 as a colocated rank, DP rank 2 ($(status_field '.workers[] | select(.rank == 3) | [.role, .dp_rank] | map(tostring) | join(" dp ")'))" "$st"
 status_field '.events[].text' | grep -q "spare rank 3 on host .* took a lost rank's place: DP rank 2 of 3"
 expect "sp: grpod's events say the spare took the lost rank's place" $?
 rm -f "$HOLD"
 wait "$JOB"
 expect "sp: the run finishes with the spare in rank 2's place (mpirun exits 0)" $?
 wait_for 20 finished
-expect "sp: grpod says the run finished ($(status_field .state): $(status_field .reason))" $?
+st=$?; expect "sp: grpod says the run finished ($(status_field .state): $(status_field .reason))" "$st"
 field_is ".workers[] | select(.rank == 3) | .state" finished
-expect "sp: rank 3 (the spare that joined) finished ($(status_field '.workers[] | select(.rank == 3) | .state'))" $?
+st=$?; expect "sp: rank 3 (the spare that joined) finished ($(status_field '.workers[] | select(.rank == 3) | .state'))" "$st"
 same_as_one sp
 
 # a spare never needed under grpod: released at the run's end, shown finished, the run finished
@@ -87,8 +90,35 @@ expect "idle: 3 ranks and a spare under grpod, undisturbed (mpirun exits 0)" $?
 says "$TMP/idle.log" "spare (launch rank 3) released: the run ended without needing it"
 expect "idle: the spare is released at the end" $?
 wait_for 20 finished
-expect "idle: grpod says the run finished ($(status_field .state): $(status_field .reason))" $?
+st=$?; expect "idle: grpod says the run finished ($(status_field .state): $(status_field .reason))" "$st"
 [ "$(status_field '[.workers[] | .state] | join(",")')" = finished,finished,finished,finished ]
-expect "idle: every rank finished, the spare too ($(status_field '[.workers[] | .state] | join(",")'))" $?
+st=$?; expect "idle: every rank finished, the spare too ($(status_field '[.workers[] | .state] | join(",")'))" "$st"
+
+# TP model copies under grpod: DP 2 x TP 2 on 4 ranks, rank 3 killed at step 3's generation: its copy (launch ranks
+# 2 and 3) leaves, rank 2 idle until the run ends; the lead held at step 5 while the status is read
+SPARES=0
+start_held tpg 4 gen:3:3,gen:5:0 grpod.endpoint="$EP" grpod.connect_timeout_s=20 \
+    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2
+kill_held tpg "rank 3 at gen of step 3"
+wait_for 60 held_or_ended
+[ -s "$HOLD.held" ]
+expect "tpg: the lead's copy redoes step 3 and goes on; the lead holds at step 5" $?
+grpod_saw_survival tpg 3 "survived: DP 2 -> 1 at step 3" running,running,running
+idle_shown() { field_is ".workers[] | select(.rank == 2) | .role" idle; }
+wait_for 20 idle_shown
+st=$?; expect "tpg: grpod shows rank 2 idle ($(status_field '[.workers[] | .role] | join(",")'))" "$st"
+status_field '.events[].text' | grep -q "rank 2 on host .* left its model copy and is idle until the run ends: TP rank [01], PP stage 0 of DP rank 1 of 2: its copy lost rank 3 at step 3"
+expect "tpg: grpod's events say rank 2 left its model copy, and why" $?
+"$GRPOCTL" status >"$TMP/status-tp.txt" 2>&1
+grep -Eq "^2 .*idle" "$TMP/status-tp.txt"
+expect "tpg: grpoctl status shows rank 2 idle" $?
+rm -f "$HOLD"
+wait "$JOB"
+expect "tpg: the run finishes on the whole copy (mpirun exits 0)" $?
+wait_for 20 finished
+st=$?; expect "tpg: grpod says the run finished ($(status_field .state): $(status_field .reason))" "$st"
+field_is ".workers[] | select(.rank == 2) | .state" finished
+st=$?; expect "tpg: rank 2 (idle) finished ($(status_field '.workers[] | select(.rank == 2) | .state'))" "$st"
+same_as_one tpg
 stop_grpod
 finish

@@ -20,6 +20,9 @@
 #    rank 3), DP stays 2; mpirun exits 0, one process's weights, exactly-once audit files, each step's metrics once;
 #    and DP 2 x PP 2 with a spare, rank 3 (stage 1 of DP rank 1) killed at step 3: the spare takes that stage from
 #    DP rank 0's (launch rank 2), the same checks.
+#  - DP 3 x TP 2 with ZeRO-1 on 6 ranks, rank 3 SIGKILLed in step 3's optimizer step: its copy leaves, each TP
+#    position's block of DP rank 1 rebuilt from DP rank 2's copy of it, the moments re-sharded over 2 copies; the
+#    same checks.
 # (A spare with TP or PP and LoRA is refused by name; not run here: a refused launch's other ranks wait 30 s.)
 # Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
 set -u
@@ -126,5 +129,21 @@ says "$TMP/ppspare.log" "spare (launch rank 4) took launch rank 3's place (TP ra
 expect "ppspare: launch rank 4 took rank 3's stage, from its replica on launch rank 2" $?
 same_as_one ppspare
 metrics_once ppspare
+
+SPARES=0
+# with ZeRO-1: DP 3 x TP 2 on 6 ranks, rank 3 (TP rank 1 of DP rank 1) killed in step 3's optimizer step: DP rank
+# 1's copy (launch ranks 2 and 3) leaves; at each TP position its ZeRO-1 block is rebuilt from DP rank 2's copy of
+# it and the moments re-sharded over the 2 copies left
+start_held zero 6 optim:3:3 "$TP=2" actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
+kill_held zero "rank 3 in step 3's optimizer step"
+wait "$JOB"
+expect "zero: DP 3 x TP 2 with ZeRO-1, the run finishes without rank 3 (mpirun exits 0)" $?
+says "$TMP/zero.log" "ZeRO-1: DP rank 2 keeps the optimizer state of parameters"
+expect "zero: ZeRO-1 over the 3 copies" $?
+survived zero 3 3 2
+says "$TMP/zero.log" "(of 3 DP ranks, 2 survive; TP 2 x PP 1: the copy that lost it left, launch rank 2 idle)"
+expect "zero: DP 3 -> 2, the copy of rank 3 left (launch rank 2 idle)" $?
+same_as_one zero
+metrics_once zero
 
 finish

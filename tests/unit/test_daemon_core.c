@@ -637,6 +637,87 @@ static void test_lost_worker(void **state)
     core_deinit(&c);
 }
 
+/* TP model copies with trainer.survive_trainer_loss (protocol 1.19): DP 2 x TP 2 on 4 colocated ranks, rank 3 lost and
+ * survived; rank 2, whose copy left, says so in its heartbeats (left_copy). grpod shows it idle with an event, counts
+ * it in no step (the run goes on, no word to end; a pause is paused without it) and the run finishes without it
+ * training. */
+static void hb_survived(struct core *c, int rank, uint64_t inc, const char *left)
+{
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    Grpo__Heartbeat hb = GRPO__HEARTBEAT__INIT;
+    Grpo__SurvivedLoss sl = GRPO__SURVIVED_LOSS__INIT, *slp = &sl;
+    sl.rank = 3;
+    sl.reason = "survived: DP 2 -> 1 at step 3";
+    hb.rank = rank;
+    hb.incarnation = inc;
+    hb.state = GRPO__WORKER_STATE__WORKER_RUNNING;
+    hb.step = 3;
+    hb.total_steps = 100;
+    hb.checkpoint_step = -1;
+    hb.survived = &slp;
+    hb.n_survived = 1;
+    hb.left_copy = (char *)left;
+    env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    Grpo__Envelope *e = roundtrip(c, &env, NULL);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_HEARTBEAT_ACK);
+    assert_false(e->heartbeat_ack->stop);
+    protocol_free(e);
+}
+
+static void test_left_copy_idle(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = settings(0, 0, 2, 1);
+    core_init(&c, &s, T);
+    uint64_t inc[4];
+    for (int r = 0; r < 4; r++)
+        inc[r] = reg_ok(&c, r, 4, GRPO__ROLE__ROLE_HYBRID);
+    for (int r = 0; r < 4; r++)
+        beat_ok(&c, r, inc[r], GRPO__WORKER_STATE__WORKER_RUNNING, 2);
+    const char *why = "TP rank 0, PP stage 0 of DP rank 1 of 2: its copy lost rank 3 at step 3";
+    T += 3.0;
+    hb_survived(&c, 0, inc[0], "");
+    hb_survived(&c, 1, inc[1], "");
+    hb_survived(&c, 2, inc[2], why);
+    assert_int_equal(c.workers[2]->role, GRPO__ROLE__ROLE_IDLE);
+    assert_string_equal(core_role_name(c.workers[2]->role), "idle");
+    bool said = false;
+    for (int i = 0; i < c.nevents; i++)
+        said |=
+            strstr(c.events[i].text, "rank 2 on host node02 (pid 102) left its model copy and is idle until the "
+                                     "run ends: TP rank 0, PP stage 0 of DP rank 1 of 2: its copy lost rank 3") != NULL;
+    assert_true(said);
+    T += 3.0; /* rank 3 silent 6 s: lost, and survived */
+    hb_survived(&c, 0, inc[0], "");
+    hb_survived(&c, 1, inc[1], "");
+    hb_survived(&c, 2, inc[2], why);
+    core_tick(&c, T);
+    assert_int_equal(c.workers[3]->state, GRPO__WORKER_STATE__WORKER_LOST);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING);
+    assert_string_equal(c.run.abort, "");
+    assert_int_equal(c.workers[2]->role, GRPO__ROLE__ROLE_IDLE); /* said again in every heartbeat: no second event */
+    int events = 0;
+    for (int i = 0; i < c.nevents; i++)
+        events += strstr(c.events[i].text, "left its model copy") != NULL;
+    assert_int_equal(events, 1);
+    /* a pause: the whole copy's ranks paused, the idle rank still running in its wait: the run is paused */
+    command_ok(&c, GRPO__COMMAND__COMMAND_PAUSE);
+    beat_ok(&c, 0, inc[0], GRPO__WORKER_STATE__WORKER_PAUSED, 3);
+    beat_ok(&c, 1, inc[1], GRPO__WORKER_STATE__WORKER_PAUSED, 3);
+    core_tick(&c, T);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_PAUSED);
+    command_ok(&c, GRPO__COMMAND__COMMAND_RESUME);
+    /* the whole copy finishes: the run has finished (the idle rank is released at the end) */
+    beat_ok(&c, 0, inc[0], GRPO__WORKER_STATE__WORKER_FINISHED, 100);
+    beat_ok(&c, 1, inc[1], GRPO__WORKER_STATE__WORKER_FINISHED, 100);
+    beat_ok(&c, 2, inc[2], GRPO__WORKER_STATE__WORKER_FINISHED, 3);
+    core_tick(&c, T);
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_FINISHED);
+    core_deinit(&c);
+}
+
 static void test_worker_failure(void **state)
 {
     (void)state;
@@ -2750,6 +2831,7 @@ int main(void)
         cmocka_unit_test(test_checkpoint_completion),
         cmocka_unit_test(test_checkpoint_unrequested_split),
         cmocka_unit_test(test_lost_worker),
+        cmocka_unit_test(test_left_copy_idle),
         cmocka_unit_test(test_worker_failure),
         cmocka_unit_test(test_journal_round_trip),
         cmocka_unit_test(test_secret),

@@ -34,6 +34,7 @@
 #define FINISH_WAIT_S 5.0
 
 _Static_assert(CONTROL_ROLE_SPARE == (int)GRPO__ROLE__ROLE_SPARE, "roles follow grpo.Role");
+_Static_assert(CONTROL_ROLE_IDLE == (int)GRPO__ROLE__ROLE_IDLE, "roles follow grpo.Role");
 _Static_assert(CONTROL_CHECKPOINT == (int)GRPO__COMMAND__COMMAND_CHECKPOINT, "commands follow grpo.Command");
 
 struct control {
@@ -98,6 +99,7 @@ struct control {
     } survived[MAX_SURVIVED];
     int nsurvived;
     int layout_dp_rank, layout_dp_size; /* the re-formed layout's (control_set_layout; size 0: unchanged) */
+    char left_copy[400];                /* control_set_left's why ("": this rank trains) */
 
     /* what grpod wants, as levels */
     bool want_pause, want_stop, run_over;
@@ -535,6 +537,17 @@ void control_set_layout(struct control *c, int dp_rank, int dp_size)
     c->layout_dp_size = dp_size;
     if (c->role == CONTROL_ROLE_SPARE)
         c->role = CONTROL_ROLE_HYBRID; /* it trains from now on */
+    changed_locked(c);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void control_set_left(struct control *c, const char *why)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->mu);
+    snprintf(c->left_copy, sizeof c->left_copy, "%s", why && why[0] ? why : "its model copy lost a rank");
+    c->role = CONTROL_ROLE_IDLE;
     changed_locked(c);
     pthread_mutex_unlock(&c->mu);
 }
@@ -1068,9 +1081,11 @@ static void *heartbeat_thread(void *arg)
         if (timeout_ms < 1000)
             timeout_ms = 1000;
         /* the snapshot's strings live in c: copy what the message points at before unlocking */
-        char error[512], names[MAX_METRICS][64], why[MAX_SURVIVED][96];
+        char error[512], names[MAX_METRICS][64], why[MAX_SURVIVED][96], left[sizeof c->left_copy];
         snprintf(error, sizeof error, "%s", c->error);
         hb.error = error;
+        snprintf(left, sizeof left, "%s", c->left_copy);
+        hb.left_copy = left;
         Grpo__SurvivedLoss sl[MAX_SURVIVED], *slp[MAX_SURVIVED];
         for (int i = 0; i < c->nsurvived; i++) {
             grpo__survived_loss__init(&sl[i]);

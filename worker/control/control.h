@@ -47,6 +47,7 @@ enum control_role {
     CONTROL_ROLE_TRAINER = 2,
     CONTROL_ROLE_HYBRID = 3, /* rollout and trainer in one process */
     CONTROL_ROLE_SPARE = 4,  /* waits to take a lost trainer's place (trainer.survive_spare_ranks) */
+    CONTROL_ROLE_IDLE = 5,   /* left its model copy (TP/PP), which lost a rank; waits until the run ends */
 };
 
 enum control_command {
@@ -174,6 +175,10 @@ void control_set_survived(struct control *c, const int *ranks, int n, const char
 /* After a loss survived: this rank's DP rank and size in the re-formed layout, in every heartbeat from now on
  * (Heartbeat.layout_dp_*); a spare that joined trains from now on, and grpod shows it so. */
 void control_set_layout(struct control *c, int dp_rank, int dp_size);
+/* After a loss survived by TP or PP model copies: this rank's copy lost a rank and left, and the rank waits, training
+ * nothing, until the run ends (why: where it was and what its copy lost); every heartbeat from now on says so
+ * (Heartbeat.left_copy), and grpod shows it idle. */
+void control_set_left(struct control *c, const char *why);
 /* A replica's word that the writer (its DP rank 0) wrote the checkpoint of `step` for it: every request this
  * rank has heard of is answered (grpod counts a request done at the slowest rank, and the writer's own count
  * bounds it). */

@@ -555,6 +555,7 @@ static void colocated_reform(void *ud, const struct survive_loss *loss)
     if (loss->left) { /* its model copy lost a rank: it generates nothing more; the ledger stays behind with the
                        * lost group (freeing its window would wait on the lost rank) */
         c->ledger = NULL;
+        control_set_left(env->ctl, loss->reason); /* grpod: idle until the run ends */
         return;
     }
     control_set_survived(env->ctl, loss->ranks, loss->n, loss->reason); /* grpod: lost, the run goes on */

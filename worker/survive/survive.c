@@ -138,7 +138,8 @@ int survive_check(const struct grpo_config *cfg, const struct placement_spec *sp
                   char *why, size_t whylen)
 {
     const char *not_yet = "; it covers colocated data parallelism, plain or over model copies of TP x PP ranks "
-                          "(with spares on the CPU), plain (with spares or ZeRO-1) on GPUs (docs/operations.md)";
+                          "(with spares, or ZeRO-1, on the CPU), plain (with spares or ZeRO-1) on GPUs "
+                          "(docs/operations.md)";
     char ft[512];
     if (!comm_ft_available(ft, sizeof ft))
         return error_set(why, whylen, KEY_trainer_survive_trainer_loss ": %s", ft);
@@ -169,11 +170,13 @@ int survive_check(const struct grpo_config *cfg, const struct placement_spec *sp
                                                          ") is not covered yet: a spare takes a shard of the whole "
                                                          "weights only",
                          model_key, model_size);
-    if (split_model && cfg->actor_megatron_use_distributed_optimizer)
+    /* ZeRO-1 over TP x PP copies: each position's blocks rebuilt as plain DP's, the copies that leave its lost DP
+     * ranks (survive_reform) */
+    if (split_model && cfg->actor_megatron_use_distributed_optimizer && (gpu || cfg->trainer_survive_spare_ranks > 0))
         return error_set(why, whylen,
                          KEY_trainer_survive_trainer_loss
                          " with %s=%d and " KEY_actor_megatron_use_distributed_optimizer
-                         " (ZeRO-1) is not covered yet%s",
+                         " (ZeRO-1) is covered on the CPU without spares only yet%s",
                          model_key, model_size, not_yet);
     if (split_model && gpu && cfg->trainer_survive_spare_ranks > 0)
         return error_set(why, whylen,
@@ -181,11 +184,6 @@ int survive_check(const struct grpo_config *cfg, const struct placement_spec *sp
                                                          "=%s is not covered yet: a spare takes a shard of the "
                                                          "whole weights in host memory only%s",
                          model_key, model_size, config_device(cfg), not_yet);
-    if (split_model && cfg->grpod_endpoint && cfg->grpod_endpoint[0])
-        return error_set(why, whylen,
-                         KEY_trainer_survive_trainer_loss " with %s=%d under grpod (" KEY_grpod_endpoint
-                                                          ") is not covered yet%s",
-                         model_key, model_size, not_yet);
     return 0;
 }
 
@@ -539,6 +537,15 @@ static int recover(void *ud)
             r < old_trainers && parallel_coords_sized(r, old_trainers, &sz, &pc) == 0 && broken[pc.dp_rank];
         n_idle += !gone[r] && (r >= first_idle || left);
     }
+    /* ZeRO-1's blocks are kept per DP group (a model copy's rank at each TP x PP position with the same position of
+     * the other copies); each block's copy on the next DP rank: the lost DP ranks are the copies that leave (their
+     * live ranks' blocks go with them, rebuilt from the next copy's like a lost rank's) */
+    int lost_dp[MAX_LOST] = {0}, n_lost_dp = 0;
+    for (int d = 0; d < old_copies && split_model && n_lost_dp < MAX_LOST; d++)
+        if (broken[d])
+            lost_dp[n_lost_dp++] = d;
+    for (int i = 0; i < lost_trainers && !split_model; i++)
+        lost_dp[n_lost_dp++] = lost[i];
     const bool my_pos_joined = split_model && was_trainer && !leaves &&
                                parallel_coords_sized(mo, old_trainers, &sz, &pc) == 0 &&
                                joined_at[pc.pp_rank * T + pc.tp_rank];
@@ -577,7 +584,9 @@ static int recover(void *ud)
     /* ZeRO-1: a block lost with its copy cannot be rebuilt (every rank, spares too, sees the same ranks lost) */
     const bool zero = env->cfg->actor_megatron_use_distributed_optimizer;
     char zero_why[256] = "";
-    if (ok && zero && trainer_zero1_restorable(lost, lost_trainers, old_trainers, zero_why, sizeof zero_why) != 0)
+    if (ok && zero &&
+        trainer_zero1_restorable(lost_dp, n_lost_dp, split_model ? old_copies : old_trainers, zero_why,
+                                 sizeof zero_why) != 0)
         ok = 0;
     if (comm_agree(sides, &ok) != 0)
         ok = 0;
@@ -640,7 +649,10 @@ static int recover(void *ud)
                      "lost %s at step %lld, and the %d whole copies go on without it; it stays idle until the run "
                      "ends",
                      mine, pc.tp_rank, pc.pp_rank, pc.dp_rank, s->lost_names, (long long)redo, copies);
-            const struct survive_loss gone = {.ranks = names, .n = n_lost, .reason = "left", .left = true};
+            char left[400];
+            snprintf(left, sizeof left, "TP rank %d, PP stage %d of DP rank %d of %d: its copy lost %s at step %lld",
+                     pc.tp_rank, pc.pp_rank, pc.dp_rank, old_copies, s->lost_names, (long long)redo);
+            const struct survive_loss gone = {.ranks = names, .n = n_lost, .reason = left, .left = true};
             if (s->reform)
                 s->reform(s->ud, &gone);
         } else if (s->idle) {
@@ -709,7 +721,7 @@ static int recover(void *ud)
                      at.dp_size);
     }
     /* a spare that joins takes part with no snapshot (with ZeRO-1 the re-sharding is collective) */
-    if (trainer_snapshot_restore(s->t, joins ? NULL : snap, lost, lost_trainers, err, sizeof err) != 0) {
+    if (trainer_snapshot_restore(s->t, joins ? NULL : snap, lost_dp, n_lost_dp, err, sizeof err) != 0) {
         log_error("survive", "restoring step %lld's start on %d DP ranks: %s; ending the run", (long long)redo,
                   at.dp_size, err);
         return -1;
