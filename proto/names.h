@@ -10,7 +10,7 @@
 const char *core_run_state_name(Grpo__RunState s);
 /* Name of a worker state ("running", "lost", ...). */
 const char *core_worker_state_name(Grpo__WorkerState s);
-/* Name of a role ("rollout", "trainer", "hybrid", "spare", "unassigned"). */
+/* Name of a role ("rollout", "trainer", "hybrid", "spare", "idle", "unassigned"). */
 const char *core_role_name(Grpo__Role r);
 /* Whether a rank of role r holds training state, which a checkpoint keeps and its peers' collectives wait on: a
  * trainer, a colocated (hybrid) rank, or one not yet assigned; not a rollout rank, nor a spare that has not joined. */

@@ -22,6 +22,9 @@
 #  - the same one-step-off, step 4's units waiting at the lead: the new lead also publishes the version step 3 is
 #    generated with (from the step start it kept); the weights equal the undisturbed one-step-off run's within 1e-5,
 #    exactly-once audit files;
+#  - ZeRO-1 trainers: trainer rank 1 killed in step 3's optimizer step, then (on tcp) the lead: the lost block
+#    rebuilt from the next trainer's copy, the moments re-sharded over 2; one process's weights, exactly-once audit
+#    files, each step's metrics once;
 #  - refused by name: a split run with spares.
 # Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
 set -u
@@ -151,6 +154,30 @@ expect "leadoff: weights equal the undisturbed one-step-off run's within 1e-5 ($
 out=$(python3 "$SRC_ROOT/tests/mpi/check_audit.py" "$TMP/leadoff/audit" 4 6 "$STEPS" 2>&1)
 expect "leadoff: audit: every group of every step trained exactly once ($out)" $?
 metrics_once leadoff
+
+# with ZeRO-1 trainers: trainer rank 1 killed in step 3's optimizer step (its block rebuilt from trainer rank 2's
+# copy), and the lead killed there on tcp (its block rebuilt from trainer rank 1's, which takes the lead); each
+# re-shards the moments over 2 and ends at one process's weights, every group trained exactly once
+ZERO=actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
+start_held zrank1 4 optim:3:1 "${SPLIT[@]}" "$ZERO"
+kill_held zrank1 "trainer rank 1 in step 3's optimizer step (ZeRO-1)"
+wait "$JOB"
+expect "zrank1: the run finishes without trainer rank 1 (mpirun exits 0)" $?
+says "$TMP/zrank1.log" "ZeRO-1: DP rank 2 keeps the optimizer state of parameters"
+expect "zrank1: ZeRO-1 over the 3 trainers" $?
+survived zrank1 3 1 2
+same_as_one zrank1
+metrics_once zrank1
+PORT=$((10000 + RANDOM % 20000))
+start_held zlead 4 optim:3:0 "${SPLIT[@]}" "$ZERO" grpod.data_endpoint="tcp://*:$PORT"
+kill_held zlead "the lead in step 3's optimizer step (ZeRO-1)"
+wait "$JOB"
+expect "zlead: the run finishes without the lead (mpirun exits 0)" $?
+survived zlead 3 0 2
+says "$TMP/zlead.log" "leads the split run now: pulling rollouts at tcp://"
+expect "zlead: trainer rank 1 takes the lead" $?
+same_as_one zlead
+metrics_once zlead
 
 # refused by name
 # shellcheck disable=SC2046

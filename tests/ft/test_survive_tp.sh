@@ -23,7 +23,7 @@
 #  - DP 3 x TP 2 with ZeRO-1 on 6 ranks, rank 3 SIGKILLed in step 3's optimizer step: its copy leaves, each TP
 #    position's block of DP rank 1 rebuilt from DP rank 2's copy of it, the moments re-sharded over 2 copies; the
 #    same checks.
-# (A spare with TP or PP and LoRA is refused by name; not run here: a refused launch's other ranks wait 30 s.)
+#  - refused by name: a spare with TP 2 and LoRA.
 # Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
 set -u
 . "$(dirname "$0")/../lib.sh" grpo-ft-survive-tp
@@ -145,5 +145,13 @@ says "$TMP/zero.log" "(of 3 DP ranks, 2 survive; TP 2 x PP 1: the copy that lost
 expect "zero: DP 3 -> 2, the copy of rank 3 left (launch rank 2 idle)" $?
 same_as_one zero
 metrics_once zero
+
+# refused by name: a spare with TP and LoRA (each rank refuses alike and ends at once)
+SPARES=1
+# shellcheck disable=SC2046 # keys' words are the keys
+timeout "$(scaled 120)" "${MPIRUN[@]}" -np 5 grpo-worker $(keys lora) $(survive_keys 5) "$TP=2" \
+    actor_rollout_ref.model.lora_rank=4 >"$TMP/lora.log" 2>&1
+[ $? -ne 0 ] && says "$TMP/lora.log" "trainer.survive_spare_ranks with actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 and LoRA (actor_rollout_ref.model.lora_rank) is not covered yet"
+expect "a spare with TP 2 and LoRA: refused, naming the keys" $?
 
 finish

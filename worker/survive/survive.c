@@ -96,12 +96,13 @@ static struct survive *g_survive;
  * survivors' new lead takes the dispatcher and the data socket over at its own endpoints, which every rollout
  * process is connected to from the start, and grants the redone step's units anew (split/split_source.c,
  * take_lead); one-step-off it also publishes the version of the step before, from the step start it kept. Not covered:
- * what changes the trainers' data beyond that: TP, PP, SP or CP trainers, spares, ZeRO-1, fully-async training, the
+ * what changes the trainers' data beyond that: TP, PP, SP or CP trainers, spares, fully-async training, the
  * broadcast weight sync (its group spans the rollout ranks). 0, or -1 with why. */
 static int survive_split_refusal(const struct grpo_config *cfg, const struct placement_spec *spec, char *why,
                                  size_t whylen)
 {
-    const char *not_yet = "; a split run survives a lost trainer with plain DP trainers (docs/operations.md)";
+    const char *not_yet = "; a split run survives a lost trainer with plain DP trainers, with or without ZeRO-1 "
+                          "(docs/operations.md)";
     struct {
         bool on;
         const char *what;
@@ -111,7 +112,6 @@ static int survive_split_refusal(const struct grpo_config *cfg, const struct pla
         {spec->cp_size > 1, "sequence or context parallelism"},
         {spec->ep_size > 1, KEY_actor_megatron_expert_model_parallel_size " > 1"},
         {cfg->trainer_survive_spare_ranks > 0, KEY_trainer_survive_spare_ranks " > 0"},
-        {cfg->actor_megatron_use_distributed_optimizer, KEY_actor_megatron_use_distributed_optimizer " (ZeRO-1)"},
         {cfg->async_enable, "fully-async training (async_training.*)"},
         {strcmp(cfg->rollout_weight_sync, "broadcast") == 0, KEY_rollout_weight_sync "=broadcast"},
     };
