@@ -53,7 +53,7 @@ timeout "$(scaled 120)" "${MPIRUN[@]}" -np 5 grpo-worker $(keys tp) trainer.nnod
     actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 \
     actor_rollout_ref.actor.megatron.use_distributed_optimizer=true >"$TMP/tp.log" 2>&1
 [ $? -ne 0 ] && says "$TMP/tp.log" \
-    "trainer.survive_trainer_loss with actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 and actor_rollout_ref.actor.megatron.use_distributed_optimizer (ZeRO-1) is covered on the CPU without spares only yet"
+    "trainer.survive_trainer_loss with actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 and actor_rollout_ref.actor.megatron.use_distributed_optimizer (ZeRO-1) is covered without spares only yet"
 expect "TP 2 with ZeRO-1 and a spare: refused, naming the key, TP and ZeRO-1" $?
 # shellcheck disable=SC2046
 OPAL_PREFIX="$OMPI5_PREFIX" timeout "$(scaled 120)" "$OMPI5_PREFIX/bin/mpirun" --oversubscribe -np 2 "$WORKER" \

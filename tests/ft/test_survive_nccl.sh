@@ -23,6 +23,8 @@
 #  - model copies (DP 2 x TP 2, DP 2 x PP 2 on 4 ranks, a device each, TP's and PP's collectives over NCCL): rank 1
 #    killed with step 2's generation done (gen:2:1), and rank 3 in step 2's optimizer step (optim:2:3): its copy
 #    leaves, the other remakes its NCCL communicators and goes on as DP 1, the weights one process's;
+#  - with ZeRO-1, DP 2 x TP 2: rank 3 killed in step 2's optimizer step; the copy left keeps the whole moments (DP 1),
+#    the weights one process's;
 #  - a split run (3 trainers and a rollout rank, a device each): trainer rank 1 SIGKILLed in step 2's all-reduce on
 #    NCCL, the survivors redo the step on a new communicator from the units the lead kept, the weights one
 #    process's; and the lead killed there: trainer rank 1 takes the lead, the weights one process's.
@@ -141,6 +143,20 @@ copy_case() {
 }
 copy_case tp gen:2:1 1 0 actor_rollout_ref.actor.megatron.tensor_model_parallel_size
 copy_case pp optim:2:3 3 1 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size
+# with ZeRO-1 (DP 2 x TP 2): rank 3 killed in step 2's optimizer step, its copy leaves; the copy left, now DP 1,
+# keeps the whole moments (its block and the other copy's, rebuilt from its host copy) in its devices, as a launch of
+# DP 1 does (no ZeRO-1 over one rank, which has no NCCL twin: the emulator caught the host writing device memory)
+CUEMU_DEVICES=4 CUEMU_NCCL_PEER_LOSS=silent start_held tpzero 4 optim:2:3 trainer.device=cuda \
+    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 \
+    actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
+kill_held tpzero "rank 3 in step 2's optimizer step (ZeRO-1)"
+wait "$JOB"
+expect "tpzero: DP 2 x TP 2 with ZeRO-1, the run finishes without rank 3 (mpirun exits 0)" $?
+says "$TMP/tpzero.log" "ZeRO-1: DP rank 1 keeps the optimizer state of parameters"
+expect "tpzero: ZeRO-1 over the 2 copies" $?
+survived tpzero 2 3 1
+same_as_one tpzero
+metrics_once tpzero
 
 # a split run on the devices (3 trainers and a rollout rank, a device each): split_case NAME VICTIM WHAT SAYS kills
 # trainer rank VICTIM in step 2's all-reduce on NCCL; the survivors make a new communicator over 2 and redo step 2,

@@ -138,7 +138,7 @@ int survive_check(const struct grpo_config *cfg, const struct placement_spec *sp
                   char *why, size_t whylen)
 {
     const char *not_yet = "; it covers colocated data parallelism, plain or over model copies of TP x PP ranks "
-                          "(with spares, or ZeRO-1, on the CPU), plain (with spares or ZeRO-1) on GPUs "
+                          "(with spares on the CPU, with ZeRO-1), plain (with spares or ZeRO-1) on GPUs "
                           "(docs/operations.md)";
     char ft[512];
     if (!comm_ft_available(ft, sizeof ft))
@@ -172,11 +172,11 @@ int survive_check(const struct grpo_config *cfg, const struct placement_spec *sp
                          model_key, model_size);
     /* ZeRO-1 over TP x PP copies: each position's blocks rebuilt as plain DP's, the copies that leave its lost DP
      * ranks (survive_reform) */
-    if (split_model && cfg->actor_megatron_use_distributed_optimizer && (gpu || cfg->trainer_survive_spare_ranks > 0))
+    if (split_model && cfg->actor_megatron_use_distributed_optimizer && cfg->trainer_survive_spare_ranks > 0)
         return error_set(why, whylen,
                          KEY_trainer_survive_trainer_loss
                          " with %s=%d and " KEY_actor_megatron_use_distributed_optimizer
-                         " (ZeRO-1) is covered on the CPU without spares only yet%s",
+                         " (ZeRO-1) is covered without spares only yet%s",
                          model_key, model_size, not_yet);
     if (split_model && gpu && cfg->trainer_survive_spare_ranks > 0)
         return error_set(why, whylen,

@@ -152,6 +152,20 @@ static void reshard(struct trainer *t, struct adamw *whole, int64_t opt_t)
     comm_allreduce_sum(t->lay.dp, whole->m, whole->n, COMM_F32);
     comm_allreduce_sum(t->lay.dp, whole->v, whole->n, COMM_F32);
     whole->t = opt_t;
+    if (comm_size(t->lay.dp) < 2) { /* one DP rank left: it keeps the whole state, as a launch of DP 1 does (no
+                                     * ZeRO-1, whose blocks on GPUs go over an NCCL twin DP 1 does not have) */
+        struct adamw *o =
+            adamw_create_on(t->opt->K, whole->n, whole->beta1, whole->beta2, whole->eps, whole->weight_decay);
+        state_to_device(t->opt->K, o->m, whole->m, whole->n * sizeof(float));
+        state_to_device(t->opt->K, o->v, whole->v, whole->n * sizeof(float));
+        o->t = opt_t;
+        adamw_free(whole);
+        zero1_free(t->zero);
+        t->zero = NULL;
+        adamw_free(t->opt);
+        t->opt = o;
+        return;
+    }
     struct zero1 *z = zero1_create(t->opt->K, t->dp_dev ? t->dp_dev : t->lay.dp, whole->n);
     struct adamw *block = zero1_shard(z, whole);
     adamw_free(whole);
