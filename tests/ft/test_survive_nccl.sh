@@ -25,6 +25,8 @@
 #    leaves, the other remakes its NCCL communicators and goes on as DP 1, the weights one process's;
 #  - with ZeRO-1, DP 2 x TP 2: rank 3 killed in step 2's optimizer step; the copy left keeps the whole moments (DP 1),
 #    the weights one process's;
+#  - a spare with TP (DP 2 x TP 2 and a spare, 5 ranks): rank 1 killed, the spare takes its shard into its device,
+#    DP stays 2, the weights one process's;
 #  - a split run (3 trainers and a rollout rank, a device each): trainer rank 1 SIGKILLed in step 2's all-reduce on
 #    NCCL, the survivors redo the step on a new communicator from the units the lead kept, the weights one
 #    process's; and the lead killed there: trainer rank 1 takes the lead, the weights one process's.
@@ -155,8 +157,28 @@ expect "tpzero: DP 2 x TP 2 with ZeRO-1, the run finishes without rank 3 (mpirun
 says "$TMP/tpzero.log" "ZeRO-1: DP rank 1 keeps the optimizer state of parameters"
 expect "tpzero: ZeRO-1 over the 2 copies" $?
 survived tpzero 2 3 1
+! grep -aq "cuemu: host code touched device memory" "$TMP/tpzero.log"
+expect "tpzero: no host access to device memory (the emulator says none)" $?
 same_as_one tpzero
 metrics_once tpzero
+
+# a spare with TP on the devices (DP 2 x TP 2 and a spare, 5 ranks, a device each): rank 1 killed with step 2's
+# generation done; the spare cuts rank 1's shard of its whole weights in host memory into its own device, takes the
+# shard's step start from DP rank 1's copy, and makes the TP and DP NCCL communicators with the others; DP stays 2
+SPARES=1 CUEMU_DEVICES=5 CUEMU_NCCL_PEER_LOSS=silent start_held tpspare 5 gen:2:1 trainer.device=cuda \
+    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2
+kill_held tpspare "rank 1 at step 2's generation (a spare waiting)"
+wait "$JOB"
+expect "tpspare: DP 2 x TP 2 and a spare on the devices, the run finishes without rank 1 (mpirun exits 0)" $?
+says "$TMP/tpspare.log" "[rank 4] model: kernels: cuda:4"
+expect "tpspare: the spare on its own device" $?
+SPARES=1 survived tpspare 2 1 2
+says "$TMP/tpspare.log" "spare (launch rank 4) took launch rank 1's place (TP rank 1, PP stage 0 of DP rank 0 of 2) for step 2"
+expect "tpspare: the spare took rank 1's shard" $?
+! grep -aq "cuemu: host code touched device memory" "$TMP/tpspare.log"
+expect "tpspare: no host access to device memory (the emulator says none)" $?
+same_as_one tpspare
+metrics_once tpspare
 
 # a split run on the devices (3 trainers and a rollout rank, a device each): split_case NAME VICTIM WHAT SAYS kills
 # trainer rank VICTIM in step 2's all-reduce on NCCL; the survivors make a new communicator over 2 and redo step 2,

@@ -138,7 +138,7 @@ int survive_check(const struct grpo_config *cfg, const struct placement_spec *sp
                   char *why, size_t whylen)
 {
     const char *not_yet = "; it covers colocated data parallelism, plain or over model copies of TP x PP ranks "
-                          "(with spares on the CPU, with ZeRO-1), plain (with spares or ZeRO-1) on GPUs "
+                          "(with spares, or with ZeRO-1), on the CPU or GPUs "
                           "(docs/operations.md)";
     char ft[512];
     if (!comm_ft_available(ft, sizeof ft))
@@ -146,10 +146,10 @@ int survive_check(const struct grpo_config *cfg, const struct placement_spec *sp
     /* a split run (rollout ranks): plain DP trainers, the dispatcher's lead kept (survive_split_refusal) */
     if (world > 1 && !colocated)
         return survive_split_refusal(cfg, spec, why, whylen);
-    /* on GPUs the step's start is copied through host memory and the DP group's NCCL twin made again over the
-     * survivors (a spare that joins among them, its state staged through host memory too); ZeRO-1's block copies
-     * go between host buffers over MPI, and the blocks are re-sharded into the devices */
-    const bool gpu = strcmp(config_device(cfg), "cpu") != 0;
+    /* on GPUs (as on the CPU) the step's start is copied through host memory and the DP group's NCCL twin made
+     * again over the survivors (a spare that joins among them, its state staged through host memory too, its shard
+     * of TP or PP cut there); ZeRO-1's block copies go between host buffers over MPI, and the blocks are re-sharded
+     * into the devices */
     struct {
         int size;
         const char *key;
@@ -178,12 +178,6 @@ int survive_check(const struct grpo_config *cfg, const struct placement_spec *sp
                          " with %s=%d and " KEY_actor_megatron_use_distributed_optimizer
                          " (ZeRO-1) is covered without spares only yet%s",
                          model_key, model_size, not_yet);
-    if (split_model && gpu && cfg->trainer_survive_spare_ranks > 0)
-        return error_set(why, whylen,
-                         KEY_trainer_survive_spare_ranks " with %s=%d and " KEY_trainer_device
-                                                         "=%s is not covered yet: a spare takes a shard of the "
-                                                         "whole weights in host memory only%s",
-                         model_key, model_size, config_device(cfg), not_yet);
     return 0;
 }
 

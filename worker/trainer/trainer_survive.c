@@ -294,7 +294,8 @@ void trainer_reform_groups(struct trainer *t, struct comm *tp, struct comm *pp, 
     t->lay.mp = t->lay.mp ? mp : NULL;
     /* the model's copy group is its TP group where PP is 1 (model_create_shard) */
     struct comm *model_mp = t->lay.pp_size > 1 ? mp : tp;
-    if (trainer_on_device(t) && (t->tp_dev || t->pp_dev || t->mp_dev)) {
+    /* a spare that joined had no groups, nor their twins, before: it makes them with the others */
+    if (trainer_on_device(t) && !t->lay.gpus_shared && (t->lay.tp || t->lay.pp)) {
         /* on GPUs the collectives go over the groups' NCCL twins: the lost ones (aborted by the loss's revoke)
          * freed, new ones made over the survivors' groups, each collectively in the same order on every rank of
          * the copy (tp, pp, then the copy's whole group where PP splits it) */
@@ -330,6 +331,24 @@ int trainer_model_device_groups(const struct trainer *t, struct comm **out)
     return n;
 }
 
+/* A spare's shard of whole (layout ml) in whole's context: on a GPU the whole weights go through host memory, where
+ * the slice is cut, and the slice back into the device. */
+static struct model *join_slice(const struct model *whole, const struct model_layout *ml)
+{
+    struct model *p = model_create_on(&whole->cfg, ml, whole->K);
+    if (whole->K->device == KDEV_CPU) {
+        model_shard_slice(p, whole->w.mem, p->w.mem);
+        return p;
+    }
+    float *host = xmalloc(whole->w.n_floats * sizeof(float) + 1), *local = xmalloc(p->w.n_floats * sizeof(float) + 1);
+    model_weights_to_host(whole, host);
+    model_shard_slice(p, host, local);
+    model_weights_from_host(p, local);
+    free(host);
+    free(local);
+    return p;
+}
+
 void trainer_join_shard(struct trainer *t, int tp_rank, int tp_size, int pp_rank, int pp_size, struct comm *tp,
                         struct comm *pp, struct comm *mp)
 {
@@ -346,17 +365,16 @@ void trainer_join_shard(struct trainer *t, int tp_rank, int tp_size, int pp_rank
     t->overlap = NULL;
     model_free_grads(t->policy);
     const struct model_layout ml = {tp_rank, tp_size, pp_rank, pp_size, t->lay.tp, t->lay.pp, mp, 0, 1, NULL};
-    struct model *p = model_create_shard(&t->policy->cfg, &ml);
-    model_shard_slice(p, t->policy->w.mem, p->w.mem); /* the replica's values come over them */
+    struct kctx *K = t->policy->K; /* on GPUs its device: the shard made there, sliced from the whole in host memory */
+    struct model *p = join_slice(t->policy, &ml); /* the replica's values come over them */
     model_free(t->policy);
     t->policy = p;
     if (t->ref) {
-        struct model *r = model_create_shard(&t->ref->cfg, &ml);
-        model_shard_slice(r, t->ref->w.mem, r->w.mem);
+        struct model *r = join_slice(t->ref, &ml);
         model_free(t->ref);
         t->ref = r;
     }
-    struct adamw *o = adamw_create_on(kctx_cpu(), model_trainable(p).n, t->opt->beta1, t->opt->beta2, t->opt->eps,
+    struct adamw *o = adamw_create_on(K, model_trainable(p).n, t->opt->beta1, t->opt->beta2, t->opt->eps,
                                       t->opt->weight_decay);
     adamw_free(t->opt);
     t->opt = o;
