@@ -374,8 +374,8 @@ void trainer_join_shard(struct trainer *t, int tp_rank, int tp_size, int pp_rank
         model_free(t->ref);
         t->ref = r;
     }
-    struct adamw *o = adamw_create_on(K, model_trainable(p).n, t->opt->beta1, t->opt->beta2, t->opt->eps,
-                                      t->opt->weight_decay);
+    struct adamw *o =
+        adamw_create_on(K, model_trainable(p).n, t->opt->beta1, t->opt->beta2, t->opt->eps, t->opt->weight_decay);
     adamw_free(t->opt);
     t->opt = o;
     t->rc.policy = p;
