@@ -23,6 +23,8 @@
 #  - DP 3 x TP 2 with ZeRO-1 on 6 ranks, rank 3 SIGKILLed in step 3's optimizer step: its copy leaves, each TP
 #    position's block of DP rank 1 rebuilt from DP rank 2's copy of it, the moments re-sharded over 2 copies; the
 #    same checks.
+#  - DP 2 x TP 2 with ZeRO-1 and a spare, rank 1 killed at step 3: the spare takes its place, the lost block rebuilt
+#    at its TP position only from DP rank 1's copy, re-sharded over DP rank 1 and the spare; the same checks.
 #  - refused by name: a spare with TP 2 and LoRA.
 # Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
 set -u
@@ -145,6 +147,21 @@ says "$TMP/zero.log" "(of 3 DP ranks, 2 survive; TP 2 x PP 1: the copy that lost
 expect "zero: DP 3 -> 2, the copy of rank 3 left (launch rank 2 idle)" $?
 same_as_one zero
 metrics_once zero
+
+# ZeRO-1 and a spare: DP 2 x TP 2 and a spare on 5 ranks, rank 1 (TP rank 1 of DP rank 0) killed at step 3's
+# generation: the spare takes its place; at TP position 1 the lost block is rebuilt from DP rank 1's copy of it and
+# the moments re-sharded over DP rank 1 and the spare (which joins with no block); at TP position 0 nothing is lost
+SPARES=1 start_held zspare 5 gen:3:1 "$TP=2" actor_rollout_ref.actor.megatron.use_distributed_optimizer=true
+kill_held zspare "rank 1 at gen of step 3"
+wait "$JOB"
+expect "zspare: DP 2 x TP 2 with ZeRO-1 and a spare, the run finishes without rank 1 (mpirun exits 0)" $?
+says "$TMP/zspare.log" "ZeRO-1: DP rank 1 keeps the optimizer state of parameters"
+expect "zspare: ZeRO-1 over the 2 copies" $?
+survived zspare 3 1 2
+says "$TMP/zspare.log" "spare (launch rank 4) took launch rank 1's place (TP rank 1, PP stage 0 of DP rank 0 of 2) for step 3"
+expect "zspare: the spare took rank 1's shard" $?
+same_as_one zspare
+metrics_once zspare
 
 # refused by name: a spare with TP and LoRA (each rank refuses alike and ends at once)
 SPARES=1

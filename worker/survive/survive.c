@@ -170,14 +170,7 @@ int survive_check(const struct grpo_config *cfg, const struct placement_spec *sp
                                                          ") is not covered yet: a spare takes a shard of the whole "
                                                          "weights only",
                          model_key, model_size);
-    /* ZeRO-1 over TP x PP copies: each position's blocks rebuilt as plain DP's, the copies that leave its lost DP
-     * ranks (survive_reform) */
-    if (split_model && cfg->actor_megatron_use_distributed_optimizer && cfg->trainer_survive_spare_ranks > 0)
-        return error_set(why, whylen,
-                         KEY_trainer_survive_trainer_loss
-                         " with %s=%d and " KEY_actor_megatron_use_distributed_optimizer
-                         " (ZeRO-1) is covered without spares only yet%s",
-                         model_key, model_size, not_yet);
+    /* ZeRO-1 over TP x PP copies (spares too): each position's blocks rebuilt as plain DP's (recover) */
     return 0;
 }
 
@@ -501,7 +494,8 @@ static int recover(void *ud)
     }
     const bool was_trainer = !s->spare && mo < old_trainers;
     bool leaves = false;
-    int key = mo, takes = -1; /* the order in the survivors' group: the trainers in their new layout's order, then
+    int key = mo, takes = -1, my_pos = -1; /* my_pos: this rank's TP x PP position (pp x T + tp), a joining spare's
+                                            * the lost rank's it takes; -1: none */ /* the order in the survivors' group: the trainers in their new layout's order, then
                                * the spares, then the idle ranks; takes: the lost rank a spare takes the place of */
     if (split_model) {
         if (s->spare && !s->idle) { /* this spare's turn: the spares left before it in all */
@@ -515,6 +509,8 @@ static int recover(void *ud)
             check_failf(__FILE__, __LINE__, "rank %d of %d trainers: not a TP %d x PP %d layout", at_rank, old_trainers,
                         T, P);
         leaves = was_trainer && broken[pc.dp_rank];
+        if (at_rank >= 0)
+            my_pos = pc.pp_rank * T + pc.tp_rank;
         if (at_rank >= 0 && !leaves) {
             int dp = 0; /* the whole copies before this one */
             for (int d = 0; d < pc.dp_rank; d++)
@@ -532,12 +528,16 @@ static int recover(void *ud)
         n_idle += !gone[r] && (r >= first_idle || left);
     }
     /* ZeRO-1's blocks are kept per DP group (a model copy's rank at each TP x PP position with the same position of
-     * the other copies); each block's copy on the next DP rank: the lost DP ranks are the copies that leave (their
-     * live ranks' blocks go with them, rebuilt from the next copy's like a lost rank's) */
+     * the other copies); each block's copy on the next DP rank: the lost DP ranks of this rank's position are the
+     * copies that leave (their live ranks' blocks go with them, rebuilt from the next copy's like a lost rank's),
+     * and the copies whose rank at this position a spare takes (the spare joins with no block) */
     int lost_dp[MAX_LOST] = {0}, n_lost_dp = 0;
     for (int d = 0; d < old_copies && split_model && n_lost_dp < MAX_LOST; d++)
         if (broken[d])
             lost_dp[n_lost_dp++] = d;
+    for (int i = 0; i < n_fill && my_pos >= 0 && n_lost_dp < MAX_LOST; i++)
+        if (parallel_coords_sized(fill[i], old_trainers, &sz, &pc) == 0 && pc.pp_rank * T + pc.tp_rank == my_pos)
+            lost_dp[n_lost_dp++] = pc.dp_rank;
     for (int i = 0; i < lost_trainers && !split_model; i++)
         lost_dp[n_lost_dp++] = lost[i];
     const bool my_pos_joined = split_model && was_trainer && !leaves &&
