@@ -107,7 +107,7 @@ grpod_saw_survival tpg 3 "survived: DP 2 -> 1 at step 3" running,running,running
 idle_shown() { field_is ".workers[] | select(.rank == 2) | .role" idle; }
 wait_for 20 idle_shown
 st=$?; expect "tpg: grpod shows rank 2 idle ($(status_field '[.workers[] | .role] | join(",")'))" "$st"
-status_field '.events[].text' | grep -q "rank 2 on host .* left its model copy and is idle until the run ends: TP rank [01], PP stage 0 of DP rank 1 of 2: its copy lost rank 3 at step 3"
+status_field '.events[].text' | grep -q "rank 2 on host .* left its model copy and is idle until the run ends: TP rank 0, PP stage 0 of DP rank 1 of 2: its copy lost rank 3 at step 3"
 expect "tpg: grpod's events say rank 2 left its model copy, and why" $?
 "$GRPOCTL" status >"$TMP/status-tp.txt" 2>&1
 grep -Eq "^2 .*idle" "$TMP/status-tp.txt"

@@ -25,6 +25,9 @@
 #  - ZeRO-1 trainers: trainer rank 1 killed in step 3's optimizer step, then (on tcp) the lead: the lost block
 #    rebuilt from the next trainer's copy, the moments re-sharded over 2; one process's weights, exactly-once audit
 #    files, each step's metrics once;
+#  - DP 2 x TP 2 trainers: a rank of the other copy killed (that copy leaves), then of the lead's copy (the other
+#    takes the lead: its TP rank 0 the sockets, the lead alive in the copy that left closing its own); one
+#    process's weights; and one-step-off with the lead's copy lost: the undisturbed one-step-off run's weights;
 #  - refused by name: a split run with spares.
 # Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
 set -u
@@ -178,6 +181,44 @@ says "$TMP/zlead.log" "leads the split run now: pulling rollouts at tcp://"
 expect "zlead: trainer rank 1 takes the lead" $?
 same_as_one zlead
 metrics_once zlead
+
+# TP trainers (DP 2 x TP 2: 4 trainer ranks and a rollout rank): trainer rank 3 (of the other copy) killed in step
+# 3's optimizer step: its copy leaves (launch rank 2 idle), the lead's copy goes on as DP 1; then trainer rank 1 (of
+# the lead's copy): that copy leaves, its lead, alive, closes its dispatcher and data socket, and the other copy
+# takes the lead (its TP rank 0 the sockets, both ranks their parts of each version); one process's weights, every
+# group trained exactly once, each step's metrics once. One-step-off with the lead's copy lost: the new lead copy
+# also assembles the version of the step before from its ranks' kept parts; the undisturbed one-step-off run's
+# weights.
+TPSPLIT=(placement.trainer_ranks=4 placement.rollout_ranks=1 actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2)
+TRAINERS=4 start_held tpother 5 optim:3:3 "${TPSPLIT[@]}"
+kill_held tpother "trainer rank 3 in step 3's optimizer step (TP 2)"
+wait "$JOB"
+expect "tpother: DP 2 x TP 2 trainers, the run finishes without trainer rank 3 (mpirun exits 0)" $?
+survived tpother 3 3 1
+says "$TMP/tpother.log" "(of 2 DP ranks, 1 survive; TP 2 x PP 1: the copy that lost it left, launch rank 2 idle)"
+expect "tpother: the other copy left, launch rank 2 idle" $?
+same_as_one tpother
+metrics_once tpother
+TRAINERS=4 start_held tplead 5 optim:3:1 "${TPSPLIT[@]}"
+kill_held tplead "trainer rank 1 in step 3's optimizer step (TP 2, the lead's copy)"
+wait "$JOB"
+expect "tplead: the run finishes without trainer rank 1 (mpirun exits 0)" $?
+survived tplead 3 1 1
+says "$TMP/tplead.log" "[rank 0] trainer: the lead's model copy left: its dispatcher and data socket close here" &&
+    says "$TMP/tplead.log" "[rank 2] trainer: step 3: this rank (launch DP rank 1) leads the split run now"
+expect "tplead: the lead's copy left, closing its sockets; the other copy's TP rank 0 takes the lead" $?
+same_as_one tplead
+metrics_once tplead
+TRAINERS=4 start_held tpleadoff 5 optim:3:1 "${TPSPLIT[@]}" actor_rollout_ref.rollout.mode=async
+kill_held tpleadoff "trainer rank 1 in step 3's optimizer step (TP 2, the lead's copy, one-step-off)"
+wait "$JOB"
+expect "tpleadoff: the run finishes without trainer rank 1 (mpirun exits 0)" $?
+says "$TMP/tpleadoff.log" "granted anew (one-step-off: with the policy version kept from the step before)"
+expect "tpleadoff: the new lead copy publishes the version of the step before" $?
+out=$("$COMPARE" "$(final offwhole)" "$(final tpleadoff)" 1e-5 2>&1)
+expect "tpleadoff: weights equal the undisturbed one-step-off run's within 1e-5 ($out)" $?
+out=$(python3 "$SRC_ROOT/tests/mpi/check_audit.py" "$TMP/tpleadoff/audit" 4 6 "$STEPS" 2>&1)
+expect "tpleadoff: audit: every group of every step trained exactly once ($out)" $?
 
 # refused by name
 # shellcheck disable=SC2046

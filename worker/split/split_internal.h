@@ -112,8 +112,14 @@ struct trainer_rank {
     size_t kept_len[2];
     int64_t kept_step[2];
     int launch_dp;     /* this rank's DP rank at launch: its data endpoint (env->endpoints[launch_dp]) */
+    bool lead_copy;    /* this rank is of the lead's model copy (DP rank 0) as it last took part; a rank of a copy
+                        * that is DP rank 0 only since a loss takes the lead with its copy (take_lead) */
     int64_t run_start; /* the step this process started from (r->start moves when it takes over a lost lead) */
 };
+
+/* The lead of a split run under trainer.survive_trainer_loss: DP rank 0's rank 0 of its model copy (TP, PP and SP
+ * rank 0), which pulls the whole units, runs the dispatcher and hands each step's units to every trainer. */
+bool split_is_lead(const struct trainer_rank *r);
 
 /* split_receive.c: the data plane's receive side */
 /* Count a refused batch and log it at a bounded rate. */

@@ -81,9 +81,17 @@ static int take_lead(struct trainer_rank *r, int64_t k)
     char err[1024], ep[512];
     const char *data_ep = r->env->endpoints[r->launch_dp];
     const int64_t floor = k - 1 - r->env->staleness > r->run_start ? k - 1 - r->env->staleness : r->run_start;
-    size_t n = 0;
+    /* with TP or PP the whole model copy takes the lead: its rank 0 the sockets, every rank its part of each version
+     * (the kept one assembled from the parts' host copies: on the CPU only, launch refuses it on GPUs) */
+    const struct model *p = trainer_policy(r->t);
+    const bool sharded = p->sh.tp_size * p->sh.pp_size > 1, head = split_is_lead(r);
+    size_t n = 0, want = 0;
     const float *older = floor < k - 1 ? survive_step_start(r->survive, floor + 1, &n) : NULL;
-    if (floor < k - 1 && (!older || n != version_floats(r->t))) {
+    trainer_params(r->t, &want);
+    int bad = !(floor >= k - 1 || (older && n == (sharded ? want : version_floats(r->t))));
+    if (sharded && r->env->mp)
+        comm_allreduce_max(r->env->mp, &bad, 1, COMM_I32); /* every rank of the copy, or none, goes on */
+    if (bad) {
         log_error("trainer",
                   "step %lld: taking the lead of the split run after the lead's loss: policy version %lld (the "
                   "weights at step %lld's start, which one-step-off step %lld is generated with) is no longer kept "
@@ -91,18 +99,30 @@ static int take_lead(struct trainer_rank *r, int64_t k)
                   (long long)k, (long long)floor, (long long)floor + 1, (long long)k);
         return -1;
     }
-    r->pull = dataplane_pull_open(data_ep, err, sizeof err);
-    placement_lead_endpoint(data_ep, ep, sizeof ep);
+    r->lead_copy = true;
     r->start = k - 1;
     r->lim.dp_rank = r->env->at.dp; /* the rollout ranks send whole units to "DP rank 0", which this rank is now */
-    if (!r->pull || open_dispatcher(r, r->t, ep, floor, err, sizeof err) != 0) {
-        log_error("trainer", "step %lld: taking the lead of the split run after the lead's loss: %s", (long long)k,
-                  err);
-        return -1;
+    if (head) {
+        r->pull = dataplane_pull_open(data_ep, err, sizeof err);
+        placement_lead_endpoint(data_ep, ep, sizeof ep);
+        if (!r->pull || open_dispatcher(r, r->t, ep, floor, err, sizeof err) != 0) {
+            log_error("trainer", "step %lld: taking the lead of the split run after the lead's loss: %s", (long long)k,
+                      err);
+            return -1;
+        }
     }
-    if (older)
+    if (older && sharded) { /* the kept version's parts, assembled at the copy's rank 0 */
+        float *whole = head ? xmalloc(version_floats(r->t) * sizeof(float)) : NULL;
+        model_shard_gather(p, older, whole, 0);
+        if (head)
+            dispatcher_publish(r->disp, floor, whole);
+        free(whole);
+    } else if (older) {
         dispatcher_publish(r->disp, floor, older);
+    }
     publish(r, r->start);
+    if (!head)
+        return 0;
     log_info("trainer",
              "step %lld: this rank (launch DP rank %d) leads the split run now: pulling rollouts at %s; the step's "
              "%d work unit(s) granted anew%s",
@@ -118,7 +138,7 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     r->fig = (struct split_figures){0};
     if (r->env->cfg->async_enable)
         return split_async_next_batch(r, k, b, tm);
-    if (r->whole && r->env->at.dp == 0 && !r->pull && take_lead(r, k) != 0)
+    if (r->whole && r->env->at.dp == 0 && !r->lead_copy && take_lead(r, k) != 0)
         return -1;
     const int R = r->lim.units, B = r->lim.groups_in_step;
     int *uids = xmalloc((size_t)B * sizeof(int));
@@ -161,7 +181,7 @@ static int next_batch(void *ctx, int64_t k, struct step_batch *b, struct step_ti
     }
     if (r->pull)
         control_hold_while_waiting(r->env->ctl, true);
-    if (r->mp && split_share_step(r, k) != 0) {
+    if (r->mp && !r->whole && split_share_step(r, k) != 0) { /* whole: every rank has its share already */
         free(uids);
         return -1;
     }
@@ -336,6 +356,9 @@ static int between_steps(void *ctx, int64_t j, bool stop)
 {
     struct trainer_rank *r = ctx;
     if (r->env->at.cp != 0 || (r->env->at.dp != 0 && !copy_peer(r))) /* SP ranks hold the whole model */
+        return 0;
+    if (r->whole && !r->lead_copy) /* a copy that is DP rank 0 since a loss publishes when it takes the lead (at the
+                                    * redone step's batch: take_lead), not before */
         return 0;
     if (stop) {
         if (!r->disp)

@@ -10,9 +10,15 @@
 #include "split_internal.h"
 #include "worker/survive/survive.h"
 
+bool split_is_lead(const struct trainer_rank *r)
+{
+    const struct placement *at = &r->env->at;
+    return at->dp == 0 && at->tp == 0 && at->pp == 0 && at->cp == 0;
+}
+
 bool split_kept_step(const struct trainer_rank *r, int64_t k)
 {
-    return r->whole && r->env->at.dp == 0 && r->kept[k % 2] && r->kept_step[k % 2] == k;
+    return r->whole && split_is_lead(r) && r->kept[k % 2] && r->kept_step[k % 2] == k;
 }
 
 /* The lead: step k's pending units packed into slot k % 2 (padded to 32-bit words for the broadcast), taken out of
@@ -57,7 +63,7 @@ static int64_t kept_units(const uint8_t *msg, size_t len)
 int split_whole_step(struct trainer_rank *r, int64_t k)
 {
     struct comm *all = r->env->trainers;
-    const bool lead = r->env->at.dp == 0;
+    const bool lead = split_is_lead(r);
     const int slot = (int)(k % 2);
     if (lead && split_kept_step(r, k))
         log_info("trainer", "step %lld redone from the %lld work unit(s) this rank kept: none pulled again",
@@ -94,10 +100,28 @@ int split_whole_step(struct trainer_rank *r, int64_t k)
     return 0;
 }
 
-/* survive's hook once the trainers re-formed without a lost one: grpod hears of it, and of the new layout. */
+/* survive's hook once the trainers re-formed without a lost one: grpod hears of it, and of the new layout. A rank
+ * whose model copy (TP or PP) lost a rank leaves: grpod hears it is idle, and the lead, alive in a copy that left,
+ * closes its data socket and dispatcher without a word of the end (the rollout processes, connected to every lead
+ * endpoint, go on with the new lead's: an open socket here would take units that nobody reads). */
 static void split_reform(void *ud, const struct survive_loss *loss)
 {
     struct trainer_rank *r = ud;
+    if (loss->left) {
+        control_set_left(r->env->ctl, loss->reason);
+        r->lead_copy = false;
+        if (r->disp || r->pull)
+            log_info("trainer",
+                     "the lead's model copy left: its dispatcher and data socket close here (the copy that leads "
+                     "next takes the rollout processes over)");
+        if (r->disp)
+            dispatcher_close(r->disp, 0, 0);
+        r->disp = NULL;
+        if (r->pull)
+            dataplane_pull_close(r->pull);
+        r->pull = NULL;
+        return;
+    }
     control_set_survived(r->env->ctl, loss->ranks, loss->n, loss->reason);
     control_set_layout(r->env->ctl, r->env->at.dp, r->env->at.dp_size);
 }
@@ -107,6 +131,7 @@ struct survive *split_survive_create(struct trainer_rank *r)
     if (!r->env->cfg->trainer_survive_trainer_loss) /* launch checked the layout (survive_check) */
         return NULL;
     r->whole = true;
+    r->lead_copy = r->env->at.dp == 0;
     r->kept_step[0] = r->kept_step[1] = -1;
     return survive_create(r->env, split_reform, r);
 }

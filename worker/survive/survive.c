@@ -89,26 +89,30 @@ struct survive {
 /* the one survive object of the process: the test hold reads its step */
 static struct survive *g_survive;
 
-/* A split run (rollout ranks feed the trainers) survives a lost trainer where its trainers are plain DP: the rollout
- * ranks send each whole work unit to DP rank 0 (the dispatcher's rank, the lead), which keeps the step's units and
+/* A split run (rollout ranks feed the trainers) survives a lost trainer where its trainers are DP ranks, plain or TP x
+ * PP model copies (a copy that loses a rank leaves, as colocated): the rollout ranks send each whole work unit to
+ * the lead (rank 0 of DP rank 0's copy, the dispatcher's), which keeps the step's units and
  * hands them to every trainer, each cutting its DP share as the rollout ranks would have (split/split_survive.c), so
  * the survivors redo a step from the units it already has. The lead's own loss is survived too: the
  * survivors' new lead takes the dispatcher and the data socket over at its own endpoints, which every rollout
  * process is connected to from the start, and grants the redone step's units anew (split/split_source.c,
- * take_lead); one-step-off it also publishes the version of the step before, from the step start it kept. Not covered:
- * what changes the trainers' data beyond that: TP, PP, SP or CP trainers, spares, fully-async training, the
- * broadcast weight sync (its group spans the rollout ranks). 0, or -1 with why. */
+ * take_lead; with TP or PP the whole copy that is DP rank 0 now); one-step-off it also publishes the version of the
+ * step before, from the step start it kept (a copy's from its ranks' kept parts, assembled in host memory: on the CPU
+ * only). Not covered: what changes the trainers' data beyond that: SP or CP trainers, EP, spares, fully-async
+ * training, the broadcast weight sync (its group spans the rollout ranks). 0, or -1 with why. */
 static int survive_split_refusal(const struct grpo_config *cfg, const struct placement_spec *spec, char *why,
                                  size_t whylen)
 {
-    const char *not_yet = "; a split run survives a lost trainer with plain DP trainers, with or without ZeRO-1 "
-                          "(docs/operations.md)";
+    const char *not_yet = "; a split run survives a lost trainer with DP trainers, plain or over TP x PP model "
+                          "copies, with or without ZeRO-1 (docs/operations.md)";
+    const bool gpu = strcmp(config_device(cfg), "cpu") != 0, model = spec->tp_size > 1 || spec->pp_size > 1;
     struct {
         bool on;
         const char *what;
     } no[] = {
-        {spec->tp_size > 1, KEY_actor_megatron_tensor_model_parallel_size " > 1"},
-        {spec->pp_size > 1, KEY_actor_megatron_pipeline_model_parallel_size " > 1"},
+        /* a new lead's copy assembles the one-step-off version it kept from its parts' host copies: on the CPU */
+        {model && gpu && strcmp(cfg->rollout_mode, "async") == 0,
+         "TP or PP trainers on GPUs one-step-off (" KEY_rollout_mode "=async)"},
         {spec->cp_size > 1, "sequence or context parallelism"},
         {spec->ep_size > 1, KEY_actor_megatron_expert_model_parallel_size " > 1"},
         {cfg->trainer_survive_spare_ranks > 0, KEY_trainer_survive_spare_ranks " > 0"},
@@ -143,7 +147,8 @@ int survive_check(const struct grpo_config *cfg, const struct placement_spec *sp
     char ft[512];
     if (!comm_ft_available(ft, sizeof ft))
         return error_set(why, whylen, KEY_trainer_survive_trainer_loss ": %s", ft);
-    /* a split run (rollout ranks): plain DP trainers, the dispatcher's lead kept (survive_split_refusal) */
+    /* a split run (rollout ranks): DP trainers, plain or TP x PP copies, the dispatcher's lead kept
+     * (survive_split_refusal) */
     if (world > 1 && !colocated)
         return survive_split_refusal(cfg, spec, why, whylen);
     /* on GPUs (as on the CPU) the step's start is copied through host memory and the DP group's NCCL twin made
@@ -638,6 +643,9 @@ static int recover(void *ud)
             s->idle = true;
             s->spare = true;
             env->spare = true;
+            /* where it was (pc last held another rank's coordinates) */
+            if (parallel_coords_sized(comm_rank(old), old_trainers, &sz, &pc) != 0)
+                pc = (struct parallel_coords){0};
             log_warn("survive",
                      "launch rank %d (TP rank %d, PP stage %d of DP rank %d) leaves the training: its model copy "
                      "lost %s at step %lld, and the %d whole copies go on without it; it stays idle until the run "
