@@ -30,6 +30,21 @@ export GRPOD_ENDPOINT="$EP"
 timeout "$(scaled 120)" "${MPIRUN[@]}" -np 1 grpo-worker $(keys one) >"$TMP/one.log" 2>&1
 expect "one process: $STEPS steps" $?
 
+finished() { state_is finished; }
+# released_finishes NAME RANK HOW WHAT: the hold released, NAME's run finishes (HOW), grpod says so and shows rank
+# RANK (WHAT) finished; the weights one process's
+released_finishes() {
+    local name="$1" r="$2" st
+    rm -f "$HOLD"
+    wait "$JOB"
+    expect "$name: the run finishes $3 (mpirun exits 0)" $?
+    wait_for 20 finished
+    st=$?; expect "$name: grpod says the run finished ($(status_field .state): $(status_field .reason))" "$st"
+    field_is ".workers[] | select(.rank == $r) | .state" finished
+    st=$?; expect "$name: rank $r ($4) finished ($(status_field ".workers[] | select(.rank == $r) | .state"))" "$st"
+    same_as_one "$name"
+}
+
 # heartbeats every 0.2 s, lost after 3 s of silence (start_grpod's)
 start_grpod g
 expect "grpod starts" $?
@@ -48,7 +63,6 @@ expect "gr: grpoctl status shows rank 2 lost with its reason" $?
 rm -f "$HOLD" # the lead goes on
 wait "$JOB"
 expect "gr: the run finishes without rank 2 (mpirun exits 0)" $?
-finished() { state_is finished; }
 wait_for 20 finished
 st=$?; expect "gr: grpod says the run finished ($(status_field .state): $(status_field .reason))" "$st"
 same_as_one gr
@@ -73,14 +87,7 @@ wait_for 20 joined_shown
 st=$?; expect "sp: grpod shows rank 3 as a colocated rank, DP rank 2 ($(status_field '.workers[] | select(.rank == 3) | [.role, .dp_rank] | map(tostring) | join(" dp ")'))" "$st"
 status_field '.events[].text' | grep -q "spare rank 3 on host .* took a lost rank's place: DP rank 2 of 3"
 expect "sp: grpod's events say the spare took the lost rank's place" $?
-rm -f "$HOLD"
-wait "$JOB"
-expect "sp: the run finishes with the spare in rank 2's place (mpirun exits 0)" $?
-wait_for 20 finished
-st=$?; expect "sp: grpod says the run finished ($(status_field .state): $(status_field .reason))" "$st"
-field_is ".workers[] | select(.rank == 3) | .state" finished
-st=$?; expect "sp: rank 3 (the spare that joined) finished ($(status_field '.workers[] | select(.rank == 3) | .state'))" "$st"
-same_as_one sp
+released_finishes sp 3 "with the spare in rank 2's place" "the spare that joined"
 
 # a spare never needed under grpod: released at the run's end, shown finished, the run finished
 # shellcheck disable=SC2046 # keys' words are the keys
@@ -112,13 +119,6 @@ expect "tpg: grpod's events say rank 2 left its model copy, and why" $?
 "$GRPOCTL" status >"$TMP/status-tp.txt" 2>&1
 grep -Eq "^2 .*idle" "$TMP/status-tp.txt"
 expect "tpg: grpoctl status shows rank 2 idle" $?
-rm -f "$HOLD"
-wait "$JOB"
-expect "tpg: the run finishes on the whole copy (mpirun exits 0)" $?
-wait_for 20 finished
-st=$?; expect "tpg: grpod says the run finished ($(status_field .state): $(status_field .reason))" "$st"
-field_is ".workers[] | select(.rank == 2) | .state" finished
-st=$?; expect "tpg: rank 2 (idle) finished ($(status_field '.workers[] | select(.rank == 2) | .state'))" "$st"
-same_as_one tpg
+released_finishes tpg 2 "on the whole copy" "idle"
 stop_grpod
 finish

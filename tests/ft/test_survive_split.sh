@@ -70,15 +70,20 @@ metrics_once rank1
 timeout "$(scaled 180)" "${MPIRUN[@]}" -np 4 grpo-worker $(keys offwhole) $(survive_keys 4) "${SPLIT[@]}" \
     actor_rollout_ref.rollout.mode=async >"$TMP/offwhole.log" 2>&1
 expect "one-step-off, undisturbed: $STEPS steps" $?
+# same_as_off NAME: NAME's weights equal the undisturbed one-step-off run's within 1e-5, every group trained once
+same_as_off() {
+    local out
+    out=$("$COMPARE" "$(final offwhole)" "$(final "$1")" 1e-5 2>&1)
+    expect "$1: weights equal the undisturbed one-step-off run's within 1e-5 ($out)" $?
+    out=$(python3 "$SRC_ROOT/tests/mpi/check_audit.py" "$TMP/$1/audit" 4 6 "$STEPS" 2>&1)
+    expect "$1: audit: every group of every step trained exactly once ($out)" $?
+}
 start_held off 4 allreduce:3:2 "${SPLIT[@]}" actor_rollout_ref.rollout.mode=async
 kill_held off "trainer rank 2 in step 3's all-reduce (one-step-off)"
 wait "$JOB"
 expect "off: the run finishes without trainer rank 2 (mpirun exits 0)" $?
 survived off 3 2 2
-out=$("$COMPARE" "$(final offwhole)" "$(final off)" 1e-5 2>&1)
-expect "off: weights equal the undisturbed one-step-off run's within 1e-5 ($out)" $?
-out=$(python3 "$SRC_ROOT/tests/mpi/check_audit.py" "$TMP/off/audit" 4 6 "$STEPS" 2>&1)
-expect "off: audit: every group of every step trained exactly once ($out)" $?
+same_as_off off
 metrics_once off
 
 # under grpod (a grpod of its own, socket ctl-NAME.sock): under_grpod NAME VICTIM HOLDER WHAT kills trainer
@@ -152,10 +157,7 @@ survived leadoff 3 0 2
 says "$TMP/leadoff.log" "leads the split run now: pulling rollouts at " &&
     says "$TMP/leadoff.log" "granted anew (one-step-off: with the policy version kept from the step before)"
 expect "leadoff: trainer rank 1 takes the lead with the version of the step before" $?
-out=$("$COMPARE" "$(final offwhole)" "$(final leadoff)" 1e-5 2>&1)
-expect "leadoff: weights equal the undisturbed one-step-off run's within 1e-5 ($out)" $?
-out=$(python3 "$SRC_ROOT/tests/mpi/check_audit.py" "$TMP/leadoff/audit" 4 6 "$STEPS" 2>&1)
-expect "leadoff: audit: every group of every step trained exactly once ($out)" $?
+same_as_off leadoff
 metrics_once leadoff
 
 # with ZeRO-1 trainers: trainer rank 1 killed in step 3's optimizer step (its block rebuilt from trainer rank 2's
@@ -215,10 +217,7 @@ wait "$JOB"
 expect "tpleadoff: the run finishes without trainer rank 1 (mpirun exits 0)" $?
 says "$TMP/tpleadoff.log" "granted anew (one-step-off: with the policy version kept from the step before)"
 expect "tpleadoff: the new lead copy publishes the version of the step before" $?
-out=$("$COMPARE" "$(final offwhole)" "$(final tpleadoff)" 1e-5 2>&1)
-expect "tpleadoff: weights equal the undisturbed one-step-off run's within 1e-5 ($out)" $?
-out=$(python3 "$SRC_ROOT/tests/mpi/check_audit.py" "$TMP/tpleadoff/audit" 4 6 "$STEPS" 2>&1)
-expect "tpleadoff: audit: every group of every step trained exactly once ($out)" $?
+same_as_off tpleadoff
 
 # refused by name
 # shellcheck disable=SC2046
