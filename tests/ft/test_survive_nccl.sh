@@ -29,7 +29,8 @@
 #    DP stays 2, the weights one process's;
 #  - a split run (3 trainers and a rollout rank, a device each): trainer rank 1 SIGKILLed in step 2's all-reduce on
 #    NCCL, the survivors redo the step on a new communicator from the units the lead kept, the weights one
-#    process's; and the lead killed there: trainer rank 1 takes the lead, the weights one process's.
+#    process's; and the lead killed there: trainer rank 1 takes the lead, the weights one process's; and with DP 2 x
+#    TP 2 trainers, a rank of the lead's copy killed: the other copy takes the lead, the weights one process's.
 # Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
 set -u
 . "$(dirname "$0")/../lib.sh" grpo-ft-nccl
@@ -203,4 +204,20 @@ split_case split 1 "trainer rank 1 in step 2's all-reduce on NCCL" \
 # and the rollout rank generates step 2 again for it
 split_case splitlead 0 "the lead in step 2's all-reduce on NCCL" \
     "step 2: this rank (launch DP rank 1) leads the split run now"
+# DP 2 x TP 2 trainers of a split run on the devices (4 trainer ranks and a rollout rank): trainer rank 1 (the lead's
+# copy) killed in step 2's optimizer step; the lead, alive, closes its sockets, and the other copy takes the lead,
+# both its ranks giving their parts of the step's version from their devices
+CUEMU_DEVICES=5 CUEMU_NCCL_PEER_LOSS=silent TRAINERS=4 start_held splittp 5 "optim:2:1" \
+    trainer.device=cuda placement.trainer_ranks=4 placement.rollout_ranks=1 \
+    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2
+kill_held splittp "trainer rank 1 (the lead's copy) in step 2's optimizer step on the devices"
+wait "$JOB"
+expect "splittp: DP 2 x TP 2 trainers on the devices, the run finishes without trainer rank 1 (mpirun exits 0)" $?
+survived splittp 2 1 1
+says "$TMP/splittp.log" "[rank 2] trainer: step 2: this rank (launch DP rank 1) leads the split run now"
+expect "splittp: the other copy takes the lead" $?
+! grep -aq "cuemu: host code touched device memory" "$TMP/splittp.log"
+expect "splittp: no host access to device memory (the emulator says none)" $?
+same_as_one splittp
+metrics_once splittp
 finish
