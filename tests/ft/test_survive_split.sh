@@ -27,7 +27,8 @@
 #    files, each step's metrics once;
 #  - DP 2 x TP 2 trainers: a rank of the other copy killed (that copy leaves), then of the lead's copy (the other
 #    takes the lead: its TP rank 0 the sockets, the lead alive in the copy that left closing its own); one
-#    process's weights; and one-step-off with the lead's copy lost: the undisturbed one-step-off run's weights;
+#    process's weights; and one-step-off with the lead's copy lost: the undisturbed one-step-off run's weights; DP 2 x
+#    PP 2 trainers, the lead's copy's second stage killed: the other copy's first stage leads, one process's weights;
 #  - refused by name: a split run with spares.
 # Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
 set -u
@@ -218,6 +219,18 @@ expect "tpleadoff: the run finishes without trainer rank 1 (mpirun exits 0)" $?
 says "$TMP/tpleadoff.log" "granted anew (one-step-off: with the policy version kept from the step before)"
 expect "tpleadoff: the new lead copy publishes the version of the step before" $?
 same_as_off tpleadoff
+# PP trainers (DP 2 x PP 2: launch ranks 0 and 2 the lead's copy, its stages 0 and 1): trainer rank 2 killed in step
+# 3's optimizer step; the lead's copy leaves and the other copy's first stage (launch rank 1) takes the lead
+PPSPLIT=(placement.trainer_ranks=4 placement.rollout_ranks=1 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2)
+TRAINERS=4 start_held pplead 5 optim:3:2 "${PPSPLIT[@]}"
+kill_held pplead "trainer rank 2 (stage 1 of the lead's copy) in step 3's optimizer step (PP 2)"
+wait "$JOB"
+expect "pplead: DP 2 x PP 2 trainers, the run finishes without trainer rank 2 (mpirun exits 0)" $?
+survived pplead 3 2 1
+says "$TMP/pplead.log" "[rank 1] trainer: step 3: this rank (launch DP rank 1) leads the split run now"
+expect "pplead: the other copy's first stage takes the lead" $?
+same_as_one pplead
+metrics_once pplead
 
 # refused by name
 # shellcheck disable=SC2046
