@@ -563,9 +563,10 @@ void comm_mpi_log_caps(void)
     if (has && ft && *ft)
         log_info("comm",
                  "MPI: %s with ULFM, fault tolerance on (mpirun --with-ft ulfm): trainer-loss survival is available "
-                 "to colocated data parallelism, plain or over TP x PP model copies (" KEY_trainer_survive_trainer_loss
-                 "=true); elsewhere a lost "
-                 "trainer rank still ends the job (docs/operations.md, \"Open MPI 5 with fault tolerance (ULFM)\")",
+                 "to data parallelism, plain or over TP x PP model copies, colocated or split "
+                 "(" KEY_trainer_survive_trainer_loss
+                 "=true); elsewhere a lost trainer rank still ends the job (docs/operations.md, \"Open MPI 5 with "
+                 "fault tolerance (ULFM)\")",
                  lib);
     else
         log_info("comm",
