@@ -192,40 +192,38 @@ metrics_once zlead
 # group trained exactly once, each step's metrics once. One-step-off with the lead's copy lost: the new lead copy
 # also assembles the version of the step before from its ranks' kept parts; the undisturbed one-step-off run's
 # weights.
-TPSPLIT=(placement.trainer_ranks=4 placement.rollout_ranks=1 actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2)
-TRAINERS=4 start_held tpother 5 optim:3:3 "${TPSPLIT[@]}"
-kill_held tpother "trainer rank 3 in step 3's optimizer step (TP 2)"
-wait "$JOB"
-expect "tpother: DP 2 x TP 2 trainers, the run finishes without trainer rank 3 (mpirun exits 0)" $?
+# copy_lost NAME VICTIM WHAT KEY KEYS...: 4 trainer ranks (2 model copies of 2: KEY=2) and a rollout rank, trainer
+# rank VICTIM killed in step 3's optimizer step; the run finishes, the copy that lost it left, the other went on
+copy_lost() {
+    local name="$1" victim="$2" what="$3" key="$4"
+    shift 4
+    TRAINERS=4 start_held "$name" 5 "optim:3:$victim" placement.trainer_ranks=4 placement.rollout_ranks=1 "$key=2" "$@"
+    kill_held "$name" "trainer rank $victim in step 3's optimizer step ($what)"
+    wait "$JOB"
+    expect "$name: $what, the run finishes without trainer rank $victim (mpirun exits 0)" $?
+}
+TP=actor_rollout_ref.actor.megatron.tensor_model_parallel_size
+copy_lost tpother 3 "DP 2 x TP 2 trainers" "$TP"
 survived tpother 3 3 1
 says "$TMP/tpother.log" "(of 2 DP ranks, 1 survive; TP 2 x PP 1: the copy that lost it left, launch rank 2 idle)"
 expect "tpother: the other copy left, launch rank 2 idle" $?
 same_as_one tpother
 metrics_once tpother
-TRAINERS=4 start_held tplead 5 optim:3:1 "${TPSPLIT[@]}"
-kill_held tplead "trainer rank 1 in step 3's optimizer step (TP 2, the lead's copy)"
-wait "$JOB"
-expect "tplead: the run finishes without trainer rank 1 (mpirun exits 0)" $?
+copy_lost tplead 1 "DP 2 x TP 2 trainers, the lead's copy" "$TP"
 survived tplead 3 1 1
 says "$TMP/tplead.log" "[rank 0] trainer: the lead's model copy left: its dispatcher and data socket close here" &&
     says "$TMP/tplead.log" "[rank 2] trainer: step 3: this rank (launch DP rank 1) leads the split run now"
 expect "tplead: the lead's copy left, closing its sockets; the other copy's TP rank 0 takes the lead" $?
 same_as_one tplead
 metrics_once tplead
-TRAINERS=4 start_held tpleadoff 5 optim:3:1 "${TPSPLIT[@]}" actor_rollout_ref.rollout.mode=async
-kill_held tpleadoff "trainer rank 1 in step 3's optimizer step (TP 2, the lead's copy, one-step-off)"
-wait "$JOB"
-expect "tpleadoff: the run finishes without trainer rank 1 (mpirun exits 0)" $?
+copy_lost tpleadoff 1 "DP 2 x TP 2 trainers one-step-off, the lead's copy" "$TP" actor_rollout_ref.rollout.mode=async
 says "$TMP/tpleadoff.log" "granted anew (one-step-off: with the policy version kept from the step before)"
 expect "tpleadoff: the new lead copy publishes the version of the step before" $?
 same_as_off tpleadoff
 # PP trainers (DP 2 x PP 2: launch ranks 0 and 2 the lead's copy, its stages 0 and 1): trainer rank 2 killed in step
 # 3's optimizer step; the lead's copy leaves and the other copy's first stage (launch rank 1) takes the lead
-PPSPLIT=(placement.trainer_ranks=4 placement.rollout_ranks=1 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2)
-TRAINERS=4 start_held pplead 5 optim:3:2 "${PPSPLIT[@]}"
-kill_held pplead "trainer rank 2 (stage 1 of the lead's copy) in step 3's optimizer step (PP 2)"
-wait "$JOB"
-expect "pplead: DP 2 x PP 2 trainers, the run finishes without trainer rank 2 (mpirun exits 0)" $?
+copy_lost pplead 2 "DP 2 x PP 2 trainers, stage 1 of the lead's copy" \
+    actor_rollout_ref.actor.megatron.pipeline_model_parallel_size
 survived pplead 3 2 1
 says "$TMP/pplead.log" "[rank 1] trainer: step 3: this rank (launch DP rank 1) leads the split run now"
 expect "pplead: the other copy's first stage takes the lead" $?
