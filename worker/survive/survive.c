@@ -499,9 +499,11 @@ static int recover(void *ud)
     }
     const bool was_trainer = !s->spare && mo < old_trainers;
     bool leaves = false;
-    int key = mo, takes = -1, my_pos = -1; /* my_pos: this rank's TP x PP position (pp x T + tp), a joining spare's
-                                            * the lost rank's it takes; -1: none */ /* the order in the survivors' group: the trainers in their new layout's order, then
-                               * the spares, then the idle ranks; takes: the lost rank a spare takes the place of */
+    /* key: the order in the survivors' group (the trainers in their new layout's order, then the spares, then the
+     * idle ranks); takes: the lost rank a spare takes the place of; here: where this rank trained (a joining spare:
+     * the lost rank's place), my_pos its TP x PP position (pp x T + tp), -1 for none */
+    int key = mo, takes = -1, my_pos = -1;
+    struct parallel_coords here = {0};
     if (split_model) {
         if (s->spare && !s->idle) { /* this spare's turn: the spares left before it in all */
             int j = 0;
@@ -513,14 +515,15 @@ static int recover(void *ud)
         if (at_rank >= 0 && parallel_coords_sized(at_rank, old_trainers, &sz, &pc) != 0)
             check_failf(__FILE__, __LINE__, "rank %d of %d trainers: not a TP %d x PP %d layout", at_rank, old_trainers,
                         T, P);
-        leaves = was_trainer && broken[pc.dp_rank];
+        here = pc;
+        leaves = was_trainer && broken[here.dp_rank];
         if (at_rank >= 0)
-            my_pos = pc.pp_rank * T + pc.tp_rank;
+            my_pos = here.pp_rank * T + here.tp_rank;
         if (at_rank >= 0 && !leaves) {
             int dp = 0; /* the whole copies before this one */
-            for (int d = 0; d < pc.dp_rank; d++)
+            for (int d = 0; d < here.dp_rank; d++)
                 dp += !broken[d];
-            key = (pc.pp_rank * copies + dp) * T + pc.tp_rank;
+            key = (here.pp_rank * copies + dp) * T + here.tp_rank;
         } else {
             key = copies * M + (s->spare && !s->idle ? 0 : old_size) + mo;
         }
@@ -545,9 +548,7 @@ static int recover(void *ud)
             lost_dp[n_lost_dp++] = pc.dp_rank;
     for (int i = 0; i < lost_trainers && !split_model; i++)
         lost_dp[n_lost_dp++] = lost[i];
-    const bool my_pos_joined = split_model && was_trainer && !leaves &&
-                               parallel_coords_sized(mo, old_trainers, &sz, &pc) == 0 &&
-                               joined_at[pc.pp_rank * T + pc.tp_rank];
+    const bool my_pos_joined = split_model && was_trainer && !leaves && my_pos >= 0 && joined_at[my_pos];
     free(broken), free(gone), free(nlost), free(fill), free(joined_at);
     if (leaves) /* before any collective of the re-forming: the new lead takes over the run's files after them */
         trainer_leave(s->t);
@@ -643,17 +644,14 @@ static int recover(void *ud)
             s->idle = true;
             s->spare = true;
             env->spare = true;
-            /* where it was (pc last held another rank's coordinates) */
-            if (parallel_coords_sized(comm_rank(old), old_trainers, &sz, &pc) != 0)
-                pc = (struct parallel_coords){0};
             log_warn("survive",
                      "launch rank %d (TP rank %d, PP stage %d of DP rank %d) leaves the training: its model copy "
                      "lost %s at step %lld, and the %d whole copies go on without it; it stays idle until the run "
                      "ends",
-                     mine, pc.tp_rank, pc.pp_rank, pc.dp_rank, s->lost_names, (long long)redo, copies);
+                     mine, here.tp_rank, here.pp_rank, here.dp_rank, s->lost_names, (long long)redo, copies);
             char left[400];
             snprintf(left, sizeof left, "TP rank %d, PP stage %d of DP rank %d of %d: its copy lost %s at step %lld",
-                     pc.tp_rank, pc.pp_rank, pc.dp_rank, old_copies, s->lost_names, (long long)redo);
+                     here.tp_rank, here.pp_rank, here.dp_rank, old_copies, s->lost_names, (long long)redo);
             const struct survive_loss gone = {.ranks = names, .n = n_lost, .reason = left, .left = true};
             if (s->reform)
                 s->reform(s->ud, &gone);
