@@ -18,8 +18,9 @@
 #   survived NAME STEP RANK LEFT [T0]  the checks that rank RANK's loss was found in step STEP and survived there
 #                       by LEFT DP ranks (the log's words), and how long after the kill (at T0, default KILL_T0) the
 #                       redone step completed
-#   same_as_one NAME    the final weights equal the one-process run's ($TMP/one) within 1e-5, and the audit files
-#                       hold every group of every step exactly rollout.n times
+#   same_as NAME REF WHAT  the final weights equal those of the run REF (WHAT, as the check names it) within 1e-5,
+#                       and the audit files hold every group of every step exactly rollout.n times
+#   same_as_one NAME    same_as the one-process run ($TMP/one)
 #   metrics_once NAME   the run's metrics.jsonl holds each step 1..$STEPS exactly once, in order (a redone step's
 #                       line once), each line a training step's (it has actor/pg_loss)
 STEPS=${STEPS:-5}
@@ -105,13 +106,14 @@ print(f"{t.timestamp() - float(sys.argv[2]):.2f}")' "$line" "${5:-$KILL_T0}" 2>/
     expect "$name: step $step redone and completed ${took:-?} s after the kill (${line#*completed })" $?
 }
 
-same_as_one() {
+same_as() {
     local out
-    out=$("$COMPARE" "$(final one)" "$(final "$1")" 1e-5 2>&1)
-    expect "$1: weights equal one process's within 1e-5 ($out)" $?
+    out=$("$COMPARE" "$(final "$2")" "$(final "$1")" 1e-5 2>&1)
+    expect "$1: weights equal $3's within 1e-5 ($out)" $?
     out=$(python3 "$SRC_ROOT/tests/mpi/check_audit.py" "$TMP/$1/audit" 4 6 "$STEPS" 2>&1)
     expect "$1: audit: every group of every step trained exactly once ($out)" $?
 }
+same_as_one() { same_as "$1" one "one process"; }
 
 metrics_once() {
     local out
