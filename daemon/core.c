@@ -1246,8 +1246,10 @@ static uint8_t *handle_heartbeat(struct core *c, const Grpo__Envelope *env, doub
                 add_event(c, "%s: the other ranks are told to end", c->run.abort);
             }
         } else if (st == GRPO__WORKER_STATE__WORKER_FINISHED || st == GRPO__WORKER_STATE__WORKER_STOPPED) {
-            add_event(c, "rank %d on host %s %s at step %" PRId64, w->rank, w->host,
-                      st == GRPO__WORKER_STATE__WORKER_FINISHED ? "finished" : "stopped", w->step);
+            /* a worker that ends on grpod's word says so (Heartbeat.error: "ended as grpod said: ...") */
+            add_event(c, "rank %d on host %s %s at step %" PRId64 "%s%.300s", w->rank, w->host,
+                      st == GRPO__WORKER_STATE__WORKER_FINISHED ? "finished" : "stopped", w->step,
+                      h->error[0] ? ": " : "", h->error);
         }
     }
     if (h->checkpoint_seq_done > w->checkpoint_seq_done || h->checkpoint_step != w->checkpoint_step) {

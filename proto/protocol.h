@@ -12,7 +12,7 @@
 /* Major version of the schema in grpo.proto (see its changelog comment); peers must agree. */
 #define GRPO_PROTOCOL_VERSION 1u
 /* Minor version: compatible additions; logged, never refused. */
-#define GRPO_PROTOCOL_MINOR 19u
+#define GRPO_PROTOCOL_MINOR 20u
 /* Largest message accepted on any socket (data plane: rollout batches). */
 #define GRPO_MAX_MESSAGE_BYTES (64u << 20)
 /* The largest request the trainers' dispatcher takes (work and weights requests are a few hundred bytes): a

@@ -2107,6 +2107,52 @@ static void test_split_trainer_lost_aborts(void **state)
     core_deinit(&c);
 }
 
+/* A rank told to end (a trainer lost) says so in its last heartbeat, as stopped and why (control.c tell_ending):
+ * grpod's events name its end, the run still waits for the relaunch, and its silence after is no loss. */
+static void test_split_rank_ends_as_told(void **state)
+{
+    (void)state;
+    struct core c;
+    struct core_settings s = split_settings();
+    core_init(&c, &s, T);
+    uint64_t inc[4];
+    start_split_run(&c, inc);
+    const double t0 = T;
+    const bool live[4] = {true, false, true, true};
+    run_until(&c, inc, live, t0 + 10.5);
+    assert_int_equal(c.workers[1]->state, GRPO__WORKER_STATE__WORKER_LOST);
+    char abort_text[CORE_REASON_MAX];
+    beat_abort(&c, 3, inc[3], abort_text, sizeof abort_text);
+    assert_non_null(strstr(abort_text, "trainer rank 1 on host node01 lost"));
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT, *e;
+    Grpo__Heartbeat hb = GRPO__HEARTBEAT__INIT;
+    char why[CORE_REASON_MAX + 32];
+    snprintf(why, sizeof why, "ended as grpod said: %s", abort_text);
+    hb.rank = 3;
+    hb.incarnation = inc[3];
+    hb.state = GRPO__WORKER_STATE__WORKER_STOPPED;
+    hb.step = 1;
+    hb.total_steps = 100;
+    hb.checkpoint_step = -1;
+    hb.error = why;
+    env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    e = roundtrip(&c, &env, NULL);
+    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_HEARTBEAT_ACK);
+    protocol_free(e);
+    assert_int_equal(c.workers[3]->state, GRPO__WORKER_STATE__WORKER_STOPPED);
+    assert_true(has_event(&c, "rank 3 on host node03 stopped at step 1: ended as grpod said: trainer rank 1 on host "
+                              "node01 lost"));
+    assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_WAITING);
+    assert_non_null(strstr(c.run.reason, "relaunch the job"));
+    /* silent from then on: not found lost */
+    const bool rest[4] = {true, false, true, false};
+    run_until(&c, inc, rest, T + 20.0);
+    assert_int_equal(c.workers[3]->state, GRPO__WORKER_STATE__WORKER_STOPPED);
+    assert_false(has_event(&c, "rank 3 on host node03 (pid 103) lost"));
+    core_deinit(&c);
+}
+
 static void test_replace_rank(void **state)
 {
     (void)state;
@@ -2846,6 +2892,7 @@ int main(void)
         cmocka_unit_test(test_suspect_and_the_workers_own_account),
         cmocka_unit_test(test_grpod_own_pause_is_not_silence),
         cmocka_unit_test(test_split_trainer_lost_aborts),
+        cmocka_unit_test(test_split_rank_ends_as_told),
         cmocka_unit_test(test_replace_rank),
         cmocka_unit_test(test_dispatch_endpoints),
         cmocka_unit_test(test_endpoints_across_hosts),

@@ -596,7 +596,11 @@ void control_finish(struct control *c, enum control_end end, const char *error)
     c->state = end == CONTROL_END_FINISHED  ? GRPO__WORKER_STATE__WORKER_FINISHED
                : end == CONTROL_END_STOPPED ? GRPO__WORKER_STATE__WORKER_STOPPED
                                             : GRPO__WORKER_STATE__WORKER_FAILED;
-    snprintf(c->error, sizeof c->error, "%s", error ? error : "");
+    if (end == CONTROL_END_STOPPED && !error && control_stop_signal()) /* who stopped it, for grpod's record */
+        snprintf(c->error, sizeof c->error, "%s received%s", control_signal_name(control_stop_signal()),
+                 control_stop_signal_from());
+    else
+        snprintf(c->error, sizeof c->error, "%s", error ? error : "");
     changed_locked(c);
     uint64_t want = c->generation;
     /* The end message is kept until grpod acknowledges it: the heartbeat thread sends it, and while grpod does
@@ -790,6 +794,8 @@ static void adopt(struct control *c, const struct control_assignment *a, uint64_
     c->ckpt_seq = c->ckpt_taken = c->ckpt_done_seq = ckpt_seq;
 }
 
+static void tell_ending(struct control *c, const char *why);
+
 static void apply_ack(struct control *c, const Grpo__HeartbeatAck *ack)
 {
     if (ack->pause != c->want_pause || ack->stop != c->want_stop || ack->checkpoint_seq != c->ckpt_seq)
@@ -808,8 +814,10 @@ static void apply_ack(struct control *c, const Grpo__HeartbeatAck *ack)
     snprintf(c->reason, sizeof c->reason, "%s", ack->reason);
     if (ack->abort[0]) {
         log_error("control", "grpod: %s", ack->abort);
-        if (c->on_abort)
+        if (c->on_abort) {
+            tell_ending(c, ack->abort);
             c->on_abort(ack->abort); /* does not come back */
+        }
     }
 }
 
@@ -865,6 +873,30 @@ static void build_heartbeat(struct control *c, Grpo__Heartbeat *hb, Grpo__PhaseT
     hb->n_phase_changes = (size_t)c->nspans;
     hb->phase_changes = psp;
     c->nspans = 0; /* sent once; a lost heartbeat loses only a stretch of the timeline */
+}
+
+/* grpod told this worker to end (a trainer its job depends on is lost): one last heartbeat says so, as stopped
+ * and why, so that grpod's record holds this rank's end, not its loss found later by its silence. Its own line
+ * may never be read: Open MPI 4.1's mpirun, once it lost a host's daemon, was seen to leave its ranks' last lines
+ * unread and end. Under mu, on the heartbeat thread (the only user of c->rpc); grpod has just answered. */
+static void tell_ending(struct control *c, const char *why)
+{
+    c->state = GRPO__WORKER_STATE__WORKER_STOPPED;
+    snprintf(c->error, sizeof c->error, "ended as grpod said: %s", why);
+    Grpo__Heartbeat hb;
+    Grpo__PhaseTime pt[GRPO_NUM_PHASES], *ptp[GRPO_NUM_PHASES];
+    Grpo__Metric m[MAX_METRICS], *mp[MAX_METRICS];
+    Grpo__PhaseSpan ps[MAX_SPANS], *psp[MAX_SPANS];
+    build_heartbeat(c, &hb, pt, ptp, m, mp, ps, psp);
+    hb.seq = ++c->hb_seq;
+    hb.sent_s = clock_now_s();
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT, *reply = NULL;
+    env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    char err[512];
+    if (rpc_call(c->rpc, &env, 1000, &reply, err, sizeof err) != RPC_OK)
+        log_warn("control", "grpod did not hear that this worker ends: %s", err);
+    protocol_free(reply);
 }
 
 /* grpod forgot us (restart with another state directory, or we were replaced): register again.
