@@ -67,6 +67,7 @@ struct colocated {
     struct colocated_figures fig; /* the step made last */
     struct hybrid_dapo dapo;
     struct survive *survive; /* trainer.survive_trainer_loss (NULL: off) */
+    bool steal;              /* placement.colocated_steal, off where a rank may be lost (run_colocated) */
 };
 
 /* Whether the update packs a group's prompt once (the trainer's rule: the key, on the CPU). */
@@ -502,7 +503,7 @@ static int colocated_setup(struct colocated *c, char *err, size_t errlen)
     const struct role_env *env = c->env;
     const struct grpo_config *cfg = env->cfg;
     c->units = units_per_step(cfg, env->at.engines);
-    c->ledger = units_ledger_create(env->trainers, env->at.engines, c->units, cfg->placement_colocated_steal);
+    c->ledger = units_ledger_create(env->trainers, env->at.engines, c->units, c->steal);
     if (!c->ledger)
         return error_set(err, errlen, "the work-unit ledger needs MPI one-sided memory on the world");
     if (gen_model_setup(c, err, errlen) != 0)
@@ -539,7 +540,7 @@ static int colocated_setup(struct colocated *c, char *err, size_t errlen)
                  "%d work unit(s) per generation round%s; %s",
                  env->world_size, env->at.dp_size, sp, env->at.tp_size, env->at.pp_size, env->at.engines,
                  env->world_size / env->at.engines, c->units,
-                 cfg->placement_colocated_steal ? ", an idle engine takes the slowest one's unstarted units" : "",
+                 c->steal ? ", an idle engine takes the slowest one's unstarted units" : "",
                  c->gen ? "the weights are resharded into the generation layout each step"
                         : "generation uses the training weights in place");
     return 0;
@@ -561,7 +562,7 @@ static void colocated_reform(void *ud, const struct survive_loss *loss)
     control_set_survived(env->ctl, loss->ranks, loss->n, loss->reason); /* grpod: lost, the run goes on */
     control_set_layout(env->ctl, env->at.dp, env->at.dp_size);
     c->units = units_per_step(env->cfg, env->at.engines);
-    c->ledger = units_ledger_create(env->trainers, env->at.engines, c->units, env->cfg->placement_colocated_steal);
+    c->ledger = units_ledger_create(env->trainers, env->at.engines, c->units, c->steal);
     if (!c->ledger)
         check_failf(__FILE__, __LINE__, "the survivors' work-unit ledger: no MPI one-sided memory");
     c->head = env->at.engine_tp == 0;
@@ -597,6 +598,16 @@ static int run_colocated(struct role_env *env)
         .ctx = &c, .next_batch = next_batch, .generates = true, .validate = validate, .metrics = colocated_metrics};
     if (env->cfg->trainer_survive_trainer_loss) /* launch checked the layout (survive_check) */
         c.survive = survive_create(env, colocated_reform, &c);
+    /* Stealing shares the ledger in MPI one-sided memory, and Open MPI 5 says its one-sided components are untested
+     * after a failure (it warns so at start under --with-ft ulfm): a survivor was seen inside the ledger's lock for
+     * good while the others re-formed (ft-survive-net, docs/operations.md). Where a rank may be lost, each engine
+     * makes its own units: the same batch, without the long tail's balancing. */
+    c.steal = env->cfg->placement_colocated_steal && !c.survive;
+    if (env->rank == 0 && env->cfg->placement_colocated_steal && c.survive)
+        log_info("hybrid",
+                 KEY_placement_colocated_steal " is off in this run: " KEY_trainer_survive_trainer_loss
+                 "=true, and the stealing ledger lives in MPI one-sided memory, which Open MPI does not support "
+                 "after a rank's failure; each engine makes its own work units (the same batch)");
     int status = run_trainer_process(env, &lay, &src, colocated_ready, &c);
     if (env->rank == 0 && c.stolen_total)
         log_info("hybrid", "%lld work unit(s) were made by another engine than their own", (long long)c.stolen_total);

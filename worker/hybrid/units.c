@@ -51,8 +51,8 @@ struct units_ledger {
 
 struct units_ledger *units_ledger_create(struct comm *all, int engines, int units, bool steal)
 {
-    struct comm_table *t = comm_table_create(all, (size_t)units_table_len(engines));
-    if (!t)
+    struct comm_table *t = NULL; /* without stealing nobody else touches an engine's units */
+    if (steal && !(t = comm_table_create(all, (size_t)units_table_len(engines))))
         return NULL;
     struct units_ledger *l = xcalloc(1, sizeof *l);
     *l = (struct units_ledger){.table = t, .engines = engines, .units = units, .steal = steal};
@@ -76,7 +76,10 @@ static void take_locked(void *ud, int64_t *v)
 int units_ledger_take(struct units_ledger *l, int64_t step, int engine, bool *stolen)
 {
     struct take k = {.l = l, .step = step, .engine = engine};
-    comm_table_update(l->table, l->v, take_locked, &k);
+    if (l->table)
+        comm_table_update(l->table, l->v, take_locked, &k);
+    else
+        take_locked(&k, l->v);
     *stolen = k.stolen;
     return k.unit;
 }

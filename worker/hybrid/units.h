@@ -24,12 +24,13 @@ int units_table_len(int engines);
  * the back). The unit's index, or -1 when there is none; *stolen says whether it was another's. */
 int units_take(int64_t *v, int engines, int units, int64_t step, int engine, bool steal, bool *stolen);
 
-/* The ledger shared by every rank of `all` (collective; NULL where the comm has no one-sided memory). */
+/* The ledger shared by every rank of `all` (collective; NULL where the comm has no one-sided memory). Without
+ * steal an engine takes its own units alone: the ledger is this rank's, no one-sided memory, no collective. */
 struct units_ledger;
 struct units_ledger *units_ledger_create(struct comm *all, int engines, int units, bool steal);
 /* units_take on the shared ledger, under its lock. */
 int units_ledger_take(struct units_ledger *l, int64_t step, int engine, bool *stolen);
-/* Free it (collective over `all`). */
+/* Free it (collective over `all` where it is shared). */
 void units_ledger_free(struct units_ledger *l);
 
 #endif
