@@ -99,7 +99,9 @@ static uint64_t reg_ok(struct core *c, int rank, int world, Grpo__Role role)
     return inc;
 }
 
-static Grpo__Envelope *beat(struct core *c, int rank, uint64_t inc, Grpo__WorkerState st, int64_t step)
+/* A heartbeat with its error text (state failed or stopped: why) */
+static Grpo__Envelope *beat_why(struct core *c, int rank, uint64_t inc, Grpo__WorkerState st, int64_t step,
+                                const char *error)
 {
     Grpo__Envelope env = GRPO__ENVELOPE__INIT;
     Grpo__Heartbeat hb = GRPO__HEARTBEAT__INIT;
@@ -115,11 +117,17 @@ static Grpo__Envelope *beat(struct core *c, int rank, uint64_t inc, Grpo__Worker
     hb.metrics = &mp;
     hb.n_metrics = 1;
     hb.checkpoint_step = -1;
+    hb.error = (char *)error;
     env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT;
     env.heartbeat = &hb;
     Grpo__Envelope *e = roundtrip(c, &env, NULL);
     assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_HEARTBEAT_ACK);
     return e;
+}
+
+static Grpo__Envelope *beat(struct core *c, int rank, uint64_t inc, Grpo__WorkerState st, int64_t step)
+{
+    return beat_why(c, rank, inc, st, step, "");
 }
 
 static void beat_ok(struct core *c, int rank, uint64_t inc, Grpo__WorkerState st, int64_t step)
@@ -725,14 +733,7 @@ static void test_worker_failure(void **state)
     struct core_settings s = settings(0, 0, 1, 1);
     core_init(&c, &s, T);
     uint64_t i0 = reg_ok(&c, 0, 1, GRPO__ROLE__ROLE_HYBRID);
-    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
-    Grpo__Heartbeat hb = GRPO__HEARTBEAT__INIT;
-    env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT;
-    env.heartbeat = &hb;
-    hb.incarnation = i0;
-    hb.state = GRPO__WORKER_STATE__WORKER_FAILED;
-    hb.error = "CUDA out of memory";
-    Grpo__Envelope *e = roundtrip(&c, &env, NULL);
+    Grpo__Envelope *e = beat_why(&c, 0, i0, GRPO__WORKER_STATE__WORKER_FAILED, 0, "CUDA out of memory");
     assert_true(e->heartbeat_ack->stop);
     protocol_free(e);
     assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_FAILED);
@@ -2124,22 +2125,9 @@ static void test_split_rank_ends_as_told(void **state)
     char abort_text[CORE_REASON_MAX];
     beat_abort(&c, 3, inc[3], abort_text, sizeof abort_text);
     assert_non_null(strstr(abort_text, "trainer rank 1 on host node01 lost"));
-    Grpo__Envelope env = GRPO__ENVELOPE__INIT, *e;
-    Grpo__Heartbeat hb = GRPO__HEARTBEAT__INIT;
     char why[CORE_REASON_MAX + 32];
     snprintf(why, sizeof why, "ended as grpod said: %s", abort_text);
-    hb.rank = 3;
-    hb.incarnation = inc[3];
-    hb.state = GRPO__WORKER_STATE__WORKER_STOPPED;
-    hb.step = 1;
-    hb.total_steps = 100;
-    hb.checkpoint_step = -1;
-    hb.error = why;
-    env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT;
-    env.heartbeat = &hb;
-    e = roundtrip(&c, &env, NULL);
-    assert_int_equal(e->body_case, GRPO__ENVELOPE__BODY_HEARTBEAT_ACK);
-    protocol_free(e);
+    protocol_free(beat_why(&c, 3, inc[3], GRPO__WORKER_STATE__WORKER_STOPPED, 1, why));
     assert_int_equal(c.workers[3]->state, GRPO__WORKER_STATE__WORKER_STOPPED);
     assert_true(has_event(&c, "rank 3 on host node03 stopped at step 1: ended as grpod said: trainer rank 1 on host "
                               "node01 lost"));
