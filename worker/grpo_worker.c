@@ -330,10 +330,9 @@ static int finalize(struct launch *l, struct comm *world, struct args *a, int st
                  (unsigned long long)flight_recorded(), flight_size());
     launch_close_role(l);
     if (l->peers_wait && status != 0 && size > 1) {
-        char no_ft[256];
         /* rank 0 ends the job for every rank, this one with it; if not, it ends it itself below. Under ULFM's fault
          * tolerance rank 0's end ends no other rank (comm_end_job): each ends itself at once */
-        if (l->refused_alike && rank != 0 && !comm_ft_available(no_ft, sizeof no_ft))
+        if (l->refused_alike && rank != 0 && !comm_ft_launched())
             sleep(30);
         /* the other ranks wait in a collective for this one: end the whole job, with the reason above */
         log_error("worker", "rank %d failed (exit %d): ending the job", rank, status);

@@ -33,6 +33,8 @@ void comm_mpi_finalize(void);
 void comm_end_job(int code);
 /* Whether mpirun keeps the job when one of its ranks dies (--mca orte_enable_recovery 1). */
 bool comm_job_outlives_ranks(void);
+/* Whether this launch turned ULFM's fault tolerance on (comm_ft_available, asked once at comm_mpi_init). */
+bool comm_ft_launched(void);
 /* Whether the job lost a rank that this process outlived (ULFM: the collective plane handed a loss to its handler,
  * a word to a spare found it gone, or MPI's failure detector reports a rank of the world lost). */
 bool comm_ft_peer_was_lost(void);

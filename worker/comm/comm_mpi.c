@@ -601,6 +601,8 @@ void comm_end_job(int code)
 
 bool comm_job_outlives_ranks(void) { return check_mpi_recovery_mode() != 0; }
 
+bool comm_ft_launched(void) { return ft_launch; }
+
 /* Open MPI 4.1 under orte_enable_recovery never ends a job that lost a rank on a host where it had other ranks:
  * that host's daemon tells mpirun of the first abnormal end of a rank of the job only (once per job, as mpirun
  * would normally end the job there and then), and the rank that ended so never counts as terminated on the daemon,
