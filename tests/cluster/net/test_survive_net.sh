@@ -5,7 +5,8 @@
 # step 3 with its generation done (GRPO_TEST_KILL_AT=gen:3:2: its peers wait for it) and hostb's link is cut
 # there (an event: the hold file, not a sleep), twice: "netcut", the link alone (rank 2 lives on, cut off), and
 # "crash", hostb crashing (host_crash: its link cut, then every process on it killed, its Open MPI daemon too).
-# hostb stays cut off to the job's end. In each:
+# hostb stays cut off to the job's end. A job whose start crashed inside Open MPI is launched once more (below).
+# In each:
 #  - the survivors find the loss through Open MPI's heartbeat failure detector (mpi_ft_detector with its own
 #    thread: the held rank's heartbeats go on until the cut, so the loss found is the cut's), re-form and redo
 #    step 3 with 2 DP ranks, and train to the last step: the lead logs the run's end, the final weights equal one
@@ -48,19 +49,40 @@ expect "one process: $STEPS steps" $?
 # cut NAME HOW: the run of 3 ranks, rank 2 held at step 3's generation on hostb; then HOW: "link" (hostb's link cut,
 # every process on it left running: rank 2 lives on, cut off) or "crash" (host_crash: the link cut first, then every
 # process on hostb SIGKILLed, its prted and sshd too); hostb stays cut off to the end of the job; the checks above
-cut_at_step3() {
-    local name="$1" how="$2" victim rc
-    HOLD="$TMP/hold-$name"
+# launch NAME: the job of cut_at_step3, in the background (JOB), up to rank 2's hold (or the job's end)
+launch() {
+    local name="$1"
+    rm -rf "${TMP:?}/$name" "$HOLD.held"
     touch "$HOLD"
     # shellcheck disable=SC2046 # keys' words are the keys
     on hosta env GRPO_TEST_KILL_AT=gen:3:2 GRPO_TEST_HOLD_FILE="$HOLD" timeout "$(scaled 300)" \
         "$SRC_ROOT/scripts/mpirun_ft" "${NETFT[@]}" -x GRPO_TEST_KILL_AT -x GRPO_TEST_HOLD_FILE \
         --host hosta:2,hostb:1 -np 3 grpo-worker $(keys "$name") $(survive_keys 3) trainer.log_level=info \
         trainer.hang_timeout_s="$(scaled 30)" \
-        >"$TMP/$name.log" 2>&1 &
+        >>"$TMP/$name.log" 2>&1 &
     JOB=$!
     track "$JOB"
     wait_for 150 held_or_ended
+}
+# A rank of Open MPI 5.0.11 with the failure detector on, across hosts, may crash while the job starts (a
+# segmentation fault before any step, most likely a message reaching a rank still inside MPI_Init: Open MPI's
+# pull request 13559 describes that race; docs/operations.md): nothing of the run has begun, and a relaunch is
+# what an operator does. One relaunch here, said, and only for that; a second such crash fails the case.
+started_crashed() {
+    [ ! -s "$HOLD.held" ] && ! kill -0 "$JOB" 2>/dev/null && grep -q "Segmentation fault" "$TMP/$1.log" &&
+        ! grep -q "checkpoint: step 1 saved" "$TMP/$1.log"
+}
+cut_at_step3() {
+    local name="$1" how="$2" victim rc
+    HOLD="$TMP/hold-$name"
+    launch "$name"
+    if started_crashed "$name"; then
+        wait "$JOB" 2>/dev/null
+        pkill -9 -f "$TMP/$name/" 2>/dev/null # what is left of its ranks (their run directory is theirs alone)
+        echo "note $name: a rank crashed in Open MPI's start (before step 1; log $TMP/$name.log); launched again"
+        echo "---- relaunched after a crash in Open MPI's start ----" >>"$TMP/$name.log"
+        launch "$name"
+    fi
     victim="$(cat "$HOLD.held" 2>/dev/null)"
     [ -n "$victim" ] && [ "$(ip netns identify "$victim" 2>/dev/null)" = "$NS_PREFIX-hostb" ]
     expect "$name: rank 2 holds at step 3's generation on hostb (pid ${victim:-none})" $?
