@@ -604,8 +604,8 @@ static int run_colocated(struct role_env *env)
      * makes its own units: the same batch, without the long tail's balancing. */
     c.steal = env->cfg->placement_colocated_steal && !c.survive;
     if (env->rank == 0 && env->cfg->placement_colocated_steal && c.survive)
-        log_info("hybrid",
-                 KEY_placement_colocated_steal " is off in this run: " KEY_trainer_survive_trainer_loss
+        log_info("hybrid", KEY_placement_colocated_steal
+                 " is off in this run: " KEY_trainer_survive_trainer_loss
                  "=true, and the stealing ledger lives in MPI one-sided memory, which Open MPI does not support "
                  "after a rank's failure; each engine makes its own work units (the same batch)");
     int status = run_trainer_process(env, &lay, &src, colocated_ready, &c);

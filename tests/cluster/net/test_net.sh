@@ -381,12 +381,12 @@ fi
 
 if want trainerlost; then
     # mpirun on the rollout host this time: the trainer host goes, mpirun's host stays
-    # shellcheck disable=SC2046
     grpod_up hostc "${GRPOD_KEYS[@]}"
     printf 'hosta\nhosta\nhostb\nhostb\n' >"$TMP/seq.hosts" # ranks 0-1 (trainers) on hosta, in this order
     # mpirun SIGKILLs its ranks a second after its SIGTERM (odls_base_sigkill_timeout, 1 s), which may leave a
     # loaded machine's rollout rank no time to end and tell grpod why (below); 10 s here, what is checked being that
     # the ranks say why, not how fast mpirun kills them
+    # shellcheck disable=SC2046 # keys' words are the keys
     on hostb "${MPIRUN_NET[@]}" --mca orte_enable_recovery 1 --mca odls_base_sigkill_timeout 10 --mca rmaps seq \
         --hostfile "$TMP/seq.hosts" -np 4 "$WORKER" \
         $(keys trainerlost) "${SPLIT[@]}" grpod.endpoint="$EP" grpod.secret_file="$SECRET" \
